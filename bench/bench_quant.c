@@ -1,0 +1,234 @@
+/*
+ * bench_quant.c - throughput of the quantization core on this CPU, as JSON.
+ *
+ * For each kind, on one 4096 x 4096 weight (N(0, 0.02), as an LLM's linear
+ * layers are): dequantization throughput, and GFLOP/s of y = x @ W^T at
+ * batch 1 and batch 8 through qt_matmul (the fast path this CPU takes) and
+ * through the scalar reference. The peer, measured in the same run on the
+ * same weight: a plain f32 y = x @ W^T (the textbook triple loop, compiled
+ * with the project's flags), and our F32 kind. Single thread throughout:
+ * the worker pool is the engine's; these are per-core figures.
+ *
+ * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S]
+ * Each figure is the best of repeated runs lasting at least --min-seconds.
+ */
+#include "qtensor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(void)
+{
+    /* xorshift64*: reproducible inputs across runs and machines */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) * 0x1.0p-53;
+}
+
+static float normal(float sd)
+{
+    double u1 = uniform(), u2 = uniform();
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return (float)(sd * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+typedef struct bench_ctx {
+    const qtensor *w;
+    const float *x;
+    float *y;
+    float *buf;
+    int64_t batch;
+    const float *dense; /* for the naive peer */
+    int64_t rows, cols;
+} bench_ctx;
+
+typedef void (*bench_fn)(bench_ctx *c);
+
+/* Best seconds per call over repeated calls lasting at least min_s. */
+static double best_time(bench_fn fn, bench_ctx *c, double min_s)
+{
+    double best = 1e30, start = now();
+    int runs = 0;
+    do {
+        double t0 = now();
+        fn(c);
+        double dt = now() - t0;
+        best = dt < best ? dt : best;
+        runs++;
+    } while (now() - start < min_s || runs < 3);
+    return best;
+}
+
+static void run_dequant(bench_ctx *c)
+{
+    for (int64_t r = 0; r < c->w->rows; r += 64) {
+        int64_t n = c->w->rows - r < 64 ? c->w->rows - r : 64;
+        qt_dequantize_rows(c->w, r, n, c->buf);
+    }
+}
+
+static void run_matmul(bench_ctx *c)
+{
+    qt_matmul(c->w, c->x, c->batch, c->y, 0, c->w->rows);
+}
+
+static void run_matmul_ref(bench_ctx *c)
+{
+    qt_matmul_ref(c->w, c->x, c->batch, c->y, 0, c->w->rows);
+}
+
+static void run_naive_f32(bench_ctx *c)
+{
+    int64_t rows = c->rows, cols = c->cols;
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < cols; k++)
+                acc += c->x[b * cols + k] * c->dense[r * cols + k];
+            c->y[b * rows + r] = acc;
+        }
+}
+
+typedef struct kind_case {
+    const char *label;
+    qt_quant_params p;
+} kind_case;
+
+static void cpu_model(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *v = strchr(line, ':');
+            if (v) {
+                v += 2;
+                v[strcspn(v, "\n")] = 0;
+                for (char *q = v; *q; q++)
+                    if (*q == '"' || *q == '\\')
+                        *q = ' ';
+                snprintf(buf, len, "%s", v);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    int64_t rows = 4096, cols = 4096;
+    double min_s = 0.3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--rows") == 0)
+            rows = atoll(argv[i + 1]);
+        else if (strcmp(argv[i], "--cols") == 0)
+            cols = atoll(argv[i + 1]);
+        else if (strcmp(argv[i], "--min-seconds") == 0)
+            min_s = atof(argv[i + 1]);
+    }
+    if (rows <= 0 || cols <= 0 || cols % 128 != 0) {
+        fprintf(stderr, "bench_quant: --cols must be a positive multiple of 128\n");
+        return 2;
+    }
+    float *w = malloc((size_t)(rows * cols) * sizeof *w);
+    float *x = malloc((size_t)(8 * cols) * sizeof *x);
+    float *y = malloc((size_t)(8 * rows) * sizeof *y);
+    float *buf = malloc((size_t)(64 * cols) * sizeof *buf);
+    if (!w || !x || !y || !buf) {
+        fprintf(stderr, "bench_quant: out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = normal(0.02f);
+    for (int64_t i = 0; i < 8 * cols; i++)
+        x[i] = normal(1.0f);
+
+    const kind_case cases[] = {
+        {"f32", {.kind = QT_F32}},
+        {"f16", {.kind = QT_F16}},
+        {"bf16", {.kind = QT_BF16}},
+        {"nf4", {.kind = QT_NF4, .blocksize = 64}},
+        {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}},
+        {"fp4", {.kind = QT_FP4, .blocksize = 64}},
+        {"int4-g128", {.kind = QT_AFFINE, .bits = 4, .group_size = 128,
+                       .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f}},
+        {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}},
+        {"q4_0", {.kind = QT_Q4_0}},
+        {"q4_1", {.kind = QT_Q4_1}},
+        {"q8_0", {.kind = QT_Q8_0}},
+    };
+
+    char cpu[256];
+    cpu_model(cpu, sizeof cpu);
+    time_t t = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+    printf("{\n  \"benchmark\": \"quant\",\n  \"date\": \"%s\",\n", date);
+    printf("  \"machine\": {\"cpu\": \"%s\", \"kernel_path\": \"%s\", \"threads\": 1, "
+           "\"compiler\": \"%s\"},\n",
+           cpu, qt_cpu_path(), __VERSION__);
+    printf("  \"inputs\": {\"rows\": %lld, \"cols\": %lld, \"weight\": \"N(0, 0.02)\", "
+           "\"min_seconds\": %.2f},\n",
+           (long long)rows, (long long)cols, min_s);
+
+    bench_ctx c = {.x = x, .y = y, .buf = buf, .dense = w, .rows = rows, .cols = cols};
+    double flops1 = 2.0 * (double)rows * (double)cols;
+    c.batch = 1;
+    double naive1 = best_time(run_naive_f32, &c, min_s);
+    c.batch = 8;
+    double naive8 = best_time(run_naive_f32, &c, min_s);
+    printf("  \"peer\": {\"name\": \"plain f32 y = x @ W^T (triple loop)\", "
+           "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f},\n",
+           flops1 / naive1 / 1e9, 8 * flops1 / naive8 / 1e9);
+    printf("  \"kinds\": [\n");
+    size_t n_cases = sizeof cases / sizeof *cases;
+    for (size_t k = 0; k < n_cases; k++) {
+        qtensor q;
+        char msg[256];
+        if (qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg) != QT_OK) {
+            fprintf(stderr, "bench_quant: %s: %s\n", cases[k].label, msg);
+            return 1;
+        }
+        c.w = &q;
+        double dq = best_time(run_dequant, &c, min_s);
+        c.batch = 1;
+        double m1 = best_time(run_matmul, &c, min_s);
+        double r1 = best_time(run_matmul_ref, &c, 0.0);
+        c.batch = 8;
+        double m8 = best_time(run_matmul, &c, min_s);
+        double bytes = (double)qt_nbytes(&q);
+        printf("    {\"kind\": \"%s\", \"bytes\": %.0f, \"bits_per_weight\": %.3f, "
+               "\"dequant_gbps_in\": %.2f, \"dequant_gbps_out\": %.2f, "
+               "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f, \"b1_ref_gflops\": %.2f, "
+               "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f}%s\n",
+               cases[k].label, bytes, 8.0 * bytes / (double)(rows * cols), bytes / dq / 1e9,
+               4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9,
+               8 * flops1 / m8 / 1e9, flops1 / r1 / 1e9, naive1 / m1, naive8 / m8,
+               k + 1 < n_cases ? "," : "");
+        qt_free(&q);
+    }
+    printf("  ]\n}\n");
+    free(w);
+    free(x);
+    free(y);
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,154 @@
+/*
+ * config.c - a small table-driven flag parser: each subcommand lists its
+ * flags once (name, kind, where the value goes, help text), and both the
+ * parser and the usage text are made from that list, so they cannot drift.
+ * Accepts `--flag value` and `--flag=value`.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { OPT_STRING, OPT_INT, OPT_BOOL } opt_type;
+
+typedef struct opt {
+    const char *name; /* without the leading -- */
+    opt_type type;
+    void *dest;
+    const char *help;
+} opt;
+
+static int usage_error(char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int usage_error(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_len, fmt, ap);
+    va_end(ap);
+    return CFG_EUSAGE;
+}
+
+static int set_value(const opt *o, const char *value, char *msg, size_t msg_len)
+{
+    if (o->type == OPT_STRING) {
+        *(const char **)o->dest = value;
+        return CFG_OK;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || end == value || *end || v < INT32_MIN || v > INT32_MAX)
+        return usage_error(msg, msg_len, "--%s %s: not an integer", o->name, value);
+    *(int32_t *)o->dest = (int32_t)v;
+    return CFG_OK;
+}
+
+/* Parse argv[1..argc) against opts; positional arguments go to *positional
+ * (at most one allowed when positional is not NULL). */
+static int parse(int argc, char **argv, const opt *opts, size_t n_opts,
+                 const char **positional, char *msg, size_t msg_len)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)
+            return CFG_HELP;
+        if (strncmp(arg, "--", 2) != 0) {
+            if (!positional || *positional)
+                return usage_error(msg, msg_len, "%s: unexpected argument '%s'", argv[0], arg);
+            *positional = arg;
+            continue;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const opt *o = NULL;
+        for (size_t k = 0; k < n_opts; k++)
+            if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0)
+                o = &opts[k];
+        if (!o)
+            return usage_error(msg, msg_len, "%s: unknown flag '%s'", argv[0], arg);
+        if (o->type == OPT_BOOL) {
+            if (eq)
+                return usage_error(msg, msg_len, "--%s takes no value", o->name);
+            *(bool *)o->dest = true;
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!value)
+            return usage_error(msg, msg_len, "--%s needs a value", o->name);
+        int rc = set_value(o, value, msg, msg_len);
+        if (rc != CFG_OK)
+            return rc;
+    }
+    return CFG_OK;
+}
+
+#define QUANTIZE_OPTS(q)                                                                     \
+    {                                                                                        \
+        {"in", OPT_STRING, &(q)->in_path, "IN.safetensors: the tensors to quantize"},        \
+        {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors: where to write"},              \
+        {"kind", OPT_STRING, &(q)->kind, "nf4 | fp4"},                                       \
+        {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"}, \
+        {"double-quant", OPT_BOOL, &(q)->double_quant,                                       \
+         "quantize absmax again (bitsandbytes compress_statistics)"},                        \
+    }
+
+int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    out->blocksize = 64;
+    const opt opts[] = QUANTIZE_OPTS(out);
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, msg, msg_len);
+    if (rc != CFG_OK)
+        return rc;
+    if (!out->in_path || !out->out_path || !out->kind)
+        return usage_error(msg, msg_len, "quantize: --in, --out and --kind are required");
+    return CFG_OK;
+}
+
+int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    int rc = parse(argc, argv, NULL, 0, &out->path, msg, msg_len);
+    if (rc != CFG_OK)
+        return rc;
+    if (!out->path)
+        return usage_error(msg, msg_len, "inspect: which file? (qlserve inspect FILE)");
+    return CFG_OK;
+}
+
+static void print_opts(FILE *out, const opt *opts, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "  --%-14s %s\n", opts[i].name, opts[i].help);
+}
+
+void cfg_print_usage(FILE *out, const char *sub)
+{
+    if (sub && strcmp(sub, "quantize") == 0) {
+        cfg_quantize q;
+        const opt opts[] = QUANTIZE_OPTS(&q);
+        fprintf(out, "usage: qlserve quantize --in IN.safetensors --out OUT.safetensors "
+                     "--kind nf4|fp4 [--blocksize N] [--double-quant]\n"
+                     "Quantizes every 2-D float tensor and writes the bitsandbytes "
+                     "serialization; other tensors are copied.\n");
+        print_opts(out, opts, sizeof opts / sizeof *opts);
+        return;
+    }
+    if (sub && strcmp(sub, "inspect") == 0) {
+        fprintf(out, "usage: qlserve inspect FILE\n"
+                     "Prints what a safetensors file holds: quantized weights with their "
+                     "quant state, other tensors, metadata.\n");
+        return;
+    }
+    fprintf(out, "usage: qlserve COMMAND [FLAGS]\n"
+                 "commands:\n"
+                 "  quantize   quantize a safetensors file to NF4/FP4 (bitsandbytes layout)\n"
+                 "  inspect    print what a safetensors file holds\n"
+                 "  version    version, CPU kernel path and CUDA backend\n"
+                 "qlserve COMMAND --help for a command's flags.\n");
+}

@@ -1,0 +1,39 @@
+/*
+ * config.h - the public header of config/: command-line flags for each
+ * `qlserve` subcommand, parsed and checked for form (a number is a number, a
+ * required flag is present, an unknown flag is an error naming it). What a
+ * value means (a quant kind, a path that must exist) is checked by the
+ * module that uses it.
+ *
+ * Strings in the parsed structs point into argv and live as long as it.
+ */
+#ifndef QL_CONFIG_H
+#define QL_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum { CFG_OK = 0, CFG_EUSAGE = -200, CFG_HELP = -201 /* --help was asked for */ };
+
+typedef struct cfg_quantize {
+    const char *in_path;  /* --in, required */
+    const char *out_path; /* --out, required */
+    const char *kind;     /* --kind, required: nf4 or fp4 */
+    int32_t blocksize;    /* --blocksize, default 64 */
+    bool double_quant;    /* --double-quant */
+} cfg_quantize;
+
+typedef struct cfg_inspect {
+    const char *path; /* the one positional argument */
+} cfg_inspect;
+
+/* argv[0] is the subcommand's name. On CFG_EUSAGE msg says what is wrong. */
+int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len);
+int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len);
+
+/* The usage text of the whole command, or of one subcommand. */
+void cfg_print_usage(FILE *out, const char *subcommand);
+
+#endif

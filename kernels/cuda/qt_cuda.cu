@@ -1,0 +1,633 @@
+/*
+ * qt_cuda.cu - the first CUDA kernels of qlserve: device discovery, and the
+ * bitsandbytes NF4/FP4 dequantize kernel, with the host plumbing around it.
+ *
+ * Why shaped so:
+ *   - Bit-identical to the CPU reference. Every value is computed by the
+ *     QL_HD helpers of kernels/qt_math.h (qm_nibble, qm_nested_absmax,
+ *     qm_4bit_value, qm_f32_to_bf16), the very functions qt_dequantize_rows
+ *     runs on the CPU. This file is built with --fmad=false: nvcc would
+ *     otherwise fuse qm_nested_absmax's multiply and its separate add into
+ *     one FMA, and the nested absmax would differ from the CPU's and from
+ *     bitsandbytes' in the last bit.
+ *   - Memory bound, so shaped for bandwidth: each thread takes 16 bytes of
+ *     packed codes (one 16-byte load, 32 elements) and writes them with
+ *     16-byte stores. bitsandbytes blocksizes are powers of two >= 32, so
+ *     the 32 elements of a thread always share one absmax block: one absmax
+ *     (or nested absmax) per thread, not per element. The codebook (and the
+ *     256-entry nested map) sit in shared memory, where 16 distinct lookups
+ *     per warp never conflict. A grid-stride loop covers tensors larger
+ *     than the grid; the last, partial chunk and unaligned pointers take a
+ *     byte-by-byte path.
+ *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
+ *     QT_E* code and a sentence naming the call and cudaGetErrorString's
+ *     text, and what the call allocated is freed on the way out.
+ *
+ * Ownership is stated in qt_cuda.h, the public header of kernels/cuda/.
+ */
+#include "cuda/qt_cuda.h"
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "qt_math.h"
+
+/* Set by kernels/cuda/CMakeLists.txt from the architectures it compiles. */
+#ifndef QT_CUDA_ARCHS
+#define QT_CUDA_ARCHS "unknown"
+#endif
+
+namespace {
+
+/* One thread: 16 bytes of codes = 32 elements = one 16-byte load. */
+constexpr int kThreadsPerBlock = 256;
+constexpr int kBytesPerThread = 16;
+constexpr int kElemsPerThread = 2 * kBytesPerThread;
+/* Enough blocks to fill any current GPU many times over; larger tensors
+ * loop (grid-stride) rather than launch millions of blocks that each
+ * reload the shared codebooks. */
+constexpr int64_t kMaxBlocks = 65536;
+
+/* ---- messages and status codes ---------------------------------------- */
+
+void say(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    if (!msg || msg_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_len, fmt, ap);
+    va_end(ap);
+}
+
+/* The QT_E* code a CUDA status stands for. */
+int code_for_cuda_status(cudaError_t st)
+{
+    switch (st) {
+    case cudaSuccess:
+        return QT_OK;
+    case cudaErrorMemoryAllocation:
+        return QT_ENOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+        return QT_EINVAL;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+        return QT_EUNSUPPORTED;
+    default:
+        return QT_CUDA_EDEVICE;
+    }
+}
+
+/* Write "<what> failed: <sentence> (<name>)" and return the matching code. */
+int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st),
+        cudaGetErrorName(st));
+    return code_for_cuda_status(st);
+}
+
+/* qt_kind_name lives in the CPU library; this copy keeps qlkernels_cuda
+ * linkable on its own. */
+const char *kind_name(qt_kind kind)
+{
+    switch (kind) {
+    case QT_F32: return "f32";
+    case QT_F16: return "f16";
+    case QT_BF16: return "bf16";
+    case QT_NF4: return "nf4";
+    case QT_FP4: return "fp4";
+    case QT_AFFINE: return "affine";
+    case QT_Q4_0: return "q4_0";
+    case QT_Q4_1: return "q4_1";
+    case QT_Q8_0: return "q8_0";
+    default: return "(not a kind)";
+    }
+}
+
+bool is_4bit_blockwise(qt_kind kind)
+{
+    return kind == QT_NF4 || kind == QT_FP4;
+}
+
+int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/*
+ * The geometry both the host tensor and the device view must satisfy: a
+ * blocksize the kernel can take (a multiple of its 32-element chunk, which
+ * every bitsandbytes blocksize is) and enough absmax entries for every
+ * element. `where` names the tensor's origin in the message.
+ */
+int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t blocksize,
+                        int64_t n_blocks, bool nested, int32_t nested_blocksize,
+                        int64_t n_nested_blocks, char *msg, size_t msg_len)
+{
+    if (!is_4bit_blockwise(kind)) {
+        say(msg, msg_len,
+            "%s: kind %s is not one the CUDA 4-bit dequantize handles (nf4, fp4)", where,
+            kind_name(kind));
+        return QT_EUNSUPPORTED;
+    }
+    if (n < 0) {
+        say(msg, msg_len, "%s: %s tensor has a negative element count %lld", where,
+            kind_name(kind), (long long)n);
+        return QT_EINVAL;
+    }
+    if (blocksize <= 0 || blocksize % kElemsPerThread != 0) {
+        say(msg, msg_len,
+            "%s: %s blocksize %d is not a positive multiple of %d (bitsandbytes uses "
+            "powers of two from 32 to 4096)",
+            where, kind_name(kind), (int)blocksize, kElemsPerThread);
+        return QT_EINVAL;
+    }
+    if (n_blocks < ceil_div(n, blocksize)) {
+        say(msg, msg_len, "%s: %s n_blocks %lld is less than ceil(%lld / %d)", where,
+            kind_name(kind), (long long)n_blocks, (long long)n, (int)blocksize);
+        return QT_EINVAL;
+    }
+    if (nested) {
+        if (nested_blocksize <= 0) {
+            say(msg, msg_len, "%s: %s nested_blocksize %d is not positive", where,
+                kind_name(kind), (int)nested_blocksize);
+            return QT_EINVAL;
+        }
+        if (n_nested_blocks < ceil_div(n_blocks, nested_blocksize)) {
+            say(msg, msg_len, "%s: %s n_nested_blocks %lld is less than ceil(%lld / %d)",
+                where, kind_name(kind), (long long)n_nested_blocks, (long long)n_blocks,
+                (int)nested_blocksize);
+            return QT_EINVAL;
+        }
+    }
+    return QT_OK;
+}
+
+/* ---- the kernel -------------------------------------------------------- */
+
+/* 32 values to 16-byte-aligned f32 or bf16 memory with 16-byte stores. */
+__device__ __forceinline__ void store_chunk_vector(float *out, const float (&v)[kElemsPerThread])
+{
+    float4 *o = reinterpret_cast<float4 *>(out);
+#pragma unroll
+    for (int k = 0; k < kElemsPerThread / 4; k++)
+        o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+__device__ __forceinline__ void store_chunk_vector(uint16_t *out, const float (&v)[kElemsPerThread])
+{
+    uint4 *o = reinterpret_cast<uint4 *>(out);
+#pragma unroll
+    for (int k = 0; k < kElemsPerThread / 8; k++) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* little endian: the even element at the lower address */
+            w[i] = (uint32_t)qm_f32_to_bf16(v[8 * k + 2 * i]) |
+                   ((uint32_t)qm_f32_to_bf16(v[8 * k + 2 * i + 1]) << 16);
+        }
+        o[k] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+/* The first `count` of 32 values, one store each (tails, unaligned out). */
+__device__ __forceinline__ void store_chunk_scalar(float *out, const float (&v)[kElemsPerThread],
+                                                   int count)
+{
+#pragma unroll
+    for (int j = 0; j < kElemsPerThread; j++)
+        if (j < count)
+            out[j] = v[j];
+}
+
+__device__ __forceinline__ void store_chunk_scalar(uint16_t *out,
+                                                   const float (&v)[kElemsPerThread], int count)
+{
+#pragma unroll
+    for (int j = 0; j < kElemsPerThread; j++)
+        if (j < count)
+            out[j] = qm_f32_to_bf16(v[j]);
+}
+
+/*
+ * Dequantize chunks of 32 elements. OutT is float (f32) or uint16_t (bf16
+ * bits). kAligned: codes and out are 16-byte aligned, so whole chunks use
+ * vector loads and stores. The view is a __grid_constant__ argument: the
+ * codebooks are read from the parameter space once per block, into shared
+ * memory, without a local copy.
+ */
+template <bool kNested, typename OutT, bool kAligned>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    dequantize_4bit_kernel(const __grid_constant__ qt_cuda_4bit_view v, OutT *__restrict__ out,
+                           int64_t n_chunks)
+{
+    __shared__ float codebook[16];
+    __shared__ float nested_code[256];
+    for (int i = threadIdx.x; i < 16; i += blockDim.x)
+        codebook[i] = v.codebook[i];
+    if (kNested)
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+            nested_code[i] = v.nested_code[i];
+    __syncthreads();
+
+    const int64_t n = v.n_elements;
+    const int64_t n_bytes = (n + 1) / 2;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t chunk = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; chunk < n_chunks;
+         chunk += stride) {
+        const int64_t e0 = chunk * kElemsPerThread;
+        const int64_t byte0 = chunk * kBytesPerThread;
+        const bool whole = e0 + kElemsPerThread <= n;
+
+        uint8_t bytes[kBytesPerThread];
+        if (kAligned && whole) {
+            const uint4 q = __ldg(reinterpret_cast<const uint4 *>(v.codes + byte0));
+            memcpy(bytes, &q, sizeof bytes);
+        } else {
+#pragma unroll
+            for (int j = 0; j < kBytesPerThread; j++)
+                bytes[j] = byte0 + j < n_bytes ? __ldg(v.codes + byte0 + j) : 0;
+        }
+
+        /* One absmax for the chunk: e0 and blocksize are multiples of 32. */
+        const int64_t b = e0 / v.blocksize;
+        const float absmax =
+            kNested ? qm_nested_absmax(v.absmax_codes, nested_code, v.nested_absmax,
+                                       v.nested_blocksize, v.nested_offset, b)
+                    : __ldg(v.absmax + b);
+
+        float vals[kElemsPerThread];
+#pragma unroll
+        for (int j = 0; j < kElemsPerThread; j++)
+            vals[j] = qm_4bit_value(codebook, qm_nibble(bytes, j), absmax);
+
+        if (kAligned && whole)
+            store_chunk_vector(out + e0, vals);
+        else
+            store_chunk_scalar(out + e0, vals, (int)(n - e0 < kElemsPerThread ? n - e0 : kElemsPerThread));
+    }
+}
+
+template <bool kNested, typename OutT, bool kAligned>
+cudaError_t launch_dequantize(const qt_cuda_4bit_view &v, void *out, int64_t n_chunks,
+                              cudaStream_t stream)
+{
+    const int64_t want = ceil_div(n_chunks, kThreadsPerBlock);
+    const unsigned blocks = (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+    dequantize_4bit_kernel<kNested, OutT, kAligned>
+        <<<blocks, kThreadsPerBlock, 0, stream>>>(v, static_cast<OutT *>(out), n_chunks);
+    return cudaGetLastError();
+}
+
+template <bool kNested>
+cudaError_t launch_for_output(const qt_cuda_4bit_view &v, void *out, qt_cuda_out_dtype dtype,
+                              bool aligned, int64_t n_chunks, cudaStream_t stream)
+{
+    if (dtype == QT_CUDA_OUT_BF16)
+        return aligned ? launch_dequantize<kNested, uint16_t, true>(v, out, n_chunks, stream)
+                       : launch_dequantize<kNested, uint16_t, false>(v, out, n_chunks, stream);
+    return aligned ? launch_dequantize<kNested, float, true>(v, out, n_chunks, stream)
+                   : launch_dequantize<kNested, float, false>(v, out, n_chunks, stream);
+}
+
+bool is_16_byte_aligned(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* ---- device memory ----------------------------------------------------- */
+
+/* cudaMalloc + cudaMemcpy of `bytes` host bytes; *dev stays NULL on failure. */
+int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, char *msg,
+                 size_t msg_len)
+{
+    *dev = nullptr;
+    cudaError_t st = cudaMalloc(dev, bytes);
+    if (st != cudaSuccess) {
+        *dev = nullptr;
+        return cuda_failed(st, msg, msg_len, "cudaMalloc(%s, %zu bytes)", what, bytes);
+    }
+    st = cudaMemcpy(*dev, host, bytes, cudaMemcpyHostToDevice);
+    if (st != cudaSuccess) {
+        int rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, host to device)",
+                             what, bytes);
+        cudaFree(*dev); /* the copy's failure is the one worth reporting */
+        *dev = nullptr;
+        return rc;
+    }
+    return QT_OK;
+}
+
+/* cudaFree that keeps the first failure: returns rc unchanged when it is
+ * already an error, else the free's own status. */
+int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
+{
+    if (!p)
+        return rc;
+    cudaError_t st = cudaFree(const_cast<void *>(p));
+    if (st != cudaSuccess && rc == QT_OK)
+        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
+    return rc;
+}
+
+/* ---- describe ---------------------------------------------------------- */
+
+/* Whether the compiled list holds native code for compute capability
+ * major.minor (SASS for sm_XY runs on sm_XZ, Z >= Y), only PTX that the
+ * driver can JIT (compute_XY <= the device), or nothing usable. CMake's
+ * "80;90" embeds both SASS and PTX for each. */
+const char *code_path_for(int major, int minor)
+{
+    const int cc = major * 10 + minor;
+    bool native = false, jit = false;
+    for (const char *p = QT_CUDA_ARCHS; (p = strstr(p, "sm_")) != nullptr;) {
+        p += 3;
+        int arch = 0;
+        while (*p >= '0' && *p <= '9')
+            arch = arch * 10 + (*p++ - '0');
+        if (arch / 10 == major && arch <= cc)
+            native = true;
+        if (arch <= cc)
+            jit = true;
+    }
+    return native ? "native code" : jit ? "PTX, JIT-compiled by the driver" : "no compatible code";
+}
+
+void version_string(char *buf, size_t len, long v, long major_div, long minor_div)
+{
+    snprintf(buf, len, "%ld.%ld", v / major_div, (v % major_div) / minor_div);
+}
+
+} // namespace
+
+/* ---- public functions -------------------------------------------------- */
+
+extern "C" const char *qt_cuda_compiled_archs(void)
+{
+    return QT_CUDA_ARCHS;
+}
+
+extern "C" int qt_cuda_device_count(int *count, char *msg, size_t msg_len)
+{
+    if (!count) {
+        say(msg, msg_len, "qt_cuda_device_count: count is NULL");
+        return QT_EINVAL;
+    }
+    *count = 0;
+    int n = 0;
+    cudaError_t st = cudaGetDeviceCount(&n);
+    if (st != cudaSuccess) {
+        say(msg, msg_len, "%s", cudaGetErrorString(st));
+        /* Leave no sticky "last error" behind for an unrelated later check. */
+        (void)cudaGetLastError();
+        return code_for_cuda_status(st);
+    }
+    if (n <= 0) {
+        say(msg, msg_len, "%s", cudaGetErrorString(cudaErrorNoDevice));
+        return QT_EUNSUPPORTED;
+    }
+    *count = n;
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_describe(char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return QT_EINVAL;
+
+    char runtime[32] = "unknown", driver[32] = "none", lt[32];
+    int v = 0;
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess)
+        version_string(runtime, sizeof runtime, v, 1000, 10);
+    if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0)
+        version_string(driver, sizeof driver, v, 1000, 10);
+    /* cublasLtGetVersion: major * 10000 + minor * 100 + patch. Calling it is
+     * also what makes this library really need libcublasLt at link time. */
+    const size_t ltv = cublasLtGetVersion();
+    snprintf(lt, sizeof lt, "%zu.%zu.%zu", ltv / 10000, (ltv / 100) % 100, ltv % 100);
+
+    char devices[512];
+    int count = 0;
+    char reason[160];
+    int rc = qt_cuda_device_count(&count, reason, sizeof reason);
+    if (rc != QT_OK) {
+        snprintf(devices, sizeof devices, "no device: %s", reason);
+    } else {
+        cudaDeviceProp prop;
+        cudaError_t st = cudaGetDeviceProperties(&prop, 0);
+        if (st != cudaSuccess) {
+            snprintf(devices, sizeof devices, "%d device(s), device 0 unreadable: %s", count,
+                     cudaGetErrorString(st));
+            (void)cudaGetLastError();
+        } else {
+            snprintf(devices, sizeof devices, "%d device(s), 0: %.256s, sm_%d%d, %.1f GiB, %s",
+                     count, prop.name, prop.major, prop.minor,
+                     (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
+                     code_path_for(prop.major, prop.minor));
+        }
+    }
+    snprintf(buf, len, "cuda: built for %s; runtime %s; driver %s; cublasLt %s; %s",
+             QT_CUDA_ARCHS, runtime, driver, lt, devices);
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_4bit_release(qt_cuda_4bit_view *view, char *msg, size_t msg_len)
+{
+    if (!view)
+        return QT_OK;
+    int rc = QT_OK;
+    rc = free_device(view->codes, "codes", rc, msg, msg_len);
+    rc = free_device(view->absmax, "absmax", rc, msg, msg_len);
+    rc = free_device(view->absmax_codes, "absmax_codes", rc, msg, msg_len);
+    rc = free_device(view->nested_absmax, "nested_absmax", rc, msg, msg_len);
+    memset(view, 0, sizeof *view);
+    return rc;
+}
+
+extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, char *msg,
+                                   size_t msg_len)
+{
+    if (!view) {
+        say(msg, msg_len, "qt_cuda_4bit_upload: view is NULL");
+        return QT_EINVAL;
+    }
+    memset(view, 0, sizeof *view);
+    if (!t) {
+        say(msg, msg_len, "qt_cuda_4bit_upload: tensor is NULL");
+        return QT_EINVAL;
+    }
+    if (t->rows < 0 || t->cols < 0 || (t->rows > 0 && t->cols > INT64_MAX / t->rows)) {
+        say(msg, msg_len, "qt_cuda_4bit_upload: shape %lld x %lld is not valid",
+            (long long)t->rows, (long long)t->cols);
+        return QT_EINVAL;
+    }
+    const int64_t n = t->rows * t->cols;
+    int rc = check_4bit_geometry("qt_cuda_4bit_upload", t->kind, n, t->blocksize,
+                                 t->n_blocks, t->nested, t->nested_blocksize,
+                                 t->n_nested_blocks, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+
+    const size_t code_bytes = (size_t)((n + 1) / 2);
+    const char *missing = nullptr;
+    if (n > 0 && !t->data)
+        missing = "data";
+    else if (n > 0 && t->nested && !t->absmax_codes)
+        missing = "absmax_codes";
+    else if (n > 0 && t->nested && !t->nested_absmax)
+        missing = "nested_absmax";
+    else if (n > 0 && !t->nested && !t->absmax)
+        missing = "absmax";
+    if (missing) {
+        say(msg, msg_len, "qt_cuda_4bit_upload: %s tensor %lld x %lld has no %s",
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols, missing);
+        return QT_EINVAL;
+    }
+    if (t->data_bytes < code_bytes) {
+        say(msg, msg_len, "qt_cuda_4bit_upload: %s tensor %lld x %lld holds %zu code bytes, needs %zu",
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols, t->data_bytes,
+            code_bytes);
+        return QT_EINVAL;
+    }
+
+    view->kind = t->kind;
+    view->n_elements = n;
+    view->blocksize = t->blocksize;
+    view->n_blocks = t->n_blocks;
+    view->nested = t->nested;
+    view->n_nested_blocks = t->nested ? t->n_nested_blocks : 0;
+    view->nested_blocksize = t->nested ? t->nested_blocksize : 0;
+    view->nested_offset = t->nested ? t->nested_offset : 0.0f;
+    memcpy(view->codebook, t->codebook, sizeof view->codebook);
+    if (t->nested)
+        memcpy(view->nested_code, t->nested_code, sizeof view->nested_code);
+    if (n == 0)
+        return QT_OK; /* nothing to hold; the dequantize enqueues nothing */
+
+    /* Only the blocks the elements use travel, however many t carries. */
+    const int64_t used_blocks = ceil_div(n, t->blocksize);
+    void *p = nullptr;
+    rc = upload_bytes(&p, t->data, code_bytes, "codes", msg, msg_len);
+    view->codes = static_cast<const uint8_t *>(p);
+    if (rc == QT_OK && t->nested) {
+        rc = upload_bytes(&p, t->absmax_codes, (size_t)used_blocks, "absmax_codes", msg,
+                          msg_len);
+        view->absmax_codes = static_cast<const uint8_t *>(p);
+        if (rc == QT_OK) {
+            const int64_t used_nested = ceil_div(used_blocks, t->nested_blocksize);
+            rc = upload_bytes(&p, t->nested_absmax, (size_t)used_nested * sizeof(float),
+                              "nested_absmax", msg, msg_len);
+            view->nested_absmax = static_cast<const float *>(p);
+        }
+    } else if (rc == QT_OK) {
+        rc = upload_bytes(&p, t->absmax, (size_t)used_blocks * sizeof(float), "absmax", msg,
+                          msg_len);
+        view->absmax = static_cast<const float *>(p);
+    }
+    if (rc != QT_OK) {
+        qt_cuda_4bit_release(view, nullptr, 0); /* msg keeps the first failure */
+        return rc;
+    }
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *out,
+                                           qt_cuda_out_dtype out_dtype, void *stream,
+                                           char *msg, size_t msg_len)
+{
+    if (!view) {
+        say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: view is NULL");
+        return QT_EINVAL;
+    }
+    const qt_cuda_4bit_view &v = *view;
+    int rc = check_4bit_geometry("qt_cuda_dequantize_4bit_dev", v.kind, v.n_elements,
+                                 v.blocksize, v.n_blocks, v.nested, v.nested_blocksize,
+                                 v.n_nested_blocks, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    if (out_dtype != QT_CUDA_OUT_F32 && out_dtype != QT_CUDA_OUT_BF16) {
+        say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: output dtype %d is neither f32 nor bf16",
+            (int)out_dtype);
+        return QT_EINVAL;
+    }
+    if (v.n_elements == 0)
+        return QT_OK;
+    if (!out || !v.codes || (v.nested ? !v.absmax_codes || !v.nested_absmax : !v.absmax)) {
+        say(msg, msg_len,
+            "qt_cuda_dequantize_4bit_dev: a NULL device pointer (out %p, codes %p, absmax %p, "
+            "absmax_codes %p, nested_absmax %p; nested %s)",
+            out, (const void *)v.codes, (const void *)v.absmax, (const void *)v.absmax_codes,
+            (const void *)v.nested_absmax, v.nested ? "yes" : "no");
+        return QT_EINVAL;
+    }
+
+    const int64_t n_chunks = ceil_div(v.n_elements, kElemsPerThread);
+    const bool aligned = is_16_byte_aligned(v.codes) && is_16_byte_aligned(out);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    cudaError_t st = v.nested ? launch_for_output<true>(v, out, out_dtype, aligned, n_chunks, s)
+                              : launch_for_output<false>(v, out, out_dtype, aligned, n_chunks, s);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
+                           kind_name(v.kind), (long long)v.n_elements);
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, size_t msg_len)
+{
+    if (!t || !out) {
+        say(msg, msg_len, "qt_cuda_dequantize_4bit: %s is NULL", !t ? "tensor" : "out");
+        return QT_EINVAL;
+    }
+    qt_cuda_4bit_view view;
+    int rc = qt_cuda_4bit_upload(t, &view, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const int64_t n = view.n_elements;
+    if (n == 0)
+        return QT_OK;
+
+    const size_t out_bytes = (size_t)n * sizeof(float);
+    void *dev_out = nullptr;
+    cudaError_t st = cudaMalloc(&dev_out, out_bytes);
+    if (st != cudaSuccess) {
+        dev_out = nullptr;
+        rc = cuda_failed(st, msg, msg_len, "cudaMalloc(out, %zu bytes)", out_bytes);
+    }
+    if (rc == QT_OK)
+        rc = qt_cuda_dequantize_4bit_dev(&view, dev_out, QT_CUDA_OUT_F32, nullptr, msg, msg_len);
+    if (rc == QT_OK) {
+        /* Synchronise first, so a fault in the kernel is named as such and
+         * not blamed on the copy. */
+        st = cudaStreamSynchronize(nullptr);
+        if (st != cudaSuccess)
+            rc = cuda_failed(st, msg, msg_len, "the %s dequantize kernel (%lld x %lld)",
+                             kind_name(t->kind), (long long)t->rows, (long long)t->cols);
+    }
+    if (rc == QT_OK) {
+        st = cudaMemcpy(out, dev_out, out_bytes, cudaMemcpyDeviceToHost);
+        if (st != cudaSuccess)
+            rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(out, %zu bytes, device to host)",
+                             out_bytes);
+    }
+    rc = free_device(dev_out, "out", rc, msg, msg_len);
+    int rc_release = qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
+    return rc != QT_OK ? rc : rc_release;
+}

@@ -1,0 +1,151 @@
+/*
+ * qt_cuda.h - the CUDA backend of kernels/: what a GPU build offers on top
+ * of qtensor.h.
+ *
+ * This is the public header of kernels/cuda/. It offers:
+ *   - qt_cuda_device_count, qt_cuda_describe: whether a usable device is
+ *     there, and one line of what was built and found (for /info, logs and
+ *     bug reports);
+ *   - qt_cuda_4bit_upload / qt_cuda_4bit_release: a host NF4/FP4 qtensor's
+ *     codes and quant state copied to device memory, described by a
+ *     qt_cuda_4bit_view that the device kernels take;
+ *   - qt_cuda_dequantize_4bit_dev: the dequantize kernel on device pointers,
+ *     on the caller's stream, writing f32 or bf16;
+ *   - qt_cuda_dequantize_4bit: the same from host memory to host memory,
+ *     for tests and for tools that hold no device state.
+ *
+ * Why shaped so: the per-element arithmetic lives in kernels/qt_math.h and
+ * is compiled both for the CPU reference and for these kernels, so a CPU
+ * test of qt_dequantize_rows pins the bits the GPU produces; the GPU test
+ * (tests/gpu/test_cuda_dequant.c) requires them bit-identical. The header is
+ * plain C (no CUDA types): a stream is a `void *` holding a cudaStream_t
+ * (NULL for the legacy default stream), so C code and builds without CUDA
+ * headers can include it.
+ *
+ * Errors: every function returns QT_OK or a negative code and, where it
+ * takes one, writes a sentence into msg naming the CUDA call that failed and
+ * cudaGetErrorString's text. Codes: QT_EINVAL (bad argument), QT_ENOMEM
+ * (host or device allocation failed), QT_EUNSUPPORTED (a kind these kernels
+ * do not handle; no device or no driver; no kernel image for this GPU), and
+ * QT_CUDA_EDEVICE for any other CUDA failure (a launch or a fault). Nothing
+ * here aborts; on failure whatever a call allocated is freed.
+ *
+ * Threading: the functions use the calling thread's current device
+ * (cudaSetDevice is the caller's business) and keep no global state.
+ */
+#ifndef QL_QT_CUDA_H
+#define QL_QT_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qtensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A CUDA runtime failure other than out-of-memory or no-device: a launch
+ * error, an illegal address, a device that fell off the bus. qtensor.h has
+ * no code for it (yet); qt_strerror does not know this one, the message
+ * buffer carries the detail. */
+#define QT_CUDA_EDEVICE (-16)
+
+/* The element type the dequantize kernel writes. */
+typedef enum qt_cuda_out_dtype {
+    QT_CUDA_OUT_F32 = 0,
+    QT_CUDA_OUT_BF16 = 1, /* round to nearest even, as qm_f32_to_bf16 */
+} qt_cuda_out_dtype;
+
+/*
+ * An NF4/FP4 tensor as the device kernels see it. Pointers are device
+ * pointers; the codebooks travel by value (they become kernel arguments, so
+ * nothing needs uploading for them). Fields mean what they mean in qtensor.
+ *
+ * Ownership: a view filled by qt_cuda_4bit_upload owns its device pointers
+ * (release them with qt_cuda_4bit_release); a view the caller fills from
+ * its own device allocations borrows them and must not be released.
+ */
+typedef struct qt_cuda_4bit_view {
+    qt_kind kind;             /* QT_NF4 or QT_FP4 (for messages) */
+    int64_t n_elements;       /* rows * cols */
+    int32_t blocksize;        /* elements per absmax block, a multiple of 32 */
+    int64_t n_blocks;         /* ceil(n_elements / blocksize) */
+    const uint8_t *codes;     /* ceil(n_elements / 2) bytes, bitsandbytes packing */
+    const float *absmax;      /* n_blocks, when !nested */
+    bool nested;              /* double quantization of absmax */
+    const uint8_t *absmax_codes; /* n_blocks, when nested */
+    const float *nested_absmax;  /* n_nested_blocks, when nested */
+    int64_t n_nested_blocks;
+    int32_t nested_blocksize; /* 256 for bitsandbytes */
+    float nested_offset;
+    float codebook[16];
+    float nested_code[256];
+} qt_cuda_4bit_view;
+
+/*
+ * How many CUDA devices this process can use. On success *count >= 1 and
+ * QT_OK. With no device, no driver, or a driver too old for this runtime,
+ * *count = 0, msg holds cudaGetErrorString's sentence, and the result is
+ * QT_EUNSUPPORTED; other failures give QT_CUDA_EDEVICE. Never crashes for a
+ * missing libcuda. msg may be NULL when msg_len is 0.
+ */
+int qt_cuda_device_count(int *count, char *msg, size_t msg_len);
+
+/*
+ * One line for humans: the GPU architectures compiled in, the CUDA runtime
+ * and cuBLASLt versions, and device 0's name and compute capability (or why
+ * there is no device). Writes at most len bytes including the NUL,
+ * truncating. Returns QT_OK (a missing device is described, not an error),
+ * or QT_EINVAL for a NULL or empty buffer.
+ */
+int qt_cuda_describe(char *buf, size_t len);
+
+/* The architecture list this library was built for, e.g. "sm_80 sm_90". */
+const char *qt_cuda_compiled_archs(void);
+
+/*
+ * Copy t's codes and quant state (t is NF4 or FP4, in host memory) into new
+ * device allocations and fill *view. On failure *view is zeroed, nothing
+ * stays allocated, and msg names the call. Other kinds give QT_EUNSUPPORTED
+ * naming the kind. The copies are synchronous.
+ */
+int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, char *msg,
+                        size_t msg_len);
+
+/*
+ * Free the device memory of a view made by qt_cuda_4bit_upload and zero it.
+ * Safe on a zeroed view. Returns the first cudaFree failure, if any, with
+ * msg saying which.
+ */
+int qt_cuda_4bit_release(qt_cuda_4bit_view *view, char *msg, size_t msg_len);
+
+/*
+ * Dequantize every element of *view into out (device memory, n_elements
+ * values of out_dtype, row-major as the tensor), enqueued on `stream` (a
+ * cudaStream_t; NULL for the default stream). Returns once the kernel is
+ * enqueued: a launch error is reported here, a fault during the run shows
+ * at the caller's next synchronisation. Reads of the codes use 16-byte
+ * loads when `codes` and `out` are 16-byte aligned (cudaMalloc's always
+ * are), byte loads otherwise. n_elements == 0 enqueues nothing.
+ */
+int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *out,
+                                qt_cuda_out_dtype out_dtype, void *stream, char *msg,
+                                size_t msg_len);
+
+/*
+ * Host to host: dequantize the NF4/FP4 tensor t into out (rows * cols f32
+ * in host memory) on the current device: upload, run
+ * qt_cuda_dequantize_4bit_dev on the default stream, copy back, free. On
+ * failure out may be partly written, the device holds nothing of this call,
+ * and msg names the failing call. Other kinds give QT_EUNSUPPORTED naming
+ * the kind.
+ */
+int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, size_t msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * kernels_internal.h - what the files of kernels/ share among themselves and
+ * nobody else includes: the per-kind entry points the traits table points
+ * at, and small helpers for error messages and allocation.
+ */
+#ifndef QL_KERNELS_INTERNAL_H
+#define QL_KERNELS_INTERNAL_H
+
+#include "qtensor.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* Format an error sentence into msg (if any) and return err. */
+static inline int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static inline int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
+{
+    if (msg && msg_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msg_len, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
+
+/* Dense kinds (quant_dense.c) */
+int qt_dense_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                      const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_dense_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+size_t qt_dense_elem_bytes(qt_kind kind);
+
+/* NF4 and FP4, bitsandbytes layout (quant_bnb4.c) */
+int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                     const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_bnb4_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+
+/* AFFINE, torchao semantics (quant_affine.c) */
+int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                       const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+
+/* GGUF Q4_0, Q4_1, Q8_0, llama.cpp layout (quant_gguf.c) */
+int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                     const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* Bytes per block of 32 elements for a GGUF kind. */
+size_t qt_gguf_block_bytes(qt_kind kind);
+
+/* The scalar reference matrix kernel, shared by every kind: dequantize a
+ * row, then dot it with each row of x (qtensor.c). */
+void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y,
+                           int64_t row0, int64_t row1);
+
+/* AVX2+FMA matrix kernels (matmul_avx2.c, built with -mavx2 -mfma -mf16c;
+ * called only when the CPU reports those features). */
+void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
+                    int64_t row0, int64_t row1);
+
+#endif

@@ -1,0 +1,264 @@
+/*
+ * matmul_avx2.c - the AVX2+FMA matrix kernel y = x @ W^T for every kind.
+ *
+ * Shape of the kernel: for a chunk of up to 8 rows of x, walk W one row at a
+ * time; decode a tile of that row into f32 in L1 with AVX2 (codebook
+ * lookups by permutevar, nibble unpacking, f16 conversion), then FMA the
+ * tile against each row of x in the chunk. The decode is shared by the whole
+ * chunk, so with a batch each weight byte is read and decoded once per 8
+ * rows of x. The decoded values are bit-identical to the kind's scalar
+ * dequantization (same operations in the same order; the build turns off
+ * FP contraction); only the order of the dot-product sums differs from the
+ * reference, which the tests bound.
+ *
+ * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
+ * CPU reports those features (qtensor.c).
+ */
+#include "kernels_internal.h"
+#include "qt_math.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TILE 512    /* columns decoded at a time: 2 KiB of f32, stays in L1 */
+#define BATCH_CHUNK 8 /* rows of x sharing one decode; 8 accumulators + temps fit 16 ymm */
+
+/* 16 packed 4-bit codes (8 bytes, even element in the high nibble) as two
+ * vectors of 8 int32 codes, in element order. */
+static inline void unpack16_hi_first(const uint8_t *p, __m256i *c0, __m256i *c1)
+{
+    __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
+    __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    __m128i lo = _mm_and_si128(bytes, mask);
+    __m128i inter = _mm_unpacklo_epi8(hi, lo);
+    *c0 = _mm256_cvtepu8_epi32(inter);
+    *c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(inter, 8));
+}
+
+/* table[code] for 8 codes in 0..15, the table split into two halves of 8. */
+static inline __m256 lookup16(__m256 lo_half, __m256 hi_half, __m256i codes)
+{
+    __m256 a = _mm256_permutevar8x32_ps(lo_half, codes);
+    __m256 b = _mm256_permutevar8x32_ps(hi_half, codes);
+    __m256 use_hi = _mm256_castsi256_ps(_mm256_slli_epi32(codes, 28));
+    return _mm256_blendv_ps(a, b, use_hi);
+}
+
+/* Elements [e, e + n) of a bitsandbytes 4-bit tensor, flat indices. */
+static void decode_bnb4(const qtensor *t, int64_t e, int64_t n, float *out)
+{
+    __m256 cb_lo = _mm256_loadu_ps(t->codebook);
+    __m256 cb_hi = _mm256_loadu_ps(t->codebook + 8);
+    int64_t end = e + n, bs = t->blocksize;
+    while (e < end) {
+        int64_t blk = e / bs;
+        int64_t span_end = (blk + 1) * bs < end ? (blk + 1) * bs : end;
+        float am = qt_block_absmax(t, blk);
+        __m256 vam = _mm256_set1_ps(am);
+        if (e & 1) { /* odd start: its byte's low nibble alone */
+            *out++ = qm_4bit_value(t->codebook, qm_nibble(t->data, e), am);
+            e++;
+        }
+        for (; e + 16 <= span_end; e += 16, out += 16) {
+            __m256i c0, c1;
+            unpack16_hi_first(t->data + (e >> 1), &c0, &c1);
+            _mm256_storeu_ps(out, _mm256_mul_ps(lookup16(cb_lo, cb_hi, c0), vam));
+            _mm256_storeu_ps(out + 8, _mm256_mul_ps(lookup16(cb_lo, cb_hi, c1), vam));
+        }
+        for (; e < span_end; e++)
+            *out++ = qm_4bit_value(t->codebook, qm_nibble(t->data, e), am);
+    }
+}
+
+/* Columns [c, c + n) of row r of an AFFINE tensor. */
+static void decode_affine(const qtensor *t, int64_t r, int64_t c, int64_t n, float *out)
+{
+    const uint8_t *row = t->data + r * t->row_stride;
+    int64_t end = c + n, gs = t->group_size;
+    float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
+    bool int_zero = t->zero_domain == QT_ZERO_INT;
+    while (c < end) {
+        int64_t g = c / gs;
+        int64_t span_end = (g + 1) * gs < end ? (g + 1) * gs : end;
+        float scale = t->scales[r * t->groups_per_row + g];
+        float zero = t->zeros[r * t->groups_per_row + g];
+        /* integer domain: (u + qmin - zero) exactly in int32, then * scale;
+         * float domain: ((u + qmin) - mid) * scale + zero */
+        int offset = int_zero ? t->qmin - (int)zero : t->qmin;
+        __m256i voff = _mm256_set1_epi32(offset);
+        __m256 vscale = _mm256_set1_ps(scale), vmid = _mm256_set1_ps(mid),
+               vzero = _mm256_set1_ps(zero);
+#define AFFINE_STORE(codes, dst)                                                        \
+    do {                                                                                \
+        __m256 q = _mm256_cvtepi32_ps(_mm256_add_epi32((codes), voff));                 \
+        __m256 w = int_zero ? _mm256_mul_ps(q, vscale)                                  \
+                            : _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(q, vmid), vscale), \
+                                            vzero);                                     \
+        _mm256_storeu_ps((dst), w);                                                     \
+    } while (0)
+        if (t->bits == 8) {
+            for (; c + 8 <= span_end; c += 8, out += 8) {
+                __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c)));
+                AFFINE_STORE(codes, out);
+            }
+        } else {
+            if ((c & 1) && c < span_end) {
+                int q = (int)qm_nibble(row, c) + offset;
+                *out++ = int_zero ? (float)q * scale : ((float)q - mid) * scale + zero;
+                c++;
+            }
+            for (; c + 16 <= span_end; c += 16, out += 16) {
+                __m256i c0, c1;
+                unpack16_hi_first(row + (c >> 1), &c0, &c1);
+                AFFINE_STORE(c0, out);
+                AFFINE_STORE(c1, out + 8);
+            }
+        }
+#undef AFFINE_STORE
+        for (; c < span_end; c++) {
+            unsigned u = t->bits == 8 ? row[c] : qm_nibble(row, c);
+            int q = (int)u + offset;
+            *out++ = int_zero ? (float)q * scale : ((float)q - mid) * scale + zero;
+        }
+    }
+}
+
+/* Blocks [b, b + nb) of a GGUF kind, 32 elements each. */
+static void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out)
+{
+    size_t bb = qt_traits_table[t->kind].block_bytes;
+    __m128i mask = _mm_set1_epi8(0x0f);
+    for (int64_t i = 0; i < nb; i++, out += 32) {
+        const uint8_t *blk = t->data + (b + i) * bb;
+        __m256 d = _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8))));
+        if (t->kind == QT_Q8_0) {
+            for (int j = 0; j < 32; j += 8) {
+                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
+                _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+            }
+            continue;
+        }
+        bool q41 = t->kind == QT_Q4_1;
+        const uint8_t *qs = blk + (q41 ? 4 : 2);
+        __m128i bytes = _mm_loadu_si128((const __m128i *)qs);
+        __m128i lo = _mm_and_si128(bytes, mask);                    /* elements 0..15 */
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask); /* elements 16..31 */
+        __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        __m256i bias = _mm256_set1_epi32(q41 ? 0 : -8);
+        __m256 m = q41 ? _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[2] | (blk[3] << 8))))
+                       : _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_add_epi32(_mm256_cvtepu8_epi32(parts[j]), bias);
+            __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+            if (q41)
+                w = _mm256_add_ps(w, m);
+            _mm256_storeu_ps(out + 8 * j, w);
+        }
+    }
+}
+
+/* Columns [c, c + n) of row r as f32: a pointer into the tensor for F32,
+ * else decoded into tile. */
+static const float *decode_tile(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
+{
+    int64_t e = r * t->cols + c;
+    int64_t i = 0;
+    switch (t->kind) {
+    case QT_F32:
+        return (const float *)t->data + e;
+    case QT_F16: {
+        const uint16_t *h = (const uint16_t *)t->data + e;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(tile + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+        for (; i < n; i++)
+            tile[i] = qm_f16_to_f32(h[i]);
+        return tile;
+    }
+    case QT_BF16: {
+        const uint16_t *h = (const uint16_t *)t->data + e;
+        for (; i + 8 <= n; i += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+            _mm256_storeu_ps(tile + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+        for (; i < n; i++)
+            tile[i] = qm_bf16_to_f32(h[i]);
+        return tile;
+    }
+    case QT_NF4:
+    case QT_FP4:
+        decode_bnb4(t, e, n, tile);
+        return tile;
+    case QT_AFFINE:
+        decode_affine(t, r, c, n, tile);
+        return tile;
+    case QT_Q4_0:
+    case QT_Q4_1:
+    case QT_Q8_0:
+        /* tiles start on multiples of TILE and rows are whole blocks */
+        decode_gguf(t, e / 32, n / 32, tile);
+        return tile;
+    default:
+        qt_dequantize_rows(t, r, 1, tile); /* unreachable: every kind is above */
+        return tile;
+    }
+}
+
+static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
+                    int64_t row0, int64_t row1)
+{
+    _Alignas(32) float tile[TILE];
+    int64_t cols = t->cols;
+    for (int64_t b0 = 0; b0 < batch; b0 += BATCH_CHUNK) {
+        int nb = (int)(batch - b0 < BATCH_CHUNK ? batch - b0 : BATCH_CHUNK);
+        const float *xc = x + b0 * cols;
+        for (int64_t r = row0; r < row1; r++) {
+            __m256 acc[BATCH_CHUNK];
+            float tail[BATCH_CHUNK];
+            for (int b = 0; b < nb; b++) {
+                acc[b] = _mm256_setzero_ps();
+                tail[b] = 0.0f;
+            }
+            for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
+                int64_t n = cols - c0 < TILE ? cols - c0 : TILE;
+                const float *w = decode_tile(t, r, c0, n, tile);
+                int64_t n8 = n & ~(int64_t)7;
+                if (nb == 1) {
+                    /* one row of x: four chains hide the FMA latency */
+                    __m256 a0 = acc[0], a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
+                    const float *xb = xc + c0;
+                    int64_t i = 0;
+                    for (; i + 32 <= n8; i += 32) {
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(xb + i), a0);
+                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(xb + i + 8), a1);
+                        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(xb + i + 16), a2);
+                        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(xb + i + 24), a3);
+                    }
+                    for (; i < n8; i += 8)
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(xb + i), a0);
+                    acc[0] = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+                } else {
+                    for (int64_t i = 0; i < n8; i += 8) {
+                        __m256 wv = _mm256_loadu_ps(w + i);
+                        for (int b = 0; b < nb; b++)
+                            acc[b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xc + b * cols + c0 + i),
+                                                     acc[b]);
+                    }
+                }
+                for (int64_t i = n8; i < n; i++)
+                    for (int b = 0; b < nb; b++)
+                        tail[b] += w[i] * xc[b * cols + c0 + i];
+            }
+            for (int b = 0; b < nb; b++)
+                y[(b0 + b) * t->rows + r] = hsum(acc[b]) + tail[b];
+        }
+    }
+}

@@ -1,0 +1,266 @@
+/*
+ * qtensor.h - the quantization core: quantized tensors and one traits table
+ * indexed by quant kind.
+ *
+ * This is the public header of kernels/. It offers:
+ *   - qtensor: a 2-D weight (rows = output features, cols = input features)
+ *     in one quant kind, owning its codes and its quant state;
+ *   - qt_traits_table: per kind, its name, block geometry, quantize,
+ *     dequantize-rows and the CPU matrix kernel y = x @ W^T;
+ *   - qt_matmul: the matrix kernel, using the fastest CPU path this machine
+ *     supports (AVX2+FMA, chosen at run time), and qt_matmul_ref, the scalar
+ *     reference every fast path is tested against.
+ *
+ * Layouts, each compatible with its origin bit for bit:
+ *   NF4, FP4    bitsandbytes quantize_4bit: blocks of `blocksize` elements over
+ *               the flattened row-major tensor, absmax per block, two codes
+ *               per byte, first element in the high nibble; optional double
+ *               quantization of absmax (bitsandbytes compress_statistics).
+ *   AFFINE      torchao AffineQuantizedTensor semantics: w = (q - zero) * scale
+ *               (integer zero domain) or w = (q - mid) * scale + zero (float
+ *               zero domain), groups along the input dimension. Codes are
+ *               stored unsigned (q - qmin); 4-bit codes pack two per byte,
+ *               first element in the high nibble, each row starting on a byte.
+ *   Q4_0 Q4_1 Q8_0  llama.cpp's GGUF blocks of 32, byte for byte.
+ *   F32 F16 BF16    dense row-major.
+ *
+ * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
+ * owned by its quantizer and keeps its own dtype: qt_cast_dense converts the
+ * dense kinds only and refuses every quantized one.
+ *
+ * Errors: functions return QT_OK (0) or a negative QT_E* code, and write a
+ * sentence naming the field and the value into the caller's buffer.
+ */
+#ifndef QL_QTENSOR_H
+#define QL_QTENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum qt_kind {
+    QT_F32 = 0,
+    QT_F16,
+    QT_BF16,
+    QT_NF4,
+    QT_FP4,
+    QT_AFFINE,
+    QT_Q4_0,
+    QT_Q4_1,
+    QT_Q8_0,
+    QT_KIND_COUNT
+} qt_kind;
+
+enum {
+    QT_OK = 0,
+    QT_EINVAL = -1,       /* a parameter or shape is not acceptable */
+    QT_ENOMEM = -2,       /* allocation failed */
+    QT_ENONFINITE = -3,   /* NaN or Inf where only finite values may be */
+    QT_EUNSUPPORTED = -4, /* the operation does not apply to this kind */
+};
+
+/* A static English phrase for an error code; never NULL. */
+const char *qt_strerror(int err);
+
+/* How the zero point of an AFFINE tensor is expressed (torchao ZeroPointDomain). */
+typedef enum qt_zero_domain {
+    QT_ZERO_INT = 0, /* w = (q - zero) * scale, zero an integer in [qmin, qmax] */
+    QT_ZERO_FLOAT,   /* w = (q - mid) * scale + zero, mid = (qmin + qmax + 1) / 2 */
+} qt_zero_domain;
+
+/* What quantizing asks for. Zero-initialise, then set kind and what applies. */
+typedef struct qt_quant_params {
+    qt_kind kind;
+    /* NF4, FP4: elements per absmax block, a power of two in [32, 4096];
+     * 0 means 64 (bitsandbytes' default). */
+    int32_t blocksize;
+    /* NF4, FP4: quantize absmax again (bitsandbytes compress_statistics). */
+    bool double_quant;
+    /* AFFINE: 4 or 8. */
+    int32_t bits;
+    /* AFFINE: elements per group along a row; 0 means one group per row
+     * (per channel). Must divide cols. */
+    int32_t group_size;
+    /* AFFINE: symmetric (zero at the middle code, scale from max |w|) or
+     * asymmetric (scale from max - min). */
+    bool symmetric;
+    /* AFFINE, asymmetric only: where the zero point lives. Symmetric mapping
+     * always uses the integer domain. */
+    qt_zero_domain zero_domain;
+    /* AFFINE: the smallest scale allowed (torchao's eps); 0 means FLT_EPSILON,
+     * as torchao's int8 weight-only uses; its int4 weight-only uses 1e-6. */
+    float eps;
+} qt_quant_params;
+
+/*
+ * A quantized (or dense) 2-D tensor. 1-D tensors are one row. Every pointer
+ * is owned by the qtensor and freed by qt_free. Fields that do not apply to
+ * the kind are zero.
+ */
+typedef struct qtensor {
+    qt_kind kind;
+    int64_t rows, cols;
+
+    uint8_t *data; /* codes, blocks or dense values */
+    size_t data_bytes;
+
+    /* NF4, FP4 */
+    int32_t blocksize;
+    int64_t n_blocks;      /* ceil(rows * cols / blocksize) */
+    float codebook[16];    /* the 4-bit code (bitsandbytes quant_map) */
+    float *absmax;         /* n_blocks, when !nested */
+    bool nested;           /* double quantization */
+    uint8_t *absmax_codes; /* n_blocks codes into nested_code, when nested */
+    float *nested_absmax;  /* n_nested_blocks */
+    int64_t n_nested_blocks;
+    int32_t nested_blocksize; /* 256, as bitsandbytes */
+    float nested_offset;      /* the mean of absmax subtracted before */
+    float nested_code[256];   /* the signed dynamic 8-bit map */
+
+    /* AFFINE */
+    int32_t bits;
+    int32_t group_size;     /* elements per group; == cols when per channel */
+    int64_t groups_per_row; /* cols / group_size */
+    int32_t qmin, qmax;
+    qt_zero_domain zero_domain;
+    float *scales; /* rows * groups_per_row */
+    float *zeros;  /* rows * groups_per_row; integer valued in the int domain */
+    size_t row_stride; /* bytes per row of codes */
+} qtensor;
+
+/* The row of the traits table for one kind. */
+typedef struct qt_traits {
+    const char *name;   /* "nf4", "q4_0", "bf16", ... */
+    int32_t block_size; /* elements per block; the default for NF4/FP4, whose
+                           blocksize is per tensor; group 1 for dense kinds */
+    size_t block_bytes; /* bytes of codes per block (NF4/FP4: default block;
+                           AFFINE: per element rounded up, see qtensor) */
+    bool is_dense;      /* F32, F16, BF16: plain floats, no quant state */
+    bool is_gguf;       /* Q4_0, Q4_1, Q8_0: llama.cpp blocks */
+
+    /* Quantize rows*cols floats into t (already zeroed; t->kind set). On
+     * error t holds nothing and msg says what was wrong. */
+    int (*quantize)(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                    const qt_quant_params *p, char *msg, size_t msg_len);
+    /* Dequantize rows [row0, row0 + nrows) into out (nrows * cols floats). */
+    void (*dequantize_rows)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+    /* Scalar reference: y[b][r] = sum_c x[b][c] * W[r][c] for r in [row0,
+     * row1), b in [0, batch). x is batch * cols, y is batch * t->rows. */
+    void (*matmul_ref)(const qtensor *t, const float *x, int64_t batch, float *y,
+                       int64_t row0, int64_t row1);
+    /* The AVX2+FMA path, NULL where none exists; same contract. */
+    void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y,
+                        int64_t row0, int64_t row1);
+} qt_traits;
+
+extern const qt_traits qt_traits_table[QT_KIND_COUNT];
+
+/* The kind named `name` ("nf4", "fp4", "affine", "q4_0", "f16", ...), or -1. */
+int qt_kind_from_name(const char *name);
+const char *qt_kind_name(qt_kind kind);
+
+/*
+ * Quantize a rows x cols row-major f32 matrix into *out (which this call
+ * initialises; free it with qt_free). Refuses NaN/Inf with the first bad
+ * index, a blocksize or group size that does not fit, and shapes a kind
+ * cannot hold (GGUF kinds need cols % 32 == 0).
+ */
+int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
+                const qt_quant_params *p, char *msg, size_t msg_len);
+
+/* Dequantize rows [row0, row0 + nrows) of t into out (nrows * cols floats). */
+void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+
+/* y = x @ W^T for rows [row0, row1) of W, fastest path on this CPU. */
+void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+               int64_t row1);
+/* The same through the scalar reference. */
+void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y,
+                   int64_t row0, int64_t row1);
+
+/* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
+const char *qt_cpu_path(void);
+/* Force the scalar reference everywhere (for tests and benchmarks). */
+void qt_set_force_scalar(bool force);
+
+/*
+ * Wrap existing dense values: copies rows*cols elements of kind (F32, F16,
+ * BF16) from src into a new qtensor.
+ */
+int qt_from_dense(qtensor *out, qt_kind kind, const void *src, int64_t rows, int64_t cols,
+                  char *msg, size_t msg_len);
+
+/*
+ * Change the float dtype of a dense tensor in place (F32 <-> F16 <-> BF16,
+ * round to nearest even). Quantized kinds are refused with QT_EUNSUPPORTED:
+ * their quant state belongs to the quantizer and never changes dtype.
+ */
+int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len);
+
+/*
+ * Wrap llama.cpp block bytes (as a GGUF file stores them) of kind Q4_0,
+ * Q4_1 or Q8_0 into a new qtensor, copying them; bytes must be exactly
+ * rows * cols / 32 blocks.
+ */
+int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes,
+                        int64_t rows, int64_t cols, char *msg, size_t msg_len);
+
+/* The parts of a bitsandbytes 4-bit tensor as a checkpoint stores them.
+ * Every pointer is borrowed for the call; qt_from_bnb4 copies. */
+typedef struct qt_bnb4_parts {
+    qt_kind kind; /* QT_NF4 or QT_FP4 */
+    int64_t rows, cols;
+    int32_t blocksize;
+    const uint8_t *codes; /* packed, ceil(rows * cols / 2) bytes */
+    size_t codes_bytes;
+    const float *codebook;      /* 16 (quant_map) */
+    int64_t n_blocks;           /* entries of absmax / absmax_codes */
+    const float *absmax;        /* f32 per block, when not nested */
+    const uint8_t *absmax_codes; /* per block, when nested */
+    const float *nested_absmax; /* when nested */
+    int64_t n_nested_blocks;
+    int32_t nested_blocksize;
+    float nested_offset;
+    const float *nested_code; /* 256, when nested */
+} qt_bnb4_parts;
+
+/*
+ * Build an NF4/FP4 qtensor from checkpoint parts after checking that every
+ * count agrees with the shape and block sizes and that all quant state is
+ * finite; msg names the part that does not fit.
+ */
+int qt_from_bnb4(qtensor *out, const qt_bnb4_parts *parts, char *msg, size_t msg_len);
+
+/* The absmax an NF4/FP4 tensor dequantizes block b with (double
+ * quantization undone). */
+float qt_block_absmax(const qtensor *t, int64_t b);
+
+/* A deep copy; free with qt_free. */
+int qt_clone(qtensor *out, const qtensor *src);
+
+/* Free everything t owns and zero it. Safe on a zeroed qtensor. */
+void qt_free(qtensor *t);
+
+/* Bytes the tensor occupies, codes plus quant state. */
+size_t qt_nbytes(const qtensor *t);
+
+/* The bitsandbytes codebooks and the signed dynamic map (nested absmax). */
+extern const float qt_nf4_code[16];
+extern const float qt_fp4_code[16];
+extern const float qt_dynamic_map_signed[256];
+
+/* IEEE half and bfloat16 conversions, round to nearest even, NaN kept. */
+float qt_f16_to_f32(uint16_t h);
+uint16_t qt_f32_to_f16(float f);
+float qt_bf16_to_f32(uint16_t b);
+uint16_t qt_f32_to_bf16(float f);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,147 @@
+/*
+ * quant_affine.c - AFFINE, the integer grid of torchao's
+ * AffineQuantizedTensor: per group of `group_size` elements along a row, a
+ * scale and a zero point.
+ *
+ *   integer zero domain:  q = clamp(round(w * (1 / scale)) + zero, qmin, qmax)
+ *                         w = (q - zero) * scale
+ *   float zero domain:    q = clamp(round((w - (zero - scale * mid)) / scale), qmin, qmax)
+ *                         w = (q - mid) * scale + zero,  mid = (qmin + qmax + 1) / 2
+ *
+ * with torchao's choice of parameters (quant_primitives._choose_qparams_affine):
+ *   symmetric:   scale = max(-min(w, 0), max(w, 0)) / ((qmax - qmin) / 2),
+ *                zero = (qmax + qmin + 1) / 2 (0 for the signed ranges used here)
+ *   asymmetric, integer zero (preserve_zero): scale = (max(w, 0) - min(w, 0)) /
+ *                (qmax - qmin), zero = clamp(qmin - round(min(w, 0) / scale))
+ *   asymmetric, float zero (int4 weight-only, "tinygemm"): scale =
+ *                (max w - min w) / (qmax - qmin), zero = min w + scale * mid
+ * every scale clamped below at eps. Rounding is half to even, as torch.round.
+ * Symmetric uses the signed range [-2^(b-1), 2^(b-1) - 1], asymmetric the
+ * unsigned range [0, 2^b - 1].
+ *
+ * Storage is ours: codes stored unsigned (q - qmin), one byte each for 8
+ * bits, two per byte for 4 bits (even element in the high nibble, each row
+ * starting on a byte); scales and zeros as f32 per (row, group).
+ */
+#include "kernels_internal.h"
+#include "qt_math.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+static inline float clampf(float v, float lo, float hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* Choose scale and zero for one group, as torchao does. */
+static void choose_qparams(const float *w, int64_t n, const qtensor *t, bool symmetric,
+                           float eps, float *scale, float *zero)
+{
+    float mn = w[0], mx = w[0];
+    for (int64_t i = 1; i < n; i++) {
+        mn = fminf(mn, w[i]);
+        mx = fmaxf(mx, w[i]);
+    }
+    float range = (float)(t->qmax - t->qmin);
+    if (symmetric) {
+        float amax = fmaxf(-fminf(mn, 0.0f), fmaxf(mx, 0.0f));
+        *scale = fmaxf(amax / (range / 2.0f), eps);
+        *zero = floorf((float)(t->qmax + t->qmin + 1) / 2.0f);
+    } else if (t->zero_domain == QT_ZERO_INT) {
+        float mn0 = fminf(mn, 0.0f), mx0 = fmaxf(mx, 0.0f);
+        *scale = fmaxf((mx0 - mn0) / range, eps);
+        *zero = clampf((float)t->qmin - nearbyintf(mn0 / *scale), (float)t->qmin,
+                       (float)t->qmax);
+    } else {
+        float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
+        *scale = fmaxf((mx - mn) / range, eps);
+        *zero = mn + *scale * mid;
+    }
+}
+
+static inline void put_code(const qtensor *t, int64_t r, int64_t c, unsigned u)
+{
+    uint8_t *row = t->data + r * t->row_stride;
+    if (t->bits == 8)
+        row[c] = (uint8_t)u;
+    else if (c & 1)
+        row[c >> 1] |= (uint8_t)u;
+    else
+        row[c >> 1] |= (uint8_t)(u << 4);
+}
+
+static inline int get_code(const qtensor *t, int64_t r, int64_t c)
+{
+    const uint8_t *row = t->data + r * t->row_stride;
+    unsigned u = t->bits == 8 ? row[c] : qm_nibble(row, c);
+    return (int)u + t->qmin;
+}
+
+int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                       const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    if (p->bits != 4 && p->bits != 8)
+        return qt_fail(msg, msg_len, QT_EINVAL, "affine bits %d: only 4 and 8", p->bits);
+    int64_t gs = p->group_size ? p->group_size : cols;
+    if (gs <= 0 || cols % gs != 0)
+        return qt_fail(msg, msg_len, QT_EINVAL,
+                       "affine group size %lld does not divide the %lld columns",
+                       (long long)gs, (long long)cols);
+    t->bits = p->bits;
+    t->group_size = (int32_t)gs;
+    t->groups_per_row = cols / gs;
+    t->zero_domain = p->symmetric ? QT_ZERO_INT : p->zero_domain;
+    t->qmin = p->symmetric ? -(1 << (p->bits - 1)) : 0;
+    t->qmax = p->symmetric ? (1 << (p->bits - 1)) - 1 : (1 << p->bits) - 1;
+    t->row_stride = p->bits == 8 ? (size_t)cols : (size_t)(cols + 1) / 2;
+    t->data_bytes = t->row_stride * (size_t)rows;
+    size_t ng = (size_t)(rows * t->groups_per_row);
+    t->data = calloc(t->data_bytes, 1);
+    t->scales = malloc(ng * sizeof(float));
+    t->zeros = malloc(ng * sizeof(float));
+    if (!t->data || !t->scales || !t->zeros)
+        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes of codes",
+                       t->data_bytes);
+    float eps = p->eps > 0.0f ? p->eps : FLT_EPSILON;
+    float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
+
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g = 0; g < t->groups_per_row; g++) {
+            const float *w = src + r * cols + g * gs;
+            float scale, zero;
+            choose_qparams(w, gs, t, p->symmetric, eps, &scale, &zero);
+            t->scales[r * t->groups_per_row + g] = scale;
+            t->zeros[r * t->groups_per_row + g] = zero;
+            float recip = 1.0f / scale;
+            float min_val = zero - scale * mid;
+            for (int64_t i = 0; i < gs; i++) {
+                float q;
+                if (t->zero_domain == QT_ZERO_INT)
+                    q = nearbyintf(w[i] * recip) + zero;
+                else
+                    q = nearbyintf((w[i] - min_val) / scale);
+                q = clampf(q, (float)t->qmin, (float)t->qmax);
+                put_code(t, r, g * gs + i, (unsigned)((int)q - t->qmin));
+            }
+        }
+    }
+    return QT_OK;
+}
+
+void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
+    for (int64_t r = row0; r < row0 + nrows; r++) {
+        float *o = out + (r - row0) * t->cols;
+        for (int64_t c = 0; c < t->cols; c++) {
+            int64_t g = r * t->groups_per_row + c / t->group_size;
+            int q = get_code(t, r, c);
+            if (t->zero_domain == QT_ZERO_INT)
+                o[c] = (float)(q - (int)t->zeros[g]) * t->scales[g];
+            else
+                o[c] = ((float)q - mid) * t->scales[g] + t->zeros[g];
+        }
+    }
+}

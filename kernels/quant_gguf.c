@@ -1,0 +1,177 @@
+/*
+ * quant_gguf.c - llama.cpp's Q4_0, Q4_1 and Q8_0 blocks, byte for byte, so a
+ * GGUF tensor is used in place: each block of 32 is an affine group whose
+ * scale (and minimum) are stored as IEEE halves beside the codes.
+ *
+ *   block_q4_0 { f16 d; u8 qs[16]; }        w = (nibble - 8) * d
+ *   block_q4_1 { f16 d; f16 m; u8 qs[16]; } w = nibble * d + m
+ *   block_q8_0 { f16 d; i8 qs[32]; }        w = q * d
+ *
+ * In the 4-bit blocks byte j holds element j in its low nibble and element
+ * j + 16 in its high nibble (unlike bitsandbytes' adjacent pairs).
+ * Quantizing follows ggml's reference quantizers (quantize_row_*_ref): the
+ * reciprocal of the f32 scale, truncation after adding 8.5 or 0.5 for the
+ * 4-bit kinds, roundf (half away from zero) for Q8_0.
+ */
+#include "kernels_internal.h"
+#include "qt_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 32
+
+size_t qt_gguf_block_bytes(qt_kind kind)
+{
+    return qt_traits_table[kind].block_bytes;
+}
+
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = qm_f32_to_f16(v);
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static float get_f16(const uint8_t *p)
+{
+    return qm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+static void quantize_q4_0(const float *x, uint8_t *blk)
+{
+    /* the value of largest magnitude, with its sign, maps to -8 */
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    float d = max / -8.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(blk, d);
+    for (int j = 0; j < QK / 2; j++) {
+        int q0 = (int)(int8_t)(x[j] * id + 8.5f);
+        int q1 = (int)(int8_t)(x[j + QK / 2] * id + 8.5f);
+        q0 = q0 < 15 ? q0 : 15;
+        q1 = q1 < 15 ? q1 : 15;
+        blk[2 + j] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
+static void quantize_q4_1(const float *x, uint8_t *blk)
+{
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < QK; j++) {
+        mn = fminf(mn, x[j]);
+        mx = fmaxf(mx, x[j]);
+    }
+    float d = (mx - mn) / 15.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(blk, d);
+    put_f16(blk + 2, mn);
+    for (int j = 0; j < QK / 2; j++) {
+        int q0 = (int)(int8_t)((x[j] - mn) * id + 0.5f);
+        int q1 = (int)(int8_t)((x[j + QK / 2] - mn) * id + 0.5f);
+        q0 = q0 < 15 ? q0 : 15;
+        q1 = q1 < 15 ? q1 : 15;
+        blk[4 + j] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
+static void quantize_q8_0(const float *x, uint8_t *blk)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(blk, d);
+    for (int j = 0; j < QK; j++)
+        blk[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                     const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    (void)p;
+    if (cols % QK != 0)
+        return qt_fail(msg, msg_len, QT_EINVAL,
+                       "%lld columns is not a multiple of the %s block of %d",
+                       (long long)cols, qt_kind_name(t->kind), QK);
+    size_t bb = qt_gguf_block_bytes(t->kind);
+    int64_t nblocks = rows * cols / QK;
+    t->data_bytes = (size_t)nblocks * bb;
+    t->row_stride = (size_t)(cols / QK) * bb;
+    t->data = malloc(t->data_bytes);
+    if (!t->data)
+        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", t->data_bytes);
+    for (int64_t b = 0; b < nblocks; b++) {
+        const float *x = src + b * QK;
+        uint8_t *blk = t->data + b * bb;
+        if (t->kind == QT_Q4_0)
+            quantize_q4_0(x, blk);
+        else if (t->kind == QT_Q4_1)
+            quantize_q4_1(x, blk);
+        else
+            quantize_q8_0(x, blk);
+    }
+    return QT_OK;
+}
+
+void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    size_t bb = qt_gguf_block_bytes(t->kind);
+    int64_t b0 = row0 * t->cols / QK, nb = nrows * t->cols / QK;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = t->data + (b0 + b) * bb;
+        float *o = out + b * QK;
+        float d = get_f16(blk);
+        if (t->kind == QT_Q4_0) {
+            for (int j = 0; j < QK / 2; j++) {
+                o[j] = (float)((blk[2 + j] & 0x0f) - 8) * d;
+                o[j + QK / 2] = (float)((blk[2 + j] >> 4) - 8) * d;
+            }
+        } else if (t->kind == QT_Q4_1) {
+            float m = get_f16(blk + 2);
+            for (int j = 0; j < QK / 2; j++) {
+                o[j] = (float)(blk[4 + j] & 0x0f) * d + m;
+                o[j + QK / 2] = (float)(blk[4 + j] >> 4) * d + m;
+            }
+        } else {
+            for (int j = 0; j < QK; j++)
+                o[j] = (float)(int8_t)blk[2 + j] * d;
+        }
+    }
+}
+
+int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes,
+                        int64_t rows, int64_t cols, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    if ((unsigned)kind >= QT_KIND_COUNT || !qt_traits_table[kind].is_gguf)
+        return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "%s is not a GGUF block kind",
+                       qt_kind_name(kind));
+    if (rows <= 0 || cols <= 0 || cols % QK != 0)
+        return qt_fail(msg, msg_len, QT_EINVAL,
+                       "shape [%lld, %lld]: columns must be a positive multiple of %d",
+                       (long long)rows, (long long)cols, QK);
+    size_t bb = qt_gguf_block_bytes(kind);
+    size_t want = (size_t)(rows * cols / QK) * bb;
+    if (bytes != want)
+        return qt_fail(msg, msg_len, QT_EINVAL,
+                       "%zu bytes of %s blocks for shape [%lld, %lld]; expected %zu", bytes,
+                       qt_kind_name(kind), (long long)rows, (long long)cols, want);
+    out->data = malloc(bytes);
+    if (!out->data)
+        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", bytes);
+    memcpy(out->data, blocks, bytes);
+    out->kind = kind;
+    out->rows = rows;
+    out->cols = cols;
+    out->data_bytes = bytes;
+    out->row_stride = (size_t)(cols / QK) * bb;
+    return QT_OK;
+}

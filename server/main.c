@@ -1,0 +1,101 @@
+/*
+ * main.c - the qlserve binary: reads the subcommand, hands its flags to
+ * config/, and runs the job. Exit status: 0 done, 1 the job failed (the
+ * message names the file, tensor and problem), 2 a usage error.
+ *
+ * The HTTP server (libuv, llhttp) lands here as `qlserve serve`; the
+ * libraries are linked already and `qlserve version` reports them.
+ */
+#include "config.h"
+#include "engine.h"
+
+#include <cjson/cJSON.h>
+#include <llhttp.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#ifdef QL_HAVE_CUDA
+#include "cuda/qt_cuda.h"
+#endif
+
+static int usage_failure(const char *sub, int rc, const char *msg)
+{
+    if (rc == CFG_HELP) {
+        cfg_print_usage(stdout, sub);
+        return 0;
+    }
+    fprintf(stderr, "qlserve: %s\n", msg);
+    cfg_print_usage(stderr, sub);
+    return 2;
+}
+
+static int run_quantize(int argc, char **argv)
+{
+    char msg[1024];
+    cfg_quantize c;
+    int rc = cfg_parse_quantize(argc, argv, &c, msg, sizeof msg);
+    if (rc != CFG_OK)
+        return usage_failure("quantize", rc, msg);
+    eng_quantize_opts o = {.in_path = c.in_path, .out_path = c.out_path, .kind = c.kind,
+                           .blocksize = c.blocksize, .double_quant = c.double_quant};
+    rc = eng_quantize_file(&o, stdout, msg, sizeof msg);
+    if (rc != ENG_OK) {
+        fprintf(stderr, "qlserve quantize: %s\n", msg);
+        return 1;
+    }
+    return 0;
+}
+
+static int run_inspect(int argc, char **argv)
+{
+    char msg[1024];
+    cfg_inspect c;
+    int rc = cfg_parse_inspect(argc, argv, &c, msg, sizeof msg);
+    if (rc != CFG_OK)
+        return usage_failure("inspect", rc, msg);
+    rc = eng_inspect_file(c.path, stdout, msg, sizeof msg);
+    if (rc != ENG_OK) {
+        fprintf(stderr, "qlserve inspect: %s\n", msg);
+        return 1;
+    }
+    return 0;
+}
+
+static int run_version(void)
+{
+    printf("qlserve %s\n", QL_VERSION);
+    printf("cpu kernels: %s\n", qt_cpu_path());
+    printf("libuv %s, llhttp %d.%d.%d, cJSON %s\n", uv_version_string(), LLHTTP_VERSION_MAJOR,
+           LLHTTP_VERSION_MINOR, LLHTTP_VERSION_PATCH, cJSON_Version());
+#ifdef QL_HAVE_CUDA
+    char cuda[512];
+    qt_cuda_describe(cuda, sizeof cuda);
+    printf("cuda backend: %s\n", cuda);
+#else
+    printf("cuda backend: not built (nvcc was not found at build time)\n");
+#endif
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        cfg_print_usage(stderr, NULL);
+        return 2;
+    }
+    const char *sub = argv[1];
+    if (strcmp(sub, "quantize") == 0)
+        return run_quantize(argc - 1, argv + 1);
+    if (strcmp(sub, "inspect") == 0)
+        return run_inspect(argc - 1, argv + 1);
+    if (strcmp(sub, "version") == 0 || strcmp(sub, "--version") == 0)
+        return run_version();
+    if (strcmp(sub, "help") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
+        cfg_print_usage(stdout, argc > 2 ? argv[2] : NULL);
+        return 0;
+    }
+    fprintf(stderr, "qlserve: unknown command '%s'\n", sub);
+    cfg_print_usage(stderr, NULL);
+    return 2;
+}

@@ -1,0 +1,448 @@
+/*
+ * test_cuda_dequant.c - the CUDA NF4/FP4 dequantize kernel against the CPU
+ * reference, bit for bit, on a real GPU.
+ *
+ * Why shaped so: this runs only on a machine with a GPU (tests/gpu/run.sh),
+ * so it is a plain C program with a main() rather than a Criterion suite,
+ * and it prints one line per case so a remote log reads on its own. The CPU
+ * side is the reference: qt_quantize makes the tensor, qt_dequantize_rows
+ * gives the expected floats, and the GPU output (poisoned with NaN before,
+ * so an element the kernel forgets to write cannot pass) must equal them in
+ * every bit. Both sides run kernels/qt_math.h, so any difference is a bug in
+ * the indexing, the packing or the build flags (FMA contraction), never
+ * "rounding".
+ *
+ * Exit status: 0 all passed; 1 a case failed; 77 no usable CUDA device (a
+ * skip in the automake/CTest convention; run.sh treats it as a failure,
+ * since it runs where a GPU is expected).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/qt_cuda.h"
+#include "qtensor.h"
+
+#define MSG_LEN 512
+
+static int failures;
+
+/* ---- inputs ------------------------------------------------------------- */
+
+/* xorshift64*: reproducible across machines, no libc rand() differences. */
+static uint64_t rng_state;
+
+static double rng_uniform(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Weights shaped like a trained layer: normal, a few outliers, some exact
+ * zeros, and one all-zero absmax block (absmax 0 is a path of its own). */
+static float *random_weights(int64_t n, uint64_t seed)
+{
+    float *w = malloc((size_t)n * sizeof *w);
+    if (!w)
+        return NULL;
+    rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        double u1 = rng_uniform(), u2 = rng_uniform();
+        double g = sqrt(-2.0 * log(u1 + 1e-300)) * cos(6.283185307179586 * u2);
+        double scale = rng_uniform() < 0.001 ? 8.0 : 0.02;
+        w[i] = rng_uniform() < 0.01 ? 0.0f : (float)(g * scale);
+    }
+    for (int64_t i = 0; i < n && i < 64; i++)
+        w[i] = 0.0f;
+    return w;
+}
+
+static float *nan_filled(int64_t n, int64_t extra)
+{
+    float *p = malloc((size_t)(n + extra) * sizeof *p);
+    if (p)
+        for (int64_t i = 0; i < n + extra; i++)
+            p[i] = nanf("");
+    return p;
+}
+
+/* ---- comparisons --------------------------------------------------------- */
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* Index of the first element whose bits differ, or -1. */
+static int64_t first_difference_f32(const float *want, const float *got, int64_t n)
+{
+    if (memcmp(want, got, (size_t)n * sizeof *want) == 0)
+        return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (f32_bits(want[i]) != f32_bits(got[i]))
+            return i;
+    return -1;
+}
+
+static void report(const char *name, int ok, const char *detail)
+{
+    printf("%-44s %s%s%s\n", name, ok ? "ok" : "FAIL", detail[0] ? "  " : "", detail);
+    fflush(stdout);
+    if (!ok)
+        failures++;
+}
+
+/* ---- the cases ----------------------------------------------------------- */
+
+typedef struct dequant_case {
+    qt_kind kind;
+    int32_t blocksize;
+    bool nested;
+    int64_t rows, cols;
+} dequant_case;
+
+static void case_name(char *buf, size_t len, const char *what, const dequant_case *c)
+{
+    snprintf(buf, len, "%s %s%s bs%d %lldx%lld", what, qt_kind_name(c->kind),
+             c->nested ? "-dq" : "", (int)c->blocksize, (long long)c->rows, (long long)c->cols);
+}
+
+static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float **want,
+                         char *detail, size_t detail_len)
+{
+    const int64_t n = c->rows * c->cols;
+    char msg[MSG_LEN] = "";
+    float *w = random_weights(n, seed);
+    *want = nan_filled(n, 0);
+    if (!w || !*want) {
+        snprintf(detail, detail_len, "host allocation of %lld floats failed", (long long)n);
+        free(w);
+        return -1;
+    }
+    qt_quant_params p = {0};
+    p.kind = c->kind;
+    p.blocksize = c->blocksize;
+    p.double_quant = c->nested;
+    memset(t, 0, sizeof *t);
+    int rc = qt_quantize(t, w, c->rows, c->cols, &p, msg, sizeof msg);
+    free(w);
+    if (rc != QT_OK) {
+        snprintf(detail, detail_len, "qt_quantize: %s (%s)", msg, qt_strerror(rc));
+        return -1;
+    }
+    qt_dequantize_rows(t, 0, c->rows, *want);
+    return 0;
+}
+
+/* GPU host-to-host dequantize equals the CPU reference in every bit. */
+static void check_host_variant(const dequant_case *c, uint64_t seed)
+{
+    char name[128], detail[MSG_LEN + 128] = "", msg[MSG_LEN] = "";
+    case_name(name, sizeof name, "dequantize", c);
+    const int64_t n = c->rows * c->cols;
+    qtensor t;
+    float *want = NULL, *got = NULL;
+    if (quantize_case(c, seed, &t, &want, detail, sizeof detail) != 0) {
+        report(name, 0, detail);
+        free(want);
+        return;
+    }
+    got = nan_filled(n, 0);
+    int rc = got ? qt_cuda_dequantize_4bit(&t, got, msg, sizeof msg) : QT_ENOMEM;
+    if (rc != QT_OK) {
+        snprintf(detail, sizeof detail, "qt_cuda_dequantize_4bit: %s (%d)", msg, rc);
+        report(name, 0, detail);
+    } else {
+        int64_t i = first_difference_f32(want, got, n);
+        if (i >= 0)
+            snprintf(detail, sizeof detail, "element %lld: cpu %a (0x%08x) gpu %a (0x%08x)",
+                     (long long)i, want[i], f32_bits(want[i]), got[i], f32_bits(got[i]));
+        report(name, i < 0, detail);
+    }
+    free(got);
+    free(want);
+    qt_free(&t);
+}
+
+/*
+ * The device variant's other paths: bf16 output (against qt_f32_to_bf16 of
+ * the reference), and an output pointer 4 bytes off 16-byte alignment, which
+ * must take the byte-load, scalar-store path and still write every element
+ * and nothing beyond.
+ */
+static void check_device_variant(const dequant_case *c, uint64_t seed)
+{
+    char name[128], detail[MSG_LEN + 128] = "", msg[MSG_LEN] = "";
+    const int64_t n = c->rows * c->cols;
+    qtensor t;
+    float *want = NULL;
+    qt_cuda_4bit_view view;
+    memset(&view, 0, sizeof view);
+    void *dev = NULL;
+    float *got = NULL;
+    uint16_t *got_bf16 = NULL;
+    int ok = 0;
+
+    case_name(name, sizeof name, "dev bf16 + unaligned f32", c);
+    if (quantize_case(c, seed, &t, &want, detail, sizeof detail) != 0)
+        goto done;
+    int rc = qt_cuda_4bit_upload(&t, &view, msg, sizeof msg);
+    if (rc != QT_OK) {
+        snprintf(detail, sizeof detail, "qt_cuda_4bit_upload: %s", msg);
+        goto done;
+    }
+    /* f32 at offset 1 float (4 bytes) plus 4 guard floats after the end */
+    const size_t bytes = (size_t)(n + 8) * sizeof(float);
+    got = nan_filled(n, 8);
+    got_bf16 = malloc((size_t)n * sizeof *got_bf16);
+    if (!got || !got_bf16 || cudaMalloc(&dev, bytes) != cudaSuccess) {
+        snprintf(detail, sizeof detail, "allocating %zu bytes failed", bytes);
+        goto done;
+    }
+    if (cudaMemcpy(dev, got, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        snprintf(detail, sizeof detail, "cudaMemcpy of the NaN poison failed");
+        goto done;
+    }
+    rc = qt_cuda_dequantize_4bit_dev(&view, (float *)dev + 1, QT_CUDA_OUT_F32, NULL, msg,
+                                     sizeof msg);
+    if (rc == QT_OK && cudaMemcpy(got, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+        rc = QT_CUDA_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
+    if (rc != QT_OK) {
+        snprintf(detail, sizeof detail, "unaligned f32: %s (%d)", msg, rc);
+        goto done;
+    }
+    int64_t i = first_difference_f32(want, got + 1, n);
+    if (i >= 0) {
+        snprintf(detail, sizeof detail, "unaligned f32 element %lld: cpu 0x%08x gpu 0x%08x",
+                 (long long)i, f32_bits(want[i]), f32_bits(got[i + 1]));
+        goto done;
+    }
+    if (!isnan(got[0]) || !isnan(got[n + 1])) {
+        snprintf(detail, sizeof detail, "unaligned f32: wrote outside [out, out + n)");
+        goto done;
+    }
+
+    rc = qt_cuda_dequantize_4bit_dev(&view, dev, QT_CUDA_OUT_BF16, NULL, msg, sizeof msg);
+    if (rc == QT_OK && cudaMemcpy(got_bf16, dev, (size_t)n * sizeof *got_bf16,
+                                  cudaMemcpyDeviceToHost) != cudaSuccess)
+        rc = QT_CUDA_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
+    if (rc != QT_OK) {
+        snprintf(detail, sizeof detail, "bf16: %s (%d)", msg, rc);
+        goto done;
+    }
+    for (i = 0; i < n; i++)
+        if (got_bf16[i] != qt_f32_to_bf16(want[i])) {
+            snprintf(detail, sizeof detail, "bf16 element %lld: cpu 0x%04x gpu 0x%04x",
+                     (long long)i, qt_f32_to_bf16(want[i]), got_bf16[i]);
+            goto done;
+        }
+    ok = 1;
+done:
+    report(name, ok, detail);
+    if (dev)
+        cudaFree(dev);
+    qt_cuda_4bit_release(&view, NULL, 0);
+    free(got);
+    free(got_bf16);
+    free(want);
+    qt_free(&t);
+}
+
+/* Refusals: a kind the kernel does not take is named; an allocation the
+ * device cannot hold is QT_ENOMEM naming cudaMalloc, and leaks nothing. */
+static void check_refusals(void)
+{
+    char msg[MSG_LEN] = "", detail[MSG_LEN + 128] = "";
+    float out[4];
+    qtensor t;
+
+    memset(&t, 0, sizeof t);
+    t.kind = QT_AFFINE;
+    t.rows = 2;
+    t.cols = 2;
+    int rc = qt_cuda_dequantize_4bit(&t, out, msg, sizeof msg);
+    snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
+    report("refuses affine by name", rc == QT_EUNSUPPORTED && strstr(msg, "affine") != NULL,
+           detail);
+
+    /* 2^20 x 2^20 elements: 512 GiB of codes, more than any device holds.
+     * The host pointers are never read, since cudaMalloc fails first. */
+    static uint8_t dummy_codes[16];
+    static float dummy_absmax[1];
+    size_t free_before = 0, free_after = 0, total = 0;
+    cudaMemGetInfo(&free_before, &total);
+    memset(&t, 0, sizeof t);
+    t.kind = QT_NF4;
+    t.rows = 1 << 20;
+    t.cols = 1 << 20;
+    t.data = dummy_codes;
+    t.data_bytes = (size_t)1 << 39;
+    t.blocksize = 64;
+    t.n_blocks = ((int64_t)1 << 40) / 64;
+    t.absmax = dummy_absmax;
+    msg[0] = '\0';
+    rc = qt_cuda_dequantize_4bit(&t, out, msg, sizeof msg);
+    cudaMemGetInfo(&free_after, &total);
+    snprintf(detail, sizeof detail, "rc %d: %s; free before %zu after %zu", rc, msg,
+             free_before, free_after);
+    report("out of device memory is QT_ENOMEM", rc == QT_ENOMEM && strstr(msg, "cudaMalloc"),
+           detail);
+    report("out of device memory leaks nothing", free_after >= free_before, detail);
+    /* The failed allocation must not poison the next call. */
+    (void)cudaGetLastError();
+}
+
+/* ---- timing -------------------------------------------------------------- */
+
+/* Average milliseconds of one dequantize of view into dev_out. */
+static float time_dequantize(const qt_cuda_4bit_view *view, void *dev_out,
+                             qt_cuda_out_dtype dtype, int iters, char *msg, size_t msg_len)
+{
+    cudaEvent_t start, stop;
+    if (cudaEventCreate(&start) != cudaSuccess)
+        return -1.0f;
+    if (cudaEventCreate(&stop) != cudaSuccess) {
+        cudaEventDestroy(start);
+        return -1.0f;
+    }
+    float ms = -1.0f;
+    for (int i = 0; i < 3; i++) /* warm up: clocks, caches, lazy module load */
+        if (qt_cuda_dequantize_4bit_dev(view, dev_out, dtype, NULL, msg, msg_len) != QT_OK)
+            goto out;
+    cudaEventRecord(start, NULL);
+    for (int i = 0; i < iters; i++)
+        if (qt_cuda_dequantize_4bit_dev(view, dev_out, dtype, NULL, msg, msg_len) != QT_OK)
+            goto out;
+    cudaEventRecord(stop, NULL);
+    if (cudaEventSynchronize(stop) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, start, stop) == cudaSuccess)
+        ms /= (float)iters;
+    else
+        ms = -1.0f;
+out:
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return ms;
+}
+
+static void time_large(const dequant_case *c, uint64_t seed)
+{
+    char name[128], detail[MSG_LEN + 128] = "", msg[MSG_LEN] = "";
+    case_name(name, sizeof name, "timing", c);
+    const int64_t n = c->rows * c->cols;
+    qtensor t;
+    memset(&t, 0, sizeof t);
+    float *w = random_weights(n, seed);
+    qt_quant_params p = {0};
+    p.kind = c->kind;
+    p.blocksize = c->blocksize;
+    p.double_quant = c->nested;
+    if (!w || qt_quantize(&t, w, c->rows, c->cols, &p, msg, sizeof msg) != QT_OK) {
+        snprintf(detail, sizeof detail, "quantize: %s", msg);
+        report(name, 0, detail);
+        free(w);
+        return;
+    }
+    free(w);
+    qt_cuda_4bit_view view;
+    void *dev_out = NULL;
+    if (qt_cuda_4bit_upload(&t, &view, msg, sizeof msg) != QT_OK ||
+        cudaMalloc(&dev_out, (size_t)n * sizeof(float)) != cudaSuccess) {
+        snprintf(detail, sizeof detail, "upload: %s", msg);
+        report(name, 0, detail);
+        qt_cuda_4bit_release(&view, NULL, 0);
+        qt_free(&t);
+        return;
+    }
+    const double code_bytes = (double)((n + 1) / 2);
+    const double state_bytes = t.nested ? (double)t.n_blocks + 4.0 * (double)t.n_nested_blocks
+                                        : 4.0 * (double)t.n_blocks;
+    const int iters = 50;
+    const qt_cuda_out_dtype dtypes[2] = {QT_CUDA_OUT_F32, QT_CUDA_OUT_BF16};
+    const char *dtype_names[2] = {"f32", "bf16"};
+    const double out_size[2] = {4.0, 2.0};
+    for (int d = 0; d < 2; d++) {
+        float ms = time_dequantize(&view, dev_out, dtypes[d], iters, msg, sizeof msg);
+        if (ms <= 0.0f) {
+            snprintf(detail, sizeof detail, "%s: timing failed: %s", dtype_names[d], msg);
+            report(name, 0, detail);
+            continue;
+        }
+        const double s = ms * 1e-3;
+        const double in_gbs = code_bytes / s / 1e9;
+        const double all_gbs = (code_bytes + state_bytes + out_size[d] * (double)n) / s / 1e9;
+        printf("timing %s-> %s: %.4f ms, packed input %.1f GB/s, all traffic %.1f GB/s\n",
+               name + strlen("timing "), dtype_names[d], ms, in_gbs, all_gbs);
+        printf("{\"bench\": \"cuda_dequant_4bit\", \"kind\": \"%s\", \"nested\": %s, "
+               "\"blocksize\": %d, \"rows\": %lld, \"cols\": %lld, \"out\": \"%s\", "
+               "\"iters\": %d, \"ms\": %.5f, \"packed_input_gbs\": %.2f, "
+               "\"total_traffic_gbs\": %.2f}\n",
+               qt_kind_name(c->kind), c->nested ? "true" : "false", (int)c->blocksize,
+               (long long)c->rows, (long long)c->cols, dtype_names[d], iters, ms, in_gbs,
+               all_gbs);
+    }
+    cudaFree(dev_out);
+    qt_cuda_4bit_release(&view, NULL, 0);
+    qt_free(&t);
+}
+
+int main(void)
+{
+    char line[1024], msg[MSG_LEN] = "";
+    qt_cuda_describe(line, sizeof line);
+    printf("%s\n", line);
+
+    int count = 0;
+    int rc = qt_cuda_device_count(&count, msg, sizeof msg);
+    if (rc != QT_OK) {
+        printf("SKIP: no usable CUDA device: %s\n", msg);
+        return 77;
+    }
+
+    const qt_kind kinds[2] = {QT_NF4, QT_FP4};
+    const bool nesting[2] = {false, true};
+    /* blocksize 64 is bitsandbytes' default, 4096 its largest, 32 its
+     * smallest; 37x45 is odd-sized (a half-filled last byte, a partial last
+     * block and a partial last 32-element chunk); 1x1 is one element. */
+    const struct {
+        int32_t blocksize;
+        int64_t rows, cols;
+    } shapes[] = {
+        {64, 256, 512}, {4096, 96, 1000}, {64, 37, 45}, {4096, 37, 45},
+        {32, 37, 45},   {64, 1, 1},       {64, 4096, 4096},
+    };
+    uint64_t seed = 1;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int k = 0; k < 2; k++)
+            for (int d = 0; d < 2; d++) {
+                dequant_case c = {kinds[k], shapes[s].blocksize, nesting[d], shapes[s].rows,
+                                  shapes[s].cols};
+                check_host_variant(&c, seed++);
+            }
+
+    const dequant_case dev_cases[] = {
+        {QT_NF4, 64, true, 37, 45},
+        {QT_FP4, 64, false, 37, 45},
+        {QT_NF4, 64, true, 4096, 4096},
+    };
+    for (size_t i = 0; i < sizeof dev_cases / sizeof dev_cases[0]; i++)
+        check_device_variant(&dev_cases[i], seed++);
+
+    check_refusals();
+
+    const dequant_case big = {QT_NF4, 64, true, 4096, 4096};
+    time_large(&big, seed++);
+    const dequant_case big_plain = {QT_NF4, 64, false, 4096, 4096};
+    time_large(&big_plain, seed++);
+
+    printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+    return failures ? 1 : 0;
+}
