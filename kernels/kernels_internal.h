@@ -58,5 +58,8 @@ void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, floa
  * called only when the CPU reports those features). */
 void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
                     int64_t row0, int64_t row1);
+/* Dequantization with the same AVX2 decoders, bit-identical to the scalar
+ * dequantize_rows of every kind. */
+void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 
 #endif

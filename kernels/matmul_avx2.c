@@ -199,7 +199,7 @@ static const float *decode_tile(const qtensor *t, int64_t r, int64_t c, int64_t 
         decode_gguf(t, e / 32, n / 32, tile);
         return tile;
     default:
-        qt_dequantize_rows(t, r, 1, tile); /* unreachable: every kind is above */
+        qt_dequantize_rows_ref(t, r, 1, tile); /* unreachable: every kind is above */
         return tile;
     }
 }
@@ -260,5 +260,15 @@ void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
             for (int b = 0; b < nb; b++)
                 y[(b0 + b) * t->rows + r] = hsum(acc[b]) + tail[b];
         }
+    }
+}
+
+void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    for (int64_t r = row0; r < row0 + nrows; r++) {
+        float *dst = out + (r - row0) * t->cols;
+        const float *w = decode_tile(t, r, 0, t->cols, dst);
+        if (w != dst)
+            memcpy(dst, w, (size_t)t->cols * sizeof *dst);
     }
 }

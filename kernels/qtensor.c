@@ -17,35 +17,44 @@
 const qt_traits qt_traits_table[QT_KIND_COUNT] = {
     [QT_F32] = {.name = "f32", .block_size = 1, .block_bytes = 4, .is_dense = true,
                 .quantize = qt_dense_quantize, .dequantize_rows = qt_dense_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     [QT_F16] = {.name = "f16", .block_size = 1, .block_bytes = 2, .is_dense = true,
                 .quantize = qt_dense_quantize, .dequantize_rows = qt_dense_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     [QT_BF16] = {.name = "bf16", .block_size = 1, .block_bytes = 2, .is_dense = true,
                  .quantize = qt_dense_quantize, .dequantize_rows = qt_dense_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     [QT_NF4] = {.name = "nf4", .block_size = 64, .block_bytes = 32,
                 .quantize = qt_bnb4_quantize, .dequantize_rows = qt_bnb4_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     [QT_FP4] = {.name = "fp4", .block_size = 64, .block_bytes = 32,
                 .quantize = qt_bnb4_quantize, .dequantize_rows = qt_bnb4_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     [QT_AFFINE] = {.name = "affine", .block_size = 1, .block_bytes = 1,
                    .quantize = qt_affine_quantize,
                    .dequantize_rows = qt_affine_dequantize_rows,
-                   .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                   .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     /* llama.cpp block_q4_0: f16 d, 16 bytes of nibbles */
     [QT_Q4_0] = {.name = "q4_0", .block_size = 32, .block_bytes = 18, .is_gguf = true,
                  .quantize = qt_gguf_quantize, .dequantize_rows = qt_gguf_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     /* block_q4_1: f16 d, f16 m, 16 bytes of nibbles */
     [QT_Q4_1] = {.name = "q4_1", .block_size = 32, .block_bytes = 20, .is_gguf = true,
                  .quantize = qt_gguf_quantize, .dequantize_rows = qt_gguf_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     /* block_q8_0: f16 d, 32 int8 */
     [QT_Q8_0] = {.name = "q8_0", .block_size = 32, .block_bytes = 34, .is_gguf = true,
                  .quantize = qt_gguf_quantize, .dequantize_rows = qt_gguf_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2},
+                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
 };
 
 const char *qt_strerror(int err)
@@ -118,7 +127,7 @@ int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
     return rc;
 }
 
-void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+void qt_dequantize_rows_ref(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     qt_traits_table[t->kind].dequantize_rows(t, row0, nrows, out);
 }
@@ -137,7 +146,7 @@ void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, floa
         return;
     }
     for (int64_t r = row0; r < row1; r++) {
-        qt_dequantize_rows(t, r, 1, w);
+        qt_dequantize_rows_ref(t, r, 1, w);
         for (int64_t b = 0; b < batch; b++) {
             const float *xb = x + b * cols;
             float acc = 0.0f;
@@ -188,6 +197,16 @@ void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_
         tr->matmul_avx2(w, x, batch, y, row0, row1);
     else
         tr->matmul_ref(w, x, batch, y, row0, row1);
+}
+
+void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    const qt_traits *tr = &qt_traits_table[t->kind];
+    if (have_avx2 && !force_scalar && tr->dequantize_rows_avx2)
+        tr->dequantize_rows_avx2(t, row0, nrows, out);
+    else
+        tr->dequantize_rows(t, row0, nrows, out);
 }
 
 void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y,

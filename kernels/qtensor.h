@@ -152,9 +152,11 @@ typedef struct qt_traits {
      * row1), b in [0, batch). x is batch * cols, y is batch * t->rows. */
     void (*matmul_ref)(const qtensor *t, const float *x, int64_t batch, float *y,
                        int64_t row0, int64_t row1);
-    /* The AVX2+FMA path, NULL where none exists; same contract. */
+    /* The AVX2+FMA paths, NULL where none exists; same contracts. The
+     * fast dequantization gives the same bits as dequantize_rows. */
     void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y,
                         int64_t row0, int64_t row1);
+    void (*dequantize_rows_avx2)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 } qt_traits;
 
 extern const qt_traits qt_traits_table[QT_KIND_COUNT];
@@ -172,8 +174,11 @@ const char *qt_kind_name(qt_kind kind);
 int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
                 const qt_quant_params *p, char *msg, size_t msg_len);
 
-/* Dequantize rows [row0, row0 + nrows) of t into out (nrows * cols floats). */
+/* Dequantize rows [row0, row0 + nrows) of t into out (nrows * cols floats),
+ * fastest path on this CPU; every path gives the same bits. */
 void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* The same through the kind's scalar reference. */
+void qt_dequantize_rows_ref(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 
 /* y = x @ W^T for rows [row0, row1) of W, fastest path on this CPU. */
 void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,

@@ -11,13 +11,16 @@
  *     one FMA, and the nested absmax would differ from the CPU's and from
  *     bitsandbytes' in the last bit.
  *   - Memory bound, so shaped for bandwidth: each thread takes 16 bytes of
- *     packed codes (one 16-byte load, 32 elements) and writes them with
- *     16-byte stores. bitsandbytes blocksizes are powers of two >= 32, so
- *     the 32 elements of a thread always share one absmax block: one absmax
- *     (or nested absmax) per thread, not per element. The codebook (and the
+ *     packed codes (one 16-byte load, 32 elements); the warp then writes its
+ *     1024 outputs through a swizzled shared-memory buffer, so each store
+ *     instruction covers 512 contiguous bytes (in f32 the output is 8x the
+ *     input, so the stores are most of the traffic). bitsandbytes
+ *     blocksizes are powers of two >= 32, so the 32 elements of a thread
+ *     always share one absmax block: one absmax (or nested absmax) per
+ *     thread, not per element. The codebook (and the
  *     256-entry nested map) sit in shared memory, where 16 distinct lookups
  *     per warp never conflict. A grid-stride loop covers tensors larger
- *     than the grid; the last, partial chunk and unaligned pointers take a
+ *     than the grid; the last, partial warp and unaligned pointers take a
  *     byte-by-byte path.
  *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
  *     QT_E* code and a sentence naming the call and cudaGetErrorString's
@@ -101,6 +104,9 @@ int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
     va_end(ap);
     say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st),
         cudaGetErrorName(st));
+    /* Reported here, so not left behind as the thread's "last error" for
+     * the next unrelated check (a sticky error stays whatever we do). */
+    (void)cudaGetLastError();
     return code_for_cuda_status(st);
 }
 
@@ -183,64 +189,183 @@ int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t bloc
 
 /* ---- the kernel -------------------------------------------------------- */
 
-/* 32 values to 16-byte-aligned f32 or bf16 memory with 16-byte stores. */
-__device__ __forceinline__ void store_chunk_vector(float *out, const float (&v)[kElemsPerThread])
+/* Full unrolling on the device, where it turns the 32-element arrays into
+ * registers; the host compiler (which sees these __host__ __device__
+ * functions too) would warn about the CUDA pragma. */
+#ifdef __CUDA_ARCH__
+#define QL_UNROLL _Pragma("unroll")
+#else
+#define QL_UNROLL
+#endif
+
+/* Read-only loads: through the non-coherent cache on the device, plain on
+ * the host (where these functions run only in checks of their indexing). */
+__host__ __device__ __forceinline__ void load_16_bytes(uint8_t (&dst)[kBytesPerThread],
+                                                       const uint8_t *src)
 {
-    float4 *o = reinterpret_cast<float4 *>(out);
-#pragma unroll
-    for (int k = 0; k < kElemsPerThread / 4; k++)
-        o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+#ifdef __CUDA_ARCH__
+    const uint4 q = __ldg(reinterpret_cast<const uint4 *>(src));
+    memcpy(dst, &q, sizeof dst);
+#else
+    memcpy(dst, src, sizeof dst);
+#endif
 }
 
-__device__ __forceinline__ void store_chunk_vector(uint16_t *out, const float (&v)[kElemsPerThread])
+template <typename T> __host__ __device__ __forceinline__ T load_readonly(const T *p)
 {
-    uint4 *o = reinterpret_cast<uint4 *>(out);
-#pragma unroll
-    for (int k = 0; k < kElemsPerThread / 8; k++) {
-        uint32_t w[4];
-#pragma unroll
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
+/*
+ * The 32 values of chunk `chunk` (elements [32 * chunk, 32 * chunk + 32);
+ * values past n_elements are garbage the caller does not store). codebook
+ * and nested_code are v's tables wherever the caller keeps them (shared
+ * memory on the device). kVectorLoad: the chunk is whole and the codes
+ * 16-byte aligned, so one 16-byte load reads it.
+ */
+template <bool kNested, bool kVectorLoad>
+__host__ __device__ __forceinline__ void chunk_values(const qt_cuda_4bit_view &v,
+                                                      const float *codebook,
+                                                      const float *nested_code, int64_t chunk,
+                                                      float (&vals)[kElemsPerThread])
+{
+    const int64_t e0 = chunk * kElemsPerThread;
+    const int64_t byte0 = chunk * kBytesPerThread;
+
+    uint8_t bytes[kBytesPerThread];
+    if (kVectorLoad) {
+        load_16_bytes(bytes, v.codes + byte0);
+    } else {
+        const int64_t n_bytes = (v.n_elements + 1) / 2;
+        QL_UNROLL
+        for (int j = 0; j < kBytesPerThread; j++)
+            bytes[j] = byte0 + j < n_bytes ? load_readonly(v.codes + byte0 + j) : 0;
+    }
+
+    /* One absmax for the chunk: e0 and blocksize are multiples of 32. */
+    const int64_t b = e0 / v.blocksize;
+    const float absmax = kNested ? qm_nested_absmax(v.absmax_codes, nested_code,
+                                                    v.nested_absmax, v.nested_blocksize,
+                                                    v.nested_offset, b)
+                                 : load_readonly(v.absmax + b);
+
+    QL_UNROLL
+    for (int j = 0; j < kElemsPerThread; j++)
+        vals[j] = qm_4bit_value(codebook, qm_nibble(bytes, j), absmax);
+}
+
+/* 32 output values as 16-byte words: 8 for f32, 4 for bf16. */
+template <typename OutT> struct out_words {
+    static constexpr int count = kElemsPerThread * (int)sizeof(OutT) / 16;
+};
+
+__host__ __device__ __forceinline__ uint32_t f32_as_u32(float f)
+{
+    return qm_f32_bits(f);
+}
+
+__host__ __device__ __forceinline__ void pack_words(const float (&v)[kElemsPerThread],
+                                                   uint4 (&w)[out_words<float>::count])
+{
+    QL_UNROLL
+    for (int k = 0; k < out_words<float>::count; k++)
+        w[k] = make_uint4(f32_as_u32(v[4 * k]), f32_as_u32(v[4 * k + 1]),
+                          f32_as_u32(v[4 * k + 2]), f32_as_u32(v[4 * k + 3]));
+}
+
+__host__ __device__ __forceinline__ void pack_words(const float (&v)[kElemsPerThread],
+                                                   uint4 (&w)[out_words<uint16_t>::count])
+{
+    QL_UNROLL
+    for (int k = 0; k < out_words<uint16_t>::count; k++) {
+        uint32_t u[4];
+        QL_UNROLL
         for (int i = 0; i < 4; i++) {
             /* little endian: the even element at the lower address */
-            w[i] = (uint32_t)qm_f32_to_bf16(v[8 * k + 2 * i]) |
+            u[i] = (uint32_t)qm_f32_to_bf16(v[8 * k + 2 * i]) |
                    ((uint32_t)qm_f32_to_bf16(v[8 * k + 2 * i + 1]) << 16);
         }
-        o[k] = make_uint4(w[0], w[1], w[2], w[3]);
+        w[k] = make_uint4(u[0], u[1], u[2], u[3]);
     }
 }
 
 /* The first `count` of 32 values, one store each (tails, unaligned out). */
-__device__ __forceinline__ void store_chunk_scalar(float *out, const float (&v)[kElemsPerThread],
-                                                   int count)
+__host__ __device__ __forceinline__ void store_values(float *out,
+                                                      const float (&v)[kElemsPerThread],
+                                                      int count)
 {
-#pragma unroll
+    QL_UNROLL
     for (int j = 0; j < kElemsPerThread; j++)
         if (j < count)
             out[j] = v[j];
 }
 
-__device__ __forceinline__ void store_chunk_scalar(uint16_t *out,
-                                                   const float (&v)[kElemsPerThread], int count)
+__host__ __device__ __forceinline__ void store_values(uint16_t *out,
+                                                      const float (&v)[kElemsPerThread],
+                                                      int count)
 {
-#pragma unroll
+    QL_UNROLL
     for (int j = 0; j < kElemsPerThread; j++)
         if (j < count)
             out[j] = qm_f32_to_bf16(v[j]);
 }
 
 /*
- * Dequantize chunks of 32 elements. OutT is float (f32) or uint16_t (bf16
- * bits). kAligned: codes and out are 16-byte aligned, so whole chunks use
- * vector loads and stores. The view is a __grid_constant__ argument: the
- * codebooks are read from the parameter space once per block, into shared
- * memory, without a local copy.
+ * The slow path for one chunk: byte loads, one store per element, clipped
+ * to n_elements. Used for the partial last warp of the tensor and for
+ * pointers that are not 16-byte aligned.
+ */
+template <bool kNested, typename OutT>
+__host__ __device__ __forceinline__ void dequantize_chunk_scalar(const qt_cuda_4bit_view &v,
+                                                                 const float *codebook,
+                                                                 const float *nested_code,
+                                                                 OutT *out, int64_t chunk)
+{
+    const int64_t e0 = chunk * kElemsPerThread;
+    const int64_t left = v.n_elements - e0;
+    float vals[kElemsPerThread];
+    chunk_values<kNested, false>(v, codebook, nested_code, chunk, vals);
+    store_values(out + e0, vals, (int)(left < kElemsPerThread ? left : kElemsPerThread));
+}
+
+/*
+ * Where in a warp's staging buffer lane `lane` puts its 16-byte word k of
+ * `words` (8 for f32, 4 for bf16). Each lane writes its words, then the
+ * warp reads the buffer back in output order, 32 consecutive words per
+ * step, so every global store of the warp covers 512 contiguous bytes
+ * (instead of 32 scattered 16-byte pieces, each in its own cache line). The
+ * XOR swizzle keeps both phases free of bank conflicts: a 16-byte shared
+ * access is served 8 lanes at a time, and those 8 lanes' words land in 8
+ * distinct 16-byte bank groups whether they are 8 lanes writing word k or
+ * 8 consecutive words being read back.
+ */
+__host__ __device__ __forceinline__ int stage_slot(int lane, int k, int words)
+{
+    return lane * words + (k ^ ((lane * words / 8) % words));
+}
+
+/*
+ * One thread per 32-element chunk, grid-stride; a warp's 32 lanes take 32
+ * consecutive chunks (1024 elements). The view is a __grid_constant__
+ * argument: its codebooks are copied from the parameter space into shared
+ * memory once per block. kAligned (codes and out 16-byte aligned): every
+ * warp whose 1024 elements all exist loads 16 bytes per lane and stores
+ * through the staging buffer; the rest goes through the scalar path.
  */
 template <bool kNested, typename OutT, bool kAligned>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     dequantize_4bit_kernel(const __grid_constant__ qt_cuda_4bit_view v, OutT *__restrict__ out,
                            int64_t n_chunks)
 {
+    constexpr int kWords = out_words<OutT>::count;
     __shared__ float codebook[16];
-    __shared__ float nested_code[256];
+    __shared__ float nested_code[kNested ? 256 : 1];
+    __shared__ uint4 stage[kAligned ? kThreadsPerBlock * kWords : 1];
+
     for (int i = threadIdx.x; i < 16; i += blockDim.x)
         codebook[i] = v.codebook[i];
     if (kNested)
@@ -248,41 +373,34 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
             nested_code[i] = v.nested_code[i];
     __syncthreads();
 
-    const int64_t n = v.n_elements;
-    const int64_t n_bytes = (n + 1) / 2;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int lane = (int)(threadIdx.x & 31u);
+    uint4 *warp_stage = stage + (threadIdx.x & ~31u) * kWords;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x; /* a multiple of 32 */
     for (int64_t chunk = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; chunk < n_chunks;
          chunk += stride) {
-        const int64_t e0 = chunk * kElemsPerThread;
-        const int64_t byte0 = chunk * kBytesPerThread;
-        const bool whole = e0 + kElemsPerThread <= n;
-
-        uint8_t bytes[kBytesPerThread];
-        if (kAligned && whole) {
-            const uint4 q = __ldg(reinterpret_cast<const uint4 *>(v.codes + byte0));
-            memcpy(bytes, &q, sizeof bytes);
+        const int64_t warp_chunk0 = chunk - lane;
+        /* Warp-uniform, and true only when all 32 lanes are in this
+         * iteration, so __syncwarp() below sees the full warp. */
+        const bool warp_whole = (warp_chunk0 + 32) * kElemsPerThread <= v.n_elements;
+        if (kAligned && warp_whole) {
+            float vals[kElemsPerThread];
+            chunk_values<kNested, true>(v, codebook, nested_code, chunk, vals);
+            uint4 words[kWords];
+            pack_words(vals, words);
+            QL_UNROLL
+            for (int k = 0; k < kWords; k++)
+                warp_stage[stage_slot(lane, k, kWords)] = words[k];
+            __syncwarp();
+            uint4 *dst = reinterpret_cast<uint4 *>(out + warp_chunk0 * kElemsPerThread);
+            QL_UNROLL
+            for (int k = 0; k < kWords; k++) {
+                const int word = k * 32 + lane; /* in output order */
+                dst[word] = warp_stage[stage_slot(word / kWords, word % kWords, kWords)];
+            }
+            __syncwarp(); /* the buffer is reused next iteration */
         } else {
-#pragma unroll
-            for (int j = 0; j < kBytesPerThread; j++)
-                bytes[j] = byte0 + j < n_bytes ? __ldg(v.codes + byte0 + j) : 0;
+            dequantize_chunk_scalar<kNested, OutT>(v, codebook, nested_code, out, chunk);
         }
-
-        /* One absmax for the chunk: e0 and blocksize are multiples of 32. */
-        const int64_t b = e0 / v.blocksize;
-        const float absmax =
-            kNested ? qm_nested_absmax(v.absmax_codes, nested_code, v.nested_absmax,
-                                       v.nested_blocksize, v.nested_offset, b)
-                    : __ldg(v.absmax + b);
-
-        float vals[kElemsPerThread];
-#pragma unroll
-        for (int j = 0; j < kElemsPerThread; j++)
-            vals[j] = qm_4bit_value(codebook, qm_nibble(bytes, j), absmax);
-
-        if (kAligned && whole)
-            store_chunk_vector(out + e0, vals);
-        else
-            store_chunk_scalar(out + e0, vals, (int)(n - e0 < kElemsPerThread ? n - e0 : kElemsPerThread));
     }
 }
 
@@ -315,6 +433,18 @@ bool is_16_byte_aligned(const void *p)
 
 /* ---- device memory ----------------------------------------------------- */
 
+/* cudaFree that keeps the first failure: returns rc unchanged when it is
+ * already an error, else the free's own status. */
+int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
+{
+    if (!p)
+        return rc;
+    cudaError_t st = cudaFree(const_cast<void *>(p));
+    if (st != cudaSuccess && rc == QT_OK)
+        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
+    return rc;
+}
+
 /* cudaMalloc + cudaMemcpy of `bytes` host bytes; *dev stays NULL on failure. */
 int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, char *msg,
                  size_t msg_len)
@@ -329,23 +459,11 @@ int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, c
     if (st != cudaSuccess) {
         int rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, host to device)",
                              what, bytes);
-        cudaFree(*dev); /* the copy's failure is the one worth reporting */
+        rc = free_device(*dev, what, rc, msg, msg_len); /* keeps the copy's failure */
         *dev = nullptr;
         return rc;
     }
     return QT_OK;
-}
-
-/* cudaFree that keeps the first failure: returns rc unchanged when it is
- * already an error, else the free's own status. */
-int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
-{
-    if (!p)
-        return rc;
-    cudaError_t st = cudaFree(const_cast<void *>(p));
-    if (st != cudaSuccess && rc == QT_OK)
-        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
-    return rc;
 }
 
 /* ---- describe ---------------------------------------------------------- */
@@ -502,7 +620,8 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
         return QT_EINVAL;
     }
     if (t->data_bytes < code_bytes) {
-        say(msg, msg_len, "qt_cuda_4bit_upload: %s tensor %lld x %lld holds %zu code bytes, needs %zu",
+        say(msg, msg_len,
+            "qt_cuda_4bit_upload: %s tensor %lld x %lld holds %zu code bytes, needs %zu",
             kind_name(t->kind), (long long)t->rows, (long long)t->cols, t->data_bytes,
             code_bytes);
         return QT_EINVAL;
@@ -564,7 +683,8 @@ extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *
     if (rc != QT_OK)
         return rc;
     if (out_dtype != QT_CUDA_OUT_F32 && out_dtype != QT_CUDA_OUT_BF16) {
-        say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: output dtype %d is neither f32 nor bf16",
+        say(msg, msg_len,
+            "qt_cuda_dequantize_4bit_dev: output dtype %d is neither f32 nor bf16",
             (int)out_dtype);
         return QT_EINVAL;
     }
@@ -582,10 +702,14 @@ extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *
     const int64_t n_chunks = ceil_div(v.n_elements, kElemsPerThread);
     const bool aligned = is_16_byte_aligned(v.codes) && is_16_byte_aligned(out);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    /* The launch is checked with cudaGetLastError, so clear what an earlier
+     * call (already reported by its own return value) may have left. */
+    (void)cudaGetLastError();
     cudaError_t st = v.nested ? launch_for_output<true>(v, out, out_dtype, aligned, n_chunks, s)
                               : launch_for_output<false>(v, out, out_dtype, aligned, n_chunks, s);
     if (st != cudaSuccess)
-        return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
+        return cuda_failed(st, msg, msg_len,
+                           "launching the %s dequantize kernel (%lld elements)",
                            kind_name(v.kind), (long long)v.n_elements);
     return QT_OK;
 }
@@ -628,6 +752,8 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
                              out_bytes);
     }
     rc = free_device(dev_out, "out", rc, msg, msg_len);
-    int rc_release = qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
+    /* A release failure is reported only when nothing failed before it. */
+    int rc_release = qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr,
+                                          rc == QT_OK ? msg_len : 0);
     return rc != QT_OK ? rc : rc_release;
 }

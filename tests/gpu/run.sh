@@ -78,7 +78,8 @@ if [ -x "$TEST" ]; then
     run_step test_cuda_dequant 240 "$TEST"
 else
     echo "== test_cuda_dequant: not built (expected $BUILD/tests/gpu/test_cuda_dequant)."
-    echo "   Was CUDA enabled? $(grep -E '^CMAKE_CUDA_COMPILER:' "$BUILD/CMakeCache.txt" 2>/dev/null || echo 'no CMAKE_CUDA_COMPILER in the cache')"
+    cuda_line=$(grep -E '^CMAKE_CUDA_COMPILER:' "$BUILD/CMakeCache.txt" 2>/dev/null)
+    echo "   Was CUDA enabled? ${cuda_line:-no CMAKE_CUDA_COMPILER in $BUILD/CMakeCache.txt}"
     skip_step test_cuda_dequant
     failed=1
 fi

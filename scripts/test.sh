@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# test.sh - the one command that runs every test on a fresh machine:
+# installs the build dependencies, builds (with the CUDA backend when nvcc
+# is found, so CI compiles it), runs the Criterion tests, then builds again
+# with AddressSanitizer + UndefinedBehaviorSanitizer and runs the same tests.
+# Exits non-zero when any build or test fails.
+#
+#   scripts/test.sh            both builds
+#   QL_SKIP_SANITIZE=1 scripts/test.sh   the release build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== release build"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+(cd build && ctest --output-on-failure -j "$jobs")
+
+if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
+  echo "== address + undefined-behaviour sanitizer build"
+  # the CUDA backend is left out: nothing here runs it, and the sanitizers
+  # do not instrument device code
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQL_SANITIZE=ON -DQL_CUDA=OFF
+  cmake --build build-asan -j "$jobs"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j "$jobs")
+fi
+echo "== all tests passed"

@@ -1,0 +1,60 @@
+/*
+ * test_util.h - small helpers the tests share: a reproducible generator,
+ * bit-exact float comparison, temporary paths.
+ */
+#ifndef QL_TEST_UTIL_H
+#define QL_TEST_UTIL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* splitmix64: the same stream on every machine */
+static inline uint64_t test_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline double test_uniform(uint64_t *s)
+{
+    return (double)(test_rand(s) >> 11) * 0x1.0p-53;
+}
+
+static inline float test_normal(uint64_t *s)
+{
+    double u1 = test_uniform(s), u2 = test_uniform(s);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static inline bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* A fresh directory under $TMPDIR (or /tmp); the caller removes it. */
+static inline void test_tmpdir(char *buf, size_t len)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(buf, len, "%s/qlserve-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(buf))
+        buf[0] = 0;
+}
+
+static inline void test_rmtree(const char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+#endif
