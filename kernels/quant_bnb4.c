@@ -16,9 +16,10 @@
  *     bucket maps back through the stable sort order;
  *   - two codes per byte, the even element in the high nibble; an odd
  *     element count pads with the code of 0.0.
- * Double quantization (compress_statistics=True): offset = mean(absmax),
- * then absmax - offset is quantized blockwise (256) with the signed dynamic
- * 8-bit map; see quantize_dynamic_blocks for its rounding.
+ * Double quantization (compress_statistics=True): offset = mean(absmax) as
+ * torch computes it in f32, then absmax - offset is quantized blockwise
+ * (256) with the signed dynamic 8-bit map as the native CPU library rounds
+ * it; see torch_f32_sum and quantize_dynamic_blocks.
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
@@ -37,11 +38,12 @@ const float qt_nf4_code[16] = {
 };
 
 /* bitsandbytes get_4bit_type("fp4"): a 1-2-1 sign/exponent/mantissa float
- * with bias 2, in bit-pattern order, divided by its largest value 12. */
+ * with bias 2, in bit-pattern order, divided by its largest value 12. Entry
+ * 8 is +0.0 as get_4bit_type writes it (Python's -0 is the integer 0). */
 const float qt_fp4_code[16] = {
     0.0f,           0.0625f / 12.0f,  8.0f / 12.0f,  12.0f / 12.0f,
     4.0f / 12.0f,   6.0f / 12.0f,     2.0f / 12.0f,  3.0f / 12.0f,
-    -0.0f,          -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f,
+    0.0f,           -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f,
     -4.0f / 12.0f,  -6.0f / 12.0f,    -2.0f / 12.0f, -3.0f / 12.0f,
 };
 
@@ -103,13 +105,32 @@ static inline void put_nibble(uint8_t *codes, int64_t e, unsigned q)
 }
 
 /*
- * Nearest-code quantization of x[0..n) in blocks of `bs` with a sorted
- * 256-entry map, as bitsandbytes' native CPU quantize_blockwise does it for
- * f32: absmax per block, each value divided by it, a binary search for the
- * code at or below, then the right neighbour taken only when strictly
- * closer.
+ * The 8-bit blockwise quantization bitsandbytes' native CPU library applies
+ * to nested absmax (cquantize_blockwise_cpu_fp32). It is not an exact
+ * nearest-code search: the code comes from a 65536-entry table indexed by
+ * the scaled value, built from the f32 midpoints of the map. Established
+ * against the library over ~8.3 million values, see
+ * tests/fixtures/make_bnb_vectors.py (finding b):
+ *   lut[j]  = number of midpoints below (2j / 65535 - 1), each step in f32
+ *   v       = clamp(x * (1 / absmax), -1, 1)
+ *   j       = (int)fma((v + 1) * 0.5, 65535, 0.5)   (one fused step, truncated)
+ * An all-zero block stores absmax 0 and codes 0.
  */
-static void quantize_dynamic_blocks(const float *x, int64_t n, int64_t bs, const float *map,
+static void build_dynamic_lut(const float *map, uint8_t *lut)
+{
+    float mid[255];
+    for (int i = 0; i < 255; i++)
+        mid[i] = 0.5f * (map[i] + map[i + 1]);
+    int k = 0;
+    for (int j = 0; j < 65536; j++) {
+        float v = (float)(2 * j) / 65535.0f - 1.0f;
+        while (k < 255 && mid[k] < v)
+            k++;
+        lut[j] = (uint8_t)k;
+    }
+}
+
+static void quantize_dynamic_blocks(const float *x, int64_t n, int64_t bs, const uint8_t *lut,
                                     uint8_t *out, float *absmax)
 {
     for (int64_t b0 = 0, blk = 0; b0 < n; b0 += bs, blk++) {
@@ -118,23 +139,89 @@ static void quantize_dynamic_blocks(const float *x, int64_t n, int64_t bs, const
         for (int64_t i = b0; i < end; i++)
             am = fmaxf(am, fabsf(x[i]));
         absmax[blk] = am;
+        if (am == 0.0f) {
+            memset(out + b0, 0, (size_t)(end - b0));
+            continue;
+        }
+        float inv = 1.0f / am;
         for (int64_t i = b0; i < end; i++) {
-            float v = x[i] / am;
-            /* largest index with map[idx] <= v, 0 when v is below map[0] */
-            int lo = 0, hi = 255;
-            while (lo < hi) {
-                int mid = (lo + hi + 1) / 2;
-                if (map[mid] <= v)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            int idx = lo;
-            if (idx < 255 && fabsf(v - map[idx + 1]) < fabsf(v - map[idx]))
-                idx++;
-            out[i] = (uint8_t)idx;
+            float v = clamp_unit(x[i] * inv);
+            float t = (v + 1.0f) * 0.5f;
+            int j = (int)fmaf(t, 65535.0f, 0.5f) & 0xffff;
+            out[i] = lut[j];
         }
     }
+}
+
+/*
+ * torch's f32 sum of a contiguous vector on an AVX2 (or default) CPU build,
+ * one thread, whose order decides the last bit of bitsandbytes' nested
+ * offset (tests/fixtures/make_bnb_vectors.py, finding c).
+ *
+ * cascade_rows is torch's multi_row_sum: m rows of `cols` lanes (row i,
+ * lane c at x[i * stride + c * col_stride]) summed into four levels of
+ * accumulators, each level folded into the next every 2^power rows.
+ */
+static void cascade_rows(const float *x, int64_t stride, int64_t m, int64_t cols,
+                         int64_t col_stride, float *out_cols)
+{
+    enum { LEVELS = 4 };
+    int64_t clog = m <= 2 ? 1 : 64 - __builtin_clzll((unsigned long long)(m - 1));
+    int64_t power = clog / LEVELS > 4 ? clog / LEVELS : 4;
+    int64_t step = (int64_t)1 << power, mask = step - 1;
+    float acc[LEVELS][4] = {{0}};
+    int64_t i = 0;
+    while (i + step <= m) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int64_t c = 0; c < cols; c++)
+                acc[0][c] += x[i * stride + c * col_stride];
+        for (int l = 1; l < LEVELS; l++) {
+            for (int64_t c = 0; c < cols; c++) {
+                acc[l][c] += acc[l - 1][c];
+                acc[l - 1][c] = 0.0f;
+            }
+            if ((i & (mask << (l * power))) != 0)
+                break;
+        }
+    }
+    for (; i < m; i++)
+        for (int64_t c = 0; c < cols; c++)
+            acc[0][c] += x[i * stride + c * col_stride];
+    for (int l = 1; l < LEVELS; l++)
+        for (int64_t c = 0; c < cols; c++)
+            acc[0][c] += acc[l][c];
+    for (int64_t c = 0; c < cols; c++)
+        out_cols[c] = acc[0][c];
+}
+
+/* torch's row_sum: the m items as rows of 4, leftovers into the first
+ * partial, then the partials in order. */
+static float torch_row_sum(const float *x, int64_t stride, int64_t m)
+{
+    float part[4];
+    int64_t m4 = m / 4;
+    cascade_rows(x, 4 * stride, m4, 4, stride, part);
+    for (int64_t i = 4 * m4; i < m; i++)
+        part[0] += x[i * stride];
+    return ((part[0] + part[1]) + part[2]) + part[3];
+}
+
+static float torch_f32_sum(const float *x, int64_t n)
+{
+    enum { W = 8 }; /* floats per AVX2 vector */
+    if (n < W)
+        return torch_row_sum(x, 1, n);
+    int64_t nv = n / W;
+    /* each of the 8 lanes runs row_sum over its own stream of nv values */
+    float lanes[W];
+    for (int l = 0; l < W; l++)
+        lanes[l] = torch_row_sum(x + l, W, nv);
+    float acc = 0.0f;
+    for (int64_t k = nv * W; k < n; k++)
+        acc += x[k];
+    for (int l = 0; l < W; l++)
+        acc += lanes[l];
+    return acc;
 }
 
 static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
@@ -145,23 +232,24 @@ static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
     t->absmax_codes = calloc((size_t)nb, 1);
     t->nested_absmax = calloc((size_t)t->n_nested_blocks, sizeof(float));
     float *centered = malloc((size_t)nb * sizeof(float));
-    if (!t->absmax_codes || !t->nested_absmax || !centered) {
+    uint8_t *lut = malloc(65536);
+    if (!t->absmax_codes || !t->nested_absmax || !centered || !lut) {
         free(centered);
+        free(lut);
         return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate nested absmax for %lld blocks",
                        (long long)nb);
     }
-    /* torch's f32 mean of absmax; a double sum rounded once matches it to
-     * the last bit on the fixtures (see tests/test_bnb4.c) */
-    double sum = 0.0;
-    for (int64_t b = 0; b < nb; b++)
-        sum += absmax[b];
-    t->nested_offset = (float)(sum / (double)nb);
+    /* torch's f32 mean: its cascade sum, divided in f32. Beyond 32768
+     * blocks a multithreaded torch splits the sum by thread count, so
+     * bit-equality with bitsandbytes holds for its one-thread result. */
+    t->nested_offset = torch_f32_sum(absmax, nb) / (float)nb;
     for (int64_t b = 0; b < nb; b++)
         centered[b] = absmax[b] - t->nested_offset;
     memcpy(t->nested_code, qt_dynamic_map_signed, sizeof t->nested_code);
-    quantize_dynamic_blocks(centered, nb, 256, t->nested_code, t->absmax_codes,
-                            t->nested_absmax);
+    build_dynamic_lut(t->nested_code, lut);
+    quantize_dynamic_blocks(centered, nb, 256, lut, t->absmax_codes, t->nested_absmax);
     free(centered);
+    free(lut);
     t->nested = true;
     return QT_OK;
 }
