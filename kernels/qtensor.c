@@ -65,6 +65,7 @@ const char *qt_strerror(int err)
     case QT_ENOMEM: return "out of memory";
     case QT_ENONFINITE: return "non-finite value";
     case QT_EUNSUPPORTED: return "unsupported for this kind";
+    case QT_EDEVICE: return "device failure";
     default: return "unknown error";
     }
 }

@@ -61,6 +61,7 @@ enum {
     QT_ENOMEM = -2,       /* allocation failed */
     QT_ENONFINITE = -3,   /* NaN or Inf where only finite values may be */
     QT_EUNSUPPORTED = -4, /* the operation does not apply to this kind */
+    QT_EDEVICE = -5,      /* the accelerator failed: a launch error, a fault */
 };
 
 /* A static English phrase for an error code; never NULL. */

@@ -71,9 +71,9 @@ static int run_version(void)
 #ifdef QL_HAVE_CUDA
     char cuda[512];
     qt_cuda_describe(cuda, sizeof cuda);
-    printf("cuda backend: %s\n", cuda);
+    printf("%s\n", cuda);
 #else
-    printf("cuda backend: not built (nvcc was not found at build time)\n");
+    printf("cuda: not built (nvcc was not found at build time)\n");
 #endif
     return 0;
 }

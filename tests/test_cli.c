@@ -264,6 +264,6 @@ Test(cli, version_reports_kernels_and_libraries)
     cr_assert_eq(run("version", &out), 0);
     cr_assert(strstr(out, "cpu kernels: "), "%s", out);
     cr_assert(strstr(out, "libuv 1."), "%s", out);
-    cr_assert(strstr(out, "cuda backend: "), "%s", out);
+    cr_assert(strstr(out, "\ncuda: "), "%s", out);
     free(out);
 }

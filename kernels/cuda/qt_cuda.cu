@@ -90,7 +90,7 @@ int code_for_cuda_status(cudaError_t st)
     case cudaErrorUnsupportedPtxVersion:
         return QT_EUNSUPPORTED;
     default:
-        return QT_CUDA_EDEVICE;
+        return QT_EDEVICE;
     }
 }
 

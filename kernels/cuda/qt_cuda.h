@@ -27,7 +27,7 @@
  * cudaGetErrorString's text. Codes: QT_EINVAL (bad argument), QT_ENOMEM
  * (host or device allocation failed), QT_EUNSUPPORTED (a kind these kernels
  * do not handle; no device or no driver; no kernel image for this GPU), and
- * QT_CUDA_EDEVICE for any other CUDA failure (a launch or a fault). Nothing
+ * QT_EDEVICE for any other CUDA failure (a launch or a fault). Nothing
  * here aborts; on failure whatever a call allocated is freed.
  *
  * Threading: the functions use the calling thread's current device
@@ -46,11 +46,6 @@
 extern "C" {
 #endif
 
-/* A CUDA runtime failure other than out-of-memory or no-device: a launch
- * error, an illegal address, a device that fell off the bus. qtensor.h has
- * no code for it (yet); qt_strerror does not know this one, the message
- * buffer carries the detail. */
-#define QT_CUDA_EDEVICE (-16)
 
 /* The element type the dequantize kernel writes. */
 typedef enum qt_cuda_out_dtype {
@@ -88,7 +83,7 @@ typedef struct qt_cuda_4bit_view {
  * How many CUDA devices this process can use. On success *count >= 1 and
  * QT_OK. With no device, no driver, or a driver too old for this runtime,
  * *count = 0, msg holds cudaGetErrorString's sentence, and the result is
- * QT_EUNSUPPORTED; other failures give QT_CUDA_EDEVICE. Never crashes for a
+ * QT_EUNSUPPORTED; other failures give QT_EDEVICE. Never crashes for a
  * missing libcuda. msg may be NULL when msg_len is 0.
  */
 int qt_cuda_device_count(int *count, char *msg, size_t msg_len);

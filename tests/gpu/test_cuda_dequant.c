@@ -214,7 +214,7 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
     rc = qt_cuda_dequantize_4bit_dev(&view, (float *)dev + 1, QT_CUDA_OUT_F32, NULL, msg,
                                      sizeof msg);
     if (rc == QT_OK && cudaMemcpy(got, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
-        rc = QT_CUDA_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
+        rc = QT_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
     if (rc != QT_OK) {
         snprintf(detail, sizeof detail, "unaligned f32: %s (%d)", msg, rc);
         goto done;
@@ -233,7 +233,7 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
     rc = qt_cuda_dequantize_4bit_dev(&view, dev, QT_CUDA_OUT_BF16, NULL, msg, sizeof msg);
     if (rc == QT_OK && cudaMemcpy(got_bf16, dev, (size_t)n * sizeof *got_bf16,
                                   cudaMemcpyDeviceToHost) != cudaSuccess)
-        rc = QT_CUDA_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
+        rc = QT_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
     if (rc != QT_OK) {
         snprintf(detail, sizeof detail, "bf16: %s (%d)", msg, rc);
         goto done;
