@@ -92,6 +92,10 @@ typedef struct qt_quant_params {
     /* AFFINE, asymmetric only: where the zero point lives. Symmetric mapping
      * always uses the integer domain. */
     qt_zero_domain zero_domain;
+    /* AFFINE: the integer range of the codes. Both 0 means the default:
+     * [-2^(b-1), 2^(b-1) - 1] when symmetric, [0, 2^b - 1] when asymmetric
+     * (torchao's int8 asymmetric uses the signed range: set it here). */
+    int32_t qmin, qmax;
     /* AFFINE: the smallest scale allowed (torchao's eps); 0 means FLT_EPSILON,
      * as torchao's int8 weight-only uses; its int4 weight-only uses 1e-6. */
     float eps;

@@ -17,7 +17,7 @@
  *                (max w - min w) / (qmax - qmin), zero = min w + scale * mid
  * every scale clamped below at eps. Rounding is half to even, as torch.round.
  * Symmetric uses the signed range [-2^(b-1), 2^(b-1) - 1], asymmetric the
- * unsigned range [0, 2^b - 1].
+ * unsigned range [0, 2^b - 1], unless the caller names another range.
  *
  * Storage is ours: codes stored unsigned (q - qmin), one byte each for 8
  * bits, two per byte for 4 bits (even element in the high nibble, each row
@@ -95,6 +95,14 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     t->zero_domain = p->symmetric ? QT_ZERO_INT : p->zero_domain;
     t->qmin = p->symmetric ? -(1 << (p->bits - 1)) : 0;
     t->qmax = p->symmetric ? (1 << (p->bits - 1)) - 1 : (1 << p->bits) - 1;
+    if (p->qmin || p->qmax) {
+        if (p->qmin >= p->qmax || p->qmax - p->qmin > (1 << p->bits) - 1)
+            return qt_fail(msg, msg_len, QT_EINVAL,
+                           "affine range [%d, %d] does not fit %d bits", p->qmin, p->qmax,
+                           p->bits);
+        t->qmin = p->qmin;
+        t->qmax = p->qmax;
+    }
     t->row_stride = p->bits == 8 ? (size_t)cols : (size_t)(cols + 1) / 2;
     t->data_bytes = t->row_stride * (size_t)rows;
     size_t ng = (size_t)(rows * t->groups_per_row);

@@ -17,7 +17,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 echo "== release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
-(cd build && ctest --output-on-failure -j "$jobs")
+(cd build && ctest -V -j "$jobs")
 
 if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "== address + undefined-behaviour sanitizer build"
@@ -26,6 +26,6 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQL_SANITIZE=ON -DQL_CUDA=OFF
   cmake --build build-asan -j "$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure -j "$jobs")
+     ctest -V -j "$jobs")
 fi
 echo "== all tests passed"
