@@ -165,13 +165,39 @@ static bool force_scalar;
 static bool have_avx2;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* AVX2, FMA and F16C from CPUID, and the OS saving the AVX registers
+ * (OSXSAVE + XCR0), as the Intel SDM says to check before using them. */
+static bool cpu_has_avx2_fma_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+         f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c))
+        return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 0x6) != 0x6) /* XMM and YMM state */
+        return false;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return b & (1u << 5);
+}
+#else
+static bool cpu_has_avx2_fma_f16c(void)
+{
+    return false;
+}
+#endif
+
 static void detect_cpu(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c");
-#endif
+    have_avx2 = cpu_has_avx2_fma_f16c();
     const char *env = getenv("QLSERVE_CPU_PATH");
     if (env && strcmp(env, "scalar") == 0)
         force_scalar = true;

@@ -16,6 +16,8 @@ packages=(
   libcjson-dev      # JSON
   libcriterion-dev  # tests
   node-llhttp       # llhttp C sources, compiled by our CMake
+  clang             # the fuzz build (libFuzzer)
+  libclang-rt-dev   # libFuzzer and the sanitizer runtimes for clang
 )
 
 missing=()

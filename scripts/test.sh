@@ -5,8 +5,11 @@
 # with AddressSanitizer + UndefinedBehaviorSanitizer and runs the same tests.
 # Exits non-zero when any build or test fails.
 #
-#   scripts/test.sh            both builds
-#   QL_SKIP_SANITIZE=1 scripts/test.sh   the release build only
+# Last, a clang build fuzzes the safetensors and bitsandbytes parsers with
+# libFuzzer for a bounded time (QL_FUZZ_SECONDS, default 60).
+#
+#   scripts/test.sh                       everything
+#   QL_SKIP_SANITIZE=1 QL_SKIP_FUZZ=1 scripts/test.sh   the release build only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,5 +30,15 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake --build build-asan -j "$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest -V -j "$jobs")
+fi
+if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "== fuzzing the model-file parsers (clang + libFuzzer, bounded)"
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
+  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors
+  corpus=$(mktemp -d)
+  cp tests/fixtures/*.safetensors "$corpus/"
+  build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
+    -print_final_stats=1 "$corpus"
+  rm -rf "$corpus"
 fi
 echo "== all tests passed"

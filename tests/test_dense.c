@@ -42,6 +42,9 @@ Test(f16, every_half_round_trips_through_f32)
 
 Test(f16, matches_the_compiler_conversion_on_random_floats)
 {
+#ifndef __FLT16_MANT_DIG__
+    cr_skip_test("this compiler has no _Float16 to compare with");
+#else
     /* GCC's _Float16 conversion is correctly rounded (nearest even) */
     uint64_t rng = 12345;
     for (int i = 0; i < 2000000; i++) {
@@ -56,6 +59,7 @@ Test(f16, matches_the_compiler_conversion_on_random_floats)
         cr_assert_eq(qm_f32_to_f16(f), rb, "%a: got %04x want %04x", (double)f,
                      qm_f32_to_f16(f), rb);
     }
+#endif
 }
 
 Test(f16, ties_round_to_even_and_overflow_to_inf)
