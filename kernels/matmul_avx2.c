@@ -212,11 +212,92 @@ static inline float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/*
+ * Batch-1 dot products that decode in registers: with one row of x there is
+ * nothing to share a decoded tile with, so the codes go straight from their
+ * bytes into FMAs, and each block's scale multiplies its partial sum once
+ * instead of every element.
+ */
+static float dot_bnb4_row(const qtensor *t, int64_t r, const float *x)
+{
+    __m256 cb_lo = _mm256_loadu_ps(t->codebook);
+    __m256 cb_hi = _mm256_loadu_ps(t->codebook + 8);
+    int64_t e0 = r * t->cols, e = e0, end = e0 + t->cols, bs = t->blocksize;
+    __m256 total = _mm256_setzero_ps();
+    float tail = 0.0f;
+    while (e < end) {
+        int64_t blk = e / bs;
+        int64_t span_end = (blk + 1) * bs < end ? (blk + 1) * bs : end;
+        float am = qt_block_absmax(t, blk);
+        if (e & 1) {
+            tail += qm_4bit_value(t->codebook, qm_nibble(t->data, e), am) * x[e - e0];
+            e++;
+        }
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (; e + 16 <= span_end; e += 16) {
+            __m256i c0, c1;
+            unpack16_hi_first(t->data + (e >> 1), &c0, &c1);
+            a0 = _mm256_fmadd_ps(lookup16(cb_lo, cb_hi, c0), _mm256_loadu_ps(x + e - e0), a0);
+            a1 = _mm256_fmadd_ps(lookup16(cb_lo, cb_hi, c1), _mm256_loadu_ps(x + e - e0 + 8), a1);
+        }
+        total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(am), total);
+        for (; e < span_end; e++)
+            tail += qm_4bit_value(t->codebook, qm_nibble(t->data, e), am) * x[e - e0];
+    }
+    return hsum(total) + tail;
+}
+
+static float dot_gguf_row(const qtensor *t, int64_t r, const float *x)
+{
+    size_t bb = qt_traits_table[t->kind].block_bytes;
+    int64_t nb = t->cols / 32;
+    const uint8_t *blk = t->data + r * nb * (int64_t)bb;
+    __m128i mask = _mm_set1_epi8(0x0f);
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, blk += bb, x += 32) {
+        __m256 d = _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8))));
+        __m256 acc = _mm256_setzero_ps();
+        if (t->kind == QT_Q8_0) {
+            for (int j = 0; j < 32; j += 8) {
+                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(x + j), acc);
+            }
+            total = _mm256_fmadd_ps(acc, d, total);
+            continue;
+        }
+        bool q41 = t->kind == QT_Q4_1;
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
+        __m128i lo = _mm_and_si128(bytes, mask);
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        __m256i bias = _mm256_set1_epi32(q41 ? 0 : -8);
+        __m256 xsum = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_add_epi32(_mm256_cvtepu8_epi32(parts[j]), bias);
+            __m256 xv = _mm256_loadu_ps(x + 8 * j);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), xv, acc);
+            xsum = _mm256_add_ps(xsum, xv);
+        }
+        total = _mm256_fmadd_ps(acc, d, total);
+        if (q41) /* w = q * d + m: the minimum times the sum of x */
+            total = _mm256_fmadd_ps(
+                xsum, _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[2] | (blk[3] << 8)))), total);
+    }
+    return hsum(total);
+}
+
 void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
                     int64_t row0, int64_t row1)
 {
     _Alignas(32) float tile[TILE];
     int64_t cols = t->cols;
+    bool bnb4 = t->kind == QT_NF4 || t->kind == QT_FP4;
+    bool gguf = qt_traits_table[t->kind].is_gguf;
+    if (batch == 1 && (bnb4 || gguf)) {
+        for (int64_t r = row0; r < row1; r++)
+            y[r] = bnb4 ? dot_bnb4_row(t, r, x) : dot_gguf_row(t, r, x);
+        return;
+    }
     for (int64_t b0 = 0; b0 < batch; b0 += BATCH_CHUNK) {
         int nb = (int)(batch - b0 < BATCH_CHUNK ? batch - b0 : BATCH_CHUNK);
         const float *xc = x + b0 * cols;
