@@ -168,8 +168,12 @@ int main(int argc, char **argv)
         {"nf4", {.kind = QT_NF4, .blocksize = 64}},
         {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}},
         {"fp4", {.kind = QT_FP4, .blocksize = 64}},
-        {"int4-g128", {.kind = QT_AFFINE, .bits = 4, .group_size = 128,
-                       .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f}},
+        {"int4-g128",
+         {.kind = QT_AFFINE,
+          .bits = 4,
+          .group_size = 128,
+          .zero_domain = QT_ZERO_FLOAT,
+          .eps = 1e-6f}},
         {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}},
         {"q4_0", {.kind = QT_Q4_0}},
         {"q4_1", {.kind = QT_Q4_1}},
@@ -220,9 +224,8 @@ int main(int argc, char **argv)
                "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f, \"b1_ref_gflops\": %.2f, "
                "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f}%s\n",
                cases[k].label, bytes, 8.0 * bytes / (double)(rows * cols), bytes / dq / 1e9,
-               4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9,
-               8 * flops1 / m8 / 1e9, flops1 / r1 / 1e9, naive1 / m1, naive8 / m8,
-               k + 1 < n_cases ? "," : "");
+               4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9, 8 * flops1 / m8 / 1e9,
+               flops1 / r1 / 1e9, naive1 / m1, naive8 / m8, k + 1 < n_cases ? "," : "");
         qt_free(&q);
     }
     printf("  ]\n}\n");

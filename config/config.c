@@ -50,8 +50,8 @@ static int set_value(const opt *o, const char *value, char *msg, size_t msg_len)
 
 /* Parse argv[1..argc) against opts; positional arguments go to *positional
  * (at most one allowed when positional is not NULL). */
-static int parse(int argc, char **argv, const opt *opts, size_t n_opts,
-                 const char **positional, char *msg, size_t msg_len)
+static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const char **positional,
+                 char *msg, size_t msg_len)
 {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -87,14 +87,14 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts,
     return CFG_OK;
 }
 
-#define QUANTIZE_OPTS(q)                                                                     \
-    {                                                                                        \
-        {"in", OPT_STRING, &(q)->in_path, "IN.safetensors: the tensors to quantize"},        \
-        {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors: where to write"},              \
-        {"kind", OPT_STRING, &(q)->kind, "nf4 | fp4"},                                       \
-        {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"}, \
-        {"double-quant", OPT_BOOL, &(q)->double_quant,                                       \
-         "quantize absmax again (bitsandbytes compress_statistics)"},                        \
+#define QUANTIZE_OPTS(q)                                                                           \
+    {                                                                                              \
+        {"in", OPT_STRING, &(q)->in_path, "IN.safetensors: the tensors to quantize"},              \
+            {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors: where to write"},                \
+            {"kind", OPT_STRING, &(q)->kind, "nf4 | fp4"},                                         \
+            {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"},  \
+            {"double-quant", OPT_BOOL, &(q)->double_quant,                                         \
+             "quantize absmax again (bitsandbytes compress_statistics)"},                          \
     }
 
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len)

@@ -16,7 +16,6 @@
  *                                     "nested_dtype"}
  */
 #include "engine.h"
-#include "engine_internal.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -26,8 +25,7 @@
 #define QS_PREFIX ".quant_state.bitsandbytes__"
 
 /* The quant-state tensor of base, and its quant type ("nf4"/"fp4"). */
-static const st_tensor *find_quant_state(const st_file *f, const char *base,
-                                         const char **type)
+static const st_tensor *find_quant_state(const st_file *f, const char *base, const char **type)
 {
     static const char *types[] = {"nf4", "fp4"};
     char key[1024];
@@ -56,11 +54,10 @@ static int get_part(const st_file *f, const char *base, const char *suffix, st_d
     snprintf(key, sizeof key, "%s%s", base, suffix);
     const st_tensor *t = st_find(f, key);
     if (!t)
-        return eng_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tensor '%s' is missing", f->path,
-                        key);
+        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tensor '%s' is missing", f->path, key);
     if (t->dtype != dtype)
-        return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' is %s; expected %s",
-                        f->path, key, st_dtype_name(t->dtype), st_dtype_name(dtype));
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' is %s; expected %s", f->path,
+                       key, st_dtype_name(t->dtype), st_dtype_name(dtype));
     *out = t;
     return ENG_OK;
 }
@@ -94,27 +91,27 @@ typedef struct bnb_state {
     float nested_offset;
 } bnb_state;
 
-static int parse_quant_state(const st_file *f, const char *base, const st_tensor *qs,
-                             bnb_state *s, char *msg, size_t msg_len)
+static int parse_quant_state(const st_file *f, const char *base, const st_tensor *qs, bnb_state *s,
+                             char *msg, size_t msg_len)
 {
     cJSON *j = cJSON_ParseWithLength((const char *)qs->data, qs->nbytes);
     int rc = ENG_OK;
     if (!cJSON_IsObject(j)) {
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s%s%s' does not hold a JSON object",
-                      f->path, base, QS_PREFIX, s->type);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s%s%s' does not hold a JSON object", f->path,
+                     base, QS_PREFIX, s->type);
         goto out;
     }
     const cJSON *qt = cJSON_GetObjectItemCaseSensitive(j, "quant_type");
     if (!cJSON_IsString(qt) || strcmp(qt->valuestring, s->type) != 0) {
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT,
-                      "%s: '%s': quant_type %s does not match the key's %s", f->path, base,
-                      cJSON_IsString(qt) ? qt->valuestring : "(missing)", s->type);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                     "%s: '%s': quant_type %s does not match the key's %s", f->path, base,
+                     cJSON_IsString(qt) ? qt->valuestring : "(missing)", s->type);
         goto out;
     }
     int64_t bs = json_int(j, "blocksize");
     if (bs < 0 || bs > 4096) {
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': blocksize is missing or invalid",
-                      f->path, base);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': blocksize is missing or invalid",
+                     f->path, base);
         goto out;
     }
     s->blocksize = (int32_t)bs;
@@ -122,16 +119,16 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     if (!cJSON_IsString(dt) ||
         (strcmp(dt->valuestring, "float32") && strcmp(dt->valuestring, "float16") &&
          strcmp(dt->valuestring, "bfloat16"))) {
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT,
-                      "%s: '%s': dtype %s is not float32, float16 or bfloat16", f->path, base,
-                      cJSON_IsString(dt) ? dt->valuestring : "(missing)");
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                     "%s: '%s': dtype %s is not float32, float16 or bfloat16", f->path, base,
+                     cJSON_IsString(dt) ? dt->valuestring : "(missing)");
         goto out;
     }
     snprintf(s->dtype, sizeof s->dtype, "%s", dt->valuestring);
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
     int nd = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : 0;
     if (nd < 1 || nd > ST_MAX_DIMS) {
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': shape is missing", f->path, base);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': shape is missing", f->path, base);
         goto out;
     }
     /* all leading dimensions fold into rows; the last is the input dim */
@@ -140,8 +137,10 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
         const cJSON *d = cJSON_GetArrayItem(shape, i);
         if (!cJSON_IsNumber(d) || d->valuedouble < 1 || d->valuedouble > 1e12 ||
             d->valuedouble != floor(d->valuedouble)) {
-            rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': shape[%d] is not a positive "
-                          "integer", f->path, base, i);
+            rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                         "%s: '%s': shape[%d] is not a positive "
+                         "integer",
+                         f->path, base, i);
             goto out;
         }
         if (i == nd - 1)
@@ -154,9 +153,8 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     if (s->nested) {
         int64_t nbs = json_int(j, "nested_blocksize");
         if (!cJSON_IsNumber(off) || !isfinite(off->valuedouble) || nbs < 0 || nbs > 4096) {
-            rc = eng_fail(msg, msg_len, ENG_EFORMAT,
-                          "%s: '%s': nested_offset or nested_blocksize is invalid", f->path,
-                          base);
+            rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                         "%s: '%s': nested_offset or nested_blocksize is invalid", f->path, base);
             goto out;
         }
         s->nested_blocksize = (int32_t)nbs;
@@ -167,18 +165,18 @@ out:
     return rc;
 }
 
-int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out,
-                 char *msg, size_t msg_len)
+int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
+                 size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     bnb_state s = {0};
     const st_tensor *qs = find_quant_state(f, base, &s.type);
     if (!qs)
-        return eng_fail(msg, msg_len, ENG_ENOTFOUND,
-                        "%s: '%s' has no bitsandbytes quant state", f->path, base);
+        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: '%s' has no bitsandbytes quant state",
+                       f->path, base);
     if (qs->dtype != ST_U8)
-        return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: quant state of '%s' is %s, not U8",
-                        f->path, base, st_dtype_name(qs->dtype));
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: quant state of '%s' is %s, not U8", f->path,
+                       base, st_dtype_name(qs->dtype));
     int rc = parse_quant_state(f, base, qs, &s, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
@@ -196,15 +194,15 @@ int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_o
     if (rc != ENG_OK)
         return rc;
     if (qmap->numel != 16 || (nqmap && nqmap->numel != 256))
-        return eng_fail(msg, msg_len, ENG_EFORMAT,
-                        "%s: '%s': quant_map has %lld values (16 expected) or "
-                        "nested_quant_map is not 256",
-                        f->path, base, (long long)qmap->numel);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: '%s': quant_map has %lld values (16 expected) or "
+                       "nested_quant_map is not 256",
+                       f->path, base, (long long)qmap->numel);
 
     float *cb = f32_copy(qmap), *am = s.nested ? NULL : f32_copy(absmax);
     float *nam = nabsmax ? f32_copy(nabsmax) : NULL, *nq = nqmap ? f32_copy(nqmap) : NULL;
     if (!cb || (!s.nested && !am) || (s.nested && (!nam || !nq))) {
-        rc = eng_fail(msg, msg_len, ENG_ENOMEM, "%s: '%s': out of memory", f->path, base);
+        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: '%s': out of memory", f->path, base);
     } else {
         qt_bnb4_parts parts = {
             .kind = strcmp(s.type, "nf4") == 0 ? QT_NF4 : QT_FP4,
@@ -226,7 +224,7 @@ int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_o
         char why[256];
         rc = qt_from_bnb4(out, &parts, why, sizeof why);
         if (rc != QT_OK)
-            rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': %s", f->path, base, why);
+            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': %s", f->path, base, why);
     }
     free(cb);
     free(am);
@@ -275,21 +273,21 @@ static char *quant_state_json(const qtensor *t, const char *dtype)
     return buf;
 }
 
-int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype,
-                  char *msg, size_t msg_len)
+int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
+                  size_t msg_len)
 {
     if (t->kind != QT_NF4 && t->kind != QT_FP4)
-        return eng_fail(msg, msg_len, ENG_EINVAL,
-                        "'%s': a %s tensor has no bitsandbytes serialization", base,
-                        qt_kind_name(t->kind));
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "'%s': a %s tensor has no bitsandbytes serialization", base,
+                       qt_kind_name(t->kind));
     char key[1024];
     int rc;
-#define ADD(suffix, dt, nd, shp, ptr, bytes)                                              \
-    do {                                                                                  \
-        snprintf(key, sizeof key, "%s%s", base, suffix);                                  \
-        rc = st_writer_add(w, key, dt, nd, shp, ptr, bytes, true, msg, msg_len);          \
-        if (rc != ENG_OK)                                                                 \
-            return rc;                                                                    \
+#define ADD(suffix, dt, nd, shp, ptr, bytes)                                                       \
+    do {                                                                                           \
+        snprintf(key, sizeof key, "%s%s", base, suffix);                                           \
+        rc = st_writer_add(w, key, dt, nd, shp, ptr, bytes, true, msg, msg_len);                   \
+        if (rc != ENG_OK)                                                                          \
+            return rc;                                                                             \
     } while (0)
     int64_t packed_shape[2] = {(int64_t)t->data_bytes, 1};
     ADD("", ST_U8, 2, packed_shape, t->data, t->data_bytes);
@@ -308,7 +306,7 @@ int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *
     }
     char *json = quant_state_json(t, dtype);
     if (!json)
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "'%s': out of memory", base);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "'%s': out of memory", base);
     int64_t jl[1] = {(int64_t)strlen(json)};
     snprintf(key, sizeof key, "%s%s%s", base, QS_PREFIX, t->kind == QT_NF4 ? "nf4" : "fp4");
     rc = st_writer_add(w, key, ST_U8, 1, jl, json, strlen(json), true, msg, msg_len);

@@ -26,10 +26,10 @@
 
 enum {
     ENG_OK = 0,
-    ENG_EIO = -100,      /* the file cannot be opened, read or written */
-    ENG_EFORMAT = -101,  /* the file is not what it claims: bad header, offsets, dtypes */
+    ENG_EIO = -100,       /* the file cannot be opened, read or written */
+    ENG_EFORMAT = -101,   /* the file is not what it claims: bad header, offsets, dtypes */
     ENG_ENOTFOUND = -102, /* a tensor or key that must be there is not */
-    ENG_EINVAL = -103,   /* a request that cannot be carried out as asked */
+    ENG_EINVAL = -103,    /* a request that cannot be carried out as asked */
     ENG_ENOMEM = -104,
 };
 
@@ -38,8 +38,22 @@ const char *eng_strerror(int err);
 /* --- safetensors -------------------------------------------------------- */
 
 typedef enum st_dtype {
-    ST_BOOL, ST_U8, ST_I8, ST_U16, ST_I16, ST_F16, ST_BF16, ST_U32, ST_I32, ST_F32,
-    ST_U64, ST_I64, ST_F64, ST_F8_E4M3, ST_F8_E5M2, ST_DTYPE_COUNT
+    ST_BOOL,
+    ST_U8,
+    ST_I8,
+    ST_U16,
+    ST_I16,
+    ST_F16,
+    ST_BF16,
+    ST_U32,
+    ST_I32,
+    ST_F32,
+    ST_U64,
+    ST_I64,
+    ST_F64,
+    ST_F8_E4M3,
+    ST_F8_E5M2,
+    ST_DTYPE_COUNT
 } st_dtype;
 
 #define ST_MAX_DIMS 8
@@ -93,9 +107,8 @@ void st_writer_free(st_writer *w);
  * and must live until st_writer_write returns. Refuses a duplicate name or a
  * byte count that does not match shape and dtype.
  */
-int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
-                  const int64_t *shape, const void *data, size_t nbytes, bool copy,
-                  char *msg, size_t msg_len);
+int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, const int64_t *shape,
+                  const void *data, size_t nbytes, bool copy, char *msg, size_t msg_len);
 /* Add a __metadata__ entry (both strings copied). */
 int st_writer_set_metadata(st_writer *w, const char *key, const char *value);
 /* Write everything to path (through path.tmp and a rename). */
@@ -112,24 +125,24 @@ bool eng_bnb_is_quantized(const st_file *f, const char *base);
  * "dtype": the float dtype the weight dequantizes to. Every part is checked
  * against the quant state's shape and block sizes.
  */
-int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out,
-                 char *msg, size_t msg_len);
+int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
+                 size_t msg_len);
 
 /*
  * Add t (NF4 or FP4) to w under `base` as bitsandbytes serializes it, with
  * `dtype` ("float32", "float16", "bfloat16") as the quant state's dtype.
  * The parts are copied into the writer.
  */
-int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype,
-                  char *msg, size_t msg_len);
+int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
+                  size_t msg_len);
 
 /* --- the jobs behind the command line ------------------------------------ */
 
 typedef struct eng_quantize_opts {
     const char *in_path;
     const char *out_path;
-    const char *kind;    /* "nf4" or "fp4" */
-    int32_t blocksize;   /* 0: 64 */
+    const char *kind;  /* "nf4" or "fp4" */
+    int32_t blocksize; /* 0: 64 */
     bool double_quant;
 } eng_quantize_opts;
 

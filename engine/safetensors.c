@@ -10,7 +10,6 @@
  * crash mid-write leaves either the old file or the new one.
  */
 #include "engine.h"
-#include "engine_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,10 +27,10 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_info[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1},     [ST_I8] = {"I8", 1},
-    [ST_U16] = {"U16", 2},   [ST_I16] = {"I16", 2},   [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2}, [ST_U32] = {"U32", 4},   [ST_I32] = {"I32", 4},
-    [ST_F32] = {"F32", 4},   [ST_U64] = {"U64", 8},   [ST_I64] = {"I64", 8},
+    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1},           [ST_I8] = {"I8", 1},
+    [ST_U16] = {"U16", 2},   [ST_I16] = {"I16", 2},         [ST_F16] = {"F16", 2},
+    [ST_BF16] = {"BF16", 2}, [ST_U32] = {"U32", 4},         [ST_I32] = {"I32", 4},
+    [ST_F32] = {"F32", 4},   [ST_U64] = {"U64", 8},         [ST_I64] = {"I64", 8},
     [ST_F64] = {"F64", 8},   [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
 };
 
@@ -82,105 +81,98 @@ static int parse_entry(const char *path, const cJSON *e, const uint8_t *base, si
 {
     const char *name = e->string;
     if (!cJSON_IsObject(e))
-        return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': entry is not an object",
-                        path, name);
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': entry is not an object", path,
+                       name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsString(dt) || st_dtype_from_name(dt->valuestring) < 0)
-        return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': dtype %s is not known",
-                        path, name, cJSON_IsString(dt) ? dt->valuestring : "(missing)");
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': dtype %s is not known", path,
+                       name, cJSON_IsString(dt) ? dt->valuestring : "(missing)");
     t->dtype = (st_dtype)st_dtype_from_name(dt->valuestring);
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > ST_MAX_DIMS)
-        return eng_fail(msg, msg_len, ENG_EFORMAT,
-                        "%s: tensor '%s': shape is missing or has more than %d dimensions",
-                        path, name, ST_MAX_DIMS);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: tensor '%s': shape is missing or has more than %d dimensions", path,
+                       name, ST_MAX_DIMS);
     t->ndim = cJSON_GetArraySize(shape);
     t->numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         const cJSON *d = cJSON_GetArrayItem(shape, i);
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 9.0e15 ||
             d->valuedouble != (double)(int64_t)d->valuedouble)
-            return eng_fail(msg, msg_len, ENG_EFORMAT,
-                            "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
-                            name, i);
+            return qt_fail(msg, msg_len, ENG_EFORMAT,
+                           "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name,
+                           i);
         t->shape[i] = (int64_t)d->valuedouble;
         if (t->shape[i] && t->numel > INT64_MAX / 16 / t->shape[i])
-            return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': shape overflows",
-                            path, name);
+            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': shape overflows", path,
+                           name);
         t->numel *= t->shape[i];
     }
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return eng_fail(msg, msg_len, ENG_EFORMAT,
-                        "%s: tensor '%s': data_offsets is not [begin, end]", path, name);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: tensor '%s': data_offsets is not [begin, end]", path, name);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble;
     double en = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b ||
-        en > (double)len || b != (double)(uint64_t)b || en != (double)(uint64_t)en)
-        return eng_fail(msg, msg_len, ENG_EFORMAT,
-                        "%s: tensor '%s': data_offsets [%.0f, %.0f] fall outside the %zu "
-                        "bytes of data (truncated file?)",
-                        path, name, b, en, len);
+        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b || en > (double)len ||
+        b != (double)(uint64_t)b || en != (double)(uint64_t)en)
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: tensor '%s': data_offsets [%.0f, %.0f] fall outside the %zu "
+                       "bytes of data (truncated file?)",
+                       path, name, b, en, len);
     t->nbytes = (size_t)(en - b);
     size_t want = (size_t)t->numel * st_dtype_size(t->dtype);
     if (t->nbytes != want)
-        return eng_fail(msg, msg_len, ENG_EFORMAT,
-                        "%s: tensor '%s': %zu bytes of data for %lld %s elements (%zu bytes)",
-                        path, name, t->nbytes, (long long)t->numel, st_dtype_name(t->dtype),
-                        want);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: tensor '%s': %zu bytes of data for %lld %s elements (%zu bytes)", path,
+                       name, t->nbytes, (long long)t->numel, st_dtype_name(t->dtype), want);
     t->data = base + (size_t)b;
     t->name = strdup(name);
     if (!t->name)
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
     return ENG_OK;
 }
 
 static int parse_metadata(st_file *f, const cJSON *meta, char *msg, size_t msg_len)
 {
     if (!cJSON_IsObject(meta))
-        return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: __metadata__ is not an object",
-                        f->path);
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: __metadata__ is not an object", f->path);
     size_t n = (size_t)cJSON_GetArraySize(meta);
     f->meta_keys = calloc(n ? n : 1, sizeof(char *));
     f->meta_values = calloc(n ? n : 1, sizeof(char *));
     if (!f->meta_keys || !f->meta_values)
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
     const cJSON *kv;
-    cJSON_ArrayForEach(kv, meta)
-    {
+    cJSON_ArrayForEach (kv, meta) {
         if (!cJSON_IsString(kv))
-            return eng_fail(msg, msg_len, ENG_EFORMAT,
-                            "%s: __metadata__ value of '%s' is not a string", f->path,
-                            kv->string);
+            return qt_fail(msg, msg_len, ENG_EFORMAT,
+                           "%s: __metadata__ value of '%s' is not a string", f->path, kv->string);
         f->meta_keys[f->n_meta] = strdup(kv->string);
         f->meta_values[f->n_meta] = strdup(kv->valuestring);
         if (!f->meta_keys[f->n_meta] || !f->meta_values[f->n_meta])
-            return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
         f->n_meta++;
     }
     return ENG_OK;
 }
 
-static int parse_header(st_file *f, const char *json, size_t json_len, char *msg,
-                        size_t msg_len)
+static int parse_header(st_file *f, const char *json, size_t json_len, char *msg, size_t msg_len)
 {
     const uint8_t *data = f->map + 8 + json_len;
     size_t data_len = f->map_len - 8 - json_len;
     cJSON *root = cJSON_ParseWithLength(json, json_len);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: the header is not a JSON object",
-                        f->path);
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: the header is not a JSON object", f->path);
     }
     int rc = ENG_OK;
     size_t n = (size_t)cJSON_GetArraySize(root);
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors)
-        rc = eng_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
     const cJSON *e;
-    cJSON_ArrayForEach(e, root)
-    {
+    cJSON_ArrayForEach (e, root) {
         if (rc != ENG_OK)
             break;
         if (strcmp(e->string, "__metadata__") == 0) {
@@ -188,8 +180,8 @@ static int parse_header(st_file *f, const char *json, size_t json_len, char *msg
             continue;
         }
         if (st_find(f, e->string)) {
-            rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' appears twice", f->path,
-                          e->string);
+            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' appears twice", f->path,
+                         e->string);
             break;
         }
         rc = parse_entry(f->path, e, data, data_len, &f->tensors[f->n_tensors], msg, msg_len);
@@ -204,8 +196,8 @@ static int parse_header(st_file *f, const char *json, size_t json_len, char *msg
     for (size_t i = 1; i < f->n_tensors; i++) {
         const st_tensor *a = &f->tensors[i - 1], *b = &f->tensors[i];
         if (a->nbytes && b->nbytes && a->data + a->nbytes > b->data)
-            return eng_fail(msg, msg_len, ENG_EFORMAT, "%s: tensors '%s' and '%s' overlap",
-                            f->path, a->name, b->name);
+            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensors '%s' and '%s' overlap", f->path,
+                           a->name, b->name);
     }
     return ENG_OK;
 }
@@ -215,10 +207,10 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path)
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        int rc = eng_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
+        int rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
         st_close(f);
         return rc;
     }
@@ -226,14 +218,14 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         st_close(f);
-        return eng_fail(msg, msg_len, ENG_EIO, "%s: not a regular file", path);
+        return qt_fail(msg, msg_len, ENG_EIO, "%s: not a regular file", path);
     }
     if (sb.st_size < 8) {
         close(fd);
         st_close(f);
-        return eng_fail(msg, msg_len, ENG_EFORMAT,
-                        "%s: %lld bytes is too short for a safetensors header (truncated?)",
-                        path, (long long)sb.st_size);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: %lld bytes is too short for a safetensors header (truncated?)", path,
+                       (long long)sb.st_size);
     }
     f->map_len = (size_t)sb.st_size;
     void *m = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -241,7 +233,7 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     if (m == MAP_FAILED) {
         f->map_len = 0;
         st_close(f);
-        return eng_fail(msg, msg_len, ENG_EIO, "%s: cannot map: %s", path, strerror(errno));
+        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot map: %s", path, strerror(errno));
     }
     f->map = m;
     uint64_t hlen = 0;
@@ -249,17 +241,16 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
         hlen = (hlen << 8) | f->map[i];
     int rc = ENG_OK;
     if (hlen > ST_MAX_HEADER)
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT,
-                      "%s: header length %llu exceeds the format's 100 MB limit", path,
-                      (unsigned long long)hlen);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                     "%s: header length %llu exceeds the format's 100 MB limit", path,
+                     (unsigned long long)hlen);
     else if (hlen > f->map_len - 8)
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT,
-                      "%s: header length %llu runs past the end of the %zu-byte file "
-                      "(truncated?)",
-                      path, (unsigned long long)hlen, f->map_len);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                     "%s: header length %llu runs past the end of the %zu-byte file "
+                     "(truncated?)",
+                     path, (unsigned long long)hlen, f->map_len);
     else if (hlen < 2 || f->map[8] != '{')
-        rc = eng_fail(msg, msg_len, ENG_EFORMAT, "%s: the header does not start with '{'",
-                      path);
+        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: the header does not start with '{'", path);
     else
         rc = parse_header(f, (const char *)f->map + 8, (size_t)hlen, msg, msg_len);
     if (rc != ENG_OK)
@@ -333,27 +324,26 @@ void st_writer_free(st_writer *w)
     free(w);
 }
 
-int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
-                  const int64_t *shape, const void *data, size_t nbytes, bool copy,
-                  char *msg, size_t msg_len)
+int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, const int64_t *shape,
+                  const void *data, size_t nbytes, bool copy, char *msg, size_t msg_len)
 {
     if (ndim < 0 || ndim > ST_MAX_DIMS || (unsigned)dtype >= ST_DTYPE_COUNT)
-        return eng_fail(msg, msg_len, ENG_EINVAL, "tensor '%s': bad dtype or rank", name);
+        return qt_fail(msg, msg_len, ENG_EINVAL, "tensor '%s': bad dtype or rank", name);
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++)
         numel *= shape[i];
     if ((size_t)numel * st_dtype_size(dtype) != nbytes)
-        return eng_fail(msg, msg_len, ENG_EINVAL,
-                        "tensor '%s': %zu bytes do not match its shape and dtype %s", name,
-                        nbytes, st_dtype_name(dtype));
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "tensor '%s': %zu bytes do not match its shape and dtype %s", name, nbytes,
+                       st_dtype_name(dtype));
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->tensors[i].name, name) == 0)
-            return eng_fail(msg, msg_len, ENG_EINVAL, "tensor '%s' added twice", name);
+            return qt_fail(msg, msg_len, ENG_EINVAL, "tensor '%s' added twice", name);
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 16;
         st_wtensor *t = realloc(w->tensors, cap * sizeof *t);
         if (!t)
-            return eng_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
         w->tensors = t;
         w->cap = cap;
     }
@@ -368,7 +358,7 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
     if (!t->name || (copy && !t->owned)) {
         free(t->name);
         free(t->owned);
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': out of memory", name);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': out of memory", name);
     }
     t->data = copy ? t->owned : data;
     t->dtype = dtype;
@@ -434,17 +424,17 @@ int st_writer_write(st_writer *w, const char *path, char *msg, size_t msg_len)
     size_t hlen = 0;
     char *header = build_header(w, &hlen);
     if (!header)
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: cannot build the header", path);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: cannot build the header", path);
     size_t tlen = strlen(path) + 5;
     char *tmp = malloc(tlen);
     if (!tmp) {
         free(header);
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
     }
     snprintf(tmp, tlen, "%s.tmp", path);
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
-        int rc = eng_fail(msg, msg_len, ENG_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        int rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot create: %s", tmp, strerror(errno));
         free(header);
         free(tmp);
         return rc;
@@ -460,7 +450,7 @@ int st_writer_write(st_writer *w, const char *path, char *msg, size_t msg_len)
     free(header);
     int rc = ENG_OK;
     if (!ok || rename(tmp, path) != 0) {
-        rc = eng_fail(msg, msg_len, ENG_EIO, "%s: cannot write: %s", path, strerror(errno));
+        rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot write: %s", path, strerror(errno));
         unlink(tmp);
     }
     free(tmp);

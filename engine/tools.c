@@ -6,7 +6,6 @@
  * flags and calls them.
  */
 #include "engine.h"
-#include "engine_internal.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -48,20 +47,19 @@ static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt
 {
     float *v = to_f32(t);
     if (!v)
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "%s: tensor '%s': out of memory", o->in_path,
-                        t->name);
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: tensor '%s': out of memory", o->in_path,
+                       t->name);
     qtensor q;
     char why[256];
     int rc = qt_quantize(&q, v, t->shape[0], t->shape[1], p, why, sizeof why);
     free(v);
     if (rc != QT_OK)
-        return eng_fail(msg, msg_len, ENG_EINVAL,
-                        "%s: tensor '%s': %s", o->in_path, t->name, why);
+        return qt_fail(msg, msg_len, ENG_EINVAL, "%s: tensor '%s': %s", o->in_path, t->name, why);
     rc = eng_bnb_write(w, t->name, &q, torch_dtype_name(t->dtype), msg, msg_len);
     if (rc == ENG_OK && log)
         fprintf(log, "%s: %s [%" PRId64 ", %" PRId64 "] -> %s blocksize %d%s, %zu -> %zu bytes\n",
-                t->name, st_dtype_name(t->dtype), t->shape[0], t->shape[1], o->kind,
-                q.blocksize, q.nested ? " double-quant" : "", t->nbytes, qt_nbytes(&q));
+                t->name, st_dtype_name(t->dtype), t->shape[0], t->shape[1], o->kind, q.blocksize,
+                q.nested ? " double-quant" : "", t->nbytes, qt_nbytes(&q));
     qt_free(&q);
     return rc;
 }
@@ -70,24 +68,25 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
 {
     int kind = qt_kind_from_name(o->kind);
     if (kind != QT_NF4 && kind != QT_FP4)
-        return eng_fail(msg, msg_len, ENG_EINVAL, "--kind %s: quantize writes nf4 or fp4",
-                        o->kind ? o->kind : "(missing)");
-    qt_quant_params p = {.kind = (qt_kind)kind, .blocksize = o->blocksize ? o->blocksize : 64,
+        return qt_fail(msg, msg_len, ENG_EINVAL, "--kind %s: quantize writes nf4 or fp4",
+                       o->kind ? o->kind : "(missing)");
+    qt_quant_params p = {.kind = (qt_kind)kind,
+                         .blocksize = o->blocksize ? o->blocksize : 64,
                          .double_quant = o->double_quant};
     int32_t bs = p.blocksize;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
-        return eng_fail(msg, msg_len, ENG_EINVAL,
-                        "--blocksize %d: a power of two from 32 to 4096", (int)bs);
+        return qt_fail(msg, msg_len, ENG_EINVAL, "--blocksize %d: a power of two from 32 to 4096",
+                       (int)bs);
     st_file in;
     int rc = st_open(&in, o->in_path, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
     for (size_t i = 0; i < in.n_tensors; i++) {
         if (strstr(in.tensors[i].name, QS_MARK)) {
-            rc = eng_fail(msg, msg_len, ENG_EINVAL,
-                          "%s: tensor '%s' shows the file is already quantized by "
-                          "bitsandbytes; quantizing it again would lose precision",
-                          o->in_path, in.tensors[i].name);
+            rc = qt_fail(msg, msg_len, ENG_EINVAL,
+                         "%s: tensor '%s' shows the file is already quantized by "
+                         "bitsandbytes; quantizing it again would lose precision",
+                         o->in_path, in.tensors[i].name);
             st_close(&in);
             return rc;
         }
@@ -95,7 +94,7 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
     st_writer *w = st_writer_new();
     if (!w) {
         st_close(&in);
-        return eng_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
     }
     for (size_t i = 0; i < in.n_meta && rc == ENG_OK; i++)
         rc = st_writer_set_metadata(w, in.meta_keys[i], in.meta_values[i]);
@@ -107,18 +106,18 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
             quantized++;
         } else {
             /* borrowed from the mapping, which outlives the write below */
-            rc = st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes,
-                               false, msg, msg_len);
+            rc = st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, false,
+                               msg, msg_len);
             if (rc == ENG_OK && log)
-                fprintf(log, "%s: %s, %d-D, copied unchanged\n", t->name,
-                        st_dtype_name(t->dtype), t->ndim);
+                fprintf(log, "%s: %s, %d-D, copied unchanged\n", t->name, st_dtype_name(t->dtype),
+                        t->ndim);
         }
     }
     if (rc == ENG_OK)
         rc = st_writer_write(w, o->out_path, msg, msg_len);
     if (rc == ENG_OK && log)
-        fprintf(log, "wrote %s: %zu tensors quantized to %s, %zu copied\n", o->out_path,
-                quantized, o->kind, in.n_tensors - quantized);
+        fprintf(log, "wrote %s: %zu tensors quantized to %s, %zu copied\n", o->out_path, quantized,
+                o->kind, in.n_tensors - quantized);
     st_writer_free(w);
     st_close(&in);
     return rc;

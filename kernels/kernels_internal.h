@@ -1,30 +1,16 @@
 /*
  * kernels_internal.h - what the files of kernels/ share among themselves and
  * nobody else includes: the per-kind entry points the traits table points
- * at, and small helpers for error messages and allocation.
+ * at, and a small helper for building tensors.
  */
 #ifndef QL_KERNELS_INTERNAL_H
 #define QL_KERNELS_INTERNAL_H
 
 #include "qtensor.h"
 
-#include <stdarg.h>
-#include <stdio.h>
-
-/* Format an error sentence into msg (if any) and return err. */
-static inline int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static inline int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
-{
-    if (msg && msg_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_len, fmt, ap);
-        va_end(ap);
-    }
-    return err;
-}
+/* Fill out (zeroed) with a copy of `bytes` bytes of src as its data. */
+int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *src,
+                 size_t bytes, char *msg, size_t msg_len);
 
 /* Dense kinds (quant_dense.c) */
 int qt_dense_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
@@ -51,13 +37,13 @@ size_t qt_gguf_block_bytes(qt_kind kind);
 
 /* The scalar reference matrix kernel, shared by every kind: dequantize a
  * row, then dot it with each row of x (qtensor.c). */
-void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y,
-                           int64_t row0, int64_t row1);
+void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
 
 /* AVX2+FMA matrix kernels (matmul_avx2.c, built with -mavx2 -mfma -mf16c;
  * called only when the CPU reports those features). */
-void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
-                    int64_t row0, int64_t row1);
+void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                    int64_t row1);
 /* Dequantization with the same AVX2 decoders, bit-identical to the scalar
  * dequantize_rows of every kind. */
 void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);

@@ -20,8 +20,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TILE 512    /* columns decoded at a time: 2 KiB of f32, stays in L1 */
-#define BATCH_CHUNK 8 /* rows of x sharing one decode; 8 accumulators + temps fit 16 ymm */
+#define TILE        512 /* columns decoded at a time: 2 KiB of f32, stays in L1 */
+#define BATCH_CHUNK 8   /* rows of x sharing one decode; 8 accumulators + temps fit 16 ymm */
 
 /* 16 packed 4-bit codes (8 bytes, even element in the high nibble) as two
  * vectors of 8 int32 codes, in element order. */
@@ -89,13 +89,12 @@ static void decode_affine(const qtensor *t, int64_t r, int64_t c, int64_t n, flo
         __m256i voff = _mm256_set1_epi32(offset);
         __m256 vscale = _mm256_set1_ps(scale), vmid = _mm256_set1_ps(mid),
                vzero = _mm256_set1_ps(zero);
-#define AFFINE_STORE(codes, dst)                                                        \
-    do {                                                                                \
-        __m256 q = _mm256_cvtepi32_ps(_mm256_add_epi32((codes), voff));                 \
-        __m256 w = int_zero ? _mm256_mul_ps(q, vscale)                                  \
-                            : _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(q, vmid), vscale), \
-                                            vzero);                                     \
-        _mm256_storeu_ps((dst), w);                                                     \
+#define AFFINE_STORE(codes, dst)                                                                   \
+    do {                                                                                           \
+        __m256 q = _mm256_cvtepi32_ps(_mm256_add_epi32((codes), voff));                            \
+        __m256 w = int_zero ? _mm256_mul_ps(q, vscale)                                             \
+                            : _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(q, vmid), vscale), vzero); \
+        _mm256_storeu_ps((dst), w);                                                                \
     } while (0)
         if (t->bits == 8) {
             for (; c + 8 <= span_end; c += 8, out += 8) {
@@ -165,8 +164,7 @@ static const float *decode_tile(const qtensor *t, int64_t r, int64_t c, int64_t 
     int64_t e = r * t->cols + c;
     int64_t i = 0;
     switch (t->kind) {
-    case QT_F32:
-        return (const float *)t->data + e;
+    case QT_F32: return (const float *)t->data + e;
     case QT_F16: {
         const uint16_t *h = (const uint16_t *)t->data + e;
         for (; i + 8 <= n; i += 8)
@@ -186,12 +184,8 @@ static const float *decode_tile(const qtensor *t, int64_t r, int64_t c, int64_t 
         return tile;
     }
     case QT_NF4:
-    case QT_FP4:
-        decode_bnb4(t, e, n, tile);
-        return tile;
-    case QT_AFFINE:
-        decode_affine(t, r, c, n, tile);
-        return tile;
+    case QT_FP4: decode_bnb4(t, e, n, tile); return tile;
+    case QT_AFFINE: decode_affine(t, r, c, n, tile); return tile;
     case QT_Q4_0:
     case QT_Q4_1:
     case QT_Q8_0:
@@ -286,8 +280,8 @@ static float dot_gguf_row(const qtensor *t, int64_t r, const float *x)
     return hsum(total);
 }
 
-void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
-                    int64_t row0, int64_t row1)
+void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                    int64_t row1)
 {
     _Alignas(32) float tile[TILE];
     int64_t cols = t->cols;
@@ -319,9 +313,12 @@ void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
                     int64_t i = 0;
                     for (; i + 32 <= n8; i += 32) {
                         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(xb + i), a0);
-                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(xb + i + 8), a1);
-                        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(xb + i + 16), a2);
-                        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(xb + i + 24), a3);
+                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8),
+                                             _mm256_loadu_ps(xb + i + 8), a1);
+                        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16),
+                                             _mm256_loadu_ps(xb + i + 16), a2);
+                        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24),
+                                             _mm256_loadu_ps(xb + i + 24), a3);
                     }
                     for (; i < n8; i += 8)
                         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(xb + i), a0);

@@ -108,8 +108,8 @@ QL_HD unsigned qm_nibble(const uint8_t *codes, int64_t e)
  * dequantize_4bit computes it: the 8-bit code times its block's scale, in
  * f32, then the offset added in a second f32 operation. */
 QL_HD float qm_nested_absmax(const uint8_t *absmax_codes, const float *nested_code,
-                             const float *nested_absmax, int32_t nested_blocksize,
-                             float offset, int64_t b)
+                             const float *nested_absmax, int32_t nested_blocksize, float offset,
+                             int64_t b)
 {
     float a = nested_code[absmax_codes[b]] * nested_absmax[b / nested_blocksize];
     return a + offset;

@@ -11,51 +11,105 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 const qt_traits qt_traits_table[QT_KIND_COUNT] = {
-    [QT_F32] = {.name = "f32", .block_size = 1, .block_bytes = 4, .is_dense = true,
-                .quantize = qt_dense_quantize, .dequantize_rows = qt_dense_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+    [QT_F32] = {.name = "f32",
+                .block_size = 1,
+                .block_bytes = 4,
+                .is_dense = true,
+                .quantize = qt_dense_quantize,
+                .dequantize_rows = qt_dense_dequantize_rows,
+                .matmul_ref = qt_matmul_generic_ref,
+                .matmul_avx2 = qt_matmul_avx2,
                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
-    [QT_F16] = {.name = "f16", .block_size = 1, .block_bytes = 2, .is_dense = true,
-                .quantize = qt_dense_quantize, .dequantize_rows = qt_dense_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+    [QT_F16] = {.name = "f16",
+                .block_size = 1,
+                .block_bytes = 2,
+                .is_dense = true,
+                .quantize = qt_dense_quantize,
+                .dequantize_rows = qt_dense_dequantize_rows,
+                .matmul_ref = qt_matmul_generic_ref,
+                .matmul_avx2 = qt_matmul_avx2,
                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
-    [QT_BF16] = {.name = "bf16", .block_size = 1, .block_bytes = 2, .is_dense = true,
-                 .quantize = qt_dense_quantize, .dequantize_rows = qt_dense_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+    [QT_BF16] = {.name = "bf16",
+                 .block_size = 1,
+                 .block_bytes = 2,
+                 .is_dense = true,
+                 .quantize = qt_dense_quantize,
+                 .dequantize_rows = qt_dense_dequantize_rows,
+                 .matmul_ref = qt_matmul_generic_ref,
+                 .matmul_avx2 = qt_matmul_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+    [QT_NF4] = {.name = "nf4",
+                .block_size = 64,
+                .block_bytes = 32,
+                .quantize = qt_bnb4_quantize,
+                .dequantize_rows = qt_bnb4_dequantize_rows,
+                .matmul_ref = qt_matmul_generic_ref,
+                .matmul_avx2 = qt_matmul_avx2,
                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
-    [QT_NF4] = {.name = "nf4", .block_size = 64, .block_bytes = 32,
-                .quantize = qt_bnb4_quantize, .dequantize_rows = qt_bnb4_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
+    [QT_FP4] = {.name = "fp4",
+                .block_size = 64,
+                .block_bytes = 32,
+                .quantize = qt_bnb4_quantize,
+                .dequantize_rows = qt_bnb4_dequantize_rows,
+                .matmul_ref = qt_matmul_generic_ref,
+                .matmul_avx2 = qt_matmul_avx2,
                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
-    [QT_FP4] = {.name = "fp4", .block_size = 64, .block_bytes = 32,
-                .quantize = qt_bnb4_quantize, .dequantize_rows = qt_bnb4_dequantize_rows,
-                .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
-    [QT_AFFINE] = {.name = "affine", .block_size = 1, .block_bytes = 1,
+    [QT_AFFINE] = {.name = "affine",
+                   .block_size = 1,
+                   .block_bytes = 1,
                    .quantize = qt_affine_quantize,
                    .dequantize_rows = qt_affine_dequantize_rows,
-                   .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                   .matmul_ref = qt_matmul_generic_ref,
+                   .matmul_avx2 = qt_matmul_avx2,
+                   .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     /* llama.cpp block_q4_0: f16 d, 16 bytes of nibbles */
-    [QT_Q4_0] = {.name = "q4_0", .block_size = 32, .block_bytes = 18, .is_gguf = true,
-                 .quantize = qt_gguf_quantize, .dequantize_rows = qt_gguf_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+    [QT_Q4_0] = {.name = "q4_0",
+                 .block_size = 32,
+                 .block_bytes = 18,
+                 .is_gguf = true,
+                 .quantize = qt_gguf_quantize,
+                 .dequantize_rows = qt_gguf_dequantize_rows,
+                 .matmul_ref = qt_matmul_generic_ref,
+                 .matmul_avx2 = qt_matmul_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     /* block_q4_1: f16 d, f16 m, 16 bytes of nibbles */
-    [QT_Q4_1] = {.name = "q4_1", .block_size = 32, .block_bytes = 20, .is_gguf = true,
-                 .quantize = qt_gguf_quantize, .dequantize_rows = qt_gguf_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+    [QT_Q4_1] = {.name = "q4_1",
+                 .block_size = 32,
+                 .block_bytes = 20,
+                 .is_gguf = true,
+                 .quantize = qt_gguf_quantize,
+                 .dequantize_rows = qt_gguf_dequantize_rows,
+                 .matmul_ref = qt_matmul_generic_ref,
+                 .matmul_avx2 = qt_matmul_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
     /* block_q8_0: f16 d, 32 int8 */
-    [QT_Q8_0] = {.name = "q8_0", .block_size = 32, .block_bytes = 34, .is_gguf = true,
-                 .quantize = qt_gguf_quantize, .dequantize_rows = qt_gguf_dequantize_rows,
-                 .matmul_ref = qt_matmul_generic_ref, .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+    [QT_Q8_0] = {.name = "q8_0",
+                 .block_size = 32,
+                 .block_bytes = 34,
+                 .is_gguf = true,
+                 .quantize = qt_gguf_quantize,
+                 .dequantize_rows = qt_gguf_dequantize_rows,
+                 .matmul_ref = qt_matmul_generic_ref,
+                 .matmul_avx2 = qt_matmul_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
 };
+
+int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
+{
+    if (msg && msg_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msg_len, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
 
 const char *qt_strerror(int err)
 {
@@ -87,10 +141,22 @@ const char *qt_kind_name(qt_kind kind)
     return qt_traits_table[kind].name;
 }
 
-float qt_f16_to_f32(uint16_t h) { return qm_f16_to_f32(h); }
-uint16_t qt_f32_to_f16(float f) { return qm_f32_to_f16(f); }
-float qt_bf16_to_f32(uint16_t b) { return qm_bf16_to_f32(b); }
-uint16_t qt_f32_to_bf16(float f) { return qm_f32_to_bf16(f); }
+float qt_f16_to_f32(uint16_t h)
+{
+    return qm_f16_to_f32(h);
+}
+uint16_t qt_f32_to_f16(float f)
+{
+    return qm_f32_to_f16(f);
+}
+float qt_bf16_to_f32(uint16_t b)
+{
+    return qm_bf16_to_f32(b);
+}
+uint16_t qt_f32_to_bf16(float f)
+{
+    return qm_f32_to_bf16(f);
+}
 
 /* The first NaN or Inf in src, or -1. */
 static int64_t first_non_finite(const float *src, int64_t n)
@@ -108,11 +174,11 @@ int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
     if (!p || (unsigned)p->kind >= QT_KIND_COUNT)
         return qt_fail(msg, msg_len, QT_EINVAL, "unknown quant kind %d", p ? (int)p->kind : -1);
     if (rows <= 0 || cols <= 0)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is empty",
-                       (long long)rows, (long long)cols);
+        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is empty", (long long)rows,
+                       (long long)cols);
     if (rows > INT64_MAX / cols)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] overflows",
-                       (long long)rows, (long long)cols);
+        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] overflows", (long long)rows,
+                       (long long)cols);
     int64_t bad = first_non_finite(src, rows * cols);
     if (bad >= 0)
         return qt_fail(msg, msg_len, QT_ENONFINITE,
@@ -133,8 +199,8 @@ void qt_dequantize_rows_ref(const qtensor *t, int64_t row0, int64_t nrows, float
     qt_traits_table[t->kind].dequantize_rows(t, row0, nrows, out);
 }
 
-void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y,
-                           int64_t row0, int64_t row1)
+void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1)
 {
     int64_t cols = t->cols;
     float *w = malloc((size_t)cols * sizeof *w);
@@ -236,8 +302,8 @@ void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *ou
         tr->dequantize_rows(t, row0, nrows, out);
 }
 
-void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y,
-                   int64_t row0, int64_t row1)
+void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+                   int64_t row1)
 {
     qt_traits_table[w->kind].matmul_ref(w, x, batch, y, row0, row1);
 }
@@ -318,10 +384,16 @@ int qt_from_dense(qtensor *out, qt_kind kind, const void *src, int64_t rows, int
         return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "kind %s is not a dense kind",
                        qt_kind_name(kind));
     if (rows <= 0 || cols <= 0 || rows > INT64_MAX / cols)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is not valid",
-                       (long long)rows, (long long)cols);
+        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is not valid", (long long)rows,
+                       (long long)cols);
     size_t bytes = (size_t)(rows * cols) * qt_dense_elem_bytes(kind);
-    out->data = malloc(bytes);
+    return qt_wrap_copy(out, kind, rows, cols, src, bytes, msg, msg_len);
+}
+
+int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *src,
+                 size_t bytes, char *msg, size_t msg_len)
+{
+    out->data = malloc(bytes ? bytes : 1);
     if (!out->data)
         return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", bytes);
     memcpy(out->data, src, bytes);

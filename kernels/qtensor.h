@@ -67,6 +67,11 @@ enum {
 /* A static English phrase for an error code; never NULL. */
 const char *qt_strerror(int err);
 
+/* Format an error sentence into msg (when msg is not NULL) and return err:
+ * the one way every module reports what was wrong. */
+int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* How the zero point of an AFFINE tensor is expressed (torchao ZeroPointDomain). */
 typedef enum qt_zero_domain {
     QT_ZERO_INT = 0, /* w = (q - zero) * scale, zero an integer in [qmin, qmax] */
@@ -132,8 +137,8 @@ typedef struct qtensor {
     int64_t groups_per_row; /* cols / group_size */
     int32_t qmin, qmax;
     qt_zero_domain zero_domain;
-    float *scales; /* rows * groups_per_row */
-    float *zeros;  /* rows * groups_per_row; integer valued in the int domain */
+    float *scales;     /* rows * groups_per_row */
+    float *zeros;      /* rows * groups_per_row; integer valued in the int domain */
     size_t row_stride; /* bytes per row of codes */
 } qtensor;
 
@@ -155,12 +160,12 @@ typedef struct qt_traits {
     void (*dequantize_rows)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
     /* Scalar reference: y[b][r] = sum_c x[b][c] * W[r][c] for r in [row0,
      * row1), b in [0, batch). x is batch * cols, y is batch * t->rows. */
-    void (*matmul_ref)(const qtensor *t, const float *x, int64_t batch, float *y,
-                       int64_t row0, int64_t row1);
+    void (*matmul_ref)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
     /* The AVX2+FMA paths, NULL where none exists; same contracts. The
      * fast dequantization gives the same bits as dequantize_rows. */
-    void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y,
-                        int64_t row0, int64_t row1);
+    void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
     void (*dequantize_rows_avx2)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 } qt_traits;
 
@@ -189,8 +194,8 @@ void qt_dequantize_rows_ref(const qtensor *t, int64_t row0, int64_t nrows, float
 void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
                int64_t row1);
 /* The same through the scalar reference. */
-void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y,
-                   int64_t row0, int64_t row1);
+void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+                   int64_t row1);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);
@@ -216,8 +221,8 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len);
  * Q4_1 or Q8_0 into a new qtensor, copying them; bytes must be exactly
  * rows * cols / 32 blocks.
  */
-int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes,
-                        int64_t rows, int64_t cols, char *msg, size_t msg_len);
+int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes, int64_t rows,
+                        int64_t cols, char *msg, size_t msg_len);
 
 /* The parts of a bitsandbytes 4-bit tensor as a checkpoint stores them.
  * Every pointer is borrowed for the call; qt_from_bnb4 copies. */
@@ -227,11 +232,11 @@ typedef struct qt_bnb4_parts {
     int32_t blocksize;
     const uint8_t *codes; /* packed, ceil(rows * cols / 2) bytes */
     size_t codes_bytes;
-    const float *codebook;      /* 16 (quant_map) */
-    int64_t n_blocks;           /* entries of absmax / absmax_codes */
-    const float *absmax;        /* f32 per block, when not nested */
+    const float *codebook;       /* 16 (quant_map) */
+    int64_t n_blocks;            /* entries of absmax / absmax_codes */
+    const float *absmax;         /* f32 per block, when not nested */
     const uint8_t *absmax_codes; /* per block, when nested */
-    const float *nested_absmax; /* when nested */
+    const float *nested_absmax;  /* when nested */
     int64_t n_nested_blocks;
     int32_t nested_blocksize;
     float nested_offset;

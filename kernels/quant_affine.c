@@ -36,8 +36,8 @@ static inline float clampf(float v, float lo, float hi)
 }
 
 /* Choose scale and zero for one group, as torchao does. */
-static void choose_qparams(const float *w, int64_t n, const qtensor *t, bool symmetric,
-                           float eps, float *scale, float *zero)
+static void choose_qparams(const float *w, int64_t n, const qtensor *t, bool symmetric, float eps,
+                           float *scale, float *zero)
 {
     float mn = w[0], mx = w[0];
     for (int64_t i = 1; i < n; i++) {
@@ -52,8 +52,7 @@ static void choose_qparams(const float *w, int64_t n, const qtensor *t, bool sym
     } else if (t->zero_domain == QT_ZERO_INT) {
         float mn0 = fminf(mn, 0.0f), mx0 = fmaxf(mx, 0.0f);
         *scale = fmaxf((mx0 - mn0) / range, eps);
-        *zero = clampf((float)t->qmin - nearbyintf(mn0 / *scale), (float)t->qmin,
-                       (float)t->qmax);
+        *zero = clampf((float)t->qmin - nearbyintf(mn0 / *scale), (float)t->qmin, (float)t->qmax);
     } else {
         float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
         *scale = fmaxf((mx - mn) / range, eps);
@@ -87,8 +86,8 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     int64_t gs = p->group_size ? p->group_size : cols;
     if (gs <= 0 || cols % gs != 0)
         return qt_fail(msg, msg_len, QT_EINVAL,
-                       "affine group size %lld does not divide the %lld columns",
-                       (long long)gs, (long long)cols);
+                       "affine group size %lld does not divide the %lld columns", (long long)gs,
+                       (long long)cols);
     t->bits = p->bits;
     t->group_size = (int32_t)gs;
     t->groups_per_row = cols / gs;
@@ -97,9 +96,8 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     t->qmax = p->symmetric ? (1 << (p->bits - 1)) - 1 : (1 << p->bits) - 1;
     if (p->qmin || p->qmax) {
         if (p->qmin >= p->qmax || p->qmax - p->qmin > (1 << p->bits) - 1)
-            return qt_fail(msg, msg_len, QT_EINVAL,
-                           "affine range [%d, %d] does not fit %d bits", p->qmin, p->qmax,
-                           p->bits);
+            return qt_fail(msg, msg_len, QT_EINVAL, "affine range [%d, %d] does not fit %d bits",
+                           p->qmin, p->qmax, p->bits);
         t->qmin = p->qmin;
         t->qmax = p->qmax;
     }

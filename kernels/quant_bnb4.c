@@ -31,20 +31,19 @@
 /* bitsandbytes get_4bit_type("nf4"): quantiles of N(0, 1) (QLoRA, Dettmers
  * et al. 2023, appendix E), as the f32 values bitsandbytes stores. */
 const float qt_nf4_code[16] = {
-    -0x1p+0f,          -0x1.647362p-1f, -0x1.0cd66p-1f,   -0x1.94654p-2f,
-    -0x1.23449ap-2f,   -0x1.7a6a7ep-3f, -0x1.74f0e2p-4f,  0x0p+0f,
-    0x1.45f5fep-4f,    0x1.4995c6p-3f,  0x1.f809bap-3f,   0x1.5a0674p-2f,
-    0x1.c3497p-2f,     0x1.200f56p-1f,  0x1.722766p-1f,   0x1p+0f,
+    -0x1p+0f,        -0x1.647362p-1f, -0x1.0cd66p-1f,  -0x1.94654p-2f,
+    -0x1.23449ap-2f, -0x1.7a6a7ep-3f, -0x1.74f0e2p-4f, 0x0p+0f,
+    0x1.45f5fep-4f,  0x1.4995c6p-3f,  0x1.f809bap-3f,  0x1.5a0674p-2f,
+    0x1.c3497p-2f,   0x1.200f56p-1f,  0x1.722766p-1f,  0x1p+0f,
 };
 
 /* bitsandbytes get_4bit_type("fp4"): a 1-2-1 sign/exponent/mantissa float
  * with bias 2, in bit-pattern order, divided by its largest value 12. Entry
  * 8 is +0.0 as get_4bit_type writes it (Python's -0 is the integer 0). */
 const float qt_fp4_code[16] = {
-    0.0f,           0.0625f / 12.0f,  8.0f / 12.0f,  12.0f / 12.0f,
-    4.0f / 12.0f,   6.0f / 12.0f,     2.0f / 12.0f,  3.0f / 12.0f,
-    0.0f,           -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f,
-    -4.0f / 12.0f,  -6.0f / 12.0f,    -2.0f / 12.0f, -3.0f / 12.0f,
+    0.0f,          0.0625f / 12.0f, 8.0f / 12.0f,  12.0f / 12.0f,    4.0f / 12.0f,  6.0f / 12.0f,
+    2.0f / 12.0f,  3.0f / 12.0f,    0.0f,          -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f,
+    -4.0f / 12.0f, -6.0f / 12.0f,   -2.0f / 12.0f, -3.0f / 12.0f,
 };
 
 /* bitsandbytes create_dynamic_map(signed=True, max_exponent_bits=7,
@@ -59,7 +58,7 @@ const float qt_dynamic_map_signed[256] = {
 
 /* The sorted view of a 4-bit codebook that bucketing needs. */
 typedef struct code_buckets {
-    float bounds[15]; /* f32 midpoints of adjacent sorted codes */
+    float bounds[15];  /* f32 midpoints of adjacent sorted codes */
     uint8_t order[16]; /* sorted position -> code */
 } code_buckets;
 
@@ -310,8 +309,8 @@ float qt_block_absmax(const qtensor *t, int64_t b)
 {
     if (!t->nested)
         return t->absmax[b];
-    return qm_nested_absmax(t->absmax_codes, t->nested_code, t->nested_absmax,
-                            t->nested_blocksize, t->nested_offset, b);
+    return qm_nested_absmax(t->absmax_codes, t->nested_code, t->nested_absmax, t->nested_blocksize,
+                            t->nested_offset, b);
 }
 
 void qt_bnb4_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)

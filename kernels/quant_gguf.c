@@ -99,8 +99,8 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     (void)p;
     if (cols % QK != 0)
         return qt_fail(msg, msg_len, QT_EINVAL,
-                       "%lld columns is not a multiple of the %s block of %d",
-                       (long long)cols, qt_kind_name(t->kind), QK);
+                       "%lld columns is not a multiple of the %s block of %d", (long long)cols,
+                       qt_kind_name(t->kind), QK);
     size_t bb = qt_gguf_block_bytes(t->kind);
     int64_t nblocks = rows * cols / QK;
     t->data_bytes = (size_t)nblocks * bb;
@@ -147,8 +147,8 @@ void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
     }
 }
 
-int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes,
-                        int64_t rows, int64_t cols, char *msg, size_t msg_len)
+int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes, int64_t rows,
+                        int64_t cols, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     if ((unsigned)kind >= QT_KIND_COUNT || !qt_traits_table[kind].is_gguf)
@@ -164,14 +164,7 @@ int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t b
         return qt_fail(msg, msg_len, QT_EINVAL,
                        "%zu bytes of %s blocks for shape [%lld, %lld]; expected %zu", bytes,
                        qt_kind_name(kind), (long long)rows, (long long)cols, want);
-    out->data = malloc(bytes);
-    if (!out->data)
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", bytes);
-    memcpy(out->data, blocks, bytes);
-    out->kind = kind;
-    out->rows = rows;
-    out->cols = cols;
-    out->data_bytes = bytes;
+    int rc = qt_wrap_copy(out, kind, rows, cols, blocks, bytes, msg, msg_len);
     out->row_stride = (size_t)(cols / QK) * bb;
-    return QT_OK;
+    return rc;
 }

@@ -37,8 +37,11 @@ static int run_quantize(int argc, char **argv)
     int rc = cfg_parse_quantize(argc, argv, &c, msg, sizeof msg);
     if (rc != CFG_OK)
         return usage_failure("quantize", rc, msg);
-    eng_quantize_opts o = {.in_path = c.in_path, .out_path = c.out_path, .kind = c.kind,
-                           .blocksize = c.blocksize, .double_quant = c.double_quant};
+    eng_quantize_opts o = {.in_path = c.in_path,
+                           .out_path = c.out_path,
+                           .kind = c.kind,
+                           .blocksize = c.blocksize,
+                           .double_quant = c.double_quant};
     rc = eng_quantize_file(&o, stdout, msg, sizeof msg);
     if (rc != ENG_OK) {
         fprintf(stderr, "qlserve quantize: %s\n", msg);

@@ -48,26 +48,23 @@ Test(affine, quantize_matches_torchao_bit_for_bit)
         long groups = k->rows * (k->cols / k->group_size);
         cr_assert_eq(t.rows * t.groups_per_row, groups, "%s: groups", k->name);
         for (long g = 0; g < groups; g++) {
-            cr_assert(same_bits(t.scales[g], k->scales[g]), "%s: scale %ld: %a vs %a", k->name,
-                      g, (double)t.scales[g], (double)k->scales[g]);
-            cr_assert(same_bits(t.zeros[g], k->zeros[g]) ||
-                          (t.zeros[g] == 0.0f && k->zeros[g] == 0.0f),
-                      "%s: zero %ld: %a vs %a", k->name, g, (double)t.zeros[g],
-                      (double)k->zeros[g]);
+            cr_assert(same_bits(t.scales[g], k->scales[g]), "%s: scale %ld: %a vs %a", k->name, g,
+                      (double)t.scales[g], (double)k->scales[g]);
+            cr_assert(
+                same_bits(t.zeros[g], k->zeros[g]) || (t.zeros[g] == 0.0f && k->zeros[g] == 0.0f),
+                "%s: zero %ld: %a vs %a", k->name, g, (double)t.zeros[g], (double)k->zeros[g]);
         }
         for (long r = 0; r < k->rows; r++)
             for (long c = 0; c < k->cols; c++)
-                cr_assert_eq(code_at(&t, r, c), k->q[r * k->cols + c], "%s: q[%ld][%ld]",
-                             k->name, r, c);
+                cr_assert_eq(code_at(&t, r, c), k->q[r * k->cols + c], "%s: q[%ld][%ld]", k->name,
+                             r, c);
         float *ref = malloc((size_t)(k->rows * k->cols) * sizeof *ref);
         float *fast = malloc((size_t)(k->rows * k->cols) * sizeof *fast);
         qt_dequantize_rows_ref(&t, 0, k->rows, ref);
         qt_dequantize_rows(&t, 0, k->rows, fast);
         for (long e = 0; e < k->rows * k->cols; e++) {
-            cr_assert(same_bits(ref[e], k->dequant[e]) ||
-                          (ref[e] == 0.0f && k->dequant[e] == 0.0f),
-                      "%s: value %ld: %a vs %a", k->name, e, (double)ref[e],
-                      (double)k->dequant[e]);
+            cr_assert(same_bits(ref[e], k->dequant[e]) || (ref[e] == 0.0f && k->dequant[e] == 0.0f),
+                      "%s: value %ld: %a vs %a", k->name, e, (double)ref[e], (double)k->dequant[e]);
             cr_assert(same_bits(fast[e], ref[e]), "%s: fast value %ld", k->name, e);
         }
         free(ref);

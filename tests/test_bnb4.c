@@ -52,24 +52,23 @@ Test(bnb4, quantize_matches_bitsandbytes_bit_for_bit)
                      "%s: %s", k->name, msg);
         cr_assert_eq((long)t.data_bytes, k->packed_len, "%s: packed length", k->name);
         for (long i = 0; i < k->packed_len; i++)
-            cr_assert_eq(t.data[i], k->packed[i], "%s: packed byte %ld: %02x vs %02x", k->name,
-                         i, t.data[i], k->packed[i]);
+            cr_assert_eq(t.data[i], k->packed[i], "%s: packed byte %ld: %02x vs %02x", k->name, i,
+                         t.data[i], k->packed[i]);
         cr_assert_eq(t.n_blocks, k->n_blocks, "%s: blocks", k->name);
         if (!k->nested) {
             for (long b = 0; b < k->n_blocks; b++)
-                cr_assert(same_bits(t.absmax[b], k->absmax[b]), "%s: absmax %ld: %a vs %a",
-                          k->name, b, (double)t.absmax[b], (double)k->absmax[b]);
+                cr_assert(same_bits(t.absmax[b], k->absmax[b]), "%s: absmax %ld: %a vs %a", k->name,
+                          b, (double)t.absmax[b], (double)k->absmax[b]);
         } else {
-            cr_assert(same_bits(t.nested_offset, k->nested_offset), "%s: offset %a vs %a",
-                      k->name, (double)t.nested_offset, (double)k->nested_offset);
+            cr_assert(same_bits(t.nested_offset, k->nested_offset), "%s: offset %a vs %a", k->name,
+                      (double)t.nested_offset, (double)k->nested_offset);
             cr_assert_eq(t.n_nested_blocks, k->n_nested, "%s: nested blocks", k->name);
             for (long b = 0; b < k->n_nested; b++)
                 cr_assert(same_bits(t.nested_absmax[b], k->nested_absmax[b]),
                           "%s: nested absmax %ld", k->name, b);
             for (long b = 0; b < k->n_blocks; b++)
-                cr_assert_eq(t.absmax_codes[b], k->absmax_codes[b],
-                             "%s: absmax code %ld: %d vs %d", k->name, b, t.absmax_codes[b],
-                             k->absmax_codes[b]);
+                cr_assert_eq(t.absmax_codes[b], k->absmax_codes[b], "%s: absmax code %ld: %d vs %d",
+                             k->name, b, t.absmax_codes[b], k->absmax_codes[b]);
         }
         qt_free(&t);
     }
@@ -105,8 +104,8 @@ Test(bnb4, dequantize_matches_bitsandbytes_bit_for_bit)
         qt_dequantize_rows_ref(&t, 0, k->rows, ref);
         qt_dequantize_rows(&t, 0, k->rows, fast);
         for (long i = 0; i < n; i++) {
-            cr_assert(same_value_bits(ref[i], k->dequant[i]), "%s: value %ld: %a vs %a",
-                      k->name, i, (double)ref[i], (double)k->dequant[i]);
+            cr_assert(same_value_bits(ref[i], k->dequant[i]), "%s: value %ld: %a vs %a", k->name, i,
+                      (double)ref[i], (double)k->dequant[i]);
             cr_assert(same_bits(fast[i], ref[i]), "%s: fast path value %ld", k->name, i);
         }
         free(ref);
@@ -201,15 +200,14 @@ Test(bnb4, inconsistent_checkpoints_are_refused_by_name)
         int64_t packed_shape[2] = {256, 1}, nb[1] = {c == SHORT_ABSMAX ? 7 : 8}, n16[1] = {16},
                 nn[1] = {1}, n256[1] = {256};
         st_writer_add(wr, "m.weight", ST_U8, 2, packed_shape, t.data, 256, true, msg, 512);
-        st_writer_add(wr, "m.weight.absmax", ST_U8, 1, nb, t.absmax_codes, (size_t)nb[0], true,
-                      msg, 512);
+        st_writer_add(wr, "m.weight.absmax", ST_U8, 1, nb, t.absmax_codes, (size_t)nb[0], true, msg,
+                      512);
         if (c != MISSING_MAP)
-            st_writer_add(wr, "m.weight.quant_map", ST_F32, 1, n16, t.codebook, 64, true, msg,
-                          512);
+            st_writer_add(wr, "m.weight.quant_map", ST_F32, 1, n16, t.codebook, 64, true, msg, 512);
         float nested = c == NAN_NESTED ? NAN : t.nested_absmax[0];
         st_writer_add(wr, "m.weight.nested_absmax", ST_F32, 1, nn, &nested, 4, true, msg, 512);
-        st_writer_add(wr, "m.weight.nested_quant_map", ST_F32, 1, n256, t.nested_code, 1024,
-                      true, msg, 512);
+        st_writer_add(wr, "m.weight.nested_quant_map", ST_F32, 1, n256, t.nested_code, 1024, true,
+                      msg, 512);
         const char *json =
             c == BAD_JSON ? "{\"quant_type\": \"nf4\", \"blocksize\": 64"
             : c == WRONG_SHAPE
@@ -231,8 +229,8 @@ Test(bnb4, inconsistent_checkpoints_are_refused_by_name)
         msg[0] = 0;
         cr_assert_neq(eng_bnb_read(&f, "m.weight", &got, NULL, msg, sizeof msg), 0,
                       "corruption %d accepted", c);
-        cr_assert(strstr(msg, "m.weight") && strstr(msg, "bad.safetensors"),
-                  "corruption %d: %s", c, msg);
+        cr_assert(strstr(msg, "m.weight") && strstr(msg, "bad.safetensors"), "corruption %d: %s", c,
+                  msg);
         cr_assert(strstr(msg, expect[c]), "corruption %d: '%s' lacks '%s'", c, msg, expect[c]);
         st_close(&f);
     }
@@ -252,7 +250,8 @@ Test(bnb4, serialization_round_trips)
         if (bnbv_cases[c].nested)
             k = &bnbv_cases[c];
     qt_quant_params p = {.kind = strcmp(k->quant_type, "nf4") == 0 ? QT_NF4 : QT_FP4,
-                         .blocksize = k->blocksize, .double_quant = true};
+                         .blocksize = k->blocksize,
+                         .double_quant = true};
     qtensor t, back;
     cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), 0);
     st_writer *w = st_writer_new();

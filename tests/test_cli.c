@@ -73,13 +73,15 @@ static void make_model(const char *path, bool poison)
     char msg[256];
     int64_t s1[2] = {ROWS, COLS}, s2[2] = {8, 64}, s3[1] = {COLS}, s4[1] = {3};
     cr_assert_eq(st_writer_add(w, "model.layers.0.mlp.down_proj.weight", ST_F32, 2, s1, weight,
-                               sizeof weight, true, msg, 256), 0);
+                               sizeof weight, true, msg, 256),
+                 0);
     cr_assert_eq(st_writer_add(w, "model.layers.0.self_attn.q_proj.weight", ST_BF16, 2, s2, wb,
-                               sizeof wb, true, msg, 256), 0);
-    cr_assert_eq(st_writer_add(w, "model.norm.weight", ST_F32, 1, s3, norm, sizeof norm, true,
-                               msg, 256), 0);
-    cr_assert_eq(st_writer_add(w, "position_ids", ST_I64, 1, s4, pos, sizeof pos, true, msg,
-                               256), 0);
+                               sizeof wb, true, msg, 256),
+                 0);
+    cr_assert_eq(
+        st_writer_add(w, "model.norm.weight", ST_F32, 1, s3, norm, sizeof norm, true, msg, 256), 0);
+    cr_assert_eq(st_writer_add(w, "position_ids", ST_I64, 1, s4, pos, sizeof pos, true, msg, 256),
+                 0);
     cr_assert_eq(st_writer_set_metadata(w, "format", "pt"), 0);
     cr_assert_eq(st_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     st_writer_free(w);
@@ -142,8 +144,9 @@ Test(cli, quantize_writes_the_bitsandbytes_serialization)
     qt_free(&want);
 
     /* the bf16 weight records its dtype */
-    cr_assert_eq(eng_bnb_read(&f, "model.layers.0.self_attn.q_proj.weight", &got, dtype, msg,
-                              sizeof msg), 0, "%s", msg);
+    cr_assert_eq(
+        eng_bnb_read(&f, "model.layers.0.self_attn.q_proj.weight", &got, dtype, msg, sizeof msg), 0,
+        "%s", msg);
     cr_assert_str_eq(dtype, "bfloat16");
     qt_free(&got);
 

@@ -56,17 +56,17 @@ Test(f16, matches_the_compiler_conversion_on_random_floats)
         _Float16 ref = (_Float16)f;
         uint16_t rb;
         memcpy(&rb, &ref, 2);
-        cr_assert_eq(qm_f32_to_f16(f), rb, "%a: got %04x want %04x", (double)f,
-                     qm_f32_to_f16(f), rb);
+        cr_assert_eq(qm_f32_to_f16(f), rb, "%a: got %04x want %04x", (double)f, qm_f32_to_f16(f),
+                     rb);
     }
 #endif
 }
 
 Test(f16, ties_round_to_even_and_overflow_to_inf)
 {
-    cr_assert_eq(qm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);       /* tie, down to even */
-    cr_assert_eq(qm_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);   /* tie, up to even */
-    cr_assert_eq(qm_f32_to_f16(0x1p-25f), 0x0000);              /* half the least subnormal */
+    cr_assert_eq(qm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie, down to even */
+    cr_assert_eq(qm_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie, up to even */
+    cr_assert_eq(qm_f32_to_f16(0x1p-25f), 0x0000);            /* half the least subnormal */
     cr_assert_eq(qm_f32_to_f16(3 * 0x1p-26f), 0x0001);
     cr_assert_eq(qm_f32_to_f16(65519.0f), 0x7bff);
     cr_assert_eq(qm_f32_to_f16(65520.0f), 0x7c00);
@@ -76,8 +76,8 @@ Test(f16, ties_round_to_even_and_overflow_to_inf)
 Test(bf16, rounds_to_nearest_even_and_keeps_nan)
 {
     cr_assert_eq(qm_f32_to_bf16(1.0f), 0x3f80);
-    cr_assert_eq(qm_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);       /* tie, to even */
-    cr_assert_eq(qm_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);   /* tie, to even */
+    cr_assert_eq(qm_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);     /* tie, to even */
+    cr_assert_eq(qm_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie, to even */
     cr_assert_eq(qm_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
     cr_assert(isnan(qm_bf16_to_f32(qm_f32_to_bf16(NAN))));
     cr_assert_eq(qm_f32_to_bf16(INFINITY), 0x7f80);
@@ -155,8 +155,8 @@ Test(cast, quant_state_keeps_its_dtype)
         if (t.absmax)
             cr_assert_eq(memcmp(t.absmax, before.absmax, (size_t)t.n_blocks * 4), 0);
         if (t.nested) {
-            cr_assert_eq(memcmp(t.nested_absmax, before.nested_absmax,
-                                (size_t)t.n_nested_blocks * 4), 0);
+            cr_assert_eq(
+                memcmp(t.nested_absmax, before.nested_absmax, (size_t)t.n_nested_blocks * 4), 0);
             cr_assert(same_bits(t.nested_offset, before.nested_offset));
         }
         if (t.scales)

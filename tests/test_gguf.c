@@ -58,9 +58,8 @@ Test(gguf, quantize_writes_llama_cpp_blocks)
                      "%s: %s", k->name, msg);
         cr_assert_eq((long)t.data_bytes, k->blocks_len, "%s: size", k->name);
         for (long i = 0; i < k->blocks_len; i++)
-            cr_assert_eq(t.data[i], k->blocks[i], "%s: byte %ld (block %ld): %02x vs %02x",
-                         k->name, i, i / (long)qt_traits_table[t.kind].block_bytes, t.data[i],
-                         k->blocks[i]);
+            cr_assert_eq(t.data[i], k->blocks[i], "%s: byte %ld (block %ld): %02x vs %02x", k->name,
+                         i, i / (long)qt_traits_table[t.kind].block_bytes, t.data[i], k->blocks[i]);
         qt_free(&t);
     }
 }
@@ -72,11 +71,9 @@ Test(gguf, wrong_sizes_and_kinds_are_refused)
     char msg[256];
     cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 64, msg, sizeof msg), QT_OK);
     qt_free(&t);
-    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 35, 1, 64, msg, sizeof msg),
-                 QT_EINVAL);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 35, 1, 64, msg, sizeof msg), QT_EINVAL);
     cr_assert(strstr(msg, "35 bytes") && strstr(msg, "expected 36"), "%s", msg);
-    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 48, msg, sizeof msg),
-                 QT_EINVAL);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 48, msg, sizeof msg), QT_EINVAL);
     cr_assert_eq(qt_from_gguf_blocks(&t, QT_NF4, blocks, 36, 1, 64, msg, sizeof msg),
                  QT_EUNSUPPORTED);
     cr_assert(strstr(msg, "nf4"), "%s", msg);

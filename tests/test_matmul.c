@@ -32,7 +32,9 @@ static const kcase kinds[] = {
     {"nf4-32-dq", {.kind = QT_NF4, .blocksize = 32, .double_quant = true}, false},
     {"nf4-4096-dq", {.kind = QT_NF4, .blocksize = 4096, .double_quant = true}, false},
     {"fp4-128", {.kind = QT_FP4, .blocksize = 128}, false},
-    {"int4-float-zero-channel", {.kind = QT_AFFINE, .bits = 4, .zero_domain = QT_ZERO_FLOAT}, false},
+    {"int4-float-zero-channel",
+     {.kind = QT_AFFINE, .bits = 4, .zero_domain = QT_ZERO_FLOAT},
+     false},
     {"int4-sym-channel", {.kind = QT_AFFINE, .bits = 4, .symmetric = true}, false},
     {"int8-asym-int-channel", {.kind = QT_AFFINE, .bits = 8, .zero_domain = QT_ZERO_INT}, false},
     {"q4_0", {.kind = QT_Q4_0}, true},
@@ -42,8 +44,9 @@ static const kcase kinds[] = {
 
 /* Grouped AFFINE kinds need columns divisible by the group. */
 static const kcase grouped[] = {
-    {"int4-g32-float-zero", {.kind = QT_AFFINE, .bits = 4, .group_size = 32,
-                             .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f}, true},
+    {"int4-g32-float-zero",
+     {.kind = QT_AFFINE, .bits = 4, .group_size = 32, .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f},
+     true},
     {"int4-g64-sym", {.kind = QT_AFFINE, .bits = 4, .group_size = 64, .symmetric = true}, true},
     {"int8-g128-sym", {.kind = QT_AFFINE, .bits = 8, .group_size = 128, .symmetric = true}, true},
 };
@@ -70,8 +73,8 @@ static void check_kind(const kcase *kc, int64_t rows, int64_t cols, uint64_t see
     qt_dequantize_rows_ref(&t, 0, rows, wd);
     qt_dequantize_rows(&t, 0, rows, wd_fast);
     for (int64_t i = 0; i < rows * cols; i++)
-        cr_assert(same_bits(wd[i], wd_fast[i]), "%s [%lldx%lld] dequant %lld: %a vs %a",
-                  kc->label, (long long)rows, (long long)cols, (long long)i, (double)wd[i],
+        cr_assert(same_bits(wd[i], wd_fast[i]), "%s [%lldx%lld] dequant %lld: %a vs %a", kc->label,
+                  (long long)rows, (long long)cols, (long long)i, (double)wd[i],
                   (double)wd_fast[i]);
     /* dequantizing a middle row range alone gives the same bits */
     if (rows > 2) {

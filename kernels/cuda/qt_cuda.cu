@@ -45,7 +45,8 @@
 #define QT_CUDA_ARCHS "unknown"
 #endif
 
-namespace {
+namespace
+{
 
 /* One thread: 16 bytes of codes = 32 elements = one 16-byte load. */
 constexpr int kThreadsPerBlock = 256;
@@ -72,13 +73,10 @@ void say(char *msg, size_t msg_len, const char *fmt, ...)
 int code_for_cuda_status(cudaError_t st)
 {
     switch (st) {
-    case cudaSuccess:
-        return QT_OK;
-    case cudaErrorMemoryAllocation:
-        return QT_ENOMEM;
+    case cudaSuccess: return QT_OK;
+    case cudaErrorMemoryAllocation: return QT_ENOMEM;
     case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-        return QT_EINVAL;
+    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
     case cudaErrorStubLibrary:
@@ -87,10 +85,8 @@ int code_for_cuda_status(cudaError_t st)
     case cudaErrorCompatNotSupportedOnDevice:
     case cudaErrorDevicesUnavailable:
     case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion:
-        return QT_EUNSUPPORTED;
-    default:
-        return QT_EDEVICE;
+    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
+    default: return QT_EDEVICE;
     }
 }
 
@@ -102,8 +98,7 @@ int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st),
-        cudaGetErrorName(st));
+    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
     /* Reported here, so not left behind as the thread's "last error" for
      * the next unrelated check (a sticky error stays whatever we do). */
     (void)cudaGetLastError();
@@ -149,14 +144,13 @@ int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t bloc
                         int64_t n_nested_blocks, char *msg, size_t msg_len)
 {
     if (!is_4bit_blockwise(kind)) {
-        say(msg, msg_len,
-            "%s: kind %s is not one the CUDA 4-bit dequantize handles (nf4, fp4)", where,
-            kind_name(kind));
+        say(msg, msg_len, "%s: kind %s is not one the CUDA 4-bit dequantize handles (nf4, fp4)",
+            where, kind_name(kind));
         return QT_EUNSUPPORTED;
     }
     if (n < 0) {
-        say(msg, msg_len, "%s: %s tensor has a negative element count %lld", where,
-            kind_name(kind), (long long)n);
+        say(msg, msg_len, "%s: %s tensor has a negative element count %lld", where, kind_name(kind),
+            (long long)n);
         return QT_EINVAL;
     }
     if (blocksize <= 0 || blocksize % kElemsPerThread != 0) {
@@ -173,13 +167,13 @@ int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t bloc
     }
     if (nested) {
         if (nested_blocksize <= 0) {
-            say(msg, msg_len, "%s: %s nested_blocksize %d is not positive", where,
-                kind_name(kind), (int)nested_blocksize);
+            say(msg, msg_len, "%s: %s nested_blocksize %d is not positive", where, kind_name(kind),
+                (int)nested_blocksize);
             return QT_EINVAL;
         }
         if (n_nested_blocks < ceil_div(n_blocks, nested_blocksize)) {
-            say(msg, msg_len, "%s: %s n_nested_blocks %lld is less than ceil(%lld / %d)",
-                where, kind_name(kind), (long long)n_nested_blocks, (long long)n_blocks,
+            say(msg, msg_len, "%s: %s n_nested_blocks %lld is less than ceil(%lld / %d)", where,
+                kind_name(kind), (long long)n_nested_blocks, (long long)n_blocks,
                 (int)nested_blocksize);
             return QT_EINVAL;
         }
@@ -228,10 +222,9 @@ template <typename T> __host__ __device__ __forceinline__ T load_readonly(const 
  * 16-byte aligned, so one 16-byte load reads it.
  */
 template <bool kNested, bool kVectorLoad>
-__host__ __device__ __forceinline__ void chunk_values(const qt_cuda_4bit_view &v,
-                                                      const float *codebook,
-                                                      const float *nested_code, int64_t chunk,
-                                                      float (&vals)[kElemsPerThread])
+__host__ __device__ __forceinline__ void
+chunk_values(const qt_cuda_4bit_view &v, const float *codebook, const float *nested_code,
+             int64_t chunk, float (&vals)[kElemsPerThread])
 {
     const int64_t e0 = chunk * kElemsPerThread;
     const int64_t byte0 = chunk * kBytesPerThread;
@@ -248,9 +241,8 @@ __host__ __device__ __forceinline__ void chunk_values(const qt_cuda_4bit_view &v
 
     /* One absmax for the chunk: e0 and blocksize are multiples of 32. */
     const int64_t b = e0 / v.blocksize;
-    const float absmax = kNested ? qm_nested_absmax(v.absmax_codes, nested_code,
-                                                    v.nested_absmax, v.nested_blocksize,
-                                                    v.nested_offset, b)
+    const float absmax = kNested ? qm_nested_absmax(v.absmax_codes, nested_code, v.nested_absmax,
+                                                    v.nested_blocksize, v.nested_offset, b)
                                  : load_readonly(v.absmax + b);
 
     QL_UNROLL
@@ -269,16 +261,16 @@ __host__ __device__ __forceinline__ uint32_t f32_as_u32(float f)
 }
 
 __host__ __device__ __forceinline__ void pack_words(const float (&v)[kElemsPerThread],
-                                                   uint4 (&w)[out_words<float>::count])
+                                                    uint4 (&w)[out_words<float>::count])
 {
     QL_UNROLL
     for (int k = 0; k < out_words<float>::count; k++)
-        w[k] = make_uint4(f32_as_u32(v[4 * k]), f32_as_u32(v[4 * k + 1]),
-                          f32_as_u32(v[4 * k + 2]), f32_as_u32(v[4 * k + 3]));
+        w[k] = make_uint4(f32_as_u32(v[4 * k]), f32_as_u32(v[4 * k + 1]), f32_as_u32(v[4 * k + 2]),
+                          f32_as_u32(v[4 * k + 3]));
 }
 
 __host__ __device__ __forceinline__ void pack_words(const float (&v)[kElemsPerThread],
-                                                   uint4 (&w)[out_words<uint16_t>::count])
+                                                    uint4 (&w)[out_words<uint16_t>::count])
 {
     QL_UNROLL
     for (int k = 0; k < out_words<uint16_t>::count; k++) {
@@ -294,8 +286,7 @@ __host__ __device__ __forceinline__ void pack_words(const float (&v)[kElemsPerTh
 }
 
 /* The first `count` of 32 values, one store each (tails, unaligned out). */
-__host__ __device__ __forceinline__ void store_values(float *out,
-                                                      const float (&v)[kElemsPerThread],
+__host__ __device__ __forceinline__ void store_values(float *out, const float (&v)[kElemsPerThread],
                                                       int count)
 {
     QL_UNROLL
@@ -305,8 +296,7 @@ __host__ __device__ __forceinline__ void store_values(float *out,
 }
 
 __host__ __device__ __forceinline__ void store_values(uint16_t *out,
-                                                      const float (&v)[kElemsPerThread],
-                                                      int count)
+                                                      const float (&v)[kElemsPerThread], int count)
 {
     QL_UNROLL
     for (int j = 0; j < kElemsPerThread; j++)
@@ -320,10 +310,9 @@ __host__ __device__ __forceinline__ void store_values(uint16_t *out,
  * pointers that are not 16-byte aligned.
  */
 template <bool kNested, typename OutT>
-__host__ __device__ __forceinline__ void dequantize_chunk_scalar(const qt_cuda_4bit_view &v,
-                                                                 const float *codebook,
-                                                                 const float *nested_code,
-                                                                 OutT *out, int64_t chunk)
+__host__ __device__ __forceinline__ void
+dequantize_chunk_scalar(const qt_cuda_4bit_view &v, const float *codebook, const float *nested_code,
+                        OutT *out, int64_t chunk)
 {
     const int64_t e0 = chunk * kElemsPerThread;
     const int64_t left = v.n_elements - e0;
@@ -457,8 +446,8 @@ int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, c
     }
     st = cudaMemcpy(*dev, host, bytes, cudaMemcpyHostToDevice);
     if (st != cudaSuccess) {
-        int rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, host to device)",
-                             what, bytes);
+        int rc =
+            cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, host to device)", what, bytes);
         rc = free_device(*dev, what, rc, msg, msg_len); /* keeps the copy's failure */
         *dev = nullptr;
         return rc;
@@ -562,8 +551,8 @@ extern "C" int qt_cuda_describe(char *buf, size_t len)
                      code_path_for(prop.major, prop.minor));
         }
     }
-    snprintf(buf, len, "cuda: built for %s; runtime %s; driver %s; cublasLt %s; %s",
-             QT_CUDA_ARCHS, runtime, driver, lt, devices);
+    snprintf(buf, len, "cuda: built for %s; runtime %s; driver %s; cublasLt %s; %s", QT_CUDA_ARCHS,
+             runtime, driver, lt, devices);
     return QT_OK;
 }
 
@@ -593,14 +582,13 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
         return QT_EINVAL;
     }
     if (t->rows < 0 || t->cols < 0 || (t->rows > 0 && t->cols > INT64_MAX / t->rows)) {
-        say(msg, msg_len, "qt_cuda_4bit_upload: shape %lld x %lld is not valid",
-            (long long)t->rows, (long long)t->cols);
+        say(msg, msg_len, "qt_cuda_4bit_upload: shape %lld x %lld is not valid", (long long)t->rows,
+            (long long)t->cols);
         return QT_EINVAL;
     }
     const int64_t n = t->rows * t->cols;
-    int rc = check_4bit_geometry("qt_cuda_4bit_upload", t->kind, n, t->blocksize,
-                                 t->n_blocks, t->nested, t->nested_blocksize,
-                                 t->n_nested_blocks, msg, msg_len);
+    int rc = check_4bit_geometry("qt_cuda_4bit_upload", t->kind, n, t->blocksize, t->n_blocks,
+                                 t->nested, t->nested_blocksize, t->n_nested_blocks, msg, msg_len);
     if (rc != QT_OK)
         return rc;
 
@@ -622,8 +610,7 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
     if (t->data_bytes < code_bytes) {
         say(msg, msg_len,
             "qt_cuda_4bit_upload: %s tensor %lld x %lld holds %zu code bytes, needs %zu",
-            kind_name(t->kind), (long long)t->rows, (long long)t->cols, t->data_bytes,
-            code_bytes);
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols, t->data_bytes, code_bytes);
         return QT_EINVAL;
     }
 
@@ -647,8 +634,7 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
     rc = upload_bytes(&p, t->data, code_bytes, "codes", msg, msg_len);
     view->codes = static_cast<const uint8_t *>(p);
     if (rc == QT_OK && t->nested) {
-        rc = upload_bytes(&p, t->absmax_codes, (size_t)used_blocks, "absmax_codes", msg,
-                          msg_len);
+        rc = upload_bytes(&p, t->absmax_codes, (size_t)used_blocks, "absmax_codes", msg, msg_len);
         view->absmax_codes = static_cast<const uint8_t *>(p);
         if (rc == QT_OK) {
             const int64_t used_nested = ceil_div(used_blocks, t->nested_blocksize);
@@ -669,22 +655,21 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
 }
 
 extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *out,
-                                           qt_cuda_out_dtype out_dtype, void *stream,
-                                           char *msg, size_t msg_len)
+                                           qt_cuda_out_dtype out_dtype, void *stream, char *msg,
+                                           size_t msg_len)
 {
     if (!view) {
         say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: view is NULL");
         return QT_EINVAL;
     }
     const qt_cuda_4bit_view &v = *view;
-    int rc = check_4bit_geometry("qt_cuda_dequantize_4bit_dev", v.kind, v.n_elements,
-                                 v.blocksize, v.n_blocks, v.nested, v.nested_blocksize,
-                                 v.n_nested_blocks, msg, msg_len);
+    int rc = check_4bit_geometry("qt_cuda_dequantize_4bit_dev", v.kind, v.n_elements, v.blocksize,
+                                 v.n_blocks, v.nested, v.nested_blocksize, v.n_nested_blocks, msg,
+                                 msg_len);
     if (rc != QT_OK)
         return rc;
     if (out_dtype != QT_CUDA_OUT_F32 && out_dtype != QT_CUDA_OUT_BF16) {
-        say(msg, msg_len,
-            "qt_cuda_dequantize_4bit_dev: output dtype %d is neither f32 nor bf16",
+        say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: output dtype %d is neither f32 nor bf16",
             (int)out_dtype);
         return QT_EINVAL;
     }
@@ -708,8 +693,7 @@ extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *
     cudaError_t st = v.nested ? launch_for_output<true>(v, out, out_dtype, aligned, n_chunks, s)
                               : launch_for_output<false>(v, out, out_dtype, aligned, n_chunks, s);
     if (st != cudaSuccess)
-        return cuda_failed(st, msg, msg_len,
-                           "launching the %s dequantize kernel (%lld elements)",
+        return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
                            kind_name(v.kind), (long long)v.n_elements);
     return QT_OK;
 }
@@ -753,7 +737,7 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
     }
     rc = free_device(dev_out, "out", rc, msg, msg_len);
     /* A release failure is reported only when nothing failed before it. */
-    int rc_release = qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr,
-                                          rc == QT_OK ? msg_len : 0);
+    int rc_release =
+        qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
     return rc != QT_OK ? rc : rc_release;
 }

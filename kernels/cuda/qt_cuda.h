@@ -46,7 +46,6 @@
 extern "C" {
 #endif
 
-
 /* The element type the dequantize kernel writes. */
 typedef enum qt_cuda_out_dtype {
     QT_CUDA_OUT_F32 = 0,
@@ -63,13 +62,13 @@ typedef enum qt_cuda_out_dtype {
  * its own device allocations borrows them and must not be released.
  */
 typedef struct qt_cuda_4bit_view {
-    qt_kind kind;             /* QT_NF4 or QT_FP4 (for messages) */
-    int64_t n_elements;       /* rows * cols */
-    int32_t blocksize;        /* elements per absmax block, a multiple of 32 */
-    int64_t n_blocks;         /* ceil(n_elements / blocksize) */
-    const uint8_t *codes;     /* ceil(n_elements / 2) bytes, bitsandbytes packing */
-    const float *absmax;      /* n_blocks, when !nested */
-    bool nested;              /* double quantization of absmax */
+    qt_kind kind;                /* QT_NF4 or QT_FP4 (for messages) */
+    int64_t n_elements;          /* rows * cols */
+    int32_t blocksize;           /* elements per absmax block, a multiple of 32 */
+    int64_t n_blocks;            /* ceil(n_elements / blocksize) */
+    const uint8_t *codes;        /* ceil(n_elements / 2) bytes, bitsandbytes packing */
+    const float *absmax;         /* n_blocks, when !nested */
+    bool nested;                 /* double quantization of absmax */
     const uint8_t *absmax_codes; /* n_blocks, when nested */
     const float *nested_absmax;  /* n_nested_blocks, when nested */
     int64_t n_nested_blocks;
@@ -106,8 +105,7 @@ const char *qt_cuda_compiled_archs(void);
  * stays allocated, and msg names the call. Other kinds give QT_EUNSUPPORTED
  * naming the kind. The copies are synchronous.
  */
-int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, char *msg,
-                        size_t msg_len);
+int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, char *msg, size_t msg_len);
 
 /*
  * Free the device memory of a view made by qt_cuda_4bit_upload and zero it.

@@ -291,8 +291,8 @@ static void check_refusals(void)
     msg[0] = '\0';
     rc = qt_cuda_dequantize_4bit(&t, out, msg, sizeof msg);
     cudaMemGetInfo(&free_after, &total);
-    snprintf(detail, sizeof detail, "rc %d: %s; free before %zu after %zu", rc, msg,
-             free_before, free_after);
+    snprintf(detail, sizeof detail, "rc %d: %s; free before %zu after %zu", rc, msg, free_before,
+             free_after);
     report("out of device memory is QT_ENOMEM", rc == QT_ENOMEM && strstr(msg, "cudaMalloc"),
            detail);
     report("out of device memory leaks nothing", free_after >= free_before, detail);
@@ -303,8 +303,8 @@ static void check_refusals(void)
 /* ---- timing -------------------------------------------------------------- */
 
 /* Average milliseconds of one dequantize of view into dev_out. */
-static float time_dequantize(const qt_cuda_4bit_view *view, void *dev_out,
-                             qt_cuda_out_dtype dtype, int iters, char *msg, size_t msg_len)
+static float time_dequantize(const qt_cuda_4bit_view *view, void *dev_out, qt_cuda_out_dtype dtype,
+                             int iters, char *msg, size_t msg_len)
 {
     cudaEvent_t start, stop;
     if (cudaEventCreate(&start) != cudaSuccess)
@@ -363,8 +363,8 @@ static void time_large(const dequant_case *c, uint64_t seed)
         return;
     }
     const double code_bytes = (double)((n + 1) / 2);
-    const double state_bytes = t.nested ? (double)t.n_blocks + 4.0 * (double)t.n_nested_blocks
-                                        : 4.0 * (double)t.n_blocks;
+    const double state_bytes =
+        t.nested ? (double)t.n_blocks + 4.0 * (double)t.n_nested_blocks : 4.0 * (double)t.n_blocks;
     const int iters = 50;
     const qt_cuda_out_dtype dtypes[2] = {QT_CUDA_OUT_F32, QT_CUDA_OUT_BF16};
     const char *dtype_names[2] = {"f32", "bf16"};
@@ -386,8 +386,7 @@ static void time_large(const dequant_case *c, uint64_t seed)
                "\"iters\": %d, \"ms\": %.5f, \"packed_input_gbs\": %.2f, "
                "\"total_traffic_gbs\": %.2f}\n",
                qt_kind_name(c->kind), c->nested ? "true" : "false", (int)c->blocksize,
-               (long long)c->rows, (long long)c->cols, dtype_names[d], iters, ms, in_gbs,
-               all_gbs);
+               (long long)c->rows, (long long)c->cols, dtype_names[d], iters, ms, in_gbs, all_gbs);
     }
     cudaFree(dev_out);
     qt_cuda_4bit_release(&view, NULL, 0);
@@ -416,7 +415,7 @@ int main(void)
         int32_t blocksize;
         int64_t rows, cols;
     } shapes[] = {
-        {64, 256, 512}, {4096, 96, 1000}, {64, 37, 45}, {4096, 37, 45},
+        {64, 256, 512}, {4096, 96, 1000}, {64, 37, 45},     {4096, 37, 45},
         {32, 37, 45},   {64, 1, 1},       {64, 4096, 4096},
     };
     uint64_t seed = 1;
