@@ -136,6 +136,175 @@ int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_o
 int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
                   size_t msg_len);
 
+/* --- GGUF (engine/gguf.c) ------------------------------------------------ */
+
+/* GGUF metadata value types, numbered as the format numbers them. */
+typedef enum gguf_type {
+    GGUF_UINT8 = 0,
+    GGUF_INT8 = 1,
+    GGUF_UINT16 = 2,
+    GGUF_INT16 = 3,
+    GGUF_UINT32 = 4,
+    GGUF_INT32 = 5,
+    GGUF_FLOAT32 = 6,
+    GGUF_BOOL = 7,
+    GGUF_STRING = 8,
+    GGUF_ARRAY = 9,
+    GGUF_UINT64 = 10,
+    GGUF_INT64 = 11,
+    GGUF_FLOAT64 = 12,
+    GGUF_TYPE_COUNT
+} gguf_type;
+
+/* A string inside the mapped file: not NUL-terminated. */
+typedef struct gguf_str {
+    const char *ptr;
+    uint64_t len;
+} gguf_str;
+
+typedef struct gguf_kv {
+    char *key;      /* NUL-terminated copy */
+    gguf_type type; /* GGUF_ARRAY for arrays */
+    gguf_type elem; /* for arrays: the element type; else == type */
+    uint64_t n;     /* array length; 1 for a scalar */
+    /* scalars, converted: integers in i/u (both set when representable),
+     * floats in f, bools in u (0/1), a string in str */
+    int64_t i;
+    uint64_t u;
+    double f;
+    gguf_str str;
+    /* arrays: numeric elements packed little-endian at `data` (n * size);
+     * string elements in strs[0..n) (pointers into the mapping) */
+    const uint8_t *data;
+    gguf_str *strs;
+} gguf_kv;
+
+typedef struct gguf_tensor {
+    char *name;
+    uint32_t ggml_type; /* GGML_TYPE_* number as stored */
+    int n_dims;
+    int64_t ne[4];   /* ne[0] is the fastest-varying (columns) */
+    uint64_t offset; /* from the start of the data section */
+    size_t nbytes;
+    const uint8_t *data; /* inside the mapping; lives until gguf_close */
+} gguf_tensor;
+
+typedef struct gguf_file {
+    char *path;
+    uint8_t *map;
+    size_t map_len;
+    uint32_t version; /* 2 or 3 */
+    gguf_kv *kvs;
+    uint64_t n_kv;
+    gguf_tensor *tensors;
+    uint64_t n_tensors;
+    uint64_t alignment; /* general.alignment, default 32 */
+    size_t data_offset; /* start of the tensor data section */
+} gguf_file;
+
+/*
+ * Map and validate a GGUF v2/v3 file: magic, version, counts that fit the
+ * file, every string and array inside it, metadata types known, alignment
+ * a power of two, tensor dims positive, each tensor's bytes (from its type's
+ * block geometry) inside the data section and aligned, no duplicate names.
+ * A tensor of a type we cannot compute the size of is refused by its GGML
+ * type name. On error nothing is left open.
+ */
+int gguf_open(gguf_file *f, const char *path, char *msg, size_t msg_len);
+void gguf_close(gguf_file *f);
+const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);
+const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
+/* The GGML name of a tensor type ("q4_k", "iq2_xs", ...), or "type N". */
+const char *gguf_ggml_type_name(uint32_t ggml_type);
+
+/*
+ * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
+ * Q8_0), its data borrowed from the mapping (no copy, no requantization);
+ * rows = product of ne[1..], cols = ne[0]. Any other type is refused with
+ * QT_EUNSUPPORTED naming the tensor and its GGML type.
+ */
+int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, char *msg,
+                        size_t msg_len);
+
+/* A GGUF writer for tests and tools: metadata and tensors in memory, then
+ * one file. Free with gguf_writer_free. */
+typedef struct gguf_writer gguf_writer;
+gguf_writer *gguf_writer_new(void);
+void gguf_writer_free(gguf_writer *w);
+int gguf_writer_set_u32(gguf_writer *w, const char *key, uint32_t v);
+int gguf_writer_set_i32(gguf_writer *w, const char *key, int32_t v);
+int gguf_writer_set_f32(gguf_writer *w, const char *key, float v);
+int gguf_writer_set_bool(gguf_writer *w, const char *key, bool v);
+int gguf_writer_set_str(gguf_writer *w, const char *key, const char *v);
+/* Arrays: numeric elements of type elem (n of them, packed), or strings. */
+int gguf_writer_set_array(gguf_writer *w, const char *key, gguf_type elem, const void *data,
+                          uint64_t n);
+int gguf_writer_set_str_array(gguf_writer *w, const char *key, const char *const *strs, uint64_t n);
+/* A tensor of GGML type ggml_type, ne[0..n_dims); data copied. */
+int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t ggml_type, int n_dims,
+                           const int64_t *ne, const void *data, size_t nbytes);
+int gguf_writer_write(gguf_writer *w, const char *path, char *msg, size_t msg_len);
+
+/* GGML tensor type numbers this project reads (ggml.h's enum ggml_type). */
+enum {
+    GGML_TYPE_F32 = 0,
+    GGML_TYPE_F16 = 1,
+    GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_BF16 = 30,
+};
+
+/* --- tokenizers (engine/tokenizer.c) ------------------------------------- */
+
+typedef struct tok_tokenizer tok_tokenizer;
+
+/*
+ * Load a tokenizer from a Hugging Face tokenizer.json (model type BPE:
+ * byte-level as GPT-2, Llama 3, Qwen2, SmolLM2; or SentencePiece-style with
+ * byte fallback as Llama 2, Mistral, TinyLlama). config_path, when not NULL,
+ * is tokenizer_config.json (add_bos_token, bos/eos tokens). Free with
+ * tok_free.
+ */
+int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *config_path, char *msg,
+                size_t msg_len);
+/* The same from GGUF metadata (tokenizer.ggml.*: model "gpt2" or "llama"). */
+int tok_from_gguf(tok_tokenizer **out, const gguf_file *f, char *msg, size_t msg_len);
+void tok_free(tok_tokenizer *t);
+
+/*
+ * Text to ids. add_bos: prepend BOS when the tokenizer's own metadata says
+ * the model wants it; parse_special: special and added tokens written in the
+ * text become their ids (otherwise they are plain text). *ids is allocated
+ * (free()); returns 0 or a negative code.
+ */
+int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bos,
+               bool parse_special, int32_t **ids, size_t *n_ids, char *msg, size_t msg_len);
+/* Ids to text (allocated, NUL-terminated); skip_special drops control
+ * tokens. Invalid ids are refused. */
+int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **text,
+               size_t *len, char *msg, size_t msg_len);
+
+/* Streaming decode: push ids one at a time; out receives only whole UTF-8
+ * characters (a partial one waits for the next token). */
+typedef struct tok_stream {
+    uint8_t pending[8];
+    size_t n_pending;
+    size_t n_pushed;
+} tok_stream;
+/* Returns the bytes written to out (out_cap >= 64 is always enough), or a
+ * negative code for an invalid id. tok_stream_flush emits what is left
+ * (invalid UTF-8 as U+FFFD). */
+long tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *out, size_t out_cap);
+long tok_stream_flush(const tok_tokenizer *t, tok_stream *s, char *out, size_t out_cap);
+
+int32_t tok_bos(const tok_tokenizer *t); /* -1 when none */
+int32_t tok_eos(const tok_tokenizer *t);
+bool tok_adds_bos(const tok_tokenizer *t);
+size_t tok_vocab_size(const tok_tokenizer *t);
+/* "byte-level BPE" or "sentencepiece BPE", with the pre-tokenizer's name. */
+const char *tok_describe(const tok_tokenizer *t);
+
 /* --- the jobs behind the command line ------------------------------------ */
 
 typedef struct eng_quantize_opts {

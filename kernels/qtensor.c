@@ -314,7 +314,8 @@ void qt_free(qtensor *t)
 {
     if (!t)
         return;
-    free(t->data);
+    if (!t->data_borrowed)
+        free(t->data);
     free(t->absmax);
     free(t->absmax_codes);
     free(t->nested_absmax);
@@ -339,6 +340,7 @@ int qt_clone(qtensor *out, const qtensor *src)
 {
     *out = *src;
     out->data = NULL;
+    out->data_borrowed = false;
     out->absmax = NULL;
     out->absmax_codes = NULL;
     out->nested_absmax = NULL;

@@ -117,6 +117,9 @@ typedef struct qtensor {
 
     uint8_t *data; /* codes, blocks or dense values */
     size_t data_bytes;
+    bool data_borrowed; /* data points into memory someone else owns (a
+                           mapped model file) and outlives the tensor;
+                           qt_free leaves it alone */
 
     /* NF4, FP4 */
     int32_t blocksize;
@@ -254,10 +257,11 @@ int qt_from_bnb4(qtensor *out, const qt_bnb4_parts *parts, char *msg, size_t msg
  * quantization undone). */
 float qt_block_absmax(const qtensor *t, int64_t b);
 
-/* A deep copy; free with qt_free. */
+/* A deep copy (data copied even when borrowed); free with qt_free. */
 int qt_clone(qtensor *out, const qtensor *src);
 
-/* Free everything t owns and zero it. Safe on a zeroed qtensor. */
+/* Free everything t owns (not borrowed data) and zero it. Safe on a
+ * zeroed qtensor. */
 void qt_free(qtensor *t);
 
 /* Bytes the tensor occupies, codes plus quant state. */
