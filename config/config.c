@@ -110,14 +110,42 @@ int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size
     return CFG_OK;
 }
 
+#define MODEL_OPTS(m)                                                                              \
+    {"quant", OPT_STRING, &(m)->quant,                                                             \
+     "none | nf4 | nf4-dq | fp4 | int4 | int8: quantize on load"},                                 \
+        {"blocksize", OPT_INT, &(m)->blocksize, "N: nf4/fp4 absmax block (default 64)"},           \
+        {"group-size", OPT_INT, &(m)->group_size,                                                  \
+         "N: int4/int8 group (default 128 for int4, per channel for int8)"},                       \
+        {"quantize-lm-head", OPT_BOOL, &(m)->quantize_lm_head, "quantize lm_head too"},            \
+    {                                                                                              \
+        "dtype", OPT_STRING, &(m)->dtype, "f32 | bf16 | f16: dtype of dense parameters"            \
+    }
+
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    int rc = parse(argc, argv, NULL, 0, &out->path, msg, msg_len);
+    const opt opts[] = {MODEL_OPTS(&out->model)};
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->path, msg, msg_len);
     if (rc != CFG_OK)
         return rc;
     if (!out->path)
         return usage_error(msg, msg_len, "inspect: which file? (qlserve inspect FILE)");
+    out->model.path = out->path;
+    return CFG_OK;
+}
+
+int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    const opt opts[] = {
+        {"model", OPT_STRING, &out->model.path, "PATH: a Hugging Face folder or a .gguf file"},
+        {"add-bos", OPT_BOOL, &out->add_bos, "prepend BOS when the model's metadata asks"},
+        MODEL_OPTS(&out->model)};
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->text, msg, msg_len);
+    if (rc != CFG_OK)
+        return rc;
+    if (!out->model.path || !out->text)
+        return usage_error(msg, msg_len, "tokenize: qlserve tokenize --model PATH TEXT");
     return CFG_OK;
 }
 
@@ -140,15 +168,30 @@ void cfg_print_usage(FILE *out, const char *sub)
         return;
     }
     if (sub && strcmp(sub, "inspect") == 0) {
-        fprintf(out, "usage: qlserve inspect FILE\n"
-                     "Prints what a safetensors file holds: quantized weights with their "
-                     "quant state, other tensors, metadata.\n");
+        cfg_model m;
+        const opt opts[] = {MODEL_OPTS(&m)};
+        fprintf(out, "usage: qlserve inspect FILE|MODEL [model flags]\n"
+                     "A .safetensors file: its quantized weights with their quant state, other "
+                     "tensors, metadata.\nA model (Hugging Face folder or .gguf): architecture, "
+                     "sizes, tensor kinds, tokenizer, as loaded with the flags.\n");
+        print_opts(out, opts, sizeof opts / sizeof *opts);
+        return;
+    }
+    if (sub && strcmp(sub, "tokenize") == 0) {
+        cfg_tokenize t;
+        const opt opts[] = {
+            {"model", OPT_STRING, &t.model.path, "PATH: a Hugging Face folder or a .gguf file"},
+            {"add-bos", OPT_BOOL, &t.add_bos, "prepend BOS when the model's metadata asks"}};
+        fprintf(out, "usage: qlserve tokenize --model PATH [--add-bos] TEXT\n"
+                     "Prints the token ids and pieces of TEXT.\n");
+        print_opts(out, opts, sizeof opts / sizeof *opts);
         return;
     }
     fprintf(out, "usage: qlserve COMMAND [FLAGS]\n"
                  "commands:\n"
                  "  quantize   quantize a safetensors file to NF4/FP4 (bitsandbytes layout)\n"
-                 "  inspect    print what a safetensors file holds\n"
+                 "  inspect    print what a safetensors file or a model holds\n"
+                 "  tokenize   print the token ids of a text under a model's tokenizer\n"
                  "  version    version, CPU kernel path and CUDA backend\n"
                  "qlserve COMMAND --help for a command's flags.\n");
 }

@@ -25,13 +25,31 @@ typedef struct cfg_quantize {
     bool double_quant;    /* --double-quant */
 } cfg_quantize;
 
+/* How to load a model: shared by every subcommand that loads one. */
+typedef struct cfg_model {
+    const char *path;      /* --model (inspect takes it as its argument) */
+    const char *quant;     /* --quant none|nf4|nf4-dq|fp4|int4|int8 */
+    int32_t blocksize;     /* --blocksize for nf4/fp4 (0: 64) */
+    int32_t group_size;    /* --group-size for int4/int8 (0: kind's default) */
+    bool quantize_lm_head; /* --quantize-lm-head */
+    const char *dtype;     /* --dtype f32|bf16|f16 for dense parameters */
+} cfg_model;
+
 typedef struct cfg_inspect {
     const char *path; /* the one positional argument */
+    cfg_model model;  /* used when path is a model */
 } cfg_inspect;
+
+typedef struct cfg_tokenize {
+    cfg_model model;  /* --model is required */
+    const char *text; /* the one positional argument */
+    bool add_bos;     /* --add-bos: prepend BOS when the model wants it */
+} cfg_tokenize;
 
 /* argv[0] is the subcommand's name. On CFG_EUSAGE msg says what is wrong. */
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len);
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len);
+int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len);
 
 /* The usage text of the whole command, or of one subcommand. */
 void cfg_print_usage(FILE *out, const char *subcommand);

@@ -173,8 +173,9 @@ typedef struct gguf_kv {
     uint64_t u;
     double f;
     gguf_str str;
-    /* arrays: numeric elements packed little-endian at `data` (n * size);
-     * string elements in strs[0..n) (pointers into the mapping) */
+    /* arrays: numeric elements packed little-endian at `data` (n * size,
+     * not aligned: memcpy them out); string elements in strs[0..n)
+     * (pointers into the mapping), data NULL */
     const uint8_t *data;
     gguf_str *strs;
 } gguf_kv;
@@ -221,7 +222,10 @@ const char *gguf_ggml_type_name(uint32_t ggml_type);
  * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
  * Q8_0), its data borrowed from the mapping (no copy, no requantization);
  * rows = product of ne[1..], cols = ne[0]. Any other type is refused with
- * QT_EUNSUPPORTED naming the tensor and its GGML type.
+ * QT_EUNSUPPORTED naming the tensor and its GGML type; ENG_EFORMAT for dense
+ * data off its element boundary, ENG_EINVAL for a tensor of another file.
+ * The borrowed data lies in a read-only mapping: whoever wants to change
+ * the weight (a merge) works on a copy.
  */
 int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, char *msg,
                         size_t msg_len);
@@ -286,15 +290,18 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_s
                size_t *len, char *msg, size_t msg_len);
 
 /* Streaming decode: push ids one at a time; out receives only whole UTF-8
- * characters (a partial one waits for the next token). */
+ * characters (a partial one waits for the next token). Zero-initialise. */
 typedef struct tok_stream {
-    uint8_t pending[8];
+    uint8_t pending[8]; /* the start of a character still incomplete */
     size_t n_pending;
-    size_t n_pushed;
+    size_t n_pushed; /* bytes produced so far: a SentencePiece decoder drops
+                        the prefix space only as the very first byte */
 } tok_stream;
-/* Returns the bytes written to out (out_cap >= 64 is always enough), or a
- * negative code for an invalid id. tok_stream_flush emits what is left
- * (invalid UTF-8 as U+FFFD). */
+/* Returns the bytes written to out, or a negative code: for an invalid id,
+ * or ENG_EINVAL with nothing changed when out_cap is too small (3 x (3 +
+ * the longest piece) always fits; real vocabularies have pieces of 80 bytes
+ * and more, so callers size for that or retry). tok_stream_flush emits what
+ * is left (invalid UTF-8 as U+FFFD). */
 long tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *out, size_t out_cap);
 long tok_stream_flush(const tok_tokenizer *t, tok_stream *s, char *out, size_t out_cap);
 
@@ -304,6 +311,96 @@ bool tok_adds_bos(const tok_tokenizer *t);
 size_t tok_vocab_size(const tok_tokenizer *t);
 /* "byte-level BPE" or "sentencepiece BPE", with the pre-tokenizer's name. */
 const char *tok_describe(const tok_tokenizer *t);
+
+/* --- models (engine/model.c) ------------------------------------------------ */
+
+typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2 } eng_arch;
+
+typedef enum eng_rope_scaling {
+    ENG_ROPE_NONE,
+    ENG_ROPE_LINEAR, /* positions divided by factor */
+    ENG_ROPE_LLAMA3, /* Llama 3.1's frequency-dependent scaling */
+} eng_rope_scaling;
+
+/* What a model is, from config.json or GGUF metadata. */
+typedef struct eng_config {
+    eng_arch arch;
+    int32_t vocab_size;
+    int32_t hidden_size;
+    int32_t intermediate_size;
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads; /* grouped-query attention: n_heads % n_kv_heads == 0 */
+    int32_t head_dim;
+    int32_t max_position_embeddings;
+    float rope_theta;
+    eng_rope_scaling rope_scaling;
+    float rope_factor;
+    float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int32_t rope_original_max_position;                /* llama3 */
+    /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
+     * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
+     * a llama GGUF after permuting the q/k rows */
+    bool rope_interleaved;
+    float rms_norm_eps;
+    bool tie_word_embeddings;
+    bool attention_bias;                /* Qwen2: q, k, v projections have biases */
+    int32_t sliding_window;             /* Mistral; 0 when none */
+    int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
+} eng_config;
+
+/* One decoder layer's weights. Norms and biases are dense [1, n]; a bias
+ * that does not exist has rows == 0. */
+typedef struct eng_layer {
+    qtensor attn_norm, ffn_norm;
+    qtensor wq, wk, wv, wo;
+    qtensor bq, bk, bv;
+    qtensor w_gate, w_up, w_down;
+} eng_layer;
+
+/*
+ * A model in memory: immutable config and weights (no run state), the
+ * tokenizer, and the mapped files that borrowed tensors point into. Owned
+ * by whoever called eng_model_load; eng_model_free releases everything.
+ */
+typedef struct eng_model {
+    eng_config cfg;
+    qtensor embed; /* [vocab, hidden] */
+    eng_layer *layers;
+    qtensor norm;
+    qtensor lm_head; /* rows == 0 when tied to embed */
+    tok_tokenizer *tok;
+    char format[32]; /* "safetensors", "bitsandbytes-4bit", "gguf" */
+    char quant[32];  /* what the linear layers hold: "nf4", "q4_1", "bf16", ... */
+    st_file *shards; /* safetensors files kept mapped */
+    size_t n_shards;
+    gguf_file *gguf; /* or the GGUF file kept mapped */
+} eng_model;
+
+typedef struct eng_load_opts {
+    const char *path; /* a Hugging Face folder or a .gguf file */
+    /* quantize on load: "none" (default), "nf4", "nf4-dq", "fp4", "int4",
+     * "int8"; weights that are already quantized are never quantized again */
+    const char *quant;
+    int32_t blocksize;     /* nf4/fp4 absmax block, default 64 */
+    int32_t group_size;    /* int4/int8 group, default 128 for int4, per channel for int8 */
+    bool quantize_lm_head; /* lm_head stays dense unless asked */
+    /* the float dtype of dense parameters: "f32", "bf16", "f16", or NULL to
+     * keep the file's; quant state keeps its own dtype either way */
+    const char *dtype;
+} eng_load_opts;
+
+/*
+ * Load a model: config, weights (mapped, borrowed where the file's layout is
+ * the kind's layout; quantized on load when asked), tokenizer. Every tensor
+ * is checked against the config's shapes; an architecture or tensor kind we
+ * do not run is refused by name. On error *m holds nothing.
+ */
+int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len);
+void eng_model_free(eng_model *m);
+/* Bytes of weights the model holds (codes and quant state). */
+size_t eng_model_weight_bytes(const eng_model *m);
+const char *eng_arch_name(eng_arch a);
 
 /* --- the jobs behind the command line ------------------------------------ */
 
@@ -324,10 +421,17 @@ typedef struct eng_quantize_opts {
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len);
 
 /*
- * Print what a safetensors file holds: each bitsandbytes-quantized weight
- * as one entry (kind, shape, blocksize, nesting, dtype, bytes), every other
- * tensor with its dtype and shape, and the metadata.
+ * Print what a file or folder holds. A .safetensors file: each
+ * bitsandbytes-quantized weight as one entry (kind, shape, blocksize,
+ * nesting, dtype, bytes), every other tensor with its dtype and shape, and
+ * the metadata. A model (a Hugging Face folder or a GGUF file): it is
+ * loaded with `load` (path taken from `path`) and its architecture, sizes,
+ * tensor kinds, bytes and tokenizer are printed.
  */
-int eng_inspect_file(const char *path, FILE *out, char *msg, size_t msg_len);
+int eng_inspect(const char *path, const eng_load_opts *load, FILE *out, char *msg, size_t msg_len);
+
+/* Load the model's tokenizer and print the ids (and pieces) of text. */
+int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,
+                 size_t msg_len);
 
 #endif

@@ -10,6 +10,7 @@
  * crash mid-write leaves either the old file or the new one.
  */
 #include "engine.h"
+#include "engine_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -208,38 +209,14 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     f->path = strdup(path);
     if (!f->path)
         return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int rc = eng_map_file(path, 8, "safetensors", &f->map, &f->map_len, msg, msg_len);
+    if (rc != ENG_OK) {
         st_close(f);
         return rc;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        st_close(f);
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: not a regular file", path);
-    }
-    if (sb.st_size < 8) {
-        close(fd);
-        st_close(f);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
-                       "%s: %lld bytes is too short for a safetensors header (truncated?)", path,
-                       (long long)sb.st_size);
-    }
-    f->map_len = (size_t)sb.st_size;
-    void *m = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        f->map_len = 0;
-        st_close(f);
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot map: %s", path, strerror(errno));
-    }
-    f->map = m;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | f->map[i];
-    int rc = ENG_OK;
     if (hlen > ST_MAX_HEADER)
         rc = qt_fail(msg, msg_len, ENG_EFORMAT,
                      "%s: header length %llu exceeds the format's 100 MB limit", path,

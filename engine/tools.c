@@ -179,7 +179,7 @@ static int inspect_quantized(const st_file *f, const char *qs_name, FILE *out, c
     return ENG_OK;
 }
 
-int eng_inspect_file(const char *path, FILE *out, char *msg, size_t msg_len)
+static int inspect_safetensors(const char *path, FILE *out, char *msg, size_t msg_len)
 {
     st_file f;
     int rc = st_open(&f, path, msg, msg_len);
@@ -202,5 +202,155 @@ int eng_inspect_file(const char *path, FILE *out, char *msg, size_t msg_len)
         }
     }
     st_close(&f);
+    return rc;
+}
+
+/* --- models ------------------------------------------------------------------ */
+
+/* Count the kinds of the weights a model holds: "q4_1 x210, f32 x61". */
+static void count_kinds(const eng_model *m, char *buf, size_t len)
+{
+    int counts[QT_KIND_COUNT] = {0};
+    const qtensor *top[] = {&m->embed, &m->norm, &m->lm_head};
+    for (size_t i = 0; i < 3; i++)
+        if (top[i]->rows)
+            counts[top[i]->kind]++;
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        const eng_layer *ly = &m->layers[l];
+        const qtensor *ts[] = {&ly->attn_norm, &ly->ffn_norm, &ly->wq,   &ly->wk,
+                               &ly->wv,        &ly->wo,       &ly->bq,   &ly->bk,
+                               &ly->bv,        &ly->w_gate,   &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+            if (ts[i]->rows)
+                counts[ts[i]->kind]++;
+    }
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < QT_KIND_COUNT && n < len; k++)
+        if (counts[k])
+            n += (size_t)snprintf(buf + n, len - n, "%s%s x%d", n ? ", " : "",
+                                  qt_kind_name((qt_kind)k), counts[k]);
+}
+
+static const char *rope_scaling_name(eng_rope_scaling r)
+{
+    return r == ENG_ROPE_LINEAR ? "linear" : r == ENG_ROPE_LLAMA3 ? "llama3" : "none";
+}
+
+static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t msg_len)
+{
+    eng_model m;
+    int rc = eng_model_load(&m, load, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    const eng_config *c = &m.cfg;
+    char kinds[512];
+    count_kinds(&m, kinds, sizeof kinds);
+    fprintf(out, "%s: %s model, architecture %s\n", load->path, m.format, eng_arch_name(c->arch));
+    fprintf(out,
+            "layers %d, hidden %d, heads %d (kv %d, head dim %d), ffn %d, vocab %d, context %d\n",
+            c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->head_dim,
+            c->intermediate_size, c->vocab_size, c->max_position_embeddings);
+    fprintf(out, "rope theta %g, scaling %s (factor %g), %s pairs; rms eps %g; %s embeddings%s\n",
+            (double)c->rope_theta, rope_scaling_name(c->rope_scaling), (double)c->rope_factor,
+            c->rope_interleaved ? "adjacent" : "half-split", (double)c->rms_norm_eps,
+            c->tie_word_embeddings ? "tied" : "separate", c->attention_bias ? ", qkv bias" : "");
+    fprintf(out, "linear layers %s; tensors %s; %.1f MiB of weights\n", m.quant, kinds,
+            (double)eng_model_weight_bytes(&m) / (1024.0 * 1024.0));
+    fprintf(out, "tokenizer %s, %zu tokens, bos %d, eos %d, adds bos: %s\n", tok_describe(m.tok),
+            tok_vocab_size(m.tok), tok_bos(m.tok), tok_eos(m.tok),
+            tok_adds_bos(m.tok) ? "yes" : "no");
+    eng_model_free(&m);
+    return ENG_OK;
+}
+
+/* A GGUF file as a file: version, metadata, the census of tensor types
+ * (types qlserve cannot run included), before it is loaded as a model. */
+static int inspect_gguf_file(const char *path, FILE *out, char *msg, size_t msg_len)
+{
+    gguf_file f;
+    int rc = gguf_open(&f, path, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    uint64_t counts[64] = {0}, other = 0;
+    size_t bytes = 0;
+    for (uint64_t i = 0; i < f.n_tensors; i++) {
+        if (f.tensors[i].ggml_type < 64)
+            counts[f.tensors[i].ggml_type]++;
+        else
+            other++;
+        bytes += f.tensors[i].nbytes;
+    }
+    const gguf_kv *name = gguf_find_kv(&f, "general.name");
+    fprintf(out, "%s: GGUF v%u, %" PRIu64 " metadata keys, %" PRIu64 " tensors, %zu bytes", path,
+            f.version, f.n_kv, f.n_tensors, bytes);
+    if (name && name->type == GGUF_STRING)
+        fprintf(out, ", name \"%.*s\"", (int)name->str.len, name->str.ptr);
+    fputs("\ntensor types:", out);
+    for (uint32_t t = 0; t < 64; t++)
+        if (counts[t])
+            fprintf(out, " %s x%" PRIu64, gguf_ggml_type_name(t), counts[t]);
+    if (other)
+        fprintf(out, " other x%" PRIu64, other);
+    fputc('\n', out);
+    gguf_close(&f);
+    return ENG_OK;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n > k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A .safetensors file (by its ending) is described tensor by tensor;
+ * anything else is a model (a GGUF file described as a file first). */
+int eng_inspect(const char *path, const eng_load_opts *load, FILE *out, char *msg, size_t msg_len)
+{
+    if (ends_with(path, ".safetensors"))
+        return inspect_safetensors(path, out, msg, msg_len);
+    if (ends_with(path, ".gguf")) {
+        int rc = inspect_gguf_file(path, out, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    eng_load_opts o = *load;
+    o.path = path;
+    return inspect_model(&o, out, msg, msg_len);
+}
+
+int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,
+                 size_t msg_len)
+{
+    eng_model m;
+    int rc = eng_model_load(&m, load, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tok_encode(m.tok, text, strlen(text), add_bos, true, &ids, &n, msg, msg_len);
+    /* each id's text as the streaming decoder gives it: what a client
+     * receiving tokens one by one would see (an incomplete character shows
+     * up with the token that completes it) */
+    tok_stream st = {0};
+    char piece[4096];
+    for (size_t i = 0; rc == ENG_OK && i < n; i++) {
+        long len = tok_stream_push(m.tok, &st, ids[i], piece, sizeof piece);
+        fprintf(out, "%6d  '", ids[i]);
+        for (long k = 0; k < len; k++) {
+            unsigned char ch = (unsigned char)piece[k];
+            if (ch == '\n')
+                fputs("\\n", out);
+            else if (ch < 0x20)
+                fprintf(out, "\\x%02x", ch);
+            else
+                fputc(ch, out);
+        }
+        fputs("'\n", out);
+    }
+    if (rc == ENG_OK)
+        fprintf(out, "%zu tokens\n", n);
+    free(ids);
+    eng_model_free(&m);
     return rc;
 }

@@ -439,8 +439,10 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len)
         }
     }
     free(row);
-    free(t->data);
+    if (!t->data_borrowed)
+        free(t->data);
     t->data = data;
+    t->data_borrowed = false;
     t->data_bytes = bytes;
     t->kind = to;
     return QT_OK;

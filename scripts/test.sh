@@ -5,8 +5,8 @@
 # with AddressSanitizer + UndefinedBehaviorSanitizer and runs the same tests.
 # Exits non-zero when any build or test fails.
 #
-# Last, a clang build fuzzes the safetensors and bitsandbytes parsers with
-# libFuzzer for a bounded time (QL_FUZZ_SECONDS, default 60).
+# Last, a clang build fuzzes the safetensors, bitsandbytes and GGUF parsers
+# with libFuzzer, each for a bounded time (QL_FUZZ_SECONDS, default 60).
 #
 #   scripts/test.sh                       everything
 #   QL_SKIP_SANITIZE=1 QL_SKIP_FUZZ=1 scripts/test.sh   the release build only
@@ -34,10 +34,16 @@ fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   echo "== fuzzing the model-file parsers (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
-  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors
+  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf
   corpus=$(mktemp -d)
   cp tests/fixtures/*.safetensors "$corpus/"
   build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
+    -print_final_stats=1 "$corpus"
+  rm -rf "$corpus"
+  # the GGUF reader, seeded with the file gguf-py wrote (tests/fixtures/make_gguf_file.py)
+  corpus=$(mktemp -d)
+  cp tests/fixtures/*.gguf "$corpus/"
+  build-fuzz/fuzz_gguf -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
     -print_final_stats=1 "$corpus"
   rm -rf "$corpus"
 fi

@@ -50,6 +50,32 @@ static int run_quantize(int argc, char **argv)
     return 0;
 }
 
+static eng_load_opts load_opts(const cfg_model *m)
+{
+    return (eng_load_opts){.path = m->path,
+                           .quant = m->quant,
+                           .blocksize = m->blocksize,
+                           .group_size = m->group_size,
+                           .quantize_lm_head = m->quantize_lm_head,
+                           .dtype = m->dtype};
+}
+
+static int run_tokenize(int argc, char **argv)
+{
+    char msg[1024];
+    cfg_tokenize c;
+    int rc = cfg_parse_tokenize(argc, argv, &c, msg, sizeof msg);
+    if (rc != CFG_OK)
+        return usage_failure("tokenize", rc, msg);
+    eng_load_opts load = load_opts(&c.model);
+    rc = eng_tokenize(&load, c.text, c.add_bos, stdout, msg, sizeof msg);
+    if (rc != ENG_OK) {
+        fprintf(stderr, "qlserve tokenize: %s\n", msg);
+        return 1;
+    }
+    return 0;
+}
+
 static int run_inspect(int argc, char **argv)
 {
     char msg[1024];
@@ -57,7 +83,8 @@ static int run_inspect(int argc, char **argv)
     int rc = cfg_parse_inspect(argc, argv, &c, msg, sizeof msg);
     if (rc != CFG_OK)
         return usage_failure("inspect", rc, msg);
-    rc = eng_inspect_file(c.path, stdout, msg, sizeof msg);
+    eng_load_opts load = load_opts(&c.model);
+    rc = eng_inspect(c.path, &load, stdout, msg, sizeof msg);
     if (rc != ENG_OK) {
         fprintf(stderr, "qlserve inspect: %s\n", msg);
         return 1;
@@ -92,6 +119,8 @@ int main(int argc, char **argv)
         return run_quantize(argc - 1, argv + 1);
     if (strcmp(sub, "inspect") == 0)
         return run_inspect(argc - 1, argv + 1);
+    if (strcmp(sub, "tokenize") == 0)
+        return run_tokenize(argc - 1, argv + 1);
     if (strcmp(sub, "version") == 0 || strcmp(sub, "--version") == 0)
         return run_version();
     if (strcmp(sub, "help") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {

@@ -9,11 +9,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "engine.h"
 #include "qt_math.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 static char dir[512];
 
@@ -268,5 +270,51 @@ Test(cli, version_reports_kernels_and_libraries)
     cr_assert(strstr(out, "cpu kernels: "), "%s", out);
     cr_assert(strstr(out, "libuv 1."), "%s", out);
     cr_assert(strstr(out, "\ncuda: "), "%s", out);
+    free(out);
+}
+
+Test(cli, inspect_and_tokenize_a_hugging_face_folder)
+{
+    char model[600], args[2000];
+    snprintf(model, sizeof model, "%s/tiny", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(model, &s);
+    char *out;
+    snprintf(args, sizeof args, "inspect '%s' --quant nf4-dq", model);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "safetensors model, architecture llama"), "%s", out);
+    cr_assert(strstr(out, "layers 2, hidden 64, heads 4 (kv 2, head dim 16), ffn 96, vocab 260"),
+              "%s", out);
+    cr_assert(strstr(out, "linear layers nf4-dq-b64"), "%s", out);
+    cr_assert(strstr(out, "tokenizer byte-level BPE"), "%s", out);
+    free(out);
+
+    snprintf(args, sizeof args, "tokenize --model '%s' ' the theme'", model);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    /* the tiny tokenizer merges " the" into id 258 */
+    cr_assert(strstr(out, "   258  ' the'"), "%s", out);
+    cr_assert(strstr(out, "tokens"), "%s", out);
+    free(out);
+
+    snprintf(args, sizeof args, "inspect '%s' --quant q7", model);
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "--quant q7"), "%s", out);
+    free(out);
+}
+
+Test(cli, inspect_a_gguf_model)
+{
+    char path[600], args[2000];
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    tiny_spec s = tiny_default();
+    tiny_write_gguf(path, &s, QT_Q8_0);
+    char *out;
+    snprintf(args, sizeof args, "inspect '%s'", path);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "GGUF v3") && strstr(out, "q8_0 x"), "%s", out);
+    cr_assert(strstr(out, "gguf model, architecture llama"), "%s", out);
+    cr_assert(strstr(out, "adjacent pairs"), "%s", out);
+    cr_assert(strstr(out, "linear layers q8_0"), "%s", out);
     free(out);
 }

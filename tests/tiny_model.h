@@ -1,0 +1,329 @@
+/*
+ * tiny_model.h - tests build their own models: a tiny Llama-family model of
+ * random weights, written as a Hugging Face folder (config.json, one or
+ * several safetensors shards, tokenizer.json) or as a GGUF file, with a
+ * byte-level tokenizer of 256 byte tokens, a few merges and <|endoftext|>.
+ */
+#ifndef QL_TINY_MODEL_H
+#define QL_TINY_MODEL_H
+
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "qt_math.h"
+#include "test_util.h"
+
+typedef struct tiny_spec {
+    const char *arch; /* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM" */
+    int vocab, hidden, inter, layers, heads, kv_heads;
+    bool tie;
+    st_dtype dtype; /* F32, F16 or BF16 */
+    int shards;     /* 1: model.safetensors; more: an index and that many shards */
+    uint64_t seed;
+} tiny_spec;
+
+static inline tiny_spec tiny_default(void)
+{
+    return (tiny_spec){.arch = "LlamaForCausalLM",
+                       .vocab = 260,
+                       .hidden = 64,
+                       .inter = 96,
+                       .layers = 2,
+                       .heads = 4,
+                       .kv_heads = 2,
+                       .tie = false,
+                       .dtype = ST_BF16,
+                       .shards = 1,
+                       .seed = 1};
+}
+
+/* GPT-2's byte-to-unicode map: printable bytes stand for themselves, the
+ * rest shift to U+0100 upward. Writes the UTF-8 of byte b's symbol. */
+static inline void tiny_byte_symbol(int b, char out[4])
+{
+    int cp;
+    if ((b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)) {
+        cp = b;
+    } else {
+        int n = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff)))
+                n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        out[2] = 0;
+    }
+}
+
+/* The tiny tokenizer's vocabulary: 256 bytes, then "Ġt", "he", "Ġthe"
+ * (ids 256..258) by merges, then <|endoftext|> (259). */
+#define TINY_N_MERGES 3
+static const char *const tiny_merges[TINY_N_MERGES] = {"\xc4\xa0 t", "h e", "\xc4\xa0t he"};
+static const char *const tiny_merged[TINY_N_MERGES] = {"\xc4\xa0t", "he", "\xc4\xa0the"};
+
+static inline void tiny_write_tokenizer_json(const char *path)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int b = 0; b < 256; b++) {
+        char sym[4];
+        tiny_byte_symbol(b, sym);
+        cJSON_AddNumberToObject(vocab, sym, b);
+    }
+    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+    for (int i = 0; i < TINY_N_MERGES; i++) {
+        cJSON_AddNumberToObject(vocab, tiny_merged[i], 256 + i);
+        cJSON_AddItemToArray(merges, cJSON_CreateString(tiny_merges[i]));
+    }
+    cJSON *pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON_AddStringToObject(pre, "type", "ByteLevel");
+    cJSON_AddFalseToObject(pre, "add_prefix_space");
+    cJSON_AddTrueToObject(pre, "trim_offsets");
+    cJSON_AddTrueToObject(pre, "use_regex");
+    cJSON *dec = cJSON_AddObjectToObject(root, "decoder");
+    cJSON_AddStringToObject(dec, "type", "ByteLevel");
+    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
+    cJSON *eot = cJSON_CreateObject();
+    cJSON_AddNumberToObject(eot, "id", 259);
+    cJSON_AddStringToObject(eot, "content", "<|endoftext|>");
+    cJSON_AddTrueToObject(eot, "special");
+    cJSON_AddItemToArray(added, eot);
+    char *text = cJSON_Print(root);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static inline void tiny_write_json(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Random values of shape [rows, cols] (cols 0: 1-D) in the spec's dtype. */
+static inline void tiny_add(st_writer *w, const tiny_spec *s, const char *name, int64_t rows,
+                            int64_t cols, bool norm, uint64_t *rng)
+{
+    int64_t n = cols ? rows * cols : rows;
+    size_t es = st_dtype_size(s->dtype);
+    uint8_t *buf = malloc((size_t)n * es);
+    for (int64_t i = 0; i < n; i++) {
+        float v = norm ? 1.0f + 0.01f * test_normal(rng) : 0.02f * test_normal(rng);
+        if (s->dtype == ST_F32) {
+            memcpy(buf + i * 4, &v, 4);
+        } else {
+            uint16_t h = s->dtype == ST_F16 ? qm_f32_to_f16(v) : qm_f32_to_bf16(v);
+            memcpy(buf + i * 2, &h, 2);
+        }
+    }
+    int64_t shape[2] = {rows, cols};
+    char msg[256];
+    cr_assert_eq(st_writer_add(w, name, s->dtype, cols ? 2 : 1, shape, buf, (size_t)n * es, true,
+                               msg, sizeof msg),
+                 0, "%s", msg);
+    free(buf);
+}
+
+/* Write the folder: config.json, weights, tokenizer.json. */
+static inline void tiny_write_hf(const char *dir, const tiny_spec *s)
+{
+    char path[1024];
+    bool qwen = strcmp(s->arch, "Qwen2ForCausalLM") == 0;
+    int head_dim = s->hidden / s->heads;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\": [\"%s\"], \"vocab_size\": %d, \"hidden_size\": %d, "
+             "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+             "\"num_key_value_heads\": %d, \"max_position_embeddings\": 512, \"rope_theta\": "
+             "10000.0, \"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": %s, \"bos_token_id\": "
+             "259, \"eos_token_id\": 259, \"torch_dtype\": \"bfloat16\"}",
+             s->arch, s->vocab, s->hidden, s->inter, s->layers, s->heads, s->kv_heads,
+             s->tie ? "true" : "false");
+    tiny_write_json(path, cfg);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    tiny_write_tokenizer_json(path);
+
+    int nw = s->shards < 1 ? 1 : s->shards;
+    st_writer **w = calloc((size_t)nw, sizeof *w);
+    for (int i = 0; i < nw; i++)
+        w[i] = st_writer_new();
+    cJSON *map = cJSON_CreateObject();
+    uint64_t rng = s->seed;
+    int64_t h = s->hidden, q = (int64_t)s->heads * head_dim, kv = (int64_t)s->kv_heads * head_dim;
+    int k = 0; /* tensors go round-robin over the shards */
+    char name[256], shard[64];
+#define TINY_ADD(nm, r, c, norm)                                                                   \
+    do {                                                                                           \
+        tiny_add(w[k % nw], s, nm, r, c, norm, &rng);                                              \
+        snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", k % nw + 1, nw);           \
+        cJSON_AddStringToObject(map, nm, shard);                                                   \
+        k++;                                                                                       \
+    } while (0)
+    TINY_ADD("model.embed_tokens.weight", s->vocab, h, false);
+    TINY_ADD("model.norm.weight", h, 0, true);
+    if (!s->tie)
+        TINY_ADD("lm_head.weight", s->vocab, h, false);
+    for (int l = 0; l < s->layers; l++) {
+        struct {
+            const char *suffix;
+            int64_t r, c;
+            bool norm;
+        } parts[] = {
+            {"input_layernorm.weight", h, 0, true},
+            {"post_attention_layernorm.weight", h, 0, true},
+            {"self_attn.q_proj.weight", q, h, false},
+            {"self_attn.k_proj.weight", kv, h, false},
+            {"self_attn.v_proj.weight", kv, h, false},
+            {"self_attn.o_proj.weight", h, q, false},
+            {"mlp.gate_proj.weight", s->inter, h, false},
+            {"mlp.up_proj.weight", s->inter, h, false},
+            {"mlp.down_proj.weight", h, s->inter, false},
+            {"self_attn.q_proj.bias", q, 0, false},
+            {"self_attn.k_proj.bias", kv, 0, false},
+            {"self_attn.v_proj.bias", kv, 0, false},
+        };
+        size_t n = sizeof parts / sizeof *parts - (qwen ? 0 : 3);
+        for (size_t p = 0; p < n; p++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, parts[p].suffix);
+            TINY_ADD(name, parts[p].r, parts[p].c, parts[p].norm);
+        }
+    }
+#undef TINY_ADD
+    char msg[512];
+    for (int i = 0; i < nw; i++) {
+        if (nw == 1)
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        else
+            snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, i + 1, nw);
+        cr_assert_eq(st_writer_write(w[i], path, msg, sizeof msg), 0, "%s", msg);
+        st_writer_free(w[i]);
+    }
+    free(w);
+    if (nw > 1) {
+        cJSON *idx = cJSON_CreateObject();
+        cJSON_AddItemToObject(idx, "metadata", cJSON_CreateObject());
+        cJSON_AddItemToObject(idx, "weight_map", map);
+        char *text = cJSON_Print(idx);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        tiny_write_json(path, text);
+        free(text);
+        cJSON_Delete(idx);
+    } else {
+        cJSON_Delete(map);
+    }
+}
+
+/* The same model as a llama GGUF: linear layers as `linear` (a GGUF block
+ * kind or a dense one), embeddings and norms f32, the tokenizer as
+ * tokenizer.ggml.* metadata. */
+static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows, int64_t cols,
+                                 qt_kind kind, bool norm, uint64_t *rng)
+{
+    int64_t n = cols ? rows * cols : rows;
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = norm ? 1.0f + 0.01f * test_normal(rng) : 0.02f * test_normal(rng);
+    qtensor t;
+    qt_quant_params p = {.kind = kind};
+    char msg[256];
+    cr_assert_eq(qt_quantize(&t, v, cols ? rows : 1, cols ? cols : rows, &p, msg, sizeof msg), 0,
+                 "%s: %s", name, msg);
+    static const uint32_t ggml[QT_KIND_COUNT] = {
+        [QT_F32] = GGML_TYPE_F32,   [QT_F16] = GGML_TYPE_F16,   [QT_BF16] = GGML_TYPE_BF16,
+        [QT_Q4_0] = GGML_TYPE_Q4_0, [QT_Q4_1] = GGML_TYPE_Q4_1, [QT_Q8_0] = GGML_TYPE_Q8_0};
+    int64_t ne[2] = {cols ? cols : rows, rows};
+    cr_assert_eq(
+        gguf_writer_add_tensor(w, name, ggml[kind], cols ? 2 : 1, ne, t.data, t.data_bytes), 0,
+        "%s", name);
+    qt_free(&t);
+    free(v);
+}
+
+static inline void tiny_write_gguf(const char *path, const tiny_spec *s, qt_kind linear)
+{
+    gguf_writer *w = gguf_writer_new();
+    int head_dim = s->hidden / s->heads;
+    gguf_writer_set_str(w, "general.architecture", "llama");
+    gguf_writer_set_str(w, "general.name", "tiny");
+    gguf_writer_set_u32(w, "llama.context_length", 512);
+    gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)s->hidden);
+    gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)s->inter);
+    gguf_writer_set_u32(w, "llama.block_count", (uint32_t)s->layers);
+    gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)s->heads);
+    gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)s->kv_heads);
+    gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f);
+    gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim);
+    /* the tokenizer, as llama.cpp's converter writes a gpt2-style one */
+    const char *tokens[260];
+    char syms[256][4];
+    int32_t types[260];
+    for (int b = 0; b < 256; b++) {
+        tiny_byte_symbol(b, syms[b]);
+        tokens[b] = syms[b];
+        types[b] = 1; /* normal */
+    }
+    for (int i = 0; i < TINY_N_MERGES; i++) {
+        tokens[256 + i] = tiny_merged[i];
+        types[256 + i] = 1;
+    }
+    tokens[259] = "<|endoftext|>";
+    types[259] = 3; /* control */
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+    gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", tokens, 260);
+    gguf_writer_set_array(w, "tokenizer.ggml.token_type", GGUF_INT32, types, 260);
+    gguf_writer_set_str_array(w, "tokenizer.ggml.merges", tiny_merges, TINY_N_MERGES);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 259);
+    gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 259);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+
+    uint64_t rng = s->seed;
+    int64_t h = s->hidden, q = (int64_t)s->heads * head_dim, kv = (int64_t)s->kv_heads * head_dim;
+    tiny_add_gguf(w, "token_embd.weight", s->vocab, h, QT_F32, false, &rng);
+    tiny_add_gguf(w, "output_norm.weight", h, 0, QT_F32, true, &rng);
+    if (!s->tie)
+        tiny_add_gguf(w, "output.weight", s->vocab, h, linear, false, &rng);
+    char name[128];
+    for (int l = 0; l < s->layers; l++) {
+        struct {
+            const char *suffix;
+            int64_t r, c;
+            bool norm;
+        } parts[] = {
+            {"attn_norm.weight", h, 0, true},        {"ffn_norm.weight", h, 0, true},
+            {"attn_q.weight", q, h, false},          {"attn_k.weight", kv, h, false},
+            {"attn_v.weight", kv, h, false},         {"attn_output.weight", h, q, false},
+            {"ffn_gate.weight", s->inter, h, false}, {"ffn_up.weight", s->inter, h, false},
+            {"ffn_down.weight", h, s->inter, false},
+        };
+        for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, parts[p].suffix);
+            tiny_add_gguf(w, name, parts[p].r, parts[p].c, parts[p].norm ? QT_F32 : linear,
+                          parts[p].norm, &rng);
+        }
+    }
+    char msg[512];
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
+    gguf_writer_free(w);
+}
+
+#endif
