@@ -402,6 +402,122 @@ void eng_model_free(eng_model *m);
 size_t eng_model_weight_bytes(const eng_model *m);
 const char *eng_arch_name(eng_arch a);
 
+/* --- inference: KV cache, forward pass, sampling (engine/kv_cache.c,
+ *     forward.c, sampler.c) ------------------------------------------------- */
+
+/*
+ * The paged KV cache: fixed blocks of `block_tokens` positions, each
+ * holding K and V for every layer and kv head (f32), in one arena whose
+ * size is set in bytes. A sequence owns a block table; blocks are handed
+ * out and taken back whole, so a finished sequence frees its memory at once
+ * and a long one never needs a contiguous run.
+ */
+typedef struct eng_kv_cache eng_kv_cache;
+
+typedef struct eng_seq_kv {
+    int32_t *blocks; /* block table, n_blocks entries (owned, realloc'd) */
+    int32_t n_blocks;
+    int32_t n_tokens; /* positions written so far */
+} eng_seq_kv;
+
+/* An arena of `bytes` for cfg's layers and kv heads (block_tokens 0: 16).
+ * Refuses a size too small for one block. Free with eng_kv_free. */
+int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+               char *msg, size_t msg_len);
+void eng_kv_free(eng_kv_cache *kv);
+int32_t eng_kv_block_tokens(const eng_kv_cache *kv);
+int32_t eng_kv_total_blocks(const eng_kv_cache *kv);
+int32_t eng_kv_free_blocks(const eng_kv_cache *kv);
+/* Blocks needed for a sequence to hold n_tokens positions in all. */
+int32_t eng_kv_blocks_for(const eng_kv_cache *kv, int32_t n_tokens);
+/* Grow s to hold n_tokens positions; ENG_ENOMEM (nothing taken) when the
+ * free blocks do not suffice. */
+int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens);
+/* Give back all of s's blocks and zero it. */
+void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
+
+/* A worker pool for the CPU kernels (engine/pool.c): n threads (0: the
+ * machine's cores), the caller's thread included. */
+typedef struct eng_pool eng_pool;
+int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len);
+void eng_pool_free(eng_pool *p);
+int eng_pool_threads(const eng_pool *p);
+/* Run fn(ctx, i, n) for i in [0, n) split over the threads; returns when
+ * all are done. */
+void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx,
+                  int64_t n, int64_t grain);
+
+/* One sequence's part of a forward step: its new tokens, written at
+ * positions [pos, pos + n_tokens) of its KV (already reserved to hold
+ * them), attending to everything before them. */
+typedef struct eng_step_seq {
+    eng_seq_kv *kv;
+    const int32_t *tokens;
+    int32_t n_tokens;
+    int32_t pos;
+} eng_step_seq;
+
+/* Scratch of the forward pass, sized for up to max_tokens new tokens per
+ * step (a step's prefill chunks plus decodes). */
+typedef struct eng_forward_state eng_forward_state;
+int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t max_tokens,
+                          char *msg, size_t msg_len);
+void eng_forward_state_free(eng_forward_state *st);
+
+/*
+ * One batched step over n_seqs sequences: every weight is read once for all
+ * their new tokens together. logits (n_seqs x vocab) receives the logits of
+ * each sequence's last new token. Refuses token ids outside the vocabulary
+ * and positions past the context or the reserved KV.
+ */
+int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
+                const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len);
+
+/* How a request samples (engine/sampler.c). Zero-initialised: greedy. */
+typedef struct eng_sampling {
+    float temperature;        /* 0: greedy; > 0 */
+    int32_t top_k;            /* 0: off */
+    float top_p;              /* 0 or 1: off; else in (0, 1) */
+    float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
+    uint64_t seed;            /* the same seed and inputs give the same tokens */
+} eng_sampling;
+
+/* Check the fields, naming the first bad one and its value. */
+int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len);
+
+/* A sequence's sampler: its parameters, its own random stream (so what
+ * else is in the batch never changes its tokens), and the tokens seen (for
+ * the repetition penalty). */
+typedef struct eng_sampler {
+    eng_sampling p;
+    uint64_t rng[4];
+    int32_t *seen; /* distinct token ids seen, for the penalty (owned) */
+    size_t n_seen, cap_seen;
+} eng_sampler;
+
+int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *prompt, size_t n_prompt);
+void eng_sampler_free(eng_sampler *s);
+/* Pick the next token from logits (vocab entries, modified in place);
+ * scratch holds at least vocab floats + vocab int32s. Records the token. */
+int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
+
+/* Stop strings, matched on the decoded text across token boundaries and
+ * never emitted: text that could still be the start of a stop string is
+ * held back until it cannot. */
+typedef struct eng_stop eng_stop;
+/* Copies the strings (empty ones are refused). */
+int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len);
+void eng_stop_free(eng_stop *s);
+/*
+ * Feed decoded text. *emit (borrowed until the next call) and *emit_len
+ * receive what is safe to show now. Returns true when a stop string has
+ * completed: the text before it has been emitted, the rest is dropped, and
+ * generation should end.
+ */
+bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
+/* At the end of generation (EOS, length): what was held back. */
+void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len);
+
 /* --- the jobs behind the command line ------------------------------------ */
 
 typedef struct eng_quantize_opts {

@@ -1,0 +1,403 @@
+/*
+ * forward.c - the decoder forward pass on quantized weights, batched: one
+ * step takes every running sequence's new tokens (a prefill chunk, or one
+ * decode token) as the rows of one activation matrix, so each weight
+ * matrix is read once per step for all of them. Attention reads the paged
+ * KV cache directly through each sequence's block table.
+ *
+ * The pass is one walk over the layers (llama2.c's run.c is the model);
+ * the matrix products go through the quant-kind traits table (qt_matmul),
+ * split by rows of the weight over the worker pool. Activations are f32.
+ * Immutable weights (eng_model), mutable per-step scratch
+ * (eng_forward_state) and the KV cache are three separate things.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_cache_internal.h"
+
+struct eng_forward_state {
+    int32_t max_tokens;
+    /* activations, max_tokens rows each */
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp;
+    float *last;                /* the last token's hidden state per sequence */
+    int32_t *row_seq;           /* which step sequence each row belongs to */
+    int32_t *row_pos;           /* its position */
+    float *rope_cos, *rope_sin; /* [max_tokens][head_dim / 2] */
+    double *inv_freq;           /* [head_dim / 2], scaling applied */
+    /* dense f32 copies of the small parameters, per layer */
+    float *norms;      /* [n_layers][2][hidden]: attn, ffn */
+    float *final_norm; /* [hidden] */
+    float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
+};
+
+/* --- setup ------------------------------------------------------------------ */
+
+/* The rotary frequencies with the config's scaling folded in: linear divides
+ * every frequency by the factor (positions / factor); llama3 (Llama 3.1's
+ * rope_scaling) keeps high frequencies, divides low ones by the factor and
+ * blends in between, as transformers' _compute_llama3_parameters does. */
+static void rope_frequencies(const eng_config *c, double *inv_freq)
+{
+    int32_t half = c->head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
+        if (c->rope_scaling == ENG_ROPE_LINEAR) {
+            f /= (double)c->rope_factor;
+        } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {
+            double old = (double)c->rope_original_max_position;
+            double low_wavelen = old / (double)c->rope_low_freq_factor;
+            double high_wavelen = old / (double)c->rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f /= (double)c->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth =
+                    (old / wavelen - (double)c->rope_low_freq_factor) /
+                    ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / (double)c->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+/* A dense [1, n] parameter as f32. */
+static void dense_row(const qtensor *t, float *out)
+{
+    qt_dequantize_rows(t, 0, 1, out);
+}
+
+void eng_forward_state_free(eng_forward_state *st)
+{
+    if (!st)
+        return;
+    float *bufs[] = {st->x,        st->h,        st->q,     st->k,          st->v,
+                     st->att,      st->gate,     st->up,    st->tmp,        st->last,
+                     st->rope_cos, st->rope_sin, st->norms, st->final_norm, st->biases};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        free(bufs[i]);
+    free(st->row_seq);
+    free(st->row_pos);
+    free(st->inv_freq);
+    free(st);
+}
+
+int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t max_tokens,
+                          char *msg, size_t msg_len)
+{
+    *out = NULL;
+    const eng_config *c = &m->cfg;
+    if (max_tokens <= 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "max tokens per step %d must be positive",
+                       max_tokens);
+    if (c->head_dim > 512)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "head_dim %d: attention supports up to 512",
+                       c->head_dim);
+    eng_forward_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    size_t T = (size_t)max_tokens, H = (size_t)c->hidden_size,
+           Q = (size_t)c->n_heads * (size_t)c->head_dim,
+           KV = (size_t)c->n_kv_heads * (size_t)c->head_dim, F = (size_t)c->intermediate_size,
+           half = (size_t)c->head_dim / 2, L = (size_t)c->n_layers;
+    size_t wide = F > Q ? F : Q;
+    wide = wide > H ? wide : H;
+    st->max_tokens = max_tokens;
+    st->x = malloc(T * H * sizeof(float));
+    st->h = malloc(T * H * sizeof(float));
+    st->q = malloc(T * Q * sizeof(float));
+    st->k = malloc(T * KV * sizeof(float));
+    st->v = malloc(T * KV * sizeof(float));
+    st->att = malloc(T * Q * sizeof(float));
+    st->gate = malloc(T * F * sizeof(float));
+    st->up = malloc(T * F * sizeof(float));
+    st->tmp = malloc(T * wide * sizeof(float));
+    st->last = malloc(T * H * sizeof(float));
+    st->row_seq = malloc(T * sizeof(int32_t));
+    st->row_pos = malloc(T * sizeof(int32_t));
+    st->rope_cos = malloc(T * half * sizeof(float));
+    st->rope_sin = malloc(T * half * sizeof(float));
+    st->inv_freq = malloc(half * sizeof(double));
+    st->norms = malloc(L * 2 * H * sizeof(float));
+    st->final_norm = malloc(H * sizeof(float));
+    st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
+    if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate || !st->up ||
+        !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->rope_cos || !st->rope_sin ||
+        !st->inv_freq || !st->norms || !st->final_norm || (c->attention_bias && !st->biases)) {
+        eng_forward_state_free(st);
+        return qt_fail(msg, msg_len, ENG_ENOMEM,
+                       "cannot allocate activations for %d tokens per step", max_tokens);
+    }
+    rope_frequencies(c, st->inv_freq);
+    for (size_t l = 0; l < L; l++) {
+        dense_row(&m->layers[l].attn_norm, st->norms + (2 * l) * H);
+        dense_row(&m->layers[l].ffn_norm, st->norms + (2 * l + 1) * H);
+        if (c->attention_bias) {
+            float *b = st->biases + l * (Q + 2 * KV);
+            dense_row(&m->layers[l].bq, b);
+            dense_row(&m->layers[l].bk, b + Q);
+            dense_row(&m->layers[l].bv, b + Q + KV);
+        }
+    }
+    dense_row(&m->norm, st->final_norm);
+    *out = st;
+    return ENG_OK;
+}
+
+/* --- the pieces -------------------------------------------------------------- */
+
+/* out = x / rms(x) * weight, row by row. */
+static void rmsnorm(float *out, const float *x, const float *weight, int64_t rows, int64_t n,
+                    float eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            ss += (double)xr[i] * (double)xr[i];
+        float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; i++)
+            out[r * n + i] = xr[i] * scale * weight[i];
+    }
+}
+
+typedef struct matmul_job {
+    const qtensor *w;
+    const float *x;
+    int64_t batch;
+    float *y;
+} matmul_job;
+
+static void matmul_rows(void *ctx, int64_t r0, int64_t r1)
+{
+    const matmul_job *j = ctx;
+    qt_matmul(j->w, j->x, j->batch, j->y, r0, r1);
+}
+
+/* y[batch][w.rows] = x[batch][w.cols] @ w^T over the pool. */
+static void matmul(eng_pool *pool, const qtensor *w, const float *x, int64_t batch, float *y)
+{
+    matmul_job j = {w, x, batch, y};
+    eng_pool_run(pool, matmul_rows, &j, w->rows, 16);
+}
+
+/* Rotate pairs of q (n_heads) and k (n_kv heads) of each row by its
+ * position: pairs (i, i + d/2) as Hugging Face, or (2i, 2i + 1) as a llama
+ * GGUF stores its permuted rows. */
+static void rope(const eng_config *c, const eng_forward_state *st, float *vec, int32_t n_heads,
+                 int64_t rows)
+{
+    int32_t d = c->head_dim, half = d / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *cs = st->rope_cos + r * half, *sn = st->rope_sin + r * half;
+        for (int32_t hd = 0; hd < n_heads; hd++) {
+            float *v = vec + (r * n_heads + hd) * d;
+            for (int32_t i = 0; i < half; i++) {
+                int32_t a = c->rope_interleaved ? 2 * i : i;
+                int32_t b = c->rope_interleaved ? 2 * i + 1 : i + half;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cs[i] - x1 * sn[i];
+                v[b] = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+typedef struct attn_job {
+    const eng_config *c;
+    const eng_kv_cache *kv;
+    const eng_step_seq *seqs;
+    const eng_forward_state *st;
+    int32_t layer;
+} attn_job;
+
+/* Attention for (row, head) pairs [i0, i1): online softmax over positions
+ * 0..pos of the row's sequence, reading K and V from its blocks. */
+static void attention_rows(void *ctx, int64_t i0, int64_t i1)
+{
+    const attn_job *j = ctx;
+    const eng_config *c = j->c;
+    int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)d);
+    float acc[512];
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t r = i / c->n_heads;
+        int32_t hd = (int32_t)(i % c->n_heads), kvh = hd / group;
+        const eng_step_seq *s = &j->seqs[j->st->row_seq[r]];
+        int32_t pos = j->st->row_pos[r];
+        const float *q = j->st->q + (r * c->n_heads + hd) * d;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int32_t t = 0; t < d; t++)
+            acc[t] = 0.0f;
+        for (int32_t p = 0; p <= pos; p++) {
+            const float *k = kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            int32_t t = 0;
+            for (; t + 4 <= d; t += 4) {
+                a0 += q[t] * k[t];
+                a1 += q[t + 1] * k[t + 1];
+                a2 += q[t + 2] * k[t + 2];
+                a3 += q[t + 3] * k[t + 3];
+            }
+            for (; t < d; t++)
+                a0 += q[t] * k[t];
+            float score = ((a0 + a1) + (a2 + a3)) * scale;
+            const float *v = kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d;
+            if (score > mx) {
+                /* rescale what was summed under the old maximum */
+                float f = expf(mx - score);
+                sum *= f;
+                for (int32_t u = 0; u < d; u++)
+                    acc[u] *= f;
+                mx = score;
+            }
+            float w = expf(score - mx);
+            sum += w;
+            for (int32_t u = 0; u < d; u++)
+                acc[u] += w * v[u];
+        }
+        float *out = j->st->att + (r * c->n_heads + hd) * d;
+        for (int32_t u = 0; u < d; u++)
+            out[u] = acc[u] / sum;
+    }
+}
+
+static float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* --- the step ---------------------------------------------------------------- */
+
+static int check_step(const eng_forward_state *st, const eng_model *m, const eng_kv_cache *kv,
+                      const eng_step_seq *seqs, int32_t n_seqs, int64_t *total, char *msg,
+                      size_t msg_len)
+{
+    const eng_config *c = &m->cfg;
+    int64_t T = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const eng_step_seq *q = &seqs[s];
+        if (q->n_tokens <= 0 || q->pos < 0)
+            return qt_fail(msg, msg_len, ENG_EINVAL, "sequence %d: %d tokens at position %d", s,
+                           q->n_tokens, q->pos);
+        int64_t end = (int64_t)q->pos + q->n_tokens;
+        if (end > c->max_position_embeddings)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "sequence %d: position %lld is past the context of %d", s,
+                           (long long)end - 1, c->max_position_embeddings);
+        if (end > (int64_t)q->kv->n_blocks * kv->block_tokens)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "sequence %d: position %lld is past its %d reserved KV positions", s,
+                           (long long)end - 1, q->kv->n_blocks * kv->block_tokens);
+        if (q->pos > q->kv->n_tokens)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "sequence %d: position %d leaves a gap after its %d cached positions", s,
+                           q->pos, q->kv->n_tokens);
+        for (int32_t t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
+                return qt_fail(msg, msg_len, ENG_EINVAL,
+                               "sequence %d: token id %d is outside the vocabulary of %d", s,
+                               q->tokens[t], c->vocab_size);
+        T += q->n_tokens;
+    }
+    if (T > st->max_tokens)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "%lld tokens in one step; at most %d",
+                       (long long)T, st->max_tokens);
+    *total = T;
+    return ENG_OK;
+}
+
+int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
+                const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len)
+{
+    const eng_config *c = &m->cfg;
+    int64_t T = 0;
+    int rc = check_step(st, m, kv, seqs, n_seqs, &T, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
+    int32_t half = c->head_dim / 2;
+
+    /* token embeddings, and each row's sequence, position and rotation */
+    for (int32_t s = 0, r = 0; s < n_seqs; s++) {
+        for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
+            qt_dequantize_rows(&m->embed, seqs[s].tokens[t], 1, st->x + r * H);
+            st->row_seq[r] = s;
+            st->row_pos[r] = seqs[s].pos + t;
+            for (int32_t i = 0; i < half; i++) {
+                double angle = (double)st->row_pos[r] * st->inv_freq[i];
+                st->rope_cos[r * half + i] = (float)cos(angle);
+                st->rope_sin[r * half + i] = (float)sin(angle);
+            }
+        }
+    }
+
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const eng_layer *ly = &m->layers[l];
+        // attention rmsnorm
+        rmsnorm(st->h, st->x, st->norms + (2 * l) * H, T, H, c->rms_norm_eps);
+        // qkv matmuls (and Qwen2's biases)
+        matmul(pool, &ly->wq, st->h, T, st->q);
+        matmul(pool, &ly->wk, st->h, T, st->k);
+        matmul(pool, &ly->wv, st->h, T, st->v);
+        if (c->attention_bias) {
+            const float *b = st->biases + (size_t)l * (size_t)(Q + 2 * KV);
+            for (int64_t r = 0; r < T; r++) {
+                for (int64_t i = 0; i < Q; i++)
+                    st->q[r * Q + i] += b[i];
+                for (int64_t i = 0; i < KV; i++) {
+                    st->k[r * KV + i] += b[Q + i];
+                    st->v[r * KV + i] += b[Q + KV + i];
+                }
+            }
+        }
+        // RoPE
+        rope(c, st, st->q, c->n_heads, T);
+        rope(c, st, st->k, c->n_kv_heads, T);
+        // K and V into the cache, all rows first so a prefill chunk sees itself
+        for (int64_t r = 0; r < T; r++) {
+            const eng_step_seq *s = &seqs[st->row_seq[r]];
+            memcpy(kv_at(kv, s->kv->blocks, l, 0, st->row_pos[r]), st->k + r * KV,
+                   (size_t)KV * sizeof(float));
+            memcpy(kv_at(kv, s->kv->blocks, l, 1, st->row_pos[r]), st->v + r * KV,
+                   (size_t)KV * sizeof(float));
+        }
+        // grouped-query attention, causal, over the paged cache
+        attn_job aj = {c, kv, seqs, st, l};
+        eng_pool_run(pool, attention_rows, &aj, T * c->n_heads, 1);
+        // output projection and residual
+        matmul(pool, &ly->wo, st->att, T, st->tmp);
+        for (int64_t i = 0; i < T * H; i++)
+            st->x[i] += st->tmp[i];
+        // ffn rmsnorm
+        rmsnorm(st->h, st->x, st->norms + (2 * l + 1) * H, T, H, c->rms_norm_eps);
+        // SwiGLU: down(silu(gate(h)) * up(h)), and residual
+        matmul(pool, &ly->w_gate, st->h, T, st->gate);
+        matmul(pool, &ly->w_up, st->h, T, st->up);
+        for (int64_t i = 0; i < T * F; i++)
+            st->gate[i] = silu(st->gate[i]) * st->up[i];
+        matmul(pool, &ly->w_down, st->gate, T, st->tmp);
+        for (int64_t i = 0; i < T * H; i++)
+            st->x[i] += st->tmp[i];
+    }
+
+    // final rmsnorm of each sequence's last token, and the classifier
+    for (int32_t s = 0, r = 0; s < n_seqs; s++) {
+        r += seqs[s].n_tokens;
+        memcpy(st->tmp + s * H, st->x + (r - 1) * H, (size_t)H * sizeof(float));
+    }
+    rmsnorm(st->last, st->tmp, st->final_norm, n_seqs, H, c->rms_norm_eps);
+    matmul(pool, m->lm_head.rows ? &m->lm_head : &m->embed, st->last, n_seqs, logits);
+
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t end = seqs[s].pos + seqs[s].n_tokens;
+        if (end > seqs[s].kv->n_tokens)
+            seqs[s].kv->n_tokens = end;
+    }
+    return ENG_OK;
+}

@@ -1,0 +1,33 @@
+/*
+ * kv_cache_internal.h - the KV cache's layout, shared by kv_cache.c (which
+ * owns the blocks) and forward.c (which reads and writes them).
+ */
+#ifndef QL_KV_CACHE_INTERNAL_H
+#define QL_KV_CACHE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct eng_kv_cache {
+    float *data; /* n_blocks * block_floats */
+    int32_t n_blocks;
+    int32_t block_tokens;
+    int32_t n_layers;
+    int64_t kv_dim;
+    size_t block_floats;
+    int32_t *free_list; /* a stack of free block numbers */
+    int32_t n_free;
+};
+
+/* K (v = 0) or V (v = 1) of layer l at position pos of a sequence whose
+ * block table is `blocks`. */
+static inline float *kv_at(const struct eng_kv_cache *kv, const int32_t *blocks, int32_t l, int v,
+                           int32_t pos)
+{
+    int32_t b = blocks[pos / kv->block_tokens], slot = pos % kv->block_tokens;
+    return kv->data + (size_t)b * kv->block_floats +
+           ((size_t)l * 2 + (size_t)v) * (size_t)kv->block_tokens * (size_t)kv->kv_dim +
+           (size_t)slot * (size_t)kv->kv_dim;
+}
+
+#endif
