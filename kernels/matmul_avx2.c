@@ -1,12 +1,13 @@
 /*
  * matmul_avx2.c - the AVX2+FMA matrix kernel y = x @ W^T for every kind.
  *
- * Shape of the kernel: for a chunk of up to 8 rows of x, walk W one row at a
- * time; decode a tile of that row into f32 in L1 with AVX2 (codebook
- * lookups by permutevar, nibble unpacking, f16 conversion), then FMA the
- * tile against each row of x in the chunk. The decode is shared by the whole
- * chunk, so with a batch each weight byte is read and decoded once per 8
- * rows of x. The decoded values are bit-identical to the kind's scalar
+ * Shape of the kernel: for a chunk of up to 4 rows of x, walk W one row at a
+ * time; decode that row with AVX2 (codebook lookups by permutevar, nibble
+ * unpacking, f16 conversion) into registers or an L1 tile, and FMA it
+ * against each row of x in the chunk, so each weight byte is read and
+ * decoded once per 4 rows of x. Each row of x goes through the same
+ * operations whatever the batch (see rows_tiled), so batching never
+ * changes a result. The decoded values are bit-identical to the kind's scalar
  * dequantization (same operations in the same order; the build turns off
  * FP contraction); only the order of the dot-product sums differs from the
  * reference, which the tests bound.
@@ -20,8 +21,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TILE        512 /* columns decoded at a time: 2 KiB of f32, stays in L1 */
-#define BATCH_CHUNK 8   /* rows of x sharing one decode; 8 accumulators + temps fit 16 ymm */
+#define TILE 512 /* columns decoded at a time: 2 KiB of f32, stays in L1 */
 
 /* 16 packed 4-bit codes (8 bytes, even element in the high nibble) as two
  * vectors of 8 int32 codes, in element order. */
@@ -207,136 +207,184 @@ static inline float hsum(__m256 v)
 }
 
 /*
- * Batch-1 dot products that decode in registers: with one row of x there is
- * nothing to share a decoded tile with, so the codes go straight from their
- * bytes into FMAs, and each block's scale multiplies its partial sum once
- * instead of every element.
+ * The matrix kernels proper. Every row of x goes through the same
+ * arithmetic whatever else is in the batch: the same accumulators, the
+ * same order, the same place where a block's scale multiplies its partial
+ * sum. So a sequence gets bit-identical logits alone or batched, which the
+ * engine relies on (a merge never changes a running answer; greedy tokens
+ * do not depend on the neighbours). The batch only shares the decoding.
+ * The row functions are always inlined into a switch on the batch size so
+ * that every accumulator lives in a register.
  */
-static float dot_bnb4_row(const qtensor *t, int64_t r, const float *x)
+#define XCHUNK        4 /* rows of x per pass: 2 accumulators each + temporaries fit 16 ymm */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* acc (two chains, alternating 8-wide groups) += w[0..n16) . x_b[0..n16),
+ * n16 a multiple of 16. */
+ALWAYS_INLINE void dot16(const float *w, const float *const *xs, int nb, int64_t n16, __m256 *a0,
+                         __m256 *a1)
+{
+    for (int64_t i = 0; i < n16; i += 16) {
+        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+        {
+            a0[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[b] + i), a0[b]);
+            a1[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xs[b] + i + 8), a1[b]);
+        }
+    }
+}
+
+/* Dense and AFFINE rows: decode a tile to f32, then dot. */
+ALWAYS_INLINE void rows_tiled(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+{
+    _Alignas(32) float tile[TILE];
+    int64_t cols = t->cols;
+    __m256 a0[XCHUNK], a1[XCHUNK];
+    float tail[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+    {
+        a0[b] = a1[b] = _mm256_setzero_ps();
+        tail[b] = 0.0f;
+    }
+    for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
+        int64_t n = cols - c0 < TILE ? cols - c0 : TILE;
+        const float *w = decode_tile(t, r, c0, n, tile);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * cols + c0;
+        int64_t n16 = n & ~(int64_t)15;
+        dot16(w, xs, nb, n16, a0, a1);
+        for (int64_t i = n16; i < n; i++)
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) tail[b] += w[i] * xs[b][i];
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
+        hsum(_mm256_add_ps(a0[b], a1[b])) + tail[b];
+}
+
+/* NF4/FP4 rows: codebook values decoded in registers, each block's partial
+ * sum scaled once by its absmax. */
+ALWAYS_INLINE void rows_bnb4(const qtensor *t, const float *x, int nb, float *y, int64_t r)
 {
     __m256 cb_lo = _mm256_loadu_ps(t->codebook);
     __m256 cb_hi = _mm256_loadu_ps(t->codebook + 8);
     int64_t e0 = r * t->cols, e = e0, end = e0 + t->cols, bs = t->blocksize;
-    __m256 total = _mm256_setzero_ps();
-    float tail = 0.0f;
+    __m256 total[XCHUNK];
+    float tail[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+    {
+        total[b] = _mm256_setzero_ps();
+        tail[b] = 0.0f;
+    }
     while (e < end) {
         int64_t blk = e / bs;
         int64_t span_end = (blk + 1) * bs < end ? (blk + 1) * bs : end;
         float am = qt_block_absmax(t, blk);
-        if (e & 1) {
-            tail += qm_4bit_value(t->codebook, qm_nibble(t->data, e), am) * x[e - e0];
+        if (e & 1) { /* odd start: its byte's low nibble alone */
+            float w = qm_4bit_value(t->codebook, qm_nibble(t->data, e), am);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) tail[b] +=
+                w * x[b * t->cols + (e - e0)];
             e++;
         }
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a0[XCHUNK], a1[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) a0[b] = a1[b] = _mm256_setzero_ps();
         for (; e + 16 <= span_end; e += 16) {
             __m256i c0, c1;
             unpack16_hi_first(t->data + (e >> 1), &c0, &c1);
-            a0 = _mm256_fmadd_ps(lookup16(cb_lo, cb_hi, c0), _mm256_loadu_ps(x + e - e0), a0);
-            a1 = _mm256_fmadd_ps(lookup16(cb_lo, cb_hi, c1), _mm256_loadu_ps(x + e - e0 + 8), a1);
+            __m256 w0 = lookup16(cb_lo, cb_hi, c0), w1 = lookup16(cb_lo, cb_hi, c1);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+            {
+                const float *xb = x + b * t->cols + (e - e0);
+                a0[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0[b]);
+                a1[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[b]);
+            }
         }
-        total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(am), total);
-        for (; e < span_end; e++)
-            tail += qm_4bit_value(t->codebook, qm_nibble(t->data, e), am) * x[e - e0];
+        __m256 vam = _mm256_set1_ps(am);
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
+            _mm256_fmadd_ps(_mm256_add_ps(a0[b], a1[b]), vam, total[b]);
+        for (; e < span_end; e++) {
+            float w = qm_4bit_value(t->codebook, qm_nibble(t->data, e), am);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) tail[b] +=
+                w * x[b * t->cols + (e - e0)];
+        }
     }
-    return hsum(total) + tail;
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
+        hsum(total[b]) + tail[b];
 }
 
-static float dot_gguf_row(const qtensor *t, int64_t r, const float *x)
+/* GGUF rows: per block of 32 the integer codes times x, scaled once by d
+ * (and Q4_1's minimum times the sum of x). */
+ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, int nb, float *y, int64_t r)
 {
     size_t bb = qt_traits_table[t->kind].block_bytes;
-    int64_t nb = t->cols / 32;
-    const uint8_t *blk = t->data + r * nb * (int64_t)bb;
+    int64_t n_blocks = t->cols / 32;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
     __m128i mask = _mm_set1_epi8(0x0f);
-    __m256 total = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, blk += bb, x += 32) {
+    bool q41 = t->kind == QT_Q4_1, q80 = t->kind == QT_Q8_0;
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
         __m256 d = _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8))));
-        __m256 acc = _mm256_setzero_ps();
-        if (t->kind == QT_Q8_0) {
-            for (int j = 0; j < 32; j += 8) {
-                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(x + j), acc);
+        __m256 w[4];
+        if (q80) {
+            for (int j = 0; j < 4; j++)
+                w[j] = _mm256_cvtepi32_ps(
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
+        } else {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
+            __m128i lo = _mm_and_si128(bytes, mask);
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+            __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+            __m256i bias = _mm256_set1_epi32(q41 ? 0 : -8);
+            for (int j = 0; j < 4; j++)
+                w[j] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_cvtepu8_epi32(parts[j]), bias));
+        }
+        __m256 m = q41 ? _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[2] | (blk[3] << 8))))
+                       : _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+        {
+            const float *xb = x + b * t->cols + k * 32;
+            __m256 acc = _mm256_setzero_ps(), xsum = _mm256_setzero_ps();
+            for (int j = 0; j < 4; j++) {
+                __m256 xv = _mm256_loadu_ps(xb + 8 * j);
+                acc = _mm256_fmadd_ps(w[j], xv, acc);
+                if (q41)
+                    xsum = _mm256_add_ps(xsum, xv);
             }
-            total = _mm256_fmadd_ps(acc, d, total);
-            continue;
+            total[b] = _mm256_fmadd_ps(acc, d, total[b]);
+            if (q41) /* w = q * d + m: the minimum times the sum of x */
+                total[b] = _mm256_fmadd_ps(xsum, m, total[b]);
         }
-        bool q41 = t->kind == QT_Q4_1;
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
-        __m128i lo = _mm_and_si128(bytes, mask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        __m256i bias = _mm256_set1_epi32(q41 ? 0 : -8);
-        __m256 xsum = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_add_epi32(_mm256_cvtepu8_epi32(parts[j]), bias);
-            __m256 xv = _mm256_loadu_ps(x + 8 * j);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), xv, acc);
-            xsum = _mm256_add_ps(xsum, xv);
-        }
-        total = _mm256_fmadd_ps(acc, d, total);
-        if (q41) /* w = q * d + m: the minimum times the sum of x */
-            total = _mm256_fmadd_ps(
-                xsum, _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[2] | (blk[3] << 8)))), total);
     }
-    return hsum(total);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
+ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, int nb, float *y, int64_t row0,
+                          int64_t row1, bool bnb4, bool gguf)
+{
+    for (int64_t r = row0; r < row1; r++) {
+        if (bnb4)
+            rows_bnb4(t, x, nb, y, r);
+        else if (gguf)
+            rows_gguf(t, x, nb, y, r);
+        else
+            rows_tiled(t, x, nb, y, r);
+    }
 }
 
 void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                     int64_t row1)
 {
-    _Alignas(32) float tile[TILE];
-    int64_t cols = t->cols;
     bool bnb4 = t->kind == QT_NF4 || t->kind == QT_FP4;
     bool gguf = qt_traits_table[t->kind].is_gguf;
-    if (batch == 1 && (bnb4 || gguf)) {
-        for (int64_t r = row0; r < row1; r++)
-            y[r] = bnb4 ? dot_bnb4_row(t, r, x) : dot_gguf_row(t, r, x);
-        return;
-    }
-    for (int64_t b0 = 0; b0 < batch; b0 += BATCH_CHUNK) {
-        int nb = (int)(batch - b0 < BATCH_CHUNK ? batch - b0 : BATCH_CHUNK);
-        const float *xc = x + b0 * cols;
-        for (int64_t r = row0; r < row1; r++) {
-            __m256 acc[BATCH_CHUNK];
-            float tail[BATCH_CHUNK];
-            for (int b = 0; b < nb; b++) {
-                acc[b] = _mm256_setzero_ps();
-                tail[b] = 0.0f;
-            }
-            for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
-                int64_t n = cols - c0 < TILE ? cols - c0 : TILE;
-                const float *w = decode_tile(t, r, c0, n, tile);
-                int64_t n8 = n & ~(int64_t)7;
-                if (nb == 1) {
-                    /* one row of x: four chains hide the FMA latency */
-                    __m256 a0 = acc[0], a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
-                    const float *xb = xc + c0;
-                    int64_t i = 0;
-                    for (; i + 32 <= n8; i += 32) {
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(xb + i), a0);
-                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8),
-                                             _mm256_loadu_ps(xb + i + 8), a1);
-                        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16),
-                                             _mm256_loadu_ps(xb + i + 16), a2);
-                        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24),
-                                             _mm256_loadu_ps(xb + i + 24), a3);
-                    }
-                    for (; i < n8; i += 8)
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(xb + i), a0);
-                    acc[0] = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-                } else {
-                    for (int64_t i = 0; i < n8; i += 8) {
-                        __m256 wv = _mm256_loadu_ps(w + i);
-                        for (int b = 0; b < nb; b++)
-                            acc[b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xc + b * cols + c0 + i),
-                                                     acc[b]);
-                    }
-                }
-                for (int64_t i = n8; i < n; i++)
-                    for (int b = 0; b < nb; b++)
-                        tail[b] += w[i] * xc[b * cols + c0 + i];
-            }
-            for (int b = 0; b < nb; b++)
-                y[(b0 + b) * t->rows + r] = hsum(acc[b]) + tail[b];
+    for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
+        int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
+        const float *xc = x + b0 * t->cols;
+        float *yc = y + b0 * t->rows;
+        /* a constant nb in each call lets every accumulator be a register */
+        switch (nb) {
+        case 1: rows_n(t, xc, 1, yc, row0, row1, bnb4, gguf); break;
+        case 2: rows_n(t, xc, 2, yc, row0, row1, bnb4, gguf); break;
+        case 3: rows_n(t, xc, 3, yc, row0, row1, bnb4, gguf); break;
+        default: rows_n(t, xc, 4, yc, row0, row1, bnb4, gguf); break;
         }
     }
 }

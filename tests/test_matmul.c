@@ -170,3 +170,34 @@ Test(matmul, scalar_switch_takes_the_reference_path)
     check_kind(&kinds[3], 4, 100, 5);
     qt_set_force_scalar(false);
 }
+
+/* A row of x gets the same bits alone or in a batch, on every path: the
+ * engine's batched decoding relies on it. */
+Test(matmul, batching_never_changes_a_result, .timeout = 60)
+{
+    uint64_t rng = 4321;
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        int64_t rows = 7, cols = kinds[k].gguf ? 320 : 301;
+        float *w = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(17 * cols) * 4);
+        float *yb = malloc((size_t)(17 * rows) * 4), *y1 = malloc((size_t)rows * 4);
+        for (int64_t i = 0; i < rows * cols; i++)
+            w[i] = 0.02f * test_normal(&rng);
+        for (int64_t i = 0; i < 17 * cols; i++)
+            x[i] = test_normal(&rng);
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_quantize(&t, w, rows, cols, &kinds[k].p, msg, sizeof msg), 0, "%s", msg);
+        qt_matmul(&t, x, 17, yb, 0, rows);
+        for (int64_t b = 0; b < 17; b++) {
+            qt_matmul(&t, x + b * cols, 1, y1, 0, rows);
+            for (int64_t r = 0; r < rows; r++)
+                cr_assert(same_bits(y1[r], yb[b * rows + r]), "%s: row %lld of x, output %lld",
+                          kinds[k].label, (long long)b, (long long)r);
+        }
+        qt_free(&t);
+        free(w);
+        free(x);
+        free(yb);
+        free(y1);
+    }
+}
