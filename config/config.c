@@ -8,11 +8,12 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_STRING, OPT_INT, OPT_BOOL } opt_type;
+typedef enum { OPT_STRING, OPT_INT, OPT_BOOL, OPT_FLOAT, OPT_U64 } opt_type;
 
 typedef struct opt {
     const char *name; /* without the leading -- */
@@ -41,6 +42,20 @@ static int set_value(const opt *o, const char *value, char *msg, size_t msg_len)
     }
     char *end;
     errno = 0;
+    if (o->type == OPT_FLOAT) {
+        double d = strtod(value, &end);
+        if (errno || end == value || *end || !isfinite(d))
+            return usage_error(msg, msg_len, "--%s %s: not a number", o->name, value);
+        *(float *)o->dest = (float)d;
+        return CFG_OK;
+    }
+    if (o->type == OPT_U64) {
+        unsigned long long u = strtoull(value, &end, 10);
+        if (errno || end == value || *end || value[0] == '-')
+            return usage_error(msg, msg_len, "--%s %s: not a non-negative integer", o->name, value);
+        *(uint64_t *)o->dest = (uint64_t)u;
+        return CFG_OK;
+    }
     long v = strtol(value, &end, 10);
     if (errno || end == value || *end || v < INT32_MIN || v > INT32_MAX)
         return usage_error(msg, msg_len, "--%s %s: not an integer", o->name, value);
@@ -149,6 +164,37 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
     return CFG_OK;
 }
 
+#define GENERATE_OPTS(g)                                                                           \
+    {"model", OPT_STRING, &(g)->model.path, "PATH: a Hugging Face folder or a .gguf file"},        \
+        {"prompt", OPT_STRING, &(g)->prompt, "TEXT: the prompt (as is: no chat template)"},        \
+        {"max-new-tokens", OPT_INT, &(g)->max_new_tokens, "N: tokens to generate (default 128)"},  \
+        {"temperature", OPT_FLOAT, &(g)->temperature, "T: 0 is greedy (default)"},                 \
+        {"top-k", OPT_INT, &(g)->top_k, "K: sample among the K likeliest (0: off)"},               \
+        {"top-p", OPT_FLOAT, &(g)->top_p, "P: nucleus sampling, in (0, 1] (1: off)"},              \
+        {"repetition-penalty", OPT_FLOAT, &(g)->repetition_penalty, "R: > 0 (1: off)"},            \
+        {"seed", OPT_U64, &(g)->seed, "N: the same seed gives the same text"},                     \
+        {"stop", OPT_STRING, &(g)->stop, "STRING: end generation there (not printed)"},            \
+        {"threads", OPT_INT, &(g)->threads, "N: kernel threads (default: all cores)"},             \
+        {"kv-mib", OPT_INT, &(g)->kv_mib, "N: KV cache size in MiB (default 256)"},                \
+        MODEL_OPTS(&(g)->model)
+
+int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    out->max_new_tokens = 128;
+    out->top_p = 1.0f;
+    out->repetition_penalty = 1.0f;
+    const opt opts[] = {GENERATE_OPTS(out)};
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, msg, msg_len);
+    if (rc != CFG_OK)
+        return rc;
+    if (!out->model.path || !out->prompt)
+        return usage_error(msg, msg_len, "generate: --model and --prompt are required");
+    if (out->threads < 0 || out->kv_mib < 0)
+        return usage_error(msg, msg_len, "generate: --threads and --kv-mib cannot be negative");
+    return CFG_OK;
+}
+
 static void print_opts(FILE *out, const opt *opts, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -177,6 +223,15 @@ void cfg_print_usage(FILE *out, const char *sub)
         print_opts(out, opts, sizeof opts / sizeof *opts);
         return;
     }
+    if (sub && strcmp(sub, "generate") == 0) {
+        cfg_generate g;
+        const opt opts[] = {GENERATE_OPTS(&g)};
+        fprintf(out, "usage: qlserve generate --model PATH --prompt TEXT [flags]\n"
+                     "Prints the completion as it is generated, then a line with the token "
+                     "counts and speeds.\n");
+        print_opts(out, opts, sizeof opts / sizeof *opts);
+        return;
+    }
     if (sub && strcmp(sub, "tokenize") == 0) {
         cfg_tokenize t;
         const opt opts[] = {
@@ -191,6 +246,7 @@ void cfg_print_usage(FILE *out, const char *sub)
                  "commands:\n"
                  "  quantize   quantize a safetensors file to NF4/FP4 (bitsandbytes layout)\n"
                  "  inspect    print what a safetensors file or a model holds\n"
+                 "  generate   complete a prompt with a model\n"
                  "  tokenize   print the token ids of a text under a model's tokenizer\n"
                  "  version    version, CPU kernel path and CUDA backend\n"
                  "qlserve COMMAND --help for a command's flags.\n");

@@ -46,10 +46,25 @@ typedef struct cfg_tokenize {
     bool add_bos;     /* --add-bos: prepend BOS when the model wants it */
 } cfg_tokenize;
 
+typedef struct cfg_generate {
+    cfg_model model;          /* --model is required */
+    const char *prompt;       /* --prompt, required */
+    int32_t max_new_tokens;   /* --max-new-tokens, default 128 */
+    float temperature;        /* --temperature, default 0: greedy */
+    int32_t top_k;            /* --top-k, default 0: off */
+    float top_p;              /* --top-p, default 1: off */
+    float repetition_penalty; /* --repetition-penalty, default 1: off */
+    uint64_t seed;            /* --seed, default 0 */
+    const char *stop;         /* --stop STRING */
+    int32_t threads;          /* --threads, default 0: all cores */
+    int32_t kv_mib;           /* --kv-mib, default 0: the engine's default */
+} cfg_generate;
+
 /* argv[0] is the subcommand's name. On CFG_EUSAGE msg says what is wrong. */
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len);
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len);
 int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len);
+int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len);
 
 /* The usage text of the whole command, or of one subcommand. */
 void cfg_print_usage(FILE *out, const char *subcommand);

@@ -31,6 +31,7 @@ enum {
     ENG_ENOTFOUND = -102, /* a tensor or key that must be there is not */
     ENG_EINVAL = -103,    /* a request that cannot be carried out as asked */
     ENG_ENOMEM = -104,
+    ENG_EBUSY = -105, /* the queue is full: try again later */
 };
 
 const char *eng_strerror(int err);
@@ -518,6 +519,83 @@ bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit,
 /* At the end of generation (EOS, length): what was held back. */
 void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len);
 
+/* --- the engine: continuous batching on one thread (engine/scheduler.c) --- */
+
+typedef enum eng_finish {
+    ENG_FINISH_EOS,       /* the model ended its answer */
+    ENG_FINISH_LENGTH,    /* max_new_tokens, or the context is full */
+    ENG_FINISH_STOP,      /* a stop string (not emitted) */
+    ENG_FINISH_CANCELLED, /* eng_engine_cancel, or the engine stopped */
+    ENG_FINISH_ERROR,     /* the step failed (out of memory); the engine goes on */
+} eng_finish;
+
+/* "eos", "length", "stop", "cancelled", "error" */
+const char *eng_finish_name(eng_finish f);
+
+typedef struct eng_usage {
+    int32_t prompt_tokens;
+    int32_t generated_tokens;
+    double queued_s;  /* submitted to admitted */
+    double prefill_s; /* admitted to first token */
+    double decode_s;  /* first token to the last */
+} eng_usage;
+
+/* A generation request. The engine copies what it needs at submit. The
+ * callbacks run on the engine thread between steps: they must be quick
+ * and must not call back into the engine (the server hands them to its
+ * loop through uv_async). */
+typedef struct eng_request {
+    const char *prompt;
+    size_t prompt_len;
+    int32_t max_new_tokens; /* >= 1 */
+    eng_sampling sampling;
+    const char *const *stop; /* stop strings, n_stop of them */
+    size_t n_stop;
+    /* text (UTF-8, whole characters, stop strings held back) and the token
+     * that completed it; text may be empty */
+    void (*on_token)(void *user, int32_t token, const char *text, size_t len);
+    /* exactly once per admitted request */
+    void (*on_done)(void *user, eng_finish reason, const eng_usage *usage);
+    void *user;
+} eng_request;
+
+typedef struct eng_engine_opts {
+    size_t kv_bytes;        /* KV cache size; 0: 256 MiB */
+    int32_t block_tokens;   /* KV block; 0: 16 */
+    int32_t step_tokens;    /* token budget of one step; 0: 256 */
+    int32_t prefill_chunk;  /* most prompt tokens of one sequence per step; 0: 128 */
+    int32_t max_running;    /* sequences decoding together; 0: 64 */
+    int32_t max_queued;     /* waiting requests before submit refuses; 0: 256 */
+    int32_t max_new_tokens; /* the largest max_new_tokens accepted; 0: 4096 */
+    int threads;            /* kernel threads; 0: the machine's cores */
+} eng_engine_opts;
+
+typedef struct eng_engine eng_engine;
+
+/* Start the engine thread over a loaded model (borrowed: it must outlive
+ * the engine). */
+int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
+                     size_t msg_len);
+/*
+ * Check and queue a request: an empty prompt, invalid UTF-8, a prompt
+ * longer than the context or the whole KV cache, max_new_tokens out of
+ * range, bad sampling parameters or a full queue are refused here with the
+ * reason (nothing is queued). *id names it for eng_engine_cancel.
+ */
+int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
+/* Cancel a request (waiting or running); its on_done says cancelled. */
+void eng_engine_cancel(eng_engine *e, uint64_t id);
+/* Cancel everything, join the engine thread, free. */
+void eng_engine_stop(eng_engine *e);
+
+typedef struct eng_engine_stats {
+    int32_t waiting, running;
+    int32_t kv_blocks_used, kv_blocks_total;
+    uint64_t steps, tokens_generated, prompt_tokens;
+} eng_engine_stats;
+/* A snapshot, safe from any thread. */
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
+
 /* --- the jobs behind the command line ------------------------------------ */
 
 typedef struct eng_quantize_opts {
@@ -545,6 +623,24 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
  * tensor kinds, bytes and tokenizer are printed.
  */
 int eng_inspect(const char *path, const eng_load_opts *load, FILE *out, char *msg, size_t msg_len);
+
+/* What `qlserve generate` asks for. */
+typedef struct eng_generate_opts {
+    const char *prompt;
+    int32_t max_new_tokens;
+    eng_sampling sampling;
+    const char *stop; /* one stop string, or NULL */
+    int threads;      /* 0: all cores */
+    size_t kv_bytes;  /* 0: the engine's default */
+} eng_generate_opts;
+
+/*
+ * Load the model, run the prompt through the engine, stream the completion
+ * to out as it comes, then write one line to info: prompt tokens,
+ * generated tokens, prefill and decode tokens per second, finish reason.
+ */
+int eng_generate(const eng_load_opts *load, const eng_generate_opts *g, FILE *out, FILE *info,
+                 char *msg, size_t msg_len);
 
 /* Load the model's tokenizer and print the ids (and pieces) of text. */
 int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,

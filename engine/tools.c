@@ -8,6 +8,7 @@
 #include "engine.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -351,6 +352,90 @@ int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE
     if (rc == ENG_OK)
         fprintf(out, "%zu tokens\n", n);
     free(ids);
+    eng_model_free(&m);
+    return rc;
+}
+
+/* --- generate -------------------------------------------------------------------- */
+
+typedef struct generation {
+    FILE *out;
+    pthread_mutex_t mu;
+    pthread_cond_t done_cv;
+    bool done;
+    eng_finish why;
+    eng_usage usage;
+} generation;
+
+static void gen_token(void *user, int32_t token, const char *text, size_t len)
+{
+    (void)token;
+    generation *g = user;
+    fwrite(text, 1, len, g->out);
+    fflush(g->out);
+}
+
+static void gen_done(void *user, eng_finish why, const eng_usage *usage)
+{
+    generation *g = user;
+    pthread_mutex_lock(&g->mu);
+    g->done = true;
+    g->why = why;
+    g->usage = *usage;
+    pthread_cond_signal(&g->done_cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *out, FILE *info,
+                 char *msg, size_t msg_len)
+{
+    eng_model m;
+    int rc = eng_model_load(&m, load, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    eng_engine_opts eo = {.threads = o->threads, .kv_bytes = o->kv_bytes, .max_running = 8};
+    eng_engine *e;
+    rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
+    if (rc != ENG_OK) {
+        eng_model_free(&m);
+        return rc;
+    }
+    generation g = {.out = out};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.done_cv, NULL);
+    const char *stops[1] = {o->stop};
+    eng_request r = {.prompt = o->prompt,
+                     .prompt_len = strlen(o->prompt),
+                     .max_new_tokens = o->max_new_tokens,
+                     .sampling = o->sampling,
+                     .stop = stops,
+                     .n_stop = o->stop ? 1 : 0,
+                     .on_token = gen_token,
+                     .on_done = gen_done,
+                     .user = &g};
+    uint64_t id;
+    rc = eng_engine_submit(e, &r, &id, msg, msg_len);
+    if (rc == ENG_OK) {
+        pthread_mutex_lock(&g.mu);
+        while (!g.done)
+            pthread_cond_wait(&g.done_cv, &g.mu);
+        pthread_mutex_unlock(&g.mu);
+        const eng_usage *u = &g.usage;
+        fputc('\n', out);
+        fprintf(info,
+                "prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode; "
+                "finish %s\n",
+                u->prompt_tokens, u->prefill_s > 0 ? u->prompt_tokens / u->prefill_s : 0.0,
+                u->generated_tokens,
+                u->decode_s > 0 && u->generated_tokens > 1 ? (u->generated_tokens - 1) / u->decode_s
+                                                           : 0.0,
+                eng_finish_name(g.why));
+        if (g.why == ENG_FINISH_ERROR)
+            rc = qt_fail(msg, msg_len, ENG_EINVAL, "generation failed in the engine");
+    }
+    eng_engine_stop(e);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.done_cv);
     eng_model_free(&m);
     return rc;
 }

@@ -76,6 +76,34 @@ static int run_tokenize(int argc, char **argv)
     return 0;
 }
 
+static int run_generate(int argc, char **argv)
+{
+    char msg[1024];
+    cfg_generate c;
+    int rc = cfg_parse_generate(argc, argv, &c, msg, sizeof msg);
+    if (rc != CFG_OK)
+        return usage_failure("generate", rc, msg);
+    eng_load_opts load = load_opts(&c.model);
+    eng_generate_opts g = {
+        .prompt = c.prompt,
+        .max_new_tokens = c.max_new_tokens,
+        .sampling = {.temperature = c.temperature,
+                     .top_k = c.top_k,
+                     .top_p = c.top_p,
+                     .repetition_penalty = c.repetition_penalty,
+                     .seed = c.seed},
+        .stop = c.stop,
+        .threads = c.threads,
+        .kv_bytes = (size_t)c.kv_mib << 20,
+    };
+    rc = eng_generate(&load, &g, stdout, stderr, msg, sizeof msg);
+    if (rc != ENG_OK) {
+        fprintf(stderr, "qlserve generate: %s\n", msg);
+        return 1;
+    }
+    return 0;
+}
+
 static int run_inspect(int argc, char **argv)
 {
     char msg[1024];
@@ -121,6 +149,8 @@ int main(int argc, char **argv)
         return run_inspect(argc - 1, argv + 1);
     if (strcmp(sub, "tokenize") == 0)
         return run_tokenize(argc - 1, argv + 1);
+    if (strcmp(sub, "generate") == 0)
+        return run_generate(argc - 1, argv + 1);
     if (strcmp(sub, "version") == 0 || strcmp(sub, "--version") == 0)
         return run_version();
     if (strcmp(sub, "help") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {

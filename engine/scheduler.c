@@ -1,0 +1,563 @@
+/*
+ * scheduler.c - the engine: one thread that owns the model's run state, the
+ * KV cache and the running set, and turns requests into tokens by
+ * continuous batching. Other threads only submit and cancel, through a
+ * small mutex-guarded inbox; nothing the engine thread computes with is
+ * shared, so no lock guards a weight or a KV block.
+ *
+ * Each step:
+ *   - take in what was submitted or cancelled;
+ *   - admit waiting requests, first come first served, while a slot and
+ *     their KV blocks are free (a request reserves blocks for its prompt
+ *     plus max_new_tokens at admission, so a running sequence never waits
+ *     for memory and never corrupts another's);
+ *   - build one batch under the step's token budget: one decode token for
+ *     every sequence past its prompt first, then prompt chunks (chunked
+ *     prefill, so a long prompt never stalls the decodes for long);
+ *   - one forward pass; sample each sequence that needs a token with its
+ *     own sampler; stream its text through its stop-string filter; finish
+ *     what ended and give its blocks back at once.
+ */
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *eng_finish_name(eng_finish f)
+{
+    switch (f) {
+    case ENG_FINISH_EOS: return "eos";
+    case ENG_FINISH_LENGTH: return "length";
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+typedef struct seq {
+    uint64_t id;
+    eng_request req; /* callbacks, user, sampling, max_new_tokens (strings not kept) */
+    int32_t *prompt;
+    int32_t n_prompt;
+    int32_t n_prefilled; /* prompt tokens in the KV cache */
+    int32_t n_generated; /* tokens sampled */
+    int32_t next_token;  /* the sampled token to feed next */
+    int32_t reserve;     /* KV positions reserved at admission */
+    eng_seq_kv kv;
+    eng_sampler sampler;
+    eng_stop *stop;
+    tok_stream stream;
+    double t_submit, t_admit, t_first;
+    struct seq *next; /* in the inbox or the waiting list */
+} seq;
+
+struct eng_engine {
+    const eng_model *m;
+    eng_engine_opts o;
+    int32_t eos;
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    float *logits; /* max_running x vocab */
+    void *scratch; /* the sampler's */
+    pthread_t thread;
+
+    pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
+    pthread_cond_t wake;
+    seq *inbox, *inbox_tail;
+    uint64_t *cancels;
+    size_t n_cancels, cap_cancels;
+    bool stopping;
+    uint64_t next_id;
+    int32_t queued; /* inbox + waiting, for the queue limit */
+    eng_engine_stats stats;
+
+    /* engine thread only */
+    seq *waiting, *waiting_tail;
+    seq **running;
+    int32_t n_running;
+    eng_step_seq *step;
+    seq **step_owner;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void seq_free(seq *s)
+{
+    free(s->prompt);
+    eng_sampler_free(&s->sampler);
+    eng_stop_free(s->stop);
+    free(s);
+}
+
+/* --- finishing ------------------------------------------------------------------ */
+
+static void emit(seq *s, int32_t token, const char *text, size_t len)
+{
+    if (s->req.on_token)
+        s->req.on_token(s->req.user, token, text, len);
+}
+
+/* End s: flush what the stop filter held back (unless a stop string or a
+ * cancel ended it), give back its blocks, report, free. */
+static void finish(eng_engine *e, seq *s, eng_finish why)
+{
+    if (why == ENG_FINISH_EOS || why == ENG_FINISH_LENGTH) {
+        char tail[64];
+        long n = tok_stream_flush(e->m->tok, &s->stream, tail, sizeof tail);
+        const char *text = NULL;
+        size_t len = 0;
+        if (n > 0) {
+            eng_stop_feed(s->stop, tail, (size_t)n, &text, &len);
+            if (len)
+                emit(s, -1, text, len);
+        }
+        eng_stop_flush(s->stop, &text, &len);
+        if (len)
+            emit(s, -1, text, len);
+    }
+    double t = now_s();
+    eng_usage u = {
+        .prompt_tokens = s->n_prompt,
+        .generated_tokens = s->n_generated,
+        .queued_s = s->t_admit > 0 ? s->t_admit - s->t_submit : t - s->t_submit,
+        .prefill_s = s->t_first > 0 ? s->t_first - s->t_admit : 0,
+        .decode_s = s->t_first > 0 ? t - s->t_first : 0,
+    };
+    eng_kv_release(e->kv, &s->kv);
+    if (s->req.on_done)
+        s->req.on_done(s->req.user, why, &u);
+    seq_free(s);
+}
+
+/* --- submitting ------------------------------------------------------------------ */
+
+/* The offset of the first byte that is not part of valid UTF-8, or -1. */
+static long invalid_utf8_at(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (len == 0 || i + len > n)
+            return (long)i;
+        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                return (long)i;
+            cp = (cp << 6) | (p[i + k] & 0x3f);
+        }
+        /* overlong forms, surrogates, beyond U+10FFFF */
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+            return (long)i;
+        i += len;
+    }
+    return -1;
+}
+
+int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len)
+{
+    const eng_config *c = &e->m->cfg;
+    if (!r->prompt || r->prompt_len == 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "the prompt is empty");
+    long bad = invalid_utf8_at((const unsigned char *)r->prompt, r->prompt_len);
+    if (bad >= 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
+    if (r->max_new_tokens < 1 || r->max_new_tokens > e->o.max_new_tokens)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "max_new_tokens %d is not in [1, %d]",
+                       r->max_new_tokens, e->o.max_new_tokens);
+    int rc = eng_sampling_check(&r->sampling, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    size_t n = 0;
+    rc = tok_encode(e->m->tok, r->prompt, r->prompt_len, tok_adds_bos(e->m->tok), true, &s->prompt,
+                    &n, msg, msg_len);
+    if (rc == ENG_OK && n == 0)
+        rc = qt_fail(msg, msg_len, ENG_EINVAL, "the prompt encodes to no tokens");
+    if (rc == ENG_OK && (int64_t)n >= c->max_position_embeddings)
+        rc = qt_fail(msg, msg_len, ENG_EINVAL,
+                     "the prompt is %zu tokens; the context holds %d, with room for one more", n,
+                     c->max_position_embeddings);
+    s->n_prompt = (int32_t)n;
+    int64_t want = (int64_t)n + r->max_new_tokens;
+    s->reserve = (int32_t)(want < c->max_position_embeddings ? want : c->max_position_embeddings);
+    if (rc == ENG_OK && eng_kv_blocks_for(e->kv, s->reserve) > eng_kv_total_blocks(e->kv))
+        rc = qt_fail(msg, msg_len, ENG_EINVAL,
+                     "%zu prompt tokens + max_new_tokens %d need %d KV blocks; the cache has %d "
+                     "(lower max_new_tokens or give the KV cache more bytes)",
+                     n, r->max_new_tokens, eng_kv_blocks_for(e->kv, s->reserve),
+                     eng_kv_total_blocks(e->kv));
+    if (rc == ENG_OK)
+        rc = eng_sampler_init(&s->sampler, &r->sampling, s->prompt, n);
+    if (rc == ENG_OK)
+        rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
+    if (rc != ENG_OK) {
+        seq_free(s);
+        return rc;
+    }
+    s->req = *r;
+    s->req.prompt = NULL; /* not kept */
+    s->req.stop = NULL;
+    s->t_submit = now_s();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping || e->queued >= e->o.max_queued) {
+        int32_t queued = e->queued;
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        seq_free(s);
+        return stopping
+                   ? qt_fail(msg, msg_len, ENG_EBUSY, "the engine is stopping")
+                   : qt_fail(msg, msg_len, ENG_EBUSY,
+                             "the queue is full (%d requests waiting); try again later", queued);
+    }
+    s->id = ++e->next_id;
+    if (id)
+        *id = s->id;
+    if (e->inbox_tail)
+        e->inbox_tail->next = s;
+    else
+        e->inbox = s;
+    e->inbox_tail = s;
+    e->queued++;
+    e->stats.waiting = e->queued;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    return ENG_OK;
+}
+
+void eng_engine_cancel(eng_engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancels == e->cap_cancels) {
+        size_t cap = e->cap_cancels ? 2 * e->cap_cancels : 16;
+        uint64_t *c = realloc(e->cancels, cap * sizeof *c);
+        if (!c) {
+            pthread_mutex_unlock(&e->mu);
+            return; /* out of memory: the request runs to its end */
+        }
+        e->cancels = c;
+        e->cap_cancels = cap;
+    }
+    e->cancels[e->n_cancels++] = id;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* --- the engine thread ---------------------------------------------------------- */
+
+static bool is_cancelled(const uint64_t *ids, size_t n, uint64_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+/* Cancel what the cancel list names, in the waiting list and the running set. */
+static void apply_cancels(eng_engine *e, const uint64_t *ids, size_t n, bool all)
+{
+    seq **pp = &e->waiting;
+    e->waiting_tail = NULL;
+    while (*pp) {
+        seq *s = *pp;
+        if (all || is_cancelled(ids, n, s->id)) {
+            *pp = s->next;
+            pthread_mutex_lock(&e->mu);
+            e->queued--;
+            pthread_mutex_unlock(&e->mu);
+            finish(e, s, ENG_FINISH_CANCELLED);
+        } else {
+            e->waiting_tail = s;
+            pp = &s->next;
+        }
+    }
+    for (int32_t i = 0; i < e->n_running;) {
+        if (all || is_cancelled(ids, n, e->running[i]->id)) {
+            finish(e, e->running[i], ENG_FINISH_CANCELLED);
+            e->running[i] = e->running[--e->n_running];
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Admit waiting requests in order while a slot and their blocks are free. */
+static void admit(eng_engine *e)
+{
+    while (e->waiting && e->n_running < e->o.max_running) {
+        seq *s = e->waiting;
+        if (eng_kv_reserve(e->kv, &s->kv, s->reserve) != ENG_OK)
+            return; /* the head waits for blocks; order is kept */
+        e->waiting = s->next;
+        if (!e->waiting)
+            e->waiting_tail = NULL;
+        s->next = NULL;
+        s->t_admit = now_s();
+        e->running[e->n_running++] = s;
+        pthread_mutex_lock(&e->mu);
+        e->queued--;
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+/* A sampled token: stream its text, decide whether s ends. Returns true
+ * when s has finished (and is freed). */
+static bool take_token(eng_engine *e, seq *s, int32_t token)
+{
+    const eng_config *c = &e->m->cfg;
+    s->n_generated++;
+    if (s->n_generated == 1)
+        s->t_first = now_s();
+    if (token == e->eos) {
+        s->n_generated--; /* the end marker is not part of the answer */
+        finish(e, s, ENG_FINISH_EOS);
+        return true;
+    }
+    char piece[1024];
+    long n = tok_stream_push(e->m->tok, &s->stream, token, piece, sizeof piece);
+    const char *text = NULL;
+    size_t len = 0;
+    bool stopped = eng_stop_feed(s->stop, piece, n > 0 ? (size_t)n : 0, &text, &len);
+    emit(s, token, text, len);
+    if (stopped) {
+        finish(e, s, ENG_FINISH_STOP);
+        return true;
+    }
+    if (s->n_generated >= s->req.max_new_tokens ||
+        s->n_prompt + s->n_generated >= c->max_position_embeddings) {
+        finish(e, s, ENG_FINISH_LENGTH);
+        return true;
+    }
+    s->next_token = token;
+    return false;
+}
+
+/* One forward step over the running set; false when there was nothing to do. */
+static bool run_step(eng_engine *e)
+{
+    int32_t n = 0, budget = e->o.step_tokens;
+    /* decodes first: one token each */
+    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+        seq *s = e->running[i];
+        if (s->n_prefilled < s->n_prompt)
+            continue;
+        e->step[n] = (eng_step_seq){&s->kv, &s->next_token, 1, s->n_prompt + s->n_generated - 1};
+        e->step_owner[n++] = s;
+        budget--;
+    }
+    /* then prompt chunks */
+    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+        seq *s = e->running[i];
+        if (s->n_prefilled >= s->n_prompt)
+            continue;
+        int32_t chunk = s->n_prompt - s->n_prefilled;
+        chunk = chunk < e->o.prefill_chunk ? chunk : e->o.prefill_chunk;
+        chunk = chunk < budget ? chunk : budget;
+        e->step[n] = (eng_step_seq){&s->kv, s->prompt + s->n_prefilled, chunk, s->n_prefilled};
+        e->step_owner[n++] = s;
+        budget -= chunk;
+    }
+    if (n == 0)
+        return false;
+
+    char msg[256];
+    int rc = eng_forward(e->st, e->m, e->kv, e->pool, e->step, n, e->logits, msg, sizeof msg);
+    int32_t vocab = e->m->cfg.vocab_size;
+    uint64_t generated = 0, prompt = 0;
+    for (int32_t k = 0; k < n; k++) {
+        seq *s = e->step_owner[k];
+        bool prefill = s->n_prefilled < s->n_prompt;
+        if (prefill) {
+            s->n_prefilled += e->step[k].n_tokens;
+            prompt += (uint64_t)e->step[k].n_tokens;
+        }
+        bool ended;
+        if (rc != ENG_OK) {
+            finish(e, s, ENG_FINISH_ERROR);
+            ended = true;
+        } else if (prefill && s->n_prefilled < s->n_prompt) {
+            continue; /* more prompt to go: these logits are not needed */
+        } else {
+            int32_t token =
+                eng_sample(&s->sampler, e->logits + (size_t)k * (size_t)vocab, vocab, e->scratch);
+            generated++;
+            ended = take_token(e, s, token);
+        }
+        if (ended) {
+            for (int32_t i = 0; i < e->n_running; i++)
+                if (e->running[i] == s) {
+                    e->running[i] = e->running[--e->n_running];
+                    break;
+                }
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps++;
+    e->stats.tokens_generated += generated;
+    e->stats.prompt_tokens += prompt;
+    pthread_mutex_unlock(&e->mu);
+    return true;
+}
+
+static void *engine_main(void *arg)
+{
+    eng_engine *e = arg;
+    uint64_t *cancels = NULL;
+    size_t cap = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && !e->inbox && e->n_cancels == 0 && !e->waiting && e->n_running == 0)
+            pthread_cond_wait(&e->wake, &e->mu);
+        /* take in the inbox and the cancel list */
+        if (e->inbox) {
+            if (e->waiting_tail)
+                e->waiting_tail->next = e->inbox;
+            else
+                e->waiting = e->inbox;
+            e->waiting_tail = e->inbox_tail;
+            e->inbox = e->inbox_tail = NULL;
+        }
+        size_t n_cancels = e->n_cancels;
+        if (n_cancels > cap) {
+            uint64_t *c = realloc(cancels, n_cancels * sizeof *c);
+            if (c) {
+                cancels = c;
+                cap = n_cancels;
+            } else {
+                n_cancels = cap; /* the rest stay listed for the next round */
+            }
+        }
+        if (n_cancels) {
+            memcpy(cancels, e->cancels, n_cancels * sizeof *cancels);
+            memmove(e->cancels, e->cancels + n_cancels,
+                    (e->n_cancels - n_cancels) * sizeof *cancels);
+            e->n_cancels -= n_cancels;
+        }
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+
+        apply_cancels(e, cancels, n_cancels, stopping);
+        if (stopping)
+            break;
+        admit(e);
+        run_step(e);
+
+        pthread_mutex_lock(&e->mu);
+        e->stats.running = e->n_running;
+        e->stats.waiting = e->queued;
+        e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+        pthread_mutex_unlock(&e->mu);
+    }
+    free(cancels);
+    return NULL;
+}
+
+/* --- start and stop ---------------------------------------------------------------- */
+
+static void engine_free(eng_engine *e)
+{
+    eng_forward_state_free(e->st);
+    eng_kv_free(e->kv);
+    eng_pool_free(e->pool);
+    free(e->logits);
+    free(e->scratch);
+    free(e->running);
+    free(e->step);
+    free(e->step_owner);
+    free(e->cancels);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
+int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
+                     size_t msg_len)
+{
+    *out = NULL;
+    eng_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    e->m = m;
+    e->o = *o;
+#define DEFAULT(field, value)                                                                      \
+    if (e->o.field <= 0)                                                                           \
+    e->o.field = (value)
+    DEFAULT(kv_bytes, (size_t)256 << 20);
+    DEFAULT(block_tokens, 16);
+    DEFAULT(step_tokens, 256);
+    DEFAULT(prefill_chunk, 128);
+    DEFAULT(max_running, 64);
+    DEFAULT(max_queued, 256);
+    DEFAULT(max_new_tokens, 4096);
+#undef DEFAULT
+    /* every running sequence must fit its decode token into one step */
+    if (e->o.step_tokens < e->o.max_running + 1)
+        e->o.step_tokens = e->o.max_running + 1;
+    e->eos = m->cfg.eos_token_id >= 0 ? m->cfg.eos_token_id : tok_eos(m->tok);
+    int32_t vocab = m->cfg.vocab_size;
+    int rc = eng_pool_new(&e->pool, o->threads, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = eng_kv_new(&e->kv, &m->cfg, e->o.kv_bytes, e->o.block_tokens, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = eng_forward_state_new(&e->st, m, e->o.step_tokens, msg, msg_len);
+    if (rc == ENG_OK) {
+        e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));
+        e->scratch = malloc((size_t)vocab * (sizeof(float) + sizeof(int32_t)));
+        e->running = calloc((size_t)e->o.max_running, sizeof *e->running);
+        e->step = calloc((size_t)e->o.max_running, sizeof *e->step);
+        e->step_owner = calloc((size_t)e->o.max_running, sizeof *e->step_owner);
+        if (!e->logits || !e->scratch || !e->running || !e->step || !e->step_owner)
+            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for %d sequences",
+                         e->o.max_running);
+    }
+    if (rc == ENG_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "cannot start the engine thread");
+    if (rc != ENG_OK) {
+        engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return ENG_OK;
+}
+
+void eng_engine_stop(eng_engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    /* what was submitted after the last round */
+    seq *s = e->inbox;
+    while (s) {
+        seq *next = s->next;
+        finish(e, s, ENG_FINISH_CANCELLED);
+        s = next;
+    }
+    engine_free(e);
+}
+
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->kv_blocks_total = eng_kv_total_blocks(e->kv);
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,324 @@
+/*
+ * test_engine.c - the engine end to end on a tiny model: requests batched
+ * together give exactly what each gives alone (greedy, and sampled with a
+ * seed), cancellation frees the KV cache, a full cache makes requests wait
+ * instead of corrupting running ones, stop strings are never emitted, and
+ * bad requests are refused with the reason. On the default SmolLM2 model
+ * (when present) greedy decoding completes "The capital of France is" with
+ * Paris.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+static char dir[512];
+static eng_model model;
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    tiny_spec s = tiny_default();
+    s.vocab = 260;
+    tiny_write_hf(dir, &s);
+    eng_load_opts o = {.path = dir, .quant = "nf4"};
+    char msg[512];
+    cr_assert_eq(eng_model_load(&model, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+static void teardown(void)
+{
+    eng_model_free(&model);
+    test_rmtree(dir);
+}
+
+TestSuite(engine, .init = setup, .fini = teardown, .timeout = 60);
+
+/* What one request produced. */
+typedef struct result {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    eng_finish why;
+    eng_usage usage;
+    char text[4096];
+    size_t len;
+    int32_t tokens[512];
+    int n_tokens;
+} result;
+
+static void on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    result *r = user;
+    if (r->len + len < sizeof r->text) {
+        memcpy(r->text + r->len, text, len);
+        r->len += len;
+    }
+    if (token >= 0 && r->n_tokens < 512)
+        r->tokens[r->n_tokens++] = token;
+}
+
+static void on_done(void *user, eng_finish why, const eng_usage *u)
+{
+    result *r = user;
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->why = why;
+    r->usage = *u;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void result_init(result *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+}
+
+static void wait_done(result *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static eng_request request(const char *prompt, int max_new, result *r)
+{
+    return (eng_request){.prompt = prompt,
+                         .prompt_len = strlen(prompt),
+                         .max_new_tokens = max_new,
+                         .on_token = on_token,
+                         .on_done = on_done,
+                         .user = r};
+}
+
+static eng_engine *start(size_t kv_bytes, int max_running)
+{
+    eng_engine_opts o = {.threads = 2,
+                         .kv_bytes = kv_bytes,
+                         .max_running = max_running,
+                         .prefill_chunk = 4,
+                         .step_tokens = 16};
+    eng_engine *e;
+    char msg[512];
+    cr_assert_eq(eng_engine_start(&e, &model, &o, msg, sizeof msg), 0, "%s", msg);
+    return e;
+}
+
+static void submit_ok(eng_engine *e, const eng_request *r, uint64_t *id)
+{
+    char msg[512];
+    int rc = eng_engine_submit(e, r, id, msg, sizeof msg);
+    cr_assert_eq(rc, 0, "submit: %s", msg);
+}
+
+static const char *prompts[] = {"the theme of the thesis", "hello", "a b c d e f g h i j k l",
+                                "the"};
+#define N_PROMPTS 4
+
+Test(engine, batched_requests_match_each_alone)
+{
+    result alone[N_PROMPTS], together[N_PROMPTS];
+    eng_engine *e = start(8 << 20, 8);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        result_init(&alone[i]);
+        eng_request r = request(prompts[i], 20, &alone[i]);
+        submit_ok(e, &r, NULL);
+        wait_done(&alone[i]);
+    }
+    /* all at once: prompts prefilled in chunks beside running decodes */
+    for (int i = 0; i < N_PROMPTS; i++) {
+        result_init(&together[i]);
+        eng_request r = request(prompts[i], 20, &together[i]);
+        submit_ok(e, &r, NULL);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) {
+        wait_done(&together[i]);
+        cr_assert_eq(together[i].n_tokens, alone[i].n_tokens, "prompt %d", i);
+        cr_assert_eq(memcmp(together[i].tokens, alone[i].tokens,
+                            (size_t)alone[i].n_tokens * sizeof(int32_t)),
+                     0, "prompt %d: batched tokens differ", i);
+        cr_assert_eq(together[i].why, alone[i].why);
+    }
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.kv_blocks_used, 0, "finished sequences gave their blocks back");
+    eng_engine_stop(e);
+}
+
+Test(engine, a_seed_gives_the_same_tokens_whatever_the_batch)
+{
+    eng_engine *e = start(8 << 20, 8);
+    result a, b, c;
+    eng_sampling s = {.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 1234};
+    result_init(&a);
+    eng_request ra = request("the theme", 24, &a);
+    ra.sampling = s;
+    submit_ok(e, &ra, NULL);
+    wait_done(&a);
+    /* the same request beside another sampled one */
+    result_init(&b);
+    result_init(&c);
+    eng_request rb = request("the theme", 24, &b), rc_ = request("hello there", 24, &c);
+    rb.sampling = s;
+    rc_.sampling = s;
+    rc_.sampling.seed = 99;
+    submit_ok(e, &rc_, NULL);
+    submit_ok(e, &rb, NULL);
+    wait_done(&b);
+    wait_done(&c);
+    cr_assert_eq(a.n_tokens, b.n_tokens);
+    cr_assert_eq(memcmp(a.tokens, b.tokens, (size_t)a.n_tokens * 4), 0, "seeded tokens differ");
+    eng_engine_stop(e);
+}
+
+Test(engine, a_full_cache_makes_requests_wait_not_fail)
+{
+    /* room for about one request at a time */
+    eng_kv_cache *probe;
+    char msg[256];
+    cr_assert_eq(eng_kv_new(&probe, &model.cfg, 1 << 20, 16, msg, sizeof msg), 0);
+    size_t block = (size_t)(1 << 20) / (size_t)eng_kv_total_blocks(probe);
+    eng_kv_free(probe);
+    eng_engine *e = start(block * 3, 8); /* 3 blocks of 16 positions */
+    result r[3];
+    for (int i = 0; i < 3; i++) {
+        result_init(&r[i]);
+        eng_request q = request(prompts[i], 20, &r[i]);
+        submit_ok(e, &q, NULL);
+    }
+    for (int i = 0; i < 3; i++) {
+        wait_done(&r[i]);
+        cr_assert_eq(r[i].why, ENG_FINISH_LENGTH, "request %d", i);
+        cr_assert_eq(r[i].n_tokens, 20);
+    }
+    /* more than the whole cache: refused at once, with the reason */
+    result big;
+    result_init(&big);
+    eng_request q = request("hello", 200, &big);
+    cr_assert_eq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), ENG_EINVAL);
+    cr_assert(strstr(msg, "KV blocks"), "%s", msg);
+    eng_engine_stop(e);
+}
+
+Test(engine, cancel_ends_a_request_and_frees_its_blocks)
+{
+    eng_engine *e = start(8 << 20, 8);
+    result r;
+    result_init(&r);
+    eng_request q = request("the theme of the thesis", 4000, &r);
+    uint64_t id;
+    submit_ok(e, &q, &id);
+    while (true) { /* let it run a little */
+        eng_engine_stats st;
+        eng_engine_stats_get(e, &st);
+        if (st.tokens_generated >= 3)
+            break;
+        usleep(1000);
+    }
+    eng_engine_cancel(e, id);
+    wait_done(&r);
+    cr_assert_eq(r.why, ENG_FINISH_CANCELLED);
+    eng_engine_stats st;
+    for (int i = 0; i < 1000; i++) {
+        eng_engine_stats_get(e, &st);
+        if (st.kv_blocks_used == 0)
+            break;
+        usleep(1000);
+    }
+    cr_assert_eq(st.kv_blocks_used, 0);
+    eng_engine_stop(e);
+}
+
+Test(engine, stop_strings_are_not_emitted)
+{
+    eng_engine *e = start(8 << 20, 8);
+    result plain, stopped;
+    result_init(&plain);
+    eng_request q = request("the theme", 30, &plain);
+    submit_ok(e, &q, NULL);
+    wait_done(&plain);
+    cr_assert(plain.len > 6, "need some text to cut: '%.*s'", (int)plain.len, plain.text);
+    /* stop at a string that spans what several tokens produced */
+    char stop[8];
+    memcpy(stop, plain.text + 2, 4);
+    stop[4] = 0;
+    const char *stops[1] = {stop};
+    result_init(&stopped);
+    q = request("the theme", 30, &stopped);
+    q.stop = stops;
+    q.n_stop = 1;
+    submit_ok(e, &q, NULL);
+    wait_done(&stopped);
+    cr_assert_eq(stopped.why, ENG_FINISH_STOP);
+    const char *at = strstr(plain.text, stop);
+    cr_assert_eq(stopped.len, (size_t)(at - plain.text), "emitted '%.*s'", (int)stopped.len,
+                 stopped.text);
+    cr_assert_eq(memcmp(stopped.text, plain.text, stopped.len), 0);
+    eng_engine_stop(e);
+}
+
+Test(engine, bad_requests_are_refused_with_the_reason)
+{
+    eng_engine *e = start(8 << 20, 8);
+    result r;
+    result_init(&r);
+    char msg[512];
+    struct {
+        eng_request q;
+        const char *expect;
+    } cases[] = {
+        {request("", 10, &r), "empty"},
+        {request("ok \xff\xfe", 10, &r), "not valid UTF-8 at byte 3"},
+        {request("ok", 0, &r), "max_new_tokens 0"},
+        {request("ok", 1 << 30, &r), "max_new_tokens 1073741824"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        msg[0] = 0;
+        cr_assert_neq(eng_engine_submit(e, &cases[i].q, NULL, msg, sizeof msg), 0, "case %zu", i);
+        cr_assert(strstr(msg, cases[i].expect), "case %zu: '%s' lacks '%s'", i, msg,
+                  cases[i].expect);
+    }
+    eng_request q = request("ok", 10, &r);
+    q.sampling.temperature = -1.0f;
+    cr_assert_neq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "temperature"), "%s", msg);
+    q.sampling.temperature = 0.5f;
+    q.sampling.top_p = 1.5f;
+    cr_assert_neq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "top_p"), "%s", msg);
+    /* a prompt longer than the context of 512 */
+    char *longp = malloc(4000);
+    for (int i = 0; i < 3999; i++)
+        longp[i] = (char)('a' + i % 26);
+    longp[3999] = 0;
+    q = request(longp, 10, &r);
+    cr_assert_neq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "context"), "%s", msg);
+    free(longp);
+    eng_engine_stop(e);
+}
+
+Test(engine, stopping_cancels_what_runs)
+{
+    eng_engine *e = start(8 << 20, 8);
+    result r[3];
+    for (int i = 0; i < 3; i++) {
+        result_init(&r[i]);
+        eng_request q = request(prompts[i], 4000, &r[i]);
+        submit_ok(e, &q, NULL);
+    }
+    eng_engine_stop(e);
+    for (int i = 0; i < 3; i++) {
+        cr_assert(r[i].done, "request %d never finished", i);
+        cr_assert_eq(r[i].why, ENG_FINISH_CANCELLED);
+    }
+}

@@ -1,0 +1,1056 @@
+/*
+ * test_forward.c - the CPU forward pass against a float64 reference written
+ * plainly here: the tiny Llama/Qwen2 models of tiny_model.h, loaded as every
+ * weight kind the engine runs (bf16, f16, f32, nf4, nf4 double-quant, fp4,
+ * int4, int8, GGUF q4_0/q4_1/q8_0/f16, quantized lm_head, tied embeddings,
+ * attention biases, linear and llama3 RoPE scaling, GQA, MQA and MHA, AVX2
+ * and scalar kernels), prefilled in one step and decoded token by token; a
+ * mixed batch of prefill chunks and decodes that must give each sequence
+ * bit for bit what it gets alone; the paged KV cache's accounting and the
+ * forward pass's refusals; the worker pool.
+ *
+ * The reference takes the engine's weights dequantized (qt_dequantize_rows),
+ * so it checks the forward pass's arithmetic for every kind, not the
+ * quantization error, and computes everything else in double. It was
+ * checked once against transformers 5 run in float64 on the same folders
+ * (Llama, Qwen2, linear and llama3 scaling, and a q8_0 GGUF through
+ * transformers' reverse q/k permutation): 1.2e-7 relative, which is
+ * transformers computing inv_freq in f32.
+ *
+ * Tolerance: ||engine - reference||_2 / ||reference||_2 <= 1e-5 over one
+ * position's logits. The engine computes in f32 (24-bit mantissa, 6e-8 per
+ * rounding); every dot product here has at most 96 terms and the model two
+ * layers, so summation order and rounding come to ~1e-7 relative (measured:
+ * 0.9e-7 to 3.5e-7 over every comparison here, AVX2 and scalar). 1e-5 leaves a factor of 30 for
+ * other summation orders and still catches any formula slip: a wrong
+ * RMSNorm eps (1e-5 vs 1e-6) moves these logits by ~1e-2 relative, a RoPE
+ * pair layout or position off by one, a missing bias, a wrong GQA head
+ * mapping by O(1). A per-logit absolute bound such as 1e-3 would not do:
+ * these random models' logits are ~0.1-0.5, so it would let through
+ * relative errors of 1%.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#define FWD_REL_TOL   1e-5
+#define FWD_KV_BYTES  ((size_t)8 << 20)
+#define FWD_MAX_TOKEN 64
+
+static char dir[512];
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+}
+
+static void teardown(void)
+{
+    test_rmtree(dir);
+}
+
+TestSuite(forward, .init = setup, .fini = teardown, .timeout = 60);
+
+/* --- the float64 reference ----------------------------------------------- */
+
+typedef struct ref_layer {
+    float *attn_norm, *ffn_norm;
+    float *wq, *wk, *wv, *wo;
+    float *bq, *bk, *bv; /* NULL when the model has none */
+    float *w_gate, *w_up, *w_down;
+} ref_layer;
+
+/* The model's weights dequantized to f32, row-major [rows, cols]. */
+typedef struct ref_model {
+    eng_config c;
+    float *embed, *norm;
+    float *lm_head; /* the embeddings when tied (then not owned) */
+    ref_layer *layers;
+} ref_model;
+
+/* t dequantized, after checking it has the shape the config implies. NULL
+ * for an absent tensor (rows 0) where absent is allowed. */
+static float *ref_dequant(const qtensor *t, int64_t rows, int64_t cols, bool optional,
+                          const char *what, int layer)
+{
+    if (optional && t->rows == 0)
+        return NULL;
+    cr_assert_eq(t->rows, rows, "layer %d %s: %ld rows, the config says %ld", layer, what,
+                 (long)t->rows, (long)rows);
+    cr_assert_eq(t->cols, cols, "layer %d %s: %ld cols, the config says %ld", layer, what,
+                 (long)t->cols, (long)cols);
+    float *out = malloc((size_t)(rows * cols) * sizeof *out);
+    cr_assert(out);
+    qt_dequantize_rows(t, 0, rows, out);
+    return out;
+}
+
+static void ref_load(ref_model *R, const eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t nq = (int64_t)c->n_heads * c->head_dim, nkv = (int64_t)c->n_kv_heads * c->head_dim;
+    R->c = *c;
+    R->embed = ref_dequant(&m->embed, V, H, false, "embed", -1);
+    R->norm = ref_dequant(&m->norm, 1, H, false, "norm", -1);
+    R->lm_head = ref_dequant(&m->lm_head, V, H, true, "lm_head", -1);
+    cr_assert_eq(R->lm_head == NULL, c->tie_word_embeddings,
+                 "lm_head is absent exactly when the embeddings are tied");
+    if (!R->lm_head)
+        R->lm_head = R->embed;
+    R->layers = calloc((size_t)c->n_layers, sizeof *R->layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const eng_layer *L = &m->layers[l];
+        ref_layer *r = &R->layers[l];
+        r->attn_norm = ref_dequant(&L->attn_norm, 1, H, false, "attn_norm", l);
+        r->ffn_norm = ref_dequant(&L->ffn_norm, 1, H, false, "ffn_norm", l);
+        r->wq = ref_dequant(&L->wq, nq, H, false, "wq", l);
+        r->wk = ref_dequant(&L->wk, nkv, H, false, "wk", l);
+        r->wv = ref_dequant(&L->wv, nkv, H, false, "wv", l);
+        r->wo = ref_dequant(&L->wo, H, nq, false, "wo", l);
+        r->bq = ref_dequant(&L->bq, 1, nq, true, "bq", l);
+        r->bk = ref_dequant(&L->bk, 1, nkv, true, "bk", l);
+        r->bv = ref_dequant(&L->bv, 1, nkv, true, "bv", l);
+        cr_assert_eq(r->bq != NULL, c->attention_bias, "layer %d: q bias vs attention_bias", l);
+        r->w_gate = ref_dequant(&L->w_gate, F, H, false, "w_gate", l);
+        r->w_up = ref_dequant(&L->w_up, F, H, false, "w_up", l);
+        r->w_down = ref_dequant(&L->w_down, H, F, false, "w_down", l);
+    }
+}
+
+static void ref_free(ref_model *R)
+{
+    for (int l = 0; l < R->c.n_layers; l++) {
+        ref_layer *r = &R->layers[l];
+        float *all[] = {r->attn_norm, r->ffn_norm, r->wq, r->wk,     r->wv,   r->wo,
+                        r->bq,        r->bk,       r->bv, r->w_gate, r->w_up, r->w_down};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            free(all[i]);
+    }
+    free(R->layers);
+    if (R->lm_head != R->embed)
+        free(R->lm_head);
+    free(R->embed);
+    free(R->norm);
+    memset(R, 0, sizeof *R);
+}
+
+/* out = rmsnorm(x) * w: x / sqrt(mean(x^2) + eps), times the weight. */
+static void ref_rmsnorm(const double *x, const float *w, int64_t n, double eps, double *out)
+{
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * inv * (double)w[i];
+}
+
+/* out = W x (+ b): W is [rows, cols]. */
+static void ref_matvec(const float *W, const float *b, int64_t rows, int64_t cols, const double *x,
+                       double *out)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double s = b ? (double)b[r] : 0.0;
+        const float *w = W + r * cols;
+        for (int64_t c = 0; c < cols; c++)
+            s += (double)w[c] * x[c];
+        out[r] = s;
+    }
+}
+
+/* The rotary frequency of pair i: rope_theta^(-2i/head_dim), scaled as
+ * transformers' _compute_linear_scaling_rope_parameters (divided by the
+ * factor) and _compute_llama3_parameters (long wavelengths divided by the
+ * factor, short ones kept, those between blended) compute it. */
+static double ref_rope_freq(const eng_config *c, int i)
+{
+    double freq = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    if (c->rope_scaling == ENG_ROPE_LINEAR)
+        return freq / c->rope_factor;
+    if (c->rope_scaling == ENG_ROPE_LLAMA3) {
+        double factor = c->rope_factor, lo = c->rope_low_freq_factor;
+        double hi = c->rope_high_freq_factor, old = c->rope_original_max_position;
+        double wavelen = 6.283185307179586 / freq; /* 2 pi */
+        if (wavelen < old / hi)
+            return freq;
+        if (wavelen > old / lo)
+            return freq / factor;
+        double smooth = (old / wavelen - lo) / (hi - lo);
+        return (1.0 - smooth) * freq / factor + smooth * freq;
+    }
+    return freq;
+}
+
+/* Rotate one head's vector for position pos: pairs (i, i + d/2) as Hugging
+ * Face lays them out, or (2i, 2i + 1) in a llama GGUF. */
+static void ref_rope(const eng_config *c, double *v, int pos)
+{
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double angle = pos * ref_rope_freq(c, i);
+        double cs = cos(angle), sn = sin(angle);
+        int a = c->rope_interleaved ? 2 * i : i, b = c->rope_interleaved ? 2 * i + 1 : i + half;
+        double x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs - x1 * sn;
+        v[b] = x1 * cs + x0 * sn;
+    }
+}
+
+/* The logits of every position of tokens[0..n): logits is n * vocab. */
+static void ref_forward(const ref_model *R, const int32_t *tokens, int n, double *logits)
+{
+    const eng_config *c = &R->c;
+    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
+    int64_t nq = c->n_heads * hd, nkv = c->n_kv_heads * hd;
+    int group = c->n_heads / c->n_kv_heads;
+    double eps = c->rms_norm_eps;
+    double *x = calloc((size_t)(n * H), sizeof *x), *h = calloc((size_t)H, sizeof *h);
+    double *q = calloc((size_t)(n * nq), sizeof *q), *att = calloc((size_t)nq, sizeof *att);
+    double *k = calloc((size_t)(n * nkv), sizeof *k), *v = calloc((size_t)(n * nkv), sizeof *v);
+    double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
+    double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
+    cr_assert(x && h && q && att && k && v && o && p && g && u);
+
+    // token embeddings
+    for (int t = 0; t < n; t++)
+        for (int64_t i = 0; i < H; i++)
+            x[t * H + i] = R->embed[(int64_t)tokens[t] * H + i];
+    for (int l = 0; l < c->n_layers; l++) {
+        const ref_layer *L = &R->layers[l];
+        // attention rmsnorm, qkv projections, RoPE on q and k
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(x + t * H, L->attn_norm, H, eps, h);
+            ref_matvec(L->wq, L->bq, nq, H, h, q + t * nq);
+            ref_matvec(L->wk, L->bk, nkv, H, h, k + t * nkv);
+            ref_matvec(L->wv, L->bv, nkv, H, h, v + t * nkv);
+            for (int hh = 0; hh < c->n_heads; hh++)
+                ref_rope(c, q + t * nq + hh * hd, t);
+            for (int hh = 0; hh < c->n_kv_heads; hh++)
+                ref_rope(c, k + t * nkv + hh * hd, t);
+        }
+        // causal attention per head (head hh reads kv head hh / group), output projection
+        for (int t = 0; t < n; t++) {
+            for (int hh = 0; hh < c->n_heads; hh++) {
+                const double *qh = q + t * nq + hh * hd;
+                int64_t kvo = (int64_t)(hh / group) * hd;
+                double mx = -INFINITY, sum = 0;
+                for (int s = 0; s <= t; s++) {
+                    double d = 0;
+                    for (int64_t i = 0; i < hd; i++)
+                        d += qh[i] * k[s * nkv + kvo + i];
+                    p[s] = d / sqrt((double)hd);
+                    mx = fmax(mx, p[s]);
+                }
+                for (int s = 0; s <= t; s++) {
+                    p[s] = exp(p[s] - mx);
+                    sum += p[s];
+                }
+                for (int64_t i = 0; i < hd; i++) {
+                    double a = 0;
+                    for (int s = 0; s <= t; s++)
+                        a += p[s] / sum * v[s * nkv + kvo + i];
+                    att[hh * hd + i] = a;
+                }
+            }
+            ref_matvec(L->wo, NULL, H, nq, att, o);
+            for (int64_t i = 0; i < H; i++)
+                x[t * H + i] += o[i];
+        }
+        // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h))
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(x + t * H, L->ffn_norm, H, eps, h);
+            ref_matvec(L->w_gate, NULL, F, H, h, g);
+            ref_matvec(L->w_up, NULL, F, H, h, u);
+            for (int64_t i = 0; i < F; i++)
+                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(L->w_down, NULL, H, F, g, o);
+            for (int64_t i = 0; i < H; i++)
+                x[t * H + i] += o[i];
+        }
+    }
+    // final rmsnorm, lm_head (the embeddings when tied)
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(x + t * H, R->norm, H, eps, h);
+        ref_matvec(R->lm_head, NULL, V, H, h, logits + t * V);
+    }
+    free(x);
+    free(h);
+    free(q);
+    free(att);
+    free(k);
+    free(v);
+    free(o);
+    free(p);
+    free(g);
+    free(u);
+}
+
+/* The relative L2 error of e against r, and the logit that is furthest off. */
+static double rel_error(const float *e, const double *r, int64_t n, int64_t *worst)
+{
+    double num = 0, den = 0, wd = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)e[i] - r[i];
+        num += d * d;
+        den += r[i] * r[i];
+        if (fabs(d) > wd || isnan(d)) {
+            wd = isnan(d) ? INFINITY : fabs(d);
+            *worst = i;
+        }
+    }
+    return isnan(num) ? INFINITY : sqrt(num / den);
+}
+
+static void assert_logits_close(const float *e, const double *r, int64_t n, const char *label,
+                                const char *what, int pos)
+{
+    int64_t w = 0;
+    double rel = rel_error(e, r, n, &w);
+    cr_assert(rel <= FWD_REL_TOL,
+              "%s, %s at position %d: ||engine - reference|| / ||reference|| = %.3g > %g; "
+              "worst logit %ld: engine %.9g, reference %.9g",
+              label, what, pos, rel, FWD_REL_TOL, (long)w, (double)e[w], r[w]);
+}
+
+static int32_t argmax(const float *v, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return (int32_t)best;
+}
+
+/* --- the engine under test ----------------------------------------------- */
+
+typedef struct fwd_engine {
+    eng_model m;
+    ref_model ref;
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    int64_t vocab;
+} fwd_engine;
+
+/* How a test model is made and loaded. */
+typedef struct fwd_case {
+    const char *label;
+    const char *arch; /* NULL: LlamaForCausalLM */
+    bool tie;
+    int kv_heads; /* 0: the tiny default's 2 */
+    bool gguf;    /* written as a llama GGUF with linear layers of gguf_kind */
+    qt_kind gguf_kind;
+    const char *quant, *dtype; /* eng_load_opts */
+    int32_t group_size;
+    bool quantize_lm_head;
+    const char *config; /* JSON object merged into config.json, or NULL */
+    bool scalar;        /* the scalar reference kernels instead of AVX2 */
+} fwd_case;
+
+/* Merge the members of the JSON object `patch` into dir/config.json. */
+static void patch_config(const char *folder, const char *patch)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", folder);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *cfg = cJSON_Parse(buf), *p = cJSON_Parse(patch);
+    cr_assert(cfg && p, "config patch %s", patch);
+    cJSON *item;
+    cJSON_ArrayForEach (item, p) {
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, item->string);
+        cJSON_AddItemToObject(cfg, item->string, cJSON_Duplicate(item, true));
+    }
+    char *text = cJSON_Print(cfg);
+    tiny_write_json(path, text);
+    free(text);
+    cJSON_Delete(cfg);
+    cJSON_Delete(p);
+}
+
+/* Write the case's model under dir; path receives what to load. */
+static void make_model(const fwd_case *fc, char *path, size_t len)
+{
+    tiny_spec s = tiny_default();
+    if (fc->arch)
+        s.arch = fc->arch;
+    s.tie = fc->tie;
+    if (fc->kv_heads)
+        s.kv_heads = fc->kv_heads;
+    if (fc->gguf) {
+        snprintf(path, len, "%s/tiny.gguf", dir);
+        tiny_write_gguf(path, &s, fc->gguf_kind);
+        return;
+    }
+    snprintf(path, len, "%s", dir);
+    tiny_write_hf(path, &s);
+    if (fc->config)
+        patch_config(path, fc->config);
+}
+
+static void fwd_open(fwd_engine *e, const fwd_case *fc, int32_t block_tokens)
+{
+    memset(e, 0, sizeof *e);
+    qt_set_force_scalar(fc->scalar); /* each Criterion test runs in its own process */
+    char path[700], msg[1024];
+    make_model(fc, path, sizeof path);
+    eng_load_opts o = {.path = path,
+                       .quant = fc->quant,
+                       .dtype = fc->dtype,
+                       .group_size = fc->group_size,
+                       .quantize_lm_head = fc->quantize_lm_head};
+    cr_assert_eq(eng_model_load(&e->m, &o, msg, sizeof msg), 0, "%s: load: %s", fc->label, msg);
+    ref_load(&e->ref, &e->m);
+    e->vocab = e->m.cfg.vocab_size;
+    cr_assert_eq(eng_pool_new(&e->pool, 2, msg, sizeof msg), 0, "pool: %s", msg);
+    cr_assert_eq(eng_kv_new(&e->kv, &e->m.cfg, FWD_KV_BYTES, block_tokens, msg, sizeof msg), 0,
+                 "kv: %s", msg);
+    cr_assert_eq(eng_forward_state_new(&e->st, &e->m, FWD_MAX_TOKEN, msg, sizeof msg), 0,
+                 "forward state: %s", msg);
+}
+
+static void fwd_close(fwd_engine *e)
+{
+    eng_forward_state_free(e->st);
+    eng_kv_free(e->kv);
+    eng_pool_free(e->pool);
+    ref_free(&e->ref);
+    eng_model_free(&e->m);
+}
+
+/* Reserve what each sequence writes, run one step, and insist it works. */
+static void fwd_step(fwd_engine *e, const eng_step_seq *seqs, int32_t n, float *logits,
+                     const char *label)
+{
+    char msg[1024] = "";
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_eq(eng_kv_reserve(e->kv, seqs[i].kv, seqs[i].pos + seqs[i].n_tokens), ENG_OK,
+                     "%s: reserve %d positions", label, seqs[i].pos + seqs[i].n_tokens);
+    int rc = eng_forward(e->st, &e->m, e->kv, e->pool, seqs, n, logits, msg, sizeof msg);
+    cr_assert_eq(rc, ENG_OK, "%s: eng_forward: %s (%s)", label, msg, eng_strerror(rc));
+}
+
+/* --- 1. every kind: prefill 7 tokens, then decode 3 ---------------------- */
+
+#define PREFILL 7
+#define DECODE  3
+
+static void prefill_and_decode_match_reference(const fwd_case *fc)
+{
+    fwd_engine e;
+    fwd_open(&e, fc, 16);
+    int64_t V = e.vocab;
+    int32_t tokens[PREFILL + DECODE] = {259, 72, 101, 108, 256, 258, 33};
+    float *logits = malloc((size_t)((DECODE + 1) * V) * sizeof *logits);
+    eng_seq_kv kv = {0};
+
+    // prefill all 7 tokens in one step, then feed back the greedy token
+    eng_step_seq s = {.kv = &kv, .tokens = tokens, .n_tokens = PREFILL, .pos = 0};
+    fwd_step(&e, &s, 1, logits, fc->label);
+    for (int d = 0; d < DECODE; d++) {
+        tokens[PREFILL + d] = argmax(logits + d * V, V);
+        s = (eng_step_seq){
+            .kv = &kv, .tokens = tokens + PREFILL + d, .n_tokens = 1, .pos = PREFILL + d};
+        fwd_step(&e, &s, 1, logits + (d + 1) * V, fc->label);
+    }
+
+    double *ref = malloc((size_t)((PREFILL + DECODE) * V) * sizeof *ref);
+    ref_forward(&e.ref, tokens, PREFILL + DECODE, ref);
+    for (int d = 0; d <= DECODE; d++) {
+        int pos = PREFILL - 1 + d;
+        assert_logits_close(logits + d * V, ref + pos * V, V, fc->label,
+                            d == 0 ? "prefill" : "decode", pos);
+    }
+    eng_kv_release(e.kv, &kv);
+    free(ref);
+    free(logits);
+    fwd_close(&e);
+}
+
+#define KIND_TEST(name, ...)                                                                       \
+    Test(forward, name)                                                                            \
+    {                                                                                              \
+        fwd_case fc = {.label = #name, __VA_ARGS__};                                               \
+        prefill_and_decode_match_reference(&fc);                                                   \
+    }
+
+KIND_TEST(bf16_matches_reference, .quant = NULL)
+KIND_TEST(f32_matches_reference, .dtype = "f32")
+KIND_TEST(f16_matches_reference, .dtype = "f16")
+KIND_TEST(nf4_matches_reference, .quant = "nf4")
+KIND_TEST(nf4_double_quant_matches_reference, .quant = "nf4-dq")
+KIND_TEST(fp4_matches_reference, .quant = "fp4")
+KIND_TEST(int4_group32_matches_reference, .quant = "int4", .group_size = 32)
+KIND_TEST(int8_per_channel_matches_reference, .quant = "int8")
+KIND_TEST(nf4_with_quantized_lm_head_matches_reference, .quant = "nf4", .quantize_lm_head = true)
+KIND_TEST(gguf_q4_0_matches_reference, .gguf = true, .gguf_kind = QT_Q4_0)
+KIND_TEST(gguf_q4_1_matches_reference, .gguf = true, .gguf_kind = QT_Q4_1)
+KIND_TEST(gguf_q8_0_matches_reference, .gguf = true, .gguf_kind = QT_Q8_0)
+KIND_TEST(gguf_f16_tied_matches_reference, .gguf = true, .gguf_kind = QT_F16, .tie = true)
+KIND_TEST(qwen2_biases_tied_matches_reference, .arch = "Qwen2ForCausalLM", .tie = true)
+KIND_TEST(qwen2_nf4_matches_reference, .arch = "Qwen2ForCausalLM", .tie = true, .quant = "nf4")
+KIND_TEST(nf4_scalar_kernels_match_reference, .quant = "nf4", .scalar = true)
+KIND_TEST(gguf_q4_1_scalar_kernels_match_reference, .gguf = true, .gguf_kind = QT_Q4_1,
+          .scalar = true)
+KIND_TEST(multi_query_attention_matches_reference, .kv_heads = 1)
+KIND_TEST(multi_head_attention_matches_reference, .kv_heads = 4)
+KIND_TEST(rope_linear_scaling_matches_reference,
+          .config = "{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}")
+/* original context 64 puts the tiny model's 8 wavelengths (6.3 to 2e4) in
+ * all three llama3 bands: kept (< 16), blended, divided (> 64) */
+KIND_TEST(rope_llama3_scaling_matches_reference,
+          .config = "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+                    "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                    "\"original_max_position_embeddings\": 64}}")
+KIND_TEST(rope_theta_and_eps_from_config_match_reference,
+          .config = "{\"rope_theta\": 500000.0, \"rms_norm_eps\": 1e-6}")
+
+Test(forward, config_patches_reach_the_model)
+{
+    /* the reference follows cfg, so a patch the loader ignored would pass
+     * unnoticed: the patched fields must be what the tests above think */
+    fwd_case fc = {.label = "patched",
+                   .config = "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+                             "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                             "\"original_max_position_embeddings\": 64}, "
+                             "\"rope_theta\": 500000.0, \"rms_norm_eps\": 1e-6}"};
+    char path[700], msg[512];
+    make_model(&fc, path, sizeof path);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_LLAMA3);
+    cr_assert_eq(m.cfg.rope_original_max_position, 64);
+    cr_assert_float_eq(m.cfg.rope_factor, 8.0f, 0);
+    cr_assert_float_eq(m.cfg.rope_low_freq_factor, 1.0f, 0);
+    cr_assert_float_eq(m.cfg.rope_high_freq_factor, 4.0f, 0);
+    cr_assert_float_eq(m.cfg.rope_theta, 500000.0f, 0);
+    cr_assert_float_eq(m.cfg.rms_norm_eps, 1e-6f, 0);
+    eng_model_free(&m);
+    fc.config = "{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}";
+    make_model(&fc, path, sizeof path);
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_LINEAR);
+    cr_assert_float_eq(m.cfg.rope_factor, 2.0f, 0);
+    eng_model_free(&m);
+}
+
+/* A sequence longer than a KV block, whose blocks are not contiguous:
+ * another sequence takes a block between each of its growths. */
+Test(forward, long_sequence_over_scattered_blocks_matches_reference)
+{
+    fwd_case fc = {.label = "long"};
+    fwd_engine e;
+    fwd_open(&e, &fc, 16);
+    int64_t V = e.vocab;
+    enum { PROMPT = 40, TOTAL = 52 };
+    int32_t tokens[TOTAL];
+    uint64_t rng = 7;
+    for (int i = 0; i < PROMPT; i++)
+        tokens[i] = (int32_t)(test_rand(&rng) % (uint64_t)V);
+    float *logits = malloc((size_t)((TOTAL - PROMPT + 1) * V) * sizeof *logits);
+    eng_seq_kv kv = {0}, spacer = {0};
+    int32_t bt = eng_kv_block_tokens(e.kv);
+    cr_assert_eq(bt, 16);
+    /* prefill in chunks of 16, the spacer growing by a block after each */
+    for (int p = 0; p < PROMPT; p += 16) {
+        int n = PROMPT - p < 16 ? PROMPT - p : 16;
+        eng_step_seq s = {.kv = &kv, .tokens = tokens + p, .n_tokens = n, .pos = p};
+        fwd_step(&e, &s, 1, logits, "long prefill");
+        cr_assert_eq(eng_kv_reserve(e.kv, &spacer, spacer.n_blocks * bt + 1), ENG_OK);
+    }
+    for (int d = 0; PROMPT + d < TOTAL; d++) {
+        int pos = PROMPT + d;
+        tokens[pos] = argmax(logits + d * V, V);
+        eng_step_seq s = {.kv = &kv, .tokens = tokens + pos, .n_tokens = 1, .pos = pos};
+        fwd_step(&e, &s, 1, logits + (d + 1) * V, "long decode");
+        if (pos % bt == 0)
+            cr_assert_eq(eng_kv_reserve(e.kv, &spacer, spacer.n_blocks * bt + 1), ENG_OK);
+    }
+    bool scattered = false;
+    for (int i = 0; i + 1 < kv.n_blocks; i++)
+        scattered |= kv.blocks[i + 1] != kv.blocks[i] + 1;
+    cr_assert(scattered, "the sequence's %d blocks are one run: the test means them apart",
+              kv.n_blocks);
+    double *ref = malloc((size_t)(TOTAL * V) * sizeof *ref);
+    ref_forward(&e.ref, tokens, TOTAL, ref);
+    for (int d = 0; d <= TOTAL - PROMPT; d++)
+        assert_logits_close(logits + d * V, ref + (PROMPT - 1 + d) * V, V, "long sequence",
+                            d ? "decode" : "prefill", PROMPT - 1 + d);
+    eng_kv_release(e.kv, &kv);
+    eng_kv_release(e.kv, &spacer);
+    free(ref);
+    free(logits);
+    fwd_close(&e);
+}
+
+/* --- 2. a mixed batch: prefill chunks and decodes in the same steps ------- */
+
+#define MB_GEN   8  /* tokens each sequence generates greedily */
+#define MB_STEPS 16 /* the most steps (and logits) a sequence takes part in */
+
+typedef struct mb_seq {
+    const int32_t *prompt;
+    int n_prompt;
+    const int *chunks; /* prefill chunk per step; 0 sits the step out */
+    int n_chunks;
+    /* run state */
+    int next_chunk;
+    int32_t tokens[64]; /* prompt, then the generated tokens */
+    int n_tokens, fed, n_gen;
+    float *logits; /* MB_STEPS * vocab: the logits of each step taken part in */
+    int logit_pos[MB_STEPS];
+    int n_logits;
+    eng_seq_kv kv;
+} mb_seq;
+
+static void mb_reset(mb_seq *s, int64_t V)
+{
+    memcpy(s->tokens, s->prompt, (size_t)s->n_prompt * sizeof *s->tokens);
+    s->n_tokens = s->n_prompt;
+    s->fed = s->n_gen = s->n_logits = s->next_chunk = 0;
+    memset(&s->kv, 0, sizeof s->kv);
+    if (!s->logits)
+        s->logits = malloc((size_t)(MB_STEPS * V) * sizeof *s->logits);
+}
+
+static bool mb_done(const mb_seq *s)
+{
+    return s->next_chunk == s->n_chunks && s->n_gen == MB_GEN;
+}
+
+/* Run the sequences' schedule together, one eng_forward per step: each step
+ * a sequence takes its next prefill chunk, or, once prefilled, feeds the
+ * token it generated last; the last new token's logits pick the next. */
+static void mb_run(fwd_engine *e, mb_seq **seqs, int n, const char *label)
+{
+    int64_t V = e->vocab;
+    eng_step_seq step[4];
+    mb_seq *who[4];
+    float *logits = malloc((size_t)(4 * V) * sizeof *logits);
+    for (;;) {
+        bool all_done = true;
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            mb_seq *s = seqs[i];
+            if (mb_done(s))
+                continue;
+            all_done = false;
+            int len;
+            if (s->next_chunk < s->n_chunks)
+                len = s->chunks[s->next_chunk++];
+            else
+                len = 1; /* the generated token not yet fed */
+            if (len == 0)
+                continue;
+            cr_assert_leq(s->fed + len, s->n_tokens);
+            step[k] = (eng_step_seq){
+                .kv = &s->kv, .tokens = s->tokens + s->fed, .n_tokens = len, .pos = s->fed};
+            who[k++] = s;
+        }
+        if (all_done)
+            break;
+        if (k == 0)
+            continue;
+        fwd_step(e, step, k, logits, label);
+        for (int j = 0; j < k; j++) {
+            mb_seq *s = who[j];
+            s->fed += step[j].n_tokens;
+            cr_assert_lt(s->n_logits, MB_STEPS);
+            memcpy(s->logits + s->n_logits * V, logits + j * V, (size_t)V * sizeof *logits);
+            s->logit_pos[s->n_logits++] = s->fed - 1;
+            if (s->fed >= s->n_prompt) {
+                s->tokens[s->n_tokens++] = argmax(logits + j * V, V);
+                s->n_gen++;
+            }
+        }
+    }
+    free(logits);
+}
+
+static void mixed_batch_matches_each_alone(const fwd_case *fc)
+{
+    fwd_engine e;
+    /* blocks of 4: every sequence spans several, interleaved with the others' */
+    fwd_open(&e, fc, 4);
+    int64_t V = e.vocab;
+    static const int32_t pa[] = {259, 84, 104, 101, 32};
+    static const int32_t pb[] = {259, 256, 258, 97, 98, 99, 100, 46, 10};
+    static const int32_t pc[] = {259, 63};
+    /* step 1: A prefills all 5, B its first 4; step 2: A decodes its first
+     * token, B prefills its other 5, C all 2; then all three decode */
+    static const int ca[] = {5}, cb[] = {4, 5}, cc[] = {0, 2};
+    mb_seq together[3] = {{.prompt = pa, .n_prompt = 5, .chunks = ca, .n_chunks = 1},
+                          {.prompt = pb, .n_prompt = 9, .chunks = cb, .n_chunks = 2},
+                          {.prompt = pc, .n_prompt = 2, .chunks = cc, .n_chunks = 2}};
+    mb_seq alone[3];
+    memcpy(alone, together, sizeof alone);
+    static const char *const names[3] = {"A", "B", "C"};
+
+    mb_seq *all[3] = {&together[0], &together[1], &together[2]};
+    for (int i = 0; i < 3; i++) {
+        mb_reset(&together[i], V);
+        mb_reset(&alone[i], V);
+    }
+    mb_run(&e, all, 3, fc->label);
+    for (int i = 0; i < 3; i++) {
+        mb_seq *one = &alone[i];
+        mb_run(&e, &one, 1, fc->label);
+    }
+
+    char what[128];
+    for (int i = 0; i < 3; i++) {
+        mb_seq *t = &together[i], *a = &alone[i];
+        cr_assert_eq(t->n_logits, a->n_logits);
+        cr_assert_eq(t->n_tokens, t->n_prompt + MB_GEN);
+        for (int j = 0; j < t->n_tokens; j++)
+            cr_assert_eq(t->tokens[j], a->tokens[j],
+                         "%s: sequence %s's token %d is %d in the batch, %d alone", fc->label,
+                         names[i], j, t->tokens[j], a->tokens[j]);
+        /* the batch against the sequence alone, then both against the reference */
+        double *ref = malloc((size_t)(t->n_tokens * V) * sizeof *ref);
+        ref_forward(&e.ref, t->tokens, t->fed, ref);
+        double *alone64 = malloc((size_t)V * sizeof *alone64);
+        for (int j = 0; j < t->n_logits; j++) {
+            int pos = t->logit_pos[j];
+            cr_assert_eq(pos, a->logit_pos[j]);
+            const float *lt = t->logits + j * V, *la = a->logits + j * V;
+            for (int64_t x = 0; x < V; x++)
+                alone64[x] = la[x];
+            snprintf(what, sizeof what, "sequence %s batched vs alone", names[i]);
+            assert_logits_close(lt, alone64, V, fc->label, what, pos);
+            /* every row takes the same arithmetic at any batch size, so the
+             * batch changes no bit (and no sampled token) of a sequence */
+            for (int64_t x = 0; x < V; x++)
+                cr_assert(same_bits(lt[x], la[x]),
+                          "%s: sequence %s at position %d, logit %ld: %.9g batched, %.9g alone "
+                          "(not bit-exact)",
+                          fc->label, names[i], pos, (long)x, (double)lt[x], (double)la[x]);
+            snprintf(what, sizeof what, "sequence %s batched", names[i]);
+            assert_logits_close(lt, ref + pos * V, V, fc->label, what, pos);
+            snprintf(what, sizeof what, "sequence %s alone", names[i]);
+            assert_logits_close(la, ref + pos * V, V, fc->label, what, pos);
+        }
+        free(alone64);
+        free(ref);
+        eng_kv_release(e.kv, &t->kv);
+        eng_kv_release(e.kv, &a->kv);
+        free(t->logits);
+        free(a->logits);
+    }
+    cr_assert_eq(eng_kv_free_blocks(e.kv), eng_kv_total_blocks(e.kv), "every block came back");
+    fwd_close(&e);
+}
+
+Test(forward, mixed_batch_bf16_matches_each_alone)
+{
+    fwd_case fc = {.label = "mixed bf16"};
+    mixed_batch_matches_each_alone(&fc);
+}
+
+Test(forward, mixed_batch_nf4_matches_each_alone)
+{
+    fwd_case fc = {.label = "mixed nf4", .quant = "nf4"};
+    mixed_batch_matches_each_alone(&fc);
+}
+
+Test(forward, mixed_batch_gguf_q4_0_matches_each_alone)
+{
+    fwd_case fc = {.label = "mixed q4_0", .gguf = true, .gguf_kind = QT_Q4_0};
+    mixed_batch_matches_each_alone(&fc);
+}
+
+Test(forward, mixed_batch_scalar_kernels_fp4_matches_each_alone)
+{
+    fwd_case fc = {.label = "mixed fp4 scalar", .quant = "fp4", .scalar = true};
+    mixed_batch_matches_each_alone(&fc);
+}
+
+Test(forward, mixed_batch_qwen2_int8_matches_each_alone)
+{
+    fwd_case fc = {.label = "mixed qwen2 int8", .arch = "Qwen2ForCausalLM", .quant = "int8"};
+    mixed_batch_matches_each_alone(&fc);
+}
+
+/* --- 3. the KV cache and the forward pass's refusals -------------------- */
+
+/* Bytes of one block: K and V, f32, for every layer and kv head. */
+static size_t block_bytes(const eng_config *c, int32_t block_tokens)
+{
+    return (size_t)block_tokens * (size_t)c->n_layers * (size_t)c->n_kv_heads *
+           (size_t)c->head_dim * 2 * sizeof(float);
+}
+
+Test(forward, kv_cache_hands_out_whole_blocks_and_takes_them_back)
+{
+    char path[700], msg[512] = "";
+    fwd_case fc = {.label = "kv"};
+    make_model(&fc, path, sizeof path);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    size_t bb = block_bytes(&m.cfg, 16);
+
+    eng_kv_cache *kv = NULL;
+    cr_assert_neq(eng_kv_new(&kv, &m.cfg, bb - 1, 16, msg, sizeof msg), ENG_OK,
+                  "an arena too small for one block is refused");
+    cr_assert(msg[0], "with a message");
+    cr_assert_eq(eng_kv_new(&kv, &m.cfg, 4 * bb, 0, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_kv_block_tokens(kv), 16, "block_tokens 0 means 16");
+    cr_assert_eq(eng_kv_total_blocks(kv), 4, "4 blocks' bytes hold 4 blocks");
+    cr_assert_eq(eng_kv_free_blocks(kv), 4);
+    cr_assert_eq(eng_kv_blocks_for(kv, 0), 0);
+    cr_assert_eq(eng_kv_blocks_for(kv, 1), 1);
+    cr_assert_eq(eng_kv_blocks_for(kv, 16), 1);
+    cr_assert_eq(eng_kv_blocks_for(kv, 17), 2);
+    cr_assert_eq(eng_kv_blocks_for(kv, 64), 4);
+
+    eng_seq_kv a = {0}, b = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &a, 17), ENG_OK);
+    cr_assert_eq(a.n_blocks, 2);
+    cr_assert_eq(eng_kv_free_blocks(kv), 2);
+    cr_assert_eq(eng_kv_reserve(kv, &a, 20), ENG_OK, "room within the last block");
+    cr_assert_eq(a.n_blocks, 2);
+    cr_assert_eq(eng_kv_reserve(kv, &a, 5), ENG_OK, "reserving less keeps what is held");
+    cr_assert_eq(a.n_blocks, 2);
+    cr_assert_eq(eng_kv_free_blocks(kv), 2);
+
+    /* a request that does not fit takes nothing, from a new sequence or a
+     * growing one */
+    cr_assert_eq(eng_kv_reserve(kv, &b, 48), ENG_ENOMEM);
+    cr_assert_eq(b.n_blocks, 0);
+    cr_assert_eq(eng_kv_free_blocks(kv), 2);
+    cr_assert_eq(eng_kv_reserve(kv, &b, 16), ENG_OK);
+    cr_assert_eq(eng_kv_reserve(kv, &a, 64), ENG_ENOMEM);
+    cr_assert_eq(a.n_blocks, 2, "a failed growth keeps the blocks held");
+    cr_assert_eq(eng_kv_free_blocks(kv), 1);
+    cr_assert_eq(eng_kv_reserve(kv, &a, 48), ENG_OK, "the last block");
+    cr_assert_eq(eng_kv_free_blocks(kv), 0);
+    cr_assert_eq(eng_kv_reserve(kv, &b, 17), ENG_ENOMEM, "full");
+    cr_assert_eq(b.n_blocks, 1);
+
+    /* every block is held by exactly one sequence */
+    int owner[4] = {0, 0, 0, 0};
+    for (int i = 0; i < a.n_blocks; i++) {
+        cr_assert(a.blocks[i] >= 0 && a.blocks[i] < 4, "block id %d", a.blocks[i]);
+        owner[a.blocks[i]]++;
+    }
+    for (int i = 0; i < b.n_blocks; i++) {
+        cr_assert(b.blocks[i] >= 0 && b.blocks[i] < 4, "block id %d", b.blocks[i]);
+        owner[b.blocks[i]]++;
+    }
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(owner[i], 1, "block %d held %d times", i, owner[i]);
+
+    eng_kv_release(kv, &a);
+    cr_assert_eq(a.n_blocks, 0);
+    cr_assert_eq(a.n_tokens, 0);
+    cr_assert_null(a.blocks, "release zeroes the sequence");
+    cr_assert_eq(eng_kv_free_blocks(kv), 3);
+    cr_assert_eq(eng_kv_reserve(kv, &b, 64), ENG_OK, "released blocks are handed out again");
+    cr_assert_eq(eng_kv_free_blocks(kv), 0);
+    eng_kv_release(kv, &b);
+    cr_assert_eq(eng_kv_free_blocks(kv), 4);
+    eng_kv_release(kv, &b); /* releasing an empty sequence is harmless */
+    cr_assert_eq(eng_kv_free_blocks(kv), 4);
+    eng_kv_free(kv);
+    eng_model_free(&m);
+}
+
+/* A refused step: nonzero, a message (naming `expect` when given), and the
+ * KV bookkeeping untouched. */
+static void assert_refused(fwd_engine *e, const eng_step_seq *seqs, int32_t n, float *logits,
+                           const char *why, const char *expect)
+{
+    char msg[1024] = "";
+    int32_t before[4];
+    for (int32_t i = 0; i < n; i++)
+        before[i] = seqs[i].kv->n_tokens;
+    int32_t free_before = eng_kv_free_blocks(e->kv);
+    int rc = eng_forward(e->st, &e->m, e->kv, e->pool, seqs, n, logits, msg, sizeof msg);
+    cr_assert_neq(rc, ENG_OK, "%s: eng_forward accepted it", why);
+    cr_assert(msg[0], "%s: refused (%s) without a message", why, eng_strerror(rc));
+    if (expect)
+        cr_assert(strstr(msg, expect), "%s: '%s' lacks '%s'", why, msg, expect);
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_eq(seqs[i].kv->n_tokens, before[i], "%s: sequence %d's n_tokens changed", why, i);
+    cr_assert_eq(eng_kv_free_blocks(e->kv), free_before, "%s: KV blocks taken or given", why);
+}
+
+Test(forward, refuses_bad_steps_without_harming_other_sequences)
+{
+    fwd_case fc = {.label = "refusals", .config = "{\"max_position_embeddings\": 24}"};
+    fwd_engine e;
+    fwd_open(&e, &fc, 16);
+    int64_t V = e.vocab;
+    cr_assert_eq(e.m.cfg.max_position_embeddings, 24);
+    int32_t tokens[32];
+    uint64_t rng = 11;
+    for (int i = 0; i < 32; i++)
+        tokens[i] = (int32_t)(test_rand(&rng) % (uint64_t)V);
+    float *logits = malloc((size_t)(2 * V) * sizeof *logits);
+    float *keep = malloc((size_t)(8 * V) * sizeof *keep);
+    int kept_pos[8], n_kept = 0;
+
+    /* A: 10 positions written; B: one block reserved, 6 written */
+    eng_seq_kv a = {0}, b = {0};
+    eng_step_seq sa = {.kv = &a, .tokens = tokens, .n_tokens = 10, .pos = 0};
+    fwd_step(&e, &sa, 1, keep, "A prefill");
+    kept_pos[n_kept++] = 9;
+    int32_t other[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    eng_step_seq sb = {.kv = &b, .tokens = other, .n_tokens = 6, .pos = 0};
+    fwd_step(&e, &sb, 1, logits, "B prefill");
+    cr_assert_eq(b.n_blocks, 1);
+
+    /* B writing past its reserved block, in a step with A's next tokens */
+    eng_step_seq bad[2] = {{.kv = &a, .tokens = tokens + 10, .n_tokens = 2, .pos = 10},
+                           {.kv = &b, .tokens = other + 6, .n_tokens = 11, .pos = 6}};
+    cr_assert_eq(eng_kv_reserve(e.kv, &a, 12), ENG_OK);
+    assert_refused(&e, bad, 2, logits, "positions past the reserved KV", "reserved");
+
+    /* a token id outside the vocabulary, either side */
+    int32_t oov[2] = {5, (int32_t)V};
+    bad[1] = (eng_step_seq){.kv = &b, .tokens = oov, .n_tokens = 2, .pos = 6};
+    assert_refused(&e, bad, 2, logits, "token id == vocab_size", "vocabulary");
+    oov[1] = -1;
+    assert_refused(&e, bad, 2, logits, "token id -1", "vocabulary");
+
+    /* a position after a gap: B has 6 cached, writing at 8 would attend to
+     * positions 6 and 7 that hold nothing */
+    bad[1] = (eng_step_seq){.kv = &b, .tokens = other + 8, .n_tokens = 2, .pos = 8};
+    assert_refused(&e, bad, 2, logits, "a gap before the new positions", NULL);
+
+    /* more new tokens than the forward state was sized for: three fresh
+     * sequences of 22 (each inside the context), 66 in all */
+    enum { N = 22 };
+    cr_assert_gt(3 * N, FWD_MAX_TOKEN);
+    eng_seq_kv c[3] = {{0}, {0}, {0}};
+    eng_step_seq big[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(eng_kv_reserve(e.kv, &c[i], N), ENG_OK);
+        big[i] = (eng_step_seq){.kv = &c[i], .tokens = tokens + i, .n_tokens = N, .pos = 0};
+    }
+    float *out = malloc((size_t)(3 * V) * sizeof *out);
+    assert_refused(&e, big, 3, out, "more tokens than max_tokens", NULL);
+    for (int i = 0; i < 3; i++)
+        eng_kv_release(e.kv, &c[i]);
+    free(out);
+
+    /* A goes on as if nothing had happened: 10..11, then 12..20 */
+    sa = (eng_step_seq){.kv = &a, .tokens = tokens + 10, .n_tokens = 2, .pos = 10};
+    fwd_step(&e, &sa, 1, keep + n_kept * V, "A after refusals");
+    kept_pos[n_kept++] = 11;
+    sa = (eng_step_seq){.kv = &a, .tokens = tokens + 12, .n_tokens = 9, .pos = 12};
+    fwd_step(&e, &sa, 1, keep + n_kept * V, "A to 21");
+    kept_pos[n_kept++] = 20;
+
+    /* past the context (24): A at 21 with 4 tokens is refused, with 3 taken */
+    cr_assert_eq(eng_kv_reserve(e.kv, &a, 32), ENG_OK);
+    sa = (eng_step_seq){.kv = &a, .tokens = tokens + 21, .n_tokens = 4, .pos = 21};
+    assert_refused(&e, &sa, 1, logits, "positions past max_position_embeddings", "context");
+    sa.n_tokens = 3;
+    fwd_step(&e, &sa, 1, keep + n_kept * V, "A to the context's end");
+    kept_pos[n_kept++] = 23;
+
+    double *ref = malloc((size_t)(24 * V) * sizeof *ref);
+    ref_forward(&e.ref, tokens, 24, ref);
+    for (int i = 0; i < n_kept; i++)
+        assert_logits_close(keep + i * V, ref + kept_pos[i] * V, V, "sequence A",
+                            "after refused steps", kept_pos[i]);
+
+    /* and B, whose bad steps were refused, still continues correctly */
+    sb = (eng_step_seq){.kv = &b, .tokens = other + 6, .n_tokens = 4, .pos = 6};
+    fwd_step(&e, &sb, 1, logits, "B after refusals");
+    ref_forward(&e.ref, other, 10, ref);
+    assert_logits_close(logits, ref + 9 * V, V, "sequence B", "after refused steps", 9);
+
+    eng_kv_release(e.kv, &a);
+    eng_kv_release(e.kv, &b);
+    free(ref);
+    free(keep);
+    free(logits);
+    fwd_close(&e);
+}
+
+/* --- 4. the worker pool ----------------------------------------------------- */
+
+typedef struct cover_ctx {
+    atomic_int *hits;
+    int64_t n;
+    atomic_int bad_ranges;
+} cover_ctx;
+
+static void cover(void *ctx, int64_t begin, int64_t end)
+{
+    cover_ctx *c = ctx;
+    if (begin < 0 || end > c->n || begin > end) {
+        atomic_fetch_add(&c->bad_ranges, 1);
+        return;
+    }
+    for (int64_t i = begin; i < end; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void pool_covers_every_index_once(int threads)
+{
+    eng_pool *p = NULL;
+    char msg[256];
+    cr_assert_eq(eng_pool_new(&p, threads, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_pool_threads(p), threads);
+    static const int64_t ns[] = {0, 1, 2, 3, 7, 64, 100, 1000, 4097};
+    static const int64_t grains[] = {1, 2, 3, 16, 64, 1000, 5000};
+    atomic_int *hits = malloc(4097 * sizeof *hits);
+    for (int rep = 0; rep < 20; rep++) {
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+            for (size_t g = 0; g < sizeof grains / sizeof *grains; g++) {
+                int64_t n = ns[a];
+                for (int64_t i = 0; i < n; i++)
+                    atomic_init(&hits[i], 0);
+                cover_ctx c = {.hits = hits, .n = n};
+                atomic_init(&c.bad_ranges, 0);
+                eng_pool_run(p, cover, &c, n, grains[g]);
+                cr_assert_eq(atomic_load(&c.bad_ranges), 0,
+                             "%d threads, n %ld, grain %ld: a range outside [0, n)", threads,
+                             (long)n, (long)grains[g]);
+                for (int64_t i = 0; i < n; i++)
+                    cr_assert_eq(atomic_load(&hits[i]), 1,
+                                 "%d threads, n %ld, grain %ld: index %ld run %d times", threads,
+                                 (long)n, (long)grains[g], (long)i, atomic_load(&hits[i]));
+            }
+        }
+    }
+    free(hits);
+    eng_pool_free(p);
+}
+
+Test(forward, pool_of_one_thread_covers_every_index_once)
+{
+    pool_covers_every_index_once(1);
+}
+
+Test(forward, pool_of_three_threads_covers_every_index_once)
+{
+    pool_covers_every_index_once(3);
+}
+
+Test(forward, pool_of_zero_threads_uses_the_machine)
+{
+    eng_pool *p = NULL;
+    char msg[256];
+    cr_assert_eq(eng_pool_new(&p, 0, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_geq(eng_pool_threads(p), 1);
+    eng_pool_free(p);
+}

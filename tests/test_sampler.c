@@ -1,0 +1,789 @@
+/*
+ * test_sampler.c - the sampler and the stop strings (engine/sampler.c).
+ *
+ * Sampling: greedy is the argmax with the lowest id on ties and uses no
+ * randomness; temperature, top-k and top-p draw with the frequencies of the
+ * exact renormalised probabilities, computed here in double from first
+ * principles (20000 draws from a fixed seed, each frequency within 0.015 of
+ * its probability: more than four standard errors, sqrt(p(1-p)/20000) <=
+ * 0.0036, and tokens outside the kept set never drawn at all); top-k ties
+ * keep the lower ids and top-p ties likewise; top_k 1 is greedy and a tiny
+ * top_p keeps the top token only; the same seed gives the same tokens
+ * whatever other sequences draw in between, another seed other tokens; the
+ * repetition penalty divides positive and multiplies negative logits of
+ * every distinct token seen, prompt included; parameter checks name the
+ * field and the value; NaN and infinite logits; a 150k vocabulary with
+ * every filter draws only tokens the reference keeps.
+ *
+ * Stop strings: held across feeds and never emitted, partial matches let
+ * go, overlapping stop strings, a stop at the very start, whole UTF-8
+ * characters held, flush, feeds after a stop, and random texts cut into
+ * random feeds matching a byte-by-byte reference.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "test_util.h"
+
+/* --- helpers ---------------------------------------------------------------- */
+
+#define DRAWS     20000
+#define TOLERANCE 0.015
+
+static void *new_scratch(int32_t vocab)
+{
+    void *p = malloc((size_t)vocab * (sizeof(float) + sizeof(int32_t)));
+    cr_assert(p);
+    return p;
+}
+
+static void init_sampler(eng_sampler *s, const eng_sampling *p)
+{
+    cr_assert_eq(eng_sampler_init(s, p, NULL, 0), ENG_OK);
+}
+
+/* One draw from a copy of logits (eng_sample changes them in place). */
+static int32_t sample_copy(eng_sampler *s, const float *logits, int32_t vocab, float *work,
+                           void *scratch)
+{
+    memcpy(work, logits, (size_t)vocab * sizeof *work);
+    int32_t t = eng_sample(s, work, vocab, scratch);
+    cr_assert(t >= 0 && t < vocab, "token %d outside the vocabulary of %d", t, vocab);
+    return t;
+}
+
+static const float *g_order_logits;
+
+/* logit descending, id ascending: the order top-k and top-p rank tokens */
+static int by_logit_then_id(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float lx = g_order_logits[x], ly = g_order_logits[y];
+    if (lx != ly)
+        return lx > ly ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/*
+ * The distribution HF's warpers give, in double: logits / T, keep the top_k
+ * best (lower id on ties), softmax, keep the smallest prefix reaching top_p,
+ * renormalise. probs[vocab] receives it; returns how many tokens are kept.
+ */
+static int32_t reference_probs(const float *logits, int32_t vocab, double temperature,
+                               int32_t top_k, double top_p, double *probs)
+{
+    int32_t *order = malloc((size_t)vocab * sizeof *order);
+    cr_assert(order);
+    for (int32_t i = 0; i < vocab; i++)
+        order[i] = i;
+    g_order_logits = logits;
+    qsort(order, (size_t)vocab, sizeof *order, by_logit_then_id);
+    int32_t n = top_k > 0 && top_k < vocab ? top_k : vocab;
+    double max = logits[order[0]], total = 0;
+    for (int32_t i = 0; i < vocab; i++)
+        probs[i] = 0;
+    for (int32_t r = 0; r < n; r++)
+        total += probs[order[r]] = exp(((double)logits[order[r]] - max) / temperature);
+    if (top_p > 0 && top_p < 1) {
+        double cum = 0;
+        int32_t keep = 0;
+        while (keep < n) {
+            cum += probs[order[keep++]] / total;
+            if (cum >= top_p)
+                break;
+        }
+        for (int32_t r = keep; r < n; r++)
+            probs[order[r]] = 0;
+        n = keep;
+    }
+    total = 0;
+    for (int32_t r = 0; r < n; r++)
+        total += probs[order[r]];
+    for (int32_t r = 0; r < n; r++)
+        probs[order[r]] /= total;
+    free(order);
+    return n;
+}
+
+/* DRAWS draws with p; every frequency within TOLERANCE of the reference,
+ * and no token the reference drops ever drawn. */
+static void expect_distribution(const eng_sampling *p, const float *logits, int32_t vocab)
+{
+    double *expected = malloc((size_t)vocab * sizeof *expected);
+    int *counts = calloc((size_t)vocab, sizeof *counts);
+    float *work = malloc((size_t)vocab * sizeof *work);
+    void *scratch = new_scratch(vocab);
+    cr_assert(expected && counts && work);
+    reference_probs(logits, vocab, p->temperature, p->top_k, p->top_p, expected);
+    eng_sampler s;
+    init_sampler(&s, p);
+    for (int d = 0; d < DRAWS; d++)
+        counts[sample_copy(&s, logits, vocab, work, scratch)]++;
+    for (int32_t i = 0; i < vocab; i++) {
+        double freq = (double)counts[i] / DRAWS;
+        if (expected[i] == 0)
+            cr_assert_eq(counts[i], 0, "token %d is outside the kept set but was drawn %d times", i,
+                         counts[i]);
+        else
+            cr_assert(fabs(freq - expected[i]) <= TOLERANCE,
+                      "token %d: frequency %.4f, probability %.4f (T %g, top_k %d, top_p %g)", i,
+                      freq, expected[i], (double)p->temperature, p->top_k, (double)p->top_p);
+    }
+    eng_sampler_free(&s);
+    free(expected);
+    free(counts);
+    free(work);
+    free(scratch);
+}
+
+static const float small_logits[10] = {1.0f, 2.5f, -0.5f, 2.0f, 0.0f,
+                                       3.0f, 1.5f, -2.0f, 2.5f, 0.5f};
+
+/* --- greedy -------------------------------------------------------------------- */
+
+Test(sampler, greedy_picks_argmax_lowest_id_on_ties)
+{
+    eng_sampling p = {0};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    float a[6] = {0.5f, 3.0f, -1.0f, 7.0f, 7.0f, 2.0f};
+    cr_assert_eq(eng_sample(&s, a, 6, NULL), 3);
+    float b[4] = {-5.0f, -1.0f, -1.0f, -3.0f};
+    cr_assert_eq(eng_sample(&s, b, 4, NULL), 1);
+    float c[1] = {-100.0f};
+    cr_assert_eq(eng_sample(&s, c, 1, NULL), 0);
+    eng_sampler_free(&s);
+}
+
+Test(sampler, greedy_ignores_top_k_top_p_and_draws_nothing)
+{
+    eng_sampling p = {.temperature = 0, .top_k = 3, .top_p = 0.1f, .seed = 9};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    uint64_t before[4];
+    memcpy(before, s.rng, sizeof before);
+    void *scratch = new_scratch(10);
+    float work[10];
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(sample_copy(&s, small_logits, 10, work, scratch), 5);
+    cr_assert(memcmp(before, s.rng, sizeof before) == 0, "greedy advanced the random stream");
+    eng_sampler_free(&s);
+    free(scratch);
+}
+
+/* --- distributions ---------------------------------------------------------------- */
+
+Test(sampler, temperature_draws_the_softmax)
+{
+    eng_sampling p = {.temperature = 1.0f, .seed = 1};
+    expect_distribution(&p, small_logits, 10);
+    p.temperature = 0.6f;
+    p.seed = 2;
+    expect_distribution(&p, small_logits, 10);
+    p.temperature = 2.5f;
+    p.seed = 3;
+    expect_distribution(&p, small_logits, 10);
+}
+
+Test(sampler, top_k_draws_the_renormalised_best_k)
+{
+    eng_sampling p = {.temperature = 1.0f, .top_k = 4, .seed = 4};
+    expect_distribution(&p, small_logits, 10);
+    p.top_k = 2; /* 5 and the tie 1/8 at 2.5: the lower id (1) stays */
+    p.seed = 5;
+    expect_distribution(&p, small_logits, 10);
+    p.top_k = 10; /* the whole vocabulary: off */
+    expect_distribution(&p, small_logits, 10);
+}
+
+Test(sampler, top_p_draws_the_renormalised_nucleus)
+{
+    eng_sampling p = {.temperature = 1.0f, .top_p = 0.7f, .seed = 6};
+    expect_distribution(&p, small_logits, 10);
+    p.top_p = 0.9f;
+    p.temperature = 0.8f;
+    p.seed = 7;
+    expect_distribution(&p, small_logits, 10);
+    p.top_p = 1.0f; /* off */
+    expect_distribution(&p, small_logits, 10);
+}
+
+Test(sampler, top_k_then_top_p)
+{
+    eng_sampling p = {.temperature = 1.3f, .top_k = 5, .top_p = 0.8f, .seed = 8};
+    expect_distribution(&p, small_logits, 10);
+}
+
+Test(sampler, top_k_ties_keep_the_lower_ids)
+{
+    float flat[10];
+    for (int i = 0; i < 10; i++)
+        flat[i] = 1.25f;
+    eng_sampling p = {.temperature = 1.0f, .top_k = 3, .seed = 10};
+    expect_distribution(&p, flat, 10); /* 1/3 each on ids 0, 1, 2; none elsewhere */
+}
+
+Test(sampler, top_p_ties_keep_the_lower_ids)
+{
+    /* 1000 equal logits: the nucleus of 0.5 is exactly ids 0..499, found by
+     * the selection inside one bucket that holds everything */
+    enum { V = 1000 };
+    float *flat = malloc(V * sizeof *flat), *work = malloc(V * sizeof *work);
+    void *scratch = new_scratch(V);
+    for (int i = 0; i < V; i++)
+        flat[i] = -3.0f;
+    eng_sampling p = {.temperature = 0.7f, .top_p = 0.5f, .seed = 11};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    int32_t highest = 0;
+    for (int d = 0; d < 5000; d++) {
+        int32_t t = sample_copy(&s, flat, V, work, scratch);
+        cr_assert(t < 500, "token %d is outside the nucleus 0..499", t);
+        if (t > highest)
+            highest = t;
+    }
+    cr_assert(highest > 490, "the nucleus should reach id 499; highest drawn %d", highest);
+    eng_sampler_free(&s);
+    free(flat);
+    free(work);
+    free(scratch);
+}
+
+Test(sampler, top_k_1_is_greedy)
+{
+    enum { V = 500 };
+    float logits[V], work[V];
+    void *scratch = new_scratch(V);
+    uint64_t r = 12;
+    eng_sampling p = {.temperature = 1.3f, .top_k = 1, .seed = 12};
+    eng_sampler s, g;
+    eng_sampling greedy = {0};
+    init_sampler(&s, &p);
+    init_sampler(&g, &greedy);
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < V; i++)
+            logits[i] = 4 * test_normal(&r);
+        if (round % 5 == 0) /* a tie for first place: the lower id */
+            logits[400] = logits[17] = 100.0f;
+        int32_t want = sample_copy(&g, logits, V, work, scratch);
+        cr_assert_eq(sample_copy(&s, logits, V, work, scratch), want);
+    }
+    eng_sampler_free(&s);
+    eng_sampler_free(&g);
+    free(scratch);
+}
+
+Test(sampler, tiny_top_p_keeps_only_the_top_token)
+{
+    eng_sampling p = {.temperature = 5.0f, .top_p = 1e-6f, .seed = 13};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    void *scratch = new_scratch(10);
+    float work[10];
+    for (int d = 0; d < 2000; d++)
+        cr_assert_eq(sample_copy(&s, small_logits, 10, work, scratch), 5);
+    eng_sampler_free(&s);
+    free(scratch);
+}
+
+/* --- reproducibility ----------------------------------------------------------------- */
+
+static void draw_sequence(uint64_t seed, int32_t *out, int n, bool interleave)
+{
+    enum { V = 64 };
+    float logits[V], other[V], work[V];
+    uint64_t r = 99;
+    for (int i = 0; i < V; i++)
+        logits[i] = test_normal(&r);
+    for (int i = 0; i < V; i++)
+        other[i] = 3 * test_normal(&r);
+    void *scratch = new_scratch(V);
+    eng_sampling p = {.temperature = 1.0f, .top_p = 0.95f, .seed = seed};
+    eng_sampling q = {.temperature = 0.5f, .top_k = 7, .seed = 12345};
+    eng_sampler s, neighbour;
+    init_sampler(&s, &p);
+    init_sampler(&neighbour, &q);
+    for (int i = 0; i < n; i++) {
+        if (interleave) /* another sequence of the batch, drawing in between */
+            for (int j = 0; j <= i % 3; j++)
+                sample_copy(&neighbour, other, V, work, scratch);
+        out[i] = sample_copy(&s, logits, V, work, scratch);
+    }
+    eng_sampler_free(&s);
+    eng_sampler_free(&neighbour);
+    free(scratch);
+}
+
+Test(sampler, same_seed_same_tokens_whatever_else_is_in_the_batch)
+{
+    int32_t a[200], b[200], c[200];
+    draw_sequence(42, a, 200, false);
+    draw_sequence(42, b, 200, false);
+    draw_sequence(42, c, 200, true);
+    cr_assert(memcmp(a, b, sizeof a) == 0, "the same seed gave different tokens");
+    cr_assert(memcmp(a, c, sizeof a) == 0, "another sequence's draws changed this one's tokens");
+}
+
+Test(sampler, different_seeds_different_tokens)
+{
+    int32_t a[200], b[200];
+    draw_sequence(42, a, 200, false);
+    draw_sequence(43, b, 200, false);
+    int differ = 0;
+    for (int i = 0; i < 200; i++)
+        differ += a[i] != b[i];
+    cr_assert(differ > 50, "seeds 42 and 43 differ at %d of 200 tokens", differ);
+}
+
+/* --- repetition penalty ------------------------------------------------------------ */
+
+Test(sampler, repetition_penalty_divides_positive_multiplies_negative)
+{
+    /* the prompt repeats 1, names an id past the vocabulary and a negative
+     * one: each distinct seen token is penalised once, the others ignored */
+    const int32_t prompt[] = {0, 1, 1, 4, 1, 999999, -5};
+    eng_sampling p = {.repetition_penalty = 2.0f};
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 7), ENG_OK);
+    cr_assert_eq(s.n_seen, 4, "distinct non-negative ids seen: %zu", s.n_seen);
+
+    float l[5] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f};
+    cr_assert_eq(eng_sample(&s, l, 5, NULL), 2);
+    const float want[5] = {1.0f, -4.0f, 1.5f, 0.5f, 0.0f};
+    for (int i = 0; i < 5; i++)
+        cr_assert(same_bits(l[i], want[i]), "logit %d: %g, want %g", i, (double)l[i],
+                  (double)want[i]);
+
+    /* 2 was generated: now it is penalised too */
+    float m[5] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f};
+    cr_assert_eq(eng_sample(&s, m, 5, NULL), 0);
+    cr_assert(same_bits(m[2], 0.75f), "generated token's logit %g, want 0.75", (double)m[2]);
+    eng_sampler_free(&s);
+
+    /* a penalty under 1 favours what was seen */
+    p.repetition_penalty = 0.5f;
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 2), ENG_OK);
+    float e[3] = {1.0f, -1.0f, 1.9f};
+    cr_assert_eq(eng_sample(&s, e, 3, NULL), 0);
+    cr_assert(same_bits(e[0], 2.0f) && same_bits(e[1], -0.5f) && same_bits(e[2], 1.9f));
+    eng_sampler_free(&s);
+}
+
+Test(sampler, repetition_penalty_off_at_0_and_1)
+{
+    const int32_t prompt[] = {0};
+    for (int k = 0; k < 2; k++) {
+        eng_sampling p = {.repetition_penalty = (float)k};
+        eng_sampler s;
+        cr_assert_eq(eng_sampler_init(&s, &p, prompt, 1), ENG_OK);
+        float l[2] = {3.0f, 2.0f};
+        cr_assert_eq(eng_sample(&s, l, 2, NULL), 0);
+        cr_assert(same_bits(l[0], 3.0f));
+        eng_sampler_free(&s);
+    }
+}
+
+/* --- parameter checks -------------------------------------------------------------- */
+
+static void expect_refused(eng_sampling p, const char *field, const char *value)
+{
+    char msg[256] = "";
+    cr_assert_eq(eng_sampling_check(&p, msg, sizeof msg), ENG_EINVAL, "%s %s was accepted", field,
+                 value);
+    cr_assert(strstr(msg, field) && strstr(msg, value), "message \"%s\" should name %s and %s", msg,
+              field, value);
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), ENG_EINVAL);
+    eng_sampler_free(&s);
+}
+
+Test(sampler, check_refuses_each_bad_field_by_name)
+{
+    eng_sampling ok = {.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .repetition_penalty = 1.1f};
+    char msg[256];
+    cr_assert_eq(eng_sampling_check(&ok, msg, sizeof msg), ENG_OK);
+    eng_sampling zero = {0};
+    cr_assert_eq(eng_sampling_check(&zero, msg, sizeof msg), ENG_OK);
+    eng_sampling edge = {.temperature = 1e-6f, .top_p = 1.0f, .repetition_penalty = 1e-3f};
+    cr_assert_eq(eng_sampling_check(&edge, msg, sizeof msg), ENG_OK);
+
+    eng_sampling p = ok;
+    p.temperature = -1.0f;
+    expect_refused(p, "temperature", "-1");
+    p.temperature = NAN;
+    expect_refused(p, "temperature", "nan");
+    p.temperature = INFINITY;
+    expect_refused(p, "temperature", "inf");
+    p = ok;
+    p.top_k = -3;
+    expect_refused(p, "top_k", "-3");
+    p = ok;
+    p.top_p = 1.5f;
+    expect_refused(p, "top_p", "1.5");
+    p.top_p = -0.25f;
+    expect_refused(p, "top_p", "-0.25");
+    p.top_p = NAN;
+    expect_refused(p, "top_p", "nan");
+    p = ok;
+    p.repetition_penalty = -1.0f;
+    expect_refused(p, "repetition_penalty", "-1");
+    p.repetition_penalty = INFINITY;
+    expect_refused(p, "repetition_penalty", "inf");
+    p.repetition_penalty = NAN;
+    expect_refused(p, "repetition_penalty", "nan");
+}
+
+/* --- NaN and infinities -------------------------------------------------------------- */
+
+Test(sampler, nan_logits_count_as_minus_infinity)
+{
+    void *scratch = new_scratch(8);
+    float work[8];
+    eng_sampling greedy = {0}, hot = {.temperature = 1.0f, .top_p = 0.99f, .seed = 14};
+    eng_sampler g, h;
+    init_sampler(&g, &greedy);
+    init_sampler(&h, &hot);
+
+    const float some[5] = {NAN, 1.0f, NAN, 3.0f, 3.0f};
+    cr_assert_eq(sample_copy(&g, some, 5, work, scratch), 3);
+    memcpy(work, some, sizeof some);
+    eng_sample(&g, work, 5, scratch);
+    cr_assert(work[0] == -INFINITY && work[2] == -INFINITY, "NaN left in place");
+
+    const float all_nan[4] = {NAN, NAN, NAN, NAN};
+    cr_assert_eq(sample_copy(&g, all_nan, 4, work, scratch), 0);
+    cr_assert_eq(sample_copy(&h, all_nan, 4, work, scratch), 0);
+
+    const float nothing[3] = {NAN, -INFINITY, -INFINITY};
+    cr_assert_eq(sample_copy(&g, nothing, 3, work, scratch), 1);
+    cr_assert_eq(sample_copy(&h, nothing, 3, work, scratch), 1);
+
+    const float mixed[4] = {NAN, 0.0f, NAN, 0.0f};
+    int counts[4] = {0};
+    for (int d = 0; d < 2000; d++)
+        counts[sample_copy(&h, mixed, 4, work, scratch)]++;
+    cr_assert(counts[0] == 0 && counts[2] == 0, "a NaN token was drawn");
+    cr_assert(counts[1] > 800 && counts[3] > 800, "1 and 3 are equally likely: %d %d", counts[1],
+              counts[3]);
+    eng_sampler_free(&g);
+    eng_sampler_free(&h);
+    free(scratch);
+}
+
+Test(sampler, infinite_logits_share_all_the_probability)
+{
+    void *scratch = new_scratch(4);
+    float work[4];
+    const float l[4] = {0.0f, INFINITY, 5.0f, INFINITY};
+    eng_sampling p = {.temperature = 1.0f, .seed = 15};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    int counts[4] = {0};
+    for (int d = 0; d < 2000; d++)
+        counts[sample_copy(&s, l, 4, work, scratch)]++;
+    cr_assert(counts[0] == 0 && counts[2] == 0, "a finite logit beat +inf");
+    cr_assert(counts[1] > 800 && counts[3] > 800, "the +inf tokens share equally: %d %d", counts[1],
+              counts[3]);
+    eng_sampler_free(&s);
+    free(scratch);
+}
+
+/* --- a real vocabulary's size -------------------------------------------------------- */
+
+Test(sampler, vocabulary_of_150k_draws_only_what_the_reference_keeps)
+{
+    enum { V = 150000 };
+    float *logits = malloc(V * sizeof *logits), *work = malloc(V * sizeof *work);
+    double *probs = malloc(V * sizeof *probs);
+    void *scratch = new_scratch(V);
+    cr_assert(logits && work && probs);
+    uint64_t r = 16;
+    for (int i = 0; i < V; i++) /* roughly a language model's spread */
+        logits[i] = 2.5f * test_normal(&r);
+    const eng_sampling cases[] = {
+        {.temperature = 1.0f, .top_k = 50, .seed = 1},
+        {.temperature = 0.8f, .top_p = 0.9f, .seed = 2},
+        {.temperature = 1.0f, .top_k = 40, .top_p = 0.95f, .seed = 3},
+        {.temperature = 1.0f, .top_k = 100000, .top_p = 0.5f, .seed = 4},
+        {.temperature = 1.0f, .top_p = 0.999999f, .seed = 5},
+        {.temperature = 100.0f, .top_p = 0.5f, .seed = 6},
+        {.temperature = 0.05f, .top_p = 0.9f, .seed = 7},
+        {.temperature = 1.0f, .seed = 8},
+        {.temperature = 1.0f, .top_k = 1, .seed = 9},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const eng_sampling *p = &cases[c];
+        int32_t kept = reference_probs(logits, V, p->temperature, p->top_k, p->top_p, probs);
+        eng_sampler s;
+        init_sampler(&s, p);
+        for (int d = 0; d < 20; d++) {
+            int32_t t = sample_copy(&s, logits, V, work, scratch);
+            cr_assert(probs[t] > 0, "case %zu: token %d is not among the %d kept", c, t, kept);
+        }
+        eng_sampler_free(&s);
+    }
+    free(logits);
+    free(work);
+    free(probs);
+    free(scratch);
+}
+
+/* --- stop strings ------------------------------------------------------------------ */
+
+/* Feed text; the emitted piece must be `want` and the stop result `stopped`. */
+static void feed_expect(eng_stop *st, const char *text, const char *want, bool stopped)
+{
+    const char *emit;
+    size_t len;
+    bool got = eng_stop_feed(st, text, strlen(text), &emit, &len);
+    cr_assert_eq(got, stopped, "feeding \"%s\": stopped %d", text, got);
+    cr_assert(len == strlen(want) && memcmp(emit, want, len) == 0,
+              "feeding \"%s\" emitted \"%.*s\", want \"%s\"", text, (int)len, emit, want);
+}
+
+static void flush_expect(eng_stop *st, const char *want)
+{
+    const char *emit;
+    size_t len;
+    eng_stop_flush(st, &emit, &len);
+    cr_assert(len == strlen(want) && memcmp(emit, want, len) == 0,
+              "flush emitted \"%.*s\", want \"%s\"", (int)len, emit, want);
+}
+
+static eng_stop *new_stop(const char *const *stops, size_t n)
+{
+    eng_stop *st;
+    char msg[256];
+    cr_assert_eq(eng_stop_new(&st, stops, n, msg, sizeof msg), ENG_OK, "%s", msg);
+    return st;
+}
+
+Test(stop, no_stop_strings_emit_everything_at_once)
+{
+    eng_stop *st = new_stop(NULL, 0);
+    feed_expect(st, "Hello <|", "Hello <|", false);
+    feed_expect(st, "", "", false);
+    feed_expect(st, "end|>", "end|>", false);
+    flush_expect(st, "");
+    eng_stop_free(st);
+}
+
+Test(stop, stop_split_across_three_feeds_is_never_emitted)
+{
+    const char *stops[] = {"<|end|>"};
+    eng_stop *st = new_stop(stops, 1);
+    feed_expect(st, "Hello <|", "Hello ", false);
+    feed_expect(st, "en", "", false);
+    feed_expect(st, "d|> and after", "", true);
+    eng_stop_free(st);
+}
+
+Test(stop, partial_match_that_fails_is_emitted)
+{
+    const char *stops[] = {"STOP"};
+    eng_stop *st = new_stop(stops, 1);
+    feed_expect(st, "ST", "", false);
+    feed_expect(st, "ART ", "START ", false);
+    feed_expect(st, "a STO", "a ", false);
+    feed_expect(st, "x", "STOx", false);
+    feed_expect(st, "SSTO", "S", false); /* "STO" may still become STOP */
+    feed_expect(st, "P!", "", true);
+    eng_stop_free(st);
+}
+
+Test(stop, overlapping_stop_strings)
+{
+    /* several stop strings share prefixes; the first to complete wins, and
+     * of those completing on one byte the longest */
+    const char *stops[] = {"abc", "abd", "bd", "xyz"};
+    eng_stop *st = new_stop(stops, 4);
+    feed_expect(st, "1 ab", "1 ", false);
+    feed_expect(st, "x", "ab", false); /* "x" may begin xyz */
+    feed_expect(st, "y", "", false);
+    feed_expect(st, "ab", "xy", false);  /* "ab" may begin abc or abd */
+    feed_expect(st, "d tail", "", true); /* abd and bd both end here: abd */
+    eng_stop_free(st);
+
+    const char *nested[] = {"abcd", "bc"};
+    st = new_stop(nested, 2);
+    feed_expect(st, "zabcd", "za", true); /* bc completes before abcd would */
+    eng_stop_free(st);
+}
+
+Test(stop, stop_at_the_very_start)
+{
+    const char *stops[] = {"###"};
+    eng_stop *st = new_stop(stops, 1);
+    feed_expect(st, "###rest", "", true);
+    eng_stop_free(st);
+
+    st = new_stop(stops, 1);
+    feed_expect(st, "#", "", false);
+    feed_expect(st, "##", "", true);
+    eng_stop_free(st);
+}
+
+Test(stop, held_text_is_whole_utf8_characters)
+{
+    /* a multi-byte stop string fed a byte at a time: what is held is a
+     * prefix of it, which begins on a character */
+    const char *stops[] = {"\xc3\xb1!"}; /* "ñ!" */
+    eng_stop *st = new_stop(stops, 1);
+    feed_expect(st, "a\xc3", "a", false);
+    feed_expect(st, "\xb1", "", false);
+    feed_expect(st, "b",
+                "\xc3\xb1"
+                "b",
+                false);
+    eng_stop_free(st);
+
+    /* a stop string that begins inside a character (the last byte of "é"
+     * then "!"): the whole "é" is held, never half of it */
+    const char *inside[] = {"\xa9!"};
+    st = new_stop(inside, 1);
+    feed_expect(st, "caf\xc3\xa9", "caf", false);
+    feed_expect(st, "?", "\xc3\xa9?", false);
+    feed_expect(st, "\xe2\x82\xac \xf0\x9f\x98\x80", "\xe2\x82\xac \xf0\x9f\x98\x80", false);
+    eng_stop_free(st);
+}
+
+Test(stop, flush_returns_what_was_held)
+{
+    const char *stops[] = {"</answer>", "\n\nUser:"};
+    eng_stop *st = new_stop(stops, 2);
+    feed_expect(st, "42\n\nUs", "42", false);
+    flush_expect(st, "\n\nUs");
+    flush_expect(st, "");
+    /* after a flush the automata start over */
+    feed_expect(st, "er:", "er:", false);
+    eng_stop_free(st);
+}
+
+Test(stop, feeds_after_a_stop_emit_nothing)
+{
+    const char *stops[] = {"END"};
+    eng_stop *st = new_stop(stops, 1);
+    feed_expect(st, "done END more", "done ", true);
+    feed_expect(st, "still more", "", true);
+    feed_expect(st, "E", "", true);
+    flush_expect(st, "");
+    eng_stop_free(st);
+}
+
+Test(stop, long_and_many_stop_strings)
+{
+    char longest[400];
+    memset(longest, 'a', sizeof longest - 1);
+    longest[sizeof longest - 1] = 0;
+    const char *stops[16];
+    char small[15][8];
+    for (int i = 0; i < 15; i++) {
+        snprintf(small[i], sizeof small[i], "<s%d>", i);
+        stops[i] = small[i];
+    }
+    stops[15] = longest;
+    eng_stop *st = new_stop(stops, 16);
+    /* 398 a's: all could still begin the long one */
+    char text[400];
+    memset(text, 'a', 398);
+    text[398] = 0;
+    feed_expect(st, text, "", false);
+    char want[401];
+    snprintf(want, sizeof want, "%sb", text);
+    feed_expect(st, "b", want, false); /* 398 a's and "b" cannot */
+    feed_expect(st, "<s1", "", false); /* may begin <s1> or <s10>..<s14> */
+    feed_expect(st, "4>", "", true);
+    eng_stop_free(st);
+}
+
+Test(stop, refuses_empty_and_null_stop_strings)
+{
+    eng_stop *st = (eng_stop *)1;
+    char msg[256] = "";
+    const char *empty[] = {"ok", ""};
+    cr_assert_eq(eng_stop_new(&st, empty, 2, msg, sizeof msg), ENG_EINVAL);
+    cr_assert(st == NULL);
+    cr_assert(strstr(msg, "stop string 1") && strstr(msg, "empty"), "%s", msg);
+    const char *null[] = {NULL};
+    cr_assert_eq(eng_stop_new(&st, null, 1, msg, sizeof msg), ENG_EINVAL);
+    cr_assert(strstr(msg, "stop string 0"), "%s", msg);
+}
+
+/* Byte-by-byte reference: the first byte where some stop string ends the
+ * text, the longest of those; the text before it, or all of it. */
+static bool reference_stop(const char *text, size_t len, const char *const *stops, size_t n,
+                           size_t *out_len)
+{
+    for (size_t end = 1; end <= len; end++) {
+        size_t longest = 0;
+        for (size_t j = 0; j < n; j++) {
+            size_t l = strlen(stops[j]);
+            if (l <= end && memcmp(text + end - l, stops[j], l) == 0 && l > longest)
+                longest = l;
+        }
+        if (longest) {
+            *out_len = end - longest;
+            return true;
+        }
+    }
+    *out_len = len;
+    return false;
+}
+
+Test(stop, random_feeds_match_the_reference)
+{
+    uint64_t r = 17;
+    for (int round = 0; round < 3000; round++) {
+        char stop_text[3][6];
+        const char *stops[3];
+        size_t n = 1 + test_rand(&r) % 3;
+        for (size_t j = 0; j < n; j++) {
+            size_t l = 1 + test_rand(&r) % 5;
+            for (size_t i = 0; i < l; i++)
+                stop_text[j][i] = "abc"[test_rand(&r) % 3];
+            stop_text[j][l] = 0;
+            stops[j] = stop_text[j];
+        }
+        char text[64];
+        size_t len = test_rand(&r) % sizeof text;
+        for (size_t i = 0; i < len; i++)
+            text[i] = "abcc"[test_rand(&r) % 4];
+
+        size_t want_len;
+        bool want_stop = reference_stop(text, len, stops, n, &want_len);
+
+        eng_stop *st = new_stop(stops, n);
+        char got[64];
+        size_t got_len = 0, at = 0;
+        bool stopped = false;
+        while (at < len && !stopped) {
+            size_t piece = 1 + test_rand(&r) % 6;
+            if (piece > len - at)
+                piece = len - at;
+            const char *emit;
+            size_t emit_len;
+            stopped = eng_stop_feed(st, text + at, piece, &emit, &emit_len);
+            cr_assert(got_len + emit_len <= sizeof got);
+            memcpy(got + got_len, emit, emit_len);
+            got_len += emit_len;
+            at += piece;
+        }
+        if (!stopped) {
+            const char *emit;
+            size_t emit_len;
+            eng_stop_flush(st, &emit, &emit_len);
+            memcpy(got + got_len, emit, emit_len);
+            got_len += emit_len;
+        }
+        cr_assert_eq(stopped, want_stop, "round %d: text \"%.*s\": stopped %d, want %d", round,
+                     (int)len, text, stopped, want_stop);
+        cr_assert(got_len == want_len && memcmp(got, text, got_len) == 0,
+                  "round %d: text \"%.*s\" (stops %s %s %s): emitted \"%.*s\", want \"%.*s\"",
+                  round, (int)len, text, stops[0], n > 1 ? stops[1] : "", n > 2 ? stops[2] : "",
+                  (int)got_len, got, (int)want_len, text);
+        eng_stop_free(st);
+    }
+}
