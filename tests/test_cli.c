@@ -318,3 +318,50 @@ Test(cli, inspect_a_gguf_model)
     cr_assert(strstr(out, "linear layers q8_0"), "%s", out);
     free(out);
 }
+
+Test(cli, generate_prints_a_completion_and_its_speed)
+{
+    char model[600], args[2000];
+    snprintf(model, sizeof model, "%s/tiny", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(model, &s);
+    char *out;
+    snprintf(args, sizeof args,
+             "generate --model '%s' --quant q4_0 --prompt 'the theme' --max-new-tokens 5 "
+             "--threads 2",
+             model);
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "--quant q4_0"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args,
+             "generate --model '%s' --quant nf4 --prompt 'the theme' --max-new-tokens 5 "
+             "--threads 2 --seed 3 --temperature 0.7",
+             model);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "prompt ") && strstr(out, "generated 5 tokens") &&
+                  strstr(out, "tok/s decode; finish length"),
+              "%s", out);
+    free(out);
+    /* bad input: each refused with the reason, exit 1 or 2 */
+    struct {
+        const char *flags;
+        int code;
+        const char *expect;
+    } bad[] = {
+        {"--prompt ''", 1, "the prompt is empty"},
+        {"--prompt x --max-new-tokens 0", 1, "max_new_tokens 0"},
+        {"--prompt x --temperature -1", 1, "temperature"},
+        {"--prompt x --top-p 1.5", 1, "top_p"},
+        {"--prompt x --temperature warm", 2, "--temperature warm"},
+        {"--prompt \"$(printf '\\377\\376')\"", 1, "not valid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "generate --model '%s' --threads 1 %s", model, bad[i].flags);
+        int rc = run(args, &out);
+        cr_assert_eq(rc, bad[i].code, "%s: exit %d: %s", bad[i].flags, rc, out);
+        cr_assert(strstr(out, bad[i].expect), "%s: '%s' lacks '%s'", bad[i].flags, out,
+                  bad[i].expect);
+        free(out);
+    }
+}

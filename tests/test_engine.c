@@ -322,3 +322,61 @@ Test(engine, stopping_cancels_what_runs)
         cr_assert_eq(r[i].why, ENG_FINISH_CANCELLED);
     }
 }
+
+/* The default real model, when scripts/fetch-model.sh has put it in place. */
+static bool default_model_path(char *buf, size_t len)
+{
+    const char *env = getenv("QLSERVE_MODEL");
+    const char *cache = getenv("QLSERVE_CACHE");
+    const char *home = getenv("HOME");
+    if (env && *env)
+        snprintf(buf, len, "%s", env);
+    else if (cache && *cache)
+        snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(buf, len, "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 home ? home : "/root");
+    return access(buf, R_OK) == 0;
+}
+
+static void run_default(const char *quant, const char *prompt, int max_new, result *r)
+{
+    char path[1024], msg[512];
+    if (!default_model_path(path, sizeof path))
+        cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
+    eng_model m;
+    eng_load_opts o = {.path = path, .quant = quant};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    eng_engine_opts eo = {.threads = 2, .kv_bytes = 32 << 20, .max_running = 4};
+    eng_engine *e;
+    cr_assert_eq(eng_engine_start(&e, &m, &eo, msg, sizeof msg), 0, "%s", msg);
+    result_init(r);
+    eng_request q = request(prompt, max_new, r);
+    cr_assert_eq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), 0, "%s", msg);
+    wait_done(r);
+    eng_engine_stop(e);
+    eng_model_free(&m);
+}
+
+TestSuite(smollm2, .timeout = 120);
+
+Test(smollm2, the_capital_of_france_is_paris)
+{
+    result r;
+    run_default(NULL, "The capital of France is", 8, &r);
+    cr_assert(strstr(r.text, "Paris"), "greedy completion: '%.*s'", (int)r.len, r.text);
+    result chat;
+    run_default(NULL,
+                "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                "<|im_start|>assistant\n",
+                24, &chat);
+    cr_assert(strstr(chat.text, "Paris"), "chat completion: '%.*s'", (int)chat.len, chat.text);
+    cr_assert_eq(chat.why, ENG_FINISH_EOS, "the answer ends with <|im_end|>");
+}
+
+Test(smollm2, requantized_to_nf4_still_knows_paris)
+{
+    result r;
+    run_default("nf4", "The capital of France is", 8, &r);
+    cr_assert(strstr(r.text, "Paris"), "greedy completion: '%.*s'", (int)r.len, r.text);
+}

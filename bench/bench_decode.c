@@ -1,0 +1,188 @@
+/*
+ * bench_decode.c - prefill and decode throughput of the forward pass on a
+ * real model, as JSON.
+ *
+ * For batch B in {1, 8, 32}: B sequences of a fixed synthetic prompt of P
+ * tokens are prefilled (one step per sequence, as llama.cpp's llama-bench
+ * times a prompt), then decoded together for N steps, one token per
+ * sequence per step: prefill tokens/s = B * P / time, decode tokens/s =
+ * B * N / time. Greedy tokens are fed back, so the work is a real decode.
+ * Run per weight kind: as stored, and requantized on load (--quant).
+ * Peak resident memory comes from getrusage. bench/run_decode.py runs this
+ * and llama.cpp (llama-cpp-python) on the same model in the same run and
+ * prints the ratios.
+ *
+ * Usage: bench_decode --model PATH [--quant KIND]... [--threads N]
+ *                     [--prompt-tokens P] [--new-tokens N] [--batches 1,8,32]
+ */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int32_t argmax(const float *v, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+typedef struct run_result {
+    int batch;
+    double prefill_tok_s, decode_tok_s;
+} run_result;
+
+static int bench_kind(const char *model, const char *quant, int threads, int32_t P, int32_t N,
+                      const int *batches, int n_batches, FILE *out, bool last)
+{
+    char msg[1024];
+    eng_model m;
+    eng_load_opts o = {.path = model, .quant = quant};
+    double t0 = now();
+    if (eng_model_load(&m, &o, msg, sizeof msg) != ENG_OK) {
+        fprintf(stderr, "bench_decode: %s\n", msg);
+        return 1;
+    }
+    double load_s = now() - t0;
+    int maxb = 1;
+    for (int i = 0; i < n_batches; i++)
+        maxb = batches[i] > maxb ? batches[i] : maxb;
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    size_t kv_bytes = (size_t)maxb * (size_t)(P + N + 16) * (size_t)m.cfg.n_layers * 2 *
+                      (size_t)m.cfg.n_kv_heads * (size_t)m.cfg.head_dim * sizeof(float);
+    if (eng_pool_new(&pool, threads, msg, sizeof msg) ||
+        eng_kv_new(&kv, &m.cfg, kv_bytes + (64u << 20), 16, msg, sizeof msg) ||
+        eng_forward_state_new(&st, &m, P > maxb ? P : maxb, msg, sizeof msg)) {
+        fprintf(stderr, "bench_decode: %s\n", msg);
+        return 1;
+    }
+    int32_t vocab = m.cfg.vocab_size;
+    float *logits = malloc((size_t)maxb * (size_t)vocab * sizeof(float));
+    int32_t *prompt = malloc((size_t)P * sizeof(int32_t));
+    /* a fixed, plausible prompt: ordinary token ids cycling */
+    for (int32_t i = 0; i < P; i++)
+        prompt[i] = 200 + (i * 37) % (vocab - 400);
+    eng_seq_kv *seqs = calloc((size_t)maxb, sizeof *seqs);
+    eng_step_seq *step = calloc((size_t)maxb, sizeof *step);
+    int32_t *next = calloc((size_t)maxb, sizeof *next);
+    run_result res[8];
+
+    for (int bi = 0; bi < n_batches; bi++) {
+        int B = batches[bi];
+        double prefill = 0.0;
+        for (int b = 0; b < B; b++) {
+            eng_kv_reserve(kv, &seqs[b], P + N);
+            eng_step_seq one = {&seqs[b], prompt, P, 0};
+            double t = now();
+            if (eng_forward(st, &m, kv, pool, &one, 1, logits, msg, sizeof msg)) {
+                fprintf(stderr, "bench_decode: %s\n", msg);
+                return 1;
+            }
+            prefill += now() - t;
+            next[b] = argmax(logits, vocab);
+        }
+        double t = now();
+        for (int32_t k = 0; k < N; k++) {
+            for (int b = 0; b < B; b++)
+                step[b] = (eng_step_seq){&seqs[b], &next[b], 1, P + k};
+            if (eng_forward(st, &m, kv, pool, step, B, logits, msg, sizeof msg)) {
+                fprintf(stderr, "bench_decode: %s\n", msg);
+                return 1;
+            }
+            for (int b = 0; b < B; b++)
+                next[b] = argmax(logits + (size_t)b * (size_t)vocab, vocab);
+        }
+        double decode = now() - t;
+        for (int b = 0; b < B; b++)
+            eng_kv_release(kv, &seqs[b]);
+        res[bi] = (run_result){B, (double)B * P / prefill, (double)B * N / decode};
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(out,
+            "    {\"weights\": \"%s\", \"quant\": \"%s\", \"bytes\": %zu, \"load_s\": %.3f, "
+            "\"peak_rss_mb\": %.1f, \"results\": [",
+            m.quant, quant ? quant : "none", eng_model_weight_bytes(&m), load_s,
+            (double)ru.ru_maxrss / 1024.0);
+    for (int bi = 0; bi < n_batches; bi++)
+        fprintf(out, "%s{\"batch\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f}",
+                bi ? ", " : "", res[bi].batch, res[bi].prefill_tok_s, res[bi].decode_tok_s);
+    fprintf(out, "]}%s\n", last ? "" : ",");
+    free(logits);
+    free(prompt);
+    free(seqs);
+    free(step);
+    free(next);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    eng_model_free(&m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL;
+    const char *quants[8];
+    int n_quants = 0, threads = 0, n_batches = 0, batches[8];
+    int32_t P = 128, N = 32;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model"))
+            model = argv[i + 1];
+        else if (!strcmp(argv[i], "--quant") && n_quants < 8)
+            quants[n_quants++] = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prompt-tokens"))
+            P = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--new-tokens"))
+            N = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batches"))
+            for (char *s = argv[i + 1]; *s && n_batches < 8;
+                 s = strchr(s, ',') ? strchr(s, ',') + 1 : "")
+                batches[n_batches++] = atoi(s);
+    }
+    if (!model || P < 1 || N < 1) {
+        fprintf(stderr, "usage: bench_decode --model PATH [--quant KIND]... [--threads N] "
+                        "[--prompt-tokens P] [--new-tokens N] [--batches 1,8,32]\n");
+        return 2;
+    }
+    if (n_batches == 0) {
+        batches[0] = 1, batches[1] = 8, batches[2] = 32;
+        n_batches = 3;
+    }
+    if (n_quants == 0)
+        quants[n_quants++] = "none";
+    eng_pool *probe;
+    char msg[256];
+    eng_pool_new(&probe, threads, msg, sizeof msg);
+    int nthreads = eng_pool_threads(probe);
+    eng_pool_free(probe);
+    time_t t = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+    printf("{\n  \"benchmark\": \"decode\",\n  \"engine\": \"qlserve\",\n  \"date\": \"%s\",\n"
+           "  \"model\": \"%s\",\n  \"threads\": %d,\n  \"kernel_path\": \"%s\",\n"
+           "  \"prompt_tokens\": %d,\n  \"new_tokens\": %d,\n  \"kinds\": [\n",
+           date, model, nthreads, qt_cpu_path(), P, N);
+    for (int q = 0; q < n_quants; q++)
+        if (bench_kind(model, quants[q], nthreads, P, N, batches, n_batches, stdout,
+                       q + 1 == n_quants))
+            return 1;
+    printf("  ]\n}\n");
+    return 0;
+}
