@@ -228,6 +228,12 @@ Test(sampler, top_k_ties_keep_the_lower_ids)
 
 Test(sampler, top_p_ties_keep_the_lower_ids)
 {
+    /* four equal tokens and top_p 0.5: two of them reach exactly 0.5 and
+     * suffice (HF removes what lies at or below 1 - top_p) */
+    const float four[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    eng_sampling q = {.temperature = 1.0f, .top_p = 0.5f, .seed = 21};
+    expect_distribution(&q, four, 4);
+
     /* 1000 equal logits: the nucleus of 0.5 is exactly ids 0..499, found by
      * the selection inside one bucket that holds everything */
     enum { V = 1000 };
@@ -249,6 +255,63 @@ Test(sampler, top_p_ties_keep_the_lower_ids)
     eng_sampler_free(&s);
     free(flat);
     free(work);
+    free(scratch);
+}
+
+Test(sampler, top_p_exact_ties_at_every_size)
+{
+    /* n equal tokens, top_p 0.5: exactly the n/2 lowest ids, whichever
+     * path of the selection the cut falls on */
+    float flat[80], work[80];
+    void *scratch = new_scratch(80);
+    for (int i = 0; i < 80; i++)
+        flat[i] = 2.0f;
+    for (int32_t n = 18; n <= 80; n += 2) {
+        eng_sampling p = {.temperature = 1.0f, .top_p = 0.5f, .seed = (uint64_t)n};
+        eng_sampler s;
+        init_sampler(&s, &p);
+        for (int d = 0; d < 400; d++) {
+            int32_t t = sample_copy(&s, flat, n, work, scratch);
+            cr_assert(t < n / 2, "%d equal tokens: token %d is past the nucleus of %d", n, t,
+                      n / 2);
+        }
+        eng_sampler_free(&s);
+    }
+    /* the nucleus ending exactly on the first pivot (the median id): n/2 + 1
+     * of n, top_p exact in float */
+    for (int32_t n = 32; n <= 64; n *= 2) {
+        eng_sampling p = {.temperature = 1.0f, .top_p = (float)(n / 2 + 1) / (float)n, .seed = 7};
+        eng_sampler s;
+        init_sampler(&s, &p);
+        for (int d = 0; d < 800; d++) {
+            int32_t t = sample_copy(&s, flat, n, work, scratch);
+            cr_assert(t <= n / 2, "%d equal tokens, top_p %g: token %d is past the nucleus", n,
+                      (double)p.top_p, t);
+        }
+        eng_sampler_free(&s);
+    }
+    free(scratch);
+}
+
+Test(sampler, top_p_orders_weights_one_ulp_apart)
+{
+    /* token 0's weight lies 1, 8, 32, 2048 and 8192 float steps under token
+     * 1's (the lowest bit of each refinement level of the selection, and
+     * more): with top_p 0.5, token 1 alone suffices, though its id is higher
+     * (HF likewise keeps only the larger of [0.4999..., 0.5000...]) */
+    const float below_one[5] = {1.0f - 0x1p-24f, 1.0f - 0x1p-21f, 1.0f - 0x1p-19f, 1.0f - 0x1p-13f,
+                                1.0f - 0x1p-11f};
+    void *scratch = new_scratch(2);
+    float work[2];
+    for (int c = 0; c < 5; c++) {
+        const float l[2] = {below_one[c], 1.0f};
+        eng_sampling p = {.temperature = 1.0f, .top_p = 0.5f, .seed = (uint64_t)c};
+        eng_sampler s;
+        init_sampler(&s, &p);
+        for (int d = 0; d < 200; d++)
+            cr_assert_eq(sample_copy(&s, l, 2, work, scratch), 1, "case %d", c);
+        eng_sampler_free(&s);
+    }
     free(scratch);
 }
 
@@ -327,6 +390,61 @@ Test(sampler, same_seed_same_tokens_whatever_else_is_in_the_batch)
     cr_assert(memcmp(a, c, sizeof a) == 0, "another sequence's draws changed this one's tokens");
 }
 
+/* The stream written out again: splitmix64 fills xoshiro256**'s state from
+ * the seed; a uniform is the top 53 bits. */
+static uint64_t ref_splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double ref_uniform(uint64_t st[4])
+{
+    uint64_t x = st[1] * 5;
+    uint64_t result = ((x << 7) | (x >> 57)) * 9;
+    uint64_t t = st[1] << 17;
+    st[2] ^= st[0];
+    st[3] ^= st[1];
+    st[1] ^= st[2];
+    st[0] ^= st[3];
+    st[2] ^= t;
+    st[3] = (st[3] << 45) | (st[3] >> 19);
+    return (double)(result >> 11) * 0x1.0p-53;
+}
+
+Test(sampler, one_xoshiro_draw_per_sampled_token)
+{
+    /* two equal tokens: the token is 0 exactly when the uniform is under
+     * 1/2, so the tokens spell out the stream. Calls with nothing to choose
+     * (all NaN, one +inf) still take their draw; greedy takes none. */
+    uint64_t seed = 0x5eed, x = seed, st[4];
+    for (int i = 0; i < 4; i++)
+        st[i] = ref_splitmix(&x);
+    eng_sampling p = {.temperature = 0.9f, .seed = seed};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    cr_assert(memcmp(s.rng, st, sizeof st) == 0, "state not seeded by splitmix64");
+    void *scratch = new_scratch(2);
+    float work[2];
+    const float even[2] = {1.0f, 1.0f}, nan2[2] = {NAN, NAN}, inf2[2] = {INFINITY, 0.0f};
+    for (int i = 0; i < 300; i++) {
+        if (i % 7 == 3) {
+            cr_assert_eq(sample_copy(&s, nan2, 2, work, scratch), 0);
+            ref_uniform(st);
+        } else if (i % 7 == 5) {
+            cr_assert_eq(sample_copy(&s, inf2, 2, work, scratch), 0);
+            ref_uniform(st);
+        } else {
+            int32_t want = ref_uniform(st) < 0.5 ? 0 : 1;
+            cr_assert_eq(sample_copy(&s, even, 2, work, scratch), want, "draw %d", i);
+        }
+    }
+    eng_sampler_free(&s);
+    free(scratch);
+}
+
 Test(sampler, different_seeds_different_tokens)
 {
     int32_t a[200], b[200];
@@ -344,22 +462,22 @@ Test(sampler, repetition_penalty_divides_positive_multiplies_negative)
 {
     /* the prompt repeats 1, names an id past the vocabulary and a negative
      * one: each distinct seen token is penalised once, the others ignored */
-    const int32_t prompt[] = {0, 1, 1, 4, 1, 999999, -5};
+    const int32_t prompt[] = {0, 1, 1, 4, 5, 1, 999999, -5};
     eng_sampling p = {.repetition_penalty = 2.0f};
     eng_sampler s;
-    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 7), ENG_OK);
-    cr_assert_eq(s.n_seen, 4, "distinct non-negative ids seen: %zu", s.n_seen);
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 8), ENG_OK);
+    cr_assert_eq(s.n_seen, 5, "distinct non-negative ids seen: %zu", s.n_seen);
 
-    float l[5] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f};
-    cr_assert_eq(eng_sample(&s, l, 5, NULL), 2);
-    const float want[5] = {1.0f, -4.0f, 1.5f, 0.5f, 0.0f};
-    for (int i = 0; i < 5; i++)
+    float l[6] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f, 0.25f};
+    cr_assert_eq(eng_sample(&s, l, 6, NULL), 2);
+    const float want[6] = {1.0f, -4.0f, 1.5f, 0.5f, 0.0f, 0.125f};
+    for (int i = 0; i < 6; i++)
         cr_assert(same_bits(l[i], want[i]), "logit %d: %g, want %g", i, (double)l[i],
                   (double)want[i]);
 
     /* 2 was generated: now it is penalised too */
-    float m[5] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f};
-    cr_assert_eq(eng_sample(&s, m, 5, NULL), 0);
+    float m[6] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f, 0.25f};
+    cr_assert_eq(eng_sample(&s, m, 6, NULL), 0);
     cr_assert(same_bits(m[2], 0.75f), "generated token's logit %g, want 0.75", (double)m[2]);
     eng_sampler_free(&s);
 
@@ -513,6 +631,8 @@ Test(sampler, vocabulary_of_150k_draws_only_what_the_reference_keeps)
         {.temperature = 0.05f, .top_p = 0.9f, .seed = 7},
         {.temperature = 1.0f, .seed = 8},
         {.temperature = 1.0f, .top_k = 1, .seed = 9},
+        {.temperature = 1.0f, .top_k = 5000, .seed = 10},
+        {.temperature = 0.7f, .top_k = 5000, .top_p = 0.9f, .seed = 11},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const eng_sampling *p = &cases[c];
@@ -522,6 +642,99 @@ Test(sampler, vocabulary_of_150k_draws_only_what_the_reference_keeps)
         for (int d = 0; d < 20; d++) {
             int32_t t = sample_copy(&s, logits, V, work, scratch);
             cr_assert(probs[t] > 0, "case %zu: token %d is not among the %d kept", c, t, kept);
+        }
+        eng_sampler_free(&s);
+    }
+    free(logits);
+    free(work);
+    free(probs);
+    free(scratch);
+}
+
+Test(sampler, top_k_over_sorted_logits_refills_its_buffer)
+{
+    /* ascending logits make every one a new best, so the candidate buffer
+     * fills and is cut back again and again; descending, never */
+    enum { V = 20000, K = 50 };
+    float *up = malloc(V * sizeof *up), *down = malloc(V * sizeof *down);
+    float *work = malloc(V * sizeof *work);
+    void *scratch = new_scratch(V);
+    for (int i = 0; i < V; i++) {
+        up[i] = 0.0001f * (float)i;
+        down[i] = -0.0001f * (float)i;
+    }
+    eng_sampling p = {.temperature = 1.0f, .top_k = K, .seed = 18};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    int32_t lowest = V, highest = -1;
+    for (int d = 0; d < 2000; d++) {
+        int32_t t = sample_copy(&s, up, V, work, scratch);
+        cr_assert(t >= V - K, "ascending: token %d is not among the last %d", t, K);
+        lowest = t < lowest ? t : lowest;
+        t = sample_copy(&s, down, V, work, scratch);
+        cr_assert(t < K, "descending: token %d is not among the first %d", t, K);
+        highest = t > highest ? t : highest;
+    }
+    cr_assert(lowest == V - K && highest == K - 1, "the k-th best is never drawn: %d %d", lowest,
+              highest);
+    eng_sampler_free(&s);
+    free(up);
+    free(down);
+    free(work);
+    free(scratch);
+}
+
+Test(sampler, top_p_cut_among_the_tiniest_weights)
+{
+    /* one token at 0 and 100000 at -28 (e^-28 < 2^-40: the last bucket):
+     * top_p 0.99999994 needs a few thousand of the tiny ones, chosen
+     * among 100000 equal weights; the top token is drawn all the same */
+    enum { V = 100001 };
+    float *l = malloc(V * sizeof *l), *work = malloc(V * sizeof *work);
+    void *scratch = new_scratch(V);
+    l[0] = 0.0f;
+    for (int i = 1; i < V; i++)
+        l[i] = -28.0f;
+    eng_sampling p = {.temperature = 1.0f, .top_p = 0.99999994f, .seed = 19};
+    eng_sampler s;
+    init_sampler(&s, &p);
+    for (int d = 0; d < 50; d++)
+        cr_assert_eq(sample_copy(&s, l, V, work, scratch), 0);
+    eng_sampler_free(&s);
+    free(l);
+    free(work);
+    free(scratch);
+}
+
+Test(sampler, random_cases_draw_only_what_the_reference_keeps)
+{
+    /* logits on a coarse grid, so that ties are everywhere, including at
+     * the top-k and top-p boundaries */
+    uint64_t r = 20;
+    enum { MAX_V = 3000 };
+    float *logits = malloc(MAX_V * sizeof *logits), *work = malloc(MAX_V * sizeof *work);
+    double *probs = malloc(MAX_V * sizeof *probs);
+    void *scratch = new_scratch(MAX_V);
+    for (int round = 0; round < 300; round++) {
+        int32_t vocab = 2 + (int32_t)(test_rand(&r) % (MAX_V - 1));
+        float spread = 0.5f + 8.0f * (float)test_uniform(&r);
+        for (int32_t i = 0; i < vocab; i++)
+            logits[i] = roundf(spread * test_normal(&r) * 4.0f) / 4.0f;
+        eng_sampling p = {.temperature = 0.2f + 2.0f * (float)test_uniform(&r),
+                          .seed = test_rand(&r)};
+        if (test_rand(&r) % 2)
+            p.top_k = 1 + (int32_t)(test_rand(&r) % (uint64_t)vocab);
+        if (test_rand(&r) % 2)
+            p.top_p = 0.05f + 0.94f * (float)test_uniform(&r);
+        int32_t kept = reference_probs(logits, vocab, p.temperature, p.top_k, p.top_p, probs);
+        eng_sampler s;
+        init_sampler(&s, &p);
+        for (int d = 0; d < 30; d++) {
+            int32_t t = sample_copy(&s, logits, vocab, work, scratch);
+            cr_assert(probs[t] > 0,
+                      "round %d (vocab %d, T %g, top_k %d, top_p %g): token %d is not among the "
+                      "%d kept",
+                      round, vocab, (double)p.temperature, p.top_k, (double)p.top_p, t, kept);
         }
         eng_sampler_free(&s);
     }
