@@ -8,6 +8,7 @@
  * Paris.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,4 +380,71 @@ Test(smollm2, requantized_to_nf4_still_knows_paris)
     result r;
     run_default("nf4", "The capital of France is", 8, &r);
     cr_assert(strstr(r.text, "Paris"), "greedy completion: '%.*s'", (int)r.len, r.text);
+}
+
+#include "fixtures/smollm2_reference.h"
+
+/* Greedy decoding of llama.cpp's reference prompts on the same GGUF: the
+ * same prompt ids, the same first-step top-1 with a close logit, and the
+ * same tokens for as long as llama.cpp's own top-1/top-2 gap was
+ * comfortable (0.5): llama.cpp quantizes activations to 8 bits for Q4_1
+ * products and qlserve keeps them f32, so near-ties may break either way. */
+Test(smollm2, greedy_tokens_agree_with_llama_cpp)
+{
+    char path[1024], msg[512];
+    if (!default_model_path(path, sizeof path))
+        cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0);
+    cr_assert_eq(eng_kv_new(&kv, &m.cfg, 16 << 20, 16, msg, sizeof msg), 0);
+    cr_assert_eq(eng_forward_state_new(&st, &m, 64, msg, sizeof msg), 0);
+    int32_t vocab = m.cfg.vocab_size;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    for (size_t c = 0; c < sizeof smollm2_refs / sizeof *smollm2_refs; c++) {
+        const smollm2_ref *ref = &smollm2_refs[c];
+        int32_t *ids;
+        size_t n;
+        cr_assert_eq(tok_encode(m.tok, ref->prompt, strlen(ref->prompt), tok_adds_bos(m.tok), true,
+                                &ids, &n, msg, sizeof msg),
+                     0);
+        cr_assert_eq(n, ref->n_prompt, "prompt %zu: %zu ids, llama.cpp %zu", c, n, ref->n_prompt);
+        cr_assert_eq(memcmp(ids, ref->prompt_ids, n * sizeof(int32_t)), 0, "prompt %zu ids", c);
+        eng_seq_kv s = {0};
+        cr_assert_eq(eng_kv_reserve(kv, &s, (int32_t)n + SMOLLM2_REF_MAX_NEW), 0);
+        eng_step_seq step = {&s, ids, (int32_t)n, 0};
+        cr_assert_eq(eng_forward(st, &m, kv, pool, &step, 1, logits, msg, sizeof msg), 0, "%s",
+                     msg);
+        for (size_t k = 0; k < ref->n_greedy; k++) {
+            int32_t best = 0;
+            for (int32_t v = 1; v < vocab; v++)
+                if (logits[v] > logits[best])
+                    best = v;
+            if (k == 0) {
+                cr_assert_eq(best, ref->top5_ids[0], "prompt %zu: first token", c);
+                cr_assert(fabsf(logits[best] - ref->top5_logits[0]) < 0.5f,
+                          "prompt %zu: first logit %f, llama.cpp %f", c, (double)logits[best],
+                          (double)ref->top5_logits[0]);
+            }
+            if (ref->greedy_gaps[k] < 0.5f)
+                break; /* a near-tie in llama.cpp's own logits: stop comparing */
+            cr_assert_eq(best, ref->greedy_ids[k], "prompt %zu step %zu: %d, llama.cpp %d", c, k,
+                         best, ref->greedy_ids[k]);
+            if (best == m.cfg.eos_token_id)
+                break;
+            eng_step_seq d = {&s, &best, 1, (int32_t)(n + k)};
+            cr_assert_eq(eng_forward(st, &m, kv, pool, &d, 1, logits, msg, sizeof msg), 0);
+        }
+        eng_kv_release(kv, &s);
+        free(ids);
+    }
+    free(logits);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    eng_model_free(&m);
 }
