@@ -857,7 +857,9 @@ static int parse_quant(loader *L, char *msg, size_t msg_len)
 static void describe_quant(eng_model *m)
 {
     const qtensor *w = &m->layers[0].wq;
-    if (w->kind == QT_AFFINE)
+    if (w->kind == QT_AFFINE && w->group_size == w->cols)
+        snprintf(m->quant, sizeof m->quant, "int%d-channel", w->bits);
+    else if (w->kind == QT_AFFINE)
         snprintf(m->quant, sizeof m->quant, "int%d-g%d", w->bits, w->group_size);
     else if (w->kind == QT_NF4 || w->kind == QT_FP4)
         snprintf(m->quant, sizeof m->quant, "%s%s-b%d", qt_kind_name(w->kind),
