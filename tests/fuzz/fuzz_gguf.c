@@ -11,6 +11,7 @@
  * time from the seed tests/fixtures/tiny_ref.gguf.
  */
 #include "engine.h"
+#include "fuzz_input.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,15 +46,9 @@ static size_t elem_size(gguf_type t)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char path[64];
-    if (!path[0])
-        snprintf(path, sizeof path, "/tmp/qlserve-fuzz-%d.gguf", (int)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f)
+    const char *path = fuzz_input_file(data, size, "gguf");
+    if (!path)
         return 0;
-    if (size)
-        fwrite(data, 1, size, f);
-    fclose(f);
 
     gguf_file g;
     char msg[512];

@@ -9,6 +9,7 @@
  * time from the seed corpus in tests/fixtures.
  */
 #include "engine.h"
+#include "fuzz_input.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,15 +22,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char path[64];
-    if (!path[0])
-        snprintf(path, sizeof path, "/tmp/qlserve-fuzz-%d.safetensors", (int)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f)
+    const char *path = fuzz_input_file(data, size, "safetensors");
+    if (!path)
         return 0;
-    if (size)
-        fwrite(data, 1, size, f);
-    fclose(f);
 
     st_file st;
     char msg[512];
