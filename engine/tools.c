@@ -422,6 +422,7 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
         pthread_mutex_unlock(&g.mu);
         const eng_usage *u = &g.usage;
         fputc('\n', out);
+        fflush(out);
         fprintf(info,
                 "prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode; "
                 "finish %s\n",
