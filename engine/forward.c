@@ -216,7 +216,8 @@ typedef struct attn_job {
 } attn_job;
 
 /* Attention for (row, head) pairs [i0, i1): online softmax over positions
- * 0..pos of the row's sequence, reading K and V from its blocks. */
+ * 0..pos of the row's sequence (or the sliding window's last positions),
+ * reading K and V from its blocks. */
 static void attention_rows(void *ctx, int64_t i0, int64_t i1)
 {
     const attn_job *j = ctx;
@@ -233,7 +234,12 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
         float mx = -INFINITY, sum = 0.0f;
         for (int32_t t = 0; t < d; t++)
             acc[t] = 0.0f;
-        for (int32_t p = 0; p <= pos; p++) {
+        /* Mistral's sliding window: the last `sliding_window` positions,
+         * this one included, as transformers masks them */
+        int32_t first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0
+                            ? pos - c->sliding_window + 1
+                            : 0;
+        for (int32_t p = first; p <= pos; p++) {
             const float *k = kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d;
             float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
             int32_t t = 0;

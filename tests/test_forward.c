@@ -243,20 +243,24 @@ static void ref_forward(const ref_model *R, const int32_t *tokens, int n, double
                 const double *qh = q + t * nq + hh * hd;
                 int64_t kvo = (int64_t)(hh / group) * hd;
                 double mx = -INFINITY, sum = 0;
-                for (int s = 0; s <= t; s++) {
+                /* Mistral: keys at most sliding_window - 1 positions back */
+                int s0 = c->sliding_window > 0 && t - c->sliding_window + 1 > 0
+                             ? t - c->sliding_window + 1
+                             : 0;
+                for (int s = s0; s <= t; s++) {
                     double d = 0;
                     for (int64_t i = 0; i < hd; i++)
                         d += qh[i] * k[s * nkv + kvo + i];
                     p[s] = d / sqrt((double)hd);
                     mx = fmax(mx, p[s]);
                 }
-                for (int s = 0; s <= t; s++) {
+                for (int s = s0; s <= t; s++) {
                     p[s] = exp(p[s] - mx);
                     sum += p[s];
                 }
                 for (int64_t i = 0; i < hd; i++) {
                     double a = 0;
-                    for (int s = 0; s <= t; s++)
+                    for (int s = s0; s <= t; s++)
                         a += p[s] / sum * v[s * nkv + kvo + i];
                     att[hh * hd + i] = a;
                 }
@@ -515,6 +519,10 @@ KIND_TEST(rope_llama3_scaling_matches_reference,
           .config = "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
                     "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
                     "\"original_max_position_embeddings\": 64}}")
+/* a window shorter than the 7-token prompt, so it cuts during prefill and
+ * during every decode step */
+KIND_TEST(mistral_sliding_window_matches_reference, .arch = "MistralForCausalLM",
+          .config = "{\"sliding_window\": 3}")
 KIND_TEST(rope_theta_and_eps_from_config_match_reference,
           .config = "{\"rope_theta\": 500000.0, \"rms_norm_eps\": 1e-6}")
 
