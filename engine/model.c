@@ -371,7 +371,12 @@ static int apply_dtype(const loader *L, const char *name, qtensor *t, char *msg,
     return ENG_OK;
 }
 
-typedef enum { ROLE_DENSE, ROLE_LINEAR, ROLE_LM_HEAD } tensor_role;
+/* What a tensor is to the loader: a dense parameter (norms, biases), a
+ * linear layer (quantized on load when asked), lm_head (only with
+ * --quantize-lm-head), or the embeddings (never quantized on load, but
+ * taken as stored when a checkpoint quantized them, as `qlserve quantize`
+ * does: a row of any kind dequantizes for the lookup). */
+typedef enum { ROLE_DENSE, ROLE_LINEAR, ROLE_LM_HEAD, ROLE_EMBED } tensor_role;
 
 /* Load HF tensor `name` of shape [rows, cols] (cols == 0: 1-D of rows). */
 static int load_hf_tensor(loader *L, const char *name, int64_t rows, int64_t cols, tensor_role role,
@@ -596,7 +601,7 @@ static int load_hf(loader *L, char *msg, size_t msg_len)
         return rc;
 
     int64_t h = c->hidden_size;
-    rc = load_hf_tensor(L, "model.embed_tokens.weight", c->vocab_size, h, ROLE_DENSE, &m->embed,
+    rc = load_hf_tensor(L, "model.embed_tokens.weight", c->vocab_size, h, ROLE_EMBED, &m->embed,
                         msg, msg_len);
     if (rc == ENG_OK)
         rc = load_hf_tensor(L, "model.norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
@@ -797,7 +802,7 @@ static int load_gguf(loader *L, char *msg, size_t msg_len)
     if (!m->layers)
         return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
     int64_t h = c->hidden_size;
-    rc = load_gguf_tensor(L, "token_embd.weight", c->vocab_size, h, ROLE_DENSE, &m->embed, msg,
+    rc = load_gguf_tensor(L, "token_embd.weight", c->vocab_size, h, ROLE_EMBED, &m->embed, msg,
                           msg_len);
     if (rc == ENG_OK)
         rc = load_gguf_tensor(L, "output_norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);

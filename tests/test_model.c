@@ -7,6 +7,7 @@
  * file, the tensor and the reason.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -482,4 +483,61 @@ Test(model, default_smollm2_gguf_loads, .timeout = 120)
     cr_assert_eq(m.embed.kind, QT_Q8_0);
     cr_assert_eq(tok_vocab_size(m.tok), 49152u);
     eng_model_free(&m);
+}
+
+/* A folder whose weights `qlserve quantize` wrote (every 2-D tensor NF4,
+ * embeddings and lm_head included) loads as a bitsandbytes checkpoint, as
+ * it is, and computes. */
+Test(model, a_folder_quantized_by_qlserve_loads_as_stored)
+{
+    char src[600], q[600], path[700], out[700], msg[512];
+    snprintf(src, sizeof src, "%s/dense", dir);
+    snprintf(q, sizeof q, "%s/quantized", dir);
+    cr_assert_eq(mkdir(src, 0700), 0);
+    cr_assert_eq(mkdir(q, 0700), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(src, &s);
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    snprintf(out, sizeof out, "%s/model.safetensors", q);
+    eng_quantize_opts qo = {.in_path = path, .out_path = out, .kind = "nf4", .double_quant = true};
+    cr_assert_eq(eng_quantize_file(&qo, NULL, msg, sizeof msg), 0, "%s", msg);
+    snprintf(path, sizeof path, "%s/config.json", q);
+    tiny_write_json(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, "
+                          "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": "
+                          "2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                          "\"quantization_config\": {\"quant_method\": \"bitsandbytes\", "
+                          "\"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"nf4\", "
+                          "\"bnb_4bit_use_double_quant\": true}}");
+    snprintf(path, sizeof path, "%s/tokenizer.json", q);
+    tiny_write_tokenizer_json(path);
+    eng_model m, ref;
+    load_ok(&m, q, NULL, NULL, false);
+    load_ok(&ref, src, "nf4-dq", NULL, true);
+    cr_assert_eq(m.embed.kind, QT_NF4);
+    cr_assert_eq(m.lm_head.kind, QT_NF4);
+    cr_assert_eq(m.layers[1].wq.kind, QT_NF4);
+    assert_same_values(&m.layers[1].wq, &ref.layers[1].wq, "q_proj");
+    assert_same_values(&m.lm_head, &ref.lm_head, "lm_head");
+    cr_assert_eq(m.layers[0].attn_norm.kind, QT_BF16, "1-D tensors stay as they were");
+    /* and a step runs on it */
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    cr_assert_eq(eng_pool_new(&pool, 1, msg, sizeof msg), 0);
+    cr_assert_eq(eng_kv_new(&kv, &m.cfg, 1 << 20, 16, msg, sizeof msg), 0);
+    cr_assert_eq(eng_forward_state_new(&st, &m, 8, msg, sizeof msg), 0);
+    eng_seq_kv sk = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &sk, 3), 0);
+    int32_t toks[3] = {116, 256, 259};
+    eng_step_seq step = {&sk, toks, 3, 0};
+    float logits[260];
+    cr_assert_eq(eng_forward(st, &m, kv, pool, &step, 1, logits, msg, sizeof msg), 0, "%s", msg);
+    for (int i = 0; i < 260; i++)
+        cr_assert(isfinite(logits[i]));
+    eng_kv_release(kv, &sk);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    eng_model_free(&m);
+    eng_model_free(&ref);
 }
