@@ -133,6 +133,10 @@ static void finish(eng_engine *e, seq *s, eng_finish why)
         .decode_s = s->t_first > 0 ? t - s->t_first : 0,
     };
     eng_kv_release(e->kv, &s->kv);
+    /* the snapshot says the blocks are back before anyone hears it ended */
+    pthread_mutex_lock(&e->mu);
+    e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    pthread_mutex_unlock(&e->mu);
     if (s->req.on_done)
         s->req.on_done(s->req.user, why, &u);
     seq_free(s);
