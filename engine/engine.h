@@ -399,6 +399,9 @@ typedef struct eng_load_opts {
  */
 int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len);
 void eng_model_free(eng_model *m);
+/* Call fn on every tensor the model holds (embeddings, norms, lm_head
+ * when untied, each layer's weights and biases when present). */
+void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);
 /* Bytes of weights the model holds (codes and quant state). */
 size_t eng_model_weight_bytes(const eng_model *m);
 const char *eng_arch_name(eng_arch a);

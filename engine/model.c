@@ -902,22 +902,33 @@ int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_l
     return ENG_OK;
 }
 
-static size_t bytes_of(const qtensor *t)
+/* Layer l's part p, through the layer table's offsets. */
+static qtensor *layer_part(const eng_model *m, int32_t l, size_t p)
 {
-    return t->rows ? qt_nbytes(t) : 0;
+    return (qtensor *)((char *)&m->layers[l] + layer_parts[p].field);
+}
+
+void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx)
+{
+    const qtensor *top[] = {&m->embed, &m->norm, &m->lm_head};
+    for (size_t i = 0; i < sizeof top / sizeof *top; i++)
+        if (top[i]->rows)
+            fn(top[i], ctx);
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+        for (size_t p = 0; p < sizeof layer_parts / sizeof *layer_parts; p++)
+            if (layer_part(m, l, p)->rows)
+                fn(layer_part(m, l, p), ctx);
+}
+
+static void add_bytes(const qtensor *t, void *total)
+{
+    *(size_t *)total += qt_nbytes(t);
 }
 
 size_t eng_model_weight_bytes(const eng_model *m)
 {
-    size_t n = bytes_of(&m->embed) + bytes_of(&m->norm) + bytes_of(&m->lm_head);
-    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
-        const eng_layer *ly = &m->layers[l];
-        const qtensor *ts[] = {&ly->attn_norm, &ly->ffn_norm, &ly->wq,   &ly->wk,
-                               &ly->wv,        &ly->wo,       &ly->bq,   &ly->bk,
-                               &ly->bv,        &ly->w_gate,   &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
-            n += bytes_of(ts[i]);
-    }
+    size_t n = 0;
+    eng_model_each_tensor(m, add_bytes, &n);
     return n;
 }
 
@@ -926,14 +937,9 @@ void eng_model_free(eng_model *m)
     qt_free(&m->embed);
     qt_free(&m->norm);
     qt_free(&m->lm_head);
-    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
-        eng_layer *ly = &m->layers[l];
-        qtensor *ts[] = {&ly->attn_norm, &ly->ffn_norm, &ly->wq,   &ly->wk,
-                         &ly->wv,        &ly->wo,       &ly->bq,   &ly->bk,
-                         &ly->bv,        &ly->w_gate,   &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
-            qt_free(ts[i]);
-    }
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+        for (size_t p = 0; p < sizeof layer_parts / sizeof *layer_parts; p++)
+            qt_free(layer_part(m, l, p));
     free(m->layers);
     if (m->tok)
         tok_free(m->tok);

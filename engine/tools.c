@@ -208,23 +208,16 @@ static int inspect_safetensors(const char *path, FILE *out, char *msg, size_t ms
 
 /* --- models ------------------------------------------------------------------ */
 
+static void count_kind(const qtensor *t, void *counts)
+{
+    ((int *)counts)[t->kind]++;
+}
+
 /* Count the kinds of the weights a model holds: "q4_1 x210, f32 x61". */
 static void count_kinds(const eng_model *m, char *buf, size_t len)
 {
     int counts[QT_KIND_COUNT] = {0};
-    const qtensor *top[] = {&m->embed, &m->norm, &m->lm_head};
-    for (size_t i = 0; i < 3; i++)
-        if (top[i]->rows)
-            counts[top[i]->kind]++;
-    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-        const eng_layer *ly = &m->layers[l];
-        const qtensor *ts[] = {&ly->attn_norm, &ly->ffn_norm, &ly->wq,   &ly->wk,
-                               &ly->wv,        &ly->wo,       &ly->bq,   &ly->bk,
-                               &ly->bv,        &ly->w_gate,   &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
-            if (ts[i]->rows)
-                counts[ts[i]->kind]++;
-    }
+    eng_model_each_tensor(m, count_kind, counts);
     size_t n = 0;
     buf[0] = '\0';
     for (int k = 0; k < QT_KIND_COUNT && n < len; k++)
