@@ -1,14 +1,19 @@
 /*
- * mapped_file.c - model files are read through one read-only mapping, so
- * weights can be used where they lie and the page cache is shared between
- * processes serving the same model. Every reader validates offsets against
- * the mapped length before it dereferences anything.
+ * mapped_file.c - how engine/ reads files. Model files are read through one
+ * read-only mapping, so weights can be used where they lie and the page
+ * cache is shared between processes serving the same model; every reader
+ * validates offsets against the mapped length before it dereferences
+ * anything. The small JSON files beside them (config.json, tokenizer.json,
+ * the shard index) are read whole and parsed by one function.
  */
 #include "engine.h"
 #include "engine_internal.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -39,5 +44,59 @@ int eng_map_file(const char *path, size_t min_len, const char *format, uint8_t *
         return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot map: %s", path, strerror(errno));
     *map = m;
     *len = (size_t)sb.st_size;
+    return ENG_OK;
+}
+
+int eng_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, size_t msg_len)
+{
+    *root = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            size_t grown = cap ? 2 * cap : 65536;
+            char *b = grown > cap ? realloc(buf, grown) : NULL;
+            if (!b) {
+                fclose(f);
+                free(buf);
+                return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory reading it", path);
+            }
+            buf = b;
+            cap = grown;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0)
+            break;
+        if (max_bytes && len > max_bytes) {
+            fclose(f);
+            free(buf);
+            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: larger than %zu bytes", path, max_bytes);
+        }
+    }
+    bool failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return qt_fail(msg, msg_len, ENG_EIO, "%s: read error", path);
+    }
+    *root = cJSON_ParseWithLength(buf, len);
+    if (!*root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t where = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
+        free(buf);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: not valid JSON (it stops making sense at byte %zu of %zu%s)", path,
+                       where, len, where + 8 >= len ? ", near its end: truncated?" : "");
+    }
+    free(buf);
+    if (!cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: not a JSON object", path);
+    }
     return ENG_OK;
 }

@@ -13,6 +13,7 @@
  * NF4/FP4/AFFINE. Nothing here computes: the forward pass lives elsewhere.
  */
 #include "engine.h"
+#include "engine_internal.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -48,49 +49,9 @@ typedef struct loader {
 
 /* --- reading files --------------------------------------------------------- */
 
-static char *read_text(const char *path, size_t *len, char *msg, size_t msg_len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        n < (64L << 20)) {
-        buf = malloc((size_t)n + 1);
-        if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    if (!buf) {
-        qt_fail(msg, msg_len, ENG_EIO, "%s: cannot read (or larger than 64 MB)", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
-static cJSON *read_json(const char *path, char *msg, size_t msg_len)
-{
-    size_t n;
-    char *text = read_text(path, &n, msg, msg_len);
-    if (!text)
-        return NULL;
-    cJSON *j = cJSON_ParseWithLength(text, n);
-    free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        qt_fail(msg, msg_len, ENG_EFORMAT, "%s: not a JSON object", path);
-        return NULL;
-    }
-    return j;
-}
+/* config.json and the shard index are small; anything past this is not
+ * one of them. */
+#define JSON_MAX_BYTES ((size_t)64 << 20)
 
 static bool file_exists(const char *path)
 {
@@ -531,13 +492,13 @@ static int open_hf_weights(loader *L, char *msg, size_t msg_len)
     char path[8192];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", L->dir);
     if (file_exists(path)) {
-        cJSON *idx = read_json(path, msg, msg_len);
-        if (!idx)
-            return ENG_EFORMAT;
+        cJSON *idx;
+        int rc = eng_read_json(path, JSON_MAX_BYTES, &idx, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
-        int rc = cJSON_IsObject(map)
-                     ? ENG_OK
-                     : qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"weight_map\" is missing", path);
+        if (!cJSON_IsObject(map))
+            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"weight_map\" is missing", path);
         const cJSON *e;
         cJSON_ArrayForEach (e, map) {
             if (rc != ENG_OK)
@@ -584,10 +545,11 @@ static int load_hf(loader *L, char *msg, size_t msg_len)
     eng_config *c = &m->cfg;
     char path[8192];
     snprintf(path, sizeof path, "%s/config.json", L->dir);
-    cJSON *j = read_json(path, msg, msg_len);
-    if (!j)
-        return ENG_EFORMAT;
-    int rc = parse_hf_config(L, path, j, msg, msg_len);
+    cJSON *j;
+    int rc = eng_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    rc = parse_hf_config(L, path, j, msg, msg_len);
     cJSON_Delete(j);
     if (rc != ENG_OK)
         return rc;

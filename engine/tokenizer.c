@@ -56,6 +56,7 @@
  *     Qwen2 family gets its NFC normalizer (llama.cpp skips it).
  */
 #include "engine.h"
+#include "engine_internal.h"
 #include "unicode_tables.h"
 
 #include <cjson/cJSON.h>
@@ -1819,50 +1820,6 @@ static long json_id(const cJSON *v)
     return (long)v->valuedouble;
 }
 
-/* Read and parse a JSON file into *root (an object). */
-static int load_json(const char *path, cJSON **root, char *msg, size_t msg_len)
-{
-    *root = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (!grow((void **)&buf, &cap, len + 65536, 1)) {
-            fclose(f);
-            free(buf);
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory reading it", path);
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0)
-            break;
-    }
-    bool failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        free(buf);
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: read error", path);
-    }
-    *root = cJSON_ParseWithLength(buf, len);
-    if (!*root) {
-        const char *at = cJSON_GetErrorPtr();
-        size_t where = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
-        free(buf);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
-                       "%s: not valid JSON (it stops making sense at byte %zu of %zu%s)", path,
-                       where, len, where + 8 >= len ? ", near its end: truncated?" : "");
-    }
-    free(buf);
-    if (!cJSON_IsObject(*root)) {
-        cJSON_Delete(*root);
-        *root = NULL;
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: not a JSON object", path);
-    }
-    return ENG_OK;
-}
-
 static int add_step(tok_tokenizer *t, pre_step step, const char *path, char *msg, size_t msg_len)
 {
     if (t->n_steps == TOK_MAX_STEPS)
@@ -2315,9 +2272,9 @@ int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *con
         return qt_fail(msg, msg_len, ENG_EINVAL, "tok_from_hf: no output or no path");
     cJSON *root = NULL, *cfg = NULL;
     tok_tokenizer *t = NULL;
-    int rc = load_json(tokenizer_json, &root, msg, msg_len);
+    int rc = eng_read_json(tokenizer_json, 0, &root, msg, msg_len);
     if (!rc && config_path)
-        rc = load_json(config_path, &cfg, msg, msg_len);
+        rc = eng_read_json(config_path, 0, &cfg, msg, msg_len);
     if (!rc) {
         t = tok_new(tokenizer_json);
         rc = t ? hf_build(t, root, cfg, tokenizer_json, config_path, msg, msg_len)
