@@ -86,7 +86,7 @@ static int bench_kind(const char *model, const char *quant, int threads, int32_t
         double prefill = 0.0;
         for (int b = 0; b < B; b++) {
             eng_kv_reserve(kv, &seqs[b], P + N);
-            eng_step_seq one = {&seqs[b], prompt, P, 0};
+            eng_step_seq one = {.kv = &seqs[b], .tokens = prompt, .n_tokens = P, .pos = 0};
             double t = now();
             if (eng_forward(st, &m, kv, pool, &one, 1, logits, msg, sizeof msg)) {
                 fprintf(stderr, "bench_decode: %s\n", msg);
@@ -98,7 +98,8 @@ static int bench_kind(const char *model, const char *quant, int threads, int32_t
         double t = now();
         for (int32_t k = 0; k < N; k++) {
             for (int b = 0; b < B; b++)
-                step[b] = (eng_step_seq){&seqs[b], &next[b], 1, P + k};
+                step[b] =
+                    (eng_step_seq){.kv = &seqs[b], .tokens = &next[b], .n_tokens = 1, .pos = P + k};
             if (eng_forward(st, &m, kv, pool, step, B, logits, msg, sizeof msg)) {
                 fprintf(stderr, "bench_decode: %s\n", msg);
                 return 1;

@@ -31,7 +31,8 @@ enum {
     ENG_ENOTFOUND = -102, /* a tensor or key that must be there is not */
     ENG_EINVAL = -103,    /* a request that cannot be carried out as asked */
     ENG_ENOMEM = -104,
-    ENG_EBUSY = -105, /* the queue is full: try again later */
+    ENG_EBUSY = -105,     /* the queue is full: try again later */
+    ENG_ECONFLICT = -106, /* the state forbids it now (unloading a merged adapter) */
 };
 
 const char *eng_strerror(int err);
@@ -373,6 +374,9 @@ typedef struct eng_model {
     tok_tokenizer *tok;
     char format[32]; /* "safetensors", "bitsandbytes-4bit", "gguf" */
     char quant[32];  /* what the linear layers hold: "nf4", "q4_1", "bf16", ... */
+    /* what the model calls itself: config.json's _name_or_path or the
+     * folder's name; a GGUF's general.name or the file's name */
+    char name[256];
     st_file *shards; /* safetensors files kept mapped */
     size_t n_shards;
     gguf_file *gguf; /* or the GGUF file kept mapped */
@@ -405,6 +409,112 @@ void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void
 /* Bytes of weights the model holds (codes and quant state). */
 size_t eng_model_weight_bytes(const eng_model *m);
 const char *eng_arch_name(eng_arch a);
+
+/* --- adapters as the engine sees them: low-rank deltas and weight versions
+ *     (engine/weights.c) ------------------------------------------------------ */
+
+/* The projections of a decoder layer an adapter may target, in PEFT's
+ * module names. */
+typedef enum eng_proj {
+    ENG_PROJ_Q,
+    ENG_PROJ_K,
+    ENG_PROJ_V,
+    ENG_PROJ_O,
+    ENG_PROJ_GATE,
+    ENG_PROJ_UP,
+    ENG_PROJ_DOWN,
+    ENG_N_PROJ
+} eng_proj;
+
+/* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" */
+const char *eng_proj_name(eng_proj p);
+/* The parent module in a Hugging Face model: "self_attn" or "mlp". */
+const char *eng_proj_parent(eng_proj p);
+/* The model's own (pristine) weight of layer l's projection p. */
+const qtensor *eng_model_proj(const eng_model *m, int32_t layer, eng_proj p);
+
+/* One module of a LoRA adapter: y += scale * (x @ A^T) @ B^T. */
+typedef struct eng_lora_module {
+    qtensor a;   /* [rank, in_features], F32, F16 or BF16; rows == 0: not targeted */
+    qtensor b;   /* [out_features, rank], rows already in the model's layout (a
+                    llama GGUF's permuted q/k rows) */
+    float scale; /* lora_alpha / r, or / sqrt(r) with rslora, per module */
+} eng_lora_module;
+
+/*
+ * A loaded adapter, immutable once built and shared by reference: the
+ * registry, every weight version that has it merged and every sequence
+ * that applies it hold one reference each. Whoever builds it sets refs to
+ * 1 and destroy (called once, by the last eng_lora_unref, on any thread).
+ */
+typedef struct eng_lora {
+    char name[128];
+    int32_t n_layers;
+    eng_lora_module *modules; /* [n_layers * ENG_N_PROJ] */
+    size_t bytes;             /* memory it holds (tensors mapped or copied) */
+    int refs;                 /* atomic */
+    uint64_t requests;        /* atomic: sequences admitted that asked for it */
+    void (*destroy)(struct eng_lora *l);
+} eng_lora;
+
+void eng_lora_ref(eng_lora *l);
+void eng_lora_unref(eng_lora *l);
+/* Layer l's module p, or NULL when the adapter does not target it. */
+const eng_lora_module *eng_lora_module_at(const eng_lora *lora, int32_t layer, eng_proj p);
+
+/* An adapter with the user's scale (which multiplies the module scale). */
+typedef struct eng_lora_term {
+    eng_lora *lora;
+    float scale;
+} eng_lora_term;
+
+/*
+ * A version of the serving weights: for every layer's projection, the
+ * tensor it computes with (the model's pristine one, or a merged one the
+ * version owns), and the adapter configuration merged into them. Immutable
+ * once published, shared by reference: the engine holds the current one
+ * and every sequence holds the one it started on, so a merge never changes
+ * a running answer. Freed (merged tensors included) by the last unref.
+ */
+typedef struct eng_weights {
+    uint64_t version;
+    const eng_model *m;
+    const qtensor **proj;  /* [n_layers * ENG_N_PROJ] */
+    qtensor *owned;        /* [n_layers * ENG_N_PROJ]: merged tensors (rows == 0: none) */
+    eng_lora_term *merged; /* the merged configuration (a reference on each) */
+    size_t n_merged;
+    int refs; /* atomic */
+} eng_weights;
+
+/* A version serving the model's pristine weights with nothing merged
+ * (refs 1). */
+int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, char *msg,
+                    size_t msg_len);
+/* Serve layer l's projection p with *t: the version takes t over (t is
+ * zeroed). Only before the version is published. */
+void eng_weights_set(eng_weights *w, int32_t layer, eng_proj p, qtensor *t);
+/* Record the merged configuration (references are taken). */
+int eng_weights_set_merged(eng_weights *w, const eng_lora_term *terms, size_t n, char *msg,
+                           size_t msg_len);
+const qtensor *eng_weights_proj(const eng_weights *w, int32_t layer, eng_proj p);
+void eng_weights_ref(eng_weights *w);
+void eng_weights_unref(eng_weights *w);
+/*
+ * A 64-bit digest of every weight byte a version serves: embeddings,
+ * norms, lm_head and each projection (codes and quant state), in a fixed
+ * order. Equal digests mean the same bits (up to a 2^-64 accident).
+ * w NULL: the model's own weights.
+ */
+uint64_t eng_weights_digest(const eng_model *m, const eng_weights *w);
+
+/*
+ * The signed difference between a wanted configuration and a merged one:
+ * for each wanted adapter, its scale minus the merged scale (dropped when
+ * zero); for each merged adapter not wanted, minus its merged scale. *out
+ * is allocated (free()); references are NOT taken.
+ */
+int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora_term *merged,
+                        size_t n_merged, eng_lora_term **out, size_t *n_out);
 
 /* --- inference: KV cache, forward pass, sampling (engine/kv_cache.c,
  *     forward.c, sampler.c) ------------------------------------------------- */
@@ -459,6 +569,12 @@ typedef struct eng_step_seq {
     const int32_t *tokens;
     int32_t n_tokens;
     int32_t pos;
+    /* the weight version the sequence runs on (NULL: the model's own) and
+     * the adapters it applies unmerged on top of it, in order (the signed
+     * difference between what it wants and what the version has merged) */
+    const struct eng_weights *weights;
+    const struct eng_lora_term *delta;
+    int32_t n_delta;
 } eng_step_seq;
 
 /* Scratch of the forward pass, sized for up to max_tokens new tokens per
@@ -479,6 +595,16 @@ void eng_forward_state_free(eng_forward_state *st);
  */
 int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
                 const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len);
+
+/*
+ * The unmerged LoRA product, added after a base product: y[b] += scale *
+ * (x[b] @ A^T) @ B^T for the batch rows of x (in_features wide) and y
+ * (out_features wide), both products over the pool. t (batch * rank) and u
+ * (batch * out_features) are scratch. Each row's arithmetic is the same
+ * whatever the batch, so grouping rows never changes a bit.
+ */
+void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
+                    int64_t batch, float *y, float *t, float *u);
 
 /* How a request samples (engine/sampler.c). Zero-initialised: greedy. */
 typedef struct eng_sampling {
@@ -557,6 +683,10 @@ typedef struct eng_request {
     eng_sampling sampling;
     const char *const *stop; /* stop strings, n_stop of them */
     size_t n_stop;
+    /* the adapter configuration wanted (none: the base model); the engine
+     * takes its own references at submit */
+    const eng_lora_term *adapters;
+    size_t n_adapters;
     /* text (UTF-8, whole characters, stop strings held back) and the token
      * that completed it; text may be empty */
     void (*on_token)(void *user, int32_t token, const char *text, size_t len);
@@ -589,6 +719,20 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
  * reason (nothing is queued). *id names it for eng_engine_cancel.
  */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
+/*
+ * Publish a new weight version (the engine takes the caller's reference):
+ * the engine switches to it between two steps; sequences admitted after
+ * run on it, those already running finish on the version they started on.
+ * Returns at once; eng_engine_weights tells what serves.
+ */
+void eng_engine_publish(eng_engine *e, eng_weights *w);
+/* The version new sequences get (the last published), with a reference
+ * for the caller. */
+eng_weights *eng_engine_weights(eng_engine *e);
+/* Block until every version but the current one has been released (no
+ * sequence still runs on an older one) or timeout_s passes; true when so. */
+bool eng_engine_wait_versions(eng_engine *e, double timeout_s);
+
 /* Cancel a request (waiting or running); its on_done says cancelled. */
 void eng_engine_cancel(eng_engine *e, uint64_t id);
 /* Cancel everything, join the engine thread, free. */
@@ -598,6 +742,9 @@ typedef struct eng_engine_stats {
     int32_t waiting, running;
     int32_t kv_blocks_used, kv_blocks_total;
     uint64_t steps, tokens_generated, prompt_tokens;
+    uint64_t weights_version;  /* the version new sequences get */
+    int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
+    uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);

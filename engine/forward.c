@@ -32,6 +32,13 @@ struct eng_forward_state {
     float *norms;      /* [n_layers][2][hidden]: attn, ffn */
     float *final_norm; /* [hidden] */
     float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
+    /* unmerged adapters: rows gathered by adapter (grown on first use) */
+    float *lora_x, *lora_y, *lora_u; /* [max_tokens][widest projection] */
+    float *lora_t;                   /* [max_tokens][lora_rank] */
+    int64_t lora_rank;               /* the rank lora_t holds */
+    int64_t wide;                    /* the widest projection side */
+    int64_t *seq_row;                /* [max_tokens]: each step sequence's first row */
+    int32_t *seq_group;              /* [max_tokens]: its adapter group, or -1 */
 };
 
 /* --- setup ------------------------------------------------------------------ */
@@ -80,6 +87,12 @@ void eng_forward_state_free(eng_forward_state *st)
                      st->rope_cos, st->rope_sin, st->norms, st->final_norm, st->biases};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
+    free(st->lora_x);
+    free(st->lora_y);
+    free(st->lora_u);
+    free(st->lora_t);
+    free(st->seq_row);
+    free(st->seq_group);
     free(st->row_seq);
     free(st->row_pos);
     free(st->inv_freq);
@@ -107,6 +120,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     size_t wide = F > Q ? F : Q;
     wide = wide > H ? wide : H;
     st->max_tokens = max_tokens;
+    st->wide = (int64_t)wide;
     st->x = malloc(T * H * sizeof(float));
     st->h = malloc(T * H * sizeof(float));
     st->q = malloc(T * Q * sizeof(float));
@@ -119,6 +133,8 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->last = malloc(T * H * sizeof(float));
     st->row_seq = malloc(T * sizeof(int32_t));
     st->row_pos = malloc(T * sizeof(int32_t));
+    st->seq_row = malloc(T * sizeof(int64_t));
+    st->seq_group = malloc(T * sizeof(int32_t));
     st->rope_cos = malloc(T * half * sizeof(float));
     st->rope_sin = malloc(T * half * sizeof(float));
     st->inv_freq = malloc(half * sizeof(double));
@@ -126,8 +142,9 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
     if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate || !st->up ||
-        !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->rope_cos || !st->rope_sin ||
-        !st->inv_freq || !st->norms || !st->final_norm || (c->attention_bias && !st->biases)) {
+        !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->seq_row || !st->seq_group ||
+        !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms || !st->final_norm ||
+        (c->attention_bias && !st->biases)) {
         eng_forward_state_free(st);
         return qt_fail(msg, msg_len, ENG_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
@@ -183,6 +200,119 @@ static void matmul(eng_pool *pool, const qtensor *w, const float *x, int64_t bat
 {
     matmul_job j = {w, x, batch, y};
     eng_pool_run(pool, matmul_rows, &j, w->rows, 16);
+}
+
+/* --- adapters, unmerged ------------------------------------------------------- */
+
+void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
+                    int64_t batch, float *y, float *t, float *u)
+{
+    float s = scale * mod->scale;
+    int64_t rank = mod->a.rows, out = mod->b.rows;
+    // down: t = (x @ A^T) * s
+    matmul(pool, &mod->a, x, batch, t);
+    for (int64_t i = 0; i < batch * rank; i++)
+        t[i] *= s;
+    // up: y += t @ B^T
+    matmul(pool, &mod->b, t, batch, u);
+    for (int64_t i = 0; i < batch * out; i++)
+        y[i] += u[i];
+}
+
+/* The tensor sequence s computes layer l's projection p with. */
+static const qtensor *seq_proj(const eng_step_seq *s, const eng_model *m, int32_t l, eng_proj p)
+{
+    return s->weights ? eng_weights_proj(s->weights, l, p) : eng_model_proj(m, l, p);
+}
+
+/* Room for the gathered rows of adapters up to `rank`. */
+static int lora_scratch(eng_forward_state *st, int64_t rank)
+{
+    size_t big = (size_t)st->max_tokens * (size_t)st->wide * sizeof(float);
+    if (!st->lora_x) {
+        st->lora_x = malloc(big);
+        st->lora_y = malloc(big);
+        st->lora_u = malloc(big);
+        if (!st->lora_x || !st->lora_y || !st->lora_u)
+            return ENG_ENOMEM;
+    }
+    if (rank > st->lora_rank) {
+        float *t = realloc(st->lora_t, (size_t)st->max_tokens * (size_t)rank * sizeof(float));
+        if (!t)
+            return ENG_ENOMEM;
+        st->lora_t = t;
+        st->lora_rank = rank;
+    }
+    return ENG_OK;
+}
+
+/*
+ * y[T][out] = x[T][in] @ W^T for layer l's projection p, every sequence on
+ * its own weight version (runs of neighbours that share a tensor go in one
+ * product), then each sequence's unmerged adapters added in its own order:
+ * for the k-th term of every sequence, the rows of all sequences applying
+ * the same module at the same scale are gathered and get one low-rank
+ * product (SGMV, as Punica and S-LoRA batch adapters). Row arithmetic never
+ * depends on the grouping, so a sequence gets the same bits alone.
+ */
+static void project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
+                    const eng_step_seq *seqs, int32_t n_seqs, int32_t l, eng_proj p, const float *x,
+                    float *y)
+{
+    const qtensor *base = eng_model_proj(m, l, p);
+    int64_t in = base->cols, out = base->rows;
+    int32_t max_terms = 0;
+    for (int32_t s = 0, r = 0; s < n_seqs;) {
+        const qtensor *w = seq_proj(&seqs[s], m, l, p);
+        int64_t r0 = r;
+        int32_t e = s;
+        for (; e < n_seqs && seq_proj(&seqs[e], m, l, p) == w; e++) {
+            st->seq_row[e] = r;
+            r += seqs[e].n_tokens;
+            max_terms = seqs[e].n_delta > max_terms ? seqs[e].n_delta : max_terms;
+        }
+        matmul(pool, w, x + r0 * in, r - r0, y + r0 * out);
+        s = e;
+    }
+    for (int32_t k = 0; k < max_terms; k++) {
+        for (int32_t s = 0; s < n_seqs; s++)
+            st->seq_group[s] = -1;
+        for (int32_t s = 0; s < n_seqs; s++) {
+            if (st->seq_group[s] >= 0 || seqs[s].n_delta <= k)
+                continue;
+            const eng_lora_term *term = &seqs[s].delta[k];
+            const eng_lora_module *mod = eng_lora_module_at(term->lora, l, p);
+            if (!mod)
+                continue; /* the adapter does not target this projection */
+            // gather the rows of every sequence applying this module at this scale
+            int64_t g = 0;
+            for (int32_t e = s; e < n_seqs; e++) {
+                if (st->seq_group[e] >= 0 || seqs[e].n_delta <= k ||
+                    eng_lora_module_at(seqs[e].delta[k].lora, l, p) != mod ||
+                    seqs[e].delta[k].scale != term->scale)
+                    continue;
+                st->seq_group[e] = s;
+                size_t n = (size_t)seqs[e].n_tokens;
+                memcpy(st->lora_x + g * in, x + st->seq_row[e] * in,
+                       n * (size_t)in * sizeof(float));
+                memcpy(st->lora_y + g * out, y + st->seq_row[e] * out,
+                       n * (size_t)out * sizeof(float));
+                g += (int64_t)n;
+            }
+            eng_lora_apply(pool, mod, term->scale, st->lora_x, g, st->lora_y, st->lora_t,
+                           st->lora_u);
+            // and scatter the sums back
+            g = 0;
+            for (int32_t e = s; e < n_seqs; e++) {
+                if (st->seq_group[e] != s)
+                    continue;
+                size_t n = (size_t)seqs[e].n_tokens;
+                memcpy(y + st->seq_row[e] * out, st->lora_y + g * out,
+                       n * (size_t)out * sizeof(float));
+                g += (int64_t)n;
+            }
+        }
+    }
 }
 
 /* Rotate pairs of q (n_heads) and k (n_kv heads) of each row by its
@@ -280,8 +410,8 @@ static float silu(float x)
 /* --- the step ---------------------------------------------------------------- */
 
 static int check_step(const eng_forward_state *st, const eng_model *m, const eng_kv_cache *kv,
-                      const eng_step_seq *seqs, int32_t n_seqs, int64_t *total, char *msg,
-                      size_t msg_len)
+                      const eng_step_seq *seqs, int32_t n_seqs, int64_t *total, int64_t *max_rank,
+                      char *msg, size_t msg_len)
 {
     const eng_config *c = &m->cfg;
     int64_t T = 0;
@@ -303,6 +433,19 @@ static int check_step(const eng_forward_state *st, const eng_model *m, const eng
             return qt_fail(msg, msg_len, ENG_EINVAL,
                            "sequence %d: position %d leaves a gap after its %d cached positions", s,
                            q->pos, q->kv->n_tokens);
+        if (q->weights && q->weights->m != m)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "sequence %d: its weight version belongs to another model", s);
+        for (int32_t k = 0; k < q->n_delta; k++) {
+            const eng_lora *lora = q->delta[k].lora;
+            if (lora->n_layers != c->n_layers)
+                return qt_fail(msg, msg_len, ENG_EINVAL,
+                               "sequence %d: adapter %s has %d layers, the model %d", s, lora->name,
+                               lora->n_layers, c->n_layers);
+            for (size_t i = 0; i < (size_t)lora->n_layers * ENG_N_PROJ; i++)
+                if (lora->modules[i].a.rows > *max_rank)
+                    *max_rank = lora->modules[i].a.rows;
+        }
         for (int32_t t = 0; t < q->n_tokens; t++)
             if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
                 return qt_fail(msg, msg_len, ENG_EINVAL,
@@ -321,10 +464,13 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
                 const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len)
 {
     const eng_config *c = &m->cfg;
-    int64_t T = 0;
-    int rc = check_step(st, m, kv, seqs, n_seqs, &T, msg, msg_len);
+    int64_t T = 0, max_rank = 0;
+    int rc = check_step(st, m, kv, seqs, n_seqs, &T, &max_rank, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
+    if (max_rank > 0 && lora_scratch(st, max_rank) != ENG_OK)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "cannot allocate adapter scratch for rank %lld",
+                       (long long)max_rank);
     int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
             KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
     int32_t half = c->head_dim / 2;
@@ -344,13 +490,12 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
     }
 
     for (int32_t l = 0; l < c->n_layers; l++) {
-        const eng_layer *ly = &m->layers[l];
         // attention rmsnorm
         rmsnorm(st->h, st->x, st->norms + (2 * l) * H, T, H, c->rms_norm_eps);
         // qkv matmuls (and Qwen2's biases)
-        matmul(pool, &ly->wq, st->h, T, st->q);
-        matmul(pool, &ly->wk, st->h, T, st->k);
-        matmul(pool, &ly->wv, st->h, T, st->v);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_Q, st->h, st->q);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_K, st->h, st->k);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_V, st->h, st->v);
         if (c->attention_bias) {
             const float *b = st->biases + (size_t)l * (size_t)(Q + 2 * KV);
             for (int64_t r = 0; r < T; r++) {
@@ -377,17 +522,17 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         attn_job aj = {c, kv, seqs, st, l};
         eng_pool_run(pool, attention_rows, &aj, T * c->n_heads, 1);
         // output projection and residual
-        matmul(pool, &ly->wo, st->att, T, st->tmp);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_O, st->att, st->tmp);
         for (int64_t i = 0; i < T * H; i++)
             st->x[i] += st->tmp[i];
         // ffn rmsnorm
         rmsnorm(st->h, st->x, st->norms + (2 * l + 1) * H, T, H, c->rms_norm_eps);
         // SwiGLU: down(silu(gate(h)) * up(h)), and residual
-        matmul(pool, &ly->w_gate, st->h, T, st->gate);
-        matmul(pool, &ly->w_up, st->h, T, st->up);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_GATE, st->h, st->gate);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_UP, st->h, st->up);
         for (int64_t i = 0; i < T * F; i++)
             st->gate[i] = silu(st->gate[i]) * st->up[i];
-        matmul(pool, &ly->w_down, st->gate, T, st->tmp);
+        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_DOWN, st->gate, st->tmp);
         for (int64_t i = 0; i < T * H; i++)
             st->x[i] += st->tmp[i];
     }

@@ -17,6 +17,12 @@
  *   - one forward pass; sample each sequence that needs a token with its
  *     own sampler; stream its text through its stop-string filter; finish
  *     what ended and give its blocks back at once.
+ *
+ * Adapters: a request names the configuration it wants; at admission a
+ * sequence takes a reference on the serving weight version and keeps it to
+ * its end, and applies the difference between what it wants and what that
+ * version has merged, unmerged. A new version published by a merge is
+ * taken between two steps; sequences already running finish on theirs.
  */
 #include "engine.h"
 
@@ -50,6 +56,11 @@ typedef struct seq {
     eng_sampler sampler;
     eng_stop *stop;
     tok_stream stream;
+    eng_lora_term *want; /* the configuration asked for (a reference each) */
+    size_t n_want;
+    eng_weights *weights; /* the version it runs on, from admission (a reference) */
+    eng_lora_term *delta; /* want minus what weights has merged */
+    size_t n_delta;
     double t_submit, t_admit, t_first;
     struct seq *next; /* in the inbox or the waiting list */
 } seq;
@@ -74,8 +85,13 @@ struct eng_engine {
     uint64_t next_id;
     int32_t queued; /* inbox + waiting, for the queue limit */
     eng_engine_stats stats;
+    eng_weights *latest;  /* the last published version (a reference) */
+    eng_weights *pending; /* published, not yet taken by the engine thread */
+    int32_t old_running;  /* running sequences on a version older than current */
+    pthread_cond_t versions_cv;
 
     /* engine thread only */
+    eng_weights *current; /* what new sequences get (a reference) */
     seq *waiting, *waiting_tail;
     seq **running;
     int32_t n_running;
@@ -92,6 +108,11 @@ static double now_s(void)
 
 static void seq_free(seq *s)
 {
+    for (size_t i = 0; i < s->n_want; i++)
+        eng_lora_unref(s->want[i].lora);
+    free(s->want);
+    free(s->delta);
+    eng_weights_unref(s->weights);
     free(s->prompt);
     eng_sampler_free(&s->sampler);
     eng_stop_free(s->stop);
@@ -182,9 +203,33 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     int rc = eng_sampling_check(&r->sampling, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
+    for (size_t i = 0; i < r->n_adapters; i++) {
+        const eng_lora_term *t = &r->adapters[i];
+        if (!t->lora || t->lora->n_layers != c->n_layers)
+            return qt_fail(msg, msg_len, ENG_EINVAL, "adapter %zu is not one for this model", i);
+        if (!(t->scale == t->scale) || t->scale > 1e6f || t->scale < -1e6f)
+            return qt_fail(msg, msg_len, ENG_EINVAL, "adapter %s: scale %g is not a usable number",
+                           t->lora->name, (double)t->scale);
+        for (size_t j = 0; j < i; j++)
+            if (r->adapters[j].lora == t->lora)
+                return qt_fail(msg, msg_len, ENG_EINVAL, "adapter %s is named twice",
+                               t->lora->name);
+    }
     seq *s = calloc(1, sizeof *s);
     if (!s)
         return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    if (r->n_adapters) {
+        s->want = malloc(r->n_adapters * sizeof *s->want);
+        if (!s->want) {
+            free(s);
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        }
+        for (size_t i = 0; i < r->n_adapters; i++) {
+            s->want[i] = r->adapters[i];
+            eng_lora_ref(s->want[i].lora);
+        }
+        s->n_want = r->n_adapters;
+    }
     size_t n = 0;
     rc = tok_encode(e->m->tok, r->prompt, r->prompt_len, tok_adds_bos(e->m->tok), true, &s->prompt,
                     &n, msg, msg_len);
@@ -214,6 +259,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     s->req = *r;
     s->req.prompt = NULL; /* not kept */
     s->req.stop = NULL;
+    s->req.adapters = NULL;
     s->t_submit = now_s();
 
     pthread_mutex_lock(&e->mu);
@@ -310,10 +356,25 @@ static void admit(eng_engine *e)
             e->waiting_tail = NULL;
         s->next = NULL;
         s->t_admit = now_s();
-        e->running[e->n_running++] = s;
         pthread_mutex_lock(&e->mu);
         e->queued--;
         pthread_mutex_unlock(&e->mu);
+        /* the serving version, and what to apply on top of it */
+        s->weights = e->current;
+        eng_weights_ref(s->weights);
+        if (eng_lora_difference(s->want, s->n_want, s->weights->merged, s->weights->n_merged,
+                                &s->delta, &s->n_delta) != ENG_OK) {
+            finish(e, s, ENG_FINISH_ERROR);
+            continue;
+        }
+        for (size_t i = 0; i < s->n_want; i++)
+            __atomic_add_fetch(&s->want[i].lora->requests, 1, __ATOMIC_RELAXED);
+        if (s->n_delta) {
+            pthread_mutex_lock(&e->mu);
+            e->stats.adapter_requests++;
+            pthread_mutex_unlock(&e->mu);
+        }
+        e->running[e->n_running++] = s;
     }
 }
 
@@ -358,7 +419,9 @@ static bool run_step(eng_engine *e)
         seq *s = e->running[i];
         if (s->n_prefilled < s->n_prompt)
             continue;
-        e->step[n] = (eng_step_seq){&s->kv, &s->next_token, 1, s->n_prompt + s->n_generated - 1};
+        e->step[n] = (eng_step_seq){
+            &s->kv,   &s->next_token,     1, s->n_prompt + s->n_generated - 1, s->weights,
+            s->delta, (int32_t)s->n_delta};
         e->step_owner[n++] = s;
         budget--;
     }
@@ -370,7 +433,9 @@ static bool run_step(eng_engine *e)
         int32_t chunk = s->n_prompt - s->n_prefilled;
         chunk = chunk < e->o.prefill_chunk ? chunk : e->o.prefill_chunk;
         chunk = chunk < budget ? chunk : budget;
-        e->step[n] = (eng_step_seq){&s->kv, s->prompt + s->n_prefilled, chunk, s->n_prefilled};
+        e->step[n] =
+            (eng_step_seq){&s->kv,   s->prompt + s->n_prefilled, chunk, s->n_prefilled, s->weights,
+                           s->delta, (int32_t)s->n_delta};
         e->step_owner[n++] = s;
         budget -= chunk;
     }
@@ -416,6 +481,31 @@ static bool run_step(eng_engine *e)
     return true;
 }
 
+/* Publish the step's stats: what runs, and on which versions. */
+static void note_versions(eng_engine *e)
+{
+    int32_t old = 0, versions = 1;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        eng_weights *w = e->running[i]->weights;
+        if (w == e->current)
+            continue;
+        old++;
+        bool seen = false;
+        for (int32_t j = 0; j < i && !seen; j++)
+            seen = e->running[j]->weights == w;
+        versions += !seen;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.running = e->n_running;
+    e->stats.waiting = e->queued;
+    e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    e->stats.weights_versions = versions;
+    e->old_running = old;
+    if (old == 0 && !e->pending)
+        pthread_cond_broadcast(&e->versions_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *engine_main(void *arg)
 {
     eng_engine *e = arg;
@@ -423,8 +513,16 @@ static void *engine_main(void *arg)
     size_t cap = 0;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && !e->inbox && e->n_cancels == 0 && !e->waiting && e->n_running == 0)
+        while (!e->stopping && !e->inbox && e->n_cancels == 0 && !e->waiting && e->n_running == 0 &&
+               !e->pending)
             pthread_cond_wait(&e->wake, &e->mu);
+        /* a published version: new sequences get it from now on */
+        eng_weights *retired = NULL;
+        if (e->pending) {
+            retired = e->current;
+            e->current = e->pending;
+            e->pending = NULL;
+        }
         /* take in the inbox and the cancel list */
         if (e->inbox) {
             if (e->waiting_tail)
@@ -452,6 +550,7 @@ static void *engine_main(void *arg)
         }
         bool stopping = e->stopping;
         pthread_mutex_unlock(&e->mu);
+        eng_weights_unref(retired); /* freed here if no sequence runs on it */
 
         apply_cancels(e, cancels, n_cancels, stopping);
         if (stopping)
@@ -459,11 +558,7 @@ static void *engine_main(void *arg)
         admit(e);
         run_step(e);
 
-        pthread_mutex_lock(&e->mu);
-        e->stats.running = e->n_running;
-        e->stats.waiting = e->queued;
-        e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
-        pthread_mutex_unlock(&e->mu);
+        note_versions(e);
     }
     free(cancels);
     return NULL;
@@ -482,8 +577,12 @@ static void engine_free(eng_engine *e)
     free(e->step);
     free(e->step_owner);
     free(e->cancels);
+    eng_weights_unref(e->current);
+    eng_weights_unref(e->latest);
+    eng_weights_unref(e->pending);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->versions_cv);
     free(e);
 }
 
@@ -496,6 +595,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
         return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->versions_cv, NULL);
     e->m = m;
     e->o = *o;
 #define DEFAULT(field, value)                                                                      \
@@ -514,7 +614,12 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
         e->o.step_tokens = e->o.max_running + 1;
     e->eos = m->cfg.eos_token_id >= 0 ? m->cfg.eos_token_id : tok_eos(m->tok);
     int32_t vocab = m->cfg.vocab_size;
-    int rc = eng_pool_new(&e->pool, o->threads, msg, msg_len);
+    int rc = eng_weights_new(&e->current, m, 0, msg, msg_len);
+    if (rc == ENG_OK) {
+        e->latest = e->current;
+        eng_weights_ref(e->latest);
+        rc = eng_pool_new(&e->pool, o->threads, msg, msg_len);
+    }
     if (rc == ENG_OK)
         rc = eng_kv_new(&e->kv, &m->cfg, e->o.kv_bytes, e->o.block_tokens, msg, msg_len);
     if (rc == ENG_OK)
@@ -556,6 +661,45 @@ void eng_engine_stop(eng_engine *e)
         s = next;
     }
     engine_free(e);
+}
+
+void eng_engine_publish(eng_engine *e, eng_weights *w)
+{
+    eng_weights_ref(w); /* one for latest; the caller's goes to pending */
+    pthread_mutex_lock(&e->mu);
+    eng_weights *replaced = e->pending, *old_latest = e->latest;
+    e->pending = w;
+    e->latest = w;
+    e->stats.weights_version = w->version;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    eng_weights_unref(replaced); /* published and replaced before any sequence took it */
+    eng_weights_unref(old_latest);
+}
+
+eng_weights *eng_engine_weights(eng_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    eng_weights *w = e->latest;
+    eng_weights_ref(w);
+    pthread_mutex_unlock(&e->mu);
+    return w;
+}
+
+bool eng_engine_wait_versions(eng_engine *e, double timeout_s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double end = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + timeout_s;
+    until.tv_sec = (time_t)end;
+    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+    pthread_mutex_lock(&e->mu);
+    int rc = 0;
+    while ((e->old_running > 0 || e->pending) && rc == 0)
+        rc = pthread_cond_timedwait(&e->versions_cv, &e->mu, &until);
+    bool done = e->old_running == 0 && !e->pending;
+    pthread_mutex_unlock(&e->mu);
+    return done;
 }
 
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)

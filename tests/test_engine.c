@@ -416,7 +416,7 @@ Test(smollm2, greedy_tokens_agree_with_llama_cpp)
         cr_assert_eq(memcmp(ids, ref->prompt_ids, n * sizeof(int32_t)), 0, "prompt %zu ids", c);
         eng_seq_kv s = {0};
         cr_assert_eq(eng_kv_reserve(kv, &s, (int32_t)n + SMOLLM2_REF_MAX_NEW), 0);
-        eng_step_seq step = {&s, ids, (int32_t)n, 0};
+        eng_step_seq step = {.kv = &s, .tokens = ids, .n_tokens = (int32_t)n, .pos = 0};
         cr_assert_eq(eng_forward(st, &m, kv, pool, &step, 1, logits, msg, sizeof msg), 0, "%s",
                      msg);
         for (size_t k = 0; k < ref->n_greedy; k++) {
@@ -436,7 +436,7 @@ Test(smollm2, greedy_tokens_agree_with_llama_cpp)
                          best, ref->greedy_ids[k]);
             if (best == m.cfg.eos_token_id)
                 break;
-            eng_step_seq d = {&s, &best, 1, (int32_t)(n + k)};
+            eng_step_seq d = {.kv = &s, .tokens = &best, .n_tokens = 1, .pos = (int32_t)(n + k)};
             cr_assert_eq(eng_forward(st, &m, kv, pool, &d, 1, logits, msg, sizeof msg), 0);
         }
         eng_kv_release(kv, &s);

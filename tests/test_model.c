@@ -529,7 +529,7 @@ Test(model, a_folder_quantized_by_qlserve_loads_as_stored)
     eng_seq_kv sk = {0};
     cr_assert_eq(eng_kv_reserve(kv, &sk, 3), 0);
     int32_t toks[3] = {116, 256, 259};
-    eng_step_seq step = {&sk, toks, 3, 0};
+    eng_step_seq step = {.kv = &sk, .tokens = toks, .n_tokens = 3, .pos = 0};
     float logits[260];
     cr_assert_eq(eng_forward(st, &m, kv, pool, &step, 1, logits, msg, sizeof msg), 0, "%s", msg);
     for (int i = 0; i < 260; i++)

@@ -1,0 +1,202 @@
+/*
+ * lora.h - the public header of adapters/: PEFT LoRA adapters on a
+ * quantized model.
+ *
+ * It offers three things, each in its own file:
+ *   - loading (peft.c): a PEFT adapter folder (adapter_config.json and
+ *     adapter_model.safetensors) checked against a loaded model and turned
+ *     into an eng_lora, the engine's view of an adapter (engine.h): per
+ *     layer and projection, A, B and the module's scale. Tensors are
+ *     borrowed from the mapped file where their layout allows;
+ *   - the dispatch (merge.c): given a target weight, the LoRA operations
+ *     for its quant kind (merge, unmerge, unmerged apply), or "unsupported"
+ *     naming the kind. A merge dequantizes the pristine weight, adds each
+ *     scale * B @ A, checks the result is finite and requantizes into the
+ *     weight's own kind and block layout (or a wider kind when asked), and
+ *     reports what the requantization cost;
+ *   - the registry (registry.c): the adapters loaded on an engine, by name,
+ *     with a memory budget; merge and unmerge build a new weight version
+ *     beside the serving one and publish it between two engine steps.
+ *
+ * Unmerged application is exact (the quantized base plus the adapter in
+ * f32, what QLoRA trained); merging is fast and approximate, and every
+ * merge says how approximate (delta_retained, relative_error).
+ *
+ * Errors: ENG_OK or a negative ENG_E* / QT_E* code, with a sentence naming
+ * the adapter, the file, the module and the value in msg. ENG_ENOTFOUND:
+ * no such adapter; ENG_ECONFLICT: not now (unloading a merged adapter);
+ * QT_ENONFINITE: a merge produced NaN or Inf (nothing changed).
+ */
+#ifndef QL_LORA_H
+#define QL_LORA_H
+
+#include "engine.h"
+
+/* --- loading (adapters/peft.c) ------------------------------------------- */
+
+/* What an adapter's config says, for listings. */
+typedef struct lora_meta {
+    int32_t r;       /* the config's r (modules may differ by rank_pattern) */
+    float alpha;     /* lora_alpha */
+    bool use_rslora; /* scale = alpha / sqrt(r) */
+    char base_model[256];
+    char targets[256]; /* the projections targeted, "q_proj,k_proj,..." */
+    int32_t n_modules; /* modules loaded (layers x projections) */
+    /* a compatibility warning (the base model's name differs from the
+     * loaded model's), empty when none */
+    char warning[512];
+} lora_meta;
+
+/*
+ * Load the PEFT LoRA adapter in folder dir for model m, under `name` (NULL:
+ * the folder's base name). Everything is checked before *out is set:
+ * target modules exist in the model, every A is [r, in_features] and every
+ * B [out_features, r] for its module, all values finite, no unsupported
+ * feature (use_dora, a trained bias, modules_to_save, embedding or conv
+ * targets: refused by the field's name). On a llama GGUF model the rows of
+ * q_proj / k_proj B are permuted as llama.cpp's converter permuted the
+ * weights. *out has one reference (eng_lora_unref frees it); meta (may be
+ * NULL) receives what the config said.
+ */
+int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
+              const eng_model *m, char *msg, size_t msg_len);
+
+/* --- the dispatch by quant kind (adapters/merge.c) ----------------------- */
+
+/* One adapter's part in a merge into one module. */
+typedef struct lora_part {
+    const char *adapter;           /* its name, for errors */
+    const eng_lora_module *module; /* A, B and the module scale */
+    float scale;                   /* the user's scale (times module->scale) */
+} lora_part;
+
+/* What requantization cost in one module (or, summed, in a whole merge). */
+typedef struct lora_cost {
+    double dot;      /* <Q(W + delta) - W, delta> */
+    double delta_sq; /* |delta|^2 */
+    double err_sq;   /* |Q(W + delta) - (W + delta)|^2 */
+    /* dot / delta_sq: 1 when the adapter survived whole, 0 when it
+     * rounded away */
+    double delta_retained;
+    /* sqrt(err_sq / delta_sq) */
+    double relative_error;
+} lora_cost;
+
+/* Sum b's sums into a and recompute the ratios. */
+void lora_cost_add(lora_cost *a, const lora_cost *b);
+
+typedef struct lora_merge_opts {
+    bool safe_merge; /* check every merged value is finite (the default) */
+    /* the kind merged modules are stored in: QT_KIND_COUNT for the
+     * weight's own kind and layout, or QT_AFFINE (int8, per channel) or
+     * QT_BF16 */
+    qt_kind into;
+} lora_merge_opts;
+
+typedef struct lora_ops {
+    const char *kind; /* the weight kind's name */
+    /*
+     * merged = Q(dequant(pristine) + sum of parts' scale * B @ A), in the
+     * pristine weight's kind, block size and double-quant setting (or
+     * o->into). On a non-finite value (safe merge) nothing is produced and
+     * msg names the adapter, `module` and the first bad index. cost
+     * receives the module's figures.
+     */
+    int (*merge)(const qtensor *pristine, const lora_part *parts, size_t n_parts,
+                 const lora_merge_opts *o, const char *module, qtensor *merged, lora_cost *cost,
+                 char *msg, size_t msg_len);
+    /* What serves after an unmerge: the pristine weight, bit for bit (the
+     * merged copy is the caller's to free). */
+    const qtensor *(*unmerge)(const qtensor *pristine);
+    /* The unmerged product after the base one (engine.h eng_lora_apply). */
+    void (*apply)(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
+                  int64_t batch, float *y, float *t, float *u);
+} lora_ops;
+
+/* The operations for weight w's kind, or QT_EUNSUPPORTED naming the kind. */
+int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len);
+
+/* --- the registry (adapters/registry.c) ---------------------------------- */
+
+typedef struct lora_registry lora_registry;
+
+typedef struct lora_registry_opts {
+    /* bytes adapters may hold; loading past it evicts unmerged adapters no
+     * request has used for longest; 0: no limit */
+    size_t budget_bytes;
+    int threads; /* merge threads; 0: the machine's cores */
+} lora_registry_opts;
+
+/* What a listing shows of one adapter. */
+typedef struct lora_info {
+    char name[128];
+    char path[512];
+    lora_meta meta;
+    size_t bytes;
+    bool merged;
+    float merged_scale;
+    uint64_t requests;    /* sequences that asked for it */
+    lora_cost last_merge; /* the cost of its last merge (zero: never merged) */
+} lora_info;
+
+/* A merge's or unmerge's report. modules is owned (lora_report_free). */
+typedef struct lora_report {
+    char adapter[128];
+    float scale;
+    qt_kind into; /* QT_KIND_COUNT: each weight's own kind */
+    size_t n_modules;
+    struct lora_module_cost {
+        int32_t layer;
+        eng_proj proj;
+        qt_kind kind; /* what the merged module is stored in */
+        lora_cost cost;
+    } * modules;
+    lora_cost overall;
+    double seconds;
+    uint64_t version; /* the weight version published */
+    uint64_t digest;  /* eng_weights_digest of it */
+} lora_report;
+void lora_report_free(lora_report *r);
+
+/* The registry of engine e over model m (both borrowed; they outlive it). */
+int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
+                      const lora_registry_opts *o, char *msg, size_t msg_len);
+/* Unmerges nothing; drops the registry's references. */
+void lora_registry_free(lora_registry *r);
+/* Load dir under name (unique). meta may be NULL. */
+int lora_registry_load(lora_registry *r, const char *name, const char *dir, lora_meta *meta,
+                       char *msg, size_t msg_len);
+/* Drop name; ENG_ECONFLICT while it is merged. Sequences using it finish. */
+int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t msg_len);
+/* A reference to name for a request (marks it used now); ENG_ENOTFOUND. */
+int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg,
+                      size_t msg_len);
+/* Every adapter, in load order; *out allocated (free()). */
+int lora_registry_list(lora_registry *r, lora_info **out, size_t *n);
+/*
+ * Merge name at scale (replacing its scale if merged already) together
+ * with what is merged, recomputed from the pristine weights, published as
+ * a new version. On any failure nothing changes. rep may be NULL.
+ */
+int lora_registry_merge(lora_registry *r, const char *name, float scale, const lora_merge_opts *o,
+                        lora_report *rep, char *msg, size_t msg_len);
+/* Take name out of the merged configuration (the rest stays merged). */
+int lora_registry_unmerge(lora_registry *r, const char *name, lora_report *rep, char *msg,
+                          size_t msg_len);
+
+/* The serving state: what is merged and the weights' digest. */
+typedef struct lora_state {
+    uint64_t version;
+    uint64_t digest;
+    size_t n_merged;
+    struct {
+        char name[128];
+        float scale;
+    } merged[16]; /* the first 16 */
+    uint64_t merges, unmerges;
+    size_t bytes; /* all loaded adapters */
+    size_t n_loaded;
+} lora_state;
+void lora_registry_state(lora_registry *r, lora_state *out);
+
+#endif
