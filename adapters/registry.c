@@ -1,0 +1,523 @@
+/*
+ * registry.c - the adapters loaded on an engine, by name, and the merged
+ * configuration of its weights.
+ *
+ * Loading reads and checks the files on the caller's thread (never the
+ * engine's). A merge or unmerge computes a whole new weight version from
+ * the pristine weights on the caller's thread too, over the registry's own
+ * merge threads, while the engine keeps decoding on the serving version;
+ * only then is the version published, and the engine takes it between two
+ * steps. Nothing is ever subtracted from a requantized weight, so rounding
+ * never accumulates, and an unmerge serves the pristine tensors themselves.
+ *
+ * Two locks: `mu` guards the table of entries and is held only for quick
+ * look-ups; `merge_mu` serializes merges and unmerges (and unloads, which
+ * must see a settled merged configuration), which are slow.
+ */
+#include "lora.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct entry {
+    char name[128];
+    char path[512];
+    eng_lora *lora; /* the registry's reference */
+    lora_meta meta;
+    uint64_t last_used; /* registry tick, for least-recently-used eviction */
+    lora_cost last_merge;
+} entry;
+
+struct lora_registry {
+    eng_engine *e;
+    const eng_model *m;
+    lora_registry_opts o;
+    eng_pool *pool; /* merge threads */
+    pthread_mutex_t mu;
+    pthread_mutex_t merge_mu;
+    entry *entries;
+    size_t n, cap;
+    uint64_t tick;
+    qt_kind into; /* what merged modules are stored in, for the current configuration */
+    uint64_t merges, unmerges;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void lora_report_free(lora_report *rep)
+{
+    if (rep) {
+        free(rep->modules);
+        rep->modules = NULL;
+        rep->n_modules = 0;
+    }
+}
+
+int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
+                      const lora_registry_opts *o, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    lora_registry *r = calloc(1, sizeof *r);
+    if (!r)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    r->e = e;
+    r->m = m;
+    r->o = *o;
+    r->into = QT_KIND_COUNT;
+    /* one merge thread by default: a merge should not take the cores the
+     * engine is decoding on */
+    int rc = eng_pool_new(&r->pool, o->threads > 0 ? o->threads : 1, msg, msg_len);
+    if (rc != ENG_OK) {
+        free(r);
+        return rc;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->merge_mu, NULL);
+    *out = r;
+    return ENG_OK;
+}
+
+void lora_registry_free(lora_registry *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n; i++)
+        eng_lora_unref(r->entries[i].lora);
+    free(r->entries);
+    eng_pool_free(r->pool);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->merge_mu);
+    free(r);
+}
+
+/* The entry named `name`, under mu. */
+static entry *find(lora_registry *r, const char *name)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (strcmp(r->entries[i].name, name) == 0)
+            return &r->entries[i];
+    return NULL;
+}
+
+/* Whether the serving version has lora merged (and at which scale). */
+static bool merged_in(const eng_weights *w, const eng_lora *lora, float *scale)
+{
+    for (size_t i = 0; i < w->n_merged; i++)
+        if (w->merged[i].lora == lora) {
+            if (scale)
+                *scale = w->merged[i].scale;
+            return true;
+        }
+    return false;
+}
+
+static size_t loaded_bytes(const lora_registry *r)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < r->n; i++)
+        total += r->entries[i].lora->bytes;
+    return total;
+}
+
+/*
+ * Make room for `bytes` more under the budget, under mu: drop unmerged
+ * adapters that nothing else holds (no sequence, no version: the
+ * registry's is the only reference), least recently used first.
+ */
+static int make_room(lora_registry *r, size_t bytes, const eng_weights *serving, char *msg,
+                     size_t msg_len)
+{
+    if (r->o.budget_bytes == 0)
+        return ENG_OK;
+    while (loaded_bytes(r) + bytes > r->o.budget_bytes) {
+        entry *victim = NULL;
+        for (size_t i = 0; i < r->n; i++) {
+            entry *en = &r->entries[i];
+            if (merged_in(serving, en->lora, NULL) ||
+                __atomic_load_n(&en->lora->refs, __ATOMIC_ACQUIRE) > 1)
+                continue;
+            if (!victim || en->last_used < victim->last_used)
+                victim = en;
+        }
+        if (!victim)
+            return qt_fail(msg, msg_len, ENG_ENOMEM,
+                           "the adapter needs %zu bytes; the budget of %zu holds %zu in adapters "
+                           "that are merged or in use",
+                           bytes, r->o.budget_bytes, loaded_bytes(r));
+        eng_lora_unref(victim->lora);
+        *victim = r->entries[--r->n];
+    }
+    return ENG_OK;
+}
+
+int lora_registry_load(lora_registry *r, const char *name, const char *dir, lora_meta *meta,
+                       char *msg, size_t msg_len)
+{
+    if (!name || !*name || strlen(name) >= sizeof r->entries->name)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "an adapter name must have 1 to %zu bytes",
+                       sizeof r->entries->name - 1);
+    pthread_mutex_lock(&r->mu);
+    bool taken = find(r, name) != NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (taken)
+        return qt_fail(msg, msg_len, ENG_ECONFLICT, "an adapter named %s is already loaded", name);
+
+    /* the slow part, with no lock held */
+    eng_lora *lora = NULL;
+    lora_meta mt;
+    int rc = lora_load(&lora, &mt, dir, name, r->m, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+
+    eng_weights *serving = eng_engine_weights(r->e);
+    pthread_mutex_lock(&r->mu);
+    if (find(r, name))
+        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "an adapter named %s is already loaded", name);
+    if (rc == ENG_OK)
+        rc = make_room(r, lora->bytes, serving, msg, msg_len);
+    if (rc == ENG_OK && r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 8;
+        entry *grown = realloc(r->entries, cap * sizeof *grown);
+        if (grown) {
+            r->entries = grown;
+            r->cap = cap;
+        } else {
+            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        }
+    }
+    if (rc == ENG_OK) {
+        entry *en = &r->entries[r->n++];
+        memset(en, 0, sizeof *en);
+        snprintf(en->name, sizeof en->name, "%s", name);
+        snprintf(en->path, sizeof en->path, "%s", dir);
+        en->lora = lora;
+        en->meta = mt;
+        en->last_used = ++r->tick;
+        lora = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+    eng_weights_unref(serving);
+    eng_lora_unref(lora);
+    if (rc == ENG_OK && meta)
+        *meta = mt;
+    return rc;
+}
+
+int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    entry *en = find(r, name);
+    if (en) {
+        en->last_used = ++r->tick;
+        eng_lora_ref(en->lora);
+        *out = en->lora;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return en ? ENG_OK
+              : qt_fail(msg, msg_len, ENG_ENOTFOUND, "no adapter named %s is loaded", name);
+}
+
+int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t msg_len)
+{
+    pthread_mutex_lock(&r->merge_mu); /* the merged configuration holds still */
+    eng_weights *serving = eng_engine_weights(r->e);
+    pthread_mutex_lock(&r->mu);
+    entry *en = find(r, name);
+    int rc = ENG_OK;
+    eng_lora *dropped = NULL;
+    if (!en) {
+        rc = qt_fail(msg, msg_len, ENG_ENOTFOUND, "no adapter named %s is loaded", name);
+    } else if (merged_in(serving, en->lora, NULL)) {
+        rc = qt_fail(msg, msg_len, ENG_ECONFLICT,
+                     "adapter %s is merged into the serving weights; unmerge it first", name);
+    } else {
+        dropped = en->lora;
+        *en = r->entries[--r->n];
+    }
+    pthread_mutex_unlock(&r->mu);
+    eng_weights_unref(serving);
+    pthread_mutex_unlock(&r->merge_mu);
+    eng_lora_unref(dropped); /* sequences still using it keep it until they end */
+    return rc;
+}
+
+int lora_registry_list(lora_registry *r, lora_info **out, size_t *n)
+{
+    eng_weights *serving = eng_engine_weights(r->e);
+    pthread_mutex_lock(&r->mu);
+    lora_info *list = calloc(r->n ? r->n : 1, sizeof *list);
+    if (list) {
+        for (size_t i = 0; i < r->n; i++) {
+            const entry *en = &r->entries[i];
+            lora_info *info = &list[i];
+            snprintf(info->name, sizeof info->name, "%s", en->name);
+            snprintf(info->path, sizeof info->path, "%s", en->path);
+            info->meta = en->meta;
+            info->bytes = en->lora->bytes;
+            info->merged = merged_in(serving, en->lora, &info->merged_scale);
+            info->requests = __atomic_load_n(&en->lora->requests, __ATOMIC_RELAXED);
+            info->last_merge = en->last_merge;
+        }
+        *n = r->n;
+    }
+    pthread_mutex_unlock(&r->mu);
+    eng_weights_unref(serving);
+    *out = list;
+    return list ? ENG_OK : ENG_ENOMEM;
+}
+
+/* --- merging ------------------------------------------------------------------ */
+
+/* One module of the new version: its pristine weight and what merges into it. */
+typedef struct module_job {
+    int32_t layer;
+    eng_proj proj;
+    lora_part parts[16];
+    size_t n_parts;
+    qtensor merged;
+    lora_cost cost;
+    int rc;
+    char msg[256];
+} module_job;
+
+typedef struct rebuild {
+    const eng_model *m;
+    const lora_merge_opts *o;
+    module_job *jobs;
+} rebuild;
+
+static void merge_modules(void *ctx, int64_t begin, int64_t end)
+{
+    rebuild *b = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        module_job *j = &b->jobs[i];
+        const qtensor *pristine = eng_model_proj(b->m, j->layer, j->proj);
+        const lora_ops *ops = NULL;
+        char module[96];
+        snprintf(module, sizeof module, "model.layers.%d.%s.%s", j->layer, eng_proj_parent(j->proj),
+                 eng_proj_name(j->proj));
+        j->rc = lora_dispatch(pristine, &ops, j->msg, sizeof j->msg);
+        if (j->rc == ENG_OK)
+            j->rc = ops->merge(pristine, j->parts, j->n_parts, b->o, module, &j->merged, &j->cost,
+                               j->msg, sizeof j->msg);
+    }
+}
+
+/*
+ * Build the version that serves `terms` merged (recomputed from the
+ * pristine weights), publish it, and report. Under merge_mu. On failure
+ * nothing is published and msg names the adapter and module.
+ */
+static int publish_configuration(lora_registry *r, const eng_lora_term *terms, size_t n_terms,
+                                 const lora_merge_opts *o, lora_report *rep, char *msg,
+                                 size_t msg_len)
+{
+    double t0 = now_s();
+    const eng_model *m = r->m;
+    eng_weights *serving = eng_engine_weights(r->e);
+    eng_weights *v = NULL;
+    int rc = eng_weights_new(&v, m, serving->version + 1, msg, msg_len);
+    size_t n_modules = (size_t)m->cfg.n_layers * ENG_N_PROJ;
+    module_job *jobs = NULL;
+    size_t n_jobs = 0;
+    if (rc == ENG_OK) {
+        jobs = calloc(n_modules, sizeof *jobs);
+        if (!jobs)
+            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    }
+    for (int32_t l = 0; rc == ENG_OK && l < m->cfg.n_layers; l++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            module_job *j = &jobs[n_jobs];
+            j->layer = l;
+            j->proj = (eng_proj)p;
+            for (size_t t = 0; t < n_terms; t++) {
+                const eng_lora_module *mod = eng_lora_module_at(terms[t].lora, l, (eng_proj)p);
+                if (mod && j->n_parts < sizeof j->parts / sizeof *j->parts)
+                    j->parts[j->n_parts++] = (lora_part){terms[t].lora->name, mod, terms[t].scale};
+            }
+            if (j->n_parts) {
+                n_jobs++;
+            } else if (eng_weights_proj(serving, l, (eng_proj)p) !=
+                       eng_model_proj(m, l, (eng_proj)p)) {
+                /* merged before, merged no more: the pristine tensor serves */
+                const lora_ops *ops = NULL;
+                rc = lora_dispatch(eng_model_proj(m, l, (eng_proj)p), &ops, msg, msg_len);
+                if (rc == ENG_OK)
+                    v->proj[(size_t)l * ENG_N_PROJ + (size_t)p] =
+                        ops->unmerge(eng_model_proj(m, l, (eng_proj)p));
+            }
+        }
+    }
+    if (rc == ENG_OK) {
+        rebuild b = {m, o, jobs};
+        eng_pool_run(r->pool, merge_modules, &b, (int64_t)n_jobs, 1);
+        for (size_t i = 0; i < n_jobs && rc == ENG_OK; i++)
+            if (jobs[i].rc != ENG_OK)
+                rc = qt_fail(msg, msg_len, jobs[i].rc, "%s", jobs[i].msg);
+    }
+    lora_report rp = {0};
+    if (rc == ENG_OK && n_jobs) {
+        rp.modules = calloc(n_jobs, sizeof *rp.modules);
+        if (!rp.modules)
+            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    }
+    if (rc == ENG_OK)
+        rc = eng_weights_set_merged(v, terms, n_terms, msg, msg_len);
+    if (rc == ENG_OK) {
+        for (size_t i = 0; i < n_jobs; i++) {
+            module_job *j = &jobs[i];
+            rp.modules[i] = (struct lora_module_cost){j->layer, j->proj, j->merged.kind, j->cost};
+            lora_cost_add(&rp.overall, &j->cost);
+            eng_weights_set(v, j->layer, j->proj, &j->merged);
+        }
+        rp.n_modules = n_jobs;
+        rp.into = o->into;
+        rp.version = v->version;
+        rp.digest = eng_weights_digest(m, v);
+        eng_engine_publish(r->e, v); /* the engine takes our reference */
+        v = NULL;
+        rp.seconds = now_s() - t0;
+    }
+    for (size_t i = 0; jobs && i < n_jobs; i++)
+        qt_free(&jobs[i].merged);
+    free(jobs);
+    eng_weights_unref(v);
+    eng_weights_unref(serving);
+    if (rc != ENG_OK) {
+        free(rp.modules);
+        return rc;
+    }
+    if (rep)
+        *rep = rp;
+    else
+        free(rp.modules);
+    return ENG_OK;
+}
+
+int lora_registry_merge(lora_registry *r, const char *name, float scale, const lora_merge_opts *o,
+                        lora_report *rep, char *msg, size_t msg_len)
+{
+    if (!(scale == scale) || scale > 1e6f || scale < -1e6f)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "merge scale %g is not a usable number",
+                       (double)scale);
+    if (o->into != QT_KIND_COUNT && o->into != QT_AFFINE && o->into != QT_BF16)
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "merge into %s: one of the weight's own kind, int8 or bf16",
+                       qt_kind_name(o->into));
+    eng_lora *lora = NULL;
+    int rc = lora_registry_get(r, name, &lora, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    pthread_mutex_lock(&r->merge_mu);
+    eng_weights *serving = eng_engine_weights(r->e);
+    /* the new configuration: what is merged, with name at `scale` */
+    eng_lora_term terms[16];
+    size_t n = 0;
+    bool replaced = false;
+    for (size_t i = 0; i < serving->n_merged && n < 16; i++) {
+        terms[n] = serving->merged[i];
+        if (terms[n].lora == lora) {
+            terms[n].scale = scale;
+            replaced = true;
+        }
+        n++;
+    }
+    if (!replaced && n == 16)
+        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "16 adapters are merged already");
+    else if (!replaced)
+        terms[n++] = (eng_lora_term){lora, scale};
+    lora_report rp = {0};
+    if (rc == ENG_OK)
+        rc = publish_configuration(r, terms, n, o, &rp, msg, msg_len);
+    eng_weights_unref(serving);
+    if (rc == ENG_OK) {
+        snprintf(rp.adapter, sizeof rp.adapter, "%s", name);
+        rp.scale = scale;
+        r->into = o->into;
+        pthread_mutex_lock(&r->mu);
+        r->merges++;
+        entry *en = find(r, name);
+        if (en)
+            en->last_merge = rp.overall;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->merge_mu);
+    eng_lora_unref(lora);
+    if (rc == ENG_OK && rep)
+        *rep = rp;
+    else
+        lora_report_free(&rp);
+    return rc;
+}
+
+int lora_registry_unmerge(lora_registry *r, const char *name, lora_report *rep, char *msg,
+                          size_t msg_len)
+{
+    eng_lora *lora = NULL;
+    int rc = lora_registry_get(r, name, &lora, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    pthread_mutex_lock(&r->merge_mu);
+    eng_weights *serving = eng_engine_weights(r->e);
+    eng_lora_term terms[16];
+    size_t n = 0;
+    bool found = false;
+    for (size_t i = 0; i < serving->n_merged && n < 16; i++) {
+        if (serving->merged[i].lora == lora)
+            found = true;
+        else
+            terms[n++] = serving->merged[i];
+    }
+    lora_report rp = {0};
+    if (!found)
+        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "adapter %s is not merged", name);
+    /* the rest stay merged, stored as they were */
+    lora_merge_opts o = {.safe_merge = true, .into = r->into};
+    if (rc == ENG_OK)
+        rc = publish_configuration(r, terms, n, &o, &rp, msg, msg_len);
+    eng_weights_unref(serving);
+    if (rc == ENG_OK) {
+        snprintf(rp.adapter, sizeof rp.adapter, "%s", name);
+        if (n == 0)
+            r->into = QT_KIND_COUNT;
+        pthread_mutex_lock(&r->mu);
+        r->unmerges++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->merge_mu);
+    eng_lora_unref(lora);
+    if (rc == ENG_OK && rep)
+        *rep = rp;
+    else
+        lora_report_free(&rp);
+    return rc;
+}
+
+void lora_registry_state(lora_registry *r, lora_state *out)
+{
+    memset(out, 0, sizeof *out);
+    eng_weights *serving = eng_engine_weights(r->e);
+    out->version = serving->version;
+    out->digest = eng_weights_digest(r->m, serving);
+    out->n_merged = serving->n_merged;
+    for (size_t i = 0; i < serving->n_merged && i < 16; i++) {
+        snprintf(out->merged[i].name, sizeof out->merged[i].name, "%s",
+                 serving->merged[i].lora->name);
+        out->merged[i].scale = serving->merged[i].scale;
+    }
+    pthread_mutex_lock(&r->mu);
+    out->merges = r->merges;
+    out->unmerges = r->unmerges;
+    out->bytes = loaded_bytes(r);
+    out->n_loaded = r->n;
+    pthread_mutex_unlock(&r->mu);
+    eng_weights_unref(serving);
+}

@@ -1,0 +1,342 @@
+/*
+ * ref_forward.h - the float64 reference forward pass the engine is tested
+ * against (test_forward.c, test_lora_engine.c): the engine's weights
+ * dequantized (qt_dequantize_rows), optionally a weight version's merged
+ * projections in their place, and LoRA deltas added in float64; everything
+ * else computed in double. See test_forward.c for the tolerance.
+ */
+#ifndef QL_REF_FORWARD_H
+#define QL_REF_FORWARD_H
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#ifndef FWD_REL_TOL
+#define FWD_REL_TOL 1e-5
+#endif
+
+/* --- the float64 reference ----------------------------------------------- */
+
+typedef struct ref_layer {
+    float *attn_norm, *ffn_norm;
+    float *wq, *wk, *wv, *wo;
+    float *bq, *bk, *bv; /* NULL when the model has none */
+    float *w_gate, *w_up, *w_down;
+    /* LoRA deltas added in float64, [rows, cols] per projection (NULL: none) */
+    double *delta[ENG_N_PROJ];
+} ref_layer;
+
+/* The model's weights dequantized to f32, row-major [rows, cols]. */
+typedef struct ref_model {
+    eng_config c;
+    float *embed, *norm;
+    float *lm_head; /* the embeddings when tied (then not owned) */
+    ref_layer *layers;
+} ref_model;
+
+/* t dequantized, after checking it has the shape the config implies. NULL
+ * for an absent tensor (rows 0) where absent is allowed. */
+static inline float *ref_dequant(const qtensor *t, int64_t rows, int64_t cols, bool optional,
+                                 const char *what, int layer)
+{
+    if (optional && t->rows == 0)
+        return NULL;
+    cr_assert_eq(t->rows, rows, "layer %d %s: %ld rows, the config says %ld", layer, what,
+                 (long)t->rows, (long)rows);
+    cr_assert_eq(t->cols, cols, "layer %d %s: %ld cols, the config says %ld", layer, what,
+                 (long)t->cols, (long)cols);
+    float *out = malloc((size_t)(rows * cols) * sizeof *out);
+    cr_assert(out);
+    qt_dequantize_rows(t, 0, rows, out);
+    return out;
+}
+
+/* The model as version w serves it (NULL: the model's own weights). */
+static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_weights *w)
+{
+    const eng_config *c = &m->cfg;
+    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t nq = (int64_t)c->n_heads * c->head_dim, nkv = (int64_t)c->n_kv_heads * c->head_dim;
+    R->c = *c;
+    R->embed = ref_dequant(&m->embed, V, H, false, "embed", -1);
+    R->norm = ref_dequant(&m->norm, 1, H, false, "norm", -1);
+    R->lm_head = ref_dequant(&m->lm_head, V, H, true, "lm_head", -1);
+    cr_assert_eq(R->lm_head == NULL, c->tie_word_embeddings,
+                 "lm_head is absent exactly when the embeddings are tied");
+    if (!R->lm_head)
+        R->lm_head = R->embed;
+    R->layers = calloc((size_t)c->n_layers, sizeof *R->layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const eng_layer *L = &m->layers[l];
+        ref_layer *r = &R->layers[l];
+        r->attn_norm = ref_dequant(&L->attn_norm, 1, H, false, "attn_norm", l);
+        r->ffn_norm = ref_dequant(&L->ffn_norm, 1, H, false, "ffn_norm", l);
+        r->wq = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_Q) : &L->wq, nq, H, false, "wq", l);
+        r->wk =
+            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_K) : &L->wk, nkv, H, false, "wk", l);
+        r->wv =
+            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_V) : &L->wv, nkv, H, false, "wv", l);
+        r->wo = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_O) : &L->wo, H, nq, false, "wo", l);
+        r->bq = ref_dequant(&L->bq, 1, nq, true, "bq", l);
+        r->bk = ref_dequant(&L->bk, 1, nkv, true, "bk", l);
+        r->bv = ref_dequant(&L->bv, 1, nkv, true, "bv", l);
+        cr_assert_eq(r->bq != NULL, c->attention_bias, "layer %d: q bias vs attention_bias", l);
+        r->w_gate = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_GATE) : &L->w_gate, F, H, false,
+                                "w_gate", l);
+        r->w_up =
+            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_UP) : &L->w_up, F, H, false, "w_up", l);
+        r->w_down = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_DOWN) : &L->w_down, H, F, false,
+                                "w_down", l);
+    }
+}
+
+static inline void ref_load(ref_model *R, const eng_model *m)
+{
+    ref_load_version(R, m, NULL);
+}
+
+/* Add scale * lora's module scale * B @ A to every projection it targets,
+ * in float64: the model QLoRA trained, dequant(W) + scale * BA. */
+static inline void ref_add_lora(ref_model *R, const eng_lora *lora, double scale)
+{
+    for (int l = 0; l < R->c.n_layers; l++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const eng_lora_module *mod = eng_lora_module_at(lora, l, (eng_proj)p);
+            if (!mod)
+                continue;
+            int64_t rows = mod->b.rows, cols = mod->a.cols, rank = mod->a.rows;
+            float *A = malloc((size_t)(rank * cols) * sizeof *A);
+            float *B = malloc((size_t)(rows * rank) * sizeof *B);
+            cr_assert(A && B);
+            qt_dequantize_rows(&mod->a, 0, rank, A);
+            qt_dequantize_rows(&mod->b, 0, rows, B);
+            double **d = &R->layers[l].delta[p];
+            if (!*d)
+                *d = calloc((size_t)(rows * cols), sizeof **d);
+            cr_assert(*d);
+            double s = scale * (double)mod->scale;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t k = 0; k < rank; k++)
+                    for (int64_t c = 0; c < cols; c++)
+                        (*d)[r * cols + c] += s * (double)B[r * rank + k] * (double)A[k * cols + c];
+            free(A);
+            free(B);
+        }
+    }
+}
+
+static inline void ref_free(ref_model *R)
+{
+    for (int l = 0; l < R->c.n_layers; l++) {
+        ref_layer *r = &R->layers[l];
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            free(r->delta[p]);
+        float *all[] = {r->attn_norm, r->ffn_norm, r->wq, r->wk,     r->wv,   r->wo,
+                        r->bq,        r->bk,       r->bv, r->w_gate, r->w_up, r->w_down};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            free(all[i]);
+    }
+    free(R->layers);
+    if (R->lm_head != R->embed)
+        free(R->lm_head);
+    free(R->embed);
+    free(R->norm);
+    memset(R, 0, sizeof *R);
+}
+
+/* out = rmsnorm(x) * w: x / sqrt(mean(x^2) + eps), times the weight. */
+static inline void ref_rmsnorm(const double *x, const float *w, int64_t n, double eps, double *out)
+{
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * inv * (double)w[i];
+}
+
+/* out = (W + D) x (+ b): W is [rows, cols], D a float64 delta or NULL. */
+static inline void ref_matvec(const float *W, const double *D, const float *b, int64_t rows,
+                              int64_t cols, const double *x, double *out)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double s = b ? (double)b[r] : 0.0;
+        const float *w = W + r * cols;
+        for (int64_t c = 0; c < cols; c++)
+            s += ((double)w[c] + (D ? D[r * cols + c] : 0.0)) * x[c];
+        out[r] = s;
+    }
+}
+
+/* The rotary frequency of pair i: rope_theta^(-2i/head_dim), scaled as
+ * transformers' _compute_linear_scaling_rope_parameters (divided by the
+ * factor) and _compute_llama3_parameters (long wavelengths divided by the
+ * factor, short ones kept, those between blended) compute it. */
+static inline double ref_rope_freq(const eng_config *c, int i)
+{
+    double freq = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    if (c->rope_scaling == ENG_ROPE_LINEAR)
+        return freq / c->rope_factor;
+    if (c->rope_scaling == ENG_ROPE_LLAMA3) {
+        double factor = c->rope_factor, lo = c->rope_low_freq_factor;
+        double hi = c->rope_high_freq_factor, old = c->rope_original_max_position;
+        double wavelen = 6.283185307179586 / freq; /* 2 pi */
+        if (wavelen < old / hi)
+            return freq;
+        if (wavelen > old / lo)
+            return freq / factor;
+        double smooth = (old / wavelen - lo) / (hi - lo);
+        return (1.0 - smooth) * freq / factor + smooth * freq;
+    }
+    return freq;
+}
+
+/* Rotate one head's vector for position pos: pairs (i, i + d/2) as Hugging
+ * Face lays them out, or (2i, 2i + 1) in a llama GGUF. */
+static inline void ref_rope(const eng_config *c, double *v, int pos)
+{
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double angle = pos * ref_rope_freq(c, i);
+        double cs = cos(angle), sn = sin(angle);
+        int a = c->rope_interleaved ? 2 * i : i, b = c->rope_interleaved ? 2 * i + 1 : i + half;
+        double x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs - x1 * sn;
+        v[b] = x1 * cs + x0 * sn;
+    }
+}
+
+/* The logits of every position of tokens[0..n): logits is n * vocab. */
+static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n, double *logits)
+{
+    const eng_config *c = &R->c;
+    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
+    int64_t nq = c->n_heads * hd, nkv = c->n_kv_heads * hd;
+    int group = c->n_heads / c->n_kv_heads;
+    double eps = c->rms_norm_eps;
+    double *x = calloc((size_t)(n * H), sizeof *x), *h = calloc((size_t)H, sizeof *h);
+    double *q = calloc((size_t)(n * nq), sizeof *q), *att = calloc((size_t)nq, sizeof *att);
+    double *k = calloc((size_t)(n * nkv), sizeof *k), *v = calloc((size_t)(n * nkv), sizeof *v);
+    double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
+    double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
+    cr_assert(x && h && q && att && k && v && o && p && g && u);
+
+    // token embeddings
+    for (int t = 0; t < n; t++)
+        for (int64_t i = 0; i < H; i++)
+            x[t * H + i] = R->embed[(int64_t)tokens[t] * H + i];
+    for (int l = 0; l < c->n_layers; l++) {
+        const ref_layer *L = &R->layers[l];
+        // attention rmsnorm, qkv projections, RoPE on q and k
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(x + t * H, L->attn_norm, H, eps, h);
+            ref_matvec(L->wq, L->delta[ENG_PROJ_Q], L->bq, nq, H, h, q + t * nq);
+            ref_matvec(L->wk, L->delta[ENG_PROJ_K], L->bk, nkv, H, h, k + t * nkv);
+            ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
+            for (int hh = 0; hh < c->n_heads; hh++)
+                ref_rope(c, q + t * nq + hh * hd, t);
+            for (int hh = 0; hh < c->n_kv_heads; hh++)
+                ref_rope(c, k + t * nkv + hh * hd, t);
+        }
+        // causal attention per head (head hh reads kv head hh / group), output projection
+        for (int t = 0; t < n; t++) {
+            for (int hh = 0; hh < c->n_heads; hh++) {
+                const double *qh = q + t * nq + hh * hd;
+                int64_t kvo = (int64_t)(hh / group) * hd;
+                double mx = -INFINITY, sum = 0;
+                /* Mistral: keys at most sliding_window - 1 positions back */
+                int s0 = c->sliding_window > 0 && t - c->sliding_window + 1 > 0
+                             ? t - c->sliding_window + 1
+                             : 0;
+                for (int s = s0; s <= t; s++) {
+                    double d = 0;
+                    for (int64_t i = 0; i < hd; i++)
+                        d += qh[i] * k[s * nkv + kvo + i];
+                    p[s] = d / sqrt((double)hd);
+                    mx = fmax(mx, p[s]);
+                }
+                for (int s = s0; s <= t; s++) {
+                    p[s] = exp(p[s] - mx);
+                    sum += p[s];
+                }
+                for (int64_t i = 0; i < hd; i++) {
+                    double a = 0;
+                    for (int s = s0; s <= t; s++)
+                        a += p[s] / sum * v[s * nkv + kvo + i];
+                    att[hh * hd + i] = a;
+                }
+            }
+            ref_matvec(L->wo, L->delta[ENG_PROJ_O], NULL, H, nq, att, o);
+            for (int64_t i = 0; i < H; i++)
+                x[t * H + i] += o[i];
+        }
+        // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h))
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(x + t * H, L->ffn_norm, H, eps, h);
+            ref_matvec(L->w_gate, L->delta[ENG_PROJ_GATE], NULL, F, H, h, g);
+            ref_matvec(L->w_up, L->delta[ENG_PROJ_UP], NULL, F, H, h, u);
+            for (int64_t i = 0; i < F; i++)
+                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(L->w_down, L->delta[ENG_PROJ_DOWN], NULL, H, F, g, o);
+            for (int64_t i = 0; i < H; i++)
+                x[t * H + i] += o[i];
+        }
+    }
+    // final rmsnorm, lm_head (the embeddings when tied)
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(x + t * H, R->norm, H, eps, h);
+        ref_matvec(R->lm_head, NULL, NULL, V, H, h, logits + t * V);
+    }
+    free(x);
+    free(h);
+    free(q);
+    free(att);
+    free(k);
+    free(v);
+    free(o);
+    free(p);
+    free(g);
+    free(u);
+}
+
+/* The relative L2 error of e against r, and the logit that is furthest off. */
+static inline double rel_error(const float *e, const double *r, int64_t n, int64_t *worst)
+{
+    double num = 0, den = 0, wd = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)e[i] - r[i];
+        num += d * d;
+        den += r[i] * r[i];
+        if (fabs(d) > wd || isnan(d)) {
+            wd = isnan(d) ? INFINITY : fabs(d);
+            *worst = i;
+        }
+    }
+    return isnan(num) ? INFINITY : sqrt(num / den);
+}
+
+static inline void assert_logits_close(const float *e, const double *r, int64_t n,
+                                       const char *label, const char *what, int pos)
+{
+    int64_t w = 0;
+    double rel = rel_error(e, r, n, &w);
+    cr_assert(rel <= FWD_REL_TOL,
+              "%s, %s at position %d: ||engine - reference|| / ||reference|| = %.3g > %g; "
+              "worst logit %ld: engine %.9g, reference %.9g",
+              label, what, pos, rel, FWD_REL_TOL, (long)w, (double)e[w], r[w]);
+}
+
+static inline int32_t argmax(const float *v, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return (int32_t)best;
+}
+
+#endif
