@@ -1,0 +1,661 @@
+/*
+ * test_lora_engine.c - adapters in the engine: unmerged per-request
+ * application and merged weight versions against the float64 reference
+ * (tests/ref_forward.h) for every quant kind; a batch mixing base,
+ * adapters, a scaled adapter and an older weight version gives each
+ * sequence its alone bits; a merge published in the middle of a running
+ * generation leaves its tokens alone.
+ *
+ * Adapters here are built in memory (random A and B) so these tests pin
+ * the engine's arithmetic; test_lora_load.c pins reading PEFT's files.
+ *
+ * Tolerance: FWD_REL_TOL (1e-5 relative L2 over one position's logits, as
+ * test_forward.c argues): the adapters add two products of at most 96
+ * terms per projection, well inside it, while a missing or doubled delta
+ * moves these logits by more than 1e-2.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lora.h"
+#include "ref_forward.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#define KV_BYTES  ((size_t)8 << 20)
+#define MAX_TOKEN 64
+#define ALL_PROJ  0x7fu
+
+static char dir[512];
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+}
+
+static void teardown(void)
+{
+    test_rmtree(dir);
+}
+
+TestSuite(lora_engine, .init = setup, .fini = teardown, .timeout = 120);
+
+/* --- adapters in memory ------------------------------------------------------ */
+
+static void mem_lora_destroy(eng_lora *l)
+{
+    for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++) {
+        qt_free(&l->modules[i].a);
+        qt_free(&l->modules[i].b);
+    }
+    free(l->modules);
+    free(l);
+}
+
+/* A rank-`rank` adapter on the projections in `mask` (bit p: eng_proj p),
+ * A and B random normal times amp, stored as `dtype`. */
+static eng_lora *mem_lora(const eng_model *m, const char *name, int rank, float module_scale,
+                          unsigned mask, qt_kind dtype, uint64_t seed, float amp)
+{
+    eng_lora *l = calloc(1, sizeof *l);
+    cr_assert(l);
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->n_layers = m->cfg.n_layers;
+    l->modules = calloc((size_t)l->n_layers * ENG_N_PROJ, sizeof *l->modules);
+    cr_assert(l->modules);
+    uint64_t rng = seed;
+    char msg[256];
+    for (int32_t layer = 0; layer < l->n_layers; layer++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            if (!(mask & (1u << p)))
+                continue;
+            const qtensor *w = eng_model_proj(m, layer, (eng_proj)p);
+            eng_lora_module *mod = &l->modules[(size_t)layer * ENG_N_PROJ + (size_t)p];
+            int64_t na = rank * w->cols, nb = w->rows * rank;
+            float *a = malloc((size_t)na * sizeof *a), *b = malloc((size_t)nb * sizeof *b);
+            cr_assert(a && b);
+            for (int64_t i = 0; i < na; i++)
+                a[i] = amp * test_normal(&rng);
+            for (int64_t i = 0; i < nb; i++)
+                b[i] = amp * test_normal(&rng);
+            cr_assert_eq(qt_from_dense(&mod->a, QT_F32, a, rank, w->cols, msg, sizeof msg), 0);
+            cr_assert_eq(qt_from_dense(&mod->b, QT_F32, b, w->rows, rank, msg, sizeof msg), 0);
+            if (dtype != QT_F32) {
+                cr_assert_eq(qt_cast_dense(&mod->a, dtype, msg, sizeof msg), 0);
+                cr_assert_eq(qt_cast_dense(&mod->b, dtype, msg, sizeof msg), 0);
+            }
+            mod->scale = module_scale;
+            l->bytes += qt_nbytes(&mod->a) + qt_nbytes(&mod->b);
+            free(a);
+            free(b);
+        }
+    }
+    l->refs = 1;
+    l->destroy = mem_lora_destroy;
+    return l;
+}
+
+/* --- the model under test ------------------------------------------------------ */
+
+typedef struct kind_case {
+    const char *label;
+    bool gguf;
+    qt_kind gguf_kind;
+    const char *quant, *dtype;
+    int32_t group_size;
+} kind_case;
+
+typedef struct rig {
+    eng_model m;
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    int64_t vocab;
+} rig;
+
+static void rig_open(rig *g, const kind_case *kc)
+{
+    memset(g, 0, sizeof *g);
+    char path[700], msg[1024];
+    tiny_spec s = tiny_default();
+    if (kc->gguf) {
+        snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+        tiny_write_gguf(path, &s, kc->gguf_kind);
+    } else {
+        snprintf(path, sizeof path, "%s", dir);
+        tiny_write_hf(path, &s);
+    }
+    eng_load_opts o = {
+        .path = path, .quant = kc->quant, .dtype = kc->dtype, .group_size = kc->group_size};
+    cr_assert_eq(eng_model_load(&g->m, &o, msg, sizeof msg), 0, "%s: load: %s", kc->label, msg);
+    g->vocab = g->m.cfg.vocab_size;
+    cr_assert_eq(eng_pool_new(&g->pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&g->kv, &g->m.cfg, KV_BYTES, 16, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&g->st, &g->m, MAX_TOKEN, msg, sizeof msg), 0, "%s", msg);
+}
+
+static void rig_close(rig *g)
+{
+    eng_forward_state_free(g->st);
+    eng_kv_free(g->kv);
+    eng_pool_free(g->pool);
+    eng_model_free(&g->m);
+}
+
+static void rig_step(rig *g, const eng_step_seq *seqs, int32_t n, float *logits, const char *label)
+{
+    char msg[1024] = "";
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_eq(eng_kv_reserve(g->kv, seqs[i].kv, seqs[i].pos + seqs[i].n_tokens), ENG_OK);
+    int rc = eng_forward(g->st, &g->m, g->kv, g->pool, seqs, n, logits, msg, sizeof msg);
+    cr_assert_eq(rc, ENG_OK, "%s: eng_forward: %s", label, msg);
+}
+
+/* A version with `terms` merged into every projection they target, built
+ * through the dispatch, as the registry builds it. */
+static eng_weights *merged_version(const eng_model *m, const eng_lora_term *terms, size_t n,
+                                   qt_kind into)
+{
+    char msg[512];
+    eng_weights *v = NULL;
+    cr_assert_eq(eng_weights_new(&v, m, 1, msg, sizeof msg), 0, "%s", msg);
+    lora_merge_opts o = {.safe_merge = true, .into = into};
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            lora_part parts[4];
+            size_t np = 0;
+            for (size_t t = 0; t < n; t++) {
+                const eng_lora_module *mod = eng_lora_module_at(terms[t].lora, l, (eng_proj)p);
+                if (mod)
+                    parts[np++] = (lora_part){terms[t].lora->name, mod, terms[t].scale};
+            }
+            if (!np)
+                continue;
+            const qtensor *w = eng_model_proj(m, l, (eng_proj)p);
+            const lora_ops *ops = NULL;
+            cr_assert_eq(lora_dispatch(w, &ops, msg, sizeof msg), 0, "%s", msg);
+            qtensor merged;
+            lora_cost cost;
+            cr_assert_eq(ops->merge(w, parts, np, &o, "module", &merged, &cost, msg, sizeof msg), 0,
+                         "%s", msg);
+            cr_assert_eq(merged.kind, into == QT_KIND_COUNT ? w->kind : into);
+            eng_weights_set(v, l, (eng_proj)p, &merged);
+        }
+    }
+    cr_assert_eq(eng_weights_set_merged(v, terms, n, msg, sizeof msg), 0);
+    return v;
+}
+
+/* --- 1. unmerged and merged against the float64 reference, every kind --------- */
+
+#define PREFILL 7
+#define DECODE  3
+
+/* Prefill and decode one sequence on version w (NULL: the model's) with
+ * delta applied, and compare each position with reference R. */
+static void run_against(rig *g, const ref_model *R, const eng_weights *w,
+                        const eng_lora_term *delta, int32_t n_delta, const char *label)
+{
+    int64_t V = g->vocab;
+    int32_t tokens[PREFILL + DECODE] = {259, 72, 101, 108, 256, 258, 33};
+    float *logits = malloc((size_t)((DECODE + 1) * V) * sizeof *logits);
+    eng_seq_kv kv = {0};
+    eng_step_seq s = {&kv, tokens, PREFILL, 0, w, delta, n_delta};
+    rig_step(g, &s, 1, logits, label);
+    for (int d = 0; d < DECODE; d++) {
+        tokens[PREFILL + d] = argmax(logits + d * V, V);
+        s = (eng_step_seq){&kv, tokens + PREFILL + d, 1, PREFILL + d, w, delta, n_delta};
+        rig_step(g, &s, 1, logits + (d + 1) * V, label);
+    }
+    double *ref = malloc((size_t)((PREFILL + DECODE) * V) * sizeof *ref);
+    ref_forward(R, tokens, PREFILL + DECODE, ref);
+    for (int d = 0; d <= DECODE; d++)
+        assert_logits_close(logits + d * V, ref + (PREFILL - 1 + d) * V, V, label,
+                            d == 0 ? "prefill" : "decode", PREFILL - 1 + d);
+    eng_kv_release(g->kv, &kv);
+    free(ref);
+    free(logits);
+}
+
+/* The logits of one position without any adapter, to show an adapter
+ * moved them by far more than the tolerance. */
+static double adapter_effect(rig *g, const eng_lora_term *delta, int32_t n)
+{
+    int64_t V = g->vocab;
+    int32_t tokens[4] = {259, 72, 101, 108};
+    float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+    eng_seq_kv k1 = {0}, k2 = {0};
+    eng_step_seq s1 = {.kv = &k1, .tokens = tokens, .n_tokens = 4, .pos = 0};
+    eng_step_seq s2 = {&k2, tokens, 4, 0, NULL, delta, n};
+    rig_step(g, &s1, 1, a, "base");
+    rig_step(g, &s2, 1, b, "adapter");
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < V; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)a[i] * a[i];
+    }
+    eng_kv_release(g->kv, &k1);
+    eng_kv_release(g->kv, &k2);
+    free(a);
+    free(b);
+    return sqrt(num / den);
+}
+
+static void adapters_match_reference(const kind_case *kc)
+{
+    rig g;
+    rig_open(&g, kc);
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 11, 0.1f);
+    eng_lora *two = mem_lora(&g.m, "two", 8, 0.5f,
+                             (1u << ENG_PROJ_Q) | (1u << ENG_PROJ_V) | (1u << ENG_PROJ_DOWN),
+                             QT_BF16, 12, 0.1f);
+    char label[128];
+
+    // the adapters matter: they move the logits far past the tolerance
+    eng_lora_term t1 = {one, 1.0f};
+    double effect = adapter_effect(&g, &t1, 1);
+    cr_assert(effect > 100 * FWD_REL_TOL, "%s: adapter one moves the logits by %.3g only",
+              kc->label, effect);
+
+    // unmerged: one adapter; two adapters, one scaled and one negative
+    ref_model R;
+    ref_load(&R, &g.m);
+    ref_add_lora(&R, one, 0.75);
+    eng_lora_term d1 = {one, 0.75f};
+    snprintf(label, sizeof label, "%s unmerged one x0.75", kc->label);
+    run_against(&g, &R, NULL, &d1, 1, label);
+    ref_free(&R);
+
+    ref_load(&R, &g.m);
+    ref_add_lora(&R, one, 1.0);
+    ref_add_lora(&R, two, -1.5);
+    eng_lora_term d2[2] = {{one, 1.0f}, {two, -1.5f}};
+    snprintf(label, sizeof label, "%s unmerged one - 1.5 two", kc->label);
+    run_against(&g, &R, NULL, d2, 2, label);
+    ref_free(&R);
+
+    // merged: the float64 model on the requantized weights, dequant(Q(W + delta))
+    eng_lora_term merged = {one, 1.0f};
+    eng_weights *v = merged_version(&g.m, &merged, 1, QT_KIND_COUNT);
+    ref_load_version(&R, &g.m, v);
+    snprintf(label, sizeof label, "%s merged one", kc->label);
+    run_against(&g, &R, v, NULL, 0, label);
+    // a base request on the merged version applies minus the adapter, unmerged
+    ref_add_lora(&R, one, -1.0);
+    eng_lora_term *diff = NULL;
+    size_t n_diff = 0;
+    cr_assert_eq(eng_lora_difference(NULL, 0, v->merged, v->n_merged, &diff, &n_diff), 0);
+    cr_assert_eq(n_diff, 1);
+    cr_assert_eq(diff[0].lora, one);
+    cr_assert_eq(diff[0].scale, -1.0f);
+    snprintf(label, sizeof label, "%s base on merged", kc->label);
+    run_against(&g, &R, v, diff, (int32_t)n_diff, label);
+    free(diff);
+    ref_free(&R);
+    eng_weights_unref(v);
+
+    eng_lora_unref(one);
+    eng_lora_unref(two);
+    rig_close(&g);
+}
+
+#define KIND_TEST(name, ...)                                                                       \
+    Test(lora_engine, name)                                                                        \
+    {                                                                                              \
+        kind_case kc = {.label = #name, __VA_ARGS__};                                              \
+        adapters_match_reference(&kc);                                                             \
+    }
+
+KIND_TEST(bf16_adapters_match_reference, .quant = NULL)
+KIND_TEST(f32_adapters_match_reference, .dtype = "f32")
+KIND_TEST(f16_adapters_match_reference, .dtype = "f16")
+KIND_TEST(nf4_adapters_match_reference, .quant = "nf4")
+KIND_TEST(nf4_double_quant_adapters_match_reference, .quant = "nf4-dq")
+KIND_TEST(fp4_adapters_match_reference, .quant = "fp4")
+KIND_TEST(int4_adapters_match_reference, .quant = "int4", .group_size = 32)
+KIND_TEST(int8_adapters_match_reference, .quant = "int8")
+KIND_TEST(gguf_q4_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_0)
+KIND_TEST(gguf_q4_1_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_1)
+KIND_TEST(gguf_q8_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q8_0)
+
+Test(lora_engine, merge_into_int8_and_bf16_matches_reference)
+{
+    kind_case kc = {.label = "nf4 into wider", .quant = "nf4"};
+    rig g;
+    rig_open(&g, &kc);
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 11, 0.1f);
+    eng_lora_term t = {one, 1.0f};
+    qt_kind into[2] = {QT_AFFINE, QT_BF16};
+    for (int i = 0; i < 2; i++) {
+        eng_weights *v = merged_version(&g.m, &t, 1, into[i]);
+        ref_model R;
+        ref_load_version(&R, &g.m, v);
+        run_against(&g, &R, v, NULL, 0, qt_kind_name(into[i]));
+        ref_free(&R);
+        eng_weights_unref(v);
+    }
+    eng_lora_unref(one);
+    rig_close(&g);
+}
+
+/* --- 2. a mixed batch gives each sequence its alone bits ---------------------- */
+
+#define MB_SEQS  6
+#define MB_STEPS 8
+
+typedef struct mb_seq {
+    int32_t tokens[64];
+    int32_t n_prompt, n_tokens, start;
+    const eng_weights *w;
+    eng_lora_term delta[2];
+    int32_t n_delta;
+    eng_seq_kv kv;
+    float *logits; /* [MB_STEPS][vocab]: its logits per step (NaN: no step) */
+} mb_seq;
+
+/* Run seqs together: each starts at its step, prefills its prompt in one
+ * go, then decodes greedily. */
+static void mb_run(rig *g, mb_seq **seqs, int n)
+{
+    int64_t V = g->vocab;
+    eng_step_seq step[MB_SEQS];
+    mb_seq *owner[MB_SEQS];
+    float *logits = malloc((size_t)(MB_SEQS * V) * sizeof *logits);
+    for (int k = 0; k < MB_STEPS; k++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            mb_seq *s = seqs[i];
+            if (k < s->start)
+                continue;
+            bool prefill = s->n_tokens == s->n_prompt && s->kv.n_tokens == 0;
+            int32_t pos = prefill ? 0 : s->n_tokens - 1;
+            step[m] =
+                (eng_step_seq){&s->kv,   s->tokens + pos, prefill ? s->n_prompt : 1, pos, s->w,
+                               s->delta, s->n_delta};
+            owner[m++] = s;
+        }
+        if (m == 0)
+            continue;
+        rig_step(g, step, m, logits, "mixed batch");
+        for (int j = 0; j < m; j++) {
+            mb_seq *s = owner[j];
+            memcpy(s->logits + k * V, logits + j * V, (size_t)V * sizeof(float));
+            s->tokens[s->n_tokens++] = argmax(logits + j * V, V);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        eng_kv_release(g->kv, &seqs[i]->kv);
+    free(logits);
+}
+
+Test(lora_engine, mixed_batch_of_adapters_gives_each_sequence_its_alone_bits)
+{
+    kind_case kc = {.label = "nf4 mixed", .quant = "nf4"};
+    rig g;
+    rig_open(&g, &kc);
+    int64_t V = g.vocab;
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 21, 0.1f);
+    eng_lora *two = mem_lora(&g.m, "two", 8, 1.0f, ALL_PROJ, QT_BF16, 22, 0.1f);
+    eng_lora_term merged_term = {two, 1.0f};
+    eng_weights *v = merged_version(&g.m, &merged_term, 1, QT_KIND_COUNT);
+
+    /* base, adapter one, adapter two, one at 0.5, base on the merged
+     * version (minus two), one on the merged version (one, minus two) */
+    mb_seq proto[MB_SEQS] = {
+        {.start = 0},
+        {.start = 0, .delta = {{one, 1.0f}}, .n_delta = 1},
+        {.start = 1, .delta = {{two, 1.0f}}, .n_delta = 1},
+        {.start = 2, .delta = {{one, 0.5f}}, .n_delta = 1},
+        {.start = 1, .w = v, .delta = {{two, -1.0f}}, .n_delta = 1},
+        {.start = 3, .w = v, .delta = {{one, 1.0f}, {two, -1.0f}}, .n_delta = 2},
+    };
+    mb_seq batch[MB_SEQS], alone[MB_SEQS];
+    mb_seq *ptrs[MB_SEQS];
+    for (int i = 0; i < MB_SEQS; i++) {
+        proto[i].n_prompt = 3 + 2 * i;
+        for (int t = 0; t < proto[i].n_prompt; t++)
+            proto[i].tokens[t] = (int32_t)((37 * i + 11 * t) % 259);
+        proto[i].n_tokens = proto[i].n_prompt;
+        batch[i] = alone[i] = proto[i];
+        batch[i].logits = malloc((size_t)(MB_STEPS * V) * sizeof(float));
+        alone[i].logits = malloc((size_t)(MB_STEPS * V) * sizeof(float));
+        ptrs[i] = &batch[i];
+    }
+    mb_run(&g, ptrs, MB_SEQS);
+    for (int i = 0; i < MB_SEQS; i++) {
+        mb_seq *one_seq = &alone[i];
+        mb_run(&g, &one_seq, 1);
+    }
+    static const char *names[MB_SEQS] = {"base",     "one",        "two",
+                                         "one x0.5", "base on v1", "one on v1"};
+    for (int i = 0; i < MB_SEQS; i++) {
+        cr_assert_eq(batch[i].n_tokens, alone[i].n_tokens);
+        cr_assert(memcmp(batch[i].tokens, alone[i].tokens,
+                         (size_t)batch[i].n_tokens * sizeof(int32_t)) == 0,
+                  "%s: its tokens in the batch differ from alone", names[i]);
+        for (int k = batch[i].start; k < MB_STEPS; k++)
+            cr_assert(memcmp(batch[i].logits + k * V, alone[i].logits + k * V,
+                             (size_t)V * sizeof(float)) == 0,
+                      "%s: step %d logits differ in the batch from alone", names[i], k);
+        free(batch[i].logits);
+        free(alone[i].logits);
+    }
+    // and the adapters made the sequences differ from the base
+    cr_assert(memcmp(batch[0].tokens + batch[0].n_prompt, batch[1].tokens + batch[1].n_prompt,
+                     4 * sizeof(int32_t)) != 0 ||
+                  memcmp(batch[0].tokens, batch[1].tokens, 3 * sizeof(int32_t)) != 0,
+              "adapter one changed nothing");
+    eng_weights_unref(v);
+    eng_lora_unref(one);
+    eng_lora_unref(two);
+    rig_close(&g);
+}
+
+/* --- 3. the engine: a merge in the middle of a generation ---------------------- */
+
+typedef struct gen {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[128];
+    int n;
+    int pause_at;  /* block the engine thread after this many tokens (0: never) */
+    bool released; /* the test let it go on */
+    bool done;
+    eng_finish why;
+} gen;
+
+static void gen_init(gen *g, int pause_at)
+{
+    memset(g, 0, sizeof *g);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->pause_at = pause_at;
+}
+
+static void gen_token(void *user, int32_t token, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    gen *g = user;
+    pthread_mutex_lock(&g->mu);
+    if (token >= 0 && g->n < 128)
+        g->tokens[g->n++] = token;
+    if (g->pause_at && g->n == g->pause_at) {
+        /* hold the engine between two steps until the test has published */
+        pthread_cond_broadcast(&g->cv);
+        while (!g->released)
+            pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gen_done(void *user, eng_finish why, const eng_usage *u)
+{
+    (void)u;
+    gen *g = user;
+    pthread_mutex_lock(&g->mu);
+    g->done = true;
+    g->why = why;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gen_wait(gen *g, bool (*until)(const gen *))
+{
+    pthread_mutex_lock(&g->mu);
+    while (!until(g))
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static bool gen_paused(const gen *g)
+{
+    return g->done || (g->pause_at && g->n >= g->pause_at);
+}
+
+static bool gen_finished(const gen *g)
+{
+    return g->done;
+}
+
+static void gen_release(gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->released = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static eng_request greedy_request(gen *g, int32_t n_new, const eng_lora_term *adapters, size_t n)
+{
+    static const char prompt[] = "the then he";
+    return (eng_request){.prompt = prompt,
+                         .prompt_len = sizeof prompt - 1,
+                         .max_new_tokens = n_new,
+                         .adapters = adapters,
+                         .n_adapters = n,
+                         .on_token = gen_token,
+                         .on_done = gen_done,
+                         .user = g};
+}
+
+Test(lora_engine, merge_in_the_middle_of_a_generation_leaves_its_tokens_alone)
+{
+    kind_case kc = {.label = "nf4 engine", .quant = "nf4"};
+    rig g;
+    rig_open(&g, &kc);
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 31, 0.1f);
+    char msg[512];
+    eng_engine *e = NULL;
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2};
+    cr_assert_eq(eng_engine_start(&e, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+
+    // the generation with nothing happening
+    gen quiet;
+    gen_init(&quiet, 0);
+    eng_request rq = greedy_request(&quiet, 24, NULL, 0);
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    gen_wait(&quiet, gen_finished);
+
+    // the same, with adapter one merged after its 6th token
+    gen busy;
+    gen_init(&busy, 6);
+    rq = greedy_request(&busy, 24, NULL, 0);
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    gen_wait(&busy, gen_paused);
+    eng_lora_term t = {one, 1.0f};
+    eng_weights *v = merged_version(&g.m, &t, 1, QT_KIND_COUNT);
+    eng_engine_publish(e, v);
+    eng_weights *serving = eng_engine_weights(e);
+    cr_assert_eq(serving, v, "the published version serves new sequences");
+    eng_weights_unref(serving);
+
+    // a request that starts now runs on the merged version: base minus one
+    gen later;
+    gen_init(&later, 0);
+    rq = greedy_request(&later, 24, NULL, 0);
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    gen_release(&busy);
+    gen_wait(&busy, gen_finished);
+    gen_wait(&later, gen_finished);
+
+    cr_assert_eq(busy.n, quiet.n);
+    cr_assert(memcmp(busy.tokens, quiet.tokens, (size_t)quiet.n * sizeof(int32_t)) == 0,
+              "the merge changed a running generation's tokens");
+    cr_assert(eng_engine_wait_versions(e, 10.0), "the old version is released");
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.weights_version, 1);
+    cr_assert_eq(st.weights_versions, 1);
+    cr_assert_eq(st.adapter_requests, 1, "the later base request applied -one unmerged");
+    eng_engine_stop(e);
+    eng_lora_unref(one);
+    rig_close(&g);
+}
+
+Test(lora_engine, requests_with_adapters_get_the_forward_pass_tokens)
+{
+    kind_case kc = {.label = "q4_1 engine", .gguf = true, .gguf_kind = QT_Q4_1};
+    rig g;
+    rig_open(&g, &kc);
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 41, 0.1f);
+    eng_lora *two = mem_lora(&g.m, "two", 4, 2.0f, ALL_PROJ, QT_BF16, 42, 0.1f);
+    char msg[512];
+    eng_engine *e = NULL;
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2};
+    cr_assert_eq(eng_engine_start(&e, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    eng_lora_term want[3][2] = {{{one, 1.0f}}, {{two, 0.5f}}, {{one, 1.0f}, {two, 1.0f}}};
+    size_t n_want[3] = {1, 1, 2};
+    gen runs[3];
+    for (int i = 0; i < 3; i++) {
+        gen_init(&runs[i], 0);
+        eng_request rq = greedy_request(&runs[i], 12, want[i], n_want[i]);
+        cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    }
+    for (int i = 0; i < 3; i++)
+        gen_wait(&runs[i], gen_finished);
+    // each against the forward pass run by hand with the same delta
+    for (int i = 0; i < 3; i++) {
+        int64_t V = g.vocab;
+        float *logits = malloc((size_t)V * sizeof *logits);
+        int32_t tokens[64];
+        size_t n_ids = 0;
+        int32_t *ids = NULL;
+        cr_assert_eq(tok_encode(g.m.tok, "the then he", 11, tok_adds_bos(g.m.tok), true, &ids,
+                                &n_ids, msg, sizeof msg),
+                     0);
+        memcpy(tokens, ids, n_ids * sizeof *ids);
+        free(ids);
+        eng_seq_kv kv = {0};
+        eng_step_seq s = {&kv, tokens, (int32_t)n_ids, 0, NULL, want[i], (int32_t)n_want[i]};
+        int n = 0;
+        for (; n < runs[i].n; n++) {
+            rig_step(&g, &s, 1, logits, "by hand");
+            int32_t best = argmax(logits, V);
+            cr_assert_eq(best, runs[i].tokens[n], "request %d token %d", i, n);
+            tokens[n_ids + (size_t)n] = best;
+            s = (eng_step_seq){&kv,     tokens + n_ids + n, 1, (int32_t)n_ids + n, NULL,
+                               want[i], (int32_t)n_want[i]};
+        }
+        eng_kv_release(g.kv, &kv);
+        free(logits);
+    }
+    cr_assert_eq(__atomic_load_n(&one->requests, __ATOMIC_RELAXED), 2);
+    cr_assert_eq(__atomic_load_n(&two->requests, __ATOMIC_RELAXED), 2);
+    // a request naming an adapter twice is refused
+    gen bad;
+    gen_init(&bad, 0);
+    eng_lora_term twice[2] = {{one, 1.0f}, {one, 0.5f}};
+    eng_request rq = greedy_request(&bad, 4, twice, 2);
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), ENG_EINVAL);
+    cr_assert(strstr(msg, "named twice"), "%s", msg);
+    eng_engine_stop(e);
+    eng_lora_unref(one);
+    eng_lora_unref(two);
+    rig_close(&g);
+}
