@@ -176,6 +176,12 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
         {"stop", OPT_STRING, &(g)->stop, "STRING: end generation there (not printed)"},            \
         {"threads", OPT_INT, &(g)->threads, "N: kernel threads (default: all cores)"},             \
         {"kv-mib", OPT_INT, &(g)->kv_mib, "N: KV cache size in MiB (default 256)"},                \
+        {"adapter", OPT_STRING, &(g)->adapter, "DIR: a PEFT LoRA adapter folder to apply"},        \
+        {"adapter-scale", OPT_FLOAT, &(g)->adapter_scale, "S: the adapter's scale (default 1)"},   \
+        {"merge", OPT_BOOL, &(g)->merge,                                                           \
+         "merge the adapter into the weights and print the merge report (default: unmerged)"},     \
+        {"into", OPT_STRING, &(g)->into,                                                           \
+         "int8|bf16: store merged modules in a wider kind (default: the weight's own)"},           \
         MODEL_OPTS(&(g)->model)
 
 int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len)
@@ -184,6 +190,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     out->max_new_tokens = 128;
     out->top_p = 1.0f;
     out->repetition_penalty = 1.0f;
+    out->adapter_scale = 1.0f;
     const opt opts[] = {GENERATE_OPTS(out)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, msg, msg_len);
     if (rc != CFG_OK)
@@ -192,6 +199,13 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
         return usage_error(msg, msg_len, "generate: --model and --prompt are required");
     if (out->threads < 0 || out->kv_mib < 0)
         return usage_error(msg, msg_len, "generate: --threads and --kv-mib cannot be negative");
+    if ((out->merge || out->into || out->adapter_scale != 1.0f) && !out->adapter)
+        return usage_error(msg, msg_len,
+                           "generate: --merge, --into and --adapter-scale need --adapter DIR");
+    if (out->into && !out->merge)
+        return usage_error(msg, msg_len, "generate: --into applies to --merge");
+    if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
+        return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
     return CFG_OK;
 }
 

@@ -58,6 +58,10 @@ typedef struct cfg_generate {
     const char *stop;         /* --stop STRING */
     int32_t threads;          /* --threads, default 0: all cores */
     int32_t kv_mib;           /* --kv-mib, default 0: the engine's default */
+    const char *adapter;      /* --adapter DIR: a PEFT LoRA adapter folder */
+    float adapter_scale;      /* --adapter-scale, default 1 */
+    bool merge;               /* --merge: merge it into the weights (else unmerged) */
+    const char *into;         /* --into int8|bf16: what merged modules are stored in */
 } cfg_generate;
 
 /* argv[0] is the subcommand's name. On CFG_EUSAGE msg says what is wrong. */

@@ -782,9 +782,11 @@ typedef struct eng_generate_opts {
     const char *prompt;
     int32_t max_new_tokens;
     eng_sampling sampling;
-    const char *stop; /* one stop string, or NULL */
-    int threads;      /* 0: all cores */
-    size_t kv_bytes;  /* 0: the engine's default */
+    const char *stop;              /* one stop string, or NULL */
+    int threads;                   /* 0: all cores */
+    size_t kv_bytes;               /* 0: the engine's default */
+    const eng_lora_term *adapters; /* the configuration wanted (eng_request) */
+    size_t n_adapters;
 } eng_generate_opts;
 
 /*
@@ -794,6 +796,9 @@ typedef struct eng_generate_opts {
  */
 int eng_generate(const eng_load_opts *load, const eng_generate_opts *g, FILE *out, FILE *info,
                  char *msg, size_t msg_len);
+/* The same on an engine already running (threads and kv_bytes unused). */
+int eng_generate_on(eng_engine *e, const eng_generate_opts *g, FILE *out, FILE *info, char *msg,
+                    size_t msg_len);
 
 /* Load the model's tokenizer and print the ids (and pieces) of text. */
 int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,

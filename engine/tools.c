@@ -379,20 +379,9 @@ static void gen_done(void *user, eng_finish why, const eng_usage *usage)
     pthread_mutex_unlock(&g->mu);
 }
 
-int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *out, FILE *info,
-                 char *msg, size_t msg_len)
+int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *info, char *msg,
+                    size_t msg_len)
 {
-    eng_model m;
-    int rc = eng_model_load(&m, load, msg, msg_len);
-    if (rc != ENG_OK)
-        return rc;
-    eng_engine_opts eo = {.threads = o->threads, .kv_bytes = o->kv_bytes, .max_running = 8};
-    eng_engine *e;
-    rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
-    if (rc != ENG_OK) {
-        eng_model_free(&m);
-        return rc;
-    }
     generation g = {.out = out};
     pthread_mutex_init(&g.mu, NULL);
     pthread_cond_init(&g.done_cv, NULL);
@@ -403,11 +392,13 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
                      .sampling = o->sampling,
                      .stop = stops,
                      .n_stop = o->stop ? 1 : 0,
+                     .adapters = o->adapters,
+                     .n_adapters = o->n_adapters,
                      .on_token = gen_token,
                      .on_done = gen_done,
                      .user = &g};
     uint64_t id;
-    rc = eng_engine_submit(e, &r, &id, msg, msg_len);
+    int rc = eng_engine_submit(e, &r, &id, msg, msg_len);
     if (rc == ENG_OK) {
         pthread_mutex_lock(&g.mu);
         while (!g.done)
@@ -427,9 +418,25 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
         if (g.why == ENG_FINISH_ERROR)
             rc = qt_fail(msg, msg_len, ENG_EINVAL, "generation failed in the engine");
     }
-    eng_engine_stop(e);
     pthread_mutex_destroy(&g.mu);
     pthread_cond_destroy(&g.done_cv);
+    return rc;
+}
+
+int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *out, FILE *info,
+                 char *msg, size_t msg_len)
+{
+    eng_model m;
+    int rc = eng_model_load(&m, load, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    eng_engine_opts eo = {.threads = o->threads, .kv_bytes = o->kv_bytes, .max_running = 8};
+    eng_engine *e;
+    rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
+    if (rc == ENG_OK) {
+        rc = eng_generate_on(e, o, out, info, msg, msg_len);
+        eng_engine_stop(e);
+    }
     eng_model_free(&m);
     return rc;
 }

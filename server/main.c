@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "engine.h"
+#include "lora.h"
 
 #include <cjson/cJSON.h>
 #include <llhttp.h>
@@ -76,6 +77,78 @@ static int run_tokenize(int argc, char **argv)
     return 0;
 }
 
+/* The merge report, one line per module and the whole, to f. */
+static void print_merge_report(FILE *f, const lora_report *rep)
+{
+    for (size_t i = 0; i < rep->n_modules; i++) {
+        const struct lora_module_cost *mc = &rep->modules[i];
+        fprintf(f, "merge: layer %d %-9s %-6s delta_retained %.4f relative_error %.4f\n", mc->layer,
+                eng_proj_name(mc->proj), qt_kind_name(mc->kind), mc->cost.delta_retained,
+                mc->cost.relative_error);
+    }
+    fprintf(f,
+            "merge: %s x%g into %zu modules (%s): delta_retained %.4f, relative_error %.4f, "
+            "%.3f s, weights version %llu digest %016llx\n",
+            rep->adapter, (double)rep->scale, rep->n_modules,
+            rep->into == QT_KIND_COUNT ? "each weight's own kind" : qt_kind_name(rep->into),
+            rep->overall.delta_retained, rep->overall.relative_error, rep->seconds,
+            (unsigned long long)rep->version, (unsigned long long)rep->digest);
+}
+
+/* generate with --adapter: the model, an engine, a registry holding the
+ * adapter (merged when asked), and one request wanting it. */
+static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *load,
+                                 const eng_generate_opts *g, char *msg, size_t msg_len)
+{
+    eng_model m;
+    int rc = eng_model_load(&m, load, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    eng_engine_opts eo = {.threads = c->threads, .kv_bytes = (size_t)c->kv_mib << 20};
+    eng_engine *e = NULL;
+    lora_registry *reg = NULL;
+    eng_lora *lora = NULL;
+    lora_meta meta;
+    rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
+    if (rc == ENG_OK) {
+        lora_registry_opts ro = {0};
+        rc = lora_registry_new(&reg, e, &m, &ro, msg, msg_len);
+    }
+    if (rc == ENG_OK)
+        rc = lora_registry_load(reg, "adapter", c->adapter, &meta, msg, msg_len);
+    if (rc == ENG_OK) {
+        fprintf(stderr, "adapter %s: rank %d, alpha %g, %d modules (%s)\n", c->adapter, meta.r,
+                (double)meta.alpha, meta.n_modules, meta.targets);
+        if (meta.warning[0])
+            fprintf(stderr, "adapter %s: warning: %s\n", c->adapter, meta.warning);
+    }
+    if (rc == ENG_OK && c->merge) {
+        lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
+        if (c->into)
+            mo.into = strcmp(c->into, "int8") == 0 ? QT_AFFINE : QT_BF16;
+        lora_report rep;
+        rc = lora_registry_merge(reg, "adapter", c->adapter_scale, &mo, &rep, msg, msg_len);
+        if (rc == ENG_OK) {
+            print_merge_report(stderr, &rep);
+            lora_report_free(&rep);
+        }
+    }
+    if (rc == ENG_OK)
+        rc = lora_registry_get(reg, "adapter", &lora, msg, msg_len);
+    if (rc == ENG_OK) {
+        eng_lora_term want = {lora, c->adapter_scale};
+        eng_generate_opts go = *g;
+        go.adapters = &want;
+        go.n_adapters = 1;
+        rc = eng_generate_on(e, &go, stdout, stderr, msg, msg_len);
+    }
+    eng_lora_unref(lora);
+    eng_engine_stop(e); /* before the registry: no sequence holds an adapter after */
+    lora_registry_free(reg);
+    eng_model_free(&m);
+    return rc;
+}
+
 static int run_generate(int argc, char **argv)
 {
     char msg[1024];
@@ -96,7 +169,10 @@ static int run_generate(int argc, char **argv)
         .threads = c.threads,
         .kv_bytes = (size_t)c.kv_mib << 20,
     };
-    rc = eng_generate(&load, &g, stdout, stderr, msg, sizeof msg);
+    if (c.adapter)
+        rc = generate_with_adapter(&c, &load, &g, msg, sizeof msg);
+    else
+        rc = eng_generate(&load, &g, stdout, stderr, msg, sizeof msg);
     if (rc != ENG_OK) {
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 1;
