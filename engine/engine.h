@@ -37,6 +37,16 @@ enum {
 
 const char *eng_strerror(int err);
 
+/*
+ * Read and parse a JSON file into *root, which must be an object (free
+ * with cJSON_Delete). max_bytes > 0 refuses a longer file. Errors name the
+ * file and, for bad JSON, the byte where parsing stopped. The one JSON file
+ * reader: model configs, shard indexes, tokenizers, adapter configs.
+ */
+struct cJSON;
+int eng_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
+                  size_t msg_len);
+
 /* --- safetensors -------------------------------------------------------- */
 
 typedef enum st_dtype {

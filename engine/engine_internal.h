@@ -17,13 +17,5 @@
 int eng_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
                  char *msg, size_t msg_len);
 
-/*
- * Read and parse a JSON file into *root, which must be an object (free
- * with cJSON_Delete). max_bytes > 0 refuses a longer file. Errors name the
- * file and, for bad JSON, the byte where parsing stopped.
- */
-struct cJSON;
-int eng_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
-                  size_t msg_len);
 
 #endif

@@ -539,6 +539,24 @@ static int open_hf_weights(loader *L, char *msg, size_t msg_len)
     return ENG_OK;
 }
 
+/* What the model calls itself (eng_model.name): the name its file gives
+ * (own, not NUL-terminated, may be NULL), else the base name of its path,
+ * so an adapter's base_model_name_or_path can be compared with it. */
+static void set_model_name(eng_model *m, const char *own, size_t own_len, const char *path)
+{
+    if (own && own_len) {
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(own_len < 255 ? own_len : 255), own);
+        return;
+    }
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    snprintf(m->name, sizeof m->name, "%.*s", (int)(n - b < 255 ? n - b : 255), path + b);
+}
+
 static int load_hf(loader *L, char *msg, size_t msg_len)
 {
     eng_model *m = L->m;
@@ -550,6 +568,9 @@ static int load_hf(loader *L, char *msg, size_t msg_len)
     if (rc != ENG_OK)
         return rc;
     rc = parse_hf_config(L, path, j, msg, msg_len);
+    const cJSON *own = cJSON_GetObjectItemCaseSensitive(j, "_name_or_path");
+    set_model_name(m, cJSON_IsString(own) ? own->valuestring : NULL,
+                   cJSON_IsString(own) ? strlen(own->valuestring) : 0, L->dir);
     cJSON_Delete(j);
     if (rc != ENG_OK)
         return rc;
@@ -756,6 +777,9 @@ static int load_gguf(loader *L, char *msg, size_t msg_len)
         return rc;
     }
     snprintf(m->format, sizeof m->format, "gguf");
+    const gguf_kv *own = gguf_find_kv(m->gguf, "general.name");
+    bool named = own && own->type == GGUF_STRING;
+    set_model_name(m, named ? own->str.ptr : NULL, named ? own->str.len : 0, L->o->path);
     rc = parse_gguf_config(L, msg, msg_len);
     if (rc != ENG_OK)
         return rc;

@@ -1,0 +1,1137 @@
+/*
+ * peft.c - load a PEFT LoRA adapter folder (adapter_config.json and
+ * adapter_model.safetensors) for a loaded model, as PEFT itself would
+ * apply it, and refuse by name whatever PEFT would do differently from
+ * y += scale * B @ A on the seven projections of a decoder layer.
+ *
+ * Shape of the loader: the config first, read into which modules are
+ * targeted with which rank and alpha (PEFT's matching rules, below); then
+ * every tensor key of the file, each of which must be the lora_A or lora_B
+ * of a targeted module; then each targeted module's pair, checked against
+ * the model's own projection (shape, dtype, every value finite). Nothing
+ * is kept until everything has passed: *out is set last.
+ *
+ * PEFT's rules followed here (peft/tuners/tuners_utils.py
+ * check_target_module_exists, peft/utils/other.py get_pattern_key,
+ * peft/tuners/lora/layer.py update_layer), against the module names of a
+ * transformers LlamaForCausalLM ("model.layers.N.self_attn.q_proj",
+ * "model.embed_tokens", "lm_head"):
+ *   - target_modules as a list: a module is targeted when its name equals
+ *     an entry or ends with "." + entry; as a string: when the whole name
+ *     matches it as a regular expression (re.fullmatch); "all-linear": the
+ *     seven projections (PEFT leaves the output layer out); null: PEFT's
+ *     default for llama, mistral and qwen2, q_proj and v_proj.
+ *   - exclude_modules (same two forms) takes modules back out.
+ *   - layers_to_transform (an int or a list) keeps only those layers, for
+ *     a module that matched a list entry by suffix (not one named in full,
+ *     as in PEFT); layers_pattern says what the layer list is called
+ *     ("layers"). Both are refused with a string target_modules, as PEFT's
+ *     LoraConfig refuses them.
+ *   - rank_pattern / alpha_pattern: the first key, in the file's order,
+ *     for which re.match(r"(.*\.)?(key)$", name) matches gives the
+ *     module's rank / alpha; otherwise r / lora_alpha.
+ *   - scale = alpha / r, or alpha / sqrt(r) with use_rslora, per module.
+ *   - fan_in_fan_out: our projections are nn.Linear, for which PEFT warns
+ *     and forces it false; we do the same and say so in meta.warning.
+ *
+ * Regular expressions: Python's re, which PEFT uses, is not POSIX. A
+ * pattern is translated to a POSIX extended expression and anchored: the
+ * escapes \d \D \w \W \s \S become bracket classes, (?:...) a plain
+ * group, lazy and possessive quantifiers (*? +? ?? {m,n}?, *+ ...) plain
+ * ones (a full match exists or not whichever is used, and only that is
+ * asked). Lookarounds, backreferences, named groups, inline flags and \b
+ * have no POSIX form and are refused naming the field and the construct.
+ *
+ * Refused by the field's name: peft_type other than LORA, bias other than
+ * "none", use_dora, lora_bias, modules_to_save, layer_replication,
+ * target_parameters, trainable_token_indices, use_qalora, and the LoRA
+ * variants whose forward pass is not B @ A (alora_invocation_tokens,
+ * arrow_config, use_bdlora, velora_config, monteclora_config, kasa_config).
+ * Other fields PEFT writes (dropout, task_type, init options, ...) do not
+ * change inference and are ignored; an init_lora_weights that rewrote the
+ * base weights during training (pissa, olora, corda, loftq, lora_ga) gets a
+ * warning, since the adapter then belongs to that residual base.
+ *
+ * Tensor keys: "base_model.model." (what PeftModel.save_pretrained writes)
+ * or nothing (what transformers' own adapter integration writes), then
+ * "model.layers.N.<self_attn|mlp>.<proj>.lora_<A|B>", then ".weight", or
+ * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
+ * name; save_pretrained strips it). Any other key is refused by name.
+ */
+#include "lora.h"
+
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <inttypes.h>
+#include <math.h>
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+/* adapter_config.json is small; a bigger file is not one */
+#define CONFIG_MAX_BYTES ((size_t)16 << 20)
+
+/* --- the adapter as the engine sees it, plus the file it borrows from ------ */
+
+typedef struct peft_lora {
+    eng_lora lora; /* first: the engine holds an eng_lora * to this */
+    st_file file;  /* the mapped adapter_model.safetensors */
+} peft_lora;
+
+static void peft_destroy(eng_lora *l)
+{
+    peft_lora *p = (peft_lora *)l;
+    if (l->modules)
+        for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++) {
+            qt_free(&l->modules[i].a);
+            qt_free(&l->modules[i].b);
+        }
+    free(l->modules);
+    st_close(&p->file);
+    free(p);
+}
+
+/* --- Python regular expressions as POSIX ones ------------------------------- */
+
+typedef struct strbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} strbuf;
+
+static void sb_add(strbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *t = realloc(b->s, cap);
+        if (!t) {
+            b->oom = true;
+            return;
+        }
+        b->s = t;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+static void sb_str(strbuf *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+static void sb_chr(strbuf *b, char c)
+{
+    sb_add(b, &c, 1);
+}
+
+/* The ERE special characters: these keep their backslash. */
+static bool ere_special(char c)
+{
+    return c && strchr(".[]()*+?{}|^$\\", c) != NULL;
+}
+
+/* A Python bracket expression starting at py[*i] == '[' into POSIX form.
+ * POSIX brackets take no escapes, so an escaped ']', '-' or '^' is moved
+ * where POSIX reads it literally (first, last, not first). */
+static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, size_t why_len)
+{
+    size_t k = *i + 1;
+    bool negate = py[k] == '^';
+    if (negate)
+        k++;
+    bool rbracket = false, dash = false, caret = false;
+    strbuf body = {0};
+    if (py[k] == ']') { /* a leading ']' is literal in both */
+        rbracket = true;
+        k++;
+    }
+    for (; py[k] && py[k] != ']'; k++) {
+        if (py[k] != '\\') {
+            if (py[k] == '[' && py[k + 1] == ':') {
+                free(body.s);
+                return snprintf(why, why_len, "'[:' inside a bracket means a class in POSIX"), -1;
+            }
+            sb_chr(&body, py[k]);
+            continue;
+        }
+        char e = py[++k];
+        switch (e) {
+        case 'd': sb_str(&body, "0-9"); break;
+        case 'w': sb_str(&body, "_[:alnum:]"); break;
+        case 's': sb_str(&body, "[:space:]"); break;
+        case 'n': sb_chr(&body, '\n'); break;
+        case 't': sb_chr(&body, '\t'); break;
+        case ']': rbracket = true; break;
+        case '-': dash = true; break;
+        case '^': caret = true; break;
+        case 0: free(body.s); return snprintf(why, why_len, "a pattern ends in '\\'"), -1;
+        default:
+            if (isalnum((unsigned char)e)) {
+                free(body.s);
+                return snprintf(why, why_len, "the escape \\%c inside [...] has no POSIX form", e),
+                       -1;
+            }
+            sb_chr(&body, e); /* \. \\ \[ ... are the character itself */
+        }
+    }
+    if (!py[k]) {
+        free(body.s);
+        return snprintf(why, why_len, "an unterminated '['"), -1;
+    }
+    sb_chr(out, '[');
+    if (negate)
+        sb_chr(out, '^');
+    if (rbracket)
+        sb_chr(out, ']');
+    if (body.s)
+        sb_str(out, body.s);
+    if (caret)
+        sb_chr(out, '^');
+    if (dash)
+        sb_chr(out, '-');
+    sb_chr(out, ']');
+    free(body.s);
+    *i = k;
+    return 0;
+}
+
+/* Python pattern py into POSIX ERE text appended to out; -1 with why set for
+ * a construct POSIX cannot express. */
+static int translate_regex(const char *py, strbuf *out, char *why, size_t why_len)
+{
+    for (size_t i = 0; py[i]; i++) {
+        char c = py[i];
+        if (c == '\\') {
+            char e = py[++i];
+            switch (e) {
+            case 'd': sb_str(out, "[0-9]"); break;
+            case 'D': sb_str(out, "[^0-9]"); break;
+            case 'w': sb_str(out, "[_[:alnum:]]"); break;
+            case 'W': sb_str(out, "[^_[:alnum:]]"); break;
+            case 's': sb_str(out, "[[:space:]]"); break;
+            case 'S': sb_str(out, "[^[:space:]]"); break;
+            case 'A': sb_chr(out, '^'); break;
+            case 'Z': sb_chr(out, '$'); break;
+            case 'n': sb_chr(out, '\n'); break;
+            case 't': sb_chr(out, '\t'); break;
+            case 0: return snprintf(why, why_len, "the pattern ends in '\\'"), -1;
+            default:
+                if (isalnum((unsigned char)e))
+                    return snprintf(why, why_len, "the escape \\%c has no POSIX form", e), -1;
+                if (ere_special(e))
+                    sb_chr(out, '\\');
+                sb_chr(out, e);
+            }
+            continue;
+        }
+        if (c == '[') {
+            if (translate_bracket(py, &i, out, why, why_len) != 0)
+                return -1;
+            continue;
+        }
+        if (c == '(' && py[i + 1] == '?') {
+            if (py[i + 2] != ':')
+                return snprintf(why, why_len,
+                                "'(?%c' (a lookaround, named group or inline flag) has no POSIX "
+                                "form",
+                                py[i + 2] ? py[i + 2] : ' '),
+                       -1;
+            sb_chr(out, '(');
+            i += 2;
+            continue;
+        }
+        if (c == '{') { /* a bounded quantifier: copied to its '}' */
+            size_t k = i;
+            while (py[k] && py[k] != '}')
+                k++;
+            if (!py[k])
+                return snprintf(why, why_len, "an unterminated '{'"), -1;
+            sb_add(out, py + i, k - i + 1);
+            i = k;
+        } else {
+            sb_chr(out, c);
+        }
+        /* after a quantifier, Python's lazy '?' or possessive '+' changes
+         * which match is found, never whether one is */
+        if ((c == '*' || c == '+' || c == '?' || c == '{') &&
+            (py[i + 1] == '?' || py[i + 1] == '+'))
+            i++;
+    }
+    return 0;
+}
+
+/* Compile prefix + (translated py) + suffix. */
+static int compile_regex(regex_t *re, const char *prefix, const char *py, const char *suffix,
+                         char *why, size_t why_len)
+{
+    strbuf b = {0};
+    sb_str(&b, prefix);
+    if (translate_regex(py, &b, why, why_len) != 0) {
+        free(b.s);
+        return -1;
+    }
+    sb_str(&b, suffix);
+    if (b.oom) {
+        free(b.s);
+        return snprintf(why, why_len, "out of memory"), -1;
+    }
+    int rc = regcomp(re, b.s, REG_EXTENDED | REG_NOSUB);
+    if (rc != 0) {
+        char err[64];
+        regerror(rc, re, err, sizeof err);
+        snprintf(why, why_len, "not a regular expression POSIX accepts (%s)", err);
+    }
+    free(b.s);
+    return rc == 0 ? 0 : -1;
+}
+
+/* --- the config --------------------------------------------------------------- */
+
+/* A target_modules or exclude_modules value: a list of names or a pattern. */
+typedef struct module_set {
+    bool present;
+    bool is_regex;
+    regex_t re;
+    const char **names; /* the list (borrowed from the JSON tree, or literals) */
+    size_t n_names;
+} module_set;
+
+/* rank_pattern or alpha_pattern: compiled keys in the file's order. */
+typedef struct pattern_map {
+    size_t n;
+    regex_t *re;
+    const char **keys; /* borrowed from the JSON tree */
+    double *values;
+} pattern_map;
+
+typedef struct adapter_config {
+    const char *path;
+    int32_t r;
+    double alpha;
+    bool use_rslora;
+    module_set targets;
+    bool all_linear;
+    module_set exclude;
+    bool has_layers; /* layers_to_transform */
+    int64_t *layers;
+    size_t n_layers;
+    size_t n_layers_pattern;
+    regex_t *layers_pattern;
+    pattern_map rank, alpha_map;
+    const char *base_model; /* borrowed from the JSON tree */
+    char warning[512];
+} adapter_config;
+
+static void module_set_free(module_set *s)
+{
+    if (s->is_regex)
+        regfree(&s->re);
+    free(s->names);
+    memset(s, 0, sizeof *s);
+}
+
+static void pattern_map_free(pattern_map *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        regfree(&p->re[i]);
+    free(p->re);
+    free(p->keys);
+    free(p->values);
+    memset(p, 0, sizeof *p);
+}
+
+static void config_free(adapter_config *c)
+{
+    module_set_free(&c->targets);
+    module_set_free(&c->exclude);
+    free(c->layers);
+    for (size_t i = 0; i < c->n_layers_pattern; i++)
+        regfree(&c->layers_pattern[i]);
+    free(c->layers_pattern);
+    pattern_map_free(&c->rank);
+    pattern_map_free(&c->alpha_map);
+}
+
+static void add_warning(adapter_config *c, const char *text)
+{
+    /* a long warning is cut, never refused */
+    if (c->warning[0])
+        strncat(c->warning, "; ", sizeof c->warning - strlen(c->warning) - 1);
+    strncat(c->warning, text, sizeof c->warning - strlen(c->warning) - 1);
+}
+
+/* Python's truth of a JSON value: null, false, 0, "", [] and {} are false. */
+static bool json_truthy(const cJSON *v)
+{
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+        return false;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble != 0;
+    if (cJSON_IsString(v))
+        return v->valuestring[0] != 0;
+    if (cJSON_IsArray(v) || cJSON_IsObject(v))
+        return v->child != NULL;
+    return true;
+}
+
+static int read_module_set(const adapter_config *c, const cJSON *v, const char *field,
+                           module_set *out, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    if (!v || cJSON_IsNull(v))
+        return ENG_OK;
+    out->present = true;
+    if (cJSON_IsString(v)) {
+        char why[160];
+        if (compile_regex(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
+            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: %s \"%s\": %s", c->path, field,
+                           v->valuestring, why);
+        out->is_regex = true;
+        return ENG_OK;
+    }
+    if (!cJSON_IsArray(v))
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s must be a list of names or a string",
+                       c->path, field);
+    size_t n = (size_t)cJSON_GetArraySize(v);
+    out->names = calloc(n ? n : 1, sizeof *out->names);
+    if (!out->names)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+    const cJSON *e;
+    cJSON_ArrayForEach (e, v) {
+        if (!cJSON_IsString(e))
+            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s holds something not a string",
+                           c->path, field);
+        out->names[out->n_names++] = e->valuestring;
+    }
+    return ENG_OK;
+}
+
+static int read_pattern_map(const adapter_config *c, const cJSON *root, const char *field,
+                            bool integer, pattern_map *out, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field);
+    if (!v || cJSON_IsNull(v))
+        return ENG_OK;
+    if (!cJSON_IsObject(v))
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s must be an object", c->path, field);
+    size_t n = (size_t)cJSON_GetArraySize(v);
+    out->re = calloc(n ? n : 1, sizeof *out->re);
+    out->keys = calloc(n ? n : 1, sizeof *out->keys);
+    out->values = calloc(n ? n : 1, sizeof *out->values);
+    if (!out->re || !out->keys || !out->values)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+    const cJSON *e;
+    cJSON_ArrayForEach (e, v) {
+        double x = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!isfinite(x) || (integer && (x != floor(x) || x < 1 || x > 65536)))
+            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s[\"%s\"] must be %s", c->path, field,
+                           e->string,
+                           integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
+        char why[160];
+        if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why, sizeof why) != 0)
+            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: %s key \"%s\": %s", c->path, field,
+                           e->string, why);
+        out->keys[out->n] = e->string;
+        out->values[out->n] = x;
+        out->n++;
+    }
+    return ENG_OK;
+}
+
+/* The fields whose truth means a feature qlserve does not run, and why. */
+static const struct {
+    const char *field, *what;
+} refused_fields[] = {
+    {"use_dora", "DoRA (weight-decomposed LoRA) is not supported"},
+    {"lora_bias", "a trained bias on lora_B is not supported"},
+    {"modules_to_save", "fully trained modules (modules_to_save) are not supported"},
+    {"layer_replication", "layer replication changes the model's layers and is not supported"},
+    {"target_parameters", "LoRA on bare parameters (target_parameters) is not supported"},
+    {"trainable_token_indices", "trained token embeddings are not supported"},
+    {"use_qalora", "QA-LoRA (pooled inputs) is not supported"},
+    {"alora_invocation_tokens", "activated LoRA (aLoRA) is not supported"},
+    {"arrow_config", "Arrow routing is not supported"},
+    {"use_bdlora", "block-diagonal LoRA is not supported"},
+    {"velora_config", "VeLoRA is not supported"},
+    {"monteclora_config", "MonteCLoRA is not supported"},
+    {"kasa_config", "KaSA is not supported"},
+};
+
+static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t msg_len)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA") != 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "%s: peft_type is %s; only LORA adapters are supported", c->path,
+                       cJSON_IsString(v) ? v->valuestring : "missing");
+    v = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    if (v && !cJSON_IsNull(v) && (!cJSON_IsString(v) || strcmp(v->valuestring, "none") != 0))
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "%s: bias is \"%s\"; trained biases are not supported (only \"none\")",
+                       c->path, cJSON_IsString(v) ? v->valuestring : "not a string");
+    for (size_t i = 0; i < sizeof refused_fields / sizeof *refused_fields; i++)
+        if (json_truthy(cJSON_GetObjectItemCaseSensitive(root, refused_fields[i].field)))
+            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: %s is set: %s", c->path,
+                           refused_fields[i].field, refused_fields[i].what);
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "r");
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
+        v->valuedouble > 65536)
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: r must be a positive integer", c->path);
+    c->r = (int32_t)v->valuedouble;
+    v = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    if (!v || cJSON_IsNull(v))
+        c->alpha = 8; /* LoraConfig's default */
+    else if (cJSON_IsNumber(v) && isfinite(v->valuedouble))
+        c->alpha = v->valuedouble;
+    else
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: lora_alpha must be a number", c->path);
+    c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "fan_in_fan_out")))
+        add_warning(c, "fan_in_fan_out is true, but the targets are Linear layers: PEFT forces it "
+                       "false for them and so does qlserve");
+    v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
+    if (cJSON_IsString(v)) {
+        static const char *const rewrites[] = {"pissa", "olora", "corda", "loftq", "lora_ga"};
+        for (size_t i = 0; i < sizeof rewrites / sizeof *rewrites; i++)
+            if (strncasecmp(v->valuestring, rewrites[i], strlen(rewrites[i])) == 0) {
+                char w[200];
+                snprintf(w, sizeof w,
+                         "init_lora_weights \"%s\" changed the base weights during training: "
+                         "the adapter fits the residual base saved with it",
+                         v->valuestring);
+                add_warning(c, w);
+            }
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
+    c->base_model = cJSON_IsString(v) ? v->valuestring : NULL;
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    if (cJSON_IsString(v) && strcasecmp(v->valuestring, "all-linear") == 0) {
+        c->all_linear = true;
+    } else {
+        int rc = read_module_set(c, v, "target_modules", &c->targets, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    if (!c->all_linear && !c->targets.present) {
+        /* PeftModel fills a missing target_modules with its default for the
+         * model type: q_proj and v_proj for llama, mistral and qwen2 */
+        static const char *const defaults[] = {"q_proj", "v_proj"};
+        c->targets.names = malloc(sizeof defaults);
+        if (!c->targets.names)
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+        memcpy(c->targets.names, defaults, sizeof defaults);
+        c->targets.n_names = 2;
+        c->targets.present = true;
+    }
+    int rc = read_module_set(c, cJSON_GetObjectItemCaseSensitive(root, "exclude_modules"),
+                             "exclude_modules", &c->exclude, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layers_to_transform");
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "layers_pattern");
+    bool str_targets = c->all_linear || c->targets.is_regex;
+    if (str_targets && lt && !cJSON_IsNull(lt))
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "%s: layers_to_transform cannot be used when target_modules is a string "
+                       "(PEFT refuses it too)",
+                       c->path);
+    if (str_targets && lp && !cJSON_IsNull(lp))
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "%s: layers_pattern cannot be used when target_modules is a string (PEFT "
+                       "refuses it too)",
+                       c->path);
+    if (json_truthy(lp) && (!lt || cJSON_IsNull(lt)))
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "%s: layers_pattern is set without layers_to_transform (PEFT refuses it "
+                       "too)",
+                       c->path);
+    if (lt && !cJSON_IsNull(lt)) {
+        size_t n = cJSON_IsArray(lt) ? (size_t)cJSON_GetArraySize(lt) : 1;
+        c->layers = calloc(n ? n : 1, sizeof *c->layers);
+        if (!c->layers)
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+        const cJSON *e = cJSON_IsArray(lt) ? lt->child : lt;
+        for (; e && c->n_layers < n; e = e->next) {
+            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
+                e->valuedouble < 0 || e->valuedouble > 1e9)
+                return qt_fail(msg, msg_len, ENG_EFORMAT,
+                               "%s: layers_to_transform must be a layer index or a list of them",
+                               c->path);
+            c->layers[c->n_layers++] = (int64_t)e->valuedouble;
+        }
+        /* an empty list restricts nothing (PEFT: is_using_layer_indexes) */
+        c->has_layers = c->n_layers > 0;
+    }
+    if (json_truthy(lp) && c->has_layers) {
+        size_t n = cJSON_IsArray(lp) ? (size_t)cJSON_GetArraySize(lp) : 1;
+        c->layers_pattern = calloc(n, sizeof *c->layers_pattern);
+        if (!c->layers_pattern)
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+        const cJSON *e = cJSON_IsArray(lp) ? lp->child : lp;
+        for (; e && c->n_layers_pattern < n; e = e->next) {
+            char why[160];
+            /* PEFT: re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", key); our
+             * module names have one numeric part, the layer, so whether it
+             * matches settles which layer it found */
+            if (!cJSON_IsString(e) ||
+                compile_regex(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(", e->valuestring,
+                              ")\\.[0-9]+\\.", why, sizeof why) != 0)
+                return qt_fail(msg, msg_len, ENG_EINVAL, "%s: layers_pattern %s: %s", c->path,
+                               cJSON_IsString(e) ? e->valuestring : "entry",
+                               cJSON_IsString(e) ? why : "is not a string");
+            c->n_layers_pattern++;
+        }
+    }
+    rc = read_pattern_map(c, root, "rank_pattern", true, &c->rank, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = read_pattern_map(c, root, "alpha_pattern", false, &c->alpha_map, msg, msg_len);
+    return rc;
+}
+
+/* --- which modules the config targets -------------------------------------- */
+
+static bool in_module_set(const module_set *s, const char *name, bool *exact)
+{
+    *exact = false;
+    if (!s->present)
+        return false;
+    if (s->is_regex)
+        return regexec(&s->re, name, 0, NULL, 0) == 0;
+    size_t n = strlen(name);
+    for (size_t i = 0; i < s->n_names; i++) {
+        const char *t = s->names[i];
+        size_t k = strlen(t);
+        if (strcmp(name, t) == 0) {
+            *exact = true;
+            return true;
+        }
+        if (k < n && name[n - k - 1] == '.' && strcmp(name + n - k, t) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* PEFT's check_target_module_exists for one module name (layer < 0: a
+ * module outside the decoder layers). */
+static bool config_targets(const adapter_config *c, const char *name, int32_t layer, bool linear)
+{
+    bool exact;
+    if (in_module_set(&c->exclude, name, &exact))
+        return false;
+    if (c->all_linear)
+        return linear;
+    if (!in_module_set(&c->targets, name, &exact))
+        return false;
+    if (exact || c->targets.is_regex || !c->has_layers)
+        return true;
+    if (layer < 0)
+        return false; /* no layer index in the name */
+    if (c->n_layers_pattern) {
+        bool found = false;
+        for (size_t i = 0; i < c->n_layers_pattern && !found; i++)
+            found = regexec(&c->layers_pattern[i], name, 0, NULL, 0) == 0;
+        if (!found)
+            return false;
+    }
+    for (size_t i = 0; i < c->n_layers; i++)
+        if (c->layers[i] == layer)
+            return true;
+    return false;
+}
+
+/* get_pattern_key: the value of the first key matching name, or def; *key
+ * receives the key (NULL when none matched). */
+static double pattern_value(const pattern_map *p, const char *name, double def, const char **key)
+{
+    *key = NULL;
+    for (size_t i = 0; i < p->n; i++)
+        if (regexec(&p->re[i], name, 0, NULL, 0) == 0) {
+            *key = p->keys[i];
+            return p->values[i];
+        }
+    return def;
+}
+
+static void module_name(char *buf, size_t len, int32_t layer, eng_proj p)
+{
+    snprintf(buf, len, "model.layers.%d.%s.%s", layer, eng_proj_parent(p), eng_proj_name(p));
+}
+
+/* What a module is to get from the file. */
+typedef struct module_plan {
+    bool targeted;
+    int32_t rank;
+    double alpha;
+    const char *rank_key, *alpha_key; /* the pattern keys that set them, or NULL */
+    const st_tensor *a, *b;
+} module_plan;
+
+static int plan_modules(const adapter_config *c, const eng_model *m, module_plan *plan,
+                        size_t *n_targeted, char *msg, size_t msg_len)
+{
+    /* the modules outside the layers a LoRA could target in a transformers
+     * model: PEFT would adapt them (an Embedding, the output Linear), we
+     * cannot */
+    static const char *const outer[] = {"model.embed_tokens", "lm_head"};
+    for (size_t i = 0; i < sizeof outer / sizeof *outer; i++)
+        if (config_targets(c, outer[i], -1, false))
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "%s: target_modules selects %s; qlserve adapts only the attention "
+                           "and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                           "up_proj, down_proj)",
+                           c->path, outer[i]);
+    *n_targeted = 0;
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            module_plan *mp = &plan[(size_t)l * ENG_N_PROJ + (size_t)p];
+            char name[128];
+            module_name(name, sizeof name, l, (eng_proj)p);
+            mp->targeted = config_targets(c, name, l, true);
+            if (!mp->targeted)
+                continue;
+            (*n_targeted)++;
+            mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
+            mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
+        }
+    if (*n_targeted == 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "%s: target_modules selects no projection of this model (module names "
+                       "look like model.layers.0.self_attn.q_proj)",
+                       c->path);
+    return ENG_OK;
+}
+
+/* --- the tensors ----------------------------------------------------------------- */
+
+static bool skip_prefix(const char **s, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(*s, prefix, n) != 0)
+        return false;
+    *s += n;
+    return true;
+}
+
+/* Why a key we do not take is there, for the message. */
+static const char *key_hint(const char *key)
+{
+    if (strstr(key, "lora_magnitude_vector"))
+        return "a DoRA magnitude (use_dora) is not supported";
+    if (strstr(key, "lora_embedding_") || strstr(key, "embed_tokens"))
+        return "LoRA on the embeddings is not supported";
+    if (strstr(key, "lm_head"))
+        return "LoRA on lm_head is not supported";
+    if (strstr(key, ".bias"))
+        return "a trained bias is not supported";
+    if (strstr(key, "modules_to_save") || strstr(key, "base_layer"))
+        return "fully trained modules (modules_to_save) are not supported";
+    return "it is not the lora_A or lora_B weight of a decoder layer's projection";
+}
+
+/*
+ * Parse key into (layer, projection, is B). Returns false for a key of any
+ * other form. layer may be out of range (the caller says so).
+ */
+static bool parse_key(const char *key, int64_t *layer, eng_proj *proj, bool *is_b)
+{
+    const char *s = key;
+    skip_prefix(&s, "base_model.model.");
+    if (!skip_prefix(&s, "model.layers.") || !isdigit((unsigned char)*s))
+        return false;
+    char *end;
+    unsigned long long l = strtoull(s, &end, 10);
+    if (*end != '.' || l > INT32_MAX)
+        return false;
+    s = end + 1;
+    int p = 0;
+    for (; p < ENG_N_PROJ; p++) {
+        const char *t = s;
+        if (skip_prefix(&t, eng_proj_parent((eng_proj)p)) && skip_prefix(&t, ".") &&
+            skip_prefix(&t, eng_proj_name((eng_proj)p)) && skip_prefix(&t, ".")) {
+            s = t;
+            break;
+        }
+    }
+    if (p == ENG_N_PROJ)
+        return false;
+    if (skip_prefix(&s, "lora_A"))
+        *is_b = false;
+    else if (skip_prefix(&s, "lora_B"))
+        *is_b = true;
+    else
+        return false;
+    if (strcmp(s, ".weight") != 0 && strcmp(s, ".default.weight") != 0)
+        return false;
+    *layer = (int64_t)l;
+    *proj = (eng_proj)p;
+    return true;
+}
+
+static int qt_kind_of(st_dtype dt)
+{
+    return dt == ST_F32 ? QT_F32 : dt == ST_F16 ? QT_F16 : dt == ST_BF16 ? QT_BF16 : -1;
+}
+
+/* The first element that is NaN or Inf, or -1. */
+static int64_t first_nonfinite(const st_tensor *t)
+{
+    for (int64_t i = 0; i < t->numel; i++) {
+        if (t->dtype == ST_F32) {
+            uint32_t u;
+            memcpy(&u, t->data + i * 4, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u)
+                return i;
+        } else {
+            uint16_t h;
+            memcpy(&h, t->data + i * 2, 2);
+            uint16_t exp = t->dtype == ST_F16 ? 0x7c00u : 0x7f80u;
+            if ((h & exp) == exp)
+                return i;
+        }
+    }
+    return -1;
+}
+
+static float element(const st_tensor *t, int64_t i)
+{
+    if (t->dtype == ST_F32) {
+        float f;
+        memcpy(&f, t->data + i * 4, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, t->data + i * 2, 2);
+    return t->dtype == ST_F16 ? qt_f16_to_f32(h) : qt_bf16_to_f32(h);
+}
+
+/* Check one of a module's tensors: 2-D, [rows, cols], a float dtype we
+ * compute with, every value finite. */
+static int check_tensor(const char *path, const st_tensor *t, const char *module, int64_t rows,
+                        int64_t cols, const module_plan *mp, char *msg, size_t msg_len)
+{
+    if (qt_kind_of(t->dtype) < 0)
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: tensor '%s' is %s; LoRA weights must be F32, F16 or BF16", path,
+                       t->name, st_dtype_name(t->dtype));
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
+        char shape[96] = "[";
+        for (int i = 0; i < t->ndim; i++) {
+            size_t n = strlen(shape);
+            snprintf(shape + n, sizeof shape - n, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+        }
+        strncat(shape, "]", sizeof shape - strlen(shape) - 1);
+        char why[160] = "";
+        if (mp->rank_key)
+            snprintf(why, sizeof why, ", rank %d from rank_pattern \"%s\"", mp->rank, mp->rank_key);
+        else
+            snprintf(why, sizeof why, ", rank %d from r", mp->rank);
+        return qt_fail(msg, msg_len, ENG_EFORMAT,
+                       "%s: tensor '%s' is %s; module %s needs [%" PRId64 ", %" PRId64 "]%s", path,
+                       t->name, shape, module, rows, cols, why);
+    }
+    int64_t bad = first_nonfinite(t);
+    if (bad >= 0)
+        return qt_fail(msg, msg_len, QT_ENONFINITE,
+                       "%s: tensor '%s' holds %g at element %" PRId64 " (row %" PRId64
+                       ", column %" PRId64 "); every LoRA weight must be finite",
+                       path, t->name, (double)element(t, bad), bad, bad / cols, bad % cols);
+    return ENG_OK;
+}
+
+/* t as a dense qtensor: borrowed from the mapping when its address suits
+ * its element size, else copied. */
+static int wrap_tensor(const st_tensor *t, qtensor *out, size_t *copied, char *msg, size_t msg_len)
+{
+    qt_kind kind = (qt_kind)qt_kind_of(t->dtype);
+    if ((uintptr_t)t->data % st_dtype_size(t->dtype) != 0) {
+        char why[160];
+        if (qt_from_dense(out, kind, t->data, t->shape[0], t->shape[1], why, sizeof why) != QT_OK)
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': %s", t->name, why);
+        *copied += out->data_bytes;
+        return ENG_OK;
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->rows = t->shape[0];
+    out->cols = t->shape[1];
+    out->data = (uint8_t *)t->data;
+    out->data_bytes = t->nbytes;
+    out->data_borrowed = true;
+    return ENG_OK;
+}
+
+/*
+ * B with its rows in a llama GGUF's order. llama.cpp's convert_hf_to_gguf.py
+ * permutes q_proj with permute(w, n_head, n_head) and k_proj with
+ * permute(w, n_head, n_kv_head), which uses n_kv_head whenever it differs:
+ * w.reshape(heads, 2, rows / heads / 2, cols).swapaxes(1, 2).reshape(rows,
+ * cols). Row 2j + i of a head is the Hugging Face row i * half + j: the
+ * rotary pairs (j, j + half) become adjacent. W = B @ A, so permuting W's
+ * rows is permuting B's.
+ */
+static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t *copied, char *msg,
+                         size_t msg_len)
+{
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    int64_t head_rows = rows / heads, half = head_rows / 2;
+    size_t row_bytes = (size_t)cols * st_dtype_size(t->dtype);
+    memset(out, 0, sizeof *out);
+    out->data = malloc(t->nbytes ? t->nbytes : 1);
+    if (!out->data)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': out of memory", t->name);
+    out->kind = (qt_kind)qt_kind_of(t->dtype);
+    out->rows = rows;
+    out->cols = cols;
+    out->data_bytes = t->nbytes;
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t j = 0; j < half; j++)
+            for (int64_t i = 0; i < 2; i++)
+                memcpy(out->data + (size_t)(h * head_rows + 2 * j + i) * row_bytes,
+                       t->data + (size_t)(h * head_rows + i * half + j) * row_bytes, row_bytes);
+    *copied += t->nbytes;
+    return ENG_OK;
+}
+
+/* --- names ----------------------------------------------------------------------- */
+
+/* The last path component of s (trailing slashes ignored) into buf. */
+static void base_name(const char *s, char *buf, size_t len)
+{
+    size_t n = strlen(s);
+    while (n > 1 && s[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && s[b - 1] != '/')
+        b--;
+    snprintf(buf, len, "%.*s", (int)(n - b), s + b);
+}
+
+/* A model name reduced to what two spellings of it share: the base name's
+ * letters and digits, lower case, without a ".gguf" ending. So
+ * "HuggingFaceTB/SmolLM2-135M-Instruct" and a GGUF's "SmolLM2 135M
+ * Instruct" are the same model. */
+static void name_key(const char *s, char *buf, size_t len)
+{
+    char base[256];
+    base_name(s, base, sizeof base);
+    size_t n = strlen(base);
+    if (n > 5 && strcasecmp(base + n - 5, ".gguf") == 0)
+        base[n - 5] = 0;
+    size_t k = 0;
+    for (const char *p = base; *p && k + 1 < len; p++)
+        if (isalnum((unsigned char)*p))
+            buf[k++] = (char)tolower((unsigned char)*p);
+    buf[k] = 0;
+}
+
+/* --- loading ------------------------------------------------------------------------ */
+
+static bool file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Every key of the file is a targeted module's A or B; each is recorded in
+ * its module's plan. */
+static int map_keys(const adapter_config *c, const st_file *f, const eng_model *m,
+                    module_plan *plan, char *msg, size_t msg_len)
+{
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        const st_tensor *t = &f->tensors[i];
+        int64_t layer;
+        eng_proj p;
+        bool is_b;
+        if (!parse_key(t->name, &layer, &p, &is_b))
+            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: tensor '%s' is not supported: %s",
+                           f->path, t->name, key_hint(t->name));
+        if (layer >= m->cfg.n_layers)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "%s: tensor '%s' is for layer %" PRId64 "; the model has %d layers",
+                           f->path, t->name, layer, m->cfg.n_layers);
+        module_plan *mp = &plan[(size_t)layer * ENG_N_PROJ + p];
+        char name[128];
+        module_name(name, sizeof name, (int32_t)layer, p);
+        if (!mp->targeted)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "%s: tensor '%s' is for %s, which %s does not target (check "
+                           "target_modules, exclude_modules, layers_to_transform)",
+                           f->path, t->name, name, c->path);
+        const st_tensor **slot = is_b ? &mp->b : &mp->a;
+        if (*slot)
+            return qt_fail(msg, msg_len, ENG_EFORMAT,
+                           "%s: tensors '%s' and '%s' are both lora_%c of %s", f->path,
+                           (*slot)->name, t->name, is_b ? 'B' : 'A', name);
+        *slot = t;
+    }
+    return ENG_OK;
+}
+
+/* Check and wrap every targeted module into l->modules. */
+static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model *m,
+                         const module_plan *plan, size_t *copied, char *msg, size_t msg_len)
+{
+    eng_lora *l = &pl->lora;
+    const char *path = pl->file.path;
+    for (int32_t layer = 0; layer < m->cfg.n_layers; layer++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            size_t idx = (size_t)layer * ENG_N_PROJ + (size_t)p;
+            const module_plan *mp = &plan[idx];
+            if (!mp->targeted)
+                continue;
+            char name[128];
+            module_name(name, sizeof name, layer, (eng_proj)p);
+            if (!mp->a || !mp->b)
+                return qt_fail(msg, msg_len, ENG_ENOTFOUND,
+                               "%s: module %s has no lora_%c tensor, and %s targets it", path, name,
+                               mp->a ? 'B' : 'A', c->path);
+            const qtensor *w = eng_model_proj(m, layer, (eng_proj)p);
+            int rc = check_tensor(path, mp->a, name, mp->rank, w->cols, mp, msg, msg_len);
+            if (rc == ENG_OK)
+                rc = check_tensor(path, mp->b, name, w->rows, mp->rank, mp, msg, msg_len);
+            if (rc != ENG_OK)
+                return rc;
+            eng_lora_module *mod = &l->modules[idx];
+            rc = wrap_tensor(mp->a, &mod->a, copied, msg, msg_len);
+            if (rc != ENG_OK)
+                return rc;
+            bool permute = m->cfg.rope_interleaved && (p == ENG_PROJ_Q || p == ENG_PROJ_K);
+            int32_t heads = p == ENG_PROJ_Q ? m->cfg.n_heads : m->cfg.n_kv_heads;
+            rc = permute ? permuted_copy(mp->b, heads, &mod->b, copied, msg, msg_len)
+                         : wrap_tensor(mp->b, &mod->b, copied, msg, msg_len);
+            if (rc != ENG_OK)
+                return rc;
+            mod->scale = (float)(c->use_rslora ? mp->alpha / sqrt((double)mp->rank)
+                                               : mp->alpha / (double)mp->rank);
+        }
+    return ENG_OK;
+}
+
+static void fill_meta(lora_meta *meta, const adapter_config *c, const module_plan *plan,
+                      const eng_model *m, size_t n_modules)
+{
+    meta->r = c->r;
+    meta->alpha = (float)c->alpha;
+    meta->use_rslora = c->use_rslora;
+    snprintf(meta->base_model, sizeof meta->base_model, "%s", c->base_model ? c->base_model : "");
+    meta->n_modules = (int32_t)n_modules;
+    for (int p = 0; p < ENG_N_PROJ; p++) {
+        bool any = false;
+        for (int32_t l = 0; l < m->cfg.n_layers && !any; l++)
+            any = plan[(size_t)l * ENG_N_PROJ + (size_t)p].targeted;
+        if (!any)
+            continue;
+        size_t n = strlen(meta->targets);
+        snprintf(meta->targets + n, sizeof meta->targets - n, "%s%s", n ? "," : "",
+                 eng_proj_name((eng_proj)p));
+    }
+    snprintf(meta->warning, sizeof meta->warning, "%s", c->warning);
+}
+
+int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
+              const eng_model *m, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    if (meta)
+        memset(meta, 0, sizeof *meta);
+    char own_name[256];
+    if (!name) {
+        base_name(dir, own_name, sizeof own_name);
+        name = own_name;
+    }
+    if (!name[0] || strlen(name) >= sizeof((eng_lora *)0)->name)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "adapter name \"%s\" must be 1 to %zu bytes long",
+                       name, sizeof((eng_lora *)0)->name - 1);
+
+    char config_path[4096], weights_path[4096];
+    snprintf(config_path, sizeof config_path, "%s/adapter_config.json", dir);
+    snprintf(weights_path, sizeof weights_path, "%s/adapter_model.safetensors", dir);
+    if (!file_exists(config_path))
+        return qt_fail(msg, msg_len, ENG_ENOTFOUND,
+                       "%s: adapter_config.json is missing (not a PEFT adapter folder?)", dir);
+    cJSON *root;
+    int rc = eng_read_json(config_path, CONFIG_MAX_BYTES, &root, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    adapter_config c = {.path = config_path};
+    module_plan *plan = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ, sizeof *plan);
+    peft_lora *pl = calloc(1, sizeof *pl);
+    size_t n_modules = 0, copied = 0;
+    if (!plan || !pl) {
+        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    rc = parse_config(&c, root, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = plan_modules(&c, m, plan, &n_modules, msg, msg_len);
+    if (rc != ENG_OK)
+        goto done;
+
+    if (!file_exists(weights_path)) {
+        char bin[4096];
+        snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
+        rc = file_exists(bin)
+                 ? qt_fail(msg, msg_len, ENG_EINVAL,
+                           "%s: only adapter_model.bin (a pickle, which qlserve does not read) is "
+                           "there; save the adapter with safe_serialization=True",
+                           dir)
+                 : qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: adapter_model.safetensors is missing",
+                           dir);
+        goto done;
+    }
+    rc = st_open(&pl->file, weights_path, msg, msg_len);
+    if (rc != ENG_OK)
+        goto done;
+    eng_lora *l = &pl->lora;
+    memcpy(l->name, name, strlen(name) + 1); /* its length was checked */
+    l->n_layers = m->cfg.n_layers;
+    l->refs = 1;
+    l->destroy = peft_destroy;
+    l->modules = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ, sizeof *l->modules);
+    if (!l->modules) {
+        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    rc = map_keys(&c, &pl->file, m, plan, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = build_modules(&c, pl, m, plan, &copied, msg, msg_len);
+    if (rc != ENG_OK)
+        goto done;
+    /* the whole mapping stays while the adapter lives, plus what was copied */
+    l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules;
+
+    if (c.base_model && m->name[0]) {
+        char want[256], have[256];
+        name_key(c.base_model, want, sizeof want);
+        name_key(m->name, have, sizeof have);
+        if (want[0] && strcmp(want, have) != 0) {
+            char w[600];
+            snprintf(w, sizeof w, "the adapter was trained on %s; the model loaded is %s",
+                     c.base_model, m->name);
+            add_warning(&c, w);
+        }
+    }
+    if (meta)
+        fill_meta(meta, &c, plan, m, n_modules);
+    *out = l;
+    pl = NULL;
+
+done:
+    if (pl)
+        peft_destroy(&pl->lora);
+    free(plan);
+    config_free(&c);
+    cJSON_Delete(root);
+    return rc;
+}
