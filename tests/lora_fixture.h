@@ -10,7 +10,7 @@
  *
  *   lora_fix_spec s = lora_fix_default();      r 8, alpha 16, F32, all seven
  *   s.use_rslora = true; ...                   projections of every layer
- *   lora_fix_write(dir, &model.cfg, &s);
+ *   lora_fix_write(folder, &model.cfg, &s);
  *   float v = lora_fix_value(&s, layer, ENG_PROJ_Q, true, i);  B's element i
  *
  * Every value is a function of (seed, layer, projection, A or B, index), so
@@ -167,11 +167,11 @@ static inline void lora_fix_add(st_writer *w, const lora_fix_spec *s, const char
     free(buf);
 }
 
-/* Write the adapter folder dir (created when missing) for a model of
+/* Write the adapter folder folder (created when missing) for a model of
  * config c. */
-static inline void lora_fix_write(const char *dir, const eng_config *c, const lora_fix_spec *s)
+static inline void lora_fix_write(const char *folder, const eng_config *c, const lora_fix_spec *s)
 {
-    mkdir(dir, 0700);
+    mkdir(folder, 0700);
     uint32_t projs = s->projs ? s->projs : (1u << ENG_N_PROJ) - 1;
     char targets[256] = "[";
     for (int p = 0; p < ENG_N_PROJ; p++)
@@ -202,7 +202,7 @@ static inline void lora_fix_write(const char *dir, const eng_config *c, const lo
              s->rank_pattern ? s->rank_pattern : "{}",
              s->target_modules ? s->target_modules : targets, s->use_rslora ? "true" : "false");
     char path[1024];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    snprintf(path, sizeof path, "%s/adapter_config.json", folder);
     tiny_write_json(path, cfg);
     free(cfg);
 
@@ -231,7 +231,7 @@ static inline void lora_fix_write(const char *dir, const eng_config *c, const lo
                                    msg, sizeof msg),
                      0, "%s", msg);
     }
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", folder);
     char msg[512];
     cr_assert_eq(st_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     st_writer_free(w);

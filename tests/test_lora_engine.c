@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "lora.h"
+#include "lora_fixture.h"
 #include "ref_forward.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -658,4 +659,286 @@ Test(lora_engine, requests_with_adapters_get_the_forward_pass_tokens)
     eng_lora_unref(one);
     eng_lora_unref(two);
     rig_close(&g);
+}
+
+/* --- 4. the registry: PEFT folders, merge reports, restore, budget ------------- */
+
+typedef struct reg_rig {
+    rig g;
+    eng_engine *e;
+    lora_registry *reg;
+} reg_rig;
+
+static void reg_open(reg_rig *r, const kind_case *kc, size_t budget)
+{
+    rig_open(&r->g, kc);
+    char msg[512];
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2};
+    cr_assert_eq(eng_engine_start(&r->e, &r->g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    lora_registry_opts ro = {.budget_bytes = budget, .threads = 2};
+    cr_assert_eq(lora_registry_new(&r->reg, r->e, &r->g.m, &ro, msg, sizeof msg), 0, "%s", msg);
+}
+
+static void reg_close(reg_rig *r)
+{
+    eng_engine_stop(r->e);
+    lora_registry_free(r->reg);
+    rig_close(&r->g);
+}
+
+/* Write adapter `name` (a PEFT folder) under dir and return its path. */
+static const char *write_folder(const eng_model *m, const char *name, uint64_t seed, float std)
+{
+    static char paths[8][700];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, 700, "%s/%s", dir, name);
+    lora_fix_spec s = lora_fix_default();
+    s.seed = seed;
+    s.std = std;
+    lora_fix_write(p, &m->cfg, &s);
+    return p;
+}
+
+static const lora_merge_opts own_kind = {.safe_merge = true, .into = QT_KIND_COUNT};
+
+Test(lora_engine, merge_report_matches_costs_recomputed_in_float64)
+{
+    kind_case kc = {.label = "nf4 registry", .quant = "nf4"};
+    reg_rig r;
+    reg_open(&r, &kc, 0);
+    char msg[512];
+    const char *a = write_folder(&r.g.m, "a", 5, 0.05f);
+    lora_meta meta;
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, &meta, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(meta.n_modules, r.g.m.cfg.n_layers * ENG_N_PROJ);
+    lora_report rep;
+    cr_assert_eq(lora_registry_merge(r.reg, "a", 0.8f, &own_kind, &rep, msg, sizeof msg), 0, "%s",
+                 msg);
+    cr_assert_eq(rep.n_modules, (size_t)(r.g.m.cfg.n_layers * ENG_N_PROJ));
+    eng_weights *v = eng_engine_weights(r.e);
+    cr_assert_eq(v->version, rep.version);
+    cr_assert_eq(eng_weights_digest(&r.g.m, v), rep.digest);
+    eng_lora *lora;
+    cr_assert_eq(lora_registry_get(r.reg, "a", &lora, msg, sizeof msg), 0);
+    double dot = 0, dsq = 0, esq = 0;
+    for (size_t i = 0; i < rep.n_modules; i++) {
+        const struct lora_module_cost *mc = &rep.modules[i];
+        const qtensor *w = eng_model_proj(&r.g.m, mc->layer, mc->proj);
+        const qtensor *q = eng_weights_proj(v, mc->layer, mc->proj);
+        const eng_lora_module *mod = eng_lora_module_at(lora, mc->layer, mc->proj);
+        cr_assert(q != w && q->kind == QT_NF4 && q->blocksize == w->blocksize);
+        int64_t R = w->rows, C = w->cols, K = mod->a.rows;
+        float *W = malloc((size_t)(R * C) * sizeof *W), *Q = malloc((size_t)(R * C) * sizeof *Q);
+        float *A = malloc((size_t)(K * C) * sizeof *A), *B = malloc((size_t)(R * K) * sizeof *B);
+        qt_dequantize_rows(w, 0, R, W);
+        qt_dequantize_rows(q, 0, R, Q);
+        qt_dequantize_rows(&mod->a, 0, K, A);
+        qt_dequantize_rows(&mod->b, 0, R, B);
+        double s = 0.8 * (double)mod->scale, m_dot = 0, m_dsq = 0, m_esq = 0;
+        for (int64_t row = 0; row < R; row++) {
+            for (int64_t c = 0; c < C; c++) {
+                double d = 0;
+                for (int64_t k = 0; k < K; k++)
+                    d += (double)B[row * K + k] * A[k * C + c];
+                d *= s;
+                double qd = (double)Q[row * C + c], wd = (double)W[row * C + c];
+                m_dot += (qd - wd) * d;
+                m_dsq += d * d;
+                m_esq += (qd - wd - d) * (qd - wd - d);
+            }
+        }
+        /* the merge rounds each delta to f32 before adding it: 1e-6 covers that */
+        cr_assert(fabs(mc->cost.dot - m_dot) <= 1e-6 * m_dsq, "module %zu dot", i);
+        cr_assert(fabs(mc->cost.delta_sq - m_dsq) <= 1e-6 * m_dsq, "module %zu delta_sq", i);
+        cr_assert(fabs(mc->cost.err_sq - m_esq) <= 1e-6 * m_esq, "module %zu err_sq", i);
+        cr_assert(fabs(mc->cost.delta_retained - m_dot / m_dsq) <= 1e-6);
+        cr_assert(fabs(mc->cost.relative_error - sqrt(m_esq / m_dsq)) <= 1e-6);
+        dot += m_dot;
+        dsq += m_dsq;
+        esq += m_esq;
+        free(W);
+        free(Q);
+        free(A);
+        free(B);
+    }
+    cr_assert(fabs(rep.overall.delta_retained - dot / dsq) <= 1e-6, "overall retained %.9g vs %.9g",
+              rep.overall.delta_retained, dot / dsq);
+    cr_assert(fabs(rep.overall.relative_error - sqrt(esq / dsq)) <= 1e-6);
+    cr_log_info("tiny nf4, adapter std 0.05: delta_retained %.4f, relative_error %.4f",
+                rep.overall.delta_retained, rep.overall.relative_error);
+    // the listing carries it
+    lora_info *list;
+    size_t n;
+    cr_assert_eq(lora_registry_list(r.reg, &list, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert(list[0].merged && list[0].merged_scale == 0.8f);
+    cr_assert_eq(list[0].last_merge.delta_retained, rep.overall.delta_retained);
+    free(list);
+    eng_lora_unref(lora);
+    eng_weights_unref(v);
+    lora_report_free(&rep);
+    reg_close(&r);
+}
+
+static void restore_after_cycles(const kind_case *kc)
+{
+    reg_rig r;
+    reg_open(&r, kc, 0);
+    char msg[512];
+    cr_assert_eq(
+        lora_registry_load(r.reg, "a", write_folder(&r.g.m, "a", 5, 0.05f), NULL, msg, sizeof msg),
+        0, "%s", msg);
+    cr_assert_eq(
+        lora_registry_load(r.reg, "b", write_folder(&r.g.m, "b", 6, 0.05f), NULL, msg, sizeof msg),
+        0, "%s", msg);
+    lora_state st;
+    lora_registry_state(r.reg, &st);
+    uint64_t pristine = st.digest;
+    cr_assert_eq(pristine, eng_weights_digest(&r.g.m, NULL));
+    for (int cycle = 0; cycle < 100; cycle++) {
+        float scale = 0.25f + 0.01f * (float)cycle;
+        cr_assert_eq(lora_registry_merge(r.reg, "a", scale, &own_kind, NULL, msg, sizeof msg), 0,
+                     "%s", msg);
+        if (cycle % 3 == 0) /* a second adapter on top, and a changed scale */
+            cr_assert_eq(lora_registry_merge(r.reg, "b", 0.5f, &own_kind, NULL, msg, sizeof msg), 0,
+                         "%s", msg);
+        if (cycle % 5 == 0)
+            cr_assert_eq(
+                lora_registry_merge(r.reg, "a", 2 * scale, &own_kind, NULL, msg, sizeof msg), 0,
+                "%s", msg);
+        lora_registry_state(r.reg, &st);
+        cr_assert_neq(st.digest, pristine, "cycle %d: merged weights hash like pristine", cycle);
+        cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), 0, "%s", msg);
+        if (cycle % 3 == 0)
+            cr_assert_eq(lora_registry_unmerge(r.reg, "b", NULL, msg, sizeof msg), 0, "%s", msg);
+    }
+    lora_registry_state(r.reg, &st);
+    cr_assert_eq(st.n_merged, 0);
+    cr_assert_eq(st.digest, pristine, "%s: 100 cycles in, the digest differs from pristine",
+                 kc->label);
+    eng_weights *v = eng_engine_weights(r.e);
+    for (int32_t l = 0; l < r.g.m.cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            cr_assert_eq(
+                eng_weights_proj(v, l, (eng_proj)p), eng_model_proj(&r.g.m, l, (eng_proj)p),
+                "layer %d %s serves a copy after the last unmerge", l, eng_proj_name((eng_proj)p));
+    eng_weights_unref(v);
+    cr_assert(eng_engine_wait_versions(r.e, 10.0));
+    reg_close(&r);
+}
+
+Test(lora_engine, unmerge_restores_nf4_weights_bit_for_bit_after_100_cycles)
+{
+    kind_case kc = {.label = "nf4-dq", .quant = "nf4-dq"};
+    restore_after_cycles(&kc);
+}
+
+Test(lora_engine, unmerge_restores_gguf_q4_1_weights_bit_for_bit_after_100_cycles)
+{
+    kind_case kc = {.label = "q4_1", .gguf = true, .gguf_kind = QT_Q4_1};
+    restore_after_cycles(&kc);
+}
+
+Test(lora_engine, unload_while_merged_conflicts_and_unknown_names_are_not_found)
+{
+    kind_case kc = {.label = "int8 registry", .quant = "int8"};
+    reg_rig r;
+    reg_open(&r, &kc, 0);
+    char msg[512];
+    const char *a = write_folder(&r.g.m, "a", 5, 0.05f);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, NULL, msg, sizeof msg), ENG_ECONFLICT);
+    cr_assert(strstr(msg, "already loaded"), "%s", msg);
+    eng_lora *l = NULL;
+    cr_assert_eq(lora_registry_get(r.reg, "nope", &l, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert(strstr(msg, "nope"), "%s", msg);
+    cr_assert_eq(lora_registry_merge(r.reg, "nope", 1.0f, &own_kind, NULL, msg, sizeof msg),
+                 ENG_ENOTFOUND);
+    cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), ENG_ECONFLICT);
+    cr_assert(strstr(msg, "not merged"), "%s", msg);
+    cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), ENG_ECONFLICT);
+    cr_assert(strstr(msg, "unmerge it first"), "%s", msg);
+    cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), ENG_ENOTFOUND);
+    lora_state st;
+    lora_registry_state(r.reg, &st);
+    cr_assert_eq(st.n_loaded, 0);
+    cr_assert_eq(st.merges, 1);
+    cr_assert_eq(st.unmerges, 1);
+    reg_close(&r);
+}
+
+Test(lora_engine, safe_merge_refuses_an_infinite_result_and_changes_nothing)
+{
+    kind_case kc = {.label = "q8_0 registry", .gguf = true, .gguf_kind = QT_Q8_0};
+    reg_rig r;
+    reg_open(&r, &kc, 0);
+    char msg[512];
+    /* finite factors whose product overflows f32: 1e19 * 1e19 * 8 * 2 */
+    cr_assert_eq(lora_registry_load(r.reg, "huge", write_folder(&r.g.m, "huge", 5, 1e19f), NULL,
+                                    msg, sizeof msg),
+                 0, "%s", msg);
+    cr_assert_eq(
+        lora_registry_load(r.reg, "a", write_folder(&r.g.m, "a", 6, 0.05f), NULL, msg, sizeof msg),
+        0, "%s", msg);
+    cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
+    lora_state before, after;
+    lora_registry_state(r.reg, &before);
+    int rc = lora_registry_merge(r.reg, "huge", 1.0f, &own_kind, NULL, msg, sizeof msg);
+    cr_assert_eq(rc, QT_ENONFINITE, "%d: %s", rc, msg);
+    cr_assert(strstr(msg, "huge") && strstr(msg, "model.layers.") && strstr(msg, "row"), "%s", msg);
+    lora_registry_state(r.reg, &after);
+    cr_assert_eq(after.version, before.version, "a refused merge published a version");
+    cr_assert_eq(after.digest, before.digest);
+    cr_assert_eq(after.n_merged, 1);
+    cr_assert_str_eq(after.merged[0].name, "a");
+    reg_close(&r);
+}
+
+Test(lora_engine, budget_evicts_the_least_recently_used_idle_adapter)
+{
+    kind_case kc = {.label = "bf16 registry"};
+    char msg[512];
+    /* the size of one adapter, to set the budget at two and a half */
+    rig probe;
+    rig_open(&probe, &kc);
+    const char *pa = write_folder(&probe.m, "probe", 1, 0.05f);
+    eng_lora *l;
+    cr_assert_eq(lora_load(&l, NULL, pa, "probe", &probe.m, msg, sizeof msg), 0, "%s", msg);
+    size_t one = l->bytes;
+    eng_lora_unref(l);
+    rig_close(&probe);
+
+    reg_rig r;
+    reg_open(&r, &kc, one * 5 / 2);
+    const char *folders[4];
+    const char *names[4] = {"a", "b", "c", "d"};
+    for (int i = 0; i < 4; i++)
+        folders[i] = write_folder(&r.g.m, names[i], 10 + (uint64_t)i, 0.05f);
+    cr_assert_eq(lora_registry_load(r.reg, "a", folders[0], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "b", folders[1], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_get(r.reg, "a", &l, msg, sizeof msg), 0); /* a used after b */
+    eng_lora_unref(l);
+    cr_assert_eq(lora_registry_load(r.reg, "c", folders[2], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_get(r.reg, "b", &l, msg, sizeof msg), ENG_ENOTFOUND,
+                 "b, the least recently used, was evicted");
+    // a merged and c in use: nothing can go, so d is refused and nothing changes
+    cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
+    eng_lora *held;
+    cr_assert_eq(lora_registry_get(r.reg, "c", &held, msg, sizeof msg), 0);
+    cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], NULL, msg, sizeof msg), ENG_ENOMEM);
+    cr_assert(strstr(msg, "budget"), "%s", msg);
+    lora_state st;
+    lora_registry_state(r.reg, &st);
+    cr_assert_eq(st.n_loaded, 2);
+    // once c is idle, d evicts it
+    eng_lora_unref(held);
+    cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_get(r.reg, "c", &l, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_eq(lora_registry_get(r.reg, "a", &l, msg, sizeof msg), 0, "a is merged: kept");
+    eng_lora_unref(l);
+    reg_close(&r);
 }
