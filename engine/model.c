@@ -115,10 +115,14 @@ static int32_t json_token_id(const cJSON *j, const char *key)
     return -1;
 }
 
+/* rope_scaling (transformers 4), or rope_parameters (transformers 5, which
+ * moved rope_theta and the scaling's rope_type and factors into it). */
 static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, char *msg,
                               size_t msg_len)
 {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs))
+        rs = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     c->rope_scaling = ENG_ROPE_NONE;
     c->rope_factor = 1.0f;
     if (!rs || cJSON_IsNull(rs))
@@ -189,7 +193,12 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
     INT_FIELD("max_position_embeddings", 2048, false, 1, 1 << 24, &c->max_position_embeddings);
     INT_FIELD("sliding_window", 0, false, 0, 1 << 24, &c->sliding_window);
 #undef INT_FIELD
-    if (rc == ENG_OK)
+    const cJSON *rope_params = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (rc == ENG_OK && cJSON_IsObject(rope_params) &&
+        !cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
+        rc = json_float_field(path, rope_params, "rope_theta", 10000.0, &c->rope_theta, msg,
+                              msg_len);
+    else if (rc == ENG_OK)
         rc = json_float_field(path, j, "rope_theta", 10000.0, &c->rope_theta, msg, msg_len);
     if (rc == ENG_OK)
         rc = json_float_field(path, j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, msg, msg_len);

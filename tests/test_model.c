@@ -287,6 +287,27 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
     cr_assert_eq(m.cfg.rope_original_max_position, 8192);
     eng_model_free(&m);
 
+    /* transformers 5 writes rope_theta and the scaling in rope_parameters */
+    snprintf(text, sizeof text,
+             "%s\"intermediate_size\": 96, \"rope_parameters\": {\"rope_theta\": 500000.0, "
+             "\"rope_type\": \"linear\", \"factor\": 2.0}}",
+             base);
+    tiny_write_json(cfg, text);
+    load_ok(&m, dir, NULL, NULL, false);
+    cr_assert_eq(m.cfg.rope_theta, 500000.0f);
+    cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_LINEAR);
+    cr_assert_eq(m.cfg.rope_factor, 2.0f);
+    eng_model_free(&m);
+    snprintf(text, sizeof text,
+             "%s\"intermediate_size\": 96, \"rope_parameters\": {\"rope_theta\": 1000.0, "
+             "\"rope_type\": \"default\"}}",
+             base);
+    tiny_write_json(cfg, text);
+    load_ok(&m, dir, NULL, NULL, false);
+    cr_assert_eq(m.cfg.rope_theta, 1000.0f);
+    cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_NONE);
+    eng_model_free(&m);
+
     /* a norm stored as integers */
     snprintf(text, sizeof text, "%s\"intermediate_size\": 96}", base);
     tiny_write_json(cfg, text);
