@@ -209,8 +209,9 @@ void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, con
 {
     float s = scale * mod->scale;
     int64_t rank = mod->a.rows, out = mod->b.rows;
-    // down: t = (x @ A^T) * s
-    matmul(pool, &mod->a, x, batch, t);
+    // down: t = (x @ A^T) * s, on this thread: A has only `rank` rows, fewer
+    // than one pool chunk, so handing it to the pool would only add a wake-up
+    qt_matmul(&mod->a, x, batch, t, 0, rank);
     for (int64_t i = 0; i < batch * rank; i++)
         t[i] *= s;
     // up: y += t @ B^T

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include "engine.h"
+#include "lora_fixture.h"
 #include "qt_math.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -358,6 +359,69 @@ Test(cli, generate_prints_a_completion_and_its_speed)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, "generate --model '%s' --threads 1 %s", model, bad[i].flags);
+        int rc = run(args, &out);
+        cr_assert_eq(rc, bad[i].code, "%s: exit %d: %s", bad[i].flags, rc, out);
+        cr_assert(strstr(out, bad[i].expect), "%s: '%s' lacks '%s'", bad[i].flags, out,
+                  bad[i].expect);
+        free(out);
+    }
+}
+
+Test(cli, generate_with_an_adapter_unmerged_and_merged)
+{
+    char model[600], adapter[600], args[2400];
+    snprintf(model, sizeof model, "%s/tiny", dir);
+    snprintf(adapter, sizeof adapter, "%s/adapter", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(model, &s);
+    eng_config cfg = lora_fix_config(&s);
+    lora_fix_spec ls = lora_fix_default();
+    ls.std = 0.2f;
+    lora_fix_write(adapter, &cfg, &ls);
+    char *base, *unmerged, *merged, *out;
+    snprintf(args, sizeof args,
+             "generate --model '%s' --quant nf4 --prompt 'the theme' --max-new-tokens 8 "
+             "--threads 2",
+             model);
+    cr_assert_eq(run(args, &base), 0, "%s", base);
+    snprintf(args, sizeof args,
+             "generate --model '%s' --quant nf4 --prompt 'the theme' --max-new-tokens 8 "
+             "--threads 2 --adapter '%s'",
+             model, adapter);
+    cr_assert_eq(run(args, &unmerged), 0, "%s", unmerged);
+    cr_assert(strstr(unmerged, "rank 8, alpha 16, 14 modules"), "%s", unmerged);
+    cr_assert(!strstr(unmerged, "merge:"), "%s", unmerged);
+    snprintf(args, sizeof args,
+             "generate --model '%s' --quant nf4 --prompt 'the theme' --max-new-tokens 8 "
+             "--threads 2 --adapter '%s' --adapter-scale 0.5 --merge --into int8",
+             model, adapter);
+    cr_assert_eq(run(args, &merged), 0, "%s", merged);
+    cr_assert(strstr(merged, "merge: layer 1 down_proj affine"), "%s", merged);
+    cr_assert(strstr(merged, "into 14 modules (affine): delta_retained"), "%s", merged);
+    /* the completion: base's first line, the line after the adapter's
+     * description otherwise; the adapter changes it */
+    const char *completion = strchr(unmerged, '\n');
+    cr_assert(completion);
+    cr_assert(strncmp(base, completion + 1, strcspn(base, "\n") + 1) != 0,
+              "the adapter left the completion as it was: %s / %s", base, unmerged);
+    free(base);
+    free(unmerged);
+    free(merged);
+    /* refusals: a missing folder, --merge without --adapter, --into without --merge */
+    struct {
+        const char *flags;
+        int code;
+        const char *expect;
+    } bad[] = {
+        {"--adapter /nonexistent/adapter", 1, "/nonexistent/adapter"},
+        {"--merge", 2, "need --adapter"},
+        {"--adapter x --into int8", 2, "--into applies to --merge"},
+        {"--adapter x --merge --into q4_0", 2, "--into q4_0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "generate --model '%s' --prompt x --threads 1 %s", model,
+                 bad[i].flags);
         int rc = run(args, &out);
         cr_assert_eq(rc, bad[i].code, "%s: exit %d: %s", bad[i].flags, rc, out);
         cr_assert(strstr(out, bad[i].expect), "%s: '%s' lacks '%s'", bad[i].flags, out,
