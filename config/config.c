@@ -6,6 +6,8 @@
  */
 #include "config.h"
 
+#include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -13,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_STRING, OPT_INT, OPT_BOOL, OPT_FLOAT, OPT_U64 } opt_type;
+typedef enum { OPT_STRING, OPT_INT, OPT_BOOL, OPT_FLOAT, OPT_U64, OPT_I64 } opt_type;
 
 typedef struct opt {
     const char *name; /* without the leading -- */
@@ -34,39 +36,63 @@ static int usage_error(char *msg, size_t msg_len, const char *fmt, ...)
     return CFG_EUSAGE;
 }
 
-static int set_value(const opt *o, const char *value, char *msg, size_t msg_len)
+/* Store value (a string from argv or the environment) into o->dest. where
+ * says where the value came from and ends with what separates it from the
+ * value ("--port " or "QLSERVE_PORT="), so a message reads "--port x: ...".
+ * Strings are borrowed: value must outlive the destination. */
+static int set_value(const opt *o, const char *where, const char *value, char *msg, size_t msg_len)
 {
     if (o->type == OPT_STRING) {
         *(const char **)o->dest = value;
         return CFG_OK;
+    }
+    if (o->type == OPT_BOOL) {
+        /* only the environment gives a boolean a value; a flag is just there */
+        static const char *const yes[] = {"1", "true", "yes", "on"};
+        static const char *const no[] = {"0", "false", "no", "off"};
+        for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
+            if (strcmp(value, yes[i]) == 0 || strcmp(value, no[i]) == 0) {
+                *(bool *)o->dest = strcmp(value, yes[i]) == 0;
+                return CFG_OK;
+            }
+        }
+        return usage_error(msg, msg_len, "%s%s: not a boolean (true or false, 1 or 0)", where,
+                           value);
     }
     char *end;
     errno = 0;
     if (o->type == OPT_FLOAT) {
         double d = strtod(value, &end);
         if (errno || end == value || *end || !isfinite(d))
-            return usage_error(msg, msg_len, "--%s %s: not a number", o->name, value);
+            return usage_error(msg, msg_len, "%s%s: not a number", where, value);
         *(float *)o->dest = (float)d;
         return CFG_OK;
     }
     if (o->type == OPT_U64) {
         unsigned long long u = strtoull(value, &end, 10);
         if (errno || end == value || *end || value[0] == '-')
-            return usage_error(msg, msg_len, "--%s %s: not a non-negative integer", o->name, value);
+            return usage_error(msg, msg_len, "%s%s: not a non-negative integer", where, value);
         *(uint64_t *)o->dest = (uint64_t)u;
         return CFG_OK;
     }
-    long v = strtol(value, &end, 10);
+    long long v = strtoll(value, &end, 10);
+    if (o->type == OPT_I64) {
+        if (errno || end == value || *end)
+            return usage_error(msg, msg_len, "%s%s: not an integer", where, value);
+        *(int64_t *)o->dest = (int64_t)v;
+        return CFG_OK;
+    }
     if (errno || end == value || *end || v < INT32_MIN || v > INT32_MAX)
-        return usage_error(msg, msg_len, "--%s %s: not an integer", o->name, value);
+        return usage_error(msg, msg_len, "%s%s: not an integer", where, value);
     *(int32_t *)o->dest = (int32_t)v;
     return CFG_OK;
 }
 
 /* Parse argv[1..argc) against opts; positional arguments go to *positional
- * (at most one allowed when positional is not NULL). */
+ * (at most one allowed when positional is not NULL). When seen is not NULL,
+ * seen[k] is set for each opts[k] the command line gives. */
 static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const char **positional,
-                 char *msg, size_t msg_len)
+                 bool *seen, char *msg, size_t msg_len)
 {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -86,6 +112,8 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
                 o = &opts[k];
         if (!o)
             return usage_error(msg, msg_len, "%s: unknown flag '%s'", argv[0], arg);
+        if (seen)
+            seen[o - opts] = true;
         if (o->type == OPT_BOOL) {
             if (eq)
                 return usage_error(msg, msg_len, "--%s takes no value", o->name);
@@ -95,7 +123,9 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
         const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!value)
             return usage_error(msg, msg_len, "--%s needs a value", o->name);
-        int rc = set_value(o, value, msg, msg_len);
+        char where[96];
+        snprintf(where, sizeof where, "--%s ", o->name);
+        int rc = set_value(o, where, value, msg, msg_len);
         if (rc != CFG_OK)
             return rc;
     }
@@ -117,7 +147,7 @@ int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size
     memset(out, 0, sizeof *out);
     out->blocksize = 64;
     const opt opts[] = QUANTIZE_OPTS(out);
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, msg, msg_len);
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
     if (rc != CFG_OK)
         return rc;
     if (!out->in_path || !out->out_path || !out->kind)
@@ -140,7 +170,7 @@ int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t
 {
     memset(out, 0, sizeof *out);
     const opt opts[] = {MODEL_OPTS(&out->model)};
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->path, msg, msg_len);
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->path, NULL, msg, msg_len);
     if (rc != CFG_OK)
         return rc;
     if (!out->path)
@@ -156,7 +186,7 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
         {"model", OPT_STRING, &out->model.path, "PATH: a Hugging Face folder or a .gguf file"},
         {"add-bos", OPT_BOOL, &out->add_bos, "prepend BOS when the model's metadata asks"},
         MODEL_OPTS(&out->model)};
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->text, msg, msg_len);
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->text, NULL, msg, msg_len);
     if (rc != CFG_OK)
         return rc;
     if (!out->model.path || !out->text)
@@ -192,7 +222,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     out->repetition_penalty = 1.0f;
     out->adapter_scale = 1.0f;
     const opt opts[] = {GENERATE_OPTS(out)};
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, msg, msg_len);
+    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
     if (rc != CFG_OK)
         return rc;
     if (!out->model.path || !out->prompt)
@@ -207,6 +237,617 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
         return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
     return CFG_OK;
+}
+
+/*
+ * qlserve serve. Its settings come in four layers, later winning: defaults,
+ * the JSON config file, flags, the environment (QLSERVE_<FLAG>). Flags are
+ * parsed first into a layer of their own (they name the config file, and
+ * --help must work whatever the file holds), then the file is applied to the
+ * result, then the flags the command line gave, then the environment; every
+ * value remembers which layer set it, so a check at the end can name the
+ * flag, file key or variable that holds the bad value.
+ */
+
+typedef enum { SRC_DEFAULT, SRC_FILE, SRC_FLAG, SRC_ENV } value_source;
+
+/* The settings one layer can give: cfg_serve plus the token file, which is
+ * read only once the layers have decided which file it is. */
+typedef struct serve_layer {
+    cfg_serve s;
+    const char *token_file;
+} serve_layer;
+
+#define SERVE_OPTS(l)                                                                              \
+    {"model", OPT_STRING, &(l)->s.model.path, "PATH: a Hugging Face folder or a .gguf file"},      \
+        MODEL_OPTS(&(l)->s.model),                                                                 \
+        {"host", OPT_STRING, &(l)->s.host, "ADDR: the address to listen on"},                      \
+        {"port", OPT_INT, &(l)->s.port, "N: the TCP port (0: pick a free one)"},                   \
+        {"adapter-dir", OPT_STRING, &(l)->s.adapter_dir,                                           \
+         "DIR: the only folder adapters load from (unset: no adapter loading)"},                   \
+        {"admin-token-file", OPT_STRING, &(l)->token_file,                                         \
+         "FILE: its first line is the admin bearer token (unset: admin only on loopback)"},        \
+        {"config", OPT_STRING, &(l)->s.config_path, "FILE: the JSON config file"},                 \
+        {"served-model-name", OPT_STRING, &(l)->s.served_model_name,                               \
+         "NAME: the model's id in /v1/models and /info (unset: from the model)"},                  \
+        {"threads", OPT_INT, &(l)->s.threads, "N: kernel threads (0: all cores)"},                 \
+        {"kv-mib", OPT_INT, &(l)->s.kv_mib, "N: KV cache size in MiB"},                            \
+        {"max-running", OPT_INT, &(l)->s.max_running, "N: sequences decoding together"},           \
+        {"max-queued", OPT_INT, &(l)->s.max_queued,                                                \
+         "N: requests waiting for a slot; more get 503"},                                          \
+        {"max-new-tokens", OPT_INT, &(l)->s.max_new_tokens,                                        \
+         "N: the largest max_new_tokens a request may ask for"},                                   \
+        {"max-context", OPT_INT, &(l)->s.max_context,                                              \
+         "N: prompt plus new tokens (0: the model's context length)"},                             \
+        {"max-connections", OPT_INT, &(l)->s.max_connections, "N: connections open at once"},      \
+        {"max-body-bytes", OPT_I64, &(l)->s.max_body_bytes,                                        \
+         "N: the largest request body; larger gets 413"},                                          \
+        {"max-header-bytes", OPT_INT, &(l)->s.max_header_bytes,                                    \
+         "N: the largest request line plus headers"},                                              \
+        {"request-timeout-ms", OPT_INT, &(l)->s.request_timeout_ms,                                \
+         "MS: time to receive a whole request; slower gets 408"},                                  \
+        {"keepalive-timeout-ms", OPT_INT, &(l)->s.keepalive_timeout_ms,                            \
+         "MS: how long an idle keep-alive connection stays open"},                                 \
+        {"grace-ms", OPT_INT, &(l)->s.grace_ms,                                                    \
+         "MS: after SIGTERM, time for running requests to finish (0: cancel them)"},               \
+        {"adapter-budget-mib", OPT_I64, &(l)->s.adapter_budget_mib,                                \
+         "N: memory for loaded adapters, least recently used evicted (0: no limit)"},              \
+    {                                                                                              \
+        "merge-threads", OPT_INT, &(l)->s.merge_threads, "N: threads merging an adapter"           \
+    }
+
+static void serve_defaults(serve_layer *l)
+{
+    memset(l, 0, sizeof *l);
+    l->s.host = "127.0.0.1";
+    l->s.port = 8080;
+    l->s.kv_mib = 256;
+    l->s.max_running = 64;
+    l->s.max_queued = 256;
+    l->s.max_new_tokens = 4096;
+    l->s.max_connections = 256;
+    l->s.max_body_bytes = 1 << 20;
+    l->s.max_header_bytes = 16 << 10;
+    l->s.request_timeout_ms = 30000;
+    l->s.keepalive_timeout_ms = 60000;
+    l->s.grace_ms = 30000;
+    l->s.merge_threads = 1;
+}
+
+/* The range each number must fall in. The upper bounds are not hardware
+ * limits; they catch a slip of unit (bytes given where MiB are meant) or a
+ * stray digit before it becomes a huge allocation or an overflow. */
+typedef struct serve_range {
+    const char *name;
+    int64_t min, max;
+} serve_range;
+
+static const serve_range serve_ranges[] = {
+    {"port", 0, 65535},
+    {"blocksize", 0, 1 << 20},
+    {"group-size", 0, 1 << 20},
+    {"threads", 0, 4096},
+    {"kv-mib", 1, 1 << 24},
+    {"max-running", 1, 65536},
+    {"max-queued", 0, 1 << 20},
+    {"max-new-tokens", 1, 1 << 24},
+    {"max-context", 0, 1 << 24},
+    {"max-connections", 1, 1 << 20},
+    {"max-body-bytes", 1024, 1 << 30},
+    {"max-header-bytes", 1024, 1 << 20},
+    {"request-timeout-ms", 1, 86400000}, /* a day */
+    {"keepalive-timeout-ms", 1, 86400000},
+    {"grace-ms", 0, 86400000},
+    {"adapter-budget-mib", 0, 1 << 30},
+    {"merge-threads", 1, 4096},
+};
+
+/* Strings cfg_serve owns (copies from the config file and the environment),
+ * a list hung on cfg_serve.owned_. */
+typedef struct owned_string {
+    struct owned_string *next;
+    char text[];
+} owned_string;
+
+static const char *keep_string(cfg_serve *s, const char *text, size_t len)
+{
+    owned_string *o = malloc(sizeof *o + len + 1);
+    if (!o)
+        return NULL;
+    memcpy(o->text, text, len);
+    o->text[len] = 0;
+    o->next = s->owned_;
+    s->owned_ = o;
+    return o->text;
+}
+
+void cfg_serve_free(cfg_serve *c)
+{
+    if (!c)
+        return;
+    for (owned_string *o = c->owned_, *next; o; o = next) {
+        next = o->next;
+        free(o);
+    }
+    c->owned_ = NULL;
+}
+
+/* The state of one cfg_parse_serve call, for the helpers below. */
+typedef struct serve_parse {
+    const opt *opts; /* bound to the result */
+    size_t n_opts;
+    value_source *src;     /* src[k]: which layer set opts[k] */
+    const char **file_key; /* file_key[k]: the key as written in the file */
+    const char *file_path;
+    cfg_serve *result; /* owns the copied strings */
+    char *msg;
+    size_t msg_len;
+} serve_parse;
+
+static size_t find_opt(const opt *opts, size_t n, const char *name)
+{
+    for (size_t k = 0; k < n; k++)
+        if (strcmp(opts[k].name, name) == 0)
+            return k;
+    return n;
+}
+
+/* "max-body-bytes" -> "QLSERVE_MAX_BODY_BYTES" */
+static void env_name(const char *flag, char *buf, size_t len)
+{
+    snprintf(buf, len, "QLSERVE_%s", flag);
+    for (char *c = buf + strlen("QLSERVE_"); *c; c++)
+        *c = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
+}
+
+static void format_value(const opt *o, bool quote_strings, char *buf, size_t len)
+{
+    switch (o->type) {
+    case OPT_STRING: {
+        const char *v = *(const char **)o->dest;
+        snprintf(buf, len, quote_strings || (v && !*v) ? "\"%s\"" : "%s", v ? v : "(unset)");
+        break;
+    }
+    case OPT_INT: snprintf(buf, len, "%d", (int)*(int32_t *)o->dest); break;
+    case OPT_I64: snprintf(buf, len, "%lld", (long long)*(int64_t *)o->dest); break;
+    case OPT_U64: snprintf(buf, len, "%llu", (unsigned long long)*(uint64_t *)o->dest); break;
+    case OPT_BOOL: snprintf(buf, len, "%s", *(bool *)o->dest ? "true" : "false"); break;
+    case OPT_FLOAT: snprintf(buf, len, "%g", (double)*(float *)o->dest); break;
+    }
+}
+
+/* Where opts[k]'s value came from, with the value: "--port 70000",
+ * "QLSERVE_PORT=70000" or "config file c.json: \"port\": 70000". */
+static void describe(const serve_parse *p, size_t k, char *buf, size_t len)
+{
+    const opt *o = &p->opts[k];
+    char value[512], env[96];
+    format_value(o, p->src[k] == SRC_FILE, value, sizeof value);
+    switch (p->src[k]) {
+    case SRC_FILE:
+        snprintf(buf, len, "config file %s: \"%s\": %s", p->file_path, p->file_key[k], value);
+        break;
+    case SRC_ENV:
+        env_name(o->name, env, sizeof env);
+        snprintf(buf, len, "%s=%s", env, value);
+        break;
+    case SRC_FLAG: snprintf(buf, len, "--%s %s", o->name, value); break;
+    case SRC_DEFAULT: snprintf(buf, len, "--%s %s (the default)", o->name, value); break;
+    }
+}
+
+/* The whole of a small file, NUL-terminated; NULL with errno set (EFBIG when
+ * longer than max). The caller frees. */
+static char *read_small_file(const char *path, size_t max, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    int err = !buf ? ENOMEM : ferror(f) ? (errno ? errno : EIO) : n > max ? EFBIG : 0;
+    fclose(f);
+    if (err) {
+        free(buf);
+        errno = err;
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static const char *json_type_name(const cJSON *item)
+{
+    if (cJSON_IsString(item))
+        return "a string";
+    if (cJSON_IsNumber(item))
+        return "a number";
+    if (cJSON_IsBool(item))
+        return "a boolean";
+    if (cJSON_IsNull(item))
+        return "null";
+    if (cJSON_IsArray(item))
+        return "an array";
+    return "an object";
+}
+
+/* One "key": value of the config file into opts[k]. */
+static int apply_file_value(serve_parse *p, size_t k, const cJSON *item)
+{
+    const opt *o = &p->opts[k];
+    static const char *const expected[] = {[OPT_STRING] = "a string",
+                                           [OPT_INT] = "an integer",
+                                           [OPT_BOOL] = "true or false",
+                                           [OPT_FLOAT] = "a number",
+                                           [OPT_U64] = "a non-negative integer",
+                                           [OPT_I64] = "an integer"};
+    bool ok;
+    switch (o->type) {
+    case OPT_STRING: ok = cJSON_IsString(item); break;
+    case OPT_BOOL: ok = cJSON_IsBool(item); break;
+    default: ok = cJSON_IsNumber(item); break;
+    }
+    double d = item->valuedouble;
+    if (ok && o->type != OPT_STRING && o->type != OPT_BOOL && o->type != OPT_FLOAT)
+        ok = d == floor(d) && (o->type != OPT_U64 || d >= 0);
+    if (!ok) {
+        char got[64];
+        if (cJSON_IsNumber(item))
+            snprintf(got, sizeof got, "the number %.17g", d);
+        else
+            snprintf(got, sizeof got, "%s", json_type_name(item));
+        bool nested = cJSON_IsArray(item) || cJSON_IsObject(item);
+        return usage_error(p->msg, p->msg_len, "config file %s: \"%s\" must be %s, not %s%s",
+                           p->file_path, item->string, expected[o->type], got,
+                           nested ? " (nested values are not allowed)" : "");
+    }
+    /* limits of each type, written out as doubles: 2^31 and 2^63 */
+    bool in_range = true;
+    switch (o->type) {
+    case OPT_STRING: {
+        const char *v = keep_string(p->result, item->valuestring, strlen(item->valuestring));
+        if (!v)
+            return usage_error(p->msg, p->msg_len, "serve: out of memory");
+        *(const char **)o->dest = v;
+        break;
+    }
+    case OPT_BOOL: *(bool *)o->dest = cJSON_IsTrue(item); break;
+    case OPT_FLOAT:
+        in_range = fabs(d) <= 3.4028234663852886e38;
+        *(float *)o->dest = in_range ? (float)d : 0;
+        break;
+    case OPT_INT:
+        in_range = d >= -2147483648.0 && d < 2147483648.0;
+        *(int32_t *)o->dest = in_range ? (int32_t)d : 0;
+        break;
+    case OPT_I64:
+        in_range = d >= -9223372036854775808.0 && d < 9223372036854775808.0;
+        *(int64_t *)o->dest = in_range ? (int64_t)d : 0;
+        break;
+    case OPT_U64:
+        in_range = d < 18446744073709551616.0;
+        *(uint64_t *)o->dest = in_range ? (uint64_t)d : 0;
+        break;
+    }
+    if (!in_range)
+        return usage_error(p->msg, p->msg_len, "config file %s: \"%s\": %.17g: out of range",
+                           p->file_path, item->string, d);
+    return CFG_OK;
+}
+
+/* Apply the config file at p->file_path; where says where its name came from
+ * ("--config c.json"). The parsed tree goes to *tree (the file_key strings
+ * point into it); the caller deletes it. */
+static int apply_config_file(serve_parse *p, const char *where, cJSON **tree)
+{
+    size_t len;
+    /* a config file is a few hundred bytes; a megabyte is something else */
+    char *text = read_small_file(p->file_path, 1 << 20, &len);
+    if (!text)
+        return usage_error(p->msg, p->msg_len, "%s: cannot read: %s", where,
+                           errno == EFBIG ? "larger than 1 MiB" : strerror(errno));
+    const char *end = NULL;
+    cJSON *root = strlen(text) == len ? cJSON_ParseWithOpts(text, &end, true) : NULL;
+    if (!root) {
+        int line = 1, col = 1;
+        for (const char *c = text; end && c < end && *c; c++, col++)
+            if (*c == '\n')
+                line++, col = 0;
+        free(text);
+        if (!end)
+            return usage_error(p->msg, p->msg_len, "config file %s: holds a NUL byte: not JSON",
+                               p->file_path);
+        return usage_error(p->msg, p->msg_len,
+                           "config file %s: not valid JSON (line %d, column %d)", p->file_path,
+                           line, col);
+    }
+    free(text);
+    *tree = root;
+    if (!cJSON_IsObject(root))
+        return usage_error(p->msg, p->msg_len,
+                           "config file %s: must be a JSON object of \"flag\": value, not %s",
+                           p->file_path, json_type_name(root));
+    const cJSON *item;
+    cJSON_ArrayForEach (item, root) {
+        /* "max_body_bytes" and "max-body-bytes" both name --max-body-bytes */
+        char name[64];
+        snprintf(name, sizeof name, "%s", item->string);
+        for (char *c = name; *c; c++)
+            if (*c == '_')
+                *c = '-';
+        if (strcmp(name, "admin-token") == 0)
+            return usage_error(p->msg, p->msg_len,
+                               "config file %s: \"%s\" is refused: a secret does not belong in a "
+                               "config file; put the token in a file named by "
+                               "\"admin-token-file\", or in QLSERVE_ADMIN_TOKEN",
+                               p->file_path, item->string);
+        if (strcmp(name, "config") == 0)
+            return usage_error(p->msg, p->msg_len,
+                               "config file %s: \"%s\": a config file cannot name another",
+                               p->file_path, item->string);
+        size_t k =
+            strlen(item->string) < sizeof name - 1 ? find_opt(p->opts, p->n_opts, name) : p->n_opts;
+        if (k == p->n_opts)
+            return usage_error(p->msg, p->msg_len,
+                               "config file %s: unknown key \"%.80s\" (keys are the flags of "
+                               "qlserve serve --help)",
+                               p->file_path, item->string);
+        if (p->src[k] == SRC_FILE)
+            return usage_error(p->msg, p->msg_len, "config file %s: \"%s\" and \"%s\" both set %s",
+                               p->file_path, p->file_key[k], item->string, p->opts[k].name);
+        int rc = apply_file_value(p, k, item);
+        if (rc != CFG_OK)
+            return rc;
+        p->src[k] = SRC_FILE;
+        p->file_key[k] = item->string;
+    }
+    return CFG_OK;
+}
+
+/* Every QLSERVE_<FLAG> that is set, over what the file and flags gave. */
+static int apply_environment(serve_parse *p)
+{
+    for (size_t k = 0; k < p->n_opts; k++) {
+        if (strcmp(p->opts[k].name, "config") == 0)
+            continue; /* read before the file */
+        char env[96], where[100];
+        env_name(p->opts[k].name, env, sizeof env);
+        const char *v = getenv(env);
+        if (!v)
+            continue;
+        /* copied: the environment may change after we return */
+        const char *copy = keep_string(p->result, v, strlen(v));
+        if (!copy)
+            return usage_error(p->msg, p->msg_len, "serve: out of memory");
+        snprintf(where, sizeof where, "%s=", env);
+        int rc = set_value(&p->opts[k], where, copy, p->msg, p->msg_len);
+        if (rc != CFG_OK)
+            return rc;
+        p->src[k] = SRC_ENV;
+    }
+    return CFG_OK;
+}
+
+/* A token travels as "Authorization: Bearer TOKEN": it cannot hold spaces or
+ * control characters. Trailing whitespace (the file's newline) is dropped. */
+static const char *keep_token(serve_parse *p, const char *where, const char *text, size_t len)
+{
+    while (len && (text[len - 1] == ' ' || (text[len - 1] >= '\t' && text[len - 1] <= '\r')))
+        len--;
+    if (len == 0) {
+        usage_error(p->msg, p->msg_len, "%s: the admin token is empty", where);
+        return NULL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c <= ' ' || c == 0x7f) {
+            usage_error(p->msg, p->msg_len,
+                        "%s: the admin token holds a space or control character, which an "
+                        "Authorization header cannot carry",
+                        where);
+            return NULL;
+        }
+    }
+    const char *t = keep_string(p->result, text, len);
+    if (!t)
+        usage_error(p->msg, p->msg_len, "serve: out of memory");
+    return t;
+}
+
+/* The admin token: QLSERVE_ADMIN_TOKEN, else the first line of the token
+ * file. Messages never show the token. */
+static int resolve_admin_token(serve_parse *p, const char *token_file)
+{
+    size_t k = find_opt(p->opts, p->n_opts, "admin-token-file");
+    const char *env = getenv("QLSERVE_ADMIN_TOKEN");
+    if (env) {
+        if (p->src[k] == SRC_ENV)
+            return usage_error(p->msg, p->msg_len,
+                               "QLSERVE_ADMIN_TOKEN and QLSERVE_ADMIN_TOKEN_FILE are both set; "
+                               "set one");
+        /* the environment wins over a token file from the file or a flag */
+        p->result->admin_token = keep_token(p, "QLSERVE_ADMIN_TOKEN", env, strlen(env));
+        return p->result->admin_token ? CFG_OK : CFG_EUSAGE;
+    }
+    if (!token_file)
+        return CFG_OK;
+    char where[1024];
+    describe(p, k, where, sizeof where);
+    size_t len;
+    /* a token is a line; 64 KiB is surely some other file */
+    char *text = read_small_file(token_file, 64 << 10, &len);
+    if (!text)
+        return usage_error(p->msg, p->msg_len, "%s: cannot read the admin token: %s", where,
+                           errno == EFBIG ? "larger than 64 KiB" : strerror(errno));
+    if (len == 0) {
+        free(text);
+        return usage_error(p->msg, p->msg_len,
+                           "%s: the file is empty; its first line must be the admin token", where);
+    }
+    const char *nl = memchr(text, '\n', len);
+    p->result->admin_token = keep_token(p, where, text, nl ? (size_t)(nl - text) : len);
+    free(text);
+    return p->result->admin_token ? CFG_OK : CFG_EUSAGE;
+}
+
+/* Every value within its range; every string that is set non-empty and free
+ * of control characters. */
+static int validate_serve(serve_parse *p)
+{
+    char where[1024];
+    for (size_t r = 0; r < sizeof serve_ranges / sizeof *serve_ranges; r++) {
+        size_t k = find_opt(p->opts, p->n_opts, serve_ranges[r].name);
+        const opt *o = &p->opts[k];
+        int64_t v = o->type == OPT_I64 ? *(int64_t *)o->dest : *(int32_t *)o->dest;
+        if (v < serve_ranges[r].min || v > serve_ranges[r].max) {
+            describe(p, k, where, sizeof where);
+            return usage_error(p->msg, p->msg_len, "%s: out of range (%lld to %lld)", where,
+                               (long long)serve_ranges[r].min, (long long)serve_ranges[r].max);
+        }
+    }
+    for (size_t k = 0; k < p->n_opts; k++) {
+        const char *v = p->opts[k].type == OPT_STRING ? *(const char **)p->opts[k].dest : NULL;
+        if (!v)
+            continue;
+        bool control = false;
+        for (const char *c = v; *c; c++)
+            control |= (unsigned char)*c < ' ' || *c == 0x7f;
+        if (!*v || control) {
+            describe(p, k, where, sizeof where);
+            return usage_error(p->msg, p->msg_len, "%s: %s", where,
+                               *v ? "holds a control character" : "must not be empty");
+        }
+    }
+    if (!p->result->model.path)
+        return usage_error(p->msg, p->msg_len,
+                           "serve: no model: give --model PATH (or \"model\" in the config file, "
+                           "or QLSERVE_MODEL)");
+    const char *host = p->result->host;
+    if (strcspn(host, " \t") != strlen(host) || strlen(host) > 253) {
+        describe(p, find_opt(p->opts, p->n_opts, "host"), where, sizeof where);
+        return usage_error(p->msg, p->msg_len, "%s: not a host name or address", where);
+    }
+    return CFG_OK;
+}
+
+int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg_len)
+{
+    serve_layer fin, flags;
+    serve_defaults(&fin);
+    memset(&flags, 0, sizeof flags);
+    const opt opts[] = {SERVE_OPTS(&fin)}, flag_opts[] = {SERVE_OPTS(&flags)};
+    enum { N = sizeof opts / sizeof *opts };
+    bool seen[N] = {0};
+    value_source src[N] = {0};
+    const char *file_key[N] = {0};
+    memset(out, 0, sizeof *out);
+
+    /* the command line first: --help wins over any error in the file */
+    int rc = parse(argc, argv, flag_opts, N, NULL, seen, msg, msg_len);
+    if (rc != CFG_OK)
+        return rc;
+
+    serve_parse p = {.opts = opts,
+                     .n_opts = N,
+                     .src = src,
+                     .file_key = file_key,
+                     .result = &fin.s,
+                     .msg = msg,
+                     .msg_len = msg_len};
+    cJSON *tree = NULL;
+    char where[1024];
+    size_t k_config = find_opt(opts, N, "config");
+    const char *config_env = getenv("QLSERVE_CONFIG");
+    if (config_env) {
+        fin.s.config_path = keep_string(&fin.s, config_env, strlen(config_env));
+        src[k_config] = SRC_ENV;
+        if (!fin.s.config_path) {
+            rc = usage_error(msg, msg_len, "serve: out of memory");
+            goto fail;
+        }
+    } else if (seen[k_config]) {
+        fin.s.config_path = flags.s.config_path;
+        src[k_config] = SRC_FLAG;
+    }
+    if (fin.s.config_path) {
+        p.file_path = fin.s.config_path;
+        describe(&p, k_config, where, sizeof where);
+        if ((rc = apply_config_file(&p, where, &tree)) != CFG_OK)
+            goto fail;
+    }
+
+    /* the flags the command line gave, over the file */
+    for (size_t k = 0; k < N; k++) {
+        if (!seen[k] || k == k_config)
+            continue;
+        size_t size = opts[k].type == OPT_STRING  ? sizeof(const char *)
+                      : opts[k].type == OPT_BOOL  ? sizeof(bool)
+                      : opts[k].type == OPT_FLOAT ? sizeof(float)
+                      : opts[k].type == OPT_INT   ? sizeof(int32_t)
+                                                  : sizeof(int64_t);
+        memcpy(opts[k].dest, flag_opts[k].dest, size);
+        src[k] = SRC_FLAG;
+    }
+
+    if ((rc = apply_environment(&p)) != CFG_OK ||
+        (rc = resolve_admin_token(&p, fin.token_file)) != CFG_OK ||
+        (rc = validate_serve(&p)) != CFG_OK)
+        goto fail;
+    cJSON_Delete(tree);
+    *out = fin.s;
+    return CFG_OK;
+
+fail:
+    cJSON_Delete(tree);
+    cfg_serve_free(&fin.s);
+    return rc;
+}
+
+/* serve's flags, each with its default and its config file and environment
+ * forms. The defaults are printed from serve_defaults, so they cannot drift
+ * from it; a help text that states its own default (the model flags, whose 0
+ * means "the kind's default") is left to say it. */
+static void print_serve_usage(FILE *out)
+{
+    serve_layer d;
+    serve_defaults(&d);
+    const opt opts[] = {SERVE_OPTS(&d)};
+    fprintf(out,
+            "usage: qlserve serve --model PATH [flags]\n"
+            "Serves the HTTP API: /generate and /generate_stream (TGI-shaped), /v1/completions\n"
+            "and /v1/models (OpenAI-shaped), /admin/adapters, /health, /info and /metrics.\n"
+            "\n"
+            "Every flag can also be set in a JSON config file (--config FILE) as\n"
+            "{\"max-body-bytes\": 1048576} (or \"max_body_bytes\"), and by an environment\n"
+            "variable, QLSERVE_MAX_BODY_BYTES=1048576. Later wins: the defaults, then the\n"
+            "config file, then flags, then the environment. Paths are relative to the working\n"
+            "directory. The admin token is never a flag or a config key: put it in a file\n"
+            "(--admin-token-file) or in QLSERVE_ADMIN_TOKEN.\n"
+            "\n");
+    for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
+        const opt *o = &opts[k];
+        char def[64] = "", env[96];
+        if (!strstr(o->help, "default") && (o->type != OPT_STRING || *(const char **)o->dest) &&
+            o->type != OPT_BOOL) {
+            format_value(o, false, def, sizeof def);
+            memmove(def + 10, def, strlen(def) + 1);
+            memcpy(def, " (default ", 10);
+            strcat(def, ")");
+        }
+        env_name(o->name, env, sizeof env);
+        fprintf(out, "  --%-21s %s%s\n", o->name, o->help, def);
+        if (strcmp(o->name, "config") == 0)
+            fprintf(out, "  %-23s env %s (not a config file key)\n", "", env);
+        else if (o->type == OPT_BOOL)
+            fprintf(out, "  %-23s config \"%s\": true, env %s=1\n", "", o->name, env);
+        else
+            fprintf(out, "  %-23s config \"%s\", env %s\n", "", o->name, env);
+    }
+    fprintf(out,
+            "  %-23s env QLSERVE_ADMIN_TOKEN: the admin token itself (not a flag, "
+            "not a config key)\n",
+            "");
 }
 
 static void print_opts(FILE *out, const opt *opts, size_t n)
@@ -246,6 +887,10 @@ void cfg_print_usage(FILE *out, const char *sub)
         print_opts(out, opts, sizeof opts / sizeof *opts);
         return;
     }
+    if (sub && strcmp(sub, "serve") == 0) {
+        print_serve_usage(out);
+        return;
+    }
     if (sub && strcmp(sub, "tokenize") == 0) {
         cfg_tokenize t;
         const opt opts[] = {
@@ -258,6 +903,7 @@ void cfg_print_usage(FILE *out, const char *sub)
     }
     fprintf(out, "usage: qlserve COMMAND [FLAGS]\n"
                  "commands:\n"
+                 "  serve      serve generation with hot LoRA adapters over HTTP\n"
                  "  quantize   quantize a safetensors file to NF4/FP4 (bitsandbytes layout)\n"
                  "  inspect    print what a safetensors file or a model holds\n"
                  "  generate   complete a prompt with a model\n"

@@ -5,7 +5,9 @@
  * value means (a quant kind, a path that must exist) is checked by the
  * module that uses it.
  *
- * Strings in the parsed structs point into argv and live as long as it.
+ * Strings in the parsed structs point into argv and live as long as it;
+ * cfg_serve also holds copies of strings from its config file and the
+ * environment, which live until cfg_serve_free.
  */
 #ifndef QL_CONFIG_H
 #define QL_CONFIG_H
@@ -64,11 +66,64 @@ typedef struct cfg_generate {
     const char *into;         /* --into int8|bf16: what merged modules are stored in */
 } cfg_generate;
 
+/* `qlserve serve`: see cfg_parse_serve for where each value comes from. */
+typedef struct cfg_serve {
+    /* --model (required), --quant, --blocksize, --group-size,
+     * --quantize-lm-head, --dtype: MODEL_OPTS */
+    cfg_model model;
+    const char *host; /* --host, default "127.0.0.1" */
+    int32_t port;     /* --port, default 8080; 0: pick a free port (tests) */
+    /* --adapter-dir DIR: the only place adapters load from (NULL: adapter
+     * loading off) */
+    const char *adapter_dir;
+    /* The first line of --admin-token-file FILE (trailing newline and
+     * whitespace stripped; the file must exist and not be empty), or env
+     * QLSERVE_ADMIN_TOKEN. NULL: the admin routes answer only on loopback. */
+    const char *admin_token;
+    const char *config_path; /* --config FILE (or env QLSERVE_CONFIG) */
+    /* --served-model-name NAME: the model's id in /v1/models and /info; NULL:
+     * derived by the server */
+    const char *served_model_name;
+    int32_t threads;              /* --threads, 0: all cores */
+    int32_t kv_mib;               /* --kv-mib, default 256 */
+    int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
+    int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */
+    int32_t max_new_tokens;       /* --max-new-tokens (largest accepted), default 4096 */
+    int32_t max_context;          /* --max-context (prompt + new tokens), 0: the model's */
+    int32_t max_connections;      /* --max-connections, default 256 */
+    int64_t max_body_bytes;       /* --max-body-bytes, default 1 MiB */
+    int32_t max_header_bytes;     /* --max-header-bytes, default 16 KiB */
+    int32_t request_timeout_ms;   /* --request-timeout-ms: to receive a request (408), 30000 */
+    int32_t keepalive_timeout_ms; /* --keepalive-timeout-ms: idle keep-alive, default 60000 */
+    int32_t grace_ms;             /* --grace-ms: SIGTERM drain period, 30000; 0: cancel at once */
+    int64_t adapter_budget_mib;   /* --adapter-budget-mib, 0: no limit */
+    int32_t merge_threads;        /* --merge-threads, default 1 */
+    /* private: the strings this struct owns (copies from the config file and
+     * the environment), freed by cfg_serve_free. NULL in a struct built by
+     * hand, which cfg_serve_free then leaves alone. */
+    void *owned_;
+} cfg_serve;
+
 /* argv[0] is the subcommand's name. On CFG_EUSAGE msg says what is wrong. */
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len);
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len);
 int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len);
 int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len);
+
+/* Defaults, then the JSON config file (--config, or env QLSERVE_CONFIG), then
+ * command-line flags, then environment variables (QLSERVE_<FLAG> with dashes
+ * as underscores, upper case, e.g. QLSERVE_PORT, QLSERVE_MAX_BODY_BYTES), in
+ * that order of precedence (later wins; QLSERVE_CONFIG too wins over
+ * --config). The config file is a JSON object whose keys are the flag names
+ * ("max-body-bytes" or "max_body_bytes"). Validated at the end: every range
+ * checked; a message names the flag, file key or env var and the value (never
+ * the admin token). The admin token comes from QLSERVE_ADMIN_TOKEN, else the
+ * first line of the admin token file; a config file holding "admin_token" is
+ * refused. CFG_HELP when --help is on the command line, whatever the file
+ * holds. On CFG_OK the caller calls cfg_serve_free; on any other return *out
+ * is zeroed and owns nothing. */
+int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg_len);
+void cfg_serve_free(cfg_serve *c);
 
 /* The usage text of the whole command, or of one subcommand. */
 void cfg_print_usage(FILE *out, const char *subcommand);
