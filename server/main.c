@@ -3,12 +3,13 @@
  * config/, and runs the job. Exit status: 0 done, 1 the job failed (the
  * message names the file, tensor and problem), 2 a usage error.
  *
- * The HTTP server (libuv, llhttp) lands here as `qlserve serve`; the
- * libraries are linked already and `qlserve version` reports them.
+ * `qlserve serve` runs the HTTP server (server.h); the other commands are
+ * one-shot jobs.
  */
 #include "config.h"
 #include "engine.h"
 #include "lora.h"
+#include "server.h"
 
 #include <cjson/cJSON.h>
 #include <llhttp.h>
@@ -196,6 +197,18 @@ static int run_inspect(int argc, char **argv)
     return 0;
 }
 
+static int run_serve(int argc, char **argv)
+{
+    char msg[1024];
+    cfg_serve c;
+    int rc = cfg_parse_serve(argc, argv, &c, msg, sizeof msg);
+    if (rc != CFG_OK)
+        return usage_failure("serve", rc, msg);
+    rc = srv_serve(&c);
+    cfg_serve_free(&c);
+    return rc;
+}
+
 static int run_version(void)
 {
     printf("qlserve %s\n", QL_VERSION);
@@ -227,6 +240,8 @@ int main(int argc, char **argv)
         return run_tokenize(argc - 1, argv + 1);
     if (strcmp(sub, "generate") == 0)
         return run_generate(argc - 1, argv + 1);
+    if (strcmp(sub, "serve") == 0)
+        return run_serve(argc - 1, argv + 1);
     if (strcmp(sub, "version") == 0 || strcmp(sub, "--version") == 0)
         return run_version();
     if (strcmp(sub, "help") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {

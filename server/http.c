@@ -1,0 +1,694 @@
+/*
+ * http.c - connections: one libuv TCP handle and one llhttp parser each,
+ * on the loop thread.
+ *
+ * Requests are answered strictly in order. When llhttp completes a message
+ * the parser is paused, the request is routed, and bytes that arrive
+ * meanwhile (pipelined requests) wait in `pending`; once the response has
+ * ended, parsing resumes there. A connection is therefore always in one of
+ * three states: idle between requests (the keep-alive timer runs), reading
+ * a request (the request timer runs: 408 when it fires), or answering one
+ * (no timer: a generation takes as long as it takes).
+ *
+ * Limits: the request line plus headers (431), the body (413, checked
+ * against Content-Length before the body is read and against what arrives
+ * for chunked bodies), and how many connections are open at once (503 to
+ * the one over). A malformed request gets 400 and the connection is
+ * closed, since its framing can no longer be trusted. A reader too slow to
+ * take its stream (more than 8 MiB waiting) is cut off.
+ */
+#include "server.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* what a stream may leave unread before the client counts as gone */
+#define SLOW_READER_BYTES ((size_t)8 << 20)
+
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *status_text(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    }
+    return "Unknown";
+}
+
+/* --- writing ----------------------------------------------------------------- */
+
+typedef struct write_req {
+    uv_write_t req;
+    char *data;
+} write_req;
+
+static void on_written(uv_write_t *req, int status)
+{
+    (void)status; /* a failed write shows up as a read error or EOF */
+    write_req *w = (write_req *)req;
+    free(w->data);
+    free(w);
+}
+
+static void send_bytes(srv_conn *c, const char *data, size_t len)
+{
+    if (c->sink) {
+        c->sink(c, data, len);
+        return;
+    }
+    if (c->closing || len == 0)
+        return;
+    write_req *w = malloc(sizeof *w);
+    char *copy = malloc(len);
+    if (!w || !copy) {
+        free(w);
+        free(copy);
+        srv_conn_close(c);
+        return;
+    }
+    memcpy(copy, data, len);
+    w->data = copy;
+    uv_buf_t buf = uv_buf_init(copy, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
+        free(copy);
+        free(w);
+        srv_conn_abort(c);
+    }
+}
+
+size_t srv_conn_backlog(const srv_conn *c)
+{
+    return c->sink ? 0 : uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+}
+
+/* --- the connection's life ----------------------------------------------------- */
+
+static void request_reset(srv_conn *c)
+{
+    free(c->req.url);
+    free(c->req.body);
+    memset(&c->req, 0, sizeof c->req);
+    c->hfield_len = 0;
+    c->hfield_long = false;
+    c->hwant = 0;
+    c->header_bytes = 0;
+    c->reading = false;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    srv_conn *c = h->data;
+    /* the timer closes first, then the socket: free after the last */
+    if (h != (uv_handle_t *)&c->tcp)
+        return;
+    request_reset(c);
+    free(c->pending);
+    free(c);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    srv_conn *c = h->data;
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    srv_conn *c = req->data;
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+/* Take c off the server's books; close it once its bytes are out (flush)
+ * or at once. */
+static void conn_end(srv_conn *c, bool flush)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    srv_server *s = c->s;
+    if (c->gen) {
+        /* the client left before its answer: cancel, free its KV blocks */
+        s->metrics.disconnects++;
+        srv_gen_detach(c->gen);
+        c->gen = NULL;
+    }
+    if (c->work) {
+        c->work->conn = NULL; /* it finishes; nobody hears */
+        c->work = NULL;
+    }
+    if (c->sink)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->n_conns--;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_timer_stop(&c->timer);
+    c->shutdown.data = c;
+    if (!flush || uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
+        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+    srv_check_drained(s);
+}
+
+void srv_conn_close(srv_conn *c)
+{
+    conn_end(c, true);
+}
+
+void srv_conn_abort(srv_conn *c)
+{
+    conn_end(c, false);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+    srv_conn *c = t->data;
+    if (c->busy)
+        return;
+    if (c->reading)
+        srv_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
+    srv_conn_close(c); /* idle keep-alive, or after the 408 */
+}
+
+/* Arm the timer for the state c is in. */
+static void arm_timer(srv_conn *c)
+{
+    if (c->sink || c->closing)
+        return;
+    if (c->busy) {
+        uv_timer_stop(&c->timer);
+        return;
+    }
+    const cfg_serve *cfg = c->s->cfg;
+    uint64_t ms = (uint64_t)(c->reading ? cfg->request_timeout_ms : cfg->keepalive_timeout_ms);
+    uv_timer_start(&c->timer, on_timeout, ms, 0);
+}
+
+/* --- parsing --------------------------------------------------------------------- */
+
+static srv_conn *conn_of(llhttp_t *p)
+{
+    return p->data;
+}
+
+static int refuse_headers(srv_conn *c)
+{
+    if (!c->refused)
+        srv_respond_error(c, 431, "invalid_request",
+                          "the request line and headers are larger than the server's limit",
+                          "Connection: close\r\n");
+    c->refused = true;
+    return -1;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    srv_conn *c = conn_of(p);
+    request_reset(c);
+    c->reading = true;
+    arm_timer(c);
+    return 0;
+}
+
+static int count_header_bytes(srv_conn *c, size_t n)
+{
+    c->header_bytes += n;
+    return c->header_bytes > (size_t)c->s->cfg->max_header_bytes ? -1 : 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len)
+{
+    srv_conn *c = conn_of(p);
+    if (count_header_bytes(c, len))
+        return refuse_headers(c);
+    char *u = realloc(c->req.url, c->req.url_len + len + 1);
+    if (!u)
+        return -1;
+    memcpy(u + c->req.url_len, at, len);
+    c->req.url = u;
+    c->req.url_len += len;
+    u[c->req.url_len] = 0;
+    return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    srv_conn *c = conn_of(p);
+    if (count_header_bytes(c, len))
+        return refuse_headers(c);
+    if (c->hfield_len + len >= sizeof c->hfield) {
+        c->hfield_long = true;
+    } else {
+        memcpy(c->hfield + c->hfield_len, at, len);
+        c->hfield_len += len;
+        c->hfield[c->hfield_len] = 0;
+    }
+    return 0;
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+    srv_conn *c = conn_of(p);
+    c->hwant = !c->hfield_long && strcasecmp(c->hfield, "authorization") == 0 ? 1 : 0;
+    if (c->hwant)
+        c->req.authorization[0] = 0;
+    return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    srv_conn *c = conn_of(p);
+    if (count_header_bytes(c, len))
+        return refuse_headers(c);
+    if (c->hwant == 1) {
+        size_t have = strlen(c->req.authorization);
+        if (have + len >= sizeof c->req.authorization) {
+            c->req.auth_too_long = true;
+        } else {
+            memcpy(c->req.authorization + have, at, len);
+            c->req.authorization[have + len] = 0;
+        }
+    }
+    return 0;
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    srv_conn *c = conn_of(p);
+    c->hfield_len = 0;
+    c->hfield_long = false;
+    c->hwant = 0;
+    return 0;
+}
+
+static int refuse_body(srv_conn *c)
+{
+    char m[160];
+    snprintf(m, sizeof m, "the request body is larger than the server's limit of %lld bytes",
+             (long long)c->s->cfg->max_body_bytes);
+    if (!c->refused)
+        srv_respond_error(c, 413, "invalid_request", m, "Connection: close\r\n");
+    c->refused = true;
+    return -1;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    srv_conn *c = conn_of(p);
+    /* refuse a declared body over the limit before reading any of it */
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
+        return refuse_body(c);
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+    srv_conn *c = conn_of(p);
+    if (c->req.body_len + len > (size_t)c->s->cfg->max_body_bytes)
+        return refuse_body(c);
+    char *b = realloc(c->req.body, c->req.body_len + len + 1);
+    if (!b)
+        return -1;
+    memcpy(b + c->req.body_len, at, len);
+    c->req.body = b;
+    c->req.body_len += len;
+    b[c->req.body_len] = 0;
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    srv_conn *c = conn_of(p);
+    c->req.method = (uint8_t)llhttp_get_method(p);
+    c->req.keep_alive = llhttp_should_keep_alive(p) && !c->s->draining;
+    c->reading = false;
+    c->busy = true;
+    return HPE_PAUSED; /* answer this one before parsing the next */
+}
+
+void srv_http_settings(llhttp_settings_t *st)
+{
+    llhttp_settings_init(st);
+    st->on_message_begin = on_message_begin;
+    st->on_url = on_url;
+    st->on_header_field = on_header_field;
+    st->on_header_field_complete = on_header_field_complete;
+    st->on_header_value = on_header_value;
+    st->on_header_value_complete = on_header_value_complete;
+    st->on_headers_complete = on_headers_complete;
+    st->on_body = on_body;
+    st->on_message_complete = on_message_complete;
+}
+
+/* Keep data[0, len) for after the current response. */
+static void keep_pending(srv_conn *c, const char *data, size_t len)
+{
+    if (len == 0)
+        return;
+    if (c->pending_len + len > c->pending_cap) {
+        size_t cap = (c->pending_len + len) * 2;
+        char *p = realloc(c->pending, cap);
+        if (!p) {
+            srv_conn_close(c);
+            return;
+        }
+        c->pending = p;
+        c->pending_cap = cap;
+    }
+    memmove(c->pending + c->pending_len, data, len);
+    c->pending_len += len;
+}
+
+/* Parse data; route each completed request; keep what follows a request
+ * that is still being answered. */
+static void parse(srv_conn *c, const char *data, size_t len)
+{
+    while (len > 0 && !c->closing) {
+        if (c->busy) {
+            keep_pending(c, data, len);
+            return;
+        }
+        llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
+        if (err == HPE_OK) {
+            arm_timer(c);
+            return;
+        }
+        if (err == HPE_PAUSED) {
+            const char *stop = llhttp_get_error_pos(&c->parser);
+            size_t used = stop ? (size_t)(stop - data) : len;
+            llhttp_resume(&c->parser);
+            arm_timer(c);
+            data += used;
+            len -= used;
+            srv_route(c); /* may end the response at once, and clear busy */
+            continue;
+        }
+        if (!c->refused) {
+            /* the framing is broken: say so once and close */
+            char m[256];
+            snprintf(m, sizeof m, "malformed HTTP request: %s (%s)", llhttp_errno_name(err),
+                     llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser)
+                                                         : "");
+            srv_respond_error(c, 400, "invalid_request", m, "Connection: close\r\n");
+        }
+        srv_conn_close(c);
+        return;
+    }
+}
+
+void srv_conn_feed(srv_conn *c, const char *data, size_t len)
+{
+    parse(c, data, len);
+}
+
+/* The response ended: close, or go on with what was pipelined behind it. */
+static void response_done(srv_conn *c, bool keep_alive)
+{
+    c->busy = false;
+    c->streaming = false;
+    bool keep = keep_alive && c->req.keep_alive && !c->s->draining;
+    request_reset(c);
+    if (!keep) {
+        srv_conn_close(c);
+        return;
+    }
+    arm_timer(c);
+    if (c->pending_len) {
+        /* parse moves the pipelined bytes; take them out first */
+        char *p = c->pending;
+        size_t n = c->pending_len;
+        c->pending = NULL;
+        c->pending_len = c->pending_cap = 0;
+        parse(c, p, n);
+        free(p);
+    }
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    buf->base = malloc(suggested);
+    buf->len = buf->base ? suggested : 0;
+}
+
+static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
+{
+    srv_conn *c = stream->data;
+    if (n < 0) {
+        srv_conn_abort(c); /* EOF or error: the client has gone */
+    } else if (n > 0) {
+        parse(c, buf->base, (size_t)n);
+    }
+    free(buf->base);
+}
+
+static bool peer_is_loopback(uv_tcp_t *tcp)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0)
+        return false;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        static const uint8_t one[16] = {[15] = 1};
+        static const uint8_t v4mapped[12] = {[10] = 0xff, [11] = 0xff};
+        return memcmp(&a->sin6_addr, one, 16) == 0 ||
+               (memcmp(&a->sin6_addr, v4mapped, 12) == 0 && a->sin6_addr.s6_addr[12] == 127);
+    }
+    return false;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    srv_server *s = server->data;
+    if (status < 0)
+        return;
+    srv_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->s = s;
+    c->serial = ++s->next_serial;
+    uv_tcp_init(s->loop, &c->tcp);
+    c->tcp.data = c;
+    uv_timer_init(s->loop, &c->timer);
+    c->timer.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        c->closing = true;
+        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
+    llhttp_init(&c->parser, HTTP_REQUEST, &s->http_settings);
+    c->parser.data = c;
+    c->loopback = peer_is_loopback(&c->tcp);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    if (s->n_conns > s->cfg->max_connections || s->draining) {
+        srv_respond_error(c, 503, "overloaded",
+                          s->draining ? "the server is shutting down"
+                                      : "too many connections; try again later",
+                          "Retry-After: 1\r\nConnection: close\r\n");
+        srv_conn_close(c);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read);
+    arm_timer(c);
+}
+
+int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
+               size_t msg_len)
+{
+    struct sockaddr_storage addr;
+    int rc = strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr)
+                               : uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+    if (rc != 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "--host %s is not an IP address (%s)", host,
+                       uv_strerror(rc));
+    uv_tcp_init(s->loop, &s->listener);
+    s->listener.data = s;
+    rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        return qt_fail(msg, msg_len, ENG_EIO, "cannot listen on %s port %d: %s", host, port,
+                       uv_strerror(rc));
+    }
+    s->listening = true;
+    struct sockaddr_storage got;
+    int len = sizeof got;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
+    *bound_port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                  : ((struct sockaddr_in *)&got)->sin_port);
+    return ENG_OK;
+}
+
+void srv_stop_accepting(srv_server *s)
+{
+    if (s->listening) {
+        s->listening = false;
+        uv_close((uv_handle_t *)&s->listener, NULL);
+    }
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (!c->busy && !c->reading)
+            srv_conn_close(c);
+    }
+}
+
+/* --- responses ---------------------------------------------------------------- */
+
+static void count_status(srv_server *s, int status)
+{
+    if (status >= 100 && status < 600)
+        s->metrics.by_status[status]++;
+}
+
+void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
+                 const char *extra_headers)
+{
+    if (c->closing && !c->sink)
+        return;
+    /* a request refused while it was being read never completed, so its
+     * keep_alive is false: those (400 malformed, 408, 413, 431) close */
+    bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
+    char head[1024];
+    int n = snprintf(
+        head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n",
+        status, status_text(status), content_type, len, extra_headers ? extra_headers : "",
+        keep ? ""
+             : (extra_headers && strstr(extra_headers, "Connection:") ? ""
+                                                                      : "Connection: close\r\n"));
+    count_status(c->s, status);
+    send_bytes(c, head, (size_t)n);
+    send_bytes(c, body, len);
+    if (c->busy)
+        response_done(c, keep);
+}
+
+void srv_respond_json(srv_conn *c, int status, const char *json)
+{
+    srv_respond(c, status, "application/json", json, strlen(json), NULL);
+}
+
+void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,
+                       const char *extra_headers)
+{
+    /* the message may hold anything a client sent: escape it through cJSON */
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "type", type);
+    cJSON_AddStringToObject(err, "message", message);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) {
+        srv_conn_close(c);
+        return;
+    }
+    srv_respond(c, status, "application/json", text, strlen(text), extra_headers);
+    free(text);
+}
+
+void srv_stream_begin(srv_conn *c)
+{
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    count_status(c->s, 200);
+    c->streaming = true;
+    send_bytes(c, head, sizeof head - 1);
+}
+
+/* One chunk of the chunked body. */
+static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, size_t blen,
+                       const char *tail, size_t tlen)
+{
+    char size[32];
+    int n = snprintf(size, sizeof size, "%zx\r\n", alen + blen + tlen);
+    size_t total = (size_t)n + alen + blen + tlen + 2;
+    char *buf = malloc(total);
+    if (!buf) {
+        srv_conn_close(c);
+        return;
+    }
+    memcpy(buf, size, (size_t)n);
+    memcpy(buf + n, a, alen);
+    memcpy(buf + n + alen, b, blen);
+    memcpy(buf + n + alen + blen, tail, tlen);
+    memcpy(buf + total - 2, "\r\n", 2);
+    send_bytes(c, buf, total);
+    free(buf);
+}
+
+void srv_stream_event(srv_conn *c, const char *data, size_t len)
+{
+    if (c->closing && !c->sink)
+        return;
+    send_chunk(c, "data: ", 6, data, len, "\n\n", 2);
+    if (srv_conn_backlog(c) > SLOW_READER_BYTES)
+        srv_conn_abort(c); /* it does not read what it asked for */
+}
+
+void srv_stream_end(srv_conn *c)
+{
+    if (c->closing && !c->sink)
+        return;
+    send_bytes(c, "0\r\n\r\n", 5);
+    if (c->busy)
+        response_done(c, true);
+}
+
+/* --- detached connections (the fuzz target) ----------------------------------- */
+
+void srv_conn_init_detached(srv_server *s, srv_conn *c)
+{
+    /* the caller sets sink and sink_data */
+    c->s = s;
+    c->serial = ++s->next_serial;
+    llhttp_init(&c->parser, HTTP_REQUEST, &s->http_settings);
+    c->parser.data = c;
+    c->loopback = true;
+}
+
+void srv_conn_release_detached(srv_conn *c)
+{
+    if (c->gen)
+        srv_gen_detach(c->gen);
+    request_reset(c);
+    free(c->pending);
+    c->pending = NULL;
+}

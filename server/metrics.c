@@ -1,0 +1,190 @@
+/*
+ * metrics.c - the counters and histograms behind GET /metrics, in
+ * Prometheus' text exposition format (version 0.0.4). Everything is
+ * updated and read on the loop thread; the engine's own figures come from
+ * its stats snapshot.
+ */
+#include "server.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Seconds: time to first token spans a queue wait; per-token latency is
+ * milliseconds on a CPU; a request spans both. */
+static const double ttft_bounds[SRV_HIST_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                     1,    2.5,   5,    10,  30,   60};
+static const double token_bounds[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04,
+                                                      0.08,  0.16,   0.32,  0.64, 1.28, 2.56};
+static const double request_bounds[SRV_HIST_BUCKETS] = {0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                                        5,    10,  30,   60,  120, 300};
+
+void srv_metrics_init(srv_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    memcpy(m->ttft.bounds, ttft_bounds, sizeof ttft_bounds);
+    memcpy(m->per_token.bounds, token_bounds, sizeof token_bounds);
+    memcpy(m->request.bounds, request_bounds, sizeof request_bounds);
+}
+
+void srv_hist_observe(srv_hist *h, double seconds)
+{
+    int b = 0;
+    while (b < SRV_HIST_BUCKETS && seconds > h->bounds[b])
+        b++;
+    h->counts[b]++;
+    h->sum += seconds;
+    h->n++;
+}
+
+typedef struct text {
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...)
+{
+    if (t->failed)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = true;
+            return;
+        }
+        if ((size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = 2 * t->cap + (size_t)n + 1;
+        char *b = realloc(t->buf, cap);
+        if (!b) {
+            t->failed = true;
+            return;
+        }
+        t->buf = b;
+        t->cap = cap;
+    }
+}
+
+static void metric(text *t, const char *name, const char *type, const char *help)
+{
+    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void hist(text *t, const char *name, const char *help, const srv_hist *h)
+{
+    metric(t, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int b = 0; b < SRV_HIST_BUCKETS; b++) {
+        cum += h->counts[b];
+        put(t, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b], (unsigned long long)cum);
+    }
+    cum += h->counts[SRV_HIST_BUCKETS];
+    put(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+        (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
+}
+
+char *srv_metrics_render(const srv_server *s, size_t *len)
+{
+    text t = {.cap = 8192};
+    t.buf = malloc(t.cap);
+    if (!t.buf)
+        return NULL;
+    const srv_metrics *m = &s->metrics;
+    metric(&t, "qlserve_http_responses_total", "counter", "HTTP responses by status code");
+    for (int code = 100; code < 600; code++)
+        if (m->by_status[code])
+            put(&t, "qlserve_http_responses_total{code=\"%d\"} %llu\n", code,
+                (unsigned long long)m->by_status[code]);
+    metric(&t, "qlserve_requests_total", "counter", "generation requests admitted by the engine");
+    put(&t, "qlserve_requests_total %llu\n", (unsigned long long)m->generations);
+    metric(&t, "qlserve_generated_tokens_total", "counter", "tokens generated");
+    put(&t, "qlserve_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
+    metric(&t, "qlserve_prompt_tokens_total", "counter", "prompt tokens read");
+    put(&t, "qlserve_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
+    metric(&t, "qlserve_cancelled_total", "counter", "generations cancelled");
+    put(&t, "qlserve_cancelled_total %llu\n", (unsigned long long)m->cancelled);
+    metric(&t, "qlserve_client_disconnects_total", "counter",
+           "clients that left before their answer ended");
+    put(&t, "qlserve_client_disconnects_total %llu\n", (unsigned long long)m->disconnects);
+    metric(&t, "qlserve_merges_total", "counter", "adapter merges published");
+    put(&t, "qlserve_merges_total %llu\n", (unsigned long long)m->merges);
+    metric(&t, "qlserve_unmerges_total", "counter", "adapter unmerges published");
+    put(&t, "qlserve_unmerges_total %llu\n", (unsigned long long)m->unmerges);
+    metric(&t, "qlserve_merge_failures_total", "counter", "merges or unmerges refused");
+    put(&t, "qlserve_merge_failures_total %llu\n", (unsigned long long)m->merge_failures);
+    metric(&t, "qlserve_connections", "gauge", "open HTTP connections");
+    put(&t, "qlserve_connections %d\n", s->n_conns);
+    if (s->engine) {
+        eng_engine_stats st;
+        eng_engine_stats_get(s->engine, &st);
+        metric(&t, "qlserve_queue_depth", "gauge", "requests waiting for admission");
+        put(&t, "qlserve_queue_depth %d\n", st.waiting);
+        metric(&t, "qlserve_batch_size", "gauge", "sequences in the running batch");
+        put(&t, "qlserve_batch_size %d\n", st.running);
+        metric(&t, "qlserve_kv_blocks_used", "gauge", "KV cache blocks in use");
+        put(&t, "qlserve_kv_blocks_used %d\n", st.kv_blocks_used);
+        metric(&t, "qlserve_kv_blocks_total", "gauge", "KV cache blocks in all");
+        put(&t, "qlserve_kv_blocks_total %d\n", st.kv_blocks_total);
+        metric(&t, "qlserve_engine_steps_total", "counter", "forward steps run");
+        put(&t, "qlserve_engine_steps_total %llu\n", (unsigned long long)st.steps);
+        metric(&t, "qlserve_weights_version", "gauge", "the serving weight version");
+        put(&t, "qlserve_weights_version %llu\n", (unsigned long long)st.weights_version);
+        metric(&t, "qlserve_weights_versions_alive", "gauge",
+               "weight versions in use (older ones finish running sequences)");
+        put(&t, "qlserve_weights_versions_alive %d\n", st.weights_versions);
+        metric(&t, "qlserve_unmerged_adapter_requests_total", "counter",
+               "sequences that applied an adapter unmerged");
+        put(&t, "qlserve_unmerged_adapter_requests_total %llu\n",
+            (unsigned long long)st.adapter_requests);
+    }
+    if (s->registry) {
+        lora_state st;
+        lora_registry_state(s->registry, &st);
+        metric(&t, "qlserve_adapters_loaded", "gauge", "adapters in the registry");
+        put(&t, "qlserve_adapters_loaded %zu\n", st.n_loaded);
+        metric(&t, "qlserve_adapter_bytes", "gauge", "memory the loaded adapters hold");
+        put(&t, "qlserve_adapter_bytes %zu\n", st.bytes);
+        metric(&t, "qlserve_adapters_merged", "gauge", "adapters merged into the serving weights");
+        put(&t, "qlserve_adapters_merged %zu\n", st.n_merged);
+        lora_info *list = NULL;
+        size_t n = 0;
+        if (lora_registry_list(s->registry, &list, &n) == ENG_OK) {
+            metric(&t, "qlserve_adapter_requests_total", "counter",
+                   "sequences that asked for each adapter");
+            for (size_t i = 0; i < n; i++)
+                put(&t, "qlserve_adapter_requests_total{adapter=\"%s\"} %llu\n", list[i].name,
+                    (unsigned long long)list[i].requests);
+            metric(&t, "qlserve_merge_delta_retained", "gauge",
+                   "share of the adapter's delta its last merge kept (1: all)");
+            for (size_t i = 0; i < n; i++)
+                if (list[i].last_merge.delta_sq > 0)
+                    put(&t, "qlserve_merge_delta_retained{adapter=\"%s\"} %.6f\n", list[i].name,
+                        list[i].last_merge.delta_retained);
+            metric(&t, "qlserve_merge_relative_error", "gauge",
+                   "|Q(W+delta) - (W+delta)| / |delta| of the adapter's last merge");
+            for (size_t i = 0; i < n; i++)
+                if (list[i].last_merge.delta_sq > 0)
+                    put(&t, "qlserve_merge_relative_error{adapter=\"%s\"} %.6f\n", list[i].name,
+                        list[i].last_merge.relative_error);
+        }
+        free(list);
+    }
+    hist(&t, "qlserve_time_to_first_token_seconds", "submit to the first token", &m->ttft);
+    hist(&t, "qlserve_time_per_output_token_seconds", "between two tokens of one request",
+         &m->per_token);
+    hist(&t, "qlserve_request_duration_seconds", "submit to the last token", &m->request);
+    if (t.failed) {
+        free(t.buf);
+        return NULL;
+    }
+    *len = t.len;
+    return t.buf;
+}

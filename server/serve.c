@@ -1,0 +1,659 @@
+/*
+ * serve.c - `qlserve serve`: one libuv loop, the model loaded off the loop
+ * (GET /health answers 503 until it serves), the engine bridge, and the
+ * graceful drain.
+ *
+ * The bridge: the engine calls on_token / on_done on its own thread; they
+ * only append an event to a mutex-guarded list and uv_async_send the loop,
+ * which takes the whole list at once and turns each event into bytes on
+ * the generation's connection (or drops it when the client has gone). A
+ * generation's memory lives until its on_done has been handled, whatever
+ * the connection did.
+ *
+ * SIGTERM or SIGINT: stop accepting, close idle connections, let running
+ * generations finish for the grace period, then cancel what is left (each
+ * gets its final event, finish reason "cancelled"), wait for their ends,
+ * stop the engine and exit 0.
+ */
+#include "server.h"
+
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct srv_event {
+    struct srv_event *next;
+    srv_gen *g;
+    bool done;
+    int32_t token;
+    char *text;
+    size_t len;
+    eng_finish why;
+    eng_usage usage;
+} srv_event;
+
+/* --- adapters' default scales ---------------------------------------------------- */
+
+float srv_adapter_scale(const srv_server *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_scales; i++)
+        if (strcmp(s->scales[i].name, name) == 0)
+            return s->scales[i].scale;
+    return 1.0f;
+}
+
+void srv_set_adapter_scale(srv_server *s, const char *name, float scale)
+{
+    for (size_t i = 0; i < s->n_scales; i++)
+        if (strcmp(s->scales[i].name, name) == 0) {
+            s->scales[i].scale = scale;
+            return;
+        }
+    if (s->n_scales == s->cap_scales) {
+        size_t cap = s->cap_scales ? 2 * s->cap_scales : 8;
+        void *p = realloc(s->scales, cap * sizeof *s->scales);
+        if (!p)
+            return; /* the adapter then runs at scale 1 */
+        s->scales = p;
+        s->cap_scales = cap;
+    }
+    snprintf(s->scales[s->n_scales].name, sizeof s->scales[s->n_scales].name, "%s", name);
+    s->scales[s->n_scales++].scale = scale;
+}
+
+void srv_forget_adapter_scale(srv_server *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_scales; i++)
+        if (strcmp(s->scales[i].name, name) == 0) {
+            s->scales[i] = s->scales[--s->n_scales];
+            return;
+        }
+}
+
+/* --- the engine's callbacks (engine thread) -------------------------------------- */
+
+static void push_event(srv_gen *g, srv_event *ev)
+{
+    srv_server *s = g->s;
+    ev->g = g;
+    pthread_mutex_lock(&s->events_mu);
+    if (s->events_tail)
+        s->events_tail->next = ev;
+    else
+        s->events = ev;
+    s->events_tail = ev;
+    pthread_mutex_unlock(&s->events_mu);
+    uv_async_send(&s->wake);
+}
+
+static void bridge_token(void *user, int32_t token, const char *text, size_t len)
+{
+    srv_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return; /* the token's text is lost; the generation goes on */
+    ev->token = token;
+    if (len) {
+        ev->text = malloc(len);
+        if (ev->text) {
+            memcpy(ev->text, text, len);
+            ev->len = len;
+        }
+    }
+    push_event(user, ev);
+}
+
+static void bridge_done(void *user, eng_finish why, const eng_usage *u)
+{
+    /* the one event that must arrive: retry the allocation rather than
+     * lose a generation's end */
+    srv_event *ev;
+    while (!(ev = calloc(1, sizeof *ev)))
+        sched_yield();
+    ev->done = true;
+    ev->why = why;
+    ev->usage = *u;
+    push_event(user, ev);
+}
+
+/* --- generations (loop) ---------------------------------------------------------- */
+
+int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
+{
+    srv_server *s = g->s;
+    r->on_token = bridge_token;
+    r->on_done = bridge_done;
+    r->user = g;
+    g->t_start = srv_now();
+    int rc = eng_engine_submit(s->engine, r, &g->id, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    s->oai_serial++;
+    snprintf(g->oai_id, sizeof g->oai_id, "cmpl-%llu", (unsigned long long)s->oai_serial);
+    g->next_live = s->live;
+    if (s->live)
+        s->live->prev_live = g;
+    s->live = g;
+    s->n_live++;
+    return ENG_OK;
+}
+
+void srv_gen_detach(srv_gen *g)
+{
+    g->conn = NULL;
+    g->s->metrics.cancelled++;
+    eng_engine_cancel(g->s->engine, g->id);
+}
+
+static void gen_free(srv_gen *g)
+{
+    srv_server *s = g->s;
+    if (g->prev_live)
+        g->prev_live->next_live = g->next_live;
+    else
+        s->live = g->next_live;
+    if (g->next_live)
+        g->next_live->prev_live = g->prev_live;
+    s->n_live--;
+    for (size_t i = 0; i < g->n_tokens; i++)
+        free(g->pieces[i]);
+    free(g->pieces);
+    free(g->tokens);
+    free(g->text);
+    free(g->prompt);
+    free(g);
+}
+
+static bool append_text(srv_gen *g, const char *text, size_t len)
+{
+    if (g->text_len + len + 1 > g->text_cap) {
+        size_t cap = (g->text_len + len + 1) * 2;
+        char *t = realloc(g->text, cap);
+        if (!t)
+            return false;
+        g->text = t;
+        g->text_cap = cap;
+    }
+    memcpy(g->text + g->text_len, text, len);
+    g->text_len += len;
+    g->text[g->text_len] = 0;
+    return true;
+}
+
+static void record_token(srv_gen *g, int32_t token, const char *text, size_t len)
+{
+    if (g->n_tokens == g->cap_tokens) {
+        size_t cap = g->cap_tokens ? 2 * g->cap_tokens : 32;
+        int32_t *t = realloc(g->tokens, cap * sizeof *t);
+        if (!t)
+            return;
+        g->tokens = t;
+        char **p = realloc(g->pieces, cap * sizeof *p);
+        if (!p)
+            return;
+        g->pieces = p;
+        g->cap_tokens = cap;
+    }
+    char *piece = malloc(len + 1);
+    if (!piece)
+        return;
+    memcpy(piece, text, len);
+    piece[len] = 0;
+    g->tokens[g->n_tokens] = token;
+    g->pieces[g->n_tokens++] = piece;
+}
+
+static const char *tgi_finish(eng_finish f)
+{
+    switch (f) {
+    case ENG_FINISH_EOS: return "eos_token";
+    case ENG_FINISH_LENGTH: return "length";
+    case ENG_FINISH_STOP: return "stop_sequence";
+    case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+static const char *oai_finish(eng_finish f)
+{
+    switch (f) {
+    case ENG_FINISH_EOS:
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_LENGTH: return "length";
+    case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+static cJSON *token_json(int32_t id, const char *text, size_t len, bool special)
+{
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddNumberToObject(t, "id", id);
+    char *s = strndup(text ? text : "", len);
+    cJSON_AddStringToObject(t, "text", s ? s : "");
+    free(s);
+    cJSON_AddNullToObject(t, "logprob");
+    cJSON_AddBoolToObject(t, "special", special);
+    return t;
+}
+
+static cJSON *tgi_details(const srv_gen *g, eng_finish why, const eng_usage *u, bool tokens)
+{
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "finish_reason", tgi_finish(why));
+    cJSON_AddNumberToObject(d, "generated_tokens", u ? u->generated_tokens : (double)g->n_tokens);
+    if (g->sampled)
+        cJSON_AddNumberToObject(d, "seed", (double)g->seed);
+    else
+        cJSON_AddNullToObject(d, "seed");
+    if (tokens) {
+        cJSON_AddArrayToObject(d, "prefill");
+        cJSON *arr = cJSON_AddArrayToObject(d, "tokens");
+        for (size_t i = 0; i < g->n_tokens; i++)
+            cJSON_AddItemToArray(
+                arr, token_json(g->tokens[i], g->pieces[i], strlen(g->pieces[i]), false));
+    }
+    return d;
+}
+
+static cJSON *oai_chunk(const srv_gen *g, const char *text, size_t len, const char *finish)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", g->oai_id);
+    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)time(NULL));
+    cJSON_AddStringToObject(o, "model", g->model_id);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    char *s = strndup(text ? text : "", len);
+    cJSON_AddStringToObject(c, "text", s ? s : "");
+    free(s);
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    return o;
+}
+
+static void add_usage(cJSON *o, const eng_usage *u)
+{
+    cJSON *us = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "completion_tokens", u->generated_tokens);
+    cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
+}
+
+static void send_event(srv_conn *c, cJSON *o)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (text) {
+        srv_stream_event(c, text, strlen(text));
+        free(text);
+    }
+}
+
+static void on_token_event(srv_gen *g, const srv_event *ev)
+{
+    srv_server *s = g->s;
+    double t = srv_now();
+    if (ev->token >= 0) {
+        if (!g->first_seen)
+            srv_hist_observe(&s->metrics.ttft, t - g->t_start);
+        else
+            srv_hist_observe(&s->metrics.per_token, t - g->t_last);
+        g->first_seen = true;
+        g->t_last = t;
+    }
+    append_text(g, ev->text ? ev->text : "", ev->len);
+    if (ev->token >= 0)
+        record_token(g, ev->token, ev->text ? ev->text : "", ev->len);
+    srv_conn *c = g->conn;
+    if (!c)
+        return;
+    if (g->shape == SRV_TGI_STREAM) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "index", (double)g->n_tokens);
+        cJSON_AddItemToObject(o, "token", token_json(ev->token, ev->text, ev->len, ev->token < 0));
+        cJSON_AddNullToObject(o, "generated_text");
+        cJSON_AddNullToObject(o, "details");
+        send_event(c, o);
+    } else if (g->shape == SRV_OAI_STREAM) {
+        send_event(c, oai_chunk(g, ev->text, ev->len, NULL));
+    }
+}
+
+static void on_done_event(srv_gen *g, const srv_event *ev)
+{
+    srv_server *s = g->s;
+    srv_metrics *m = &s->metrics;
+    if (ev->usage.prompt_tokens > 0 || ev->why != ENG_FINISH_CANCELLED) {
+        m->generations++;
+        m->generated_tokens += (uint64_t)ev->usage.generated_tokens;
+        m->prompt_tokens += (uint64_t)ev->usage.prompt_tokens;
+    }
+    srv_hist_observe(&m->request, srv_now() - g->t_start);
+    srv_conn *c = g->conn;
+    if (c) {
+        c->gen = NULL;
+        const char *full = g->text ? g->text : "";
+        char *joined = NULL;
+        if (g->return_full_text && g->prompt) {
+            size_t pl = strlen(g->prompt);
+            joined = malloc(pl + g->text_len + 1);
+            if (joined) {
+                memcpy(joined, g->prompt, pl);
+                memcpy(joined + pl, full, g->text_len + 1);
+                full = joined;
+            }
+        }
+        switch (g->shape) {
+        case SRV_TGI: {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "generated_text", full);
+            if (g->details)
+                cJSON_AddItemToObject(o, "details", tgi_details(g, ev->why, &ev->usage, true));
+            char *text = cJSON_PrintUnformatted(o);
+            cJSON_Delete(o);
+            if (ev->why == ENG_FINISH_ERROR)
+                srv_respond_error(c, 500, "internal", "the engine failed this request", NULL);
+            else if (text)
+                srv_respond_json(c, 200, text);
+            free(text);
+            break;
+        }
+        case SRV_TGI_STREAM: {
+            /* the end: a special token carrying the whole text and details */
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "index", (double)g->n_tokens + 1);
+            cJSON_AddItemToObject(o, "token", token_json(-1, "", 0, true));
+            cJSON_AddStringToObject(o, "generated_text", full);
+            cJSON_AddItemToObject(o, "details", tgi_details(g, ev->why, &ev->usage, false));
+            send_event(c, o);
+            srv_stream_end(c);
+            break;
+        }
+        case SRV_OAI: {
+            cJSON *o = oai_chunk(g, full, strlen(full), oai_finish(ev->why));
+            add_usage(o, &ev->usage);
+            char *text = cJSON_PrintUnformatted(o);
+            cJSON_Delete(o);
+            if (ev->why == ENG_FINISH_ERROR)
+                srv_respond_error(c, 500, "internal", "the engine failed this request", NULL);
+            else if (text)
+                srv_respond_json(c, 200, text);
+            free(text);
+            break;
+        }
+        case SRV_OAI_STREAM: {
+            send_event(c, oai_chunk(g, "", 0, oai_finish(ev->why)));
+            if (g->include_usage) {
+                cJSON *o = oai_chunk(g, "", 0, NULL);
+                cJSON_DeleteItemFromObject(o, "choices");
+                cJSON_AddArrayToObject(o, "choices");
+                add_usage(o, &ev->usage);
+                send_event(c, o);
+            }
+            srv_stream_event(c, "[DONE]", 6);
+            srv_stream_end(c);
+            break;
+        }
+        }
+        free(joined);
+    }
+    gen_free(g);
+    srv_check_drained(s);
+}
+
+static void on_wake(uv_async_t *a)
+{
+    srv_server *s = a->data;
+    pthread_mutex_lock(&s->events_mu);
+    srv_event *ev = s->events;
+    s->events = s->events_tail = NULL;
+    pthread_mutex_unlock(&s->events_mu);
+    while (ev) {
+        srv_event *next = ev->next;
+        if (ev->done)
+            on_done_event(ev->g, ev);
+        else
+            on_token_event(ev->g, ev);
+        free(ev->text);
+        free(ev);
+        ev = next;
+    }
+}
+
+/* --- work off the loop ----------------------------------------------------------- */
+
+static void work_run(uv_work_t *req)
+{
+    srv_work *w = req->data;
+    w->run(w);
+}
+
+static void work_after(uv_work_t *req, int status)
+{
+    (void)status;
+    srv_work *w = req->data;
+    srv_server *s = w->s;
+    if (w->conn)
+        w->conn->work = NULL;
+    w->done(w);
+    if (w->has_report)
+        lora_report_free(&w->report);
+    free(w);
+    s->n_work--;
+    srv_check_drained(s);
+}
+
+int srv_work_start(srv_work *w)
+{
+    w->req.data = w;
+    int rc = uv_queue_work(w->s->loop, &w->req, work_run, work_after);
+    if (rc == 0)
+        w->s->n_work++;
+    return rc;
+}
+
+/* --- loading the model ---------------------------------------------------------- */
+
+typedef struct load_job {
+    uv_work_t req;
+    srv_server *s;
+    int rc;
+    char msg[1024];
+} load_job;
+
+static void load_run(uv_work_t *req)
+{
+    load_job *j = req->data;
+    srv_server *s = j->s;
+    const cfg_serve *c = s->cfg;
+    eng_load_opts lo = {.path = c->model.path,
+                        .quant = c->model.quant,
+                        .blocksize = c->model.blocksize,
+                        .group_size = c->model.group_size,
+                        .quantize_lm_head = c->model.quantize_lm_head,
+                        .dtype = c->model.dtype};
+    j->rc = eng_model_load(&s->model, &lo, j->msg, sizeof j->msg);
+    if (j->rc != ENG_OK)
+        return;
+    eng_engine_opts eo = {.kv_bytes = (size_t)c->kv_mib << 20,
+                          .max_running = c->max_running,
+                          .max_queued = c->max_queued > 0 ? c->max_queued : 1,
+                          .max_new_tokens = c->max_new_tokens,
+                          .threads = c->threads};
+    j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
+    if (j->rc == ENG_OK) {
+        lora_registry_opts ro = {.budget_bytes = (size_t)c->adapter_budget_mib << 20,
+                                 .threads = c->merge_threads};
+        j->rc = lora_registry_new(&s->registry, s->engine, &s->model, &ro, j->msg, sizeof j->msg);
+    }
+    if (j->rc != ENG_OK) {
+        eng_engine_stop(s->engine);
+        s->engine = NULL;
+        eng_model_free(&s->model);
+    }
+}
+
+static void load_after(uv_work_t *req, int status)
+{
+    (void)status;
+    load_job *j = req->data;
+    srv_server *s = j->s;
+    s->n_work--;
+    if (j->rc != ENG_OK) {
+        fprintf(stderr, "qlserve serve: %s\n", j->msg);
+        s->load_failed = true;
+        s->exit_code = 1;
+        s->draining = true;
+        srv_stop_accepting(s);
+        srv_check_drained(s);
+    } else {
+        s->serving = !s->draining;
+        fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels)\n", s->model_id,
+                eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path());
+        srv_check_drained(s);
+    }
+    free(j);
+}
+
+/* --- shutdown ----------------------------------------------------------------------- */
+
+static void close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+void srv_check_drained(srv_server *s)
+{
+    if (!s->draining || s->n_live > 0 || s->n_work > 0 || s->handles_closed || s->in_check)
+        return;
+    /* nothing runs: close the connections (each flushes what it has
+     * written), then the server's own handles; the loop then ends */
+    s->in_check = true;
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        srv_conn_close(c);
+    }
+    s->in_check = false;
+    s->handles_closed = true;
+    if (s->listening) {
+        s->listening = false;
+        uv_close((uv_handle_t *)&s->listener, NULL);
+    }
+    uv_handle_t *own[] = {(uv_handle_t *)&s->wake, (uv_handle_t *)&s->grace,
+                          (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        if (!uv_is_closing(own[i]))
+            uv_close(own[i], NULL);
+}
+
+static void on_grace(uv_timer_t *t)
+{
+    srv_server *s = t->data;
+    for (srv_gen *g = s->live; g; g = g->next_live)
+        eng_engine_cancel(s->engine, g->id);
+}
+
+static void on_signal(uv_signal_t *sig, int signum)
+{
+    srv_server *s = sig->data;
+    if (s->draining) {
+        on_grace(&s->grace); /* a second signal: cancel now */
+        return;
+    }
+    fprintf(stderr, "qlserve: %s: draining (grace %d ms)\n",
+            signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->grace_ms);
+    s->draining = true;
+    s->serving = false;
+    srv_stop_accepting(s);
+    uv_timer_start(&s->grace, on_grace, (uint64_t)s->cfg->grace_ms, 0);
+    uv_unref((uv_handle_t *)&s->grace);
+    srv_check_drained(s);
+}
+
+/* --- the entry point ----------------------------------------------------------------- */
+
+int srv_serve(const cfg_serve *cfg)
+{
+    signal(SIGPIPE, SIG_IGN); /* a vanished client is a write error, not a death */
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return 1;
+    s->loop = uv_default_loop();
+    s->cfg = cfg;
+    s->started_at = (double)time(NULL);
+    srv_metrics_init(&s->metrics);
+    srv_http_settings(&s->http_settings);
+    pthread_mutex_init(&s->events_mu, NULL);
+    /* the model's id in /v1/models: --served-model-name, or the file's or
+     * folder's base name without .gguf */
+    if (cfg->served_model_name) {
+        snprintf(s->model_id, sizeof s->model_id, "%s", cfg->served_model_name);
+    } else {
+        char path[1024];
+        snprintf(path, sizeof path, "%s", cfg->model.path);
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/')
+            path[--n] = 0;
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        snprintf(s->model_id, sizeof s->model_id, "%s", base);
+        n = strlen(s->model_id);
+        if (n > 5 && strcmp(s->model_id + n - 5, ".gguf") == 0)
+            s->model_id[n - 5] = 0;
+    }
+    uv_async_init(s->loop, &s->wake, on_wake);
+    s->wake.data = s;
+    uv_timer_init(s->loop, &s->grace);
+    s->grace.data = s;
+    uv_signal_init(s->loop, &s->sigterm);
+    uv_signal_init(s->loop, &s->sigint);
+    s->sigterm.data = s->sigint.data = s;
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    char msg[1024];
+    int port = 0;
+    if (srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != ENG_OK) {
+        fprintf(stderr, "qlserve serve: %s\n", msg);
+        uv_walk(s->loop, close_walk, NULL);
+        uv_run(s->loop, UV_RUN_DEFAULT);
+        free(s);
+        return 1;
+    }
+    fprintf(stderr, "qlserve: listening on http://%s:%d (loading %s)\n", cfg->host, port,
+            cfg->model.path);
+    load_job *j = calloc(1, sizeof *j);
+    j->s = s;
+    j->req.data = j;
+    s->n_work++;
+    uv_queue_work(s->loop, &j->req, load_run, load_after);
+
+    uv_run(s->loop, UV_RUN_DEFAULT);
+
+    /* every connection and generation is gone; the engine is idle */
+    int code = s->exit_code;
+    if (s->engine)
+        eng_engine_stop(s->engine);
+    lora_registry_free(s->registry);
+    if (s->model.layers)
+        eng_model_free(&s->model);
+    on_wake(&s->wake); /* events that raced the stop: free them */
+    uv_loop_close(s->loop);
+    pthread_mutex_destroy(&s->events_mu);
+    free(s->scales);
+    free(s);
+    fprintf(stderr, "qlserve: stopped\n");
+    return code;
+}
