@@ -7,8 +7,9 @@
 #   scripts/run.sh [qlserve serve flags...]
 #
 # Defaults: 127.0.0.1:8080 (QLSERVE_HOST / QLSERVE_PORT or --host / --port
-# change them), adapters loadable from ./adapters (created when missing;
-# --adapter-dir changes it). Extra arguments go to `qlserve serve`.
+# change them); adapters load from ~/.cache/qlserve/adapters (or
+# $QLSERVE_CACHE/adapters; created when missing). Extra arguments go to
+# `qlserve serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
 
 model=$(scripts/fetch-model.sh)
-mkdir -p adapters-dir
+adapters="${QLSERVE_CACHE:-$HOME/.cache/qlserve}/adapters"
+mkdir -p "$adapters"
 build/qlserve version
-exec build/qlserve serve --model "$model" --adapter-dir adapters-dir "$@"
+exec build/qlserve serve --model "$model" --adapter-dir "$adapters" "$@"
