@@ -277,9 +277,14 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 static int on_header_field_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
-    c->hwant = !c->hfield_long && strcasecmp(c->hfield, "authorization") == 0 ? 1 : 0;
-    if (c->hwant)
+    c->hwant = 0;
+    if (!c->hfield_long && strcasecmp(c->hfield, "authorization") == 0) {
+        c->hwant = 1;
         c->req.authorization[0] = 0;
+    } else if (!c->hfield_long && strcasecmp(c->hfield, "expect") == 0) {
+        c->hwant = 2;
+        c->hvalue[0] = 0;
+    }
     return 0;
 }
 
@@ -296,6 +301,12 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
             memcpy(c->req.authorization + have, at, len);
             c->req.authorization[have + len] = 0;
         }
+    } else if (c->hwant == 2) {
+        size_t have = strlen(c->hvalue);
+        if (have + len < sizeof c->hvalue) {
+            memcpy(c->hvalue + have, at, len);
+            c->hvalue[have + len] = 0;
+        }
     }
     return 0;
 }
@@ -303,6 +314,8 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 static int on_header_value_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
+    if (c->hwant == 2)
+        c->req.expect_continue = strcasecmp(c->hvalue, "100-continue") == 0;
     c->hfield_len = 0;
     c->hfield_long = false;
     c->hwant = 0;
@@ -326,6 +339,9 @@ static int on_headers_complete(llhttp_t *p)
     /* refuse a declared body over the limit before reading any of it */
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
+    /* the client waits for a go-ahead before sending the body */
+    if (c->req.expect_continue)
+        send_bytes(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     return 0;
 }
 

@@ -70,6 +70,7 @@ typedef struct srv_request {
     size_t body_len;
     char authorization[512];
     bool auth_too_long;
+    bool expect_continue; /* Expect: 100-continue (curl sends it for bodies over 1 KiB) */
     bool keep_alive;
 } srv_request;
 
@@ -82,7 +83,8 @@ struct srv_conn {
     char hfield[64]; /* the header name being read (only ones we use) */
     size_t hfield_len;
     bool hfield_long;    /* longer than any header we use */
-    int hwant;           /* which header's value is being read: 1 authorization */
+    int hwant;           /* which header's value is being read: 1 authorization, 2 expect */
+    char hvalue[32];     /* the value of Expect */
     size_t header_bytes; /* url + fields + values of this request */
     char *pending;       /* bytes read but not yet parsed (while a request is answered) */
     size_t pending_len, pending_cap;
