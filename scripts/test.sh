@@ -6,7 +6,8 @@
 # Exits non-zero when any build or test fails.
 #
 # Last, a clang build fuzzes the safetensors, bitsandbytes and GGUF parsers
-# with libFuzzer, each for a bounded time (QL_FUZZ_SECONDS, default 60).
+# and the HTTP request path with libFuzzer, each for a bounded time
+# (QL_FUZZ_SECONDS, default 60).
 #
 #   scripts/test.sh                       everything
 #   QL_SKIP_SANITIZE=1 QL_SKIP_FUZZ=1 scripts/test.sh   the release build only
@@ -32,9 +33,9 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
      ctest -V -j "$jobs")
 fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "== fuzzing the model-file parsers (clang + libFuzzer, bounded)"
+  echo "== fuzzing the model-file parsers and the HTTP request path (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
-  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf
+  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_http
   corpus=$(mktemp -d)
   cp tests/fixtures/*.safetensors "$corpus/"
   build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
@@ -45,6 +46,14 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   cp tests/fixtures/*.gguf "$corpus/"
   build-fuzz/fuzz_gguf -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
     -print_final_stats=1 "$corpus"
+  rm -rf "$corpus"
+  # the HTTP request path on a server with no model, seeded with valid
+  # requests (tests/fuzz/corpus_http: byte 0 the server's setup, 1..7 where
+  # the bytes are cut into reads)
+  corpus=$(mktemp -d)
+  cp tests/fuzz/corpus_http/* "$corpus/"
+  build-fuzz/fuzz_http -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=16384 \
+    -dict=tests/fuzz/http.dict -print_final_stats=1 "$corpus"
   rm -rf "$corpus"
 fi
 echo "== all tests passed"
