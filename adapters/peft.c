@@ -60,7 +60,6 @@
  */
 #include "lora.h"
 
-
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <inttypes.h>

@@ -17,5 +17,4 @@
 int eng_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
                  char *msg, size_t msg_len);
 
-
 #endif

@@ -336,6 +336,12 @@ static int refuse_body(srv_conn *c)
 static int on_headers_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
+    /* no protocol is switched to here: Upgrade is ignored (RFC 9110 7.8)
+     * and CONNECT is answered as any other method. Left set, llhttp would
+     * take the bytes after this request as another protocol, and the next
+     * request on the connection (curl --http2 sends Upgrade: h2c) would get
+     * a 400 */
+    p->upgrade = 0;
     /* refuse a declared body over the limit before reading any of it */
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
@@ -414,7 +420,11 @@ static void parse(srv_conn *c, const char *data, size_t len)
         }
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
         if (err == HPE_OK) {
-            arm_timer(c);
+            /* the request timer runs from the request's first byte
+             * (on_message_begin): more of it does not restart it, or a
+             * client trickling bytes would never time out */
+            if (!c->reading)
+                arm_timer(c);
             return;
         }
         if (err == HPE_PAUSED) {
@@ -612,7 +622,8 @@ void srv_respond(srv_conn *c, int status, const char *content_type, const char *
                                                                       : "Connection: close\r\n"));
     count_status(c->s, status);
     send_bytes(c, head, (size_t)n);
-    send_bytes(c, body, len);
+    if (c->req.method != HTTP_HEAD) /* HEAD: the headers alone, or the framing breaks */
+        send_bytes(c, body, len);
     if (c->busy)
         response_done(c, keep);
 }

@@ -312,12 +312,15 @@ static void on_token_event(srv_gen *g, const srv_event *ev)
         g->first_seen = true;
         g->t_last = t;
     }
-    append_text(g, ev->text ? ev->text : "", ev->len);
+    if (append_text(g, ev->text ? ev->text : "", ev->len) && ev->token < 0)
+        g->tail_len += ev->len;
     if (ev->token >= 0)
         record_token(g, ev->token, ev->text ? ev->text : "", ev->len);
     srv_conn *c = g->conn;
     if (!c)
         return;
+    if (g->shape == SRV_TGI_STREAM && ev->token < 0)
+        return; /* held-back text at the end: the final event carries it */
     if (g->shape == SRV_TGI_STREAM) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "index", (double)g->n_tokens);
@@ -370,10 +373,16 @@ static void on_done_event(srv_gen *g, const srv_event *ev)
             break;
         }
         case SRV_TGI_STREAM: {
-            /* the end: a special token carrying the whole text and details */
+            /* the end: a pseudo-token carrying the whole text and details.
+             * Its own text is what the engine held back until the end (a
+             * stop string's possible start, an incomplete UTF-8 tail), as
+             * ordinary text, so clients that join the non-special tokens'
+             * texts get the whole generated_text; with no such tail it is
+             * an empty special token. */
+            const char *tail = g->text ? g->text + g->text_len - g->tail_len : "";
             cJSON *o = cJSON_CreateObject();
             cJSON_AddNumberToObject(o, "index", (double)g->n_tokens + 1);
-            cJSON_AddItemToObject(o, "token", token_json(-1, "", 0, true));
+            cJSON_AddItemToObject(o, "token", token_json(-1, tail, g->tail_len, g->tail_len == 0));
             cJSON_AddStringToObject(o, "generated_text", full);
             cJSON_AddItemToObject(o, "details", tgi_details(g, ev->why, &ev->usage, false));
             send_event(c, o);
@@ -600,7 +609,7 @@ int srv_serve(const cfg_serve *cfg)
     /* the model's id in /v1/models: --served-model-name, or the file's or
      * folder's base name without .gguf */
     if (cfg->served_model_name) {
-        snprintf(s->model_id, sizeof s->model_id, "%s", cfg->served_model_name);
+        snprintf(s->model_id, sizeof s->model_id, "%.159s", cfg->served_model_name);
     } else {
         char path[1024];
         snprintf(path, sizeof path, "%s", cfg->model.path);
@@ -609,7 +618,7 @@ int srv_serve(const cfg_serve *cfg)
             path[--n] = 0;
         const char *base = strrchr(path, '/');
         base = base ? base + 1 : path;
-        snprintf(s->model_id, sizeof s->model_id, "%s", base);
+        snprintf(s->model_id, sizeof s->model_id, "%.159s", base);
         n = strlen(s->model_id);
         if (n > 5 && strcmp(s->model_id + n - 5, ".gguf") == 0)
             s->model_id[n - 5] = 0;

@@ -163,6 +163,7 @@ struct srv_gen {
     uint64_t id; /* the engine's */
     char *text;  /* everything generated so far */
     size_t text_len, text_cap;
+    size_t tail_len; /* of that, the text the engine held back to the end */
     int32_t *tokens; /* token ids, for details */
     char **pieces;   /* their text, for details */
     size_t n_tokens, cap_tokens;
