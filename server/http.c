@@ -346,7 +346,8 @@ static int on_headers_complete(llhttp_t *p)
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
     /* the client waits for a go-ahead before sending the body */
-    if (c->req.expect_continue)
+    c->req.http10 = p->http_major == 1 && p->http_minor == 0;
+    if (c->req.expect_continue && !c->req.http10)
         send_bytes(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
     return 0;
 }
@@ -655,9 +656,15 @@ void srv_stream_begin(srv_conn *c)
 {
     static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    /* HTTP/1.0 knows no chunked encoding: the stream ends with the connection */
+    static const char head10[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 "Cache-Control: no-cache\r\nConnection: close\r\n\r\n";
     count_status(c->s, 200);
     c->streaming = true;
-    send_bytes(c, head, sizeof head - 1);
+    if (c->req.http10)
+        send_bytes(c, head10, sizeof head10 - 1);
+    else
+        send_bytes(c, head, sizeof head - 1);
 }
 
 /* One chunk of the chunked body. */
@@ -685,7 +692,13 @@ void srv_stream_event(srv_conn *c, const char *data, size_t len)
 {
     if (c->closing && !c->sink)
         return;
-    send_chunk(c, "data: ", 6, data, len, "\n\n", 2);
+    if (c->req.http10) {
+        send_bytes(c, "data: ", 6);
+        send_bytes(c, data, len);
+        send_bytes(c, "\n\n", 2);
+    } else {
+        send_chunk(c, "data: ", 6, data, len, "\n\n", 2);
+    }
     if (srv_conn_backlog(c) > SLOW_READER_BYTES)
         srv_conn_abort(c); /* it does not read what it asked for */
 }
@@ -694,9 +707,11 @@ void srv_stream_end(srv_conn *c)
 {
     if (c->closing && !c->sink)
         return;
-    send_bytes(c, "0\r\n\r\n", 5);
+    bool http10 = c->req.http10;
+    if (!http10)
+        send_bytes(c, "0\r\n\r\n", 5);
     if (c->busy)
-        response_done(c, true);
+        response_done(c, !http10);
 }
 
 /* --- detached connections (the fuzz target) ----------------------------------- */

@@ -72,6 +72,7 @@ typedef struct srv_request {
     bool auth_too_long;
     bool expect_continue; /* Expect: 100-continue (curl sends it for bodies over 1 KiB) */
     bool keep_alive;
+    bool http10; /* an HTTP/1.0 client: no chunked encoding, no 100-continue */
 } srv_request;
 
 struct srv_conn {

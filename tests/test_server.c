@@ -1270,6 +1270,35 @@ Test(server, head_request_gets_headers_without_a_body_and_the_connection_goes_on
     stop_cleanly();
 }
 
+Test(server, http10_stream_is_unchunked_and_ends_with_the_connection)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, NULL);
+    hc_conn c;
+    cr_assert(hc_open(&c, port));
+    const char body[] = "{\"inputs\": \"the\", \"parameters\": {\"max_new_tokens\": 3}}";
+    char req[512];
+    snprintf(req, sizeof req,
+             "POST /generate_stream HTTP/1.0\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             sizeof body - 1, body);
+    cr_assert(hc_send_str(&c, req));
+    hc_response r;
+    cr_assert(hc_read_head(&c, &r));
+    cr_assert_eq(r.status, 200);
+    char te[64] = "";
+    cr_assert(!hc_header(&r, "Transfer-Encoding", te, sizeof te), "HTTP/1.0 got %s", te);
+    /* the events as plain bytes, then the server closes */
+    char *rest = NULL;
+    cr_assert(hc_until(&c, "\"generated_text\":\"", &rest), "no final event");
+    cr_assert(strncmp(rest, "data: {", 7) == 0, "not a bare event: %.40s", rest);
+    free(rest);
+    cr_assert(hc_closed_by_server(&c), "the stream's end is the connection's");
+    hc_response_free(&r);
+    hc_close(&c);
+    stop_cleanly();
+}
+
 Test(server, connections_over_the_limit_get_503_with_retry_after)
 {
     tiny_spec spec = tiny_default();
