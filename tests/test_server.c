@@ -83,7 +83,7 @@ static void teardown(void)
 
 /* a test takes seconds; under the sanitizers the longest takes half a
  * minute */
-TestSuite(server, .init = setup, .fini = teardown, .timeout = 120);
+TestSuite(server, .init = setup, .fini = teardown, .timeout = 300);
 
 /* --- the server process --------------------------------------------------------- */
 
@@ -184,7 +184,7 @@ static int stop_server(int sig)
 {
     cr_assert_gt(server_pid, 0);
     kill(server_pid, sig);
-    for (int tries = 0; tries < 1000; tries++) {
+    for (int tries = 0; tries < 3000; tries++) {
         int st;
         pid_t got = waitpid(server_pid, &st, WNOHANG);
         if (got == server_pid) {
@@ -399,7 +399,7 @@ static double metric(const char *text, const char *name)
  * thread); false when it never does. */
 static bool metric_becomes(const char *name, double value)
 {
-    for (int tries = 0; tries < 1000; tries++) {
+    for (int tries = 0; tries < 3000; tries++) {
         char *text = metrics_text();
         double v = metric(text, name);
         free(text);
@@ -1655,7 +1655,7 @@ Test(server, client_disconnect_mid_stream_cancels_and_frees_kv_blocks)
  * within a few seconds, or a signal ended it). */
 static int wait_exit(void)
 {
-    for (int tries = 0; tries < 1000; tries++) {
+    for (int tries = 0; tries < 3000; tries++) {
         int st;
         if (waitpid(server_pid, &st, WNOHANG) == server_pid) {
             server_pid = -1;
