@@ -15,6 +15,7 @@ packages=(
   libuv1-dev        # event loop
   libcjson-dev      # JSON
   libcriterion-dev  # tests
+  libyaml-dev       # YAML, for tests/test_deploy.c's checks of deploy/
   node-llhttp       # llhttp C sources, compiled by our CMake
   clang             # the fuzz build (libFuzzer)
   libclang-rt-dev   # libFuzzer and the sanitizer runtimes for clang
