@@ -402,51 +402,59 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
     return ENG_OK;
 }
 
-int lora_registry_merge(lora_registry *r, const char *name, float scale, const lora_merge_opts *o,
-                        lora_report *rep, char *msg, size_t msg_len)
+/*
+ * Change the merged configuration: the serving one with `lora` set to
+ * `scale` (merge), or without it (unmerge); recompute from the pristine
+ * weights and publish. Under merge_mu; on failure nothing changes.
+ */
+static int change_configuration(lora_registry *r, const char *name, bool merge, float scale,
+                                const lora_merge_opts *o, lora_report *rep, char *msg,
+                                size_t msg_len)
 {
-    if (!(scale == scale) || scale > 1e6f || scale < -1e6f)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "merge scale %g is not a usable number",
-                       (double)scale);
-    if (o->into != QT_KIND_COUNT && o->into != QT_AFFINE && o->into != QT_BF16)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
-                       "merge into %s: one of the weight's own kind, int8 or bf16",
-                       qt_kind_name(o->into));
     eng_lora *lora = NULL;
     int rc = lora_registry_get(r, name, &lora, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
     pthread_mutex_lock(&r->merge_mu);
     eng_weights *serving = eng_engine_weights(r->e);
-    /* the new configuration: what is merged, with name at `scale` */
     eng_lora_term terms[16];
     size_t n = 0;
-    bool replaced = false;
+    bool present = false;
     for (size_t i = 0; i < serving->n_merged && n < 16; i++) {
+        bool it = serving->merged[i].lora == lora;
+        present |= it;
+        if (it && !merge)
+            continue; /* unmerge: the rest stay merged */
         terms[n] = serving->merged[i];
-        if (terms[n].lora == lora) {
+        if (it)
             terms[n].scale = scale;
-            replaced = true;
-        }
         n++;
     }
-    if (!replaced && n == 16)
+    if (merge && !present && n == 16)
         rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "16 adapters are merged already");
-    else if (!replaced)
+    else if (merge && !present)
         terms[n++] = (eng_lora_term){lora, scale};
+    else if (!merge && !present)
+        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "adapter %s is not merged", name);
+    /* an unmerge stores what stays merged as it was stored */
+    lora_merge_opts keep = {.safe_merge = true, .into = r->into};
     lora_report rp = {0};
     if (rc == ENG_OK)
-        rc = publish_configuration(r, terms, n, o, &rp, msg, msg_len);
+        rc = publish_configuration(r, terms, n, merge ? o : &keep, &rp, msg, msg_len);
     eng_weights_unref(serving);
     if (rc == ENG_OK) {
         snprintf(rp.adapter, sizeof rp.adapter, "%s", name);
-        rp.scale = scale;
-        r->into = o->into;
+        rp.scale = merge ? scale : 0.0f;
+        r->into = merge ? o->into : n == 0 ? QT_KIND_COUNT : r->into;
         pthread_mutex_lock(&r->mu);
-        r->merges++;
-        entry *en = find(r, name);
-        if (en)
-            en->last_merge = rp.overall;
+        if (merge) {
+            r->merges++;
+            entry *en = find(r, name);
+            if (en)
+                en->last_merge = rp.overall;
+        } else {
+            r->unmerges++;
+        }
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&r->merge_mu);
@@ -458,47 +466,23 @@ int lora_registry_merge(lora_registry *r, const char *name, float scale, const l
     return rc;
 }
 
+int lora_registry_merge(lora_registry *r, const char *name, float scale, const lora_merge_opts *o,
+                        lora_report *rep, char *msg, size_t msg_len)
+{
+    if (!(scale == scale) || scale > 1e6f || scale < -1e6f)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "merge scale %g is not a usable number",
+                       (double)scale);
+    if (o->into != QT_KIND_COUNT && o->into != QT_AFFINE && o->into != QT_BF16)
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "merge into %s: one of the weight's own kind, int8 or bf16",
+                       qt_kind_name(o->into));
+    return change_configuration(r, name, true, scale, o, rep, msg, msg_len);
+}
+
 int lora_registry_unmerge(lora_registry *r, const char *name, lora_report *rep, char *msg,
                           size_t msg_len)
 {
-    eng_lora *lora = NULL;
-    int rc = lora_registry_get(r, name, &lora, msg, msg_len);
-    if (rc != ENG_OK)
-        return rc;
-    pthread_mutex_lock(&r->merge_mu);
-    eng_weights *serving = eng_engine_weights(r->e);
-    eng_lora_term terms[16];
-    size_t n = 0;
-    bool found = false;
-    for (size_t i = 0; i < serving->n_merged && n < 16; i++) {
-        if (serving->merged[i].lora == lora)
-            found = true;
-        else
-            terms[n++] = serving->merged[i];
-    }
-    lora_report rp = {0};
-    if (!found)
-        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "adapter %s is not merged", name);
-    /* the rest stay merged, stored as they were */
-    lora_merge_opts o = {.safe_merge = true, .into = r->into};
-    if (rc == ENG_OK)
-        rc = publish_configuration(r, terms, n, &o, &rp, msg, msg_len);
-    eng_weights_unref(serving);
-    if (rc == ENG_OK) {
-        snprintf(rp.adapter, sizeof rp.adapter, "%s", name);
-        if (n == 0)
-            r->into = QT_KIND_COUNT;
-        pthread_mutex_lock(&r->mu);
-        r->unmerges++;
-        pthread_mutex_unlock(&r->mu);
-    }
-    pthread_mutex_unlock(&r->merge_mu);
-    eng_lora_unref(lora);
-    if (rc == ENG_OK && rep)
-        *rep = rp;
-    else
-        lora_report_free(&rp);
-    return rc;
+    return change_configuration(r, name, false, 0.0f, NULL, rep, msg, msg_len);
 }
 
 void lora_registry_state(lora_registry *r, lora_state *out)

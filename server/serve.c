@@ -333,6 +333,20 @@ static void on_token_event(srv_gen *g, const srv_event *ev)
     }
 }
 
+/* A whole (not streamed) answer: o (consumed), or a 500 when the engine
+ * failed the request. */
+static void respond_whole(srv_conn *c, cJSON *o, eng_finish why)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (why == ENG_FINISH_ERROR || !text)
+        srv_respond_error(c, 500, "internal",
+                          text ? "the engine failed this request" : "out of memory", NULL);
+    else
+        srv_respond_json(c, 200, text);
+    free(text);
+}
+
 static void on_done_event(srv_gen *g, const srv_event *ev)
 {
     srv_server *s = g->s;
@@ -363,13 +377,7 @@ static void on_done_event(srv_gen *g, const srv_event *ev)
             cJSON_AddStringToObject(o, "generated_text", full);
             if (g->details)
                 cJSON_AddItemToObject(o, "details", tgi_details(g, ev->why, &ev->usage, true));
-            char *text = cJSON_PrintUnformatted(o);
-            cJSON_Delete(o);
-            if (ev->why == ENG_FINISH_ERROR)
-                srv_respond_error(c, 500, "internal", "the engine failed this request", NULL);
-            else if (text)
-                srv_respond_json(c, 200, text);
-            free(text);
+            respond_whole(c, o, ev->why);
             break;
         }
         case SRV_TGI_STREAM: {
@@ -392,13 +400,7 @@ static void on_done_event(srv_gen *g, const srv_event *ev)
         case SRV_OAI: {
             cJSON *o = oai_chunk(g, full, strlen(full), oai_finish(ev->why));
             add_usage(o, &ev->usage);
-            char *text = cJSON_PrintUnformatted(o);
-            cJSON_Delete(o);
-            if (ev->why == ENG_FINISH_ERROR)
-                srv_respond_error(c, 500, "internal", "the engine failed this request", NULL);
-            else if (text)
-                srv_respond_json(c, 200, text);
-            free(text);
+            respond_whole(c, o, ev->why);
             break;
         }
         case SRV_OAI_STREAM: {
