@@ -20,7 +20,8 @@
  *     channel), with the merge report;
  *   - decode tokens/s at batch 1 with one unmerged adapter and at batch 8
  *     with 0, 1, 4 and 8 distinct unmerged adapters, as a ratio to the same
- *     batch with none (eng_forward, greedy, --new-tokens steps);
+ *     batch with none measured in the same round (eng_forward, greedy,
+ *     --new-tokens steps; the median over --rounds rounds, and the range);
  *   - drift: PEFT's way (merge into the quantized weight, later subtract
  *     and requantize) against ours (recompute from the pristine weight)
  *     after 1, 10 and 100 merge/unmerge cycles, on the seven projections of
@@ -55,6 +56,35 @@ static void die(const char *what, const char *msg)
 {
     fprintf(stderr, "bench_adapters: %s: %s\n", what, msg);
     exit(1);
+}
+
+static double median(const double *v, int n)
+{
+    double s[64];
+    memcpy(s, v, (size_t)n * sizeof *s);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+static double min_of(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = fmin(m, v[i]);
+    return m;
+}
+
+static double max_of(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = fmax(m, v[i]);
+    return m;
 }
 
 /* --- requantizing the default model's weights in memory -------------------- */
@@ -251,7 +281,8 @@ static void merge_figures(const eng_model *m, const char *label, const char *ada
 int main(int argc, char **argv)
 {
     const char *model = NULL, *tmp = "/tmp";
-    int threads = 0, new_tokens = 32;
+    int threads = 0, new_tokens = 32, rounds = 5;
+    bool decode_only = false;
     double ratio = 0.02;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -264,12 +295,18 @@ int main(int argc, char **argv)
             ratio = atof(argv[++i]);
         else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
             tmp = argv[++i];
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--decode-only") == 0)
+            decode_only = true;
         else {
             fprintf(stderr, "usage: bench_adapters --model PATH [--threads N] [--new-tokens N] "
-                            "[--delta-ratio R] [--dir TMPDIR]\n");
+                            "[--delta-ratio R] [--dir TMPDIR] [--rounds N] [--decode-only]\n");
             return 2;
         }
     }
+    if (rounds < 1 || rounds > 64)
+        rounds = 5;
     if (!model) {
         fprintf(stderr, "bench_adapters: --model is required\n");
         return 2;
@@ -332,27 +369,37 @@ int main(int argc, char **argv)
         if (lora_load(&ad[i], NULL, dirs[i], name, &m, msg, sizeof msg))
             die("load", msg);
     }
-    /* the best of three rounds, the configurations interleaved within each
-     * round, so a noisy neighbour slows them alike */
-    double b1_none = 0, b1_one = 0, b8[4] = {0};
-    int counts[4] = {0, 1, 4, 8};
-    for (int round = 0; round < 3; round++) {
-        b1_none = fmax(b1_none, decode_rate(&m, pool, ad, 0, 1, new_tokens));
-        b1_one = fmax(b1_one, decode_rate(&m, pool, ad, 1, 1, new_tokens));
-        for (int i = 0; i < 4; i++)
-            b8[i] = fmax(b8[i], decode_rate(&m, pool, ad, counts[i], 8, new_tokens));
+    /* per round, every configuration once, interleaved, and its rate as a
+     * ratio to the same batch with no adapter measured in that round (a
+     * noisy neighbour slows a round's runs alike); the medians over rounds */
+    enum { B1_NONE, B1_ONE, B8_NONE, B8_ONE, B8_FOUR, B8_EIGHT, N_RUNS };
+    static const int run_batch[N_RUNS] = {1, 1, 8, 8, 8, 8},
+                     run_adapters[N_RUNS] = {0, 1, 0, 1, 4, 8};
+    double rate[N_RUNS][64], rel[N_RUNS][64];
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < N_RUNS; k++)
+            rate[k][r] = decode_rate(&m, pool, ad, run_adapters[k], run_batch[k], new_tokens);
+        for (int k = 0; k < N_RUNS; k++)
+            rel[k][r] = rate[k][r] / rate[run_batch[k] == 1 ? B1_NONE : B8_NONE][r];
     }
-    fprintf(out,
-            "  \"decode\": {\"new_tokens\": %d, \"batch1\": {\"none_tok_s\": %.1f, "
-            "\"one_adapter_tok_s\": %.1f, \"ratio\": %.3f},\n",
-            new_tokens, b1_none, b1_one, b1_one / b1_none);
-    fprintf(out, "    \"batch8\": {\"none_tok_s\": %.1f", b8[0]);
-    for (int i = 1; i < 4; i++)
-        fprintf(out, ", \"%d_adapters_tok_s\": %.1f, \"%d_adapters_ratio\": %.3f", counts[i], b8[i],
-                counts[i], b8[i] / b8[0]);
-    fprintf(out, "}},\n");
+    fprintf(out, "  \"decode\": {\"new_tokens\": %d, \"rounds\": %d, \"runs\": [\n", new_tokens,
+            rounds);
+    for (int k = 0; k < N_RUNS; k++)
+        fprintf(out,
+                "    {\"batch\": %d, \"distinct_adapters\": %d, \"median_tok_s\": %.1f, "
+                "\"median_ratio_to_none\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f}%s\n",
+                run_batch[k], run_adapters[k], median(rate[k], rounds), median(rel[k], rounds),
+                min_of(rel[k], rounds), max_of(rel[k], rounds), k + 1 < N_RUNS ? "," : "");
+    fprintf(out, "  ]},\n");
     for (int i = 0; i < 8; i++)
         eng_lora_unref(ad[i]);
+
+    if (decode_only) {
+        fprintf(out, "  \"merge\": null\n}\n");
+        eng_pool_free(pool);
+        eng_model_free(&m);
+        return 0;
+    }
 
     // merge, unmerge and drift per kind
     fprintf(out, "  \"merge\": [\n");
