@@ -136,10 +136,50 @@ static void on_timer_closed(uv_handle_t *h)
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
+/* how long a refused client may go on sending before it is cut off */
+#define LINGER_MS 2000
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+static void linger_end(srv_conn *c)
+{
+    if (c->linger_done)
+        return;
+    c->linger_done = true;
+    uv_timer_stop(&c->timer);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+static void linger_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    free(buf->base); /* what the client still sends is dropped */
+    if (n < 0)
+        linger_end(st->data);
+}
+
+static void linger_over(uv_timer_t *t)
+{
+    linger_end(t->data);
+}
+
+/*
+ * Our bytes are out. After a request refused while it was arriving (413,
+ * 431, 408, malformed), the client may still be sending its body; closing
+ * with unread bytes makes the kernel answer with a reset that can destroy
+ * the response before the client reads it. So read and drop what comes
+ * until the client closes or LINGER_MS passes (the "lingering close" of
+ * RFC 9112, 9.6). Otherwise close now.
+ */
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
-    (void)status;
     srv_conn *c = req->data;
+    if (status == 0 && c->refused &&
+        uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, linger_read) == 0) {
+        uv_timer_start(&c->timer, linger_over, LINGER_MS, 0);
+        return;
+    }
+    c->linger_done = true;
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
@@ -193,8 +233,10 @@ static void on_timeout(uv_timer_t *t)
     srv_conn *c = t->data;
     if (c->busy)
         return;
-    if (c->reading)
+    if (c->reading) {
         srv_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
+        c->refused = true;
+    }
     srv_conn_close(c); /* idle keep-alive, or after the 408 */
 }
 
@@ -445,6 +487,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
                      llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser)
                                                          : "");
             srv_respond_error(c, 400, "invalid_request", m, "Connection: close\r\n");
+            c->refused = true;
         }
         srv_conn_close(c);
         return;

@@ -91,7 +91,8 @@ struct srv_conn {
     size_t pending_len, pending_cap;
     bool busy; /* a request is being answered */
     bool closing;
-    bool refused; /* the request was refused while being read (413, 431) */
+    bool refused;     /* the request was refused while being read (413, 431) */
+    bool linger_done; /* the lingering close after a refusal has ended */
     uv_shutdown_t shutdown;
     bool streaming;        /* the response is an event stream in progress */
     bool loopback;         /* the peer is 127.0.0.0/8 or ::1 */
