@@ -713,7 +713,9 @@ typedef struct eng_engine_opts {
     int32_t max_running;    /* sequences decoding together; 0: 64 */
     int32_t max_queued;     /* waiting requests before submit refuses; 0: 256 */
     int32_t max_new_tokens; /* the largest max_new_tokens accepted; 0: 4096 */
-    int threads;            /* kernel threads; 0: the machine's cores */
+    /* prompt plus max_new_tokens may not pass it; 0: the model's context */
+    int32_t max_context;
+    int threads; /* kernel threads; 0: the machine's cores */
 } eng_engine_opts;
 
 typedef struct eng_engine eng_engine;
@@ -724,9 +726,10 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                      size_t msg_len);
 /*
  * Check and queue a request: an empty prompt, invalid UTF-8, a prompt
- * longer than the context or the whole KV cache, max_new_tokens out of
- * range, bad sampling parameters or a full queue are refused here with the
- * reason (nothing is queued). *id names it for eng_engine_cancel.
+ * longer than the context or the whole KV cache, prompt plus
+ * max_new_tokens past max_context (when set), max_new_tokens out of range,
+ * bad sampling parameters or a full queue are refused here with the reason
+ * (nothing is queued). *id names it for eng_engine_cancel.
  */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
 /*

@@ -239,6 +239,11 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
         rc = qt_fail(msg, msg_len, ENG_EINVAL,
                      "the prompt is %zu tokens; the context holds %d, with room for one more", n,
                      c->max_position_embeddings);
+    if (rc == ENG_OK && e->o.max_context > 0 && (int64_t)n + r->max_new_tokens > e->o.max_context)
+        rc = qt_fail(msg, msg_len, ENG_EINVAL,
+                     "the prompt's %zu tokens plus max new tokens %d exceed the context length of "
+                     "%d tokens",
+                     n, r->max_new_tokens, e->o.max_context);
     s->n_prompt = (int32_t)n;
     int64_t want = (int64_t)n + r->max_new_tokens;
     s->reserve = (int32_t)(want < c->max_position_embeddings ? want : c->max_position_embeddings);

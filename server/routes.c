@@ -398,33 +398,15 @@ static bool parse_oai(srv_conn *c, const cJSON *root, gen_ask *a, const char **m
     return true;
 }
 
-/* Check the limits the server sets, tokenizing the prompt to count it. */
+/* The server's own limit on new tokens; the context length (prompt plus
+ * new tokens) is checked by the engine at submit, which counts the
+ * prompt's tokens once. */
 static bool check_limits(srv_conn *c, const gen_ask *a)
 {
-    srv_server *s = c->s;
-    const cfg_serve *cfg = s->cfg;
+    const cfg_serve *cfg = c->s->cfg;
     if (a->max_new_tokens > cfg->max_new_tokens) {
         fail(c, 400, "max new tokens %lld is over the server's limit of %d",
              (long long)a->max_new_tokens, cfg->max_new_tokens);
-        return false;
-    }
-    int64_t context = s->model.cfg.max_position_embeddings;
-    if (cfg->max_context > 0 && cfg->max_context < context)
-        context = cfg->max_context;
-    int32_t *ids = NULL;
-    size_t n = 0;
-    char msg[512];
-    if (tok_encode(s->model.tok, a->prompt, strlen(a->prompt), tok_adds_bos(s->model.tok), true,
-                   &ids, &n, msg, sizeof msg) != ENG_OK) {
-        fail(c, 400, "the prompt cannot be tokenized: %s", msg);
-        return false;
-    }
-    free(ids);
-    if ((int64_t)n + a->max_new_tokens > context) {
-        fail(c, 400,
-             "the prompt's %zu tokens plus max new tokens %lld exceed the context length of "
-             "%lld tokens",
-             n, (long long)a->max_new_tokens, (long long)context);
         return false;
     }
     return true;

@@ -497,11 +497,17 @@ static void load_run(uv_work_t *req)
     j->rc = eng_model_load(&s->model, &lo, j->msg, sizeof j->msg);
     if (j->rc != ENG_OK)
         return;
-    eng_engine_opts eo = {.kv_bytes = (size_t)c->kv_mib << 20,
-                          .max_running = c->max_running,
-                          .max_queued = c->max_queued > 0 ? c->max_queued : 1,
-                          .max_new_tokens = c->max_new_tokens,
-                          .threads = c->threads};
+    eng_engine_opts eo = {
+        .kv_bytes = (size_t)c->kv_mib << 20,
+        .max_running = c->max_running,
+        .max_queued = c->max_queued > 0 ? c->max_queued : 1,
+        .max_new_tokens = c->max_new_tokens,
+        /* the server refuses what would not fit, as TGI does,
+         * rather than cut it short at the context's end */
+        .max_context = c->max_context > 0 && c->max_context < s->model.cfg.max_position_embeddings
+                           ? c->max_context
+                           : s->model.cfg.max_position_embeddings,
+        .threads = c->threads};
     j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
     if (j->rc == ENG_OK) {
         lora_registry_opts ro = {.budget_bytes = (size_t)c->adapter_budget_mib << 20,
