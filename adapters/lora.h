@@ -135,8 +135,9 @@ typedef struct lora_info {
     size_t bytes;
     bool merged;
     float merged_scale;
-    uint64_t requests;    /* sequences that asked for it */
-    lora_cost last_merge; /* the cost of its last merge (zero: never merged) */
+    uint64_t requests;         /* sequences that asked for it */
+    lora_cost last_merge;      /* the cost of its last merge (zero: never merged) */
+    double last_merge_seconds; /* and how long it took */
 } lora_info;
 
 /* A merge's or unmerge's report. modules is owned (lora_report_free). */

@@ -28,6 +28,7 @@ typedef struct entry {
     lora_meta meta;
     uint64_t last_used; /* registry tick, for least-recently-used eviction */
     lora_cost last_merge;
+    double last_merge_seconds;
 } entry;
 
 struct lora_registry {
@@ -265,6 +266,7 @@ int lora_registry_list(lora_registry *r, lora_info **out, size_t *n)
             info->merged = merged_in(serving, en->lora, &info->merged_scale);
             info->requests = __atomic_load_n(&en->lora->requests, __ATOMIC_RELAXED);
             info->last_merge = en->last_merge;
+            info->last_merge_seconds = en->last_merge_seconds;
         }
         *n = r->n;
     }
@@ -450,8 +452,10 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
         if (merge) {
             r->merges++;
             entry *en = find(r, name);
-            if (en)
+            if (en) {
                 en->last_merge = rp.overall;
+                en->last_merge_seconds = rp.seconds;
+            }
         } else {
             r->unmerges++;
         }

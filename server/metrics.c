@@ -168,6 +168,12 @@ char *srv_metrics_render(const srv_server *s, size_t *len)
                 if (list[i].last_merge.delta_sq > 0)
                     put(&t, "qlserve_merge_delta_retained{adapter=\"%s\"} %.6f\n", list[i].name,
                         list[i].last_merge.delta_retained);
+            metric(&t, "qlserve_merge_seconds", "gauge",
+                   "how long the adapter's last merge took to build its weight version");
+            for (size_t i = 0; i < n; i++)
+                if (list[i].last_merge.delta_sq > 0)
+                    put(&t, "qlserve_merge_seconds{adapter=\"%s\"} %.6f\n", list[i].name,
+                        list[i].last_merge_seconds);
             metric(&t, "qlserve_merge_relative_error", "gauge",
                    "|Q(W+delta) - (W+delta)| / |delta| of the adapter's last merge");
             for (size_t i = 0; i < n; i++)

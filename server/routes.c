@@ -616,6 +616,7 @@ static cJSON *info_json(const lora_info *in, float default_scale)
         cJSON *lm = cJSON_AddObjectToObject(o, "last_merge");
         cJSON_AddNumberToObject(lm, "delta_retained", in->last_merge.delta_retained);
         cJSON_AddNumberToObject(lm, "relative_error", in->last_merge.relative_error);
+        cJSON_AddNumberToObject(lm, "seconds", in->last_merge_seconds);
     }
     if (in->meta.warning[0])
         cJSON_AddStringToObject(o, "warning", in->meta.warning);

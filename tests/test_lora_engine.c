@@ -774,6 +774,8 @@ Test(lora_engine, merge_report_matches_costs_recomputed_in_float64)
     cr_assert_eq(n, 1);
     cr_assert(list[0].merged && list[0].merged_scale == 0.8f);
     cr_assert_eq(list[0].last_merge.delta_retained, rep.overall.delta_retained);
+    cr_assert_eq(list[0].last_merge_seconds, rep.seconds);
+    cr_assert_gt(rep.seconds, 0.0);
     free(list);
     eng_lora_unref(lora);
     eng_weights_unref(v);
