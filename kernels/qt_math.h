@@ -6,10 +6,19 @@
  * __host__ __device__ under nvcc, so the CPU tests exercise the very
  * arithmetic the GPU runs. Keep them branch-light and free of libc calls
  * other than the float intrinsics both sides have.
+ *
+ * Each kind has its per-element (or per-block) step and, where a GPU thread
+ * needs one, a whole-element function that takes the tensor's raw arrays
+ * and an element index: tests/test_qt_math.c runs those against
+ * qt_dequantize_rows_ref for every kind. The float operations are written
+ * one per statement in the order the formats' origins use; the project
+ * compiles with -ffp-contract=off and the CUDA library with --fmad=false,
+ * so no multiply and add are fused on either side.
  */
 #ifndef QL_QT_MATH_H
 #define QL_QT_MATH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -119,6 +128,146 @@ QL_HD float qm_nested_absmax(const uint8_t *absmax_codes, const float *nested_co
 QL_HD float qm_4bit_value(const float *codebook, unsigned code, float absmax)
 {
     return codebook[code] * absmax;
+}
+
+/* ---- NF4, FP4 (bitsandbytes) ------------------------------------------ */
+
+/* Element e of a bitsandbytes 4-bit tensor, given its packed codes, its
+ * codebook, its blocksize and the absmax of block e / blocksize (as
+ * qm_nested_absmax or the plain absmax array gives it). */
+QL_HD float qm_4bit_element(const uint8_t *codes, const float *codebook, float absmax, int64_t e)
+{
+    return qm_4bit_value(codebook, qm_nibble(codes, e), absmax);
+}
+
+/* ---- AFFINE (torchao) ---------------------------------------------------- */
+
+/* The stored (unsigned, q - qmin) code of column c of one AFFINE row: a
+ * byte for 8 bits, a nibble for 4 (even column in the high nibble, each row
+ * starting on a byte). */
+QL_HD unsigned qm_affine_code(const uint8_t *row, int32_t bits, int64_t c)
+{
+    return bits == 8 ? row[c] : qm_nibble(row, c);
+}
+
+/* The float zero domain's mid code, (qmin + qmax + 1) / 2 in f32, as torchao's
+ * dequantize_affine with ZeroPointDomain.FLOAT (not rounded: 8 for [0, 15]). */
+QL_HD float qm_affine_mid(int32_t qmin, int32_t qmax)
+{
+    return (float)(qmax + qmin + 1) / 2.0f;
+}
+
+/* Integer zero domain: w = (q - zero) * scale, the subtraction in integers
+ * (zero is integer valued) and one f32 multiply. */
+QL_HD float qm_affine_value_int(int q, float zero, float scale)
+{
+    return (float)(q - (int)zero) * scale;
+}
+
+/* Float zero domain: w = (q - mid) * scale + zero, three f32 operations in
+ * this order. */
+QL_HD float qm_affine_value_float(int q, float mid, float scale, float zero)
+{
+    float centred = (float)q - mid;
+    float scaled = centred * scale;
+    return scaled + zero;
+}
+
+/* One element from its stored code and its group's scale and zero. mid is
+ * qm_affine_mid(qmin, qmax) (used in the float domain only). */
+QL_HD float qm_affine_value(unsigned code, int32_t qmin, bool float_zero, float mid, float scale,
+                            float zero)
+{
+    int q = (int)code + qmin;
+    return float_zero ? qm_affine_value_float(q, mid, scale, zero)
+                      : qm_affine_value_int(q, zero, scale);
+}
+
+/* Element (r, c) of an AFFINE tensor from its raw arrays: codes of
+ * row_stride bytes per row, scales and zeros per (row, group). */
+QL_HD float qm_affine_element(const uint8_t *codes, uint64_t row_stride, int32_t bits, int32_t qmin,
+                              bool float_zero, float mid, int32_t group_size,
+                              int64_t groups_per_row, const float *scales, const float *zeros,
+                              int64_t r, int64_t c)
+{
+    int64_t g = r * groups_per_row + c / group_size;
+    unsigned code = qm_affine_code(codes + (uint64_t)r * row_stride, bits, c);
+    return qm_affine_value(code, qmin, float_zero, mid, scales[g], zeros[g]);
+}
+
+/* ---- GGUF Q4_0, Q4_1, Q8_0 (llama.cpp) ----------------------------------- */
+
+/* Elements per block and bytes per block, as ggml's block_q4_0 { f16 d;
+ * u8 qs[16]; }, block_q4_1 { f16 d, m; u8 qs[16]; }, block_q8_0 { f16 d;
+ * i8 qs[32]; }. */
+#define QM_GGUF_QK    32
+#define QM_Q4_0_BYTES 18
+#define QM_Q4_1_BYTES 20
+#define QM_Q8_0_BYTES 34
+
+/* A little-endian IEEE half at p, as f32. */
+QL_HD float qm_f16_le(const uint8_t *p)
+{
+    return qm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* Nibble j (0..31) of a 4-bit GGUF block's qs: byte j holds element j in
+ * its low nibble and element j + 16 in its high nibble. */
+QL_HD int qm_gguf_nibble(const uint8_t *qs, int j)
+{
+    return j < QM_GGUF_QK / 2 ? qs[j] & 0x0f : qs[j - QM_GGUF_QK / 2] >> 4;
+}
+
+/* Q4_0: w = (nibble - 8) * d, the subtraction in integers. */
+QL_HD float qm_q4_0_value(int nibble, float d)
+{
+    return (float)(nibble - 8) * d;
+}
+
+/* Q4_1: w = nibble * d + m, two f32 operations in this order. */
+QL_HD float qm_q4_1_value(int nibble, float d, float m)
+{
+    float scaled = (float)nibble * d;
+    return scaled + m;
+}
+
+/* Q8_0: w = q * d, q signed. */
+QL_HD float qm_q8_0_value(int8_t q, float d)
+{
+    return (float)q * d;
+}
+
+/* Element j of one block (blk points at its first byte, the f16 d). */
+QL_HD float qm_q4_0_block_value(const uint8_t *blk, int j)
+{
+    return qm_q4_0_value(qm_gguf_nibble(blk + 2, j), qm_f16_le(blk));
+}
+
+QL_HD float qm_q4_1_block_value(const uint8_t *blk, int j)
+{
+    return qm_q4_1_value(qm_gguf_nibble(blk + 4, j), qm_f16_le(blk), qm_f16_le(blk + 2));
+}
+
+QL_HD float qm_q8_0_block_value(const uint8_t *blk, int j)
+{
+    return qm_q8_0_value((int8_t)blk[2 + j], qm_f16_le(blk));
+}
+
+/* Element e of a row-major GGUF tensor (blocks back to back, cols a
+ * multiple of 32, so element e is element e % 32 of block e / 32). */
+QL_HD float qm_q4_0_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_q4_0_block_value(blocks + (e / QM_GGUF_QK) * QM_Q4_0_BYTES, (int)(e % QM_GGUF_QK));
+}
+
+QL_HD float qm_q4_1_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_q4_1_block_value(blocks + (e / QM_GGUF_QK) * QM_Q4_1_BYTES, (int)(e % QM_GGUF_QK));
+}
+
+QL_HD float qm_q8_0_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_q8_0_block_value(blocks + (e / QM_GGUF_QK) * QM_Q8_0_BYTES, (int)(e % QM_GGUF_QK));
 }
 
 #endif

@@ -71,13 +71,6 @@ static inline void put_code(const qtensor *t, int64_t r, int64_t c, unsigned u)
         row[c >> 1] |= (uint8_t)(u << 4);
 }
 
-static inline int get_code(const qtensor *t, int64_t r, int64_t c)
-{
-    const uint8_t *row = t->data + r * t->row_stride;
-    unsigned u = t->bits == 8 ? row[c] : qm_nibble(row, c);
-    return (int)u + t->qmin;
-}
-
 int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len)
 {
@@ -136,18 +129,18 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     return QT_OK;
 }
 
+/* The arithmetic is qt_math.h's (qm_affine_*), the same the CUDA kernel runs. */
 void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
-    float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
+    float mid = qm_affine_mid(t->qmin, t->qmax);
+    bool float_zero = t->zero_domain == QT_ZERO_FLOAT;
     for (int64_t r = row0; r < row0 + nrows; r++) {
+        const uint8_t *row = t->data + r * t->row_stride;
         float *o = out + (r - row0) * t->cols;
         for (int64_t c = 0; c < t->cols; c++) {
             int64_t g = r * t->groups_per_row + c / t->group_size;
-            int q = get_code(t, r, c);
-            if (t->zero_domain == QT_ZERO_INT)
-                o[c] = (float)(q - (int)t->zeros[g]) * t->scales[g];
-            else
-                o[c] = ((float)q - mid) * t->scales[g] + t->zeros[g];
+            o[c] = qm_affine_value(qm_affine_code(row, t->bits, c), t->qmin, float_zero, mid,
+                                   t->scales[g], t->zeros[g]);
         }
     }
 }

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QK 32
+#define QK QM_GGUF_QK
 
 size_t qt_gguf_block_bytes(qt_kind kind)
 {
@@ -32,11 +32,6 @@ static void put_f16(uint8_t *p, float v)
     uint16_t h = qm_f32_to_f16(v);
     p[0] = (uint8_t)(h & 0xff);
     p[1] = (uint8_t)(h >> 8);
-}
-
-static float get_f16(const uint8_t *p)
-{
-    return qm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
 }
 
 static void quantize_q4_0(const float *x, uint8_t *blk)
@@ -121,6 +116,8 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     return QT_OK;
 }
 
+/* The arithmetic is qt_math.h's (qm_q4_0_value, ...), the same the CUDA
+ * kernel runs; the block's halves are read once per block. */
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     size_t bb = qt_gguf_block_bytes(t->kind);
@@ -128,21 +125,17 @@ void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = t->data + (b0 + b) * bb;
         float *o = out + b * QK;
-        float d = get_f16(blk);
+        float d = qm_f16_le(blk);
         if (t->kind == QT_Q4_0) {
-            for (int j = 0; j < QK / 2; j++) {
-                o[j] = (float)((blk[2 + j] & 0x0f) - 8) * d;
-                o[j + QK / 2] = (float)((blk[2 + j] >> 4) - 8) * d;
-            }
+            for (int j = 0; j < QK; j++)
+                o[j] = qm_q4_0_value(qm_gguf_nibble(blk + 2, j), d);
         } else if (t->kind == QT_Q4_1) {
-            float m = get_f16(blk + 2);
-            for (int j = 0; j < QK / 2; j++) {
-                o[j] = (float)(blk[4 + j] & 0x0f) * d + m;
-                o[j + QK / 2] = (float)(blk[4 + j] >> 4) * d + m;
-            }
+            float m = qm_f16_le(blk + 2);
+            for (int j = 0; j < QK; j++)
+                o[j] = qm_q4_1_value(qm_gguf_nibble(blk + 4, j), d, m);
         } else {
             for (int j = 0; j < QK; j++)
-                o[j] = (float)(int8_t)blk[2 + j] * d;
+                o[j] = qm_q8_0_value((int8_t)blk[2 + j], d);
         }
     }
 }

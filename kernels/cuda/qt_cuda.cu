@@ -1,6 +1,7 @@
 /*
- * qt_cuda.cu - the first CUDA kernels of qlserve: device discovery, and the
- * bitsandbytes NF4/FP4 dequantize kernel, with the host plumbing around it.
+ * qt_cuda.cu - the first CUDA kernels of qlserve: device discovery, the
+ * bitsandbytes NF4/FP4 dequantize kernel, the AFFINE and GGUF (Q4_0, Q4_1,
+ * Q8_0) dequantize kernels, with the host plumbing around them.
  *
  * Why shaped so:
  *   - Bit-identical to the CPU reference. Every value is computed by the
@@ -22,6 +23,12 @@
  *     per warp never conflict. A grid-stride loop covers tensors larger
  *     than the grid; the last, partial warp and unaligned pointers take a
  *     byte-by-byte path.
+ *   - AFFINE and GGUF take one element per thread, grid-stride, and call
+ *     qt_math.h's whole-element functions (qm_affine_element,
+ *     qm_q4_0_element, ...) with the element's index, exactly as
+ *     tests/test_qt_math.c does on the CPU; consecutive threads write
+ *     consecutive outputs, so the stores coalesce. They are a correct first
+ *     version, not yet shaped for bandwidth like the 4-bit kernel.
  *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
  *     QT_E* code and a sentence naming the call and cudaGetErrorString's
  *     text, and what the call allocated is freed on the way out.
@@ -420,6 +427,156 @@ bool is_16_byte_aligned(const void *p)
     return ((uintptr_t)p & 15u) == 0;
 }
 
+/* ---- AFFINE and GGUF kernels ----------------------------------------- */
+
+__host__ __device__ __forceinline__ void store_value(float *out, int64_t i, float v)
+{
+    out[i] = v;
+}
+
+__host__ __device__ __forceinline__ void store_value(uint16_t *out, int64_t i, float v)
+{
+    out[i] = qm_f32_to_bf16(v);
+}
+
+/* Blocks for one thread per element, capped (the kernels grid-stride). */
+unsigned grid_for(int64_t n)
+{
+    const int64_t want = ceil_div(n, kThreadsPerBlock);
+    return (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+}
+
+/* One thread per element of the row-major output. */
+template <typename OutT>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    dequantize_affine_kernel(const __grid_constant__ qt_cuda_affine_view v, OutT *__restrict__ out)
+{
+    const int64_t n = v.rows * v.cols;
+    const float mid = qm_affine_mid(v.qmin, v.qmax);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const int64_t r = e / v.cols;
+        const int64_t c = e - r * v.cols;
+        store_value(out, e,
+                    qm_affine_element(v.codes, v.row_stride, v.bits, v.qmin, v.float_zero, mid,
+                                      v.group_size, v.groups_per_row, v.scales, v.zeros, r, c));
+    }
+}
+
+/* One thread per element; element e is element e % 32 of block e / 32. */
+template <qt_kind kKind, typename OutT>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    dequantize_gguf_kernel(const uint8_t *__restrict__ blocks, OutT *__restrict__ out, int64_t n)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const float w = kKind == QT_Q4_0   ? qm_q4_0_element(blocks, e)
+                        : kKind == QT_Q4_1 ? qm_q4_1_element(blocks, e)
+                                           : qm_q8_0_element(blocks, e);
+        store_value(out, e, w);
+    }
+}
+
+template <typename OutT>
+cudaError_t launch_affine(const qt_cuda_affine_view &v, void *out, cudaStream_t stream)
+{
+    dequantize_affine_kernel<OutT>
+        <<<grid_for(v.rows * v.cols), kThreadsPerBlock, 0, stream>>>(v, static_cast<OutT *>(out));
+    return cudaGetLastError();
+}
+
+template <typename OutT>
+cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, cudaStream_t stream)
+{
+    const unsigned blocks = grid_for(v.n_elements);
+    OutT *o = static_cast<OutT *>(out);
+    if (v.kind == QT_Q4_0)
+        dequantize_gguf_kernel<QT_Q4_0, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.blocks, o, v.n_elements);
+    else if (v.kind == QT_Q4_1)
+        dequantize_gguf_kernel<QT_Q4_1, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.blocks, o, v.n_elements);
+    else
+        dequantize_gguf_kernel<QT_Q8_0, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.blocks, o, v.n_elements);
+    return cudaGetLastError();
+}
+
+/* ---- AFFINE and GGUF geometry ------------------------------------------ */
+
+/* What an AFFINE tensor or view must satisfy for the kernel to read only
+ * what exists: bits 4 or 8, a code range, groups that tile each row, a row
+ * stride that holds a row. `where` names the caller in the message. */
+int check_affine_geometry(const char *where, int64_t rows, int64_t cols, int32_t bits, int32_t qmin,
+                          int32_t qmax, int32_t group_size, int64_t groups_per_row,
+                          uint64_t row_stride, char *msg, size_t msg_len)
+{
+    if (rows < 0 || cols < 0 || (rows > 0 && cols > INT64_MAX / rows)) {
+        say(msg, msg_len, "%s: affine shape %lld x %lld is not valid", where, (long long)rows,
+            (long long)cols);
+        return QT_EINVAL;
+    }
+    if (bits != 4 && bits != 8) {
+        say(msg, msg_len, "%s: affine bits %d: only 4 and 8", where, (int)bits);
+        return QT_EINVAL;
+    }
+    if (qmin >= qmax) {
+        say(msg, msg_len, "%s: affine range [%d, %d] is empty", where, (int)qmin, (int)qmax);
+        return QT_EINVAL;
+    }
+    if (rows * cols == 0)
+        return QT_OK;
+    if (group_size <= 0 || cols % group_size != 0 || groups_per_row != cols / group_size) {
+        say(msg, msg_len,
+            "%s: affine group size %d and %lld groups per row do not tile %lld columns", where,
+            (int)group_size, (long long)groups_per_row, (long long)cols);
+        return QT_EINVAL;
+    }
+    const uint64_t need = bits == 8 ? (uint64_t)cols : (uint64_t)(cols + 1) / 2;
+    if (row_stride < need) {
+        say(msg, msg_len, "%s: affine row stride %llu bytes is less than the %llu a row needs",
+            where, (unsigned long long)row_stride, (unsigned long long)need);
+        return QT_EINVAL;
+    }
+    return QT_OK;
+}
+
+/* Bytes per block of a GGUF kind, 0 for other kinds. */
+size_t gguf_block_bytes(qt_kind kind)
+{
+    switch (kind) {
+    case QT_Q4_0: return QM_Q4_0_BYTES;
+    case QT_Q4_1: return QM_Q4_1_BYTES;
+    case QT_Q8_0: return QM_Q8_0_BYTES;
+    default: return 0;
+    }
+}
+
+int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, size_t msg_len)
+{
+    if (gguf_block_bytes(kind) == 0) {
+        say(msg, msg_len,
+            "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0)", where,
+            kind_name(kind));
+        return QT_EUNSUPPORTED;
+    }
+    if (n < 0 || n % QM_GGUF_QK != 0) {
+        say(msg, msg_len, "%s: %s element count %lld is not a multiple of the block of %d", where,
+            kind_name(kind), (long long)n, QM_GGUF_QK);
+        return QT_EINVAL;
+    }
+    return QT_OK;
+}
+
+int check_out_dtype(const char *where, qt_cuda_out_dtype out_dtype, char *msg, size_t msg_len)
+{
+    if (out_dtype != QT_CUDA_OUT_F32 && out_dtype != QT_CUDA_OUT_BF16) {
+        say(msg, msg_len, "%s: output dtype %d is neither f32 nor bf16", where, (int)out_dtype);
+        return QT_EINVAL;
+    }
+    return QT_OK;
+}
+
 /* ---- device memory ----------------------------------------------------- */
 
 /* cudaFree that keeps the first failure: returns rc unchanged when it is
@@ -453,6 +610,42 @@ int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, c
         return rc;
     }
     return QT_OK;
+}
+
+/*
+ * The host-to-host shape every kind shares: allocate n f32 on the device,
+ * run dequantize_dev(dev_out) (which enqueues on the default stream),
+ * synchronise, copy back, free. `what` names the kernel in messages. The
+ * caller releases its view.
+ */
+template <typename DequantizeDev>
+int dequantize_to_host(int64_t n, float *out, const char *what, DequantizeDev dequantize_dev,
+                       char *msg, size_t msg_len)
+{
+    const size_t out_bytes = (size_t)n * sizeof(float);
+    void *dev_out = nullptr;
+    int rc = QT_OK;
+    cudaError_t st = cudaMalloc(&dev_out, out_bytes);
+    if (st != cudaSuccess) {
+        dev_out = nullptr;
+        rc = cuda_failed(st, msg, msg_len, "cudaMalloc(out, %zu bytes)", out_bytes);
+    }
+    if (rc == QT_OK)
+        rc = dequantize_dev(dev_out);
+    if (rc == QT_OK) {
+        /* Synchronise first, so a fault in the kernel is named as such. */
+        st = cudaStreamSynchronize(nullptr);
+        if (st != cudaSuccess)
+            rc = cuda_failed(st, msg, msg_len, "the %s dequantize kernel (%lld elements)", what,
+                             (long long)n);
+    }
+    if (rc == QT_OK) {
+        st = cudaMemcpy(out, dev_out, out_bytes, cudaMemcpyDeviceToHost);
+        if (st != cudaSuccess)
+            rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(out, %zu bytes, device to host)",
+                             out_bytes);
+    }
+    return free_device(dev_out, "out", rc, msg, msg_len);
 }
 
 /* ---- describe ---------------------------------------------------------- */
@@ -739,5 +932,262 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
     /* A release failure is reported only when nothing failed before it. */
     int rc_release =
         qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
+    return rc != QT_OK ? rc : rc_release;
+}
+
+/* ---- AFFINE ------------------------------------------------------------- */
+
+extern "C" int qt_cuda_affine_release(qt_cuda_affine_view *view, char *msg, size_t msg_len)
+{
+    if (!view)
+        return QT_OK;
+    int rc = QT_OK;
+    rc = free_device(view->codes, "codes", rc, msg, msg_len);
+    rc = free_device(view->scales, "scales", rc, msg, msg_len);
+    rc = free_device(view->zeros, "zeros", rc, msg, msg_len);
+    memset(view, 0, sizeof *view);
+    return rc;
+}
+
+extern "C" int qt_cuda_affine_upload(const qtensor *t, qt_cuda_affine_view *view, char *msg,
+                                     size_t msg_len)
+{
+    if (!view) {
+        say(msg, msg_len, "qt_cuda_affine_upload: view is NULL");
+        return QT_EINVAL;
+    }
+    memset(view, 0, sizeof *view);
+    if (!t) {
+        say(msg, msg_len, "qt_cuda_affine_upload: tensor is NULL");
+        return QT_EINVAL;
+    }
+    if (t->kind != QT_AFFINE) {
+        say(msg, msg_len,
+            "qt_cuda_affine_upload: kind %s is not one the CUDA affine dequantize handles "
+            "(affine)",
+            kind_name(t->kind));
+        return QT_EUNSUPPORTED;
+    }
+    int rc =
+        check_affine_geometry("qt_cuda_affine_upload", t->rows, t->cols, t->bits, t->qmin, t->qmax,
+                              t->group_size, t->groups_per_row, t->row_stride, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const int64_t n = t->rows * t->cols;
+    const size_t code_bytes = (size_t)t->rows * t->row_stride;
+    const size_t param_bytes = (size_t)(t->rows * t->groups_per_row) * sizeof(float);
+    if (n > 0 && (!t->data || !t->scales || !t->zeros)) {
+        say(msg, msg_len, "qt_cuda_affine_upload: affine tensor %lld x %lld has no %s",
+            (long long)t->rows, (long long)t->cols,
+            !t->data     ? "data"
+            : !t->scales ? "scales"
+                         : "zeros");
+        return QT_EINVAL;
+    }
+    if (n > 0 && t->data_bytes < code_bytes) {
+        say(msg, msg_len,
+            "qt_cuda_affine_upload: affine tensor %lld x %lld holds %zu code bytes, needs %zu",
+            (long long)t->rows, (long long)t->cols, t->data_bytes, code_bytes);
+        return QT_EINVAL;
+    }
+
+    view->rows = t->rows;
+    view->cols = t->cols;
+    view->bits = t->bits;
+    view->qmin = t->qmin;
+    view->qmax = t->qmax;
+    view->float_zero = t->zero_domain == QT_ZERO_FLOAT;
+    view->group_size = t->group_size;
+    view->groups_per_row = t->groups_per_row;
+    view->row_stride = t->row_stride;
+    if (n == 0)
+        return QT_OK;
+
+    void *p = nullptr;
+    rc = upload_bytes(&p, t->data, code_bytes, "codes", msg, msg_len);
+    view->codes = static_cast<const uint8_t *>(p);
+    if (rc == QT_OK) {
+        rc = upload_bytes(&p, t->scales, param_bytes, "scales", msg, msg_len);
+        view->scales = static_cast<const float *>(p);
+    }
+    if (rc == QT_OK) {
+        rc = upload_bytes(&p, t->zeros, param_bytes, "zeros", msg, msg_len);
+        view->zeros = static_cast<const float *>(p);
+    }
+    if (rc != QT_OK) {
+        qt_cuda_affine_release(view, nullptr, 0); /* msg keeps the first failure */
+        return rc;
+    }
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, void *out,
+                                             qt_cuda_out_dtype out_dtype, void *stream, char *msg,
+                                             size_t msg_len)
+{
+    static const char where[] = "qt_cuda_dequantize_affine_dev";
+    if (!view) {
+        say(msg, msg_len, "%s: view is NULL", where);
+        return QT_EINVAL;
+    }
+    const qt_cuda_affine_view &v = *view;
+    int rc = check_affine_geometry(where, v.rows, v.cols, v.bits, v.qmin, v.qmax, v.group_size,
+                                   v.groups_per_row, v.row_stride, msg, msg_len);
+    if (rc == QT_OK)
+        rc = check_out_dtype(where, out_dtype, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const int64_t n = v.rows * v.cols;
+    if (n == 0)
+        return QT_OK;
+    if (!out || !v.codes || !v.scales || !v.zeros) {
+        say(msg, msg_len, "%s: a NULL device pointer (out %p, codes %p, scales %p, zeros %p)",
+            where, out, (const void *)v.codes, (const void *)v.scales, (const void *)v.zeros);
+        return QT_EINVAL;
+    }
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
+    cudaError_t st = out_dtype == QT_CUDA_OUT_BF16 ? launch_affine<uint16_t>(v, out, s)
+                                                   : launch_affine<float>(v, out, s);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len,
+                           "launching the affine int%d dequantize kernel (%lld elements)",
+                           (int)v.bits, (long long)n);
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t msg_len)
+{
+    if (!t || !out) {
+        say(msg, msg_len, "qt_cuda_dequantize_affine: %s is NULL", !t ? "tensor" : "out");
+        return QT_EINVAL;
+    }
+    qt_cuda_affine_view view;
+    int rc = qt_cuda_affine_upload(t, &view, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const int64_t n = view.rows * view.cols;
+    if (n == 0)
+        return QT_OK;
+    rc = dequantize_to_host(
+        n, out, "affine",
+        [&](void *dev_out) {
+            return qt_cuda_dequantize_affine_dev(&view, dev_out, QT_CUDA_OUT_F32, nullptr, msg,
+                                                 msg_len);
+        },
+        msg, msg_len);
+    /* A release failure is reported only when nothing failed before it. */
+    int rc_release =
+        qt_cuda_affine_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
+    return rc != QT_OK ? rc : rc_release;
+}
+
+/* ---- GGUF Q4_0, Q4_1, Q8_0 ---------------------------------------------- */
+
+extern "C" int qt_cuda_gguf_release(qt_cuda_gguf_view *view, char *msg, size_t msg_len)
+{
+    if (!view)
+        return QT_OK;
+    int rc = free_device(view->blocks, "blocks", QT_OK, msg, msg_len);
+    memset(view, 0, sizeof *view);
+    return rc;
+}
+
+extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, char *msg,
+                                   size_t msg_len)
+{
+    if (!view) {
+        say(msg, msg_len, "qt_cuda_gguf_upload: view is NULL");
+        return QT_EINVAL;
+    }
+    memset(view, 0, sizeof *view);
+    if (!t) {
+        say(msg, msg_len, "qt_cuda_gguf_upload: tensor is NULL");
+        return QT_EINVAL;
+    }
+    if (t->rows < 0 || t->cols < 0 || (t->rows > 0 && t->cols > INT64_MAX / t->rows)) {
+        say(msg, msg_len, "qt_cuda_gguf_upload: shape %lld x %lld is not valid", (long long)t->rows,
+            (long long)t->cols);
+        return QT_EINVAL;
+    }
+    const int64_t n = t->rows * t->cols;
+    int rc = check_gguf_geometry("qt_cuda_gguf_upload", t->kind, n, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const size_t bytes = (size_t)(n / QM_GGUF_QK) * gguf_block_bytes(t->kind);
+    if (n > 0 && (!t->data || t->data_bytes < bytes)) {
+        say(msg, msg_len,
+            "qt_cuda_gguf_upload: %s tensor %lld x %lld holds %zu block bytes, needs %zu",
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols,
+            t->data ? t->data_bytes : (size_t)0, bytes);
+        return QT_EINVAL;
+    }
+    view->kind = t->kind;
+    view->n_elements = n;
+    if (n == 0)
+        return QT_OK;
+    void *p = nullptr;
+    rc = upload_bytes(&p, t->data, bytes, "blocks", msg, msg_len);
+    view->blocks = static_cast<const uint8_t *>(p);
+    if (rc != QT_OK) {
+        qt_cuda_gguf_release(view, nullptr, 0);
+        return rc;
+    }
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *out,
+                                           qt_cuda_out_dtype out_dtype, void *stream, char *msg,
+                                           size_t msg_len)
+{
+    static const char where[] = "qt_cuda_dequantize_gguf_dev";
+    if (!view) {
+        say(msg, msg_len, "%s: view is NULL", where);
+        return QT_EINVAL;
+    }
+    const qt_cuda_gguf_view &v = *view;
+    int rc = check_gguf_geometry(where, v.kind, v.n_elements, msg, msg_len);
+    if (rc == QT_OK)
+        rc = check_out_dtype(where, out_dtype, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    if (v.n_elements == 0)
+        return QT_OK;
+    if (!out || !v.blocks) {
+        say(msg, msg_len, "%s: a NULL device pointer (out %p, blocks %p)", where, out,
+            (const void *)v.blocks);
+        return QT_EINVAL;
+    }
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
+    cudaError_t st = out_dtype == QT_CUDA_OUT_BF16 ? launch_gguf<uint16_t>(v, out, s)
+                                                   : launch_gguf<float>(v, out, s);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
+                           kind_name(v.kind), (long long)v.n_elements);
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, size_t msg_len)
+{
+    if (!t || !out) {
+        say(msg, msg_len, "qt_cuda_dequantize_gguf: %s is NULL", !t ? "tensor" : "out");
+        return QT_EINVAL;
+    }
+    qt_cuda_gguf_view view;
+    int rc = qt_cuda_gguf_upload(t, &view, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    if (view.n_elements == 0)
+        return QT_OK;
+    rc = dequantize_to_host(
+        view.n_elements, out, kind_name(t->kind),
+        [&](void *dev_out) {
+            return qt_cuda_dequantize_gguf_dev(&view, dev_out, QT_CUDA_OUT_F32, nullptr, msg,
+                                               msg_len);
+        },
+        msg, msg_len);
+    int rc_release =
+        qt_cuda_gguf_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
     return rc != QT_OK ? rc : rc_release;
 }

@@ -12,7 +12,10 @@
  *   - qt_cuda_dequantize_4bit_dev: the dequantize kernel on device pointers,
  *     on the caller's stream, writing f32 or bf16;
  *   - qt_cuda_dequantize_4bit: the same from host memory to host memory,
- *     for tests and for tools that hold no device state.
+ *     for tests and for tools that hold no device state;
+ *   - the same four for AFFINE (torchao int4/int8 grids: qt_cuda_affine_*)
+ *     and for the GGUF blocks Q4_0, Q4_1, Q8_0 (qt_cuda_gguf_*), each with
+ *     its own view.
  *
  * Why shaped so: the per-element arithmetic lives in kernels/qt_math.h and
  * is compiled both for the CPU reference and for these kernels, so a CPU
@@ -136,6 +139,71 @@ int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *out,
  * the kind.
  */
 int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, size_t msg_len);
+
+/*
+ * An AFFINE tensor as the device kernel sees it (fields as in qtensor).
+ * Ownership as for qt_cuda_4bit_view: qt_cuda_affine_upload's views own
+ * their device pointers; views the caller fills borrow them.
+ */
+typedef struct qt_cuda_affine_view {
+    int64_t rows, cols;
+    int32_t bits;           /* 4 or 8 */
+    int32_t qmin, qmax;     /* the code range; codes are stored as q - qmin */
+    bool float_zero;        /* QT_ZERO_FLOAT (w = (q - mid) * scale + zero) */
+    int32_t group_size;     /* divides cols */
+    int64_t groups_per_row; /* cols / group_size */
+    uint64_t row_stride;    /* bytes per row of codes: cols, or ceil(cols / 2) for 4 bits */
+    const uint8_t *codes;   /* rows * row_stride bytes */
+    const float *scales;    /* rows * groups_per_row */
+    const float *zeros;     /* rows * groups_per_row */
+} qt_cuda_affine_view;
+
+/* Upload an AFFINE qtensor's codes, scales and zeros; contract as
+ * qt_cuda_4bit_upload (other kinds: QT_EUNSUPPORTED naming the kind). */
+int qt_cuda_affine_upload(const qtensor *t, qt_cuda_affine_view *view, char *msg, size_t msg_len);
+
+/* Free a view made by qt_cuda_affine_upload and zero it; as
+ * qt_cuda_4bit_release. */
+int qt_cuda_affine_release(qt_cuda_affine_view *view, char *msg, size_t msg_len);
+
+/*
+ * Dequantize every element of *view into out (device memory, rows * cols
+ * values of out_dtype, row-major) on `stream`; contract as
+ * qt_cuda_dequantize_4bit_dev (a launch error is reported here, a fault at
+ * the caller's next synchronisation; an empty tensor enqueues nothing).
+ */
+int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, void *out,
+                                  qt_cuda_out_dtype out_dtype, void *stream, char *msg,
+                                  size_t msg_len);
+
+/* Host to host for an AFFINE tensor; contract as qt_cuda_dequantize_4bit. */
+int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t msg_len);
+
+/*
+ * A Q4_0, Q4_1 or Q8_0 tensor as the device kernel sees it: llama.cpp's
+ * blocks of 32 elements back to back in row-major order (so element e is
+ * element e % 32 of block e / 32). Ownership as for the other views.
+ */
+typedef struct qt_cuda_gguf_view {
+    qt_kind kind;          /* QT_Q4_0, QT_Q4_1 or QT_Q8_0 */
+    int64_t n_elements;    /* rows * cols, a multiple of 32 */
+    const uint8_t *blocks; /* n_elements / 32 blocks of 18, 20 or 34 bytes */
+} qt_cuda_gguf_view;
+
+/* Upload a GGUF qtensor's blocks; contract as qt_cuda_4bit_upload. */
+int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, char *msg, size_t msg_len);
+
+/* Free a view made by qt_cuda_gguf_upload and zero it. */
+int qt_cuda_gguf_release(qt_cuda_gguf_view *view, char *msg, size_t msg_len);
+
+/* Dequantize every element of *view into out (device memory, n_elements
+ * values of out_dtype) on `stream`; contract as qt_cuda_dequantize_4bit_dev. */
+int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *out,
+                                qt_cuda_out_dtype out_dtype, void *stream, char *msg,
+                                size_t msg_len);
+
+/* Host to host for a GGUF tensor; contract as qt_cuda_dequantize_4bit. */
+int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, size_t msg_len);
 
 #ifdef __cplusplus
 }

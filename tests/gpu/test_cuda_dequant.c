@@ -1,6 +1,6 @@
 /*
- * test_cuda_dequant.c - the CUDA NF4/FP4 dequantize kernel against the CPU
- * reference, bit for bit, on a real GPU.
+ * test_cuda_dequant.c - the CUDA dequantize kernels (NF4/FP4, AFFINE, GGUF
+ * Q4_0/Q4_1/Q8_0) against the CPU reference, bit for bit, on a real GPU.
  *
  * Why shaped so: this runs only on a machine with a GPU (tests/gpu/run.sh),
  * so it is a plain C program with a main() rather than a Criterion suite,
@@ -102,17 +102,105 @@ static void report(const char *name, int ok, const char *detail)
 
 /* ---- the cases ----------------------------------------------------------- */
 
+/* A tensor to make: kind and shape, plus what applies to the kind (NF4/FP4:
+ * blocksize and nesting; AFFINE: bits, group size, zero domain, symmetry;
+ * GGUF kinds: nothing). */
 typedef struct dequant_case {
     qt_kind kind;
     int32_t blocksize;
     bool nested;
     int64_t rows, cols;
+    int32_t bits, group_size;
+    qt_zero_domain zero_domain;
+    bool symmetric;
 } dequant_case;
+
+static bool is_4bit(qt_kind kind)
+{
+    return kind == QT_NF4 || kind == QT_FP4;
+}
 
 static void case_name(char *buf, size_t len, const char *what, const dequant_case *c)
 {
-    snprintf(buf, len, "%s %s%s bs%d %lldx%lld", what, qt_kind_name(c->kind),
-             c->nested ? "-dq" : "", (int)c->blocksize, (long long)c->rows, (long long)c->cols);
+    if (is_4bit(c->kind))
+        snprintf(buf, len, "%s %s%s bs%d %lldx%lld", what, qt_kind_name(c->kind),
+                 c->nested ? "-dq" : "", (int)c->blocksize, (long long)c->rows, (long long)c->cols);
+    else if (c->kind == QT_AFFINE)
+        snprintf(buf, len, "%s int%d %s g%d %lldx%lld", what, (int)c->bits,
+                 c->symmetric                      ? "sym"
+                 : c->zero_domain == QT_ZERO_FLOAT ? "fzero"
+                                                   : "izero",
+                 (int)c->group_size, (long long)c->rows, (long long)c->cols);
+    else
+        snprintf(buf, len, "%s %s %lldx%lld", what, qt_kind_name(c->kind), (long long)c->rows,
+                 (long long)c->cols);
+}
+
+static qt_quant_params case_params(const dequant_case *c)
+{
+    qt_quant_params p = {0};
+    p.kind = c->kind;
+    p.blocksize = c->blocksize;
+    p.double_quant = c->nested;
+    p.bits = c->bits;
+    p.group_size = c->group_size;
+    p.zero_domain = c->zero_domain;
+    p.symmetric = c->symmetric;
+    return p;
+}
+
+/* ---- one interface over the three kernel families ------------------------ */
+
+/* A tensor on the device, whichever view its kind takes. */
+typedef struct dev_tensor {
+    qt_kind kind;
+    qt_cuda_4bit_view bnb4;
+    qt_cuda_affine_view affine;
+    qt_cuda_gguf_view gguf;
+} dev_tensor;
+
+static int dev_upload(const qtensor *t, dev_tensor *d, char *msg, size_t msg_len)
+{
+    memset(d, 0, sizeof *d);
+    d->kind = t->kind;
+    if (is_4bit(t->kind))
+        return qt_cuda_4bit_upload(t, &d->bnb4, msg, msg_len);
+    if (t->kind == QT_AFFINE)
+        return qt_cuda_affine_upload(t, &d->affine, msg, msg_len);
+    return qt_cuda_gguf_upload(t, &d->gguf, msg, msg_len);
+}
+
+static int dev_dequantize(const dev_tensor *d, void *out, qt_cuda_out_dtype dtype, char *msg,
+                          size_t msg_len)
+{
+    if (is_4bit(d->kind))
+        return qt_cuda_dequantize_4bit_dev(&d->bnb4, out, dtype, NULL, msg, msg_len);
+    if (d->kind == QT_AFFINE)
+        return qt_cuda_dequantize_affine_dev(&d->affine, out, dtype, NULL, msg, msg_len);
+    return qt_cuda_dequantize_gguf_dev(&d->gguf, out, dtype, NULL, msg, msg_len);
+}
+
+/* Safe on a zeroed or half-uploaded dev_tensor. */
+static void dev_release(dev_tensor *d)
+{
+    qt_cuda_4bit_release(&d->bnb4, NULL, 0);
+    qt_cuda_affine_release(&d->affine, NULL, 0);
+    qt_cuda_gguf_release(&d->gguf, NULL, 0);
+}
+
+/* The host-to-host entry point for t's kind, and its name for messages. */
+static int host_dequantize(const qtensor *t, float *out, char *msg, size_t msg_len, const char **fn)
+{
+    if (is_4bit(t->kind)) {
+        *fn = "qt_cuda_dequantize_4bit";
+        return qt_cuda_dequantize_4bit(t, out, msg, msg_len);
+    }
+    if (t->kind == QT_AFFINE) {
+        *fn = "qt_cuda_dequantize_affine";
+        return qt_cuda_dequantize_affine(t, out, msg, msg_len);
+    }
+    *fn = "qt_cuda_dequantize_gguf";
+    return qt_cuda_dequantize_gguf(t, out, msg, msg_len);
 }
 
 static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float **want,
@@ -127,10 +215,7 @@ static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float
         free(w);
         return -1;
     }
-    qt_quant_params p = {0};
-    p.kind = c->kind;
-    p.blocksize = c->blocksize;
-    p.double_quant = c->nested;
+    qt_quant_params p = case_params(c);
     memset(t, 0, sizeof *t);
     int rc = qt_quantize(t, w, c->rows, c->cols, &p, msg, sizeof msg);
     free(w);
@@ -156,9 +241,10 @@ static void check_host_variant(const dequant_case *c, uint64_t seed)
         return;
     }
     got = nan_filled(n, 0);
-    int rc = got ? qt_cuda_dequantize_4bit(&t, got, msg, sizeof msg) : QT_ENOMEM;
+    const char *fn = "host allocation";
+    int rc = got ? host_dequantize(&t, got, msg, sizeof msg, &fn) : QT_ENOMEM;
     if (rc != QT_OK) {
-        snprintf(detail, sizeof detail, "qt_cuda_dequantize_4bit: %s (%d)", msg, rc);
+        snprintf(detail, sizeof detail, "%s: %s (%d)", fn, msg, rc);
         report(name, 0, detail);
     } else {
         int64_t i = first_difference_f32(want, got, n);
@@ -184,7 +270,7 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
     const int64_t n = c->rows * c->cols;
     qtensor t;
     float *want = NULL;
-    qt_cuda_4bit_view view;
+    dev_tensor view;
     memset(&view, 0, sizeof view);
     void *dev = NULL;
     float *got = NULL;
@@ -194,9 +280,9 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
     case_name(name, sizeof name, "dev bf16 + unaligned f32", c);
     if (quantize_case(c, seed, &t, &want, detail, sizeof detail) != 0)
         goto done;
-    int rc = qt_cuda_4bit_upload(&t, &view, msg, sizeof msg);
+    int rc = dev_upload(&t, &view, msg, sizeof msg);
     if (rc != QT_OK) {
-        snprintf(detail, sizeof detail, "qt_cuda_4bit_upload: %s", msg);
+        snprintf(detail, sizeof detail, "upload: %s", msg);
         goto done;
     }
     /* f32 at offset 1 float (4 bytes) plus 4 guard floats after the end */
@@ -211,8 +297,7 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
         snprintf(detail, sizeof detail, "cudaMemcpy of the NaN poison failed");
         goto done;
     }
-    rc = qt_cuda_dequantize_4bit_dev(&view, (float *)dev + 1, QT_CUDA_OUT_F32, NULL, msg,
-                                     sizeof msg);
+    rc = dev_dequantize(&view, (float *)dev + 1, QT_CUDA_OUT_F32, msg, sizeof msg);
     if (rc == QT_OK && cudaMemcpy(got, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
         rc = QT_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
     if (rc != QT_OK) {
@@ -230,7 +315,7 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
         goto done;
     }
 
-    rc = qt_cuda_dequantize_4bit_dev(&view, dev, QT_CUDA_OUT_BF16, NULL, msg, sizeof msg);
+    rc = dev_dequantize(&view, dev, QT_CUDA_OUT_BF16, msg, sizeof msg);
     if (rc == QT_OK && cudaMemcpy(got_bf16, dev, (size_t)n * sizeof *got_bf16,
                                   cudaMemcpyDeviceToHost) != cudaSuccess)
         rc = QT_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
@@ -249,7 +334,7 @@ done:
     report(name, ok, detail);
     if (dev)
         cudaFree(dev);
-    qt_cuda_4bit_release(&view, NULL, 0);
+    dev_release(&view);
     free(got);
     free(got_bf16);
     free(want);
@@ -271,6 +356,20 @@ static void check_refusals(void)
     int rc = qt_cuda_dequantize_4bit(&t, out, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
     report("refuses affine by name", rc == QT_EUNSUPPORTED && strstr(msg, "affine") != NULL,
+           detail);
+
+    /* Each family names the kind it was handed and does not take. */
+    t.kind = QT_NF4;
+    msg[0] = '\0';
+    rc = qt_cuda_dequantize_affine(&t, out, msg, sizeof msg);
+    snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
+    report("affine refuses nf4 by name", rc == QT_EUNSUPPORTED && strstr(msg, "nf4") != NULL,
+           detail);
+    t.kind = QT_AFFINE;
+    msg[0] = '\0';
+    rc = qt_cuda_dequantize_gguf(&t, out, msg, sizeof msg);
+    snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
+    report("gguf refuses affine by name", rc == QT_EUNSUPPORTED && strstr(msg, "affine") != NULL,
            detail);
 
     /* 2^20 x 2^20 elements: 512 GiB of codes, more than any device holds.
@@ -303,7 +402,7 @@ static void check_refusals(void)
 /* ---- timing -------------------------------------------------------------- */
 
 /* Average milliseconds of one dequantize of view into dev_out. */
-static float time_dequantize(const qt_cuda_4bit_view *view, void *dev_out, qt_cuda_out_dtype dtype,
+static float time_dequantize(const dev_tensor *view, void *dev_out, qt_cuda_out_dtype dtype,
                              int iters, char *msg, size_t msg_len)
 {
     cudaEvent_t start, stop;
@@ -315,11 +414,11 @@ static float time_dequantize(const qt_cuda_4bit_view *view, void *dev_out, qt_cu
     }
     float ms = -1.0f;
     for (int i = 0; i < 3; i++) /* warm up: clocks, caches, lazy module load */
-        if (qt_cuda_dequantize_4bit_dev(view, dev_out, dtype, NULL, msg, msg_len) != QT_OK)
+        if (dev_dequantize(view, dev_out, dtype, msg, msg_len) != QT_OK)
             goto out;
     cudaEventRecord(start, NULL);
     for (int i = 0; i < iters; i++)
-        if (qt_cuda_dequantize_4bit_dev(view, dev_out, dtype, NULL, msg, msg_len) != QT_OK)
+        if (dev_dequantize(view, dev_out, dtype, msg, msg_len) != QT_OK)
             goto out;
     cudaEventRecord(stop, NULL);
     if (cudaEventSynchronize(stop) == cudaSuccess &&
@@ -341,10 +440,7 @@ static void time_large(const dequant_case *c, uint64_t seed)
     qtensor t;
     memset(&t, 0, sizeof t);
     float *w = random_weights(n, seed);
-    qt_quant_params p = {0};
-    p.kind = c->kind;
-    p.blocksize = c->blocksize;
-    p.double_quant = c->nested;
+    qt_quant_params p = case_params(c);
     if (!w || qt_quantize(&t, w, c->rows, c->cols, &p, msg, sizeof msg) != QT_OK) {
         snprintf(detail, sizeof detail, "quantize: %s", msg);
         report(name, 0, detail);
@@ -352,19 +448,26 @@ static void time_large(const dequant_case *c, uint64_t seed)
         return;
     }
     free(w);
-    qt_cuda_4bit_view view;
+    dev_tensor view;
     void *dev_out = NULL;
-    if (qt_cuda_4bit_upload(&t, &view, msg, sizeof msg) != QT_OK ||
+    if (dev_upload(&t, &view, msg, sizeof msg) != QT_OK ||
         cudaMalloc(&dev_out, (size_t)n * sizeof(float)) != cudaSuccess) {
         snprintf(detail, sizeof detail, "upload: %s", msg);
         report(name, 0, detail);
-        qt_cuda_4bit_release(&view, NULL, 0);
+        dev_release(&view);
         qt_free(&t);
         return;
     }
-    const double code_bytes = (double)((n + 1) / 2);
-    const double state_bytes =
-        t.nested ? (double)t.n_blocks + 4.0 * (double)t.n_nested_blocks : 4.0 * (double)t.n_blocks;
+    /* Packed input: the codes (GGUF: whole blocks, halves included); state:
+     * absmax (NF4/FP4) or scales and zeros (AFFINE). */
+    double code_bytes = (double)t.data_bytes, state_bytes = 0.0;
+    if (is_4bit(t.kind)) {
+        code_bytes = (double)((n + 1) / 2);
+        state_bytes = t.nested ? (double)t.n_blocks + 4.0 * (double)t.n_nested_blocks
+                               : 4.0 * (double)t.n_blocks;
+    } else if (t.kind == QT_AFFINE) {
+        state_bytes = 8.0 * (double)(t.rows * t.groups_per_row);
+    }
     const int iters = 50;
     const qt_cuda_out_dtype dtypes[2] = {QT_CUDA_OUT_F32, QT_CUDA_OUT_BF16};
     const char *dtype_names[2] = {"f32", "bf16"};
@@ -381,15 +484,16 @@ static void time_large(const dequant_case *c, uint64_t seed)
         const double all_gbs = (code_bytes + state_bytes + out_size[d] * (double)n) / s / 1e9;
         printf("timing %s-> %s: %.4f ms, packed input %.1f GB/s, all traffic %.1f GB/s\n",
                name + strlen("timing "), dtype_names[d], ms, in_gbs, all_gbs);
-        printf("{\"bench\": \"cuda_dequant_4bit\", \"kind\": \"%s\", \"nested\": %s, "
-               "\"blocksize\": %d, \"rows\": %lld, \"cols\": %lld, \"out\": \"%s\", "
-               "\"iters\": %d, \"ms\": %.5f, \"packed_input_gbs\": %.2f, "
-               "\"total_traffic_gbs\": %.2f}\n",
-               qt_kind_name(c->kind), c->nested ? "true" : "false", (int)c->blocksize,
+        printf("{\"bench\": \"%s\", \"kind\": \"%s\", \"nested\": %s, "
+               "\"blocksize\": %d, \"bits\": %d, \"group_size\": %d, \"rows\": %lld, "
+               "\"cols\": %lld, \"out\": \"%s\", \"iters\": %d, \"ms\": %.5f, "
+               "\"packed_input_gbs\": %.2f, \"total_traffic_gbs\": %.2f}\n",
+               is_4bit(c->kind) ? "cuda_dequant_4bit" : "cuda_dequant", qt_kind_name(c->kind),
+               c->nested ? "true" : "false", (int)c->blocksize, (int)c->bits, (int)c->group_size,
                (long long)c->rows, (long long)c->cols, dtype_names[d], iters, ms, in_gbs, all_gbs);
     }
     cudaFree(dev_out);
-    qt_cuda_4bit_release(&view, NULL, 0);
+    dev_release(&view);
     qt_free(&t);
 }
 
@@ -422,25 +526,105 @@ int main(void)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int k = 0; k < 2; k++)
             for (int d = 0; d < 2; d++) {
-                dequant_case c = {kinds[k], shapes[s].blocksize, nesting[d], shapes[s].rows,
-                                  shapes[s].cols};
+                dequant_case c = {.kind = kinds[k],
+                                  .blocksize = shapes[s].blocksize,
+                                  .nested = nesting[d],
+                                  .rows = shapes[s].rows,
+                                  .cols = shapes[s].cols};
                 check_host_variant(&c, seed++);
             }
 
+    /* AFFINE: torchao's int4 weight-only (float zero, groups), integer zero
+     * with groups, symmetric int4, int8 per channel; 37x45 with group 9 has
+     * odd rows (each row starts on a byte, a half-used last nibble). GGUF:
+     * the three kinds, one block, odd row counts, and a 4096x4096 layer. */
+    const dequant_case affine_gguf_cases[] = {
+        {.kind = QT_AFFINE,
+         .rows = 256,
+         .cols = 512,
+         .bits = 4,
+         .group_size = 128,
+         .zero_domain = QT_ZERO_FLOAT},
+        {.kind = QT_AFFINE,
+         .rows = 37,
+         .cols = 45,
+         .bits = 4,
+         .group_size = 9,
+         .zero_domain = QT_ZERO_FLOAT},
+        {.kind = QT_AFFINE,
+         .rows = 256,
+         .cols = 512,
+         .bits = 4,
+         .group_size = 32,
+         .zero_domain = QT_ZERO_INT},
+        {.kind = QT_AFFINE,
+         .rows = 37,
+         .cols = 45,
+         .bits = 4,
+         .group_size = 15,
+         .zero_domain = QT_ZERO_INT},
+        {.kind = QT_AFFINE,
+         .rows = 96,
+         .cols = 1000,
+         .bits = 4,
+         .group_size = 8,
+         .symmetric = true},
+        {.kind = QT_AFFINE, .rows = 256, .cols = 512, .bits = 8, .symmetric = true},
+        {.kind = QT_AFFINE, .rows = 37, .cols = 45, .bits = 8, .symmetric = true},
+        {.kind = QT_AFFINE,
+         .rows = 4096,
+         .cols = 4096,
+         .bits = 4,
+         .group_size = 128,
+         .zero_domain = QT_ZERO_FLOAT},
+        {.kind = QT_Q4_0, .rows = 256, .cols = 512},
+        {.kind = QT_Q4_1, .rows = 256, .cols = 512},
+        {.kind = QT_Q8_0, .rows = 256, .cols = 512},
+        {.kind = QT_Q4_0, .rows = 37, .cols = 96},
+        {.kind = QT_Q4_1, .rows = 37, .cols = 96},
+        {.kind = QT_Q8_0, .rows = 37, .cols = 96},
+        {.kind = QT_Q4_0, .rows = 1, .cols = 32},
+        {.kind = QT_Q4_0, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q8_0, .rows = 4096, .cols = 4096},
+    };
+    for (size_t i = 0; i < sizeof affine_gguf_cases / sizeof affine_gguf_cases[0]; i++)
+        check_host_variant(&affine_gguf_cases[i], seed++);
+
     const dequant_case dev_cases[] = {
-        {QT_NF4, 64, true, 37, 45},
-        {QT_FP4, 64, false, 37, 45},
-        {QT_NF4, 64, true, 4096, 4096},
+        {.kind = QT_NF4, .blocksize = 64, .nested = true, .rows = 37, .cols = 45},
+        {.kind = QT_FP4, .blocksize = 64, .rows = 37, .cols = 45},
+        {.kind = QT_NF4, .blocksize = 64, .nested = true, .rows = 4096, .cols = 4096},
+        {.kind = QT_AFFINE,
+         .rows = 37,
+         .cols = 45,
+         .bits = 4,
+         .group_size = 9,
+         .zero_domain = QT_ZERO_FLOAT},
+        {.kind = QT_AFFINE, .rows = 37, .cols = 45, .bits = 8, .symmetric = true},
+        {.kind = QT_Q4_0, .rows = 37, .cols = 96},
+        {.kind = QT_Q4_1, .rows = 37, .cols = 96},
+        {.kind = QT_Q8_0, .rows = 37, .cols = 96},
     };
     for (size_t i = 0; i < sizeof dev_cases / sizeof dev_cases[0]; i++)
         check_device_variant(&dev_cases[i], seed++);
 
     check_refusals();
 
-    const dequant_case big = {QT_NF4, 64, true, 4096, 4096};
-    time_large(&big, seed++);
-    const dequant_case big_plain = {QT_NF4, 64, false, 4096, 4096};
-    time_large(&big_plain, seed++);
+    const dequant_case timed[] = {
+        {.kind = QT_NF4, .blocksize = 64, .nested = true, .rows = 4096, .cols = 4096},
+        {.kind = QT_NF4, .blocksize = 64, .rows = 4096, .cols = 4096},
+        {.kind = QT_AFFINE,
+         .rows = 4096,
+         .cols = 4096,
+         .bits = 4,
+         .group_size = 128,
+         .zero_domain = QT_ZERO_FLOAT},
+        {.kind = QT_AFFINE, .rows = 4096, .cols = 4096, .bits = 8, .symmetric = true},
+        {.kind = QT_Q4_0, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q8_0, .rows = 4096, .cols = 4096},
+    };
+    for (size_t i = 0; i < sizeof timed / sizeof timed[0]; i++)
+        time_large(&timed[i], seed++);
 
     printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
