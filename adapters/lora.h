@@ -132,6 +132,7 @@ typedef struct lora_info {
     char name[128];
     char path[512];
     lora_meta meta;
+    float scale; /* what requests naming it without a scale get */
     size_t bytes;
     bool merged;
     float merged_scale;
@@ -164,14 +165,18 @@ int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
                       const lora_registry_opts *o, char *msg, size_t msg_len);
 /* Unmerges nothing; drops the registry's references. */
 void lora_registry_free(lora_registry *r);
-/* Load dir under name (unique). meta may be NULL. */
-int lora_registry_load(lora_registry *r, const char *name, const char *dir, lora_meta *meta,
-                       char *msg, size_t msg_len);
+/* Load dir under name (unique), with the scale requests get when they name
+ * the adapter without one. meta may be NULL. */
+int lora_registry_load(lora_registry *r, const char *name, const char *dir, float scale,
+                       lora_meta *meta, char *msg, size_t msg_len);
 /* Drop name; ENG_ECONFLICT while it is merged. Sequences using it finish. */
 int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t msg_len);
 /* A reference to name for a request (marks it used now); ENG_ENOTFOUND. */
 int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg,
                       size_t msg_len);
+/* The same with the adapter's default scale, as a request wants it. */
+int lora_registry_want(lora_registry *r, const char *name, eng_lora_term *out, char *msg,
+                       size_t msg_len);
 /* Every adapter, in load order; *out allocated (free()). */
 int lora_registry_list(lora_registry *r, lora_info **out, size_t *n);
 /*

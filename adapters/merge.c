@@ -85,9 +85,14 @@ static int wrong_family(const qtensor *w, const char *family, char *msg, size_t 
                    qt_kind_name(w->kind), family);
 }
 
+static bool is_dense(qt_kind k)
+{
+    return (unsigned)k < QT_KIND_COUNT && qt_traits_table[k].is_dense;
+}
+
 static int dense_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    if (w->kind != QT_F32 && w->kind != QT_F16 && w->kind != QT_BF16)
+    if (!is_dense(w->kind))
         return wrong_family(w, "dense", msg, msg_len);
     p->kind = w->kind;
     return QT_OK;
@@ -192,11 +197,6 @@ typedef struct part_f32 {
 static const char *adapter_name(const lora_part *part)
 {
     return part->adapter ? part->adapter : "(unnamed adapter)";
-}
-
-static bool is_dense(qt_kind k)
-{
-    return k == QT_F32 || k == QT_F16 || k == QT_BF16;
 }
 
 /* Check part i against the weight and convert its A and B to f32. */

@@ -904,18 +904,6 @@ static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t
 
 /* --- names ----------------------------------------------------------------------- */
 
-/* The last path component of s (trailing slashes ignored) into buf. */
-static void base_name(const char *s, char *buf, size_t len)
-{
-    size_t n = strlen(s);
-    while (n > 1 && s[n - 1] == '/')
-        n--;
-    size_t b = n;
-    while (b > 0 && s[b - 1] != '/')
-        b--;
-    snprintf(buf, len, "%.*s", (int)(n - b), s + b);
-}
-
 /* A model name reduced to what two spellings of it share: the base name's
  * letters and digits, lower case, without a ".gguf" ending. So
  * "HuggingFaceTB/SmolLM2-135M-Instruct" and a GGUF's "SmolLM2 135M
@@ -923,7 +911,7 @@ static void base_name(const char *s, char *buf, size_t len)
 static void name_key(const char *s, char *buf, size_t len)
 {
     char base[256];
-    base_name(s, base, sizeof base);
+    eng_path_base(s, base, sizeof base);
     size_t n = strlen(base);
     if (n > 5 && strcasecmp(base + n - 5, ".gguf") == 0)
         base[n - 5] = 0;
@@ -1046,7 +1034,7 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
         memset(meta, 0, sizeof *meta);
     char own_name[256];
     if (!name) {
-        base_name(dir, own_name, sizeof own_name);
+        eng_path_base(dir, own_name, sizeof own_name);
         name = own_name;
     }
     if (!name[0] || strlen(name) >= sizeof((eng_lora *)0)->name)

@@ -26,6 +26,7 @@ typedef struct entry {
     char path[512];
     eng_lora *lora; /* the registry's reference */
     lora_meta meta;
+    float scale;        /* the default for requests that name it */
     uint64_t last_used; /* registry tick, for least-recently-used eviction */
     lora_cost last_merge;
     double last_merge_seconds;
@@ -43,6 +44,12 @@ struct lora_registry {
     uint64_t tick;
     qt_kind into; /* what merged modules are stored in, for the current configuration */
     uint64_t merges, unmerges;
+    /* the digest of one version, kept: versions never change, and hashing
+     * every weight byte again for each state query (each /metrics scrape)
+     * would cost tens of milliseconds on the default model */
+    bool have_digest;
+    uint64_t digested_version; /* versions are numbered once each */
+    uint64_t digest;
 };
 
 static double now_s(void)
@@ -158,8 +165,8 @@ static int make_room(lora_registry *r, size_t bytes, const eng_weights *serving,
     return ENG_OK;
 }
 
-int lora_registry_load(lora_registry *r, const char *name, const char *dir, lora_meta *meta,
-                       char *msg, size_t msg_len)
+int lora_registry_load(lora_registry *r, const char *name, const char *dir, float scale,
+                       lora_meta *meta, char *msg, size_t msg_len)
 {
     if (!name || !*name || strlen(name) >= sizeof r->entries->name)
         return qt_fail(msg, msg_len, ENG_EINVAL, "an adapter name must have 1 to %zu bytes",
@@ -200,6 +207,7 @@ int lora_registry_load(lora_registry *r, const char *name, const char *dir, lora
         snprintf(en->path, sizeof en->path, "%s", dir);
         en->lora = lora;
         en->meta = mt;
+        en->scale = scale;
         en->last_used = ++r->tick;
         lora = NULL;
     }
@@ -211,19 +219,28 @@ int lora_registry_load(lora_registry *r, const char *name, const char *dir, lora
     return rc;
 }
 
-int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg, size_t msg_len)
+int lora_registry_want(lora_registry *r, const char *name, eng_lora_term *out, char *msg,
+                       size_t msg_len)
 {
-    *out = NULL;
+    *out = (eng_lora_term){NULL, 1.0f};
     pthread_mutex_lock(&r->mu);
     entry *en = find(r, name);
     if (en) {
         en->last_used = ++r->tick;
         eng_lora_ref(en->lora);
-        *out = en->lora;
+        *out = (eng_lora_term){en->lora, en->scale};
     }
     pthread_mutex_unlock(&r->mu);
     return en ? ENG_OK
               : qt_fail(msg, msg_len, ENG_ENOTFOUND, "no adapter named %s is loaded", name);
+}
+
+int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg, size_t msg_len)
+{
+    eng_lora_term t;
+    int rc = lora_registry_want(r, name, &t, msg, msg_len);
+    *out = t.lora;
+    return rc;
 }
 
 int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t msg_len)
@@ -262,6 +279,7 @@ int lora_registry_list(lora_registry *r, lora_info **out, size_t *n)
             snprintf(info->name, sizeof info->name, "%s", en->name);
             snprintf(info->path, sizeof info->path, "%s", en->path);
             info->meta = en->meta;
+            info->scale = en->scale;
             info->bytes = en->lora->bytes;
             info->merged = merged_in(serving, en->lora, &info->merged_scale);
             info->requests = __atomic_load_n(&en->lora->requests, __ATOMIC_RELAXED);
@@ -384,6 +402,11 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
         rp.into = o->into;
         rp.version = v->version;
         rp.digest = eng_weights_digest(m, v);
+        pthread_mutex_lock(&r->mu);
+        r->have_digest = true;
+        r->digested_version = v->version;
+        r->digest = rp.digest;
+        pthread_mutex_unlock(&r->mu);
         eng_engine_publish(r->e, v); /* the engine takes our reference */
         v = NULL;
         rp.seconds = now_s() - t0;
@@ -494,7 +517,18 @@ void lora_registry_state(lora_registry *r, lora_state *out)
     memset(out, 0, sizeof *out);
     eng_weights *serving = eng_engine_weights(r->e);
     out->version = serving->version;
-    out->digest = eng_weights_digest(r->m, serving);
+    pthread_mutex_lock(&r->mu);
+    bool known = r->have_digest && r->digested_version == serving->version;
+    out->digest = r->digest;
+    pthread_mutex_unlock(&r->mu);
+    if (!known) {
+        out->digest = eng_weights_digest(r->m, serving);
+        pthread_mutex_lock(&r->mu);
+        r->have_digest = true;
+        r->digested_version = serving->version;
+        r->digest = out->digest;
+        pthread_mutex_unlock(&r->mu);
+    }
     out->n_merged = serving->n_merged;
     for (size_t i = 0; i < serving->n_merged && i < 16; i++) {
         snprintf(out->merged[i].name, sizeof out->merged[i].name, "%s",

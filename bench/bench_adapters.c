@@ -233,7 +233,7 @@ static void merge_figures(const eng_model *m, const char *label, const char *ada
     if (eng_engine_start(&e, m, &eo, msg, sizeof msg) ||
         lora_registry_new(&reg, e, m, &ro, msg, sizeof msg))
         die("engine", msg);
-    if (lora_registry_load(reg, "a", adapter_dir, NULL, msg, sizeof msg))
+    if (lora_registry_load(reg, "a", adapter_dir, 1.0f, NULL, msg, sizeof msg))
         die("load", msg);
     uint64_t before = eng_weights_digest(m, NULL);
     lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};

@@ -47,6 +47,10 @@ struct cJSON;
 int eng_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
                   size_t msg_len);
 
+/* The last component of path, trailing slashes ignored ("a/b/" -> "b"),
+ * into out (truncated to fit): the name a model or adapter folder goes by. */
+void eng_path_base(const char *path, char *out, size_t out_len);
+
 /* --- safetensors -------------------------------------------------------- */
 
 typedef enum st_dtype {

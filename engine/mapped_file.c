@@ -100,3 +100,14 @@ int eng_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, s
     }
     return ENG_OK;
 }
+
+void eng_path_base(const char *path, char *out, size_t out_len)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    snprintf(out, out_len, "%.*s", (int)(n - b), path + b);
+}

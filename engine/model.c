@@ -557,13 +557,7 @@ static void set_model_name(eng_model *m, const char *own, size_t own_len, const 
         snprintf(m->name, sizeof m->name, "%.*s", (int)(own_len < 255 ? own_len : 255), own);
         return;
     }
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/')
-        n--;
-    size_t b = n;
-    while (b > 0 && path[b - 1] != '/')
-        b--;
-    snprintf(m->name, sizeof m->name, "%.*s", (int)(n - b < 255 ? n - b : 255), path + b);
+    eng_path_base(path, m->name, sizeof m->name);
 }
 
 static int load_hf(loader *L, char *msg, size_t msg_len)

@@ -503,7 +503,6 @@ void srv_conn_feed(srv_conn *c, const char *data, size_t len)
 static void response_done(srv_conn *c, bool keep_alive)
 {
     c->busy = false;
-    c->streaming = false;
     bool keep = keep_alive && c->req.keep_alive && !c->s->draining;
     request_reset(c);
     if (!keep) {
@@ -703,7 +702,6 @@ void srv_stream_begin(srv_conn *c)
     static const char head10[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                  "Cache-Control: no-cache\r\nConnection: close\r\n\r\n";
     count_status(c->s, 200);
-    c->streaming = true;
     if (c->req.http10)
         send_bytes(c, head10, sizeof head10 - 1);
     else

@@ -116,7 +116,7 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
         rc = lora_registry_new(&reg, e, &m, &ro, msg, msg_len);
     }
     if (rc == ENG_OK)
-        rc = lora_registry_load(reg, "adapter", c->adapter, &meta, msg, msg_len);
+        rc = lora_registry_load(reg, "adapter", c->adapter, 1.0f, &meta, msg, msg_len);
     if (rc == ENG_OK) {
         fprintf(stderr, "adapter %s: rank %d, alpha %g, %d modules (%s)\n", c->adapter, meta.r,
                 (double)meta.alpha, meta.n_modules, meta.targets);

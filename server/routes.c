@@ -447,11 +447,12 @@ static void generate(srv_conn *c, srv_shape shape)
     /* the adapter: TGI names it; OpenAI's model is the base or an adapter */
     if (ok && shape >= SRV_OAI && model && strcmp(model, c->s->model_id) != 0)
         a.adapter = model;
-    eng_lora *lora = NULL;
+    /* the adapter and its default scale, when the request gives none */
+    eng_lora_term term = {NULL, 1.0f};
     char msg[1024];
     if (ok && a.adapter && a.adapter[0]) {
         if (!c->s->registry ||
-            lora_registry_get(c->s->registry, a.adapter, &lora, msg, sizeof msg) != ENG_OK) {
+            lora_registry_want(c->s->registry, a.adapter, &term, msg, sizeof msg) != ENG_OK) {
             fail(c, 404,
                  shape >= SRV_OAI ? "model %s: neither the base model nor a loaded adapter"
                                   : "adapter %s is not loaded",
@@ -459,6 +460,9 @@ static void generate(srv_conn *c, srv_shape shape)
             ok = false;
         }
     }
+    eng_lora *lora = term.lora;
+    if (a.has_scale)
+        term.scale = (float)a.adapter_scale;
     if (ok)
         ok = check_limits(c, &a);
     if (!ok) {
@@ -484,9 +488,6 @@ static void generate(srv_conn *c, srv_shape shape)
     snprintf(g->model_id, sizeof g->model_id, "%s", lora ? lora->name : c->s->model_id);
     if (a.return_full_text)
         g->prompt = strdup(a.prompt);
-    eng_lora_term term = {
-        lora,
-        (float)(a.has_scale ? a.adapter_scale : (lora ? srv_adapter_scale(c->s, lora->name) : 1))};
     eng_request r = {.prompt = a.prompt,
                      .prompt_len = strlen(a.prompt),
                      .max_new_tokens = (int32_t)a.max_new_tokens,
@@ -596,7 +597,7 @@ static bool admin_allowed(srv_conn *c)
 }
 
 /* A lora_info as JSON. */
-static cJSON *info_json(const lora_info *in, float default_scale)
+static cJSON *info_json(const lora_info *in)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", in->name);
@@ -607,7 +608,7 @@ static cJSON *info_json(const lora_info *in, float default_scale)
     cJSON_AddNumberToObject(o, "modules", in->meta.n_modules);
     cJSON_AddStringToObject(o, "base_model", in->meta.base_model);
     cJSON_AddNumberToObject(o, "bytes", (double)in->bytes);
-    cJSON_AddNumberToObject(o, "scale", default_scale);
+    cJSON_AddNumberToObject(o, "scale", in->scale);
     cJSON_AddBoolToObject(o, "merged", in->merged);
     if (in->merged)
         cJSON_AddNumberToObject(o, "merged_scale", in->merged_scale);
@@ -631,7 +632,7 @@ static void list_adapters(srv_conn *c)
     size_t n = 0;
     if (lora_registry_list(c->s->registry, &list, &n) == ENG_OK)
         for (size_t i = 0; i < n; i++)
-            cJSON_AddItemToArray(arr, info_json(&list[i], srv_adapter_scale(c->s, list[i].name)));
+            cJSON_AddItemToArray(arr, info_json(&list[i]));
     free(list);
     respond_cjson(c, 200, root);
 }
@@ -717,14 +718,13 @@ static bool resolve_adapter_path(srv_conn *c, const char *path, char *out, size_
 
 static void run_load(srv_work *w)
 {
-    w->rc = lora_registry_load(w->s->registry, w->name, w->path, &w->meta, w->msg, sizeof w->msg);
+    w->rc = lora_registry_load(w->s->registry, w->name, w->path, w->scale, &w->meta, w->msg,
+                               sizeof w->msg);
 }
 
 static void done_load(srv_work *w)
 {
     srv_conn *c = w->conn;
-    if (w->rc == ENG_OK)
-        srv_set_adapter_scale(w->s, w->name, w->scale);
     if (!c)
         return;
     if (w->rc != ENG_OK) {
@@ -736,12 +736,13 @@ static void done_load(srv_work *w)
     size_t n = 0;
     snprintf(in.name, sizeof in.name, "%.127s", w->name);
     in.meta = w->meta;
+    in.scale = w->scale;
     if (lora_registry_list(w->s->registry, &list, &n) == ENG_OK)
         for (size_t i = 0; i < n; i++)
             if (strcmp(list[i].name, w->name) == 0)
                 in = list[i];
     free(list);
-    respond_cjson(c, 201, info_json(&in, w->scale));
+    respond_cjson(c, 201, info_json(&in));
 }
 
 static void run_merge(srv_work *w)
@@ -784,7 +785,6 @@ static srv_work *new_work(srv_conn *c, const char *name)
     }
     w->s = c->s;
     w->conn = c;
-    w->conn_serial = c->serial;
     snprintf(w->name, sizeof w->name, "%s", name);
     return w;
 }
@@ -857,7 +857,12 @@ static void merge_adapter(srv_conn *c, const char *name, bool merge)
         return;
     static const char *const fields[] = {"scale", "safe_merge", "into", NULL};
     static const char *const none[] = {NULL};
-    double scale = srv_adapter_scale(c->s, name);
+    /* the adapter's default scale unless the body names one (an unknown
+     * adapter is refused by the merge itself) */
+    eng_lora_term known = {NULL, 1.0f};
+    lora_registry_want(c->s->registry, name, &known, NULL, 0);
+    eng_lora_unref(known.lora);
+    double scale = known.scale;
     bool safe = true;
     const char *into = NULL;
     bool ok = only_known(c, root, "the body", merge ? fields : none) &&
@@ -894,7 +899,6 @@ static void unload_adapter(srv_conn *c, const char *name)
         fail(c, status_of(rc), "%s", msg);
         return;
     }
-    srv_forget_adapter_scale(c->s, name);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "unloaded", name);
     respond_cjson(c, 200, root);

@@ -35,44 +35,6 @@ typedef struct srv_event {
     eng_usage usage;
 } srv_event;
 
-/* --- adapters' default scales ---------------------------------------------------- */
-
-float srv_adapter_scale(const srv_server *s, const char *name)
-{
-    for (size_t i = 0; i < s->n_scales; i++)
-        if (strcmp(s->scales[i].name, name) == 0)
-            return s->scales[i].scale;
-    return 1.0f;
-}
-
-void srv_set_adapter_scale(srv_server *s, const char *name, float scale)
-{
-    for (size_t i = 0; i < s->n_scales; i++)
-        if (strcmp(s->scales[i].name, name) == 0) {
-            s->scales[i].scale = scale;
-            return;
-        }
-    if (s->n_scales == s->cap_scales) {
-        size_t cap = s->cap_scales ? 2 * s->cap_scales : 8;
-        void *p = realloc(s->scales, cap * sizeof *s->scales);
-        if (!p)
-            return; /* the adapter then runs at scale 1 */
-        s->scales = p;
-        s->cap_scales = cap;
-    }
-    snprintf(s->scales[s->n_scales].name, sizeof s->scales[s->n_scales].name, "%s", name);
-    s->scales[s->n_scales++].scale = scale;
-}
-
-void srv_forget_adapter_scale(srv_server *s, const char *name)
-{
-    for (size_t i = 0; i < s->n_scales; i++)
-        if (strcmp(s->scales[i].name, name) == 0) {
-            s->scales[i] = s->scales[--s->n_scales];
-            return;
-        }
-}
-
 /* --- the engine's callbacks (engine thread) -------------------------------------- */
 
 static void push_event(srv_gen *g, srv_event *ev)
@@ -529,7 +491,6 @@ static void load_after(uv_work_t *req, int status)
     s->n_work--;
     if (j->rc != ENG_OK) {
         fprintf(stderr, "qlserve serve: %s\n", j->msg);
-        s->load_failed = true;
         s->exit_code = 1;
         s->draining = true;
         srv_stop_accepting(s);
@@ -619,15 +580,8 @@ int srv_serve(const cfg_serve *cfg)
     if (cfg->served_model_name) {
         snprintf(s->model_id, sizeof s->model_id, "%.159s", cfg->served_model_name);
     } else {
-        char path[1024];
-        snprintf(path, sizeof path, "%s", cfg->model.path);
-        size_t n = strlen(path);
-        while (n > 1 && path[n - 1] == '/')
-            path[--n] = 0;
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        snprintf(s->model_id, sizeof s->model_id, "%.159s", base);
-        n = strlen(s->model_id);
+        eng_path_base(cfg->model.path, s->model_id, sizeof s->model_id);
+        size_t n = strlen(s->model_id);
         if (n > 5 && strcmp(s->model_id + n - 5, ".gguf") == 0)
             s->model_id[n - 5] = 0;
     }
@@ -669,7 +623,6 @@ int srv_serve(const cfg_serve *cfg)
     on_wake(&s->wake); /* events that raced the stop: free them */
     uv_loop_close(s->loop);
     pthread_mutex_destroy(&s->events_mu);
-    free(s->scales);
     free(s);
     fprintf(stderr, "qlserve: stopped\n");
     return code;

@@ -44,7 +44,6 @@ typedef struct srv_hist {
 } srv_hist;
 
 typedef struct srv_metrics {
-    uint64_t requests[6]; /* by status class: 2xx, 4xx, 5xx, and by route kind below */
     uint64_t by_status[600];
     uint64_t generations, generated_tokens, prompt_tokens, cancelled;
     uint64_t disconnects; /* clients that left mid-generation */
@@ -94,7 +93,6 @@ struct srv_conn {
     bool refused;     /* the request was refused while being read (413, 431) */
     bool linger_done; /* the lingering close after a refusal has ended */
     uv_shutdown_t shutdown;
-    bool streaming;        /* the response is an event stream in progress */
     bool loopback;         /* the peer is 127.0.0.0/8 or ::1 */
     bool reading;          /* a request has started arriving */
     uv_timer_t timer;      /* request read timeout, or keep-alive idle */
@@ -192,8 +190,7 @@ void srv_gen_detach(srv_gen *g);
 typedef struct srv_work {
     uv_work_t req;
     srv_server *s;
-    srv_conn *conn; /* NULL once the client has gone */
-    uint64_t conn_serial;
+    srv_conn *conn;                   /* NULL once the client has gone */
     void (*run)(struct srv_work *w);  /* on a pool thread */
     void (*done)(struct srv_work *w); /* on the loop */
     int rc;
@@ -222,19 +219,12 @@ struct srv_server {
     uint64_t next_serial;
     /* the model, once loaded (serving true) */
     bool serving;
-    bool load_failed;
     char load_error[1024];
     eng_model model;
     eng_engine *engine;
     lora_registry *registry;
     char model_id[160];
     double started_at; /* unix time */
-    /* adapters' default scales (POST /admin/adapters "scale") */
-    struct {
-        char name[128];
-        float scale;
-    } * scales;
-    size_t n_scales, cap_scales;
     /* the engine's events, appended on the engine thread */
     pthread_mutex_t events_mu;
     struct srv_event *events, *events_tail;
@@ -251,10 +241,6 @@ struct srv_server {
     uint64_t oai_serial;
     int exit_code;
 };
-
-float srv_adapter_scale(const srv_server *s, const char *name);
-void srv_set_adapter_scale(srv_server *s, const char *name, float scale);
-void srv_forget_adapter_scale(srv_server *s, const char *name);
 
 /* After an event that may end a drain: exits the loop when nothing is left. */
 void srv_check_drained(srv_server *s);

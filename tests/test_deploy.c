@@ -290,7 +290,6 @@ static int route_status(const char *path, bool serving, bool draining)
     srv_conn_feed(c, request, strlen(request));
     srv_conn_release_detached(c);
     free(c);
-    free(s->scales);
     free(s);
     return st.status;
 }

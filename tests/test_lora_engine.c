@@ -710,7 +710,7 @@ Test(lora_engine, merge_report_matches_costs_recomputed_in_float64)
     char msg[512];
     const char *a = write_folder(&r.g.m, "a", 5, 0.05f);
     lora_meta meta;
-    cr_assert_eq(lora_registry_load(r.reg, "a", a, &meta, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, &meta, msg, sizeof msg), 0, "%s", msg);
     cr_assert_eq(meta.n_modules, r.g.m.cfg.n_layers * ENG_N_PROJ);
     lora_report rep;
     cr_assert_eq(lora_registry_merge(r.reg, "a", 0.8f, &own_kind, &rep, msg, sizeof msg), 0, "%s",
@@ -788,12 +788,12 @@ static void restore_after_cycles(const kind_case *kc)
     reg_rig r;
     reg_open(&r, kc, 0);
     char msg[512];
-    cr_assert_eq(
-        lora_registry_load(r.reg, "a", write_folder(&r.g.m, "a", 5, 0.05f), NULL, msg, sizeof msg),
-        0, "%s", msg);
-    cr_assert_eq(
-        lora_registry_load(r.reg, "b", write_folder(&r.g.m, "b", 6, 0.05f), NULL, msg, sizeof msg),
-        0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", write_folder(&r.g.m, "a", 5, 0.05f), 1.0f, NULL,
+                                    msg, sizeof msg),
+                 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "b", write_folder(&r.g.m, "b", 6, 0.05f), 1.0f, NULL,
+                                    msg, sizeof msg),
+                 0, "%s", msg);
     lora_state st;
     lora_registry_state(r.reg, &st);
     uint64_t pristine = st.digest;
@@ -849,8 +849,8 @@ Test(lora_engine, unload_while_merged_conflicts_and_unknown_names_are_not_found)
     reg_open(&r, &kc, 0);
     char msg[512];
     const char *a = write_folder(&r.g.m, "a", 5, 0.05f);
-    cr_assert_eq(lora_registry_load(r.reg, "a", a, NULL, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(lora_registry_load(r.reg, "a", a, NULL, msg, sizeof msg), ENG_ECONFLICT);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), ENG_ECONFLICT);
     cr_assert(strstr(msg, "already loaded"), "%s", msg);
     eng_lora *l = NULL;
     cr_assert_eq(lora_registry_get(r.reg, "nope", &l, msg, sizeof msg), ENG_ENOTFOUND);
@@ -880,12 +880,12 @@ Test(lora_engine, safe_merge_refuses_an_infinite_result_and_changes_nothing)
     reg_open(&r, &kc, 0);
     char msg[512];
     /* finite factors whose product overflows f32: 1e19 * 1e19 * 8 * 2 */
-    cr_assert_eq(lora_registry_load(r.reg, "huge", write_folder(&r.g.m, "huge", 5, 1e19f), NULL,
+    cr_assert_eq(lora_registry_load(r.reg, "huge", write_folder(&r.g.m, "huge", 5, 1e19f), 1.0f,
+                                    NULL, msg, sizeof msg),
+                 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", write_folder(&r.g.m, "a", 6, 0.05f), 1.0f, NULL,
                                     msg, sizeof msg),
                  0, "%s", msg);
-    cr_assert_eq(
-        lora_registry_load(r.reg, "a", write_folder(&r.g.m, "a", 6, 0.05f), NULL, msg, sizeof msg),
-        0, "%s", msg);
     cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
     lora_state before, after;
     lora_registry_state(r.reg, &before);
@@ -920,27 +920,62 @@ Test(lora_engine, budget_evicts_the_least_recently_used_idle_adapter)
     const char *names[4] = {"a", "b", "c", "d"};
     for (int i = 0; i < 4; i++)
         folders[i] = write_folder(&r.g.m, names[i], 10 + (uint64_t)i, 0.05f);
-    cr_assert_eq(lora_registry_load(r.reg, "a", folders[0], NULL, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(lora_registry_load(r.reg, "b", folders[1], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", folders[0], 1.0f, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
+    cr_assert_eq(lora_registry_load(r.reg, "b", folders[1], 1.0f, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
     cr_assert_eq(lora_registry_get(r.reg, "a", &l, msg, sizeof msg), 0); /* a used after b */
     eng_lora_unref(l);
-    cr_assert_eq(lora_registry_load(r.reg, "c", folders[2], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "c", folders[2], 1.0f, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
     cr_assert_eq(lora_registry_get(r.reg, "b", &l, msg, sizeof msg), ENG_ENOTFOUND,
                  "b, the least recently used, was evicted");
     // a merged and c in use: nothing can go, so d is refused and nothing changes
     cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
     eng_lora *held;
     cr_assert_eq(lora_registry_get(r.reg, "c", &held, msg, sizeof msg), 0);
-    cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], NULL, msg, sizeof msg), ENG_ENOMEM);
+    cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], 1.0f, NULL, msg, sizeof msg),
+                 ENG_ENOMEM);
     cr_assert(strstr(msg, "budget"), "%s", msg);
     lora_state st;
     lora_registry_state(r.reg, &st);
     cr_assert_eq(st.n_loaded, 2);
     // once c is idle, d evicts it
     eng_lora_unref(held);
-    cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], 1.0f, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
     cr_assert_eq(lora_registry_get(r.reg, "c", &l, msg, sizeof msg), ENG_ENOTFOUND);
     cr_assert_eq(lora_registry_get(r.reg, "a", &l, msg, sizeof msg), 0, "a is merged: kept");
     eng_lora_unref(l);
+    reg_close(&r);
+}
+
+Test(lora_engine, an_adapter_keeps_its_default_scale_until_unloaded)
+{
+    kind_case kc = {.label = "bf16 scale"};
+    reg_rig r;
+    reg_open(&r, &kc, 0);
+    char msg[512];
+    const char *a = write_folder(&r.g.m, "a", 5, 0.05f);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, 0.5f, NULL, msg, sizeof msg), 0, "%s", msg);
+    eng_lora_term t;
+    cr_assert_eq(lora_registry_want(r.reg, "a", &t, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(t.scale, 0.5f);
+    cr_assert_str_eq(t.lora->name, "a");
+    eng_lora_unref(t.lora);
+    lora_info *list;
+    size_t n;
+    cr_assert_eq(lora_registry_list(r.reg, &list, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(list[0].scale, 0.5f);
+    free(list);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_want(r.reg, "a", &t, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_null(t.lora);
+    /* loaded again without a scale of its own, it has scale 1 */
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_want(r.reg, "a", &t, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(t.scale, 1.0f);
+    eng_lora_unref(t.lora);
     reg_close(&r);
 }

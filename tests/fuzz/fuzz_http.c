@@ -197,7 +197,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort(); /* a head without its body */
     srv_conn_release_detached(c);
     free(c);
-    free(s->scales);
     free(s);
     return 0;
 }
