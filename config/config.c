@@ -194,6 +194,12 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
     return CFG_OK;
 }
 
+/* The backends --device names (engine/backend.c parses them again). */
+static bool known_device(const char *d)
+{
+    return strcmp(d, "cpu") == 0 || strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0;
+}
+
 #define GENERATE_OPTS(g)                                                                           \
     {"model", OPT_STRING, &(g)->model.path, "PATH: a Hugging Face folder or a .gguf file"},        \
         {"prompt", OPT_STRING, &(g)->prompt, "TEXT: the prompt (as is: no chat template)"},        \
@@ -205,6 +211,7 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
         {"seed", OPT_U64, &(g)->seed, "N: the same seed gives the same text"},                     \
         {"stop", OPT_STRING, &(g)->stop, "STRING: end generation there (not printed)"},            \
         {"threads", OPT_INT, &(g)->threads, "N: kernel threads (default: all cores)"},             \
+        {"device", OPT_STRING, &(g)->device, "cpu | cuda | auto: where to run (default auto)"},    \
         {"kv-mib", OPT_INT, &(g)->kv_mib, "N: KV cache size in MiB (default 256)"},                \
         {"adapter", OPT_STRING, &(g)->adapter, "DIR: a PEFT LoRA adapter folder to apply"},        \
         {"adapter-scale", OPT_FLOAT, &(g)->adapter_scale, "S: the adapter's scale (default 1)"},   \
@@ -221,6 +228,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     out->top_p = 1.0f;
     out->repetition_penalty = 1.0f;
     out->adapter_scale = 1.0f;
+    out->device = "auto";
     const opt opts[] = {GENERATE_OPTS(out)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
     if (rc != CFG_OK)
@@ -234,6 +242,9 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
                            "generate: --merge, --into and --adapter-scale need --adapter DIR");
     if (out->into && !out->merge)
         return usage_error(msg, msg_len, "generate: --into applies to --merge");
+    if (!known_device(out->device))
+        return usage_error(msg, msg_len, "generate: --device %s: one of cpu, cuda, auto",
+                           out->device);
     if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
         return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
     return CFG_OK;
@@ -271,6 +282,8 @@ typedef struct serve_layer {
         {"served-model-name", OPT_STRING, &(l)->s.served_model_name,                               \
          "NAME: the model's id in /v1/models and /info (unset: from the model)"},                  \
         {"threads", OPT_INT, &(l)->s.threads, "N: kernel threads (0: all cores)"},                 \
+        {"device", OPT_STRING, &(l)->s.device,                                                     \
+         "cpu | cuda | auto: where to run (auto: CUDA when a device is present)"},                 \
         {"kv-mib", OPT_INT, &(l)->s.kv_mib, "N: KV cache size in MiB"},                            \
         {"max-running", OPT_INT, &(l)->s.max_running, "N: sequences decoding together"},           \
         {"max-queued", OPT_INT, &(l)->s.max_queued,                                                \
@@ -312,6 +325,7 @@ static void serve_defaults(serve_layer *l)
     l->s.keepalive_timeout_ms = 60000;
     l->s.grace_ms = 30000;
     l->s.merge_threads = 1;
+    l->s.device = "auto";
 }
 
 /* The range each number must fall in. The upper bounds are not hardware
@@ -723,6 +737,10 @@ static int validate_serve(serve_parse *p)
         return usage_error(p->msg, p->msg_len,
                            "serve: no model: give --model PATH (or \"model\" in the config file, "
                            "or QLSERVE_MODEL)");
+    if (!known_device(p->result->device)) {
+        describe(p, find_opt(p->opts, p->n_opts, "device"), where, sizeof where);
+        return usage_error(p->msg, p->msg_len, "%s: one of cpu, cuda, auto", where);
+    }
     const char *host = p->result->host;
     if (strcspn(host, " \t") != strlen(host) || strlen(host) > 253) {
         describe(p, find_opt(p->opts, p->n_opts, "host"), where, sizeof where);

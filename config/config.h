@@ -59,6 +59,7 @@ typedef struct cfg_generate {
     uint64_t seed;            /* --seed, default 0 */
     const char *stop;         /* --stop STRING */
     int32_t threads;          /* --threads, default 0: all cores */
+    const char *device;       /* --device cpu|cuda|auto, default auto */
     int32_t kv_mib;           /* --kv-mib, default 0: the engine's default */
     const char *adapter;      /* --adapter DIR: a PEFT LoRA adapter folder */
     float adapter_scale;      /* --adapter-scale, default 1 */
@@ -84,7 +85,10 @@ typedef struct cfg_serve {
     /* --served-model-name NAME: the model's id in /v1/models and /info; NULL:
      * derived by the server */
     const char *served_model_name;
-    int32_t threads;              /* --threads, 0: all cores */
+    int32_t threads; /* --threads, 0: all cores */
+    /* --device cpu|cuda|auto, default auto: CUDA when this build has it and
+     * a device is present */
+    const char *device;
     int32_t kv_mib;               /* --kv-mib, default 256 */
     int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
     int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */

@@ -33,6 +33,7 @@ enum {
     ENG_ENOMEM = -104,
     ENG_EBUSY = -105,     /* the queue is full: try again later */
     ENG_ECONFLICT = -106, /* the state forbids it now (unloading a merged adapter) */
+    ENG_EDEVICE = -107,   /* no usable device, or the device failed (a CUDA error) */
 };
 
 const char *eng_strerror(int err);
@@ -552,7 +553,13 @@ typedef struct eng_seq_kv {
  * Refuses a size too small for one block. Free with eng_kv_free. */
 int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                char *msg, size_t msg_len);
+/* The same block bookkeeping without the host arena (the positions live
+ * elsewhere, e.g. in device memory: see the CUDA backend). */
+int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                    char *msg, size_t msg_len);
 void eng_kv_free(eng_kv_cache *kv);
+/* Floats one block holds (every layer's K and V for its positions). */
+size_t eng_kv_block_floats(const eng_kv_cache *kv);
 int32_t eng_kv_block_tokens(const eng_kv_cache *kv);
 int32_t eng_kv_total_blocks(const eng_kv_cache *kv);
 int32_t eng_kv_free_blocks(const eng_kv_cache *kv);
@@ -589,6 +596,10 @@ typedef struct eng_step_seq {
     const struct eng_weights *weights;
     const struct eng_lora_term *delta;
     int32_t n_delta;
+    /* the caller only needs the greedy token (eng_sample's at temperature 0
+     * without a penalty): a backend that can choose it where the logits are
+     * (eng_backend_forward's tokens) need not return this row's logits */
+    bool greedy;
 } eng_step_seq;
 
 /* Scratch of the forward pass, sized for up to max_tokens new tokens per
@@ -620,6 +631,73 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
 void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
                     int64_t batch, float *y, float *t, float *u);
 
+/* --- backends: where a forward step runs (engine/backend.c; the CUDA one in
+ *     engine/backend_cuda.c when built with CUDA) ------------------------------ */
+
+/* Which backend: cpu (always built, the reference), cuda (an NVIDIA GPU),
+ * or auto (cuda when this build has it and a device is present, else cpu). */
+typedef enum eng_device {
+    ENG_DEVICE_AUTO = 0,
+    ENG_DEVICE_CPU,
+    ENG_DEVICE_CUDA,
+} eng_device;
+
+/* "auto", "cpu", "cuda" -> *out; ENG_EINVAL naming the value otherwise. */
+int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_len);
+const char *eng_device_name(eng_device d);
+/* Whether this build has the CUDA backend. */
+bool eng_cuda_built(void);
+
+/*
+ * A backend: the model's weights where it computes, its KV cache, and the
+ * scratch of a step. The CPU backend borrows the model's tensors and runs
+ * eng_forward over a worker pool; the CUDA backend uploads every weight
+ * once at creation (in its quantized layout), keeps the KV cache in device
+ * memory, and runs the step there. Both take the same eng_step_seq lists
+ * and must give the same greedy tokens. Owned by one thread at a time.
+ */
+typedef struct eng_backend eng_backend;
+
+typedef struct eng_backend_opts {
+    eng_device device;
+    int threads;          /* CPU kernel threads; 0: the machine's cores */
+    int32_t max_tokens;   /* new tokens one step may carry */
+    int32_t max_seqs;     /* sequences one step may carry */
+    size_t kv_bytes;      /* KV cache size (host or device memory) */
+    int32_t block_tokens; /* KV block, positions */
+} eng_backend_opts;
+
+/* Make the backend o->device names for model m (borrowed: it must outlive
+ * the backend). cuda without a device, or in a build without CUDA, is an
+ * error naming why; out of device memory names what did not fit. */
+int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o, char *msg,
+                    size_t msg_len);
+void eng_backend_free(eng_backend *b);
+/* "cpu (2 threads)", "cuda (NVIDIA H200, sm_90, 5.1 GiB of weights)": for
+ * logs and /info. */
+const char *eng_backend_describe(const eng_backend *b);
+/* Which device it is (never ENG_DEVICE_AUTO). */
+eng_device eng_backend_device(const eng_backend *b);
+/* The backend's KV cache bookkeeping (block tables are handed out here). */
+eng_kv_cache *eng_backend_kv(eng_backend *b);
+/*
+ * One step, as eng_forward: logits (n_seqs x vocab, host memory) gets each
+ * sequence's last-token logits; where tokens is not NULL and seqs[k].greedy,
+ * the backend may instead put the greedy token in tokens[k] and leave row k
+ * of logits unwritten; tokens[k] = -1 where it did not.
+ */
+int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+                        int32_t *tokens, char *msg, size_t msg_len);
+/*
+ * eng_weights_digest of what the backend computes with for version w (NULL:
+ * the model's own weights): the CPU backend's are the host tensors
+ * themselves; the CUDA backend copies its device tensors back (building
+ * the version's device copy, merges included, if no step has yet), so a
+ * merge and an unmerge on the device can be checked bit for bit.
+ */
+int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
+                       size_t msg_len);
+
 /* How a request samples (engine/sampler.c). Zero-initialised: greedy. */
 typedef struct eng_sampling {
     float temperature;        /* 0: greedy; > 0 */
@@ -647,6 +725,9 @@ void eng_sampler_free(eng_sampler *s);
 /* Pick the next token from logits (vocab entries, modified in place);
  * scratch holds at least vocab floats + vocab int32s. Records the token. */
 int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
+/* Record a token chosen elsewhere (a backend's greedy choice) as eng_sample
+ * records its own. */
+void eng_sampler_record(eng_sampler *s, int32_t token);
 
 /* Stop strings, matched on the decoded text across token boundaries and
  * never emitted: text that could still be the start of a stop string is
@@ -720,6 +801,7 @@ typedef struct eng_engine_opts {
     /* prompt plus max_new_tokens may not pass it; 0: the model's context */
     int32_t max_context;
     int threads; /* kernel threads; 0: the machine's cores */
+    eng_device device;
 } eng_engine_opts;
 
 typedef struct eng_engine eng_engine;
@@ -765,6 +847,9 @@ typedef struct eng_engine_stats {
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
+/* The backend the engine runs on, described (eng_backend_describe); lives
+ * as long as the engine. */
+const char *eng_engine_backend(const eng_engine *e);
 
 /* --- the jobs behind the command line ------------------------------------ */
 
@@ -801,6 +886,7 @@ typedef struct eng_generate_opts {
     eng_sampling sampling;
     const char *stop;              /* one stop string, or NULL */
     int threads;                   /* 0: all cores */
+    eng_device device;             /* where to run (auto: CUDA when present) */
     size_t kv_bytes;               /* 0: the engine's default */
     const eng_lora_term *adapters; /* the configuration wanted (eng_request) */
     size_t n_adapters;

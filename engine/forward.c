@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_internal.h"
 #include "kv_cache_internal.h"
+#include "ops_math.h"
 
 struct eng_forward_state {
     int32_t max_tokens;
@@ -42,35 +44,6 @@ struct eng_forward_state {
 };
 
 /* --- setup ------------------------------------------------------------------ */
-
-/* The rotary frequencies with the config's scaling folded in: linear divides
- * every frequency by the factor (positions / factor); llama3 (Llama 3.1's
- * rope_scaling) keeps high frequencies, divides low ones by the factor and
- * blends in between, as transformers' _compute_llama3_parameters does. */
-static void rope_frequencies(const eng_config *c, double *inv_freq)
-{
-    int32_t half = c->head_dim / 2;
-    for (int32_t i = 0; i < half; i++) {
-        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
-        if (c->rope_scaling == ENG_ROPE_LINEAR) {
-            f /= (double)c->rope_factor;
-        } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {
-            double old = (double)c->rope_original_max_position;
-            double low_wavelen = old / (double)c->rope_low_freq_factor;
-            double high_wavelen = old / (double)c->rope_high_freq_factor;
-            double wavelen = 2.0 * M_PI / f;
-            if (wavelen > low_wavelen) {
-                f /= (double)c->rope_factor;
-            } else if (wavelen >= high_wavelen) {
-                double smooth =
-                    (old / wavelen - (double)c->rope_low_freq_factor) /
-                    ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
-                f = (1.0 - smooth) * f / (double)c->rope_factor + smooth * f;
-            }
-        }
-        inv_freq[i] = f;
-    }
-}
 
 /* A dense [1, n] parameter as f32. */
 static void dense_row(const qtensor *t, float *out)
@@ -149,7 +122,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         return qt_fail(msg, msg_len, ENG_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
     }
-    rope_frequencies(c, st->inv_freq);
+    eng_rope_inv_freq(c, st->inv_freq);
     for (size_t l = 0; l < L; l++) {
         dense_row(&m->layers[l].attn_norm, st->norms + (2 * l) * H);
         dense_row(&m->layers[l].ffn_norm, st->norms + (2 * l + 1) * H);
@@ -167,7 +140,8 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
 
 /* --- the pieces -------------------------------------------------------------- */
 
-/* out = x / rms(x) * weight, row by row. */
+/* out = x / rms(x) * weight, row by row (ops_math.h's arithmetic, which the
+ * CUDA kernel runs too). */
 static void rmsnorm(float *out, const float *x, const float *weight, int64_t rows, int64_t n,
                     float eps)
 {
@@ -175,10 +149,10 @@ static void rmsnorm(float *out, const float *x, const float *weight, int64_t row
         const float *xr = x + r * n;
         double ss = 0.0;
         for (int64_t i = 0; i < n; i++)
-            ss += (double)xr[i] * (double)xr[i];
-        float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+            ss = om_sumsq_add(ss, xr[i]);
+        float scale = om_rmsnorm_scale(ss, n, eps);
         for (int64_t i = 0; i < n; i++)
-            out[r * n + i] = xr[i] * scale * weight[i];
+            out[r * n + i] = om_rmsnorm_apply(xr[i], scale, weight[i]);
     }
 }
 
@@ -332,11 +306,9 @@ static void rope(const eng_config *c, const eng_forward_state *st, float *vec, i
         for (int32_t hd = 0; hd < n_heads; hd++) {
             float *v = vec + (r * n_heads + hd) * d;
             for (int32_t i = 0; i < half; i++) {
-                int32_t a = c->rope_interleaved ? 2 * i : i;
-                int32_t b = c->rope_interleaved ? 2 * i + 1 : i + half;
-                float x0 = v[a], x1 = v[b];
-                v[a] = x0 * cs[i] - x1 * sn[i];
-                v[b] = x0 * sn[i] + x1 * cs[i];
+                int32_t a, b;
+                om_rope_pair(i, half, c->rope_interleaved, &a, &b);
+                om_rope_rotate(&v[a], &v[b], cs[i], sn[i]);
             }
         }
     }
@@ -358,7 +330,7 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
     const attn_job *j = ctx;
     const eng_config *c = j->c;
     int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)d);
+    float scale = om_attention_scale(d);
     float acc[512];
     for (int64_t i = i0; i < i1; i++) {
         int64_t r = i / c->n_heads;
@@ -366,14 +338,11 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
         const eng_step_seq *s = &j->seqs[j->st->row_seq[r]];
         int32_t pos = j->st->row_pos[r];
         const float *q = j->st->q + (r * c->n_heads + hd) * d;
-        float mx = -INFINITY, sum = 0.0f;
+        om_online sm = om_online_start();
         for (int32_t t = 0; t < d; t++)
             acc[t] = 0.0f;
-        /* Mistral's sliding window: the last `sliding_window` positions,
-         * this one included, as transformers masks them */
-        int32_t first = c->sliding_window > 0 && pos - c->sliding_window + 1 > 0
-                            ? pos - c->sliding_window + 1
-                            : 0;
+        /* Mistral's sliding window: the last `sliding_window` positions */
+        int32_t first = om_attention_first(pos, c->sliding_window);
         for (int32_t p = first; p <= pos; p++) {
             const float *k = kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d;
             float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
@@ -388,28 +357,20 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
                 a0 += q[t] * k[t];
             float score = ((a0 + a1) + (a2 + a3)) * scale;
             const float *v = kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d;
-            if (score > mx) {
+            float f;
+            if (om_online_raise(&sm, score, &f)) {
                 /* rescale what was summed under the old maximum */
-                float f = expf(mx - score);
-                sum *= f;
                 for (int32_t u = 0; u < d; u++)
                     acc[u] *= f;
-                mx = score;
             }
-            float w = expf(score - mx);
-            sum += w;
+            float w = om_online_weight(&sm, score);
             for (int32_t u = 0; u < d; u++)
-                acc[u] += w * v[u];
+                acc[u] = om_online_acc(acc[u], w, v[u]);
         }
         float *out = j->st->att + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)
-            out[u] = acc[u] / sum;
+            out[u] = om_online_out(acc[u], sm.sum);
     }
-}
-
-static float silu(float x)
-{
-    return x / (1.0f + expf(-x));
 }
 
 /* --- the step ---------------------------------------------------------------- */
@@ -536,7 +497,7 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_GATE, st->h, st->gate);
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_UP, st->h, st->up);
         for (int64_t i = 0; i < T * F; i++)
-            st->gate[i] = silu(st->gate[i]) * st->up[i];
+            st->gate[i] = om_swiglu(st->gate[i], st->up[i]);
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_DOWN, st->gate, st->tmp);
         for (int64_t i = 0; i < T * H; i++)
             st->x[i] += st->tmp[i];

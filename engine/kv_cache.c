@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
-               char *msg, size_t msg_len)
+static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                  bool host_arena, char *msg, size_t msg_len)
 {
     *out = NULL;
     int32_t bt = block_tokens > 0 ? block_tokens : 16;
@@ -38,9 +38,9 @@ int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t 
     kv->kv_dim = kv_dim;
     kv->block_floats = block_floats;
     kv->n_blocks = (int32_t)n;
-    kv->data = malloc(n * block_bytes);
+    kv->data = host_arena ? malloc(n * block_bytes) : NULL;
     kv->free_list = malloc(n * sizeof *kv->free_list);
-    if (!kv->data || !kv->free_list) {
+    if ((host_arena && !kv->data) || !kv->free_list) {
         eng_kv_free(kv);
         return qt_fail(msg, msg_len, ENG_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
@@ -51,6 +51,23 @@ int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t 
     kv->n_free = kv->n_blocks;
     *out = kv;
     return ENG_OK;
+}
+
+int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+               char *msg, size_t msg_len)
+{
+    return kv_new(out, cfg, bytes, block_tokens, true, msg, msg_len);
+}
+
+int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                    char *msg, size_t msg_len)
+{
+    return kv_new(out, cfg, bytes, block_tokens, false, msg, msg_len);
+}
+
+size_t eng_kv_block_floats(const eng_kv_cache *kv)
+{
+    return kv->block_floats;
 }
 
 void eng_kv_free(eng_kv_cache *kv)

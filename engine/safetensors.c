@@ -62,6 +62,9 @@ const char *eng_strerror(int err)
     case ENG_ENOTFOUND: return "not found";
     case ENG_EINVAL: return "invalid request";
     case ENG_ENOMEM: return "out of memory";
+    case ENG_EBUSY: return "busy";
+    case ENG_ECONFLICT: return "conflict";
+    case ENG_EDEVICE: return "device error";
     default: return qt_strerror(err);
     }
 }

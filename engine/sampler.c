@@ -857,6 +857,11 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
     return token;
 }
 
+void eng_sampler_record(eng_sampler *s, int32_t token)
+{
+    (void)seen_add(s, token);
+}
+
 /* --- stop strings ------------------------------------------------------------ */
 
 typedef struct stop_string {

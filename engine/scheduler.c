@@ -27,6 +27,7 @@
 #include "engine.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -69,11 +70,11 @@ struct eng_engine {
     const eng_model *m;
     eng_engine_opts o;
     int32_t eos;
-    eng_pool *pool;
-    eng_kv_cache *kv;
-    eng_forward_state *st;
-    float *logits; /* max_running x vocab */
-    void *scratch; /* the sampler's */
+    eng_backend *backend; /* where steps run: cpu or cuda */
+    eng_kv_cache *kv;     /* the backend's block bookkeeping */
+    float *logits;        /* max_running x vocab */
+    int32_t *tokens;      /* max_running: greedy tokens the backend chose */
+    void *scratch;        /* the sampler's */
     pthread_t thread;
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
@@ -415,6 +416,14 @@ static bool take_token(eng_engine *e, seq *s, int32_t token)
     return false;
 }
 
+/* Whether a sequence's next token is the plain argmax of its logits (no
+ * temperature, no repetition penalty), so a backend may choose it. */
+static bool only_greedy(const eng_sampler *s)
+{
+    float penalty = s->p.repetition_penalty;
+    return s->p.temperature == 0 && (penalty == 0 || penalty == 1);
+}
+
 /* One forward step over the running set; false when there was nothing to do. */
 static bool run_step(eng_engine *e)
 {
@@ -424,9 +433,13 @@ static bool run_step(eng_engine *e)
         seq *s = e->running[i];
         if (s->n_prefilled < s->n_prompt)
             continue;
-        e->step[n] = (eng_step_seq){
-            &s->kv,   &s->next_token,     1, s->n_prompt + s->n_generated - 1, s->weights,
-            s->delta, (int32_t)s->n_delta};
+        e->step[n] = (eng_step_seq){.kv = &s->kv,
+                                    .tokens = &s->next_token,
+                                    .n_tokens = 1,
+                                    .pos = s->n_prompt + s->n_generated - 1,
+                                    .weights = s->weights,
+                                    .delta = s->delta,
+                                    .n_delta = (int32_t)s->n_delta};
         e->step_owner[n++] = s;
         budget--;
     }
@@ -438,9 +451,13 @@ static bool run_step(eng_engine *e)
         int32_t chunk = s->n_prompt - s->n_prefilled;
         chunk = chunk < e->o.prefill_chunk ? chunk : e->o.prefill_chunk;
         chunk = chunk < budget ? chunk : budget;
-        e->step[n] =
-            (eng_step_seq){&s->kv,   s->prompt + s->n_prefilled, chunk, s->n_prefilled, s->weights,
-                           s->delta, (int32_t)s->n_delta};
+        e->step[n] = (eng_step_seq){.kv = &s->kv,
+                                    .tokens = s->prompt + s->n_prefilled,
+                                    .n_tokens = chunk,
+                                    .pos = s->n_prefilled,
+                                    .weights = s->weights,
+                                    .delta = s->delta,
+                                    .n_delta = (int32_t)s->n_delta};
         e->step_owner[n++] = s;
         budget -= chunk;
     }
@@ -448,7 +465,11 @@ static bool run_step(eng_engine *e)
         return false;
 
     char msg[256];
-    int rc = eng_forward(e->st, e->m, e->kv, e->pool, e->step, n, e->logits, msg, sizeof msg);
+    for (int32_t k = 0; k < n; k++)
+        e->step[k].greedy = only_greedy(&e->step_owner[k]->sampler);
+    int rc = eng_backend_forward(e->backend, e->step, n, e->logits, e->tokens, msg, sizeof msg);
+    if (rc != ENG_OK) /* the step's sequences end with an error; say why once */
+        fprintf(stderr, "qlserve: a step of %d sequences failed: %s\n", n, msg);
     int32_t vocab = e->m->cfg.vocab_size;
     uint64_t generated = 0, prompt = 0;
     for (int32_t k = 0; k < n; k++) {
@@ -465,8 +486,12 @@ static bool run_step(eng_engine *e)
         } else if (prefill && s->n_prefilled < s->n_prompt) {
             continue; /* more prompt to go: these logits are not needed */
         } else {
-            int32_t token =
-                eng_sample(&s->sampler, e->logits + (size_t)k * (size_t)vocab, vocab, e->scratch);
+            int32_t token = e->tokens[k];
+            if (token >= 0)
+                eng_sampler_record(&s->sampler, token);
+            else
+                token = eng_sample(&s->sampler, e->logits + (size_t)k * (size_t)vocab, vocab,
+                                   e->scratch);
             generated++;
             ended = take_token(e, s, token);
         }
@@ -573,10 +598,9 @@ static void *engine_main(void *arg)
 
 static void engine_free(eng_engine *e)
 {
-    eng_forward_state_free(e->st);
-    eng_kv_free(e->kv);
-    eng_pool_free(e->pool);
+    eng_backend_free(e->backend);
     free(e->logits);
+    free(e->tokens);
     free(e->scratch);
     free(e->running);
     free(e->step);
@@ -623,19 +647,23 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     if (rc == ENG_OK) {
         e->latest = e->current;
         eng_weights_ref(e->latest);
-        rc = eng_pool_new(&e->pool, o->threads, msg, msg_len);
+        eng_backend_opts bo = {.device = o->device,
+                               .threads = o->threads,
+                               .max_tokens = e->o.step_tokens,
+                               .max_seqs = e->o.max_running,
+                               .kv_bytes = e->o.kv_bytes,
+                               .block_tokens = e->o.block_tokens};
+        rc = eng_backend_new(&e->backend, m, &bo, msg, msg_len);
     }
-    if (rc == ENG_OK)
-        rc = eng_kv_new(&e->kv, &m->cfg, e->o.kv_bytes, e->o.block_tokens, msg, msg_len);
-    if (rc == ENG_OK)
-        rc = eng_forward_state_new(&e->st, m, e->o.step_tokens, msg, msg_len);
     if (rc == ENG_OK) {
+        e->kv = eng_backend_kv(e->backend);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));
+        e->tokens = malloc((size_t)e->o.max_running * sizeof(int32_t));
         e->scratch = malloc((size_t)vocab * (sizeof(float) + sizeof(int32_t)));
         e->running = calloc((size_t)e->o.max_running, sizeof *e->running);
         e->step = calloc((size_t)e->o.max_running, sizeof *e->step);
         e->step_owner = calloc((size_t)e->o.max_running, sizeof *e->step_owner);
-        if (!e->logits || !e->scratch || !e->running || !e->step || !e->step_owner)
+        if (!e->logits || !e->tokens || !e->scratch || !e->running || !e->step || !e->step_owner)
             rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for %d sequences",
                          e->o.max_running);
     }
@@ -713,4 +741,9 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
     *out = e->stats;
     out->kv_blocks_total = eng_kv_total_blocks(e->kv);
     pthread_mutex_unlock(&e->mu);
+}
+
+const char *eng_engine_backend(const eng_engine *e)
+{
+    return eng_backend_describe(e->backend);
 }

@@ -409,12 +409,12 @@ int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *
         fflush(out);
         fprintf(info,
                 "prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode; "
-                "finish %s\n",
+                "finish %s; on %s\n",
                 u->prompt_tokens, u->prefill_s > 0 ? u->prompt_tokens / u->prefill_s : 0.0,
                 u->generated_tokens,
                 u->decode_s > 0 && u->generated_tokens > 1 ? (u->generated_tokens - 1) / u->decode_s
                                                            : 0.0,
-                eng_finish_name(g.why));
+                eng_finish_name(g.why), eng_engine_backend(e));
         if (g.why == ENG_FINISH_ERROR)
             rc = qt_fail(msg, msg_len, ENG_EINVAL, "generation failed in the engine");
     }
@@ -430,7 +430,8 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
     int rc = eng_model_load(&m, load, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
-    eng_engine_opts eo = {.threads = o->threads, .kv_bytes = o->kv_bytes, .max_running = 8};
+    eng_engine_opts eo = {
+        .threads = o->threads, .device = o->device, .kv_bytes = o->kv_bytes, .max_running = 8};
     eng_engine *e;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
     if (rc == ENG_OK) {

@@ -270,4 +270,134 @@ QL_HD float qm_q8_0_element(const uint8_t *blocks, int64_t e)
     return qm_q8_0_block_value(blocks + (e / QM_GGUF_QK) * QM_Q8_0_BYTES, (int)(e % QM_GGUF_QK));
 }
 
+/*
+ * The split layout the CUDA backend keeps GGUF tensors in (qt_cuda.h's
+ * qt_cuda_gguf_view): each block's qs bytes back to back (16 per block for
+ * Q4_0 and Q4_1, 32 for Q8_0, exactly as in ggml), its f16 d in an array of
+ * its own, and Q4_1's f16 m in a third. The codes of every block then start
+ * on a 16-byte boundary, which 16-byte loads need; the bits are ggml's.
+ */
+#define QM_Q4_QS_BYTES 16
+#define QM_Q8_QS_BYTES 32
+
+/* The qs bytes per block of the split layout for a block of block_bytes
+ * (QM_Q4_0_BYTES, QM_Q4_1_BYTES or QM_Q8_0_BYTES). */
+QL_HD int qm_gguf_qs_bytes(int block_bytes)
+{
+    return block_bytes == QM_Q8_0_BYTES ? QM_Q8_QS_BYTES : QM_Q4_QS_BYTES;
+}
+
+/* One ggml block (block_bytes long) into its split parts; m is written for
+ * Q4_1 only (and may be NULL otherwise). */
+QL_HD void qm_gguf_split_block(const uint8_t *blk, int block_bytes, uint8_t *qs, uint16_t *d,
+                               uint16_t *m)
+{
+    int head = 2;
+    *d = (uint16_t)(blk[0] | (blk[1] << 8));
+    if (block_bytes == QM_Q4_1_BYTES) {
+        *m = (uint16_t)(blk[2] | (blk[3] << 8));
+        head = 4;
+    }
+    memcpy(qs, blk + head, (size_t)(block_bytes - head));
+}
+
+/* The inverse: the ggml block from its split parts (m used for Q4_1 only). */
+QL_HD void qm_gguf_join_block(uint8_t *blk, int block_bytes, const uint8_t *qs, uint16_t d,
+                              uint16_t m)
+{
+    int head = 2;
+    blk[0] = (uint8_t)(d & 0xffu);
+    blk[1] = (uint8_t)(d >> 8);
+    if (block_bytes == QM_Q4_1_BYTES) {
+        blk[2] = (uint8_t)(m & 0xffu);
+        blk[3] = (uint8_t)(m >> 8);
+        head = 4;
+    }
+    memcpy(blk + head, qs, (size_t)(block_bytes - head));
+}
+
+/* ---- 16-byte chunks: what one GPU thread loads at a time ------------------- */
+
+/*
+ * The fused CUDA matrix-vector kernels load 16 bytes of codes at a time (one
+ * chunk) and take every value of the chunk from those registers: 32 values
+ * of 4-bit codes, 16 of 8-bit codes, 8 of f16/bf16, 4 of f32. A chunk is
+ * taken only where all its values share one scale (an absmax block, an
+ * AFFINE group or a GGUF block); value j of the chunk is then the function
+ * below with j and that one scale. tests/test_qt_math.c walks every
+ * tensor chunk by chunk through these and requires the reference's bits.
+ */
+#define QM_CHUNK_BYTES 16
+
+/* bitsandbytes 4-bit codes: value j (0..31), the even one in the high nibble. */
+QL_HD float qm_4bit_chunk_value(const uint8_t *chunk, int j, const float *codebook, float absmax)
+{
+    return qm_4bit_element(chunk, codebook, absmax, j);
+}
+
+/* AFFINE codes of one group: value j (0..31 for 4 bits, 0..15 for 8). The
+ * chunk starts on an even column, so the nibble order is the row's. */
+QL_HD float qm_affine_chunk_value(const uint8_t *chunk, int j, int32_t bits, int32_t qmin,
+                                  bool float_zero, float mid, float scale, float zero)
+{
+    return qm_affine_value(qm_affine_code(chunk, bits, j), qmin, float_zero, mid, scale, zero);
+}
+
+/* GGUF split layout: value j (0..31) of a Q4_0 / Q4_1 block from its 16
+ * qs bytes, value j (0..15) of half a Q8_0 block from 16 of its 32 qs. */
+QL_HD float qm_q4_0_chunk_value(const uint8_t *qs, int j, float d)
+{
+    return qm_q4_0_value(qm_gguf_nibble(qs, j), d);
+}
+
+QL_HD float qm_q4_1_chunk_value(const uint8_t *qs, int j, float d, float m)
+{
+    return qm_q4_1_value(qm_gguf_nibble(qs, j), d, m);
+}
+
+QL_HD float qm_q8_0_chunk_value(const uint8_t *qs, int j, float d)
+{
+    return qm_q8_0_value((int8_t)qs[j], d);
+}
+
+/* Dense little-endian values: j in 0..7 for f16 and bf16, 0..3 for f32. */
+QL_HD float qm_f16_chunk_value(const uint8_t *chunk, int j)
+{
+    return qm_f16_le(chunk + 2 * j);
+}
+
+QL_HD float qm_bf16_chunk_value(const uint8_t *chunk, int j)
+{
+    return qm_bf16_to_f32((uint16_t)(chunk[2 * j] | (chunk[2 * j + 1] << 8)));
+}
+
+QL_HD float qm_f32_chunk_value(const uint8_t *chunk, int j)
+{
+    const uint8_t *p = chunk + 4 * j;
+    return qm_bits_f32((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+                       ((uint32_t)p[3] << 24));
+}
+
+/* Element e of a row-major GGUF tensor in the split layout: element e % 32
+ * of block e / 32. m is Q4_1's. */
+QL_HD float qm_q4_0_split_element(const uint8_t *qs, const uint16_t *d, int64_t e)
+{
+    int64_t b = e / QM_GGUF_QK;
+    return qm_q4_0_chunk_value(qs + b * QM_Q4_QS_BYTES, (int)(e % QM_GGUF_QK), qm_f16_to_f32(d[b]));
+}
+
+QL_HD float qm_q4_1_split_element(const uint8_t *qs, const uint16_t *d, const uint16_t *m,
+                                  int64_t e)
+{
+    int64_t b = e / QM_GGUF_QK;
+    return qm_q4_1_chunk_value(qs + b * QM_Q4_QS_BYTES, (int)(e % QM_GGUF_QK), qm_f16_to_f32(d[b]),
+                               qm_f16_to_f32(m[b]));
+}
+
+QL_HD float qm_q8_0_split_element(const uint8_t *qs, const uint16_t *d, int64_t e)
+{
+    int64_t b = e / QM_GGUF_QK;
+    return qm_q8_0_chunk_value(qs + b * QM_Q8_QS_BYTES, (int)(e % QM_GGUF_QK), qm_f16_to_f32(d[b]));
+}
+
 #endif

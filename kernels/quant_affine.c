@@ -25,39 +25,24 @@
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
+#include "qt_quant_math.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
-static inline float clampf(float v, float lo, float hi)
-{
-    return v < lo ? lo : (v > hi ? hi : v);
-}
-
-/* Choose scale and zero for one group, as torchao does. */
+/* Choose scale and zero for one group, as torchao does (the arithmetic is
+ * qt_quant_math.h's, shared with the CUDA merge). */
 static void choose_qparams(const float *w, int64_t n, const qtensor *t, bool symmetric, float eps,
                            float *scale, float *zero)
 {
     float mn = w[0], mx = w[0];
     for (int64_t i = 1; i < n; i++) {
-        mn = fminf(mn, w[i]);
-        mx = fmaxf(mx, w[i]);
+        mn = qq_minf(mn, w[i]);
+        mx = qq_maxf(mx, w[i]);
     }
-    float range = (float)(t->qmax - t->qmin);
-    if (symmetric) {
-        float amax = fmaxf(-fminf(mn, 0.0f), fmaxf(mx, 0.0f));
-        *scale = fmaxf(amax / (range / 2.0f), eps);
-        *zero = floorf((float)(t->qmax + t->qmin + 1) / 2.0f);
-    } else if (t->zero_domain == QT_ZERO_INT) {
-        float mn0 = fminf(mn, 0.0f), mx0 = fmaxf(mx, 0.0f);
-        *scale = fmaxf((mx0 - mn0) / range, eps);
-        *zero = clampf((float)t->qmin - nearbyintf(mn0 / *scale), (float)t->qmin, (float)t->qmax);
-    } else {
-        float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
-        *scale = fmaxf((mx - mn) / range, eps);
-        *zero = mn + *scale * mid;
-    }
+    qq_affine_qparams(mn, mx, t->qmin, t->qmax, symmetric, t->zero_domain == QT_ZERO_FLOAT, eps,
+                      scale, zero);
 }
 
 static inline void put_code(const qtensor *t, int64_t r, int64_t c, unsigned u)
@@ -104,7 +89,8 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
         return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes of codes",
                        t->data_bytes);
     float eps = p->eps > 0.0f ? p->eps : FLT_EPSILON;
-    float mid = (float)(t->qmax + t->qmin + 1) / 2.0f;
+    float mid = qm_affine_mid(t->qmin, t->qmax);
+    bool float_zero = t->zero_domain == QT_ZERO_FLOAT;
 
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t g = 0; g < t->groups_per_row; g++) {
@@ -113,16 +99,10 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
             choose_qparams(w, gs, t, p->symmetric, eps, &scale, &zero);
             t->scales[r * t->groups_per_row + g] = scale;
             t->zeros[r * t->groups_per_row + g] = zero;
-            float recip = 1.0f / scale;
-            float min_val = zero - scale * mid;
+            qq_affine_group grp = qq_affine_group_of(scale, zero, mid);
             for (int64_t i = 0; i < gs; i++) {
-                float q;
-                if (t->zero_domain == QT_ZERO_INT)
-                    q = nearbyintf(w[i] * recip) + zero;
-                else
-                    q = nearbyintf((w[i] - min_val) / scale);
-                q = clampf(q, (float)t->qmin, (float)t->qmax);
-                put_code(t, r, g * gs + i, (unsigned)((int)q - t->qmin));
+                put_code(t, r, g * gs + i,
+                         qq_affine_code(w[i], &grp, t->qmin, t->qmax, float_zero));
             }
         }
     }

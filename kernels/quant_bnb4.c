@@ -19,32 +19,21 @@
  * Double quantization (compress_statistics=True): offset = mean(absmax) as
  * torch computes it in f32, then absmax - offset is quantized blockwise
  * (256) with the signed dynamic 8-bit map as the native CPU library rounds
- * it; see torch_f32_sum and quantize_dynamic_blocks.
+ * it. The arithmetic of both is qt_quant_math.h's, shared with the CUDA
+ * merge (kernels/cuda/qt_cuda_lora.cu).
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
+#include "qt_quant_math.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* bitsandbytes get_4bit_type("nf4"): quantiles of N(0, 1) (QLoRA, Dettmers
- * et al. 2023, appendix E), as the f32 values bitsandbytes stores. */
-const float qt_nf4_code[16] = {
-    -0x1p+0f,        -0x1.647362p-1f, -0x1.0cd66p-1f,  -0x1.94654p-2f,
-    -0x1.23449ap-2f, -0x1.7a6a7ep-3f, -0x1.74f0e2p-4f, 0x0p+0f,
-    0x1.45f5fep-4f,  0x1.4995c6p-3f,  0x1.f809bap-3f,  0x1.5a0674p-2f,
-    0x1.c3497p-2f,   0x1.200f56p-1f,  0x1.722766p-1f,  0x1p+0f,
-};
-
-/* bitsandbytes get_4bit_type("fp4"): a 1-2-1 sign/exponent/mantissa float
- * with bias 2, in bit-pattern order, divided by its largest value 12. Entry
- * 8 is +0.0 as get_4bit_type writes it (Python's -0 is the integer 0). */
-const float qt_fp4_code[16] = {
-    0.0f,          0.0625f / 12.0f, 8.0f / 12.0f,  12.0f / 12.0f,    4.0f / 12.0f,  6.0f / 12.0f,
-    2.0f / 12.0f,  3.0f / 12.0f,    0.0f,          -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f,
-    -4.0f / 12.0f, -6.0f / 12.0f,   -2.0f / 12.0f, -3.0f / 12.0f,
-};
+/* bitsandbytes get_4bit_type("nf4") and ("fp4"), as the f32 values
+ * bitsandbytes stores (qt_quant_math.h says where they come from). */
+const float qt_nf4_code[16] = QQ_NF4_CODE_INIT;
+const float qt_fp4_code[16] = QQ_FP4_CODE_INIT;
 
 /* bitsandbytes create_dynamic_map(signed=True, max_exponent_bits=7,
  * total_bits=8): the 8-bit map of nested absmax (Dettmers et al., "8-bit
@@ -52,48 +41,6 @@ const float qt_fp4_code[16] = {
 const float qt_dynamic_map_signed[256] = {
 #include "dynamic_map.inc"
 };
-
-/* Below this absmax bitsandbytes clamps before taking the reciprocal. */
-#define BNB_ABSMAX_FLOOR 1e-38f
-
-/* The sorted view of a 4-bit codebook that bucketing needs. */
-typedef struct code_buckets {
-    float bounds[15];  /* f32 midpoints of adjacent sorted codes */
-    uint8_t order[16]; /* sorted position -> code */
-} code_buckets;
-
-static void build_buckets(const float *code, code_buckets *cb)
-{
-    /* stable insertion sort of the 16 codes by value; equal values (FP4's
-     * +0 and -0) keep their table order, as torch.argsort did */
-    for (int i = 0; i < 16; i++)
-        cb->order[i] = (uint8_t)i;
-    for (int i = 1; i < 16; i++) {
-        uint8_t o = cb->order[i];
-        int j = i - 1;
-        while (j >= 0 && code[cb->order[j]] > code[o]) {
-            cb->order[j + 1] = cb->order[j];
-            j--;
-        }
-        cb->order[j + 1] = o;
-    }
-    for (int i = 0; i < 15; i++)
-        cb->bounds[i] = (code[cb->order[i]] + code[cb->order[i + 1]]) / 2.0f;
-}
-
-/* torch.bucketize(s, bounds, right=False): the number of bounds below s. */
-static inline unsigned bucket(const code_buckets *cb, float s)
-{
-    unsigned i = 0;
-    while (i < 15 && cb->bounds[i] < s)
-        i++;
-    return cb->order[i];
-}
-
-static inline float clamp_unit(float s)
-{
-    return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
-}
 
 static inline void put_nibble(uint8_t *codes, int64_t e, unsigned q)
 {
@@ -103,150 +50,26 @@ static inline void put_nibble(uint8_t *codes, int64_t e, unsigned q)
         codes[e >> 1] |= (uint8_t)(q << 4);
 }
 
-/*
- * The 8-bit blockwise quantization bitsandbytes' native CPU library applies
- * to nested absmax (cquantize_blockwise_cpu_fp32). It is not an exact
- * nearest-code search: the code comes from a 65536-entry table indexed by
- * the scaled value, built from the f32 midpoints of the map. Established
- * against the library over ~8.3 million values, see
- * tests/fixtures/make_bnb_vectors.py (finding b):
- *   lut[j]  = number of midpoints below (2j / 65535 - 1), each step in f32
- *   v       = clamp(x * (1 / absmax), -1, 1)
- *   j       = (int)fma((v + 1) * 0.5, 65535, 0.5)   (one fused step, truncated)
- * An all-zero block stores absmax 0 and codes 0.
- */
-static void build_dynamic_lut(const float *map, uint8_t *lut)
-{
-    float mid[255];
-    for (int i = 0; i < 255; i++)
-        mid[i] = 0.5f * (map[i] + map[i + 1]);
-    int k = 0;
-    for (int j = 0; j < 65536; j++) {
-        float v = (float)(2 * j) / 65535.0f - 1.0f;
-        while (k < 255 && mid[k] < v)
-            k++;
-        lut[j] = (uint8_t)k;
-    }
-}
-
-static void quantize_dynamic_blocks(const float *x, int64_t n, int64_t bs, const uint8_t *lut,
-                                    uint8_t *out, float *absmax)
-{
-    for (int64_t b0 = 0, blk = 0; b0 < n; b0 += bs, blk++) {
-        int64_t end = b0 + bs < n ? b0 + bs : n;
-        float am = 0.0f;
-        for (int64_t i = b0; i < end; i++)
-            am = fmaxf(am, fabsf(x[i]));
-        absmax[blk] = am;
-        if (am == 0.0f) {
-            memset(out + b0, 0, (size_t)(end - b0));
-            continue;
-        }
-        float inv = 1.0f / am;
-        for (int64_t i = b0; i < end; i++) {
-            float v = clamp_unit(x[i] * inv);
-            float t = (v + 1.0f) * 0.5f;
-            int j = (int)fmaf(t, 65535.0f, 0.5f) & 0xffff;
-            out[i] = lut[j];
-        }
-    }
-}
-
-/*
- * torch's f32 sum of a contiguous vector on an AVX2 (or default) CPU build,
- * one thread, whose order decides the last bit of bitsandbytes' nested
- * offset (tests/fixtures/make_bnb_vectors.py, finding c).
- *
- * cascade_rows is torch's multi_row_sum: m rows of `cols` lanes (row i,
- * lane c at x[i * stride + c * col_stride]) summed into four levels of
- * accumulators, each level folded into the next every 2^power rows.
- */
-static void cascade_rows(const float *x, int64_t stride, int64_t m, int64_t cols,
-                         int64_t col_stride, float *out_cols)
-{
-    enum { LEVELS = 4 };
-    int64_t clog = m <= 2 ? 1 : 64 - __builtin_clzll((unsigned long long)(m - 1));
-    int64_t power = clog / LEVELS > 4 ? clog / LEVELS : 4;
-    int64_t step = (int64_t)1 << power, mask = step - 1;
-    float acc[LEVELS][4] = {{0}};
-    int64_t i = 0;
-    while (i + step <= m) {
-        for (int64_t j = 0; j < step; j++, i++)
-            for (int64_t c = 0; c < cols; c++)
-                acc[0][c] += x[i * stride + c * col_stride];
-        for (int l = 1; l < LEVELS; l++) {
-            for (int64_t c = 0; c < cols; c++) {
-                acc[l][c] += acc[l - 1][c];
-                acc[l - 1][c] = 0.0f;
-            }
-            if ((i & (mask << (l * power))) != 0)
-                break;
-        }
-    }
-    for (; i < m; i++)
-        for (int64_t c = 0; c < cols; c++)
-            acc[0][c] += x[i * stride + c * col_stride];
-    for (int l = 1; l < LEVELS; l++)
-        for (int64_t c = 0; c < cols; c++)
-            acc[0][c] += acc[l][c];
-    for (int64_t c = 0; c < cols; c++)
-        out_cols[c] = acc[0][c];
-}
-
-/* torch's row_sum: the m items as rows of 4, leftovers into the first
- * partial, then the partials in order. */
-static float torch_row_sum(const float *x, int64_t stride, int64_t m)
-{
-    float part[4];
-    int64_t m4 = m / 4;
-    cascade_rows(x, 4 * stride, m4, 4, stride, part);
-    for (int64_t i = 4 * m4; i < m; i++)
-        part[0] += x[i * stride];
-    return ((part[0] + part[1]) + part[2]) + part[3];
-}
-
-static float torch_f32_sum(const float *x, int64_t n)
-{
-    enum { W = 8 }; /* floats per AVX2 vector */
-    if (n < W)
-        return torch_row_sum(x, 1, n);
-    int64_t nv = n / W;
-    /* each of the 8 lanes runs row_sum over its own stream of nv values */
-    float lanes[W];
-    for (int l = 0; l < W; l++)
-        lanes[l] = torch_row_sum(x + l, W, nv);
-    float acc = 0.0f;
-    for (int64_t k = nv * W; k < n; k++)
-        acc += x[k];
-    for (int l = 0; l < W; l++)
-        acc += lanes[l];
-    return acc;
-}
-
+/* The nested absmax, with the arithmetic of qt_quant_math.h
+ * (qq_bnb4_double_quantize), which the CUDA merge runs too. */
 static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
 {
     int64_t nb = t->n_blocks;
-    t->nested_blocksize = 256;
-    t->n_nested_blocks = (nb + 255) / 256;
+    t->nested_blocksize = QQ_NESTED_BLOCKSIZE;
+    t->n_nested_blocks = (nb + QQ_NESTED_BLOCKSIZE - 1) / QQ_NESTED_BLOCKSIZE;
     t->absmax_codes = calloc((size_t)nb, 1);
     t->nested_absmax = calloc((size_t)t->n_nested_blocks, sizeof(float));
     float *centered = malloc((size_t)nb * sizeof(float));
-    uint8_t *lut = malloc(65536);
+    uint8_t *lut = malloc(QQ_DYNAMIC_LUT_SIZE);
     if (!t->absmax_codes || !t->nested_absmax || !centered || !lut) {
         free(centered);
         free(lut);
         return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate nested absmax for %lld blocks",
                        (long long)nb);
     }
-    /* torch's f32 mean: its cascade sum, divided in f32. Beyond 32768
-     * blocks a multithreaded torch splits the sum by thread count, so
-     * bit-equality with bitsandbytes holds for its one-thread result. */
-    t->nested_offset = torch_f32_sum(absmax, nb) / (float)nb;
-    for (int64_t b = 0; b < nb; b++)
-        centered[b] = absmax[b] - t->nested_offset;
     memcpy(t->nested_code, qt_dynamic_map_signed, sizeof t->nested_code);
-    build_dynamic_lut(t->nested_code, lut);
-    quantize_dynamic_blocks(centered, nb, 256, lut, t->absmax_codes, t->nested_absmax);
+    qq_bnb4_double_quantize(absmax, nb, t->nested_code, t->absmax_codes, t->nested_absmax,
+                            &t->nested_offset, lut, centered);
     free(centered);
     free(lut);
     t->nested = true;
@@ -272,29 +95,29 @@ int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        t->data_bytes);
     }
     memcpy(t->codebook, t->kind == QT_NF4 ? qt_nf4_code : qt_fp4_code, sizeof t->codebook);
-    code_buckets cb;
-    build_buckets(t->codebook, &cb);
+    qq_buckets cb;
+    qq_build_buckets(t->codebook, &cb);
 
     int64_t full = n - n % bs;
     for (int64_t b0 = 0; b0 < n; b0 += bs) {
         int64_t end = b0 + bs < n ? b0 + bs : n;
         float am = 0.0f;
         for (int64_t i = b0; i < end; i++)
-            am = fmaxf(am, fabsf(src[i]));
+            am = qq_maxf(am, fabsf(src[i]));
         if (b0 < full) {
             absmax[b0 / bs] = am;
-            float recip = 1.0f / fmaxf(am, BNB_ABSMAX_FLOOR);
+            float recip = qq_bnb4_recip(am);
             for (int64_t i = b0; i < end; i++)
-                put_nibble(t->data, i, bucket(&cb, clamp_unit(src[i] * recip)));
+                put_nibble(t->data, i, qq_bnb4_code_full(&cb, src[i], recip));
         } else {
-            am = fmaxf(am, BNB_ABSMAX_FLOOR);
+            am = qq_bnb4_short_absmax(am);
             absmax[b0 / bs] = am;
             for (int64_t i = b0; i < end; i++)
-                put_nibble(t->data, i, bucket(&cb, clamp_unit(src[i] / am)));
+                put_nibble(t->data, i, qq_bnb4_code_short(&cb, src[i], am));
         }
     }
     if (n & 1)
-        put_nibble(t->data, n, bucket(&cb, 0.0f));
+        put_nibble(t->data, n, qq_bucket(&cb, 0.0f));
 
     if (!p->double_quant) {
         t->absmax = absmax;

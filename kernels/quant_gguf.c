@@ -11,10 +11,12 @@
  * j + 16 in its high nibble (unlike bitsandbytes' adjacent pairs).
  * Quantizing follows ggml's reference quantizers (quantize_row_*_ref): the
  * reciprocal of the f32 scale, truncation after adding 8.5 or 0.5 for the
- * 4-bit kinds, roundf (half away from zero) for Q8_0.
+ * 4-bit kinds, roundf (half away from zero) for Q8_0; the arithmetic is
+ * qt_quant_math.h's (qq_q4_0_block, ...), which the CUDA merge runs too.
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
+#include "qt_quant_math.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -27,65 +29,26 @@ size_t qt_gguf_block_bytes(qt_kind kind)
     return qt_traits_table[kind].block_bytes;
 }
 
-static void put_f16(uint8_t *p, float v)
+/* One block through qt_quant_math.h (shared with the CUDA merge), written
+ * in ggml's byte layout: the f16 d (and Q4_1's m) little-endian, then qs. */
+static void put_f16(uint8_t *p, uint16_t h)
 {
-    uint16_t h = qm_f32_to_f16(v);
     p[0] = (uint8_t)(h & 0xff);
     p[1] = (uint8_t)(h >> 8);
 }
 
-static void quantize_q4_0(const float *x, uint8_t *blk)
+static void quantize_block(qt_kind kind, const float *x, uint8_t *blk)
 {
-    /* the value of largest magnitude, with its sign, maps to -8 */
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < QK; j++) {
-        if (amax < fabsf(x[j])) {
-            amax = fabsf(x[j]);
-            max = x[j];
-        }
+    uint16_t d, m;
+    if (kind == QT_Q4_0) {
+        qq_q4_0_block(x, &d, blk + 2);
+    } else if (kind == QT_Q4_1) {
+        qq_q4_1_block(x, &d, &m, blk + 4);
+        put_f16(blk + 2, m);
+    } else {
+        qq_q8_0_block(x, &d, blk + 2);
     }
-    float d = max / -8.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
     put_f16(blk, d);
-    for (int j = 0; j < QK / 2; j++) {
-        int q0 = (int)(int8_t)(x[j] * id + 8.5f);
-        int q1 = (int)(int8_t)(x[j + QK / 2] * id + 8.5f);
-        q0 = q0 < 15 ? q0 : 15;
-        q1 = q1 < 15 ? q1 : 15;
-        blk[2 + j] = (uint8_t)(q0 | (q1 << 4));
-    }
-}
-
-static void quantize_q4_1(const float *x, uint8_t *blk)
-{
-    float mn = x[0], mx = x[0];
-    for (int j = 1; j < QK; j++) {
-        mn = fminf(mn, x[j]);
-        mx = fmaxf(mx, x[j]);
-    }
-    float d = (mx - mn) / 15.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    put_f16(blk, d);
-    put_f16(blk + 2, mn);
-    for (int j = 0; j < QK / 2; j++) {
-        int q0 = (int)(int8_t)((x[j] - mn) * id + 0.5f);
-        int q1 = (int)(int8_t)((x[j + QK / 2] - mn) * id + 0.5f);
-        q0 = q0 < 15 ? q0 : 15;
-        q1 = q1 < 15 ? q1 : 15;
-        blk[4 + j] = (uint8_t)(q0 | (q1 << 4));
-    }
-}
-
-static void quantize_q8_0(const float *x, uint8_t *blk)
-{
-    float amax = 0.0f;
-    for (int j = 0; j < QK; j++)
-        amax = fmaxf(amax, fabsf(x[j]));
-    float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    put_f16(blk, d);
-    for (int j = 0; j < QK; j++)
-        blk[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
 }
 
 int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
@@ -103,16 +66,8 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     t->data = malloc(t->data_bytes);
     if (!t->data)
         return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", t->data_bytes);
-    for (int64_t b = 0; b < nblocks; b++) {
-        const float *x = src + b * QK;
-        uint8_t *blk = t->data + b * bb;
-        if (t->kind == QT_Q4_0)
-            quantize_q4_0(x, blk);
-        else if (t->kind == QT_Q4_1)
-            quantize_q4_1(x, blk);
-        else
-            quantize_q8_0(x, blk);
-    }
+    for (int64_t b = 0; b < nblocks; b++)
+        quantize_block(t->kind, src + b * QK, t->data + b * bb);
     return QT_OK;
 }
 

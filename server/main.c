@@ -105,7 +105,8 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
     int rc = eng_model_load(&m, load, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
-    eng_engine_opts eo = {.threads = c->threads, .kv_bytes = (size_t)c->kv_mib << 20};
+    eng_engine_opts eo = {
+        .threads = c->threads, .device = g->device, .kv_bytes = (size_t)c->kv_mib << 20};
     eng_engine *e = NULL;
     lora_registry *reg = NULL;
     eng_lora *lora = NULL;
@@ -170,6 +171,10 @@ static int run_generate(int argc, char **argv)
         .threads = c.threads,
         .kv_bytes = (size_t)c.kv_mib << 20,
     };
+    if (eng_device_parse(c.device, &g.device, msg, sizeof msg) != ENG_OK) {
+        fprintf(stderr, "qlserve generate: %s\n", msg);
+        return 2;
+    }
     if (c.adapter)
         rc = generate_with_adapter(&c, &load, &g, msg, sizeof msg);
     else

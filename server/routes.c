@@ -39,6 +39,8 @@ static int status_of(int rc)
     case ENG_EFORMAT: return 422;
     case ENG_EIO: return 422;
     case ENG_ENOMEM: return 503;
+    case ENG_EDEVICE: return 500;
+    case QT_EDEVICE: return 500;
     default: return 400;
     }
 }
@@ -560,6 +562,7 @@ static void info(srv_conn *c)
         cJSON_AddNumberToObject(root, "max_concurrent_requests", s->cfg->max_running);
         cJSON_AddNumberToObject(root, "max_queued_requests", s->cfg->max_queued);
         cJSON_AddStringToObject(root, "cpu_kernels", qt_cpu_path());
+        cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
     }
     respond_cjson(c, 200, root);
 }

@@ -470,7 +470,9 @@ static void load_run(uv_work_t *req)
                            ? c->max_context
                            : s->model.cfg.max_position_embeddings,
         .threads = c->threads};
-    j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
+    j->rc = eng_device_parse(c->device, &eo.device, j->msg, sizeof j->msg);
+    if (j->rc == ENG_OK)
+        j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
     if (j->rc == ENG_OK) {
         lora_registry_opts ro = {.budget_bytes = (size_t)c->adapter_budget_mib << 20,
                                  .threads = c->merge_threads};

@@ -367,6 +367,39 @@ Test(cli, generate_prints_a_completion_and_its_speed)
     }
 }
 
+/* --device: cpu runs and says so; cuda runs on a GPU or is refused with the
+ * reason (no device, or a build without CUDA); anything else is a usage
+ * error naming the value. */
+Test(cli, generate_device_choice)
+{
+    char model[600], args[2000];
+    snprintf(model, sizeof model, "%s/tiny", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(model, &s);
+    char *out;
+    const char *common = "--prompt 'the theme' --max-new-tokens 3 --threads 2";
+    snprintf(args, sizeof args, "generate --model '%s' %s --device cpu", model, common);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "finish length; on cpu (2 threads)"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "generate --model '%s' %s --device auto", model, common);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "; on cpu (") || strstr(out, "; on cuda ("), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "generate --model '%s' %s --device cuda", model, common);
+    int rc = run(args, &out);
+    if (rc == 0)
+        cr_assert(strstr(out, "; on cuda ("), "%s", out);
+    else
+        cr_assert(rc == 1 && strstr(out, "device cuda: "), "exit %d: %s", rc, out);
+    free(out);
+    snprintf(args, sizeof args, "generate --model '%s' %s --device gpu", model, common);
+    cr_assert_eq(run(args, &out), 2, "%s", out);
+    cr_assert(strstr(out, "--device gpu: one of cpu, cuda, auto"), "%s", out);
+    free(out);
+}
+
 Test(cli, generate_with_an_adapter_unmerged_and_merged)
 {
     char model[600], adapter[600], args[2400];

@@ -102,6 +102,7 @@ Test(config, defaults)
     cr_assert_eq(c.grace_ms, 30000);
     cr_assert_eq(c.adapter_budget_mib, 0);
     cr_assert_eq(c.merge_threads, 1);
+    cr_assert_str_eq(c.device, "auto");
     cfg_serve_free(&c);
 }
 
@@ -115,7 +116,8 @@ Test(config, every_flag_sets_its_field)
                        "0", "--max-new-tokens", "100", "--max-context", "2048", "--max-connections",
                        "9", "--max-body-bytes", "1073741824", "--max-header-bytes", "1024",
                        "--request-timeout-ms", "5", "--keepalive-timeout-ms", "6", "--grace-ms",
-                       "0", "--adapter-budget-mib", "512", "--merge-threads", "4"),
+                       "0", "--adapter-budget-mib", "512", "--merge-threads", "4", "--device",
+                       "cpu"),
                  CFG_OK, "%s", msg);
     cr_assert_str_eq(c.model.quant, "nf4");
     cr_assert_eq(c.model.blocksize, 128);
@@ -140,6 +142,27 @@ Test(config, every_flag_sets_its_field)
     cr_assert_eq(c.grace_ms, 0);
     cr_assert_eq(c.adapter_budget_mib, 512);
     cr_assert_eq(c.merge_threads, 4);
+    cr_assert_str_eq(c.device, "cpu");
+    cfg_serve_free(&c);
+}
+
+Test(config, device_from_each_layer_and_refused_by_name)
+{
+    cfg_serve c;
+    char path[1024];
+    cr_assert_eq(PARSE(&c, "--model", "m", "--device", "cuda"), CFG_OK, "%s", msg);
+    cr_assert_str_eq(c.device, "cuda");
+    cfg_serve_free(&c);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--device", "gpu"), CFG_EUSAGE);
+    ASSERT_MSG_HAS("--device gpu");
+    ASSERT_MSG_HAS("cpu, cuda, auto");
+    write_file("c.json", "{\"device\": \"tpu\"}", path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    ASSERT_MSG_HAS("\"device\"");
+    ASSERT_MSG_HAS("tpu");
+    setenv("QLSERVE_DEVICE", "cpu", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_str_eq(c.device, "cpu");
     cfg_serve_free(&c);
 }
 

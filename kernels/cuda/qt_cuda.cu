@@ -25,8 +25,10 @@
  *     byte-by-byte path.
  *   - AFFINE and GGUF take one element per thread, grid-stride, and call
  *     qt_math.h's whole-element functions (qm_affine_element,
- *     qm_q4_0_element, ...) with the element's index, exactly as
- *     tests/test_qt_math.c does on the CPU; consecutive threads write
+ *     qm_q4_0_split_element, ...) with the element's index, exactly as
+ *     tests/test_qt_math.c does on the CPU; GGUF tensors live on the
+ *     device in the split layout (qs, d, m arrays; see qt_cuda.h), which
+ *     the upload makes from ggml's blocks on the host; consecutive threads write
  *     consecutive outputs, so the stores coalesce. They are a correct first
  *     version, not yet shaped for bandwidth like the 4-bit kernel.
  *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
@@ -40,6 +42,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <cublasLt.h>
@@ -463,16 +466,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
 }
 
-/* One thread per element; element e is element e % 32 of block e / 32. */
+/* One thread per element of the split layout; element e is element e % 32
+ * of block e / 32. */
 template <qt_kind kKind, typename OutT>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    dequantize_gguf_kernel(const uint8_t *__restrict__ blocks, OutT *__restrict__ out, int64_t n)
+    dequantize_gguf_kernel(const uint8_t *__restrict__ qs, const uint16_t *__restrict__ d,
+                           const uint16_t *__restrict__ m, OutT *__restrict__ out, int64_t n)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
-        const float w = kKind == QT_Q4_0   ? qm_q4_0_element(blocks, e)
-                        : kKind == QT_Q4_1 ? qm_q4_1_element(blocks, e)
-                                           : qm_q8_0_element(blocks, e);
+        const float w = kKind == QT_Q4_0   ? qm_q4_0_split_element(qs, d, e)
+                        : kKind == QT_Q4_1 ? qm_q4_1_split_element(qs, d, m, e)
+                                           : qm_q8_0_split_element(qs, d, e);
         store_value(out, e, w);
     }
 }
@@ -492,13 +497,13 @@ cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, cudaStream_t stre
     OutT *o = static_cast<OutT *>(out);
     if (v.kind == QT_Q4_0)
         dequantize_gguf_kernel<QT_Q4_0, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.blocks, o, v.n_elements);
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
     else if (v.kind == QT_Q4_1)
         dequantize_gguf_kernel<QT_Q4_1, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.blocks, o, v.n_elements);
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
     else
         dequantize_gguf_kernel<QT_Q8_0, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.blocks, o, v.n_elements);
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
     return cudaGetLastError();
 }
 
@@ -807,12 +812,15 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
         return QT_EINVAL;
     }
 
+    /* The view counts what travels: only the blocks the elements use,
+     * however many t carries (so a view's counts are its arrays' sizes). */
+    const int64_t used_blocks = ceil_div(n, t->blocksize);
     view->kind = t->kind;
     view->n_elements = n;
     view->blocksize = t->blocksize;
-    view->n_blocks = t->n_blocks;
+    view->n_blocks = used_blocks;
     view->nested = t->nested;
-    view->n_nested_blocks = t->nested ? t->n_nested_blocks : 0;
+    view->n_nested_blocks = t->nested ? ceil_div(used_blocks, t->nested_blocksize) : 0;
     view->nested_blocksize = t->nested ? t->nested_blocksize : 0;
     view->nested_offset = t->nested ? t->nested_offset : 0.0f;
     memcpy(view->codebook, t->codebook, sizeof view->codebook);
@@ -821,8 +829,6 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
     if (n == 0)
         return QT_OK; /* nothing to hold; the dequantize enqueues nothing */
 
-    /* Only the blocks the elements use travel, however many t carries. */
-    const int64_t used_blocks = ceil_div(n, t->blocksize);
     void *p = nullptr;
     rc = upload_bytes(&p, t->data, code_bytes, "codes", msg, msg_len);
     view->codes = static_cast<const uint8_t *>(p);
@@ -830,8 +836,7 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
         rc = upload_bytes(&p, t->absmax_codes, (size_t)used_blocks, "absmax_codes", msg, msg_len);
         view->absmax_codes = static_cast<const uint8_t *>(p);
         if (rc == QT_OK) {
-            const int64_t used_nested = ceil_div(used_blocks, t->nested_blocksize);
-            rc = upload_bytes(&p, t->nested_absmax, (size_t)used_nested * sizeof(float),
+            rc = upload_bytes(&p, t->nested_absmax, (size_t)view->n_nested_blocks * sizeof(float),
                               "nested_absmax", msg, msg_len);
             view->nested_absmax = static_cast<const float *>(p);
         }
@@ -1088,7 +1093,10 @@ extern "C" int qt_cuda_gguf_release(qt_cuda_gguf_view *view, char *msg, size_t m
 {
     if (!view)
         return QT_OK;
-    int rc = free_device(view->blocks, "blocks", QT_OK, msg, msg_len);
+    int rc = QT_OK;
+    rc = free_device(view->qs, "qs", rc, msg, msg_len);
+    rc = free_device(view->d, "d", rc, msg, msg_len);
+    rc = free_device(view->m, "m", rc, msg, msg_len);
     memset(view, 0, sizeof *view);
     return rc;
 }
@@ -1124,13 +1132,47 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     }
     view->kind = t->kind;
     view->n_elements = n;
+    view->n_blocks = n / QM_GGUF_QK;
     if (n == 0)
         return QT_OK;
+
+    /* Split on the host (qm_gguf_split_block), then one copy per array. */
+    const int block_bytes = (int)gguf_block_bytes(t->kind);
+    const size_t nb = (size_t)view->n_blocks;
+    const size_t qs_bytes = nb * (size_t)qm_gguf_qs_bytes(block_bytes);
+    const bool has_m = t->kind == QT_Q4_1;
+    uint8_t *host_qs = static_cast<uint8_t *>(malloc(qs_bytes));
+    uint16_t *host_d = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));
+    uint16_t *host_m = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));
+    if (!host_qs || !host_d || !host_m) {
+        free(host_qs);
+        free(host_d);
+        free(host_m);
+        memset(view, 0, sizeof *view);
+        say(msg, msg_len, "qt_cuda_gguf_upload: cannot allocate %zu host bytes to split %s blocks",
+            qs_bytes + 2 * nb * sizeof(uint16_t), kind_name(t->kind));
+        return QT_ENOMEM;
+    }
+    const size_t qs_per_block = (size_t)qm_gguf_qs_bytes(block_bytes);
+    for (size_t b = 0; b < nb; b++)
+        qm_gguf_split_block(t->data + b * (size_t)block_bytes, block_bytes,
+                            host_qs + b * qs_per_block, &host_d[b], &host_m[b]);
     void *p = nullptr;
-    rc = upload_bytes(&p, t->data, bytes, "blocks", msg, msg_len);
-    view->blocks = static_cast<const uint8_t *>(p);
+    rc = upload_bytes(&p, host_qs, qs_bytes, "qs", msg, msg_len);
+    view->qs = static_cast<const uint8_t *>(p);
+    if (rc == QT_OK) {
+        rc = upload_bytes(&p, host_d, nb * sizeof(uint16_t), "d", msg, msg_len);
+        view->d = static_cast<const uint16_t *>(p);
+    }
+    if (rc == QT_OK && has_m) {
+        rc = upload_bytes(&p, host_m, nb * sizeof(uint16_t), "m", msg, msg_len);
+        view->m = static_cast<const uint16_t *>(p);
+    }
+    free(host_qs);
+    free(host_d);
+    free(host_m);
     if (rc != QT_OK) {
-        qt_cuda_gguf_release(view, nullptr, 0);
+        qt_cuda_gguf_release(view, nullptr, 0); /* msg keeps the first failure */
         return rc;
     }
     return QT_OK;
@@ -1153,9 +1195,15 @@ extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *
         return rc;
     if (v.n_elements == 0)
         return QT_OK;
-    if (!out || !v.blocks) {
-        say(msg, msg_len, "%s: a NULL device pointer (out %p, blocks %p)", where, out,
-            (const void *)v.blocks);
+    if (v.n_blocks != v.n_elements / QM_GGUF_QK) {
+        say(msg, msg_len, "%s: %s view has %lld blocks for %lld elements (expected %lld)", where,
+            kind_name(v.kind), (long long)v.n_blocks, (long long)v.n_elements,
+            (long long)(v.n_elements / QM_GGUF_QK));
+        return QT_EINVAL;
+    }
+    if (!out || !v.qs || !v.d || (v.kind == QT_Q4_1 && !v.m)) {
+        say(msg, msg_len, "%s: a NULL device pointer (out %p, qs %p, d %p, m %p)", where, out,
+            (const void *)v.qs, (const void *)v.d, (const void *)v.m);
         return QT_EINVAL;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream);

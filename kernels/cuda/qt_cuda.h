@@ -180,17 +180,30 @@ int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, void *out,
 int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t msg_len);
 
 /*
- * A Q4_0, Q4_1 or Q8_0 tensor as the device kernel sees it: llama.cpp's
- * blocks of 32 elements back to back in row-major order (so element e is
- * element e % 32 of block e / 32). Ownership as for the other views.
+ * A Q4_0, Q4_1 or Q8_0 tensor as the device kernels see it, in the split
+ * layout (kernels/qt_math.h): llama.cpp's blocks of 32 elements in row-major
+ * order (element e is element e % 32 of block e / 32), each block's parts in
+ * arrays of their own so that every block's codes start on a 16-byte
+ * boundary and one 16-byte load reads them:
+ *   qs  the blocks' qs bytes back to back, exactly as in ggml: 16 per block
+ *       for Q4_0 and Q4_1 (byte j holds element j in its low nibble and
+ *       element j + 16 in its high nibble), 32 for Q8_0 (signed);
+ *   d   each block's scale, the f16 bits ggml stores;
+ *   m   each block's min for Q4_1 (f16 bits), NULL for the other kinds.
+ * Upload splits ggml's blocks into these, download joins them back, bit for
+ * bit. Ownership as for the other views.
  */
 typedef struct qt_cuda_gguf_view {
-    qt_kind kind;          /* QT_Q4_0, QT_Q4_1 or QT_Q8_0 */
-    int64_t n_elements;    /* rows * cols, a multiple of 32 */
-    const uint8_t *blocks; /* n_elements / 32 blocks of 18, 20 or 34 bytes */
+    qt_kind kind;       /* QT_Q4_0, QT_Q4_1 or QT_Q8_0 */
+    int64_t n_elements; /* rows * cols, a multiple of 32 */
+    int64_t n_blocks;   /* n_elements / 32 */
+    const uint8_t *qs;  /* n_blocks * 16 (Q4_0, Q4_1) or n_blocks * 32 (Q8_0) bytes */
+    const uint16_t *d;  /* n_blocks */
+    const uint16_t *m;  /* n_blocks for Q4_1, NULL otherwise */
 } qt_cuda_gguf_view;
 
-/* Upload a GGUF qtensor's blocks; contract as qt_cuda_4bit_upload. */
+/* Upload a GGUF qtensor's blocks, split on the host into qs, d and m (see
+ * qt_cuda_gguf_view); contract as qt_cuda_4bit_upload. */
 int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, char *msg, size_t msg_len);
 
 /* Free a view made by qt_cuda_gguf_upload and zero it. */

@@ -1,6 +1,7 @@
 /*
  * test_cuda_dequant.c - the CUDA dequantize kernels (NF4/FP4, AFFINE, GGUF
- * Q4_0/Q4_1/Q8_0) against the CPU reference, bit for bit, on a real GPU.
+ * Q4_0/Q4_1/Q8_0) against the CPU reference, bit for bit, on a real GPU; and
+ * the GGUF split layout (qs, d, m arrays) the upload makes of ggml's blocks.
  *
  * Why shaped so: this runs only on a machine with a GPU (tests/gpu/run.sh),
  * so it is a plain C program with a main() rather than a Criterion suite,
@@ -341,6 +342,86 @@ done:
     qt_free(&t);
 }
 
+/*
+ * The GGUF split layout on the device: qs holds each block's ggml qs bytes
+ * back to back, d (and m for Q4_1 only) each block's f16 bits, exactly what
+ * qm_gguf_split_block makes of the host blocks; m is NULL for Q4_0, Q8_0.
+ */
+static void check_gguf_split_layout(qt_kind kind, uint64_t seed)
+{
+    char name[128], detail[MSG_LEN + 128] = "", msg[MSG_LEN] = "";
+    const dequant_case c = {.kind = kind, .rows = 37, .cols = 96};
+    snprintf(name, sizeof name, "split layout %s 37x96", qt_kind_name(kind));
+    qtensor t;
+    float *want = NULL;
+    qt_cuda_gguf_view v;
+    memset(&v, 0, sizeof v);
+    uint8_t *qs = NULL, *want_qs = NULL;
+    uint16_t *d = NULL, *m = NULL, *want_d = NULL, *want_m = NULL;
+    int ok = 0;
+    if (quantize_case(&c, seed, &t, &want, detail, sizeof detail) != 0)
+        goto done;
+    int rc = qt_cuda_gguf_upload(&t, &v, msg, sizeof msg);
+    if (rc != QT_OK) {
+        snprintf(detail, sizeof detail, "upload: %s (%d)", msg, rc);
+        goto done;
+    }
+    const int bb = (int)qt_traits_table[kind].block_bytes;
+    const int qsb = kind == QT_Q8_0 ? 32 : 16;
+    const int64_t nb = t.rows * t.cols / 32;
+    if (v.n_blocks != nb || v.n_elements != t.rows * t.cols || v.kind != kind ||
+        (kind == QT_Q4_1) != (v.m != NULL)) {
+        snprintf(detail, sizeof detail, "view: n_blocks %lld (want %lld), m %p",
+                 (long long)v.n_blocks, (long long)nb, (const void *)v.m);
+        goto done;
+    }
+    qs = malloc((size_t)(nb * qsb));
+    want_qs = malloc((size_t)(nb * qsb));
+    d = calloc((size_t)nb, 2);
+    m = calloc((size_t)nb, 2);
+    want_d = calloc((size_t)nb, 2);
+    want_m = calloc((size_t)nb, 2);
+    if (!qs || !want_qs || !d || !m || !want_d || !want_m) {
+        snprintf(detail, sizeof detail, "host allocation failed");
+        goto done;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        /* ggml's block: f16 d, (f16 m), qs */
+        const uint8_t *blk = t.data + b * bb;
+        want_d[b] = (uint16_t)(blk[0] | (blk[1] << 8));
+        if (kind == QT_Q4_1)
+            want_m[b] = (uint16_t)(blk[2] | (blk[3] << 8));
+        memcpy(want_qs + b * qsb, blk + bb - qsb, (size_t)qsb);
+    }
+    if (cudaMemcpy(qs, v.qs, (size_t)(nb * qsb), cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(d, v.d, (size_t)nb * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        (v.m && cudaMemcpy(m, v.m, (size_t)nb * 2, cudaMemcpyDeviceToHost) != cudaSuccess)) {
+        snprintf(detail, sizeof detail, "cudaMemcpy of the view's arrays failed");
+        goto done;
+    }
+    if (memcmp(qs, want_qs, (size_t)(nb * qsb)) != 0 || memcmp(d, want_d, (size_t)nb * 2) != 0 ||
+        memcmp(m, want_m, (size_t)nb * 2) != 0) {
+        snprintf(detail, sizeof detail, "device qs/d/m differ from ggml's block parts");
+        goto done;
+    }
+    if (((uintptr_t)v.qs & 15u) != 0) {
+        snprintf(detail, sizeof detail, "qs %p is not 16-byte aligned", (const void *)v.qs);
+        goto done;
+    }
+    ok = 1;
+done:
+    report(name, ok, detail);
+    qt_cuda_gguf_release(&v, NULL, 0);
+    free(qs);
+    free(want_qs);
+    free(d);
+    free(m);
+    free(want_d);
+    free(want_m);
+    free(want);
+    qt_free(&t);
+}
+
 /* Refusals: a kind the kernel does not take is named; an allocation the
  * device cannot hold is QT_ENOMEM naming cudaMalloc, and leaks nothing. */
 static void check_refusals(void)
@@ -607,6 +688,10 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof dev_cases / sizeof dev_cases[0]; i++)
         check_device_variant(&dev_cases[i], seed++);
+
+    check_gguf_split_layout(QT_Q4_0, seed++);
+    check_gguf_split_layout(QT_Q4_1, seed++);
+    check_gguf_split_layout(QT_Q8_0, seed++);
 
     check_refusals();
 

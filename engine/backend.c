@@ -1,0 +1,185 @@
+/*
+ * backend.c - where a forward step runs: the choice between backends
+ * (--device cpu|cuda|auto), and the CPU backend, which is eng_forward over
+ * a worker pool with the KV cache in host memory. The CUDA backend lives
+ * in backend_cuda.c and is built only with CUDA; the scheduler sees both
+ * through eng_backend_forward alone.
+ */
+#include "backend_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_len)
+{
+    static const struct {
+        const char *name;
+        eng_device d;
+    } names[] = {{"auto", ENG_DEVICE_AUTO}, {"cpu", ENG_DEVICE_CPU}, {"cuda", ENG_DEVICE_CUDA}};
+    for (size_t i = 0; name && i < sizeof names / sizeof *names; i++) {
+        if (strcmp(name, names[i].name) == 0) {
+            *out = names[i].d;
+            return ENG_OK;
+        }
+    }
+    return qt_fail(msg, msg_len, ENG_EINVAL, "device \"%s\": expected cpu, cuda or auto",
+                   name ? name : "(null)");
+}
+
+const char *eng_device_name(eng_device d)
+{
+    switch (d) {
+    case ENG_DEVICE_CPU: return "cpu";
+    case ENG_DEVICE_CUDA: return "cuda";
+    default: return "auto";
+    }
+}
+
+bool eng_cuda_built(void)
+{
+#ifdef QL_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* The rotary frequencies with the config's scaling folded in: linear divides
+ * every frequency by the factor (positions / factor); llama3 (Llama 3.1's
+ * rope_scaling) keeps high frequencies, divides low ones by the factor and
+ * blends in between, as transformers' _compute_llama3_parameters does. */
+void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
+{
+    int32_t half = c->head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
+        if (c->rope_scaling == ENG_ROPE_LINEAR) {
+            f /= (double)c->rope_factor;
+        } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {
+            double old = (double)c->rope_original_max_position;
+            double low_wavelen = old / (double)c->rope_low_freq_factor;
+            double high_wavelen = old / (double)c->rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f /= (double)c->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth =
+                    (old / wavelen - (double)c->rope_low_freq_factor) /
+                    ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / (double)c->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+/* --- the CPU backend ------------------------------------------------------- */
+
+typedef struct cpu_backend {
+    eng_backend base;
+    eng_pool *pool;
+    eng_forward_state *st;
+} cpu_backend;
+
+static int cpu_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+                       int32_t *tokens, char *msg, size_t msg_len)
+{
+    cpu_backend *c = (cpu_backend *)b;
+    if (tokens)
+        for (int32_t k = 0; k < n_seqs; k++)
+            tokens[k] = -1; /* the sampler chooses from the logits */
+    return eng_forward(c->st, b->m, b->kv, c->pool, seqs, n_seqs, logits, msg, msg_len);
+}
+
+static void cpu_destroy(eng_backend *b)
+{
+    cpu_backend *c = (cpu_backend *)b;
+    eng_forward_state_free(c->st);
+    eng_pool_free(c->pool);
+    eng_kv_free(b->kv);
+    free(c);
+}
+
+static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o,
+                           char *msg, size_t msg_len)
+{
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    c->base.device = ENG_DEVICE_CPU;
+    c->base.m = m;
+    c->base.forward = cpu_forward;
+    c->base.destroy = cpu_destroy;
+    int rc = eng_pool_new(&c->pool, o->threads, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = eng_kv_new(&c->base.kv, &m->cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = eng_forward_state_new(&c->st, m, o->max_tokens, msg, msg_len);
+    if (rc != ENG_OK) {
+        cpu_destroy(&c->base);
+        return rc;
+    }
+    snprintf(c->base.describe, sizeof c->base.describe, "cpu (%d threads)",
+             eng_pool_threads(c->pool));
+    *out = &c->base;
+    return ENG_OK;
+}
+
+/* --- the choice -------------------------------------------------------------- */
+
+int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o, char *msg,
+                    size_t msg_len)
+{
+    *out = NULL;
+    eng_device d = o->device;
+#ifdef QL_HAVE_CUDA
+    if (d == ENG_DEVICE_AUTO)
+        d = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
+    if (d == ENG_DEVICE_CUDA)
+        return eng_backend_cuda_new(out, m, o, msg, msg_len);
+#else
+    if (d == ENG_DEVICE_CUDA)
+        return qt_fail(msg, msg_len, ENG_EDEVICE,
+                       "device cuda: this qlserve was built without the CUDA backend (no nvcc "
+                       "at build time); rebuild with the CUDA toolkit or use --device cpu");
+#endif
+    return cpu_backend_new(out, m, o, msg, msg_len);
+}
+
+void eng_backend_free(eng_backend *b)
+{
+    if (b)
+        b->destroy(b);
+}
+
+const char *eng_backend_describe(const eng_backend *b)
+{
+    return b->describe;
+}
+
+eng_device eng_backend_device(const eng_backend *b)
+{
+    return b->device;
+}
+
+eng_kv_cache *eng_backend_kv(eng_backend *b)
+{
+    return b->kv;
+}
+
+int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+                        int32_t *tokens, char *msg, size_t msg_len)
+{
+    return b->forward(b, seqs, n_seqs, logits, tokens, msg, msg_len);
+}
+
+int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
+                       size_t msg_len)
+{
+    if (b->digest)
+        return b->digest(b, w, digest, msg, msg_len);
+    *digest = eng_weights_digest(b->m, w);
+    return ENG_OK;
+}

@@ -1,0 +1,1073 @@
+/*
+ * backend_cuda.c - the CUDA backend of the forward pass: the same walk over
+ * the layers as forward.c, with every tensor and activation in device
+ * memory and every operation a kernel of kernels/cuda (qt_cuda_ops.h).
+ *
+ * What lives where:
+ *   - the model's weights are uploaded once, at creation, in their own
+ *     quantized layout (qt_cuda_tensor); norms and biases as f32;
+ *   - the KV cache arena is device memory with the CPU cache's layout; the
+ *     block bookkeeping (free list, block tables) stays on the host in an
+ *     eng_kv_cache without an arena, so the scheduler is unchanged;
+ *   - a weight version with merged adapters is merged again here, on the
+ *     device, from the pristine device weights and the version's merged
+ *     configuration (qt_cuda_merge: the same arithmetic as the CPU merge),
+ *     so the host's merged copy is never uploaded (unless it was stored
+ *     "into" another kind, which is uploaded as is); unmerging is releasing
+ *     the merged copy: the pristine tensors are never written;
+ *   - an adapter applied unmerged has its A and B uploaded on first use and
+ *     runs as SGMV segments (one segment per sequence, one pass per term);
+ *   - device copies of versions and adapters hold a reference on their
+ *     host object and are dropped once that reference is the last one
+ *     (nothing that runs can ask for them again).
+ *
+ * A step: the host lays out the rows (token, sequence, position, the
+ * rotation tables, the block tables), one set of copies to the device, the
+ * layers as kernels on one stream, then the logits (or, for greedy
+ * sequences, only the chosen tokens) come back and the stream is
+ * synchronised. Products take the fused dequantize-and-multiply kernel up
+ * to 8 rows and cuBLASLt above (qt_cuda_matmul); QLSERVE_CUDA_GEMM=bf16
+ * makes cuBLASLt multiply in bf16 on the tensor cores (default f32, the
+ * closest to the CPU backend's tokens).
+ *
+ * Every CUDA status is checked; running out of device memory at creation
+ * or at a step is an ENG_ENOMEM naming what did not fit, and the step's
+ * sequences end with an error while the server keeps serving.
+ */
+#include "backend_internal.h"
+#include "qt_cuda_ops.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- device copies of adapters and weight versions ---------------------------- */
+
+/* An adapter's A and B on the device, per layer and projection. */
+typedef struct dev_lora {
+    eng_lora *lora; /* a reference */
+    void **a, **b;  /* [n_layers * ENG_N_PROJ], NULL where not targeted */
+    struct dev_lora *next;
+} dev_lora;
+
+/* A weight version's merged projections on the device. */
+typedef struct dev_version {
+    eng_weights *w;       /* a reference */
+    qt_cuda_tensor *proj; /* [n_layers * ENG_N_PROJ]; rows == 0: the pristine one */
+    struct dev_version *next;
+} dev_version;
+
+typedef struct dev_layer {
+    float *attn_norm, *ffn_norm; /* [hidden] */
+    float *bias;                 /* [q + 2 kv] when attention_bias */
+    qt_cuda_tensor proj[ENG_N_PROJ];
+} dev_layer;
+
+typedef struct cuda_backend {
+    eng_backend base;
+    cudaStream_t stream;
+    qt_cuda_blas *blas;
+    int32_t max_tokens, max_seqs, max_rank;
+    size_t weight_bytes;
+
+    qt_cuda_tensor embed, lm_head; /* lm_head.rows == 0: tied to embed */
+    float *final_norm;
+    dev_layer *layers;
+    qt_cuda_kv kv;
+    double *inv_freq; /* host, [head_dim / 2] */
+
+    /* activations, device */
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *last, *logits;
+    float *lora_t; /* [max_tokens][max_rank] */
+    /* a step's layout: device arrays and their pinned host staging */
+    int32_t *d_tokens, *d_row_seq, *d_row_pos, *d_bt_offset, *d_tables, *d_greedy;
+    float *d_cos, *d_sin;
+    qt_cuda_lora_segment *d_segs;
+    int32_t *h_tokens, *h_row_seq, *h_row_pos, *h_bt_offset, *h_tables, *h_greedy;
+    float *h_cos, *h_sin;
+    qt_cuda_lora_segment *h_segs;
+    int64_t tables_cap, segs_cap;
+    int64_t *seq_row; /* host: each step sequence's first row */
+
+    dev_lora *loras;
+    dev_version *versions;
+} cuda_backend;
+
+/* --- errors -------------------------------------------------------------------- */
+
+/* The engine code for a kernels/ code. */
+static int eng_code(int qt_rc)
+{
+    switch (qt_rc) {
+    case QT_OK: return ENG_OK;
+    case QT_ENOMEM: return ENG_ENOMEM;
+    case QT_EINVAL: return ENG_EINVAL;
+    case QT_ENONFINITE: return QT_ENONFINITE;
+    default: return ENG_EDEVICE;
+    }
+}
+
+/* A CUDA runtime failure as an engine error naming what was being done. */
+static int cuda_fail(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int cuda_fail(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    char what[192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    int rc = st == cudaErrorMemoryAllocation ? ENG_ENOMEM : ENG_EDEVICE;
+    return qt_fail(msg, msg_len, rc, "cuda: %s: %s (%s)", what, cudaGetErrorString(st),
+                   cudaGetErrorName(st));
+}
+
+#define CUDA_TRY(call, ...)                                                                        \
+    do {                                                                                           \
+        cudaError_t st_ = (call);                                                                  \
+        if (st_ != cudaSuccess)                                                                    \
+            return cuda_fail(st_, msg, msg_len, __VA_ARGS__);                                      \
+    } while (0)
+
+#define QT_TRY(call)                                                                               \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != QT_OK)                                                                          \
+            return eng_code(rc_);                                                                  \
+    } while (0)
+
+bool eng_cuda_present(void)
+{
+    int n = 0;
+    return qt_cuda_device_count(&n, NULL, 0) == QT_OK && n > 0;
+}
+
+/* n bytes of device memory into *p, naming `what` when they are not there. */
+static int dev_alloc(void *p, size_t n, const char *what, char *msg, size_t msg_len)
+{
+    void **out = p;
+    *out = NULL;
+    if (n == 0)
+        n = 1;
+    CUDA_TRY(cudaMalloc(out, n), "cannot allocate %zu bytes of device memory for %s", n, what);
+    return ENG_OK;
+}
+
+static int host_alloc(void *p, size_t n, const char *what, char *msg, size_t msg_len)
+{
+    void **out = p;
+    *out = NULL;
+    if (n == 0)
+        n = 1;
+    CUDA_TRY(cudaMallocHost(out, n), "cannot allocate %zu bytes of pinned memory for %s", n, what);
+    return ENG_OK;
+}
+
+/* A dense [1, n] parameter to a new f32 device array. */
+static int upload_row(const qtensor *t, float **out, const char *what, char *msg, size_t msg_len)
+{
+    size_t n = (size_t)t->cols;
+    float *host = malloc(n * sizeof(float));
+    if (!host)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    qt_dequantize_rows(t, 0, 1, host);
+    int rc = dev_alloc(out, n * sizeof(float), what, msg, msg_len);
+    if (rc == ENG_OK) {
+        cudaError_t st = cudaMemcpy(*out, host, n * sizeof(float), cudaMemcpyHostToDevice);
+        if (st != cudaSuccess)
+            rc = cuda_fail(st, msg, msg_len, "copying %s to the device", what);
+    }
+    free(host);
+    return rc;
+}
+
+static int upload_tensor(const qtensor *t, qt_cuda_tensor *d, const char *what, size_t *bytes,
+                         char *msg, size_t msg_len)
+{
+    char why[256];
+    int rc = qt_cuda_tensor_upload(t, d, why, sizeof why);
+    if (rc != QT_OK)
+        return qt_fail(msg, msg_len, eng_code(rc), "uploading %s: %s", what, why);
+    *bytes += d->device_bytes;
+    return ENG_OK;
+}
+
+/* --- adapters and versions on the device ---------------------------------------- */
+
+static void dev_lora_free(dev_lora *dl, int32_t n_layers)
+{
+    for (size_t i = 0; dl->a && i < (size_t)n_layers * ENG_N_PROJ; i++) {
+        cudaFree(dl->a[i]);
+        cudaFree(dl->b[i]);
+    }
+    free(dl->a);
+    free(dl->b);
+    eng_lora_unref(dl->lora);
+    free(dl);
+}
+
+static int upload_dense(const qtensor *t, void **out, char *msg, size_t msg_len)
+{
+    int rc = dev_alloc(out, t->data_bytes, "an adapter matrix", msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    CUDA_TRY(cudaMemcpy(*out, t->data, t->data_bytes, cudaMemcpyHostToDevice),
+             "copying an adapter matrix to the device");
+    return ENG_OK;
+}
+
+/* The device copy of adapter l, uploaded on first use. */
+static int lora_on_device(cuda_backend *c, const eng_lora *l, dev_lora **out, char *msg,
+                          size_t msg_len)
+{
+    for (dev_lora *dl = c->loras; dl; dl = dl->next)
+        if (dl->lora == l) {
+            *out = dl;
+            return ENG_OK;
+        }
+    size_t n = (size_t)l->n_layers * ENG_N_PROJ;
+    dev_lora *dl = calloc(1, sizeof *dl);
+    if (!dl)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    dl->lora = (eng_lora *)l;
+    eng_lora_ref(dl->lora);
+    dl->a = calloc(n, sizeof *dl->a);
+    dl->b = calloc(n, sizeof *dl->b);
+    int rc = dl->a && dl->b ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    for (size_t i = 0; rc == ENG_OK && i < n; i++) {
+        const eng_lora_module *mod = &l->modules[i];
+        if (mod->a.rows == 0)
+            continue;
+        if (mod->a.rows > c->max_rank) {
+            rc = qt_fail(msg, msg_len, ENG_EINVAL,
+                         "adapter %s: rank %lld is above the CUDA backend's %d", l->name,
+                         (long long)mod->a.rows, c->max_rank);
+            break;
+        }
+        rc = upload_dense(&mod->a, &dl->a[i], msg, msg_len);
+        if (rc == ENG_OK)
+            rc = upload_dense(&mod->b, &dl->b[i], msg, msg_len);
+    }
+    if (rc != ENG_OK) {
+        dev_lora_free(dl, l->n_layers);
+        return rc;
+    }
+    dl->next = c->loras;
+    c->loras = dl;
+    *out = dl;
+    return ENG_OK;
+}
+
+static void dev_version_free(dev_version *dv, int32_t n_layers)
+{
+    for (size_t i = 0; dv->proj && i < (size_t)n_layers * ENG_N_PROJ; i++)
+        qt_cuda_tensor_release(&dv->proj[i], NULL, 0);
+    free(dv->proj);
+    eng_weights_unref(dv->w);
+    free(dv);
+}
+
+/* Layer l's projection p of version w merged on the device: the pristine
+ * device tensor plus each merged adapter's scaled B @ A. */
+static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, eng_proj p,
+                            qt_cuda_tensor *out, char *msg, size_t msg_len)
+{
+    qt_cuda_lora_term terms[16];
+    int32_t n = 0;
+    for (size_t i = 0; i < w->n_merged; i++) {
+        const eng_lora_module *mod = eng_lora_module_at(w->merged[i].lora, l, p);
+        if (!mod)
+            continue;
+        if (n == (int32_t)(sizeof terms / sizeof *terms))
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "more than %d adapters merged into one projection", n);
+        dev_lora *dl;
+        int rc = lora_on_device(c, w->merged[i].lora, &dl, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+        size_t at = (size_t)l * ENG_N_PROJ + p;
+        terms[n++] = (qt_cuda_lora_term){.a = dl->a[at],
+                                         .b = dl->b[at],
+                                         .a_kind = mod->a.kind,
+                                         .b_kind = mod->b.kind,
+                                         .rank = (int32_t)mod->a.rows,
+                                         .scale = w->merged[i].scale,
+                                         .module_scale = mod->scale};
+    }
+    char why[256];
+    int rc = qt_cuda_merge(&c->layers[l].proj[p], terms, n, out, NULL, c->stream, why, sizeof why);
+    if (rc != QT_OK)
+        return qt_fail(msg, msg_len, eng_code(rc), "merging layer %d %s on the device: %s", l,
+                       eng_proj_name(p), why);
+    return ENG_OK;
+}
+
+/* The device copy of version w, built on first use. */
+static int version_on_device(cuda_backend *c, const eng_weights *w, dev_version **out, char *msg,
+                             size_t msg_len)
+{
+    for (dev_version *dv = c->versions; dv; dv = dv->next)
+        if (dv->w == w) {
+            *out = dv;
+            return ENG_OK;
+        }
+    const eng_model *m = c->base.m;
+    int32_t L = m->cfg.n_layers;
+    dev_version *dv = calloc(1, sizeof *dv);
+    if (!dv)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    dv->w = (eng_weights *)w;
+    eng_weights_ref(dv->w);
+    dv->proj = calloc((size_t)L * ENG_N_PROJ, sizeof *dv->proj);
+    int rc = dv->proj ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    for (int32_t l = 0; rc == ENG_OK && l < L; l++) {
+        for (int p = 0; rc == ENG_OK && p < ENG_N_PROJ; p++) {
+            const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
+            const qtensor *served = eng_weights_proj(w, l, (eng_proj)p);
+            if (served == pristine)
+                continue;
+            qt_cuda_tensor *slot = &dv->proj[(size_t)l * ENG_N_PROJ + p];
+            if (served->kind == pristine->kind) {
+                rc = merge_projection(c, w, l, (eng_proj)p, slot, msg, msg_len);
+            } else {
+                /* stored "into" a wider kind on the host: serve that one */
+                size_t bytes = 0;
+                rc = upload_tensor(served, slot, "a merged projection", &bytes, msg, msg_len);
+            }
+        }
+    }
+    if (rc != ENG_OK) {
+        dev_version_free(dv, L);
+        return rc;
+    }
+    dv->next = c->versions;
+    c->versions = dv;
+    *out = dv;
+    return ENG_OK;
+}
+
+/* Drop the device copies whose host object nobody else holds any more. */
+static void prune_device_copies(cuda_backend *c)
+{
+    int32_t L = c->base.m->cfg.n_layers;
+    for (dev_version **pv = &c->versions; *pv;) {
+        dev_version *dv = *pv;
+        if (__atomic_load_n(&dv->w->refs, __ATOMIC_ACQUIRE) == 1) {
+            *pv = dv->next;
+            dev_version_free(dv, L);
+        } else {
+            pv = &dv->next;
+        }
+    }
+    for (dev_lora **pl = &c->loras; *pl;) {
+        dev_lora *dl = *pl;
+        if (__atomic_load_n(&dl->lora->refs, __ATOMIC_ACQUIRE) == 1) {
+            *pl = dl->next;
+            dev_lora_free(dl, L);
+        } else {
+            pl = &dl->next;
+        }
+    }
+}
+
+/* --- a step ------------------------------------------------------------------------ */
+
+/* What each step sequence computes projection (l, p) with. */
+static const qt_cuda_tensor *seq_tensor(const cuda_backend *c, dev_version *const *vers, int32_t s,
+                                        int32_t l, eng_proj p)
+{
+    if (vers[s]) {
+        const qt_cuda_tensor *t = &vers[s]->proj[(size_t)l * ENG_N_PROJ + p];
+        if (t->rows)
+            return t;
+    }
+    return &c->layers[l].proj[p];
+}
+
+/* The SGMV segments of one (layer, projection, term): a slice of the
+ * step's segment array. */
+typedef struct seg_run {
+    int64_t first;
+    int32_t n, max_rank;
+} seg_run;
+
+typedef struct step_ctx {
+    cuda_backend *c;
+    const eng_step_seq *seqs;
+    int32_t n_seqs;
+    int64_t rows;
+    dev_version **vers; /* per sequence, NULL: pristine */
+    int32_t max_terms;
+    seg_run *runs; /* [n_layers][ENG_N_PROJ][max_terms] */
+} step_ctx;
+
+/*
+ * y = x @ W^T for layer l's projection p, each sequence on its version's
+ * tensor (runs of neighbours sharing one go in one product), then each
+ * unmerged term k as one SGMV pass over every sequence that has a k-th
+ * term targeting this projection, as forward.c's project().
+ */
+static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y, char *msg,
+                   size_t msg_len)
+{
+    cuda_backend *c = sc->c;
+    const qtensor *base = eng_model_proj(c->base.m, l, p);
+    int64_t in = base->cols, out = base->rows;
+    char why[256];
+    for (int32_t s = 0; s < sc->n_seqs;) {
+        const qt_cuda_tensor *w = seq_tensor(c, sc->vers, s, l, p);
+        int32_t e = s;
+        int64_t r0 = c->seq_row[s], rows = 0;
+        for (; e < sc->n_seqs && seq_tensor(c, sc->vers, e, l, p) == w; e++)
+            rows += sc->seqs[e].n_tokens;
+        int rc =
+            qt_cuda_matmul(c->blas, w, x + r0 * in, rows, y + r0 * out, c->stream, why, sizeof why);
+        if (rc != QT_OK)
+            return qt_fail(msg, msg_len, eng_code(rc), "layer %d %s: %s", l, eng_proj_name(p), why);
+        s = e;
+    }
+    for (int32_t k = 0; k < sc->max_terms; k++) {
+        const seg_run *run = &sc->runs[((size_t)l * ENG_N_PROJ + p) * (size_t)sc->max_terms + k];
+        if (run->n == 0)
+            continue;
+        int rc = qt_cuda_sgmv(x, in, y, out, c->d_segs + run->first, run->n, run->max_rank,
+                              sc->rows, c->lora_t, c->stream, why, sizeof why);
+        if (rc != QT_OK)
+            return qt_fail(msg, msg_len, eng_code(rc), "layer %d %s, adapters: %s", l,
+                           eng_proj_name(p), why);
+    }
+    return ENG_OK;
+}
+
+/* Refuse what forward.c refuses, before anything is enqueued. */
+static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n_seqs,
+                      int64_t *rows, char *msg, size_t msg_len)
+{
+    const eng_config *cfg = &c->base.m->cfg;
+    int32_t bt = c->kv.block_tokens;
+    int64_t T = 0;
+    if (n_seqs > c->max_seqs)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "%d sequences in one step; at most %d", n_seqs,
+                       c->max_seqs);
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const eng_step_seq *q = &seqs[s];
+        int64_t end = (int64_t)q->pos + q->n_tokens;
+        if (q->n_tokens <= 0 || q->pos < 0 || end > cfg->max_position_embeddings ||
+            end > (int64_t)q->kv->n_blocks * bt || q->pos > q->kv->n_tokens)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "sequence %d: %d tokens at position %d do not fit its context (%d), "
+                           "its %d reserved KV positions or its %d cached ones",
+                           s, q->n_tokens, q->pos, cfg->max_position_embeddings,
+                           q->kv->n_blocks * bt, q->kv->n_tokens);
+        if (q->weights && q->weights->m != c->base.m)
+            return qt_fail(msg, msg_len, ENG_EINVAL,
+                           "sequence %d: its weight version belongs to another model", s);
+        for (int32_t k = 0; k < q->n_delta; k++)
+            if (q->delta[k].lora->n_layers != cfg->n_layers)
+                return qt_fail(msg, msg_len, ENG_EINVAL,
+                               "sequence %d: adapter %s has %d layers, the model %d", s,
+                               q->delta[k].lora->name, q->delta[k].lora->n_layers, cfg->n_layers);
+        for (int32_t t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
+                return qt_fail(msg, msg_len, ENG_EINVAL,
+                               "sequence %d: token id %d is outside the vocabulary of %d", s,
+                               q->tokens[t], cfg->vocab_size);
+        T += q->n_tokens;
+    }
+    if (T > c->max_tokens)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "%lld tokens in one step; at most %d",
+                       (long long)T, c->max_tokens);
+    *rows = T;
+    return ENG_OK;
+}
+
+/* Grow a pinned host array and its device twin to hold n elements of size
+ * bytes each (the stream is idle between steps, so freeing is safe). */
+static int grow_pair(void **host, void **dev, int64_t *cap, int64_t n, size_t size,
+                     const char *what, char *msg, size_t msg_len)
+{
+    if (n <= *cap)
+        return ENG_OK;
+    int64_t want = n > 2 * *cap ? n : 2 * *cap;
+    cudaFreeHost(*host);
+    cudaFree(*dev);
+    *host = *dev = NULL;
+    *cap = 0;
+    int rc = host_alloc(host, (size_t)want * size, what, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = dev_alloc(dev, (size_t)want * size, what, msg, msg_len);
+    if (rc == ENG_OK)
+        *cap = want;
+    return rc;
+}
+
+/*
+ * The step's layout on the host, then on the device: each row's token,
+ * sequence, position and rotation; the block tables; the device copies of
+ * the versions and adapters the sequences use; the SGMV segments of every
+ * (layer, projection, term).
+ */
+static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
+{
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    int32_t half = cfg->head_dim / 2, bt = c->kv.block_tokens, L = cfg->n_layers;
+    int64_t tables = 0;
+    for (int32_t s = 0, r = 0; s < sc->n_seqs; s++) {
+        const eng_step_seq *q = &sc->seqs[s];
+        c->seq_row[s] = r;
+        c->h_bt_offset[s] = (int32_t)tables;
+        tables += (q->pos + q->n_tokens + bt - 1) / bt;
+        c->h_greedy[s] = q->greedy;
+        for (int32_t t = 0; t < q->n_tokens; t++, r++) {
+            c->h_tokens[r] = q->tokens[t];
+            c->h_row_seq[r] = s;
+            c->h_row_pos[r] = q->pos + t;
+            for (int32_t i = 0; i < half; i++) {
+                double angle = (double)c->h_row_pos[r] * c->inv_freq[i];
+                c->h_cos[(size_t)r * half + i] = (float)cos(angle);
+                c->h_sin[(size_t)r * half + i] = (float)sin(angle);
+            }
+        }
+    }
+    int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,
+                       sizeof(int32_t), "block tables", msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    for (int32_t s = 0; s < sc->n_seqs; s++) {
+        const eng_step_seq *q = &sc->seqs[s];
+        int32_t n = (q->pos + q->n_tokens + bt - 1) / bt;
+        memcpy(c->h_tables + c->h_bt_offset[s], q->kv->blocks, (size_t)n * sizeof(int32_t));
+    }
+
+    /* versions and adapters on the device */
+    for (int32_t s = 0; s < sc->n_seqs; s++) {
+        const eng_weights *w = sc->seqs[s].weights;
+        sc->vers[s] = NULL;
+        if (w && w->n_merged > 0 && (rc = version_on_device(c, w, &sc->vers[s], msg, msg_len)))
+            return rc;
+        if (sc->seqs[s].n_delta > sc->max_terms)
+            sc->max_terms = sc->seqs[s].n_delta;
+    }
+    if (sc->max_terms > 0) {
+        size_t n_runs = (size_t)L * ENG_N_PROJ * (size_t)sc->max_terms;
+        sc->runs = calloc(n_runs, sizeof *sc->runs);
+        if (!sc->runs)
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        int64_t n_segs = (int64_t)n_runs * sc->n_seqs, at = 0;
+        rc = grow_pair((void **)&c->h_segs, (void **)&c->d_segs, &c->segs_cap, n_segs,
+                       sizeof(qt_cuda_lora_segment), "adapter segments", msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+        for (int32_t l = 0; l < L; l++)
+            for (int p = 0; p < ENG_N_PROJ; p++)
+                for (int32_t k = 0; k < sc->max_terms; k++) {
+                    seg_run *run = &sc->runs[((size_t)l * ENG_N_PROJ + p) * sc->max_terms + k];
+                    run->first = at;
+                    for (int32_t s = 0; s < sc->n_seqs; s++) {
+                        if (sc->seqs[s].n_delta <= k)
+                            continue;
+                        const eng_lora_term *term = &sc->seqs[s].delta[k];
+                        const eng_lora_module *mod = eng_lora_module_at(term->lora, l, (eng_proj)p);
+                        if (!mod)
+                            continue;
+                        dev_lora *dl;
+                        if ((rc = lora_on_device(c, term->lora, &dl, msg, msg_len)))
+                            return rc;
+                        size_t i = (size_t)l * ENG_N_PROJ + p;
+                        c->h_segs[at++] = (qt_cuda_lora_segment){
+                            .row0 = c->seq_row[s],
+                            .rows = sc->seqs[s].n_tokens,
+                            .a = dl->a[i],
+                            .b = dl->b[i],
+                            .a_kind = mod->a.kind,
+                            .b_kind = mod->b.kind,
+                            .rank = (int32_t)mod->a.rows,
+                            .scale = term->scale * mod->scale, /* in f32, as eng_lora_apply */
+                        };
+                        run->n++;
+                        if ((int32_t)mod->a.rows > run->max_rank)
+                            run->max_rank = (int32_t)mod->a.rows;
+                    }
+                }
+        if (at > 0)
+            CUDA_TRY(cudaMemcpyAsync(c->d_segs, c->h_segs, (size_t)at * sizeof *c->h_segs,
+                                     cudaMemcpyHostToDevice, c->stream),
+                     "copying adapter segments");
+    }
+
+    size_t T = (size_t)sc->rows, S = (size_t)sc->n_seqs;
+    struct {
+        void *dev;
+        const void *host;
+        size_t bytes;
+    } copies[] = {
+        {c->d_tokens, c->h_tokens, T * sizeof(int32_t)},
+        {c->d_row_seq, c->h_row_seq, T * sizeof(int32_t)},
+        {c->d_row_pos, c->h_row_pos, T * sizeof(int32_t)},
+        {c->d_bt_offset, c->h_bt_offset, S * sizeof(int32_t)},
+        {c->d_tables, c->h_tables, (size_t)tables * sizeof(int32_t)},
+        {c->d_cos, c->h_cos, T * (size_t)half * sizeof(float)},
+        {c->d_sin, c->h_sin, T * (size_t)half * sizeof(float)},
+    };
+    for (size_t i = 0; i < sizeof copies / sizeof *copies; i++)
+        if (copies[i].bytes)
+            CUDA_TRY(cudaMemcpyAsync(copies[i].dev, copies[i].host, copies[i].bytes,
+                                     cudaMemcpyHostToDevice, c->stream),
+                     "copying the step's layout to the device");
+    return ENG_OK;
+}
+
+/* A kernel's failure as an engine error: in layer l, or (l < 0) around
+ * the layers. */
+static int op_fail(int qt_rc, int32_t l, const char *why, char *msg, size_t msg_len)
+{
+    if (l < 0)
+        return qt_fail(msg, msg_len, eng_code(qt_rc), "cuda: %s", why);
+    return qt_fail(msg, msg_len, eng_code(qt_rc), "cuda: layer %d: %s", l, why);
+}
+
+#define OP(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != QT_OK)                                                                          \
+            return op_fail(rc_, l, why, msg, msg_len);                                             \
+    } while (0)
+
+/* The layers, as forward.c walks them, on the device. */
+static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
+{
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    int64_t T = sc->rows, H = cfg->hidden_size, Q = (int64_t)cfg->n_heads * cfg->head_dim,
+            KV = (int64_t)cfg->n_kv_heads * cfg->head_dim, F = cfg->intermediate_size;
+    void *st = c->stream;
+    char why[256];
+    int32_t l = -1;
+    qt_cuda_step_rows sr = {T, c->d_row_seq, c->d_row_pos, c->d_bt_offset, c->d_tables};
+    // token embeddings
+    OP(qt_cuda_gather_rows(&c->embed, c->d_tokens, T, c->x, st, why, sizeof why));
+    for (l = 0; l < cfg->n_layers; l++) {
+        const dev_layer *dl = &c->layers[l];
+        int rc;
+        // attention rmsnorm
+        OP(qt_cuda_rmsnorm(c->h, c->x, dl->attn_norm, T, H, cfg->rms_norm_eps, st, why,
+                           sizeof why));
+        // qkv matmuls (and Qwen2's biases)
+        if ((rc = project(sc, l, ENG_PROJ_Q, c->h, c->q, msg, msg_len)) ||
+            (rc = project(sc, l, ENG_PROJ_K, c->h, c->k, msg, msg_len)) ||
+            (rc = project(sc, l, ENG_PROJ_V, c->h, c->v, msg, msg_len)))
+            return rc;
+        if (dl->bias) {
+            OP(qt_cuda_add_bias(c->q, dl->bias, T, Q, st, why, sizeof why));
+            OP(qt_cuda_add_bias(c->k, dl->bias + Q, T, KV, st, why, sizeof why));
+            OP(qt_cuda_add_bias(c->v, dl->bias + Q + KV, T, KV, st, why, sizeof why));
+        }
+        // RoPE
+        OP(qt_cuda_rope(c->q, c->d_cos, c->d_sin, T, cfg->n_heads, cfg->head_dim,
+                        cfg->rope_interleaved, st, why, sizeof why));
+        OP(qt_cuda_rope(c->k, c->d_cos, c->d_sin, T, cfg->n_kv_heads, cfg->head_dim,
+                        cfg->rope_interleaved, st, why, sizeof why));
+        // K and V into the paged cache, then grouped-query attention over it
+        OP(qt_cuda_kv_write(&c->kv, l, &sr, c->k, c->v, st, why, sizeof why));
+        OP(qt_cuda_attention(&c->kv, l, &sr, c->q, c->att, cfg->n_heads, cfg->n_kv_heads,
+                             cfg->head_dim, cfg->sliding_window, st, why, sizeof why));
+        // output projection and residual
+        if ((rc = project(sc, l, ENG_PROJ_O, c->att, c->tmp, msg, msg_len)))
+            return rc;
+        OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
+        // ffn rmsnorm
+        OP(qt_cuda_rmsnorm(c->h, c->x, dl->ffn_norm, T, H, cfg->rms_norm_eps, st, why, sizeof why));
+        // SwiGLU: down(silu(gate(h)) * up(h)), and residual
+        if ((rc = project(sc, l, ENG_PROJ_GATE, c->h, c->gate, msg, msg_len)) ||
+            (rc = project(sc, l, ENG_PROJ_UP, c->h, c->up, msg, msg_len)))
+            return rc;
+        OP(qt_cuda_swiglu(c->gate, c->up, T * F, st, why, sizeof why));
+        if ((rc = project(sc, l, ENG_PROJ_DOWN, c->gate, c->tmp, msg, msg_len)))
+            return rc;
+        OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
+    }
+    return ENG_OK;
+}
+
+/* The final norm of each sequence's last row and the classifier; greedy
+ * sequences get their token chosen on the device, the others their logits
+ * copied back. */
+static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, size_t msg_len)
+{
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    int64_t H = cfg->hidden_size, V = cfg->vocab_size, S = sc->n_seqs;
+    void *st = c->stream;
+    char why[256];
+    int32_t l = -1;
+    for (int32_t s = 0; s < sc->n_seqs; s++) {
+        int64_t last = c->seq_row[s] + sc->seqs[s].n_tokens - 1;
+        CUDA_TRY(cudaMemcpyAsync(c->tmp + s * H, c->x + last * H, (size_t)H * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, c->stream),
+                 "gathering the last rows");
+    }
+    OP(qt_cuda_rmsnorm(c->last, c->tmp, c->final_norm, S, H, cfg->rms_norm_eps, st, why,
+                       sizeof why));
+    const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
+    OP(qt_cuda_matmul(c->blas, head, c->last, S, c->logits, st, why, sizeof why));
+    bool any_greedy = false;
+    for (int32_t s = 0; s < sc->n_seqs; s++)
+        any_greedy |= tokens && sc->seqs[s].greedy;
+    if (any_greedy) {
+        OP(qt_cuda_argmax(c->logits, S, V, c->d_greedy, st, why, sizeof why));
+        CUDA_TRY(cudaMemcpyAsync(c->h_greedy, c->d_greedy, (size_t)S * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, c->stream),
+                 "copying greedy tokens back");
+    }
+    /* logits of the others, in runs of neighbours */
+    for (int32_t s = 0; s < sc->n_seqs;) {
+        bool greedy = tokens && sc->seqs[s].greedy;
+        int32_t e = s + 1;
+        while (e < sc->n_seqs && (tokens && sc->seqs[e].greedy) == greedy)
+            e++;
+        if (!greedy)
+            CUDA_TRY(cudaMemcpyAsync(logits + (size_t)s * V, c->logits + (size_t)s * V,
+                                     (size_t)(e - s) * (size_t)V * sizeof(float),
+                                     cudaMemcpyDeviceToHost, c->stream),
+                     "copying logits back");
+        s = e;
+    }
+    CUDA_TRY(cudaStreamSynchronize(c->stream), "running the step");
+    if (tokens)
+        for (int32_t s = 0; s < sc->n_seqs; s++)
+            tokens[s] = sc->seqs[s].greedy ? c->h_greedy[s] : -1;
+    return ENG_OK;
+}
+
+static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+                        int32_t *tokens, char *msg, size_t msg_len)
+{
+    cuda_backend *c = (cuda_backend *)b;
+    step_ctx sc = {.c = c, .seqs = seqs, .n_seqs = n_seqs};
+    int rc = check_step(c, seqs, n_seqs, &sc.rows, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    prune_device_copies(c);
+    sc.vers = calloc((size_t)n_seqs + 1, sizeof *sc.vers);
+    if (!sc.vers)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    rc = lay_out_step(&sc, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = run_layers(&sc, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = finish_step(&sc, logits, tokens, msg, msg_len);
+    if (rc != ENG_OK) {
+        /* leave the stream idle (and the staging free to reuse) whatever failed;
+         * a fault poisons the context, which the next step reports again */
+        cudaStreamSynchronize(c->stream);
+        cudaGetLastError();
+    }
+    free(sc.vers);
+    free(sc.runs);
+    if (rc != ENG_OK)
+        return rc;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        int32_t end = seqs[s].pos + seqs[s].n_tokens;
+        if (end > seqs[s].kv->n_tokens)
+            seqs[s].kv->n_tokens = end;
+    }
+    return ENG_OK;
+}
+
+/* --- checking what the device holds ------------------------------------------------ */
+
+/* The digest of the device's tensors for version w: each projection copied
+ * back into a clone of the host tensor of the same layout, then hashed as
+ * eng_weights_digest hashes a version (embeddings, norms and lm_head are
+ * the host's: only projections are ever merged). */
+static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
+                       size_t msg_len)
+{
+    cuda_backend *c = (cuda_backend *)b;
+    const eng_model *m = b->m;
+    size_t n = (size_t)m->cfg.n_layers * ENG_N_PROJ;
+    dev_version *dv = NULL;
+    if (w && w->n_merged > 0) {
+        int rc = version_on_device(c, w, &dv, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    qtensor *copies = calloc(n, sizeof *copies);
+    const qtensor **proj = calloc(n, sizeof *proj);
+    int rc = copies && proj ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    CUDA_TRY(cudaStreamSynchronize(c->stream), "finishing the device's work");
+    for (size_t i = 0; rc == ENG_OK && i < n; i++) {
+        int32_t l = (int32_t)(i / ENG_N_PROJ);
+        eng_proj p = (eng_proj)(i % ENG_N_PROJ);
+        const qtensor *host = w ? eng_weights_proj(w, l, p) : eng_model_proj(m, l, p);
+        const qt_cuda_tensor *dev = dv && dv->proj[i].rows ? &dv->proj[i] : &c->layers[l].proj[p];
+        char why[256];
+        if (qt_clone(&copies[i], host) != QT_OK) {
+            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        } else {
+            int qrc = qt_cuda_tensor_download(dev, &copies[i], why, sizeof why);
+            if (qrc != QT_OK)
+                rc = qt_fail(msg, msg_len, eng_code(qrc), "layer %d %s: %s", l, eng_proj_name(p),
+                             why);
+        }
+        proj[i] = &copies[i];
+    }
+    if (rc == ENG_OK) {
+        eng_weights view = {.m = m, .proj = proj};
+        *digest = eng_weights_digest(m, &view);
+    }
+    for (size_t i = 0; copies && i < n; i++)
+        qt_free(&copies[i]);
+    free(copies);
+    free(proj);
+    return rc;
+}
+
+/* --- creation ---------------------------------------------------------------------- */
+
+static void cuda_destroy(eng_backend *b)
+{
+    cuda_backend *c = (cuda_backend *)b;
+    const eng_model *m = b->m;
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    while (c->versions) {
+        dev_version *dv = c->versions;
+        c->versions = dv->next;
+        dev_version_free(dv, m->cfg.n_layers);
+    }
+    while (c->loras) {
+        dev_lora *dl = c->loras;
+        c->loras = dl->next;
+        dev_lora_free(dl, m->cfg.n_layers);
+    }
+    for (int32_t l = 0; c->layers && l < m->cfg.n_layers; l++) {
+        dev_layer *dl = &c->layers[l];
+        cudaFree(dl->attn_norm);
+        cudaFree(dl->ffn_norm);
+        cudaFree(dl->bias);
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
+    }
+    free(c->layers);
+    qt_cuda_tensor_release(&c->embed, NULL, 0);
+    qt_cuda_tensor_release(&c->lm_head, NULL, 0);
+    qt_cuda_blas_free(c->blas);
+    void *dev[] = {c->final_norm, c->kv.arena,  c->x,           c->h,        c->q,
+                   c->k,          c->v,         c->att,         c->gate,     c->up,
+                   c->tmp,        c->last,      c->logits,      c->lora_t,   c->d_tokens,
+                   c->d_row_seq,  c->d_row_pos, c->d_bt_offset, c->d_tables, c->d_greedy,
+                   c->d_cos,      c->d_sin,     c->d_segs};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        cudaFree(dev[i]);
+    void *host[] = {c->h_tokens, c->h_row_seq, c->h_row_pos, c->h_bt_offset, c->h_tables,
+                    c->h_greedy, c->h_cos,     c->h_sin,     c->h_segs};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+        cudaFreeHost(host[i]);
+    free(c->seq_row);
+    free(c->inv_freq);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    eng_kv_free(b->kv);
+    free(c);
+}
+
+/* Every weight of the model to the device, in its own layout. */
+static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
+{
+    const eng_model *m = c->base.m;
+    const eng_config *cfg = &m->cfg;
+    int64_t Q = (int64_t)cfg->n_heads * cfg->head_dim,
+            KV = (int64_t)cfg->n_kv_heads * cfg->head_dim;
+    size_t *bytes = &c->weight_bytes;
+    int rc = upload_tensor(&m->embed, &c->embed, "the token embeddings", bytes, msg, msg_len);
+    if (rc == ENG_OK && m->lm_head.rows)
+        rc = upload_tensor(&m->lm_head, &c->lm_head, "lm_head", bytes, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = upload_row(&m->norm, &c->final_norm, "the final norm", msg, msg_len);
+    c->layers = rc == ENG_OK ? calloc((size_t)cfg->n_layers, sizeof *c->layers) : NULL;
+    if (rc == ENG_OK && !c->layers)
+        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    for (int32_t l = 0; rc == ENG_OK && l < cfg->n_layers; l++) {
+        const eng_layer *hl = &m->layers[l];
+        dev_layer *dl = &c->layers[l];
+        char what[96];
+        snprintf(what, sizeof what, "layer %d's norms", l);
+        rc = upload_row(&hl->attn_norm, &dl->attn_norm, what, msg, msg_len);
+        if (rc == ENG_OK)
+            rc = upload_row(&hl->ffn_norm, &dl->ffn_norm, what, msg, msg_len);
+        if (rc == ENG_OK && cfg->attention_bias) {
+            /* q, k and v biases side by side, as forward.c keeps them */
+            float *host = malloc((size_t)(Q + 2 * KV) * sizeof(float));
+            if (!host)
+                return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            qt_dequantize_rows(&hl->bq, 0, 1, host);
+            qt_dequantize_rows(&hl->bk, 0, 1, host + Q);
+            qt_dequantize_rows(&hl->bv, 0, 1, host + Q + KV);
+            snprintf(what, sizeof what, "layer %d's biases", l);
+            rc = dev_alloc(&dl->bias, (size_t)(Q + 2 * KV) * sizeof(float), what, msg, msg_len);
+            if (rc == ENG_OK) {
+                cudaError_t st = cudaMemcpy(dl->bias, host, (size_t)(Q + 2 * KV) * sizeof(float),
+                                            cudaMemcpyHostToDevice);
+                if (st != cudaSuccess)
+                    rc = cuda_fail(st, msg, msg_len, "copying %s", what);
+            }
+            free(host);
+        }
+        for (int p = 0; rc == ENG_OK && p < ENG_N_PROJ; p++) {
+            snprintf(what, sizeof what, "layer %d %s", l, eng_proj_name((eng_proj)p));
+            rc = upload_tensor(eng_model_proj(m, l, (eng_proj)p), &dl->proj[p], what, bytes, msg,
+                               msg_len);
+        }
+    }
+    return rc;
+}
+
+/* Activations, the step's staging, the KV arena and the cuBLASLt state. */
+static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *msg, size_t msg_len)
+{
+    const eng_model *m = c->base.m;
+    const eng_config *cfg = &m->cfg;
+    size_t T = (size_t)c->max_tokens, S = (size_t)c->max_seqs, H = (size_t)cfg->hidden_size,
+           Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim,
+           KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim, F = (size_t)cfg->intermediate_size,
+           V = (size_t)cfg->vocab_size, half = (size_t)cfg->head_dim / 2;
+    size_t wide = F > Q ? F : Q;
+    wide = wide > H ? wide : H;
+    struct {
+        void *p;
+        size_t bytes;
+        const char *what;
+    } dev[] = {
+        {&c->x, T * H * sizeof(float), "activations"},
+        {&c->h, T * H * sizeof(float), "activations"},
+        {&c->q, T * Q * sizeof(float), "activations"},
+        {&c->k, T * KV * sizeof(float), "activations"},
+        {&c->v, T * KV * sizeof(float), "activations"},
+        {&c->att, T * Q * sizeof(float), "activations"},
+        {&c->gate, T * F * sizeof(float), "activations"},
+        {&c->up, T * F * sizeof(float), "activations"},
+        {&c->tmp, T * wide * sizeof(float), "activations"},
+        {&c->last, S * H * sizeof(float), "activations"},
+        {&c->logits, S * V * sizeof(float), "logits"},
+        {&c->lora_t, T * (size_t)c->max_rank * sizeof(float), "adapter scratch"},
+        {&c->d_tokens, T * sizeof(int32_t), "the step's layout"},
+        {&c->d_row_seq, T * sizeof(int32_t), "the step's layout"},
+        {&c->d_row_pos, T * sizeof(int32_t), "the step's layout"},
+        {&c->d_bt_offset, S * sizeof(int32_t), "the step's layout"},
+        {&c->d_greedy, S * sizeof(int32_t), "the step's layout"},
+        {&c->d_cos, T * half * sizeof(float), "the step's layout"},
+        {&c->d_sin, T * half * sizeof(float), "the step's layout"},
+    };
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) {
+        int rc = dev_alloc(dev[i].p, dev[i].bytes, dev[i].what, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    struct {
+        void *p;
+        size_t bytes;
+    } host[] = {
+        {&c->h_tokens, T * sizeof(int32_t)},   {&c->h_row_seq, T * sizeof(int32_t)},
+        {&c->h_row_pos, T * sizeof(int32_t)},  {&c->h_bt_offset, S * sizeof(int32_t)},
+        {&c->h_greedy, S * sizeof(int32_t)},   {&c->h_cos, T * half * sizeof(float)},
+        {&c->h_sin, T * half * sizeof(float)},
+    };
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) {
+        int rc = host_alloc(host[i].p, host[i].bytes, "the step's layout", msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    c->seq_row = malloc(S * sizeof(int64_t));
+    c->inv_freq = malloc(half * sizeof(double));
+    if (!c->seq_row || !c->inv_freq)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    eng_rope_inv_freq(cfg, c->inv_freq);
+
+    /* the KV cache: bookkeeping on the host, the arena here */
+    int rc = eng_kv_new_meta(&c->base.kv, cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    c->kv = (qt_cuda_kv){.block_tokens = eng_kv_block_tokens(c->base.kv),
+                         .n_layers = cfg->n_layers,
+                         .kv_dim = (int64_t)KV,
+                         .block_floats = eng_kv_block_floats(c->base.kv)};
+    size_t arena = (size_t)eng_kv_total_blocks(c->base.kv) * c->kv.block_floats * sizeof(float);
+    rc = dev_alloc(&c->kv.arena, arena, "the KV cache (lower --kv-cache-bytes)", msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+
+    /* cuBLASLt: scratch for the largest weight, dequantized */
+    int64_t biggest = (int64_t)V * (int64_t)H;
+    for (int p = 0; p < ENG_N_PROJ; p++) {
+        const qtensor *t = eng_model_proj(m, 0, (eng_proj)p);
+        if (t->rows * t->cols > biggest)
+            biggest = t->rows * t->cols;
+    }
+    const char *gemm = getenv("QLSERVE_CUDA_GEMM");
+    qt_cuda_gemm_type type = QT_CUDA_GEMM_F32;
+    if (gemm && strcmp(gemm, "bf16") == 0)
+        type = QT_CUDA_GEMM_BF16;
+    else if (gemm && *gemm && strcmp(gemm, "f32") != 0)
+        return qt_fail(msg, msg_len, ENG_EINVAL, "QLSERVE_CUDA_GEMM=\"%s\": expected f32 or bf16",
+                       gemm);
+    char why[256];
+    rc = qt_cuda_blas_new(&c->blas, biggest, (int64_t)T > (int64_t)S ? (int64_t)T : (int64_t)S,
+                          (int64_t)wide, type, why, sizeof why);
+    if (rc != QT_OK)
+        return qt_fail(msg, msg_len, eng_code(rc), "cuda: cuBLASLt: %s", why);
+    return ENG_OK;
+}
+
+int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o,
+                         char *msg, size_t msg_len)
+{
+    *out = NULL;
+    const eng_config *cfg = &m->cfg;
+    char why[256];
+    int n = 0;
+    int qrc = qt_cuda_device_count(&n, why, sizeof why);
+    if (qrc != QT_OK || n < 1)
+        return qt_fail(msg, msg_len, ENG_EDEVICE, "device cuda: no usable CUDA device (%s)", why);
+    if (cfg->head_dim > 256 || cfg->head_dim % 2)
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "head_dim %d: the CUDA attention takes even head sizes up to 256",
+                       cfg->head_dim);
+    cuda_backend *c = calloc(1, sizeof *c);
+    if (!c)
+        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    c->base.device = ENG_DEVICE_CUDA;
+    c->base.m = m;
+    c->base.forward = cuda_forward;
+    c->base.destroy = cuda_destroy;
+    c->base.digest = cuda_digest;
+    c->max_tokens = o->max_tokens > 0 ? o->max_tokens : 256;
+    c->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
+    c->max_rank = 256; /* qt_cuda_sgmv's bound */
+    int rc = ENG_OK;
+    cudaError_t st = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (st != cudaSuccess)
+        rc = cuda_fail(st, msg, msg_len, "creating a stream");
+    if (rc == ENG_OK)
+        rc = upload_model(c, msg, msg_len);
+    if (rc == ENG_OK)
+        rc = allocate_run_state(c, o, msg, msg_len);
+    if (rc != ENG_OK) {
+        cuda_destroy(&c->base);
+        return rc;
+    }
+    struct cudaDeviceProp prop = {0};
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+        snprintf(prop.name, sizeof prop.name, "device %d", dev);
+    snprintf(c->base.describe, sizeof c->base.describe,
+             "cuda (%.160s, sm_%d%d, %.2f GiB of weights)", prop.name, prop.major, prop.minor,
+             (double)c->weight_bytes / (1024.0 * 1024 * 1024));
+    *out = &c->base;
+    return ENG_OK;
+}

@@ -1,0 +1,36 @@
+/*
+ * backend_internal.h - what every backend is, for engine/backend.c (the CPU
+ * backend and the choice between backends) and engine/backend_cuda.c.
+ * Nothing outside engine/ includes it.
+ */
+#ifndef QL_BACKEND_INTERNAL_H
+#define QL_BACKEND_INTERNAL_H
+
+#include "engine.h"
+
+struct eng_backend {
+    eng_device device;
+    char describe[256];
+    const eng_model *m;
+    eng_kv_cache *kv;
+    int (*forward)(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+                   int32_t *tokens, char *msg, size_t msg_len);
+    /* NULL: the host tensors are what it computes with */
+    int (*digest)(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
+                  size_t msg_len);
+    void (*destroy)(eng_backend *b);
+};
+
+/* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
+ * its rope scaling folded in (every backend rotates with these). */
+void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
+
+#ifdef QL_HAVE_CUDA
+/* Whether a CUDA device can be used now (auto asks this). */
+bool eng_cuda_present(void);
+/* The CUDA backend (engine/backend_cuda.c). */
+int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o,
+                         char *msg, size_t msg_len);
+#endif
+
+#endif

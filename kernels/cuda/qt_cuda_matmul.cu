@@ -1,0 +1,1125 @@
+/*
+ * qt_cuda_matmul.cu - y = x @ W^T on the device for every kind of
+ * qtensor.h: a fused dequantize-and-multiply kernel for decode-sized
+ * batches (1..8 rows of x), and dequantize-to-scratch plus one cuBLASLt
+ * matmul for larger ones (prefill). Contracts in qt_cuda_ops.h.
+ *
+ * Why shaped so:
+ *   - Decode is memory bound: every weight byte is read once per step, so
+ *     the fused kernel reads each byte once for all `batch` rows of x and
+ *     never writes a dequantized weight. Each warp takes 4 (or 2)
+ *     rows of W; each lane walks the rows' codes in 16-byte chunks (one
+ *     uint4 load through the read-only path per row), 32 lanes side by
+ *     side, so a warp reads 512 contiguous bytes of a row per step. A chunk
+ *     holds 32 values of 4-bit codes, 16 of 8-bit, 8 of f16/bf16, 4 of f32,
+ *     and all of them share one scale (absmax block, AFFINE group, GGUF
+ *     block) when cols % 32 == 0, since bitsandbytes blocksizes are powers
+ *     of two >= 32, GGUF blocks are 32, and AFFINE groups are required to
+ *     be multiples of the chunk. The values are computed in registers by
+ *     qt_math.h's chunk functions (the CPU tests pin them against the
+ *     reference) and multiplied with x, read as float4 through L1 (x is at
+ *     most 8 x cols floats and shared by every warp of the SM); the four
+ *     rows of a warp reuse each x load, which quarters the L1 traffic that
+ *     otherwise limits 4-bit kinds
+ *     (2 rows per warp above batch 4, to keep the registers in bounds). Each lane keeps batch x 4
+ * f32 partial sums (batch is a template parameter, so they are registers), the warp reduces them
+ * with shuffles, and one lane writes each (b, row).
+ *   - Anything else (cols not a multiple of 32, an AFFINE group that splits
+ *     a chunk, x not 16-byte aligned) takes the generic kernel: a warp per
+ *     row, a lane per column, qt_math.h's whole-element functions. Slower,
+ *     always correct.
+ *   - Prefill batches are compute bound: the weight is dequantized once
+ *     into a scratch (f32, or bf16 for tensor cores) with qt_cuda.h's
+ *     kernels and multiplied by cuBLASLt in f32 accumulation. The F32 mode
+ *     asks for CUBLAS_COMPUTE_32F, never the TF32 fast mode, so it stays
+ *     within f32 rounding of the CPU reference.
+ *   - Everything is enqueued on the caller's stream; launch errors and
+ *     cuBLASLt statuses are checked and named in msg.
+ */
+#include "qt_cuda_ops.h"
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "qt_math.h"
+
+namespace
+{
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * 32;
+/* Rows of W per warp: 4 share each x load; above 4 rows of x, 2, so that
+ * batch x rows accumulators and the x registers stay under ~128 registers
+ * (4 x 8 measured up to 255 on sm_90, halving occupancy). */
+__host__ __device__ constexpr int rows_per_warp(int batch)
+{
+    return batch > 4 ? 2 : 4;
+}
+constexpr int kMaxBatch = QT_CUDA_MATVEC_MAX_BATCH;
+/* cuBLASLt's workspace: enough for split-K and stream-K algorithms on
+ * Hopper (NVIDIA recommends 32 MiB for sm_90). */
+constexpr size_t kWorkspaceBytes = (size_t)32 << 20;
+constexpr int64_t kMaxBlocks = 65536;
+
+#ifdef __CUDA_ARCH__
+#define QL_UNROLL _Pragma("unroll")
+#else
+#define QL_UNROLL
+#endif
+
+/* ---- messages and status codes (as qt_cuda.cu) --------------------------- */
+
+void say(char *msg, size_t msg_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+void say(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    if (!msg || msg_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_len, fmt, ap);
+    va_end(ap);
+}
+
+int code_for_cuda_status(cudaError_t st)
+{
+    switch (st) {
+    case cudaSuccess: return QT_OK;
+    case cudaErrorMemoryAllocation: return QT_ENOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
+    default: return QT_EDEVICE;
+    }
+}
+
+int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
+    (void)cudaGetLastError(); /* reported here; not left for the next check */
+    return code_for_cuda_status(st);
+}
+
+int code_for_lt_status(cublasStatus_t st)
+{
+    switch (st) {
+    case CUBLAS_STATUS_SUCCESS: return QT_OK;
+    case CUBLAS_STATUS_ALLOC_FAILED: return QT_ENOMEM;
+    case CUBLAS_STATUS_INVALID_VALUE: return QT_EINVAL;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+    case CUBLAS_STATUS_NOT_INITIALIZED: return QT_EUNSUPPORTED;
+    default: return QT_EDEVICE;
+    }
+}
+
+int lt_failed(cublasStatus_t st, char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* "<call> failed: status <n> (<name>: <sentence>)". */
+int lt_failed(cublasStatus_t st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    char what[240];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    say(msg, msg_len, "%s failed: status %d (%s: %s)", what, (int)st, cublasLtGetStatusName(st),
+        cublasLtGetStatusString(st));
+    return code_for_lt_status(st);
+}
+
+const char *kind_name(qt_kind kind)
+{
+    switch (kind) {
+    case QT_F32: return "f32";
+    case QT_F16: return "f16";
+    case QT_BF16: return "bf16";
+    case QT_NF4: return "nf4";
+    case QT_FP4: return "fp4";
+    case QT_AFFINE: return "affine";
+    case QT_Q4_0: return "q4_0";
+    case QT_Q4_1: return "q4_1";
+    case QT_Q8_0: return "q8_0";
+    default: return "(not a kind)";
+    }
+}
+
+int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* ---- the weights as the kernels see them --------------------------------- */
+
+/* Which decoding a kernel is compiled for. */
+enum mv_kind {
+    kF32,
+    kF16,
+    kBF16,
+    k4bit,       /* NF4, FP4 with f32 absmax */
+    k4bitNested, /* NF4, FP4 with double-quantized absmax */
+    kAffine4,
+    kAffine8,
+    kQ4_0,
+    kQ4_1,
+    kQ8_0,
+};
+
+/* Values per 16-byte chunk. */
+template <mv_kind K> struct chunk_traits {
+    static constexpr int kElems = K == kF32                       ? 4
+                                  : (K == kF16 || K == kBF16)     ? 8
+                                  : (K == kAffine8 || K == kQ8_0) ? 16
+                                                                  : 32;
+};
+
+/*
+ * Everything any kind needs, by value as a __grid_constant__ kernel
+ * argument (about 1.2 KB, inside the 4 KB every architecture allows).
+ * Fields that do not apply are zero.
+ */
+struct mv_weights {
+    int64_t rows, cols;
+    const uint8_t *codes; /* dense values, 4-bit codes, AFFINE codes or GGUF qs */
+    uint64_t row_bytes;   /* bytes of codes per row (fused kernel) */
+    /* NF4, FP4 */
+    const float *absmax;
+    const uint8_t *absmax_codes;
+    const float *nested_absmax;
+    int32_t blocksize, nested_blocksize;
+    float nested_offset;
+    /* AFFINE */
+    const float *scales, *zeros;
+    int32_t bits, group_size, qmin;
+    int64_t groups_per_row;
+    uint64_t row_stride;
+    bool float_zero;
+    float mid;
+    /* GGUF */
+    const uint16_t *d, *m;
+    /* NF4, FP4 tables, copied to shared memory by each block */
+    float codebook[16];
+    float nested_code[256];
+};
+
+/* Read-only 16-byte load of a chunk into bytes (registers after SROA). */
+__device__ __forceinline__ void load_chunk(uint8_t (&bytes)[16], const uint8_t *p)
+{
+    const uint4 q = __ldg(reinterpret_cast<const uint4 *>(p));
+    memcpy(bytes, &q, sizeof bytes);
+}
+
+/* The one scale (and zero / min) of chunk k of row r. */
+template <mv_kind K>
+__device__ __forceinline__ void chunk_scale(const mv_weights &w, const float *nested_code,
+                                            int64_t r, int64_t k, float &s0, float &s1)
+{
+    constexpr int E = chunk_traits<K>::kElems;
+    s0 = 0.0f;
+    s1 = 0.0f;
+    if (K == k4bit || K == k4bitNested) {
+        const int64_t b = (r * w.cols + k * E) / w.blocksize;
+        s0 = K == k4bitNested ? qm_nested_absmax(w.absmax_codes, nested_code, w.nested_absmax,
+                                                 w.nested_blocksize, w.nested_offset, b)
+                              : __ldg(w.absmax + b);
+    } else if (K == kAffine4 || K == kAffine8) {
+        const int64_t g = r * w.groups_per_row + (k * E) / w.group_size;
+        s0 = __ldg(w.scales + g);
+        s1 = __ldg(w.zeros + g);
+    } else if (K == kQ4_0 || K == kQ4_1) {
+        const int64_t b = r * (w.cols / QM_GGUF_QK) + k;
+        s0 = qm_f16_to_f32(__ldg(w.d + b));
+        if (K == kQ4_1)
+            s1 = qm_f16_to_f32(__ldg(w.m + b));
+    } else if (K == kQ8_0) {
+        const int64_t b = r * (w.cols / QM_GGUF_QK) + k / 2;
+        s0 = qm_f16_to_f32(__ldg(w.d + b));
+    }
+}
+
+/* Value j of a chunk whose scale chunk_scale gave. */
+template <mv_kind K>
+__device__ __forceinline__ float chunk_value(const mv_weights &w, const float *codebook,
+                                             const uint8_t (&bytes)[16], int j, float s0, float s1)
+{
+    if (K == kF32)
+        return qm_f32_chunk_value(bytes, j);
+    if (K == kF16)
+        return qm_f16_chunk_value(bytes, j);
+    if (K == kBF16)
+        return qm_bf16_chunk_value(bytes, j);
+    if (K == k4bit || K == k4bitNested)
+        return qm_4bit_chunk_value(bytes, j, codebook, s0);
+    if (K == kAffine4 || K == kAffine8)
+        return qm_affine_chunk_value(bytes, j, K == kAffine4 ? 4 : 8, w.qmin, w.float_zero, w.mid,
+                                     s0, s1);
+    if (K == kQ4_0)
+        return qm_q4_0_chunk_value(bytes, j, s0);
+    if (K == kQ4_1)
+        return qm_q4_1_chunk_value(bytes, j, s0, s1);
+    return qm_q8_0_chunk_value(bytes, j, s0);
+}
+
+/* Element (r, c) for the generic kernel, through the whole-element
+ * functions. */
+template <mv_kind K>
+__device__ __forceinline__ float element(const mv_weights &w, const float *codebook,
+                                         const float *nested_code, int64_t r, int64_t c)
+{
+    const int64_t e = r * w.cols + c;
+    if (K == kF32)
+        return reinterpret_cast<const float *>(w.codes)[e];
+    if (K == kF16)
+        return qm_f16_to_f32(reinterpret_cast<const uint16_t *>(w.codes)[e]);
+    if (K == kBF16)
+        return qm_bf16_to_f32(reinterpret_cast<const uint16_t *>(w.codes)[e]);
+    if (K == k4bit || K == k4bitNested) {
+        const int64_t b = e / w.blocksize;
+        const float absmax = K == k4bitNested
+                                 ? qm_nested_absmax(w.absmax_codes, nested_code, w.nested_absmax,
+                                                    w.nested_blocksize, w.nested_offset, b)
+                                 : w.absmax[b];
+        return qm_4bit_element(w.codes, codebook, absmax, e);
+    }
+    if (K == kAffine4 || K == kAffine8)
+        return qm_affine_element(w.codes, w.row_stride, w.bits, w.qmin, w.float_zero, w.mid,
+                                 w.group_size, w.groups_per_row, w.scales, w.zeros, r, c);
+    if (K == kQ4_0)
+        return qm_q4_0_split_element(w.codes, w.d, e);
+    if (K == kQ4_1)
+        return qm_q4_1_split_element(w.codes, w.d, w.m, e);
+    return qm_q8_0_split_element(w.codes, w.d, e);
+}
+
+/* The 4-bit tables into shared memory; every thread of the block must call
+ * it (it synchronises). */
+template <mv_kind K>
+__device__ __forceinline__ void load_tables(const mv_weights &w, float *codebook,
+                                            float *nested_code)
+{
+    if (K == k4bit || K == k4bitNested) {
+        for (int i = threadIdx.x; i < 16; i += blockDim.x)
+            codebook[i] = w.codebook[i];
+        if (K == k4bitNested)
+            for (int i = threadIdx.x; i < 256; i += blockDim.x)
+                nested_code[i] = w.nested_code[i];
+        __syncthreads();
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    QL_UNROLL
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/*
+ * The fused kernel: a warp per rows_per_warp(B) rows, lanes across 16-byte
+ * chunks. Requires cols % 32 == 0, codes and x 16-byte aligned, and (for
+ * AFFINE) groups that are whole chunks; qt_cuda_matvec checks.
+ */
+template <mv_kind K, int B>
+__global__ void __launch_bounds__(kThreads)
+    matvec_fused_kernel(const __grid_constant__ mv_weights w, const float *__restrict__ x,
+                        float *__restrict__ y)
+{
+    constexpr int E = chunk_traits<K>::kElems;
+    constexpr int R = rows_per_warp(B);
+    __shared__ float codebook[16];
+    __shared__ float nested_code[K == k4bitNested ? 256 : 1];
+    load_tables<K>(w, codebook, nested_code);
+
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t row0 = ((int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+    if (row0 >= w.rows)
+        return; /* whole warp: no shuffle below misses a lane */
+    /* Rows past the end repeat the last one (read, never written), so the
+     * loop below has no divergence. */
+    int64_t row[R];
+    QL_UNROLL
+    for (int i = 0; i < R; i++)
+        row[i] = row0 + i < w.rows ? row0 + i : w.rows - 1;
+
+    const int64_t cols = w.cols;
+    const int64_t n_chunks = cols / E;
+    float acc[B][R];
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        QL_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[b][i] = 0.0f;
+
+    for (int64_t k = lane; k < n_chunks; k += 32) {
+        uint8_t bytes[R][16];
+        float s0[R], s1[R];
+        QL_UNROLL
+        for (int i = 0; i < R; i++) {
+            load_chunk(bytes[i], w.codes + (uint64_t)row[i] * w.row_bytes + (uint64_t)k * 16u);
+            chunk_scale<K>(w, nested_code, row[i], k, s0[i], s1[i]);
+        }
+        const float4 *xk = reinterpret_cast<const float4 *>(x + k * E);
+        QL_UNROLL
+        for (int g = 0; g < E / 4; g++) {
+            float4 xv[B];
+            QL_UNROLL
+            for (int b = 0; b < B; b++)
+                xv[b] = __ldg(xk + (b * cols) / 4 + g);
+            QL_UNROLL
+            for (int i = 0; i < R; i++) {
+                const float w0 = chunk_value<K>(w, codebook, bytes[i], 4 * g + 0, s0[i], s1[i]);
+                const float w1 = chunk_value<K>(w, codebook, bytes[i], 4 * g + 1, s0[i], s1[i]);
+                const float w2 = chunk_value<K>(w, codebook, bytes[i], 4 * g + 2, s0[i], s1[i]);
+                const float w3 = chunk_value<K>(w, codebook, bytes[i], 4 * g + 3, s0[i], s1[i]);
+                QL_UNROLL
+                for (int b = 0; b < B; b++) {
+                    acc[b][i] += xv[b].x * w0;
+                    acc[b][i] += xv[b].y * w1;
+                    acc[b][i] += xv[b].z * w2;
+                    acc[b][i] += xv[b].w * w3;
+                }
+            }
+        }
+    }
+
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        QL_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[b][i] = warp_sum(acc[b][i]);
+    /* Every lane holds every sum; lane b * R + i writes (b, row0 + i). */
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        QL_UNROLL
+    for (int i = 0; i < R; i++)
+        if (lane == b * R + i && row0 + i < w.rows)
+            y[(int64_t)b * w.rows + row0 + i] = acc[b][i];
+}
+
+/* The generic kernel: a warp per row, a lane per column, any shape. */
+template <mv_kind K>
+__global__ void __launch_bounds__(kThreads)
+    matvec_generic_kernel(const __grid_constant__ mv_weights w, const float *__restrict__ x,
+                          int batch, float *__restrict__ y)
+{
+    __shared__ float codebook[16];
+    __shared__ float nested_code[K == k4bitNested ? 256 : 1];
+    load_tables<K>(w, codebook, nested_code);
+
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t r = (int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+    if (r >= w.rows)
+        return;
+    float acc[kMaxBatch];
+    QL_UNROLL
+    for (int b = 0; b < kMaxBatch; b++)
+        acc[b] = 0.0f;
+    for (int64_t c = lane; c < w.cols; c += 32) {
+        const float v = element<K>(w, codebook, nested_code, r, c);
+        QL_UNROLL
+        for (int b = 0; b < kMaxBatch; b++)
+            if (b < batch)
+                acc[b] += x[(int64_t)b * w.cols + c] * v;
+    }
+    QL_UNROLL
+    for (int b = 0; b < kMaxBatch; b++) {
+        const float s = warp_sum(acc[b]);
+        if (lane == b && b < batch)
+            y[(int64_t)b * w.rows + r] = s;
+    }
+}
+
+template <mv_kind K>
+cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int batch, float *y,
+                          cudaStream_t s)
+{
+    if (!fused) {
+        const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock);
+        matvec_generic_kernel<K><<<grid, kThreads, 0, s>>>(w, x, batch, y);
+        return cudaGetLastError();
+    }
+    const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock * rows_per_warp(batch));
+    switch (batch) {
+    case 1: matvec_fused_kernel<K, 1><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 2: matvec_fused_kernel<K, 2><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 3: matvec_fused_kernel<K, 3><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 4: matvec_fused_kernel<K, 4><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 5: matvec_fused_kernel<K, 5><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 6: matvec_fused_kernel<K, 6><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 7: matvec_fused_kernel<K, 7><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    default: matvec_fused_kernel<K, 8><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    }
+    return cudaGetLastError();
+}
+
+/*
+ * Check w's layout and fill the kernels' view of it, choosing the kernel
+ * family: *kind the decoding, *fusable whether the weight side of the fused
+ * kernel's conditions holds (cols % 32 == 0, 16-byte aligned codes, AFFINE
+ * groups of whole chunks). `where` names the caller in messages.
+ */
+int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_kind *kind,
+                bool *fusable, char *msg, size_t msg_len)
+{
+    memset(w, 0, sizeof *w);
+    w->rows = t.rows;
+    w->cols = t.cols;
+    const int64_t n = t.rows * t.cols;
+    const bool cols32 = t.cols % 32 == 0;
+    const char *missing = nullptr;
+    switch (t.kind) {
+    case QT_F32:
+    case QT_F16:
+    case QT_BF16: {
+        *kind = t.kind == QT_F32 ? kF32 : t.kind == QT_F16 ? kF16 : kBF16;
+        w->codes = static_cast<const uint8_t *>(t.dense);
+        w->row_bytes = (uint64_t)t.cols * (t.kind == QT_F32 ? 4u : 2u);
+        if (!t.dense)
+            missing = "dense values";
+        break;
+    }
+    case QT_NF4:
+    case QT_FP4: {
+        const qt_cuda_4bit_view &v = t.q4;
+        if (v.n_elements != n || v.blocksize <= 0 || v.blocksize % 32 != 0 ||
+            v.n_blocks < ceil_div(n, v.blocksize) ||
+            (v.nested && (v.nested_blocksize <= 0 ||
+                          v.n_nested_blocks < ceil_div(v.n_blocks, v.nested_blocksize)))) {
+            say(msg, msg_len,
+                "%s: %s view of %lld elements, blocksize %d, %lld blocks (nested %d, %lld) does "
+                "not describe a %lld x %lld tensor",
+                where, kind_name(t.kind), (long long)v.n_elements, (int)v.blocksize,
+                (long long)v.n_blocks, (int)v.nested_blocksize, (long long)v.n_nested_blocks,
+                (long long)t.rows, (long long)t.cols);
+            return QT_EINVAL;
+        }
+        *kind = v.nested ? k4bitNested : k4bit;
+        w->codes = v.codes;
+        w->row_bytes = (uint64_t)t.cols / 2u;
+        w->absmax = v.absmax;
+        w->absmax_codes = v.absmax_codes;
+        w->nested_absmax = v.nested_absmax;
+        w->blocksize = v.blocksize;
+        w->nested_blocksize = v.nested_blocksize;
+        w->nested_offset = v.nested_offset;
+        memcpy(w->codebook, v.codebook, sizeof w->codebook);
+        memcpy(w->nested_code, v.nested_code, sizeof w->nested_code);
+        if (!v.codes || (v.nested ? !v.absmax_codes || !v.nested_absmax : !v.absmax))
+            missing = "codes or absmax";
+        break;
+    }
+    case QT_AFFINE: {
+        const qt_cuda_affine_view &v = t.affine;
+        const uint64_t need = v.bits == 8 ? (uint64_t)t.cols : (uint64_t)(t.cols + 1) / 2;
+        if (v.rows != t.rows || v.cols != t.cols || (v.bits != 4 && v.bits != 8) ||
+            v.qmin >= v.qmax || v.group_size <= 0 || t.cols % v.group_size != 0 ||
+            v.groups_per_row != t.cols / v.group_size || v.row_stride < need) {
+            say(msg, msg_len,
+                "%s: affine view (%lld x %lld, int%d, range [%d, %d], group %d, %lld groups per "
+                "row, row stride %llu) does not describe a %lld x %lld tensor",
+                where, (long long)v.rows, (long long)v.cols, (int)v.bits, (int)v.qmin, (int)v.qmax,
+                (int)v.group_size, (long long)v.groups_per_row, (unsigned long long)v.row_stride,
+                (long long)t.rows, (long long)t.cols);
+            return QT_EINVAL;
+        }
+        *kind = v.bits == 8 ? kAffine8 : kAffine4;
+        w->codes = v.codes;
+        w->row_bytes = v.row_stride;
+        w->row_stride = v.row_stride;
+        w->scales = v.scales;
+        w->zeros = v.zeros;
+        w->bits = v.bits;
+        w->group_size = v.group_size;
+        w->groups_per_row = v.groups_per_row;
+        w->qmin = v.qmin;
+        w->float_zero = v.float_zero;
+        w->mid = qm_affine_mid(v.qmin, v.qmax);
+        if (!v.codes || !v.scales || !v.zeros)
+            missing = "codes, scales or zeros";
+        break;
+    }
+    case QT_Q4_0:
+    case QT_Q4_1:
+    case QT_Q8_0: {
+        const qt_cuda_gguf_view &v = t.gguf;
+        if (v.kind != t.kind || v.n_elements != n || n % QM_GGUF_QK != 0 ||
+            v.n_blocks != n / QM_GGUF_QK) {
+            say(msg, msg_len,
+                "%s: %s view of %lld elements in %lld blocks does not describe a %s %lld x %lld "
+                "tensor",
+                where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
+                kind_name(t.kind), (long long)t.rows, (long long)t.cols);
+            return QT_EINVAL;
+        }
+        *kind = t.kind == QT_Q4_0 ? kQ4_0 : t.kind == QT_Q4_1 ? kQ4_1 : kQ8_0;
+        w->codes = v.qs;
+        w->row_bytes = (uint64_t)(t.cols / QM_GGUF_QK) *
+                       (uint64_t)(t.kind == QT_Q8_0 ? QM_Q8_QS_BYTES : QM_Q4_QS_BYTES);
+        w->d = v.d;
+        w->m = v.m;
+        if (!v.qs || !v.d || (t.kind == QT_Q4_1 && !v.m))
+            missing = "qs, d or m";
+        break;
+    }
+    default:
+        say(msg, msg_len, "%s: kind %d is not a kind the CUDA matrix kernels know", where,
+            (int)t.kind);
+        return QT_EUNSUPPORTED;
+    }
+    if (missing && n > 0) {
+        say(msg, msg_len, "%s: the %s tensor %lld x %lld has no %s on the device", where,
+            kind_name(t.kind), (long long)t.rows, (long long)t.cols, missing);
+        return QT_EINVAL;
+    }
+    *fusable = cols32 && t.cols > 0 && aligned16(w->codes) && w->row_bytes % 16 == 0;
+    if (*kind == kAffine4 || *kind == kAffine8) {
+        const int per_chunk = *kind == kAffine4 ? 32 : 16;
+        *fusable = *fusable && w->group_size % per_chunk == 0;
+    }
+    return QT_OK;
+}
+
+cudaError_t dispatch_matvec(mv_kind kind, const mv_weights &w, bool fused, const float *x,
+                            int batch, float *y, cudaStream_t s)
+{
+    switch (kind) {
+    case kF32: return launch_matvec<kF32>(w, fused, x, batch, y, s);
+    case kF16: return launch_matvec<kF16>(w, fused, x, batch, y, s);
+    case kBF16: return launch_matvec<kBF16>(w, fused, x, batch, y, s);
+    case k4bit: return launch_matvec<k4bit>(w, fused, x, batch, y, s);
+    case k4bitNested: return launch_matvec<k4bitNested>(w, fused, x, batch, y, s);
+    case kAffine4: return launch_matvec<kAffine4>(w, fused, x, batch, y, s);
+    case kAffine8: return launch_matvec<kAffine8>(w, fused, x, batch, y, s);
+    case kQ4_0: return launch_matvec<kQ4_0>(w, fused, x, batch, y, s);
+    case kQ4_1: return launch_matvec<kQ4_1>(w, fused, x, batch, y, s);
+    default: return launch_matvec<kQ8_0>(w, fused, x, batch, y, s);
+    }
+}
+
+/* ---- conversions for the cuBLASLt path ----------------------------------- */
+
+__device__ __forceinline__ void put(float *out, int64_t i, float v)
+{
+    out[i] = v;
+}
+
+__device__ __forceinline__ void put(uint16_t *out, int64_t i, float v)
+{
+    out[i] = qm_f32_to_bf16(v);
+}
+
+/* out[i] = in[i] converted: f32, f16 or bf16 in (as qt_math.h reads
+ * them), f32 or bf16 (round to nearest even) out. */
+template <qt_kind kIn, typename OutT>
+__global__ void __launch_bounds__(256)
+    convert_kernel(const void *__restrict__ in, OutT *__restrict__ out, int64_t n)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v;
+        if (kIn == QT_F32)
+            v = static_cast<const float *>(in)[i];
+        else if (kIn == QT_F16)
+            v = qm_f16_to_f32(static_cast<const uint16_t *>(in)[i]);
+        else
+            v = qm_bf16_to_f32(static_cast<const uint16_t *>(in)[i]);
+        put(out, i, v);
+    }
+}
+
+template <typename OutT>
+cudaError_t launch_convert(qt_kind in_kind, const void *in, OutT *out, int64_t n, cudaStream_t s)
+{
+    const int64_t want = ceil_div(n, 256);
+    const unsigned grid = (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+    if (in_kind == QT_F32)
+        convert_kernel<QT_F32, OutT><<<grid, 256, 0, s>>>(in, out, n);
+    else if (in_kind == QT_F16)
+        convert_kernel<QT_F16, OutT><<<grid, 256, 0, s>>>(in, out, n);
+    else
+        convert_kernel<QT_BF16, OutT><<<grid, 256, 0, s>>>(in, out, n);
+    return cudaGetLastError();
+}
+
+/* ---- cuBLASLt plans ------------------------------------------------------ */
+
+/* The largest power of two (up to 256) that divides the address: what the
+ * heuristic must be told, since it assumes 256-byte alignment by default. */
+uint32_t alignment_of(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)p & (a - 1)) != 0)
+        a >>= 1;
+    return a;
+}
+
+/* One matmul shape with its descriptors and the heuristic's algorithm. */
+struct lt_plan {
+    bool used;
+    int64_t m, n, k;
+    uint32_t align_a, align_b, align_c;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+
+constexpr int kPlanCache = 16;
+
+void destroy_plan(lt_plan *p)
+{
+    if (p->op)
+        cublasLtMatmulDescDestroy(p->op);
+    if (p->a)
+        cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b)
+        cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c)
+        cublasLtMatrixLayoutDestroy(p->c);
+    memset(p, 0, sizeof *p);
+}
+
+} // namespace
+
+struct qt_cuda_blas {
+    cublasLtHandle_t lt;
+    qt_cuda_gemm_type type;
+    int64_t max_weight_elements, max_rows, max_cols;
+    void *workspace;
+    void *w_scratch; /* max_weight_elements of f32 (F32 mode) or bf16 */
+    void *x_scratch; /* BF16 mode: max_rows * max_cols bf16 */
+    lt_plan plans[kPlanCache];
+    int next_plan;
+};
+
+namespace
+{
+
+/*
+ * The plan for y[batch][rows] = x[batch][cols] @ W^T, built on first use.
+ *
+ * cuBLASLt is column-major. A row-major matrix M[r][c] is, read
+ * column-major, the c x r matrix M^T with leading dimension c. So the
+ * row-major W[rows][cols] is the column-major cols x rows matrix W^T
+ * (ld = cols), x[batch][cols] is x^T (cols x batch, ld = cols), and
+ * y[batch][rows] is y^T (rows x batch, ld = rows). We want y = x W^T, i.e.
+ * y^T = W x^T: D (m = rows, n = batch) = op(A) B with A the stored W^T
+ * (cols x rows) and op = transpose, giving W (rows x cols), and B the stored
+ * x^T (cols x batch) untransposed; k = cols. This "TN" form is the one
+ * cuBLASLt's tensor-core kernels prefer.
+ */
+int get_plan(qt_cuda_blas *bl, int64_t m, int64_t n, int64_t k, const void *a_ptr,
+             const void *b_ptr, const void *c_ptr, lt_plan **out, char *msg, size_t msg_len)
+{
+    const uint32_t aa = alignment_of(a_ptr), ab = alignment_of(b_ptr), ac = alignment_of(c_ptr);
+    for (int i = 0; i < kPlanCache; i++) {
+        lt_plan *p = &bl->plans[i];
+        if (p->used && p->m == m && p->n == n && p->k == k && p->align_a == aa &&
+            p->align_b == ab && p->align_c == ac) {
+            *out = p;
+            return QT_OK;
+        }
+    }
+    lt_plan *p = &bl->plans[bl->next_plan];
+    bl->next_plan = (bl->next_plan + 1) % kPlanCache;
+    destroy_plan(p);
+
+    const cudaDataType ab_type = bl->type == QT_CUDA_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasStatus_t st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        p->op = nullptr;
+        return lt_failed(st, msg, msg_len, "cublasLtMatmulDescCreate");
+    }
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                        sizeof trans_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                            sizeof trans_b);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        int rc = lt_failed(st, msg, msg_len, "cublasLtMatmulDescSetAttribute(TRANSA/TRANSB)");
+        destroy_plan(p);
+        return rc;
+    }
+    st = cublasLtMatrixLayoutCreate(&p->a, ab_type, (uint64_t)k, (uint64_t)m, k);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutCreate(&p->b, ab_type, (uint64_t)k, (uint64_t)n, k);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)m, (uint64_t)n, m);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        int rc = lt_failed(st, msg, msg_len, "cublasLtMatrixLayoutCreate(m %lld, n %lld, k %lld)",
+                           (long long)m, (long long)n, (long long)k);
+        destroy_plan(p);
+        return rc;
+    }
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    st = cublasLtMatmulPreferenceCreate(&pref);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        int rc = lt_failed(st, msg, msg_len, "cublasLtMatmulPreferenceCreate");
+        destroy_plan(p);
+        return rc;
+    }
+    const uint64_t ws = kWorkspaceBytes;
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                              sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &aa, sizeof aa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &ab, sizeof ab);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &ac, sizeof ac);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &ac, sizeof ac);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        int rc = lt_failed(st, msg, msg_len, "cublasLtMatmulPreferenceSetAttribute");
+        cublasLtMatmulPreferenceDestroy(pref);
+        destroy_plan(p);
+        return rc;
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    memset(&result, 0, sizeof result);
+    int found = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(bl->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result,
+                                        &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        int rc = lt_failed(st, msg, msg_len,
+                           "cublasLtMatmulAlgoGetHeuristic(%s, m %lld, n %lld, k %lld)",
+                           bl->type == QT_CUDA_GEMM_BF16 ? "bf16" : "f32", (long long)m,
+                           (long long)n, (long long)k);
+        destroy_plan(p);
+        return rc;
+    }
+    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+        say(msg, msg_len,
+            "cublasLtMatmulAlgoGetHeuristic found no algorithm for a %s matmul m %lld, n %lld, "
+            "k %lld (alignments A %u, B %u, C %u bytes; state %d)",
+            bl->type == QT_CUDA_GEMM_BF16 ? "bf16" : "f32", (long long)m, (long long)n,
+            (long long)k, aa, ab, ac, (int)result.state);
+        destroy_plan(p);
+        return QT_EUNSUPPORTED;
+    }
+    p->algo = result.algo;
+    p->used = true;
+    p->m = m;
+    p->n = n;
+    p->k = k;
+    p->align_a = aa;
+    p->align_b = ab;
+    p->align_c = ac;
+    *out = p;
+    return QT_OK;
+}
+
+/* bytes = count * size, or false when it overflows. */
+bool checked_bytes(int64_t count, size_t size, size_t *bytes)
+{
+    if (count < 0 || (count > 0 && (uint64_t)count > SIZE_MAX / size))
+        return false;
+    *bytes = (size_t)count * size;
+    return true;
+}
+
+} // namespace
+
+/* ---- public functions ---------------------------------------------------- */
+
+extern "C" int qt_cuda_matvec(const qt_cuda_tensor *w, const float *x, int64_t batch, float *y,
+                              void *stream, char *msg, size_t msg_len)
+{
+    static const char where[] = "qt_cuda_matvec";
+    if (!w) {
+        say(msg, msg_len, "%s: the weight is NULL", where);
+        return QT_EINVAL;
+    }
+    if (batch < 0 || batch > kMaxBatch) {
+        say(msg, msg_len, "%s: batch %lld is outside [0, %d]", where, (long long)batch, kMaxBatch);
+        return QT_EINVAL;
+    }
+    if (w->rows < 0 || w->cols < 0 || (w->rows > 0 && w->cols > INT64_MAX / w->rows)) {
+        say(msg, msg_len, "%s: shape %lld x %lld is not valid", where, (long long)w->rows,
+            (long long)w->cols);
+        return QT_EINVAL;
+    }
+    if (batch == 0 || w->rows == 0)
+        return QT_OK;
+    if (!x || !y) {
+        say(msg, msg_len, "%s: a NULL device pointer (x %p, y %p)", where, (const void *)x,
+            (void *)y);
+        return QT_EINVAL;
+    }
+    mv_weights mw;
+    mv_kind kind;
+    bool fusable = false;
+    int rc = weights_for(*w, where, &mw, &kind, &fusable, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const bool fused = fusable && aligned16(x);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
+    cudaError_t st = dispatch_matvec(kind, mw, fused, x, (int)batch, y, s);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "launching the %s %s matvec (%lld x %lld, batch %lld)",
+                           fused ? "fused" : "generic", kind_name(w->kind), (long long)w->rows,
+                           (long long)w->cols, (long long)batch);
+    return QT_OK;
+}
+
+extern "C" void qt_cuda_blas_free(qt_cuda_blas *b)
+{
+    if (!b)
+        return;
+    for (int i = 0; i < kPlanCache; i++)
+        destroy_plan(&b->plans[i]);
+    if (b->workspace)
+        cudaFree(b->workspace);
+    if (b->w_scratch)
+        cudaFree(b->w_scratch);
+    if (b->x_scratch)
+        cudaFree(b->x_scratch);
+    if (b->lt)
+        cublasLtDestroy(b->lt);
+    (void)cudaGetLastError(); /* a failed free has nowhere to be reported */
+    free(b);
+}
+
+extern "C" int qt_cuda_blas_new(qt_cuda_blas **out, int64_t max_weight_elements, int64_t max_rows,
+                                int64_t max_cols, qt_cuda_gemm_type type, char *msg, size_t msg_len)
+{
+    static const char where[] = "qt_cuda_blas_new";
+    if (!out) {
+        say(msg, msg_len, "%s: out is NULL", where);
+        return QT_EINVAL;
+    }
+    *out = nullptr;
+    if (type != QT_CUDA_GEMM_F32 && type != QT_CUDA_GEMM_BF16) {
+        say(msg, msg_len, "%s: gemm type %d is neither f32 nor bf16", where, (int)type);
+        return QT_EINVAL;
+    }
+    if (max_weight_elements < 0 || max_rows < 0 || max_cols < 0) {
+        say(msg, msg_len, "%s: negative limits (weight %lld, rows %lld, cols %lld)", where,
+            (long long)max_weight_elements, (long long)max_rows, (long long)max_cols);
+        return QT_EINVAL;
+    }
+    const size_t w_size = type == QT_CUDA_GEMM_BF16 ? 2 : 4;
+    const char *type_name = type == QT_CUDA_GEMM_BF16 ? "bf16" : "f32";
+    size_t w_bytes = 0, x_bytes = 0;
+    const bool x_fits = max_rows == 0 || max_cols <= INT64_MAX / max_rows;
+    if (!checked_bytes(max_weight_elements, w_size, &w_bytes) || !x_fits ||
+        !checked_bytes(type == QT_CUDA_GEMM_BF16 ? max_rows * max_cols : 0, 2, &x_bytes)) {
+        say(msg, msg_len,
+            "%s: not enough device memory: a %s scratch for %lld weight elements and %lld x %lld "
+            "activations does not fit in an address space",
+            where, type_name, (long long)max_weight_elements, (long long)max_rows,
+            (long long)max_cols);
+        return QT_ENOMEM;
+    }
+
+    qt_cuda_blas *b = static_cast<qt_cuda_blas *>(calloc(1, sizeof *b));
+    if (!b) {
+        say(msg, msg_len, "%s: cannot allocate %zu host bytes", where, sizeof *b);
+        return QT_ENOMEM;
+    }
+    b->type = type;
+    b->max_weight_elements = max_weight_elements;
+    b->max_rows = max_rows;
+    b->max_cols = max_cols;
+    int rc = QT_OK;
+    cublasStatus_t lst = cublasLtCreate(&b->lt);
+    if (lst != CUBLAS_STATUS_SUCCESS) {
+        b->lt = nullptr;
+        rc = lt_failed(lst, msg, msg_len, "cublasLtCreate");
+    }
+    /* Each allocation names what it was for and how big, so an operator
+     * sees which limit to lower. */
+    struct {
+        void **p;
+        size_t bytes;
+        const char *what;
+    } allocs[3] = {
+        {&b->workspace, kWorkspaceBytes, "cuBLASLt workspace"},
+        {&b->w_scratch, w_bytes, "dequantized weight scratch"},
+        {&b->x_scratch, x_bytes, "bf16 activation scratch"},
+    };
+    for (int i = 0; i < 3 && rc == QT_OK; i++) {
+        if (allocs[i].bytes == 0)
+            continue;
+        cudaError_t st = cudaMalloc(allocs[i].p, allocs[i].bytes);
+        if (st != cudaSuccess) {
+            *allocs[i].p = nullptr;
+            char inner[200];
+            cuda_failed(st, inner, sizeof inner, "cudaMalloc(%zu bytes)", allocs[i].bytes);
+            rc = code_for_cuda_status(st);
+            say(msg, msg_len,
+                "%s: %s the %s %s of %zu bytes (%lld weight elements, %lld x %lld activations): "
+                "%s",
+                where, rc == QT_ENOMEM ? "not enough device memory for" : "cannot allocate",
+                type_name, allocs[i].what, allocs[i].bytes, (long long)max_weight_elements,
+                (long long)max_rows, (long long)max_cols, inner);
+        }
+    }
+    if (rc != QT_OK) {
+        qt_cuda_blas_free(b);
+        return rc;
+    }
+    *out = b;
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x, int64_t batch,
+                            float *y, void *stream, char *msg, size_t msg_len)
+{
+    static const char where[] = "qt_cuda_gemm";
+    if (!b || !w) {
+        say(msg, msg_len, "%s: %s is NULL", where, !b ? "the blas state" : "the weight");
+        return QT_EINVAL;
+    }
+    if ((unsigned)w->kind >= QT_KIND_COUNT || w->rows < 0 || w->cols < 0 ||
+        (w->rows > 0 && w->cols > INT64_MAX / w->rows) || batch < 0) {
+        say(msg, msg_len, "%s: kind %d, shape %lld x %lld, batch %lld is not valid", where,
+            (int)w->kind, (long long)w->rows, (long long)w->cols, (long long)batch);
+        return QT_EINVAL;
+    }
+    if (batch == 0 || w->rows == 0)
+        return QT_OK;
+    if (!x || !y) {
+        say(msg, msg_len, "%s: a NULL device pointer (x %p, y %p)", where, (const void *)x,
+            (void *)y);
+        return QT_EINVAL;
+    }
+    const bool bf16 = b->type == QT_CUDA_GEMM_BF16;
+    const int64_t n_w = w->rows * w->cols;
+    /* The weight goes through the scratch unless it already is what the
+     * matmul reads. */
+    const bool weight_as_is = w->kind == (bf16 ? QT_BF16 : QT_F32);
+    if (batch > b->max_rows || w->cols > b->max_cols ||
+        (!weight_as_is && n_w > b->max_weight_elements)) {
+        say(msg, msg_len,
+            "%s: a %s %lld x %lld weight with batch %lld exceeds the limits given at "
+            "qt_cuda_blas_new (%lld weight elements, %lld x %lld activations)",
+            where, kind_name(w->kind), (long long)w->rows, (long long)w->cols, (long long)batch,
+            (long long)b->max_weight_elements, (long long)b->max_rows, (long long)b->max_cols);
+        return QT_EINVAL;
+    }
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (w->cols == 0) {
+        /* An empty sum: y = 0 (cuBLASLt refuses k = 0). */
+        cudaError_t st = cudaMemsetAsync(y, 0, (size_t)(batch * w->rows) * sizeof(float), s);
+        if (st != cudaSuccess)
+            return cuda_failed(st, msg, msg_len, "cudaMemsetAsync(y, %lld floats)",
+                               (long long)(batch * w->rows));
+        return QT_OK;
+    }
+
+    /* The weight, as the matmul's A. */
+    mv_weights mw;
+    mv_kind mk;
+    bool fusable = false;
+    int rc = weights_for(*w, where, &mw, &mk, &fusable, msg, msg_len); /* checks the view */
+    if (rc != QT_OK)
+        return rc;
+    const qt_cuda_out_dtype out_dtype = bf16 ? QT_CUDA_OUT_BF16 : QT_CUDA_OUT_F32;
+    const void *a_ptr = b->w_scratch;
+    (void)cudaGetLastError(); /* launches are checked with cudaGetLastError */
+    switch (w->kind) {
+    case QT_F32:
+    case QT_F16:
+    case QT_BF16:
+        if (weight_as_is) {
+            a_ptr = w->dense;
+        } else {
+            cudaError_t st = bf16 ? launch_convert(w->kind, w->dense,
+                                                   static_cast<uint16_t *>(b->w_scratch), n_w, s)
+                                  : launch_convert(w->kind, w->dense,
+                                                   static_cast<float *>(b->w_scratch), n_w, s);
+            if (st != cudaSuccess)
+                return cuda_failed(st, msg, msg_len, "launching the %s to %s weight conversion",
+                                   kind_name(w->kind), bf16 ? "bf16" : "f32");
+        }
+        break;
+    case QT_NF4:
+    case QT_FP4:
+        rc = qt_cuda_dequantize_4bit_dev(&w->q4, b->w_scratch, out_dtype, stream, msg, msg_len);
+        break;
+    case QT_AFFINE:
+        rc = qt_cuda_dequantize_affine_dev(&w->affine, b->w_scratch, out_dtype, stream, msg,
+                                           msg_len);
+        break;
+    default:
+        rc = qt_cuda_dequantize_gguf_dev(&w->gguf, b->w_scratch, out_dtype, stream, msg, msg_len);
+        break;
+    }
+    if (rc != QT_OK)
+        return rc;
+
+    /* The activations, as B. */
+    const void *b_ptr = x;
+    if (bf16) {
+        cudaError_t st =
+            launch_convert(QT_F32, x, static_cast<uint16_t *>(b->x_scratch), batch * w->cols, s);
+        if (st != cudaSuccess)
+            return cuda_failed(st, msg, msg_len, "launching the f32 to bf16 conversion of x");
+        b_ptr = b->x_scratch;
+    }
+
+    lt_plan *plan = nullptr;
+    rc = get_plan(b, w->rows, batch, w->cols, a_ptr, b_ptr, y, &plan, msg, msg_len);
+    if (rc != QT_OK)
+        return rc;
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st =
+        cublasLtMatmul(b->lt, plan->op, &alpha, a_ptr, plan->a, b_ptr, plan->b, &beta, y, plan->c,
+                       y, plan->c, &plan->algo, b->workspace, kWorkspaceBytes, s);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return lt_failed(st, msg, msg_len, "cublasLtMatmul(%s, %s %lld x %lld, batch %lld)",
+                         bf16 ? "bf16" : "f32", kind_name(w->kind), (long long)w->rows,
+                         (long long)w->cols, (long long)batch);
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_matmul(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x,
+                              int64_t batch, float *y, void *stream, char *msg, size_t msg_len)
+{
+    if (batch <= kMaxBatch)
+        return qt_cuda_matvec(w, x, batch, y, stream, msg, msg_len);
+    if (!b) {
+        say(msg, msg_len,
+            "qt_cuda_matmul: batch %lld needs the cuBLASLt path, and no qt_cuda_blas was given",
+            (long long)batch);
+        return QT_EINVAL;
+    }
+    return qt_cuda_gemm(b, w, x, batch, y, stream, msg, msg_len);
+}

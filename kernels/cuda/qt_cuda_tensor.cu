@@ -1,0 +1,703 @@
+/*
+ * qt_cuda_tensor.cu - weights resident on the device in their own quantized
+ * layout (qt_cuda_tensor of qt_cuda_ops.h): upload, allocate alike,
+ * download, release, and the row gather the embedding lookup runs.
+ *
+ * Why shaped so:
+ *   - One struct for every kind, holding the qt_cuda.h view its kind takes
+ *     (NF4/FP4, AFFINE, GGUF) or the dense values as they are, so the
+ *     matrix kernels, the merge and the engine take one type. The per-kind
+ *     uploads of qt_cuda.cu do the copying (GGUF blocks are split there into
+ *     the qs / d / m layout); this file adds the dense kinds, the byte
+ *     count, and an out-of-memory sentence that names the tensor, which is
+ *     what an operator loading a model too large for the GPU needs to read.
+ *   - A view's counts are exactly the sizes of its device arrays (the
+ *     4-bit upload sends only the absmax blocks the elements use), so
+ *     alloc_like and download can size everything from the view alone.
+ *   - The gather computes every element with the same qt_math.h function
+ *     the CPU's qt_dequantize_rows uses (and this file is built with
+ *     --fmad=false), so an embedding row on the GPU is the CPU's bit for
+ *     bit; tests/gpu/test_cuda_matmul.c requires it.
+ *
+ * Ownership is stated in qt_cuda_ops.h.
+ */
+#include "qt_cuda_ops.h"
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+#include "qt_math.h"
+
+namespace
+{
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int64_t kMaxBlocks = 65536; /* larger gathers grid-stride */
+
+/* ---- messages and status codes (as qt_cuda.cu) --------------------------- */
+
+void say(char *msg, size_t msg_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+void say(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    if (!msg || msg_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msg_len, fmt, ap);
+    va_end(ap);
+}
+
+int code_for_cuda_status(cudaError_t st)
+{
+    switch (st) {
+    case cudaSuccess: return QT_OK;
+    case cudaErrorMemoryAllocation: return QT_ENOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
+    default: return QT_EDEVICE;
+    }
+}
+
+int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Write "<what> failed: <sentence> (<name>)" and return the matching code. */
+int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
+    (void)cudaGetLastError(); /* reported here; not left for the next check */
+    return code_for_cuda_status(st);
+}
+
+const char *kind_name(qt_kind kind)
+{
+    switch (kind) {
+    case QT_F32: return "f32";
+    case QT_F16: return "f16";
+    case QT_BF16: return "bf16";
+    case QT_NF4: return "nf4";
+    case QT_FP4: return "fp4";
+    case QT_AFFINE: return "affine";
+    case QT_Q4_0: return "q4_0";
+    case QT_Q4_1: return "q4_1";
+    case QT_Q8_0: return "q8_0";
+    default: return "(not a kind)";
+    }
+}
+
+bool is_dense(qt_kind k)
+{
+    return k == QT_F32 || k == QT_F16 || k == QT_BF16;
+}
+
+bool is_4bit(qt_kind k)
+{
+    return k == QT_NF4 || k == QT_FP4;
+}
+
+bool is_gguf(qt_kind k)
+{
+    return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
+}
+
+size_t dense_elem_bytes(qt_kind k)
+{
+    return k == QT_F32 ? 4 : 2;
+}
+
+int gguf_block_bytes(qt_kind k)
+{
+    return k == QT_Q4_0 ? QM_Q4_0_BYTES : k == QT_Q4_1 ? QM_Q4_1_BYTES : QM_Q8_0_BYTES;
+}
+
+int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+bool valid_shape(int64_t rows, int64_t cols)
+{
+    return rows >= 0 && cols >= 0 && (rows == 0 || cols <= INT64_MAX / rows);
+}
+
+/* ---- sizes --------------------------------------------------------------- */
+
+/* The bytes of each device array of a tensor, from its view's counts. */
+struct array_sizes {
+    size_t codes;        /* dense values, 4-bit codes, AFFINE codes, GGUF qs */
+    size_t absmax;       /* NF4/FP4 f32 absmax (not nested) */
+    size_t absmax_codes; /* NF4/FP4 nested */
+    size_t nested_absmax;
+    size_t scales, zeros; /* AFFINE */
+    size_t d, m;          /* GGUF */
+    size_t total() const
+    {
+        return codes + absmax + absmax_codes + nested_absmax + scales + zeros + d + m;
+    }
+};
+
+array_sizes sizes_of(const qt_cuda_tensor &t)
+{
+    array_sizes s;
+    memset(&s, 0, sizeof s);
+    const int64_t n = t.rows * t.cols;
+    if (n == 0)
+        return s;
+    if (is_dense(t.kind)) {
+        s.codes = (size_t)n * dense_elem_bytes(t.kind);
+    } else if (is_4bit(t.kind)) {
+        s.codes = (size_t)((n + 1) / 2);
+        if (t.q4.nested) {
+            s.absmax_codes = (size_t)t.q4.n_blocks;
+            s.nested_absmax = (size_t)t.q4.n_nested_blocks * sizeof(float);
+        } else {
+            s.absmax = (size_t)t.q4.n_blocks * sizeof(float);
+        }
+    } else if (t.kind == QT_AFFINE) {
+        s.codes = (size_t)t.rows * (size_t)t.affine.row_stride;
+        s.scales = (size_t)(t.rows * t.affine.groups_per_row) * sizeof(float);
+        s.zeros = s.scales;
+    } else if (is_gguf(t.kind)) {
+        const size_t nb = (size_t)t.gguf.n_blocks;
+        s.codes = nb * (size_t)qm_gguf_qs_bytes(gguf_block_bytes(t.kind));
+        s.d = nb * sizeof(uint16_t);
+        s.m = t.kind == QT_Q4_1 ? s.d : 0;
+    }
+    return s;
+}
+
+/* What uploading host tensor t will take on the device (for the message
+ * when it does not fit). */
+size_t upload_bytes_of(const qtensor *t)
+{
+    qt_cuda_tensor d;
+    memset(&d, 0, sizeof d);
+    d.kind = t->kind;
+    d.rows = t->rows;
+    d.cols = t->cols;
+    const int64_t n = t->rows * t->cols;
+    if (is_4bit(t->kind) && t->blocksize > 0) {
+        d.q4.nested = t->nested;
+        d.q4.n_blocks = ceil_div(n, t->blocksize);
+        d.q4.n_nested_blocks =
+            t->nested && t->nested_blocksize > 0 ? ceil_div(d.q4.n_blocks, t->nested_blocksize) : 0;
+    } else if (t->kind == QT_AFFINE) {
+        d.affine.row_stride = t->row_stride;
+        d.affine.groups_per_row = t->groups_per_row;
+    } else if (is_gguf(t->kind)) {
+        d.gguf.n_blocks = n / QM_GGUF_QK;
+    }
+    return sizes_of(d).total();
+}
+
+/* ---- device memory ------------------------------------------------------- */
+
+int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
+{
+    if (!p)
+        return rc;
+    cudaError_t st = cudaFree(const_cast<void *>(p));
+    if (st != cudaSuccess && rc == QT_OK)
+        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
+    return rc;
+}
+
+/* cudaMalloc of `bytes` (nothing when 0); *p stays NULL on failure. */
+template <typename T> int device_alloc(T **p, size_t bytes, const char *what, char *msg, size_t len)
+{
+    *p = nullptr;
+    if (bytes == 0)
+        return QT_OK;
+    void *q = nullptr;
+    cudaError_t st = cudaMalloc(&q, bytes);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, len, "cudaMalloc(%s, %zu bytes)", what, bytes);
+    *p = static_cast<T *>(q);
+    return QT_OK;
+}
+
+int copy_to_host(void *dst, const void *src, size_t bytes, const char *what, char *msg,
+                 size_t msg_len)
+{
+    if (bytes == 0)
+        return QT_OK;
+    cudaError_t st = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, device to host)", what,
+                           bytes);
+    return QT_OK;
+}
+
+/* ---- the gather kernel --------------------------------------------------- */
+
+/* Which element function a gather runs. */
+enum gather_class { kGatherF32, kGatherF16, kGatherBF16, kGather4bit, kGatherAffine, kGatherGguf };
+
+/*
+ * out[i * cols + c] = element (ids[i], c) of w, one thread per output,
+ * grid-stride over n * cols so consecutive threads write consecutive
+ * floats. The 4-bit codebook and nested map go to shared memory first
+ * (divergent lookups into the parameter space would serialise).
+ */
+template <gather_class kClass>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    gather_kernel(const __grid_constant__ qt_cuda_tensor w, const int32_t *__restrict__ ids,
+                  int64_t n, float *__restrict__ out)
+{
+    __shared__ float codebook[kClass == kGather4bit ? 16 : 1];
+    __shared__ float nested_code[kClass == kGather4bit ? 256 : 1];
+    if (kClass == kGather4bit) {
+        for (int i = threadIdx.x; i < 16; i += blockDim.x)
+            codebook[i] = w.q4.codebook[i];
+        if (w.q4.nested)
+            for (int i = threadIdx.x; i < 256; i += blockDim.x)
+                nested_code[i] = w.q4.nested_code[i];
+        __syncthreads();
+    }
+    const int64_t cols = w.cols;
+    const int64_t total = n * cols;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const float mid = kClass == kGatherAffine ? qm_affine_mid(w.affine.qmin, w.affine.qmax) : 0.0f;
+    for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += stride) {
+        const int64_t i = o / cols;
+        const int64_t c = o - i * cols;
+        const int64_t r = (int64_t)ids[i];
+        const int64_t e = r * cols + c;
+        float v;
+        if (kClass == kGatherF32) {
+            v = static_cast<const float *>(w.dense)[e];
+        } else if (kClass == kGatherF16) {
+            v = qm_f16_to_f32(static_cast<const uint16_t *>(w.dense)[e]);
+        } else if (kClass == kGatherBF16) {
+            v = qm_bf16_to_f32(static_cast<const uint16_t *>(w.dense)[e]);
+        } else if (kClass == kGather4bit) {
+            const qt_cuda_4bit_view &q = w.q4;
+            const int64_t b = e / q.blocksize;
+            const float absmax =
+                q.nested ? qm_nested_absmax(q.absmax_codes, nested_code, q.nested_absmax,
+                                            q.nested_blocksize, q.nested_offset, b)
+                         : q.absmax[b];
+            v = qm_4bit_element(q.codes, codebook, absmax, e);
+        } else if (kClass == kGatherAffine) {
+            const qt_cuda_affine_view &a = w.affine;
+            v = qm_affine_element(a.codes, a.row_stride, a.bits, a.qmin, a.float_zero, mid,
+                                  a.group_size, a.groups_per_row, a.scales, a.zeros, r, c);
+        } else {
+            const qt_cuda_gguf_view &g = w.gguf;
+            v = g.kind == QT_Q4_0   ? qm_q4_0_split_element(g.qs, g.d, e)
+                : g.kind == QT_Q4_1 ? qm_q4_1_split_element(g.qs, g.d, g.m, e)
+                                    : qm_q8_0_split_element(g.qs, g.d, e);
+        }
+        out[o] = v;
+    }
+}
+
+template <gather_class kClass>
+cudaError_t launch_gather(const qt_cuda_tensor &w, const int32_t *ids, int64_t n, float *out,
+                          cudaStream_t s)
+{
+    const int64_t want = ceil_div(n * w.cols, kThreadsPerBlock);
+    const unsigned blocks = (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+    gather_kernel<kClass><<<blocks, kThreadsPerBlock, 0, s>>>(w, ids, n, out);
+    return cudaGetLastError();
+}
+
+/* The device pointers kind k needs, all present (for a non-empty tensor). */
+bool has_arrays(const qt_cuda_tensor &t)
+{
+    if (is_dense(t.kind))
+        return t.dense != nullptr;
+    if (is_4bit(t.kind))
+        return t.q4.codes != nullptr &&
+               (t.q4.nested ? t.q4.absmax_codes != nullptr && t.q4.nested_absmax != nullptr
+                            : t.q4.absmax != nullptr);
+    if (t.kind == QT_AFFINE)
+        return t.affine.codes && t.affine.scales && t.affine.zeros;
+    if (is_gguf(t.kind))
+        return t.gguf.qs && t.gguf.d && (t.kind != QT_Q4_1 || t.gguf.m);
+    return false;
+}
+
+} // namespace
+
+/* ---- public functions ---------------------------------------------------- */
+
+extern "C" int qt_cuda_tensor_release(qt_cuda_tensor *d, char *msg, size_t msg_len)
+{
+    if (!d)
+        return QT_OK;
+    int rc = QT_OK;
+    if (d->owned) {
+        /* Each release keeps its own first failure; report the first. */
+        int r1 = qt_cuda_4bit_release(&d->q4, msg, msg_len);
+        int r2 = qt_cuda_affine_release(&d->affine, r1 == QT_OK ? msg : nullptr,
+                                        r1 == QT_OK ? msg_len : 0);
+        rc = r1 != QT_OK ? r1 : r2;
+        int r3 =
+            qt_cuda_gguf_release(&d->gguf, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
+        rc = rc != QT_OK ? rc : r3;
+        rc = free_device(d->dense, "dense values", rc, msg, msg_len);
+    }
+    memset(d, 0, sizeof *d);
+    return rc;
+}
+
+extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *msg, size_t msg_len)
+{
+    static const char where[] = "qt_cuda_tensor_upload";
+    if (!d) {
+        say(msg, msg_len, "%s: the device tensor is NULL", where);
+        return QT_EINVAL;
+    }
+    memset(d, 0, sizeof *d);
+    if (!t) {
+        say(msg, msg_len, "%s: the host tensor is NULL", where);
+        return QT_EINVAL;
+    }
+    if ((unsigned)t->kind >= QT_KIND_COUNT || !valid_shape(t->rows, t->cols)) {
+        say(msg, msg_len, "%s: kind %d, shape %lld x %lld is not a tensor", where, (int)t->kind,
+            (long long)t->rows, (long long)t->cols);
+        return QT_EINVAL;
+    }
+    d->kind = t->kind;
+    d->rows = t->rows;
+    d->cols = t->cols;
+    d->owned = true;
+    const int64_t n = t->rows * t->cols;
+
+    int rc = QT_OK;
+    if (is_dense(t->kind)) {
+        const size_t bytes = (size_t)n * dense_elem_bytes(t->kind);
+        if (n > 0 && (!t->data || t->data_bytes < bytes)) {
+            say(msg, msg_len, "%s: %s tensor %lld x %lld holds %zu bytes, needs %zu", where,
+                kind_name(t->kind), (long long)t->rows, (long long)t->cols,
+                t->data ? t->data_bytes : (size_t)0, bytes);
+            memset(d, 0, sizeof *d);
+            return QT_EINVAL;
+        }
+        rc = device_alloc(&d->dense, bytes, "dense values", msg, msg_len);
+        if (rc == QT_OK && bytes > 0) {
+            cudaError_t st = cudaMemcpy(d->dense, t->data, bytes, cudaMemcpyHostToDevice);
+            if (st != cudaSuccess)
+                rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(dense values, %zu bytes)", bytes);
+        }
+    } else if (is_4bit(t->kind)) {
+        rc = qt_cuda_4bit_upload(t, &d->q4, msg, msg_len);
+    } else if (t->kind == QT_AFFINE) {
+        rc = qt_cuda_affine_upload(t, &d->affine, msg, msg_len);
+    } else {
+        rc = qt_cuda_gguf_upload(t, &d->gguf, msg, msg_len);
+    }
+    if (rc != QT_OK) {
+        qt_cuda_tensor_release(d, nullptr, 0); /* msg keeps the first failure */
+        if (rc == QT_ENOMEM && msg && msg_len > 0) {
+            char inner[256];
+            snprintf(inner, sizeof inner, "%s", msg);
+            size_t free_b = 0, total_b = 0;
+            if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+                (void)cudaGetLastError();
+            say(msg, msg_len,
+                "%s: not enough device memory for a %s tensor of %lld x %lld (%zu bytes; %zu of "
+                "%zu bytes free): %s",
+                where, kind_name(t->kind), (long long)t->rows, (long long)t->cols,
+                upload_bytes_of(t), free_b, total_b, inner);
+        }
+        return rc;
+    }
+    d->device_bytes = sizes_of(*d).total();
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor *out, char *msg,
+                                         size_t msg_len)
+{
+    static const char where[] = "qt_cuda_tensor_alloc_like";
+    if (!out) {
+        say(msg, msg_len, "%s: out is NULL", where);
+        return QT_EINVAL;
+    }
+    memset(out, 0, sizeof *out);
+    if (!t || (unsigned)t->kind >= QT_KIND_COUNT || !valid_shape(t->rows, t->cols)) {
+        say(msg, msg_len, "%s: the model tensor is NULL or not a tensor", where);
+        return QT_EINVAL;
+    }
+    /* Layout parameters (codebooks, blocksize, groups, ...) come along;
+     * then every device pointer is replaced by a fresh allocation. */
+    *out = *t;
+    out->owned = true;
+    out->dense = nullptr;
+    out->device_bytes = 0;
+    out->q4.codes = nullptr;
+    out->q4.absmax = nullptr;
+    out->q4.absmax_codes = nullptr;
+    out->q4.nested_absmax = nullptr;
+    out->affine.codes = nullptr;
+    out->affine.scales = nullptr;
+    out->affine.zeros = nullptr;
+    out->gguf.qs = nullptr;
+    out->gguf.d = nullptr;
+    out->gguf.m = nullptr;
+
+    const array_sizes s = sizes_of(*out);
+    int rc = QT_OK;
+    if (is_dense(t->kind)) {
+        rc = device_alloc(&out->dense, s.codes, "dense values", msg, msg_len);
+    } else if (is_4bit(t->kind)) {
+        uint8_t *codes = nullptr, *absmax_codes = nullptr;
+        float *absmax = nullptr, *nested_absmax = nullptr;
+        rc = device_alloc(&codes, s.codes, "codes", msg, msg_len);
+        out->q4.codes = codes;
+        if (rc == QT_OK)
+            rc = device_alloc(&absmax, s.absmax, "absmax", msg, msg_len);
+        out->q4.absmax = absmax;
+        if (rc == QT_OK)
+            rc = device_alloc(&absmax_codes, s.absmax_codes, "absmax_codes", msg, msg_len);
+        out->q4.absmax_codes = absmax_codes;
+        if (rc == QT_OK)
+            rc = device_alloc(&nested_absmax, s.nested_absmax, "nested_absmax", msg, msg_len);
+        out->q4.nested_absmax = nested_absmax;
+    } else if (t->kind == QT_AFFINE) {
+        uint8_t *codes = nullptr;
+        float *scales = nullptr, *zeros = nullptr;
+        rc = device_alloc(&codes, s.codes, "codes", msg, msg_len);
+        out->affine.codes = codes;
+        if (rc == QT_OK)
+            rc = device_alloc(&scales, s.scales, "scales", msg, msg_len);
+        out->affine.scales = scales;
+        if (rc == QT_OK)
+            rc = device_alloc(&zeros, s.zeros, "zeros", msg, msg_len);
+        out->affine.zeros = zeros;
+    } else {
+        uint8_t *qs = nullptr;
+        uint16_t *d = nullptr, *m = nullptr;
+        rc = device_alloc(&qs, s.codes, "qs", msg, msg_len);
+        out->gguf.qs = qs;
+        if (rc == QT_OK)
+            rc = device_alloc(&d, s.d, "d", msg, msg_len);
+        out->gguf.d = d;
+        if (rc == QT_OK)
+            rc = device_alloc(&m, s.m, "m", msg, msg_len);
+        out->gguf.m = m;
+    }
+    if (rc != QT_OK) {
+        qt_cuda_tensor_release(out, nullptr, 0);
+        if (rc == QT_ENOMEM && msg && msg_len > 0) {
+            char inner[256];
+            snprintf(inner, sizeof inner, "%s", msg);
+            say(msg, msg_len,
+                "%s: not enough device memory for a %s tensor of %lld x %lld (%zu bytes): %s",
+                where, kind_name(t->kind), (long long)t->rows, (long long)t->cols, s.total(),
+                inner);
+        }
+        return rc;
+    }
+    out->device_bytes = s.total();
+    return QT_OK;
+}
+
+extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char *msg,
+                                       size_t msg_len)
+{
+    static const char where[] = "qt_cuda_tensor_download";
+    if (!d || !t) {
+        say(msg, msg_len, "%s: %s is NULL", where, !d ? "the device tensor" : "the host tensor");
+        return QT_EINVAL;
+    }
+    if (d->kind != t->kind || d->rows != t->rows || d->cols != t->cols) {
+        say(msg, msg_len, "%s: device %s %lld x %lld into host %s %lld x %lld", where,
+            kind_name(d->kind), (long long)d->rows, (long long)d->cols, kind_name(t->kind),
+            (long long)t->rows, (long long)t->cols);
+        return QT_EINVAL;
+    }
+    const int64_t n = d->rows * d->cols;
+    if (n == 0)
+        return QT_OK;
+    if (t->data_borrowed) {
+        say(msg, msg_len,
+            "%s: the host %s tensor's codes are borrowed (a mapped file) and cannot be written",
+            where, kind_name(t->kind));
+        return QT_EINVAL;
+    }
+    if (!has_arrays(*d)) {
+        say(msg, msg_len, "%s: the device %s tensor %lld x %lld is missing an array", where,
+            kind_name(d->kind), (long long)d->rows, (long long)d->cols);
+        return QT_EINVAL;
+    }
+    const array_sizes s = sizes_of(*d);
+    /* The first of the host arrays that is missing or too small. */
+    const char *short_of = nullptr;
+    if (!t->data ||
+        t->data_bytes <
+            (is_gguf(d->kind) ? (size_t)(d->gguf.n_blocks * gguf_block_bytes(d->kind)) : s.codes))
+        short_of = "codes";
+    if (is_4bit(d->kind)) {
+        const qt_cuda_4bit_view &v = d->q4;
+        if (t->blocksize != v.blocksize || t->nested != v.nested ||
+            (v.nested && t->nested_blocksize != v.nested_blocksize)) {
+            say(msg, msg_len,
+                "%s: host %s blocksize %d%s does not match the device's %d%s (nested block %d vs "
+                "%d)",
+                where, kind_name(d->kind), (int)t->blocksize, t->nested ? " nested" : "",
+                (int)v.blocksize, v.nested ? " nested" : "", (int)t->nested_blocksize,
+                (int)v.nested_blocksize);
+            return QT_EINVAL;
+        }
+        if (t->n_blocks < v.n_blocks)
+            short_of = "absmax blocks";
+        else if (v.nested &&
+                 (!t->absmax_codes || !t->nested_absmax || t->n_nested_blocks < v.n_nested_blocks))
+            short_of = "nested absmax";
+        else if (!v.nested && !t->absmax)
+            short_of = "absmax";
+    } else if (d->kind == QT_AFFINE) {
+        const qt_cuda_affine_view &v = d->affine;
+        if (t->bits != v.bits || t->group_size != v.group_size ||
+            t->groups_per_row != v.groups_per_row || t->row_stride != v.row_stride ||
+            t->qmin != v.qmin || t->qmax != v.qmax ||
+            (t->zero_domain == QT_ZERO_FLOAT) != v.float_zero) {
+            say(msg, msg_len,
+                "%s: host affine layout (int%d, group %d, range [%d, %d], %s zero) does not "
+                "match the device's (int%d, group %d, range [%d, %d], %s zero)",
+                where, (int)t->bits, (int)t->group_size, (int)t->qmin, (int)t->qmax,
+                t->zero_domain == QT_ZERO_FLOAT ? "float" : "int", (int)v.bits, (int)v.group_size,
+                (int)v.qmin, (int)v.qmax, v.float_zero ? "float" : "int");
+            return QT_EINVAL;
+        }
+        if (!t->scales || !t->zeros)
+            short_of = "scales and zeros";
+    }
+    if (short_of) {
+        say(msg, msg_len, "%s: the host %s tensor %lld x %lld has no room for its %s", where,
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols, short_of);
+        return QT_EINVAL;
+    }
+
+    int rc = QT_OK;
+    if (is_dense(d->kind)) {
+        rc = copy_to_host(t->data, d->dense, s.codes, "dense values", msg, msg_len);
+    } else if (is_4bit(d->kind)) {
+        const qt_cuda_4bit_view &v = d->q4;
+        rc = copy_to_host(t->data, v.codes, s.codes, "codes", msg, msg_len);
+        if (rc == QT_OK && v.nested) {
+            rc = copy_to_host(t->absmax_codes, v.absmax_codes, s.absmax_codes, "absmax_codes", msg,
+                              msg_len);
+            if (rc == QT_OK)
+                rc = copy_to_host(t->nested_absmax, v.nested_absmax, s.nested_absmax,
+                                  "nested_absmax", msg, msg_len);
+            t->nested_offset = v.nested_offset;
+            memcpy(t->nested_code, v.nested_code, sizeof t->nested_code);
+        } else if (rc == QT_OK) {
+            rc = copy_to_host(t->absmax, v.absmax, s.absmax, "absmax", msg, msg_len);
+        }
+        memcpy(t->codebook, v.codebook, sizeof t->codebook);
+    } else if (d->kind == QT_AFFINE) {
+        const qt_cuda_affine_view &v = d->affine;
+        rc = copy_to_host(t->data, v.codes, s.codes, "codes", msg, msg_len);
+        if (rc == QT_OK)
+            rc = copy_to_host(t->scales, v.scales, s.scales, "scales", msg, msg_len);
+        if (rc == QT_OK)
+            rc = copy_to_host(t->zeros, v.zeros, s.zeros, "zeros", msg, msg_len);
+    } else {
+        /* Join qs / d / m back into ggml's blocks. */
+        const qt_cuda_gguf_view &v = d->gguf;
+        const size_t nb = (size_t)v.n_blocks;
+        const int bb = gguf_block_bytes(d->kind);
+        const size_t qsb = (size_t)qm_gguf_qs_bytes(bb);
+        uint8_t *qs = static_cast<uint8_t *>(malloc(s.codes));
+        uint16_t *dd = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));
+        uint16_t *mm = static_cast<uint16_t *>(calloc(nb, sizeof(uint16_t)));
+        if (!qs || !dd || !mm) {
+            say(msg, msg_len, "%s: cannot allocate %zu host bytes to join %s blocks", where,
+                s.codes + 2 * nb * sizeof(uint16_t), kind_name(d->kind));
+            rc = QT_ENOMEM;
+        }
+        if (rc == QT_OK)
+            rc = copy_to_host(qs, v.qs, s.codes, "qs", msg, msg_len);
+        if (rc == QT_OK)
+            rc = copy_to_host(dd, v.d, s.d, "d", msg, msg_len);
+        if (rc == QT_OK)
+            rc = copy_to_host(mm, v.m, s.m, "m", msg, msg_len);
+        if (rc == QT_OK)
+            for (size_t b = 0; b < nb; b++)
+                qm_gguf_join_block(t->data + b * (size_t)bb, bb, qs + b * qsb, dd[b], mm[b]);
+        free(qs);
+        free(dd);
+        free(mm);
+    }
+    return rc;
+}
+
+extern "C" int qt_cuda_gather_rows(const qt_cuda_tensor *w, const int32_t *ids, int64_t n,
+                                   float *out, void *stream, char *msg, size_t msg_len)
+{
+    static const char where[] = "qt_cuda_gather_rows";
+    if (!w || n < 0) {
+        say(msg, msg_len, "%s: %s", where, !w ? "the tensor is NULL" : "n is negative");
+        return QT_EINVAL;
+    }
+    if ((unsigned)w->kind >= QT_KIND_COUNT || !valid_shape(w->rows, w->cols)) {
+        say(msg, msg_len, "%s: kind %d, shape %lld x %lld is not a tensor", where, (int)w->kind,
+            (long long)w->rows, (long long)w->cols);
+        return QT_EINVAL;
+    }
+    if (n == 0 || w->cols == 0)
+        return QT_OK;
+    if (n > INT64_MAX / w->cols) {
+        say(msg, msg_len, "%s: %lld rows of %lld overflow", where, (long long)n,
+            (long long)w->cols);
+        return QT_EINVAL;
+    }
+    if (!ids || !out || w->rows == 0 || !has_arrays(*w)) {
+        say(msg, msg_len, "%s: a NULL device pointer (ids %p, out %p) or an empty %s tensor", where,
+            (const void *)ids, (void *)out, kind_name(w->kind));
+        return QT_EINVAL;
+    }
+    if (is_4bit(w->kind) &&
+        (w->q4.blocksize <= 0 || (w->q4.nested && w->q4.nested_blocksize <= 0))) {
+        say(msg, msg_len, "%s: %s blocksize %d / nested %d is not positive", where,
+            kind_name(w->kind), (int)w->q4.blocksize, (int)w->q4.nested_blocksize);
+        return QT_EINVAL;
+    }
+    if (w->kind == QT_AFFINE &&
+        (w->affine.group_size <= 0 || (w->affine.bits != 4 && w->affine.bits != 8))) {
+        say(msg, msg_len, "%s: affine int%d group %d is not a layout", where, (int)w->affine.bits,
+            (int)w->affine.group_size);
+        return QT_EINVAL;
+    }
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
+    cudaError_t st;
+    switch (w->kind) {
+    case QT_F32: st = launch_gather<kGatherF32>(*w, ids, n, out, s); break;
+    case QT_F16: st = launch_gather<kGatherF16>(*w, ids, n, out, s); break;
+    case QT_BF16: st = launch_gather<kGatherBF16>(*w, ids, n, out, s); break;
+    case QT_NF4:
+    case QT_FP4: st = launch_gather<kGather4bit>(*w, ids, n, out, s); break;
+    case QT_AFFINE: st = launch_gather<kGatherAffine>(*w, ids, n, out, s); break;
+    default: st = launch_gather<kGatherGguf>(*w, ids, n, out, s); break;
+    }
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "launching the %s row gather (%lld rows of %lld)",
+                           kind_name(w->kind), (long long)n, (long long)w->cols);
+    return QT_OK;
+}

@@ -1,0 +1,220 @@
+/*
+ * ops_math.h - the per-element and per-row arithmetic of a decoder layer's
+ * operations (RMSNorm, RoPE, SwiGLU, attention's online softmax, the greedy
+ * token choice), shared by the CPU forward pass (engine/forward.c) and the
+ * CUDA kernels (kernels/cuda/qt_cuda_ops.cu). Internal to kernels/ and
+ * engine/.
+ *
+ * Every function is QL_HD, as in qt_math.h: plain C for the CPU and
+ * __host__ __device__ under nvcc, so tests/test_ops_math.c pins the very
+ * arithmetic both backends run. Each float operation is written once, in
+ * the order forward.c has always done it (its results are pinned bit for
+ * bit by tests/test_forward.c): the project compiles with
+ * -ffp-contract=off and the CUDA library with --fmad=false, so no multiply
+ * and add are fused on either side.
+ *
+ * What is the same on both sides and what is not:
+ *   - RoPE, the residual and bias adds, the RMSNorm apply step and the
+ *     greedy rule are plain IEEE operations: the same inputs give the same
+ *     bits on the CPU and the GPU.
+ *   - expf (silu, the softmax weights) is libm's on the CPU and CUDA's on
+ *     the GPU (within 2 ulp, CUDA C Programming Guide, "Mathematical
+ *     Functions"); sums over a row (RMSNorm's sum of squares, attention's
+ *     dot products and softmax) run in another order on the GPU. Those
+ *     results agree within a rounding tolerance, not bit for bit.
+ */
+#ifndef QL_OPS_MATH_H
+#define QL_OPS_MATH_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifndef QL_HD
+#ifdef __CUDACC__
+#define QL_HD __host__ __device__ __forceinline__
+#else
+#define QL_HD static inline
+#endif
+#endif
+
+/* ---- RMSNorm ----------------------------------------------------------------
+ * out[i] = x[i] * scale * weight[i], scale = 1 / sqrt(mean(x^2) + eps), the
+ * sum of squares in f64 (a 4096-wide f32 sum loses ~12 bits otherwise). */
+
+/* One element into the f64 sum of squares. */
+QL_HD double om_sumsq_add(double ss, float x)
+{
+    return ss + (double)x * (double)x;
+}
+
+/* The row's scale from its sum of squares over n elements, rounded once. */
+QL_HD float om_rmsnorm_scale(double ss, int64_t n, float eps)
+{
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+}
+
+/* One output element: (x * scale) * weight, in that order. */
+QL_HD float om_rmsnorm_apply(float x, float scale, float weight)
+{
+    return x * scale * weight;
+}
+
+/* ---- RoPE --------------------------------------------------------------------
+ * Pair i of a head of head_dim = 2 * half rotates elements (a, b): (i, i +
+ * half) in Hugging Face's rotate_half layout, (2i, 2i + 1) when interleaved
+ * (a llama GGUF's permuted rows), by the angle whose cos/sin the caller
+ * tabulated for the row's position. */
+
+QL_HD void om_rope_pair(int32_t i, int32_t half, bool interleaved, int32_t *a, int32_t *b)
+{
+    *a = interleaved ? 2 * i : i;
+    *b = interleaved ? 2 * i + 1 : i + half;
+}
+
+/* (x0, x1) <- (x0 cos - x1 sin, x0 sin + x1 cos). */
+QL_HD void om_rope_rotate(float *x0, float *x1, float cos_a, float sin_a)
+{
+    float a = *x0, b = *x1;
+    *x0 = a * cos_a - b * sin_a;
+    *x1 = a * sin_a + b * cos_a;
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------ */
+
+/* silu(x) = x * sigmoid(x), as x / (1 + e^-x): 0 at 0, x for large x, -0
+ * for very negative x (e^-x overflows to inf). */
+QL_HD float om_silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* The gated unit: silu(gate) * up. */
+QL_HD float om_swiglu(float gate, float up)
+{
+    return om_silu(gate) * up;
+}
+
+/* ---- attention ---------------------------------------------------------------
+ * Scores q . k * scale, softmax over the row's positions, weights times V.
+ * The softmax is online (Milakov & Gimelshein 2018, "Online normalizer
+ * calculation for softmax"): a running max and sum, with what was summed
+ * rescaled whenever the max rises, so K and V are read once. Partial
+ * states over disjoint position sets merge exactly as a split softmax
+ * (FlashDecoding): rescale both to the larger max and add. */
+
+/* 1 / sqrt(head_dim), in f32. */
+QL_HD float om_attention_scale(int32_t head_dim)
+{
+    return 1.0f / sqrtf((float)head_dim);
+}
+
+/* The first position a row at `pos` attends to: Mistral's sliding window
+ * keeps the last `window` positions, this one included (as transformers
+ * masks them); window 0 is off. */
+QL_HD int32_t om_attention_first(int32_t pos, int32_t window)
+{
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* A running softmax: the largest score so far and the sum of e^(score -
+ * max). The accumulator of weighted values lives with the caller. */
+typedef struct om_online {
+    float max, sum;
+} om_online;
+
+QL_HD om_online om_online_start(void)
+{
+    om_online s = {-INFINITY, 0.0f};
+    return s;
+}
+
+/* When score is above the running max: rescale the sum to it, make it the
+ * max, and return true with *factor = e^(old max - score), by which the
+ * caller multiplies its accumulator. Otherwise false and *factor is not
+ * written (nothing to rescale). A NaN score never raises the max. */
+QL_HD bool om_online_raise(om_online *s, float score, float *factor)
+{
+    if (!(score > s->max))
+        return false;
+    float f = expf(s->max - score);
+    s->sum *= f;
+    s->max = score;
+    *factor = f;
+    return true;
+}
+
+/* The weight of a score under the running max (call om_online_raise
+ * first), added to the sum. */
+QL_HD float om_online_weight(om_online *s, float score)
+{
+    float w = expf(score - s->max);
+    s->sum += w;
+    return w;
+}
+
+/* One accumulator element plus a weighted value. */
+QL_HD float om_online_acc(float acc, float w, float v)
+{
+    return acc + w * v;
+}
+
+/* Merge state b into a: both rescaled to the larger max. Returns through
+ * fa, fb the factors the accumulators combine with (om_online_merge_acc).
+ * An empty state (max -inf, sum 0) gets factor 0; two empty states stay
+ * empty (fa 1, fb 0, never e^(-inf + inf)). */
+QL_HD void om_online_merge(om_online *a, om_online b, float *fa, float *fb)
+{
+    float m = a->max > b.max ? a->max : b.max;
+    if (m == -INFINITY) {
+        *fa = 1.0f;
+        *fb = 0.0f;
+        return;
+    }
+    *fa = expf(a->max - m);
+    *fb = expf(b.max - m);
+    a->sum = a->sum * *fa + b.sum * *fb;
+    a->max = m;
+}
+
+QL_HD float om_online_merge_acc(float acc_a, float fa, float acc_b, float fb)
+{
+    return acc_a * fa + acc_b * fb;
+}
+
+/* An output element: the accumulator over the sum. */
+QL_HD float om_online_out(float acc, float sum)
+{
+    return acc / sum;
+}
+
+/* ---- greedy token choice -------------------------------------------------------
+ * engine/sampler.c's greedy rule (argmax_ignoring_nan and eng_sample): the
+ * largest logit, the lowest id on ties (as torch.argmax; -0 ties +0); NaN
+ * ranks below every number, -inf included, so when nothing is above -inf
+ * the choice is the lowest id that is not NaN, and 0 when all are NaN.
+ * This is a total order on (logit, id), so any reduction tree over it gives
+ * the same token as the sampler's left-to-right scan. */
+
+/* Whether (a, ia) is chosen over (b, ib), ia != ib. */
+QL_HD bool om_greedy_better(float a, int32_t ia, float b, int32_t ib)
+{
+    bool a_nan = a != a, b_nan = b != b;
+    if (a_nan || b_nan)
+        return a_nan == b_nan ? ia < ib : b_nan;
+    if (a != b)
+        return a > b;
+    return ia < ib;
+}
+
+/* The greedy token of logits[0, n), n >= 1, by a left-to-right scan. */
+QL_HD int32_t om_greedy_argmax(const float *logits, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (om_greedy_better(logits[i], i, logits[best], best))
+            best = i;
+    return best;
+}
+
+#endif

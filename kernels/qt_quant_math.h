@@ -1,0 +1,475 @@
+/*
+ * qt_quant_math.h - the quantizing arithmetic shared by the CPU quantizers
+ * (quant_bnb4.c, quant_affine.c, quant_gguf.c) and the CUDA merge
+ * (kernels/cuda/qt_cuda_lora.cu). Internal to kernels/. The dequantizing
+ * half is qt_math.h; this is its inverse.
+ *
+ * Every QL_HD function is compiled as plain C for the CPU and as
+ * __host__ __device__ under nvcc, so a GPU requantization that calls them
+ * with the same inputs writes the CPU's bytes, which test_bnb4, test_affine
+ * and test_gguf pin against bitsandbytes, torchao and gguf-py; and
+ * tests/test_quant_math.c pins these functions themselves. The rules of
+ * qt_math.h hold: one float operation per statement in the origins' order,
+ * no fused multiply-add on either side (-ffp-contract=off, --fmad=false),
+ * no libc beyond the float functions both sides have and define alike
+ * (fabsf, nearbyintf, roundf, the IEEE division).
+ *
+ * Two choices that make the bits independent of the C library and of the
+ * processor, where they could otherwise differ:
+ *   - qq_minf / qq_maxf are comparisons that keep the first operand on a
+ *     tie, which is what glibc's fminf/fmaxf do for finite arguments (so
+ *     the CPU's bits did not change when they replaced them); the CUDA
+ *     fminf would pick -0.0 over +0.0, which only ever shows in a Q4_1
+ *     block's stored minimum, but shows there;
+ *   - qq_trunc_i8 is gcc's x86-64 (int8_t) conversion of a float
+ *     (cvttss2si, then the low byte), spelled out, so a value out of the
+ *     int32 range (an infinite reciprocal of a tiny block scale) gives the
+ *     same code on the device, whose own conversion saturates.
+ *
+ * Per-block functions leave the reduction (absmax, min, max) to the caller
+ * where the order cannot change the result (an exact maximum of |x|, or a
+ * minimum whose zero's sign never reaches a stored value: see
+ * qq_affine_qparams), so a GPU warp may reduce in any order; where it can
+ * (GGUF's first-of-equal maximum, Q4_1's stored minimum) the function
+ * takes the whole block and scans it in the CPU's order.
+ *
+ * The double quantization of NF4/FP4 absmax (bitsandbytes
+ * compress_statistics) runs on the CPU only, also for the CUDA merge: its
+ * f32 mean follows torch's cascade summation order and its codes a 64 Ki
+ * lookup table; both are static inline host functions at the end.
+ */
+#ifndef QL_QT_QUANT_MATH_H
+#define QL_QT_QUANT_MATH_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "qt_math.h"
+
+/* ---- comparisons ----------------------------------------------------------- */
+
+/* min and max of finite floats, the first operand on a tie (see above). */
+QL_HD float qq_minf(float a, float b)
+{
+    return b < a ? b : a;
+}
+
+QL_HD float qq_maxf(float a, float b)
+{
+    return b > a ? b : a;
+}
+
+/* v clamped to [lo, hi]; v itself when inside. */
+QL_HD float qq_clampf(float v, float lo, float hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* gcc's x86-64 (int)(int8_t)v: truncate to int32 (cvttss2si, whose answer
+ * for NaN and out-of-range values is INT32_MIN), keep the low byte, read it
+ * signed. */
+QL_HD int qq_trunc_i8(float v)
+{
+    int32_t i = (v >= -2147483648.0f && v < 2147483648.0f) ? (int32_t)v : INT32_MIN;
+    int byte = (int)((uint32_t)i & 0xffu);
+    return byte >= 128 ? byte - 256 : byte;
+}
+
+/* ---- NF4, FP4 (bitsandbytes quantize_4bit) --------------------------------- */
+
+/* The NF4 and FP4 codebooks as bitsandbytes' get_4bit_type stores them;
+ * initialisers for kernels/quant_bnb4.c's qt_nf4_code / qt_fp4_code and for
+ * the CUDA merge's check that a weight uses them. NF4: quantiles of N(0, 1)
+ * (QLoRA, Dettmers et al. 2023, appendix E). FP4: a 1-2-1 sign/exponent/
+ * mantissa float with bias 2, in bit-pattern order, divided by its largest
+ * value 12; entry 8 is +0.0 as get_4bit_type writes it. */
+#define QQ_NF4_CODE_INIT                                                                           \
+    {                                                                                              \
+        -0x1p+0f, -0x1.647362p-1f, -0x1.0cd66p-1f, -0x1.94654p-2f, -0x1.23449ap-2f,                \
+            -0x1.7a6a7ep-3f, -0x1.74f0e2p-4f, 0x0p+0f, 0x1.45f5fep-4f, 0x1.4995c6p-3f,             \
+            0x1.f809bap-3f, 0x1.5a0674p-2f, 0x1.c3497p-2f, 0x1.200f56p-1f, 0x1.722766p-1f,         \
+            0x1p+0f,                                                                               \
+    }
+#define QQ_FP4_CODE_INIT                                                                           \
+    {                                                                                              \
+        0.0f, 0.0625f / 12.0f, 8.0f / 12.0f, 12.0f / 12.0f, 4.0f / 12.0f, 6.0f / 12.0f,            \
+            2.0f / 12.0f, 3.0f / 12.0f, 0.0f, -0.0625f / 12.0f, -8.0f / 12.0f, -12.0f / 12.0f,     \
+            -4.0f / 12.0f, -6.0f / 12.0f, -2.0f / 12.0f, -3.0f / 12.0f,                            \
+    }
+
+/* Below this absmax bitsandbytes clamps before scaling (a subnormal f32;
+ * both sides keep subnormals: no -ffast-math, no --ftz). */
+#define QQ_BNB_ABSMAX_FLOOR 1e-38f
+
+/* The sorted view of a 4-bit codebook that bucketing needs. */
+typedef struct qq_buckets {
+    float bounds[15];  /* f32 midpoints of adjacent sorted codes, ascending */
+    uint8_t order[16]; /* sorted position -> code */
+} qq_buckets;
+
+/* Sort the 16 codes (stable insertion sort, so FP4's +0 and -0 keep their
+ * table order, as torch.argsort did) and take the f32 midpoints. */
+QL_HD void qq_build_buckets(const float *code, qq_buckets *cb)
+{
+    for (int i = 0; i < 16; i++)
+        cb->order[i] = (uint8_t)i;
+    for (int i = 1; i < 16; i++) {
+        uint8_t o = cb->order[i];
+        int j = i - 1;
+        while (j >= 0 && code[cb->order[j]] > code[o]) {
+            cb->order[j + 1] = cb->order[j];
+            j--;
+        }
+        cb->order[j + 1] = o;
+    }
+    for (int i = 0; i < 15; i++)
+        cb->bounds[i] = (code[cb->order[i]] + code[cb->order[i + 1]]) / 2.0f;
+}
+
+/* torch.bucketize(s, bounds, right=False): the number of bounds strictly
+ * below s (a value on a midpoint goes to the lower code), mapped back to
+ * the code. Counting equals the first-bound-not-below search because the
+ * midpoints of sorted codes are sorted (f32 addition and halving are
+ * monotone); counting has no data-dependent loop for a GPU thread. */
+QL_HD unsigned qq_bucket(const qq_buckets *cb, float s)
+{
+    unsigned i = 0;
+    for (int j = 0; j < 15; j++)
+        i += cb->bounds[j] < s ? 1u : 0u;
+    return cb->order[i];
+}
+
+/* The scaled value clamped to [-1, 1], as bitsandbytes does before bucketing. */
+QL_HD float qq_clamp_unit(float s)
+{
+    return qq_clampf(s, -1.0f, 1.0f);
+}
+
+/* A full block multiplies by the f32 reciprocal of its absmax, clamped
+ * below at the floor; it stores the unclamped absmax. */
+QL_HD float qq_bnb4_recip(float absmax)
+{
+    return 1.0f / qq_maxf(absmax, QQ_BNB_ABSMAX_FLOOR);
+}
+
+QL_HD unsigned qq_bnb4_code_full(const qq_buckets *cb, float x, float recip)
+{
+    return qq_bucket(cb, qq_clamp_unit(x * recip));
+}
+
+/* The short last block clamps its absmax, stores the clamped value and
+ * divides by it. */
+QL_HD float qq_bnb4_short_absmax(float absmax)
+{
+    return qq_maxf(absmax, QQ_BNB_ABSMAX_FLOOR);
+}
+
+QL_HD unsigned qq_bnb4_code_short(const qq_buckets *cb, float x, float short_absmax)
+{
+    return qq_bucket(cb, qq_clamp_unit(x / short_absmax));
+}
+
+/* ---- AFFINE (torchao _choose_qparams_affine, quantize_affine) -------------- */
+
+/*
+ * Scale and zero of one group from its minimum and maximum, as torchao:
+ *   symmetric:   scale = max(-min(mn, 0), max(mx, 0)) / ((qmax - qmin) / 2),
+ *                zero = floor((qmax + qmin + 1) / 2)
+ *   integer zero domain: scale = (max(mx, 0) - min(mn, 0)) / (qmax - qmin),
+ *                zero = clamp(qmin - round(min(mn, 0) / scale), qmin, qmax)
+ *   float zero domain: scale = (mx - mn) / (qmax - qmin),
+ *                zero = mn + scale * mid
+ * every scale clamped below at eps. The sign of a zero mn or mx never
+ * reaches scale or zero (a zero range is clamped to eps, qmin - (+-0) is
+ * qmin or +0, mn + a positive product is the product), so mn and mx may
+ * come from a reduction in any order.
+ */
+QL_HD void qq_affine_qparams(float mn, float mx, int32_t qmin, int32_t qmax, bool symmetric,
+                             bool float_zero, float eps, float *scale, float *zero)
+{
+    float range = (float)(qmax - qmin);
+    if (symmetric) {
+        float amax = qq_maxf(-qq_minf(mn, 0.0f), qq_maxf(mx, 0.0f));
+        *scale = qq_maxf(amax / (range / 2.0f), eps);
+        *zero = floorf((float)(qmax + qmin + 1) / 2.0f);
+    } else if (!float_zero) {
+        float mn0 = qq_minf(mn, 0.0f), mx0 = qq_maxf(mx, 0.0f);
+        *scale = qq_maxf((mx0 - mn0) / range, eps);
+        *zero = qq_clampf((float)qmin - nearbyintf(mn0 / *scale), (float)qmin, (float)qmax);
+    } else {
+        float mid = qm_affine_mid(qmin, qmax);
+        *scale = qq_maxf((mx - mn) / range, eps);
+        float shift = *scale * mid;
+        *zero = mn + shift;
+    }
+}
+
+/* What a group's codes are computed with, from its scale and zero: the
+ * integer domain multiplies by the f32 reciprocal of the scale; the float
+ * domain subtracts the group's minimum zero - scale * mid and divides. */
+typedef struct qq_affine_group {
+    float recip;   /* 1 / scale */
+    float min_val; /* zero - scale * mid */
+    float scale, zero;
+} qq_affine_group;
+
+QL_HD qq_affine_group qq_affine_group_of(float scale, float zero, float mid)
+{
+    qq_affine_group g;
+    g.recip = 1.0f / scale;
+    float shift = scale * mid;
+    g.min_val = zero - shift;
+    g.scale = scale;
+    g.zero = zero;
+    return g;
+}
+
+/* The stored (unsigned, q - qmin) code of w, torch.round being half to
+ * even (nearbyintf under the default rounding mode on both sides):
+ *   integer zero: q = clamp(round(w * (1 / scale)) + zero, qmin, qmax)
+ *   float zero:   q = clamp(round((w - min_val) / scale), qmin, qmax) */
+QL_HD unsigned qq_affine_code(float w, const qq_affine_group *g, int32_t qmin, int32_t qmax,
+                              bool float_zero)
+{
+    float q;
+    if (!float_zero) {
+        float scaled = w * g->recip;
+        q = nearbyintf(scaled) + g->zero;
+    } else {
+        float shifted = w - g->min_val;
+        q = nearbyintf(shifted / g->scale);
+    }
+    q = qq_clampf(q, (float)qmin, (float)qmax);
+    return (unsigned)((int)q - qmin);
+}
+
+/* ---- GGUF Q4_0, Q4_1, Q8_0 (ggml quantize_row_*_ref) ----------------------- */
+
+/*
+ * One block of 32 values x to its f16 scale d (bits), and for Q4_1 its f16
+ * minimum m, and its codes qs laid out as ggml's (4-bit: byte j holds
+ * element j low and element j + 16 high; Q8_0: one signed byte each):
+ *   Q4_0  d = (the value of largest magnitude, the first of equals) / -8,
+ *         q = min(15, trunc(x / d + 8.5))
+ *   Q4_1  d = (max - min) / 15, m = min, q = min(15, trunc((x - m) / d + 0.5))
+ *   Q8_0  d = max |x| / 127, q = round(x / d) half away from zero
+ * each "/ d" a multiply by the f32 reciprocal (0 when d is 0), each trunc
+ * qq_trunc_i8.
+ */
+QL_HD void qq_q4_0_block(const float *x, uint16_t *d_bits, uint8_t *qs)
+{
+    float amax = 0.0f, signed_max = 0.0f;
+    for (int j = 0; j < QM_GGUF_QK; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            signed_max = x[j];
+        }
+    }
+    float d = signed_max / -8.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_bits = qm_f32_to_f16(d);
+    for (int j = 0; j < QM_GGUF_QK / 2; j++) {
+        float v0 = x[j] * id, v1 = x[j + QM_GGUF_QK / 2] * id;
+        int q0 = qq_trunc_i8(v0 + 8.5f);
+        int q1 = qq_trunc_i8(v1 + 8.5f);
+        q0 = q0 < 15 ? q0 : 15;
+        q1 = q1 < 15 ? q1 : 15;
+        qs[j] = (uint8_t)((unsigned)q0 | ((unsigned)q1 << 4));
+    }
+}
+
+QL_HD void qq_q4_1_block(const float *x, uint16_t *d_bits, uint16_t *m_bits, uint8_t *qs)
+{
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < QM_GGUF_QK; j++) {
+        mn = qq_minf(mn, x[j]);
+        mx = qq_maxf(mx, x[j]);
+    }
+    float d = (mx - mn) / 15.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_bits = qm_f32_to_f16(d);
+    *m_bits = qm_f32_to_f16(mn);
+    for (int j = 0; j < QM_GGUF_QK / 2; j++) {
+        float s0 = x[j] - mn, s1 = x[j + QM_GGUF_QK / 2] - mn;
+        float v0 = s0 * id, v1 = s1 * id;
+        int q0 = qq_trunc_i8(v0 + 0.5f);
+        int q1 = qq_trunc_i8(v1 + 0.5f);
+        q0 = q0 < 15 ? q0 : 15;
+        q1 = q1 < 15 ? q1 : 15;
+        qs[j] = (uint8_t)((unsigned)q0 | ((unsigned)q1 << 4));
+    }
+}
+
+QL_HD void qq_q8_0_block(const float *x, uint16_t *d_bits, uint8_t *qs)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < QM_GGUF_QK; j++)
+        amax = qq_maxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_bits = qm_f32_to_f16(d);
+    for (int j = 0; j < QM_GGUF_QK; j++) {
+        float v = x[j] * id;
+        qs[j] = (uint8_t)((unsigned)qq_trunc_i8(roundf(v)) & 0xffu);
+    }
+}
+
+/* ---- NF4/FP4 double quantization: CPU only ---------------------------------
+ *
+ * bitsandbytes' compress_statistics: offset = mean(absmax) as torch
+ * computes it in f32, then absmax - offset quantized in blocks of 256 with
+ * the signed dynamic 8-bit map, as the native CPU library rounds it. Plain
+ * static inline (host-only under nvcc): the CUDA merge brings a tensor's
+ * absmax back to the host and runs exactly this.
+ */
+
+/* Elements per nested block, as bitsandbytes. */
+#define QQ_NESTED_BLOCKSIZE 256
+
+/*
+ * torch's f32 sum of a contiguous vector on an AVX2 (or default) CPU build,
+ * one thread, whose order decides the last bit of the nested offset
+ * (tests/fixtures/make_bnb_vectors.py, finding c).
+ *
+ * qq_cascade_rows is torch's multi_row_sum: m rows of `cols` lanes (row i,
+ * lane c at x[i * stride + c * col_stride]) summed into four levels of
+ * accumulators, each level folded into the next every 2^power rows.
+ */
+static inline void qq_cascade_rows(const float *x, int64_t stride, int64_t m, int64_t cols,
+                                   int64_t col_stride, float *out_cols)
+{
+    enum { LEVELS = 4 };
+    int64_t clog = 1; /* ceil(log2(m)), at least 1 */
+    while (m > 2 && ((int64_t)1 << clog) < m)
+        clog++;
+    int64_t power = clog / LEVELS > 4 ? clog / LEVELS : 4;
+    int64_t step = (int64_t)1 << power, mask = step - 1;
+    float acc[LEVELS][4] = {{0}};
+    int64_t i = 0;
+    while (i + step <= m) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int64_t c = 0; c < cols; c++)
+                acc[0][c] += x[i * stride + c * col_stride];
+        for (int l = 1; l < LEVELS; l++) {
+            for (int64_t c = 0; c < cols; c++) {
+                acc[l][c] += acc[l - 1][c];
+                acc[l - 1][c] = 0.0f;
+            }
+            if ((i & (mask << (l * power))) != 0)
+                break;
+        }
+    }
+    for (; i < m; i++)
+        for (int64_t c = 0; c < cols; c++)
+            acc[0][c] += x[i * stride + c * col_stride];
+    for (int l = 1; l < LEVELS; l++)
+        for (int64_t c = 0; c < cols; c++)
+            acc[0][c] += acc[l][c];
+    for (int64_t c = 0; c < cols; c++)
+        out_cols[c] = acc[0][c];
+}
+
+/* torch's row_sum: the m items as rows of 4, leftovers into the first
+ * partial, then the partials in order. */
+static inline float qq_torch_row_sum(const float *x, int64_t stride, int64_t m)
+{
+    float part[4];
+    int64_t m4 = m / 4;
+    qq_cascade_rows(x, 4 * stride, m4, 4, stride, part);
+    for (int64_t i = 4 * m4; i < m; i++)
+        part[0] += x[i * stride];
+    return ((part[0] + part[1]) + part[2]) + part[3];
+}
+
+static inline float qq_torch_f32_sum(const float *x, int64_t n)
+{
+    enum { W = 8 }; /* floats per AVX2 vector */
+    if (n < W)
+        return qq_torch_row_sum(x, 1, n);
+    int64_t nv = n / W;
+    /* each of the 8 lanes runs row_sum over its own stream of nv values */
+    float lanes[W];
+    for (int l = 0; l < W; l++)
+        lanes[l] = qq_torch_row_sum(x + l, W, nv);
+    float acc = 0.0f;
+    for (int64_t k = nv * W; k < n; k++)
+        acc += x[k];
+    for (int l = 0; l < W; l++)
+        acc += lanes[l];
+    return acc;
+}
+
+/*
+ * The 8-bit blockwise quantization bitsandbytes' native CPU library applies
+ * to nested absmax (cquantize_blockwise_cpu_fp32). It is not an exact
+ * nearest-code search: the code comes from a 65536-entry table indexed by
+ * the scaled value, built from the f32 midpoints of the map. Established
+ * against the library over ~8.3 million values, see
+ * tests/fixtures/make_bnb_vectors.py (finding b):
+ *   lut[j]  = number of midpoints below (2j / 65535 - 1), each step in f32
+ *   v       = clamp(x * (1 / absmax), -1, 1)
+ *   j       = (int)fma((v + 1) * 0.5, 65535, 0.5)   (one fused step, truncated)
+ * An all-zero block stores absmax 0 and codes 0.
+ */
+#define QQ_DYNAMIC_LUT_SIZE 65536
+
+static inline void qq_build_dynamic_lut(const float *map, uint8_t *lut)
+{
+    float mid[255];
+    for (int i = 0; i < 255; i++)
+        mid[i] = 0.5f * (map[i] + map[i + 1]);
+    int k = 0;
+    for (int j = 0; j < QQ_DYNAMIC_LUT_SIZE; j++) {
+        float v = (float)(2 * j) / 65535.0f - 1.0f;
+        while (k < 255 && mid[k] < v)
+            k++;
+        lut[j] = (uint8_t)k;
+    }
+}
+
+static inline void qq_quantize_dynamic_blocks(const float *x, int64_t n, int64_t bs,
+                                              const uint8_t *lut, uint8_t *out, float *absmax)
+{
+    for (int64_t b0 = 0, blk = 0; b0 < n; b0 += bs, blk++) {
+        int64_t end = b0 + bs < n ? b0 + bs : n;
+        float am = 0.0f;
+        for (int64_t i = b0; i < end; i++)
+            am = qq_maxf(am, fabsf(x[i]));
+        absmax[blk] = am;
+        if (am == 0.0f) {
+            memset(out + b0, 0, (size_t)(end - b0));
+            continue;
+        }
+        float inv = 1.0f / am;
+        for (int64_t i = b0; i < end; i++) {
+            float v = qq_clamp_unit(x[i] * inv);
+            float t = (v + 1.0f) * 0.5f;
+            int j = (int)fmaf(t, 65535.0f, 0.5f) & 0xffff;
+            out[i] = lut[j];
+        }
+    }
+}
+
+/*
+ * Double-quantize the n_blocks absmax values with the nested map `map`
+ * (bitsandbytes' signed dynamic map): *offset = torch's f32 mean, codes
+ * (n_blocks) and nested_absmax (ceil(n_blocks / 256)) of absmax - offset.
+ * The caller lends lut (QQ_DYNAMIC_LUT_SIZE bytes) and centered (n_blocks
+ * floats) as scratch. Beyond 32768 blocks a multithreaded torch splits its
+ * sum by thread count, so bit-equality with bitsandbytes holds for its
+ * one-thread result.
+ */
+static inline void qq_bnb4_double_quantize(const float *absmax, int64_t n_blocks, const float *map,
+                                           uint8_t *codes, float *nested_absmax, float *offset,
+                                           uint8_t *lut, float *centered)
+{
+    *offset = qq_torch_f32_sum(absmax, n_blocks) / (float)n_blocks;
+    for (int64_t b = 0; b < n_blocks; b++)
+        centered[b] = absmax[b] - *offset;
+    qq_build_dynamic_lut(map, lut);
+    qq_quantize_dynamic_blocks(centered, n_blocks, QQ_NESTED_BLOCKSIZE, lut, codes, nested_absmax);
+}
+
+#endif

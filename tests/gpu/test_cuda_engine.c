@@ -1,0 +1,652 @@
+/*
+ * test_cuda_engine.c - the CUDA backend against the CPU backend, whole
+ * steps at a time: the same step lists go to both (prefill chunks, decodes,
+ * several sequences, unmerged adapters, a merged weight version), and
+ *   - the logits agree within a relative bound (the CPU backend is the
+ *     reference; both compute in f32 with different summation orders, so
+ *     the bound is 1e-3 of the largest logit, about a hundred times the
+ *     differences f32 reordering makes at these widths);
+ *   - the greedy tokens are equal wherever the CPU's best logit leads the
+ *     runner-up by more than that bound (closer calls are counted and
+ *     printed, not failed: no two summation orders can promise them);
+ *   - a merge on the device gives the CPU merge's bytes (the digests of
+ *     what each backend serves are equal), and after the unmerge the
+ *     device serves the pristine bytes again.
+ * The models are built in memory (random weights quantized with
+ * qt_quantize into each kind), so nothing is read from disk; with
+ * QL_DEFAULT_MODEL set to the default model's GGUF, its greedy
+ * continuations of a few prompts must be equal on both backends too.
+ *
+ * Plain C, no Criterion (the GPU machine has only CUDA and cJSON): prints
+ * `PASS name` or `FAIL name: detail` per check; exit 0 when all passed, 1
+ * when one failed, 77 when there is no usable device.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "lora.h"
+#include "qt_cuda.h"
+
+static int passed, failed;
+
+static void report(bool ok, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void report(bool ok, const char *name, const char *fmt, ...)
+{
+    if (ok) {
+        passed++;
+        printf("PASS %s\n", name);
+        return;
+    }
+    failed++;
+    char detail[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    printf("FAIL %s: %s\n", name, detail);
+}
+
+/* --- random models ------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) * 0x1.0p-53;
+}
+
+/* Roughly normal (the sum of four uniforms), scaled. */
+static void fill(float *v, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)((uniform() + uniform() + uniform() + uniform() - 2.0) * scale);
+}
+
+typedef struct model_case {
+    const char *name;
+    qt_quant_params params; /* the projections' kind */
+    eng_arch arch;
+    bool bias, tie, interleaved;
+    int32_t window;
+} model_case;
+
+static int dense(qtensor *t, int64_t rows, int64_t cols, float scale, float offset)
+{
+    float *v = malloc((size_t)(rows * cols) * sizeof(float));
+    fill(v, rows * cols, scale);
+    for (int64_t i = 0; i < rows * cols; i++)
+        v[i] += offset;
+    int rc = qt_from_dense(t, QT_F32, v, rows, cols, NULL, 0);
+    free(v);
+    return rc;
+}
+
+static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_params *p)
+{
+    float *v = malloc((size_t)(rows * cols) * sizeof(float));
+    fill(v, rows * cols, 0.08f);
+    char msg[256];
+    int rc = qt_quantize(t, v, rows, cols, p, msg, sizeof msg);
+    if (rc != QT_OK)
+        printf("quantize %lldx%lld: %s\n", (long long)rows, (long long)cols, msg);
+    free(v);
+    return rc;
+}
+
+/* A tiny decoder of random weights: 3 layers, hidden 128, 4 heads of 32
+ * (2 kv heads), ffn 192, vocab 320; every width a multiple of 32 so every
+ * kind applies. */
+static int make_model(eng_model *m, const model_case *mc)
+{
+    memset(m, 0, sizeof *m);
+    eng_config *c = &m->cfg;
+    *c = (eng_config){.arch = mc->arch,
+                      .vocab_size = 320,
+                      .hidden_size = 128,
+                      .intermediate_size = 192,
+                      .n_layers = 3,
+                      .n_heads = 4,
+                      .n_kv_heads = 2,
+                      .head_dim = 32,
+                      .max_position_embeddings = 512,
+                      .rope_theta = 10000.0f,
+                      .rope_interleaved = mc->interleaved,
+                      .rms_norm_eps = 1e-5f,
+                      .tie_word_embeddings = mc->tie,
+                      .attention_bias = mc->bias,
+                      .sliding_window = mc->window,
+                      .bos_token_id = -1,
+                      .eos_token_id = -1};
+    int64_t H = c->hidden_size, F = c->intermediate_size, Q = c->n_heads * c->head_dim,
+            KV = c->n_kv_heads * c->head_dim;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    int rc = dense(&m->embed, c->vocab_size, H, 0.5f, 0.0f);
+    rc = rc ? rc : dense(&m->norm, 1, H, 0.1f, 1.0f);
+    if (!mc->tie)
+        rc = rc ? rc : dense(&m->lm_head, c->vocab_size, H, 0.1f, 0.0f);
+    for (int32_t l = 0; rc == QT_OK && l < c->n_layers; l++) {
+        eng_layer *L = &m->layers[l];
+        rc = dense(&L->attn_norm, 1, H, 0.1f, 1.0f);
+        rc = rc ? rc : dense(&L->ffn_norm, 1, H, 0.1f, 1.0f);
+        rc = rc ? rc : quantized(&L->wq, Q, H, &mc->params);
+        rc = rc ? rc : quantized(&L->wk, KV, H, &mc->params);
+        rc = rc ? rc : quantized(&L->wv, KV, H, &mc->params);
+        rc = rc ? rc : quantized(&L->wo, H, Q, &mc->params);
+        rc = rc ? rc : quantized(&L->w_gate, F, H, &mc->params);
+        rc = rc ? rc : quantized(&L->w_up, F, H, &mc->params);
+        rc = rc ? rc : quantized(&L->w_down, H, F, &mc->params);
+        if (mc->bias) {
+            rc = rc ? rc : dense(&L->bq, 1, Q, 0.1f, 0.0f);
+            rc = rc ? rc : dense(&L->bk, 1, KV, 0.1f, 0.0f);
+            rc = rc ? rc : dense(&L->bv, 1, KV, 0.1f, 0.0f);
+        }
+    }
+    snprintf(m->name, sizeof m->name, "random %s", mc->name);
+    return rc;
+}
+
+/* --- an adapter in memory ------------------------------------------------------- */
+
+static void free_lora(eng_lora *l)
+{
+    for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++) {
+        qt_free(&l->modules[i].a);
+        qt_free(&l->modules[i].b);
+    }
+    free(l->modules);
+    free(l);
+}
+
+/* Rank r on every projection, A and B of kind `kind` (F32, F16 or BF16). */
+static eng_lora *make_lora(const eng_model *m, const char *name, int32_t r, qt_kind kind)
+{
+    eng_lora *l = calloc(1, sizeof *l);
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->n_layers = m->cfg.n_layers;
+    l->modules = calloc((size_t)l->n_layers * ENG_N_PROJ, sizeof *l->modules);
+    l->refs = 1;
+    l->destroy = free_lora;
+    for (int32_t layer = 0; layer < l->n_layers; layer++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const qtensor *w = eng_model_proj(m, layer, (eng_proj)p);
+            eng_lora_module *mod = &l->modules[(size_t)layer * ENG_N_PROJ + p];
+            float *a = malloc((size_t)(r * w->cols) * sizeof(float));
+            float *b = malloc((size_t)(w->rows * r) * sizeof(float));
+            fill(a, r * w->cols, 0.1f);
+            fill(b, w->rows * r, 0.1f);
+            qt_from_dense(&mod->a, QT_F32, a, r, w->cols, NULL, 0);
+            qt_from_dense(&mod->b, QT_F32, b, w->rows, r, NULL, 0);
+            if (kind != QT_F32) {
+                qt_cast_dense(&mod->a, kind, NULL, 0);
+                qt_cast_dense(&mod->b, kind, NULL, 0);
+            }
+            mod->scale = 16.0f / (float)r;
+            free(a);
+            free(b);
+        }
+    return l;
+}
+
+/* A version with `lora` merged at `scale` by the CPU merge (adapters/merge.c). */
+static eng_weights *merged_version(const eng_model *m, eng_lora *lora, float scale)
+{
+    eng_weights *w = NULL;
+    char msg[256];
+    if (eng_weights_new(&w, m, 1, msg, sizeof msg) != ENG_OK)
+        return NULL;
+    lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
+            const lora_ops *ops;
+            lora_part part = {lora->name, eng_lora_module_at(lora, l, (eng_proj)p), scale};
+            qtensor merged;
+            lora_cost cost;
+            if (lora_dispatch(pristine, &ops, msg, sizeof msg) != QT_OK ||
+                ops->merge(pristine, &part, 1, &o, "module", &merged, &cost, msg, sizeof msg)) {
+                printf("cpu merge: %s\n", msg);
+                eng_weights_unref(w);
+                return NULL;
+            }
+            eng_weights_set(w, l, (eng_proj)p, &merged);
+        }
+    eng_lora_term term = {lora, scale};
+    eng_weights_set_merged(w, &term, 1, msg, sizeof msg);
+    return w;
+}
+
+/* --- running both backends side by side ---------------------------------------- */
+
+enum { N_SEQS = 3 };
+
+typedef struct side {
+    eng_backend *b;
+    eng_seq_kv kv[N_SEQS];
+    float *logits;
+    int32_t tokens[N_SEQS];
+} side;
+
+static int side_new(side *s, const eng_model *m, eng_device d, char *msg, size_t msg_len)
+{
+    memset(s, 0, sizeof *s);
+    eng_backend_opts o = {.device = d,
+                          .threads = 0,
+                          .max_tokens = 128,
+                          .max_seqs = N_SEQS,
+                          .kv_bytes = (size_t)16 << 20,
+                          .block_tokens = 16};
+    int rc = eng_backend_new(&s->b, m, &o, msg, msg_len);
+    if (rc != ENG_OK)
+        return rc;
+    s->logits = calloc((size_t)N_SEQS * (size_t)m->cfg.vocab_size, sizeof(float));
+    for (int i = 0; i < N_SEQS; i++)
+        if (eng_kv_reserve(eng_backend_kv(s->b), &s->kv[i], 256) != ENG_OK)
+            return qt_fail(msg, msg_len, ENG_ENOMEM, "KV reserve");
+    return ENG_OK;
+}
+
+static void side_free(side *s)
+{
+    for (int i = 0; s->b && i < N_SEQS; i++)
+        eng_kv_release(eng_backend_kv(s->b), &s->kv[i]);
+    eng_backend_free(s->b);
+    free(s->logits);
+}
+
+/* What one sequence does in a step. */
+typedef struct seq_step {
+    const int32_t *tokens;
+    int32_t n, pos;
+    bool greedy;
+} seq_step;
+
+/* The argmax (lowest id on ties) and its lead over the runner-up. */
+static int32_t best_of(const float *v, int32_t n, float *lead)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    float second = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (i != best && v[i] > second)
+            second = v[i];
+    *lead = v[best] - second;
+    return best;
+}
+
+typedef struct compare {
+    double worst; /* max |cuda - cpu| / max(1, max |cpu|) over compared rows */
+    int tokens, mismatched, close_calls;
+} compare;
+
+/*
+ * One step on both sides; compares what the CUDA side returned with the
+ * CPU's logits. chosen[s] gets the CPU's greedy token (what both feed
+ * next).
+ */
+static int both_step(side *cpu, side *gpu, const eng_model *m, const seq_step *ss, int32_t n,
+                     const eng_weights *w, const eng_lora_term *const *delta,
+                     const int32_t *n_delta, int32_t *chosen, compare *cmp, char *msg,
+                     size_t msg_len)
+{
+    int32_t V = m->cfg.vocab_size;
+    side *sides[2] = {cpu, gpu};
+    for (int k = 0; k < 2; k++) {
+        eng_step_seq steps[N_SEQS];
+        for (int32_t s = 0; s < n; s++)
+            steps[s] = (eng_step_seq){.kv = &sides[k]->kv[s],
+                                      .tokens = ss[s].tokens,
+                                      .n_tokens = ss[s].n,
+                                      .pos = ss[s].pos,
+                                      .weights = w,
+                                      .delta = delta ? delta[s] : NULL,
+                                      .n_delta = n_delta ? n_delta[s] : 0,
+                                      .greedy = ss[s].greedy};
+        int rc = eng_backend_forward(sides[k]->b, steps, n, sides[k]->logits, sides[k]->tokens, msg,
+                                     msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    for (int32_t s = 0; s < n; s++) {
+        const float *ref = cpu->logits + (size_t)s * V;
+        float lead;
+        chosen[s] = best_of(ref, V, &lead);
+        double scale = 1.0;
+        for (int32_t i = 0; i < V; i++)
+            scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+        int32_t got;
+        if (ss[s].greedy && gpu->tokens[s] >= 0) {
+            got = gpu->tokens[s];
+        } else {
+            const float *v = gpu->logits + (size_t)s * V;
+            float unused;
+            got = best_of(v, V, &unused);
+            for (int32_t i = 0; i < V; i++) {
+                double d = fabs((double)v[i] - (double)ref[i]) / scale;
+                if (!(d <= cmp->worst))
+                    cmp->worst = isnan(d) ? INFINITY : d;
+            }
+        }
+        cmp->tokens++;
+        if (got != chosen[s]) {
+            if (lead > 1e-3 * scale)
+                cmp->mismatched++;
+            else
+                cmp->close_calls++;
+        }
+    }
+    return ENG_OK;
+}
+
+/*
+ * The scenario: three sequences; step 1 prefills A (13 tokens), the first
+ * 24 of B and C (1 token); step 2 the rest of B (16) and decodes A and C;
+ * then 14 decode steps of all three. A and C take their tokens from the
+ * device's greedy choice, B from its logits.
+ */
+static void scenario(const char *name, const eng_model *m, const eng_weights *w,
+                     const eng_lora_term *const *delta, const int32_t *n_delta)
+{
+    char msg[512];
+    side cpu, gpu;
+    compare cmp = {0};
+    int rc = side_new(&cpu, m, ENG_DEVICE_CPU, msg, sizeof msg);
+    if (rc == ENG_OK)
+        rc = side_new(&gpu, m, ENG_DEVICE_CUDA, msg, sizeof msg);
+    int32_t prompt[N_SEQS][40], next[N_SEQS] = {0}, chosen[N_SEQS], len[N_SEQS] = {13, 40, 1};
+    for (int s = 0; s < N_SEQS; s++)
+        for (int i = 0; i < 40; i++)
+            prompt[s][i] = (int32_t)(uniform() * m->cfg.vocab_size);
+    if (rc == ENG_OK) {
+        seq_step s1[N_SEQS] = {
+            {prompt[0], 13, 0, true}, {prompt[1], 24, 0, false}, {prompt[2], 1, 0, true}};
+        rc = both_step(&cpu, &gpu, m, s1, N_SEQS, w, delta, n_delta, chosen, &cmp, msg, sizeof msg);
+        next[0] = chosen[0];
+        next[2] = chosen[2];
+    }
+    if (rc == ENG_OK) {
+        seq_step s2[N_SEQS] = {
+            {&next[0], 1, 13, true}, {prompt[1] + 24, 16, 24, false}, {&next[2], 1, 1, true}};
+        rc = both_step(&cpu, &gpu, m, s2, N_SEQS, w, delta, n_delta, chosen, &cmp, msg, sizeof msg);
+        len[0] = 14;
+        len[2] = 2;
+        memcpy(next, chosen, sizeof next);
+    }
+    for (int step = 0; rc == ENG_OK && step < 14; step++) {
+        int32_t was[N_SEQS];
+        memcpy(was, next, sizeof was);
+        seq_step sd[N_SEQS];
+        for (int s = 0; s < N_SEQS; s++)
+            sd[s] = (seq_step){&was[s], 1, len[s], s != 1};
+        rc = both_step(&cpu, &gpu, m, sd, N_SEQS, w, delta, n_delta, chosen, &cmp, msg, sizeof msg);
+        for (int s = 0; s < N_SEQS; s++)
+            len[s]++;
+        memcpy(next, chosen, sizeof next);
+    }
+    if (rc != ENG_OK)
+        report(false, name, "%s", msg);
+    else
+        report(cmp.worst <= 1e-3 && cmp.mismatched == 0, name,
+               "worst relative logit difference %.3g (bound 1e-3), %d of %d greedy tokens "
+               "differ where the CPU's lead was clear",
+               cmp.worst, cmp.mismatched, cmp.tokens);
+    if (rc == ENG_OK)
+        printf("  %s: worst relative logit difference %.3g, %d tokens, %d close calls\n", name,
+               cmp.worst, cmp.tokens, cmp.close_calls);
+    side_free(&cpu);
+    side_free(&gpu);
+}
+
+/* --- the checks ---------------------------------------------------------------------- */
+
+static void kinds(void)
+{
+    const model_case cases[] = {
+        {"f32", {.kind = QT_F32}, ENG_ARCH_LLAMA, false, false, false, 0},
+        {"bf16", {.kind = QT_BF16}, ENG_ARCH_LLAMA, false, true, false, 0},
+        {"nf4", {.kind = QT_NF4, .blocksize = 64}, ENG_ARCH_LLAMA, false, false, false, 0},
+        {"nf4-dq",
+         {.kind = QT_NF4, .blocksize = 64, .double_quant = true},
+         ENG_ARCH_LLAMA,
+         false,
+         false,
+         true,
+         0},
+        {"fp4", {.kind = QT_FP4, .blocksize = 128}, ENG_ARCH_LLAMA, false, false, false, 0},
+        {"int4-g32",
+         {.kind = QT_AFFINE, .bits = 4, .group_size = 32, .eps = 1e-6f},
+         ENG_ARCH_QWEN2,
+         true,
+         false,
+         false,
+         0},
+        {"int8",
+         {.kind = QT_AFFINE, .bits = 8, .symmetric = true},
+         ENG_ARCH_LLAMA,
+         false,
+         false,
+         false,
+         0},
+        {"q4_0", {.kind = QT_Q4_0}, ENG_ARCH_LLAMA, false, false, true, 0},
+        {"q4_1", {.kind = QT_Q4_1}, ENG_ARCH_MISTRAL, false, true, true, 8},
+        {"q8_0", {.kind = QT_Q8_0}, ENG_ARCH_LLAMA, false, false, false, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        eng_model m;
+        char name[96];
+        snprintf(name, sizeof name, "steps_match_cpu_%s", cases[i].name);
+        if (make_model(&m, &cases[i]) != QT_OK) {
+            report(false, name, "could not build the model");
+            continue;
+        }
+        scenario(name, &m, NULL, NULL, NULL);
+        eng_model_free(&m);
+    }
+}
+
+/* Unmerged adapters: A applies one at scale 1, B the other at 0.5 then the
+ * first at -0.25 (two terms), C none. */
+static void unmerged(void)
+{
+    model_case mc = {"nf4", {.kind = QT_NF4, .blocksize = 64}, ENG_ARCH_LLAMA, 0, 0, 0, 0};
+    eng_model m;
+    if (make_model(&m, &mc) != QT_OK) {
+        report(false, "unmerged_adapters_match_cpu", "could not build the model");
+        return;
+    }
+    eng_lora *one = make_lora(&m, "one", 8, QT_BF16), *two = make_lora(&m, "two", 16, QT_F32);
+    eng_lora_term a[1] = {{one, 1.0f}}, b[2] = {{two, 0.5f}, {one, -0.25f}};
+    const eng_lora_term *delta[N_SEQS] = {a, b, NULL};
+    int32_t n_delta[N_SEQS] = {1, 2, 0};
+    scenario("unmerged_adapters_match_cpu", &m, NULL, delta, n_delta);
+    eng_lora_unref(one);
+    eng_lora_unref(two);
+    eng_model_free(&m);
+}
+
+/* Merge on the device: the bytes of the CPU merge, the same steps, and the
+ * pristine bytes back after the unmerge. */
+static void merged(qt_quant_params params, const char *kind)
+{
+    model_case mc = {kind, params, ENG_ARCH_LLAMA, false, false, false, 0};
+    eng_model m;
+    char name[96], msg[512];
+    if (make_model(&m, &mc) != QT_OK) {
+        report(false, kind, "could not build the model");
+        return;
+    }
+    eng_lora *lora = make_lora(&m, "merged", 16, QT_BF16);
+    eng_weights *w = merged_version(&m, lora, 0.75f);
+    side gpu;
+    int rc = w ? side_new(&gpu, &m, ENG_DEVICE_CUDA, msg, sizeof msg)
+               : qt_fail(msg, sizeof msg, ENG_EINVAL, "the CPU merge failed");
+    uint64_t pristine = eng_weights_digest(&m, NULL), dev_before = 0, dev_merged = 0, dev_after = 0;
+    if (rc == ENG_OK)
+        rc = eng_backend_digest(gpu.b, NULL, &dev_before, msg, sizeof msg);
+    if (rc == ENG_OK)
+        rc = eng_backend_digest(gpu.b, w, &dev_merged, msg, sizeof msg);
+    snprintf(name, sizeof name, "device_merge_bytes_equal_cpu_merge_%s", kind);
+    if (rc == ENG_OK)
+        report(dev_before == pristine && dev_merged == eng_weights_digest(&m, w), name,
+               "device digests pristine %016llx merged %016llx; host %016llx / %016llx",
+               (unsigned long long)dev_before, (unsigned long long)dev_merged,
+               (unsigned long long)pristine, (unsigned long long)eng_weights_digest(&m, w));
+    else
+        report(false, name, "%s", msg);
+    if (rc == ENG_OK) {
+        snprintf(name, sizeof name, "merged_version_steps_match_cpu_%s", kind);
+        scenario(name, &m, w, NULL, NULL);
+        /* unmerge: the version goes; a step lets the backend drop its copy */
+        eng_weights_unref(w);
+        w = NULL;
+        int32_t tok = 1;
+        eng_step_seq one = {.kv = &gpu.kv[0], .tokens = &tok, .n_tokens = 1, .pos = 0};
+        rc = eng_backend_forward(gpu.b, &one, 1, gpu.logits, NULL, msg, sizeof msg);
+        if (rc == ENG_OK)
+            rc = eng_backend_digest(gpu.b, NULL, &dev_after, msg, sizeof msg);
+        snprintf(name, sizeof name, "device_unmerge_restores_pristine_bytes_%s", kind);
+        report(rc == ENG_OK && dev_after == pristine, name, "digest %016llx, pristine %016llx%s%s",
+               (unsigned long long)dev_after, (unsigned long long)pristine,
+               rc == ENG_OK ? "" : ": ", rc == ENG_OK ? "" : msg);
+        side_free(&gpu);
+    }
+    if (w)
+        eng_weights_unref(w);
+    eng_lora_unref(lora);
+    eng_model_free(&m);
+}
+
+/* Out of device memory at creation: a clear error, no crash, nothing kept. */
+static void out_of_memory(void)
+{
+    model_case mc = {"q4_1", {.kind = QT_Q4_1}, ENG_ARCH_LLAMA, 0, 0, 0, 0};
+    eng_model m;
+    char msg[512] = "";
+    if (make_model(&m, &mc) != QT_OK) {
+        report(false, "out_of_device_memory_is_an_error", "could not build the model");
+        return;
+    }
+    eng_backend_opts o = {.device = ENG_DEVICE_CUDA,
+                          .max_tokens = 64,
+                          .max_seqs = 4,
+                          .kv_bytes = (size_t)1 << 50, /* a petabyte of KV cache */
+                          .block_tokens = 16};
+    eng_backend *b = NULL;
+    int rc = eng_backend_new(&b, &m, &o, msg, sizeof msg);
+    report(rc == ENG_ENOMEM && !b && strstr(msg, "KV") != NULL, "out_of_device_memory_is_an_error",
+           "rc %d, message \"%s\"", rc, msg);
+    eng_backend_free(b);
+    eng_model_free(&m);
+}
+
+/* The default model: greedy continuations equal on both backends. */
+static void default_model(const char *path)
+{
+    eng_model m;
+    char msg[512];
+    eng_load_opts lo = {.path = path};
+    if (eng_model_load(&m, &lo, msg, sizeof msg) != ENG_OK) {
+        report(false, "default_model_greedy_tokens_equal", "%s", msg);
+        return;
+    }
+    const char *prompts[N_SEQS] = {"The capital of France is",
+                                   "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci",
+                                   "Once upon a time, in a small village by the sea,"};
+    enum { NEW = 48 };
+    int32_t out[2][N_SEQS][NEW];
+    int rc = ENG_OK;
+    for (int k = 0; k < 2 && rc == ENG_OK; k++) {
+        side sd;
+        rc = side_new(&sd, &m, k ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU, msg, sizeof msg);
+        int32_t *ids[N_SEQS] = {0}, pos[N_SEQS], last[N_SEQS];
+        size_t n_ids[N_SEQS] = {0};
+        for (int s = 0; s < N_SEQS && rc == ENG_OK; s++)
+            rc = tok_encode(m.tok, prompts[s], strlen(prompts[s]), true, false, &ids[s], &n_ids[s],
+                            msg, sizeof msg);
+        /* the prompts together, then NEW greedy steps of all three */
+        for (int t = 0; t <= NEW && rc == ENG_OK; t++) {
+            eng_step_seq steps[N_SEQS];
+            for (int s = 0; s < N_SEQS; s++) {
+                if (t == 0)
+                    steps[s] = (eng_step_seq){.kv = &sd.kv[s],
+                                              .tokens = ids[s],
+                                              .n_tokens = (int32_t)n_ids[s],
+                                              .pos = 0,
+                                              .greedy = true};
+                else
+                    steps[s] = (eng_step_seq){.kv = &sd.kv[s],
+                                              .tokens = &last[s],
+                                              .n_tokens = 1,
+                                              .pos = pos[s],
+                                              .greedy = true};
+            }
+            rc = eng_backend_forward(sd.b, steps, N_SEQS, sd.logits, sd.tokens, msg, sizeof msg);
+            for (int s = 0; s < N_SEQS && rc == ENG_OK && t < NEW; s++) {
+                float lead;
+                int32_t tok = sd.tokens[s] >= 0 ? sd.tokens[s]
+                                                : best_of(sd.logits + (size_t)s * m.cfg.vocab_size,
+                                                          m.cfg.vocab_size, &lead);
+                pos[s] = t == 0 ? (int32_t)n_ids[s] : pos[s] + 1;
+                last[s] = tok;
+                out[k][s][t] = tok;
+            }
+        }
+        for (int s = 0; s < N_SEQS; s++)
+            free(ids[s]);
+        side_free(&sd);
+    }
+    int first_diff = -1, diff_seq = -1;
+    for (int s = 0; s < N_SEQS && rc == ENG_OK && first_diff < 0; s++)
+        for (int t = 0; t < NEW; t++)
+            if (out[0][s][t] != out[1][s][t]) {
+                first_diff = t;
+                diff_seq = s;
+                break;
+            }
+    if (rc == ENG_OK && first_diff < 0) {
+        char *text = NULL;
+        size_t len = 0;
+        if (tok_decode(m.tok, out[1][0], NEW, true, &text, &len, msg, sizeof msg) == ENG_OK)
+            printf("  default model, cuda: \"%s\" ->%.*s\n", prompts[0], (int)len, text);
+        free(text);
+    }
+    if (rc != ENG_OK)
+        report(false, "default_model_greedy_tokens_equal", "%s", msg);
+    else
+        report(first_diff < 0, "default_model_greedy_tokens_equal",
+               "prompt %d: first difference at generated token %d", diff_seq, first_diff);
+    eng_model_free(&m);
+}
+
+int main(void)
+{
+    int n = 0;
+    char msg[256];
+    if (qt_cuda_device_count(&n, msg, sizeof msg) != QT_OK || n < 1) {
+        printf("SKIP test_cuda_engine: no CUDA device (%s)\n", msg);
+        return 77;
+    }
+    kinds();
+    unmerged();
+    merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq");
+    merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1");
+    merged((qt_quant_params){.kind = QT_AFFINE, .bits = 4, .group_size = 32, .eps = 1e-6f},
+           "int4-g32");
+    out_of_memory();
+    const char *path = getenv("QL_DEFAULT_MODEL");
+    if (path && *path)
+        default_model(path);
+    else
+        printf("SKIP default_model_greedy_tokens_equal: QL_DEFAULT_MODEL is not set\n");
+    printf("test_cuda_engine: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
