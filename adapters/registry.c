@@ -376,7 +376,24 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
             }
         }
     }
-    if (rc == ENG_OK) {
+    /* a backend that merges on the device (CUDA) needs only the
+     * configuration: the merged tensors are made there, not here */
+    bool on_device = eng_engine_merges_on_device(r->e) && o->into == QT_KIND_COUNT;
+    eng_merge_cost *device_costs = NULL;
+    uint64_t device_digest = 0;
+    if (rc == ENG_OK && on_device) {
+        device_costs = calloc(n_modules, sizeof *device_costs);
+        rc = device_costs ? eng_weights_set_merged(v, terms, n_terms, msg, msg_len)
+                          : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        if (rc == ENG_OK)
+            rc = eng_engine_prepare(r->e, v, device_costs, &device_digest, msg, msg_len);
+        for (size_t i = 0; rc == ENG_OK && i < n_jobs; i++) {
+            module_job *j = &jobs[i];
+            const eng_merge_cost *dc = &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj];
+            lora_cost sums = {.dot = dc->dot, .delta_sq = dc->delta_sq, .err_sq = dc->err_sq};
+            lora_cost_add(&j->cost, &sums);
+        }
+    } else if (rc == ENG_OK) {
         rebuild b = {m, o, jobs};
         eng_pool_run(r->pool, merge_modules, &b, (int64_t)n_jobs, 1);
         for (size_t i = 0; i < n_jobs && rc == ENG_OK; i++)
@@ -389,19 +406,21 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
         if (!rp.modules)
             rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
     }
-    if (rc == ENG_OK)
+    if (rc == ENG_OK && !on_device)
         rc = eng_weights_set_merged(v, terms, n_terms, msg, msg_len);
     if (rc == ENG_OK) {
         for (size_t i = 0; i < n_jobs; i++) {
             module_job *j = &jobs[i];
-            rp.modules[i] = (struct lora_module_cost){j->layer, j->proj, j->merged.kind, j->cost};
+            qt_kind kind = on_device ? eng_model_proj(m, j->layer, j->proj)->kind : j->merged.kind;
+            rp.modules[i] = (struct lora_module_cost){j->layer, j->proj, kind, j->cost};
             lora_cost_add(&rp.overall, &j->cost);
-            eng_weights_set(v, j->layer, j->proj, &j->merged);
+            if (!on_device)
+                eng_weights_set(v, j->layer, j->proj, &j->merged);
         }
         rp.n_modules = n_jobs;
         rp.into = o->into;
         rp.version = v->version;
-        rp.digest = eng_weights_digest(m, v);
+        rp.digest = on_device ? device_digest : eng_weights_digest(m, v);
         pthread_mutex_lock(&r->mu);
         r->have_digest = true;
         r->digested_version = v->version;
@@ -414,6 +433,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
     for (size_t i = 0; jobs && i < n_jobs; i++)
         qt_free(&jobs[i].merged);
     free(jobs);
+    free(device_costs);
     eng_weights_unref(v);
     eng_weights_unref(serving);
     if (rc != ENG_OK) {

@@ -273,7 +273,7 @@ static void dev_version_free(dev_version *dv, int32_t n_layers)
 /* Layer l's projection p of version w merged on the device: the pristine
  * device tensor plus each merged adapter's scaled B @ A. */
 static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, eng_proj p,
-                            qt_cuda_tensor *out, char *msg, size_t msg_len)
+                            qt_cuda_tensor *out, eng_merge_cost *cost, char *msg, size_t msg_len)
 {
     qt_cuda_lora_term terms[16];
     int32_t n = 0;
@@ -298,16 +298,30 @@ static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, en
                                          .module_scale = mod->scale};
     }
     char why[256];
-    int rc = qt_cuda_merge(&c->layers[l].proj[p], terms, n, out, NULL, c->stream, why, sizeof why);
+    qt_cuda_merge_report report;
+    int rc =
+        qt_cuda_merge(&c->layers[l].proj[p], terms, n, out, &report, c->stream, why, sizeof why);
     if (rc != QT_OK)
         return qt_fail(msg, msg_len, eng_code(rc), "merging layer %d %s on the device: %s", l,
                        eng_proj_name(p), why);
+    if (cost)
+        *cost = (eng_merge_cost){report.dot, report.delta_sq, report.err_sq, true};
     return ENG_OK;
 }
 
-/* The device copy of version w, built on first use. */
-static int version_on_device(cuda_backend *c, const eng_weights *w, dev_version **out, char *msg,
-                             size_t msg_len)
+/* Whether an adapter merged into w targets layer l's projection p. */
+static bool merged_into(const eng_weights *w, int32_t l, eng_proj p)
+{
+    for (size_t i = 0; i < w->n_merged; i++)
+        if (eng_lora_module_at(w->merged[i].lora, l, p))
+            return true;
+    return false;
+}
+
+/* The device copy of version w, built on first use (or by prepare, with
+ * each module's merge figures in costs when not NULL). */
+static int version_on_device(cuda_backend *c, const eng_weights *w, eng_merge_cost *costs,
+                             dev_version **out, char *msg, size_t msg_len)
 {
     for (dev_version *dv = c->versions; dv; dv = dv->next)
         if (dv->w == w) {
@@ -327,15 +341,17 @@ static int version_on_device(cuda_backend *c, const eng_weights *w, dev_version 
         for (int p = 0; rc == ENG_OK && p < ENG_N_PROJ; p++) {
             const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
             const qtensor *served = eng_weights_proj(w, l, (eng_proj)p);
-            if (served == pristine)
-                continue;
-            qt_cuda_tensor *slot = &dv->proj[(size_t)l * ENG_N_PROJ + p];
-            if (served->kind == pristine->kind) {
-                rc = merge_projection(c, w, l, (eng_proj)p, slot, msg, msg_len);
-            } else {
+            size_t i = (size_t)l * ENG_N_PROJ + p;
+            qt_cuda_tensor *slot = &dv->proj[i];
+            if (served != pristine && served->kind != pristine->kind) {
                 /* stored "into" a wider kind on the host: serve that one */
                 size_t bytes = 0;
                 rc = upload_tensor(served, slot, "a merged projection", &bytes, msg, msg_len);
+            } else if (merged_into(w, l, (eng_proj)p)) {
+                /* the host's merged copy (if it made one) has these very
+                 * bytes: the device merge is the CPU merge's arithmetic */
+                rc = merge_projection(c, w, l, (eng_proj)p, slot, costs ? &costs[i] : NULL, msg,
+                                      msg_len);
             }
         }
     }
@@ -521,7 +537,6 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         c->seq_row[s] = r;
         c->h_bt_offset[s] = (int32_t)tables;
         tables += (q->pos + q->n_tokens + bt - 1) / bt;
-        c->h_greedy[s] = q->greedy;
         for (int32_t t = 0; t < q->n_tokens; t++, r++) {
             c->h_tokens[r] = q->tokens[t];
             c->h_row_seq[r] = s;
@@ -547,7 +562,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
     for (int32_t s = 0; s < sc->n_seqs; s++) {
         const eng_weights *w = sc->seqs[s].weights;
         sc->vers[s] = NULL;
-        if (w && w->n_merged > 0 && (rc = version_on_device(c, w, &sc->vers[s], msg, msg_len)))
+        if (w && w->n_merged > 0 &&
+            (rc = version_on_device(c, w, NULL, &sc->vers[s], msg, msg_len)))
             return rc;
         if (sc->seqs[s].n_delta > sc->max_terms)
             sc->max_terms = sc->seqs[s].n_delta;
@@ -792,7 +808,7 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
     size_t n = (size_t)m->cfg.n_layers * ENG_N_PROJ;
     dev_version *dv = NULL;
     if (w && w->n_merged > 0) {
-        int rc = version_on_device(c, w, &dv, msg, msg_len);
+        int rc = version_on_device(c, w, NULL, &dv, msg, msg_len);
         if (rc != ENG_OK)
             return rc;
     }
@@ -825,6 +841,29 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
     free(copies);
     free(proj);
     return rc;
+}
+
+/* Build version w's device copy now (the registry publishes it after), with
+ * each module's merge figures and the digest of what the device serves. */
+static int cuda_prepare(eng_backend *b, const eng_weights *w, eng_merge_cost *costs,
+                        uint64_t *digest, char *msg, size_t msg_len)
+{
+    cuda_backend *c = (cuda_backend *)b;
+    if (costs)
+        memset(costs, 0, (size_t)b->m->cfg.n_layers * ENG_N_PROJ * sizeof *costs);
+    prune_device_copies(c);
+    if (w->n_merged > 0) {
+        dev_version *dv;
+        for (dv = c->versions; dv && dv->w != w;)
+            dv = dv->next;
+        if (dv && costs)
+            return qt_fail(msg, msg_len, ENG_EINVAL, "version %llu is on the device already",
+                           (unsigned long long)w->version);
+        int rc = version_on_device(c, w, costs, &dv, msg, msg_len);
+        if (rc != ENG_OK)
+            return rc;
+    }
+    return digest ? cuda_digest(b, w, digest, msg, msg_len) : ENG_OK;
 }
 
 /* --- creation ---------------------------------------------------------------------- */
@@ -1045,6 +1084,7 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     c->base.forward = cuda_forward;
     c->base.destroy = cuda_destroy;
     c->base.digest = cuda_digest;
+    c->base.prepare = cuda_prepare;
     c->max_tokens = o->max_tokens > 0 ? o->max_tokens : 256;
     c->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
     c->max_rank = 256; /* qt_cuda_sgmv's bound */

@@ -18,6 +18,9 @@ struct eng_backend {
     /* NULL: the host tensors are what it computes with */
     int (*digest)(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
                   size_t msg_len);
+    /* NULL: the backend computes with the host's merged tensors */
+    int (*prepare)(eng_backend *b, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
+                   char *msg, size_t msg_len);
     void (*destroy)(eng_backend *b);
 };
 

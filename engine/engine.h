@@ -634,12 +634,14 @@ void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, con
 /* --- backends: where a forward step runs (engine/backend.c; the CUDA one in
  *     engine/backend_cuda.c when built with CUDA) ------------------------------ */
 
-/* Which backend: cpu (always built, the reference), cuda (an NVIDIA GPU),
- * or auto (cuda when this build has it and a device is present, else cpu). */
+/* Which backend: cpu (always built, the reference; the zero value, so
+ * options built by hand stay on the CPU), cuda (an NVIDIA GPU), or auto
+ * (cuda when this build has it and a device is present, else cpu: what the
+ * command line defaults to). */
 typedef enum eng_device {
-    ENG_DEVICE_AUTO = 0,
-    ENG_DEVICE_CPU,
+    ENG_DEVICE_CPU = 0,
     ENG_DEVICE_CUDA,
+    ENG_DEVICE_AUTO,
 } eng_device;
 
 /* "auto", "cpu", "cuda" -> *out; ENG_EINVAL naming the value otherwise. */
@@ -850,6 +852,28 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
 /* The backend the engine runs on, described (eng_backend_describe); lives
  * as long as the engine. */
 const char *eng_engine_backend(const eng_engine *e);
+
+/* What requantizing cost one module of a merge, as adapters' lora_cost
+ * sums it (dot = <Q - W, d>, delta_sq = |d|^2, err_sq = |Q - (W + d)|^2). */
+typedef struct eng_merge_cost {
+    double dot, delta_sq, err_sq;
+    bool merged; /* false: the module had nothing merged into it */
+} eng_merge_cost;
+
+/* Whether the engine's backend merges adapters itself (CUDA): a version
+ * then needs only its merged configuration (eng_weights_set_merged), not
+ * host copies of the merged tensors. */
+bool eng_engine_merges_on_device(const eng_engine *e);
+/*
+ * Have the backend build its copy of version w now (merging on the device
+ * what w's configuration merges), on the engine thread between two steps,
+ * and wait for it: costs (n_layers * ENG_N_PROJ entries, or NULL) receives
+ * each module's merge figures and *digest eng_backend_digest's digest of
+ * what the device will serve. Call before publishing w, so the first step
+ * on it does not stall. ENG_EINVAL when the backend does not merge.
+ */
+int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
+                       char *msg, size_t msg_len);
 
 /* --- the jobs behind the command line ------------------------------------ */
 

@@ -24,6 +24,7 @@
  * version has merged, unmerged. A new version published by a merge is
  * taken between two steps; sequences already running finish on theirs.
  */
+#include "backend_internal.h"
 #include "engine.h"
 
 #include <pthread.h>
@@ -86,9 +87,11 @@ struct eng_engine {
     uint64_t next_id;
     int32_t queued; /* inbox + waiting, for the queue limit */
     eng_engine_stats stats;
-    eng_weights *latest;  /* the last published version (a reference) */
-    eng_weights *pending; /* published, not yet taken by the engine thread */
-    int32_t old_running;  /* running sequences on a version older than current */
+    eng_weights *latest;          /* the last published version (a reference) */
+    eng_weights *pending;         /* published, not yet taken by the engine thread */
+    struct prepare_job *prepares; /* versions to build on the device, waited for */
+    pthread_cond_t prepared_cv;
+    int32_t old_running; /* running sequences on a version older than current */
     pthread_cond_t versions_cv;
 
     /* engine thread only */
@@ -536,6 +539,32 @@ static void note_versions(eng_engine *e)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A version for the backend to build between two steps (eng_engine_prepare);
+ * the caller waits on prepared_cv until done. */
+typedef struct prepare_job {
+    const eng_weights *w;
+    eng_merge_cost *costs;
+    uint64_t *digest;
+    int rc;
+    bool done;
+    char msg[512];
+    struct prepare_job *next;
+} prepare_job;
+
+/* Run the prepare jobs taken off the list (engine thread, no lock held). */
+static void run_prepares(eng_engine *e, prepare_job *jobs)
+{
+    for (prepare_job *j = jobs; j; j = j->next)
+        j->rc = e->backend->prepare(e->backend, j->w, j->costs, j->digest, j->msg, sizeof j->msg);
+    pthread_mutex_lock(&e->mu);
+    for (prepare_job *j = jobs, *next; j; j = next) {
+        next = j->next; /* j belongs to its waiter once done is set */
+        j->done = true;
+    }
+    pthread_cond_broadcast(&e->prepared_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *engine_main(void *arg)
 {
     eng_engine *e = arg;
@@ -544,8 +573,10 @@ static void *engine_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stopping && !e->inbox && e->n_cancels == 0 && !e->waiting && e->n_running == 0 &&
-               !e->pending)
+               !e->pending && !e->prepares)
             pthread_cond_wait(&e->wake, &e->mu);
+        prepare_job *prepares = e->prepares;
+        e->prepares = NULL;
         /* a published version: new sequences get it from now on */
         eng_weights *retired = NULL;
         if (e->pending) {
@@ -581,6 +612,8 @@ static void *engine_main(void *arg)
         bool stopping = e->stopping;
         pthread_mutex_unlock(&e->mu);
         eng_weights_unref(retired); /* freed here if no sequence runs on it */
+        if (prepares)
+            run_prepares(e, prepares);
 
         apply_cancels(e, cancels, n_cancels, stopping);
         if (stopping)
@@ -612,6 +645,7 @@ static void engine_free(eng_engine *e)
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->versions_cv);
+    pthread_cond_destroy(&e->prepared_cv);
     free(e);
 }
 
@@ -625,6 +659,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->versions_cv, NULL);
+    pthread_cond_init(&e->prepared_cv, NULL);
     e->m = m;
     e->o = *o;
 #define DEFAULT(field, value)                                                                      \
@@ -746,4 +781,33 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
 const char *eng_engine_backend(const eng_engine *e)
 {
     return eng_backend_describe(e->backend);
+}
+
+bool eng_engine_merges_on_device(const eng_engine *e)
+{
+    return e->backend->prepare != NULL;
+}
+
+int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
+                       char *msg, size_t msg_len)
+{
+    if (!e->backend->prepare)
+        return qt_fail(msg, msg_len, ENG_EINVAL,
+                       "the %s backend merges on the host: nothing to prepare",
+                       eng_device_name(eng_backend_device(e->backend)));
+    prepare_job job = {.w = w, .costs = costs, .digest = digest};
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        return qt_fail(msg, msg_len, ENG_EINVAL, "the engine is stopping");
+    }
+    job.next = e->prepares;
+    e->prepares = &job;
+    pthread_cond_signal(&e->wake);
+    while (!job.done)
+        pthread_cond_wait(&e->prepared_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    if (job.rc != ENG_OK)
+        return qt_fail(msg, msg_len, job.rc, "%s", job.msg);
+    return ENG_OK;
 }

@@ -125,6 +125,20 @@ static const char *prompts[] = {"the theme of the thesis", "hello", "a b c d e f
                                 "the"};
 #define N_PROMPTS 4
 
+/* A CPU engine merges on the host: it has nothing to prepare, and says so. */
+Test(engine, a_cpu_engine_does_not_merge_on_a_device)
+{
+    eng_engine *e = start((size_t)1 << 20, 2);
+    char msg[512] = "";
+    eng_weights *w = eng_engine_weights(e);
+    cr_assert_not(eng_engine_merges_on_device(e));
+    cr_assert_eq(eng_engine_prepare(e, w, NULL, NULL, msg, sizeof msg), ENG_EINVAL);
+    cr_assert(strstr(msg, "cpu backend merges on the host"), "%s", msg);
+    cr_assert(strstr(eng_engine_backend(e), "cpu (2 threads)"), "%s", eng_engine_backend(e));
+    eng_weights_unref(w);
+    eng_engine_stop(e);
+}
+
 Test(engine, batched_requests_match_each_alone)
 {
     result alone[N_PROMPTS], together[N_PROMPTS];

@@ -27,8 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "engine.h"
 #include "lora.h"
+#include "peft_writer.h"
 #include "qt_cuda.h"
 
 static int passed, failed;
@@ -124,7 +127,7 @@ static int make_model(eng_model *m, const model_case *mc)
                       .attention_bias = mc->bias,
                       .sliding_window = mc->window,
                       .bos_token_id = -1,
-                      .eos_token_id = -1};
+                      .eos_token_id = 1}; /* the engine takes EOS from here (no tokenizer) */
     int64_t H = c->hidden_size, F = c->intermediate_size, Q = c->n_heads * c->head_dim,
             KV = c->n_kv_heads * c->head_dim;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
@@ -525,6 +528,80 @@ static void merged(qt_quant_params params, const char *kind)
     eng_model_free(&m);
 }
 
+/* The registry on a CUDA engine merges on the device only (no host copy):
+ * its report and digest equal those of the same merge on a CPU engine, and
+ * the unmerge serves the pristine bytes again. */
+static void registry_merges_on_device(void)
+{
+    const char *name = "registry_merge_on_device_equals_cpu";
+    model_case mc = {"nf4-dq",
+                     {.kind = QT_NF4, .blocksize = 64, .double_quant = true},
+                     ENG_ARCH_LLAMA,
+                     false,
+                     false,
+                     false,
+                     0};
+    eng_model m;
+    char msg[512], dir[] = "/tmp/qlserve-gpu-adapter-XXXXXX";
+    if (make_model(&m, &mc) != QT_OK || !mkdtemp(dir) ||
+        peft_write_random(&m, dir, 16, 32.0f, 0.02, 11, msg, sizeof msg) != ENG_OK) {
+        report(false, name, "could not build the model or write the adapter");
+        eng_model_free(&m);
+        return;
+    }
+    lora_report rep[2][2];
+    memset(rep, 0, sizeof rep);
+    bool on_device[2] = {false, false};
+    int rc = ENG_OK;
+    for (int k = 0; k < 2 && rc == ENG_OK; k++) {
+        eng_engine_opts eo = {.device = k ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU,
+                              .kv_bytes = (size_t)8 << 20};
+        eng_engine *e = NULL;
+        lora_registry *reg = NULL;
+        lora_registry_opts ro = {.threads = 2};
+        lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
+        lora_meta meta;
+        rc = eng_engine_start(&e, &m, &eo, msg, sizeof msg);
+        if (rc == ENG_OK)
+            rc = lora_registry_new(&reg, e, &m, &ro, msg, sizeof msg);
+        if (rc == ENG_OK)
+            rc = lora_registry_load(reg, "a", dir, 1.0f, &meta, msg, sizeof msg);
+        if (rc == ENG_OK) {
+            on_device[k] = eng_engine_merges_on_device(e);
+            rc = lora_registry_merge(reg, "a", 0.75f, &mo, &rep[k][0], msg, sizeof msg);
+        }
+        if (rc == ENG_OK)
+            rc = lora_registry_unmerge(reg, "a", &rep[k][1], msg, sizeof msg);
+        lora_registry_free(reg);
+        if (e)
+            eng_engine_stop(e);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        printf("  could not remove %s\n", dir);
+    if (rc != ENG_OK) {
+        report(false, name, "%s", msg);
+    } else {
+        double a = rep[0][0].overall.delta_retained, b = rep[1][0].overall.delta_retained;
+        uint64_t pristine = eng_weights_digest(&m, NULL);
+        report(!on_device[0] && on_device[1] && rep[0][0].digest == rep[1][0].digest &&
+                   fabs(a - b) <= 1e-9 * fabs(a) && rep[1][1].digest == pristine &&
+                   rep[0][0].n_modules == rep[1][0].n_modules,
+               name,
+               "on device %d/%d; merged digest cpu %016llx cuda %016llx; delta_retained cpu "
+               "%.12g cuda %.12g; unmerged digest cuda %016llx, pristine %016llx; modules %zu/%zu",
+               on_device[0], on_device[1], (unsigned long long)rep[0][0].digest,
+               (unsigned long long)rep[1][0].digest, a, b, (unsigned long long)rep[1][1].digest,
+               (unsigned long long)pristine, rep[0][0].n_modules, rep[1][0].n_modules);
+        printf("  merge seconds: cpu %.3f, cuda %.3f\n", rep[0][0].seconds, rep[1][0].seconds);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 2; i++)
+            lora_report_free(&rep[k][i]);
+    eng_model_free(&m);
+}
+
 /* Out of device memory at creation: a clear error, no crash, nothing kept. */
 static void out_of_memory(void)
 {
@@ -641,6 +718,7 @@ int main(void)
     merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1");
     merged((qt_quant_params){.kind = QT_AFFINE, .bits = 4, .group_size = 32, .eps = 1e-6f},
            "int4-g32");
+    registry_merges_on_device();
     out_of_memory();
     const char *path = getenv("QL_DEFAULT_MODEL");
     if (path && *path)
