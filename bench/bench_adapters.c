@@ -134,8 +134,13 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
     for (int b = 0; b < batch; b++) {
         terms[b] = (eng_lora_term){n_adapters ? adapters[b % n_adapters] : NULL, 1.0f};
         eng_kv_reserve(kv, &seqs[b], P + new_tokens + 1);
-        step[b] = (eng_step_seq){
-            &seqs[b], prompt, P, 0, NULL, n_adapters ? &terms[b] : NULL, n_adapters ? 1 : 0, false};
+        step[b] = (eng_step_seq){.kv = &seqs[b],
+                                 .tokens = prompt,
+                                 .n_tokens = P,
+                                 .pos = 0,
+                                 .weights = NULL,
+                                 .delta = n_adapters ? &terms[b] : NULL,
+                                 .n_delta = n_adapters ? 1 : 0};
     }
     if (eng_forward(st, m, kv, pool, step, batch, logits, msg, sizeof msg))
         die("prefill", msg);
@@ -144,9 +149,13 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
     double t0 = now();
     for (int k = 0; k < new_tokens; k++) {
         for (int b = 0; b < batch; b++)
-            step[b] = (eng_step_seq){
-                &seqs[b],           &next[b], 1, P + k, NULL, n_adapters ? &terms[b] : NULL,
-                n_adapters ? 1 : 0, false};
+            step[b] = (eng_step_seq){.kv = &seqs[b],
+                                     .tokens = &next[b],
+                                     .n_tokens = 1,
+                                     .pos = P + k,
+                                     .weights = NULL,
+                                     .delta = n_adapters ? &terms[b] : NULL,
+                                     .n_delta = n_adapters ? 1 : 0};
         if (eng_forward(st, m, kv, pool, step, batch, logits, msg, sizeof msg))
             die("decode", msg);
         for (int b = 0; b < batch; b++) {

@@ -164,6 +164,11 @@ eng_device eng_backend_device(const eng_backend *b)
     return b->device;
 }
 
+bool eng_backend_draws(const eng_backend *b)
+{
+    return b->draws;
+}
+
 eng_kv_cache *eng_backend_kv(eng_backend *b)
 {
     return b->kv;

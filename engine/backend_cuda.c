@@ -36,6 +36,7 @@
  */
 #include "backend_internal.h"
 #include "qt_cuda_ops.h"
+#include "qt_cuda_sample.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -84,10 +85,12 @@ typedef struct cuda_backend {
     float *lora_t; /* [max_tokens][max_rank] */
     /* a step's layout: device arrays and their pinned host staging */
     int32_t *d_tokens, *d_row_seq, *d_row_pos, *d_bt_offset, *d_tables, *d_greedy;
-    float *d_cos, *d_sin;
+    float *d_cos, *d_sin, *d_inv_t;
+    double *d_u;
     qt_cuda_lora_segment *d_segs;
     int32_t *h_tokens, *h_row_seq, *h_row_pos, *h_bt_offset, *h_tables, *h_greedy;
-    float *h_cos, *h_sin;
+    float *h_cos, *h_sin, *h_inv_t;
+    double *h_u;
     qt_cuda_lora_segment *h_segs;
     int64_t tables_cap, segs_cap;
     int64_t *seq_row; /* host: each step sequence's first row */
@@ -730,22 +733,40 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
                        sizeof why));
     const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
     OP(qt_cuda_matmul(c->blas, head, c->last, S, c->logits, st, why, sizeof why));
-    bool any_greedy = false;
-    for (int32_t s = 0; s < sc->n_seqs; s++)
-        any_greedy |= tokens && sc->seqs[s].greedy;
-    if (any_greedy) {
+    /* tokens chosen here: greedy rows by argmax, plain draws by the
+     * sampling kernel (which leaves greedy rows alone); the other rows'
+     * logits go back to the host sampler */
+    bool any_choice = false, any_draw = false;
+    for (int32_t s = 0; s < sc->n_seqs; s++) {
+        bool draw = tokens && sc->seqs[s].draw;
+        any_choice |= tokens && (sc->seqs[s].greedy || draw);
+        any_draw |= draw;
+        c->h_inv_t[s] = draw ? sc->seqs[s].inv_temperature : 0.0f;
+        c->h_u[s] = draw ? sc->seqs[s].u : 0.0;
+    }
+    if (any_choice) {
         OP(qt_cuda_argmax(c->logits, S, V, c->d_greedy, st, why, sizeof why));
+        if (any_draw) {
+            CUDA_TRY(cudaMemcpyAsync(c->d_inv_t, c->h_inv_t, (size_t)S * sizeof(float),
+                                     cudaMemcpyHostToDevice, c->stream),
+                     "copying temperatures");
+            CUDA_TRY(cudaMemcpyAsync(c->d_u, c->h_u, (size_t)S * sizeof(double),
+                                     cudaMemcpyHostToDevice, c->stream),
+                     "copying uniforms");
+            OP(qt_cuda_sample(c->logits, S, V, c->d_inv_t, c->d_u, c->d_greedy, st, why,
+                              sizeof why));
+        }
         CUDA_TRY(cudaMemcpyAsync(c->h_greedy, c->d_greedy, (size_t)S * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream),
-                 "copying greedy tokens back");
+                 "copying chosen tokens back");
     }
     /* logits of the others, in runs of neighbours */
     for (int32_t s = 0; s < sc->n_seqs;) {
-        bool greedy = tokens && sc->seqs[s].greedy;
+        bool chosen = tokens && (sc->seqs[s].greedy || sc->seqs[s].draw);
         int32_t e = s + 1;
-        while (e < sc->n_seqs && (tokens && sc->seqs[e].greedy) == greedy)
+        while (e < sc->n_seqs && (tokens && (sc->seqs[e].greedy || sc->seqs[e].draw)) == chosen)
             e++;
-        if (!greedy)
+        if (!chosen)
             CUDA_TRY(cudaMemcpyAsync(logits + (size_t)s * V, c->logits + (size_t)s * V,
                                      (size_t)(e - s) * (size_t)V * sizeof(float),
                                      cudaMemcpyDeviceToHost, c->stream),
@@ -755,7 +776,7 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
     CUDA_TRY(cudaStreamSynchronize(c->stream), "running the step");
     if (tokens)
         for (int32_t s = 0; s < sc->n_seqs; s++)
-            tokens[s] = sc->seqs[s].greedy ? c->h_greedy[s] : -1;
+            tokens[s] = sc->seqs[s].greedy || sc->seqs[s].draw ? c->h_greedy[s] : -1;
     return ENG_OK;
 }
 
@@ -900,11 +921,12 @@ static void cuda_destroy(eng_backend *b)
                    c->k,          c->v,         c->att,         c->gate,     c->up,
                    c->tmp,        c->last,      c->logits,      c->lora_t,   c->d_tokens,
                    c->d_row_seq,  c->d_row_pos, c->d_bt_offset, c->d_tables, c->d_greedy,
-                   c->d_cos,      c->d_sin,     c->d_segs};
+                   c->d_cos,      c->d_sin,     c->d_segs,      c->d_inv_t,  c->d_u};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         cudaFree(dev[i]);
-    void *host[] = {c->h_tokens, c->h_row_seq, c->h_row_pos, c->h_bt_offset, c->h_tables,
-                    c->h_greedy, c->h_cos,     c->h_sin,     c->h_segs};
+    void *host[] = {c->h_tokens, c->h_row_seq, c->h_row_pos, c->h_bt_offset,
+                    c->h_tables, c->h_greedy,  c->h_cos,     c->h_sin,
+                    c->h_segs,   c->h_inv_t,   c->h_u};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         cudaFreeHost(host[i]);
     free(c->seq_row);
@@ -1001,6 +1023,8 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
         {&c->d_greedy, S * sizeof(int32_t), "the step's layout"},
         {&c->d_cos, T * half * sizeof(float), "the step's layout"},
         {&c->d_sin, T * half * sizeof(float), "the step's layout"},
+        {&c->d_inv_t, S * sizeof(float), "the step's layout"},
+        {&c->d_u, S * sizeof(double), "the step's layout"},
     };
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) {
         int rc = dev_alloc(dev[i].p, dev[i].bytes, dev[i].what, msg, msg_len);
@@ -1014,7 +1038,8 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
         {&c->h_tokens, T * sizeof(int32_t)},   {&c->h_row_seq, T * sizeof(int32_t)},
         {&c->h_row_pos, T * sizeof(int32_t)},  {&c->h_bt_offset, S * sizeof(int32_t)},
         {&c->h_greedy, S * sizeof(int32_t)},   {&c->h_cos, T * half * sizeof(float)},
-        {&c->h_sin, T * half * sizeof(float)},
+        {&c->h_sin, T * half * sizeof(float)}, {&c->h_inv_t, S * sizeof(float)},
+        {&c->h_u, S * sizeof(double)},
     };
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) {
         int rc = host_alloc(host[i].p, host[i].bytes, "the step's layout", msg, msg_len);
@@ -1085,6 +1110,7 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     c->base.destroy = cuda_destroy;
     c->base.digest = cuda_digest;
     c->base.prepare = cuda_prepare;
+    c->base.draws = true;
     c->max_tokens = o->max_tokens > 0 ? o->max_tokens : 256;
     c->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
     c->max_rank = 256; /* qt_cuda_sgmv's bound */

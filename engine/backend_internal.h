@@ -13,6 +13,7 @@ struct eng_backend {
     char describe[256];
     const eng_model *m;
     eng_kv_cache *kv;
+    bool draws; /* chooses tokens where the logits are (eng_backend_draws) */
     int (*forward)(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
                    int32_t *tokens, char *msg, size_t msg_len);
     /* NULL: the host tensors are what it computes with */

@@ -600,6 +600,13 @@ typedef struct eng_step_seq {
      * without a penalty): a backend that can choose it where the logits are
      * (eng_backend_forward's tokens) need not return this row's logits */
     bool greedy;
+    /* or the caller wants a plain temperature draw (eng_sampler_plain_draw)
+     * with this 1 / T and this uniform, already taken from the sequence's
+     * stream: only for a backend that draws (eng_backend_draws), which then
+     * must put the token in tokens */
+    bool draw;
+    float inv_temperature;
+    double u;
 } eng_step_seq;
 
 /* Scratch of the forward pass, sized for up to max_tokens new tokens per
@@ -680,6 +687,9 @@ void eng_backend_free(eng_backend *b);
 const char *eng_backend_describe(const eng_backend *b);
 /* Which device it is (never ENG_DEVICE_AUTO). */
 eng_device eng_backend_device(const eng_backend *b);
+/* Whether the backend chooses greedy tokens and makes plain temperature
+ * draws itself (eng_step_seq.greedy, .draw): the CUDA one does. */
+bool eng_backend_draws(const eng_backend *b);
 /* The backend's KV cache bookkeeping (block tables are handed out here). */
 eng_kv_cache *eng_backend_kv(eng_backend *b);
 /*
@@ -730,6 +740,14 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
 /* Record a token chosen elsewhere (a backend's greedy choice) as eng_sample
  * records its own. */
 void eng_sampler_record(eng_sampler *s, int32_t token);
+/* Whether s's next token is a plain temperature draw over the whole
+ * vocabulary (no top-k, top-p or penalty), which a backend can make where
+ * the logits are (kernels/sample_math.h); *inv_temperature receives the
+ * 1 / T eng_sample would use. */
+bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
+/* The uniform in [0, 1) eng_sample would draw next (taken from s's stream:
+ * a backend's draw then stands for eng_sample's). */
+double eng_sampler_uniform(eng_sampler *s);
 
 /* Stop strings, matched on the decoded text across token boundaries and
  * never emitted: text that could still be the start of a stop string is

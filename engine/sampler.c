@@ -76,6 +76,7 @@
  * tokenizer's stream already emits whole characters.
  */
 #include "engine.h"
+#include "sample_math.h"
 
 #include <float.h>
 #include <math.h>
@@ -446,32 +447,12 @@ static inline uint32_t largest_key_loop(const float *logits, size_t n, uint32_t 
     return best_key;
 }
 
-#define EXP_LIMIT_BITS 0x42ae0000u /* 87.0f: e^-87 is the last normal float */
-
-/*
- * e^-y for y >= 0 (NaN and y >= 87 give 0), with Cephes' expf polynomial
- * (relative error under 1e-7, measured against exp in double over [0, 87]).
- * Our own rather than libm's expf: it vectorises, and being plain IEEE
- * arithmetic (no contraction) it gives the same bits on every machine, so a
- * seed gives the same tokens everywhere.
- */
+/* e^-y for y >= 0 (NaN and y >= 87 give 0): Cephes' expf polynomial in
+ * plain f32 operations, shared with the CUDA sampling kernel
+ * (kernels/sample_math.h) so a seed gives the same tokens there. */
 static inline float exp_minus(float y)
 {
-    uint32_t b = f32_bits(y);
-    uint32_t inside = 0u - (uint32_t)(b < EXP_LIMIT_BITS);
-    float x = -f32_from_bits((b & inside) | (EXP_LIMIT_BITS & ~inside));
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
-    float r = x - n * 0.693359375f;                                   /* ln 2 in two parts */
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    float scale = f32_from_bits((uint32_t)((int32_t)n + 127) << 23); /* 2^n, n in [-126, 0] */
-    return f32_from_bits(f32_bits(p * scale) & inside);
+    return qm_exp_minus(y);
 }
 
 /*
@@ -860,6 +841,24 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
 void eng_sampler_record(eng_sampler *s, int32_t token)
 {
     (void)seen_add(s, token);
+}
+
+bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature)
+{
+    const eng_sampling *p = &s->p;
+    bool penalty =
+        p->repetition_penalty > 0 && isfinite(p->repetition_penalty) && p->repetition_penalty != 1;
+    if (!(p->temperature > 0 && isfinite(p->temperature)) || penalty ||
+        (p->top_k > 0 && p->top_k < vocab) || (p->top_p > 0 && p->top_p < 1))
+        return false;
+    float inv = 1.0f / p->temperature; /* as sample_tempered */
+    *inv_temperature = inv <= FLT_MAX ? inv : FLT_MAX;
+    return true;
+}
+
+double eng_sampler_uniform(eng_sampler *s)
+{
+    return uniform01(s->rng);
 }
 
 /* --- stop strings ------------------------------------------------------------ */

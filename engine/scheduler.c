@@ -468,8 +468,21 @@ static bool run_step(eng_engine *e)
         return false;
 
     char msg[256];
-    for (int32_t k = 0; k < n; k++)
-        e->step[k].greedy = only_greedy(&e->step_owner[k]->sampler);
+    /* what the backend may choose where the logits are: greedy tokens, and
+     * plain temperature draws of the sequences that take a token this step
+     * (their uniform drawn here, as eng_sample would) */
+    bool draws = eng_backend_draws(e->backend);
+    int32_t vocab_size = e->m->cfg.vocab_size;
+    for (int32_t k = 0; k < n; k++) {
+        seq *s = e->step_owner[k];
+        eng_step_seq *q = &e->step[k];
+        bool takes_token = s->n_prefilled + q->n_tokens >= s->n_prompt;
+        q->greedy = only_greedy(&s->sampler);
+        q->draw = draws && takes_token && !q->greedy &&
+                  eng_sampler_plain_draw(&s->sampler, vocab_size, &q->inv_temperature);
+        if (q->draw)
+            q->u = eng_sampler_uniform(&s->sampler);
+    }
     int rc = eng_backend_forward(e->backend, e->step, n, e->logits, e->tokens, msg, sizeof msg);
     if (rc != ENG_OK) /* the step's sequences end with an error; say why once */
         fprintf(stderr, "qlserve: a step of %d sequences failed: %s\n", n, msg);
@@ -490,8 +503,8 @@ static bool run_step(eng_engine *e)
             continue; /* more prompt to go: these logits are not needed */
         } else {
             int32_t token = e->tokens[k];
-            if (token >= 0)
-                eng_sampler_record(&s->sampler, token);
+            if (token >= 0 || e->step[k].draw) /* a draw's uniform is taken: never again */
+                eng_sampler_record(&s->sampler, token = token >= 0 ? token : 0);
             else
                 token = eng_sample(&s->sampler, e->logits + (size_t)k * (size_t)vocab, vocab,
                                    e->scratch);

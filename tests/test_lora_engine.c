@@ -206,11 +206,23 @@ static void run_against(rig *g, const ref_model *R, const eng_weights *w,
     int32_t tokens[PREFILL + DECODE] = {259, 72, 101, 108, 256, 258, 33};
     float *logits = malloc((size_t)((DECODE + 1) * V) * sizeof *logits);
     eng_seq_kv kv = {0};
-    eng_step_seq s = {&kv, tokens, PREFILL, 0, w, delta, n_delta, false};
+    eng_step_seq s = {.kv = &kv,
+                      .tokens = tokens,
+                      .n_tokens = PREFILL,
+                      .pos = 0,
+                      .weights = w,
+                      .delta = delta,
+                      .n_delta = n_delta};
     rig_step(g, &s, 1, logits, label);
     for (int d = 0; d < DECODE; d++) {
         tokens[PREFILL + d] = argmax(logits + d * V, V);
-        s = (eng_step_seq){&kv, tokens + PREFILL + d, 1, PREFILL + d, w, delta, n_delta, false};
+        s = (eng_step_seq){.kv = &kv,
+                           .tokens = tokens + PREFILL + d,
+                           .n_tokens = 1,
+                           .pos = PREFILL + d,
+                           .weights = w,
+                           .delta = delta,
+                           .n_delta = n_delta};
         rig_step(g, &s, 1, logits + (d + 1) * V, label);
     }
     double *ref = malloc((size_t)((PREFILL + DECODE) * V) * sizeof *ref);
@@ -232,7 +244,13 @@ static double adapter_effect(rig *g, const eng_lora_term *delta, int32_t n)
     float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
     eng_seq_kv k1 = {0}, k2 = {0};
     eng_step_seq s1 = {.kv = &k1, .tokens = tokens, .n_tokens = 4, .pos = 0};
-    eng_step_seq s2 = {&k2, tokens, 4, 0, NULL, delta, n, false};
+    eng_step_seq s2 = {.kv = &k2,
+                       .tokens = tokens,
+                       .n_tokens = 4,
+                       .pos = 0,
+                       .weights = NULL,
+                       .delta = delta,
+                       .n_delta = n};
     rig_step(g, &s1, 1, a, "base");
     rig_step(g, &s2, 1, b, "adapter");
     double num = 0, den = 0;
@@ -375,9 +393,13 @@ static void mb_run(rig *g, mb_seq **seqs, int n)
                 continue;
             bool prefill = s->n_tokens == s->n_prompt && s->kv.n_tokens == 0;
             int32_t pos = prefill ? 0 : s->n_tokens - 1;
-            step[m] = (eng_step_seq){
-                &s->kv, s->tokens + pos, prefill ? s->n_prompt : 1, pos, s->w, s->delta, s->n_delta,
-                false};
+            step[m] = (eng_step_seq){.kv = &s->kv,
+                                     .tokens = s->tokens + pos,
+                                     .n_tokens = prefill ? s->n_prompt : 1,
+                                     .pos = pos,
+                                     .weights = s->w,
+                                     .delta = s->delta,
+                                     .n_delta = s->n_delta};
             owner[m++] = s;
         }
         if (m == 0)
@@ -633,15 +655,26 @@ Test(lora_engine, requests_with_adapters_get_the_forward_pass_tokens)
         memcpy(tokens, ids, n_ids * sizeof *ids);
         free(ids);
         eng_seq_kv kv = {0};
-        eng_step_seq s = {&kv, tokens, (int32_t)n_ids, 0, NULL, want[i], (int32_t)n_want[i], false};
+        eng_step_seq s = {.kv = &kv,
+                          .tokens = tokens,
+                          .n_tokens = (int32_t)n_ids,
+                          .pos = 0,
+                          .weights = NULL,
+                          .delta = want[i],
+                          .n_delta = (int32_t)n_want[i]};
         int n = 0;
         for (; n < runs[i].n; n++) {
             rig_step(&g, &s, 1, logits, "by hand");
             int32_t best = argmax(logits, V);
             cr_assert_eq(best, runs[i].tokens[n], "request %d token %d", i, n);
             tokens[n_ids + (size_t)n] = best;
-            s = (eng_step_seq){&kv,     tokens + n_ids + n, 1,    (int32_t)n_ids + n, NULL,
-                               want[i], (int32_t)n_want[i], false};
+            s = (eng_step_seq){.kv = &kv,
+                               .tokens = tokens + n_ids + n,
+                               .n_tokens = 1,
+                               .pos = (int32_t)n_ids + n,
+                               .weights = NULL,
+                               .delta = want[i],
+                               .n_delta = (int32_t)n_want[i]};
         }
         eng_kv_release(g.kv, &kv);
         free(logits);

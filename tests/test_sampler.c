@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "sample_math.h"
 #include "test_util.h"
 
 /* --- helpers ---------------------------------------------------------------- */
@@ -998,5 +999,80 @@ Test(stop, random_feeds_match_the_reference)
                   round, (int)len, text, stops[0], n > 1 ? stops[1] : "", n > 2 ? stops[2] : "",
                   (int)got_len, got, (int)want_len, text);
         eng_stop_free(st);
+    }
+}
+
+/*
+ * A plain temperature draw made as the CUDA kernel makes it (sample_math.h:
+ * block sums then the pick) gives eng_sample's token for the same seed, on
+ * model-like logits and on the edge cases (NaN, -inf, +inf, ties, a vocabulary
+ * not a multiple of the block), and takes the same one uniform per token.
+ */
+Test(sampler, the_device_draw_equals_eng_sample)
+{
+    const int32_t vocabs[] = {1, 3, 255, 256, 257, 1000, 49152};
+    const float temps[] = {0.05f, 0.7f, 1.0f, 3.0f, 1e-30f};
+    uint64_t rng = 5;
+    int compared = 0;
+    for (size_t v = 0; v < sizeof vocabs / sizeof *vocabs; v++) {
+        int32_t vocab = vocabs[v];
+        float *logits = malloc((size_t)vocab * sizeof(float));
+        float *copy = malloc((size_t)vocab * sizeof(float));
+        double *sums = malloc((size_t)(vocab / QM_SAMPLE_BLOCK + 1) * sizeof(double));
+        void *scratch = new_scratch(vocab);
+        for (size_t k = 0; k < sizeof temps / sizeof *temps; k++) {
+            for (int edge = 0; edge < 5; edge++) {
+                for (int32_t i = 0; i < vocab; i++) {
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    logits[i] = (float)((double)(rng >> 11) * 0x1.0p-53 * 12.0 - 6.0);
+                }
+                if (edge == 1 && vocab > 2) /* NaN and -inf scattered */
+                    for (int32_t i = 0; i < vocab; i += 3)
+                        logits[i] = i % 2 ? NAN : -INFINITY;
+                if (edge == 2) /* two +inf share everything */
+                    logits[vocab / 2] = logits[vocab - 1] = INFINITY;
+                if (edge == 3) /* all NaN but one -inf */
+                    for (int32_t i = 0; i < vocab; i++)
+                        logits[i] = i == vocab - 1 ? -INFINITY : NAN;
+                if (edge == 4) /* flat: ties everywhere, and -0 before +0 */
+                    for (int32_t i = 0; i < vocab; i++)
+                        logits[i] = i == 0 ? -0.0f : 0.0f;
+                eng_sampling p = {.temperature = temps[k], .seed = 42 + (uint64_t)edge};
+                eng_sampler cpu, dev;
+                cr_assert_eq(eng_sampler_init(&cpu, &p, NULL, 0), 0);
+                cr_assert_eq(eng_sampler_init(&dev, &p, NULL, 0), 0);
+                for (int draw = 0; draw < 4; draw++) {
+                    float inv_t;
+                    cr_assert(eng_sampler_plain_draw(&dev, vocab, &inv_t));
+                    double u = eng_sampler_uniform(&dev);
+                    int32_t want_dev = qm_sample_token(logits, vocab, inv_t, u, sums);
+                    memcpy(copy, logits, (size_t)vocab * sizeof(float));
+                    int32_t want_cpu = eng_sample(&cpu, copy, vocab, scratch);
+                    cr_assert_eq(want_dev, want_cpu,
+                                 "vocab %d, T %g, edge %d, draw %d: device %d, cpu %d", vocab,
+                                 (double)temps[k], edge, draw, want_dev, want_cpu);
+                    compared++;
+                }
+                eng_sampler_free(&cpu);
+                eng_sampler_free(&dev);
+            }
+        }
+        free(logits);
+        free(copy);
+        free(sums);
+        free(scratch);
+    }
+    cr_assert_eq(compared, 7 * 5 * 5 * 4);
+    /* and what is not a plain draw is said so */
+    eng_sampler s;
+    float inv_t;
+    eng_sampling filtered[] = {{.temperature = 0},
+                               {.temperature = 1, .top_k = 5},
+                               {.temperature = 1, .top_p = 0.9f},
+                               {.temperature = 1, .repetition_penalty = 1.2f}};
+    for (size_t i = 0; i < sizeof filtered / sizeof *filtered; i++) {
+        cr_assert_eq(eng_sampler_init(&s, &filtered[i], NULL, 0), 0);
+        cr_assert_not(eng_sampler_plain_draw(&s, 1000, &inv_t), "case %zu", i);
+        eng_sampler_free(&s);
     }
 }
