@@ -33,6 +33,11 @@
 #include "lora.h"
 #include "peft_writer.h"
 #include "qt_cuda.h"
+#include "qt_cuda_ops.h"
+#include "qt_cuda_sample.h"
+#include "sample_math.h"
+
+#include <cuda_runtime_api.h>
 
 static int passed, failed;
 
@@ -602,6 +607,66 @@ static void registry_merges_on_device(void)
     eng_model_free(&m);
 }
 
+/* The draw kernel against sample_math.h's one-thread draw (what the CPU
+ * sampler computes), token for token, greedy rows left to argmax. */
+static void device_draws(void)
+{
+    const char *name = "device_draw_equals_the_cpu_sampler";
+    enum { ROWS = 12, VOCAB = 49157 };
+    float *logits = malloc((size_t)ROWS * VOCAB * sizeof(float)), inv_t[ROWS];
+    double u[ROWS], sums[VOCAB / QM_SAMPLE_BLOCK + 1];
+    int32_t want[ROWS], got[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        float *row = logits + (size_t)r * VOCAB;
+        fill(row, VOCAB, 3.0f);
+        if (r == 1)
+            for (int i = 0; i < VOCAB; i += 7)
+                row[i] = i % 2 ? NAN : -INFINITY;
+        if (r == 2)
+            row[5] = row[VOCAB - 1] = INFINITY;
+        if (r == 3)
+            for (int i = 0; i < VOCAB; i++)
+                row[i] = i == 0 ? -0.0f : 0.0f;
+        if (r == 4)
+            for (int i = 0; i < VOCAB; i++)
+                row[i] = NAN;
+        inv_t[r] = r == 5 ? 0.0f : 1.0f / (0.1f + 0.2f * (float)r);
+        u[r] = uniform();
+        want[r] = r == 5 ? -7 : qm_sample_token(row, VOCAB, inv_t[r], u[r], sums);
+    }
+    float *d_logits = NULL, *d_inv = NULL;
+    double *d_u = NULL;
+    int32_t *d_tok = NULL;
+    char msg[256] = "";
+    bool ok = cudaMalloc((void **)&d_logits, sizeof(float) * ROWS * VOCAB) == cudaSuccess &&
+              cudaMalloc((void **)&d_inv, sizeof inv_t) == cudaSuccess &&
+              cudaMalloc((void **)&d_u, sizeof u) == cudaSuccess &&
+              cudaMalloc((void **)&d_tok, sizeof got) == cudaSuccess;
+    int32_t sentinel[ROWS];
+    for (int r = 0; r < ROWS; r++)
+        sentinel[r] = -7;
+    ok = ok &&
+         cudaMemcpy(d_logits, logits, sizeof(float) * ROWS * VOCAB, cudaMemcpyHostToDevice) ==
+             cudaSuccess &&
+         cudaMemcpy(d_inv, inv_t, sizeof inv_t, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(d_u, u, sizeof u, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemcpy(d_tok, sentinel, sizeof sentinel, cudaMemcpyHostToDevice) == cudaSuccess;
+    int rc = ok ? qt_cuda_sample(d_logits, ROWS, VOCAB, d_inv, d_u, d_tok, NULL, msg, sizeof msg)
+                : QT_EDEVICE;
+    ok = rc == QT_OK && cudaMemcpy(got, d_tok, sizeof got, cudaMemcpyDeviceToHost) == cudaSuccess;
+    int bad = -1;
+    for (int r = 0; ok && r < ROWS && bad < 0; r++)
+        if (got[r] != want[r])
+            bad = r;
+    report(ok && bad < 0, name, "%s; first row that differs %d: device %d, cpu %d", msg, bad,
+           bad >= 0 ? got[bad] : 0, bad >= 0 ? want[bad] : 0);
+    cudaFree(d_logits);
+    cudaFree(d_inv);
+    cudaFree(d_u);
+    cudaFree(d_tok);
+    free(logits);
+}
+
 /* Out of device memory at creation: a clear error, no crash, nothing kept. */
 static void out_of_memory(void)
 {
@@ -719,6 +784,7 @@ int main(void)
     merged((qt_quant_params){.kind = QT_AFFINE, .bits = 4, .group_size = 32, .eps = 1e-6f},
            "int4-g32");
     registry_merges_on_device();
+    device_draws();
     out_of_memory();
     const char *path = getenv("QL_DEFAULT_MODEL");
     if (path && *path)
