@@ -499,8 +499,9 @@ static void load_after(uv_work_t *req, int status)
         srv_check_drained(s);
     } else {
         s->serving = !s->draining;
-        fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels)\n", s->model_id,
-                eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path());
+        fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels) on %s\n", s->model_id,
+                eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
+                eng_engine_backend(s->engine));
         srv_check_drained(s);
     }
     free(j);

@@ -780,6 +780,9 @@ Test(server, health_info_and_metrics_describe_the_server)
     cr_assert_str_eq(str_at(j, "architecture"), "llama");
     cr_assert_eq(num_at(j, "max_new_tokens"), 64);
     cr_assert_eq(num_at(j, "max_total_tokens"), 512, "the model's context");
+    /* the backend serving (--device auto: cpu here, cuda on a GPU machine) */
+    const char *device = str_at(j, "device");
+    cr_assert(strncmp(device, "cpu (", 5) == 0 || strncmp(device, "cuda (", 6) == 0, "%s", device);
     cJSON_Delete(j);
     hc_response_free(&r);
 
