@@ -1,0 +1,26 @@
+# tests/gpu/emu/gpu_emulated.cmake - registers `gpu_emulated`, the GPU tests
+# run on the CPU under the host emulator (tests/gpu/emu/run.sh), with CTest.
+#
+# Included from the top-level CMakeLists.txt after qlengine, qlkernels and
+# qladapters are defined:
+#   include(tests/gpu/emu/gpu_emulated.cmake)
+# It does nothing unless the CUDA backend is built (QL_HAVE_CUDA), because
+# the emulated run swaps the engine library's backend_cuda.c.o, which only a
+# CUDA build has. The libraries are built before the tests run; run.sh
+# compiles the transformed kernels and the tests itself (about 50 s on two
+# cores) and runs them (about 2 minutes on two cores), so the timeout leaves
+# room for a slower CI machine. Needs perl and g++, which every Debian base
+# and every CUDA build machine has.
+if(QL_HAVE_CUDA AND NOT QL_GPU_CHECKS_ONLY)
+  find_program(QL_PERL perl)
+  if(QL_PERL)
+    add_test(NAME gpu_emulated
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build)
+    set_tests_properties(gpu_emulated PROPERTIES
+                         TIMEOUT 600
+                         SKIP_RETURN_CODE 77
+                         LABELS "gpu;emulated;slow")
+  else()
+    message(STATUS "qlserve: no perl, so no gpu_emulated test")
+  endif()
+endif()
