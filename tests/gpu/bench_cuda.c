@@ -60,6 +60,7 @@
 #define MAX_BATCHES   3
 #define ADAPTER_RANK  16
 #define N_ADAPTERS    8
+#define PREFILL_SEQS  32 /* 32 x 128 prompt tokens: one step of 4096 rows */
 #define BW_COPY_BYTES ((size_t)4 << 30)
 #define BW_REPS       5
 
@@ -792,6 +793,7 @@ int main(int argc, char **argv)
     } dec[MAX_BATCHES] = {{0}};
     double ad_tps = 0, none_tps = 0, ad_first_s = 0, ad_med_ms = 0, none_med_ms = 0;
     merge_result mr = {0};
+    double pf_s[2] = {0, 0}; /* best prefill seconds with f32, bf16 products */
     double *step_s = calloc((size_t)o.steps, sizeof *step_s);
     if (!step_s)
         return 1;
@@ -913,6 +915,43 @@ int main(int argc, char **argv)
     eng_backend_free(b);
     b = NULL;
 
+    /* prefill of 32 x prefill tokens in one step, the weights' products in
+     * f32 (the default: the closest to the CPU) and in bf16 on the tensor
+     * cores (QLSERVE_CUDA_GEMM=bf16): one backend each, a warm-up step
+     * (cuBLASLt's plans), then two timed */
+    if (!o.cpu_smoke) {
+        const char *types[2] = {"f32", "bf16"};
+        for (int g = 0; g < 2; g++) {
+            static char what[64];
+            snprintf(what, sizeof what, "prefill with %s products", types[g]);
+            stage = what;
+            setenv("QLSERVE_CUDA_GEMM", types[g], 1);
+            eng_backend_opts po = bo;
+            po.max_seqs = PREFILL_SEQS;
+            po.kv_bytes = (size_t)PREFILL_SEQS * (size_t)(o.prefill + 16) * pos_bytes;
+            rc = eng_backend_new(&b, &m, &po, msg, sizeof msg);
+            for (int rep = 0; rc == ENG_OK && rep < 3; rep++) {
+                batch_run r;
+                double s_taken = 0;
+                rc = batch_start(b, &cfg, &r, PREFILL_SEQS, o.prefill, o.prefill, max_tokens,
+                                 &s_taken, msg, sizeof msg);
+                batch_free(b, &r);
+                if (rep > 0 && (pf_s[g] == 0 || s_taken < pf_s[g]))
+                    pf_s[g] = s_taken;
+            }
+            eng_backend_free(b);
+            b = NULL;
+            if (rc != ENG_OK)
+                goto out;
+            fprintf(stderr, "timing prefill %s: %d x %d tokens in %.3f s: %.0f tok/s\n", types[g],
+                    PREFILL_SEQS, o.prefill, pf_s[g], PREFILL_SEQS * (double)o.prefill / pf_s[g]);
+        }
+        if (gemm && *gemm)
+            setenv("QLSERVE_CUDA_GEMM", gemm_s, 1);
+        else
+            unsetenv("QLSERVE_CUDA_GEMM");
+    }
+
     /* merge adapter 0 into every projection, on the device */
     if (o.merge && o.adapters) {
         stage = "merge";
@@ -976,6 +1015,13 @@ out:
            "\"step_ms_median_none\": %.3f, \"first_step_s\": %.3f},\n",
            max_batch, N_ADAPTERS, ad_tps, none_tps, none_tps > 0 ? ad_tps / none_tps : 0.0,
            ad_med_ms, none_med_ms, ad_first_s);
+    printf("  \"prefill\": {\"sequences\": %d, \"tokens_each\": %d, \"f32_s\": %.4f, "
+           "\"bf16_s\": %.4f, \"f32_tokens_per_s\": %.0f, \"bf16_tokens_per_s\": %.0f, "
+           "\"bf16_speedup\": %.2f},\n",
+           PREFILL_SEQS, o.prefill, pf_s[0], pf_s[1],
+           pf_s[0] > 0 ? PREFILL_SEQS * (double)o.prefill / pf_s[0] : 0.0,
+           pf_s[1] > 0 ? PREFILL_SEQS * (double)o.prefill / pf_s[1] : 0.0,
+           pf_s[0] > 0 && pf_s[1] > 0 ? pf_s[0] / pf_s[1] : 0.0);
     printf("  \"merge\": {\"projections\": %d, \"seconds_total\": %.3f, \"ms_median\": %.3f, "
            "\"ms_max\": %.3f, \"ms_median_per_proj\": {",
            mr.n, mr.total_s, mr.median_ms, mr.max_ms);
