@@ -39,7 +39,6 @@
  */
 #include "cuda/qt_cuda.h"
 
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +47,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "qt_cuda_internal.h"
 #include "qt_math.h"
 
 /* Set by kernels/cuda/CMakeLists.txt from the architectures it compiles. */
@@ -62,86 +62,6 @@ namespace
 constexpr int kThreadsPerBlock = 256;
 constexpr int kBytesPerThread = 16;
 constexpr int kElemsPerThread = 2 * kBytesPerThread;
-/* Enough blocks to fill any current GPU many times over; larger tensors
- * loop (grid-stride) rather than launch millions of blocks that each
- * reload the shared codebooks. */
-constexpr int64_t kMaxBlocks = 65536;
-
-/* ---- messages and status codes ---------------------------------------- */
-
-void say(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    if (!msg || msg_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msg_len, fmt, ap);
-    va_end(ap);
-}
-
-/* The QT_E* code a CUDA status stands for. */
-int code_for_cuda_status(cudaError_t st)
-{
-    switch (st) {
-    case cudaSuccess: return QT_OK;
-    case cudaErrorMemoryAllocation: return QT_ENOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
-    }
-}
-
-/* Write "<what> failed: <sentence> (<name>)" and return the matching code. */
-int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
-{
-    char what[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
-    /* Reported here, so not left behind as the thread's "last error" for
-     * the next unrelated check (a sticky error stays whatever we do). */
-    (void)cudaGetLastError();
-    return code_for_cuda_status(st);
-}
-
-/* qt_kind_name lives in the CPU library; this copy keeps qlkernels_cuda
- * linkable on its own. */
-const char *kind_name(qt_kind kind)
-{
-    switch (kind) {
-    case QT_F32: return "f32";
-    case QT_F16: return "f16";
-    case QT_BF16: return "bf16";
-    case QT_NF4: return "nf4";
-    case QT_FP4: return "fp4";
-    case QT_AFFINE: return "affine";
-    case QT_Q4_0: return "q4_0";
-    case QT_Q4_1: return "q4_1";
-    case QT_Q8_0: return "q8_0";
-    default: return "(not a kind)";
-    }
-}
-
-bool is_4bit_blockwise(qt_kind kind)
-{
-    return kind == QT_NF4 || kind == QT_FP4;
-}
-
-int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
 
 /*
  * The geometry both the host tensor and the device view must satisfy: a
@@ -153,7 +73,7 @@ int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t bloc
                         int64_t n_blocks, bool nested, int32_t nested_blocksize,
                         int64_t n_nested_blocks, char *msg, size_t msg_len)
 {
-    if (!is_4bit_blockwise(kind)) {
+    if (!is_4bit(kind)) {
         say(msg, msg_len, "%s: kind %s is not one the CUDA 4-bit dequantize handles (nf4, fp4)",
             where, kind_name(kind));
         return QT_EUNSUPPORTED;
@@ -407,8 +327,7 @@ template <bool kNested, typename OutT, bool kAligned>
 cudaError_t launch_dequantize(const qt_cuda_4bit_view &v, void *out, int64_t n_chunks,
                               cudaStream_t stream)
 {
-    const int64_t want = ceil_div(n_chunks, kThreadsPerBlock);
-    const unsigned blocks = (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+    const unsigned blocks = grid_for(n_chunks, kThreadsPerBlock);
     dequantize_4bit_kernel<kNested, OutT, kAligned>
         <<<blocks, kThreadsPerBlock, 0, stream>>>(v, static_cast<OutT *>(out), n_chunks);
     return cudaGetLastError();
@@ -425,11 +344,6 @@ cudaError_t launch_for_output(const qt_cuda_4bit_view &v, void *out, qt_cuda_out
                    : launch_dequantize<kNested, float, false>(v, out, n_chunks, stream);
 }
 
-bool is_16_byte_aligned(const void *p)
-{
-    return ((uintptr_t)p & 15u) == 0;
-}
-
 /* ---- AFFINE and GGUF kernels ----------------------------------------- */
 
 __host__ __device__ __forceinline__ void store_value(float *out, int64_t i, float v)
@@ -440,13 +354,6 @@ __host__ __device__ __forceinline__ void store_value(float *out, int64_t i, floa
 __host__ __device__ __forceinline__ void store_value(uint16_t *out, int64_t i, float v)
 {
     out[i] = qm_f32_to_bf16(v);
-}
-
-/* Blocks for one thread per element, capped (the kernels grid-stride). */
-unsigned grid_for(int64_t n)
-{
-    const int64_t want = ceil_div(n, kThreadsPerBlock);
-    return (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
 }
 
 /* One thread per element of the row-major output. */
@@ -486,14 +393,15 @@ template <typename OutT>
 cudaError_t launch_affine(const qt_cuda_affine_view &v, void *out, cudaStream_t stream)
 {
     dequantize_affine_kernel<OutT>
-        <<<grid_for(v.rows * v.cols), kThreadsPerBlock, 0, stream>>>(v, static_cast<OutT *>(out));
+        <<<grid_for(v.rows * v.cols, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(
+            v, static_cast<OutT *>(out));
     return cudaGetLastError();
 }
 
 template <typename OutT>
 cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, cudaStream_t stream)
 {
-    const unsigned blocks = grid_for(v.n_elements);
+    const unsigned blocks = grid_for(v.n_elements, kThreadsPerBlock);
     OutT *o = static_cast<OutT *>(out);
     if (v.kind == QT_Q4_0)
         dequantize_gguf_kernel<QT_Q4_0, OutT>
@@ -546,17 +454,6 @@ int check_affine_geometry(const char *where, int64_t rows, int64_t cols, int32_t
     return QT_OK;
 }
 
-/* Bytes per block of a GGUF kind, 0 for other kinds. */
-size_t gguf_block_bytes(qt_kind kind)
-{
-    switch (kind) {
-    case QT_Q4_0: return QM_Q4_0_BYTES;
-    case QT_Q4_1: return QM_Q4_1_BYTES;
-    case QT_Q8_0: return QM_Q8_0_BYTES;
-    default: return 0;
-    }
-}
-
 int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, size_t msg_len)
 {
     if (gguf_block_bytes(kind) == 0) {
@@ -583,18 +480,6 @@ int check_out_dtype(const char *where, qt_cuda_out_dtype out_dtype, char *msg, s
 }
 
 /* ---- device memory ----------------------------------------------------- */
-
-/* cudaFree that keeps the first failure: returns rc unchanged when it is
- * already an error, else the free's own status. */
-int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
-{
-    if (!p)
-        return rc;
-    cudaError_t st = cudaFree(const_cast<void *>(p));
-    if (st != cudaSuccess && rc == QT_OK)
-        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
-    return rc;
-}
 
 /* cudaMalloc + cudaMemcpy of `bytes` host bytes; *dev stays NULL on failure. */
 int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, char *msg,
@@ -883,13 +768,13 @@ extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *
     }
 
     const int64_t n_chunks = ceil_div(v.n_elements, kElemsPerThread);
-    const bool aligned = is_16_byte_aligned(v.codes) && is_16_byte_aligned(out);
+    const bool vector_io = aligned(v.codes, 16) && aligned(out, 16);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     /* The launch is checked with cudaGetLastError, so clear what an earlier
      * call (already reported by its own return value) may have left. */
     (void)cudaGetLastError();
-    cudaError_t st = v.nested ? launch_for_output<true>(v, out, out_dtype, aligned, n_chunks, s)
-                              : launch_for_output<false>(v, out, out_dtype, aligned, n_chunks, s);
+    cudaError_t st = v.nested ? launch_for_output<true>(v, out, out_dtype, vector_io, n_chunks, s)
+                              : launch_for_output<false>(v, out, out_dtype, vector_io, n_chunks, s);
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
                            kind_name(v.kind), (long long)v.n_elements);

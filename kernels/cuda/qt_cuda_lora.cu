@@ -53,7 +53,6 @@
 #include "qt_cuda_ops.h"
 
 #include <cmath>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +60,7 @@
 
 #include <cuda_runtime.h>
 
+#include "qt_cuda_internal.h"
 #include "qt_math.h"
 #include "qt_quant_math.h"
 
@@ -70,86 +70,10 @@ namespace
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-/* Grid-stride kernels launch at most this many blocks: enough to fill any
- * current GPU many times over. */
-constexpr int64_t kMaxBlocks = 65536;
 /* The cost sums' fixed grid (blocks), so their order never changes. */
 constexpr int kCostBlocks = 1024;
 /* The largest rank the kernels take (qt_cuda_ops.h). */
 constexpr int32_t kMaxRank = 256;
-
-/* ---- messages and status codes ---------------------------------------- */
-
-void say(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    if (!msg || msg_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msg_len, fmt, ap);
-    va_end(ap);
-}
-
-int code_for_cuda_status(cudaError_t st)
-{
-    switch (st) {
-    case cudaSuccess: return QT_OK;
-    case cudaErrorMemoryAllocation: return QT_ENOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNoKernelImageForDevice: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
-    }
-}
-
-/* "<what> failed: <sentence> (<name>)", and the matching code. */
-int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
-{
-    char what[200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
-    (void)cudaGetLastError();
-    return code_for_cuda_status(st);
-}
-
-/* qt_kind_name lives in the CPU library; qlkernels_cuda links on its own. */
-const char *kind_name(qt_kind kind)
-{
-    switch (kind) {
-    case QT_F32: return "f32";
-    case QT_F16: return "f16";
-    case QT_BF16: return "bf16";
-    case QT_NF4: return "nf4";
-    case QT_FP4: return "fp4";
-    case QT_AFFINE: return "affine";
-    case QT_Q4_0: return "q4_0";
-    case QT_Q4_1: return "q4_1";
-    case QT_Q8_0: return "q8_0";
-    default: return "(not a kind)";
-    }
-}
-
-bool is_dense(qt_kind k)
-{
-    return k == QT_F32 || k == QT_F16 || k == QT_BF16;
-}
-
-int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
-/* Blocks for a grid-stride kernel over n items of per_block each. */
-unsigned grid_for(int64_t n, int64_t per_block)
-{
-    int64_t b = ceil_div(n, per_block);
-    return (unsigned)(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
 
 /* bitsandbytes' codebooks and nested map, to check a weight uses them (as
  * merge.c's bnb4_params: requantizing would otherwise change its layout). */
@@ -171,18 +95,13 @@ __device__ __forceinline__ float dense_at(const void *p, qt_kind kind, int64_t i
     return kind == QT_F16 ? qm_f16_to_f32(h) : qm_bf16_to_f32(h);
 }
 
-__device__ __forceinline__ bool dense_kind(qt_kind k)
-{
-    return k == QT_F32 || k == QT_F16 || k == QT_BF16;
-}
-
 /* ---- SGMV --------------------------------------------------------------- */
 
 __device__ __forceinline__ bool segment_ok(const qt_cuda_lora_segment &s, int32_t max_rank,
                                            int64_t total_rows)
 {
-    return s.rank >= 1 && s.rank <= max_rank && dense_kind(s.a_kind) && dense_kind(s.b_kind) &&
-           s.a && s.b && s.row0 >= 0 && s.rows >= 0 && s.row0 + s.rows <= total_rows;
+    return s.rank >= 1 && s.rank <= max_rank && is_dense(s.a_kind) && is_dense(s.b_kind) && s.a &&
+           s.b && s.row0 >= 0 && s.rows >= 0 && s.row0 + s.rows <= total_rows;
 }
 
 /* t[row][j] = (x[row] . A[j]) * scale; grid (row slices, segments). */

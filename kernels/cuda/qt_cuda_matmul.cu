@@ -47,6 +47,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "qt_cuda_internal.h"
 #include "qt_math.h"
 
 namespace
@@ -65,7 +66,6 @@ constexpr int kMaxBatch = QT_CUDA_MATVEC_MAX_BATCH;
 /* cuBLASLt's workspace: enough for split-K and stream-K algorithms on
  * Hopper (NVIDIA recommends 32 MiB for sm_90). */
 constexpr size_t kWorkspaceBytes = (size_t)32 << 20;
-constexpr int64_t kMaxBlocks = 65536;
 
 #ifdef __CUDA_ARCH__
 #define QL_UNROLL _Pragma("unroll")
@@ -73,54 +73,7 @@ constexpr int64_t kMaxBlocks = 65536;
 #define QL_UNROLL
 #endif
 
-/* ---- messages and status codes (as qt_cuda.cu) --------------------------- */
-
-void say(char *msg, size_t msg_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-void say(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    if (!msg || msg_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msg_len, fmt, ap);
-    va_end(ap);
-}
-
-int code_for_cuda_status(cudaError_t st)
-{
-    switch (st) {
-    case cudaSuccess: return QT_OK;
-    case cudaErrorMemoryAllocation: return QT_ENOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
-    }
-}
-
-int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
-{
-    char what[200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
-    (void)cudaGetLastError(); /* reported here; not left for the next check */
-    return code_for_cuda_status(st);
-}
+/* ---- cuBLASLt status codes (CUDA's are in qt_cuda_internal.h) ------------ */
 
 int code_for_lt_status(cublasStatus_t st)
 {
@@ -149,32 +102,6 @@ int lt_failed(cublasStatus_t st, char *msg, size_t msg_len, const char *fmt, ...
     say(msg, msg_len, "%s failed: status %d (%s: %s)", what, (int)st, cublasLtGetStatusName(st),
         cublasLtGetStatusString(st));
     return code_for_lt_status(st);
-}
-
-const char *kind_name(qt_kind kind)
-{
-    switch (kind) {
-    case QT_F32: return "f32";
-    case QT_F16: return "f16";
-    case QT_BF16: return "bf16";
-    case QT_NF4: return "nf4";
-    case QT_FP4: return "fp4";
-    case QT_AFFINE: return "affine";
-    case QT_Q4_0: return "q4_0";
-    case QT_Q4_1: return "q4_1";
-    case QT_Q8_0: return "q8_0";
-    default: return "(not a kind)";
-    }
-}
-
-int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
-bool aligned16(const void *p)
-{
-    return ((uintptr_t)p & 15u) == 0;
 }
 
 /* ---- the weights as the kernels see them --------------------------------- */
@@ -600,7 +527,7 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
             kind_name(t.kind), (long long)t.rows, (long long)t.cols, missing);
         return QT_EINVAL;
     }
-    *fusable = cols32 && t.cols > 0 && aligned16(w->codes) && w->row_bytes % 16 == 0;
+    *fusable = cols32 && t.cols > 0 && aligned(w->codes, 16) && w->row_bytes % 16 == 0;
     if (*kind == kAffine4 || *kind == kAffine8) {
         const int per_chunk = *kind == kAffine4 ? 32 : 16;
         *fusable = *fusable && w->group_size % per_chunk == 0;
@@ -659,8 +586,7 @@ __global__ void __launch_bounds__(256)
 template <typename OutT>
 cudaError_t launch_convert(qt_kind in_kind, const void *in, OutT *out, int64_t n, cudaStream_t s)
 {
-    const int64_t want = ceil_div(n, 256);
-    const unsigned grid = (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+    const unsigned grid = grid_for(n, 256);
     if (in_kind == QT_F32)
         convert_kernel<QT_F32, OutT><<<grid, 256, 0, s>>>(in, out, n);
     else if (in_kind == QT_F16)
@@ -887,7 +813,7 @@ extern "C" int qt_cuda_matvec(const qt_cuda_tensor *w, const float *x, int64_t b
     int rc = weights_for(*w, where, &mw, &kind, &fusable, msg, msg_len);
     if (rc != QT_OK)
         return rc;
-    const bool fused = fusable && aligned16(x);
+    const bool fused = fusable && aligned(x, 16);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
     cudaError_t st = dispatch_matvec(kind, mw, fused, x, (int)batch, y, s);

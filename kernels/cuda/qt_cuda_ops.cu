@@ -55,6 +55,7 @@
 #include <cuda_runtime.h>
 
 #include "ops_math.h"
+#include "qt_cuda_internal.h"
 
 namespace
 {
@@ -62,7 +63,6 @@ namespace
 constexpr int kThreads = 256;       /* pointwise kernels */
 constexpr int kRowThreads = 256;    /* RMSNorm: one block per row */
 constexpr int kArgmaxThreads = 512; /* a 150k vocabulary is ~300 logits a thread */
-constexpr int64_t kMaxBlocks = 65536;
 constexpr int kAttnWarps = 8;
 constexpr int kAttnThreads = kAttnWarps * 32;
 constexpr int kMaxSplits = 32;
@@ -71,13 +71,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 /* ---- messages and status codes ---------------------------------------------- */
 
-void vsay(char *msg, size_t msg_len, const char *fmt, va_list ap)
-{
-    if (!msg || msg_len == 0)
-        return;
-    vsnprintf(msg, msg_len, fmt, ap);
-}
-
 __attribute__((format(printf, 3, 4))) int invalid(char *msg, size_t msg_len, const char *fmt, ...)
 {
     va_list ap;
@@ -85,40 +78,6 @@ __attribute__((format(printf, 3, 4))) int invalid(char *msg, size_t msg_len, con
     vsay(msg, msg_len, fmt, ap);
     va_end(ap);
     return QT_EINVAL;
-}
-
-/* The QT_E* code a CUDA status stands for (as qt_cuda.cu maps them). */
-int code_for_cuda_status(cudaError_t st)
-{
-    switch (st) {
-    case cudaSuccess: return QT_OK;
-    case cudaErrorMemoryAllocation: return QT_ENOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
-    }
-}
-
-/* "<what> failed: <sentence> (<name>)" into msg; returns the matching code. */
-__attribute__((format(printf, 4, 5))) int cuda_failed(cudaError_t st, char *msg, size_t msg_len,
-                                                      const char *fmt, ...)
-{
-    char what[192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    if (msg && msg_len)
-        snprintf(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st),
-                 cudaGetErrorName(st));
-    /* reported here, so not left as the thread's last error for the next
-     * unrelated check */
-    (void)cudaGetLastError();
-    return code_for_cuda_status(st);
 }
 
 /* After a launch: QT_OK, or the launch error named by `what`. */
@@ -133,17 +92,6 @@ int launched(char *msg, size_t msg_len, const char *what)
 cudaStream_t as_stream(void *stream)
 {
     return static_cast<cudaStream_t>(stream);
-}
-
-unsigned grid_for(int64_t n, int threads)
-{
-    int64_t blocks = (n + threads - 1) / threads;
-    return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-}
-
-bool aligned(const void *p, size_t bytes)
-{
-    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
 /* ---- reductions ---------------------------------------------------------------- */

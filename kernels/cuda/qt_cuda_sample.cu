@@ -9,9 +9,7 @@
  */
 #include <cuda_runtime.h>
 
-#include <stdarg.h>
-#include <stdio.h>
-
+#include "qt_cuda_internal.h"
 #include "qt_cuda_sample.h"
 #include "qtensor.h"
 #include "sample_math.h"
@@ -91,42 +89,37 @@ __global__ void __launch_bounds__(kThreads)
         tokens[r] = qm_sample_pick(row, vocab, m, inv_t, u[r], sums);
 }
 
-int fail(char *msg, size_t msg_len, int rc, const char *fmt, ...)
-{
-    if (msg && msg_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 } // namespace
 
 extern "C" int qt_cuda_sample(const float *logits, int64_t rows, int64_t vocab,
                               const float *inv_temperature, const double *u, int32_t *tokens,
                               void *stream, char *msg, size_t msg_len)
 {
-    if (rows < 0 || vocab < 1 || (rows > 0 && (!logits || !inv_temperature || !u || !tokens)))
-        return fail(msg, msg_len, QT_EINVAL, "qt_cuda_sample: %lld rows of %lld logits",
-                    (long long)rows, (long long)vocab);
-    size_t shared = (size_t)((vocab + QM_SAMPLE_BLOCK - 1) / QM_SAMPLE_BLOCK) * sizeof(double);
-    if (shared > kMaxSharedBytes)
-        return fail(msg, msg_len, QT_EINVAL,
-                    "qt_cuda_sample: a vocabulary of %lld is past the %zu block sums one "
-                    "block holds",
-                    (long long)vocab, kMaxSharedBytes / sizeof(double));
+    if (rows < 0 || vocab < 1 || (rows > 0 && (!logits || !inv_temperature || !u || !tokens))) {
+        say(msg, msg_len, "qt_cuda_sample: %lld rows of %lld logits", (long long)rows,
+            (long long)vocab);
+        return QT_EINVAL;
+    }
+    size_t shared = (size_t)ceil_div(vocab, QM_SAMPLE_BLOCK) * sizeof(double);
+    if (shared > kMaxSharedBytes) {
+        say(msg, msg_len,
+            "qt_cuda_sample: a vocabulary of %lld is past the %zu block sums one block holds",
+            (long long)vocab, kMaxSharedBytes / sizeof(double));
+        return QT_EINVAL;
+    }
     if (rows == 0)
         return QT_OK;
-    if (rows > 0x7fffffff)
-        return fail(msg, msg_len, QT_EINVAL, "qt_cuda_sample: %lld rows", (long long)rows);
+    if (rows > 0x7fffffff) {
+        say(msg, msg_len, "qt_cuda_sample: %lld rows", (long long)rows);
+        return QT_EINVAL;
+    }
     sample_rows<<<(unsigned)rows, kThreads, shared, static_cast<cudaStream_t>(stream)>>>(
         logits, vocab, inv_temperature, u, tokens);
     cudaError_t st = cudaGetLastError();
-    if (st != cudaSuccess)
-        return fail(msg, msg_len, st == cudaErrorMemoryAllocation ? QT_ENOMEM : QT_EDEVICE,
-                    "qt_cuda_sample: launching the draw of %lld rows: %s (%s)", (long long)rows,
-                    cudaGetErrorString(st), cudaGetErrorName(st));
+    if (st != cudaSuccess) {
+        say(msg, msg_len, "qt_cuda_sample: launching the draw of %lld rows: %s (%s)",
+            (long long)rows, cudaGetErrorString(st), cudaGetErrorName(st));
+        return code_for_cuda_status(st);
+    }
     return QT_OK;
 }

@@ -23,7 +23,6 @@
  */
 #include "qt_cuda_ops.h"
 
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -31,108 +30,17 @@
 
 #include <cuda_runtime.h>
 
+#include "qt_cuda_internal.h"
 #include "qt_math.h"
 
 namespace
 {
 
 constexpr int kThreadsPerBlock = 256;
-constexpr int64_t kMaxBlocks = 65536; /* larger gathers grid-stride */
-
-/* ---- messages and status codes (as qt_cuda.cu) --------------------------- */
-
-void say(char *msg, size_t msg_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-void say(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    if (!msg || msg_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msg_len, fmt, ap);
-    va_end(ap);
-}
-
-int code_for_cuda_status(cudaError_t st)
-{
-    switch (st) {
-    case cudaSuccess: return QT_OK;
-    case cudaErrorMemoryAllocation: return QT_ENOMEM;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
-    }
-}
-
-int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Write "<what> failed: <sentence> (<name>)" and return the matching code. */
-int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
-{
-    char what[200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
-    (void)cudaGetLastError(); /* reported here; not left for the next check */
-    return code_for_cuda_status(st);
-}
-
-const char *kind_name(qt_kind kind)
-{
-    switch (kind) {
-    case QT_F32: return "f32";
-    case QT_F16: return "f16";
-    case QT_BF16: return "bf16";
-    case QT_NF4: return "nf4";
-    case QT_FP4: return "fp4";
-    case QT_AFFINE: return "affine";
-    case QT_Q4_0: return "q4_0";
-    case QT_Q4_1: return "q4_1";
-    case QT_Q8_0: return "q8_0";
-    default: return "(not a kind)";
-    }
-}
-
-bool is_dense(qt_kind k)
-{
-    return k == QT_F32 || k == QT_F16 || k == QT_BF16;
-}
-
-bool is_4bit(qt_kind k)
-{
-    return k == QT_NF4 || k == QT_FP4;
-}
-
-bool is_gguf(qt_kind k)
-{
-    return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
-}
 
 size_t dense_elem_bytes(qt_kind k)
 {
     return k == QT_F32 ? 4 : 2;
-}
-
-int gguf_block_bytes(qt_kind k)
-{
-    return k == QT_Q4_0 ? QM_Q4_0_BYTES : k == QT_Q4_1 ? QM_Q4_1_BYTES : QM_Q8_0_BYTES;
-}
-
-int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
 }
 
 bool valid_shape(int64_t rows, int64_t cols)
@@ -179,7 +87,7 @@ array_sizes sizes_of(const qt_cuda_tensor &t)
         s.zeros = s.scales;
     } else if (is_gguf(t.kind)) {
         const size_t nb = (size_t)t.gguf.n_blocks;
-        s.codes = nb * (size_t)qm_gguf_qs_bytes(gguf_block_bytes(t.kind));
+        s.codes = nb * (size_t)qm_gguf_qs_bytes((int)gguf_block_bytes(t.kind));
         s.d = nb * sizeof(uint16_t);
         s.m = t.kind == QT_Q4_1 ? s.d : 0;
     }
@@ -211,16 +119,6 @@ size_t upload_bytes_of(const qtensor *t)
 }
 
 /* ---- device memory ------------------------------------------------------- */
-
-int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
-{
-    if (!p)
-        return rc;
-    cudaError_t st = cudaFree(const_cast<void *>(p));
-    if (st != cudaSuccess && rc == QT_OK)
-        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
-    return rc;
-}
 
 /* cudaMalloc of `bytes` (nothing when 0); *p stays NULL on failure. */
 template <typename T> int device_alloc(T **p, size_t bytes, const char *what, char *msg, size_t len)
@@ -316,8 +214,7 @@ template <gather_class kClass>
 cudaError_t launch_gather(const qt_cuda_tensor &w, const int32_t *ids, int64_t n, float *out,
                           cudaStream_t s)
 {
-    const int64_t want = ceil_div(n * w.cols, kThreadsPerBlock);
-    const unsigned blocks = (unsigned)(want < kMaxBlocks ? want : kMaxBlocks);
+    const unsigned blocks = grid_for(n * w.cols, kThreadsPerBlock);
     gather_kernel<kClass><<<blocks, kThreadsPerBlock, 0, s>>>(w, ids, n, out);
     return cudaGetLastError();
 }
@@ -621,7 +518,7 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
         /* Join qs / d / m back into ggml's blocks. */
         const qt_cuda_gguf_view &v = d->gguf;
         const size_t nb = (size_t)v.n_blocks;
-        const int bb = gguf_block_bytes(d->kind);
+        const int bb = (int)gguf_block_bytes(d->kind);
         const size_t qsb = (size_t)qm_gguf_qs_bytes(bb);
         uint8_t *qs = static_cast<uint8_t *>(malloc(s.codes));
         uint16_t *dd = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));

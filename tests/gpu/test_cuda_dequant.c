@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/qt_cuda.h"
+#include "gpu_test_util.h"
 #include "qtensor.h"
 
 #define MSG_LEN 512
@@ -576,15 +577,6 @@ static void time_large(const dequant_case *c, uint64_t seed)
     cudaFree(dev_out);
     dev_release(&view);
     qt_free(&t);
-}
-
-/* QL_GPU_EMULATED=1 (tests/gpu/emu/run.sh, the host emulator): skip the
- * 4096x4096 layers and the timing, which take minutes there; every kind,
- * layout and edge case still runs. */
-static bool emulated(void)
-{
-    const char *e = getenv("QL_GPU_EMULATED");
-    return e && strcmp(e, "1") == 0;
 }
 
 int main(void)

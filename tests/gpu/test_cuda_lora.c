@@ -44,6 +44,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "gpu_test_util.h"
 #include "lora.h"
 #include "qt_cuda_ops.h"
 #include "qtensor.h"
@@ -910,15 +911,6 @@ static void test_merge_timing(void)
         merge_terms_free(&mt);
         qt_free(&w);
     }
-}
-
-/* QL_GPU_EMULATED=1 (tests/gpu/emu/run.sh, the host emulator): skip the
- * timing, which takes minutes there; every kind, shape and edge case still
- * runs. */
-static bool emulated(void)
-{
-    const char *e = getenv("QL_GPU_EMULATED");
-    return e && strcmp(e, "1") == 0;
 }
 
 int main(void)

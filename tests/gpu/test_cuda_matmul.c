@@ -40,6 +40,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu_test_util.h"
 #include "qt_cuda_ops.h"
 #include "qtensor.h"
 
@@ -779,15 +780,6 @@ out:
     cudaFree(y_dev);
     qt_cuda_tensor_release(&d, NULL, 0);
     fflush(stdout);
-}
-
-/* QL_GPU_EMULATED=1 (tests/gpu/emu/run.sh, the host emulator): skip the
- * timing, which takes minutes there; every kind, shape and edge case still
- * runs. */
-static bool emulated(void)
-{
-    const char *e = getenv("QL_GPU_EMULATED");
-    return e && strcmp(e, "1") == 0;
 }
 
 int main(void)

@@ -32,6 +32,7 @@
 #include "cuda/qt_cuda.h"
 #include "cuda/qt_cuda_ops.h"
 #include "engine.h"
+#include "gpu_test_util.h"
 #include "ops_math.h"
 #include "qtensor.h"
 
@@ -959,15 +960,6 @@ done:
 
 /* ---- main
  * ------------------------------------------------------------------------------------------ */
-
-/* QL_GPU_EMULATED=1 (tests/gpu/emu/run.sh, the host emulator): skip the
- * timing, which takes minutes there; every kind, shape and edge case still
- * runs. */
-static bool emulated(void)
-{
-    const char *e = getenv("QL_GPU_EMULATED");
-    return e && strcmp(e, "1") == 0;
-}
 
 int main(void)
 {

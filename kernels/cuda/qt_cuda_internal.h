@@ -1,0 +1,187 @@
+/*
+ * qt_cuda_internal.h - the host helpers that every .cu file of kernels/cuda
+ * shares: the sentence into the caller's message buffer (say), the QT_E*
+ * code a CUDA status stands for and the "<call> failed: <sentence>
+ * (<name>)" report of a failed call (cuda_failed), kind names and kind
+ * classes, grid sizing for grid-stride kernels, alignment, and a cudaFree
+ * that keeps the first failure.
+ *
+ * Why shaped so:
+ *   - Only the .cu files of kernels/cuda include it; it is no interface of
+ *     the folder (that is qt_cuda.h, qt_cuda_ops.h and qt_cuda_sample.h).
+ *     Everything is static inline, so each .cu compiles its own copy, no
+ *     symbol crosses the library, and a file that uses few of the helpers
+ *     warns about none of the others.
+ *   - One mapping of CUDA statuses to QT_E* codes, so every entry point of
+ *     the backend names the same failure with the same code (the engine and
+ *     the HTTP layer turn the codes into statuses).
+ *   - No kernels, launches or __shared__ (the kind tests are __host__
+ *     __device__, the rest host code): the host emulator of tests/gpu/emu
+ *     includes it as it stands (cu2cpp.pl rewrites only the .cu files),
+ *     against its own cuda_runtime.h.
+ */
+#ifndef QT_CUDA_INTERNAL_H
+#define QT_CUDA_INTERNAL_H
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+
+#include "qt_math.h"
+#include "qtensor.h"
+
+/* Grid-stride kernels launch at most this many blocks: enough to fill any
+ * current GPU many times over; larger inputs loop rather than launch
+ * millions of blocks that each redo their setup (shared codebooks). */
+constexpr int64_t kMaxBlocks = 65536;
+
+/* ---- messages and status codes ------------------------------------------ */
+
+/* vsnprintf into msg, when there is one. */
+static inline void vsay(char *msg, size_t msg_len, const char *fmt, va_list ap)
+{
+    if (!msg || msg_len == 0)
+        return;
+    vsnprintf(msg, msg_len, fmt, ap);
+}
+
+static inline void say(char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static inline void say(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(msg, msg_len, fmt, ap);
+    va_end(ap);
+}
+
+/* The QT_E* code a CUDA status stands for: no device, driver or code for
+ * this device is QT_EUNSUPPORTED (the backend cannot run here), running out
+ * of memory QT_ENOMEM, anything else the device did QT_EDEVICE. */
+static inline int code_for_cuda_status(cudaError_t st)
+{
+    switch (st) {
+    case cudaSuccess: return QT_OK;
+    case cudaErrorMemoryAllocation: return QT_ENOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
+    default: return QT_EDEVICE;
+    }
+}
+
+static inline int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Write "<what> failed: <sentence> (<name>)", what formatted from fmt, into
+ * msg and return the matching code. */
+static inline int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    say(msg, msg_len, "%s failed: %s (%s)", what, cudaGetErrorString(st), cudaGetErrorName(st));
+    /* Reported here, so not left behind as the thread's "last error" for
+     * the next unrelated check (a sticky error stays whatever we do). */
+    (void)cudaGetLastError();
+    return code_for_cuda_status(st);
+}
+
+/* ---- kinds --------------------------------------------------------------- */
+
+/* qt_kind_name lives in the CPU library; this copy keeps qlkernels_cuda
+ * linkable on its own. */
+static inline const char *kind_name(qt_kind kind)
+{
+    switch (kind) {
+    case QT_F32: return "f32";
+    case QT_F16: return "f16";
+    case QT_BF16: return "bf16";
+    case QT_NF4: return "nf4";
+    case QT_FP4: return "fp4";
+    case QT_AFFINE: return "affine";
+    case QT_Q4_0: return "q4_0";
+    case QT_Q4_1: return "q4_1";
+    case QT_Q8_0: return "q8_0";
+    default: return "(not a kind)";
+    }
+}
+
+static inline __host__ __device__ bool is_dense(qt_kind k)
+{
+    return k == QT_F32 || k == QT_F16 || k == QT_BF16;
+}
+
+/* bitsandbytes' blockwise 4-bit kinds. */
+static inline __host__ __device__ bool is_4bit(qt_kind k)
+{
+    return k == QT_NF4 || k == QT_FP4;
+}
+
+static inline __host__ __device__ bool is_gguf(qt_kind k)
+{
+    return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
+}
+
+/* Bytes per block of a GGUF kind in ggml's layout, 0 for other kinds. */
+static inline size_t gguf_block_bytes(qt_kind kind)
+{
+    switch (kind) {
+    case QT_Q4_0: return QM_Q4_0_BYTES;
+    case QT_Q4_1: return QM_Q4_1_BYTES;
+    case QT_Q8_0: return QM_Q8_0_BYTES;
+    default: return 0;
+    }
+}
+
+/* ---- grids and pointers -------------------------------------------------- */
+
+static inline int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* Blocks for a grid-stride kernel over n items, per_block to a block:
+ * at least 1 (a launch of 0 blocks is an error), at most kMaxBlocks. */
+static inline unsigned grid_for(int64_t n, int64_t per_block)
+{
+    const int64_t b = ceil_div(n, per_block);
+    return (unsigned)(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
+}
+
+/* Whether p is a multiple of bytes (a power of two). */
+static inline bool aligned(const void *p, size_t bytes)
+{
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+/* ---- device memory ------------------------------------------------------- */
+
+/* cudaFree that keeps the first failure: returns rc unchanged when it is
+ * already an error, else the free's own status. `what` names the array in
+ * the message. */
+static inline int free_device(const void *p, const char *what, int rc, char *msg, size_t msg_len)
+{
+    if (!p)
+        return rc;
+    cudaError_t st = cudaFree(const_cast<void *>(p));
+    if (st != cudaSuccess && rc == QT_OK)
+        return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
+    return rc;
+}
+
+#endif /* QT_CUDA_INTERNAL_H */
