@@ -75,6 +75,15 @@ void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
     }
 }
 
+void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab, float *sin_tab)
+{
+    for (int32_t i = 0; i < half; i++) {
+        double angle = (double)pos * inv_freq[i];
+        cos_tab[i] = (float)cos(angle);
+        sin_tab[i] = (float)sin(angle);
+    }
+}
+
 /* --- the CPU backend ------------------------------------------------------- */
 
 typedef struct cpu_backend {

@@ -461,46 +461,17 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
     return ENG_OK;
 }
 
-/* Refuse what forward.c refuses, before anything is enqueued. */
+/* Refuse what forward.c refuses (eng_step_check), and more sequences than
+ * the step's arrays hold, before anything is enqueued. */
 static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n_seqs,
                       int64_t *rows, char *msg, size_t msg_len)
 {
-    const eng_config *cfg = &c->base.m->cfg;
-    int32_t bt = c->kv.block_tokens;
-    int64_t T = 0;
     if (n_seqs > c->max_seqs)
         return qt_fail(msg, msg_len, ENG_EINVAL, "%d sequences in one step; at most %d", n_seqs,
                        c->max_seqs);
-    for (int32_t s = 0; s < n_seqs; s++) {
-        const eng_step_seq *q = &seqs[s];
-        int64_t end = (int64_t)q->pos + q->n_tokens;
-        if (q->n_tokens <= 0 || q->pos < 0 || end > cfg->max_position_embeddings ||
-            end > (int64_t)q->kv->n_blocks * bt || q->pos > q->kv->n_tokens)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
-                           "sequence %d: %d tokens at position %d do not fit its context (%d), "
-                           "its %d reserved KV positions or its %d cached ones",
-                           s, q->n_tokens, q->pos, cfg->max_position_embeddings,
-                           q->kv->n_blocks * bt, q->kv->n_tokens);
-        if (q->weights && q->weights->m != c->base.m)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
-                           "sequence %d: its weight version belongs to another model", s);
-        for (int32_t k = 0; k < q->n_delta; k++)
-            if (q->delta[k].lora->n_layers != cfg->n_layers)
-                return qt_fail(msg, msg_len, ENG_EINVAL,
-                               "sequence %d: adapter %s has %d layers, the model %d", s,
-                               q->delta[k].lora->name, q->delta[k].lora->n_layers, cfg->n_layers);
-        for (int32_t t = 0; t < q->n_tokens; t++)
-            if (q->tokens[t] < 0 || q->tokens[t] >= cfg->vocab_size)
-                return qt_fail(msg, msg_len, ENG_EINVAL,
-                               "sequence %d: token id %d is outside the vocabulary of %d", s,
-                               q->tokens[t], cfg->vocab_size);
-        T += q->n_tokens;
-    }
-    if (T > c->max_tokens)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%lld tokens in one step; at most %d",
-                       (long long)T, c->max_tokens);
-    *rows = T;
-    return ENG_OK;
+    int64_t max_rank = 0; /* the adapters' ranks were bounded at upload */
+    return eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank, msg,
+                          msg_len);
 }
 
 /* Grow a pinned host array and its device twin to hold n elements of size
@@ -544,11 +515,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             c->h_tokens[r] = q->tokens[t];
             c->h_row_seq[r] = s;
             c->h_row_pos[r] = q->pos + t;
-            for (int32_t i = 0; i < half; i++) {
-                double angle = (double)c->h_row_pos[r] * c->inv_freq[i];
-                c->h_cos[(size_t)r * half + i] = (float)cos(angle);
-                c->h_sin[(size_t)r * half + i] = (float)sin(angle);
-            }
+            eng_rope_row(c->inv_freq, half, c->h_row_pos[r], c->h_cos + (size_t)r * half,
+                         c->h_sin + (size_t)r * half);
         }
     }
     int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,
@@ -712,6 +680,13 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
     return ENG_OK;
 }
 
+/* Whether q's token is chosen on the device (the caller takes tokens and
+ * wants q's argmax or plain draw) rather than by the host sampler. */
+static bool chosen_here(const eng_step_seq *q, const int32_t *tokens)
+{
+    return tokens && (q->greedy || q->draw);
+}
+
 /* The final norm of each sequence's last row and the classifier; greedy
  * sequences get their token chosen on the device, the others their logits
  * copied back. */
@@ -739,7 +714,7 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
     bool any_choice = false, any_draw = false;
     for (int32_t s = 0; s < sc->n_seqs; s++) {
         bool draw = tokens && sc->seqs[s].draw;
-        any_choice |= tokens && (sc->seqs[s].greedy || draw);
+        any_choice |= chosen_here(&sc->seqs[s], tokens);
         any_draw |= draw;
         c->h_inv_t[s] = draw ? sc->seqs[s].inv_temperature : 0.0f;
         c->h_u[s] = draw ? sc->seqs[s].u : 0.0;
@@ -762,9 +737,9 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
     }
     /* logits of the others, in runs of neighbours */
     for (int32_t s = 0; s < sc->n_seqs;) {
-        bool chosen = tokens && (sc->seqs[s].greedy || sc->seqs[s].draw);
+        bool chosen = chosen_here(&sc->seqs[s], tokens);
         int32_t e = s + 1;
-        while (e < sc->n_seqs && (tokens && (sc->seqs[e].greedy || sc->seqs[e].draw)) == chosen)
+        while (e < sc->n_seqs && chosen_here(&sc->seqs[e], tokens) == chosen)
             e++;
         if (!chosen)
             CUDA_TRY(cudaMemcpyAsync(logits + (size_t)s * V, c->logits + (size_t)s * V,
@@ -776,7 +751,7 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
     CUDA_TRY(cudaStreamSynchronize(c->stream), "running the step");
     if (tokens)
         for (int32_t s = 0; s < sc->n_seqs; s++)
-            tokens[s] = sc->seqs[s].greedy || sc->seqs[s].draw ? c->h_greedy[s] : -1;
+            tokens[s] = chosen_here(&sc->seqs[s], tokens) ? c->h_greedy[s] : -1;
     return ENG_OK;
 }
 

@@ -28,6 +28,18 @@ struct eng_backend {
 /* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
  * its rope scaling folded in (every backend rotates with these). */
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
+/* cos_tab[i], sin_tab[i] for i < half: the rotation of position pos, each
+ * angle pos * inv_freq[i] in double, rounded once to f32. */
+void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab,
+                  float *sin_tab);
+/* What every backend refuses before computing anything, changing nothing
+ * (eng_forward's list: token ids, positions past the context, the reserved
+ * KV or a gap, versions of another model, adapters of another depth, more
+ * than max_tokens new tokens): *total gets the step's new tokens and
+ * *max_rank (when larger) its adapters' largest rank. In forward.c. */
+int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,
+                   int32_t n_seqs, int32_t max_tokens, int64_t *total, int64_t *max_rank, char *msg,
+                   size_t msg_len);
 
 #ifdef QL_HAVE_CUDA
 /* Whether a CUDA device can be used now (auto asks this). */

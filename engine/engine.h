@@ -740,6 +740,9 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
 /* Record a token chosen elsewhere (a backend's greedy choice) as eng_sample
  * records its own. */
 void eng_sampler_record(eng_sampler *s, int32_t token);
+/* Whether s's next token is the plain argmax of its logits (temperature 0,
+ * no penalty), which a backend can choose where the logits are. */
+bool eng_sampler_greedy(const eng_sampler *s);
 /* Whether s's next token is a plain temperature draw over the whole
  * vocabulary (no top-k, top-p or penalty), which a backend can make where
  * the logits are (kernels/sample_math.h); *inv_temperature receives the

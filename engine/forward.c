@@ -375,9 +375,9 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
 
 /* --- the step ---------------------------------------------------------------- */
 
-static int check_step(const eng_forward_state *st, const eng_model *m, const eng_kv_cache *kv,
-                      const eng_step_seq *seqs, int32_t n_seqs, int64_t *total, int64_t *max_rank,
-                      char *msg, size_t msg_len)
+int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,
+                   int32_t n_seqs, int32_t max_tokens, int64_t *total, int64_t *max_rank, char *msg,
+                   size_t msg_len)
 {
     const eng_config *c = &m->cfg;
     int64_t T = 0;
@@ -419,9 +419,9 @@ static int check_step(const eng_forward_state *st, const eng_model *m, const eng
                                q->tokens[t], c->vocab_size);
         T += q->n_tokens;
     }
-    if (T > st->max_tokens)
+    if (T > max_tokens)
         return qt_fail(msg, msg_len, ENG_EINVAL, "%lld tokens in one step; at most %d",
-                       (long long)T, st->max_tokens);
+                       (long long)T, max_tokens);
     *total = T;
     return ENG_OK;
 }
@@ -431,7 +431,7 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
 {
     const eng_config *c = &m->cfg;
     int64_t T = 0, max_rank = 0;
-    int rc = check_step(st, m, kv, seqs, n_seqs, &T, &max_rank, msg, msg_len);
+    int rc = eng_step_check(m, kv, seqs, n_seqs, st->max_tokens, &T, &max_rank, msg, msg_len);
     if (rc != ENG_OK)
         return rc;
     if (max_rank > 0 && lora_scratch(st, max_rank) != ENG_OK)
@@ -447,11 +447,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
             qt_dequantize_rows(&m->embed, seqs[s].tokens[t], 1, st->x + r * H);
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
-            for (int32_t i = 0; i < half; i++) {
-                double angle = (double)st->row_pos[r] * st->inv_freq[i];
-                st->rope_cos[r * half + i] = (float)cos(angle);
-                st->rope_sin[r * half + i] = (float)sin(angle);
-            }
+            eng_rope_row(st->inv_freq, half, st->row_pos[r], st->rope_cos + r * half,
+                         st->rope_sin + r * half);
         }
     }
 

@@ -747,6 +747,19 @@ static int32_t draw(const float *w, const int32_t *id, size_t n, double u)
 
 /* --- sampling -------------------------------------------------------------- */
 
+/* Whether the repetition penalty applies (0 and 1 are off). */
+static bool penalty_on(const eng_sampling *p)
+{
+    return p->repetition_penalty > 0 && isfinite(p->repetition_penalty) &&
+           p->repetition_penalty != 1;
+}
+
+/* Whether the token is drawn (temperature > 0) rather than the argmax. */
+static bool tempered(const eng_sampling *p)
+{
+    return p->temperature > 0 && isfinite(p->temperature);
+}
+
 static void apply_repetition_penalty(const eng_sampler *s, float *logits, int32_t vocab,
                                      float penalty)
 {
@@ -820,9 +833,8 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
 {
     if (!s || !logits || vocab < 1)
         return -1;
-    float penalty = s->p.repetition_penalty;
-    if (penalty > 0 && isfinite(penalty) && penalty != 1)
-        apply_repetition_penalty(s, logits, vocab, penalty);
+    if (penalty_on(&s->p))
+        apply_repetition_penalty(s, logits, vocab, s->p.repetition_penalty);
     bool any_nan;
     int32_t best = argmax_ignoring_nan(logits, vocab, &any_nan);
     if (any_nan)
@@ -830,7 +842,7 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
             if (isnan(logits[i]))
                 logits[i] = -INFINITY;
     int32_t token;
-    if (s->p.temperature > 0 && isfinite(s->p.temperature) && scratch)
+    if (tempered(&s->p) && scratch)
         token = sample_tempered(s, logits, vocab, best, scratch);
     else
         token = best < 0 ? 0 : best;
@@ -843,13 +855,16 @@ void eng_sampler_record(eng_sampler *s, int32_t token)
     (void)seen_add(s, token);
 }
 
+bool eng_sampler_greedy(const eng_sampler *s)
+{
+    return !tempered(&s->p) && !penalty_on(&s->p);
+}
+
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature)
 {
     const eng_sampling *p = &s->p;
-    bool penalty =
-        p->repetition_penalty > 0 && isfinite(p->repetition_penalty) && p->repetition_penalty != 1;
-    if (!(p->temperature > 0 && isfinite(p->temperature)) || penalty ||
-        (p->top_k > 0 && p->top_k < vocab) || (p->top_p > 0 && p->top_p < 1))
+    if (!tempered(p) || penalty_on(p) || (p->top_k > 0 && p->top_k < vocab) ||
+        (p->top_p > 0 && p->top_p < 1))
         return false;
     float inv = 1.0f / p->temperature; /* as sample_tempered */
     *inv_temperature = inv <= FLT_MAX ? inv : FLT_MAX;

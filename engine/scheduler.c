@@ -419,14 +419,6 @@ static bool take_token(eng_engine *e, seq *s, int32_t token)
     return false;
 }
 
-/* Whether a sequence's next token is the plain argmax of its logits (no
- * temperature, no repetition penalty), so a backend may choose it. */
-static bool only_greedy(const eng_sampler *s)
-{
-    float penalty = s->p.repetition_penalty;
-    return s->p.temperature == 0 && (penalty == 0 || penalty == 1);
-}
-
 /* One forward step over the running set; false when there was nothing to do. */
 static bool run_step(eng_engine *e)
 {
@@ -477,7 +469,7 @@ static bool run_step(eng_engine *e)
         seq *s = e->step_owner[k];
         eng_step_seq *q = &e->step[k];
         bool takes_token = s->n_prefilled + q->n_tokens >= s->n_prompt;
-        q->greedy = only_greedy(&s->sampler);
+        q->greedy = eng_sampler_greedy(&s->sampler);
         q->draw = draws && takes_token && !q->greedy &&
                   eng_sampler_plain_draw(&s->sampler, vocab_size, &q->inv_temperature);
         if (q->draw)
