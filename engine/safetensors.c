@@ -142,6 +142,8 @@ static int parse_metadata(st_file *f, const cJSON *meta, char *msg, size_t msg_l
 {
     if (!cJSON_IsObject(meta))
         return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: __metadata__ is not an object", f->path);
+    if (f->meta_keys) /* JSON allows a key twice; cJSON keeps both */
+        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: __metadata__ appears twice", f->path);
     size_t n = (size_t)cJSON_GetArraySize(meta);
     f->meta_keys = calloc(n ? n : 1, sizeof(char *));
     f->meta_values = calloc(n ? n : 1, sizeof(char *));

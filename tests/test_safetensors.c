@@ -148,6 +148,8 @@ Test(safetensors, corrupt_headers_are_refused_by_name)
         {"[1, 2]", 0, "'{'"},
         {"{\"t\":", 0, "JSON"},
         {"{\"__metadata__\":{\"k\":3}}", 0, "__metadata__"},
+        {"{\"__metadata__\":{\"k\":\"a\"},\"__metadata__\":{\"k\":\"b\"}}", 0,
+         "__metadata__ appears twice"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_raw(path, cases[i].json, cases[i].data);
