@@ -14,6 +14,9 @@ source); qlserve itself never needs it.
 
   python3 bench/run_decode.py [--model PATH] [--threads N] [--prompt-tokens P]
                               [--new-tokens N] [--quants none,nf4,int8]
+                              [--batches 1,8,32] [--repeats R]
+Both engines get an untimed warm-up and report the best of 3 rounds for
+batch 1 and of R (default 1) for larger batches.
 """
 
 import argparse
@@ -39,12 +42,14 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--quants", default="none,nf4,int8")
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed rounds for batches > 1, both engines (batch 1: 3)")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "bench_decode"))
     a = ap.parse_args()
 
     cmd = [a.binary, "--model", a.model, "--threads", str(a.threads),
            "--prompt-tokens", str(a.prompt_tokens), "--new-tokens", str(a.new_tokens),
-           "--batches", a.batches]
+           "--batches", a.batches, "--repeats", str(a.repeats)]
     for q in a.quants.split(","):
         cmd += ["--quant", q]
     ours = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -54,7 +59,8 @@ def main():
         out = subprocess.run([sys.executable, os.path.join(HERE, "peer_llamacpp.py"),
                               "--model", a.model, "--threads", str(a.threads),
                               "--prompt-tokens", str(a.prompt_tokens),
-                              "--new-tokens", str(a.new_tokens)],
+                              "--new-tokens", str(a.new_tokens),
+                              "--batches", a.batches, "--repeats", str(a.repeats)],
                              check=True, capture_output=True, text=True).stdout
         peer = json.loads(out)
     except (subprocess.CalledProcessError, json.JSONDecodeError, FileNotFoundError) as e:

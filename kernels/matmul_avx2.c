@@ -21,6 +21,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
 #define TILE 512 /* columns decoded at a time: 2 KiB of f32, stays in L1 */
 
 /* 16 packed 4-bit codes (8 bytes, even element in the high nibble) as two
@@ -123,14 +125,37 @@ static void decode_affine(const qtensor *t, int64_t r, int64_t c, int64_t n, flo
     }
 }
 
+/* A GGUF block's f16 at p in every lane, by the F16C instruction (exact,
+ * as qm_f16_to_f32). */
+ALWAYS_INLINE __m256 gguf_f16x8(const uint8_t *p)
+{
+    int16_t h;
+    memcpy(&h, p, sizeof h); /* little-endian, as the file */
+    return _mm256_cvtph_ps(_mm_set1_epi16(h));
+}
+
+/* The 32 codes of a 4-bit GGUF block (qs: byte j holds element j low,
+ * element j + 16 high) plus bias, as f32 in element order. Each 8 bytes
+ * widen straight from memory to 8 lanes, which hold both their low
+ * nibbles (masked) and their high ones (shifted). */
+ALWAYS_INLINE void gguf_nibbles(const uint8_t *qs, int bias, __m256 q[4])
+{
+    __m256i mask = _mm256_set1_epi32(0x0f);
+    __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+    __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+    __m256i c[4] = {_mm256_and_si256(v0, mask), _mm256_and_si256(v1, mask),
+                    _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+    for (int j = 0; j < 4; j++)
+        q[j] = _mm256_cvtepi32_ps(bias ? _mm256_add_epi32(c[j], _mm256_set1_epi32(bias)) : c[j]);
+}
+
 /* Blocks [b, b + nb) of a GGUF kind, 32 elements each. */
 static void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out)
 {
     size_t bb = qt_traits_table[t->kind].block_bytes;
-    __m128i mask = _mm_set1_epi8(0x0f);
     for (int64_t i = 0; i < nb; i++, out += 32) {
         const uint8_t *blk = t->data + (b + i) * bb;
-        __m256 d = _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8))));
+        __m256 d = gguf_f16x8(blk);
         if (t->kind == QT_Q8_0) {
             for (int j = 0; j < 32; j += 8) {
                 __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
@@ -139,17 +164,11 @@ static void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out)
             continue;
         }
         bool q41 = t->kind == QT_Q4_1;
-        const uint8_t *qs = blk + (q41 ? 4 : 2);
-        __m128i bytes = _mm_loadu_si128((const __m128i *)qs);
-        __m128i lo = _mm_and_si128(bytes, mask);                    /* elements 0..15 */
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask); /* elements 16..31 */
-        __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        __m256i bias = _mm256_set1_epi32(q41 ? 0 : -8);
-        __m256 m = q41 ? _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[2] | (blk[3] << 8))))
-                       : _mm256_setzero_ps();
+        __m256 q[4];
+        gguf_nibbles(blk + (q41 ? 4 : 2), q41 ? 0 : -8, q);
+        __m256 m = q41 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_add_epi32(_mm256_cvtepu8_epi32(parts[j]), bias);
-            __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+            __m256 w = _mm256_mul_ps(q[j], d);
             if (q41)
                 w = _mm256_add_ps(w, m);
             _mm256_storeu_ps(out + 8 * j, w);
@@ -216,8 +235,7 @@ static inline float hsum(__m256 v)
  * The row functions are always inlined into a switch on the batch size so
  * that every accumulator lives in a register.
  */
-#define XCHUNK        4 /* rows of x per pass: 2 accumulators each + temporaries fit 16 ymm */
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define XCHUNK 4 /* rows of x per pass: 2 accumulators each + temporaries fit 16 ymm */
 
 /* acc (two chains, alternating 8-wide groups) += w[0..n16) . x_b[0..n16),
  * n16 a multiple of 16. */
@@ -311,80 +329,92 @@ ALWAYS_INLINE void rows_bnb4(const qtensor *t, const float *x, int nb, float *y,
 }
 
 /* GGUF rows: per block of 32 the integer codes times x, scaled once by d
- * (and Q4_1's minimum times the sum of x). */
-ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+ * (and Q4_1's minimum times the sum of x, in its own accumulator so that
+ * each block adds one link, not two, to either chain of dependent adds). */
+ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, int nb, float *y, int64_t r,
+                             qt_kind kind)
 {
-    size_t bb = qt_traits_table[t->kind].block_bytes;
+    size_t bb = qt_traits_table[kind].block_bytes;
     int64_t n_blocks = t->cols / 32;
     const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
-    __m128i mask = _mm_set1_epi8(0x0f);
-    bool q41 = t->kind == QT_Q4_1, q80 = t->kind == QT_Q8_0;
-    __m256 total[XCHUNK];
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    bool q41 = kind == QT_Q4_1, q80 = kind == QT_Q8_0;
+    __m256 total[XCHUNK], mtotal[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = mtotal[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
-        __m256 d = _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[0] | (blk[1] << 8))));
+        /* a kilobyte ahead: measured 5-10% faster decode on a model larger than L3 */
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        __m256 d = gguf_f16x8(blk);
         __m256 w[4];
         if (q80) {
             for (int j = 0; j < 4; j++)
                 w[j] = _mm256_cvtepi32_ps(
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
         } else {
-            __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
-            __m128i lo = _mm_and_si128(bytes, mask);
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-            __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-            __m256i bias = _mm256_set1_epi32(q41 ? 0 : -8);
-            for (int j = 0; j < 4; j++)
-                w[j] = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_cvtepu8_epi32(parts[j]), bias));
+            gguf_nibbles(blk + (q41 ? 4 : 2), q41 ? 0 : -8, w);
         }
-        __m256 m = q41 ? _mm256_set1_ps(qm_f16_to_f32((uint16_t)(blk[2] | (blk[3] << 8))))
-                       : _mm256_setzero_ps();
+        __m256 m = q41 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
         {
             const float *xb = x + b * t->cols + k * 32;
-            __m256 acc = _mm256_setzero_ps(), xsum = _mm256_setzero_ps();
-            for (int j = 0; j < 4; j++) {
-                __m256 xv = _mm256_loadu_ps(xb + 8 * j);
-                acc = _mm256_fmadd_ps(w[j], xv, acc);
-                if (q41)
-                    xsum = _mm256_add_ps(xsum, xv);
-            }
+            __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+            __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+            /* two short chains rather than one of four */
+            __m256 acc = _mm256_add_ps(_mm256_fmadd_ps(w[1], x1, _mm256_mul_ps(w[0], x0)),
+                                       _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2)));
             total[b] = _mm256_fmadd_ps(acc, d, total[b]);
             if (q41) /* w = q * d + m: the minimum times the sum of x */
-                total[b] = _mm256_fmadd_ps(xsum, m, total[b]);
+                mtotal[b] = _mm256_fmadd_ps(
+                    _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)), m, mtotal[b]);
         }
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
+        q41 ? hsum(_mm256_add_ps(total[b], mtotal[b])) : hsum(total[b]);
 }
 
+/* Rows [row0, row1) for nb rows of x. kind is the tensor's, or QT_F32 for
+ * every kind that decodes through a tile; a constant kind and nb in each
+ * call below give every kind its own loop with no choice left inside. */
 ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, int nb, float *y, int64_t row0,
-                          int64_t row1, bool bnb4, bool gguf)
+                          int64_t row1, qt_kind kind)
 {
     for (int64_t r = row0; r < row1; r++) {
-        if (bnb4)
-            rows_bnb4(t, x, nb, y, r);
-        else if (gguf)
-            rows_gguf(t, x, nb, y, r);
-        else
-            rows_tiled(t, x, nb, y, r);
+        switch (kind) {
+        case QT_NF4:
+        case QT_FP4: rows_bnb4(t, x, nb, y, r); break;
+        case QT_Q4_0: rows_gguf(t, x, nb, y, r, QT_Q4_0); break;
+        case QT_Q4_1: rows_gguf(t, x, nb, y, r, QT_Q4_1); break;
+        case QT_Q8_0: rows_gguf(t, x, nb, y, r, QT_Q8_0); break;
+        default: rows_tiled(t, x, nb, y, r); break;
+        }
+    }
+}
+
+ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, int nb, float *y, int64_t row0,
+                             int64_t row1)
+{
+    switch (t->kind) {
+    case QT_NF4:
+    case QT_FP4: rows_n(t, x, nb, y, row0, row1, QT_NF4); break;
+    case QT_Q4_0: rows_n(t, x, nb, y, row0, row1, QT_Q4_0); break;
+    case QT_Q4_1: rows_n(t, x, nb, y, row0, row1, QT_Q4_1); break;
+    case QT_Q8_0: rows_n(t, x, nb, y, row0, row1, QT_Q8_0); break;
+    default: rows_n(t, x, nb, y, row0, row1, QT_F32); break;
     }
 }
 
 void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                     int64_t row1)
 {
-    bool bnb4 = t->kind == QT_NF4 || t->kind == QT_FP4;
-    bool gguf = qt_traits_table[t->kind].is_gguf;
     for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
         int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
         const float *xc = x + b0 * t->cols;
         float *yc = y + b0 * t->rows;
         /* a constant nb in each call lets every accumulator be a register */
         switch (nb) {
-        case 1: rows_n(t, xc, 1, yc, row0, row1, bnb4, gguf); break;
-        case 2: rows_n(t, xc, 2, yc, row0, row1, bnb4, gguf); break;
-        case 3: rows_n(t, xc, 3, yc, row0, row1, bnb4, gguf); break;
-        default: rows_n(t, xc, 4, yc, row0, row1, bnb4, gguf); break;
+        case 1: rows_kind(t, xc, 1, yc, row0, row1); break;
+        case 2: rows_kind(t, xc, 2, yc, row0, row1); break;
+        case 3: rows_kind(t, xc, 3, yc, row0, row1); break;
+        default: rows_kind(t, xc, 4, yc, row0, row1); break;
         }
     }
 }
