@@ -331,8 +331,8 @@ ALWAYS_INLINE void rows_bnb4(const qtensor *t, const float *x, int nb, float *y,
 /* GGUF rows: per block of 32 the integer codes times x, scaled once by d
  * (and Q4_1's minimum times the sum of x, in its own accumulator so that
  * each block adds one link, not two, to either chain of dependent adds). */
-ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, int nb, float *y, int64_t r,
-                             qt_kind kind)
+ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum, int nb, float *y,
+                             int64_t r, qt_kind kind)
 {
     size_t bb = qt_traits_table[kind].block_bytes;
     int64_t n_blocks = t->cols / 32;
@@ -364,7 +364,9 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, int nb, float *y,
             total[b] = _mm256_fmadd_ps(acc, d, total[b]);
             if (q41) /* w = q * d + m: the minimum times the sum of x */
                 mtotal[b] = _mm256_fmadd_ps(
-                    _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)), m, mtotal[b]);
+                    xsum ? _mm256_load_ps(xsum + (b * n_blocks + k) * 8)
+                         : _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)),
+                    m, mtotal[b]);
         }
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
@@ -374,49 +376,69 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, int nb, float *y,
 /* Rows [row0, row1) for nb rows of x. kind is the tensor's, or QT_F32 for
  * every kind that decodes through a tile; a constant kind and nb in each
  * call below give every kind its own loop with no choice left inside. */
-ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, int nb, float *y, int64_t row0,
-                          int64_t row1, qt_kind kind)
+ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *xsum, int nb, float *y,
+                          int64_t row0, int64_t row1, qt_kind kind)
 {
     for (int64_t r = row0; r < row1; r++) {
         switch (kind) {
         case QT_NF4:
         case QT_FP4: rows_bnb4(t, x, nb, y, r); break;
-        case QT_Q4_0: rows_gguf(t, x, nb, y, r, QT_Q4_0); break;
-        case QT_Q4_1: rows_gguf(t, x, nb, y, r, QT_Q4_1); break;
-        case QT_Q8_0: rows_gguf(t, x, nb, y, r, QT_Q8_0); break;
+        case QT_Q4_0: rows_gguf(t, x, xsum, nb, y, r, QT_Q4_0); break;
+        case QT_Q4_1: rows_gguf(t, x, xsum, nb, y, r, QT_Q4_1); break;
+        case QT_Q8_0: rows_gguf(t, x, xsum, nb, y, r, QT_Q8_0); break;
         default: rows_tiled(t, x, nb, y, r); break;
         }
     }
 }
 
-ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, int nb, float *y, int64_t row0,
-                             int64_t row1)
+ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, const float *xsum, int nb, float *y,
+                             int64_t row0, int64_t row1)
 {
     switch (t->kind) {
     case QT_NF4:
-    case QT_FP4: rows_n(t, x, nb, y, row0, row1, QT_NF4); break;
-    case QT_Q4_0: rows_n(t, x, nb, y, row0, row1, QT_Q4_0); break;
-    case QT_Q4_1: rows_n(t, x, nb, y, row0, row1, QT_Q4_1); break;
-    case QT_Q8_0: rows_n(t, x, nb, y, row0, row1, QT_Q8_0); break;
-    default: rows_n(t, x, nb, y, row0, row1, QT_F32); break;
+    case QT_FP4: rows_n(t, x, xsum, nb, y, row0, row1, QT_NF4); break;
+    case QT_Q4_0: rows_n(t, x, xsum, nb, y, row0, row1, QT_Q4_0); break;
+    case QT_Q4_1: rows_n(t, x, xsum, nb, y, row0, row1, QT_Q4_1); break;
+    case QT_Q8_0: rows_n(t, x, xsum, nb, y, row0, row1, QT_Q8_0); break;
+    default: rows_n(t, x, xsum, nb, y, row0, row1, QT_F32); break;
     }
+}
+
+/* Q4_1's sums of x per block, 8 lanes each ((x0 + x1) + (x2 + x3) of the
+ * block's four groups of 8, as rows_gguf would make them), for nb rows of
+ * x: computed once per call, not once per weight row. */
+static void block_sums(const float *x, int64_t cols, int nb, float *xsum)
+{
+    for (int b = 0; b < nb; b++)
+        for (int64_t k = 0; k < cols / 32; k++) {
+            const float *xb = x + b * cols + k * 32;
+            __m256 s01 = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
+            __m256 s23 = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
+            _mm256_store_ps(xsum + (b * (cols / 32) + k) * 8, _mm256_add_ps(s01, s23));
+        }
 }
 
 void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                     int64_t row1)
 {
+    float *xsum = NULL;
+    if (t->kind == QT_Q4_1) /* without it (no memory), the same sums are made inline */
+        xsum = aligned_alloc(32, (size_t)XCHUNK * (size_t)t->cols * sizeof(float) / 4 + 32);
     for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
         int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
         const float *xc = x + b0 * t->cols;
         float *yc = y + b0 * t->rows;
+        if (xsum)
+            block_sums(xc, t->cols, nb, xsum);
         /* a constant nb in each call lets every accumulator be a register */
         switch (nb) {
-        case 1: rows_kind(t, xc, 1, yc, row0, row1); break;
-        case 2: rows_kind(t, xc, 2, yc, row0, row1); break;
-        case 3: rows_kind(t, xc, 3, yc, row0, row1); break;
-        default: rows_kind(t, xc, 4, yc, row0, row1); break;
+        case 1: rows_kind(t, xc, xsum, 1, yc, row0, row1); break;
+        case 2: rows_kind(t, xc, xsum, 2, yc, row0, row1); break;
+        case 3: rows_kind(t, xc, xsum, 3, yc, row0, row1); break;
+        default: rows_kind(t, xc, xsum, 4, yc, row0, row1); break;
         }
     }
+    free(xsum);
 }
 
 void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out)
