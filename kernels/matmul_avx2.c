@@ -47,6 +47,29 @@ static inline __m256 lookup16(__m256 lo_half, __m256 hi_half, __m256i codes)
     return _mm256_blendv_ps(a, b, use_hi);
 }
 
+/* x[0..16) as its 8 even elements and its 8 odd ones. */
+static inline void bnb4_split16(const float *x, __m256 *even, __m256 *odd)
+{
+    __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+    /* per 128-bit lane: a0 a2 b0 b2 | a4 a6 b4 b6, then 64-bit pairs reordered */
+    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* x's rows as rows_bnb4_split reads them: each group of 16 as its even
+ * elements then its odd ones. */
+static void bnb4_split(const float *x, int64_t cols, int nb, float *xd)
+{
+    for (int64_t i = 0; i < (int64_t)nb * cols; i += 16) {
+        __m256 even, odd;
+        bnb4_split16(x + i, &even, &odd);
+        _mm256_store_ps(xd + i, even);
+        _mm256_store_ps(xd + i + 8, odd);
+    }
+}
+
 /* Elements [e, e + n) of a bitsandbytes 4-bit tensor, flat indices. */
 static void decode_bnb4(const qtensor *t, int64_t e, int64_t n, float *out)
 {
@@ -328,6 +351,55 @@ ALWAYS_INLINE void rows_bnb4(const qtensor *t, const float *x, int nb, float *y,
         hsum(total[b]) + tail[b];
 }
 
+/* NF4/FP4 rows whose blocks hold whole groups of 16 (cols and blocksize
+ * multiples of 16; every real model). Each 8 code bytes widen straight
+ * from memory to 8 lanes holding the even element's code (high nibble)
+ * and the odd one's (low nibble), so x is taken split the same way: xd
+ * holds each group of 16 as its 8 even elements then its 8 odd ones
+ * (bnb4_split), or NULL to split inline (the same values). */
+ALWAYS_INLINE void rows_bnb4_split(const qtensor *t, const float *x, const float *xd, int nb,
+                                   float *y, int64_t r)
+{
+    __m256 cb_lo = _mm256_loadu_ps(t->codebook);
+    __m256 cb_hi = _mm256_loadu_ps(t->codebook + 8);
+    __m256i mask = _mm256_set1_epi32(0x0f);
+    int64_t cols = t->cols, bs = t->blocksize, e0 = r * cols;
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t e = e0; e < e0 + cols;) {
+        int64_t blk = e / bs, span_end = (blk + 1) * bs < e0 + cols ? (blk + 1) * bs : e0 + cols;
+        float am = t->nested ? qm_nested_absmax(t->absmax_codes, t->nested_code, t->nested_absmax,
+                                                t->nested_blocksize, t->nested_offset, blk)
+                             : t->absmax[blk];
+        __m256 a0[XCHUNK], a1[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) a0[b] = a1[b] = _mm256_setzero_ps();
+        for (; e < span_end; e += 16) { /* a block's part of the row: whole groups */
+            const uint8_t *p = t->data + (e >> 1);
+            _mm_prefetch((const char *)p + 512, _MM_HINT_T0);
+            __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+            __m256 w_even = lookup16(cb_lo, cb_hi, _mm256_srli_epi32(v, 4));
+            __m256 w_odd = lookup16(cb_lo, cb_hi, _mm256_and_si256(v, mask));
+            int64_t c = e - e0;
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+            {
+                __m256 x_even, x_odd;
+                if (xd) {
+                    x_even = _mm256_load_ps(xd + b * cols + c);
+                    x_odd = _mm256_load_ps(xd + b * cols + c + 8);
+                } else {
+                    bnb4_split16(x + b * cols + c, &x_even, &x_odd);
+                }
+                a0[b] = _mm256_fmadd_ps(w_even, x_even, a0[b]);
+                a1[b] = _mm256_fmadd_ps(w_odd, x_odd, a1[b]);
+            }
+        }
+        __m256 vam = _mm256_set1_ps(am);
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
+            _mm256_fmadd_ps(_mm256_add_ps(a0[b], a1[b]), vam, total[b]);
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
 /* GGUF rows: per block of 32 the integer codes times x, scaled once by d
  * (and Q4_1's minimum times the sum of x, in its own accumulator so that
  * each block adds one link, not two, to either chain of dependent adds). */
@@ -373,34 +445,45 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
         q41 ? hsum(_mm256_add_ps(total[b], mtotal[b])) : hsum(total[b]);
 }
 
+/* Whether rows_bnb4_split applies: blocks of whole groups of 16. */
+static bool bnb4_whole_groups(const qtensor *t)
+{
+    return (t->kind == QT_NF4 || t->kind == QT_FP4) && t->cols % 16 == 0 && t->blocksize % 16 == 0;
+}
+
 /* Rows [row0, row1) for nb rows of x. kind is the tensor's, or QT_F32 for
  * every kind that decodes through a tile; a constant kind and nb in each
  * call below give every kind its own loop with no choice left inside. */
-ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *xsum, int nb, float *y,
+ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *scratch, int nb, float *y,
                           int64_t row0, int64_t row1, qt_kind kind)
 {
     for (int64_t r = row0; r < row1; r++) {
         switch (kind) {
         case QT_NF4:
-        case QT_FP4: rows_bnb4(t, x, nb, y, r); break;
-        case QT_Q4_0: rows_gguf(t, x, xsum, nb, y, r, QT_Q4_0); break;
-        case QT_Q4_1: rows_gguf(t, x, xsum, nb, y, r, QT_Q4_1); break;
-        case QT_Q8_0: rows_gguf(t, x, xsum, nb, y, r, QT_Q8_0); break;
+        case QT_FP4:
+            if (bnb4_whole_groups(t))
+                rows_bnb4_split(t, x, scratch, nb, y, r);
+            else
+                rows_bnb4(t, x, nb, y, r);
+            break;
+        case QT_Q4_0: rows_gguf(t, x, scratch, nb, y, r, QT_Q4_0); break;
+        case QT_Q4_1: rows_gguf(t, x, scratch, nb, y, r, QT_Q4_1); break;
+        case QT_Q8_0: rows_gguf(t, x, scratch, nb, y, r, QT_Q8_0); break;
         default: rows_tiled(t, x, nb, y, r); break;
         }
     }
 }
 
-ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, const float *xsum, int nb, float *y,
-                             int64_t row0, int64_t row1)
+ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, const float *scratch, int nb,
+                             float *y, int64_t row0, int64_t row1)
 {
     switch (t->kind) {
     case QT_NF4:
-    case QT_FP4: rows_n(t, x, xsum, nb, y, row0, row1, QT_NF4); break;
-    case QT_Q4_0: rows_n(t, x, xsum, nb, y, row0, row1, QT_Q4_0); break;
-    case QT_Q4_1: rows_n(t, x, xsum, nb, y, row0, row1, QT_Q4_1); break;
-    case QT_Q8_0: rows_n(t, x, xsum, nb, y, row0, row1, QT_Q8_0); break;
-    default: rows_n(t, x, xsum, nb, y, row0, row1, QT_F32); break;
+    case QT_FP4: rows_n(t, x, scratch, nb, y, row0, row1, QT_NF4); break;
+    case QT_Q4_0: rows_n(t, x, scratch, nb, y, row0, row1, QT_Q4_0); break;
+    case QT_Q4_1: rows_n(t, x, scratch, nb, y, row0, row1, QT_Q4_1); break;
+    case QT_Q8_0: rows_n(t, x, scratch, nb, y, row0, row1, QT_Q8_0); break;
+    default: rows_n(t, x, scratch, nb, y, row0, row1, QT_F32); break;
     }
 }
 
@@ -421,24 +504,30 @@ static void block_sums(const float *x, int64_t cols, int nb, float *xsum)
 void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                     int64_t row1)
 {
-    float *xsum = NULL;
-    if (t->kind == QT_Q4_1) /* without it (no memory), the same sums are made inline */
-        xsum = aligned_alloc(32, (size_t)XCHUNK * (size_t)t->cols * sizeof(float) / 4 + 32);
+    /* per-call scratch derived from x: Q4_1's block sums, or x split for
+     * 4-bit bitsandbytes; without it (no memory) the same values are made
+     * inline */
+    float *scratch = NULL;
+    bool split = bnb4_whole_groups(t);
+    if (t->kind == QT_Q4_1 || split)
+        scratch = aligned_alloc(32, (size_t)XCHUNK * (size_t)t->cols * sizeof(float) + 32);
     for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
         int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
         const float *xc = x + b0 * t->cols;
         float *yc = y + b0 * t->rows;
-        if (xsum)
-            block_sums(xc, t->cols, nb, xsum);
+        if (scratch && split)
+            bnb4_split(xc, t->cols, nb, scratch);
+        else if (scratch)
+            block_sums(xc, t->cols, nb, scratch);
         /* a constant nb in each call lets every accumulator be a register */
         switch (nb) {
-        case 1: rows_kind(t, xc, xsum, 1, yc, row0, row1); break;
-        case 2: rows_kind(t, xc, xsum, 2, yc, row0, row1); break;
-        case 3: rows_kind(t, xc, xsum, 3, yc, row0, row1); break;
-        default: rows_kind(t, xc, xsum, 4, yc, row0, row1); break;
+        case 1: rows_kind(t, xc, scratch, 1, yc, row0, row1); break;
+        case 2: rows_kind(t, xc, scratch, 2, yc, row0, row1); break;
+        case 3: rows_kind(t, xc, scratch, 3, yc, row0, row1); break;
+        default: rows_kind(t, xc, scratch, 4, yc, row0, row1); break;
         }
     }
-    free(xsum);
+    free(scratch);
 }
 
 void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out)
