@@ -35,6 +35,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 #include "test_util.h"
@@ -779,6 +780,62 @@ Test(forward, pool_of_one_thread_covers_every_index_once)
 Test(forward, pool_of_three_threads_covers_every_index_once)
 {
     pool_covers_every_index_once(3);
+}
+
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* Every index once, each chunk first sleeping `ms`: long enough that the
+ * caller gives up spinning and sleeps until the last chunk is done. */
+typedef struct slow_ctx {
+    atomic_int *hits;
+    int ms;
+} slow_ctx;
+
+static void slow_cover(void *ctx, int64_t begin, int64_t end)
+{
+    slow_ctx *c = ctx;
+    sleep_ms(c->ms);
+    for (int64_t i = begin; i < end; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+/* The pool's threads spin only briefly for the next job (200 us), then
+ * sleep: an idle pool costs no CPU, and jobs posted after a pause (which
+ * must wake the sleepers) or chunks slower than the spin (the caller
+ * sleeps for them) still run every index once. */
+Test(forward, pool_sleeps_when_idle_and_wakes_for_work)
+{
+    eng_pool *p = NULL;
+    char msg[256];
+    cr_assert_eq(eng_pool_new(&p, 3, msg, sizeof msg), ENG_OK, "%s", msg);
+    atomic_int hits[64];
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < 64; i++)
+            atomic_init(&hits[i], 0);
+        slow_ctx c = {hits, round % 2 ? 2 : 0};
+        eng_pool_run(p, slow_cover, &c, 64, 1);
+        for (int i = 0; i < 64; i++)
+            cr_assert_eq(atomic_load(&hits[i]), 1, "round %d: index %d run %d times", round, i,
+                         atomic_load(&hits[i]));
+        /* idle: three threads spinning through this would burn ~0.9 s of CPU */
+        double cpu0 = cpu_seconds();
+        sleep_ms(300);
+        double idle_cpu = cpu_seconds() - cpu0;
+        cr_assert_lt(idle_cpu, 0.1, "round %d: an idle pool used %.3f s of CPU in 0.3 s", round,
+                     idle_cpu);
+    }
+    eng_pool_free(p);
 }
 
 Test(forward, pool_of_zero_threads_uses_the_machine)
