@@ -331,6 +331,7 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
     const eng_config *c = j->c;
     int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
     float scale = om_attention_scale(d);
+    int32_t bt = j->kv->block_tokens;
     float acc[512];
     for (int64_t i = i0; i < i1; i++) {
         int64_t r = i / c->n_heads;
@@ -343,29 +344,13 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             acc[t] = 0.0f;
         /* Mistral's sliding window: the last `sliding_window` positions */
         int32_t first = om_attention_first(pos, c->sliding_window);
-        for (int32_t p = first; p <= pos; p++) {
-            const float *k = kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d;
-            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-            int32_t t = 0;
-            for (; t + 4 <= d; t += 4) {
-                a0 += q[t] * k[t];
-                a1 += q[t + 1] * k[t + 1];
-                a2 += q[t + 2] * k[t + 2];
-                a3 += q[t + 3] * k[t + 3];
-            }
-            for (; t < d; t++)
-                a0 += q[t] * k[t];
-            float score = ((a0 + a1) + (a2 + a3)) * scale;
-            const float *v = kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d;
-            float f;
-            if (om_online_raise(&sm, score, &f)) {
-                /* rescale what was summed under the old maximum */
-                for (int32_t u = 0; u < d; u++)
-                    acc[u] *= f;
-            }
-            float w = om_online_weight(&sm, score);
-            for (int32_t u = 0; u < d; u++)
-                acc[u] = om_online_acc(acc[u], w, v[u]);
+        /* one call per KV block's run of positions: they lie kv_dim apart */
+        for (int32_t p = first, run; p <= pos; p += run) {
+            int32_t block_end = (p / bt + 1) * bt;
+            run = (block_end <= pos ? block_end : pos + 1) - p;
+            qt_attend(q, kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d,
+                      kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d, j->kv->kv_dim, run, d,
+                      scale, &sm.max, &sm.sum, acc);
         }
         float *out = j->st->att + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)

@@ -47,5 +47,9 @@ void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, i
 /* Dequantization with the same AVX2 decoders, bit-identical to the scalar
  * dequantize_rows of every kind. */
 void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* qt_attend's AVX2 path; head dimensions that are not a multiple of 8 take
+ * the reference. */
+void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
+                    int32_t d, float scale, float *max, float *sum, float *acc);
 
 #endif

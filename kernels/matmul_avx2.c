@@ -16,6 +16,7 @@
  * CPU reports those features (qtensor.c).
  */
 #include "kernels_internal.h"
+#include "ops_math.h"
 #include "qt_math.h"
 
 #include <immintrin.h>
@@ -538,4 +539,36 @@ void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, floa
         if (w != dst)
             memcpy(dst, w, (size_t)t->cols * sizeof *dst);
     }
+}
+
+/* Attention over a run of cached positions: the dot product in two 8-lane
+ * chains, the softmax bookkeeping as ops_math.h's, the values added with
+ * fused multiply-adds. */
+void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
+                    int32_t d, float scale, float *max, float *sum, float *acc)
+{
+    if (d % 16 != 0) {
+        qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
+        return;
+    }
+    om_online sm = {*max, *sum};
+    for (int32_t i = 0; i < n; i++, k += stride, v += stride) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        for (int32_t t = 0; t < d; t += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(k + t), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_loadu_ps(k + t + 8), s1);
+        }
+        float score = hsum(_mm256_add_ps(s0, s1)) * scale, f;
+        if (om_online_raise(&sm, score, &f)) { /* rescale what was summed under the old max */
+            __m256 vf = _mm256_set1_ps(f);
+            for (int32_t u = 0; u < d; u += 8)
+                _mm256_storeu_ps(acc + u, _mm256_mul_ps(_mm256_loadu_ps(acc + u), vf));
+        }
+        __m256 w = _mm256_set1_ps(om_online_weight(&sm, score));
+        for (int32_t u = 0; u < d; u += 8)
+            _mm256_storeu_ps(acc + u,
+                             _mm256_fmadd_ps(w, _mm256_loadu_ps(v + u), _mm256_loadu_ps(acc + u)));
+    }
+    *max = sm.max;
+    *sum = sm.sum;
 }

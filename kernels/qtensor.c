@@ -7,6 +7,7 @@
  * adding one row here and one file beside this one.
  */
 #include "kernels_internal.h"
+#include "ops_math.h"
 #include "qt_math.h"
 
 #include <math.h>
@@ -290,6 +291,43 @@ void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_
         tr->matmul_avx2(w, x, batch, y, row0, row1);
     else
         tr->matmul_ref(w, x, batch, y, row0, row1);
+}
+
+void qt_attend(const float *q, const float *k, const float *v, int64_t stride, int32_t n, int32_t d,
+               float scale, float *max, float *sum, float *acc)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_attend_avx2(q, k, v, stride, n, d, scale, max, sum, acc);
+    else
+        qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
+}
+
+void qt_attend_ref(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
+                   int32_t d, float scale, float *max, float *sum, float *acc)
+{
+    om_online sm = {*max, *sum};
+    for (int32_t i = 0; i < n; i++, k += stride, v += stride) {
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int32_t t = 0;
+        for (; t + 4 <= d; t += 4) {
+            a0 += q[t] * k[t];
+            a1 += q[t + 1] * k[t + 1];
+            a2 += q[t + 2] * k[t + 2];
+            a3 += q[t + 3] * k[t + 3];
+        }
+        for (; t < d; t++)
+            a0 += q[t] * k[t];
+        float score = ((a0 + a1) + (a2 + a3)) * scale, f;
+        if (om_online_raise(&sm, score, &f)) /* rescale what was summed under the old max */
+            for (int32_t u = 0; u < d; u++)
+                acc[u] *= f;
+        float w = om_online_weight(&sm, score);
+        for (int32_t u = 0; u < d; u++)
+            acc[u] = om_online_acc(acc[u], w, v[u]);
+    }
+    *max = sm.max;
+    *sum = sm.sum;
 }
 
 void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)

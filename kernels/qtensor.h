@@ -200,6 +200,20 @@ void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_
 void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
                    int64_t row1);
 
+/*
+ * Attention of one query row q[0..d) over n cached positions whose keys
+ * and values lie at k + i * stride and v + i * stride (i < n), scores
+ * scaled by scale: the running softmax (*max, *sum, as om_online in
+ * ops_math.h) and the weighted sum of values acc[0..d) carry over from
+ * call to call, so a caller walks a paged cache one block's run at a
+ * time. qt_attend takes the fastest path on this CPU; qt_attend_ref is
+ * the scalar arithmetic.
+ */
+void qt_attend(const float *q, const float *k, const float *v, int64_t stride, int32_t n, int32_t d,
+               float scale, float *max, float *sum, float *acc);
+void qt_attend_ref(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
+                   int32_t d, float scale, float *max, float *sum, float *acc);
+
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);
 /* Force the scalar reference everywhere (for tests and benchmarks). */

@@ -201,3 +201,56 @@ Test(matmul, batching_never_changes_a_result, .timeout = 60)
         free(y1);
     }
 }
+
+/* qt_attend, both paths, against softmax(q.k * scale) . v in float64: n
+ * positions stored `stride` floats apart, walked in runs of uneven length
+ * (as the paged cache hands them over), for head sizes that take the AVX2
+ * path (multiples of 16) and one that does not. */
+Test(matmul, attention_runs_match_float64)
+{
+    static const int32_t dims[] = {16, 24, 64, 128};
+    static const int32_t runs[] = {1, 5, 16, 3, 16, 7};
+    uint64_t rng = 99;
+    for (int scalar = 0; scalar < 2; scalar++) {
+        qt_set_force_scalar(scalar);
+        for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+            int32_t d = dims[di], n = 48;
+            int64_t stride = 3 * d; /* other heads between positions */
+            float *q = malloc((size_t)d * 4), *kv = malloc((size_t)(2 * n * stride) * 4);
+            float *k = kv, *v = kv + n * stride, acc[128] = {0};
+            for (int32_t t = 0; t < d; t++)
+                q[t] = test_normal(&rng);
+            for (int64_t i = 0; i < 2 * n * stride; i++)
+                kv[i] = test_normal(&rng);
+            float scale = 1.0f / sqrtf((float)d), max = -INFINITY, sum = 0.0f;
+            for (int32_t p = 0, r = 0; p < n; r++) {
+                int32_t len = runs[r % 6] < n - p ? runs[r % 6] : n - p;
+                qt_attend(q, k + p * stride, v + p * stride, stride, len, d, scale, &max, &sum,
+                          acc);
+                p += len;
+            }
+            double s[48], top = -INFINITY, z = 0.0;
+            for (int32_t p = 0; p < n; p++) {
+                s[p] = 0.0;
+                for (int32_t t = 0; t < d; t++)
+                    s[p] += (double)q[t] * k[p * stride + t];
+                s[p] *= (double)scale;
+                top = s[p] > top ? s[p] : top;
+            }
+            for (int32_t p = 0; p < n; p++)
+                z += exp(s[p] - top);
+            for (int32_t u = 0; u < d; u++) {
+                double want = 0.0;
+                for (int32_t p = 0; p < n; p++)
+                    want += exp(s[p] - top) / z * v[p * stride + u];
+                double got = acc[u] / sum;
+                cr_assert(fabs(got - want) <= 1e-5 * (1.0 + fabs(want)),
+                          "%s path, d %d, element %d: %.9g, float64 says %.9g",
+                          scalar ? "scalar" : "fast", d, u, got, want);
+            }
+            free(q);
+            free(kv);
+        }
+    }
+    qt_set_force_scalar(false);
+}
