@@ -173,27 +173,30 @@ ALWAYS_INLINE void gguf_nibbles(const uint8_t *qs, int bias, __m256 q[4])
         q[j] = _mm256_cvtepi32_ps(bias ? _mm256_add_epi32(c[j], _mm256_set1_epi32(bias)) : c[j]);
 }
 
+/* GGUF block blk of kind: its 32 integer codes as f32 in element order
+ * (q), its scale d and, for Q4_1, its minimum m, each in every lane. */
+ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m256 *d, __m256 *m)
+{
+    *d = gguf_f16x8(blk);
+    if (kind == QT_Q8_0)
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
+    else
+        gguf_nibbles(blk + (kind == QT_Q4_1 ? 4 : 2), kind == QT_Q4_1 ? 0 : -8, q);
+    *m = kind == QT_Q4_1 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
+}
+
 /* Blocks [b, b + nb) of a GGUF kind, 32 elements each. */
 static void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out)
 {
     size_t bb = qt_traits_table[t->kind].block_bytes;
     for (int64_t i = 0; i < nb; i++, out += 32) {
-        const uint8_t *blk = t->data + (b + i) * bb;
-        __m256 d = gguf_f16x8(blk);
-        if (t->kind == QT_Q8_0) {
-            for (int j = 0; j < 32; j += 8) {
-                __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
-                _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-            }
-            continue;
-        }
-        bool q41 = t->kind == QT_Q4_1;
-        __m256 q[4];
-        gguf_nibbles(blk + (q41 ? 4 : 2), q41 ? 0 : -8, q);
-        __m256 m = q41 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
+        __m256 q[4], d, m;
+        gguf_block(t->data + (b + i) * bb, t->kind, q, &d, &m);
         for (int j = 0; j < 4; j++) {
             __m256 w = _mm256_mul_ps(q[j], d);
-            if (q41)
+            if (t->kind == QT_Q4_1) /* only Q4_1 adds: + 0 would turn -0 into +0 */
                 w = _mm256_add_ps(w, m);
             _mm256_storeu_ps(out + 8 * j, w);
         }
@@ -401,6 +404,13 @@ ALWAYS_INLINE void rows_bnb4_split(const qtensor *t, const float *x, const float
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
 }
 
+/* A Q4_1 block's sum of x, 8 lanes: its four groups of 8 as
+ * (x0 + x1) + (x2 + x3). block_sums and rows_gguf both make it here. */
+ALWAYS_INLINE __m256 sum4(__m256 x0, __m256 x1, __m256 x2, __m256 x3)
+{
+    return _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+}
+
 /* GGUF rows: per block of 32 the integer codes times x, scaled once by d
  * (and Q4_1's minimum times the sum of x, in its own accumulator so that
  * each block adds one link, not two, to either chain of dependent adds). */
@@ -410,22 +420,14 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
     size_t bb = qt_traits_table[kind].block_bytes;
     int64_t n_blocks = t->cols / 32;
     const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
-    bool q41 = kind == QT_Q4_1, q80 = kind == QT_Q8_0;
+    bool q41 = kind == QT_Q4_1;
     __m256 total[XCHUNK], mtotal[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = mtotal[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
         /* a kilobyte ahead: measured 5-10% faster decode on a model larger than L3 */
         _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
-        __m256 d = gguf_f16x8(blk);
-        __m256 w[4];
-        if (q80) {
-            for (int j = 0; j < 4; j++)
-                w[j] = _mm256_cvtepi32_ps(
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
-        } else {
-            gguf_nibbles(blk + (q41 ? 4 : 2), q41 ? 0 : -8, w);
-        }
-        __m256 m = q41 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
+        __m256 w[4], d, m;
+        gguf_block(blk, kind, w, &d, &m);
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
         {
             const float *xb = x + b * t->cols + k * 32;
@@ -436,10 +438,9 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
                                        _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2)));
             total[b] = _mm256_fmadd_ps(acc, d, total[b]);
             if (q41) /* w = q * d + m: the minimum times the sum of x */
-                mtotal[b] = _mm256_fmadd_ps(
-                    xsum ? _mm256_load_ps(xsum + (b * n_blocks + k) * 8)
-                         : _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)),
-                    m, mtotal[b]);
+                mtotal[b] = _mm256_fmadd_ps(xsum ? _mm256_load_ps(xsum + (b * n_blocks + k) * 8)
+                                                 : sum4(x0, x1, x2, x3),
+                                            m, mtotal[b]);
         }
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
@@ -455,14 +456,14 @@ static bool bnb4_whole_groups(const qtensor *t)
 /* Rows [row0, row1) for nb rows of x. kind is the tensor's, or QT_F32 for
  * every kind that decodes through a tile; a constant kind and nb in each
  * call below give every kind its own loop with no choice left inside. */
-ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *scratch, int nb, float *y,
-                          int64_t row0, int64_t row1, qt_kind kind)
+ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *scratch, bool split,
+                          int nb, float *y, int64_t row0, int64_t row1, qt_kind kind)
 {
     for (int64_t r = row0; r < row1; r++) {
         switch (kind) {
         case QT_NF4:
         case QT_FP4:
-            if (bnb4_whole_groups(t))
+            if (split)
                 rows_bnb4_split(t, x, scratch, nb, y, r);
             else
                 rows_bnb4(t, x, nb, y, r);
@@ -475,16 +476,16 @@ ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *scratch
     }
 }
 
-ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, const float *scratch, int nb,
-                             float *y, int64_t row0, int64_t row1)
+ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, const float *scratch, bool split,
+                             int nb, float *y, int64_t row0, int64_t row1)
 {
     switch (t->kind) {
     case QT_NF4:
-    case QT_FP4: rows_n(t, x, scratch, nb, y, row0, row1, QT_NF4); break;
-    case QT_Q4_0: rows_n(t, x, scratch, nb, y, row0, row1, QT_Q4_0); break;
-    case QT_Q4_1: rows_n(t, x, scratch, nb, y, row0, row1, QT_Q4_1); break;
-    case QT_Q8_0: rows_n(t, x, scratch, nb, y, row0, row1, QT_Q8_0); break;
-    default: rows_n(t, x, scratch, nb, y, row0, row1, QT_F32); break;
+    case QT_FP4: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_NF4); break;
+    case QT_Q4_0: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_Q4_0); break;
+    case QT_Q4_1: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_Q4_1); break;
+    case QT_Q8_0: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_Q8_0); break;
+    default: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_F32); break;
     }
 }
 
@@ -496,9 +497,9 @@ static void block_sums(const float *x, int64_t cols, int nb, float *xsum)
     for (int b = 0; b < nb; b++)
         for (int64_t k = 0; k < cols / 32; k++) {
             const float *xb = x + b * cols + k * 32;
-            __m256 s01 = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
-            __m256 s23 = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
-            _mm256_store_ps(xsum + (b * (cols / 32) + k) * 8, _mm256_add_ps(s01, s23));
+            _mm256_store_ps(xsum + (b * (cols / 32) + k) * 8,
+                            sum4(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8),
+                                 _mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
         }
 }
 
@@ -522,10 +523,10 @@ void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, i
             block_sums(xc, t->cols, nb, scratch);
         /* a constant nb in each call lets every accumulator be a register */
         switch (nb) {
-        case 1: rows_kind(t, xc, scratch, 1, yc, row0, row1); break;
-        case 2: rows_kind(t, xc, scratch, 2, yc, row0, row1); break;
-        case 3: rows_kind(t, xc, scratch, 3, yc, row0, row1); break;
-        default: rows_kind(t, xc, scratch, 4, yc, row0, row1); break;
+        case 1: rows_kind(t, xc, scratch, split, 1, yc, row0, row1); break;
+        case 2: rows_kind(t, xc, scratch, split, 2, yc, row0, row1); break;
+        case 3: rows_kind(t, xc, scratch, split, 3, yc, row0, row1); break;
+        default: rows_kind(t, xc, scratch, split, 4, yc, row0, row1); break;
         }
     }
     free(scratch);
