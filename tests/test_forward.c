@@ -789,12 +789,6 @@ static double cpu_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* Every index once, each chunk first sleeping `ms`: long enough that the
  * caller gives up spinning and sleeps until the last chunk is done. */
 typedef struct slow_ctx {
@@ -805,7 +799,7 @@ typedef struct slow_ctx {
 static void slow_cover(void *ctx, int64_t begin, int64_t end)
 {
     slow_ctx *c = ctx;
-    sleep_ms(c->ms);
+    test_sleep_ms(c->ms);
     for (int64_t i = begin; i < end; i++)
         atomic_fetch_add(&c->hits[i], 1);
 }
@@ -830,7 +824,7 @@ Test(forward, pool_sleeps_when_idle_and_wakes_for_work)
                          atomic_load(&hits[i]));
         /* idle: three threads spinning through this would burn ~0.9 s of CPU */
         double cpu0 = cpu_seconds();
-        sleep_ms(300);
+        test_sleep_ms(300);
         double idle_cpu = cpu_seconds() - cpu0;
         cr_assert_lt(idle_cpu, 0.1, "round %d: an idle pool used %.3f s of CPU in 0.3 s", round,
                      idle_cpu);

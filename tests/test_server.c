@@ -49,12 +49,6 @@ static char log_path[600];
 static pid_t server_pid = -1;
 static int port;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void setup(void)
 {
     test_tmpdir(dir, sizeof dir);
@@ -160,7 +154,7 @@ static void start_server(const tiny_spec *spec, const char *const *extra)
         if (!port) {
             int st;
             cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "the server exited: %s", read_log());
-            sleep_ms(10);
+            test_sleep_ms(10);
         }
     }
     cr_assert_gt(port, 0, "the server did not listen: %s", read_log());
@@ -174,7 +168,7 @@ static void start_server(const tiny_spec *spec, const char *const *extra)
             break;
         cr_assert(ok && status == 503, "GET /health: %d", status);
         cr_assert_lt(tries, 2000, "the model did not load: %s", read_log());
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
 }
 
@@ -191,7 +185,7 @@ static int stop_server(int sig)
             server_pid = -1;
             return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
         }
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
     kill_server();
     return -1;
@@ -405,7 +399,7 @@ static bool metric_becomes(const char *name, double value)
         free(text);
         if (v == value)
             return true;
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
     return false;
 }
@@ -1350,7 +1344,7 @@ Test(server, connections_over_the_limit_get_503_with_retry_after)
         if (status == 200)
             break;
         cr_assert_lt(tries, 500, "%d", status);
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
     stop_cleanly();
 }
@@ -1683,7 +1677,7 @@ static int wait_exit(void)
             server_pid = -1;
             return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
         }
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
     return -1;
 }
@@ -1696,7 +1690,7 @@ static bool connections_refused(void)
         if (fd < 0)
             return errno == ECONNREFUSED;
         close(fd);
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
     return false;
 }

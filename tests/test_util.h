@@ -1,6 +1,6 @@
 /*
  * test_util.h - small helpers the tests share: a reproducible generator,
- * bit-exact float comparison, temporary paths.
+ * bit-exact float comparison, temporary paths, sleeping.
  */
 #ifndef QL_TEST_UTIL_H
 #define QL_TEST_UTIL_H
@@ -11,7 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+static inline void test_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
 /* splitmix64: the same stream on every machine */
 static inline uint64_t test_rand(uint64_t *s)
