@@ -274,13 +274,20 @@ Test(cli, version_reports_kernels_and_libraries)
     free(out);
 }
 
-Test(cli, inspect_and_tokenize_a_hugging_face_folder)
+/* The default tiny model as a Hugging Face folder at <dir>/tiny. */
+static tiny_spec write_tiny_model(char *model, size_t len)
 {
-    char model[600], args[2000];
-    snprintf(model, sizeof model, "%s/tiny", dir);
+    snprintf(model, len, "%s/tiny", dir);
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_spec s = tiny_default();
     tiny_write_hf(model, &s);
+    return s;
+}
+
+Test(cli, inspect_and_tokenize_a_hugging_face_folder)
+{
+    char model[600], args[2000];
+    write_tiny_model(model, sizeof model);
     char *out;
     snprintf(args, sizeof args, "inspect '%s' --quant nf4-dq", model);
     cr_assert_eq(run(args, &out), 0, "%s", out);
@@ -323,10 +330,7 @@ Test(cli, inspect_a_gguf_model)
 Test(cli, generate_prints_a_completion_and_its_speed)
 {
     char model[600], args[2000];
-    snprintf(model, sizeof model, "%s/tiny", dir);
-    cr_assert_eq(mkdir(model, 0700), 0);
-    tiny_spec s = tiny_default();
-    tiny_write_hf(model, &s);
+    write_tiny_model(model, sizeof model);
     char *out;
     snprintf(args, sizeof args,
              "generate --model '%s' --quant q4_0 --prompt 'the theme' --max-new-tokens 5 "
@@ -373,10 +377,7 @@ Test(cli, generate_prints_a_completion_and_its_speed)
 Test(cli, generate_device_choice)
 {
     char model[600], args[2000];
-    snprintf(model, sizeof model, "%s/tiny", dir);
-    cr_assert_eq(mkdir(model, 0700), 0);
-    tiny_spec s = tiny_default();
-    tiny_write_hf(model, &s);
+    write_tiny_model(model, sizeof model);
     char *out;
     const char *common = "--prompt 'the theme' --max-new-tokens 3 --threads 2";
     snprintf(args, sizeof args, "generate --model '%s' %s --device cpu", model, common);
@@ -403,11 +404,8 @@ Test(cli, generate_device_choice)
 Test(cli, generate_with_an_adapter_unmerged_and_merged)
 {
     char model[600], adapter[600], args[2400];
-    snprintf(model, sizeof model, "%s/tiny", dir);
+    tiny_spec s = write_tiny_model(model, sizeof model);
     snprintf(adapter, sizeof adapter, "%s/adapter", dir);
-    cr_assert_eq(mkdir(model, 0700), 0);
-    tiny_spec s = tiny_default();
-    tiny_write_hf(model, &s);
     eng_config cfg = lora_fix_config(&s);
     lora_fix_spec ls = lora_fix_default();
     ls.std = 0.2f;
