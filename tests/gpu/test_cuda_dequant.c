@@ -35,17 +35,6 @@ static int failures;
 
 /* ---- inputs ------------------------------------------------------------- */
 
-/* xorshift64*: reproducible across machines, no libc rand() differences. */
-static uint64_t rng_state;
-
-static double rng_uniform(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 /* Weights shaped like a trained layer: normal, a few outliers, some exact
  * zeros, and one all-zero absmax block (absmax 0 is a path of its own). */
 static float *random_weights(int64_t n, uint64_t seed)
@@ -53,10 +42,9 @@ static float *random_weights(int64_t n, uint64_t seed)
     float *w = malloc((size_t)n * sizeof *w);
     if (!w)
         return NULL;
-    rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+    rng_seed(seed);
     for (int64_t i = 0; i < n; i++) {
-        double u1 = rng_uniform(), u2 = rng_uniform();
-        double g = sqrt(-2.0 * log(u1 + 1e-300)) * cos(6.283185307179586 * u2);
+        double g = rng_normal();
         double scale = rng_uniform() < 0.001 ? 8.0 : 0.02;
         w[i] = rng_uniform() < 0.01 ? 0.0f : (float)(g * scale);
     }

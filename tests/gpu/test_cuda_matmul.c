@@ -64,27 +64,6 @@ static void report(const char *name, int ok, const char *detail)
 
 /* ---- inputs --------------------------------------------------------------- */
 
-static uint64_t rng_state;
-
-static double rng_uniform(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static double rng_normal(void)
-{
-    double u1 = rng_uniform(), u2 = rng_uniform();
-    return sqrt(-2.0 * log(u1 + 1e-300)) * cos(6.283185307179586 * u2);
-}
-
-static void seed(uint64_t s)
-{
-    rng_state = s * 0x9e3779b97f4a7c15ull + 1;
-}
-
 /* Weights like a trained layer: normal, rare outliers, some exact zeros,
  * and one all-zero row (zero absmax / scales). */
 static float *random_weights(int64_t rows, int64_t cols)
@@ -593,7 +572,7 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
     for (int i = 0; i < s->n_gemm; i++)
         if (s->gemm_batches[i] > max_batch)
             max_batch = s->gemm_batches[i];
-    seed(sd);
+    rng_seed(sd);
     float *w0 = random_weights(rows, cols);
     float *x = malloc((size_t)(max_batch * cols) * sizeof *x);
     float *w = malloc((size_t)(rows * cols) * sizeof *w);
@@ -716,7 +695,7 @@ static void time_matvec(const wkind *k, int64_t rows, int64_t cols)
 {
     char name[160], msg[MSG_LEN] = "";
     snprintf(name, sizeof name, "timing %s %lldx%lld", k->name, (long long)rows, (long long)cols);
-    seed((uint64_t)rows * 31 + (uint64_t)cols);
+    rng_seed((uint64_t)rows * 31 + (uint64_t)cols);
     const int64_t n = rows * cols;
     float *w0 = malloc((size_t)n * sizeof *w0);
     if (!w0) {

@@ -83,17 +83,6 @@ static bool op_ok(const char *name, int rc, const char *msg)
 
 /* ---- inputs ------------------------------------------------------------------------ */
 
-/* xorshift64*: reproducible on every machine. */
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static double rng_uniform(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 static float uniform_in(double lo, double hi)
 {
     return (float)(lo + (hi - lo) * rng_uniform());
