@@ -22,10 +22,10 @@
  * f32, what QLoRA trained); merging is fast and approximate, and every
  * merge says how approximate (delta_retained, relative_error).
  *
- * Errors: ENG_OK or a negative ENG_E* / QT_E* code, with a sentence naming
- * the adapter, the file, the module and the value in msg. ENG_ENOTFOUND:
- * no such adapter; ENG_ECONFLICT: not now (unloading a merged adapter);
- * QT_ENONFINITE: a merge produced NaN or Inf (nothing changed).
+ * Errors: QL_OK or a negative ENG_E* / QT_E* code, with a sentence naming
+ * the adapter, the file, the module and the value in msg. QL_ENOTFOUND:
+ * no such adapter; QL_ECONFLICT: not now (unloading a merged adapter);
+ * QL_ENONFINITE: a merge produced NaN or Inf (nothing changed).
  */
 #ifndef QL_LORA_H
 #define QL_LORA_H
@@ -113,7 +113,7 @@ typedef struct lora_ops {
                   int64_t batch, float *y, float *t, float *u);
 } lora_ops;
 
-/* The operations for weight w's kind, or QT_EUNSUPPORTED naming the kind. */
+/* The operations for weight w's kind, or QL_EUNSUPPORTED naming the kind. */
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len);
 
 /* --- the registry (adapters/registry.c) ---------------------------------- */
@@ -169,9 +169,9 @@ void lora_registry_free(lora_registry *r);
  * the adapter without one. meta may be NULL. */
 int lora_registry_load(lora_registry *r, const char *name, const char *dir, float scale,
                        lora_meta *meta, char *msg, size_t msg_len);
-/* Drop name; ENG_ECONFLICT while it is merged. Sequences using it finish. */
+/* Drop name; QL_ECONFLICT while it is merged. Sequences using it finish. */
 int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t msg_len);
-/* A reference to name for a request (marks it used now); ENG_ENOTFOUND. */
+/* A reference to name for a request (marks it used now); QL_ENOTFOUND. */
 int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg,
                       size_t msg_len);
 /* The same with the adapter's default scale, as a request wants it. */

@@ -81,7 +81,7 @@ typedef int (*params_fn)(const qtensor *w, qt_quant_params *p, char *msg, size_t
 
 static int wrong_family(const qtensor *w, const char *family, char *msg, size_t msg_len)
 {
-    return qt_fail(msg, msg_len, QT_EINVAL, "a %s weight was given to the %s merge",
+    return ql_fail(msg, msg_len, QL_EINVAL, "a %s weight was given to the %s merge",
                    qt_kind_name(w->kind), family);
 }
 
@@ -95,7 +95,7 @@ static int dense_params(const qtensor *w, qt_quant_params *p, char *msg, size_t 
     if (!is_dense(w->kind))
         return wrong_family(w, "dense", msg, msg_len);
     p->kind = w->kind;
-    return QT_OK;
+    return QL_OK;
 }
 
 static int bnb4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
@@ -104,13 +104,13 @@ static int bnb4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
         return wrong_family(w, "bitsandbytes 4-bit", msg, msg_len);
     const float *code = w->kind == QT_NF4 ? qt_nf4_code : qt_fp4_code;
     if (memcmp(w->codebook, code, sizeof w->codebook) != 0)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "this %s weight's quant_map is not bitsandbytes' %s codebook; requantizing "
                        "would change it (merge \"into\" int8 or bf16 instead)",
                        qt_kind_name(w->kind), qt_kind_name(w->kind));
     if (w->nested && (w->nested_blocksize != 256 ||
                       memcmp(w->nested_code, qt_dynamic_map_signed, sizeof w->nested_code) != 0))
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "this %s weight's nested absmax is not in bitsandbytes' layout (the signed "
                        "dynamic map in blocks of 256, here %d); requantizing would change it "
                        "(merge \"into\" int8 or bf16 instead)",
@@ -118,7 +118,7 @@ static int bnb4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     p->kind = w->kind;
     p->blocksize = w->blocksize;
     p->double_quant = w->nested;
-    return QT_OK;
+    return QL_OK;
 }
 
 /*
@@ -154,7 +154,7 @@ static int affine_params(const qtensor *w, qt_quant_params *p, char *msg, size_t
     p->qmin = w->qmin;
     p->qmax = w->qmax;
     p->eps = w->zero_domain == QT_ZERO_FLOAT ? 1e-6f : 0.0f;
-    return QT_OK;
+    return QL_OK;
 }
 
 static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
@@ -162,7 +162,7 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     if (w->kind != QT_Q4_0 && w->kind != QT_Q4_1 && w->kind != QT_Q8_0)
         return wrong_family(w, "GGUF", msg, msg_len);
     p->kind = w->kind;
-    return QT_OK;
+    return QL_OK;
 }
 
 /* The wider kinds a merge may store into instead of the weight's own. */
@@ -173,13 +173,13 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
         p->kind = QT_AFFINE;
         p->bits = 8;
         p->symmetric = true;
-        return QT_OK;
+        return QL_OK;
     }
     if (into == QT_BF16) {
         p->kind = QT_BF16;
-        return QT_OK;
+        return QL_OK;
     }
-    return qt_fail(msg, msg_len, QT_EINVAL,
+    return ql_fail(msg, msg_len, QL_EINVAL,
                    "merged modules can be stored as the weight's own kind, int8 (affine) or "
                    "bf16, not as %s (kind %d)",
                    qt_kind_name(into), (int)into);
@@ -205,15 +205,15 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
 {
     const eng_lora_module *m = part->module;
     if (!m)
-        return qt_fail(msg, msg_len, QT_EINVAL, "adapter %s, %s: no module given",
+        return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s, %s: no module given",
                        adapter_name(part), module);
     const qtensor *a = &m->a, *b = &m->b;
     if (!is_dense(a->kind) || !is_dense(b->kind))
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "adapter %s, %s: A is %s and B is %s; only f32, f16 and bf16 are merged",
                        adapter_name(part), module, qt_kind_name(a->kind), qt_kind_name(b->kind));
     if (a->rows <= 0 || a->cols != w->cols || b->rows != w->rows || b->cols != a->rows)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "adapter %s, %s: A is [%lld, %lld] and B [%lld, %lld], which do not "
                        "make a delta for the [%lld, %lld] weight",
                        adapter_name(part), module, (long long)a->rows, (long long)a->cols,
@@ -224,11 +224,11 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
     pf->a = malloc((size_t)(a->rows * a->cols) * sizeof(float));
     pf->b = malloc((size_t)(b->rows * b->cols) * sizeof(float));
     if (!pf->a || !pf->b)
-        return qt_fail(msg, msg_len, QT_ENOMEM, "adapter %s, %s: cannot allocate A and B in f32",
+        return ql_fail(msg, msg_len, QL_ENOMEM, "adapter %s, %s: cannot allocate A and B in f32",
                        adapter_name(part), module);
     qt_dequantize_rows(a, 0, a->rows, pf->a);
     qt_dequantize_rows(b, 0, b->rows, pf->b);
-    return QT_OK;
+    return QL_OK;
 }
 
 /*
@@ -295,13 +295,13 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     if (!module)
         module = "(module)";
     if (!pristine || !merged || !cost || (n_parts && !parts))
-        return qt_fail(msg, msg_len, QT_EINVAL, "%s: merge needs a weight, parts and outputs",
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: merge needs a weight, parts and outputs",
                        module);
     if ((unsigned)pristine->kind >= QT_KIND_COUNT)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "%s: quant kind %d has no LoRA merge", module,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: quant kind %d has no LoRA merge", module,
                        (int)pristine->kind);
     if (pristine->rows <= 0 || pristine->cols <= 0)
-        return qt_fail(msg, msg_len, QT_EINVAL, "%s: the weight's shape [%lld, %lld] is empty",
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: the weight's shape [%lld, %lld] is empty",
                        module, (long long)pristine->rows, (long long)pristine->cols);
     lora_merge_opts defaults = {.safe_merge = true, .into = QT_KIND_COUNT};
     if (!o)
@@ -311,7 +311,7 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     memset(&qp, 0, sizeof qp);
     int rc = o->into == QT_KIND_COUNT ? own_params(pristine, &qp, msg, msg_len)
                                       : into_params(o->into, &qp, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     int64_t rows = pristine->rows, cols = pristine->cols;
@@ -323,13 +323,13 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     double *total = malloc((size_t)cols * sizeof *total);
     part_f32 *pf = calloc(n_parts ? n_parts : 1, sizeof *pf);
     if (!w || !d || !x || !acc || !total || !pf) {
-        rc = qt_fail(msg, msg_len, QT_ENOMEM, "%s: cannot allocate %zu floats to merge into",
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: cannot allocate %zu floats to merge into",
                      module, 3 * n);
         goto done;
     }
-    for (size_t i = 0; i < n_parts && rc == QT_OK; i++)
+    for (size_t i = 0; i < n_parts && rc == QL_OK; i++)
         rc = load_part(pristine, &parts[i], module, &pf[i], msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         goto done;
 
     /* W + d, row by row, stopping at the first non-finite value */
@@ -349,12 +349,12 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
                 continue;
             const lora_part *bad = blame(parts, pf, n_parts, wr[c], r, c, cols);
             if (bad)
-                rc = qt_fail(msg, msg_len, QT_ENONFINITE,
+                rc = ql_fail(msg, msg_len, QL_ENONFINITE,
                              "adapter %s, %s: the merged value at (row %lld, col %lld) is %g, "
                              "not finite; nothing was merged",
                              adapter_name(bad), module, (long long)r, (long long)c, (double)xr[c]);
             else
-                rc = qt_fail(msg, msg_len, QT_ENONFINITE,
+                rc = ql_fail(msg, msg_len, QL_ENONFINITE,
                              "%s: the pristine weight at (row %lld, col %lld) is %g, not finite; "
                              "nothing was merged",
                              module, (long long)r, (long long)c, (double)wr[c]);
@@ -365,8 +365,8 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     /* requantize; without safe merge qt_quantize still refuses NaN/Inf */
     char qmsg[256] = "";
     rc = qt_quantize(merged, x, rows, cols, &qp, qmsg, sizeof qmsg);
-    if (rc != QT_OK) {
-        rc = qt_fail(msg, msg_len, rc, "%s: %s", module, qmsg);
+    if (rc != QL_OK) {
+        rc = ql_fail(msg, msg_len, rc, "%s: %s", module, qmsg);
         goto done;
     }
 
@@ -392,7 +392,7 @@ done:
     free(acc);
     free(total);
     free_parts(pf, n_parts);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_free(merged);
         memset(cost, 0, sizeof *cost);
     }
@@ -442,14 +442,14 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
     if (ops)
         *ops = NULL;
     if (!w || !ops)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "lora_dispatch needs a weight and a place for "
                        "its operations");
     if ((unsigned)w->kind >= QT_KIND_COUNT || !ops_table[w->kind].merge)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1 and q8_0",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
-    return QT_OK;
+    return QL_OK;
 }

@@ -61,6 +61,7 @@
 #include "lora.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
@@ -385,31 +386,31 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
 {
     memset(out, 0, sizeof *out);
     if (!v || cJSON_IsNull(v))
-        return ENG_OK;
+        return QL_OK;
     out->present = true;
     if (cJSON_IsString(v)) {
         char why[160];
         if (compile_regex(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: %s \"%s\": %s", c->path, field,
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s \"%s\": %s", c->path, field,
                            v->valuestring, why);
         out->is_regex = true;
-        return ENG_OK;
+        return QL_OK;
     }
     if (!cJSON_IsArray(v))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s must be a list of names or a string",
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s must be a list of names or a string",
                        c->path, field);
     size_t n = (size_t)cJSON_GetArraySize(v);
     out->names = calloc(n ? n : 1, sizeof *out->names);
     if (!out->names)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
     const cJSON *e;
     cJSON_ArrayForEach (e, v) {
         if (!cJSON_IsString(e))
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s holds something not a string",
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s holds something not a string",
                            c->path, field);
         out->names[out->n_names++] = e->valuestring;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int read_pattern_map(const adapter_config *c, const cJSON *root, const char *field,
@@ -418,31 +419,31 @@ static int read_pattern_map(const adapter_config *c, const cJSON *root, const ch
     memset(out, 0, sizeof *out);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field);
     if (!v || cJSON_IsNull(v))
-        return ENG_OK;
+        return QL_OK;
     if (!cJSON_IsObject(v))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s must be an object", c->path, field);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s must be an object", c->path, field);
     size_t n = (size_t)cJSON_GetArraySize(v);
     out->re = calloc(n ? n : 1, sizeof *out->re);
     out->keys = calloc(n ? n : 1, sizeof *out->keys);
     out->values = calloc(n ? n : 1, sizeof *out->values);
     if (!out->re || !out->keys || !out->values)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
     const cJSON *e;
     cJSON_ArrayForEach (e, v) {
         double x = cJSON_IsNumber(e) ? e->valuedouble : NAN;
         if (!isfinite(x) || (integer && (x != floor(x) || x < 1 || x > 65536)))
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s[\"%s\"] must be %s", c->path, field,
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s[\"%s\"] must be %s", c->path, field,
                            e->string,
                            integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
         char why[160];
         if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why, sizeof why) != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: %s key \"%s\": %s", c->path, field,
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s key \"%s\": %s", c->path, field,
                            e->string, why);
         out->keys[out->n] = e->string;
         out->values[out->n] = x;
         out->n++;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* The fields whose truth means a feature qlserve does not run, and why. */
@@ -468,23 +469,23 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA") != 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: peft_type is %s; only LORA adapters are supported", c->path,
                        cJSON_IsString(v) ? v->valuestring : "missing");
     v = cJSON_GetObjectItemCaseSensitive(root, "bias");
     if (v && !cJSON_IsNull(v) && (!cJSON_IsString(v) || strcmp(v->valuestring, "none") != 0))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: bias is \"%s\"; trained biases are not supported (only \"none\")",
                        c->path, cJSON_IsString(v) ? v->valuestring : "not a string");
     for (size_t i = 0; i < sizeof refused_fields / sizeof *refused_fields; i++)
         if (json_truthy(cJSON_GetObjectItemCaseSensitive(root, refused_fields[i].field)))
-            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: %s is set: %s", c->path,
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s is set: %s", c->path,
                            refused_fields[i].field, refused_fields[i].what);
 
     v = cJSON_GetObjectItemCaseSensitive(root, "r");
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
         v->valuedouble > 65536)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: r must be a positive integer", c->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: r must be a positive integer", c->path);
     c->r = (int32_t)v->valuedouble;
     v = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
     if (!v || cJSON_IsNull(v))
@@ -492,7 +493,7 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
     else if (cJSON_IsNumber(v) && isfinite(v->valuedouble))
         c->alpha = v->valuedouble;
     else
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: lora_alpha must be a number", c->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: lora_alpha must be a number", c->path);
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "fan_in_fan_out")))
         add_warning(c, "fan_in_fan_out is true, but the targets are Linear layers: PEFT forces it "
@@ -518,7 +519,7 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
         c->all_linear = true;
     } else {
         int rc = read_module_set(c, v, "target_modules", &c->targets, msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     if (!c->all_linear && !c->targets.present) {
@@ -527,31 +528,31 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
         static const char *const defaults[] = {"q_proj", "v_proj"};
         c->targets.names = malloc(sizeof defaults);
         if (!c->targets.names)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
         memcpy(c->targets.names, defaults, sizeof defaults);
         c->targets.n_names = 2;
         c->targets.present = true;
     }
     int rc = read_module_set(c, cJSON_GetObjectItemCaseSensitive(root, "exclude_modules"),
                              "exclude_modules", &c->exclude, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layers_to_transform");
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "layers_pattern");
     bool str_targets = c->all_linear || c->targets.is_regex;
     if (str_targets && lt && !cJSON_IsNull(lt))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: layers_to_transform cannot be used when target_modules is a string "
                        "(PEFT refuses it too)",
                        c->path);
     if (str_targets && lp && !cJSON_IsNull(lp))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: layers_pattern cannot be used when target_modules is a string (PEFT "
                        "refuses it too)",
                        c->path);
     if (json_truthy(lp) && (!lt || cJSON_IsNull(lt)))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: layers_pattern is set without layers_to_transform (PEFT refuses it "
                        "too)",
                        c->path);
@@ -559,12 +560,12 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
         size_t n = cJSON_IsArray(lt) ? (size_t)cJSON_GetArraySize(lt) : 1;
         c->layers = calloc(n ? n : 1, sizeof *c->layers);
         if (!c->layers)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
         const cJSON *e = cJSON_IsArray(lt) ? lt->child : lt;
         for (; e && c->n_layers < n; e = e->next) {
             if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
                 e->valuedouble < 0 || e->valuedouble > 1e9)
-                return qt_fail(msg, msg_len, ENG_EFORMAT,
+                return ql_fail(msg, msg_len, QL_EFORMAT,
                                "%s: layers_to_transform must be a layer index or a list of them",
                                c->path);
             c->layers[c->n_layers++] = (int64_t)e->valuedouble;
@@ -576,7 +577,7 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
         size_t n = cJSON_IsArray(lp) ? (size_t)cJSON_GetArraySize(lp) : 1;
         c->layers_pattern = calloc(n, sizeof *c->layers_pattern);
         if (!c->layers_pattern)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", c->path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
         const cJSON *e = cJSON_IsArray(lp) ? lp->child : lp;
         for (; e && c->n_layers_pattern < n; e = e->next) {
             char why[160];
@@ -586,14 +587,14 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
             if (!cJSON_IsString(e) ||
                 compile_regex(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(", e->valuestring,
                               ")\\.[0-9]+\\.", why, sizeof why) != 0)
-                return qt_fail(msg, msg_len, ENG_EINVAL, "%s: layers_pattern %s: %s", c->path,
+                return ql_fail(msg, msg_len, QL_EINVAL, "%s: layers_pattern %s: %s", c->path,
                                cJSON_IsString(e) ? e->valuestring : "entry",
                                cJSON_IsString(e) ? why : "is not a string");
             c->n_layers_pattern++;
         }
     }
     rc = read_pattern_map(c, root, "rank_pattern", true, &c->rank, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = read_pattern_map(c, root, "alpha_pattern", false, &c->alpha_map, msg, msg_len);
     return rc;
 }
@@ -685,7 +686,7 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
     static const char *const outer[] = {"model.embed_tokens", "lm_head"};
     for (size_t i = 0; i < sizeof outer / sizeof *outer; i++)
         if (config_targets(c, outer[i], -1, false))
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: target_modules selects %s; qlserve adapts only the attention "
                            "and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, "
                            "up_proj, down_proj)",
@@ -704,11 +705,11 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
         }
     if (*n_targeted == 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_modules selects no projection of this model (module names "
                        "look like model.layers.0.self_attn.q_proj)",
                        c->path);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- the tensors ----------------------------------------------------------------- */
@@ -820,7 +821,7 @@ static int check_tensor(const char *path, const st_tensor *t, const char *module
                         int64_t cols, const module_plan *mp, char *msg, size_t msg_len)
 {
     if (qt_kind_of(t->dtype) < 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' is %s; LoRA weights must be F32, F16 or BF16", path,
                        t->name, st_dtype_name(t->dtype));
     if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
@@ -835,17 +836,17 @@ static int check_tensor(const char *path, const st_tensor *t, const char *module
             snprintf(why, sizeof why, ", rank %d from rank_pattern \"%s\"", mp->rank, mp->rank_key);
         else
             snprintf(why, sizeof why, ", rank %d from r", mp->rank);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' is %s; module %s needs [%" PRId64 ", %" PRId64 "]%s", path,
                        t->name, shape, module, rows, cols, why);
     }
     int64_t bad = first_nonfinite(t);
     if (bad >= 0)
-        return qt_fail(msg, msg_len, QT_ENONFINITE,
+        return ql_fail(msg, msg_len, QL_ENONFINITE,
                        "%s: tensor '%s' holds %g at element %" PRId64 " (row %" PRId64
                        ", column %" PRId64 "); every LoRA weight must be finite",
                        path, t->name, (double)element(t, bad), bad, bad / cols, bad % cols);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* t as a dense qtensor: borrowed from the mapping when its address suits
@@ -855,10 +856,10 @@ static int wrap_tensor(const st_tensor *t, qtensor *out, size_t *copied, char *m
     qt_kind kind = (qt_kind)qt_kind_of(t->dtype);
     if ((uintptr_t)t->data % st_dtype_size(t->dtype) != 0) {
         char why[160];
-        if (qt_from_dense(out, kind, t->data, t->shape[0], t->shape[1], why, sizeof why) != QT_OK)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': %s", t->name, why);
+        if (qt_from_dense(out, kind, t->data, t->shape[0], t->shape[1], why, sizeof why) != QL_OK)
+            return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': %s", t->name, why);
         *copied += out->data_bytes;
-        return ENG_OK;
+        return QL_OK;
     }
     memset(out, 0, sizeof *out);
     out->kind = kind;
@@ -867,7 +868,7 @@ static int wrap_tensor(const st_tensor *t, qtensor *out, size_t *copied, char *m
     out->data = (uint8_t *)t->data;
     out->data_bytes = t->nbytes;
     out->data_borrowed = true;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /*
@@ -888,7 +889,7 @@ static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t
     memset(out, 0, sizeof *out);
     out->data = malloc(t->nbytes ? t->nbytes : 1);
     if (!out->data)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': out of memory", t->name);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", t->name);
     out->kind = (qt_kind)qt_kind_of(t->dtype);
     out->rows = rows;
     out->cols = cols;
@@ -899,7 +900,7 @@ static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t
                 memcpy(out->data + (size_t)(h * head_rows + 2 * j + i) * row_bytes,
                        t->data + (size_t)(h * head_rows + i * half + j) * row_bytes, row_bytes);
     *copied += t->nbytes;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- names ----------------------------------------------------------------------- */
@@ -911,7 +912,7 @@ static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t
 static void name_key(const char *s, char *buf, size_t len)
 {
     char base[256];
-    eng_path_base(s, base, sizeof base);
+    mf_path_base(s, base, sizeof base);
     size_t n = strlen(base);
     if (n > 5 && strcasecmp(base + n - 5, ".gguf") == 0)
         base[n - 5] = 0;
@@ -941,28 +942,28 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
         eng_proj p;
         bool is_b;
         if (!parse_key(t->name, &layer, &p, &is_b))
-            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: tensor '%s' is not supported: %s",
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s' is not supported: %s",
                            f->path, t->name, key_hint(t->name));
         if (layer >= m->cfg.n_layers)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is for layer %" PRId64 "; the model has %d layers",
                            f->path, t->name, layer, m->cfg.n_layers);
         module_plan *mp = &plan[(size_t)layer * ENG_N_PROJ + p];
         char name[128];
         module_name(name, sizeof name, (int32_t)layer, p);
         if (!mp->targeted)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is for %s, which %s does not target (check "
                            "target_modules, exclude_modules, layers_to_transform)",
                            f->path, t->name, name, c->path);
         const st_tensor **slot = is_b ? &mp->b : &mp->a;
         if (*slot)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensors '%s' and '%s' are both lora_%c of %s", f->path,
                            (*slot)->name, t->name, is_b ? 'B' : 'A', name);
         *slot = t;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Check and wrap every targeted module into l->modules. */
@@ -980,29 +981,29 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             char name[128];
             module_name(name, sizeof name, layer, (eng_proj)p);
             if (!mp->a || !mp->b)
-                return qt_fail(msg, msg_len, ENG_ENOTFOUND,
+                return ql_fail(msg, msg_len, QL_ENOTFOUND,
                                "%s: module %s has no lora_%c tensor, and %s targets it", path, name,
                                mp->a ? 'B' : 'A', c->path);
             const qtensor *w = eng_model_proj(m, layer, (eng_proj)p);
             int rc = check_tensor(path, mp->a, name, mp->rank, w->cols, mp, msg, msg_len);
-            if (rc == ENG_OK)
+            if (rc == QL_OK)
                 rc = check_tensor(path, mp->b, name, w->rows, mp->rank, mp, msg, msg_len);
-            if (rc != ENG_OK)
+            if (rc != QL_OK)
                 return rc;
             eng_lora_module *mod = &l->modules[idx];
             rc = wrap_tensor(mp->a, &mod->a, copied, msg, msg_len);
-            if (rc != ENG_OK)
+            if (rc != QL_OK)
                 return rc;
             bool permute = m->cfg.rope_interleaved && (p == ENG_PROJ_Q || p == ENG_PROJ_K);
             int32_t heads = p == ENG_PROJ_Q ? m->cfg.n_heads : m->cfg.n_kv_heads;
             rc = permute ? permuted_copy(mp->b, heads, &mod->b, copied, msg, msg_len)
                          : wrap_tensor(mp->b, &mod->b, copied, msg, msg_len);
-            if (rc != ENG_OK)
+            if (rc != QL_OK)
                 return rc;
             mod->scale = (float)(c->use_rslora ? mp->alpha / sqrt((double)mp->rank)
                                                : mp->alpha / (double)mp->rank);
         }
-    return ENG_OK;
+    return QL_OK;
 }
 
 static void fill_meta(lora_meta *meta, const adapter_config *c, const module_plan *plan,
@@ -1034,51 +1035,51 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
         memset(meta, 0, sizeof *meta);
     char own_name[256];
     if (!name) {
-        eng_path_base(dir, own_name, sizeof own_name);
+        mf_path_base(dir, own_name, sizeof own_name);
         name = own_name;
     }
     if (!name[0] || strlen(name) >= sizeof((eng_lora *)0)->name)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "adapter name \"%s\" must be 1 to %zu bytes long",
+        return ql_fail(msg, msg_len, QL_EINVAL, "adapter name \"%s\" must be 1 to %zu bytes long",
                        name, sizeof((eng_lora *)0)->name - 1);
 
     char config_path[4096], weights_path[4096];
     snprintf(config_path, sizeof config_path, "%s/adapter_config.json", dir);
     snprintf(weights_path, sizeof weights_path, "%s/adapter_model.safetensors", dir);
     if (!file_exists(config_path))
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND,
+        return ql_fail(msg, msg_len, QL_ENOTFOUND,
                        "%s: adapter_config.json is missing (not a PEFT adapter folder?)", dir);
     cJSON *root;
-    int rc = eng_read_json(config_path, CONFIG_MAX_BYTES, &root, msg, msg_len);
-    if (rc != ENG_OK)
+    int rc = mf_read_json(config_path, CONFIG_MAX_BYTES, &root, msg, msg_len);
+    if (rc != QL_OK)
         return rc;
     adapter_config c = {.path = config_path};
     module_plan *plan = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ, sizeof *plan);
     peft_lora *pl = calloc(1, sizeof *pl);
     size_t n_modules = 0, copied = 0;
     if (!plan || !pl) {
-        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", dir);
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", dir);
         goto done;
     }
     rc = parse_config(&c, root, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = plan_modules(&c, m, plan, &n_modules, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         goto done;
 
     if (!file_exists(weights_path)) {
         char bin[4096];
         snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
         rc = file_exists(bin)
-                 ? qt_fail(msg, msg_len, ENG_EINVAL,
+                 ? ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: only adapter_model.bin (a pickle, which qlserve does not read) is "
                            "there; save the adapter with safe_serialization=True",
                            dir)
-                 : qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: adapter_model.safetensors is missing",
+                 : ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: adapter_model.safetensors is missing",
                            dir);
         goto done;
     }
     rc = st_open(&pl->file, weights_path, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         goto done;
     eng_lora *l = &pl->lora;
     memcpy(l->name, name, strlen(name) + 1); /* its length was checked */
@@ -1087,13 +1088,13 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
     l->destroy = peft_destroy;
     l->modules = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ, sizeof *l->modules);
     if (!l->modules) {
-        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", dir);
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", dir);
         goto done;
     }
     rc = map_keys(&c, &pl->file, m, plan, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = build_modules(&c, pl, m, plan, &copied, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         goto done;
     /* the whole mapping stays while the adapter lives, plus what was copied */
     l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules;

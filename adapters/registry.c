@@ -16,6 +16,7 @@
  */
 #include "lora.h"
 
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,7 @@ int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
     *out = NULL;
     lora_registry *r = calloc(1, sizeof *r);
     if (!r)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     r->e = e;
     r->m = m;
     r->o = *o;
@@ -82,14 +83,14 @@ int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
     /* one merge thread by default: a merge should not take the cores the
      * engine is decoding on */
     int rc = eng_pool_new(&r->pool, o->threads > 0 ? o->threads : 1, msg, msg_len);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         free(r);
         return rc;
     }
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->merge_mu, NULL);
     *out = r;
-    return ENG_OK;
+    return QL_OK;
 }
 
 void lora_registry_free(lora_registry *r)
@@ -143,7 +144,7 @@ static int make_room(lora_registry *r, size_t bytes, const eng_weights *serving,
                      size_t msg_len)
 {
     if (r->o.budget_bytes == 0)
-        return ENG_OK;
+        return QL_OK;
     while (loaded_bytes(r) + bytes > r->o.budget_bytes) {
         entry *victim = NULL;
         for (size_t i = 0; i < r->n; i++) {
@@ -155,52 +156,52 @@ static int make_room(lora_registry *r, size_t bytes, const eng_weights *serving,
                 victim = en;
         }
         if (!victim)
-            return qt_fail(msg, msg_len, ENG_ENOMEM,
+            return ql_fail(msg, msg_len, QL_ENOMEM,
                            "the adapter needs %zu bytes; the budget of %zu holds %zu in adapters "
                            "that are merged or in use",
                            bytes, r->o.budget_bytes, loaded_bytes(r));
         eng_lora_unref(victim->lora);
         *victim = r->entries[--r->n];
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 int lora_registry_load(lora_registry *r, const char *name, const char *dir, float scale,
                        lora_meta *meta, char *msg, size_t msg_len)
 {
     if (!name || !*name || strlen(name) >= sizeof r->entries->name)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "an adapter name must have 1 to %zu bytes",
+        return ql_fail(msg, msg_len, QL_EINVAL, "an adapter name must have 1 to %zu bytes",
                        sizeof r->entries->name - 1);
     pthread_mutex_lock(&r->mu);
     bool taken = find(r, name) != NULL;
     pthread_mutex_unlock(&r->mu);
     if (taken)
-        return qt_fail(msg, msg_len, ENG_ECONFLICT, "an adapter named %s is already loaded", name);
+        return ql_fail(msg, msg_len, QL_ECONFLICT, "an adapter named %s is already loaded", name);
 
     /* the slow part, with no lock held */
     eng_lora *lora = NULL;
     lora_meta mt;
     int rc = lora_load(&lora, &mt, dir, name, r->m, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     eng_weights *serving = eng_engine_weights(r->e);
     pthread_mutex_lock(&r->mu);
     if (find(r, name))
-        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "an adapter named %s is already loaded", name);
-    if (rc == ENG_OK)
+        rc = ql_fail(msg, msg_len, QL_ECONFLICT, "an adapter named %s is already loaded", name);
+    if (rc == QL_OK)
         rc = make_room(r, lora->bytes, serving, msg, msg_len);
-    if (rc == ENG_OK && r->n == r->cap) {
+    if (rc == QL_OK && r->n == r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 8;
         entry *grown = realloc(r->entries, cap * sizeof *grown);
         if (grown) {
             r->entries = grown;
             r->cap = cap;
         } else {
-            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         }
     }
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         entry *en = &r->entries[r->n++];
         memset(en, 0, sizeof *en);
         snprintf(en->name, sizeof en->name, "%s", name);
@@ -214,7 +215,7 @@ int lora_registry_load(lora_registry *r, const char *name, const char *dir, floa
     pthread_mutex_unlock(&r->mu);
     eng_weights_unref(serving);
     eng_lora_unref(lora);
-    if (rc == ENG_OK && meta)
+    if (rc == QL_OK && meta)
         *meta = mt;
     return rc;
 }
@@ -231,8 +232,8 @@ int lora_registry_want(lora_registry *r, const char *name, eng_lora_term *out, c
         *out = (eng_lora_term){en->lora, en->scale};
     }
     pthread_mutex_unlock(&r->mu);
-    return en ? ENG_OK
-              : qt_fail(msg, msg_len, ENG_ENOTFOUND, "no adapter named %s is loaded", name);
+    return en ? QL_OK
+              : ql_fail(msg, msg_len, QL_ENOTFOUND, "no adapter named %s is loaded", name);
 }
 
 int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg, size_t msg_len)
@@ -249,12 +250,12 @@ int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t m
     eng_weights *serving = eng_engine_weights(r->e);
     pthread_mutex_lock(&r->mu);
     entry *en = find(r, name);
-    int rc = ENG_OK;
+    int rc = QL_OK;
     eng_lora *dropped = NULL;
     if (!en) {
-        rc = qt_fail(msg, msg_len, ENG_ENOTFOUND, "no adapter named %s is loaded", name);
+        rc = ql_fail(msg, msg_len, QL_ENOTFOUND, "no adapter named %s is loaded", name);
     } else if (merged_in(serving, en->lora, NULL)) {
-        rc = qt_fail(msg, msg_len, ENG_ECONFLICT,
+        rc = ql_fail(msg, msg_len, QL_ECONFLICT,
                      "adapter %s is merged into the serving weights; unmerge it first", name);
     } else {
         dropped = en->lora;
@@ -291,7 +292,7 @@ int lora_registry_list(lora_registry *r, lora_info **out, size_t *n)
     pthread_mutex_unlock(&r->mu);
     eng_weights_unref(serving);
     *out = list;
-    return list ? ENG_OK : ENG_ENOMEM;
+    return list ? QL_OK : QL_ENOMEM;
 }
 
 /* --- merging ------------------------------------------------------------------ */
@@ -325,7 +326,7 @@ static void merge_modules(void *ctx, int64_t begin, int64_t end)
         snprintf(module, sizeof module, "model.layers.%d.%s.%s", j->layer, eng_proj_parent(j->proj),
                  eng_proj_name(j->proj));
         j->rc = lora_dispatch(pristine, &ops, j->msg, sizeof j->msg);
-        if (j->rc == ENG_OK)
+        if (j->rc == QL_OK)
             j->rc = ops->merge(pristine, j->parts, j->n_parts, b->o, module, &j->merged, &j->cost,
                                j->msg, sizeof j->msg);
     }
@@ -348,12 +349,12 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
     size_t n_modules = (size_t)m->cfg.n_layers * ENG_N_PROJ;
     module_job *jobs = NULL;
     size_t n_jobs = 0;
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         jobs = calloc(n_modules, sizeof *jobs);
         if (!jobs)
-            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
-    for (int32_t l = 0; rc == ENG_OK && l < m->cfg.n_layers; l++) {
+    for (int32_t l = 0; rc == QL_OK && l < m->cfg.n_layers; l++) {
         for (int p = 0; p < ENG_N_PROJ; p++) {
             module_job *j = &jobs[n_jobs];
             j->layer = l;
@@ -370,7 +371,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
                 /* merged before, merged no more: the pristine tensor serves */
                 const lora_ops *ops = NULL;
                 rc = lora_dispatch(eng_model_proj(m, l, (eng_proj)p), &ops, msg, msg_len);
-                if (rc == ENG_OK)
+                if (rc == QL_OK)
                     v->proj[(size_t)l * ENG_N_PROJ + (size_t)p] =
                         ops->unmerge(eng_model_proj(m, l, (eng_proj)p));
             }
@@ -381,34 +382,34 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
     bool on_device = eng_engine_merges_on_device(r->e) && o->into == QT_KIND_COUNT;
     eng_merge_cost *device_costs = NULL;
     uint64_t device_digest = 0;
-    if (rc == ENG_OK && on_device) {
+    if (rc == QL_OK && on_device) {
         device_costs = calloc(n_modules, sizeof *device_costs);
         rc = device_costs ? eng_weights_set_merged(v, terms, n_terms, msg, msg_len)
-                          : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
-        if (rc == ENG_OK)
+                          : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+        if (rc == QL_OK)
             rc = eng_engine_prepare(r->e, v, device_costs, &device_digest, msg, msg_len);
-        for (size_t i = 0; rc == ENG_OK && i < n_jobs; i++) {
+        for (size_t i = 0; rc == QL_OK && i < n_jobs; i++) {
             module_job *j = &jobs[i];
             const eng_merge_cost *dc = &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj];
             lora_cost sums = {.dot = dc->dot, .delta_sq = dc->delta_sq, .err_sq = dc->err_sq};
             lora_cost_add(&j->cost, &sums);
         }
-    } else if (rc == ENG_OK) {
+    } else if (rc == QL_OK) {
         rebuild b = {m, o, jobs};
         eng_pool_run(r->pool, merge_modules, &b, (int64_t)n_jobs, 1);
-        for (size_t i = 0; i < n_jobs && rc == ENG_OK; i++)
-            if (jobs[i].rc != ENG_OK)
-                rc = qt_fail(msg, msg_len, jobs[i].rc, "%s", jobs[i].msg);
+        for (size_t i = 0; i < n_jobs && rc == QL_OK; i++)
+            if (jobs[i].rc != QL_OK)
+                rc = ql_fail(msg, msg_len, jobs[i].rc, "%s", jobs[i].msg);
     }
     lora_report rp = {0};
-    if (rc == ENG_OK && n_jobs) {
+    if (rc == QL_OK && n_jobs) {
         rp.modules = calloc(n_jobs, sizeof *rp.modules);
         if (!rp.modules)
-            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
-    if (rc == ENG_OK && !on_device)
+    if (rc == QL_OK && !on_device)
         rc = eng_weights_set_merged(v, terms, n_terms, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         for (size_t i = 0; i < n_jobs; i++) {
             module_job *j = &jobs[i];
             qt_kind kind = on_device ? eng_model_proj(m, j->layer, j->proj)->kind : j->merged.kind;
@@ -436,7 +437,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
     free(device_costs);
     eng_weights_unref(v);
     eng_weights_unref(serving);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         free(rp.modules);
         return rc;
     }
@@ -444,7 +445,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
         *rep = rp;
     else
         free(rp.modules);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /*
@@ -458,7 +459,7 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
 {
     eng_lora *lora = NULL;
     int rc = lora_registry_get(r, name, &lora, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     pthread_mutex_lock(&r->merge_mu);
     eng_weights *serving = eng_engine_weights(r->e);
@@ -476,18 +477,18 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
         n++;
     }
     if (merge && !present && n == 16)
-        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "16 adapters are merged already");
+        rc = ql_fail(msg, msg_len, QL_ECONFLICT, "16 adapters are merged already");
     else if (merge && !present)
         terms[n++] = (eng_lora_term){lora, scale};
     else if (!merge && !present)
-        rc = qt_fail(msg, msg_len, ENG_ECONFLICT, "adapter %s is not merged", name);
+        rc = ql_fail(msg, msg_len, QL_ECONFLICT, "adapter %s is not merged", name);
     /* an unmerge stores what stays merged as it was stored */
     lora_merge_opts keep = {.safe_merge = true, .into = r->into};
     lora_report rp = {0};
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = publish_configuration(r, terms, n, merge ? o : &keep, &rp, msg, msg_len);
     eng_weights_unref(serving);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         snprintf(rp.adapter, sizeof rp.adapter, "%s", name);
         rp.scale = merge ? scale : 0.0f;
         r->into = merge ? o->into : n == 0 ? QT_KIND_COUNT : r->into;
@@ -506,7 +507,7 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
     }
     pthread_mutex_unlock(&r->merge_mu);
     eng_lora_unref(lora);
-    if (rc == ENG_OK && rep)
+    if (rc == QL_OK && rep)
         *rep = rp;
     else
         lora_report_free(&rp);
@@ -517,10 +518,10 @@ int lora_registry_merge(lora_registry *r, const char *name, float scale, const l
                         lora_report *rep, char *msg, size_t msg_len)
 {
     if (!(scale == scale) || scale > 1e6f || scale < -1e6f)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "merge scale %g is not a usable number",
+        return ql_fail(msg, msg_len, QL_EINVAL, "merge scale %g is not a usable number",
                        (double)scale);
     if (o->into != QT_KIND_COUNT && o->into != QT_AFFINE && o->into != QT_BF16)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "merge into %s: one of the weight's own kind, int8 or bf16",
                        qt_kind_name(o->into));
     return change_configuration(r, name, true, scale, o, rep, msg, msg_len);

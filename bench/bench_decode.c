@@ -96,7 +96,7 @@ static int bench_kind(const char *model, const char *quant, int threads, int32_t
     eng_model m;
     eng_load_opts o = {.path = model, .quant = quant};
     double t0 = now();
-    if (eng_model_load(&m, &o, msg, sizeof msg) != ENG_OK) {
+    if (eng_model_load(&m, &o, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "bench_decode: %s\n", msg);
         return 1;
     }

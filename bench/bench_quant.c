@@ -207,7 +207,7 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < n_cases; k++) {
         qtensor q;
         char msg[256];
-        if (qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg) != QT_OK) {
+        if (qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg) != QL_OK) {
             fprintf(stderr, "bench_quant: %s: %s\n", cases[k].label, msg);
             return 1;
         }

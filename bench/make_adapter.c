@@ -40,8 +40,8 @@ int main(int argc, char **argv)
     char msg[1024];
     eng_model m;
     eng_load_opts lo = {.path = model};
-    if (eng_model_load(&m, &lo, msg, sizeof msg) != ENG_OK ||
-        peft_write_random(&m, out, rank, alpha, ratio, seed, msg, sizeof msg) != ENG_OK) {
+    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK ||
+        peft_write_random(&m, out, rank, alpha, ratio, seed, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "make_adapter: %s\n", msg);
         return 1;
     }

@@ -47,8 +47,8 @@ static inline int peft_write_module(st_writer *w, const eng_model *m, int32_t l,
     keep[0] = a16;
     keep[1] = b16;
     int rc =
-        A && B && W && a16 && b16 ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
-    if (rc == ENG_OK) {
+        A && B && W && a16 && b16 ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    if (rc == QL_OK) {
         /* Kaiming-uniform(a = sqrt(5)) as nn.Linear and PEFT: bound 1/sqrt(in) */
         double bound = 1.0 / sqrt((double)in), scale = (double)alpha / rank;
         for (int64_t i = 0; i < rank * in; i++)
@@ -80,7 +80,7 @@ static inline int peft_write_module(st_writer *w, const eng_model *m, int32_t l,
                            msg_len);
         snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_B.weight", l,
                  eng_proj_parent(p), eng_proj_name(p));
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = st_writer_add(w, name, ST_BF16, 2, sb, b16, (size_t)(out * rank) * 2, false, msg,
                                msg_len);
     }
@@ -117,7 +117,7 @@ static inline int peft_write_random(const eng_model *m, const char *dir, int ran
         free(text);
         if (f)
             fclose(f);
-        return qt_fail(msg, msg_len, ENG_EIO, "cannot write %s", path);
+        return ql_fail(msg, msg_len, QL_EIO, "cannot write %s", path);
     }
     fputs(text, f);
     fputc('\n', f);
@@ -126,12 +126,12 @@ static inline int peft_write_random(const eng_model *m, const char *dir, int ran
     st_writer *w = st_writer_new();
     size_t n = (size_t)m->cfg.n_layers * ENG_N_PROJ;
     void **keep = calloc(2 * n, sizeof *keep);
-    int rc = keep ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
-    for (size_t i = 0; rc == ENG_OK && i < n; i++)
+    int rc = keep ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (size_t i = 0; rc == QL_OK && i < n; i++)
         rc = peft_write_module(w, m, (int32_t)(i / ENG_N_PROJ), (eng_proj)(i % ENG_N_PROJ), rank,
                                alpha, ratio, &seed, keep + 2 * i, msg, msg_len);
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = st_writer_write(w, path, msg, msg_len);
     st_writer_free(w);
     for (size_t i = 0; keep && i < 2 * n; i++)

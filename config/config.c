@@ -33,7 +33,7 @@ static int usage_error(char *msg, size_t msg_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, msg_len, fmt, ap);
     va_end(ap);
-    return CFG_EUSAGE;
+    return QL_EUSAGE;
 }
 
 /* Store value (a string from argv or the environment) into o->dest. where
@@ -44,7 +44,7 @@ static int set_value(const opt *o, const char *where, const char *value, char *m
 {
     if (o->type == OPT_STRING) {
         *(const char **)o->dest = value;
-        return CFG_OK;
+        return QL_OK;
     }
     if (o->type == OPT_BOOL) {
         /* only the environment gives a boolean a value; a flag is just there */
@@ -53,7 +53,7 @@ static int set_value(const opt *o, const char *where, const char *value, char *m
         for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
             if (strcmp(value, yes[i]) == 0 || strcmp(value, no[i]) == 0) {
                 *(bool *)o->dest = strcmp(value, yes[i]) == 0;
-                return CFG_OK;
+                return QL_OK;
             }
         }
         return usage_error(msg, msg_len, "%s%s: not a boolean (true or false, 1 or 0)", where,
@@ -66,26 +66,26 @@ static int set_value(const opt *o, const char *where, const char *value, char *m
         if (errno || end == value || *end || !isfinite(d))
             return usage_error(msg, msg_len, "%s%s: not a number", where, value);
         *(float *)o->dest = (float)d;
-        return CFG_OK;
+        return QL_OK;
     }
     if (o->type == OPT_U64) {
         unsigned long long u = strtoull(value, &end, 10);
         if (errno || end == value || *end || value[0] == '-')
             return usage_error(msg, msg_len, "%s%s: not a non-negative integer", where, value);
         *(uint64_t *)o->dest = (uint64_t)u;
-        return CFG_OK;
+        return QL_OK;
     }
     long long v = strtoll(value, &end, 10);
     if (o->type == OPT_I64) {
         if (errno || end == value || *end)
             return usage_error(msg, msg_len, "%s%s: not an integer", where, value);
         *(int64_t *)o->dest = (int64_t)v;
-        return CFG_OK;
+        return QL_OK;
     }
     if (errno || end == value || *end || v < INT32_MIN || v > INT32_MAX)
         return usage_error(msg, msg_len, "%s%s: not an integer", where, value);
     *(int32_t *)o->dest = (int32_t)v;
-    return CFG_OK;
+    return QL_OK;
 }
 
 /* Parse argv[1..argc) against opts; positional arguments go to *positional
@@ -97,7 +97,7 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)
-            return CFG_HELP;
+            return QL_EHELP;
         if (strncmp(arg, "--", 2) != 0) {
             if (!positional || *positional)
                 return usage_error(msg, msg_len, "%s: unexpected argument '%s'", argv[0], arg);
@@ -126,10 +126,10 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
         char where[96];
         snprintf(where, sizeof where, "--%s ", o->name);
         int rc = set_value(o, where, value, msg, msg_len);
-        if (rc != CFG_OK)
+        if (rc != QL_OK)
             return rc;
     }
-    return CFG_OK;
+    return QL_OK;
 }
 
 #define QUANTIZE_OPTS(q)                                                                           \
@@ -148,11 +148,11 @@ int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size
     out->blocksize = 64;
     const opt opts[] = QUANTIZE_OPTS(out);
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return rc;
     if (!out->in_path || !out->out_path || !out->kind)
         return usage_error(msg, msg_len, "quantize: --in, --out and --kind are required");
-    return CFG_OK;
+    return QL_OK;
 }
 
 #define MODEL_OPTS(m)                                                                              \
@@ -171,12 +171,12 @@ int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t
     memset(out, 0, sizeof *out);
     const opt opts[] = {MODEL_OPTS(&out->model)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->path, NULL, msg, msg_len);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return rc;
     if (!out->path)
         return usage_error(msg, msg_len, "inspect: which file? (qlserve inspect FILE)");
     out->model.path = out->path;
-    return CFG_OK;
+    return QL_OK;
 }
 
 int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len)
@@ -187,11 +187,11 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
         {"add-bos", OPT_BOOL, &out->add_bos, "prepend BOS when the model's metadata asks"},
         MODEL_OPTS(&out->model)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->text, NULL, msg, msg_len);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return rc;
     if (!out->model.path || !out->text)
         return usage_error(msg, msg_len, "tokenize: qlserve tokenize --model PATH TEXT");
-    return CFG_OK;
+    return QL_OK;
 }
 
 /* The backends --device names (engine/backend.c parses them again). */
@@ -231,7 +231,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     out->device = "auto";
     const opt opts[] = {GENERATE_OPTS(out)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return rc;
     if (!out->model.path || !out->prompt)
         return usage_error(msg, msg_len, "generate: --model and --prompt are required");
@@ -247,7 +247,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
                            out->device);
     if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
         return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
-    return CFG_OK;
+    return QL_OK;
 }
 
 /*
@@ -547,7 +547,7 @@ static int apply_file_value(serve_parse *p, size_t k, const cJSON *item)
     if (!in_range)
         return usage_error(p->msg, p->msg_len, "config file %s: \"%s\": %.17g: out of range",
                            p->file_path, item->string, d);
-    return CFG_OK;
+    return QL_OK;
 }
 
 /* Apply the config file at p->file_path; where says where its name came from
@@ -611,12 +611,12 @@ static int apply_config_file(serve_parse *p, const char *where, cJSON **tree)
             return usage_error(p->msg, p->msg_len, "config file %s: \"%s\" and \"%s\" both set %s",
                                p->file_path, p->file_key[k], item->string, p->opts[k].name);
         int rc = apply_file_value(p, k, item);
-        if (rc != CFG_OK)
+        if (rc != QL_OK)
             return rc;
         p->src[k] = SRC_FILE;
         p->file_key[k] = item->string;
     }
-    return CFG_OK;
+    return QL_OK;
 }
 
 /* Every QLSERVE_<FLAG> that is set, over what the file and flags gave. */
@@ -636,11 +636,11 @@ static int apply_environment(serve_parse *p)
             return usage_error(p->msg, p->msg_len, "serve: out of memory");
         snprintf(where, sizeof where, "%s=", env);
         int rc = set_value(&p->opts[k], where, copy, p->msg, p->msg_len);
-        if (rc != CFG_OK)
+        if (rc != QL_OK)
             return rc;
         p->src[k] = SRC_ENV;
     }
-    return CFG_OK;
+    return QL_OK;
 }
 
 /* A token travels as "Authorization: Bearer TOKEN": it cannot hold spaces or
@@ -682,10 +682,10 @@ static int resolve_admin_token(serve_parse *p, const char *token_file)
                                "set one");
         /* the environment wins over a token file from the file or a flag */
         p->result->admin_token = keep_token(p, "QLSERVE_ADMIN_TOKEN", env, strlen(env));
-        return p->result->admin_token ? CFG_OK : CFG_EUSAGE;
+        return p->result->admin_token ? QL_OK : QL_EUSAGE;
     }
     if (!token_file)
-        return CFG_OK;
+        return QL_OK;
     char where[1024];
     describe(p, k, where, sizeof where);
     size_t len;
@@ -702,7 +702,7 @@ static int resolve_admin_token(serve_parse *p, const char *token_file)
     const char *nl = memchr(text, '\n', len);
     p->result->admin_token = keep_token(p, where, text, nl ? (size_t)(nl - text) : len);
     free(text);
-    return p->result->admin_token ? CFG_OK : CFG_EUSAGE;
+    return p->result->admin_token ? QL_OK : QL_EUSAGE;
 }
 
 /* Every value within its range; every string that is set non-empty and free
@@ -746,7 +746,7 @@ static int validate_serve(serve_parse *p)
         describe(p, find_opt(p->opts, p->n_opts, "host"), where, sizeof where);
         return usage_error(p->msg, p->msg_len, "%s: not a host name or address", where);
     }
-    return CFG_OK;
+    return QL_OK;
 }
 
 int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg_len)
@@ -763,7 +763,7 @@ int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg
 
     /* the command line first: --help wins over any error in the file */
     int rc = parse(argc, argv, flag_opts, N, NULL, seen, msg, msg_len);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return rc;
 
     serve_parse p = {.opts = opts,
@@ -791,7 +791,7 @@ int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg
     if (fin.s.config_path) {
         p.file_path = fin.s.config_path;
         describe(&p, k_config, where, sizeof where);
-        if ((rc = apply_config_file(&p, where, &tree)) != CFG_OK)
+        if ((rc = apply_config_file(&p, where, &tree)) != QL_OK)
             goto fail;
     }
 
@@ -808,13 +808,13 @@ int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg
         src[k] = SRC_FLAG;
     }
 
-    if ((rc = apply_environment(&p)) != CFG_OK ||
-        (rc = resolve_admin_token(&p, fin.token_file)) != CFG_OK ||
-        (rc = validate_serve(&p)) != CFG_OK)
+    if ((rc = apply_environment(&p)) != QL_OK ||
+        (rc = resolve_admin_token(&p, fin.token_file)) != QL_OK ||
+        (rc = validate_serve(&p)) != QL_OK)
         goto fail;
     cJSON_Delete(tree);
     *out = fin.s;
-    return CFG_OK;
+    return QL_OK;
 
 fail:
     cJSON_Delete(tree);

@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { CFG_OK = 0, CFG_EUSAGE = -200, CFG_HELP = -201 /* --help was asked for */ };
+#include "ql_base.h"
 
 typedef struct cfg_quantize {
     const char *in_path;  /* --in, required */
@@ -108,7 +108,7 @@ typedef struct cfg_serve {
     void *owned_;
 } cfg_serve;
 
-/* argv[0] is the subcommand's name. On CFG_EUSAGE msg says what is wrong. */
+/* argv[0] is the subcommand's name. On QL_EUSAGE msg says what is wrong. */
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len);
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len);
 int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len);
@@ -123,8 +123,8 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
  * checked; a message names the flag, file key or env var and the value (never
  * the admin token). The admin token comes from QLSERVE_ADMIN_TOKEN, else the
  * first line of the admin token file; a config file holding "admin_token" is
- * refused. CFG_HELP when --help is on the command line, whatever the file
- * holds. On CFG_OK the caller calls cfg_serve_free; on any other return *out
+ * refused. QL_EHELP when --help is on the command line, whatever the file
+ * holds. On QL_OK the caller calls cfg_serve_free; on any other return *out
  * is zeroed and owns nothing. */
 int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg_len);
 void cfg_serve_free(cfg_serve *c);

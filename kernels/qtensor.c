@@ -101,30 +101,6 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                  .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
 };
 
-int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
-{
-    if (msg && msg_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_len, fmt, ap);
-        va_end(ap);
-    }
-    return err;
-}
-
-const char *qt_strerror(int err)
-{
-    switch (err) {
-    case QT_OK: return "ok";
-    case QT_EINVAL: return "invalid argument";
-    case QT_ENOMEM: return "out of memory";
-    case QT_ENONFINITE: return "non-finite value";
-    case QT_EUNSUPPORTED: return "unsupported for this kind";
-    case QT_EDEVICE: return "device failure";
-    default: return "unknown error";
-    }
-}
-
 int qt_kind_from_name(const char *name)
 {
     if (!name)
@@ -173,16 +149,16 @@ int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
 {
     memset(out, 0, sizeof *out);
     if (!p || (unsigned)p->kind >= QT_KIND_COUNT)
-        return qt_fail(msg, msg_len, QT_EINVAL, "unknown quant kind %d", p ? (int)p->kind : -1);
+        return ql_fail(msg, msg_len, QL_EINVAL, "unknown quant kind %d", p ? (int)p->kind : -1);
     if (rows <= 0 || cols <= 0)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is empty", (long long)rows,
+        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] is empty", (long long)rows,
                        (long long)cols);
     if (rows > INT64_MAX / cols)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] overflows", (long long)rows,
+        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] overflows", (long long)rows,
                        (long long)cols);
     int64_t bad = first_non_finite(src, rows * cols);
     if (bad >= 0)
-        return qt_fail(msg, msg_len, QT_ENONFINITE,
+        return ql_fail(msg, msg_len, QL_ENONFINITE,
                        "value %g at index %lld (row %lld, col %lld) is not finite",
                        (double)src[bad], (long long)bad, (long long)(bad / cols),
                        (long long)(bad % cols));
@@ -190,7 +166,7 @@ int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
     out->rows = rows;
     out->cols = cols;
     int rc = qt_traits_table[p->kind].quantize(out, src, rows, cols, p, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         qt_free(out);
     return rc;
 }
@@ -366,12 +342,12 @@ static int dup_array(void **dst, const void *src, size_t bytes)
 {
     *dst = NULL;
     if (!src)
-        return QT_OK;
+        return QL_OK;
     *dst = malloc(bytes ? bytes : 1);
     if (!*dst)
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     memcpy(*dst, src, bytes);
-    return QT_OK;
+    return QL_OK;
 }
 
 int qt_clone(qtensor *out, const qtensor *src)
@@ -386,18 +362,18 @@ int qt_clone(qtensor *out, const qtensor *src)
     out->zeros = NULL;
     size_t nq = (size_t)(src->rows * src->groups_per_row) * sizeof(float);
     int rc = dup_array((void **)&out->data, src->data, src->data_bytes);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dup_array((void **)&out->absmax, src->absmax, (size_t)src->n_blocks * sizeof(float));
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dup_array((void **)&out->absmax_codes, src->absmax_codes, (size_t)src->n_blocks);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dup_array((void **)&out->nested_absmax, src->nested_absmax,
                        (size_t)src->n_nested_blocks * sizeof(float));
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dup_array((void **)&out->scales, src->scales, nq);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dup_array((void **)&out->zeros, src->zeros, nq);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         qt_free(out);
     return rc;
 }
@@ -421,10 +397,10 @@ int qt_from_dense(qtensor *out, qt_kind kind, const void *src, int64_t rows, int
 {
     memset(out, 0, sizeof *out);
     if ((unsigned)kind >= QT_KIND_COUNT || !qt_traits_table[kind].is_dense)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "kind %s is not a dense kind",
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "kind %s is not a dense kind",
                        qt_kind_name(kind));
     if (rows <= 0 || cols <= 0 || rows > INT64_MAX / cols)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is not valid", (long long)rows,
+        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] is not valid", (long long)rows,
                        (long long)cols);
     size_t bytes = (size_t)(rows * cols) * qt_dense_elem_bytes(kind);
     return qt_wrap_copy(out, kind, rows, cols, src, bytes, msg, msg_len);
@@ -435,26 +411,26 @@ int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const v
 {
     out->data = malloc(bytes ? bytes : 1);
     if (!out->data)
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", bytes);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes", bytes);
     memcpy(out->data, src, bytes);
     out->kind = kind;
     out->rows = rows;
     out->cols = cols;
     out->data_bytes = bytes;
-    return QT_OK;
+    return QL_OK;
 }
 
 int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len)
 {
     if ((unsigned)t->kind >= QT_KIND_COUNT || !qt_traits_table[t->kind].is_dense)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "a %s tensor keeps its quantizer's dtypes; only dense kinds are cast",
                        qt_kind_name(t->kind));
     if ((unsigned)to >= QT_KIND_COUNT || !qt_traits_table[to].is_dense)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "cannot cast to %s: not a dense kind",
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "cannot cast to %s: not a dense kind",
                        qt_kind_name(to));
     if (to == t->kind)
-        return QT_OK;
+        return QL_OK;
     int64_t n = t->rows * t->cols;
     size_t bytes = (size_t)n * qt_dense_elem_bytes(to);
     uint8_t *data = malloc(bytes);
@@ -462,7 +438,7 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len)
     if (!data || !row) {
         free(data);
         free(row);
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", bytes);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes", bytes);
     }
     for (int64_t r = 0; r < t->rows; r++) {
         qt_dense_dequantize_rows(t, r, 1, row);
@@ -483,5 +459,5 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len)
     t->data_borrowed = false;
     t->data_bytes = bytes;
     t->kind = to;
-    return QT_OK;
+    return QL_OK;
 }

@@ -28,7 +28,7 @@
  * owned by its quantizer and keeps its own dtype: qt_cast_dense converts the
  * dense kinds only and refuses every quantized one.
  *
- * Errors: functions return QT_OK (0) or a negative QT_E* code, and write a
+ * Errors: functions return QL_OK (0) or a negative QL_E* code (base/ql_base.h), and write a
  * sentence naming the field and the value into the caller's buffer.
  */
 #ifndef QL_QTENSOR_H
@@ -37,6 +37,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ql_base.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,22 +57,6 @@ typedef enum qt_kind {
     QT_KIND_COUNT
 } qt_kind;
 
-enum {
-    QT_OK = 0,
-    QT_EINVAL = -1,       /* a parameter or shape is not acceptable */
-    QT_ENOMEM = -2,       /* allocation failed */
-    QT_ENONFINITE = -3,   /* NaN or Inf where only finite values may be */
-    QT_EUNSUPPORTED = -4, /* the operation does not apply to this kind */
-    QT_EDEVICE = -5,      /* the accelerator failed: a launch error, a fault */
-};
-
-/* A static English phrase for an error code; never NULL. */
-const char *qt_strerror(int err);
-
-/* Format an error sentence into msg (when msg is not NULL) and return err:
- * the one way every module reports what was wrong. */
-int qt_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 /* How the zero point of an AFFINE tensor is expressed (torchao ZeroPointDomain). */
 typedef enum qt_zero_domain {
@@ -228,7 +214,7 @@ int qt_from_dense(qtensor *out, qt_kind kind, const void *src, int64_t rows, int
 
 /*
  * Change the float dtype of a dense tensor in place (F32 <-> F16 <-> BF16,
- * round to nearest even). Quantized kinds are refused with QT_EUNSUPPORTED:
+ * round to nearest even). Quantized kinds are refused with QL_EUNSUPPORTED:
  * their quant state belongs to the quantizer and never changes dtype.
  */
 int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len);

@@ -60,10 +60,10 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len)
 {
     if (p->bits != 4 && p->bits != 8)
-        return qt_fail(msg, msg_len, QT_EINVAL, "affine bits %d: only 4 and 8", p->bits);
+        return ql_fail(msg, msg_len, QL_EINVAL, "affine bits %d: only 4 and 8", p->bits);
     int64_t gs = p->group_size ? p->group_size : cols;
     if (gs <= 0 || cols % gs != 0)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "affine group size %lld does not divide the %lld columns", (long long)gs,
                        (long long)cols);
     t->bits = p->bits;
@@ -74,7 +74,7 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     t->qmax = p->symmetric ? (1 << (p->bits - 1)) - 1 : (1 << p->bits) - 1;
     if (p->qmin || p->qmax) {
         if (p->qmin >= p->qmax || p->qmax - p->qmin > (1 << p->bits) - 1)
-            return qt_fail(msg, msg_len, QT_EINVAL, "affine range [%d, %d] does not fit %d bits",
+            return ql_fail(msg, msg_len, QL_EINVAL, "affine range [%d, %d] does not fit %d bits",
                            p->qmin, p->qmax, p->bits);
         t->qmin = p->qmin;
         t->qmax = p->qmax;
@@ -86,7 +86,7 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     t->scales = malloc(ng * sizeof(float));
     t->zeros = malloc(ng * sizeof(float));
     if (!t->data || !t->scales || !t->zeros)
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes of codes",
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes of codes",
                        t->data_bytes);
     float eps = p->eps > 0.0f ? p->eps : FLT_EPSILON;
     float mid = qm_affine_mid(t->qmin, t->qmax);
@@ -106,7 +106,7 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
             }
         }
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 /* The arithmetic is qt_math.h's (qm_affine_*), the same the CUDA kernel runs. */

@@ -64,7 +64,7 @@ static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
     if (!t->absmax_codes || !t->nested_absmax || !centered || !lut) {
         free(centered);
         free(lut);
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate nested absmax for %lld blocks",
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate nested absmax for %lld blocks",
                        (long long)nb);
     }
     memcpy(t->nested_code, qt_dynamic_map_signed, sizeof t->nested_code);
@@ -73,7 +73,7 @@ static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
     free(centered);
     free(lut);
     t->nested = true;
-    return QT_OK;
+    return QL_OK;
 }
 
 int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
@@ -81,7 +81,7 @@ int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
 {
     int64_t bs = p->blocksize ? p->blocksize : 64;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "blocksize %lld is not a power of two in [32, 4096]", (long long)bs);
     int64_t n = rows * cols;
     t->blocksize = (int32_t)bs;
@@ -91,7 +91,7 @@ int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     float *absmax = calloc((size_t)t->n_blocks, sizeof(float));
     if (!t->data || !absmax) {
         free(absmax);
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes of codes",
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes of codes",
                        t->data_bytes);
     }
     memcpy(t->codebook, t->kind == QT_NF4 ? qt_nf4_code : qt_fp4_code, sizeof t->codebook);
@@ -121,7 +121,7 @@ int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
 
     if (!p->double_quant) {
         t->absmax = absmax;
-        return QT_OK;
+        return QL_OK;
     }
     int rc = double_quantize(t, absmax, msg, msg_len);
     free(absmax);
@@ -169,43 +169,43 @@ int qt_from_bnb4(qtensor *out, const qt_bnb4_parts *pp, char *msg, size_t msg_le
 {
     memset(out, 0, sizeof *out);
     if (pp->kind != QT_NF4 && pp->kind != QT_FP4)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "%s is not a bitsandbytes 4-bit kind",
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s is not a bitsandbytes 4-bit kind",
                        qt_kind_name(pp->kind));
     if (pp->rows <= 0 || pp->cols <= 0 || pp->rows > INT64_MAX / pp->cols)
-        return qt_fail(msg, msg_len, QT_EINVAL, "shape [%lld, %lld] is not valid",
+        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] is not valid",
                        (long long)pp->rows, (long long)pp->cols);
     int64_t bs = pp->blocksize, n = pp->rows * pp->cols;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "blocksize %lld is not a power of two in [32, 4096]", (long long)bs);
     if (!pp->codes || pp->codes_bytes != (size_t)((n + 1) / 2))
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%zu bytes of packed codes for %lld elements; expected %lld",
                        pp->codes_bytes, (long long)n, (long long)((n + 1) / 2));
     int64_t nb = (n + bs - 1) / bs;
     if (pp->n_blocks != nb)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "absmax has %lld entries; %lld elements in blocks of %lld need %lld",
                        (long long)pp->n_blocks, (long long)n, (long long)bs, (long long)nb);
     if (!pp->codebook || !all_finite(pp->codebook, 16))
-        return qt_fail(msg, msg_len, QT_EINVAL, "quant_map is missing or not finite");
+        return ql_fail(msg, msg_len, QL_EINVAL, "quant_map is missing or not finite");
     bool nested = pp->absmax_codes != NULL;
     if (!nested && (!pp->absmax || !all_finite(pp->absmax, nb)))
-        return qt_fail(msg, msg_len, QT_EINVAL, "absmax is missing or not finite");
+        return ql_fail(msg, msg_len, QL_EINVAL, "absmax is missing or not finite");
     if (nested) {
         int64_t nbs = pp->nested_blocksize;
         if (nbs <= 0 || !pp->nested_absmax || !pp->nested_code)
-            return qt_fail(msg, msg_len, QT_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "nested absmax, nested quant_map or nested_blocksize missing");
         if (pp->n_nested_blocks != (nb + nbs - 1) / nbs)
-            return qt_fail(msg, msg_len, QT_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "nested_absmax has %lld entries; %lld blocks in nested blocks of "
                            "%lld need %lld",
                            (long long)pp->n_nested_blocks, (long long)nb, (long long)nbs,
                            (long long)((nb + nbs - 1) / nbs));
         if (!all_finite(pp->nested_absmax, pp->n_nested_blocks) ||
             !all_finite(pp->nested_code, 256) || !isfinite(pp->nested_offset))
-            return qt_fail(msg, msg_len, QT_EINVAL, "nested quant state is not finite");
+            return ql_fail(msg, msg_len, QL_EINVAL, "nested quant state is not finite");
     }
     out->kind = pp->kind;
     out->rows = pp->rows;
@@ -232,7 +232,7 @@ int qt_from_bnb4(qtensor *out, const qt_bnb4_parts *pp, char *msg, size_t msg_le
     }
     if (!ok) {
         qt_free(out);
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate the 4-bit tensor");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate the 4-bit tensor");
     }
-    return QT_OK;
+    return QL_OK;
 }

@@ -23,7 +23,7 @@ int qt_dense_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     size_t bytes = (size_t)n * qt_dense_elem_bytes(t->kind);
     t->data = malloc(bytes);
     if (!t->data)
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", bytes);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes", bytes);
     t->data_bytes = bytes;
     if (t->kind == QT_F32) {
         memcpy(t->data, src, bytes);
@@ -36,7 +36,7 @@ int qt_dense_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
         for (int64_t i = 0; i < n; i++)
             d[i] = qm_f32_to_bf16(src[i]);
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 void qt_dense_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)

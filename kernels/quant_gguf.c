@@ -56,7 +56,7 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
 {
     (void)p;
     if (cols % QK != 0)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%lld columns is not a multiple of the %s block of %d", (long long)cols,
                        qt_kind_name(t->kind), QK);
     size_t bb = qt_gguf_block_bytes(t->kind);
@@ -65,10 +65,10 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     t->row_stride = (size_t)(cols / QK) * bb;
     t->data = malloc(t->data_bytes);
     if (!t->data)
-        return qt_fail(msg, msg_len, QT_ENOMEM, "cannot allocate %zu bytes", t->data_bytes);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes", t->data_bytes);
     for (int64_t b = 0; b < nblocks; b++)
         quantize_block(t->kind, src + b * QK, t->data + b * bb);
-    return QT_OK;
+    return QL_OK;
 }
 
 /* The arithmetic is qt_math.h's (qm_q4_0_value, ...), the same the CUDA
@@ -100,16 +100,16 @@ int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t b
 {
     memset(out, 0, sizeof *out);
     if ((unsigned)kind >= QT_KIND_COUNT || !qt_traits_table[kind].is_gguf)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED, "%s is not a GGUF block kind",
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s is not a GGUF block kind",
                        qt_kind_name(kind));
     if (rows <= 0 || cols <= 0 || cols % QK != 0)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "shape [%lld, %lld]: columns must be a positive multiple of %d",
                        (long long)rows, (long long)cols, QK);
     size_t bb = qt_gguf_block_bytes(kind);
     size_t want = (size_t)(rows * cols / QK) * bb;
     if (bytes != want)
-        return qt_fail(msg, msg_len, QT_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%zu bytes of %s blocks for shape [%lld, %lld]; expected %zu", bytes,
                        qt_kind_name(kind), (long long)rows, (long long)cols, want);
     int rc = qt_wrap_copy(out, kind, rows, cols, blocks, bytes, msg, msg_len);

@@ -606,7 +606,7 @@ int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char 
     int rc = strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr)
                                : uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
     if (rc != 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "--host %s is not an IP address (%s)", host,
+        return ql_fail(msg, msg_len, QL_EINVAL, "--host %s is not an IP address (%s)", host,
                        uv_strerror(rc));
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
@@ -615,7 +615,7 @@ int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char 
         rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
     if (rc != 0) {
         uv_close((uv_handle_t *)&s->listener, NULL);
-        return qt_fail(msg, msg_len, ENG_EIO, "cannot listen on %s port %d: %s", host, port,
+        return ql_fail(msg, msg_len, QL_EIO, "cannot listen on %s port %d: %s", host, port,
                        uv_strerror(rc));
     }
     s->listening = true;
@@ -624,7 +624,7 @@ int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char 
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len);
     *bound_port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
                                                   : ((struct sockaddr_in *)&got)->sin_port);
-    return ENG_OK;
+    return QL_OK;
 }
 
 void srv_stop_accepting(srv_server *s)

@@ -156,7 +156,7 @@ char *srv_metrics_render(const srv_server *s, size_t *len)
         put(&t, "qlserve_adapters_merged %zu\n", st.n_merged);
         lora_info *list = NULL;
         size_t n = 0;
-        if (lora_registry_list(s->registry, &list, &n) == ENG_OK) {
+        if (lora_registry_list(s->registry, &list, &n) == QL_OK) {
             metric(&t, "qlserve_adapter_requests_total", "counter",
                    "sequences that asked for each adapter");
             for (size_t i = 0; i < n; i++)

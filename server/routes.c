@@ -28,21 +28,23 @@
 
 /* --- helpers ------------------------------------------------------------------- */
 
-/* The HTTP status an engine / registry / kernel code stands for. */
+/* The HTTP status each error code of base/ql_base.h stands for: the one
+ * table. A code not listed is the client's mistake (400). */
+static const struct {
+    int code;
+    int status;
+} status_table[] = {
+    {QL_ENOTFOUND, 404},  {QL_ECONFLICT, 409}, {QL_EBUSY, 503},
+    {QL_ENONFINITE, 422}, {QL_EFORMAT, 422},   {QL_EIO, 422},
+    {QL_ENOMEM, 503},     {QL_EDEVICE, 500},
+};
+
 static int status_of(int rc)
 {
-    switch (rc) {
-    case ENG_ENOTFOUND: return 404;
-    case ENG_ECONFLICT: return 409;
-    case ENG_EBUSY: return 503;
-    case QT_ENONFINITE: return 422;
-    case ENG_EFORMAT: return 422;
-    case ENG_EIO: return 422;
-    case ENG_ENOMEM: return 503;
-    case ENG_EDEVICE: return 500;
-    case QT_EDEVICE: return 500;
-    default: return 400;
-    }
+    for (size_t i = 0; i < sizeof status_table / sizeof status_table[0]; i++)
+        if (status_table[i].code == rc)
+            return status_table[i].status;
+    return 400;
 }
 
 static const char *type_of(int status)
@@ -454,7 +456,7 @@ static void generate(srv_conn *c, srv_shape shape)
     char msg[1024];
     if (ok && a.adapter && a.adapter[0]) {
         if (!c->s->registry ||
-            lora_registry_want(c->s->registry, a.adapter, &term, msg, sizeof msg) != ENG_OK) {
+            lora_registry_want(c->s->registry, a.adapter, &term, msg, sizeof msg) != QL_OK) {
             fail(c, 404,
                  shape >= SRV_OAI ? "model %s: neither the base model nor a loaded adapter"
                                   : "adapter %s is not loaded",
@@ -501,7 +503,7 @@ static void generate(srv_conn *c, srv_shape shape)
     int rc = srv_gen_submit(g, &r, msg, sizeof msg);
     eng_lora_unref(lora); /* the engine took its own reference */
     cJSON_Delete(root);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         free(g->prompt);
         free(g);
         fail(c, status_of(rc), "%s", msg);
@@ -526,7 +528,7 @@ static void list_models(srv_conn *c)
     cJSON_AddItemToArray(data, base);
     lora_info *list = NULL;
     size_t n = 0;
-    if (s->registry && lora_registry_list(s->registry, &list, &n) == ENG_OK) {
+    if (s->registry && lora_registry_list(s->registry, &list, &n) == QL_OK) {
         for (size_t i = 0; i < n; i++) {
             cJSON *m = cJSON_CreateObject();
             cJSON_AddStringToObject(m, "id", list[i].name);
@@ -633,7 +635,7 @@ static void list_adapters(srv_conn *c)
     cJSON *arr = cJSON_AddArrayToObject(root, "adapters");
     lora_info *list = NULL;
     size_t n = 0;
-    if (lora_registry_list(c->s->registry, &list, &n) == ENG_OK)
+    if (lora_registry_list(c->s->registry, &list, &n) == QL_OK)
         for (size_t i = 0; i < n; i++)
             cJSON_AddItemToArray(arr, info_json(&list[i]));
     free(list);
@@ -730,7 +732,7 @@ static void done_load(srv_work *w)
     srv_conn *c = w->conn;
     if (!c)
         return;
-    if (w->rc != ENG_OK) {
+    if (w->rc != QL_OK) {
         fail(c, status_of(w->rc), "%s", w->msg);
         return;
     }
@@ -740,7 +742,7 @@ static void done_load(srv_work *w)
     snprintf(in.name, sizeof in.name, "%.127s", w->name);
     in.meta = w->meta;
     in.scale = w->scale;
-    if (lora_registry_list(w->s->registry, &list, &n) == ENG_OK)
+    if (lora_registry_list(w->s->registry, &list, &n) == QL_OK)
         for (size_t i = 0; i < n; i++)
             if (strcmp(list[i].name, w->name) == 0)
                 in = list[i];
@@ -753,27 +755,27 @@ static void run_merge(srv_work *w)
     lora_merge_opts o = {.safe_merge = w->safe_merge, .into = w->into};
     w->rc = lora_registry_merge(w->s->registry, w->name, w->scale, &o, &w->report, w->msg,
                                 sizeof w->msg);
-    w->has_report = w->rc == ENG_OK;
+    w->has_report = w->rc == QL_OK;
 }
 
 static void run_unmerge(srv_work *w)
 {
     w->rc = lora_registry_unmerge(w->s->registry, w->name, &w->report, w->msg, sizeof w->msg);
-    w->has_report = w->rc == ENG_OK;
+    w->has_report = w->rc == QL_OK;
 }
 
 static void done_merge(srv_work *w)
 {
     srv_server *s = w->s;
-    if (w->rc == ENG_OK && w->run == run_merge)
+    if (w->rc == QL_OK && w->run == run_merge)
         s->metrics.merges++;
-    else if (w->rc == ENG_OK)
+    else if (w->rc == QL_OK)
         s->metrics.unmerges++;
     else
         s->metrics.merge_failures++;
     if (!w->conn)
         return;
-    if (w->rc != ENG_OK)
+    if (w->rc != QL_OK)
         fail(w->conn, status_of(w->rc), "%s", w->msg);
     else
         respond_cjson(w->conn, 200, report_json(&w->report));
@@ -898,7 +900,7 @@ static void unload_adapter(srv_conn *c, const char *name)
 {
     char msg[512];
     int rc = lora_registry_unload(c->s->registry, name, msg, sizeof msg);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         fail(c, status_of(rc), "%s", msg);
         return;
     }

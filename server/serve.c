@@ -90,7 +90,7 @@ int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
     r->user = g;
     g->t_start = srv_now();
     int rc = eng_engine_submit(s->engine, r, &g->id, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     s->oai_serial++;
     snprintf(g->oai_id, sizeof g->oai_id, "cmpl-%llu", (unsigned long long)s->oai_serial);
@@ -99,7 +99,7 @@ int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
         s->live->prev_live = g;
     s->live = g;
     s->n_live++;
-    return ENG_OK;
+    return QL_OK;
 }
 
 void srv_gen_detach(srv_gen *g)
@@ -457,7 +457,7 @@ static void load_run(uv_work_t *req)
                         .quantize_lm_head = c->model.quantize_lm_head,
                         .dtype = c->model.dtype};
     j->rc = eng_model_load(&s->model, &lo, j->msg, sizeof j->msg);
-    if (j->rc != ENG_OK)
+    if (j->rc != QL_OK)
         return;
     eng_engine_opts eo = {
         .kv_bytes = (size_t)c->kv_mib << 20,
@@ -471,14 +471,14 @@ static void load_run(uv_work_t *req)
                            : s->model.cfg.max_position_embeddings,
         .threads = c->threads};
     j->rc = eng_device_parse(c->device, &eo.device, j->msg, sizeof j->msg);
-    if (j->rc == ENG_OK)
+    if (j->rc == QL_OK)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
-    if (j->rc == ENG_OK) {
+    if (j->rc == QL_OK) {
         lora_registry_opts ro = {.budget_bytes = (size_t)c->adapter_budget_mib << 20,
                                  .threads = c->merge_threads};
         j->rc = lora_registry_new(&s->registry, s->engine, &s->model, &ro, j->msg, sizeof j->msg);
     }
-    if (j->rc != ENG_OK) {
+    if (j->rc != QL_OK) {
         eng_engine_stop(s->engine);
         s->engine = NULL;
         eng_model_free(&s->model);
@@ -491,7 +491,7 @@ static void load_after(uv_work_t *req, int status)
     load_job *j = req->data;
     srv_server *s = j->s;
     s->n_work--;
-    if (j->rc != ENG_OK) {
+    if (j->rc != QL_OK) {
         fprintf(stderr, "qlserve serve: %s\n", j->msg);
         s->exit_code = 1;
         s->draining = true;
@@ -583,7 +583,7 @@ int srv_serve(const cfg_serve *cfg)
     if (cfg->served_model_name) {
         snprintf(s->model_id, sizeof s->model_id, "%.159s", cfg->served_model_name);
     } else {
-        eng_path_base(cfg->model.path, s->model_id, sizeof s->model_id);
+        mf_path_base(cfg->model.path, s->model_id, sizeof s->model_id);
         size_t n = strlen(s->model_id);
         if (n > 5 && strcmp(s->model_id + n - 5, ".gguf") == 0)
             s->model_id[n - 5] = 0;
@@ -599,7 +599,7 @@ int srv_serve(const cfg_serve *cfg)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     char msg[1024];
     int port = 0;
-    if (srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != ENG_OK) {
+    if (srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve serve: %s\n", msg);
         uv_walk(s->loop, close_walk, NULL);
         uv_run(s->loop, UV_RUN_DEFAULT);

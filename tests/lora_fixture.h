@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "gguf_writer.h"
 #include "qt_math.h"
 #include "test_util.h"
 #include "tiny_model.h"

@@ -41,7 +41,7 @@ Test(affine, quantize_matches_torchao_bit_for_bit)
         };
         qtensor t;
         char msg[256];
-        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QT_OK,
+        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK,
                      "%s: %s", k->name, msg);
         cr_assert_eq(t.qmin, k->qmin, "%s", k->name);
         cr_assert_eq(t.qmax, k->qmax, "%s", k->name);
@@ -79,6 +79,6 @@ Test(affine, ranges_that_do_not_fit_the_bits_are_refused)
     qtensor t;
     char msg[256];
     qt_quant_params p = {.kind = QT_AFFINE, .bits = 4, .qmin = -8, .qmax = 8};
-    cr_assert_eq(qt_quantize(&t, w, 1, 64, &p, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 1, 64, &p, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "[-8, 8]"), "%s", msg);
 }

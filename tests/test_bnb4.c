@@ -48,7 +48,7 @@ Test(bnb4, quantize_matches_bitsandbytes_bit_for_bit)
                              .double_quant = k->nested != 0};
         qtensor t;
         char msg[256];
-        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QT_OK,
+        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK,
                      "%s: %s", k->name, msg);
         cr_assert_eq((long)t.data_bytes, k->packed_len, "%s: packed length", k->name);
         for (long i = 0; i < k->packed_len; i++)
@@ -98,7 +98,7 @@ Test(bnb4, dequantize_matches_bitsandbytes_bit_for_bit)
         };
         qtensor t;
         char msg[256];
-        cr_assert_eq(qt_from_bnb4(&t, &parts, msg, sizeof msg), QT_OK, "%s: %s", k->name, msg);
+        cr_assert_eq(qt_from_bnb4(&t, &parts, msg, sizeof msg), QL_OK, "%s: %s", k->name, msg);
         long n = k->rows * k->cols;
         float *ref = malloc((size_t)n * sizeof *ref), *fast = malloc((size_t)n * sizeof *fast);
         qt_dequantize_rows_ref(&t, 0, k->rows, ref);
@@ -123,10 +123,10 @@ static void check_checkpoint(const char *file, qt_kind kind, bool nested, const 
     snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, file);
     st_file f;
     cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
-    cr_assert(eng_bnb_is_quantized(&f, "layer.weight"));
+    cr_assert(bnb_is_quantized(&f, "layer.weight"));
     qtensor t;
     char dt[16];
-    cr_assert_eq(eng_bnb_read(&f, "layer.weight", &t, dt, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(bnb_read(&f, "layer.weight", &t, dt, msg, sizeof msg), 0, "%s", msg);
     cr_assert_eq(t.kind, kind);
     cr_assert_eq(t.nested, nested);
     cr_assert_str_eq(dt, dtype);
@@ -227,7 +227,7 @@ Test(bnb4, inconsistent_checkpoints_are_refused_by_name)
         cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
         qtensor got;
         msg[0] = 0;
-        cr_assert_neq(eng_bnb_read(&f, "m.weight", &got, NULL, msg, sizeof msg), 0,
+        cr_assert_neq(bnb_read(&f, "m.weight", &got, NULL, msg, sizeof msg), 0,
                       "corruption %d accepted", c);
         cr_assert(strstr(msg, "m.weight") && strstr(msg, "bad.safetensors"), "corruption %d: %s", c,
                   msg);
@@ -255,13 +255,13 @@ Test(bnb4, serialization_round_trips)
     qtensor t, back;
     cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), 0);
     st_writer *w = st_writer_new();
-    cr_assert_eq(eng_bnb_write(w, "x.weight", &t, "float16", msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(bnb_write(w, "x.weight", &t, "float16", msg, sizeof msg), 0, "%s", msg);
     cr_assert_eq(st_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     st_writer_free(w);
     st_file f;
     cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
     char dt[16];
-    cr_assert_eq(eng_bnb_read(&f, "x.weight", &back, dt, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(bnb_read(&f, "x.weight", &back, dt, msg, sizeof msg), 0, "%s", msg);
     cr_assert_str_eq(dt, "float16");
     cr_assert_eq(memcmp(back.data, t.data, t.data_bytes), 0);
     cr_assert_eq(memcmp(back.absmax_codes, t.absmax_codes, (size_t)t.n_blocks), 0);

@@ -108,7 +108,7 @@ Test(cli, quantize_writes_the_bitsandbytes_serialization)
     char msg[512];
     cr_assert_eq(st_open(&f, outp, msg, sizeof msg), 0, "%s", msg);
     const char *base = "model.layers.0.mlp.down_proj.weight";
-    cr_assert(eng_bnb_is_quantized(&f, base));
+    cr_assert(bnb_is_quantized(&f, base));
     /* the parts transformers expects, with its dtypes */
     char key[256];
     snprintf(key, sizeof key, "%s.absmax", base);
@@ -131,7 +131,7 @@ Test(cli, quantize_writes_the_bitsandbytes_serialization)
     /* exactly what the quantization core produces */
     qtensor got, want;
     char dtype[16];
-    cr_assert_eq(eng_bnb_read(&f, base, &got, dtype, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(bnb_read(&f, base, &got, dtype, msg, sizeof msg), 0, "%s", msg);
     cr_assert_str_eq(dtype, "float32");
     qt_quant_params p = {.kind = QT_NF4, .blocksize = 64, .double_quant = true};
     cr_assert_eq(qt_quantize(&want, weight, ROWS, COLS, &p, msg, sizeof msg), 0);
@@ -148,7 +148,7 @@ Test(cli, quantize_writes_the_bitsandbytes_serialization)
 
     /* the bf16 weight records its dtype */
     cr_assert_eq(
-        eng_bnb_read(&f, "model.layers.0.self_attn.q_proj.weight", &got, dtype, msg, sizeof msg), 0,
+        bnb_read(&f, "model.layers.0.self_attn.q_proj.weight", &got, dtype, msg, sizeof msg), 0,
         "%s", msg);
     cr_assert_str_eq(dtype, "bfloat16");
     qt_free(&got);

@@ -79,7 +79,7 @@ static int parse_args(cfg_serve *out, char **args)
 Test(config, defaults)
 {
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m"), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_OK, "%s", msg);
     cr_assert_str_eq(c.model.path, "m");
     cr_assert_null(c.model.quant);
     cr_assert_str_eq(c.host, "127.0.0.1");
@@ -118,7 +118,7 @@ Test(config, every_flag_sets_its_field)
                        "--request-timeout-ms", "5", "--keepalive-timeout-ms", "6", "--grace-ms",
                        "0", "--adapter-budget-mib", "512", "--merge-threads", "4", "--device",
                        "cpu"),
-                 CFG_OK, "%s", msg);
+                 QL_OK, "%s", msg);
     cr_assert_str_eq(c.model.quant, "nf4");
     cr_assert_eq(c.model.blocksize, 128);
     cr_assert_eq(c.model.group_size, 32);
@@ -150,18 +150,18 @@ Test(config, device_from_each_layer_and_refused_by_name)
 {
     cfg_serve c;
     char path[1024];
-    cr_assert_eq(PARSE(&c, "--model", "m", "--device", "cuda"), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--device", "cuda"), QL_OK, "%s", msg);
     cr_assert_str_eq(c.device, "cuda");
     cfg_serve_free(&c);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--device", "gpu"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--device", "gpu"), QL_EUSAGE);
     ASSERT_MSG_HAS("--device gpu");
     ASSERT_MSG_HAS("cpu, cuda, auto");
     write_file("c.json", "{\"device\": \"tpu\"}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"device\"");
     ASSERT_MSG_HAS("tpu");
     setenv("QLSERVE_DEVICE", "cpu", 1);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
     cr_assert_str_eq(c.device, "cpu");
     cfg_serve_free(&c);
 }
@@ -174,7 +174,7 @@ Test(config, file_then_flags_then_environment)
     cfg_serve c;
 
     /* the file alone */
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
     cr_assert_eq(c.port, 1111);
     cr_assert_str_eq(c.host, "10.0.0.1");
     cr_assert_eq(c.max_body_bytes, 2048);
@@ -182,7 +182,7 @@ Test(config, file_then_flags_then_environment)
     cfg_serve_free(&c);
 
     /* a flag over the file, for that field only */
-    cr_assert_eq(PARSE(&c, "--port", "2222", "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--port", "2222", "--model", "m", "--config", path), QL_OK, "%s", msg);
     cr_assert_eq(c.port, 2222);
     cr_assert_str_eq(c.host, "10.0.0.1");
     cfg_serve_free(&c);
@@ -190,7 +190,7 @@ Test(config, file_then_flags_then_environment)
     /* the environment over both */
     setenv("QLSERVE_PORT", "3333", 1);
     setenv("QLSERVE_MAX_BODY_BYTES", "4096", 1);
-    cr_assert_eq(PARSE(&c, "--port", "2222", "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--port", "2222", "--model", "m", "--config", path), QL_OK, "%s", msg);
     cr_assert_eq(c.port, 3333);
     cr_assert_eq(c.max_body_bytes, 4096);
     cr_assert_str_eq(c.host, "10.0.0.1");
@@ -203,7 +203,7 @@ Test(config, strings_outlive_the_file_and_the_environment)
     write_file("c.json", "{\"adapter-dir\": \"/srv/adapters\"}", path, sizeof path);
     setenv("QLSERVE_SERVED_MODEL_NAME", "alpha", 1);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
     remove(path);
     setenv("QLSERVE_SERVED_MODEL_NAME", "omega", 1);
     cr_assert_str_eq(c.adapter_dir, "/srv/adapters");
@@ -219,7 +219,7 @@ Test(config, config_file_from_the_environment)
                path, sizeof path);
     setenv("QLSERVE_CONFIG", path, 1);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--threads", "2"), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--threads", "2"), QL_OK, "%s", msg);
     cr_assert_str_eq(c.model.path, "from-file");
     cr_assert_eq(c.kv_mib, 32);
     cr_assert(c.model.quantize_lm_head);
@@ -231,21 +231,21 @@ Test(config, boolean_from_the_environment_overrides_the_flag)
 {
     cfg_serve c;
     setenv("QLSERVE_QUANTIZE_LM_HEAD", "false", 1);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--quantize-lm-head"), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--quantize-lm-head"), QL_OK, "%s", msg);
     cr_assert(!c.model.quantize_lm_head);
     cfg_serve_free(&c);
     setenv("QLSERVE_QUANTIZE_LM_HEAD", "maybe", 1);
-    cr_assert_eq(PARSE(&c, "--model", "m"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
     ASSERT_MSG_HAS("QLSERVE_QUANTIZE_LM_HEAD=maybe");
 }
 
 Test(config, bad_port_named_in_the_flag)
 {
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--port", "70000"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--port", "70000"), QL_EUSAGE);
     ASSERT_MSG_HAS("--port 70000");
     ASSERT_MSG_HAS("65535");
-    cr_assert_eq(PARSE(&c, "--model", "m", "--port", "80x"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--port", "80x"), QL_EUSAGE);
     ASSERT_MSG_HAS("--port 80x: not an integer");
 }
 
@@ -254,7 +254,7 @@ Test(config, bad_port_named_in_the_file)
     char path[600], want[700];
     write_file("c.json", "{\"port\": 70000}", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     snprintf(want, sizeof want, "config file %s: \"port\": 70000", path);
     ASSERT_MSG_HAS(want);
     ASSERT_MSG_HAS("65535");
@@ -264,10 +264,10 @@ Test(config, bad_port_named_in_the_environment)
 {
     cfg_serve c;
     setenv("QLSERVE_PORT", "-1", 1);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--port", "80"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--port", "80"), QL_EUSAGE);
     ASSERT_MSG_HAS("QLSERVE_PORT=-1");
     setenv("QLSERVE_PORT", "eighty", 1);
-    cr_assert_eq(PARSE(&c, "--model", "m"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
     ASSERT_MSG_HAS("QLSERVE_PORT=eighty: not an integer");
 }
 
@@ -277,7 +277,7 @@ Test(config, a_bad_file_value_overridden_is_still_refused_only_if_kept)
     char path[600];
     write_file("c.json", "{\"port\": 70000}", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path, "--port", "81"), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path, "--port", "81"), QL_OK, "%s", msg);
     cr_assert_eq(c.port, 81);
     cfg_serve_free(&c);
 }
@@ -307,7 +307,7 @@ Test(config, ranges_refused)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         cfg_serve c;
         char *args[] = {"serve", "--model", "m", (char *)cases[i].flag, (char *)cases[i].value};
-        cr_assert_eq(cfg_parse_serve(5, args, &c, msg, sizeof msg), CFG_EUSAGE, "%s %s",
+        cr_assert_eq(cfg_parse_serve(5, args, &c, msg, sizeof msg), QL_EUSAGE, "%s %s",
                      cases[i].flag, cases[i].value);
         ASSERT_MSG_HAS(cases[i].want);
     }
@@ -316,7 +316,7 @@ Test(config, ranges_refused)
 Test(config, model_required)
 {
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--port", "1"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--port", "1"), QL_EUSAGE);
     ASSERT_MSG_HAS("--model");
     ASSERT_MSG_HAS("QLSERVE_MODEL");
 }
@@ -326,7 +326,7 @@ Test(config, unknown_key_refused)
     char path[600], want[700];
     write_file("c.json", "{\"port\": 1, \"prot\": 2}", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     snprintf(want, sizeof want, "config file %s: unknown key \"prot\"", path);
     ASSERT_MSG_HAS(want);
 }
@@ -336,24 +336,24 @@ Test(config, wrong_type_refused)
     char path[600], want[700];
     write_file("c.json", "{\"port\": \"8080\"}", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     snprintf(want, sizeof want, "config file %s: \"port\" must be an integer, not a string", path);
     ASSERT_MSG_HAS(want);
 
     write_file("c.json", "{\"max_running\": 2.5}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"max_running\" must be an integer, not the number 2.5");
 
     write_file("c.json", "{\"host\": 5}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"host\" must be a string, not the number 5");
 
     write_file("c.json", "{\"quantize-lm-head\": 1}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"quantize-lm-head\" must be true or false, not the number 1");
 
     write_file("c.json", "{\"port\": 1e12}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"port\": 1000000000000: out of range");
 }
 
@@ -362,11 +362,11 @@ Test(config, nested_value_refused)
     char path[600];
     write_file("c.json", "{\"host\": {\"name\": \"x\"}}", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"host\" must be a string, not an object (nested values are not allowed)");
     ASSERT_MSG_HAS(path);
     write_file("c.json", "{\"port\": [1]}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("not an array (nested values are not allowed)");
 }
 
@@ -375,19 +375,19 @@ Test(config, file_must_be_a_json_object)
     char path[600];
     cfg_serve c;
     write_file("c.json", "{\"port\": 1,\n \"host\" \"x\"}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("not valid JSON (line 2");
     write_file("c.json", "[1, 2]", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("must be a JSON object");
     write_file("c.json", "{\"port\": 1, \"port\": 2}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("both set port");
     write_file("c.json", "{\"max-body-bytes\": 2048, \"max_body_bytes\": 4096}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("both set max-body-bytes");
     write_file("c.json", "{\"config\": \"other.json\"}", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("cannot name another");
 }
 
@@ -396,12 +396,12 @@ Test(config, missing_config_file_named)
     char path[600];
     snprintf(path, sizeof path, "%s/nope.json", dir);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("--config");
     ASSERT_MSG_HAS(path);
     ASSERT_MSG_HAS("No such file");
     setenv("QLSERVE_CONFIG", path, 1);
-    cr_assert_eq(PARSE(&c, "--model", "m"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
     ASSERT_MSG_HAS("QLSERVE_CONFIG=");
 }
 
@@ -410,7 +410,7 @@ Test(config, admin_token_in_the_file_refused)
     char path[600];
     write_file("c.json", "{\"admin_token\": \"hunter2\"}", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
     ASSERT_MSG_HAS("\"admin_token\" is refused");
     ASSERT_MSG_HAS("secret");
     ASSERT_MSG_HAS("admin-token-file");
@@ -422,13 +422,13 @@ Test(config, token_file_trailing_newline_stripped)
     char path[600];
     cfg_serve c;
     write_file("token", "s3cret-token\n", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_OK, "%s", msg);
     cr_assert_str_eq(c.admin_token, "s3cret-token");
     cfg_serve_free(&c);
 
     /* CRLF and trailing blanks; only the first line counts */
     write_file("token", "abc123 \t\r\nsecond line\n", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_OK, "%s", msg);
     cr_assert_str_eq(c.admin_token, "abc123");
     cfg_serve_free(&c);
 }
@@ -440,7 +440,7 @@ Test(config, token_file_from_the_config_file)
     snprintf(json, sizeof json, "{\"admin_token_file\": \"%s\"}", token);
     write_file("c.json", json, path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
     cr_assert_str_eq(c.admin_token, "from-config-file");
     cfg_serve_free(&c);
 }
@@ -450,7 +450,7 @@ Test(config, missing_token_file_refused)
     char path[600];
     snprintf(path, sizeof path, "%s/no-token", dir);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_EUSAGE);
     ASSERT_MSG_HAS("--admin-token-file");
     ASSERT_MSG_HAS(path);
     ASSERT_MSG_HAS("No such file");
@@ -461,11 +461,11 @@ Test(config, empty_token_file_refused)
     char path[600];
     cfg_serve c;
     write_file("token", "", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_EUSAGE);
     ASSERT_MSG_HAS(path);
     ASSERT_MSG_HAS("empty");
     write_file("token", "\n\nlater\n", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_EUSAGE);
     ASSERT_MSG_HAS("empty");
 }
 
@@ -474,7 +474,7 @@ Test(config, token_with_a_space_refused_without_showing_it)
     char path[600];
     cfg_serve c;
     write_file("token", "open sesame\n", path, sizeof path);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_EUSAGE);
     ASSERT_MSG_HAS("space or control character");
     cr_assert_null(strstr(msg, "sesame"), "the message shows the secret: %s", msg);
 }
@@ -485,17 +485,17 @@ Test(config, token_from_the_environment)
     write_file("token", "from-file\n", path, sizeof path);
     setenv("QLSERVE_ADMIN_TOKEN", "from-env", 1);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), CFG_OK, "%s", msg);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_OK, "%s", msg);
     cr_assert_str_eq(c.admin_token, "from-env");
     cfg_serve_free(&c);
 
     setenv("QLSERVE_ADMIN_TOKEN", "", 1);
-    cr_assert_eq(PARSE(&c, "--model", "m"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
     ASSERT_MSG_HAS("QLSERVE_ADMIN_TOKEN: the admin token is empty");
 
     setenv("QLSERVE_ADMIN_TOKEN", "x", 1);
     setenv("QLSERVE_ADMIN_TOKEN_FILE", path, 1);
-    cr_assert_eq(PARSE(&c, "--model", "m"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
     ASSERT_MSG_HAS("both set");
 }
 
@@ -504,13 +504,13 @@ Test(config, help_wins_over_a_broken_config_file)
     char path[600];
     write_file("c.json", "{not json", path, sizeof path);
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--config", path, "--help"), CFG_HELP);
+    cr_assert_eq(PARSE(&c, "--config", path, "--help"), QL_EHELP);
 }
 
 Test(config, unknown_flag_named)
 {
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token", "x"), CFG_EUSAGE);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token", "x"), QL_EUSAGE);
     ASSERT_MSG_HAS("unknown flag '--admin-token'");
 }
 

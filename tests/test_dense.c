@@ -96,7 +96,7 @@ Test(dense, quantize_and_dequantize_are_conversions)
         qtensor t;
         qt_quant_params p = {.kind = kinds[k]};
         char msg[256];
-        cr_assert_eq(qt_quantize(&t, src, 2, 3, &p, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(qt_quantize(&t, src, 2, 3, &p, msg, sizeof msg), QL_OK, "%s", msg);
         float out[6];
         qt_dequantize_rows_ref(&t, 0, 2, out);
         for (int i = 0; i < 6; i++) {
@@ -115,8 +115,8 @@ Test(cast, dense_cast_converts_values)
     float src[4] = {1.0f + 0x1p-8f, -3.0f, 0.1f, 1e-3f};
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_from_dense(&t, QT_F32, src, 2, 2, msg, sizeof msg), QT_OK);
-    cr_assert_eq(qt_cast_dense(&t, QT_BF16, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(qt_from_dense(&t, QT_F32, src, 2, 2, msg, sizeof msg), QL_OK);
+    cr_assert_eq(qt_cast_dense(&t, QT_BF16, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(t.kind, QT_BF16);
     cr_assert_eq(t.data_bytes, 8u);
     float out[4];
@@ -144,10 +144,10 @@ Test(cast, quant_state_keeps_its_dtype)
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         qtensor t, before;
         char msg[256];
-        cr_assert_eq(qt_quantize(&t, w, 4, 64, &kinds[k], msg, sizeof msg), QT_OK, "%s", msg);
-        cr_assert_eq(qt_clone(&before, &t), QT_OK);
+        cr_assert_eq(qt_quantize(&t, w, 4, 64, &kinds[k], msg, sizeof msg), QL_OK, "%s", msg);
+        cr_assert_eq(qt_clone(&before, &t), QL_OK);
         msg[0] = 0;
-        cr_assert_eq(qt_cast_dense(&t, QT_BF16, msg, sizeof msg), QT_EUNSUPPORTED,
+        cr_assert_eq(qt_cast_dense(&t, QT_BF16, msg, sizeof msg), QL_EUNSUPPORTED,
                      "cast of %s was not refused", qt_kind_name(t.kind));
         cr_assert(strstr(msg, qt_kind_name(t.kind)), "message does not name the kind: %s", msg);
         cr_assert_eq(t.kind, before.kind);
@@ -178,7 +178,7 @@ Test(quantize, refuses_nan_and_inf_with_the_first_bad_index)
         qt_quant_params p = {.kind = (qt_kind)k, .bits = 4};
         qtensor t;
         char msg[256] = "";
-        cr_assert_eq(qt_quantize(&t, w, 3, 64, &p, msg, sizeof msg), QT_ENONFINITE,
+        cr_assert_eq(qt_quantize(&t, w, 3, 64, &p, msg, sizeof msg), QL_ENONFINITE,
                      "%s accepted a NaN", qt_kind_name((qt_kind)k));
         cr_assert(strstr(msg, "index 70") && strstr(msg, "row 1, col 6"), "message: %s", msg);
         cr_assert_null(t.data);
@@ -191,18 +191,18 @@ Test(quantize, refuses_shapes_and_sizes_that_do_not_fit)
     qtensor t;
     char msg[256];
     qt_quant_params bad_bs = {.kind = QT_NF4, .blocksize = 48};
-    cr_assert_eq(qt_quantize(&t, w, 1, 64, &bad_bs, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 1, 64, &bad_bs, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "blocksize 48"), "%s", msg);
     qt_quant_params big_bs = {.kind = QT_FP4, .blocksize = 8192};
-    cr_assert_eq(qt_quantize(&t, w, 1, 64, &big_bs, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 1, 64, &big_bs, msg, sizeof msg), QL_EINVAL);
     qt_quant_params q40 = {.kind = QT_Q4_0};
-    cr_assert_eq(qt_quantize(&t, w, 2, 31, &q40, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 2, 31, &q40, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "31 columns") && strstr(msg, "q4_0"), "%s", msg);
     qt_quant_params grp = {.kind = QT_AFFINE, .bits = 4, .group_size = 48};
-    cr_assert_eq(qt_quantize(&t, w, 1, 64, &grp, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 1, 64, &grp, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "group size 48"), "%s", msg);
     qt_quant_params bits = {.kind = QT_AFFINE, .bits = 3};
-    cr_assert_eq(qt_quantize(&t, w, 1, 64, &bits, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 1, 64, &bits, msg, sizeof msg), QL_EINVAL);
     qt_quant_params f32 = {.kind = QT_F32};
-    cr_assert_eq(qt_quantize(&t, w, 0, 64, &f32, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_quantize(&t, w, 0, 64, &f32, msg, sizeof msg), QL_EINVAL);
 }

@@ -191,7 +191,7 @@ static served serve_with(const char *config_text, const cJSON *args, const char 
 
     cfg_serve c;
     int rc = cfg_parse_serve(argc, argv, &c, msg, sizeof msg);
-    cr_assert_eq(rc, CFG_OK, "%s: qlserve serve refuses it: %s", where, msg);
+    cr_assert_eq(rc, QL_OK, "%s: qlserve serve refuses it: %s", where, msg);
     served s = {.port = c.port, .grace_ms = c.grace_ms};
     snprintf(s.host, sizeof s.host, "%s", c.host);
     snprintf(s.model, sizeof s.model, "%s", c.model.path);
@@ -208,7 +208,7 @@ static served server_defaults(void)
     char msg[1024];
     cfg_serve c;
     clear_qlserve_env();
-    cr_assert_eq(cfg_parse_serve(3, argv, &c, msg, sizeof msg), CFG_OK, "%s", msg);
+    cr_assert_eq(cfg_parse_serve(3, argv, &c, msg, sizeof msg), QL_OK, "%s", msg);
     served s = {.port = c.port, .grace_ms = c.grace_ms};
     snprintf(s.host, sizeof s.host, "%s", c.host);
     cfg_serve_free(&c);

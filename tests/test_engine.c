@@ -132,7 +132,7 @@ Test(engine, a_cpu_engine_does_not_merge_on_a_device)
     char msg[512] = "";
     eng_weights *w = eng_engine_weights(e);
     cr_assert_not(eng_engine_merges_on_device(e));
-    cr_assert_eq(eng_engine_prepare(e, w, NULL, NULL, msg, sizeof msg), ENG_EINVAL);
+    cr_assert_eq(eng_engine_prepare(e, w, NULL, NULL, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "cpu backend merges on the host"), "%s", msg);
     cr_assert(strstr(eng_engine_backend(e), "cpu (2 threads)"), "%s", eng_engine_backend(e));
     eng_weights_unref(w);
@@ -219,7 +219,7 @@ Test(engine, a_full_cache_makes_requests_wait_not_fail)
     result big;
     result_init(&big);
     eng_request q = request("hello", 200, &big);
-    cr_assert_eq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), ENG_EINVAL);
+    cr_assert_eq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "KV blocks"), "%s", msg);
     eng_engine_stop(e);
 }

@@ -169,10 +169,10 @@ static void fwd_step(fwd_engine *e, const eng_step_seq *seqs, int32_t n, float *
 {
     char msg[1024] = "";
     for (int32_t i = 0; i < n; i++)
-        cr_assert_eq(eng_kv_reserve(e->kv, seqs[i].kv, seqs[i].pos + seqs[i].n_tokens), ENG_OK,
+        cr_assert_eq(eng_kv_reserve(e->kv, seqs[i].kv, seqs[i].pos + seqs[i].n_tokens), QL_OK,
                      "%s: reserve %d positions", label, seqs[i].pos + seqs[i].n_tokens);
     int rc = eng_forward(e->st, &e->m, e->kv, e->pool, seqs, n, logits, msg, sizeof msg);
-    cr_assert_eq(rc, ENG_OK, "%s: eng_forward: %s (%s)", label, msg, eng_strerror(rc));
+    cr_assert_eq(rc, QL_OK, "%s: eng_forward: %s (%s)", label, msg, ql_strerror(rc));
 }
 
 /* --- 1. every kind: prefill 7 tokens, then decode 3 ---------------------- */
@@ -306,7 +306,7 @@ Test(forward, long_sequence_over_scattered_blocks_matches_reference)
         int n = PROMPT - p < 16 ? PROMPT - p : 16;
         eng_step_seq s = {.kv = &kv, .tokens = tokens + p, .n_tokens = n, .pos = p};
         fwd_step(&e, &s, 1, logits, "long prefill");
-        cr_assert_eq(eng_kv_reserve(e.kv, &spacer, spacer.n_blocks * bt + 1), ENG_OK);
+        cr_assert_eq(eng_kv_reserve(e.kv, &spacer, spacer.n_blocks * bt + 1), QL_OK);
     }
     for (int d = 0; PROMPT + d < TOTAL; d++) {
         int pos = PROMPT + d;
@@ -314,7 +314,7 @@ Test(forward, long_sequence_over_scattered_blocks_matches_reference)
         eng_step_seq s = {.kv = &kv, .tokens = tokens + pos, .n_tokens = 1, .pos = pos};
         fwd_step(&e, &s, 1, logits + (d + 1) * V, "long decode");
         if (pos % bt == 0)
-            cr_assert_eq(eng_kv_reserve(e.kv, &spacer, spacer.n_blocks * bt + 1), ENG_OK);
+            cr_assert_eq(eng_kv_reserve(e.kv, &spacer, spacer.n_blocks * bt + 1), QL_OK);
     }
     bool scattered = false;
     for (int i = 0; i + 1 < kv.n_blocks; i++)
@@ -541,10 +541,10 @@ Test(forward, kv_cache_hands_out_whole_blocks_and_takes_them_back)
     size_t bb = block_bytes(&m.cfg, 16);
 
     eng_kv_cache *kv = NULL;
-    cr_assert_neq(eng_kv_new(&kv, &m.cfg, bb - 1, 16, msg, sizeof msg), ENG_OK,
+    cr_assert_neq(eng_kv_new(&kv, &m.cfg, bb - 1, 16, msg, sizeof msg), QL_OK,
                   "an arena too small for one block is refused");
     cr_assert(msg[0], "with a message");
-    cr_assert_eq(eng_kv_new(&kv, &m.cfg, 4 * bb, 0, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m.cfg, 4 * bb, 0, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(eng_kv_block_tokens(kv), 16, "block_tokens 0 means 16");
     cr_assert_eq(eng_kv_total_blocks(kv), 4, "4 blocks' bytes hold 4 blocks");
     cr_assert_eq(eng_kv_free_blocks(kv), 4);
@@ -555,27 +555,27 @@ Test(forward, kv_cache_hands_out_whole_blocks_and_takes_them_back)
     cr_assert_eq(eng_kv_blocks_for(kv, 64), 4);
 
     eng_seq_kv a = {0}, b = {0};
-    cr_assert_eq(eng_kv_reserve(kv, &a, 17), ENG_OK);
+    cr_assert_eq(eng_kv_reserve(kv, &a, 17), QL_OK);
     cr_assert_eq(a.n_blocks, 2);
     cr_assert_eq(eng_kv_free_blocks(kv), 2);
-    cr_assert_eq(eng_kv_reserve(kv, &a, 20), ENG_OK, "room within the last block");
+    cr_assert_eq(eng_kv_reserve(kv, &a, 20), QL_OK, "room within the last block");
     cr_assert_eq(a.n_blocks, 2);
-    cr_assert_eq(eng_kv_reserve(kv, &a, 5), ENG_OK, "reserving less keeps what is held");
+    cr_assert_eq(eng_kv_reserve(kv, &a, 5), QL_OK, "reserving less keeps what is held");
     cr_assert_eq(a.n_blocks, 2);
     cr_assert_eq(eng_kv_free_blocks(kv), 2);
 
     /* a request that does not fit takes nothing, from a new sequence or a
      * growing one */
-    cr_assert_eq(eng_kv_reserve(kv, &b, 48), ENG_ENOMEM);
+    cr_assert_eq(eng_kv_reserve(kv, &b, 48), QL_ENOMEM);
     cr_assert_eq(b.n_blocks, 0);
     cr_assert_eq(eng_kv_free_blocks(kv), 2);
-    cr_assert_eq(eng_kv_reserve(kv, &b, 16), ENG_OK);
-    cr_assert_eq(eng_kv_reserve(kv, &a, 64), ENG_ENOMEM);
+    cr_assert_eq(eng_kv_reserve(kv, &b, 16), QL_OK);
+    cr_assert_eq(eng_kv_reserve(kv, &a, 64), QL_ENOMEM);
     cr_assert_eq(a.n_blocks, 2, "a failed growth keeps the blocks held");
     cr_assert_eq(eng_kv_free_blocks(kv), 1);
-    cr_assert_eq(eng_kv_reserve(kv, &a, 48), ENG_OK, "the last block");
+    cr_assert_eq(eng_kv_reserve(kv, &a, 48), QL_OK, "the last block");
     cr_assert_eq(eng_kv_free_blocks(kv), 0);
-    cr_assert_eq(eng_kv_reserve(kv, &b, 17), ENG_ENOMEM, "full");
+    cr_assert_eq(eng_kv_reserve(kv, &b, 17), QL_ENOMEM, "full");
     cr_assert_eq(b.n_blocks, 1);
 
     /* every block is held by exactly one sequence */
@@ -596,7 +596,7 @@ Test(forward, kv_cache_hands_out_whole_blocks_and_takes_them_back)
     cr_assert_eq(a.n_tokens, 0);
     cr_assert_null(a.blocks, "release zeroes the sequence");
     cr_assert_eq(eng_kv_free_blocks(kv), 3);
-    cr_assert_eq(eng_kv_reserve(kv, &b, 64), ENG_OK, "released blocks are handed out again");
+    cr_assert_eq(eng_kv_reserve(kv, &b, 64), QL_OK, "released blocks are handed out again");
     cr_assert_eq(eng_kv_free_blocks(kv), 0);
     eng_kv_release(kv, &b);
     cr_assert_eq(eng_kv_free_blocks(kv), 4);
@@ -617,8 +617,8 @@ static void assert_refused(fwd_engine *e, const eng_step_seq *seqs, int32_t n, f
         before[i] = seqs[i].kv->n_tokens;
     int32_t free_before = eng_kv_free_blocks(e->kv);
     int rc = eng_forward(e->st, &e->m, e->kv, e->pool, seqs, n, logits, msg, sizeof msg);
-    cr_assert_neq(rc, ENG_OK, "%s: eng_forward accepted it", why);
-    cr_assert(msg[0], "%s: refused (%s) without a message", why, eng_strerror(rc));
+    cr_assert_neq(rc, QL_OK, "%s: eng_forward accepted it", why);
+    cr_assert(msg[0], "%s: refused (%s) without a message", why, ql_strerror(rc));
     if (expect)
         cr_assert(strstr(msg, expect), "%s: '%s' lacks '%s'", why, msg, expect);
     for (int32_t i = 0; i < n; i++)
@@ -654,7 +654,7 @@ Test(forward, refuses_bad_steps_without_harming_other_sequences)
     /* B writing past its reserved block, in a step with A's next tokens */
     eng_step_seq bad[2] = {{.kv = &a, .tokens = tokens + 10, .n_tokens = 2, .pos = 10},
                            {.kv = &b, .tokens = other + 6, .n_tokens = 11, .pos = 6}};
-    cr_assert_eq(eng_kv_reserve(e.kv, &a, 12), ENG_OK);
+    cr_assert_eq(eng_kv_reserve(e.kv, &a, 12), QL_OK);
     assert_refused(&e, bad, 2, logits, "positions past the reserved KV", "reserved");
 
     /* a token id outside the vocabulary, either side */
@@ -676,7 +676,7 @@ Test(forward, refuses_bad_steps_without_harming_other_sequences)
     eng_seq_kv c[3] = {{0}, {0}, {0}};
     eng_step_seq big[3];
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(eng_kv_reserve(e.kv, &c[i], N), ENG_OK);
+        cr_assert_eq(eng_kv_reserve(e.kv, &c[i], N), QL_OK);
         big[i] = (eng_step_seq){.kv = &c[i], .tokens = tokens + i, .n_tokens = N, .pos = 0};
     }
     float *out = malloc((size_t)(3 * V) * sizeof *out);
@@ -694,7 +694,7 @@ Test(forward, refuses_bad_steps_without_harming_other_sequences)
     kept_pos[n_kept++] = 20;
 
     /* past the context (24): A at 21 with 4 tokens is refused, with 3 taken */
-    cr_assert_eq(eng_kv_reserve(e.kv, &a, 32), ENG_OK);
+    cr_assert_eq(eng_kv_reserve(e.kv, &a, 32), QL_OK);
     sa = (eng_step_seq){.kv = &a, .tokens = tokens + 21, .n_tokens = 4, .pos = 21};
     assert_refused(&e, &sa, 1, logits, "positions past max_position_embeddings", "context");
     sa.n_tokens = 3;
@@ -744,7 +744,7 @@ static void pool_covers_every_index_once(int threads)
 {
     eng_pool *p = NULL;
     char msg[256];
-    cr_assert_eq(eng_pool_new(&p, threads, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_pool_new(&p, threads, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(eng_pool_threads(p), threads);
     static const int64_t ns[] = {0, 1, 2, 3, 7, 64, 100, 1000, 4097};
     static const int64_t grains[] = {1, 2, 3, 16, 64, 1000, 5000};
@@ -812,7 +812,7 @@ Test(forward, pool_sleeps_when_idle_and_wakes_for_work)
 {
     eng_pool *p = NULL;
     char msg[256];
-    cr_assert_eq(eng_pool_new(&p, 3, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_pool_new(&p, 3, msg, sizeof msg), QL_OK, "%s", msg);
     atomic_int hits[64];
     for (int round = 0; round < 4; round++) {
         for (int i = 0; i < 64; i++)
@@ -836,7 +836,7 @@ Test(forward, pool_of_zero_threads_uses_the_machine)
 {
     eng_pool *p = NULL;
     char msg[256];
-    cr_assert_eq(eng_pool_new(&p, 0, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_pool_new(&p, 0, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_geq(eng_pool_threads(p), 1);
     eng_pool_free(p);
 }

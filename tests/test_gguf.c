@@ -31,7 +31,7 @@ Test(gguf, blocks_read_in_place_dequantize_bit_for_bit)
         char msg[256];
         cr_assert_eq(qt_from_gguf_blocks(&t, kind_of(k->type), k->blocks, (size_t)k->blocks_len,
                                          k->rows, k->cols, msg, sizeof msg),
-                     QT_OK, "%s: %s", k->name, msg);
+                     QL_OK, "%s: %s", k->name, msg);
         long n = k->rows * k->cols;
         float *ref = malloc((size_t)n * sizeof *ref), *fast = malloc((size_t)n * sizeof *fast);
         qt_dequantize_rows_ref(&t, 0, k->rows, ref);
@@ -54,7 +54,7 @@ Test(gguf, quantize_writes_llama_cpp_blocks)
         qt_quant_params p = {.kind = kind_of(k->type)};
         qtensor t;
         char msg[256];
-        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QT_OK,
+        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK,
                      "%s: %s", k->name, msg);
         cr_assert_eq((long)t.data_bytes, k->blocks_len, "%s: size", k->name);
         for (long i = 0; i < k->blocks_len; i++)
@@ -69,12 +69,12 @@ Test(gguf, wrong_sizes_and_kinds_are_refused)
     uint8_t blocks[36] = {0};
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 64, msg, sizeof msg), QT_OK);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 64, msg, sizeof msg), QL_OK);
     qt_free(&t);
-    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 35, 1, 64, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 35, 1, 64, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "35 bytes") && strstr(msg, "expected 36"), "%s", msg);
-    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 48, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_0, blocks, 36, 1, 48, msg, sizeof msg), QL_EINVAL);
     cr_assert_eq(qt_from_gguf_blocks(&t, QT_NF4, blocks, 36, 1, 64, msg, sizeof msg),
-                 QT_EUNSUPPORTED);
+                 QL_EUNSUPPORTED);
     cr_assert(strstr(msg, "nf4"), "%s", msg);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "gguf_writer.h"
 #include "test_util.h"
 
 static char dir[512];
@@ -117,8 +118,8 @@ static void expect_refused(const char *path, const raw *r, const char *what, con
     gguf_file f;
     char msg[512] = "";
     int rc = gguf_open(&f, path, msg, sizeof msg);
-    cr_assert_neq(rc, ENG_OK, "accepted; expected a refusal about '%s'", what);
-    cr_assert_eq(rc, ENG_EFORMAT, "code %d for '%s': %s", rc, what, msg);
+    cr_assert_neq(rc, QL_OK, "accepted; expected a refusal about '%s'", what);
+    cr_assert_eq(rc, QL_EFORMAT, "code %d for '%s': %s", rc, what, msg);
     cr_assert(strstr(msg, path), "message does not name the file: %s", msg);
     cr_assert(strstr(msg, what), "message lacks '%s': %s", what, msg);
     cr_assert(!also || strstr(msg, also), "message lacks '%s': %s", also ? also : "", msg);
@@ -157,7 +158,7 @@ static void make_runnable(qtensor *q)
         for (int i = 0; i < ROWS * COLS; i++)
             in[i] = sample_input((int)k, i);
         qt_quant_params p = {.kind = runnable[k].kind};
-        cr_assert_eq(qt_quantize(&q[k], in, ROWS, COLS, &p, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(qt_quantize(&q[k], in, ROWS, COLS, &p, msg, sizeof msg), QL_OK, "%s", msg);
     }
 }
 
@@ -181,49 +182,49 @@ static void make_sample(const char *path, const qtensor *q)
 {
     gguf_writer *w = gguf_writer_new();
     cr_assert(w);
-    cr_assert_eq(gguf_writer_set_str(w, "general.architecture", "llama"), ENG_OK);
-    cr_assert_eq(gguf_writer_set_u32(w, "test.u32", 4000000000u), ENG_OK);
-    cr_assert_eq(gguf_writer_set_i32(w, "test.i32", -7), ENG_OK);
-    cr_assert_eq(gguf_writer_set_f32(w, "test.f32", 0.1f), ENG_OK);
-    cr_assert_eq(gguf_writer_set_bool(w, "test.bool", true), ENG_OK);
-    cr_assert_eq(gguf_writer_set_bool(w, "test.false", false), ENG_OK);
-    cr_assert_eq(gguf_writer_set_str(w, "test.str", "h\xc3\xa9llo"), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.u8", GGUF_UINT8, u8s, 3), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.i8", GGUF_INT8, i8s, 3), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.u16", GGUF_UINT16, u16s, 2), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.i16", GGUF_INT16, i16s, 3), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.u32", GGUF_UINT32, u32s, 2), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.i32", GGUF_INT32, i32s, 3), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.f32", GGUF_FLOAT32, f32s, 3), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.bool", GGUF_BOOL, bools, 4), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.u64", GGUF_UINT64, u64s, 2), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.i64", GGUF_INT64, i64s, 2), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.f64", GGUF_FLOAT64, f64s, 2), ENG_OK);
-    cr_assert_eq(gguf_writer_set_array(w, "arr.empty", GGUF_INT32, NULL, 0), ENG_OK);
-    cr_assert_eq(gguf_writer_set_str_array(w, "arr.str", strs, 4), ENG_OK);
-    cr_assert_eq(gguf_writer_set_str_array(w, "arr.nostr", NULL, 0), ENG_OK);
+    cr_assert_eq(gguf_writer_set_str(w, "general.architecture", "llama"), QL_OK);
+    cr_assert_eq(gguf_writer_set_u32(w, "test.u32", 4000000000u), QL_OK);
+    cr_assert_eq(gguf_writer_set_i32(w, "test.i32", -7), QL_OK);
+    cr_assert_eq(gguf_writer_set_f32(w, "test.f32", 0.1f), QL_OK);
+    cr_assert_eq(gguf_writer_set_bool(w, "test.bool", true), QL_OK);
+    cr_assert_eq(gguf_writer_set_bool(w, "test.false", false), QL_OK);
+    cr_assert_eq(gguf_writer_set_str(w, "test.str", "h\xc3\xa9llo"), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.u8", GGUF_UINT8, u8s, 3), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.i8", GGUF_INT8, i8s, 3), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.u16", GGUF_UINT16, u16s, 2), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.i16", GGUF_INT16, i16s, 3), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.u32", GGUF_UINT32, u32s, 2), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.i32", GGUF_INT32, i32s, 3), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.f32", GGUF_FLOAT32, f32s, 3), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.bool", GGUF_BOOL, bools, 4), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.u64", GGUF_UINT64, u64s, 2), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.i64", GGUF_INT64, i64s, 2), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.f64", GGUF_FLOAT64, f64s, 2), QL_OK);
+    cr_assert_eq(gguf_writer_set_array(w, "arr.empty", GGUF_INT32, NULL, 0), QL_OK);
+    cr_assert_eq(gguf_writer_set_str_array(w, "arr.str", strs, 4), QL_OK);
+    cr_assert_eq(gguf_writer_set_str_array(w, "arr.nostr", NULL, 0), QL_OK);
     int64_t ne[4] = {COLS, ROWS};
     for (size_t k = 0; k < N_RUNNABLE; k++)
         cr_assert_eq(gguf_writer_add_tensor(w, runnable[k].name, runnable[k].ggml, 2, ne, q[k].data,
                                             q[k].data_bytes),
-                     ENG_OK, "%s", runnable[k].name);
+                     QL_OK, "%s", runnable[k].name);
     uint8_t q4k[2 * 144];
     for (size_t j = 0; j < sizeof q4k; j++)
         q4k[j] = (uint8_t)(j * 7);
     int64_t ne_k[2] = {256, 2};
-    cr_assert_eq(gguf_writer_add_tensor(w, "w.q4_k", 12, 2, ne_k, q4k, sizeof q4k), ENG_OK);
+    cr_assert_eq(gguf_writer_add_tensor(w, "w.q4_k", 12, 2, ne_k, q4k, sizeof q4k), QL_OK);
     float cube[32 * 2 * 3];
     for (int i = 0; i < 32 * 2 * 3; i++)
         cube[i] = (float)i - 50.0f;
     int64_t ne3[3] = {32, 2, 3};
     cr_assert_eq(gguf_writer_add_tensor(w, "w.3d", GGML_TYPE_F32, 3, ne3, cube, sizeof cube),
-                 ENG_OK);
+                 QL_OK);
     float last[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     int64_t ne_last[1] = {8};
     cr_assert_eq(gguf_writer_add_tensor(w, "last", GGML_TYPE_F32, 1, ne_last, last, sizeof last),
-                 ENG_OK);
+                 QL_OK);
     char msg[256];
-    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
     gguf_writer_free(w);
 }
 
@@ -257,7 +258,7 @@ Test(gguf_file, writer_round_trips_every_metadata_type)
     make_sample(path, q);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.version, 3u);
     cr_assert_eq(f.alignment, 32u);
     cr_assert_eq(f.data_offset % 32, 0u);
@@ -352,7 +353,7 @@ Test(gguf_file, every_scalar_type_reads_back_converted)
     write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.version, 2u, "version 2 is read too");
     cr_assert_eq(f.n_tensors, 0u);
     const gguf_kv *kv = kv_of(&f, "u8", GGUF_UINT8, GGUF_UINT8, 1);
@@ -385,7 +386,7 @@ Test(gguf_file, runnable_kinds_are_read_in_place_and_dequantize_as_written)
     make_sample(path, q);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.n_tensors, N_RUNNABLE + 3);
     for (size_t k = 0; k < N_RUNNABLE; k++) {
         const gguf_tensor *t = gguf_find_tensor(&f, runnable[k].name);
@@ -396,7 +397,7 @@ Test(gguf_file, runnable_kinds_are_read_in_place_and_dequantize_as_written)
         cr_assert_eq(t->offset % 32, 0u);
         cr_assert_eq(t->nbytes, q[k].data_bytes);
         qtensor g;
-        cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_OK, "%s", msg);
         cr_assert_eq(g.kind, runnable[k].kind);
         cr_assert(g.rows == ROWS && g.cols == COLS);
         cr_assert(g.data_borrowed, "%s: copied instead of borrowed", runnable[k].name);
@@ -410,7 +411,7 @@ Test(gguf_file, runnable_kinds_are_read_in_place_and_dequantize_as_written)
             qtensor c;
             cr_assert_eq(
                 qt_from_gguf_blocks(&c, g.kind, t->data, t->nbytes, ROWS, COLS, msg, sizeof msg),
-                QT_OK, "%s", msg);
+                QL_OK, "%s", msg);
             cr_assert(c.rows == g.rows && c.cols == g.cols && c.row_stride == g.row_stride &&
                       c.data_bytes == g.data_bytes);
             qt_free(&c);
@@ -435,7 +436,7 @@ Test(gguf_file, runnable_kinds_are_read_in_place_and_dequantize_as_written)
     const gguf_tensor *t = gguf_find_tensor(&f, "w.3d");
     cr_assert(t && t->n_dims == 3 && t->ne[2] == 3 && t->ne[3] == 1);
     qtensor g;
-    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert(g.rows == 6 && g.cols == 32 && g.kind == QT_F32);
     float cube[6 * 32];
     qt_dequantize_rows(&g, 0, 6, cube);
@@ -456,13 +457,13 @@ Test(gguf_file, unsupported_type_is_accepted_by_open_and_refused_by_name)
     make_sample(path, q);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     const gguf_tensor *t = gguf_find_tensor(&f, "w.q4_k");
     cr_assert(t);
     cr_assert_eq(t->ggml_type, 12u);
     cr_assert_eq(t->nbytes, 2u * 144u, "q4_k: 144 bytes per block of 256");
     qtensor g;
-    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QT_EUNSUPPORTED);
+    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_EUNSUPPORTED);
     cr_assert(strstr(msg, "q4_k") && strstr(msg, "'w.q4_k'") && strstr(msg, path), "%s", msg);
     cr_assert_null(g.data);
     gguf_close(&f);
@@ -505,12 +506,12 @@ Test(gguf_file, ggml_type_names_and_sizes_follow_ggml)
         write_bytes(path, r.p, r.len);
         gguf_file f;
         char msg[512];
-        cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s: %s", types[i].name, msg);
+        cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s: %s", types[i].name, msg);
         cr_assert_eq(f.tensors[0].nbytes, types[i].bytes * 6, "%s", types[i].name);
         gguf_close(&f);
         /* one byte short is refused */
         write_bytes(path, r.p, r.len - 1);
-        cr_assert_neq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", types[i].name);
+        cr_assert_neq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", types[i].name);
         /* ne[0] off the block is refused */
         if (types[i].ne0 > 1) {
             ne[0] = (uint64_t)types[i].ne0 + 1;
@@ -556,7 +557,7 @@ Test(gguf_file, every_truncation_is_refused)
     /* the sample ends with its last tensor's bytes: every prefix lacks something */
     gguf_file f;
     char msg[512] = "";
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     const gguf_tensor *last = gguf_find_tensor(&f, "last");
     cr_assert_eq(f.data_offset + last->offset + last->nbytes, n);
     gguf_close(&f);
@@ -564,7 +565,7 @@ Test(gguf_file, every_truncation_is_refused)
         write_bytes(cut, bytes, len);
         msg[0] = '\0';
         int rc = gguf_open(&f, cut, msg, sizeof msg);
-        cr_assert_neq(rc, ENG_OK, "a file cut to %zu of %zu bytes was accepted", len, n);
+        cr_assert_neq(rc, QL_OK, "a file cut to %zu of %zu bytes was accepted", len, n);
         cr_assert(strstr(msg, cut), "message does not name the file: %s", msg);
         cr_assert_null(f.map);
     }
@@ -581,19 +582,19 @@ Test(gguf_file, missing_padding_after_the_last_tensor_is_accepted)
     gguf_writer *w = gguf_writer_new();
     float v[3] = {1, 2, 3};
     int64_t ne[1] = {3};
-    cr_assert_eq(gguf_writer_add_tensor(w, "v", GGML_TYPE_F32, 1, ne, v, sizeof v), ENG_OK);
+    cr_assert_eq(gguf_writer_add_tensor(w, "v", GGML_TYPE_F32, 1, ne, v, sizeof v), QL_OK);
     char msg[512];
-    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
     gguf_writer_free(w);
     size_t n;
     uint8_t *bytes = read_bytes(path, &n);
     cr_assert_eq(n % 32, 0u, "the writer pads the last tensor, as ggml does");
     write_bytes(path, bytes, n - 20);
     gguf_file f;
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     gguf_close(&f);
     write_bytes(path, bytes, n - 21);
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_EFORMAT);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_EFORMAT);
     cr_assert(strstr(msg, "'v'") && strstr(msg, "past the end"), "%s", msg);
     free(bytes);
 }
@@ -711,7 +712,7 @@ Test(gguf_file, tensor_offsets_must_be_aligned_inside_and_apart)
     write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(gguf_find_tensor(&f, "a")->data, f.map + f.data_offset + 64);
     gguf_close(&f);
 }
@@ -844,12 +845,12 @@ Test(gguf_file, bad_magic_and_versions_are_refused)
     write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert(f.n_kv == 0 && f.n_tensors == 0 && f.alignment == 32);
     gguf_close(&f);
-    cr_assert_eq(gguf_open(&f, "/nonexistent/x.gguf", msg, sizeof msg), ENG_EIO);
+    cr_assert_eq(gguf_open(&f, "/nonexistent/x.gguf", msg, sizeof msg), QL_EIO);
     cr_assert(strstr(msg, "/nonexistent/x.gguf"), "%s", msg);
-    cr_assert_eq(gguf_open(&f, dir, msg, sizeof msg), ENG_EIO, "a directory is not a file");
+    cr_assert_eq(gguf_open(&f, dir, msg, sizeof msg), QL_EIO, "a directory is not a file");
 }
 
 Test(gguf_file, writer_honours_general_alignment_and_refuses_bad_tensors)
@@ -857,38 +858,38 @@ Test(gguf_file, writer_honours_general_alignment_and_refuses_bad_tensors)
     char path[600];
     sample_path(path, sizeof path, "a.gguf");
     gguf_writer *w = gguf_writer_new();
-    cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 64), ENG_OK);
+    cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 64), QL_OK);
     float v[40] = {0};
     int64_t ne[1] = {40};
-    cr_assert_eq(gguf_writer_add_tensor(w, "a", GGML_TYPE_F32, 1, ne, v, sizeof v), ENG_OK);
-    cr_assert_eq(gguf_writer_add_tensor(w, "b", GGML_TYPE_F32, 1, ne, v, sizeof v), ENG_OK);
+    cr_assert_eq(gguf_writer_add_tensor(w, "a", GGML_TYPE_F32, 1, ne, v, sizeof v), QL_OK);
+    cr_assert_eq(gguf_writer_add_tensor(w, "b", GGML_TYPE_F32, 1, ne, v, sizeof v), QL_OK);
     /* refusals: duplicate name, wrong byte count, unknown or removed type,
      * ne[0] off the block, bad rank, bad dimension */
-    cr_assert_eq(gguf_writer_add_tensor(w, "a", GGML_TYPE_F32, 1, ne, v, sizeof v), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_F32, 1, ne, v, sizeof v - 4), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_add_tensor(w, "c", 99, 1, ne, v, sizeof v), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_add_tensor(w, "c", 4, 1, ne, v, sizeof v), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_Q8_0, 1, ne, v, 34), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_F32, 5, ne, v, sizeof v), ENG_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "a", GGML_TYPE_F32, 1, ne, v, sizeof v), QL_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_F32, 1, ne, v, sizeof v - 4), QL_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "c", 99, 1, ne, v, sizeof v), QL_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "c", 4, 1, ne, v, sizeof v), QL_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_Q8_0, 1, ne, v, 34), QL_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_F32, 5, ne, v, sizeof v), QL_EINVAL);
     int64_t zero[1] = {0};
-    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_F32, 1, zero, v, 0), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_set_array(w, "s", GGUF_STRING, v, 1), ENG_EINVAL);
-    cr_assert_eq(gguf_writer_set_array(w, "s", GGUF_ARRAY, v, 1), ENG_EINVAL);
+    cr_assert_eq(gguf_writer_add_tensor(w, "c", GGML_TYPE_F32, 1, zero, v, 0), QL_EINVAL);
+    cr_assert_eq(gguf_writer_set_array(w, "s", GGUF_STRING, v, 1), QL_EINVAL);
+    cr_assert_eq(gguf_writer_set_array(w, "s", GGUF_ARRAY, v, 1), QL_EINVAL);
     char msg[512];
-    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
     gguf_file f;
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.alignment, 64u);
     cr_assert_eq(f.data_offset % 64, 0u);
     cr_assert_eq(gguf_find_tensor(&f, "b")->offset, 192u, "160 bytes padded to 64");
     gguf_close(&f);
     /* a key set twice keeps its place and takes the last value */
-    cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 48), ENG_OK);
-    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), ENG_EINVAL);
+    cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 48), QL_OK);
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "general.alignment") && strstr(msg, path), "%s", msg);
-    cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 16), ENG_OK);
-    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), ENG_OK, "%s", msg);
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 16), QL_OK);
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.n_kv, 1u);
     cr_assert_eq(f.alignment, 16u);
     gguf_close(&f);
@@ -897,7 +898,7 @@ Test(gguf_file, writer_honours_general_alignment_and_refuses_bad_tensors)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     cr_assert_neq(access(tmp, F_OK), 0, "the temporary file is left behind");
     cr_assert_neq(gguf_writer_write(w = gguf_writer_new(), "/nonexistent/x.gguf", msg, sizeof msg),
-                  ENG_OK);
+                  QL_OK);
     cr_assert(strstr(msg, "/nonexistent/x.gguf"), "%s", msg);
     gguf_writer_free(w);
 }
@@ -920,16 +921,16 @@ Test(gguf_file, misaligned_dense_data_is_refused_not_misread)
     write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.alignment, 1u);
     qtensor g;
     const gguf_tensor *odd = gguf_find_tensor(&f, "odd");
     if ((uintptr_t)odd->data % 4 != 0) {
-        cr_assert_eq(gguf_tensor_qtensor(&f, odd, &g, msg, sizeof msg), ENG_EFORMAT);
+        cr_assert_eq(gguf_tensor_qtensor(&f, odd, &g, msg, sizeof msg), QL_EFORMAT);
         cr_assert(strstr(msg, "'odd'") && strstr(msg, "boundary"), "%s", msg);
     }
     /* block kinds read bytes and are fine anywhere */
-    cr_assert_eq(gguf_tensor_qtensor(&f, gguf_find_tensor(&f, "q"), &g, msg, sizeof msg), QT_OK,
+    cr_assert_eq(gguf_tensor_qtensor(&f, gguf_find_tensor(&f, "q"), &g, msg, sizeof msg), QL_OK,
                  "%s", msg);
     gguf_close(&f);
 }
@@ -947,7 +948,7 @@ Test(gguf_file, reference_file_reads_as_gguf_py_wrote_it)
     const char *path = QL_FIXTURES "/tiny_ref.gguf";
     gguf_file f;
     char msg[512];
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(f.version, 3u);
     cr_assert_eq(f.n_kv, 21u);
     cr_assert_eq(f.n_tensors, 8u);
@@ -997,7 +998,7 @@ Test(gguf_file, reference_file_reads_as_gguf_py_wrote_it)
         const gguf_tensor *t = gguf_find_tensor(&f, ts[i].name);
         cr_assert(t, "%s missing", ts[i].name);
         qtensor g;
-        cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_OK, "%s", msg);
         cr_assert(g.kind == ts[i].kind && g.rows == ts[i].rows && g.cols == ts[i].cols, "%s",
                   ts[i].name);
         int64_t n = g.rows * g.cols;
@@ -1007,7 +1008,7 @@ Test(gguf_file, reference_file_reads_as_gguf_py_wrote_it)
         /* gguf-py's blocks are the bytes our quantizer makes from the same values */
         qt_quant_params p = {.kind = ts[i].kind};
         qtensor ours;
-        cr_assert_eq(qt_quantize(&ours, in, g.rows, g.cols, &p, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(qt_quantize(&ours, in, g.rows, g.cols, &p, msg, sizeof msg), QL_OK, "%s", msg);
         cr_assert_eq(ours.data_bytes, g.data_bytes, "%s", ts[i].name);
         cr_assert_eq(memcmp(ours.data, g.data, g.data_bytes), 0, "%s: bytes differ", ts[i].name);
         qt_dequantize_rows(&g, 0, g.rows, got);
@@ -1024,7 +1025,7 @@ Test(gguf_file, reference_file_reads_as_gguf_py_wrote_it)
     for (int j = 0; j < 144; j++)
         cr_assert_eq(t->data[j], (uint8_t)((j * 7) & 0xff));
     qtensor g;
-    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QT_EUNSUPPORTED);
+    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_EUNSUPPORTED);
     cr_assert(strstr(msg, "q4_k") && strstr(msg, "t.q4_k"), "%s", msg);
     gguf_close(&f);
 }
@@ -1043,7 +1044,7 @@ Test(gguf_file, random_corruption_never_crashes, .timeout = 60)
     uint64_t rng = 4242;
     gguf_file f0;
     char msg[512];
-    cr_assert_eq(gguf_open(&f0, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&f0, path, msg, sizeof msg), QL_OK, "%s", msg);
     size_t header_end = f0.data_offset;
     gguf_close(&f0);
     int accepted = 0;
@@ -1055,7 +1056,7 @@ Test(gguf_file, random_corruption_never_crashes, .timeout = 60)
             copy[test_rand(&rng) % header_end] = (uint8_t)test_rand(&rng);
         write_bytes(bad, copy, n);
         gguf_file f;
-        if (gguf_open(&f, bad, msg, sizeof msg) != ENG_OK) {
+        if (gguf_open(&f, bad, msg, sizeof msg) != QL_OK) {
             cr_assert(strstr(msg, bad), "no file name: %s", msg);
             continue;
         }
@@ -1064,7 +1065,7 @@ Test(gguf_file, random_corruption_never_crashes, .timeout = 60)
             const gguf_tensor *gt = &f.tensors[t];
             cr_assert(gt->data >= f.map && gt->data + gt->nbytes <= f.map + f.map_len);
             qtensor g;
-            if (gguf_tensor_qtensor(&f, gt, &g, msg, sizeof msg) != QT_OK)
+            if (gguf_tensor_qtensor(&f, gt, &g, msg, sizeof msg) != QL_OK)
                 continue;
             float *out = malloc((size_t)g.cols * sizeof *out);
             qt_dequantize_rows(&g, g.rows - 1, 1, out);

@@ -152,9 +152,9 @@ static void rig_step(rig *g, const eng_step_seq *seqs, int32_t n, float *logits,
 {
     char msg[1024] = "";
     for (int32_t i = 0; i < n; i++)
-        cr_assert_eq(eng_kv_reserve(g->kv, seqs[i].kv, seqs[i].pos + seqs[i].n_tokens), ENG_OK);
+        cr_assert_eq(eng_kv_reserve(g->kv, seqs[i].kv, seqs[i].pos + seqs[i].n_tokens), QL_OK);
     int rc = eng_forward(g->st, &g->m, g->kv, g->pool, seqs, n, logits, msg, sizeof msg);
-    cr_assert_eq(rc, ENG_OK, "%s: eng_forward: %s", label, msg);
+    cr_assert_eq(rc, QL_OK, "%s: eng_forward: %s", label, msg);
 }
 
 /* A version with `terms` merged into every projection they target, built
@@ -686,7 +686,7 @@ Test(lora_engine, requests_with_adapters_get_the_forward_pass_tokens)
     gen_init(&bad, 0);
     eng_lora_term twice[2] = {{one, 1.0f}, {one, 0.5f}};
     eng_request rq = greedy_request(&bad, 4, twice, 2);
-    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), ENG_EINVAL);
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "named twice"), "%s", msg);
     eng_engine_stop(e);
     eng_lora_unref(one);
@@ -883,21 +883,21 @@ Test(lora_engine, unload_while_merged_conflicts_and_unknown_names_are_not_found)
     char msg[512];
     const char *a = write_folder(&r.g.m, "a", 5, 0.05f);
     cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), ENG_ECONFLICT);
+    cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), QL_ECONFLICT);
     cr_assert(strstr(msg, "already loaded"), "%s", msg);
     eng_lora *l = NULL;
-    cr_assert_eq(lora_registry_get(r.reg, "nope", &l, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_eq(lora_registry_get(r.reg, "nope", &l, msg, sizeof msg), QL_ENOTFOUND);
     cr_assert(strstr(msg, "nope"), "%s", msg);
     cr_assert_eq(lora_registry_merge(r.reg, "nope", 1.0f, &own_kind, NULL, msg, sizeof msg),
-                 ENG_ENOTFOUND);
-    cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), ENG_ECONFLICT);
+                 QL_ENOTFOUND);
+    cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), QL_ECONFLICT);
     cr_assert(strstr(msg, "not merged"), "%s", msg);
     cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
-    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), ENG_ECONFLICT);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), QL_ECONFLICT);
     cr_assert(strstr(msg, "unmerge it first"), "%s", msg);
     cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), 0, "%s", msg);
     cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), QL_ENOTFOUND);
     lora_state st;
     lora_registry_state(r.reg, &st);
     cr_assert_eq(st.n_loaded, 0);
@@ -923,7 +923,7 @@ Test(lora_engine, safe_merge_refuses_an_infinite_result_and_changes_nothing)
     lora_state before, after;
     lora_registry_state(r.reg, &before);
     int rc = lora_registry_merge(r.reg, "huge", 1.0f, &own_kind, NULL, msg, sizeof msg);
-    cr_assert_eq(rc, QT_ENONFINITE, "%d: %s", rc, msg);
+    cr_assert_eq(rc, QL_ENONFINITE, "%d: %s", rc, msg);
     cr_assert(strstr(msg, "huge") && strstr(msg, "model.layers.") && strstr(msg, "row"), "%s", msg);
     lora_registry_state(r.reg, &after);
     cr_assert_eq(after.version, before.version, "a refused merge published a version");
@@ -961,14 +961,14 @@ Test(lora_engine, budget_evicts_the_least_recently_used_idle_adapter)
     eng_lora_unref(l);
     cr_assert_eq(lora_registry_load(r.reg, "c", folders[2], 1.0f, NULL, msg, sizeof msg), 0, "%s",
                  msg);
-    cr_assert_eq(lora_registry_get(r.reg, "b", &l, msg, sizeof msg), ENG_ENOTFOUND,
+    cr_assert_eq(lora_registry_get(r.reg, "b", &l, msg, sizeof msg), QL_ENOTFOUND,
                  "b, the least recently used, was evicted");
     // a merged and c in use: nothing can go, so d is refused and nothing changes
     cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0);
     eng_lora *held;
     cr_assert_eq(lora_registry_get(r.reg, "c", &held, msg, sizeof msg), 0);
     cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], 1.0f, NULL, msg, sizeof msg),
-                 ENG_ENOMEM);
+                 QL_ENOMEM);
     cr_assert(strstr(msg, "budget"), "%s", msg);
     lora_state st;
     lora_registry_state(r.reg, &st);
@@ -977,7 +977,7 @@ Test(lora_engine, budget_evicts_the_least_recently_used_idle_adapter)
     eng_lora_unref(held);
     cr_assert_eq(lora_registry_load(r.reg, "d", folders[3], 1.0f, NULL, msg, sizeof msg), 0, "%s",
                  msg);
-    cr_assert_eq(lora_registry_get(r.reg, "c", &l, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_eq(lora_registry_get(r.reg, "c", &l, msg, sizeof msg), QL_ENOTFOUND);
     cr_assert_eq(lora_registry_get(r.reg, "a", &l, msg, sizeof msg), 0, "a is merged: kept");
     eng_lora_unref(l);
     reg_close(&r);
@@ -1003,7 +1003,7 @@ Test(lora_engine, an_adapter_keeps_its_default_scale_until_unloaded)
     cr_assert_eq(list[0].scale, 0.5f);
     free(list);
     cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(lora_registry_want(r.reg, "a", &t, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_eq(lora_registry_want(r.reg, "a", &t, msg, sizeof msg), QL_ENOTFOUND);
     cr_assert_null(t.lora);
     /* loaded again without a scale of its own, it has scale 1 */
     cr_assert_eq(lora_registry_load(r.reg, "a", a, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);

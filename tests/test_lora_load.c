@@ -62,7 +62,7 @@ static eng_lora *lora_ok(lora_meta *meta, const char *adir, const char *name, co
     eng_lora *l = NULL;
     char msg[1024] = "";
     int rc = lora_load(&l, meta, adir, name, m, msg, sizeof msg);
-    cr_assert_eq(rc, 0, "lora_load %s: %s (%s)", adir, msg, eng_strerror(rc));
+    cr_assert_eq(rc, 0, "lora_load %s: %s (%s)", adir, msg, ql_strerror(rc));
     cr_assert_not_null(l);
     return l;
 }

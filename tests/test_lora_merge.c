@@ -89,7 +89,7 @@ static void make_weight(qtensor *w, const kind_case *k, uint64_t seed)
 {
     float *v = normal_values(&seed, k->rows * k->cols, 0.02);
     char msg[256];
-    cr_assert_eq(qt_quantize(w, v, k->rows, k->cols, &k->p, msg, sizeof msg), QT_OK, "%s: %s",
+    cr_assert_eq(qt_quantize(w, v, k->rows, k->cols, &k->p, msg, sizeof msg), QL_OK, "%s: %s",
                  k->name, msg);
     free(v);
 }
@@ -100,13 +100,13 @@ static void dense_tensor(qtensor *t, qt_kind kind, const float *v, int64_t rows,
     char msg[256];
     int64_t n = rows * cols;
     if (kind == QT_F32) {
-        cr_assert_eq(qt_from_dense(t, QT_F32, v, rows, cols, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(qt_from_dense(t, QT_F32, v, rows, cols, msg, sizeof msg), QL_OK, "%s", msg);
         return;
     }
     uint16_t *h = malloc((size_t)n * sizeof *h);
     for (int64_t i = 0; i < n; i++)
         h[i] = qt_f32_to_bf16(v[i]);
-    cr_assert_eq(qt_from_dense(t, QT_BF16, h, rows, cols, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(qt_from_dense(t, QT_BF16, h, rows, cols, msg, sizeof msg), QL_OK, "%s", msg);
     free(h);
 }
 
@@ -179,7 +179,7 @@ static void reference_merge(qtensor *out, const qtensor *w, const float *d,
     for (int64_t i = 0; i < w->rows * w->cols; i++)
         x[i] += d[i];
     char msg[256];
-    cr_assert_eq(qt_quantize(out, x, w->rows, w->cols, p, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(qt_quantize(out, x, w->rows, w->cols, p, msg, sizeof msg), QL_OK, "%s", msg);
     free(x);
 }
 
@@ -295,7 +295,7 @@ static const lora_ops *ops_for(const qtensor *w)
 {
     const lora_ops *ops = NULL;
     char msg[256];
-    cr_assert_eq(lora_dispatch(w, &ops, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(lora_dispatch(w, &ops, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert(ops);
     return ops;
 }
@@ -327,7 +327,7 @@ Test(lora_merge, dispatch_names_an_unsupported_kind)
     qtensor w = {.kind = (qt_kind)QT_KIND_COUNT, .rows = 2, .cols = 32};
     const lora_ops *ops = (const lora_ops *)&w;
     char msg[256] = "", want[64];
-    cr_assert_eq(lora_dispatch(&w, &ops, msg, sizeof msg), QT_EUNSUPPORTED);
+    cr_assert_eq(lora_dispatch(&w, &ops, msg, sizeof msg), QL_EUNSUPPORTED);
     cr_assert_null(ops);
     snprintf(want, sizeof want, "quant kind %d", (int)QT_KIND_COUNT);
     cr_assert(strstr(msg, want), "the message names the kind by number: %s", msg);
@@ -343,7 +343,7 @@ Test(lora_merge, a_family_merge_refuses_a_weight_of_another_family)
     lora_cost cost;
     char msg[256] = "";
     lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
-    cr_assert_eq(ops->merge(&q8, NULL, 0, &o, "m", &merged, &cost, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(ops->merge(&q8, NULL, 0, &o, "m", &merged, &cost, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "q8_0"), "%s", msg);
     qt_free(&nf4);
     qt_free(&q8);
@@ -369,7 +369,7 @@ Test(lora_merge, merged_keeps_the_pristine_layout_and_equals_requantized_sum_bit
             lora_cost cost;
             char msg[256] = "";
             cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                         QT_OK, "%s: %s", what, msg);
+                         QL_OK, "%s: %s", what, msg);
             float *d = reference_delta(&part, 1, k->rows, k->cols);
             reference_merge(&want, &w, d, &k->p);
             assert_same_layout(&merged, &w, what);
@@ -401,16 +401,16 @@ Test(lora_merge, affine_merge_keeps_torchao_eps_on_constant_groups)
             v[c] = i == 0 ? 0.01f : 0.0f; /* row 0 constant: 0.01 (int4), 0 (int8) */
         qtensor w, merged, want;
         char msg[256] = "";
-        cr_assert_eq(qt_quantize(&w, v, k->rows, k->cols, &k->p, msg, sizeof msg), QT_OK, "%s",
+        cr_assert_eq(qt_quantize(&w, v, k->rows, k->cols, &k->p, msg, sizeof msg), QL_OK, "%s",
                      msg);
         cr_assert_eq(w.scales[0], want_eps[i], "%s: the pristine scale is the clamp", k->name);
         lora_cost cost;
         cr_assert_eq(merge(&w, NULL, 0, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QT_OK, "%s: %s", k->name, msg);
+                     QL_OK, "%s: %s", k->name, msg);
         cr_assert_eq(merged.scales[0], want_eps[i], "%s: merged scale %a", k->name,
                      (double)merged.scales[0]);
         float *wv = dequant(&w);
-        cr_assert_eq(qt_quantize(&want, wv, k->rows, k->cols, &k->p, msg, sizeof msg), QT_OK);
+        cr_assert_eq(qt_quantize(&want, wv, k->rows, k->cols, &k->p, msg, sizeof msg), QL_OK);
         assert_same_tensor(&merged, &want, k->name);
         free(wv);
         free(v);
@@ -426,14 +426,14 @@ Test(lora_merge, merging_leaves_the_pristine_weight_untouched)
         const kind_case *k = &cases[i];
         qtensor w, before, merged;
         make_weight(&w, k, 300 + i);
-        cr_assert_eq(qt_clone(&before, &w), QT_OK);
+        cr_assert_eq(qt_clone(&before, &w), QL_OK);
         eng_lora_module m;
         make_module(&m, QT_F32, k->rows, k->cols, 4, 0.05, 0.05, 400 + i);
         lora_part part = {.adapter = "french", .module = &m, .scale = 1.0f};
         lora_cost cost;
         char msg[256] = "";
         cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QT_OK, "%s: %s", k->name, msg);
+                     QL_OK, "%s: %s", k->name, msg);
         assert_same_tensor(&w, &before, k->name);
         cr_assert_eq(ops_for(&w)->unmerge(&w), &w, "%s: unmerge serves the pristine", k->name);
         qt_free(&merged);
@@ -458,7 +458,7 @@ Test(lora_merge, two_parts_merge_as_the_sum_of_their_deltas)
         lora_cost cost;
         char msg[256] = "";
         cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QT_OK, "%s: %s", k->name, msg);
+                     QL_OK, "%s: %s", k->name, msg);
         float *d = reference_delta(parts, 2, k->rows, k->cols);
         reference_merge(&want, &w, d, &k->p);
         assert_same_tensor(&merged, &want, k->name);
@@ -535,9 +535,9 @@ Test(lora_merge, zero_scale_part_gives_the_requantized_pristine)
         lora_cost cost;
         char msg[256] = "";
         cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QT_OK, "%s: %s", k->name, msg);
+                     QL_OK, "%s: %s", k->name, msg);
         float *wv = dequant(&w);
-        cr_assert_eq(qt_quantize(&want, wv, k->rows, k->cols, &k->p, msg, sizeof msg), QT_OK);
+        cr_assert_eq(qt_quantize(&want, wv, k->rows, k->cols, &k->p, msg, sizeof msg), QL_OK);
         assert_same_tensor(&merged, &want, k->name);
 
         float *q = dequant(&merged);
@@ -571,9 +571,9 @@ Test(lora_merge, no_parts_merge_like_a_zero_delta)
     make_weight(&w, &cases[0], 11);
     lora_cost cost;
     char msg[256] = "";
-    cr_assert_eq(merge(&w, NULL, 0, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg), QT_OK,
+    cr_assert_eq(merge(&w, NULL, 0, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg), QL_OK,
                  "%s", msg);
-    cr_assert_eq(qt_clone(&want, &w), QT_OK);
+    cr_assert_eq(qt_clone(&want, &w), QL_OK);
     assert_same_tensor(&merged, &want, "nf4, no parts");
     cr_assert_eq(cost.delta_retained, 1.0);
     cr_assert_eq(cost.relative_error, 0.0);
@@ -599,11 +599,11 @@ Test(lora_merge, into_int8_and_bf16_store_those_kinds_and_lose_less_than_4bit)
 
         qtensor own, int8, bf16, want;
         lora_cost c_own, c_int8, c_bf16;
-        cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &own, &c_own, msg, sizeof msg), QT_OK,
+        cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &own, &c_own, msg, sizeof msg), QL_OK,
                      "%s", msg);
-        cr_assert_eq(merge(&w, &part, 1, true, QT_AFFINE, &int8, &c_int8, msg, sizeof msg), QT_OK,
+        cr_assert_eq(merge(&w, &part, 1, true, QT_AFFINE, &int8, &c_int8, msg, sizeof msg), QL_OK,
                      "%s", msg);
-        cr_assert_eq(merge(&w, &part, 1, true, QT_BF16, &bf16, &c_bf16, msg, sizeof msg), QT_OK,
+        cr_assert_eq(merge(&w, &part, 1, true, QT_BF16, &bf16, &c_bf16, msg, sizeof msg), QL_OK,
                      "%s", msg);
 
         /* int8: per channel, symmetric, as engine/model.c's --quant int8 */
@@ -652,7 +652,7 @@ Test(lora_merge, into_a_kind_other_than_int8_or_bf16_is_refused)
     make_weight(&w, &cases[0], 12);
     lora_cost cost;
     char msg[256] = "";
-    cr_assert_eq(merge(&w, NULL, 0, true, QT_F16, &merged, &cost, msg, sizeof msg), QT_EINVAL);
+    cr_assert_eq(merge(&w, NULL, 0, true, QT_F16, &merged, &cost, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "f16"), "%s", msg);
     qtensor zero = {0};
     cr_assert(memcmp(&merged, &zero, sizeof zero) == 0);
@@ -669,9 +669,9 @@ Test(lora_merge, a_bnb4_weight_with_a_foreign_codebook_merges_only_into_a_wider_
         lora_cost cost;
         char msg[512] = "";
         cr_assert_eq(merge(&w, NULL, 0, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QT_EUNSUPPORTED, "%s", k->name);
+                     QL_EUNSUPPORTED, "%s", k->name);
         cr_assert(strstr(msg, "quant_map"), "%s: %s", k->name, msg);
-        cr_assert_eq(merge(&w, NULL, 0, true, QT_AFFINE, &merged, &cost, msg, sizeof msg), QT_OK,
+        cr_assert_eq(merge(&w, NULL, 0, true, QT_AFFINE, &merged, &cost, msg, sizeof msg), QL_OK,
                      "%s: %s", k->name, msg);
         cr_assert_eq(merged.kind, QT_AFFINE);
         qt_free(&merged);
@@ -706,7 +706,7 @@ Test(lora_merge, safe_merge_refuses_a_nan_naming_adapter_module_and_index)
         lora_cost cost;
         char msg[512] = "";
         cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QT_ENONFINITE, "%s", k->name);
+                     QL_ENONFINITE, "%s", k->name);
         cr_assert(strstr(msg, "broken"), "%s: names the adapter: %s", k->name, msg);
         cr_assert(strstr(msg, "model.layers.3.self_attn.q_proj"), "%s: names the module: %s",
                   k->name, msg);
@@ -744,7 +744,7 @@ Test(lora_merge, safe_merge_refuses_an_inf_from_a_huge_scale)
     lora_cost cost;
     char msg[512] = "";
     cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                 QT_ENONFINITE);
+                 QL_ENONFINITE);
     cr_assert(strstr(msg, "overflowing"), "names the adapter: %s", msg);
     cr_assert(strstr(msg, "model.layers.3.self_attn.q_proj"), "names the module: %s", msg);
     cr_assert(strstr(msg, want), "names %s: %s", want, msg);
@@ -762,10 +762,10 @@ Test(lora_merge, safe_merge_names_a_non_finite_pristine_weight)
     v[32 + 3] = INFINITY;
     qtensor w, merged;
     char msg[512] = "";
-    cr_assert_eq(qt_from_dense(&w, QT_F32, v, 2, 32, msg, sizeof msg), QT_OK);
+    cr_assert_eq(qt_from_dense(&w, QT_F32, v, 2, 32, msg, sizeof msg), QL_OK);
     lora_cost cost;
     cr_assert_eq(merge(&w, NULL, 0, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                 QT_ENONFINITE);
+                 QL_ENONFINITE);
     cr_assert(strstr(msg, "pristine") && strstr(msg, "(row 1, col 3)"), "%s", msg);
     assert_nothing_produced(&merged, &cost);
     qt_free(&w);
@@ -783,7 +783,7 @@ Test(lora_merge, without_safe_merge_the_quantizer_still_refuses_a_nan)
     lora_cost cost;
     char msg[512] = "";
     cr_assert_eq(merge(&w, &part, 1, false, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                 QT_ENONFINITE);
+                 QL_ENONFINITE);
     cr_assert(strstr(msg, "model.layers.3.self_attn.q_proj"), "names the module: %s", msg);
     cr_assert(strstr(msg, "row 7, col 0"), "keeps the quantizer's index: %s", msg);
     assert_nothing_produced(&merged, &cost);
@@ -802,7 +802,7 @@ Test(lora_merge, a_module_of_the_wrong_shape_is_refused_by_adapter_and_module)
     lora_cost cost;
     char msg[512] = "";
     cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                 QT_EINVAL);
+                 QL_EINVAL);
     cr_assert(strstr(msg, "other-model") && strstr(msg, "q_proj") && strstr(msg, "[4, 128]"), "%s",
               msg);
     assert_nothing_produced(&merged, &cost);
@@ -923,7 +923,7 @@ Test(lora_merge, realistic_delta_what_nf4_and_int8_retain)
         clock_gettime(CLOCK_MONOTONIC, &t0);
         cr_assert_eq(
             merge(runs[i].w, &part, 1, true, runs[i].into, &merged, &cost[i], msg, sizeof msg),
-            QT_OK, "%s", msg);
+            QL_OK, "%s", msg);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         cr_log_info("%s: |delta|/|W| = %.4f, delta_retained = %.4f, relative_error = %.4f "

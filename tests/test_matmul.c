@@ -66,7 +66,7 @@ static void check_kind(const kcase *kc, int64_t rows, int64_t cols, uint64_t see
         x[i] = test_normal(&rng);
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, w, rows, cols, &kc->p, msg, sizeof msg), QT_OK, "%s: %s",
+    cr_assert_eq(qt_quantize(&t, w, rows, cols, &kc->p, msg, sizeof msg), QL_OK, "%s: %s",
                  kc->label, msg);
 
     /* the fast dequantization gives the reference's bits */

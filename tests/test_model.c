@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "cli.h"
 #include "qt_math.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -384,7 +384,7 @@ static void write_bnb_folder(const char *src, const char *dst, bool nested)
         char name[128];
         for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, parts[p].suffix);
-            cr_assert_eq(eng_bnb_write(w, name, parts[p].t, "bfloat16", msg, sizeof msg), 0, "%s",
+            cr_assert_eq(bnb_write(w, name, parts[p].t, "bfloat16", msg, sizeof msg), 0, "%s",
                          msg);
         }
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);

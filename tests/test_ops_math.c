@@ -339,7 +339,7 @@ static int32_t sampler_greedy(const float *logits, int32_t n)
     eng_sampling p;
     memset(&p, 0, sizeof p);
     eng_sampler s;
-    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), ENG_OK);
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
     int32_t t = eng_sample(&s, copy, n, NULL);
     eng_sampler_free(&s);
     free(copy);

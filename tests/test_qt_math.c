@@ -113,7 +113,7 @@ static void quantize_and_check(const qt_quant_params *p, int64_t rows, int64_t c
     float *w = random_weights(rows, cols, seed);
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, w, rows, cols, p, msg, sizeof msg), QT_OK, "%s: %s", what, msg);
+    cr_assert_eq(qt_quantize(&t, w, rows, cols, p, msg, sizeof msg), QL_OK, "%s: %s", what, msg);
     free(w);
     char name[160];
     snprintf(name, sizeof name, "%s %lldx%lld", what, (long long)rows, (long long)cols);
@@ -356,7 +356,7 @@ static void chunks_match_reference(const qt_quant_params *p, int64_t rows, int64
     float *w = random_weights(rows, cols, seed);
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, w, rows, cols, p, msg, sizeof msg), QT_OK, "%s: %s", what, msg);
+    cr_assert_eq(qt_quantize(&t, w, rows, cols, p, msg, sizeof msg), QL_OK, "%s: %s", what, msg);
     free(w);
     split_gguf s = {0};
     if (qt_traits_table[t.kind].is_gguf)
@@ -427,7 +427,7 @@ Test(qt_math, gguf_split_elements_match_the_reference_and_join_back_to_the_block
         float *w = random_weights(11, 96, 500 + (uint64_t)k);
         qtensor t;
         char msg[256];
-        cr_assert_eq(qt_quantize(&t, w, 11, 96, &p, msg, sizeof msg), QT_OK, "%s", msg);
+        cr_assert_eq(qt_quantize(&t, w, 11, 96, &p, msg, sizeof msg), QL_OK, "%s", msg);
         free(w);
         split_gguf s = split_blocks(&t);
         float *ref = malloc(11 * 96 * sizeof *ref);

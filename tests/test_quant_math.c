@@ -156,7 +156,7 @@ static void check_bnb4_as_blocks(qt_kind kind, int64_t rows, int64_t cols, int32
     qt_quant_params p = {.kind = kind, .blocksize = bs, .double_quant = double_quant};
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, x, rows, cols, &p, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(qt_quantize(&t, x, rows, cols, &p, msg, sizeof msg), QL_OK, "%s", msg);
     qq_buckets cb;
     qq_build_buckets(t.codebook, &cb);
     int64_t nb = (n + bs - 1) / bs;
@@ -303,7 +303,7 @@ static void check_affine_as_groups(const qt_quant_params *p, int64_t rows, int64
     }
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, x, rows, cols, p, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(qt_quantize(&t, x, rows, cols, p, msg, sizeof msg), QL_OK, "%s", msg);
     bool symmetric = p->symmetric, float_zero = t.zero_domain == QT_ZERO_FLOAT;
     float eps = p->eps > 0.0f ? p->eps : FLT_EPSILON;
     float mid = qm_affine_mid(t.qmin, t.qmax);
@@ -474,7 +474,7 @@ static void check_gguf_blocks(qt_kind kind, int zero_ties)
     qt_quant_params p = {.kind = kind};
     qtensor t;
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, x, rows, cols, &p, msg, sizeof msg), QT_OK, "%s", msg);
+    cr_assert_eq(qt_quantize(&t, x, rows, cols, &p, msg, sizeof msg), QL_OK, "%s", msg);
     size_t bb = qt_traits_table[kind].block_bytes;
     for (int64_t b = 0; b < n / 32; b++) {
         uint8_t blk[34] = {0};

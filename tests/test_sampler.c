@@ -43,7 +43,7 @@ static void *new_scratch(int32_t vocab)
 
 static void init_sampler(eng_sampler *s, const eng_sampling *p)
 {
-    cr_assert_eq(eng_sampler_init(s, p, NULL, 0), ENG_OK);
+    cr_assert_eq(eng_sampler_init(s, p, NULL, 0), QL_OK);
 }
 
 /* One draw from a copy of logits (eng_sample changes them in place). */
@@ -466,7 +466,7 @@ Test(sampler, repetition_penalty_divides_positive_multiplies_negative)
     const int32_t prompt[] = {0, 1, 1, 4, 5, 1, 999999, -5};
     eng_sampling p = {.repetition_penalty = 2.0f};
     eng_sampler s;
-    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 8), ENG_OK);
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 8), QL_OK);
     cr_assert_eq(s.n_seen, 5, "distinct non-negative ids seen: %zu", s.n_seen);
 
     float l[6] = {2.0f, -2.0f, 1.5f, 0.5f, 0.0f, 0.25f};
@@ -484,7 +484,7 @@ Test(sampler, repetition_penalty_divides_positive_multiplies_negative)
 
     /* a penalty under 1 favours what was seen */
     p.repetition_penalty = 0.5f;
-    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 2), ENG_OK);
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 2), QL_OK);
     float e[3] = {1.0f, -1.0f, 1.9f};
     cr_assert_eq(eng_sample(&s, e, 3, NULL), 0);
     cr_assert(same_bits(e[0], 2.0f) && same_bits(e[1], -0.5f) && same_bits(e[2], 1.9f));
@@ -497,7 +497,7 @@ Test(sampler, repetition_penalty_off_at_0_and_1)
     for (int k = 0; k < 2; k++) {
         eng_sampling p = {.repetition_penalty = (float)k};
         eng_sampler s;
-        cr_assert_eq(eng_sampler_init(&s, &p, prompt, 1), ENG_OK);
+        cr_assert_eq(eng_sampler_init(&s, &p, prompt, 1), QL_OK);
         float l[2] = {3.0f, 2.0f};
         cr_assert_eq(eng_sample(&s, l, 2, NULL), 0);
         cr_assert(same_bits(l[0], 3.0f));
@@ -510,12 +510,12 @@ Test(sampler, repetition_penalty_off_at_0_and_1)
 static void expect_refused(eng_sampling p, const char *field, const char *value)
 {
     char msg[256] = "";
-    cr_assert_eq(eng_sampling_check(&p, msg, sizeof msg), ENG_EINVAL, "%s %s was accepted", field,
+    cr_assert_eq(eng_sampling_check(&p, msg, sizeof msg), QL_EINVAL, "%s %s was accepted", field,
                  value);
     cr_assert(strstr(msg, field) && strstr(msg, value), "message \"%s\" should name %s and %s", msg,
               field, value);
     eng_sampler s;
-    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), ENG_EINVAL);
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_EINVAL);
     eng_sampler_free(&s);
 }
 
@@ -523,11 +523,11 @@ Test(sampler, check_refuses_each_bad_field_by_name)
 {
     eng_sampling ok = {.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .repetition_penalty = 1.1f};
     char msg[256];
-    cr_assert_eq(eng_sampling_check(&ok, msg, sizeof msg), ENG_OK);
+    cr_assert_eq(eng_sampling_check(&ok, msg, sizeof msg), QL_OK);
     eng_sampling zero = {0};
-    cr_assert_eq(eng_sampling_check(&zero, msg, sizeof msg), ENG_OK);
+    cr_assert_eq(eng_sampling_check(&zero, msg, sizeof msg), QL_OK);
     eng_sampling edge = {.temperature = 1e-6f, .top_p = 1.0f, .repetition_penalty = 1e-3f};
-    cr_assert_eq(eng_sampling_check(&edge, msg, sizeof msg), ENG_OK);
+    cr_assert_eq(eng_sampling_check(&edge, msg, sizeof msg), QL_OK);
 
     eng_sampling p = ok;
     p.temperature = -1.0f;
@@ -771,7 +771,7 @@ static eng_stop *new_stop(const char *const *stops, size_t n)
 {
     eng_stop *st;
     char msg[256];
-    cr_assert_eq(eng_stop_new(&st, stops, n, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(eng_stop_new(&st, stops, n, msg, sizeof msg), QL_OK, "%s", msg);
     return st;
 }
 
@@ -918,11 +918,11 @@ Test(stop, refuses_empty_and_null_stop_strings)
     eng_stop *st = (eng_stop *)1;
     char msg[256] = "";
     const char *empty[] = {"ok", ""};
-    cr_assert_eq(eng_stop_new(&st, empty, 2, msg, sizeof msg), ENG_EINVAL);
+    cr_assert_eq(eng_stop_new(&st, empty, 2, msg, sizeof msg), QL_EINVAL);
     cr_assert(st == NULL);
     cr_assert(strstr(msg, "stop string 1") && strstr(msg, "empty"), "%s", msg);
     const char *null[] = {NULL};
-    cr_assert_eq(eng_stop_new(&st, null, 1, msg, sizeof msg), ENG_EINVAL);
+    cr_assert_eq(eng_stop_new(&st, null, 1, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "stop string 0"), "%s", msg);
 }
 

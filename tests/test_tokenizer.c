@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "gguf_writer.h"
 #include "fixtures/smollm2_vectors.h"
 #include "fixtures/tokenizer_vectors.h"
 #include "test_util.h"
@@ -58,11 +59,11 @@ static tok_tokenizer *load_fixture(const tokv_tokenizer *tv, gguf_file *g)
         snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer.json", QL_FIXTURES, tv->json_dir);
         snprintf(cfg, sizeof cfg, "%s/tokenizers/%s/tokenizer_config.json", QL_FIXTURES,
                  tv->json_dir);
-        cr_assert_eq(tok_from_hf(&t, path, cfg, msg, sizeof msg), ENG_OK, "%s: %s", tv->name, msg);
+        cr_assert_eq(tok_from_hf(&t, path, cfg, msg, sizeof msg), QL_OK, "%s: %s", tv->name, msg);
     } else {
         snprintf(path, sizeof path, "%s/tokenizers/%s", QL_FIXTURES, tv->gguf);
-        cr_assert_eq(gguf_open(g, path, msg, sizeof msg), ENG_OK, "%s", msg);
-        cr_assert_eq(tok_from_gguf(&t, g, msg, sizeof msg), ENG_OK, "%s: %s", tv->name, msg);
+        cr_assert_eq(gguf_open(g, path, msg, sizeof msg), QL_OK, "%s", msg);
+        cr_assert_eq(tok_from_gguf(&t, g, msg, sizeof msg), QL_OK, "%s: %s", tv->name, msg);
     }
     return t;
 }
@@ -123,7 +124,7 @@ static void expect_ids(const tok_tokenizer *t, const char *name, size_t k, const
     char msg[256], got_s[2048], want_s[2048];
     cr_assert_eq(
         tok_encode(t, c->text, c->text_len, add_bos, parse_special, &ids, &n, msg, sizeof msg),
-        ENG_OK, "%s case %zu: %s", name, k, msg);
+        QL_OK, "%s case %zu: %s", name, k, msg);
     cr_assert(ids, "%s case %zu: no allocation for the ids", name, k);
     cr_expect(n == n_want && memcmp(ids, want, n * sizeof *ids) == 0,
               "%s case %zu \"%.*s\" (add_bos %d, parse_special %d):\n got  %s\n want %s", name, k,
@@ -137,7 +138,7 @@ static void expect_decode(const tok_tokenizer *t, const char *name, size_t k, co
 {
     char *text = NULL, msg[256];
     size_t len = 0;
-    cr_assert_eq(tok_decode(t, ids, n, skip, &text, &len, msg, sizeof msg), ENG_OK,
+    cr_assert_eq(tok_decode(t, ids, n, skip, &text, &len, msg, sizeof msg), QL_OK,
                  "%s case %zu: %s", name, k, msg);
     cr_expect(len == want_len && memcmp(text, want, len) == 0 && text[len] == 0,
               "%s case %zu decode (skip_special %d):\n got  [%s]\n want [%.*s]", name, k, skip,
@@ -236,9 +237,9 @@ Test(tokenizer, real_smollm2_gguf_gives_the_models_ids)
     gguf_file g;
     tok_tokenizer *t = NULL;
     char msg[512];
-    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), QL_OK, "%s", msg);
     double t0 = seconds();
-    cr_assert_eq(tok_from_gguf(&t, &g, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(tok_from_gguf(&t, &g, msg, sizeof msg), QL_OK, "%s", msg);
     double load = seconds() - t0;
     cr_log_info("SmolLM2 tokenizer (49152 tokens, 48900 merges) loaded in %.1f ms", load * 1e3);
     cr_expect(load < 1.0, "loading the tokenizer took %.2f s", load);
@@ -259,7 +260,7 @@ Test(tokenizer, real_smollm2_gguf_gives_the_models_ids)
     for (int32_t id = 0; id < (int32_t)tok_vocab_size(t); id++) {
         char *text;
         size_t len;
-        cr_assert_eq(tok_decode(t, &id, 1, false, &text, &len, msg, sizeof msg), ENG_OK);
+        cr_assert_eq(tok_decode(t, &id, 1, false, &text, &len, msg, sizeof msg), QL_OK);
         if (len > longest_len && valid_utf8(text, len)) {
             longest = id;
             longest_len = len;
@@ -348,7 +349,7 @@ Test(tokenizer, a_150k_vocabulary_loads_and_merges)
     tok_tokenizer *t = NULL;
     char msg[512];
     double t0 = seconds();
-    cr_assert_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), QL_OK, "%s", msg);
     double load = seconds() - t0;
     cr_log_info("a %d-token tokenizer.json loaded in %.1f ms", N_TOKENS, load * 1e3);
     cr_expect_eq(tok_vocab_size(t), (size_t)N_TOKENS);
@@ -433,15 +434,15 @@ Test(tokenizer, truncated_or_non_json_files_are_refused)
     snprintf(path, sizeof path, "%s/tokenizers/gpt2/tokenizer.json", QL_FIXTURES);
     char *text = read_text(path, &len);
     text[len / 2] = 0;
-    expect_hf_refused(text, ENG_EFORMAT, "JSON", "truncated");
+    expect_hf_refused(text, QL_EFORMAT, "JSON", "truncated");
     free(text);
-    expect_hf_refused("this is not JSON", ENG_EFORMAT, "JSON", NULL);
-    expect_hf_refused("[1, 2, 3]", ENG_EFORMAT, "not a JSON object", NULL);
-    expect_hf_refused("{\"version\": \"1.0\"}", ENG_EFORMAT, "model", NULL);
+    expect_hf_refused("this is not JSON", QL_EFORMAT, "JSON", NULL);
+    expect_hf_refused("[1, 2, 3]", QL_EFORMAT, "not a JSON object", NULL);
+    expect_hf_refused("{\"version\": \"1.0\"}", QL_EFORMAT, "model", NULL);
 
     tok_tokenizer *t = NULL;
     snprintf(path, sizeof path, "%s/no/such/tokenizer.json", dir);
-    cr_expect_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), ENG_EIO);
+    cr_expect_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), QL_EIO);
     cr_expect(strstr(msg, path), "%s", msg);
 }
 
@@ -449,14 +450,14 @@ Test(tokenizer, models_other_than_bpe_are_refused_by_name)
 {
     expect_hf_refused("{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": "
                       "{\"[UNK]\": 0, \"a\": 1}}}",
-                      ENG_EINVAL, "WordPiece", NULL);
+                      QL_EINVAL, "WordPiece", NULL);
     expect_hf_refused("{\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"<unk>\", "
                       "0.0], [\"a\", -1.0]]}}",
-                      ENG_EINVAL, "Unigram", NULL);
+                      QL_EINVAL, "Unigram", NULL);
     /* a BPE that is neither byte-level nor sentencepiece-style */
     expect_hf_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
                       "\"pre_tokenizer\": {\"type\": \"Whitespace\"}}",
-                      ENG_EINVAL, "Whitespace", NULL);
+                      QL_EINVAL, "Whitespace", NULL);
 }
 
 Test(tokenizer, an_unknown_split_regex_is_refused_by_its_pattern)
@@ -467,12 +468,12 @@ Test(tokenizer, an_unknown_split_regex_is_refused_by_its_pattern)
     cJSON *pattern = cJSON_GetObjectItem(split, "pattern");
     cr_assert(pattern);
     cJSON_ReplaceItemInObject(pattern, "Regex", cJSON_CreateString("\\p{L}+|\\p{N}{1,4}|\\s+"));
-    expect_json_refused(root, ENG_EINVAL, "\\p{L}+|\\p{N}{1,4}|\\s+", "Split");
+    expect_json_refused(root, QL_EINVAL, "\\p{L}+|\\p{N}{1,4}|\\s+", "Split");
 
     root = fixture_json("gpt2");
     cJSON_ReplaceItemInObject(root, "pre_tokenizer",
                               cJSON_Parse("{\"type\": \"BertPreTokenizer\"}"));
-    expect_json_refused(root, ENG_EINVAL, "BertPreTokenizer", NULL);
+    expect_json_refused(root, QL_EINVAL, "BertPreTokenizer", NULL);
 }
 
 Test(tokenizer, a_merge_of_a_token_not_in_the_vocabulary_is_refused)
@@ -480,12 +481,12 @@ Test(tokenizer, a_merge_of_a_token_not_in_the_vocabulary_is_refused)
     cJSON *root = fixture_json("gpt2");
     cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "merges");
     cJSON_AddItemToArray(merges, cJSON_CreateString("nowhere_a h"));
-    expect_json_refused(root, ENG_EFORMAT, "nowhere_a", "merge");
+    expect_json_refused(root, QL_EFORMAT, "nowhere_a", "merge");
 
     root = fixture_json("llama3"); /* merges as pairs */
     merges = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "merges");
     cJSON_AddItemToArray(merges, cJSON_Parse("[\"h\", \"nowhere_b\"]"));
-    expect_json_refused(root, ENG_EFORMAT, "nowhere_b", "merge");
+    expect_json_refused(root, QL_EFORMAT, "nowhere_b", "merge");
 }
 
 Test(tokenizer, a_config_naming_a_missing_token_is_refused)
@@ -496,7 +497,7 @@ Test(tokenizer, a_config_naming_a_missing_token_is_refused)
     const char *text = "{\"bos_token\": \"<|nowhere|>\", \"eos_token\": \"<|endoftext|>\"}";
     write_text(cfg, text, strlen(text));
     tok_tokenizer *t = NULL;
-    cr_expect_eq(tok_from_hf(&t, json, cfg, msg, sizeof msg), ENG_EFORMAT);
+    cr_expect_eq(tok_from_hf(&t, json, cfg, msg, sizeof msg), QL_EFORMAT);
     cr_expect(strstr(msg, cfg) && strstr(msg, "<|nowhere|>"), "%s", msg);
 }
 
@@ -505,7 +506,7 @@ Test(tokenizer, without_a_config_bos_comes_from_the_template)
     char json[1024], msg[512];
     snprintf(json, sizeof json, "%s/tokenizers/llama3/tokenizer.json", QL_FIXTURES);
     tok_tokenizer *t = NULL;
-    cr_assert_eq(tok_from_hf(&t, json, NULL, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(tok_from_hf(&t, json, NULL, msg, sizeof msg), QL_OK, "%s", msg);
     cr_expect_eq(tok_bos(t), 945);
     cr_expect(tok_adds_bos(t));
     cr_expect_eq(tok_eos(t), -1);
@@ -538,7 +539,7 @@ static void expect_gguf_refused(const char *model, const char *pre, int rc, cons
     snprintf(path, sizeof path, "%s/tok.gguf", dir);
     write_gguf(path, model, pre);
     gguf_file g;
-    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), QL_OK, "%s", msg);
     tok_tokenizer *t = NULL;
     cr_expect_eq(tok_from_gguf(&t, &g, msg, sizeof msg), rc, "%s", msg);
     cr_expect_null(t);
@@ -549,18 +550,18 @@ static void expect_gguf_refused(const char *model, const char *pre, int rc, cons
 
 Test(tokenizer, gguf_vocabularies_we_do_not_run_are_refused_by_name)
 {
-    expect_gguf_refused("bert", NULL, ENG_EINVAL, "\"bert\"");
-    expect_gguf_refused("t5", NULL, ENG_EINVAL, "\"t5\"");
-    expect_gguf_refused("gpt2", "mystery-pre", ENG_EINVAL, "\"mystery-pre\"");
+    expect_gguf_refused("bert", NULL, QL_EINVAL, "\"bert\"");
+    expect_gguf_refused("t5", NULL, QL_EINVAL, "\"t5\"");
+    expect_gguf_refused("gpt2", "mystery-pre", QL_EINVAL, "\"mystery-pre\"");
 
     /* and the same file with names we know loads */
     char path[1024], msg[512];
     snprintf(path, sizeof path, "%s/tok.gguf", dir);
     write_gguf(path, "gpt2", "gpt-2");
     gguf_file g;
-    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), QL_OK, "%s", msg);
     tok_tokenizer *t = NULL;
-    cr_assert_eq(tok_from_gguf(&t, &g, msg, sizeof msg), ENG_OK, "%s", msg);
+    cr_assert_eq(tok_from_gguf(&t, &g, msg, sizeof msg), QL_OK, "%s", msg);
     int32_t *ids;
     size_t n;
     cr_assert_eq(tok_encode(t, "ab a<|end|>", 11, false, true, &ids, &n, msg, sizeof msg), 0);
@@ -575,8 +576,8 @@ Test(tokenizer, gguf_vocabularies_we_do_not_run_are_refused_by_name)
     gguf_writer_set_str(w, "general.architecture", "llama");
     cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     gguf_writer_free(w);
-    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), ENG_OK, "%s", msg);
-    cr_expect_eq(tok_from_gguf(&t, &g, msg, sizeof msg), ENG_ENOTFOUND);
+    cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_expect_eq(tok_from_gguf(&t, &g, msg, sizeof msg), QL_ENOTFOUND);
     cr_expect(strstr(msg, "tokenizer.ggml.model"), "%s", msg);
     gguf_close(&g);
 }
@@ -589,7 +590,7 @@ Test(tokenizer, invalid_ids_are_refused)
     char *text = (char *)"unchanged", msg[512];
     size_t len = 7;
     for (size_t i = 0; i < 3; i++) {
-        cr_expect_eq(tok_decode(t, bad[i], 2, false, &text, &len, msg, sizeof msg), ENG_EINVAL);
+        cr_expect_eq(tok_decode(t, bad[i], 2, false, &text, &len, msg, sizeof msg), QL_EINVAL);
         cr_expect_null(text);
         cr_expect(strstr(msg, "tokenizer.json") && strstr(msg, "outside the vocabulary"), "%s",
                   msg);
@@ -666,11 +667,11 @@ Test(tokenizer, invalid_utf8_encodes_without_crashing)
                 char msg[256], *back;
                 size_t back_len;
                 cr_assert_eq(tok_encode(t, text, len, true, special, &ids, &n, msg, sizeof msg),
-                             ENG_OK, "%s: %s", tokv_tokenizers[k].name, msg);
+                             QL_OK, "%s: %s", tokv_tokenizers[k].name, msg);
                 for (size_t j = 0; j < n; j++)
                     cr_assert(ids[j] >= 0 && (size_t)ids[j] < tok_vocab_size(t));
                 cr_assert_eq(tok_decode(t, ids, n, false, &back, &back_len, msg, sizeof msg),
-                             ENG_OK, "%s", msg);
+                             QL_OK, "%s", msg);
                 cr_expect(valid_utf8(back, back_len), "%s: decode gave invalid UTF-8",
                           tokv_tokenizers[k].name);
                 free(back);

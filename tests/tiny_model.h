@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "gguf_writer.h"
 #include "qt_math.h"
 #include "test_util.h"
 

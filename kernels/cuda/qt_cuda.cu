@@ -76,39 +76,39 @@ int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t bloc
     if (!is_4bit(kind)) {
         say(msg, msg_len, "%s: kind %s is not one the CUDA 4-bit dequantize handles (nf4, fp4)",
             where, kind_name(kind));
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
     if (n < 0) {
         say(msg, msg_len, "%s: %s tensor has a negative element count %lld", where, kind_name(kind),
             (long long)n);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (blocksize <= 0 || blocksize % kElemsPerThread != 0) {
         say(msg, msg_len,
             "%s: %s blocksize %d is not a positive multiple of %d (bitsandbytes uses "
             "powers of two from 32 to 4096)",
             where, kind_name(kind), (int)blocksize, kElemsPerThread);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (n_blocks < ceil_div(n, blocksize)) {
         say(msg, msg_len, "%s: %s n_blocks %lld is less than ceil(%lld / %d)", where,
             kind_name(kind), (long long)n_blocks, (long long)n, (int)blocksize);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (nested) {
         if (nested_blocksize <= 0) {
             say(msg, msg_len, "%s: %s nested_blocksize %d is not positive", where, kind_name(kind),
                 (int)nested_blocksize);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         if (n_nested_blocks < ceil_div(n_blocks, nested_blocksize)) {
             say(msg, msg_len, "%s: %s n_nested_blocks %lld is less than ceil(%lld / %d)", where,
                 kind_name(kind), (long long)n_nested_blocks, (long long)n_blocks,
                 (int)nested_blocksize);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 /* ---- the kernel -------------------------------------------------------- */
@@ -427,31 +427,31 @@ int check_affine_geometry(const char *where, int64_t rows, int64_t cols, int32_t
     if (rows < 0 || cols < 0 || (rows > 0 && cols > INT64_MAX / rows)) {
         say(msg, msg_len, "%s: affine shape %lld x %lld is not valid", where, (long long)rows,
             (long long)cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (bits != 4 && bits != 8) {
         say(msg, msg_len, "%s: affine bits %d: only 4 and 8", where, (int)bits);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (qmin >= qmax) {
         say(msg, msg_len, "%s: affine range [%d, %d] is empty", where, (int)qmin, (int)qmax);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (rows * cols == 0)
-        return QT_OK;
+        return QL_OK;
     if (group_size <= 0 || cols % group_size != 0 || groups_per_row != cols / group_size) {
         say(msg, msg_len,
             "%s: affine group size %d and %lld groups per row do not tile %lld columns", where,
             (int)group_size, (long long)groups_per_row, (long long)cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const uint64_t need = bits == 8 ? (uint64_t)cols : (uint64_t)(cols + 1) / 2;
     if (row_stride < need) {
         say(msg, msg_len, "%s: affine row stride %llu bytes is less than the %llu a row needs",
             where, (unsigned long long)row_stride, (unsigned long long)need);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, size_t msg_len)
@@ -460,23 +460,23 @@ int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, s
         say(msg, msg_len,
             "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0)", where,
             kind_name(kind));
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
     if (n < 0 || n % QM_GGUF_QK != 0) {
         say(msg, msg_len, "%s: %s element count %lld is not a multiple of the block of %d", where,
             kind_name(kind), (long long)n, QM_GGUF_QK);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 int check_out_dtype(const char *where, qt_cuda_out_dtype out_dtype, char *msg, size_t msg_len)
 {
     if (out_dtype != QT_CUDA_OUT_F32 && out_dtype != QT_CUDA_OUT_BF16) {
         say(msg, msg_len, "%s: output dtype %d is neither f32 nor bf16", where, (int)out_dtype);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 /* ---- device memory ----------------------------------------------------- */
@@ -499,7 +499,7 @@ int upload_bytes(void **dev, const void *host, size_t bytes, const char *what, c
         *dev = nullptr;
         return rc;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 /*
@@ -514,22 +514,22 @@ int dequantize_to_host(int64_t n, float *out, const char *what, DequantizeDev de
 {
     const size_t out_bytes = (size_t)n * sizeof(float);
     void *dev_out = nullptr;
-    int rc = QT_OK;
+    int rc = QL_OK;
     cudaError_t st = cudaMalloc(&dev_out, out_bytes);
     if (st != cudaSuccess) {
         dev_out = nullptr;
         rc = cuda_failed(st, msg, msg_len, "cudaMalloc(out, %zu bytes)", out_bytes);
     }
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dequantize_dev(dev_out);
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         /* Synchronise first, so a fault in the kernel is named as such. */
         st = cudaStreamSynchronize(nullptr);
         if (st != cudaSuccess)
             rc = cuda_failed(st, msg, msg_len, "the %s dequantize kernel (%lld elements)", what,
                              (long long)n);
     }
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         st = cudaMemcpy(out, dev_out, out_bytes, cudaMemcpyDeviceToHost);
         if (st != cudaSuccess)
             rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(out, %zu bytes, device to host)",
@@ -579,7 +579,7 @@ extern "C" int qt_cuda_device_count(int *count, char *msg, size_t msg_len)
 {
     if (!count) {
         say(msg, msg_len, "qt_cuda_device_count: count is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     *count = 0;
     int n = 0;
@@ -592,16 +592,16 @@ extern "C" int qt_cuda_device_count(int *count, char *msg, size_t msg_len)
     }
     if (n <= 0) {
         say(msg, msg_len, "%s", cudaGetErrorString(cudaErrorNoDevice));
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
     *count = n;
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_describe(char *buf, size_t len)
 {
     if (!buf || len == 0)
-        return QT_EINVAL;
+        return QL_EINVAL;
 
     char runtime[32] = "unknown", driver[32] = "none", lt[32];
     int v = 0;
@@ -618,7 +618,7 @@ extern "C" int qt_cuda_describe(char *buf, size_t len)
     int count = 0;
     char reason[160];
     int rc = qt_cuda_device_count(&count, reason, sizeof reason);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         snprintf(devices, sizeof devices, "no device: %s", reason);
     } else {
         cudaDeviceProp prop;
@@ -636,14 +636,14 @@ extern "C" int qt_cuda_describe(char *buf, size_t len)
     }
     snprintf(buf, len, "cuda: built for %s; runtime %s; driver %s; cublasLt %s; %s", QT_CUDA_ARCHS,
              runtime, driver, lt, devices);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_4bit_release(qt_cuda_4bit_view *view, char *msg, size_t msg_len)
 {
     if (!view)
-        return QT_OK;
-    int rc = QT_OK;
+        return QL_OK;
+    int rc = QL_OK;
     rc = free_device(view->codes, "codes", rc, msg, msg_len);
     rc = free_device(view->absmax, "absmax", rc, msg, msg_len);
     rc = free_device(view->absmax_codes, "absmax_codes", rc, msg, msg_len);
@@ -657,22 +657,22 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
 {
     if (!view) {
         say(msg, msg_len, "qt_cuda_4bit_upload: view is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     memset(view, 0, sizeof *view);
     if (!t) {
         say(msg, msg_len, "qt_cuda_4bit_upload: tensor is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (t->rows < 0 || t->cols < 0 || (t->rows > 0 && t->cols > INT64_MAX / t->rows)) {
         say(msg, msg_len, "qt_cuda_4bit_upload: shape %lld x %lld is not valid", (long long)t->rows,
             (long long)t->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const int64_t n = t->rows * t->cols;
     int rc = check_4bit_geometry("qt_cuda_4bit_upload", t->kind, n, t->blocksize, t->n_blocks,
                                  t->nested, t->nested_blocksize, t->n_nested_blocks, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     const size_t code_bytes = (size_t)((n + 1) / 2);
@@ -688,13 +688,13 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
     if (missing) {
         say(msg, msg_len, "qt_cuda_4bit_upload: %s tensor %lld x %lld has no %s",
             kind_name(t->kind), (long long)t->rows, (long long)t->cols, missing);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (t->data_bytes < code_bytes) {
         say(msg, msg_len,
             "qt_cuda_4bit_upload: %s tensor %lld x %lld holds %zu code bytes, needs %zu",
             kind_name(t->kind), (long long)t->rows, (long long)t->cols, t->data_bytes, code_bytes);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
 
     /* The view counts what travels: only the blocks the elements use,
@@ -712,29 +712,29 @@ extern "C" int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, ch
     if (t->nested)
         memcpy(view->nested_code, t->nested_code, sizeof view->nested_code);
     if (n == 0)
-        return QT_OK; /* nothing to hold; the dequantize enqueues nothing */
+        return QL_OK; /* nothing to hold; the dequantize enqueues nothing */
 
     void *p = nullptr;
     rc = upload_bytes(&p, t->data, code_bytes, "codes", msg, msg_len);
     view->codes = static_cast<const uint8_t *>(p);
-    if (rc == QT_OK && t->nested) {
+    if (rc == QL_OK && t->nested) {
         rc = upload_bytes(&p, t->absmax_codes, (size_t)used_blocks, "absmax_codes", msg, msg_len);
         view->absmax_codes = static_cast<const uint8_t *>(p);
-        if (rc == QT_OK) {
+        if (rc == QL_OK) {
             rc = upload_bytes(&p, t->nested_absmax, (size_t)view->n_nested_blocks * sizeof(float),
                               "nested_absmax", msg, msg_len);
             view->nested_absmax = static_cast<const float *>(p);
         }
-    } else if (rc == QT_OK) {
+    } else if (rc == QL_OK) {
         rc = upload_bytes(&p, t->absmax, (size_t)used_blocks * sizeof(float), "absmax", msg,
                           msg_len);
         view->absmax = static_cast<const float *>(p);
     }
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_cuda_4bit_release(view, nullptr, 0); /* msg keeps the first failure */
         return rc;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *out,
@@ -743,28 +743,28 @@ extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *
 {
     if (!view) {
         say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: view is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const qt_cuda_4bit_view &v = *view;
     int rc = check_4bit_geometry("qt_cuda_dequantize_4bit_dev", v.kind, v.n_elements, v.blocksize,
                                  v.n_blocks, v.nested, v.nested_blocksize, v.n_nested_blocks, msg,
                                  msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     if (out_dtype != QT_CUDA_OUT_F32 && out_dtype != QT_CUDA_OUT_BF16) {
         say(msg, msg_len, "qt_cuda_dequantize_4bit_dev: output dtype %d is neither f32 nor bf16",
             (int)out_dtype);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (v.n_elements == 0)
-        return QT_OK;
+        return QL_OK;
     if (!out || !v.codes || (v.nested ? !v.absmax_codes || !v.nested_absmax : !v.absmax)) {
         say(msg, msg_len,
             "qt_cuda_dequantize_4bit_dev: a NULL device pointer (out %p, codes %p, absmax %p, "
             "absmax_codes %p, nested_absmax %p; nested %s)",
             out, (const void *)v.codes, (const void *)v.absmax, (const void *)v.absmax_codes,
             (const void *)v.nested_absmax, v.nested ? "yes" : "no");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
 
     const int64_t n_chunks = ceil_div(v.n_elements, kElemsPerThread);
@@ -778,22 +778,22 @@ extern "C" int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
                            kind_name(v.kind), (long long)v.n_elements);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, size_t msg_len)
 {
     if (!t || !out) {
         say(msg, msg_len, "qt_cuda_dequantize_4bit: %s is NULL", !t ? "tensor" : "out");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     qt_cuda_4bit_view view;
     int rc = qt_cuda_4bit_upload(t, &view, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const int64_t n = view.n_elements;
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
 
     const size_t out_bytes = (size_t)n * sizeof(float);
     void *dev_out = nullptr;
@@ -802,9 +802,9 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
         dev_out = nullptr;
         rc = cuda_failed(st, msg, msg_len, "cudaMalloc(out, %zu bytes)", out_bytes);
     }
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = qt_cuda_dequantize_4bit_dev(&view, dev_out, QT_CUDA_OUT_F32, nullptr, msg, msg_len);
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         /* Synchronise first, so a fault in the kernel is named as such and
          * not blamed on the copy. */
         st = cudaStreamSynchronize(nullptr);
@@ -812,7 +812,7 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
             rc = cuda_failed(st, msg, msg_len, "the %s dequantize kernel (%lld x %lld)",
                              kind_name(t->kind), (long long)t->rows, (long long)t->cols);
     }
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         st = cudaMemcpy(out, dev_out, out_bytes, cudaMemcpyDeviceToHost);
         if (st != cudaSuccess)
             rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(out, %zu bytes, device to host)",
@@ -821,8 +821,8 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
     rc = free_device(dev_out, "out", rc, msg, msg_len);
     /* A release failure is reported only when nothing failed before it. */
     int rc_release =
-        qt_cuda_4bit_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
-    return rc != QT_OK ? rc : rc_release;
+        qt_cuda_4bit_release(&view, rc == QL_OK ? msg : nullptr, rc == QL_OK ? msg_len : 0);
+    return rc != QL_OK ? rc : rc_release;
 }
 
 /* ---- AFFINE ------------------------------------------------------------- */
@@ -830,8 +830,8 @@ extern "C" int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, 
 extern "C" int qt_cuda_affine_release(qt_cuda_affine_view *view, char *msg, size_t msg_len)
 {
     if (!view)
-        return QT_OK;
-    int rc = QT_OK;
+        return QL_OK;
+    int rc = QL_OK;
     rc = free_device(view->codes, "codes", rc, msg, msg_len);
     rc = free_device(view->scales, "scales", rc, msg, msg_len);
     rc = free_device(view->zeros, "zeros", rc, msg, msg_len);
@@ -844,24 +844,24 @@ extern "C" int qt_cuda_affine_upload(const qtensor *t, qt_cuda_affine_view *view
 {
     if (!view) {
         say(msg, msg_len, "qt_cuda_affine_upload: view is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     memset(view, 0, sizeof *view);
     if (!t) {
         say(msg, msg_len, "qt_cuda_affine_upload: tensor is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (t->kind != QT_AFFINE) {
         say(msg, msg_len,
             "qt_cuda_affine_upload: kind %s is not one the CUDA affine dequantize handles "
             "(affine)",
             kind_name(t->kind));
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
     int rc =
         check_affine_geometry("qt_cuda_affine_upload", t->rows, t->cols, t->bits, t->qmin, t->qmax,
                               t->group_size, t->groups_per_row, t->row_stride, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const int64_t n = t->rows * t->cols;
     const size_t code_bytes = (size_t)t->rows * t->row_stride;
@@ -872,13 +872,13 @@ extern "C" int qt_cuda_affine_upload(const qtensor *t, qt_cuda_affine_view *view
             !t->data     ? "data"
             : !t->scales ? "scales"
                          : "zeros");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (n > 0 && t->data_bytes < code_bytes) {
         say(msg, msg_len,
             "qt_cuda_affine_upload: affine tensor %lld x %lld holds %zu code bytes, needs %zu",
             (long long)t->rows, (long long)t->cols, t->data_bytes, code_bytes);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
 
     view->rows = t->rows;
@@ -891,24 +891,24 @@ extern "C" int qt_cuda_affine_upload(const qtensor *t, qt_cuda_affine_view *view
     view->groups_per_row = t->groups_per_row;
     view->row_stride = t->row_stride;
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
 
     void *p = nullptr;
     rc = upload_bytes(&p, t->data, code_bytes, "codes", msg, msg_len);
     view->codes = static_cast<const uint8_t *>(p);
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         rc = upload_bytes(&p, t->scales, param_bytes, "scales", msg, msg_len);
         view->scales = static_cast<const float *>(p);
     }
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         rc = upload_bytes(&p, t->zeros, param_bytes, "zeros", msg, msg_len);
         view->zeros = static_cast<const float *>(p);
     }
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_cuda_affine_release(view, nullptr, 0); /* msg keeps the first failure */
         return rc;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, void *out,
@@ -918,22 +918,22 @@ extern "C" int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, vo
     static const char where[] = "qt_cuda_dequantize_affine_dev";
     if (!view) {
         say(msg, msg_len, "%s: view is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const qt_cuda_affine_view &v = *view;
     int rc = check_affine_geometry(where, v.rows, v.cols, v.bits, v.qmin, v.qmax, v.group_size,
                                    v.groups_per_row, v.row_stride, msg, msg_len);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = check_out_dtype(where, out_dtype, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const int64_t n = v.rows * v.cols;
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
     if (!out || !v.codes || !v.scales || !v.zeros) {
         say(msg, msg_len, "%s: a NULL device pointer (out %p, codes %p, scales %p, zeros %p)",
             where, out, (const void *)v.codes, (const void *)v.scales, (const void *)v.zeros);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
@@ -943,22 +943,22 @@ extern "C" int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, vo
         return cuda_failed(st, msg, msg_len,
                            "launching the affine int%d dequantize kernel (%lld elements)",
                            (int)v.bits, (long long)n);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t msg_len)
 {
     if (!t || !out) {
         say(msg, msg_len, "qt_cuda_dequantize_affine: %s is NULL", !t ? "tensor" : "out");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     qt_cuda_affine_view view;
     int rc = qt_cuda_affine_upload(t, &view, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const int64_t n = view.rows * view.cols;
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
     rc = dequantize_to_host(
         n, out, "affine",
         [&](void *dev_out) {
@@ -968,8 +968,8 @@ extern "C" int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg
         msg, msg_len);
     /* A release failure is reported only when nothing failed before it. */
     int rc_release =
-        qt_cuda_affine_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
-    return rc != QT_OK ? rc : rc_release;
+        qt_cuda_affine_release(&view, rc == QL_OK ? msg : nullptr, rc == QL_OK ? msg_len : 0);
+    return rc != QL_OK ? rc : rc_release;
 }
 
 /* ---- GGUF Q4_0, Q4_1, Q8_0 ---------------------------------------------- */
@@ -977,8 +977,8 @@ extern "C" int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg
 extern "C" int qt_cuda_gguf_release(qt_cuda_gguf_view *view, char *msg, size_t msg_len)
 {
     if (!view)
-        return QT_OK;
-    int rc = QT_OK;
+        return QL_OK;
+    int rc = QL_OK;
     rc = free_device(view->qs, "qs", rc, msg, msg_len);
     rc = free_device(view->d, "d", rc, msg, msg_len);
     rc = free_device(view->m, "m", rc, msg, msg_len);
@@ -991,21 +991,21 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
 {
     if (!view) {
         say(msg, msg_len, "qt_cuda_gguf_upload: view is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     memset(view, 0, sizeof *view);
     if (!t) {
         say(msg, msg_len, "qt_cuda_gguf_upload: tensor is NULL");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (t->rows < 0 || t->cols < 0 || (t->rows > 0 && t->cols > INT64_MAX / t->rows)) {
         say(msg, msg_len, "qt_cuda_gguf_upload: shape %lld x %lld is not valid", (long long)t->rows,
             (long long)t->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const int64_t n = t->rows * t->cols;
     int rc = check_gguf_geometry("qt_cuda_gguf_upload", t->kind, n, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const size_t bytes = (size_t)(n / QM_GGUF_QK) * gguf_block_bytes(t->kind);
     if (n > 0 && (!t->data || t->data_bytes < bytes)) {
@@ -1013,13 +1013,13 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
             "qt_cuda_gguf_upload: %s tensor %lld x %lld holds %zu block bytes, needs %zu",
             kind_name(t->kind), (long long)t->rows, (long long)t->cols,
             t->data ? t->data_bytes : (size_t)0, bytes);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     view->kind = t->kind;
     view->n_elements = n;
     view->n_blocks = n / QM_GGUF_QK;
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
 
     /* Split on the host (qm_gguf_split_block), then one copy per array. */
     const int block_bytes = (int)gguf_block_bytes(t->kind);
@@ -1036,7 +1036,7 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
         memset(view, 0, sizeof *view);
         say(msg, msg_len, "qt_cuda_gguf_upload: cannot allocate %zu host bytes to split %s blocks",
             qs_bytes + 2 * nb * sizeof(uint16_t), kind_name(t->kind));
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     }
     const size_t qs_per_block = (size_t)qm_gguf_qs_bytes(block_bytes);
     for (size_t b = 0; b < nb; b++)
@@ -1045,22 +1045,22 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     void *p = nullptr;
     rc = upload_bytes(&p, host_qs, qs_bytes, "qs", msg, msg_len);
     view->qs = static_cast<const uint8_t *>(p);
-    if (rc == QT_OK) {
+    if (rc == QL_OK) {
         rc = upload_bytes(&p, host_d, nb * sizeof(uint16_t), "d", msg, msg_len);
         view->d = static_cast<const uint16_t *>(p);
     }
-    if (rc == QT_OK && has_m) {
+    if (rc == QL_OK && has_m) {
         rc = upload_bytes(&p, host_m, nb * sizeof(uint16_t), "m", msg, msg_len);
         view->m = static_cast<const uint16_t *>(p);
     }
     free(host_qs);
     free(host_d);
     free(host_m);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_cuda_gguf_release(view, nullptr, 0); /* msg keeps the first failure */
         return rc;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *out,
@@ -1070,26 +1070,26 @@ extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *
     static const char where[] = "qt_cuda_dequantize_gguf_dev";
     if (!view) {
         say(msg, msg_len, "%s: view is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const qt_cuda_gguf_view &v = *view;
     int rc = check_gguf_geometry(where, v.kind, v.n_elements, msg, msg_len);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = check_out_dtype(where, out_dtype, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     if (v.n_elements == 0)
-        return QT_OK;
+        return QL_OK;
     if (v.n_blocks != v.n_elements / QM_GGUF_QK) {
         say(msg, msg_len, "%s: %s view has %lld blocks for %lld elements (expected %lld)", where,
             kind_name(v.kind), (long long)v.n_blocks, (long long)v.n_elements,
             (long long)(v.n_elements / QM_GGUF_QK));
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (!out || !v.qs || !v.d || (v.kind == QT_Q4_1 && !v.m)) {
         say(msg, msg_len, "%s: a NULL device pointer (out %p, qs %p, d %p, m %p)", where, out,
             (const void *)v.qs, (const void *)v.d, (const void *)v.m);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
@@ -1098,21 +1098,21 @@ extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
                            kind_name(v.kind), (long long)v.n_elements);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, size_t msg_len)
 {
     if (!t || !out) {
         say(msg, msg_len, "qt_cuda_dequantize_gguf: %s is NULL", !t ? "tensor" : "out");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     qt_cuda_gguf_view view;
     int rc = qt_cuda_gguf_upload(t, &view, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     if (view.n_elements == 0)
-        return QT_OK;
+        return QL_OK;
     rc = dequantize_to_host(
         view.n_elements, out, kind_name(t->kind),
         [&](void *dev_out) {
@@ -1121,6 +1121,6 @@ extern "C" int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, 
         },
         msg, msg_len);
     int rc_release =
-        qt_cuda_gguf_release(&view, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
-    return rc != QT_OK ? rc : rc_release;
+        qt_cuda_gguf_release(&view, rc == QL_OK ? msg : nullptr, rc == QL_OK ? msg_len : 0);
+    return rc != QL_OK ? rc : rc_release;
 }

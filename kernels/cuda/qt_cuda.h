@@ -25,12 +25,12 @@
  * (NULL for the legacy default stream), so C code and builds without CUDA
  * headers can include it.
  *
- * Errors: every function returns QT_OK or a negative code and, where it
+ * Errors: every function returns QL_OK or a negative code and, where it
  * takes one, writes a sentence into msg naming the CUDA call that failed and
- * cudaGetErrorString's text. Codes: QT_EINVAL (bad argument), QT_ENOMEM
- * (host or device allocation failed), QT_EUNSUPPORTED (a kind these kernels
+ * cudaGetErrorString's text. Codes: QL_EINVAL (bad argument), QL_ENOMEM
+ * (host or device allocation failed), QL_EUNSUPPORTED (a kind these kernels
  * do not handle; no device or no driver; no kernel image for this GPU), and
- * QT_EDEVICE for any other CUDA failure (a launch or a fault). Nothing
+ * QL_EDEVICE for any other CUDA failure (a launch or a fault). Nothing
  * here aborts; on failure whatever a call allocated is freed.
  *
  * Threading: the functions use the calling thread's current device
@@ -83,9 +83,9 @@ typedef struct qt_cuda_4bit_view {
 
 /*
  * How many CUDA devices this process can use. On success *count >= 1 and
- * QT_OK. With no device, no driver, or a driver too old for this runtime,
+ * QL_OK. With no device, no driver, or a driver too old for this runtime,
  * *count = 0, msg holds cudaGetErrorString's sentence, and the result is
- * QT_EUNSUPPORTED; other failures give QT_EDEVICE. Never crashes for a
+ * QL_EUNSUPPORTED; other failures give QL_EDEVICE. Never crashes for a
  * missing libcuda. msg may be NULL when msg_len is 0.
  */
 int qt_cuda_device_count(int *count, char *msg, size_t msg_len);
@@ -94,8 +94,8 @@ int qt_cuda_device_count(int *count, char *msg, size_t msg_len);
  * One line for humans: the GPU architectures compiled in, the CUDA runtime
  * and cuBLASLt versions, and device 0's name and compute capability (or why
  * there is no device). Writes at most len bytes including the NUL,
- * truncating. Returns QT_OK (a missing device is described, not an error),
- * or QT_EINVAL for a NULL or empty buffer.
+ * truncating. Returns QL_OK (a missing device is described, not an error),
+ * or QL_EINVAL for a NULL or empty buffer.
  */
 int qt_cuda_describe(char *buf, size_t len);
 
@@ -105,7 +105,7 @@ const char *qt_cuda_compiled_archs(void);
 /*
  * Copy t's codes and quant state (t is NF4 or FP4, in host memory) into new
  * device allocations and fill *view. On failure *view is zeroed, nothing
- * stays allocated, and msg names the call. Other kinds give QT_EUNSUPPORTED
+ * stays allocated, and msg names the call. Other kinds give QL_EUNSUPPORTED
  * naming the kind. The copies are synchronous.
  */
 int qt_cuda_4bit_upload(const qtensor *t, qt_cuda_4bit_view *view, char *msg, size_t msg_len);
@@ -135,7 +135,7 @@ int qt_cuda_dequantize_4bit_dev(const qt_cuda_4bit_view *view, void *out,
  * in host memory) on the current device: upload, run
  * qt_cuda_dequantize_4bit_dev on the default stream, copy back, free. On
  * failure out may be partly written, the device holds nothing of this call,
- * and msg names the failing call. Other kinds give QT_EUNSUPPORTED naming
+ * and msg names the failing call. Other kinds give QL_EUNSUPPORTED naming
  * the kind.
  */
 int qt_cuda_dequantize_4bit(const qtensor *t, float *out, char *msg, size_t msg_len);
@@ -159,7 +159,7 @@ typedef struct qt_cuda_affine_view {
 } qt_cuda_affine_view;
 
 /* Upload an AFFINE qtensor's codes, scales and zeros; contract as
- * qt_cuda_4bit_upload (other kinds: QT_EUNSUPPORTED naming the kind). */
+ * qt_cuda_4bit_upload (other kinds: QL_EUNSUPPORTED naming the kind). */
 int qt_cuda_affine_upload(const qtensor *t, qt_cuda_affine_view *view, char *msg, size_t msg_len);
 
 /* Free a view made by qt_cuda_affine_upload and zero it; as

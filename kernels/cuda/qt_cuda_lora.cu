@@ -521,7 +521,7 @@ int job_alloc(merge_job &j, void **p, size_t bytes, const char *what)
         return cuda_failed(st, j.msg, j.msg_len, "qt_cuda_merge: cudaMalloc of %zu bytes for %s",
                            bytes, what);
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 /* The last launch's status. */
@@ -531,7 +531,7 @@ int launched(merge_job &j, const char *what)
     if (st != cudaSuccess)
         return cuda_failed(st, j.msg, j.msg_len, "qt_cuda_merge: launching %s (%s %lld x %lld)",
                            what, kind_name(j.pristine->kind), (long long)j.rows, (long long)j.cols);
-    return QT_OK;
+    return QL_OK;
 }
 
 int job_sync(merge_job &j, const char *after)
@@ -541,7 +541,7 @@ int job_sync(merge_job &j, const char *after)
         return cuda_failed(st, j.msg, j.msg_len,
                            "qt_cuda_merge: cudaStreamSynchronize after %s (%s %lld x %lld)", after,
                            kind_name(j.pristine->kind), (long long)j.rows, (long long)j.cols);
-    return QT_OK;
+    return QL_OK;
 }
 
 int job_copy(merge_job &j, void *dst, const void *src, size_t bytes, cudaMemcpyKind dir,
@@ -551,7 +551,7 @@ int job_copy(merge_job &j, void *dst, const void *src, size_t bytes, cudaMemcpyK
     if (st != cudaSuccess)
         return cuda_failed(st, j.msg, j.msg_len, "qt_cuda_merge: cudaMemcpyAsync of %s (%zu bytes)",
                            what, bytes);
-    return QT_OK;
+    return QL_OK;
 }
 
 void job_free(merge_job &j)
@@ -580,9 +580,9 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
         if (!p->dense) {
             say(msg, msg_len, "qt_cuda_merge: the %s weight has no device data",
                 kind_name(p->kind));
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
-        return QT_OK;
+        return QL_OK;
     case QT_NF4:
     case QT_FP4: {
         const qt_cuda_4bit_view &v = p->q4;
@@ -592,7 +592,7 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
                 "qt_cuda_merge: this %s weight's quant_map is not bitsandbytes' %s codebook; "
                 "requantizing would change it",
                 kind_name(p->kind), kind_name(p->kind));
-            return QT_EUNSUPPORTED;
+            return QL_EUNSUPPORTED;
         }
         if (v.nested && (v.nested_blocksize != QQ_NESTED_BLOCKSIZE ||
                          memcmp(v.nested_code, kDynamicMap, sizeof v.nested_code) != 0)) {
@@ -601,7 +601,7 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
                 "(the signed dynamic map in blocks of 256, here %d); requantizing would change "
                 "it",
                 kind_name(p->kind), (int)v.nested_blocksize);
-            return QT_EUNSUPPORTED;
+            return QL_EUNSUPPORTED;
         }
         if (v.kind != p->kind || v.blocksize < 32 || v.blocksize > 4096 ||
             (v.blocksize & (v.blocksize - 1)) || v.n_elements != n ||
@@ -612,9 +612,9 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
                 "(blocksize %d, %lld elements, %lld blocks) or lacks device arrays",
                 kind_name(p->kind), (long long)p->rows, (long long)p->cols, (int)v.blocksize,
                 (long long)v.n_elements, (long long)v.n_blocks);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
-        return QT_OK;
+        return QL_OK;
     }
     case QT_AFFINE: {
         const qt_cuda_affine_view &v = p->affine;
@@ -628,9 +628,9 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
                 "does not fit its shape [%lld, %lld] or lacks device arrays",
                 (int)v.bits, (int)v.group_size, (int)v.qmin, (int)v.qmax, (long long)p->rows,
                 (long long)p->cols);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
-        return QT_OK;
+        return QL_OK;
     }
     case QT_Q4_0:
     case QT_Q4_1:
@@ -643,13 +643,13 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
                 "%lld blocks of qs, d%s on the device",
                 kind_name(p->kind), (long long)p->rows, (long long)p->cols, QM_GGUF_QK,
                 (long long)(n / QM_GGUF_QK), p->kind == QT_Q4_1 ? " and m" : "");
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
-        return QT_OK;
+        return QL_OK;
     }
     default:
         say(msg, msg_len, "qt_cuda_merge: quant kind %d has no LoRA merge", (int)p->kind);
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
 }
 
@@ -688,7 +688,7 @@ int bnb4_nest(merge_job &j, qt_cuda_4bit_view &o)
             "blocks need %lld",
             (long long)o.n_nested_blocks, o.absmax_codes && o.nested_absmax ? "with" : "without",
             (long long)nb, (long long)nn);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     j.h_absmax = static_cast<float *>(malloc((size_t)nb * sizeof(float)));
     j.h_centered = static_cast<float *>(malloc((size_t)nb * sizeof(float)));
@@ -699,20 +699,20 @@ int bnb4_nest(merge_job &j, qt_cuda_4bit_view &o)
         say(j.msg, j.msg_len,
             "qt_cuda_merge: cannot allocate host memory to double-quantize %lld absmax values",
             (long long)nb);
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     }
     int rc = job_copy(j, j.h_absmax, j.absmax, (size_t)nb * sizeof(float), cudaMemcpyDeviceToHost,
                       "the block absmax to the host");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_sync(j, "copying the block absmax to the host");
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     float offset = 0.0f;
     qq_bnb4_double_quantize(j.h_absmax, nb, kDynamicMap, j.h_codes, j.h_nested_absmax, &offset,
                             j.h_lut, j.h_centered);
     rc = job_copy(j, const_cast<uint8_t *>(o.absmax_codes), j.h_codes, (size_t)nb,
                   cudaMemcpyHostToDevice, "the nested absmax codes");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_copy(j, const_cast<float *>(o.nested_absmax), j.h_nested_absmax,
                       (size_t)nn * sizeof(float), cudaMemcpyHostToDevice, "the nested absmax");
     /* the host buffers must outlive the copies: job_free runs after the
@@ -734,7 +734,7 @@ int requantize_bnb4(merge_job &j)
             "blocks, nested %d) unlike the pristine one (blocksize %d, %lld blocks, nested %d)",
             kind_name(o.kind), (int)o.blocksize, (long long)o.n_blocks, (int)o.nested,
             (int)p.blocksize, (long long)p.n_blocks, (int)p.nested);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     memcpy(o.codebook, p.kind == QT_NF4 ? kNf4Code : kFp4Code, sizeof o.codebook);
     qq_buckets cb;
@@ -743,14 +743,14 @@ int requantize_bnb4(merge_job &j)
     if (o.nested) {
         int rc = job_alloc(j, reinterpret_cast<void **>(&j.absmax),
                            (size_t)o.n_blocks * sizeof(float), "the block absmax");
-        if (rc != QT_OK)
+        if (rc != QL_OK)
             return rc;
         absmax = j.absmax;
     }
     bnb4_quantize<<<grid_for(o.n_blocks, kWarps), kThreads, 0, j.stream>>>(
         j.x, j.n, o.blocksize, o.n_blocks, cb, const_cast<uint8_t *>(o.codes), absmax);
     int rc = launched(j, "the 4-bit quantize kernel");
-    if (rc == QT_OK && o.nested)
+    if (rc == QL_OK && o.nested)
         rc = bnb4_nest(j, o);
     return rc;
 }
@@ -767,7 +767,7 @@ int requantize_affine(merge_job &j)
             "[%d, %d]) unlike the pristine one (%d bits, group %d, [%d, %d])",
             (int)o.bits, (int)o.group_size, (int)o.qmin, (int)o.qmax, (int)p.bits,
             (int)p.group_size, (int)p.qmin, (int)p.qmax);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const int64_t n_groups = j.rows * p.groups_per_row;
     /* merge.c's affine_params: symmetric iff the integer domain and every
@@ -782,7 +782,7 @@ int requantize_affine(merge_job &j)
         affine_find_asymmetric<<<grid_for(n_groups, kThreads), kThreads, 0, j.stream>>>(
             p.zeros, n_groups, middle, j.flag);
         int rc = launched(j, "the affine symmetry check");
-        if (rc != QT_OK)
+        if (rc != QL_OK)
             return rc;
     }
     float *scales = const_cast<float *>(o.scales), *zeros = const_cast<float *>(o.zeros);
@@ -790,7 +790,7 @@ int requantize_affine(merge_job &j)
         j.x, n_groups, j.cols, p.group_size, p.groups_per_row, p.qmin, p.qmax, p.float_zero, eps,
         j.flag, scales, zeros);
     int rc = launched(j, "the affine scale and zero kernel");
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const float mid = qm_affine_mid(p.qmin, p.qmax);
     affine_codes<<<grid_for(j.rows * (int64_t)p.row_stride, kThreads), kThreads, 0, j.stream>>>(
@@ -809,7 +809,7 @@ int requantize_gguf(merge_job &j)
             "qt_cuda_merge: qt_cuda_tensor_alloc_like gave a %s tensor of %lld blocks unlike the "
             "pristine %s of %lld",
             kind_name(o.kind), (long long)o.n_blocks, kind_name(j.pristine->kind), (long long)nb);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const bool aligned = (reinterpret_cast<uintptr_t>(o.qs) & 15u) == 0;
     gguf_quantize<<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
@@ -826,7 +826,7 @@ int requantize(merge_job &j)
     case QT_BF16:
         if (!j.out->dense) {
             say(j.msg, j.msg_len, "qt_cuda_merge: qt_cuda_tensor_alloc_like gave no dense data");
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         f32_to_dense<<<grid_for(j.n, kThreads), kThreads, 0, j.stream>>>(j.x, j.n, j.pristine->kind,
                                                                          j.out->dense);
@@ -848,7 +848,7 @@ int upload_terms(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms)
                 "qt_cuda_merge: term %d: A (%s, %p) and B (%s, %p) must be dense f32/f16/bf16 "
                 "device arrays and the rank (%d) positive",
                 (int)i, kind_name(t.a_kind), t.a, kind_name(t.b_kind), t.b, (int)t.rank);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
     }
     const size_t count = n_terms > 0 ? (size_t)n_terms : 1;
@@ -856,7 +856,7 @@ int upload_terms(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms)
     j.h_terms = h; /* freed by job_free, after the copy has run */
     if (!h) {
         say(j.msg, j.msg_len, "qt_cuda_merge: cannot allocate %d terms on the host", (int)n_terms);
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     }
     for (int32_t i = 0; i < n_terms; i++) {
         h[i].a = terms[i].a;
@@ -868,35 +868,35 @@ int upload_terms(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms)
     }
     int rc =
         job_alloc(j, reinterpret_cast<void **>(&j.terms), count * sizeof(dev_term), "the terms");
-    if (rc == QT_OK && n_terms > 0)
+    if (rc == QL_OK && n_terms > 0)
         rc = job_copy(j, j.terms, h, (size_t)n_terms * sizeof(dev_term), cudaMemcpyHostToDevice,
                       "the terms");
     return rc;
 }
 
-/* The first non-finite W + d, if any: QT_ENONFINITE naming it and its term. */
+/* The first non-finite W + d, if any: QL_ENONFINITE naming it and its term. */
 int check_finite(merge_job &j, int32_t n_terms)
 {
     unsigned long long bad = 0;
     int rc = job_copy(j, &bad, j.first_bad, sizeof bad, cudaMemcpyDeviceToHost, "the finite check");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_sync(j, "the delta kernel");
-    if (rc != QT_OK || bad == ~0ull)
+    if (rc != QL_OK || bad == ~0ull)
         return rc;
     const int64_t e = (int64_t)bad, r = e / j.cols, c = e % j.cols;
     merge_blame<<<1, 1, 0, j.stream>>>(j.w, e, j.cols, j.terms, n_terms, j.flag + 1);
     rc = launched(j, "the blame kernel");
     int who = 0;
     float vals[2] = {0.0f, 0.0f};
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_copy(j, &who, j.flag + 1, sizeof who, cudaMemcpyDeviceToHost, "the blamed term");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_copy(j, &vals[0], j.w + e, sizeof(float), cudaMemcpyDeviceToHost, "W");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_copy(j, &vals[1], j.x + e, sizeof(float), cudaMemcpyDeviceToHost, "W + d");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_sync(j, "the blame kernel");
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     if (who < 0)
         say(j.msg, j.msg_len,
@@ -908,7 +908,7 @@ int check_finite(merge_job &j, int32_t n_terms)
             "qt_cuda_merge: term %d: the merged value at (row %lld, col %lld) is %g, not "
             "finite; nothing was merged",
             who, (long long)r, (long long)c, (double)vals[1]);
-    return QT_ENONFINITE;
+    return QL_ENONFINITE;
 }
 
 /* merge.c's cost_ratios. */
@@ -926,16 +926,16 @@ void report_ratios(qt_cuda_merge_report *rep)
 int compute_cost(merge_job &j, qt_cuda_merge_report *rep)
 {
     int rc = dequantize_to(j, j.out, j.x);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     merge_cost<<<kCostBlocks, kThreads, 0, j.stream>>>(j.x, j.w, j.d, j.n, j.partials);
     rc = launched(j, "the cost kernel");
     double h[3 * kCostBlocks];
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_copy(j, h, j.partials, sizeof h, cudaMemcpyDeviceToHost, "the cost partials");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_sync(j, "the cost kernel");
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     double dot = 0.0, dsq = 0.0, esq = 0.0;
     for (int b = 0; b < kCostBlocks; b++) {
@@ -947,7 +947,7 @@ int compute_cost(merge_job &j, qt_cuda_merge_report *rep)
     rep->delta_sq = dsq;
     rep->err_sq = esq;
     report_ratios(rep);
-    return QT_OK;
+    return QL_OK;
 }
 
 int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
@@ -955,27 +955,27 @@ int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
 {
     int rc = upload_terms(j, terms, n_terms);
     const size_t fbytes = (size_t)j.n * sizeof(float);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_alloc(j, reinterpret_cast<void **>(&j.w), fbytes, "W");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_alloc(j, reinterpret_cast<void **>(&j.d), fbytes, "the delta");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_alloc(j, reinterpret_cast<void **>(&j.x), fbytes, "W + delta");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_alloc(j, reinterpret_cast<void **>(&j.first_bad), sizeof(unsigned long long),
                        "the finite check");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = job_alloc(j, reinterpret_cast<void **>(&j.flag), 2 * sizeof(int), "two flags");
-    if (rc == QT_OK && report)
+    if (rc == QL_OK && report)
         rc = job_alloc(j, reinterpret_cast<void **>(&j.partials), 3 * kCostBlocks * sizeof(double),
                        "the cost partials");
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     /* W, then d and W + d with the finite check */
     (void)cudaGetLastError();
     rc = dequantize_to(j, j.pristine, j.w);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     cudaError_t st = cudaMemsetAsync(j.first_bad, 0xff, sizeof(unsigned long long), j.stream);
     if (st != cudaSuccess)
@@ -985,14 +985,14 @@ int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
     merge_delta<<<grid, kThreads, 0, j.stream>>>(j.w, j.d, j.x, j.cols, j.terms, n_terms,
                                                  j.first_bad);
     rc = launched(j, "the delta kernel");
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = check_finite(j, n_terms);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     /* Q(W + d) into a tensor like the pristine one */
     rc = qt_cuda_tensor_alloc_like(j.pristine, j.out, j.msg, j.msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     j.out_allocated = true;
     if (j.out->kind != j.pristine->kind || j.out->rows != j.rows || j.out->cols != j.cols) {
@@ -1001,10 +1001,10 @@ int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
             "%lld]",
             kind_name(j.out->kind), (long long)j.out->rows, (long long)j.out->cols,
             kind_name(j.pristine->kind), (long long)j.rows, (long long)j.cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     rc = requantize(j);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     if (report)
@@ -1021,7 +1021,7 @@ extern "C" int qt_cuda_sgmv(const float *x, int64_t in, float *y, int64_t out,
                             int64_t total_rows, float *t, void *stream, char *msg, size_t msg_len)
 {
     if (n_segs == 0)
-        return QT_OK;
+        return QL_OK;
     if (n_segs < 0 || n_segs > 65535 || !segs || !x || !y || !t || in <= 0 || out <= 0 ||
         max_rank < 1 || max_rank > kMaxRank || total_rows <= 0) {
         say(msg, msg_len,
@@ -1029,12 +1029,12 @@ extern "C" int qt_cuda_sgmv(const float *x, int64_t in, float *y, int64_t out,
             "%lld, out %lld, max_rank %d (1..%d), total_rows %lld)",
             (const void *)x, (const void *)y, (const void *)t, (const void *)segs, (int)n_segs,
             (long long)in, (long long)out, (int)max_rank, (int)kMaxRank, (long long)total_rows);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (ceil_div(out, kThreads) > 0x7fffffff) {
         say(msg, msg_len, "qt_cuda_sgmv: %lld outputs are more than one launch covers",
             (long long)out);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError();
@@ -1058,7 +1058,7 @@ extern "C" int qt_cuda_sgmv(const float *x, int64_t in, float *y, int64_t out,
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len,
                            "qt_cuda_sgmv: launching the expand kernel (%d segments)", (int)n_segs);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_term *terms,
@@ -1073,17 +1073,17 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
         say(msg, msg_len,
             "qt_cuda_merge: needs a pristine tensor (%p), an output (%p) and %d terms (%p)",
             (const void *)pristine, (void *)out, (int)n_terms, (const void *)terms);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const int64_t rows = pristine->rows, cols = pristine->cols;
     if (rows <= 0 || cols <= 0 || rows > 0x7fffffff || ceil_div(cols, kThreads) > 65535 ||
         rows > INT64_MAX / cols) {
         say(msg, msg_len, "qt_cuda_merge: the weight's shape [%lld, %lld] is empty or too large",
             (long long)rows, (long long)cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     int rc = check_pristine(pristine, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     merge_job j;
@@ -1097,7 +1097,7 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
     j.msg = msg;
     j.msg_len = msg_len;
     rc = run_merge(j, terms, n_terms, report);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         /* nothing of a failed merge stays: wait for what is in flight
          * (host buffers, scratch), then free it and the output */
         (void)cudaStreamSynchronize(j.stream);

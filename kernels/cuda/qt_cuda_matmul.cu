@@ -78,13 +78,13 @@ constexpr size_t kWorkspaceBytes = (size_t)32 << 20;
 int code_for_lt_status(cublasStatus_t st)
 {
     switch (st) {
-    case CUBLAS_STATUS_SUCCESS: return QT_OK;
-    case CUBLAS_STATUS_ALLOC_FAILED: return QT_ENOMEM;
-    case CUBLAS_STATUS_INVALID_VALUE: return QT_EINVAL;
+    case CUBLAS_STATUS_SUCCESS: return QL_OK;
+    case CUBLAS_STATUS_ALLOC_FAILED: return QL_ENOMEM;
+    case CUBLAS_STATUS_INVALID_VALUE: return QL_EINVAL;
     case CUBLAS_STATUS_NOT_SUPPORTED:
     case CUBLAS_STATUS_ARCH_MISMATCH:
-    case CUBLAS_STATUS_NOT_INITIALIZED: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
+    case CUBLAS_STATUS_NOT_INITIALIZED: return QL_EUNSUPPORTED;
+    default: return QL_EDEVICE;
     }
 }
 
@@ -447,7 +447,7 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
                 where, kind_name(t.kind), (long long)v.n_elements, (int)v.blocksize,
                 (long long)v.n_blocks, (int)v.nested_blocksize, (long long)v.n_nested_blocks,
                 (long long)t.rows, (long long)t.cols);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         *kind = v.nested ? k4bitNested : k4bit;
         w->codes = v.codes;
@@ -476,7 +476,7 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
                 where, (long long)v.rows, (long long)v.cols, (int)v.bits, (int)v.qmin, (int)v.qmax,
                 (int)v.group_size, (long long)v.groups_per_row, (unsigned long long)v.row_stride,
                 (long long)t.rows, (long long)t.cols);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         *kind = v.bits == 8 ? kAffine8 : kAffine4;
         w->codes = v.codes;
@@ -505,7 +505,7 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
                 "tensor",
                 where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
                 kind_name(t.kind), (long long)t.rows, (long long)t.cols);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         *kind = t.kind == QT_Q4_0 ? kQ4_0 : t.kind == QT_Q4_1 ? kQ4_1 : kQ8_0;
         w->codes = v.qs;
@@ -520,19 +520,19 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
     default:
         say(msg, msg_len, "%s: kind %d is not a kind the CUDA matrix kernels know", where,
             (int)t.kind);
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
     if (missing && n > 0) {
         say(msg, msg_len, "%s: the %s tensor %lld x %lld has no %s on the device", where,
             kind_name(t.kind), (long long)t.rows, (long long)t.cols, missing);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     *fusable = cols32 && t.cols > 0 && aligned(w->codes, 16) && w->row_bytes % 16 == 0;
     if (*kind == kAffine4 || *kind == kAffine8) {
         const int per_chunk = *kind == kAffine4 ? 32 : 16;
         *fusable = *fusable && w->group_size % per_chunk == 0;
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 cudaError_t dispatch_matvec(mv_kind kind, const mv_weights &w, bool fused, const float *x,
@@ -671,7 +671,7 @@ int get_plan(qt_cuda_blas *bl, int64_t m, int64_t n, int64_t k, const void *a_pt
         if (p->used && p->m == m && p->n == n && p->k == k && p->align_a == aa &&
             p->align_b == ab && p->align_c == ac) {
             *out = p;
-            return QT_OK;
+            return QL_OK;
         }
     }
     lt_plan *p = &bl->plans[bl->next_plan];
@@ -756,7 +756,7 @@ int get_plan(qt_cuda_blas *bl, int64_t m, int64_t n, int64_t k, const void *a_pt
             bl->type == QT_CUDA_GEMM_BF16 ? "bf16" : "f32", (long long)m, (long long)n,
             (long long)k, aa, ab, ac, (int)result.state);
         destroy_plan(p);
-        return QT_EUNSUPPORTED;
+        return QL_EUNSUPPORTED;
     }
     p->algo = result.algo;
     p->used = true;
@@ -767,7 +767,7 @@ int get_plan(qt_cuda_blas *bl, int64_t m, int64_t n, int64_t k, const void *a_pt
     p->align_b = ab;
     p->align_c = ac;
     *out = p;
-    return QT_OK;
+    return QL_OK;
 }
 
 /* bytes = count * size, or false when it overflows. */
@@ -789,29 +789,29 @@ extern "C" int qt_cuda_matvec(const qt_cuda_tensor *w, const float *x, int64_t b
     static const char where[] = "qt_cuda_matvec";
     if (!w) {
         say(msg, msg_len, "%s: the weight is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (batch < 0 || batch > kMaxBatch) {
         say(msg, msg_len, "%s: batch %lld is outside [0, %d]", where, (long long)batch, kMaxBatch);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (w->rows < 0 || w->cols < 0 || (w->rows > 0 && w->cols > INT64_MAX / w->rows)) {
         say(msg, msg_len, "%s: shape %lld x %lld is not valid", where, (long long)w->rows,
             (long long)w->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (batch == 0 || w->rows == 0)
-        return QT_OK;
+        return QL_OK;
     if (!x || !y) {
         say(msg, msg_len, "%s: a NULL device pointer (x %p, y %p)", where, (const void *)x,
             (void *)y);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     mv_weights mw;
     mv_kind kind;
     bool fusable = false;
     int rc = weights_for(*w, where, &mw, &kind, &fusable, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const bool fused = fusable && aligned(x, 16);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -821,7 +821,7 @@ extern "C" int qt_cuda_matvec(const qt_cuda_tensor *w, const float *x, int64_t b
         return cuda_failed(st, msg, msg_len, "launching the %s %s matvec (%lld x %lld, batch %lld)",
                            fused ? "fused" : "generic", kind_name(w->kind), (long long)w->rows,
                            (long long)w->cols, (long long)batch);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" void qt_cuda_blas_free(qt_cuda_blas *b)
@@ -848,17 +848,17 @@ extern "C" int qt_cuda_blas_new(qt_cuda_blas **out, int64_t max_weight_elements,
     static const char where[] = "qt_cuda_blas_new";
     if (!out) {
         say(msg, msg_len, "%s: out is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     *out = nullptr;
     if (type != QT_CUDA_GEMM_F32 && type != QT_CUDA_GEMM_BF16) {
         say(msg, msg_len, "%s: gemm type %d is neither f32 nor bf16", where, (int)type);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (max_weight_elements < 0 || max_rows < 0 || max_cols < 0) {
         say(msg, msg_len, "%s: negative limits (weight %lld, rows %lld, cols %lld)", where,
             (long long)max_weight_elements, (long long)max_rows, (long long)max_cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const size_t w_size = type == QT_CUDA_GEMM_BF16 ? 2 : 4;
     const char *type_name = type == QT_CUDA_GEMM_BF16 ? "bf16" : "f32";
@@ -871,19 +871,19 @@ extern "C" int qt_cuda_blas_new(qt_cuda_blas **out, int64_t max_weight_elements,
             "activations does not fit in an address space",
             where, type_name, (long long)max_weight_elements, (long long)max_rows,
             (long long)max_cols);
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     }
 
     qt_cuda_blas *b = static_cast<qt_cuda_blas *>(calloc(1, sizeof *b));
     if (!b) {
         say(msg, msg_len, "%s: cannot allocate %zu host bytes", where, sizeof *b);
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     }
     b->type = type;
     b->max_weight_elements = max_weight_elements;
     b->max_rows = max_rows;
     b->max_cols = max_cols;
-    int rc = QT_OK;
+    int rc = QL_OK;
     cublasStatus_t lst = cublasLtCreate(&b->lt);
     if (lst != CUBLAS_STATUS_SUCCESS) {
         b->lt = nullptr;
@@ -900,7 +900,7 @@ extern "C" int qt_cuda_blas_new(qt_cuda_blas **out, int64_t max_weight_elements,
         {&b->w_scratch, w_bytes, "dequantized weight scratch"},
         {&b->x_scratch, x_bytes, "bf16 activation scratch"},
     };
-    for (int i = 0; i < 3 && rc == QT_OK; i++) {
+    for (int i = 0; i < 3 && rc == QL_OK; i++) {
         if (allocs[i].bytes == 0)
             continue;
         cudaError_t st = cudaMalloc(allocs[i].p, allocs[i].bytes);
@@ -912,17 +912,17 @@ extern "C" int qt_cuda_blas_new(qt_cuda_blas **out, int64_t max_weight_elements,
             say(msg, msg_len,
                 "%s: %s the %s %s of %zu bytes (%lld weight elements, %lld x %lld activations): "
                 "%s",
-                where, rc == QT_ENOMEM ? "not enough device memory for" : "cannot allocate",
+                where, rc == QL_ENOMEM ? "not enough device memory for" : "cannot allocate",
                 type_name, allocs[i].what, allocs[i].bytes, (long long)max_weight_elements,
                 (long long)max_rows, (long long)max_cols, inner);
         }
     }
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_cuda_blas_free(b);
         return rc;
     }
     *out = b;
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x, int64_t batch,
@@ -931,20 +931,20 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
     static const char where[] = "qt_cuda_gemm";
     if (!b || !w) {
         say(msg, msg_len, "%s: %s is NULL", where, !b ? "the blas state" : "the weight");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if ((unsigned)w->kind >= QT_KIND_COUNT || w->rows < 0 || w->cols < 0 ||
         (w->rows > 0 && w->cols > INT64_MAX / w->rows) || batch < 0) {
         say(msg, msg_len, "%s: kind %d, shape %lld x %lld, batch %lld is not valid", where,
             (int)w->kind, (long long)w->rows, (long long)w->cols, (long long)batch);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (batch == 0 || w->rows == 0)
-        return QT_OK;
+        return QL_OK;
     if (!x || !y) {
         say(msg, msg_len, "%s: a NULL device pointer (x %p, y %p)", where, (const void *)x,
             (void *)y);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const bool bf16 = b->type == QT_CUDA_GEMM_BF16;
     const int64_t n_w = w->rows * w->cols;
@@ -958,7 +958,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
             "qt_cuda_blas_new (%lld weight elements, %lld x %lld activations)",
             where, kind_name(w->kind), (long long)w->rows, (long long)w->cols, (long long)batch,
             (long long)b->max_weight_elements, (long long)b->max_rows, (long long)b->max_cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (w->cols == 0) {
@@ -967,7 +967,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
         if (st != cudaSuccess)
             return cuda_failed(st, msg, msg_len, "cudaMemsetAsync(y, %lld floats)",
                                (long long)(batch * w->rows));
-        return QT_OK;
+        return QL_OK;
     }
 
     /* The weight, as the matmul's A. */
@@ -975,7 +975,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
     mv_kind mk;
     bool fusable = false;
     int rc = weights_for(*w, where, &mw, &mk, &fusable, msg, msg_len); /* checks the view */
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const qt_cuda_out_dtype out_dtype = bf16 ? QT_CUDA_OUT_BF16 : QT_CUDA_OUT_F32;
     const void *a_ptr = b->w_scratch;
@@ -1008,7 +1008,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
         rc = qt_cuda_dequantize_gguf_dev(&w->gguf, b->w_scratch, out_dtype, stream, msg, msg_len);
         break;
     }
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     /* The activations, as B. */
@@ -1023,7 +1023,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
 
     lt_plan *plan = nullptr;
     rc = get_plan(b, w->rows, batch, w->cols, a_ptr, b_ptr, y, &plan, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     const float alpha = 1.0f, beta = 0.0f;
     cublasStatus_t st =
@@ -1033,7 +1033,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
         return lt_failed(st, msg, msg_len, "cublasLtMatmul(%s, %s %lld x %lld, batch %lld)",
                          bf16 ? "bf16" : "f32", kind_name(w->kind), (long long)w->rows,
                          (long long)w->cols, (long long)batch);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_matmul(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x,
@@ -1045,7 +1045,7 @@ extern "C" int qt_cuda_matmul(qt_cuda_blas *b, const qt_cuda_tensor *w, const fl
         say(msg, msg_len,
             "qt_cuda_matmul: batch %lld needs the cuBLASLt path, and no qt_cuda_blas was given",
             (long long)batch);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     return qt_cuda_gemm(b, w, x, batch, y, stream, msg, msg_len);
 }

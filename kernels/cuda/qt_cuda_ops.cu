@@ -77,15 +77,15 @@ __attribute__((format(printf, 3, 4))) int invalid(char *msg, size_t msg_len, con
     va_start(ap, fmt);
     vsay(msg, msg_len, fmt, ap);
     va_end(ap);
-    return QT_EINVAL;
+    return QL_EINVAL;
 }
 
-/* After a launch: QT_OK, or the launch error named by `what`. */
+/* After a launch: QL_OK, or the launch error named by `what`. */
 int launched(char *msg, size_t msg_len, const char *what)
 {
     cudaError_t st = cudaGetLastError();
     if (st == cudaSuccess)
-        return QT_OK;
+        return QL_OK;
     return cuda_failed(st, msg, msg_len, "%s", what);
 }
 
@@ -544,7 +544,7 @@ int current_device(device_state **out, char *msg, size_t msg_len)
     device_state *ds = &g_devices[dev];
     std::call_once(ds->once, init_device, ds, dev);
     *out = ds;
-    return QT_OK;
+    return QL_OK;
 }
 
 /* The widest loads the layout allows and the lanes' share of head_dim. */
@@ -599,7 +599,7 @@ extern "C" int qt_cuda_rmsnorm(float *out, const float *x, const float *weight, 
         return invalid(msg, msg_len, "qt_cuda_rmsnorm: %lld rows of %lld is not a valid shape",
                        (long long)rows, (long long)n);
     if (rows == 0 || n == 0)
-        return QT_OK;
+        return QL_OK;
     if (!out || !x || !weight)
         return invalid(msg, msg_len, "qt_cuda_rmsnorm: out, x or weight is NULL");
     rmsnorm_kernel<<<(unsigned)rows, kRowThreads, 0, as_stream(stream)>>>(out, x, weight, n, eps);
@@ -615,7 +615,7 @@ extern "C" int qt_cuda_rope(float *vec, const float *cos_tab, const float *sin_t
                        "qt_cuda_rope: %lld rows of %d heads of %d (head_dim must be even)",
                        (long long)rows, n_heads, head_dim);
     if (rows == 0 || n_heads == 0 || head_dim == 0)
-        return QT_OK;
+        return QL_OK;
     if (!vec || !cos_tab || !sin_tab)
         return invalid(msg, msg_len, "qt_cuda_rope: vec, cos_tab or sin_tab is NULL");
     int64_t pairs = rows * n_heads * (head_dim / 2);
@@ -630,7 +630,7 @@ extern "C" int qt_cuda_swiglu(float *gate, const float *up, int64_t n, void *str
     if (n < 0)
         return invalid(msg, msg_len, "qt_cuda_swiglu: n %lld is negative", (long long)n);
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
     if (!gate || !up)
         return invalid(msg, msg_len, "qt_cuda_swiglu: gate or up is NULL");
     swiglu_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(gate, up, n);
@@ -643,7 +643,7 @@ extern "C" int qt_cuda_add(float *x, const float *t, int64_t n, void *stream, ch
     if (n < 0)
         return invalid(msg, msg_len, "qt_cuda_add: n %lld is negative", (long long)n);
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
     if (!x || !t)
         return invalid(msg, msg_len, "qt_cuda_add: x or t is NULL");
     add_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(x, t, n);
@@ -657,7 +657,7 @@ extern "C" int qt_cuda_add_bias(float *y, const float *bias, int64_t rows, int64
         return invalid(msg, msg_len, "qt_cuda_add_bias: %lld rows of %lld is not a valid shape",
                        (long long)rows, (long long)n);
     if (rows == 0 || n == 0)
-        return QT_OK;
+        return QL_OK;
     if (!y || !bias)
         return invalid(msg, msg_len, "qt_cuda_add_bias: y or bias is NULL");
     add_bias_kernel<<<grid_for(rows * n, kThreads), kThreads, 0, as_stream(stream)>>>(y, bias, rows,
@@ -674,7 +674,7 @@ static int check_cache(const char *fn, const qt_cuda_kv *kv, int32_t layer,
     if (sr->rows < 0 || sr->rows > INT32_MAX)
         return invalid(msg, msg_len, "%s: %lld rows", fn, (long long)sr->rows);
     if (sr->rows == 0)
-        return QT_OK;
+        return QL_OK;
     if (!kv->arena || !sr->row_seq || !sr->row_pos || !sr->bt_offset || !sr->block_tables)
         return invalid(msg, msg_len, "%s: the arena or a step-rows array is NULL", fn);
     if (kv->block_tokens <= 0 || kv->n_layers <= 0 || kv->kv_dim <= 0)
@@ -687,7 +687,7 @@ static int check_cache(const char *fn, const qt_cuda_kv *kv, int32_t layer,
     if (kv->block_floats < need)
         return invalid(msg, msg_len, "%s: block_floats %zu is less than the %zu a block holds", fn,
                        kv->block_floats, need);
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_kv_write(const qt_cuda_kv *kv, int32_t layer, const qt_cuda_step_rows *sr,
@@ -695,7 +695,7 @@ extern "C" int qt_cuda_kv_write(const qt_cuda_kv *kv, int32_t layer, const qt_cu
                                 size_t msg_len)
 {
     int rc = check_cache("qt_cuda_kv_write", kv, layer, sr, msg, msg_len);
-    if (rc != QT_OK || sr->rows == 0)
+    if (rc != QL_OK || sr->rows == 0)
         return rc;
     if (!k || !v)
         return invalid(msg, msg_len, "qt_cuda_kv_write: k or v is NULL");
@@ -711,7 +711,7 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
                                  size_t msg_len)
 {
     int rc = check_cache("qt_cuda_attention", kv, layer, sr, msg, msg_len);
-    if (rc != QT_OK || sr->rows == 0)
+    if (rc != QL_OK || sr->rows == 0)
         return rc;
     if (!q || !out)
         return invalid(msg, msg_len, "qt_cuda_attention: q or out is NULL");
@@ -731,7 +731,7 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
                        sliding_window);
     device_state *ds = nullptr;
     rc = current_device(&ds, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
 
     attn_shape shape = pick_shape(kv, q, out, head_dim);
@@ -796,7 +796,7 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
     else
         launch_attention_vc<1, 8>(a, hb, grid, s);
     rc = launched(msg, msg_len, "qt_cuda_attention kernel");
-    if (rc == QT_OK && a.n_splits > 1) {
+    if (rc == QL_OK && a.n_splits > 1) {
         int threads = (head_dim + 31) / 32 * 32;
         attention_merge_kernel<<<(unsigned)(sr->rows * n_heads), threads, 0, s>>>(
             a.partial, out, head_dim, a.n_splits);
@@ -804,7 +804,7 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
     }
     if (a.partial) {
         cudaError_t st = cudaFreeAsync(a.partial, s);
-        if (st != cudaSuccess && rc == QT_OK)
+        if (st != cudaSuccess && rc == QL_OK)
             rc = cuda_failed(st, msg, msg_len, "qt_cuda_attention: cudaFreeAsync(%zu bytes)",
                              partial_bytes);
     }
@@ -818,7 +818,7 @@ extern "C" int qt_cuda_argmax(const float *logits, int64_t rows, int64_t vocab, 
         return invalid(msg, msg_len, "qt_cuda_argmax: %lld rows of %lld logits", (long long)rows,
                        (long long)vocab);
     if (rows == 0)
-        return QT_OK;
+        return QL_OK;
     if (!logits || !tokens)
         return invalid(msg, msg_len, "qt_cuda_argmax: logits or tokens is NULL");
     argmax_kernel<<<(unsigned)rows, kArgmaxThreads, 0, as_stream(stream)>>>(logits, vocab, tokens);

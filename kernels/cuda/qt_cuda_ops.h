@@ -22,11 +22,11 @@
  *   - Kernels are enqueued on the stream; a function returns once they are
  *     enqueued. A launch error is reported by the function, a fault during
  *     the run at the caller's next synchronisation.
- *   - Returns QT_OK or a negative qtensor.h code with a sentence in msg
+ *   - Returns QL_OK or a negative qtensor.h code with a sentence in msg
  *     naming the call or argument that failed (msg may be NULL when msg_len
- *     is 0): QT_EINVAL for a bad argument or shape, QT_ENOMEM when device
- *     memory runs out (cudaErrorMemoryAllocation), QT_EUNSUPPORTED for a
- *     kind a kernel does not handle, QT_EDEVICE for any other CUDA failure.
+ *     is 0): QL_EINVAL for a bad argument or shape, QL_ENOMEM when device
+ *     memory runs out (cudaErrorMemoryAllocation), QL_EUNSUPPORTED for a
+ *     kind a kernel does not handle, QL_EDEVICE for any other CUDA failure.
  *     Nothing aborts; on failure what the call allocated is freed.
  *   - The per-element arithmetic lives in QL_HD functions (kernels/qt_math.h
  *     for the quant kinds, kernels/ops_math.h for the layer operations,
@@ -295,7 +295,7 @@ typedef struct qt_cuda_merge_report {
  * terms byte for byte: dequantize `pristine` to f32 (W), compute the delta
  * d per element in double (terms in order, each s * sum_k B[r][k] * A[k][c]
  * with k ascending, rounded once to f32), refuse a non-finite W + d
- * (QT_ENONFINITE naming the first row and column in row-major order and the
+ * (QL_ENONFINITE naming the first row and column in row-major order and the
  * term that made it so, or the pristine weight when W itself is not finite;
  * *out is then left zeroed), and requantize W + d into *out, a new tensor in
  * pristine's kind and layout (qt_cuda_tensor_alloc_like) with the CPU
@@ -307,7 +307,7 @@ typedef struct qt_cuda_merge_report {
  * tensor is never written, so unmerging is releasing *out. The terms array
  * is host memory; their A and B device memory. report may be NULL (the
  * cost is then not computed). NF4/FP4 weights whose codebook, nested map or
- * nested blocksize are not bitsandbytes' are refused with QT_EUNSUPPORTED,
+ * nested blocksize are not bitsandbytes' are refused with QL_EUNSUPPORTED,
  * as on the CPU. Synchronises the stream before returning (the finite
  * check needs it). Scratch: three f32 buffers of rows * cols, freed before
  * returning.

@@ -98,20 +98,20 @@ extern "C" int qt_cuda_sample(const float *logits, int64_t rows, int64_t vocab,
     if (rows < 0 || vocab < 1 || (rows > 0 && (!logits || !inv_temperature || !u || !tokens))) {
         say(msg, msg_len, "qt_cuda_sample: %lld rows of %lld logits", (long long)rows,
             (long long)vocab);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     size_t shared = (size_t)ceil_div(vocab, QM_SAMPLE_BLOCK) * sizeof(double);
     if (shared > kMaxSharedBytes) {
         say(msg, msg_len,
             "qt_cuda_sample: a vocabulary of %lld is past the %zu block sums one block holds",
             (long long)vocab, kMaxSharedBytes / sizeof(double));
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (rows == 0)
-        return QT_OK;
+        return QL_OK;
     if (rows > 0x7fffffff) {
         say(msg, msg_len, "qt_cuda_sample: %lld rows", (long long)rows);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     sample_rows<<<(unsigned)rows, kThreads, shared, static_cast<cudaStream_t>(stream)>>>(
         logits, vocab, inv_temperature, u, tokens);
@@ -121,5 +121,5 @@ extern "C" int qt_cuda_sample(const float *logits, int64_t rows, int64_t vocab,
             (long long)rows, cudaGetErrorString(st), cudaGetErrorName(st));
         return code_for_cuda_status(st);
     }
-    return QT_OK;
+    return QL_OK;
 }

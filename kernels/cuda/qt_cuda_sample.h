@@ -21,7 +21,7 @@ extern "C" {
  * inv_temperature is 0 are left alone (their greedy token is
  * qt_cuda_argmax's). inv_temperature, u and tokens are device arrays.
  * vocab up to 1.5M (the block sums live in shared memory). Enqueued on
- * stream; QT_OK or a negative qtensor.h code with msg.
+ * stream; QL_OK or a negative qtensor.h code with msg.
  */
 int qt_cuda_sample(const float *logits, int64_t rows, int64_t vocab, const float *inv_temperature,
                    const double *u, int32_t *tokens, void *stream, char *msg, size_t msg_len);

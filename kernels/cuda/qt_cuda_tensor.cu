@@ -125,25 +125,25 @@ template <typename T> int device_alloc(T **p, size_t bytes, const char *what, ch
 {
     *p = nullptr;
     if (bytes == 0)
-        return QT_OK;
+        return QL_OK;
     void *q = nullptr;
     cudaError_t st = cudaMalloc(&q, bytes);
     if (st != cudaSuccess)
         return cuda_failed(st, msg, len, "cudaMalloc(%s, %zu bytes)", what, bytes);
     *p = static_cast<T *>(q);
-    return QT_OK;
+    return QL_OK;
 }
 
 int copy_to_host(void *dst, const void *src, size_t bytes, const char *what, char *msg,
                  size_t msg_len)
 {
     if (bytes == 0)
-        return QT_OK;
+        return QL_OK;
     cudaError_t st = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, device to host)", what,
                            bytes);
-    return QT_OK;
+    return QL_OK;
 }
 
 /* ---- the gather kernel --------------------------------------------------- */
@@ -242,17 +242,17 @@ bool has_arrays(const qt_cuda_tensor &t)
 extern "C" int qt_cuda_tensor_release(qt_cuda_tensor *d, char *msg, size_t msg_len)
 {
     if (!d)
-        return QT_OK;
-    int rc = QT_OK;
+        return QL_OK;
+    int rc = QL_OK;
     if (d->owned) {
         /* Each release keeps its own first failure; report the first. */
         int r1 = qt_cuda_4bit_release(&d->q4, msg, msg_len);
-        int r2 = qt_cuda_affine_release(&d->affine, r1 == QT_OK ? msg : nullptr,
-                                        r1 == QT_OK ? msg_len : 0);
-        rc = r1 != QT_OK ? r1 : r2;
+        int r2 = qt_cuda_affine_release(&d->affine, r1 == QL_OK ? msg : nullptr,
+                                        r1 == QL_OK ? msg_len : 0);
+        rc = r1 != QL_OK ? r1 : r2;
         int r3 =
-            qt_cuda_gguf_release(&d->gguf, rc == QT_OK ? msg : nullptr, rc == QT_OK ? msg_len : 0);
-        rc = rc != QT_OK ? rc : r3;
+            qt_cuda_gguf_release(&d->gguf, rc == QL_OK ? msg : nullptr, rc == QL_OK ? msg_len : 0);
+        rc = rc != QL_OK ? rc : r3;
         rc = free_device(d->dense, "dense values", rc, msg, msg_len);
     }
     memset(d, 0, sizeof *d);
@@ -264,17 +264,17 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
     static const char where[] = "qt_cuda_tensor_upload";
     if (!d) {
         say(msg, msg_len, "%s: the device tensor is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     memset(d, 0, sizeof *d);
     if (!t) {
         say(msg, msg_len, "%s: the host tensor is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if ((unsigned)t->kind >= QT_KIND_COUNT || !valid_shape(t->rows, t->cols)) {
         say(msg, msg_len, "%s: kind %d, shape %lld x %lld is not a tensor", where, (int)t->kind,
             (long long)t->rows, (long long)t->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     d->kind = t->kind;
     d->rows = t->rows;
@@ -282,7 +282,7 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
     d->owned = true;
     const int64_t n = t->rows * t->cols;
 
-    int rc = QT_OK;
+    int rc = QL_OK;
     if (is_dense(t->kind)) {
         const size_t bytes = (size_t)n * dense_elem_bytes(t->kind);
         if (n > 0 && (!t->data || t->data_bytes < bytes)) {
@@ -290,10 +290,10 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
                 kind_name(t->kind), (long long)t->rows, (long long)t->cols,
                 t->data ? t->data_bytes : (size_t)0, bytes);
             memset(d, 0, sizeof *d);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         rc = device_alloc(&d->dense, bytes, "dense values", msg, msg_len);
-        if (rc == QT_OK && bytes > 0) {
+        if (rc == QL_OK && bytes > 0) {
             cudaError_t st = cudaMemcpy(d->dense, t->data, bytes, cudaMemcpyHostToDevice);
             if (st != cudaSuccess)
                 rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(dense values, %zu bytes)", bytes);
@@ -305,9 +305,9 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
     } else {
         rc = qt_cuda_gguf_upload(t, &d->gguf, msg, msg_len);
     }
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_cuda_tensor_release(d, nullptr, 0); /* msg keeps the first failure */
-        if (rc == QT_ENOMEM && msg && msg_len > 0) {
+        if (rc == QL_ENOMEM && msg && msg_len > 0) {
             char inner[256];
             snprintf(inner, sizeof inner, "%s", msg);
             size_t free_b = 0, total_b = 0;
@@ -322,7 +322,7 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
         return rc;
     }
     d->device_bytes = sizes_of(*d).total();
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor *out, char *msg,
@@ -331,12 +331,12 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
     static const char where[] = "qt_cuda_tensor_alloc_like";
     if (!out) {
         say(msg, msg_len, "%s: out is NULL", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     memset(out, 0, sizeof *out);
     if (!t || (unsigned)t->kind >= QT_KIND_COUNT || !valid_shape(t->rows, t->cols)) {
         say(msg, msg_len, "%s: the model tensor is NULL or not a tensor", where);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     /* Layout parameters (codebooks, blocksize, groups, ...) come along;
      * then every device pointer is replaced by a fresh allocation. */
@@ -356,7 +356,7 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
     out->gguf.m = nullptr;
 
     const array_sizes s = sizes_of(*out);
-    int rc = QT_OK;
+    int rc = QL_OK;
     if (is_dense(t->kind)) {
         rc = device_alloc(&out->dense, s.codes, "dense values", msg, msg_len);
     } else if (is_4bit(t->kind)) {
@@ -364,13 +364,13 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
         float *absmax = nullptr, *nested_absmax = nullptr;
         rc = device_alloc(&codes, s.codes, "codes", msg, msg_len);
         out->q4.codes = codes;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&absmax, s.absmax, "absmax", msg, msg_len);
         out->q4.absmax = absmax;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&absmax_codes, s.absmax_codes, "absmax_codes", msg, msg_len);
         out->q4.absmax_codes = absmax_codes;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&nested_absmax, s.nested_absmax, "nested_absmax", msg, msg_len);
         out->q4.nested_absmax = nested_absmax;
     } else if (t->kind == QT_AFFINE) {
@@ -378,10 +378,10 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
         float *scales = nullptr, *zeros = nullptr;
         rc = device_alloc(&codes, s.codes, "codes", msg, msg_len);
         out->affine.codes = codes;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&scales, s.scales, "scales", msg, msg_len);
         out->affine.scales = scales;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&zeros, s.zeros, "zeros", msg, msg_len);
         out->affine.zeros = zeros;
     } else {
@@ -389,16 +389,16 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
         uint16_t *d = nullptr, *m = nullptr;
         rc = device_alloc(&qs, s.codes, "qs", msg, msg_len);
         out->gguf.qs = qs;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&d, s.d, "d", msg, msg_len);
         out->gguf.d = d;
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = device_alloc(&m, s.m, "m", msg, msg_len);
         out->gguf.m = m;
     }
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         qt_cuda_tensor_release(out, nullptr, 0);
-        if (rc == QT_ENOMEM && msg && msg_len > 0) {
+        if (rc == QL_ENOMEM && msg && msg_len > 0) {
             char inner[256];
             snprintf(inner, sizeof inner, "%s", msg);
             say(msg, msg_len,
@@ -409,7 +409,7 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
         return rc;
     }
     out->device_bytes = s.total();
-    return QT_OK;
+    return QL_OK;
 }
 
 extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char *msg,
@@ -418,27 +418,27 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
     static const char where[] = "qt_cuda_tensor_download";
     if (!d || !t) {
         say(msg, msg_len, "%s: %s is NULL", where, !d ? "the device tensor" : "the host tensor");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (d->kind != t->kind || d->rows != t->rows || d->cols != t->cols) {
         say(msg, msg_len, "%s: device %s %lld x %lld into host %s %lld x %lld", where,
             kind_name(d->kind), (long long)d->rows, (long long)d->cols, kind_name(t->kind),
             (long long)t->rows, (long long)t->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const int64_t n = d->rows * d->cols;
     if (n == 0)
-        return QT_OK;
+        return QL_OK;
     if (t->data_borrowed) {
         say(msg, msg_len,
             "%s: the host %s tensor's codes are borrowed (a mapped file) and cannot be written",
             where, kind_name(t->kind));
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (!has_arrays(*d)) {
         say(msg, msg_len, "%s: the device %s tensor %lld x %lld is missing an array", where,
             kind_name(d->kind), (long long)d->rows, (long long)d->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     const array_sizes s = sizes_of(*d);
     /* The first of the host arrays that is missing or too small. */
@@ -457,7 +457,7 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
                 where, kind_name(d->kind), (int)t->blocksize, t->nested ? " nested" : "",
                 (int)v.blocksize, v.nested ? " nested" : "", (int)t->nested_blocksize,
                 (int)v.nested_blocksize);
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         if (t->n_blocks < v.n_blocks)
             short_of = "absmax blocks";
@@ -478,7 +478,7 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
                 where, (int)t->bits, (int)t->group_size, (int)t->qmin, (int)t->qmax,
                 t->zero_domain == QT_ZERO_FLOAT ? "float" : "int", (int)v.bits, (int)v.group_size,
                 (int)v.qmin, (int)v.qmax, v.float_zero ? "float" : "int");
-            return QT_EINVAL;
+            return QL_EINVAL;
         }
         if (!t->scales || !t->zeros)
             short_of = "scales and zeros";
@@ -486,33 +486,33 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
     if (short_of) {
         say(msg, msg_len, "%s: the host %s tensor %lld x %lld has no room for its %s", where,
             kind_name(t->kind), (long long)t->rows, (long long)t->cols, short_of);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
 
-    int rc = QT_OK;
+    int rc = QL_OK;
     if (is_dense(d->kind)) {
         rc = copy_to_host(t->data, d->dense, s.codes, "dense values", msg, msg_len);
     } else if (is_4bit(d->kind)) {
         const qt_cuda_4bit_view &v = d->q4;
         rc = copy_to_host(t->data, v.codes, s.codes, "codes", msg, msg_len);
-        if (rc == QT_OK && v.nested) {
+        if (rc == QL_OK && v.nested) {
             rc = copy_to_host(t->absmax_codes, v.absmax_codes, s.absmax_codes, "absmax_codes", msg,
                               msg_len);
-            if (rc == QT_OK)
+            if (rc == QL_OK)
                 rc = copy_to_host(t->nested_absmax, v.nested_absmax, s.nested_absmax,
                                   "nested_absmax", msg, msg_len);
             t->nested_offset = v.nested_offset;
             memcpy(t->nested_code, v.nested_code, sizeof t->nested_code);
-        } else if (rc == QT_OK) {
+        } else if (rc == QL_OK) {
             rc = copy_to_host(t->absmax, v.absmax, s.absmax, "absmax", msg, msg_len);
         }
         memcpy(t->codebook, v.codebook, sizeof t->codebook);
     } else if (d->kind == QT_AFFINE) {
         const qt_cuda_affine_view &v = d->affine;
         rc = copy_to_host(t->data, v.codes, s.codes, "codes", msg, msg_len);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = copy_to_host(t->scales, v.scales, s.scales, "scales", msg, msg_len);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = copy_to_host(t->zeros, v.zeros, s.zeros, "zeros", msg, msg_len);
     } else {
         /* Join qs / d / m back into ggml's blocks. */
@@ -526,15 +526,15 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
         if (!qs || !dd || !mm) {
             say(msg, msg_len, "%s: cannot allocate %zu host bytes to join %s blocks", where,
                 s.codes + 2 * nb * sizeof(uint16_t), kind_name(d->kind));
-            rc = QT_ENOMEM;
+            rc = QL_ENOMEM;
         }
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = copy_to_host(qs, v.qs, s.codes, "qs", msg, msg_len);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = copy_to_host(dd, v.d, s.d, "d", msg, msg_len);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = copy_to_host(mm, v.m, s.m, "m", msg, msg_len);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             for (size_t b = 0; b < nb; b++)
                 qm_gguf_join_block(t->data + b * (size_t)bb, bb, qs + b * qsb, dd[b], mm[b]);
         free(qs);
@@ -550,36 +550,36 @@ extern "C" int qt_cuda_gather_rows(const qt_cuda_tensor *w, const int32_t *ids, 
     static const char where[] = "qt_cuda_gather_rows";
     if (!w || n < 0) {
         say(msg, msg_len, "%s: %s", where, !w ? "the tensor is NULL" : "n is negative");
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if ((unsigned)w->kind >= QT_KIND_COUNT || !valid_shape(w->rows, w->cols)) {
         say(msg, msg_len, "%s: kind %d, shape %lld x %lld is not a tensor", where, (int)w->kind,
             (long long)w->rows, (long long)w->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (n == 0 || w->cols == 0)
-        return QT_OK;
+        return QL_OK;
     if (n > INT64_MAX / w->cols) {
         say(msg, msg_len, "%s: %lld rows of %lld overflow", where, (long long)n,
             (long long)w->cols);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (!ids || !out || w->rows == 0 || !has_arrays(*w)) {
         say(msg, msg_len, "%s: a NULL device pointer (ids %p, out %p) or an empty %s tensor", where,
             (const void *)ids, (void *)out, kind_name(w->kind));
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (is_4bit(w->kind) &&
         (w->q4.blocksize <= 0 || (w->q4.nested && w->q4.nested_blocksize <= 0))) {
         say(msg, msg_len, "%s: %s blocksize %d / nested %d is not positive", where,
             kind_name(w->kind), (int)w->q4.blocksize, (int)w->q4.nested_blocksize);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     if (w->kind == QT_AFFINE &&
         (w->affine.group_size <= 0 || (w->affine.bits != 4 && w->affine.bits != 8))) {
         say(msg, msg_len, "%s: affine int%d group %d is not a layout", where, (int)w->affine.bits,
             (int)w->affine.group_size);
-        return QT_EINVAL;
+        return QL_EINVAL;
     }
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
@@ -596,5 +596,5 @@ extern "C" int qt_cuda_gather_rows(const qt_cuda_tensor *w, const int32_t *ids, 
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s row gather (%lld rows of %lld)",
                            kind_name(w->kind), (long long)n, (long long)w->cols);
-    return QT_OK;
+    return QL_OK;
 }

@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     gguf_file g;
     char msg[512];
-    if (gguf_open(&g, path, msg, sizeof msg) != ENG_OK)
+    if (gguf_open(&g, path, msg, sizeof msg) != QL_OK)
         return 0;
     volatile unsigned sink = 0;
     for (uint64_t i = 0; i < g.n_kv; i++) {
@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (t->nbytes)
             sink += t->data[0] + t->data[t->nbytes - 1];
         qtensor q;
-        if (gguf_tensor_qtensor(&g, t, &q, msg, sizeof msg) != QT_OK)
+        if (gguf_tensor_qtensor(&g, t, &q, msg, sizeof msg) != QL_OK)
             continue;
         if (!q.data_borrowed || q.data != t->data || q.data_bytes != t->nbytes)
             abort(); /* read in place, never copied */

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     st_file st;
     char msg[512];
-    if (st_open(&st, path, msg, sizeof msg) != ENG_OK)
+    if (st_open(&st, path, msg, sizeof msg) != QL_OK)
         return 0;
     for (size_t i = 0; i < st.n_tensors; i++) {
         const char *mark = strstr(st.tensors[i].name, QS_MARK);
@@ -37,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char base[512];
         snprintf(base, sizeof base, "%.*s", (int)(mark - st.tensors[i].name), st.tensors[i].name);
         qtensor t;
-        if (eng_bnb_read(&st, base, &t, NULL, msg, sizeof msg) != ENG_OK)
+        if (bnb_read(&st, base, &t, NULL, msg, sizeof msg) != QL_OK)
             continue;
         /* bounded work per input: dequantize the first rows only */
         int64_t rows = t.rows < 4 ? t.rows : 4;

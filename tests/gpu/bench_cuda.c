@@ -254,11 +254,11 @@ static int random_nf4(qtensor *t, int64_t rows, int64_t cols, uint64_t seed)
     memcpy(t->codebook, qt_nf4_code, sizeof t->codebook);
     if (!t->data || !t->absmax) {
         qt_free(t);
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     }
     fill(FILL_BYTES, t->data, t->data_bytes, 0, 0, seed);
     fill(FILL_F32, t->absmax, (size_t)t->n_blocks, 0.01f, 0.06f, seed + 1);
-    return QT_OK;
+    return QL_OK;
 }
 
 /* A dense tensor [rows, cols] of kind BF16 (random in [-a, a)) or F32
@@ -273,7 +273,7 @@ static int dense(qtensor *t, qt_kind kind, int64_t rows, int64_t cols, float a, 
     t->data_bytes = n * es;
     t->data = malloc(t->data_bytes);
     if (!t->data)
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     if (kind == QT_F32) {
         float *f = (float *)t->data;
         for (size_t i = 0; i < n; i++)
@@ -281,7 +281,7 @@ static int dense(qtensor *t, qt_kind kind, int64_t rows, int64_t cols, float a, 
     } else {
         fill(FILL_BF16, t->data, n, -a, a, seed);
     }
-    return QT_OK;
+    return QL_OK;
 }
 
 static void model_free(eng_model *m)
@@ -311,34 +311,34 @@ static int model_make(eng_model *m, const eng_config *c)
             Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)c->n_kv_heads * c->head_dim;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
-        return QT_ENOMEM;
+        return QL_ENOMEM;
     int rc = dense(&m->embed, QT_BF16, V, H, 0.02f, 11);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dense(&m->lm_head, QT_BF16, V, H, 0.02f, 12);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = dense(&m->norm, QT_F32, 1, H, 1.0f, 0);
-    for (int32_t l = 0; rc == QT_OK && l < c->n_layers; l++) {
+    for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
         eng_layer *L = &m->layers[l];
         uint64_t s = 100 + (uint64_t)l * 16;
         rc = dense(&L->attn_norm, QT_F32, 1, H, 1.0f, 0);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = dense(&L->ffn_norm, QT_F32, 1, H, 1.0f, 0);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->wq, Q, H, s + 0);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->wk, KV, H, s + 2);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->wv, KV, H, s + 4);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->wo, H, Q, s + 6);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->w_gate, F, H, s + 8);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->w_up, F, H, s + 10);
-        if (rc == QT_OK)
+        if (rc == QL_OK)
             rc = random_nf4(&L->w_down, H, F, s + 12);
     }
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         model_free(m);
     return rc;
 }
@@ -483,16 +483,16 @@ static int batch_start(eng_backend *b, const eng_config *c, batch_run *r, int32_
     int32_t *prompt = malloc((size_t)n * (size_t)prefill * sizeof *prompt);
     if (!r->kv || !r->next || !r->pos || !r->seqs || !r->tokens_out || !r->logits || !prompt) {
         free(prompt);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for batch %d", n);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for batch %d", n);
     }
     uint64_t st = splitmix((uint64_t)n) | 1;
     for (size_t i = 0; i < (size_t)n * (size_t)prefill; i++)
         prompt[i] = (int32_t)(xorshift(&st) % (uint64_t)c->vocab_size);
     for (int32_t i = 0; i < n; i++) {
         int rc = eng_kv_reserve(eng_backend_kv(b), &r->kv[i], positions);
-        if (rc != ENG_OK) {
+        if (rc != QL_OK) {
             free(prompt);
-            return qt_fail(msg, msg_len, rc,
+            return ql_fail(msg, msg_len, rc,
                            "KV cache: no room for sequence %d of %d at %d positions", i, n,
                            positions);
         }
@@ -510,7 +510,7 @@ static int batch_start(eng_backend *b, const eng_config *c, batch_run *r, int32_
                                         .pos = 0,
                                         .greedy = true};
         int rc = eng_backend_forward(b, r->seqs, k, r->logits, r->tokens_out, msg, msg_len);
-        if (rc != ENG_OK) {
+        if (rc != QL_OK) {
             free(prompt);
             return rc;
         }
@@ -521,7 +521,7 @@ static int batch_start(eng_backend *b, const eng_config *c, batch_run *r, int32_
     }
     *prefill_s = now_s() - t0;
     free(prompt);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /*
@@ -543,7 +543,7 @@ static int batch_decode(eng_backend *b, batch_run *r, int32_t steps, const eng_l
         double t0 = now_s();
         int rc = eng_backend_forward(b, r->seqs, r->n, r->logits, r->tokens_out, msg, msg_len);
         double t1 = now_s();
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
         if (step_s)
             step_s[s] = t1 - t0;
@@ -552,7 +552,7 @@ static int batch_decode(eng_backend *b, batch_run *r, int32_t steps, const eng_l
             r->pos[i]++;
         }
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 static double sum(const double *v, int32_t n)
@@ -569,7 +569,7 @@ static double sum(const double *v, int32_t n)
     do {                                                                                           \
         cudaError_t st_ = (call);                                                                  \
         if (st_ != cudaSuccess) {                                                                  \
-            rc = qt_fail(msg, msg_len, ENG_EDEVICE, "%s: %s", what, cudaGetErrorString(st_));      \
+            rc = ql_fail(msg, msg_len, QL_EDEVICE, "%s: %s", what, cudaGetErrorString(st_));      \
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
@@ -578,7 +578,7 @@ static double sum(const double *v, int32_t n)
  * samples after a warm-up, into samples[] (GB/s). */
 static int copy_bandwidth(double *samples, char *msg, size_t msg_len)
 {
-    int rc = ENG_OK;
+    int rc = QL_OK;
     void *src = NULL, *dst = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     CUDA_OK(cudaMalloc(&src, BW_COPY_BYTES), "cudaMalloc (bandwidth source, 4 GiB)");
@@ -622,11 +622,11 @@ static int merge_one(const eng_model *m, const eng_lora *lora, int32_t layer, en
     qt_cuda_tensor w = {0}, a = {0}, bm = {0}, out = {0};
     const eng_lora_module *mod = eng_lora_module_at(lora, layer, p);
     int qrc = qt_cuda_tensor_upload(eng_model_proj(m, layer, p), &w, why, sizeof why);
-    if (qrc == QT_OK)
+    if (qrc == QL_OK)
         qrc = qt_cuda_tensor_upload(&mod->a, &a, why, sizeof why);
-    if (qrc == QT_OK)
+    if (qrc == QL_OK)
         qrc = qt_cuda_tensor_upload(&mod->b, &bm, why, sizeof why);
-    if (qrc == QT_OK) {
+    if (qrc == QL_OK) {
         qt_cuda_lora_term term = {.a = a.dense,
                                   .b = bm.dense,
                                   .a_kind = mod->a.kind,
@@ -642,10 +642,10 @@ static int merge_one(const eng_model *m, const eng_lora *lora, int32_t layer, en
     qt_cuda_tensor_release(&bm, NULL, 0);
     qt_cuda_tensor_release(&a, NULL, 0);
     qt_cuda_tensor_release(&w, NULL, 0);
-    if (qrc != QT_OK)
-        return qt_fail(msg, msg_len, ENG_EDEVICE, "merge into layer %d %s: %s", layer,
+    if (qrc != QL_OK)
+        return ql_fail(msg, msg_len, QL_EDEVICE, "merge into layer %d %s: %s", layer,
                        eng_proj_name(p), why);
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int merge_all(const eng_model *m, const eng_lora *lora, merge_result *res, char *msg,
@@ -656,23 +656,23 @@ static int merge_all(const eng_model *m, const eng_lora *lora, merge_result *res
     if (!all || !per) {
         free(all);
         free(per);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
     double warm;
     int rc = merge_one(m, lora, 0, ENG_PROJ_Q, &warm, msg, msg_len);
     memset(res, 0, sizeof *res);
-    for (int32_t i = 0; rc == ENG_OK && i < n; i++) {
+    for (int32_t i = 0; rc == QL_OK && i < n; i++) {
         rc = merge_one(m, lora, i / ENG_N_PROJ, (eng_proj)(i % ENG_N_PROJ), &all[i], msg, msg_len);
         res->total_s += all[i];
         if (all[i] * 1e3 > res->max_ms)
             res->max_ms = all[i] * 1e3;
     }
-    for (int p = 0; rc == ENG_OK && p < ENG_N_PROJ; p++) {
+    for (int p = 0; rc == QL_OK && p < ENG_N_PROJ; p++) {
         for (int32_t l = 0; l < L; l++)
             per[l] = all[(size_t)l * ENG_N_PROJ + (size_t)p];
         res->proj_median_ms[p] = median(per, (size_t)L) * 1e3;
     }
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         res->n = n;
         res->median_ms = median(all, (size_t)n) * 1e3;
     }
@@ -745,13 +745,13 @@ int main(int argc, char **argv)
     char gemm_s[16];
     snprintf(gemm_s, sizeof gemm_s, "%s", gemm && *gemm ? gemm : "f32");
     const char *stage = "start";
-    int rc = ENG_OK;
+    int rc = QL_OK;
 
     /* the device, or exit 77 */
     char device[256] = "cpu";
     if (!o.cpu_smoke) {
         int count = 0;
-        if (qt_cuda_device_count(&count, msg, sizeof msg) != QT_OK || count < 1) {
+        if (qt_cuda_device_count(&count, msg, sizeof msg) != QL_OK || count < 1) {
             printf("{\"bench\": \"bench_cuda\", \"skipped\": \"no usable CUDA device: %s\"}\n",
                    msg);
             fprintf(stderr, "bench_cuda: no usable CUDA device (%s)\n", msg);
@@ -802,7 +802,7 @@ int main(int argc, char **argv)
     if (!o.cpu_smoke) {
         stage = "bandwidth";
         rc = copy_bandwidth(bw, msg, sizeof msg);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             goto out;
         double tmp[BW_REPS];
         memcpy(tmp, bw, sizeof tmp);
@@ -813,9 +813,9 @@ int main(int argc, char **argv)
 
     stage = "making the model";
     double t0 = now_s();
-    if ((rc = model_make(&m, &cfg)) != QT_OK) {
+    if ((rc = model_make(&m, &cfg)) != QL_OK) {
         snprintf(msg, sizeof msg, "out of host memory making the model");
-        rc = ENG_ENOMEM;
+        rc = QL_ENOMEM;
         goto out;
     }
     make_s = now_s() - t0;
@@ -832,7 +832,7 @@ int main(int argc, char **argv)
                            .kv_bytes = kv_bytes,
                            .block_tokens = 16};
     t0 = now_s();
-    if ((rc = eng_backend_new(&b, &m, &bo, msg, sizeof msg)) != ENG_OK)
+    if ((rc = eng_backend_new(&b, &m, &bo, msg, sizeof msg)) != QL_OK)
         goto out;
     new_s = now_s() - t0;
     snprintf(backend, sizeof backend, "%s", eng_backend_describe(b));
@@ -847,11 +847,11 @@ int main(int argc, char **argv)
         stage = what;
         rc = batch_start(b, &cfg, &r, B, positions, o.prefill, max_tokens, &dec[k].prefill_s, msg,
                          sizeof msg);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = batch_decode(b, &r, 1, NULL, 1, NULL, msg, sizeof msg);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = batch_decode(b, &r, o.steps, NULL, 1, step_s, msg, sizeof msg);
-        if (rc != ENG_OK) {
+        if (rc != QL_OK) {
             batch_free(b, &r);
             goto out;
         }
@@ -876,14 +876,14 @@ int main(int argc, char **argv)
         pool.n = lora_elements(&cfg) + ((size_t)N_ADAPTERS << 20) + 12345u * N_ADAPTERS;
         pool.v = malloc(pool.n * sizeof *pool.v);
         if (!pool.v) {
-            rc = qt_fail(msg, sizeof msg, ENG_ENOMEM, "out of memory for the adapters");
+            rc = ql_fail(msg, sizeof msg, QL_ENOMEM, "out of memory for the adapters");
             goto out;
         }
         fill(FILL_BF16, pool.v, pool.n, -0.02f, 0.02f, 77);
         eng_lora_term terms[N_ADAPTERS];
         for (int k = 0; k < N_ADAPTERS; k++) {
             if (!(loras[k] = lora_make(&cfg, &pool, k))) {
-                rc = qt_fail(msg, sizeof msg, ENG_ENOMEM, "out of memory for the adapters");
+                rc = ql_fail(msg, sizeof msg, QL_ENOMEM, "out of memory for the adapters");
                 goto out;
             }
             terms[k] = (eng_lora_term){.lora = loras[k], .scale = 1.0f};
@@ -891,18 +891,18 @@ int main(int argc, char **argv)
         int32_t per = big.n / N_ADAPTERS > 0 ? big.n / N_ADAPTERS : 1;
         double first[1];
         rc = batch_decode(b, &big, 1, terms, per, first, msg, sizeof msg);
-        if (rc == ENG_OK) {
+        if (rc == QL_OK) {
             ad_first_s = first[0];
             rc = batch_decode(b, &big, o.steps, terms, per, step_s, msg, sizeof msg);
         }
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             goto out;
         ad_tps = (double)big.n * o.steps / sum(step_s, o.steps);
         ad_med_ms = median(step_s, (size_t)o.steps) * 1e3;
         rc = batch_decode(b, &big, 1, NULL, 1, NULL, msg, sizeof msg);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = batch_decode(b, &big, o.steps, NULL, 1, step_s, msg, sizeof msg);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             goto out;
         none_tps = (double)big.n * o.steps / sum(step_s, o.steps);
         none_med_ms = median(step_s, (size_t)o.steps) * 1e3;
@@ -930,7 +930,7 @@ int main(int argc, char **argv)
             po.max_seqs = PREFILL_SEQS;
             po.kv_bytes = (size_t)PREFILL_SEQS * (size_t)(o.prefill + 16) * pos_bytes;
             rc = eng_backend_new(&b, &m, &po, msg, sizeof msg);
-            for (int rep = 0; rc == ENG_OK && rep < 3; rep++) {
+            for (int rep = 0; rc == QL_OK && rep < 3; rep++) {
                 batch_run r;
                 double s_taken = 0;
                 rc = batch_start(b, &cfg, &r, PREFILL_SEQS, o.prefill, o.prefill, max_tokens,
@@ -941,7 +941,7 @@ int main(int argc, char **argv)
             }
             eng_backend_free(b);
             b = NULL;
-            if (rc != ENG_OK)
+            if (rc != QL_OK)
                 goto out;
             fprintf(stderr, "timing prefill %s: %d x %d tokens in %.3f s: %.0f tok/s\n", types[g],
                     PREFILL_SEQS, o.prefill, pf_s[g], PREFILL_SEQS * (double)o.prefill / pf_s[g]);
@@ -956,7 +956,7 @@ int main(int argc, char **argv)
     if (o.merge && o.adapters) {
         stage = "merge";
         rc = merge_all(&m, loras[0], &mr, msg, sizeof msg);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             goto out;
         fprintf(stderr,
                 "timing merge rank-%d into %d projections: %.2f s in all, %.2f ms median, "
@@ -1029,12 +1029,12 @@ out:
         printf("%s\"%s\": %.3f", p ? ", " : "", eng_proj_name((eng_proj)p), mr.proj_median_ms[p]);
     printf("}},\n");
     printf("  \"wall_s\": %.2f,\n", now_s() - wall0);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         printf("  \"error\": \"%s: %s\",\n", stage, json_safe(msg));
         fprintf(stderr, "bench_cuda: %s: %s\n", stage, msg);
     }
-    printf("  \"ok\": %s\n}\n", rc == ENG_OK ? "true" : "false");
+    printf("  \"ok\": %s\n}\n", rc == QL_OK ? "true" : "false");
     model_free(&m);
     free(step_s);
-    return rc == ENG_OK ? 0 : 1;
+    return rc == QL_OK ? 0 : 1;
 }

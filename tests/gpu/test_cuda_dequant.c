@@ -209,8 +209,8 @@ static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float
     memset(t, 0, sizeof *t);
     int rc = qt_quantize(t, w, c->rows, c->cols, &p, msg, sizeof msg);
     free(w);
-    if (rc != QT_OK) {
-        snprintf(detail, detail_len, "qt_quantize: %s (%s)", msg, qt_strerror(rc));
+    if (rc != QL_OK) {
+        snprintf(detail, detail_len, "qt_quantize: %s (%s)", msg, ql_strerror(rc));
         return -1;
     }
     qt_dequantize_rows(t, 0, c->rows, *want);
@@ -232,8 +232,8 @@ static void check_host_variant(const dequant_case *c, uint64_t seed)
     }
     got = nan_filled(n, 0);
     const char *fn = "host allocation";
-    int rc = got ? host_dequantize(&t, got, msg, sizeof msg, &fn) : QT_ENOMEM;
-    if (rc != QT_OK) {
+    int rc = got ? host_dequantize(&t, got, msg, sizeof msg, &fn) : QL_ENOMEM;
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "%s: %s (%d)", fn, msg, rc);
         report(name, 0, detail);
     } else {
@@ -271,7 +271,7 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
     if (quantize_case(c, seed, &t, &want, detail, sizeof detail) != 0)
         goto done;
     int rc = dev_upload(&t, &view, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "upload: %s", msg);
         goto done;
     }
@@ -288,9 +288,9 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
         goto done;
     }
     rc = dev_dequantize(&view, (float *)dev + 1, QT_CUDA_OUT_F32, msg, sizeof msg);
-    if (rc == QT_OK && cudaMemcpy(got, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
-        rc = QT_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
-    if (rc != QT_OK) {
+    if (rc == QL_OK && cudaMemcpy(got, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+        rc = QL_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "unaligned f32: %s (%d)", msg, rc);
         goto done;
     }
@@ -306,10 +306,10 @@ static void check_device_variant(const dequant_case *c, uint64_t seed)
     }
 
     rc = dev_dequantize(&view, dev, QT_CUDA_OUT_BF16, msg, sizeof msg);
-    if (rc == QT_OK && cudaMemcpy(got_bf16, dev, (size_t)n * sizeof *got_bf16,
+    if (rc == QL_OK && cudaMemcpy(got_bf16, dev, (size_t)n * sizeof *got_bf16,
                                   cudaMemcpyDeviceToHost) != cudaSuccess)
-        rc = QT_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
-    if (rc != QT_OK) {
+        rc = QL_EDEVICE, snprintf(msg, sizeof msg, "cudaMemcpy back failed");
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "bf16: %s (%d)", msg, rc);
         goto done;
     }
@@ -351,7 +351,7 @@ static void check_gguf_split_layout(qt_kind kind, uint64_t seed)
     if (quantize_case(&c, seed, &t, &want, detail, sizeof detail) != 0)
         goto done;
     int rc = qt_cuda_gguf_upload(&t, &v, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "upload: %s (%d)", msg, rc);
         goto done;
     }
@@ -412,7 +412,7 @@ done:
 }
 
 /* Refusals: a kind the kernel does not take is named; an allocation the
- * device cannot hold is QT_ENOMEM naming cudaMalloc, and leaks nothing. */
+ * device cannot hold is QL_ENOMEM naming cudaMalloc, and leaks nothing. */
 static void check_refusals(void)
 {
     char msg[MSG_LEN] = "", detail[MSG_LEN + 128] = "";
@@ -425,7 +425,7 @@ static void check_refusals(void)
     t.cols = 2;
     int rc = qt_cuda_dequantize_4bit(&t, out, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("refuses affine by name", rc == QT_EUNSUPPORTED && strstr(msg, "affine") != NULL,
+    report("refuses affine by name", rc == QL_EUNSUPPORTED && strstr(msg, "affine") != NULL,
            detail);
 
     /* Each family names the kind it was handed and does not take. */
@@ -433,13 +433,13 @@ static void check_refusals(void)
     msg[0] = '\0';
     rc = qt_cuda_dequantize_affine(&t, out, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("affine refuses nf4 by name", rc == QT_EUNSUPPORTED && strstr(msg, "nf4") != NULL,
+    report("affine refuses nf4 by name", rc == QL_EUNSUPPORTED && strstr(msg, "nf4") != NULL,
            detail);
     t.kind = QT_AFFINE;
     msg[0] = '\0';
     rc = qt_cuda_dequantize_gguf(&t, out, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("gguf refuses affine by name", rc == QT_EUNSUPPORTED && strstr(msg, "affine") != NULL,
+    report("gguf refuses affine by name", rc == QL_EUNSUPPORTED && strstr(msg, "affine") != NULL,
            detail);
 
     /* 2^20 x 2^20 elements: 512 GiB of codes, more than any device holds.
@@ -462,7 +462,7 @@ static void check_refusals(void)
     cudaMemGetInfo(&free_after, &total);
     snprintf(detail, sizeof detail, "rc %d: %s; free before %zu after %zu", rc, msg, free_before,
              free_after);
-    report("out of device memory is QT_ENOMEM", rc == QT_ENOMEM && strstr(msg, "cudaMalloc"),
+    report("out of device memory is QL_ENOMEM", rc == QL_ENOMEM && strstr(msg, "cudaMalloc"),
            detail);
     report("out of device memory leaks nothing", free_after >= free_before, detail);
     /* The failed allocation must not poison the next call. */
@@ -484,11 +484,11 @@ static float time_dequantize(const dev_tensor *view, void *dev_out, qt_cuda_out_
     }
     float ms = -1.0f;
     for (int i = 0; i < 3; i++) /* warm up: clocks, caches, lazy module load */
-        if (dev_dequantize(view, dev_out, dtype, msg, msg_len) != QT_OK)
+        if (dev_dequantize(view, dev_out, dtype, msg, msg_len) != QL_OK)
             goto out;
     cudaEventRecord(start, NULL);
     for (int i = 0; i < iters; i++)
-        if (dev_dequantize(view, dev_out, dtype, msg, msg_len) != QT_OK)
+        if (dev_dequantize(view, dev_out, dtype, msg, msg_len) != QL_OK)
             goto out;
     cudaEventRecord(stop, NULL);
     if (cudaEventSynchronize(stop) == cudaSuccess &&
@@ -511,7 +511,7 @@ static void time_large(const dequant_case *c, uint64_t seed)
     memset(&t, 0, sizeof t);
     float *w = random_weights(n, seed);
     qt_quant_params p = case_params(c);
-    if (!w || qt_quantize(&t, w, c->rows, c->cols, &p, msg, sizeof msg) != QT_OK) {
+    if (!w || qt_quantize(&t, w, c->rows, c->cols, &p, msg, sizeof msg) != QL_OK) {
         snprintf(detail, sizeof detail, "quantize: %s", msg);
         report(name, 0, detail);
         free(w);
@@ -520,7 +520,7 @@ static void time_large(const dequant_case *c, uint64_t seed)
     free(w);
     dev_tensor view;
     void *dev_out = NULL;
-    if (dev_upload(&t, &view, msg, sizeof msg) != QT_OK ||
+    if (dev_upload(&t, &view, msg, sizeof msg) != QL_OK ||
         cudaMalloc(&dev_out, (size_t)n * sizeof(float)) != cudaSuccess) {
         snprintf(detail, sizeof detail, "upload: %s", msg);
         report(name, 0, detail);
@@ -575,7 +575,7 @@ int main(void)
 
     int count = 0;
     int rc = qt_cuda_device_count(&count, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         printf("SKIP: no usable CUDA device: %s\n", msg);
         return 77;
     }

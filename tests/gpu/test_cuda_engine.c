@@ -103,7 +103,7 @@ static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_para
     fill(v, rows * cols, 0.08f);
     char msg[256];
     int rc = qt_quantize(t, v, rows, cols, p, msg, sizeof msg);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         printf("quantize %lldx%lld: %s\n", (long long)rows, (long long)cols, msg);
     free(v);
     return rc;
@@ -140,7 +140,7 @@ static int make_model(eng_model *m, const model_case *mc)
     rc = rc ? rc : dense(&m->norm, 1, H, 0.1f, 1.0f);
     if (!mc->tie)
         rc = rc ? rc : dense(&m->lm_head, c->vocab_size, H, 0.1f, 0.0f);
-    for (int32_t l = 0; rc == QT_OK && l < c->n_layers; l++) {
+    for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
         eng_layer *L = &m->layers[l];
         rc = dense(&L->attn_norm, 1, H, 0.1f, 1.0f);
         rc = rc ? rc : dense(&L->ffn_norm, 1, H, 0.1f, 1.0f);
@@ -208,7 +208,7 @@ static eng_weights *merged_version(const eng_model *m, eng_lora *lora, float sca
 {
     eng_weights *w = NULL;
     char msg[256];
-    if (eng_weights_new(&w, m, 1, msg, sizeof msg) != ENG_OK)
+    if (eng_weights_new(&w, m, 1, msg, sizeof msg) != QL_OK)
         return NULL;
     lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
@@ -218,7 +218,7 @@ static eng_weights *merged_version(const eng_model *m, eng_lora *lora, float sca
             lora_part part = {lora->name, eng_lora_module_at(lora, l, (eng_proj)p), scale};
             qtensor merged;
             lora_cost cost;
-            if (lora_dispatch(pristine, &ops, msg, sizeof msg) != QT_OK ||
+            if (lora_dispatch(pristine, &ops, msg, sizeof msg) != QL_OK ||
                 ops->merge(pristine, &part, 1, &o, "module", &merged, &cost, msg, sizeof msg)) {
                 printf("cpu merge: %s\n", msg);
                 eng_weights_unref(w);
@@ -252,13 +252,13 @@ static int side_new(side *s, const eng_model *m, eng_device d, char *msg, size_t
                           .kv_bytes = (size_t)16 << 20,
                           .block_tokens = 16};
     int rc = eng_backend_new(&s->b, m, &o, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     s->logits = calloc((size_t)N_SEQS * (size_t)m->cfg.vocab_size, sizeof(float));
     for (int i = 0; i < N_SEQS; i++)
-        if (eng_kv_reserve(eng_backend_kv(s->b), &s->kv[i], 256) != ENG_OK)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "KV reserve");
-    return ENG_OK;
+        if (eng_kv_reserve(eng_backend_kv(s->b), &s->kv[i], 256) != QL_OK)
+            return ql_fail(msg, msg_len, QL_ENOMEM, "KV reserve");
+    return QL_OK;
 }
 
 static void side_free(side *s)
@@ -321,7 +321,7 @@ static int both_step(side *cpu, side *gpu, const eng_model *m, const seq_step *s
                                       .greedy = ss[s].greedy};
         int rc = eng_backend_forward(sides[k]->b, steps, n, sides[k]->logits, sides[k]->tokens, msg,
                                      msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     for (int32_t s = 0; s < n; s++) {
@@ -352,7 +352,7 @@ static int both_step(side *cpu, side *gpu, const eng_model *m, const seq_step *s
                 cmp->close_calls++;
         }
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /*
@@ -368,20 +368,20 @@ static void scenario(const char *name, const eng_model *m, const eng_weights *w,
     side cpu, gpu;
     compare cmp = {0};
     int rc = side_new(&cpu, m, ENG_DEVICE_CPU, msg, sizeof msg);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = side_new(&gpu, m, ENG_DEVICE_CUDA, msg, sizeof msg);
     int32_t prompt[N_SEQS][40], next[N_SEQS] = {0}, chosen[N_SEQS], len[N_SEQS] = {13, 40, 1};
     for (int s = 0; s < N_SEQS; s++)
         for (int i = 0; i < 40; i++)
             prompt[s][i] = (int32_t)(uniform() * m->cfg.vocab_size);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         seq_step s1[N_SEQS] = {
             {prompt[0], 13, 0, true}, {prompt[1], 24, 0, false}, {prompt[2], 1, 0, true}};
         rc = both_step(&cpu, &gpu, m, s1, N_SEQS, w, delta, n_delta, chosen, &cmp, msg, sizeof msg);
         next[0] = chosen[0];
         next[2] = chosen[2];
     }
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         seq_step s2[N_SEQS] = {
             {&next[0], 1, 13, true}, {prompt[1] + 24, 16, 24, false}, {&next[2], 1, 1, true}};
         rc = both_step(&cpu, &gpu, m, s2, N_SEQS, w, delta, n_delta, chosen, &cmp, msg, sizeof msg);
@@ -389,7 +389,7 @@ static void scenario(const char *name, const eng_model *m, const eng_weights *w,
         len[2] = 2;
         memcpy(next, chosen, sizeof next);
     }
-    for (int step = 0; rc == ENG_OK && step < 14; step++) {
+    for (int step = 0; rc == QL_OK && step < 14; step++) {
         int32_t was[N_SEQS];
         memcpy(was, next, sizeof was);
         seq_step sd[N_SEQS];
@@ -400,14 +400,14 @@ static void scenario(const char *name, const eng_model *m, const eng_weights *w,
             len[s]++;
         memcpy(next, chosen, sizeof next);
     }
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         report(false, name, "%s", msg);
     else
         report(cmp.worst <= 1e-3 && cmp.mismatched == 0, name,
                "worst relative logit difference %.3g (bound 1e-3), %d of %d greedy tokens "
                "differ where the CPU's lead was clear",
                cmp.worst, cmp.mismatched, cmp.tokens);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         printf("  %s: worst relative logit difference %.3g, %d tokens, %d close calls\n", name,
                cmp.worst, cmp.tokens, cmp.close_calls);
     side_free(&cpu);
@@ -452,7 +452,7 @@ static void kinds(void)
         eng_model m;
         char name[96];
         snprintf(name, sizeof name, "steps_match_cpu_%s", cases[i].name);
-        if (make_model(&m, &cases[i]) != QT_OK) {
+        if (make_model(&m, &cases[i]) != QL_OK) {
             report(false, name, "could not build the model");
             continue;
         }
@@ -467,7 +467,7 @@ static void unmerged(void)
 {
     model_case mc = {"nf4", {.kind = QT_NF4, .blocksize = 64}, ENG_ARCH_LLAMA, 0, 0, 0, 0};
     eng_model m;
-    if (make_model(&m, &mc) != QT_OK) {
+    if (make_model(&m, &mc) != QL_OK) {
         report(false, "unmerged_adapters_match_cpu", "could not build the model");
         return;
     }
@@ -488,7 +488,7 @@ static void merged(qt_quant_params params, const char *kind)
     model_case mc = {kind, params, ENG_ARCH_LLAMA, false, false, false, 0};
     eng_model m;
     char name[96], msg[512];
-    if (make_model(&m, &mc) != QT_OK) {
+    if (make_model(&m, &mc) != QL_OK) {
         report(false, kind, "could not build the model");
         return;
     }
@@ -496,21 +496,21 @@ static void merged(qt_quant_params params, const char *kind)
     eng_weights *w = merged_version(&m, lora, 0.75f);
     side gpu;
     int rc = w ? side_new(&gpu, &m, ENG_DEVICE_CUDA, msg, sizeof msg)
-               : qt_fail(msg, sizeof msg, ENG_EINVAL, "the CPU merge failed");
+               : ql_fail(msg, sizeof msg, QL_EINVAL, "the CPU merge failed");
     uint64_t pristine = eng_weights_digest(&m, NULL), dev_before = 0, dev_merged = 0, dev_after = 0;
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = eng_backend_digest(gpu.b, NULL, &dev_before, msg, sizeof msg);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = eng_backend_digest(gpu.b, w, &dev_merged, msg, sizeof msg);
     snprintf(name, sizeof name, "device_merge_bytes_equal_cpu_merge_%s", kind);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         report(dev_before == pristine && dev_merged == eng_weights_digest(&m, w), name,
                "device digests pristine %016llx merged %016llx; host %016llx / %016llx",
                (unsigned long long)dev_before, (unsigned long long)dev_merged,
                (unsigned long long)pristine, (unsigned long long)eng_weights_digest(&m, w));
     else
         report(false, name, "%s", msg);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         snprintf(name, sizeof name, "merged_version_steps_match_cpu_%s", kind);
         scenario(name, &m, w, NULL, NULL);
         /* unmerge: the version goes; a step lets the backend drop its copy */
@@ -519,12 +519,12 @@ static void merged(qt_quant_params params, const char *kind)
         int32_t tok = 1;
         eng_step_seq one = {.kv = &gpu.kv[0], .tokens = &tok, .n_tokens = 1, .pos = 0};
         rc = eng_backend_forward(gpu.b, &one, 1, gpu.logits, NULL, msg, sizeof msg);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = eng_backend_digest(gpu.b, NULL, &dev_after, msg, sizeof msg);
         snprintf(name, sizeof name, "device_unmerge_restores_pristine_bytes_%s", kind);
-        report(rc == ENG_OK && dev_after == pristine, name, "digest %016llx, pristine %016llx%s%s",
+        report(rc == QL_OK && dev_after == pristine, name, "digest %016llx, pristine %016llx%s%s",
                (unsigned long long)dev_after, (unsigned long long)pristine,
-               rc == ENG_OK ? "" : ": ", rc == ENG_OK ? "" : msg);
+               rc == QL_OK ? "" : ": ", rc == QL_OK ? "" : msg);
         side_free(&gpu);
     }
     if (w)
@@ -548,8 +548,8 @@ static void registry_merges_on_device(void)
                      0};
     eng_model m;
     char msg[512], dir[] = "/tmp/qlserve-gpu-adapter-XXXXXX";
-    if (make_model(&m, &mc) != QT_OK || !mkdtemp(dir) ||
-        peft_write_random(&m, dir, 16, 32.0f, 0.02, 11, msg, sizeof msg) != ENG_OK) {
+    if (make_model(&m, &mc) != QL_OK || !mkdtemp(dir) ||
+        peft_write_random(&m, dir, 16, 32.0f, 0.02, 11, msg, sizeof msg) != QL_OK) {
         report(false, name, "could not build the model or write the adapter");
         eng_model_free(&m);
         return;
@@ -557,8 +557,8 @@ static void registry_merges_on_device(void)
     lora_report rep[2][2];
     memset(rep, 0, sizeof rep);
     bool on_device[2] = {false, false};
-    int rc = ENG_OK;
-    for (int k = 0; k < 2 && rc == ENG_OK; k++) {
+    int rc = QL_OK;
+    for (int k = 0; k < 2 && rc == QL_OK; k++) {
         eng_engine_opts eo = {.device = k ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU,
                               .kv_bytes = (size_t)8 << 20};
         eng_engine *e = NULL;
@@ -567,15 +567,15 @@ static void registry_merges_on_device(void)
         lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
         lora_meta meta;
         rc = eng_engine_start(&e, &m, &eo, msg, sizeof msg);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = lora_registry_new(&reg, e, &m, &ro, msg, sizeof msg);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = lora_registry_load(reg, "a", dir, 1.0f, &meta, msg, sizeof msg);
-        if (rc == ENG_OK) {
+        if (rc == QL_OK) {
             on_device[k] = eng_engine_merges_on_device(e);
             rc = lora_registry_merge(reg, "a", 0.75f, &mo, &rep[k][0], msg, sizeof msg);
         }
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = lora_registry_unmerge(reg, "a", &rep[k][1], msg, sizeof msg);
         lora_registry_free(reg);
         if (e)
@@ -585,7 +585,7 @@ static void registry_merges_on_device(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         printf("  could not remove %s\n", dir);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         report(false, name, "%s", msg);
     } else {
         double a = rep[0][0].overall.delta_retained, b = rep[1][0].overall.delta_retained;
@@ -652,8 +652,8 @@ static void device_draws(void)
          cudaMemcpy(d_u, u, sizeof u, cudaMemcpyHostToDevice) == cudaSuccess &&
          cudaMemcpy(d_tok, sentinel, sizeof sentinel, cudaMemcpyHostToDevice) == cudaSuccess;
     int rc = ok ? qt_cuda_sample(d_logits, ROWS, VOCAB, d_inv, d_u, d_tok, NULL, msg, sizeof msg)
-                : QT_EDEVICE;
-    ok = rc == QT_OK && cudaMemcpy(got, d_tok, sizeof got, cudaMemcpyDeviceToHost) == cudaSuccess;
+                : QL_EDEVICE;
+    ok = rc == QL_OK && cudaMemcpy(got, d_tok, sizeof got, cudaMemcpyDeviceToHost) == cudaSuccess;
     int bad = -1;
     for (int r = 0; ok && r < ROWS && bad < 0; r++)
         if (got[r] != want[r])
@@ -673,7 +673,7 @@ static void out_of_memory(void)
     model_case mc = {"q4_1", {.kind = QT_Q4_1}, ENG_ARCH_LLAMA, 0, 0, 0, 0};
     eng_model m;
     char msg[512] = "";
-    if (make_model(&m, &mc) != QT_OK) {
+    if (make_model(&m, &mc) != QL_OK) {
         report(false, "out_of_device_memory_is_an_error", "could not build the model");
         return;
     }
@@ -684,7 +684,7 @@ static void out_of_memory(void)
                           .block_tokens = 16};
     eng_backend *b = NULL;
     int rc = eng_backend_new(&b, &m, &o, msg, sizeof msg);
-    report(rc == ENG_ENOMEM && !b && strstr(msg, "KV") != NULL, "out_of_device_memory_is_an_error",
+    report(rc == QL_ENOMEM && !b && strstr(msg, "KV") != NULL, "out_of_device_memory_is_an_error",
            "rc %d, message \"%s\"", rc, msg);
     eng_backend_free(b);
     eng_model_free(&m);
@@ -696,7 +696,7 @@ static void default_model(const char *path)
     eng_model m;
     char msg[512];
     eng_load_opts lo = {.path = path};
-    if (eng_model_load(&m, &lo, msg, sizeof msg) != ENG_OK) {
+    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
         report(false, "default_model_greedy_tokens_equal", "%s", msg);
         return;
     }
@@ -705,17 +705,17 @@ static void default_model(const char *path)
                                    "Once upon a time, in a small village by the sea,"};
     enum { NEW = 48 };
     int32_t out[2][N_SEQS][NEW];
-    int rc = ENG_OK;
-    for (int k = 0; k < 2 && rc == ENG_OK; k++) {
+    int rc = QL_OK;
+    for (int k = 0; k < 2 && rc == QL_OK; k++) {
         side sd;
         rc = side_new(&sd, &m, k ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU, msg, sizeof msg);
         int32_t *ids[N_SEQS] = {0}, pos[N_SEQS], last[N_SEQS];
         size_t n_ids[N_SEQS] = {0};
-        for (int s = 0; s < N_SEQS && rc == ENG_OK; s++)
+        for (int s = 0; s < N_SEQS && rc == QL_OK; s++)
             rc = tok_encode(m.tok, prompts[s], strlen(prompts[s]), true, false, &ids[s], &n_ids[s],
                             msg, sizeof msg);
         /* the prompts together, then NEW greedy steps of all three */
-        for (int t = 0; t <= NEW && rc == ENG_OK; t++) {
+        for (int t = 0; t <= NEW && rc == QL_OK; t++) {
             eng_step_seq steps[N_SEQS];
             for (int s = 0; s < N_SEQS; s++) {
                 if (t == 0)
@@ -732,7 +732,7 @@ static void default_model(const char *path)
                                               .greedy = true};
             }
             rc = eng_backend_forward(sd.b, steps, N_SEQS, sd.logits, sd.tokens, msg, sizeof msg);
-            for (int s = 0; s < N_SEQS && rc == ENG_OK && t < NEW; s++) {
+            for (int s = 0; s < N_SEQS && rc == QL_OK && t < NEW; s++) {
                 float lead;
                 int32_t tok = sd.tokens[s] >= 0 ? sd.tokens[s]
                                                 : best_of(sd.logits + (size_t)s * m.cfg.vocab_size,
@@ -747,21 +747,21 @@ static void default_model(const char *path)
         side_free(&sd);
     }
     int first_diff = -1, diff_seq = -1;
-    for (int s = 0; s < N_SEQS && rc == ENG_OK && first_diff < 0; s++)
+    for (int s = 0; s < N_SEQS && rc == QL_OK && first_diff < 0; s++)
         for (int t = 0; t < NEW; t++)
             if (out[0][s][t] != out[1][s][t]) {
                 first_diff = t;
                 diff_seq = s;
                 break;
             }
-    if (rc == ENG_OK && first_diff < 0) {
+    if (rc == QL_OK && first_diff < 0) {
         char *text = NULL;
         size_t len = 0;
-        if (tok_decode(m.tok, out[1][0], NEW, true, &text, &len, msg, sizeof msg) == ENG_OK)
+        if (tok_decode(m.tok, out[1][0], NEW, true, &text, &len, msg, sizeof msg) == QL_OK)
             printf("  default model, cuda: \"%s\" ->%.*s\n", prompts[0], (int)len, text);
         free(text);
     }
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         report(false, "default_model_greedy_tokens_equal", "%s", msg);
     else
         report(first_diff < 0, "default_model_greedy_tokens_equal",
@@ -773,7 +773,7 @@ int main(void)
 {
     int n = 0;
     char msg[256];
-    if (qt_cuda_device_count(&n, msg, sizeof msg) != QT_OK || n < 1) {
+    if (qt_cuda_device_count(&n, msg, sizeof msg) != QL_OK || n < 1) {
         printf("SKIP test_cuda_engine: no CUDA device (%s)\n", msg);
         return 77;
     }

@@ -26,7 +26,7 @@
  *     with none; the cost figures to 1e-9 relative (the device sums in
  *     another order); releasing the merged tensor leaves the pristine
  *     device tensor's download equal to the host original; a NaN in B is
- *     refused with QT_ENONFINITE naming the CPU's row and column, leaving
+ *     refused with QL_ENONFINITE naming the CPU's row and column, leaving
  *     no device memory behind; 4096x4096 and 11008x4096 NF4 merges are
  *     timed (`timing merge ...` lines).
  *
@@ -106,7 +106,7 @@ static void dense_tensor(qtensor *t, qt_kind kind, int64_t rows, int64_t cols, d
     float *v = normal_values(seed, rows * cols, sd);
     qt_quant_params p = {.kind = kind};
     char msg[256];
-    if (qt_quantize(t, v, rows, cols, &p, msg, sizeof msg) != QT_OK) {
+    if (qt_quantize(t, v, rows, cols, &p, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "dense_tensor: %s\n", msg);
         exit(1);
     }
@@ -128,8 +128,8 @@ static bool module_new(test_module *tm, const char *name, int32_t rank, int64_t 
     dense_tensor(&tm->m.b, b_kind, out, rank, 0.05, &s);
     tm->m.scale = module_scale;
     char msg[512];
-    if (qt_cuda_tensor_upload(&tm->m.a, &tm->a, msg, sizeof msg) != QT_OK ||
-        qt_cuda_tensor_upload(&tm->m.b, &tm->b, msg, sizeof msg) != QT_OK) {
+    if (qt_cuda_tensor_upload(&tm->m.a, &tm->a, msg, sizeof msg) != QL_OK ||
+        qt_cuda_tensor_upload(&tm->m.b, &tm->b, msg, sizeof msg) != QL_OK) {
         fail(name, "uploading A or B: %s", msg);
         return false;
     }
@@ -242,7 +242,7 @@ static bool sgmv_run(sgmv_setup *su, const char *name, const qt_cuda_lora_segmen
     char msg[512] = "";
     int rc = qt_cuda_sgmv(su->dx, su->in, su->dy, su->out, su->dsegs, n_segs, su->max_rank,
                           su->total_rows, su->dt, NULL, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         fail(name, "qt_cuda_sgmv returned %d: %s", rc, msg);
         return false;
     }
@@ -576,7 +576,7 @@ static bool same_tensor(const char *name, const qtensor *dev, const qtensor *cpu
  * into: a byte the device never wrote cannot match. */
 static bool poisoned_like(const char *name, const qtensor *t, qtensor *out)
 {
-    if (qt_clone(out, t) != QT_OK) {
+    if (qt_clone(out, t) != QL_OK) {
         fail(name, "qt_clone failed");
         return false;
     }
@@ -685,7 +685,7 @@ static double merge_and_compare(const char *name, const qtensor *pristine, merge
 {
     char msg[512] = "";
     const lora_ops *ops = NULL;
-    if (lora_dispatch(pristine, &ops, msg, sizeof msg) != QT_OK) {
+    if (lora_dispatch(pristine, &ops, msg, sizeof msg) != QL_OK) {
         fail(name, "lora_dispatch: %s", msg);
         return -1;
     }
@@ -693,7 +693,7 @@ static double merge_and_compare(const char *name, const qtensor *pristine, merge
     lora_cost cost;
     int rc = ops->merge(pristine, mt->parts, (size_t)mt->n, NULL, "test", &cpu_merged, &cost, msg,
                         sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         fail(name, "the CPU merge failed (%d): %s", rc, msg);
         return -1;
     }
@@ -701,7 +701,7 @@ static double merge_and_compare(const char *name, const qtensor *pristine, merge
     qt_cuda_tensor dp, dout;
     memset(&dout, 0, sizeof dout);
     rc = qt_cuda_tensor_upload(pristine, &dp, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         fail(name, "upload: %s", msg);
         qt_free(&cpu_merged);
         return -1;
@@ -712,17 +712,17 @@ static double merge_and_compare(const char *name, const qtensor *pristine, merge
     double t1 = now_ms();
     qtensor got;
     memset(&got, 0, sizeof got);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         fail(name, "qt_cuda_merge returned %d: %s", rc, msg);
     } else if (poisoned_like(name, &cpu_merged, &got)) {
         rc = qt_cuda_tensor_download(&dout, &got, msg, sizeof msg);
-        if (rc != QT_OK)
+        if (rc != QL_OK)
             fail(name, "download of the merged tensor: %s", msg);
         else if (same_tensor(name, &got, &cpu_merged) && same_cost(name, &rep, &cost))
             ms = t1 - t0;
     }
     qt_free(&got);
-    if (qt_cuda_tensor_release(&dout, msg, sizeof msg) != QT_OK) {
+    if (qt_cuda_tensor_release(&dout, msg, sizeof msg) != QL_OK) {
         fail(name, "releasing the merged tensor: %s", msg);
         ms = -1;
     }
@@ -735,7 +735,7 @@ static double merge_and_compare(const char *name, const qtensor *pristine, merge
         qtensor back;
         if (poisoned_like(uname, pristine, &back)) {
             rc = qt_cuda_tensor_download(&dp, &back, msg, sizeof msg);
-            if (rc != QT_OK)
+            if (rc != QL_OK)
                 fail(uname, "download of the pristine tensor: %s", msg);
             else if (same_tensor(uname, &back, pristine))
                 pass(uname);
@@ -755,9 +755,9 @@ static bool quantize_weight(const char *name, const qt_quant_params *p, int64_t 
     char msg[256];
     int rc = qt_quantize(w, v, rows, cols, p, msg, sizeof msg);
     free(v);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         fail(name, "qt_quantize: %s", msg);
-    return rc == QT_OK;
+    return rc == QL_OK;
 }
 
 static void test_merge_kinds(void)
@@ -807,17 +807,17 @@ static void test_merge_refuses_nonfinite(void)
     const lora_ops *ops = NULL;
     qtensor cpu_merged;
     lora_cost cost;
-    int cpu_rc = QT_OK;
-    if (ok && lora_dispatch(&w, &ops, msg, sizeof msg) == QT_OK)
+    int cpu_rc = QL_OK;
+    if (ok && lora_dispatch(&w, &ops, msg, sizeof msg) == QL_OK)
         cpu_rc =
             ops->merge(&w, mt.parts, 2, NULL, "test", &cpu_merged, &cost, cpu_msg, sizeof cpu_msg);
-    if (ok && cpu_rc != QT_ENONFINITE) {
-        fail(name, "the CPU merge gave %d, not QT_ENONFINITE", cpu_rc);
+    if (ok && cpu_rc != QL_ENONFINITE) {
+        fail(name, "the CPU merge gave %d, not QL_ENONFINITE", cpu_rc);
         ok = false;
     }
     qt_cuda_tensor dp;
     memset(&dp, 0, sizeof dp);
-    if (ok && qt_cuda_tensor_upload(&w, &dp, msg, sizeof msg) != QT_OK) {
+    if (ok && qt_cuda_tensor_upload(&w, &dp, msg, sizeof msg) != QL_OK) {
         fail(name, "upload: %s", msg);
         ok = false;
     }
@@ -830,8 +830,8 @@ static void test_merge_refuses_nonfinite(void)
         int rc = qt_cuda_merge(&dp, mt.terms, 2, &out, &rep, NULL, msg, sizeof msg);
         qt_cuda_tensor zero;
         memset(&zero, 0, sizeof zero);
-        if (rc != QT_ENONFINITE) {
-            fail(name, "qt_cuda_merge gave %d (%s), not QT_ENONFINITE", rc, msg);
+        if (rc != QL_ENONFINITE) {
+            fail(name, "qt_cuda_merge gave %d (%s), not QL_ENONFINITE", rc, msg);
             ok = false;
         } else if (!strstr(msg, "(row 5, col 0)") || !strstr(cpu_msg, "(row 5, col 0)") ||
                    !strstr(msg, "term 1")) {
@@ -861,15 +861,15 @@ static void test_merge_refuses_nonfinite(void)
     v[2 * 96 + 7] = INFINITY;
     qtensor pw;
     qt_cuda_tensor dpw;
-    if (qt_from_dense(&pw, QT_F32, v, 64, 96, msg, sizeof msg) != QT_OK) {
+    if (qt_from_dense(&pw, QT_F32, v, 64, 96, msg, sizeof msg) != QL_OK) {
         fail(name2, "qt_from_dense: %s", msg);
     } else {
-        if (qt_cuda_tensor_upload(&pw, &dpw, msg, sizeof msg) != QT_OK) {
+        if (qt_cuda_tensor_upload(&pw, &dpw, msg, sizeof msg) != QL_OK) {
             fail(name2, "upload: %s", msg);
         } else {
             qt_cuda_tensor out;
             int rc = qt_cuda_merge(&dpw, NULL, 0, &out, NULL, NULL, msg, sizeof msg);
-            if (rc != QT_ENONFINITE || !strstr(msg, "pristine weight at (row 2, col 7)"))
+            if (rc != QL_ENONFINITE || !strstr(msg, "pristine weight at (row 2, col 7)"))
                 fail(name2, "got %d: \"%s\"", rc, msg);
             else
                 pass(name2);
@@ -917,7 +917,7 @@ int main(void)
 {
     int count = 0;
     char msg[512] = "";
-    if (qt_cuda_device_count(&count, msg, sizeof msg) != QT_OK || count < 1) {
+    if (qt_cuda_device_count(&count, msg, sizeof msg) != QL_OK || count < 1) {
         printf("SKIP test_cuda_lora: no usable CUDA device (%s)\n", msg);
         return 77;
     }

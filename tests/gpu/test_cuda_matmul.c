@@ -313,8 +313,8 @@ static int run_product(ctx *c, const char *op, const qt_cuda_tensor *d, const fl
     else
         rc = qt_cuda_gemm(!strcmp(op, "gemm-bf16") ? c->blas_bf16 : c->blas_f32, d, x_dev, batch,
                           c->y_dev, NULL, msg, sizeof msg);
-    if (rc != QT_OK) {
-        snprintf(detail, detail_len, "b=%lld: %s (%s)", (long long)batch, msg, qt_strerror(rc));
+    if (rc != QL_OK) {
+        snprintf(detail, detail_len, "b=%lld: %s (%s)", (long long)batch, msg, ql_strerror(rc));
         return -1;
     }
     cudaError_t st = cudaDeviceSynchronize();
@@ -441,8 +441,8 @@ static void check_gather(ctx *c, const wkind *k, const shape *s, const qtensor *
         goto done;
     }
     int rc = qt_cuda_gather_rows(d, c->ids_dev, n, c->y_dev, NULL, msg, sizeof msg);
-    if (rc != QT_OK) {
-        snprintf(detail, sizeof detail, "%s (%s)", msg, qt_strerror(rc));
+    if (rc != QL_OK) {
+        snprintf(detail, sizeof detail, "%s (%s)", msg, ql_strerror(rc));
         goto done;
     }
     if (cudaDeviceSynchronize() != cudaSuccess ||
@@ -487,7 +487,7 @@ static void check_round_trip(const wkind *k, const shape *s, const qtensor *t,
     name_of(name, sizeof name, "download round trip", k, s);
     qtensor back;
     int ok = 0;
-    if (qt_clone(&back, t) != QT_OK) {
+    if (qt_clone(&back, t) != QL_OK) {
         snprintf(detail, sizeof detail, "qt_clone failed");
         report(name, 0, detail);
         return;
@@ -508,8 +508,8 @@ static void check_round_trip(const wkind *k, const shape *s, const qtensor *t,
     memset(back.codebook, 0, sizeof back.codebook);
     memset(back.nested_code, 0, sizeof back.nested_code);
     int rc = qt_cuda_tensor_download(d, &back, msg, sizeof msg);
-    if (rc != QT_OK) {
-        snprintf(detail, sizeof detail, "qt_cuda_tensor_download: %s (%s)", msg, qt_strerror(rc));
+    if (rc != QL_OK) {
+        snprintf(detail, sizeof detail, "qt_cuda_tensor_download: %s (%s)", msg, ql_strerror(rc));
         goto done;
     }
     const char *differs = NULL;
@@ -541,8 +541,8 @@ static void check_round_trip(const wkind *k, const shape *s, const qtensor *t,
 
     qt_cuda_tensor like;
     rc = qt_cuda_tensor_alloc_like(d, &like, msg, sizeof msg);
-    if (rc != QT_OK) {
-        snprintf(detail, sizeof detail, "qt_cuda_tensor_alloc_like: %s (%s)", msg, qt_strerror(rc));
+    if (rc != QL_OK) {
+        snprintf(detail, sizeof detail, "qt_cuda_tensor_alloc_like: %s (%s)", msg, ql_strerror(rc));
         goto done;
     }
     if (like.device_bytes != d->device_bytes || like.kind != d->kind || like.rows != d->rows ||
@@ -553,7 +553,7 @@ static void check_round_trip(const wkind *k, const shape *s, const qtensor *t,
         goto done;
     }
     rc = qt_cuda_tensor_release(&like, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "release of alloc_like: %s", msg);
         goto done;
     }
@@ -590,16 +590,16 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
     for (int64_t i = 0; i < max_batch * cols; i++)
         x[i] = (float)rng_normal();
     int rc = qt_quantize(&t, w0, rows, cols, &k->p, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "qt_quantize: %s", msg);
         report(name, 0, detail);
         goto done;
     }
     qt_dequantize_rows(&t, 0, rows, w);
     rc = qt_cuda_tensor_upload(&t, &d, msg, sizeof msg);
-    if (rc != QT_OK || d.device_bytes == 0) {
+    if (rc != QL_OK || d.device_bytes == 0) {
         snprintf(detail, sizeof detail, "qt_cuda_tensor_upload: %s (%s), %zu bytes", msg,
-                 qt_strerror(rc), d.device_bytes);
+                 ql_strerror(rc), d.device_bytes);
         report(name, 0, detail);
         goto done;
     }
@@ -619,7 +619,7 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
     check_round_trip(k, s, &t, &d);
 done:
     rc = qt_cuda_tensor_release(&d, msg, sizeof msg);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         report("release", 0, msg);
     free_refs(&r);
     qt_free(&t);
@@ -642,8 +642,8 @@ static void check_refusals(ctx *c)
     cudaMemGetInfo(&free_after, &total);
     snprintf(detail, sizeof detail, "rc %d: %s; free before %zu after %zu", rc, msg, free_before,
              free_after);
-    report("blas_new of an absurd size is QT_ENOMEM with a sentence",
-           rc == QT_ENOMEM && b == NULL && strstr(msg, "device memory") != NULL, detail);
+    report("blas_new of an absurd size is QL_ENOMEM with a sentence",
+           rc == QL_ENOMEM && b == NULL && strstr(msg, "device memory") != NULL, detail);
     report("blas_new out of memory leaks nothing", free_after + (1u << 20) >= free_before, detail);
     (void)cudaGetLastError();
 
@@ -661,7 +661,7 @@ static void check_refusals(ctx *c)
     rc = qt_cuda_tensor_upload(&t, &d, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
     report("upload out of memory names kind, shape and bytes",
-           rc == QT_ENOMEM && strstr(msg, "f32") && strstr(msg, "1048576 x 1048576") &&
+           rc == QL_ENOMEM && strstr(msg, "f32") && strstr(msg, "1048576 x 1048576") &&
                strstr(msg, "bytes") && d.dense == NULL,
            detail);
     (void)cudaGetLastError();
@@ -676,11 +676,11 @@ static void check_refusals(ctx *c)
     msg[0] = '\0';
     rc = qt_cuda_matvec(&w, c->x_dev, 9, c->y_dev, NULL, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("matvec refuses batch 9", rc == QT_EINVAL && msg[0], detail);
+    report("matvec refuses batch 9", rc == QL_EINVAL && msg[0], detail);
     msg[0] = '\0';
     rc = qt_cuda_matmul(NULL, &w, c->x_dev, 9, c->y_dev, NULL, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("matmul of batch 9 without blas is refused", rc == QT_EINVAL && msg[0], detail);
+    report("matmul of batch 9 without blas is refused", rc == QL_EINVAL && msg[0], detail);
 }
 
 /* ---- timing ------------------------------------------------------------------ */
@@ -709,7 +709,7 @@ static void time_matvec(const wkind *k, int64_t rows, int64_t cols)
     memset(&d, 0, sizeof d);
     int rc = qt_quantize(&t, w0, rows, cols, &k->p, msg, sizeof msg);
     free(w0);
-    if (rc != QT_OK || qt_cuda_tensor_upload(&t, &d, msg, sizeof msg) != QT_OK) {
+    if (rc != QL_OK || qt_cuda_tensor_upload(&t, &d, msg, sizeof msg) != QL_OK) {
         report(name, 0, msg);
         qt_free(&t);
         return;
@@ -730,10 +730,10 @@ static void time_matvec(const wkind *k, int64_t rows, int64_t cols)
         float ms[20];
         int ok = 1;
         for (int i = 0; i < 3 && ok; i++)
-            ok = qt_cuda_matvec(&d, x_dev, batch, y_dev, NULL, msg, sizeof msg) == QT_OK;
+            ok = qt_cuda_matvec(&d, x_dev, batch, y_dev, NULL, msg, sizeof msg) == QL_OK;
         for (int i = 0; i < 20 && ok; i++) {
             cudaEventRecord(ev[0], NULL);
-            ok = qt_cuda_matvec(&d, x_dev, batch, y_dev, NULL, msg, sizeof msg) == QT_OK;
+            ok = qt_cuda_matvec(&d, x_dev, batch, y_dev, NULL, msg, sizeof msg) == QL_OK;
             cudaEventRecord(ev[1], NULL);
             ok = ok && cudaEventSynchronize(ev[1]) == cudaSuccess &&
                  cudaEventElapsedTime(&ms[i], ev[0], ev[1]) == cudaSuccess;
@@ -767,7 +767,7 @@ int main(void)
     qt_cuda_describe(line, sizeof line);
     printf("%s\n", line);
     int count = 0;
-    if (qt_cuda_device_count(&count, msg, sizeof msg) != QT_OK) {
+    if (qt_cuda_device_count(&count, msg, sizeof msg) != QL_OK) {
         printf("SKIP: no usable CUDA device: %s\n", msg);
         return 77;
     }
@@ -777,10 +777,10 @@ int main(void)
     float *x_unal_base = NULL;
     int rc = qt_cuda_blas_new(&c.blas_f32, (int64_t)MAX_ROWS * MAX_COLS, MAX_BATCH, MAX_COLS,
                               QT_CUDA_GEMM_F32, msg, sizeof msg);
-    if (rc == QT_OK)
+    if (rc == QL_OK)
         rc = qt_cuda_blas_new(&c.blas_bf16, (int64_t)MAX_ROWS * MAX_COLS, MAX_BATCH, MAX_COLS,
                               QT_CUDA_GEMM_BF16, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         printf("FAIL qt_cuda_blas_new: %s\n", msg);
         return 1;
     }

@@ -74,7 +74,7 @@ static bool cuda_ok(const char *name, cudaError_t st, const char *what)
  * fault during the run is caught here. */
 static bool op_ok(const char *name, int rc, const char *msg)
 {
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         fail(name, "returned %d: %s", rc, msg);
         return false;
     }
@@ -707,7 +707,7 @@ static void test_attention_arguments(void)
         int rc = qt_cuda_attention(&kv, bad[i].layer, &sr, dummy_f, dummy_f, bad[i].n_heads,
                                    bad[i].n_kv_heads, bad[i].head_dim, bad[i].window, stream, msg,
                                    sizeof msg);
-        if (rc != QT_EINVAL || !msg[0]) {
+        if (rc != QL_EINVAL || !msg[0]) {
             fail(name, "%s: rc %d, message '%s'", bad[i].why, rc, msg);
             return;
         }
@@ -716,7 +716,7 @@ static void test_attention_arguments(void)
     kv.block_floats = 2 * 2 * 16 * 128;
     sr.rows = 0;
     int rc = qt_cuda_attention(&kv, 0, &sr, NULL, NULL, 2, 2, 64, 0, stream, msg, sizeof msg);
-    if (rc != QT_OK) {
+    if (rc != QL_OK) {
         fail(name, "zero rows: rc %d: %s", rc, msg);
         return;
     }
@@ -737,7 +737,7 @@ static int32_t sampler_greedy(const float *logits, int32_t n)
     memset(&p, 0, sizeof p);
     eng_sampler s;
     int32_t t = -2;
-    if (eng_sampler_init(&s, &p, NULL, 0) == ENG_OK) {
+    if (eng_sampler_init(&s, &p, NULL, 0) == QL_OK) {
         t = eng_sample(&s, copy, n, NULL);
         eng_sampler_free(&s);
     }
@@ -906,7 +906,7 @@ static void time_attention(void)
                 goto done;
             int rc = qt_cuda_attention(&kv, 0, &sr, dq, dout, HEADS, KV_HEADS, D, 0, stream, msg,
                                        sizeof msg);
-            if (rc != QT_OK) {
+            if (rc != QL_OK) {
                 fail(name, "qt_cuda_attention: %s", msg);
                 goto done;
             }
@@ -956,7 +956,7 @@ int main(void)
     qt_cuda_describe(line, sizeof line);
     printf("%s\n", line);
     int count = 0;
-    if (qt_cuda_device_count(&count, msg, sizeof msg) != QT_OK || count < 1) {
+    if (qt_cuda_device_count(&count, msg, sizeof msg) != QL_OK || count < 1) {
         printf("SKIP: no usable CUDA device: %s\n", msg);
         return 77;
     }

@@ -83,7 +83,7 @@ if [ "$build_libs" -eq 1 ]; then
     cmake --build "$BUILD" -j "$JOBS" --target qlkernels qlengine qladapters >"$OUTD/logs/libs.log" 2>&1 ||
         die "the CPU libraries did not build: see $OUTD/logs/libs.log"
 fi
-for l in qlkernels qlengine qladapters; do
+for l in qlbase qlkernels qlengine qladapters; do
     [ -f "$BUILD/lib$l.a" ] || die "$BUILD/lib$l.a is missing"
 done
 ar t "$BUILD/libqlengine.a" | grep -qx backend_cuda.c.o ||
@@ -94,7 +94,10 @@ cp "$BUILD/libqlengine.a" "$OUTD/obj/libqlengine_emu.a" && ar d "$OUTD/obj/libql
 CJSON_INC=$(pkg-config --cflags libcjson 2>/dev/null || echo "-isystem /usr/include/cjson")
 CJSON_LIB=$(pkg-config --libs libcjson 2>/dev/null || echo "-lcjson")
 
-INC=(-I"$EMU/include" -I"$ROOT/kernels" -I"$ROOT/kernels/cuda" -I"$ROOT/engine" -I"$ROOT/adapters" -I"$ROOT/tests" -I"$ROOT/bench")
+INC=(-I"$EMU/include" -I"$ROOT/base" -I"$ROOT/kernels" -I"$ROOT/kernels/internal" -I"$ROOT/kernels/cuda"
+     -I"$ROOT/kernels/cuda/internal" -I"$ROOT/engine" -I"$ROOT/engine/modelfile" -I"$ROOT/engine/tokenizer"
+     -I"$ROOT/engine/model" -I"$ROOT/engine/runtime" -I"$ROOT/engine/scheduler" -I"$ROOT/adapters"
+     -I"$ROOT/tests" -I"$ROOT/bench")
 CXXFLAGS=(-std=c++17 "$OPT" -g -ffp-contract=off -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -Wall -Wno-unused-variable -Wno-subobject-linkage)
 CFLAGS=(-std=gnu11 "$OPT" -g -ffp-contract=off -Wall -Wextra -DQL_HAVE_CUDA=1 "-DQL_FIXTURES=\"$ROOT/tests/fixtures\"")
 
@@ -123,7 +126,7 @@ echo "== compiling under emulation ($JOBS jobs) into $OUTD"
 units=()
 for f in "$ROOT"/kernels/cuda/*.cu; do units+=("cu $f $OUTD/obj/$(basename "$f" .cu).o"); done
 units+=("cpp $EMU/emu_runtime.cpp $OUTD/obj/emu_runtime.o")
-units+=("c $ROOT/engine/backend_cuda.c $OUTD/obj/backend_cuda.o")
+units+=("c $ROOT/engine/runtime/backend_cuda.c $OUTD/obj/backend_cuda.o")
 for t in "${TESTS[@]}"; do units+=("c $ROOT/tests/gpu/$t.c $OUTD/obj/$t.o"); done
 export -f compile_one
 export OUTD EMU OPT ROOT CJSON_INC
@@ -151,7 +154,7 @@ for t in "${TESTS[@]}"; do
     # shellcheck disable=SC2086
     g++ -o "$OUTD/$t" "$OUTD/obj/$t.o" "$OUTD/obj/backend_cuda.o" "$OUTD/obj/libqlengine_emu.a" \
         "${KOBJS[@]}" "$OUTD/obj/emu_runtime.o" "$BUILD/libqladapters.a" "$OUTD/obj/libqlengine_emu.a" \
-        "$BUILD/libqlkernels.a" $CJSON_LIB -lm -lpthread >"$OUTD/logs/link-$t.log" 2>&1 ||
+        "$BUILD/libqlkernels.a" "$BUILD/libqlbase.a" $CJSON_LIB -lm -lpthread >"$OUTD/logs/link-$t.log" 2>&1 ||
         {
             head -n 20 "$OUTD/logs/link-$t.log"
             die "linking $t failed"

@@ -7,7 +7,7 @@
  * one-shot jobs.
  */
 #include "config.h"
-#include "engine.h"
+#include "cli.h"
 #include "lora.h"
 #include "server.h"
 
@@ -23,7 +23,7 @@
 
 static int usage_failure(const char *sub, int rc, const char *msg)
 {
-    if (rc == CFG_HELP) {
+    if (rc == QL_EHELP) {
         cfg_print_usage(stdout, sub);
         return 0;
     }
@@ -37,7 +37,7 @@ static int run_quantize(int argc, char **argv)
     char msg[1024];
     cfg_quantize c;
     int rc = cfg_parse_quantize(argc, argv, &c, msg, sizeof msg);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return usage_failure("quantize", rc, msg);
     eng_quantize_opts o = {.in_path = c.in_path,
                            .out_path = c.out_path,
@@ -45,7 +45,7 @@ static int run_quantize(int argc, char **argv)
                            .blocksize = c.blocksize,
                            .double_quant = c.double_quant};
     rc = eng_quantize_file(&o, stdout, msg, sizeof msg);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         fprintf(stderr, "qlserve quantize: %s\n", msg);
         return 1;
     }
@@ -67,11 +67,11 @@ static int run_tokenize(int argc, char **argv)
     char msg[1024];
     cfg_tokenize c;
     int rc = cfg_parse_tokenize(argc, argv, &c, msg, sizeof msg);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return usage_failure("tokenize", rc, msg);
     eng_load_opts load = load_opts(&c.model);
     rc = eng_tokenize(&load, c.text, c.add_bos, stdout, msg, sizeof msg);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         fprintf(stderr, "qlserve tokenize: %s\n", msg);
         return 1;
     }
@@ -103,7 +103,7 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
 {
     eng_model m;
     int rc = eng_model_load(&m, load, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     eng_engine_opts eo = {
         .threads = c->threads, .device = g->device, .kv_bytes = (size_t)c->kv_mib << 20};
@@ -112,32 +112,32 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
     eng_lora *lora = NULL;
     lora_meta meta;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         lora_registry_opts ro = {0};
         rc = lora_registry_new(&reg, e, &m, &ro, msg, msg_len);
     }
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = lora_registry_load(reg, "adapter", c->adapter, 1.0f, &meta, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         fprintf(stderr, "adapter %s: rank %d, alpha %g, %d modules (%s)\n", c->adapter, meta.r,
                 (double)meta.alpha, meta.n_modules, meta.targets);
         if (meta.warning[0])
             fprintf(stderr, "adapter %s: warning: %s\n", c->adapter, meta.warning);
     }
-    if (rc == ENG_OK && c->merge) {
+    if (rc == QL_OK && c->merge) {
         lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
         if (c->into)
             mo.into = strcmp(c->into, "int8") == 0 ? QT_AFFINE : QT_BF16;
         lora_report rep;
         rc = lora_registry_merge(reg, "adapter", c->adapter_scale, &mo, &rep, msg, msg_len);
-        if (rc == ENG_OK) {
+        if (rc == QL_OK) {
             print_merge_report(stderr, &rep);
             lora_report_free(&rep);
         }
     }
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = lora_registry_get(reg, "adapter", &lora, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         eng_lora_term want = {lora, c->adapter_scale};
         eng_generate_opts go = *g;
         go.adapters = &want;
@@ -156,7 +156,7 @@ static int run_generate(int argc, char **argv)
     char msg[1024];
     cfg_generate c;
     int rc = cfg_parse_generate(argc, argv, &c, msg, sizeof msg);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return usage_failure("generate", rc, msg);
     eng_load_opts load = load_opts(&c.model);
     eng_generate_opts g = {
@@ -171,7 +171,7 @@ static int run_generate(int argc, char **argv)
         .threads = c.threads,
         .kv_bytes = (size_t)c.kv_mib << 20,
     };
-    if (eng_device_parse(c.device, &g.device, msg, sizeof msg) != ENG_OK) {
+    if (eng_device_parse(c.device, &g.device, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 2;
     }
@@ -179,7 +179,7 @@ static int run_generate(int argc, char **argv)
         rc = generate_with_adapter(&c, &load, &g, msg, sizeof msg);
     else
         rc = eng_generate(&load, &g, stdout, stderr, msg, sizeof msg);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 1;
     }
@@ -191,11 +191,11 @@ static int run_inspect(int argc, char **argv)
     char msg[1024];
     cfg_inspect c;
     int rc = cfg_parse_inspect(argc, argv, &c, msg, sizeof msg);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return usage_failure("inspect", rc, msg);
     eng_load_opts load = load_opts(&c.model);
     rc = eng_inspect(c.path, &load, stdout, msg, sizeof msg);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         fprintf(stderr, "qlserve inspect: %s\n", msg);
         return 1;
     }
@@ -207,7 +207,7 @@ static int run_serve(int argc, char **argv)
     char msg[1024];
     cfg_serve c;
     int rc = cfg_parse_serve(argc, argv, &c, msg, sizeof msg);
-    if (rc != CFG_OK)
+    if (rc != QL_OK)
         return usage_failure("serve", rc, msg);
     rc = srv_serve(&c);
     cfg_serve_free(&c);

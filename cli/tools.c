@@ -5,7 +5,7 @@
  * reader, the bitsandbytes serialization); the command line only parses
  * flags and calls them.
  */
-#include "engine.h"
+#include "cli.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -48,16 +48,16 @@ static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt
 {
     float *v = to_f32(t);
     if (!v)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: tensor '%s': out of memory", o->in_path,
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: tensor '%s': out of memory", o->in_path,
                        t->name);
     qtensor q;
     char why[256];
     int rc = qt_quantize(&q, v, t->shape[0], t->shape[1], p, why, sizeof why);
     free(v);
-    if (rc != QT_OK)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%s: tensor '%s': %s", o->in_path, t->name, why);
-    rc = eng_bnb_write(w, t->name, &q, torch_dtype_name(t->dtype), msg, msg_len);
-    if (rc == ENG_OK && log)
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s': %s", o->in_path, t->name, why);
+    rc = bnb_write(w, t->name, &q, torch_dtype_name(t->dtype), msg, msg_len);
+    if (rc == QL_OK && log)
         fprintf(log, "%s: %s [%" PRId64 ", %" PRId64 "] -> %s blocksize %d%s, %zu -> %zu bytes\n",
                 t->name, st_dtype_name(t->dtype), t->shape[0], t->shape[1], o->kind, q.blocksize,
                 q.nested ? " double-quant" : "", t->nbytes, qt_nbytes(&q));
@@ -69,22 +69,22 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
 {
     int kind = qt_kind_from_name(o->kind);
     if (kind != QT_NF4 && kind != QT_FP4)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "--kind %s: quantize writes nf4 or fp4",
+        return ql_fail(msg, msg_len, QL_EINVAL, "--kind %s: quantize writes nf4 or fp4",
                        o->kind ? o->kind : "(missing)");
     qt_quant_params p = {.kind = (qt_kind)kind,
                          .blocksize = o->blocksize ? o->blocksize : 64,
                          .double_quant = o->double_quant};
     int32_t bs = p.blocksize;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
-        return qt_fail(msg, msg_len, ENG_EINVAL, "--blocksize %d: a power of two from 32 to 4096",
+        return ql_fail(msg, msg_len, QL_EINVAL, "--blocksize %d: a power of two from 32 to 4096",
                        (int)bs);
     st_file in;
     int rc = st_open(&in, o->in_path, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     for (size_t i = 0; i < in.n_tensors; i++) {
         if (strstr(in.tensors[i].name, QS_MARK)) {
-            rc = qt_fail(msg, msg_len, ENG_EINVAL,
+            rc = ql_fail(msg, msg_len, QL_EINVAL,
                          "%s: tensor '%s' shows the file is already quantized by "
                          "bitsandbytes; quantizing it again would lose precision",
                          o->in_path, in.tensors[i].name);
@@ -95,12 +95,12 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
     st_writer *w = st_writer_new();
     if (!w) {
         st_close(&in);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < in.n_meta && rc == ENG_OK; i++)
+    for (size_t i = 0; i < in.n_meta && rc == QL_OK; i++)
         rc = st_writer_set_metadata(w, in.meta_keys[i], in.meta_values[i]);
     size_t quantized = 0;
-    for (size_t i = 0; i < in.n_tensors && rc == ENG_OK; i++) {
+    for (size_t i = 0; i < in.n_tensors && rc == QL_OK; i++) {
         const st_tensor *t = &in.tensors[i];
         if (t->ndim == 2 && t->numel > 0 && torch_dtype_name(t->dtype)) {
             rc = quantize_one(o, t, &p, w, log, msg, msg_len);
@@ -109,14 +109,14 @@ int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t m
             /* borrowed from the mapping, which outlives the write below */
             rc = st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, false,
                                msg, msg_len);
-            if (rc == ENG_OK && log)
+            if (rc == QL_OK && log)
                 fprintf(log, "%s: %s, %d-D, copied unchanged\n", t->name, st_dtype_name(t->dtype),
                         t->ndim);
         }
     }
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = st_writer_write(w, o->out_path, msg, msg_len);
-    if (rc == ENG_OK && log)
+    if (rc == QL_OK && log)
         fprintf(log, "wrote %s: %zu tensors quantized to %s, %zu copied\n", o->out_path, quantized,
                 o->kind, in.n_tensors - quantized);
     st_writer_free(w);
@@ -131,14 +131,14 @@ static bool is_part_of_quantized(const st_file *f, const char *name)
                                      ".nested_quant_map"};
     if (strstr(name, QS_MARK))
         return true;
-    if (eng_bnb_is_quantized(f, name))
+    if (bnb_is_quantized(f, name))
         return true;
     for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; i++) {
         size_t n = strlen(name), s = strlen(suffixes[i]);
         if (n > s && strcmp(name + n - s, suffixes[i]) == 0) {
             char base[1024];
             snprintf(base, sizeof base, "%.*s", (int)(n - s), name);
-            if (eng_bnb_is_quantized(f, base))
+            if (bnb_is_quantized(f, base))
                 return true;
         }
     }
@@ -160,8 +160,8 @@ static int inspect_quantized(const st_file *f, const char *qs_name, FILE *out, c
     snprintf(base, sizeof base, "%.*s", (int)(strstr(qs_name, QS_MARK) - qs_name), qs_name);
     qtensor q;
     char dtype[16];
-    int rc = eng_bnb_read(f, base, &q, dtype, msg, msg_len);
-    if (rc != ENG_OK)
+    int rc = bnb_read(f, base, &q, dtype, msg, msg_len);
+    if (rc != QL_OK)
         return rc;
     float lo = 0, hi = 0;
     for (int64_t b = 0; b < q.n_blocks; b++) {
@@ -177,14 +177,14 @@ static int inspect_quantized(const st_file *f, const char *qs_name, FILE *out, c
     fprintf(out, ", %" PRId64 " blocks, absmax in [%.6g, %.6g], %zu bytes\n", q.n_blocks,
             (double)lo, (double)hi, qt_nbytes(&q));
     qt_free(&q);
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int inspect_safetensors(const char *path, FILE *out, char *msg, size_t msg_len)
 {
     st_file f;
     int rc = st_open(&f, path, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     size_t bytes = 0;
     for (size_t i = 0; i < f.n_tensors; i++)
@@ -192,7 +192,7 @@ static int inspect_safetensors(const char *path, FILE *out, char *msg, size_t ms
     fprintf(out, "%s: safetensors, %zu tensors, %zu bytes of data\n", path, f.n_tensors, bytes);
     for (size_t i = 0; i < f.n_meta; i++)
         fprintf(out, "metadata %s = %s\n", f.meta_keys[i], f.meta_values[i]);
-    for (size_t i = 0; i < f.n_tensors && rc == ENG_OK; i++) {
+    for (size_t i = 0; i < f.n_tensors && rc == QL_OK; i++) {
         const st_tensor *t = &f.tensors[i];
         if (strstr(t->name, QS_MARK)) {
             rc = inspect_quantized(&f, t->name, out, msg, msg_len);
@@ -235,7 +235,7 @@ static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t
 {
     eng_model m;
     int rc = eng_model_load(&m, load, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     const eng_config *c = &m.cfg;
     char kinds[512];
@@ -255,7 +255,7 @@ static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t
             tok_vocab_size(m.tok), tok_bos(m.tok), tok_eos(m.tok),
             tok_adds_bos(m.tok) ? "yes" : "no");
     eng_model_free(&m);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* A GGUF file as a file: version, metadata, the census of tensor types
@@ -264,7 +264,7 @@ static int inspect_gguf_file(const char *path, FILE *out, char *msg, size_t msg_
 {
     gguf_file f;
     int rc = gguf_open(&f, path, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     uint64_t counts[64] = {0}, other = 0;
     size_t bytes = 0;
@@ -288,7 +288,7 @@ static int inspect_gguf_file(const char *path, FILE *out, char *msg, size_t msg_
         fprintf(out, " other x%" PRIu64, other);
     fputc('\n', out);
     gguf_close(&f);
-    return ENG_OK;
+    return QL_OK;
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -305,7 +305,7 @@ int eng_inspect(const char *path, const eng_load_opts *load, FILE *out, char *ms
         return inspect_safetensors(path, out, msg, msg_len);
     if (ends_with(path, ".gguf")) {
         int rc = inspect_gguf_file(path, out, msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     eng_load_opts o = *load;
@@ -318,7 +318,7 @@ int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE
 {
     eng_model m;
     int rc = eng_model_load(&m, load, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -328,7 +328,7 @@ int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE
      * up with the token that completes it) */
     tok_stream st = {0};
     char piece[4096];
-    for (size_t i = 0; rc == ENG_OK && i < n; i++) {
+    for (size_t i = 0; rc == QL_OK && i < n; i++) {
         long len = tok_stream_push(m.tok, &st, ids[i], piece, sizeof piece);
         fprintf(out, "%6d  '", ids[i]);
         for (long k = 0; k < len; k++) {
@@ -342,7 +342,7 @@ int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE
         }
         fputs("'\n", out);
     }
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         fprintf(out, "%zu tokens\n", n);
     free(ids);
     eng_model_free(&m);
@@ -399,7 +399,7 @@ int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *
                      .user = &g};
     uint64_t id;
     int rc = eng_engine_submit(e, &r, &id, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         pthread_mutex_lock(&g.mu);
         while (!g.done)
             pthread_cond_wait(&g.done_cv, &g.mu);
@@ -416,7 +416,7 @@ int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *
                                                            : 0.0,
                 eng_finish_name(g.why), eng_engine_backend(e));
         if (g.why == ENG_FINISH_ERROR)
-            rc = qt_fail(msg, msg_len, ENG_EINVAL, "generation failed in the engine");
+            rc = ql_fail(msg, msg_len, QL_EINVAL, "generation failed in the engine");
     }
     pthread_mutex_destroy(&g.mu);
     pthread_cond_destroy(&g.done_cv);
@@ -428,13 +428,13 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
 {
     eng_model m;
     int rc = eng_model_load(&m, load, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     eng_engine_opts eo = {
         .threads = o->threads, .device = o->device, .kv_bytes = o->kv_bytes, .max_running = 8};
     eng_engine *e;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         rc = eng_generate_on(e, o, out, info, msg, msg_len);
         eng_engine_stop(e);
     }

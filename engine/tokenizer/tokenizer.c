@@ -55,8 +55,7 @@
  *     does (llama.cpp tries the longest token everywhere first), and the
  *     Qwen2 family gets its NFC normalizer (llama.cpp skips it).
  */
-#include "engine.h"
-#include "engine_internal.h"
+#include "tokenizer.h"
 #include "unicode_tables.h"
 
 #include <cjson/cJSON.h>
@@ -1315,7 +1314,7 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bo
     if (n_ids)
         *n_ids = 0;
     if (!t || !ids || !n_ids || (!text && len))
-        return qt_fail(msg, msg_len, ENG_EINVAL, "tok_encode: no tokenizer, text or output");
+        return ql_fail(msg, msg_len, QL_EINVAL, "tok_encode: no tokenizer, text or output");
     scratch s = {0};
     bool ok = push_id(&s, 0); /* so that an empty result is still an allocation */
     s.n_ids = 0;
@@ -1346,14 +1345,14 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bo
         ok = encode_text(t, &s, p + done, len - done, done == 0);
     if (!ok) {
         scratch_free(&s);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory encoding %zu bytes", t->source,
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory encoding %zu bytes", t->source,
                        len);
     }
     *ids = s.ids;
     *n_ids = s.n_ids;
     s.ids = NULL;
     scratch_free(&s);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- decoding ------------------------------------------------------------- */
@@ -1454,11 +1453,11 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_s
     if (len)
         *len = 0;
     if (!t || !text || (!ids && n))
-        return qt_fail(msg, msg_len, ENG_EINVAL, "tok_decode: no tokenizer, ids or output");
+        return ql_fail(msg, msg_len, QL_EINVAL, "tok_decode: no tokenizer, ids or output");
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || (size_t)ids[i] >= t->n_tokens)
-            return qt_fail(
-                msg, msg_len, ENG_EINVAL,
+            return ql_fail(
+                msg, msg_len, QL_EINVAL,
                 "%s: token id %ld (position %zu) is outside the vocabulary of %zu tokens",
                 t->source, (long)ids[i], i, t->n_tokens);
     sink o = {0};
@@ -1471,16 +1470,16 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_s
     sink_put(&o, 0);
     if (o.failed) {
         free(o.p);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory decoding %zu tokens", t->source,
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory decoding %zu tokens", t->source,
                        n);
     }
     *text = o.p;
     if (len)
         *len = o.n - 1;
-    return ENG_OK;
+    return QL_OK;
 }
 
-/* A push that does not fit out_cap returns ENG_EINVAL and changes nothing
+/* A push that does not fit out_cap returns QL_EINVAL and changes nothing
  * (the same id can be pushed again with room). engine.h's 64 bytes hold
  * every piece of the fixture vocabularies but not all real ones (SmolLM2 has
  * an 81-byte piece); 3 * (3 + the longest piece) always fits, since every
@@ -1488,12 +1487,12 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_s
 long tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *out, size_t out_cap)
 {
     if (!t || !s || id < 0 || (size_t)id >= t->n_tokens || s->n_pending > 3 || (!out && out_cap))
-        return ENG_EINVAL;
+        return QL_EINVAL;
     tok_stream next = *s;
     sink o = {out, 0, out_cap, true, false};
     feed_token(t, &next, &o, id);
     if (o.failed)
-        return ENG_EINVAL;
+        return QL_EINVAL;
     *s = next;
     return (long)o.n;
 }
@@ -1501,13 +1500,13 @@ long tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *ou
 long tok_stream_flush(const tok_tokenizer *t, tok_stream *s, char *out, size_t out_cap)
 {
     if (!t || !s || s->n_pending > 3 || (!out && out_cap))
-        return ENG_EINVAL;
+        return QL_EINVAL;
     tok_stream next = *s;
     sink o = {out, 0, out_cap, true, false};
     if (next.n_pending)
         drop_pending(t, &next, &o);
     if (o.failed)
-        return ENG_EINVAL;
+        return QL_EINVAL;
     *s = next;
     return (long)o.n;
 }
@@ -1823,10 +1822,10 @@ static long json_id(const cJSON *v)
 static int add_step(tok_tokenizer *t, pre_step step, const char *path, char *msg, size_t msg_len)
 {
     if (t->n_steps == TOK_MAX_STEPS)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%s: more than %d pre-tokenizer steps", path,
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: more than %d pre-tokenizer steps", path,
                        TOK_MAX_STEPS);
     t->steps[t->n_steps++] = step;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* What kind of BPE the normalizer and pre-tokenizer make this. */
@@ -1839,47 +1838,47 @@ static int hf_pre_tokenizer(tok_tokenizer *t, const cJSON *pre, hf_kind *k, cons
                             char *msg, size_t msg_len)
 {
     if (!pre || cJSON_IsNull(pre))
-        return ENG_OK;
+        return QL_OK;
     const char *type = json_str(pre, "type");
     if (!type)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: a pre_tokenizer without a type", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: a pre_tokenizer without a type", path);
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers"), *it;
         if (!cJSON_IsArray(items))
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: pre_tokenizer Sequence without a pretokenizers array", path);
         cJSON_ArrayForEach (it, items) {
             int rc = hf_pre_tokenizer(t, it, k, path, msg, msg_len);
             if (rc)
                 return rc;
         }
-        return ENG_OK;
+        return QL_OK;
     }
     if (strcmp(type, "ByteLevel") == 0) {
         k->byte_level = true;
         if (json_bool(pre, "add_prefix_space", false)) {
             if (t->n_steps)
-                return qt_fail(msg, msg_len, ENG_EINVAL,
+                return ql_fail(msg, msg_len, QL_EINVAL,
                                "%s: a ByteLevel pre-tokenizer with add_prefix_space after "
                                "other steps is not supported",
                                path);
             t->prefix_space = true;
         }
         return json_bool(pre, "use_regex", true) ? add_step(t, STEP_GPT2, path, msg, msg_len)
-                                                 : ENG_OK;
+                                                 : QL_OK;
     }
     if (strcmp(type, "Split") == 0) {
         const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(pre, "pattern");
         const char *regex = json_str(pattern, "Regex"), *behavior = json_str(pre, "behavior");
         if (!regex) {
             const char *str = json_str(pattern, "String");
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: Split pre-tokenizer on the string \"%.100s\" is not supported "
                            "(only the regexes of GPT-2, Llama 3, Qwen2 and llama.cpp's default)",
                            path, str ? str : "?");
         }
         if (!behavior || strcmp(behavior, "Isolated") != 0 || json_bool(pre, "invert", false))
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: Split pre-tokenizer with behavior %s%s is not supported (only "
                            "Isolated)",
                            path, behavior ? behavior : "(none)",
@@ -1887,7 +1886,7 @@ static int hf_pre_tokenizer(tok_tokenizer *t, const cJSON *pre, hf_kind *k, cons
         for (size_t i = 0; i < N_ELEMS(known_regexes); i++)
             if (strcmp(regex, known_regexes[i].regex) == 0)
                 return add_step(t, known_regexes[i].step, path, msg, msg_len);
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: Split pre-tokenizer regex \"%.300s\" is not one we implement (only "
                        "those of GPT-2, Llama 3, Qwen2 and llama.cpp's default)",
                        path, regex);
@@ -1898,7 +1897,7 @@ static int hf_pre_tokenizer(tok_tokenizer *t, const cJSON *pre, hf_kind *k, cons
     if (strcmp(type, "Metaspace") == 0) {
         const char *rep = json_str(pre, "replacement"), *scheme = json_str(pre, "prepend_scheme");
         if (!rep || strcmp(rep, SPM_SPACE) != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: Metaspace pre-tokenizer with replacement \"%s\" is not supported "
                            "(only \"" SPM_SPACE "\")",
                            path, rep ? rep : "(none)");
@@ -1911,64 +1910,64 @@ static int hf_pre_tokenizer(tok_tokenizer *t, const cJSON *pre, hf_kind *k, cons
         else if (strcmp(scheme, "never") == 0)
             t->prefix = PREFIX_NONE;
         else
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: Metaspace prepend_scheme \"%s\" is not known", path, scheme);
         t->replace_space = true;
         t->spm_split = json_bool(pre, "split", true);
         k->spm = true;
-        return ENG_OK;
+        return QL_OK;
     }
-    return qt_fail(msg, msg_len, ENG_EINVAL, "%s: pre-tokenizer %s is not supported", path, type);
+    return ql_fail(msg, msg_len, QL_EINVAL, "%s: pre-tokenizer %s is not supported", path, type);
 }
 
 static int hf_normalizer(tok_tokenizer *t, const cJSON *norm, hf_kind *k, const char *path,
                          char *msg, size_t msg_len)
 {
     if (!norm || cJSON_IsNull(norm))
-        return ENG_OK;
+        return QL_OK;
     const char *type = json_str(norm, "type");
     if (!type)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: a normalizer without a type", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: a normalizer without a type", path);
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(norm, "normalizers"), *it;
         if (!cJSON_IsArray(items))
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: normalizer Sequence without a normalizers array", path);
         cJSON_ArrayForEach (it, items) {
             int rc = hf_normalizer(t, it, k, path, msg, msg_len);
             if (rc)
                 return rc;
         }
-        return ENG_OK;
+        return QL_OK;
     }
     if (strcmp(type, "NFC") == 0) {
         t->nfc = true;
-        return ENG_OK;
+        return QL_OK;
     }
     if (strcmp(type, "Prepend") == 0) {
         const char *what = json_str(norm, "prepend");
         if (!what || strcmp(what, SPM_SPACE) != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: Prepend normalizer of \"%s\" is not supported (only \"" SPM_SPACE
                            "\")",
                            path, what ? what : "(none)");
         t->prefix = PREFIX_EVERY;
         k->spm = true;
-        return ENG_OK;
+        return QL_OK;
     }
     if (strcmp(type, "Replace") == 0) {
         const char *from = json_str(cJSON_GetObjectItemCaseSensitive(norm, "pattern"), "String");
         const char *to = json_str(norm, "content");
         if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, SPM_SPACE) != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: Replace normalizer of \"%s\" by \"%s\" is not supported (only "
                            "\" \" by \"" SPM_SPACE "\")",
                            path, from ? from : "(a regex)", to ? to : "?");
         t->replace_space = true;
         k->spm = true;
-        return ENG_OK;
+        return QL_OK;
     }
-    return qt_fail(msg, msg_len, ENG_EINVAL, "%s: normalizer %s is not supported", path, type);
+    return ql_fail(msg, msg_len, QL_EINVAL, "%s: normalizer %s is not supported", path, type);
 }
 
 /* Whether a SentencePiece decoder drops the leading space: a Strip of " "
@@ -2043,7 +2042,7 @@ static int add_merge(tok_tokenizer *t, const char *a, size_t la, const char *b, 
                      size_t msg_len)
 {
     if (!grow((void **)buf, cap, la + lb + 1, 1))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     memcpy(*buf, a, la);
     memcpy(*buf + la, b, lb);
     int32_t ida = vocab_find(t, a, la), idb = vocab_find(t, b, lb);
@@ -2051,12 +2050,12 @@ static int add_merge(tok_tokenizer *t, const char *a, size_t la, const char *b, 
     if (ida < 0 || idb < 0 || id < 0) {
         const char *missing = ida < 0 ? a : idb < 0 ? b : *buf;
         int lm = (int)(ida < 0 ? la : idb < 0 ? lb : la + lb);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: merge %u (\"%.*s\" + \"%.*s\"): \"%.*s\" is not in the vocabulary",
                        path, rank, (int)la, a, (int)lb, b, lm, missing);
     }
     pair_insert(&t->merges, ida, idb, rank, id); /* a repeated pair keeps its first rank */
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const char *path,
@@ -2064,12 +2063,12 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model"), *it;
     if (!cJSON_IsObject(model))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: no \"model\" object", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: no \"model\" object", path);
     const char *type = json_str(model, "type");
     if (!type && cJSON_GetObjectItemCaseSensitive(model, "merges"))
         type = "BPE"; /* files from before tokenizers tagged the model */
     if (!type || strcmp(type, "BPE") != 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: model type %s is not supported (only BPE: byte-level or "
                        "sentencepiece-style)",
                        path, type ? type : "(none)");
@@ -2077,21 +2076,21 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (!cJSON_IsObject(vocab))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: model.vocab is not an object", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: model.vocab is not an object", path);
     if (merges && !cJSON_IsArray(merges))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: model.merges is not an array", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: model.merges is not an array", path);
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: added_tokens is not an array", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: added_tokens is not an array", path);
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < N_ELEMS(affixes); i++) {
         const char *v = json_str(model, affixes[i]);
         if (v && *v)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: BPE with %s \"%s\" is not supported",
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: BPE with %s \"%s\" is not supported",
                            path, affixes[i], v);
     }
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(dropout) && dropout->valuedouble != 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: BPE dropout %g is not supported (it makes encoding random)", path,
                        dropout->valuedouble);
 
@@ -2101,7 +2100,7 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     cJSON_ArrayForEach (it, vocab) {
         long id = json_id(it);
         if (id < 0)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: vocab entry \"%.100s\" has no id from 0 to %d", path, it->string,
                            TOK_MAX_ID - 1);
         max_id = id > max_id ? id : max_id;
@@ -2110,23 +2109,23 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     cJSON_ArrayForEach (it, added) {
         long id = json_id(cJSON_GetObjectItemCaseSensitive(it, "id"));
         if (id < 0 || !json_str(it, "content"))
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: an added token without content or an id from 0 to %d", path,
                            TOK_MAX_ID - 1);
         max_id = id > max_id ? id : max_id;
     }
     if (max_id < 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: the vocabulary is empty", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: the vocabulary is empty", path);
     if (!tok_alloc_tokens(t, (size_t)max_id + 1) || !str_map_init(&t->vocab, n_vocab))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     cJSON_ArrayForEach (it, vocab) {
         long id = json_id(it);
         if (t->has_text[id])
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: id %ld is given to both \"%.*s\" and \"%.100s\"", path, id,
                            (int)t->text_len[id], t->arena + t->text_off[id], it->string);
         if (!set_token(t, (int32_t)id, it->string, strlen(it->string), TT_NORMAL))
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
         vocab_insert(t, (int32_t)id, false);
     }
     size_t added_cap = 0;
@@ -2143,16 +2142,16 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
         bool ok = t->has_text[a.id] || set_token(t, a.id, content, a.len, type_of);
         t->type[a.id] = type_of;
         if (!ok || !add_added(t, &added_cap, &a, content))
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     }
 
     /* merges, by rank: "a b" strings (tokenizers before 0.20) or [a, b] */
     if (!pair_map_init(&t->merges, (size_t)cJSON_GetArraySize(merges)))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     uint32_t rank = 0;
     char *buf = NULL;
     size_t buf_cap = 0;
-    int rc = ENG_OK;
+    int rc = QL_OK;
     cJSON_ArrayForEach (it, merges) {
         const char *a = NULL, *b = NULL;
         size_t la = 0, lb = 0;
@@ -2173,7 +2172,7 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
             lb = strlen(b);
         }
         if (!a) {
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT,
                          "%s: merge %u is neither \"a b\" (one space) nor [\"a\", \"b\"]", path,
                          rank);
             break;
@@ -2200,18 +2199,18 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     t->ignore_merges = json_bool(model, "ignore_merges", false);
     k.spm = k.spm || t->byte_fallback;
     if (k.byte_level && k.spm)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: mixes byte-level (ByteLevel) and sentencepiece-style (" SPM_SPACE
                        ", byte_fallback) parts; not supported",
                        path);
     if (!k.byte_level && !k.spm)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: a BPE model that is neither byte-level (a ByteLevel pre-tokenizer) "
                        "nor sentencepiece-style (Metaspace, a " SPM_SPACE
                        " normalizer or byte_fallback) is not supported",
                        path);
     if (k.spm && (t->n_steps || t->nfc))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: a sentencepiece-style BPE with %s is not supported", path,
                        t->nfc ? "an NFC normalizer" : "Split or Digits pre-tokenizers");
     t->family = k.byte_level ? FAMILY_BYTE_LEVEL : FAMILY_SPM;
@@ -2221,7 +2220,7 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     if (unk) {
         t->unk = vocab_find(t, unk, strlen(unk));
         if (t->unk < 0)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: unk_token \"%.100s\" is not in the vocabulary", path, unk);
     }
 
@@ -2237,7 +2236,7 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
         long id = json_id(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sp, "ids"), 0));
         tmpl_id = id >= 0 ? (int32_t)id : find_token(t, tmpl_name);
         if (tmpl_id < 0 || (size_t)tmpl_id >= t->n_tokens)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: the post-processor's template starts with \"%.100s\", which is "
                            "not a token",
                            path, tmpl_name);
@@ -2246,7 +2245,7 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     t->bos = bos ? find_token(t, bos) : tmpl_id;
     t->eos = eos ? find_token(t, eos) : -1;
     if ((bos && t->bos < 0) || (eos && t->eos < 0))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s \"%.100s\" is not a token of %s",
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s \"%.100s\" is not a token of %s",
                        cfg_path, bos && t->bos < 0 ? "bos_token" : "eos_token",
                        bos && t->bos < 0 ? bos : eos, path);
     const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
@@ -2255,12 +2254,12 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
         t->adds_bos = false;
 
     if (!tok_finish(t, false))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     char name[96];
     if (t->family == FAMILY_BYTE_LEVEL)
         steps_name(t, name, sizeof name);
     describe(t, name);
-    return ENG_OK;
+    return QL_OK;
 }
 
 int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *config_path, char *msg,
@@ -2269,16 +2268,16 @@ int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *con
     if (out)
         *out = NULL;
     if (!out || !tokenizer_json)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "tok_from_hf: no output or no path");
+        return ql_fail(msg, msg_len, QL_EINVAL, "tok_from_hf: no output or no path");
     cJSON *root = NULL, *cfg = NULL;
     tok_tokenizer *t = NULL;
-    int rc = eng_read_json(tokenizer_json, 0, &root, msg, msg_len);
+    int rc = mf_read_json(tokenizer_json, 0, &root, msg, msg_len);
     if (!rc && config_path)
-        rc = eng_read_json(config_path, 0, &cfg, msg, msg_len);
+        rc = mf_read_json(config_path, 0, &cfg, msg, msg_len);
     if (!rc) {
         t = tok_new(tokenizer_json);
         rc = t ? hf_build(t, root, cfg, tokenizer_json, config_path, msg, msg_len)
-               : qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", tokenizer_json);
+               : ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", tokenizer_json);
     }
     cJSON_Delete(root);
     cJSON_Delete(cfg);
@@ -2287,7 +2286,7 @@ int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *con
         return rc;
     }
     *out = t;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- GGUF metadata ------------------------------------------------------------ */
@@ -2318,17 +2317,17 @@ static int gguf_token_id(const tok_tokenizer *t, const gguf_file *f, const char 
 {
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (!kv)
-        return ENG_OK;
+        return QL_OK;
     if (!gguf_is_int(kv->type))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s is not an integer", t->source, key);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s is not an integer", t->source, key);
     if (kv->type != GGUF_UINT64 && kv->i < 0)
-        return ENG_OK;
+        return QL_OK;
     if (kv->u >= t->n_tokens)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %s = %llu is outside the vocabulary of %zu tokens", t->source, key,
                        (unsigned long long)kv->u, t->n_tokens);
     *out = (int32_t)kv->u;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int gguf_bool(const tok_tokenizer *t, const gguf_file *f, const char *key, bool *out,
@@ -2336,11 +2335,11 @@ static int gguf_bool(const tok_tokenizer *t, const gguf_file *f, const char *key
 {
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (!kv)
-        return ENG_OK;
+        return QL_OK;
     if (kv->type != GGUF_BOOL)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s is not a bool", t->source, key);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s is not a bool", t->source, key);
     *out = kv->u != 0;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* tokenizer.ggml.tokens, token_type and scores into the table. */
@@ -2351,29 +2350,29 @@ static int gguf_tokens(tok_tokenizer *t, const gguf_file *f, char *msg, size_t m
     const gguf_kv *types = gguf_find_kv(f, "tokenizer.ggml.token_type");
     const gguf_kv *scores = gguf_find_kv(f, "tokenizer.ggml.scores");
     if (!toks)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: no tokenizer.ggml.tokens", path);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: no tokenizer.ggml.tokens", path);
     if (toks->type != GGUF_ARRAY || toks->elem != GGUF_STRING || toks->n == 0 ||
         toks->n > TOK_MAX_ID)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tokenizer.ggml.tokens is not an array of 1 to %d strings", path,
                        TOK_MAX_ID);
     size_t n = (size_t)toks->n;
     if (types && (types->type != GGUF_ARRAY || types->n != n ||
                   (types->elem != GGUF_INT32 && types->elem != GGUF_UINT32)))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tokenizer.ggml.token_type is not an array of %zu 32-bit integers", path,
                        n);
     if (scores && (scores->type != GGUF_ARRAY || scores->n != n || scores->elem != GGUF_FLOAT32))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tokenizer.ggml.scores is not an array of %zu float32", path, n);
     if (!tok_alloc_tokens(t, n) || !str_map_init(&t->vocab, n))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     for (size_t i = 0; i < n; i++) {
         int32_t type = TT_NORMAL;
         if (types) {
             memcpy(&type, types->data + 4 * i, 4);
             if (type < 0 || type >= TT_COUNT)
-                return qt_fail(msg, msg_len, ENG_EFORMAT,
+                return ql_fail(msg, msg_len, QL_EFORMAT,
                                "%s: tokenizer.ggml.token_type[%zu] = %d is not a token type", path,
                                i, (int)type);
         }
@@ -2381,10 +2380,10 @@ static int gguf_tokens(tok_tokenizer *t, const gguf_file *f, char *msg, size_t m
             memcpy(&t->score[i], scores->data + 4 * i, 4);
         if (toks->strs[i].len > UINT32_MAX ||
             !set_token(t, (int32_t)i, toks->strs[i].ptr, (size_t)toks->strs[i].len, (uint8_t)type))
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
         vocab_insert(t, (int32_t)i, true);
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* tokenizer.ggml.merges ("a b", split at the first space after the first
@@ -2393,21 +2392,21 @@ static int gguf_merges(tok_tokenizer *t, const gguf_file *f, char *msg, size_t m
 {
     const gguf_kv *kv = gguf_find_kv(f, "tokenizer.ggml.merges");
     if (!kv)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND,
+        return ql_fail(msg, msg_len, QL_ENOTFOUND,
                        "%s: no tokenizer.ggml.merges (a \"gpt2\" tokenizer needs them)", t->source);
     if (kv->type != GGUF_ARRAY || kv->elem != GGUF_STRING || kv->n > UINT32_MAX)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tokenizer.ggml.merges is not an array of strings", t->source);
     if (!pair_map_init(&t->merges, (size_t)kv->n))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", t->source);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", t->source);
     char *buf = NULL;
     size_t cap = 0;
-    int rc = ENG_OK;
+    int rc = QL_OK;
     for (uint64_t i = 0; i < kv->n && !rc; i++) {
         gguf_str s = kv->strs[i];
         const char *space = s.len > 1 ? memchr(s.ptr + 1, ' ', (size_t)s.len - 1) : NULL;
         if (!space) {
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT,
                          "%s: tokenizer.ggml.merges[%llu] \"%.*s\" is not two tokens and a space",
                          t->source, (unsigned long long)i, (int)(s.len > 100 ? 100 : s.len), s.ptr);
             break;
@@ -2425,17 +2424,17 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
     const char *path = t->source;
     const gguf_kv *model = gguf_find_kv(f, "tokenizer.ggml.model");
     if (!model)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND,
+        return ql_fail(msg, msg_len, QL_ENOTFOUND,
                        "%s: no tokenizer.ggml.model: the file carries no tokenizer", path);
     if (model->type != GGUF_STRING)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tokenizer.ggml.model is not a string", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tokenizer.ggml.model is not a string", path);
     bool gpt2 = gguf_str_is(model->str, "gpt2"), llama = gguf_str_is(model->str, "llama");
     if (!gpt2 && !llama) {
         const char *what = gguf_str_is(model->str, "bert")   ? " (WordPiece)"
                            : gguf_str_is(model->str, "t5")   ? " (Unigram)"
                            : gguf_str_is(model->str, "rwkv") ? " (RWKV's trie)"
                                                              : "";
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: tokenizer.ggml.model \"%.*s\"%s is not supported (only \"gpt2\", "
                        "byte-level BPE, and \"llama\", sentencepiece BPE)",
                        path, (int)(model->str.len > 64 ? 64 : model->str.len), model->str.ptr,
@@ -2449,7 +2448,7 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
     if (gpt2) {
         const gguf_kv *pre = gguf_find_kv(f, "tokenizer.ggml.pre");
         if (pre && pre->type != GGUF_STRING)
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tokenizer.ggml.pre is not a string",
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tokenizer.ggml.pre is not a string",
                            path);
         if (pre) /* no pre: llama.cpp's default, as llama.cpp does */
             snprintf(pre_name, sizeof pre_name, "%.*s",
@@ -2459,7 +2458,7 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
                                                : strcmp(known_pre[k].name, "default") == 0))
             k++;
         if (k == N_ELEMS(known_pre))
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tokenizer.ggml.pre \"%s\" is not a pre-tokenizer we implement "
                            "(default, gpt-2, llama-bpe, qwen2, smollm, ...)",
                            path, pre_name);
@@ -2490,7 +2489,7 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
             continue;
         tok_added a = {.id = (int32_t)i, .len = t->text_len[i], .special = type != TT_USER};
         if (!add_added(t, &cap, &a, t->arena + t->text_off[i]))
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     }
     if (llama)
         for (size_t i = 0; i < t->n_tokens && t->unk < 0; i++)
@@ -2504,9 +2503,9 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
         return rc;
     t->adds_bos = add_bos && t->bos >= 0;
     if (!tok_finish(t, true))
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     describe(t, pre_name);
-    return ENG_OK;
+    return QL_OK;
 }
 
 int tok_from_gguf(tok_tokenizer **out, const gguf_file *f, char *msg, size_t msg_len)
@@ -2514,17 +2513,17 @@ int tok_from_gguf(tok_tokenizer **out, const gguf_file *f, char *msg, size_t msg
     if (out)
         *out = NULL;
     if (!out || !f)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "tok_from_gguf: no output or no file");
+        return ql_fail(msg, msg_len, QL_EINVAL, "tok_from_gguf: no output or no file");
     tok_tokenizer *t = tok_new(f->path ? f->path : "GGUF file");
     if (!t)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path ? f->path : "GGUF");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path ? f->path : "GGUF");
     int rc = gguf_build(t, f, msg, msg_len);
     if (rc) {
         tok_free(t);
         return rc;
     }
     *out = t;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- what the tokenizer says about itself ------------------------------------ */

@@ -12,10 +12,10 @@
  * GGUF-block) weight by a new qtensor, and never touches one that is already
  * NF4/FP4/AFFINE. Nothing here computes: the forward pass lives elsewhere.
  */
-#include "engine.h"
-#include "engine_internal.h"
+#include "model.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -70,17 +70,17 @@ static int json_int_field(const char *path, const cJSON *j, const char *key, int
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     if (!v || cJSON_IsNull(v)) {
         if (required)
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"%s\" is missing", path, key);
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"%s\" is missing", path, key);
         *out = (int32_t)def;
-        return ENG_OK;
+        return QL_OK;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
         v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: \"%s\" must be an integer in [%" PRId64 ", %" PRId64 "]", path, key, lo,
                        hi);
     *out = (int32_t)v->valuedouble;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int json_float_field(const char *path, const cJSON *j, const char *key, double def,
@@ -89,13 +89,13 @@ static int json_float_field(const char *path, const cJSON *j, const char *key, d
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     if (!v || cJSON_IsNull(v)) {
         *out = (float)def;
-        return ENG_OK;
+        return QL_OK;
     }
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"%s\" must be a positive number", path,
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"%s\" must be a positive number", path,
                        key);
     *out = (float)v->valuedouble;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static bool json_bool_field(const cJSON *j, const char *key, bool def)
@@ -126,35 +126,35 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
     c->rope_scaling = ENG_ROPE_NONE;
     c->rope_factor = 1.0f;
     if (!rs || cJSON_IsNull(rs))
-        return ENG_OK;
+        return QL_OK;
     if (!cJSON_IsObject(rs))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"rope_scaling\" is not an object", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"rope_scaling\" is not an object", path);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!type)
         type = cJSON_GetObjectItemCaseSensitive(rs, "type");
     const char *t = cJSON_IsString(type) ? type->valuestring : "(missing)";
     int rc = json_float_field(path, rs, "factor", 1.0, &c->rope_factor, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     if (strcmp(t, "default") == 0)
-        return ENG_OK;
+        return QL_OK;
     if (strcmp(t, "linear") == 0) {
         c->rope_scaling = ENG_ROPE_LINEAR;
-        return ENG_OK;
+        return QL_OK;
     }
     if (strcmp(t, "llama3") == 0) {
         c->rope_scaling = ENG_ROPE_LLAMA3;
         rc = json_float_field(path, rs, "low_freq_factor", 1.0, &c->rope_low_freq_factor, msg,
                               msg_len);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = json_float_field(path, rs, "high_freq_factor", 4.0, &c->rope_high_freq_factor, msg,
                                   msg_len);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = json_int_field(path, rs, "original_max_position_embeddings", 8192, false, 1,
                                 1 << 24, &c->rope_original_max_position, msg, msg_len);
         return rc;
     }
-    return qt_fail(msg, msg_len, ENG_EINVAL,
+    return ql_fail(msg, msg_len, QL_EINVAL,
                    "%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
 }
 
@@ -165,7 +165,7 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     const char *arch = cJSON_IsString(a0) ? a0->valuestring : NULL;
     if (!arch)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"architectures\" is missing", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"architectures\" is missing", path);
     if (strcmp(arch, "LlamaForCausalLM") == 0)
         c->arch = ENG_ARCH_LLAMA;
     else if (strcmp(arch, "MistralForCausalLM") == 0)
@@ -173,20 +173,20 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
     else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
         c->arch = ENG_ARCH_QWEN2;
     else
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM)",
                        path, arch);
-    int rc = ENG_OK;
+    int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
-    if (rc == ENG_OK)                                                                              \
+    if (rc == QL_OK)                                                                              \
     rc = json_int_field(path, j, key, def, req, lo, hi, dst, msg, msg_len)
     INT_FIELD("vocab_size", 0, true, 1, 1 << 24, &c->vocab_size);
     INT_FIELD("hidden_size", 0, true, 1, 1 << 20, &c->hidden_size);
     INT_FIELD("intermediate_size", 0, true, 1, 1 << 22, &c->intermediate_size);
     INT_FIELD("num_hidden_layers", 0, true, 1, 4096, &c->n_layers);
     INT_FIELD("num_attention_heads", 0, true, 1, 4096, &c->n_heads);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     INT_FIELD("num_key_value_heads", c->n_heads, false, 1, 4096, &c->n_kv_heads);
     INT_FIELD("head_dim", c->hidden_size / c->n_heads, false, 1, 1 << 16, &c->head_dim);
@@ -194,24 +194,24 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
     INT_FIELD("sliding_window", 0, false, 0, 1 << 24, &c->sliding_window);
 #undef INT_FIELD
     const cJSON *rope_params = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    if (rc == ENG_OK && cJSON_IsObject(rope_params) &&
+    if (rc == QL_OK && cJSON_IsObject(rope_params) &&
         !cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
         rc = json_float_field(path, rope_params, "rope_theta", 10000.0, &c->rope_theta, msg,
                               msg_len);
-    else if (rc == ENG_OK)
+    else if (rc == QL_OK)
         rc = json_float_field(path, j, "rope_theta", 10000.0, &c->rope_theta, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = json_float_field(path, j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = parse_rope_scaling(path, j, c, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     if (c->n_heads % c->n_kv_heads != 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                        path, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2 != 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: head_dim %d is odd; rotary needs pairs",
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: head_dim %d is odd; rotary needs pairs",
                        path, c->head_dim);
     c->tie_word_embeddings = json_bool_field(j, "tie_word_embeddings", false);
     c->attention_bias =
@@ -225,19 +225,19 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
         const cJSON *method = cJSON_GetObjectItemCaseSensitive(qc, "quant_method");
         if (!cJSON_IsString(method) || strcmp(method->valuestring, "bitsandbytes") != 0 ||
             !json_bool_field(qc, "load_in_4bit", false))
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: quantization_config %s is not supported (bitsandbytes 4-bit is)",
                            path,
                            cJSON_IsString(method) ? method->valuestring : "(no quant_method)");
         const cJSON *qt = cJSON_GetObjectItemCaseSensitive(qc, "bnb_4bit_quant_type");
         const char *type = cJSON_IsString(qt) ? qt->valuestring : "fp4";
         if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
                            path, type);
         L->bnb_checkpoint = true;
         snprintf(L->bnb_type, sizeof L->bnb_type, "%s", type);
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- tensors: finding, checking, converting --------------------------------- */
@@ -264,7 +264,7 @@ static int dense_kind(st_dtype dt)
 static const st_file *bnb_shard(const loader *L, const char *name)
 {
     for (size_t i = 0; i < L->m->n_shards; i++)
-        if (eng_bnb_is_quantized(&L->m->shards[i], name))
+        if (bnb_is_quantized(&L->m->shards[i], name))
             return &L->m->shards[i];
     return NULL;
 }
@@ -276,15 +276,15 @@ static int dense_from_st(const st_file *f, const st_tensor *t, int64_t rows, int
 {
     int kind = dense_kind(t->dtype);
     if (kind < 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' is %s; expected F32, F16 or BF16", f->path, t->name,
                        st_dtype_name(t->dtype));
     size_t align = st_dtype_size(t->dtype);
     if (((uintptr_t)t->data % align) != 0) {
         char why[256];
         int rc = qt_from_dense(out, (qt_kind)kind, t->data, rows, cols, why, sizeof why);
-        return rc == QT_OK ? ENG_OK
-                           : qt_fail(msg, msg_len, ENG_ENOMEM, "%s: tensor '%s': %s", f->path,
+        return rc == QL_OK ? QL_OK
+                           : ql_fail(msg, msg_len, QL_ENOMEM, "%s: tensor '%s': %s", f->path,
                                      t->name, why);
     }
     memset(out, 0, sizeof *out);
@@ -294,13 +294,13 @@ static int dense_from_st(const st_file *f, const st_tensor *t, int64_t rows, int
     out->data = (uint8_t *)t->data;
     out->data_bytes = t->nbytes;
     out->data_borrowed = true;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int shape_mismatch(const char *file, const char *name, int64_t rows, int64_t cols,
                           int64_t want_rows, int64_t want_cols, char *msg, size_t msg_len)
 {
-    return qt_fail(msg, msg_len, ENG_EFORMAT,
+    return ql_fail(msg, msg_len, QL_EFORMAT,
                    "%s: tensor '%s' is [%" PRId64 ", %" PRId64 "]; the config needs [%" PRId64
                    ", %" PRId64 "]",
                    file, name, rows, cols, want_rows, want_cols);
@@ -311,22 +311,22 @@ static int shape_mismatch(const char *file, const char *name, int64_t rows, int6
 static int quantize_weight(const loader *L, const char *name, qtensor *t, char *msg, size_t msg_len)
 {
     if (t->kind == QT_NF4 || t->kind == QT_FP4 || t->kind == QT_AFFINE)
-        return ENG_OK;
+        return QL_OK;
     size_t n = (size_t)(t->rows * t->cols);
     float *w = malloc(n * sizeof *w);
     if (!w)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': out of memory", name);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", name);
     qt_dequantize_rows(t, 0, t->rows, w);
     qtensor q;
     char why[256];
     int rc = qt_quantize(&q, w, t->rows, t->cols, &L->qp, why, sizeof why);
     free(w);
-    if (rc != QT_OK)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%s: tensor '%s': cannot quantize to %s: %s",
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s': cannot quantize to %s: %s",
                        L->o->path, name, L->o->quant, why);
     qt_free(t);
     *t = q;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Give a dense tensor the dtype asked for with --dtype. Quantized tensors
@@ -334,11 +334,11 @@ static int quantize_weight(const loader *L, const char *name, qtensor *t, char *
 static int apply_dtype(const loader *L, const char *name, qtensor *t, char *msg, size_t msg_len)
 {
     if (L->dtype == QT_KIND_COUNT || !qt_traits_table[t->kind].is_dense || t->rows == 0)
-        return ENG_OK;
+        return QL_OK;
     char why[256];
-    if (qt_cast_dense(t, L->dtype, why, sizeof why) != QT_OK)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': %s", name, why);
-    return ENG_OK;
+    if (qt_cast_dense(t, L->dtype, why, sizeof why) != QL_OK)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': %s", name, why);
+    return QL_OK;
 }
 
 /* What a tensor is to the loader: a dense parameter (norms, biases), a
@@ -361,8 +361,8 @@ static int load_hf_tensor(loader *L, const char *name, int64_t rows, int64_t col
         /* a bitsandbytes-quantized linear, read as it is: whatever --quant
          * says, it is never quantized again (--quant still applies to the
          * modules the checkpoint left dense, llm_int8_skip_modules) */
-        rc = eng_bnb_read(bnb, name, out, NULL, msg, msg_len);
-        if (rc == ENG_OK && (out->rows != want_rows || out->cols != want_cols)) {
+        rc = bnb_read(bnb, name, out, NULL, msg, msg_len);
+        if (rc == QL_OK && (out->rows != want_rows || out->cols != want_cols)) {
             rc = shape_mismatch(bnb->path, name, out->rows, out->cols, want_rows, want_cols, msg,
                                 msg_len);
             qt_free(out);
@@ -371,9 +371,9 @@ static int load_hf_tensor(loader *L, const char *name, int64_t rows, int64_t col
     }
     const st_tensor *t = find_st(L, name, &f);
     if (!t)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
     if (t->ndim != (one_d ? 1 : 2))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' has %d dimensions; the config needs a %s of %" PRId64
                        " x %" PRId64,
                        f->path, name, t->ndim, one_d ? "vector" : "matrix", want_rows, want_cols);
@@ -381,13 +381,13 @@ static int load_hf_tensor(loader *L, const char *name, int64_t rows, int64_t col
     if (r != want_rows || c != want_cols)
         return shape_mismatch(f->path, name, r, c, want_rows, want_cols, msg, msg_len);
     rc = dense_from_st(f, t, want_rows, want_cols, out, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     bool quantize =
         L->quantize && (role == ROLE_LINEAR || (role == ROLE_LM_HEAD && L->o->quantize_lm_head));
     rc = quantize ? quantize_weight(L, name, out, msg, msg_len)
                   : apply_dtype(L, name, out, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         qt_free(out);
     return rc;
 }
@@ -444,9 +444,9 @@ static int load_layers(loader *L, tensor_loader load, bool gguf, char *msg, size
         [DIM_KV] = (int64_t)c->n_kv_heads * c->head_dim,
         [DIM_FF] = c->intermediate_size,
     };
-    int rc = ENG_OK;
-    for (int32_t l = 0; l < c->n_layers && rc == ENG_OK; l++) {
-        for (size_t p = 0; p < sizeof layer_parts / sizeof *layer_parts && rc == ENG_OK; p++) {
+    int rc = QL_OK;
+    for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
+        for (size_t p = 0; p < sizeof layer_parts / sizeof *layer_parts && rc == QL_OK; p++) {
             const struct layer_part *part = &layer_parts[p];
             if (part->bias && !c->attention_bias)
                 continue;
@@ -478,20 +478,20 @@ static const st_file *shard_named(const loader *L, const char *file)
 static int open_shard(loader *L, const char *file, char *msg, size_t msg_len)
 {
     if (shard_named(L, file))
-        return ENG_OK;
+        return QL_OK;
     if (strchr(file, '/') || strcmp(file, "..") == 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: shard name '%s' leaves the folder", L->dir,
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: shard name '%s' leaves the folder", L->dir,
                        file);
     char path[8192];
     snprintf(path, sizeof path, "%s/%s", L->dir, file);
     if (!file_exists(path))
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: shard %s is missing", L->dir, file);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: shard %s is missing", L->dir, file);
     st_file *s = realloc(L->m->shards, (L->m->n_shards + 1) * sizeof *s);
     if (!s)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     L->m->shards = s;
     int rc = st_open(&s[L->m->n_shards], path, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         L->m->n_shards++;
     return rc;
 }
@@ -502,18 +502,18 @@ static int open_hf_weights(loader *L, char *msg, size_t msg_len)
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", L->dir);
     if (file_exists(path)) {
         cJSON *idx;
-        int rc = eng_read_json(path, JSON_MAX_BYTES, &idx, msg, msg_len);
-        if (rc != ENG_OK)
+        int rc = mf_read_json(path, JSON_MAX_BYTES, &idx, msg, msg_len);
+        if (rc != QL_OK)
             return rc;
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
         if (!cJSON_IsObject(map))
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: \"weight_map\" is missing", path);
+            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"weight_map\" is missing", path);
         const cJSON *e;
         cJSON_ArrayForEach (e, map) {
-            if (rc != ENG_OK)
+            if (rc != QL_OK)
                 break;
             if (!cJSON_IsString(e)) {
-                rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                rc = ql_fail(msg, msg_len, QL_EFORMAT,
                              "%s: weight_map entry '%s' is not a file name", path, e->string);
                 break;
             }
@@ -521,20 +521,20 @@ static int open_hf_weights(loader *L, char *msg, size_t msg_len)
         }
         /* every tensor the index lists is in the shard it names */
         cJSON_ArrayForEach (e, map) {
-            if (rc != ENG_OK)
+            if (rc != QL_OK)
                 break;
             const st_file *shard = shard_named(L, e->valuestring);
             if (!shard || !st_find(shard, e->string))
-                rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                rc = ql_fail(msg, msg_len, QL_EFORMAT,
                              "%s: tensor '%s' is listed for %s but is not in it", path, e->string,
                              e->valuestring);
         }
         cJSON_Delete(idx);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     } else {
         int rc = open_shard(L, "model.safetensors", msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     /* a tensor named in two shards is ambiguous: refuse */
@@ -542,10 +542,10 @@ static int open_hf_weights(loader *L, char *msg, size_t msg_len)
         for (size_t k = 0; k < L->m->shards[i].n_tensors; k++)
             for (size_t j = 0; j < i; j++)
                 if (st_find(&L->m->shards[j], L->m->shards[i].tensors[k].name))
-                    return qt_fail(msg, msg_len, ENG_EFORMAT, "tensor '%s' is in both %s and %s",
+                    return ql_fail(msg, msg_len, QL_EFORMAT, "tensor '%s' is in both %s and %s",
                                    L->m->shards[i].tensors[k].name, L->m->shards[j].path,
                                    L->m->shards[i].path);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* What the model calls itself (eng_model.name): the name its file gives
@@ -557,7 +557,7 @@ static void set_model_name(eng_model *m, const char *own, size_t own_len, const 
         snprintf(m->name, sizeof m->name, "%.*s", (int)(own_len < 255 ? own_len : 255), own);
         return;
     }
-    eng_path_base(path, m->name, sizeof m->name);
+    mf_path_base(path, m->name, sizeof m->name);
 }
 
 static int load_hf(loader *L, char *msg, size_t msg_len)
@@ -567,50 +567,50 @@ static int load_hf(loader *L, char *msg, size_t msg_len)
     char path[8192];
     snprintf(path, sizeof path, "%s/config.json", L->dir);
     cJSON *j;
-    int rc = eng_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
-    if (rc != ENG_OK)
+    int rc = mf_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
+    if (rc != QL_OK)
         return rc;
     rc = parse_hf_config(L, path, j, msg, msg_len);
     const cJSON *own = cJSON_GetObjectItemCaseSensitive(j, "_name_or_path");
     set_model_name(m, cJSON_IsString(own) ? own->valuestring : NULL,
                    cJSON_IsString(own) ? strlen(own->valuestring) : 0, L->dir);
     cJSON_Delete(j);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     snprintf(m->format, sizeof m->format, "%s",
              L->bnb_checkpoint ? "bitsandbytes-4bit" : "safetensors");
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     rc = open_hf_weights(L, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     int64_t h = c->hidden_size;
     rc = load_hf_tensor(L, "model.embed_tokens.weight", c->vocab_size, h, ROLE_EMBED, &m->embed,
                         msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = load_hf_tensor(L, "model.norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
     const st_file *f;
-    if (rc == ENG_OK && !c->tie_word_embeddings) {
+    if (rc == QL_OK && !c->tie_word_embeddings) {
         rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                             msg_len);
-    } else if (rc == ENG_OK &&
+    } else if (rc == QL_OK &&
                (find_st(L, "lm_head.weight", &f) || bnb_shard(L, "lm_head.weight"))) {
         /* tied in the config but stored anyway (some exports do): use it */
         rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                             msg_len);
     }
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = load_layers(L, load_hf_tensor, false, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     char tok_path[8192], tok_cfg[8192];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", L->dir);
     snprintf(tok_cfg, sizeof tok_cfg, "%s/tokenizer_config.json", L->dir);
     if (!file_exists(tok_path))
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tokenizer.json is missing", L->dir);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tokenizer.json is missing", L->dir);
     return tok_from_hf(&m->tok, tok_path, file_exists(tok_cfg) ? tok_cfg : NULL, msg, msg_len);
 }
 
@@ -623,18 +623,18 @@ static int gguf_uint(const gguf_file *f, const char *key, int64_t def, bool requ
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (!kv) {
         if (required)
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: metadata %s is missing", f->path, key);
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is missing", f->path, key);
         *out = (int32_t)def;
-        return ENG_OK;
+        return QL_OK;
     }
     bool integer = kv->type == GGUF_UINT8 || kv->type == GGUF_INT8 || kv->type == GGUF_UINT16 ||
                    kv->type == GGUF_INT16 || kv->type == GGUF_UINT32 || kv->type == GGUF_INT32 ||
                    kv->type == GGUF_UINT64 || kv->type == GGUF_INT64;
     if (!integer || kv->i < 0 || kv->i > INT32_MAX)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: metadata %s is not a non-negative integer",
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is not a non-negative integer",
                        f->path, key);
     *out = (int32_t)kv->i;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int gguf_float(const gguf_file *f, const char *key, double def, float *out, char *msg,
@@ -643,13 +643,13 @@ static int gguf_float(const gguf_file *f, const char *key, double def, float *ou
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (!kv) {
         *out = (float)def;
-        return ENG_OK;
+        return QL_OK;
     }
     if ((kv->type != GGUF_FLOAT32 && kv->type != GGUF_FLOAT64) || !isfinite(kv->f) || kv->f <= 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: metadata %s is not a positive number",
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is not a positive number",
                        f->path, key);
     *out = (float)kv->f;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
@@ -658,7 +658,7 @@ static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
     eng_config *c = &L->m->cfg;
     const gguf_kv *a = gguf_find_kv(f, "general.architecture");
     if (!a || a->type != GGUF_STRING)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: general.architecture is missing", f->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: general.architecture is missing", f->path);
     char arch[64];
     snprintf(arch, sizeof arch, "%.*s", (int)(a->str.len < 63 ? a->str.len : 63), a->str.ptr);
     if (strcmp(arch, "llama") == 0)
@@ -666,13 +666,13 @@ static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
     else if (strcmp(arch, "qwen2") == 0)
         c->arch = ENG_ARCH_QWEN2;
     else
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2)", f->path,
                        arch);
     char key[128];
-    int rc = ENG_OK;
+    int rc = QL_OK;
 #define U(k, def, req, dst)                                                                        \
-    if (rc == ENG_OK) {                                                                            \
+    if (rc == QL_OK) {                                                                            \
         snprintf(key, sizeof key, "%s.%s", arch, k);                                               \
         rc = gguf_uint(f, key, def, req, dst, msg, msg_len);                                       \
     }
@@ -680,25 +680,25 @@ static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
     U("feed_forward_length", 0, true, &c->intermediate_size);
     U("block_count", 0, true, &c->n_layers);
     U("attention.head_count", 0, true, &c->n_heads);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     if (c->n_heads <= 0 || c->hidden_size <= 0 || c->n_layers <= 0 || c->intermediate_size <= 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: model sizes must be positive", f->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: model sizes must be positive", f->path);
     U("attention.head_count_kv", c->n_heads, false, &c->n_kv_heads);
     U("attention.key_length", c->hidden_size / c->n_heads, false, &c->head_dim);
     U("context_length", 2048, false, &c->max_position_embeddings);
 #undef U
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = gguf_float(f, key, 10000.0, &c->rope_theta, msg, msg_len);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = gguf_float(f, key, 1e-5, &c->rms_norm_eps, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0 || c->head_dim <= 0 ||
         c->head_dim % 2)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %d heads, %d kv heads, head dim %d do not make an attention layer",
                        f->path, c->n_heads, c->n_kv_heads, c->head_dim);
     c->rope_factor = 1.0f;
@@ -713,12 +713,12 @@ static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
             c->rope_scaling = ENG_ROPE_LINEAR;
             rc = gguf_float(f, key, 1.0, &c->rope_factor, msg, msg_len);
         } else if (strcmp(type, "none") != 0) {
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: rope scaling type %s is not supported (linear)", f->path, type);
         }
     }
     if (gguf_find_tensor(f, "rope_freqs.weight"))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: tensor 'rope_freqs.weight' (rope scaling stored as frequencies, as "
                        "llama.cpp writes Llama 3.1) is not supported yet",
                        f->path);
@@ -729,12 +729,12 @@ static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
     c->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->n_dims != 2)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tensor 'token_embd.weight' is missing",
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor 'token_embd.weight' is missing",
                        f->path);
     c->vocab_size = (int32_t)emb->ne[1];
     int32_t bos = -1, eos = -1;
     rc = gguf_uint(f, "tokenizer.ggml.bos_token_id", -1, false, &bos, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = gguf_uint(f, "tokenizer.ggml.eos_token_id", -1, false, &eos, msg, msg_len);
     c->bos_token_id = bos;
     c->eos_token_id = eos;
@@ -747,9 +747,9 @@ static int load_gguf_tensor(loader *L, const char *name, int64_t rows, int64_t c
     const gguf_file *f = L->m->gguf;
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tensor '%s' is missing", f->path, name);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", f->path, name);
     int rc = gguf_tensor_qtensor(f, t, out, msg, msg_len);
-    if (rc != QT_OK)
+    if (rc != QL_OK)
         return rc;
     int64_t want_rows = cols == 0 ? 1 : rows, want_cols = cols == 0 ? rows : cols;
     if (out->rows != want_rows || out->cols != want_cols) {
@@ -762,7 +762,7 @@ static int load_gguf_tensor(loader *L, const char *name, int64_t rows, int64_t c
         L->quantize && (role == ROLE_LINEAR || (role == ROLE_LM_HEAD && L->o->quantize_lm_head));
     rc = quantize ? quantize_weight(L, name, out, msg, msg_len)
                   : apply_dtype(L, name, out, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         qt_free(out);
     return rc;
 }
@@ -772,9 +772,9 @@ static int load_gguf(loader *L, char *msg, size_t msg_len)
     eng_model *m = L->m;
     m->gguf = calloc(1, sizeof *m->gguf);
     if (!m->gguf)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     int rc = gguf_open(m->gguf, L->o->path, msg, msg_len);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         free(m->gguf);
         m->gguf = NULL;
         return rc;
@@ -784,23 +784,23 @@ static int load_gguf(loader *L, char *msg, size_t msg_len)
     bool named = own && own->type == GGUF_STRING;
     set_model_name(m, named ? own->str.ptr : NULL, named ? own->str.len : 0, L->o->path);
     rc = parse_gguf_config(L, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     eng_config *c = &m->cfg;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     int64_t h = c->hidden_size;
     rc = load_gguf_tensor(L, "token_embd.weight", c->vocab_size, h, ROLE_EMBED, &m->embed, msg,
                           msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = load_gguf_tensor(L, "output_norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
-    if (rc == ENG_OK && !c->tie_word_embeddings)
+    if (rc == QL_OK && !c->tie_word_embeddings)
         rc = load_gguf_tensor(L, "output.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                               msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = load_layers(L, load_gguf_tensor, true, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     return tok_from_gguf(&m->tok, m->gguf, msg, msg_len);
 }
@@ -834,17 +834,17 @@ static int parse_quant(loader *L, char *msg, size_t msg_len)
         p->symmetric = true;
         p->group_size = o->group_size; /* 0: per channel */
     } else {
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "--quant %s: one of none, nf4, nf4-dq, fp4, int4, int8", q);
     }
     L->dtype = QT_KIND_COUNT;
     if (o->dtype) {
         int k = qt_kind_from_name(o->dtype);
         if (k != QT_F32 && k != QT_F16 && k != QT_BF16)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "--dtype %s: one of f32, bf16, f16", o->dtype);
+            return ql_fail(msg, msg_len, QL_EINVAL, "--dtype %s: one of f32, bf16, f16", o->dtype);
         L->dtype = (qt_kind)k;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* What the linear layers hold, for messages and /info. */
@@ -867,11 +867,11 @@ int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_l
     memset(m, 0, sizeof *m);
     loader L = {.o = o, .m = m};
     int rc = parse_quant(&L, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     struct stat sb;
     if (!o->path || stat(o->path, &sb) != 0)
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: %s", o->path ? o->path : "(no model path)",
+        return ql_fail(msg, msg_len, QL_EIO, "%s: %s", o->path ? o->path : "(no model path)",
                        o->path ? strerror(errno) : "give --model");
     if (S_ISDIR(sb.st_mode)) {
         snprintf(L.dir, sizeof L.dir, "%s", o->path);
@@ -879,16 +879,16 @@ int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_l
     } else {
         rc = load_gguf(&L, msg, msg_len);
     }
-    if (rc == ENG_OK && tok_vocab_size(m->tok) > (size_t)m->cfg.vocab_size)
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+    if (rc == QL_OK && tok_vocab_size(m->tok) > (size_t)m->cfg.vocab_size)
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: the tokenizer has %zu tokens but the model embeds only %d", o->path,
                      tok_vocab_size(m->tok), m->cfg.vocab_size);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         eng_model_free(m);
         return rc;
     }
     describe_quant(m);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Layer l's part p, through the layer table's offsets. */

@@ -15,9 +15,10 @@
  *                                     "nested_blocksize", "nested_offset",
  *                                     "nested_dtype"}
  */
-#include "engine.h"
+#include "modelfile.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,7 @@ static const st_tensor *find_quant_state(const st_file *f, const char *base, con
     return NULL;
 }
 
-bool eng_bnb_is_quantized(const st_file *f, const char *base)
+bool bnb_is_quantized(const st_file *f, const char *base)
 {
     const char *type;
     return find_quant_state(f, base, &type) != NULL;
@@ -54,12 +55,12 @@ static int get_part(const st_file *f, const char *base, const char *suffix, st_d
     snprintf(key, sizeof key, "%s%s", base, suffix);
     const st_tensor *t = st_find(f, key);
     if (!t)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: tensor '%s' is missing", f->path, key);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", f->path, key);
     if (t->dtype != dtype)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' is %s; expected %s", f->path,
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' is %s; expected %s", f->path,
                        key, st_dtype_name(t->dtype), st_dtype_name(dtype));
     *out = t;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* A JSON number that must be a positive integer, or -1. */
@@ -95,22 +96,22 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
                              char *msg, size_t msg_len)
 {
     cJSON *j = cJSON_ParseWithLength((const char *)qs->data, qs->nbytes);
-    int rc = ENG_OK;
+    int rc = QL_OK;
     if (!cJSON_IsObject(j)) {
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s%s%s' does not hold a JSON object", f->path,
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s%s%s' does not hold a JSON object", f->path,
                      base, QS_PREFIX, s->type);
         goto out;
     }
     const cJSON *qt = cJSON_GetObjectItemCaseSensitive(j, "quant_type");
     if (!cJSON_IsString(qt) || strcmp(qt->valuestring, s->type) != 0) {
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: '%s': quant_type %s does not match the key's %s", f->path, base,
                      cJSON_IsString(qt) ? qt->valuestring : "(missing)", s->type);
         goto out;
     }
     int64_t bs = json_int(j, "blocksize");
     if (bs < 0 || bs > 4096) {
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': blocksize is missing or invalid",
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': blocksize is missing or invalid",
                      f->path, base);
         goto out;
     }
@@ -119,7 +120,7 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     if (!cJSON_IsString(dt) ||
         (strcmp(dt->valuestring, "float32") && strcmp(dt->valuestring, "float16") &&
          strcmp(dt->valuestring, "bfloat16"))) {
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: '%s': dtype %s is not float32, float16 or bfloat16", f->path, base,
                      cJSON_IsString(dt) ? dt->valuestring : "(missing)");
         goto out;
@@ -128,7 +129,7 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
     int nd = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : 0;
     if (nd < 1 || nd > ST_MAX_DIMS) {
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': shape is missing", f->path, base);
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': shape is missing", f->path, base);
         goto out;
     }
     /* all leading dimensions fold into rows; the last is the input dim */
@@ -137,7 +138,7 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
         const cJSON *d = cJSON_GetArrayItem(shape, i);
         if (!cJSON_IsNumber(d) || d->valuedouble < 1 || d->valuedouble > 1e12 ||
             d->valuedouble != floor(d->valuedouble)) {
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT,
                          "%s: '%s': shape[%d] is not a positive "
                          "integer",
                          f->path, base, i);
@@ -153,7 +154,7 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     if (s->nested) {
         int64_t nbs = json_int(j, "nested_blocksize");
         if (!cJSON_IsNumber(off) || !isfinite(off->valuedouble) || nbs < 0 || nbs > 4096) {
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT,
                          "%s: '%s': nested_offset or nested_blocksize is invalid", f->path, base);
             goto out;
         }
@@ -165,36 +166,36 @@ out:
     return rc;
 }
 
-int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
+int bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
                  size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     bnb_state s = {0};
     const st_tensor *qs = find_quant_state(f, base, &s.type);
     if (!qs)
-        return qt_fail(msg, msg_len, ENG_ENOTFOUND, "%s: '%s' has no bitsandbytes quant state",
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: '%s' has no bitsandbytes quant state",
                        f->path, base);
     if (qs->dtype != ST_U8)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: quant state of '%s' is %s, not U8", f->path,
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: quant state of '%s' is %s, not U8", f->path,
                        base, st_dtype_name(qs->dtype));
     int rc = parse_quant_state(f, base, qs, &s, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     const st_tensor *codes, *absmax, *qmap, *nabsmax = NULL, *nqmap = NULL;
     rc = get_part(f, base, "", ST_U8, &codes, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = get_part(f, base, ".absmax", s.nested ? ST_U8 : ST_F32, &absmax, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = get_part(f, base, ".quant_map", ST_F32, &qmap, msg, msg_len);
-    if (rc == ENG_OK && s.nested)
+    if (rc == QL_OK && s.nested)
         rc = get_part(f, base, ".nested_absmax", ST_F32, &nabsmax, msg, msg_len);
-    if (rc == ENG_OK && s.nested)
+    if (rc == QL_OK && s.nested)
         rc = get_part(f, base, ".nested_quant_map", ST_F32, &nqmap, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     if (qmap->numel != 16 || (nqmap && nqmap->numel != 256))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: '%s': quant_map has %lld values (16 expected) or "
                        "nested_quant_map is not 256",
                        f->path, base, (long long)qmap->numel);
@@ -202,7 +203,7 @@ int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_o
     float *cb = f32_copy(qmap), *am = s.nested ? NULL : f32_copy(absmax);
     float *nam = nabsmax ? f32_copy(nabsmax) : NULL, *nq = nqmap ? f32_copy(nqmap) : NULL;
     if (!cb || (!s.nested && !am) || (s.nested && (!nam || !nq))) {
-        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: '%s': out of memory", f->path, base);
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: '%s': out of memory", f->path, base);
     } else {
         qt_bnb4_parts parts = {
             .kind = strcmp(s.type, "nf4") == 0 ? QT_NF4 : QT_FP4,
@@ -223,14 +224,14 @@ int eng_bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_o
         };
         char why[256];
         rc = qt_from_bnb4(out, &parts, why, sizeof why);
-        if (rc != QT_OK)
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: '%s': %s", f->path, base, why);
+        if (rc != QL_OK)
+            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': %s", f->path, base, why);
     }
     free(cb);
     free(am);
     free(nam);
     free(nq);
-    if (rc == ENG_OK && dtype_out)
+    if (rc == QL_OK && dtype_out)
         snprintf(dtype_out, 16, "%s", s.dtype);
     return rc;
 }
@@ -273,11 +274,11 @@ static char *quant_state_json(const qtensor *t, const char *dtype)
     return buf;
 }
 
-int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
+int bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
                   size_t msg_len)
 {
     if (t->kind != QT_NF4 && t->kind != QT_FP4)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "'%s': a %s tensor has no bitsandbytes serialization", base,
                        qt_kind_name(t->kind));
     char key[1024];
@@ -286,7 +287,7 @@ int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *
     do {                                                                                           \
         snprintf(key, sizeof key, "%s%s", base, suffix);                                           \
         rc = st_writer_add(w, key, dt, nd, shp, ptr, bytes, true, msg, msg_len);                   \
-        if (rc != ENG_OK)                                                                          \
+        if (rc != QL_OK)                                                                          \
             return rc;                                                                             \
     } while (0)
     int64_t packed_shape[2] = {(int64_t)t->data_bytes, 1};
@@ -306,7 +307,7 @@ int eng_bnb_write(st_writer *w, const char *base, const qtensor *t, const char *
     }
     char *json = quant_state_json(t, dtype);
     if (!json)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "'%s': out of memory", base);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "'%s': out of memory", base);
     int64_t jl[1] = {(int64_t)strlen(json)};
     snprintf(key, sizeof key, "%s%s%s", base, QS_PREFIX, t->kind == QT_NF4 ? "nf4" : "fp4");
     rc = st_writer_add(w, key, ST_U8, 1, jl, json, strlen(json), true, msg, msg_len);

@@ -9,8 +9,8 @@
  * Block layout (f32): for layer l, K then V, each [block_tokens][kv_dim],
  * kv_dim = n_kv_heads * head_dim. Owned by the engine thread: no locks.
  */
-#include "engine.h"
-#include "kv_cache_internal.h"
+#include "runtime.h"
+#include "internal/kv_cache_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +24,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     size_t block_floats = (size_t)cfg->n_layers * 2 * (size_t)bt * (size_t)kv_dim;
     size_t block_bytes = block_floats * sizeof(float);
     if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "KV cache of %zu bytes holds no block of %d positions (%zu bytes each)",
                        bytes, bt, block_bytes);
     size_t n = bytes / block_bytes;
@@ -32,7 +32,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
         n = INT32_MAX;
     eng_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     kv->block_tokens = bt;
     kv->n_layers = cfg->n_layers;
     kv->kv_dim = kv_dim;
@@ -42,7 +42,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     kv->free_list = malloc(n * sizeof *kv->free_list);
     if ((host_arena && !kv->data) || !kv->free_list) {
         eng_kv_free(kv);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "cannot allocate a KV cache of %zu bytes",
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
     }
     /* hand out low block numbers first: easier to read in a debugger */
@@ -50,7 +50,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
         kv->free_list[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
     *out = kv;
-    return ENG_OK;
+    return QL_OK;
 }
 
 int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
@@ -103,16 +103,16 @@ int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens)
 {
     int32_t need = eng_kv_blocks_for(kv, n_tokens) - s->n_blocks;
     if (need <= 0)
-        return ENG_OK;
+        return QL_OK;
     if (need > kv->n_free)
-        return ENG_ENOMEM;
+        return QL_ENOMEM;
     int32_t *t = realloc(s->blocks, (size_t)(s->n_blocks + need) * sizeof *t);
     if (!t)
-        return ENG_ENOMEM;
+        return QL_ENOMEM;
     s->blocks = t;
     for (int32_t i = 0; i < need; i++)
         s->blocks[s->n_blocks++] = kv->free_list[--kv->n_free];
-    return ENG_OK;
+    return QL_OK;
 }
 
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s)

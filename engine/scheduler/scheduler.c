@@ -24,8 +24,8 @@
  * version has merged, unmerged. A new version published by a merge is
  * taken between two steps; sequences already running finish on theirs.
  */
-#include "backend_internal.h"
-#include "engine.h"
+#include "../runtime/internal/backend_internal.h"
+#include "scheduler.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -197,36 +197,36 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
 {
     const eng_config *c = &e->m->cfg;
     if (!r->prompt || r->prompt_len == 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "the prompt is empty");
+        return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is empty");
     long bad = invalid_utf8_at((const unsigned char *)r->prompt, r->prompt_len);
     if (bad >= 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
+        return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
     if (r->max_new_tokens < 1 || r->max_new_tokens > e->o.max_new_tokens)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "max_new_tokens %d is not in [1, %d]",
+        return ql_fail(msg, msg_len, QL_EINVAL, "max_new_tokens %d is not in [1, %d]",
                        r->max_new_tokens, e->o.max_new_tokens);
     int rc = eng_sampling_check(&r->sampling, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     for (size_t i = 0; i < r->n_adapters; i++) {
         const eng_lora_term *t = &r->adapters[i];
         if (!t->lora || t->lora->n_layers != c->n_layers)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "adapter %zu is not one for this model", i);
+            return ql_fail(msg, msg_len, QL_EINVAL, "adapter %zu is not one for this model", i);
         if (!(t->scale == t->scale) || t->scale > 1e6f || t->scale < -1e6f)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "adapter %s: scale %g is not a usable number",
+            return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s: scale %g is not a usable number",
                            t->lora->name, (double)t->scale);
         for (size_t j = 0; j < i; j++)
             if (r->adapters[j].lora == t->lora)
-                return qt_fail(msg, msg_len, ENG_EINVAL, "adapter %s is named twice",
+                return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s is named twice",
                                t->lora->name);
     }
     seq *s = calloc(1, sizeof *s);
     if (!s)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     if (r->n_adapters) {
         s->want = malloc(r->n_adapters * sizeof *s->want);
         if (!s->want) {
             free(s);
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         }
         for (size_t i = 0; i < r->n_adapters; i++) {
             s->want[i] = r->adapters[i];
@@ -237,31 +237,31 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     size_t n = 0;
     rc = tok_encode(e->m->tok, r->prompt, r->prompt_len, tok_adds_bos(e->m->tok), true, &s->prompt,
                     &n, msg, msg_len);
-    if (rc == ENG_OK && n == 0)
-        rc = qt_fail(msg, msg_len, ENG_EINVAL, "the prompt encodes to no tokens");
-    if (rc == ENG_OK && (int64_t)n >= c->max_position_embeddings)
-        rc = qt_fail(msg, msg_len, ENG_EINVAL,
+    if (rc == QL_OK && n == 0)
+        rc = ql_fail(msg, msg_len, QL_EINVAL, "the prompt encodes to no tokens");
+    if (rc == QL_OK && (int64_t)n >= c->max_position_embeddings)
+        rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "the prompt is %zu tokens; the context holds %d, with room for one more", n,
                      c->max_position_embeddings);
-    if (rc == ENG_OK && e->o.max_context > 0 && (int64_t)n + r->max_new_tokens > e->o.max_context)
-        rc = qt_fail(msg, msg_len, ENG_EINVAL,
+    if (rc == QL_OK && e->o.max_context > 0 && (int64_t)n + r->max_new_tokens > e->o.max_context)
+        rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "the prompt's %zu tokens plus max new tokens %d exceed the context length of "
                      "%d tokens",
                      n, r->max_new_tokens, e->o.max_context);
     s->n_prompt = (int32_t)n;
     int64_t want = (int64_t)n + r->max_new_tokens;
     s->reserve = (int32_t)(want < c->max_position_embeddings ? want : c->max_position_embeddings);
-    if (rc == ENG_OK && eng_kv_blocks_for(e->kv, s->reserve) > eng_kv_total_blocks(e->kv))
-        rc = qt_fail(msg, msg_len, ENG_EINVAL,
+    if (rc == QL_OK && eng_kv_blocks_for(e->kv, s->reserve) > eng_kv_total_blocks(e->kv))
+        rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "%zu prompt tokens + max_new_tokens %d need %d KV blocks; the cache has %d "
                      "(lower max_new_tokens or give the KV cache more bytes)",
                      n, r->max_new_tokens, eng_kv_blocks_for(e->kv, s->reserve),
                      eng_kv_total_blocks(e->kv));
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = eng_sampler_init(&s->sampler, &r->sampling, s->prompt, n);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         seq_free(s);
         return rc;
     }
@@ -278,8 +278,8 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
         pthread_mutex_unlock(&e->mu);
         seq_free(s);
         return stopping
-                   ? qt_fail(msg, msg_len, ENG_EBUSY, "the engine is stopping")
-                   : qt_fail(msg, msg_len, ENG_EBUSY,
+                   ? ql_fail(msg, msg_len, QL_EBUSY, "the engine is stopping")
+                   : ql_fail(msg, msg_len, QL_EBUSY,
                              "the queue is full (%d requests waiting); try again later", queued);
     }
     s->id = ++e->next_id;
@@ -294,7 +294,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     e->stats.waiting = e->queued;
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
-    return ENG_OK;
+    return QL_OK;
 }
 
 void eng_engine_cancel(eng_engine *e, uint64_t id)
@@ -358,7 +358,7 @@ static void admit(eng_engine *e)
 {
     while (e->waiting && e->n_running < e->o.max_running) {
         seq *s = e->waiting;
-        if (eng_kv_reserve(e->kv, &s->kv, s->reserve) != ENG_OK)
+        if (eng_kv_reserve(e->kv, &s->kv, s->reserve) != QL_OK)
             return; /* the head waits for blocks; order is kept */
         e->waiting = s->next;
         if (!e->waiting)
@@ -372,7 +372,7 @@ static void admit(eng_engine *e)
         s->weights = e->current;
         eng_weights_ref(s->weights);
         if (eng_lora_difference(s->want, s->n_want, s->weights->merged, s->weights->n_merged,
-                                &s->delta, &s->n_delta) != ENG_OK) {
+                                &s->delta, &s->n_delta) != QL_OK) {
             finish(e, s, ENG_FINISH_ERROR);
             continue;
         }
@@ -476,7 +476,7 @@ static bool run_step(eng_engine *e)
             q->u = eng_sampler_uniform(&s->sampler);
     }
     int rc = eng_backend_forward(e->backend, e->step, n, e->logits, e->tokens, msg, sizeof msg);
-    if (rc != ENG_OK) /* the step's sequences end with an error; say why once */
+    if (rc != QL_OK) /* the step's sequences end with an error; say why once */
         fprintf(stderr, "qlserve: a step of %d sequences failed: %s\n", n, msg);
     int32_t vocab = e->m->cfg.vocab_size;
     uint64_t generated = 0, prompt = 0;
@@ -488,7 +488,7 @@ static bool run_step(eng_engine *e)
             prompt += (uint64_t)e->step[k].n_tokens;
         }
         bool ended;
-        if (rc != ENG_OK) {
+        if (rc != QL_OK) {
             finish(e, s, ENG_FINISH_ERROR);
             ended = true;
         } else if (prefill && s->n_prefilled < s->n_prompt) {
@@ -660,7 +660,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     *out = NULL;
     eng_engine *e = calloc(1, sizeof *e);
     if (!e)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->versions_cv, NULL);
@@ -684,7 +684,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     e->eos = m->cfg.eos_token_id >= 0 ? m->cfg.eos_token_id : tok_eos(m->tok);
     int32_t vocab = m->cfg.vocab_size;
     int rc = eng_weights_new(&e->current, m, 0, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         e->latest = e->current;
         eng_weights_ref(e->latest);
         eng_backend_opts bo = {.device = o->device,
@@ -695,7 +695,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                                .block_tokens = e->o.block_tokens};
         rc = eng_backend_new(&e->backend, m, &bo, msg, msg_len);
     }
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         e->kv = eng_backend_kv(e->backend);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));
         e->tokens = malloc((size_t)e->o.max_running * sizeof(int32_t));
@@ -704,17 +704,17 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
         e->step = calloc((size_t)e->o.max_running, sizeof *e->step);
         e->step_owner = calloc((size_t)e->o.max_running, sizeof *e->step_owner);
         if (!e->logits || !e->tokens || !e->scratch || !e->running || !e->step || !e->step_owner)
-            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for %d sequences",
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %d sequences",
                          e->o.max_running);
     }
-    if (rc == ENG_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
-        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "cannot start the engine thread");
-    if (rc != ENG_OK) {
+    if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "cannot start the engine thread");
+    if (rc != QL_OK) {
         engine_free(e);
         return rc;
     }
     *out = e;
-    return ENG_OK;
+    return QL_OK;
 }
 
 void eng_engine_stop(eng_engine *e)
@@ -797,14 +797,14 @@ int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *cost
                        char *msg, size_t msg_len)
 {
     if (!e->backend->prepare)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "the %s backend merges on the host: nothing to prepare",
                        eng_device_name(eng_backend_device(e->backend)));
     prepare_job job = {.w = w, .costs = costs, .digest = digest};
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
         pthread_mutex_unlock(&e->mu);
-        return qt_fail(msg, msg_len, ENG_EINVAL, "the engine is stopping");
+        return ql_fail(msg, msg_len, QL_EINVAL, "the engine is stopping");
     }
     job.next = e->prepares;
     e->prepares = &job;
@@ -812,7 +812,7 @@ int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *cost
     while (!job.done)
         pthread_cond_wait(&e->prepared_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
-    if (job.rc != ENG_OK)
-        return qt_fail(msg, msg_len, job.rc, "%s", job.msg);
-    return ENG_OK;
+    if (job.rc != QL_OK)
+        return ql_fail(msg, msg_len, job.rc, "%s", job.msg);
+    return QL_OK;
 }

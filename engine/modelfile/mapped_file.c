@@ -6,8 +6,7 @@
  * anything. The small JSON files beside them (config.json, tokenizer.json,
  * the shard index) are read whole and parsed by one function.
  */
-#include "engine.h"
-#include "engine_internal.h"
+#include "modelfile.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -19,40 +18,40 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int eng_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
+int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
                  char *msg, size_t msg_len)
 {
     *map = NULL;
     *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return ql_fail(msg, msg_len, QL_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: not a regular file", path);
+        return ql_fail(msg, msg_len, QL_EIO, "%s: not a regular file", path);
     }
     if ((uint64_t)sb.st_size < min_len) {
         close(fd);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %lld bytes is too short for a %s header (truncated?)", path,
                        (long long)sb.st_size, format);
     }
     void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot map: %s", path, strerror(errno));
+        return ql_fail(msg, msg_len, QL_EIO, "%s: cannot map: %s", path, strerror(errno));
     *map = m;
     *len = (size_t)sb.st_size;
-    return ENG_OK;
+    return QL_OK;
 }
 
-int eng_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, size_t msg_len)
+int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, size_t msg_len)
 {
     *root = NULL;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return ql_fail(msg, msg_len, QL_EIO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -62,7 +61,7 @@ int eng_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, s
             if (!b) {
                 fclose(f);
                 free(buf);
-                return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory reading it", path);
+                return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory reading it", path);
             }
             buf = b;
             cap = grown;
@@ -74,21 +73,21 @@ int eng_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, s
         if (max_bytes && len > max_bytes) {
             fclose(f);
             free(buf);
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: larger than %zu bytes", path, max_bytes);
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: larger than %zu bytes", path, max_bytes);
         }
     }
     bool failed = ferror(f);
     fclose(f);
     if (failed) {
         free(buf);
-        return qt_fail(msg, msg_len, ENG_EIO, "%s: read error", path);
+        return ql_fail(msg, msg_len, QL_EIO, "%s: read error", path);
     }
     *root = cJSON_ParseWithLength(buf, len);
     if (!*root) {
         const char *at = cJSON_GetErrorPtr();
         size_t where = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
         free(buf);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: not valid JSON (it stops making sense at byte %zu of %zu%s)", path,
                        where, len, where + 8 >= len ? ", near its end: truncated?" : "");
     }
@@ -96,12 +95,12 @@ int eng_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, s
     if (!cJSON_IsObject(*root)) {
         cJSON_Delete(*root);
         *root = NULL;
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: not a JSON object", path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: not a JSON object", path);
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
-void eng_path_base(const char *path, char *out, size_t out_len)
+void mf_path_base(const char *path, char *out, size_t out_len)
 {
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/')

@@ -60,15 +60,15 @@ static inline void say(char *msg, size_t msg_len, const char *fmt, ...)
 }
 
 /* The QT_E* code a CUDA status stands for: no device, driver or code for
- * this device is QT_EUNSUPPORTED (the backend cannot run here), running out
- * of memory QT_ENOMEM, anything else the device did QT_EDEVICE. */
+ * this device is QL_EUNSUPPORTED (the backend cannot run here), running out
+ * of memory QL_ENOMEM, anything else the device did QL_EDEVICE. */
 static inline int code_for_cuda_status(cudaError_t st)
 {
     switch (st) {
-    case cudaSuccess: return QT_OK;
-    case cudaErrorMemoryAllocation: return QT_ENOMEM;
+    case cudaSuccess: return QL_OK;
+    case cudaErrorMemoryAllocation: return QL_ENOMEM;
     case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer: return QT_EINVAL;
+    case cudaErrorInvalidDevicePointer: return QL_EINVAL;
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
     case cudaErrorStubLibrary:
@@ -77,8 +77,8 @@ static inline int code_for_cuda_status(cudaError_t st)
     case cudaErrorCompatNotSupportedOnDevice:
     case cudaErrorDevicesUnavailable:
     case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion: return QT_EUNSUPPORTED;
-    default: return QT_EDEVICE;
+    case cudaErrorUnsupportedPtxVersion: return QL_EUNSUPPORTED;
+    default: return QL_EDEVICE;
     }
 }
 
@@ -179,7 +179,7 @@ static inline int free_device(const void *p, const char *what, int rc, char *msg
     if (!p)
         return rc;
     cudaError_t st = cudaFree(const_cast<void *>(p));
-    if (st != cudaSuccess && rc == QT_OK)
+    if (st != cudaSuccess && rc == QL_OK)
         return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
     return rc;
 }

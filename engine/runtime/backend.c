@@ -5,7 +5,7 @@
  * in backend_cuda.c and is built only with CUDA; the scheduler sees both
  * through eng_backend_forward alone.
  */
-#include "backend_internal.h"
+#include "internal/backend_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -21,10 +21,10 @@ int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_le
     for (size_t i = 0; name && i < sizeof names / sizeof *names; i++) {
         if (strcmp(name, names[i].name) == 0) {
             *out = names[i].d;
-            return ENG_OK;
+            return QL_OK;
         }
     }
-    return qt_fail(msg, msg_len, ENG_EINVAL, "device \"%s\": expected cpu, cuda or auto",
+    return ql_fail(msg, msg_len, QL_EINVAL, "device \"%s\": expected cpu, cuda or auto",
                    name ? name : "(null)");
 }
 
@@ -116,24 +116,24 @@ static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_back
 {
     cpu_backend *c = calloc(1, sizeof *c);
     if (!c)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     c->base.device = ENG_DEVICE_CPU;
     c->base.m = m;
     c->base.forward = cpu_forward;
     c->base.destroy = cpu_destroy;
     int rc = eng_pool_new(&c->pool, o->threads, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = eng_kv_new(&c->base.kv, &m->cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = eng_forward_state_new(&c->st, m, o->max_tokens, msg, msg_len);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         cpu_destroy(&c->base);
         return rc;
     }
     snprintf(c->base.describe, sizeof c->base.describe, "cpu (%d threads)",
              eng_pool_threads(c->pool));
     *out = &c->base;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- the choice -------------------------------------------------------------- */
@@ -150,7 +150,7 @@ int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opt
         return eng_backend_cuda_new(out, m, o, msg, msg_len);
 #else
     if (d == ENG_DEVICE_CUDA)
-        return qt_fail(msg, msg_len, ENG_EDEVICE,
+        return ql_fail(msg, msg_len, QL_EDEVICE,
                        "device cuda: this qlserve was built without the CUDA backend (no nvcc "
                        "at build time); rebuild with the CUDA toolkit or use --device cpu");
 #endif
@@ -195,5 +195,5 @@ int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
     if (b->digest)
         return b->digest(b, w, digest, msg, msg_len);
     *digest = eng_weights_digest(b->m, w);
-    return ENG_OK;
+    return QL_OK;
 }

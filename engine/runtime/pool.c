@@ -14,7 +14,7 @@
  * sleeps after SPIN_NS of spinning. The sleepers counters, read and
  * written under the mutex, make the wake-ups lossless.
  */
-#include "engine.h"
+#include "runtime.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -132,10 +132,10 @@ int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len)
         n_threads = n > 0 ? (int)n : 1;
     }
     if (n_threads > 256)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%d threads: at most 256", n_threads);
+        return ql_fail(msg, msg_len, QL_EINVAL, "%d threads: at most 256", n_threads);
     eng_pool *p = calloc(1, sizeof *p);
     if (!p)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     p->n_threads = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work, NULL);
@@ -143,17 +143,17 @@ int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len)
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) {
         eng_pool_free(p);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
     for (int i = 1; i < n_threads; i++) {
         if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
             p->n_threads = i; /* the ones started are joined by free */
             eng_pool_free(p);
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "cannot start worker thread %d", i);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "cannot start worker thread %d", i);
         }
     }
     *out = p;
-    return ENG_OK;
+    return QL_OK;
 }
 
 void eng_pool_free(eng_pool *p)

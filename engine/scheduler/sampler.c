@@ -75,7 +75,7 @@
  * the whole character is held. The text itself is not checked: the
  * tokenizer's stream already emits whole characters.
  */
-#include "engine.h"
+#include "scheduler.h"
 #include "sample_math.h"
 
 #include <float.h>
@@ -88,23 +88,23 @@
 int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len)
 {
     if (!p)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "no sampling parameters");
+        return ql_fail(msg, msg_len, QL_EINVAL, "no sampling parameters");
     if (!(isfinite(p->temperature) && p->temperature >= 0))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "temperature %g is not a finite number >= 0 (0 is greedy)",
                        (double)p->temperature);
     if (p->top_k < 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "top_k %d is negative (0 turns it off)",
+        return ql_fail(msg, msg_len, QL_EINVAL, "top_k %d is negative (0 turns it off)",
                        (int)p->top_k);
     if (!(p->top_p == 0 || (p->top_p > 0 && p->top_p <= 1)))
-        return qt_fail(msg, msg_len, ENG_EINVAL, "top_p %g is not in (0, 1] (0 turns it off)",
+        return ql_fail(msg, msg_len, QL_EINVAL, "top_p %g is not in (0, 1] (0 turns it off)",
                        (double)p->top_p);
     if (!(p->repetition_penalty == 0 ||
           (p->repetition_penalty > 0 && isfinite(p->repetition_penalty))))
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "repetition_penalty %g is not a finite number > 0 (0 or 1 turns it off)",
                        (double)p->repetition_penalty);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- the random stream ------------------------------------------------------ */
@@ -163,19 +163,19 @@ static int seen_add(eng_sampler *s, int32_t id)
 {
     size_t at = seen_position(s, id);
     if (at < s->n_seen && s->seen[at] == id)
-        return ENG_OK;
+        return QL_OK;
     if (s->n_seen == s->cap_seen) {
         size_t cap = s->cap_seen ? 2 * s->cap_seen : 64;
         int32_t *grown = realloc(s->seen, cap * sizeof *grown);
         if (!grown)
-            return ENG_ENOMEM;
+            return QL_ENOMEM;
         s->seen = grown;
         s->cap_seen = cap;
     }
     memmove(s->seen + at + 1, s->seen + at, (s->n_seen - at) * sizeof *s->seen);
     s->seen[at] = id;
     s->n_seen++;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int compare_ids(const void *a, const void *b)
@@ -186,7 +186,7 @@ static int compare_ids(const void *a, const void *b)
 
 /*
  * p NULL means greedy. Refuses parameters eng_sampling_check refuses
- * (ENG_EINVAL); ENG_ENOMEM when the prompt cannot be copied. Negative
+ * (QL_EINVAL); QL_ENOMEM when the prompt cannot be copied. Negative
  * prompt ids are not recorded; ids past the vocabulary are recorded and
  * ignored by eng_sample. On error s holds nothing (eng_sampler_free is
  * still safe).
@@ -204,25 +204,25 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
     for (int i = 0; i < 4; i++)
         s->rng[i] = splitmix64(&x);
     if (n_prompt == 0 || !prompt)
-        return ENG_OK;
+        return QL_OK;
     s->cap_seen = n_prompt + 64;
     s->seen = malloc(s->cap_seen * sizeof *s->seen);
     if (!s->seen) {
         s->cap_seen = 0;
-        return ENG_ENOMEM;
+        return QL_ENOMEM;
     }
     for (size_t i = 0; i < n_prompt; i++)
         if (prompt[i] >= 0)
             s->seen[s->n_seen++] = prompt[i];
     if (s->n_seen == 0)
-        return ENG_OK;
+        return QL_OK;
     qsort(s->seen, s->n_seen, sizeof *s->seen, compare_ids);
     size_t distinct = 1;
     for (size_t i = 1; i < s->n_seen; i++)
         if (s->seen[i] != s->seen[distinct - 1])
             s->seen[distinct++] = s->seen[i];
     s->n_seen = distinct;
-    return ENG_OK;
+    return QL_OK;
 }
 
 void eng_sampler_free(eng_sampler *s)
@@ -912,20 +912,20 @@ int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, 
 {
     *out = NULL;
     if (n > 0 && !stops)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%zu stop strings but no array of them", n);
+        return ql_fail(msg, msg_len, QL_EINVAL, "%zu stop strings but no array of them", n);
     for (size_t i = 0; i < n; i++) {
         if (!stops[i])
-            return qt_fail(msg, msg_len, ENG_EINVAL, "stop string %zu is NULL", i);
+            return ql_fail(msg, msg_len, QL_EINVAL, "stop string %zu is NULL", i);
         if (!stops[i][0])
-            return qt_fail(msg, msg_len, ENG_EINVAL, "stop string %zu is empty", i);
+            return ql_fail(msg, msg_len, QL_EINVAL, "stop string %zu is empty", i);
     }
     eng_stop *s = calloc(1, sizeof *s);
     if (!s)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for %zu stop strings", n);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu stop strings", n);
     s->stops = n ? calloc(n, sizeof *s->stops) : NULL;
     if (n && !s->stops) {
         free(s);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for %zu stop strings", n);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu stop strings", n);
     }
     for (size_t i = 0; i < n; i++) {
         stop_string *st = &s->stops[i];
@@ -935,7 +935,7 @@ int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, 
         st->fail = malloc(st->len * sizeof *st->fail);
         if (!st->text || !st->fail) {
             eng_stop_free(s);
-            return qt_fail(msg, msg_len, ENG_ENOMEM,
+            return ql_fail(msg, msg_len, QL_ENOMEM,
                            "out of memory for stop string %zu (%zu bytes)", i, st->len);
         }
         memcpy(st->text, stops[i], st->len + 1);
@@ -949,7 +949,7 @@ int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, 
         }
     }
     *out = s;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Feed one byte to a stop string's automaton; true when it completes. */

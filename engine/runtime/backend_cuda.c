@@ -31,10 +31,10 @@
  * closest to the CPU backend's tokens).
  *
  * Every CUDA status is checked; running out of device memory at creation
- * or at a step is an ENG_ENOMEM naming what did not fit, and the step's
+ * or at a step is an QL_ENOMEM naming what did not fit, and the step's
  * sequences end with an error while the server keeps serving.
  */
-#include "backend_internal.h"
+#include "internal/backend_internal.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
 
@@ -105,11 +105,11 @@ typedef struct cuda_backend {
 static int eng_code(int qt_rc)
 {
     switch (qt_rc) {
-    case QT_OK: return ENG_OK;
-    case QT_ENOMEM: return ENG_ENOMEM;
-    case QT_EINVAL: return ENG_EINVAL;
-    case QT_ENONFINITE: return QT_ENONFINITE;
-    default: return ENG_EDEVICE;
+    case QL_OK: return QL_OK;
+    case QL_ENOMEM: return QL_ENOMEM;
+    case QL_EINVAL: return QL_EINVAL;
+    case QL_ENONFINITE: return QL_ENONFINITE;
+    default: return QL_EDEVICE;
     }
 }
 
@@ -123,8 +123,8 @@ static int cuda_fail(cudaError_t st, char *msg, size_t msg_len, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    int rc = st == cudaErrorMemoryAllocation ? ENG_ENOMEM : ENG_EDEVICE;
-    return qt_fail(msg, msg_len, rc, "cuda: %s: %s (%s)", what, cudaGetErrorString(st),
+    int rc = st == cudaErrorMemoryAllocation ? QL_ENOMEM : QL_EDEVICE;
+    return ql_fail(msg, msg_len, rc, "cuda: %s: %s (%s)", what, cudaGetErrorString(st),
                    cudaGetErrorName(st));
 }
 
@@ -138,14 +138,14 @@ static int cuda_fail(cudaError_t st, char *msg, size_t msg_len, const char *fmt,
 #define QT_TRY(call)                                                                               \
     do {                                                                                           \
         int rc_ = (call);                                                                          \
-        if (rc_ != QT_OK)                                                                          \
+        if (rc_ != QL_OK)                                                                          \
             return eng_code(rc_);                                                                  \
     } while (0)
 
 bool eng_cuda_present(void)
 {
     int n = 0;
-    return qt_cuda_device_count(&n, NULL, 0) == QT_OK && n > 0;
+    return qt_cuda_device_count(&n, NULL, 0) == QL_OK && n > 0;
 }
 
 /* n bytes of device memory into *p, naming `what` when they are not there. */
@@ -156,7 +156,7 @@ static int dev_alloc(void *p, size_t n, const char *what, char *msg, size_t msg_
     if (n == 0)
         n = 1;
     CUDA_TRY(cudaMalloc(out, n), "cannot allocate %zu bytes of device memory for %s", n, what);
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int host_alloc(void *p, size_t n, const char *what, char *msg, size_t msg_len)
@@ -166,7 +166,7 @@ static int host_alloc(void *p, size_t n, const char *what, char *msg, size_t msg
     if (n == 0)
         n = 1;
     CUDA_TRY(cudaMallocHost(out, n), "cannot allocate %zu bytes of pinned memory for %s", n, what);
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* A dense [1, n] parameter to a new f32 device array. */
@@ -175,10 +175,10 @@ static int upload_row(const qtensor *t, float **out, const char *what, char *msg
     size_t n = (size_t)t->cols;
     float *host = malloc(n * sizeof(float));
     if (!host)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     qt_dequantize_rows(t, 0, 1, host);
     int rc = dev_alloc(out, n * sizeof(float), what, msg, msg_len);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         cudaError_t st = cudaMemcpy(*out, host, n * sizeof(float), cudaMemcpyHostToDevice);
         if (st != cudaSuccess)
             rc = cuda_fail(st, msg, msg_len, "copying %s to the device", what);
@@ -192,10 +192,10 @@ static int upload_tensor(const qtensor *t, qt_cuda_tensor *d, const char *what, 
 {
     char why[256];
     int rc = qt_cuda_tensor_upload(t, d, why, sizeof why);
-    if (rc != QT_OK)
-        return qt_fail(msg, msg_len, eng_code(rc), "uploading %s: %s", what, why);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, eng_code(rc), "uploading %s: %s", what, why);
     *bytes += d->device_bytes;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- adapters and versions on the device ---------------------------------------- */
@@ -215,11 +215,11 @@ static void dev_lora_free(dev_lora *dl, int32_t n_layers)
 static int upload_dense(const qtensor *t, void **out, char *msg, size_t msg_len)
 {
     int rc = dev_alloc(out, t->data_bytes, "an adapter matrix", msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     CUDA_TRY(cudaMemcpy(*out, t->data, t->data_bytes, cudaMemcpyHostToDevice),
              "copying an adapter matrix to the device");
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* The device copy of adapter l, uploaded on first use. */
@@ -229,39 +229,39 @@ static int lora_on_device(cuda_backend *c, const eng_lora *l, dev_lora **out, ch
     for (dev_lora *dl = c->loras; dl; dl = dl->next)
         if (dl->lora == l) {
             *out = dl;
-            return ENG_OK;
+            return QL_OK;
         }
     size_t n = (size_t)l->n_layers * ENG_N_PROJ;
     dev_lora *dl = calloc(1, sizeof *dl);
     if (!dl)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     dl->lora = (eng_lora *)l;
     eng_lora_ref(dl->lora);
     dl->a = calloc(n, sizeof *dl->a);
     dl->b = calloc(n, sizeof *dl->b);
-    int rc = dl->a && dl->b ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
-    for (size_t i = 0; rc == ENG_OK && i < n; i++) {
+    int rc = dl->a && dl->b ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (size_t i = 0; rc == QL_OK && i < n; i++) {
         const eng_lora_module *mod = &l->modules[i];
         if (mod->a.rows == 0)
             continue;
         if (mod->a.rows > c->max_rank) {
-            rc = qt_fail(msg, msg_len, ENG_EINVAL,
+            rc = ql_fail(msg, msg_len, QL_EINVAL,
                          "adapter %s: rank %lld is above the CUDA backend's %d", l->name,
                          (long long)mod->a.rows, c->max_rank);
             break;
         }
         rc = upload_dense(&mod->a, &dl->a[i], msg, msg_len);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = upload_dense(&mod->b, &dl->b[i], msg, msg_len);
     }
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         dev_lora_free(dl, l->n_layers);
         return rc;
     }
     dl->next = c->loras;
     c->loras = dl;
     *out = dl;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static void dev_version_free(dev_version *dv, int32_t n_layers)
@@ -285,11 +285,11 @@ static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, en
         if (!mod)
             continue;
         if (n == (int32_t)(sizeof terms / sizeof *terms))
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "more than %d adapters merged into one projection", n);
         dev_lora *dl;
         int rc = lora_on_device(c, w->merged[i].lora, &dl, msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
         size_t at = (size_t)l * ENG_N_PROJ + p;
         terms[n++] = (qt_cuda_lora_term){.a = dl->a[at],
@@ -304,12 +304,12 @@ static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, en
     qt_cuda_merge_report report;
     int rc =
         qt_cuda_merge(&c->layers[l].proj[p], terms, n, out, &report, c->stream, why, sizeof why);
-    if (rc != QT_OK)
-        return qt_fail(msg, msg_len, eng_code(rc), "merging layer %d %s on the device: %s", l,
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, eng_code(rc), "merging layer %d %s on the device: %s", l,
                        eng_proj_name(p), why);
     if (cost)
         *cost = (eng_merge_cost){report.dot, report.delta_sq, report.err_sq, true};
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Whether an adapter merged into w targets layer l's projection p. */
@@ -329,19 +329,19 @@ static int version_on_device(cuda_backend *c, const eng_weights *w, eng_merge_co
     for (dev_version *dv = c->versions; dv; dv = dv->next)
         if (dv->w == w) {
             *out = dv;
-            return ENG_OK;
+            return QL_OK;
         }
     const eng_model *m = c->base.m;
     int32_t L = m->cfg.n_layers;
     dev_version *dv = calloc(1, sizeof *dv);
     if (!dv)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     dv->w = (eng_weights *)w;
     eng_weights_ref(dv->w);
     dv->proj = calloc((size_t)L * ENG_N_PROJ, sizeof *dv->proj);
-    int rc = dv->proj ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
-    for (int32_t l = 0; rc == ENG_OK && l < L; l++) {
-        for (int p = 0; rc == ENG_OK && p < ENG_N_PROJ; p++) {
+    int rc = dv->proj ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (int32_t l = 0; rc == QL_OK && l < L; l++) {
+        for (int p = 0; rc == QL_OK && p < ENG_N_PROJ; p++) {
             const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
             const qtensor *served = eng_weights_proj(w, l, (eng_proj)p);
             size_t i = (size_t)l * ENG_N_PROJ + p;
@@ -358,14 +358,14 @@ static int version_on_device(cuda_backend *c, const eng_weights *w, eng_merge_co
             }
         }
     }
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         dev_version_free(dv, L);
         return rc;
     }
     dv->next = c->versions;
     c->versions = dv;
     *out = dv;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Drop the device copies whose host object nobody else holds any more. */
@@ -444,8 +444,8 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
             rows += sc->seqs[e].n_tokens;
         int rc =
             qt_cuda_matmul(c->blas, w, x + r0 * in, rows, y + r0 * out, c->stream, why, sizeof why);
-        if (rc != QT_OK)
-            return qt_fail(msg, msg_len, eng_code(rc), "layer %d %s: %s", l, eng_proj_name(p), why);
+        if (rc != QL_OK)
+            return ql_fail(msg, msg_len, eng_code(rc), "layer %d %s: %s", l, eng_proj_name(p), why);
         s = e;
     }
     for (int32_t k = 0; k < sc->max_terms; k++) {
@@ -454,11 +454,11 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
             continue;
         int rc = qt_cuda_sgmv(x, in, y, out, c->d_segs + run->first, run->n, run->max_rank,
                               sc->rows, c->lora_t, c->stream, why, sizeof why);
-        if (rc != QT_OK)
-            return qt_fail(msg, msg_len, eng_code(rc), "layer %d %s, adapters: %s", l,
+        if (rc != QL_OK)
+            return ql_fail(msg, msg_len, eng_code(rc), "layer %d %s, adapters: %s", l,
                            eng_proj_name(p), why);
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Refuse what forward.c refuses (eng_step_check), and more sequences than
@@ -467,7 +467,7 @@ static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n
                       int64_t *rows, char *msg, size_t msg_len)
 {
     if (n_seqs > c->max_seqs)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%d sequences in one step; at most %d", n_seqs,
+        return ql_fail(msg, msg_len, QL_EINVAL, "%d sequences in one step; at most %d", n_seqs,
                        c->max_seqs);
     int64_t max_rank = 0; /* the adapters' ranks were bounded at upload */
     return eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank, msg,
@@ -480,16 +480,16 @@ static int grow_pair(void **host, void **dev, int64_t *cap, int64_t n, size_t si
                      const char *what, char *msg, size_t msg_len)
 {
     if (n <= *cap)
-        return ENG_OK;
+        return QL_OK;
     int64_t want = n > 2 * *cap ? n : 2 * *cap;
     cudaFreeHost(*host);
     cudaFree(*dev);
     *host = *dev = NULL;
     *cap = 0;
     int rc = host_alloc(host, (size_t)want * size, what, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = dev_alloc(dev, (size_t)want * size, what, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         *cap = want;
     return rc;
 }
@@ -521,7 +521,7 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
     }
     int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,
                        sizeof(int32_t), "block tables", msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     for (int32_t s = 0; s < sc->n_seqs; s++) {
         const eng_step_seq *q = &sc->seqs[s];
@@ -543,11 +543,11 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         size_t n_runs = (size_t)L * ENG_N_PROJ * (size_t)sc->max_terms;
         sc->runs = calloc(n_runs, sizeof *sc->runs);
         if (!sc->runs)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         int64_t n_segs = (int64_t)n_runs * sc->n_seqs, at = 0;
         rc = grow_pair((void **)&c->h_segs, (void **)&c->d_segs, &c->segs_cap, n_segs,
                        sizeof(qt_cuda_lora_segment), "adapter segments", msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
         for (int32_t l = 0; l < L; l++)
             for (int p = 0; p < ENG_N_PROJ; p++)
@@ -605,7 +605,7 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             CUDA_TRY(cudaMemcpyAsync(copies[i].dev, copies[i].host, copies[i].bytes,
                                      cudaMemcpyHostToDevice, c->stream),
                      "copying the step's layout to the device");
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* A kernel's failure as an engine error: in layer l, or (l < 0) around
@@ -613,14 +613,14 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
 static int op_fail(int qt_rc, int32_t l, const char *why, char *msg, size_t msg_len)
 {
     if (l < 0)
-        return qt_fail(msg, msg_len, eng_code(qt_rc), "cuda: %s", why);
-    return qt_fail(msg, msg_len, eng_code(qt_rc), "cuda: layer %d: %s", l, why);
+        return ql_fail(msg, msg_len, eng_code(qt_rc), "cuda: %s", why);
+    return ql_fail(msg, msg_len, eng_code(qt_rc), "cuda: layer %d: %s", l, why);
 }
 
 #define OP(call)                                                                                   \
     do {                                                                                           \
         int rc_ = (call);                                                                          \
-        if (rc_ != QT_OK)                                                                          \
+        if (rc_ != QL_OK)                                                                          \
             return op_fail(rc_, l, why, msg, msg_len);                                             \
     } while (0)
 
@@ -677,7 +677,7 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
             return rc;
         OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Whether q's token is chosen on the device (the caller takes tokens and
@@ -752,7 +752,7 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
     if (tokens)
         for (int32_t s = 0; s < sc->n_seqs; s++)
             tokens[s] = chosen_here(&sc->seqs[s], tokens) ? c->h_greedy[s] : -1;
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
@@ -761,18 +761,18 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     cuda_backend *c = (cuda_backend *)b;
     step_ctx sc = {.c = c, .seqs = seqs, .n_seqs = n_seqs};
     int rc = check_step(c, seqs, n_seqs, &sc.rows, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     prune_device_copies(c);
     sc.vers = calloc((size_t)n_seqs + 1, sizeof *sc.vers);
     if (!sc.vers)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     rc = lay_out_step(&sc, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = run_layers(&sc, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = finish_step(&sc, logits, tokens, msg, msg_len);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         /* leave the stream idle (and the staging free to reuse) whatever failed;
          * a fault poisons the context, which the next step reports again */
         cudaStreamSynchronize(c->stream);
@@ -780,14 +780,14 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     }
     free(sc.vers);
     free(sc.runs);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     for (int32_t s = 0; s < n_seqs; s++) {
         int32_t end = seqs[s].pos + seqs[s].n_tokens;
         if (end > seqs[s].kv->n_tokens)
             seqs[s].kv->n_tokens = end;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- checking what the device holds ------------------------------------------------ */
@@ -805,30 +805,30 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
     dev_version *dv = NULL;
     if (w && w->n_merged > 0) {
         int rc = version_on_device(c, w, NULL, &dv, msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     qtensor *copies = calloc(n, sizeof *copies);
     const qtensor **proj = calloc(n, sizeof *proj);
-    int rc = copies && proj ? ENG_OK : qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+    int rc = copies && proj ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     CUDA_TRY(cudaStreamSynchronize(c->stream), "finishing the device's work");
-    for (size_t i = 0; rc == ENG_OK && i < n; i++) {
+    for (size_t i = 0; rc == QL_OK && i < n; i++) {
         int32_t l = (int32_t)(i / ENG_N_PROJ);
         eng_proj p = (eng_proj)(i % ENG_N_PROJ);
         const qtensor *host = w ? eng_weights_proj(w, l, p) : eng_model_proj(m, l, p);
         const qt_cuda_tensor *dev = dv && dv->proj[i].rows ? &dv->proj[i] : &c->layers[l].proj[p];
         char why[256];
-        if (qt_clone(&copies[i], host) != QT_OK) {
-            rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        if (qt_clone(&copies[i], host) != QL_OK) {
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         } else {
             int qrc = qt_cuda_tensor_download(dev, &copies[i], why, sizeof why);
-            if (qrc != QT_OK)
-                rc = qt_fail(msg, msg_len, eng_code(qrc), "layer %d %s: %s", l, eng_proj_name(p),
+            if (qrc != QL_OK)
+                rc = ql_fail(msg, msg_len, eng_code(qrc), "layer %d %s: %s", l, eng_proj_name(p),
                              why);
         }
         proj[i] = &copies[i];
     }
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         eng_weights view = {.m = m, .proj = proj};
         *digest = eng_weights_digest(m, &view);
     }
@@ -853,13 +853,13 @@ static int cuda_prepare(eng_backend *b, const eng_weights *w, eng_merge_cost *co
         for (dv = c->versions; dv && dv->w != w;)
             dv = dv->next;
         if (dv && costs)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "version %llu is on the device already",
+            return ql_fail(msg, msg_len, QL_EINVAL, "version %llu is on the device already",
                            (unsigned long long)w->version);
         int rc = version_on_device(c, w, costs, &dv, msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
-    return digest ? cuda_digest(b, w, digest, msg, msg_len) : ENG_OK;
+    return digest ? cuda_digest(b, w, digest, msg, msg_len) : QL_OK;
 }
 
 /* --- creation ---------------------------------------------------------------------- */
@@ -921,32 +921,32 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             KV = (int64_t)cfg->n_kv_heads * cfg->head_dim;
     size_t *bytes = &c->weight_bytes;
     int rc = upload_tensor(&m->embed, &c->embed, "the token embeddings", bytes, msg, msg_len);
-    if (rc == ENG_OK && m->lm_head.rows)
+    if (rc == QL_OK && m->lm_head.rows)
         rc = upload_tensor(&m->lm_head, &c->lm_head, "lm_head", bytes, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = upload_row(&m->norm, &c->final_norm, "the final norm", msg, msg_len);
-    c->layers = rc == ENG_OK ? calloc((size_t)cfg->n_layers, sizeof *c->layers) : NULL;
-    if (rc == ENG_OK && !c->layers)
-        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
-    for (int32_t l = 0; rc == ENG_OK && l < cfg->n_layers; l++) {
+    c->layers = rc == QL_OK ? calloc((size_t)cfg->n_layers, sizeof *c->layers) : NULL;
+    if (rc == QL_OK && !c->layers)
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (int32_t l = 0; rc == QL_OK && l < cfg->n_layers; l++) {
         const eng_layer *hl = &m->layers[l];
         dev_layer *dl = &c->layers[l];
         char what[96];
         snprintf(what, sizeof what, "layer %d's norms", l);
         rc = upload_row(&hl->attn_norm, &dl->attn_norm, what, msg, msg_len);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             rc = upload_row(&hl->ffn_norm, &dl->ffn_norm, what, msg, msg_len);
-        if (rc == ENG_OK && cfg->attention_bias) {
+        if (rc == QL_OK && cfg->attention_bias) {
             /* q, k and v biases side by side, as forward.c keeps them */
             float *host = malloc((size_t)(Q + 2 * KV) * sizeof(float));
             if (!host)
-                return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+                return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
             qt_dequantize_rows(&hl->bq, 0, 1, host);
             qt_dequantize_rows(&hl->bk, 0, 1, host + Q);
             qt_dequantize_rows(&hl->bv, 0, 1, host + Q + KV);
             snprintf(what, sizeof what, "layer %d's biases", l);
             rc = dev_alloc(&dl->bias, (size_t)(Q + 2 * KV) * sizeof(float), what, msg, msg_len);
-            if (rc == ENG_OK) {
+            if (rc == QL_OK) {
                 cudaError_t st = cudaMemcpy(dl->bias, host, (size_t)(Q + 2 * KV) * sizeof(float),
                                             cudaMemcpyHostToDevice);
                 if (st != cudaSuccess)
@@ -954,7 +954,7 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             }
             free(host);
         }
-        for (int p = 0; rc == ENG_OK && p < ENG_N_PROJ; p++) {
+        for (int p = 0; rc == QL_OK && p < ENG_N_PROJ; p++) {
             snprintf(what, sizeof what, "layer %d %s", l, eng_proj_name((eng_proj)p));
             rc = upload_tensor(eng_model_proj(m, l, (eng_proj)p), &dl->proj[p], what, bytes, msg,
                                msg_len);
@@ -1003,7 +1003,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     };
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) {
         int rc = dev_alloc(dev[i].p, dev[i].bytes, dev[i].what, msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     struct {
@@ -1018,18 +1018,18 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     };
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) {
         int rc = host_alloc(host[i].p, host[i].bytes, "the step's layout", msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     c->seq_row = malloc(S * sizeof(int64_t));
     c->inv_freq = malloc(half * sizeof(double));
     if (!c->seq_row || !c->inv_freq)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     eng_rope_inv_freq(cfg, c->inv_freq);
 
     /* the KV cache: bookkeeping on the host, the arena here */
     int rc = eng_kv_new_meta(&c->base.kv, cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     c->kv = (qt_cuda_kv){.block_tokens = eng_kv_block_tokens(c->base.kv),
                          .n_layers = cfg->n_layers,
@@ -1037,7 +1037,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
                          .block_floats = eng_kv_block_floats(c->base.kv)};
     size_t arena = (size_t)eng_kv_total_blocks(c->base.kv) * c->kv.block_floats * sizeof(float);
     rc = dev_alloc(&c->kv.arena, arena, "the KV cache (lower --kv-cache-bytes)", msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     /* cuBLASLt: scratch for the largest weight, dequantized */
@@ -1052,14 +1052,14 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     if (gemm && strcmp(gemm, "bf16") == 0)
         type = QT_CUDA_GEMM_BF16;
     else if (gemm && *gemm && strcmp(gemm, "f32") != 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "QLSERVE_CUDA_GEMM=\"%s\": expected f32 or bf16",
+        return ql_fail(msg, msg_len, QL_EINVAL, "QLSERVE_CUDA_GEMM=\"%s\": expected f32 or bf16",
                        gemm);
     char why[256];
     rc = qt_cuda_blas_new(&c->blas, biggest, (int64_t)T > (int64_t)S ? (int64_t)T : (int64_t)S,
                           (int64_t)wide, type, why, sizeof why);
-    if (rc != QT_OK)
-        return qt_fail(msg, msg_len, eng_code(rc), "cuda: cuBLASLt: %s", why);
-    return ENG_OK;
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, eng_code(rc), "cuda: cuBLASLt: %s", why);
+    return QL_OK;
 }
 
 int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o,
@@ -1070,15 +1070,15 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     char why[256];
     int n = 0;
     int qrc = qt_cuda_device_count(&n, why, sizeof why);
-    if (qrc != QT_OK || n < 1)
-        return qt_fail(msg, msg_len, ENG_EDEVICE, "device cuda: no usable CUDA device (%s)", why);
+    if (qrc != QL_OK || n < 1)
+        return ql_fail(msg, msg_len, QL_EDEVICE, "device cuda: no usable CUDA device (%s)", why);
     if (cfg->head_dim > 256 || cfg->head_dim % 2)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "head_dim %d: the CUDA attention takes even head sizes up to 256",
                        cfg->head_dim);
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     c->base.device = ENG_DEVICE_CUDA;
     c->base.m = m;
     c->base.forward = cuda_forward;
@@ -1089,15 +1089,15 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     c->max_tokens = o->max_tokens > 0 ? o->max_tokens : 256;
     c->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
     c->max_rank = 256; /* qt_cuda_sgmv's bound */
-    int rc = ENG_OK;
+    int rc = QL_OK;
     cudaError_t st = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (st != cudaSuccess)
         rc = cuda_fail(st, msg, msg_len, "creating a stream");
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = upload_model(c, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = allocate_run_state(c, o, msg, msg_len);
-    if (rc != ENG_OK) {
+    if (rc != QL_OK) {
         cuda_destroy(&c->base);
         return rc;
     }
@@ -1110,5 +1110,5 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
              "cuda (%.160s, sm_%d%d, %.2f GiB of weights)", prop.name, prop.major, prop.minor,
              (double)c->weight_bytes / (1024.0 * 1024 * 1024));
     *out = &c->base;
-    return ENG_OK;
+    return QL_OK;
 }

@@ -14,7 +14,7 @@
  * The digest hashes every weight byte a version serves, so anyone can
  * check that an unmerge gave back the pristine bits.
  */
-#include "engine.h"
+#include "model.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -74,10 +74,10 @@ int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora
     *out = NULL;
     *n_out = 0;
     if (n_want + n_merged == 0)
-        return ENG_OK;
+        return QL_OK;
     eng_lora_term *d = malloc((n_want + n_merged) * sizeof *d);
     if (!d)
-        return ENG_ENOMEM;
+        return QL_ENOMEM;
     size_t n = 0;
     for (size_t i = 0; i < n_want; i++) {
         float s = want[i].scale;
@@ -100,7 +100,7 @@ int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora
     }
     *out = d;
     *n_out = n;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- weight versions ------------------------------------------------------------ */
@@ -121,7 +121,7 @@ int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, cha
             free(w->owned);
         }
         free(w);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory for a weight version");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for a weight version");
     }
     w->version = version;
     w->m = m;
@@ -130,7 +130,7 @@ int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, cha
             w->proj[(size_t)l * ENG_N_PROJ + (size_t)p] = eng_model_proj(m, l, (eng_proj)p);
     w->refs = 1;
     *out = w;
-    return ENG_OK;
+    return QL_OK;
 }
 
 void eng_weights_set(eng_weights *w, int32_t layer, eng_proj p, qtensor *t)
@@ -147,7 +147,7 @@ int eng_weights_set_merged(eng_weights *w, const eng_lora_term *terms, size_t n,
 {
     eng_lora_term *copy = n ? malloc(n * sizeof *copy) : NULL;
     if (n && !copy)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         copy[i] = terms[i];
         eng_lora_ref(copy[i].lora);
@@ -157,7 +157,7 @@ int eng_weights_set_merged(eng_weights *w, const eng_lora_term *terms, size_t n,
     free(w->merged);
     w->merged = copy;
     w->n_merged = n;
-    return ENG_OK;
+    return QL_OK;
 }
 
 const qtensor *eng_weights_proj(const eng_weights *w, int32_t layer, eng_proj p)

@@ -6,7 +6,7 @@
 #ifndef QL_BACKEND_INTERNAL_H
 #define QL_BACKEND_INTERNAL_H
 
-#include "engine.h"
+#include "runtime.h"
 
 struct eng_backend {
     eng_device device;

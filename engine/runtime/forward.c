@@ -11,14 +11,14 @@
  * Immutable weights (eng_model), mutable per-step scratch
  * (eng_forward_state) and the KV cache are three separate things.
  */
-#include "engine.h"
+#include "runtime.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_internal.h"
-#include "kv_cache_internal.h"
+#include "internal/backend_internal.h"
+#include "internal/kv_cache_internal.h"
 #include "ops_math.h"
 
 struct eng_forward_state {
@@ -78,14 +78,14 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     *out = NULL;
     const eng_config *c = &m->cfg;
     if (max_tokens <= 0)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "max tokens per step %d must be positive",
+        return ql_fail(msg, msg_len, QL_EINVAL, "max tokens per step %d must be positive",
                        max_tokens);
     if (c->head_dim > 512)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "head_dim %d: attention supports up to 512",
+        return ql_fail(msg, msg_len, QL_EINVAL, "head_dim %d: attention supports up to 512",
                        c->head_dim);
     eng_forward_state *st = calloc(1, sizeof *st);
     if (!st)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     size_t T = (size_t)max_tokens, H = (size_t)c->hidden_size,
            Q = (size_t)c->n_heads * (size_t)c->head_dim,
            KV = (size_t)c->n_kv_heads * (size_t)c->head_dim, F = (size_t)c->intermediate_size,
@@ -119,7 +119,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms || !st->final_norm ||
         (c->attention_bias && !st->biases)) {
         eng_forward_state_free(st);
-        return qt_fail(msg, msg_len, ENG_ENOMEM,
+        return ql_fail(msg, msg_len, QL_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
     }
     eng_rope_inv_freq(c, st->inv_freq);
@@ -135,7 +135,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     }
     dense_row(&m->norm, st->final_norm);
     *out = st;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* --- the pieces -------------------------------------------------------------- */
@@ -213,16 +213,16 @@ static int lora_scratch(eng_forward_state *st, int64_t rank)
         st->lora_y = malloc(big);
         st->lora_u = malloc(big);
         if (!st->lora_x || !st->lora_y || !st->lora_u)
-            return ENG_ENOMEM;
+            return QL_ENOMEM;
     }
     if (rank > st->lora_rank) {
         float *t = realloc(st->lora_t, (size_t)st->max_tokens * (size_t)rank * sizeof(float));
         if (!t)
-            return ENG_ENOMEM;
+            return QL_ENOMEM;
         st->lora_t = t;
         st->lora_rank = rank;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /*
@@ -369,28 +369,28 @@ int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_se
     for (int32_t s = 0; s < n_seqs; s++) {
         const eng_step_seq *q = &seqs[s];
         if (q->n_tokens <= 0 || q->pos < 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "sequence %d: %d tokens at position %d", s,
+            return ql_fail(msg, msg_len, QL_EINVAL, "sequence %d: %d tokens at position %d", s,
                            q->n_tokens, q->pos);
         int64_t end = (int64_t)q->pos + q->n_tokens;
         if (end > c->max_position_embeddings)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "sequence %d: position %lld is past the context of %d", s,
                            (long long)end - 1, c->max_position_embeddings);
         if (end > (int64_t)q->kv->n_blocks * kv->block_tokens)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "sequence %d: position %lld is past its %d reserved KV positions", s,
                            (long long)end - 1, q->kv->n_blocks * kv->block_tokens);
         if (q->pos > q->kv->n_tokens)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "sequence %d: position %d leaves a gap after its %d cached positions", s,
                            q->pos, q->kv->n_tokens);
         if (q->weights && q->weights->m != m)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
+            return ql_fail(msg, msg_len, QL_EINVAL,
                            "sequence %d: its weight version belongs to another model", s);
         for (int32_t k = 0; k < q->n_delta; k++) {
             const eng_lora *lora = q->delta[k].lora;
             if (lora->n_layers != c->n_layers)
-                return qt_fail(msg, msg_len, ENG_EINVAL,
+                return ql_fail(msg, msg_len, QL_EINVAL,
                                "sequence %d: adapter %s has %d layers, the model %d", s, lora->name,
                                lora->n_layers, c->n_layers);
             for (size_t i = 0; i < (size_t)lora->n_layers * ENG_N_PROJ; i++)
@@ -399,16 +399,16 @@ int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_se
         }
         for (int32_t t = 0; t < q->n_tokens; t++)
             if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
-                return qt_fail(msg, msg_len, ENG_EINVAL,
+                return ql_fail(msg, msg_len, QL_EINVAL,
                                "sequence %d: token id %d is outside the vocabulary of %d", s,
                                q->tokens[t], c->vocab_size);
         T += q->n_tokens;
     }
     if (T > max_tokens)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%lld tokens in one step; at most %d",
+        return ql_fail(msg, msg_len, QL_EINVAL, "%lld tokens in one step; at most %d",
                        (long long)T, max_tokens);
     *total = T;
-    return ENG_OK;
+    return QL_OK;
 }
 
 int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
@@ -417,10 +417,10 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
     const eng_config *c = &m->cfg;
     int64_t T = 0, max_rank = 0;
     int rc = eng_step_check(m, kv, seqs, n_seqs, st->max_tokens, &T, &max_rank, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
-    if (max_rank > 0 && lora_scratch(st, max_rank) != ENG_OK)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "cannot allocate adapter scratch for rank %lld",
+    if (max_rank > 0 && lora_scratch(st, max_rank) != QL_OK)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate adapter scratch for rank %lld",
                        (long long)max_rank);
     int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
             KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
@@ -498,5 +498,5 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         if (end > seqs[s].kv->n_tokens)
             seqs[s].kv->n_tokens = end;
     }
-    return ENG_OK;
+    return QL_OK;
 }

@@ -9,10 +9,10 @@
  * past the end. Writing goes through a temporary file and a rename, so a
  * crash mid-write leaves either the old file or the new one.
  */
-#include "engine.h"
-#include "engine_internal.h"
+#include "modelfile.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -53,22 +53,6 @@ int st_dtype_from_name(const char *name)
     return -1;
 }
 
-const char *eng_strerror(int err)
-{
-    switch (err) {
-    case ENG_OK: return "ok";
-    case ENG_EIO: return "input/output error";
-    case ENG_EFORMAT: return "malformed file";
-    case ENG_ENOTFOUND: return "not found";
-    case ENG_EINVAL: return "invalid request";
-    case ENG_ENOMEM: return "out of memory";
-    case ENG_EBUSY: return "busy";
-    case ENG_ECONFLICT: return "conflict";
-    case ENG_EDEVICE: return "device error";
-    default: return qt_strerror(err);
-    }
-}
-
 /* --- reading ------------------------------------------------------------ */
 
 static int cmp_by_data(const void *a, const void *b)
@@ -85,17 +69,17 @@ static int parse_entry(const char *path, const cJSON *e, const uint8_t *base, si
 {
     const char *name = e->string;
     if (!cJSON_IsObject(e))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': entry is not an object", path,
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s': entry is not an object", path,
                        name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsString(dt) || st_dtype_from_name(dt->valuestring) < 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': dtype %s is not known", path,
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s': dtype %s is not known", path,
                        name, cJSON_IsString(dt) ? dt->valuestring : "(missing)");
     t->dtype = (st_dtype)st_dtype_from_name(dt->valuestring);
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > ST_MAX_DIMS)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': shape is missing or has more than %d dimensions", path,
                        name, ST_MAX_DIMS);
     t->ndim = cJSON_GetArraySize(shape);
@@ -104,63 +88,63 @@ static int parse_entry(const char *path, const cJSON *e, const uint8_t *base, si
         const cJSON *d = cJSON_GetArrayItem(shape, i);
         if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 9.0e15 ||
             d->valuedouble != (double)(int64_t)d->valuedouble)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name,
                            i);
         t->shape[i] = (int64_t)d->valuedouble;
         if (t->shape[i] && t->numel > INT64_MAX / 16 / t->shape[i])
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s': shape overflows", path,
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s': shape overflows", path,
                            name);
         t->numel *= t->shape[i];
     }
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': data_offsets is not [begin, end]", path, name);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble;
     double en = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
         !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b || en > (double)len ||
         b != (double)(uint64_t)b || en != (double)(uint64_t)en)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': data_offsets [%.0f, %.0f] fall outside the %zu "
                        "bytes of data (truncated file?)",
                        path, name, b, en, len);
     t->nbytes = (size_t)(en - b);
     size_t want = (size_t)t->numel * st_dtype_size(t->dtype);
     if (t->nbytes != want)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': %zu bytes of data for %lld %s elements (%zu bytes)", path,
                        name, t->nbytes, (long long)t->numel, st_dtype_name(t->dtype), want);
     t->data = base + (size_t)b;
     t->name = strdup(name);
     if (!t->name)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
-    return ENG_OK;
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
+    return QL_OK;
 }
 
 static int parse_metadata(st_file *f, const cJSON *meta, char *msg, size_t msg_len)
 {
     if (!cJSON_IsObject(meta))
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: __metadata__ is not an object", f->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: __metadata__ is not an object", f->path);
     if (f->meta_keys) /* JSON allows a key twice; cJSON keeps both */
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: __metadata__ appears twice", f->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: __metadata__ appears twice", f->path);
     size_t n = (size_t)cJSON_GetArraySize(meta);
     f->meta_keys = calloc(n ? n : 1, sizeof(char *));
     f->meta_values = calloc(n ? n : 1, sizeof(char *));
     if (!f->meta_keys || !f->meta_values)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
     const cJSON *kv;
     cJSON_ArrayForEach (kv, meta) {
         if (!cJSON_IsString(kv))
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: __metadata__ value of '%s' is not a string", f->path, kv->string);
         f->meta_keys[f->n_meta] = strdup(kv->string);
         f->meta_values[f->n_meta] = strdup(kv->valuestring);
         if (!f->meta_keys[f->n_meta] || !f->meta_values[f->n_meta])
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
         f->n_meta++;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int parse_header(st_file *f, const char *json, size_t json_len, char *msg, size_t msg_len)
@@ -170,42 +154,42 @@ static int parse_header(st_file *f, const char *json, size_t json_len, char *msg
     cJSON *root = cJSON_ParseWithLength(json, json_len);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: the header is not a JSON object", f->path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: the header is not a JSON object", f->path);
     }
-    int rc = ENG_OK;
+    int rc = QL_OK;
     size_t n = (size_t)cJSON_GetArraySize(root);
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors)
-        rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
     const cJSON *e;
     cJSON_ArrayForEach (e, root) {
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             break;
         if (strcmp(e->string, "__metadata__") == 0) {
             rc = parse_metadata(f, e, msg, msg_len);
             continue;
         }
         if (st_find(f, e->string)) {
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' appears twice", f->path,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' appears twice", f->path,
                          e->string);
             break;
         }
         rc = parse_entry(f->path, e, data, data_len, &f->tensors[f->n_tensors], msg, msg_len);
-        if (rc == ENG_OK)
+        if (rc == QL_OK)
             f->n_tensors++;
     }
     cJSON_Delete(root);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
     /* no two tensors may share bytes */
     qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_by_data);
     for (size_t i = 1; i < f->n_tensors; i++) {
         const st_tensor *a = &f->tensors[i - 1], *b = &f->tensors[i];
         if (a->nbytes && b->nbytes && a->data + a->nbytes > b->data)
-            return qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensors '%s' and '%s' overlap", f->path,
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensors '%s' and '%s' overlap", f->path,
                            a->name, b->name);
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
@@ -213,9 +197,9 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
-    int rc = eng_map_file(path, 8, "safetensors", &f->map, &f->map_len, msg, msg_len);
-    if (rc != ENG_OK) {
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
+    int rc = mf_map_file(path, 8, "safetensors", &f->map, &f->map_len, msg, msg_len);
+    if (rc != QL_OK) {
         st_close(f);
         return rc;
     }
@@ -223,19 +207,19 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | f->map[i];
     if (hlen > ST_MAX_HEADER)
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: header length %llu exceeds the format's 100 MB limit", path,
                      (unsigned long long)hlen);
     else if (hlen > f->map_len - 8)
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: header length %llu runs past the end of the %zu-byte file "
                      "(truncated?)",
                      path, (unsigned long long)hlen, f->map_len);
     else if (hlen < 2 || f->map[8] != '{')
-        rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: the header does not start with '{'", path);
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: the header does not start with '{'", path);
     else
         rc = parse_header(f, (const char *)f->map + 8, (size_t)hlen, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         st_close(f);
     return rc;
 }
@@ -310,22 +294,22 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, cons
                   const void *data, size_t nbytes, bool copy, char *msg, size_t msg_len)
 {
     if (ndim < 0 || ndim > ST_MAX_DIMS || (unsigned)dtype >= ST_DTYPE_COUNT)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "tensor '%s': bad dtype or rank", name);
+        return ql_fail(msg, msg_len, QL_EINVAL, "tensor '%s': bad dtype or rank", name);
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++)
         numel *= shape[i];
     if ((size_t)numel * st_dtype_size(dtype) != nbytes)
-        return qt_fail(msg, msg_len, ENG_EINVAL,
+        return ql_fail(msg, msg_len, QL_EINVAL,
                        "tensor '%s': %zu bytes do not match its shape and dtype %s", name, nbytes,
                        st_dtype_name(dtype));
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->tensors[i].name, name) == 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL, "tensor '%s' added twice", name);
+            return ql_fail(msg, msg_len, QL_EINVAL, "tensor '%s' added twice", name);
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 16;
         st_wtensor *t = realloc(w->tensors, cap * sizeof *t);
         if (!t)
-            return qt_fail(msg, msg_len, ENG_ENOMEM, "out of memory");
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         w->tensors = t;
         w->cap = cap;
     }
@@ -340,7 +324,7 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, cons
     if (!t->name || (copy && !t->owned)) {
         free(t->name);
         free(t->owned);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "tensor '%s': out of memory", name);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", name);
     }
     t->data = copy ? t->owned : data;
     t->dtype = dtype;
@@ -348,13 +332,13 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, cons
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     t->nbytes = nbytes;
     w->n++;
-    return ENG_OK;
+    return QL_OK;
 }
 
 int st_writer_set_metadata(st_writer *w, const char *key, const char *value)
 {
     cJSON_DeleteItemFromObjectCaseSensitive(w->meta, key);
-    return cJSON_AddStringToObject(w->meta, key, value) ? ENG_OK : ENG_ENOMEM;
+    return cJSON_AddStringToObject(w->meta, key, value) ? QL_OK : QL_ENOMEM;
 }
 
 static char *build_header(st_writer *w, size_t *len_out)
@@ -406,17 +390,17 @@ int st_writer_write(st_writer *w, const char *path, char *msg, size_t msg_len)
     size_t hlen = 0;
     char *header = build_header(w, &hlen);
     if (!header)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: cannot build the header", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: cannot build the header", path);
     size_t tlen = strlen(path) + 5;
     char *tmp = malloc(tlen);
     if (!tmp) {
         free(header);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     }
     snprintf(tmp, tlen, "%s.tmp", path);
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
-        int rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        int rc = ql_fail(msg, msg_len, QL_EIO, "%s: cannot create: %s", tmp, strerror(errno));
         free(header);
         free(tmp);
         return rc;
@@ -430,9 +414,9 @@ int st_writer_write(st_writer *w, const char *path, char *msg, size_t msg_len)
     ok = (fflush(fp) == 0) && ok;
     ok = (fclose(fp) == 0) && ok;
     free(header);
-    int rc = ENG_OK;
+    int rc = QL_OK;
     if (!ok || rename(tmp, path) != 0) {
-        rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot write: %s", path, strerror(errno));
+        rc = ql_fail(msg, msg_len, QL_EIO, "%s: cannot write: %s", path, strerror(errno));
         unlink(tmp);
     }
     free(tmp);

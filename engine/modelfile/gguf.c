@@ -1,5 +1,5 @@
 /*
- * gguf.c - read and write GGUF v2/v3, llama.cpp's model file:
+ * gguf.c - read GGUF v2/v3, llama.cpp's model file:
  *
  *   "GGUF"  u32 version  u64 n_tensors  u64 n_kv
  *   n_kv x     { string key, u32 value type, value }
@@ -24,7 +24,7 @@
  * must not overlap; unlike ggml's gguf.cpp they need not be packed in the
  * order of their infos.
  *
- * What the reader hands out (engine.h's gguf_kv and gguf_tensor), beyond
+ * What the reader hands out (modelfile.h's gguf_kv and gguf_tensor), beyond
  * what the header says:
  *   - a numeric scalar's value in f as a double, whatever its type (an
  *     integer too, so a loader can take rope_freq_base written as either);
@@ -37,13 +37,12 @@
  *     compare equal to a different name);
  *   - a tensor's ne[] past n_dims are 1, and each dimension is at least 1.
  *
- * Writing builds everything in memory and writes version 3 through a
- * temporary file and a rename, as gguf-py and ggml lay it out (every tensor,
- * the last one included, padded to the alignment).
+ * Nothing in the product writes GGUF; the tests' writer is
+ * tests/gguf_writer.c.
  */
-#include "engine.h"
-#include "engine_internal.h"
+#include "modelfile.h"
 
+#include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -105,6 +104,16 @@ static const ggml_type_info *ggml_type_of(uint32_t type)
     return type < GGML_TYPE_TABLE_LEN ? &ggml_types[type] : NULL;
 }
 
+bool gguf_ggml_type_geometry(uint32_t ggml_type, uint32_t *block_size, uint32_t *type_size)
+{
+    const ggml_type_info *ti = ggml_type_of(ggml_type);
+    if (!ti || ti->block_size == 0)
+        return false;
+    *block_size = ti->block_size;
+    *type_size = ti->type_size;
+    return true;
+}
+
 const char *gguf_ggml_type_name(uint32_t ggml_type)
 {
     const ggml_type_info *ti = ggml_type_of(ggml_type);
@@ -140,8 +149,7 @@ static const char *const value_type_names[GGUF_TYPE_COUNT] = {
     [GGUF_FLOAT64] = "float64",
 };
 
-/* Bytes of one value of a fixed-size type; 0 for string and array. */
-static size_t value_size(gguf_type t)
+size_t gguf_value_size(gguf_type t)
 {
     switch (t) {
     case GGUF_UINT8:
@@ -226,11 +234,11 @@ static int string_past_end(const gguf_file *f, str_status st, const gguf_str *s,
                            char *msg, size_t msg_len)
 {
     if (st == STR_NO_LENGTH)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %s: the file ends at byte %zu before the string's length "
                        "(truncated?)",
                        f->path, what, f->map_len);
-    return qt_fail(msg, msg_len, ENG_EFORMAT,
+    return ql_fail(msg, msg_len, QL_EFORMAT,
                    "%s: %s: string length %llu runs past the end of the %zu-byte file "
                    "(truncated?)",
                    f->path, what, (unsigned long long)s->len, f->map_len);
@@ -242,13 +250,13 @@ static char *copy_name(const gguf_file *f, const gguf_str *s, const char *what, 
                        size_t msg_len)
 {
     if (memchr(s->ptr, 0, (size_t)s->len)) {
-        *rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: %s '%.*s' contains a NUL byte", f->path, what,
+        *rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s '%.*s' contains a NUL byte", f->path, what,
                       (int)strnlen(s->ptr, (size_t)s->len), s->ptr);
         return NULL;
     }
     char *name = malloc((size_t)s->len + 1);
     if (!name) {
-        *rc = qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        *rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
         return NULL;
     }
     memcpy(name, s->ptr, (size_t)s->len);
@@ -259,11 +267,11 @@ static char *copy_name(const gguf_file *f, const gguf_str *s, const char *what, 
 /* Convert a scalar of a fixed-size type at p into kv's i/u/f. */
 static int set_scalar(const gguf_file *f, gguf_kv *kv, const uint8_t *p, char *msg, size_t msg_len)
 {
-    uint64_t raw = le_u64(p, value_size(kv->type));
+    uint64_t raw = le_u64(p, gguf_value_size(kv->type));
     switch (kv->type) {
     case GGUF_BOOL:
         if (raw > 1)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: metadata '%s': bool value %llu is neither 0 nor 1", f->path,
                            kv->key, (unsigned long long)raw);
         kv->u = raw;
@@ -283,7 +291,7 @@ static int set_scalar(const gguf_file *f, gguf_kv *kv, const uint8_t *p, char *m
     case GGUF_INT32:
     case GGUF_INT64: {
         /* sign-extend from the value's width */
-        unsigned shift = 64 - 8 * (unsigned)value_size(kv->type);
+        unsigned shift = 64 - 8 * (unsigned)gguf_value_size(kv->type);
         kv->i = (int64_t)(raw << shift) >> shift;
         kv->u = kv->i >= 0 ? (uint64_t)kv->i : 0;
         kv->f = (double)kv->i;
@@ -299,7 +307,7 @@ static int set_scalar(const gguf_file *f, gguf_kv *kv, const uint8_t *p, char *m
     case GGUF_FLOAT64: memcpy(&kv->f, &raw, sizeof kv->f); break;
     default: break;
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Read one value of type kv->type (the type field already read). */
@@ -313,14 +321,14 @@ static int parse_value(gguf_file *f, cursor *c, gguf_kv *kv, char *msg, size_t m
         str_status st = take_str(c, &kv->str);
         if (st != STR_OK)
             return string_past_end(f, st, &kv->str, what, msg, msg_len);
-        return ENG_OK;
+        return QL_OK;
     }
     if (kv->type != GGUF_ARRAY) {
         kv->elem = kv->type;
         kv->n = 1;
-        const uint8_t *p = take(c, value_size(kv->type));
+        const uint8_t *p = take(c, gguf_value_size(kv->type));
         if (!p)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: %s: the %s value runs past the end of the %zu-byte file "
                            "(truncated?)",
                            f->path, what, value_type_names[kv->type], f->map_len);
@@ -330,39 +338,39 @@ static int parse_value(gguf_file *f, cursor *c, gguf_kv *kv, char *msg, size_t m
     uint32_t elem;
     uint64_t n;
     if (!take_u32(c, &elem) || !take_u64(c, &n))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %s: the file ends inside the array's type and length (truncated?)",
                        f->path, what);
     if (elem >= GGUF_TYPE_COUNT)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %s: array element type %u is not a GGUF value type (0..12)", f->path,
                        what, elem);
     if (elem == GGUF_ARRAY)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %s: arrays of arrays are not supported (no model file uses them)",
                        f->path, what);
     kv->elem = (gguf_type)elem;
     kv->n = n;
     if (elem != GGUF_STRING) {
-        size_t sz = value_size(kv->elem);
+        size_t sz = gguf_value_size(kv->elem);
         if (n > left(c) / sz)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: %s: an array of %llu %s values runs past the end of the "
                            "%zu-byte file (truncated?)",
                            f->path, what, (unsigned long long)n, value_type_names[elem],
                            f->map_len);
         kv->data = take(c, n * sz);
-        return ENG_OK;
+        return QL_OK;
     }
     /* each string takes at least its 8-byte length: bound n before allocating */
     if (n > left(c) / 8)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %s: an array of %llu strings cannot fit in the %zu bytes left in "
                        "the file (truncated?)",
                        f->path, what, (unsigned long long)n, left(c));
     kv->strs = calloc(n ? (size_t)n : 1, sizeof *kv->strs);
     if (!kv->strs)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: %s: out of memory for %llu strings", f->path,
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: %s: out of memory for %llu strings", f->path,
                        what, (unsigned long long)n);
     for (uint64_t j = 0; j < n; j++) {
         str_status st = take_str(c, &kv->strs[j]);
@@ -372,7 +380,7 @@ static int parse_value(gguf_file *f, cursor *c, gguf_kv *kv, char *msg, size_t m
             return string_past_end(f, st, &kv->strs[j], what, msg, msg_len);
         }
     }
-    return ENG_OK;
+    return QL_OK;
 }
 
 static int parse_kv(gguf_file *f, cursor *c, uint64_t index, gguf_kv *kv, char *msg, size_t msg_len)
@@ -383,17 +391,17 @@ static int parse_kv(gguf_file *f, cursor *c, uint64_t index, gguf_kv *kv, char *
     str_status st = take_str(c, &key);
     if (st != STR_OK)
         return string_past_end(f, st, &key, what, msg, msg_len);
-    int rc = ENG_OK;
+    int rc = QL_OK;
     kv->key = copy_name(f, &key, "metadata key", &rc, msg, msg_len);
     if (!kv->key)
         return rc;
     uint32_t type;
     if (!take_u32(c, &type))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: metadata '%s': the file ends before its value type (truncated?)",
                        f->path, kv->key);
     if (type >= GGUF_TYPE_COUNT)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: metadata '%s': value type %u is not a GGUF value type (0..12)", f->path,
                        kv->key, type);
     kv->type = (gguf_type)type;
@@ -424,17 +432,17 @@ static int cmp_tensor_offset(const void *a, const void *b)
 static int check_duplicate_keys(const gguf_file *f, char *msg, size_t msg_len)
 {
     if (f->n_kv < 2)
-        return ENG_OK;
+        return QL_OK;
     const gguf_kv **by_key = malloc((size_t)f->n_kv * sizeof *by_key);
     if (!by_key)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
     for (uint64_t i = 0; i < f->n_kv; i++)
         by_key[i] = &f->kvs[i];
     qsort(by_key, (size_t)f->n_kv, sizeof *by_key, cmp_kv_key);
-    int rc = ENG_OK;
-    for (uint64_t i = 1; i < f->n_kv && rc == ENG_OK; i++)
+    int rc = QL_OK;
+    for (uint64_t i = 1; i < f->n_kv && rc == QL_OK; i++)
         if (strcmp(by_key[i - 1]->key, by_key[i]->key) == 0)
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: metadata key '%s' appears twice", f->path,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata key '%s' appears twice", f->path,
                          by_key[i]->key);
     free(by_key);
     return rc;
@@ -446,17 +454,17 @@ static int read_alignment(gguf_file *f, char *msg, size_t msg_len)
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
     const gguf_kv *kv = gguf_find_kv(f, "general.alignment");
     if (!kv)
-        return ENG_OK;
+        return QL_OK;
     if (kv->type != GGUF_UINT32)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: metadata 'general.alignment' is a %s, not a uint32", f->path,
                        value_type_names[kv->type]);
     if (kv->u == 0 || (kv->u & (kv->u - 1)) != 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: metadata 'general.alignment' = %llu is not a power of two", f->path,
                        (unsigned long long)kv->u);
     f->alignment = kv->u;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* One tensor info: name, dims, type; the byte count from the type's block
@@ -470,17 +478,17 @@ static int parse_tensor_info(gguf_file *f, cursor *c, uint64_t index, gguf_tenso
     str_status st = take_str(c, &name);
     if (st != STR_OK)
         return string_past_end(f, st, &name, what, msg, msg_len);
-    int rc = ENG_OK;
+    int rc = QL_OK;
     t->name = copy_name(f, &name, "tensor name", &rc, msg, msg_len);
     if (!t->name)
         return rc;
     uint32_t n_dims;
     if (!take_u32(c, &n_dims))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': the file ends before its dimension count (truncated?)",
                        f->path, t->name);
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': %u dimensions; GGUF tensors have 1 to %d", f->path,
                        t->name, n_dims, GGUF_MAX_DIMS);
     t->n_dims = (int)n_dims;
@@ -488,36 +496,36 @@ static int parse_tensor_info(gguf_file *f, cursor *c, uint64_t index, gguf_tenso
     for (int d = 0; d < GGUF_MAX_DIMS; d++) {
         uint64_t ne = 1;
         if (d < t->n_dims && !take_u64(c, &ne))
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s': the file ends inside its shape (truncated?)", f->path,
                            t->name);
         if (ne < 1 || ne > INT64_MAX)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s': ne[%d] = %llu is not a positive dimension", f->path,
                            t->name, d, (unsigned long long)ne);
         if (numel > INT64_MAX / (int64_t)ne)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s': the shape's element count overflows 64 bits", f->path,
                            t->name);
         t->ne[d] = (int64_t)ne;
         numel *= (int64_t)ne;
     }
     if (!take_u32(c, &t->ggml_type) || !take_u64(c, &t->offset))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': the file ends inside its type and offset (truncated?)",
                        f->path, t->name);
     const ggml_type_info *ti = ggml_type_of(t->ggml_type);
     if (!ti)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': GGML type %u is not one ggml defines (0..%zu)", f->path,
                        t->name, t->ggml_type, GGML_TYPE_TABLE_LEN - 1);
     if (ti->block_size == 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': GGML type %u (%s) was removed from ggml; its size is "
                        "not defined",
                        f->path, t->name, t->ggml_type, ti->name);
     if (t->ne[0] % ti->block_size != 0)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': ne[0] = %lld is not a multiple of the %s block of %u",
                        f->path, t->name, (long long)t->ne[0], ti->name, ti->block_size);
     /* bytes = (ne0 / block) * type_size * ne1 * ne2 * ne3 */
@@ -526,10 +534,10 @@ static int parse_tensor_info(gguf_file *f, cursor *c, uint64_t index, gguf_tenso
     for (int d = 1; d < GGUF_MAX_DIMS; d++)
         overflow = overflow || __builtin_mul_overflow(bytes, (uint64_t)t->ne[d], &bytes);
     if (overflow || bytes > SIZE_MAX)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s': its byte size overflows 64 bits", f->path, t->name);
     t->nbytes = (size_t)bytes;
-    return ENG_OK;
+    return QL_OK;
 }
 
 /* Each tensor aligned, inside the data section, and no two overlapping. */
@@ -539,37 +547,37 @@ static int check_tensor_data(gguf_file *f, char *msg, size_t msg_len)
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         gguf_tensor *t = &f->tensors[i];
         if (t->offset % f->alignment != 0)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s': offset %llu is not a multiple of the alignment "
                            "%llu",
                            f->path, t->name, (unsigned long long)t->offset,
                            (unsigned long long)f->alignment);
         if (t->offset > data_len || t->nbytes > data_len - t->offset)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s': its %zu bytes at offset %llu run past the end of "
                            "the %zu-byte data section (truncated?)",
                            f->path, t->name, t->nbytes, (unsigned long long)t->offset, data_len);
         t->data = f->map + f->data_offset + t->offset;
     }
     if (f->n_tensors < 2)
-        return ENG_OK;
+        return QL_OK;
     gguf_tensor **sorted = malloc((size_t)f->n_tensors * sizeof *sorted);
     if (!sorted)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
     for (uint64_t i = 0; i < f->n_tensors; i++)
         sorted[i] = &f->tensors[i];
-    int rc = ENG_OK;
+    int rc = QL_OK;
     qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, cmp_tensor_name);
-    for (uint64_t i = 1; i < f->n_tensors && rc == ENG_OK; i++)
+    for (uint64_t i = 1; i < f->n_tensors && rc == QL_OK; i++)
         if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
-            rc = qt_fail(msg, msg_len, ENG_EFORMAT, "%s: tensor '%s' appears twice", f->path,
+            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' appears twice", f->path,
                          sorted[i]->name);
-    if (rc == ENG_OK) {
+    if (rc == QL_OK) {
         qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, cmp_tensor_offset);
-        for (uint64_t i = 1; i < f->n_tensors && rc == ENG_OK; i++) {
+        for (uint64_t i = 1; i < f->n_tensors && rc == QL_OK; i++) {
             const gguf_tensor *a = sorted[i - 1], *b = sorted[i];
             if (a->offset + a->nbytes > b->offset)
-                rc = qt_fail(msg, msg_len, ENG_EFORMAT,
+                rc = ql_fail(msg, msg_len, QL_EFORMAT,
                              "%s: tensors '%s' (bytes %llu..%llu) and '%s' (from %llu) overlap",
                              f->path, a->name, (unsigned long long)a->offset,
                              (unsigned long long)(a->offset + a->nbytes), b->name,
@@ -586,38 +594,38 @@ static int parse_header(gguf_file *f, char *msg, size_t msg_len)
     const uint8_t *magic = take(&c, 4);
     if (!magic || memcmp(magic, "GGUF", 4) != 0) {
         if (!magic)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: %zu bytes is too short for a GGUF header (truncated?)", f->path,
                            f->map_len);
         char shown[5];
         for (int i = 0; i < 4; i++)
             shown[i] = magic[i] >= 0x20 && magic[i] < 0x7f ? (char)magic[i] : '?';
         shown[4] = '\0';
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: not a GGUF file: bad magic '%s' (expected 'GGUF')", f->path, shown);
     }
     if (!take_u32(&c, &f->version))
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %zu bytes is too short for a GGUF header (truncated?)", f->path,
                        f->map_len);
     if (f->version == 1)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: GGUF version 1 (32-bit counts) is not supported; convert the file "
                        "to version 3",
                        f->path);
     if (f->version != 2 && f->version != 3) {
         /* a big-endian file reads as version 0x0N000000 */
         if ((f->version & 0x00ffffffu) == 0 && (f->version >> 24) <= 3)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: a big-endian GGUF file (version %u); only little-endian files "
                            "are supported",
                            f->path, f->version >> 24);
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: GGUF version %u is not supported (only 2 and 3)", f->path, f->version);
     }
     if (!take_u64(&c, &f->n_tensors) || !take_u64(&c, &f->n_kv)) {
         f->n_tensors = f->n_kv = 0;
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %zu bytes is too short for a GGUF header (truncated?)", f->path,
                        f->map_len);
     }
@@ -626,43 +634,43 @@ static int parse_header(gguf_file *f, char *msg, size_t msg_len)
     uint64_t n_kv = f->n_kv, n_tensors = f->n_tensors;
     f->n_kv = f->n_tensors = 0; /* from here on: how many are parsed */
     if (n_kv > left(&c) / GGUF_MIN_KV_BYTES)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: the header claims %llu metadata entries, more than the %zu bytes "
                        "after it can hold (corrupt or truncated)",
                        f->path, (unsigned long long)n_kv, left(&c));
     if (n_tensors > left(&c) / GGUF_MIN_TENSOR_INFO_BYTES)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: the header claims %llu tensors, more than the %zu bytes after it "
                        "can hold (corrupt or truncated)",
                        f->path, (unsigned long long)n_tensors, left(&c));
 
     f->kvs = calloc(n_kv ? (size_t)n_kv : 1, sizeof *f->kvs);
     if (!f->kvs)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
     for (uint64_t i = 0; i < n_kv; i++) {
         f->n_kv = i + 1; /* so gguf_close frees what this entry allocated */
         int rc = parse_kv(f, &c, i, &f->kvs[i], msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
     int rc = check_duplicate_keys(f, msg, msg_len);
-    if (rc == ENG_OK)
+    if (rc == QL_OK)
         rc = read_alignment(f, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         return rc;
 
     if (n_tensors > left(&c) / GGUF_MIN_TENSOR_INFO_BYTES)
-        return qt_fail(msg, msg_len, ENG_EFORMAT,
+        return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: the header claims %llu tensors, more than the %zu bytes after the "
                        "metadata can hold (corrupt or truncated)",
                        f->path, (unsigned long long)n_tensors, left(&c));
     f->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *f->tensors);
     if (!f->tensors)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", f->path);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
     for (uint64_t i = 0; i < n_tensors; i++) {
         f->n_tensors = i + 1;
         rc = parse_tensor_info(f, &c, i, &f->tensors[i], msg, msg_len);
-        if (rc != ENG_OK)
+        if (rc != QL_OK)
             return rc;
     }
 
@@ -671,7 +679,7 @@ static int parse_header(gguf_file *f, char *msg, size_t msg_len)
     uint64_t start = ((uint64_t)c.pos + f->alignment - 1) / f->alignment * f->alignment;
     if (start > f->map_len) {
         if (f->n_tensors > 0)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: the file ends at byte %zu, before its data section at byte "
                            "%llu (truncated?)",
                            f->path, f->map_len, (unsigned long long)start);
@@ -686,14 +694,14 @@ int gguf_open(gguf_file *f, const char *path, char *msg, size_t msg_len)
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path)
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
-    int rc = eng_map_file(path, 4, "GGUF", &f->map, &f->map_len, msg, msg_len);
-    if (rc != ENG_OK) {
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
+    int rc = mf_map_file(path, 4, "GGUF", &f->map, &f->map_len, msg, msg_len);
+    if (rc != QL_OK) {
         gguf_close(f);
         return rc;
     }
     rc = parse_header(f, msg, msg_len);
-    if (rc != ENG_OK)
+    if (rc != QL_OK)
         gguf_close(f);
     return rc;
 }
@@ -736,14 +744,14 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
     memset(out, 0, sizeof *out);
     int kind = qt_kind_of_ggml(t->ggml_type);
     if (kind < 0)
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: tensor '%s' has GGML type %s, which qlserve cannot run (it runs "
                        "f32, f16, bf16, q4_0, q4_1 and q8_0)",
                        f->path, t->name, gguf_ggml_type_name(t->ggml_type));
     /* the tensor must be one of f's, as gguf_open checked it */
     if (!t->data || t->data < f->map || t->nbytes > f->map_len ||
         (size_t)(t->data - f->map) > f->map_len - t->nbytes)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "%s: tensor '%s' does not lie in this file",
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s' does not lie in this file",
                        f->path, t->name);
     const qt_traits *tr = &qt_traits_table[kind];
     const ggml_type_info *gi = ggml_type_of(t->ggml_type);
@@ -754,12 +762,12 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
         /* the dense kernels load whole elements; only general.alignment of
          * 1 or 2 can leave one off its natural boundary */
         if ((uintptr_t)t->data % gi->type_size != 0)
-            return qt_fail(msg, msg_len, ENG_EFORMAT,
+            return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensor '%s' (%s) starts at byte %zu, not on a %u-byte "
                            "boundary, and cannot be read in place",
                            f->path, t->name, gi->name, (size_t)(t->data - f->map), gi->type_size);
     } else if ((size_t)gi->type_size != tr->block_bytes || gi->block_size != 32) {
-        return qt_fail(msg, msg_len, QT_EUNSUPPORTED,
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: tensor '%s': GGML %s blocks (%u elements, %u bytes) do not match "
                        "qlserve's %s",
                        f->path, t->name, gi->name, gi->block_size, gi->type_size, tr->name);
@@ -773,370 +781,5 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
     out->data_borrowed = true;
     if (!tr->is_dense)
         out->row_stride = (size_t)(cols / 32) * tr->block_bytes;
-    return QT_OK;
-}
-
-/* --- writing ------------------------------------------------------------- */
-
-/* A growable byte buffer. */
-typedef struct bytes {
-    uint8_t *p;
-    size_t len, cap;
-    bool failed;
-} bytes;
-
-static void put(bytes *b, const void *src, size_t n)
-{
-    if (b->failed || n == 0)
-        return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n)
-            cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, src, n);
-    b->len += n;
-}
-
-static void put_le(bytes *b, uint64_t v, size_t n)
-{
-    uint8_t le[8];
-    for (size_t i = 0; i < n; i++)
-        le[i] = (uint8_t)(v >> (8 * i));
-    put(b, le, n);
-}
-
-static void put_str(bytes *b, const char *s, size_t n)
-{
-    put_le(b, n, 8);
-    put(b, s, n);
-}
-
-typedef struct gguf_wkv {
-    char *key;
-    gguf_type type;
-    bytes value;  /* serialized as the file holds it, after the type field */
-    uint32_t u32; /* the value, when type is GGUF_UINT32 (for general.alignment) */
-} gguf_wkv;
-
-typedef struct gguf_wtensor {
-    char *name;
-    uint32_t ggml_type;
-    int n_dims;
-    int64_t ne[4];
-    uint8_t *data;
-    size_t nbytes;
-} gguf_wtensor;
-
-struct gguf_writer {
-    gguf_wkv *kvs;
-    size_t n_kv, cap_kv;
-    gguf_wtensor *tensors;
-    size_t n_tensors, cap_tensors;
-};
-
-gguf_writer *gguf_writer_new(void)
-{
-    return calloc(1, sizeof(gguf_writer));
-}
-
-void gguf_writer_free(gguf_writer *w)
-{
-    if (!w)
-        return;
-    for (size_t i = 0; i < w->n_kv; i++) {
-        free(w->kvs[i].key);
-        free(w->kvs[i].value.p);
-    }
-    free(w->kvs);
-    for (size_t i = 0; i < w->n_tensors; i++) {
-        free(w->tensors[i].name);
-        free(w->tensors[i].data);
-    }
-    free(w->tensors);
-    free(w);
-}
-
-/* Store a serialized value under key, replacing an earlier one (the key
- * keeps its first position). Takes value's buffer in every case. */
-static int set_kv(gguf_writer *w, const char *key, gguf_type type, bytes *value, uint32_t u32)
-{
-    if (!w || !key || value->failed) {
-        free(value->p);
-        return value->failed ? ENG_ENOMEM : ENG_EINVAL;
-    }
-    for (size_t i = 0; i < w->n_kv; i++) {
-        if (strcmp(w->kvs[i].key, key) == 0) {
-            free(w->kvs[i].value.p);
-            w->kvs[i].type = type;
-            w->kvs[i].value = *value;
-            w->kvs[i].u32 = u32;
-            return ENG_OK;
-        }
-    }
-    if (w->n_kv == w->cap_kv) {
-        size_t cap = w->cap_kv ? 2 * w->cap_kv : 16;
-        gguf_wkv *kvs = realloc(w->kvs, cap * sizeof *kvs);
-        if (!kvs) {
-            free(value->p);
-            return ENG_ENOMEM;
-        }
-        w->kvs = kvs;
-        w->cap_kv = cap;
-    }
-    char *copy = strdup(key);
-    if (!copy) {
-        free(value->p);
-        return ENG_ENOMEM;
-    }
-    w->kvs[w->n_kv++] = (gguf_wkv){.key = copy, .type = type, .value = *value, .u32 = u32};
-    return ENG_OK;
-}
-
-static int set_scalar_bits(gguf_writer *w, const char *key, gguf_type type, uint64_t bits)
-{
-    bytes b = {0};
-    put_le(&b, bits, value_size(type));
-    return set_kv(w, key, type, &b, (uint32_t)bits);
-}
-
-int gguf_writer_set_u32(gguf_writer *w, const char *key, uint32_t v)
-{
-    return set_scalar_bits(w, key, GGUF_UINT32, v);
-}
-
-int gguf_writer_set_i32(gguf_writer *w, const char *key, int32_t v)
-{
-    return set_scalar_bits(w, key, GGUF_INT32, (uint32_t)v);
-}
-
-int gguf_writer_set_f32(gguf_writer *w, const char *key, float v)
-{
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    return set_scalar_bits(w, key, GGUF_FLOAT32, bits);
-}
-
-int gguf_writer_set_bool(gguf_writer *w, const char *key, bool v)
-{
-    return set_scalar_bits(w, key, GGUF_BOOL, v ? 1 : 0);
-}
-
-int gguf_writer_set_str(gguf_writer *w, const char *key, const char *v)
-{
-    if (!v)
-        return ENG_EINVAL;
-    bytes b = {0};
-    put_str(&b, v, strlen(v));
-    return set_kv(w, key, GGUF_STRING, &b, 0);
-}
-
-int gguf_writer_set_array(gguf_writer *w, const char *key, gguf_type elem, const void *data,
-                          uint64_t n)
-{
-    size_t sz = (unsigned)elem < GGUF_TYPE_COUNT ? value_size(elem) : 0;
-    if (sz == 0 || (n && !data) || n > SIZE_MAX / sz)
-        return ENG_EINVAL; /* strings go through gguf_writer_set_str_array */
-    bytes b = {0};
-    put_le(&b, (uint64_t)elem, 4);
-    put_le(&b, n, 8);
-    /* the caller's elements are host order; the file is little-endian */
-    const uint8_t *src = data;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t v = 0;
-        switch (sz) {
-        case 1: v = src[i]; break;
-        case 2: {
-            uint16_t x;
-            memcpy(&x, src + i * 2, 2);
-            v = x;
-            break;
-        }
-        case 4: {
-            uint32_t x;
-            memcpy(&x, src + i * 4, 4);
-            v = x;
-            break;
-        }
-        default: memcpy(&v, src + i * 8, 8); break;
-        }
-        put_le(&b, v, sz);
-    }
-    return set_kv(w, key, GGUF_ARRAY, &b, 0);
-}
-
-int gguf_writer_set_str_array(gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
-{
-    if (n && !strs)
-        return ENG_EINVAL;
-    bytes b = {0};
-    put_le(&b, GGUF_STRING, 4);
-    put_le(&b, n, 8);
-    for (uint64_t i = 0; i < n; i++) {
-        if (!strs[i]) {
-            free(b.p);
-            return ENG_EINVAL;
-        }
-        put_str(&b, strs[i], strlen(strs[i]));
-    }
-    return set_kv(w, key, GGUF_ARRAY, &b, 0);
-}
-
-int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t ggml_type, int n_dims,
-                           const int64_t *ne, const void *data, size_t nbytes)
-{
-    const ggml_type_info *ti = ggml_type_of(ggml_type);
-    if (!w || !name || !ne || n_dims < 1 || n_dims > GGUF_MAX_DIMS || !ti || !ti->block_size ||
-        (nbytes && !data))
-        return ENG_EINVAL;
-    uint64_t want = 1;
-    for (int d = 0; d < n_dims; d++) {
-        if (ne[d] < 1)
-            return ENG_EINVAL;
-        uint64_t dim = d == 0 ? (uint64_t)ne[0] / ti->block_size : (uint64_t)ne[d];
-        if (__builtin_mul_overflow(want, dim, &want))
-            return ENG_EINVAL;
-    }
-    if (ne[0] % ti->block_size != 0 || __builtin_mul_overflow(want, ti->type_size, &want) ||
-        want != nbytes)
-        return ENG_EINVAL;
-    for (size_t i = 0; i < w->n_tensors; i++)
-        if (strcmp(w->tensors[i].name, name) == 0)
-            return ENG_EINVAL;
-    if (w->n_tensors == w->cap_tensors) {
-        size_t cap = w->cap_tensors ? 2 * w->cap_tensors : 16;
-        gguf_wtensor *t = realloc(w->tensors, cap * sizeof *t);
-        if (!t)
-            return ENG_ENOMEM;
-        w->tensors = t;
-        w->cap_tensors = cap;
-    }
-    gguf_wtensor *t = &w->tensors[w->n_tensors];
-    memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    t->data = malloc(nbytes ? nbytes : 1);
-    if (!t->name || !t->data) {
-        free(t->name);
-        free(t->data);
-        return ENG_ENOMEM;
-    }
-    if (nbytes)
-        memcpy(t->data, data, nbytes);
-    t->nbytes = nbytes;
-    t->ggml_type = ggml_type;
-    t->n_dims = n_dims;
-    for (int d = 0; d < GGUF_MAX_DIMS; d++)
-        t->ne[d] = d < n_dims ? ne[d] : 1;
-    w->n_tensors++;
-    return ENG_OK;
-}
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-    return (v + a - 1) / a * a;
-}
-
-/* Everything before the data section, padded to the alignment. */
-static int build_header(const gguf_writer *w, uint64_t alignment, bytes *b)
-{
-    put(b, "GGUF", 4);
-    put_le(b, 3, 4);
-    put_le(b, w->n_tensors, 8);
-    put_le(b, w->n_kv, 8);
-    for (size_t i = 0; i < w->n_kv; i++) {
-        put_str(b, w->kvs[i].key, strlen(w->kvs[i].key));
-        put_le(b, w->kvs[i].type, 4);
-        put(b, w->kvs[i].value.p, w->kvs[i].value.len);
-    }
-    uint64_t offset = 0;
-    for (size_t i = 0; i < w->n_tensors; i++) {
-        const gguf_wtensor *t = &w->tensors[i];
-        put_str(b, t->name, strlen(t->name));
-        put_le(b, (uint64_t)t->n_dims, 4);
-        for (int d = 0; d < t->n_dims; d++)
-            put_le(b, (uint64_t)t->ne[d], 8);
-        put_le(b, t->ggml_type, 4);
-        put_le(b, offset, 8);
-        offset += align_up(t->nbytes, alignment);
-    }
-    static const uint8_t zeros[64];
-    size_t pad = (size_t)(align_up(b->len, alignment) - b->len);
-    for (; pad > 0 && !b->failed; pad -= pad < sizeof zeros ? pad : sizeof zeros)
-        put(b, zeros, pad < sizeof zeros ? pad : sizeof zeros);
-    return b->failed ? ENG_ENOMEM : ENG_OK;
-}
-
-static bool write_all(FILE *fp, const void *p, size_t n)
-{
-    return n == 0 || fwrite(p, 1, n, fp) == n;
-}
-
-static bool write_zeros(FILE *fp, size_t n)
-{
-    static const uint8_t zeros[64];
-    while (n > 0) {
-        size_t k = n < sizeof zeros ? n : sizeof zeros;
-        if (!write_all(fp, zeros, k))
-            return false;
-        n -= k;
-    }
-    return true;
-}
-
-int gguf_writer_write(gguf_writer *w, const char *path, char *msg, size_t msg_len)
-{
-    if (!w || !path)
-        return qt_fail(msg, msg_len, ENG_EINVAL, "gguf_writer_write: no writer or no path");
-    uint64_t alignment = GGUF_DEFAULT_ALIGNMENT;
-    for (size_t i = 0; i < w->n_kv; i++) {
-        if (strcmp(w->kvs[i].key, "general.alignment") != 0)
-            continue;
-        uint32_t a = w->kvs[i].u32;
-        if (w->kvs[i].type != GGUF_UINT32 || a == 0 || (a & (a - 1)) != 0)
-            return qt_fail(msg, msg_len, ENG_EINVAL,
-                           "%s: metadata 'general.alignment' must be a uint32 power of two", path);
-        alignment = a;
-    }
-    bytes header = {0};
-    if (build_header(w, alignment, &header) != ENG_OK) {
-        free(header.p);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: cannot build the header", path);
-    }
-    size_t tlen = strlen(path) + 5;
-    char *tmp = malloc(tlen);
-    if (!tmp) {
-        free(header.p);
-        return qt_fail(msg, msg_len, ENG_ENOMEM, "%s: out of memory", path);
-    }
-    snprintf(tmp, tlen, "%s.tmp", path);
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        int rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(header.p);
-        free(tmp);
-        return rc;
-    }
-    bool ok = write_all(fp, header.p, header.len);
-    for (size_t i = 0; ok && i < w->n_tensors; i++) {
-        const gguf_wtensor *t = &w->tensors[i];
-        ok = write_all(fp, t->data, t->nbytes) &&
-             write_zeros(fp, (size_t)(align_up(t->nbytes, alignment) - t->nbytes));
-    }
-    ok = (fflush(fp) == 0) && ok;
-    ok = (fclose(fp) == 0) && ok;
-    free(header.p);
-    int rc = ENG_OK;
-    if (!ok || rename(tmp, path) != 0) {
-        rc = qt_fail(msg, msg_len, ENG_EIO, "%s: cannot write: %s", path, strerror(errno));
-        unlink(tmp);
-    }
-    free(tmp);
-    return rc;
+    return QL_OK;
 }

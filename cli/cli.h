@@ -1,0 +1,74 @@
+/*
+ * cli.h - the jobs behind the qlserve command line (cli/): generate,
+ * quantize, inspect, tokenize. main.c parses the flags (config/) and calls
+ * them; tests call them directly. They own what they load for the length
+ * of the call and write only to the streams and files they are given.
+ */
+#ifndef QL_CLI_H
+#define QL_CLI_H
+
+#include "scheduler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* --- the jobs behind the command line ------------------------------------ */
+
+typedef struct eng_quantize_opts {
+    const char *in_path;
+    const char *out_path;
+    const char *kind;  /* "nf4" or "fp4" */
+    int32_t blocksize; /* 0: 64 */
+    bool double_quant;
+} eng_quantize_opts;
+
+/*
+ * Quantize every 2-D float tensor of a safetensors file to NF4/FP4 and
+ * write the bitsandbytes serialization; copy every other tensor and the
+ * metadata unchanged. A file that already holds bitsandbytes quant state is
+ * refused. One line per tensor goes to log (may be NULL).
+ */
+int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len);
+
+/*
+ * Print what a file or folder holds. A .safetensors file: each
+ * bitsandbytes-quantized weight as one entry (kind, shape, blocksize,
+ * nesting, dtype, bytes), every other tensor with its dtype and shape, and
+ * the metadata. A model (a Hugging Face folder or a GGUF file): it is
+ * loaded with `load` (path taken from `path`) and its architecture, sizes,
+ * tensor kinds, bytes and tokenizer are printed.
+ */
+int eng_inspect(const char *path, const eng_load_opts *load, FILE *out, char *msg, size_t msg_len);
+
+/* What `qlserve generate` asks for. */
+typedef struct eng_generate_opts {
+    const char *prompt;
+    int32_t max_new_tokens;
+    eng_sampling sampling;
+    const char *stop;              /* one stop string, or NULL */
+    int threads;                   /* 0: all cores */
+    eng_device device;             /* where to run (auto: CUDA when present) */
+    size_t kv_bytes;               /* 0: the engine's default */
+    const eng_lora_term *adapters; /* the configuration wanted (eng_request) */
+    size_t n_adapters;
+} eng_generate_opts;
+
+/*
+ * Load the model, run the prompt through the engine, stream the completion
+ * to out as it comes, then write one line to info: prompt tokens,
+ * generated tokens, prefill and decode tokens per second, finish reason.
+ */
+int eng_generate(const eng_load_opts *load, const eng_generate_opts *g, FILE *out, FILE *info,
+                 char *msg, size_t msg_len);
+/* The same on an engine already running (threads and kv_bytes unused). */
+int eng_generate_on(eng_engine *e, const eng_generate_opts *g, FILE *out, FILE *info, char *msg,
+                    size_t msg_len);
+
+/* Load the model's tokenizer and print the ids (and pieces) of text. */
+int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,
+                 size_t msg_len);
+
+
+#endif

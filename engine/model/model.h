@@ -1,0 +1,241 @@
+/*
+ * model.h - the public header of engine/model/: what a model is, loaded.
+ *
+ * It offers:
+ *   - eng_config, eng_layer, eng_model: a model's immutable config and
+ *     weights (no run state), loaded from a Hugging Face folder, a
+ *     bitsandbytes 4-bit folder or a GGUF file (eng_model_load), quantized
+ *     on load when asked;
+ *   - the layer table: each decoder layer's projections by PEFT module name
+ *     (eng_proj);
+ *   - adapters as the engine sees them (eng_lora: low-rank deltas) and
+ *     weight versions (eng_weights: which tensor each projection serves
+ *     with, and what is merged into it), refcounted so a merge never changes
+ *     a running answer.
+ *
+ * A model owns its tensors, its tokenizer and the mapped files its borrowed
+ * tensors point into; eng_model_free releases all of it. It touches
+ * engine/modelfile/, engine/tokenizer/ and kernels/, nothing at run time.
+ */
+#ifndef QL_MODEL_H
+#define QL_MODEL_H
+
+#include "modelfile.h"
+#include "tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* --- models (engine/model.c) ------------------------------------------------ */
+
+typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2 } eng_arch;
+
+typedef enum eng_rope_scaling {
+    ENG_ROPE_NONE,
+    ENG_ROPE_LINEAR, /* positions divided by factor */
+    ENG_ROPE_LLAMA3, /* Llama 3.1's frequency-dependent scaling */
+} eng_rope_scaling;
+
+/* What a model is, from config.json or GGUF metadata. */
+typedef struct eng_config {
+    eng_arch arch;
+    int32_t vocab_size;
+    int32_t hidden_size;
+    int32_t intermediate_size;
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads; /* grouped-query attention: n_heads % n_kv_heads == 0 */
+    int32_t head_dim;
+    int32_t max_position_embeddings;
+    float rope_theta;
+    eng_rope_scaling rope_scaling;
+    float rope_factor;
+    float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int32_t rope_original_max_position;                /* llama3 */
+    /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
+     * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
+     * a llama GGUF after permuting the q/k rows */
+    bool rope_interleaved;
+    float rms_norm_eps;
+    bool tie_word_embeddings;
+    bool attention_bias;                /* Qwen2: q, k, v projections have biases */
+    int32_t sliding_window;             /* Mistral; 0 when none */
+    int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
+} eng_config;
+
+/* One decoder layer's weights. Norms and biases are dense [1, n]; a bias
+ * that does not exist has rows == 0. */
+typedef struct eng_layer {
+    qtensor attn_norm, ffn_norm;
+    qtensor wq, wk, wv, wo;
+    qtensor bq, bk, bv;
+    qtensor w_gate, w_up, w_down;
+} eng_layer;
+
+/*
+ * A model in memory: immutable config and weights (no run state), the
+ * tokenizer, and the mapped files that borrowed tensors point into. Owned
+ * by whoever called eng_model_load; eng_model_free releases everything.
+ */
+typedef struct eng_model {
+    eng_config cfg;
+    qtensor embed; /* [vocab, hidden] */
+    eng_layer *layers;
+    qtensor norm;
+    qtensor lm_head; /* rows == 0 when tied to embed */
+    tok_tokenizer *tok;
+    char format[32]; /* "safetensors", "bitsandbytes-4bit", "gguf" */
+    char quant[32];  /* what the linear layers hold: "nf4", "q4_1", "bf16", ... */
+    /* what the model calls itself: config.json's _name_or_path or the
+     * folder's name; a GGUF's general.name or the file's name */
+    char name[256];
+    st_file *shards; /* safetensors files kept mapped */
+    size_t n_shards;
+    gguf_file *gguf; /* or the GGUF file kept mapped */
+} eng_model;
+
+typedef struct eng_load_opts {
+    const char *path; /* a Hugging Face folder or a .gguf file */
+    /* quantize on load: "none" (default), "nf4", "nf4-dq", "fp4", "int4",
+     * "int8"; weights that are already quantized are never quantized again */
+    const char *quant;
+    int32_t blocksize;     /* nf4/fp4 absmax block, default 64 */
+    int32_t group_size;    /* int4/int8 group, default 128 for int4, per channel for int8 */
+    bool quantize_lm_head; /* lm_head stays dense unless asked */
+    /* the float dtype of dense parameters: "f32", "bf16", "f16", or NULL to
+     * keep the file's; quant state keeps its own dtype either way */
+    const char *dtype;
+} eng_load_opts;
+
+/*
+ * Load a model: config, weights (mapped, borrowed where the file's layout is
+ * the kind's layout; quantized on load when asked), tokenizer. Every tensor
+ * is checked against the config's shapes; an architecture or tensor kind we
+ * do not run is refused by name. On error *m holds nothing.
+ */
+int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len);
+void eng_model_free(eng_model *m);
+/* Call fn on every tensor the model holds (embeddings, norms, lm_head
+ * when untied, each layer's weights and biases when present). */
+void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);
+/* Bytes of weights the model holds (codes and quant state). */
+size_t eng_model_weight_bytes(const eng_model *m);
+const char *eng_arch_name(eng_arch a);
+
+/* --- adapters as the engine sees them: low-rank deltas and weight versions
+ *     (engine/weights.c) ------------------------------------------------------ */
+
+/* The projections of a decoder layer an adapter may target, in PEFT's
+ * module names. */
+typedef enum eng_proj {
+    ENG_PROJ_Q,
+    ENG_PROJ_K,
+    ENG_PROJ_V,
+    ENG_PROJ_O,
+    ENG_PROJ_GATE,
+    ENG_PROJ_UP,
+    ENG_PROJ_DOWN,
+    ENG_N_PROJ
+} eng_proj;
+
+/* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" */
+const char *eng_proj_name(eng_proj p);
+/* The parent module in a Hugging Face model: "self_attn" or "mlp". */
+const char *eng_proj_parent(eng_proj p);
+/* The model's own (pristine) weight of layer l's projection p. */
+const qtensor *eng_model_proj(const eng_model *m, int32_t layer, eng_proj p);
+
+/* One module of a LoRA adapter: y += scale * (x @ A^T) @ B^T. */
+typedef struct eng_lora_module {
+    qtensor a;   /* [rank, in_features], F32, F16 or BF16; rows == 0: not targeted */
+    qtensor b;   /* [out_features, rank], rows already in the model's layout (a
+                    llama GGUF's permuted q/k rows) */
+    float scale; /* lora_alpha / r, or / sqrt(r) with rslora, per module */
+} eng_lora_module;
+
+/*
+ * A loaded adapter, immutable once built and shared by reference: the
+ * registry, every weight version that has it merged and every sequence
+ * that applies it hold one reference each. Whoever builds it sets refs to
+ * 1 and destroy (called once, by the last eng_lora_unref, on any thread).
+ */
+typedef struct eng_lora {
+    char name[128];
+    int32_t n_layers;
+    eng_lora_module *modules; /* [n_layers * ENG_N_PROJ] */
+    size_t bytes;             /* memory it holds (tensors mapped or copied) */
+    int refs;                 /* atomic */
+    uint64_t requests;        /* atomic: sequences admitted that asked for it */
+    void (*destroy)(struct eng_lora *l);
+} eng_lora;
+
+void eng_lora_ref(eng_lora *l);
+void eng_lora_unref(eng_lora *l);
+/* Layer l's module p, or NULL when the adapter does not target it. */
+const eng_lora_module *eng_lora_module_at(const eng_lora *lora, int32_t layer, eng_proj p);
+
+/* An adapter with the user's scale (which multiplies the module scale). */
+typedef struct eng_lora_term {
+    eng_lora *lora;
+    float scale;
+} eng_lora_term;
+
+/*
+ * A version of the serving weights: for every layer's projection, the
+ * tensor it computes with (the model's pristine one, or a merged one the
+ * version owns), and the adapter configuration merged into them. Immutable
+ * once published, shared by reference: the engine holds the current one
+ * and every sequence holds the one it started on, so a merge never changes
+ * a running answer. Freed (merged tensors included) by the last unref.
+ */
+typedef struct eng_weights {
+    uint64_t version;
+    const eng_model *m;
+    const qtensor **proj;  /* [n_layers * ENG_N_PROJ] */
+    qtensor *owned;        /* [n_layers * ENG_N_PROJ]: merged tensors (rows == 0: none) */
+    eng_lora_term *merged; /* the merged configuration (a reference on each) */
+    size_t n_merged;
+    int refs; /* atomic */
+} eng_weights;
+
+/* A version serving the model's pristine weights with nothing merged
+ * (refs 1). */
+int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, char *msg,
+                    size_t msg_len);
+/* Serve layer l's projection p with *t: the version takes t over (t is
+ * zeroed). Only before the version is published. */
+void eng_weights_set(eng_weights *w, int32_t layer, eng_proj p, qtensor *t);
+/* Record the merged configuration (references are taken). */
+int eng_weights_set_merged(eng_weights *w, const eng_lora_term *terms, size_t n, char *msg,
+                           size_t msg_len);
+const qtensor *eng_weights_proj(const eng_weights *w, int32_t layer, eng_proj p);
+void eng_weights_ref(eng_weights *w);
+void eng_weights_unref(eng_weights *w);
+/*
+ * A 64-bit digest of every weight byte a version serves: embeddings,
+ * norms, lm_head and each projection (codes and quant state), in a fixed
+ * order. Equal digests mean the same bits (up to a 2^-64 accident).
+ * w NULL: the model's own weights.
+ */
+uint64_t eng_weights_digest(const eng_model *m, const eng_weights *w);
+
+/*
+ * The signed difference between a wanted configuration and a merged one:
+ * for each wanted adapter, its scale minus the merged scale (dropped when
+ * zero); for each merged adapter not wanted, minus its merged scale. *out
+ * is allocated (free()); references are NOT taken.
+ */
+int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora_term *merged,
+                        size_t n_merged, eng_lora_term **out, size_t *n_out);
+
+
+/* What requantizing cost one module of a merge, as adapters' lora_cost
+ * sums it (dot = <Q - W, d>, delta_sq = |d|^2, err_sq = |Q - (W + d)|^2). */
+typedef struct eng_merge_cost {
+    double dot, delta_sq, err_sq;
+    bool merged; /* false: the module had nothing merged into it */
+} eng_merge_cost;
+
+
+#endif

@@ -1,0 +1,267 @@
+/*
+ * modelfile.h - the public header of engine/modelfile/: the files models
+ * and adapters come in, read and validated before anything is trusted.
+ *
+ * It offers:
+ *   - mf_: mapping a file read-only, reading a JSON file, the JSON field
+ *     readers the loaders share, a folder's base name;
+ *   - st_: the safetensors reader (mmap, every offset checked) and writer
+ *     (header padded to 8 bytes, written to a temporary file and renamed,
+ *     so a failed write never leaves half a file);
+ *   - bnb_: the bitsandbytes 4-bit serialization, one qtensor <-> the
+ *     tensors transformers writes for a Linear4bit weight (`X`, `X.absmax`,
+ *     `X.quant_map`, `X.nested_absmax`, `X.nested_quant_map`,
+ *     `X.quant_state.bitsandbytes__nf4|fp4`);
+ *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place.
+ *
+ * It owns the mappings it makes (freed by st_close, gguf_close); tensors it
+ * hands out borrow from them. It touches nothing but the files it is given
+ * and kernels/' qtensor type. Errors: QL_OK or a negative QL_E* code
+ * (base/ql_base.h), with a sentence naming the file, the tensor and the
+ * problem in msg.
+ */
+#ifndef QL_MODELFILE_H
+#define QL_MODELFILE_H
+
+#include "qtensor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Map a whole file read-only (mapped_file.c). Refuses what is not a regular
+ * file, and a file shorter than min_len with "too short for a <format>
+ * header (truncated?)". On success *map and *len describe the mapping
+ * (munmap it); on error nothing is mapped.
+ */
+int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
+                char *msg, size_t msg_len);
+
+/*
+ * Read and parse a JSON file into *root, which must be an object (free
+ * with cJSON_Delete). max_bytes > 0 refuses a longer file. Errors name the
+ * file and, for bad JSON, the byte where parsing stopped. The one JSON file
+ * reader: model configs, shard indexes, tokenizers, adapter configs.
+ */
+struct cJSON;
+int mf_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
+                  size_t msg_len);
+
+/* The last component of path, trailing slashes ignored ("a/b/" -> "b"),
+ * into out (truncated to fit): the name a model or adapter folder goes by. */
+void mf_path_base(const char *path, char *out, size_t out_len);
+
+
+/* --- safetensors -------------------------------------------------------- */
+
+typedef enum st_dtype {
+    ST_BOOL,
+    ST_U8,
+    ST_I8,
+    ST_U16,
+    ST_I16,
+    ST_F16,
+    ST_BF16,
+    ST_U32,
+    ST_I32,
+    ST_F32,
+    ST_U64,
+    ST_I64,
+    ST_F64,
+    ST_F8_E4M3,
+    ST_F8_E5M2,
+    ST_DTYPE_COUNT
+} st_dtype;
+
+#define ST_MAX_DIMS 8
+
+/* The dtype's name in a safetensors header ("F32"), and its element size. */
+const char *st_dtype_name(st_dtype dt);
+size_t st_dtype_size(st_dtype dt);
+/* The dtype named `name`, or -1. */
+int st_dtype_from_name(const char *name);
+
+typedef struct st_tensor {
+    char *name;
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    int64_t numel;
+    size_t nbytes;
+    const uint8_t *data; /* inside the file's mapping; lives until st_close */
+} st_tensor;
+
+typedef struct st_file {
+    char *path;
+    uint8_t *map; /* the whole file, read-only */
+    size_t map_len;
+    st_tensor *tensors; /* in the order of their data offsets */
+    size_t n_tensors;
+    char **meta_keys; /* __metadata__, string to string */
+    char **meta_values;
+    size_t n_meta;
+} st_file;
+
+/*
+ * Map and validate a safetensors file: header length inside the file (and
+ * under 100 MB, the format's own limit), JSON that parses to an object, each
+ * tensor's dtype known, shape non-negative, data_offsets inside the data
+ * area, byte length equal to numel * dtype size, no two tensors overlapping
+ * and no duplicate names. On error nothing is left open.
+ */
+int st_open(st_file *f, const char *path, char *msg, size_t msg_len);
+void st_close(st_file *f);
+/* The tensor called name, or NULL. Borrowed; lives until st_close. */
+const st_tensor *st_find(const st_file *f, const char *name);
+
+typedef struct st_writer st_writer;
+
+/* A writer collecting tensors in memory; free with st_writer_free. */
+st_writer *st_writer_new(void);
+void st_writer_free(st_writer *w);
+/*
+ * Add a tensor. data is copied when copy is true; otherwise it is borrowed
+ * and must live until st_writer_write returns. Refuses a duplicate name or a
+ * byte count that does not match shape and dtype.
+ */
+int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, const int64_t *shape,
+                  const void *data, size_t nbytes, bool copy, char *msg, size_t msg_len);
+/* Add a __metadata__ entry (both strings copied). */
+int st_writer_set_metadata(st_writer *w, const char *key, const char *value);
+/* Write everything to path (through path.tmp and a rename). */
+int st_writer_write(st_writer *w, const char *path, char *msg, size_t msg_len);
+
+/* --- the bitsandbytes 4-bit serialization -------------------------------- */
+
+/* True when the file holds `base`.quant_state.bitsandbytes__nf4 or __fp4. */
+bool bnb_is_quantized(const st_file *f, const char *base);
+
+/*
+ * Read the 4-bit weight serialized under `base` into *out (free with
+ * qt_free). dtype_out (optional, 16 bytes) receives the quant state's
+ * "dtype": the float dtype the weight dequantizes to. Every part is checked
+ * against the quant state's shape and block sizes.
+ */
+int bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
+                 size_t msg_len);
+
+/*
+ * Add t (NF4 or FP4) to w under `base` as bitsandbytes serializes it, with
+ * `dtype` ("float32", "float16", "bfloat16") as the quant state's dtype.
+ * The parts are copied into the writer.
+ */
+int bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
+                  size_t msg_len);
+
+/* --- GGUF (engine/gguf.c) ------------------------------------------------ */
+
+/* GGUF metadata value types, numbered as the format numbers them. */
+typedef enum gguf_type {
+    GGUF_UINT8 = 0,
+    GGUF_INT8 = 1,
+    GGUF_UINT16 = 2,
+    GGUF_INT16 = 3,
+    GGUF_UINT32 = 4,
+    GGUF_INT32 = 5,
+    GGUF_FLOAT32 = 6,
+    GGUF_BOOL = 7,
+    GGUF_STRING = 8,
+    GGUF_ARRAY = 9,
+    GGUF_UINT64 = 10,
+    GGUF_INT64 = 11,
+    GGUF_FLOAT64 = 12,
+    GGUF_TYPE_COUNT
+} gguf_type;
+
+/* A string inside the mapped file: not NUL-terminated. */
+typedef struct gguf_str {
+    const char *ptr;
+    uint64_t len;
+} gguf_str;
+
+typedef struct gguf_kv {
+    char *key;      /* NUL-terminated copy */
+    gguf_type type; /* GGUF_ARRAY for arrays */
+    gguf_type elem; /* for arrays: the element type; else == type */
+    uint64_t n;     /* array length; 1 for a scalar */
+    /* scalars, converted: integers in i/u (both set when representable),
+     * floats in f, bools in u (0/1), a string in str */
+    int64_t i;
+    uint64_t u;
+    double f;
+    gguf_str str;
+    /* arrays: numeric elements packed little-endian at `data` (n * size,
+     * not aligned: memcpy them out); string elements in strs[0..n)
+     * (pointers into the mapping), data NULL */
+    const uint8_t *data;
+    gguf_str *strs;
+} gguf_kv;
+
+typedef struct gguf_tensor {
+    char *name;
+    uint32_t ggml_type; /* GGML_TYPE_* number as stored */
+    int n_dims;
+    int64_t ne[4];   /* ne[0] is the fastest-varying (columns) */
+    uint64_t offset; /* from the start of the data section */
+    size_t nbytes;
+    const uint8_t *data; /* inside the mapping; lives until gguf_close */
+} gguf_tensor;
+
+typedef struct gguf_file {
+    char *path;
+    uint8_t *map;
+    size_t map_len;
+    uint32_t version; /* 2 or 3 */
+    gguf_kv *kvs;
+    uint64_t n_kv;
+    gguf_tensor *tensors;
+    uint64_t n_tensors;
+    uint64_t alignment; /* general.alignment, default 32 */
+    size_t data_offset; /* start of the tensor data section */
+} gguf_file;
+
+/*
+ * Map and validate a GGUF v2/v3 file: magic, version, counts that fit the
+ * file, every string and array inside it, metadata types known, alignment
+ * a power of two, tensor dims positive, each tensor's bytes (from its type's
+ * block geometry) inside the data section and aligned, no duplicate names.
+ * A tensor of a type we cannot compute the size of is refused by its GGML
+ * type name. On error nothing is left open.
+ */
+int gguf_open(gguf_file *f, const char *path, char *msg, size_t msg_len);
+void gguf_close(gguf_file *f);
+const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);
+const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
+/* The GGML name of a tensor type ("q4_k", "iq2_xs", ...), or "type N". */
+const char *gguf_ggml_type_name(uint32_t ggml_type);
+/* A GGML type's block geometry (elements per block, bytes per block), as
+ * ggml's type traits give it; false for a number ggml does not (or no
+ * longer) defines. */
+bool gguf_ggml_type_geometry(uint32_t ggml_type, uint32_t *block_size, uint32_t *type_size);
+/* Bytes of one metadata value of a fixed-size type; 0 for string and array. */
+size_t gguf_value_size(gguf_type t);
+
+/*
+ * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
+ * Q8_0), its data borrowed from the mapping (no copy, no requantization);
+ * rows = product of ne[1..], cols = ne[0]. Any other type is refused with
+ * QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
+ * data off its element boundary, QL_EINVAL for a tensor of another file.
+ * The borrowed data lies in a read-only mapping: whoever wants to change
+ * the weight (a merge) works on a copy.
+ */
+int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, char *msg,
+                        size_t msg_len);
+
+/* GGML tensor type numbers this project reads (ggml.h's enum ggml_type). */
+enum {
+    GGML_TYPE_F32 = 0,
+    GGML_TYPE_F16 = 1,
+    GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_BF16 = 30,
+};
+
+#endif

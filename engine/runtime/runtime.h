@@ -1,0 +1,204 @@
+/*
+ * runtime.h - the public header of engine/runtime/: where and how one
+ * forward step runs.
+ *
+ * It offers the paged KV cache (eng_kv_*), the worker pool of the CPU
+ * kernels (eng_pool_*), one batched forward step over a model (eng_forward,
+ * with unmerged adapters applied per run of rows), and the backends that
+ * run a step on a device (eng_backend_*: the CPU one always, the CUDA one
+ * when built).
+ *
+ * A backend owns its KV cache, its scratch and (CUDA) the device copies of
+ * the weights; it borrows the model, which must outlive it, and is used by
+ * one thread at a time. It touches engine/model/ and kernels/ (and
+ * kernels/cuda/ for the CUDA backend), never the scheduler above it.
+ */
+#ifndef QL_RUNTIME_H
+#define QL_RUNTIME_H
+
+#include "model.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* --- inference: KV cache, forward pass, sampling (engine/kv_cache.c,
+ *     forward.c, sampler.c) ------------------------------------------------- */
+
+/*
+ * The paged KV cache: fixed blocks of `block_tokens` positions, each
+ * holding K and V for every layer and kv head (f32), in one arena whose
+ * size is set in bytes. A sequence owns a block table; blocks are handed
+ * out and taken back whole, so a finished sequence frees its memory at once
+ * and a long one never needs a contiguous run.
+ */
+typedef struct eng_kv_cache eng_kv_cache;
+
+typedef struct eng_seq_kv {
+    int32_t *blocks; /* block table, n_blocks entries (owned, realloc'd) */
+    int32_t n_blocks;
+    int32_t n_tokens; /* positions written so far */
+} eng_seq_kv;
+
+/* An arena of `bytes` for cfg's layers and kv heads (block_tokens 0: 16).
+ * Refuses a size too small for one block. Free with eng_kv_free. */
+int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+               char *msg, size_t msg_len);
+/* The same block bookkeeping without the host arena (the positions live
+ * elsewhere, e.g. in device memory: see the CUDA backend). */
+int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                    char *msg, size_t msg_len);
+void eng_kv_free(eng_kv_cache *kv);
+/* Floats one block holds (every layer's K and V for its positions). */
+size_t eng_kv_block_floats(const eng_kv_cache *kv);
+int32_t eng_kv_block_tokens(const eng_kv_cache *kv);
+int32_t eng_kv_total_blocks(const eng_kv_cache *kv);
+int32_t eng_kv_free_blocks(const eng_kv_cache *kv);
+/* Blocks needed for a sequence to hold n_tokens positions in all. */
+int32_t eng_kv_blocks_for(const eng_kv_cache *kv, int32_t n_tokens);
+/* Grow s to hold n_tokens positions; QL_ENOMEM (nothing taken) when the
+ * free blocks do not suffice. */
+int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens);
+/* Give back all of s's blocks and zero it. */
+void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
+
+/* A worker pool for the CPU kernels (engine/pool.c): n threads (0: the
+ * machine's cores), the caller's thread included. */
+typedef struct eng_pool eng_pool;
+int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len);
+void eng_pool_free(eng_pool *p);
+int eng_pool_threads(const eng_pool *p);
+/* Run fn(ctx, i, n) for i in [0, n) split over the threads; returns when
+ * all are done. */
+void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx,
+                  int64_t n, int64_t grain);
+
+/* One sequence's part of a forward step: its new tokens, written at
+ * positions [pos, pos + n_tokens) of its KV (already reserved to hold
+ * them), attending to everything before them. */
+typedef struct eng_step_seq {
+    eng_seq_kv *kv;
+    const int32_t *tokens;
+    int32_t n_tokens;
+    int32_t pos;
+    /* the weight version the sequence runs on (NULL: the model's own) and
+     * the adapters it applies unmerged on top of it, in order (the signed
+     * difference between what it wants and what the version has merged) */
+    const struct eng_weights *weights;
+    const struct eng_lora_term *delta;
+    int32_t n_delta;
+    /* the caller only needs the greedy token (eng_sample's at temperature 0
+     * without a penalty): a backend that can choose it where the logits are
+     * (eng_backend_forward's tokens) need not return this row's logits */
+    bool greedy;
+    /* or the caller wants a plain temperature draw (eng_sampler_plain_draw)
+     * with this 1 / T and this uniform, already taken from the sequence's
+     * stream: only for a backend that draws (eng_backend_draws), which then
+     * must put the token in tokens */
+    bool draw;
+    float inv_temperature;
+    double u;
+} eng_step_seq;
+
+/* Scratch of the forward pass, sized for up to max_tokens new tokens per
+ * step (a step's prefill chunks plus decodes). */
+typedef struct eng_forward_state eng_forward_state;
+int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t max_tokens,
+                          char *msg, size_t msg_len);
+void eng_forward_state_free(eng_forward_state *st);
+
+/*
+ * One batched step over n_seqs sequences: every weight is read once for all
+ * their new tokens together. logits (n_seqs x vocab) receives the logits of
+ * each sequence's last new token. A sequence's result does not depend on
+ * what else is in the step (bit for bit). Refuses, changing nothing: token
+ * ids outside the vocabulary, positions past the context or the reserved
+ * KV, a position that leaves a gap after the cached ones, and more than the
+ * state's max_tokens new tokens in one step.
+ */
+int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
+                const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len);
+
+/*
+ * The unmerged LoRA product, added after a base product: y[b] += scale *
+ * (x[b] @ A^T) @ B^T for the batch rows of x (in_features wide) and y
+ * (out_features wide), both products over the pool. t (batch * rank) and u
+ * (batch * out_features) are scratch. Each row's arithmetic is the same
+ * whatever the batch, so grouping rows never changes a bit.
+ */
+void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
+                    int64_t batch, float *y, float *t, float *u);
+
+/* --- backends: where a forward step runs (engine/backend.c; the CUDA one in
+ *     engine/backend_cuda.c when built with CUDA) ------------------------------ */
+
+/* Which backend: cpu (always built, the reference; the zero value, so
+ * options built by hand stay on the CPU), cuda (an NVIDIA GPU), or auto
+ * (cuda when this build has it and a device is present, else cpu: what the
+ * command line defaults to). */
+typedef enum eng_device {
+    ENG_DEVICE_CPU = 0,
+    ENG_DEVICE_CUDA,
+    ENG_DEVICE_AUTO,
+} eng_device;
+
+/* "auto", "cpu", "cuda" -> *out; QL_EINVAL naming the value otherwise. */
+int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_len);
+const char *eng_device_name(eng_device d);
+/* Whether this build has the CUDA backend. */
+bool eng_cuda_built(void);
+
+/*
+ * A backend: the model's weights where it computes, its KV cache, and the
+ * scratch of a step. The CPU backend borrows the model's tensors and runs
+ * eng_forward over a worker pool; the CUDA backend uploads every weight
+ * once at creation (in its quantized layout), keeps the KV cache in device
+ * memory, and runs the step there. Both take the same eng_step_seq lists
+ * and must give the same greedy tokens. Owned by one thread at a time.
+ */
+typedef struct eng_backend eng_backend;
+
+typedef struct eng_backend_opts {
+    eng_device device;
+    int threads;          /* CPU kernel threads; 0: the machine's cores */
+    int32_t max_tokens;   /* new tokens one step may carry */
+    int32_t max_seqs;     /* sequences one step may carry */
+    size_t kv_bytes;      /* KV cache size (host or device memory) */
+    int32_t block_tokens; /* KV block, positions */
+} eng_backend_opts;
+
+/* Make the backend o->device names for model m (borrowed: it must outlive
+ * the backend). cuda without a device, or in a build without CUDA, is an
+ * error naming why; out of device memory names what did not fit. */
+int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o, char *msg,
+                    size_t msg_len);
+void eng_backend_free(eng_backend *b);
+/* "cpu (2 threads)", "cuda (NVIDIA H200, sm_90, 5.1 GiB of weights)": for
+ * logs and /info. */
+const char *eng_backend_describe(const eng_backend *b);
+/* Which device it is (never ENG_DEVICE_AUTO). */
+eng_device eng_backend_device(const eng_backend *b);
+/* Whether the backend chooses greedy tokens and makes plain temperature
+ * draws itself (eng_step_seq.greedy, .draw): the CUDA one does. */
+bool eng_backend_draws(const eng_backend *b);
+/* The backend's KV cache bookkeeping (block tables are handed out here). */
+eng_kv_cache *eng_backend_kv(eng_backend *b);
+/*
+ * One step, as eng_forward: logits (n_seqs x vocab, host memory) gets each
+ * sequence's last-token logits; where tokens is not NULL and seqs[k].greedy,
+ * the backend may instead put the greedy token in tokens[k] and leave row k
+ * of logits unwritten; tokens[k] = -1 where it did not.
+ */
+int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+                        int32_t *tokens, char *msg, size_t msg_len);
+/*
+ * eng_weights_digest of what the backend computes with for version w (NULL:
+ * the model's own weights): the CPU backend's are the host tensors
+ * themselves; the CUDA backend copies its device tensors back (building
+ * the version's device copy, merges included, if no step has yet), so a
+ * merge and an unmerge on the device can be checked bit for bit.
+ */
+int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
+                       size_t msg_len);
+
+#endif

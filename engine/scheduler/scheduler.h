@@ -1,0 +1,202 @@
+/*
+ * scheduler.h - the public header of engine/scheduler/: requests in,
+ * tokens out, continuously batched on one thread.
+ *
+ * It offers sampling (eng_sampling, each sequence's own seeded
+ * eng_sampler), stop strings matched across token boundaries (eng_stop),
+ * and the engine (eng_engine_*): a thread that owns the run state (the
+ * running set, the samplers, the backend and its KV cache), admits
+ * requests first come first served, runs one step after another and
+ * publishes weight versions between two steps. Other threads submit,
+ * cancel and read statistics through a small inbox guarded by a mutex.
+ * It touches engine/runtime/ and engine/model/, nothing above.
+ */
+#ifndef QL_SCHEDULER_H
+#define QL_SCHEDULER_H
+
+#include "runtime.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* How a request samples (engine/sampler.c). Zero-initialised: greedy. */
+typedef struct eng_sampling {
+    float temperature;        /* 0: greedy; > 0 */
+    int32_t top_k;            /* 0: off */
+    float top_p;              /* 0 or 1: off; else in (0, 1) */
+    float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
+    uint64_t seed;            /* the same seed and inputs give the same tokens */
+} eng_sampling;
+
+/* Check the fields, naming the first bad one and its value. */
+int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len);
+
+/* A sequence's sampler: its parameters, its own random stream (so what
+ * else is in the batch never changes its tokens), and the tokens seen (for
+ * the repetition penalty). */
+typedef struct eng_sampler {
+    eng_sampling p;
+    uint64_t rng[4];
+    int32_t *seen; /* distinct token ids seen, for the penalty (owned) */
+    size_t n_seen, cap_seen;
+} eng_sampler;
+
+int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *prompt, size_t n_prompt);
+void eng_sampler_free(eng_sampler *s);
+/* Pick the next token from logits (vocab entries, modified in place);
+ * scratch holds at least vocab floats + vocab int32s. Records the token. */
+int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
+/* Record a token chosen elsewhere (a backend's greedy choice) as eng_sample
+ * records its own. */
+void eng_sampler_record(eng_sampler *s, int32_t token);
+/* Whether s's next token is the plain argmax of its logits (temperature 0,
+ * no penalty), which a backend can choose where the logits are. */
+bool eng_sampler_greedy(const eng_sampler *s);
+/* Whether s's next token is a plain temperature draw over the whole
+ * vocabulary (no top-k, top-p or penalty), which a backend can make where
+ * the logits are (kernels/sample_math.h); *inv_temperature receives the
+ * 1 / T eng_sample would use. */
+bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
+/* The uniform in [0, 1) eng_sample would draw next (taken from s's stream:
+ * a backend's draw then stands for eng_sample's). */
+double eng_sampler_uniform(eng_sampler *s);
+
+/* Stop strings, matched on the decoded text across token boundaries and
+ * never emitted: text that could still be the start of a stop string is
+ * held back until it cannot. */
+typedef struct eng_stop eng_stop;
+/* Copies the strings (empty ones are refused). */
+int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len);
+void eng_stop_free(eng_stop *s);
+/*
+ * Feed decoded text. *emit (borrowed until the next call) and *emit_len
+ * receive what is safe to show now. Returns true when a stop string has
+ * completed: the text before it has been emitted, the rest is dropped, and
+ * generation should end.
+ */
+bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
+/* At the end of generation (EOS, length): what was held back. */
+void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len);
+
+/* --- the engine: continuous batching on one thread (engine/scheduler.c) --- */
+
+typedef enum eng_finish {
+    ENG_FINISH_EOS,       /* the model ended its answer */
+    ENG_FINISH_LENGTH,    /* max_new_tokens, or the context is full */
+    ENG_FINISH_STOP,      /* a stop string (not emitted) */
+    ENG_FINISH_CANCELLED, /* eng_engine_cancel, or the engine stopped */
+    ENG_FINISH_ERROR,     /* the step failed (out of memory); the engine goes on */
+} eng_finish;
+
+/* "eos", "length", "stop", "cancelled", "error" */
+const char *eng_finish_name(eng_finish f);
+
+typedef struct eng_usage {
+    int32_t prompt_tokens;
+    int32_t generated_tokens;
+    double queued_s;  /* submitted to admitted */
+    double prefill_s; /* admitted to first token */
+    double decode_s;  /* first token to the last */
+} eng_usage;
+
+/* A generation request. The engine copies what it needs at submit. The
+ * callbacks run on the engine thread between steps: they must be quick
+ * and must not call back into the engine (the server hands them to its
+ * loop through uv_async). */
+typedef struct eng_request {
+    const char *prompt;
+    size_t prompt_len;
+    int32_t max_new_tokens; /* >= 1 */
+    eng_sampling sampling;
+    const char *const *stop; /* stop strings, n_stop of them */
+    size_t n_stop;
+    /* the adapter configuration wanted (none: the base model); the engine
+     * takes its own references at submit */
+    const eng_lora_term *adapters;
+    size_t n_adapters;
+    /* text (UTF-8, whole characters, stop strings held back) and the token
+     * that completed it; text may be empty */
+    void (*on_token)(void *user, int32_t token, const char *text, size_t len);
+    /* exactly once per admitted request */
+    void (*on_done)(void *user, eng_finish reason, const eng_usage *usage);
+    void *user;
+} eng_request;
+
+typedef struct eng_engine_opts {
+    size_t kv_bytes;        /* KV cache size; 0: 256 MiB */
+    int32_t block_tokens;   /* KV block; 0: 16 */
+    int32_t step_tokens;    /* token budget of one step; 0: 256 */
+    int32_t prefill_chunk;  /* most prompt tokens of one sequence per step; 0: 128 */
+    int32_t max_running;    /* sequences decoding together; 0: 64 */
+    int32_t max_queued;     /* waiting requests before submit refuses; 0: 256 */
+    int32_t max_new_tokens; /* the largest max_new_tokens accepted; 0: 4096 */
+    /* prompt plus max_new_tokens may not pass it; 0: the model's context */
+    int32_t max_context;
+    int threads; /* kernel threads; 0: the machine's cores */
+    eng_device device;
+} eng_engine_opts;
+
+typedef struct eng_engine eng_engine;
+
+/* Start the engine thread over a loaded model (borrowed: it must outlive
+ * the engine). */
+int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
+                     size_t msg_len);
+/*
+ * Check and queue a request: an empty prompt, invalid UTF-8, a prompt
+ * longer than the context or the whole KV cache, prompt plus
+ * max_new_tokens past max_context (when set), max_new_tokens out of range,
+ * bad sampling parameters or a full queue are refused here with the reason
+ * (nothing is queued). *id names it for eng_engine_cancel.
+ */
+int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
+/*
+ * Publish a new weight version (the engine takes the caller's reference):
+ * the engine switches to it between two steps; sequences admitted after
+ * run on it, those already running finish on the version they started on.
+ * Returns at once; eng_engine_weights tells what serves.
+ */
+void eng_engine_publish(eng_engine *e, eng_weights *w);
+/* The version new sequences get (the last published), with a reference
+ * for the caller. */
+eng_weights *eng_engine_weights(eng_engine *e);
+/* Block until every version but the current one has been released (no
+ * sequence still runs on an older one) or timeout_s passes; true when so. */
+bool eng_engine_wait_versions(eng_engine *e, double timeout_s);
+
+/* Cancel a request (waiting or running); its on_done says cancelled. */
+void eng_engine_cancel(eng_engine *e, uint64_t id);
+/* Cancel everything, join the engine thread, free. */
+void eng_engine_stop(eng_engine *e);
+
+typedef struct eng_engine_stats {
+    int32_t waiting, running;
+    int32_t kv_blocks_used, kv_blocks_total;
+    uint64_t steps, tokens_generated, prompt_tokens;
+    uint64_t weights_version;  /* the version new sequences get */
+    int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
+    uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
+} eng_engine_stats;
+/* A snapshot, safe from any thread. */
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
+/* The backend the engine runs on, described (eng_backend_describe); lives
+ * as long as the engine. */
+const char *eng_engine_backend(const eng_engine *e);
+
+/* Whether the engine's backend merges adapters itself (CUDA): a version
+ * then needs only its merged configuration (eng_weights_set_merged), not
+ * host copies of the merged tensors. */
+bool eng_engine_merges_on_device(const eng_engine *e);
+/*
+ * Have the backend build its copy of version w now (merging on the device
+ * what w's configuration merges), on the engine thread between two steps,
+ * and wait for it: costs (n_layers * ENG_N_PROJ entries, or NULL) receives
+ * each module's merge figures and *digest eng_backend_digest's digest of
+ * what the device will serve. Call before publishing w, so the first step
+ * on it does not stall. QL_EINVAL when the backend does not merge.
+ */
+int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
+                       char *msg, size_t msg_len);
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * tokenizer.h - the public header of engine/tokenizer/: text to token ids
+ * and back.
+ *
+ * It offers tokenizers loaded from a Hugging Face tokenizer.json or from
+ * GGUF metadata: byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM2
+ * pre-tokenizers, recognised by their exact patterns) and
+ * SentencePiece-style BPE with byte fallback (Llama 2, Mistral,
+ * TinyLlama); encoding with or without special tokens, whole and streamed
+ * decoding. A tokenizer owns its vocabulary and merges (copied from the
+ * file) and is immutable once loaded, so any thread may use it. It touches
+ * the files it is given (through engine/modelfile/) and nothing else.
+ */
+#ifndef QL_TOKENIZER_H
+#define QL_TOKENIZER_H
+
+#include "modelfile.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* --- tokenizers (engine/tokenizer.c) ------------------------------------- */
+
+typedef struct tok_tokenizer tok_tokenizer;
+
+/*
+ * Load a tokenizer from a Hugging Face tokenizer.json (model type BPE:
+ * byte-level as GPT-2, Llama 3, Qwen2, SmolLM2; or SentencePiece-style with
+ * byte fallback as Llama 2, Mistral, TinyLlama). config_path, when not NULL,
+ * is tokenizer_config.json (add_bos_token, bos/eos tokens). Free with
+ * tok_free.
+ */
+int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *config_path, char *msg,
+                size_t msg_len);
+/* The same from GGUF metadata (tokenizer.ggml.*: model "gpt2" or "llama"). */
+int tok_from_gguf(tok_tokenizer **out, const gguf_file *f, char *msg, size_t msg_len);
+void tok_free(tok_tokenizer *t);
+
+/*
+ * Text to ids. add_bos: prepend BOS when the tokenizer's own metadata says
+ * the model wants it; parse_special: special and added tokens written in the
+ * text become their ids (otherwise they are plain text). *ids is allocated
+ * (free()); returns 0 or a negative code.
+ */
+int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bos,
+               bool parse_special, int32_t **ids, size_t *n_ids, char *msg, size_t msg_len);
+/* Ids to text (allocated, NUL-terminated); skip_special drops control
+ * tokens. Invalid ids are refused. */
+int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **text,
+               size_t *len, char *msg, size_t msg_len);
+
+/* Streaming decode: push ids one at a time; out receives only whole UTF-8
+ * characters (a partial one waits for the next token). Zero-initialise. */
+typedef struct tok_stream {
+    uint8_t pending[8]; /* the start of a character still incomplete */
+    size_t n_pending;
+    size_t n_pushed; /* bytes produced so far: a SentencePiece decoder drops
+                        the prefix space only as the very first byte */
+} tok_stream;
+/* Returns the bytes written to out, or a negative code: for an invalid id,
+ * or QL_EINVAL with nothing changed when out_cap is too small (3 x (3 +
+ * the longest piece) always fits; real vocabularies have pieces of 80 bytes
+ * and more, so callers size for that or retry). tok_stream_flush emits what
+ * is left (invalid UTF-8 as U+FFFD). */
+long tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *out, size_t out_cap);
+long tok_stream_flush(const tok_tokenizer *t, tok_stream *s, char *out, size_t out_cap);
+
+int32_t tok_bos(const tok_tokenizer *t); /* -1 when none */
+int32_t tok_eos(const tok_tokenizer *t);
+bool tok_adds_bos(const tok_tokenizer *t);
+size_t tok_vocab_size(const tok_tokenizer *t);
+/* "byte-level BPE" or "sentencepiece BPE", with the pre-tokenizer's name. */
+const char *tok_describe(const tok_tokenizer *t);
+
+#endif
