@@ -61,11 +61,11 @@
 #include "lora.h"
 
 #include <cjson/cJSON.h>
-#include <stdio.h>
 #include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <regex.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -406,8 +406,8 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     const cJSON *e;
     cJSON_ArrayForEach (e, v) {
         if (!cJSON_IsString(e))
-            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s holds something not a string",
-                           c->path, field);
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s holds something not a string", c->path,
+                           field);
         out->names[out->n_names++] = e->valuestring;
     }
     return QL_OK;
@@ -942,8 +942,8 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
         eng_proj p;
         bool is_b;
         if (!parse_key(t->name, &layer, &p, &is_b))
-            return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s' is not supported: %s",
-                           f->path, t->name, key_hint(t->name));
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s' is not supported: %s", f->path,
+                           t->name, key_hint(t->name));
         if (layer >= m->cfg.n_layers)
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is for layer %" PRId64 "; the model has %d layers",

@@ -16,8 +16,8 @@
  */
 #include "lora.h"
 
-#include <stdio.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -232,8 +232,7 @@ int lora_registry_want(lora_registry *r, const char *name, eng_lora_term *out, c
         *out = (eng_lora_term){en->lora, en->scale};
     }
     pthread_mutex_unlock(&r->mu);
-    return en ? QL_OK
-              : ql_fail(msg, msg_len, QL_ENOTFOUND, "no adapter named %s is loaded", name);
+    return en ? QL_OK : ql_fail(msg, msg_len, QL_ENOTFOUND, "no adapter named %s is loaded", name);
 }
 
 int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg, size_t msg_len)

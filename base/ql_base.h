@@ -34,27 +34,27 @@ extern "C" {
  */
 #define QL_ERRNO_MAP(X)                                                                            \
     /* a parameter, shape or request that cannot be carried out as asked */                        \
-    X(EINVAL, -1, "invalid argument")                                                               \
-    X(ENOMEM, -2, "out of memory")                                                                  \
-    /* a NaN or Inf where only finite values may be */                                              \
-    X(ENONFINITE, -3, "non-finite value")                                                           \
-    /* the operation does not apply to this kind, format or feature */                              \
-    X(EUNSUPPORTED, -4, "unsupported")                                                              \
-    /* no usable device, or the accelerator failed (a launch error, a fault) */                     \
-    X(EDEVICE, -5, "device error")                                                                  \
-    /* a file cannot be opened, read or written; a socket cannot listen */                          \
-    X(EIO, -6, "input/output error")                                                                \
-    /* a file is not what it claims: bad header, offsets, dtypes */                                 \
-    X(EFORMAT, -7, "malformed file")                                                                \
-    /* a tensor, key, adapter or file that must be there is not */                                  \
-    X(ENOTFOUND, -8, "not found")                                                                   \
-    /* the queue is full: try again later */                                                        \
-    X(EBUSY, -9, "busy")                                                                            \
-    /* the state forbids it now (unloading a merged adapter) */                                     \
-    X(ECONFLICT, -10, "conflict")                                                                   \
-    /* the command line or configuration is wrong */                                                \
-    X(EUSAGE, -11, "usage error")                                                                   \
-    /* not a failure: --help was asked for, and printed */                                          \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    /* a NaN or Inf where only finite values may be */                                             \
+    X(ENONFINITE, -3, "non-finite value")                                                          \
+    /* the operation does not apply to this kind, format or feature */                             \
+    X(EUNSUPPORTED, -4, "unsupported")                                                             \
+    /* no usable device, or the accelerator failed (a launch error, a fault) */                    \
+    X(EDEVICE, -5, "device error")                                                                 \
+    /* a file cannot be opened, read or written; a socket cannot listen */                         \
+    X(EIO, -6, "input/output error")                                                               \
+    /* a file is not what it claims: bad header, offsets, dtypes */                                \
+    X(EFORMAT, -7, "malformed file")                                                               \
+    /* a tensor, key, adapter or file that must be there is not */                                 \
+    X(ENOTFOUND, -8, "not found")                                                                  \
+    /* the queue is full: try again later */                                                       \
+    X(EBUSY, -9, "busy")                                                                           \
+    /* the state forbids it now (unloading a merged adapter) */                                    \
+    X(ECONFLICT, -10, "conflict")                                                                  \
+    /* the command line or configuration is wrong */                                               \
+    X(EUSAGE, -11, "usage error")                                                                  \
+    /* not a failure: --help was asked for, and printed */                                         \
     X(EHELP, -12, "help was asked for")
 
 enum {

@@ -46,8 +46,7 @@ static inline int peft_write_module(st_writer *w, const eng_model *m, int32_t l,
     uint16_t *a16 = malloc((size_t)(rank * in) * 2), *b16 = malloc((size_t)(out * rank) * 2);
     keep[0] = a16;
     keep[1] = b16;
-    int rc =
-        A && B && W && a16 && b16 ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    int rc = A && B && W && a16 && b16 ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     if (rc == QL_OK) {
         /* Kaiming-uniform(a = sqrt(5)) as nn.Linear and PEFT: bound 1/sqrt(in) */
         double bound = 1.0 / sqrt((double)in), scale = (double)alpha / rank;

@@ -70,5 +70,4 @@ int eng_generate_on(eng_engine *e, const eng_generate_opts *g, FILE *out, FILE *
 int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,
                  size_t msg_len);
 
-
 #endif

@@ -6,8 +6,8 @@
  * `qlserve serve` runs the HTTP server (server.h); the other commands are
  * one-shot jobs.
  */
-#include "config.h"
 #include "cli.h"
+#include "config.h"
 #include "lora.h"
 #include "server.h"
 
@@ -16,10 +16,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <uv.h>
-
-#ifdef QL_HAVE_CUDA
-#include "cuda/qt_cuda.h"
-#endif
 
 static int usage_failure(const char *sub, int rc, const char *msg)
 {
@@ -220,13 +216,9 @@ static int run_version(void)
     printf("cpu kernels: %s\n", qt_cpu_path());
     printf("libuv %s, llhttp %d.%d.%d, cJSON %s\n", uv_version_string(), LLHTTP_VERSION_MAJOR,
            LLHTTP_VERSION_MINOR, LLHTTP_VERSION_PATCH, cJSON_Version());
-#ifdef QL_HAVE_CUDA
     char cuda[512];
-    qt_cuda_describe(cuda, sizeof cuda);
+    eng_cuda_describe(cuda, sizeof cuda);
     printf("%s\n", cuda);
-#else
-    printf("cuda: not built (nvcc was not found at build time)\n");
-#endif
     return 0;
 }
 

@@ -6,11 +6,11 @@
 #ifndef QL_ENGINE_H
 #define QL_ENGINE_H
 
-#include "modelfile.h"
-#include "tokenizer.h"
 #include "model.h"
+#include "modelfile.h"
 #include "runtime.h"
 #include "scheduler.h"
+#include "tokenizer.h"
 
 #include <stdio.h>
 

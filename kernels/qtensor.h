@@ -57,7 +57,6 @@ typedef enum qt_kind {
     QT_KIND_COUNT
 } qt_kind;
 
-
 /* How the zero point of an AFFINE tensor is expressed (torchao ZeroPointDomain). */
 typedef enum qt_zero_domain {
     QT_ZERO_INT = 0, /* w = (q - zero) * scale, zero an integer in [qmin, qmax] */

@@ -34,9 +34,8 @@ static const struct {
     int code;
     int status;
 } status_table[] = {
-    {QL_ENOTFOUND, 404},  {QL_ECONFLICT, 409}, {QL_EBUSY, 503},
-    {QL_ENONFINITE, 422}, {QL_EFORMAT, 422},   {QL_EIO, 422},
-    {QL_ENOMEM, 503},     {QL_EDEVICE, 500},
+    {QL_ENOTFOUND, 404}, {QL_ECONFLICT, 409}, {QL_EBUSY, 503},  {QL_ENONFINITE, 422},
+    {QL_EFORMAT, 422},   {QL_EIO, 422},       {QL_ENOMEM, 503}, {QL_EDEVICE, 500},
 };
 
 static int status_of(int rc)

@@ -243,8 +243,7 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t ggml_type,
         if (__builtin_mul_overflow(want, dim, &want))
             return QL_EINVAL;
     }
-    if (ne[0] % block_size != 0 || __builtin_mul_overflow(want, type_size, &want) ||
-        want != nbytes)
+    if (ne[0] % block_size != 0 || __builtin_mul_overflow(want, type_size, &want) || want != nbytes)
         return QL_EINVAL;
     for (size_t i = 0; i < w->n_tensors; i++)
         if (strcmp(w->tensors[i].name, name) == 0)

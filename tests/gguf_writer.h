@@ -30,5 +30,4 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t ggml_type,
                            const int64_t *ne, const void *data, size_t nbytes);
 int gguf_writer_write(gguf_writer *w, const char *path, char *msg, size_t msg_len);
 
-
 #endif

@@ -384,8 +384,7 @@ static void write_bnb_folder(const char *src, const char *dst, bool nested)
         char name[128];
         for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, parts[p].suffix);
-            cr_assert_eq(bnb_write(w, name, parts[p].t, "bfloat16", msg, sizeof msg), 0, "%s",
-                         msg);
+            cr_assert_eq(bnb_write(w, name, parts[p].t, "bfloat16", msg, sizeof msg), 0, "%s", msg);
         }
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
         st_writer_add(w, name, ST_BF16, 1, shape1, ly->attn_norm.data, 128, true, msg, 256);

@@ -19,9 +19,9 @@
 #include <time.h>
 
 #include "engine.h"
-#include "gguf_writer.h"
 #include "fixtures/smollm2_vectors.h"
 #include "fixtures/tokenizer_vectors.h"
+#include "gguf_writer.h"
 #include "test_util.h"
 
 #define N_TOKENIZERS (sizeof tokv_tokenizers / sizeof tokv_tokenizers[0])
@@ -670,8 +670,8 @@ Test(tokenizer, invalid_utf8_encodes_without_crashing)
                              QL_OK, "%s: %s", tokv_tokenizers[k].name, msg);
                 for (size_t j = 0; j < n; j++)
                     cr_assert(ids[j] >= 0 && (size_t)ids[j] < tok_vocab_size(t));
-                cr_assert_eq(tok_decode(t, ids, n, false, &back, &back_len, msg, sizeof msg),
-                             QL_OK, "%s", msg);
+                cr_assert_eq(tok_decode(t, ids, n, false, &back, &back_len, msg, sizeof msg), QL_OK,
+                             "%s", msg);
                 cr_expect(valid_utf8(back, back_len), "%s: decode gave invalid UTF-8",
                           tokv_tokenizers[k].name);
                 free(back);

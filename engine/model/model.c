@@ -15,12 +15,12 @@
 #include "model.h"
 
 #include <cjson/cJSON.h>
-#include <stdio.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -92,8 +92,7 @@ static int json_float_field(const char *path, const cJSON *j, const char *key, d
         return QL_OK;
     }
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0)
-        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"%s\" must be a positive number", path,
-                       key);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"%s\" must be a positive number", path, key);
     *out = (float)v->valuedouble;
     return QL_OK;
 }
@@ -179,7 +178,7 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
-    if (rc == QL_OK)                                                                              \
+    if (rc == QL_OK)                                                                               \
     rc = json_int_field(path, j, key, def, req, lo, hi, dst, msg, msg_len)
     INT_FIELD("vocab_size", 0, true, 1, 1 << 24, &c->vocab_size);
     INT_FIELD("hidden_size", 0, true, 1, 1 << 20, &c->hidden_size);
@@ -211,8 +210,8 @@ static int parse_hf_config(loader *L, const char *path, const cJSON *j, char *ms
                        "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                        path, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2 != 0)
-        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: head_dim %d is odd; rotary needs pairs",
-                       path, c->head_dim);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: head_dim %d is odd; rotary needs pairs", path,
+                       c->head_dim);
     c->tie_word_embeddings = json_bool_field(j, "tie_word_embeddings", false);
     c->attention_bias =
         c->arch == ENG_ARCH_QWEN2 ? true : json_bool_field(j, "attention_bias", false);
@@ -276,16 +275,15 @@ static int dense_from_st(const st_file *f, const st_tensor *t, int64_t rows, int
 {
     int kind = dense_kind(t->dtype);
     if (kind < 0)
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: tensor '%s' is %s; expected F32, F16 or BF16", f->path, t->name,
-                       st_dtype_name(t->dtype));
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' is %s; expected F32, F16 or BF16",
+                       f->path, t->name, st_dtype_name(t->dtype));
     size_t align = st_dtype_size(t->dtype);
     if (((uintptr_t)t->data % align) != 0) {
         char why[256];
         int rc = qt_from_dense(out, (qt_kind)kind, t->data, rows, cols, why, sizeof why);
-        return rc == QL_OK ? QL_OK
-                           : ql_fail(msg, msg_len, QL_ENOMEM, "%s: tensor '%s': %s", f->path,
-                                     t->name, why);
+        return rc == QL_OK
+                   ? QL_OK
+                   : ql_fail(msg, msg_len, QL_ENOMEM, "%s: tensor '%s': %s", f->path, t->name, why);
     }
     memset(out, 0, sizeof *out);
     out->kind = (qt_kind)kind;
@@ -672,7 +670,7 @@ static int parse_gguf_config(loader *L, char *msg, size_t msg_len)
     char key[128];
     int rc = QL_OK;
 #define U(k, def, req, dst)                                                                        \
-    if (rc == QL_OK) {                                                                            \
+    if (rc == QL_OK) {                                                                             \
         snprintf(key, sizeof key, "%s.%s", arch, k);                                               \
         rc = gguf_uint(f, key, def, req, dst, msg, msg_len);                                       \
     }

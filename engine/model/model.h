@@ -146,6 +146,10 @@ const char *eng_proj_parent(eng_proj p);
 /* The model's own (pristine) weight of layer l's projection p. */
 const qtensor *eng_model_proj(const eng_model *m, int32_t layer, eng_proj p);
 
+/* The most adapters one weight version merges (the registry refuses a
+ * seventeenth; listings and the CUDA backend size their tables by it). */
+#define ENG_MAX_MERGED 16
+
 /* One module of a LoRA adapter: y += scale * (x @ A^T) @ B^T. */
 typedef struct eng_lora_module {
     qtensor a;   /* [rank, in_features], F32, F16 or BF16; rows == 0: not targeted */
@@ -229,13 +233,11 @@ uint64_t eng_weights_digest(const eng_model *m, const eng_weights *w);
 int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora_term *merged,
                         size_t n_merged, eng_lora_term **out, size_t *n_out);
 
-
 /* What requantizing cost one module of a merge, as adapters' lora_cost
  * sums it (dot = <Q - W, d>, delta_sq = |d|^2, err_sq = |Q - (W + d)|^2). */
 typedef struct eng_merge_cost {
     double dot, delta_sq, err_sq;
     bool merged; /* false: the module had nothing merged into it */
 } eng_merge_cost;
-
 
 #endif

@@ -18,8 +18,8 @@
 #include "modelfile.h"
 
 #include <cjson/cJSON.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,8 +57,8 @@ static int get_part(const st_file *f, const char *base, const char *suffix, st_d
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", f->path, key);
     if (t->dtype != dtype)
-        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' is %s; expected %s", f->path,
-                       key, st_dtype_name(t->dtype), st_dtype_name(dtype));
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' is %s; expected %s", f->path, key,
+                       st_dtype_name(t->dtype), st_dtype_name(dtype));
     *out = t;
     return QL_OK;
 }
@@ -104,15 +104,15 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     }
     const cJSON *qt = cJSON_GetObjectItemCaseSensitive(j, "quant_type");
     if (!cJSON_IsString(qt) || strcmp(qt->valuestring, s->type) != 0) {
-        rc = ql_fail(msg, msg_len, QL_EFORMAT,
-                     "%s: '%s': quant_type %s does not match the key's %s", f->path, base,
-                     cJSON_IsString(qt) ? qt->valuestring : "(missing)", s->type);
+        rc =
+            ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': quant_type %s does not match the key's %s",
+                    f->path, base, cJSON_IsString(qt) ? qt->valuestring : "(missing)", s->type);
         goto out;
     }
     int64_t bs = json_int(j, "blocksize");
     if (bs < 0 || bs > 4096) {
-        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': blocksize is missing or invalid",
-                     f->path, base);
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': blocksize is missing or invalid", f->path,
+                     base);
         goto out;
     }
     s->blocksize = (int32_t)bs;
@@ -167,7 +167,7 @@ out:
 }
 
 int bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
-                 size_t msg_len)
+             size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     bnb_state s = {0};
@@ -275,7 +275,7 @@ static char *quant_state_json(const qtensor *t, const char *dtype)
 }
 
 int bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
-                  size_t msg_len)
+              size_t msg_len)
 {
     if (t->kind != QT_NF4 && t->kind != QT_FP4)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -287,7 +287,7 @@ int bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtyp
     do {                                                                                           \
         snprintf(key, sizeof key, "%s%s", base, suffix);                                           \
         rc = st_writer_add(w, key, dt, nd, shp, ptr, bytes, true, msg, msg_len);                   \
-        if (rc != QL_OK)                                                                          \
+        if (rc != QL_OK)                                                                           \
             return rc;                                                                             \
     } while (0)
     int64_t packed_shape[2] = {(int64_t)t->data_bytes, 1};

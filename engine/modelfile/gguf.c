@@ -42,10 +42,10 @@
  */
 #include "modelfile.h"
 
-#include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -534,8 +534,8 @@ static int parse_tensor_info(gguf_file *f, cursor *c, uint64_t index, gguf_tenso
     for (int d = 1; d < GGUF_MAX_DIMS; d++)
         overflow = overflow || __builtin_mul_overflow(bytes, (uint64_t)t->ne[d], &bytes);
     if (overflow || bytes > SIZE_MAX)
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: tensor '%s': its byte size overflows 64 bits", f->path, t->name);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s': its byte size overflows 64 bits",
+                       f->path, t->name);
     t->nbytes = (size_t)bytes;
     return QL_OK;
 }

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
-                 char *msg, size_t msg_len)
+                char *msg, size_t msg_len)
 {
     *map = NULL;
     *len = 0;

@@ -46,12 +46,29 @@ int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **
  */
 struct cJSON;
 int mf_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
-                  size_t msg_len);
+                 size_t msg_len);
+
+/* --- JSON fields: the readers every loader shares ----------------------- */
+
+/* The string at key, or NULL when absent or not a string (borrowed from j). */
+const char *mf_json_str(const struct cJSON *j, const char *key);
+/* The bool at key, or def when it is absent or not a bool. */
+bool mf_json_bool(const struct cJSON *j, const char *key, bool def);
+/* Whether v is a number with no fraction in [lo, hi]; *out receives it. */
+bool mf_json_integer(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out);
+/*
+ * The integer at key, in [lo, hi], into *out. Absent or null: def, or with
+ * `required` QL_EFORMAT "<path>: "<key>" is missing"; anything else that is
+ * not such an integer: QL_EFORMAT "<path>: "<key>" must be an integer in
+ * [lo, hi]".
+ */
+int mf_json_int_field(const char *path, const struct cJSON *j, const char *key, int64_t def,
+                      bool required, int64_t lo, int64_t hi, int64_t *out, char *msg,
+                      size_t msg_len);
 
 /* The last component of path, trailing slashes ignored ("a/b/" -> "b"),
  * into out (truncated to fit): the name a model or adapter folder goes by. */
 void mf_path_base(const char *path, char *out, size_t out_len);
-
 
 /* --- safetensors -------------------------------------------------------- */
 
@@ -144,7 +161,7 @@ bool bnb_is_quantized(const st_file *f, const char *base);
  * against the quant state's shape and block sizes.
  */
 int bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, char *msg,
-                 size_t msg_len);
+             size_t msg_len);
 
 /*
  * Add t (NF4 or FP4) to w under `base` as bitsandbytes serializes it, with
@@ -152,7 +169,7 @@ int bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, 
  * The parts are copied into the writer.
  */
 int bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
-                  size_t msg_len);
+              size_t msg_len);
 
 /* --- GGUF (engine/gguf.c) ------------------------------------------------ */
 

@@ -12,9 +12,9 @@
 #include "modelfile.h"
 
 #include <cjson/cJSON.h>
-#include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>

@@ -6,6 +6,9 @@
  * through eng_backend_forward alone.
  */
 #include "internal/backend_internal.h"
+#ifdef QL_HAVE_CUDA
+#include "qt_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +46,15 @@ bool eng_cuda_built(void)
     return true;
 #else
     return false;
+#endif
+}
+
+void eng_cuda_describe(char *out, size_t out_len)
+{
+#ifdef QL_HAVE_CUDA
+    qt_cuda_describe(out, out_len);
+#else
+    snprintf(out, out_len, "cuda: not built (nvcc was not found at build time)");
 #endif
 }
 

@@ -405,8 +405,8 @@ int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_se
         T += q->n_tokens;
     }
     if (T > max_tokens)
-        return ql_fail(msg, msg_len, QL_EINVAL, "%lld tokens in one step; at most %d",
-                       (long long)T, max_tokens);
+        return ql_fail(msg, msg_len, QL_EINVAL, "%lld tokens in one step; at most %d", (long long)T,
+                       max_tokens);
     *total = T;
     return QL_OK;
 }

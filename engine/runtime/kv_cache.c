@@ -9,8 +9,8 @@
  * Block layout (f32): for layer l, K then V, each [block_tokens][kv_dim],
  * kv_dim = n_kv_heads * head_dim. Owned by the engine thread: no locks.
  */
-#include "runtime.h"
 #include "internal/kv_cache_internal.h"
+#include "runtime.h"
 
 #include <stdlib.h>
 #include <string.h>

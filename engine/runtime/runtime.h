@@ -147,6 +147,10 @@ int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_le
 const char *eng_device_name(eng_device d);
 /* Whether this build has the CUDA backend. */
 bool eng_cuda_built(void);
+/* One line on the CUDA side of this build, for `qlserve version`: the
+ * runtime, the devices it sees and the architectures compiled, or that the
+ * build has no CUDA backend. */
+void eng_cuda_describe(char *out, size_t out_len);
 
 /*
  * A backend: the model's weights where it computes, its KV cache, and the

@@ -75,8 +75,8 @@
  * the whole character is held. The text itself is not checked: the
  * tokenizer's stream already emits whole characters.
  */
-#include "scheduler.h"
 #include "sample_math.h"
+#include "scheduler.h"
 
 #include <float.h>
 #include <math.h>
@@ -935,8 +935,8 @@ int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, 
         st->fail = malloc(st->len * sizeof *st->fail);
         if (!st->text || !st->fail) {
             eng_stop_free(s);
-            return ql_fail(msg, msg_len, QL_ENOMEM,
-                           "out of memory for stop string %zu (%zu bytes)", i, st->len);
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for stop string %zu (%zu bytes)",
+                           i, st->len);
         }
         memcpy(st->text, stops[i], st->len + 1);
         st->fail[0] = 0;

@@ -24,8 +24,8 @@
  * version has merged, unmerged. A new version published by a merge is
  * taken between two steps; sequences already running finish on theirs.
  */
-#include "../runtime/internal/backend_internal.h"
 #include "scheduler.h"
+#include "../runtime/internal/backend_internal.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -216,8 +216,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
                            t->lora->name, (double)t->scale);
         for (size_t j = 0; j < i; j++)
             if (r->adapters[j].lora == t->lora)
-                return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s is named twice",
-                               t->lora->name);
+                return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s is named twice", t->lora->name);
     }
     seq *s = calloc(1, sizeof *s);
     if (!s)

@@ -2085,8 +2085,8 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     for (size_t i = 0; i < N_ELEMS(affixes); i++) {
         const char *v = json_str(model, affixes[i]);
         if (v && *v)
-            return ql_fail(msg, msg_len, QL_EINVAL, "%s: BPE with %s \"%s\" is not supported",
-                           path, affixes[i], v);
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: BPE with %s \"%s\" is not supported", path,
+                           affixes[i], v);
     }
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(dropout) && dropout->valuedouble != 0)
@@ -2245,9 +2245,9 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     t->bos = bos ? find_token(t, bos) : tmpl_id;
     t->eos = eos ? find_token(t, eos) : -1;
     if ((bos && t->bos < 0) || (eos && t->eos < 0))
-        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s \"%.100s\" is not a token of %s",
-                       cfg_path, bos && t->bos < 0 ? "bos_token" : "eos_token",
-                       bos && t->bos < 0 ? bos : eos, path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s \"%.100s\" is not a token of %s", cfg_path,
+                       bos && t->bos < 0 ? "bos_token" : "eos_token", bos && t->bos < 0 ? bos : eos,
+                       path);
     const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
     t->adds_bos = cJSON_IsBool(add_bos) ? cJSON_IsTrue(add_bos) : tmpl_id >= 0 && tmpl_id == t->bos;
     if (t->bos < 0)

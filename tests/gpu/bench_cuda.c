@@ -569,7 +569,7 @@ static double sum(const double *v, int32_t n)
     do {                                                                                           \
         cudaError_t st_ = (call);                                                                  \
         if (st_ != cudaSuccess) {                                                                  \
-            rc = ql_fail(msg, msg_len, QL_EDEVICE, "%s: %s", what, cudaGetErrorString(st_));      \
+            rc = ql_fail(msg, msg_len, QL_EDEVICE, "%s: %s", what, cudaGetErrorString(st_));       \
             goto done;                                                                             \
         }                                                                                          \
     } while (0)

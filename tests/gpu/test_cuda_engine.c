@@ -523,8 +523,8 @@ static void merged(qt_quant_params params, const char *kind)
             rc = eng_backend_digest(gpu.b, NULL, &dev_after, msg, sizeof msg);
         snprintf(name, sizeof name, "device_unmerge_restores_pristine_bytes_%s", kind);
         report(rc == QL_OK && dev_after == pristine, name, "digest %016llx, pristine %016llx%s%s",
-               (unsigned long long)dev_after, (unsigned long long)pristine,
-               rc == QL_OK ? "" : ": ", rc == QL_OK ? "" : msg);
+               (unsigned long long)dev_after, (unsigned long long)pristine, rc == QL_OK ? "" : ": ",
+               rc == QL_OK ? "" : msg);
         side_free(&gpu);
     }
     if (w)
