@@ -94,7 +94,7 @@ cp "$BUILD/libqlengine.a" "$OUTD/obj/libqlengine_emu.a" && ar d "$OUTD/obj/libql
 CJSON_INC=$(pkg-config --cflags libcjson 2>/dev/null || echo "-isystem /usr/include/cjson")
 CJSON_LIB=$(pkg-config --libs libcjson 2>/dev/null || echo "-lcjson")
 
-INC=(-I"$EMU/include" -I"$ROOT/base" -I"$ROOT/kernels" -I"$ROOT/kernels/internal" -I"$ROOT/kernels/cuda"
+INC=(-I"$EMU/include" -I"$ROOT/base" -I"$ROOT/kernels" -I"$ROOT/kernels/internal" -I"$ROOT/kernels/math" -I"$ROOT/kernels/cuda"
      -I"$ROOT/kernels/cuda/internal" -I"$ROOT/engine" -I"$ROOT/engine/modelfile" -I"$ROOT/engine/tokenizer"
      -I"$ROOT/engine/model" -I"$ROOT/engine/runtime" -I"$ROOT/engine/scheduler" -I"$ROOT/adapters"
      -I"$ROOT/tests" -I"$ROOT/bench")
