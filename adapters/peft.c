@@ -57,6 +57,12 @@
  * "model.layers.N.<self_attn|mlp>.<proj>.lora_<A|B>", then ".weight", or
  * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
  * name; save_pretrained strips it). Any other key is refused by name.
+ *
+ * It offers lora_load (lora.h). The eng_lora it builds owns the mapped
+ * adapter_model.safetensors (A and B borrow from it, through
+ * st_tensor_qtensor) and the copies it had to make (a misaligned tensor, a
+ * llama GGUF's permuted B), released by its destroy. It reads the model
+ * (shapes, rope layout, name) and never writes it.
  */
 #include "lora.h"
 

@@ -14,6 +14,12 @@
  *                                     "dtype", "shape", and when nested
  *                                     "nested_blocksize", "nested_offset",
  *                                     "nested_dtype"}
+ *
+ * It offers bnb_is_quantized, bnb_read and bnb_write (modelfile.h). It owns
+ * nothing past a call: bnb_read copies the parts into a qtensor the caller
+ * frees, bnb_write copies them into the caller's writer. It touches only
+ * the st_file or st_writer it is given; the quant state's JSON goes
+ * through the shared mf_json_* readers.
  */
 #include "modelfile.h"
 

@@ -4,8 +4,10 @@
  *
  * It offers:
  *   - mf_: mapping a file read-only, reading a JSON file, the JSON field
- *     readers the loaders share, a folder's base name;
- *   - st_: the safetensors reader (mmap, every offset checked) and writer
+ *     readers every loader shares (strings, bools, finite numbers, bounded
+ *     integers, positive numbers, token ids), a folder's base name;
+ *   - st_: the safetensors reader (mmap, every offset checked), a dense
+ *     tensor as a qtensor (st_tensor_qtensor), and the writer
  *     (header padded to 8 bytes, written to a temporary file and renamed,
  *     so a failed write never leaves half a file);
  *   - bnb_: the bitsandbytes 4-bit serialization, one qtensor <-> the
@@ -15,10 +17,11 @@
  *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place.
  *
  * It owns the mappings it makes (freed by st_close, gguf_close); tensors it
- * hands out borrow from them. It touches nothing but the files it is given
- * and kernels/' qtensor type. Errors: QL_OK or a negative QL_E* code
- * (base/ql_base.h), with a sentence naming the file, the tensor and the
- * problem in msg.
+ * hands out borrow from them (st_tensor_qtensor copies one whose address is
+ * off its element size; the qtensor then owns the copy). It touches nothing
+ * but the files it is given and kernels/' qtensor type. Errors: QL_OK or a
+ * negative QL_E* code (base/ql_base.h), with a sentence naming the file,
+ * the tensor and the problem in msg.
  */
 #ifndef QL_MODELFILE_H
 #define QL_MODELFILE_H
