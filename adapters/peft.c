@@ -57,6 +57,12 @@
  * "model.layers.N.<self_attn|mlp>.<proj>.lora_<A|B>", then ".weight", or
  * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
  * name; save_pretrained strips it). Any other key is refused by name.
+ *
+ * It offers lora_load (lora.h). The eng_lora it builds owns the mapped
+ * adapter_model.safetensors (A and B borrow from it, through
+ * st_tensor_qtensor) and the copies it had to make (a misaligned tensor, a
+ * llama GGUF's permuted B), released by its destroy. It reads the model
+ * (shapes, rope layout, name) and never writes it.
  */
 #include "lora.h"
 
@@ -430,8 +436,12 @@ static int read_pattern_map(const adapter_config *c, const cJSON *root, const ch
         return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
     const cJSON *e;
     cJSON_ArrayForEach (e, v) {
-        double x = cJSON_IsNumber(e) ? e->valuedouble : NAN;
-        if (!isfinite(x) || (integer && (x != floor(x) || x < 1 || x > 65536)))
+        int64_t rank;
+        double x = 0;
+        bool ok = integer ? mf_json_integer(e, 1, 65536, &rank) : mf_json_number(e, &x);
+        if (integer && ok)
+            x = (double)rank;
+        if (!ok)
             return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s[\"%s\"] must be %s", c->path, field,
                            e->string,
                            integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
@@ -467,12 +477,12 @@ static const struct {
 
 static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t msg_len)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
-    if (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA") != 0)
+    const char *peft_type = mf_json_str(root, "peft_type");
+    if (!peft_type || strcmp(peft_type, "LORA") != 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: peft_type is %s; only LORA adapters are supported", c->path,
-                       cJSON_IsString(v) ? v->valuestring : "missing");
-    v = cJSON_GetObjectItemCaseSensitive(root, "bias");
+                       peft_type ? peft_type : "missing");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "bias");
     if (v && !cJSON_IsNull(v) && (!cJSON_IsString(v) || strcmp(v->valuestring, "none") != 0))
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: bias is \"%s\"; trained biases are not supported (only \"none\")",
@@ -482,37 +492,33 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s is set: %s", c->path,
                            refused_fields[i].field, refused_fields[i].what);
 
-    v = cJSON_GetObjectItemCaseSensitive(root, "r");
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
-        v->valuedouble > 65536)
+    int64_t r;
+    if (!mf_json_integer(cJSON_GetObjectItemCaseSensitive(root, "r"), 1, 65536, &r))
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: r must be a positive integer", c->path);
-    c->r = (int32_t)v->valuedouble;
+    c->r = (int32_t)r;
     v = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
     if (!v || cJSON_IsNull(v))
         c->alpha = 8; /* LoraConfig's default */
-    else if (cJSON_IsNumber(v) && isfinite(v->valuedouble))
-        c->alpha = v->valuedouble;
-    else
+    else if (!mf_json_number(v, &c->alpha))
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: lora_alpha must be a number", c->path);
-    c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "fan_in_fan_out")))
+    c->use_rslora = mf_json_bool(root, "use_rslora", false);
+    if (mf_json_bool(root, "fan_in_fan_out", false))
         add_warning(c, "fan_in_fan_out is true, but the targets are Linear layers: PEFT forces it "
                        "false for them and so does qlserve");
-    v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
-    if (cJSON_IsString(v)) {
+    const char *init = mf_json_str(root, "init_lora_weights");
+    if (init) {
         static const char *const rewrites[] = {"pissa", "olora", "corda", "loftq", "lora_ga"};
         for (size_t i = 0; i < sizeof rewrites / sizeof *rewrites; i++)
-            if (strncasecmp(v->valuestring, rewrites[i], strlen(rewrites[i])) == 0) {
+            if (strncasecmp(init, rewrites[i], strlen(rewrites[i])) == 0) {
                 char w[200];
                 snprintf(w, sizeof w,
                          "init_lora_weights \"%s\" changed the base weights during training: "
                          "the adapter fits the residual base saved with it",
-                         v->valuestring);
+                         init);
                 add_warning(c, w);
             }
     }
-    v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
-    c->base_model = cJSON_IsString(v) ? v->valuestring : NULL;
+    c->base_model = mf_json_str(root, "base_model_name_or_path");
 
     v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
     if (cJSON_IsString(v) && strcasecmp(v->valuestring, "all-linear") == 0) {
@@ -563,12 +569,11 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
             return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", c->path);
         const cJSON *e = cJSON_IsArray(lt) ? lt->child : lt;
         for (; e && c->n_layers < n; e = e->next) {
-            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
-                e->valuedouble < 0 || e->valuedouble > 1e9)
+            if (!mf_json_integer(e, 0, 1000000000, &c->layers[c->n_layers]))
                 return ql_fail(msg, msg_len, QL_EFORMAT,
                                "%s: layers_to_transform must be a layer index or a list of them",
                                c->path);
-            c->layers[c->n_layers++] = (int64_t)e->valuedouble;
+            c->n_layers++;
         }
         /* an empty list restricts nothing (PEFT: is_using_layer_indexes) */
         c->has_layers = c->n_layers > 0;
@@ -778,11 +783,6 @@ static bool parse_key(const char *key, int64_t *layer, eng_proj *proj, bool *is_
     return true;
 }
 
-static int qt_kind_of(st_dtype dt)
-{
-    return dt == ST_F32 ? QT_F32 : dt == ST_F16 ? QT_F16 : dt == ST_BF16 ? QT_BF16 : -1;
-}
-
 /* The first element that is NaN or Inf, or -1. */
 static int64_t first_nonfinite(const st_tensor *t)
 {
@@ -820,7 +820,7 @@ static float element(const st_tensor *t, int64_t i)
 static int check_tensor(const char *path, const st_tensor *t, const char *module, int64_t rows,
                         int64_t cols, const module_plan *mp, char *msg, size_t msg_len)
 {
-    if (qt_kind_of(t->dtype) < 0)
+    if (st_dtype_qt_kind(t->dtype) < 0)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' is %s; LoRA weights must be F32, F16 or BF16", path,
                        t->name, st_dtype_name(t->dtype));
@@ -849,26 +849,15 @@ static int check_tensor(const char *path, const st_tensor *t, const char *module
     return QL_OK;
 }
 
-/* t as a dense qtensor: borrowed from the mapping when its address suits
- * its element size, else copied. */
-static int wrap_tensor(const st_tensor *t, qtensor *out, size_t *copied, char *msg, size_t msg_len)
+/* t as a dense qtensor (st_tensor_qtensor: borrowed from the mapping, or
+ * copied when misaligned); a copy's bytes are added to *copied. */
+static int wrap_tensor(const st_file *f, const st_tensor *t, qtensor *out, size_t *copied,
+                       char *msg, size_t msg_len)
 {
-    qt_kind kind = (qt_kind)qt_kind_of(t->dtype);
-    if ((uintptr_t)t->data % st_dtype_size(t->dtype) != 0) {
-        char why[160];
-        if (qt_from_dense(out, kind, t->data, t->shape[0], t->shape[1], why, sizeof why) != QL_OK)
-            return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': %s", t->name, why);
+    int rc = st_tensor_qtensor(f, t, out, msg, msg_len);
+    if (rc == QL_OK && !out->data_borrowed)
         *copied += out->data_bytes;
-        return QL_OK;
-    }
-    memset(out, 0, sizeof *out);
-    out->kind = kind;
-    out->rows = t->shape[0];
-    out->cols = t->shape[1];
-    out->data = (uint8_t *)t->data;
-    out->data_bytes = t->nbytes;
-    out->data_borrowed = true;
-    return QL_OK;
+    return rc;
 }
 
 /*
@@ -890,7 +879,7 @@ static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t
     out->data = malloc(t->nbytes ? t->nbytes : 1);
     if (!out->data)
         return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", t->name);
-    out->kind = (qt_kind)qt_kind_of(t->dtype);
+    out->kind = (qt_kind)st_dtype_qt_kind(t->dtype);
     out->rows = rows;
     out->cols = cols;
     out->data_bytes = t->nbytes;
@@ -991,13 +980,13 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             if (rc != QL_OK)
                 return rc;
             eng_lora_module *mod = &l->modules[idx];
-            rc = wrap_tensor(mp->a, &mod->a, copied, msg, msg_len);
+            rc = wrap_tensor(&pl->file, mp->a, &mod->a, copied, msg, msg_len);
             if (rc != QL_OK)
                 return rc;
             bool permute = m->cfg.rope_interleaved && (p == ENG_PROJ_Q || p == ENG_PROJ_K);
             int32_t heads = p == ENG_PROJ_Q ? m->cfg.n_heads : m->cfg.n_kv_heads;
             rc = permute ? permuted_copy(mp->b, heads, &mod->b, copied, msg, msg_len)
-                         : wrap_tensor(mp->b, &mod->b, copied, msg, msg_len);
+                         : wrap_tensor(&pl->file, mp->b, &mod->b, copied, msg, msg_len);
             if (rc != QL_OK)
                 return rc;
             mod->scale = (float)(c->use_rslora ? mp->alpha / sqrt((double)mp->rank)

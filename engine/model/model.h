@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* --- models (engine/model.c) ------------------------------------------------ */
+/* --- models (model.c; the loaders in load_hf.c, load_gguf.c) --------------- */
 
 typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2 } eng_arch;
 
@@ -124,7 +124,7 @@ size_t eng_model_weight_bytes(const eng_model *m);
 const char *eng_arch_name(eng_arch a);
 
 /* --- adapters as the engine sees them: low-rank deltas and weight versions
- *     (engine/weights.c) ------------------------------------------------------ */
+ *     (weights.c) ------------------------------------------------------------- */
 
 /* The projections of a decoder layer an adapter may target, in PEFT's
  * module names. */

@@ -13,6 +13,12 @@
  *
  * The digest hashes every weight byte a version serves, so anyone can
  * check that an unmerge gave back the pristine bits.
+ *
+ * It offers the eng_proj names, eng_lora_* and eng_weights_* (model.h).
+ * A version owns its proj table, its merged tensors and a reference on
+ * each merged adapter, released by the last eng_weights_unref; it borrows
+ * the model, which must outlive it. It touches the model's tensors only to
+ * read them.
  */
 #include "model.h"
 

@@ -14,11 +14,16 @@
  *                                     "dtype", "shape", and when nested
  *                                     "nested_blocksize", "nested_offset",
  *                                     "nested_dtype"}
+ *
+ * It offers bnb_is_quantized, bnb_read and bnb_write (modelfile.h). It owns
+ * nothing past a call: bnb_read copies the parts into a qtensor the caller
+ * frees, bnb_write copies them into the caller's writer. It touches only
+ * the st_file or st_writer it is given; the quant state's JSON goes
+ * through the shared mf_json_* readers.
  */
 #include "modelfile.h"
 
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,16 +68,6 @@ static int get_part(const st_file *f, const char *base, const char *suffix, st_d
     return QL_OK;
 }
 
-/* A JSON number that must be a positive integer, or -1. */
-static int64_t json_int(const cJSON *obj, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 9.0e15 ||
-        v->valuedouble != floor(v->valuedouble))
-        return -1;
-    return (int64_t)v->valuedouble;
-}
-
 /* Copy an f32 tensor out of the (possibly unaligned) mapping. */
 static float *f32_copy(const st_tensor *t)
 {
@@ -102,30 +97,28 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
                      base, QS_PREFIX, s->type);
         goto out;
     }
-    const cJSON *qt = cJSON_GetObjectItemCaseSensitive(j, "quant_type");
-    if (!cJSON_IsString(qt) || strcmp(qt->valuestring, s->type) != 0) {
+    const char *qt = mf_json_str(j, "quant_type");
+    if (!qt || strcmp(qt, s->type) != 0) {
         rc =
             ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': quant_type %s does not match the key's %s",
-                    f->path, base, cJSON_IsString(qt) ? qt->valuestring : "(missing)", s->type);
+                    f->path, base, qt ? qt : "(missing)", s->type);
         goto out;
     }
-    int64_t bs = json_int(j, "blocksize");
-    if (bs < 0 || bs > 4096) {
+    int64_t bs;
+    if (!mf_json_integer(cJSON_GetObjectItemCaseSensitive(j, "blocksize"), 1, 4096, &bs)) {
         rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: '%s': blocksize is missing or invalid", f->path,
                      base);
         goto out;
     }
     s->blocksize = (int32_t)bs;
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
-    if (!cJSON_IsString(dt) ||
-        (strcmp(dt->valuestring, "float32") && strcmp(dt->valuestring, "float16") &&
-         strcmp(dt->valuestring, "bfloat16"))) {
+    const char *dt = mf_json_str(j, "dtype");
+    if (!dt || (strcmp(dt, "float32") && strcmp(dt, "float16") && strcmp(dt, "bfloat16"))) {
         rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: '%s': dtype %s is not float32, float16 or bfloat16", f->path, base,
-                     cJSON_IsString(dt) ? dt->valuestring : "(missing)");
+                     dt ? dt : "(missing)");
         goto out;
     }
-    snprintf(s->dtype, sizeof s->dtype, "%s", dt->valuestring);
+    snprintf(s->dtype, sizeof s->dtype, "%s", dt);
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
     int nd = cJSON_IsArray(shape) ? cJSON_GetArraySize(shape) : 0;
     if (nd < 1 || nd > ST_MAX_DIMS) {
@@ -135,9 +128,8 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
     /* all leading dimensions fold into rows; the last is the input dim */
     s->rows = 1;
     for (int i = 0; i < nd; i++) {
-        const cJSON *d = cJSON_GetArrayItem(shape, i);
-        if (!cJSON_IsNumber(d) || d->valuedouble < 1 || d->valuedouble > 1e12 ||
-            d->valuedouble != floor(d->valuedouble)) {
+        int64_t d;
+        if (!mf_json_integer(cJSON_GetArrayItem(shape, i), 1, (int64_t)1e12, &d)) {
             rc = ql_fail(msg, msg_len, QL_EFORMAT,
                          "%s: '%s': shape[%d] is not a positive "
                          "integer",
@@ -145,21 +137,24 @@ static int parse_quant_state(const st_file *f, const char *base, const st_tensor
             goto out;
         }
         if (i == nd - 1)
-            s->cols = (int64_t)d->valuedouble;
+            s->cols = d;
         else
-            s->rows *= (int64_t)d->valuedouble;
+            s->rows *= d;
     }
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "nested_offset");
     s->nested = off != NULL;
     if (s->nested) {
-        int64_t nbs = json_int(j, "nested_blocksize");
-        if (!cJSON_IsNumber(off) || !isfinite(off->valuedouble) || nbs < 0 || nbs > 4096) {
+        int64_t nbs;
+        double offset;
+        if (!mf_json_number(off, &offset) ||
+            !mf_json_integer(cJSON_GetObjectItemCaseSensitive(j, "nested_blocksize"), 1, 4096,
+                             &nbs)) {
             rc = ql_fail(msg, msg_len, QL_EFORMAT,
                          "%s: '%s': nested_offset or nested_blocksize is invalid", f->path, base);
             goto out;
         }
         s->nested_blocksize = (int32_t)nbs;
-        s->nested_offset = (float)off->valuedouble;
+        s->nested_offset = (float)offset;
     }
 out:
     cJSON_Delete(j);

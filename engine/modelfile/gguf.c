@@ -37,8 +37,12 @@
  *     compare equal to a different name);
  *   - a tensor's ne[] past n_dims are 1, and each dimension is at least 1.
  *
- * Nothing in the product writes GGUF; the tests' writer is
- * tests/gguf_writer.c.
+ * It offers gguf_open/gguf_close, the lookups (gguf_find_kv,
+ * gguf_find_tensor), GGML type names and geometry, and gguf_tensor_qtensor
+ * (modelfile.h). It owns the mapping and the key and name copies gguf_open
+ * makes, until gguf_close; everything it hands out borrows from them. It
+ * touches only the file it is given. Nothing in the product writes GGUF;
+ * the tests' writer is tests/gguf_writer.c.
  */
 #include "modelfile.h"
 

@@ -5,6 +5,11 @@
  * validates offsets against the mapped length before it dereferences
  * anything. The small JSON files beside them (config.json, tokenizer.json,
  * the shard index) are read whole and parsed by one function.
+ *
+ * It offers mf_map_file, mf_read_json and mf_path_base (modelfile.h). It
+ * owns nothing once a call returns: the mapping and the cJSON tree are the
+ * caller's to release (munmap, cJSON_Delete). It touches only the file it
+ * is named.
  */
 #include "modelfile.h"
 

@@ -4,8 +4,10 @@
  *
  * It offers:
  *   - mf_: mapping a file read-only, reading a JSON file, the JSON field
- *     readers the loaders share, a folder's base name;
- *   - st_: the safetensors reader (mmap, every offset checked) and writer
+ *     readers every loader shares (strings, bools, finite numbers, bounded
+ *     integers, positive numbers, token ids), a folder's base name;
+ *   - st_: the safetensors reader (mmap, every offset checked), a dense
+ *     tensor as a qtensor (st_tensor_qtensor), and the writer
  *     (header padded to 8 bytes, written to a temporary file and renamed,
  *     so a failed write never leaves half a file);
  *   - bnb_: the bitsandbytes 4-bit serialization, one qtensor <-> the
@@ -15,10 +17,11 @@
  *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place.
  *
  * It owns the mappings it makes (freed by st_close, gguf_close); tensors it
- * hands out borrow from them. It touches nothing but the files it is given
- * and kernels/' qtensor type. Errors: QL_OK or a negative QL_E* code
- * (base/ql_base.h), with a sentence naming the file, the tensor and the
- * problem in msg.
+ * hands out borrow from them (st_tensor_qtensor copies one whose address is
+ * off its element size; the qtensor then owns the copy). It touches nothing
+ * but the files it is given and kernels/' qtensor type. Errors: QL_OK or a
+ * negative QL_E* code (base/ql_base.h), with a sentence naming the file,
+ * the tensor and the problem in msg.
  */
 #ifndef QL_MODELFILE_H
 #define QL_MODELFILE_H
@@ -54,6 +57,8 @@ int mf_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *
 const char *mf_json_str(const struct cJSON *j, const char *key);
 /* The bool at key, or def when it is absent or not a bool. */
 bool mf_json_bool(const struct cJSON *j, const char *key, bool def);
+/* Whether v is a finite number; *out receives it. */
+bool mf_json_number(const struct cJSON *v, double *out);
 /* Whether v is a number with no fraction in [lo, hi]; *out receives it. */
 bool mf_json_integer(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out);
 /*
@@ -65,6 +70,16 @@ bool mf_json_integer(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out
 int mf_json_int_field(const char *path, const struct cJSON *j, const char *key, int64_t def,
                       bool required, int64_t lo, int64_t hi, int64_t *out, char *msg,
                       size_t msg_len);
+/*
+ * The number at key, which must be finite and > 0, into *out. Absent or
+ * null: def; anything else: QL_EFORMAT "<path>: "<key>" must be a positive
+ * number".
+ */
+int mf_json_positive_field(const char *path, const struct cJSON *j, const char *key, double def,
+                           double *out, char *msg, size_t msg_len);
+/* A token id at key (bos_token_id, eos_token_id): a number in [0, 1e9), or
+ * a list whose first element is one (its fraction dropped); -1 otherwise. */
+int32_t mf_json_token_id(const struct cJSON *j, const char *key);
 
 /* The last component of path, trailing slashes ignored ("a/b/" -> "b"),
  * into out (truncated to fit): the name a model or adapter folder goes by. */
@@ -132,6 +147,22 @@ void st_close(st_file *f);
 /* The tensor called name, or NULL. Borrowed; lives until st_close. */
 const st_tensor *st_find(const st_file *f, const char *name);
 
+/* The dense qtensor kind of a float dtype (QT_F32, QT_F16, QT_BF16), or -1
+ * for any other dtype. */
+int st_dtype_qt_kind(st_dtype dt);
+/*
+ * The tensor (F32, F16 or BF16) as a dense qtensor (st_qtensor.c); rows =
+ * product of shape[0..ndim-1), cols = shape[ndim-1] (a vector is [1, n]).
+ * Its data is borrowed from the mapping (data_borrowed, no copy) when its
+ * address suits its element size, else copied into memory the qtensor owns;
+ * qt_free is right either way. Errors name the file and the tensor: another
+ * dtype is QL_EFORMAT naming it, a tensor of another file QL_EINVAL, a
+ * failed copy QL_ENOMEM. The borrowed data lies in a read-only mapping:
+ * whoever wants to change the weight (a merge) works on a copy.
+ */
+int st_tensor_qtensor(const st_file *f, const st_tensor *t, qtensor *out, char *msg,
+                      size_t msg_len);
+
 typedef struct st_writer st_writer;
 
 /* A writer collecting tensors in memory; free with st_writer_free. */
@@ -171,7 +202,7 @@ int bnb_read(const st_file *f, const char *base, qtensor *out, char *dtype_out, 
 int bnb_write(st_writer *w, const char *base, const qtensor *t, const char *dtype, char *msg,
               size_t msg_len);
 
-/* --- GGUF (engine/gguf.c) ------------------------------------------------ */
+/* --- GGUF (gguf.c) ----------------------------------------------------- */
 
 /* GGUF metadata value types, numbered as the format numbers them. */
 typedef enum gguf_type {

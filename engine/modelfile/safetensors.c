@@ -8,6 +8,12 @@
  * truncated download or a hostile header must give a message, never a read
  * past the end. Writing goes through a temporary file and a rename, so a
  * crash mid-write leaves either the old file or the new one.
+ *
+ * It offers the st_dtype table, st_open/st_close/st_find and the st_writer
+ * (modelfile.h). An st_file owns its mapping and tensor table until
+ * st_close; a writer owns what it copied until st_writer_free, and borrows
+ * what it was told to. It touches only the files it is given (and, when
+ * writing, path.tmp beside the target).
  */
 #include "modelfile.h"
 

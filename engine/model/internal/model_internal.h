@@ -1,0 +1,85 @@
+/*
+ * model_internal.h - what engine/model/'s loader files share, and nothing
+ * else includes: the loader's working state, what a tensor is to the
+ * loader (its role), and the functions one loader file offers the others.
+ *
+ *   model.c      eng_model_load (picks the loader), the whole-model walks,
+ *                eng_model_free;
+ *   loader.c     --quant and --dtype: parsed once, applied to each weight;
+ *                the shape-mismatch message and the model's name;
+ *   layers.c     the decoder-layer table (each part's two names, shape and
+ *                field) and the walks over it;
+ *   load_hf.c    a Hugging Face folder (config.json, safetensors shards,
+ *                bitsandbytes 4-bit weights);
+ *   load_gguf.c  a GGUF file.
+ *
+ * Calls go model.c -> load_*.c -> loader.c, layers.c, never back.
+ */
+#ifndef QL_MODEL_INTERNAL_H
+#define QL_MODEL_INTERNAL_H
+
+#include "model.h"
+
+/* What the loader carries while it works. */
+typedef struct model_loader {
+    const eng_load_opts *o;
+    eng_model *m;
+    char dir[4096];      /* the folder (HF) */
+    bool quantize;       /* a quant kind was asked for */
+    qt_quant_params qp;  /* ... and its parameters */
+    bool bnb_checkpoint; /* config.json says bitsandbytes 4-bit */
+    char bnb_type[8];    /* "nf4" / "fp4" from quantization_config */
+    qt_kind dtype;       /* target dense kind, or QT_KIND_COUNT to keep */
+} model_loader;
+
+/* What a tensor is to the loader: a dense parameter (norms, biases), a
+ * linear layer (quantized on load when asked), lm_head (only with
+ * --quantize-lm-head), or the embeddings (never quantized on load, but
+ * taken as stored when a checkpoint quantized them, as `qlserve quantize`
+ * does: a row of any kind dequantizes for the lookup). */
+typedef enum { ROLE_DENSE, ROLE_LINEAR, ROLE_LM_HEAD, ROLE_EMBED } tensor_role;
+
+/* One format's way to load tensor `name` of shape [rows, cols] (cols == 0:
+ * a vector of rows) into *out, checked against that shape. */
+typedef int (*model_tensor_loader)(model_loader *L, const char *name, int64_t rows, int64_t cols,
+                                   tensor_role role, qtensor *out, char *msg, size_t msg_len);
+
+/* --- loader.c ------------------------------------------------------------ */
+
+/* Read L->o's --quant and --dtype into L->quantize, L->qp and L->dtype;
+ * QL_EINVAL naming the option for a value we do not know. */
+int model_parse_opts(model_loader *L, char *msg, size_t msg_len);
+/* The last step for every weight loaded: quantize it as L->qp when the
+ * role asks for it and --quant did, else give a dense one --dtype. On
+ * error *t is freed. */
+int model_finish_weight(const model_loader *L, const char *name, tensor_role role, qtensor *t,
+                        char *msg, size_t msg_len);
+/* QL_EFORMAT "<file>: tensor '<name>' is [r, c]; the config needs [wr, wc]". */
+int model_shape_mismatch(const char *file, const char *name, int64_t rows, int64_t cols,
+                         int64_t want_rows, int64_t want_cols, char *msg, size_t msg_len);
+/* What the model calls itself (eng_model.name): the name its file gives
+ * (own, not NUL-terminated, may be NULL), else the base name of its path,
+ * so an adapter's base_model_name_or_path can be compared with it. */
+void model_set_name(eng_model *m, const char *own, size_t own_len, const char *path);
+
+/* --- layers.c ------------------------------------------------------------ */
+
+/* Load every decoder layer's tensors into L->m->layers (allocated by the
+ * caller) through load, by their GGUF names (blk.N.attn_q.weight) or
+ * Hugging Face ones (model.layers.N.self_attn.q_proj.weight). */
+int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char *msg,
+                      size_t msg_len);
+/* Call fn on each layer tensor m holds (rows != 0). */
+void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);
+/* qt_free every layer tensor (m->layers itself stays). */
+void model_layers_free(eng_model *m);
+
+/* --- load_hf.c, load_gguf.c ---------------------------------------------- */
+
+/* Load the Hugging Face folder L->dir into L->m. On error L->m may hold a
+ * part, which eng_model_free releases. */
+int model_load_hf(model_loader *L, char *msg, size_t msg_len);
+/* Load the GGUF file L->o->path into L->m; the same contract. */
+int model_load_gguf(model_loader *L, char *msg, size_t msg_len);
+
+#endif

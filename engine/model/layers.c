@@ -1,0 +1,103 @@
+/*
+ * layers.c - the decoder-layer table: every tensor of a layer, by its
+ * Hugging Face name and its GGUF name, its shape in config terms and the
+ * eng_layer field it goes to. Both loaders read a layer through this one
+ * table, and the whole-model walks (each tensor, free) go over it, so a
+ * part added here is loaded, counted and freed everywhere.
+ *
+ * It owns nothing; it touches the model's layers and calls the loader it
+ * is given for each tensor.
+ */
+#include "internal/model_internal.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF } layer_dim;
+
+/* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
+ * config terms (cols DIM_NONE: a vector), and where it goes. */
+static const struct layer_part {
+    const char *hf, *gguf;
+    layer_dim rows, cols;
+    tensor_role role;
+    size_t field; /* offsetof(eng_layer, ...) */
+    bool bias;    /* present only with attention_bias */
+} layer_parts[] = {
+    {"input_layernorm.weight", "attn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, attn_norm), false},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, ffn_norm), false},
+    {"self_attn.q_proj.weight", "attn_q.weight", DIM_Q, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, wq), false},
+    {"self_attn.k_proj.weight", "attn_k.weight", DIM_KV, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, wk), false},
+    {"self_attn.v_proj.weight", "attn_v.weight", DIM_KV, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, wv), false},
+    {"self_attn.o_proj.weight", "attn_output.weight", DIM_HIDDEN, DIM_Q, ROLE_LINEAR,
+     offsetof(eng_layer, wo), false},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", DIM_FF, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, w_gate), false},
+    {"mlp.up_proj.weight", "ffn_up.weight", DIM_FF, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, w_up), false},
+    {"mlp.down_proj.weight", "ffn_down.weight", DIM_HIDDEN, DIM_FF, ROLE_LINEAR,
+     offsetof(eng_layer, w_down), false},
+    {"self_attn.q_proj.bias", "attn_q.bias", DIM_Q, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bq),
+     true},
+    {"self_attn.k_proj.bias", "attn_k.bias", DIM_KV, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bk),
+     true},
+    {"self_attn.v_proj.bias", "attn_v.bias", DIM_KV, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bv),
+     true},
+};
+
+#define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
+
+/* Layer l's part p, through the table's offsets. */
+static qtensor *layer_part(const eng_model *m, int32_t l, size_t p)
+{
+    return (qtensor *)((char *)&m->layers[l] + layer_parts[p].field);
+}
+
+int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char *msg,
+                      size_t msg_len)
+{
+    const eng_config *c = &L->m->cfg;
+    const int64_t dims[] = {
+        [DIM_NONE] = 0,
+        [DIM_HIDDEN] = c->hidden_size,
+        [DIM_Q] = (int64_t)c->n_heads * c->head_dim,
+        [DIM_KV] = (int64_t)c->n_kv_heads * c->head_dim,
+        [DIM_FF] = c->intermediate_size,
+    };
+    int rc = QL_OK;
+    for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
+        for (size_t p = 0; p < N_LAYER_PARTS && rc == QL_OK; p++) {
+            const struct layer_part *part = &layer_parts[p];
+            if (part->bias && !c->attention_bias)
+                continue;
+            char name[256];
+            if (gguf)
+                snprintf(name, sizeof name, "blk.%d.%s", l, part->gguf);
+            else
+                snprintf(name, sizeof name, "model.layers.%d.%s", l, part->hf);
+            rc = load(L, name, dims[part->rows], dims[part->cols], part->role,
+                      layer_part(L->m, l, p), msg, msg_len);
+        }
+    }
+    return rc;
+}
+
+void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx)
+{
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+        for (size_t p = 0; p < N_LAYER_PARTS; p++)
+            if (layer_part(m, l, p)->rows)
+                fn(layer_part(m, l, p), ctx);
+}
+
+void model_layers_free(eng_model *m)
+{
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+        for (size_t p = 0; p < N_LAYER_PARTS; p++)
+            qt_free(layer_part(m, l, p));
+}

@@ -1,0 +1,200 @@
+/*
+ * load_gguf.c - load a GGUF file (llama.cpp's format) into an eng_model:
+ * the config from its metadata, the weights read in place (F32, F16, BF16,
+ * Q4_0, Q4_1 and Q8_0 blocks borrowed from the mapping), the tokenizer
+ * from its tokenizer.ggml.* keys.
+ *
+ * What llama.cpp's converter changes is said where it matters: llama's q/k
+ * rows permuted into adjacent rotary pairs (rope_interleaved), a tied
+ * lm_head left out (no output.weight). It owns nothing itself: the mapped
+ * file and the tensors go into the model, which eng_model_free releases.
+ */
+#include "internal/model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An unsigned integer metadata value, or def when absent. */
+static int gguf_uint(const gguf_file *f, const char *key, int64_t def, bool required, int32_t *out,
+                     char *msg, size_t msg_len)
+{
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv) {
+        if (required)
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is missing", f->path, key);
+        *out = (int32_t)def;
+        return QL_OK;
+    }
+    bool integer = kv->type == GGUF_UINT8 || kv->type == GGUF_INT8 || kv->type == GGUF_UINT16 ||
+                   kv->type == GGUF_INT16 || kv->type == GGUF_UINT32 || kv->type == GGUF_INT32 ||
+                   kv->type == GGUF_UINT64 || kv->type == GGUF_INT64;
+    if (!integer || kv->i < 0 || kv->i > INT32_MAX)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is not a non-negative integer",
+                       f->path, key);
+    *out = (int32_t)kv->i;
+    return QL_OK;
+}
+
+static int gguf_float(const gguf_file *f, const char *key, double def, float *out, char *msg,
+                      size_t msg_len)
+{
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv) {
+        *out = (float)def;
+        return QL_OK;
+    }
+    if ((kv->type != GGUF_FLOAT32 && kv->type != GGUF_FLOAT64) || !isfinite(kv->f) || kv->f <= 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is not a positive number",
+                       f->path, key);
+    *out = (float)kv->f;
+    return QL_OK;
+}
+
+static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
+{
+    const gguf_file *f = L->m->gguf;
+    eng_config *c = &L->m->cfg;
+    const gguf_kv *a = gguf_find_kv(f, "general.architecture");
+    if (!a || a->type != GGUF_STRING)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: general.architecture is missing", f->path);
+    char arch[64];
+    snprintf(arch, sizeof arch, "%.*s", (int)(a->str.len < 63 ? a->str.len : 63), a->str.ptr);
+    if (strcmp(arch, "llama") == 0)
+        c->arch = ENG_ARCH_LLAMA;
+    else if (strcmp(arch, "qwen2") == 0)
+        c->arch = ENG_ARCH_QWEN2;
+    else
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2)", f->path,
+                       arch);
+    char key[128];
+    int rc = QL_OK;
+#define U(k, def, req, dst)                                                                        \
+    if (rc == QL_OK) {                                                                             \
+        snprintf(key, sizeof key, "%s.%s", arch, k);                                               \
+        rc = gguf_uint(f, key, def, req, dst, msg, msg_len);                                       \
+    }
+    U("embedding_length", 0, true, &c->hidden_size);
+    U("feed_forward_length", 0, true, &c->intermediate_size);
+    U("block_count", 0, true, &c->n_layers);
+    U("attention.head_count", 0, true, &c->n_heads);
+    if (rc != QL_OK)
+        return rc;
+    if (c->n_heads <= 0 || c->hidden_size <= 0 || c->n_layers <= 0 || c->intermediate_size <= 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: model sizes must be positive", f->path);
+    U("attention.head_count_kv", c->n_heads, false, &c->n_kv_heads);
+    U("attention.key_length", c->hidden_size / c->n_heads, false, &c->head_dim);
+    U("context_length", 2048, false, &c->max_position_embeddings);
+#undef U
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    if (rc == QL_OK)
+        rc = gguf_float(f, key, 10000.0, &c->rope_theta, msg, msg_len);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    if (rc == QL_OK)
+        rc = gguf_float(f, key, 1e-5, &c->rms_norm_eps, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads != 0 || c->head_dim <= 0 ||
+        c->head_dim % 2)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: %d heads, %d kv heads, head dim %d do not make an attention layer",
+                       f->path, c->n_heads, c->n_kv_heads, c->head_dim);
+    c->rope_factor = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    const gguf_kv *st = gguf_find_kv(f, key);
+    if (st && st->type == GGUF_STRING) {
+        char type[32];
+        snprintf(type, sizeof type, "%.*s", (int)(st->str.len < 31 ? st->str.len : 31),
+                 st->str.ptr);
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        if (strcmp(type, "linear") == 0) {
+            c->rope_scaling = ENG_ROPE_LINEAR;
+            rc = gguf_float(f, key, 1.0, &c->rope_factor, msg, msg_len);
+        } else if (strcmp(type, "none") != 0) {
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: rope scaling type %s is not supported (linear)", f->path, type);
+        }
+    }
+    if (gguf_find_tensor(f, "rope_freqs.weight"))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: tensor 'rope_freqs.weight' (rope scaling stored as frequencies, as "
+                       "llama.cpp writes Llama 3.1) is not supported yet",
+                       f->path);
+    /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
+     * pairs; it leaves qwen2's as Hugging Face has them */
+    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA;
+    c->attention_bias = c->arch == ENG_ARCH_QWEN2;
+    c->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (!emb || emb->n_dims != 2)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor 'token_embd.weight' is missing",
+                       f->path);
+    c->vocab_size = (int32_t)emb->ne[1];
+    int32_t bos = -1, eos = -1;
+    rc = gguf_uint(f, "tokenizer.ggml.bos_token_id", -1, false, &bos, msg, msg_len);
+    if (rc == QL_OK)
+        rc = gguf_uint(f, "tokenizer.ggml.eos_token_id", -1, false, &eos, msg, msg_len);
+    c->bos_token_id = bos;
+    c->eos_token_id = eos;
+    return rc;
+}
+
+static int load_gguf_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols,
+                            tensor_role role, qtensor *out, char *msg, size_t msg_len)
+{
+    const gguf_file *f = L->m->gguf;
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", f->path, name);
+    int rc = gguf_tensor_qtensor(f, t, out, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    int64_t want_rows = cols == 0 ? 1 : rows, want_cols = cols == 0 ? rows : cols;
+    if (out->rows != want_rows || out->cols != want_cols) {
+        rc = model_shape_mismatch(f->path, name, out->rows, out->cols, want_rows, want_cols, msg,
+                                  msg_len);
+        qt_free(out);
+        return rc;
+    }
+    return model_finish_weight(L, name, role, out, msg, msg_len);
+}
+
+int model_load_gguf(model_loader *L, char *msg, size_t msg_len)
+{
+    eng_model *m = L->m;
+    m->gguf = calloc(1, sizeof *m->gguf);
+    if (!m->gguf)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    int rc = gguf_open(m->gguf, L->o->path, msg, msg_len);
+    if (rc != QL_OK) {
+        free(m->gguf);
+        m->gguf = NULL;
+        return rc;
+    }
+    snprintf(m->format, sizeof m->format, "gguf");
+    const gguf_kv *own = gguf_find_kv(m->gguf, "general.name");
+    bool named = own && own->type == GGUF_STRING;
+    model_set_name(m, named ? own->str.ptr : NULL, named ? own->str.len : 0, L->o->path);
+    rc = parse_gguf_config(L, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    eng_config *c = &m->cfg;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    int64_t h = c->hidden_size;
+    rc = load_gguf_tensor(L, "token_embd.weight", c->vocab_size, h, ROLE_EMBED, &m->embed, msg,
+                          msg_len);
+    if (rc == QL_OK)
+        rc = load_gguf_tensor(L, "output_norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
+    if (rc == QL_OK && !c->tie_word_embeddings)
+        rc = load_gguf_tensor(L, "output.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
+                              msg_len);
+    if (rc == QL_OK)
+        rc = model_layers_load(L, load_gguf_tensor, true, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    return tok_from_gguf(&m->tok, m->gguf, msg, msg_len);
+}

@@ -1,0 +1,383 @@
+/*
+ * load_hf.c - load a Hugging Face folder into an eng_model: config.json,
+ * one model.safetensors or the shards model.safetensors.index.json lists,
+ * tokenizer.json (and tokenizer_config.json when there), and the same
+ * folder saved by transformers with bitsandbytes 4-bit weights.
+ *
+ * Shape of the loader: first the config (what the model must look like),
+ * then each tensor by name, checked against the shape the config implies
+ * before it is kept. Dense tensors stay in the mapped shards (borrowed,
+ * st_tensor_qtensor); bitsandbytes codes are copied once (bnb_read). It
+ * owns nothing itself: the shards it opens and the tensors it loads go
+ * into the model, which eng_model_free releases. It touches the folder's
+ * files only.
+ */
+#include "internal/model_internal.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* config.json and the shard index are small; anything past this is not
+ * one of them. */
+#define JSON_MAX_BYTES ((size_t)64 << 20)
+
+static bool file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* --- config.json ------------------------------------------------------------ */
+
+/* mf_json_int_field into an int32_t field of eng_config (every bound below
+ * fits one). */
+static int int32_field(const char *path, const cJSON *j, const char *key, int64_t def,
+                       bool required, int64_t lo, int64_t hi, int32_t *out, char *msg,
+                       size_t msg_len)
+{
+    int64_t v;
+    int rc = mf_json_int_field(path, j, key, def, required, lo, hi, &v, msg, msg_len);
+    if (rc == QL_OK)
+        *out = (int32_t)v;
+    return rc;
+}
+
+/* mf_json_positive_field into a float field of eng_config. */
+static int positive_float(const char *path, const cJSON *j, const char *key, double def, float *out,
+                          char *msg, size_t msg_len)
+{
+    double v;
+    int rc = mf_json_positive_field(path, j, key, def, &v, msg, msg_len);
+    if (rc == QL_OK)
+        *out = (float)v;
+    return rc;
+}
+
+/* rope_scaling (transformers 4), or rope_parameters (transformers 5, which
+ * moved rope_theta and the scaling's rope_type and factors into it). */
+static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, char *msg,
+                              size_t msg_len)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs))
+        rs = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    c->rope_scaling = ENG_ROPE_NONE;
+    c->rope_factor = 1.0f;
+    if (!rs || cJSON_IsNull(rs))
+        return QL_OK;
+    if (!cJSON_IsObject(rs))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"rope_scaling\" is not an object", path);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!type)
+        type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const char *t = cJSON_IsString(type) ? type->valuestring : "(missing)";
+    int rc = positive_float(path, rs, "factor", 1.0, &c->rope_factor, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (strcmp(t, "default") == 0)
+        return QL_OK;
+    if (strcmp(t, "linear") == 0) {
+        c->rope_scaling = ENG_ROPE_LINEAR;
+        return QL_OK;
+    }
+    if (strcmp(t, "llama3") == 0) {
+        c->rope_scaling = ENG_ROPE_LLAMA3;
+        rc = positive_float(path, rs, "low_freq_factor", 1.0, &c->rope_low_freq_factor, msg,
+                            msg_len);
+        if (rc == QL_OK)
+            rc = positive_float(path, rs, "high_freq_factor", 4.0, &c->rope_high_freq_factor, msg,
+                                msg_len);
+        if (rc == QL_OK)
+            rc = int32_field(path, rs, "original_max_position_embeddings", 8192, false, 1, 1 << 24,
+                             &c->rope_original_max_position, msg, msg_len);
+        return rc;
+    }
+    return ql_fail(msg, msg_len, QL_EINVAL,
+                   "%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
+}
+
+static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, char *msg,
+                           size_t msg_len)
+{
+    eng_config *c = &L->m->cfg;
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    const char *arch = cJSON_IsString(a0) ? a0->valuestring : NULL;
+    if (!arch)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"architectures\" is missing", path);
+    if (strcmp(arch, "LlamaForCausalLM") == 0)
+        c->arch = ENG_ARCH_LLAMA;
+    else if (strcmp(arch, "MistralForCausalLM") == 0)
+        c->arch = ENG_ARCH_MISTRAL;
+    else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN2;
+    else
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
+                       "MistralForCausalLM, Qwen2ForCausalLM)",
+                       path, arch);
+    int rc = QL_OK;
+#define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
+    if (rc == QL_OK)                                                                               \
+    rc = int32_field(path, j, key, def, req, lo, hi, dst, msg, msg_len)
+    INT_FIELD("vocab_size", 0, true, 1, 1 << 24, &c->vocab_size);
+    INT_FIELD("hidden_size", 0, true, 1, 1 << 20, &c->hidden_size);
+    INT_FIELD("intermediate_size", 0, true, 1, 1 << 22, &c->intermediate_size);
+    INT_FIELD("num_hidden_layers", 0, true, 1, 4096, &c->n_layers);
+    INT_FIELD("num_attention_heads", 0, true, 1, 4096, &c->n_heads);
+    if (rc != QL_OK)
+        return rc;
+    INT_FIELD("num_key_value_heads", c->n_heads, false, 1, 4096, &c->n_kv_heads);
+    INT_FIELD("head_dim", c->hidden_size / c->n_heads, false, 1, 1 << 16, &c->head_dim);
+    INT_FIELD("max_position_embeddings", 2048, false, 1, 1 << 24, &c->max_position_embeddings);
+    INT_FIELD("sliding_window", 0, false, 0, 1 << 24, &c->sliding_window);
+#undef INT_FIELD
+    const cJSON *rope_params = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (rc == QL_OK && cJSON_IsObject(rope_params) &&
+        !cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
+        rc = positive_float(path, rope_params, "rope_theta", 10000.0, &c->rope_theta, msg, msg_len);
+    else if (rc == QL_OK)
+        rc = positive_float(path, j, "rope_theta", 10000.0, &c->rope_theta, msg, msg_len);
+    if (rc == QL_OK)
+        rc = positive_float(path, j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = parse_rope_scaling(path, j, c, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (c->n_heads % c->n_kv_heads != 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                       path, c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2 != 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: head_dim %d is odd; rotary needs pairs", path,
+                       c->head_dim);
+    c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", false);
+    c->attention_bias = c->arch == ENG_ARCH_QWEN2 ? true : mf_json_bool(j, "attention_bias", false);
+    c->rope_interleaved = false;
+    c->bos_token_id = mf_json_token_id(j, "bos_token_id");
+    c->eos_token_id = mf_json_token_id(j, "eos_token_id");
+
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    if (qc) {
+        const char *method = mf_json_str(qc, "quant_method");
+        if (!method || strcmp(method, "bitsandbytes") != 0 ||
+            !mf_json_bool(qc, "load_in_4bit", false))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit is)",
+                           path, method ? method : "(no quant_method)");
+        const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
+        if (!type)
+            type = "fp4";
+        if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
+                           path, type);
+        L->bnb_checkpoint = true;
+        snprintf(L->bnb_type, sizeof L->bnb_type, "%s", type);
+    }
+    return QL_OK;
+}
+
+/* --- tensors: finding, checking, converting --------------------------------- */
+
+/* The shard holding name, or NULL. */
+static const st_tensor *find_st(const model_loader *L, const char *name, const st_file **file)
+{
+    for (size_t i = 0; i < L->m->n_shards; i++) {
+        const st_tensor *t = st_find(&L->m->shards[i], name);
+        if (t) {
+            *file = &L->m->shards[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* The shard holding a bitsandbytes quant state for `name`, or NULL. */
+static const st_file *bnb_shard(const model_loader *L, const char *name)
+{
+    for (size_t i = 0; i < L->m->n_shards; i++)
+        if (bnb_is_quantized(&L->m->shards[i], name))
+            return &L->m->shards[i];
+    return NULL;
+}
+
+/* Load HF tensor `name` of shape [rows, cols] (cols == 0: 1-D of rows). */
+static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols,
+                          tensor_role role, qtensor *out, char *msg, size_t msg_len)
+{
+    const st_file *f = NULL;
+    bool one_d = cols == 0;
+    int64_t want_rows = one_d ? 1 : rows, want_cols = one_d ? rows : cols;
+    int rc;
+    const st_file *bnb = role != ROLE_DENSE ? bnb_shard(L, name) : NULL;
+    if (bnb) {
+        /* a bitsandbytes-quantized linear, read as it is: whatever --quant
+         * says, it is never quantized again (--quant still applies to the
+         * modules the checkpoint left dense, llm_int8_skip_modules) */
+        rc = bnb_read(bnb, name, out, NULL, msg, msg_len);
+        if (rc == QL_OK && (out->rows != want_rows || out->cols != want_cols)) {
+            rc = model_shape_mismatch(bnb->path, name, out->rows, out->cols, want_rows, want_cols,
+                                      msg, msg_len);
+            qt_free(out);
+        }
+        return rc;
+    }
+    const st_tensor *t = find_st(L, name, &f);
+    if (!t)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
+    if (t->ndim != (one_d ? 1 : 2))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: tensor '%s' has %d dimensions; the config needs a %s of %" PRId64
+                       " x %" PRId64,
+                       f->path, name, t->ndim, one_d ? "vector" : "matrix", want_rows, want_cols);
+    int64_t r = one_d ? 1 : t->shape[0], c = one_d ? t->shape[0] : t->shape[1];
+    if (r != want_rows || c != want_cols)
+        return model_shape_mismatch(f->path, name, r, c, want_rows, want_cols, msg, msg_len);
+    rc = st_tensor_qtensor(f, t, out, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    return model_finish_weight(L, name, role, out, msg, msg_len);
+}
+
+/* --- Hugging Face folders ------------------------------------------------------ */
+
+/* The open shard whose file name is `file`, or NULL. */
+static const st_file *shard_named(const model_loader *L, const char *file)
+{
+    for (size_t i = 0; i < L->m->n_shards; i++) {
+        const char *p = strrchr(L->m->shards[i].path, '/');
+        if (strcmp(p ? p + 1 : L->m->shards[i].path, file) == 0)
+            return &L->m->shards[i];
+    }
+    return NULL;
+}
+
+static int open_shard(model_loader *L, const char *file, char *msg, size_t msg_len)
+{
+    if (shard_named(L, file))
+        return QL_OK;
+    if (strchr(file, '/') || strcmp(file, "..") == 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: shard name '%s' leaves the folder", L->dir,
+                       file);
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", L->dir, file);
+    if (!file_exists(path))
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: shard %s is missing", L->dir, file);
+    st_file *s = realloc(L->m->shards, (L->m->n_shards + 1) * sizeof *s);
+    if (!s)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    L->m->shards = s;
+    int rc = st_open(&s[L->m->n_shards], path, msg, msg_len);
+    if (rc == QL_OK)
+        L->m->n_shards++;
+    return rc;
+}
+
+static int open_hf_weights(model_loader *L, char *msg, size_t msg_len)
+{
+    char path[8192];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", L->dir);
+    if (file_exists(path)) {
+        cJSON *idx;
+        int rc = mf_read_json(path, JSON_MAX_BYTES, &idx, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+        if (!cJSON_IsObject(map))
+            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"weight_map\" is missing", path);
+        const cJSON *e;
+        cJSON_ArrayForEach (e, map) {
+            if (rc != QL_OK)
+                break;
+            if (!cJSON_IsString(e)) {
+                rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                             "%s: weight_map entry '%s' is not a file name", path, e->string);
+                break;
+            }
+            rc = open_shard(L, e->valuestring, msg, msg_len);
+        }
+        /* every tensor the index lists is in the shard it names */
+        cJSON_ArrayForEach (e, map) {
+            if (rc != QL_OK)
+                break;
+            const st_file *shard = shard_named(L, e->valuestring);
+            if (!shard || !st_find(shard, e->string))
+                rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                             "%s: tensor '%s' is listed for %s but is not in it", path, e->string,
+                             e->valuestring);
+        }
+        cJSON_Delete(idx);
+        if (rc != QL_OK)
+            return rc;
+    } else {
+        int rc = open_shard(L, "model.safetensors", msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+    }
+    /* a tensor named in two shards is ambiguous: refuse */
+    for (size_t i = 1; i < L->m->n_shards; i++)
+        for (size_t k = 0; k < L->m->shards[i].n_tensors; k++)
+            for (size_t j = 0; j < i; j++)
+                if (st_find(&L->m->shards[j], L->m->shards[i].tensors[k].name))
+                    return ql_fail(msg, msg_len, QL_EFORMAT, "tensor '%s' is in both %s and %s",
+                                   L->m->shards[i].tensors[k].name, L->m->shards[j].path,
+                                   L->m->shards[i].path);
+    return QL_OK;
+}
+
+int model_load_hf(model_loader *L, char *msg, size_t msg_len)
+{
+    eng_model *m = L->m;
+    eng_config *c = &m->cfg;
+    char path[8192];
+    snprintf(path, sizeof path, "%s/config.json", L->dir);
+    cJSON *j;
+    int rc = mf_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    rc = parse_hf_config(L, path, j, msg, msg_len);
+    const char *own = mf_json_str(j, "_name_or_path");
+    model_set_name(m, own, own ? strlen(own) : 0, L->dir);
+    cJSON_Delete(j);
+    if (rc != QL_OK)
+        return rc;
+    snprintf(m->format, sizeof m->format, "%s",
+             L->bnb_checkpoint ? "bitsandbytes-4bit" : "safetensors");
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    rc = open_hf_weights(L, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+
+    int64_t h = c->hidden_size;
+    rc = load_hf_tensor(L, "model.embed_tokens.weight", c->vocab_size, h, ROLE_EMBED, &m->embed,
+                        msg, msg_len);
+    if (rc == QL_OK)
+        rc = load_hf_tensor(L, "model.norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
+    const st_file *f;
+    if (rc == QL_OK && !c->tie_word_embeddings) {
+        rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
+                            msg_len);
+    } else if (rc == QL_OK &&
+               (find_st(L, "lm_head.weight", &f) || bnb_shard(L, "lm_head.weight"))) {
+        /* tied in the config but stored anyway (some exports do): use it */
+        rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
+                            msg_len);
+    }
+    if (rc == QL_OK)
+        rc = model_layers_load(L, load_hf_tensor, false, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+
+    char tok_path[8192], tok_cfg[8192];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", L->dir);
+    snprintf(tok_cfg, sizeof tok_cfg, "%s/tokenizer_config.json", L->dir);
+    if (!file_exists(tok_path))
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tokenizer.json is missing", L->dir);
+    return tok_from_hf(&m->tok, tok_path, file_exists(tok_cfg) ? tok_cfg : NULL, msg, msg_len);
+}
