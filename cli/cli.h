@@ -1,12 +1,25 @@
 /*
- * cli.h - the jobs behind the qlserve command line (cli/): generate,
- * quantize, inspect, tokenize. main.c parses the flags (config/) and calls
- * them; tests call them directly. They own what they load for the length
- * of the call and write only to the streams and files they are given.
+ * cli.h - the qlserve binary's one header (cli/). It offers two layers:
+ *
+ *   - the jobs (eng_quantize_file, eng_inspect, eng_generate,
+ *     eng_generate_on, eng_tokenize): plain functions on paths, options and
+ *     streams, which the subcommands run and the tests call directly. They
+ *     own what they load for the length of the call and write only to the
+ *     streams and files they are given;
+ *   - the subcommands (cli_quantize, cli_inspect, cli_tokenize, cli_generate,
+ *     cli_serve, cli_version): one per file, each taking its argv (argv[0]
+ *     the subcommand's name), parsing its flags with config/ and running its
+ *     job. main.c dispatches to them from one table.
+ *
+ * Exit status of every subcommand: 0 done, 1 the job failed (the message on
+ * stderr names the file, tensor and problem), 2 a usage error.
+ * cli/ may use server/, adapters/, engine/ (and the kernels beneath it) and
+ * config/; nothing below it includes this header.
  */
 #ifndef QL_CLI_H
 #define QL_CLI_H
 
+#include "config.h"
 #include "scheduler.h"
 
 #include <stdbool.h>
@@ -69,5 +82,36 @@ int eng_generate_on(eng_engine *e, const eng_generate_opts *g, FILE *out, FILE *
 /* Load the model's tokenizer and print the ids (and pieces) of text. */
 int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,
                  size_t msg_len);
+
+/* --- the subcommands main.c dispatches to --------------------------------- */
+
+/* `qlserve quantize`, `inspect`, `tokenize`, `generate` (with --adapter:
+ * load it, merge it when --merge asks, report), `serve`: argv[0] is the
+ * subcommand's name, the flags follow. Output to stdout, diagnostics to
+ * stderr, the exit status above. */
+int cli_quantize(int argc, char **argv);
+int cli_inspect(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_generate(int argc, char **argv);
+int cli_serve(int argc, char **argv);
+
+/* `qlserve version`: the build's version (the caller passes it: QL_VERSION
+ * is defined for the binary's target only), the CPU kernel path, the
+ * libraries' versions and the CUDA backend, to stdout. Returns 0. */
+int cli_version(const char *version);
+
+/* --- shared by the subcommand files --------------------------------------- */
+
+/* The tensor-name mark of bitsandbytes quant state: a tensor named
+ * `W.quant_state.bitsandbytes__nf4` says W is quantized. */
+#define CLI_BNB_QUANT_STATE ".quant_state.bitsandbytes__"
+
+/* A config/ parse that did not give QL_OK: --help (QL_EHELP) prints sub's
+ * usage to stdout and gives 0; anything else prints msg and the usage to
+ * stderr and gives 2. */
+int cli_usage_failure(const char *sub, int rc, const char *msg);
+
+/* The model flags as the engine's load options (borrowing m's strings). */
+eng_load_opts cli_load_opts(const cfg_model *m);
 
 #endif
