@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* --- tokenizers (engine/tokenizer.c) ------------------------------------- */
+/* --- tokenizers (engine/tokenizer/) ------------------------------------- */
 
 typedef struct tok_tokenizer tok_tokenizer;
 
