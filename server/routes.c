@@ -387,8 +387,8 @@ static void metrics(srv_conn *c, const char *name)
 
 /* --- the table ------------------------------------------------------------------------ */
 
-/* A path's rows are consecutive; the 405 for it lists their methods in
- * this order. */
+/* Every route. A path with rows, none for the request's method, is a 405
+ * that lists their methods in this order; a path with none is a 404. */
 static const struct {
     uint8_t method;   /* llhttp_method_t */
     const char *path; /* exact, or with one {name} segment */
@@ -441,7 +441,7 @@ void srv_route(srv_conn *c)
     path[n] = 0;
     if (strncmp(path, "/admin/", 7) == 0 && !srv_admin_gate(c))
         return;
-    char name[160];
+    char name[160];        /* a {name}: one longer is no route (a srv_work holds 159) */
     char allowed[64] = ""; /* the methods path has, for the 405 */
     int n_allowed = 0;
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
