@@ -16,24 +16,22 @@
  * the one over). A malformed request gets 400 and the connection is
  * closed, since its framing can no longer be trusted. A reader too slow to
  * take its stream (more than 8 MiB waiting) is cut off.
+ *
+ * Offers the listener, the detached connection and srv_conn_feed (the
+ * fuzz seam in server.h) and, to the other server files, the responses
+ * (whole, error, server-sent events) and the connection's end. Owns every
+ * connection's memory. Touches srv_route for each complete request, the
+ * generation or admin work a closing connection leaves (detached, not
+ * freed), the status counters and the drain check.
  */
-#include "server.h"
+#include "internal/server_internal.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* what a stream may leave unread before the client counts as gone */
 #define SLOW_READER_BYTES ((size_t)8 << 20)
-
-double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *status_text(int status)
 {

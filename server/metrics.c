@@ -3,8 +3,13 @@
  * Prometheus' text exposition format (version 0.0.4). Everything is
  * updated and read on the loop thread; the engine's own figures come from
  * its stats snapshot.
+ *
+ * Offers srv_metrics_init (server.h), srv_hist_observe and
+ * srv_metrics_render; owns the histogram bounds. Reads the engine's stats
+ * and the adapter registry's state and list; writes nothing outside the
+ * text it returns.
  */
-#include "server.h"
+#include "internal/server_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -91,6 +96,103 @@ static void hist(text *t, const char *name, const char *help, const srv_hist *h)
         (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
 }
 
+/* The server's own counters: responses, generations, merges, connections. */
+static void put_server(text *t, const srv_server *s)
+{
+    const srv_metrics *m = &s->metrics;
+    metric(t, "qlserve_http_responses_total", "counter", "HTTP responses by status code");
+    for (int code = 100; code < 600; code++)
+        if (m->by_status[code])
+            put(t, "qlserve_http_responses_total{code=\"%d\"} %llu\n", code,
+                (unsigned long long)m->by_status[code]);
+    metric(t, "qlserve_requests_total", "counter", "generation requests admitted by the engine");
+    put(t, "qlserve_requests_total %llu\n", (unsigned long long)m->generations);
+    metric(t, "qlserve_generated_tokens_total", "counter", "tokens generated");
+    put(t, "qlserve_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
+    metric(t, "qlserve_prompt_tokens_total", "counter", "prompt tokens read");
+    put(t, "qlserve_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
+    metric(t, "qlserve_cancelled_total", "counter", "generations cancelled");
+    put(t, "qlserve_cancelled_total %llu\n", (unsigned long long)m->cancelled);
+    metric(t, "qlserve_client_disconnects_total", "counter",
+           "clients that left before their answer ended");
+    put(t, "qlserve_client_disconnects_total %llu\n", (unsigned long long)m->disconnects);
+    metric(t, "qlserve_merges_total", "counter", "adapter merges published");
+    put(t, "qlserve_merges_total %llu\n", (unsigned long long)m->merges);
+    metric(t, "qlserve_unmerges_total", "counter", "adapter unmerges published");
+    put(t, "qlserve_unmerges_total %llu\n", (unsigned long long)m->unmerges);
+    metric(t, "qlserve_merge_failures_total", "counter", "merges or unmerges refused");
+    put(t, "qlserve_merge_failures_total %llu\n", (unsigned long long)m->merge_failures);
+    metric(t, "qlserve_connections", "gauge", "open HTTP connections");
+    put(t, "qlserve_connections %d\n", s->n_conns);
+}
+
+/* The engine's gauges, from its stats snapshot. */
+static void put_engine(text *t, eng_engine *engine)
+{
+    eng_engine_stats st;
+    eng_engine_stats_get(engine, &st);
+    metric(t, "qlserve_queue_depth", "gauge", "requests waiting for admission");
+    put(t, "qlserve_queue_depth %d\n", st.waiting);
+    metric(t, "qlserve_batch_size", "gauge", "sequences in the running batch");
+    put(t, "qlserve_batch_size %d\n", st.running);
+    metric(t, "qlserve_kv_blocks_used", "gauge", "KV cache blocks in use");
+    put(t, "qlserve_kv_blocks_used %d\n", st.kv_blocks_used);
+    metric(t, "qlserve_kv_blocks_total", "gauge", "KV cache blocks in all");
+    put(t, "qlserve_kv_blocks_total %d\n", st.kv_blocks_total);
+    metric(t, "qlserve_engine_steps_total", "counter", "forward steps run");
+    put(t, "qlserve_engine_steps_total %llu\n", (unsigned long long)st.steps);
+    metric(t, "qlserve_weights_version", "gauge", "the serving weight version");
+    put(t, "qlserve_weights_version %llu\n", (unsigned long long)st.weights_version);
+    metric(t, "qlserve_weights_versions_alive", "gauge",
+           "weight versions in use (older ones finish running sequences)");
+    put(t, "qlserve_weights_versions_alive %d\n", st.weights_versions);
+    metric(t, "qlserve_unmerged_adapter_requests_total", "counter",
+           "sequences that applied an adapter unmerged");
+    put(t, "qlserve_unmerged_adapter_requests_total %llu\n",
+        (unsigned long long)st.adapter_requests);
+}
+
+/* The adapter registry's gauges, and per adapter its requests and last merge. */
+static void put_registry(text *t, lora_registry *registry)
+{
+    lora_state st;
+    lora_registry_state(registry, &st);
+    metric(t, "qlserve_adapters_loaded", "gauge", "adapters in the registry");
+    put(t, "qlserve_adapters_loaded %zu\n", st.n_loaded);
+    metric(t, "qlserve_adapter_bytes", "gauge", "memory the loaded adapters hold");
+    put(t, "qlserve_adapter_bytes %zu\n", st.bytes);
+    metric(t, "qlserve_adapters_merged", "gauge", "adapters merged into the serving weights");
+    put(t, "qlserve_adapters_merged %zu\n", st.n_merged);
+    lora_info *list = NULL;
+    size_t n = 0;
+    if (lora_registry_list(registry, &list, &n) == QL_OK) {
+        metric(t, "qlserve_adapter_requests_total", "counter",
+               "sequences that asked for each adapter");
+        for (size_t i = 0; i < n; i++)
+            put(t, "qlserve_adapter_requests_total{adapter=\"%s\"} %llu\n", list[i].name,
+                (unsigned long long)list[i].requests);
+        metric(t, "qlserve_merge_delta_retained", "gauge",
+               "share of the adapter's delta its last merge kept (1: all)");
+        for (size_t i = 0; i < n; i++)
+            if (list[i].last_merge.delta_sq > 0)
+                put(t, "qlserve_merge_delta_retained{adapter=\"%s\"} %.6f\n", list[i].name,
+                    list[i].last_merge.delta_retained);
+        metric(t, "qlserve_merge_seconds", "gauge",
+               "how long the adapter's last merge took to build its weight version");
+        for (size_t i = 0; i < n; i++)
+            if (list[i].last_merge.delta_sq > 0)
+                put(t, "qlserve_merge_seconds{adapter=\"%s\"} %.6f\n", list[i].name,
+                    list[i].last_merge_seconds);
+        metric(t, "qlserve_merge_relative_error", "gauge",
+               "|Q(W+delta) - (W+delta)| / |delta| of the adapter's last merge");
+        for (size_t i = 0; i < n; i++)
+            if (list[i].last_merge.delta_sq > 0)
+                put(t, "qlserve_merge_relative_error{adapter=\"%s\"} %.6f\n", list[i].name,
+                    list[i].last_merge.relative_error);
+    }
+    free(list);
+}
+
 char *srv_metrics_render(const srv_server *s, size_t *len)
 {
     text t = {.cap = 8192};
@@ -98,91 +200,11 @@ char *srv_metrics_render(const srv_server *s, size_t *len)
     if (!t.buf)
         return NULL;
     const srv_metrics *m = &s->metrics;
-    metric(&t, "qlserve_http_responses_total", "counter", "HTTP responses by status code");
-    for (int code = 100; code < 600; code++)
-        if (m->by_status[code])
-            put(&t, "qlserve_http_responses_total{code=\"%d\"} %llu\n", code,
-                (unsigned long long)m->by_status[code]);
-    metric(&t, "qlserve_requests_total", "counter", "generation requests admitted by the engine");
-    put(&t, "qlserve_requests_total %llu\n", (unsigned long long)m->generations);
-    metric(&t, "qlserve_generated_tokens_total", "counter", "tokens generated");
-    put(&t, "qlserve_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
-    metric(&t, "qlserve_prompt_tokens_total", "counter", "prompt tokens read");
-    put(&t, "qlserve_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
-    metric(&t, "qlserve_cancelled_total", "counter", "generations cancelled");
-    put(&t, "qlserve_cancelled_total %llu\n", (unsigned long long)m->cancelled);
-    metric(&t, "qlserve_client_disconnects_total", "counter",
-           "clients that left before their answer ended");
-    put(&t, "qlserve_client_disconnects_total %llu\n", (unsigned long long)m->disconnects);
-    metric(&t, "qlserve_merges_total", "counter", "adapter merges published");
-    put(&t, "qlserve_merges_total %llu\n", (unsigned long long)m->merges);
-    metric(&t, "qlserve_unmerges_total", "counter", "adapter unmerges published");
-    put(&t, "qlserve_unmerges_total %llu\n", (unsigned long long)m->unmerges);
-    metric(&t, "qlserve_merge_failures_total", "counter", "merges or unmerges refused");
-    put(&t, "qlserve_merge_failures_total %llu\n", (unsigned long long)m->merge_failures);
-    metric(&t, "qlserve_connections", "gauge", "open HTTP connections");
-    put(&t, "qlserve_connections %d\n", s->n_conns);
-    if (s->engine) {
-        eng_engine_stats st;
-        eng_engine_stats_get(s->engine, &st);
-        metric(&t, "qlserve_queue_depth", "gauge", "requests waiting for admission");
-        put(&t, "qlserve_queue_depth %d\n", st.waiting);
-        metric(&t, "qlserve_batch_size", "gauge", "sequences in the running batch");
-        put(&t, "qlserve_batch_size %d\n", st.running);
-        metric(&t, "qlserve_kv_blocks_used", "gauge", "KV cache blocks in use");
-        put(&t, "qlserve_kv_blocks_used %d\n", st.kv_blocks_used);
-        metric(&t, "qlserve_kv_blocks_total", "gauge", "KV cache blocks in all");
-        put(&t, "qlserve_kv_blocks_total %d\n", st.kv_blocks_total);
-        metric(&t, "qlserve_engine_steps_total", "counter", "forward steps run");
-        put(&t, "qlserve_engine_steps_total %llu\n", (unsigned long long)st.steps);
-        metric(&t, "qlserve_weights_version", "gauge", "the serving weight version");
-        put(&t, "qlserve_weights_version %llu\n", (unsigned long long)st.weights_version);
-        metric(&t, "qlserve_weights_versions_alive", "gauge",
-               "weight versions in use (older ones finish running sequences)");
-        put(&t, "qlserve_weights_versions_alive %d\n", st.weights_versions);
-        metric(&t, "qlserve_unmerged_adapter_requests_total", "counter",
-               "sequences that applied an adapter unmerged");
-        put(&t, "qlserve_unmerged_adapter_requests_total %llu\n",
-            (unsigned long long)st.adapter_requests);
-    }
-    if (s->registry) {
-        lora_state st;
-        lora_registry_state(s->registry, &st);
-        metric(&t, "qlserve_adapters_loaded", "gauge", "adapters in the registry");
-        put(&t, "qlserve_adapters_loaded %zu\n", st.n_loaded);
-        metric(&t, "qlserve_adapter_bytes", "gauge", "memory the loaded adapters hold");
-        put(&t, "qlserve_adapter_bytes %zu\n", st.bytes);
-        metric(&t, "qlserve_adapters_merged", "gauge", "adapters merged into the serving weights");
-        put(&t, "qlserve_adapters_merged %zu\n", st.n_merged);
-        lora_info *list = NULL;
-        size_t n = 0;
-        if (lora_registry_list(s->registry, &list, &n) == QL_OK) {
-            metric(&t, "qlserve_adapter_requests_total", "counter",
-                   "sequences that asked for each adapter");
-            for (size_t i = 0; i < n; i++)
-                put(&t, "qlserve_adapter_requests_total{adapter=\"%s\"} %llu\n", list[i].name,
-                    (unsigned long long)list[i].requests);
-            metric(&t, "qlserve_merge_delta_retained", "gauge",
-                   "share of the adapter's delta its last merge kept (1: all)");
-            for (size_t i = 0; i < n; i++)
-                if (list[i].last_merge.delta_sq > 0)
-                    put(&t, "qlserve_merge_delta_retained{adapter=\"%s\"} %.6f\n", list[i].name,
-                        list[i].last_merge.delta_retained);
-            metric(&t, "qlserve_merge_seconds", "gauge",
-                   "how long the adapter's last merge took to build its weight version");
-            for (size_t i = 0; i < n; i++)
-                if (list[i].last_merge.delta_sq > 0)
-                    put(&t, "qlserve_merge_seconds{adapter=\"%s\"} %.6f\n", list[i].name,
-                        list[i].last_merge_seconds);
-            metric(&t, "qlserve_merge_relative_error", "gauge",
-                   "|Q(W+delta) - (W+delta)| / |delta| of the adapter's last merge");
-            for (size_t i = 0; i < n; i++)
-                if (list[i].last_merge.delta_sq > 0)
-                    put(&t, "qlserve_merge_relative_error{adapter=\"%s\"} %.6f\n", list[i].name,
-                        list[i].last_merge.relative_error);
-        }
-        free(list);
-    }
+    put_server(&t, s);
+    if (s->engine)
+        put_engine(&t, s->engine);
+    if (s->registry)
+        put_registry(&t, s->registry);
     hist(&t, "qlserve_time_to_first_token_seconds", "submit to the first token", &m->ttft);
     hist(&t, "qlserve_time_per_output_token_seconds", "between two tokens of one request",
          &m->per_token);

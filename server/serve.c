@@ -5,19 +5,25 @@
  *
  * The bridge: the engine calls on_token / on_done on its own thread; they
  * only append an event to a mutex-guarded list and uv_async_send the loop,
- * which takes the whole list at once and turns each event into bytes on
- * the generation's connection (or drops it when the client has gone). A
- * generation's memory lives until its on_done has been handled, whatever
- * the connection did.
+ * which takes the whole list at once, keeps each token's text and id on
+ * the generation, and hands the event to the generation's API shape
+ * (api_tgi.c, api_openai.c), which turns it into bytes on the connection
+ * (or nothing, when the client has gone). A generation's memory lives
+ * until its on_done has been handled, whatever the connection did.
  *
  * SIGTERM or SIGINT: stop accepting, close idle connections, let running
  * generations finish for the grace period, then cancel what is left (each
  * gets its final event, finish reason "cancelled"), wait for their ends,
  * stop the engine and exit 0.
+ *
+ * Offers srv_serve (server.h) and, to the other server files, the
+ * generation's submit and detach, admin work on the thread pool
+ * (srv_work_start) and the drain check. Touches the engine (load, start,
+ * submit, cancel, stop), the adapter registry's lifetime, http.c's
+ * listener and metrics.c's histograms.
  */
-#include "server.h"
+#include "internal/server_internal.h"
 
-#include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +94,7 @@ int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
     r->on_token = bridge_token;
     r->on_done = bridge_done;
     r->user = g;
-    g->t_start = srv_now();
+    g->t_start = ql_now_s();
     int rc = eng_engine_submit(s->engine, r, &g->id, msg, msg_len);
     if (rc != QL_OK)
         return rc;
@@ -167,105 +173,10 @@ static void record_token(srv_gen *g, int32_t token, const char *text, size_t len
     g->pieces[g->n_tokens++] = piece;
 }
 
-static const char *tgi_finish(eng_finish f)
-{
-    switch (f) {
-    case ENG_FINISH_EOS: return "eos_token";
-    case ENG_FINISH_LENGTH: return "length";
-    case ENG_FINISH_STOP: return "stop_sequence";
-    case ENG_FINISH_CANCELLED: return "cancelled";
-    case ENG_FINISH_ERROR: return "error";
-    }
-    return "unknown";
-}
-
-static const char *oai_finish(eng_finish f)
-{
-    switch (f) {
-    case ENG_FINISH_EOS:
-    case ENG_FINISH_STOP: return "stop";
-    case ENG_FINISH_LENGTH: return "length";
-    case ENG_FINISH_CANCELLED: return "cancelled";
-    case ENG_FINISH_ERROR: return "error";
-    }
-    return "unknown";
-}
-
-static cJSON *token_json(int32_t id, const char *text, size_t len, bool special)
-{
-    cJSON *t = cJSON_CreateObject();
-    cJSON_AddNumberToObject(t, "id", id);
-    char *s = strndup(text ? text : "", len);
-    cJSON_AddStringToObject(t, "text", s ? s : "");
-    free(s);
-    cJSON_AddNullToObject(t, "logprob");
-    cJSON_AddBoolToObject(t, "special", special);
-    return t;
-}
-
-static cJSON *tgi_details(const srv_gen *g, eng_finish why, const eng_usage *u, bool tokens)
-{
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "finish_reason", tgi_finish(why));
-    cJSON_AddNumberToObject(d, "generated_tokens", u ? u->generated_tokens : (double)g->n_tokens);
-    if (g->sampled)
-        cJSON_AddNumberToObject(d, "seed", (double)g->seed);
-    else
-        cJSON_AddNullToObject(d, "seed");
-    if (tokens) {
-        cJSON_AddArrayToObject(d, "prefill");
-        cJSON *arr = cJSON_AddArrayToObject(d, "tokens");
-        for (size_t i = 0; i < g->n_tokens; i++)
-            cJSON_AddItemToArray(
-                arr, token_json(g->tokens[i], g->pieces[i], strlen(g->pieces[i]), false));
-    }
-    return d;
-}
-
-static cJSON *oai_chunk(const srv_gen *g, const char *text, size_t len, const char *finish)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", g->oai_id);
-    cJSON_AddStringToObject(o, "object", "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)time(NULL));
-    cJSON_AddStringToObject(o, "model", g->model_id);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    char *s = strndup(text ? text : "", len);
-    cJSON_AddStringToObject(c, "text", s ? s : "");
-    free(s);
-    cJSON_AddNumberToObject(c, "index", 0);
-    cJSON_AddNullToObject(c, "logprobs");
-    if (finish)
-        cJSON_AddStringToObject(c, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(c, "finish_reason");
-    cJSON_AddItemToArray(choices, c);
-    return o;
-}
-
-static void add_usage(cJSON *o, const eng_usage *u)
-{
-    cJSON *us = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
-    cJSON_AddNumberToObject(us, "completion_tokens", u->generated_tokens);
-    cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
-}
-
-static void send_event(srv_conn *c, cJSON *o)
-{
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (text) {
-        srv_stream_event(c, text, strlen(text));
-        free(text);
-    }
-}
-
 static void on_token_event(srv_gen *g, const srv_event *ev)
 {
     srv_server *s = g->s;
-    double t = srv_now();
+    double t = ql_now_s();
     if (ev->token >= 0) {
         if (!g->first_seen)
             srv_hist_observe(&s->metrics.ttft, t - g->t_start);
@@ -278,35 +189,8 @@ static void on_token_event(srv_gen *g, const srv_event *ev)
         g->tail_len += ev->len;
     if (ev->token >= 0)
         record_token(g, ev->token, ev->text ? ev->text : "", ev->len);
-    srv_conn *c = g->conn;
-    if (!c)
-        return;
-    if (g->shape == SRV_TGI_STREAM && ev->token < 0)
-        return; /* held-back text at the end: the final event carries it */
-    if (g->shape == SRV_TGI_STREAM) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "index", (double)g->n_tokens);
-        cJSON_AddItemToObject(o, "token", token_json(ev->token, ev->text, ev->len, ev->token < 0));
-        cJSON_AddNullToObject(o, "generated_text");
-        cJSON_AddNullToObject(o, "details");
-        send_event(c, o);
-    } else if (g->shape == SRV_OAI_STREAM) {
-        send_event(c, oai_chunk(g, ev->text, ev->len, NULL));
-    }
-}
-
-/* A whole (not streamed) answer: o (consumed), or a 500 when the engine
- * failed the request. */
-static void respond_whole(srv_conn *c, cJSON *o, eng_finish why)
-{
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (why == ENG_FINISH_ERROR || !text)
-        srv_respond_error(c, 500, "internal",
-                          text ? "the engine failed this request" : "out of memory", NULL);
-    else
-        srv_respond_json(c, 200, text);
-    free(text);
+    if (g->conn && g->shape->on_token)
+        g->shape->on_token(g, g->conn, ev->token, ev->text, ev->len);
 }
 
 static void on_done_event(srv_gen *g, const srv_event *ev)
@@ -318,7 +202,7 @@ static void on_done_event(srv_gen *g, const srv_event *ev)
         m->generated_tokens += (uint64_t)ev->usage.generated_tokens;
         m->prompt_tokens += (uint64_t)ev->usage.prompt_tokens;
     }
-    srv_hist_observe(&m->request, srv_now() - g->t_start);
+    srv_hist_observe(&m->request, ql_now_s() - g->t_start);
     srv_conn *c = g->conn;
     if (c) {
         c->gen = NULL;
@@ -333,52 +217,7 @@ static void on_done_event(srv_gen *g, const srv_event *ev)
                 full = joined;
             }
         }
-        switch (g->shape) {
-        case SRV_TGI: {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "generated_text", full);
-            if (g->details)
-                cJSON_AddItemToObject(o, "details", tgi_details(g, ev->why, &ev->usage, true));
-            respond_whole(c, o, ev->why);
-            break;
-        }
-        case SRV_TGI_STREAM: {
-            /* the end: a pseudo-token carrying the whole text and details.
-             * Its own text is what the engine held back until the end (a
-             * stop string's possible start, an incomplete UTF-8 tail), as
-             * ordinary text, so clients that join the non-special tokens'
-             * texts get the whole generated_text; with no such tail it is
-             * an empty special token. */
-            const char *tail = g->text ? g->text + g->text_len - g->tail_len : "";
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "index", (double)g->n_tokens + 1);
-            cJSON_AddItemToObject(o, "token", token_json(-1, tail, g->tail_len, g->tail_len == 0));
-            cJSON_AddStringToObject(o, "generated_text", full);
-            cJSON_AddItemToObject(o, "details", tgi_details(g, ev->why, &ev->usage, false));
-            send_event(c, o);
-            srv_stream_end(c);
-            break;
-        }
-        case SRV_OAI: {
-            cJSON *o = oai_chunk(g, full, strlen(full), oai_finish(ev->why));
-            add_usage(o, &ev->usage);
-            respond_whole(c, o, ev->why);
-            break;
-        }
-        case SRV_OAI_STREAM: {
-            send_event(c, oai_chunk(g, "", 0, oai_finish(ev->why)));
-            if (g->include_usage) {
-                cJSON *o = oai_chunk(g, "", 0, NULL);
-                cJSON_DeleteItemFromObject(o, "choices");
-                cJSON_AddArrayToObject(o, "choices");
-                add_usage(o, &ev->usage);
-                send_event(c, o);
-            }
-            srv_stream_event(c, "[DONE]", 6);
-            srv_stream_end(c);
-            break;
-        }
-        }
+        g->shape->on_done(g, c, full, ev->why, &ev->usage);
         free(joined);
     }
     gen_free(g);

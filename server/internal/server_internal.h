@@ -1,0 +1,218 @@
+/*
+ * server_internal.h - what the files of server/ share and nobody else may
+ * use: http.c's responses and connection ends, the route handlers each API
+ * file offers the table in routes.c, the request helpers routes.c offers
+ * them back (JSON field readers, errors, the status of an error code, the
+ * generation submit), the API shape a generation answers in, and serve.c's
+ * generations, admin work and drain. Included as "internal/server_internal.h"
+ * by the .c files of server/ only.
+ *
+ * Every function here runs on the loop thread, except a srv_work's run.
+ */
+#ifndef QL_SERVER_INTERNAL_H
+#define QL_SERVER_INTERNAL_H
+
+#include <cjson/cJSON.h>
+
+#include "server.h"
+
+/* --- metrics (metrics.c) ----------------------------------------------------- */
+
+void srv_hist_observe(srv_hist *h, double seconds);
+/* The Prometheus text exposition of everything (allocated, free()). */
+char *srv_metrics_render(const srv_server *s, size_t *len);
+
+/* --- connections and responses (http.c) ------------------------------------- */
+
+/* Start listening on host:port (port 0: any free one, *bound_port says). */
+int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
+               size_t msg_len);
+/* Stop accepting; close idle connections (those between requests). */
+void srv_stop_accepting(srv_server *s);
+
+/* Responses. Each ends the request unless it begins a stream. */
+void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
+                 const char *extra_headers);
+void srv_respond_json(srv_conn *c, int status, const char *json);
+/* {"error": {"type": ..., "message": ...}} with status. */
+void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,
+                       const char *extra_headers);
+/* Begin a text/event-stream response; srv_stream_event sends one event
+ * (the data line), srv_stream_end ends the response. */
+void srv_stream_begin(srv_conn *c);
+void srv_stream_event(srv_conn *c, const char *data, size_t len);
+void srv_stream_end(srv_conn *c);
+/* How many bytes wait in c's write queue (slow clients). */
+size_t srv_conn_backlog(const srv_conn *c);
+/* Close c once what was written has gone out (after a response that
+ * ends the connection). */
+void srv_conn_close(srv_conn *c);
+/* Close c at once, dropping unsent bytes (the client has gone, or does not
+ * read). */
+void srv_conn_abort(srv_conn *c);
+
+/* --- routes (routes.c) ------------------------------------------------------- */
+
+/* Answer c's complete request (c->req): the route table's row for its
+ * path and method, 405 when the path has rows but not for the method, 404
+ * when it has none. */
+void srv_route(srv_conn *c);
+
+/* What a route does with c's request. name is what the {name} in the
+ * route's path matched (NULL for a path without one); it lives until the
+ * handler returns. */
+typedef void srv_handler(srv_conn *c, const char *name);
+
+/* The HTTP status an error code of base/ql_base.h stands for. */
+int srv_status_of(int rc);
+/* Answer {"error"} with status (a 503 adds Retry-After) and the message. */
+void srv_fail(srv_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Answer root (consumed) as JSON with status. */
+void srv_respond_cjson(srv_conn *c, int status, cJSON *root);
+/* Send o (consumed) as one server-sent event. */
+void srv_stream_cjson(srv_conn *c, cJSON *o);
+
+/* The body as a JSON object (the caller's to cJSON_Delete), or a 400 and
+ * NULL. */
+cJSON *srv_body_object(srv_conn *c);
+/* Refuse (400) members of obj not named in allowed (NULL-terminated);
+ * where names obj in the message. */
+bool srv_only_known(srv_conn *c, const cJSON *obj, const char *where, const char *const *allowed);
+/* Absent or JSON null. */
+bool srv_is_null(const cJSON *v);
+/* The field readers: an absent or null field leaves *out as it is (and
+ * *present false); a field of the wrong type or out of [lo, hi] is a 400
+ * naming it, and false. Strings point into obj. */
+bool srv_get_number(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
+                    double *out, bool *present);
+bool srv_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
+                 int64_t *out, bool *present);
+bool srv_get_bool(srv_conn *c, const cJSON *obj, const char *name, bool *out);
+bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char **out);
+
+/* --- generations: what an API asks, how it answers ---------------------------- */
+
+#define SRV_MAX_STOPS 8
+
+/* What a generation request asks for, whatever its API. Strings point
+ * into the parsed body, which outlives srv_generate. */
+typedef struct srv_ask {
+    const char *prompt;
+    int64_t max_new_tokens;
+    eng_sampling sampling;
+    const char *stops[SRV_MAX_STOPS];
+    size_t n_stops;
+    const char *adapter; /* NULL: the base model */
+    double adapter_scale;
+    bool has_scale;
+    bool details, include_usage, return_full_text;
+} srv_ask;
+
+/* "stop" (name): a string or an array of non-empty strings, into a. */
+bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a);
+/* The sampling fields both APIs share, from p (NULL: none given); TGI
+ * samples greedily unless asked otherwise (greedy_default). */
+bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default);
+
+/* An API's answer to a generation: what it sends as tokens arrive and when
+ * the generation ends. One constant per API and framing, in its file. */
+typedef struct srv_shape {
+    bool stream; /* a text/event-stream response, begun at submit */
+    /* The 404 for an adapter that is not loaded: "<noun> NAME<unknown>". */
+    const char *adapter_noun, *adapter_unknown;
+    /* A token (token >= 0), or text the engine held back to the end (token
+     * < 0), has been added to g; send what this API sends for it. NULL:
+     * nothing until the end. */
+    void (*on_token)(srv_gen *g, srv_conn *c, int32_t token, const char *text, size_t len);
+    /* The generation ended; full is the text to answer with (the prompt
+     * first when asked). Ends c's response. */
+    void (*on_done)(srv_gen *g, srv_conn *c, const char *full, eng_finish why, const eng_usage *u);
+} srv_shape;
+
+/* Check readiness, the adapter and the limits, then submit a for c, to be
+ * answered in shape; or answer the refusal. */
+void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
+/* A whole (not streamed) answer: o (consumed), or a 500 when the engine
+ * failed the request. */
+void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
+
+/* --- the API files' routes (api_tgi.c, api_openai.c, admin.c) ------------------ */
+
+srv_handler srv_tgi_generate;        /* POST /generate */
+srv_handler srv_tgi_generate_stream; /* POST /generate_stream */
+srv_handler srv_tgi_info;            /* GET /info */
+
+srv_handler srv_oai_completions; /* POST /v1/completions */
+srv_handler srv_oai_models;      /* GET /v1/models */
+
+/* Whether c may use the admin routes (every path under /admin/, a route or
+ * not): the bearer token, or a loopback client when none is configured,
+ * and a registry to work on; otherwise answered (401, 403, 503). */
+bool srv_admin_gate(srv_conn *c);
+srv_handler srv_admin_state;   /* GET /admin/state */
+srv_handler srv_admin_list;    /* GET /admin/adapters */
+srv_handler srv_admin_load;    /* POST /admin/adapters */
+srv_handler srv_admin_unload;  /* DELETE /admin/adapters/{name} */
+srv_handler srv_admin_merge;   /* POST /admin/adapters/{name}/merge */
+srv_handler srv_admin_unmerge; /* POST /admin/adapters/{name}/unmerge */
+
+/* --- generations and the engine bridge (serve.c) ------------------------------ */
+
+/* One generation request, from submit to its engine on_done. Lives on the
+ * loop; conn is NULL once the client has gone (the generation is then
+ * cancelled and only waits for its on_done). */
+struct srv_gen {
+    srv_server *s;
+    srv_conn *conn;
+    const srv_shape *shape;
+    uint64_t id; /* the engine's */
+    char *text;  /* everything generated so far */
+    size_t text_len, text_cap;
+    size_t tail_len; /* of that, the text the engine held back to the end */
+    int32_t *tokens; /* token ids, for details */
+    char **pieces;   /* their text, for details */
+    size_t n_tokens, cap_tokens;
+    bool details;
+    bool include_usage;
+    bool return_full_text;
+    char *prompt; /* kept when return_full_text */
+    uint64_t seed;
+    bool sampled;
+    char model_id[160];
+    char oai_id[48];
+    double t_start, t_last;
+    bool first_seen;
+    srv_gen *next_live; /* the server's list of live generations */
+    srv_gen *prev_live;
+};
+
+/* Submit r for gen (callbacks are filled in here). A QL_E* code on
+ * refusal, msg. */
+int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len);
+/* The client went away: cancel and forget the connection. */
+void srv_gen_detach(srv_gen *g);
+
+/* Work off the loop (uv thread pool) with a completion on the loop. */
+typedef struct srv_work {
+    uv_work_t req;
+    srv_server *s;
+    srv_conn *conn;                   /* NULL once the client has gone */
+    void (*run)(struct srv_work *w);  /* on a pool thread */
+    void (*done)(struct srv_work *w); /* on the loop */
+    int rc;
+    char msg[1024];
+    char name[160];
+    char path[4096];
+    float scale;
+    bool safe_merge;
+    qt_kind into;
+    bool has_report;
+    lora_report report;
+    lora_meta meta;
+} srv_work;
+int srv_work_start(srv_work *w);
+
+/* After an event that may end a drain: exits the loop when nothing is left. */
+void srv_check_drained(srv_server *s);
+
+#endif
