@@ -77,19 +77,12 @@ typedef struct lora_part {
     float scale;                   /* the user's scale (times module->scale) */
 } lora_part;
 
-/* What requantization cost in one module (or, summed, in a whole merge). */
-typedef struct lora_cost {
-    double dot;      /* <Q(W + delta) - W, delta> */
-    double delta_sq; /* |delta|^2 */
-    double err_sq;   /* |Q(W + delta) - (W + delta)|^2 */
-    /* dot / delta_sq: 1 when the adapter survived whole, 0 when it
-     * rounded away */
-    double delta_retained;
-    /* sqrt(err_sq / delta_sq) */
-    double relative_error;
-} lora_cost;
+/* What requantization cost in one module (or, summed, in a whole merge):
+ * the engine's eng_merge_cost (engine/model/model.h), one type for the CPU
+ * merge here and a device merge alike. */
+typedef eng_merge_cost lora_cost;
 
-/* Sum b's sums into a and recompute the ratios. */
+/* Sum b's sums into a (merged if either is) and recompute the ratios. */
 void lora_cost_add(lora_cost *a, const lora_cost *b);
 
 typedef struct lora_merge_opts {

@@ -79,6 +79,7 @@ void lora_cost_add(lora_cost *a, const lora_cost *b)
     a->dot += b->dot;
     a->delta_sq += b->delta_sq;
     a->err_sq += b->err_sq;
+    a->merged = a->merged || b->merged;
     cost_ratios(a);
 }
 
@@ -391,6 +392,7 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     cost->dot = dot;
     cost->delta_sq = delta_sq;
     cost->err_sq = err_sq;
+    cost->merged = true;
     cost_ratios(cost);
 
 done:

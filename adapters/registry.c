@@ -383,9 +383,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
             rc = eng_engine_prepare(r->e, v, device_costs, &device_digest, msg, msg_len);
         for (size_t i = 0; rc == QL_OK && i < n_jobs; i++) {
             module_job *j = &jobs[i];
-            const eng_merge_cost *dc = &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj];
-            lora_cost sums = {.dot = dc->dot, .delta_sq = dc->delta_sq, .err_sq = dc->err_sq};
-            lora_cost_add(&j->cost, &sums);
+            lora_cost_add(&j->cost, &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj]);
         }
     } else if (rc == QL_OK) {
         rebuild b = {m, o, jobs};
