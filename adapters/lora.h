@@ -8,12 +8,15 @@
  *     into an eng_lora, the engine's view of an adapter (engine.h): per
  *     layer and projection, A, B and the module's scale. Tensors are
  *     borrowed from the mapped file where their layout allows;
- *   - the dispatch (merge.c): given a target weight, the LoRA operations
- *     for its quant kind (merge, unmerge, unmerged apply), or "unsupported"
- *     naming the kind. A merge dequantizes the pristine weight, adds each
- *     scale * B @ A, checks the result is finite and requantizes into the
- *     weight's own kind and block layout (or a wider kind when asked), and
- *     reports what the requantization cost;
+ *   - the merge and its dispatch (merge.c): given a target weight, the
+ *     merge for its quant kind, or "unsupported" naming the kind. A merge
+ *     dequantizes the pristine weight, adds each scale * B @ A, checks the
+ *     result is finite and requantizes into the weight's own kind and block
+ *     layout (or a wider kind when asked), and reports what the
+ *     requantization cost. Unmerging and unmerged application are the same
+ *     for every kind and are not dispatched: an unmerge serves the pristine
+ *     weight, and the engine applies an unmerged adapter itself
+ *     (eng_lora_apply, engine/runtime/runtime.h);
  *   - the registry (registry.c): the adapters loaded on an engine, by name,
  *     with a memory budget; merge and unmerge build a new weight version
  *     beside the serving one and publish it between two engine steps.
@@ -22,7 +25,11 @@
  * f32, what QLoRA trained); merging is fast and approximate, and every
  * merge says how approximate (delta_retained, relative_error).
  *
- * Errors: QL_OK or a negative ENG_E* / QT_E* code, with a sentence naming
+ * It owns the adapters it loads (refcounted eng_lora) and the registry's
+ * table; it touches the engine only through engine.h (publishing weight
+ * versions, eng_engine_prepare) and the model only to read it.
+ *
+ * Errors: QL_OK or a negative QL_E* code (base/ql_base.h), with a sentence naming
  * the adapter, the file, the module and the value in msg. QL_ENOTFOUND:
  * no such adapter; QL_ECONFLICT: not now (unloading a merged adapter);
  * QL_ENONFINITE: a merge produced NaN or Inf (nothing changed).
@@ -70,19 +77,12 @@ typedef struct lora_part {
     float scale;                   /* the user's scale (times module->scale) */
 } lora_part;
 
-/* What requantization cost in one module (or, summed, in a whole merge). */
-typedef struct lora_cost {
-    double dot;      /* <Q(W + delta) - W, delta> */
-    double delta_sq; /* |delta|^2 */
-    double err_sq;   /* |Q(W + delta) - (W + delta)|^2 */
-    /* dot / delta_sq: 1 when the adapter survived whole, 0 when it
-     * rounded away */
-    double delta_retained;
-    /* sqrt(err_sq / delta_sq) */
-    double relative_error;
-} lora_cost;
+/* What requantization cost in one module (or, summed, in a whole merge):
+ * the engine's eng_merge_cost (engine/model/model.h), one type for the CPU
+ * merge here and a device merge alike. */
+typedef eng_merge_cost lora_cost;
 
-/* Sum b's sums into a and recompute the ratios. */
+/* Sum b's sums into a (merged if either is) and recompute the ratios. */
 void lora_cost_add(lora_cost *a, const lora_cost *b);
 
 typedef struct lora_merge_opts {
@@ -93,6 +93,7 @@ typedef struct lora_merge_opts {
     qt_kind into;
 } lora_merge_opts;
 
+/* The row of the dispatch table for one quant kind. */
 typedef struct lora_ops {
     const char *kind; /* the weight kind's name */
     /*
@@ -100,20 +101,16 @@ typedef struct lora_ops {
      * pristine weight's kind, block size and double-quant setting (or
      * o->into). On a non-finite value (safe merge) nothing is produced and
      * msg names the adapter, `module` and the first bad index. cost
-     * receives the module's figures.
+     * receives the module's figures. The pristine weight is only read; the
+     * merged tensor is the caller's (qt_free).
      */
     int (*merge)(const qtensor *pristine, const lora_part *parts, size_t n_parts,
                  const lora_merge_opts *o, const char *module, qtensor *merged, lora_cost *cost,
                  char *msg, size_t msg_len);
-    /* What serves after an unmerge: the pristine weight, bit for bit (the
-     * merged copy is the caller's to free). */
-    const qtensor *(*unmerge)(const qtensor *pristine);
-    /* The unmerged product after the base one (engine.h eng_lora_apply). */
-    void (*apply)(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
-                  int64_t batch, float *y, float *t, float *u);
 } lora_ops;
 
-/* The operations for weight w's kind, or QL_EUNSUPPORTED naming the kind. */
+/* The row for weight w's kind (static: never freed), or QL_EUNSUPPORTED
+ * naming the kind. */
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len);
 
 /* --- the registry (adapters/registry.c) ---------------------------------- */
@@ -198,7 +195,7 @@ typedef struct lora_state {
     struct {
         char name[128];
         float scale;
-    } merged[16]; /* the first 16 */
+    } merged[ENG_MAX_MERGED]; /* the first ENG_MAX_MERGED */
     uint64_t merges, unmerges;
     size_t bytes; /* all loaded adapters */
     size_t n_loaded;

@@ -1,7 +1,15 @@
 /*
- * merge.c - the dispatch by quant kind: for each kind of kernels/qtensor.h,
- * the LoRA operations (merge, unmerge, unmerged apply), in one table indexed
- * by kind, as the quant traits are (DESIGN.md "Quant kinds", "Adapters").
+ * merge.c - the LoRA merge for every quant kind of kernels/qtensor.h, and
+ * the dispatch to it: one table indexed by kind, as the quant traits are,
+ * whose row holds what differs by kind (which merge reads the quantizer's
+ * parameters back from the weight). It also owns the cost arithmetic
+ * (lora_cost_add). It touches only what it is given: it reads the pristine
+ * weight and the adapters' A and B, and writes a new tensor.
+ *
+ * What does not differ by kind is not in the table: an unmerge serves the
+ * pristine weight itself (the registry keeps it), and unmerged application
+ * adds (x @ A^T) @ B^T after the base product whatever the base's kind
+ * (engine/runtime's eng_lora_apply).
  *
  * A merge never edits a quantized weight in place. It dequantizes the
  * pristine copy to f32 (W), adds the parts' delta d, and quantizes W + d
@@ -71,6 +79,7 @@ void lora_cost_add(lora_cost *a, const lora_cost *b)
     a->dot += b->dot;
     a->delta_sq += b->delta_sq;
     a->err_sq += b->err_sq;
+    a->merged = a->merged || b->merged;
     cost_ratios(a);
 }
 
@@ -129,10 +138,10 @@ static int bnb4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
  * minimum lands, so that all groups share the middle code only by
  * coincidence. Hence: integer domain and every zero at the middle code means
  * symmetric; anything else is asymmetric, in the tensor's own zero domain.
- * With engine/model.c this reads int8 (symmetric, per channel) as
+ * With engine/model/model.c this reads int8 (symmetric, per channel) as
  * symmetric and int4 (asymmetric, float zero domain) as asymmetric.
  *
- * eps is not stored either. engine/model.c follows torchao: int4
+ * eps is not stored either. engine/model/model.c follows torchao: int4
  * weight-only (the float-zero-domain "tinygemm" layout) clamps scales at
  * 1e-6, int8 weight-only at FLT_EPSILON (torch.finfo(torch.float32).eps),
  * which qt_quantize uses when eps is 0.
@@ -169,7 +178,7 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
 static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_len)
 {
     if (into == QT_AFFINE) {
-        /* int8 per channel, symmetric, as engine/model.c's --quant int8 */
+        /* int8 per channel, symmetric, as engine/model/model.c's --quant int8 */
         p->kind = QT_AFFINE;
         p->bits = 8;
         p->symmetric = true;
@@ -383,6 +392,7 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     cost->dot = dot;
     cost->delta_sq = delta_sq;
     cost->err_sq = err_sq;
+    cost->merged = true;
     cost_ratios(cost);
 
 done:
@@ -413,28 +423,18 @@ MERGE_FAMILY(merge_bnb4, bnb4_params)
 MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
 
-/* The pristine weight is kept while anything is merged, so serving it again
- * is the restore, bit for bit by construction. */
-static const qtensor *unmerge_to_pristine(const qtensor *pristine)
-{
-    return pristine;
-}
-
 /* --- the table ---------------------------------------------------------- */
 
-/* Unmerged application adds (x @ A^T) @ B^T after the base product, which
- * does not depend on the base's kind: every kind uses the engine's. */
-#define OPS(name_, merge_)                                                                         \
-    {                                                                                              \
-        .kind = name_, .merge = merge_, .unmerge = unmerge_to_pristine, .apply = eng_lora_apply    \
-    }
-
 static const lora_ops ops_table[QT_KIND_COUNT] = {
-    [QT_F32] = OPS("f32", merge_dense),   [QT_F16] = OPS("f16", merge_dense),
-    [QT_BF16] = OPS("bf16", merge_dense), [QT_NF4] = OPS("nf4", merge_bnb4),
-    [QT_FP4] = OPS("fp4", merge_bnb4),    [QT_AFFINE] = OPS("affine", merge_affine),
-    [QT_Q4_0] = OPS("q4_0", merge_gguf),  [QT_Q4_1] = OPS("q4_1", merge_gguf),
-    [QT_Q8_0] = OPS("q8_0", merge_gguf),
+    [QT_F32] = {.kind = "f32", .merge = merge_dense},
+    [QT_F16] = {.kind = "f16", .merge = merge_dense},
+    [QT_BF16] = {.kind = "bf16", .merge = merge_dense},
+    [QT_NF4] = {.kind = "nf4", .merge = merge_bnb4},
+    [QT_FP4] = {.kind = "fp4", .merge = merge_bnb4},
+    [QT_AFFINE] = {.kind = "affine", .merge = merge_affine},
+    [QT_Q4_0] = {.kind = "q4_0", .merge = merge_gguf},
+    [QT_Q4_1] = {.kind = "q4_1", .merge = merge_gguf},
+    [QT_Q8_0] = {.kind = "q8_0", .merge = merge_gguf},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)

@@ -10,6 +10,11 @@
  * steps. Nothing is ever subtracted from a requantized weight, so rounding
  * never accumulates, and an unmerge serves the pristine tensors themselves.
  *
+ * It offers lora.h's registry half; it owns the entries (each holding one
+ * reference to its eng_lora), the merge threads and the cached digest; it
+ * touches the engine only by publishing versions (eng_engine_publish) and,
+ * on a backend that merges on the device, eng_engine_prepare.
+ *
  * Two locks: `mu` guards the table of entries and is held only for quick
  * look-ups; `merge_mu` serializes merges and unmerges (and unloads, which
  * must see a settled merged configuration), which are slow.
@@ -20,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct entry {
     char name[128];
@@ -52,13 +56,6 @@ struct lora_registry {
     uint64_t digested_version; /* versions are numbered once each */
     uint64_t digest;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void lora_report_free(lora_report *rep)
 {
@@ -300,7 +297,7 @@ int lora_registry_list(lora_registry *r, lora_info **out, size_t *n)
 typedef struct module_job {
     int32_t layer;
     eng_proj proj;
-    lora_part parts[16];
+    lora_part parts[ENG_MAX_MERGED]; /* one per merged adapter that targets it */
     size_t n_parts;
     qtensor merged;
     lora_cost cost;
@@ -340,7 +337,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
                                  const lora_merge_opts *o, lora_report *rep, char *msg,
                                  size_t msg_len)
 {
-    double t0 = now_s();
+    double t0 = ql_now_s();
     const eng_model *m = r->m;
     eng_weights *serving = eng_engine_weights(r->e);
     eng_weights *v = NULL;
@@ -367,12 +364,9 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
                 n_jobs++;
             } else if (eng_weights_proj(serving, l, (eng_proj)p) !=
                        eng_model_proj(m, l, (eng_proj)p)) {
-                /* merged before, merged no more: the pristine tensor serves */
-                const lora_ops *ops = NULL;
-                rc = lora_dispatch(eng_model_proj(m, l, (eng_proj)p), &ops, msg, msg_len);
-                if (rc == QL_OK)
-                    v->proj[(size_t)l * ENG_N_PROJ + (size_t)p] =
-                        ops->unmerge(eng_model_proj(m, l, (eng_proj)p));
+                /* merged before, merged no more: the pristine tensor serves,
+                 * bit for bit by construction, whatever its kind */
+                v->proj[(size_t)l * ENG_N_PROJ + (size_t)p] = eng_model_proj(m, l, (eng_proj)p);
             }
         }
     }
@@ -389,9 +383,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
             rc = eng_engine_prepare(r->e, v, device_costs, &device_digest, msg, msg_len);
         for (size_t i = 0; rc == QL_OK && i < n_jobs; i++) {
             module_job *j = &jobs[i];
-            const eng_merge_cost *dc = &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj];
-            lora_cost sums = {.dot = dc->dot, .delta_sq = dc->delta_sq, .err_sq = dc->err_sq};
-            lora_cost_add(&j->cost, &sums);
+            lora_cost_add(&j->cost, &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj]);
         }
     } else if (rc == QL_OK) {
         rebuild b = {m, o, jobs};
@@ -428,7 +420,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
         pthread_mutex_unlock(&r->mu);
         eng_engine_publish(r->e, v); /* the engine takes our reference */
         v = NULL;
-        rp.seconds = now_s() - t0;
+        rp.seconds = ql_now_s() - t0;
     }
     for (size_t i = 0; jobs && i < n_jobs; i++)
         qt_free(&jobs[i].merged);
@@ -462,10 +454,10 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
         return rc;
     pthread_mutex_lock(&r->merge_mu);
     eng_weights *serving = eng_engine_weights(r->e);
-    eng_lora_term terms[16];
+    eng_lora_term terms[ENG_MAX_MERGED];
     size_t n = 0;
     bool present = false;
-    for (size_t i = 0; i < serving->n_merged && n < 16; i++) {
+    for (size_t i = 0; i < serving->n_merged && n < ENG_MAX_MERGED; i++) {
         bool it = serving->merged[i].lora == lora;
         present |= it;
         if (it && !merge)
@@ -475,8 +467,8 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
             terms[n].scale = scale;
         n++;
     }
-    if (merge && !present && n == 16)
-        rc = ql_fail(msg, msg_len, QL_ECONFLICT, "16 adapters are merged already");
+    if (merge && !present && n == ENG_MAX_MERGED)
+        rc = ql_fail(msg, msg_len, QL_ECONFLICT, "%d adapters are merged already", ENG_MAX_MERGED);
     else if (merge && !present)
         terms[n++] = (eng_lora_term){lora, scale};
     else if (!merge && !present)
@@ -550,7 +542,7 @@ void lora_registry_state(lora_registry *r, lora_state *out)
         pthread_mutex_unlock(&r->mu);
     }
     out->n_merged = serving->n_merged;
-    for (size_t i = 0; i < serving->n_merged && i < 16; i++) {
+    for (size_t i = 0; i < serving->n_merged && i < ENG_MAX_MERGED; i++) {
         snprintf(out->merged[i].name, sizeof out->merged[i].name, "%s",
                  serving->merged[i].lora->name);
         out->merged[i].scale = serving->merged[i].scale;

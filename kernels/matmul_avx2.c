@@ -1,5 +1,9 @@
 /*
- * matmul_avx2.c - the AVX2+FMA matrix kernel y = x @ W^T for every kind.
+ * matmul_avx2.c - the AVX2+FMA entry points of the traits table: for each
+ * kind with a fast path, its matrix kernel y = x @ W^T (qt_matmul_<kind>_avx2)
+ * and its row dequantization (qt_dequantize_rows_<kind>_avx2), plus
+ * qt_attend's AVX2 path. It owns no state; it reads qtensors and writes the
+ * caller's output.
  *
  * Shape of the kernel: for a chunk of up to 4 rows of x, walk W one row at a
  * time; decode that row with AVX2 (codebook lookups by permutevar, nibble
@@ -11,6 +15,12 @@
  * dequantization (same operations in the same order; the build turns off
  * FP contraction); only the order of the dot-product sums differs from the
  * reference, which the tests bound.
+ *
+ * Which kernel a kind gets is decided once, by its row of the traits table
+ * (qtensor.c); nothing here switches on the kind. Each entry point hands a
+ * shared always-inlined driver (matmul_chunks) its kind's row function and
+ * tile decoder as constants, so every kind still gets its own loop with no
+ * choice left inside.
  *
  * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
  * CPU reports those features (qtensor.c).
@@ -187,62 +197,85 @@ ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m
     *m = kind == QT_Q4_1 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
 }
 
-/* Blocks [b, b + nb) of a GGUF kind, 32 elements each. */
-static void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out)
+/* Blocks [b, b + nb) of GGUF kind `kind` (the tensor's, as a constant),
+ * 32 elements each. */
+ALWAYS_INLINE void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out, qt_kind kind)
 {
-    size_t bb = qt_traits_table[t->kind].block_bytes;
+    size_t bb = qt_traits_table[kind].block_bytes;
     for (int64_t i = 0; i < nb; i++, out += 32) {
         __m256 q[4], d, m;
-        gguf_block(t->data + (b + i) * bb, t->kind, q, &d, &m);
+        gguf_block(t->data + (b + i) * bb, kind, q, &d, &m);
         for (int j = 0; j < 4; j++) {
             __m256 w = _mm256_mul_ps(q[j], d);
-            if (t->kind == QT_Q4_1) /* only Q4_1 adds: + 0 would turn -0 into +0 */
+            if (kind == QT_Q4_1) /* only Q4_1 adds: + 0 would turn -0 into +0 */
                 w = _mm256_add_ps(w, m);
             _mm256_storeu_ps(out + 8 * j, w);
         }
     }
 }
 
-/* Columns [c, c + n) of row r as f32: a pointer into the tensor for F32,
- * else decoded into tile. */
-static const float *decode_tile(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
+/*
+ * The tile decoders, one per kind: columns [c, c + n) of row r as f32, a
+ * pointer into the tensor for F32, else decoded into tile. rows_tiled and
+ * dequantize_tiles take one as a constant.
+ */
+typedef const float *(*tile_decoder)(const qtensor *t, int64_t r, int64_t c, int64_t n,
+                                     float *tile);
+
+static const float *tile_f32(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
 {
-    int64_t e = r * t->cols + c;
-    int64_t i = 0;
-    switch (t->kind) {
-    case QT_F32: return (const float *)t->data + e;
-    case QT_F16: {
-        const uint16_t *h = (const uint16_t *)t->data + e;
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(tile + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-        for (; i < n; i++)
-            tile[i] = qm_f16_to_f32(h[i]);
-        return tile;
-    }
-    case QT_BF16: {
-        const uint16_t *h = (const uint16_t *)t->data + e;
-        for (; i + 8 <= n; i += 8) {
-            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
-            _mm256_storeu_ps(tile + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-        }
-        for (; i < n; i++)
-            tile[i] = qm_bf16_to_f32(h[i]);
-        return tile;
-    }
-    case QT_NF4:
-    case QT_FP4: decode_bnb4(t, e, n, tile); return tile;
-    case QT_AFFINE: decode_affine(t, r, c, n, tile); return tile;
-    case QT_Q4_0:
-    case QT_Q4_1:
-    case QT_Q8_0:
-        /* tiles start on multiples of TILE and rows are whole blocks */
-        decode_gguf(t, e / 32, n / 32, tile);
-        return tile;
-    default:
-        qt_dequantize_rows_ref(t, r, 1, tile); /* unreachable: every kind is above */
-        return tile;
-    }
+    (void)n;
+    (void)tile;
+    return (const float *)t->data + r * t->cols + c;
 }
+
+static const float *tile_f16(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
+{
+    const uint16_t *h = (const uint16_t *)t->data + r * t->cols + c;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(tile + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++)
+        tile[i] = qm_f16_to_f32(h[i]);
+    return tile;
+}
+
+static const float *tile_bf16(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
+{
+    const uint16_t *h = (const uint16_t *)t->data + r * t->cols + c;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+        _mm256_storeu_ps(tile + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++)
+        tile[i] = qm_bf16_to_f32(h[i]);
+    return tile;
+}
+
+static const float *tile_bnb4(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
+{
+    decode_bnb4(t, r * t->cols + c, n, tile);
+    return tile;
+}
+
+static const float *tile_affine(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)
+{
+    decode_affine(t, r, c, n, tile);
+    return tile;
+}
+
+/* GGUF tiles start on multiples of TILE (or of the row) and rows are whole
+ * blocks, so a tile is whole blocks too. */
+#define GGUF_TILE(name, kind)                                                                      \
+    static const float *name(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)       \
+    {                                                                                              \
+        decode_gguf(t, (r * t->cols + c) / 32, n / 32, tile, kind);                                \
+        return tile;                                                                               \
+    }
+GGUF_TILE(tile_q4_0, QT_Q4_0)
+GGUF_TILE(tile_q4_1, QT_Q4_1)
+GGUF_TILE(tile_q8_0, QT_Q8_0)
 
 static inline float hsum(__m256 v)
 {
@@ -279,8 +312,10 @@ ALWAYS_INLINE void dot16(const float *w, const float *const *xs, int nb, int64_t
     }
 }
 
-/* Dense and AFFINE rows: decode a tile to f32, then dot. */
-ALWAYS_INLINE void rows_tiled(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+/* Dense and AFFINE rows: decode a tile to f32 (decode, a constant), then
+ * dot. */
+ALWAYS_INLINE void rows_tiled(const qtensor *t, const float *x, int nb, float *y, int64_t r,
+                              tile_decoder decode)
 {
     _Alignas(32) float tile[TILE];
     int64_t cols = t->cols;
@@ -293,7 +328,7 @@ ALWAYS_INLINE void rows_tiled(const qtensor *t, const float *x, int nb, float *y
     }
     for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
         int64_t n = cols - c0 < TILE ? cols - c0 : TILE;
-        const float *w = decode_tile(t, r, c0, n, tile);
+        const float *w = decode(t, r, c0, n, tile);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * cols + c0;
         int64_t n16 = n & ~(int64_t)15;
@@ -450,43 +485,7 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
 /* Whether rows_bnb4_split applies: blocks of whole groups of 16. */
 static bool bnb4_whole_groups(const qtensor *t)
 {
-    return (t->kind == QT_NF4 || t->kind == QT_FP4) && t->cols % 16 == 0 && t->blocksize % 16 == 0;
-}
-
-/* Rows [row0, row1) for nb rows of x. kind is the tensor's, or QT_F32 for
- * every kind that decodes through a tile; a constant kind and nb in each
- * call below give every kind its own loop with no choice left inside. */
-ALWAYS_INLINE void rows_n(const qtensor *t, const float *x, const float *scratch, bool split,
-                          int nb, float *y, int64_t row0, int64_t row1, qt_kind kind)
-{
-    for (int64_t r = row0; r < row1; r++) {
-        switch (kind) {
-        case QT_NF4:
-        case QT_FP4:
-            if (split)
-                rows_bnb4_split(t, x, scratch, nb, y, r);
-            else
-                rows_bnb4(t, x, nb, y, r);
-            break;
-        case QT_Q4_0: rows_gguf(t, x, scratch, nb, y, r, QT_Q4_0); break;
-        case QT_Q4_1: rows_gguf(t, x, scratch, nb, y, r, QT_Q4_1); break;
-        case QT_Q8_0: rows_gguf(t, x, scratch, nb, y, r, QT_Q8_0); break;
-        default: rows_tiled(t, x, nb, y, r); break;
-        }
-    }
-}
-
-ALWAYS_INLINE void rows_kind(const qtensor *t, const float *x, const float *scratch, bool split,
-                             int nb, float *y, int64_t row0, int64_t row1)
-{
-    switch (t->kind) {
-    case QT_NF4:
-    case QT_FP4: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_NF4); break;
-    case QT_Q4_0: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_Q4_0); break;
-    case QT_Q4_1: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_Q4_1); break;
-    case QT_Q8_0: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_Q8_0); break;
-    default: rows_n(t, x, scratch, split, nb, y, row0, row1, QT_F32); break;
-    }
+    return t->cols % 16 == 0 && t->blocksize % 16 == 0;
 }
 
 /* Q4_1's sums of x per block, 8 lanes each ((x0 + x1) + (x2 + x3) of the
@@ -503,43 +502,187 @@ static void block_sums(const float *x, int64_t cols, int nb, float *xsum)
         }
 }
 
-void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                    int64_t row1)
+/*
+ * One row r of W against nb rows of x, one function per kind: what
+ * matmul_chunks calls for every weight row. scratch is what the kind's
+ * x_prep made of this chunk of x (NULL: none, or no memory, and the row
+ * makes the same values inline).
+ */
+typedef void (*row_kernel)(const qtensor *t, const float *x, const float *scratch, int nb, float *y,
+                           int64_t r);
+
+ALWAYS_INLINE void row_f32(const qtensor *t, const float *x, const float *scratch, int nb, float *y,
+                           int64_t r)
 {
-    /* per-call scratch derived from x: Q4_1's block sums, or x split for
-     * 4-bit bitsandbytes; without it (no memory) the same values are made
-     * inline */
+    (void)scratch;
+    rows_tiled(t, x, nb, y, r, tile_f32);
+}
+ALWAYS_INLINE void row_f16(const qtensor *t, const float *x, const float *scratch, int nb, float *y,
+                           int64_t r)
+{
+    (void)scratch;
+    rows_tiled(t, x, nb, y, r, tile_f16);
+}
+ALWAYS_INLINE void row_bf16(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_tiled(t, x, nb, y, r, tile_bf16);
+}
+ALWAYS_INLINE void row_affine(const qtensor *t, const float *x, const float *scratch, int nb,
+                              float *y, int64_t r)
+{
+    (void)scratch;
+    rows_tiled(t, x, nb, y, r, tile_affine);
+}
+ALWAYS_INLINE void row_bnb4(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_bnb4(t, x, nb, y, r);
+}
+ALWAYS_INLINE void row_bnb4_split(const qtensor *t, const float *x, const float *scratch, int nb,
+                                  float *y, int64_t r)
+{
+    rows_bnb4_split(t, x, scratch, nb, y, r);
+}
+ALWAYS_INLINE void row_q4_0(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_Q4_0);
+}
+ALWAYS_INLINE void row_q4_1(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_Q4_1);
+}
+ALWAYS_INLINE void row_q8_0(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_Q8_0);
+}
+
+/* What a kind derives from each chunk of nb rows of x before its rows run
+ * (bnb4_split, block_sums), into XCHUNK * cols floats; NULL: nothing. */
+typedef void (*x_prep)(const float *x, int64_t cols, int nb, float *scratch);
+
+/* Rows [row0, row1) for nb rows of x (a constant in each call below). */
+ALWAYS_INLINE void rows_range(const qtensor *t, const float *x, const float *scratch, int nb,
+                              float *y, int64_t row0, int64_t row1, row_kernel row)
+{
+    for (int64_t r = row0; r < row1; r++)
+        row(t, x, scratch, nb, y, r);
+}
+
+/* The matrix kernel of one kind: x in chunks of XCHUNK rows, each chunk
+ * prepared by prep, then every weight row through row. prep and row are
+ * constants in every caller, so each entry point is its own loop. */
+ALWAYS_INLINE void matmul_chunks(const qtensor *t, const float *x, int64_t batch, float *y,
+                                 int64_t row0, int64_t row1, x_prep prep, row_kernel row)
+{
+    /* per-call scratch derived from x; without it (no memory) the rows
+     * make the same values inline */
     float *scratch = NULL;
-    bool split = bnb4_whole_groups(t);
-    if (t->kind == QT_Q4_1 || split)
+    if (prep)
         scratch = aligned_alloc(32, (size_t)XCHUNK * (size_t)t->cols * sizeof(float) + 32);
     for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
         int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
         const float *xc = x + b0 * t->cols;
         float *yc = y + b0 * t->rows;
-        if (scratch && split)
-            bnb4_split(xc, t->cols, nb, scratch);
-        else if (scratch)
-            block_sums(xc, t->cols, nb, scratch);
+        if (scratch)
+            prep(xc, t->cols, nb, scratch);
         /* a constant nb in each call lets every accumulator be a register */
         switch (nb) {
-        case 1: rows_kind(t, xc, scratch, split, 1, yc, row0, row1); break;
-        case 2: rows_kind(t, xc, scratch, split, 2, yc, row0, row1); break;
-        case 3: rows_kind(t, xc, scratch, split, 3, yc, row0, row1); break;
-        default: rows_kind(t, xc, scratch, split, 4, yc, row0, row1); break;
+        case 1: rows_range(t, xc, scratch, 1, yc, row0, row1, row); break;
+        case 2: rows_range(t, xc, scratch, 2, yc, row0, row1, row); break;
+        case 3: rows_range(t, xc, scratch, 3, yc, row0, row1, row); break;
+        default: rows_range(t, xc, scratch, 4, yc, row0, row1, row); break;
         }
     }
     free(scratch);
 }
 
-void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+/* --- the entry points the traits table holds ---------------------------- */
+
+#define MATMUL_ARGS                                                                                \
+    const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0, int64_t row1
+
+void qt_matmul_f32_avx2(MATMUL_ARGS)
 {
-    for (int64_t r = row0; r < row0 + nrows; r++) {
-        float *dst = out + (r - row0) * t->cols;
-        const float *w = decode_tile(t, r, 0, t->cols, dst);
-        if (w != dst)
-            memcpy(dst, w, (size_t)t->cols * sizeof *dst);
-    }
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_f32);
+}
+void qt_matmul_f16_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_f16);
+}
+void qt_matmul_bf16_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_bf16);
+}
+/* NF4 and FP4 differ only in the codebook the tensor carries. */
+void qt_matmul_bnb4_avx2(MATMUL_ARGS)
+{
+    if (bnb4_whole_groups(t))
+        matmul_chunks(t, x, batch, y, row0, row1, bnb4_split, row_bnb4_split);
+    else
+        matmul_chunks(t, x, batch, y, row0, row1, NULL, row_bnb4);
+}
+void qt_matmul_affine_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_affine);
+}
+void qt_matmul_q4_0_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q4_0);
+}
+void qt_matmul_q4_1_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, block_sums, row_q4_1);
+}
+void qt_matmul_q8_0_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q8_0);
+}
+
+/* Whole rows through a kind's tile decoder (a constant), which writes
+ * into dst for every kind that has a fast dequantization (F32 has none: its
+ * scalar path is a memcpy). */
+ALWAYS_INLINE void dequantize_tiles(const qtensor *t, int64_t row0, int64_t nrows, float *out,
+                                    tile_decoder decode)
+{
+    for (int64_t r = row0; r < row0 + nrows; r++)
+        decode(t, r, 0, t->cols, out + (r - row0) * t->cols);
+}
+
+#define DEQUANT_ARGS const qtensor *t, int64_t row0, int64_t nrows, float *out
+
+void qt_dequantize_rows_f16_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_f16);
+}
+void qt_dequantize_rows_bf16_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_bf16);
+}
+void qt_dequantize_rows_bnb4_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_bnb4);
+}
+void qt_dequantize_rows_affine_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_affine);
+}
+void qt_dequantize_rows_q4_0_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q4_0);
+}
+void qt_dequantize_rows_q4_1_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q4_1);
+}
+void qt_dequantize_rows_q8_0_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q8_0);
 }
 
 /* Attention over a run of cached positions: the dot product in two 8-lane

@@ -1,10 +1,13 @@
 /*
  * qtensor.c - the traits table, and the kind-independent parts of a qtensor:
  * validation before quantizing, ownership (free, clone), the dense-only cast
- * rule, and the choice of CPU path for the matrix kernel.
+ * rule, the scalar reference matrix kernel and attention loop, and the
+ * run-time choice between a row's AVX2 entry and its scalar one (CPUID
+ * once; QLSERVE_CPU_PATH=scalar or qt_set_force_scalar forces scalar).
  *
- * The table is the one place that knows every kind; adding a kind means
- * adding one row here and one file beside this one.
+ * The table is the one place that knows every kind, and each row is that
+ * kind's dispatch: adding a kind means adding one row here and one file
+ * beside this one (and, for a fast path, its entry in matmul_avx2.c).
  */
 #include "kernels_internal.h"
 #include "ops_math.h"
@@ -25,8 +28,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                 .quantize = qt_dense_quantize,
                 .dequantize_rows = qt_dense_dequantize_rows,
                 .matmul_ref = qt_matmul_generic_ref,
-                .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                .matmul_avx2 = qt_matmul_f32_avx2},
     [QT_F16] = {.name = "f16",
                 .block_size = 1,
                 .block_bytes = 2,
@@ -34,8 +36,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                 .quantize = qt_dense_quantize,
                 .dequantize_rows = qt_dense_dequantize_rows,
                 .matmul_ref = qt_matmul_generic_ref,
-                .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                .matmul_avx2 = qt_matmul_f16_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_f16_avx2},
     [QT_BF16] = {.name = "bf16",
                  .block_size = 1,
                  .block_bytes = 2,
@@ -43,32 +45,32 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                  .quantize = qt_dense_quantize,
                  .dequantize_rows = qt_dense_dequantize_rows,
                  .matmul_ref = qt_matmul_generic_ref,
-                 .matmul_avx2 = qt_matmul_avx2,
-                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                 .matmul_avx2 = qt_matmul_bf16_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_bf16_avx2},
     [QT_NF4] = {.name = "nf4",
                 .block_size = 64,
                 .block_bytes = 32,
                 .quantize = qt_bnb4_quantize,
                 .dequantize_rows = qt_bnb4_dequantize_rows,
                 .matmul_ref = qt_matmul_generic_ref,
-                .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                .matmul_avx2 = qt_matmul_bnb4_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_bnb4_avx2},
     [QT_FP4] = {.name = "fp4",
                 .block_size = 64,
                 .block_bytes = 32,
                 .quantize = qt_bnb4_quantize,
                 .dequantize_rows = qt_bnb4_dequantize_rows,
                 .matmul_ref = qt_matmul_generic_ref,
-                .matmul_avx2 = qt_matmul_avx2,
-                .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                .matmul_avx2 = qt_matmul_bnb4_avx2,
+                .dequantize_rows_avx2 = qt_dequantize_rows_bnb4_avx2},
     [QT_AFFINE] = {.name = "affine",
                    .block_size = 1,
                    .block_bytes = 1,
                    .quantize = qt_affine_quantize,
                    .dequantize_rows = qt_affine_dequantize_rows,
                    .matmul_ref = qt_matmul_generic_ref,
-                   .matmul_avx2 = qt_matmul_avx2,
-                   .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                   .matmul_avx2 = qt_matmul_affine_avx2,
+                   .dequantize_rows_avx2 = qt_dequantize_rows_affine_avx2},
     /* llama.cpp block_q4_0: f16 d, 16 bytes of nibbles */
     [QT_Q4_0] = {.name = "q4_0",
                  .block_size = 32,
@@ -77,8 +79,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                  .quantize = qt_gguf_quantize,
                  .dequantize_rows = qt_gguf_dequantize_rows,
                  .matmul_ref = qt_matmul_generic_ref,
-                 .matmul_avx2 = qt_matmul_avx2,
-                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                 .matmul_avx2 = qt_matmul_q4_0_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_q4_0_avx2},
     /* block_q4_1: f16 d, f16 m, 16 bytes of nibbles */
     [QT_Q4_1] = {.name = "q4_1",
                  .block_size = 32,
@@ -87,8 +89,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                  .quantize = qt_gguf_quantize,
                  .dequantize_rows = qt_gguf_dequantize_rows,
                  .matmul_ref = qt_matmul_generic_ref,
-                 .matmul_avx2 = qt_matmul_avx2,
-                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                 .matmul_avx2 = qt_matmul_q4_1_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_q4_1_avx2},
     /* block_q8_0: f16 d, 32 int8 */
     [QT_Q8_0] = {.name = "q8_0",
                  .block_size = 32,
@@ -97,8 +99,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
                  .quantize = qt_gguf_quantize,
                  .dequantize_rows = qt_gguf_dequantize_rows,
                  .matmul_ref = qt_matmul_generic_ref,
-                 .matmul_avx2 = qt_matmul_avx2,
-                 .dequantize_rows_avx2 = qt_dequantize_rows_avx2},
+                 .matmul_avx2 = qt_matmul_q8_0_avx2,
+                 .dequantize_rows_avx2 = qt_dequantize_rows_q8_0_avx2},
 };
 
 int qt_kind_from_name(const char *name)

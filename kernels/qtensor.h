@@ -5,11 +5,19 @@
  * This is the public header of kernels/. It offers:
  *   - qtensor: a 2-D weight (rows = output features, cols = input features)
  *     in one quant kind, owning its codes and its quant state;
- *   - qt_traits_table: per kind, its name, block geometry, quantize,
- *     dequantize-rows and the CPU matrix kernel y = x @ W^T;
- *   - qt_matmul: the matrix kernel, using the fastest CPU path this machine
- *     supports (AVX2+FMA, chosen at run time), and qt_matmul_ref, the scalar
- *     reference every fast path is tested against.
+ *   - qt_traits_table: one row per kind, and the row is the dispatch: its
+ *     name, block geometry, quantizer, scalar dequantization and scalar
+ *     reference matrix kernel y = x @ W^T, and the kind's own AVX2+FMA
+ *     matrix kernel and dequantization (NULL where the kind has none);
+ *   - qt_matmul and qt_dequantize_rows: the row's AVX2 entry when this CPU
+ *     has AVX2+FMA+F16C (detected once, at run time) and the entry is not
+ *     NULL, else the row's scalar one; qt_matmul_ref, the scalar reference
+ *     every fast path is tested against;
+ *   - qt_attend, the attention inner loop over a paged cache's run, with
+ *     the same run-time choice.
+ *
+ * It owns nothing global but the CPU-path choice (qt_set_force_scalar);
+ * it touches only base/ (the error space).
  *
  * Layouts, each compatible with its origin bit for bit:
  *   NF4, FP4    bitsandbytes quantize_4bit: blocks of `blocksize` elements over
@@ -28,8 +36,9 @@
  * owned by its quantizer and keeps its own dtype: qt_cast_dense converts the
  * dense kinds only and refuses every quantized one.
  *
- * Errors: functions return QL_OK (0) or a negative QL_E* code (base/ql_base.h), and write a
- * sentence naming the field and the value into the caller's buffer.
+ * Errors: functions return QL_OK (0) or a negative QL_E* code
+ * (base/ql_base.h), and write a sentence naming the field and the value into
+ * the caller's buffer.
  */
 #ifndef QL_QTENSOR_H
 #define QL_QTENSOR_H
@@ -130,7 +139,9 @@ typedef struct qtensor {
     size_t row_stride; /* bytes per row of codes */
 } qtensor;
 
-/* The row of the traits table for one kind. */
+/* The row of the traits table for one kind: what the kind is, and the
+ * functions that work on it. qtensor.c holds the rows; the kind's file
+ * (quant_*.c) and matmul_avx2.c hold the functions. */
 typedef struct qt_traits {
     const char *name;   /* "nf4", "q4_0", "bf16", ... */
     int32_t block_size; /* elements per block; the default for NF4/FP4, whose
@@ -147,11 +158,15 @@ typedef struct qt_traits {
     /* Dequantize rows [row0, row0 + nrows) into out (nrows * cols floats). */
     void (*dequantize_rows)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
     /* Scalar reference: y[b][r] = sum_c x[b][c] * W[r][c] for r in [row0,
-     * row1), b in [0, batch). x is batch * cols, y is batch * t->rows. */
+     * row1), b in [0, batch). x is batch * cols, y is batch * t->rows.
+     * Every kind's is the same (dequantize a row through dequantize_rows,
+     * then dot), kept per row so a kind may bring its own. */
     void (*matmul_ref)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                        int64_t row1);
-    /* The AVX2+FMA paths, NULL where none exists; same contracts. The
-     * fast dequantization gives the same bits as dequantize_rows. */
+    /* The kind's AVX2+FMA paths (matmul_avx2.c), NULL where it has none
+     * and qt_matmul / qt_dequantize_rows take the scalar entries above;
+     * same contracts. The fast dequantization gives the same bits as
+     * dequantize_rows. */
     void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
     void (*dequantize_rows_avx2)(const qtensor *t, int64_t row0, int64_t nrows, float *out);

@@ -233,11 +233,16 @@ uint64_t eng_weights_digest(const eng_model *m, const eng_weights *w);
 int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora_term *merged,
                         size_t n_merged, eng_lora_term **out, size_t *n_out);
 
-/* What requantizing cost one module of a merge, as adapters' lora_cost
- * sums it (dot = <Q - W, d>, delta_sq = |d|^2, err_sq = |Q - (W + d)|^2). */
+/* What requantizing cost one module of a merge, or a whole merge summed by
+ * adapters' lora_cost_add (adapters/lora.h calls this type lora_cost):
+ * dot = <Q - W, d>, delta_sq = |d|^2, err_sq = |Q - (W + d)|^2. */
 typedef struct eng_merge_cost {
     double dot, delta_sq, err_sq;
     bool merged; /* false: the module had nothing merged into it */
+    /* From the sums, by whoever sums them (adapters/merge.c, with its
+     * zero-delta rule): dot / delta_sq (1 when the adapter survived whole,
+     * 0 when it rounded away) and sqrt(err_sq / delta_sq). */
+    double delta_retained, relative_error;
 } eng_merge_cost;
 
 #endif

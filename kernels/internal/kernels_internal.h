@@ -40,13 +40,37 @@ size_t qt_gguf_block_bytes(qt_kind kind);
 void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                            int64_t row1);
 
-/* AVX2+FMA matrix kernels (matmul_avx2.c, built with -mavx2 -mfma -mf16c;
- * called only when the CPU reports those features). */
-void qt_matmul_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                    int64_t row1);
-/* Dequantization with the same AVX2 decoders, bit-identical to the scalar
- * dequantize_rows of every kind. */
-void qt_dequantize_rows_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/*
+ * The AVX2+FMA entry points of the traits table, one per kind with a fast
+ * path (matmul_avx2.c, built with -mavx2 -mfma -mf16c; qtensor.c calls them
+ * only when the CPU reports those features). Same contracts as matmul_ref
+ * and dequantize_rows; every dequantization gives the scalar one's bits.
+ * NF4 and FP4 share one (the codebook is the tensor's); F32 has no fast
+ * dequantization (its scalar one is a memcpy).
+ */
+void qt_matmul_f32_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_matmul_f16_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_matmul_bf16_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_bnb4_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_affine_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_q4_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q4_1_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q8_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_dequantize_rows_f16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_bf16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_bnb4_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_affine_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q4_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q4_1_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q8_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* qt_attend's AVX2 path; head dimensions that are not a multiple of 8 take
  * the reference. */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,

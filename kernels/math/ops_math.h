@@ -1,7 +1,7 @@
 /*
  * ops_math.h - the per-element and per-row arithmetic of a decoder layer's
  * operations (RMSNorm, RoPE, SwiGLU, attention's online softmax, the greedy
- * token choice), shared by the CPU forward pass (engine/forward.c) and the
+ * token choice), shared by the CPU forward pass (engine/runtime/forward.c) and the
  * CUDA kernels (kernels/cuda/qt_cuda_ops.cu). Internal to kernels/ and
  * engine/.
  *
@@ -189,7 +189,7 @@ QL_HD float om_online_out(float acc, float sum)
 }
 
 /* ---- greedy token choice -------------------------------------------------------
- * engine/sampler.c's greedy rule (argmax_ignoring_nan and eng_sample): the
+ * engine/scheduler/sampler.c's greedy rule (argmax_ignoring_nan and eng_sample): the
  * largest logit, the lowest id on ties (as torch.argmax; -0 ties +0); NaN
  * ranks below every number, -inf included, so when nothing is above -inf
  * the choice is the lowest id that is not NaN, and 0 when all are NaN.

@@ -1,10 +1,10 @@
 /*
  * sample_math.h - the arithmetic of a temperature draw (no top-k, no top-p,
- * no penalty), shared by the CPU sampler (engine/sampler.c) and the CUDA
+ * no penalty), shared by the CPU sampler (engine/scheduler/sampler.c) and the CUDA
  * backend's sampling kernel (kernels/cuda/qt_cuda_sample.cu), so that a
  * seeded request gets the same tokens on either.
  *
- * The draw, as engine/sampler.c documents it: the largest logit m (NaN
+ * The draw, as engine/scheduler/sampler.c documents it: the largest logit m (NaN
  * ignored), weights w[i] = e^((l[i] - m) / T) computed as exp_minus((m -
  * l[i]) * (1 / T)) with our own exp (Cephes' polynomial in plain f32
  * operations), the total as the sum in id order of block sums (blocks of
