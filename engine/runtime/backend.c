@@ -1,16 +1,21 @@
 /*
  * backend.c - where a forward step runs: the choice between backends
- * (--device cpu|cuda|auto), and the CPU backend, which is eng_forward over
- * a worker pool with the KV cache in host memory. The CUDA backend lives
- * in backend_cuda.c and is built only with CUDA; the scheduler sees both
- * through eng_backend_forward alone.
+ * (--device cpu|cuda|auto), the CPU backend, which is eng_forward over a
+ * worker pool with the KV cache in host memory, and the eng_backend_* calls
+ * (runtime.h), which dispatch through each backend's row of operations
+ * (internal/backend_internal.h). The CUDA backend lives in backend_cuda.c
+ * and is built only with CUDA; the scheduler sees both through
+ * eng_backend_* alone.
+ *
+ * It owns the CPU backend's pool, scratch and KV cache; it calls forward.c,
+ * pool.c, kv_cache.c and (CUDA builds) backend_cuda.c's entry points and
+ * kernels/cuda's qt_cuda_describe, and is called back by none of them.
  */
 #include "internal/backend_internal.h"
 #ifdef QL_HAVE_CUDA
 #include "qt_cuda.h"
 #endif
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,44 +61,6 @@ void eng_cuda_describe(char *out, size_t out_len)
 #else
     snprintf(out, out_len, "cuda: not built (nvcc was not found at build time)");
 #endif
-}
-
-/* The rotary frequencies with the config's scaling folded in: linear divides
- * every frequency by the factor (positions / factor); llama3 (Llama 3.1's
- * rope_scaling) keeps high frequencies, divides low ones by the factor and
- * blends in between, as transformers' _compute_llama3_parameters does. */
-void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
-{
-    int32_t half = c->head_dim / 2;
-    for (int32_t i = 0; i < half; i++) {
-        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
-        if (c->rope_scaling == ENG_ROPE_LINEAR) {
-            f /= (double)c->rope_factor;
-        } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {
-            double old = (double)c->rope_original_max_position;
-            double low_wavelen = old / (double)c->rope_low_freq_factor;
-            double high_wavelen = old / (double)c->rope_high_freq_factor;
-            double wavelen = 2.0 * M_PI / f;
-            if (wavelen > low_wavelen) {
-                f /= (double)c->rope_factor;
-            } else if (wavelen >= high_wavelen) {
-                double smooth =
-                    (old / wavelen - (double)c->rope_low_freq_factor) /
-                    ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
-                f = (1.0 - smooth) * f / (double)c->rope_factor + smooth * f;
-            }
-        }
-        inv_freq[i] = f;
-    }
-}
-
-void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab, float *sin_tab)
-{
-    for (int32_t i = 0; i < half; i++) {
-        double angle = (double)pos * inv_freq[i];
-        cos_tab[i] = (float)cos(angle);
-        sin_tab[i] = (float)sin(angle);
-    }
 }
 
 /* --- the CPU backend ------------------------------------------------------- */
@@ -208,4 +175,19 @@ int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
         return b->digest(b, w, digest, msg, msg_len);
     *digest = eng_weights_digest(b->m, w);
     return QL_OK;
+}
+
+bool eng_backend_merges_on_device(const eng_backend *b)
+{
+    return b->prepare != NULL;
+}
+
+int eng_backend_prepare(eng_backend *b, const eng_weights *w, eng_merge_cost *costs,
+                        uint64_t *digest, char *msg, size_t msg_len)
+{
+    if (!b->prepare)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the %s backend merges on the host: nothing to prepare",
+                       eng_device_name(b->device));
+    return b->prepare(b, w, costs, digest, msg, msg_len);
 }

@@ -33,8 +33,32 @@
  * Every CUDA status is checked; running out of device memory at creation
  * or at a step is an QL_ENOMEM naming what did not fit, and the step's
  * sequences end with an error while the server keeps serving.
+ *
+ * It offers eng_cuda_present and eng_backend_cuda_new
+ * (internal/backend_internal.h) and fills in the backend's row of
+ * operations (forward, digest, prepare, destroy); it owns every device
+ * allocation and the pinned staging; it touches the model and the versions
+ * and adapters (read only, holding references), the KV block bookkeeping
+ * (kv_cache.c's eng_kv_*), kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h)
+ * and step.c's rotary tables and refusals.
+ *
+ * Why run_layers() and project() repeat forward.c's walk rather than share
+ * it: every buffer here is device memory and every operation a kernel on
+ * one stream whose launch can fail (each returns a code; forward.c's
+ * cannot fail); the SGMV segments of every (layer, projection, term) are
+ * laid out and copied once per step (lay_out_step) where forward.c gathers
+ * rows per projection; K and V go into the cache by their own kernel; the
+ * biases, residuals and SwiGLU are kernels over whole activations. A shared
+ * walk over a table of operations would cost the CPU pass an indirect call
+ * and an error check per operation and leave neither walk readable top to
+ * bottom, so the arithmetic is what is shared (kernels/internal/ops_math.h,
+ * step.c's rotation and refusals). What keeps the two in step:
+ * tests/gpu/test_cuda_engine runs the same step lists on both backends and
+ * compares logits, greedy tokens and merged digests; a change to one walk
+ * must be made in both.
  */
 #include "internal/backend_internal.h"
+#include "internal/step_internal.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
 
@@ -278,7 +302,7 @@ static void dev_version_free(dev_version *dv, int32_t n_layers)
 static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, eng_proj p,
                             qt_cuda_tensor *out, eng_merge_cost *cost, char *msg, size_t msg_len)
 {
-    qt_cuda_lora_term terms[16];
+    qt_cuda_lora_term terms[ENG_MAX_MERGED];
     int32_t n = 0;
     for (size_t i = 0; i < w->n_merged; i++) {
         const eng_lora_module *mod = eng_lora_module_at(w->merged[i].lora, l, p);
@@ -427,7 +451,8 @@ typedef struct step_ctx {
  * y = x @ W^T for layer l's projection p, each sequence on its version's
  * tensor (runs of neighbours sharing one go in one product), then each
  * unmerged term k as one SGMV pass over every sequence that has a k-th
- * term targeting this projection, as forward.c's project().
+ * term targeting this projection, as forward.c's project() (two copies:
+ * see the file comment).
  */
 static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y, char *msg,
                    size_t msg_len)
@@ -461,7 +486,7 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
     return QL_OK;
 }
 
-/* Refuse what forward.c refuses (eng_step_check), and more sequences than
+/* Refuse what forward.c refuses (step.c's eng_step_check), and more sequences than
  * the step's arrays hold, before anything is enqueued. */
 static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n_seqs,
                       int64_t *rows, char *msg, size_t msg_len)
@@ -624,7 +649,8 @@ static int op_fail(int qt_rc, int32_t l, const char *why, char *msg, size_t msg_
             return op_fail(rc_, l, why, msg, msg_len);                                             \
     } while (0)
 
-/* The layers, as forward.c walks them, on the device. */
+/* The layers, as forward.c walks them, on the device (the same steps in the
+ * same order; two copies: see the file comment). */
 static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
 {
     cuda_backend *c = sc->c;

@@ -10,6 +10,25 @@
  * split by rows of the weight over the worker pool. Activations are f32.
  * Immutable weights (eng_model), mutable per-step scratch
  * (eng_forward_state) and the KV cache are three separate things.
+ *
+ * It offers eng_forward_state_*, eng_forward and eng_lora_apply
+ * (runtime.h); it owns the per-step scratch; it touches the model's host
+ * tensors (read only), the host KV arena through kv_cache_internal.h, the
+ * worker pool and kernels/ (qt_matmul, qt_attend, ops_math.h), and takes
+ * the rotary tables and the step's refusals from step.c.
+ *
+ * Why backend_cuda.c has a second copy of this walk and of project():
+ * there every buffer is device memory, every operation is a kernel enqueued
+ * on a stream that can fail (so each step returns a code, where here none
+ * can fail), the adapters' SGMV segments are laid out once per step for all
+ * layers instead of gathered per projection, and K and V are written by
+ * their own kernel. One walk over a table of operations would put an
+ * indirect call and an error check on every CPU step and make neither walk
+ * read top to bottom; the arithmetic is shared instead (ops_math.h, and the
+ * rotation and refusals of step.c). What keeps the two in step:
+ * tests/gpu/test_cuda_engine runs the same step lists on both backends and
+ * compares logits, greedy tokens and merged digests; a change to one walk
+ * (a new step, a new projection, a bias) must be made in both.
  */
 #include "runtime.h"
 
@@ -17,8 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal/backend_internal.h"
 #include "internal/kv_cache_internal.h"
+#include "internal/step_internal.h"
 #include "ops_math.h"
 
 struct eng_forward_state {
@@ -233,6 +252,8 @@ static int lora_scratch(eng_forward_state *st, int64_t rank)
  * the same module at the same scale are gathered and get one low-rank
  * product (SGMV, as Punica and S-LoRA batch adapters). Row arithmetic never
  * depends on the grouping, so a sequence gets the same bits alone.
+ * backend_cuda.c's project() is this on the device (see the file comment
+ * for why there are two).
  */
 static void project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
                     const eng_step_seq *seqs, int32_t n_seqs, int32_t l, eng_proj p, const float *x,
@@ -359,57 +380,6 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
 }
 
 /* --- the step ---------------------------------------------------------------- */
-
-int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,
-                   int32_t n_seqs, int32_t max_tokens, int64_t *total, int64_t *max_rank, char *msg,
-                   size_t msg_len)
-{
-    const eng_config *c = &m->cfg;
-    int64_t T = 0;
-    for (int32_t s = 0; s < n_seqs; s++) {
-        const eng_step_seq *q = &seqs[s];
-        if (q->n_tokens <= 0 || q->pos < 0)
-            return ql_fail(msg, msg_len, QL_EINVAL, "sequence %d: %d tokens at position %d", s,
-                           q->n_tokens, q->pos);
-        int64_t end = (int64_t)q->pos + q->n_tokens;
-        if (end > c->max_position_embeddings)
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "sequence %d: position %lld is past the context of %d", s,
-                           (long long)end - 1, c->max_position_embeddings);
-        if (end > (int64_t)q->kv->n_blocks * kv->block_tokens)
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "sequence %d: position %lld is past its %d reserved KV positions", s,
-                           (long long)end - 1, q->kv->n_blocks * kv->block_tokens);
-        if (q->pos > q->kv->n_tokens)
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "sequence %d: position %d leaves a gap after its %d cached positions", s,
-                           q->pos, q->kv->n_tokens);
-        if (q->weights && q->weights->m != m)
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "sequence %d: its weight version belongs to another model", s);
-        for (int32_t k = 0; k < q->n_delta; k++) {
-            const eng_lora *lora = q->delta[k].lora;
-            if (lora->n_layers != c->n_layers)
-                return ql_fail(msg, msg_len, QL_EINVAL,
-                               "sequence %d: adapter %s has %d layers, the model %d", s, lora->name,
-                               lora->n_layers, c->n_layers);
-            for (size_t i = 0; i < (size_t)lora->n_layers * ENG_N_PROJ; i++)
-                if (lora->modules[i].a.rows > *max_rank)
-                    *max_rank = lora->modules[i].a.rows;
-        }
-        for (int32_t t = 0; t < q->n_tokens; t++)
-            if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
-                return ql_fail(msg, msg_len, QL_EINVAL,
-                               "sequence %d: token id %d is outside the vocabulary of %d", s,
-                               q->tokens[t], c->vocab_size);
-        T += q->n_tokens;
-    }
-    if (T > max_tokens)
-        return ql_fail(msg, msg_len, QL_EINVAL, "%lld tokens in one step; at most %d", (long long)T,
-                       max_tokens);
-    *total = T;
-    return QL_OK;
-}
 
 int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
                 const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len)

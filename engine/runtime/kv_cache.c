@@ -8,6 +8,10 @@
  *
  * Block layout (f32): for layer l, K then V, each [block_tokens][kv_dim],
  * kv_dim = n_kv_heads * head_dim. Owned by the engine thread: no locks.
+ *
+ * It offers eng_kv_* (runtime.h) and owns the arena and the free list; it
+ * calls nothing else in engine/runtime/ (a sequence that cannot get blocks
+ * is the scheduler's to hold back).
  */
 #include "internal/kv_cache_internal.h"
 #include "runtime.h"

@@ -13,13 +13,15 @@
  * next job or the last chunk arrives within the spin, and an idle server
  * sleeps after SPIN_NS of spinning. The sleepers counters, read and
  * written under the mutex, make the wake-ups lossless.
+ *
+ * It offers eng_pool_* (runtime.h) and owns its threads; it calls nothing
+ * else in engine/runtime/ (base/'s ql_now_ns is its clock).
  */
 #include "runtime.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,13 +50,6 @@ struct eng_pool {
     atomic_int_fast64_t next;
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Spins until ready(p, arg) holds or SPIN_NS pass; true when it holds. */
 static bool spin_until(eng_pool *p, bool (*ready)(eng_pool *, uint64_t), uint64_t arg)
 {
@@ -64,7 +59,7 @@ static bool spin_until(eng_pool *p, bool (*ready)(eng_pool *, uint64_t), uint64_
             return true;
         cpu_relax();
         if ((i & 255) == 255) { /* the clock is read now and then, not every turn */
-            int64_t t = now_ns();
+            int64_t t = ql_now_ns();
             if (!deadline)
                 deadline = t + SPIN_NS;
             else if (t > deadline)

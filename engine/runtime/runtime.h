@@ -12,6 +12,12 @@
  * the weights; it borrows the model, which must outlive it, and is used by
  * one thread at a time. It touches engine/model/ and kernels/ (and
  * kernels/cuda/ for the CUDA backend), never the scheduler above it.
+ *
+ * Inside the folder: backend.c (the choice, the CPU backend, the
+ * eng_backend_* calls), backend_cuda.c (CUDA builds), forward.c (the CPU
+ * pass), step.c (rotary tables and a step's refusals, for both backends),
+ * kv_cache.c, pool.c; internal/ holds what only these files share
+ * (backend_internal.h, step_internal.h, kv_cache_internal.h).
  */
 #ifndef QL_RUNTIME_H
 #define QL_RUNTIME_H
@@ -22,8 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* --- inference: KV cache, forward pass, sampling (engine/kv_cache.c,
- *     forward.c, sampler.c) ------------------------------------------------- */
+/* --- the KV cache, the worker pool and the CPU forward pass
+ *     (engine/runtime/kv_cache.c, pool.c, forward.c) -------------------------- */
 
 /*
  * The paged KV cache: fixed blocks of `block_tokens` positions, each
@@ -62,7 +68,7 @@ int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens);
 /* Give back all of s's blocks and zero it. */
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
 
-/* A worker pool for the CPU kernels (engine/pool.c): n threads (0: the
+/* A worker pool for the CPU kernels (pool.c): n threads (0: the
  * machine's cores), the caller's thread included. */
 typedef struct eng_pool eng_pool;
 int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len);
@@ -129,8 +135,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
 void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, const float *x,
                     int64_t batch, float *y, float *t, float *u);
 
-/* --- backends: where a forward step runs (engine/backend.c; the CUDA one in
- *     engine/backend_cuda.c when built with CUDA) ------------------------------ */
+/* --- backends: where a forward step runs (backend.c; the CUDA one in
+ *     backend_cuda.c when built with CUDA) ------------------------------------ */
 
 /* Which backend: cpu (always built, the reference; the zero value, so
  * options built by hand stay on the CPU), cuda (an NVIDIA GPU), or auto
@@ -204,5 +210,20 @@ int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
  */
 int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
                        size_t msg_len);
+/* Whether the backend builds a weight version's merges itself, on the
+ * device, from its pristine copy (the CUDA one), rather than computing
+ * with the host's merged tensors (the CPU one). Constant for a backend, so
+ * any thread may ask. */
+bool eng_backend_merges_on_device(const eng_backend *b);
+/*
+ * Build version w's merged copy where the backend computes, with each
+ * module's merge figures in costs (n_layers x ENG_N_PROJ, when not NULL)
+ * and, when digest is not NULL, eng_backend_digest of the result: from the
+ * thread that owns the backend, between steps. A backend that merges on
+ * the host refuses (QL_EINVAL naming its device), touching nothing, so that
+ * refusal may come from any thread.
+ */
+int eng_backend_prepare(eng_backend *b, const eng_weights *w, eng_merge_cost *costs,
+                        uint64_t *digest, char *msg, size_t msg_len);
 
 #endif

@@ -74,6 +74,11 @@
  * inside a character (a stop string that begins with a continuation byte),
  * the whole character is held. The text itself is not checked: the
  * tokenizer's stream already emits whole characters.
+ *
+ * It offers eng_sampling_check, eng_sample, eng_sampler_* and eng_stop_*
+ * (scheduler.h) and owns each sampler's stream and seen-token set; it
+ * calls nothing in scheduler.c or engine/runtime/, only the arithmetic of
+ * kernels/internal/sample_math.h (which the CUDA sampling kernel runs too).
  */
 #include "sample_math.h"
 #include "scheduler.h"
@@ -449,7 +454,7 @@ static inline uint32_t largest_key_loop(const float *logits, size_t n, uint32_t 
 
 /* e^-y for y >= 0 (NaN and y >= 87 give 0): Cephes' expf polynomial in
  * plain f32 operations, shared with the CUDA sampling kernel
- * (kernels/sample_math.h) so a seed gives the same tokens there. */
+ * (kernels/internal/sample_math.h) so a seed gives the same tokens there. */
 static inline float exp_minus(float y)
 {
     return qm_exp_minus(y);

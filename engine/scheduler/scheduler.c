@@ -23,9 +23,14 @@
  * its end, and applies the difference between what it wants and what that
  * version has merged, unmerged. A new version published by a merge is
  * taken between two steps; sequences already running finish on theirs.
+ *
+ * It offers eng_engine_* (scheduler.h) and owns the engine thread, the
+ * inbox and the running set; it touches the runtime only through runtime.h
+ * (eng_backend_*, eng_kv_* for the block tables), the model's weight
+ * versions and adapters (references), the tokenizer's stream, and
+ * sampler.c's eng_sampler and eng_stop.
  */
 #include "scheduler.h"
-#include "../runtime/internal/backend_internal.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -103,13 +108,6 @@ struct eng_engine {
     seq **step_owner;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void seq_free(seq *s)
 {
     for (size_t i = 0; i < s->n_want; i++)
@@ -149,7 +147,7 @@ static void finish(eng_engine *e, seq *s, eng_finish why)
         if (len)
             emit(s, -1, text, len);
     }
-    double t = now_s();
+    double t = ql_now_s();
     eng_usage u = {
         .prompt_tokens = s->n_prompt,
         .generated_tokens = s->n_generated,
@@ -169,36 +167,12 @@ static void finish(eng_engine *e, seq *s, eng_finish why)
 
 /* --- submitting ------------------------------------------------------------------ */
 
-/* The offset of the first byte that is not part of valid UTF-8, or -1. */
-static long invalid_utf8_at(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = p[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (len == 0 || i + len > n)
-            return (long)i;
-        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
-        for (size_t k = 1; k < len; k++) {
-            if ((p[i + k] & 0xc0) != 0x80)
-                return (long)i;
-            cp = (cp << 6) | (p[i + k] & 0x3f);
-        }
-        /* overlong forms, surrogates, beyond U+10FFFF */
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-            (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-            return (long)i;
-        i += len;
-    }
-    return -1;
-}
-
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len)
 {
     const eng_config *c = &e->m->cfg;
     if (!r->prompt || r->prompt_len == 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is empty");
-    long bad = invalid_utf8_at((const unsigned char *)r->prompt, r->prompt_len);
+    long bad = ql_utf8_invalid_at((const uint8_t *)r->prompt, r->prompt_len);
     if (bad >= 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
     if (r->max_new_tokens < 1 || r->max_new_tokens > e->o.max_new_tokens)
@@ -268,7 +242,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     s->req.prompt = NULL; /* not kept */
     s->req.stop = NULL;
     s->req.adapters = NULL;
-    s->t_submit = now_s();
+    s->t_submit = ql_now_s();
 
     pthread_mutex_lock(&e->mu);
     if (e->stopping || e->queued >= e->o.max_queued) {
@@ -363,7 +337,7 @@ static void admit(eng_engine *e)
         if (!e->waiting)
             e->waiting_tail = NULL;
         s->next = NULL;
-        s->t_admit = now_s();
+        s->t_admit = ql_now_s();
         pthread_mutex_lock(&e->mu);
         e->queued--;
         pthread_mutex_unlock(&e->mu);
@@ -393,7 +367,7 @@ static bool take_token(eng_engine *e, seq *s, int32_t token)
     const eng_config *c = &e->m->cfg;
     s->n_generated++;
     if (s->n_generated == 1)
-        s->t_first = now_s();
+        s->t_first = ql_now_s();
     if (token == e->eos) {
         s->n_generated--; /* the end marker is not part of the answer */
         finish(e, s, ENG_FINISH_EOS);
@@ -559,7 +533,7 @@ typedef struct prepare_job {
 static void run_prepares(eng_engine *e, prepare_job *jobs)
 {
     for (prepare_job *j = jobs; j; j = j->next)
-        j->rc = e->backend->prepare(e->backend, j->w, j->costs, j->digest, j->msg, sizeof j->msg);
+        j->rc = eng_backend_prepare(e->backend, j->w, j->costs, j->digest, j->msg, sizeof j->msg);
     pthread_mutex_lock(&e->mu);
     for (prepare_job *j = jobs, *next; j; j = next) {
         next = j->next; /* j belongs to its waiter once done is set */
@@ -789,16 +763,14 @@ const char *eng_engine_backend(const eng_engine *e)
 
 bool eng_engine_merges_on_device(const eng_engine *e)
 {
-    return e->backend->prepare != NULL;
+    return eng_backend_merges_on_device(e->backend);
 }
 
 int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
                        char *msg, size_t msg_len)
 {
-    if (!e->backend->prepare)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "the %s backend merges on the host: nothing to prepare",
-                       eng_device_name(eng_backend_device(e->backend)));
+    if (!eng_backend_merges_on_device(e->backend)) /* refused here, before any queueing */
+        return eng_backend_prepare(e->backend, w, costs, digest, msg, msg_len);
     prepare_job job = {.w = w, .costs = costs, .digest = digest};
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {

@@ -9,7 +9,9 @@
  * requests first come first served, runs one step after another and
  * publishes weight versions between two steps. Other threads submit,
  * cancel and read statistics through a small inbox guarded by a mutex.
- * It touches engine/runtime/ and engine/model/, nothing above.
+ * It touches engine/runtime/ (through runtime.h alone) and engine/model/,
+ * nothing above. Inside the folder: sampler.c (eng_sampling, eng_sampler,
+ * eng_stop) and scheduler.c (eng_engine_*).
  */
 #ifndef QL_SCHEDULER_H
 #define QL_SCHEDULER_H
@@ -20,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* How a request samples (engine/sampler.c). Zero-initialised: greedy. */
+/* How a request samples (sampler.c). Zero-initialised: greedy. */
 typedef struct eng_sampling {
     float temperature;        /* 0: greedy; > 0 */
     int32_t top_k;            /* 0: off */
@@ -79,7 +81,7 @@ bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit,
 /* At the end of generation (EOS, length): what was held back. */
 void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len);
 
-/* --- the engine: continuous batching on one thread (engine/scheduler.c) --- */
+/* --- the engine: continuous batching on one thread (scheduler.c) ------------ */
 
 typedef enum eng_finish {
     ENG_FINISH_EOS,       /* the model ended its answer */

@@ -1,7 +1,10 @@
 /*
- * backend_internal.h - what every backend is, for engine/backend.c (the CPU
- * backend and the choice between backends) and engine/backend_cuda.c.
- * Nothing outside engine/ includes it.
+ * backend_internal.h - what every backend is: struct eng_backend, the row
+ * each backend fills in (its operations), and the CUDA backend's two entry
+ * points. Included by engine/runtime/backend.c (the CPU backend, the choice
+ * between backends and the eng_backend_* calls that dispatch through the
+ * row) and engine/runtime/backend_cuda.c, and by nothing else: the
+ * scheduler reaches a backend only through runtime.h's eng_backend_*.
  */
 #ifndef QL_BACKEND_INTERNAL_H
 #define QL_BACKEND_INTERNAL_H
@@ -25,26 +28,10 @@ struct eng_backend {
     void (*destroy)(eng_backend *b);
 };
 
-/* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
- * its rope scaling folded in (every backend rotates with these). */
-void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
-/* cos_tab[i], sin_tab[i] for i < half: the rotation of position pos, each
- * angle pos * inv_freq[i] in double, rounded once to f32. */
-void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab,
-                  float *sin_tab);
-/* What every backend refuses before computing anything, changing nothing
- * (eng_forward's list: token ids, positions past the context, the reserved
- * KV or a gap, versions of another model, adapters of another depth, more
- * than max_tokens new tokens): *total gets the step's new tokens and
- * *max_rank (when larger) its adapters' largest rank. In forward.c. */
-int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,
-                   int32_t n_seqs, int32_t max_tokens, int64_t *total, int64_t *max_rank, char *msg,
-                   size_t msg_len);
-
 #ifdef QL_HAVE_CUDA
 /* Whether a CUDA device can be used now (auto asks this). */
 bool eng_cuda_present(void);
-/* The CUDA backend (engine/backend_cuda.c). */
+/* The CUDA backend (engine/runtime/backend_cuda.c). */
 int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o,
                          char *msg, size_t msg_len);
 #endif

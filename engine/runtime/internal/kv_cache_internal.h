@@ -1,6 +1,8 @@
 /*
- * kv_cache_internal.h - the KV cache's layout, shared by kv_cache.c (which
- * owns the blocks) and forward.c (which reads and writes them).
+ * kv_cache_internal.h - the KV cache's layout (struct eng_kv_cache and
+ * kv_at), shared by kv_cache.c (which owns the blocks), forward.c (which
+ * reads and writes the host arena) and step.c (which reads the block size).
+ * Nothing outside engine/runtime/ includes it.
  */
 #ifndef QL_KV_CACHE_INTERNAL_H
 #define QL_KV_CACHE_INTERNAL_H

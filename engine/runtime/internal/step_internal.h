@@ -1,0 +1,30 @@
+/*
+ * step_internal.h - what every backend does alike before and around a
+ * step, offered by engine/runtime/step.c alone: the rotary tables (RoPE)
+ * and the refusals of a step. Included by the backends (forward.c, the
+ * CPU pass; backend_cuda.c) and step.c; nothing outside engine/runtime/
+ * includes it. step.c calls no other runtime file, so the backends lean on
+ * it without a cycle.
+ */
+#ifndef QL_STEP_INTERNAL_H
+#define QL_STEP_INTERNAL_H
+
+#include "runtime.h"
+
+/* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
+ * its rope scaling folded in (every backend rotates with these). */
+void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
+/* cos_tab[i], sin_tab[i] for i < half: the rotation of position pos, each
+ * angle pos * inv_freq[i] in double, rounded once to f32. */
+void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab,
+                  float *sin_tab);
+/* What every backend refuses before computing anything, changing nothing
+ * (eng_forward's list: token ids, positions past the context, the reserved
+ * KV or a gap, versions of another model, adapters of another depth, more
+ * than max_tokens new tokens): *total gets the step's new tokens and
+ * *max_rank (when larger) its adapters' largest rank. */
+int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,
+                   int32_t n_seqs, int32_t max_tokens, int64_t *total, int64_t *max_rank, char *msg,
+                   size_t msg_len);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * step.c - what every backend does alike before and around a step
+ * (internal/step_internal.h): the rotary frequencies and per-position
+ * rotation tables, and the refusals every backend makes before it
+ * computes anything. It owns no state and calls no other runtime file
+ * (it reads the KV cache's layout, kv_cache_internal.h, for the block
+ * size), so forward.c and backend_cuda.c both lean on it without a cycle.
+ */
+#include "internal/step_internal.h"
+
+#include <math.h>
+
+#include "internal/kv_cache_internal.h"
+
+/* --- RoPE ------------------------------------------------------------------- */
+
+/* The rotary frequencies with the config's scaling folded in: linear divides
+ * every frequency by the factor (positions / factor); llama3 (Llama 3.1's
+ * rope_scaling) keeps high frequencies, divides low ones by the factor and
+ * blends in between, as transformers' _compute_llama3_parameters does. */
+void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
+{
+    int32_t half = c->head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
+        if (c->rope_scaling == ENG_ROPE_LINEAR) {
+            f /= (double)c->rope_factor;
+        } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {
+            double old = (double)c->rope_original_max_position;
+            double low_wavelen = old / (double)c->rope_low_freq_factor;
+            double high_wavelen = old / (double)c->rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f /= (double)c->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth =
+                    (old / wavelen - (double)c->rope_low_freq_factor) /
+                    ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / (double)c->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab, float *sin_tab)
+{
+    for (int32_t i = 0; i < half; i++) {
+        double angle = (double)pos * inv_freq[i];
+        cos_tab[i] = (float)cos(angle);
+        sin_tab[i] = (float)sin(angle);
+    }
+}
+
+/* --- the refusals of a step ------------------------------------------------ */
+
+int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,
+                   int32_t n_seqs, int32_t max_tokens, int64_t *total, int64_t *max_rank, char *msg,
+                   size_t msg_len)
+{
+    const eng_config *c = &m->cfg;
+    int64_t T = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const eng_step_seq *q = &seqs[s];
+        if (q->n_tokens <= 0 || q->pos < 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "sequence %d: %d tokens at position %d", s,
+                           q->n_tokens, q->pos);
+        int64_t end = (int64_t)q->pos + q->n_tokens;
+        if (end > c->max_position_embeddings)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d: position %lld is past the context of %d", s,
+                           (long long)end - 1, c->max_position_embeddings);
+        if (end > (int64_t)q->kv->n_blocks * kv->block_tokens)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d: position %lld is past its %d reserved KV positions", s,
+                           (long long)end - 1, q->kv->n_blocks * kv->block_tokens);
+        if (q->pos > q->kv->n_tokens)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d: position %d leaves a gap after its %d cached positions", s,
+                           q->pos, q->kv->n_tokens);
+        if (q->weights && q->weights->m != m)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d: its weight version belongs to another model", s);
+        for (int32_t k = 0; k < q->n_delta; k++) {
+            const eng_lora *lora = q->delta[k].lora;
+            if (lora->n_layers != c->n_layers)
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "sequence %d: adapter %s has %d layers, the model %d", s, lora->name,
+                               lora->n_layers, c->n_layers);
+            for (size_t i = 0; i < (size_t)lora->n_layers * ENG_N_PROJ; i++)
+                if (lora->modules[i].a.rows > *max_rank)
+                    *max_rank = lora->modules[i].a.rows;
+        }
+        for (int32_t t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= c->vocab_size)
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "sequence %d: token id %d is outside the vocabulary of %d", s,
+                               q->tokens[t], c->vocab_size);
+        T += q->n_tokens;
+    }
+    if (T > max_tokens)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%lld tokens in one step; at most %d", (long long)T,
+                       max_tokens);
+    *total = T;
+    return QL_OK;
+}
