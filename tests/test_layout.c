@@ -6,6 +6,9 @@
  *   - the include graph of the product folders (base, kernels, engine and
  *     its module folders, adapters, config, server, cli) has no cycle
  *     between folders, and none between files;
+ *   - no object file of the product libraries uses a symbol of another
+ *     that, directly or through others, uses one of its own (nm reads the
+ *     libraries the build made): function-level layering;
  *   - dependencies point one way: cli -> server -> adapters -> engine ->
  *     kernels -> base (config may be read by whoever needs it, and reads
  *     only base); nothing in kernels/ or engine/ includes a server header;
@@ -310,6 +313,131 @@ Test(layout, no_include_cycle_between_folders)
     g.name_of = folder_name;
     char why[2048] = "";
     cr_assert_not(find_cycle(&g, why, sizeof why), "folders include each other: %s", why);
+}
+
+/* --- references between object files ------------------------------------ */
+
+/*
+ * Function-level layering: which object file of the product libraries
+ * uses a symbol another defines, read with binutils' nm from the libraries
+ * this test links against (QL_BINARY_DIR). A call, a function pointer
+ * stored in a table and a read of another file's data all count: each is a
+ * dependency of one file on another, and none may be circular, so a lower
+ * layer reaches a higher one only through a callback it is handed.
+ */
+#define MAX_OBJECTS 256
+#define MAX_SYMBOLS 8192
+
+static const char *const product_libraries[] = {
+    "libqlbase.a",   "libqlkernels.a",  "kernels/cuda/libqlkernels_cuda.a",
+    "libqlengine.a", "libqladapters.a", "libqlconfig.a",
+    "libqlserver.a", "libqlcli.a",
+};
+
+static char objects[MAX_OBJECTS][128];
+static int n_objects;
+static bool object_uses[MAX_OBJECTS][MAX_OBJECTS];
+static struct {
+    char name[128];
+    int object;
+} defined[MAX_SYMBOLS];
+static int n_defined;
+
+static int object_index(const char *name)
+{
+    for (int i = 0; i < n_objects; i++)
+        if (strcmp(objects[i], name) == 0)
+            return i;
+    cr_assert_lt(n_objects, MAX_OBJECTS);
+    copy_path(objects[n_objects], sizeof objects[0], name);
+    return n_objects++;
+}
+
+/* Run nm over one library, calling fn(object, kind, symbol) per line. */
+static void each_symbol(const char *library, const char *flags,
+                        void (*fn)(int object, char kind, const char *symbol))
+{
+    char path[PATH_LEN * 2], command[PATH_LEN * 3];
+    int n = snprintf(path, sizeof path, "%s/%s", QL_BINARY_DIR, library);
+    cr_assert(n > 0 && (size_t)n < sizeof path);
+    FILE *probe = fopen(path, "r");
+    if (!probe)
+        return; /* kernels/cuda only exists in a CUDA build */
+    fclose(probe);
+    n = snprintf(command, sizeof command, "nm -A %s '%s' 2>/dev/null", flags, path);
+    cr_assert(n > 0 && (size_t)n < sizeof command);
+    FILE *nm = popen(command, "r");
+    cr_assert(nm, "cannot run nm");
+    char line[1024];
+    while (fgets(line, sizeof line, nm)) {
+        /* "<library>:<member>:<address> T name" or "<library>:<member>: U name" */
+        char *member = strchr(line + strlen(path), ':');
+        if (!member)
+            continue;
+        member++;
+        char *colon = strchr(member, ':');
+        if (!colon)
+            continue;
+        *colon = 0;
+        char kind, symbol[256];
+        if (sscanf(colon + 1, "%*[0-9a-f ] %c %255s", &kind, symbol) != 2 &&
+            sscanf(colon + 1, " %c %255s", &kind, symbol) != 2)
+            continue;
+        char object[160];
+        n = snprintf(object, sizeof object, "%s", member);
+        cr_assert(n > 0 && (size_t)n < sizeof object);
+        fn(object_index(object), kind, symbol);
+    }
+    pclose(nm);
+}
+
+static void record_definition(int object, char kind, const char *symbol)
+{
+    (void)kind;
+    cr_assert_lt(n_defined, MAX_SYMBOLS);
+    copy_path(defined[n_defined].name, sizeof defined[0].name, symbol);
+    defined[n_defined++].object = object;
+}
+
+static void record_use(int object, char kind, const char *symbol)
+{
+    if (kind != 'U')
+        return;
+    for (int i = 0; i < n_defined; i++)
+        if (strcmp(defined[i].name, symbol) == 0 && defined[i].object != object)
+            object_uses[object][defined[i].object] = true;
+}
+
+static bool object_edge(int a, int b)
+{
+    return object_uses[a][b];
+}
+
+static const char *object_name(int v)
+{
+    return objects[v];
+}
+
+Test(layout, no_reference_cycle_between_object_files)
+{
+    size_t n_libraries = sizeof product_libraries / sizeof *product_libraries;
+    for (size_t i = 0; i < n_libraries; i++)
+        each_symbol(product_libraries[i], "-g --defined-only", record_definition);
+    for (size_t i = 0; i < n_libraries; i++)
+        each_symbol(product_libraries[i], "-u", record_use);
+    /* the reading itself: the product has dozens of objects using each other */
+    int n_edges = 0;
+    for (int a = 0; a < n_objects; a++)
+        for (int b = 0; b < n_objects; b++)
+            n_edges += object_uses[a][b];
+    cr_assert_geq(n_objects, 40, "only %d object files read from %s", n_objects, QL_BINARY_DIR);
+    cr_assert_geq(n_edges, n_objects, "only %d references between object files", n_edges);
+    static graph g;
+    g.n = n_objects;
+    g.edge = object_edge;
+    g.name_of = object_name;
+    char why[2048] = "";
+    cr_assert_not(find_cycle(&g, why, sizeof why), "object files use each other: %s", why);
 }
 
 /* The top folder of a path ("engine/model/model.c" -> "engine"). */
