@@ -5,7 +5,7 @@
  * It offers three things, each in its own file:
  *   - loading (peft.c): a PEFT adapter folder (adapter_config.json and
  *     adapter_model.safetensors) checked against a loaded model and turned
- *     into an eng_lora, the engine's view of an adapter (engine.h): per
+ *     into an eng_lora, the engine's view of an adapter (engine/model/model.h): per
  *     layer and projection, A, B and the module's scale. Tensors are
  *     borrowed from the mapped file where their layout allows;
  *   - the merge and its dispatch (merge.c): given a target weight, the
@@ -26,7 +26,7 @@
  * merge says how approximate (delta_retained, relative_error).
  *
  * It owns the adapters it loads (refcounted eng_lora) and the registry's
- * table; it touches the engine only through engine.h (publishing weight
+ * table; it touches the engine only through engine/model/model.h (publishing weight
  * versions, eng_engine_prepare) and the model only to read it.
  *
  * Errors: QL_OK or a negative QL_E* code (base/ql_base.h), with a sentence naming

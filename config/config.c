@@ -194,7 +194,7 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
     return QL_OK;
 }
 
-/* The backends --device names (engine/backend.c parses them again). */
+/* The backends --device names (engine/runtime/backend.c parses them again). */
 static bool known_device(const char *d)
 {
     return strcmp(d, "cpu") == 0 || strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0;

@@ -1,6 +1,6 @@
 /*
  * test_dense.c - the dense kinds, the half/bfloat16 conversions shared with
- * the CUDA kernels (kernels/qt_math.h), the traits table itself, and the
+ * the CUDA kernels (kernels/math/qt_math.h), the traits table itself, and the
  * rule that a dtype cast never touches quant state.
  */
 #include <criterion/criterion.h>

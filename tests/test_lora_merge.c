@@ -40,13 +40,13 @@ static const kind_case cases[] = {
     {"nf4-b4096-short", {.kind = QT_NF4, .blocksize = 4096}, 63, 96, true},
     {"fp4", {.kind = QT_FP4, .blocksize = 64}, 64, 96, true},
     {"fp4-b128-dq", {.kind = QT_FP4, .blocksize = 128, .double_quant = true}, 64, 96, false},
-    /* engine/model.c's --quant int4: torchao int4 weight-only */
+    /* engine/model/loader.c's --quant int4: torchao int4 weight-only */
     {"int4-g32",
      {.kind = QT_AFFINE, .bits = 4, .group_size = 32, .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f},
      64,
      96,
      false},
-    /* engine/model.c's --quant int8: torchao int8 weight-only */
+    /* engine/model/loader.c's --quant int8: torchao int8 weight-only */
     {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, 64, 96, false},
     /* the other torchao mappings: symmetry must be read from the zeros */
     {"int4-sym-g32",
@@ -603,7 +603,7 @@ Test(lora_merge, into_int8_and_bf16_store_those_kinds_and_lose_less_than_4bit)
         cr_assert_eq(merge(&w, &part, 1, true, QT_BF16, &bf16, &c_bf16, msg, sizeof msg), QL_OK,
                      "%s", msg);
 
-        /* int8: per channel, symmetric, as engine/model.c's --quant int8 */
+        /* int8: per channel, symmetric, as engine/model/loader.c's --quant int8 */
         cr_assert_eq(int8.kind, QT_AFFINE, "%s", k->name);
         cr_assert_eq(int8.bits, 8, "%s", k->name);
         cr_assert_eq(int8.group_size, k->cols, "%s: per channel", k->name);

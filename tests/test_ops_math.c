@@ -1,7 +1,7 @@
 /*
- * test_ops_math.c - the layer arithmetic of kernels/ops_math.h (RMSNorm,
+ * test_ops_math.c - the layer arithmetic of kernels/math/ops_math.h (RMSNorm,
  * RoPE, SwiGLU, attention's online softmax, the greedy rule), which both
- * engine/forward.c and the CUDA kernels run, against hand values and an
+ * engine/runtime/forward.c and the CUDA kernels run, against hand values and an
  * independent f64 computation.
  *
  * Why shaped so: there is no GPU in CI, so what is pinned here is the

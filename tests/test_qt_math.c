@@ -1,5 +1,5 @@
 /*
- * test_qt_math.c - the per-element arithmetic of kernels/qt_math.h, the
+ * test_qt_math.c - the per-element arithmetic of kernels/math/qt_math.h, the
  * functions the CUDA kernels run, against the CPU scalar reference.
  *
  * Why shaped so: there is no GPU in CI, so what can be pinned here is that

@@ -1,5 +1,5 @@
 /*
- * test_sampler.c - the sampler and the stop strings (engine/sampler.c).
+ * test_sampler.c - the sampler and the stop strings (engine/scheduler/sampler.c).
  *
  * Sampling: greedy is the argmax with the lowest id on ties and uses no
  * randomness; temperature, top-k and top-p draw with the frequencies of the

@@ -146,7 +146,7 @@ static void expect_decode(const tok_tokenizer *t, const char *name, size_t k, co
     free(text);
 }
 
-/* Push the ids one at a time into a 64-byte buffer (what engine.h promises
+/* Push the ids one at a time into a 64-byte buffer (what tokenizer.h promises
  * suffices): each chunk is valid UTF-8 by itself, and all of them with the
  * flush are the whole decode. */
 static void expect_stream(const tok_tokenizer *t, const char *name, size_t k, const int32_t *ids,

@@ -57,7 +57,7 @@ void eng_sampler_record(eng_sampler *s, int32_t token);
 bool eng_sampler_greedy(const eng_sampler *s);
 /* Whether s's next token is a plain temperature draw over the whole
  * vocabulary (no top-k, top-p or penalty), which a backend can make where
- * the logits are (kernels/sample_math.h); *inv_temperature receives the
+ * the logits are (kernels/math/sample_math.h); *inv_temperature receives the
  * 1 / T eng_sample would use. */
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
 /* The uniform in [0, 1) eng_sample would draw next (taken from s's stream:

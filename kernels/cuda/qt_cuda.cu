@@ -5,7 +5,7 @@
  *
  * Why shaped so:
  *   - Bit-identical to the CPU reference. Every value is computed by the
- *     QL_HD helpers of kernels/qt_math.h (qm_nibble, qm_nested_absmax,
+ *     QL_HD helpers of kernels/math/qt_math.h (qm_nibble, qm_nested_absmax,
  *     qm_4bit_value, qm_f32_to_bf16), the very functions qt_dequantize_rows
  *     runs on the CPU. This file is built with --fmad=false: nvcc would
  *     otherwise fuse qm_nested_absmax's multiply and its separate add into

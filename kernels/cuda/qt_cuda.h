@@ -17,7 +17,7 @@
  *     and for the GGUF blocks Q4_0, Q4_1, Q8_0 (qt_cuda_gguf_*), each with
  *     its own view.
  *
- * Why shaped so: the per-element arithmetic lives in kernels/qt_math.h and
+ * Why shaped so: the per-element arithmetic lives in kernels/math/qt_math.h and
  * is compiled both for the CPU reference and for these kernels, so a CPU
  * test of qt_dequantize_rows pins the bits the GPU produces; the GPU test
  * (tests/gpu/test_cuda_dequant.c) requires them bit-identical. The header is
@@ -181,7 +181,7 @@ int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t ms
 
 /*
  * A Q4_0, Q4_1 or Q8_0 tensor as the device kernels see it, in the split
- * layout (kernels/qt_math.h): llama.cpp's blocks of 32 elements in row-major
+ * layout (kernels/math/qt_math.h): llama.cpp's blocks of 32 elements in row-major
  * order (element e is element e % 32 of block e / 32), each block's parts in
  * arrays of their own so that every block's codes start on a 16-byte
  * boundary and one 16-byte load reads them:

@@ -5,8 +5,8 @@
  * the device. Contracts in qt_cuda_ops.h.
  *
  * Why shaped so:
- *   - The per-element arithmetic is kernels/ops_math.h's, the very functions
- *     engine/forward.c runs on the CPU, built with --fmad=false. RoPE, the
+ *   - The per-element arithmetic is kernels/math/ops_math.h's, the very functions
+ *     engine/runtime/forward.c runs on the CPU, built with --fmad=false. RoPE, the
  *     adds, the RMSNorm apply step and argmax give the CPU's bits for the
  *     same inputs; RMSNorm's f64 sum of squares, silu's expf and attention's
  *     sums run in another order or with CUDA's expf, so they agree with the

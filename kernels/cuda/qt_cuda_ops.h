@@ -28,8 +28,8 @@
  *     memory runs out (cudaErrorMemoryAllocation), QL_EUNSUPPORTED for a
  *     kind a kernel does not handle, QL_EDEVICE for any other CUDA failure.
  *     Nothing aborts; on failure what the call allocated is freed.
- *   - The per-element arithmetic lives in QL_HD functions (kernels/qt_math.h
- *     for the quant kinds, kernels/ops_math.h for the layer operations,
+ *   - The per-element arithmetic lives in QL_HD functions (kernels/math/qt_math.h
+ *     for the quant kinds, kernels/math/ops_math.h for the layer operations,
  *     kernels/qt_quant_math.h for quantizing) that the CPU code and the CPU
  *     tests run too.
  */

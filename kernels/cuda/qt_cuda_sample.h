@@ -1,7 +1,7 @@
 /*
  * qt_cuda_sample.h - a plain temperature draw on the device (no top-k,
- * top-p or penalty), the same token engine/sampler.c draws from the same
- * logits and uniform: the arithmetic is kernels/sample_math.h's, which the
+ * top-p or penalty), the same token engine/scheduler/sampler.c draws from the same
+ * logits and uniform: the arithmetic is kernels/math/sample_math.h's, which the
  * CPU sampler calls too. Plain C, conventions as qt_cuda_ops.h.
  */
 #ifndef QL_QT_CUDA_SAMPLE_H

@@ -9,7 +9,7 @@
  * side is the reference: qt_quantize makes the tensor, qt_dequantize_rows
  * gives the expected floats, and the GPU output (poisoned with NaN before,
  * so an element the kernel forgets to write cannot pass) must equal them in
- * every bit. Both sides run kernels/qt_math.h, so any difference is a bug in
+ * every bit. Both sides run kernels/math/qt_math.h, so any difference is a bug in
  * the indexing, the packing or the build flags (FMA contraction), never
  * "rounding".
  *

@@ -484,13 +484,13 @@ static const merge_case merge_cases[] = {
     {"nf4-dq-5-nested-blocks", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}, 300, 256},
     {"fp4", {.kind = QT_FP4, .blocksize = 128}, 256, 512},
     {"fp4-dq", {.kind = QT_FP4, .blocksize = 64, .double_quant = true}, 128, 256},
-    /* engine/model.c's --quant int4: torchao int4 weight-only */
+    /* engine/model/loader.c's --quant int4: torchao int4 weight-only */
     {"int4-g64-asym",
      {.kind = QT_AFFINE, .bits = 4, .group_size = 64, .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f},
      256,
      512},
     {"int4-g64-sym", {.kind = QT_AFFINE, .bits = 4, .group_size = 64, .symmetric = true}, 256, 512},
-    /* engine/model.c's --quant int8: torchao int8 weight-only, per channel */
+    /* engine/model/loader.c's --quant int8: torchao int8 weight-only, per channel */
     {"int8", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, 256, 512},
     {"int8-asym-int-g32",
      {.kind = QT_AFFINE,

@@ -8,7 +8,7 @@
  * `FAIL name: detail`) and a few `timing attention ...` lines. Every output
  * buffer is poisoned with 0xFF bytes (a NaN) before the kernel runs, so an
  * element a kernel forgets to write cannot pass. The references are
- * kernels/ops_math.h (the CPU forward pass's own arithmetic) where the
+ * kernels/math/ops_math.h (the CPU forward pass's own arithmetic) where the
  * result must be bit-identical, and straightforward f64 loops where the
  * GPU sums in another order (the bound is stated at each comparison).
  * Attention runs on a paged cache with shuffled block numbers, sequences of
