@@ -125,10 +125,13 @@ typedef struct cuda_backend {
 
 /* --- errors -------------------------------------------------------------------- */
 
-/* The engine code for a kernels/ code. */
-static int eng_code(int qt_rc)
+/* What a device call's failure means to the engine (one error space,
+ * base/ql_base.h): the codes the CUDA kernels share with the host (out of
+ * memory, a bad argument, a non-finite value) pass through; anything else
+ * they report is the device failing (a 500, not the client's mistake). */
+static int device_code(int rc)
 {
-    switch (qt_rc) {
+    switch (rc) {
     case QL_OK: return QL_OK;
     case QL_ENOMEM: return QL_ENOMEM;
     case QL_EINVAL: return QL_EINVAL;
@@ -163,7 +166,7 @@ static int cuda_fail(cudaError_t st, char *msg, size_t msg_len, const char *fmt,
     do {                                                                                           \
         int rc_ = (call);                                                                          \
         if (rc_ != QL_OK)                                                                          \
-            return eng_code(rc_);                                                                  \
+            return device_code(rc_);                                                               \
     } while (0)
 
 bool eng_cuda_present(void)
@@ -217,7 +220,7 @@ static int upload_tensor(const qtensor *t, qt_cuda_tensor *d, const char *what, 
     char why[256];
     int rc = qt_cuda_tensor_upload(t, d, why, sizeof why);
     if (rc != QL_OK)
-        return ql_fail(msg, msg_len, eng_code(rc), "uploading %s: %s", what, why);
+        return ql_fail(msg, msg_len, device_code(rc), "uploading %s: %s", what, why);
     *bytes += d->device_bytes;
     return QL_OK;
 }
@@ -329,10 +332,13 @@ static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, en
     int rc =
         qt_cuda_merge(&c->layers[l].proj[p], terms, n, out, &report, c->stream, why, sizeof why);
     if (rc != QL_OK)
-        return ql_fail(msg, msg_len, eng_code(rc), "merging layer %d %s on the device: %s", l,
+        return ql_fail(msg, msg_len, device_code(rc), "merging layer %d %s on the device: %s", l,
                        eng_proj_name(p), why);
     if (cost)
-        *cost = (eng_merge_cost){report.dot, report.delta_sq, report.err_sq, true};
+        *cost = (eng_merge_cost){.dot = report.dot,
+                                 .delta_sq = report.delta_sq,
+                                 .err_sq = report.err_sq,
+                                 .merged = true};
     return QL_OK;
 }
 
@@ -470,7 +476,8 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
         int rc =
             qt_cuda_matmul(c->blas, w, x + r0 * in, rows, y + r0 * out, c->stream, why, sizeof why);
         if (rc != QL_OK)
-            return ql_fail(msg, msg_len, eng_code(rc), "layer %d %s: %s", l, eng_proj_name(p), why);
+            return ql_fail(msg, msg_len, device_code(rc), "layer %d %s: %s", l, eng_proj_name(p),
+                           why);
         s = e;
     }
     for (int32_t k = 0; k < sc->max_terms; k++) {
@@ -480,7 +487,7 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
         int rc = qt_cuda_sgmv(x, in, y, out, c->d_segs + run->first, run->n, run->max_rank,
                               sc->rows, c->lora_t, c->stream, why, sizeof why);
         if (rc != QL_OK)
-            return ql_fail(msg, msg_len, eng_code(rc), "layer %d %s, adapters: %s", l,
+            return ql_fail(msg, msg_len, device_code(rc), "layer %d %s, adapters: %s", l,
                            eng_proj_name(p), why);
     }
     return QL_OK;
@@ -638,8 +645,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
 static int op_fail(int qt_rc, int32_t l, const char *why, char *msg, size_t msg_len)
 {
     if (l < 0)
-        return ql_fail(msg, msg_len, eng_code(qt_rc), "cuda: %s", why);
-    return ql_fail(msg, msg_len, eng_code(qt_rc), "cuda: layer %d: %s", l, why);
+        return ql_fail(msg, msg_len, device_code(qt_rc), "cuda: %s", why);
+    return ql_fail(msg, msg_len, device_code(qt_rc), "cuda: layer %d: %s", l, why);
 }
 
 #define OP(call)                                                                                   \
@@ -849,7 +856,7 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
         } else {
             int qrc = qt_cuda_tensor_download(dev, &copies[i], why, sizeof why);
             if (qrc != QL_OK)
-                rc = ql_fail(msg, msg_len, eng_code(qrc), "layer %d %s: %s", l, eng_proj_name(p),
+                rc = ql_fail(msg, msg_len, device_code(qrc), "layer %d %s: %s", l, eng_proj_name(p),
                              why);
         }
         proj[i] = &copies[i];
@@ -1084,7 +1091,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     rc = qt_cuda_blas_new(&c->blas, biggest, (int64_t)T > (int64_t)S ? (int64_t)T : (int64_t)S,
                           (int64_t)wide, type, why, sizeof why);
     if (rc != QL_OK)
-        return ql_fail(msg, msg_len, eng_code(rc), "cuda: cuBLASLt: %s", why);
+        return ql_fail(msg, msg_len, device_code(rc), "cuda: cuBLASLt: %s", why);
     return QL_OK;
 }
 

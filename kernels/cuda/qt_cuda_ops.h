@@ -275,8 +275,8 @@ typedef struct qt_cuda_lora_term {
     float module_scale; /* the module's (eng_lora_module.scale: alpha / r) */
 } qt_cuda_lora_term;
 
-/* What a merge cost, field for field adapters/lora.h's lora_cost (so the
- * caller can sum modules with lora_cost_add), with merge.c's definitions:
+/* What a merge cost, the sums engine/model/model.h's eng_merge_cost carries
+ * (so the caller can sum modules with lora_cost_add), with merge.c's definitions:
  * d the f32 delta, W the pristine and Q the merged tensor dequantized, the
  * sums in double. The sums run in a fixed order on the device (the same on
  * every run) but not the CPU's sequential one, so they agree with the
