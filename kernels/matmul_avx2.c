@@ -17,13 +17,18 @@
  * reference, which the tests bound.
  *
  * Which kernel a kind gets is decided once, by its row of the traits table
- * (qtensor.c); nothing here switches on the kind. Each entry point hands a
+ * (traits.c); nothing here switches on the kind. Each entry point hands a
  * shared always-inlined driver (matmul_chunks) its kind's row function and
  * tile decoder as constants, so every kind still gets its own loop with no
  * choice left inside.
  *
+ * It calls down only: into qtensor.c (the kinds' geometry), quant_bnb4.c
+ * (qt_block_absmax) and attend_ref.c (qt_attend_ref, for head dimensions
+ * the fast loop does not cover); never back into the table. It touches
+ * kernels/math/ (qt_math.h, ops_math.h).
+ *
  * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
- * CPU reports those features (qtensor.c).
+ * CPU reports those features (traits.c).
  */
 #include "kernels_internal.h"
 #include "ops_math.h"
@@ -201,7 +206,7 @@ ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m
  * 32 elements each. */
 ALWAYS_INLINE void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *out, qt_kind kind)
 {
-    size_t bb = qt_traits_table[kind].block_bytes;
+    size_t bb = qt_kind_geometry_table[kind].block_bytes;
     for (int64_t i = 0; i < nb; i++, out += 32) {
         __m256 q[4], d, m;
         gguf_block(t->data + (b + i) * bb, kind, q, &d, &m);
@@ -452,7 +457,7 @@ ALWAYS_INLINE __m256 sum4(__m256 x0, __m256 x1, __m256 x2, __m256 x3)
 ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum, int nb, float *y,
                              int64_t r, qt_kind kind)
 {
-    size_t bb = qt_traits_table[kind].block_bytes;
+    size_t bb = qt_kind_geometry_table[kind].block_bytes;
     int64_t n_blocks = t->cols / 32;
     const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
     bool q41 = kind == QT_Q4_1;

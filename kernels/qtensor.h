@@ -19,6 +19,12 @@
  * It owns nothing global but the CPU-path choice (qt_set_force_scalar);
  * it touches only base/ (the error space).
  *
+ * Its files call one another in layers, never back up: traits.c (the table
+ * and the entry points that dispatch through it) on top; each kind's
+ * quant_*.c, matmul_avx2.c and attend_ref.c below it; qtensor.c (a
+ * qtensor's lifecycle, the kinds' names) the leaf. kernels/internal/
+ * kernels_internal.h draws the map.
+ *
  * Layouts, each compatible with its origin bit for bit:
  *   NF4, FP4    bitsandbytes quantize_4bit: blocks of `blocksize` elements over
  *               the flattened row-major tensor, absmax per block, two codes
@@ -140,7 +146,7 @@ typedef struct qtensor {
 } qtensor;
 
 /* The row of the traits table for one kind: what the kind is, and the
- * functions that work on it. qtensor.c holds the rows; the kind's file
+ * functions that work on it. traits.c holds the rows; the kind's file
  * (quant_*.c) and matmul_avx2.c hold the functions. */
 typedef struct qt_traits {
     const char *name;   /* "nf4", "q4_0", "bf16", ... */

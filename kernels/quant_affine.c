@@ -22,6 +22,11 @@
  * Storage is ours: codes stored unsigned (q - qmin), one byte each for 8
  * bits, two per byte for 4 bits (even element in the high nibble, each row
  * starting on a byte); scales and zeros as f32 per (row, group).
+ *
+ * It offers the AFFINE row's quantizer and scalar dequantization (the
+ * traits table in traits.c points at them). It owns no state; it calls no
+ * other file of kernels/ and touches kernels/math/ (qt_math.h,
+ * qt_quant_math.h).
  */
 #include "kernels_internal.h"
 #include "qt_math.h"

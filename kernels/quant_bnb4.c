@@ -21,6 +21,13 @@
  * (256) with the signed dynamic 8-bit map as the native CPU library rounds
  * it. The arithmetic of both is qt_quant_math.h's, shared with the CUDA
  * merge (kernels/cuda/qt_cuda_lora.cu).
+ *
+ * It offers the NF4/FP4 rows' quantizer and scalar dequantization (the
+ * traits table in traits.c points at them), qt_block_absmax (which
+ * matmul_avx2.c calls too), qt_from_bnb4 (build from checkpoint parts) and
+ * the codebooks. It owns those constant tables and no mutable state; it
+ * calls down into qtensor.c only (names, shape check, qt_free) and touches
+ * kernels/math/ (qt_math.h, qt_quant_math.h).
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
@@ -171,9 +178,9 @@ int qt_from_bnb4(qtensor *out, const qt_bnb4_parts *pp, char *msg, size_t msg_le
     if (pp->kind != QT_NF4 && pp->kind != QT_FP4)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s is not a bitsandbytes 4-bit kind",
                        qt_kind_name(pp->kind));
-    if (pp->rows <= 0 || pp->cols <= 0 || pp->rows > INT64_MAX / pp->cols)
-        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] is not valid",
-                       (long long)pp->rows, (long long)pp->cols);
+    int rc = qt_check_shape(pp->rows, pp->cols, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     int64_t bs = pp->blocksize, n = pp->rows * pp->cols;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
         return ql_fail(msg, msg_len, QL_EINVAL,

@@ -3,6 +3,12 @@
  * quantized kinds, so a dense lm_head or an unquantized model runs the same
  * code paths. "Quantizing" to a dense kind is a round-to-nearest-even
  * conversion; there is no quant state.
+ *
+ * It offers the dense rows' quantizer and scalar dequantization (the traits
+ * table in traits.c points at them), qt_from_dense (wrap existing values)
+ * and qt_cast_dense (change the dtype in place, refused for every
+ * quantized kind). It owns no state; it calls down into qtensor.c only
+ * (geometry, names, shape check, qt_wrap_copy) and touches kernels/math/qt_math.h.
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
@@ -53,4 +59,62 @@ void qt_dense_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, flo
         for (int64_t i = 0; i < n; i++)
             out[i] = qm_bf16_to_f32(d[i]);
     }
+}
+
+/* --- dense values in, dense dtype changes -------------------------------- */
+
+int qt_from_dense(qtensor *out, qt_kind kind, const void *src, int64_t rows, int64_t cols,
+                  char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    if ((unsigned)kind >= QT_KIND_COUNT || !qt_kind_geometry_table[kind].is_dense)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "kind %s is not a dense kind",
+                       qt_kind_name(kind));
+    int rc = qt_check_shape(rows, cols, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    size_t bytes = (size_t)(rows * cols) * qt_dense_elem_bytes(kind);
+    return qt_wrap_copy(out, kind, rows, cols, src, bytes, msg, msg_len);
+}
+
+int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len)
+{
+    if ((unsigned)t->kind >= QT_KIND_COUNT || !qt_kind_geometry_table[t->kind].is_dense)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "a %s tensor keeps its quantizer's dtypes; only dense kinds are cast",
+                       qt_kind_name(t->kind));
+    if ((unsigned)to >= QT_KIND_COUNT || !qt_kind_geometry_table[to].is_dense)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "cannot cast to %s: not a dense kind",
+                       qt_kind_name(to));
+    if (to == t->kind)
+        return QL_OK;
+    int64_t n = t->rows * t->cols;
+    size_t bytes = (size_t)n * qt_dense_elem_bytes(to);
+    uint8_t *data = malloc(bytes);
+    float *row = malloc((size_t)t->cols * sizeof *row);
+    if (!data || !row) {
+        free(data);
+        free(row);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes", bytes);
+    }
+    for (int64_t r = 0; r < t->rows; r++) {
+        qt_dense_dequantize_rows(t, r, 1, row);
+        for (int64_t c = 0; c < t->cols; c++) {
+            int64_t i = r * t->cols + c;
+            if (to == QT_F32)
+                ((float *)data)[i] = row[c];
+            else if (to == QT_F16)
+                ((uint16_t *)data)[i] = qm_f32_to_f16(row[c]);
+            else
+                ((uint16_t *)data)[i] = qm_f32_to_bf16(row[c]);
+        }
+    }
+    free(row);
+    if (!t->data_borrowed)
+        free(t->data);
+    t->data = data;
+    t->data_borrowed = false;
+    t->data_bytes = bytes;
+    t->kind = to;
+    return QL_OK;
 }

@@ -13,6 +13,12 @@
  * reciprocal of the f32 scale, truncation after adding 8.5 or 0.5 for the
  * 4-bit kinds, roundf (half away from zero) for Q8_0; the arithmetic is
  * qt_quant_math.h's (qq_q4_0_block, ...), which the CUDA merge runs too.
+ *
+ * It offers the GGUF rows' quantizer and scalar dequantization (the traits
+ * table in traits.c points at them), qt_gguf_block_bytes and
+ * qt_from_gguf_blocks (wrap a GGUF file's block bytes). It owns no state;
+ * it calls down into qtensor.c only (geometry, names, qt_wrap_copy) and
+ * touches kernels/math/ (qt_math.h, qt_quant_math.h).
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
@@ -26,7 +32,7 @@
 
 size_t qt_gguf_block_bytes(qt_kind kind)
 {
-    return qt_traits_table[kind].block_bytes;
+    return qt_kind_geometry_table[kind].block_bytes;
 }
 
 /* One block through qt_quant_math.h (shared with the CUDA merge), written
@@ -99,7 +105,7 @@ int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t b
                         int64_t cols, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    if ((unsigned)kind >= QT_KIND_COUNT || !qt_traits_table[kind].is_gguf)
+    if ((unsigned)kind >= QT_KIND_COUNT || !qt_kind_geometry_table[kind].is_gguf)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s is not a GGUF block kind",
                        qt_kind_name(kind));
     if (rows <= 0 || cols <= 0 || cols % QK != 0)

@@ -1,16 +1,66 @@
 /*
  * kernels_internal.h - what the files of kernels/ share among themselves and
- * nobody else includes: the per-kind entry points the traits table points
- * at, and a small helper for building tensors.
+ * nobody else includes. The files call one another in layers, never back up
+ * (no cycle between files):
+ *
+ *   traits.c        the traits table and the entry points that dispatch
+ *                   through it (qt_quantize, qt_matmul, qt_dequantize_rows,
+ *                   their _ref forms, qt_attend, the CPU-path choice);
+ *   quant_*.c,      each kind's quantizer and scalar dequantization, its
+ *   matmul_avx2.c,  AVX2 kernels, the scalar attention loop; they call
+ *   attend_ref.c    down into qtensor.c, and matmul_avx2.c calls
+ *                   quant_bnb4.c (qt_block_absmax) and attend_ref.c;
+ *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
+ *                   geometry (a plain table, no function pointers), the
+ *                   shape check and the f16/bf16 conversions.
+ *
+ * Only traits.c reads qt_traits_table; every other file asks
+ * qt_kind_geometry_table for what a kind is.
  */
 #ifndef QL_KERNELS_INTERNAL_H
 #define QL_KERNELS_INTERNAL_H
 
 #include "qtensor.h"
 
+/* --- the leaf (qtensor.c) ------------------------------------------------ */
+
+/* What a kind is, without the functions that work on it: the same fields,
+ * with the same meaning, as the first half of its qt_traits row. */
+typedef struct qt_kind_geometry {
+    const char *name;
+    int32_t block_size;
+    size_t block_bytes;
+    bool is_dense;
+    bool is_gguf;
+} qt_kind_geometry;
+
+/* Each kind's geometry as designated initializers, written once: both
+ * qt_kind_geometry_table (qtensor.c) and qt_traits_table (traits.c) are
+ * initialized from these, so the two cannot disagree. */
+#define QT_GEOMETRY_F32    .name = "f32", .block_size = 1, .block_bytes = 4, .is_dense = true
+#define QT_GEOMETRY_F16    .name = "f16", .block_size = 1, .block_bytes = 2, .is_dense = true
+#define QT_GEOMETRY_BF16   .name = "bf16", .block_size = 1, .block_bytes = 2, .is_dense = true
+#define QT_GEOMETRY_NF4    .name = "nf4", .block_size = 64, .block_bytes = 32
+#define QT_GEOMETRY_FP4    .name = "fp4", .block_size = 64, .block_bytes = 32
+#define QT_GEOMETRY_AFFINE .name = "affine", .block_size = 1, .block_bytes = 1
+/* llama.cpp block_q4_0: f16 d, 16 bytes of nibbles */
+#define QT_GEOMETRY_Q4_0 .name = "q4_0", .block_size = 32, .block_bytes = 18, .is_gguf = true
+/* block_q4_1: f16 d, f16 m, 16 bytes of nibbles */
+#define QT_GEOMETRY_Q4_1 .name = "q4_1", .block_size = 32, .block_bytes = 20, .is_gguf = true
+/* block_q8_0: f16 d, 32 int8 */
+#define QT_GEOMETRY_Q8_0 .name = "q8_0", .block_size = 32, .block_bytes = 34, .is_gguf = true
+
+extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
+
 /* Fill out (zeroed) with a copy of `bytes` bytes of src as its data. */
 int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *src,
                  size_t bytes, char *msg, size_t msg_len);
+
+/* QL_OK when rows x cols is a shape a qtensor can hold (both positive, the
+ * element count fits int64); else QL_EINVAL and msg names the shape. */
+int qt_check_shape(int64_t rows, int64_t cols, char *msg, size_t msg_len);
+
+/* --- the kinds' implementations ------------------------------------------ */
 
 /* Dense kinds (quant_dense.c) */
 int qt_dense_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
@@ -35,14 +85,9 @@ void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
 /* Bytes per block of 32 elements for a GGUF kind. */
 size_t qt_gguf_block_bytes(qt_kind kind);
 
-/* The scalar reference matrix kernel, shared by every kind: dequantize a
- * row, then dot it with each row of x (qtensor.c). */
-void qt_matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                           int64_t row1);
-
 /*
  * The AVX2+FMA entry points of the traits table, one per kind with a fast
- * path (matmul_avx2.c, built with -mavx2 -mfma -mf16c; qtensor.c calls them
+ * path (matmul_avx2.c, built with -mavx2 -mfma -mf16c; traits.c calls them
  * only when the CPU reports those features). Same contracts as matmul_ref
  * and dequantize_rows; every dequantization gives the scalar one's bits.
  * NF4 and FP4 share one (the codebook is the tensor's); F32 has no fast
@@ -71,8 +116,8 @@ void qt_dequantize_rows_affine_avx2(const qtensor *t, int64_t row0, int64_t nrow
 void qt_dequantize_rows_q4_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_q4_1_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_q8_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
-/* qt_attend's AVX2 path; head dimensions that are not a multiple of 8 take
- * the reference. */
+/* qt_attend's AVX2 path; head dimensions that are not a multiple of 16 take
+ * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
                     int32_t d, float scale, float *max, float *sum, float *acc);
 

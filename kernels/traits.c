@@ -1,0 +1,273 @@
+/*
+ * traits.c - the top of kernels/: the traits table and the public entry
+ * points that dispatch through it. It offers qt_traits_table (one row per
+ * kind, and the row is the dispatch), qt_quantize (the checks every kind
+ * shares, then the row's quantizer), qt_dequantize_rows and qt_matmul with
+ * their _ref forms, qt_attend, and the run-time choice between a row's
+ * AVX2 entry and its scalar one (CPUID once; QLSERVE_CPU_PATH=scalar or
+ * qt_set_force_scalar forces scalar).
+ *
+ * It owns the table and the CPU-path choice (set once, then read by every
+ * entry point). It calls down into every other file of kernels/ (the
+ * kinds' quant_*.c, matmul_avx2.c, attend_ref.c, qtensor.c) and nothing
+ * calls back up into it; it touches base/ and kernels/math/.
+ *
+ * The table is the one place that knows every kind: adding a kind means a
+ * row here, its geometry in kernels_internal.h, and one file beside this
+ * one (and, for a fast path, its entries in matmul_avx2.c).
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y,
+                               int64_t row0, int64_t row1);
+
+const qt_traits qt_traits_table[QT_KIND_COUNT] = {
+    [QT_F32] =
+        {
+            QT_GEOMETRY_F32,
+            .quantize = qt_dense_quantize,
+            .dequantize_rows = qt_dense_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_f32_avx2,
+        },
+    [QT_F16] =
+        {
+            QT_GEOMETRY_F16,
+            .quantize = qt_dense_quantize,
+            .dequantize_rows = qt_dense_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_f16_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_f16_avx2,
+        },
+    [QT_BF16] =
+        {
+            QT_GEOMETRY_BF16,
+            .quantize = qt_dense_quantize,
+            .dequantize_rows = qt_dense_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_bf16_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_bf16_avx2,
+        },
+    [QT_NF4] =
+        {
+            QT_GEOMETRY_NF4,
+            .quantize = qt_bnb4_quantize,
+            .dequantize_rows = qt_bnb4_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_bnb4_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_bnb4_avx2,
+        },
+    [QT_FP4] =
+        {
+            QT_GEOMETRY_FP4,
+            .quantize = qt_bnb4_quantize,
+            .dequantize_rows = qt_bnb4_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_bnb4_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_bnb4_avx2,
+        },
+    [QT_AFFINE] =
+        {
+            QT_GEOMETRY_AFFINE,
+            .quantize = qt_affine_quantize,
+            .dequantize_rows = qt_affine_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_affine_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_affine_avx2,
+        },
+    [QT_Q4_0] =
+        {
+            QT_GEOMETRY_Q4_0,
+            .quantize = qt_gguf_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q4_0_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q4_0_avx2,
+        },
+    [QT_Q4_1] =
+        {
+            QT_GEOMETRY_Q4_1,
+            .quantize = qt_gguf_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q4_1_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q4_1_avx2,
+        },
+    [QT_Q8_0] =
+        {
+            QT_GEOMETRY_Q8_0,
+            .quantize = qt_gguf_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q8_0_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q8_0_avx2,
+        },
+};
+
+/* The first NaN or Inf in src, or -1. */
+static int64_t first_non_finite(const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(src[i]))
+            return i;
+    return -1;
+}
+
+int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
+                const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    if (!p || (unsigned)p->kind >= QT_KIND_COUNT)
+        return ql_fail(msg, msg_len, QL_EINVAL, "unknown quant kind %d", p ? (int)p->kind : -1);
+    if (rows <= 0 || cols <= 0)
+        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] is empty", (long long)rows,
+                       (long long)cols);
+    if (rows > INT64_MAX / cols)
+        return ql_fail(msg, msg_len, QL_EINVAL, "shape [%lld, %lld] overflows", (long long)rows,
+                       (long long)cols);
+    int64_t bad = first_non_finite(src, rows * cols);
+    if (bad >= 0)
+        return ql_fail(msg, msg_len, QL_ENONFINITE,
+                       "value %g at index %lld (row %lld, col %lld) is not finite",
+                       (double)src[bad], (long long)bad, (long long)(bad / cols),
+                       (long long)(bad % cols));
+    out->kind = p->kind;
+    out->rows = rows;
+    out->cols = cols;
+    int rc = qt_traits_table[p->kind].quantize(out, src, rows, cols, p, msg, msg_len);
+    if (rc != QL_OK)
+        qt_free(out);
+    return rc;
+}
+
+void qt_dequantize_rows_ref(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    qt_traits_table[t->kind].dequantize_rows(t, row0, nrows, out);
+}
+
+/* The scalar reference matrix kernel every row holds: dequantize one row of
+ * W through the row's scalar dequantization, then dot it with each row of
+ * x. It is here, beside the table, because it dispatches through it. */
+static void matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, float *y,
+                               int64_t row0, int64_t row1)
+{
+    int64_t cols = t->cols;
+    float *w = malloc((size_t)cols * sizeof *w);
+    if (!w) {
+        /* no memory for one row: report it in the output, where a caller
+         * checking for finite results will see it, rather than crash */
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t r = row0; r < row1; r++)
+                y[b * t->rows + r] = NAN;
+        return;
+    }
+    for (int64_t r = row0; r < row1; r++) {
+        qt_dequantize_rows_ref(t, r, 1, w);
+        for (int64_t b = 0; b < batch; b++) {
+            const float *xb = x + b * cols;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < cols; c++)
+                acc += xb[c] * w[c];
+            y[b * t->rows + r] = acc;
+        }
+    }
+    free(w);
+}
+
+/* --- CPU path selection ------------------------------------------------- */
+
+static bool force_scalar;
+static bool have_avx2;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* AVX2, FMA and F16C from CPUID, and the OS saving the AVX registers
+ * (OSXSAVE + XCR0), as the Intel SDM says to check before using them. */
+static bool cpu_has_avx2_fma_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+         f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c))
+        return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 0x6) != 0x6) /* XMM and YMM state */
+        return false;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return b & (1u << 5);
+}
+#else
+static bool cpu_has_avx2_fma_f16c(void)
+{
+    return false;
+}
+#endif
+
+static void detect_cpu(void)
+{
+    have_avx2 = cpu_has_avx2_fma_f16c();
+    const char *env = getenv("QLSERVE_CPU_PATH");
+    if (env && strcmp(env, "scalar") == 0)
+        force_scalar = true;
+}
+
+const char *qt_cpu_path(void)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    return (have_avx2 && !force_scalar) ? "avx2" : "scalar";
+}
+
+void qt_set_force_scalar(bool force)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    force_scalar = force;
+}
+
+void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+               int64_t row1)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    const qt_traits *tr = &qt_traits_table[w->kind];
+    if (have_avx2 && !force_scalar && tr->matmul_avx2)
+        tr->matmul_avx2(w, x, batch, y, row0, row1);
+    else
+        tr->matmul_ref(w, x, batch, y, row0, row1);
+}
+
+void qt_attend(const float *q, const float *k, const float *v, int64_t stride, int32_t n, int32_t d,
+               float scale, float *max, float *sum, float *acc)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_attend_avx2(q, k, v, stride, n, d, scale, max, sum, acc);
+    else
+        qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
+}
+
+void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    const qt_traits *tr = &qt_traits_table[t->kind];
+    if (have_avx2 && !force_scalar && tr->dequantize_rows_avx2)
+        tr->dequantize_rows_avx2(t, row0, nrows, out);
+    else
+        tr->dequantize_rows(t, row0, nrows, out);
+}
+
+void qt_matmul_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+                   int64_t row1)
+{
+    qt_traits_table[w->kind].matmul_ref(w, x, batch, y, row0, row1);
+}
