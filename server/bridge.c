@@ -2,23 +2,27 @@
  * bridge.c - what runs off the loop and answers on it: generations on the
  * engine's thread and admin work on libuv's thread pool.
  *
- * A generation: srv_generate checks readiness, the adapter and the limits,
- * then submits to the engine. The engine calls on_token / on_done on its
- * own thread; they only append an event to a mutex-guarded list and
- * uv_async_send the loop, which takes the whole list at once
- * (srv_bridge_on_wake), keeps each token's text and id on the generation,
- * and hands the event to the generation's API shape (api_tgi.c,
- * api_openai.c), which turns it into bytes on the connection (or nothing,
- * when the client has gone). A generation's memory lives until its
- * on_done has been handled, whatever the connection did.
+ * A generation: srv_generate checks readiness (503 while loading or
+ * draining), the adapter (one not loaded is a 404 in the API's words) and
+ * the server's limit on new tokens, then submits to the engine. The
+ * engine calls on_token / on_done on its own thread; they only append an
+ * event to a mutex-guarded list and uv_async_send the loop, which takes
+ * the whole list at once (srv_bridge_on_wake), keeps each token's text and
+ * id on the generation, and hands the event to the generation's API shape
+ * (api_tgi.c, api_openai.c), which turns it into bytes on the connection
+ * (or nothing, when the client has gone). A generation's memory lives
+ * until its on_done has been handled, whatever the connection did.
+ *
+ * Admin work: srv_work_start queues a srv_work whose run goes on a pool
+ * thread and whose done answers on the loop, unless the client has gone.
  *
  * Offers srv_generate, srv_bridge_on_wake, srv_work_start and
  * srv_conn_gone (internal/server_internal.h). Owns every srv_gen and
- * srv_event. Touches the engine (submit, cancel), the adapter registry's
- * lora_registry_want, request.c's errors, http.c's stream start,
- * metrics.c's histograms, and the server's check_drained hook (serve.c's,
- * called through s->hooks: this file names nothing above it) after a
- * generation or a piece of work ends.
+ * srv_event, and a srv_work once started. Touches the engine (submit,
+ * cancel), the adapter registry's lora_registry_want, request.c's errors,
+ * http.c's stream start, metrics.c's histograms, and, after a generation
+ * or a piece of work ends, the drain check through s->hooks (serve.c's:
+ * this file names nothing above it).
  */
 #include "internal/server_internal.h"
 

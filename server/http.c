@@ -17,12 +17,15 @@
  * closed, since its framing can no longer be trusted. A reader too slow to
  * take its stream (more than 8 MiB waiting) is cut off.
  *
- * Offers the listener, the detached connection and srv_conn_feed (the
- * fuzz seam in server.h) and, to the other server files, the responses
+ * Offers srv_http_settings, srv_conn_feed and srv_conn_release_detached
+ * (the fuzz seam in server.h) and, to the other server files, the
+ * listener, the sink connection (srv_conn_init_sink), the responses
  * (whole, error, server-sent events) and the connection's end. Owns every
- * connection's memory. Touches srv_route for each complete request, the
- * generation or admin work a closing connection leaves (detached, not
- * freed), the status counters and the drain check.
+ * connection's memory. Knows nothing above it: it reaches the rest of the
+ * server only through s->hooks (serve.c's), for each complete request
+ * (on_request), a connection that ends (on_conn_end, so what waits to
+ * answer it lets go), and after one has left (check_drained). Touches the
+ * status counters.
  */
 #include "internal/server_internal.h"
 

@@ -10,8 +10,9 @@
  * Retry-After.
  *
  * Offers srv_status_of, srv_fail, srv_respond_cjson, srv_stream_cjson,
- * srv_respond_generation, srv_body_object, srv_only_known, srv_is_null and
- * the srv_get_* readers (internal/server_internal.h) to bridge.c, the API
+ * srv_respond_generation, srv_body_object, srv_only_known, srv_is_null,
+ * the srv_get_* readers and the two generation APIs' shared srv_get_stops
+ * and srv_get_sampling (internal/server_internal.h) to bridge.c, the API
  * files, admin.c and routes.c. Owns nothing past a call. Touches only
  * http.c's responses.
  */

@@ -1,30 +1,20 @@
 /*
- * routes.c - the route table and what every route shares.
+ * routes.c - the route table: one table of {method, path, handler}, a
+ * path exact or holding one {name} segment; a path with rows but none for
+ * the method is a 405, a path with none a 404. Every path under /admin/, a
+ * route or not, first passes the admin gate (admin.c).
  *
- * Offers: srv_route (one table of {method, path, handler}; a path is
- * exact or holds one {name} segment), and to the API files (api_tgi.c,
- * api_openai.c, admin.c) the request helpers: the JSON body and its field
- * readers, errors, the one table from error codes to HTTP statuses, and
- * srv_generate, the submit every generation route ends in. Bodies are
- * checked field by field before anything is submitted: a wrong type or an
- * unknown field is a 400 naming the field; an unknown adapter is a 404.
- * Every path under /admin/, a route or not, first passes the admin gate
- * (admin.c).
- *
- * Every error is {"error": {"type", "message"}} with the status the
- * engine's or registry's code maps to (status_table).
- *
- * Touches: http.c's responses, serve.c's srv_gen_submit, the adapter
- * registry's lora_registry_want, metrics.c's text for GET /metrics.
+ * Offers srv_route (internal/server_internal.h), which serve.c sets as
+ * the hooks' on_request; owns the table and the server's own routes,
+ * GET /health and GET /metrics. Touches the handlers of api_tgi.c,
+ * api_openai.c and admin.c, request.c's errors, http.c's responses and
+ * metrics.c's text. Nothing in server/ but serve.c calls here.
  */
 #include "internal/server_internal.h"
 
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* --- the server's own routes ------------------------------------------------------ */
 

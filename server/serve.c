@@ -1,26 +1,22 @@
 /*
- * serve.c - `qlserve serve`: one libuv loop, the model loaded off the loop
- * (GET /health answers 503 until it serves), the engine bridge, and the
- * graceful drain.
- *
- * The bridge: the engine calls on_token / on_done on its own thread; they
- * only append an event to a mutex-guarded list and uv_async_send the loop,
- * which takes the whole list at once, keeps each token's text and id on
- * the generation, and hands the event to the generation's API shape
- * (api_tgi.c, api_openai.c), which turns it into bytes on the connection
- * (or nothing, when the client has gone). A generation's memory lives
- * until its on_done has been handled, whatever the connection did.
+ * serve.c - `qlserve serve`: the setup, one libuv loop, the model loaded
+ * off the loop (GET /health answers 503 until it serves), and the
+ * graceful drain. The top of server/: it wires the hooks table the lower
+ * files call up through (a complete request to routes.c's srv_route, a
+ * connection's end to bridge.c's srv_conn_gone, the drain check to
+ * itself), as libuv hands a handle its callbacks.
  *
  * SIGTERM or SIGINT: stop accepting, close idle connections, let running
  * generations finish for the grace period, then cancel what is left (each
  * gets its final event, finish reason "cancelled"), wait for their ends,
  * stop the engine and exit 0.
  *
- * Offers srv_serve (server.h) and, to the other server files, the
- * generation's submit and detach, admin work on the thread pool
- * (srv_work_start) and the drain check. Touches the engine (load, start,
- * submit, cancel, stop), the adapter registry's lifetime, http.c's
- * listener and metrics.c's histograms.
+ * Offers srv_serve and srv_conn_init_detached (server.h: the seam's
+ * connection gets the same hooks). Owns the server struct, the hooks, the
+ * model, the engine's and the adapter registry's lifetimes, the signals
+ * and the grace timer. Touches the engine (load, start, cancel when the
+ * grace ends, stop), http.c's listener and connections, bridge.c's wake
+ * callback, and metrics.c's init.
  */
 #include "internal/server_internal.h"
 
