@@ -7,10 +7,10 @@
  * bearer token, compared in constant time, or, with no token configured,
  * a loopback client; then a loaded model. Offers the route handlers
  * srv_admin_*. Loading reads files and merging rewrites weights, so both
- * run on libuv's thread pool (srv_work) and answer from the loop; a
- * client that has gone meanwhile is nobody's to answer. Touches the
- * adapter registry (adapters/lora.h), the metrics' merge counters, and
- * routes.c's request helpers.
+ * run on libuv's thread pool (bridge.c's srv_work_start) and answer from
+ * the loop; a client that has gone meanwhile is nobody's to answer.
+ * Touches the adapter registry (adapters/lora.h), the metrics' merge
+ * counters, request.c's helpers and http.c's error response.
  */
 #include "internal/server_internal.h"
 

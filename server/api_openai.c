@@ -8,9 +8,10 @@
  *
  * Offers the route handlers srv_oai_*; owns the OpenAI request fields
  * (the ones it has that this server does not implement are accepted only
- * at their defaults) and the OpenAI answer shapes. Touches routes.c's
- * request helpers and srv_generate, the generation serve.c hands back as
- * tokens arrive, and the adapter registry's list.
+ * at their defaults) and the OpenAI answer shapes. Touches request.c's
+ * helpers, http.c's stream events, bridge.c's srv_generate and the
+ * generation it hands back as tokens arrive, and the adapter registry's
+ * list.
  */
 #include "internal/server_internal.h"
 

@@ -7,8 +7,9 @@
  *
  * Offers the route handlers srv_tgi_*; owns the TGI request fields (the
  * ones TGI has that this server does not implement are accepted only when
- * off) and the TGI answer shapes. Touches routes.c's request helpers and
- * srv_generate, and the generation serve.c hands back as tokens arrive.
+ * off) and the TGI answer shapes. Touches request.c's helpers, http.c's
+ * stream end, and bridge.c's srv_generate and the generation it hands
+ * back as tokens arrive.
  */
 #include "internal/server_internal.h"
 

@@ -17,12 +17,15 @@
  * closed, since its framing can no longer be trusted. A reader too slow to
  * take its stream (more than 8 MiB waiting) is cut off.
  *
- * Offers the listener, the detached connection and srv_conn_feed (the
- * fuzz seam in server.h) and, to the other server files, the responses
+ * Offers srv_http_settings, srv_conn_feed and srv_conn_release_detached
+ * (the fuzz seam in server.h) and, to the other server files, the
+ * listener, the sink connection (srv_conn_init_sink), the responses
  * (whole, error, server-sent events) and the connection's end. Owns every
- * connection's memory. Touches srv_route for each complete request, the
- * generation or admin work a closing connection leaves (detached, not
- * freed), the status counters and the drain check.
+ * connection's memory. Knows nothing above it: it reaches the rest of the
+ * server only through s->hooks (serve.c's), for each complete request
+ * (on_request), a connection that ends (on_conn_end, so what waits to
+ * answer it lets go), and after one has left (check_drained). Touches the
+ * status counters.
  */
 #include "internal/server_internal.h"
 
@@ -189,16 +192,7 @@ static void conn_end(srv_conn *c, bool flush)
         return;
     c->closing = true;
     srv_server *s = c->s;
-    if (c->gen) {
-        /* the client left before its answer: cancel, free its KV blocks */
-        s->metrics.disconnects++;
-        srv_gen_detach(c->gen);
-        c->gen = NULL;
-    }
-    if (c->work) {
-        c->work->conn = NULL; /* it finishes; nobody hears */
-        c->work = NULL;
-    }
+    s->hooks->on_conn_end(c); /* what waits to answer c lets go of it */
     if (c->sink)
         return;
     if (c->prev)
@@ -213,7 +207,7 @@ static void conn_end(srv_conn *c, bool flush)
     c->shutdown.data = c;
     if (!flush || uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
         uv_close((uv_handle_t *)&c->timer, on_timer_closed);
-    srv_check_drained(s);
+    s->hooks->check_drained(s);
 }
 
 void srv_conn_close(srv_conn *c)
@@ -475,7 +469,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
             arm_timer(c);
             data += used;
             len -= used;
-            srv_route(c); /* may end the response at once, and clear busy */
+            c->s->hooks->on_request(c); /* may end the response at once, and clear busy */
             continue;
         }
         if (!c->refused) {
@@ -755,7 +749,7 @@ void srv_stream_end(srv_conn *c)
 
 /* --- detached connections (the fuzz target) ----------------------------------- */
 
-void srv_conn_init_detached(srv_server *s, srv_conn *c)
+void srv_conn_init_sink(srv_server *s, srv_conn *c)
 {
     /* the caller sets sink and sink_data */
     c->s = s;
@@ -767,8 +761,7 @@ void srv_conn_init_detached(srv_server *s, srv_conn *c)
 
 void srv_conn_release_detached(srv_conn *c)
 {
-    if (c->gen)
-        srv_gen_detach(c->gen);
+    conn_end(c, false); /* a sink's: only what waits on c lets go */
     request_reset(c);
     free(c->pending);
     c->pending = NULL;

@@ -4,10 +4,11 @@
  * updated and read on the loop thread; the engine's own figures come from
  * its stats snapshot.
  *
- * Offers srv_metrics_init (server.h), srv_hist_observe and
- * srv_metrics_render; owns the histogram bounds. Reads the engine's stats
- * and the adapter registry's state and list; writes nothing outside the
- * text it returns.
+ * Offers srv_metrics_init (server.h), srv_hist_observe (bridge.c's
+ * latencies) and srv_metrics_render (routes.c's GET /metrics); owns the
+ * histogram bounds. Calls no other file of server/. Reads the engine's
+ * stats and the adapter registry's state and list; writes nothing outside
+ * the text it returns.
  */
 #include "internal/server_internal.h"
 

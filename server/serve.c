@@ -1,26 +1,22 @@
 /*
- * serve.c - `qlserve serve`: one libuv loop, the model loaded off the loop
- * (GET /health answers 503 until it serves), the engine bridge, and the
- * graceful drain.
- *
- * The bridge: the engine calls on_token / on_done on its own thread; they
- * only append an event to a mutex-guarded list and uv_async_send the loop,
- * which takes the whole list at once, keeps each token's text and id on
- * the generation, and hands the event to the generation's API shape
- * (api_tgi.c, api_openai.c), which turns it into bytes on the connection
- * (or nothing, when the client has gone). A generation's memory lives
- * until its on_done has been handled, whatever the connection did.
+ * serve.c - `qlserve serve`: the setup, one libuv loop, the model loaded
+ * off the loop (GET /health answers 503 until it serves), and the
+ * graceful drain. The top of server/: it wires the hooks table the lower
+ * files call up through (a complete request to routes.c's srv_route, a
+ * connection's end to bridge.c's srv_conn_gone, the drain check to
+ * itself), as libuv hands a handle its callbacks.
  *
  * SIGTERM or SIGINT: stop accepting, close idle connections, let running
  * generations finish for the grace period, then cancel what is left (each
  * gets its final event, finish reason "cancelled"), wait for their ends,
  * stop the engine and exit 0.
  *
- * Offers srv_serve (server.h) and, to the other server files, the
- * generation's submit and detach, admin work on the thread pool
- * (srv_work_start) and the drain check. Touches the engine (load, start,
- * submit, cancel, stop), the adapter registry's lifetime, http.c's
- * listener and metrics.c's histograms.
+ * Offers srv_serve and srv_conn_init_detached (server.h: the seam's
+ * connection gets the same hooks). Owns the server struct, the hooks, the
+ * model, the engine's and the adapter registry's lifetimes, the signals
+ * and the grace timer. Touches the engine (load, start, cancel when the
+ * grace ends, stop), http.c's listener and connections, bridge.c's wake
+ * callback, and metrics.c's init.
  */
 #include "internal/server_internal.h"
 
@@ -30,249 +26,63 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct srv_event {
-    struct srv_event *next;
-    srv_gen *g;
-    bool done;
-    int32_t token;
-    char *text;
-    size_t len;
-    eng_finish why;
-    eng_usage usage;
-} srv_event;
+/* --- shutdown ----------------------------------------------------------------------- */
 
-/* --- the engine's callbacks (engine thread) -------------------------------------- */
-
-static void push_event(srv_gen *g, srv_event *ev)
+static void close_walk(uv_handle_t *h, void *arg)
 {
-    srv_server *s = g->s;
-    ev->g = g;
-    pthread_mutex_lock(&s->events_mu);
-    if (s->events_tail)
-        s->events_tail->next = ev;
-    else
-        s->events = ev;
-    s->events_tail = ev;
-    pthread_mutex_unlock(&s->events_mu);
-    uv_async_send(&s->wake);
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
 }
 
-static void bridge_token(void *user, int32_t token, const char *text, size_t len)
+/* After an event that may end a drain (the hooks' check_drained): close
+ * everything, so the loop exits, when nothing is left. */
+static void check_drained(srv_server *s)
 {
-    srv_event *ev = calloc(1, sizeof *ev);
-    if (!ev)
-        return; /* the token's text is lost; the generation goes on */
-    ev->token = token;
-    if (len) {
-        ev->text = malloc(len);
-        if (ev->text) {
-            memcpy(ev->text, text, len);
-            ev->len = len;
-        }
-    }
-    push_event(user, ev);
-}
-
-static void bridge_done(void *user, eng_finish why, const eng_usage *u)
-{
-    /* the one event that must arrive: retry the allocation rather than
-     * lose a generation's end */
-    srv_event *ev;
-    while (!(ev = calloc(1, sizeof *ev)))
-        sched_yield();
-    ev->done = true;
-    ev->why = why;
-    ev->usage = *u;
-    push_event(user, ev);
-}
-
-/* --- generations (loop) ---------------------------------------------------------- */
-
-int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
-{
-    srv_server *s = g->s;
-    r->on_token = bridge_token;
-    r->on_done = bridge_done;
-    r->user = g;
-    g->t_start = ql_now_s();
-    int rc = eng_engine_submit(s->engine, r, &g->id, msg, msg_len);
-    if (rc != QL_OK)
-        return rc;
-    s->oai_serial++;
-    snprintf(g->oai_id, sizeof g->oai_id, "cmpl-%llu", (unsigned long long)s->oai_serial);
-    g->next_live = s->live;
-    if (s->live)
-        s->live->prev_live = g;
-    s->live = g;
-    s->n_live++;
-    return QL_OK;
-}
-
-void srv_gen_detach(srv_gen *g)
-{
-    g->conn = NULL;
-    g->s->metrics.cancelled++;
-    eng_engine_cancel(g->s->engine, g->id);
-}
-
-static void gen_free(srv_gen *g)
-{
-    srv_server *s = g->s;
-    if (g->prev_live)
-        g->prev_live->next_live = g->next_live;
-    else
-        s->live = g->next_live;
-    if (g->next_live)
-        g->next_live->prev_live = g->prev_live;
-    s->n_live--;
-    for (size_t i = 0; i < g->n_tokens; i++)
-        free(g->pieces[i]);
-    free(g->pieces);
-    free(g->tokens);
-    free(g->text);
-    free(g->prompt);
-    free(g);
-}
-
-static bool append_text(srv_gen *g, const char *text, size_t len)
-{
-    if (g->text_len + len + 1 > g->text_cap) {
-        size_t cap = (g->text_len + len + 1) * 2;
-        char *t = realloc(g->text, cap);
-        if (!t)
-            return false;
-        g->text = t;
-        g->text_cap = cap;
-    }
-    memcpy(g->text + g->text_len, text, len);
-    g->text_len += len;
-    g->text[g->text_len] = 0;
-    return true;
-}
-
-static void record_token(srv_gen *g, int32_t token, const char *text, size_t len)
-{
-    if (g->n_tokens == g->cap_tokens) {
-        size_t cap = g->cap_tokens ? 2 * g->cap_tokens : 32;
-        int32_t *t = realloc(g->tokens, cap * sizeof *t);
-        if (!t)
-            return;
-        g->tokens = t;
-        char **p = realloc(g->pieces, cap * sizeof *p);
-        if (!p)
-            return;
-        g->pieces = p;
-        g->cap_tokens = cap;
-    }
-    char *piece = malloc(len + 1);
-    if (!piece)
+    if (!s->draining || s->n_live > 0 || s->n_work > 0 || s->handles_closed || s->in_check)
         return;
-    memcpy(piece, text, len);
-    piece[len] = 0;
-    g->tokens[g->n_tokens] = token;
-    g->pieces[g->n_tokens++] = piece;
-}
-
-static void on_token_event(srv_gen *g, const srv_event *ev)
-{
-    srv_server *s = g->s;
-    double t = ql_now_s();
-    if (ev->token >= 0) {
-        if (!g->first_seen)
-            srv_hist_observe(&s->metrics.ttft, t - g->t_start);
-        else
-            srv_hist_observe(&s->metrics.per_token, t - g->t_last);
-        g->first_seen = true;
-        g->t_last = t;
+    /* nothing runs: close the connections (each flushes what it has
+     * written), then the server's own handles; the loop then ends */
+    s->in_check = true;
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        srv_conn_close(c);
     }
-    if (append_text(g, ev->text ? ev->text : "", ev->len) && ev->token < 0)
-        g->tail_len += ev->len;
-    if (ev->token >= 0)
-        record_token(g, ev->token, ev->text ? ev->text : "", ev->len);
-    if (g->conn && g->shape->on_token)
-        g->shape->on_token(g, g->conn, ev->token, ev->text, ev->len);
-}
-
-static void on_done_event(srv_gen *g, const srv_event *ev)
-{
-    srv_server *s = g->s;
-    srv_metrics *m = &s->metrics;
-    if (ev->usage.prompt_tokens > 0 || ev->why != ENG_FINISH_CANCELLED) {
-        m->generations++;
-        m->generated_tokens += (uint64_t)ev->usage.generated_tokens;
-        m->prompt_tokens += (uint64_t)ev->usage.prompt_tokens;
+    s->in_check = false;
+    s->handles_closed = true;
+    if (s->listening) {
+        s->listening = false;
+        uv_close((uv_handle_t *)&s->listener, NULL);
     }
-    srv_hist_observe(&m->request, ql_now_s() - g->t_start);
-    srv_conn *c = g->conn;
-    if (c) {
-        c->gen = NULL;
-        const char *full = g->text ? g->text : "";
-        char *joined = NULL;
-        if (g->return_full_text && g->prompt) {
-            size_t pl = strlen(g->prompt);
-            joined = malloc(pl + g->text_len + 1);
-            if (joined) {
-                memcpy(joined, g->prompt, pl);
-                memcpy(joined + pl, full, g->text_len + 1);
-                full = joined;
-            }
-        }
-        g->shape->on_done(g, c, full, ev->why, &ev->usage);
-        free(joined);
+    uv_handle_t *own[] = {(uv_handle_t *)&s->wake, (uv_handle_t *)&s->grace,
+                          (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        if (!uv_is_closing(own[i]))
+            uv_close(own[i], NULL);
+}
+
+static void on_grace(uv_timer_t *t)
+{
+    srv_server *s = t->data;
+    for (srv_gen *g = s->live; g; g = g->next_live)
+        eng_engine_cancel(s->engine, g->id);
+}
+
+static void on_signal(uv_signal_t *sig, int signum)
+{
+    srv_server *s = sig->data;
+    if (s->draining) {
+        on_grace(&s->grace); /* a second signal: cancel now */
+        return;
     }
-    gen_free(g);
-    srv_check_drained(s);
-}
-
-static void on_wake(uv_async_t *a)
-{
-    srv_server *s = a->data;
-    pthread_mutex_lock(&s->events_mu);
-    srv_event *ev = s->events;
-    s->events = s->events_tail = NULL;
-    pthread_mutex_unlock(&s->events_mu);
-    while (ev) {
-        srv_event *next = ev->next;
-        if (ev->done)
-            on_done_event(ev->g, ev);
-        else
-            on_token_event(ev->g, ev);
-        free(ev->text);
-        free(ev);
-        ev = next;
-    }
-}
-
-/* --- work off the loop ----------------------------------------------------------- */
-
-static void work_run(uv_work_t *req)
-{
-    srv_work *w = req->data;
-    w->run(w);
-}
-
-static void work_after(uv_work_t *req, int status)
-{
-    (void)status;
-    srv_work *w = req->data;
-    srv_server *s = w->s;
-    if (w->conn)
-        w->conn->work = NULL;
-    w->done(w);
-    if (w->has_report)
-        lora_report_free(&w->report);
-    free(w);
-    s->n_work--;
-    srv_check_drained(s);
-}
-
-int srv_work_start(srv_work *w)
-{
-    w->req.data = w;
-    int rc = uv_queue_work(w->s->loop, &w->req, work_run, work_after);
-    if (rc == 0)
-        w->s->n_work++;
-    return rc;
+    fprintf(stderr, "qlserve: %s: draining (grace %d ms)\n",
+            signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->grace_ms);
+    s->draining = true;
+    s->serving = false;
+    srv_stop_accepting(s);
+    uv_timer_start(&s->grace, on_grace, (uint64_t)s->cfg->grace_ms, 0);
+    uv_unref((uv_handle_t *)&s->grace);
+    check_drained(s);
 }
 
 /* --- loading the model ---------------------------------------------------------- */
@@ -335,72 +145,31 @@ static void load_after(uv_work_t *req, int status)
         s->exit_code = 1;
         s->draining = true;
         srv_stop_accepting(s);
-        srv_check_drained(s);
+        check_drained(s);
     } else {
         s->serving = !s->draining;
         fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels) on %s\n", s->model_id,
                 eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
                 eng_engine_backend(s->engine));
-        srv_check_drained(s);
+        check_drained(s);
     }
     free(j);
 }
 
-/* --- shutdown ----------------------------------------------------------------------- */
+/* --- the wiring ------------------------------------------------------------------- */
 
-static void close_walk(uv_handle_t *h, void *arg)
-{
-    (void)arg;
-    if (!uv_is_closing(h))
-        uv_close(h, NULL);
-}
+/* What the lower files call up through (internal/server_internal.h): each
+ * names nothing above it. */
+static const srv_hooks hooks = {
+    .on_request = srv_route,
+    .on_conn_end = srv_conn_gone,
+    .check_drained = check_drained,
+};
 
-void srv_check_drained(srv_server *s)
+void srv_conn_init_detached(srv_server *s, srv_conn *c)
 {
-    if (!s->draining || s->n_live > 0 || s->n_work > 0 || s->handles_closed || s->in_check)
-        return;
-    /* nothing runs: close the connections (each flushes what it has
-     * written), then the server's own handles; the loop then ends */
-    s->in_check = true;
-    for (srv_conn *c = s->conns, *next; c; c = next) {
-        next = c->next;
-        srv_conn_close(c);
-    }
-    s->in_check = false;
-    s->handles_closed = true;
-    if (s->listening) {
-        s->listening = false;
-        uv_close((uv_handle_t *)&s->listener, NULL);
-    }
-    uv_handle_t *own[] = {(uv_handle_t *)&s->wake, (uv_handle_t *)&s->grace,
-                          (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint};
-    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
-        if (!uv_is_closing(own[i]))
-            uv_close(own[i], NULL);
-}
-
-static void on_grace(uv_timer_t *t)
-{
-    srv_server *s = t->data;
-    for (srv_gen *g = s->live; g; g = g->next_live)
-        eng_engine_cancel(s->engine, g->id);
-}
-
-static void on_signal(uv_signal_t *sig, int signum)
-{
-    srv_server *s = sig->data;
-    if (s->draining) {
-        on_grace(&s->grace); /* a second signal: cancel now */
-        return;
-    }
-    fprintf(stderr, "qlserve: %s: draining (grace %d ms)\n",
-            signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->grace_ms);
-    s->draining = true;
-    s->serving = false;
-    srv_stop_accepting(s);
-    uv_timer_start(&s->grace, on_grace, (uint64_t)s->cfg->grace_ms, 0);
-    uv_unref((uv_handle_t *)&s->grace);
-    srv_check_drained(s);
+    s->hooks = &hooks;
+    srv_conn_init_sink(s, c);
 }
 
 /* --- the entry point ----------------------------------------------------------------- */
@@ -413,6 +182,7 @@ int srv_serve(const cfg_serve *cfg)
         return 1;
     s->loop = uv_default_loop();
     s->cfg = cfg;
+    s->hooks = &hooks;
     s->started_at = (double)time(NULL);
     srv_metrics_init(&s->metrics);
     srv_http_settings(&s->http_settings);
@@ -427,7 +197,7 @@ int srv_serve(const cfg_serve *cfg)
         if (n > 5 && strcmp(s->model_id + n - 5, ".gguf") == 0)
             s->model_id[n - 5] = 0;
     }
-    uv_async_init(s->loop, &s->wake, on_wake);
+    uv_async_init(s->loop, &s->wake, srv_bridge_on_wake);
     s->wake.data = s;
     uv_timer_init(s->loop, &s->grace);
     s->grace.data = s;
@@ -462,7 +232,7 @@ int srv_serve(const cfg_serve *cfg)
     lora_registry_free(s->registry);
     if (s->model.layers)
         eng_model_free(&s->model);
-    on_wake(&s->wake); /* events that raced the stop: free them */
+    srv_bridge_on_wake(&s->wake); /* events that raced the stop: free them */
     uv_loop_close(s->loop);
     pthread_mutex_destroy(&s->events_mu);
     free(s);

@@ -5,21 +5,24 @@
  * socket (a server struct, a detached connection whose sink takes the
  * response bytes, srv_conn_feed).
  *
- * The server's files and what each owns:
+ * The server's files and what each owns, bottom up (each calls only the
+ * ones above it in this list; a lower one reaches a higher one through
+ * the hooks serve.c sets in the server struct):
  *   http.c        connections: libuv TCP, llhttp parsing (keep-alive,
  *                 pipelined requests answered in order, chunked bodies),
  *                 limits and timeouts, responses and server-sent events;
- *   routes.c      the route table, the request helpers every API file
- *                 shares (JSON field readers, errors and the status each
- *                 error code maps to) and the generation submit;
+ *   metrics.c     counters and histograms, Prometheus text;
+ *   request.c     the request helpers every route shares: JSON field
+ *                 readers, errors and the status each error code maps to;
+ *   bridge.c      generations: the submit, the engine bridge (tokens back
+ *                 through uv_async); admin work on the thread pool;
  *   api_tgi.c     Text Generation Inference: /generate, /generate_stream,
  *                 /info, their request fields in and JSON/SSE out;
  *   api_openai.c  OpenAI: /v1/completions, /v1/models, likewise;
  *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state);
- *   metrics.c     counters and histograms, Prometheus text;
- *   serve.c       the loop, the model loaded off the loop, the engine
- *                 bridge (tokens back through uv_async), signals and the
- *                 graceful drain.
+ *   routes.c      the route table, /health and /metrics;
+ *   serve.c       setup (the hooks), the loop, the model loaded off the
+ *                 loop, signals and the graceful drain.
  * What they share and nobody else needs is in internal/server_internal.h.
  *
  * One libuv loop thread owns every connection and every generation's
@@ -121,7 +124,8 @@ struct srv_conn {
 void srv_conn_feed(srv_conn *c, const char *data, size_t len);
 /* A connection with a sink instead of a socket (the fuzz target): the
  * caller allocates c, sets sink and sink_data, and frees c after
- * srv_conn_release_detached. */
+ * srv_conn_release_detached. Also sets s's hooks (serve.c), so the
+ * request is routed as `qlserve serve` routes it. */
 void srv_conn_init_detached(srv_server *s, srv_conn *c);
 void srv_conn_release_detached(srv_conn *c);
 /* The parser callbacks, set once per server (into s->http_settings). */
@@ -131,10 +135,13 @@ void srv_http_settings(llhttp_settings_t *st);
 
 /* A seam user (no loop, no model) sets cfg, serving, draining, model_id,
  * metrics (srv_metrics_init) and http_settings (srv_http_settings), the
- * rest zero. */
+ * rest zero (srv_conn_init_detached sets hooks). */
 struct srv_server {
     uv_loop_t *loop;
     const cfg_serve *cfg;
+    /* what the lower files call up through (internal/server_internal.h),
+     * set by serve.c */
+    const struct srv_hooks *hooks;
     uv_tcp_t listener;
     bool listening;
     llhttp_settings_t http_settings;

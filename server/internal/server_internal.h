@@ -1,11 +1,20 @@
 /*
  * server_internal.h - what the files of server/ share and nobody else may
- * use: http.c's responses and connection ends, the route handlers each API
- * file offers the table in routes.c, the request helpers routes.c offers
- * them back (JSON field readers, errors, the status of an error code, the
- * generation submit), the API shape a generation answers in, and serve.c's
- * generations, admin work and drain. Included as "internal/server_internal.h"
- * by the .c files of server/ only.
+ * use. Included as "internal/server_internal.h" by the .c files of server/
+ * only.
+ *
+ * The files are layered, bottom up, and each calls only files below it:
+ *   http.c       connections and responses; knows nothing above it
+ *   metrics.c    counters, histograms, Prometheus text
+ *   request.c    the request helpers: body, field readers, errors, statuses
+ *   bridge.c     generations through the engine, work on the thread pool
+ *   api_tgi.c, api_openai.c, admin.c    the route handlers
+ *   routes.c     the route table (srv_route)
+ *   serve.c      setup, model load, signals, drain; wires the hooks
+ * Where a lower file must reach a higher one (a request is complete, a
+ * connection ends, something ended that a drain waits on) it calls through
+ * the server's srv_hooks, which serve.c sets, as libuv hands a handle its
+ * callbacks.
  *
  * Every function here runs on the loop thread, except a srv_work's run.
  */
@@ -15,6 +24,22 @@
 #include <cjson/cJSON.h>
 
 #include "server.h"
+
+/* --- the hooks (set by serve.c, called from below) ------------------------------ */
+
+/* What the lower files ask of the files above them. One constant table in
+ * serve.c; s->hooks points at it from srv_serve or srv_conn_init_detached
+ * on. */
+typedef struct srv_hooks {
+    /* c->req is complete: answer it (routes.c's srv_route). */
+    void (*on_request)(srv_conn *c);
+    /* c is ending (closed, aborted or released): whatever waits to answer
+     * it lets go of it (bridge.c's srv_conn_gone). */
+    void (*on_conn_end)(srv_conn *c);
+    /* A connection, generation or piece of work has ended: when the server
+     * drains and nothing is left, close everything (serve.c). */
+    void (*check_drained)(srv_server *s);
+} srv_hooks;
 
 /* --- metrics (metrics.c) ----------------------------------------------------- */
 
@@ -50,18 +75,11 @@ void srv_conn_close(srv_conn *c);
 /* Close c at once, dropping unsent bytes (the client has gone, or does not
  * read). */
 void srv_conn_abort(srv_conn *c);
+/* Ready c, allocated by the caller with sink set, as a connection without
+ * a socket; srv_conn_init_detached (serve.c) is this plus the hooks. */
+void srv_conn_init_sink(srv_server *s, srv_conn *c);
 
-/* --- routes (routes.c) ------------------------------------------------------- */
-
-/* Answer c's complete request (c->req): the route table's row for its
- * path and method, 405 when the path has rows but not for the method, 404
- * when it has none. */
-void srv_route(srv_conn *c);
-
-/* What a route does with c's request. name is what the {name} in the
- * route's path matched (NULL for a path without one); it lives until the
- * handler returns. */
-typedef void srv_handler(srv_conn *c, const char *name);
+/* --- request helpers (request.c) ---------------------------------------------- */
 
 /* The HTTP status an error code of base/ql_base.h stands for. */
 int srv_status_of(int rc);
@@ -90,7 +108,7 @@ bool srv_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, dou
 bool srv_get_bool(srv_conn *c, const cJSON *obj, const char *name, bool *out);
 bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char **out);
 
-/* --- generations: what an API asks, how it answers ---------------------------- */
+/* --- generations: what an API asks (request.c reads it) ------------------------ */
 
 #define SRV_MAX_STOPS 8
 
@@ -129,34 +147,15 @@ typedef struct srv_shape {
     void (*on_done)(srv_gen *g, srv_conn *c, const char *full, eng_finish why, const eng_usage *u);
 } srv_shape;
 
-/* Check readiness, the adapter and the limits, then submit a for c, to be
- * answered in shape; or answer the refusal. */
-void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
-/* A whole (not streamed) answer: o (consumed), or a 500 when the engine
+/* A whole (not streamed) answer (request.c): o (consumed), or a 500 when the engine
  * failed the request. */
 void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
 
-/* --- the API files' routes (api_tgi.c, api_openai.c, admin.c) ------------------ */
+/* --- generations and work off the loop (bridge.c) ---------------------------- */
 
-srv_handler srv_tgi_generate;        /* POST /generate */
-srv_handler srv_tgi_generate_stream; /* POST /generate_stream */
-srv_handler srv_tgi_info;            /* GET /info */
-
-srv_handler srv_oai_completions; /* POST /v1/completions */
-srv_handler srv_oai_models;      /* GET /v1/models */
-
-/* Whether c may use the admin routes (every path under /admin/, a route or
- * not): the bearer token, or a loopback client when none is configured,
- * and a registry to work on; otherwise answered (401, 403, 503). */
-bool srv_admin_gate(srv_conn *c);
-srv_handler srv_admin_state;   /* GET /admin/state */
-srv_handler srv_admin_list;    /* GET /admin/adapters */
-srv_handler srv_admin_load;    /* POST /admin/adapters */
-srv_handler srv_admin_unload;  /* DELETE /admin/adapters/{name} */
-srv_handler srv_admin_merge;   /* POST /admin/adapters/{name}/merge */
-srv_handler srv_admin_unmerge; /* POST /admin/adapters/{name}/unmerge */
-
-/* --- generations and the engine bridge (serve.c) ------------------------------ */
+/* Check readiness, the adapter and the limits, then submit a for c, to be
+ * answered in shape; or answer the refusal. */
+void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
 
 /* One generation request, from submit to its engine on_done. Lives on the
  * loop; conn is NULL once the client has gone (the generation is then
@@ -186,11 +185,12 @@ struct srv_gen {
     srv_gen *prev_live;
 };
 
-/* Submit r for gen (callbacks are filled in here). A QL_E* code on
- * refusal, msg. */
-int srv_gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len);
-/* The client went away: cancel and forget the connection. */
-void srv_gen_detach(srv_gen *g);
+/* The loop's side of the bridge (s->wake's callback): hand every event the
+ * engine queued to its generation; a generation's last one frees it. */
+void srv_bridge_on_wake(uv_async_t *a);
+/* The hooks' on_conn_end: c's generation is cancelled (a disconnect) and
+ * forgets c; its admin work finishes unheard. */
+void srv_conn_gone(srv_conn *c);
 
 /* Work off the loop (uv thread pool) with a completion on the loop. */
 typedef struct srv_work {
@@ -210,9 +210,41 @@ typedef struct srv_work {
     lora_report report;
     lora_meta meta;
 } srv_work;
+/* Queue w (calloc'd by the caller) on the pool: 0, and w is freed after
+ * its done has run; or uv_queue_work's error, and w is still the
+ * caller's. */
 int srv_work_start(srv_work *w);
 
-/* After an event that may end a drain: exits the loop when nothing is left. */
-void srv_check_drained(srv_server *s);
+/* --- the route handlers (api_tgi.c, api_openai.c, admin.c) --------------------- */
+
+/* What a route does with c's request. name is what the {name} in the
+ * route's path matched (NULL for a path without one); it lives until the
+ * handler returns. */
+typedef void srv_handler(srv_conn *c, const char *name);
+
+srv_handler srv_tgi_generate;        /* POST /generate */
+srv_handler srv_tgi_generate_stream; /* POST /generate_stream */
+srv_handler srv_tgi_info;            /* GET /info */
+
+srv_handler srv_oai_completions; /* POST /v1/completions */
+srv_handler srv_oai_models;      /* GET /v1/models */
+
+/* Whether c may use the admin routes (every path under /admin/, a route or
+ * not): the bearer token, or a loopback client when none is configured,
+ * and a registry to work on; otherwise answered (401, 403, 503). */
+bool srv_admin_gate(srv_conn *c);
+srv_handler srv_admin_state;   /* GET /admin/state */
+srv_handler srv_admin_list;    /* GET /admin/adapters */
+srv_handler srv_admin_load;    /* POST /admin/adapters */
+srv_handler srv_admin_unload;  /* DELETE /admin/adapters/{name} */
+srv_handler srv_admin_merge;   /* POST /admin/adapters/{name}/merge */
+srv_handler srv_admin_unmerge; /* POST /admin/adapters/{name}/unmerge */
+
+/* --- routes (routes.c) ------------------------------------------------------- */
+
+/* Answer c's complete request (c->req): the route table's row for its
+ * path and method, 405 when the path has rows but not for the method, 404
+ * when it has none. The hooks' on_request. */
+void srv_route(srv_conn *c);
 
 #endif

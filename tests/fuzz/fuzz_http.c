@@ -1,7 +1,9 @@
 /*
  * fuzz_http.c - libFuzzer target for the HTTP request path: llhttp's
- * callbacks in http.c (limits, pipelining, refusals) and the router and
- * body validation in routes.c, on a server with no model (the state
+ * callbacks in http.c (limits, pipelining, refusals), the router in
+ * routes.c (reached through the hooks srv_conn_init_detached sets, as
+ * `qlserve serve` sets them), and the body validation the handlers do
+ * with request.c's field readers, on a server with no model (the state
  * `qlserve serve` is in while it loads, or once it drains). No socket, no
  * loop, no thread: the bytes go through a detached connection whose sink
  * reads every response back.

@@ -1,0 +1,274 @@
+/*
+ * request.c - what every route handler shares: the JSON body and its
+ * field readers, errors, the one table from error codes to HTTP statuses,
+ * and the answers built from cJSON.
+ *
+ * Bodies are checked field by field before anything is submitted: a wrong
+ * type, a value out of range or an unknown field is a 400 naming the
+ * field. Every error is {"error": {"type", "message"}} with the status
+ * the engine's or registry's code maps to (status_table); a 503 adds
+ * Retry-After.
+ *
+ * Offers srv_status_of, srv_fail, srv_respond_cjson, srv_stream_cjson,
+ * srv_respond_generation, srv_body_object, srv_only_known, srv_is_null,
+ * the srv_get_* readers and the two generation APIs' shared srv_get_stops
+ * and srv_get_sampling (internal/server_internal.h) to bridge.c, the API
+ * files, admin.c and routes.c. Owns nothing past a call. Touches only
+ * http.c's responses.
+ */
+#include "internal/server_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* --- errors and answers -------------------------------------------------------- */
+
+/* The HTTP status each error code of base/ql_base.h stands for: the one
+ * table. A code not listed is the client's mistake (400). */
+static const struct {
+    int code;
+    int status;
+} status_table[] = {
+    {QL_ENOTFOUND, 404}, {QL_ECONFLICT, 409}, {QL_EBUSY, 503},  {QL_ENONFINITE, 422},
+    {QL_EFORMAT, 422},   {QL_EIO, 422},       {QL_ENOMEM, 503}, {QL_EDEVICE, 500},
+};
+
+int srv_status_of(int rc)
+{
+    for (size_t i = 0; i < sizeof status_table / sizeof status_table[0]; i++)
+        if (status_table[i].code == rc)
+            return status_table[i].status;
+    return 400;
+}
+
+static const char *type_of(int status)
+{
+    switch (status) {
+    case 401: return "unauthorized";
+    case 403: return "forbidden";
+    case 404: return "not_found";
+    case 409: return "conflict";
+    case 413: return "invalid_request";
+    case 422: return "unprocessable";
+    case 503: return "overloaded";
+    default: return status >= 500 ? "internal" : "invalid_request";
+    }
+}
+
+void srv_fail(srv_conn *c, int status, const char *fmt, ...)
+{
+    char m[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    srv_respond_error(c, status, type_of(status), m, status == 503 ? "Retry-After: 1\r\n" : NULL);
+}
+
+void srv_respond_cjson(srv_conn *c, int status, cJSON *root)
+{
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) {
+        srv_fail(c, 500, "out of memory");
+        return;
+    }
+    srv_respond_json(c, status, text);
+    free(text);
+}
+
+void srv_stream_cjson(srv_conn *c, cJSON *o)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (text) {
+        srv_stream_event(c, text, strlen(text));
+        free(text);
+    }
+}
+
+void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (why == ENG_FINISH_ERROR || !text)
+        srv_respond_error(c, 500, "internal",
+                          text ? "the engine failed this request" : "out of memory", NULL);
+    else
+        srv_respond_json(c, 200, text);
+    free(text);
+}
+
+cJSON *srv_body_object(srv_conn *c)
+{
+    if (!c->req.body || c->req.body_len == 0) {
+        srv_fail(c, 400, "the request needs a JSON object body");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(c->req.body, c->req.body_len, &end, false);
+    if (!root) {
+        long at = end ? (long)(end - c->req.body) : 0;
+        srv_fail(c, 400, "the body is not valid JSON (parsing stopped at byte %ld)", at);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_fail(c, 400, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+bool srv_only_known(srv_conn *c, const cJSON *obj, const char *where, const char *const *allowed)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach (it, obj) {
+        bool ok = false;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = strcmp(it->string, *a) == 0;
+        if (!ok) {
+            srv_fail(c, 400, "%s: unknown field \"%s\"", where, it->string);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool srv_is_null(const cJSON *v)
+{
+    return !v || cJSON_IsNull(v);
+}
+
+bool srv_get_number(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
+                    double *out, bool *present)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (present)
+        *present = !srv_is_null(v);
+    if (srv_is_null(v))
+        return true;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        srv_fail(c, 400, "\"%s\" must be a number", name);
+        return false;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        srv_fail(c, 400, "\"%s\" is %g; it must be in [%g, %g]", name, v->valuedouble, lo, hi);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+bool srv_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
+                 int64_t *out, bool *present)
+{
+    double d = 0;
+    bool have = false;
+    if (!srv_get_number(c, obj, name, lo, hi, &d, &have))
+        return false;
+    if (present)
+        *present = have;
+    if (have) {
+        if (d != floor(d)) {
+            srv_fail(c, 400, "\"%s\" must be an integer, not %g", name, d);
+            return false;
+        }
+        *out = (int64_t)d;
+    }
+    return true;
+}
+
+bool srv_get_bool(srv_conn *c, const cJSON *obj, const char *name, bool *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (srv_is_null(v))
+        return true;
+    if (!cJSON_IsBool(v)) {
+        srv_fail(c, 400, "\"%s\" must be true or false", name);
+        return false;
+    }
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char **out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (srv_is_null(v))
+        return true;
+    if (!cJSON_IsString(v)) {
+        srv_fail(c, 400, "\"%s\" must be a string", name);
+        return false;
+    }
+    *out = v->valuestring;
+    return true;
+}
+
+/* --- what both generation APIs read
+ * ------------------------------------------------------------------ */
+
+bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (srv_is_null(v))
+        return true;
+    if (cJSON_IsString(v)) {
+        a->stops[a->n_stops++] = v->valuestring;
+        return true;
+    }
+    if (!cJSON_IsArray(v)) {
+        srv_fail(c, 400, "\"%s\" must be a string or an array of strings", name);
+        return false;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach (it, v) {
+        if (!cJSON_IsString(it) || !it->valuestring[0]) {
+            srv_fail(c, 400, "\"%s\" must hold non-empty strings", name);
+            return false;
+        }
+        if (a->n_stops == SRV_MAX_STOPS) {
+            srv_fail(c, 400, "\"%s\": at most %d stop strings", name, SRV_MAX_STOPS);
+            return false;
+        }
+        a->stops[a->n_stops++] = it->valuestring;
+    }
+    return true;
+}
+
+bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default)
+{
+    double temperature = greedy_default ? 0.0 : 1.0, top_p = 1.0, penalty = 1.0;
+    int64_t top_k = 0, seed = 0;
+    bool has_t = false, has_seed = false, has_k = false, has_p = false;
+    if (!srv_get_number(c, p, "temperature", 0.0, 100.0, &temperature, &has_t) ||
+        !srv_get_number(c, p, "top_p", 0.0, 1.0, &top_p, &has_p) ||
+        !srv_get_int(c, p, "top_k", 0, 1 << 24, &top_k, &has_k) ||
+        !srv_get_number(c, p, "repetition_penalty", 0.0, 100.0, &penalty, NULL) ||
+        !srv_get_int(c, p, "seed", 0, 9007199254740991.0, &seed, &has_seed))
+        return false;
+    if (greedy_default) {
+        /* TGI: do_sample, or any sampling parameter, turns sampling on */
+        bool do_sample = false;
+        if (!srv_get_bool(c, p, "do_sample", &do_sample))
+            return false;
+        if (!do_sample && !has_t && !has_k && !has_p)
+            temperature = 0.0;
+        else if (!has_t)
+            temperature = 1.0;
+    }
+    if (has_p && top_p == 0.0) {
+        srv_fail(c, 400, "\"top_p\" must be in (0, 1]");
+        return false;
+    }
+    a->sampling.temperature = (float)temperature;
+    a->sampling.top_p = (float)top_p;
+    a->sampling.top_k = (int32_t)top_k;
+    a->sampling.repetition_penalty = (float)penalty;
+    a->sampling.seed = has_seed ? (uint64_t)seed : (uint64_t)time(NULL) ^ (uint64_t)c->serial;
+    return true;
+}
