@@ -338,7 +338,7 @@ static char objects[MAX_OBJECTS][128];
 static int n_objects;
 static bool object_uses[MAX_OBJECTS][MAX_OBJECTS];
 static struct {
-    char name[128];
+    char name[256]; /* longer names (C++'s mangled ones) are cut, alike on both sides */
     int object;
 } defined[MAX_SYMBOLS];
 static int n_defined;
@@ -368,7 +368,7 @@ static void each_symbol(const char *library, const char *flags,
     cr_assert(n > 0 && (size_t)n < sizeof command);
     FILE *nm = popen(command, "r");
     cr_assert(nm, "cannot run nm");
-    char line[1024];
+    char line[4096];
     while (fgets(line, sizeof line, nm)) {
         /* "<library>:<member>:<address> T name" or "<library>:<member>: U name" */
         char *member = strchr(line + strlen(path), ':');
@@ -395,6 +395,7 @@ static void record_definition(int object, char kind, const char *symbol)
 {
     (void)kind;
     cr_assert_lt(n_defined, MAX_SYMBOLS);
+    /* symbol holds at most 255 bytes (each_symbol's scan) */
     copy_path(defined[n_defined].name, sizeof defined[0].name, symbol);
     defined[n_defined++].object = object;
 }
