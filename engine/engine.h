@@ -1,5 +1,5 @@
 /*
- * engine.h - engine/ in one include: model files, tokenizer, model and
+ * engine.h - engine/ in one include: model files, tokenizer, chat templates, model and
  * weight versions, runtime, scheduler (each subfolder's own header says
  * what it offers, owns and may touch).
  */
@@ -10,6 +10,7 @@
 #include "modelfile.h"
 #include "runtime.h"
 #include "scheduler.h"
+#include "template.h"
 #include "tokenizer.h"
 
 #include <stdio.h>
