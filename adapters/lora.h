@@ -62,8 +62,12 @@ typedef struct lora_meta {
  * feature (use_dora, a trained bias, modules_to_save, embedding or conv
  * targets: refused by the field's name). On a llama GGUF model the rows of
  * q_proj / k_proj B are permuted as llama.cpp's converter permuted the
- * weights. *out has one reference (eng_lora_unref frees it); meta (may be
- * NULL) receives what the config said.
+ * weights. The folder's own chat template, when it has one
+ * (chat_template.jinja or tokenizer_config.json's "chat_template", read as
+ * for a model: eng_chat_templates_from_folder), goes into
+ * (*out)->chat_template and chat_template_tool_use. *out has one reference
+ * (eng_lora_unref frees it); meta (may be NULL) receives what the config
+ * said.
  */
 int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
               const eng_model *m, char *msg, size_t msg_len);

@@ -60,8 +60,9 @@
  *
  * It offers lora_load (lora.h). The eng_lora it builds owns the mapped
  * adapter_model.safetensors (A and B borrow from it, through
- * st_tensor_qtensor) and the copies it had to make (a misaligned tensor, a
- * llama GGUF's permuted B), released by its destroy. It reads the model
+ * st_tensor_qtensor), the copies it had to make (a misaligned tensor, a
+ * llama GGUF's permuted B) and the folder's chat templates, released by its
+ * destroy. It reads the model
  * (shapes, rope layout, name) and never writes it.
  */
 #include "lora.h"
@@ -96,6 +97,8 @@ static void peft_destroy(eng_lora *l)
             qt_free(&l->modules[i].b);
         }
     free(l->modules);
+    free(l->chat_template);
+    free(l->chat_template_tool_use);
     st_close(&p->file);
     free(p);
 }
@@ -1083,10 +1086,15 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
     rc = map_keys(&c, &pl->file, m, plan, msg, msg_len);
     if (rc == QL_OK)
         rc = build_modules(&c, pl, m, plan, &copied, msg, msg_len);
+    if (rc == QL_OK)
+        rc = eng_chat_templates_from_folder(dir, &l->chat_template, &l->chat_template_tool_use, msg,
+                                            msg_len);
     if (rc != QL_OK)
         goto done;
     /* the whole mapping stays while the adapter lives, plus what was copied */
-    l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules;
+    l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules +
+               (l->chat_template ? strlen(l->chat_template) : 0) +
+               (l->chat_template_tool_use ? strlen(l->chat_template_tool_use) : 0);
 
     if (c.base_model && m->name[0]) {
         char want[256], have[256];

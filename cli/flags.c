@@ -24,5 +24,6 @@ eng_load_opts cli_load_opts(const cfg_model *m)
                            .blocksize = m->blocksize,
                            .group_size = m->group_size,
                            .quantize_lm_head = m->quantize_lm_head,
-                           .dtype = m->dtype};
+                           .dtype = m->dtype,
+                           .chat_template = m->chat_template};
 }

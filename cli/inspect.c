@@ -147,6 +147,11 @@ static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t
     fprintf(out, "tokenizer %s, %zu tokens, bos %d, eos %d, adds bos: %s\n", tok_describe(m.tok),
             tok_vocab_size(m.tok), tok_bos(m.tok), tok_eos(m.tok),
             tok_adds_bos(m.tok) ? "yes" : "no");
+    if (m.chat_template)
+        fprintf(out, "chat template: yes, %zu bytes%s\n", strlen(m.chat_template),
+                m.chat_template_tool_use ? "; a tool_use template too" : "");
+    else
+        fputs("chat template: none (chat requests are refused)\n", out);
     eng_model_free(&m);
     return QL_OK;
 }

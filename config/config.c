@@ -166,6 +166,13 @@ int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size
         "dtype", OPT_STRING, &(m)->dtype, "f32 | bf16 | f16: dtype of dense parameters"            \
     }
 
+/* serve's and generate's: a chat template file over the model's own. */
+#define CHAT_TEMPLATE_OPT(m)                                                                       \
+    {                                                                                              \
+        "chat-template", OPT_STRING, &(m)->chat_template,                                          \
+            "FILE: a Jinja chat template replacing the model's (unset: the model's own)"           \
+    }
+
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
@@ -219,7 +226,7 @@ static bool known_device(const char *d)
          "merge the adapter into the weights and print the merge report (default: unmerged)"},     \
         {"into", OPT_STRING, &(g)->into,                                                           \
          "int8|bf16: store merged modules in a wider kind (default: the weight's own)"},           \
-        MODEL_OPTS(&(g)->model)
+        CHAT_TEMPLATE_OPT(&(g)->model), MODEL_OPTS(&(g)->model)
 
 int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len)
 {
@@ -271,7 +278,7 @@ typedef struct serve_layer {
 
 #define SERVE_OPTS(l)                                                                              \
     {"model", OPT_STRING, &(l)->s.model.path, "PATH: a Hugging Face folder or a .gguf file"},      \
-        MODEL_OPTS(&(l)->s.model),                                                                 \
+        MODEL_OPTS(&(l)->s.model), CHAT_TEMPLATE_OPT(&(l)->s.model),                               \
         {"host", OPT_STRING, &(l)->s.host, "ADDR: the address to listen on"},                      \
         {"port", OPT_INT, &(l)->s.port, "N: the TCP port (0: pick a free one)"},                   \
         {"adapter-dir", OPT_STRING, &(l)->s.adapter_dir,                                           \

@@ -35,6 +35,9 @@ typedef struct cfg_model {
     int32_t group_size;    /* --group-size for int4/int8 (0: kind's default) */
     bool quantize_lm_head; /* --quantize-lm-head */
     const char *dtype;     /* --dtype f32|bf16|f16 for dense parameters */
+    /* --chat-template FILE (serve, generate): its text replaces the model's
+     * chat templates; NULL: the model's own */
+    const char *chat_template;
 } cfg_model;
 
 typedef struct cfg_inspect {
@@ -70,7 +73,7 @@ typedef struct cfg_generate {
 /* `qlserve serve`: see cfg_parse_serve for where each value comes from. */
 typedef struct cfg_serve {
     /* --model (required), --quant, --blocksize, --group-size,
-     * --quantize-lm-head, --dtype: MODEL_OPTS */
+     * --quantize-lm-head, --dtype: MODEL_OPTS; --chat-template */
     cfg_model model;
     const char *host; /* --host, default "127.0.0.1" */
     int32_t port;     /* --port, default 8080; 0: pick a free port (tests) */

@@ -104,7 +104,8 @@ static void load_run(uv_work_t *req)
                         .blocksize = c->model.blocksize,
                         .group_size = c->model.group_size,
                         .quantize_lm_head = c->model.quantize_lm_head,
-                        .dtype = c->model.dtype};
+                        .dtype = c->model.dtype,
+                        .chat_template = c->model.chat_template};
     j->rc = eng_model_load(&s->model, &lo, j->msg, sizeof j->msg);
     if (j->rc != QL_OK)
         return;

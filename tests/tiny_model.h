@@ -258,9 +258,14 @@ static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows,
     free(v);
 }
 
-static inline void tiny_write_gguf(const char *path, const tiny_spec *s, qt_kind linear)
+/* The GGUF file, with more string metadata: meta holds key, value pairs
+ * and ends with NULL (meta NULL: none). */
+static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt_kind linear,
+                                        const char *const *meta)
 {
     gguf_writer *w = gguf_writer_new();
+    for (size_t i = 0; meta && meta[i]; i += 2)
+        gguf_writer_set_str(w, meta[i], meta[i + 1]);
     int head_dim = s->hidden / s->heads;
     gguf_writer_set_str(w, "general.architecture", "llama");
     gguf_writer_set_str(w, "general.name", "tiny");
@@ -325,6 +330,11 @@ static inline void tiny_write_gguf(const char *path, const tiny_spec *s, qt_kind
     char msg[512];
     cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     gguf_writer_free(w);
+}
+
+static inline void tiny_write_gguf(const char *path, const tiny_spec *s, qt_kind linear)
+{
+    tiny_write_gguf_meta(path, s, linear, NULL);
 }
 
 #endif

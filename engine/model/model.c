@@ -2,8 +2,8 @@
  * model.c - eng_model_load, the one way in: a folder goes to the Hugging
  * Face loader (load_hf.c), a file to the GGUF loader (load_gguf.c), both
  * with --quant and --dtype read first (loader.c); then the checks that
- * hold for every format, and the walks over a loaded model (each tensor,
- * its bytes, eng_model_free).
+ * hold for every format, the chat templates (chat_template.c), and the
+ * walks over a loaded model (each tensor, its bytes, eng_model_free).
  *
  * Nothing here computes: the forward pass lives in engine/runtime/. A
  * model owns its tensors, its tokenizer and the mapped files they borrow
@@ -42,6 +42,20 @@ static void describe_quant(eng_model *m)
         snprintf(m->quant, sizeof m->quant, "%s", qt_kind_name(w->kind));
 }
 
+/* The chat templates: --chat-template's file replaces both of the model's;
+ * else the folder's or the GGUF's own. */
+static int load_chat_templates(const model_loader *L, char *msg, size_t msg_len)
+{
+    eng_model *m = L->m;
+    if (L->o->chat_template)
+        return eng_chat_template_read_file(L->o->chat_template, &m->chat_template, msg, msg_len);
+    if (m->gguf)
+        return model_chat_templates_from_gguf(m->gguf, &m->chat_template,
+                                              &m->chat_template_tool_use, msg, msg_len);
+    return eng_chat_templates_from_folder(L->dir, &m->chat_template, &m->chat_template_tool_use,
+                                          msg, msg_len);
+}
+
 int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len)
 {
     memset(m, 0, sizeof *m);
@@ -63,6 +77,11 @@ int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_l
         rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: the tokenizer has %zu tokens but the model embeds only %d", o->path,
                      tok_vocab_size(m->tok), m->cfg.vocab_size);
+    if (rc != QL_OK) {
+        eng_model_free(m);
+        return rc;
+    }
+    rc = load_chat_templates(&L, msg, msg_len);
     if (rc != QL_OK) {
         eng_model_free(m);
         return rc;
@@ -108,5 +127,7 @@ void eng_model_free(eng_model *m)
         gguf_close(m->gguf);
         free(m->gguf);
     }
+    free(m->chat_template);
+    free(m->chat_template_tool_use);
     memset(m, 0, sizeof *m);
 }

@@ -93,6 +93,12 @@ typedef struct eng_model {
     st_file *shards; /* safetensors files kept mapped */
     size_t n_shards;
     gguf_file *gguf; /* or the GGUF file kept mapped */
+    /* the chat template's Jinja source (the default, and the one for
+     * requests with tools), owned, NULL when none: from --chat-template, else
+     * the folder's chat_template.jinja or tokenizer_config.json, else the
+     * GGUF's tokenizer.chat_template[.tool_use] (chat_template.c) */
+    char *chat_template;
+    char *chat_template_tool_use;
 } eng_model;
 
 typedef struct eng_load_opts {
@@ -106,6 +112,9 @@ typedef struct eng_load_opts {
     /* the float dtype of dense parameters: "f32", "bf16", "f16", or NULL to
      * keep the file's; quant state keeps its own dtype either way */
     const char *dtype;
+    /* a file whose text replaces the model's chat templates (both: the
+     * tool_use one too), or NULL to keep the model's */
+    const char *chat_template;
 } eng_load_opts;
 
 /*
@@ -122,6 +131,25 @@ void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void
 /* Bytes of weights the model holds (codes and quant state). */
 size_t eng_model_weight_bytes(const eng_model *m);
 const char *eng_arch_name(eng_arch a);
+
+/* --- chat template sources (chat_template.c) ------------------------------- */
+
+/* The largest chat template taken (real ones are under 32 KiB). */
+#define ENG_CHAT_TEMPLATE_MAX_BYTES ((size_t)1 << 20)
+
+/* A template file's whole text into *out (the caller frees): refused when
+ * missing, larger than ENG_CHAT_TEMPLATE_MAX_BYTES, holding a NUL byte or
+ * not UTF-8, naming the file. */
+int eng_chat_template_read_file(const char *path, char **out, char *msg, size_t msg_len);
+/* A Hugging Face folder's templates (a model's or an adapter's), as
+ * transformers finds them: chat_template.jinja (and
+ * additional_chat_templates/tool_use.jinja) when there, else
+ * tokenizer_config.json's "chat_template" (a string, or a list of named
+ * templates: "default" into *tmpl, "tool_use" into *tool_use). Either is
+ * NULL when the folder has none; both are the caller's (free()). On error
+ * both are NULL. */
+int eng_chat_templates_from_folder(const char *dir, char **tmpl, char **tool_use, char *msg,
+                                   size_t msg_len);
 
 /* --- adapters as the engine sees them: low-rank deltas and weight versions
  *     (weights.c) ------------------------------------------------------------- */
@@ -171,6 +199,12 @@ typedef struct eng_lora {
     size_t bytes;             /* memory it holds (tensors mapped or copied) */
     int refs;                 /* atomic */
     uint64_t requests;        /* atomic: sequences admitted that asked for it */
+    /* the adapter folder's own chat templates (PEFT saves the tokenizer
+     * beside the adapter when training changed it), used for requests to
+     * the adapter instead of the model's; NULL when the folder has none.
+     * Owned: whoever builds the adapter frees them in destroy. */
+    char *chat_template;
+    char *chat_template_tool_use;
     void (*destroy)(struct eng_lora *l);
 } eng_lora;
 

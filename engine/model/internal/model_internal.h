@@ -11,7 +11,8 @@
  *                field) and the walks over it;
  *   load_hf.c    a Hugging Face folder (config.json, safetensors shards,
  *                bitsandbytes 4-bit weights);
- *   load_gguf.c  a GGUF file.
+ *   load_gguf.c  a GGUF file;
+ *   chat_template.c  the chat templates' source text (folder, GGUF, file).
  *
  * Calls go model.c -> load_*.c -> loader.c, layers.c, never back.
  */
@@ -81,5 +82,13 @@ void model_layers_free(eng_model *m);
 int model_load_hf(model_loader *L, char *msg, size_t msg_len);
 /* Load the GGUF file L->o->path into L->m; the same contract. */
 int model_load_gguf(model_loader *L, char *msg, size_t msg_len);
+
+/* --- chat_template.c ------------------------------------------------------ */
+
+/* f's tokenizer.chat_template and tokenizer.chat_template.tool_use (NULL
+ * when absent; the caller's, free()); a key that is not a string, too
+ * long, or not UTF-8 is refused by name. On error both are NULL. */
+int model_chat_templates_from_gguf(const gguf_file *f, char **tmpl, char **tool_use, char *msg,
+                                   size_t msg_len);
 
 #endif
