@@ -3,9 +3,11 @@
  * unchanged: POST /generate and /generate_stream ({"inputs",
  * "parameters", "stream"} in; {"generated_text", "details"} out, or one
  * server-sent event per token and a last one with the whole text and
- * details) and GET /info.
+ * details), POST / (TGI's compat route: either, by "stream"), POST
+ * /tokenize (the prompt's tokens with their byte spans) and GET /info.
  *
- * Offers the route handlers srv_tgi_*; owns the TGI request fields (the
+ * Offers the route handlers srv_tgi_* and srv_tokenize_spans (the token
+ * list /tokenize answers, for any route that shows tokens); owns the TGI request fields (the
  * ones TGI has that this server does not implement are accepted only when
  * off) and the TGI answer shapes. Touches request.c's helpers, http.c's
  * stream end, and bridge.c's srv_generate and the generation it hands
@@ -168,8 +170,24 @@ static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish wh
     srv_stream_end(c);
 }
 
+/* TGI's compat route answers a whole generation as a list of one /generate
+ * answer ("to match api-inference", compat_generate says). */
+static void compat_whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
+                              const eng_usage *u)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "generated_text", full);
+    if (g->details)
+        cJSON_AddItemToObject(o, "details", tgi_details(g, why, u, true));
+    cJSON *list = cJSON_CreateArray();
+    cJSON_AddItemToArray(list, o);
+    srv_respond_generation(c, list, why);
+}
+
 static const srv_shape tgi_whole = {
     .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .on_done = whole_done};
+static const srv_shape tgi_compat_whole = {
+    .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .on_done = compat_whole_done};
 static const srv_shape tgi_stream = {.stream = true,
                                      .adapter_noun = "adapter",
                                      .adapter_unknown = " is not loaded",
@@ -202,6 +220,249 @@ void srv_tgi_generate_stream(srv_conn *c, const char *name)
 {
     (void)name;
     generate(c, true);
+}
+
+/*
+ * POST /: TGI's compat route (router/src/server.rs compat_generate), what
+ * huggingface_hub's InferenceClient.text_generation posts to: a /generate
+ * body whose "stream" picks /generate_stream's events or a list of one
+ * /generate answer. One difference from /generate, as in TGI: an absent
+ * return_full_text defaults to true, TGI's default for a model whose Hub
+ * pipeline tag is "text-generation" or unknown (a local model's is).
+ */
+void srv_tgi_compat(srv_conn *c, const char *name)
+{
+    (void)name;
+    cJSON *root = srv_body_object(c);
+    if (!root)
+        return;
+    srv_ask a = {.return_full_text = true};
+    bool stream = false;
+    if (parse_tgi(c, root, &a) && srv_get_bool(c, root, "stream", &stream))
+        srv_generate(c, &a, stream ? &tgi_stream : &tgi_compat_whole);
+    cJSON_Delete(root);
+}
+
+/* --- POST /tokenize: ids with their byte spans in the input --------------------- */
+
+/*
+ * Where each token of text[0..len) lies in it, as TGI answers /tokenize
+ * (encoding_to_tokens: the tokenizers crate's byte offsets). Our tokenizer
+ * does not keep offsets, so they are found by decoding: the tokens' bytes,
+ * streamed one token at a time (tok_stream: whole characters only, and a
+ * SentencePiece tokenizer's prefix space dropped as the first byte), must
+ * spell the input from its start, and each token spans the bytes it
+ * produced. Where a character's bytes are split over tokens (byte-fallback
+ * or byte-level pieces of é or €), every token holding part of it spans
+ * the whole character, as the tokenizers crate aligns them. A special
+ * token spans its text where the input spells it, else nothing (the BOS
+ * the tokenizer adds: start == stop). SentencePiece's prefix spaces: one
+ * the input does not have (prepended to the text, or to a segment after a
+ * special token) belongs to the token holding it, aligned with the
+ * character that follows (a token that is only "▁" spans that
+ * character); one the input has but the decoder drops (the first, when
+ * the input starts with a space) is spanned by the token that holds it.
+ * Checked against tokenizers 0.23 for byte-level and SentencePiece-style
+ * tokenizers (tests/fixtures/make_tokenize_offsets.py). Not followed: a
+ * ByteLevel post-processor's trim_offsets (GPT-2's own tokenizer.json has
+ * it; Llama 3's and Qwen2's do not), which would leave a token's leading
+ * space out of its span. When the bytes do not spell the input, *aligned
+ * is false: TGI then answers every token with "" at 0..0, and so do we.
+ */
+typedef struct token_span {
+    size_t start, stop;
+} token_span;
+
+/* Whether id is a special (control) token: decoded with specials skipped
+ * it is nothing, without it is something. Its text, when so, in *text. */
+static bool special_text(const tok_tokenizer *t, int32_t id, char **text, size_t *len)
+{
+    char *kept = NULL, *skipped = NULL;
+    size_t kept_len = 0, skipped_len = 0;
+    bool special = tok_decode(t, &id, 1, true, &skipped, &skipped_len, NULL, 0) == QL_OK &&
+                   tok_decode(t, &id, 1, false, &kept, &kept_len, NULL, 0) == QL_OK &&
+                   skipped_len == 0 && kept_len > 0;
+    free(skipped);
+    *text = special ? kept : NULL;
+    *len = special ? kept_len : 0;
+    if (!special)
+        free(kept);
+    return special;
+}
+
+/* Push id onto the stream into *buf (grown as needed): the bytes it
+ * completes, or a negative code. */
+static long push_token(const tok_tokenizer *t, tok_stream *st, int32_t id, char **buf, size_t *cap)
+{
+    for (;;) {
+        long k = tok_stream_push(t, st, id, *buf, *cap);
+        if (k != QL_EINVAL || *cap >= ((size_t)1 << 20))
+            return k;
+        char *bigger = realloc(*buf, *cap * 4);
+        if (!bigger)
+            return QL_ENOMEM;
+        *buf = bigger;
+        *cap *= 4;
+    }
+}
+
+/* The byte length of the character at text[pos] (1 for a byte that starts
+ * none; 0 at the end). */
+static size_t char_len_at(const char *text, size_t len, size_t pos)
+{
+    uint32_t cp;
+    if (pos >= len)
+        return 0;
+    size_t n = ql_utf8_next((const uint8_t *)text + pos, len - pos, &cp);
+    return n ? n : 1;
+}
+
+static int find_spans(const tok_tokenizer *t, const char *text, size_t len, const int32_t *ids,
+                      size_t n, token_span *spans, bool *aligned)
+{
+    *aligned = false;
+    size_t cap = 256, pos = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return QL_ENOMEM;
+    tok_stream st = {0};
+    long waiting = -1;          /* the first token whose last character is not yet whole */
+    bool after_special = false; /* a segment starts: it may have a prefix space */
+    int rc = QL_OK;
+    size_t i = 0;
+    for (; i < n; i++) {
+        char *piece;
+        size_t plen;
+        if (special_text(t, ids[i], &piece, &plen)) {
+            bool spelled =
+                st.n_pending == 0 && plen <= len - pos && !memcmp(text + pos, piece, plen);
+            free(piece);
+            spans[i] = (token_span){pos, spelled ? pos + plen : pos};
+            pos = spans[i].stop;
+            after_special = true;
+            continue;
+        }
+        bool first_push = st.n_pushed == 0;
+        long k = push_token(t, &st, ids[i], &buf, &cap);
+        if (k < 0) {
+            rc = (int)k;
+            break;
+        }
+        const char *b = buf;
+        size_t lead = 0; /* input bytes the token covers before the ones it produced */
+        if (after_special && k > 0 && b[0] == ' ' && (pos == len || text[pos] != ' ')) {
+            b++; /* a segment's SentencePiece prefix space, not in the input */
+            k--;
+        } else if (first_push && st.n_pushed > (size_t)k && pos < len && text[pos] == ' ' &&
+                   ((size_t)k > len - pos || memcmp(text + pos, b, (size_t)k) != 0)) {
+            lead = 1; /* the decoder dropped the input's own first space */
+        }
+        after_special = false;
+        size_t at = pos + lead;
+        if ((size_t)k > len - at || memcmp(text + at, b, (size_t)k) != 0)
+            break;
+        if (k == 0 && !st.n_pending) {
+            /* only a prefix space the input does not have: tokenizers aligns it
+             * with the character that follows */
+            spans[i] = (token_span){pos, pos + char_len_at(text, len, pos)};
+            continue;
+        }
+        if (waiting >= 0 && k > 0) {
+            for (size_t j = (size_t)waiting; j < i; j++)
+                spans[j].stop = at + char_len_at(text, len, at);
+            waiting = -1;
+        }
+        spans[i] = (token_span){pos, at + (size_t)k};
+        pos = at + (size_t)k;
+        if (st.n_pending && waiting < 0)
+            waiting = (long)i;
+    }
+    free(buf);
+    *aligned = rc == QL_OK && i == n && pos == len && waiting < 0;
+    return rc;
+}
+
+/* The answer's list: one {"id", "text", "start", "stop"} per token. */
+static cJSON *spans_json(const char *text, const int32_t *ids, const token_span *spans, size_t n,
+                         bool aligned)
+{
+    cJSON *list = cJSON_CreateArray();
+    for (size_t i = 0; list && i < n; i++) {
+        token_span sp = aligned ? spans[i] : (token_span){0, 0};
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", ids[i]);
+        char *piece = strndup(text + sp.start, sp.stop - sp.start);
+        cJSON_AddStringToObject(o, "text", piece ? piece : "");
+        free(piece);
+        cJSON_AddNumberToObject(o, "start", (double)sp.start);
+        cJSON_AddNumberToObject(o, "stop", (double)sp.stop);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
+}
+
+int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, bool add_special,
+                       cJSON **out, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tok_encode(t, text, len, add_special && tok_adds_bos(t), true, &ids, &n, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    token_span *spans = calloc(n ? n : 1, sizeof *spans);
+    bool aligned = false;
+    rc = spans ? find_spans(t, text, len, ids, n, spans, &aligned) : QL_ENOMEM;
+    if (rc == QL_OK)
+        *out = spans_json(text, ids, spans, n, aligned);
+    if (!*out)
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory tokenizing %zu bytes", len);
+    free(spans);
+    free(ids);
+    return rc;
+}
+
+/*
+ * POST /tokenize, TGI's: a /generate body ({"inputs", "parameters"},
+ * checked as /generate checks it) answered with the prompt's tokens as the
+ * model is fed them: special tokens written in the text parsed, and the
+ * tokenizer's BOS, which TGI always adds (its GenerateRequest's
+ * add_special_tokens is not read from the body: serde skip, default true).
+ * Ours reads "add_special_tokens" (default true) so a client can see the
+ * text without it.
+ */
+void srv_tgi_tokenize(srv_conn *c, const char *name)
+{
+    (void)name;
+    cJSON *root = srv_body_object(c);
+    if (!root)
+        return;
+    bool add_special = true;
+    cJSON *flag = cJSON_DetachItemFromObjectCaseSensitive(root, "add_special_tokens");
+    if (!srv_is_null(flag) && !cJSON_IsBool(flag)) {
+        srv_fail(c, 400, "\"add_special_tokens\" must be a boolean");
+    } else {
+        add_special = !cJSON_IsFalse(flag);
+        srv_ask a = {0};
+        if (parse_tgi(c, root, &a)) {
+            if (c->s->draining || !c->s->serving) {
+                srv_fail(c, 503,
+                         c->s->draining ? "the server is shutting down"
+                                        : "the model is still loading");
+            } else {
+                char msg[1024];
+                cJSON *list;
+                int rc = srv_tokenize_spans(c->s->model.tok, a.prompt, strlen(a.prompt),
+                                            add_special, &list, msg, sizeof msg);
+                if (rc == QL_OK)
+                    srv_respond_cjson(c, 200, list);
+                else
+                    srv_fail(c, srv_status_of(rc), "%s", msg);
+            }
+        }
+    }
+    cJSON_Delete(flag);
+    cJSON_Delete(root);
 }
 
 void srv_tgi_info(srv_conn *c, const char *name)

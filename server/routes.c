@@ -50,9 +50,12 @@ static const struct {
     const char *path; /* exact, or with one {name} segment */
     srv_handler *handler;
 } routes[] = {
+    {HTTP_GET, "/", health}, /* TGI answers GET / as /health */
+    {HTTP_POST, "/", srv_tgi_compat},
     {HTTP_POST, "/generate", srv_tgi_generate},
     {HTTP_POST, "/generate_stream", srv_tgi_generate_stream},
     {HTTP_GET, "/info", srv_tgi_info},
+    {HTTP_POST, "/tokenize", srv_tgi_tokenize},
     {HTTP_POST, "/v1/completions", srv_oai_completions},
     {HTTP_GET, "/v1/models", srv_oai_models},
     {HTTP_GET, "/health", health},

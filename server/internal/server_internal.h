@@ -225,6 +225,16 @@ typedef void srv_handler(srv_conn *c, const char *name);
 srv_handler srv_tgi_generate;        /* POST /generate */
 srv_handler srv_tgi_generate_stream; /* POST /generate_stream */
 srv_handler srv_tgi_info;            /* GET /info */
+srv_handler srv_tgi_compat;          /* POST / (TGI's compat route) */
+srv_handler srv_tgi_tokenize;        /* POST /tokenize */
+/* text[0..len) tokenized as the engine tokenizes a prompt (special tokens
+ * in the text parsed; BOS when add_special and the tokenizer adds one), as
+ * TGI's token list: [{"id", "text", "start", "stop"}] with byte offsets
+ * into text (api_tgi.c says how they are found), into *out (the caller's
+ * to cJSON_Delete). On error a QL_E* code, msg, and *out NULL. For
+ * /tokenize, and for /chat_tokenize's "tokenize_response". */
+int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, bool add_special,
+                       cJSON **out, char *msg, size_t msg_len);
 
 srv_handler srv_oai_completions; /* POST /v1/completions */
 srv_handler srv_oai_models;      /* GET /v1/models */
