@@ -462,3 +462,27 @@ Test(chat_source, inspect_prints_the_template_and_its_length)
     out = run_inspect(model_dir);
     cr_assert(strstr(out, "chat template: yes, 10 bytes; a tool_use template too"), "%s", out);
 }
+
+Test(chat_source, generate_loads_the_chat_template_flag)
+{
+    /* the flag reaches the loader: a missing file stops generate, naming it */
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --prompt hi --max-new-tokens 1 --chat-template %s/nope.jinja "
+             "2>&1",
+             QL_BINARY, model_dir, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char out[4096];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_neq(pclose(p), 0, "%s", out);
+    cr_assert(strstr(out, "nope.jinja"), "%s", out);
+    /* and a file that is there is taken */
+    write_text(dir, "ok.jinja", "T");
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --prompt hi --max-new-tokens 1 --chat-template %s/ok.jinja "
+             ">/dev/null 2>&1",
+             QL_BINARY, model_dir, dir);
+    cr_assert_eq(system(cmd), 0);
+}
