@@ -54,6 +54,7 @@ static const struct {
     {HTTP_POST, "/generate_stream", srv_tgi_generate_stream},
     {HTTP_GET, "/info", srv_tgi_info},
     {HTTP_POST, "/v1/completions", srv_oai_completions},
+    {HTTP_POST, "/v1/chat/completions", srv_oai_chat},
     {HTTP_GET, "/v1/models", srv_oai_models},
     {HTTP_GET, "/health", health},
     {HTTP_GET, "/metrics", metrics},
