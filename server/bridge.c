@@ -102,7 +102,8 @@ static int gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
     if (rc != QL_OK)
         return rc;
     s->oai_serial++;
-    snprintf(g->oai_id, sizeof g->oai_id, "cmpl-%llu", (unsigned long long)s->oai_serial);
+    snprintf(g->oai_id, sizeof g->oai_id, "%s-%llu",
+             g->shape->id_prefix ? g->shape->id_prefix : "cmpl", (unsigned long long)s->oai_serial);
     g->next_live = s->live;
     if (s->live)
         s->live->prev_live = g;
@@ -263,7 +264,7 @@ static bool check_limits(srv_conn *c, const srv_ask *a)
     return true;
 }
 
-static bool ready(srv_conn *c)
+bool srv_ready(srv_conn *c)
 {
     if (c->s->draining) {
         srv_fail(c, 503, "the server is shutting down");
@@ -278,7 +279,7 @@ static bool ready(srv_conn *c)
 
 void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
 {
-    if (!ready(c))
+    if (!srv_ready(c))
         return;
     /* the adapter and its default scale, when the request gives none */
     eng_lora_term term = {NULL, 1.0f};
@@ -322,7 +323,9 @@ void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
                      .stop = a->stops,
                      .n_stop = a->n_stops,
                      .adapters = lora ? &term : NULL,
-                     .n_adapters = lora ? 1 : 0};
+                     .n_adapters = lora ? 1 : 0,
+                     .fill_context = a->fill_context,
+                     .templated = a->templated};
     int rc = gen_submit(g, &r, msg, sizeof msg);
     eng_lora_unref(lora); /* the engine took its own reference */
     if (rc != QL_OK) {

@@ -128,6 +128,8 @@ static void load_run(uv_work_t *req)
                                  .threads = c->merge_threads};
         j->rc = lora_registry_new(&s->registry, s->engine, &s->model, &ro, j->msg, sizeof j->msg);
     }
+    if (j->rc == QL_OK)
+        srv_chat_templates_load(s); /* a refused template refuses chat, not the model */
     if (j->rc != QL_OK) {
         eng_engine_stop(s->engine);
         s->engine = NULL;
@@ -231,6 +233,7 @@ int srv_serve(const cfg_serve *cfg)
     if (s->engine)
         eng_engine_stop(s->engine);
     lora_registry_free(s->registry);
+    srv_chat_templates_free(s);
     if (s->model.layers)
         eng_model_free(&s->model);
     srv_bridge_on_wake(&s->wake); /* events that raced the stop: free them */

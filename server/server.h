@@ -154,6 +154,11 @@ struct srv_server {
     eng_model model;
     eng_engine *engine;
     lora_registry *registry;
+    /* the model's chat templates, compiled at load (NULL: none, or refused,
+     * and chat_template_error says why), and its BOS and EOS text */
+    tpl_template *chat_template, *chat_template_tools;
+    char chat_template_error[512];
+    char *chat_bos, *chat_eos;
     char model_id[160];
     double started_at; /* unix time */
     /* the engine's events, appended on the engine thread */

@@ -167,6 +167,23 @@ static void finish(eng_engine *e, seq *s, eng_finish why)
 
 /* --- submitting ------------------------------------------------------------------ */
 
+/* fill_context: lower *max_new to the room the context and the whole KV
+ * cache leave after the prompt's n tokens; refuse a prompt that leaves none. */
+static int fit_to_context(const eng_engine *e, size_t n, int32_t *max_new, char *msg,
+                          size_t msg_len)
+{
+    int64_t context = e->o.max_context > 0 ? e->o.max_context : e->m->cfg.max_position_embeddings;
+    int64_t cache = (int64_t)eng_kv_total_blocks(e->kv) * eng_kv_block_tokens(e->kv);
+    int64_t room = (context < cache ? context : cache) - (int64_t)n;
+    if (room < 1)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the prompt's %zu tokens leave no room in the context of %lld tokens", n,
+                       (long long)(context < cache ? context : cache));
+    if (room < *max_new)
+        *max_new = (int32_t)room;
+    return QL_OK;
+}
+
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len)
 {
     const eng_config *c = &e->m->cfg;
@@ -208,28 +225,30 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
         s->n_want = r->n_adapters;
     }
     size_t n = 0;
-    rc = tok_encode(e->m->tok, r->prompt, r->prompt_len, tok_adds_bos(e->m->tok), true, &s->prompt,
-                    &n, msg, msg_len);
+    rc = tok_encode(e->m->tok, r->prompt, r->prompt_len, tok_adds_bos(e->m->tok) && !r->templated,
+                    true, &s->prompt, &n, msg, msg_len);
     if (rc == QL_OK && n == 0)
         rc = ql_fail(msg, msg_len, QL_EINVAL, "the prompt encodes to no tokens");
     if (rc == QL_OK && (int64_t)n >= c->max_position_embeddings)
         rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "the prompt is %zu tokens; the context holds %d, with room for one more", n,
                      c->max_position_embeddings);
-    if (rc == QL_OK && e->o.max_context > 0 && (int64_t)n + r->max_new_tokens > e->o.max_context)
+    int32_t max_new = r->max_new_tokens;
+    if (rc == QL_OK && r->fill_context)
+        rc = fit_to_context(e, n, &max_new, msg, msg_len);
+    if (rc == QL_OK && e->o.max_context > 0 && (int64_t)n + max_new > e->o.max_context)
         rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "the prompt's %zu tokens plus max new tokens %d exceed the context length of "
                      "%d tokens",
-                     n, r->max_new_tokens, e->o.max_context);
+                     n, max_new, e->o.max_context);
     s->n_prompt = (int32_t)n;
-    int64_t want = (int64_t)n + r->max_new_tokens;
+    int64_t want = (int64_t)n + max_new;
     s->reserve = (int32_t)(want < c->max_position_embeddings ? want : c->max_position_embeddings);
     if (rc == QL_OK && eng_kv_blocks_for(e->kv, s->reserve) > eng_kv_total_blocks(e->kv))
         rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "%zu prompt tokens + max_new_tokens %d need %d KV blocks; the cache has %d "
                      "(lower max_new_tokens or give the KV cache more bytes)",
-                     n, r->max_new_tokens, eng_kv_blocks_for(e->kv, s->reserve),
-                     eng_kv_total_blocks(e->kv));
+                     n, max_new, eng_kv_blocks_for(e->kv, s->reserve), eng_kv_total_blocks(e->kv));
     if (rc == QL_OK)
         rc = eng_sampler_init(&s->sampler, &r->sampling, s->prompt, n);
     if (rc == QL_OK)
@@ -239,6 +258,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
         return rc;
     }
     s->req = *r;
+    s->req.max_new_tokens = max_new;
     s->req.prompt = NULL; /* not kept */
     s->req.stop = NULL;
     s->req.adapters = NULL;

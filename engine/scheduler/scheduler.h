@@ -110,6 +110,14 @@ typedef struct eng_request {
     const char *prompt;
     size_t prompt_len;
     int32_t max_new_tokens; /* >= 1 */
+    /* max_new_tokens is an upper bound: lower it to what the context (and
+     * the whole KV cache) leaves after the prompt, as OpenAI's chat
+     * completions do when max_tokens is not given */
+    bool fill_context;
+    /* the prompt is a rendered chat template: it writes its own special
+     * tokens, so no BOS is added (transformers tokenizes a rendered
+     * template with add_special_tokens=False) */
+    bool templated;
     eng_sampling sampling;
     const char *const *stop; /* stop strings, n_stop of them */
     size_t n_stop;

@@ -124,6 +124,8 @@ typedef struct srv_ask {
     double adapter_scale;
     bool has_scale;
     bool details, include_usage, return_full_text;
+    bool fill_context; /* max_new_tokens is a bound: fit it to the context */
+    bool templated;    /* prompt is a rendered chat template (no BOS added) */
 } srv_ask;
 
 /* "stop" (name): a string or an array of non-empty strings, into a. */
@@ -135,7 +137,8 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
 /* An API's answer to a generation: what it sends as tokens arrive and when
  * the generation ends. One constant per API and framing, in its file. */
 typedef struct srv_shape {
-    bool stream; /* a text/event-stream response, begun at submit */
+    bool stream;           /* a text/event-stream response, begun at submit */
+    const char *id_prefix; /* of the answer's id: "cmpl" when NULL */
     /* The 404 for an adapter that is not loaded: "<noun> NAME<unknown>". */
     const char *adapter_noun, *adapter_unknown;
     /* A token (token >= 0), or text the engine held back to the end (token
@@ -156,6 +159,9 @@ void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
 /* Check readiness, the adapter and the limits, then submit a for c, to be
  * answered in shape; or answer the refusal. */
 void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
+/* Whether c may be answered with a generation now (not draining, the model
+ * loaded); else the 503 has been answered. */
+bool srv_ready(srv_conn *c);
 
 /* One generation request, from submit to its engine on_done. Lives on the
  * loop; conn is NULL once the client has gone (the generation is then
@@ -179,6 +185,7 @@ struct srv_gen {
     bool sampled;
     char model_id[160];
     char oai_id[48];
+    bool opened; /* the API's opening event has gone out (chat's role delta) */
     double t_start, t_last;
     bool first_seen;
     srv_gen *next_live; /* the server's list of live generations */
@@ -238,6 +245,15 @@ int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, boo
 
 srv_handler srv_oai_completions; /* POST /v1/completions */
 srv_handler srv_oai_models;      /* GET /v1/models */
+
+/* --- chat completions (api_chat.c) ------------------------------------------- */
+
+srv_handler srv_oai_chat; /* POST /v1/chat/completions */
+/* Compile the loaded model's chat templates (a refused one is logged and
+ * answers chat requests with its reason) and keep its BOS/EOS text; free
+ * them. Called by serve.c around the model's life. */
+void srv_chat_templates_load(srv_server *s);
+void srv_chat_templates_free(srv_server *s);
 
 /* Whether c may use the admin routes (every path under /admin/, a route or
  * not): the bearer token, or a loopback client when none is configured,

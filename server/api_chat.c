@@ -1,0 +1,476 @@
+/*
+ * api_chat.c - chat completions, the route every chat client calls:
+ * POST /v1/chat/completions in OpenAI's shape (TGI's Messages API serves
+ * the same route with the same shapes).
+ *
+ * A request's messages are rendered through the model's chat template
+ * (engine/template/: the Jinja program the model ships, rendered as
+ * transformers' apply_chat_template renders it), with the variables
+ * transformers passes: messages, tools (none when not given),
+ * add_generation_prompt (true, as every chat server sends it), bos_token and
+ * eos_token. The text it gives is the prompt, tokenized as transformers
+ * tokenizes a rendered template: special tokens written in it are parsed,
+ * and no BOS is added (the template writes its own). The answer is a
+ * chat.completion, or chat.completion.chunk events: the first delta carries
+ * the role, then content deltas, a last chunk with finish_reason, the usage
+ * when stream_options.include_usage, and [DONE].
+ *
+ * What was chosen where OpenAI leaves it open: content given as a list of
+ * parts must be text parts ({"type": "text"}), joined with "\n" into one
+ * string (vLLM's "string" content format), since the templates of text
+ * models read content as a string; any other part (an image) is refused by
+ * its type. A template that raises (raise_exception) answers 400 with the
+ * template's message.
+ *
+ * Offers srv_oai_chat (the handler) and the templates' life on the server
+ * (srv_chat_templates_load/free, called by serve.c); owns the compiled
+ * templates and the chat request and answer shapes. Touches request.c's
+ * helpers, http.c's stream events, bridge.c's srv_generate, the model's
+ * tokenizer (for the BOS/EOS text) and engine/template/.
+ */
+#include "internal/server_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Output past this is a template gone wrong: real templates render a few
+ * kilobytes of framing around the messages, and the messages themselves
+ * are bounded by the body limit. */
+#define CHAT_RENDER_MAX ((size_t)8 << 20)
+
+/* --- the templates ------------------------------------------------------------ */
+
+/* The text of special token id (tok_bos/tok_eos), or "" when there is none. */
+static char *token_text(const tok_tokenizer *tok, int32_t id)
+{
+    char *text = NULL;
+    size_t len = 0;
+    char msg[256];
+    if (id < 0 || tok_decode(tok, &id, 1, false, &text, &len, msg, sizeof msg) != QL_OK)
+        return strdup("");
+    return text;
+}
+
+static void compile_one(srv_server *s, const char *source, const char *what, tpl_template **out)
+{
+    if (!source)
+        return;
+    char msg[512];
+    if (tpl_compile(out, source, strlen(source), msg, sizeof msg) != QL_OK) {
+        snprintf(s->chat_template_error, sizeof s->chat_template_error,
+                 "the model's %s chat template was refused at load: %s", what, msg);
+        fprintf(stderr, "qlserve: %s (chat requests will be refused)\n", s->chat_template_error);
+    }
+}
+
+void srv_chat_templates_load(srv_server *s)
+{
+    s->chat_bos = token_text(s->model.tok, tok_bos(s->model.tok));
+    s->chat_eos = token_text(s->model.tok, tok_eos(s->model.tok));
+    compile_one(s, s->model.chat_template, "default", &s->chat_template);
+    compile_one(s, s->model.chat_template_tool_use, "tool_use", &s->chat_template_tools);
+}
+
+void srv_chat_templates_free(srv_server *s)
+{
+    tpl_free(s->chat_template);
+    tpl_free(s->chat_template_tools);
+    free(s->chat_bos);
+    free(s->chat_eos);
+    s->chat_template = s->chat_template_tools = NULL;
+    s->chat_bos = s->chat_eos = NULL;
+}
+
+/* The template for a request, as transformers chooses: the tool_use one
+ * when tools are given and the model has one, else the default. NULL after
+ * answering the refusal. */
+static const tpl_template *template_for(srv_conn *c, bool tools)
+{
+    srv_server *s = c->s;
+    if (tools && s->chat_template_tools)
+        return s->chat_template_tools;
+    if (s->chat_template)
+        return s->chat_template;
+    if (s->chat_template_error[0])
+        srv_fail(c, 400, "%s", s->chat_template_error);
+    else
+        srv_fail(c, 400,
+                 "the model %s has no chat template (tokenizer_config.json's chat_template, "
+                 "chat_template.jinja or GGUF tokenizer.chat_template): use /v1/completions, "
+                 "or give one with --chat-template",
+                 s->model_id);
+    return NULL;
+}
+
+/* --- the messages ------------------------------------------------------------- */
+
+/* Content as a list of parts: text parts joined with "\n"; NULL after
+ * answering the refusal. */
+static char *join_parts(srv_conn *c, const cJSON *parts, int index)
+{
+    size_t len = 0, cap = 64;
+    char *out = malloc(cap);
+    if (!out) {
+        srv_fail(c, 503, "out of memory");
+        return NULL;
+    }
+    out[0] = 0;
+    int k = 0;
+    for (const cJSON *p = parts->child; p; p = p->next, k++) {
+        const char *type = cJSON_IsObject(p) ? mf_json_str(p, "type") : NULL;
+        const char *text = mf_json_str(p, "text");
+        if (!type || strcmp(type, "text") != 0 || !text) {
+            srv_fail(c, 400,
+                     "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts "
+                     "are supported%s%s",
+                     index, k, type ? ", not " : "", type ? type : "");
+            free(out);
+            return NULL;
+        }
+        size_t n = strlen(text), need = len + n + 2;
+        if (need > cap) {
+            while (cap < need)
+                cap *= 2;
+            char *grown = realloc(out, cap);
+            if (!grown) {
+                free(out);
+                srv_fail(c, 503, "out of memory");
+                return NULL;
+            }
+            out = grown;
+        }
+        if (k > 0)
+            out[len++] = '\n';
+        memcpy(out + len, text, n + 1);
+        len += n;
+    }
+    return out;
+}
+
+/* Check message i and copy it into the template's list, content as one
+ * string. False after answering the refusal. */
+static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
+{
+    static const char *const fields[] = {"role",         "content", "name", "tool_calls",
+                                         "tool_call_id", "refusal", NULL};
+    static const char *const roles[] = {"system", "user", "assistant", "tool", NULL};
+    char where[32];
+    snprintf(where, sizeof where, "messages[%d]", i);
+    if (!cJSON_IsObject(m)) {
+        srv_fail(c, 400, "%s must be an object", where);
+        return false;
+    }
+    if (!srv_only_known(c, m, where, fields))
+        return false;
+    const char *role = mf_json_str(m, "role");
+    size_t r = 0;
+    while (role && roles[r] && strcmp(roles[r], role) != 0)
+        r++;
+    if (!role || !roles[r]) {
+        srv_fail(c, 400, "%s.role must be system, user, assistant or tool%s%s", where,
+                 role ? ", not " : "", role ? role : "");
+        return false;
+    }
+    cJSON *copy = cJSON_Duplicate(m, true);
+    if (!copy) {
+        srv_fail(c, 503, "out of memory");
+        return false;
+    }
+    cJSON_AddItemToArray(list, copy);
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (cJSON_IsArray(content)) {
+        char *joined = join_parts(c, content, i);
+        if (!joined)
+            return false;
+        cJSON_ReplaceItemInObjectCaseSensitive(copy, "content", cJSON_CreateString(joined));
+        free(joined);
+    } else if (!cJSON_IsString(content) &&
+               !(srv_is_null(content) && strcmp(role, "assistant") == 0)) {
+        srv_fail(c, 400, "%s.content must be a string or a list of text parts", where);
+        return false;
+    }
+    return true;
+}
+
+/* The template's variables for this request; NULL after answering. */
+static cJSON *template_context(srv_conn *c, const cJSON *root)
+{
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
+        srv_fail(c, 400, "\"messages\" must be a non-empty list");
+        return NULL;
+    }
+    cJSON *ctx = cJSON_CreateObject();
+    cJSON *list = cJSON_AddArrayToObject(ctx, "messages");
+    int i = 0;
+    for (const cJSON *m = messages->child; m; m = m->next, i++) {
+        if (!add_message(c, m, i, list)) {
+            cJSON_Delete(ctx);
+            return NULL;
+        }
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!srv_is_null(tools) && !cJSON_IsArray(tools)) {
+        srv_fail(c, 400, "\"tools\" must be a list");
+        cJSON_Delete(ctx);
+        return NULL;
+    }
+    cJSON_AddItemToObject(ctx, "tools",
+                          srv_is_null(tools) ? cJSON_CreateNull() : cJSON_Duplicate(tools, true));
+    cJSON_AddBoolToObject(ctx, "add_generation_prompt", true);
+    cJSON_AddStringToObject(ctx, "bos_token", c->s->chat_bos ? c->s->chat_bos : "");
+    cJSON_AddStringToObject(ctx, "eos_token", c->s->chat_eos ? c->s->chat_eos : "");
+    return ctx;
+}
+
+/* Render the request's messages into *prompt (free()). False after
+ * answering the refusal. */
+static bool render_prompt(srv_conn *c, const cJSON *root, char **prompt)
+{
+    cJSON *ctx = template_context(c, root);
+    if (!ctx)
+        return false;
+    const tpl_template *t = template_for(c, !cJSON_IsNull(cJSON_GetObjectItem(ctx, "tools")));
+    if (!t) {
+        cJSON_Delete(ctx);
+        return false;
+    }
+    char msg[1024];
+    size_t len = 0;
+    int rc = tpl_render(t, ctx, CHAT_RENDER_MAX, prompt, &len, msg, sizeof msg);
+    cJSON_Delete(ctx);
+    if (rc != QL_OK) {
+        srv_fail(c, srv_status_of(rc), "the chat template: %s", msg);
+        return false;
+    }
+    return true;
+}
+
+/* --- the request -------------------------------------------------------------- */
+
+/* The fields of a chat request other than messages and tools. */
+static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **model, bool *stream)
+{
+    static const char *const fields[] = {"model",
+                                         "messages",
+                                         "max_tokens",
+                                         "max_completion_tokens",
+                                         "temperature",
+                                         "top_p",
+                                         "n",
+                                         "stop",
+                                         "seed",
+                                         "stream",
+                                         "stream_options",
+                                         "presence_penalty",
+                                         "frequency_penalty",
+                                         "logprobs",
+                                         "top_logprobs",
+                                         "logit_bias",
+                                         "user",
+                                         "tools",
+                                         "tool_choice",
+                                         "parallel_tool_calls",
+                                         "response_format",
+                                         "top_k",
+                                         "repetition_penalty",
+                                         "metadata",
+                                         "store",
+                                         "service_tier",
+                                         NULL};
+    if (!srv_only_known(c, root, "the body", fields))
+        return false;
+    if (!srv_get_string(c, root, "model", model) || !srv_get_bool(c, root, "stream", stream))
+        return false;
+    /* OpenAI's default: as many as the context allows; the server's own
+     * cap on max_new_tokens applies (check_limits) */
+    a->max_new_tokens = c->s->cfg->max_new_tokens;
+    bool has_max = false, has_max_tokens = false, logprobs = false;
+    int64_t n = 1;
+    double presence = 0, frequency = 0;
+    if (!srv_get_int(c, root, "max_completion_tokens", 1, INT32_MAX, &a->max_new_tokens,
+                     &has_max) ||
+        (!has_max &&
+         !srv_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens, &has_max_tokens)) ||
+        !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
+        !srv_get_int(c, root, "n", 1, 1, &n, NULL) ||
+        !srv_get_bool(c, root, "logprobs", &logprobs) ||
+        !srv_get_number(c, root, "presence_penalty", 0, 0, &presence, NULL) ||
+        !srv_get_number(c, root, "frequency_penalty", 0, 0, &frequency, NULL))
+        return false;
+    static const char *const refused[] = {"top_logprobs", "logit_bias", NULL};
+    for (size_t i = 0; refused[i]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, refused[i]);
+        if (!srv_is_null(v) && !(cJSON_IsObject(v) && !v->child)) {
+            srv_fail(c, 400, "\"%s\" is not supported by this server", refused[i]);
+            return false;
+        }
+    }
+    if (logprobs) {
+        srv_fail(c, 400, "\"logprobs\" is not supported by this server");
+        return false;
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (!srv_is_null(tc) && !(cJSON_IsString(tc) && (strcmp(tc->valuestring, "auto") == 0 ||
+                                                     strcmp(tc->valuestring, "none") == 0))) {
+        srv_fail(c, 400,
+                 "\"tool_choice\" may be \"auto\" or \"none\": the server does not force a "
+                 "tool call");
+        return false;
+    }
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    const char *rf_type = cJSON_IsObject(rf) ? mf_json_str(rf, "type") : NULL;
+    if (!srv_is_null(rf) && !(rf_type && strcmp(rf_type, "text") == 0)) {
+        srv_fail(c, 400, "\"response_format\" other than {\"type\": \"text\"} is not supported");
+        return false;
+    }
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (!srv_is_null(so)) {
+        static const char *const sof[] = {"include_usage", NULL};
+        if (!cJSON_IsObject(so)) {
+            srv_fail(c, 400, "\"stream_options\" must be an object");
+            return false;
+        }
+        if (!srv_only_known(c, so, "stream_options", sof) ||
+            !srv_get_bool(c, so, "include_usage", &a->include_usage))
+            return false;
+    }
+    a->templated = true;
+    a->fill_context = !has_max && !has_max_tokens;
+    return true;
+}
+
+/* --- the answer --------------------------------------------------------------- */
+
+static const char *chat_finish(eng_finish f)
+{
+    switch (f) {
+    case ENG_FINISH_EOS:
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_LENGTH: return "length";
+    case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+/* An answer object with one choice: `what` ("message" or "delta") holding
+ * role and content as given (NULL: left out). */
+static cJSON *chat_object(const srv_gen *g, const char *object, const char *what, const char *role,
+                          const char *text, size_t len, const char *finish)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", g->oai_id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)time(NULL));
+    cJSON_AddStringToObject(o, "model", g->model_id);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON *body = cJSON_AddObjectToObject(choice, what);
+    if (role)
+        cJSON_AddStringToObject(body, "role", role);
+    if (text) {
+        char *s = strndup(text, len);
+        cJSON_AddStringToObject(body, "content", s ? s : "");
+        free(s);
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(choice, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(choice, "finish_reason");
+    cJSON_AddItemToArray(choices, choice);
+    return o;
+}
+
+static void add_usage(cJSON *o, const eng_usage *u)
+{
+    cJSON *us = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(us, "completion_tokens", u->generated_tokens);
+    cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
+}
+
+static void whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
+                       const eng_usage *u)
+{
+    cJSON *o = chat_object(g, "chat.completion", "message", "assistant", full, strlen(full),
+                           chat_finish(why));
+    add_usage(o, u);
+    srv_respond_generation(c, o, why);
+}
+
+/* The first chunk of a stream carries the role, as OpenAI's does. */
+static void open_stream(srv_gen *g, srv_conn *c)
+{
+    if (g->opened)
+        return;
+    g->opened = true;
+    srv_stream_cjson(c, chat_object(g, "chat.completion.chunk", "delta", "assistant", "", 0, NULL));
+}
+
+static void stream_token(srv_gen *g, srv_conn *c, int32_t token, const char *text, size_t len)
+{
+    (void)token;
+    open_stream(g, c);
+    if (len > 0)
+        srv_stream_cjson(c,
+                         chat_object(g, "chat.completion.chunk", "delta", NULL, text, len, NULL));
+}
+
+static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
+                        const eng_usage *u)
+{
+    (void)full; /* the chunks carried it */
+    open_stream(g, c);
+    srv_stream_cjson(
+        c, chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, chat_finish(why)));
+    if (g->include_usage) {
+        cJSON *o = chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, NULL);
+        cJSON_DeleteItemFromObject(o, "choices");
+        cJSON_AddArrayToObject(o, "choices");
+        add_usage(o, u);
+        srv_stream_cjson(c, o);
+    }
+    srv_stream_event(c, "[DONE]", 6);
+    srv_stream_end(c);
+}
+
+#define UNKNOWN_MODEL ": neither the base model nor a loaded adapter"
+
+static const srv_shape chat_whole = {.id_prefix = "chatcmpl",
+                                     .adapter_noun = "model",
+                                     .adapter_unknown = UNKNOWN_MODEL,
+                                     .on_done = whole_done};
+static const srv_shape chat_stream = {.stream = true,
+                                      .id_prefix = "chatcmpl",
+                                      .adapter_noun = "model",
+                                      .adapter_unknown = UNKNOWN_MODEL,
+                                      .on_token = stream_token,
+                                      .on_done = stream_done};
+
+/* --- the route ---------------------------------------------------------------- */
+
+void srv_oai_chat(srv_conn *c, const char *name)
+{
+    (void)name;
+    if (!srv_ready(c)) /* the templates come with the model */
+        return;
+    cJSON *root = srv_body_object(c);
+    if (!root)
+        return;
+    srv_ask a = {0};
+    const char *model = NULL;
+    bool stream = false;
+    char *prompt = NULL;
+    if (parse_chat(c, root, &a, &model, &stream) && render_prompt(c, root, &prompt)) {
+        if (model && strcmp(model, c->s->model_id) != 0)
+            a.adapter = model;
+        a.prompt = prompt;
+        srv_generate(c, &a, stream ? &chat_stream : &chat_whole);
+    }
+    free(prompt);
+    cJSON_Delete(root);
+}
