@@ -56,7 +56,7 @@ static void compile_one(srv_server *s, const char *source, const char *what, tpl
 {
     if (!source)
         return;
-    char msg[512];
+    char msg[400]; /* leaves room in chat_template_error for the sentence around it */
     if (tpl_compile(out, source, strlen(source), msg, sizeof msg) != QL_OK) {
         snprintf(s->chat_template_error, sizeof s->chat_template_error,
                  "the model's %s chat template was refused at load: %s", what, msg);
