@@ -26,16 +26,13 @@
 
 #include "fixtures/tokenize_offsets.h"
 #include "http_client.h"
+#include "server_process.h"
 #include "test_util.h"
 #include "tiny_model.h"
-
-extern char **environ;
 
 static char dir[512];
 static char model_dir[600];
 static char log_path[600];
-static pid_t server_pid = -1;
-static int port;
 
 static void setup(void)
 {
@@ -46,39 +43,15 @@ static void setup(void)
     cr_assert_eq(mkdir(model_dir, 0700), 0);
 }
 
-static void kill_server(void)
-{
-    if (server_pid > 0) {
-        kill(server_pid, SIGKILL);
-        waitpid(server_pid, NULL, 0);
-        server_pid = -1;
-    }
-}
-
 static void teardown(void)
 {
-    kill_server();
+    sp_kill();
     test_rmtree(dir);
 }
 
 TestSuite(tgi, .init = setup, .fini = teardown, .timeout = 300);
 
 /* --- the server process (as test_server.c runs it) ------------------------------- */
-
-static char *read_log(void)
-{
-    FILE *f = fopen(log_path, "rb");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = calloc((size_t)n + 1, 1);
-    size_t got = fread(text, 1, (size_t)n, f);
-    text[got] = 0;
-    fclose(f);
-    return text;
-}
 
 static void copy_file(const char *from, const char *to)
 {
@@ -110,150 +83,17 @@ static void start_server(const char *tokenizer)
     }
     const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port", "0",
                           "--threads", "2",     "--kv-mib", "16",      NULL};
-    size_t n_env = 0;
-    while (environ[n_env])
-        n_env++;
-    char **env = calloc(n_env + 1, sizeof *env);
-    cr_assert(env);
-    for (size_t i = 0, k = 0; i < n_env; i++)
-        if (strncmp(environ[i], "QLSERVE_", 8) != 0)
-            env[k++] = environ[i];
-    fflush(NULL);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execve(QL_BINARY, (char *const *)argv, env);
-        _exit(127);
-    }
-    free(env);
-    server_pid = pid;
-    port = 0;
-    for (int tries = 0; tries < 2000 && !port; tries++) {
-        char *log = read_log();
-        const char *at = strstr(log, "listening on http://127.0.0.1:");
-        if (at)
-            port = atoi(at + strlen("listening on http://127.0.0.1:"));
-        free(log);
-        if (!port) {
-            int st;
-            cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "the server exited: %s", read_log());
-            test_sleep_ms(10);
-        }
-    }
-    cr_assert_gt(port, 0, "the server did not listen: %s", read_log());
-    for (int tries = 0;; tries++) {
-        hc_response r;
-        bool ok = hc_request(port, "GET", "/health", NULL, NULL, &r);
-        int status = r.status;
-        hc_response_free(&r);
-        if (ok && status == 200)
-            break;
-        cr_assert(ok && status == 503, "GET /health: %d", status);
-        cr_assert_lt(tries, 2000, "the model did not load: %s", read_log());
-        test_sleep_ms(10);
-    }
-}
-
-/* SIGTERM; the server exits 0 and its log holds no sanitizer report. */
-static void stop_cleanly(void)
-{
-    cr_assert_gt(server_pid, 0);
-    kill(server_pid, SIGTERM);
-    int code = -1;
-    for (int tries = 0; tries < 3000; tries++) {
-        int st;
-        if (waitpid(server_pid, &st, WNOHANG) == server_pid) {
-            server_pid = -1;
-            code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-            break;
-        }
-        test_sleep_ms(10);
-    }
-    char *log = read_log();
-    cr_assert_eq(code, 0, "exit status %d: %s", code, log);
-    cr_assert_null(strstr(log, "Sanitizer"), "%s", log);
-    cr_assert_null(strstr(log, "runtime error"), "%s", log);
-    free(log);
+    sp_spawn(argv, log_path);
+    sp_wait_ready();
 }
 
 /* --- requests --------------------------------------------------------------------- */
-
-static hc_response post(const char *path, const char *body)
-{
-    hc_response r;
-    cr_assert(hc_request(port, "POST", path, NULL, body, &r), "POST %s: no response", path);
-    return r;
-}
-
-static cJSON *json_of(const hc_response *r)
-{
-    cJSON *j = cJSON_Parse(r->body);
-    cr_assert(j, "not JSON: %s", r->body);
-    return j;
-}
-
-static const char *str_at(const cJSON *obj, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    cr_assert(cJSON_IsString(v), "\"%s\" is not a string", name);
-    return v->valuestring;
-}
-
-static double num_at(const cJSON *obj, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    cr_assert(cJSON_IsNumber(v), "\"%s\" is not a number", name);
-    return v->valuedouble;
-}
-
-/* The body of a whole JSON answer, with its status. */
-static char *answer(const char *path, const char *body, int *status)
-{
-    hc_response r = post(path, body);
-    *status = r.status;
-    char *text = strdup(r.body ? r.body : "");
-    hc_response_free(&r);
-    return text;
-}
-
-/* A stream's events' data, in order, read to its end (at most cap). */
-static int stream_events(const char *path, const char *body, char **events, int cap)
-{
-    hc_conn c;
-    hc_response r = {0};
-    cr_assert(hc_open(&c, port));
-    cr_assert(hc_send_request(&c, "POST", path, NULL, body));
-    cr_assert(hc_read_head(&c, &r), "no response to %s", path);
-    cr_assert_eq(r.status, 200, "%s: %d", path, r.status);
-    char ct[128];
-    cr_assert(hc_header(&r, "Content-Type", ct, sizeof ct));
-    cr_assert_str_eq(ct, "text/event-stream");
-    int n = 0;
-    for (char *ev; (ev = hc_next_event(&c, &r));) {
-        cr_assert_lt(n, cap);
-        events[n++] = ev;
-    }
-    cr_assert(r.body_done, "the stream did not end");
-    hc_response_free(&r);
-    hc_close(&c);
-    return n;
-}
 
 /* The same request to two routes gets the same answer: status and body. */
 static void same_answer(const char *path_a, const char *path_b, const char *body)
 {
     int sa, sb;
-    char *a = answer(path_a, body, &sa), *b = answer(path_b, body, &sb);
+    char *a = sp_answer(path_a, body, &sa), *b = sp_answer(path_b, body, &sb);
     cr_assert_eq(sa, sb, "%s: %d %s; %s: %d %s", path_a, sa, a, path_b, sb, b);
     cr_assert_str_eq(a, b, "%s vs %s for %s", path_a, path_b, body);
     free(a);
@@ -268,22 +108,22 @@ Test(tgi, compat_answers_a_list_of_one_generate_answer)
     const char *body = "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": 8, "
                        "\"details\": true, \"return_full_text\": false}}";
     int status;
-    char *whole = answer("/generate", body, &status);
+    char *whole = sp_answer("/generate", body, &status);
     cr_assert_eq(status, 200, "%s", whole);
-    char *compat = answer("/", body, &status);
+    char *compat = sp_answer("/", body, &status);
     cr_assert_eq(status, 200, "%s", compat);
     cJSON *list = cJSON_Parse(compat), *one = cJSON_Parse(whole);
     cr_assert(cJSON_IsArray(list) && cJSON_GetArraySize(list) == 1, "%s", compat);
     cr_assert(cJSON_Compare(cJSON_GetArrayItem(list, 0), one, true), "%s vs %s", compat, whole);
     /* the generation itself is there: eight tokens in details */
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(list, 0), "details");
-    cr_assert_eq(num_at(d, "generated_tokens"), 8);
-    cr_assert_str_eq(str_at(d, "finish_reason"), "length");
+    cr_assert_eq(sp_num_at(d, "generated_tokens"), 8);
+    cr_assert_str_eq(sp_str_at(d, "finish_reason"), "length");
     cJSON_Delete(list);
     cJSON_Delete(one);
     free(whole);
     free(compat);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(tgi, compat_returns_the_full_text_unless_told_not_to)
@@ -294,29 +134,29 @@ Test(tgi, compat_returns_the_full_text_unless_told_not_to)
     start_server(NULL);
     int status;
     char *gen =
-        answer("/generate", "{\"inputs\": \"Once upon\", \"parameters\": {\"max_new_tokens\": 6}}",
-               &status);
+        sp_answer("/generate",
+                  "{\"inputs\": \"Once upon\", \"parameters\": {\"max_new_tokens\": 6}}", &status);
     cr_assert_eq(status, 200, "%s", gen);
-    char *compat = answer(
+    char *compat = sp_answer(
         "/", "{\"inputs\": \"Once upon\", \"parameters\": {\"max_new_tokens\": 6}}", &status);
     cr_assert_eq(status, 200, "%s", compat);
     cJSON *g = cJSON_Parse(gen), *c = cJSON_Parse(compat);
     char want[1024];
-    snprintf(want, sizeof want, "Once upon%s", str_at(g, "generated_text"));
-    cr_assert_str_eq(str_at(cJSON_GetArrayItem(c, 0), "generated_text"), want);
+    snprintf(want, sizeof want, "Once upon%s", sp_str_at(g, "generated_text"));
+    cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(c, 0), "generated_text"), want);
     cJSON_Delete(c);
     free(compat);
     /* without parameters at all, too */
-    compat = answer("/", "{\"inputs\": \"Once upon\", \"stream\": false}", &status);
+    compat = sp_answer("/", "{\"inputs\": \"Once upon\", \"stream\": false}", &status);
     cr_assert_eq(status, 200, "%s", compat);
     c = cJSON_Parse(compat);
-    cr_assert_eq(strncmp(str_at(cJSON_GetArrayItem(c, 0), "generated_text"), "Once upon", 9), 0,
+    cr_assert_eq(strncmp(sp_str_at(cJSON_GetArrayItem(c, 0), "generated_text"), "Once upon", 9), 0,
                  "%s", compat);
     cJSON_Delete(c);
     cJSON_Delete(g);
     free(gen);
     free(compat);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(tgi, compat_stream_is_generate_streams_events_for_the_same_seed)
@@ -333,8 +173,8 @@ Test(tgi, compat_stream_is_generate_streams_events_for_the_same_seed)
     };
     for (size_t b = 0; b < 2; b++) {
         char *a[64], *s[64];
-        int na = stream_events("/", bodies[b], a, 64);
-        int ns = stream_events("/generate_stream", bodies[b], s, 64);
+        int na = sp_stream_events("/", bodies[b], a, 64);
+        int ns = sp_stream_events("/generate_stream", bodies[b], s, 64);
         cr_assert_eq(na, ns, "%d events vs %d", na, ns);
         cr_assert_gt(na, 1);
         for (int i = 0; i < na; i++) {
@@ -345,11 +185,11 @@ Test(tgi, compat_stream_is_generate_streams_events_for_the_same_seed)
     }
     /* and the seed matters: another seed, other tokens */
     char *x[64], *y[64];
-    int nx = stream_events("/", bodies[0], x, 64);
+    int nx = sp_stream_events("/", bodies[0], x, 64);
     char other[512];
     snprintf(other, sizeof other, "%s", bodies[0]);
     memcpy(strstr(other, "\"seed\": 42"), "\"seed\": 43", 10);
-    int ny = stream_events("/", other, y, 64);
+    int ny = sp_stream_events("/", other, y, 64);
     cr_assert_eq(nx, ny); /* max_new_tokens either way */
     bool differ = false;
     for (int i = 0; i < nx; i++) {
@@ -358,7 +198,7 @@ Test(tgi, compat_stream_is_generate_streams_events_for_the_same_seed)
         free(y[i]);
     }
     cr_assert(differ, "seeds 42 and 43 streamed the same events");
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(tgi, compat_errors_are_generates)
@@ -375,7 +215,7 @@ Test(tgi, compat_errors_are_generates)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         int status;
-        char *a = answer("/", bad[i], &status);
+        char *a = sp_answer("/", bad[i], &status);
         cr_assert_eq(status, 400, "%s: %d %s", bad[i], status, a);
         free(a);
         same_answer("/", "/generate", bad[i]);
@@ -383,20 +223,20 @@ Test(tgi, compat_errors_are_generates)
     /* "stream" must be a boolean, named as /generate names it */
     same_answer("/", "/generate", "{\"inputs\": \"x\", \"stream\": \"yes\"}");
     int status;
-    char *a = answer("/", "{\"inputs\": \"x\", \"stream\": \"yes\"}", &status);
+    char *a = sp_answer("/", "{\"inputs\": \"x\", \"stream\": \"yes\"}", &status);
     cr_assert_eq(status, 400);
     cr_assert(strstr(a, "stream"), "%s", a);
     free(a);
     /* GET / is TGI's health route; other methods are 405 */
     hc_response r;
-    cr_assert(hc_request(port, "GET", "/", NULL, NULL, &r));
+    cr_assert(hc_request(sp.port, "GET", "/", NULL, NULL, &r));
     cr_assert_eq(r.status, 200, "%s", r.body);
     cr_assert(strstr(r.body, "\"ok\""), "%s", r.body);
     hc_response_free(&r);
-    cr_assert(hc_request(port, "DELETE", "/", NULL, NULL, &r));
+    cr_assert(hc_request(sp.port, "DELETE", "/", NULL, NULL, &r));
     cr_assert_eq(r.status, 405, "%s", r.body);
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* --- POST /tokenize ----------------------------------------------------------------- */
@@ -421,26 +261,26 @@ static char *tokenize_body(const char *text, const char *more)
 static void check_case(const tokoff_case *tc)
 {
     char *body = tokenize_body(tc->text, NULL);
-    hc_response r = post("/tokenize", body);
+    hc_response r = sp_post("/tokenize", body);
     cr_assert_eq(r.status, 200, "%s: %s", body, r.body);
-    cJSON *list = json_of(&r);
+    cJSON *list = sp_json(r.body);
     cr_assert(cJSON_IsArray(list), "%s", r.body);
     cr_assert_eq((size_t)cJSON_GetArraySize(list), tc->n_tokens, "%s %s: %s", tc->tokenizer, body,
                  r.body);
     for (size_t i = 0; i < tc->n_tokens; i++) {
         const cJSON *t = cJSON_GetArrayItem(list, (int)i);
         const tokoff_token *want = &tc->tokens[i];
-        cr_assert_eq(num_at(t, "id"), want->id, "%s %s token %zu: %s", tc->tokenizer, body, i,
+        cr_assert_eq(sp_num_at(t, "id"), want->id, "%s %s token %zu: %s", tc->tokenizer, body, i,
                      r.body);
-        cr_assert_eq(num_at(t, "start"), want->start, "%s %s token %zu: %s", tc->tokenizer, body, i,
-                     r.body);
-        cr_assert_eq(num_at(t, "stop"), want->stop, "%s %s token %zu: %s", tc->tokenizer, body, i,
-                     r.body);
+        cr_assert_eq(sp_num_at(t, "start"), want->start, "%s %s token %zu: %s", tc->tokenizer, body,
+                     i, r.body);
+        cr_assert_eq(sp_num_at(t, "stop"), want->stop, "%s %s token %zu: %s", tc->tokenizer, body,
+                     i, r.body);
         /* the text is the input's bytes start..stop */
         char piece[256];
         snprintf(piece, sizeof piece, "%.*s", (int)(want->stop - want->start),
                  tc->text + want->start);
-        cr_assert_str_eq(str_at(t, "text"), piece, "%s %s token %zu", tc->tokenizer, body, i);
+        cr_assert_str_eq(sp_str_at(t, "text"), piece, "%s %s token %zu", tc->tokenizer, body, i);
         cr_assert_eq(cJSON_GetArraySize(t), 4, "only id, text, start, stop: %s", r.body);
     }
     cJSON_Delete(list);
@@ -458,7 +298,7 @@ static void check_tokenizer(const char *name)
             n++;
         }
     cr_assert_geq(n, 8);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(tgi, tokenize_is_tokenizers_ids_and_byte_offsets_byte_level_gpt2)
@@ -487,13 +327,13 @@ Test(tgi, tokenize_without_special_tokens_drops_the_bos)
     char *with = tokenize_body("Hello world", NULL);
     char *without = tokenize_body("Hello world", "\"add_special_tokens\": false");
     int status;
-    char *a = answer("/tokenize", with, &status);
+    char *a = sp_answer("/tokenize", with, &status);
     cr_assert_eq(status, 200, "%s", a);
-    char *b = answer("/tokenize", without, &status);
+    char *b = sp_answer("/tokenize", without, &status);
     cr_assert_eq(status, 200, "%s", b);
     cJSON *ja = cJSON_Parse(a), *jb = cJSON_Parse(b);
     cr_assert_eq(cJSON_GetArraySize(ja), 3, "%s", a);
-    cr_assert_eq(num_at(cJSON_GetArrayItem(ja, 0), "id"), 1, "<s> first: %s", a);
+    cr_assert_eq(sp_num_at(cJSON_GetArrayItem(ja, 0), "id"), 1, "<s> first: %s", a);
     cr_assert_eq(cJSON_GetArraySize(jb), 2, "%s", b);
     /* the rest is the same tokens at the same places */
     cJSON_DeleteItemFromArray(ja, 0);
@@ -504,7 +344,7 @@ Test(tgi, tokenize_without_special_tokens_drops_the_bos)
     free(b);
     free(with);
     free(without);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(tgi, tokenize_errors_are_generates)
@@ -521,20 +361,21 @@ Test(tgi, tokenize_errors_are_generates)
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         same_answer("/tokenize", "/generate", bad[i]);
     int status;
-    char *a = answer("/tokenize", "{\"inputs\": \"x\", \"add_special_tokens\": 1}", &status);
+    char *a = sp_answer("/tokenize", "{\"inputs\": \"x\", \"add_special_tokens\": 1}", &status);
     cr_assert_eq(status, 400, "%s", a);
     cr_assert(strstr(a, "add_special_tokens"), "%s", a);
     free(a);
     /* a body /generate takes is one /tokenize takes */
-    a = answer("/tokenize",
-               "{\"inputs\": \"ab\", \"parameters\": {\"max_new_tokens\": 3, \"details\": true}}",
-               &status);
+    a = sp_answer(
+        "/tokenize",
+        "{\"inputs\": \"ab\", \"parameters\": {\"max_new_tokens\": 3, \"details\": true}}",
+        &status);
     cr_assert_eq(status, 200, "%s", a);
     free(a);
     /* the method */
     hc_response r;
-    cr_assert(hc_request(port, "GET", "/tokenize", NULL, NULL, &r));
+    cr_assert(hc_request(sp.port, "GET", "/tokenize", NULL, NULL, &r));
     cr_assert_eq(r.status, 405, "%s", r.body);
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }

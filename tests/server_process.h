@@ -1,0 +1,212 @@
+/*
+ * server_process.h - the end-to-end tests' server: the real binary
+ * (QL_BINARY) started on a model folder with --port 0 and the
+ * environment's QLSERVE_* variables removed, its log captured, waited for
+ * until GET /health says 200, stopped with SIGTERM (exit status 0 and no
+ * sanitizer report in its log), and the requests the tests make of it.
+ * One server per test process at a time (Criterion runs each test in its
+ * own process).
+ */
+#ifndef QL_TEST_SERVER_PROCESS_H
+#define QL_TEST_SERVER_PROCESS_H
+
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "http_client.h"
+#include "test_util.h"
+
+extern char **environ;
+
+typedef struct sp_server {
+    char log_path[600];
+    pid_t pid;
+    int port;
+} sp_server;
+
+static sp_server sp = {.pid = -1};
+
+static inline char *sp_read_log(void)
+{
+    FILE *f = fopen(sp.log_path, "rb");
+    if (!f)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = calloc((size_t)n + 1, 1);
+    size_t got = fread(text, 1, (size_t)n, f);
+    text[got] = 0;
+    fclose(f);
+    return text;
+}
+
+static inline void sp_kill(void)
+{
+    if (sp.pid > 0) {
+        kill(sp.pid, SIGKILL);
+        waitpid(sp.pid, NULL, 0);
+        sp.pid = -1;
+    }
+}
+
+/* Fork and exec the binary with argv (argv[0] is QL_BINARY), stdout and
+ * stderr into log_path, without the caller's QLSERVE_* variables. */
+static inline void sp_spawn(const char *const *argv, const char *log_path)
+{
+    snprintf(sp.log_path, sizeof sp.log_path, "%s", log_path);
+    size_t n_env = 0;
+    while (environ[n_env])
+        n_env++;
+    char **env = calloc(n_env + 1, sizeof *env);
+    cr_assert(env);
+    for (size_t i = 0, k = 0; i < n_env; i++)
+        if (strncmp(environ[i], "QLSERVE_", 8) != 0)
+            env[k++] = environ[i];
+    fflush(NULL);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execve(QL_BINARY, (char *const *)argv, env);
+        _exit(127);
+    }
+    free(env);
+    sp.pid = pid;
+}
+
+/* Wait for the port in the log, then for GET /health to say 200. */
+static inline void sp_wait_ready(void)
+{
+    sp.port = 0;
+    const char *mark = "listening on http://127.0.0.1:";
+    for (int tries = 0; tries < 2000 && !sp.port; tries++) {
+        char *log = sp_read_log();
+        const char *at = strstr(log, mark);
+        if (at)
+            sp.port = atoi(at + strlen(mark));
+        free(log);
+        if (!sp.port) {
+            int st;
+            cr_assert_eq(waitpid(sp.pid, &st, WNOHANG), 0, "the server exited: %s", sp_read_log());
+            test_sleep_ms(10);
+        }
+    }
+    cr_assert_gt(sp.port, 0, "the server did not listen: %s", sp_read_log());
+    for (int tries = 0;; tries++) {
+        hc_response r;
+        bool ok = hc_request(sp.port, "GET", "/health", NULL, NULL, &r);
+        int status = r.status;
+        hc_response_free(&r);
+        if (ok && status == 200)
+            break;
+        cr_assert(ok && status == 503, "GET /health: %d", status);
+        cr_assert_lt(tries, 2000, "the model did not load: %s", sp_read_log());
+        test_sleep_ms(10);
+    }
+}
+
+/* SIGTERM; the server exits 0 and its log holds no sanitizer report. */
+static inline void sp_stop_cleanly(void)
+{
+    cr_assert_gt(sp.pid, 0);
+    kill(sp.pid, SIGTERM);
+    int code = -1;
+    for (int tries = 0; tries < 3000; tries++) {
+        int st;
+        if (waitpid(sp.pid, &st, WNOHANG) == sp.pid) {
+            sp.pid = -1;
+            code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            break;
+        }
+        test_sleep_ms(10);
+    }
+    char *log = sp_read_log();
+    cr_assert_eq(code, 0, "exit status %d: %s", code, log);
+    cr_assert_null(strstr(log, "Sanitizer"), "%s", log);
+    cr_assert_null(strstr(log, "runtime error"), "%s", log);
+    free(log);
+}
+
+/* --- requests ----------------------------------------------------------------- */
+
+static inline hc_response sp_post(const char *path, const char *body)
+{
+    hc_response r;
+    cr_assert(hc_request(sp.port, "POST", path, NULL, body, &r), "POST %s: no response", path);
+    return r;
+}
+
+/* The body of a whole answer (malloc'd), with its status. */
+static inline char *sp_answer(const char *path, const char *body, int *status)
+{
+    hc_response r = sp_post(path, body);
+    *status = r.status;
+    char *text = strdup(r.body ? r.body : "");
+    hc_response_free(&r);
+    return text;
+}
+
+/* A stream's events' data, in order, read to its end (at most cap); each
+ * event is malloc'd. */
+static inline int sp_stream_events(const char *path, const char *body, char **events, int cap)
+{
+    hc_conn c;
+    hc_response r = {0};
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", path, NULL, body));
+    cr_assert(hc_read_head(&c, &r), "no response to %s", path);
+    cr_assert_eq(r.status, 200, "%s: %d", path, r.status);
+    char ct[128];
+    cr_assert(hc_header(&r, "Content-Type", ct, sizeof ct));
+    cr_assert_str_eq(ct, "text/event-stream");
+    int n = 0;
+    for (char *ev; (ev = hc_next_event(&c, &r));) {
+        cr_assert_lt(n, cap);
+        events[n++] = ev;
+    }
+    cr_assert(r.body_done, "the stream did not end");
+    hc_response_free(&r);
+    hc_close(&c);
+    return n;
+}
+
+static inline cJSON *sp_json(const char *text)
+{
+    cJSON *j = cJSON_Parse(text);
+    cr_assert(j, "not JSON: %s", text);
+    return j;
+}
+
+static inline const char *sp_str_at(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    cr_assert(cJSON_IsString(v), "\"%s\" is not a string", name);
+    return v->valuestring;
+}
+
+static inline double sp_num_at(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    cr_assert(cJSON_IsNumber(v), "\"%s\" is not a number", name);
+    return v->valuedouble;
+}
+
+#endif
