@@ -317,9 +317,9 @@ static void bind_targets(tpl_run *r, tpl_scope *s, const tpl_nodes *names, tv v,
         assign(r, s, names->v[i]->name, parts->v[i]);
 }
 
-static tv loop_object(tpl_run *r, tv_list *items, size_t i)
+/* jinja2's loop is one object advanced each iteration; so is this one */
+static void loop_advance(tpl_run *r, tv_dict *d, tv_list *items, size_t i)
 {
-    tv_dict *d = tv_dict_new(r->a, TD_LOOP);
     size_t n = items->n;
     struct {
         const char *k;
@@ -337,9 +337,12 @@ static tv loop_object(tpl_run *r, tv_list *items, size_t i)
         {"previtem", i ? items->v[i - 1] : tv_undef("loop.previtem")},
         {"nextitem", i + 1 < n ? items->v[i + 1] : tv_undef("loop.nextitem")},
     };
-    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
-        tv_dict_set(r->a, d, tv_str(f[k].k, strlen(f[k].k)), f[k].v);
-    return tv_dict_value(d);
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+        if (d->n == k)
+            tv_dict_set(r->a, d, tv_str(f[k].k, strlen(f[k].k)), f[k].v);
+        else
+            d->vals[k] = f[k].v;
+    }
 }
 
 static void exec_for(tpl_run *r, tpl_scope *s, const tpl_node *n)
@@ -348,18 +351,27 @@ static void exec_for(tpl_run *r, tpl_scope *s, const tpl_node *n)
     if (n->b) {
         /* the loop's "if" filters first: loop.length counts what passes */
         items = tv_list_new(r->a, all->n);
+        tpl_scope *fs = new_scope(r, s);
         for (size_t i = 0; i < all->n; i++) {
             tpl_step(r, n->line);
-            tpl_scope *fs = new_scope(r, s);
+            fs->vars->n = 0;
             bind_targets(r, fs, &n->names, all->v[i], n->line);
             if (tv_truthy(tpl_eval(r, fs, n->b)))
                 tv_list_push(r->a, items, all->v[i]);
         }
     }
+    tv_dict *loop = tv_dict_new(r->a, TD_LOOP);
+    tpl_scope *body = NULL;
     for (size_t i = 0; i < items->n; i++) {
         tpl_step(r, n->line);
-        tpl_scope *body = new_scope(r, s);
-        assign(r, body, "loop", loop_object(r, items, i));
+        /* each iteration a fresh scope: the last one's is reused unless a
+         * macro defined in it still holds it */
+        if (!body || body->captured)
+            body = new_scope(r, s);
+        else
+            body->vars->n = 0;
+        loop_advance(r, loop, items, i);
+        assign(r, body, "loop", tv_dict_value(loop));
         bind_targets(r, body, &n->names, items->v[i], n->line);
         int sig = SIG_NONE;
         tpl_exec_body(r, body, &n->body, &sig);
@@ -412,6 +424,7 @@ static void exec_node(tpl_run *r, tpl_scope *s, const tpl_node *n, int *signal)
         struct tv_macro *m = tpl_alloc(r->a, sizeof *m);
         m->def = n;
         m->closure = s;
+        s->captured = true;
         assign(r, s, n->name, (tv){.kind = TV_MACRO, .macro = m});
         return;
     }

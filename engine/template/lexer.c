@@ -16,6 +16,7 @@
 #include "internal/template_internal.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,9 +196,9 @@ static tpl_token lex_number(lexer *L)
     if (is_float)
         t.f = strtod(digits, NULL);
     else {
-        char *end;
-        unsigned long long v = strtoull(digits, &end, 10);
-        if (k > 18 || v > INT64_MAX)
+        errno = 0;
+        unsigned long long v = strtoull(digits, NULL, 10);
+        if (errno || v > INT64_MAX)
             tpl_raise(L->a->fail, QL_EUNSUPPORTED, L->line, "integer literal past 64 bits");
         t.i = (int64_t)v;
     }

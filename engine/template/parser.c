@@ -574,7 +574,7 @@ static tpl_node *parse_for(parser *P)
 static tpl_node *parse_if(parser *P)
 {
     tpl_node *n = node(P, N_IF), *top = n;
-    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    static const char *const ends[] = {"endif", "elif", "else", NULL};
     for (;;) {
         n->b = parse_tuple(P, false, false);
         expect_block_end(P);

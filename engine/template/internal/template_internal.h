@@ -295,6 +295,7 @@ typedef struct tpl_scope tpl_scope;
 struct tpl_scope {
     tv_dict *vars;
     tpl_scope *parent;
+    bool captured; /* a macro defined here holds it: it may not be reused */
 };
 struct tv_macro {
     const tpl_node *def;
