@@ -482,6 +482,15 @@ Test(template, a_hostile_template_hits_a_bound_not_a_hang, .timeout = 20)
                  "%}{% endfor %}",
                  "{}", 0, QL_EINVAL, "bytes of memory");
     expect_error("{{ 'x' * 100000000 }}", "{}", 0, QL_EINVAL, "repetition past the output limit");
+    /* values nested without end through a namespace, and one holding itself */
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] "
+                 "%}{% endfor %}{{ ns.x == ns.x }}",
+                 "{}", 0, QL_EINVAL, "values nested deeper than");
+    expect_error("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}", "{}", 0, QL_EINVAL,
+                 "nested deeper than");
+    /* deep expressions inside recursive macros: one bound on the C stack */
+    expect_error("{% macro f(n) %}{{ (((((f(n + 1)))))) }}{% endmacro %}{{ f(0) }}", "{}", 0,
+                 QL_EINVAL, "nested deeper than");
 }
 
 Test(template, deep_nesting_is_refused_at_compile)

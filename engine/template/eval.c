@@ -211,7 +211,18 @@ static tv eval_collection(tpl_run *r, tpl_scope *s, const tpl_node *n)
     return tv_list_value(l);
 }
 
+static tv eval(tpl_run *r, tpl_scope *s, const tpl_node *n);
+
 tv tpl_eval(tpl_run *r, tpl_scope *s, const tpl_node *n)
+{
+    if (++r->eval_depth > TPL_MAX_EVAL_DEPTH)
+        TPL_RAISE(r, n->line, "evaluation nested deeper than %d", TPL_MAX_EVAL_DEPTH);
+    tv v = eval(r, s, n);
+    r->eval_depth--;
+    return v;
+}
+
+static tv eval(tpl_run *r, tpl_scope *s, const tpl_node *n)
 {
     tv a;
     switch (n->kind) {
@@ -449,6 +460,10 @@ static void exec_node(tpl_run *r, tpl_scope *s, const tpl_node *n, int *signal)
 
 void tpl_exec_body(tpl_run *r, tpl_scope *s, const tpl_nodes *body, int *signal)
 {
+    if (++r->eval_depth > TPL_MAX_EVAL_DEPTH)
+        TPL_RAISE(r, body->n ? body->v[0]->line : 0, "evaluation nested deeper than %d",
+                  TPL_MAX_EVAL_DEPTH);
     for (size_t i = 0; i < body->n && *signal == SIG_NONE; i++)
         exec_node(r, s, body->v[i], signal);
+    r->eval_depth--;
 }

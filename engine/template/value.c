@@ -128,8 +128,25 @@ tv_list *tv_list_new(tpl_arena *a, size_t cap)
     return l;
 }
 
+static unsigned value_depth(tv v)
+{
+    if (v.kind == TV_LIST)
+        return v.l->depth;
+    return v.kind == TV_DICT && v.d->flavor == TD_DICT ? v.d->depth : 0;
+}
+
+static void deepen(tpl_arena *a, unsigned *depth, tv v)
+{
+    unsigned d = value_depth(v) + 1;
+    if (d > TPL_MAX_VALUE_DEPTH)
+        tpl_raise(a->fail, QL_EINVAL, 0, "values nested deeper than %d", TPL_MAX_VALUE_DEPTH);
+    if (d > *depth)
+        *depth = d;
+}
+
 void tv_list_push(tpl_arena *a, tv_list *l, tv v)
 {
+    deepen(a, &l->depth, v);
     if (l->n == l->cap) {
         tv *nv = tpl_alloc(a, 2 * l->cap * sizeof(tv));
         memcpy(nv, l->v, l->n * sizeof(tv));
@@ -164,6 +181,8 @@ tv *tv_dict_gets(const tv_dict *d, const char *key, size_t n)
 
 void tv_dict_set(tpl_arena *a, tv_dict *d, tv key, tv val)
 {
+    if (d->flavor == TD_DICT)
+        deepen(a, &d->depth, val);
     tv *old = tv_dict_get(d, key);
     if (old) {
         *old = val;
@@ -393,8 +412,14 @@ static void print_scalar(tpl_buf *b, tv v)
     }
 }
 
-void tv_repr(tpl_buf *b, tv v)
+static void repr(tpl_buf *b, tv v, int depth)
 {
+    /* lists and dicts are bounded by TPL_MAX_VALUE_DEPTH; a namespace may
+     * hold itself */
+    if (depth > TPL_MAX_VALUE_DEPTH)
+        tpl_raise(b->a->fail, QL_EINVAL, 0,
+                  "printing a value nested deeper than %d (a namespace holding itself?)",
+                  TPL_MAX_VALUE_DEPTH);
     switch (v.kind) {
     case TV_STR: repr_str(b, v.s.p, v.s.n); return;
     case TV_UNDEF: return;
@@ -403,7 +428,7 @@ void tv_repr(tpl_buf *b, tv v)
         for (size_t i = 0; i < v.l->n; i++) {
             if (i)
                 tb_puts(b, ", ");
-            tv_repr(b, v.l->v[i]);
+            repr(b, v.l->v[i], depth + 1);
         }
         if (v.l->tuple && v.l->n == 1)
             tb_putc(b, ',');
@@ -416,9 +441,9 @@ void tv_repr(tpl_buf *b, tv v)
         for (size_t i = 0; i < v.d->n; i++) {
             if (i)
                 tb_puts(b, ", ");
-            tv_repr(b, v.d->keys[i]);
+            repr(b, v.d->keys[i], depth + 1);
             tb_puts(b, ": ");
-            tv_repr(b, v.d->vals[i]);
+            repr(b, v.d->vals[i], depth + 1);
         }
         tb_putc(b, '}');
         if (v.d->flavor == TD_NAMESPACE)
@@ -426,6 +451,11 @@ void tv_repr(tpl_buf *b, tv v)
         return;
     default: print_scalar(b, v);
     }
+}
+
+void tv_repr(tpl_buf *b, tv v)
+{
+    repr(b, v, 0);
 }
 
 void tv_print(tpl_buf *b, tv v)
@@ -571,8 +601,8 @@ static void json_container(tpl_buf *b, tv v, const tv_json_opts *o, int depth, t
 
 void tv_tojson_opts(tpl_buf *b, tv v, const tv_json_opts *o, int depth, tpl_fail *f, int line)
 {
-    if (depth > TPL_MAX_DEPTH)
-        tpl_raise(f, QL_EINVAL, line, "tojson: nesting deeper than %d", TPL_MAX_DEPTH);
+    if (depth > TPL_MAX_VALUE_DEPTH)
+        tpl_raise(f, QL_EINVAL, line, "tojson: nesting deeper than %d", TPL_MAX_VALUE_DEPTH);
     char num[40];
     switch (v.kind) {
     case TV_NONE: tb_puts(b, "null"); return;

@@ -27,6 +27,15 @@
  * under 20 deep; 200 keeps the C stack (a few hundred bytes a level) far
  * under a thread's 8 MiB. */
 #define TPL_MAX_DEPTH 200
+/* Nesting of evaluation (expressions inside statements inside macro
+ * calls, all together): bounds the C stack at a few hundred bytes a level
+ * whatever mix of deep expressions and recursive macros a template has. */
+#define TPL_MAX_EVAL_DEPTH 1000
+/* Nesting of list and dict values: past cJSON's own parse limit
+ * (CJSON_NESTING_LIMIT, 1000) so any context fits, and the recursive walks
+ * over values (==, <, repr, tojson) stay bounded however a template nests
+ * values through a namespace in a loop. */
+#define TPL_MAX_VALUE_DEPTH 1100
 /* Loop iterations, macro calls and range() elements together: a real
  * template over a long chat makes a few thousand. */
 #define TPL_MAX_STEPS 2000000
@@ -105,6 +114,7 @@ struct tv_list {
     size_t n, cap;
     tv *v;
     bool tuple;
+    unsigned depth; /* 1 + the deepest item's depth */
     /* a generator (what map, select, selectattr, unique and the items
      * filter return in jinja2): iterable once, always true, no len(), not
      * printable or serializable; |list makes it a list */
@@ -114,6 +124,7 @@ struct tv_dict {
     size_t n, cap;
     tv *keys, *vals;
     int flavor;
+    unsigned depth; /* TD_DICT: 1 + the deepest value's depth */
 };
 struct tv_method {
     tv self;
@@ -307,7 +318,7 @@ typedef struct tpl_run {
     tpl_fail *fail;
     tpl_buf out;
     size_t max_out;
-    long steps, depth;
+    long steps, depth, eval_depth;
     tv block_text; /* the body of the innermost {% filter %} block */
 } tpl_run;
 
