@@ -234,6 +234,56 @@ static const tpl_case access_cases[] = {
      "{\"msgs\": [{\"content\": \"hi\"}]}", "hihino11"},
 };
 
+static const tpl_case chat_idiom_cases[] = {
+    {"{{ none ~ 'a' }}{{ 'a' * 0 }}|{{ [1,2,][0] }}{{ {'a':1,}['a'] }}|{{ 'abc'[-1] }}{{ 'abc'[5] "
+     "}}|{{ x[0] }}",
+     "{\"x\": [{\"a\": 1}]}", "Nonea|11|c|{'a': 1}"},
+    {"{% for m in messages %}{% if m.content is string %}S{% elif m.content is iterable %}I{% "
+     "endif %}{% endfor %}",
+     "{\"messages\": [{\"content\": \"a\"}, {\"content\": [{\"t\": 1}]}, {\"content\": null}]}",
+     "SI"},
+    {"{{ 'a</think>\n\nb'.split('</think>')[-1].lstrip('\n') }}|{{ '\n\n'.join(['a','b']) }}|{{ "
+     "'x'|tojson }}|{{ 5|tojson }}",
+     "{}", "b|a\n\nb|\"x\"|5"},
+    {"{% set c = namespace(x=1) %}{% macro m() %}{% set c.x = c.x + 1 %}{% endmacro %}{{ m() }}{{ "
+     "m() }}{{ c.x }}",
+     "{}", "3"},
+    {"{{ d.items()|list }}{{ d|length }}{{ d.get('a', {}).get('b', 'dflt') }}",
+     "{\"d\": {\"a\": {\"b\": 2}}}", "[('a', {'b': 2})]12"},
+    {"{% for i in range(3) %}{{ i }}{% if not loop.last %},{% endif %}{% endfor %}|{% for x in "
+     "'ab' %}{{ x }}{% endfor %}",
+     "{}", "0,1,2|ab"},
+    {"{{ x is none or x|length == 0 }}|{{ y is not defined or y }}|{{ (x or 'fallback') }}",
+     "{\"x\": null}", "True|True|fallback"},
+    {"{{ 1 if true else 2 if false else 3 }}|{{ [1,2,3]|select('odd')|list }}|{{ "
+     "[1,2,3]|reject('odd')|list }}|{{ ['a','B']|map('upper')|list }}",
+     "{}", "1|[1, 3]|[2]|['A', 'B']"},
+    {"{%- for message in messages -%}\n  {%- if message['role'] == 'user' -%}\n    {{ '<user>' + "
+     "message['content'] + '</s>' }}\n  {%- endif -%}\n{%- endfor -%}\n{%- if "
+     "add_generation_prompt %}\n<bot>\n{%- endif %}",
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"add_generation_prompt\": true}",
+     "<user>x</s><bot>"},
+    {"{% if true %}  \n  a\n{% endif %}  \n{% for x in [1] %}\n\t{{ x }}\n{% endfor %}\n   {#- "
+     "comment -#}   \nz",
+     "{}", "  \n  a\n  \n\t1\nz"},
+    {"{{ 3.0|int }}{{ '3.7'|int }}{{ ' 12 '|int }}{{ true|int }}{{ none|int }}{{ '1e3'|float }}{{ "
+     "'abc'|float }}",
+     "{}", "3312101000.00.0"},
+    {"{{ 10/4 }}{{ 10//4 }}{{ 2**0.5 }}{{ 1e3 }}{{ 1_000 }}{{ 0.5e-3 }}{{ -1|abs }}{{ (-1)|abs }}",
+     "{}", "2.521.41421356237309511000.010000.000511"},
+    {"{{ [1,2,3] | sum }}", "{}", "6"},
+    {"{% set l = [3,1,2] %}{{ l|sort|first }}{{ (l|sort)[-1] }}{{ l|max }}{{ "
+     "[{'n':2},{'n':1}]|sort(attribute='n')|map(attribute='n')|list }}{{ "
+     "[{'n':2},{'n':1}]|max(attribute='n') }}",
+     "{}", "133[1, 2]{'n': 2}"},
+    {"{{ loop }}{% for a in [1] %}{{ loop.depth }}{% endfor %}", "{}", "1"},
+};
+
+Test(template, idioms_of_real_chat_templates)
+{
+    CHECK(chat_idiom_cases);
+}
+
 Test(template, prints_values_as_python_str_and_repr)
 {
     CHECK(printing_cases);
@@ -464,6 +514,9 @@ Test(template, runtime_errors_name_the_operation_and_line)
                  "unexpected keyword argument 'bad'");
     expect_error("{% set a, b = [1] %}", "{}", 0, QL_EINVAL, "cannot unpack");
     expect_error("{% set x = 1 %}{% set x.y = 2 %}", "{}", 0, QL_EINVAL, "non-namespace");
+    /* Python would give a bound method jinja2 prints with its address */
+    expect_error("{{ 'x'.center }}", "{}", 0, QL_EINVAL,
+                 "'str' attribute 'center' is not supported");
 }
 
 Test(template, a_hostile_template_hits_a_bound_not_a_hang, .timeout = 20)

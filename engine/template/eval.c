@@ -16,13 +16,6 @@
 
 enum { SIG_NONE, SIG_BREAK, SIG_CONTINUE };
 
-void tpl_step(tpl_run *r, int line)
-{
-    if (++r->steps > TPL_MAX_STEPS)
-        TPL_RAISE(r, line, "the template ran more than %d loop iterations and calls",
-                  TPL_MAX_STEPS);
-}
-
 static tv lookup(tpl_scope *s, const char *name)
 {
     size_t n = strlen(name);
@@ -285,43 +278,13 @@ static void emit_value(tpl_run *r, tv v, int line)
     emit(r, b.p, b.n, line);
 }
 
-/* the values a for loop walks: a list's items, a dict's keys, a
- * string's characters; undefined walks nothing */
-static tv_list *iterable(tpl_run *r, tv v, int line)
-{
-    if (v.kind == TV_LIST)
-        return v.l;
-    tv_list *l = tv_list_new(r->a, 0);
-    if (v.kind == TV_UNDEF)
-        return l;
-    if (v.kind == TV_DICT && v.d->flavor == TD_DICT) {
-        for (size_t i = 0; i < v.d->n; i++)
-            tv_list_push(r->a, l, v.d->keys[i]);
-        return l;
-    }
-    if (v.kind == TV_STR) {
-        for (size_t off = 0; off < v.s.n;) {
-            size_t end = tv_str_offset(v.s.p + off, v.s.n - off, 1);
-            tv_list_push(r->a, l, tv_str(v.s.p + off, end));
-            off += end;
-        }
-        return l;
-    }
-    TPL_RAISE(r, line, "'%s' object is not iterable", tv_type_name(v));
-}
-
-tv_list *tpl_iterable(tpl_run *r, tv v, int line)
-{
-    return iterable(r, v, line);
-}
-
 static void bind_targets(tpl_run *r, tpl_scope *s, const tpl_nodes *names, tv v, int line)
 {
     if (names->n == 1) {
         assign(r, s, names->v[0]->name, v);
         return;
     }
-    tv_list *parts = iterable(r, v, line);
+    tv_list *parts = tpl_iterable(r, v, line);
     if (parts->n != names->n)
         TPL_RAISE(r, line, "cannot unpack %zu values into %zu names", parts->n, names->n);
     for (size_t i = 0; i < names->n; i++)
@@ -358,7 +321,7 @@ static void loop_advance(tpl_run *r, tv_dict *d, tv_list *items, size_t i)
 
 static void exec_for(tpl_run *r, tpl_scope *s, const tpl_node *n)
 {
-    tv_list *all = iterable(r, tpl_eval(r, s, n->a), n->line), *items = all;
+    tv_list *all = tpl_iterable(r, tpl_eval(r, s, n->a), n->line), *items = all;
     if (n->b) {
         /* the loop's "if" filters first: loop.length counts what passes */
         items = tv_list_new(r->a, all->n);

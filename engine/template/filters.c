@@ -696,6 +696,19 @@ static tv extreme(tpl_run *r, tv v, const tpl_args *args, bool want_max, int lin
     }
     return best;
 }
+FILTER(sum)
+{
+    (void)s;
+    static const char what[] = "sum";
+    BIND("attribute", "start");
+    tv total = given(a[1]) ? a[1] : tv_int(0);
+    tv_list *l = list_of(r, v, line);
+    for (size_t i = 0; i < l->n; i++)
+        total =
+            tpl_binop(r, "+", total, given(a[0]) ? attr_of(r, l->v[i], a[0], line) : l->v[i], line);
+    return total;
+}
+
 FILTER(min)
 {
     (void)s;
@@ -713,6 +726,7 @@ static const struct {
 } filters[] = {
     {"max", f_max},
     {"min", f_min},
+    {"sum", f_sum},
     {"abs", f_abs},
     {"capitalize", f_capitalize},
     {"count", f_length},

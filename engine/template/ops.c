@@ -17,6 +17,39 @@
 #include <string.h>
 #include <time.h>
 
+/* ---- the render's bounds and iteration ---- */
+void tpl_step(tpl_run *r, int line)
+{
+    if (++r->steps > TPL_MAX_STEPS)
+        TPL_RAISE(r, line, "the template ran more than %d loop iterations and calls",
+                  TPL_MAX_STEPS);
+}
+
+/* the values a for loop walks: a list's items, a dict's keys, a
+ * string's characters; undefined walks nothing */
+tv_list *tpl_iterable(tpl_run *r, tv v, int line)
+{
+    if (v.kind == TV_LIST)
+        return v.l;
+    tv_list *l = tv_list_new(r->a, 0);
+    if (v.kind == TV_UNDEF)
+        return l;
+    if (v.kind == TV_DICT && v.d->flavor == TD_DICT) {
+        for (size_t i = 0; i < v.d->n; i++)
+            tv_list_push(r->a, l, v.d->keys[i]);
+        return l;
+    }
+    if (v.kind == TV_STR) {
+        for (size_t off = 0; off < v.s.n;) {
+            size_t end = tv_str_offset(v.s.p + off, v.s.n - off, 1);
+            tv_list_push(r->a, l, tv_str(v.s.p + off, end));
+            off += end;
+        }
+        return l;
+    }
+    TPL_RAISE(r, line, "'%s' object is not iterable", tv_type_name(v));
+}
+
 /* ---- argument binding ---- */
 void tpl_bind(tpl_run *r, const char *what, const char *const *params, const tpl_args *args,
               tv *out, int line)
@@ -55,6 +88,16 @@ static const char *const str_methods[] = {
 static const char *const unsafe_methods[] = {"append",  "extend",     "insert", "pop",
                                              "remove",  "reverse",    "sort",   "clear",
                                              "popitem", "setdefault", "update", NULL};
+
+/* the other attributes Python's str, list and dict have: touching one
+ * fails at render rather than printing jinja2's undefined where Python
+ * would give a bound method */
+static const char *const python_attrs[] = {
+    "casefold", "center",     "encode",       "expandtabs",   "format_map",   "index",
+    "isascii",  "isdecimal",  "isidentifier", "isnumeric",    "isprintable",  "istitle",
+    "ljust",    "maketrans",  "partition",    "removeprefix", "removesuffix", "rindex",
+    "rjust",    "rpartition", "swapcase",     "translate",    "zfill",        NULL};
+static const char *const python_list_attrs[] = {"index", "count", "copy", NULL};
 
 static bool in_list(const char *const *l, const char *name)
 {
@@ -108,6 +151,9 @@ tv tpl_getattr(tpl_run *r, tv obj, const char *name, int line)
     }
     if (obj.kind == TV_STR && in_list(str_methods, name))
         return method_value(r, obj, name);
+    if ((obj.kind == TV_STR && in_list(python_attrs, name)) ||
+        (obj.kind == TV_LIST && in_list(python_list_attrs, name)))
+        TPL_RAISE(r, line, "'%s' attribute '%s' is not supported", tv_type_name(obj), name);
     return tv_undef(NULL);
 }
 
