@@ -573,6 +573,8 @@ Test(template, bad_arguments_are_refused)
     tpl_free(t);
     cr_expect_eq(tpl_render(NULL, NULL, 0, &out, &n, msg, sizeof msg), QL_EINVAL);
     tpl_free(NULL);
+    cr_expect_eq(tpl_compile(&t, "a\0{{ x }}", 9, msg, sizeof msg), QL_EFORMAT, "a NUL byte");
+    cr_expect_null(t);
     cr_expect_eq(tpl_compile(&t, "", 0, msg, sizeof msg), QL_OK, "an empty template is valid");
     cr_expect_eq(tpl_render(t, NULL, 0, &out, &n, msg, sizeof msg), QL_OK);
     cr_expect_eq(n, 0);

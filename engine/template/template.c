@@ -25,6 +25,9 @@ int tpl_compile(tpl_template **out, const char *source, size_t len, char *msg, s
     *out = NULL;
     if (!source && len)
         return ql_fail(msg, msg_len, QL_EINVAL, "template: no source");
+    if (source && memchr(source, 0, len))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "template: a NUL byte at offset %zu",
+                       (size_t)((const char *)memchr(source, 0, len) - source));
     tpl_template *t = calloc(1, sizeof *t);
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOMEM, "template: out of memory");
