@@ -394,6 +394,16 @@ Test(template, renders_a_chat_template_as_transformers_does)
                  QL_EINVAL, "Unknown role: robot");
 }
 
+Test(template, repr_escapes_what_python_deems_unprintable)
+{
+    /* jinja2 printed ['a\\xa0b', 'z\\u200bw', '\\ufeff', '\\x85\\x7f\\x01', 'é😀'] */
+    const tpl_case c[] = {{"{{ x }}",
+                           "{\"x\": [\"a\\u00a0b\", \"z\\u200bw\", \"\\ufeff\", "
+                           "\"\\u0085\\u007f\\u0001\", \"é😀\"]}",
+                           "['a\\xa0b', 'z\\u200bw', '\\ufeff', '\\x85\\x7f\\x01', 'é😀']"}};
+    CHECK(c);
+}
+
 Test(template, compiles_once_renders_many_times)
 {
     tpl_template *t;

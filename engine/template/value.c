@@ -357,13 +357,28 @@ void tv_float_repr(char out[40], double f)
     *o = 0;
 }
 
+/* Python's str.isprintable for the characters chat text carries: the C0
+ * and C1 controls, the separators other than space (Zs, Zl, Zp), the
+ * format characters (Cf: zero-width, bidi, BOM) and private use are not.
+ * Unassigned code points (Cn) would need Unicode's tables and print as is. */
+static bool printable_cp(uint32_t cp)
+{
+    if (cp < 0x20 || (cp >= 0x7f && cp <= 0xa0) || cp == 0xad || cp == 0x1680 ||
+        (cp >= 0x2000 && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202f) ||
+        (cp >= 0x205f && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x206f) || cp == 0x3000 ||
+        (cp >= 0xe000 && cp <= 0xf8ff) || cp == 0xfeff || (cp >= 0xfff9 && cp <= 0xfffb) ||
+        cp >= 0xf0000 || cp == 0x061c || cp == 0x180e)
+        return false;
+    return true;
+}
+
 static void repr_str(tpl_buf *b, const char *s, size_t n)
 {
     char q = memchr(s, '\'', n) && !memchr(s, '"', n) ? '"' : '\'';
     tb_putc(b, q);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        char esc[8];
+        char esc[16];
         if (c == '\\' || c == (unsigned char)q) {
             tb_putc(b, '\\');
             tb_putc(b, (char)c);
@@ -376,6 +391,20 @@ static void repr_str(tpl_buf *b, const char *s, size_t n)
         } else if (c < 0x20 || c == 0x7f) {
             snprintf(esc, sizeof esc, "\\x%02x", c);
             tb_puts(b, esc);
+        } else if (c >= 0x80) {
+            uint32_t cp;
+            size_t k = ql_utf8_next((const uint8_t *)s + i, n - i, &cp);
+            if (!k || printable_cp(cp)) {
+                tb_put(b, s + i, k ? k : 1);
+            } else {
+                snprintf(esc, sizeof esc,
+                         cp < 0x100     ? "\\x%02x"
+                         : cp < 0x10000 ? "\\u%04x"
+                                        : "\\U%08x",
+                         cp);
+                tb_puts(b, esc);
+            }
+            i += k ? k - 1 : 0;
         } else {
             tb_putc(b, (char)c);
         }
