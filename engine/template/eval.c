@@ -154,8 +154,11 @@ static tv eval_slice(tpl_run *r, tpl_scope *s, const tpl_node *n)
     for (int i = 0; i < 3; i++)
         part[i] = pn[i] ? tpl_eval(r, s, pn[i]) : tv_none();
     bool is_str = obj.kind == TV_STR;
+    if (obj.kind == TV_UNDEF)
+        TPL_RAISE(r, n->line, "'%s' is undefined", obj.s.p ? obj.s.p : "value");
     if (!is_str && (obj.kind != TV_LIST || obj.l->gen))
-        TPL_RAISE(r, n->line, "cannot slice a %s", tv_type_name(obj));
+        TPL_RAISE(r, n->line, "'%s' object is not subscriptable",
+                  obj.kind == TV_LIST ? "generator" : tv_type_name(obj));
     int64_t len = is_str ? (int64_t)tv_str_len(obj.s.p, obj.s.n) : (int64_t)obj.l->n;
     int64_t start, stop, step;
     slice_bounds(r, part[0], part[1], part[2], len, &start, &stop, &step, n->line);

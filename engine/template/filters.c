@@ -419,6 +419,8 @@ FILTER(int)
     static const char what[] = "int";
     BIND("default", "base");
     tv dflt = given(a[0]) ? a[0] : tv_int(0), out;
+    if (v.kind == TV_UNDEF)
+        TPL_RAISE(r, line, "'%s' is undefined", v.s.p ? v.s.p : "value");
     if (given(a[1]) && !(a[1].kind == TV_INT && a[1].i == 10))
         TPL_RAISE(r, line, "int: only base 10 is supported");
     if (v.kind == TV_INT)
@@ -438,6 +440,8 @@ FILTER(float)
     static const char what[] = "float";
     BIND("default");
     tv out;
+    if (v.kind == TV_UNDEF)
+        TPL_RAISE(r, line, "'%s' is undefined", v.s.p ? v.s.p : "value");
     if (tv_is_num(v))
         return tv_float(tv_num(v));
     if (v.kind == TV_STR && parse_number(v, false, &out))
@@ -469,6 +473,8 @@ FILTER(round)
         TPL_RAISE(r, line, "round: expected a number, got %s", tv_type_name(v));
     int64_t prec = given(a[0]) && a[0].kind == TV_INT ? a[0].i : 0;
     const char *method = given(a[1]) && a[1].kind == TV_STR ? a[1].s.p : "common";
+    if (v.kind != TV_FLOAT && !strncmp(method, "common", 6) && prec >= 0)
+        return tv_int(v.kind == TV_INT ? v.i : v.b); /* Python's round(int, n) is the int */
     double x = tv_num(v), scale = pow(10.0, (double)prec), y = x * scale;
     if (!strncmp(method, "ceil", 4))
         y = ceil(y);
@@ -492,7 +498,9 @@ FILTER(indent)
              i++)
             tb_putc(&pad, ' ');
     bool first = given(a[1]) && tv_truthy(a[1]), blank = given(a[2]) && tv_truthy(a[2]);
-    tv text = str_of(r, v);
+    if (v.kind != TV_STR) /* jinja2 appends "\n" to the value itself */
+        TPL_RAISE(r, line, "indent: expected a string, got %s", tv_type_name(v));
+    tv text = v;
     tpl_buf t = {.a = r->a};
     tb_put(&t, text.s.p, text.s.n);
     tb_putc(&t, '\n'); /* jinja2 appends a newline before splitlines */
@@ -670,6 +678,7 @@ FILTER(reverse)
     tv_list *l = list_of(r, v, line), *out = tv_list_new(r->a, l->n);
     for (size_t i = l->n; i-- > 0;)
         tv_list_push(r->a, out, l->v[i]);
+    out->gen = v.kind == TV_DICT; /* reversed(dict): an iterator */
     if (v.kind != TV_STR)
         return tv_list_value(out);
     tpl_buf b = {.a = r->a};
@@ -867,28 +876,27 @@ TEST(upper)
     tv u = tpl_case(r, v, 'u');
     return !memcmp(u.s.p, v.s.p, v.s.n);
 }
-static int64_t int_of(tpl_run *r, tv v, const char *what, int line)
+/* value % divisor == want, with Python's % (so floats work as in jinja2) */
+static bool mod_is(tpl_run *r, tv v, tv divisor, int64_t want, int line)
 {
-    if (v.kind == TV_INT || v.kind == TV_BOOL)
-        return v.kind == TV_INT ? v.i : v.b;
-    TPL_RAISE(r, line, "test '%s' needs an integer, got %s", what, tv_type_name(v));
+    if (!tv_is_num(v) || !tv_is_num(divisor))
+        TPL_RAISE(r, line, "a number test needs numbers, got %s and %s", tv_type_name(v),
+                  tv_type_name(divisor));
+    return tv_eq(tpl_binop(r, "%", v, divisor, line), tv_int(want));
 }
 TEST(odd)
 {
     NOARG();
-    return int_of(r, v, "odd", line) % 2 != 0;
+    return mod_is(r, v, tv_int(2), 1, line);
 }
 TEST(even)
 {
     NOARG();
-    return int_of(r, v, "even", line) % 2 == 0;
+    return mod_is(r, v, tv_int(2), 0, line);
 }
 TEST(divisibleby)
 {
-    int64_t d = int_of(r, test_arg(r, args, "divisibleby", line), "divisibleby", line);
-    if (d == 0)
-        TPL_RAISE(r, line, "divisibleby 0");
-    return int_of(r, v, "divisibleby", line) % d == 0;
+    return mod_is(r, v, test_arg(r, args, "divisibleby", line), 0, line);
 }
 TEST(eq)
 {

@@ -451,7 +451,7 @@ static void repr(tpl_buf *b, tv v, int depth)
                   TPL_MAX_VALUE_DEPTH);
     switch (v.kind) {
     case TV_STR: repr_str(b, v.s.p, v.s.n); return;
-    case TV_UNDEF: return;
+    case TV_UNDEF: tb_puts(b, "Undefined"); return; /* jinja2's Undefined.__repr__ */
     case TV_LIST:
         tb_putc(b, v.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.l->n; i++) {
