@@ -78,6 +78,20 @@ static tpl_scope *context_scope(tpl_arena *a, const cJSON *context)
     return s;
 }
 
+/* The render proper. setjmp lives here, not in tpl_render, so the arena
+ * and output that the walk changes belong to a caller's frame and keep
+ * their values when an error unwinds (C11 7.13.2.1). */
+static int render_guarded(tpl_run *r, const tpl_template *t, const cJSON *context)
+{
+    int err = setjmp(r->fail->jump);
+    if (err)
+        return err;
+    tpl_scope *s = context_scope(r->a, context);
+    int signal = 0;
+    tpl_exec_body(r, s, &t->root->body, &signal);
+    return QL_OK;
+}
+
 int tpl_render(const tpl_template *t, const cJSON *context, size_t max_out, char **out,
                size_t *out_len, char *msg, size_t msg_len)
 {
@@ -95,14 +109,11 @@ int tpl_render(const tpl_template *t, const cJSON *context, size_t max_out, char
                   (max_out > SIZE_MAX / 64 ? SIZE_MAX / 4 : max_out * TPL_MEMORY_PER_OUT_BYTE);
     tpl_run r = {.a = &arena, .fail = &fail, .max_out = max_out};
     r.out.a = &arena;
-    int err = setjmp(fail.jump);
+    int err = render_guarded(&r, t, context);
     if (err) {
         tpl_arena_free(&arena);
         return err;
     }
-    tpl_scope *s = context_scope(&arena, context);
-    int signal = 0;
-    tpl_exec_body(&r, s, &t->root->body, &signal);
     char *text = malloc(r.out.n + 1);
     if (!text) {
         tpl_arena_free(&arena);

@@ -20,15 +20,17 @@
 
 _Noreturn void tpl_raise(tpl_fail *f, int err, int line, const char *fmt, ...)
 {
-    char sentence[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(sentence, sizeof sentence, fmt, ap);
-    va_end(ap);
-    if (line > 0)
-        ql_fail(f->msg, f->msg_len, err, "line %d: %s", line, sentence);
-    else
-        ql_fail(f->msg, f->msg_len, err, "%s", sentence);
+    /* straight into the caller's buffer, so a template's own long message
+     * (raise_exception) is cut only by msg_len */
+    if (f->msg && f->msg_len) {
+        int k = line > 0 ? snprintf(f->msg, f->msg_len, "line %d: ", line) : 0;
+        if (k < 0 || (size_t)k >= f->msg_len)
+            k = 0;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(f->msg + k, f->msg_len - (size_t)k, fmt, ap);
+        va_end(ap);
+    }
     longjmp(f->jump, err);
 }
 

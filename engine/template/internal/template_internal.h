@@ -9,7 +9,12 @@
  * (tpl_raise) to tpl_compile / tpl_render: a tree-walking interpreter has
  * hundreds of failure points, and every allocation lives in an arena that
  * is dropped whole, so unwinding leaks nothing and keeps each helper short.
- * Only the .c files of engine/template/ include this header.
+ * Only the .c files of engine/template/ include this header. They call
+ * each other one way (test_layout checks the object files): value.c (the
+ * arena, values, text) <- ops.c (access, operators, bounds, globals) <-
+ * strings.c (str and dict methods) <- filters.c (filters, tests) <- eval.c
+ * (expressions, statements); lexer.c <- parser.c (which asks filters.c and
+ * ops.c what names exist) <- template.c (the public entry points).
  */
 #ifndef QL_TEMPLATE_INTERNAL_H
 #define QL_TEMPLATE_INTERNAL_H
