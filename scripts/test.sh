@@ -5,8 +5,8 @@
 # with AddressSanitizer + UndefinedBehaviorSanitizer and runs the same tests.
 # Exits non-zero when any build or test fails.
 #
-# Last, a clang build fuzzes the safetensors, bitsandbytes and GGUF parsers
-# and the HTTP request path with libFuzzer, each for a bounded time
+# Last, a clang build fuzzes the safetensors, bitsandbytes and GGUF parsers,
+# the chat-template renderer and the HTTP request path with libFuzzer, each for a bounded time
 # (QL_FUZZ_SECONDS, default 60).
 #
 #   scripts/test.sh                       everything
@@ -33,9 +33,9 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
      ctest -V -j "$jobs")
 fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "== fuzzing the model-file parsers and the HTTP request path (clang + libFuzzer, bounded)"
+  echo "== fuzzing the model-file parsers, the chat-template renderer and the HTTP request path (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
-  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_http
+  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_template fuzz_http
   corpus=$(mktemp -d)
   cp tests/fixtures/*.safetensors "$corpus/"
   build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
@@ -45,6 +45,13 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   corpus=$(mktemp -d)
   cp tests/fixtures/*.gguf "$corpus/"
   build-fuzz/fuzz_gguf -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
+    -print_final_stats=1 "$corpus"
+  rm -rf "$corpus"
+  # the chat-template renderer, seeded with real chat templates and one
+  # using every construct (tests/fuzz/corpus_template)
+  corpus=$(mktemp -d)
+  cp tests/fuzz/corpus_template/* "$corpus/"
+  build-fuzz/fuzz_template -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=16384 -timeout=10 \
     -print_final_stats=1 "$corpus"
   rm -rf "$corpus"
   # the HTTP request path on a server with no model, seeded with valid

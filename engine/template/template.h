@@ -13,6 +13,17 @@
  * (tpl_render). A compiled template owns its parsed form and is immutable;
  * a render owns nothing past its return but the text it hands out. It
  * touches nothing but its arguments (and the clock, for strftime_now).
+ *
+ * Supported: if/elif/else, for (loop.*, else, "if" filter, unpacking,
+ * break/continue), set (names, tuples, namespace attributes, block set),
+ * macro, filter blocks, transformers' generation block; every expression
+ * form but chained comparisons and star-arguments; the filters, tests and
+ * str/dict methods listed in filters.c and ops.c. Where this differs from
+ * Python it refuses rather than guesses, with two known approximations:
+ * case mapping (upper, lower, title, capitalize) covers ASCII letters only,
+ * and a JSON number with an integral value is an int (cJSON keeps no
+ * source text, so a context's 1.0 prints as 1; non-integral numbers print
+ * as Python's repr).
  */
 #ifndef QL_TEMPLATE_H
 #define QL_TEMPLATE_H
