@@ -89,7 +89,10 @@ static void expect_refusal(const char *body, int status, const char *needle)
     int got;
     char *text = sp_answer("/v1/chat/completions", body, &got);
     cr_assert_eq(got, status, "%s -> %d %s", body, got, text);
-    cr_assert(strstr(text, needle), "%s -> %s (wanted \"%s\")", body, text, needle);
+    cJSON *j = sp_json(text);
+    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
+    cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
+    cJSON_Delete(j);
     free(text);
 }
 
