@@ -466,8 +466,7 @@ void srv_oai_chat(srv_conn *c, const char *name)
     bool stream = false;
     char *prompt = NULL;
     if (parse_chat(c, root, &a, &model, &stream) && render_prompt(c, root, &prompt)) {
-        if (model && strcmp(model, c->s->model_id) != 0)
-            a.adapter = model;
+        a.adapter = srv_adapter_named(c, model);
         a.prompt = prompt;
         srv_generate(c, &a, stream ? &chat_stream : &chat_whole);
     }

@@ -184,8 +184,7 @@ void srv_oai_completions(srv_conn *c, const char *name)
     bool stream = false;
     if (parse_oai(c, root, &a, &model, &stream)) {
         /* the model: the base, or an adapter by its name */
-        if (model && strcmp(model, c->s->model_id) != 0)
-            a.adapter = model;
+        a.adapter = srv_adapter_named(c, model);
         srv_generate(c, &a, stream ? &oai_stream : &oai_whole);
     }
     cJSON_Delete(root);

@@ -272,3 +272,16 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
     a->sampling.seed = has_seed ? (uint64_t)seed : (uint64_t)time(NULL) ^ (uint64_t)c->serial;
     return true;
 }
+
+const char *srv_adapter_named(const srv_conn *c, const char *model)
+{
+    if (!model || strcmp(model, c->s->model_id) == 0)
+        return NULL;
+    /* the names TGI's own clients send when they point at one server's
+     * URL: TGI's documented placeholder, and huggingface_hub's */
+    static const char *const placeholders[] = {"tgi", "dummy", NULL};
+    for (size_t i = 0; placeholders[i]; i++)
+        if (strcmp(model, placeholders[i]) == 0)
+            return NULL;
+    return model;
+}

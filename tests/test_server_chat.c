@@ -290,6 +290,15 @@ Test(chat, refusals_name_what_was_wrong)
     char *text = sp_answer("/v1/chat/completions", body, &status);
     cr_assert_eq(status, 200, "%s", text);
     free(text);
+    /* the placeholders TGI's clients send for "the model behind this URL" */
+    const char *placeholders[] = {"tgi", "dummy"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, "{%s, \"model\": \"%s\", \"max_tokens\": 2}", user,
+                 placeholders[i]);
+        text = sp_answer("/v1/chat/completions", body, &status);
+        cr_assert_eq(status, 200, "%s: %s", placeholders[i], text);
+        free(text);
+    }
     sp_stop_cleanly();
 }
 

@@ -150,6 +150,11 @@ typedef struct srv_shape {
     void (*on_done)(srv_gen *g, srv_conn *c, const char *full, eng_finish why, const eng_usage *u);
 } srv_shape;
 
+/* The adapter an OpenAI-shaped request's "model" names (request.c): NULL
+ * for the base model (no name, the base model's id, or "tgi" or "dummy",
+ * the placeholders TGI's clients send to a server's URL), else the name. */
+const char *srv_adapter_named(const srv_conn *c, const char *model);
+
 /* A whole (not streamed) answer (request.c): o (consumed), or a 500 when the engine
  * failed the request. */
 void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
