@@ -15,6 +15,12 @@
  * the role, then content deltas, a last chunk with finish_reason, the usage
  * when stream_options.include_usage, and [DONE].
  *
+ * A request naming an adapter that carries its own template (PEFT saves
+ * the tokenizer beside an adapter when training changed it) is rendered
+ * with that one, compiled for the request: adapters are loaded and
+ * unloaded at run time, and compiling a template is cheap next to the
+ * generation it frames.
+ *
  * What was chosen where OpenAI leaves it open: content given as a list of
  * parts must be text parts ({"type": "text"}), joined with "\n" into one
  * string (vLLM's "string" content format), since the templates of text
@@ -224,14 +230,45 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
     return ctx;
 }
 
-/* Render the request's messages into *prompt (free()). False after
- * answering the refusal. */
-static bool render_prompt(srv_conn *c, const cJSON *root, char **prompt)
+/* An adapter's own template, when PEFT saved the tokenizer beside it
+ * (training changed it): compiled for this request into *own (NULL: the
+ * adapter has none, or no adapter is named, and the model's serves). An
+ * unknown adapter is left to srv_generate's 404. False after answering. */
+static bool adapter_template(srv_conn *c, const char *adapter, bool tools, tpl_template **own)
+{
+    *own = NULL;
+    eng_lora_term term = {NULL, 1.0f};
+    char msg[400];
+    if (!adapter || !c->s->registry ||
+        lora_registry_want(c->s->registry, adapter, &term, msg, sizeof msg) != QL_OK)
+        return true;
+    const char *source = tools && term.lora->chat_template_tool_use
+                             ? term.lora->chat_template_tool_use
+                             : term.lora->chat_template;
+    int rc = source ? tpl_compile(own, source, strlen(source), msg, sizeof msg) : QL_OK;
+    eng_lora_unref(term.lora);
+    if (rc != QL_OK) {
+        srv_fail(c, 400, "adapter %s's chat template is refused: %s", adapter, msg);
+        return false;
+    }
+    return true;
+}
+
+/* Render the request's messages into *prompt (free()), with the adapter's
+ * template when it has one, else the model's. False after answering the
+ * refusal. */
+static bool render_prompt(srv_conn *c, const cJSON *root, const char *adapter, char **prompt)
 {
     cJSON *ctx = template_context(c, root);
     if (!ctx)
         return false;
-    const tpl_template *t = template_for(c, !cJSON_IsNull(cJSON_GetObjectItem(ctx, "tools")));
+    bool tools = !cJSON_IsNull(cJSON_GetObjectItem(ctx, "tools"));
+    tpl_template *own = NULL;
+    if (!adapter_template(c, adapter, tools, &own)) {
+        cJSON_Delete(ctx);
+        return false;
+    }
+    const tpl_template *t = own ? own : template_for(c, tools);
     if (!t) {
         cJSON_Delete(ctx);
         return false;
@@ -239,6 +276,7 @@ static bool render_prompt(srv_conn *c, const cJSON *root, char **prompt)
     char msg[1024];
     size_t len = 0;
     int rc = tpl_render(t, ctx, CHAT_RENDER_MAX, prompt, &len, msg, sizeof msg);
+    tpl_free(own);
     cJSON_Delete(ctx);
     if (rc != QL_OK) {
         srv_fail(c, srv_status_of(rc), "the chat template: %s", msg);
@@ -465,7 +503,8 @@ void srv_oai_chat(srv_conn *c, const char *name)
     const char *model = NULL;
     bool stream = false;
     char *prompt = NULL;
-    if (parse_chat(c, root, &a, &model, &stream) && render_prompt(c, root, &prompt)) {
+    if (parse_chat(c, root, &a, &model, &stream) &&
+        render_prompt(c, root, srv_adapter_named(c, model), &prompt)) {
         a.adapter = srv_adapter_named(c, model);
         a.prompt = prompt;
         srv_generate(c, &a, stream ? &chat_stream : &chat_whole);

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "http_client.h"
+#include "lora_fixture.h"
 #include "server_process.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -26,6 +27,7 @@
 static char dir[512];
 static char model_dir[600];
 static char log_path[600];
+static char adapter_dir[600];
 
 static void setup(void)
 {
@@ -33,7 +35,9 @@ static void setup(void)
     cr_assert(dir[0]);
     snprintf(model_dir, sizeof model_dir, "%s/tiny-chat", dir);
     snprintf(log_path, sizeof log_path, "%s/server.log", dir);
+    snprintf(adapter_dir, sizeof adapter_dir, "%s/adapters", dir);
     cr_assert_eq(mkdir(model_dir, 0700), 0);
+    cr_assert_eq(mkdir(adapter_dir, 0700), 0);
 }
 
 static void teardown(void)
@@ -78,8 +82,9 @@ static void start_with_template(const char *chat_template)
         snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
         write_text(path, chat_template);
     }
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port", "0",
-                          "--threads", "2",     "--kv-mib", "16",      NULL};
+    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port",        "0",
+                          "--threads", "2",     "--kv-mib", "16",      "--adapter-dir", adapter_dir,
+                          NULL};
     sp_spawn(argv, log_path);
     sp_wait_ready();
 }
@@ -325,5 +330,61 @@ Test(chat, a_template_refused_at_load_refuses_chat_with_its_reason)
     free(log);
     cJSON *plain = completion_of("Hello", 2);
     cJSON_Delete(plain);
+    sp_stop_cleanly();
+}
+
+Test(chat, an_adapters_own_template_serves_requests_to_that_adapter)
+{
+    /* PEFT saves the tokenizer beside an adapter when training changed
+     * it: its chat_template.jinja frames requests naming that adapter */
+    char folder[800], path[900];
+    snprintf(folder, sizeof folder, "%s/tuned", adapter_dir);
+    tiny_spec spec = tiny_default();
+    eng_config cfg = lora_fix_config(&spec);
+    lora_fix_spec ls = lora_fix_default();
+    lora_fix_write(folder, &cfg, &ls);
+    snprintf(path, sizeof path, "%s/chat_template.jinja", folder);
+    write_text(path, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}[assistant] {% endif %}");
+    start_with_template(chatml);
+    int status;
+    char *text =
+        sp_answer("/admin/adapters", "{\"name\": \"tuned\", \"path\": \"tuned\"}", &status);
+    cr_assert_eq(status, 201, "%s", text);
+    free(text);
+    const char *messages = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
+    char body[512];
+    snprintf(body, sizeof body, "{\"model\": \"tuned\", %s, \"max_tokens\": 6, \"temperature\": 0}",
+             messages);
+    text = sp_answer("/v1/chat/completions", body, &status);
+    cr_assert_eq(status, 200, "%s", text);
+    cJSON *chat = sp_json(text);
+    free(text);
+    /* the same as the adapter's completion of its template's rendering */
+    text = sp_answer("/v1/completions",
+                     "{\"model\": \"tuned\", \"prompt\": \"[user] hi\\n[assistant] \", "
+                     "\"max_tokens\": 6, \"temperature\": 0}",
+                     &status);
+    cr_assert_eq(status, 200, "%s", text);
+    cJSON *plain = sp_json(text);
+    free(text);
+    const cJSON *m =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(chat, "choices"), 0), "message");
+    const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(plain, "choices"), 0);
+    cr_assert_str_eq(sp_str_at(m, "content"), sp_str_at(p, "text"));
+    cr_assert_eq(sp_num_at(cJSON_GetObjectItem(chat, "usage"), "prompt_tokens"),
+                 sp_num_at(cJSON_GetObjectItem(plain, "usage"), "prompt_tokens"));
+    cr_assert_str_eq(sp_str_at(chat, "model"), "tuned");
+    /* the base model keeps its own template: a longer, ChatML prompt */
+    snprintf(body, sizeof body, "{%s, \"max_tokens\": 2, \"temperature\": 0}", messages);
+    text = sp_answer("/v1/chat/completions", body, &status);
+    cr_assert_eq(status, 200, "%s", text);
+    cJSON *base = sp_json(text);
+    free(text);
+    cr_assert_gt(sp_num_at(cJSON_GetObjectItem(base, "usage"), "prompt_tokens"),
+                 sp_num_at(cJSON_GetObjectItem(chat, "usage"), "prompt_tokens"));
+    cJSON_Delete(base);
+    cJSON_Delete(plain);
+    cJSON_Delete(chat);
     sp_stop_cleanly();
 }
