@@ -1,7 +1,8 @@
 /*
  * api_chat.c - chat completions, the route every chat client calls:
  * POST /v1/chat/completions in OpenAI's shape (TGI's Messages API serves
- * the same route with the same shapes).
+ * the same route with the same shapes), and TGI's POST /chat_tokenize
+ * (the rendered text and its tokens, for the same body).
  *
  * A request's messages are rendered through the model's chat template
  * (engine/template/: the Jinja program the model ships, rendered as
@@ -28,10 +29,11 @@
  * its type. A template that raises (raise_exception) answers 400 with the
  * template's message.
  *
- * Offers srv_oai_chat (the handler) and the templates' life on the server
+ * Offers srv_oai_chat and srv_chat_tokenize (the handlers) and the templates' life on the server
  * (srv_chat_templates_load/free, called by serve.c); owns the compiled
  * templates and the chat request and answer shapes. Touches request.c's
- * helpers, http.c's stream events, bridge.c's srv_generate, the model's
+ * helpers, http.c's stream events, bridge.c's srv_generate, api_tgi.c's
+ * token spans, the model's
  * tokenizer (for the BOS/EOS text) and engine/template/.
  */
 #include "internal/server_internal.h"
@@ -224,7 +226,12 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
     }
     cJSON_AddItemToObject(ctx, "tools",
                           srv_is_null(tools) ? cJSON_CreateNull() : cJSON_Duplicate(tools, true));
-    cJSON_AddBoolToObject(ctx, "add_generation_prompt", true);
+    bool add_generation_prompt = true; /* vLLM's and TGI's default */
+    if (!srv_get_bool(c, root, "add_generation_prompt", &add_generation_prompt)) {
+        cJSON_Delete(ctx);
+        return NULL;
+    }
+    cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt);
     cJSON_AddStringToObject(ctx, "bos_token", c->s->chat_bos ? c->s->chat_bos : "");
     cJSON_AddStringToObject(ctx, "eos_token", c->s->chat_eos ? c->s->chat_eos : "");
     return ctx;
@@ -316,6 +323,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
                                          "metadata",
                                          "store",
                                          "service_tier",
+                                         "add_generation_prompt",
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;
@@ -489,7 +497,41 @@ static const srv_shape chat_stream = {.stream = true,
                                       .on_token = stream_token,
                                       .on_done = stream_done};
 
-/* --- the route ---------------------------------------------------------------- */
+/* --- the routes --------------------------------------------------------------- */
+
+/* POST /chat_tokenize (TGI's): what the model would be fed for this chat
+ * request, as text and as TGI's token list. */
+void srv_chat_tokenize(srv_conn *c, const char *name)
+{
+    (void)name;
+    if (!srv_ready(c))
+        return;
+    cJSON *root = srv_body_object(c);
+    if (!root)
+        return;
+    srv_ask a = {0};
+    const char *model = NULL;
+    bool stream = false;
+    char *prompt = NULL;
+    if (parse_chat(c, root, &a, &model, &stream) &&
+        render_prompt(c, root, srv_adapter_named(c, model), &prompt)) {
+        char msg[1024];
+        cJSON *tokens = NULL;
+        /* a rendered template writes its own special tokens: none added */
+        int rc = srv_tokenize_spans(c->s->model.tok, prompt, strlen(prompt), false, &tokens, msg,
+                                    sizeof msg);
+        if (rc == QL_OK) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToObject(o, "tokenize_response", tokens);
+            cJSON_AddStringToObject(o, "templated_text", prompt);
+            srv_respond_cjson(c, 200, o);
+        } else {
+            srv_fail(c, srv_status_of(rc), "%s", msg);
+        }
+    }
+    free(prompt);
+    cJSON_Delete(root);
+}
 
 void srv_oai_chat(srv_conn *c, const char *name)
 {

@@ -58,6 +58,7 @@ static const struct {
     {HTTP_POST, "/tokenize", srv_tgi_tokenize},
     {HTTP_POST, "/v1/completions", srv_oai_completions},
     {HTTP_POST, "/v1/chat/completions", srv_oai_chat},
+    {HTTP_POST, "/chat_tokenize", srv_chat_tokenize},
     {HTTP_GET, "/v1/models", srv_oai_models},
     {HTTP_GET, "/health", health},
     {HTTP_GET, "/metrics", metrics},

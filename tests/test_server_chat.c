@@ -388,3 +388,51 @@ Test(chat, an_adapters_own_template_serves_requests_to_that_adapter)
     cJSON_Delete(chat);
     sp_stop_cleanly();
 }
+
+Test(chat, chat_tokenize_shows_the_rendered_text_and_its_tokens)
+{
+    start_with_template(chatml);
+    char body[1024];
+    snprintf(body, sizeof body, "{%s}", conversation);
+    int status;
+    char *text = sp_answer("/chat_tokenize", body, &status);
+    cr_assert_eq(status, 200, "%s", text);
+    cJSON *j = sp_json(text);
+    cr_assert_str_eq(sp_str_at(j, "templated_text"), rendered);
+    /* its tokens are what /tokenize gives for that text with nothing added */
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddStringToObject(req, "inputs", rendered);
+    cJSON_AddFalseToObject(req, "add_special_tokens");
+    char *req_text = cJSON_PrintUnformatted(req);
+    char *plain = sp_answer("/tokenize", req_text, &status);
+    cr_assert_eq(status, 200, "%s", plain);
+    cJSON *pj = sp_json(plain);
+    cr_assert(cJSON_Compare(cJSON_GetObjectItem(j, "tokenize_response"), pj, true), "%s vs %s",
+              text, plain);
+    /* the number of tokens is the prompt a chat request is fed */
+    snprintf(body, sizeof body, "{%s, \"max_tokens\": 1}", conversation);
+    char *chat = sp_answer("/v1/chat/completions", body, &status);
+    cr_assert_eq(status, 200, "%s", chat);
+    cJSON *cj = sp_json(chat);
+    cr_assert_eq(sp_num_at(cJSON_GetObjectItem(cj, "usage"), "prompt_tokens"),
+                 cJSON_GetArraySize(pj));
+    /* add_generation_prompt false leaves the assistant's turn unopened */
+    snprintf(body, sizeof body, "{%s, \"add_generation_prompt\": false}", conversation);
+    char *closed = sp_answer("/chat_tokenize", body, &status);
+    cr_assert_eq(status, 200, "%s", closed);
+    cJSON *cl = sp_json(closed);
+    size_t n = strlen(rendered) - strlen("<|im_start|>assistant\n");
+    cr_assert_eq(strncmp(sp_str_at(cl, "templated_text"), rendered, n), 0);
+    cr_assert_eq(strlen(sp_str_at(cl, "templated_text")), n);
+    cJSON_Delete(cl);
+    cJSON_Delete(cj);
+    cJSON_Delete(pj);
+    cJSON_Delete(req);
+    cJSON_Delete(j);
+    free(closed);
+    free(chat);
+    free(plain);
+    free(req_text);
+    free(text);
+    sp_stop_cleanly();
+}

@@ -253,7 +253,8 @@ srv_handler srv_oai_models;      /* GET /v1/models */
 
 /* --- chat completions (api_chat.c) ------------------------------------------- */
 
-srv_handler srv_oai_chat; /* POST /v1/chat/completions */
+srv_handler srv_oai_chat;      /* POST /v1/chat/completions */
+srv_handler srv_chat_tokenize; /* POST /chat_tokenize (TGI's) */
 /* Compile the loaded model's chat templates (a refused one is logged and
  * answers chat requests with its reason) and keep its BOS/EOS text; free
  * them. Called by serve.c around the model's life. */
