@@ -235,6 +235,10 @@ static const tpl_case access_cases[] = {
 };
 
 static const tpl_case chat_idiom_cases[] = {
+    /* range and dict views iterate, index (range) and count like lists */
+    {"{{ range(3)|length }}{{ range(5)[1:3]|list }}{{ range(3)|last }}{{ d.items()|length }}"
+     "{{ d.keys()|first }}{{ (1,)*2 }}{{ d.values()|list }}{{ 2 in range(3) }}",
+     "{\"d\": {\"a\": 1, \"b\": 2}}", "3[1, 2]22a(1, 1)[1, 2]True"},
     {"{{ none ~ 'a' }}{{ 'a' * 0 }}|{{ [1,2,][0] }}{{ {'a':1,}['a'] }}|{{ 'abc'[-1] }}{{ 'abc'[5] "
      "}}|{{ x[0] }}",
      "{\"x\": [{\"a\": 1}]}", "Nonea|11|c|{'a': 1}"},
@@ -474,6 +478,7 @@ Test(template, refuses_unsupported_constructs_by_name_and_line)
     expect_error("{% for x in y recursive %}{% endfor %}", "{}", 0, QL_EUNSUPPORTED, "recursive");
     expect_error("{{ 1 < 2 < 3 }}", "{}", 0, QL_EUNSUPPORTED, "chained comparisons");
     expect_error("{{ f(*args) }}", "{}", 0, QL_EUNSUPPORTED, "*args");
+    expect_error("{% set c = cycler('a', 'b') %}", "{}", 0, QL_EUNSUPPORTED, "function 'cycler'");
     expect_error("{% set x | upper %}a{% endset %}", "{}", 0, QL_EUNSUPPORTED, "block set");
 }
 
@@ -524,6 +529,11 @@ Test(template, runtime_errors_name_the_operation_and_line)
                  "unexpected keyword argument 'bad'");
     expect_error("{% set a, b = [1] %}", "{}", 0, QL_EINVAL, "cannot unpack");
     expect_error("{% set x = 1 %}{% set x.y = 2 %}", "{}", 0, QL_EINVAL, "non-namespace");
+    /* jinja2 prints range(0, 3) and dict_items([...]); serializing them fails in Python */
+    expect_error("{{ range(3) }}", "{}", 0, QL_EINVAL, "printing a range is not supported");
+    expect_error("{{ d.items() }}", "{\"d\": {}}", 0, QL_EINVAL, "printing a dict_items");
+    expect_error("{{ d.keys()|tojson }}", "{\"d\": {}}", 0, QL_EINVAL,
+                 "Object of type dict_keys is not JSON serializable");
     /* Python would give a bound method jinja2 prints with its address */
     expect_error("{{ 'x'.center }}", "{}", 0, QL_EINVAL,
                  "'str' attribute 'center' is not supported");

@@ -163,8 +163,11 @@ static tv eval_slice(tpl_run *r, tpl_scope *s, const tpl_node *n)
     int64_t start, stop, step;
     slice_bounds(r, part[0], part[1], part[2], len, &start, &stop, &step, n->line);
     tpl_buf b = {.a = r->a};
+    if (!is_str && obj.l->pyclass && strcmp(obj.l->pyclass, "range"))
+        TPL_RAISE(r, n->line, "'%s' object is not subscriptable", obj.l->pyclass);
     tv_list *l = tv_list_new(r->a, 0);
     l->tuple = !is_str && obj.l->tuple;
+    l->pyclass = is_str ? NULL : obj.l->pyclass; /* a range's slice is a range */
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (is_str) {
             size_t off = tv_str_offset(obj.s.p, obj.s.n, (size_t)i);

@@ -169,8 +169,8 @@ tv tpl_getitem(tpl_run *r, tv obj, tv key, int line)
             return tpl_getattr(r, obj, tpl_strdup(r->a, key.s.p, key.s.n), line);
         return tv_undef(NULL);
     }
-    if (obj.kind == TV_LIST && obj.l->gen)
-        return tv_undef(NULL); /* a generator is not subscriptable */
+    if (obj.kind == TV_LIST && (obj.l->gen || (obj.l->pyclass && strcmp(obj.l->pyclass, "range"))))
+        return tv_undef(NULL); /* a generator or dict view is not subscriptable */
     if ((obj.kind == TV_LIST || obj.kind == TV_STR) &&
         (key.kind == TV_INT || key.kind == TV_BOOL)) {
         int64_t i = key.kind == TV_INT ? key.i : key.b;
@@ -254,6 +254,7 @@ static tv repeat(tpl_run *r, tv seq, int64_t times, int line)
         return tb_value(&b);
     }
     tv_list *l = tv_list_new(r->a, n * (size_t)times);
+    l->tuple = seq.l->tuple;
     for (int64_t i = 0; i < times; i++)
         for (size_t k = 0; k < n; k++)
             tv_list_push(r->a, l, seq.l->v[k]);
@@ -340,7 +341,8 @@ static tv arith(tpl_run *r, const char *op, tv a, tv b, int line)
         out.markup = markup;
         return out;
     }
-    if (c == '+' && a.kind == TV_LIST && b.kind == TV_LIST) {
+    if (c == '+' && a.kind == TV_LIST && b.kind == TV_LIST && !a.l->pyclass && !b.l->pyclass &&
+        !a.l->gen && !b.l->gen && a.l->tuple == b.l->tuple) {
         tv_list *l = tv_list_new(r->a, a.l->n + b.l->n);
         l->tuple = a.l->tuple;
         for (size_t i = 0; i < a.l->n; i++)
@@ -380,6 +382,8 @@ void tpl_html_escape(tpl_buf *b, tv s)
 
 void tpl_check_printable(tpl_run *r, tv v, int line)
 {
+    if (v.kind == TV_LIST && v.l->pyclass)
+        TPL_RAISE(r, line, "printing a %s is not supported; add |list", v.l->pyclass);
     if (v.kind == TV_LIST && v.l->gen)
         TPL_RAISE(r, line,
                   "a generator (from map, select, selectattr, unique or items) has no "
@@ -427,6 +431,7 @@ static tv make_range(tpl_run *r, const tpl_args *args, int line)
     if (v[2] == 0)
         TPL_RAISE(r, line, "range() arg 3 must not be zero");
     tv_list *l = tv_list_new(r->a, 0);
+    l->pyclass = "range";
     for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
         tpl_step(r, line);
         tv_list_push(r->a, l, tv_int(i));

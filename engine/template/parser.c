@@ -249,6 +249,10 @@ static tpl_node *parse_postfix(parser *P, tpl_node *n)
         } else if (is_op(cur(P), "(")) {
             tpl_node *call = node(P, N_CALL);
             call->a = n;
+            if (n->kind == N_NAME && (!strcmp(n->name, "cycler") || !strcmp(n->name, "joiner") ||
+                                      !strcmp(n->name, "lipsum")))
+                tpl_raise(P->a->fail, QL_EUNSUPPORTED, n->line, "function '%s' is not supported",
+                          n->name);
             if (n->kind == N_ATTR && !tpl_is_method(n->name))
                 tpl_raise(P->a->fail, QL_EUNSUPPORTED, n->line, "method '%s' is not supported",
                           n->name);

@@ -402,6 +402,7 @@ static tv dict_method(tpl_run *r, tv d, const char *name, const tpl_args *args, 
     }
     tpl_bind(r, name, p_none, args, a, line);
     tv_list *l = tv_list_new(r->a, d.d->n);
+    l->pyclass = name[0] == 'k' ? "dict_keys" : name[0] == 'v' ? "dict_values" : "dict_items";
     for (size_t i = 0; i < d.d->n; i++) {
         if (name[0] == 'k') {
             tv_list_push(r->a, l, d.d->keys[i]);

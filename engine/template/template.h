@@ -52,12 +52,15 @@ void tpl_free(tpl_template *t);
  * passes them): each key is a top-level variable, JSON values map to
  * Jinja's (null -> none, object -> dict keeping key order, array -> list).
  * *out receives the text (malloc'd, NUL-terminated; free()), *out_len its
- * length. Errors: QL_EINVAL when the template raises (raise_exception):
- * msg is the template's own message; QL_EINVAL for a runtime error
- * (an undefined operation such as adding a list to a number), naming it
- * and the line; QL_ENOMEM; QL_EBUSY never. A render is bounded: output
- * past max_out bytes (0: 4 MiB) or more than a fixed number of loop
- * iterations and calls fails with QL_EINVAL naming the limit, so a hostile
+ * length (authoritative: a template's '\x00' escape may put a NUL inside,
+ * as in Python; a source holding a NUL byte is refused at compile).
+ * Errors: QL_EINVAL when the template raises (raise_exception): msg is
+ * the template's own message; QL_EINVAL for a runtime error (an undefined
+ * operation such as adding a list to a number), naming it and the line;
+ * QL_ENOMEM; QL_EBUSY never. A render is bounded: output past max_out
+ * bytes (0: 4 MiB), more than a fixed number of loop iterations and
+ * calls, nesting or memory (internal/template_internal.h names each bound
+ * and its reason) fails with QL_EINVAL naming the limit, so a hostile
  * template cannot hang or exhaust the server.
  */
 int tpl_render(const tpl_template *t, const struct cJSON *context, size_t max_out, char **out,

@@ -649,7 +649,7 @@ void tv_tojson_opts(tpl_buf *b, tv v, const tv_json_opts *o, int depth, tpl_fail
         return;
     case TV_STR: json_str(b, v.s.p, v.s.n, o->ensure_ascii); return;
     case TV_LIST:
-        if (v.l->gen)
+        if (v.l->gen || v.l->pyclass)
             break;
         json_container(b, v, o, depth, f, line);
         return;
@@ -661,7 +661,9 @@ void tv_tojson_opts(tpl_buf *b, tv v, const tv_json_opts *o, int depth, tpl_fail
     default: break;
     }
     tpl_raise(f, QL_EINVAL, line, "tojson: Object of type %s is not JSON serializable",
-              v.kind == TV_LIST ? "generator" : tv_type_name(v));
+              v.kind != TV_LIST ? tv_type_name(v)
+              : v.l->gen        ? "generator"
+                                : v.l->pyclass);
 }
 
 /* JSON numbers: cJSON keeps no source text, so an integral number within

@@ -124,6 +124,10 @@ struct tv_list {
      * filter return in jinja2): iterable once, always true, no len(), not
      * printable or serializable; |list makes it a list */
     bool gen;
+    /* Python's type when not a list ("range", "dict_items", "dict_keys",
+     * "dict_values"): such a value iterates and has a len() like a list but
+     * prints and serializes as Python would not let a list, so both fail */
+    const char *pyclass;
 };
 struct tv_dict {
     size_t n, cap;
