@@ -33,7 +33,7 @@
  * (srv_chat_templates_load/free, called by serve.c); owns the compiled
  * templates and the chat request and answer shapes. Touches request.c's
  * helpers, http.c's stream events, bridge.c's srv_generate, api_tgi.c's
- * token spans, the model's
+ * token spans, api_openai.c's shared OpenAI pieces, the model's
  * tokenizer (for the BOS/EOS text) and engine/template/.
  */
 #include "internal/server_internal.h"
@@ -371,35 +371,14 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
         srv_fail(c, 400, "\"response_format\" other than {\"type\": \"text\"} is not supported");
         return false;
     }
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
-    if (!srv_is_null(so)) {
-        static const char *const sof[] = {"include_usage", NULL};
-        if (!cJSON_IsObject(so)) {
-            srv_fail(c, 400, "\"stream_options\" must be an object");
-            return false;
-        }
-        if (!srv_only_known(c, so, "stream_options", sof) ||
-            !srv_get_bool(c, so, "include_usage", &a->include_usage))
-            return false;
-    }
+    if (!srv_oai_stream_options(c, root, a))
+        return false;
     a->templated = true;
     a->fill_context = !has_max && !has_max_tokens;
     return true;
 }
 
 /* --- the answer --------------------------------------------------------------- */
-
-static const char *chat_finish(eng_finish f)
-{
-    switch (f) {
-    case ENG_FINISH_EOS:
-    case ENG_FINISH_STOP: return "stop";
-    case ENG_FINISH_LENGTH: return "length";
-    case ENG_FINISH_CANCELLED: return "cancelled";
-    case ENG_FINISH_ERROR: return "error";
-    }
-    return "unknown";
-}
 
 /* An answer object with one choice: `what` ("message" or "delta") holding
  * role and content as given (NULL: left out). */
@@ -431,20 +410,12 @@ static cJSON *chat_object(const srv_gen *g, const char *object, const char *what
     return o;
 }
 
-static void add_usage(cJSON *o, const eng_usage *u)
-{
-    cJSON *us = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
-    cJSON_AddNumberToObject(us, "completion_tokens", u->generated_tokens);
-    cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
-}
-
 static void whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
                        const eng_usage *u)
 {
     cJSON *o = chat_object(g, "chat.completion", "message", "assistant", full, strlen(full),
-                           chat_finish(why));
-    add_usage(o, u);
+                           srv_oai_finish(why));
+    srv_oai_add_usage(o, u);
     srv_respond_generation(c, o, why);
 }
 
@@ -472,14 +443,10 @@ static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish wh
     (void)full; /* the chunks carried it */
     open_stream(g, c);
     srv_stream_cjson(
-        c, chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, chat_finish(why)));
-    if (g->include_usage) {
-        cJSON *o = chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, NULL);
-        cJSON_DeleteItemFromObject(o, "choices");
-        cJSON_AddArrayToObject(o, "choices");
-        add_usage(o, u);
-        srv_stream_cjson(c, o);
-    }
+        c, chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, srv_oai_finish(why)));
+    if (g->include_usage)
+        srv_oai_usage_chunk(
+            c, chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, NULL), u);
     srv_stream_event(c, "[DONE]", 6);
     srv_stream_end(c);
 }

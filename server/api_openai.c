@@ -72,24 +72,29 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
         srv_fail(c, 400, "\"logprobs\" is not supported by this server");
         return false;
     }
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
-    if (!srv_is_null(so)) {
-        static const char *const sof[] = {"include_usage", NULL};
-        if (!cJSON_IsObject(so)) {
-            srv_fail(c, 400, "\"stream_options\" must be an object");
-            return false;
-        }
-        if (!srv_only_known(c, so, "stream_options", sof) ||
-            !srv_get_bool(c, so, "include_usage", &a->include_usage))
-            return false;
-    }
+    if (!srv_oai_stream_options(c, root, a))
+        return false;
     a->return_full_text = echo;
     return true;
 }
 
+bool srv_oai_stream_options(srv_conn *c, const cJSON *root, srv_ask *a)
+{
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (srv_is_null(so))
+        return true;
+    static const char *const fields[] = {"include_usage", NULL};
+    if (!cJSON_IsObject(so)) {
+        srv_fail(c, 400, "\"stream_options\" must be an object");
+        return false;
+    }
+    return srv_only_known(c, so, "stream_options", fields) &&
+           srv_get_bool(c, so, "include_usage", &a->include_usage);
+}
+
 /* --- the answer ------------------------------------------------------------------ */
 
-static const char *oai_finish(eng_finish f)
+const char *srv_oai_finish(eng_finish f)
 {
     switch (f) {
     case ENG_FINISH_EOS:
@@ -123,7 +128,7 @@ static cJSON *oai_chunk(const srv_gen *g, const char *text, size_t len, const ch
     return o;
 }
 
-static void add_usage(cJSON *o, const eng_usage *u)
+void srv_oai_add_usage(cJSON *o, const eng_usage *u)
 {
     cJSON *us = cJSON_AddObjectToObject(o, "usage");
     cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
@@ -131,11 +136,19 @@ static void add_usage(cJSON *o, const eng_usage *u)
     cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
 }
 
+void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u)
+{
+    cJSON_DeleteItemFromObject(chunk, "choices");
+    cJSON_AddArrayToObject(chunk, "choices");
+    srv_oai_add_usage(chunk, u);
+    srv_stream_cjson(c, chunk);
+}
+
 static void whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
                        const eng_usage *u)
 {
-    cJSON *o = oai_chunk(g, full, strlen(full), oai_finish(why));
-    add_usage(o, u);
+    cJSON *o = oai_chunk(g, full, strlen(full), srv_oai_finish(why));
+    srv_oai_add_usage(o, u);
     srv_respond_generation(c, o, why);
 }
 
@@ -149,14 +162,9 @@ static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish wh
                         const eng_usage *u)
 {
     (void)full; /* the chunks carried it */
-    srv_stream_cjson(c, oai_chunk(g, "", 0, oai_finish(why)));
-    if (g->include_usage) {
-        cJSON *o = oai_chunk(g, "", 0, NULL);
-        cJSON_DeleteItemFromObject(o, "choices");
-        cJSON_AddArrayToObject(o, "choices");
-        add_usage(o, u);
-        srv_stream_cjson(c, o);
-    }
+    srv_stream_cjson(c, oai_chunk(g, "", 0, srv_oai_finish(why)));
+    if (g->include_usage)
+        srv_oai_usage_chunk(c, oai_chunk(g, "", 0, NULL), u);
     srv_stream_event(c, "[DONE]", 6);
     srv_stream_end(c);
 }
