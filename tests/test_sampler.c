@@ -11,7 +11,11 @@
  * top_p keeps the top token only; the same seed gives the same tokens
  * whatever other sequences draw in between, another seed other tokens; the
  * repetition penalty divides positive and multiplies negative logits of
- * every distinct token seen, prompt included; parameter checks name the
+ * every distinct token seen, prompt included; presence and frequency
+ * penalties subtract exactly what OpenAI's formula says over generated
+ * tokens only, after the bias and the repetition penalty (vLLM's order);
+ * a bias of -100 bans; min_tokens holds EOS back; the backend's fast paths
+ * are off while any of them could act; parameter checks name the
  * field and the value; NaN and infinite logits; a 150k vocabulary with
  * every filter draws only tokens the reference keeps.
  *
@@ -555,6 +559,252 @@ Test(sampler, check_refuses_each_bad_field_by_name)
     expect_refused(p, "repetition_penalty", "nan");
 }
 
+/* --- presence and frequency penalties, logit bias, min_tokens ----------------------- */
+
+static void expect_logits(const float *got, const float *want, int n)
+{
+    for (int i = 0; i < n; i++)
+        cr_assert(same_bits(got[i], want[i]), "logit %d: %g, want %g", i, (double)got[i],
+                  (double)want[i]);
+}
+
+Test(sampler, presence_and_frequency_penalties_count_generated_tokens_only)
+{
+    /* the prompt names 0 and 1: they are not penalised; 2 was generated
+     * twice, 3 once: logit -= 0.5 * c + 0.25 * (c > 0) */
+    const int32_t prompt[] = {0, 1, 1};
+    eng_sampling p = {.frequency_penalty = 0.5f, .presence_penalty = 0.25f};
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 3), QL_OK);
+    eng_sampler_record(&s, 2);
+    eng_sampler_record(&s, 3);
+    eng_sampler_record(&s, 2);
+    float l[5] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+    cr_assert_eq(eng_sample(&s, l, 5, NULL), 0);
+    const float want[5] = {1.0f, 1.0f, -0.25f, 0.25f, 1.0f};
+    expect_logits(l, want, 5);
+    cr_assert_eq(s.n_counts, 3, "distinct generated tokens: %zu (2, 3 and the 0 just chosen)",
+                 s.n_counts);
+
+    /* negative penalties favour what was generated: 0 now has c = 1 */
+    eng_sampler_free(&s);
+    p = (eng_sampling){.frequency_penalty = -1.0f, .presence_penalty = -0.5f};
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 3), QL_OK);
+    eng_sampler_record(&s, 4);
+    float m[5] = {1.0f, 2.0f, 0.0f, 0.0f, 0.75f};
+    cr_assert_eq(eng_sample(&s, m, 5, NULL), 4);
+    const float want_m[5] = {1.0f, 2.0f, 0.0f, 0.0f, 2.25f};
+    expect_logits(m, want_m, 5);
+    eng_sampler_free(&s);
+}
+
+Test(sampler, penalties_apply_after_the_bias_and_the_repetition_penalty)
+{
+    /* vLLM's order: bias, then repetition (prompt and generated), then
+     * frequency and presence (generated). Token 1: (3 + 1) / 2 - 0.5 * 1 -
+     * 0.25 = 1.25; token 0 (prompt only): -1 * 2 = -2; token 2: 0.5 - 4 */
+    const int32_t prompt[] = {0};
+    const eng_logit_bias bias[] = {{.token = 1, .bias = 1.0f}, {.token = 2, .bias = -4.0f}};
+    eng_sampling p = {.repetition_penalty = 2.0f,
+                      .frequency_penalty = 0.5f,
+                      .presence_penalty = 0.25f,
+                      .logit_bias = bias,
+                      .n_logit_bias = 2};
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, prompt, 1), QL_OK);
+    eng_sampler_record(&s, 1);
+    float l[4] = {-1.0f, 3.0f, 0.5f, 1.0f};
+    cr_assert_eq(eng_sample(&s, l, 4, NULL), 1);
+    const float want[4] = {-2.0f, 1.25f, -3.5f, 1.0f};
+    expect_logits(l, want, 4);
+    eng_sampler_free(&s);
+}
+
+Test(sampler, logit_bias_is_copied_and_minus_100_bans)
+{
+    /* token 1 leads by far; -100 keeps it out of greedy choices and of
+     * 2000 temperature-1 draws (its weight e^-60 of the others'); an id
+     * past the vocabulary is ignored; the caller's array may go at once */
+    eng_logit_bias bias[] = {{.token = 1, .bias = -100.0f}, {.token = 70000, .bias = 100.0f}};
+    eng_sampling p = {.logit_bias = bias, .n_logit_bias = 2};
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    bias[0].bias = 0.0f;
+    const float logits[4] = {0.0f, 40.0f, 0.5f, -0.5f};
+    float work[4];
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 2);
+    cr_assert(same_bits(work[1], -60.0f), "banned logit %g, want -60", (double)work[1]);
+    eng_sampler_free(&s);
+
+    bias[0].bias = -100.0f;
+    p.temperature = 1.0f;
+    p.seed = 7;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    void *scratch = new_scratch(4);
+    int seen[4] = {0};
+    for (int i = 0; i < 2000; i++)
+        seen[sample_copy(&s, logits, 4, work, scratch)]++;
+    cr_assert_eq(seen[1], 0, "the banned token was drawn %d times", seen[1]);
+    cr_assert(seen[0] > 0 && seen[2] > 0 && seen[3] > 0);
+    free(scratch);
+    eng_sampler_free(&s);
+
+    /* +100 forces a token */
+    bias[0] = (eng_logit_bias){.token = 3, .bias = 100.0f};
+    p = (eng_sampling){.logit_bias = bias, .n_logit_bias = 1};
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 3);
+    eng_sampler_free(&s);
+}
+
+Test(sampler, min_tokens_holds_back_eos)
+{
+    /* EOS (2) is the argmax; for the first three tokens it is -inf */
+    eng_sampling p = {.min_tokens = 3};
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    eng_sampler_set_eos(&s, 2);
+    const float logits[4] = {0.0f, 1.0f, 5.0f, 0.5f};
+    float work[4];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 1, "token %d", i);
+        cr_assert(work[2] == -INFINITY);
+        cr_assert_eq(eng_sampler_may_end(&s), false, "after %d tokens", i + 1);
+    }
+    cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 2);
+    cr_assert(same_bits(work[2], 5.0f));
+    cr_assert_eq(eng_sampler_may_end(&s), true);
+    eng_sampler_free(&s);
+
+    /* without an EOS known, or with min_tokens 0, nothing is held back */
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 2);
+    eng_sampler_free(&s);
+    p.min_tokens = 0;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    eng_sampler_set_eos(&s, 2);
+    cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 2);
+    cr_assert_eq(eng_sampler_may_end(&s), true);
+    eng_sampler_free(&s);
+}
+
+Test(sampler, generated_counts_stay_one_entry_per_distinct_token)
+{
+    eng_sampling p = {.frequency_penalty = 0.1f};
+    eng_sampler s;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    for (int i = 0; i < 3000; i++)
+        eng_sampler_record(&s, (int32_t)((i * 7) % 5));
+    cr_assert_eq(s.n_counts, 5);
+    for (size_t i = 0; i < s.n_counts; i++) {
+        cr_assert_eq(s.counts[i].token, (int32_t)i);
+        cr_assert_eq(s.counts[i].count, 600);
+    }
+    cr_assert_eq(s.n_generated, 3000);
+    eng_sampler_free(&s);
+
+    /* with no presence or frequency penalty nothing is counted */
+    p.frequency_penalty = 0;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    eng_sampler_record(&s, 3);
+    cr_assert_eq(s.n_counts, 0);
+    eng_sampler_free(&s);
+}
+
+/* Whether the backend may take s's next token: greedy, or a plain draw. */
+static void expect_fast_path(const eng_sampler *s, bool want, const char *what)
+{
+    float inv = 0;
+    bool fast = s->p.temperature > 0 ? eng_sampler_plain_draw(s, 8, &inv) : eng_sampler_greedy(s);
+    cr_assert_eq(fast, want, "%s: fast path %d, want %d", what, fast, want);
+}
+
+Test(sampler, fast_paths_are_off_while_a_penalty_bias_or_min_tokens_could_act)
+{
+    for (int tempered = 0; tempered < 2; tempered++) {
+        float t = tempered ? 0.8f : 0.0f;
+        eng_sampler s;
+        eng_sampling p = {.temperature = t};
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        expect_fast_path(&s, true, "nothing set");
+        eng_sampler_free(&s);
+
+        /* penalties act once something was generated */
+        p = (eng_sampling){.temperature = t, .presence_penalty = 0.5f};
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        expect_fast_path(&s, true, "presence, nothing generated");
+        eng_sampler_record(&s, 3);
+        expect_fast_path(&s, false, "presence, one token generated");
+        eng_sampler_free(&s);
+        p = (eng_sampling){.temperature = t, .frequency_penalty = -0.5f};
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        eng_sampler_record(&s, 3);
+        expect_fast_path(&s, false, "frequency, one token generated");
+        eng_sampler_free(&s);
+
+        /* a bias always, unless every value is 0 */
+        eng_logit_bias b = {.token = 1, .bias = 0.0f};
+        p = (eng_sampling){.temperature = t, .logit_bias = &b, .n_logit_bias = 1};
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        expect_fast_path(&s, true, "a bias of 0");
+        eng_sampler_free(&s);
+        b.bias = -100.0f;
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        expect_fast_path(&s, false, "a bias of -100");
+        eng_sampler_free(&s);
+
+        /* min_tokens while it holds EOS back */
+        p = (eng_sampling){.temperature = t, .min_tokens = 2};
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        eng_sampler_set_eos(&s, 5);
+        expect_fast_path(&s, false, "min_tokens 2, none generated");
+        eng_sampler_record(&s, 1);
+        expect_fast_path(&s, false, "min_tokens 2, one generated");
+        eng_sampler_record(&s, 1);
+        expect_fast_path(&s, true, "min_tokens 2, two generated");
+        eng_sampler_free(&s);
+
+        /* ignore_eos alone changes no logit */
+        p = (eng_sampling){.temperature = t, .ignore_eos = true};
+        cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+        eng_sampler_set_eos(&s, 5);
+        expect_fast_path(&s, true, "ignore_eos");
+        eng_sampler_free(&s);
+    }
+}
+
+Test(sampler, check_refuses_bad_penalties_biases_and_min_tokens)
+{
+    eng_sampling ok = {.presence_penalty = 2.0f, .frequency_penalty = -2.0f, .min_tokens = 5};
+    char msg[256];
+    cr_assert_eq(eng_sampling_check(&ok, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_sampling p = ok;
+    p.presence_penalty = 2.5f;
+    expect_refused(p, "presence_penalty", "2.5");
+    p = ok;
+    p.frequency_penalty = -3.0f;
+    expect_refused(p, "frequency_penalty", "-3");
+    p.frequency_penalty = NAN;
+    expect_refused(p, "frequency_penalty", "nan");
+    p = ok;
+    p.min_tokens = -1;
+    expect_refused(p, "min_tokens", "-1");
+    eng_logit_bias b = {.token = 7, .bias = 100.5f};
+    p = ok;
+    p.logit_bias = &b;
+    p.n_logit_bias = 1;
+    expect_refused(p, "logit_bias", "100.5");
+    b = (eng_logit_bias){.token = -2, .bias = 1.0f};
+    expect_refused(p, "logit_bias", "-2");
+    static eng_logit_bias many[ENG_MAX_LOGIT_BIAS + 1];
+    p.logit_bias = many;
+    p.n_logit_bias = ENG_MAX_LOGIT_BIAS;
+    cr_assert_eq(eng_sampling_check(&p, msg, sizeof msg), QL_OK, "%s", msg);
+    p.n_logit_bias = ENG_MAX_LOGIT_BIAS + 1;
+    expect_refused(p, "logit_bias", "301");
+}
+
 /* --- NaN and infinities -------------------------------------------------------------- */
 
 Test(sampler, nan_logits_count_as_minus_infinity)
@@ -861,6 +1111,26 @@ Test(stop, held_text_is_whole_utf8_characters)
     feed_expect(st, "caf\xc3\xa9", "caf", false);
     feed_expect(st, "?", "\xc3\xa9?", false);
     feed_expect(st, "\xe2\x82\xac \xf0\x9f\x98\x80", "\xe2\x82\xac \xf0\x9f\x98\x80", false);
+    eng_stop_free(st);
+}
+
+Test(stop, held_stop_strings_are_emitted_and_matching_goes_on)
+{
+    /* min_tokens not reached: "STOP" goes out as text; once released, a
+     * stop that began while held still ends the text where it starts */
+    const char *stops[] = {"STOP"};
+    eng_stop *st = new_stop(stops, 1);
+    eng_stop_hold(st, true);
+    feed_expect(st, "a STOP b ST", "a STOP b ", false);
+    eng_stop_hold(st, false);
+    feed_expect(st, "OP after", "", true);
+    eng_stop_free(st);
+
+    st = new_stop(stops, 1);
+    eng_stop_hold(st, true);
+    feed_expect(st, "STOPSTOP", "STOPSTOP", false);
+    eng_stop_hold(st, false);
+    feed_expect(st, "x STOP", "x ", true);
     eng_stop_free(st);
 }
 

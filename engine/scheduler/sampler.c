@@ -5,11 +5,20 @@
  * Sampling follows Hugging Face transformers' generate() and TGI, which
  * apply the same processors in the same order, so a request that names
  * temperature, top_k, top_p and repetition_penalty gets the distribution it
- * would get there:
+ * would get there; the OpenAI and vLLM adjustments come first, in vLLM
+ * v1's order (its Sampler applies the logit bias and min_tokens
+ * processors, then apply_penalties: repetition, frequency, presence; all
+ * before temperature), so that a request naming them gets vLLM's logits:
+ *   0. logit_bias added to the logits (OpenAI); min_tokens sets the
+ *      end-of-sequence token's logit to -inf while fewer tokens than it
+ *      have been generated (vLLM's MinTokensLogitsProcessor);
  *   1. repetition penalty (CTRL, Keskar et al. 2019; HF's
  *      RepetitionPenaltyLogitsProcessor): every distinct token seen so far,
  *      prompt included, has its logit divided by the penalty when positive
  *      and multiplied by it otherwise, once however often it was seen;
+ *      then OpenAI's presence and frequency penalties over the tokens
+ *      generated (not the prompt): logit[t] -= frequency * c(t), then
+ *      -= presence when c(t) > 0 (vLLM's apply_penalties, two roundings);
  *   2. temperature 0: greedy, the argmax with the lowest id on ties (as
  *      torch.argmax); top_k and top_p are ignored, as with do_sample=False,
  *      and no random number is drawn;
@@ -61,7 +70,14 @@
  *     as the kept set is most of the vocabulary: top-p over equal logits or
  *     at temperature 100, top_p 0.999999, top_k 5000 or 100000: 0.8-2 ms.
  *   - The tokens seen are kept sorted and distinct, so a long prompt costs
- *     one sort and each new token a binary search.
+ *     one sort and each new token a binary search. The generated tokens'
+ *     counts likewise (one entry per distinct generated token, so never
+ *     more than max_new_tokens), kept only when a presence or frequency
+ *     penalty asks for them.
+ *   - The backend's fast paths (eng_sampler_greedy, _plain_draw) are off
+ *     exactly while some step above could change a logit: a nonzero bias,
+ *     the EOS ban, the repetition penalty, or a presence or frequency
+ *     penalty once a token has been generated. Otherwise they stay on.
  *
  * Stop strings: each one runs a Knuth-Morris-Pratt automaton over the text
  * byte by byte, across feeds. Its state is the longest prefix of the stop
@@ -76,7 +92,8 @@
  * tokenizer's stream already emits whole characters.
  *
  * It offers eng_sampling_check, eng_sample, eng_sampler_* and eng_stop_*
- * (scheduler.h) and owns each sampler's stream and seen-token set; it
+ * (scheduler.h) and owns each sampler's stream, seen-token set,
+ * generated-token counts and logit-bias copy; it
  * calls nothing in scheduler.c or engine/runtime/, only the arithmetic of
  * kernels/internal/sample_math.h (which the CUDA sampling kernel runs too).
  */
@@ -109,6 +126,30 @@ int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "repetition_penalty %g is not a finite number > 0 (0 or 1 turns it off)",
                        (double)p->repetition_penalty);
+    if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
+        return ql_fail(msg, msg_len, QL_EINVAL, "presence_penalty %g is not in [-2, 2]",
+                       (double)p->presence_penalty);
+    if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
+        return ql_fail(msg, msg_len, QL_EINVAL, "frequency_penalty %g is not in [-2, 2]",
+                       (double)p->frequency_penalty);
+    if (p->n_logit_bias > ENG_MAX_LOGIT_BIAS)
+        return ql_fail(msg, msg_len, QL_EINVAL, "logit_bias has %zu entries; at most %d",
+                       p->n_logit_bias, ENG_MAX_LOGIT_BIAS);
+    if (p->n_logit_bias && !p->logit_bias)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%zu logit_bias entries but no array of them",
+                       p->n_logit_bias);
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        const eng_logit_bias *b = &p->logit_bias[i];
+        if (b->token < 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "logit_bias token %d is negative",
+                           (int)b->token);
+        if (!(b->bias >= -100 && b->bias <= 100))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "logit_bias of token %d is %g; not in [-100, 100]", (int)b->token,
+                           (double)b->bias);
+    }
+    if (p->min_tokens < 0)
+        return ql_fail(msg, msg_len, QL_EINVAL, "min_tokens %d is negative", (int)p->min_tokens);
     return QL_OK;
 }
 
@@ -183,6 +224,55 @@ static int seen_add(eng_sampler *s, int32_t id)
     return QL_OK;
 }
 
+/* --- the tokens generated ----------------------------------------------------- */
+
+/* Whether the presence or frequency penalty is on (they need the counts). */
+static bool counting(const eng_sampling *p)
+{
+    return p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
+
+/* One more generation of id: its count goes up, or it enters the sorted
+ * list with count 1. */
+static int count_add(eng_sampler *s, int32_t id)
+{
+    size_t lo = 0, hi = s->n_counts;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->counts[mid].token < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < s->n_counts && s->counts[lo].token == id) {
+        s->counts[lo].count++;
+        return QL_OK;
+    }
+    if (s->n_counts == s->cap_counts) {
+        size_t cap = s->cap_counts ? 2 * s->cap_counts : 64;
+        eng_token_count *grown = realloc(s->counts, cap * sizeof *grown);
+        if (!grown)
+            return QL_ENOMEM;
+        s->counts = grown;
+        s->cap_counts = cap;
+    }
+    memmove(s->counts + lo + 1, s->counts + lo, (s->n_counts - lo) * sizeof *s->counts);
+    s->counts[lo] = (eng_token_count){.token = id, .count = 1};
+    s->n_counts++;
+    return QL_OK;
+}
+
+/* A generated token: seen (repetition penalty), counted (presence and
+ * frequency penalties), and one more toward min_tokens. When a list cannot
+ * grow (out of memory) the token is only not recorded there. */
+static void record_generated(eng_sampler *s, int32_t token)
+{
+    (void)seen_add(s, token);
+    if (counting(&s->p) && token >= 0)
+        (void)count_add(s, token);
+    s->n_generated++;
+}
+
 static int compare_ids(const void *a, const void *b)
 {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -205,6 +295,17 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
             return err;
         s->p = *p;
     }
+    s->eos = -1;
+    s->p.logit_bias = NULL;
+    s->p.n_logit_bias = 0;
+    if (p && p->n_logit_bias) {
+        s->bias = malloc(p->n_logit_bias * sizeof *s->bias);
+        if (!s->bias)
+            return QL_ENOMEM;
+        memcpy(s->bias, p->logit_bias, p->n_logit_bias * sizeof *s->bias);
+        s->p.logit_bias = s->bias;
+        s->p.n_logit_bias = p->n_logit_bias;
+    }
     uint64_t x = s->p.seed;
     for (int i = 0; i < 4; i++)
         s->rng[i] = splitmix64(&x);
@@ -213,7 +314,7 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
     s->cap_seen = n_prompt + 64;
     s->seen = malloc(s->cap_seen * sizeof *s->seen);
     if (!s->seen) {
-        s->cap_seen = 0;
+        eng_sampler_free(s);
         return QL_ENOMEM;
     }
     for (size_t i = 0; i < n_prompt; i++)
@@ -235,7 +336,20 @@ void eng_sampler_free(eng_sampler *s)
     if (!s)
         return;
     free(s->seen);
+    free(s->counts);
+    free(s->bias);
     memset(s, 0, sizeof *s);
+    s->eos = -1;
+}
+
+void eng_sampler_set_eos(eng_sampler *s, int32_t eos)
+{
+    s->eos = eos;
+}
+
+bool eng_sampler_may_end(const eng_sampler *s)
+{
+    return s->n_generated > s->p.min_tokens;
 }
 
 /* --- selecting the best candidates -------------------------------------------- */
@@ -777,6 +891,55 @@ static void apply_repetition_penalty(const eng_sampler *s, float *logits, int32_
     }
 }
 
+/* Whether min_tokens holds the end-of-sequence token back from the next
+ * token. */
+static bool eos_banned(const eng_sampler *s)
+{
+    return s->eos >= 0 && s->n_generated < s->p.min_tokens;
+}
+
+/* Whether some logit bias is not 0. */
+static bool biased(const eng_sampler *s)
+{
+    for (size_t i = 0; i < s->p.n_logit_bias; i++)
+        if (s->p.logit_bias[i].bias != 0)
+            return true;
+    return false;
+}
+
+/* Whether any step before the choice could change a logit now: a bias,
+ * the end-of-sequence ban, the repetition penalty, or a presence or
+ * frequency penalty once something has been generated. */
+static bool logits_adjusted(const eng_sampler *s)
+{
+    return penalty_on(&s->p) || biased(s) || eos_banned(s) || (counting(&s->p) && s->n_counts);
+}
+
+/* vLLM's order (v1 sampler: logit bias and min_tokens, then
+ * apply_penalties: repetition, frequency, presence), before temperature. */
+static void adjust_logits(const eng_sampler *s, float *logits, int32_t vocab)
+{
+    // logit_bias: added as given (OpenAI)
+    for (size_t i = 0; i < s->p.n_logit_bias; i++)
+        if (s->p.logit_bias[i].token < vocab)
+            logits[s->p.logit_bias[i].token] += s->p.logit_bias[i].bias;
+    // min_tokens: the end-of-sequence token cannot be chosen yet
+    if (eos_banned(s) && s->eos < vocab)
+        logits[s->eos] = -INFINITY;
+    // repetition penalty over the prompt and what was generated
+    if (penalty_on(&s->p))
+        apply_repetition_penalty(s, logits, vocab, s->p.repetition_penalty);
+    // frequency and presence penalties over what was generated
+    if (counting(&s->p))
+        for (size_t i = 0; i < s->n_counts; i++) {
+            int32_t t = s->counts[i].token;
+            if (t >= vocab)
+                break; /* sorted */
+            logits[t] -= s->p.frequency_penalty * (float)s->counts[i].count;
+            logits[t] -= s->p.presence_penalty;
+        }
+}
+
 static int32_t sample_tempered(eng_sampler *s, float *logits, int32_t vocab, int32_t best,
                                void *scratch)
 {
@@ -838,8 +1001,8 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
 {
     if (!s || !logits || vocab < 1)
         return -1;
-    if (penalty_on(&s->p))
-        apply_repetition_penalty(s, logits, vocab, s->p.repetition_penalty);
+    if (logits_adjusted(s))
+        adjust_logits(s, logits, vocab);
     bool any_nan;
     int32_t best = argmax_ignoring_nan(logits, vocab, &any_nan);
     if (any_nan)
@@ -851,24 +1014,24 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
         token = sample_tempered(s, logits, vocab, best, scratch);
     else
         token = best < 0 ? 0 : best;
-    (void)seen_add(s, token);
+    record_generated(s, token);
     return token;
 }
 
 void eng_sampler_record(eng_sampler *s, int32_t token)
 {
-    (void)seen_add(s, token);
+    record_generated(s, token);
 }
 
 bool eng_sampler_greedy(const eng_sampler *s)
 {
-    return !tempered(&s->p) && !penalty_on(&s->p);
+    return !tempered(&s->p) && !logits_adjusted(s);
 }
 
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature)
 {
     const eng_sampling *p = &s->p;
-    if (!tempered(p) || penalty_on(p) || (p->top_k > 0 && p->top_k < vocab) ||
+    if (!tempered(p) || logits_adjusted(s) || (p->top_k > 0 && p->top_k < vocab) ||
         (p->top_p > 0 && p->top_p < 1))
         return false;
     float inv = 1.0f / p->temperature; /* as sample_tempered */
@@ -898,7 +1061,13 @@ struct eng_stop {
     size_t shown;
     size_t held;
     bool stopped;
+    bool hold; /* eng_stop_hold: completions do not stop yet */
 };
+
+void eng_stop_hold(eng_stop *s, bool held)
+{
+    s->hold = held;
+}
 
 void eng_stop_free(eng_stop *s)
 {
@@ -1024,8 +1193,12 @@ bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit,
     for (size_t i = s->held; i < total && s->n; i++) {
         size_t completed = 0; /* the longest stop string completed by this byte */
         for (size_t j = 0; j < s->n; j++)
-            if (stop_step(&s->stops[j], s->buf[i]) && s->stops[j].len > completed)
-                completed = s->stops[j].len;
+            if (stop_step(&s->stops[j], s->buf[i])) {
+                if (s->hold) /* not yet: match on, as if it had not completed */
+                    s->stops[j].state = s->stops[j].fail[s->stops[j].len - 1];
+                else if (s->stops[j].len > completed)
+                    completed = s->stops[j].len;
+            }
         if (completed) {
             s->stopped = true;
             s->shown = i + 1 - completed;

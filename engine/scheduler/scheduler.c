@@ -252,6 +252,8 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     if (rc == QL_OK)
         rc = eng_sampler_init(&s->sampler, &r->sampling, s->prompt, n);
     if (rc == QL_OK)
+        eng_sampler_set_eos(&s->sampler, e->eos);
+    if (rc == QL_OK)
         rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
     if (rc != QL_OK) {
         seq_free(s);
@@ -262,6 +264,9 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
     s->req.prompt = NULL; /* not kept */
     s->req.stop = NULL;
     s->req.adapters = NULL;
+    s->req.sampling.logit_bias = NULL; /* the sampler holds its copy */
+    s->req.sampling.n_logit_bias = 0;
+    eng_stop_hold(s->stop, s->req.sampling.min_tokens > 0);
     s->t_submit = ql_now_s();
 
     pthread_mutex_lock(&e->mu);
@@ -388,11 +393,17 @@ static bool take_token(eng_engine *e, seq *s, int32_t token)
     s->n_generated++;
     if (s->n_generated == 1)
         s->t_first = ql_now_s();
-    if (token == e->eos) {
+    /* min_tokens keeps EOS from being chosen (the sampler); should it come
+     * all the same (every logit -inf), it does not end the answer early,
+     * and with ignore_eos it never does: it is then a token like another */
+    if (token == e->eos && !s->req.sampling.ignore_eos && eng_sampler_may_end(&s->sampler)) {
         s->n_generated--; /* the end marker is not part of the answer */
         finish(e, s, ENG_FINISH_EOS);
         return true;
     }
+    /* stop strings end the answer only once more than min_tokens tokens are
+     * out (vLLM v1's detokenizer, tests/detokenizer/test_min_tokens.py) */
+    eng_stop_hold(s->stop, s->n_generated <= s->req.sampling.min_tokens);
     char piece[1024];
     long n = tok_stream_push(e->m->tok, &s->stream, token, piece, sizeof piece);
     const char *text = NULL;

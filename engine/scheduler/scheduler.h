@@ -22,30 +22,78 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One entry of a logit bias: bias is added to token's logit (OpenAI's
+ * logit_bias; -100 effectively bans the token). */
+typedef struct eng_logit_bias {
+    int32_t token; /* >= 0; ids past the vocabulary are ignored */
+    float bias;    /* in [-100, 100] */
+} eng_logit_bias;
+
+/* At most this many logit_bias entries (OpenAI's limit). */
+#define ENG_MAX_LOGIT_BIAS 300
+
 /* How a request samples (sampler.c). Zero-initialised: greedy. */
 typedef struct eng_sampling {
     float temperature;        /* 0: greedy; > 0 */
     int32_t top_k;            /* 0: off */
     float top_p;              /* 0 or 1: off; else in (0, 1) */
     float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
-    uint64_t seed;            /* the same seed and inputs give the same tokens */
+    /* OpenAI's, over the tokens generated so far (not the prompt), c(t)
+     * times generated: logit[t] -= frequency * c(t) + presence * (c(t) > 0).
+     * Each in [-2, 2]; 0 is off */
+    float presence_penalty, frequency_penalty;
+    /* added to the logits first; borrowed (the sampler copies them at
+     * eng_sampler_init); at most ENG_MAX_LOGIT_BIAS; a token named twice
+     * gets both */
+    const eng_logit_bias *logit_bias;
+    size_t n_logit_bias;
+    /* vLLM's: the end-of-sequence token cannot be chosen (and stop strings
+     * do not end the sequence) before this many tokens; >= 0 */
+    int32_t min_tokens;
+    /* vLLM's: the end-of-sequence token does not end the sequence (it is
+     * kept as a token of the answer); generation runs to the length limit
+     * or a stop string. The sampler does not look at it: the engine does */
+    bool ignore_eos;
+    uint64_t seed; /* the same seed and inputs give the same tokens */
 } eng_sampling;
 
 /* Check the fields, naming the first bad one and its value. */
 int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len);
 
+/* How often one token has been generated (the frequency penalty's c(t)). */
+typedef struct eng_token_count {
+    int32_t token;
+    int32_t count;
+} eng_token_count;
+
 /* A sequence's sampler: its parameters, its own random stream (so what
- * else is in the batch never changes its tokens), and the tokens seen (for
- * the repetition penalty). */
+ * else is in the batch never changes its tokens), the tokens seen (for
+ * the repetition penalty) and the tokens generated (for the presence and
+ * frequency penalties and min_tokens). */
 typedef struct eng_sampler {
-    eng_sampling p;
+    eng_sampling p; /* p.logit_bias points at the sampler's own copy */
     uint64_t rng[4];
-    int32_t *seen; /* distinct token ids seen, for the penalty (owned) */
+    int32_t *seen; /* distinct token ids seen, prompt and generated, sorted (owned) */
     size_t n_seen, cap_seen;
+    /* distinct generated ids with their counts, sorted by id (owned; kept
+     * only when a presence or frequency penalty is on): at most one entry
+     * per generated token */
+    eng_token_count *counts;
+    size_t n_counts, cap_counts;
+    eng_logit_bias *bias; /* the copy of p.logit_bias (owned) */
+    int64_t n_generated;  /* tokens recorded since init */
+    int32_t eos;          /* the token min_tokens holds back; -1: none */
 } eng_sampler;
 
+/* Copies p (its logit bias too) and the prompt's distinct ids. The sampler
+ * knows no end-of-sequence token until eng_sampler_set_eos. */
 int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *prompt, size_t n_prompt);
 void eng_sampler_free(eng_sampler *s);
+/* The model's end-of-sequence token (-1: none), which min_tokens bans. */
+void eng_sampler_set_eos(eng_sampler *s, int32_t eos);
+/* Whether the end-of-sequence token may end the sequence now: min_tokens
+ * tokens have been recorded before the last one. */
+bool eng_sampler_may_end(const eng_sampler *s);
 /* Pick the next token from logits (vocab entries, modified in place);
  * scratch holds at least vocab floats + vocab int32s. Records the token. */
 int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
@@ -53,10 +101,12 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
  * records its own. */
 void eng_sampler_record(eng_sampler *s, int32_t token);
 /* Whether s's next token is the plain argmax of its logits (temperature 0,
- * no penalty), which a backend can choose where the logits are. */
+ * and no penalty, bias or min_tokens that could change the logits now),
+ * which a backend can choose where the logits are. */
 bool eng_sampler_greedy(const eng_sampler *s);
 /* Whether s's next token is a plain temperature draw over the whole
- * vocabulary (no top-k, top-p or penalty), which a backend can make where
+ * vocabulary (no top-k, top-p, and nothing that could change the logits
+ * now), which a backend can make where
  * the logits are (kernels/math/sample_math.h); *inv_temperature receives the
  * 1 / T eng_sample would use. */
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
@@ -78,6 +128,9 @@ void eng_stop_free(eng_stop *s);
  * generation should end.
  */
 bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
+/* While held (min_tokens not yet reached), a stop string that completes
+ * does not stop: its text is emitted as any other and matching goes on. */
+void eng_stop_hold(eng_stop *s, bool held);
 /* At the end of generation (EOS, length): what was held back. */
 void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len);
 
