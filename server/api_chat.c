@@ -324,6 +324,8 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
                                          "store",
                                          "service_tier",
                                          "add_generation_prompt",
+                                         "min_tokens",
+                                         "ignore_eos",
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;
@@ -334,18 +336,14 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
     a->max_new_tokens = c->s->cfg->max_new_tokens;
     bool has_max = false, has_max_tokens = false, logprobs = false;
     int64_t n = 1;
-    double presence = 0, frequency = 0;
     if (!srv_get_int(c, root, "max_completion_tokens", 1, INT32_MAX, &a->max_new_tokens,
                      &has_max) ||
         (!has_max &&
          !srv_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens, &has_max_tokens)) ||
         !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
-        !srv_get_int(c, root, "n", 1, 1, &n, NULL) ||
-        !srv_get_bool(c, root, "logprobs", &logprobs) ||
-        !srv_get_number(c, root, "presence_penalty", 0, 0, &presence, NULL) ||
-        !srv_get_number(c, root, "frequency_penalty", 0, 0, &frequency, NULL))
+        !srv_get_int(c, root, "n", 1, 1, &n, NULL) || !srv_get_bool(c, root, "logprobs", &logprobs))
         return false;
-    static const char *const refused[] = {"top_logprobs", "logit_bias", NULL};
+    static const char *const refused[] = {"top_logprobs", NULL};
     for (size_t i = 0; refused[i]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, refused[i]);
         if (!srv_is_null(v) && !(cJSON_IsObject(v) && !v->child)) {

@@ -41,6 +41,9 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
                                          "repetition_penalty",
                                          "presence_penalty",
                                          "frequency_penalty",
+                                         "logit_bias",
+                                         "min_tokens",
+                                         "ignore_eos",
                                          "best_of",
                                          "suffix",
                                          NULL};
@@ -60,12 +63,9 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
     a->max_new_tokens = 16; /* OpenAI's default */
     int64_t n = 1;
     bool echo = false;
-    double presence = 0, frequency = 0;
     if (!srv_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens, NULL) ||
         !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
-        !srv_get_int(c, root, "n", 1, 1, &n, NULL) || !srv_get_bool(c, root, "echo", &echo) ||
-        !srv_get_number(c, root, "presence_penalty", 0, 0, &presence, NULL) ||
-        !srv_get_number(c, root, "frequency_penalty", 0, 0, &frequency, NULL))
+        !srv_get_int(c, root, "n", 1, 1, &n, NULL) || !srv_get_bool(c, root, "echo", &echo))
         return false;
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
     if (!srv_is_null(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {

@@ -64,9 +64,8 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
     if (!srv_only_known(c, p, "parameters", params))
         return false;
     /* TGI fields we take but do not implement: accepted only when off */
-    static const char *const off[] = {
-        "watermark",    "decoder_input_details", "truncate", "typical_p", "best_of",
-        "top_n_tokens", "frequency_penalty",     "grammar",  NULL};
+    static const char *const off[] = {"watermark", "decoder_input_details", "truncate", "typical_p",
+                                      "best_of",   "top_n_tokens",          "grammar",  NULL};
     for (const char *const *o = off; *o; o++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, *o);
         if (!srv_is_null(v) && !cJSON_IsFalse(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0) &&

@@ -240,6 +240,89 @@ bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a)
     return true;
 }
 
+/*
+ * OpenAI's logit_bias: an object of token ids (decimal strings) to biases
+ * in [-100, 100], at most ENG_MAX_LOGIT_BIAS of them, each id inside the
+ * model's vocabulary and named once; into a->logit_bias.
+ */
+static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_ask *a)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "logit_bias");
+    if (srv_is_null(v))
+        return true;
+    if (!cJSON_IsObject(v)) {
+        srv_fail(c, 400, "\"logit_bias\" must be an object of token ids to biases");
+        return false;
+    }
+    int32_t vocab = c->s->model.cfg.vocab_size;
+    size_t n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach (it, v) {
+        const char *key = it->string;
+        char *end = NULL;
+        long long id = -1;
+        if (key[0] >= '0' && key[0] <= '9' && strlen(key) <= 10)
+            id = strtoll(key, &end, 10);
+        if (id < 0 || *end) {
+            srv_fail(c, 400, "\"logit_bias\": key \"%s\" is not a token id (a decimal integer)",
+                     key);
+            return false;
+        }
+        if (vocab > 0 && id >= vocab) {
+            srv_fail(c, 400, "\"logit_bias\": token id %lld is outside the vocabulary of %d tokens",
+                     id, (int)vocab);
+            return false;
+        }
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100)) {
+            char *shown = cJSON_PrintUnformatted(it);
+            srv_fail(
+                c, 400,
+                "\"logit_bias\": the bias of token %lld is %s; it must be a number in [-100, 100]",
+                id, shown ? shown : "?");
+            cJSON_free(shown);
+            return false;
+        }
+        if (n == ENG_MAX_LOGIT_BIAS) {
+            srv_fail(c, 400, "\"logit_bias\" has %d entries; at most %d", cJSON_GetArraySize(v),
+                     ENG_MAX_LOGIT_BIAS);
+            return false;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (a->logit_bias[i].token == (int32_t)id) {
+                srv_fail(c, 400, "\"logit_bias\" names token id %lld twice", id);
+                return false;
+            }
+        a->logit_bias[n++] = (eng_logit_bias){.token = (int32_t)id, .bias = (float)it->valuedouble};
+    }
+    a->sampling.logit_bias = n ? a->logit_bias : NULL;
+    a->sampling.n_logit_bias = n;
+    return true;
+}
+
+/* The OpenAI and vLLM fields beyond HF's sampling: penalties over the
+ * generated tokens, logit_bias, min_tokens, ignore_eos. */
+static bool get_openai_sampling(srv_conn *c, const cJSON *p, srv_ask *a)
+{
+    double presence = 0, frequency = 0;
+    int64_t min_tokens = 0;
+    bool ignore_eos = false;
+    if (!srv_get_number(c, p, "presence_penalty", -2.0, 2.0, &presence, NULL) ||
+        !srv_get_number(c, p, "frequency_penalty", -2.0, 2.0, &frequency, NULL) ||
+        !srv_get_int(c, p, "min_tokens", 0, INT32_MAX, &min_tokens, NULL) ||
+        !srv_get_bool(c, p, "ignore_eos", &ignore_eos) || !get_logit_bias(c, p, a))
+        return false;
+    if (min_tokens > a->max_new_tokens) {
+        srv_fail(c, 400, "\"min_tokens\" is %lld; it may not pass the maximum of %lld tokens",
+                 (long long)min_tokens, (long long)a->max_new_tokens);
+        return false;
+    }
+    a->sampling.presence_penalty = (float)presence;
+    a->sampling.frequency_penalty = (float)frequency;
+    a->sampling.min_tokens = (int32_t)min_tokens;
+    a->sampling.ignore_eos = ignore_eos;
+    return true;
+}
+
 bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default)
 {
     double temperature = greedy_default ? 0.0 : 1.0, top_p = 1.0, penalty = 1.0;
@@ -261,6 +344,8 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
         else if (!has_t)
             temperature = 1.0;
     }
+    if (!get_openai_sampling(c, p, a))
+        return false;
     if (has_p && top_p == 0.0) {
         srv_fail(c, 400, "\"top_p\" must be in (0, 1]");
         return false;

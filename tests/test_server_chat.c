@@ -278,8 +278,8 @@ Test(chat, refusals_name_what_was_wrong)
     expect_refusal(body, 400, "\"n\"");
     snprintf(body, sizeof body, "{%s, \"logprobs\": true}", user);
     expect_refusal(body, 400, "\"logprobs\" is not supported");
-    snprintf(body, sizeof body, "{%s, \"logit_bias\": {\"5\": 10}}", user);
-    expect_refusal(body, 400, "\"logit_bias\" is not supported");
+    snprintf(body, sizeof body, "{%s, \"logit_bias\": {\"5\": 101}}", user);
+    expect_refusal(body, 400, "\"logit_bias\": the bias of token 5 is 101");
     snprintf(body, sizeof body, "{%s, \"tool_choice\": \"required\"}", user);
     expect_refusal(body, 400, "\"tool_choice\" may be \"auto\" or \"none\"");
     snprintf(body, sizeof body, "{%s, \"response_format\": {\"type\": \"json_object\"}}", user);

@@ -120,6 +120,8 @@ typedef struct srv_ask {
     eng_sampling sampling;
     const char *stops[SRV_MAX_STOPS];
     size_t n_stops;
+    /* what sampling.logit_bias points at (srv_get_sampling fills it) */
+    eng_logit_bias logit_bias[ENG_MAX_LOGIT_BIAS];
     const char *adapter; /* NULL: the base model */
     double adapter_scale;
     bool has_scale;
@@ -131,7 +133,11 @@ typedef struct srv_ask {
 /* "stop" (name): a string or an array of non-empty strings, into a. */
 bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a);
 /* The sampling fields both APIs share, from p (NULL: none given); TGI
- * samples greedily unless asked otherwise (greedy_default). */
+ * samples greedily unless asked otherwise (greedy_default). Reads
+ * frequency_penalty for both, and presence_penalty, logit_bias, min_tokens
+ * and ignore_eos wherever the API's field list lets them through (OpenAI's
+ * routes); a->max_new_tokens must be read first (min_tokens may not pass
+ * it). */
 bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default);
 
 /* An API's answer to a generation: what it sends as tokens arrive and when
