@@ -299,8 +299,16 @@ static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_ask *a)
     return true;
 }
 
-/* The OpenAI and vLLM fields beyond HF's sampling: penalties over the
- * generated tokens, logit_bias, min_tokens, ignore_eos. */
+/*
+ * The OpenAI and vLLM fields beyond HF's sampling: penalties over the
+ * generated tokens, logit_bias, min_tokens (at most the request's maximum,
+ * as vLLM checks), ignore_eos. TGI's frequency_penalty is read here too,
+ * in TGI's range [-2, 2] and with the formula TGI's documentation gives
+ * (OpenAI's). TGI's own code differs: its batched processor counts the
+ * prompt and the generated tokens and divides each count by the padded
+ * length of the batch's sequences, which would make a request's tokens
+ * depend on what else is in the batch; we do not copy that.
+ */
 static bool get_openai_sampling(srv_conn *c, const cJSON *p, srv_ask *a)
 {
     double presence = 0, frequency = 0;

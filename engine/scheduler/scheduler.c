@@ -16,7 +16,10 @@
  *     prefill, so a long prompt never stalls the decodes for long);
  *   - one forward pass; sample each sequence that needs a token with its
  *     own sampler; stream its text through its stop-string filter; finish
- *     what ended and give its blocks back at once.
+ *     what ended and give its blocks back at once. EOS ends a sequence
+ *     unless the request set ignore_eos (it is then a token of the answer)
+ *     or fewer than min_tokens tokens came before it; stop strings end it
+ *     only once more than min_tokens tokens are out (vLLM's rules).
  *
  * Adapters: a request names the configuration it wants; at admission a
  * sequence takes a reference on the serving weight version and keeps it to
