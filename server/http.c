@@ -699,15 +699,19 @@ const char *srv_cors_origin(const srv_conn *c)
     }
 }
 
-/* The CORS headers every response to a listed origin carries (cors[0] = 0
- * for any other). Vary: Origin, because the answer differs by origin and a
- * cache between must not hand one origin's answer to another. */
+/* The CORS headers of every response while --cors-allow-origin is set:
+ * Access-Control-Allow-Origin to a listed origin, and Vary: Origin to
+ * every request, listed or not, because the answer differs by origin and
+ * a cache between must not hand one origin's answer to another (Fetch,
+ * "CORS protocol and HTTP caches"). Without the flag, none. */
 static void cors_headers(const srv_conn *c, char *cors, size_t cap)
 {
     const char *allow = srv_cors_origin(c);
     cors[0] = 0;
     if (allow)
         snprintf(cors, cap, "Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n", allow);
+    else if (c->s->cfg && c->s->cfg->cors_allow_origin)
+        snprintf(cors, cap, "Vary: Origin\r\n");
 }
 
 /* --- responses ---------------------------------------------------------------- */

@@ -14,8 +14,8 @@
  * the srv_get_* readers and the two generation APIs' shared srv_get_stops
  * and srv_get_sampling (internal/server_internal.h) to bridge.c, the API
  * files, admin.c and routes.c, and srv_secret_equal (server.h), the
- * constant-time compare of a bearer token. Owns nothing past a call. Touches only
- * http.c's responses.
+ * constant-time compare of a bearer token. Owns nothing past a call.
+ * Touches only http.c's responses.
  */
 #include "internal/server_internal.h"
 

@@ -16,10 +16,11 @@
  * never reaches the admin routes.
  *
  * Offers srv_route (internal/server_internal.h), which serve.c sets as
- * the hooks' on_request; owns the table and the server's own routes,
- * GET /health and GET /metrics, and the two gates. Touches the handlers of api_tgi.c,
- * api_openai.c and admin.c, request.c's errors, http.c's responses and
- * metrics.c's text. Nothing in server/ but serve.c calls here.
+ * the hooks' on_request; owns the table, the server's own routes (GET
+ * /health and GET /metrics) and the two gates. Touches the handlers of
+ * api_tgi.c, api_openai.c and admin.c, request.c's errors and secret
+ * compare, http.c's responses and CORS origin check, and metrics.c's text. Nothing in server/ but
+ * serve.c calls here.
  */
 #include "internal/server_internal.h"
 

@@ -64,7 +64,8 @@ void srv_respond_empty(srv_conn *c, int status, const char *extra_headers);
 /* What Access-Control-Allow-Origin says to c's request: its Origin when
  * that is listed in --cors-allow-origin (exact match), "*" when the list
  * holds *, NULL when there is no Origin, no list, or the origin is not in
- * it. Every response to a non-NULL one carries it and Vary: Origin. Points
+ * it. Every response to a non-NULL one carries it; while the list is set,
+ * every response carries Vary: Origin. Points
  * into c->req or the config; lives until the response ends. */
 const char *srv_cors_origin(const srv_conn *c);
 /* {"error": {"type": ..., "message": ...}} with status. */
