@@ -287,9 +287,9 @@ typedef struct serve_layer {
         {"admin-token-file", OPT_STRING, &(l)->token_file,                                         \
          "FILE: its first line is the admin bearer token (unset: admin only on loopback)"},        \
         {"api-key-file", OPT_STRING, &(l)->api_key_file,                                           \
-         "FILE: its first line is the API key every route but /health wants (unset: none)"},       \
+         "FILE: its first line is the API bearer key (unset: no key asked)"},                      \
         {"cors-allow-origin", OPT_STRING, &(l)->s.cors_allow_origin,                               \
-         "ORIGIN,...: browser origins given CORS headers, or * for any (unset: no CORS)"},         \
+         "ORIGIN,...: browser origins allowed (CORS), or * (unset: none)"},                        \
         {"config", OPT_STRING, &(l)->s.config_path, "FILE: the JSON config file"},                 \
         {"served-model-name", OPT_STRING, &(l)->s.served_model_name,                               \
          "NAME: the model's id in /v1/models and /info (unset: from the model)"},                  \
