@@ -274,6 +274,7 @@ typedef enum { SRC_DEFAULT, SRC_FILE, SRC_FLAG, SRC_ENV } value_source;
 typedef struct serve_layer {
     cfg_serve s;
     const char *token_file;
+    const char *api_key_file;
 } serve_layer;
 
 #define SERVE_OPTS(l)                                                                              \
@@ -285,6 +286,10 @@ typedef struct serve_layer {
          "DIR: the only folder adapters load from (unset: no adapter loading)"},                   \
         {"admin-token-file", OPT_STRING, &(l)->token_file,                                         \
          "FILE: its first line is the admin bearer token (unset: admin only on loopback)"},        \
+        {"api-key-file", OPT_STRING, &(l)->api_key_file,                                           \
+         "FILE: its first line is the API bearer key (unset: no key asked)"},                      \
+        {"cors-allow-origin", OPT_STRING, &(l)->s.cors_allow_origin,                               \
+         "ORIGIN,...: browser origins allowed (CORS), or * (unset: none)"},                        \
         {"config", OPT_STRING, &(l)->s.config_path, "FILE: the JSON config file"},                 \
         {"served-model-name", OPT_STRING, &(l)->s.served_model_name,                               \
          "NAME: the model's id in /v1/models and /info (unset: from the model)"},                  \
@@ -597,12 +602,15 @@ static int apply_config_file(serve_parse *p, const char *where, cJSON **tree)
         for (char *c = name; *c; c++)
             if (*c == '_')
                 *c = '-';
-        if (strcmp(name, "admin-token") == 0)
+        if (strcmp(name, "admin-token") == 0 || strcmp(name, "api-key") == 0) {
+            bool admin = name[1] == 'd';
             return usage_error(p->msg, p->msg_len,
                                "config file %s: \"%s\" is refused: a secret does not belong in a "
-                               "config file; put the token in a file named by "
-                               "\"admin-token-file\", or in QLSERVE_ADMIN_TOKEN",
-                               p->file_path, item->string);
+                               "config file; put the %s in a file named by \"%s\", or in %s",
+                               p->file_path, item->string, admin ? "token" : "key",
+                               admin ? "admin-token-file" : "api-key-file",
+                               admin ? "QLSERVE_ADMIN_TOKEN" : "QLSERVE_API_KEY");
+        }
         if (strcmp(name, "config") == 0)
             return usage_error(p->msg, p->msg_len,
                                "config file %s: \"%s\": a config file cannot name another",
@@ -650,23 +658,45 @@ static int apply_environment(serve_parse *p)
     return QL_OK;
 }
 
+/* A secret the server compares a request's bearer token against: the admin
+ * token or the API key. Each comes from its environment variable, else the
+ * first line of the file its flag names; neither is a flag or a config key,
+ * so it shows in no process list and no config file. */
+typedef struct secret_source {
+    const char *what;      /* "admin token", "API key": for messages */
+    const char *file_flag; /* "admin-token-file" */
+    const char *env;       /* "QLSERVE_ADMIN_TOKEN" */
+    size_t max_len;        /* 0: no limit */
+} secret_source;
+
+static const secret_source admin_token_source = {"admin token", "admin-token-file",
+                                                 "QLSERVE_ADMIN_TOKEN", 0};
+static const secret_source api_key_source = {"API key", "api-key-file", "QLSERVE_API_KEY",
+                                             CFG_SECRET_MAX};
+
 /* A token travels as "Authorization: Bearer TOKEN": it cannot hold spaces or
  * control characters. Trailing whitespace (the file's newline) is dropped. */
-static const char *keep_token(serve_parse *p, const char *where, const char *text, size_t len)
+static const char *keep_token(serve_parse *p, const secret_source *src, const char *where,
+                              const char *text, size_t len)
 {
     while (len && (text[len - 1] == ' ' || (text[len - 1] >= '\t' && text[len - 1] <= '\r')))
         len--;
     if (len == 0) {
-        usage_error(p->msg, p->msg_len, "%s: the admin token is empty", where);
+        usage_error(p->msg, p->msg_len, "%s: the %s is empty", where, src->what);
+        return NULL;
+    }
+    if (src->max_len && len > src->max_len) {
+        usage_error(p->msg, p->msg_len, "%s: the %s is %zu bytes; at most %zu are accepted", where,
+                    src->what, len, src->max_len);
         return NULL;
     }
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
         if (c <= ' ' || c == 0x7f) {
             usage_error(p->msg, p->msg_len,
-                        "%s: the admin token holds a space or control character, which an "
+                        "%s: the %s holds a space or control character, which an "
                         "Authorization header cannot carry",
-                        where);
+                        where, src->what);
             return NULL;
         }
     }
@@ -676,40 +706,93 @@ static const char *keep_token(serve_parse *p, const char *where, const char *tex
     return t;
 }
 
-/* The admin token: QLSERVE_ADMIN_TOKEN, else the first line of the token
- * file. Messages never show the token. */
-static int resolve_admin_token(serve_parse *p, const char *token_file)
+/* The secret src describes into *out: its environment variable, else the
+ * first line of file (NULL: none given). Messages never show the secret. */
+static int resolve_secret(serve_parse *p, const secret_source *src, const char *file,
+                          const char **out)
 {
-    size_t k = find_opt(p->opts, p->n_opts, "admin-token-file");
-    const char *env = getenv("QLSERVE_ADMIN_TOKEN");
+    size_t k = find_opt(p->opts, p->n_opts, src->file_flag);
+    const char *env = getenv(src->env);
     if (env) {
         if (p->src[k] == SRC_ENV)
-            return usage_error(p->msg, p->msg_len,
-                               "QLSERVE_ADMIN_TOKEN and QLSERVE_ADMIN_TOKEN_FILE are both set; "
-                               "set one");
-        /* the environment wins over a token file from the file or a flag */
-        p->result->admin_token = keep_token(p, "QLSERVE_ADMIN_TOKEN", env, strlen(env));
-        return p->result->admin_token ? QL_OK : QL_EUSAGE;
+            return usage_error(p->msg, p->msg_len, "%s and %s_FILE are both set; set one", src->env,
+                               src->env);
+        /* the environment wins over a file from the config file or a flag */
+        *out = keep_token(p, src, src->env, env, strlen(env));
+        return *out ? QL_OK : QL_EUSAGE;
     }
-    if (!token_file)
+    if (!file)
         return QL_OK;
     char where[1024];
     describe(p, k, where, sizeof where);
     size_t len;
     /* a token is a line; 64 KiB is surely some other file */
-    char *text = read_small_file(token_file, 64 << 10, &len);
+    char *text = read_small_file(file, 64 << 10, &len);
     if (!text)
-        return usage_error(p->msg, p->msg_len, "%s: cannot read the admin token: %s", where,
+        return usage_error(p->msg, p->msg_len, "%s: cannot read the %s: %s", where, src->what,
                            errno == EFBIG ? "larger than 64 KiB" : strerror(errno));
     if (len == 0) {
         free(text);
         return usage_error(p->msg, p->msg_len,
-                           "%s: the file is empty; its first line must be the admin token", where);
+                           "%s: the file is empty; its first line must be the %s", where,
+                           src->what);
     }
     const char *nl = memchr(text, '\n', len);
-    p->result->admin_token = keep_token(p, where, text, nl ? (size_t)(nl - text) : len);
+    *out = keep_token(p, src, where, text, nl ? (size_t)(nl - text) : len);
     free(text);
-    return p->result->admin_token ? QL_OK : QL_EUSAGE;
+    return *out ? QL_OK : QL_EUSAGE;
+}
+
+/* Both secrets; an API key that is also the admin token would make every
+ * API client an admin, so that is refused. */
+static int resolve_secrets(serve_parse *p, const serve_layer *l)
+{
+    cfg_serve *r = p->result;
+    int rc = resolve_secret(p, &admin_token_source, l->token_file, &r->admin_token);
+    if (rc == QL_OK)
+        rc = resolve_secret(p, &api_key_source, l->api_key_file, &r->api_key);
+    if (rc == QL_OK && r->admin_token && r->api_key && strcmp(r->admin_token, r->api_key) == 0)
+        rc = usage_error(p->msg, p->msg_len,
+                         "serve: the API key and the admin token are the same; every API client "
+                         "would be an admin: give them different values");
+    return rc;
+}
+
+/* --cors-allow-origin: each comma-separated entry "*" or an origin as a
+ * browser sends it in its Origin header, scheme://host[:port] (RFC 6454
+ * 6.1): no path, not even a trailing '/', or it would never match. "null"
+ * (what sandboxed pages and file:// send) is refused: any page can be
+ * null. */
+static int validate_cors(serve_parse *p)
+{
+    const char *list = p->result->cors_allow_origin;
+    if (!list)
+        return QL_OK;
+    char where[1024];
+    describe(p, find_opt(p->opts, p->n_opts, "cors-allow-origin"), where, sizeof where);
+    for (const char *at = list;; at++) {
+        size_t n = strcspn(at, ",");
+        const char *o = at, *end = at + n;
+        while (o < end && *o == ' ')
+            o++;
+        while (end > o && end[-1] == ' ')
+            end--;
+        size_t len = (size_t)(end - o);
+        const char *host = len > 8 && strncmp(o, "https://", 8) == 0  ? o + 8
+                           : len > 7 && strncmp(o, "http://", 7) == 0 ? o + 7
+                                                                      : NULL;
+        bool ok = (len == 1 && *o == '*') || (host && host < end);
+        for (const char *c = host; ok && c && c < end; c++)
+            ok = *c != '/' && *c != ' ' && *c != '*';
+        if (!ok || len > 253)
+            return usage_error(p->msg, p->msg_len,
+                               "%s: \"%.*s\" is not an origin: each is * or scheme://host[:port] "
+                               "(no path, no trailing /)",
+                               where, (int)(len > 253 ? 253 : len), o);
+        if (!at[n])
+            return QL_OK;
+        at += n;
+    }
 }
 
 /* Every value within its range; every string that is set non-empty and free
@@ -815,9 +898,8 @@ int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg
         src[k] = SRC_FLAG;
     }
 
-    if ((rc = apply_environment(&p)) != QL_OK ||
-        (rc = resolve_admin_token(&p, fin.token_file)) != QL_OK ||
-        (rc = validate_serve(&p)) != QL_OK)
+    if ((rc = apply_environment(&p)) != QL_OK || (rc = resolve_secrets(&p, &fin)) != QL_OK ||
+        (rc = validate_serve(&p)) != QL_OK || (rc = validate_cors(&p)) != QL_OK)
         goto fail;
     cJSON_Delete(tree);
     *out = fin.s;
@@ -847,8 +929,10 @@ static void print_serve_usage(FILE *out)
             "{\"max-body-bytes\": 1048576} (or \"max_body_bytes\"), and by an environment\n"
             "variable, QLSERVE_MAX_BODY_BYTES=1048576. Later wins: the defaults, then the\n"
             "config file, then flags, then the environment. Paths are relative to the working\n"
-            "directory. The admin token is never a flag or a config key: put it in a file\n"
-            "(--admin-token-file) or in QLSERVE_ADMIN_TOKEN.\n"
+            "directory. The admin token and the API key are never flags or config keys: put\n"
+            "each in a file (--admin-token-file, --api-key-file) or in QLSERVE_ADMIN_TOKEN,\n"
+            "QLSERVE_API_KEY. With an API key every route but /health and GET / wants\n"
+            "\"Authorization: Bearer KEY\"; the admin routes want the admin token instead.\n"
             "\n");
     for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
         const opt *o = &opts[k];
@@ -871,8 +955,9 @@ static void print_serve_usage(FILE *out)
     }
     fprintf(out,
             "  %-23s env QLSERVE_ADMIN_TOKEN: the admin token itself (not a flag, "
-            "not a config key)\n",
-            "");
+            "not a config key)\n"
+            "  %-23s env QLSERVE_API_KEY: the API key itself (not a flag, not a config key)\n",
+            "", "");
 }
 
 static void print_opts(FILE *out, const opt *opts, size_t n)

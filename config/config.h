@@ -19,6 +19,10 @@
 
 #include "ql_base.h"
 
+/* The longest API key accepted: the server compares a key over this many
+ * bytes whatever its length (server.h, srv_secret_equal). */
+#define CFG_SECRET_MAX 256
+
 typedef struct cfg_quantize {
     const char *in_path;  /* --in, required */
     const char *out_path; /* --out, required */
@@ -84,6 +88,15 @@ typedef struct cfg_serve {
      * whitespace stripped; the file must exist and not be empty), or env
      * QLSERVE_ADMIN_TOKEN. NULL: the admin routes answer only on loopback. */
     const char *admin_token;
+    /* The first line of --api-key-file FILE (stripped as the admin token
+     * is), or env QLSERVE_API_KEY: every route but /health and GET / then
+     * wants "Authorization: Bearer KEY". At most CFG_SECRET_MAX bytes. NULL:
+     * no key asked. Never equal to admin_token (refused). */
+    const char *api_key;
+    /* --cors-allow-origin ORIGIN,...: the browser origins answered with CORS
+     * headers, comma separated, each "*" (any) or scheme://host[:port].
+     * NULL: no CORS headers, no preflight. */
+    const char *cors_allow_origin;
     const char *config_path; /* --config FILE (or env QLSERVE_CONFIG) */
     /* --served-model-name NAME: the model's id in /v1/models and /info; NULL:
      * derived by the server */
@@ -124,9 +137,10 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
  * --config). The config file is a JSON object whose keys are the flag names
  * ("max-body-bytes" or "max_body_bytes"). Validated at the end: every range
  * checked; a message names the flag, file key or env var and the value (never
- * the admin token). The admin token comes from QLSERVE_ADMIN_TOKEN, else the
- * first line of the admin token file; a config file holding "admin_token" is
- * refused. QL_EHELP when --help is on the command line, whatever the file
+ * the admin token or API key). The admin token comes from QLSERVE_ADMIN_TOKEN,
+ * else the first line of the admin token file; the API key likewise from
+ * QLSERVE_API_KEY or --api-key-file; a config file holding "admin_token" or
+ * "api_key" is refused. QL_EHELP when --help is on the command line, whatever the file
  * holds. On QL_OK the caller calls cfg_serve_free; on any other return *out
  * is zeroed and owns nothing. */
 int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg_len);

@@ -20,7 +20,9 @@
  * Offers srv_http_settings, srv_conn_feed and srv_conn_release_detached
  * (the fuzz seam in server.h) and, to the other server files, the
  * listener, the sink connection (srv_conn_init_sink), the responses
- * (whole, error, server-sent events) and the connection's end. Owns every
+ * (whole, bodiless, error, server-sent events), the CORS origin check
+ * (srv_cors_origin: every response to a listed browser origin carries
+ * Access-Control-Allow-Origin) and the connection's end. Owns every
  * connection's memory. Knows nothing above it: it reaches the rest of the
  * server only through s->hooks (serve.c's), for each complete request
  * (on_request), a connection that ends (on_conn_end, so what waits to
@@ -308,16 +310,50 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
     return 0;
 }
 
+/* The request headers kept, by c->hwant: where each value goes. The rest
+ * are read past. */
+enum { H_NONE, H_AUTHORIZATION, H_EXPECT, H_ORIGIN, H_CORS_METHOD, H_CORS_HEADERS };
+
+static const char *const kept_headers[] = {
+    [H_AUTHORIZATION] = "authorization",
+    [H_EXPECT] = "expect",
+    [H_ORIGIN] = "origin",
+    [H_CORS_METHOD] = "access-control-request-method",
+    [H_CORS_HEADERS] = "access-control-request-headers",
+};
+
+/* The field header h's value is read into, its size, and what to set when
+ * it does not fit. */
+static char *kept_value(srv_conn *c, int h, size_t *cap, bool **too_long)
+{
+    *too_long = &c->req.cors_too_long;
+    switch (h) {
+    case H_AUTHORIZATION:
+        *too_long = &c->req.auth_too_long;
+        *cap = sizeof c->req.authorization;
+        return c->req.authorization;
+    case H_EXPECT:
+        *too_long = NULL;
+        *cap = sizeof c->hvalue;
+        return c->hvalue;
+    case H_ORIGIN: *cap = sizeof c->req.origin; return c->req.origin;
+    case H_CORS_METHOD: *cap = sizeof c->req.cors_method; return c->req.cors_method;
+    case H_CORS_HEADERS: *cap = sizeof c->req.cors_headers; return c->req.cors_headers;
+    }
+    return NULL;
+}
+
 static int on_header_field_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
-    c->hwant = 0;
-    if (!c->hfield_long && strcasecmp(c->hfield, "authorization") == 0) {
-        c->hwant = 1;
-        c->req.authorization[0] = 0;
-    } else if (!c->hfield_long && strcasecmp(c->hfield, "expect") == 0) {
-        c->hwant = 2;
-        c->hvalue[0] = 0;
+    c->hwant = H_NONE;
+    for (int h = H_AUTHORIZATION; h <= H_CORS_HEADERS && !c->hfield_long; h++) {
+        if (strcasecmp(c->hfield, kept_headers[h]) == 0) {
+            size_t cap;
+            bool *too_long;
+            c->hwant = h;
+            kept_value(c, h, &cap, &too_long)[0] = 0; /* a repeated header: the last one */
+        }
     }
     return 0;
 }
@@ -327,20 +363,18 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     srv_conn *c = conn_of(p);
     if (count_header_bytes(c, len))
         return refuse_headers(c);
-    if (c->hwant == 1) {
-        size_t have = strlen(c->req.authorization);
-        if (have + len >= sizeof c->req.authorization) {
-            c->req.auth_too_long = true;
-        } else {
-            memcpy(c->req.authorization + have, at, len);
-            c->req.authorization[have + len] = 0;
-        }
-    } else if (c->hwant == 2) {
-        size_t have = strlen(c->hvalue);
-        if (have + len < sizeof c->hvalue) {
-            memcpy(c->hvalue + have, at, len);
-            c->hvalue[have + len] = 0;
-        }
+    size_t cap;
+    bool *too_long;
+    char *v = kept_value(c, c->hwant, &cap, &too_long);
+    if (!v)
+        return 0;
+    size_t have = strlen(v);
+    if (have + len >= cap) {
+        if (too_long)
+            *too_long = true;
+    } else {
+        memcpy(v + have, at, len);
+        v[have + len] = 0;
     }
     return 0;
 }
@@ -348,11 +382,11 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 static int on_header_value_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
-    if (c->hwant == 2)
+    if (c->hwant == H_EXPECT)
         c->req.expect_continue = strcasecmp(c->hvalue, "100-continue") == 0;
     c->hfield_len = 0;
     c->hfield_long = false;
-    c->hwant = 0;
+    c->hwant = H_NONE;
     return 0;
 }
 
@@ -632,12 +666,77 @@ void srv_stop_accepting(srv_server *s)
     }
 }
 
-/* --- responses ---------------------------------------------------------------- */
+/* --- counting ------------------------------------------------------------------ */
 
 static void count_status(srv_server *s, int status)
 {
     if (status >= 100 && status < 600)
         s->metrics.by_status[status]++;
+}
+
+/* --- CORS ----------------------------------------------------------------------- */
+
+const char *srv_cors_origin(const srv_conn *c)
+{
+    const char *list = c->s->cfg ? c->s->cfg->cors_allow_origin : NULL, *origin = c->req.origin;
+    if (!list || !*origin || c->req.cors_too_long)
+        return NULL;
+    size_t len = strlen(origin);
+    for (const char *at = list;; at++) {
+        size_t n = strcspn(at, ",");
+        const char *o = at, *end = at + n;
+        while (o < end && *o == ' ')
+            o++;
+        while (end > o && end[-1] == ' ')
+            end--;
+        if (end - o == 1 && *o == '*')
+            return "*";
+        if ((size_t)(end - o) == len && memcmp(o, origin, len) == 0)
+            return origin;
+        if (!at[n])
+            return NULL;
+        at += n;
+    }
+}
+
+/* The CORS headers of every response while --cors-allow-origin is set:
+ * Access-Control-Allow-Origin to a listed origin, and Vary: Origin to
+ * every request, listed or not, because the answer differs by origin and
+ * a cache between must not hand one origin's answer to another (Fetch,
+ * "CORS protocol and HTTP caches"). Without the flag, none. */
+static void cors_headers(const srv_conn *c, char *cors, size_t cap)
+{
+    const char *allow = srv_cors_origin(c);
+    cors[0] = 0;
+    if (allow)
+        snprintf(cors, cap, "Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n", allow);
+    else if (c->s->cfg && c->s->cfg->cors_allow_origin)
+        snprintf(cors, cap, "Vary: Origin\r\n");
+}
+
+/* --- responses ---------------------------------------------------------------- */
+
+/* The status line and headers; content_type NULL: a response without a body
+ * (204), which sends neither Content-Type nor Content-Length (RFC 9110
+ * 8.6). */
+static void send_head(srv_conn *c, int status, const char *content_type, size_t len,
+                      const char *extra_headers, bool keep)
+{
+    char cors[sizeof c->req.origin + 64], head[2048], length[64] = "";
+    cors_headers(c, cors, sizeof cors);
+    if (content_type)
+        snprintf(length, sizeof length, "Content-Length: %zu\r\n", len);
+    const char *extra = extra_headers ? extra_headers : "";
+    int n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\n%s%s%s%s%s%s%s\r\n", status,
+                     status_text(status), content_type ? "Content-Type: " : "",
+                     content_type ? content_type : "", content_type ? "\r\n" : "", length, extra,
+                     cors, keep || strstr(extra, "Connection:") ? "" : "Connection: close\r\n");
+    if (n < 0 || (size_t)n >= sizeof head) {
+        srv_conn_abort(c); /* cannot happen: the callers' headers are short */
+        return;
+    }
+    count_status(c->s, status);
+    send_bytes(c, head, (size_t)n);
 }
 
 void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
@@ -648,17 +747,19 @@ void srv_respond(srv_conn *c, int status, const char *content_type, const char *
     /* a request refused while it was being read never completed, so its
      * keep_alive is false: those (400 malformed, 408, 413, 431) close */
     bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
-    char head[1024];
-    int n = snprintf(
-        head, sizeof head, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n",
-        status, status_text(status), content_type, len, extra_headers ? extra_headers : "",
-        keep ? ""
-             : (extra_headers && strstr(extra_headers, "Connection:") ? ""
-                                                                      : "Connection: close\r\n"));
-    count_status(c->s, status);
-    send_bytes(c, head, (size_t)n);
+    send_head(c, status, content_type, len, extra_headers, keep);
     if (c->req.method != HTTP_HEAD) /* HEAD: the headers alone, or the framing breaks */
         send_bytes(c, body, len);
+    if (c->busy)
+        response_done(c, keep);
+}
+
+void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
+{
+    if (c->closing && !c->sink)
+        return;
+    bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
+    send_head(c, status, NULL, 0, extra_headers, keep);
     if (c->busy)
         response_done(c, keep);
 }
@@ -688,16 +789,16 @@ void srv_respond_error(srv_conn *c, int status, const char *type, const char *me
 
 void srv_stream_begin(srv_conn *c)
 {
-    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                               "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    char cors[sizeof c->req.origin + 64], head[512];
+    cors_headers(c, cors, sizeof cors);
     /* HTTP/1.0 knows no chunked encoding: the stream ends with the connection */
-    static const char head10[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                 "Cache-Control: no-cache\r\nConnection: close\r\n\r\n";
+    int n =
+        snprintf(head, sizeof head,
+                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 "Cache-Control: no-cache\r\n%s%s\r\n",
+                 c->req.http10 ? "Connection: close\r\n" : "Transfer-Encoding: chunked\r\n", cors);
     count_status(c->s, 200);
-    if (c->req.http10)
-        send_bytes(c, head10, sizeof head10 - 1);
-    else
-        send_bytes(c, head, sizeof head - 1);
+    send_bytes(c, head, (size_t)n);
 }
 
 /* One chunk of the chunked body. */

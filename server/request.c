@@ -13,8 +13,9 @@
  * srv_respond_generation, srv_body_object, srv_only_known, srv_is_null,
  * the srv_get_* readers and the two generation APIs' shared srv_get_stops
  * and srv_get_sampling (internal/server_internal.h) to bridge.c, the API
- * files, admin.c and routes.c. Owns nothing past a call. Touches only
- * http.c's responses.
+ * files, admin.c and routes.c, and srv_secret_equal (server.h), the
+ * constant-time compare of a bearer token. Owns nothing past a call.
+ * Touches only http.c's responses.
  */
 #include "internal/server_internal.h"
 
@@ -24,6 +25,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* --- secrets ------------------------------------------------------------------- */
+
+bool srv_secret_equal(const char *given, size_t given_len, const char *want)
+{
+    size_t want_len = strnlen(want, CFG_SECRET_MAX + 1);
+    if (given_len > CFG_SECRET_MAX || want_len > CFG_SECRET_MAX)
+        return false;
+    unsigned char a[CFG_SECRET_MAX] = {0}, b[CFG_SECRET_MAX] = {0};
+    memcpy(a, given, given_len);
+    memcpy(b, want, want_len);
+    /* volatile: the compiler may not turn the loop into one that stops at
+     * the first difference */
+    volatile unsigned diff = (unsigned)(given_len ^ want_len);
+    for (size_t i = 0; i < CFG_SECRET_MAX; i++)
+        diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
+}
 
 /* --- errors and answers -------------------------------------------------------- */
 

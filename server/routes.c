@@ -4,17 +4,31 @@
  * the method is a 405, a path with none a 404. Every path under /admin/, a
  * route or not, first passes the admin gate (admin.c).
  *
+ * Two gates come before the table. A CORS preflight (OPTIONS with a listed
+ * Origin and Access-Control-Request-Method) is answered 204 at once, for
+ * any path and without the API key: a browser sends it without
+ * credentials, before the real request. With --api-key-file every other
+ * request but /health and GET / (TGI's health) wants "Authorization:
+ * Bearer KEY", or gets OpenAI's 401; the admin routes are not asked for
+ * it: they want the admin token in that same header, and a request has
+ * only one Authorization header, so the two secrets cannot both be
+ * required, and keeping them apart (as vLLM does) means the API key alone
+ * never reaches the admin routes.
+ *
  * Offers srv_route (internal/server_internal.h), which serve.c sets as
- * the hooks' on_request; owns the table and the server's own routes,
- * GET /health and GET /metrics. Touches the handlers of api_tgi.c,
- * api_openai.c and admin.c, request.c's errors, http.c's responses and
- * metrics.c's text. Nothing in server/ but serve.c calls here.
+ * the hooks' on_request; owns the table, the server's own routes (GET
+ * /health and GET /metrics) and the two gates. Touches the handlers of
+ * api_tgi.c, api_openai.c and admin.c, request.c's errors and secret
+ * compare, http.c's responses and CORS origin check, and metrics.c's text. Nothing in server/ but
+ * serve.c calls here.
  */
 #include "internal/server_internal.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* --- the server's own routes ------------------------------------------------------ */
 
@@ -89,6 +103,142 @@ static bool path_matches(const char *pattern, const char *path, char *name, size
     return true;
 }
 
+/* The methods path has rows for, appended to buf joined by sep, in the
+ * table's order; how many. */
+static int path_methods(const char *path, char *buf, size_t cap, const char *sep)
+{
+    char name[160];
+    int n = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (!path_matches(routes[i].path, path, name, sizeof name))
+            continue;
+        size_t at = strlen(buf);
+        snprintf(buf + at, cap - at, "%s%s", n ? sep : "",
+                 llhttp_method_name((llhttp_method_t)routes[i].method));
+        n++;
+    }
+    return n;
+}
+
+/* --- CORS preflights --------------------------------------------------------------- */
+
+/* How long a browser may cache a preflight's answer, in seconds. 600 is
+ * Chromium's old cap and short enough that a changed --cors-allow-origin
+ * reaches browsers within minutes (Firefox caps at 86400). */
+#define PREFLIGHT_MAX_AGE 600
+
+/* The request headers a preflight may be told are allowed beyond
+ * Authorization and Content-Type: those OpenAI's and Hugging Face's browser
+ * clients send (the OpenAI SDK's x-stainless-* ones match by prefix). */
+static bool allowed_request_header(const char *name, size_t len)
+{
+    static const char *const names[] = {
+        "accept",      "x-requested-with", "openai-organization", "openai-project",
+        "openai-beta", "x-use-cache",      "x-wait-for-model"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strlen(names[i]) == len && strncasecmp(names[i], name, len) == 0)
+            return true;
+    return len > 12 && strncasecmp(name, "x-stainless-", 12) == 0;
+}
+
+/* Access-Control-Allow-Headers' value into buf: Authorization,
+ * Content-Type, and each header the preflight asked for (a comma-separated
+ * list of tokens) that allowed_request_header takes, as the client wrote
+ * it. */
+static void allow_headers(const srv_conn *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "Authorization, Content-Type");
+    for (const char *at = c->req.cors_headers; *at;) {
+        at += strspn(at, " \t,");
+        size_t n = strcspn(at, " \t,");
+        /* a token: letters, digits and the separators header names use */
+        bool token = n > 0;
+        for (size_t i = 0; i < n && token; i++)
+            token = isalnum((unsigned char)at[i]) || at[i] == '-' || at[i] == '_';
+        size_t have = strlen(buf);
+        if (token && allowed_request_header(at, n) && have + n + 3 < cap)
+            snprintf(buf + have, cap - have, ", %.*s", (int)n, at);
+        at += n;
+    }
+}
+
+/* Whether c is a preflight this server answers: OPTIONS from a listed
+ * origin, naming the method it means to use. An OPTIONS without
+ * Access-Control-Request-Method is no preflight and goes to the table
+ * (405). */
+static bool is_preflight(const srv_conn *c)
+{
+    return c->req.method == HTTP_OPTIONS && c->req.cors_method[0] && srv_cors_origin(c);
+}
+
+static void preflight(srv_conn *c, const char *path)
+{
+    char methods[96] = "", headers[sizeof c->req.cors_headers + 32], extra[768];
+    if (path_methods(path, methods, sizeof methods, ", ") == 0)
+        snprintf(methods, sizeof methods, "GET, POST, DELETE"); /* no route: every method we use */
+    allow_headers(c, headers, sizeof headers);
+    snprintf(extra, sizeof extra,
+             "Access-Control-Allow-Methods: %s, OPTIONS\r\n"
+             "Access-Control-Allow-Headers: %s\r\n"
+             "Access-Control-Max-Age: %d\r\n",
+             methods, headers, PREFLIGHT_MAX_AGE);
+    srv_respond_empty(c, 204, extra);
+}
+
+/* --- the API key ---------------------------------------------------------------------- */
+
+/* The requests --api-key-file does not cover: the health checks (a load
+ * balancer or kubelet probes without secrets) and the admin routes (their
+ * own token, srv_admin_gate). */
+static bool key_exempt(const srv_conn *c, const char *path)
+{
+    return strcmp(path, "/health") == 0 || (strcmp(path, "/") == 0 && c->req.method == HTTP_GET) ||
+           strncmp(path, "/admin/", 7) == 0;
+}
+
+/*
+ * Whether c carries the API key, or else its 401. The body is OpenAI's, as
+ * api.openai.com sends it: {"error": {"message", "type":
+ * "invalid_request_error", "param": null, "code"}}, code "invalid_api_key"
+ * for a wrong key and null for none, so that OpenAI's SDKs raise their
+ * AuthenticationError with our message. vLLM answers {"error":
+ * "Unauthorized"}, a shape no OpenAI client reads a message from; TGI has no
+ * key. WWW-Authenticate: Bearer, as RFC 9110 11.6.1 wants with a 401.
+ */
+static bool api_key_given(srv_conn *c)
+{
+    const char *key = c->s->cfg->api_key, *h = c->req.authorization;
+    if (!key)
+        return true;
+    /* the scheme is case-insensitive (RFC 9110 11.1) */
+    bool bearer = !c->req.auth_too_long && strncasecmp(h, "Bearer ", 7) == 0;
+    const char *given = bearer ? h + 7 + strspn(h + 7, " ") : "";
+    if (bearer && srv_secret_equal(given, strlen(given), key))
+        return true;
+    bool none = !c->req.auth_too_long && !h[0];
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message",
+                            none ? "You didn't provide an API key. You need to provide your API "
+                                   "key in an Authorization header using Bearer auth (i.e. "
+                                   "Authorization: Bearer YOUR_KEY)."
+                                 : "Incorrect API key provided.");
+    cJSON_AddStringToObject(err, "type", "invalid_request_error");
+    cJSON_AddNullToObject(err, "param");
+    if (none)
+        cJSON_AddNullToObject(err, "code");
+    else
+        cJSON_AddStringToObject(err, "code", "invalid_api_key");
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) {
+        srv_fail(c, 500, "out of memory");
+        return false;
+    }
+    srv_respond(c, 401, "application/json", text, strlen(text), "WWW-Authenticate: Bearer\r\n");
+    free(text);
+    return false;
+}
+
 void srv_route(srv_conn *c)
 {
     /* the path, without the query string */
@@ -100,24 +250,25 @@ void srv_route(srv_conn *c)
     }
     memcpy(path, c->req.url, n);
     path[n] = 0;
+    if (is_preflight(c)) {
+        preflight(c, path);
+        return;
+    }
+    if (!key_exempt(c, path) && !api_key_given(c))
+        return;
     if (strncmp(path, "/admin/", 7) == 0 && !srv_admin_gate(c))
         return;
-    char name[160];        /* a {name}: one longer is no route (a srv_work holds 159) */
-    char allowed[64] = ""; /* the methods path has, for the 405 */
-    int n_allowed = 0;
+    char name[160]; /* a {name}: one longer is no route (a srv_work holds 159) */
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         bool has_name = strstr(routes[i].path, "{name}") != NULL;
-        if (!path_matches(routes[i].path, path, name, sizeof name))
-            continue;
-        if (routes[i].method == c->req.method) {
+        if (routes[i].method == c->req.method &&
+            path_matches(routes[i].path, path, name, sizeof name)) {
             routes[i].handler(c, has_name ? name : NULL);
             return;
         }
-        size_t at = strlen(allowed);
-        snprintf(allowed + at, sizeof allowed - at, "%s%s", n_allowed ? " or " : "",
-                 llhttp_method_name((llhttp_method_t)routes[i].method));
-        n_allowed++;
     }
+    char allowed[64] = ""; /* the methods path has, for the 405 */
+    int n_allowed = path_methods(path, allowed, sizeof allowed, " or ");
     if (n_allowed == 0)
         srv_fail(c, 404, "no route %s", path);
     else

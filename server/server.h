@@ -20,7 +20,8 @@
  *                 /info, their request fields in and JSON/SSE out;
  *   api_openai.c  OpenAI: /v1/completions, /v1/models, likewise;
  *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state);
- *   routes.c      the route table, /health and /metrics;
+ *   routes.c      the route table, /health and /metrics, the API key
+ *                 gate and CORS preflights;
  *   serve.c       setup (the hooks), the loop, the model loaded off the
  *                 loop, signals and the graceful drain.
  * What they share and nobody else needs is in internal/server_internal.h.
@@ -84,6 +85,14 @@ typedef struct srv_request {
     size_t body_len;
     char authorization[512];
     bool auth_too_long;
+    /* CORS (routes.c and http.c read them): Origin, and a preflight's
+     * Access-Control-Request-Method and -Headers; "" when absent. A value
+     * too long for its field sets cors_too_long, and the request is then
+     * answered without CORS headers. */
+    char origin[256];
+    char cors_method[32];
+    char cors_headers[512];
+    bool cors_too_long;
     bool expect_continue; /* Expect: 100-continue (curl sends it for bodies over 1 KiB) */
     bool keep_alive;
     bool http10; /* an HTTP/1.0 client: no chunked encoding, no 100-continue */
@@ -98,7 +107,7 @@ struct srv_conn {
     char hfield[64]; /* the header name being read (only ones we use) */
     size_t hfield_len;
     bool hfield_long;    /* longer than any header we use */
-    int hwant;           /* which header's value is being read: 1 authorization, 2 expect */
+    int hwant;           /* which kept header's value is being read (http.c's H_*) */
     char hvalue[32];     /* the value of Expect */
     size_t header_bytes; /* url + fields + values of this request */
     char *pending;       /* bytes read but not yet parsed (while a request is answered) */
@@ -177,6 +186,14 @@ struct srv_server {
     uint64_t oai_serial;
     int exit_code;
 };
+
+/* Whether given[0, given_len) is the secret want (NUL-terminated, at most
+ * CFG_SECRET_MAX bytes; config refuses a longer API key). Its time depends
+ * on neither where the two first differ nor, beyond copying want into a
+ * fixed buffer, want's length: both are zero-padded to CFG_SECRET_MAX bytes
+ * and every byte compared (request.c). A longer given is false at once: its
+ * length is the client's own. */
+bool srv_secret_equal(const char *given, size_t given_len, const char *want);
 
 /* Run `qlserve serve` with cfg until a signal drains it; the exit status. */
 int srv_serve(const cfg_serve *cfg);

@@ -585,3 +585,162 @@ Test(config, free_leaves_a_hand_built_struct_alone)
     cfg_serve_free(NULL);
     cr_assert_str_eq(c.host, "127.0.0.1");
 }
+
+/* --- the API key and CORS ------------------------------------------------------------ */
+
+Test(config, api_key_from_its_file_the_config_file_or_the_environment)
+{
+    char key[600], path[600], json[1400];
+    cfg_serve c;
+    write_file("key", "sk-from-file \r\nsecond line\n", key, sizeof key);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", key), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.api_key, "sk-from-file");
+    cr_assert_null(c.admin_token);
+    cfg_serve_free(&c);
+
+    snprintf(json, sizeof json, "{\"api_key_file\": \"%s\"}", key);
+    write_file("c.json", json, path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.api_key, "sk-from-file");
+    cfg_serve_free(&c);
+
+    setenv("QLSERVE_API_KEY", "sk-from-env", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", key), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.api_key, "sk-from-env");
+    cfg_serve_free(&c);
+    unsetenv("QLSERVE_API_KEY");
+
+    setenv("QLSERVE_API_KEY_FILE", key, 1);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.api_key, "sk-from-file");
+    cfg_serve_free(&c);
+    setenv("QLSERVE_API_KEY", "x", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
+    ASSERT_MSG_HAS("QLSERVE_API_KEY and QLSERVE_API_KEY_FILE are both set");
+}
+
+Test(config, bad_api_key_files_refused_by_name_without_showing_the_key)
+{
+    char path[600];
+    cfg_serve c;
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"", "the file is empty; its first line must be the API key"},
+        {"\nsk-on-line-two\n", "the API key is empty"},
+        {"sk-bad\x07key\n", "the API key holds a space or control character"},
+        {"sk bad key\n", "the API key holds a space or control character"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_file("key", bad[i].text, path, sizeof path);
+        cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", path), QL_EUSAGE, "%zu", i);
+        ASSERT_MSG_HAS("--api-key-file");
+        ASSERT_MSG_HAS(path);
+        ASSERT_MSG_HAS(bad[i].needle);
+        cr_assert_null(strstr(msg, "sk-"), "the message shows the key: %s", msg);
+    }
+    snprintf(path, sizeof path, "%s/no-key", dir);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", path), QL_EUSAGE);
+    ASSERT_MSG_HAS(path);
+    ASSERT_MSG_HAS("cannot read the API key: No such file");
+
+    /* one byte over CFG_SECRET_MAX; exactly CFG_SECRET_MAX is fine */
+    char key[CFG_SECRET_MAX + 2];
+    memset(key, 'k', sizeof key);
+    key[CFG_SECRET_MAX + 1] = 0;
+    write_file("key", key, path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", path), QL_EUSAGE);
+    ASSERT_MSG_HAS("at most 256");
+    key[CFG_SECRET_MAX] = 0;
+    write_file("key", key, path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", path), QL_OK, "%s", msg);
+    cr_assert_eq(strlen(c.api_key), CFG_SECRET_MAX);
+    cfg_serve_free(&c);
+
+    setenv("QLSERVE_API_KEY", "", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
+    ASSERT_MSG_HAS("QLSERVE_API_KEY: the API key is empty");
+}
+
+Test(config, api_key_in_the_config_file_refused)
+{
+    char path[600];
+    write_file("c.json", "{\"api-key\": \"sk-hunter2\"}", path, sizeof path);
+    cfg_serve c;
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
+    ASSERT_MSG_HAS("\"api-key\" is refused");
+    ASSERT_MSG_HAS("api-key-file");
+    ASSERT_MSG_HAS("QLSERVE_API_KEY");
+    cr_assert_null(strstr(msg, "hunter2"), "the message shows the secret: %s", msg);
+}
+
+Test(config, an_api_key_equal_to_the_admin_token_refused)
+{
+    char path[600];
+    write_file("key", "same-secret\n", path, sizeof path);
+    setenv("QLSERVE_ADMIN_TOKEN", "same-secret", 1);
+    cfg_serve c;
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", path), QL_EUSAGE);
+    ASSERT_MSG_HAS("the API key and the admin token are the same");
+    cr_assert_null(strstr(msg, "same-secret"), "%s", msg);
+    setenv("QLSERVE_ADMIN_TOKEN", "other-secret", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--api-key-file", path), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.api_key, "same-secret");
+    cr_assert_str_eq(c.admin_token, "other-secret");
+    cfg_serve_free(&c);
+}
+
+Test(config, cors_origins_from_every_layer_and_checked)
+{
+    char path[600];
+    cfg_serve c;
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_OK, "%s", msg);
+    cr_assert_null(c.cors_allow_origin);
+    cfg_serve_free(&c);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--cors-allow-origin",
+                       "https://a.example, http://localhost:5173,*"),
+                 QL_OK, "%s", msg);
+    cr_assert_str_eq(c.cors_allow_origin, "https://a.example, http://localhost:5173,*");
+    cfg_serve_free(&c);
+    write_file("c.json", "{\"cors_allow_origin\": \"https://from-file.example\"}", path,
+               sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.cors_allow_origin, "https://from-file.example");
+    cfg_serve_free(&c);
+    setenv("QLSERVE_CORS_ALLOW_ORIGIN", "*", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.cors_allow_origin, "*");
+    cfg_serve_free(&c);
+    unsetenv("QLSERVE_CORS_ALLOW_ORIGIN");
+
+    static char *bad[] = {"https://a.example/",
+                          "https://a.example/app",
+                          "null",
+                          "a.example",
+                          "https://",
+                          "ftp://a",
+                          "https://a.example,",
+                          ",https://a.example",
+                          "https://*.a"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(PARSE(&c, "--model", "m", "--cors-allow-origin", bad[i]), QL_EUSAGE, "%s",
+                     bad[i]);
+        ASSERT_MSG_HAS("--cors-allow-origin");
+        ASSERT_MSG_HAS("is not an origin");
+    }
+    write_file("c.json", "{\"cors-allow-origin\": \"https://x.example/\"}", path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
+    ASSERT_MSG_HAS(path);
+    ASSERT_MSG_HAS("\"https://x.example/\" is not an origin");
+}
+
+Test(config, help_names_the_api_key_and_cors_forms)
+{
+    char *text = usage_of("serve");
+    static const char *const wanted[] = {
+        "--api-key-file ",      "config \"api-key-file\"", "QLSERVE_API_KEY_FILE",
+        "env QLSERVE_API_KEY:", "--cors-allow-origin ",    "QLSERVE_CORS_ALLOW_ORIGIN"};
+    for (size_t i = 0; i < sizeof wanted / sizeof *wanted; i++)
+        cr_assert(strstr(text, wanted[i]), "no %s in:\n%s", wanted[i], text);
+    free(text);
+}

@@ -59,6 +59,15 @@ void srv_stop_accepting(srv_server *s);
 void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
                  const char *extra_headers);
 void srv_respond_json(srv_conn *c, int status, const char *json);
+/* A response without a body (a 204: no Content-Type, no Content-Length). */
+void srv_respond_empty(srv_conn *c, int status, const char *extra_headers);
+/* What Access-Control-Allow-Origin says to c's request: its Origin when
+ * that is listed in --cors-allow-origin (exact match), "*" when the list
+ * holds *, NULL when there is no Origin, no list, or the origin is not in
+ * it. Every response to a non-NULL one carries it; while the list is set,
+ * every response carries Vary: Origin. Points
+ * into c->req or the config; lives until the response ends. */
+const char *srv_cors_origin(const srv_conn *c);
 /* {"error": {"type": ..., "message": ...}} with status. */
 void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,
                        const char *extra_headers);
@@ -288,9 +297,12 @@ srv_handler srv_admin_unmerge; /* POST /admin/adapters/{name}/unmerge */
 
 /* --- routes (routes.c) ------------------------------------------------------- */
 
-/* Answer c's complete request (c->req): the route table's row for its
- * path and method, 405 when the path has rows but not for the method, 404
- * when it has none. The hooks' on_request. */
+/* Answer c's complete request (c->req): a CORS preflight from a listed
+ * origin with 204; without the API key (when one is configured; not for
+ * /health, GET / or the admin routes, which have their own token) 401;
+ * else the route table's row for its path and method, 405 when the path
+ * has rows but not for the method, 404 when it has none. The hooks'
+ * on_request. */
 void srv_route(srv_conn *c);
 
 #endif

@@ -1,0 +1,458 @@
+/*
+ * test_server_auth.c - the API key (--api-key-file) and CORS
+ * (--cors-allow-origin) end to end: the real binary on a tiny random
+ * model, spoken to over TCP (tests/server_process.h), plus the
+ * constant-time compare (srv_secret_equal) on its own.
+ *
+ * What is pinned: with a key, /health and GET / answer anyone and every
+ * other route (streams, /metrics, an unknown path) answers 401 in OpenAI's
+ * shape with WWW-Authenticate: Bearer until the right key comes; the admin
+ * routes want the admin token, never the API key; a key file that is empty
+ * or holds a control character stops the server with a message naming the
+ * file. A listed origin gets Access-Control-Allow-Origin and Vary: Origin on
+ * every answer (a 401 and a stream too), an unlisted one none; a preflight
+ * from a listed origin is a 204 without the key, naming the route's
+ * methods and the allowed headers it asked for; "*" lets any origin in;
+ * without the flag an OPTIONS is the 405 it always was.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "http_client.h"
+#include "server.h"
+#include "server_process.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+static char dir[512];
+static char model_dir[600];
+static char log_path[600];
+static char key_file[600];
+static char token_file[600];
+
+#define KEY         "sk-qlserve-test-key-0123456789"
+#define ADMIN_TOKEN "admin-s3cret"
+#define WITH_KEY    "Authorization: Bearer " KEY "\r\n"
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
+    snprintf(log_path, sizeof log_path, "%s/server.log", dir);
+    snprintf(key_file, sizeof key_file, "%s/api-key", dir);
+    snprintf(token_file, sizeof token_file, "%s/admin-token", dir);
+    cr_assert_eq(mkdir(model_dir, 0700), 0);
+    tiny_spec spec = tiny_default();
+    tiny_write_hf(model_dir, &spec);
+}
+
+static void teardown(void)
+{
+    sp_kill();
+    test_rmtree(dir);
+}
+
+TestSuite(auth, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(cors, .init = setup, .fini = teardown, .timeout = 300);
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+}
+
+/* The server with the flags in extra (NULL-terminated) after the usual
+ * ones; returns once /health says 200. */
+static void start(const char *const *extra)
+{
+    const char *argv[32] = {QL_BINARY, "serve",     "--model", model_dir,  "--port",
+                            "0",       "--threads", "2",       "--kv-mib", "16"};
+    size_t n = 10;
+    for (size_t i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    sp_spawn(argv, log_path);
+    sp_wait_ready();
+}
+
+static hc_response request(const char *method, const char *path, const char *headers,
+                           const char *body)
+{
+    hc_response r;
+    cr_assert(hc_request(sp.port, method, path, headers, body, &r), "%s %s: no response", method,
+              path);
+    return r;
+}
+
+/* r is OpenAI's 401: code "invalid_api_key" (wrong key) or null (none). */
+static void expect_key_refused(hc_response *r, bool none, const char *what)
+{
+    cr_assert_eq(r->status, 401, "%s: %d %s", what, r->status, r->body);
+    char v[64];
+    cr_assert(hc_header(r, "WWW-Authenticate", v, sizeof v), "%s: no WWW-Authenticate", what);
+    cr_assert_str_eq(v, "Bearer");
+    cJSON *j = sp_json(r->body);
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+    cr_assert(cJSON_IsObject(err), "%s: %s", what, r->body);
+    cr_assert_str_eq(sp_str_at(err, "type"), "invalid_request_error", "%s", what);
+    cr_assert(strlen(sp_str_at(err, "message")) > 10, "%s", what);
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(err, "param")), "%s", what);
+    const cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
+    if (none) {
+        cr_assert(cJSON_IsNull(code), "%s: %s", what, r->body);
+        cr_assert(strstr(sp_str_at(err, "message"), "didn't provide an API key"), "%s", what);
+    } else {
+        cr_assert(cJSON_IsString(code) && strcmp(code->valuestring, "invalid_api_key") == 0,
+                  "%s: %s", what, r->body);
+    }
+    cr_assert_eq(cJSON_GetArraySize(err), 4, "%s: %s", what, r->body);
+    cJSON_Delete(j);
+}
+
+static const char completion[] = "{\"prompt\": \"Hi\", \"max_tokens\": 2}";
+static const char generation[] = "{\"inputs\": \"Hi\", \"parameters\": {\"max_new_tokens\": 2}}";
+
+/* --- the constant-time compare ------------------------------------------------------ */
+
+Test(secret, equal_only_when_every_byte_and_the_length_agree)
+{
+    cr_assert(srv_secret_equal("abc", 3, "abc"));
+    cr_assert_not(srv_secret_equal("abd", 3, "abc"));
+    cr_assert_not(srv_secret_equal("xbc", 3, "abc"));
+    cr_assert_not(srv_secret_equal("ab", 2, "abc"));    /* a prefix */
+    cr_assert_not(srv_secret_equal("abcd", 4, "abc"));  /* longer */
+    cr_assert_not(srv_secret_equal("abc\0", 4, "abc")); /* a NUL past the key */
+    cr_assert_not(srv_secret_equal("", 0, "abc"));
+    cr_assert(srv_secret_equal("abc", 2, "ab")); /* only given_len bytes count */
+    char longest[CFG_SECRET_MAX + 2];
+    memset(longest, 'k', sizeof longest);
+    longest[CFG_SECRET_MAX] = 0;
+    cr_assert(srv_secret_equal(longest, CFG_SECRET_MAX, longest));
+    char other[CFG_SECRET_MAX + 1];
+    memcpy(other, longest, sizeof other);
+    other[CFG_SECRET_MAX - 1] = 'j'; /* the last byte differs */
+    cr_assert_not(srv_secret_equal(other, CFG_SECRET_MAX, longest));
+    longest[CFG_SECRET_MAX] = 'k'; /* one over the limit, on either side */
+    longest[CFG_SECRET_MAX + 1] = 0;
+    cr_assert_not(srv_secret_equal(longest, CFG_SECRET_MAX + 1, longest));
+    cr_assert_not(srv_secret_equal("k", 1, longest));
+}
+
+/* --- the API key --------------------------------------------------------------------- */
+
+Test(auth, health_is_open_and_every_other_route_wants_the_key)
+{
+    write_text(key_file, KEY "\n");
+    start((const char *[]){"--api-key-file", key_file, NULL});
+    hc_response r = request("GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    r = request("GET", "/", NULL, NULL);
+    cr_assert_eq(r.status, 200, "GET / is TGI's health: %s", r.body);
+    hc_response_free(&r);
+
+    static const struct {
+        const char *method, *path, *body;
+    } routes[] = {
+        {"GET", "/v1/models", NULL},
+        {"GET", "/info", NULL},
+        {"GET", "/metrics", NULL},
+        {"POST", "/v1/completions", completion},
+        {"POST", "/generate", generation},
+        {"POST", "/", generation},
+        {"POST", "/tokenize", "{\"inputs\": \"Hi\"}"},
+        {"GET", "/no/such/route", NULL}, /* 401 before 404: no key, no map of the routes */
+        {"POST", "/health", NULL},       /* the 405 is open, as /health is */
+    };
+    static const char *const wrong[] = {
+        "Authorization: Bearer sk-qlserve-test-key-012345678\r\n",   /* one short */
+        "Authorization: Bearer sk-qlserve-test-key-01234567890\r\n", /* one more */
+        "Authorization: Bearer sk-qlserve-test-key-0123456788\r\n",  /* the last differs */
+        "Authorization: Basic " KEY "\r\n",                          /* not Bearer */
+        "Authorization: Bearer " ADMIN_TOKEN "\r\n",
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s %s", routes[i].method, routes[i].path);
+        bool open = strcmp(routes[i].path, "/health") == 0;
+        r = request(routes[i].method, routes[i].path, NULL, routes[i].body);
+        if (open)
+            cr_assert_eq(r.status, 405, "%s: %d", what, r.status);
+        else
+            expect_key_refused(&r, true, what);
+        hc_response_free(&r);
+        for (size_t k = 0; k < sizeof wrong / sizeof *wrong && !open; k++) {
+            r = request(routes[i].method, routes[i].path, wrong[k], routes[i].body);
+            expect_key_refused(&r, false, what);
+            hc_response_free(&r);
+        }
+        r = request(routes[i].method, routes[i].path, WITH_KEY, routes[i].body);
+        int want = strcmp(routes[i].path, "/no/such/route") == 0 ? 404 : open ? 405 : 200;
+        cr_assert_eq(r.status, want, "%s with the key: %d %s", what, r.status, r.body);
+        hc_response_free(&r);
+    }
+    /* the scheme is case-insensitive */
+    r = request("GET", "/v1/models", "Authorization: bearer " KEY "\r\n", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+Test(auth, streams_want_the_key_too)
+{
+    write_text(key_file, KEY);
+    start((const char *[]){"--api-key-file", key_file, NULL});
+    hc_response r = request("POST", "/generate_stream", NULL, generation);
+    expect_key_refused(&r, true, "/generate_stream");
+    hc_response_free(&r);
+    r = request("POST", "/v1/completions", "Authorization: Bearer nope\r\n",
+                "{\"prompt\": \"Hi\", \"max_tokens\": 2, \"stream\": true}");
+    expect_key_refused(&r, false, "/v1/completions stream");
+    hc_response_free(&r);
+
+    hc_conn c;
+    r = (hc_response){0};
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", "/generate_stream", WITH_KEY, generation));
+    cr_assert(hc_read_head(&c, &r));
+    cr_assert_eq(r.status, 200);
+    int events = 0;
+    for (char *ev; (ev = hc_next_event(&c, &r)); events++)
+        free(ev);
+    cr_assert_geq(events, 1, "the stream carries its tokens");
+    cr_assert(r.body_done);
+    hc_response_free(&r);
+    hc_close(&c);
+    sp_stop_cleanly();
+}
+
+Test(auth, admin_routes_want_the_admin_token_not_the_api_key)
+{
+    write_text(key_file, KEY "\n");
+    write_text(token_file, ADMIN_TOKEN "\n");
+    start((const char *[]){"--api-key-file", key_file, "--admin-token-file", token_file, NULL});
+    hc_response r = request("GET", "/admin/state", WITH_KEY, NULL);
+    cr_assert_eq(r.status, 401, "the API key is no admin token: %s", r.body);
+    cr_assert(strstr(r.body, "admin bearer token"), "%s", r.body);
+    hc_response_free(&r);
+    r = request("GET", "/admin/state", "Authorization: Bearer " ADMIN_TOKEN "\r\n", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    r = request("GET", "/v1/models", "Authorization: Bearer " ADMIN_TOKEN "\r\n", NULL);
+    expect_key_refused(&r, false, "the admin token is no API key");
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+Test(auth, without_an_admin_token_admin_stays_loopback_only_and_key_free)
+{
+    write_text(key_file, KEY "\n");
+    start((const char *[]){"--api-key-file", key_file, NULL});
+    hc_response r = request("GET", "/admin/adapters", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+/* The server exits at start with status 2 and a message naming the file
+ * and what is wrong with it. */
+static void expect_refused_at_start(const char *file_text, const char *needle)
+{
+    if (file_text)
+        write_text(key_file, file_text);
+    const char *argv[] = {QL_BINARY, "serve",          "--model", model_dir, "--port",
+                          "0",       "--api-key-file", key_file,  NULL};
+    sp_spawn(argv, log_path);
+    int st = 0;
+    cr_assert_eq(waitpid(sp.pid, &st, 0), sp.pid);
+    sp.pid = -1;
+    char *log = sp_read_log();
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "it served: %s", log);
+    cr_assert(strstr(log, key_file), "the message does not name %s: %s", key_file, log);
+    cr_assert(strstr(log, needle), "wanted \"%s\": %s", needle, log);
+    cr_assert_null(strstr(log, "listening"), "%s", log);
+    free(log);
+}
+
+Test(auth, a_bad_key_file_stops_the_server_naming_it)
+{
+    expect_refused_at_start("", "the file is empty");
+    expect_refused_at_start("\n", "the API key is empty");
+    expect_refused_at_start("sk-with\x01"
+                            "control\n",
+                            "control character");
+    expect_refused_at_start("sk with space\n", "space or control character");
+    unlink(key_file);
+    expect_refused_at_start(NULL, "cannot read the API key");
+}
+
+/* --- CORS ---------------------------------------------------------------------------- */
+
+/* r's Access-Control-Allow-Origin is want (NULL: absent); Vary: Origin
+ * when there is one, or when vary (the flag is set: every answer varies
+ * by origin, listed or not). */
+static void expect_cors(const hc_response *r, const char *want, bool vary, const char *what)
+{
+    char v[300];
+    bool has = hc_header(r, "Access-Control-Allow-Origin", v, sizeof v);
+    if (!want) {
+        cr_assert_not(has, "%s: Access-Control-Allow-Origin: %s", what, v);
+        if (vary) {
+            cr_assert(hc_header(r, "Vary", v, sizeof v), "%s: no Vary", what);
+            cr_assert_str_eq(v, "Origin", "%s", what);
+        } else {
+            cr_assert_not(hc_header(r, "Vary", v, sizeof v), "%s: Vary: %s", what, v);
+        }
+        return;
+    }
+    cr_assert(has, "%s: no Access-Control-Allow-Origin in %s", what, r->head);
+    cr_assert_str_eq(v, want, "%s", what);
+    cr_assert(hc_header(r, "Vary", v, sizeof v), "%s: no Vary", what);
+    cr_assert_str_eq(v, "Origin", "%s", what);
+}
+
+static void expect_allow_origin(const hc_response *r, const char *want, const char *what)
+{
+    expect_cors(r, want, true, what);
+}
+
+static hc_response preflight(const char *path, const char *origin, const char *method,
+                             const char *asked)
+{
+    char headers[1024];
+    snprintf(headers, sizeof headers, "Origin: %s\r\nAccess-Control-Request-Method: %s\r\n%s%s%s",
+             origin, method, asked ? "Access-Control-Request-Headers: " : "", asked ? asked : "",
+             asked ? "\r\n" : "");
+    return request("OPTIONS", path, headers, NULL);
+}
+
+static void expect_header(const hc_response *r, const char *name, const char *want)
+{
+    char v[600];
+    cr_assert(hc_header(r, name, v, sizeof v), "no %s in %s", name, r->head);
+    cr_assert_str_eq(v, want, "%s", name);
+}
+
+Test(cors, listed_origins_get_the_headers_and_preflights_need_no_key)
+{
+    write_text(key_file, KEY "\n");
+    start((const char *[]){"--api-key-file", key_file, "--cors-allow-origin",
+                           "https://app.example, http://localhost:5173", NULL});
+    static const char app[] = "Origin: https://app.example\r\n";
+    hc_response r = request("GET", "/health", app, NULL);
+    cr_assert_eq(r.status, 200);
+    expect_allow_origin(&r, "https://app.example", "GET /health");
+    hc_response_free(&r);
+    r = request("GET", "/v1/models", "Origin: http://localhost:5173\r\n" WITH_KEY, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    expect_allow_origin(&r, "http://localhost:5173", "the second origin");
+    hc_response_free(&r);
+    /* the 401 too, so that the page can read why */
+    r = request("GET", "/v1/models", app, NULL);
+    expect_key_refused(&r, true, "listed origin, no key");
+    expect_allow_origin(&r, "https://app.example", "the 401");
+    hc_response_free(&r);
+    static const char *const unlisted[] = {"Origin: https://evil.example\r\n",
+                                           "Origin: https://app.example.evil\r\n",
+                                           "Origin: https://app.exampl\r\n",
+                                           "Origin: http://app.example\r\n",
+                                           "Origin: null\r\n",
+                                           NULL};
+    for (size_t i = 0; unlisted[i]; i++) {
+        r = request("GET", "/health", unlisted[i], NULL);
+        expect_allow_origin(&r, NULL, unlisted[i]);
+        hc_response_free(&r);
+    }
+    r = request("GET", "/health", NULL, NULL);
+    expect_allow_origin(&r, NULL, "no Origin");
+    hc_response_free(&r);
+
+    /* a preflight: no key, a 204 without a body */
+    r = preflight("/v1/chat/completions", "https://app.example", "POST",
+                  "authorization, content-type, x-stainless-os,X-Evil, openai-beta");
+    cr_assert_eq(r.status, 204, "%s", r.head);
+    char v[64];
+    cr_assert_not(hc_header(&r, "Content-Length", v, sizeof v), "a 204 has no Content-Length");
+    expect_allow_origin(&r, "https://app.example", "the preflight");
+    expect_header(&r, "Access-Control-Allow-Methods", "POST, OPTIONS");
+    expect_header(&r, "Access-Control-Allow-Headers",
+                  "Authorization, Content-Type, x-stainless-os, openai-beta");
+    expect_header(&r, "Access-Control-Max-Age", "600");
+    hc_response_free(&r);
+    r = preflight("/admin/adapters/alpha", "https://app.example", "DELETE", NULL);
+    cr_assert_eq(r.status, 204);
+    expect_header(&r, "Access-Control-Allow-Methods", "DELETE, OPTIONS");
+    expect_header(&r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    hc_response_free(&r);
+    r = preflight("/admin/adapters", "https://app.example", "POST", NULL);
+    expect_header(&r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    hc_response_free(&r);
+    r = preflight("/not/a/route", "https://app.example", "POST", NULL);
+    cr_assert_eq(r.status, 204);
+    expect_header(&r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+    hc_response_free(&r);
+    /* an unlisted origin's preflight is an OPTIONS like any other */
+    r = preflight("/v1/chat/completions", "https://evil.example", "POST", NULL);
+    expect_key_refused(&r, true, "an unlisted preflight");
+    expect_allow_origin(&r, NULL, "an unlisted preflight");
+    hc_response_free(&r);
+
+    /* a stream to a listed origin */
+    hc_conn c;
+    r = (hc_response){0};
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", "/generate_stream",
+                              "Origin: https://app.example\r\n" WITH_KEY, generation));
+    cr_assert(hc_read_head(&c, &r));
+    cr_assert_eq(r.status, 200);
+    expect_allow_origin(&r, "https://app.example", "the stream");
+    for (char *ev; (ev = hc_next_event(&c, &r));)
+        free(ev);
+    cr_assert(r.body_done);
+    hc_response_free(&r);
+    hc_close(&c);
+    sp_stop_cleanly();
+}
+
+Test(cors, a_star_lets_every_origin_in)
+{
+    start((const char *[]){"--cors-allow-origin", "*", NULL});
+    hc_response r = request("GET", "/v1/models", "Origin: https://anywhere.example\r\n", NULL);
+    cr_assert_eq(r.status, 200);
+    expect_allow_origin(&r, "*", "*");
+    hc_response_free(&r);
+    r = preflight("/generate", "http://127.0.0.1:3000", "POST", "content-type");
+    cr_assert_eq(r.status, 204);
+    expect_allow_origin(&r, "*", "a * preflight");
+    /* asked for one already allowed: not repeated */
+    expect_header(&r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    hc_response_free(&r);
+    /* OPTIONS that is no preflight (no Access-Control-Request-Method) */
+    r = request("OPTIONS", "/generate", "Origin: https://anywhere.example\r\n", NULL);
+    cr_assert_eq(r.status, 405, "%s", r.body);
+    expect_allow_origin(&r, "*", "a plain OPTIONS");
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+Test(cors, without_the_flag_nothing_changes)
+{
+    start(NULL);
+    hc_response r = request("GET", "/v1/models", "Origin: https://app.example\r\n", NULL);
+    cr_assert_eq(r.status, 200, "no key configured: open");
+    expect_cors(&r, NULL, false, "no --cors-allow-origin");
+    hc_response_free(&r);
+    r = preflight("/v1/completions", "https://app.example", "POST", "authorization");
+    cr_assert_eq(r.status, 405, "%s", r.body);
+    expect_cors(&r, NULL, false, "preflight without the flag");
+    hc_response_free(&r);
+    r = preflight("/nowhere", "https://app.example", "POST", NULL);
+    cr_assert_eq(r.status, 404, "%s", r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
