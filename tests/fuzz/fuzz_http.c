@@ -2,7 +2,8 @@
  * fuzz_http.c - libFuzzer target for the HTTP request path: llhttp's
  * callbacks in http.c (limits, pipelining, refusals), the router in
  * routes.c (reached through the hooks srv_conn_init_detached sets, as
- * `qlserve serve` sets them), and the body validation the handlers do
+ * `qlserve serve` sets them; the API key and CORS gates among them), and
+ * the body validation the handlers do
  * with request.c's field readers, on a server with no model (the state
  * `qlserve serve` is in while it loads, or once it drains). No socket, no
  * loop, no thread: the bytes go through a detached connection whose sink
@@ -35,6 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FLAG_DRAINING     0x02 /* the server is shutting down */
 #define FLAG_TINY_LIMITS  0x04 /* header and body limits small enough to hit */
 #define FLAG_NOT_LOOPBACK 0x08 /* the client is remote: admin needs the token */
+#define FLAG_API_KEY      0x10 /* an API key is configured: every route but health needs it */
+#define FLAG_CORS         0x20 /* browsers from two origins: CORS headers and preflights */
 
 #define N_CUTS      7
 #define HEADER_SIZE (1 + N_CUTS)
@@ -114,14 +117,23 @@ static void sink(srv_conn *c, const char *data, size_t len)
     }
     if (!known_status(status))
         abort();
+    const char *conn = header(data, len, "Connection");
+    w->closes = conn && strncmp(conn, "close", 5) == 0;
+    if (status == 204) {
+        /* a preflight's answer: a head alone, no length and no type */
+        if (header(data, len, "Content-Length") || header(data, len, "Content-Type"))
+            abort();
+        w->want_body = false;
+        w->closed = w->closes;
+        w->answers++;
+        return;
+    }
     const char *cl = header(data, len, "Content-Length");
     const char *ct = header(data, len, "Content-Type");
     if (!cl || !ct)
         abort();
     w->body_len = strtoul(cl, NULL, 10);
     w->json = strncmp(ct, "application/json", 16) == 0;
-    const char *conn = header(data, len, "Connection");
-    w->closes = conn && strncmp(conn, "close", 5) == 0;
     /* the answer to HEAD has no body (RFC 9110 9.3.2); its length is still said */
     w->want_body = c->req.method != HTTP_HEAD;
     w->closed = w->closes && !w->want_body;
@@ -140,6 +152,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg_serve cfg = {
         .host = "127.0.0.1",
         .admin_token = (flags & FLAG_ADMIN_TOKEN) ? "fuzz-admin-token" : NULL,
+        .api_key = (flags & FLAG_API_KEY) ? "fuzz-api-key" : NULL,
+        .cors_allow_origin =
+            (flags & FLAG_CORS) ? "https://app.example.com,http://localhost:5173" : NULL,
         .kv_mib = 16,
         .max_running = 4,
         .max_queued = 8,
