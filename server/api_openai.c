@@ -72,6 +72,15 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
         srv_fail(c, 400, "\"logprobs\" is not supported by this server");
         return false;
     }
+    /* fields that would change the answer are refused, not ignored */
+    int64_t best_of = 1;
+    if (!srv_get_int(c, root, "best_of", 1, 1, &best_of, NULL))
+        return false;
+    const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+    if (!srv_is_null(suffix) && !(cJSON_IsString(suffix) && suffix->valuestring[0] == 0)) {
+        srv_fail(c, 400, "\"suffix\" (insertion) is not supported by this server");
+        return false;
+    }
     if (!srv_oai_stream_options(c, root, a))
         return false;
     a->return_full_text = echo;

@@ -436,3 +436,30 @@ Test(chat, chat_tokenize_shows_the_rendered_text_and_its_tokens)
     free(text);
     sp_stop_cleanly();
 }
+
+Test(chat, completions_refuse_suffix_and_best_of_rather_than_ignore_them)
+{
+    start_with_template(NULL);
+    const char *bodies[][2] = {
+        {"{\"prompt\": \"a\", \"suffix\": \"z\"}", "\"suffix\" (insertion) is not supported"},
+        {"{\"prompt\": \"a\", \"best_of\": 3}", "best_of"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        int status;
+        char *text = sp_answer("/v1/completions", bodies[i][0], &status);
+        cr_assert_eq(status, 400, "%s -> %d %s", bodies[i][0], status, text);
+        cJSON *j = sp_json(text);
+        const char *m = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
+        cr_assert(strstr(m, bodies[i][1]), "%s -> %s", bodies[i][0], m);
+        cJSON_Delete(j);
+        free(text);
+    }
+    /* their neutral values are accepted */
+    int status;
+    char *text = sp_answer(
+        "/v1/completions",
+        "{\"prompt\": \"a\", \"suffix\": null, \"best_of\": 1, \"max_tokens\": 1}", &status);
+    cr_assert_eq(status, 200, "%s", text);
+    free(text);
+    sp_stop_cleanly();
+}
