@@ -123,26 +123,41 @@ static inline void sp_wait_ready(void)
     }
 }
 
-/* SIGTERM; the server exits 0 and its log holds no sanitizer report. */
-static inline void sp_stop_cleanly(void)
+/* Signal the server; its exit status once it exits (-1: killed by a
+ * signal, or still running after half a minute, then killed). */
+static inline int sp_stop(int sig)
 {
     cr_assert_gt(sp.pid, 0);
-    kill(sp.pid, SIGTERM);
-    int code = -1;
+    kill(sp.pid, sig);
     for (int tries = 0; tries < 3000; tries++) {
         int st;
         if (waitpid(sp.pid, &st, WNOHANG) == sp.pid) {
             sp.pid = -1;
-            code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-            break;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
         }
         test_sleep_ms(10);
     }
+    sp_kill();
+    return -1;
+}
+
+/* The server's log holds no sanitizer report (a build with QL_SANITIZE
+ * runs the server under AddressSanitizer and UBSan). */
+static inline void sp_check_log_clean(void)
+{
     char *log = sp_read_log();
-    cr_assert_eq(code, 0, "exit status %d: %s", code, log);
     cr_assert_null(strstr(log, "Sanitizer"), "%s", log);
     cr_assert_null(strstr(log, "runtime error"), "%s", log);
     free(log);
+}
+
+/* The end of a test: SIGTERM drains the server, it exits 0 and its log
+ * holds no sanitizer report. */
+static inline void sp_stop_cleanly(void)
+{
+    int code = sp_stop(SIGTERM);
+    cr_assert_eq(code, 0, "exit status %d: %s", code, sp_read_log());
+    sp_check_log_clean();
 }
 
 /* --- requests ----------------------------------------------------------------- */

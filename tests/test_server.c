@@ -37,17 +37,14 @@
 
 #include "http_client.h"
 #include "lora_fixture.h"
+#include "server_process.h"
 #include "test_util.h"
 #include "tiny_model.h"
-
-extern char **environ;
 
 static char dir[512];
 static char model_dir[600];
 static char adapter_dir[600];
 static char log_path[600];
-static pid_t server_pid = -1;
-static int port;
 
 static void setup(void)
 {
@@ -60,18 +57,9 @@ static void setup(void)
     cr_assert_eq(mkdir(adapter_dir, 0700), 0);
 }
 
-static void kill_server(void)
-{
-    if (server_pid > 0) {
-        kill(server_pid, SIGKILL);
-        waitpid(server_pid, NULL, 0);
-        server_pid = -1;
-    }
-}
-
 static void teardown(void)
 {
-    kill_server();
+    sp_kill();
     test_rmtree(dir);
 }
 
@@ -80,21 +68,6 @@ static void teardown(void)
 TestSuite(server, .init = setup, .fini = teardown, .timeout = 300);
 
 /* --- the server process --------------------------------------------------------- */
-
-static char *read_log(void)
-{
-    FILE *f = fopen(log_path, "rb");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = calloc((size_t)n + 1, 1);
-    size_t got = fread(text, 1, (size_t)n, f);
-    text[got] = 0;
-    fclose(f);
-    return text;
-}
 
 /* Start the binary on a tiny model of spec with the common flags and
  * extra (NULL-terminated, may be NULL); return once GET /health says 200. */
@@ -113,101 +86,8 @@ static void start_server(const tiny_spec *spec, const char *const *extra)
         argv[n++] = extra[i];
     }
     argv[n] = NULL;
-    /* its environment without QLSERVE_*, which would override the flags
-     * (and which other tests set) */
-    size_t n_env = 0;
-    while (environ[n_env])
-        n_env++;
-    char **env = calloc(n_env + 1, sizeof *env);
-    cr_assert(env);
-    for (size_t i = 0, k = 0; i < n_env; i++)
-        if (strncmp(environ[i], "QLSERVE_", 8) != 0)
-            env[k++] = environ[i];
-    fflush(NULL);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        /* the server dies with the test, even when the test is killed */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execve(QL_BINARY, (char *const *)argv, env);
-        _exit(127);
-    }
-    free(env);
-    server_pid = pid;
-    /* its port, once it listens */
-    port = 0;
-    for (int tries = 0; tries < 2000 && !port; tries++) {
-        char *log = read_log();
-        const char *at = strstr(log, "listening on http://127.0.0.1:");
-        if (at)
-            port = atoi(at + strlen("listening on http://127.0.0.1:"));
-        free(log);
-        if (!port) {
-            int st;
-            cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "the server exited: %s", read_log());
-            test_sleep_ms(10);
-        }
-    }
-    cr_assert_gt(port, 0, "the server did not listen: %s", read_log());
-    /* serving, once the model has loaded */
-    for (int tries = 0;; tries++) {
-        hc_response r;
-        bool ok = hc_request(port, "GET", "/health", NULL, NULL, &r);
-        int status = r.status;
-        hc_response_free(&r);
-        if (ok && status == 200)
-            break;
-        cr_assert(ok && status == 503, "GET /health: %d", status);
-        cr_assert_lt(tries, 2000, "the model did not load: %s", read_log());
-        test_sleep_ms(10);
-    }
-}
-
-/* Signal the server; its exit status once it exits (-1: killed by a
- * signal or still running after a few seconds, then killed). */
-static int stop_server(int sig)
-{
-    cr_assert_gt(server_pid, 0);
-    kill(server_pid, sig);
-    for (int tries = 0; tries < 3000; tries++) {
-        int st;
-        pid_t got = waitpid(server_pid, &st, WNOHANG);
-        if (got == server_pid) {
-            server_pid = -1;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        }
-        test_sleep_ms(10);
-    }
-    kill_server();
-    return -1;
-}
-
-/* The server's log holds no sanitizer report (a build with QL_SANITIZE
- * runs the server under AddressSanitizer and UBSan). */
-static void check_log_clean(void)
-{
-    char *log = read_log();
-    cr_assert_null(strstr(log, "Sanitizer"), "%s", log);
-    cr_assert_null(strstr(log, "runtime error"), "%s", log);
-    free(log);
-}
-
-/* The end of a test: the server drains, exits 0 and reported nothing
- * wrong. */
-static void stop_cleanly(void)
-{
-    int code = stop_server(SIGTERM);
-    cr_assert_eq(code, 0, "exit status %d: %s", code, read_log());
-    check_log_clean();
+    sp_spawn(argv, log_path);
+    sp_wait_ready();
 }
 
 /* --- requests --------------------------------------------------------------------- */
@@ -217,7 +97,7 @@ static hc_response request(const char *method, const char *path, const char *hea
                            const char *body)
 {
     hc_response r;
-    cr_assert(hc_request(port, method, path, headers, body, &r), "%s %s: no response", method,
+    cr_assert(hc_request(sp.port, method, path, headers, body, &r), "%s %s: no response", method,
               path);
     return r;
 }
@@ -310,7 +190,7 @@ static char *generate(const char *prompt, int max_new_tokens, const char *adapte
  * event stream). */
 static void open_stream(hc_conn *c, hc_response *r, const char *path, const char *body)
 {
-    cr_assert(hc_open(c, port));
+    cr_assert(hc_open(c, sp.port));
     cr_assert(hc_send_request(c, "POST", path, NULL, body));
     cr_assert(hc_read_head(c, r), "no response to %s", path);
     cr_assert_eq(r->status, 200, "%s: %d", path, r->status);
@@ -521,7 +401,7 @@ Test(server, generate_answers_in_tgi_shape_with_tokens_in_details)
     cr_assert_str_eq(str_at(j, "generated_text"), full);
     cJSON_Delete(j);
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* A TGI stream of body read to its end: the token events' texts joined
@@ -587,7 +467,7 @@ Test(server, generate_stream_sends_one_event_per_token_then_the_text_and_finish_
     hc_response_free(&r);
     hc_close(&c);
     free(whole);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, stream_text_held_back_to_the_end_arrives_on_the_final_event)
@@ -627,7 +507,7 @@ Test(server, stream_text_held_back_to_the_end_arrives_on_the_final_event)
     cr_assert_str_eq(finish_reason_of(last), "length");
     cJSON_Delete(last);
     free(whole);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, completions_answer_whole_and_as_chunks_ending_with_done)
@@ -724,7 +604,7 @@ Test(server, completions_answer_whole_and_as_chunks_ending_with_done)
     hc_response_free(&r);
     hc_close(&c);
     free(whole);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, models_lists_the_base_model_and_loaded_adapters)
@@ -754,7 +634,7 @@ Test(server, models_lists_the_base_model_and_loaded_adapters)
     cr_assert_str_eq(str_at(j, "model"), "alpha");
     cJSON_Delete(j);
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, health_info_and_metrics_describe_the_server)
@@ -802,7 +682,7 @@ Test(server, health_info_and_metrics_describe_the_server)
     cr_assert(strstr(m, "qlserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"));
     cr_assert(strstr(m, "# TYPE qlserve_generated_tokens_total counter\n"));
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, greedy_generation_is_deterministic_across_routes)
@@ -834,7 +714,7 @@ Test(server, greedy_generation_is_deterministic_across_routes)
     hc_response_free(&s2);
     free(a);
     free(b);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* --- connections ------------------------------------------------------------------- */
@@ -844,7 +724,7 @@ Test(server, keep_alive_serves_several_requests_on_one_connection)
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     const char *paths[] = {"/health", "/generate", "/info", "/v1/completions", "/generate"};
     const char *bodies[] = {NULL, "{\"inputs\": \"One\", \"parameters\": {\"max_new_tokens\": 3}}",
                             NULL, "{\"prompt\": \"Two\", \"max_tokens\": 3}",
@@ -860,7 +740,7 @@ Test(server, keep_alive_serves_several_requests_on_one_connection)
         hc_response_free(&r);
     }
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, pipelined_requests_are_answered_in_order)
@@ -880,7 +760,7 @@ Test(server, pipelined_requests_are_answered_in_order)
              "GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
              strlen(b1), b1, strlen(b2), b2);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, wire));
     hc_response r;
     const char *want[] = {first, second};
@@ -899,7 +779,7 @@ Test(server, pipelined_requests_are_answered_in_order)
     hc_close(&c);
     free(first);
     free(second);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, chunked_request_body_is_read_whole)
@@ -918,7 +798,7 @@ Test(server, chunked_request_body_is_read_whole)
                       parts[i]);
     snprintf(wire + n, sizeof wire - (size_t)n, "0\r\n\r\n");
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, wire));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
@@ -929,7 +809,7 @@ Test(server, chunked_request_body_is_read_whole)
     hc_response_free(&r);
     hc_close(&c);
     free(want);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* --- errors -------------------------------------------------------------------------- */
@@ -939,7 +819,7 @@ Test(server, malformed_http_gets_400_and_the_connection_closed)
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, "GET /health HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n"));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
@@ -950,7 +830,7 @@ Test(server, malformed_http_gets_400_and_the_connection_closed)
     cr_assert(hc_closed_by_server(&c));
     hc_response_free(&r);
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, invalid_json_gets_400_and_the_connection_goes_on)
@@ -958,7 +838,7 @@ Test(server, invalid_json_gets_400_and_the_connection_goes_on)
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_request(&c, "POST", "/generate", NULL, "{\"inputs\": \"Hi\", "));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
@@ -971,7 +851,7 @@ Test(server, invalid_json_gets_400_and_the_connection_goes_on)
     hc_response_free(&r);
     hc_close(&c);
     post_expect_error("/v1/completions", "[1, 2]", 400, "invalid_request", "JSON object");
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, wrong_field_type_gets_400_naming_the_field)
@@ -991,7 +871,7 @@ Test(server, wrong_field_type_gets_400_naming_the_field)
                       "invalid_request", "\"stream\"");
     post_expect_error("/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 2.5}", 400,
                       "invalid_request", "\"max_tokens\"");
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, unknown_field_gets_400)
@@ -1006,7 +886,7 @@ Test(server, unknown_field_gets_400)
                       "invalid_request", "\"bogus\"");
     post_expect_error("/admin/adapters", "{\"name\": \"a\", \"path\": \"a\", \"rank\": 4}", 400,
                       "invalid_request", "\"rank\"");
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, unknown_adapter_gets_404)
@@ -1025,7 +905,7 @@ Test(server, unknown_adapter_gets_404)
     r = request("GET", "/no/such/route", NULL, NULL);
     expect_error(&r, 404, "not_found", "/no/such/route");
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, unloading_a_merged_adapter_gets_409)
@@ -1047,7 +927,7 @@ Test(server, unloading_a_merged_adapter_gets_409)
     r = request("DELETE", "/admin/adapters/alpha", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, overflowing_merge_gets_422_and_leaves_the_weights_alone)
@@ -1073,7 +953,7 @@ Test(server, overflowing_merge_gets_422_and_leaves_the_weights_alone)
     free(m);
     free(text);
     free(again);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 static void write_token_file(const char *path, const char *token)
@@ -1116,7 +996,7 @@ Test(server, admin_routes_need_the_bearer_token_when_one_is_configured)
     hc_response_free(&r);
     /* generation needs no token */
     free(generate("Hi", 2, NULL));
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, admin_routes_answer_loopback_without_a_token)
@@ -1130,7 +1010,7 @@ Test(server, admin_routes_answer_loopback_without_a_token)
     char digest[20];
     cr_assert_eq(admin_state(digest), 0);
     cr_assert_eq(strlen(digest), 16);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, body_over_the_limit_gets_413)
@@ -1142,7 +1022,7 @@ Test(server, body_over_the_limit_gets_413)
              "{\"inputs\": \"%01050d\", \"parameters\": {\"max_new_tokens\": 1}}", 0);
     /* declared too large: refused before the body is read (none is sent) */
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     char head[256];
     snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
              strlen(body));
@@ -1155,7 +1035,7 @@ Test(server, body_over_the_limit_gets_413)
     hc_close(&c);
 
     /* chunked: refused once what arrived passes the limit */
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     char wire[1600];
     snprintf(
         wire, sizeof wire,
@@ -1170,7 +1050,7 @@ Test(server, body_over_the_limit_gets_413)
 
     /* a client that sends its large body anyway still reads the 413: the
      * server drops what follows rather than resetting the connection */
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     size_t big = 256 * 1024;
     char *payload = malloc(big);
     cr_assert(payload);
@@ -1187,7 +1067,7 @@ Test(server, body_over_the_limit_gets_413)
 
     /* under the limit it is served */
     free(generate("small", 1, NULL));
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, headers_over_the_limit_get_431)
@@ -1200,7 +1080,7 @@ Test(server, headers_over_the_limit_get_431)
     pad[2000] = 0;
     snprintf(wire, sizeof wire, "GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\n\r\n", pad);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, wire));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
@@ -1209,14 +1089,14 @@ Test(server, headers_over_the_limit_get_431)
     hc_response_free(&r);
     hc_close(&c);
     /* a long URL counts too */
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     snprintf(wire, sizeof wire, "GET /health?%s HTTP/1.1\r\nHost: x\r\n\r\n", pad);
     cr_assert(hc_send_str(&c, wire));
     cr_assert(hc_read_response(&c, &r));
     cr_assert_eq(r.status, 431, "%s", r.body);
     hc_response_free(&r);
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, slow_request_gets_408)
@@ -1224,7 +1104,7 @@ Test(server, slow_request_gets_408)
     tiny_spec spec = tiny_default();
     start_server(&spec, (const char *[]){"--request-timeout-ms", "500", NULL});
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     /* half a request, then nothing: the server gives up after 500 ms */
     cr_assert(hc_send_str(
         &c, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs\""));
@@ -1234,7 +1114,7 @@ Test(server, slow_request_gets_408)
     cr_assert(hc_closed_by_server(&c));
     hc_response_free(&r);
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, request_trickled_past_the_timeout_gets_408)
@@ -1242,7 +1122,7 @@ Test(server, request_trickled_past_the_timeout_gets_408)
     tiny_spec spec = tiny_default();
     start_server(&spec, (const char *[]){"--request-timeout-ms", "500", NULL});
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     /* a byte every 100 ms: each gap is well inside the timeout, the whole
      * request (3 s) far past it */
     const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: 0123456789\r\n\r\n";
@@ -1261,7 +1141,7 @@ Test(server, request_trickled_past_the_timeout_gets_408)
     cr_assert(hc_closed_by_server(&c));
     hc_response_free(&r);
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, head_request_gets_headers_without_a_body_and_the_connection_goes_on)
@@ -1269,7 +1149,7 @@ Test(server, head_request_gets_headers_without_a_body_and_the_connection_goes_on
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
                               "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
     hc_response r;
@@ -1283,7 +1163,7 @@ Test(server, head_request_gets_headers_without_a_body_and_the_connection_goes_on
     cr_assert_str_eq(r.body, "{\"status\":\"ok\"}");
     hc_response_free(&r);
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, http10_stream_is_unchunked_and_ends_with_the_connection)
@@ -1291,7 +1171,7 @@ Test(server, http10_stream_is_unchunked_and_ends_with_the_connection)
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     const char body[] = "{\"inputs\": \"the\", \"parameters\": {\"max_new_tokens\": 3}}";
     char req[512];
     snprintf(req, sizeof req,
@@ -1312,7 +1192,7 @@ Test(server, http10_stream_is_unchunked_and_ends_with_the_connection)
     cr_assert(hc_closed_by_server(&c), "the stream's end is the connection's");
     hc_response_free(&r);
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, connections_over_the_limit_get_503_with_retry_after)
@@ -1320,14 +1200,14 @@ Test(server, connections_over_the_limit_get_503_with_retry_after)
     tiny_spec spec = tiny_default();
     start_server(&spec, (const char *[]){"--max-connections", "1", NULL});
     hc_conn first, second;
-    cr_assert(hc_open(&first, port));
+    cr_assert(hc_open(&first, sp.port));
     cr_assert(hc_send_request(&first, "GET", "/health", NULL, NULL));
     hc_response r;
     cr_assert(hc_read_response(&first, &r));
     cr_assert_eq(r.status, 200);
     hc_response_free(&r);
     /* the first stays open (keep-alive): the second is one too many */
-    cr_assert(hc_open(&second, port));
+    cr_assert(hc_open(&second, sp.port));
     cr_assert(hc_read_response(&second, &r));
     expect_error(&r, 503, "overloaded", NULL);
     char v[64];
@@ -1338,7 +1218,7 @@ Test(server, connections_over_the_limit_get_503_with_retry_after)
     hc_close(&first);
     /* once the first has gone, a new one is served */
     for (int tries = 0;; tries++) {
-        cr_assert(hc_request(port, "GET", "/health", NULL, NULL, &r));
+        cr_assert(hc_request(sp.port, "GET", "/health", NULL, NULL, &r));
         int status = r.status;
         hc_response_free(&r);
         if (status == 200)
@@ -1346,7 +1226,7 @@ Test(server, connections_over_the_limit_get_503_with_retry_after)
         cr_assert_lt(tries, 500, "%d", status);
         test_sleep_ms(10);
     }
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, idle_keep_alive_connection_is_closed_after_its_timeout)
@@ -1354,7 +1234,7 @@ Test(server, idle_keep_alive_connection_is_closed_after_its_timeout)
     tiny_spec spec = tiny_default();
     start_server(&spec, (const char *[]){"--keepalive-timeout-ms", "200", NULL});
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_request(&c, "GET", "/health", NULL, NULL));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
@@ -1363,7 +1243,7 @@ Test(server, idle_keep_alive_connection_is_closed_after_its_timeout)
     cr_assert(hc_closed_by_server(&c));
     cr_assert_eq(c.len, 0, "nothing was sent before the close");
     hc_close(&c);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, full_queue_gets_503_with_retry_after)
@@ -1376,7 +1256,7 @@ Test(server, full_queue_gets_503_with_retry_after)
     hc_conn c[N];
     const char *body = "{\"inputs\": \"Busy\", \"parameters\": {\"max_new_tokens\": 400}}";
     for (int i = 0; i < N; i++) {
-        cr_assert(hc_open(&c[i], port));
+        cr_assert(hc_open(&c[i], sp.port));
         cr_assert(hc_send_request(&c[i], "POST", "/generate_stream", NULL, body));
     }
     int refused = 0, streaming = 0;
@@ -1403,7 +1283,7 @@ Test(server, full_queue_gets_503_with_retry_after)
     cr_assert(metric_becomes("qlserve_batch_size", 0));
     cr_assert(metric_becomes("qlserve_queue_depth", 0));
     free(generate("Free", 2, NULL));
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, max_new_tokens_over_the_limit_gets_400_naming_it)
@@ -1415,7 +1295,7 @@ Test(server, max_new_tokens_over_the_limit_gets_400_naming_it)
     post_expect_error("/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 33}", 400,
                       "invalid_request", "limit of 32");
     free(generate("Hi", 32, NULL));
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, prompt_plus_max_new_tokens_over_the_context_gets_400)
@@ -1430,7 +1310,7 @@ Test(server, prompt_plus_max_new_tokens_over_the_context_gets_400)
              prompt);
     post_expect_error("/generate", body, 400, "invalid_request", "context length of 64");
     free(generate(prompt, 20, NULL));
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, adapter_paths_outside_the_adapter_dir_get_400)
@@ -1458,7 +1338,7 @@ Test(server, adapter_paths_outside_the_adapter_dir_get_400)
     cr_assert(realpath(adapter_dir, real));
     snprintf(inside, sizeof inside, "%s/inside", real);
     load_adapter("d", inside);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* --- the admin API ------------------------------------------------------------------- */
@@ -1540,7 +1420,7 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     cr_assert_eq(metric(m, "qlserve_unmerges_total"), 1);
     cr_assert_eq(metric(m, "qlserve_adapters_loaded"), 0);
     free(m);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* --- concurrency ------------------------------------------------------------------------ */
@@ -1570,7 +1450,7 @@ Test(server, concurrent_requests_with_different_adapters_get_their_alone_text)
                      "{\"inputs\": \"Once upon a time\", \"parameters\": {\"max_new_tokens\": "
                      "24%s}}",
                      ad);
-            cr_assert(hc_open(&c[i], port));
+            cr_assert(hc_open(&c[i], sp.port));
             cr_assert(hc_send_request(&c[i], "POST", "/generate", NULL, body));
         }
         for (int i = 0; i < 3; i++) {
@@ -1586,7 +1466,7 @@ Test(server, concurrent_requests_with_different_adapters_get_their_alone_text)
     }
     for (int i = 0; i < 3; i++)
         free(alone[i]);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 #define LONG_TOKENS 450
@@ -1639,7 +1519,7 @@ Test(server, merge_during_a_stream_leaves_its_tokens_alone)
               "the merged adapter changes the tokens");
     free(before);
     free(after);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 Test(server, client_disconnect_mid_stream_cancels_and_frees_kv_blocks)
@@ -1662,7 +1542,7 @@ Test(server, client_disconnect_mid_stream_cancels_and_frees_kv_blocks)
     cr_assert_eq(metric(m, "qlserve_cancelled_total"), 1);
     cr_assert_lt(metric(m, "qlserve_generated_tokens_total"), 450, "it stopped early");
     free(m);
-    stop_cleanly();
+    sp_stop_cleanly();
 }
 
 /* --- shutdown ------------------------------------------------------------------------------ */
@@ -1673,8 +1553,8 @@ static int wait_exit(void)
 {
     for (int tries = 0; tries < 3000; tries++) {
         int st;
-        if (waitpid(server_pid, &st, WNOHANG) == server_pid) {
-            server_pid = -1;
+        if (waitpid(sp.pid, &st, WNOHANG) == sp.pid) {
+            sp.pid = -1;
             return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
         }
         test_sleep_ms(10);
@@ -1686,7 +1566,7 @@ static int wait_exit(void)
 static bool connections_refused(void)
 {
     for (int tries = 0; tries < 500; tries++) {
-        int fd = hc_connect_fd(port);
+        int fd = hc_connect_fd(sp.port);
         if (fd < 0)
             return errno == ECONNREFUSED;
         close(fd);
@@ -1711,7 +1591,7 @@ Test(server, sigterm_lets_a_running_stream_finish_and_exits_zero)
     cr_assert(ev);
     tokens[n++] = (int)num_at(cJSON_GetObjectItemCaseSensitive(ev, "token"), "id");
     cJSON_Delete(ev);
-    cr_assert_eq(kill(server_pid, SIGTERM), 0);
+    cr_assert_eq(kill(sp.pid, SIGTERM), 0);
     cr_assert(connections_refused(), "still accepting after SIGTERM");
     cJSON *last = read_tgi_stream(&c, &r, tokens, 201, &n);
     cr_assert_str_eq(finish_reason_of(last), "length");
@@ -1720,9 +1600,9 @@ Test(server, sigterm_lets_a_running_stream_finish_and_exits_zero)
     cr_assert(hc_closed_by_server(&c));
     hc_response_free(&r);
     hc_close(&c);
-    cr_assert_eq(wait_exit(), 0, "%s", read_log());
-    check_log_clean();
-    char *log = read_log();
+    cr_assert_eq(wait_exit(), 0, "%s", sp_read_log());
+    sp_check_log_clean();
+    char *log = sp_read_log();
     cr_assert(strstr(log, "SIGTERM: draining"), "%s", log);
     free(log);
 }
@@ -1740,15 +1620,15 @@ Test(server, sigterm_past_the_grace_period_cancels_a_long_stream_and_exits_zero)
     cr_assert(ev);
     tokens[n++] = (int)num_at(cJSON_GetObjectItemCaseSensitive(ev, "token"), "id");
     cJSON_Delete(ev);
-    cr_assert_eq(kill(server_pid, SIGTERM), 0);
+    cr_assert_eq(kill(sp.pid, SIGTERM), 0);
     cJSON *last = read_tgi_stream(&c, &r, tokens, 451, &n);
     cr_assert_str_eq(finish_reason_of(last), "cancelled");
     cr_assert_lt(n, 450);
     cJSON_Delete(last);
     hc_response_free(&r);
     hc_close(&c);
-    cr_assert_eq(wait_exit(), 0, "%s", read_log());
-    check_log_clean();
+    cr_assert_eq(wait_exit(), 0, "%s", sp_read_log());
+    sp_check_log_clean();
 }
 
 Test(server, sigterm_closes_idle_connections_and_exits_zero)
@@ -1756,14 +1636,14 @@ Test(server, sigterm_closes_idle_connections_and_exits_zero)
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, port));
+    cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_request(&c, "GET", "/health", NULL, NULL));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
     cr_assert_eq(r.status, 200);
     hc_response_free(&r);
-    cr_assert_eq(stop_server(SIGTERM), 0, "%s", read_log());
-    check_log_clean();
+    cr_assert_eq(sp_stop(SIGTERM), 0, "%s", sp_read_log());
+    sp_check_log_clean();
     cr_assert(hc_closed_by_server(&c), "the idle keep-alive connection was left open");
     hc_close(&c);
 }
