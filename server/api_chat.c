@@ -449,50 +449,69 @@ static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish wh
     srv_stream_end(c);
 }
 
-#define UNKNOWN_MODEL ": neither the base model nor a loaded adapter"
-
 static const srv_shape chat_whole = {.id_prefix = "chatcmpl",
                                      .adapter_noun = "model",
-                                     .adapter_unknown = UNKNOWN_MODEL,
+                                     .adapter_unknown = SRV_UNKNOWN_MODEL,
                                      .on_done = whole_done};
 static const srv_shape chat_stream = {.stream = true,
                                       .id_prefix = "chatcmpl",
                                       .adapter_noun = "model",
-                                      .adapter_unknown = UNKNOWN_MODEL,
+                                      .adapter_unknown = SRV_UNKNOWN_MODEL,
                                       .on_token = stream_token,
                                       .on_done = stream_done};
 
 /* --- the routes --------------------------------------------------------------- */
+
+/* A chat request read whole: the body (returned: a's strings point into
+ * it; cJSON_Delete it after a), its fields in a, the adapter its "model"
+ * names, and its messages rendered into *prompt (free()). NULL after
+ * answering a refusal (the templates come with the model: not before it
+ * has loaded). */
+static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, char **prompt)
+{
+    *prompt = NULL;
+    if (!srv_ready(c))
+        return NULL;
+    cJSON *root = srv_body_object(c);
+    if (!root)
+        return NULL;
+    const char *model = NULL;
+    if (!parse_chat(c, root, a, &model, stream)) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    a->adapter = srv_adapter_named(c, model);
+    if (!render_prompt(c, root, a->adapter, prompt)) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    a->prompt = *prompt;
+    return root;
+}
 
 /* POST /chat_tokenize (TGI's): what the model would be fed for this chat
  * request, as text and as TGI's token list. */
 void srv_chat_tokenize(srv_conn *c, const char *name)
 {
     (void)name;
-    if (!srv_ready(c))
-        return;
-    cJSON *root = srv_body_object(c);
+    srv_ask a = {0};
+    bool stream = false;
+    char *prompt;
+    cJSON *root = read_chat(c, &a, &stream, &prompt);
     if (!root)
         return;
-    srv_ask a = {0};
-    const char *model = NULL;
-    bool stream = false;
-    char *prompt = NULL;
-    if (parse_chat(c, root, &a, &model, &stream) &&
-        render_prompt(c, root, srv_adapter_named(c, model), &prompt)) {
-        char msg[1024];
-        cJSON *tokens = NULL;
-        /* a rendered template writes its own special tokens: none added */
-        int rc = srv_tokenize_spans(c->s->model.tok, prompt, strlen(prompt), false, &tokens, msg,
-                                    sizeof msg);
-        if (rc == QL_OK) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddItemToObject(o, "tokenize_response", tokens);
-            cJSON_AddStringToObject(o, "templated_text", prompt);
-            srv_respond_cjson(c, 200, o);
-        } else {
-            srv_fail(c, srv_status_of(rc), "%s", msg);
-        }
+    char msg[1024];
+    cJSON *tokens = NULL;
+    /* a rendered template writes its own special tokens: none added */
+    int rc = srv_tokenize_spans(c->s->model.tok, prompt, strlen(prompt), false, &tokens, msg,
+                                sizeof msg);
+    if (rc == QL_OK) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "tokenize_response", tokens);
+        cJSON_AddStringToObject(o, "templated_text", prompt);
+        srv_respond_cjson(c, 200, o);
+    } else {
+        srv_fail(c, srv_status_of(rc), "%s", msg);
     }
     free(prompt);
     cJSON_Delete(root);
@@ -501,21 +520,13 @@ void srv_chat_tokenize(srv_conn *c, const char *name)
 void srv_oai_chat(srv_conn *c, const char *name)
 {
     (void)name;
-    if (!srv_ready(c)) /* the templates come with the model */
-        return;
-    cJSON *root = srv_body_object(c);
+    srv_ask a = {0};
+    bool stream = false;
+    char *prompt;
+    cJSON *root = read_chat(c, &a, &stream, &prompt);
     if (!root)
         return;
-    srv_ask a = {0};
-    const char *model = NULL;
-    bool stream = false;
-    char *prompt = NULL;
-    if (parse_chat(c, root, &a, &model, &stream) &&
-        render_prompt(c, root, srv_adapter_named(c, model), &prompt)) {
-        a.adapter = srv_adapter_named(c, model);
-        a.prompt = prompt;
-        srv_generate(c, &a, stream ? &chat_stream : &chat_whole);
-    }
+    srv_generate(c, &a, stream ? &chat_stream : &chat_whole);
     free(prompt);
     cJSON_Delete(root);
 }

@@ -178,13 +178,11 @@ static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish wh
     srv_stream_end(c);
 }
 
-#define UNKNOWN_MODEL ": neither the base model nor a loaded adapter"
-
 static const srv_shape oai_whole = {
-    .adapter_noun = "model", .adapter_unknown = UNKNOWN_MODEL, .on_done = whole_done};
+    .adapter_noun = "model", .adapter_unknown = SRV_UNKNOWN_MODEL, .on_done = whole_done};
 static const srv_shape oai_stream = {.stream = true,
                                      .adapter_noun = "model",
-                                     .adapter_unknown = UNKNOWN_MODEL,
+                                     .adapter_unknown = SRV_UNKNOWN_MODEL,
                                      .on_token = stream_token,
                                      .on_done = stream_done};
 

@@ -169,6 +169,8 @@ typedef struct srv_shape {
  * for the base model (no name, the base model's id, or "tgi" or "dummy",
  * the placeholders TGI's clients send to a server's URL), else the name. */
 const char *srv_adapter_named(const srv_conn *c, const char *model);
+/* The 404's tail for a "model" that is neither (srv_shape.adapter_unknown). */
+#define SRV_UNKNOWN_MODEL ": neither the base model nor a loaded adapter"
 
 /* A whole (not streamed) answer (request.c): o (consumed), or a 500 when the engine
  * failed the request. */
