@@ -10,9 +10,10 @@
  *     value into the caller's message buffer (ql_fail); the HTTP layer
  *     maps codes to statuses in one table (server/routes.c);
  *   - the monotonic clock (ql_now_s, ql_now_ns);
- *   - UTF-8 validation and decoding of one character (ql_utf8_next,
- *     ql_utf8_invalid_at), the one definition of well-formed UTF-8 that
- *     the tokenizer and the request checks share.
+ *   - UTF-8 validation, decoding and encoding of one character
+ *     (ql_utf8_next, ql_utf8_invalid_at, ql_utf8_put), the one definition
+ *     of well-formed UTF-8 that the tokenizer, the chat templates and the
+ *     request checks share.
  *
  * It owns nothing and touches nothing but its arguments: base/ depends on
  * libc alone, and every other folder may include it.
@@ -90,6 +91,9 @@ size_t ql_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
 /* The offset of the first byte of p[0..n) that is not part of well-formed
  * UTF-8, or -1 when all of it is. */
 long ql_utf8_invalid_at(const uint8_t *p, size_t n);
+/* Encode code point cp (at most U+10FFFF) as UTF-8 at out (room for 4
+ * bytes); its length, 1..4. */
+size_t ql_utf8_put(uint32_t cp, uint8_t *out);
 
 #ifdef __cplusplus
 }

@@ -77,30 +77,6 @@ static char *normalise(tpl_arena *a, const char *src, size_t len, size_t *out_le
 }
 
 /* Python string-literal escapes (jinja2 decodes with unicode-escape) */
-static size_t put_utf8(char *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 static size_t hex_escape(lexer *L, const char *s, size_t n, size_t digits, char *o)
 {
     if (n < digits)
@@ -115,7 +91,7 @@ static size_t hex_escape(lexer *L, const char *s, size_t n, size_t digits, char 
     }
     if (cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000))
         tpl_raise(L->a->fail, QL_EUNSUPPORTED, L->line, "escape of a surrogate or past U+10FFFF");
-    return put_utf8(o, cp);
+    return ql_utf8_put(cp, (uint8_t *)o);
 }
 
 static tpl_token lex_string(lexer *L)
@@ -154,7 +130,7 @@ static tpl_token lex_string(lexer *L)
             for (int d = 0; d < 3 && i < n && s[i] >= '0' && s[i] <= '7'; d++, i++)
                 cp = cp * 8 + (uint32_t)(s[i] - '0');
             i--;
-            k += put_utf8(o + k, cp);
+            k += ql_utf8_put(cp, (uint8_t *)o + k);
         } else if (e == 'N') {
             tpl_raise(L->a->fail, QL_EUNSUPPORTED, L->line, "\\N{...} escapes are not supported");
         } else {
