@@ -343,16 +343,9 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
         !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
         !srv_get_int(c, root, "n", 1, 1, &n, NULL) || !srv_get_bool(c, root, "logprobs", &logprobs))
         return false;
-    static const char *const refused[] = {"top_logprobs", NULL};
-    for (size_t i = 0; refused[i]; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, refused[i]);
-        if (!srv_is_null(v) && !(cJSON_IsObject(v) && !v->child)) {
-            srv_fail(c, 400, "\"%s\" is not supported by this server", refused[i]);
-            return false;
-        }
-    }
-    if (logprobs) {
-        srv_fail(c, 400, "\"logprobs\" is not supported by this server");
+    if (logprobs || !srv_is_null(cJSON_GetObjectItemCaseSensitive(root, "top_logprobs"))) {
+        srv_fail(c, 400, "\"%s\" is not supported by this server",
+                 logprobs ? "logprobs" : "top_logprobs");
         return false;
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
