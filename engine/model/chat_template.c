@@ -69,31 +69,17 @@ int eng_chat_template_read_file(const char *path, char **out, char *msg, size_t 
 {
     *out = NULL;
     struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return ql_fail(msg, msg_len, QL_EINVAL, "chat template %s: not a file", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    if (stat(path, &sb) != 0)
         return ql_fail(msg, msg_len, errno == ENOENT ? QL_ENOTFOUND : QL_EIO,
                        "chat template %s: %s", path, strerror(errno));
-    /* one byte past the limit tells a too-long file without reading it all */
-    size_t cap = ENG_CHAT_TEMPLATE_MAX_BYTES + 1;
-    char *buf = malloc(cap);
-    if (!buf) {
-        fclose(f);
-        return ql_fail(msg, msg_len, QL_ENOMEM, "chat template %s: out of memory", path);
-    }
-    size_t len = fread(buf, 1, cap, f);
-    int failed = ferror(f);
-    fclose(f);
-    int rc;
-    if (failed)
-        rc = ql_fail(msg, msg_len, QL_EIO, "chat template %s: read error", path);
-    else if (len == cap)
-        rc = ql_fail(msg, msg_len, QL_EFORMAT,
-                     "chat template %s: larger than %zu bytes; not a chat template", path,
-                     (size_t)ENG_CHAT_TEMPLATE_MAX_BYTES);
-    else
-        rc = keep_template(path, buf, len, out, msg, msg_len);
+    if (!S_ISREG(sb.st_mode))
+        return ql_fail(msg, msg_len, QL_EINVAL, "chat template %s: not a file", path);
+    char *buf;
+    size_t len;
+    int rc = mf_read_file(path, ENG_CHAT_TEMPLATE_MAX_BYTES, &buf, &len, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    rc = keep_template(path, buf, len, out, msg, msg_len);
     free(buf);
     return rc;
 }

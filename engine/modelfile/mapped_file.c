@@ -51,16 +51,19 @@ int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **
     return QL_OK;
 }
 
-int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, size_t msg_len)
+int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len, char *msg,
+                 size_t msg_len)
 {
-    *root = NULL;
+    *out = NULL;
+    *out_len = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
         return ql_fail(msg, msg_len, QL_EIO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
-        if (len == cap) {
+        /* room for the NUL too */
+        if (len + 1 >= cap) {
             size_t grown = cap ? 2 * cap : 65536;
             char *b = grown > cap ? realloc(buf, grown) : NULL;
             if (!b) {
@@ -71,7 +74,12 @@ int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, si
             buf = b;
             cap = grown;
         }
-        size_t got = fread(buf + len, 1, cap - len, f);
+        /* one byte past the limit tells a too-long file without reading
+         * the rest */
+        size_t want = cap - 1 - len;
+        if (max_bytes && want > max_bytes + 1 - len)
+            want = max_bytes + 1 - len;
+        size_t got = fread(buf + len, 1, want, f);
         len += got;
         if (got == 0)
             break;
@@ -87,6 +95,20 @@ int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, si
         free(buf);
         return ql_fail(msg, msg_len, QL_EIO, "%s: read error", path);
     }
+    buf[len] = 0;
+    *out = buf;
+    *out_len = len;
+    return QL_OK;
+}
+
+int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, size_t msg_len)
+{
+    *root = NULL;
+    char *buf;
+    size_t len;
+    int rc = mf_read_file(path, max_bytes, &buf, &len, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     *root = cJSON_ParseWithLength(buf, len);
     if (!*root) {
         const char *at = cJSON_GetErrorPtr();

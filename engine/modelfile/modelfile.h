@@ -42,6 +42,15 @@ int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **
                 char *msg, size_t msg_len);
 
 /*
+ * Read a whole file into *out (malloc'd and NUL-terminated: free()), its
+ * length in *out_len; max_bytes > 0 refuses a longer one (QL_EFORMAT
+ * "<path>: larger than N bytes") having read one byte past it. QL_EIO when
+ * it cannot be opened or read, QL_ENOMEM; each names the file.
+ */
+int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len, char *msg,
+                 size_t msg_len);
+
+/*
  * Read and parse a JSON file into *root, which must be an object (free
  * with cJSON_Delete). max_bytes > 0 refuses a longer file. Errors name the
  * file and, for bad JSON, the byte where parsing stopped. The one JSON file
