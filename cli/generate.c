@@ -28,11 +28,10 @@ typedef struct generation {
     eng_usage usage;
 } generation;
 
-static void gen_token(void *user, int32_t token, const char *text, size_t len)
+static void gen_token(void *user, const eng_token_event *ev)
 {
-    (void)token;
     generation *g = user;
-    fwrite(text, 1, len, g->out);
+    fwrite(ev->text, 1, ev->len, g->out);
     fflush(g->out);
 }
 

@@ -58,8 +58,11 @@ static void push_event(srv_gen *g, srv_event *ev)
     uv_async_send(&s->wake);
 }
 
-static void bridge_token(void *user, int32_t token, const char *text, size_t len)
+static void bridge_token(void *user, const eng_token_event *te)
 {
+    int32_t token = te->token;
+    const char *text = te->text;
+    size_t len = te->len;
     srv_event *ev = calloc(1, sizeof *ev);
     if (!ev)
         return; /* the token's text is lost; the generation goes on */

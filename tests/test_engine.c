@@ -54,8 +54,11 @@ typedef struct result {
     int n_tokens;
 } result;
 
-static void on_token(void *user, int32_t token, const char *text, size_t len)
+static void on_token(void *user, const eng_token_event *ev)
 {
+    int32_t token = ev->token;
+    const char *text = ev->text;
+    size_t len = ev->len;
     result *r = user;
     if (r->len + len < sizeof r->text) {
         memcpy(r->text + r->len, text, len);

@@ -500,8 +500,11 @@ static void gen_init(gen *g, int pause_at)
     g->pause_at = pause_at;
 }
 
-static void gen_token(void *user, int32_t token, const char *text, size_t len)
+static void gen_token(void *user, const eng_token_event *ev)
 {
+    int32_t token = ev->token;
+    const char *text = ev->text;
+    size_t len = ev->len;
     (void)text;
     (void)len;
     gen *g = user;

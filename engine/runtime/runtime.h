@@ -44,7 +44,16 @@ typedef struct eng_seq_kv {
     int32_t *blocks; /* block table, n_blocks entries (owned, realloc'd) */
     int32_t n_blocks;
     int32_t n_tokens; /* positions written so far */
+    /* blocks taken from the free list for s but not in its table: what its
+     * forks and its copies on write will use (owned, realloc'd) */
+    int32_t *held;
+    int32_t n_held;
 } eng_seq_kv;
+
+/* A block to copy before a step writes into the copy (copy on write). */
+typedef struct eng_kv_copy {
+    int32_t src, dst;
+} eng_kv_copy;
 
 /* An arena of `bytes` for cfg's layers and kv heads (block_tokens 0: 16).
  * Refuses a size too small for one block. Free with eng_kv_free. */
@@ -65,7 +74,36 @@ int32_t eng_kv_blocks_for(const eng_kv_cache *kv, int32_t n_tokens);
 /* Grow s to hold n_tokens positions; QL_ENOMEM (nothing taken) when the
  * free blocks do not suffice. */
 int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens);
-/* Give back all of s's blocks and zero it. */
+/* Take n_blocks more free blocks into s's held ones; QL_ENOMEM (nothing
+ * taken) when too few are free. */
+int eng_kv_hold(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_blocks);
+/*
+ * Make dst (empty) a fork of src: dst's table shares (by reference) the
+ * blocks that hold src's positions written so far, and is grown from
+ * src's held blocks to hold n_tokens positions in all, plus one held
+ * block of its own for the copy on write of the last shared block when it
+ * is partly filled. QL_ENOMEM (nothing changed) when src holds too few.
+ */
+int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_tokens);
+/* How many blocks eng_kv_fork takes from src's held ones for a fork of a
+ * sequence with n_shared positions written, grown to n_tokens. */
+int32_t eng_kv_fork_blocks(const eng_kv_cache *kv, int32_t n_shared, int32_t n_tokens);
+/*
+ * Before a step writes positions [pos, pos + n) of s: every block in that
+ * range that another sequence also references is replaced in s's table by
+ * one of s's held blocks, and the pair is appended to copies (at most
+ * max_copies; *n_copies counts them) for the backend to copy before the
+ * step (eng_backend_copy_blocks). QL_ENOMEM when s holds no block for a
+ * copy, QL_EINVAL when copies is full; nothing changed then.
+ */
+int eng_kv_prepare_write(eng_kv_cache *kv, eng_seq_kv *s, int32_t pos, int32_t n,
+                         eng_kv_copy *copies, int32_t max_copies, int32_t *n_copies);
+/* Blocks referenced by more than one sequence now. */
+int32_t eng_kv_shared_blocks(const eng_kv_cache *kv);
+/* Copy blocks in the host arena (the CPU backend's eng_backend_copy_blocks). */
+void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n);
+/* Give back s's references (a block returns to the free list when no
+ * other sequence references it) and its held blocks, and zero it. */
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
 
 /* A worker pool for the CPU kernels (pool.c): n threads (0: the
@@ -104,6 +142,10 @@ typedef struct eng_step_seq {
     bool draw;
     float inv_temperature;
     double u;
+    /* when not NULL (host memory, n_tokens x vocab): the logits of every
+     * new token of this sequence, not only its last (a prompt's
+     * logprobs); its row of the step's logits is written as well */
+    float *all_logits;
 } eng_step_seq;
 
 /* Scratch of the forward pass, sized for up to max_tokens new tokens per
@@ -201,6 +243,10 @@ eng_kv_cache *eng_backend_kv(eng_backend *b);
  */
 int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
                         int32_t *tokens, char *msg, size_t msg_len);
+/* Copy KV blocks (src to dst, in order) where the backend keeps its
+ * cache, before the next step reads them (copy on write). */
+int eng_backend_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
+                            size_t msg_len);
 /*
  * eng_weights_digest of what the backend computes with for version w (NULL:
  * the model's own weights): the CPU backend's are the host tensors

@@ -128,8 +128,9 @@ static void seq_free(seq *s)
 
 static void emit(seq *s, int32_t token, const char *text, size_t len)
 {
+    eng_token_event ev = {.token = token, .text = text, .len = len};
     if (s->req.on_token)
-        s->req.on_token(s->req.user, token, text, len);
+        s->req.on_token(s->req.user, &ev);
 }
 
 /* End s: flush what the stop filter held back (unless a stop string or a

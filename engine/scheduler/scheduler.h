@@ -34,9 +34,15 @@ typedef struct eng_logit_bias {
 
 /* How a request samples (sampler.c). Zero-initialised: greedy. */
 typedef struct eng_sampling {
-    float temperature;        /* 0: greedy; > 0 */
-    int32_t top_k;            /* 0: off */
-    float top_p;              /* 0 or 1: off; else in (0, 1) */
+    float temperature; /* 0: greedy; > 0 */
+    int32_t top_k;     /* 0: off */
+    float top_p;       /* 0 or 1: off; else in (0, 1) */
+    /* locally typical sampling (Meister et al.; transformers'
+     * TypicalLogitsWarper, TGI's typical_p): keep the tokens whose
+     * surprisal is closest to the distribution's entropy, smallest set
+     * whose mass reaches typical_p. 0 or 1: off; else in (0, 1). Applied
+     * after top-k and before top-p */
+    float typical_p;
     float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
     /* OpenAI's, over the tokens generated so far (not the prompt), c(t)
      * times generated: logit[t] -= frequency * c(t) + presence * (c(t) > 0).
@@ -128,6 +134,9 @@ void eng_stop_free(eng_stop *s);
  * generation should end.
  */
 bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
+/* vLLM's include_stop_str_in_output: a stop string that completes is
+ * emitted (generation still ends there). Off unless set. */
+void eng_stop_include(eng_stop *s, bool include);
 /* While held (min_tokens not yet reached), a stop string that completes
  * does not stop: its text is emitted as any other and matching goes on. */
 void eng_stop_hold(eng_stop *s, bool held);
@@ -155,6 +164,65 @@ typedef struct eng_usage {
     double decode_s;  /* first token to the last */
 } eng_usage;
 
+/* At most this many alternatives per token (OpenAI's top_logprobs and
+ * completions' logprobs limit). */
+#define ENG_MAX_LOGPROBS 20
+
+/* A token and its log-probability. */
+typedef struct eng_logprob {
+    int32_t token;
+    float logprob;
+} eng_logprob;
+
+/*
+ * What the engine reports of one token of one choice (eng_request.on_token).
+ * Log-probabilities are of the model's own distribution at that step: the
+ * log-softmax of the raw logits, before logit_bias, penalties, temperature
+ * and top-k/top-p/typical_p (vLLM's default, "raw" logprobs), in float64
+ * summed and rounded to float.
+ */
+typedef struct eng_token_event {
+    int32_t choice; /* 0 .. n_choices - 1 */
+    /* the token that completed text; -1: text the stop filter held back,
+     * released at the end (no logprobs then) */
+    int32_t token;
+    const char *text; /* UTF-8, whole characters; may be empty */
+    size_t len;
+    /* only when the request asked for logprobs and token >= 0: token's
+     * log-probability, and the top_logprobs most likely tokens, most likely
+     * first (ties: the lower id first); top is NULL when none were asked */
+    float logprob;
+    const eng_logprob *top;
+    int32_t n_top;
+} eng_token_event;
+
+/* The prompt as the model saw it (eng_request.on_prompt): its tokens and,
+ * for each, its log-probability given the tokens before it (the first has
+ * none: NaN) and the n_top most likely tokens at that position (top, n x
+ * n_top, row i empty-filled with token -1 for i = 0). Borrowed for the
+ * call. */
+typedef struct eng_prompt_info {
+    const int32_t *tokens;
+    int32_t n;
+    const float *logprobs;  /* n entries, or NULL when not asked */
+    const eng_logprob *top; /* n x n_top, or NULL */
+    int32_t n_top;
+} eng_prompt_info;
+
+/* How one choice ended (eng_request.on_choice_done). */
+typedef struct eng_choice_end {
+    int32_t choice;
+    eng_finish why;
+    int32_t generated_tokens;
+    /* the sum of the logprobs of its tokens (eng_token_event.logprob, in
+     * float64; the EOS that ended it included), when logprobs were asked;
+     * else 0 */
+    double logprob_sum;
+} eng_choice_end;
+
+/* The most choices one request may ask for (each needs a running slot). */
+#define ENG_MAX_CHOICES 64
+
 /* A generation request. The engine copies what it needs at submit. The
  * callbacks run on the engine thread between steps: they must be quick
  * and must not call back into the engine (the server hands them to its
@@ -162,6 +230,13 @@ typedef struct eng_usage {
 typedef struct eng_request {
     const char *prompt;
     size_t prompt_len;
+    /* or, when not NULL, the prompt as token ids, used as they are (no BOS
+     * added; each must be in the vocabulary); prompt is then ignored */
+    const int32_t *prompt_tokens;
+    size_t n_prompt_tokens;
+    /* TGI's truncate: > 0 keeps only the prompt's last truncate tokens
+     * (after tokenization, BOS included); 0: the whole prompt */
+    int32_t truncate;
     int32_t max_new_tokens; /* >= 1 */
     /* max_new_tokens is an upper bound: lower it to what the context (and
      * the whole KV cache) leaves after the prompt, as OpenAI's chat
@@ -171,6 +246,30 @@ typedef struct eng_request {
      * tokens, so no BOS is added (transformers tokenizes a rendered
      * template with add_special_tokens=False) */
     bool templated;
+    /*
+     * n_choices (0 or 1: one; at most ENG_MAX_CHOICES and the engine's
+     * max_running): that many answers to one prompt, the prompt prefilled
+     * once. Choice i samples with its own sampler seeded sampling.seed + i
+     * (choice 0 draws what a one-choice request would). After the prefill
+     * the choices share the prompt's KV blocks; a shared block is copied
+     * when a choice first writes into it (copy on write: the prompt's last,
+     * partly filled block). The request's KV blocks and running slots are
+     * reserved at admission for all its choices.
+     */
+    int32_t n_choices;
+    /* logprobs: each token's log-probability, with top_logprobs
+     * (0..ENG_MAX_LOGPROBS) alternatives (eng_token_event) */
+    bool logprobs;
+    int32_t top_logprobs;
+    /* prompt_logprobs: on_prompt gets each prompt token's log-probability
+     * and top_logprobs alternatives (OpenAI's echo with logprobs, TGI's
+     * decoder_input_details); the prompt is prefilled all the same */
+    bool prompt_logprobs;
+    /* vLLM's skip_special_tokens: special tokens (control and added
+     * special ones) add no text (they are still reported as tokens) */
+    bool skip_special_tokens;
+    /* vLLM's include_stop_str_in_output (eng_stop_include) */
+    bool include_stop_str;
     eng_sampling sampling;
     const char *const *stop; /* stop strings, n_stop of them */
     size_t n_stop;
@@ -178,10 +277,19 @@ typedef struct eng_request {
      * takes its own references at submit */
     const eng_lora_term *adapters;
     size_t n_adapters;
-    /* text (UTF-8, whole characters, stop strings held back) and the token
-     * that completed it; text may be empty */
-    void (*on_token)(void *user, int32_t token, const char *text, size_t len);
-    /* exactly once per admitted request */
+    /* once, before any token, when the prompt's tokens are known (after
+     * its prefill when prompt_logprobs); may be NULL */
+    void (*on_prompt)(void *user, const eng_prompt_info *p);
+    /* each token of each choice, and text held back to a choice's end */
+    void (*on_token)(void *user, const eng_token_event *ev);
+    /* once per choice that began (a request cancelled while waiting or
+     * failed before its first token has none), before on_done; may be
+     * NULL */
+    void (*on_choice_done)(void *user, const eng_choice_end *end);
+    /* exactly once per submitted request, after its choices' ends: why
+     * is the worst of theirs (error, then cancelled, then the first
+     * choice's); usage counts the prompt once and the tokens of every
+     * choice */
     void (*on_done)(void *user, eng_finish reason, const eng_usage *usage);
     void *user;
 } eng_request;
@@ -210,8 +318,10 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
  * Check and queue a request: an empty prompt, invalid UTF-8, a prompt
  * longer than the context or the whole KV cache, prompt plus
  * max_new_tokens past max_context (when set), max_new_tokens out of range,
- * bad sampling parameters or a full queue are refused here with the reason
- * (nothing is queued). *id names it for eng_engine_cancel.
+ * bad sampling parameters, more choices than running slots, a prompt
+ * token outside the vocabulary or a full queue are refused here with the
+ * reason (nothing is queued). *id names it for eng_engine_cancel (all its
+ * choices).
  */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
 /*
@@ -240,6 +350,10 @@ typedef struct eng_engine_stats {
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
     uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
+    /* KV blocks a request's further choices took from its first by
+     * reference instead of computing them (n_choices > 1), and blocks
+     * copied because a choice wrote into a shared one (copy on write) */
+    uint64_t kv_blocks_shared, kv_blocks_copied;
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);

@@ -139,6 +139,11 @@ static bool is_special(const tok_tokenizer *t, int32_t id)
     return t->type[id] == TT_CONTROL || t->type[id] == TT_UNKNOWN;
 }
 
+bool tok_is_special(const tok_tokenizer *t, int32_t id)
+{
+    return id >= 0 && (size_t)id < tok_vocab_size(t) && is_special(t, id);
+}
+
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **text,
                size_t *len, char *msg, size_t msg_len)
 {

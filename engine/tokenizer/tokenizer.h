@@ -45,6 +45,10 @@ void tok_free(tok_tokenizer *t);
  */
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bos,
                bool parse_special, int32_t **ids, size_t *n_ids, char *msg, size_t msg_len);
+/* Whether id is a special token (a control token, or the unknown one):
+ * what tok_decode's skip_special drops. false for an id outside the
+ * vocabulary. */
+bool tok_is_special(const tok_tokenizer *t, int32_t id);
 /* Ids to text (allocated, NUL-terminated); skip_special drops control
  * tokens. Invalid ids are refused. */
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **text,
