@@ -12,9 +12,11 @@
  * eos_token. The text it gives is the prompt, tokenized as transformers
  * tokenizes a rendered template: special tokens written in it are parsed,
  * and no BOS is added (the template writes its own). The answer is a
- * chat.completion, or chat.completion.chunk events: the first delta carries
- * the role, then content deltas, a last chunk with finish_reason, the usage
- * when stream_options.include_usage, and [DONE].
+ * chat.completion with n choices, or chat.completion.chunk events: per
+ * choice a first delta carrying the role, then content deltas (with
+ * logprobs.content when asked: logprobs.c), a last chunk with its
+ * finish_reason; then the usage when stream_options.include_usage, and
+ * [DONE].
  *
  * A request naming an adapter that carries its own template (PEFT saves
  * the tokenizer beside an adapter when training changed it) is rendered
@@ -326,6 +328,8 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
                                          "add_generation_prompt",
                                          "min_tokens",
                                          "ignore_eos",
+                                         "skip_special_tokens",
+                                         "include_stop_str_in_output",
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;
@@ -334,20 +338,25 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
     /* OpenAI's default: as many as the context allows; the server's own
      * cap on max_new_tokens applies (check_limits) */
     a->max_new_tokens = c->s->cfg->max_new_tokens;
-    bool has_max = false, has_max_tokens = false, logprobs = false;
-    int64_t n = 1;
+    bool has_max = false, has_max_tokens = false, logprobs = false, has_top = false;
+    int64_t n = 1, top = 0;
     if (!srv_get_int(c, root, "max_completion_tokens", 1, INT32_MAX, &a->max_new_tokens,
                      &has_max) ||
         (!has_max &&
          !srv_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens, &has_max_tokens)) ||
         !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
-        !srv_get_int(c, root, "n", 1, 1, &n, NULL) || !srv_get_bool(c, root, "logprobs", &logprobs))
+        !srv_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
+        !srv_get_bool(c, root, "logprobs", &logprobs) ||
+        !srv_get_int(c, root, "top_logprobs", 0, ENG_MAX_LOGPROBS, &top, &has_top) ||
+        !srv_get_vllm_output(c, root, a))
         return false;
-    if (logprobs || !srv_is_null(cJSON_GetObjectItemCaseSensitive(root, "top_logprobs"))) {
-        srv_fail(c, 400, "\"%s\" is not supported by this server",
-                 logprobs ? "logprobs" : "top_logprobs");
+    if (has_top && !logprobs) {
+        srv_fail(c, 400, "\"top_logprobs\" needs \"logprobs\": true");
         return false;
     }
+    a->n = (int32_t)n;
+    a->logprobs = logprobs;
+    a->top_logprobs = (int32_t)top;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     if (!srv_is_null(tc) && !(cJSON_IsString(tc) && (strcmp(tc->valuestring, "auto") == 0 ||
                                                      strcmp(tc->valuestring, "none") == 0))) {
@@ -371,19 +380,25 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
 
 /* --- the answer --------------------------------------------------------------- */
 
-/* An answer object with one choice: `what` ("message" or "delta") holding
- * role and content as given (NULL: left out). */
-static cJSON *chat_object(const srv_gen *g, const char *object, const char *what, const char *role,
-                          const char *text, size_t len, const char *finish)
+/* An answer object with no choices yet. */
+static cJSON *chat_object(const srv_gen *g, const char *object, cJSON **choices)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", g->oai_id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)time(NULL));
     cJSON_AddStringToObject(o, "model", g->model_id);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    *choices = cJSON_AddArrayToObject(o, "choices");
+    return o;
+}
+
+/* One choice: `what` ("message" or "delta") holding role and content as
+ * given (NULL: left out), logprobs (consumed; NULL: null), finish. */
+static void add_choice(cJSON *choices, int32_t index, const char *what, const char *role,
+                       const char *text, size_t len, cJSON *logprobs, const char *finish)
+{
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", index);
     cJSON *body = cJSON_AddObjectToObject(choice, what);
     if (role)
         cJSON_AddStringToObject(body, "role", role);
@@ -392,52 +407,75 @@ static cJSON *chat_object(const srv_gen *g, const char *object, const char *what
         cJSON_AddStringToObject(body, "content", s ? s : "");
         free(s);
     }
-    cJSON_AddNullToObject(choice, "logprobs");
+    if (logprobs)
+        cJSON_AddItemToObject(choice, "logprobs", logprobs);
+    else
+        cJSON_AddNullToObject(choice, "logprobs");
     if (finish)
         cJSON_AddStringToObject(choice, "finish_reason", finish);
     else
         cJSON_AddNullToObject(choice, "finish_reason");
     cJSON_AddItemToArray(choices, choice);
+}
+
+/* A chunk of one choice's delta. */
+static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const char *text,
+                          size_t len, cJSON *logprobs, const char *finish)
+{
+    cJSON *choices;
+    cJSON *o = chat_object(g, "chat.completion.chunk", &choices);
+    add_choice(choices, i, "delta", role, text, len, logprobs, finish);
     return o;
 }
 
-static void whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                       const eng_usage *u)
+static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
-    cJSON *o = chat_object(g, "chat.completion", "message", "assistant", full, strlen(full),
-                           srv_oai_finish(why));
+    cJSON *choices;
+    cJSON *o = chat_object(g, "chat.completion", &choices);
+    for (int32_t i = 0; i < g->n_choices; i++) {
+        const srv_choice *ch = &g->choices[i];
+        cJSON *lp = g->logprobs ? srv_chat_logprobs(g, i, 0, ch->n_tokens) : NULL;
+        add_choice(choices, i, "message", "assistant", ch->text ? ch->text : "", ch->text_len, lp,
+                   srv_oai_finish(ch->why));
+    }
     srv_oai_add_usage(o, u);
     srv_respond_generation(c, o, why);
 }
 
-/* The first chunk of a stream carries the role, as OpenAI's does. */
-static void open_stream(srv_gen *g, srv_conn *c)
+/* The first chunk of each choice's stream carries the role, as OpenAI's does. */
+static void open_stream(srv_gen *g, srv_conn *c, int32_t i)
 {
-    if (g->opened)
+    if (g->choices[i].opened)
         return;
-    g->opened = true;
-    srv_stream_cjson(c, chat_object(g, "chat.completion.chunk", "delta", "assistant", "", 0, NULL));
+    g->choices[i].opened = true;
+    srv_stream_cjson(c, delta_chunk(g, i, "assistant", "", 0, NULL, NULL));
 }
 
-static void stream_token(srv_gen *g, srv_conn *c, int32_t token, const char *text, size_t len)
+static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
+                         size_t len)
 {
-    (void)token;
-    open_stream(g, c);
-    if (len > 0)
+    open_stream(g, c, i);
+    const srv_choice *ch = &g->choices[i];
+    bool lp = g->logprobs && token >= 0 && ch->n_tokens;
+    if (len > 0 || lp)
+        srv_stream_cjson(
+            c,
+            delta_chunk(g, i, NULL, text ? text : "", len,
+                        lp ? srv_chat_logprobs(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL, NULL));
+}
+
+static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+{
+    (void)why; /* each choice's own finish is sent */
+    for (int32_t i = 0; i < g->n_choices; i++) {
+        open_stream(g, c, i);
         srv_stream_cjson(c,
-                         chat_object(g, "chat.completion.chunk", "delta", NULL, text, len, NULL));
-}
-
-static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                        const eng_usage *u)
-{
-    (void)full; /* the chunks carried it */
-    open_stream(g, c);
-    srv_stream_cjson(
-        c, chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, srv_oai_finish(why)));
-    if (g->include_usage)
-        srv_oai_usage_chunk(
-            c, chat_object(g, "chat.completion.chunk", "delta", NULL, NULL, 0, NULL), u);
+                         delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
+    }
+    if (g->include_usage) {
+        cJSON *choices;
+        srv_oai_usage_chunk(c, chat_object(g, "chat.completion.chunk", &choices), u);
+    }
     srv_stream_event(c, "[DONE]", 6);
     srv_stream_end(c);
 }

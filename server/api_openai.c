@@ -1,10 +1,13 @@
 /*
  * api_openai.c - OpenAI's completions API, so its clients work unchanged:
- * POST /v1/completions (one prompt per request; "model" names the base
- * model or a loaded adapter; a text_completion answer with usage, or one
- * server-sent chunk per piece of text, a finishing chunk, the usage when
- * stream_options.include_usage, and [DONE]) and GET /v1/models (the base
- * model and every loaded adapter).
+ * POST /v1/completions ("prompt" a string, a list of strings, a list of
+ * token ids or a list of lists; n choices each, the best n of best_of by
+ * summed logprob; echo; logprobs 0..20 (logprobs.c); "model" names the
+ * base model or a loaded adapter; a text_completion answer with usage,
+ * its choices prompt-major (index = prompt * n + choice), or one
+ * server-sent chunk per piece of text per choice, a finishing chunk per
+ * choice, the usage when stream_options.include_usage, and [DONE]) and
+ * GET /v1/models (the base model and every loaded adapter).
  *
  * Offers the route handlers srv_oai_*; owns the OpenAI request fields
  * (the ones it has that this server does not implement are accepted only
@@ -20,6 +23,132 @@
 #include <time.h>
 
 /* --- the request ----------------------------------------------------------------- */
+
+/* A token id of a prompt given as ids. */
+static bool read_id(srv_conn *c, const cJSON *v, size_t at, int32_t *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX ||
+        v->valuedouble != (double)(int32_t)v->valuedouble) {
+        srv_fail(c, 400, "\"prompt\": item %zu is not a token id (an integer >= 0)", at);
+        return false;
+    }
+    *out = (int32_t)v->valuedouble;
+    return true;
+}
+
+/* Ids of one list into store from *used; the prompt p points at them. */
+static bool read_ids(srv_conn *c, const cJSON *list, int32_t *store, size_t *used, srv_prompt_in *p)
+{
+    size_t n = (size_t)cJSON_GetArraySize(list), at = 0;
+    if (n == 0) {
+        srv_fail(c, 400, "\"prompt\": a list of token ids is empty");
+        return false;
+    }
+    p->tokens = store + *used;
+    p->n_tokens = n;
+    for (const cJSON *v = list->child; v; v = v->next)
+        if (!read_id(c, v, at++, &store[(*used)++]))
+            return false;
+    return true;
+}
+
+/* "prompt": a string, a list of strings, a list of token ids, or a list of
+ * lists of token ids (OpenAI's four forms). */
+static bool read_prompts(srv_conn *c, const cJSON *prompt, srv_ask *a)
+{
+    if (cJSON_IsString(prompt)) {
+        a->prompt = prompt->valuestring;
+        return true;
+    }
+    size_t n = cJSON_IsArray(prompt) ? (size_t)cJSON_GetArraySize(prompt) : 0;
+    if (n == 0) {
+        srv_fail(c, 400,
+                 "\"prompt\" must be a string, or a non-empty list of strings, of token "
+                 "ids, or of lists of token ids");
+        return false;
+    }
+    const cJSON *first = prompt->child;
+    if (cJSON_IsNumber(first)) { /* one prompt of ids */
+        a->token_store = malloc(n * sizeof *a->token_store);
+        size_t used = 0;
+        a->n_prompts = 1;
+        return a->token_store ? read_ids(c, prompt, a->token_store, &used, &a->prompts[0])
+                              : (srv_fail(c, 503, "out of memory"), false);
+    }
+    if (n > SRV_MAX_PROMPTS) {
+        srv_fail(c, 400, "\"prompt\" lists %zu prompts; at most %d", n, SRV_MAX_PROMPTS);
+        return false;
+    }
+    size_t total = 0;
+    for (const cJSON *v = first; v; v = v->next) {
+        if (cJSON_IsArray(first) ? !cJSON_IsArray(v) : !cJSON_IsString(v)) {
+            srv_fail(c, 400,
+                     "\"prompt\": a list must hold prompts of one kind (strings, or "
+                     "lists of token ids)");
+            return false;
+        }
+        total += cJSON_IsArray(v) ? (size_t)cJSON_GetArraySize(v) : 0;
+    }
+    if (total && !(a->token_store = malloc(total * sizeof *a->token_store))) {
+        srv_fail(c, 503, "out of memory");
+        return false;
+    }
+    size_t used = 0;
+    for (const cJSON *v = first; v; v = v->next) {
+        srv_prompt_in *p = &a->prompts[a->n_prompts++];
+        if (cJSON_IsString(v))
+            p->text = v->valuestring;
+        else if (!read_ids(c, v, a->token_store, &used, p))
+            return false;
+    }
+    if (a->n_prompts == 1 && a->prompts[0].text) { /* ["one"] is "one" */
+        a->prompt = a->prompts[0].text;
+        a->n_prompts = 0;
+    }
+    return true;
+}
+
+/* n, best_of, echo and logprobs. */
+static bool read_choices(srv_conn *c, const cJSON *root, srv_ask *a, bool stream)
+{
+    int64_t n = 1, best_of = 0, logprobs = -1;
+    bool echo = false, has_best_of = false;
+    if (!srv_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
+        !srv_get_int(c, root, "best_of", 1, SRV_MAX_CHOICES, &best_of, &has_best_of) ||
+        !srv_get_bool(c, root, "echo", &echo) ||
+        !srv_get_int(c, root, "logprobs", 0, ENG_MAX_LOGPROBS, &logprobs, NULL))
+        return false;
+    if (has_best_of && best_of < n) {
+        srv_fail(c, 400, "\"best_of\" (%lld) must be at least \"n\" (%lld)", (long long)best_of,
+                 (long long)n);
+        return false;
+    }
+    if (stream && has_best_of && best_of > n) {
+        srv_fail(c, 400, "\"best_of\" greater than \"n\" cannot be streamed");
+        return false;
+    }
+    size_t prompts = a->n_prompts ? a->n_prompts : 1;
+    int64_t per = has_best_of ? best_of : n;
+    if ((int64_t)prompts * per > SRV_MAX_CHOICES) {
+        srv_fail(c, 400, "%zu prompts x %lld choices is over the server's limit of %d", prompts,
+                 (long long)per, SRV_MAX_CHOICES);
+        return false;
+    }
+    a->n = (int32_t)n;
+    a->best_of = (int32_t)per;
+    a->logprobs = logprobs >= 0;
+    a->top_logprobs = logprobs >= 0 ? (int32_t)logprobs : 0;
+    a->prompt_logprobs = echo && a->logprobs;
+    a->return_full_text = echo;
+    if (a->max_new_tokens == 0) {
+        if (!echo) {
+            srv_fail(c, 400, "\"max_tokens\" 0 needs \"echo\": there would be nothing to answer");
+            return false;
+        }
+        a->prompt_logprobs = true; /* the prompt is scored; nothing is generated */
+    }
+    return true;
+}
 
 /* OpenAI completions. */
 static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **model, bool *stream)
@@ -46,45 +175,27 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
                                          "ignore_eos",
                                          "best_of",
                                          "suffix",
+                                         "skip_special_tokens",
+                                         "include_stop_str_in_output",
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;
     if (!srv_get_string(c, root, "model", model) || !srv_get_bool(c, root, "stream", stream))
         return false;
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 &&
-        cJSON_IsString(cJSON_GetArrayItem(prompt, 0)))
-        prompt = cJSON_GetArrayItem(prompt, 0);
-    if (!cJSON_IsString(prompt)) {
-        srv_fail(c, 400, "\"prompt\" must be a string (one prompt per request)");
+    if (!read_prompts(c, cJSON_GetObjectItemCaseSensitive(root, "prompt"), a))
         return false;
-    }
-    a->prompt = prompt->valuestring;
     a->max_new_tokens = 16; /* OpenAI's default */
-    int64_t n = 1;
-    bool echo = false;
-    if (!srv_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens, NULL) ||
+    if (!srv_get_int(c, root, "max_tokens", 0, INT32_MAX, &a->max_new_tokens, NULL) ||
         !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
-        !srv_get_int(c, root, "n", 1, 1, &n, NULL) || !srv_get_bool(c, root, "echo", &echo))
+        !read_choices(c, root, a, *stream) || !srv_get_vllm_output(c, root, a))
         return false;
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (!srv_is_null(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
-        srv_fail(c, 400, "\"logprobs\" is not supported by this server");
-        return false;
-    }
     /* fields that would change the answer are refused, not ignored */
-    int64_t best_of = 1;
-    if (!srv_get_int(c, root, "best_of", 1, 1, &best_of, NULL))
-        return false;
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
     if (!srv_is_null(suffix) && !(cJSON_IsString(suffix) && suffix->valuestring[0] == 0)) {
         srv_fail(c, 400, "\"suffix\" (insertion) is not supported by this server");
         return false;
     }
-    if (!srv_oai_stream_options(c, root, a))
-        return false;
-    a->return_full_text = echo;
-    return true;
+    return srv_oai_stream_options(c, root, a);
 }
 
 bool srv_oai_stream_options(srv_conn *c, const cJSON *root, srv_ask *a)
@@ -115,25 +226,45 @@ const char *srv_oai_finish(eng_finish f)
     return "unknown";
 }
 
-static cJSON *oai_chunk(const srv_gen *g, const char *text, size_t len, const char *finish)
+/* A text_completion object with no choices yet. */
+static cJSON *oai_object(const srv_gen *g, cJSON **choices)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", g->oai_id);
     cJSON_AddStringToObject(o, "object", "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)time(NULL));
     cJSON_AddStringToObject(o, "model", g->model_id);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    *choices = cJSON_AddArrayToObject(o, "choices");
+    return o;
+}
+
+/* One choice: text, its index, logprobs (consumed; NULL: null), finish. */
+static void add_choice(cJSON *choices, int32_t index, const char *text, size_t len, cJSON *logprobs,
+                       const char *finish)
+{
     cJSON *c = cJSON_CreateObject();
     char *s = strndup(text ? text : "", len);
     cJSON_AddStringToObject(c, "text", s ? s : "");
     free(s);
-    cJSON_AddNumberToObject(c, "index", 0);
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNumberToObject(c, "index", index);
+    if (logprobs)
+        cJSON_AddItemToObject(c, "logprobs", logprobs);
+    else
+        cJSON_AddNullToObject(c, "logprobs");
     if (finish)
         cJSON_AddStringToObject(c, "finish_reason", finish);
     else
         cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
+}
+
+/* A chunk of one choice. */
+static cJSON *oai_chunk(const srv_gen *g, int32_t index, const char *text, size_t len,
+                        cJSON *logprobs, const char *finish)
+{
+    cJSON *choices;
+    cJSON *o = oai_object(g, &choices);
+    add_choice(choices, index, text, len, logprobs, finish);
     return o;
 }
 
@@ -153,27 +284,64 @@ void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u)
     srv_stream_cjson(c, chunk);
 }
 
-static void whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                       const eng_usage *u)
+static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
-    cJSON *o = oai_chunk(g, full, strlen(full), srv_oai_finish(why));
+    int32_t order[SRV_MAX_CHOICES];
+    int32_t n = srv_gen_answer_order(g, order);
+    cJSON *choices;
+    cJSON *o = oai_object(g, &choices);
+    for (int32_t k = 0; k < n; k++) {
+        const srv_choice *ch = &g->choices[order[k]];
+        char *full = srv_gen_full_text(g, order[k]);
+        cJSON *lp = g->logprobs ? srv_oai_logprobs(g, order[k], 0, ch->n_tokens,
+                                                   g->return_full_text && g->prompt_logprobs)
+                                : NULL;
+        add_choice(choices, k, full ? full : "", full ? strlen(full) : 0, lp,
+                   srv_oai_finish(ch->why));
+        free(full);
+    }
     srv_oai_add_usage(o, u);
     srv_respond_generation(c, o, why);
 }
 
-static void stream_token(srv_gen *g, srv_conn *c, int32_t token, const char *text, size_t len)
+/* A stream's first chunk of choice i: with echo, the prompt (and its
+ * logprobs when asked), as vLLM streams it. */
+static void open_choice(srv_gen *g, srv_conn *c, int32_t i)
 {
-    (void)token; /* held-back text at the end is a chunk like any other */
-    srv_stream_cjson(c, oai_chunk(g, text, len, NULL));
+    srv_choice *ch = &g->choices[i];
+    if (ch->opened)
+        return;
+    ch->opened = true;
+    const srv_part *part = &g->parts[i / g->per_part];
+    if (!g->return_full_text || !part->text)
+        return;
+    cJSON *lp = g->logprobs && g->prompt_logprobs ? srv_oai_logprobs(g, i, 0, 0, true) : NULL;
+    srv_stream_cjson(c, oai_chunk(g, i, part->text, strlen(part->text), lp, NULL));
 }
 
-static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                        const eng_usage *u)
+static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
+                         size_t len)
 {
-    (void)full; /* the chunks carried it */
-    srv_stream_cjson(c, oai_chunk(g, "", 0, srv_oai_finish(why)));
-    if (g->include_usage)
-        srv_oai_usage_chunk(c, oai_chunk(g, "", 0, NULL), u);
+    open_choice(g, c, i);
+    const srv_choice *ch = &g->choices[i];
+    cJSON *lp = g->logprobs && token >= 0 && ch->n_tokens
+                    ? srv_oai_logprobs(g, i, ch->n_tokens - 1, ch->n_tokens, false)
+                    : NULL;
+    /* held-back text at the end is a chunk like any other */
+    srv_stream_cjson(c, oai_chunk(g, i, text, len, lp, NULL));
+}
+
+static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+{
+    (void)why; /* each choice's own finish is sent */
+    for (int32_t i = 0; i < g->n_choices; i++) {
+        open_choice(g, c, i);
+        srv_stream_cjson(c, oai_chunk(g, i, "", 0, NULL, srv_oai_finish(g->choices[i].why)));
+    }
+    if (g->include_usage) {
+        cJSON *choices;
+        srv_oai_usage_chunk(c, oai_object(g, &choices), u);
+    }
     srv_stream_event(c, "[DONE]", 6);
     srv_stream_end(c);
 }
@@ -202,6 +370,7 @@ void srv_oai_completions(srv_conn *c, const char *name)
         a.adapter = srv_adapter_named(c, model);
         srv_generate(c, &a, stream ? &oai_stream : &oai_whole);
     }
+    srv_ask_free(&a);
     cJSON_Delete(root);
 }
 

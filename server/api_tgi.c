@@ -4,7 +4,16 @@
  * "parameters", "stream"} in; {"generated_text", "details"} out, or one
  * server-sent event per token and a last one with the whole text and
  * details), POST / (TGI's compat route: either, by "stream"), POST
- * /tokenize (the prompt's tokens with their byte spans) and GET /info.
+ * /tokenize (the prompt's tokens with their byte spans) and GET /info
+ * (TGI's Info fields, then ours). The generate parameters: best_of
+ * candidates (the best by summed logprob answers, the others in
+ * details.best_of_sequences), top_n_tokens (details.top_tokens and each
+ * stream event's top_tokens), decoder_input_details (details.prefill:
+ * each prompt token's logprob, the first null), truncate, typical_p,
+ * frequency_penalty; watermark only false, grammar refused. Token
+ * logprobs are the engine's (raw model log-probabilities, scheduler.h):
+ * TGI reports those of its processed distribution, which differ when
+ * temperature or penalties are on.
  *
  * Offers the route handlers srv_tgi_* and srv_tokenize_spans (the token
  * list /tokenize answers, for any route that shows tokens); owns the TGI request fields (the
@@ -15,10 +24,43 @@
  */
 #include "internal/server_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* --- the request ----------------------------------------------------------------- */
+
+/* TGI's best_of, top_n_tokens, decoder_input_details and truncate, with
+ * its router's rules (validation.rs): best_of needs sampling and no seed
+ * (each candidate draws its own), and neither best_of nor the prompt's
+ * details may be streamed (checked by the route, which knows). */
+static bool parse_tgi_details(srv_conn *c, const cJSON *p, srv_ask *a)
+{
+    int64_t best_of = 1, top_n = 0, truncate = 0;
+    bool has_seed = !srv_is_null(cJSON_GetObjectItemCaseSensitive(p, "seed"));
+    if (!srv_get_int(c, p, "best_of", 1, SRV_TGI_MAX_BEST_OF, &best_of, NULL) ||
+        !srv_get_int(c, p, "top_n_tokens", 0, SRV_TGI_MAX_TOP_N, &top_n, NULL) ||
+        !srv_get_bool(c, p, "decoder_input_details", &a->prompt_logprobs) ||
+        !srv_get_int(c, p, "truncate", 1, INT32_MAX, &truncate, NULL))
+        return false;
+    if (best_of > 1 && a->sampling.temperature == 0) {
+        srv_fail(c, 400,
+                 "parameters.best_of %lld needs sampling (do_sample, or a temperature, "
+                 "top_k, top_p or typical_p)",
+                 (long long)best_of);
+        return false;
+    }
+    if (best_of > 1 && has_seed) {
+        srv_fail(c, 400,
+                 "parameters.seed cannot be set when parameters.best_of is over 1 (each "
+                 "candidate draws its own)");
+        return false;
+    }
+    a->best_of = (int32_t)best_of;
+    a->top_logprobs = (int32_t)top_n;
+    a->truncate = (int32_t)truncate;
+    return true;
+}
 
 /* TGI: {"inputs", "parameters": {...}, "stream"} */
 static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
@@ -63,16 +105,16 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
         return srv_get_sampling(c, NULL, a, true);
     if (!srv_only_known(c, p, "parameters", params))
         return false;
-    /* TGI fields we take but do not implement: accepted only when off */
-    static const char *const off[] = {"watermark", "decoder_input_details", "truncate", "typical_p",
-                                      "best_of",   "top_n_tokens",          "grammar",  NULL};
-    for (const char *const *o = off; *o; o++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, *o);
-        if (!srv_is_null(v) && !cJSON_IsFalse(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0) &&
-            !(strcmp(*o, "best_of") == 0 && cJSON_IsNumber(v) && v->valuedouble == 1)) {
-            srv_fail(c, 400, "parameters.%s is not supported by this server", *o);
-            return false;
-        }
+    bool watermark = false;
+    if (!srv_get_bool(c, p, "watermark", &watermark))
+        return false;
+    if (watermark) {
+        srv_fail(c, 400, "parameters.watermark is not supported by this server");
+        return false;
+    }
+    if (!srv_is_null(cJSON_GetObjectItemCaseSensitive(p, "grammar"))) {
+        srv_fail(c, 400, "parameters.grammar is not supported by this server");
+        return false;
     }
     if (!srv_get_int(c, p, "max_new_tokens", 1, INT32_MAX, &a->max_new_tokens, NULL) ||
         !srv_get_sampling(c, p, a, true) || !srv_get_stops(c, p, "stop", a) ||
@@ -81,7 +123,7 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
         !srv_get_bool(c, p, "details", &a->details) ||
         !srv_get_bool(c, p, "return_full_text", &a->return_full_text))
         return false;
-    return true;
+    return parse_tgi_details(c, p, a);
 }
 
 /* --- the answer ------------------------------------------------------------------ */
@@ -98,88 +140,163 @@ static const char *tgi_finish(eng_finish f)
     return "unknown";
 }
 
-static cJSON *token_json(int32_t id, const char *text, size_t len, bool special)
+/* {"id", "text", "logprob", "special"} (logprob NaN: null, as TGI's
+ * first prefill token) */
+static cJSON *token_json(const srv_gen *g, int32_t id, const char *text, size_t len, float logprob,
+                         bool special_field)
 {
     cJSON *t = cJSON_CreateObject();
     cJSON_AddNumberToObject(t, "id", id);
     char *s = strndup(text ? text : "", len);
     cJSON_AddStringToObject(t, "text", s ? s : "");
     free(s);
-    cJSON_AddNullToObject(t, "logprob");
-    cJSON_AddBoolToObject(t, "special", special);
+    if (isnan(logprob))
+        cJSON_AddNullToObject(t, "logprob");
+    else
+        cJSON_AddNumberToObject(t, "logprob", isfinite(logprob) ? (double)logprob : -9999.0);
+    if (special_field)
+        cJSON_AddBoolToObject(t, "special", tok_is_special(g->s->model.tok, id));
     return t;
 }
 
-static cJSON *tgi_details(const srv_gen *g, eng_finish why, const eng_usage *u, bool tokens)
+/* A token by its id alone: its own text. */
+static cJSON *id_json(const srv_gen *g, int32_t id, float logprob, bool special_field)
 {
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "finish_reason", tgi_finish(why));
-    cJSON_AddNumberToObject(d, "generated_tokens", u ? u->generated_tokens : (double)g->n_tokens);
+    char *text = srv_token_text(g->s->model.tok, id, NULL);
+    cJSON *t = token_json(g, id, text, text ? strlen(text) : 0, logprob, special_field);
+    free(text);
+    return t;
+}
+
+/* Token k's top_n_tokens alternatives of choice i. */
+static cJSON *top_json(const srv_gen *g, const srv_choice *ch, size_t k)
+{
+    cJSON *list = cJSON_CreateArray();
+    const eng_logprob *top = ch->top ? ch->top + k * (size_t)g->top_n : NULL;
+    for (int32_t j = 0; top && j < g->top_n && top[j].token >= 0; j++)
+        cJSON_AddItemToArray(list, id_json(g, top[j].token, top[j].logprob, true));
+    return list;
+}
+
+/* What details say of one candidate: finish, counts, seed, prefill,
+ * tokens and top tokens (the last three when tokens). */
+static void add_candidate(cJSON *d, const srv_gen *g, int32_t i, bool tokens)
+{
+    const srv_choice *ch = &g->choices[i];
+    const srv_part *part = &g->parts[0];
+    cJSON_AddStringToObject(d, "finish_reason", tgi_finish(ch->why));
+    cJSON_AddNumberToObject(d, "generated_tokens", ch->generated);
     if (g->sampled)
-        cJSON_AddNumberToObject(d, "seed", (double)g->seed);
+        cJSON_AddNumberToObject(d, "seed", (double)ch->seed);
     else
         cJSON_AddNullToObject(d, "seed");
-    if (tokens) {
-        cJSON_AddArrayToObject(d, "prefill");
-        cJSON *arr = cJSON_AddArrayToObject(d, "tokens");
-        for (size_t i = 0; i < g->n_tokens; i++)
-            cJSON_AddItemToArray(
-                arr, token_json(g->tokens[i], g->pieces[i], strlen(g->pieces[i]), false));
+    if (!tokens)
+        return;
+    cJSON *prefill = cJSON_AddArrayToObject(d, "prefill");
+    for (int32_t k = 0; g->prompt_logprobs && k < part->n_tokens; k++)
+        cJSON_AddItemToArray(
+            prefill, id_json(g, part->tokens[k], part->logprobs ? part->logprobs[k] : NAN, false));
+    cJSON *arr = cJSON_AddArrayToObject(d, "tokens");
+    for (size_t k = 0; k < ch->n_tokens; k++)
+        cJSON_AddItemToArray(arr, token_json(g, ch->tokens[k], ch->pieces[k], strlen(ch->pieces[k]),
+                                             ch->logprobs[k], true));
+    if (g->top_n) {
+        cJSON *tops = cJSON_AddArrayToObject(d, "top_tokens");
+        for (size_t k = 0; k < ch->n_tokens; k++)
+            cJSON_AddItemToArray(tops, top_json(g, ch, k));
+    }
+}
+
+/* details of the best candidate (best), with best_of_sequences for the
+ * others when there are. */
+static cJSON *tgi_details(const srv_gen *g, int32_t best, bool tokens)
+{
+    cJSON *d = cJSON_CreateObject();
+    add_candidate(d, g, best, tokens);
+    if (g->per_part > 1 && tokens) {
+        cJSON *others = cJSON_AddArrayToObject(d, "best_of_sequences");
+        for (int32_t i = 0; i < g->per_part; i++) {
+            if (i == best)
+                continue;
+            cJSON *o = cJSON_CreateObject();
+            char *full = srv_gen_full_text(g, i);
+            cJSON_AddStringToObject(o, "generated_text", full ? full : "");
+            free(full);
+            add_candidate(o, g, i, true);
+            cJSON_AddItemToArray(others, o);
+        }
     }
     return d;
 }
 
-static void whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                       const eng_usage *u)
+/* /generate's answer object: the best candidate's text and details. */
+static cJSON *generation_json(const srv_gen *g)
 {
+    int32_t best;
+    srv_gen_answer_order(g, &best);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "generated_text", full);
+    char *full = srv_gen_full_text(g, best);
+    cJSON_AddStringToObject(o, "generated_text", full ? full : "");
+    free(full);
     if (g->details)
-        cJSON_AddItemToObject(o, "details", tgi_details(g, why, u, true));
-    srv_respond_generation(c, o, why);
+        cJSON_AddItemToObject(o, "details", tgi_details(g, best, true));
+    return o;
 }
 
-static void stream_token(srv_gen *g, srv_conn *c, int32_t token, const char *text, size_t len)
+static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+{
+    (void)u;
+    srv_respond_generation(c, generation_json(g), why);
+}
+
+static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
+                         size_t len)
 {
     if (token < 0)
         return; /* held-back text at the end: the final event carries it */
+    const srv_choice *ch = &g->choices[i];
+    float lp = ch->n_tokens ? ch->logprobs[ch->n_tokens - 1] : 0.0f;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "index", (double)g->n_tokens);
-    cJSON_AddItemToObject(o, "token", token_json(token, text, len, false));
+    cJSON_AddNumberToObject(o, "index", (double)ch->n_tokens);
+    cJSON_AddItemToObject(o, "token", token_json(g, token, text, len, lp, true));
+    if (g->top_n && ch->n_tokens)
+        cJSON_AddItemToObject(o, "top_tokens", top_json(g, ch, ch->n_tokens - 1));
     cJSON_AddNullToObject(o, "generated_text");
     cJSON_AddNullToObject(o, "details");
     srv_stream_cjson(c, o);
 }
 
-static void stream_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                        const eng_usage *u)
+static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
+    (void)why;
+    (void)u;
     /* the end: a pseudo-token carrying the whole text and details. Its own
      * text is what the engine held back until the end (a stop string's
      * possible start, an incomplete UTF-8 tail), as ordinary text, so
      * clients that join the non-special tokens' texts get the whole
      * generated_text; with no such tail it is an empty special token. */
-    const char *tail = g->text ? g->text + g->text_len - g->tail_len : "";
+    const srv_choice *ch = &g->choices[0];
+    const char *tail = ch->text ? ch->text + ch->text_len - ch->tail_len : "";
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "index", (double)g->n_tokens + 1);
-    cJSON_AddItemToObject(o, "token", token_json(-1, tail, g->tail_len, g->tail_len == 0));
-    cJSON_AddStringToObject(o, "generated_text", full);
-    cJSON_AddItemToObject(o, "details", tgi_details(g, why, u, false));
+    cJSON_AddNumberToObject(o, "index", (double)ch->n_tokens + 1);
+    cJSON *t = token_json(g, -1, tail, ch->tail_len, 0.0f, false);
+    cJSON_AddBoolToObject(t, "special", ch->tail_len == 0);
+    cJSON_AddItemToObject(o, "token", t);
+    char *full = srv_gen_full_text(g, 0);
+    cJSON_AddStringToObject(o, "generated_text", full ? full : "");
+    free(full);
+    cJSON_AddItemToObject(o, "details", tgi_details(g, 0, false));
     srv_stream_cjson(c, o);
     srv_stream_end(c);
 }
 
 /* TGI's compat route answers a whole generation as a list of one /generate
  * answer ("to match api-inference", compat_generate says). */
-static void compat_whole_done(srv_gen *g, srv_conn *c, const char *full, eng_finish why,
-                              const eng_usage *u)
+static void compat_whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "generated_text", full);
-    if (g->details)
-        cJSON_AddItemToObject(o, "details", tgi_details(g, why, u, true));
+    (void)u;
     cJSON *list = cJSON_CreateArray();
-    cJSON_AddItemToArray(list, o);
+    cJSON_AddItemToArray(list, generation_json(g));
     srv_respond_generation(c, list, why);
 }
 
@@ -195,6 +312,22 @@ static const srv_shape tgi_stream = {.stream = true,
 
 /* --- the routes ------------------------------------------------------------------ */
 
+/* What a stream cannot carry (TGI's router refuses the same), and the
+ * token logprobs TGI always reports in details and stream events. */
+static bool finish_ask(srv_conn *c, srv_ask *a, bool stream)
+{
+    if (stream && a->best_of > 1) {
+        srv_fail(c, 400, "parameters.best_of over 1 cannot be streamed");
+        return false;
+    }
+    if (stream && a->prompt_logprobs) {
+        srv_fail(c, 400, "parameters.decoder_input_details cannot be streamed");
+        return false;
+    }
+    a->logprobs = a->details || stream;
+    return true;
+}
+
 /* POST /generate answers whole unless the body says "stream": true;
  * /generate_stream always streams (and ignores "stream"). */
 static void generate(srv_conn *c, bool stream_route)
@@ -204,7 +337,8 @@ static void generate(srv_conn *c, bool stream_route)
         return;
     srv_ask a = {0};
     bool stream = stream_route;
-    if (parse_tgi(c, root, &a) && (stream_route || srv_get_bool(c, root, "stream", &stream)))
+    if (parse_tgi(c, root, &a) && (stream_route || srv_get_bool(c, root, "stream", &stream)) &&
+        finish_ask(c, &a, stream))
         srv_generate(c, &a, stream ? &tgi_stream : &tgi_whole);
     cJSON_Delete(root);
 }
@@ -237,7 +371,8 @@ void srv_tgi_compat(srv_conn *c, const char *name)
         return;
     srv_ask a = {.return_full_text = true};
     bool stream = false;
-    if (parse_tgi(c, root, &a) && srv_get_bool(c, root, "stream", &stream))
+    if (parse_tgi(c, root, &a) && srv_get_bool(c, root, "stream", &stream) &&
+        finish_ask(c, &a, stream))
         srv_generate(c, &a, stream ? &tgi_stream : &tgi_compat_whole);
     cJSON_Delete(root);
 }
@@ -453,6 +588,9 @@ void srv_tgi_tokenize(srv_conn *c, const char *name)
                 cJSON *list;
                 int rc = srv_tokenize_spans(c->s->model.tok, a.prompt, strlen(a.prompt),
                                             add_special, &list, msg, sizeof msg);
+                /* truncate keeps the last tokens, as a generation would */
+                while (rc == QL_OK && a.truncate > 0 && cJSON_GetArraySize(list) > a.truncate)
+                    cJSON_DeleteItemFromArray(list, 0);
                 if (rc == QL_OK)
                     srv_respond_cjson(c, 200, list);
                 else
@@ -469,21 +607,35 @@ void srv_tgi_info(srv_conn *c, const char *name)
     (void)name;
     srv_server *s = c->s;
     cJSON *root = cJSON_CreateObject();
+    /* TGI's Info fields (router/src/lib.rs), then our own */
     cJSON_AddStringToObject(root, "model_id", s->model_id);
+    cJSON_AddNullToObject(root, "model_sha");
+    cJSON_AddStringToObject(root, "model_pipeline_tag", "text-generation");
+    cJSON_AddNumberToObject(root, "max_concurrent_requests", s->cfg->max_running);
+    cJSON_AddNumberToObject(root, "max_best_of", SRV_TGI_MAX_BEST_OF);
+    cJSON_AddNumberToObject(root, "max_stop_sequences", SRV_MAX_STOPS);
+    cJSON_AddNumberToObject(root, "max_top_n_tokens", SRV_TGI_MAX_TOP_N);
+    cJSON_AddNumberToObject(root, "validation_workers", 1);
+    cJSON_AddNumberToObject(root, "max_client_batch_size", SRV_MAX_PROMPTS);
+    cJSON_AddStringToObject(root, "router", "qlserve");
     cJSON_AddStringToObject(root, "version", QL_VERSION);
+    cJSON_AddNullToObject(root, "sha");
+    cJSON_AddNullToObject(root, "docker_label");
     cJSON_AddBoolToObject(root, "serving", s->serving);
     if (s->serving) {
         const eng_model *m = &s->model;
+        int64_t context = m->cfg.max_position_embeddings;
+        if (s->cfg->max_context > 0 && s->cfg->max_context < context)
+            context = s->cfg->max_context;
+        /* a prompt leaves room for at least one new token */
+        cJSON_AddNumberToObject(root, "max_input_tokens", (double)(context - 1));
+        cJSON_AddNumberToObject(root, "max_total_tokens", (double)context);
+        cJSON_AddStringToObject(root, "model_dtype", m->quant);
         cJSON_AddStringToObject(root, "architecture", eng_arch_name(m->cfg.arch));
         cJSON_AddStringToObject(root, "format", m->format);
         cJSON_AddStringToObject(root, "quant", m->quant);
         cJSON_AddNumberToObject(root, "weight_bytes", (double)eng_model_weight_bytes(m));
-        int64_t context = m->cfg.max_position_embeddings;
-        if (s->cfg->max_context > 0 && s->cfg->max_context < context)
-            context = s->cfg->max_context;
-        cJSON_AddNumberToObject(root, "max_total_tokens", (double)context);
         cJSON_AddNumberToObject(root, "max_new_tokens", s->cfg->max_new_tokens);
-        cJSON_AddNumberToObject(root, "max_concurrent_requests", s->cfg->max_running);
         cJSON_AddNumberToObject(root, "max_queued_requests", s->cfg->max_queued);
         cJSON_AddStringToObject(root, "cpu_kernels", qt_cpu_path());
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));

@@ -31,23 +31,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+typedef enum ev_kind { EV_PROMPT, EV_TOKEN, EV_CHOICE, EV_DONE } ev_kind;
+
+/* One thing the engine said, queued for the loop. Arrays are owned. */
 typedef struct srv_event {
     struct srv_event *next;
-    srv_gen *g;
-    bool done;
+    srv_part *part;
+    ev_kind kind;
+    int32_t choice;
     int32_t token;
     char *text;
     size_t len;
+    float logprob;
+    eng_logprob *top; /* EV_TOKEN: n_top; EV_PROMPT: n x n_top */
+    int32_t n_top;
+    int32_t *tokens; /* EV_PROMPT: the prompt's n tokens */
+    float *logprobs;
+    int32_t n;
+    eng_choice_end end;
     eng_finish why;
     eng_usage usage;
 } srv_event;
 
 /* --- the engine's callbacks (engine thread) -------------------------------------- */
 
-static void push_event(srv_gen *g, srv_event *ev)
+static void push_event(srv_part *part, srv_event *ev)
 {
-    srv_server *s = g->s;
-    ev->g = g;
+    srv_server *s = part->g->s;
+    ev->part = part;
     pthread_mutex_lock(&s->events_mu);
     if (s->events_tail)
         s->events_tail->next = ev;
@@ -58,33 +69,74 @@ static void push_event(srv_gen *g, srv_event *ev)
     uv_async_send(&s->wake);
 }
 
+/* A copy of n items of size each (NULL when n is 0 or memory is short). */
+static void *dup_array(const void *p, size_t n, size_t size)
+{
+    if (!p || n == 0)
+        return NULL;
+    void *q = malloc(n * size);
+    if (q)
+        memcpy(q, p, n * size);
+    return q;
+}
+
+/* An event that must arrive (a choice's or a request's end): retry the
+ * allocation rather than lose it. */
+static srv_event *must_alloc(void)
+{
+    srv_event *ev;
+    while (!(ev = calloc(1, sizeof *ev)))
+        sched_yield();
+    return ev;
+}
+
+static void bridge_prompt(void *user, const eng_prompt_info *p)
+{
+    srv_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return; /* the prompt's details are lost; the generation goes on */
+    ev->kind = EV_PROMPT;
+    ev->n = p->n;
+    ev->n_top = p->n_top;
+    ev->tokens = dup_array(p->tokens, (size_t)p->n, sizeof *p->tokens);
+    ev->logprobs = dup_array(p->logprobs, (size_t)p->n, sizeof *p->logprobs);
+    ev->top = dup_array(p->top, (size_t)p->n * (size_t)p->n_top, sizeof *p->top);
+    push_event(user, ev);
+}
+
 static void bridge_token(void *user, const eng_token_event *te)
 {
-    int32_t token = te->token;
-    const char *text = te->text;
-    size_t len = te->len;
     srv_event *ev = calloc(1, sizeof *ev);
     if (!ev)
         return; /* the token's text is lost; the generation goes on */
-    ev->token = token;
-    if (len) {
-        ev->text = malloc(len);
+    ev->kind = EV_TOKEN;
+    ev->choice = te->choice;
+    ev->token = te->token;
+    ev->logprob = te->logprob;
+    ev->n_top = te->top ? te->n_top : 0;
+    ev->top = dup_array(te->top, (size_t)ev->n_top, sizeof *te->top);
+    if (te->len) {
+        ev->text = malloc(te->len);
         if (ev->text) {
-            memcpy(ev->text, text, len);
-            ev->len = len;
+            memcpy(ev->text, te->text, te->len);
+            ev->len = te->len;
         }
     }
     push_event(user, ev);
 }
 
+static void bridge_choice_done(void *user, const eng_choice_end *end)
+{
+    srv_event *ev = must_alloc();
+    ev->kind = EV_CHOICE;
+    ev->end = *end;
+    push_event(user, ev);
+}
+
 static void bridge_done(void *user, eng_finish why, const eng_usage *u)
 {
-    /* the one event that must arrive: retry the allocation rather than
-     * lose a generation's end */
-    srv_event *ev;
-    while (!(ev = calloc(1, sizeof *ev)))
-        sched_yield();
-    ev->done = true;
+    srv_event *ev = must_alloc();
+    ev->kind = EV_DONE;
     ev->why = why;
     ev->usage = *u;
     push_event(user, ev);
@@ -92,18 +144,10 @@ static void bridge_done(void *user, eng_finish why, const eng_usage *u)
 
 /* --- generations (loop) ---------------------------------------------------------- */
 
-/* Submit r for g (the bridge's callbacks are filled in here) and put g on
- * the server's live list. A QL_E* code on refusal, msg. */
-static int gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
+/* Put g on the server's live list and name it. */
+static void gen_live(srv_gen *g)
 {
     srv_server *s = g->s;
-    r->on_token = bridge_token;
-    r->on_done = bridge_done;
-    r->user = g;
-    g->t_start = ql_now_s();
-    int rc = eng_engine_submit(s->engine, r, &g->id, msg, msg_len);
-    if (rc != QL_OK)
-        return rc;
     s->oai_serial++;
     snprintf(g->oai_id, sizeof g->oai_id, "%s-%llu",
              g->shape->id_prefix ? g->shape->id_prefix : "cmpl", (unsigned long long)s->oai_serial);
@@ -112,15 +156,54 @@ static int gen_submit(srv_gen *g, eng_request *r, char *msg, size_t msg_len)
         s->live->prev_live = g;
     s->live = g;
     s->n_live++;
-    return QL_OK;
 }
 
-/* The client went away: cancel and forget the connection. */
-static void gen_detach(srv_gen *g)
+/* Cancel every prompt's request still running and forget the connection:
+ * g then only waits for their ends. */
+static void gen_cancel(srv_gen *g)
 {
     g->conn = NULL;
+    for (int32_t i = 0; i < g->n_parts; i++)
+        if (!g->parts[i].done)
+            eng_engine_cancel(g->s->engine, g->parts[i].id);
+}
+
+/* The client went away. */
+static void gen_detach(srv_gen *g)
+{
     g->s->metrics.cancelled++;
-    eng_engine_cancel(g->s->engine, g->id);
+    gen_cancel(g);
+}
+
+static void choice_free(srv_choice *ch)
+{
+    for (size_t i = 0; i < ch->n_tokens; i++)
+        free(ch->pieces[i]);
+    free(ch->pieces);
+    free(ch->tokens);
+    free(ch->logprobs);
+    free(ch->top);
+    free(ch->text);
+}
+
+static void part_free(srv_part *p)
+{
+    free(p->text);
+    free(p->tokens);
+    free(p->logprobs);
+    free(p->top);
+}
+
+/* Free g (its parts and choices) without touching the live list. */
+static void gen_free_memory(srv_gen *g)
+{
+    for (int32_t i = 0; i < g->n_choices; i++)
+        choice_free(&g->choices[i]);
+    for (int32_t i = 0; g->parts && i < g->n_parts; i++)
+        part_free(&g->parts[i]);
+    free(g->choices);
+    free(g->parts);
+    free(g);
 }
 
 static void gen_free(srv_gen *g)
@@ -133,57 +216,71 @@ static void gen_free(srv_gen *g)
     if (g->next_live)
         g->next_live->prev_live = g->prev_live;
     s->n_live--;
-    for (size_t i = 0; i < g->n_tokens; i++)
-        free(g->pieces[i]);
-    free(g->pieces);
-    free(g->tokens);
-    free(g->text);
-    free(g->prompt);
-    free(g);
+    gen_free_memory(g);
 }
 
-static bool append_text(srv_gen *g, const char *text, size_t len)
+static bool append_text(srv_choice *ch, const char *text, size_t len)
 {
-    if (g->text_len + len + 1 > g->text_cap) {
-        size_t cap = (g->text_len + len + 1) * 2;
-        char *t = realloc(g->text, cap);
+    if (ch->text_len + len + 1 > ch->text_cap) {
+        size_t cap = (ch->text_len + len + 1) * 2;
+        char *t = realloc(ch->text, cap);
         if (!t)
             return false;
-        g->text = t;
-        g->text_cap = cap;
+        ch->text = t;
+        ch->text_cap = cap;
     }
-    memcpy(g->text + g->text_len, text, len);
-    g->text_len += len;
-    g->text[g->text_len] = 0;
+    memcpy(ch->text + ch->text_len, text, len);
+    ch->text_len += len;
+    ch->text[ch->text_len] = 0;
     return true;
 }
 
-static void record_token(srv_gen *g, int32_t token, const char *text, size_t len)
+/* Keep a token, its text and (when asked) its logprobs on the choice; a
+ * token that cannot be kept (out of memory) is left out of the details. */
+static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev)
 {
-    if (g->n_tokens == g->cap_tokens) {
-        size_t cap = g->cap_tokens ? 2 * g->cap_tokens : 32;
-        int32_t *t = realloc(g->tokens, cap * sizeof *t);
-        if (!t)
+    if (ch->n_tokens == ch->cap_tokens) {
+        size_t cap = ch->cap_tokens ? 2 * ch->cap_tokens : 32;
+        int32_t *t = realloc(ch->tokens, cap * sizeof *t);
+        if (t)
+            ch->tokens = t;
+        char **p = t ? realloc(ch->pieces, cap * sizeof *p) : NULL;
+        if (p)
+            ch->pieces = p;
+        float *l = p ? realloc(ch->logprobs, cap * sizeof *l) : NULL;
+        if (l)
+            ch->logprobs = l;
+        eng_logprob *top =
+            l && g->top_n ? realloc(ch->top, cap * (size_t)g->top_n * sizeof *top) : NULL;
+        if (top)
+            ch->top = top;
+        if (!l || (g->top_n && !top))
             return;
-        g->tokens = t;
-        char **p = realloc(g->pieces, cap * sizeof *p);
-        if (!p)
-            return;
-        g->pieces = p;
-        g->cap_tokens = cap;
+        ch->cap_tokens = cap;
     }
-    char *piece = malloc(len + 1);
+    char *piece = malloc(ev->len + 1);
     if (!piece)
         return;
-    memcpy(piece, text, len);
-    piece[len] = 0;
-    g->tokens[g->n_tokens] = token;
-    g->pieces[g->n_tokens++] = piece;
+    memcpy(piece, ev->text ? ev->text : "", ev->len);
+    piece[ev->len] = 0;
+    size_t i = ch->n_tokens++;
+    ch->tokens[i] = ev->token;
+    ch->pieces[i] = piece;
+    ch->logprobs[i] = ev->logprob;
+    if (g->top_n) {
+        eng_logprob *row = ch->top + i * (size_t)g->top_n;
+        for (int32_t k = 0; k < g->top_n; k++)
+            row[k] = k < ev->n_top ? ev->top[k] : (eng_logprob){-1, 0.0f};
+    }
 }
 
-static void on_token_event(srv_gen *g, const srv_event *ev)
+static void on_token_event(srv_gen *g, srv_part *part, const srv_event *ev)
 {
     srv_server *s = g->s;
+    if (ev->choice < 0 || ev->choice >= g->per_part)
+        return;
+    int32_t i = part->index * g->per_part + ev->choice;
+    srv_choice *ch = &g->choices[i];
     double t = ql_now_s();
     if (ev->token >= 0) {
         if (!g->first_seen)
@@ -193,15 +290,53 @@ static void on_token_event(srv_gen *g, const srv_event *ev)
         g->first_seen = true;
         g->t_last = t;
     }
-    if (append_text(g, ev->text ? ev->text : "", ev->len) && ev->token < 0)
-        g->tail_len += ev->len;
+    if (append_text(ch, ev->text ? ev->text : "", ev->len) && ev->token < 0)
+        ch->tail_len += ev->len;
     if (ev->token >= 0)
-        record_token(g, ev->token, ev->text ? ev->text : "", ev->len);
+        record_token(g, ch, ev);
     if (g->conn && g->shape->on_token)
-        g->shape->on_token(g, g->conn, ev->token, ev->text, ev->len);
+        g->shape->on_token(g, g->conn, i, ev->token, ev->text, ev->len);
 }
 
-static void on_done_event(srv_gen *g, const srv_event *ev)
+/* The prompt as the model saw it: its tokens and, when asked, logprobs. */
+static void on_prompt_event(srv_gen *g, srv_part *part, srv_event *ev)
+{
+    if (g->top_n && ev->n_top != g->top_n) {
+        free(ev->top);
+        ev->top = NULL;
+    }
+    part->tokens = ev->tokens;
+    part->logprobs = ev->logprobs;
+    part->top = ev->top;
+    part->n_tokens = ev->tokens ? ev->n : 0;
+    ev->tokens = NULL; /* the part's now */
+    ev->logprobs = NULL;
+    ev->top = NULL;
+}
+
+static void on_choice_event(srv_gen *g, srv_part *part, const srv_event *ev)
+{
+    if (ev->end.choice < 0 || ev->end.choice >= g->per_part)
+        return;
+    srv_choice *ch = &g->choices[part->index * g->per_part + ev->end.choice];
+    ch->ended = true;
+    ch->why = ev->end.why;
+    ch->generated = ev->end.generated_tokens;
+    ch->logprob_sum = ev->end.logprob_sum;
+}
+
+/* error, then cancelled, then whatever came first */
+static eng_finish worse(eng_finish a, eng_finish b)
+{
+    if (a == ENG_FINISH_ERROR || b == ENG_FINISH_ERROR)
+        return ENG_FINISH_ERROR;
+    if (a == ENG_FINISH_CANCELLED || b == ENG_FINISH_CANCELLED)
+        return ENG_FINISH_CANCELLED;
+    return a;
+}
+
+/* One prompt's request has ended; the last one answers and frees g. */
+static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
 {
     srv_server *s = g->s;
     srv_metrics *m = &s->metrics;
@@ -210,23 +345,26 @@ static void on_done_event(srv_gen *g, const srv_event *ev)
         m->generated_tokens += (uint64_t)ev->usage.generated_tokens;
         m->prompt_tokens += (uint64_t)ev->usage.prompt_tokens;
     }
+    g->why = g->parts_done == 0 ? ev->why : worse(g->why, ev->why);
+    g->usage.prompt_tokens += ev->usage.prompt_tokens;
+    g->usage.generated_tokens += ev->usage.generated_tokens;
+    part->done = true;
+    /* a choice that never began (cancelled while waiting) ends as its request did */
+    for (int32_t k = 0; k < g->per_part; k++) {
+        srv_choice *ch = &g->choices[part->index * g->per_part + k];
+        if (!ch->ended) {
+            ch->ended = true;
+            ch->why = ev->why;
+            ch->generated = (int32_t)ch->n_tokens;
+        }
+    }
+    if (++g->parts_done < g->n_parts)
+        return;
     srv_hist_observe(&m->request, ql_now_s() - g->t_start);
     srv_conn *c = g->conn;
     if (c) {
         c->gen = NULL;
-        const char *full = g->text ? g->text : "";
-        char *joined = NULL;
-        if (g->return_full_text && g->prompt) {
-            size_t pl = strlen(g->prompt);
-            joined = malloc(pl + g->text_len + 1);
-            if (joined) {
-                memcpy(joined, g->prompt, pl);
-                memcpy(joined + pl, full, g->text_len + 1);
-                full = joined;
-            }
-        }
-        g->shape->on_done(g, c, full, ev->why, &ev->usage);
-        free(joined);
+        g->shape->on_done(g, c, g->why, &g->usage);
     }
     gen_free(g);
     s->hooks->check_drained(s);
@@ -241,14 +379,63 @@ void srv_bridge_on_wake(uv_async_t *a)
     pthread_mutex_unlock(&s->events_mu);
     while (ev) {
         srv_event *next = ev->next;
-        if (ev->done)
-            on_done_event(ev->g, ev);
-        else
-            on_token_event(ev->g, ev);
+        srv_part *part = ev->part;
+        switch (ev->kind) {
+        case EV_PROMPT: on_prompt_event(part->g, part, ev); break;
+        case EV_TOKEN: on_token_event(part->g, part, ev); break;
+        case EV_CHOICE: on_choice_event(part->g, part, ev); break;
+        case EV_DONE: on_done_event(part->g, part, ev); break;
+        }
         free(ev->text);
+        free(ev->top);
+        free(ev->tokens);
+        free(ev->logprobs);
         free(ev);
         ev = next;
     }
+}
+
+/* --- what an answer is made of --------------------------------------------------- */
+
+int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx)
+{
+    int32_t n = 0;
+    for (int32_t p = 0; p < g->n_parts; p++) {
+        const srv_choice *ch = g->choices + p * g->per_part;
+        bool taken[SRV_MAX_CHOICES] = {false};
+        for (int32_t k = 0; k < g->keep; k++) {
+            int32_t best = -1;
+            for (int32_t j = 0; j < g->per_part; j++) {
+                if (taken[j])
+                    continue;
+                if (g->per_part == g->keep) { /* all, in order */
+                    best = j;
+                    break;
+                }
+                if (best < 0 || ch[j].logprob_sum > ch[best].logprob_sum)
+                    best = j;
+            }
+            taken[best] = true;
+            idx[n++] = p * g->per_part + best;
+        }
+    }
+    return n;
+}
+
+char *srv_gen_full_text(const srv_gen *g, int32_t i)
+{
+    const srv_choice *ch = &g->choices[i];
+    const srv_part *part = &g->parts[i / g->per_part];
+    const char *prompt = g->return_full_text && part->text ? part->text : "";
+    size_t pl = strlen(prompt);
+    char *out = malloc(pl + ch->text_len + 1);
+    if (!out)
+        return NULL;
+    memcpy(out, prompt, pl);
+    if (ch->text_len)
+        memcpy(out + pl, ch->text, ch->text_len);
+    out[pl + ch->text_len] = 0;
+    return out;
 }
 
 /* --- a generation request ------------------------------------------------------ */
@@ -280,6 +467,101 @@ bool srv_ready(srv_conn *c)
     return true;
 }
 
+void srv_ask_free(srv_ask *a)
+{
+    free(a->token_store);
+    a->token_store = NULL;
+}
+
+/* A new generation for a's prompts and choices, its parts' texts kept for
+ * echo; NULL when memory is short. */
+static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, const char *model)
+{
+    srv_gen *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->s = c->s;
+    g->conn = c;
+    g->shape = shape;
+    g->n_parts = a->n_prompts ? (int32_t)a->n_prompts : 1;
+    g->keep = a->n > 0 ? a->n : 1;
+    g->per_part = a->best_of > g->keep ? a->best_of : g->keep;
+    g->n_choices = g->n_parts * g->per_part;
+    g->logprobs = a->logprobs;
+    g->prompt_logprobs = a->prompt_logprobs;
+    g->top_n = a->logprobs || a->prompt_logprobs ? a->top_logprobs : 0;
+    g->details = a->details;
+    g->include_usage = a->include_usage;
+    g->return_full_text = a->return_full_text;
+    g->seed = a->sampling.seed;
+    g->sampled = a->sampling.temperature > 0;
+    snprintf(g->model_id, sizeof g->model_id, "%s", model);
+    g->parts = calloc((size_t)g->n_parts, sizeof *g->parts);
+    g->choices = calloc((size_t)g->n_choices, sizeof *g->choices);
+    if (!g->parts || !g->choices) {
+        gen_free_memory(g);
+        return NULL;
+    }
+    const tok_tokenizer *tok = c->s->model.tok;
+    for (int32_t p = 0; p < g->n_parts; p++) {
+        srv_part *part = &g->parts[p];
+        part->g = g;
+        part->index = p;
+        const srv_prompt_in *in = a->n_prompts ? &a->prompts[p] : NULL;
+        const char *text = in ? in->text : a->prompt;
+        size_t len = 0;
+        if (!g->return_full_text)
+            ; /* nothing to keep */
+        else if (text)
+            part->text = strdup(text);
+        else if (tok_decode(tok, in->tokens, in->n_tokens, false, &part->text, &len, NULL, 0) !=
+                 QL_OK)
+            part->text = NULL; /* an id outside the vocabulary: submit says so */
+        for (int32_t k = 0; k < g->per_part; k++)
+            g->choices[p * g->per_part + k].seed = g->seed + (uint64_t)k;
+    }
+    return g;
+}
+
+/* Submit each of g's prompts; on a refusal cancel those already in, which
+ * then end unheard (g is detached), and answer it. */
+static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_ask *a, eng_request *r)
+{
+    char msg[1024];
+    r->on_prompt = bridge_prompt;
+    r->on_token = bridge_token;
+    r->on_choice_done = bridge_choice_done;
+    r->on_done = bridge_done;
+    g->t_start = ql_now_s();
+    for (int32_t p = 0; p < g->n_parts; p++) {
+        const srv_prompt_in *in = a->n_prompts ? &a->prompts[p] : NULL;
+        const char *text = in ? in->text : a->prompt;
+        r->prompt = text;
+        r->prompt_len = text ? strlen(text) : 0;
+        r->prompt_tokens = in && !text ? in->tokens : NULL;
+        r->n_prompt_tokens = in && !text ? in->n_tokens : 0;
+        r->user = &g->parts[p];
+        int rc = eng_engine_submit(c->s->engine, r, &g->parts[p].id, msg, sizeof msg);
+        if (rc == QL_OK)
+            continue;
+        if (p == 0) {
+            gen_free_memory(g);
+        } else {
+            /* the prompts already in end unheard; the rest never began */
+            g->n_parts = p;
+            gen_live(g);
+            gen_cancel(g);
+        }
+        if (g->n_parts > 1 || p > 0)
+            srv_fail(c, srv_status_of(rc), "prompt %d: %s", p, msg);
+        else
+            srv_fail(c, srv_status_of(rc), "%s", msg);
+        return false;
+    }
+    gen_live(g);
+    return true;
+}
+
 void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
 {
     if (!srv_ready(c))
@@ -302,41 +584,33 @@ void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
         eng_lora_unref(lora);
         return;
     }
-    srv_gen *g = calloc(1, sizeof *g);
+    srv_gen *g = gen_new(c, a, shape, lora ? lora->name : c->s->model_id);
     if (!g) {
         eng_lora_unref(lora);
         srv_fail(c, 503, "out of memory");
         return;
     }
-    g->s = c->s;
-    g->conn = c;
-    g->shape = shape;
-    g->details = a->details;
-    g->include_usage = a->include_usage;
-    g->return_full_text = a->return_full_text;
-    g->seed = a->sampling.seed;
-    g->sampled = a->sampling.temperature > 0;
-    snprintf(g->model_id, sizeof g->model_id, "%s", lora ? lora->name : c->s->model_id);
-    if (a->return_full_text)
-        g->prompt = strdup(a->prompt);
-    eng_request r = {.prompt = a->prompt,
-                     .prompt_len = strlen(a->prompt),
-                     .max_new_tokens = (int32_t)a->max_new_tokens,
+    eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
                      .sampling = a->sampling,
                      .stop = a->stops,
                      .n_stop = a->n_stops,
                      .adapters = lora ? &term : NULL,
                      .n_adapters = lora ? 1 : 0,
                      .fill_context = a->fill_context,
-                     .templated = a->templated};
-    int rc = gen_submit(g, &r, msg, sizeof msg);
-    eng_lora_unref(lora); /* the engine took its own reference */
-    if (rc != QL_OK) {
-        free(g->prompt);
-        free(g);
-        srv_fail(c, srv_status_of(rc), "%s", msg);
+                     .templated = a->templated,
+                     .truncate = a->truncate,
+                     .n_choices = g->per_part,
+                     .logprobs = a->logprobs || g->per_part > g->keep,
+                     .top_logprobs = a->logprobs ? a->top_logprobs : 0,
+                     .prompt_logprobs = a->prompt_logprobs,
+                     .skip_special_tokens = !a->keep_special,
+                     .include_stop_str = a->include_stop_str};
+    if (a->prompt_logprobs && !a->logprobs)
+        r.top_logprobs = a->top_logprobs;
+    bool ok = gen_submit_all(c, g, a, &r);
+    eng_lora_unref(lora); /* the engine took its own references */
+    if (!ok)
         return;
-    }
     c->gen = g;
     if (shape->stream)
         srv_stream_begin(c);

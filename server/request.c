@@ -352,11 +352,12 @@ static bool get_openai_sampling(srv_conn *c, const cJSON *p, srv_ask *a)
 
 bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default)
 {
-    double temperature = greedy_default ? 0.0 : 1.0, top_p = 1.0, penalty = 1.0;
+    double temperature = greedy_default ? 0.0 : 1.0, top_p = 1.0, penalty = 1.0, typical = 1.0;
     int64_t top_k = 0, seed = 0;
-    bool has_t = false, has_seed = false, has_k = false, has_p = false;
+    bool has_t = false, has_seed = false, has_k = false, has_p = false, has_typical = false;
     if (!srv_get_number(c, p, "temperature", 0.0, 100.0, &temperature, &has_t) ||
         !srv_get_number(c, p, "top_p", 0.0, 1.0, &top_p, &has_p) ||
+        !srv_get_number(c, p, "typical_p", 0.0, 1.0, &typical, &has_typical) ||
         !srv_get_int(c, p, "top_k", 0, 1 << 24, &top_k, &has_k) ||
         !srv_get_number(c, p, "repetition_penalty", 0.0, 100.0, &penalty, NULL) ||
         !srv_get_int(c, p, "seed", 0, 9007199254740991.0, &seed, &has_seed))
@@ -366,7 +367,7 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
         bool do_sample = false;
         if (!srv_get_bool(c, p, "do_sample", &do_sample))
             return false;
-        if (!do_sample && !has_t && !has_k && !has_p)
+        if (!do_sample && !has_t && !has_k && !has_p && !has_typical)
             temperature = 0.0;
         else if (!has_t)
             temperature = 1.0;
@@ -377,11 +378,26 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
         srv_fail(c, 400, "\"top_p\" must be in (0, 1]");
         return false;
     }
+    if (has_typical && typical == 0.0) {
+        srv_fail(c, 400, "\"typical_p\" must be in (0, 1]");
+        return false;
+    }
+    a->sampling.typical_p = (float)typical;
     a->sampling.temperature = (float)temperature;
     a->sampling.top_p = (float)top_p;
     a->sampling.top_k = (int32_t)top_k;
     a->sampling.repetition_penalty = (float)penalty;
     a->sampling.seed = has_seed ? (uint64_t)seed : (uint64_t)time(NULL) ^ (uint64_t)c->serial;
+    return true;
+}
+
+bool srv_get_vllm_output(srv_conn *c, const cJSON *root, srv_ask *a)
+{
+    bool skip = true;
+    if (!srv_get_bool(c, root, "skip_special_tokens", &skip) ||
+        !srv_get_bool(c, root, "include_stop_str_in_output", &a->include_stop_str))
+        return false;
+    a->keep_special = !skip;
     return true;
 }
 

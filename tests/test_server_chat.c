@@ -274,10 +274,10 @@ Test(chat, refusals_name_what_was_wrong)
     /* what this server does not do yet is refused by name, not ignored */
     const char *user = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
     char body[512];
-    snprintf(body, sizeof body, "{%s, \"n\": 2}", user);
+    snprintf(body, sizeof body, "{%s, \"n\": 65}", user);
     expect_refusal(body, 400, "\"n\"");
-    snprintf(body, sizeof body, "{%s, \"logprobs\": true}", user);
-    expect_refusal(body, 400, "\"logprobs\" is not supported");
+    snprintf(body, sizeof body, "{%s, \"top_logprobs\": 2}", user);
+    expect_refusal(body, 400, "\"top_logprobs\" needs \"logprobs\": true");
     snprintf(body, sizeof body, "{%s, \"logit_bias\": {\"5\": 101}}", user);
     expect_refusal(body, 400, "\"logit_bias\": the bias of token 5 is 101");
     snprintf(body, sizeof body, "{%s, \"tool_choice\": \"required\"}", user);
@@ -437,12 +437,13 @@ Test(chat, chat_tokenize_shows_the_rendered_text_and_its_tokens)
     sp_stop_cleanly();
 }
 
-Test(chat, completions_refuse_suffix_and_best_of_rather_than_ignore_them)
+Test(chat, completions_refuse_suffix_and_a_best_of_under_n)
 {
     start_with_template(NULL);
     const char *bodies[][2] = {
         {"{\"prompt\": \"a\", \"suffix\": \"z\"}", "\"suffix\" (insertion) is not supported"},
-        {"{\"prompt\": \"a\", \"best_of\": 3}", "best_of"},
+        {"{\"prompt\": \"a\", \"best_of\": 1, \"n\": 2}",
+         "\"best_of\" (1) must be at least \"n\" (2)"},
     };
     for (size_t i = 0; i < 2; i++) {
         int status;

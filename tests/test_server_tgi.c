@@ -210,7 +210,7 @@ Test(tgi, compat_errors_are_generates)
         "{\"parameters\": {\"max_new_tokens\": 4}}",                    /* no inputs */
         "{\"inputs\": 7}",                                              /* inputs not a string */
         "{\"inputs\": \"x\", \"bogus\": 1}",                            /* an unknown field */
-        "{\"inputs\": \"x\", \"parameters\": {\"top_n_tokens\": 2}}",   /* not implemented */
+        "{\"inputs\": \"x\", \"parameters\": {\"watermark\": true}}",   /* not implemented */
         "{\"inputs\": \"x\", \"parameters\": {\"max_new_tokens\": 0}}", /* out of range */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -355,7 +355,7 @@ Test(tgi, tokenize_errors_are_generates)
         "{\"parameters\": {}}",                                   /* no inputs */
         "{\"inputs\": [1]}",                                      /* not a string */
         "{\"inputs\": \"x\", \"bogus\": 1}",                      /* unknown */
-        "{\"inputs\": \"x\", \"parameters\": {\"truncate\": 4}}", /* not implemented */
+        "{\"inputs\": \"x\", \"parameters\": {\"grammar\": {}}}", /* not implemented */
         "{\"inputs\": \"x\", \"parameters\": \"no\"}",            /* not an object */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)

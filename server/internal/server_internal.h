@@ -8,6 +8,7 @@
  *   metrics.c    counters, histograms, Prometheus text
  *   request.c    the request helpers: body, field readers, errors, statuses
  *   bridge.c     generations through the engine, work on the thread pool
+ *   logprobs.c   a generation's logprobs in OpenAI's shapes, token texts
  *   api_tgi.c, api_openai.c, admin.c    the route handlers
  *   routes.c     the route table (srv_route)
  *   serve.c      setup, model load, signals, drain; wires the hooks
@@ -120,11 +121,30 @@ bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char 
 /* --- generations: what an API asks (request.c reads it) ------------------------ */
 
 #define SRV_MAX_STOPS 8
+/* Prompts in one OpenAI completions request, and choices of one request
+ * in all (prompts x best_of): each choice takes a running slot. */
+#define SRV_MAX_PROMPTS 64
+#define SRV_MAX_CHOICES 64
+/* TGI's limits, as /info reports them: candidates of best_of, and
+ * alternatives of top_n_tokens. */
+#define SRV_TGI_MAX_BEST_OF 8
+#define SRV_TGI_MAX_TOP_N   ENG_MAX_LOGPROBS
+
+/* One prompt: text, or token ids (OpenAI's list forms). */
+typedef struct srv_prompt_in {
+    const char *text;
+    const int32_t *tokens; /* when not NULL, n_tokens ids (no BOS added) */
+    size_t n_tokens;
+} srv_prompt_in;
 
 /* What a generation request asks for, whatever its API. Strings point
- * into the parsed body, which outlives srv_generate. */
+ * into the parsed body, which outlives srv_generate; token ids into
+ * token_store (srv_ask_free). */
 typedef struct srv_ask {
-    const char *prompt;
+    const char *prompt; /* the one prompt, when n_prompts is 0 */
+    srv_prompt_in prompts[SRV_MAX_PROMPTS];
+    size_t n_prompts;
+    int32_t *token_store; /* owned */
     int64_t max_new_tokens;
     eng_sampling sampling;
     const char *stops[SRV_MAX_STOPS];
@@ -137,7 +157,20 @@ typedef struct srv_ask {
     bool details, include_usage, return_full_text;
     bool fill_context; /* max_new_tokens is a bound: fit it to the context */
     bool templated;    /* prompt is a rendered chat template (no BOS added) */
+    /* n answers per prompt, the best n of best_of by summed logprob (0:
+     * n; best_of > n needs a whole answer) */
+    int32_t n, best_of;
+    /* each token's logprob with top_logprobs alternatives; the prompt's
+     * too (echo with logprobs, decoder_input_details) */
+    bool logprobs, prompt_logprobs;
+    int32_t top_logprobs;
+    int32_t truncate;      /* TGI's: keep the prompt's last tokens; 0: all */
+    bool keep_special;     /* skip_special_tokens false */
+    bool include_stop_str; /* vLLM's include_stop_str_in_output */
 } srv_ask;
+
+/* Free what a owns (its token ids). */
+void srv_ask_free(srv_ask *a);
 
 /* "stop" (name): a string or an array of non-empty strings, into a. */
 bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a);
@@ -149,6 +182,10 @@ bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a);
  * it). */
 bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default);
 
+/* vLLM's output fields both OpenAI routes take: skip_special_tokens
+ * (default true) and include_stop_str_in_output (default false). */
+bool srv_get_vllm_output(srv_conn *c, const cJSON *root, srv_ask *a);
+
 /* An API's answer to a generation: what it sends as tokens arrive and when
  * the generation ends. One constant per API and framing, in its file. */
 typedef struct srv_shape {
@@ -156,13 +193,15 @@ typedef struct srv_shape {
     const char *id_prefix; /* of the answer's id: "cmpl" when NULL */
     /* The 404 for an adapter that is not loaded: "<noun> NAME<unknown>". */
     const char *adapter_noun, *adapter_unknown;
-    /* A token (token >= 0), or text the engine held back to the end (token
-     * < 0), has been added to g; send what this API sends for it. NULL:
+    /* A token (token >= 0, its logprobs the last entry of the choice's),
+     * or text the engine held back to the end (token < 0), has been added
+     * to g->choices[choice]; send what this API sends for it. NULL:
      * nothing until the end. */
-    void (*on_token)(srv_gen *g, srv_conn *c, int32_t token, const char *text, size_t len);
-    /* The generation ended; full is the text to answer with (the prompt
-     * first when asked). Ends c's response. */
-    void (*on_done)(srv_gen *g, srv_conn *c, const char *full, eng_finish why, const eng_usage *u);
+    void (*on_token)(srv_gen *g, srv_conn *c, int32_t choice, int32_t token, const char *text,
+                     size_t len);
+    /* The generation ended (every choice, every prompt): answer and end c's
+     * response. why is the worst of the prompts' finishes; u sums them. */
+    void (*on_done)(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u);
 } srv_shape;
 
 /* The adapter an OpenAI-shaped request's "model" names (request.c): NULL
@@ -185,34 +224,73 @@ void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
  * loaded); else the 503 has been answered. */
 bool srv_ready(srv_conn *c);
 
-/* One generation request, from submit to its engine on_done. Lives on the
+/* One choice of a generation: its text and tokens as they arrive, with
+ * their logprobs when asked, and how it ended. */
+typedef struct srv_choice {
+    char *text; /* everything generated so far, NUL-terminated */
+    size_t text_len, text_cap;
+    size_t tail_len;  /* of that, the text the engine held back to the end */
+    int32_t *tokens;  /* token ids */
+    char **pieces;    /* the text each token completed */
+    float *logprobs;  /* when asked: each token's */
+    eng_logprob *top; /* n_tokens x the gen's top_n */
+    size_t n_tokens, cap_tokens;
+    bool ended, opened; /* opened: an API's first event for it has gone out */
+    eng_finish why;
+    int32_t generated;
+    double logprob_sum;
+    uint64_t seed;
+} srv_choice;
+
+/* One prompt of a generation: one engine request, and the prompt as the
+ * model saw it (from its on_prompt). */
+typedef struct srv_part {
+    srv_gen *g;
+    int32_t index;
+    uint64_t id; /* the engine's */
+    bool done;
+    char *text; /* the prompt's text (kept for echo; decoded when given as ids) */
+    int32_t *tokens;
+    float *logprobs;  /* when asked: n_tokens, the first NaN */
+    eng_logprob *top; /* n_tokens x the gen's top_n */
+    int32_t n_tokens;
+} srv_part;
+
+/* One generation request, from submit to its engines' on_done. Lives on the
  * loop; conn is NULL once the client has gone (the generation is then
  * cancelled and only waits for its on_done). */
 struct srv_gen {
     srv_server *s;
     srv_conn *conn;
     const srv_shape *shape;
-    uint64_t id; /* the engine's */
-    char *text;  /* everything generated so far */
-    size_t text_len, text_cap;
-    size_t tail_len; /* of that, the text the engine held back to the end */
-    int32_t *tokens; /* token ids, for details */
-    char **pieces;   /* their text, for details */
-    size_t n_tokens, cap_tokens;
+    srv_part *parts; /* one per prompt */
+    int32_t n_parts, parts_done;
+    srv_choice *choices;               /* n_parts x per_part, prompt-major */
+    int32_t n_choices, per_part, keep; /* keep: answered per prompt (n) */
+    int32_t top_n;                     /* alternatives kept per token */
+    bool logprobs, prompt_logprobs;
     bool details;
     bool include_usage;
     bool return_full_text;
-    char *prompt; /* kept when return_full_text */
     uint64_t seed;
     bool sampled;
+    eng_finish why;  /* the worst so far */
+    eng_usage usage; /* summed over the prompts */
     char model_id[160];
     char oai_id[48];
-    bool opened; /* the API's opening event has gone out (chat's role delta) */
     double t_start, t_last;
     bool first_seen;
     srv_gen *next_live; /* the server's list of live generations */
     srv_gen *prev_live;
 };
+
+/* The choices to answer with, in order (prompt-major): for each prompt the
+ * keep best of its per_part by summed logprob (all, in order, when
+ * per_part == keep). Fills idx (n_parts x keep entries); returns the count. */
+int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx);
+/* The text to answer choice i with: the prompt first when
+ * return_full_text (allocated, free()). */
+char *srv_gen_full_text(const srv_gen *g, int32_t i);
 
 /* The loop's side of the bridge (s->wake's callback): hand every event the
  * engine queued to its generation; a generation's last one frees it. */
@@ -243,6 +321,18 @@ typedef struct srv_work {
  * its done has run; or uv_queue_work's error, and w is still the
  * caller's. */
 int srv_work_start(srv_work *w);
+
+/* --- logprobs in the APIs' shapes (logprobs.c) --------------------------------- */
+
+/* How a token shows in logprobs: its own decoding when whole UTF-8, else
+ * "bytes:\xNN..." (allocated, free()); *bytes (when not NULL) a JSON list
+ * of its raw bytes. */
+char *srv_token_text(const tok_tokenizer *t, int32_t id, cJSON **bytes);
+/* Completions' logprobs of choice i's tokens [from, to), the prompt's
+ * first when echo. */
+cJSON *srv_oai_logprobs(const srv_gen *g, int32_t i, size_t from, size_t to, bool echo);
+/* Chat's logprobs ({"content", "refusal"}) of choice i's tokens [from, to). */
+cJSON *srv_chat_logprobs(const srv_gen *g, int32_t i, size_t from, size_t to);
 
 /* --- the route handlers (api_tgi.c, api_openai.c, admin.c) --------------------- */
 
