@@ -140,6 +140,15 @@ static void put_engine(text *t, eng_engine *engine)
     put(t, "qlserve_kv_blocks_used %d\n", st.kv_blocks_used);
     metric(t, "qlserve_kv_blocks_total", "gauge", "KV cache blocks in all");
     put(t, "qlserve_kv_blocks_total %d\n", st.kv_blocks_total);
+    metric(t, "qlserve_prefilled_tokens_total", "counter",
+           "prompt tokens run through the model (a prompt of n choices once)");
+    put(t, "qlserve_prefilled_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
+    metric(t, "qlserve_kv_blocks_shared_total", "counter",
+           "KV blocks a request's further choices shared from its first instead of computing");
+    put(t, "qlserve_kv_blocks_shared_total %llu\n", (unsigned long long)st.kv_blocks_shared);
+    metric(t, "qlserve_kv_blocks_copied_total", "counter",
+           "KV blocks copied because a choice wrote into a shared one (copy on write)");
+    put(t, "qlserve_kv_blocks_copied_total %llu\n", (unsigned long long)st.kv_blocks_copied);
     metric(t, "qlserve_engine_steps_total", "counter", "forward steps run");
     put(t, "qlserve_engine_steps_total %llu\n", (unsigned long long)st.steps);
     metric(t, "qlserve_weights_version", "gauge", "the serving weight version");
