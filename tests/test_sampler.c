@@ -531,6 +531,53 @@ Test(sampler, typical_p_keeps_what_transformers_keeps)
     }
 }
 
+Test(sampler, typical_p_keeps_whole_tie_groups_over_a_large_vocabulary)
+{
+    /* 3000 equal logits: one distance (0) for all, so all are kept, and
+     * every one is drawn */
+    enum { V = 3000 };
+    float *logits = malloc(V * sizeof *logits), *work = malloc(V * sizeof *work);
+    double *probs = malloc(V * sizeof *probs);
+    int *counts = calloc(V, sizeof *counts);
+    void *scratch = new_scratch(V);
+    cr_assert(logits && work && probs && counts);
+    for (int i = 0; i < V; i++)
+        logits[i] = 0.5f;
+    eng_sampling p = {.temperature = 1.0f, .typical_p = 0.3f, .seed = 62};
+    cr_assert_eq(reference_all(logits, V, &p, probs), V);
+    eng_sampler s;
+    init_sampler(&s, &p);
+    for (int d = 0; d < 30 * V; d++)
+        counts[sample_copy(&s, logits, V, work, scratch)]++;
+    for (int i = 0; i < V; i++)
+        cr_assert(counts[i] > 0, "token %d of %d equal ones never drawn", i, V);
+    eng_sampler_free(&s);
+
+    /* two levels: the group nearer the entropy is kept whole and the other
+     * dropped whole, whichever ids the cut would split */
+    for (int i = 0; i < V; i++)
+        logits[i] = i % 3 ? 0.0f : 1.0f;
+    const float typical[] = {0.1f, 0.4f, 0.8f};
+    for (size_t k = 0; k < 3; k++) {
+        p = (eng_sampling){.temperature = 1.0f, .typical_p = typical[k], .seed = 63 + k};
+        int32_t kept = reference_all(logits, V, &p, probs);
+        cr_assert(kept == V / 3 || kept == V - V / 3 || kept == V, "typical_p %g keeps %d",
+                  (double)typical[k], kept);
+        init_sampler(&s, &p);
+        for (int d = 0; d < 2000; d++) {
+            int32_t t = sample_copy(&s, logits, V, work, scratch);
+            cr_assert(probs[t] > 0, "typical_p %g: token %d is outside the %d kept",
+                      (double)typical[k], t, kept);
+        }
+        eng_sampler_free(&s);
+    }
+    free(logits);
+    free(work);
+    free(probs);
+    free(counts);
+    free(scratch);
+}
+
 Test(sampler, typical_p_shares_infinite_logits_and_ignores_nan)
 {
     /* +inf tokens share all the probability, equally distant from the
