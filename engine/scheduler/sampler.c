@@ -1002,6 +1002,8 @@ static size_t keep_typical(float *w, int32_t *id, size_t n, bool dense, const ca
     float *key = w + closer;
     int32_t *key_id = id + closer;
     size_t in_bucket = end - closer;
+    if (in_bucket == 0) /* the sums never reached need (rounding): all of them */
+        return closer;
     for (size_t i = 0; i < in_bucket; i++)
         key[i] = -typical_distance(cw, key_id[i], mean);
     size_t kept = select_best(key, key_id, in_bucket, need, cw);
