@@ -41,7 +41,7 @@ typedef struct eng_sampling {
      * TypicalLogitsWarper, TGI's typical_p): keep the tokens whose
      * surprisal is closest to the distribution's entropy, smallest set
      * whose mass reaches typical_p. 0 or 1: off; else in (0, 1). Applied
-     * after top-k and before top-p */
+     * after top-p, as TGI and transformers do (temperature, top-k, top-p, typical_p) */
     float typical_p;
     float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
     /* OpenAI's, over the tokens generated so far (not the prompt), c(t)
