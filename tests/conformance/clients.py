@@ -20,6 +20,7 @@ status is 1 when any check failed.
 
 import argparse
 import json
+import math
 import sys
 import time
 import traceback
@@ -117,7 +118,10 @@ def ascii_repeats(text):
 
 
 def is_logprob(x):
-    return isinstance(x, float) and x <= 0.0
+    """A log probability as the tiny model gives them: finite and below 0
+    (its next-token distribution is spread over about a hundred tokens, so
+    no token is certain; a 0 would be a placeholder, not a logprob)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and -1e4 < x < 0.0
 
 
 def usage_ok(u, prompt_tokens, completion_tokens=None):
@@ -234,6 +238,7 @@ def oai_completion_logprobs():
     for tok, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert isinstance(top, dict) and 1 <= len(top) <= 3, top
         assert all(is_logprob(v) for v in top.values()), top
+        assert sum(math.exp(v) for v in top.values()) <= 1.0 + 1e-4, "top probabilities %r" % top
         # greedy: the chosen token is the likeliest
         assert abs(x - max(top.values())) < 1e-4, "greedy token %r at %s, top %r" % (tok, x, top)
     assert all(isinstance(o, int) for o in lp.text_offset), lp.text_offset
@@ -242,6 +247,13 @@ def oai_completion_logprobs():
     steps = [b - a for a, b in zip(lp.text_offset, lp.text_offset[1:])]
     assert steps == [len(t) for t in lp.tokens[:-1]], (lp.text_offset, lp.tokens)
     assert "".join(lp.tokens) == r.choices[0].text, (lp.tokens, r.choices[0].text)
+    # the same numbers as TGI's details for the same greedy tokens
+    status, j = raw("POST", "/generate", {"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 6, "details": True}})
+    tgi = [t["logprob"] for t in j["details"]["tokens"]]
+    assert all(isinstance(v, (int, float)) and abs(a - v) < 1e-4
+               for a, v in zip(lp.token_logprobs, tgi)), "OpenAI %r, TGI %r" % (
+                   lp.token_logprobs, tgi)
 
 
 @check
@@ -483,6 +495,14 @@ def oai_chat_logprobs():
         assert abs(e.logprob - max(t.logprob for t in e.top_logprobs)) < 1e-4, "greedy not top"
     assert joined.decode("utf-8", errors="replace") == r.choices[0].message.content, \
         "the tokens' bytes do not spell the content"
+    # the same numbers as TGI's details on the rendered conversation
+    status, t = raw("POST", "/chat_tokenize", {"model": ARGS.model, "messages": SYSTEM_USER})
+    status, j = raw("POST", "/generate", {"inputs": t["templated_text"], "parameters": {
+        "max_new_tokens": 6, "details": True}})
+    tgi = [x["logprob"] for x in j["details"]["tokens"]]
+    assert all(isinstance(v, (int, float)) and abs(e.logprob - v) < 1e-4
+               for e, v in zip(lp.content, tgi)), "chat %r, TGI %r" % (
+                   [e.logprob for e in lp.content], tgi)
 
 
 @check
@@ -673,13 +693,14 @@ def hf_stream_details_logprobs():
 
 @check
 def hf_best_of():
-    r = HF.text_generation(PROMPT, max_new_tokens=6, best_of=2, do_sample=True, seed=21,
-                           details=True)
+    # TGI refuses a seed with best_of > 1 (each candidate draws its own)
+    r = HF.text_generation(PROMPT, max_new_tokens=6, best_of=2, do_sample=True, details=True)
     d = r.details
     assert r.generated_text and d.finish_reason == "length"
     assert d.best_of_sequences is not None and len(d.best_of_sequences) == 1, d.best_of_sequences
     s = d.best_of_sequences[0]
     assert s.generated_text and s.generated_tokens == 6 and len(s.tokens) == 6
+    assert all(is_logprob(t.logprob) for t in d.tokens + s.tokens)
     # the best is the one with the larger summed logprob
     assert sum(t.logprob for t in d.tokens) >= sum(t.logprob for t in s.tokens)
 
@@ -693,6 +714,7 @@ def hf_top_n_tokens():
         assert all(is_logprob(t.logprob) for t in top)
         assert top[0].logprob >= top[1].logprob, "top_tokens not likeliest first"
         assert tok.id == top[0].id, "greedy token %d is not the top one %d" % (tok.id, top[0].id)
+        assert abs(tok.logprob - top[0].logprob) < 1e-4, (tok.logprob, top[0].logprob)
     events = list(HF.text_generation(PROMPT, max_new_tokens=3, top_n_tokens=2, stream=True,
                                      details=True))
     assert all(e.top_tokens is not None and len(e.top_tokens) == 2
