@@ -194,6 +194,9 @@ def oai_completion_n2():
     assert [c.index for c in r.choices] == [0, 1], [c.index for c in r.choices]
     assert all(c.text and c.finish_reason == "length" for c in r.choices)
     assert r.choices[0].text != r.choices[1].text, "two samples of 8 near-uniform tokens agree"
+    again = OAI.completions.create(model=ARGS.model, prompt=PROMPT, max_tokens=8, n=2,
+                                   temperature=1, seed=11)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices], "seeded n=2 differs"
     # prompt tokens counted once, as OpenAI does
     usage_ok(r.usage, len(token_ids(PROMPT)), 16)
 
@@ -215,6 +218,14 @@ def oai_completion_best_of():
     assert r.choices[0].text and r.choices[0].finish_reason == "length"
     # the usage counts every candidate's tokens
     assert r.usage.completion_tokens in (6, 18), r.usage.completion_tokens
+    # the candidates are the n=3 choices of the same seed (choice i draws
+    # from seed + i); the answer is the likeliest (all are 6 tokens long, so
+    # by sum or per token alike)
+    c3 = OAI.completions.create(model=ARGS.model, prompt=PROMPT, max_tokens=6, n=3,
+                                temperature=1, seed=5, logprobs=1).choices
+    scored = [(sum(c.logprobs.token_logprobs), c.text) for c in c3]
+    assert r.choices[0].text == max(scored)[1], "best_of chose %r of %r" % (
+        r.choices[0].text, scored)
 
 
 @check
@@ -705,20 +716,29 @@ def hf_best_of():
     assert sum(t.logprob for t in d.tokens) >= sum(t.logprob for t in s.tokens)
 
 
+def attr(x, name):
+    """A field of a parsed answer: huggingface_hub leaves the tokens of
+    details.top_tokens (a list of lists) as dicts, the rest as objects."""
+    return x[name] if isinstance(x, dict) else getattr(x, name)
+
+
 @check
 def hf_top_n_tokens():
     d = HF.text_generation(PROMPT, max_new_tokens=5, top_n_tokens=2, details=True).details
     assert d.top_tokens is not None and len(d.top_tokens) == 5, d.top_tokens
     for tok, top in zip(d.tokens, d.top_tokens):
         assert len(top) == 2, top
-        assert all(is_logprob(t.logprob) for t in top)
-        assert top[0].logprob >= top[1].logprob, "top_tokens not likeliest first"
-        assert tok.id == top[0].id, "greedy token %d is not the top one %d" % (tok.id, top[0].id)
-        assert abs(tok.logprob - top[0].logprob) < 1e-4, (tok.logprob, top[0].logprob)
+        lp = [attr(t, "logprob") for t in top]
+        assert all(is_logprob(x) for x in lp), lp
+        assert lp[0] >= lp[1], "top_tokens not likeliest first: %r" % lp
+        assert tok.id == attr(top[0], "id"), "greedy token %d is not the top one %r" % (
+            tok.id, top[0])
+        assert abs(tok.logprob - lp[0]) < 1e-4, (tok.logprob, lp[0])
     events = list(HF.text_generation(PROMPT, max_new_tokens=3, top_n_tokens=2, stream=True,
                                      details=True))
-    assert all(e.top_tokens is not None and len(e.top_tokens) == 2
-               for e in events if e.token.id >= 0), [e.top_tokens for e in events]
+    tops = [e.top_tokens for e in events if e.token.id >= 0]
+    assert len(tops) == 3 and all(t is not None and len(t) == 2 for t in tops), tops
+    assert all(attr(t[0], "id") == e.token.id for t, e in zip(tops, events)), "stream top_tokens"
 
 
 @check
