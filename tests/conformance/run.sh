@@ -84,31 +84,31 @@ echo "conformance-key-$$-$RANDOM" >"$key_file"
 chmod 600 "$key_file"
 
 # --- the servers: --port 0, the port read from the log
-pids=()
+declare -A pid port
+# shellcheck disable=SC2317 # the EXIT trap calls it
 stop_all() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for p in "${pid[@]}"; do kill -KILL "$p" 2>/dev/null; done
 }
 trap stop_all EXIT
 
-start() { # start NAME [flags...]: sets port_NAME
+start() { # start NAME [flags...]: sets pid[NAME] and port[NAME]
   local name=$1
   shift
   local log=$work/server-$name.log
   env -u QLSERVE_API_KEY -u QLSERVE_CONFIG "$binary" serve --model "$model" --port 0 \
     --chat-template "$template" --threads 1 "$@" >"$log" 2>&1 &
-  local pid=$!
-  pids+=("$pid")
-  eval "pid_$name=$pid"
-  local port=""
+  pid[$name]=$!
+  local p=""
   for _ in $(seq 1 1000); do
-    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1)
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || fail "the $name server exited: $(cat "$log")"
+    p=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1)
+    [ -n "$p" ] && break
+    kill -0 "${pid[$name]}" 2>/dev/null || fail "the $name server exited: $(cat "$log")"
     sleep 0.05
   done
-  [ -n "$port" ] || fail "the $name server did not listen: $(cat "$log")"
+  [ -n "$p" ] || fail "the $name server did not listen: $(cat "$log")"
+  local code=""
   for _ in $(seq 1 1200); do
-    code=$(PORT=$port "$venv/bin/python" -c '
+    code=$(PORT=$p "$venv/bin/python" -c '
 import os, urllib.request, urllib.error
 try:
     print(urllib.request.urlopen("http://127.0.0.1:%s/health" % os.environ["PORT"], timeout=5).status)
@@ -117,20 +117,20 @@ except urllib.error.HTTPError as e:
 except Exception:
     print(0)')
     [ "$code" = 200 ] && break
-    kill -0 "$pid" 2>/dev/null || fail "the $name server exited: $(cat "$log")"
+    kill -0 "${pid[$name]}" 2>/dev/null || fail "the $name server exited: $(cat "$log")"
     sleep 0.05
   done
   [ "$code" = 200 ] || fail "the $name server's /health never said 200: $(cat "$log")"
-  eval "port_$name=$port"
+  port[$name]=$p
 }
 
 stop() { # stop NAME: SIGTERM, exit status 0, no sanitizer report
-  local name=$1 pid
-  eval "pid=\$pid_$name"
+  local name=$1
   local log=$work/server-$name.log
-  kill -TERM "$pid"
-  wait "$pid"
+  kill -TERM "${pid[$name]}"
+  wait "${pid[$name]}"
   local rc=$?
+  unset "pid[$name]"
   [ "$rc" = 0 ] || {
     echo "conformance: the $name server exited $rc after SIGTERM: $(tail -20 "$log")" >&2
     return 1
@@ -143,15 +143,16 @@ stop() { # stop NAME: SIGTERM, exit status 0, no sanitizer report
 
 start open
 start keyed --api-key-file "$key_file"
-echo "conformance: servers on ports $port_open (open) and $port_keyed (API key), model $model"
+echo "conformance: servers on ports ${port[open]} (open) and ${port[keyed]} (API key), model $model"
 
-PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" "$here/clients.py" \
-  --base "http://127.0.0.1:$port_open" --keyed "http://127.0.0.1:$port_keyed" \
+# bounded well inside ctest's 300 s, so a hung call still stops the servers
+PYTHONDONTWRITEBYTECODE=1 timeout 150 "$venv/bin/python" "$here/clients.py" \
+  --base "http://127.0.0.1:${port[open]}" --keyed "http://127.0.0.1:${port[keyed]}" \
   --key "$(cat "$key_file")" --model tiny-chat
 status=$?
+[ "$status" = 124 ] && echo "conformance: clients.py ran past 150 s" >&2
 
 stop open || status=1
 stop keyed || status=1
-pids=()
 echo "conformance: took $(($(date +%s) - started)) s in all"
 exit $status
