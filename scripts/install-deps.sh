@@ -19,6 +19,8 @@ packages=(
   node-llhttp       # llhttp C sources, compiled by our CMake
   clang             # the fuzz build (libFuzzer)
   libclang-rt-dev   # libFuzzer and the sanitizer runtimes for clang
+  python3           # tests/conformance only: the real OpenAI and HF clients,
+  python3-venv      #   installed from PyPI into a venv (the product needs no Python)
 )
 
 missing=()
