@@ -269,7 +269,6 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
 static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
     (void)why;
-    (void)u;
     /* the end: a pseudo-token carrying the whole text and details. Its own
      * text is what the engine held back until the end (a stop string's
      * possible start, an incomplete UTF-8 tail), as ordinary text, so
@@ -285,7 +284,9 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     char *full = srv_gen_full_text(g, 0);
     cJSON_AddStringToObject(o, "generated_text", full ? full : "");
     free(full);
-    cJSON_AddItemToObject(o, "details", tgi_details(g, 0, false));
+    cJSON *d = tgi_details(g, 0, false);
+    cJSON_AddNumberToObject(d, "input_length", u->prompt_tokens); /* TGI's StreamDetails */
+    cJSON_AddItemToObject(o, "details", d);
     srv_stream_cjson(c, o);
     srv_stream_end(c);
 }
