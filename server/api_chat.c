@@ -402,11 +402,8 @@ static void add_choice(cJSON *choices, int32_t index, const char *what, const ch
     cJSON *body = cJSON_AddObjectToObject(choice, what);
     if (role)
         cJSON_AddStringToObject(body, "role", role);
-    if (text) {
-        char *s = strndup(text, len);
-        cJSON_AddStringToObject(body, "content", s ? s : "");
-        free(s);
-    }
+    if (text)
+        cJSON_AddItemToObject(body, "content", srv_json_text(text, len));
     if (logprobs)
         cJSON_AddItemToObject(choice, "logprobs", logprobs);
     else

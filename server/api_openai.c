@@ -243,9 +243,7 @@ static void add_choice(cJSON *choices, int32_t index, const char *text, size_t l
                        const char *finish)
 {
     cJSON *c = cJSON_CreateObject();
-    char *s = strndup(text ? text : "", len);
-    cJSON_AddStringToObject(c, "text", s ? s : "");
-    free(s);
+    cJSON_AddItemToObject(c, "text", srv_json_text(text, len));
     cJSON_AddNumberToObject(c, "index", index);
     if (logprobs)
         cJSON_AddItemToObject(c, "logprobs", logprobs);
@@ -292,12 +290,12 @@ static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage 
     cJSON *o = oai_object(g, &choices);
     for (int32_t k = 0; k < n; k++) {
         const srv_choice *ch = &g->choices[order[k]];
-        char *full = srv_gen_full_text(g, order[k]);
+        size_t len;
+        char *full = srv_gen_full_text(g, order[k], &len);
         cJSON *lp = g->logprobs ? srv_oai_logprobs(g, order[k], 0, ch->n_tokens,
                                                    g->return_full_text && g->prompt_logprobs)
                                 : NULL;
-        add_choice(choices, k, full ? full : "", full ? strlen(full) : 0, lp,
-                   srv_oai_finish(ch->why));
+        add_choice(choices, k, full ? full : "", len, lp, srv_oai_finish(ch->why));
         free(full);
     }
     srv_oai_add_usage(o, u);

@@ -147,9 +147,7 @@ static cJSON *token_json(const srv_gen *g, int32_t id, const char *text, size_t 
 {
     cJSON *t = cJSON_CreateObject();
     cJSON_AddNumberToObject(t, "id", id);
-    char *s = strndup(text ? text : "", len);
-    cJSON_AddStringToObject(t, "text", s ? s : "");
-    free(s);
+    cJSON_AddItemToObject(t, "text", srv_json_text(text, len));
     if (isnan(logprob))
         cJSON_AddNullToObject(t, "logprob");
     else
@@ -219,8 +217,9 @@ static cJSON *tgi_details(const srv_gen *g, int32_t best, bool tokens)
             if (i == best)
                 continue;
             cJSON *o = cJSON_CreateObject();
-            char *full = srv_gen_full_text(g, i);
-            cJSON_AddStringToObject(o, "generated_text", full ? full : "");
+            size_t len;
+            char *full = srv_gen_full_text(g, i, &len);
+            cJSON_AddItemToObject(o, "generated_text", srv_json_text(full, len));
             free(full);
             add_candidate(o, g, i, true);
             cJSON_AddItemToArray(others, o);
@@ -235,8 +234,9 @@ static cJSON *generation_json(const srv_gen *g)
     int32_t best;
     srv_gen_answer_order(g, &best);
     cJSON *o = cJSON_CreateObject();
-    char *full = srv_gen_full_text(g, best);
-    cJSON_AddStringToObject(o, "generated_text", full ? full : "");
+    size_t len;
+    char *full = srv_gen_full_text(g, best, &len);
+    cJSON_AddItemToObject(o, "generated_text", srv_json_text(full, len));
     free(full);
     if (g->details)
         cJSON_AddItemToObject(o, "details", tgi_details(g, best, true));
@@ -281,8 +281,9 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     cJSON *t = token_json(g, -1, tail, ch->tail_len, 0.0f, false);
     cJSON_AddBoolToObject(t, "special", ch->tail_len == 0);
     cJSON_AddItemToObject(o, "token", t);
-    char *full = srv_gen_full_text(g, 0);
-    cJSON_AddStringToObject(o, "generated_text", full ? full : "");
+    size_t len;
+    char *full = srv_gen_full_text(g, 0, &len);
+    cJSON_AddItemToObject(o, "generated_text", srv_json_text(full, len));
     free(full);
     cJSON *d = tgi_details(g, 0, false);
     cJSON_AddNumberToObject(d, "input_length", u->prompt_tokens); /* TGI's StreamDetails */

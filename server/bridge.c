@@ -422,8 +422,9 @@ int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx)
     return n;
 }
 
-char *srv_gen_full_text(const srv_gen *g, int32_t i)
+char *srv_gen_full_text(const srv_gen *g, int32_t i, size_t *len)
 {
+    *len = 0;
     const srv_choice *ch = &g->choices[i];
     const srv_part *part = &g->parts[i / g->per_part];
     const char *prompt = g->return_full_text && part->text ? part->text : "";
@@ -435,6 +436,7 @@ char *srv_gen_full_text(const srv_gen *g, int32_t i)
     if (ch->text_len)
         memcpy(out + pl, ch->text, ch->text_len);
     out[pl + ch->text_len] = 0;
+    *len = pl + ch->text_len;
     return out;
 }
 

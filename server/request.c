@@ -88,6 +88,41 @@ void srv_fail(srv_conn *c, int status, const char *fmt, ...)
     srv_respond_error(c, status, type_of(status), m, status == 503 ? "Retry-After: 1\r\n" : NULL);
 }
 
+cJSON *srv_json_text(const char *text, size_t len)
+{
+    if (!text)
+        return cJSON_CreateString("");
+    if (!memchr(text, 0, len)) {
+        char *t = strndup(text, len);
+        cJSON *o = cJSON_CreateString(t ? t : "");
+        free(t);
+        return o;
+    }
+    /* a cJSON string ends at its first NUL: this one's JSON is written
+     * here, every control byte as \u00XX */
+    char *out = malloc(6 * len + 3);
+    if (!out)
+        return cJSON_CreateString("");
+    size_t n = 0;
+    out[n++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)text[i];
+        if (b == '"' || b == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)b;
+        } else if (b < 0x20) {
+            n += (size_t)sprintf(out + n, "\\u%04x", b);
+        } else {
+            out[n++] = (char)b;
+        }
+    }
+    out[n++] = '"';
+    out[n] = 0;
+    cJSON *o = cJSON_CreateRaw(out);
+    free(out);
+    return o;
+}
+
 void srv_respond_cjson(srv_conn *c, int status, cJSON *root)
 {
     char *text = cJSON_PrintUnformatted(root);

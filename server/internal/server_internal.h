@@ -97,6 +97,9 @@ int srv_status_of(int rc);
 void srv_fail(srv_conn *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Answer root (consumed) as JSON with status. */
 void srv_respond_cjson(srv_conn *c, int status, cJSON *root);
+/* A JSON string of text[0..len) (UTF-8), NUL bytes included (as \u0000:
+ * a cJSON string alone would end at the first). */
+cJSON *srv_json_text(const char *text, size_t len);
 /* Send o (consumed) as one server-sent event. */
 void srv_stream_cjson(srv_conn *c, cJSON *o);
 
@@ -289,8 +292,8 @@ struct srv_gen {
  * per_part == keep). Fills idx (n_parts x keep entries); returns the count. */
 int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx);
 /* The text to answer choice i with: the prompt first when
- * return_full_text (allocated, free()). */
-char *srv_gen_full_text(const srv_gen *g, int32_t i);
+ * return_full_text (allocated, free(); *len bytes, NUL bytes possible). */
+char *srv_gen_full_text(const srv_gen *g, int32_t i, size_t *len);
 
 /* The loop's side of the bridge (s->wake's callback): hand every event the
  * engine queued to its generation; a generation's last one frees it. */
