@@ -42,8 +42,9 @@
  * operations (forward, copy_blocks, digest, prepare, destroy); it owns every device
  * allocation and the pinned staging; it touches the model and the versions
  * and adapters (read only, holding references), the KV block bookkeeping
- * (kv_cache.c's eng_kv_*), kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h)
- * and step.c's rotary tables and refusals.
+ * (kv_cache.c's eng_kv_*, and eng_kv_check_writes of kv_cache_internal.h),
+ * kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h) and step.c's rotary
+ * tables and refusals.
  *
  * Why run_layers() and project() repeat forward.c's walk rather than share
  * it: every buffer here is device memory and every operation a kernel on
@@ -61,6 +62,7 @@
  * must be made in both.
  */
 #include "internal/backend_internal.h"
+#include "internal/kv_cache_internal.h"
 #include "internal/step_internal.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
@@ -496,8 +498,9 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
     return QL_OK;
 }
 
-/* Refuse what forward.c refuses (step.c's eng_step_check), and more sequences than
- * the step's arrays hold, before anything is enqueued. */
+/* Refuse what forward.c refuses (step.c's eng_step_check, and writes into
+ * shared KV blocks), and more sequences than the step's arrays hold,
+ * before anything is enqueued. */
 static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n_seqs,
                       int64_t *rows, char *msg, size_t msg_len)
 {
@@ -505,8 +508,9 @@ static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n
         return ql_fail(msg, msg_len, QL_EINVAL, "%d sequences in one step; at most %d", n_seqs,
                        c->max_seqs);
     int64_t max_rank = 0; /* the adapters' ranks were bounded at upload */
-    return eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank, msg,
-                          msg_len);
+    int rc = eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank,
+                            msg, msg_len);
+    return rc != QL_OK ? rc : eng_kv_check_writes(c->base.kv, seqs, n_seqs, msg, msg_len);
 }
 
 /* Grow a pinned host array and its device twin to hold n elements of size

@@ -477,6 +477,16 @@ static int fork_run(eng_backend *b, const eng_model *m, int32_t (*tok)[FORK_TOTA
         rc = eng_kv_hold(kv, &seq[0], 2 * eng_kv_fork_blocks(kv, FORK_PROMPT, FORK_TOTAL) + 1);
     for (int f = 1; f < 3 && rc == QL_OK; f++)
         rc = eng_kv_fork(kv, &seq[f], &seq[0], FORK_TOTAL);
+    if (rc == QL_OK) {
+        /* a write into the shared block without its copy is refused */
+        eng_step_seq bad = {
+            .kv = &seq[1], .tokens = tok[1] + FORK_PROMPT, .n_tokens = 1, .pos = FORK_PROMPT};
+        char why[256] = "";
+        int refused = eng_backend_forward(b, &bad, 1, logits, NULL, why, sizeof why);
+        if (refused != QL_EINVAL || !strstr(why, "shared"))
+            rc = ql_fail(msg, msg_len, QL_EINVAL,
+                         "a write into a shared block was not refused: %d \"%s\"", refused, why);
+    }
     *copied = 0;
     for (int d = 0; d < FORK_STEPS && rc == QL_OK; d++) {
         eng_kv_copy copies[8];
