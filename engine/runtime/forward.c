@@ -15,7 +15,8 @@
  * (runtime.h); it owns the per-step scratch; it touches the model's host
  * tensors (read only), the host KV arena through kv_cache_internal.h, the
  * worker pool and kernels/ (qt_matmul, qt_attend, ops_math.h), and takes
- * the rotary tables and the step's refusals from step.c.
+ * the rotary tables and the step's refusals from step.c (and the refusal
+ * of writes into shared KV blocks from kv_cache.c).
  *
  * Why backend_cuda.c has a second copy of this walk and of project():
  * there every buffer is device memory, every operation is a kernel enqueued
@@ -389,6 +390,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
     int rc = eng_step_check(m, kv, seqs, n_seqs, st->max_tokens, &T, &max_rank, msg, msg_len);
     if (rc != QL_OK)
         return rc;
+    if ((rc = eng_kv_check_writes(kv, seqs, n_seqs, msg, msg_len)) != QL_OK)
+        return rc;
     if (max_rank > 0 && lora_scratch(st, max_rank) != QL_OK)
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate adapter scratch for rank %lld",
                        (long long)max_rank);
@@ -460,8 +463,18 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         r += seqs[s].n_tokens;
         memcpy(st->tmp + s * H, st->x + (r - 1) * H, (size_t)H * sizeof(float));
     }
+    const qtensor *head = m->lm_head.rows ? &m->lm_head : &m->embed;
     rmsnorm(st->last, st->tmp, st->final_norm, n_seqs, H, c->rms_norm_eps);
-    matmul(pool, m->lm_head.rows ? &m->lm_head : &m->embed, st->last, n_seqs, logits);
+    matmul(pool, head, st->last, n_seqs, logits);
+    // and of every new token where a sequence asks (a prompt's logprobs):
+    // each row's arithmetic is the batch's, so its last row is the above
+    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
+        if (!seqs[s].all_logits)
+            continue;
+        rmsnorm(st->h, st->x + (int64_t)r * H, st->final_norm, seqs[s].n_tokens, H,
+                c->rms_norm_eps);
+        matmul(pool, head, st->h, seqs[s].n_tokens, seqs[s].all_logits);
+    }
 
     for (int32_t s = 0; s < n_seqs; s++) {
         int32_t end = seqs[s].pos + seqs[s].n_tokens;
