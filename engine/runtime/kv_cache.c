@@ -9,6 +9,16 @@
  * Block layout (f32): for layer l, K then V, each [block_tokens][kv_dim],
  * kv_dim = n_kv_heads * head_dim. Owned by the engine thread: no locks.
  *
+ * Sharing (n choices of one prompt): a block carries a reference count,
+ * the number of block tables that hold it (or 1 while a sequence holds it
+ * outside its table, for a fork or a copy to come). A fork takes its
+ * source's written blocks by reference; a write into a block another table
+ * also references first swaps it for a held block of the writer's own and
+ * lists the pair to copy (copy on write, as vLLM's block manager), so no
+ * allocation ever happens inside a step. Every call costs in proportion to
+ * the blocks it touches. What always holds: free + held + referenced
+ * blocks == total, and a block is free exactly when its count is 0.
+ *
  * It offers eng_kv_* (runtime.h) and owns the arena and the free list; it
  * calls nothing else in engine/runtime/ (a sequence that cannot get blocks
  * is the scheduler's to hold back).
@@ -44,7 +54,8 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     kv->n_blocks = (int32_t)n;
     kv->data = host_arena ? malloc(n * block_bytes) : NULL;
     kv->free_list = malloc(n * sizeof *kv->free_list);
-    if ((host_arena && !kv->data) || !kv->free_list) {
+    kv->refs = calloc(n, sizeof *kv->refs);
+    if ((host_arena && !kv->data) || !kv->free_list || !kv->refs) {
         eng_kv_free(kv);
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
@@ -80,6 +91,7 @@ void eng_kv_free(eng_kv_cache *kv)
         return;
     free(kv->data);
     free(kv->free_list);
+    free(kv->refs);
     free(kv);
 }
 
@@ -103,26 +115,163 @@ int32_t eng_kv_blocks_for(const eng_kv_cache *kv, int32_t n_tokens)
     return n_tokens <= 0 ? 0 : (n_tokens + kv->block_tokens - 1) / kv->block_tokens;
 }
 
+/* A block off the free list, held once. */
+static int32_t take_free(eng_kv_cache *kv)
+{
+    int32_t b = kv->free_list[--kv->n_free];
+    kv->refs[b] = 1;
+    return b;
+}
+
+/* One more table references b. */
+static void ref_block(eng_kv_cache *kv, int32_t b)
+{
+    if (++kv->refs[b] == 2)
+        kv->n_shared++;
+}
+
+/* One reference to b fewer; back to the free list at none. */
+static void unref_block(eng_kv_cache *kv, int32_t b)
+{
+    int32_t r = --kv->refs[b];
+    if (r == 1)
+        kv->n_shared--;
+    else if (r == 0)
+        kv->free_list[kv->n_free++] = b;
+}
+
+/* Room for n entries in *arr (a block table or a held list); false when
+ * out of memory, *arr unchanged. */
+static bool grow_list(int32_t **arr, int32_t n)
+{
+    if (n == 0)
+        return true;
+    int32_t *t = realloc(*arr, (size_t)n * sizeof *t);
+    if (!t)
+        return false;
+    *arr = t;
+    return true;
+}
+
 int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens)
 {
     int32_t need = eng_kv_blocks_for(kv, n_tokens) - s->n_blocks;
     if (need <= 0)
         return QL_OK;
-    if (need > kv->n_free)
+    if (need > kv->n_free || !grow_list(&s->blocks, s->n_blocks + need))
         return QL_ENOMEM;
-    int32_t *t = realloc(s->blocks, (size_t)(s->n_blocks + need) * sizeof *t);
-    if (!t)
-        return QL_ENOMEM;
-    s->blocks = t;
     for (int32_t i = 0; i < need; i++)
-        s->blocks[s->n_blocks++] = kv->free_list[--kv->n_free];
+        s->blocks[s->n_blocks++] = take_free(kv);
     return QL_OK;
+}
+
+int eng_kv_hold(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_blocks)
+{
+    if (n_blocks < 0)
+        return QL_EINVAL;
+    if (n_blocks > kv->n_free || !grow_list(&s->held, s->n_held + n_blocks))
+        return QL_ENOMEM;
+    for (int32_t i = 0; i < n_blocks; i++)
+        s->held[s->n_held++] = take_free(kv);
+    return QL_OK;
+}
+
+/* Whether the last of the blocks holding n_shared positions is partly
+ * filled (its next write, in a fork, is a copy on write). */
+static bool last_block_partial(const eng_kv_cache *kv, int32_t n_shared)
+{
+    return n_shared % kv->block_tokens != 0;
+}
+
+int32_t eng_kv_fork_blocks(const eng_kv_cache *kv, int32_t n_shared, int32_t n_tokens)
+{
+    int32_t grow = eng_kv_blocks_for(kv, n_tokens) - eng_kv_blocks_for(kv, n_shared);
+    return (grow > 0 ? grow : 0) + (last_block_partial(kv, n_shared) ? 1 : 0);
+}
+
+int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_tokens)
+{
+    if (dst == src || dst->n_blocks != 0 || dst->n_held != 0 || dst->n_tokens != 0)
+        return QL_EINVAL;
+    int32_t n_shared = src->n_tokens, shared = eng_kv_blocks_for(kv, n_shared);
+    if (shared > src->n_blocks)
+        return QL_EINVAL; /* positions written past the table: not a sequence */
+    int32_t take = eng_kv_fork_blocks(kv, n_shared, n_tokens);
+    int32_t cow = last_block_partial(kv, n_shared) ? 1 : 0, grow = take - cow;
+    if (take > src->n_held)
+        return QL_ENOMEM;
+    /* both lists first, so a failure changes nothing */
+    int32_t *blocks = NULL, *held = NULL;
+    if (!grow_list(&blocks, shared + grow) || !grow_list(&held, cow)) {
+        free(blocks);
+        return QL_ENOMEM;
+    }
+    for (int32_t i = 0; i < shared; i++) {
+        blocks[i] = src->blocks[i];
+        ref_block(kv, blocks[i]);
+    }
+    for (int32_t i = 0; i < grow; i++)
+        blocks[shared + i] = src->held[--src->n_held];
+    if (cow)
+        held[0] = src->held[--src->n_held];
+    *dst = (eng_seq_kv){.blocks = blocks,
+                        .n_blocks = shared + grow,
+                        .n_tokens = n_shared,
+                        .held = held,
+                        .n_held = cow};
+    return QL_OK;
+}
+
+int eng_kv_prepare_write(eng_kv_cache *kv, eng_seq_kv *s, int32_t pos, int32_t n,
+                         eng_kv_copy *copies, int32_t max_copies, int32_t *n_copies)
+{
+    if (pos < 0 || n <= 0)
+        return n == 0 && pos >= 0 ? QL_OK : QL_EINVAL;
+    /* blocks past the table are the step's to refuse, not a copy's */
+    int32_t first = pos / kv->block_tokens, end = eng_kv_blocks_for(kv, pos + n);
+    if (end > s->n_blocks)
+        end = s->n_blocks;
+    int32_t need = 0;
+    for (int32_t i = first; i < end; i++)
+        need += kv->refs[s->blocks[i]] > 1;
+    if (need > s->n_held)
+        return QL_ENOMEM;
+    if (need > max_copies - *n_copies)
+        return QL_EINVAL;
+    for (int32_t i = first; i < end; i++) {
+        int32_t old = s->blocks[i];
+        if (kv->refs[old] <= 1)
+            continue;
+        int32_t mine = s->held[--s->n_held];
+        copies[(*n_copies)++] = (eng_kv_copy){.src = old, .dst = mine};
+        s->blocks[i] = mine;
+        unref_block(kv, old);
+    }
+    return QL_OK;
+}
+
+int32_t eng_kv_shared_blocks(const eng_kv_cache *kv)
+{
+    return kv->n_shared;
+}
+
+void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n)
+{
+    if (!kv->data)
+        return; /* bookkeeping only: the blocks live where the backend keeps them */
+    for (int32_t i = 0; i < n; i++)
+        memcpy(kv->data + (size_t)copies[i].dst * kv->block_floats,
+               kv->data + (size_t)copies[i].src * kv->block_floats,
+               kv->block_floats * sizeof(float));
 }
 
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s)
 {
     for (int32_t i = s->n_blocks - 1; i >= 0; i--)
-        kv->free_list[kv->n_free++] = s->blocks[i];
+        unref_block(kv, s->blocks[i]);
+    for (int32_t i = s->n_held - 1; i >= 0; i--)
+        unref_block(kv, s->held[i]);
     free(s->blocks);
+    free(s->held);
     memset(s, 0, sizeof *s);
 }

@@ -82,7 +82,10 @@ int eng_kv_hold(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_blocks);
  * blocks that hold src's positions written so far, and is grown from
  * src's held blocks to hold n_tokens positions in all, plus one held
  * block of its own for the copy on write of the last shared block when it
- * is partly filled. QL_ENOMEM (nothing changed) when src holds too few.
+ * is partly filled. dst->n_tokens becomes src->n_tokens. QL_ENOMEM
+ * (nothing changed) when src holds too few; QL_EINVAL when dst is not
+ * empty or is src. src's own first write into that partly filled block
+ * copies too while a fork still shares it: src must hold a block for it.
  */
 int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_tokens);
 /* How many blocks eng_kv_fork takes from src's held ones for a fork of a
@@ -92,15 +95,18 @@ int32_t eng_kv_fork_blocks(const eng_kv_cache *kv, int32_t n_shared, int32_t n_t
  * Before a step writes positions [pos, pos + n) of s: every block in that
  * range that another sequence also references is replaced in s's table by
  * one of s's held blocks, and the pair is appended to copies (at most
- * max_copies; *n_copies counts them) for the backend to copy before the
- * step (eng_backend_copy_blocks). QL_ENOMEM when s holds no block for a
- * copy, QL_EINVAL when copies is full; nothing changed then.
+ * max_copies; *n_copies, in and out, counts what the list holds) for the
+ * backend to copy before the step (eng_backend_copy_blocks). QL_ENOMEM
+ * when s holds no block for a copy, QL_EINVAL when copies is full (or pos
+ * is negative); nothing changed then. Blocks past s's table are left to
+ * the step to refuse.
  */
 int eng_kv_prepare_write(eng_kv_cache *kv, eng_seq_kv *s, int32_t pos, int32_t n,
                          eng_kv_copy *copies, int32_t max_copies, int32_t *n_copies);
 /* Blocks referenced by more than one sequence now. */
 int32_t eng_kv_shared_blocks(const eng_kv_cache *kv);
-/* Copy blocks in the host arena (the CPU backend's eng_backend_copy_blocks). */
+/* Copy blocks in the host arena, in order (the CPU backend's
+ * eng_backend_copy_blocks; nothing for a cache without one). */
 void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n);
 /* Give back s's references (a block returns to the free list when no
  * other sequence references it) and its held blocks, and zero it. */

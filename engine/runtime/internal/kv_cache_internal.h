@@ -19,6 +19,10 @@ struct eng_kv_cache {
     size_t block_floats;
     int32_t *free_list; /* a stack of free block numbers */
     int32_t n_free;
+    /* per block: the block tables that reference it, or 1 for a block a
+     * sequence holds outside its table; 0 exactly when it is free */
+    int32_t *refs;
+    int32_t n_shared; /* blocks whose refs is above 1 */
 };
 
 /* K (v = 0) or V (v = 1) of layer l at position pos of a sequence whose
