@@ -367,6 +367,17 @@ Test(choices, forks_share_the_prompt_and_copy_its_last_block_on_write)
         same_tokens(&o->c[i], &one->c[0], "a fork's answer");
         outcome_free(one);
     }
+    /* fill_context lowers max_new to what all three choices fit in the
+     * cache: 24 (64 positions: 4 blocks, and 2 x 2 + 1 held is 9) */
+    eng_request fill = r;
+    fill.max_new_tokens = 400;
+    fill.fill_context = true;
+    outcome *filled = run(e, &fill);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(filled->c[i].n, 24, "choice %d: %d tokens", i, filled->c[i].n);
+        cr_assert_eq(filled->c[i].end.why, ENG_FINISH_LENGTH);
+    }
+    outcome_free(filled);
     /* one block fewer and the request can never fit: refused, with the count */
     eng_engine_stop(e);
     e = start_opts(block * 8, 8, 16);

@@ -450,6 +450,46 @@ static int prompt_ids(const eng_engine *e, const eng_request *r, int32_t **ids, 
     return QL_OK;
 }
 
+/* Positions each choice reserves, and the blocks choice 0 holds besides
+ * for the others (their forks, and its own copy of the prompt's partly
+ * filled last block: the first to write into it copies it), for max_new. */
+static void plan_blocks(const eng_engine *e, const request *q, int32_t max_new, int32_t *reserve,
+                        int32_t *hold)
+{
+    int64_t want = (int64_t)q->n_prompt + max_new, context = e->m->cfg.max_position_embeddings;
+    *reserve = (int32_t)(want < context ? want : context);
+    *hold = 0;
+    if (q->n_choices > 1 && max_new > 0) {
+        bool partial = q->n_prompt % eng_kv_block_tokens(e->kv) != 0;
+        *hold = (q->n_choices - 1) * eng_kv_fork_blocks(e->kv, q->n_prompt, *reserve) + partial;
+    }
+}
+
+static int32_t blocks_needed(const eng_engine *e, const request *q, int32_t max_new)
+{
+    int32_t reserve, hold;
+    plan_blocks(e, q, max_new, &reserve, &hold);
+    return eng_kv_blocks_for(e->kv, reserve) + hold;
+}
+
+/* fill_context with several choices: the largest max_new (<= *max_new)
+ * whose blocks for every choice fit the whole cache (what they need grows
+ * with max_new: a bisection). */
+static void fit_choices_to_cache(const eng_engine *e, const request *q, int32_t *max_new)
+{
+    int32_t total = eng_kv_total_blocks(e->kv), lo = 1, hi = *max_new;
+    if (q->n_choices == 1 || blocks_needed(e, q, hi) <= total || blocks_needed(e, q, lo) > total)
+        return; /* fits, or not even one token does: refused below */
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (blocks_needed(e, q, mid) <= total)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *max_new = lo;
+}
+
 /* The prompt's length against the context and the cache, for all choices;
  * sets max_new (fill_context), reserve and hold. */
 static int fit_prompt(const eng_engine *e, request *q, const eng_request *r, char *msg,
@@ -466,6 +506,7 @@ static int fit_prompt(const eng_engine *e, request *q, const eng_request *r, cha
         int rc = fit_to_context(e, n, &max_new, msg, msg_len);
         if (rc != QL_OK)
             return rc;
+        fit_choices_to_cache(e, q, &max_new);
     }
     if (e->o.max_context > 0 && (int64_t)n + max_new > e->o.max_context)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -473,14 +514,7 @@ static int fit_prompt(const eng_engine *e, request *q, const eng_request *r, cha
                        "of %d tokens",
                        n, max_new, e->o.max_context);
     q->req.max_new_tokens = max_new;
-    int64_t want = (int64_t)n + max_new;
-    q->reserve = (int32_t)(want < c->max_position_embeddings ? want : c->max_position_embeddings);
-    /* the further choices' forks, and choice 0's own copy of the prompt's
-     * partly filled last block (the first to write into it copies it) */
-    if (q->n_choices > 1 && max_new > 0) {
-        bool partial = q->n_prompt % eng_kv_block_tokens(e->kv) != 0;
-        q->hold = (q->n_choices - 1) * eng_kv_fork_blocks(e->kv, q->n_prompt, q->reserve) + partial;
-    }
+    plan_blocks(e, q, max_new, &q->reserve, &q->hold);
     int32_t need = eng_kv_blocks_for(e->kv, q->reserve) + q->hold;
     if (need > eng_kv_total_blocks(e->kv))
         return ql_fail(msg, msg_len, QL_EINVAL,
