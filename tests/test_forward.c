@@ -521,7 +521,247 @@ Test(forward, mixed_batch_qwen2_int8_matches_each_alone)
     mixed_batch_matches_each_alone(&fc);
 }
 
-/* --- 3. the KV cache and the forward pass's refusals -------------------- */
+/* --- 3. shared prompts: forks with copy on write, every row's logits ----- */
+
+/* The CPU backend over e's model (its own KV cache: the one the
+ * scheduler uses, with eng_backend_copy_blocks). */
+static eng_backend *cpu_backend(fwd_engine *e)
+{
+    char msg[512];
+    eng_backend_opts o = {.device = ENG_DEVICE_CPU,
+                          .threads = 2,
+                          .max_tokens = FWD_MAX_TOKEN,
+                          .max_seqs = 4,
+                          .kv_bytes = FWD_KV_BYTES,
+                          .block_tokens = 16};
+    eng_backend *b = NULL;
+    cr_assert_eq(eng_backend_new(&b, &e->m, &o, msg, sizeof msg), QL_OK, "%s", msg);
+    return b;
+}
+
+static void backend_step(eng_backend *b, const eng_step_seq *seqs, int32_t n, float *logits,
+                         const char *label)
+{
+    char msg[512] = "";
+    int rc = eng_backend_forward(b, seqs, n, logits, NULL, msg, sizeof msg);
+    cr_assert_eq(rc, QL_OK, "%s: %s (%s)", label, msg, ql_strerror(rc));
+}
+
+static void assert_same_bits(const float *got, const float *want, int64_t n, const char *what,
+                             int pos)
+{
+    for (int64_t x = 0; x < n; x++)
+        cr_assert(same_bits(got[x], want[x]), "%s at position %d, logit %ld: %.9g, want %.9g", what,
+                  pos, (long)x, (double)got[x], (double)want[x]);
+}
+
+/*
+ * A source prefills 21 tokens (a full block and a partial one); two forks
+ * take its blocks by reference and the three decode different tokens in
+ * the same steps, each write prepared (copy on write) and the copies made
+ * before the step. The first fork must give, bit for bit, what a sequence
+ * that prefilled the prompt itself gives on the same tokens; the source
+ * and the second fork must match the reference on theirs (a missed copy
+ * would have one write into another's block).
+ */
+static void forks_decode_as_if_prefilled_alone(const fwd_case *fc)
+{
+    enum { PROMPT = 21, STEPS = 14, TOTAL = PROMPT + STEPS }; /* past 32: a fork-grown block */
+    fwd_engine e;
+    fwd_open(&e, fc, 16);
+    int64_t V = e.vocab;
+    eng_backend *b = cpu_backend(&e);
+    eng_kv_cache *kv = eng_backend_kv(b);
+    uint64_t rng = 21;
+    int32_t tok[3][TOTAL]; /* the source's, the first fork's, the second's */
+    for (int i = 0; i < TOTAL; i++) {
+        tok[0][i] = (int32_t)(test_rand(&rng) % (uint64_t)V);
+        for (int f = 1; f < 3; f++)
+            tok[f][i] = i < PROMPT ? tok[0][i] : (int32_t)(test_rand(&rng) % (uint64_t)V);
+    }
+    float *logits = malloc((size_t)(4 * V) * sizeof *logits);
+    float *got = malloc((size_t)(3 * STEPS * V) * sizeof *got);
+    float *alone = malloc((size_t)(STEPS * V) * sizeof *alone);
+    eng_seq_kv seq[3] = {{0}, {0}, {0}}, solo = {0};
+
+    // the source's prefill, and the holds for two forks and its own copy
+    cr_assert_eq(eng_kv_reserve(kv, &seq[0], TOTAL), QL_OK);
+    eng_step_seq s = {.kv = &seq[0], .tokens = tok[0], .n_tokens = PROMPT, .pos = 0};
+    backend_step(b, &s, 1, logits, "source prefill");
+    cr_assert_eq(seq[0].n_tokens, PROMPT);
+    int32_t per_fork = eng_kv_fork_blocks(kv, PROMPT, TOTAL);
+    cr_assert_eq(per_fork, 2, "the partial block's copy and the block for positions 32+");
+    cr_assert_eq(eng_kv_hold(kv, &seq[0], 2 * per_fork + 1), QL_OK);
+    for (int f = 1; f < 3; f++)
+        cr_assert_eq(eng_kv_fork(kv, &seq[f], &seq[0], TOTAL), QL_OK);
+    cr_assert_eq(eng_kv_shared_blocks(kv), 2);
+
+    // decode: all three in every step, copies first
+    int copied = 0;
+    for (int d = 0; d < STEPS; d++) {
+        eng_kv_copy copies[8];
+        int32_t n_copies = 0;
+        eng_step_seq step[3];
+        for (int f = 0; f < 3; f++) {
+            cr_assert_eq(eng_kv_prepare_write(kv, &seq[f], PROMPT + d, 1, copies, 8, &n_copies),
+                         QL_OK);
+            step[f] = (eng_step_seq){
+                .kv = &seq[f], .tokens = tok[f] + PROMPT + d, .n_tokens = 1, .pos = PROMPT + d};
+        }
+        char msg[256] = "";
+        cr_assert_eq(eng_backend_copy_blocks(b, copies, n_copies, msg, sizeof msg), QL_OK, "%s",
+                     msg);
+        copied += n_copies;
+        backend_step(b, step, 3, logits, "forks decode");
+        for (int f = 0; f < 3; f++)
+            memcpy(got + ((size_t)f * STEPS + (size_t)d) * (size_t)V, logits + f * V,
+                   (size_t)V * sizeof *logits);
+    }
+    cr_assert_eq(copied, 2, "the partial block copied for two of its three sharers");
+    cr_assert_eq(eng_kv_shared_blocks(kv), 1, "the full first block is shared still");
+
+    // the same prompt prefilled by a sequence of its own, then the first fork's tokens
+    cr_assert_eq(eng_kv_reserve(kv, &solo, TOTAL), QL_OK);
+    s = (eng_step_seq){.kv = &solo, .tokens = tok[1], .n_tokens = PROMPT, .pos = 0};
+    backend_step(b, &s, 1, logits, "alone prefill");
+    for (int d = 0; d < STEPS; d++) {
+        s = (eng_step_seq){
+            .kv = &solo, .tokens = tok[1] + PROMPT + d, .n_tokens = 1, .pos = PROMPT + d};
+        backend_step(b, &s, 1, alone + d * V, "alone decode");
+        assert_same_bits(got + ((size_t)STEPS + (size_t)d) * (size_t)V, alone + d * V, V,
+                         "the fork against a sequence that prefilled alone", PROMPT + d);
+    }
+    double *ref = malloc((size_t)(TOTAL * V) * sizeof *ref);
+    for (int f = 0; f < 3; f += 2) {
+        ref_forward(&e.ref, tok[f], TOTAL, ref);
+        for (int d = 0; d < STEPS; d++)
+            assert_logits_close(got + ((size_t)f * STEPS + (size_t)d) * (size_t)V,
+                                ref + (PROMPT + d) * V, V, fc->label,
+                                f ? "second fork" : "source after forks", PROMPT + d);
+    }
+    for (int f = 0; f < 3; f++)
+        eng_kv_release(kv, &seq[f]);
+    eng_kv_release(kv, &solo);
+    cr_assert_eq(eng_kv_free_blocks(kv), eng_kv_total_blocks(kv), "every block came back");
+    cr_assert_eq(eng_kv_shared_blocks(kv), 0);
+    free(ref);
+    free(alone);
+    free(got);
+    free(logits);
+    eng_backend_free(b);
+    fwd_close(&e);
+}
+
+Test(forward, forks_decode_as_if_prefilled_alone_bf16)
+{
+    fwd_case fc = {.label = "forks bf16"};
+    forks_decode_as_if_prefilled_alone(&fc);
+}
+
+Test(forward, forks_decode_as_if_prefilled_alone_q4_0)
+{
+    fwd_case fc = {.label = "forks q4_0", .gguf = true, .gguf_kind = QT_Q4_0};
+    forks_decode_as_if_prefilled_alone(&fc);
+}
+
+Test(forward, backend_copy_blocks_refuses_blocks_outside_the_cache)
+{
+    fwd_case fc = {.label = "copy refusals"};
+    fwd_engine e;
+    fwd_open(&e, &fc, 16);
+    eng_backend *b = cpu_backend(&e);
+    int32_t total = eng_kv_total_blocks(eng_backend_kv(b));
+    eng_kv_copy bad[][2] = {{{0, 1}, {2, total}}, {{-1, 0}, {0, 1}}, {{3, 3}, {0, 1}}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char msg[256] = "";
+        cr_assert_eq(eng_backend_copy_blocks(b, bad[i], 2, msg, sizeof msg), QL_EINVAL);
+        cr_assert(strstr(msg, "block"), "'%s' names the block", msg);
+    }
+    char msg[256] = "";
+    cr_assert_eq(eng_backend_copy_blocks(b, NULL, 0, msg, sizeof msg), QL_OK, "none to copy");
+    eng_backend_free(b);
+    fwd_close(&e);
+}
+
+/*
+ * all_logits: a prompt's rows in one step (the second chunk of a prefill,
+ * beside another sequence's decode so its rows start mid-batch) against
+ * the same positions fed one at a time, bit for bit; its last row is the
+ * step's row for it.
+ */
+static void all_logits_equal_one_position_at_a_time(const fwd_case *fc)
+{
+    enum { FIRST = 16, CHUNK = 13, N = FIRST + CHUNK };
+    fwd_engine e;
+    fwd_open(&e, fc, 16);
+    int64_t V = e.vocab;
+    uint64_t rng = 5;
+    int32_t tok[N], other[4] = {7, 9, 11, 13};
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)(test_rand(&rng) % (uint64_t)V);
+    float *rows = malloc((size_t)(CHUNK * V) * sizeof *rows);
+    float *first = malloc((size_t)(FIRST * V) * sizeof *first);
+    float *logits = malloc((size_t)(2 * V) * sizeof *logits);
+    float *one = malloc((size_t)V * sizeof *one);
+    for (int64_t i = 0; i < CHUNK * V; i++)
+        rows[i] = NAN;
+    eng_seq_kv a = {0}, b = {0}, c = {0};
+
+    // b has 3 positions; a its first chunk (every row asked for too)
+    eng_step_seq s[2] = {
+        {.kv = &b, .tokens = other, .n_tokens = 3, .pos = 0},
+        {.kv = &a, .tokens = tok, .n_tokens = FIRST, .pos = 0, .all_logits = first}};
+    fwd_step(&e, s, 2, logits, "first chunk");
+    assert_same_bits(first + (FIRST - 1) * V, logits + V, V, "the first chunk's last row",
+                     FIRST - 1);
+    // b decodes while a's second chunk gives every row
+    s[0] = (eng_step_seq){.kv = &b, .tokens = other + 3, .n_tokens = 1, .pos = 3};
+    s[1] = (eng_step_seq){
+        .kv = &a, .tokens = tok + FIRST, .n_tokens = CHUNK, .pos = FIRST, .all_logits = rows};
+    fwd_step(&e, s, 2, logits, "second chunk");
+    assert_same_bits(rows + (CHUNK - 1) * V, logits + V, V, "all_logits' last row vs the step's",
+                     N - 1);
+    // c feeds the same tokens one position at a time
+    for (int p = 0; p < N; p++) {
+        eng_step_seq q = {.kv = &c, .tokens = tok + p, .n_tokens = 1, .pos = p};
+        fwd_step(&e, &q, 1, one, "one at a time");
+        const float *row = p < FIRST ? first + p * V : rows + (p - FIRST) * V;
+        assert_same_bits(row, one, V, "an all_logits row vs that position fed alone", p);
+    }
+    double *ref = malloc((size_t)(N * V) * sizeof *ref);
+    ref_forward(&e.ref, tok, N, ref);
+    for (int p = FIRST; p < N; p++)
+        assert_logits_close(rows + (p - FIRST) * V, ref + p * V, V, fc->label, "all_logits", p);
+    eng_kv_release(e.kv, &a);
+    eng_kv_release(e.kv, &b);
+    eng_kv_release(e.kv, &c);
+    free(ref);
+    free(one);
+    free(logits);
+    free(first);
+    free(rows);
+    fwd_close(&e);
+}
+
+Test(forward, all_logits_equal_one_position_at_a_time_bf16)
+{
+    fwd_case fc = {.label = "all_logits bf16"};
+    all_logits_equal_one_position_at_a_time(&fc);
+}
+
+Test(forward, all_logits_equal_one_position_at_a_time_nf4_quantized_head)
+{
+    fwd_case fc = {.label = "all_logits nf4", .quant = "nf4", .quantize_lm_head = true};
+    all_logits_equal_one_position_at_a_time(&fc);
+}
+
+Test(forward, all_logits_equal_one_position_at_a_time_gguf_q8_0_tied)
+{
+    fwd_case fc = {.label = "all_logits q8_0", .gguf = true, .gguf_kind = QT_Q8_0, .tie = true};
+    all_logits_equal_one_position_at_a_time(&fc);
+}
+
+/* --- 4. the KV cache and the forward pass's refusals -------------------- */
 
 /* Bytes of one block: K and V, f32, for every layer and kv head. */
 static size_t block_bytes(const eng_config *c, int32_t block_tokens)
@@ -721,7 +961,7 @@ Test(forward, refuses_bad_steps_without_harming_other_sequences)
     fwd_close(&e);
 }
 
-/* --- 4. the worker pool ----------------------------------------------------- */
+/* --- 5. the worker pool ----------------------------------------------------- */
 
 typedef struct cover_ctx {
     atomic_int *hits;

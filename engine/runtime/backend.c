@@ -81,6 +81,16 @@ static int cpu_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
     return eng_forward(c->st, b->m, b->kv, c->pool, seqs, n_seqs, logits, msg, msg_len);
 }
 
+/* The cache is the host arena: eng_kv_copy_blocks does it. */
+static int cpu_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
+                           size_t msg_len)
+{
+    (void)msg;
+    (void)msg_len;
+    eng_kv_copy_blocks(b->kv, copies, n);
+    return QL_OK;
+}
+
 static void cpu_destroy(eng_backend *b)
 {
     cpu_backend *c = (cpu_backend *)b;
@@ -99,6 +109,7 @@ static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_back
     c->base.device = ENG_DEVICE_CPU;
     c->base.m = m;
     c->base.forward = cpu_forward;
+    c->base.copy_blocks = cpu_copy_blocks;
     c->base.destroy = cpu_destroy;
     int rc = eng_pool_new(&c->pool, o->threads, msg, msg_len);
     if (rc == QL_OK)
@@ -166,6 +177,19 @@ int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
                         int32_t *tokens, char *msg, size_t msg_len)
 {
     return b->forward(b, seqs, n_seqs, logits, tokens, msg, msg_len);
+}
+
+int eng_backend_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
+                            size_t msg_len)
+{
+    int32_t total = eng_kv_total_blocks(b->kv);
+    for (int32_t i = 0; i < n; i++)
+        if (copies[i].src < 0 || copies[i].src >= total || copies[i].dst < 0 ||
+            copies[i].dst >= total || copies[i].src == copies[i].dst)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "KV copy %d: block %d to block %d, of %d blocks (nothing copied)", i,
+                           copies[i].src, copies[i].dst, total);
+    return n > 0 ? b->copy_blocks(b, copies, n, msg, msg_len) : QL_OK;
 }
 
 int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,

@@ -460,8 +460,18 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         r += seqs[s].n_tokens;
         memcpy(st->tmp + s * H, st->x + (r - 1) * H, (size_t)H * sizeof(float));
     }
+    const qtensor *head = m->lm_head.rows ? &m->lm_head : &m->embed;
     rmsnorm(st->last, st->tmp, st->final_norm, n_seqs, H, c->rms_norm_eps);
-    matmul(pool, m->lm_head.rows ? &m->lm_head : &m->embed, st->last, n_seqs, logits);
+    matmul(pool, head, st->last, n_seqs, logits);
+    // and of every new token where a sequence asks (a prompt's logprobs):
+    // each row's arithmetic is the batch's, so its last row is the above
+    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
+        if (!seqs[s].all_logits)
+            continue;
+        rmsnorm(st->h, st->x + (int64_t)r * H, st->final_norm, seqs[s].n_tokens, H,
+                c->rms_norm_eps);
+        matmul(pool, head, st->h, seqs[s].n_tokens, seqs[s].all_logits);
+    }
 
     for (int32_t s = 0; s < n_seqs; s++) {
         int32_t end = seqs[s].pos + seqs[s].n_tokens;

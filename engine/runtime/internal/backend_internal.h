@@ -19,6 +19,9 @@ struct eng_backend {
     bool draws; /* chooses tokens where the logits are (eng_backend_draws) */
     int (*forward)(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
                    int32_t *tokens, char *msg, size_t msg_len);
+    /* the copies of eng_backend_copy_blocks, block ids already checked */
+    int (*copy_blocks)(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
+                       size_t msg_len);
     /* NULL: the host tensors are what it computes with */
     int (*digest)(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
                   size_t msg_len);
