@@ -580,6 +580,42 @@ Test(choices, prompt_logprobs_agree_with_the_generation_position_by_position)
     eng_engine_stop(e);
 }
 
+/* The EOS that ends a choice is no token event, but its logprob is in the
+ * choice's logprob_sum: what scoring the prompt, the tokens and EOS gives. */
+Test(choices, the_ending_eos_counts_in_the_logprob_sum)
+{
+    eng_engine *e = start();
+    int32_t eos = model.cfg.eos_token_id;
+    eng_logit_bias force[1] = {{.token = eos, .bias = 100}};
+    eng_request r = request("the theme", 10, NULL);
+    r.logprobs = true;
+    r.sampling = (eng_sampling){.min_tokens = 2, .logit_bias = force, .n_logit_bias = 1};
+    outcome *gen = run(e, &r);
+    cr_assert_eq(gen->why, ENG_FINISH_EOS);
+    cr_assert_eq(gen->c[0].n, 2, "min_tokens held EOS back twice");
+    cr_assert_eq(gen->c[0].end.generated_tokens, 2);
+    int32_t all[MAX_PROMPT];
+    int32_t n = gen->n_prompt;
+    memcpy(all, gen->prompt, (size_t)n * sizeof *all);
+    all[n] = gen->c[0].tokens[0];
+    all[n + 1] = gen->c[0].tokens[1];
+    all[n + 2] = eos;
+    eng_request s = {.prompt_tokens = all,
+                     .n_prompt_tokens = (size_t)n + 3,
+                     .prompt_logprobs = true,
+                     .on_prompt = on_prompt,
+                     .on_done = on_done};
+    outcome *score = run(e, &s);
+    double events = (double)gen->c[0].lp[0] + (double)gen->c[0].lp[1];
+    double eos_lp = gen->c[0].end.logprob_sum - events;
+    cr_assert(fabs(eos_lp - (double)score->prompt_lp[n + 2]) < 1e-6, "EOS %g, scored %g", eos_lp,
+              (double)score->prompt_lp[n + 2]);
+    cr_assert(eos_lp < 0);
+    outcome_free(gen);
+    outcome_free(score);
+    eng_engine_stop(e);
+}
+
 /* Two prompt_logprobs requests at once share the one rows buffer in turns. */
 Test(choices, prompt_logprobs_requests_batched_take_turns)
 {
