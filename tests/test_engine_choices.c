@@ -763,6 +763,37 @@ Test(choices, skipped_special_tokens_add_no_text_but_count)
     eng_engine_stop(e);
 }
 
+/* TODO-MERGE: eng_stop_include comes with branch sampler; scheduler.c
+ * calls it under the same guard: drop both guards when merged. */
+#ifdef QL_HAVE_STOP_INCLUDE
+Test(choices, include_stop_str_emits_the_stop_string_and_still_stops)
+{
+    eng_engine *e = start();
+    eng_request r = request("the theme", 30, NULL);
+    outcome *plain = run(e, &r);
+    cr_assert(plain->c[0].len > 6, "need some text to cut");
+    char stop[8];
+    memcpy(stop, plain->c[0].text + 2, 4);
+    stop[4] = 0;
+    const char *stops[1] = {stop};
+    r.stop = stops;
+    r.n_stop = 1;
+    r.include_stop_str = true;
+    r.n_choices = 2;
+    outcome *cut = run(e, &r);
+    const char *at = strstr(plain->c[0].text, stop);
+    size_t want = (size_t)(at - plain->c[0].text) + strlen(stop);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(cut->c[i].end.why, ENG_FINISH_STOP);
+        cr_assert_eq(cut->c[i].len, want, "'%.*s'", (int)cut->c[i].len, cut->c[i].text);
+        cr_assert_eq(memcmp(cut->c[i].text, plain->c[0].text, want), 0);
+    }
+    outcome_free(plain);
+    outcome_free(cut);
+    eng_engine_stop(e);
+}
+#endif
+
 static void wait_generated(eng_engine *e, uint64_t n)
 {
     for (int i = 0; i < 20000 && stats_of(e).tokens_generated < n; i++)

@@ -781,7 +781,7 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
     /* stop strings end the answer only once more than min_tokens tokens are
      * out (vLLM v1's detokenizer, tests/detokenizer/test_min_tokens.py) */
     eng_stop_hold(s->stop, s->n_generated <= r->req.sampling.min_tokens);
-    const char *text = NULL;
+    const char *text = ""; /* a skipped special token's */
     size_t len = 0;
     bool stopped = false;
     if (!r->req.skip_special_tokens || !tok_is_special(e->m->tok, token)) {
