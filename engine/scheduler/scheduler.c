@@ -275,7 +275,18 @@ static void drop_running(eng_engine *e, const seq *s)
         }
 }
 
-/* Report r's end (its blocks are back: the snapshot says so first), free it. */
+/* Add the step's counts so far to the statistics (mu held). */
+static void publish_tally(eng_engine *e)
+{
+    e->stats.tokens_generated += e->tally.generated;
+    e->stats.prompt_tokens += e->tally.prompt;
+    e->stats.kv_blocks_shared += e->tally.shared;
+    e->stats.kv_blocks_copied += e->tally.copied;
+    e->tally = (step_tally){0};
+}
+
+/* Report r's end (its blocks are back and its tokens counted: the snapshot
+ * says so first), free it. */
 static void request_end(eng_engine *e, request *r, eng_finish why)
 {
     double t = ql_now_s();
@@ -288,6 +299,7 @@ static void request_end(eng_engine *e, request *r, eng_finish why)
     };
     pthread_mutex_lock(&e->mu);
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    publish_tally(e);
     pthread_mutex_unlock(&e->mu);
     if (r->req.on_done)
         r->req.on_done(r->req.user, why, &u);
@@ -1029,12 +1041,8 @@ static bool run_step(eng_engine *e)
         after_step(e, k, rc);
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
-    e->stats.tokens_generated += e->tally.generated;
-    e->stats.prompt_tokens += e->tally.prompt;
-    e->stats.kv_blocks_shared += e->tally.shared;
-    e->stats.kv_blocks_copied += e->tally.copied;
+    publish_tally(e);
     pthread_mutex_unlock(&e->mu);
-    e->tally = (step_tally){0};
     return true;
 }
 
