@@ -596,6 +596,16 @@ static void forks_decode_as_if_prefilled_alone(const fwd_case *fc)
         cr_assert_eq(eng_kv_fork(kv, &seq[f], &seq[0], TOTAL), QL_OK);
     cr_assert_eq(eng_kv_shared_blocks(kv), 2);
 
+    // a write into the shared partial block without its copy is refused
+    for (int f = 0; f < 3; f++) {
+        eng_step_seq bad = {.kv = &seq[f], .tokens = tok[f] + PROMPT, .n_tokens = 1, .pos = PROMPT};
+        char msg[256] = "";
+        cr_assert_eq(eng_backend_forward(b, &bad, 1, logits, NULL, msg, sizeof msg), QL_EINVAL,
+                     "sequence %d wrote into a shared block", f);
+        cr_assert(strstr(msg, "shared"), "'%s' says why", msg);
+        cr_assert_eq(seq[f].n_tokens, PROMPT, "the refused step changed n_tokens");
+    }
+
     // decode: all three in every step, copies first
     int copied = 0;
     for (int d = 0; d < STEPS; d++) {

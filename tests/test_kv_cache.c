@@ -245,8 +245,18 @@ Test(kv_cache, prepare_write_copies_a_shared_block_once)
     eng_kv_copy copies[4];
     int32_t n = 0;
 
+    /* a step writing there now is refused by both backends' check */
+    char msg[256] = "";
+    int32_t t = 5;
+    eng_step_seq step = {.kv = &dst, .tokens = &t, .n_tokens = 1, .pos = 21};
+    cr_assert_eq(eng_kv_check_writes(kv, &step, 1, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "shared"), "'%s'", msg);
+
     /* the fork writes position 21 first: its block 1 becomes its own copy */
     cr_assert_eq(eng_kv_prepare_write(kv, &dst, 21, 1, copies, 4, &n), QL_OK);
+    cr_assert_eq(eng_kv_check_writes(kv, &step, 1, msg, sizeof msg), QL_OK);
+    step.pos = 0; /* but block 0 is shared still */
+    cr_assert_eq(eng_kv_check_writes(kv, &step, 1, msg, sizeof msg), QL_EINVAL);
     cr_assert_eq(n, 1);
     cr_assert_eq(copies[0].src, partial);
     cr_assert_eq(copies[0].dst, cow);

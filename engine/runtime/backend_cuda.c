@@ -25,7 +25,10 @@
  * rotation tables, the block tables), one set of copies to the device, the
  * layers as kernels on one stream, then the logits (or, for greedy
  * sequences, only the chosen tokens) come back and the stream is
- * synchronised. Products take the fused dequantize-and-multiply kernel up
+ * synchronised (a sequence asking for every row's logits, a prompt's
+ * logprobs, gets its other rows through the classifier in pieces after
+ * that). Copies on write of KV blocks are device-to-device copies on the
+ * same stream (eng_backend_copy_blocks). Products take the fused dequantize-and-multiply kernel up
  * to 8 rows and cuBLASLt above (qt_cuda_matmul); QLSERVE_CUDA_GEMM=bf16
  * makes cuBLASLt multiply in bf16 on the tensor cores (default f32, the
  * closest to the CPU backend's tokens).
@@ -36,11 +39,12 @@
  *
  * It offers eng_cuda_present and eng_backend_cuda_new
  * (internal/backend_internal.h) and fills in the backend's row of
- * operations (forward, digest, prepare, destroy); it owns every device
+ * operations (forward, copy_blocks, digest, prepare, destroy); it owns every device
  * allocation and the pinned staging; it touches the model and the versions
  * and adapters (read only, holding references), the KV block bookkeeping
- * (kv_cache.c's eng_kv_*), kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h)
- * and step.c's rotary tables and refusals.
+ * (kv_cache.c's eng_kv_*, and eng_kv_check_writes of kv_cache_internal.h),
+ * kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h) and step.c's rotary
+ * tables and refusals.
  *
  * Why run_layers() and project() repeat forward.c's walk rather than share
  * it: every buffer here is device memory and every operation a kernel on
@@ -58,6 +62,7 @@
  * must be made in both.
  */
 #include "internal/backend_internal.h"
+#include "internal/kv_cache_internal.h"
 #include "internal/step_internal.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
@@ -493,8 +498,9 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
     return QL_OK;
 }
 
-/* Refuse what forward.c refuses (step.c's eng_step_check), and more sequences than
- * the step's arrays hold, before anything is enqueued. */
+/* Refuse what forward.c refuses (step.c's eng_step_check, and writes into
+ * shared KV blocks), and more sequences than the step's arrays hold,
+ * before anything is enqueued. */
 static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n_seqs,
                       int64_t *rows, char *msg, size_t msg_len)
 {
@@ -502,8 +508,9 @@ static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n
         return ql_fail(msg, msg_len, QL_EINVAL, "%d sequences in one step; at most %d", n_seqs,
                        c->max_seqs);
     int64_t max_rank = 0; /* the adapters' ranks were bounded at upload */
-    return eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank, msg,
-                          msg_len);
+    int rc = eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank,
+                            msg, msg_len);
+    return rc != QL_OK ? rc : eng_kv_check_writes(c->base.kv, seqs, n_seqs, msg, msg_len);
 }
 
 /* Grow a pinned host array and its device twin to hold n elements of size
@@ -714,10 +721,44 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
 }
 
 /* Whether q's token is chosen on the device (the caller takes tokens and
- * wants q's argmax or plain draw) rather than by the host sampler. */
+ * wants q's argmax or plain draw) rather than by the host sampler; never
+ * for a sequence that wants every row's logits (its caller reads them). */
 static bool chosen_here(const eng_step_seq *q, const int32_t *tokens)
 {
-    return tokens && (q->greedy || q->draw);
+    return tokens && (q->greedy || q->draw) && !q->all_logits;
+}
+
+/*
+ * The logits of every new row but the last of each sequence that asks
+ * (eng_step_seq.all_logits), enqueued after the step's own logits have
+ * gone back (the classifier reuses their buffer, sized for max_seqs rows,
+ * so the rows go in pieces of that many). The last row is the step's own,
+ * copied in once the stream is done (finish_step).
+ */
+static int every_row_logits(step_ctx *sc, char *msg, size_t msg_len)
+{
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    int64_t H = cfg->hidden_size, V = cfg->vocab_size;
+    const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
+    char why[256];
+    int32_t l = -1;
+    for (int32_t s = 0; s < sc->n_seqs; s++) {
+        const eng_step_seq *q = &sc->seqs[s];
+        if (!q->all_logits)
+            continue;
+        for (int64_t j = 0; j < q->n_tokens - 1; j += c->max_seqs) {
+            int64_t n = q->n_tokens - 1 - j < c->max_seqs ? q->n_tokens - 1 - j : c->max_seqs;
+            OP(qt_cuda_rmsnorm(c->last, c->x + (c->seq_row[s] + j) * H, c->final_norm, n, H,
+                               cfg->rms_norm_eps, c->stream, why, sizeof why));
+            OP(qt_cuda_matmul(c->blas, head, c->last, n, c->logits, c->stream, why, sizeof why));
+            CUDA_TRY(cudaMemcpyAsync(q->all_logits + j * V, c->logits,
+                                     (size_t)n * (size_t)V * sizeof(float), cudaMemcpyDeviceToHost,
+                                     c->stream),
+                     "copying a prompt's logits back");
+        }
+    }
+    return QL_OK;
 }
 
 /* The final norm of each sequence's last row and the classifier; greedy
@@ -781,10 +822,39 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
                      "copying logits back");
         s = e;
     }
+    int rc = every_row_logits(sc, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     CUDA_TRY(cudaStreamSynchronize(c->stream), "running the step");
-    if (tokens)
-        for (int32_t s = 0; s < sc->n_seqs; s++)
-            tokens[s] = chosen_here(&sc->seqs[s], tokens) ? c->h_greedy[s] : -1;
+    for (int32_t s = 0; s < sc->n_seqs; s++) {
+        const eng_step_seq *q = &sc->seqs[s];
+        if (q->all_logits)
+            memcpy(q->all_logits + (size_t)(q->n_tokens - 1) * (size_t)V, logits + (size_t)s * V,
+                   (size_t)V * sizeof(float));
+        if (tokens)
+            tokens[s] = chosen_here(q, tokens) ? c->h_greedy[s] : -1;
+    }
+    return QL_OK;
+}
+
+/* Copy on write in the device arena, on the step stream: ordered after
+ * the last step's writes and before the next step's reads. */
+static int cuda_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
+                            size_t msg_len)
+{
+    cuda_backend *c = (cuda_backend *)b;
+    size_t floats = c->kv.block_floats;
+    for (int32_t i = 0; i < n; i++) {
+        cudaError_t st =
+            cudaMemcpyAsync(c->kv.arena + (size_t)copies[i].dst * floats,
+                            c->kv.arena + (size_t)copies[i].src * floats, floats * sizeof(float),
+                            cudaMemcpyDeviceToDevice, c->stream);
+        if (st != cudaSuccess) {
+            cudaStreamSynchronize(c->stream);
+            return cuda_fail(st, msg, msg_len, "copying KV block %d to block %d", copies[i].src,
+                             copies[i].dst);
+        }
+    }
     return QL_OK;
 }
 
@@ -1115,6 +1185,7 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     c->base.device = ENG_DEVICE_CUDA;
     c->base.m = m;
     c->base.forward = cuda_forward;
+    c->base.copy_blocks = cuda_copy_blocks;
     c->base.destroy = cuda_destroy;
     c->base.digest = cuda_digest;
     c->base.prepare = cuda_prepare;

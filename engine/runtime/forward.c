@@ -15,7 +15,8 @@
  * (runtime.h); it owns the per-step scratch; it touches the model's host
  * tensors (read only), the host KV arena through kv_cache_internal.h, the
  * worker pool and kernels/ (qt_matmul, qt_attend, ops_math.h), and takes
- * the rotary tables and the step's refusals from step.c.
+ * the rotary tables and the step's refusals from step.c (and the refusal
+ * of writes into shared KV blocks from kv_cache.c).
  *
  * Why backend_cuda.c has a second copy of this walk and of project():
  * there every buffer is device memory, every operation is a kernel enqueued
@@ -388,6 +389,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
     int64_t T = 0, max_rank = 0;
     int rc = eng_step_check(m, kv, seqs, n_seqs, st->max_tokens, &T, &max_rank, msg, msg_len);
     if (rc != QL_OK)
+        return rc;
+    if ((rc = eng_kv_check_writes(kv, seqs, n_seqs, msg, msg_len)) != QL_OK)
         return rc;
     if (max_rank > 0 && lora_scratch(st, max_rank) != QL_OK)
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate adapter scratch for rank %lld",

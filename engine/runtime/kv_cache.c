@@ -19,7 +19,8 @@
  * the blocks it touches. What always holds: free + held + referenced
  * blocks == total, and a block is free exactly when its count is 0.
  *
- * It offers eng_kv_* (runtime.h) and owns the arena and the free list; it
+ * It offers eng_kv_* (runtime.h; eng_kv_check_writes, for the backends, in
+ * internal/kv_cache_internal.h) and owns the arena and the free list; it
  * calls nothing else in engine/runtime/ (a sequence that cannot get blocks
  * is the scheduler's to hold back).
  */
@@ -263,6 +264,22 @@ void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n)
         memcpy(kv->data + (size_t)copies[i].dst * kv->block_floats,
                kv->data + (size_t)copies[i].src * kv->block_floats,
                kv->block_floats * sizeof(float));
+}
+
+int eng_kv_check_writes(const eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs, char *msg,
+                        size_t msg_len)
+{
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const eng_seq_kv *q = seqs[s].kv;
+        int32_t end = eng_kv_blocks_for(kv, seqs[s].pos + seqs[s].n_tokens);
+        for (int32_t i = seqs[s].pos / kv->block_tokens; i < end && i < q->n_blocks; i++)
+            if (kv->refs[q->blocks[i]] > 1)
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "sequence %d: its KV block %d is shared with another sequence "
+                               "(the write needs eng_kv_prepare_write first)",
+                               s, q->blocks[i]);
+    }
+    return QL_OK;
 }
 
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s)

@@ -167,8 +167,9 @@ void eng_forward_state_free(eng_forward_state *st);
  * each sequence's last new token. A sequence's result does not depend on
  * what else is in the step (bit for bit). Refuses, changing nothing: token
  * ids outside the vocabulary, positions past the context or the reserved
- * KV, a position that leaves a gap after the cached ones, and more than the
- * state's max_tokens new tokens in one step.
+ * KV, a position that leaves a gap after the cached ones, a write into a
+ * KV block another sequence shares (eng_kv_prepare_write not called), and
+ * more than the state's max_tokens new tokens in one step.
  */
 int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
                 const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len);

@@ -12,6 +12,11 @@
  *   - a merge on the device gives the CPU merge's bytes (the digests of
  *     what each backend serves are equal), and after the unmerge the
  *     device serves the pristine bytes again.
+ *   - forks sharing a prompt's KV blocks decode as on the CPU, each
+ *     copy on write made by eng_backend_copy_blocks in the device arena;
+ *   - a sequence asking for every row's logits (all_logits) gets the
+ *     CPU's rows, more of them than the device's logits buffer holds,
+ *     and its token is never chosen on the device.
  * The models are built in memory (random weights quantized with
  * qt_quantize into each kind), so nothing is read from disk; with
  * QL_DEFAULT_MODEL set to the default model's GGUF, its greedy
@@ -414,6 +419,233 @@ static void scenario(const char *name, const eng_model *m, const eng_weights *w,
     side_free(&gpu);
 }
 
+/* --- shared prompts: copy on write, every row's logits ------------------------------ */
+
+/* max |got - want| / max(1, max |want|) over n logits, into *worst. */
+static void worst_of(const float *got, const float *want, int64_t n, double *worst)
+{
+    double scale = 1.0;
+    for (int64_t i = 0; i < n; i++)
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]) / scale;
+        if (!(d <= *worst))
+            *worst = isnan(d) ? INFINITY : d;
+    }
+}
+
+enum { FORK_PROMPT = 21, FORK_STEPS = 14, FORK_TOTAL = FORK_PROMPT + FORK_STEPS };
+
+/* Fill the next 8 free blocks with the K and V of other tokens and give
+ * them back (released blocks are handed out again first): a copy on write
+ * left undone then reads wrong values, not zeros. */
+static int pollute_blocks(eng_backend *b, const eng_model *m, float *logits, char *msg,
+                          size_t msg_len)
+{
+    enum { JUNK = 128 };
+    int32_t junk[JUNK];
+    for (int i = 0; i < JUNK; i++)
+        junk[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+    eng_seq_kv j = {0};
+    int rc = eng_kv_reserve(eng_backend_kv(b), &j, JUNK);
+    eng_step_seq s = {.kv = &j, .tokens = junk, .n_tokens = JUNK, .pos = 0};
+    if (rc == QL_OK)
+        rc = eng_backend_forward(b, &s, 1, logits, NULL, msg, msg_len);
+    eng_kv_release(eng_backend_kv(b), &j);
+    return rc;
+}
+
+/* One side's run of the fork scenario: a source prefills the prompt, two
+ * forks share its blocks, the three decode their own tokens with the
+ * copies on write made by eng_backend_copy_blocks (or, skip_copies, left
+ * undone: what the check must be able to see); out gets every decode
+ * step's logits, [3][FORK_STEPS][vocab]. */
+static int fork_run(eng_backend *b, const eng_model *m, int32_t (*tok)[FORK_TOTAL], float *out,
+                    int32_t *copied, bool skip_copies, char *msg, size_t msg_len)
+{
+    int32_t V = m->cfg.vocab_size;
+    eng_kv_cache *kv = eng_backend_kv(b);
+    eng_seq_kv seq[3] = {{0}, {0}, {0}};
+    float *logits = malloc((size_t)3 * (size_t)V * sizeof(float));
+    int rc = pollute_blocks(b, m, logits, msg, msg_len);
+    if (rc == QL_OK)
+        rc = eng_kv_reserve(kv, &seq[0], FORK_TOTAL);
+    eng_step_seq s = {.kv = &seq[0], .tokens = tok[0], .n_tokens = FORK_PROMPT, .pos = 0};
+    if (rc == QL_OK)
+        rc = eng_backend_forward(b, &s, 1, logits, NULL, msg, msg_len);
+    if (rc == QL_OK)
+        rc = eng_kv_hold(kv, &seq[0], 2 * eng_kv_fork_blocks(kv, FORK_PROMPT, FORK_TOTAL) + 1);
+    for (int f = 1; f < 3 && rc == QL_OK; f++)
+        rc = eng_kv_fork(kv, &seq[f], &seq[0], FORK_TOTAL);
+    if (rc == QL_OK) {
+        /* a write into the shared block without its copy is refused */
+        eng_step_seq bad = {
+            .kv = &seq[1], .tokens = tok[1] + FORK_PROMPT, .n_tokens = 1, .pos = FORK_PROMPT};
+        char why[256] = "";
+        int refused = eng_backend_forward(b, &bad, 1, logits, NULL, why, sizeof why);
+        if (refused != QL_EINVAL || !strstr(why, "shared"))
+            rc = ql_fail(msg, msg_len, QL_EINVAL,
+                         "a write into a shared block was not refused: %d \"%s\"", refused, why);
+    }
+    *copied = 0;
+    for (int d = 0; d < FORK_STEPS && rc == QL_OK; d++) {
+        eng_kv_copy copies[8];
+        int32_t n_copies = 0;
+        eng_step_seq step[3];
+        for (int f = 0; f < 3 && rc == QL_OK; f++) {
+            rc = eng_kv_prepare_write(kv, &seq[f], FORK_PROMPT + d, 1, copies, 8, &n_copies);
+            step[f] = (eng_step_seq){.kv = &seq[f],
+                                     .tokens = tok[f] + FORK_PROMPT + d,
+                                     .n_tokens = 1,
+                                     .pos = FORK_PROMPT + d};
+        }
+        if (rc == QL_OK && !skip_copies)
+            rc = eng_backend_copy_blocks(b, copies, n_copies, msg, msg_len);
+        *copied += n_copies;
+        if (rc == QL_OK)
+            rc = eng_backend_forward(b, step, 3, logits, NULL, msg, msg_len);
+        for (int f = 0; f < 3 && rc == QL_OK; f++)
+            memcpy(out + ((size_t)f * FORK_STEPS + (size_t)d) * (size_t)V, logits + (size_t)f * V,
+                   (size_t)V * sizeof(float));
+    }
+    if (rc != QL_OK && !msg[0])
+        ql_fail(msg, msg_len, rc, "KV bookkeeping of the forks: %s", ql_strerror(rc));
+    for (int f = 0; f < 3; f++)
+        eng_kv_release(kv, &seq[f]);
+    free(logits);
+    return rc;
+}
+
+/* Forks decoding over shared, copied-on-write blocks: the device's logits
+ * are the CPU's (each side copies in its own cache). */
+static void forks_copy_on_write(void)
+{
+    const char *name = "forks_with_copy_on_write_match_cpu";
+    model_case mc = {"q4_0", {.kind = QT_Q4_0}, ENG_ARCH_LLAMA, false, false, true, 0};
+    eng_model m;
+    if (make_model(&m, &mc) != QL_OK) {
+        report(false, name, "could not build the model");
+        return;
+    }
+    int32_t V = m.cfg.vocab_size, tok[3][FORK_TOTAL];
+    for (int i = 0; i < FORK_TOTAL; i++) {
+        tok[0][i] = (int32_t)(uniform() * V);
+        for (int f = 1; f < 3; f++)
+            tok[f][i] = i < FORK_PROMPT ? tok[0][i] : (int32_t)(uniform() * V);
+    }
+    /* the CPU, the device, and the CPU without its copies */
+    size_t each = (size_t)3 * FORK_STEPS * (size_t)V;
+    float *out[3] = {NULL, NULL, NULL};
+    int32_t copied[3] = {0, 0, 0};
+    char msg[512] = "";
+    int rc = QL_OK;
+    for (int k = 0; k < 3 && rc == QL_OK; k++) {
+        side sd;
+        out[k] = malloc(each * sizeof(float));
+        rc = side_new(&sd, &m, k == 1 ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU, msg, sizeof msg);
+        if (rc == QL_OK)
+            rc = fork_run(sd.b, &m, tok, out[k], &copied[k], k == 2, msg, sizeof msg);
+        side_free(&sd);
+    }
+    double worst = 0.0, missed = 0.0;
+    for (size_t r = 0; rc == QL_OK && r < (size_t)3 * FORK_STEPS; r++) {
+        worst_of(out[1] + r * (size_t)V, out[0] + r * (size_t)V, V, &worst);
+        worst_of(out[2] + r * (size_t)V, out[0] + r * (size_t)V, V, &missed);
+    }
+    if (rc != QL_OK)
+        report(false, name, "%s", msg);
+    else
+        report(worst <= 1e-3 && missed > 1e-2 && copied[0] == 2 && copied[1] == 2, name,
+               "worst relative logit difference %.3g (bound 1e-3; undone copies make %.3g, "
+               "must be above 1e-2); blocks copied cpu %d cuda %d (2 expected)",
+               worst, missed, copied[0], copied[1]);
+    if (rc == QL_OK)
+        printf("  %s: worst relative logit difference %.3g; with the copies undone %.3g\n", name,
+               worst, missed);
+    for (int k = 0; k < 3; k++)
+        free(out[k]);
+    eng_model_free(&m);
+}
+
+/*
+ * One step of three sequences: A a 40-token prefill asking for every row
+ * (more rows than the device's logits buffer holds), B a greedy prefill,
+ * C a greedy prefill asking for every row too (so not chosen on the
+ * device). Every row is the CPU's within the bound, the last row is the
+ * step's row bit for bit, C's token is left to the host.
+ */
+static void every_row_logits(void)
+{
+    const char *name = "all_logits_match_cpu";
+    model_case mc = {"nf4", {.kind = QT_NF4, .blocksize = 64}, ENG_ARCH_LLAMA, 0, 1, 0, 0};
+    eng_model m;
+    if (make_model(&m, &mc) != QL_OK) {
+        report(false, name, "could not build the model");
+        return;
+    }
+    enum { NA = 40, NB = 5, NC = 7 };
+    int32_t V = m.cfg.vocab_size, ta[NA], tb[NB], tc[NC];
+    for (int i = 0; i < NA; i++)
+        ta[i] = (int32_t)(uniform() * V);
+    for (int i = 0; i < NB; i++)
+        tb[i] = (int32_t)(uniform() * V);
+    for (int i = 0; i < NC; i++)
+        tc[i] = (int32_t)(uniform() * V);
+    float *rows[2][2], *logits[2];
+    int32_t tokens[2][N_SEQS];
+    char msg[512] = "";
+    int rc = QL_OK;
+    bool last_rows_equal = true;
+    for (int k = 0; k < 2; k++) {
+        rows[k][0] = malloc((size_t)NA * (size_t)V * sizeof(float));
+        rows[k][1] = malloc((size_t)NC * (size_t)V * sizeof(float));
+        logits[k] = malloc((size_t)N_SEQS * (size_t)V * sizeof(float));
+    }
+    for (int k = 0; k < 2 && rc == QL_OK; k++) {
+        side sd;
+        rc = side_new(&sd, &m, k ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU, msg, sizeof msg);
+        eng_step_seq st[N_SEQS] = {
+            {.kv = &sd.kv[0], .tokens = ta, .n_tokens = NA, .all_logits = rows[k][0]},
+            {.kv = &sd.kv[1], .tokens = tb, .n_tokens = NB, .greedy = true},
+            {.kv = &sd.kv[2],
+             .tokens = tc,
+             .n_tokens = NC,
+             .greedy = true,
+             .all_logits = rows[k][1]},
+        };
+        if (rc == QL_OK)
+            rc = eng_backend_forward(sd.b, st, N_SEQS, logits[k], tokens[k], msg, sizeof msg);
+        for (int j = 0; rc == QL_OK && j < 2; j++) {
+            int32_t n = j ? NC : NA, row = j ? 2 : 0;
+            last_rows_equal &= memcmp(rows[k][j] + (size_t)(n - 1) * V, logits[k] + (size_t)row * V,
+                                      (size_t)V * sizeof(float)) == 0;
+        }
+        side_free(&sd);
+    }
+    double worst = 0.0;
+    if (rc == QL_OK) {
+        worst_of(rows[1][0], rows[0][0], (int64_t)NA * V, &worst);
+        worst_of(rows[1][1], rows[0][1], (int64_t)NC * V, &worst);
+    }
+    float lead = 0.0f;
+    int32_t cpu_b = rc == QL_OK ? best_of(logits[0] + V, V, &lead) : -1;
+    if (rc != QL_OK)
+        report(false, name, "%s", msg);
+    else
+        report(worst <= 1e-3 && last_rows_equal && tokens[1][2] == -1 && tokens[1][0] == -1 &&
+                   (tokens[1][1] == cpu_b || lead <= 1e-3),
+               name,
+               "worst relative logit difference %.3g (bound 1e-3); last rows equal the step's %d; "
+               "device tokens %d %d %d (want -1, %d, -1)",
+               worst, last_rows_equal, tokens[1][0], tokens[1][1], tokens[1][2], cpu_b);
+    for (int k = 0; k < 2; k++) {
+        free(rows[k][0]);
+        free(rows[k][1]);
+        free(logits[k]);
+    }
+    eng_model_free(&m);
+}
+
 /* --- the checks ---------------------------------------------------------------------- */
 
 static void kinds(void)
@@ -784,6 +1016,8 @@ int main(void)
     merged((qt_quant_params){.kind = QT_AFFINE, .bits = 4, .group_size = 32, .eps = 1e-6f},
            "int4-g32");
     registry_merges_on_device();
+    forks_copy_on_write();
+    every_row_logits();
     device_draws();
     out_of_memory();
     const char *path = getenv("QL_DEFAULT_MODEL");

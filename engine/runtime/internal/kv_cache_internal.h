@@ -1,11 +1,15 @@
 /*
  * kv_cache_internal.h - the KV cache's layout (struct eng_kv_cache and
- * kv_at), shared by kv_cache.c (which owns the blocks), forward.c (which
- * reads and writes the host arena) and step.c (which reads the block size).
+ * kv_at, eng_kv_check_writes), shared by kv_cache.c (which owns the blocks),
+ * forward.c (which reads and writes the host arena), backend_cuda.c (which
+ * refuses writes into shared blocks) and step.c (which reads the block
+ * size).
  * Nothing outside engine/runtime/ includes it.
  */
 #ifndef QL_KV_CACHE_INTERNAL_H
 #define QL_KV_CACHE_INTERNAL_H
+
+#include "runtime.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +28,13 @@ struct eng_kv_cache {
     int32_t *refs;
     int32_t n_shared; /* blocks whose refs is above 1 */
 };
+
+/* Refuse (QL_EINVAL naming the sequence and block) a step that would
+ * write into a block another sequence's table references too: its
+ * eng_kv_prepare_write was not called, and the write would reach the other
+ * sequence. Both backends ask before computing anything. */
+int eng_kv_check_writes(const struct eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs,
+                        char *msg, size_t msg_len);
 
 /* K (v = 0) or V (v = 1) of layer l at position pos of a sequence whose
  * block table is `blocks`. */
