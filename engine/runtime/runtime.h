@@ -251,7 +251,8 @@ eng_kv_cache *eng_backend_kv(eng_backend *b);
 int eng_backend_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
                         int32_t *tokens, char *msg, size_t msg_len);
 /* Copy KV blocks (src to dst, in order) where the backend keeps its
- * cache, before the next step reads them (copy on write). */
+ * cache, before the next step reads them (copy on write); QL_EINVAL,
+ * nothing copied, for a block outside the cache or src == dst. */
 int eng_backend_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
                             size_t msg_len);
 /*
