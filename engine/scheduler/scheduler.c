@@ -7,34 +7,53 @@
  *
  * Each step:
  *   - take in what was submitted or cancelled;
- *   - admit waiting requests, first come first served, while a slot and
- *     their KV blocks are free (a request reserves blocks for its prompt
- *     plus max_new_tokens at admission, so a running sequence never waits
- *     for memory and never corrupts another's);
+ *   - admit waiting requests, first come first served, while running slots
+ *     and KV blocks are free for all their choices (a request reserves
+ *     blocks for its prompt plus max_new_tokens at admission, and holds
+ *     what its further choices' forks and copies on write will take, so a
+ *     running sequence never waits for memory and never corrupts another's);
  *   - build one batch under the step's token budget: one decode token for
- *     every sequence past its prompt first, then prompt chunks (chunked
+ *     every choice past its prompt first, then prompt chunks (chunked
  *     prefill, so a long prompt never stalls the decodes for long);
- *   - one forward pass; sample each sequence that needs a token with its
- *     own sampler; stream its text through its stop-string filter; finish
- *     what ended and give its blocks back at once. EOS ends a sequence
- *     unless the request set ignore_eos (it is then a token of the answer)
- *     or fewer than min_tokens tokens came before it; stop strings end it
- *     only once more than min_tokens tokens are out (vLLM's rules).
+ *   - copy the shared KV blocks a sequence is about to write into (copy on
+ *     write), then one forward pass; sample each sequence that needs a
+ *     token with its own sampler; stream its text through its stop-string
+ *     filter; end what ended and give its blocks back at once. EOS ends a
+ *     choice unless the request set ignore_eos (it is then a token of the
+ *     answer) or fewer than min_tokens tokens came before it; stop strings
+ *     end it only once more than min_tokens tokens are out (vLLM's rules).
+ *
+ * A request of n choices (n_choices) is prefilled once, by choice 0. When
+ * its prefill completes the logits row is kept, choices 1..n-1 are made
+ * then as forks of choice 0's KV (sharing the prompt's blocks by
+ * reference, eng_kv_fork) and every choice samples its first token from
+ * that same row with its own sampler (seeded seed + choice). A choice
+ * "begins" there: a request cancelled or failed before its prefill is done
+ * reports no choice, only its end.
+ *
+ * Log-probabilities (logprobs, prompt_logprobs) are the float64
+ * log-softmax of the raw logits row, taken before the sampler touches it
+ * (eng_sample changes the row in place): sequences that ask for them get
+ * their rows back from the backend (greedy and draw off). A prompt's come
+ * from eng_step_seq.all_logits: one host buffer of prefill_chunk x vocab
+ * floats, allocated when the first such request is admitted, so at most
+ * one prompt_logprobs chunk runs per step (others wait their turn).
  *
  * Adapters: a request names the configuration it wants; at admission a
- * sequence takes a reference on the serving weight version and keeps it to
+ * request takes a reference on the serving weight version and keeps it to
  * its end, and applies the difference between what it wants and what that
  * version has merged, unmerged. A new version published by a merge is
  * taken between two steps; sequences already running finish on theirs.
  *
  * It offers eng_engine_* (scheduler.h) and owns the engine thread, the
  * inbox and the running set; it touches the runtime only through runtime.h
- * (eng_backend_*, eng_kv_* for the block tables), the model's weight
- * versions and adapters (references), the tokenizer's stream, and
- * sampler.c's eng_sampler and eng_stop.
+ * (eng_backend_*, eng_kv_* for the block tables, forks and copies on
+ * write), the model's weight versions and adapters (references), the
+ * tokenizer's stream, and sampler.c's eng_sampler and eng_stop.
  */
 #include "scheduler.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,27 +72,53 @@ const char *eng_finish_name(eng_finish f)
     return "unknown";
 }
 
+typedef struct request request;
+
+/* One choice of a request: what it samples, caches and streams on its own. */
 typedef struct seq {
-    uint64_t id;
-    eng_request req; /* callbacks, user, sampling, max_new_tokens (strings not kept) */
-    int32_t *prompt;
-    int32_t n_prompt;
-    int32_t n_prefilled; /* prompt tokens in the KV cache */
-    int32_t n_generated; /* tokens sampled */
+    request *r;
+    int32_t choice;
+    int32_t n_generated; /* tokens sampled (not the EOS that ended it) */
     int32_t next_token;  /* the sampled token to feed next */
-    int32_t reserve;     /* KV positions reserved at admission */
     eng_seq_kv kv;
-    eng_sampler sampler;
+    eng_sampler sampler; /* seeded sampling.seed + choice */
     eng_stop *stop;
     tok_stream stream;
-    eng_lora_term *want; /* the configuration asked for (a reference each) */
+    double logprob_sum; /* of the logprobs reported (and the ending EOS's) */
+} seq;
+
+/* One submitted request: the prompt and what its choices share. */
+struct request {
+    uint64_t id;
+    eng_request req; /* callbacks, user, flags, sampling, max_new_tokens (strings not kept) */
+    int32_t *prompt;
+    int32_t n_prompt;
+    int32_t n_prefilled; /* prompt tokens in choice 0's KV */
+    int32_t reserve;     /* KV positions of each choice */
+    int32_t hold;        /* blocks choice 0 holds for the others' forks and copies */
+    int32_t n_choices;
+    seq *choices;      /* n_choices of them; 0 prefills, the others fork from it */
+    bool admitted;     /* holds n_choices running slots */
+    bool begun;        /* the prefill is done: every choice began */
+    int32_t n_live;    /* choices begun and not ended */
+    int32_t generated; /* tokens of the choices ended so far */
+    bool errored, cancelled;
+    eng_finish first_why;
+    float *prompt_lp;        /* prompt_logprobs: n_prompt of them */
+    eng_logprob *prompt_top; /* and n_prompt x top_logprobs */
+    eng_lora_term *want;     /* the configuration asked for (a reference each) */
     size_t n_want;
     eng_weights *weights; /* the version it runs on, from admission (a reference) */
     eng_lora_term *delta; /* want minus what weights has merged */
     size_t n_delta;
     double t_submit, t_admit, t_first;
-    struct seq *next; /* in the inbox or the waiting list */
-} seq;
+    request *next; /* in the inbox or the waiting list */
+};
+
+/* What one step adds to the statistics (engine thread, published once). */
+typedef struct step_tally {
+    uint64_t generated, prompt, shared, copied;
+} step_tally;
 
 struct eng_engine {
     const eng_model *m;
@@ -88,7 +133,7 @@ struct eng_engine {
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
     pthread_cond_t wake;
-    seq *inbox, *inbox_tail;
+    request *inbox, *inbox_tail;
     uint64_t *cancels;
     size_t n_cancels, cap_cancels;
     bool stopping;
@@ -104,39 +149,180 @@ struct eng_engine {
 
     /* engine thread only */
     eng_weights *current; /* what new sequences get (a reference) */
-    seq *waiting, *waiting_tail;
+    request *waiting, *waiting_tail;
     seq **running;
     int32_t n_running;
+    int32_t slots; /* running slots the admitted requests hold (<= max_running) */
     eng_step_seq *step;
     seq **step_owner;
+    eng_kv_copy *copies; /* step_tokens: a step writes into at most that many blocks */
+    float *raw_row;      /* vocab: a logits row as the model gave it */
+    float *work_row;     /* vocab: a copy of it for one choice's sampler */
+    float *prompt_rows;  /* prefill_chunk x vocab, for prompt_logprobs (lazily) */
+    step_tally tally;
 };
 
-static void seq_free(seq *s)
+static void request_free(request *r)
 {
-    for (size_t i = 0; i < s->n_want; i++)
-        eng_lora_unref(s->want[i].lora);
-    free(s->want);
-    free(s->delta);
-    eng_weights_unref(s->weights);
-    free(s->prompt);
-    eng_sampler_free(&s->sampler);
-    eng_stop_free(s->stop);
-    free(s);
+    for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
+        eng_sampler_free(&r->choices[i].sampler);
+        eng_stop_free(r->choices[i].stop);
+    }
+    free(r->choices);
+    for (size_t i = 0; i < r->n_want; i++)
+        eng_lora_unref(r->want[i].lora);
+    free(r->want);
+    free(r->delta);
+    eng_weights_unref(r->weights);
+    free(r->prompt);
+    free(r->prompt_lp);
+    free(r->prompt_top);
+    free(r);
 }
 
-/* --- finishing ------------------------------------------------------------------ */
+/* --- log-probabilities ------------------------------------------------------------ */
 
-static void emit(seq *s, int32_t token, const char *text, size_t len)
+/* The figures of one raw logits row: log(sum exp) in float64 (max
+ * subtracted first) and its n_top most likely tokens. */
+typedef struct row_lp {
+    const float *raw;
+    double lse;
+    eng_logprob top[ENG_MAX_LOGPROBS];
+    int32_t n_top;
+} row_lp;
+
+static double log_sum_exp(const float *row, int32_t vocab)
 {
-    eng_token_event ev = {.token = token, .text = text, .len = len};
-    if (s->req.on_token)
-        s->req.on_token(s->req.user, &ev);
+    float max = row[0];
+    for (int32_t v = 1; v < vocab; v++)
+        if (row[v] > max)
+            max = row[v];
+    double sum = 0;
+    for (int32_t v = 0; v < vocab; v++)
+        sum += exp((double)row[v] - (double)max);
+    return (double)max + log(sum);
 }
 
-/* End s: flush what the stop filter held back (unless a stop string or a
- * cancel ended it), give back its blocks, report, free. */
-static void finish(eng_engine *e, seq *s, eng_finish why)
+/* The k most likely tokens of row into top, most likely first, ties the
+ * lower id first (ids come in increasing order: an equal one stays behind). */
+static int32_t top_tokens(const float *row, int32_t vocab, int32_t k, double lse, eng_logprob *top)
 {
+    int32_t id[ENG_MAX_LOGPROBS], n = 0;
+    for (int32_t v = 0; v < vocab && k > 0; v++) {
+        if (n == k && !(row[v] > row[id[k - 1]]))
+            continue;
+        int32_t i = n < k ? n++ : k - 1;
+        while (i > 0 && row[v] > row[id[i - 1]]) {
+            id[i] = id[i - 1];
+            i--;
+        }
+        id[i] = v;
+    }
+    for (int32_t i = 0; i < n; i++)
+        top[i] = (eng_logprob){id[i], (float)((double)row[id[i]] - lse)};
+    return n;
+}
+
+static void row_lp_compute(row_lp *o, const float *raw, int32_t vocab, int32_t n_top)
+{
+    o->raw = raw;
+    o->lse = log_sum_exp(raw, vocab);
+    o->n_top = top_tokens(raw, vocab, n_top, o->lse, o->top);
+}
+
+/* A prefill chunk's rows (all_logits): row j, at position pos + j, gives
+ * the distribution of the prompt token at pos + j + 1. */
+static void score_prompt(eng_engine *e, request *r, int32_t pos, int32_t n, const float *rows)
+{
+    int32_t vocab = e->m->cfg.vocab_size, n_top = r->req.top_logprobs;
+    for (int32_t j = 0; j < n && pos + j + 1 < r->n_prompt; j++) {
+        const float *row = rows + (size_t)j * (size_t)vocab;
+        int32_t p = pos + j + 1;
+        double lse = log_sum_exp(row, vocab);
+        r->prompt_lp[p] = (float)((double)row[r->prompt[p]] - lse);
+        if (n_top > 0)
+            top_tokens(row, vocab, n_top, lse, r->prompt_top + (size_t)p * (size_t)n_top);
+    }
+}
+
+/* --- ending ----------------------------------------------------------------------- */
+
+/* What one token event carries beyond its text. */
+typedef struct token_lp {
+    float logprob;
+    const eng_logprob *top;
+    int32_t n_top;
+} token_lp;
+
+static void emit(seq *s, int32_t token, const char *text, size_t len, const token_lp *lp)
+{
+    eng_token_event ev = {.choice = s->choice, .token = token, .text = text, .len = len};
+    if (lp) {
+        ev.logprob = lp->logprob;
+        ev.top = lp->top;
+        ev.n_top = lp->n_top;
+    }
+    if (s->r->req.on_token)
+        s->r->req.on_token(s->r->req.user, &ev);
+}
+
+static void drop_running(eng_engine *e, const seq *s)
+{
+    for (int32_t i = 0; i < e->n_running; i++)
+        if (e->running[i] == s) {
+            e->running[i] = e->running[--e->n_running];
+            return;
+        }
+}
+
+/* Add the step's counts so far to the statistics (mu held). */
+static void publish_tally(eng_engine *e)
+{
+    e->stats.tokens_generated += e->tally.generated;
+    e->stats.prompt_tokens += e->tally.prompt;
+    e->stats.kv_blocks_shared += e->tally.shared;
+    e->stats.kv_blocks_copied += e->tally.copied;
+    e->tally = (step_tally){0};
+}
+
+/* Report r's end (its blocks are back and its tokens counted: the snapshot
+ * says so first), free it. */
+static void request_end(eng_engine *e, request *r, eng_finish why)
+{
+    double t = ql_now_s();
+    eng_usage u = {
+        .prompt_tokens = r->n_prompt,
+        .generated_tokens = r->generated,
+        .queued_s = r->t_admit > 0 ? r->t_admit - r->t_submit : t - r->t_submit,
+        .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0,
+        .decode_s = r->t_first > 0 ? t - r->t_first : 0,
+    };
+    pthread_mutex_lock(&e->mu);
+    e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    publish_tally(e);
+    pthread_mutex_unlock(&e->mu);
+    if (r->req.on_done)
+        r->req.on_done(r->req.user, why, &u);
+    request_free(r);
+}
+
+/* End a request whose choices have not begun (waiting, or prefilling). */
+static void end_unbegun(eng_engine *e, request *r, eng_finish why)
+{
+    eng_kv_release(e->kv, &r->choices[0].kv);
+    drop_running(e, &r->choices[0]);
+    if (r->admitted)
+        e->slots -= r->n_choices;
+    request_end(e, r, why);
+}
+
+/* End choice s: flush what the stop filter held back (unless a stop string
+ * or a cancel ended it), give back its blocks and slot, report; the last
+ * choice to end ends the request (why: error, then cancelled, then choice
+ * 0's). */
+static void end_choice(eng_engine *e, seq *s, eng_finish why)
+{
+    request *r = s->r;
     if (why == ENG_FINISH_EOS || why == ENG_FINISH_LENGTH) {
         char tail[64];
         long n = tok_stream_flush(e->m->tok, &s->stream, tail, sizeof tail);
@@ -145,28 +331,40 @@ static void finish(eng_engine *e, seq *s, eng_finish why)
         if (n > 0) {
             eng_stop_feed(s->stop, tail, (size_t)n, &text, &len);
             if (len)
-                emit(s, -1, text, len);
+                emit(s, -1, text, len, NULL);
         }
         eng_stop_flush(s->stop, &text, &len);
         if (len)
-            emit(s, -1, text, len);
+            emit(s, -1, text, len, NULL);
     }
-    double t = ql_now_s();
-    eng_usage u = {
-        .prompt_tokens = s->n_prompt,
-        .generated_tokens = s->n_generated,
-        .queued_s = s->t_admit > 0 ? s->t_admit - s->t_submit : t - s->t_submit,
-        .prefill_s = s->t_first > 0 ? s->t_first - s->t_admit : 0,
-        .decode_s = s->t_first > 0 ? t - s->t_first : 0,
-    };
     eng_kv_release(e->kv, &s->kv);
-    /* the snapshot says the blocks are back before anyone hears it ended */
-    pthread_mutex_lock(&e->mu);
-    e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
-    pthread_mutex_unlock(&e->mu);
-    if (s->req.on_done)
-        s->req.on_done(s->req.user, why, &u);
-    seq_free(s);
+    drop_running(e, s);
+    e->slots--;
+    r->generated += s->n_generated;
+    r->errored |= why == ENG_FINISH_ERROR;
+    r->cancelled |= why == ENG_FINISH_CANCELLED;
+    if (s->choice == 0)
+        r->first_why = why;
+    eng_choice_end end = {.choice = s->choice,
+                          .why = why,
+                          .generated_tokens = s->n_generated,
+                          .logprob_sum = r->req.logprobs ? s->logprob_sum : 0};
+    if (r->req.on_choice_done)
+        r->req.on_choice_done(r->req.user, &end);
+    if (--r->n_live == 0)
+        request_end(e, r,
+                    r->errored     ? ENG_FINISH_ERROR
+                    : r->cancelled ? ENG_FINISH_CANCELLED
+                                   : r->first_why);
+}
+
+/* End a running sequence, whether its request began or not. */
+static void end_seq(eng_engine *e, seq *s, eng_finish why)
+{
+    if (s->r->begun)
+        end_choice(e, s, why);
+    else
+        end_unbegun(e, s->r, why);
 }
 
 /* --- submitting ------------------------------------------------------------------ */
@@ -188,23 +386,38 @@ static int fit_to_context(const eng_engine *e, size_t n, int32_t *max_new, char 
     return QL_OK;
 }
 
-int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len)
+/* The request's fields that need no tokenizer: ranges and adapters. */
+static int check_fields(const eng_engine *e, const eng_request *r, char *msg, size_t msg_len)
 {
-    const eng_config *c = &e->m->cfg;
-    if (!r->prompt || r->prompt_len == 0)
+    if (r->prompt_tokens ? r->n_prompt_tokens == 0 : !r->prompt || r->prompt_len == 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is empty");
-    long bad = ql_utf8_invalid_at((const uint8_t *)r->prompt, r->prompt_len);
+    long bad =
+        r->prompt_tokens ? -1 : ql_utf8_invalid_at((const uint8_t *)r->prompt, r->prompt_len);
     if (bad >= 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
-    if (r->max_new_tokens < 1 || r->max_new_tokens > e->o.max_new_tokens)
-        return ql_fail(msg, msg_len, QL_EINVAL, "max_new_tokens %d is not in [1, %d]",
-                       r->max_new_tokens, e->o.max_new_tokens);
+    int32_t lowest = r->prompt_logprobs ? 0 : 1;
+    if (r->max_new_tokens < lowest || r->max_new_tokens > e->o.max_new_tokens)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "max_new_tokens %d is not in [%d, %d] (0 only to score the prompt, with "
+                       "prompt_logprobs)",
+                       r->max_new_tokens, lowest, e->o.max_new_tokens);
+    int32_t most = e->o.max_running < ENG_MAX_CHOICES ? e->o.max_running : ENG_MAX_CHOICES;
+    if (r->n_choices < 0 || r->n_choices > most)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "n_choices %d is not in [1, %d] (each choice needs one of the engine's %d "
+                       "running slots; at most %d)",
+                       r->n_choices, most, e->o.max_running, ENG_MAX_CHOICES);
+    if (r->top_logprobs < 0 || r->top_logprobs > ENG_MAX_LOGPROBS)
+        return ql_fail(msg, msg_len, QL_EINVAL, "top_logprobs %d is not in [0, %d]",
+                       r->top_logprobs, ENG_MAX_LOGPROBS);
+    if (r->truncate < 0)
+        return ql_fail(msg, msg_len, QL_EINVAL, "truncate %d is negative", r->truncate);
     int rc = eng_sampling_check(&r->sampling, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     for (size_t i = 0; i < r->n_adapters; i++) {
         const eng_lora_term *t = &r->adapters[i];
-        if (!t->lora || t->lora->n_layers != c->n_layers)
+        if (!t->lora || t->lora->n_layers != e->m->cfg.n_layers)
             return ql_fail(msg, msg_len, QL_EINVAL, "adapter %zu is not one for this model", i);
         if (!(t->scale == t->scale) || t->scale > 1e6f || t->scale < -1e6f)
             return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s: scale %g is not a usable number",
@@ -213,85 +426,228 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
             if (r->adapters[j].lora == t->lora)
                 return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s is named twice", t->lora->name);
     }
-    seq *s = calloc(1, sizeof *s);
-    if (!s)
+    return QL_OK;
+}
+
+/* The prompt's ids into *ids (allocated): the given ones checked against
+ * the vocabulary, or the text tokenized; then truncate's last tokens. */
+static int prompt_ids(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
+                      char *msg, size_t msg_len)
+{
+    *ids = NULL;
+    *n = 0;
+    if (r->prompt_tokens) {
+        for (size_t i = 0; i < r->n_prompt_tokens; i++)
+            if (r->prompt_tokens[i] < 0 || r->prompt_tokens[i] >= e->m->cfg.vocab_size)
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "prompt token %zu is %d, outside the vocabulary of %d", i,
+                               r->prompt_tokens[i], e->m->cfg.vocab_size);
+        *ids = malloc(r->n_prompt_tokens * sizeof **ids);
+        if (!*ids)
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+        memcpy(*ids, r->prompt_tokens, r->n_prompt_tokens * sizeof **ids);
+        *n = r->n_prompt_tokens;
+    } else {
+        int rc = tok_encode(e->m->tok, r->prompt, r->prompt_len,
+                            tok_adds_bos(e->m->tok) && !r->templated, true, ids, n, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        if (*n == 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "the prompt encodes to no tokens");
+    }
+    if (r->truncate > 0 && *n > (size_t)r->truncate) {
+        memmove(*ids, *ids + (*n - (size_t)r->truncate), (size_t)r->truncate * sizeof **ids);
+        *n = (size_t)r->truncate;
+    }
+    return QL_OK;
+}
+
+/* Positions each choice reserves, and the blocks choice 0 holds besides
+ * for the others (their forks, and its own copy of the prompt's partly
+ * filled last block: the first to write into it copies it), for max_new. */
+static void plan_blocks(const eng_engine *e, const request *q, int32_t max_new, int32_t *reserve,
+                        int32_t *hold)
+{
+    int64_t want = (int64_t)q->n_prompt + max_new, context = e->m->cfg.max_position_embeddings;
+    *reserve = (int32_t)(want < context ? want : context);
+    *hold = 0;
+    if (q->n_choices > 1 && max_new > 0) {
+        bool partial = q->n_prompt % eng_kv_block_tokens(e->kv) != 0;
+        *hold = (q->n_choices - 1) * eng_kv_fork_blocks(e->kv, q->n_prompt, *reserve) + partial;
+    }
+}
+
+static int32_t blocks_needed(const eng_engine *e, const request *q, int32_t max_new)
+{
+    int32_t reserve, hold;
+    plan_blocks(e, q, max_new, &reserve, &hold);
+    return eng_kv_blocks_for(e->kv, reserve) + hold;
+}
+
+/* fill_context with several choices: the largest max_new (<= *max_new)
+ * whose blocks for every choice fit the whole cache (what they need grows
+ * with max_new: a bisection). */
+static void fit_choices_to_cache(const eng_engine *e, const request *q, int32_t *max_new)
+{
+    int32_t total = eng_kv_total_blocks(e->kv), lo = 1, hi = *max_new;
+    if (q->n_choices == 1 || blocks_needed(e, q, hi) <= total || blocks_needed(e, q, lo) > total)
+        return; /* fits, or not even one token does: refused below */
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (blocks_needed(e, q, mid) <= total)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *max_new = lo;
+}
+
+/* The prompt's length against the context and the cache, for all choices;
+ * sets max_new (fill_context), reserve and hold. */
+static int fit_prompt(const eng_engine *e, request *q, const eng_request *r, char *msg,
+                      size_t msg_len)
+{
+    const eng_config *c = &e->m->cfg;
+    size_t n = (size_t)q->n_prompt;
+    if ((int64_t)n >= c->max_position_embeddings)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the prompt is %zu tokens; the context holds %d, with room for one more", n,
+                       c->max_position_embeddings);
+    int32_t max_new = r->max_new_tokens;
+    if (r->fill_context && max_new > 0) {
+        int rc = fit_to_context(e, n, &max_new, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        fit_choices_to_cache(e, q, &max_new);
+    }
+    if (e->o.max_context > 0 && (int64_t)n + max_new > e->o.max_context)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the prompt's %zu tokens plus max new tokens %d exceed the context length "
+                       "of %d tokens",
+                       n, max_new, e->o.max_context);
+    q->req.max_new_tokens = max_new;
+    plan_blocks(e, q, max_new, &q->reserve, &q->hold);
+    int32_t need = eng_kv_blocks_for(e->kv, q->reserve) + q->hold;
+    if (need > eng_kv_total_blocks(e->kv))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%zu prompt tokens + max_new_tokens %d (%d choices) need %d KV blocks; the "
+                       "cache has %d (lower max_new_tokens or give the KV cache more bytes)",
+                       n, max_new, q->n_choices, need, eng_kv_total_blocks(e->kv));
+    return QL_OK;
+}
+
+/* Each choice's sampler (seeded seed + choice), stop filter and stream. */
+static int make_choices(const eng_engine *e, request *q, const eng_request *r, char *msg,
+                        size_t msg_len)
+{
+    q->choices = calloc((size_t)q->n_choices, sizeof *q->choices);
+    if (!q->choices)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (int32_t i = 0; i < q->n_choices; i++) {
+        seq *s = &q->choices[i];
+        s->r = q;
+        s->choice = i;
+        eng_sampling p = r->sampling;
+        p.seed += (uint64_t)i;
+        if (eng_sampler_init(&s->sampler, &p, q->prompt, (size_t)q->n_prompt) != QL_OK)
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+        eng_sampler_set_eos(&s->sampler, e->eos);
+        int rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
+        /* TODO-MERGE: sampler.c's eng_stop_include lands on branch sampler;
+         * drop this guard when both are merged */
+#ifdef QL_HAVE_STOP_INCLUDE
+        eng_stop_include(s->stop, r->include_stop_str);
+#endif
+    }
+    if (r->prompt_logprobs) {
+        size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
+        q->prompt_lp = malloc(n * sizeof *q->prompt_lp);
+        q->prompt_top = k ? malloc(n * k * sizeof *q->prompt_top) : NULL;
+        if (!q->prompt_lp || (k && !q->prompt_top))
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for the prompt's logprobs");
+        q->prompt_lp[0] = NAN; /* nothing comes before the first */
+        for (size_t j = 0; j < k; j++)
+            q->prompt_top[j] = (eng_logprob){-1, NAN};
+    }
+    return QL_OK;
+}
+
+/* The checked request, with everything it needs copied (*out: NULL on error). */
+static int request_new(const eng_engine *e, const eng_request *r, request **out, char *msg,
+                       size_t msg_len)
+{
+    *out = NULL;
+    int rc = check_fields(e, r, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    request *q = calloc(1, sizeof *q);
+    if (!q)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    q->req = *r;
+    q->n_choices = r->n_choices > 1 ? r->n_choices : 1;
     if (r->n_adapters) {
-        s->want = malloc(r->n_adapters * sizeof *s->want);
-        if (!s->want) {
-            free(s);
+        q->want = malloc(r->n_adapters * sizeof *q->want);
+        if (!q->want) {
+            request_free(q);
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         }
         for (size_t i = 0; i < r->n_adapters; i++) {
-            s->want[i] = r->adapters[i];
-            eng_lora_ref(s->want[i].lora);
+            q->want[i] = r->adapters[i];
+            eng_lora_ref(q->want[i].lora);
         }
-        s->n_want = r->n_adapters;
+        q->n_want = r->n_adapters;
     }
     size_t n = 0;
-    rc = tok_encode(e->m->tok, r->prompt, r->prompt_len, tok_adds_bos(e->m->tok) && !r->templated,
-                    true, &s->prompt, &n, msg, msg_len);
-    if (rc == QL_OK && n == 0)
-        rc = ql_fail(msg, msg_len, QL_EINVAL, "the prompt encodes to no tokens");
-    if (rc == QL_OK && (int64_t)n >= c->max_position_embeddings)
-        rc = ql_fail(msg, msg_len, QL_EINVAL,
-                     "the prompt is %zu tokens; the context holds %d, with room for one more", n,
-                     c->max_position_embeddings);
-    int32_t max_new = r->max_new_tokens;
-    if (rc == QL_OK && r->fill_context)
-        rc = fit_to_context(e, n, &max_new, msg, msg_len);
-    if (rc == QL_OK && e->o.max_context > 0 && (int64_t)n + max_new > e->o.max_context)
-        rc = ql_fail(msg, msg_len, QL_EINVAL,
-                     "the prompt's %zu tokens plus max new tokens %d exceed the context length of "
-                     "%d tokens",
-                     n, max_new, e->o.max_context);
-    s->n_prompt = (int32_t)n;
-    int64_t want = (int64_t)n + max_new;
-    s->reserve = (int32_t)(want < c->max_position_embeddings ? want : c->max_position_embeddings);
-    if (rc == QL_OK && eng_kv_blocks_for(e->kv, s->reserve) > eng_kv_total_blocks(e->kv))
-        rc = ql_fail(msg, msg_len, QL_EINVAL,
-                     "%zu prompt tokens + max_new_tokens %d need %d KV blocks; the cache has %d "
-                     "(lower max_new_tokens or give the KV cache more bytes)",
-                     n, max_new, eng_kv_blocks_for(e->kv, s->reserve), eng_kv_total_blocks(e->kv));
+    rc = prompt_ids(e, r, &q->prompt, &n, msg, msg_len);
+    q->n_prompt = (int32_t)n;
     if (rc == QL_OK)
-        rc = eng_sampler_init(&s->sampler, &r->sampling, s->prompt, n);
+        rc = fit_prompt(e, q, r, msg, msg_len);
     if (rc == QL_OK)
-        eng_sampler_set_eos(&s->sampler, e->eos);
-    if (rc == QL_OK)
-        rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
+        rc = make_choices(e, q, r, msg, msg_len);
     if (rc != QL_OK) {
-        seq_free(s);
+        request_free(q);
         return rc;
     }
-    s->req = *r;
-    s->req.max_new_tokens = max_new;
-    s->req.prompt = NULL; /* not kept */
-    s->req.stop = NULL;
-    s->req.adapters = NULL;
-    s->req.sampling.logit_bias = NULL; /* the sampler holds its copy */
-    s->req.sampling.n_logit_bias = 0;
-    eng_stop_hold(s->stop, s->req.sampling.min_tokens > 0);
-    s->t_submit = ql_now_s();
+    q->req.n_choices = q->n_choices;
+    q->req.prompt = NULL; /* not kept */
+    q->req.prompt_tokens = NULL;
+    q->req.stop = NULL;
+    q->req.adapters = NULL;
+    q->req.sampling.logit_bias = NULL; /* the samplers hold their copies */
+    q->req.sampling.n_logit_bias = 0;
+    q->t_submit = ql_now_s();
+    *out = q;
+    return QL_OK;
+}
 
+int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len)
+{
+    request *q;
+    int rc = request_new(e, r, &q, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     pthread_mutex_lock(&e->mu);
     if (e->stopping || e->queued >= e->o.max_queued) {
         int32_t queued = e->queued;
         bool stopping = e->stopping;
         pthread_mutex_unlock(&e->mu);
-        seq_free(s);
+        request_free(q);
         return stopping
                    ? ql_fail(msg, msg_len, QL_EBUSY, "the engine is stopping")
                    : ql_fail(msg, msg_len, QL_EBUSY,
                              "the queue is full (%d requests waiting); try again later", queued);
     }
-    s->id = ++e->next_id;
+    q->id = ++e->next_id;
     if (id)
-        *id = s->id;
+        *id = q->id;
     if (e->inbox_tail)
-        e->inbox_tail->next = s;
+        e->inbox_tail->next = q;
     else
-        e->inbox = s;
-    e->inbox_tail = s;
+        e->inbox = q;
+    e->inbox_tail = q;
     e->queued++;
     e->stats.waiting = e->queued;
     pthread_cond_signal(&e->wake);
@@ -317,7 +673,7 @@ void eng_engine_cancel(eng_engine *e, uint64_t id)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* --- the engine thread ---------------------------------------------------------- */
+/* --- the engine thread: admitting --------------------------------------------------- */
 
 static bool is_cancelled(const uint64_t *ids, size_t n, uint64_t id)
 {
@@ -327,202 +683,365 @@ static bool is_cancelled(const uint64_t *ids, size_t n, uint64_t id)
     return false;
 }
 
-/* Cancel what the cancel list names, in the waiting list and the running set. */
+/* Cancel what the cancel list names (every choice of it), in the waiting
+ * list and the running set. */
 static void apply_cancels(eng_engine *e, const uint64_t *ids, size_t n, bool all)
 {
-    seq **pp = &e->waiting;
+    request **pp = &e->waiting;
     e->waiting_tail = NULL;
     while (*pp) {
-        seq *s = *pp;
-        if (all || is_cancelled(ids, n, s->id)) {
-            *pp = s->next;
+        request *r = *pp;
+        if (all || is_cancelled(ids, n, r->id)) {
+            *pp = r->next;
             pthread_mutex_lock(&e->mu);
             e->queued--;
             pthread_mutex_unlock(&e->mu);
-            finish(e, s, ENG_FINISH_CANCELLED);
+            end_unbegun(e, r, ENG_FINISH_CANCELLED);
         } else {
-            e->waiting_tail = s;
-            pp = &s->next;
+            e->waiting_tail = r;
+            pp = &r->next;
         }
     }
     for (int32_t i = 0; i < e->n_running;) {
-        if (all || is_cancelled(ids, n, e->running[i]->id)) {
-            finish(e, e->running[i], ENG_FINISH_CANCELLED);
-            e->running[i] = e->running[--e->n_running];
-        } else {
+        seq *s = e->running[i];
+        if (all || is_cancelled(ids, n, s->r->id))
+            end_seq(e, s, ENG_FINISH_CANCELLED); /* the last running one takes its place */
+        else
             i++;
-        }
     }
 }
 
-/* Admit waiting requests in order while a slot and their blocks are free. */
+/* Whether r can be admitted now: slots for all its choices, and KV blocks
+ * for choice 0 and what it holds for the others (taken then). */
+static bool take_room(eng_engine *e, request *r)
+{
+    if (e->slots + r->n_choices > e->o.max_running)
+        return false;
+    if (eng_kv_blocks_for(e->kv, r->reserve) + r->hold > eng_kv_free_blocks(e->kv))
+        return false;
+    seq *s = &r->choices[0];
+    if (eng_kv_reserve(e->kv, &s->kv, r->reserve) != QL_OK ||
+        (r->hold && eng_kv_hold(e->kv, &s->kv, r->hold) != QL_OK)) {
+        eng_kv_release(e->kv, &s->kv); /* out of memory for a table: try again later */
+        return false;
+    }
+    return true;
+}
+
+/* Admit waiting requests in order while their slots and blocks are free. */
 static void admit(eng_engine *e)
 {
-    while (e->waiting && e->n_running < e->o.max_running) {
-        seq *s = e->waiting;
-        if (eng_kv_reserve(e->kv, &s->kv, s->reserve) != QL_OK)
-            return; /* the head waits for blocks; order is kept */
-        e->waiting = s->next;
+    int32_t vocab = e->m->cfg.vocab_size;
+    while (e->waiting) {
+        request *r = e->waiting;
+        if (!take_room(e, r))
+            return; /* the head waits; order is kept */
+        e->waiting = r->next;
         if (!e->waiting)
             e->waiting_tail = NULL;
-        s->next = NULL;
-        s->t_admit = ql_now_s();
+        r->next = NULL;
+        r->t_admit = ql_now_s();
+        r->admitted = true;
+        e->slots += r->n_choices;
         pthread_mutex_lock(&e->mu);
         e->queued--;
         pthread_mutex_unlock(&e->mu);
+        if (r->req.prompt_logprobs && !e->prompt_rows)
+            e->prompt_rows = malloc((size_t)e->o.prefill_chunk * (size_t)vocab * sizeof(float));
         /* the serving version, and what to apply on top of it */
-        s->weights = e->current;
-        eng_weights_ref(s->weights);
-        if (eng_lora_difference(s->want, s->n_want, s->weights->merged, s->weights->n_merged,
-                                &s->delta, &s->n_delta) != QL_OK) {
-            finish(e, s, ENG_FINISH_ERROR);
+        r->weights = e->current;
+        eng_weights_ref(r->weights);
+        if ((r->req.prompt_logprobs && !e->prompt_rows) ||
+            eng_lora_difference(r->want, r->n_want, r->weights->merged, r->weights->n_merged,
+                                &r->delta, &r->n_delta) != QL_OK) {
+            end_unbegun(e, r, ENG_FINISH_ERROR);
             continue;
         }
-        for (size_t i = 0; i < s->n_want; i++)
-            __atomic_add_fetch(&s->want[i].lora->requests, 1, __ATOMIC_RELAXED);
-        if (s->n_delta) {
+        for (size_t i = 0; i < r->n_want; i++)
+            __atomic_add_fetch(&r->want[i].lora->requests, 1, __ATOMIC_RELAXED);
+        if (r->n_delta) {
             pthread_mutex_lock(&e->mu);
             e->stats.adapter_requests++;
             pthread_mutex_unlock(&e->mu);
         }
-        e->running[e->n_running++] = s;
+        e->running[e->n_running++] = &r->choices[0];
     }
 }
 
+/* --- the engine thread: tokens ------------------------------------------------------ */
+
 /* A sampled token: stream its text, decide whether s ends. Returns true
- * when s has finished (and is freed). */
-static bool take_token(eng_engine *e, seq *s, int32_t token)
+ * when s has ended (its request perhaps freed). */
+static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
 {
     const eng_config *c = &e->m->cfg;
+    request *r = s->r;
     s->n_generated++;
-    if (s->n_generated == 1)
-        s->t_first = ql_now_s();
+    e->tally.generated++;
+    if (r->t_first == 0)
+        r->t_first = ql_now_s();
+    if (lp)
+        s->logprob_sum += (double)lp->logprob;
     /* min_tokens keeps EOS from being chosen (the sampler); should it come
      * all the same (every logit -inf), it does not end the answer early,
      * and with ignore_eos it never does: it is then a token like another */
-    if (token == e->eos && !s->req.sampling.ignore_eos && eng_sampler_may_end(&s->sampler)) {
+    if (token == e->eos && !r->req.sampling.ignore_eos && eng_sampler_may_end(&s->sampler)) {
         s->n_generated--; /* the end marker is not part of the answer */
-        finish(e, s, ENG_FINISH_EOS);
+        end_choice(e, s, ENG_FINISH_EOS);
         return true;
     }
     /* stop strings end the answer only once more than min_tokens tokens are
      * out (vLLM v1's detokenizer, tests/detokenizer/test_min_tokens.py) */
-    eng_stop_hold(s->stop, s->n_generated <= s->req.sampling.min_tokens);
-    char piece[1024];
-    long n = tok_stream_push(e->m->tok, &s->stream, token, piece, sizeof piece);
-    const char *text = NULL;
+    eng_stop_hold(s->stop, s->n_generated <= r->req.sampling.min_tokens);
+    const char *text = ""; /* a skipped special token's */
     size_t len = 0;
-    bool stopped = eng_stop_feed(s->stop, piece, n > 0 ? (size_t)n : 0, &text, &len);
-    emit(s, token, text, len);
+    bool stopped = false;
+    if (!r->req.skip_special_tokens || !tok_is_special(e->m->tok, token)) {
+        char piece[1024];
+        long n = tok_stream_push(e->m->tok, &s->stream, token, piece, sizeof piece);
+        stopped = eng_stop_feed(s->stop, piece, n > 0 ? (size_t)n : 0, &text, &len);
+    }
+    emit(s, token, text, len, lp);
     if (stopped) {
-        finish(e, s, ENG_FINISH_STOP);
+        end_choice(e, s, ENG_FINISH_STOP);
         return true;
     }
-    if (s->n_generated >= s->req.max_new_tokens ||
-        s->n_prompt + s->n_generated >= c->max_position_embeddings) {
-        finish(e, s, ENG_FINISH_LENGTH);
+    if (s->n_generated >= r->req.max_new_tokens ||
+        r->n_prompt + s->n_generated >= c->max_position_embeddings) {
+        end_choice(e, s, ENG_FINISH_LENGTH);
         return true;
     }
     s->next_token = token;
     return false;
 }
 
-/* One forward step over the running set; false when there was nothing to do. */
-static bool run_step(eng_engine *e)
+/* Sample s's token from logits (changed in place) and take it; lp, when not
+ * NULL, holds the figures of the raw row logits was copied from. */
+static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
+{
+    int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
+    token_lp t = {0};
+    if (lp)
+        t = (token_lp){.logprob = (float)((double)lp->raw[token] - lp->lse),
+                       .top = lp->n_top ? lp->top : NULL,
+                       .n_top = lp->n_top};
+    take_token(e, s, token, lp ? &t : NULL);
+}
+
+/* s's token from step row k: the backend's choice, or sampled here. */
+static void next_token(eng_engine *e, seq *s, int32_t k)
+{
+    int32_t vocab = e->m->cfg.vocab_size;
+    int32_t token = e->tokens[k];
+    float *row = e->logits + (size_t)k * (size_t)vocab;
+    if (token >= 0 || e->step[k].draw) { /* a draw's uniform is taken: never again */
+        eng_sampler_record(&s->sampler, token = token >= 0 ? token : 0);
+        take_token(e, s, token, NULL);
+    } else if (!s->r->req.logprobs) {
+        sample_take(e, s, row, NULL);
+    } else { /* the row came back (greedy and draw were off): its figures first */
+        row_lp lp;
+        memcpy(e->raw_row, row, (size_t)vocab * sizeof *row);
+        row_lp_compute(&lp, e->raw_row, vocab, s->r->req.top_logprobs);
+        sample_take(e, s, row, &lp);
+    }
+}
+
+/* r's prefill is done (its last chunk was step row k): report the prompt,
+ * fork choices 1..n-1 from choice 0, and give each choice its first token
+ * from that one row, in choice order. */
+static void begin_choices(eng_engine *e, request *r, int32_t k)
+{
+    int32_t vocab = e->m->cfg.vocab_size, n = r->n_choices;
+    seq *c = r->choices;
+    r->begun = true;
+    r->n_live = n;
+    if (r->req.on_prompt) {
+        bool scored = r->req.prompt_logprobs;
+        eng_prompt_info p = {.tokens = r->prompt,
+                             .n = r->n_prompt,
+                             .logprobs = scored ? r->prompt_lp : NULL,
+                             .top = scored && r->req.top_logprobs ? r->prompt_top : NULL,
+                             .n_top = scored ? r->req.top_logprobs : 0};
+        r->req.on_prompt(r->req.user, &p);
+    }
+    if (r->req.max_new_tokens == 0) { /* scored: nothing to generate */
+        for (int32_t i = 0; i < n; i++)
+            end_choice(e, &c[i], ENG_FINISH_LENGTH);
+        return;
+    }
+    if (n == 1) {
+        next_token(e, &c[0], k);
+        return;
+    }
+    /* the row all choices draw from, kept before any sampler changes it */
+    memcpy(e->raw_row, e->logits + (size_t)k * (size_t)vocab, (size_t)vocab * sizeof(float));
+    row_lp lp;
+    if (r->req.logprobs)
+        row_lp_compute(&lp, e->raw_row, vocab, r->req.top_logprobs);
+    bool forked[ENG_MAX_CHOICES] = {true};
+    for (int32_t i = 1; i < n; i++) {
+        forked[i] = eng_kv_fork(e->kv, &c[i].kv, &c[0].kv, r->reserve) == QL_OK;
+        if (forked[i]) {
+            e->tally.shared += (uint64_t)eng_kv_blocks_for(e->kv, c[0].kv.n_tokens);
+            e->running[e->n_running++] = &c[i];
+        } else { /* choice 0 holds too few blocks: a reservation bug */
+            fprintf(stderr, "qlserve: request %llu: choice %d could not fork its prompt\n",
+                    (unsigned long long)r->id, i);
+            end_choice(e, &c[i], ENG_FINISH_ERROR);
+        }
+    }
+    /* the last of them to end frees r: nothing of r is read after it */
+    for (int32_t i = 0; i < n; i++) {
+        if (!forked[i])
+            continue;
+        memcpy(e->work_row, e->raw_row, (size_t)vocab * sizeof(float));
+        sample_take(e, &c[i], e->work_row, r->req.logprobs ? &lp : NULL);
+    }
+}
+
+/* --- the engine thread: one step ---------------------------------------------------- */
+
+/* The step's batch: one decode token for every begun choice, then prompt
+ * chunks under the budget (one prompt_logprobs chunk at most: the rows
+ * buffer is one). Returns its size. */
+static int32_t build_step(eng_engine *e)
 {
     int32_t n = 0, budget = e->o.step_tokens;
-    /* decodes first: one token each */
     for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
         seq *s = e->running[i];
-        if (s->n_prefilled < s->n_prompt)
+        request *r = s->r;
+        if (!r->begun)
             continue;
         e->step[n] = (eng_step_seq){.kv = &s->kv,
                                     .tokens = &s->next_token,
                                     .n_tokens = 1,
-                                    .pos = s->n_prompt + s->n_generated - 1,
-                                    .weights = s->weights,
-                                    .delta = s->delta,
-                                    .n_delta = (int32_t)s->n_delta};
+                                    .pos = r->n_prompt + s->n_generated - 1,
+                                    .weights = r->weights,
+                                    .delta = r->delta,
+                                    .n_delta = (int32_t)r->n_delta};
         e->step_owner[n++] = s;
         budget--;
     }
-    /* then prompt chunks */
+    bool rows_taken = false;
     for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
         seq *s = e->running[i];
-        if (s->n_prefilled >= s->n_prompt)
+        request *r = s->r;
+        if (r->begun || (r->req.prompt_logprobs && rows_taken))
             continue;
-        int32_t chunk = s->n_prompt - s->n_prefilled;
+        int32_t chunk = r->n_prompt - r->n_prefilled;
         chunk = chunk < e->o.prefill_chunk ? chunk : e->o.prefill_chunk;
         chunk = chunk < budget ? chunk : budget;
         e->step[n] = (eng_step_seq){.kv = &s->kv,
-                                    .tokens = s->prompt + s->n_prefilled,
+                                    .tokens = r->prompt + r->n_prefilled,
                                     .n_tokens = chunk,
-                                    .pos = s->n_prefilled,
-                                    .weights = s->weights,
-                                    .delta = s->delta,
-                                    .n_delta = (int32_t)s->n_delta};
+                                    .pos = r->n_prefilled,
+                                    .weights = r->weights,
+                                    .delta = r->delta,
+                                    .n_delta = (int32_t)r->n_delta,
+                                    .all_logits = r->req.prompt_logprobs ? e->prompt_rows : NULL};
+        rows_taken |= r->req.prompt_logprobs;
         e->step_owner[n++] = s;
         budget -= chunk;
     }
-    if (n == 0)
-        return false;
+    return n;
+}
 
-    char msg[256];
-    /* what the backend may choose where the logits are: greedy tokens, and
-     * plain temperature draws of the sequences that take a token this step
-     * (their uniform drawn here, as eng_sample would) */
+/* What the backend may choose where the logits are: greedy tokens, and
+ * plain temperature draws of the sequences that take a token this step
+ * (their uniform drawn here, as eng_sample would). Not for a row this side
+ * needs whole: logprobs, and the first row of a request of several choices. */
+static void set_choosing(eng_engine *e, int32_t n)
+{
     bool draws = eng_backend_draws(e->backend);
-    int32_t vocab_size = e->m->cfg.vocab_size;
+    int32_t vocab = e->m->cfg.vocab_size;
     for (int32_t k = 0; k < n; k++) {
         seq *s = e->step_owner[k];
+        request *r = s->r;
         eng_step_seq *q = &e->step[k];
-        bool takes_token = s->n_prefilled + q->n_tokens >= s->n_prompt;
-        q->greedy = eng_sampler_greedy(&s->sampler);
-        q->draw = draws && takes_token && !q->greedy &&
-                  eng_sampler_plain_draw(&s->sampler, vocab_size, &q->inv_temperature);
+        bool takes_token =
+            r->req.max_new_tokens > 0 && (r->begun || r->n_prefilled + q->n_tokens >= r->n_prompt);
+        bool row = takes_token && (r->req.logprobs || (!r->begun && r->n_choices > 1));
+        q->greedy = !row && eng_sampler_greedy(&s->sampler);
+        q->draw = draws && takes_token && !row && !q->greedy &&
+                  eng_sampler_plain_draw(&s->sampler, vocab, &q->inv_temperature);
         if (q->draw)
             q->u = eng_sampler_uniform(&s->sampler);
     }
-    int rc = eng_backend_forward(e->backend, e->step, n, e->logits, e->tokens, msg, sizeof msg);
+}
+
+/* Copy on write: each step sequence's write range made its own (a block
+ * another choice still references is swapped for one it holds), the
+ * copies made on the backend before the step. A sequence that cannot (it
+ * holds no block for its copy: its reservation was wrong) ends alone. */
+static int prepare_writes(eng_engine *e, int32_t *n, char *msg, size_t msg_len)
+{
+    int32_t n_copies = 0;
+    for (int32_t k = 0; k < *n;) {
+        eng_step_seq *q = &e->step[k];
+        if (eng_kv_prepare_write(e->kv, q->kv, q->pos, q->n_tokens, e->copies, e->o.step_tokens,
+                                 &n_copies) == QL_OK) {
+            k++;
+            continue;
+        }
+        fprintf(stderr, "qlserve: request %llu: no KV block to copy on write\n",
+                (unsigned long long)e->step_owner[k]->r->id);
+        end_seq(e, e->step_owner[k], ENG_FINISH_ERROR);
+        (*n)--;
+        memmove(e->step + k, e->step + k + 1, (size_t)(*n - k) * sizeof *e->step);
+        memmove(e->step_owner + k, e->step_owner + k + 1, (size_t)(*n - k) * sizeof *e->step_owner);
+    }
+    if (n_copies == 0)
+        return QL_OK;
+    int rc = eng_backend_copy_blocks(e->backend, e->copies, n_copies, msg, msg_len);
+    if (rc == QL_OK)
+        e->tally.copied += (uint64_t)n_copies;
+    return rc;
+}
+
+/* Step row k's sequence after the pass (rc: the pass's outcome). */
+static void after_step(eng_engine *e, int32_t k, int rc)
+{
+    seq *s = e->step_owner[k];
+    request *r = s->r;
+    const eng_step_seq *q = &e->step[k];
+    if (r->begun) {
+        if (rc != QL_OK)
+            end_choice(e, s, ENG_FINISH_ERROR);
+        else
+            next_token(e, s, k);
+        return;
+    }
+    r->n_prefilled += q->n_tokens;
+    e->tally.prompt += (uint64_t)q->n_tokens;
+    if (rc != QL_OK) {
+        end_unbegun(e, r, ENG_FINISH_ERROR);
+        return;
+    }
+    if (q->all_logits)
+        score_prompt(e, r, q->pos, q->n_tokens, q->all_logits);
+    if (r->n_prefilled >= r->n_prompt)
+        begin_choices(e, r, k);
+}
+
+/* One forward step over the running set; false when there was nothing to do. */
+static bool run_step(eng_engine *e)
+{
+    int32_t n = build_step(e);
+    if (n == 0)
+        return false;
+    set_choosing(e, n);
+    char msg[256];
+    int rc = prepare_writes(e, &n, msg, sizeof msg);
+    if (rc == QL_OK && n > 0)
+        rc = eng_backend_forward(e->backend, e->step, n, e->logits, e->tokens, msg, sizeof msg);
     if (rc != QL_OK) /* the step's sequences end with an error; say why once */
         fprintf(stderr, "qlserve: a step of %d sequences failed: %s\n", n, msg);
-    int32_t vocab = e->m->cfg.vocab_size;
-    uint64_t generated = 0, prompt = 0;
-    for (int32_t k = 0; k < n; k++) {
-        seq *s = e->step_owner[k];
-        bool prefill = s->n_prefilled < s->n_prompt;
-        if (prefill) {
-            s->n_prefilled += e->step[k].n_tokens;
-            prompt += (uint64_t)e->step[k].n_tokens;
-        }
-        bool ended;
-        if (rc != QL_OK) {
-            finish(e, s, ENG_FINISH_ERROR);
-            ended = true;
-        } else if (prefill && s->n_prefilled < s->n_prompt) {
-            continue; /* more prompt to go: these logits are not needed */
-        } else {
-            int32_t token = e->tokens[k];
-            if (token >= 0 || e->step[k].draw) /* a draw's uniform is taken: never again */
-                eng_sampler_record(&s->sampler, token = token >= 0 ? token : 0);
-            else
-                token = eng_sample(&s->sampler, e->logits + (size_t)k * (size_t)vocab, vocab,
-                                   e->scratch);
-            generated++;
-            ended = take_token(e, s, token);
-        }
-        if (ended) {
-            for (int32_t i = 0; i < e->n_running; i++)
-                if (e->running[i] == s) {
-                    e->running[i] = e->running[--e->n_running];
-                    break;
-                }
-        }
-    }
+    for (int32_t k = 0; k < n; k++)
+        after_step(e, k, rc);
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
-    e->stats.tokens_generated += generated;
-    e->stats.prompt_tokens += prompt;
+    publish_tally(e);
     pthread_mutex_unlock(&e->mu);
     return true;
 }
@@ -532,13 +1051,13 @@ static void note_versions(eng_engine *e)
 {
     int32_t old = 0, versions = 1;
     for (int32_t i = 0; i < e->n_running; i++) {
-        eng_weights *w = e->running[i]->weights;
+        eng_weights *w = e->running[i]->r->weights;
         if (w == e->current)
             continue;
         old++;
         bool seen = false;
         for (int32_t j = 0; j < i && !seen; j++)
-            seen = e->running[j]->weights == w;
+            seen = e->running[j]->r->weights == w;
         versions += !seen;
     }
     pthread_mutex_lock(&e->mu);
@@ -651,6 +1170,10 @@ static void engine_free(eng_engine *e)
     free(e->running);
     free(e->step);
     free(e->step_owner);
+    free(e->copies);
+    free(e->raw_row);
+    free(e->work_row);
+    free(e->prompt_rows);
     free(e->cancels);
     eng_weights_unref(e->current);
     eng_weights_unref(e->latest);
@@ -711,7 +1234,11 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
         e->running = calloc((size_t)e->o.max_running, sizeof *e->running);
         e->step = calloc((size_t)e->o.max_running, sizeof *e->step);
         e->step_owner = calloc((size_t)e->o.max_running, sizeof *e->step_owner);
-        if (!e->logits || !e->tokens || !e->scratch || !e->running || !e->step || !e->step_owner)
+        e->copies = malloc((size_t)e->o.step_tokens * sizeof *e->copies);
+        e->raw_row = malloc((size_t)vocab * sizeof(float));
+        e->work_row = malloc((size_t)vocab * sizeof(float));
+        if (!e->logits || !e->tokens || !e->scratch || !e->running || !e->step || !e->step_owner ||
+            !e->copies || !e->raw_row || !e->work_row)
             rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %d sequences",
                          e->o.max_running);
     }
@@ -735,11 +1262,11 @@ void eng_engine_stop(eng_engine *e)
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
     /* what was submitted after the last round */
-    seq *s = e->inbox;
-    while (s) {
-        seq *next = s->next;
-        finish(e, s, ENG_FINISH_CANCELLED);
-        s = next;
+    request *r = e->inbox;
+    while (r) {
+        request *next = r->next;
+        request_end(e, r, ENG_FINISH_CANCELLED);
+        r = next;
     }
     engine_free(e);
 }

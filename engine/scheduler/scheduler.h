@@ -237,7 +237,10 @@ typedef struct eng_request {
     /* TGI's truncate: > 0 keeps only the prompt's last truncate tokens
      * (after tokenization, BOS included); 0: the whole prompt */
     int32_t truncate;
-    int32_t max_new_tokens; /* >= 1 */
+    /* >= 1; 0 only with prompt_logprobs: the prompt is prefilled and
+     * scored, nothing is generated and every choice ends with
+     * ENG_FINISH_LENGTH (OpenAI's echo with max_tokens 0) */
+    int32_t max_new_tokens;
     /* max_new_tokens is an upper bound: lower it to what the context (and
      * the whole KV cache) leaves after the prompt, as OpenAI's chat
      * completions do when max_tokens is not given */
