@@ -763,9 +763,6 @@ Test(choices, skipped_special_tokens_add_no_text_but_count)
     eng_engine_stop(e);
 }
 
-/* TODO-MERGE: eng_stop_include comes with branch sampler; scheduler.c
- * calls it under the same guard: drop both guards when merged. */
-#ifdef QL_HAVE_STOP_INCLUDE
 Test(choices, include_stop_str_emits_the_stop_string_and_still_stops)
 {
     eng_engine *e = start();
@@ -792,7 +789,6 @@ Test(choices, include_stop_str_emits_the_stop_string_and_still_stops)
     outcome_free(cut);
     eng_engine_stop(e);
 }
-#endif
 
 static void wait_generated(eng_engine *e, uint64_t n)
 {

@@ -556,11 +556,7 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
         if (rc != QL_OK)
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
-        /* TODO-MERGE: sampler.c's eng_stop_include lands on branch sampler;
-         * drop this guard when both are merged */
-#ifdef QL_HAVE_STOP_INCLUDE
         eng_stop_include(s->stop, r->include_stop_str);
-#endif
     }
     if (r->prompt_logprobs) {
         size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
