@@ -34,69 +34,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "http_client.h"
-#include "server_process.h"
-#include "test_util.h"
-#include "tiny_model.h"
+#include "tiny_server.h"
 
-static char dir[512];
-static char model_dir[600];
-static char log_path[600];
-
-static void setup(void)
-{
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
-    snprintf(log_path, sizeof log_path, "%s/server.log", dir);
-    cr_assert_eq(mkdir(model_dir, 0700), 0);
-    tiny_spec spec = tiny_default();
-    tiny_write_hf(model_dir, &spec);
-    char path[700];
-    snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    fputs("{% for m in messages %}{{ m['content'] }}{% endfor %}", f);
-    fclose(f);
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port", "0",
-                          "--threads", "2",     "--kv-mib", "16",      NULL};
-    sp_spawn(argv, log_path);
-    sp_wait_ready();
-}
-
-static void teardown(void)
-{
-    sp_kill();
-    test_rmtree(dir);
-}
-
-TestSuite(choices, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(choices, .init = ts_setup, .fini = ts_teardown, .timeout = 300);
 
 /* 40 bytes: 40 tokens and more with the tokenizer's few merges, so the
  * prompt fills two KV blocks of 16 and part of a third */
 #define LONG_PROMPT "Once upon a time, far away, lived a fox."
-
-static cJSON *ok_answer(const char *path, const char *body)
-{
-    int status;
-    char *text = sp_answer(path, body, &status);
-    cr_assert_eq(status, 200, "%s -> %d %s", body, status, text);
-    cJSON *j = sp_json(text);
-    free(text);
-    return j;
-}
-
-static void expect_refusal(const char *path, const char *body, const char *needle)
-{
-    int got;
-    char *text = sp_answer(path, body, &got);
-    cr_assert_eq(got, 400, "%s -> %d %s", body, got, text);
-    cJSON *j = sp_json(text);
-    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
-    cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
-    cJSON_Delete(j);
-    free(text);
-}
 
 /* A counter or gauge of /metrics. */
 static double metric(const char *name)
@@ -131,7 +75,7 @@ static const cJSON *choice_at(const cJSON *j, int i)
 /* The text of completions' choice 0 for body (a copy). */
 static char *completion_text(const char *body)
 {
-    cJSON *j = ok_answer("/v1/completions", body);
+    cJSON *j = ts_ok("/v1/completions", body);
     char *t = strdup(sp_str_at(choice_at(j, 0), "text"));
     cJSON_Delete(j);
     return t;
@@ -142,9 +86,9 @@ Test(choices, n_greedy_choices_share_the_prompts_blocks_and_prefill_it_once)
     double prefilled = metric("qlserve_prefilled_tokens_total");
     double shared = metric("qlserve_kv_blocks_shared_total");
     double copied = metric("qlserve_kv_blocks_copied_total");
-    cJSON *j = ok_answer("/v1/completions", "{\"prompt\": \"" LONG_PROMPT "\", \"n\": 3, "
-                                            "\"max_tokens\": 12, \"temperature\": 0, "
-                                            "\"ignore_eos\": true}");
+    cJSON *j = ts_ok("/v1/completions", "{\"prompt\": \"" LONG_PROMPT "\", \"n\": 3, "
+                                        "\"max_tokens\": 12, \"temperature\": 0, "
+                                        "\"ignore_eos\": true}");
     const cJSON *usage = cJSON_GetObjectItem(j, "usage");
     int prompt = (int)sp_num_at(usage, "prompt_tokens");
     cr_assert_gt(prompt, 32, "the prompt should pass two blocks: %d tokens", prompt);
@@ -174,9 +118,9 @@ Test(choices, n_greedy_choices_share_the_prompts_blocks_and_prefill_it_once)
 
 Test(choices, sampled_choices_are_the_one_choice_answers_of_successive_seeds)
 {
-    cJSON *j = ok_answer("/v1/completions", "{\"prompt\": \"Once\", \"n\": 3, \"max_tokens\": 10, "
-                                            "\"temperature\": 1, \"seed\": 77, "
-                                            "\"ignore_eos\": true}");
+    cJSON *j = ts_ok("/v1/completions", "{\"prompt\": \"Once\", \"n\": 3, \"max_tokens\": 10, "
+                                        "\"temperature\": 1, \"seed\": 77, "
+                                        "\"ignore_eos\": true}");
     bool differ = false;
     for (int i = 0; i < 3; i++) {
         char body[256];
@@ -212,32 +156,32 @@ Test(choices, best_of_answers_with_the_likeliest_of_its_candidates)
                          "\"seed\": 5, \"ignore_eos\": true, \"logprobs\": 0";
     char body[512];
     snprintf(body, sizeof body, "{%s, \"n\": 4}", common);
-    cJSON *all = ok_answer("/v1/completions", body);
+    cJSON *all = ts_ok("/v1/completions", body);
     int best = 0;
     for (int i = 1; i < 4; i++)
         if (logprob_sum(choice_at(all, i)) > logprob_sum(choice_at(all, best)))
             best = i;
     snprintf(body, sizeof body, "{%s, \"best_of\": 4}", common);
-    cJSON *one = ok_answer("/v1/completions", body);
+    cJSON *one = ts_ok("/v1/completions", body);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(one, "choices")), 1);
     cr_assert_str_eq(sp_str_at(choice_at(one, 0), "text"), sp_str_at(choice_at(all, best), "text"));
     /* usage counts every candidate's tokens, as OpenAI bills best_of */
     cr_assert_eq(sp_num_at(cJSON_GetObjectItem(one, "usage"), "completion_tokens"), 32);
     cJSON_Delete(all);
     cJSON_Delete(one);
-    expect_refusal("/v1/completions", "{\"prompt\": \"a\", \"best_of\": 3, \"stream\": true}",
-                   "cannot be streamed");
-    expect_refusal("/v1/completions", "{\"prompt\": \"a\", \"n\": 65}", "\"n\"");
-    expect_refusal("/v1/completions", "{\"prompt\": [\"a\", \"b\", \"c\"], \"n\": 30}",
-                   "over the server's limit");
-    expect_refusal("/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 0}", "needs \"echo\"");
+    ts_refused("/v1/completions", "{\"prompt\": \"a\", \"best_of\": 3, \"stream\": true}",
+               "cannot be streamed");
+    ts_refused("/v1/completions", "{\"prompt\": \"a\", \"n\": 65}", "\"n\"");
+    ts_refused("/v1/completions", "{\"prompt\": [\"a\", \"b\", \"c\"], \"n\": 30}",
+               "over the server's limit");
+    ts_refused("/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 0}", "needs \"echo\"");
 }
 
 Test(choices, completions_logprobs_have_openais_shape_and_greedy_takes_the_top)
 {
-    cJSON *j = ok_answer("/v1/completions", "{\"prompt\": \"Once upon\", \"max_tokens\": 10, "
-                                            "\"temperature\": 0, \"logprobs\": 3, "
-                                            "\"ignore_eos\": true}");
+    cJSON *j = ts_ok("/v1/completions", "{\"prompt\": \"Once upon\", \"max_tokens\": 10, "
+                                        "\"temperature\": 0, \"logprobs\": 3, "
+                                        "\"ignore_eos\": true}");
     const cJSON *lp = cJSON_GetObjectItem(choice_at(j, 0), "logprobs");
     const cJSON *tokens = cJSON_GetObjectItem(lp, "tokens");
     const cJSON *values = cJSON_GetObjectItem(lp, "token_logprobs");
@@ -275,7 +219,7 @@ static int tokenize(const char *text, int32_t *ids, int cap)
 {
     char body[512];
     snprintf(body, sizeof body, "{\"inputs\": \"%s\"}", text);
-    cJSON *j = ok_answer("/tokenize", body);
+    cJSON *j = ts_ok("/tokenize", body);
     int n = 0;
     for (const cJSON *t = j->child; t && n < cap; t = t->next)
         ids[n++] = (int32_t)sp_num_at(t, "id");
@@ -286,9 +230,9 @@ static int tokenize(const char *text, int32_t *ids, int cap)
 Test(choices, generated_logprobs_equal_the_same_tokens_scored_as_a_prompt)
 {
     /* TGI: greedy tokens with their ids and logprobs */
-    cJSON *g = ok_answer("/generate", "{\"inputs\": \"Once upon\", \"parameters\": "
-                                      "{\"max_new_tokens\": 6, \"details\": true, "
-                                      "\"decoder_input_details\": true}}");
+    cJSON *g = ts_ok("/generate", "{\"inputs\": \"Once upon\", \"parameters\": "
+                                  "{\"max_new_tokens\": 6, \"details\": true, "
+                                  "\"decoder_input_details\": true}}");
     const cJSON *details = cJSON_GetObjectItem(g, "details");
     const cJSON *gen = cJSON_GetObjectItem(details, "tokens");
     const cJSON *prefill = cJSON_GetObjectItem(details, "prefill");
@@ -305,7 +249,7 @@ Test(choices, generated_logprobs_equal_the_same_tokens_scored_as_a_prompt)
     for (int i = 0; i < n + k; i++)
         snprintf(body + strlen(body), sizeof body - strlen(body), "%s%d", i ? ", " : "", ids[i]);
     strcat(body, "], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0}");
-    cJSON *o = ok_answer("/v1/completions", body);
+    cJSON *o = ts_ok("/v1/completions", body);
     const cJSON *lp = cJSON_GetObjectItem(choice_at(o, 0), "logprobs");
     const cJSON *values = cJSON_GetObjectItem(lp, "token_logprobs");
     cr_assert_eq(cJSON_GetArraySize(values), n + k);
@@ -327,8 +271,8 @@ Test(choices, generated_logprobs_equal_the_same_tokens_scored_as_a_prompt)
 
 Test(choices, a_list_of_prompts_answers_prompt_major_each_as_alone)
 {
-    cJSON *j = ok_answer("/v1/completions", "{\"prompt\": [\"Once\", \"the then\"], \"n\": 2, "
-                                            "\"max_tokens\": 6, \"temperature\": 0}");
+    cJSON *j = ts_ok("/v1/completions", "{\"prompt\": [\"Once\", \"the then\"], \"n\": 2, "
+                                        "\"max_tokens\": 6, \"temperature\": 0}");
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 4);
     char *a = completion_text("{\"prompt\": \"Once\", \"max_tokens\": 6, \"temperature\": 0}");
     char *b = completion_text("{\"prompt\": \"the then\", \"max_tokens\": 6, \"temperature\": 0}");
@@ -349,17 +293,17 @@ Test(choices, a_list_of_prompts_answers_prompt_major_each_as_alone)
     free(b);
     free(c);
     cJSON_Delete(j);
-    expect_refusal("/v1/completions", "{\"prompt\": [\"a\", [1, 2]]}", "one kind");
-    expect_refusal("/v1/completions", "{\"prompt\": [1, -2]}", "item 1 is not a token id");
-    expect_refusal("/v1/completions", "{\"prompt\": [[]]}", "is empty");
+    ts_refused("/v1/completions", "{\"prompt\": [\"a\", [1, 2]]}", "one kind");
+    ts_refused("/v1/completions", "{\"prompt\": [1, -2]}", "item 1 is not a token id");
+    ts_refused("/v1/completions", "{\"prompt\": [[]]}", "is empty");
 }
 
 Test(choices, chat_answers_n_choices_with_logprobs_whole_and_streamed)
 {
-    cJSON *j = ok_answer("/v1/chat/completions",
-                         "{\"messages\": [{\"role\": \"user\", \"content\": \"Once\"}], "
-                         "\"n\": 2, \"max_tokens\": 5, \"temperature\": 0, \"logprobs\": true, "
-                         "\"top_logprobs\": 2, \"ignore_eos\": true}");
+    cJSON *j = ts_ok("/v1/chat/completions",
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"Once\"}], "
+                     "\"n\": 2, \"max_tokens\": 5, \"temperature\": 0, \"logprobs\": true, "
+                     "\"top_logprobs\": 2, \"ignore_eos\": true}");
     for (int i = 0; i < 2; i++) {
         const cJSON *content =
             cJSON_GetObjectItem(cJSON_GetObjectItem(choice_at(j, i), "logprobs"), "content");
@@ -401,10 +345,10 @@ Test(choices, chat_answers_n_choices_with_logprobs_whole_and_streamed)
 
 Test(choices, tgi_reports_best_of_sequences_top_tokens_and_a_truncated_prefill)
 {
-    cJSON *j = ok_answer("/generate", "{\"inputs\": \"Once upon\", \"parameters\": "
-                                      "{\"max_new_tokens\": 5, \"details\": true, "
-                                      "\"do_sample\": true, \"best_of\": 3, "
-                                      "\"top_n_tokens\": 2, \"typical_p\": 0.95}}");
+    cJSON *j = ts_ok("/generate", "{\"inputs\": \"Once upon\", \"parameters\": "
+                                  "{\"max_new_tokens\": 5, \"details\": true, "
+                                  "\"do_sample\": true, \"best_of\": 3, "
+                                  "\"top_n_tokens\": 2, \"typical_p\": 0.95}}");
     const cJSON *d = cJSON_GetObjectItem(j, "details");
     const cJSON *others = cJSON_GetObjectItem(d, "best_of_sequences");
     cr_assert_eq(cJSON_GetArraySize(others), 2);
@@ -417,24 +361,24 @@ Test(choices, tgi_reports_best_of_sequences_top_tokens_and_a_truncated_prefill)
         cr_assert(cJSON_IsString(cJSON_GetObjectItem(o, "generated_text")));
     cJSON_Delete(j);
     /* truncate keeps the prompt's last tokens */
-    j = ok_answer("/generate", "{\"inputs\": \"Once upon a time\", \"parameters\": "
-                               "{\"max_new_tokens\": 2, \"details\": true, \"truncate\": 3, "
-                               "\"decoder_input_details\": true}}");
+    j = ts_ok("/generate", "{\"inputs\": \"Once upon a time\", \"parameters\": "
+                           "{\"max_new_tokens\": 2, \"details\": true, \"truncate\": 3, "
+                           "\"decoder_input_details\": true}}");
     cr_assert_eq(
         cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "details"), "prefill")), 3);
     cJSON_Delete(j);
-    expect_refusal("/generate_stream",
-                   "{\"inputs\": \"a\", \"parameters\": {\"best_of\": 2, "
-                   "\"do_sample\": true}}",
-                   "cannot be streamed");
-    expect_refusal("/generate", "{\"inputs\": \"a\", \"parameters\": {\"best_of\": 2}}",
-                   "needs sampling");
-    expect_refusal("/generate",
-                   "{\"inputs\": \"a\", \"parameters\": {\"best_of\": 2, "
-                   "\"do_sample\": true, \"seed\": 1}}",
-                   "parameters.seed");
-    expect_refusal("/generate", "{\"inputs\": \"a\", \"parameters\": {\"watermark\": true}}",
-                   "watermark");
+    ts_refused("/generate_stream",
+               "{\"inputs\": \"a\", \"parameters\": {\"best_of\": 2, "
+               "\"do_sample\": true}}",
+               "cannot be streamed");
+    ts_refused("/generate", "{\"inputs\": \"a\", \"parameters\": {\"best_of\": 2}}",
+               "needs sampling");
+    ts_refused("/generate",
+               "{\"inputs\": \"a\", \"parameters\": {\"best_of\": 2, "
+               "\"do_sample\": true, \"seed\": 1}}",
+               "parameters.seed");
+    ts_refused("/generate", "{\"inputs\": \"a\", \"parameters\": {\"watermark\": true}}",
+               "watermark");
     expect_blocks_back();
 }
 
@@ -547,7 +491,7 @@ Test(choices, whole_answers_equal_their_streams_joined_bytes_and_all)
     free(joined);
     snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"Once\"}], %s}",
              base);
-    cJSON *j = ok_answer("/v1/chat/completions", body);
+    cJSON *j = ts_ok("/v1/chat/completions", body);
     char *content = strdup(sp_str_at(cJSON_GetObjectItem(choice_at(j, 0), "message"), "content"));
     cJSON_Delete(j);
     snprintf(body, sizeof body,

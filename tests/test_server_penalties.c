@@ -19,64 +19,18 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "http_client.h"
-#include "server_process.h"
-#include "test_util.h"
-#include "tiny_model.h"
+#include "tiny_server.h"
 
-static char dir[512];
-static char model_dir[600];
-static char log_path[600];
-
-static void setup(void)
-{
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
-    snprintf(log_path, sizeof log_path, "%s/server.log", dir);
-    cr_assert_eq(mkdir(model_dir, 0700), 0);
-    tiny_spec spec = tiny_default();
-    tiny_write_hf(model_dir, &spec);
-    /* a template for the chat route: the messages' contents, joined */
-    char path[700];
-    snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    fputs("{% for m in messages %}{{ m['content'] }}{% endfor %}", f);
-    fclose(f);
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port", "0",
-                          "--threads", "2",     "--kv-mib", "16",      NULL};
-    sp_spawn(argv, log_path);
-    sp_wait_ready();
-}
-
-static void teardown(void)
-{
-    sp_kill();
-    test_rmtree(dir);
-}
-
-TestSuite(penalties, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(penalties, .init = ts_setup, .fini = ts_teardown, .timeout = 300);
 
 #define PROMPT "Once upon a time"
 #define EOS_ID 259
-
-/* POST body to path; the parsed 200 answer. */
-static cJSON *ok_answer(const char *path, const char *body)
-{
-    int status;
-    char *text = sp_answer(path, body, &status);
-    cr_assert_eq(status, 200, "%s -> %d %s", body, status, text);
-    cJSON *j = sp_json(text);
-    free(text);
-    return j;
-}
 
 /* The first choice's text of a /v1/completions answer (a copy) and its
  * finish_reason and completion_tokens. */
 static char *completion(const char *body, char *finish, size_t finish_len, int *tokens)
 {
-    cJSON *j = ok_answer("/v1/completions", body);
+    cJSON *j = ts_ok("/v1/completions", body);
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     char *text = strdup(sp_str_at(choice, "text"));
     if (finish)
@@ -85,18 +39,6 @@ static char *completion(const char *body, char *finish, size_t finish_len, int *
         *tokens = (int)sp_num_at(cJSON_GetObjectItem(j, "usage"), "completion_tokens");
     cJSON_Delete(j);
     return text;
-}
-
-static void expect_refusal(const char *path, const char *body, const char *needle)
-{
-    int got;
-    char *text = sp_answer(path, body, &got);
-    cr_assert_eq(got, 400, "%s -> %d %s", body, got, text);
-    cJSON *j = sp_json(text);
-    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
-    cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
-    cJSON_Delete(j);
-    free(text);
 }
 
 /* A logit_bias object banning every byte token but those in `allowed`,
@@ -201,11 +143,11 @@ Test(penalties, eos_bias_min_tokens_and_ignore_eos)
     cr_assert_str_eq(text, "aaa");
     free(text);
     /* the chat route takes them too */
-    cJSON *j = ok_answer("/v1/chat/completions",
-                         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-                         "\"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true, "
-                         "\"min_tokens\": 4, \"presence_penalty\": 1.5, \"frequency_penalty\": "
-                         "-0.5, \"logit_bias\": {\"259\": 100}}");
+    cJSON *j = ts_ok("/v1/chat/completions",
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                     "\"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true, "
+                     "\"min_tokens\": 4, \"presence_penalty\": 1.5, \"frequency_penalty\": "
+                     "-0.5, \"logit_bias\": {\"259\": 100}}");
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
     cr_assert_str_eq(sp_str_at(choice, "finish_reason"), "length");
     cr_assert_eq((int)sp_num_at(cJSON_GetObjectItem(j, "usage"), "completion_tokens"), 4);
@@ -221,7 +163,7 @@ static void tgi_ids(const char *extra, int *ids, int cap, int *n)
              "{\"inputs\": \"" PROMPT "\", \"parameters\": {\"max_new_tokens\": %d, "
              "\"details\": true%s}}",
              cap, extra);
-    cJSON *j = ok_answer("/generate", body);
+    cJSON *j = ts_ok("/generate", body);
     const cJSON *toks = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "details"), "tokens");
     *n = 0;
     const cJSON *t;
@@ -273,26 +215,21 @@ Test(penalties, frequency_penalty_changes_greedy_tokens_and_repeats_no_more)
 Test(penalties, refusals_name_the_field_and_the_value)
 {
     const char *c = "/v1/completions";
-    expect_refusal(c, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}",
-                   "\"presence_penalty\" is 2.5");
-    expect_refusal(c, "{\"prompt\": \"x\", \"frequency_penalty\": -3}",
-                   "\"frequency_penalty\" is -3");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": [1]}",
-                   "\"logit_bias\" must be an object");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}",
-                   "key \"abc\" is not a token id");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", "key \"-1\"");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": {\"260\": 1}}",
-                   "token id 260 is outside the vocabulary of 260");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": -101}}", "token 5 is -101");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"big\"}}",
-                   "token 5 is \"big\"");
-    expect_refusal(c, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"05\": 2}}",
-                   "names token id 5 twice");
-    expect_refusal(c, "{\"prompt\": \"x\", \"min_tokens\": -1}", "\"min_tokens\" is -1");
-    expect_refusal(c, "{\"prompt\": \"x\", \"min_tokens\": 17}", "\"min_tokens\" is 17");
-    expect_refusal(c, "{\"prompt\": \"x\", \"ignore_eos\": 1}",
-                   "\"ignore_eos\" must be true or false");
+    ts_refused(c, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", "\"presence_penalty\" is 2.5");
+    ts_refused(c, "{\"prompt\": \"x\", \"frequency_penalty\": -3}", "\"frequency_penalty\" is -3");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": [1]}", "\"logit_bias\" must be an object");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}",
+               "key \"abc\" is not a token id");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", "key \"-1\"");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": {\"260\": 1}}",
+               "token id 260 is outside the vocabulary of 260");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": -101}}", "token 5 is -101");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"big\"}}", "token 5 is \"big\"");
+    ts_refused(c, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"05\": 2}}",
+               "names token id 5 twice");
+    ts_refused(c, "{\"prompt\": \"x\", \"min_tokens\": -1}", "\"min_tokens\" is -1");
+    ts_refused(c, "{\"prompt\": \"x\", \"min_tokens\": 17}", "\"min_tokens\" is 17");
+    ts_refused(c, "{\"prompt\": \"x\", \"ignore_eos\": 1}", "\"ignore_eos\" must be true or false");
     /* every token of the vocabulary named once is fine (the limit of 300
      * entries, OpenAI's, is pinned in test_sampler.c: this vocabulary
      * cannot name 301 distinct tokens) */
@@ -306,15 +243,15 @@ Test(penalties, refusals_name_the_field_and_the_value)
     cr_assert_eq(status, 200, "260 entries: %s", text);
     free(text);
     /* the chat route checks the same way */
-    expect_refusal("/v1/chat/completions",
-                   "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logit_bias\": "
-                   "{\"7\": 100.5}}",
-                   "token 7 is 100.5");
+    ts_refused("/v1/chat/completions",
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logit_bias\": "
+               "{\"7\": 100.5}}",
+               "token 7 is 100.5");
     /* TGI: frequency_penalty in [-2, 2]; no presence_penalty or logit_bias */
-    expect_refusal("/generate", "{\"inputs\": \"x\", \"parameters\": {\"frequency_penalty\": 3}}",
-                   "\"frequency_penalty\" is 3");
-    expect_refusal("/generate", "{\"inputs\": \"x\", \"parameters\": {\"presence_penalty\": 1}}",
-                   "presence_penalty");
-    expect_refusal("/generate", "{\"inputs\": \"x\", \"parameters\": {\"logit_bias\": {}}}",
-                   "logit_bias");
+    ts_refused("/generate", "{\"inputs\": \"x\", \"parameters\": {\"frequency_penalty\": 3}}",
+               "\"frequency_penalty\" is 3");
+    ts_refused("/generate", "{\"inputs\": \"x\", \"parameters\": {\"presence_penalty\": 1}}",
+               "presence_penalty");
+    ts_refused("/generate", "{\"inputs\": \"x\", \"parameters\": {\"logit_bias\": {}}}",
+               "logit_bias");
 }

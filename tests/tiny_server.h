@@ -1,0 +1,77 @@
+/*
+ * tiny_server.h - the tiny random model (tiny_model.h: byte-level
+ * tokenizer, 260 tokens, <|endoftext|> 259) served by the real binary for
+ * a test suite: a chat template that joins the messages' contents, a free
+ * port, 2 threads, 16 MiB of KV cache (tests/server_process.h runs it).
+ * ts_setup and ts_teardown are a TestSuite's .init and .fini; ts_ok and
+ * ts_refused the two checks every such test makes.
+ */
+#ifndef QL_TEST_TINY_SERVER_H
+#define QL_TEST_TINY_SERVER_H
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "http_client.h"
+#include "server_process.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+static char ts_dir[512];
+static char ts_model_dir[600];
+static char ts_log_path[600];
+
+static inline void ts_setup(void)
+{
+    test_tmpdir(ts_dir, sizeof ts_dir);
+    cr_assert(ts_dir[0]);
+    snprintf(ts_model_dir, sizeof ts_model_dir, "%s/tiny", ts_dir);
+    snprintf(ts_log_path, sizeof ts_log_path, "%s/server.log", ts_dir);
+    cr_assert_eq(mkdir(ts_model_dir, 0700), 0);
+    tiny_spec spec = tiny_default();
+    tiny_write_hf(ts_model_dir, &spec);
+    char path[700];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", ts_model_dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fputs("{% for m in messages %}{{ m['content'] }}{% endfor %}", f);
+    fclose(f);
+    const char *argv[] = {QL_BINARY,   "serve", "--model",  ts_model_dir, "--port", "0",
+                          "--threads", "2",     "--kv-mib", "16",         NULL};
+    sp_spawn(argv, ts_log_path);
+    sp_wait_ready();
+}
+
+static inline void ts_teardown(void)
+{
+    sp_kill();
+    test_rmtree(ts_dir);
+}
+
+/* POST body to path; the parsed 200 answer (the caller's to cJSON_Delete). */
+static inline cJSON *ts_ok(const char *path, const char *body)
+{
+    int status;
+    char *text = sp_answer(path, body, &status);
+    cr_assert_eq(status, 200, "%s -> %d %s", body, status, text);
+    cJSON *j = sp_json(text);
+    free(text);
+    return j;
+}
+
+/* POST body to path: a 400 whose message holds needle. */
+static inline void ts_refused(const char *path, const char *body, const char *needle)
+{
+    int got;
+    char *text = sp_answer(path, body, &got);
+    cr_assert_eq(got, 400, "%s -> %d %s", body, got, text);
+    cJSON *j = sp_json(text);
+    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
+    cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
+    cJSON_Delete(j);
+    free(text);
+}
+
+#endif
