@@ -546,6 +546,7 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_ask *a, eng_reques
         int rc = eng_engine_submit(c->s->engine, r, &g->parts[p].id, msg, sizeof msg);
         if (rc == QL_OK)
             continue;
+        bool several = g->n_parts > 1;
         if (p == 0) {
             gen_free_memory(g);
         } else {
@@ -554,7 +555,7 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_ask *a, eng_reques
             gen_live(g);
             gen_cancel(g);
         }
-        if (g->n_parts > 1 || p > 0)
+        if (several)
             srv_fail(c, srv_status_of(rc), "prompt %d: %s", p, msg);
         else
             srv_fail(c, srv_status_of(rc), "%s", msg);
