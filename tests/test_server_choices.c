@@ -296,6 +296,11 @@ Test(choices, a_list_of_prompts_answers_prompt_major_each_as_alone)
     ts_refused("/v1/completions", "{\"prompt\": [\"a\", [1, 2]]}", "one kind");
     ts_refused("/v1/completions", "{\"prompt\": [1, -2]}", "item 1 is not a token id");
     ts_refused("/v1/completions", "{\"prompt\": [[]]}", "is empty");
+    /* one prompt of several refused by the engine: the others, already
+     * submitted, are cancelled and give their blocks back */
+    ts_refused("/v1/completions", "{\"prompt\": [[65, 66], [65, 99999]], \"max_tokens\": 300}",
+               "prompt 1:");
+    expect_blocks_back();
 }
 
 Test(choices, chat_answers_n_choices_with_logprobs_whole_and_streamed)
