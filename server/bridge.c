@@ -551,6 +551,8 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_ask *a, eng_reques
             gen_free_memory(g);
         } else {
             /* the prompts already in end unheard; the rest never began */
+            for (int32_t k = p; k < g->n_parts; k++)
+                part_free(&g->parts[k]);
             g->n_parts = p;
             gen_live(g);
             gen_cancel(g);
