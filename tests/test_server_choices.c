@@ -298,7 +298,8 @@ Test(choices, a_list_of_prompts_answers_prompt_major_each_as_alone)
     ts_refused("/v1/completions", "{\"prompt\": [[]]}", "is empty");
     /* one prompt of several refused by the engine: the others, already
      * submitted, are cancelled and give their blocks back */
-    ts_refused("/v1/completions", "{\"prompt\": [[65, 66], [65, 99999]], \"max_tokens\": 300}",
+    ts_refused("/v1/completions",
+               "{\"prompt\": [[65, 66], [65, 99999], [67]], \"max_tokens\": 300, \"echo\": true}",
                "prompt 1:");
     expect_blocks_back();
 }
