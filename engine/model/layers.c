@@ -13,7 +13,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
-typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF } layer_dim;
+typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } layer_dim;
+
+/* When a part is present: always, with attention_bias, with qk_norm. */
+typedef enum { ALWAYS, WITH_BIAS, WITH_QK_NORM } layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
  * config terms (cols DIM_NONE: a vector), and where it goes. */
@@ -22,32 +25,36 @@ static const struct layer_part {
     layer_dim rows, cols;
     tensor_role role;
     size_t field; /* offsetof(eng_layer, ...) */
-    bool bias;    /* present only with attention_bias */
+    layer_when when;
 } layer_parts[] = {
     {"input_layernorm.weight", "attn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
-     offsetof(eng_layer, attn_norm), false},
+     offsetof(eng_layer, attn_norm), ALWAYS},
     {"post_attention_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
-     offsetof(eng_layer, ffn_norm), false},
+     offsetof(eng_layer, ffn_norm), ALWAYS},
     {"self_attn.q_proj.weight", "attn_q.weight", DIM_Q, DIM_HIDDEN, ROLE_LINEAR,
-     offsetof(eng_layer, wq), false},
+     offsetof(eng_layer, wq), ALWAYS},
     {"self_attn.k_proj.weight", "attn_k.weight", DIM_KV, DIM_HIDDEN, ROLE_LINEAR,
-     offsetof(eng_layer, wk), false},
+     offsetof(eng_layer, wk), ALWAYS},
     {"self_attn.v_proj.weight", "attn_v.weight", DIM_KV, DIM_HIDDEN, ROLE_LINEAR,
-     offsetof(eng_layer, wv), false},
+     offsetof(eng_layer, wv), ALWAYS},
     {"self_attn.o_proj.weight", "attn_output.weight", DIM_HIDDEN, DIM_Q, ROLE_LINEAR,
-     offsetof(eng_layer, wo), false},
+     offsetof(eng_layer, wo), ALWAYS},
     {"mlp.gate_proj.weight", "ffn_gate.weight", DIM_FF, DIM_HIDDEN, ROLE_LINEAR,
-     offsetof(eng_layer, w_gate), false},
+     offsetof(eng_layer, w_gate), ALWAYS},
     {"mlp.up_proj.weight", "ffn_up.weight", DIM_FF, DIM_HIDDEN, ROLE_LINEAR,
-     offsetof(eng_layer, w_up), false},
+     offsetof(eng_layer, w_up), ALWAYS},
     {"mlp.down_proj.weight", "ffn_down.weight", DIM_HIDDEN, DIM_FF, ROLE_LINEAR,
-     offsetof(eng_layer, w_down), false},
+     offsetof(eng_layer, w_down), ALWAYS},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", DIM_HEAD, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, q_norm), WITH_QK_NORM},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", DIM_HEAD, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, k_norm), WITH_QK_NORM},
     {"self_attn.q_proj.bias", "attn_q.bias", DIM_Q, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bq),
-     true},
+     WITH_BIAS},
     {"self_attn.k_proj.bias", "attn_k.bias", DIM_KV, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bk),
-     true},
+     WITH_BIAS},
     {"self_attn.v_proj.bias", "attn_v.bias", DIM_KV, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bv),
-     true},
+     WITH_BIAS},
 };
 
 #define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
@@ -68,12 +75,14 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_Q] = (int64_t)c->n_heads * c->head_dim,
         [DIM_KV] = (int64_t)c->n_kv_heads * c->head_dim,
         [DIM_FF] = c->intermediate_size,
+        [DIM_HEAD] = c->head_dim,
     };
     int rc = QL_OK;
     for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
         for (size_t p = 0; p < N_LAYER_PARTS && rc == QL_OK; p++) {
             const struct layer_part *part = &layer_parts[p];
-            if (part->bias && !c->attention_bias)
+            if ((part->when == WITH_BIAS && !c->attention_bias) ||
+                (part->when == WITH_QK_NORM && !c->qk_norm))
                 continue;
             char name[256];
             if (gguf)

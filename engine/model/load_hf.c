@@ -115,10 +115,12 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_MISTRAL;
     else if (strcmp(arch, "Qwen2ForCausalLM") == 0)
         c->arch = ENG_ARCH_QWEN2;
+    else if (strcmp(arch, "Qwen3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM)",
+                       "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -157,6 +159,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
                        c->head_dim);
     c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", false);
     c->attention_bias = c->arch == ENG_ARCH_QWEN2 ? true : mf_json_bool(j, "attention_bias", false);
+    c->qk_norm = c->arch == ENG_ARCH_QWEN3;
     c->rope_interleaved = false;
     c->bos_token_id = mf_json_token_id(j, "bos_token_id");
     c->eos_token_id = mf_json_token_id(j, "eos_token_id");

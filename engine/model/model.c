@@ -23,6 +23,7 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_LLAMA: return "llama";
     case ENG_ARCH_MISTRAL: return "mistral";
     case ENG_ARCH_QWEN2: return "qwen2";
+    case ENG_ARCH_QWEN3: return "qwen3";
     }
     return "unknown";
 }

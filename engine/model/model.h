@@ -29,7 +29,7 @@
 
 /* --- models (model.c; the loaders in load_hf.c, load_gguf.c) --------------- */
 
-typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2 } eng_arch;
+typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2, ENG_ARCH_QWEN3 } eng_arch;
 
 typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
@@ -59,7 +59,10 @@ typedef struct eng_config {
     bool rope_interleaved;
     float rms_norm_eps;
     bool tie_word_embeddings;
-    bool attention_bias;                /* Qwen2: q, k, v projections have biases */
+    bool attention_bias; /* Qwen2: q, k, v projections have biases */
+    /* Qwen3: an RMSNorm over each head of q and of k (head_dim weights,
+     * one per layer for each), after the projections and before RoPE */
+    bool qk_norm;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
 } eng_config;
@@ -70,6 +73,7 @@ typedef struct eng_layer {
     qtensor attn_norm, ffn_norm;
     qtensor wq, wk, wv, wo;
     qtensor bq, bk, bv;
+    qtensor q_norm, k_norm; /* Qwen3's per-head norms [1, head_dim] */
     qtensor w_gate, w_up, w_down;
 } eng_layer;
 

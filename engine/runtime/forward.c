@@ -54,6 +54,7 @@ struct eng_forward_state {
     float *norms;      /* [n_layers][2][hidden]: attn, ffn */
     float *final_norm; /* [hidden] */
     float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
+    float *qk_norms;   /* [n_layers][2][head_dim] when qk_norm (Qwen3) */
     /* unmerged adapters: rows gathered by adapter (grown on first use) */
     float *lora_x, *lora_y, *lora_u; /* [max_tokens][widest projection] */
     float *lora_t;                   /* [max_tokens][lora_rank] */
@@ -75,9 +76,9 @@ void eng_forward_state_free(eng_forward_state *st)
 {
     if (!st)
         return;
-    float *bufs[] = {st->x,        st->h,        st->q,     st->k,          st->v,
-                     st->att,      st->gate,     st->up,    st->tmp,        st->last,
-                     st->rope_cos, st->rope_sin, st->norms, st->final_norm, st->biases};
+    float *bufs[] = {st->x,     st->h,          st->q,      st->k,       st->v,        st->att,
+                     st->gate,  st->up,         st->tmp,    st->last,    st->rope_cos, st->rope_sin,
+                     st->norms, st->final_norm, st->biases, st->qk_norms};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(st->lora_x);
@@ -134,10 +135,11 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->norms = malloc(L * 2 * H * sizeof(float));
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
+    st->qk_norms = c->qk_norm ? malloc(L * 2 * half * 2 * sizeof(float)) : NULL;
     if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate || !st->up ||
         !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->seq_row || !st->seq_group ||
         !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms || !st->final_norm ||
-        (c->attention_bias && !st->biases)) {
+        (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms)) {
         eng_forward_state_free(st);
         return ql_fail(msg, msg_len, QL_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
@@ -151,6 +153,10 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
             dense_row(&m->layers[l].bq, b);
             dense_row(&m->layers[l].bk, b + Q);
             dense_row(&m->layers[l].bv, b + Q + KV);
+        }
+        if (c->qk_norm) {
+            dense_row(&m->layers[l].q_norm, st->qk_norms + l * 4 * half);
+            dense_row(&m->layers[l].k_norm, st->qk_norms + l * 4 * half + 2 * half);
         }
     }
     dense_row(&m->norm, st->final_norm);
@@ -427,6 +433,12 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
                     st->v[r * KV + i] += b[Q + KV + i];
                 }
             }
+        }
+        // Qwen3: each head of q and k through its RMSNorm (a head is a row)
+        if (c->qk_norm) {
+            const float *qn = st->qk_norms + (size_t)l * 4 * (size_t)half;
+            rmsnorm(st->q, st->q, qn, T * c->n_heads, c->head_dim, c->rms_norm_eps);
+            rmsnorm(st->k, st->k, qn + 2 * half, T * c->n_kv_heads, c->head_dim, c->rms_norm_eps);
         }
         // RoPE
         rope(c, st, st->q, c->n_heads, T);

@@ -1,0 +1,128 @@
+/*
+ * test_qwen3.c - Qwen3 (per-head q/k RMSNorm, an explicit head_dim) against
+ * transformers itself: the tiny random Qwen3ForCausalLM that
+ * tests/fixtures/make_qwen3_reference.py made with transformers (head_dim
+ * 24 where hidden / heads is 16, grouped kv heads, norms with weights far
+ * from 1), loaded from its safetensors folder, gives at every position of
+ * a 16-token prompt the logits transformers computes in float64, within
+ * 1e-5 (our pass is float32; the logits are O(1); measured 7e-7). The same folder's
+ * config with the q/k norms dropped (a Qwen2 without biases) must not
+ * match, so the test sees the norms; the CUDA backend refuses the
+ * architecture by name rather than running it without them.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine.h"
+#include "fixtures/qwen3_reference.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#ifndef QL_SOURCE_DIR
+#error "QL_SOURCE_DIR must name the source tree"
+#endif
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    cr_assert(in && out, "cannot copy %s to %s", from, to);
+    char buf[8192];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+}
+
+/* The fixture folder with a tokenizer (the tiny byte-level one: the test
+ * feeds ids, so any 260-token vocabulary does) in dir. */
+static void make_folder(const char *dir)
+{
+    char from[1024], to[1024];
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/tests/fixtures/qwen3_tiny/%s", QL_SOURCE_DIR, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        copy_file(from, to);
+    }
+    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
+    tiny_write_tokenizer_json(to);
+}
+
+/* Every position's logits of the fixture's tokens, in one prefill. */
+static float *run_prompt(eng_model *m)
+{
+    char msg[1024];
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m->cfg, 4 << 20, 16, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&st, m, 64, msg, sizeof msg), 0, "%s", msg);
+    int32_t ids[QWEN3_N_TOKENS];
+    for (int i = 0; i < QWEN3_N_TOKENS; i++)
+        ids[i] = QWEN3_TOKENS[i];
+    eng_seq_kv skv = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &skv, QWEN3_N_TOKENS), 0);
+    float *all = malloc((size_t)QWEN3_N_TOKENS * QWEN3_VOCAB * sizeof(float));
+    float *last = malloc(QWEN3_VOCAB * sizeof(float));
+    eng_step_seq s = {.kv = &skv, .tokens = ids, .n_tokens = QWEN3_N_TOKENS, .all_logits = all};
+    cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
+    free(last);
+    eng_kv_release(kv, &skv);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    return all;
+}
+
+/* The largest |ours - transformers'| over every position and token. */
+static double worst_error(const float *all)
+{
+    double worst = 0;
+    for (int t = 0; t < QWEN3_N_TOKENS; t++)
+        for (int v = 0; v < QWEN3_VOCAB; v++) {
+            double d = fabs((double)all[(size_t)t * QWEN3_VOCAB + v] - QWEN3_LOGITS[t][v]);
+            worst = d > worst ? d : worst;
+        }
+    return worst;
+}
+
+Test(qwen3, logits_equal_transformers_float64_at_every_position)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    make_folder(dir);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.arch, ENG_ARCH_QWEN3);
+    cr_assert(m.cfg.qk_norm);
+    cr_assert_eq(m.cfg.head_dim, 24);
+    cr_assert_str_eq(eng_arch_name(m.cfg.arch), "qwen3");
+    float *all = run_prompt(&m);
+    double worst = worst_error(all);
+    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
+    cr_log_info("worst logit error %g", worst);
+    free(all);
+
+    /* without the norms the answer is another: the test sees them */
+    m.cfg.qk_norm = false;
+    all = run_prompt(&m);
+    cr_assert_gt(worst_error(all), 1e-2, "dropping the q/k norms changed nothing");
+    free(all);
+    m.cfg.qk_norm = true;
+
+#ifdef QL_HAVE_CUDA
+    eng_backend *b = NULL;
+    eng_backend_opts bo = {
+        .device = ENG_DEVICE_CUDA, .max_tokens = 16, .max_seqs = 2, .kv_bytes = 1 << 20};
+    cr_assert_eq(eng_backend_new(&b, &m, &bo, msg, sizeof msg), QL_EUNSUPPORTED);
+    cr_assert(strstr(msg, "qwen3"), "%s", msg);
+#endif
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
