@@ -134,16 +134,8 @@ int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opt
     *out = NULL;
     eng_device d = o->device;
 #ifdef QL_HAVE_CUDA
-    /* what the CUDA backend does not run yet: Qwen3's per-head q/k norms
-     * (auto then stays on the CPU) */
-    bool cuda_runs = !m->cfg.qk_norm;
     if (d == ENG_DEVICE_AUTO)
-        d = eng_cuda_present() && cuda_runs ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
-    if (d == ENG_DEVICE_CUDA && !cuda_runs)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: the CUDA backend does not run %s's per-head q/k norms yet; "
-                       "use --device cpu",
-                       eng_arch_name(m->cfg.arch));
+        d = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
     if (d == ENG_DEVICE_CUDA)
         return eng_backend_cuda_new(out, m, o, msg, msg_len);
 #else

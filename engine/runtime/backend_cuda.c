@@ -93,6 +93,7 @@ typedef struct dev_version {
 typedef struct dev_layer {
     float *attn_norm, *ffn_norm; /* [hidden] */
     float *bias;                 /* [q + 2 kv] when attention_bias */
+    float *q_norm, *k_norm;      /* [head_dim] when qk_norm (Qwen3) */
     qt_cuda_tensor proj[ENG_N_PROJ];
 } dev_layer;
 
@@ -693,6 +694,13 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
             OP(qt_cuda_add_bias(c->k, dl->bias + Q, T, KV, st, why, sizeof why));
             OP(qt_cuda_add_bias(c->v, dl->bias + Q + KV, T, KV, st, why, sizeof why));
         }
+        // Qwen3: each head of q and k through its RMSNorm (a head is a row)
+        if (dl->q_norm) {
+            OP(qt_cuda_rmsnorm(c->q, c->q, dl->q_norm, T * cfg->n_heads, cfg->head_dim,
+                               cfg->rms_norm_eps, st, why, sizeof why));
+            OP(qt_cuda_rmsnorm(c->k, c->k, dl->k_norm, T * cfg->n_kv_heads, cfg->head_dim,
+                               cfg->rms_norm_eps, st, why, sizeof why));
+        }
         // RoPE
         OP(qt_cuda_rope(c->q, c->d_cos, c->d_sin, T, cfg->n_heads, cfg->head_dim,
                         cfg->rope_interleaved, st, why, sizeof why));
@@ -988,6 +996,8 @@ static void cuda_destroy(eng_backend *b)
         cudaFree(dl->attn_norm);
         cudaFree(dl->ffn_norm);
         cudaFree(dl->bias);
+        cudaFree(dl->q_norm);
+        cudaFree(dl->k_norm);
         for (int p = 0; p < ENG_N_PROJ; p++)
             qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
     }
@@ -1039,6 +1049,10 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
         rc = upload_row(&hl->attn_norm, &dl->attn_norm, what, msg, msg_len);
         if (rc == QL_OK)
             rc = upload_row(&hl->ffn_norm, &dl->ffn_norm, what, msg, msg_len);
+        if (rc == QL_OK && cfg->qk_norm)
+            rc = upload_row(&hl->q_norm, &dl->q_norm, what, msg, msg_len);
+        if (rc == QL_OK && cfg->qk_norm)
+            rc = upload_row(&hl->k_norm, &dl->k_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->attention_bias) {
             /* q, k and v biases side by side, as forward.c keeps them */
             float *host = malloc((size_t)(Q + 2 * KV) * sizeof(float));

@@ -693,6 +693,25 @@ static void kinds(void)
     }
 }
 
+/* Qwen3: the per-head q/k norms (weights far from 1, so they show) on
+ * the device equal the CPU's. */
+static void qwen3_norms(void)
+{
+    model_case mc = {"qwen3-q8_0", {.kind = QT_Q8_0}, ENG_ARCH_QWEN3, false, false, false, 0};
+    eng_model m;
+    int rc = make_model(&m, &mc);
+    m.cfg.qk_norm = true;
+    for (int32_t l = 0; rc == QL_OK && l < m.cfg.n_layers; l++) {
+        rc = dense(&m.layers[l].q_norm, 1, m.cfg.head_dim, 0.3f, 1.0f);
+        rc = rc ? rc : dense(&m.layers[l].k_norm, 1, m.cfg.head_dim, 0.3f, 1.0f);
+    }
+    if (rc != QL_OK)
+        report(false, "steps_match_cpu_qwen3_qk_norms", "could not build the model");
+    else
+        scenario("steps_match_cpu_qwen3_qk_norms", &m, NULL, NULL, NULL);
+    eng_model_free(&m);
+}
+
 /* Unmerged adapters: A applies one at scale 1, B the other at 0.5 then the
  * first at -0.25 (two terms), C none. */
 static void unmerged(void)
@@ -1010,6 +1029,7 @@ int main(void)
         return 77;
     }
     kinds();
+    qwen3_norms();
     unmerged();
     merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq");
     merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1");
