@@ -258,16 +258,19 @@ ALWAYS_INLINE void store_k4(float *out, __m256i code, float d1, float m1)
 /* One Q4_K (qh NULL) or Q5_K super-block of 256 into out: per 64
  * elements, 32 bytes of qs whose low nibbles are the first sub-block of 32
  * and whose high nibbles the second; Q5_K's fifth bits are bits 2c and
- * 2c + 1 of qh[0..32) for the c-th 64. The sub-block scales are
- * qt_math.h's qm_k4_sub_scales, as the scalar path's. */
+ * 2c + 1 of qh[0..32) for the c-th 64. */
 ALWAYS_INLINE void decode_k4_block(const uint8_t *blk, bool five, float *out)
 {
     const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
     __m256i mask = _mm256_set1_epi32(0x0f), one = _mm256_set1_epi32(1);
+    float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
     for (int c = 0; c < 4; c++, qs += 32, out += 64) {
-        float d1, m1, d2, m2;
-        qm_k4_sub_scales(blk, 2 * c, &d1, &m1);
-        qm_k4_sub_scales(blk, 2 * c + 1, &d2, &m2);
+        /* d * sc and dmin * m, as qm_k4_sub_scales rounds them */
+        int sc0, mn0, sc1, mn1;
+        qm_k4_scale_min(2 * c, blk + 4, &sc0, &mn0);
+        qm_k4_scale_min(2 * c + 1, blk + 4, &sc1, &mn1);
+        float d1 = d * (float)sc0, m1 = dmin * (float)mn0;
+        float d2 = d * (float)sc1, m2 = dmin * (float)mn1;
         for (int g = 0; g < 4; g++) {
             __m256i v = widen8(qs + 8 * g);
             __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_srli_epi32(v, 4);
@@ -287,11 +290,16 @@ ALWAYS_INLINE void decode_k4_block(const uint8_t *blk, bool five, float *out)
 /* One Q6_K super-block of 256 into out: in each half of 128 (ql 64 bytes,
  * qh 32), the k-th 32 take the low nibbles of ql[0..32) (k 0), of
  * ql[32..64) (k 1), their high nibbles (k 2, 3), with bits 2k, 2k + 1 of
- * qh as the top two; w = (d * sc) * (q - 32), d * sc from qt_math.h. */
+ * qh as the top two; w = (d * sc) * (q - 32). */
 ALWAYS_INLINE void decode_q6_k_block(const uint8_t *blk, float *out)
 {
     __m256i mask = _mm256_set1_epi32(0x0f), three = _mm256_set1_epi32(3),
             bias = _mm256_set1_epi32(32);
+    /* d * sc of the 16 sub-blocks, each as qm_q6_k_sub_scale rounds it,
+     * with d converted once */
+    float d = qm_f16_le(blk + 208), scale[16];
+    for (int s = 0; s < 16; s++)
+        scale[s] = d * (float)(int8_t)blk[192 + s];
     for (int half = 0; half < 2; half++) {
         const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
         for (int k = 0; k < 4; k++)
@@ -300,7 +308,7 @@ ALWAYS_INLINE void decode_q6_k_block(const uint8_t *blk, float *out)
                 __m256i lo = k < 2 ? _mm256_and_si256(v, mask) : _mm256_srli_epi32(v, 4);
                 __m256i h = _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), 2 * k), three);
                 __m256i code = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(h, 4)), bias);
-                float sc = qm_q6_k_sub_scale(blk, 8 * half + 2 * k + g / 2);
+                float sc = scale[8 * half + 2 * k + g / 2];
                 _mm256_storeu_ps(out + 128 * half + 32 * k + 8 * g,
                                  _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_cvtepi32_ps(code)));
             }
@@ -603,6 +611,103 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
         q41 ? hsum(_mm256_add_ps(total[b], mtotal[b])) : hsum(total[b]);
 }
 
+/* acc[b] += the 8 codes (f32) q times x_b[0..8), for nb rows of x. */
+ALWAYS_INLINE void dot8(__m256 q, const float *const *xs, int64_t at, int nb, __m256 *acc)
+{
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] =
+        _mm256_fmadd_ps(q, _mm256_loadu_ps(xs[b] + at), acc[b]);
+}
+
+/*
+ * Q4_K and Q5_K rows, fused: per sub-block of 32, the integer codes times
+ * x in one chain, then d1 times that minus m1 times the sub-block's sum of
+ * x, into one accumulator per row of x (w = d1 * q - m1; one accumulator
+ * keeps 4 rows of x in registers). Only the order of the sums differs
+ * from dequantize-then-dot.
+ */
+ALWAYS_INLINE void rows_k4(const qtensor *t, const float *x, int nb, float *y, int64_t r, bool five)
+{
+    size_t bb = five ? QM_Q5_K_BYTES : QM_Q4_K_BYTES;
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
+    __m256i mask = _mm256_set1_epi32(0x0f), one = _mm256_set1_epi32(1);
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
+        const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int s = 0; s < 8; s++) { /* sub-block s: qs[32 * (s / 2) ..], low or high nibbles */
+            int sc, mn;
+            qm_k4_scale_min(s, blk + 4, &sc, &mn);
+            const uint8_t *q = qs + 32 * (s / 2);
+            int shift = (s & 1) * 4;
+            __m256 acc[XCHUNK];
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = _mm256_setzero_ps();
+            for (int g = 0; g < 4; g++) {
+                __m256i c = _mm256_and_si256(_mm256_srli_epi32(widen8(q + 8 * g), shift), mask);
+                if (five) /* bit s of qh[l] */
+                    c = _mm256_add_epi32(
+                        c, _mm256_slli_epi32(
+                               _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), s), one), 4));
+                dot8(_mm256_cvtepi32_ps(c), xs, 32 * s + 8 * g, nb, acc);
+            }
+            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)mn);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+            {
+                const float *xb = xs[b] + 32 * s;
+                __m256 sx = sum4(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8),
+                                 _mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
+                total[b] = _mm256_fnmadd_ps(sx, m1, _mm256_fmadd_ps(acc[b], d1, total[b]));
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
+/* Q6_K rows, fused: per sub-block of 16, the signed codes times x, then
+ * times that sub-block's d * sc. */
+ALWAYS_INLINE void rows_q6_k(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+{
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)QM_Q6_K_BYTES;
+    __m256i mask = _mm256_set1_epi32(0x0f), three = _mm256_set1_epi32(3),
+            bias = _mm256_set1_epi32(32);
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q6_K_BYTES) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float d = qm_f16_le(blk + 208);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+            for (int kk = 0; kk < 4; kk++)
+                for (int g2 = 0; g2 < 2; g2++) { /* one sub-block of 16: two groups of 8 */
+                    __m256 acc[XCHUNK];
+                    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] =
+                        _mm256_setzero_ps();
+                    for (int g = 2 * g2; g < 2 * g2 + 2; g++) {
+                        __m256i v = widen8(ql + (kk & 1 ? 32 : 0) + 8 * g);
+                        __m256i lo = kk < 2 ? _mm256_and_si256(v, mask) : _mm256_srli_epi32(v, 4);
+                        __m256i h =
+                            _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), 2 * kk), three);
+                        __m256i code =
+                            _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(h, 4)), bias);
+                        dot8(_mm256_cvtepi32_ps(code), xs, 128 * half + 32 * kk + 8 * g, nb, acc);
+                    }
+                    __m256 sc =
+                        _mm256_set1_ps(d * (float)(int8_t)blk[192 + 8 * half + 2 * kk + g2]);
+                    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
+                        _mm256_fmadd_ps(acc[b], sc, total[b]);
+                }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
 /* Whether rows_bnb4_split applies: blocks of whole groups of 16. */
 static bool bnb4_whole_groups(const qtensor *t)
 {
@@ -692,25 +797,24 @@ ALWAYS_INLINE void row_q5_1(const qtensor *t, const float *x, const float *scrat
 {
     rows_gguf(t, x, scratch, nb, y, r, QT_Q5_1);
 }
-/* The k-quants decode a tile of whole super-blocks (each sub-block's own
- * scale and minimum applied), then dot it as the dense kinds do. */
+/* The k-quants: the fused rows above, sub-block by sub-block. */
 ALWAYS_INLINE void row_q4_k(const qtensor *t, const float *x, const float *scratch, int nb,
                             float *y, int64_t r)
 {
     (void)scratch;
-    rows_tiled(t, x, nb, y, r, tile_q4_k);
+    rows_k4(t, x, nb, y, r, false);
 }
 ALWAYS_INLINE void row_q5_k(const qtensor *t, const float *x, const float *scratch, int nb,
                             float *y, int64_t r)
 {
     (void)scratch;
-    rows_tiled(t, x, nb, y, r, tile_q5_k);
+    rows_k4(t, x, nb, y, r, true);
 }
 ALWAYS_INLINE void row_q6_k(const qtensor *t, const float *x, const float *scratch, int nb,
                             float *y, int64_t r)
 {
     (void)scratch;
-    rows_tiled(t, x, nb, y, r, tile_q6_k);
+    rows_q6_k(t, x, nb, y, r);
 }
 
 /* What a kind derives from each chunk of nb rows of x before its rows run
