@@ -644,16 +644,19 @@ ALWAYS_INLINE void rows_k4(const qtensor *t, const float *x, int nb, float *y, i
             qm_k4_scale_min(s, blk + 4, &sc, &mn);
             const uint8_t *q = qs + 32 * (s / 2);
             int shift = (s & 1) * 4;
-            __m256 acc[XCHUNK];
-            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = _mm256_setzero_ps();
+            __m256 acc[XCHUNK], acc2[XCHUNK]; /* two chains: even and odd groups of 8 */
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = acc2[b] =
+                _mm256_setzero_ps();
             for (int g = 0; g < 4; g++) {
                 __m256i c = _mm256_and_si256(_mm256_srli_epi32(widen8(q + 8 * g), shift), mask);
                 if (five) /* bit s of qh[l] */
                     c = _mm256_add_epi32(
                         c, _mm256_slli_epi32(
                                _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), s), one), 4));
-                dot8(_mm256_cvtepi32_ps(c), xs, 32 * s + 8 * g, nb, acc);
+                dot8(_mm256_cvtepi32_ps(c), xs, 32 * s + 8 * g, nb, g & 1 ? acc2 : acc);
             }
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] =
+                _mm256_add_ps(acc[b], acc2[b]);
             __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)mn);
             _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
             {
