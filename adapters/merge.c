@@ -30,7 +30,10 @@
  *                   affine_params); torchao's eps, not stored either, is
  *                   taken from the configuration (1e-6 for int4
  *                   weight-only, FLT_EPSILON otherwise);
- *   Q4_0 Q4_1 Q8_0  the same block kind (blocks of 32 along the rows).
+ *   Q4_0 Q4_1 Q8_0  the same block kind (blocks of 32 along the rows);
+ *   Q5_0 Q5_1
+ *   Q4_K Q5_K Q6_K  refused into their own kind by name (no requantizer
+ *                   yet); "into" int8 or bf16 merges them as any kind.
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -168,10 +171,25 @@ static int affine_params(const qtensor *w, qt_quant_params *p, char *msg, size_t
 
 static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    if (w->kind != QT_Q4_0 && w->kind != QT_Q4_1 && w->kind != QT_Q8_0)
+    if (w->kind != QT_Q4_0 && w->kind != QT_Q4_1 && w->kind != QT_Q8_0 && w->kind != QT_Q5_0 &&
+        w->kind != QT_Q5_1)
         return wrong_family(w, "GGUF", msg, msg_len);
     p->kind = w->kind;
     return QL_OK;
+}
+
+/* The k-quants have no requantizer yet (llama.cpp's quantize_row_q4_K_ref
+ * and its siblings search each sub-block's scale; qt_quantize refuses
+ * them): a merge into the weight's own kind is refused by name, and
+ * "into" int8 or bf16 takes into_params as for every kind. */
+static int kquant_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
+{
+    (void)p;
+    if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K)
+        return wrong_family(w, "GGUF k-quant", msg, msg_len);
+    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                   "merging into %s is not supported yet; use into: int8 or bf16",
+                   qt_kind_name(w->kind));
 }
 
 /* The wider kinds a merge may store into instead of the weight's own. */
@@ -422,6 +440,7 @@ MERGE_FAMILY(merge_dense, dense_params)
 MERGE_FAMILY(merge_bnb4, bnb4_params)
 MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
+MERGE_FAMILY(merge_kquant, kquant_params)
 
 /* --- the table ---------------------------------------------------------- */
 
@@ -435,6 +454,11 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_Q4_0] = {.kind = "q4_0", .merge = merge_gguf},
     [QT_Q4_1] = {.kind = "q4_1", .merge = merge_gguf},
     [QT_Q8_0] = {.kind = "q8_0", .merge = merge_gguf},
+    [QT_Q5_0] = {.kind = "q5_0", .merge = merge_gguf},
+    [QT_Q5_1] = {.kind = "q5_1", .merge = merge_gguf},
+    [QT_Q4_K] = {.kind = "q4_k", .merge = merge_kquant},
+    [QT_Q5_K] = {.kind = "q5_k", .merge = merge_kquant},
+    [QT_Q6_K] = {.kind = "q6_k", .merge = merge_kquant},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -448,7 +472,8 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
     if ((unsigned)w->kind >= QT_KIND_COUNT || !ops_table[w->kind].merge)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
-                       "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1 and q8_0",
+                       "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
+                       "q4_k, q5_k and q6_k",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

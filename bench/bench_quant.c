@@ -9,6 +9,11 @@
  * with the project's flags), and our F32 kind. Single thread throughout:
  * the worker pool is the engine's; these are per-core figures.
  *
+ * The k-quants (q4_k, q5_k, q6_k) cannot be quantized into yet: their
+ * weight is random super-blocks of the same size (random codes and
+ * sub-block scales, small f16 d and dmin), which a matrix kernel reads
+ * exactly as it reads a GGUF file's; they need --cols a multiple of 256.
+ *
  * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S]
  * Each figure is the best of repeated runs lasting at least --min-seconds.
  */
@@ -106,7 +111,33 @@ static void run_naive_f32(bench_ctx *c)
 typedef struct kind_case {
     const char *label;
     qt_quant_params p;
+    bool kquant; /* random super-blocks instead of qt_quantize */
 } kind_case;
+
+/* A rows x cols k-quant weight of random super-blocks: random bytes, each
+ * block's f16 d (and dmin) a small normal value (|w| about 0.02). */
+static int random_kquant(qtensor *q, qt_kind kind, int64_t rows, int64_t cols, char *msg,
+                         size_t msg_len)
+{
+    size_t bb = qt_traits_table[kind].block_bytes, nb = (size_t)(rows * cols / 256);
+    uint8_t *b = malloc(nb * bb);
+    if (!b)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (size_t i = 0; i < nb * bb; i++)
+        b[i] = (uint8_t)(uniform() * 256.0);
+    for (size_t i = 0; i < nb; i++) {
+        uint8_t *blk = b + i * bb;
+        uint16_t d = qt_f32_to_f16(kind == QT_Q6_K ? normal(2e-5f) : normal(1e-4f));
+        uint16_t dmin = qt_f32_to_f16(fabsf(normal(1e-4f)));
+        size_t at = kind == QT_Q6_K ? 208 : 0;
+        memcpy(blk + at, &d, 2); /* little-endian, as the file */
+        if (kind != QT_Q6_K)
+            memcpy(blk + 2, &dmin, 2);
+    }
+    int rc = qt_from_gguf_blocks(q, kind, b, nb * bb, rows, cols, msg, msg_len);
+    free(b);
+    return rc;
+}
 
 static void cpu_model(char *buf, size_t len)
 {
@@ -162,22 +193,28 @@ int main(int argc, char **argv)
         x[i] = normal(1.0f);
 
     const kind_case cases[] = {
-        {"f32", {.kind = QT_F32}},
-        {"f16", {.kind = QT_F16}},
-        {"bf16", {.kind = QT_BF16}},
-        {"nf4", {.kind = QT_NF4, .blocksize = 64}},
-        {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}},
-        {"fp4", {.kind = QT_FP4, .blocksize = 64}},
+        {"f32", {.kind = QT_F32}, false},
+        {"f16", {.kind = QT_F16}, false},
+        {"bf16", {.kind = QT_BF16}, false},
+        {"nf4", {.kind = QT_NF4, .blocksize = 64}, false},
+        {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}, false},
+        {"fp4", {.kind = QT_FP4, .blocksize = 64}, false},
         {"int4-g128",
          {.kind = QT_AFFINE,
           .bits = 4,
           .group_size = 128,
           .zero_domain = QT_ZERO_FLOAT,
-          .eps = 1e-6f}},
-        {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}},
-        {"q4_0", {.kind = QT_Q4_0}},
-        {"q4_1", {.kind = QT_Q4_1}},
-        {"q8_0", {.kind = QT_Q8_0}},
+          .eps = 1e-6f},
+         false},
+        {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, false},
+        {"q4_0", {.kind = QT_Q4_0}, false},
+        {"q4_1", {.kind = QT_Q4_1}, false},
+        {"q8_0", {.kind = QT_Q8_0}, false},
+        {"q5_0", {.kind = QT_Q5_0}, false},
+        {"q5_1", {.kind = QT_Q5_1}, false},
+        {"q4_k", {.kind = QT_Q4_K}, true},
+        {"q5_k", {.kind = QT_Q5_K}, true},
+        {"q6_k", {.kind = QT_Q6_K}, true},
     };
 
     char cpu[256];
@@ -204,10 +241,18 @@ int main(int argc, char **argv)
            flops1 / naive1 / 1e9, 8 * flops1 / naive8 / 1e9);
     printf("  \"kinds\": [\n");
     size_t n_cases = sizeof cases / sizeof *cases;
+    int n_printed = 0;
     for (size_t k = 0; k < n_cases; k++) {
         qtensor q;
         char msg[256];
-        if (qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg) != QL_OK) {
+        if (cases[k].kquant && cols % 256 != 0) {
+            fprintf(stderr, "bench_quant: %s skipped: --cols is not a multiple of 256\n",
+                    cases[k].label);
+            continue;
+        }
+        int rc = cases[k].kquant ? random_kquant(&q, cases[k].p.kind, rows, cols, msg, sizeof msg)
+                                 : qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg);
+        if (rc != QL_OK) {
             fprintf(stderr, "bench_quant: %s: %s\n", cases[k].label, msg);
             return 1;
         }
@@ -219,16 +264,16 @@ int main(int argc, char **argv)
         c.batch = 8;
         double m8 = best_time(run_matmul, &c, min_s);
         double bytes = (double)qt_nbytes(&q);
-        printf("    {\"kind\": \"%s\", \"bytes\": %.0f, \"bits_per_weight\": %.3f, "
+        printf("%s    {\"kind\": \"%s\", \"bytes\": %.0f, \"bits_per_weight\": %.3f, "
                "\"dequant_gbps_in\": %.2f, \"dequant_gbps_out\": %.2f, "
                "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f, \"b1_ref_gflops\": %.2f, "
-               "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f}%s\n",
-               cases[k].label, bytes, 8.0 * bytes / (double)(rows * cols), bytes / dq / 1e9,
-               4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9, 8 * flops1 / m8 / 1e9,
-               flops1 / r1 / 1e9, naive1 / m1, naive8 / m8, k + 1 < n_cases ? "," : "");
+               "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f}",
+               n_printed++ ? ",\n" : "", cases[k].label, bytes, 8.0 * bytes / (double)(rows * cols),
+               bytes / dq / 1e9, 4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9,
+               8 * flops1 / m8 / 1e9, flops1 / r1 / 1e9, naive1 / m1, naive8 / m8);
         qt_free(&q);
     }
-    printf("  ]\n}\n");
+    printf("\n  ]\n}\n");
     free(w);
     free(x);
     free(y);

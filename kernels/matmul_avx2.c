@@ -173,23 +173,42 @@ ALWAYS_INLINE __m256 gguf_f16x8(const uint8_t *p)
     return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
-/* The 32 codes of a 4-bit GGUF block (qs: byte j holds element j low,
- * element j + 16 high) plus bias, as f32 in element order. Each 8 bytes
+/* The 32 codes of a 4- or 5-bit GGUF block (qs: byte j holds element j
+ * low, element j + 16 high; qh, for Q5_0/Q5_1, bit j the fifth bit of
+ * element j, or NULL) plus bias, as f32 in element order. Each 8 bytes
  * widen straight from memory to 8 lanes, which hold both their low
  * nibbles (masked) and their high ones (shifted). */
-ALWAYS_INLINE void gguf_nibbles(const uint8_t *qs, int bias, __m256 q[4])
+ALWAYS_INLINE void gguf_nibbles(const uint8_t *qs, const uint8_t *qh, int bias, __m256 q[4])
 {
     __m256i mask = _mm256_set1_epi32(0x0f);
     __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
     __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
     __m256i c[4] = {_mm256_and_si256(v0, mask), _mm256_and_si256(v1, mask),
                     _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+    if (qh) { /* lane i of group j takes bit 8j + i of qh, as bit 4 */
+        uint32_t h;
+        memcpy(&h, qh, sizeof h); /* little-endian, as the file */
+        __m256i vh = _mm256_set1_epi32((int)h), one = _mm256_set1_epi32(1);
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (int j = 0; j < 4; j++) {
+            __m256i bit = _mm256_and_si256(
+                _mm256_srlv_epi32(vh, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * j))), one);
+            c[j] = _mm256_or_si256(c[j], _mm256_slli_epi32(bit, 4));
+        }
+    }
     for (int j = 0; j < 4; j++)
         q[j] = _mm256_cvtepi32_ps(bias ? _mm256_add_epi32(c[j], _mm256_set1_epi32(bias)) : c[j]);
 }
 
-/* GGUF block blk of kind: its 32 integer codes as f32 in element order
- * (q), its scale d and, for Q4_1, its minimum m, each in every lane. */
+/* Whether a GGUF kind of blocks of 32 stores a minimum (w = q * d + m). */
+ALWAYS_INLINE bool gguf_has_min(qt_kind kind)
+{
+    return kind == QT_Q4_1 || kind == QT_Q5_1;
+}
+
+/* GGUF block blk of kind (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1): its 32 integer
+ * codes as f32 in element order (q), its scale d and, for Q4_1 and Q5_1,
+ * its minimum m, each in every lane. */
 ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m256 *d, __m256 *m)
 {
     *d = gguf_f16x8(blk);
@@ -197,9 +216,13 @@ ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m
         for (int j = 0; j < 4; j++)
             q[j] = _mm256_cvtepi32_ps(
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
+    else if (kind == QT_Q5_0)
+        gguf_nibbles(blk + 6, blk + 2, -16, q);
+    else if (kind == QT_Q5_1)
+        gguf_nibbles(blk + 8, blk + 4, 0, q);
     else
-        gguf_nibbles(blk + (kind == QT_Q4_1 ? 4 : 2), kind == QT_Q4_1 ? 0 : -8, q);
-    *m = kind == QT_Q4_1 ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
+        gguf_nibbles(blk + (kind == QT_Q4_1 ? 4 : 2), NULL, kind == QT_Q4_1 ? 0 : -8, q);
+    *m = gguf_has_min(kind) ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
 }
 
 /* Blocks [b, b + nb) of GGUF kind `kind` (the tensor's, as a constant),
@@ -212,10 +235,97 @@ ALWAYS_INLINE void decode_gguf(const qtensor *t, int64_t b, int64_t nb, float *o
         gguf_block(t->data + (b + i) * bb, kind, q, &d, &m);
         for (int j = 0; j < 4; j++) {
             __m256 w = _mm256_mul_ps(q[j], d);
-            if (kind == QT_Q4_1) /* only Q4_1 adds: + 0 would turn -0 into +0 */
+            if (gguf_has_min(kind)) /* only these add: + 0 would turn -0 into +0 */
                 w = _mm256_add_ps(w, m);
             _mm256_storeu_ps(out + 8 * j, w);
         }
+    }
+}
+
+/* 8 bytes at p widened to 8 int32 lanes. */
+ALWAYS_INLINE __m256i widen8(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* w = d1 * code - m1 for 8 codes, the scalar qm_k4_value's two steps. */
+ALWAYS_INLINE void store_k4(float *out, __m256i code, float d1, float m1)
+{
+    __m256 scaled = _mm256_mul_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(code));
+    _mm256_storeu_ps(out, _mm256_sub_ps(scaled, _mm256_set1_ps(m1)));
+}
+
+/* One Q4_K (qh NULL) or Q5_K super-block of 256 into out: per 64
+ * elements, 32 bytes of qs whose low nibbles are the first sub-block of 32
+ * and whose high nibbles the second; Q5_K's fifth bits are bits 2c and
+ * 2c + 1 of qh[0..32) for the c-th 64. */
+ALWAYS_INLINE void decode_k4_block(const uint8_t *blk, bool five, float *out)
+{
+    const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+    __m256i mask = _mm256_set1_epi32(0x0f), one = _mm256_set1_epi32(1);
+    float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
+    for (int c = 0; c < 4; c++, qs += 32, out += 64) {
+        /* d * sc and dmin * m, as qm_k4_sub_scales rounds them */
+        int sc0, mn0, sc1, mn1;
+        qm_k4_scale_min(2 * c, blk + 4, &sc0, &mn0);
+        qm_k4_scale_min(2 * c + 1, blk + 4, &sc1, &mn1);
+        float d1 = d * (float)sc0, m1 = dmin * (float)mn0;
+        float d2 = d * (float)sc1, m2 = dmin * (float)mn1;
+        for (int g = 0; g < 4; g++) {
+            __m256i v = widen8(qs + 8 * g);
+            __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_srli_epi32(v, 4);
+            if (five) {
+                __m256i h = widen8(qh + 8 * g);
+                __m256i b0 = _mm256_and_si256(_mm256_srli_epi32(h, 2 * c), one);
+                __m256i b1 = _mm256_and_si256(_mm256_srli_epi32(h, 2 * c + 1), one);
+                lo = _mm256_add_epi32(lo, _mm256_slli_epi32(b0, 4));
+                hi = _mm256_add_epi32(hi, _mm256_slli_epi32(b1, 4));
+            }
+            store_k4(out + 8 * g, lo, d1, m1);
+            store_k4(out + 32 + 8 * g, hi, d2, m2);
+        }
+    }
+}
+
+/* One Q6_K super-block of 256 into out: in each half of 128 (ql 64 bytes,
+ * qh 32), the k-th 32 take the low nibbles of ql[0..32) (k 0), of
+ * ql[32..64) (k 1), their high nibbles (k 2, 3), with bits 2k, 2k + 1 of
+ * qh as the top two; w = (d * sc) * (q - 32). */
+ALWAYS_INLINE void decode_q6_k_block(const uint8_t *blk, float *out)
+{
+    __m256i mask = _mm256_set1_epi32(0x0f), three = _mm256_set1_epi32(3),
+            bias = _mm256_set1_epi32(32);
+    /* d * sc of the 16 sub-blocks, each as qm_q6_k_sub_scale rounds it,
+     * with d converted once */
+    float d = qm_f16_le(blk + 208), scale[16];
+    for (int s = 0; s < 16; s++)
+        scale[s] = d * (float)(int8_t)blk[192 + s];
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+        for (int k = 0; k < 4; k++)
+            for (int g = 0; g < 4; g++) {
+                __m256i v = widen8(ql + (k & 1 ? 32 : 0) + 8 * g);
+                __m256i lo = k < 2 ? _mm256_and_si256(v, mask) : _mm256_srli_epi32(v, 4);
+                __m256i h = _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), 2 * k), three);
+                __m256i code = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(h, 4)), bias);
+                float sc = scale[8 * half + 2 * k + g / 2];
+                _mm256_storeu_ps(out + 128 * half + 32 * k + 8 * g,
+                                 _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_cvtepi32_ps(code)));
+            }
+    }
+}
+
+/* Super-blocks [b, b + nb) of k-quant kind `kind` (a constant), 256
+ * elements each. */
+ALWAYS_INLINE void decode_kquant(const qtensor *t, int64_t b, int64_t nb, float *out, qt_kind kind)
+{
+    size_t bb = qt_kind_geometry_table[kind].block_bytes;
+    for (int64_t i = 0; i < nb; i++, out += 256) {
+        const uint8_t *blk = t->data + (b + i) * bb;
+        if (kind == QT_Q6_K)
+            decode_q6_k_block(blk, out);
+        else
+            decode_k4_block(blk, kind == QT_Q5_K, out);
     }
 }
 
@@ -281,6 +391,20 @@ static const float *tile_affine(const qtensor *t, int64_t r, int64_t c, int64_t 
 GGUF_TILE(tile_q4_0, QT_Q4_0)
 GGUF_TILE(tile_q4_1, QT_Q4_1)
 GGUF_TILE(tile_q8_0, QT_Q8_0)
+GGUF_TILE(tile_q5_0, QT_Q5_0)
+GGUF_TILE(tile_q5_1, QT_Q5_1)
+
+/* k-quant tiles: TILE is a multiple of 256 and rows are whole
+ * super-blocks, so a tile is whole super-blocks too. */
+#define KQUANT_TILE(name, kind)                                                                    \
+    static const float *name(const qtensor *t, int64_t r, int64_t c, int64_t n, float *tile)       \
+    {                                                                                              \
+        decode_kquant(t, (r * t->cols + c) / 256, n / 256, tile, kind);                            \
+        return tile;                                                                               \
+    }
+KQUANT_TILE(tile_q4_k, QT_Q4_K)
+KQUANT_TILE(tile_q5_k, QT_Q5_K)
+KQUANT_TILE(tile_q6_k, QT_Q6_K)
 
 static inline float hsum(__m256 v)
 {
@@ -460,7 +584,7 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
     size_t bb = qt_kind_geometry_table[kind].block_bytes;
     int64_t n_blocks = t->cols / 32;
     const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
-    bool q41 = kind == QT_Q4_1;
+    bool q41 = gguf_has_min(kind);
     __m256 total[XCHUNK], mtotal[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = mtotal[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
@@ -477,7 +601,7 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
             __m256 acc = _mm256_add_ps(_mm256_fmadd_ps(w[1], x1, _mm256_mul_ps(w[0], x0)),
                                        _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2)));
             total[b] = _mm256_fmadd_ps(acc, d, total[b]);
-            if (q41) /* w = q * d + m: the minimum times the sum of x */
+            if (q41) /* Q4_1, Q5_1: w = q * d + m, the minimum times the sum of x */
                 mtotal[b] = _mm256_fmadd_ps(xsum ? _mm256_load_ps(xsum + (b * n_blocks + k) * 8)
                                                  : sum4(x0, x1, x2, x3),
                                             m, mtotal[b]);
@@ -485,6 +609,106 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
         q41 ? hsum(_mm256_add_ps(total[b], mtotal[b])) : hsum(total[b]);
+}
+
+/* acc[b] += the 8 codes (f32) q times x_b[0..8), for nb rows of x. */
+ALWAYS_INLINE void dot8(__m256 q, const float *const *xs, int64_t at, int nb, __m256 *acc)
+{
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] =
+        _mm256_fmadd_ps(q, _mm256_loadu_ps(xs[b] + at), acc[b]);
+}
+
+/*
+ * Q4_K and Q5_K rows, fused: per sub-block of 32, the integer codes times
+ * x in one chain, then d1 times that minus m1 times the sub-block's sum of
+ * x, into one accumulator per row of x (w = d1 * q - m1; one accumulator
+ * keeps 4 rows of x in registers). Only the order of the sums differs
+ * from dequantize-then-dot.
+ */
+ALWAYS_INLINE void rows_k4(const qtensor *t, const float *x, int nb, float *y, int64_t r, bool five)
+{
+    size_t bb = five ? QM_Q5_K_BYTES : QM_Q4_K_BYTES;
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)bb;
+    __m256i mask = _mm256_set1_epi32(0x0f), one = _mm256_set1_epi32(1);
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
+        const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int s = 0; s < 8; s++) { /* sub-block s: qs[32 * (s / 2) ..], low or high nibbles */
+            int sc, mn;
+            qm_k4_scale_min(s, blk + 4, &sc, &mn);
+            const uint8_t *q = qs + 32 * (s / 2);
+            int shift = (s & 1) * 4;
+            __m256 acc[XCHUNK], acc2[XCHUNK]; /* two chains: even and odd groups of 8 */
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = acc2[b] =
+                _mm256_setzero_ps();
+            for (int g = 0; g < 4; g++) {
+                __m256i c = _mm256_and_si256(_mm256_srli_epi32(widen8(q + 8 * g), shift), mask);
+                if (five) /* bit s of qh[l] */
+                    c = _mm256_add_epi32(
+                        c, _mm256_slli_epi32(
+                               _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), s), one), 4));
+                dot8(_mm256_cvtepi32_ps(c), xs, 32 * s + 8 * g, nb, g & 1 ? acc2 : acc);
+            }
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] =
+                _mm256_add_ps(acc[b], acc2[b]);
+            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)mn);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+            {
+                const float *xb = xs[b] + 32 * s;
+                __m256 sx = sum4(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8),
+                                 _mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
+                total[b] = _mm256_fnmadd_ps(sx, m1, _mm256_fmadd_ps(acc[b], d1, total[b]));
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
+/* Q6_K rows, fused: per sub-block of 16, the signed codes times x, then
+ * times that sub-block's d * sc. */
+ALWAYS_INLINE void rows_q6_k(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+{
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)QM_Q6_K_BYTES;
+    __m256i mask = _mm256_set1_epi32(0x0f), three = _mm256_set1_epi32(3),
+            bias = _mm256_set1_epi32(32);
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q6_K_BYTES) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float d = qm_f16_le(blk + 208);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+            for (int kk = 0; kk < 4; kk++)
+                for (int g2 = 0; g2 < 2; g2++) { /* one sub-block of 16: two groups of 8 */
+                    __m256 acc[XCHUNK];
+                    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] =
+                        _mm256_setzero_ps();
+                    for (int g = 2 * g2; g < 2 * g2 + 2; g++) {
+                        __m256i v = widen8(ql + (kk & 1 ? 32 : 0) + 8 * g);
+                        __m256i lo = kk < 2 ? _mm256_and_si256(v, mask) : _mm256_srli_epi32(v, 4);
+                        __m256i h =
+                            _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * g), 2 * kk), three);
+                        __m256i code =
+                            _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(h, 4)), bias);
+                        dot8(_mm256_cvtepi32_ps(code), xs, 128 * half + 32 * kk + 8 * g, nb, acc);
+                    }
+                    __m256 sc =
+                        _mm256_set1_ps(d * (float)(int8_t)blk[192 + 8 * half + 2 * kk + g2]);
+                    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
+                        _mm256_fmadd_ps(acc[b], sc, total[b]);
+                }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
 }
 
 /* Whether rows_bnb4_split applies: blocks of whole groups of 16. */
@@ -565,6 +789,35 @@ ALWAYS_INLINE void row_q8_0(const qtensor *t, const float *x, const float *scrat
                             float *y, int64_t r)
 {
     rows_gguf(t, x, scratch, nb, y, r, QT_Q8_0);
+}
+ALWAYS_INLINE void row_q5_0(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_Q5_0);
+}
+ALWAYS_INLINE void row_q5_1(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_Q5_1);
+}
+/* The k-quants: the fused rows above, sub-block by sub-block. */
+ALWAYS_INLINE void row_q4_k(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_k4(t, x, nb, y, r, false);
+}
+ALWAYS_INLINE void row_q5_k(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_k4(t, x, nb, y, r, true);
+}
+ALWAYS_INLINE void row_q6_k(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_q6_k(t, x, nb, y, r);
 }
 
 /* What a kind derives from each chunk of nb rows of x before its rows run
@@ -648,6 +901,26 @@ void qt_matmul_q8_0_avx2(MATMUL_ARGS)
 {
     matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q8_0);
 }
+void qt_matmul_q5_0_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q5_0);
+}
+void qt_matmul_q5_1_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, block_sums, row_q5_1);
+}
+void qt_matmul_q4_k_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q4_k);
+}
+void qt_matmul_q5_k_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q5_k);
+}
+void qt_matmul_q6_k_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q6_k);
+}
 
 /* Whole rows through a kind's tile decoder (a constant), which writes
  * into dst for every kind that has a fast dequantization (F32 has none: its
@@ -688,6 +961,26 @@ void qt_dequantize_rows_q4_1_avx2(DEQUANT_ARGS)
 void qt_dequantize_rows_q8_0_avx2(DEQUANT_ARGS)
 {
     dequantize_tiles(t, row0, nrows, out, tile_q8_0);
+}
+void qt_dequantize_rows_q5_0_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q5_0);
+}
+void qt_dequantize_rows_q5_1_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q5_1);
+}
+void qt_dequantize_rows_q4_k_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q4_k);
+}
+void qt_dequantize_rows_q5_k_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q5_k);
+}
+void qt_dequantize_rows_q6_k_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q6_k);
 }
 
 /* Attention over a run of cached positions: the dot product in two 8-lane

@@ -36,6 +36,9 @@
  *               stored unsigned (q - qmin); 4-bit codes pack two per byte,
  *               first element in the high nibble, each row starting on a byte.
  *   Q4_0 Q4_1 Q8_0  llama.cpp's GGUF blocks of 32, byte for byte.
+ *   Q5_0 Q5_1       llama.cpp's 5-bit blocks of 32, byte for byte.
+ *   Q4_K Q5_K Q6_K  llama.cpp's k-quant super-blocks of 256, byte for byte;
+ *                   read in place only (quantizing into them is refused).
  *   F32 F16 BF16    dense row-major.
  *
  * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
@@ -69,6 +72,11 @@ typedef enum qt_kind {
     QT_Q4_0,
     QT_Q4_1,
     QT_Q8_0,
+    QT_Q5_0,
+    QT_Q5_1,
+    QT_Q4_K,
+    QT_Q5_K,
+    QT_Q6_K,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -155,7 +163,7 @@ typedef struct qt_traits {
     size_t block_bytes; /* bytes of codes per block (NF4/FP4: default block;
                            AFFINE: per element rounded up, see qtensor) */
     bool is_dense;      /* F32, F16, BF16: plain floats, no quant state */
-    bool is_gguf;       /* Q4_0, Q4_1, Q8_0: llama.cpp blocks */
+    bool is_gguf;       /* Q4_0 ... Q6_K: llama.cpp blocks of block_size */
 
     /* Quantize rows*cols floats into t (already zeroed; t->kind set). On
      * error t holds nothing and msg says what was wrong. */
@@ -188,7 +196,8 @@ const char *qt_kind_name(qt_kind kind);
  * Quantize a rows x cols row-major f32 matrix into *out (which this call
  * initialises; free it with qt_free). Refuses NaN/Inf with the first bad
  * index, a blocksize or group size that does not fit, and shapes a kind
- * cannot hold (GGUF kinds need cols % 32 == 0).
+ * cannot hold (GGUF kinds need cols % 32 == 0); the k-quants (Q4_K, Q5_K,
+ * Q6_K) are read in place only and refused here with QL_EUNSUPPORTED.
  */
 int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
                 const qt_quant_params *p, char *msg, size_t msg_len);
@@ -240,9 +249,10 @@ int qt_from_dense(qtensor *out, qt_kind kind, const void *src, int64_t rows, int
 int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len);
 
 /*
- * Wrap llama.cpp block bytes (as a GGUF file stores them) of kind Q4_0,
- * Q4_1 or Q8_0 into a new qtensor, copying them; bytes must be exactly
- * rows * cols / 32 blocks.
+ * Wrap llama.cpp block bytes (as a GGUF file stores them) of a GGUF kind
+ * (Q4_0 ... Q6_K) into a new qtensor, copying them; cols must be a
+ * multiple of the kind's block (32, or 256 for the k-quants) and bytes
+ * exactly rows * cols / block_size blocks.
  */
 int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes, int64_t rows,
                         int64_t cols, char *msg, size_t msg_len);

@@ -1,18 +1,28 @@
 /*
- * quant_gguf.c - llama.cpp's Q4_0, Q4_1 and Q8_0 blocks, byte for byte, so a
- * GGUF tensor is used in place: each block of 32 is an affine group whose
- * scale (and minimum) are stored as IEEE halves beside the codes.
+ * quant_gguf.c - llama.cpp's GGUF blocks, byte for byte, so a GGUF tensor
+ * is used in place: Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1 (blocks of 32, each an
+ * affine group whose scale and minimum are IEEE halves beside the codes)
+ * and the k-quants Q4_K, Q5_K and Q6_K (super-blocks of 256 whose
+ * sub-blocks carry their own 6- or 8-bit scales).
  *
- *   block_q4_0 { f16 d; u8 qs[16]; }        w = (nibble - 8) * d
- *   block_q4_1 { f16 d; f16 m; u8 qs[16]; } w = nibble * d + m
- *   block_q8_0 { f16 d; i8 qs[32]; }        w = q * d
+ *   block_q4_0 { f16 d; u8 qs[16]; }                 w = (nibble - 8) * d
+ *   block_q4_1 { f16 d; f16 m; u8 qs[16]; }          w = nibble * d + m
+ *   block_q8_0 { f16 d; i8 qs[32]; }                 w = q * d
+ *   block_q5_0 { f16 d; u8 qh[4]; u8 qs[16]; }       w = (code - 16) * d
+ *   block_q5_1 { f16 d; f16 m; u8 qh[4]; u8 qs[16]; } w = code * d + m
+ *   block_q4_K, block_q5_K, block_q6_K: see qt_math.h
  *
- * In the 4-bit blocks byte j holds element j in its low nibble and element
- * j + 16 in its high nibble (unlike bitsandbytes' adjacent pairs).
- * Quantizing follows ggml's reference quantizers (quantize_row_*_ref): the
- * reciprocal of the f32 scale, truncation after adding 8.5 or 0.5 for the
- * 4-bit kinds, roundf (half away from zero) for Q8_0; the arithmetic is
- * qt_quant_math.h's (qq_q4_0_block, ...), which the CUDA merge runs too.
+ * In the blocks of 32, byte j of qs holds element j in its low nibble and
+ * element j + 16 in its high nibble (unlike bitsandbytes' adjacent pairs);
+ * Q5's fifth bit of element j is bit j of qh. Dequantizing is exactly
+ * ggml's dequantize_row_* (qt_math.h's qm_*_block_value: the same f32
+ * operations in the same order). Quantizing follows ggml's reference
+ * quantizers (quantize_row_*_ref): the reciprocal of the f32 scale,
+ * truncation after adding 8.5, 16.5 or 0.5, roundf (half away from zero)
+ * for Q8_0; the arithmetic is qt_quant_math.h's (qq_q4_0_block, ...),
+ * which the CUDA merge runs too. The k-quants' reference quantizers (an
+ * iterative search per sub-block) are not here yet: quantizing into them
+ * is refused by name.
  *
  * It offers the GGUF rows' quantizer and scalar dequantization (the traits
  * table in traits.c points at them), qt_gguf_block_bytes and
@@ -35,6 +45,12 @@ size_t qt_gguf_block_bytes(qt_kind kind)
     return qt_kind_geometry_table[kind].block_bytes;
 }
 
+/* Elements per block of a GGUF kind: 32, or 256 for the k-quants. */
+static int64_t block_elems(qt_kind kind)
+{
+    return qt_kind_geometry_table[kind].block_size;
+}
+
 /* One block through qt_quant_math.h (shared with the CUDA merge), written
  * in ggml's byte layout: the f16 d (and Q4_1's m) little-endian, then qs. */
 static void put_f16(uint8_t *p, uint16_t h)
@@ -50,6 +66,11 @@ static void quantize_block(qt_kind kind, const float *x, uint8_t *blk)
         qq_q4_0_block(x, &d, blk + 2);
     } else if (kind == QT_Q4_1) {
         qq_q4_1_block(x, &d, &m, blk + 4);
+        put_f16(blk + 2, m);
+    } else if (kind == QT_Q5_0) {
+        qq_q5_0_block(x, &d, blk + 2, blk + 6);
+    } else if (kind == QT_Q5_1) {
+        qq_q5_1_block(x, &d, &m, blk + 4, blk + 8);
         put_f16(blk + 2, m);
     } else {
         qq_q8_0_block(x, &d, blk + 2);
@@ -77,15 +98,40 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     return QL_OK;
 }
 
+int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                            const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    (void)src;
+    (void)rows;
+    (void)cols;
+    (void)p;
+    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                   "quantizing into %s is not supported yet (%s tensors are read from GGUF "
+                   "files in place); use q4_0, q4_1, q5_0, q5_1 or q8_0",
+                   qt_kind_name(t->kind), qt_kind_name(t->kind));
+}
+
+/* One k-quant super-block of 256 into o, element by element through
+ * qt_math.h (the sub-block scales recomputed per element give the same
+ * f32 values as ggml's once-per-sub-block ones). */
+static void dequantize_kquant_block(qt_kind kind, const uint8_t *blk, float *o)
+{
+    for (int j = 0; j < QM_QK_K; j++)
+        o[j] = kind == QT_Q4_K   ? qm_q4_k_block_value(blk, j)
+               : kind == QT_Q5_K ? qm_q5_k_block_value(blk, j)
+                                 : qm_q6_k_block_value(blk, j);
+}
+
 /* The arithmetic is qt_math.h's (qm_q4_0_value, ...), the same the CUDA
  * kernel runs; the block's halves are read once per block. */
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     size_t bb = qt_gguf_block_bytes(t->kind);
-    int64_t b0 = row0 * t->cols / QK, nb = nrows * t->cols / QK;
+    int64_t be = block_elems(t->kind);
+    int64_t b0 = row0 * t->cols / be, nb = nrows * t->cols / be;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = t->data + (b0 + b) * bb;
-        float *o = out + b * QK;
+        float *o = out + b * be;
         float d = qm_f16_le(blk);
         if (t->kind == QT_Q4_0) {
             for (int j = 0; j < QK; j++)
@@ -94,9 +140,18 @@ void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
             float m = qm_f16_le(blk + 2);
             for (int j = 0; j < QK; j++)
                 o[j] = qm_q4_1_value(qm_gguf_nibble(blk + 4, j), d, m);
-        } else {
+        } else if (t->kind == QT_Q8_0) {
             for (int j = 0; j < QK; j++)
                 o[j] = qm_q8_0_value((int8_t)blk[2 + j], d);
+        } else if (t->kind == QT_Q5_0) {
+            for (int j = 0; j < QK; j++)
+                o[j] = qm_q5_0_value(qm_q5_code(blk + 2, blk + 6, j), d);
+        } else if (t->kind == QT_Q5_1) {
+            float m = qm_f16_le(blk + 2);
+            for (int j = 0; j < QK; j++)
+                o[j] = qm_q5_1_value(qm_q5_code(blk + 4, blk + 8, j), d, m);
+        } else {
+            dequantize_kquant_block(t->kind, blk, o);
         }
     }
 }
@@ -108,17 +163,19 @@ int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t b
     if ((unsigned)kind >= QT_KIND_COUNT || !qt_kind_geometry_table[kind].is_gguf)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s is not a GGUF block kind",
                        qt_kind_name(kind));
-    if (rows <= 0 || cols <= 0 || cols % QK != 0)
+    int64_t be = block_elems(kind);
+    if (rows <= 0 || cols <= 0 || cols % be != 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
-                       "shape [%lld, %lld]: columns must be a positive multiple of %d",
-                       (long long)rows, (long long)cols, QK);
+                       "shape [%lld, %lld]: columns must be a positive multiple of the %s block "
+                       "of %lld",
+                       (long long)rows, (long long)cols, qt_kind_name(kind), (long long)be);
     size_t bb = qt_gguf_block_bytes(kind);
-    size_t want = (size_t)(rows * cols / QK) * bb;
+    size_t want = (size_t)(rows * cols / be) * bb;
     if (bytes != want)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%zu bytes of %s blocks for shape [%lld, %lld]; expected %zu", bytes,
                        qt_kind_name(kind), (long long)rows, (long long)cols, want);
     int rc = qt_wrap_copy(out, kind, rows, cols, blocks, bytes, msg, msg_len);
-    out->row_stride = (size_t)(cols / QK) * bb;
+    out->row_stride = (size_t)(cols / be) * bb;
     return rc;
 }

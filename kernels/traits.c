@@ -107,6 +107,51 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_avx2 = qt_matmul_q8_0_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_q8_0_avx2,
         },
+    [QT_Q5_0] =
+        {
+            QT_GEOMETRY_Q5_0,
+            .quantize = qt_gguf_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q5_0_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q5_0_avx2,
+        },
+    [QT_Q5_1] =
+        {
+            QT_GEOMETRY_Q5_1,
+            .quantize = qt_gguf_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q5_1_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q5_1_avx2,
+        },
+    [QT_Q4_K] =
+        {
+            QT_GEOMETRY_Q4_K,
+            .quantize = qt_gguf_refuse_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q4_k_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q4_k_avx2,
+        },
+    [QT_Q5_K] =
+        {
+            QT_GEOMETRY_Q5_K,
+            .quantize = qt_gguf_refuse_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q5_k_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q5_k_avx2,
+        },
+    [QT_Q6_K] =
+        {
+            QT_GEOMETRY_Q6_K,
+            .quantize = qt_gguf_refuse_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q6_k_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q6_k_avx2,
+        },
 };
 
 /* The first NaN or Inf in src, or -1. */

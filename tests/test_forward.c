@@ -2,7 +2,9 @@
  * test_forward.c - the CPU forward pass against a float64 reference written
  * plainly here: the tiny Llama/Qwen2 models of tiny_model.h, loaded as every
  * weight kind the engine runs (bf16, f16, f32, nf4, nf4 double-quant, fp4,
- * int4, int8, GGUF q4_0/q4_1/q8_0/f16, quantized lm_head, tied embeddings,
+ * int4, int8, GGUF q4_0/q4_1/q8_0/q5_0/q5_1/q4_k/q5_k/q6_k/f16 and
+ * llama-quantize's Q4_K_M mix of them (k-quant weights random
+ * super-blocks, on 256-wide layers), quantized lm_head, tied embeddings,
  * attention biases, linear and llama3 RoPE scaling, GQA, MQA and MHA, AVX2
  * and scalar kernels), prefilled in one step and decoded token by token; a
  * mixed batch of prefill chunks and decodes that must give each sequence
@@ -86,6 +88,7 @@ typedef struct fwd_case {
     bool quantize_lm_head;
     const char *config; /* JSON object merged into config.json, or NULL */
     bool scalar;        /* the scalar reference kernels instead of AVX2 */
+    bool q4_k_m;        /* GGUF with llama-quantize's Q4_K_M mix of types, wider dims */
 } fwd_case;
 
 /* Merge the members of the JSON object `patch` into dir/config.json. */
@@ -122,6 +125,13 @@ static void make_model(const fwd_case *fc, char *path, size_t len)
     s.tie = fc->tie;
     if (fc->kv_heads)
         s.kv_heads = fc->kv_heads;
+    bool kquant = fc->gguf && (fc->gguf_kind == QT_Q4_K || fc->gguf_kind == QT_Q5_K ||
+                               fc->gguf_kind == QT_Q6_K);
+    if (kquant) { /* k-quant rows are whole super-blocks of 256 */
+        s.hidden = 256;
+        s.inter = 512;
+        s.q4_k_m_mix = fc->q4_k_m;
+    }
     if (fc->gguf) {
         snprintf(path, len, "%s/tiny.gguf", dir);
         tiny_write_gguf(path, &s, fc->gguf_kind);
@@ -231,6 +241,14 @@ KIND_TEST(nf4_with_quantized_lm_head_matches_reference, .quant = "nf4", .quantiz
 KIND_TEST(gguf_q4_0_matches_reference, .gguf = true, .gguf_kind = QT_Q4_0)
 KIND_TEST(gguf_q4_1_matches_reference, .gguf = true, .gguf_kind = QT_Q4_1)
 KIND_TEST(gguf_q8_0_matches_reference, .gguf = true, .gguf_kind = QT_Q8_0)
+KIND_TEST(gguf_q5_0_matches_reference, .gguf = true, .gguf_kind = QT_Q5_0)
+KIND_TEST(gguf_q5_1_matches_reference, .gguf = true, .gguf_kind = QT_Q5_1)
+KIND_TEST(gguf_q4_k_m_mix_matches_reference, .gguf = true, .gguf_kind = QT_Q4_K, .q4_k_m = true)
+KIND_TEST(gguf_q4_k_m_mix_scalar_kernels_match_reference, .gguf = true, .gguf_kind = QT_Q4_K,
+          .q4_k_m = true, .scalar = true)
+KIND_TEST(gguf_q4_k_matches_reference, .gguf = true, .gguf_kind = QT_Q4_K)
+KIND_TEST(gguf_q5_k_matches_reference, .gguf = true, .gguf_kind = QT_Q5_K)
+KIND_TEST(gguf_q6_k_matches_reference, .gguf = true, .gguf_kind = QT_Q6_K)
 KIND_TEST(gguf_f16_tied_matches_reference, .gguf = true, .gguf_kind = QT_F16, .tie = true)
 KIND_TEST(qwen2_biases_tied_matches_reference, .arch = "Qwen2ForCausalLM", .tie = true)
 KIND_TEST(qwen2_nf4_matches_reference, .arch = "Qwen2ForCausalLM", .tie = true, .quant = "nf4")

@@ -1,11 +1,16 @@
 /*
- * test_gguf.c - Q4_0, Q4_1 and Q8_0 against llama.cpp's byte layout.
+ * test_gguf.c - Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K against
+ * llama.cpp's byte layout.
  *
  * tests/fixtures/gguf_vectors.h holds blocks made by gguf-py's quantizers
  * (which mirror ggml's reference quantizers) with their dequantization:
  * zero and constant blocks, a block whose largest magnitude is negative,
  * rounding ties, random values. Reading the blocks in place must give the
  * same floats bit for bit, and quantizing the inputs the same bytes.
+ * tests/fixtures/gguf_kquant_vectors.h does the same for Q5_0 and Q5_1
+ * (gguf-py's quantizer and dequantizer) and for the k-quants (blocks drawn
+ * by the script, gguf-py's dequantization); the script checks gguf-py
+ * against a transliteration of llama.cpp's ggml-quants.c first.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -14,6 +19,7 @@
 #include "qtensor.h"
 #include "test_util.h"
 
+#include "fixtures/gguf_kquant_vectors.h"
 #include "fixtures/gguf_vectors.h"
 
 static qt_kind kind_of(const char *type)
@@ -77,4 +83,102 @@ Test(gguf, wrong_sizes_and_kinds_are_refused)
     cr_assert_eq(qt_from_gguf_blocks(&t, QT_NF4, blocks, 36, 1, 64, msg, sizeof msg),
                  QL_EUNSUPPORTED);
     cr_assert(strstr(msg, "nf4"), "%s", msg);
+}
+
+/* --- Q5_0, Q5_1 and the k-quants ---------------------------------------- */
+
+static qt_kind new_kind_of(const char *type)
+{
+    int k = qt_kind_from_name(type);
+    cr_assert(k == QT_Q5_0 || k == QT_Q5_1 || k == QT_Q4_K || k == QT_Q5_K || k == QT_Q6_K,
+              "type %s", type);
+    return (qt_kind)k;
+}
+
+Test(gguf, q5_and_kquant_blocks_dequantize_as_gguf_py_bit_for_bit)
+{
+    size_t n_cases = sizeof gkqv_cases / sizeof *gkqv_cases;
+    bool seen[QT_KIND_COUNT] = {false};
+    for (size_t c = 0; c < n_cases; c++) {
+        const gkqv_case *k = &gkqv_cases[c];
+        qt_kind kind = new_kind_of(k->type);
+        seen[kind] = true;
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_from_gguf_blocks(&t, kind, k->blocks, (size_t)k->blocks_len, k->rows,
+                                         k->cols, msg, sizeof msg),
+                     QL_OK, "%s: %s", k->name, msg);
+        long n = k->rows * k->cols;
+        float *ref = malloc((size_t)n * sizeof *ref), *fast = malloc((size_t)n * sizeof *fast);
+        qt_dequantize_rows_ref(&t, 0, k->rows, ref);
+        qt_dequantize_rows(&t, 0, k->rows, fast);
+        for (long i = 0; i < n; i++) {
+            cr_assert(same_bits(ref[i], k->dequant[i]), "%s: value %ld: %a vs %a", k->name, i,
+                      (double)ref[i], (double)k->dequant[i]);
+            cr_assert(same_bits(fast[i], ref[i]), "%s: fast value %ld: %a vs %a", k->name, i,
+                      (double)fast[i], (double)ref[i]);
+        }
+        /* the last row alone, as an embedding lookup reads it */
+        qt_dequantize_rows(&t, k->rows - 1, 1, fast);
+        cr_assert_eq(memcmp(fast, ref + (k->rows - 1) * k->cols, (size_t)k->cols * 4), 0,
+                     "%s: last row alone", k->name);
+        free(ref);
+        free(fast);
+        qt_free(&t);
+    }
+    const qt_kind kinds[] = {QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+        cr_assert(seen[kinds[i]], "no vectors for %s", qt_kind_name(kinds[i]));
+}
+
+Test(gguf, q5_quantize_writes_llama_cpp_blocks)
+{
+    int n_quantized = 0;
+    for (size_t c = 0; c < sizeof gkqv_cases / sizeof *gkqv_cases; c++) {
+        const gkqv_case *k = &gkqv_cases[c];
+        if (!k->input)
+            continue;
+        qt_quant_params p = {.kind = new_kind_of(k->type)};
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK,
+                     "%s: %s", k->name, msg);
+        cr_assert_eq((long)t.data_bytes, k->blocks_len, "%s: size", k->name);
+        for (long i = 0; i < k->blocks_len; i++)
+            cr_assert_eq(t.data[i], k->blocks[i], "%s: byte %ld (block %ld): %02x vs %02x", k->name,
+                         i, i / (long)qt_traits_table[t.kind].block_bytes, t.data[i], k->blocks[i]);
+        qt_free(&t);
+        n_quantized++;
+    }
+    cr_assert_eq(n_quantized, 4, "q5_0 and q5_1, two cases each");
+}
+
+Test(gguf, quantizing_into_a_kquant_is_refused_by_name)
+{
+    float w[2 * 256];
+    for (int i = 0; i < 2 * 256; i++)
+        w[i] = 0.01f * (float)(i % 17);
+    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (size_t i = 0; i < 3; i++) {
+        qt_quant_params p = {.kind = kinds[i]};
+        qtensor t;
+        char msg[256] = "";
+        cr_assert_eq(qt_quantize(&t, w, 2, 256, &p, msg, sizeof msg), QL_EUNSUPPORTED);
+        cr_assert(strstr(msg, qt_kind_name(kinds[i])) && strstr(msg, "not supported yet"), "%s",
+                  msg);
+        cr_assert_null(t.data);
+    }
+}
+
+Test(gguf, kquant_blocks_need_whole_super_blocks)
+{
+    uint8_t blocks[2 * 210] = {0};
+    qtensor t;
+    char msg[256];
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q6_K, blocks, 420, 2, 256, msg, sizeof msg), QL_OK);
+    qt_free(&t);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q6_K, blocks, 420, 4, 128, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "q6_k block of 256"), "%s", msg);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_K, blocks, 420, 2, 256, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "420 bytes") && strstr(msg, "expected 288"), "%s", msg);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fixtures/gguf_kquant_vectors.h"
 #include "gguf_writer.h"
 #include "test_util.h"
 
@@ -176,8 +177,8 @@ static const double f64s[] = {1.0e300, -0.125};
 static const char *const strs[] = {"<s>", "", "\xe2\x96\x81the", "\xc3\xbc"};
 
 /* A file with metadata of every type the writer sets, the six runnable
- * kinds, a q4_k tensor, a 3-D tensor, and a last tensor of 32 bytes so the
- * file ends where that tensor does (no padding after it). */
+ * kinds, a q2_k tensor (a type qlserve does not run), a 3-D tensor, and a last tensor of 32 bytes
+ * so the file ends where that tensor does (no padding after it). */
 static void make_sample(const char *path, const qtensor *q)
 {
     gguf_writer *w = gguf_writer_new();
@@ -208,11 +209,11 @@ static void make_sample(const char *path, const qtensor *q)
         cr_assert_eq(gguf_writer_add_tensor(w, runnable[k].name, runnable[k].ggml, 2, ne, q[k].data,
                                             q[k].data_bytes),
                      QL_OK, "%s", runnable[k].name);
-    uint8_t q4k[2 * 144];
-    for (size_t j = 0; j < sizeof q4k; j++)
-        q4k[j] = (uint8_t)(j * 7);
+    uint8_t q2k[2 * 84];
+    for (size_t j = 0; j < sizeof q2k; j++)
+        q2k[j] = (uint8_t)(j * 7);
     int64_t ne_k[2] = {256, 2};
-    cr_assert_eq(gguf_writer_add_tensor(w, "w.q4_k", 12, 2, ne_k, q4k, sizeof q4k), QL_OK);
+    cr_assert_eq(gguf_writer_add_tensor(w, "w.q2_k", 10, 2, ne_k, q2k, sizeof q2k), QL_OK);
     float cube[32 * 2 * 3];
     for (int i = 0; i < 32 * 2 * 3; i++)
         cube[i] = (float)i - 50.0f;
@@ -458,13 +459,15 @@ Test(gguf_file, unsupported_type_is_accepted_by_open_and_refused_by_name)
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
-    const gguf_tensor *t = gguf_find_tensor(&f, "w.q4_k");
+    const gguf_tensor *t = gguf_find_tensor(&f, "w.q2_k");
     cr_assert(t);
-    cr_assert_eq(t->ggml_type, 12u);
-    cr_assert_eq(t->nbytes, 2u * 144u, "q4_k: 144 bytes per block of 256");
+    cr_assert_eq(t->ggml_type, 10u);
+    cr_assert_eq(t->nbytes, 2u * 84u, "q2_k: 84 bytes per block of 256");
     qtensor g;
     cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_EUNSUPPORTED);
-    cr_assert(strstr(msg, "q4_k") && strstr(msg, "'w.q4_k'") && strstr(msg, path), "%s", msg);
+    cr_assert(strstr(msg, "q2_k") && strstr(msg, "'w.q2_k'") && strstr(msg, path) &&
+                  strstr(msg, "cannot run"),
+              "%s", msg);
     cr_assert_null(g.data);
     gguf_close(&f);
     for (size_t k = 0; k < N_RUNNABLE; k++)
@@ -1024,9 +1027,22 @@ Test(gguf_file, reference_file_reads_as_gguf_py_wrote_it)
     cr_assert(t && t->ggml_type == 12 && t->ne[0] == 256 && t->ne[1] == 1 && t->nbytes == 144);
     for (int j = 0; j < 144; j++)
         cr_assert_eq(t->data[j], (uint8_t)((j * 7) & 0xff));
+    /* gguf-py wrote it as Q4_K; it is read in place and dequantizes as
+     * gguf-py does (tests/fixtures/gguf_kquant_vectors.h's tiny_ref case) */
     qtensor g;
-    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_EUNSUPPORTED);
-    cr_assert(strstr(msg, "q4_k") && strstr(msg, "t.q4_k"), "%s", msg);
+    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert(g.kind == QT_Q4_K && g.rows == 1 && g.cols == 256 && g.data_borrowed);
+    const gkqv_case *tiny = NULL;
+    for (size_t i = 0; i < sizeof gkqv_cases / sizeof *gkqv_cases; i++)
+        if (strcmp(gkqv_cases[i].name, "q4_k_tiny_ref_1x256") == 0)
+            tiny = &gkqv_cases[i];
+    cr_assert(tiny && memcmp(tiny->blocks, t->data, 144) == 0);
+    float got[256];
+    qt_dequantize_rows(&g, 0, 1, got);
+    for (int j = 0; j < 256; j++)
+        cr_assert(same_bits(got[j], tiny->dequant[j]), "t.q4_k value %d: %a vs %a", j,
+                  (double)got[j], (double)tiny->dequant[j]);
+    qt_free(&g);
     gguf_close(&f);
 }
 

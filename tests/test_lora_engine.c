@@ -109,6 +109,9 @@ typedef struct kind_case {
     qt_kind gguf_kind;
     const char *quant, *dtype;
     int32_t group_size;
+    /* GGUF with llama-quantize's Q4_K_M mix of types (tiny_model.h), on
+     * 256-wide layers; the k-quants merge into int8 only (no requantizer) */
+    bool q4_k_m;
 } kind_case;
 
 typedef struct rig {
@@ -124,6 +127,11 @@ static void rig_open(rig *g, const kind_case *kc)
     memset(g, 0, sizeof *g);
     char path[700], msg[1024];
     tiny_spec s = tiny_default();
+    if (kc->q4_k_m) {
+        s.hidden = 256;
+        s.inter = 512;
+        s.q4_k_m_mix = true;
+    }
     if (kc->gguf) {
         snprintf(path, sizeof path, "%s/tiny.gguf", dir);
         tiny_write_gguf(path, &s, kc->gguf_kind);
@@ -300,7 +308,7 @@ static void adapters_match_reference(const kind_case *kc)
 
     // merged: the float64 model on the requantized weights, dequant(Q(W + delta))
     eng_lora_term merged = {one, 1.0f};
-    eng_weights *v = merged_version(&g.m, &merged, 1, QT_KIND_COUNT);
+    eng_weights *v = merged_version(&g.m, &merged, 1, kc->q4_k_m ? QT_AFFINE : QT_KIND_COUNT);
     ref_load_version(&R, &g.m, v);
     snprintf(label, sizeof label, "%s merged one", kc->label);
     run_against(&g, &R, v, NULL, 0, label);
@@ -341,6 +349,9 @@ KIND_TEST(int8_adapters_match_reference, .quant = "int8")
 KIND_TEST(gguf_q4_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_0)
 KIND_TEST(gguf_q4_1_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_1)
 KIND_TEST(gguf_q8_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q8_0)
+KIND_TEST(gguf_q5_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q5_0)
+KIND_TEST(gguf_q5_1_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q5_1)
+KIND_TEST(gguf_q4_k_m_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_K, .q4_k_m = true)
 
 Test(lora_engine, merge_into_int8_and_bf16_matches_reference)
 {

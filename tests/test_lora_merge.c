@@ -18,6 +18,7 @@
 
 #include "lora.h"
 #include "qtensor.h"
+#include "test_kquant.h"
 #include "test_util.h"
 
 /* One kind and layout, as a loader would have quantized the weight. */
@@ -70,6 +71,8 @@ static const kind_case cases[] = {
     {"f32", {.kind = QT_F32}, 64, 96, true},
     {"f16", {.kind = QT_F16}, 64, 96, true},
     {"bf16", {.kind = QT_BF16}, 64, 96, true},
+    {"q5_0", {.kind = QT_Q5_0}, 64, 96, true},
+    {"q5_1", {.kind = QT_Q5_1}, 64, 96, true},
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 
@@ -638,6 +641,46 @@ Test(lora_merge, into_int8_and_bf16_store_those_kinds_and_lose_less_than_4bit)
         qt_free(&own);
         qt_free(&int8);
         qt_free(&bf16);
+        free_module(&m);
+        qt_free(&w);
+    }
+}
+
+/* The k-quants have no requantizer yet: a merge into the weight's own kind
+ * is refused by name, and "into" int8 or bf16 merges them exactly as the
+ * reference does (dequantize, add the delta, quantize into that kind). */
+Test(lora_merge, a_kquant_merges_only_into_int8_or_bf16)
+{
+    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (size_t i = 0; i < 3; i++) {
+        uint64_t rng = 70 + i;
+        qtensor w;
+        test_random_kquant(&w, kinds[i], 8, 512, &rng);
+        eng_lora_module m;
+        make_module(&m, QT_F32, 8, 512, 4, 0.05, 0.05, 80 + i);
+        lora_part part = {.adapter = "french", .module = &m, .scale = 0.5f};
+        qtensor merged, want;
+        lora_cost cost;
+        char msg[256] = "", expect[96];
+        cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
+                     QL_EUNSUPPORTED);
+        snprintf(expect, sizeof expect,
+                 "merging into %s is not supported yet; use into: int8 or bf16",
+                 qt_kind_name(kinds[i]));
+        cr_assert(strstr(msg, expect), "%s", msg);
+        cr_assert_null(merged.data);
+        float *d = reference_delta(&part, 1, 8, 512);
+        const qt_kind into[] = {QT_AFFINE, QT_BF16};
+        for (int j = 0; j < 2; j++) {
+            cr_assert_eq(merge(&w, &part, 1, true, into[j], &merged, &cost, msg, sizeof msg), QL_OK,
+                         "%s", msg);
+            qt_quant_params p = {.kind = into[j], .bits = 8, .symmetric = true};
+            reference_merge(&want, &w, d, &p);
+            assert_same_tensor(&merged, &want, qt_kind_name(kinds[i]));
+            qt_free(&want);
+            qt_free(&merged);
+        }
+        free(d);
         free_module(&m);
         qt_free(&w);
     }

@@ -5,6 +5,10 @@
  * mid-byte) and batches of 1, 3 and 17; and the fast dequantization against
  * the scalar one, bit for bit.
  *
+ * The k-quants (Q4_K, Q5_K, Q6_K) cannot be quantized into yet: their
+ * tensors are random super-blocks (random codes and sub-block scales,
+ * small finite f16 d and dmin), as a GGUF file would hold them.
+ *
  * Tolerance: both f32 paths differ from the exact sum only by summation
  * order, so |y - y64| <= 1e-5 * sum_k |x_k w_k| (f32 has 24 bits; a sum of
  * 4096 terms accumulates at most ~log2(4096) * 2^-24 relative to the
@@ -16,39 +20,69 @@
 #include <string.h>
 
 #include "qtensor.h"
+#include "test_kquant.h"
 #include "test_util.h"
 
 typedef struct kcase {
     const char *label;
     qt_quant_params p;
-    bool gguf; /* columns must be a multiple of 32 */
+    bool gguf;   /* columns must be a multiple of 32 */
+    bool kquant; /* random super-blocks of 256 instead of qt_quantize */
 } kcase;
 
 static const kcase kinds[] = {
-    {"f32", {.kind = QT_F32}, false},
-    {"f16", {.kind = QT_F16}, false},
-    {"bf16", {.kind = QT_BF16}, false},
-    {"nf4-64", {.kind = QT_NF4, .blocksize = 64}, false},
-    {"nf4-32-dq", {.kind = QT_NF4, .blocksize = 32, .double_quant = true}, false},
-    {"nf4-4096-dq", {.kind = QT_NF4, .blocksize = 4096, .double_quant = true}, false},
-    {"fp4-128", {.kind = QT_FP4, .blocksize = 128}, false},
+    {"f32", {.kind = QT_F32}, false, false},
+    {"f16", {.kind = QT_F16}, false, false},
+    {"bf16", {.kind = QT_BF16}, false, false},
+    {"nf4-64", {.kind = QT_NF4, .blocksize = 64}, false, false},
+    {"nf4-32-dq", {.kind = QT_NF4, .blocksize = 32, .double_quant = true}, false, false},
+    {"nf4-4096-dq", {.kind = QT_NF4, .blocksize = 4096, .double_quant = true}, false, false},
+    {"fp4-128", {.kind = QT_FP4, .blocksize = 128}, false, false},
     {"int4-float-zero-channel",
      {.kind = QT_AFFINE, .bits = 4, .zero_domain = QT_ZERO_FLOAT},
+     false,
      false},
-    {"int4-sym-channel", {.kind = QT_AFFINE, .bits = 4, .symmetric = true}, false},
-    {"int8-asym-int-channel", {.kind = QT_AFFINE, .bits = 8, .zero_domain = QT_ZERO_INT}, false},
-    {"q4_0", {.kind = QT_Q4_0}, true},
-    {"q4_1", {.kind = QT_Q4_1}, true},
-    {"q8_0", {.kind = QT_Q8_0}, true},
+    {"int4-sym-channel", {.kind = QT_AFFINE, .bits = 4, .symmetric = true}, false, false},
+    {"int8-asym-int-channel",
+     {.kind = QT_AFFINE, .bits = 8, .zero_domain = QT_ZERO_INT},
+     false,
+     false},
+    {"q4_0", {.kind = QT_Q4_0}, true, false},
+    {"q4_1", {.kind = QT_Q4_1}, true, false},
+    {"q8_0", {.kind = QT_Q8_0}, true, false},
+    {"q5_0", {.kind = QT_Q5_0}, true, false},
+    {"q5_1", {.kind = QT_Q5_1}, true, false},
+    {"q4_k", {.kind = QT_Q4_K}, true, true},
+    {"q5_k", {.kind = QT_Q5_K}, true, true},
+    {"q6_k", {.kind = QT_Q6_K}, true, true},
 };
+
+/* The tensor a case multiplies: quantized from w, or random super-blocks. */
+static void make_tensor(const kcase *kc, const float *w, int64_t rows, int64_t cols, uint64_t *rng,
+                        qtensor *t)
+{
+    char msg[256];
+    if (kc->kquant)
+        test_random_kquant(t, kc->p.kind, rows, cols, rng);
+    else
+        cr_assert_eq(qt_quantize(t, w, rows, cols, &kc->p, msg, sizeof msg), QL_OK, "%s: %s",
+                     kc->label, msg);
+}
 
 /* Grouped AFFINE kinds need columns divisible by the group. */
 static const kcase grouped[] = {
     {"int4-g32-float-zero",
      {.kind = QT_AFFINE, .bits = 4, .group_size = 32, .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f},
-     true},
-    {"int4-g64-sym", {.kind = QT_AFFINE, .bits = 4, .group_size = 64, .symmetric = true}, true},
-    {"int8-g128-sym", {.kind = QT_AFFINE, .bits = 8, .group_size = 128, .symmetric = true}, true},
+     true,
+     false},
+    {"int4-g64-sym",
+     {.kind = QT_AFFINE, .bits = 4, .group_size = 64, .symmetric = true},
+     true,
+     false},
+    {"int8-g128-sym",
+     {.kind = QT_AFFINE, .bits = 8, .group_size = 128, .symmetric = true},
+     true,
+     false},
 };
 
 static void check_kind(const kcase *kc, int64_t rows, int64_t cols, uint64_t seed)
@@ -65,9 +99,7 @@ static void check_kind(const kcase *kc, int64_t rows, int64_t cols, uint64_t see
     for (int64_t i = 0; i < 17 * cols; i++)
         x[i] = test_normal(&rng);
     qtensor t;
-    char msg[256];
-    cr_assert_eq(qt_quantize(&t, w, rows, cols, &kc->p, msg, sizeof msg), QL_OK, "%s: %s",
-                 kc->label, msg);
+    make_tensor(kc, w, rows, cols, &rng, &t);
 
     /* the fast dequantization gives the reference's bits */
     qt_dequantize_rows_ref(&t, 0, rows, wd);
@@ -135,8 +167,13 @@ Test(matmul, fast_path_matches_reference_on_ragged_shapes, .timeout = 120)
     /* columns: odd, not a block multiple, one tile plus a ragged tail */
     const int64_t shapes[][2] = {{5, 37}, {7, 200}, {3, 1037}, {1, 1}, {13, 64}};
     const int64_t gguf_shapes[][2] = {{5, 96}, {3, 1056}, {1, 32}, {9, 544}};
+    /* k-quants: one super-block, one tile plus a super-block, several tiles */
+    const int64_t kquant_shapes[][2] = {{5, 256}, {3, 768}, {1, 256}, {9, 1792}};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        if (kinds[k].gguf) {
+        if (kinds[k].kquant) {
+            for (size_t s = 0; s < sizeof kquant_shapes / sizeof *kquant_shapes; s++)
+                check_kind(&kinds[k], kquant_shapes[s][0], kquant_shapes[s][1], 400 + s);
+        } else if (kinds[k].gguf) {
             for (size_t s = 0; s < sizeof gguf_shapes / sizeof *gguf_shapes; s++)
                 check_kind(&kinds[k], gguf_shapes[s][0], gguf_shapes[s][1], 100 + s);
         } else {
@@ -157,7 +194,9 @@ Test(matmul, random_shapes_against_reference, .timeout = 120)
         const kcase *kc = &kinds[test_rand(&rng) % (sizeof kinds / sizeof *kinds)];
         int64_t rows = 1 + (int64_t)(test_rand(&rng) % 9);
         int64_t cols = 1 + (int64_t)(test_rand(&rng) % 700);
-        if (kc->gguf)
+        if (kc->kquant)
+            cols = 256 * (1 + cols / 256);
+        else if (kc->gguf)
             cols = 32 * (1 + cols / 32);
         check_kind(kc, rows, cols, 1000 + (uint64_t)i);
     }
@@ -177,7 +216,7 @@ Test(matmul, batching_never_changes_a_result, .timeout = 60)
 {
     uint64_t rng = 4321;
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        int64_t rows = 7, cols = kinds[k].gguf ? 320 : 301;
+        int64_t rows = 7, cols = kinds[k].kquant ? 768 : kinds[k].gguf ? 320 : 301;
         float *w = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(17 * cols) * 4);
         float *yb = malloc((size_t)(17 * rows) * 4), *y1 = malloc((size_t)rows * 4);
         for (int64_t i = 0; i < rows * cols; i++)
@@ -185,8 +224,7 @@ Test(matmul, batching_never_changes_a_result, .timeout = 60)
         for (int64_t i = 0; i < 17 * cols; i++)
             x[i] = test_normal(&rng);
         qtensor t;
-        char msg[256];
-        cr_assert_eq(qt_quantize(&t, w, rows, cols, &kinds[k].p, msg, sizeof msg), 0, "%s", msg);
+        make_tensor(&kinds[k], w, rows, cols, &rng, &t);
         qt_matmul(&t, x, 17, yb, 0, rows);
         for (int64_t b = 0; b < 17; b++) {
             qt_matmul(&t, x + b * cols, 1, y1, 0, rows);

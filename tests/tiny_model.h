@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "gguf_writer.h"
 #include "qt_math.h"
+#include "test_kquant.h"
 #include "test_util.h"
 
 typedef struct tiny_spec {
@@ -25,6 +26,11 @@ typedef struct tiny_spec {
     st_dtype dtype; /* F32, F16 or BF16 */
     int shards;     /* 1: model.safetensors; more: an index and that many shards */
     uint64_t seed;
+    /* GGUF only: the types llama-quantize's Q4_K_M mixes, by tensor as it
+     * does (token_embd and most linears q4_k, attn_v, ffn_down and output
+     * q6_k, attn_k q5_0, attn_q q8_0) instead of one kind for every
+     * linear; needs hidden, heads * head_dim and inter multiples of 256 */
+    bool q4_k_m_mix;
 } tiny_spec;
 
 static inline tiny_spec tiny_default(void)
@@ -245,11 +251,16 @@ static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows,
     qtensor t;
     qt_quant_params p = {.kind = kind};
     char msg[256];
-    cr_assert_eq(qt_quantize(&t, v, cols ? rows : 1, cols ? cols : rows, &p, msg, sizeof msg), 0,
-                 "%s: %s", name, msg);
+    if (kind == QT_Q4_K || kind == QT_Q5_K || kind == QT_Q6_K) /* no quantizer: random blocks */
+        test_random_kquant(&t, kind, cols ? rows : 1, cols ? cols : rows, rng);
+    else
+        cr_assert_eq(qt_quantize(&t, v, cols ? rows : 1, cols ? cols : rows, &p, msg, sizeof msg),
+                     0, "%s: %s", name, msg);
     static const uint32_t ggml[QT_KIND_COUNT] = {
         [QT_F32] = GGML_TYPE_F32,   [QT_F16] = GGML_TYPE_F16,   [QT_BF16] = GGML_TYPE_BF16,
-        [QT_Q4_0] = GGML_TYPE_Q4_0, [QT_Q4_1] = GGML_TYPE_Q4_1, [QT_Q8_0] = GGML_TYPE_Q8_0};
+        [QT_Q4_0] = GGML_TYPE_Q4_0, [QT_Q4_1] = GGML_TYPE_Q4_1, [QT_Q8_0] = GGML_TYPE_Q8_0,
+        [QT_Q5_0] = GGML_TYPE_Q5_0, [QT_Q5_1] = GGML_TYPE_Q5_1, [QT_Q4_K] = GGML_TYPE_Q4_K,
+        [QT_Q5_K] = GGML_TYPE_Q5_K, [QT_Q6_K] = GGML_TYPE_Q6_K};
     int64_t ne[2] = {cols ? cols : rows, rows};
     cr_assert_eq(
         gguf_writer_add_tensor(w, name, ggml[kind], cols ? 2 : 1, ne, t.data, t.data_bytes), 0,
@@ -304,27 +315,33 @@ static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt
 
     uint64_t rng = s->seed;
     int64_t h = s->hidden, q = (int64_t)s->heads * head_dim, kv = (int64_t)s->kv_heads * head_dim;
-    tiny_add_gguf(w, "token_embd.weight", s->vocab, h, QT_F32, false, &rng);
+    bool mix = s->q4_k_m_mix;
+    tiny_add_gguf(w, "token_embd.weight", s->vocab, h, mix ? QT_Q4_K : QT_F32, false, &rng);
     tiny_add_gguf(w, "output_norm.weight", h, 0, QT_F32, true, &rng);
     if (!s->tie)
-        tiny_add_gguf(w, "output.weight", s->vocab, h, linear, false, &rng);
+        tiny_add_gguf(w, "output.weight", s->vocab, h, mix ? QT_Q6_K : linear, false, &rng);
     char name[128];
     for (int l = 0; l < s->layers; l++) {
         struct {
             const char *suffix;
             int64_t r, c;
             bool norm;
+            qt_kind mixed; /* its type in the Q4_K_M mix */
         } parts[] = {
-            {"attn_norm.weight", h, 0, true},        {"ffn_norm.weight", h, 0, true},
-            {"attn_q.weight", q, h, false},          {"attn_k.weight", kv, h, false},
-            {"attn_v.weight", kv, h, false},         {"attn_output.weight", h, q, false},
-            {"ffn_gate.weight", s->inter, h, false}, {"ffn_up.weight", s->inter, h, false},
-            {"ffn_down.weight", h, s->inter, false},
+            {"attn_norm.weight", h, 0, true, QT_F32},
+            {"ffn_norm.weight", h, 0, true, QT_F32},
+            {"attn_q.weight", q, h, false, QT_Q8_0},
+            {"attn_k.weight", kv, h, false, QT_Q5_0},
+            {"attn_v.weight", kv, h, false, QT_Q6_K},
+            {"attn_output.weight", h, q, false, QT_Q4_K},
+            {"ffn_gate.weight", s->inter, h, false, QT_Q4_K},
+            {"ffn_up.weight", s->inter, h, false, QT_Q4_K},
+            {"ffn_down.weight", h, s->inter, false, QT_Q6_K},
         };
         for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
             snprintf(name, sizeof name, "blk.%d.%s", l, parts[p].suffix);
-            tiny_add_gguf(w, name, parts[p].r, parts[p].c, parts[p].norm ? QT_F32 : linear,
-                          parts[p].norm, &rng);
+            qt_kind kind = parts[p].norm ? QT_F32 : mix ? parts[p].mixed : linear;
+            tiny_add_gguf(w, name, parts[p].r, parts[p].c, kind, parts[p].norm, &rng);
         }
     }
     char msg[512];

@@ -139,6 +139,11 @@ static int qt_kind_of_ggml(uint32_t type)
     case GGML_TYPE_Q4_0: return QT_Q4_0;
     case GGML_TYPE_Q4_1: return QT_Q4_1;
     case GGML_TYPE_Q8_0: return QT_Q8_0;
+    case GGML_TYPE_Q5_0: return QT_Q5_0;
+    case GGML_TYPE_Q5_1: return QT_Q5_1;
+    case GGML_TYPE_Q4_K: return QT_Q4_K;
+    case GGML_TYPE_Q5_K: return QT_Q5_K;
+    case GGML_TYPE_Q6_K: return QT_Q6_K;
     default: return -1;
     }
 }
@@ -750,7 +755,7 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
     if (kind < 0)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: tensor '%s' has GGML type %s, which qlserve cannot run (it runs "
-                       "f32, f16, bf16, q4_0, q4_1 and q8_0)",
+                       "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k)",
                        f->path, t->name, gguf_ggml_type_name(t->ggml_type));
     /* the tensor must be one of f's, as gguf_open checked it */
     if (!t->data || t->data < f->map || t->nbytes > f->map_len ||
@@ -770,7 +775,8 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
                            "%s: tensor '%s' (%s) starts at byte %zu, not on a %u-byte "
                            "boundary, and cannot be read in place",
                            f->path, t->name, gi->name, (size_t)(t->data - f->map), gi->type_size);
-    } else if ((size_t)gi->type_size != tr->block_bytes || gi->block_size != 32) {
+    } else if ((size_t)gi->type_size != tr->block_bytes ||
+               gi->block_size != (uint32_t)tr->block_size || cols % tr->block_size != 0) {
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: tensor '%s': GGML %s blocks (%u elements, %u bytes) do not match "
                        "qlserve's %s",
@@ -784,6 +790,6 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
     out->data_bytes = t->nbytes;
     out->data_borrowed = true;
     if (!tr->is_dense)
-        out->row_stride = (size_t)(cols / 32) * tr->block_bytes;
+        out->row_stride = (size_t)(cols / tr->block_size) * tr->block_bytes;
     return QL_OK;
 }

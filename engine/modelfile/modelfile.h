@@ -301,8 +301,8 @@ size_t gguf_value_size(gguf_type t);
 
 /*
  * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
- * Q8_0), its data borrowed from the mapping (no copy, no requantization);
- * rows = product of ne[1..], cols = ne[0]. Any other type is refused with
+ * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), its data borrowed from the mapping (no copy, no
+ * requantization); rows = product of ne[1..], cols = ne[0]. Any other type is refused with
  * QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
  * data off its element boundary, QL_EINVAL for a tensor of another file.
  * The borrowed data lies in a read-only mapping: whoever wants to change
@@ -317,7 +317,12 @@ enum {
     GGML_TYPE_F16 = 1,
     GGML_TYPE_Q4_0 = 2,
     GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q5_1 = 7,
     GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
     GGML_TYPE_BF16 = 30,
 };
 

@@ -276,6 +276,13 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
             (long long)t->rows, (long long)t->cols);
         return QL_EINVAL;
     }
+    if (!cuda_runs_kind(t->kind)) {
+        say(msg, msg_len,
+            "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
+            "q4_0, q4_1 and q8_0; this kind runs on the CPU backend)",
+            kind_name(t->kind));
+        return QL_EUNSUPPORTED;
+    }
     d->kind = t->kind;
     d->rows = t->rows;
     d->cols = t->cols;

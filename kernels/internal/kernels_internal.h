@@ -49,6 +49,15 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_Q4_1 .name = "q4_1", .block_size = 32, .block_bytes = 20, .is_gguf = true
 /* block_q8_0: f16 d, 32 int8 */
 #define QT_GEOMETRY_Q8_0 .name = "q8_0", .block_size = 32, .block_bytes = 34, .is_gguf = true
+/* block_q5_0: f16 d, u8 qh[4], 16 bytes of nibbles */
+#define QT_GEOMETRY_Q5_0 .name = "q5_0", .block_size = 32, .block_bytes = 22, .is_gguf = true
+/* block_q5_1: f16 d, f16 m, u8 qh[4], 16 bytes of nibbles */
+#define QT_GEOMETRY_Q5_1 .name = "q5_1", .block_size = 32, .block_bytes = 24, .is_gguf = true
+/* the k-quants' super-blocks of QK_K = 256 (qt_math.h has the layouts);
+ * named lowercase, as engine/modelfile/gguf.c prints GGML's types */
+#define QT_GEOMETRY_Q4_K .name = "q4_k", .block_size = 256, .block_bytes = 144, .is_gguf = true
+#define QT_GEOMETRY_Q5_K .name = "q5_k", .block_size = 256, .block_bytes = 176, .is_gguf = true
+#define QT_GEOMETRY_Q6_K .name = "q6_k", .block_size = 256, .block_bytes = 210, .is_gguf = true
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
 
@@ -78,11 +87,15 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 
-/* GGUF Q4_0, Q4_1, Q8_0, llama.cpp layout (quant_gguf.c) */
+/* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and the k-quants Q4_K, Q5_K, Q6_K,
+ * llama.cpp layout (quant_gguf.c). qt_gguf_quantize writes the blocks of
+ * 32; qt_gguf_refuse_quantize is the k-quants' row, which refuses. */
 int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
+int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                            const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
-/* Bytes per block of 32 elements for a GGUF kind. */
+/* Bytes per block (of the kind's block_size elements) for a GGUF kind. */
 size_t qt_gguf_block_bytes(qt_kind kind);
 
 /*
@@ -109,6 +122,16 @@ void qt_matmul_q4_1_avx2(const qtensor *t, const float *x, int64_t batch, float 
                          int64_t row1);
 void qt_matmul_q8_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                          int64_t row1);
+void qt_matmul_q5_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q5_1_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q4_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q5_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q6_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
 void qt_dequantize_rows_f16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_bf16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_bnb4_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
@@ -116,6 +139,11 @@ void qt_dequantize_rows_affine_avx2(const qtensor *t, int64_t row0, int64_t nrow
 void qt_dequantize_rows_q4_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_q4_1_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_q8_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q5_0_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q5_1_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q4_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q5_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q6_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* qt_attend's AVX2 path; head dimensions that are not a multiple of 16 take
  * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,

@@ -270,6 +270,155 @@ QL_HD float qm_q8_0_element(const uint8_t *blocks, int64_t e)
     return qm_q8_0_block_value(blocks + (e / QM_GGUF_QK) * QM_Q8_0_BYTES, (int)(e % QM_GGUF_QK));
 }
 
+/* ---- GGUF Q5_0, Q5_1 (llama.cpp) ----------------------------------------- */
+
+/* block_q5_0 { f16 d; u8 qh[4]; u8 qs[16]; }, block_q5_1 { f16 d, m;
+ * u8 qh[4]; u8 qs[16]; }: the low four bits of each code as Q4_0's
+ * nibbles, the fifth bit of element j in bit j of the little-endian
+ * uint32 qh (ggml-common.h). */
+#define QM_Q5_0_BYTES 22
+#define QM_Q5_1_BYTES 24
+
+/* The 5-bit code j (0..31) from qh (4 bytes) and qs (16 bytes), as
+ * dequantize_row_q5_0 builds it: nibble | ((qh >> j) & 1) << 4. */
+QL_HD int qm_q5_code(const uint8_t *qh, const uint8_t *qs, int j)
+{
+    uint32_t h = (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) |
+                 ((uint32_t)qh[3] << 24);
+    return qm_gguf_nibble(qs, j) | (int)(((h >> j) & 1u) << 4);
+}
+
+/* Q5_0: w = (code - 16) * d, the subtraction in integers. */
+QL_HD float qm_q5_0_value(int code, float d)
+{
+    return (float)(code - 16) * d;
+}
+
+/* Q5_1: w = code * d + m, two f32 operations in this order. */
+QL_HD float qm_q5_1_value(int code, float d, float m)
+{
+    float scaled = (float)code * d;
+    return scaled + m;
+}
+
+QL_HD float qm_q5_0_block_value(const uint8_t *blk, int j)
+{
+    return qm_q5_0_value(qm_q5_code(blk + 2, blk + 6, j), qm_f16_le(blk));
+}
+
+QL_HD float qm_q5_1_block_value(const uint8_t *blk, int j)
+{
+    return qm_q5_1_value(qm_q5_code(blk + 4, blk + 8, j), qm_f16_le(blk), qm_f16_le(blk + 2));
+}
+
+/* ---- GGUF k-quants Q4_K, Q5_K, Q6_K (llama.cpp, QK_K = 256) --------------- */
+
+/*
+ * Super-blocks of 256 elements (ggml-common.h):
+ *   block_q4_K { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }             144 bytes
+ *   block_q5_K { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; } 176 bytes
+ *   block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d; }           210 bytes
+ * Q4_K/Q5_K: eight sub-blocks of 32, each with a 6-bit scale and a 6-bit
+ * minimum packed into scales[12] (get_scale_min_k4); w = (d * sc) * q -
+ * (dmin * m), as dequantize_row_q4_K: d1 = d * sc and m1 = dmin * m once
+ * per sub-block, then one multiply and one subtraction per element.
+ * Q6_K: sixteen sub-blocks of 16 with a signed 8-bit scale; w = (d * sc)
+ * * (q - 32), the product d * sc rounded first, as dequantize_row_q6_K's
+ * left-to-right d * sc[is] * q.
+ */
+#define QM_QK_K       256
+#define QM_Q4_K_BYTES 144
+#define QM_Q5_K_BYTES 176
+#define QM_Q6_K_BYTES 210
+
+/* Scale and minimum of sub-block j (0..7) of a Q4_K/Q5_K block, from its
+ * 12 packed bytes q (ggml's get_scale_min_k4). */
+QL_HD void qm_k4_scale_min(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+/* Sub-block s (0..7) of a Q4_K or Q5_K block: its d1 = d * sc and m1 =
+ * dmin * m, in f32, as dequantize_row_q4_K computes them. */
+QL_HD void qm_k4_sub_scales(const uint8_t *blk, int s, float *d1, float *m1)
+{
+    int sc, m;
+    qm_k4_scale_min(s, blk + 4, &sc, &m);
+    *d1 = qm_f16_le(blk) * (float)sc;
+    *m1 = qm_f16_le(blk + 2) * (float)m;
+}
+
+/* The unsigned code of element j (0..255) of a Q4_K block: the 32 bytes
+ * qs[32 * (j / 64) ..] hold elements j % 64 < 32 low, the next 32 high. */
+QL_HD int qm_q4_k_code(const uint8_t *blk, int j)
+{
+    const uint8_t *qs = blk + 16 + 32 * (j / 64);
+    int l = j % 64;
+    return l < 32 ? qs[l] & 0xF : qs[l - 32] >> 4;
+}
+
+/* Q5_K: Q4_K's nibble plus a fifth bit, bit 2 * (j / 64) + (j % 64 >= 32)
+ * of qh[j % 32]. */
+QL_HD int qm_q5_k_code(const uint8_t *blk, int j)
+{
+    const uint8_t *qh = blk + 16, *qs = blk + 48 + 32 * (j / 64);
+    int l = j % 64, bit = 2 * (j / 64) + (l >= 32 ? 1 : 0);
+    int lo = l < 32 ? qs[l] & 0xF : qs[l - 32] >> 4;
+    return lo + (((qh[j % 32] >> bit) & 1) ? 16 : 0);
+}
+
+/* w = d1 * q - m1, two f32 operations in this order. */
+QL_HD float qm_k4_value(int code, float d1, float m1)
+{
+    float scaled = d1 * (float)code;
+    return scaled - m1;
+}
+
+QL_HD float qm_q4_k_block_value(const uint8_t *blk, int j)
+{
+    float d1, m1;
+    qm_k4_sub_scales(blk, j / 32, &d1, &m1);
+    return qm_k4_value(qm_q4_k_code(blk, j), d1, m1);
+}
+
+QL_HD float qm_q5_k_block_value(const uint8_t *blk, int j)
+{
+    float d1, m1;
+    qm_k4_sub_scales(blk, j / 32, &d1, &m1);
+    return qm_k4_value(qm_q5_k_code(blk, j), d1, m1);
+}
+
+/* The signed code (q - 32, in -32..31) of element j of a Q6_K block: in
+ * each half of 128 (ql 64 bytes, qh 32), element 32 * k + l (k 0..3, l
+ * 0..31) takes the low nibble of ql[l] (k 0), of ql[l + 32] (k 1), the
+ * high nibble of ql[l] (k 2), of ql[l + 32] (k 3), and bits 2k, 2k + 1 of
+ * qh[l] as its top two bits. */
+QL_HD int qm_q6_k_code(const uint8_t *blk, int j)
+{
+    int half = j / 128, k = (j % 128) / 32, l = j % 32;
+    const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+    int lo = (k & 1) ? ql[l + 32] : ql[l];
+    lo = k < 2 ? lo & 0xF : lo >> 4;
+    return (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+}
+
+/* Sub-block s (0..15) of a Q6_K block: d * sc[s] in f32. */
+QL_HD float qm_q6_k_sub_scale(const uint8_t *blk, int s)
+{
+    return qm_f16_le(blk + 208) * (float)(int8_t)blk[192 + s];
+}
+
+QL_HD float qm_q6_k_block_value(const uint8_t *blk, int j)
+{
+    return qm_q6_k_sub_scale(blk, j / 16) * (float)qm_q6_k_code(blk, j);
+}
+
 /*
  * The split layout the CUDA backend keeps GGUF tensors in (qt_cuda.h's
  * qt_cuda_gguf_view): each block's qs bytes back to back (16 per block for

@@ -316,6 +316,71 @@ QL_HD void qq_q8_0_block(const float *x, uint16_t *d_bits, uint8_t *qs)
     }
 }
 
+/*
+ * GGUF Q5_0 and Q5_1 (ggml quantize_row_q5_0_ref, quantize_row_q5_1_ref):
+ * Q4_0's and Q4_1's arithmetic with 32 levels,
+ *   Q5_0  d = (the first value of largest magnitude) / -16,
+ *         q = min(31, trunc(x / d + 16.5))
+ *   Q5_1  d = (max - min) / 31, m = min, q = trunc((x - m) / d + 0.5)
+ *         (ggml clamps Q5_1 nowhere; its (uint8_t) keeps the low byte)
+ * the low four bits as Q4_0's nibbles, bit 4 of element j into bit j of
+ * the little-endian uint32 qh.
+ */
+QL_HD void qq_q5_pack(const int *q, uint8_t *qh, uint8_t *qs)
+{
+    uint32_t h = 0;
+    for (int j = 0; j < QM_GGUF_QK / 2; j++) {
+        unsigned q0 = (unsigned)q[j] & 0xffu, q1 = (unsigned)q[j + QM_GGUF_QK / 2] & 0xffu;
+        qs[j] = (uint8_t)((q0 & 0x0fu) | ((q1 & 0x0fu) << 4));
+        h |= ((q0 & 0x10u) >> 4) << j;
+        h |= ((q1 & 0x10u) >> 4) << (j + QM_GGUF_QK / 2);
+    }
+    for (int i = 0; i < 4; i++)
+        qh[i] = (uint8_t)(h >> (8 * i));
+}
+
+QL_HD void qq_q5_0_block(const float *x, uint16_t *d_bits, uint8_t *qh, uint8_t *qs)
+{
+    float amax = 0.0f, signed_max = 0.0f;
+    for (int j = 0; j < QM_GGUF_QK; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            signed_max = x[j];
+        }
+    }
+    float d = signed_max / -16.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_bits = qm_f32_to_f16(d);
+    int q[QM_GGUF_QK];
+    for (int j = 0; j < QM_GGUF_QK; j++) {
+        float v = x[j] * id;
+        int c = qq_trunc_i8(v + 16.5f);
+        q[j] = c < 31 ? c : 31;
+    }
+    qq_q5_pack(q, qh, qs);
+}
+
+QL_HD void qq_q5_1_block(const float *x, uint16_t *d_bits, uint16_t *m_bits, uint8_t *qh,
+                         uint8_t *qs)
+{
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < QM_GGUF_QK; j++) {
+        mn = qq_minf(mn, x[j]);
+        mx = qq_maxf(mx, x[j]);
+    }
+    float d = (mx - mn) / 31.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_bits = qm_f32_to_f16(d);
+    *m_bits = qm_f32_to_f16(mn);
+    int q[QM_GGUF_QK];
+    for (int j = 0; j < QM_GGUF_QK; j++) {
+        float s = x[j] - mn;
+        float v = s * id;
+        q[j] = qq_trunc_i8(v + 0.5f);
+    }
+    qq_q5_pack(q, qh, qs);
+}
+
 /* ---- NF4/FP4 double quantization: CPU only ---------------------------------
  *
  * bitsandbytes' compress_statistics: offset = mean(absmax) as torch

@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/qt_cuda.h"
+#include "cuda/qt_cuda_ops.h"
 #include "gpu_test_util.h"
 #include "qtensor.h"
 
@@ -441,6 +442,28 @@ static void check_refusals(void)
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
     report("gguf refuses affine by name", rc == QL_EUNSUPPORTED && strstr(msg, "affine") != NULL,
            detail);
+
+    /* The CPU-only GGUF kinds are refused at upload, by name, before any
+     * device memory is taken. */
+    static uint8_t kblocks[2 * 210];
+    const qt_kind cpu_only[] = {QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (size_t k = 0; k < sizeof cpu_only / sizeof *cpu_only; k++) {
+        qtensor h;
+        char what[64], want[64];
+        int brc = qt_from_gguf_blocks(&h, cpu_only[k], kblocks,
+                                      2 * qt_traits_table[cpu_only[k]].block_bytes *
+                                          (256 / (size_t)qt_traits_table[cpu_only[k]].block_size),
+                                      2, 256, msg, sizeof msg);
+        qt_cuda_tensor dt;
+        msg[0] = '\0';
+        rc = brc == QL_OK ? qt_cuda_tensor_upload(&h, &dt, msg, sizeof msg) : brc;
+        snprintf(want, sizeof want, "the CUDA backend cannot run %s yet",
+                 qt_kind_name(cpu_only[k]));
+        snprintf(what, sizeof what, "upload refuses %s by name", qt_kind_name(cpu_only[k]));
+        snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
+        report(what, rc == QL_EUNSUPPORTED && strstr(msg, want) != NULL, detail);
+        qt_free(&h);
+    }
 
     /* 2^20 x 2^20 elements: 512 GiB of codes, more than any device holds.
      * The host pointers are never read, since cudaMalloc fails first. */

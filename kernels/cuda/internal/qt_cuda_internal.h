@@ -117,6 +117,11 @@ static inline const char *kind_name(qt_kind kind)
     case QT_Q4_0: return "q4_0";
     case QT_Q4_1: return "q4_1";
     case QT_Q8_0: return "q8_0";
+    case QT_Q5_0: return "q5_0";
+    case QT_Q5_1: return "q5_1";
+    case QT_Q4_K: return "q4_k";
+    case QT_Q5_K: return "q5_k";
+    case QT_Q6_K: return "q6_k";
     default: return "(not a kind)";
     }
 }
@@ -135,6 +140,14 @@ static inline __host__ __device__ bool is_4bit(qt_kind k)
 static inline __host__ __device__ bool is_gguf(qt_kind k)
 {
     return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
+}
+
+/* The kinds this backend has kernels for. The CPU's Q5_0, Q5_1 and
+ * k-quants (kernels/qtensor.h) have none here yet: qt_cuda_tensor_upload
+ * refuses them by name, so no device tensor ever holds one. */
+static inline bool cuda_runs_kind(qt_kind k)
+{
+    return is_dense(k) || is_4bit(k) || k == QT_AFFINE || is_gguf(k);
 }
 
 /* Bytes per block of a GGUF kind in ggml's layout, 0 for other kinds. */
