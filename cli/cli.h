@@ -79,9 +79,18 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *g, FILE *ou
 int eng_generate_on(eng_engine *e, const eng_generate_opts *g, FILE *out, FILE *info, char *msg,
                     size_t msg_len);
 
-/* Load the model's tokenizer and print the ids (and pieces) of text. */
-int eng_tokenize(const eng_load_opts *load, const char *text, bool add_bos, FILE *out, char *msg,
-                 size_t msg_len);
+/* What eng_tokenize does. */
+typedef struct eng_tokenize_opts {
+    const char *model; /* a Hugging Face folder or a GGUF file: only its tokenizer is read */
+    const char *text;
+    bool add_bos;       /* prepend BOS when the tokenizer's metadata asks */
+    bool parse_special; /* special-token strings in text become their ids */
+    bool json;          /* one line {"ids": [...]} instead of ids and pieces */
+} eng_tokenize_opts;
+
+/* Load the model's tokenizer alone (eng_tokenizer_load: no weights) and
+ * print the ids of o->text: each with its piece and a count, or as JSON. */
+int eng_tokenize(const eng_tokenize_opts *o, FILE *out, char *msg, size_t msg_len);
 
 /* --- the subcommands main.c dispatches to --------------------------------- */
 

@@ -138,8 +138,9 @@ static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t
             "layers %d, hidden %d, heads %d (kv %d, head dim %d), ffn %d, vocab %d, context %d\n",
             c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->head_dim,
             c->intermediate_size, c->vocab_size, c->max_position_embeddings);
-    fprintf(out, "rope theta %g, scaling %s (factor %g), %s pairs; rms eps %g; %s embeddings%s\n",
+    fprintf(out, "rope theta %g, scaling %s (factor %g)%s, %s pairs; rms eps %g; %s embeddings%s\n",
             (double)c->rope_theta, rope_scaling_name(c->rope_scaling), (double)c->rope_factor,
+            c->n_rope_freq_factors ? ", frequency factors (rope_freqs.weight)" : "",
             c->rope_interleaved ? "adjacent" : "half-split", (double)c->rms_norm_eps,
             c->tie_word_embeddings ? "tied" : "separate", c->attention_bias ? ", qkv bias" : "");
     fprintf(out, "linear layers %s; tensors %s; %.1f MiB of weights\n", m.quant, kinds,

@@ -186,17 +186,25 @@ int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t
     return QL_OK;
 }
 
+#define TOKENIZE_OPTS(t)                                                                           \
+    {"model", OPT_STRING, &(t)->model,                                                             \
+     "PATH: a Hugging Face folder or a .gguf file (a vocabulary-only one too); only its "          \
+     "tokenizer is read"},                                                                         \
+        {"add-bos", OPT_BOOL, &(t)->add_bos, "prepend BOS when the model's metadata asks"},        \
+        {"no-special", OPT_BOOL, &(t)->no_special,                                                 \
+         "special-token strings in TEXT are plain text (llama.cpp's parse_special = false)"},      \
+    {                                                                                              \
+        "json", OPT_BOOL, &(t)->json, "print {\"ids\": [...]} instead of ids and pieces"           \
+    }
+
 int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    const opt opts[] = {
-        {"model", OPT_STRING, &out->model.path, "PATH: a Hugging Face folder or a .gguf file"},
-        {"add-bos", OPT_BOOL, &out->add_bos, "prepend BOS when the model's metadata asks"},
-        MODEL_OPTS(&out->model)};
+    const opt opts[] = {TOKENIZE_OPTS(out)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->text, NULL, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    if (!out->model.path || !out->text)
+    if (!out->model || !out->text)
         return usage_error(msg, msg_len, "tokenize: qlserve tokenize --model PATH TEXT");
     return QL_OK;
 }
@@ -1003,11 +1011,11 @@ void cfg_print_usage(FILE *out, const char *sub)
     }
     if (sub && strcmp(sub, "tokenize") == 0) {
         cfg_tokenize t;
-        const opt opts[] = {
-            {"model", OPT_STRING, &t.model.path, "PATH: a Hugging Face folder or a .gguf file"},
-            {"add-bos", OPT_BOOL, &t.add_bos, "prepend BOS when the model's metadata asks"}};
-        fprintf(out, "usage: qlserve tokenize --model PATH [--add-bos] TEXT\n"
-                     "Prints the token ids and pieces of TEXT.\n");
+        const opt opts[] = {TOKENIZE_OPTS(&t)};
+        fprintf(out, "usage: qlserve tokenize --model PATH [--add-bos] [--no-special] [--json] "
+                     "TEXT\n"
+                     "Prints the token ids and pieces of TEXT (special-token strings in it "
+                     "become their ids unless --no-special), reading only the tokenizer.\n");
         print_opts(out, opts, sizeof opts / sizeof *opts);
         return;
     }

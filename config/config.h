@@ -50,9 +50,11 @@ typedef struct cfg_inspect {
 } cfg_inspect;
 
 typedef struct cfg_tokenize {
-    cfg_model model;  /* --model is required */
-    const char *text; /* the one positional argument */
-    bool add_bos;     /* --add-bos: prepend BOS when the model wants it */
+    const char *model; /* --model, required: only its tokenizer is read */
+    const char *text;  /* the one positional argument */
+    bool add_bos;      /* --add-bos: prepend BOS when the model wants it */
+    bool no_special;   /* --no-special: special-token strings are plain text */
+    bool json;         /* --json: {"ids": [...]} instead of the table */
 } cfg_tokenize;
 
 typedef struct cfg_generate {

@@ -275,14 +275,14 @@ static inline void lora_fix_gguf_tensor(gguf_writer *w, const char *name, const 
 }
 
 /*
- * Write a loaded tiny Hugging Face llama model (tiny_model.h: its tokenizer
- * is the tiny one) as a llama GGUF, every tensor f32, q/k rows permuted as
- * llama.cpp's converter permutes them, general.name = name. Loaded back,
+ * A loaded tiny Hugging Face llama model (tiny_model.h: its tokenizer is
+ * the tiny one) as a llama GGUF, every tensor f32, q/k rows permuted as
+ * llama.cpp's converter permutes them, general.name = name, in a writer a
+ * test may add to before writing it (then gguf_writer_free). Loaded back,
  * its forward pass is the HF model's (rope pairs (2i, 2i+1) on the permuted
  * rows instead of (i, i + d/2)). name NULL: no general.name.
  */
-static inline void lora_fix_write_llama_gguf(const char *path, const eng_model *hf,
-                                             const char *name)
+static inline gguf_writer *lora_fix_llama_gguf(const eng_model *hf, const char *name)
 {
     const eng_config *c = &hf->cfg;
     gguf_writer *w = gguf_writer_new();
@@ -299,29 +299,7 @@ static inline void lora_fix_write_llama_gguf(const char *path, const eng_model *
     gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_theta);
     gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", c->rms_norm_eps);
     gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)c->head_dim);
-    /* the tiny tokenizer, as tiny_write_gguf writes it */
-    const char *tokens[260];
-    char syms[256][4];
-    int32_t types[260];
-    for (int b = 0; b < 256; b++) {
-        tiny_byte_symbol(b, syms[b]);
-        tokens[b] = syms[b];
-        types[b] = 1;
-    }
-    for (int i = 0; i < TINY_N_MERGES; i++) {
-        tokens[256 + i] = tiny_merged[i];
-        types[256 + i] = 1;
-    }
-    tokens[259] = "<|endoftext|>";
-    types[259] = 3;
-    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
-    gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", tokens, 260);
-    gguf_writer_set_array(w, "tokenizer.ggml.token_type", GGUF_INT32, types, 260);
-    gguf_writer_set_str_array(w, "tokenizer.ggml.merges", tiny_merges, TINY_N_MERGES);
-    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 259);
-    gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 259);
-    gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+    tiny_gguf_tokenizer(w);
 
     lora_fix_gguf_tensor(w, "token_embd.weight", &hf->embed, 0);
     lora_fix_gguf_tensor(w, "output_norm.weight", &hf->norm, 0);
@@ -346,6 +324,14 @@ static inline void lora_fix_write_llama_gguf(const char *path, const eng_model *
             lora_fix_gguf_tensor(w, key, parts[i].t, parts[i].heads);
         }
     }
+    return w;
+}
+
+/* The same, written to path. */
+static inline void lora_fix_write_llama_gguf(const char *path, const eng_model *hf,
+                                             const char *name)
+{
+    gguf_writer *w = lora_fix_llama_gguf(hf, name);
     char msg[512];
     cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     gguf_writer_free(w);

@@ -172,13 +172,17 @@ static inline void ref_matvec(const float *W, const double *D, const float *b, i
     }
 }
 
-/* The rotary frequency of pair i: rope_theta^(-2i/head_dim), scaled as
- * transformers' _compute_linear_scaling_rope_parameters (divided by the
- * factor) and _compute_llama3_parameters (long wavelengths divided by the
- * factor, short ones kept, those between blended) compute it. */
+/* The rotary frequency of pair i: rope_theta^(-2i/head_dim), divided by a
+ * GGUF's frequency factor for the pair when it has them (ggml's rope:
+ * theta / freq_factors[i]), scaled as transformers'
+ * _compute_linear_scaling_rope_parameters (divided by the factor) and
+ * _compute_llama3_parameters (long wavelengths divided by the factor,
+ * short ones kept, those between blended) compute it. */
 static inline double ref_rope_freq(const eng_config *c, int i)
 {
     double freq = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    if (i < c->n_rope_freq_factors)
+        freq /= (double)c->rope_freq_factors[i];
     if (c->rope_scaling == ENG_ROPE_LINEAR)
         return freq / c->rope_factor;
     if (c->rope_scaling == ENG_ROPE_LLAMA3) {

@@ -311,6 +311,79 @@ Test(cli, inspect_and_tokenize_a_hugging_face_folder)
     free(out);
 }
 
+/* A vocabulary-only GGUF: the tiny tokenizer's metadata and no tensors, as
+ * llama.cpp's models/ggml-vocab-*.gguf are. */
+static void write_vocab_gguf(const char *path)
+{
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_str(w, "general.architecture", "llama");
+    gguf_writer_set_str(w, "general.name", "tiny vocabulary");
+    tiny_gguf_tokenizer(w);
+    char msg[512];
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
+    gguf_writer_free(w);
+}
+
+Test(cli, tokenize_reads_a_vocabulary_only_gguf_with_and_without_special_tokens)
+{
+    char path[600], args[2000], msg[512];
+    snprintf(path, sizeof path, "%s/vocab.gguf", dir);
+    write_vocab_gguf(path);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "no weights: not a model");
+
+    /* " the" is merged into 258; <|endoftext|> is the control token 259,
+     * or 13 bytes of text with --no-special (the GPT-2 pre-tokenizer cuts
+     * it into "<|", "endoftext", "|>", which no merge joins) */
+    char *out;
+    snprintf(args, sizeof args, "tokenize --model '%s' --json ' the<|endoftext|>x'", path);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert_str_eq(out, "{\"ids\": [258, 259, 120]}\n");
+    free(out);
+    snprintf(args, sizeof args, "tokenize --model '%s' --json --no-special ' the<|endoftext|>x'",
+             path);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert_str_eq(out, "{\"ids\": [258, 60, 124, 101, 110, 100, 111, 102, 116, 101, 120, 116, "
+                          "124, 62, 120]}\n");
+    free(out);
+    /* the table, as before, from the same file */
+    snprintf(args, sizeof args, "tokenize --model '%s' '<|endoftext|>'", path);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert_str_eq(out, "   259  '<|endoftext|>'\n1 tokens\n");
+    free(out);
+    /* BOS (259 here) only when asked; the tiny tokenizer's metadata says no */
+    snprintf(args, sizeof args, "tokenize --model '%s' --json --add-bos ' the'", path);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert_str_eq(out, "{\"ids\": [258]}\n");
+    free(out);
+}
+
+Test(cli, tokenize_a_folder_reads_its_tokenizer_json_alone)
+{
+    /* the tiny folder's tokenizer.json with no weights beside it */
+    char model[600], args[2000];
+    snprintf(model, sizeof model, "%s/tok", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    char path[700];
+    snprintf(path, sizeof path, "%s/tokenizer.json", model);
+    tiny_write_tokenizer_json(path);
+    char *out;
+    snprintf(args, sizeof args, "tokenize --model '%s' --json 'the theme<|endoftext|>'", model);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert_str_eq(out, "{\"ids\": [116, 257, 258, 109, 101, 259]}\n");
+    free(out);
+    /* a folder without tokenizer.json, and flags tokenize does not take */
+    snprintf(args, sizeof args, "tokenize --model '%s' x", dir);
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "tokenizer.json is missing"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "tokenize --model '%s' --quant nf4 x", model);
+    cr_assert_neq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "unknown flag '--quant'"), "%s", out);
+    free(out);
+}
+
 Test(cli, inspect_a_gguf_model)
 {
     char path[600], args[2000];

@@ -269,27 +269,10 @@ static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows,
     free(v);
 }
 
-/* The GGUF file, with more string metadata: meta holds key, value pairs
- * and ends with NULL (meta NULL: none). */
-static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt_kind linear,
-                                        const char *const *meta)
+/* The tiny tokenizer as tokenizer.ggml.* metadata, as llama.cpp's converter
+ * writes a gpt2-style one. */
+static inline void tiny_gguf_tokenizer(gguf_writer *w)
 {
-    gguf_writer *w = gguf_writer_new();
-    for (size_t i = 0; meta && meta[i]; i += 2)
-        gguf_writer_set_str(w, meta[i], meta[i + 1]);
-    int head_dim = s->hidden / s->heads;
-    gguf_writer_set_str(w, "general.architecture", "llama");
-    gguf_writer_set_str(w, "general.name", "tiny");
-    gguf_writer_set_u32(w, "llama.context_length", 512);
-    gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)s->hidden);
-    gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)s->inter);
-    gguf_writer_set_u32(w, "llama.block_count", (uint32_t)s->layers);
-    gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)s->heads);
-    gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)s->kv_heads);
-    gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f);
-    gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim);
-    /* the tokenizer, as llama.cpp's converter writes a gpt2-style one */
     const char *tokens[260];
     char syms[256][4];
     int32_t types[260];
@@ -312,6 +295,29 @@ static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt
     gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 259);
     gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 259);
     gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+}
+
+/* The GGUF file, with more string metadata: meta holds key, value pairs
+ * and ends with NULL (meta NULL: none). */
+static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt_kind linear,
+                                        const char *const *meta)
+{
+    gguf_writer *w = gguf_writer_new();
+    for (size_t i = 0; meta && meta[i]; i += 2)
+        gguf_writer_set_str(w, meta[i], meta[i + 1]);
+    int head_dim = s->hidden / s->heads;
+    gguf_writer_set_str(w, "general.architecture", "llama");
+    gguf_writer_set_str(w, "general.name", "tiny");
+    gguf_writer_set_u32(w, "llama.context_length", 512);
+    gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)s->hidden);
+    gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)s->inter);
+    gguf_writer_set_u32(w, "llama.block_count", (uint32_t)s->layers);
+    gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)s->heads);
+    gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)s->kv_heads);
+    gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f);
+    gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim);
+    tiny_gguf_tokenizer(w);
 
     uint64_t rng = s->seed;
     int64_t h = s->hidden, q = (int64_t)s->heads * head_dim, kv = (int64_t)s->kv_heads * head_dim;

@@ -6,8 +6,10 @@
  *
  * What llama.cpp's converter changes is said where it matters: llama's q/k
  * rows permuted into adjacent rotary pairs (rope_interleaved), a tied
- * lm_head left out (no output.weight). It owns nothing itself: the mapped
- * file and the tensors go into the model, which eng_model_free releases.
+ * lm_head left out (no output.weight), Llama 3.x's rope_scaling stored as
+ * per-pair frequency factors (rope_freqs.weight). It owns nothing itself:
+ * the mapped file and the tensors go into the model, which eng_model_free
+ * releases.
  */
 #include "internal/model_internal.h"
 
@@ -49,6 +51,57 @@ static int gguf_float(const gguf_file *f, const char *key, double def, float *ou
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: metadata %s is not a positive number",
                        f->path, key);
     *out = (float)kv->f;
+    return QL_OK;
+}
+
+/*
+ * The rotary layout beyond the frequency base: ARCH.rope.dimension_count
+ * (llama.cpp's n_rot) must be the head dim (we rotate whole heads), and a
+ * rope_freqs.weight tensor (llama.cpp's per-pair frequency factors: its
+ * converter writes them for Llama 3.x's rope_scaling llama3, one tensor for
+ * every layer) is read into the config, f32 [head_dim / 2] as llama.cpp
+ * requires it, every factor finite and positive (each divides a frequency).
+ */
+static int gguf_rope_dims(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                          size_t msg_len)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_count", arch);
+    int32_t n_rot = c->head_dim;
+    int rc = gguf_uint(f, key, c->head_dim, false, &n_rot, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (n_rot != c->head_dim)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: %s = %d rotates part of each head of %d; qlserve rotates whole heads",
+                       f->path, key, n_rot, c->head_dim);
+    c->n_rope_freq_factors = 0;
+    const gguf_tensor *t = gguf_find_tensor(f, "rope_freqs.weight");
+    if (!t)
+        return QL_OK;
+    int32_t half = c->head_dim / 2;
+    if (t->ggml_type != GGML_TYPE_F32 || t->n_dims != 1 || t->ne[0] != half)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: tensor 'rope_freqs.weight' is %s, %d-D, %lld long; llama.cpp's "
+                       "frequency factors are f32, 1-D, head_dim / 2 = %d long",
+                       f->path, gguf_ggml_type_name(t->ggml_type), t->n_dims, (long long)t->ne[0],
+                       half);
+    if (half > ENG_MAX_ROPE_FREQ_FACTORS)
+        return ql_fail(
+            msg, msg_len, QL_EUNSUPPORTED,
+            "%s: head dim %d has more rotary pairs than the %d frequency factors qlserve "
+            "holds",
+            f->path, c->head_dim, ENG_MAX_ROPE_FREQ_FACTORS);
+    for (int32_t i = 0; i < half; i++) {
+        float v;
+        memcpy(&v, t->data + 4 * (size_t)i, sizeof v); /* the mapping need not align floats */
+        if (!isfinite(v) || v <= 0.0f)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: rope_freqs.weight[%d] = %g is not a positive frequency factor",
+                           f->path, i, (double)v);
+        c->rope_freq_factors[i] = v;
+    }
+    c->n_rope_freq_factors = half;
     return QL_OK;
 }
 
@@ -117,11 +170,10 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
                            "%s: rope scaling type %s is not supported (linear)", f->path, type);
         }
     }
-    if (gguf_find_tensor(f, "rope_freqs.weight"))
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "%s: tensor 'rope_freqs.weight' (rope scaling stored as frequencies, as "
-                       "llama.cpp writes Llama 3.1) is not supported yet",
-                       f->path);
+    if (rc == QL_OK) /* a bad linear factor stops here too */
+        rc = gguf_rope_dims(f, arch, c, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
      * pairs; it leaves qwen2's as Hugging Face has them */
     c->rope_interleaved = c->arch == ENG_ARCH_LLAMA;

@@ -377,10 +377,15 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     if (rc != QL_OK)
         return rc;
 
+    return model_folder_tokenizer(L->dir, &m->tok, msg, msg_len);
+}
+
+int model_folder_tokenizer(const char *dir, tok_tokenizer **out, char *msg, size_t msg_len)
+{
     char tok_path[8192], tok_cfg[8192];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", L->dir);
-    snprintf(tok_cfg, sizeof tok_cfg, "%s/tokenizer_config.json", L->dir);
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    snprintf(tok_cfg, sizeof tok_cfg, "%s/tokenizer_config.json", dir);
     if (!file_exists(tok_path))
-        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tokenizer.json is missing", L->dir);
-    return tok_from_hf(&m->tok, tok_path, file_exists(tok_cfg) ? tok_cfg : NULL, msg, msg_len);
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tokenizer.json is missing", dir);
+    return tok_from_hf(out, tok_path, file_exists(tok_cfg) ? tok_cfg : NULL, msg, msg_len);
 }

@@ -4,6 +4,7 @@
  * with --quant and --dtype read first (loader.c); then the checks that
  * hold for every format, the chat templates (chat_template.c), and the
  * walks over a loaded model (each tensor, its bytes, eng_model_free).
+ * eng_tokenizer_load is the other way in, for a model's tokenizer alone.
  *
  * Nothing here computes: the forward pass lives in engine/runtime/. A
  * model owns its tensors, its tokenizer and the mapped files they borrow
@@ -89,6 +90,27 @@ int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_l
     }
     describe_quant(m);
     return QL_OK;
+}
+
+int eng_tokenizer_load(tok_tokenizer **out, const char *path, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0)
+        return ql_fail(msg, msg_len, QL_EIO, "%s: %s", path ? path : "(no model path)",
+                       path ? strerror(errno) : "give --model");
+    if (S_ISDIR(sb.st_mode))
+        return model_folder_tokenizer(path, out, msg, msg_len);
+    /* the metadata only: the tensor data stays unread in the mapping, and
+     * a vocabulary-only file (no tensors, as llama.cpp's ggml-vocab-*.gguf)
+     * is a GGUF like any other */
+    gguf_file f;
+    int rc = gguf_open(&f, path, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    rc = tok_from_gguf(out, &f, msg, msg_len);
+    gguf_close(&f);
+    return rc;
 }
 
 void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx)

@@ -31,6 +31,10 @@
 
 typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2, ENG_ARCH_QWEN3 } eng_arch;
 
+/* The most rotary pairs a model may carry frequency factors for (head dim
+ * 512, the forward pass's limit, engine/runtime/forward.c). */
+#define ENG_MAX_ROPE_FREQ_FACTORS 256
+
 typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
     ENG_ROPE_LINEAR, /* positions divided by factor */
@@ -53,6 +57,13 @@ typedef struct eng_config {
     float rope_factor;
     float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
     int32_t rope_original_max_position;                /* llama3 */
+    /* llama.cpp's per-pair frequency factors (a GGUF's rope_freqs.weight,
+     * which its converter computes from Llama 3.x's rope_scaling): the
+     * frequency of pair i is divided by rope_freq_factors[i], before any
+     * scaling above, as ggml_rope_ext's freq_factors; n_rope_freq_factors is
+     * head_dim / 2 when the model has them, 0 when not */
+    int32_t n_rope_freq_factors;
+    float rope_freq_factors[ENG_MAX_ROPE_FREQ_FACTORS];
     /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
      * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
      * a llama GGUF after permuting the q/k rows */
@@ -129,6 +140,14 @@ typedef struct eng_load_opts {
  */
 int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len);
 void eng_model_free(eng_model *m);
+/*
+ * A model's tokenizer alone, without its weights: a Hugging Face folder's
+ * tokenizer.json (+ tokenizer_config.json), or a GGUF file's
+ * tokenizer.ggml.* metadata (a vocabulary-only GGUF, with no tensors,
+ * included). The same tokenizer eng_model_load gives the model. *out is the
+ * caller's (tok_free); NULL on error.
+ */
+int eng_tokenizer_load(tok_tokenizer **out, const char *path, char *msg, size_t msg_len);
 /* Call fn on every tensor the model holds (embeddings, norms, lm_head
  * when untied, each layer's weights and biases when present). */
 void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);

@@ -14,15 +14,21 @@
 
 /* --- RoPE ------------------------------------------------------------------- */
 
-/* The rotary frequencies with the config's scaling folded in: linear divides
- * every frequency by the factor (positions / factor); llama3 (Llama 3.1's
+/* The rotary frequencies with the config's scaling folded in. A GGUF's
+ * frequency factors (rope_freqs.weight) divide pair i's frequency, as
+ * ggml's rope does (theta / freq_factors[i0 / 2] in ggml_rope_cache_init);
+ * then linear divides every frequency by the factor (positions / factor),
+ * as ggml's freq_scale multiplies the divided theta; llama3 (Llama 3.1's
  * rope_scaling) keeps high frequencies, divides low ones by the factor and
- * blends in between, as transformers' _compute_llama3_parameters does. */
+ * blends in between, as transformers' _compute_llama3_parameters does (the
+ * factors llama.cpp's converter stores are this same curve as divisors). */
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
 {
     int32_t half = c->head_dim / 2;
     for (int32_t i = 0; i < half; i++) {
         double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
+        if (i < c->n_rope_freq_factors)
+            f /= (double)c->rope_freq_factors[i];
         if (c->rope_scaling == ENG_ROPE_LINEAR) {
             f /= (double)c->rope_factor;
         } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {

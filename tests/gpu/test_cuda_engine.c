@@ -16,7 +16,9 @@
  *     copy on write made by eng_backend_copy_blocks in the device arena;
  *   - a sequence asking for every row's logits (all_logits) gets the
  *     CPU's rows, more of them than the device's logits buffer holds,
- *     and its token is never chosen on the device.
+ *     and its token is never chosen on the device;
+ *   - a model with rope frequency factors (a Llama 3.x GGUF's
+ *     rope_freqs.weight) steps as on the CPU.
  * The models are built in memory (random weights quantized with
  * qt_quantize into each kind), so nothing is read from disk; with
  * QL_DEFAULT_MODEL set to the default model's GGUF, its greedy
@@ -712,6 +714,24 @@ static void qwen3_norms(void)
     eng_model_free(&m);
 }
 
+/* A Llama 3.x GGUF's rope_freqs.weight (llama.cpp's per-pair frequency
+ * factors, in eng_config): the device rotates with the CPU's divided
+ * frequencies, over positions up to 54. */
+static void rope_freq_factors(void)
+{
+    model_case mc = {"q8_0", {.kind = QT_Q8_0}, ENG_ARCH_LLAMA, false, false, true, 0};
+    eng_model m;
+    if (make_model(&m, &mc) != QL_OK) {
+        report(false, "steps_match_cpu_rope_freq_factors", "could not build the model");
+        return;
+    }
+    m.cfg.n_rope_freq_factors = m.cfg.head_dim / 2;
+    for (int32_t i = 0; i < m.cfg.n_rope_freq_factors; i++)
+        m.cfg.rope_freq_factors[i] = i % 3 == 0 ? 1.0f : 0.5f + 0.75f * (float)i;
+    scenario("steps_match_cpu_rope_freq_factors", &m, NULL, NULL, NULL);
+    eng_model_free(&m);
+}
+
 /* Unmerged adapters: A applies one at scale 1, B the other at 0.5 then the
  * first at -0.25 (two terms), C none. */
 static void unmerged(void)
@@ -1030,6 +1050,7 @@ int main(void)
     }
     kinds();
     qwen3_norms();
+    rope_freq_factors();
     unmerged();
     merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq");
     merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1");

@@ -82,6 +82,10 @@ void model_layers_free(eng_model *m);
 int model_load_hf(model_loader *L, char *msg, size_t msg_len);
 /* Load the GGUF file L->o->path into L->m; the same contract. */
 int model_load_gguf(model_loader *L, char *msg, size_t msg_len);
+/* A Hugging Face folder's tokenizer: dir/tokenizer.json, with
+ * dir/tokenizer_config.json when there (load_hf.c; eng_tokenizer_load
+ * reads it alone). *out is the caller's (tok_free). */
+int model_folder_tokenizer(const char *dir, tok_tokenizer **out, char *msg, size_t msg_len);
 
 /* --- chat_template.c ------------------------------------------------------ */
 

@@ -1,0 +1,158 @@
+/*
+ * test_vocab_gguf.c - the tokenizer-only load (eng_tokenizer_load) on
+ * llama.cpp's own vocabulary-only GGUF files (models/ggml-vocab-*.gguf:
+ * tokenizer metadata, no tensors), against llama.cpp's own expected ids
+ * (the .gguf.inp / .gguf.out files beside them, which its
+ * test-tokenizer-0 checks). Copied from llama.cpp as the llama-cpp-python
+ * 0.3.36 sdist vendors it (vendor/llama.cpp/models/; MIT, see
+ * tests/fixtures/tokenizers/llama.cpp/README.md).
+ *
+ * As test-tokenizer-0 reads them: the inputs are split at
+ * "\n__ggml_vocab_test__\n", the outputs are one line of space-separated
+ * ids per input, and each input is tokenized with add_special = false and
+ * parse_special = false (no BOS; special-token strings are text).
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "test_util.h"
+
+#define VOCAB_DIR QL_FIXTURES "/tokenizers/llama.cpp"
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s is missing", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    buf[n] = 0;
+    *len = (size_t)n;
+    return buf;
+}
+
+/* Parse one line of ids ("" or " 474 287 29871") into ids; returns the count. */
+static size_t parse_ids(const char *line, size_t len, int32_t *ids, size_t cap)
+{
+    size_t n = 0;
+    const char *p = line, *end = line + len;
+    while (p < end) {
+        while (p < end && *p == ' ')
+            p++;
+        if (p >= end)
+            break;
+        char *stop;
+        long v = strtol(p, &stop, 10);
+        cr_assert(stop > p && n < cap, "bad id list '%.*s'", (int)len, line);
+        ids[n++] = (int32_t)v;
+        p = stop;
+    }
+    return n;
+}
+
+static void check_vocab(const char *name)
+{
+    char path[1024], msg[512];
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", VOCAB_DIR, name);
+    tok_tokenizer *t = NULL;
+    int rc = eng_tokenizer_load(&t, path, msg, sizeof msg);
+    cr_assert_eq(rc, 0, "%s: %s", path, msg);
+
+    size_t inp_len, out_len;
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf.inp", VOCAB_DIR, name);
+    char *inp = read_all(path, &inp_len);
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf.out", VOCAB_DIR, name);
+    char *out = read_all(path, &out_len);
+
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    const char *in_at = inp, *in_end = inp + inp_len, *out_at = out, *out_end = out + out_len;
+    size_t cases = 0, failed = 0;
+    int32_t want[512];
+    while (in_at < in_end) {
+        const char *next = strstr(in_at, sep);
+        size_t text_len = next ? (size_t)(next - in_at) : (size_t)(in_end - in_at);
+        const char *nl = memchr(out_at, '\n', (size_t)(out_end - out_at));
+        cr_assert(out_at < out_end, "%s: more inputs than outputs", name);
+        size_t line_len = nl ? (size_t)(nl - out_at) : (size_t)(out_end - out_at);
+        size_t n_want = parse_ids(out_at, line_len, want, 512);
+
+        int32_t *ids = NULL;
+        size_t n = 0;
+        rc = tok_encode(t, in_at, text_len, false, false, &ids, &n, msg, sizeof msg);
+        cr_assert_eq(rc, 0, "%s case %zu: %s", name, cases, msg);
+        if (n != n_want || memcmp(ids, want, n * sizeof *ids) != 0) {
+            failed++;
+            char got[4096];
+            size_t at = 0;
+            for (size_t i = 0; i < n && at < sizeof got - 16; i++)
+                at += (size_t)snprintf(got + at, sizeof got - at, " %d", ids[i]);
+            got[at] = 0;
+            cr_log_error("%s case %zu '%.*s': got%s, llama.cpp gives %.*s", name, cases,
+                         (int)text_len, in_at, got, (int)line_len, out_at);
+        }
+        free(ids);
+        cases++;
+        in_at = next ? next + strlen(sep) : in_end;
+        out_at = nl ? nl + 1 : out_end;
+    }
+    cr_assert_gt(cases, 30, "%s: %zu cases read", name, cases);
+    cr_assert_eq(failed, 0, "%s: %zu of %zu cases differ from llama.cpp", name, failed, cases);
+    free(inp);
+    free(out);
+    tok_free(t);
+}
+
+/* names held in the parameter itself: Criterion runs each case in a new
+ * process, where a pointer into the parent's memory means nothing */
+typedef struct vocab_name {
+    char name[32];
+} vocab_name;
+
+ParameterizedTestParameters(vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
+{
+    static vocab_name names[] = {{"llama-spm"}, {"gpt-2"}};
+    return cr_make_param_array(vocab_name, names, sizeof names / sizeof *names);
+}
+
+ParameterizedTest(vocab_name *v, vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
+{
+    check_vocab(v->name);
+}
+
+Test(vocab_gguf, a_vocabulary_only_file_is_no_model)
+{
+    /* no tensors: the model loader refuses it, the tokenizer loader reads it */
+    char path[1024], msg[512];
+    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf", VOCAB_DIR);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "a vocabulary-only file loads");
+    tok_tokenizer *t = NULL;
+    cr_assert_eq(eng_tokenizer_load(&t, path, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(tok_vocab_size(t), 50257);
+    tok_free(t);
+}
+
+Test(vocab_gguf, missing_and_non_tokenizer_paths_are_refused_by_name)
+{
+    char msg[512];
+    tok_tokenizer *t = (tok_tokenizer *)&msg; /* set to NULL on error */
+    cr_assert_neq(eng_tokenizer_load(&t, "/nonexistent/x.gguf", msg, sizeof msg), 0);
+    cr_assert_null(t);
+    cr_assert(strstr(msg, "/nonexistent/x.gguf"), "%s", msg);
+    /* a folder without tokenizer.json */
+    cr_assert_neq(eng_tokenizer_load(&t, VOCAB_DIR, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "tokenizer.json is missing"), "%s", msg);
+    /* a file that is not GGUF */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf.inp", VOCAB_DIR);
+    cr_assert_neq(eng_tokenizer_load(&t, path, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "ggml-vocab-gpt-2.gguf.inp"), "%s", msg);
+}
