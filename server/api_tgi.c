@@ -409,21 +409,23 @@ typedef struct token_span {
     size_t start, stop;
 } token_span;
 
-/* Whether id is a special (control) token: decoded with specials skipped
- * it is nothing, without it is something. Its text, when so, in *text. */
+/* Whether id is a special (control) token with a text (tok_is_special);
+ * its text, when so, in *text. */
 static bool special_text(const tok_tokenizer *t, int32_t id, char **text, size_t *len)
 {
-    char *kept = NULL, *skipped = NULL;
-    size_t kept_len = 0, skipped_len = 0;
-    bool special = tok_decode(t, &id, 1, true, &skipped, &skipped_len, NULL, 0) == QL_OK &&
-                   tok_decode(t, &id, 1, false, &kept, &kept_len, NULL, 0) == QL_OK &&
-                   skipped_len == 0 && kept_len > 0;
-    free(skipped);
-    *text = special ? kept : NULL;
-    *len = special ? kept_len : 0;
-    if (!special)
+    *text = NULL;
+    *len = 0;
+    char *kept = NULL;
+    size_t kept_len = 0;
+    if (!tok_is_special(t, id) || tok_decode(t, &id, 1, false, &kept, &kept_len, NULL, 0) != QL_OK)
+        return false;
+    if (kept_len == 0) {
         free(kept);
-    return special;
+        return false;
+    }
+    *text = kept;
+    *len = kept_len;
+    return true;
 }
 
 /* Push id onto the stream into *buf (grown as needed): the bytes it
