@@ -16,8 +16,9 @@
  * Admin work: srv_work_start queues a srv_work whose run goes on a pool
  * thread and whose done answers on the loop, unless the client has gone.
  *
- * Offers srv_generate, srv_bridge_on_wake, srv_work_start and
- * srv_conn_gone (internal/server_internal.h). Owns every srv_gen and
+ * Offers srv_generate, srv_bridge_on_wake, srv_work_start,
+ * srv_conn_gone, and a generation's srv_gen_cancel, srv_gen_answer_order
+ * and srv_gen_full_text (internal/server_internal.h). Owns every srv_gen and
  * srv_event, and a srv_work once started. Touches the engine (submit,
  * cancel), the adapter registry's lora_registry_want, request.c's errors,
  * http.c's stream start, metrics.c's histograms, and, after a generation
@@ -158,14 +159,19 @@ static void gen_live(srv_gen *g)
     s->n_live++;
 }
 
-/* Cancel every prompt's request still running and forget the connection:
- * g then only waits for their ends. */
-static void gen_cancel(srv_gen *g)
+void srv_gen_cancel(srv_gen *g)
 {
-    g->conn = NULL;
     for (int32_t i = 0; i < g->n_parts; i++)
         if (!g->parts[i].done)
             eng_engine_cancel(g->s->engine, g->parts[i].id);
+}
+
+/* Cancel g and forget the connection: g then only waits for its requests'
+ * ends. */
+static void gen_cancel(srv_gen *g)
+{
+    g->conn = NULL;
+    srv_gen_cancel(g);
 }
 
 /* The client went away. */

@@ -65,9 +65,7 @@ static void on_grace(uv_timer_t *t)
 {
     srv_server *s = t->data;
     for (srv_gen *g = s->live; g; g = g->next_live)
-        for (int32_t i = 0; i < g->n_parts; i++)
-            if (!g->parts[i].done)
-                eng_engine_cancel(s->engine, g->parts[i].id);
+        srv_gen_cancel(g);
 }
 
 static void on_signal(uv_signal_t *sig, int signum)

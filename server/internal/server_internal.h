@@ -287,6 +287,9 @@ struct srv_gen {
     srv_gen *prev_live;
 };
 
+/* Cancel every request of g that has not ended (its connection still
+ * hears the end, as cancelled). */
+void srv_gen_cancel(srv_gen *g);
 /* The choices to answer with, in order (prompt-major): for each prompt the
  * keep best of its per_part by summed logprob (all, in order, when
  * per_part == keep). Fills idx (n_parts x keep entries); returns the count. */
