@@ -109,6 +109,14 @@ size_t ql_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
     return len;
 }
 
+size_t ql_utf8_chars(const uint8_t *p, size_t n)
+{
+    size_t chars = 0;
+    for (size_t i = 0; i < n; i++)
+        chars += (p[i] & 0xC0) != 0x80;
+    return chars;
+}
+
 long ql_utf8_invalid_at(const uint8_t *p, size_t n)
 {
     size_t i = 0;

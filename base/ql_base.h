@@ -94,6 +94,9 @@ long ql_utf8_invalid_at(const uint8_t *p, size_t n);
 /* Encode code point cp (at most U+10FFFF) as UTF-8 at out (room for 4
  * bytes); its length, 1..4. */
 size_t ql_utf8_put(uint32_t cp, uint8_t *out);
+/* The characters of well-formed UTF-8 p[0..n): its bytes that are not
+ * continuation bytes. */
+size_t ql_utf8_chars(const uint8_t *p, size_t n);
 
 #ifdef __cplusplus
 }

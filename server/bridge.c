@@ -186,6 +186,7 @@ static void choice_free(srv_choice *ch)
     for (size_t i = 0; i < ch->n_tokens; i++)
         free(ch->pieces[i]);
     free(ch->pieces);
+    free(ch->offsets);
     free(ch->tokens);
     free(ch->logprobs);
     free(ch->top);
@@ -241,9 +242,10 @@ static bool append_text(srv_choice *ch, const char *text, size_t len)
     return true;
 }
 
-/* Keep a token, its text and (when asked) its logprobs on the choice; a
- * token that cannot be kept (out of memory) is left out of the details. */
-static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev)
+/* Keep a token, its text, where that text starts (offset, in characters)
+ * and (when asked) its logprobs on the choice; a token that cannot be kept
+ * (out of memory) is left out of the details. */
+static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev, size_t offset)
 {
     if (ch->n_tokens == ch->cap_tokens) {
         size_t cap = ch->cap_tokens ? 2 * ch->cap_tokens : 32;
@@ -253,7 +255,10 @@ static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev)
         char **p = t ? realloc(ch->pieces, cap * sizeof *p) : NULL;
         if (p)
             ch->pieces = p;
-        float *l = p ? realloc(ch->logprobs, cap * sizeof *l) : NULL;
+        size_t *o = p ? realloc(ch->offsets, cap * sizeof *o) : NULL;
+        if (o)
+            ch->offsets = o;
+        float *l = o ? realloc(ch->logprobs, cap * sizeof *l) : NULL;
         if (l)
             ch->logprobs = l;
         eng_logprob *top =
@@ -272,6 +277,7 @@ static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev)
     size_t i = ch->n_tokens++;
     ch->tokens[i] = ev->token;
     ch->pieces[i] = piece;
+    ch->offsets[i] = offset;
     ch->logprobs[i] = ev->logprob;
     if (g->top_n) {
         eng_logprob *row = ch->top + i * (size_t)g->top_n;
@@ -296,10 +302,15 @@ static void on_token_event(srv_gen *g, srv_part *part, const srv_event *ev)
         g->first_seen = true;
         g->t_last = t;
     }
-    if (append_text(ch, ev->text ? ev->text : "", ev->len) && ev->token < 0)
-        ch->tail_len += ev->len;
+    size_t offset = ch->text_chars;
+    if (append_text(ch, ev->text ? ev->text : "", ev->len)) {
+        ch->text_chars +=
+            ql_utf8_chars((const uint8_t *)ch->text + ch->text_len - ev->len, ev->len);
+        if (ev->token < 0)
+            ch->tail_len += ev->len;
+    }
     if (ev->token >= 0)
-        record_token(g, ch, ev);
+        record_token(g, ch, ev, offset);
     if (g->conn && g->shape->on_token)
         g->shape->on_token(g, g->conn, i, ev->token, ev->text, ev->len);
 }

@@ -34,15 +34,6 @@ static double shown(float lp)
     return isfinite(lp) ? (double)lp : -9999.0;
 }
 
-/* Characters (UTF-8 lead bytes) in s[0..len). */
-static size_t chars(const char *s, size_t len)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        n += ((unsigned char)s[i] & 0xC0) != 0x80;
-    return n;
-}
-
 char *srv_token_text(const tok_tokenizer *t, int32_t id, cJSON **bytes)
 {
     char *raw = NULL;
@@ -130,7 +121,7 @@ static void oai_add_prompt(const srv_gen *g, const srv_part *part, oai_lists *l)
         oai_add(g, l, part->tokens[i], lp, top, g->top_n, offset);
         long n = tok_stream_push(t, &st, part->tokens[i], piece, sizeof piece);
         if (n > 0)
-            offset += chars(piece, (size_t)n);
+            offset += ql_utf8_chars((const uint8_t *)piece, (size_t)n);
     }
 }
 
@@ -139,17 +130,14 @@ cJSON *srv_oai_logprobs(const srv_gen *g, int32_t i, size_t from, size_t to, boo
     const srv_choice *ch = &g->choices[i];
     const srv_part *part = &g->parts[i / g->per_part];
     oai_lists l = oai_lists_new();
-    size_t offset = 0;
+    size_t base = 0; /* the generated text starts after the echoed prompt */
     if (echo) {
         oai_add_prompt(g, part, &l);
-        offset = part->text ? chars(part->text, strlen(part->text)) : 0;
+        base = part->text ? ql_utf8_chars((const uint8_t *)part->text, strlen(part->text)) : 0;
     }
-    for (size_t k = 0; k < from && k < ch->n_tokens; k++)
-        offset += chars(ch->pieces[k], strlen(ch->pieces[k]));
     for (size_t k = from; k < to && k < ch->n_tokens; k++) {
         const eng_logprob *top = ch->top ? ch->top + k * (size_t)g->top_n : NULL;
-        oai_add(g, &l, ch->tokens[k], ch->logprobs[k], top, g->top_n, offset);
-        offset += chars(ch->pieces[k], strlen(ch->pieces[k]));
+        oai_add(g, &l, ch->tokens[k], ch->logprobs[k], top, g->top_n, base + ch->offsets[k]);
     }
     return l.o;
 }

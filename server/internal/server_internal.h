@@ -232,11 +232,13 @@ bool srv_ready(srv_conn *c);
 typedef struct srv_choice {
     char *text; /* everything generated so far, NUL-terminated */
     size_t text_len, text_cap;
-    size_t tail_len;  /* of that, the text the engine held back to the end */
-    int32_t *tokens;  /* token ids */
-    char **pieces;    /* the text each token completed */
-    float *logprobs;  /* when asked: each token's */
-    eng_logprob *top; /* n_tokens x the gen's top_n */
+    size_t tail_len;   /* of that, the text the engine held back to the end */
+    int32_t *tokens;   /* token ids */
+    char **pieces;     /* the text each token completed */
+    size_t *offsets;   /* characters of text before each token's piece */
+    size_t text_chars; /* characters of text */
+    float *logprobs;   /* when asked: each token's */
+    eng_logprob *top;  /* n_tokens x the gen's top_n */
     size_t n_tokens, cap_tokens;
     bool ended, opened; /* opened: an API's first event for it has gone out */
     eng_finish why;
