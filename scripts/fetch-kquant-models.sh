@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# fetch-kquant-models.sh - make the default model's K-quant GGUF files with
+# llama.cpp's own llama-quantize, the way published GGUFs are made, and put
+# them beside the default model:
+#
+#   SmolLM2-135M-Instruct.{Q4_K_M,Q5_K_M,Q6_K,Q3_K_M}.gguf
+#
+# tests/test_kquant_model.c checks qlserve's greedy decoding of each against
+# the float64 reference forward over its dequantized weights, and
+# bench/run_decode.py --kquant measures them against llama.cpp; both skip
+# what is absent. Nothing here runs at build or test time.
+#
+# llama-quantize comes from the llama-cpp-python sdist on PyPI (its
+# vendor/llama.cpp), built once (CMake target llama-quantize, about 10
+# minutes on 2 cores) into the cache and reused. The default model is a
+# Q4_1 file, so the K-quants are requantized from it (--allow-requantize):
+# the weights are Q4_1's values, quantized again, as a user's requantized
+# file would be. Tensors whose rows are not a multiple of 256 (most of this
+# model's, its hidden size is 576) fall back to llama-quantize's own choice
+# (q5_0, q5_1, q8_0 or iq4_nl), so each file mixes several types.
+#
+#   scripts/fetch-kquant-models.sh              prints the paths made
+#   QLSERVE_CACHE=DIR scripts/fetch-kquant-models.sh
+#   LLAMA_QUANTIZE=/path/to/llama-quantize scripts/fetch-kquant-models.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=0.3.36
+cache=${QLSERVE_CACHE:-$HOME/.cache/qlserve}
+models=$cache/models
+base=$(scripts/fetch-model.sh)
+
+quantize=${LLAMA_QUANTIZE:-$cache/llama.cpp-$version/bin/llama-quantize}
+if [ ! -x "$quantize" ]; then
+  command -v python3 >/dev/null || { echo "fetch-kquant-models: python3 (with pip) is needed to download the llama-cpp-python sdist" >&2; exit 1; }
+  command -v cmake >/dev/null || { echo "fetch-kquant-models: cmake is needed (scripts/install-deps.sh)" >&2; exit 1; }
+  src=$(mktemp -d "${TMPDIR:-/tmp}/llama-src.XXXXXX")
+  trap 'rm -rf "$src"' EXIT
+  echo "fetch-kquant-models: downloading the llama-cpp-python $version sdist from PyPI" >&2
+  python3 -m pip download --quiet --no-binary :all: --no-deps --disable-pip-version-check \
+    "llama-cpp-python==$version" -d "$src" >&2
+  tar -xzf "$src"/llama_cpp_python-"$version".tar.gz -C "$src"
+  echo "fetch-kquant-models: building llama-quantize (about 10 minutes on 2 cores)" >&2
+  cmake -S "$src/llama_cpp_python-$version/vendor/llama.cpp" -B "$src/build" \
+    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DBUILD_SHARED_LIBS=OFF >&2
+  cmake --build "$src/build" -j "$(nproc 2>/dev/null || echo 2)" --target llama-quantize >&2
+  mkdir -p "$(dirname "$quantize")"
+  cp "$src/build/bin/llama-quantize" "$quantize.tmp"
+  mv "$quantize.tmp" "$quantize"
+fi
+
+for ftype in Q4_K_M Q5_K_M Q6_K Q3_K_M; do
+  out=$models/SmolLM2-135M-Instruct.$ftype.gguf
+  if [ ! -s "$out" ]; then
+    "$quantize" --allow-requantize "$base" "$out.tmp" "$ftype" >"$out.log" 2>&1 ||
+      { echo "fetch-kquant-models: llama-quantize $ftype failed; see $out.log" >&2; rm -f "$out.tmp"; exit 1; }
+    mv "$out.tmp" "$out"
+  fi
+  echo "$out"
+done

@@ -1,0 +1,412 @@
+/*
+ * test_kquant_model.c - the default model as llama.cpp's own llama-quantize
+ * writes it (Q4_K_M, Q5_K_M, Q6_K, Q3_K_M: files of q2_K..q6_K, q5_0,
+ * q5_1, q8_0 and iq4_nl tensors) decodes greedily to the tokens of the
+ * float64 reference forward over the same file's dequantized weights.
+ *
+ * The files are not committed (100 MB each): scripts/fetch-kquant-models.sh
+ * builds llama-quantize from the llama-cpp-python sdist and writes them
+ * beside the default model, and each case skips, naming that script, when
+ * its file is absent. QLSERVE_KQUANT_DIR points elsewhere.
+ *
+ * The comparison is teacher-forced: the engine decodes greedily, one token
+ * per step through its paged cache; the reference then runs once over the
+ * prompt and the engine's tokens, and at every step its argmax must be the
+ * token the engine chose (so the reference's own greedy text is the
+ * engine's), and the engine's logits must agree within the tolerance of
+ * test_forward.c. A step where the reference's best two logits are closer
+ * than REF_TIE is a tie that f32 arithmetic may break either way: the check
+ * stops there and says so (it has not happened on these files).
+ *
+ * Then a PEFT adapter on all seven projections of every layer is merged
+ * into the Q4_K_M and Q6_K files' own kinds (q4_K, q5_0, q6_K, q8_0: each
+ * requantized with llama.cpp's reference quantizer for its kind): the
+ * engine's greedy tokens through the merged version are the float64
+ * reference's over the merged weights, and unmerging restores the
+ * pristine digest and serves the mapped tensors themselves again.
+ */
+#define FWD_REL_TOL 2e-5
+#include "ref_forward.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "lora.h"
+#include "lora_fixture.h"
+#include "test_util.h"
+
+#define REF_TIE 1e-3
+#define MAX_NEW 24
+
+#if defined(__SANITIZE_ADDRESS__)
+#define QL_SLOW_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define QL_SLOW_BUILD 1
+#endif
+#endif
+#ifndef QL_SLOW_BUILD
+#define QL_SLOW_BUILD 0
+#endif
+
+static const char *const prompts[] = {
+    "The capital of France is",
+    "<|im_start|>user\nName three prime numbers.<|im_end|>\n<|im_start|>assistant\n",
+};
+
+/* The file llama-quantize made of the default model with type `ftype`. */
+static bool kquant_path(const char *ftype, char *buf, size_t len)
+{
+    const char *dir = getenv("QLSERVE_KQUANT_DIR");
+    const char *cache = getenv("QLSERVE_CACHE");
+    const char *home = getenv("HOME");
+    if (dir && *dir)
+        snprintf(buf, len, "%s/SmolLM2-135M-Instruct.%s.gguf", dir, ftype);
+    else if (cache && *cache)
+        snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.%s.gguf", cache, ftype);
+    else
+        snprintf(buf, len, "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.%s.gguf",
+                 home ? home : "/root", ftype);
+    return access(buf, R_OK) == 0;
+}
+
+/* Every distinct tensor kind of the model's projections, embeddings and
+ * head, as "q4_k q6_k ..." in out; true when kind `want` is among them. */
+static bool kinds_of(const eng_model *m, char *out, size_t len, qt_kind want)
+{
+    bool seen[QT_KIND_COUNT] = {false};
+    seen[m->embed.kind] = true;
+    if (m->lm_head.rows)
+        seen[m->lm_head.kind] = true;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const eng_layer *L = &m->layers[l];
+        const qtensor *all[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            seen[all[i]->kind] = true;
+    }
+    size_t n = 0;
+    out[0] = 0;
+    for (int k = 0; k < QT_KIND_COUNT; k++)
+        if (seen[k] && n < len)
+            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? " " : "", qt_kind_name((qt_kind)k));
+    return seen[want];
+}
+
+/* The engine's greedy tokens for ids[0..n) (up to max_new, stopping after
+ * EOS) into gen, and each step's logits into logits (max_new * vocab). */
+static int engine_greedy(const eng_model *m, const int32_t *ids, int n, int max_new, int32_t *gen,
+                         float *logits)
+{
+    char msg[512];
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m->cfg, 16 << 20, 16, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&st, m, 64, msg, sizeof msg), 0, "%s", msg);
+    int32_t vocab = m->cfg.vocab_size;
+    eng_seq_kv s = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &s, n + max_new), 0);
+    eng_step_seq step = {.kv = &s, .tokens = ids, .n_tokens = n, .pos = 0};
+    cr_assert_eq(eng_forward(st, m, kv, pool, &step, 1, logits, msg, sizeof msg), 0, "%s", msg);
+    int k = 0;
+    while (k < max_new) {
+        int32_t best = argmax(logits + (size_t)k * vocab, vocab);
+        gen[k++] = best;
+        if (best == m->cfg.eos_token_id || k == max_new)
+            break;
+        eng_step_seq d = {.kv = &s, .tokens = &best, .n_tokens = 1, .pos = n + k - 1};
+        cr_assert_eq(
+            eng_forward(st, m, kv, pool, &d, 1, logits + (size_t)k * vocab, msg, sizeof msg), 0,
+            "%s", msg);
+    }
+    eng_kv_release(kv, &s);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    return k;
+}
+
+/* The gap between the best and second-best of r[0..n). */
+static double top2_gap(const double *r, int64_t n)
+{
+    double a = -INFINITY, b = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        if (r[i] > a) {
+            b = a;
+            a = r[i];
+        } else if (r[i] > b) {
+            b = r[i];
+        }
+    }
+    return a - b;
+}
+
+static int32_t argmax_d(const double *v, int64_t n)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return (int32_t)best;
+}
+
+/* One prompt on one file: the engine's greedy tokens are the reference's. */
+static void check_prompt(const eng_model *m, const ref_model *R, const char *label,
+                         const char *prompt, int max_new)
+{
+    char msg[512];
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tok_encode(m->tok, prompt, strlen(prompt), tok_adds_bos(m->tok), true, &ids, &n,
+                            msg, sizeof msg),
+                 0, "%s", msg);
+    int64_t V = m->cfg.vocab_size;
+    float *logits = malloc((size_t)(max_new * V) * sizeof *logits);
+    int32_t *all = malloc((n + (size_t)max_new) * sizeof *all);
+    cr_assert(logits && all);
+    int n_gen = engine_greedy(m, ids, (int)n, max_new, all + n, logits);
+    memcpy(all, ids, n * sizeof *ids);
+    /* the reference over the prompt and every generated token but the last */
+    int n_ref = (int)n + n_gen - 1;
+    double *ref = malloc((size_t)n_ref * (size_t)V * sizeof *ref);
+    cr_assert(ref);
+    ref_forward(R, all, n_ref, ref);
+    int compared = 0;
+    for (int k = 0; k < n_gen; k++) {
+        const double *r = ref + (size_t)(n - 1 + (size_t)k) * (size_t)V;
+        double gap = top2_gap(r, V);
+        if (gap < REF_TIE) {
+            cr_log_warn("%s: step %d is a near-tie in the reference (gap %.3g): compared %d steps",
+                        label, k, gap, compared);
+            break;
+        }
+        assert_logits_close(logits + (size_t)k * V, r, V, label, prompt, (int)n - 1 + k);
+        cr_assert_eq(argmax_d(r, V), all[n + (size_t)k],
+                     "%s, step %d: the reference's greedy token is %d, the engine's %d", label, k,
+                     argmax_d(r, V), all[n + (size_t)k]);
+        compared++;
+    }
+    char *text;
+    size_t text_len;
+    cr_assert_eq(
+        tok_decode(m->tok, all + n, (size_t)n_gen, true, &text, &text_len, msg, sizeof msg), 0,
+        "%s", msg);
+    cr_log_info("%s: %d of %d greedy tokens equal the float64 reference's: '%.*s'", label, compared,
+                n_gen, (int)text_len, text);
+    cr_assert(compared >= (n_gen < 8 ? n_gen : 8), "%s: only %d steps compared", label, compared);
+    free(text);
+    free(ref);
+    free(all);
+    free(logits);
+    free(ids);
+}
+
+static void check_file(const char *ftype, qt_kind must_hold)
+{
+    char path[1024], msg[512], kinds[256];
+    if (!kquant_path(ftype, path, sizeof path))
+        cr_skip_test("%s is absent: scripts/fetch-kquant-models.sh makes it with llama.cpp's "
+                     "llama-quantize",
+                     path);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert(kinds_of(&m, kinds, sizeof kinds, must_hold), "%s holds %s but no %s", path, kinds,
+              qt_kind_name(must_hold));
+    cr_log_info("%s: tensor kinds %s", ftype, kinds);
+    ref_model R;
+    ref_load(&R, &m);
+    size_t n_prompts = QL_SLOW_BUILD ? 1 : sizeof prompts / sizeof *prompts;
+    for (size_t i = 0; i < n_prompts; i++)
+        check_prompt(&m, &R, ftype, prompts[i], QL_SLOW_BUILD ? 4 : MAX_NEW);
+    ref_free(&R);
+    eng_model_free(&m);
+}
+
+/* --- merged adapters ------------------------------------------------------- */
+
+typedef struct collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[MAX_NEW];
+    int n;
+    bool done;
+} collect;
+
+static void on_token(void *user, const eng_token_event *ev)
+{
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->token >= 0 && c->n < MAX_NEW)
+        c->tokens[c->n++] = ev->token;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_done(void *user, eng_finish why, const eng_usage *usage)
+{
+    (void)why;
+    (void)usage;
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    c->done = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Greedy tokens of ids through the engine's serving version into c. */
+static void serve_greedy(eng_engine *e, const int32_t *ids, size_t n, int max_new, collect *c)
+{
+    char msg[512];
+    *c = (collect){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    eng_request q = {.prompt_tokens = ids,
+                     .n_prompt_tokens = n,
+                     .max_new_tokens = max_new,
+                     .on_token = on_token,
+                     .on_done = on_done,
+                     .user = c};
+    cr_assert_eq(eng_engine_submit(e, &q, NULL, msg, sizeof msg), 0, "%s", msg);
+    pthread_mutex_lock(&c->mu);
+    while (!c->done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void check_merge(const char *ftype)
+{
+    char path[1024], msg[512], dir[512], folder[600];
+    if (!kquant_path(ftype, path, sizeof path))
+        cr_skip_test("%s is absent: scripts/fetch-kquant-models.sh makes it with llama.cpp's "
+                     "llama-quantize",
+                     path);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    eng_engine *e;
+    eng_engine_opts eo = {.threads = 2, .kv_bytes = 16 << 20, .max_running = 4};
+    cr_assert_eq(eng_engine_start(&e, &m, &eo, msg, sizeof msg), 0, "%s", msg);
+    lora_registry *reg;
+    lora_registry_opts ro = {.threads = 2};
+    cr_assert_eq(lora_registry_new(&reg, e, &m, &ro, msg, sizeof msg), 0, "%s", msg);
+    test_tmpdir(dir, sizeof dir);
+    snprintf(folder, sizeof folder, "%s/adapter", dir);
+    lora_fix_spec spec = lora_fix_default();
+    spec.std = 0.02f;
+    lora_fix_write(folder, &m.cfg, &spec);
+    cr_assert_eq(lora_registry_load(reg, "a", folder, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
+    lora_state st;
+    lora_registry_state(reg, &st);
+    uint64_t pristine = st.digest;
+
+    lora_merge_opts own = {.safe_merge = true, .into = QT_KIND_COUNT};
+    lora_report rep;
+    cr_assert_eq(lora_registry_merge(reg, "a", 1.0f, &own, &rep, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(rep.n_modules, (size_t)(m.cfg.n_layers * ENG_N_PROJ));
+    for (size_t i = 0; i < rep.n_modules; i++)
+        cr_assert_eq(rep.modules[i].kind,
+                     eng_model_proj(&m, rep.modules[i].layer, rep.modules[i].proj)->kind,
+                     "%s: layer %d %s merged into %s, not its own kind", ftype,
+                     rep.modules[i].layer, eng_proj_name(rep.modules[i].proj),
+                     qt_kind_name(rep.modules[i].kind));
+    cr_log_info("%s: merged into its own kinds, delta_retained %.4f, relative_error %.4f", ftype,
+                rep.overall.delta_retained, rep.overall.relative_error);
+    cr_assert(rep.overall.delta_retained > 0.5, "%s: delta_retained %f", ftype,
+              rep.overall.delta_retained);
+
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tok_encode(m.tok, prompts[0], strlen(prompts[0]), tok_adds_bos(m.tok), true, &ids,
+                            &n, msg, sizeof msg),
+                 0, "%s", msg);
+    int max_new = QL_SLOW_BUILD ? 4 : 12;
+    collect got;
+    serve_greedy(e, ids, n, max_new, &got);
+    cr_assert_gt(got.n, 0);
+    eng_weights *v = eng_engine_weights(e);
+    cr_assert_eq(v->version, rep.version);
+    ref_model R;
+    ref_load_version(&R, &m, v);
+    int64_t V = m.cfg.vocab_size;
+    int n_ref = (int)n + got.n - 1;
+    int32_t *all = malloc((size_t)n_ref * sizeof *all);
+    double *ref = malloc((size_t)n_ref * (size_t)V * sizeof *ref);
+    cr_assert(all && ref);
+    memcpy(all, ids, n * sizeof *ids);
+    memcpy(all + n, got.tokens, (size_t)(got.n - 1) * sizeof *all);
+    ref_forward(&R, all, n_ref, ref);
+    for (int k = 0; k < got.n; k++) {
+        const double *r = ref + (size_t)(n - 1 + (size_t)k) * (size_t)V;
+        if (top2_gap(r, V) < REF_TIE)
+            break;
+        cr_assert_eq(argmax_d(r, V), got.tokens[k],
+                     "%s merged, step %d: the reference's greedy token is %d, the engine's %d",
+                     ftype, k, argmax_d(r, V), got.tokens[k]);
+    }
+    ref_free(&R);
+    eng_weights_unref(v);
+
+    cr_assert_eq(lora_registry_unmerge(reg, "a", NULL, msg, sizeof msg), 0, "%s", msg);
+    lora_registry_state(reg, &st);
+    cr_assert_eq(st.digest, pristine, "%s: the digest after unmerge differs from pristine", ftype);
+    v = eng_engine_weights(e);
+    for (int32_t l = 0; l < m.cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            cr_assert_eq(eng_weights_proj(v, l, (eng_proj)p), eng_model_proj(&m, l, (eng_proj)p),
+                         "%s: layer %d %s serves a copy after unmerge", ftype, l,
+                         eng_proj_name((eng_proj)p));
+    eng_weights_unref(v);
+    cr_assert(eng_engine_wait_versions(e, 10.0));
+    lora_report_free(&rep);
+    free(ref);
+    free(all);
+    free(ids);
+    eng_engine_stop(e);
+    lora_registry_free(reg);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+TestSuite(kquant_model, .timeout = 600);
+
+Test(kquant_model, q4_k_m_merges_into_its_own_kinds_and_unmerges_exactly)
+{
+    check_merge("Q4_K_M");
+}
+
+Test(kquant_model, q6_k_merges_into_its_own_kinds_and_unmerges_exactly)
+{
+    if (QL_SLOW_BUILD)
+        cr_skip_test("sanitizer build: the Q4_K_M case covers the code paths");
+    check_merge("Q6_K");
+}
+
+Test(kquant_model, q4_k_m_decodes_as_the_float64_reference)
+{
+    check_file("Q4_K_M", QT_Q4_K);
+}
+
+Test(kquant_model, q5_k_m_decodes_as_the_float64_reference)
+{
+    if (QL_SLOW_BUILD)
+        cr_skip_test("sanitizer build: the Q4_K_M case covers the code paths");
+    check_file("Q5_K_M", QT_Q5_K);
+}
+
+Test(kquant_model, q6_k_decodes_as_the_float64_reference)
+{
+    if (QL_SLOW_BUILD)
+        cr_skip_test("sanitizer build: the Q4_K_M case covers the code paths");
+    check_file("Q6_K", QT_Q6_K);
+}
+
+Test(kquant_model, q3_k_m_decodes_as_the_float64_reference)
+{
+    if (QL_SLOW_BUILD)
+        cr_skip_test("sanitizer build: the Q4_K_M case covers the code paths");
+    check_file("Q3_K_M", QT_Q4_K);
+}
