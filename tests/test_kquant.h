@@ -38,6 +38,13 @@ static inline test_kquant_layout test_kquant_layout_of(qt_kind kind)
     return (test_kquant_layout){0, -1, 0.0f};
 }
 
+/* Whether kind is read in place only (a test makes its tensors here). */
+static inline bool test_kquant_is_read_only(qt_kind kind)
+{
+    return kind == QT_Q4_K || kind == QT_Q5_K || kind == QT_Q6_K || kind == QT_Q2_K ||
+           kind == QT_Q3_K || kind == QT_IQ4_NL || kind == QT_IQ4_XS;
+}
+
 /* rows x cols (cols a multiple of the kind's block: 256, or 32 for
  * IQ4_NL) of random blocks of a read-in-place kind into t: random bytes
  * (codes, sub-block scales), then each block's f16 d (and dmin) set to a
