@@ -46,8 +46,8 @@
  *                   (one f16 scale, each nibble an index into 16 fixed
  *                   levels), IQ4_XS super-blocks of 256 (eight sub-blocks of
  *                   32 with 6-bit scales, the same levels); read in place
- *                   only. llama-quantize falls back to IQ4_NL for tensors
- *                   whose rows cannot hold 256-blocks.
+ *                   only. llama-quantize writes IQ4_NL where an IQ4_XS
+ *                   tensor's rows cannot hold 256-blocks (576-wide rows).
  *   F32 F16 BF16    dense row-major.
  *
  * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
