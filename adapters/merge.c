@@ -32,8 +32,11 @@
  *                   weight-only, FLT_EPSILON otherwise);
  *   Q4_0 Q4_1 Q8_0  the same block kind (blocks of 32 along the rows);
  *   Q5_0 Q5_1
- *   Q4_K Q5_K Q6_K  refused into their own kind by name (no requantizer
- *                   yet); "into" int8 or bf16 merges them as any kind.
+ *   Q4_K Q5_K Q6_K  the same k-quant (super-blocks of 256 along the rows),
+ *                   requantized by llama.cpp's reference quantizers, which
+ *                   search each sub-block's scale and minimum afresh; that
+ *                   search is not idempotent, so even a zero delta may move
+ *                   some codes (relative_error +INFINITY, see below).
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -178,18 +181,16 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     return QL_OK;
 }
 
-/* The k-quants have no requantizer yet (llama.cpp's quantize_row_q4_K_ref
- * and its siblings search each sub-block's scale; qt_quantize refuses
- * them): a merge into the weight's own kind is refused by name, and
- * "into" int8 or bf16 takes into_params as for every kind. */
+/* The k-quants requantize into their own kind through llama.cpp's
+ * reference quantizers (kernels/quant_kquant.c: quantize_row_q4_K_ref and
+ * its siblings, byte for byte). A k-quant weight's columns are whole
+ * super-blocks of 256 already, so the merged tensor has its layout. */
 static int kquant_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    (void)p;
     if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K)
         return wrong_family(w, "GGUF k-quant", msg, msg_len);
-    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "merging into %s is not supported yet; use into: int8 or bf16",
-                   qt_kind_name(w->kind));
+    p->kind = w->kind;
+    return QL_OK;
 }
 
 /* The wider kinds a merge may store into instead of the weight's own. */

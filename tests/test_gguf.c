@@ -153,23 +153,6 @@ Test(gguf, q5_quantize_writes_llama_cpp_blocks)
     cr_assert_eq(n_quantized, 4, "q5_0 and q5_1, two cases each");
 }
 
-Test(gguf, quantizing_into_a_kquant_is_refused_by_name)
-{
-    float w[2 * 256];
-    for (int i = 0; i < 2 * 256; i++)
-        w[i] = 0.01f * (float)(i % 17);
-    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t i = 0; i < 3; i++) {
-        qt_quant_params p = {.kind = kinds[i]};
-        qtensor t;
-        char msg[256] = "";
-        cr_assert_eq(qt_quantize(&t, w, 2, 256, &p, msg, sizeof msg), QL_EUNSUPPORTED);
-        cr_assert(strstr(msg, qt_kind_name(kinds[i])) && strstr(msg, "not supported yet"), "%s",
-                  msg);
-        cr_assert_null(t.data);
-    }
-}
-
 Test(gguf, kquant_blocks_need_whole_super_blocks)
 {
     uint8_t blocks[2 * 210] = {0};
