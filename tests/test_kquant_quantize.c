@@ -5,12 +5,15 @@
  * (ggml-quants.c compiled by make_kquant_ref_vectors.py, without
  * contraction) for inputs meant to reach every branch: zero, constant,
  * outlier, negative-only, tiny, mixed-scale, tie and random blocks.
+ * Q2_K and Q3_K are checked at kernels/math/qt_kquant_ref.h's block
+ * functions (their kinds come with another branch's traits rows).
  */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "qt_kquant_ref.h"
 #include "qtensor.h"
 
 #include "fixtures/kquant_ref_vectors.h"
@@ -51,6 +54,40 @@ Test(kquant_quantize, writes_llama_cpp_reference_bytes_for_every_case)
     }
     cr_assert_eq(checked, 3 * (int)N_CASES);
     cr_assert_geq(N_CASES, 13, "every input the generator writes");
+}
+
+/* Every super-block of every case through the header's block functions,
+ * all five k-quants: what a device requantization would call. */
+Test(kquant_quantize, block_functions_write_llama_cpp_bytes_for_all_five_kquants)
+{
+    const struct {
+        const char *name;
+        size_t bytes;
+        void (*block)(const float *x, uint8_t *blk);
+    } ks[] = {
+        {"q2_k", QK_Q2_K_BYTES, qk_q2_k_block}, {"q3_k", QK_Q3_K_BYTES, qk_q3_k_block},
+        {"q4_k", QM_Q4_K_BYTES, qk_q4_k_block}, {"q5_k", QM_Q5_K_BYTES, qk_q5_k_block},
+        {"q6_k", QM_Q6_K_BYTES, qk_q6_k_block},
+    };
+    int blocks = 0;
+    for (size_t c = 0; c < N_CASES; c++) {
+        const kqr_case *k = &kqr_cases[c];
+        const unsigned char *want[] = {k->q2_k, k->q3_k, k->q4_k, k->q5_k, k->q6_k};
+        for (size_t i = 0; i < 5; i++) {
+            for (int64_t b = 0; b < k->rows * k->cols / 256; b++) {
+                uint8_t got[256];
+                memset(got, 0xa5, sizeof got);
+                ks[i].block(k->input + b * 256, got);
+                const unsigned char *w = want[i] + (size_t)b * ks[i].bytes;
+                for (size_t j = 0; j < ks[i].bytes; j++)
+                    cr_assert_eq(got[j], w[j],
+                                 "%s %s block %lld: byte %zu is 0x%02x, llama.cpp wrote 0x%02x",
+                                 k->name, ks[i].name, (long long)b, j, got[j], w[j]);
+                blocks++;
+            }
+        }
+    }
+    cr_assert_gt(blocks, 5 * 2 * 12);
 }
 
 /* The quantized tensor reads back through the existing dequantization

@@ -40,6 +40,7 @@
 #define QL_QT_KQUANT_REF_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -63,15 +64,16 @@ QL_HD int qk_clamp(int v, int lo, int hi)
 }
 
 /*
- * The asymmetric fit of ggml's make_qkx2_quants with use_mad false: codes
+ * The asymmetric fit of ggml's make_qkx2_quants: codes
  * L[i] in [0, nmax] with x ~ scale * L + min, min <= 0. First the plain
  * max - min scaling, then nstep + 1 candidates (rmin + rdelta * is + nmax)
  * / (max - min), each solved by weighted least squares and kept when its
- * weighted squared error is smaller. Returns the scale, *neg_min = -min.
- * n <= 32; laux is scratch of n.
+ * weighted error (squared, or absolute when use_mad: Q2_K) is smaller.
+ * Returns the scale, *neg_min = -min. n <= 32; laux is scratch of n.
  */
 QL_HD float qk_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                             float *neg_min, uint8_t *laux, float rmin, float rdelta, int nstep)
+                             float *neg_min, uint8_t *laux, float rmin, float rdelta, int nstep,
+                             bool use_mad)
 {
     float mn = x[0], mx = x[0];
     float sum_w = w[0];
@@ -103,7 +105,7 @@ QL_HD float qk_fit_scale_min(int n, int nmax, const float *x, const float *w, ui
         float back = scale * (float)L[i];
         float diff = back + mn;
         diff = diff - x[i];
-        float sq = diff * diff;
+        float sq = use_mad ? fabsf(diff) : diff * diff;
         float werr = w[i] * sq;
         best_error += werr;
     }
@@ -151,7 +153,7 @@ QL_HD float qk_fit_scale_min(int n, int nmax, const float *x, const float *w, ui
                 float back = this_scale * (float)laux[i];
                 float diff = back + this_min;
                 diff = diff - x[i];
-                float sq = diff * diff;
+                float sq = use_mad ? fabsf(diff) : diff * diff;
                 float werr = w[i] * sq;
                 cur_error += werr;
             }
@@ -273,8 +275,8 @@ QL_HD void qk_k4_scales_and_codes(const float *x, int nmax, float rmin, int nste
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++)
             weights[l] = av_x + fabsf(xs[l]);
-        scales[j] =
-            qk_fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], laux, rmin, 0.1f, nstep);
+        scales[j] = qk_fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], laux, rmin, 0.1f,
+                                     nstep, false);
         if (scales[j] > max_scale)
             max_scale = scales[j];
         if (mins[j] > max_min)
@@ -410,6 +412,204 @@ QL_HD void qk_q6_k_block(const float *x, uint8_t *blk)
         ql += 64;
         qh += 32;
     }
+}
+
+/* ---- Q2_K and Q3_K ---------------------------------------------------------- */
+
+/*
+ * block_q2_K { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin; }, 84 bytes:
+ * sixteen sub-blocks of 16, each a 4-bit scale (low nibble) and 4-bit
+ * minimum (high nibble) against d and dmin, 2-bit codes, four per byte
+ * (element 32 * s + l of each 128 in bits 2s of qs[32 * (j / 128) + l]).
+ * The fit is qk_fit_scale_min with weights |x|, absolute error, nmax 3.
+ */
+#define QK_Q2_K_BYTES 84
+#define QK_Q3_K_BYTES 110
+
+QL_HD void qk_q2_k_block(const float *x, uint8_t *blk)
+{
+    uint8_t L[QM_QK_K], laux[16];
+    float weights[16], mins[16], scales[16];
+    float max_scale = 0, max_min = 0;
+    memset(blk, 0, QK_Q2_K_BYTES);
+    uint8_t *sc = blk, *qs = blk + 16;
+    for (int j = 0; j < 16; j++) {
+        for (int l = 0; l < 16; l++)
+            weights[l] = fabsf(x[16 * j + l]);
+        scales[j] = qk_fit_scale_min(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], laux, -0.5f,
+                                     0.1f, 15, true);
+        if (scales[j] > max_scale)
+            max_scale = scales[j];
+        if (mins[j] > max_min)
+            max_min = mins[j];
+    }
+    if (max_scale > 0) {
+        float iscale = 15.f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            float v = iscale * scales[j];
+            sc[j] = (uint8_t)qk_nearest_int(v);
+        }
+        qk_put_f16(blk + 80, qm_f32_to_f16(max_scale / 15.f));
+    }
+    if (max_min > 0) {
+        float iscale = 15.f / max_min;
+        for (int j = 0; j < 16; j++) {
+            float v = iscale * mins[j];
+            sc[j] |= (uint8_t)(qk_nearest_int(v) << 4);
+        }
+        qk_put_f16(blk + 82, qm_f32_to_f16(max_min / 15.f));
+    }
+    for (int j = 0; j < 16; j++) {
+        float d = qm_f16_le(blk + 80) * (float)(sc[j] & 0xF);
+        if (d == 0)
+            continue;
+        float dm = qm_f16_le(blk + 82) * (float)(sc[j] >> 4);
+        for (int i = 0; i < 16; i++) {
+            float shifted = x[16 * j + i] + dm;
+            float v = shifted / d;
+            L[16 * j + i] = (uint8_t)qk_clamp(qk_nearest_int(v), 0, 3);
+        }
+    }
+    for (int j = 0; j < QM_QK_K; j += 128)
+        for (int l = 0; l < 32; l++)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
+                                      (L[j + l + 96] << 6));
+}
+
+/*
+ * ggml's make_q3_quants with do_rmse: the symmetric codes l in [-nmax,
+ * nmax - 1] of -nmax / max, then up to five sweeps that move one code at a
+ * time to x * sum(w l^2) / sum(w x l) (the others' sums) when that raises
+ * sum(w x l)^2 / sum(w l^2), weights x^2. L[i] = l + nmax; returns the
+ * scale (0 and codes 0 for an all-zero sub-block).
+ */
+QL_HD float qk_fit_q3(int n, int nmax, const float *x, int8_t *L)
+{
+    float mx = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            mx = x[i];
+        }
+    }
+    if (amax < QK_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++)
+            L[i] = 0;
+        return 0.f;
+    }
+    float iscale = (float)-nmax / mx;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        float scaled = iscale * x[i];
+        int l = qk_clamp(qk_nearest_int(scaled), -nmax, nmax - 1);
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        float wx = w * x[i];
+        sumlx += wx * (float)l;
+        float wl = w * (float)l;
+        suml2 += wl * (float)l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float wx = w * x[i];
+            float slx = sumlx - wx * (float)L[i];
+            if (!(slx > 0))
+                continue;
+            float wl = w * (float)L[i];
+            float sl2 = suml2 - wl * (float)L[i];
+            float num = x[i] * sl2;
+            int new_l = qk_clamp(qk_nearest_int(num / slx), -nmax, nmax - 1);
+            if (new_l == L[i])
+                continue;
+            slx += wx * (float)new_l;
+            float wn = w * (float)new_l;
+            sl2 += wn * (float)new_l;
+            float lhs = slx * slx;
+            lhs = lhs * suml2;
+            float rhs = sumlx * sumlx;
+            rhs = rhs * sl2;
+            if (sl2 > 0 && lhs > rhs) {
+                L[i] = (int8_t)new_l;
+                sumlx = slx;
+                suml2 = sl2;
+                n_changed++;
+            }
+        }
+        if (!n_changed)
+            break;
+    }
+    for (int i = 0; i < n; i++)
+        L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/*
+ * block_q3_K { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d; }, 110
+ * bytes: sixteen sub-blocks of 16 with signed 6-bit scales (low nibbles in
+ * scales[0..7], two high bits each in scales[8..11]), 3-bit codes as Q2_K's
+ * two low bits plus a high bit in hmask (bit j / 32 of hmask[j % 32]).
+ */
+QL_HD void qk_q3_k_block(const float *x, uint8_t *blk)
+{
+    int8_t L[QM_QK_K];
+    float scales[16];
+    float max_scale = 0, amax = 0;
+    memset(blk, 0, QK_Q3_K_BYTES);
+    uint8_t *hmask = blk, *qs = blk + 32, *sc = blk + 96;
+    for (int j = 0; j < 16; j++) {
+        scales[j] = qk_fit_q3(16, 4, x + 16 * j, L + 16 * j);
+        float scale = fabsf(scales[j]);
+        if (scale > amax) {
+            amax = scale;
+            max_scale = scales[j];
+        }
+    }
+    if (max_scale != 0) {
+        float iscale = -32.f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            float v = iscale * scales[j];
+            int8_t l = (int8_t)qk_nearest_int(v);
+            l = (int8_t)(qk_clamp(l, -32, 31) + 32);
+            if (j < 8)
+                sc[j] = (uint8_t)(l & 0xF);
+            else
+                sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
+            l = (int8_t)(l >> 4);
+            sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+        }
+        qk_put_f16(blk + 108, qm_f32_to_f16(1 / iscale));
+    }
+    float d_all = qm_f16_le(blk + 108);
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+        int s = (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+        float d = d_all * (float)(int8_t)s;
+        if (d == 0)
+            continue;
+        for (int i = 0; i < 16; i++) {
+            float v = x[16 * j + i] / d;
+            L[16 * j + i] = (int8_t)(qk_clamp(qk_nearest_int(v), -4, 3) + 4);
+        }
+    }
+    int m = 0;
+    uint8_t hm = 1;
+    for (int j = 0; j < QM_QK_K; j++) {
+        if (L[j] > 3) {
+            hmask[m] |= hm;
+            L[j] = (int8_t)(L[j] - 4);
+        }
+        if (++m == QM_QK_K / 8) {
+            m = 0;
+            hm = (uint8_t)(hm << 1);
+        }
+    }
+    for (int j = 0; j < QM_QK_K; j += 128)
+        for (int l = 0; l < 32; l++)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
+                                      (L[j + l + 96] << 6));
 }
 
 #endif
