@@ -32,8 +32,8 @@
 typedef struct eng_quantize_opts {
     const char *in_path;
     const char *out_path;
-    const char *kind;  /* "nf4", "fp4" (safetensors) or "q4_k", "q5_k",
-                          "q6_k", "q8_0" (GGUF in, GGUF out) */
+    const char *kind;  /* "nf4", "fp4" (safetensors) or "q2_k" ... "q6_k",
+                          "q8_0" (GGUF in, GGUF out) */
     int32_t blocksize; /* 0: 64 */
     bool double_quant;
 } eng_quantize_opts;

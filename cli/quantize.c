@@ -1,7 +1,7 @@
 /*
  * quantize.c - `qlserve quantize`: its flags (cli_quantize) and its job
  * (eng_quantize_file): a whole safetensors file in and its bitsandbytes
- * NF4/FP4 serialization out, or, for --kind q4_k|q5_k|q6_k|q8_0, a GGUF
+ * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k or q8_0, a GGUF
  * file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them) and
  * the same model requantized out, metadata (tokenizer included) copied.
  * Made of the loader's parts (the safetensors and GGUF readers and
@@ -15,7 +15,8 @@
  * (ffn_gate_inp), a position or token-type embedding or an SSM conv; the
  * rest is copied as it is. A weight whose columns are not a multiple of
  * the kind's block falls back as llama-quantize's tensor_type_fallback
- * does (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; to f16 when the fallback
+ * does (q2_k, q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; to
+ * f16 when the fallback
  * does not fit either), and the log says so. Unlike llama-quantize's
  * Q4_K_M and friends there is no per-tensor mix: output.weight and
  * attn_v get the kind too. The k-quants' bytes are llama.cpp's reference
@@ -84,16 +85,15 @@ static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt
 
 /* What each GGUF --kind writes: the kind, its fallback, and the
  * general.file_type llama.cpp names such a file by (llama.h's
- * LLAMA_FTYPE_MOSTLY_*: Q8_0 7, Q4_K_S 14, Q5_K_S 16, Q6_K 18). */
+ * LLAMA_FTYPE_MOSTLY_*: Q8_0 7, Q2_K 10, Q3_K_S 11, Q4_K_S 14, Q5_K_S 16,
+ * Q6_K 18). */
 static const struct gguf_target {
     const char *name;
     qt_kind kind, fallback;
     uint32_t file_type;
 } gguf_targets[] = {
-    {"q4_k", QT_Q4_K, QT_Q5_0, 14},
-    {"q5_k", QT_Q5_K, QT_Q5_1, 16},
-    {"q6_k", QT_Q6_K, QT_Q8_0, 18},
-    {"q8_0", QT_Q8_0, QT_F16, 7},
+    {"q2_k", QT_Q2_K, QT_Q4_0, 10}, {"q3_k", QT_Q3_K, QT_Q4_0, 11}, {"q4_k", QT_Q4_K, QT_Q5_0, 14},
+    {"q5_k", QT_Q5_K, QT_Q5_1, 16}, {"q6_k", QT_Q6_K, QT_Q8_0, 18}, {"q8_0", QT_Q8_0, QT_F16, 7},
 };
 
 static const struct gguf_target *gguf_target_named(const char *name)
@@ -109,6 +109,9 @@ static uint32_t ggml_type_of(qt_kind k)
 {
     switch (k) {
     case QT_F16: return GGML_TYPE_F16;
+    case QT_Q4_0: return GGML_TYPE_Q4_0;
+    case QT_Q2_K: return GGML_TYPE_Q2_K;
+    case QT_Q3_K: return GGML_TYPE_Q3_K;
     case QT_Q5_0: return GGML_TYPE_Q5_0;
     case QT_Q5_1: return GGML_TYPE_Q5_1;
     case QT_Q8_0: return GGML_TYPE_Q8_0;
@@ -315,8 +318,8 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
     int kind = qt_kind_from_name(o->kind);
     if (kind != QT_NF4 && kind != QT_FP4)
         return ql_fail(msg, msg_len, QL_EINVAL,
-                       "--kind %s: quantize writes nf4 or fp4 (safetensors), or q4_k, q5_k, "
-                       "q6_k or q8_0 (GGUF)",
+                       "--kind %s: quantize writes nf4 or fp4 (safetensors), or q2_k, q3_k, "
+                       "q4_k, q5_k, q6_k or q8_0 (GGUF)",
                        o->kind ? o->kind : "(missing)");
     *p = (qt_quant_params){.kind = (qt_kind)kind,
                            .blocksize = o->blocksize ? o->blocksize : 64,

@@ -137,7 +137,7 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
         {"in", OPT_STRING, &(q)->in_path, "IN.safetensors | IN.gguf: the tensors to quantize"},    \
             {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors | OUT.gguf: where to write"},     \
             {"kind", OPT_STRING, &(q)->kind,                                                       \
-             "nf4 | fp4 (safetensors) | q4_k | q5_k | q6_k | q8_0 (GGUF)"},                        \
+             "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 (GGUF)"},          \
             {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"},  \
             {"double-quant", OPT_BOOL, &(q)->double_quant,                                         \
              "quantize absmax again (bitsandbytes compress_statistics)"},                          \
@@ -983,7 +983,7 @@ void cfg_print_usage(FILE *out, const char *sub)
         fprintf(out, "usage: qlserve quantize --in IN.safetensors --out OUT.safetensors "
                      "--kind nf4|fp4 [--blocksize N] [--double-quant]\n"
                      "       qlserve quantize --in IN.gguf --out OUT.gguf --kind "
-                     "q4_k|q5_k|q6_k|q8_0\n"
+                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0\n"
                      "Quantizes every 2-D float tensor and writes the bitsandbytes "
                      "serialization; other tensors are copied.\n"
                      "A GGUF kind requantizes a GGUF file's f32/f16/bf16 weights as "
@@ -1030,7 +1030,7 @@ void cfg_print_usage(FILE *out, const char *sub)
             "usage: qlserve COMMAND [FLAGS]\n"
             "commands:\n"
             "  serve      serve generation with hot LoRA adapters over HTTP\n"
-            "  quantize   a safetensors file to NF4/FP4 (bitsandbytes), a GGUF file to q4_k..q8_0\n"
+            "  quantize   a safetensors file to NF4/FP4 (bitsandbytes), a GGUF file to q2_k..q8_0\n"
             "  inspect    print what a safetensors file or a model holds\n"
             "  generate   complete a prompt with a model\n"
             "  tokenize   print the token ids of a text under a model's tokenizer\n"

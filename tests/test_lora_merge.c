@@ -74,11 +74,14 @@ static const kind_case cases[] = {
     {"q5_0", {.kind = QT_Q5_0}, 64, 96, true},
     {"q5_1", {.kind = QT_Q5_1}, 64, 96, true},
     /* the k-quants need whole super-blocks of 256 along a row; llama.cpp's
-     * searches are not idempotent: on these weights Q4_K's gives its
-     * codes back, Q5_K's moves some, Q6_K's mirrors some sub-blocks */
+     * searches are not idempotent: on these weights Q4_K's and Q2_K's give
+     * their codes back, Q5_K's and Q3_K's move some, Q6_K's mirrors some
+     * sub-blocks */
     {"q4_k", {.kind = QT_Q4_K}, 16, 512, true},
     {"q5_k", {.kind = QT_Q5_K}, 16, 512, false},
     {"q6_k", {.kind = QT_Q6_K}, 16, 512, false},
+    {"q2_k", {.kind = QT_Q2_K}, 16, 512, true},
+    {"q3_k", {.kind = QT_Q3_K}, 16, 512, false},
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 
@@ -662,15 +665,15 @@ Test(lora_merge, into_int8_and_bf16_store_those_kinds_and_lose_less_than_4bit)
     }
 }
 
-/* A k-quant weight as a GGUF file holds it (random block bytes, not made
+/* A k-quant weight (Q2_K ... Q6_K) as a GGUF file holds it (random block bytes, not made
  * by our quantizer) merges into its own kind as the reference does
  * (dequantize, add the delta, qt_quantize into the same kind: llama.cpp's
  * reference quantizer), reports what that cost, and "into" int8 or bf16
  * still merges it as any kind; the wider kinds lose less. */
 Test(lora_merge, a_kquant_merges_into_its_own_kind_int8_or_bf16)
 {
-    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t i = 0; i < 3; i++) {
+    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q2_K, QT_Q3_K};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
         const char *name = qt_kind_name(kinds[i]);
         uint64_t rng = 70 + i;
         qtensor w, before;
@@ -713,6 +716,46 @@ Test(lora_merge, a_kquant_merges_into_its_own_kind_int8_or_bf16)
         free(d);
         free_module(&m);
         qt_free(&before);
+        qt_free(&w);
+    }
+}
+
+/* IQ4_NL and IQ4_XS have no requantizer yet: a merge into the weight's
+ * own kind is refused by name, and "into" int8 or bf16 merges them as the
+ * reference does. */
+Test(lora_merge, an_iq4_merges_only_into_int8_or_bf16)
+{
+    const qt_kind kinds[] = {QT_IQ4_NL, QT_IQ4_XS};
+    for (size_t i = 0; i < 2; i++) {
+        uint64_t rng = 90 + i;
+        qtensor w;
+        test_random_kquant(&w, kinds[i], 8, 512, &rng);
+        eng_lora_module m;
+        make_module(&m, QT_F32, 8, 512, 4, 0.05, 0.05, 95 + i);
+        lora_part part = {.adapter = "french", .module = &m, .scale = 0.5f};
+        qtensor merged, want;
+        lora_cost cost;
+        char msg[256] = "", expect[96];
+        cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
+                     QL_EUNSUPPORTED);
+        snprintf(expect, sizeof expect,
+                 "merging into %s is not supported yet; use into: int8 or bf16",
+                 qt_kind_name(kinds[i]));
+        cr_assert(strstr(msg, expect), "%s", msg);
+        cr_assert_null(merged.data);
+        float *d = reference_delta(&part, 1, 8, 512);
+        const qt_kind into[] = {QT_AFFINE, QT_BF16};
+        for (int j = 0; j < 2; j++) {
+            cr_assert_eq(merge(&w, &part, 1, true, into[j], &merged, &cost, msg, sizeof msg), QL_OK,
+                         "%s", msg);
+            qt_quant_params p = {.kind = into[j], .bits = 8, .symmetric = true};
+            reference_merge(&want, &w, d, &p);
+            assert_same_tensor(&merged, &want, qt_kind_name(kinds[i]));
+            qt_free(&want);
+            qt_free(&merged);
+        }
+        free(d);
+        free_module(&m);
         qt_free(&w);
     }
 }
