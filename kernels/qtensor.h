@@ -38,10 +38,11 @@
  *   Q4_0 Q4_1 Q8_0  llama.cpp's GGUF blocks of 32, byte for byte.
  *   Q5_0 Q5_1       llama.cpp's 5-bit blocks of 32, byte for byte.
  *   Q4_K Q5_K Q6_K  llama.cpp's k-quant super-blocks of 256, byte for byte;
- *                   read in place only (quantizing into them is refused).
+ *                   quantized by llama.cpp's reference quantizers
+ *                   (quantize_row_q4_K_ref ...), byte for byte.
  *   Q2_K Q3_K       llama.cpp's 2- and 3-bit k-quant super-blocks of 256
- *                   (sub-blocks of 16 with 4-bit or 6-bit scales); read in
- *                   place only.
+ *                   (sub-blocks of 16 with 4-bit or 6-bit scales); quantized
+ *                   by llama.cpp's reference quantizers too.
  *   IQ4_NL IQ4_XS   llama.cpp's non-linear 4-bit blocks: IQ4_NL blocks of 32
  *                   (one f16 scale, each nibble an index into 16 fixed
  *                   levels), IQ4_XS super-blocks of 256 (eight sub-blocks of
@@ -209,9 +210,9 @@ const char *qt_kind_name(qt_kind kind);
  * Quantize a rows x cols row-major f32 matrix into *out (which this call
  * initialises; free it with qt_free). Refuses NaN/Inf with the first bad
  * index, a blocksize or group size that does not fit, and shapes a kind
- * cannot hold (GGUF kinds need cols % 32 == 0); the k-quants (Q2_K ...
- * Q6_K) and IQ4_NL, IQ4_XS are read in place only and refused here with
- * QL_EUNSUPPORTED.
+ * cannot hold (GGUF kinds need cols % 32 == 0, the k-quants Q2_K ... Q6_K
+ * cols % 256 == 0); IQ4_NL and IQ4_XS are read in place only and refused
+ * here with QL_EUNSUPPORTED.
  */
 int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
                 const qt_quant_params *p, char *msg, size_t msg_len);

@@ -23,9 +23,9 @@
  * quantizers (quantize_row_*_ref): the reciprocal of the f32 scale,
  * truncation after adding 8.5, 16.5 or 0.5, roundf (half away from zero)
  * for Q8_0; the arithmetic is qt_quant_math.h's (qq_q4_0_block, ...),
- * which the CUDA merge runs too. The k-quants' and IQ4's reference
- * quantizers (an iterative search per sub-block) are not here yet:
- * quantizing into them is refused by name.
+ * which the CUDA merge runs too. The k-quants' reference quantizers (an
+ * iterative search per sub-block) are quant_kquant.c's; IQ4's are not
+ * here yet: quantizing into IQ4_NL or IQ4_XS is refused by name.
  *
  * It offers the GGUF rows' quantizer and scalar dequantization (the traits
  * table in traits.c points at them), qt_gguf_block_bytes and

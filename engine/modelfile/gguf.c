@@ -41,8 +41,8 @@
  * gguf_find_tensor), GGML type names and geometry, and gguf_tensor_qtensor
  * (modelfile.h). It owns the mapping and the key and name copies gguf_open
  * makes, until gguf_close; everything it hands out borrows from them. It
- * touches only the file it is given. Nothing in the product writes GGUF;
- * the tests' writer is tests/gguf_writer.c.
+ * touches only the file it is given. The product's writer is gguf_write.c
+ * (`qlserve quantize` to a GGUF kind); the tests' is tests/gguf_writer.c.
  */
 #include "modelfile.h"
 

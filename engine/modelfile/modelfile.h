@@ -14,7 +14,8 @@
  *     tensors transformers writes for a Linear4bit weight (`X`, `X.absmax`,
  *     `X.quant_map`, `X.nested_absmax`, `X.nested_quant_map`,
  *     `X.quant_state.bitsandbytes__nf4|fp4`);
- *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place.
+ *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place;
+ *     gguf_out_: the GGUF v3 writer (gguf_write.c), tensor data streamed.
  *
  * It owns the mappings it makes (freed by st_close, gguf_close); tensors it
  * hands out borrow from them (st_tensor_qtensor copies one whose address is
@@ -310,6 +311,26 @@ size_t gguf_value_size(gguf_type t);
  */
 int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, char *msg,
                         size_t msg_len);
+
+/*
+ * The GGUF v3 writer (gguf_write.c). Declare the metadata (copied from a
+ * reader's kv, or set) and every tensor (name, GGML type, dims, ne[0]
+ * fastest), then gguf_out_begin writes the head to PATH.tmp, gguf_out_write
+ * streams the tensors' data in declaration order (any chunking), and
+ * gguf_out_finish renames PATH.tmp over PATH once every byte is there.
+ * gguf_out_free closes and removes an unfinished PATH.tmp. alignment 0 is
+ * GGUF's default, 32. The caller keeps keys unique.
+ */
+typedef struct gguf_out gguf_out;
+gguf_out *gguf_out_new(uint64_t alignment);
+void gguf_out_free(gguf_out *o);
+int gguf_out_copy_kv(gguf_out *o, const gguf_kv *kv, char *msg, size_t msg_len);
+int gguf_out_set_u32(gguf_out *o, const char *key, uint32_t v, char *msg, size_t msg_len);
+int gguf_out_add_tensor(gguf_out *o, const char *name, uint32_t ggml_type, int n_dims,
+                        const int64_t *ne, char *msg, size_t msg_len);
+int gguf_out_begin(gguf_out *o, const char *path, char *msg, size_t msg_len);
+int gguf_out_write(gguf_out *o, const void *data, size_t n, char *msg, size_t msg_len);
+int gguf_out_finish(gguf_out *o, char *msg, size_t msg_len);
 
 /* GGML tensor type numbers this project reads (ggml.h's enum ggml_type). */
 enum {

@@ -105,6 +105,10 @@ int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t 
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* Bytes per block (of the kind's block_size elements) for a GGUF kind. */
 size_t qt_gguf_block_bytes(qt_kind kind);
+/* Quantizing into Q2_K ... Q6_K: llama.cpp's reference quantizers
+ * (quant_kquant.c, arithmetic in kernels/math/qt_kquant_ref.h). */
+int qt_kquant_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                       const qt_quant_params *p, char *msg, size_t msg_len);
 
 /*
  * The AVX2+FMA entry points of the traits table, one per kind with a fast
