@@ -200,13 +200,17 @@ static inline double ref_rope_freq(const eng_config *c, int i)
 }
 
 /* Rotate one head's vector for position pos: pairs (i, i + d/2) as Hugging
- * Face lays them out, or (2i, 2i + 1) in a llama GGUF. */
+ * Face lays them out, or (2i, 2i + 1) in a llama GGUF. longrope (Phi-3):
+ * the chosen factor set divides the frequencies above (as
+ * rope_freq_factors), and cos and sin are multiplied by the attention
+ * factor, as transformers' Phi3RotaryEmbedding multiplies them. */
 static inline void ref_rope(const eng_config *c, double *v, int pos)
 {
     int half = c->head_dim / 2;
+    double mscale = c->rope_scaling == ENG_ROPE_LONGROPE ? (double)c->rope_attn_factor : 1.0;
     for (int i = 0; i < half; i++) {
         double angle = pos * ref_rope_freq(c, i);
-        double cs = cos(angle), sn = sin(angle);
+        double cs = cos(angle) * mscale, sn = sin(angle) * mscale;
         int a = c->rope_interleaved ? 2 * i : i, b = c->rope_interleaved ? 2 * i + 1 : i + half;
         double x0 = v[a], x1 = v[b];
         v[a] = x0 * cs - x1 * sn;

@@ -555,8 +555,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             c->h_tokens[r] = q->tokens[t];
             c->h_row_seq[r] = s;
             c->h_row_pos[r] = q->pos + t;
-            eng_rope_row(c->inv_freq, half, c->h_row_pos[r], c->h_cos + (size_t)r * half,
-                         c->h_sin + (size_t)r * half);
+            eng_rope_row(c->inv_freq, half, c->h_row_pos[r], eng_rope_attention_factor(cfg),
+                         c->h_cos + (size_t)r * half, c->h_sin + (size_t)r * half);
         }
     }
     int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,

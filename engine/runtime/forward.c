@@ -411,8 +411,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
             qt_dequantize_rows(&m->embed, seqs[s].tokens[t], 1, st->x + r * H);
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
-            eng_rope_row(st->inv_freq, half, st->row_pos[r], st->rope_cos + r * half,
-                         st->rope_sin + r * half);
+            eng_rope_row(st->inv_freq, half, st->row_pos[r], eng_rope_attention_factor(c),
+                         st->rope_cos + r * half, st->rope_sin + r * half);
         }
     }
 
