@@ -756,11 +756,14 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
         }
-    if (*n_targeted == 0)
+    if (*n_targeted == 0) {
+        char example[128];
+        module_name(example, sizeof example, m, 0, ENG_PROJ_Q);
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_modules selects no projection of this model (module names "
-                       "look like model.layers.0.self_attn.q_proj)",
-                       c->path);
+                       "look like %s)",
+                       c->path, example);
+    }
     return QL_OK;
 }
 

@@ -77,15 +77,14 @@ static char *read_text(const char *path)
 
 static void copy_file(const char *from, const char *to)
 {
-    char *s = read_text(from);
-    FILE *f = fopen(from, "rb");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fclose(f);
-    FILE *out = fopen(to, "wb");
-    cr_assert(out && fwrite(s, 1, (size_t)n, out) == (size_t)n, "cannot write %s", to);
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    cr_assert(in && out, "cannot copy %s to %s", from, to);
+    char buf[8192];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
     fclose(out);
-    free(s);
 }
 
 /* The fixture folder in dir with a tokenizer (the tiny byte-level one: the
@@ -472,5 +471,23 @@ Test(phi3, peft_adapter_on_the_converted_gguf_equals_peft_float64)
     eng_model m;
     load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
     check_adapter(&m, "phi3 gguf + adapter");
+    eng_model_free(&m);
+}
+
+Test(phi3, adapter_naming_llama_modules_is_refused_with_phi3_names)
+{
+    /* a Phi-3 model has no q_proj: PEFT could not have trained one */
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    copy_file(FIXTURE("phi3_lora/adapter_model.safetensors"), path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    tiny_write_json(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
+                          "\"target_modules\": [\"q_proj\", \"v_proj\"]}");
+    eng_model m;
+    load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
+    eng_lora *l = NULL;
+    cr_assert_eq(lora_load(&l, NULL, dir, "wrong", &m, msg, sizeof msg), QL_EINVAL, "%s", msg);
+    cr_assert_null(l);
+    cr_assert(strstr(msg, "model.layers.0.self_attn.qkv_proj"), "%s", msg);
     eng_model_free(&m);
 }
