@@ -23,6 +23,10 @@
  *   - the q8_0 GGUF's q/k/v and gate/up are views into the mapped fused
  *     tensors and give the float64 reference pass's logits
  *     (tests/ref_forward.h) over the same dequantized weights;
+ *   - a bitsandbytes 4-bit folder (`qlserve quantize` of the fixture: the
+ *     fused tensors quantized whole) splits on block boundaries: single
+ *     quantized, each part equals quantizing it alone; double quantized,
+ *     each part's values are its rows of the stored fused tensor;
  *   - the PEFT adapter (r 4 on qkv_proj, o_proj, gate_up_proj, down_proj)
  *     unmerged and merged gives PEFT's float64 logits within 1e-5, on the
  *     folder and on the GGUF.
@@ -32,7 +36,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "cli.h"
 #include "engine.h"
 #include "fixtures/phi3_reference.h"
 #include "lora.h"
@@ -374,6 +380,97 @@ Test(phi3, quantized_on_load_each_part_as_its_own_linear)
     cr_assert_eq(m.layers[0].w_up.kind, QT_AFFINE);
     check_against_reference(&m, "phi3 int8 on load");
     eng_model_free(&m);
+}
+
+static void assert_same_values(const qtensor *a, const qtensor *b, const char *what)
+{
+    cr_assert_eq(a->rows, b->rows, "%s rows", what);
+    cr_assert_eq(a->cols, b->cols, "%s cols", what);
+    size_t n = (size_t)(a->rows * a->cols);
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    qt_dequantize_rows(a, 0, a->rows, x);
+    qt_dequantize_rows(b, 0, b->rows, y);
+    cr_assert_eq(memcmp(x, y, n * 4), 0, "%s differ", what);
+    free(x);
+    free(y);
+}
+
+/* The fixture's weights as `qlserve quantize` writes them (bitsandbytes
+ * serialization, the fused tensors quantized whole) in a folder whose
+ * config says bitsandbytes 4-bit. */
+static void make_bnb_folder(const char *sub, bool double_quant)
+{
+    char folder[700], out[800], msg[512];
+    snprintf(folder, sizeof folder, "%s/%s", dir, sub);
+    cr_assert_eq(mkdir(folder, 0700), 0);
+    snprintf(out, sizeof out, "%s/model.safetensors", folder);
+    eng_quantize_opts qo = {.in_path = FIXTURE("phi3_tiny/model.safetensors"),
+                            .out_path = out,
+                            .kind = "nf4",
+                            .double_quant = double_quant};
+    cr_assert_eq(eng_quantize_file(&qo, NULL, msg, sizeof msg), 0, "%s", msg);
+    char *cfg = config_with("\"tie_word_embeddings\": false",
+                            "\"tie_word_embeddings\": false, \"quantization_config\": "
+                            "{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                            "\"bnb_4bit_quant_type\": \"nf4\"}");
+    snprintf(out, sizeof out, "%s/config.json", folder);
+    tiny_write_json(out, cfg);
+    free(cfg);
+    snprintf(out, sizeof out, "%s/tokenizer.json", folder);
+    tiny_write_tokenizer_json(out);
+}
+
+Test(phi3, bitsandbytes_4bit_fused_tensors_split_on_block_boundaries)
+{
+    /* single quantization: each part is what quantizing it alone gives
+     * (its rows start on a block of 64), bit for bit */
+    make_bnb_folder("nf4", false);
+    char path[700];
+    snprintf(path, sizeof path, "%s/nf4", dir);
+    eng_model q, want;
+    load(&q, path, NULL);
+    make_folder(NULL);
+    load(&want, dir, "nf4");
+    cr_assert_str_eq(q.format, "bitsandbytes-4bit");
+    for (int l = 0; l < 2; l++) {
+        const eng_layer *a = &q.layers[l], *b = &want.layers[l];
+        cr_assert_eq(a->wk.kind, QT_NF4);
+        assert_same_values(&a->wq, &b->wq, "q");
+        assert_same_values(&a->wk, &b->wk, "k");
+        assert_same_values(&a->wv, &b->wv, "v");
+        assert_same_values(&a->w_gate, &b->w_gate, "gate");
+        assert_same_values(&a->w_up, &b->w_up, "up");
+    }
+    check_against_reference(&q, "phi3 bitsandbytes nf4");
+    eng_model_free(&want);
+    eng_model_free(&q);
+
+    /* double quantization: the parts take the absmax the fused tensor
+     * dequantizes with, so the pass is the fused weights' */
+    make_bnb_folder("nf4-dq", true);
+    snprintf(path, sizeof path, "%s/nf4-dq", dir);
+    load(&q, path, NULL);
+    cr_assert_eq(q.layers[0].wv.kind, QT_NF4);
+    /* each part's values are its rows of the fused tensor as stored */
+    char msg[512];
+    qtensor fused;
+    cr_assert_eq(bnb_read(&q.shards[0], "model.layers.1.self_attn.qkv_proj.weight", &fused, NULL,
+                          msg, sizeof msg),
+                 0, "%s", msg);
+    cr_assert(fused.nested);
+    float *all = malloc(128 * 64 * sizeof *all), *part = malloc(64 * 64 * sizeof *part);
+    qt_dequantize_rows(&fused, 0, 128, all);
+    const qtensor *parts[3] = {&q.layers[1].wq, &q.layers[1].wk, &q.layers[1].wv};
+    for (int k = 0, r0 = 0; k < 3; r0 += (int)parts[k]->rows, k++) {
+        qt_dequantize_rows(parts[k], 0, parts[k]->rows, part);
+        cr_assert_eq(memcmp(part, all + r0 * 64, (size_t)parts[k]->rows * 64 * sizeof *part), 0,
+                     "part %d", k);
+    }
+    free(all);
+    free(part);
+    qt_free(&fused);
+    check_against_reference(&q, "phi3 bitsandbytes nf4-dq");
+    eng_model_free(&q);
 }
 
 /* --- the PEFT adapter on qkv_proj and gate_up_proj ------------------------------ */
