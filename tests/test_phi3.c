@@ -27,6 +27,8 @@
  *     fused tensors quantized whole) splits on block boundaries: single
  *     quantized, each part equals quantizing it alone; double quantized,
  *     each part's values are its rows of the stored fused tensor;
+ *   - partial_rotary_factor 0.75 (Phi-4-mini's: the leading 12 of 16 dims
+ *     rotate) from a folder and its GGUF equals transformers too;
  *   - the PEFT adapter (r 4 on qkv_proj, o_proj, gate_up_proj, down_proj)
  *     unmerged and merged gives PEFT's float64 logits within 1e-5, on the
  *     folder and on the GGUF.
@@ -118,6 +120,8 @@ static void load(eng_model *m, const char *path, const char *quant)
 
 /* Every position's logits of the first n fixture tokens, in one prefill on
  * version w (NULL: the model's weights) with the adapter terms applied. */
+static void check_against_reference(const eng_model *m, const char *label);
+
 static float *run_prompt(const eng_model *m, int n, const eng_weights *w,
                          const eng_lora_term *delta, int32_t n_delta)
 {
@@ -291,15 +295,54 @@ Test(phi3, context_within_the_original_takes_short_factors)
     eng_model_free(&m);
 }
 
-Test(phi3, partial_rotary_and_bad_factor_lists_are_refused_by_name)
+Test(phi3, partial_rotary_folder_and_gguf_equal_transformers_float64)
+{
+    /* Phi-4-mini's shape of rope: partial_rotary_factor 0.75, the leading
+     * 12 of 16 dims rotate (longrope factors of 6), the rest pass through */
+    char to[1024];
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char from[1024];
+        snprintf(from, sizeof from, "%s/%s", FIXTURE("phi3_partial_tiny"), files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        copy_file(from, to);
+    }
+    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
+    tiny_write_tokenizer_json(to);
+    const char *paths[] = {dir, FIXTURE("phi3_partial_tiny.gguf")};
+    for (int i = 0; i < 2; i++) {
+        eng_model m;
+        load(&m, paths[i], NULL);
+        cr_assert_eq(m.cfg.rope_dim, 12, "%s", paths[i]);
+        cr_assert_eq(m.cfg.n_rope_freq_factors, 6);
+        cr_assert_float_eq(m.cfg.rope_freq_factors[5], PHI3_LONG_FACTOR[5], 1e-6);
+        float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+        double worst = worst_error(all, PHI3_PARTIAL_LOGITS, PHI3_N_TOKENS);
+        cr_log_info("phi3 partial rotary (%s): worst logit error %g", m.format, worst);
+        cr_assert_lt(worst, 1e-5, "%s: worst logit error %g", paths[i], worst);
+        free(all);
+        /* the float64 reference pass rotates the same dims */
+        check_against_reference(&m, "phi3 partial rotary");
+        /* rotating whole heads instead is another model */
+        m.cfg.rope_dim = 0;
+        all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+        cr_assert_gt(worst_error(all, PHI3_PARTIAL_LOGITS, PHI3_N_TOKENS), 1e-3);
+        free(all);
+        m.cfg.rope_dim = 12;
+        eng_model_free(&m);
+    }
+}
+
+Test(phi3, bad_partial_rotary_and_factor_lists_are_refused_by_name)
 {
     char msg[1024];
     eng_model m;
-    char *cfg = config_with("\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.75");
+    /* 16 * 0.1 leaves one rotary dim: no pair */
+    char *cfg = config_with("\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.1");
     make_folder(cfg);
     free(cfg);
     eng_load_opts o = {.path = dir};
-    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), QL_EUNSUPPORTED, "%s", msg);
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), QL_EFORMAT, "%s", msg);
     cr_assert(strstr(msg, "partial_rotary_factor"), "%s", msg);
 
     cfg = config_with("13.0\n", "13.0, 20.0\n");

@@ -56,7 +56,9 @@ static int gguf_float(const gguf_file *f, const char *key, double def, float *ou
 
 /*
  * The rotary layout beyond the frequency base: ARCH.rope.dimension_count
- * (llama.cpp's n_rot) must be the head dim (we rotate whole heads), and a
+ * (llama.cpp's n_rot): the whole head, or its leading n_rot dims (partial
+ * rotary, as Phi-4-mini's converted files have; not for a permuted llama
+ * layout), and a
  * rope_freqs.weight tensor (llama.cpp's per-pair frequency factors: its
  * converter writes them for Llama 3.x's rope_scaling llama3, one tensor for
  * every layer) is read into the config, f32 [head_dim / 2] as llama.cpp
@@ -71,21 +73,29 @@ static int gguf_rope_dims(const gguf_file *f, const char *arch, eng_config *c, c
     int rc = gguf_uint(f, key, c->head_dim, false, &n_rot, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    if (n_rot != c->head_dim)
+    if (n_rot <= 0 || n_rot > c->head_dim || n_rot % 2)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: %s = %d is not an even number of rotary dims of the head's %d", f->path,
+                       key, n_rot, c->head_dim);
+    /* llama.cpp's converter permutes a llama head's rows whole, which a
+     * rotation of part of the head would not undo */
+    if (n_rot != c->head_dim && c->arch == ENG_ARCH_LLAMA)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: %s = %d rotates part of each head of %d; qlserve rotates whole heads",
+                       "%s: %s = %d rotates part of each llama head of %d; qlserve rotates whole "
+                       "heads of a permuted llama layout",
                        f->path, key, n_rot, c->head_dim);
+    c->rope_dim = n_rot == c->head_dim ? 0 : n_rot; /* partial rotary: the leading n_rot */
     c->n_rope_freq_factors = 0;
     const gguf_tensor *t = gguf_find_tensor(f, "rope_freqs.weight");
     if (!t)
         return QL_OK;
-    int32_t half = c->head_dim / 2;
+    int32_t half = n_rot / 2;
     if (t->ggml_type != GGML_TYPE_F32 || t->n_dims != 1 || t->ne[0] != half)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor 'rope_freqs.weight' is %s, %d-D, %lld long; llama.cpp's "
-                       "frequency factors are f32, 1-D, head_dim / 2 = %d long",
+                       "frequency factors are f32, 1-D, %s / 2 = %d long",
                        f->path, gguf_ggml_type_name(t->ggml_type), t->n_dims, (long long)t->ne[0],
-                       half);
+                       c->rope_dim ? "rotary dims" : "head_dim", half);
     if (half > ENG_MAX_ROPE_FREQ_FACTORS)
         return ql_fail(
             msg, msg_len, QL_EUNSUPPORTED,
@@ -119,7 +129,7 @@ static int gguf_rope_factors(const gguf_file *f, const char *name, int32_t half,
     if (t->ggml_type != GGML_TYPE_F32 || t->n_dims != 1 || t->ne[0] != half)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' is %s, %d-D, %lld long; longrope factors are f32, 1-D, "
-                       "head_dim / 2 = %d long",
+                       "rotary dims / 2 = %d long",
                        f->path, name, gguf_ggml_type_name(t->ggml_type), t->n_dims,
                        (long long)t->ne[0], half);
     for (int32_t i = 0; i < half; i++) {
@@ -151,7 +161,7 @@ static int gguf_phi3(const gguf_file *f, eng_config *c, char *msg, size_t msg_le
         gguf_uint(f, "phi3.attention.sliding_window", 0, false, &c->sliding_window, msg, msg_len);
     if (rc != QL_OK || !gguf_find_tensor(f, "rope_factors_long.weight"))
         return rc;
-    int32_t half = c->head_dim / 2;
+    int32_t half = (c->rope_dim ? c->rope_dim : c->head_dim) / 2;
     if (half > ENG_MAX_ROPE_FREQ_FACTORS)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: head dim %d has more rotary pairs than the %d frequency factors "

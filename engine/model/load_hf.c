@@ -66,8 +66,8 @@ static int longrope_factors(const char *path, const cJSON *rs, const char *key, 
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(rs, key);
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != half)
         return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: rope_scaling %s must be a list of head_dim / 2 = %d numbers", path, key,
-                       half);
+                       "%s: rope_scaling %s must be a list of rotary dims / 2 = %d numbers", path,
+                       key, half);
     for (int32_t i = 0; i < half; i++) {
         double v;
         if (!mf_json_number(cJSON_GetArrayItem(a, i), &v) || !isfinite(v) || v <= 0)
@@ -91,7 +91,7 @@ static int longrope_factors(const char *path, const cJSON *rs, const char *key, 
 static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng_config *c,
                           char *msg, size_t msg_len)
 {
-    int32_t half = c->head_dim / 2;
+    int32_t half = (c->rope_dim ? c->rope_dim : c->head_dim) / 2;
     if (half > ENG_MAX_ROPE_FREQ_FACTORS)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: head dim %d has more rotary pairs than the %d frequency factors "
@@ -128,21 +128,31 @@ static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng
     return QL_OK;
 }
 
-/* partial_rotary_factor (top level, or in rope_parameters): qlserve
- * rotates whole heads, so anything but 1 is refused by name. */
-static int check_partial_rotary(const char *path, const cJSON *j, const cJSON *rs, char *msg,
-                                size_t msg_len)
+/* partial_rotary_factor (top level, or in rope_parameters, where
+ * transformers 5 moves it): the leading int(head_dim * factor) dims of each
+ * head rotate (Phi-4-mini: 0.75), as transformers computes the rotary dim;
+ * it must be in (0, 1] and leave an even, non-zero count. */
+static int read_partial_rotary(const char *path, const cJSON *j, const cJSON *rs, eng_config *c,
+                               char *msg, size_t msg_len)
 {
-    const cJSON *objs[] = {j, rs};
+    const cJSON *objs[] = {rs, j};
+    c->rope_dim = 0;
     for (size_t i = 0; i < 2; i++) {
         const cJSON *v =
             objs[i] ? cJSON_GetObjectItemCaseSensitive(objs[i], "partial_rotary_factor") : NULL;
+        if (!v || cJSON_IsNull(v))
+            continue;
         double f;
-        if (v && !cJSON_IsNull(v) && (!mf_json_number(v, &f) || f != 1.0))
-            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                           "%s: partial_rotary_factor %s rotates part of each head; qlserve "
-                           "rotates whole heads",
-                           path, cJSON_IsNumber(v) ? "below 1" : "(not a number)");
+        int32_t rot = 0;
+        if (mf_json_number(v, &f) && f > 0 && f <= 1)
+            rot = (int32_t)((double)c->head_dim * f);
+        if (rot <= 0 || rot % 2)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: partial_rotary_factor must be in (0, 1] and leave an even number "
+                           "of rotary dims of the head's %d",
+                           path, c->head_dim);
+        c->rope_dim = rot == c->head_dim ? 0 : rot;
+        return QL_OK;
     }
     return QL_OK;
 }
@@ -161,7 +171,7 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"rope_scaling\" is not an object", path);
     if (rs && cJSON_IsNull(rs))
         rs = NULL;
-    int rc = check_partial_rotary(path, j, rs, msg, msg_len);
+    int rc = read_partial_rotary(path, j, rs, c, msg, msg_len);
     if (rc != QL_OK || !rs)
         return rc;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");

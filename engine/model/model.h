@@ -84,9 +84,13 @@ typedef struct eng_config {
      * which its converter computes from Llama 3.x's rope_scaling): the
      * frequency of pair i is divided by rope_freq_factors[i], before any
      * scaling above, as ggml_rope_ext's freq_factors; n_rope_freq_factors is
-     * head_dim / 2 when the model has them, 0 when not */
+     * rotary dims / 2 when the model has them, 0 when not */
     int32_t n_rope_freq_factors;
     float rope_freq_factors[ENG_MAX_ROPE_FREQ_FACTORS];
+    /* the leading dims of each head that rotate (transformers'
+     * partial_rotary_factor times head_dim, Phi-4-mini's 0.75; a GGUF's
+     * rope.dimension_count); 0: the whole head. The rest pass through. */
+    int32_t rope_dim;
     /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
      * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
      * a llama GGUF after permuting the q/k rows */

@@ -1193,6 +1193,11 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "head_dim %d: the CUDA attention takes even head sizes up to 256",
                        cfg->head_dim);
+    if (eng_rope_dims(cfg) != cfg->head_dim)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
+                       "backend only; use --device cpu",
+                       eng_rope_dims(cfg), cfg->head_dim);
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

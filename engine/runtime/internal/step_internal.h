@@ -11,8 +11,12 @@
 
 #include "runtime.h"
 
-/* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
- * its rope scaling folded in (every backend rotates with these). */
+/* The leading dims of each head that rotate: rope_dim (partial rotary),
+ * or the whole head. */
+int32_t eng_rope_dims(const eng_config *c);
+/* inv_freq[i] for i < eng_rope_dims(c) / 2: the rotary frequencies of
+ * config c (theta^(-2i / rotary dims)) with its rope scaling folded in
+ * (every backend rotates with these). */
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
 /* What multiplies every cos and sin of config c: longrope's attention
  * factor, 1 for every other rope. */
