@@ -49,6 +49,15 @@ void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
     }
 }
 
+/* Gemma 3's sliding layers: rope_local_theta's frequencies, unscaled (as
+ * transformers' default rope for the sliding_attention layer type, and
+ * llama.cpp's freq_base_swa with scale 1). */
+void eng_rope_inv_freq_local(const eng_config *c, double *inv_freq)
+{
+    for (int32_t i = 0; i < c->head_dim / 2; i++)
+        inv_freq[i] = 1.0 / pow((double)c->rope_local_theta, (2.0 * i) / (double)c->head_dim);
+}
+
 void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab, float *sin_tab)
 {
     for (int32_t i = 0; i < half; i++) {

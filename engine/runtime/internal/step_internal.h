@@ -14,6 +14,9 @@
 /* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
  * its rope scaling folded in (every backend rotates with these). */
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
+/* The same for the sliding layers of a model with rope_local_theta (Gemma
+ * 3): that base, no scaling, no frequency factors. */
+void eng_rope_inv_freq_local(const eng_config *c, double *inv_freq);
 /* cos_tab[i], sin_tab[i] for i < half: the rotation of position pos, each
  * angle pos * inv_freq[i] in double, rounded once to f32. */
 void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab,
