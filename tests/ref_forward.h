@@ -26,6 +26,9 @@ typedef struct ref_layer {
     float *wq, *wk, *wv, *wo;
     float *bq, *bk, *bv; /* NULL when the model has none */
     float *w_gate, *w_up, *w_down;
+    /* Gemma (NULL elsewhere): the per-head q/k norms [head_dim] (Gemma 3;
+     * Qwen3's too), the sandwich norms after attention and after the MLP */
+    float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
     /* LoRA deltas added in float64, [rows, cols] per projection (NULL: none) */
     double *delta[ENG_N_PROJ];
 } ref_layer;
@@ -91,6 +94,14 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
             ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_UP) : &L->w_up, F, H, false, "w_up", l);
         r->w_down = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_DOWN) : &L->w_down, H, F, false,
                                 "w_down", l);
+        if (c->qk_norm) {
+            r->q_norm = ref_dequant(&L->q_norm, 1, c->head_dim, false, "q_norm", l);
+            r->k_norm = ref_dequant(&L->k_norm, 1, c->head_dim, false, "k_norm", l);
+        }
+        if (c->sandwich_norms) {
+            r->post_attn_norm = ref_dequant(&L->post_attn_norm, 1, H, false, "post_attn_norm", l);
+            r->post_ffn_norm = ref_dequant(&L->post_ffn_norm, 1, H, false, "post_ffn_norm", l);
+        }
     }
 }
 
@@ -135,8 +146,10 @@ static inline void ref_free(ref_model *R)
         ref_layer *r = &R->layers[l];
         for (int p = 0; p < ENG_N_PROJ; p++)
             free(r->delta[p]);
-        float *all[] = {r->attn_norm, r->ffn_norm, r->wq, r->wk,     r->wv,   r->wo,
-                        r->bq,        r->bk,       r->bv, r->w_gate, r->w_up, r->w_down};
+        float *all[] = {r->attn_norm,    r->ffn_norm, r->wq,     r->wk,     r->wv,
+                        r->wo,           r->bq,       r->bk,     r->bv,     r->w_gate,
+                        r->w_up,         r->w_down,   r->q_norm, r->k_norm, r->post_attn_norm,
+                        r->post_ffn_norm};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
             free(all[i]);
     }
@@ -148,15 +161,22 @@ static inline void ref_free(ref_model *R)
     memset(R, 0, sizeof *R);
 }
 
-/* out = rmsnorm(x) * w: x / sqrt(mean(x^2) + eps), times the weight. */
-static inline void ref_rmsnorm(const double *x, const float *w, int64_t n, double eps, double *out)
+/* out = rmsnorm(x) * (offset + w): x / sqrt(mean(x^2) + eps), times the
+ * weight (plus Gemma's 1 for a folder: eng_config.norm_offset). */
+static inline void ref_rmsnorm_offset(const double *x, const float *w, double offset, int64_t n,
+                                      double eps, double *out)
 {
     double ss = 0;
     for (int64_t i = 0; i < n; i++)
         ss += x[i] * x[i];
     double inv = 1.0 / sqrt(ss / (double)n + eps);
     for (int64_t i = 0; i < n; i++)
-        out[i] = x[i] * inv * (double)w[i];
+        out[i] = x[i] * inv * (offset + (double)w[i]);
+}
+
+static inline void ref_rmsnorm(const double *x, const float *w, int64_t n, double eps, double *out)
+{
+    ref_rmsnorm_offset(x, w, 0.0, n, eps, out);
 }
 
 /* out = (W + D) x (+ b): W is [rows, cols], D a float64 delta or NULL. */
@@ -224,6 +244,34 @@ static inline void ref_rope(const eng_config *c, double *v, int pos)
     }
 }
 
+/* Gemma 3's sliding layers: rope_local_theta^(-2i/head_dim), unscaled. */
+static inline void ref_rope_local(const eng_config *c, double *v, int pos)
+{
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double angle = pos * pow((double)c->rope_local_theta, -2.0 * i / c->head_dim);
+        double cs = cos(angle), sn = sin(angle);
+        double x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs - x1 * sn;
+        v[i + half] = x1 * cs + x0 * sn;
+    }
+}
+
+/* Gemma's gelu_pytorch_tanh, in double. */
+static inline double ref_gelu_tanh(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* In place: a block's output through Gemma's post-norm (NULL: none). */
+static inline void ref_post_norm(const eng_config *c, const float *w, double *o, double *tmp)
+{
+    if (!w)
+        return;
+    ref_rmsnorm_offset(o, w, c->norm_offset, c->hidden_size, c->rms_norm_eps, tmp);
+    memcpy(o, tmp, (size_t)c->hidden_size * sizeof *o);
+}
+
 /* The logits of every position of tokens[0..n): logits is n * vocab. */
 static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n, double *logits)
 {
@@ -237,40 +285,56 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     double *k = calloc((size_t)(n * nkv), sizeof *k), *v = calloc((size_t)(n * nkv), sizeof *v);
     double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
     double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
-    cr_assert(x && h && q && att && k && v && o && p && g && u);
+    double *tmp = calloc((size_t)(H > hd ? H : hd), sizeof *tmp);
+    cr_assert(x && h && q && att && k && v && o && p && g && u && tmp);
+    double off = c->norm_offset; /* Gemma folders: norms are (1 + w) */
 
-    // token embeddings
+    // token embeddings (Gemma: times sqrt(hidden) as the model's dtype holds it)
     for (int t = 0; t < n; t++)
         for (int64_t i = 0; i < H; i++)
-            x[t * H + i] = R->embed[(int64_t)tokens[t] * H + i];
+            x[t * H + i] = R->embed[(int64_t)tokens[t] * H + i] *
+                           (c->embed_scale > 0 ? (double)c->embed_scale : 1.0);
     for (int l = 0; l < c->n_layers; l++) {
         const ref_layer *L = &R->layers[l];
         // attention rmsnorm, qkv projections, RoPE on q and k
+        bool slides = eng_layer_slides(c, l), local = slides && c->rope_local_theta > 0;
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm(x + t * H, L->attn_norm, H, eps, h);
+            ref_rmsnorm_offset(x + t * H, L->attn_norm, off, H, eps, h);
             ref_matvec(L->wq, L->delta[ENG_PROJ_Q], L->bq, nq, H, h, q + t * nq);
             ref_matvec(L->wk, L->delta[ENG_PROJ_K], L->bk, nkv, H, h, k + t * nkv);
             ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
+            for (int hh = 0; L->q_norm && hh < c->n_heads; hh++) {
+                ref_rmsnorm_offset(q + t * nq + hh * hd, L->q_norm, off, hd, eps, tmp);
+                memcpy(q + t * nq + hh * hd, tmp, (size_t)hd * sizeof *tmp);
+            }
+            for (int hh = 0; L->k_norm && hh < c->n_kv_heads; hh++) {
+                ref_rmsnorm_offset(k + t * nkv + hh * hd, L->k_norm, off, hd, eps, tmp);
+                memcpy(k + t * nkv + hh * hd, tmp, (size_t)hd * sizeof *tmp);
+            }
             for (int hh = 0; hh < c->n_heads; hh++)
-                ref_rope(c, q + t * nq + hh * hd, t);
+                local ? ref_rope_local(c, q + t * nq + hh * hd, t)
+                      : ref_rope(c, q + t * nq + hh * hd, t);
             for (int hh = 0; hh < c->n_kv_heads; hh++)
-                ref_rope(c, k + t * nkv + hh * hd, t);
+                local ? ref_rope_local(c, k + t * nkv + hh * hd, t)
+                      : ref_rope(c, k + t * nkv + hh * hd, t);
         }
+        double scale = c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)hd);
+        int window = slides ? c->sliding_window : 0;
         // causal attention per head (head hh reads kv head hh / group), output projection
         for (int t = 0; t < n; t++) {
             for (int hh = 0; hh < c->n_heads; hh++) {
                 const double *qh = q + t * nq + hh * hd;
                 int64_t kvo = (int64_t)(hh / group) * hd;
                 double mx = -INFINITY, sum = 0;
-                /* Mistral: keys at most sliding_window - 1 positions back */
-                int s0 = c->sliding_window > 0 && t - c->sliding_window + 1 > 0
-                             ? t - c->sliding_window + 1
-                             : 0;
+                /* a sliding layer: keys at most window - 1 positions back */
+                int s0 = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
                 for (int s = s0; s <= t; s++) {
                     double d = 0;
                     for (int64_t i = 0; i < hd; i++)
                         d += qh[i] * k[s * nkv + kvo + i];
-                    p[s] = d / sqrt((double)hd);
+                    p[s] = d * scale;
+                    if (c->attn_softcap > 0) /* Gemma 2: tanh(s / cap) * cap */
+                        p[s] = tanh(p[s] / c->attn_softcap) * c->attn_softcap;
                     mx = fmax(mx, p[s]);
                 }
                 for (int s = s0; s <= t; s++) {
@@ -285,26 +349,32 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
                 }
             }
             ref_matvec(L->wo, L->delta[ENG_PROJ_O], NULL, H, nq, att, o);
+            ref_post_norm(c, L->post_attn_norm, o, tmp);
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];
         }
-        // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h))
+        // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h)) (Gemma: GeGLU, post-norm)
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm(x + t * H, L->ffn_norm, H, eps, h);
+            ref_rmsnorm_offset(x + t * H, L->ffn_norm, off, H, eps, h);
             ref_matvec(L->w_gate, L->delta[ENG_PROJ_GATE], NULL, F, H, h, g);
             ref_matvec(L->w_up, L->delta[ENG_PROJ_UP], NULL, F, H, h, u);
             for (int64_t i = 0; i < F; i++)
-                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+                g[i] = c->ffn_act == ENG_FFN_GELU_TANH ? ref_gelu_tanh(g[i]) * u[i]
+                                                       : g[i] / (1.0 + exp(-g[i])) * u[i];
             ref_matvec(L->w_down, L->delta[ENG_PROJ_DOWN], NULL, H, F, g, o);
+            ref_post_norm(c, L->post_ffn_norm, o, tmp);
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];
         }
     }
-    // final rmsnorm, lm_head (the embeddings when tied)
+    // final rmsnorm, lm_head (the embeddings when tied), Gemma 2's soft-cap
     for (int t = 0; t < n; t++) {
-        ref_rmsnorm(x + t * H, R->norm, H, eps, h);
+        ref_rmsnorm_offset(x + t * H, R->norm, off, H, eps, h);
         ref_matvec(R->lm_head, NULL, NULL, V, H, h, logits + t * V);
+        for (int64_t i = 0; c->final_softcap > 0 && i < V; i++)
+            logits[t * V + i] = tanh(logits[t * V + i] / c->final_softcap) * c->final_softcap;
     }
+    free(tmp);
     free(x);
     free(h);
     free(q);

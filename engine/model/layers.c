@@ -10,6 +10,7 @@
  */
 #include "internal/model_internal.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +19,17 @@ typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } layer_dim
 
 /* When a part is present: always, with attention_bias, with qk_norm,
  * unless the layer is fused (Phi-3: q/k/v and gate/up come from one tensor
- * each, fused_parts below). */
-typedef enum { ALWAYS, WITH_BIAS, WITH_QK_NORM, UNLESS_FUSED } layer_when;
+ * each, fused_parts below); with or without Gemma's sandwich norms (whose
+ * Hugging Face names reuse post_attention_layernorm for the norm after
+ * attention, so the MLP's input norm has two rows). */
+typedef enum {
+    ALWAYS,
+    WITH_BIAS,
+    WITH_QK_NORM,
+    UNLESS_FUSED,
+    WITHOUT_SANDWICH,
+    WITH_SANDWICH
+} layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
  * config terms (cols DIM_NONE: a vector), and where it goes. */
@@ -33,7 +43,13 @@ static const struct layer_part {
     {"input_layernorm.weight", "attn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, attn_norm), ALWAYS},
     {"post_attention_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
-     offsetof(eng_layer, ffn_norm), ALWAYS},
+     offsetof(eng_layer, ffn_norm), WITHOUT_SANDWICH},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, post_attn_norm), WITH_SANDWICH},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, ffn_norm), WITH_SANDWICH},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, post_ffn_norm), WITH_SANDWICH},
     {"self_attn.q_proj.weight", "attn_q.weight", DIM_Q, DIM_HIDDEN, ROLE_LINEAR,
      offsetof(eng_layer, wq), UNLESS_FUSED},
     {"self_attn.k_proj.weight", "attn_k.weight", DIM_KV, DIM_HIDDEN, ROLE_LINEAR,
@@ -184,6 +200,21 @@ static int load_fused(model_loader *L, model_tensor_loader load, bool gguf, int3
     return rc;
 }
 
+/* Whether a model of config c has the part (the walks skip the others, so
+ * a field two rows name is visited once). */
+static bool part_applies(const eng_config *c, const struct layer_part *part)
+{
+    switch (part->when) {
+    case ALWAYS: return true;
+    case WITH_BIAS: return c->attention_bias;
+    case WITH_QK_NORM: return c->qk_norm;
+    case UNLESS_FUSED: return true; /* loaded whole, or split from the fused tensor */
+    case WITHOUT_SANDWICH: return !c->sandwich_norms;
+    case WITH_SANDWICH: return c->sandwich_norms;
+    }
+    return false;
+}
+
 /* Layer l's part p, through the table's offsets. */
 static qtensor *layer_part(const eng_model *m, int32_t l, size_t p)
 {
@@ -209,9 +240,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
             rc = load_fused(L, load, gguf, l, dims, msg, msg_len);
         for (size_t p = 0; p < N_LAYER_PARTS && rc == QL_OK; p++) {
             const struct layer_part *part = &layer_parts[p];
-            if ((part->when == WITH_BIAS && !c->attention_bias) ||
-                (part->when == WITH_QK_NORM && !c->qk_norm) ||
-                (part->when == UNLESS_FUSED && fused))
+            if (!part_applies(c, part) || (part->when == UNLESS_FUSED && fused))
                 continue;
             char name[256];
             if (gguf)
@@ -229,7 +258,7 @@ void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ct
 {
     for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
         for (size_t p = 0; p < N_LAYER_PARTS; p++)
-            if (layer_part(m, l, p)->rows)
+            if (part_applies(&m->cfg, &layer_parts[p]) && layer_part(m, l, p)->rows)
                 fn(layer_part(m, l, p), ctx);
 }
 
@@ -237,5 +266,5 @@ void model_layers_free(eng_model *m)
 {
     for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
         for (size_t p = 0; p < N_LAYER_PARTS; p++)
-            qt_free(layer_part(m, l, p));
+            qt_free(layer_part(m, l, p)); /* zeroes it: a field two rows name is freed once */
 }

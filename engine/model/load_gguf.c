@@ -200,6 +200,78 @@ static int gguf_phi3(const gguf_file *f, eng_config *c, char *msg, size_t msg_le
     return QL_OK;
 }
 
+/* An optional float metadata value that may be 0 (off), or def. */
+static int gguf_float_or_zero(const gguf_file *f, const char *key, double def, float *out,
+                              char *msg, size_t msg_len)
+{
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (kv && (kv->type == GGUF_FLOAT32 || kv->type == GGUF_FLOAT64) && kv->f == 0.0) {
+        *out = 0.0f;
+        return QL_OK;
+    }
+    return gguf_float(f, key, def, out, msg, msg_len);
+}
+
+/*
+ * Gemma 2 and 3 as llama.cpp reads them (src/models/gemma2.cpp,
+ * gemma3.cpp): norms stored as 1 + w by the converter (norm_offset 0),
+ * embeddings scaled by sqrtf(hidden), rotary pairs as Hugging Face lays
+ * them out, the sliding window on ARCH.attention.sliding_window_pattern's
+ * layers (default: Gemma 2 alternates, Gemma 3 five of six), Gemma 3's
+ * sliding layers rotating with rope.freq_base_swa (default 10000) and no
+ * scaling. The attention scale is not in the file: llama.cpp takes
+ * 1/sqrt(head_dim), except 1/sqrt(hidden / heads) for the 27B models (46
+ * layers in Gemma 2, 62 in Gemma 3), which is what their configs'
+ * query_pre_attn_scalar says; so do we. Gemma 2's soft-caps default to
+ * llama.cpp's 50 and 30; llama.cpp never caps Gemma 3's attention.
+ */
+static int parse_gguf_gemma(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                            size_t msg_len)
+{
+    bool g3 = c->arch == ENG_ARCH_GEMMA3;
+    char key[128];
+    c->ffn_act = ENG_FFN_GELU_TANH;
+    c->norm_offset = 0.0f;
+    c->sandwich_norms = true;
+    c->qk_norm = g3;
+    c->rope_interleaved = false;
+    c->attention_bias = false;
+    c->embed_scale = sqrtf((float)c->hidden_size);
+    bool big = c->n_layers == (g3 ? 62 : 46);
+    c->attn_scale =
+        big ? 1.0f / sqrtf((float)(c->hidden_size / c->n_heads)) : 1.0f / sqrtf((float)c->head_dim);
+    int rc = QL_OK;
+    c->attn_softcap = 0.0f;
+    if (!g3) {
+        snprintf(key, sizeof key, "%s.attn_logit_softcapping", arch);
+        rc = gguf_float_or_zero(f, key, 50.0, &c->attn_softcap, msg, msg_len);
+    }
+    snprintf(key, sizeof key, "%s.final_logit_softcapping", arch);
+    if (rc == QL_OK)
+        rc = gguf_float_or_zero(f, key, g3 ? 0.0 : 30.0, &c->final_softcap, msg, msg_len);
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    if (rc == QL_OK)
+        rc = gguf_uint(f, key, g3 ? 0 : 4096, false, &c->sliding_window, msg, msg_len);
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const gguf_kv *pat = gguf_find_kv(f, key);
+    if (rc == QL_OK && pat && pat->type == GGUF_ARRAY)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: %s is a per-layer list; qlserve reads only a period (a number)",
+                       f->path, key);
+    if (rc == QL_OK)
+        rc = gguf_uint(f, key, g3 ? 6 : 2, false, &c->sliding_pattern, msg, msg_len);
+    if (rc == QL_OK && c->sliding_pattern == 1)
+        c->sliding_window = 0;
+    c->rope_local_theta = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+    if (rc == QL_OK)
+        rc = gguf_float(f, key, g3 ? 10000.0 : (double)c->rope_theta, &c->rope_local_theta, msg,
+                        msg_len);
+    if (rc == QL_OK && !g3 && c->rope_local_theta == c->rope_theta)
+        c->rope_local_theta = 0.0f; /* Gemma 2: one base for every layer */
+    return rc;
+}
+
 static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
 {
     const gguf_file *f = L->m->gguf;
@@ -217,10 +289,14 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_QWEN3;
     else if (strcmp(arch, "phi3") == 0)
         c->arch = ENG_ARCH_PHI3;
+    else if (strcmp(arch, "gemma2") == 0)
+        c->arch = ENG_ARCH_GEMMA2;
+    else if (strcmp(arch, "gemma3") == 0)
+        c->arch = ENG_ARCH_GEMMA3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
-                       "phi3)",
+                       "phi3, gemma2, gemma3)",
                        f->path, arch);
     char key[128];
     int rc = QL_OK;
@@ -294,6 +370,8 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         rc = gguf_uint(f, "tokenizer.ggml.eos_token_id", -1, false, &eos, msg, msg_len);
     c->bos_token_id = bos;
     c->eos_token_id = eos;
+    if (rc == QL_OK && (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3))
+        rc = parse_gguf_gemma(f, arch, c, msg, msg_len);
     return rc;
 }
 

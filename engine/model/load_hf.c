@@ -174,6 +174,11 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
     int rc = read_partial_rotary(path, j, rs, c, msg, msg_len);
     if (rc != QL_OK || !rs)
         return rc;
+    /* Gemma 3 in transformers 5: a set per layer type; the full layers'
+     * is the model's scaling (parse_gemma_config reads the sliding one) */
+    const cJSON *full = cJSON_GetObjectItemCaseSensitive(rs, "full_attention");
+    if (cJSON_IsObject(full))
+        rs = full;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!type)
         type = cJSON_GetObjectItemCaseSensitive(rs, "type");
@@ -208,6 +213,142 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
                    t);
 }
 
+/* --- Gemma 2 and 3 ------------------------------------------------------------ */
+
+/* A number field that may be null (off: 0) or absent (def), else > 0. */
+static int nullable_positive(const char *path, const cJSON *j, const char *key, double def,
+                             float *out, char *msg, size_t msg_len)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    double d = def;
+    if (v && cJSON_IsNull(v))
+        d = 0.0;
+    else if (v && (!mf_json_number(v, &d) || !(d > 0.0) || !isfinite(d)))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"%s\" is not a positive number or null",
+                       path, key);
+    *out = (float)d;
+    return QL_OK;
+}
+
+/* Which layers slide, from layer_types (transformers 5: one
+ * "sliding_attention" or "full_attention" per layer) or the older
+ * sliding_window_pattern (Gemma 3; Gemma 2 alternates, layer 0 sliding).
+ * We run the patterns both transformers and llama.cpp build (layer l
+ * slides when l % n < n - 1); another list is refused by name. */
+static int parse_gemma_layer_types(const char *path, const cJSON *j, eng_config *c, char *msg,
+                                   size_t msg_len)
+{
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (!types || cJSON_IsNull(types)) {
+        int32_t def = c->arch == ENG_ARCH_GEMMA2 ? 2 : 6;
+        int rc = int32_field(path, j, "sliding_window_pattern", def, false, 1, 1 << 20,
+                             &c->sliding_pattern, msg, msg_len);
+        if (rc == QL_OK && c->sliding_pattern == 1)
+            c->sliding_window = 0; /* every layer full */
+        return rc;
+    }
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: \"layer_types\" is not a list of num_hidden_layers = %d entries", path,
+                       c->n_layers);
+    int32_t n_sliding = 0, first_full = -1;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const char *t = cJSON_GetArrayItem(types, l)->valuestring;
+        if (t && strcmp(t, "sliding_attention") == 0)
+            n_sliding++;
+        else if (t && strcmp(t, "full_attention") == 0)
+            first_full = first_full < 0 ? l : first_full;
+        else
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: layer_types[%d] is not \"sliding_attention\" or "
+                           "\"full_attention\"",
+                           path, l);
+    }
+    if (n_sliding == 0) {
+        c->sliding_window = 0;
+        return QL_OK;
+    }
+    /* all sliding: pattern 0; else the first full layer ends the period */
+    c->sliding_pattern = first_full < 0 ? 0 : first_full + 1;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        bool slides = strcmp(cJSON_GetArrayItem(types, l)->valuestring, "sliding_attention") == 0;
+        if (slides != eng_layer_slides(c, l))
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: layer_types is not a repeating pattern of sliding layers closed by "
+                           "a full one (layer %d breaks it); qlserve runs only those",
+                           path, l);
+    }
+    return QL_OK;
+}
+
+/* Gemma 2 and 3 (Gemma3ForCausalLM, text only): what their configs say
+ * beyond a Llama's, with transformers' defaults for what they leave out. */
+static int parse_gemma_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                              size_t msg_len)
+{
+    bool g3 = c->arch == ENG_ARCH_GEMMA3;
+    const char *act = mf_json_str(j, "hidden_activation");
+    if (!act)
+        act = mf_json_str(j, "hidden_act");
+    if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_activation %s is not supported (gelu_pytorch_tanh)", path, act);
+    if (mf_json_bool(j, "use_bidirectional_attention", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: use_bidirectional_attention is not supported (qlserve is causal)",
+                       path);
+    c->ffn_act = ENG_FFN_GELU_TANH;
+    c->norm_offset = 1.0f;
+    c->sandwich_norms = true;
+    c->qk_norm = g3;
+    c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", true);
+    if (!cJSON_GetObjectItemCaseSensitive(j, "head_dim"))
+        c->head_dim = 256; /* both configs' default */
+    float window = 0.0f, scalar = 0.0f;
+    int rc = nullable_positive(path, j, "query_pre_attn_scalar", 256.0, &scalar, msg, msg_len);
+    if (rc == QL_OK && scalar == 0.0f)
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"query_pre_attn_scalar\" is null", path);
+    if (rc == QL_OK)
+        rc = nullable_positive(path, j, "attn_logit_softcapping", g3 ? 0.0 : 50.0, &c->attn_softcap,
+                               msg, msg_len);
+    if (rc == QL_OK)
+        rc = nullable_positive(path, j, "final_logit_softcapping", g3 ? 0.0 : 30.0,
+                               &c->final_softcap, msg, msg_len);
+    if (rc == QL_OK)
+        rc = nullable_positive(path, j, "sliding_window", 4096.0, &window, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->attn_scale = (float)(1.0 / sqrt((double)scalar));
+    c->sliding_window = (int32_t)window;
+    rc = parse_gemma_layer_types(path, j, c, msg, msg_len);
+    if (rc != QL_OK || !g3)
+        return rc;
+    /* Gemma 3's two rotary bases: rope_parameters' per layer type
+     * (transformers 5), else rope_theta and rope_local_base_freq */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *full =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+    const cJSON *slide =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+    if (cJSON_IsObject(full))
+        rc = positive_float(path, full, "rope_theta", 1e6, &c->rope_theta, msg, msg_len);
+    else if (!cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
+        c->rope_theta = 1e6f;
+    if (rc == QL_OK && cJSON_IsObject(slide)) {
+        const char *t = mf_json_str(slide, "rope_type");
+        if (t && strcmp(t, "default") != 0)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: rope_parameters.sliding_attention.rope_type %s is not supported "
+                           "(default)",
+                           path, t);
+        rc = positive_float(path, slide, "rope_theta", 1e4, &c->rope_local_theta, msg, msg_len);
+    } else if (rc == QL_OK) {
+        rc = positive_float(path, j, "rope_local_base_freq", 1e4, &c->rope_local_theta, msg,
+                            msg_len);
+    }
+    return rc;
+}
+
 static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, char *msg,
                            size_t msg_len)
 {
@@ -227,10 +368,15 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_QWEN3;
     else if (strcmp(arch, "Phi3ForCausalLM") == 0)
         c->arch = ENG_ARCH_PHI3;
+    else if (strcmp(arch, "Gemma2ForCausalLM") == 0)
+        c->arch = ENG_ARCH_GEMMA2;
+    else if (strcmp(arch, "Gemma3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_GEMMA3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM)",
+                       "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
+                       "Gemma2ForCausalLM, Gemma3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -273,6 +419,11 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
     c->rope_interleaved = false;
     c->bos_token_id = mf_json_token_id(j, "bos_token_id");
     c->eos_token_id = mf_json_token_id(j, "eos_token_id");
+    if (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3) {
+        rc = parse_gemma_config(path, j, c, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+    }
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
     if (qc) {
@@ -354,6 +505,19 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     if (rc != QL_OK)
         return rc;
     return model_finish_weight(L, name, role, out, msg, msg_len);
+}
+
+/* Gemma's embedding scale: sqrt(hidden), which transformers casts to the
+ * embeddings' dtype before multiplying (so a bf16 model scales by
+ * sqrt(hidden) rounded to bf16; f16 and f32 as their own). */
+static float gemma_embed_scale(int32_t hidden, qt_kind embed_kind)
+{
+    float s = (float)sqrt((double)hidden);
+    if (embed_kind == QT_BF16)
+        return qt_bf16_to_f32(qt_f32_to_bf16(s));
+    if (embed_kind == QT_F16)
+        return qt_f16_to_f32(qt_f32_to_f16(s));
+    return s;
 }
 
 /* --- Hugging Face folders ------------------------------------------------------ */
@@ -470,6 +634,8 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     int64_t h = c->hidden_size;
     rc = load_hf_tensor(L, "model.embed_tokens.weight", c->vocab_size, h, ROLE_EMBED, &m->embed,
                         msg, msg_len);
+    if (rc == QL_OK && (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3))
+        c->embed_scale = gemma_embed_scale(c->hidden_size, m->embed.kind);
     if (rc == QL_OK)
         rc = load_hf_tensor(L, "model.norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
     const st_file *f;

@@ -26,6 +26,8 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_QWEN2: return "qwen2";
     case ENG_ARCH_QWEN3: return "qwen3";
     case ENG_ARCH_PHI3: return "phi3";
+    case ENG_ARCH_GEMMA2: return "gemma2";
+    case ENG_ARCH_GEMMA3: return "gemma3";
     }
     return "unknown";
 }

@@ -38,7 +38,13 @@ typedef enum eng_arch {
      * gate_up_proj, split by rows at load into wq/wk/wv and w_gate/w_up
      * (layers.c), and longrope */
     ENG_ARCH_PHI3,
+    ENG_ARCH_GEMMA2,
+    ENG_ARCH_GEMMA3,
 } eng_arch;
+
+/* The gated unit of the MLP: silu(gate) * up (SwiGLU), or Gemma's
+ * gelu_pytorch_tanh(gate) * up (GeGLU). */
+typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH } eng_ffn_act;
 
 /* The most rotary pairs a model may carry frequency factors for (head dim
  * 512, the forward pass's limit, engine/runtime/forward.c). */
@@ -103,7 +109,37 @@ typedef struct eng_config {
     bool qk_norm;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
+    /* --- Gemma 2 and 3 (zero, false and SwiGLU for every other model) --- */
+    /* every RMSNorm (the q/k norms too) scales by (norm_offset + w): 1 for
+     * a Gemma folder (its RMSNorm is x * (1 + w)), 0 for a Gemma GGUF,
+     * whose converter stored w + 1 */
+    float norm_offset;
+    /* Gemma's sandwich: a norm after attention and after the MLP, each
+     * applied to the block's output before the residual add, and the MLP's
+     * own input norm (ffn_norm) */
+    bool sandwich_norms;
+    eng_ffn_act ffn_act;
+    float embed_scale;   /* embeddings times this (sqrt(hidden)); 0: not scaled */
+    float attn_scale;    /* q.k times this (query_pre_attn_scalar^-1/2); 0: 1/sqrt(head_dim) */
+    float attn_softcap;  /* scores become tanh(s / cap) * cap; 0: none */
+    float final_softcap; /* the same on the logits; 0: none */
+    /* which layers slide (sliding_window > 0): 0 every layer (Mistral); n:
+     * layer l when l % n < n - 1 (Gemma 2: n 2, layers 0, 2, ...; Gemma 3:
+     * n 6, all but every sixth) */
+    int32_t sliding_pattern;
+    /* Gemma 3: the sliding layers rotate with this base and no scaling (the
+     * full layers with rope_theta and rope_scaling); 0: as the full ones */
+    float rope_local_theta;
 } eng_config;
+
+/* Whether layer l attends through the sliding window (eng_config's
+ * sliding_window and sliding_pattern). */
+static inline bool eng_layer_slides(const eng_config *c, int32_t l)
+{
+    if (c->sliding_window <= 0)
+        return false;
+    return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
+}
 
 /* One decoder layer's weights. Norms and biases are dense [1, n]; a bias
  * that does not exist has rows == 0. */
@@ -113,6 +149,7 @@ typedef struct eng_layer {
     qtensor bq, bk, bv;
     qtensor q_norm, k_norm; /* Qwen3's per-head norms [1, head_dim] */
     qtensor w_gate, w_up, w_down;
+    qtensor post_attn_norm, post_ffn_norm; /* Gemma's sandwich norms [1, hidden] */
 } eng_layer;
 
 /*

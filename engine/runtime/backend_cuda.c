@@ -91,9 +91,10 @@ typedef struct dev_version {
 } dev_version;
 
 typedef struct dev_layer {
-    float *attn_norm, *ffn_norm; /* [hidden] */
-    float *bias;                 /* [q + 2 kv] when attention_bias */
-    float *q_norm, *k_norm;      /* [head_dim] when qk_norm (Qwen3) */
+    float *attn_norm, *ffn_norm;           /* [hidden] */
+    float *bias;                           /* [q + 2 kv] when attention_bias */
+    float *q_norm, *k_norm;                /* [head_dim] when qk_norm (Qwen3) */
+    float *post_attn_norm, *post_ffn_norm; /* [hidden] when sandwich_norms (Gemma) */
     qt_cuda_tensor proj[ENG_N_PROJ];
 } dev_layer;
 
@@ -109,6 +110,11 @@ typedef struct cuda_backend {
     dev_layer *layers;
     qt_cuda_kv kv;
     double *inv_freq; /* host, [head_dim / 2] */
+    /* Gemma 3's sliding layers' rotation (rope_local_theta): host
+     * frequencies, NULL when the model has one rotation, and the step's
+     * tables beside d_cos / h_cos */
+    double *inv_freq_local;
+    float *d_cos_local, *d_sin_local, *h_cos_local, *h_sin_local;
 
     /* activations, device */
     float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *last, *logits;
@@ -202,14 +208,18 @@ static int host_alloc(void *p, size_t n, const char *what, char *msg, size_t msg
     return QL_OK;
 }
 
-/* A dense [1, n] parameter to a new f32 device array. */
-static int upload_row(const qtensor *t, float **out, const char *what, char *msg, size_t msg_len)
+/* A norm's [1, n] weights to a new f32 device array, as the pass
+ * multiplies by them: offset + w (forward.c's norm_row; Gemma folders). */
+static int upload_norm(const qtensor *t, float offset, float **out, const char *what, char *msg,
+                       size_t msg_len)
 {
     size_t n = (size_t)t->cols;
     float *host = malloc(n * sizeof(float));
     if (!host)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     qt_dequantize_rows(t, 0, 1, host);
+    for (size_t i = 0; offset != 0.0f && i < n; i++)
+        host[i] = offset + host[i];
     int rc = dev_alloc(out, n * sizeof(float), what, msg, msg_len);
     if (rc == QL_OK) {
         cudaError_t st = cudaMemcpy(*out, host, n * sizeof(float), cudaMemcpyHostToDevice);
@@ -557,6 +567,9 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             c->h_row_pos[r] = q->pos + t;
             eng_rope_row(c->inv_freq, half, c->h_row_pos[r], eng_rope_attention_factor(cfg),
                          c->h_cos + (size_t)r * half, c->h_sin + (size_t)r * half);
+            if (c->inv_freq_local)
+                eng_rope_row(c->inv_freq_local, half, c->h_row_pos[r], 1.0,
+                             c->h_cos_local + (size_t)r * half, c->h_sin_local + (size_t)r * half);
         }
     }
     int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,
@@ -639,6 +652,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         {c->d_tables, c->h_tables, (size_t)tables * sizeof(int32_t)},
         {c->d_cos, c->h_cos, T * (size_t)half * sizeof(float)},
         {c->d_sin, c->h_sin, T * (size_t)half * sizeof(float)},
+        {c->d_cos_local, c->h_cos_local, c->inv_freq_local ? T * (size_t)half * sizeof(float) : 0},
+        {c->d_sin_local, c->h_sin_local, c->inv_freq_local ? T * (size_t)half * sizeof(float) : 0},
     };
     for (size_t i = 0; i < sizeof copies / sizeof *copies; i++)
         if (copies[i].bytes)
@@ -678,6 +693,9 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
     qt_cuda_step_rows sr = {T, c->d_row_seq, c->d_row_pos, c->d_bt_offset, c->d_tables};
     // token embeddings
     OP(qt_cuda_gather_rows(&c->embed, c->d_tokens, T, c->x, st, why, sizeof why));
+    if (cfg->embed_scale > 0.0f) /* Gemma: times sqrt(hidden) */
+        OP(qt_cuda_scale(c->x, cfg->embed_scale, T * H, st, why, sizeof why));
+    float scale = cfg->attn_scale > 0.0f ? cfg->attn_scale : 1.0f / sqrtf((float)cfg->head_dim);
     for (l = 0; l < cfg->n_layers; l++) {
         const dev_layer *dl = &c->layers[l];
         int rc;
@@ -701,18 +719,26 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
             OP(qt_cuda_rmsnorm(c->k, c->k, dl->k_norm, T * cfg->n_kv_heads, cfg->head_dim,
                                cfg->rms_norm_eps, st, why, sizeof why));
         }
-        // RoPE
-        OP(qt_cuda_rope(c->q, c->d_cos, c->d_sin, T, cfg->n_heads, cfg->head_dim,
-                        cfg->rope_interleaved, st, why, sizeof why));
-        OP(qt_cuda_rope(c->k, c->d_cos, c->d_sin, T, cfg->n_kv_heads, cfg->head_dim,
-                        cfg->rope_interleaved, st, why, sizeof why));
+        // RoPE (Gemma 3's sliding layers with their own base)
+        bool slides = eng_layer_slides(cfg, l), local = slides && c->inv_freq_local;
+        const float *cs = local ? c->d_cos_local : c->d_cos;
+        const float *sn = local ? c->d_sin_local : c->d_sin;
+        OP(qt_cuda_rope(c->q, cs, sn, T, cfg->n_heads, cfg->head_dim, cfg->rope_interleaved, st,
+                        why, sizeof why));
+        OP(qt_cuda_rope(c->k, cs, sn, T, cfg->n_kv_heads, cfg->head_dim, cfg->rope_interleaved, st,
+                        why, sizeof why));
         // K and V into the paged cache, then grouped-query attention over it
+        // (the window on sliding layers, Gemma 2's soft-capped scores)
         OP(qt_cuda_kv_write(&c->kv, l, &sr, c->k, c->v, st, why, sizeof why));
-        OP(qt_cuda_attention(&c->kv, l, &sr, c->q, c->att, cfg->n_heads, cfg->n_kv_heads,
-                             cfg->head_dim, cfg->sliding_window, st, why, sizeof why));
-        // output projection and residual
+        OP(qt_cuda_attention_ex(&c->kv, l, &sr, c->q, c->att, cfg->n_heads, cfg->n_kv_heads,
+                                cfg->head_dim, slides ? cfg->sliding_window : 0, scale,
+                                cfg->attn_softcap, st, why, sizeof why));
+        // output projection, Gemma's post-attention norm, and residual
         if ((rc = project(sc, l, ENG_PROJ_O, c->att, c->tmp, msg, msg_len)))
             return rc;
+        if (dl->post_attn_norm)
+            OP(qt_cuda_rmsnorm(c->tmp, c->tmp, dl->post_attn_norm, T, H, cfg->rms_norm_eps, st, why,
+                               sizeof why));
         OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
         // ffn rmsnorm
         OP(qt_cuda_rmsnorm(c->h, c->x, dl->ffn_norm, T, H, cfg->rms_norm_eps, st, why, sizeof why));
@@ -720,9 +746,15 @@ static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
         if ((rc = project(sc, l, ENG_PROJ_GATE, c->h, c->gate, msg, msg_len)) ||
             (rc = project(sc, l, ENG_PROJ_UP, c->h, c->up, msg, msg_len)))
             return rc;
-        OP(qt_cuda_swiglu(c->gate, c->up, T * F, st, why, sizeof why));
+        if (cfg->ffn_act == ENG_FFN_GELU_TANH) /* Gemma's GeGLU */
+            OP(qt_cuda_geglu(c->gate, c->up, T * F, st, why, sizeof why));
+        else
+            OP(qt_cuda_swiglu(c->gate, c->up, T * F, st, why, sizeof why));
         if ((rc = project(sc, l, ENG_PROJ_DOWN, c->gate, c->tmp, msg, msg_len)))
             return rc;
+        if (dl->post_ffn_norm)
+            OP(qt_cuda_rmsnorm(c->tmp, c->tmp, dl->post_ffn_norm, T, H, cfg->rms_norm_eps, st, why,
+                               sizeof why));
         OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
     }
     return QL_OK;
@@ -760,6 +792,9 @@ static int every_row_logits(step_ctx *sc, char *msg, size_t msg_len)
             OP(qt_cuda_rmsnorm(c->last, c->x + (c->seq_row[s] + j) * H, c->final_norm, n, H,
                                cfg->rms_norm_eps, c->stream, why, sizeof why));
             OP(qt_cuda_matmul(c->blas, head, c->last, n, c->logits, c->stream, why, sizeof why));
+            if (cfg->final_softcap > 0.0f)
+                OP(qt_cuda_softcap(c->logits, cfg->final_softcap, n * V, c->stream, why,
+                                   sizeof why));
             CUDA_TRY(cudaMemcpyAsync(q->all_logits + j * V, c->logits,
                                      (size_t)n * (size_t)V * sizeof(float), cudaMemcpyDeviceToHost,
                                      c->stream),
@@ -790,6 +825,8 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
                        sizeof why));
     const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
     OP(qt_cuda_matmul(c->blas, head, c->last, S, c->logits, st, why, sizeof why));
+    if (cfg->final_softcap > 0.0f) /* Gemma 2 */
+        OP(qt_cuda_softcap(c->logits, cfg->final_softcap, S * V, st, why, sizeof why));
     /* tokens chosen here: greedy rows by argmax, plain draws by the
      * sampling kernel (which leaves greedy rows alone); the other rows'
      * logits go back to the host sampler */
@@ -998,6 +1035,8 @@ static void cuda_destroy(eng_backend *b)
         cudaFree(dl->bias);
         cudaFree(dl->q_norm);
         cudaFree(dl->k_norm);
+        cudaFree(dl->post_attn_norm);
+        cudaFree(dl->post_ffn_norm);
         for (int p = 0; p < ENG_N_PROJ; p++)
             qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
     }
@@ -1019,6 +1058,11 @@ static void cuda_destroy(eng_backend *b)
         cudaFreeHost(host[i]);
     free(c->seq_row);
     free(c->inv_freq);
+    free(c->inv_freq_local);
+    cudaFree(c->d_cos_local);
+    cudaFree(c->d_sin_local);
+    cudaFreeHost(c->h_cos_local);
+    cudaFreeHost(c->h_sin_local);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     eng_kv_free(b->kv);
@@ -1037,7 +1081,8 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
     if (rc == QL_OK && m->lm_head.rows)
         rc = upload_tensor(&m->lm_head, &c->lm_head, "lm_head", bytes, msg, msg_len);
     if (rc == QL_OK)
-        rc = upload_row(&m->norm, &c->final_norm, "the final norm", msg, msg_len);
+        rc =
+            upload_norm(&m->norm, cfg->norm_offset, &c->final_norm, "the final norm", msg, msg_len);
     c->layers = rc == QL_OK ? calloc((size_t)cfg->n_layers, sizeof *c->layers) : NULL;
     if (rc == QL_OK && !c->layers)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
@@ -1046,13 +1091,18 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
         dev_layer *dl = &c->layers[l];
         char what[96];
         snprintf(what, sizeof what, "layer %d's norms", l);
-        rc = upload_row(&hl->attn_norm, &dl->attn_norm, what, msg, msg_len);
+        float off = cfg->norm_offset; /* Gemma folders: (1 + w) */
+        rc = upload_norm(&hl->attn_norm, off, &dl->attn_norm, what, msg, msg_len);
         if (rc == QL_OK)
-            rc = upload_row(&hl->ffn_norm, &dl->ffn_norm, what, msg, msg_len);
+            rc = upload_norm(&hl->ffn_norm, off, &dl->ffn_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->qk_norm)
-            rc = upload_row(&hl->q_norm, &dl->q_norm, what, msg, msg_len);
+            rc = upload_norm(&hl->q_norm, off, &dl->q_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->qk_norm)
-            rc = upload_row(&hl->k_norm, &dl->k_norm, what, msg, msg_len);
+            rc = upload_norm(&hl->k_norm, off, &dl->k_norm, what, msg, msg_len);
+        if (rc == QL_OK && cfg->sandwich_norms)
+            rc = upload_norm(&hl->post_attn_norm, off, &dl->post_attn_norm, what, msg, msg_len);
+        if (rc == QL_OK && cfg->sandwich_norms)
+            rc = upload_norm(&hl->post_ffn_norm, off, &dl->post_ffn_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->attention_bias) {
             /* q, k and v biases side by side, as forward.c keeps them */
             float *host = malloc((size_t)(Q + 2 * KV) * sizeof(float));
@@ -1143,6 +1193,25 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     if (!c->seq_row || !c->inv_freq)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     eng_rope_inv_freq(cfg, c->inv_freq);
+    if (cfg->rope_local_theta > 0.0f) { /* Gemma 3's sliding layers */
+        c->inv_freq_local = malloc(half * sizeof(double));
+        if (!c->inv_freq_local)
+            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+        eng_rope_inv_freq_local(cfg, c->inv_freq_local);
+        int lrc =
+            dev_alloc(&c->d_cos_local, T * half * sizeof(float), "the step's layout", msg, msg_len);
+        lrc = lrc ? lrc
+                  : dev_alloc(&c->d_sin_local, T * half * sizeof(float), "the step's layout", msg,
+                              msg_len);
+        lrc = lrc ? lrc
+                  : host_alloc(&c->h_cos_local, T * half * sizeof(float), "the step's layout", msg,
+                               msg_len);
+        lrc = lrc ? lrc
+                  : host_alloc(&c->h_sin_local, T * half * sizeof(float), "the step's layout", msg,
+                               msg_len);
+        if (lrc != QL_OK)
+            return lrc;
+    }
 
     /* the KV cache: bookkeeping on the host, the arena here */
     int rc = eng_kv_new_meta(&c->base.kv, cfg, o->kv_bytes, o->block_tokens, msg, msg_len);

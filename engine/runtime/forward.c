@@ -55,6 +55,11 @@ struct eng_forward_state {
     float *final_norm; /* [hidden] */
     float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
     float *qk_norms;   /* [n_layers][2][head_dim] when qk_norm (Qwen3) */
+    /* Gemma: the sandwich norms [n_layers][2][hidden] (after attention,
+     * after the MLP), and the sliding layers' own rotation */
+    float *post_norms;
+    float *rope_cos_local, *rope_sin_local; /* [max_tokens][head_dim / 2] */
+    double *inv_freq_local;                 /* [head_dim / 2] */
     /* unmerged adapters: rows gathered by adapter (grown on first use) */
     float *lora_x, *lora_y, *lora_u; /* [max_tokens][widest projection] */
     float *lora_t;                   /* [max_tokens][lora_rank] */
@@ -72,13 +77,64 @@ static void dense_row(const qtensor *t, float *out)
     qt_dequantize_rows(t, 0, 1, out);
 }
 
+/* A norm's weights as the pass multiplies by them: offset + w (Gemma's
+ * folders keep w with the 1 left out; eng_config.norm_offset). */
+static void norm_row(const qtensor *t, float offset, float *out)
+{
+    qt_dequantize_rows(t, 0, 1, out);
+    for (int64_t i = 0; offset != 0.0f && i < t->cols; i++)
+        out[i] = offset + out[i];
+}
+
+/* Gemma's extra state: the sandwich norms and the sliding layers' rotary
+ * frequencies (each NULL when the model has none). */
+static int gemma_state_new(eng_forward_state *st, const eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    size_t T = (size_t)st->max_tokens, H = (size_t)c->hidden_size, half = (size_t)c->head_dim / 2;
+    if (c->sandwich_norms) {
+        st->post_norms = malloc((size_t)c->n_layers * 2 * H * sizeof(float));
+        if (!st->post_norms)
+            return QL_ENOMEM;
+        for (size_t l = 0; l < (size_t)c->n_layers; l++) {
+            norm_row(&m->layers[l].post_attn_norm, c->norm_offset, st->post_norms + 2 * l * H);
+            norm_row(&m->layers[l].post_ffn_norm, c->norm_offset, st->post_norms + (2 * l + 1) * H);
+        }
+    }
+    if (c->rope_local_theta > 0.0f) {
+        st->rope_cos_local = malloc(T * half * sizeof(float));
+        st->rope_sin_local = malloc(T * half * sizeof(float));
+        st->inv_freq_local = malloc(half * sizeof(double));
+        if (!st->rope_cos_local || !st->rope_sin_local || !st->inv_freq_local)
+            return QL_ENOMEM;
+        eng_rope_inv_freq_local(c, st->inv_freq_local);
+    }
+    return QL_OK;
+}
+
 void eng_forward_state_free(eng_forward_state *st)
 {
     if (!st)
         return;
-    float *bufs[] = {st->x,     st->h,          st->q,      st->k,       st->v,        st->att,
-                     st->gate,  st->up,         st->tmp,    st->last,    st->rope_cos, st->rope_sin,
-                     st->norms, st->final_norm, st->biases, st->qk_norms};
+    float *bufs[] = {st->x,
+                     st->h,
+                     st->q,
+                     st->k,
+                     st->v,
+                     st->att,
+                     st->gate,
+                     st->up,
+                     st->tmp,
+                     st->last,
+                     st->rope_cos,
+                     st->rope_sin,
+                     st->norms,
+                     st->final_norm,
+                     st->biases,
+                     st->qk_norms,
+                     st->post_norms,
+                     st->rope_cos_local,
+                     st->rope_sin_local};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(st->lora_x);
@@ -90,6 +146,7 @@ void eng_forward_state_free(eng_forward_state *st)
     free(st->row_seq);
     free(st->row_pos);
     free(st->inv_freq);
+    free(st->inv_freq_local);
     free(st);
 }
 
@@ -139,15 +196,16 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate || !st->up ||
         !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->seq_row || !st->seq_group ||
         !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms || !st->final_norm ||
-        (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms)) {
+        (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms) ||
+        gemma_state_new(st, m) != QL_OK) {
         eng_forward_state_free(st);
         return ql_fail(msg, msg_len, QL_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
     }
     eng_rope_inv_freq(c, st->inv_freq);
     for (size_t l = 0; l < L; l++) {
-        dense_row(&m->layers[l].attn_norm, st->norms + (2 * l) * H);
-        dense_row(&m->layers[l].ffn_norm, st->norms + (2 * l + 1) * H);
+        norm_row(&m->layers[l].attn_norm, c->norm_offset, st->norms + (2 * l) * H);
+        norm_row(&m->layers[l].ffn_norm, c->norm_offset, st->norms + (2 * l + 1) * H);
         if (c->attention_bias) {
             float *b = st->biases + l * (Q + 2 * KV);
             dense_row(&m->layers[l].bq, b);
@@ -155,11 +213,11 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
             dense_row(&m->layers[l].bv, b + Q + KV);
         }
         if (c->qk_norm) {
-            dense_row(&m->layers[l].q_norm, st->qk_norms + l * 4 * half);
-            dense_row(&m->layers[l].k_norm, st->qk_norms + l * 4 * half + 2 * half);
+            norm_row(&m->layers[l].q_norm, c->norm_offset, st->qk_norms + l * 4 * half);
+            norm_row(&m->layers[l].k_norm, c->norm_offset, st->qk_norms + l * 4 * half + 2 * half);
         }
     }
-    dense_row(&m->norm, st->final_norm);
+    norm_row(&m->norm, c->norm_offset, st->final_norm);
     *out = st;
     return QL_OK;
 }
@@ -323,16 +381,17 @@ static void project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
 }
 
 /* Rotate pairs of q (n_heads) and k (n_kv heads) of each row by its
- * position: pairs (i, i + d/2) as Hugging Face, or (2i, 2i + 1) as a llama
- * GGUF stores its permuted rows; with partial rotary (Phi-4-mini) only the
- * leading rot dims, pairs (i, i + rot/2), the rest passing through as
- * transformers' apply_rotary_pos_emb and ggml's neox rope leave them. */
-static void rope(const eng_config *c, const eng_forward_state *st, float *vec, int32_t n_heads,
-                 int64_t rows)
+ * position (cos_tab, sin_tab: [rows][rotary dims / 2]): pairs (i, i + d/2)
+ * as Hugging Face, or (2i, 2i + 1) as a llama GGUF stores its permuted
+ * rows; with partial rotary (Phi-4-mini) only the leading rot dims, pairs
+ * (i, i + rot/2), the rest passing through as transformers'
+ * apply_rotary_pos_emb and ggml's neox rope leave them. */
+static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab, float *vec,
+                 int32_t n_heads, int64_t rows)
 {
     int32_t d = c->head_dim, half = eng_rope_dims(c) / 2;
     for (int64_t r = 0; r < rows; r++) {
-        const float *cs = st->rope_cos + r * half, *sn = st->rope_sin + r * half;
+        const float *cs = cos_tab + r * half, *sn = sin_tab + r * half;
         for (int32_t hd = 0; hd < n_heads; hd++) {
             float *v = vec + (r * n_heads + hd) * d;
             for (int32_t i = 0; i < half; i++) {
@@ -352,15 +411,37 @@ typedef struct attn_job {
     int32_t layer;
 } attn_job;
 
+/* One run of n cached positions for a soft-capped layer (Gemma 2): each
+ * score q.k * scale capped (om_softcap) before the online softmax, so not
+ * qt_attend's fused loop. */
+static void attend_softcap(const float *q, const float *k, const float *v, int64_t stride,
+                           int32_t n, int32_t d, float scale, float cap, om_online *sm, float *acc)
+{
+    for (int32_t p = 0; p < n; p++) {
+        const float *kp = k + (int64_t)p * stride, *vp = v + (int64_t)p * stride;
+        float dot = 0.0f;
+        for (int32_t t = 0; t < d; t++)
+            dot += q[t] * kp[t];
+        float score = om_softcap(dot * scale, cap), factor;
+        if (om_online_raise(sm, score, &factor))
+            for (int32_t t = 0; t < d; t++)
+                acc[t] *= factor;
+        float w = om_online_weight(sm, score);
+        for (int32_t t = 0; t < d; t++)
+            acc[t] = om_online_acc(acc[t], w, vp[t]);
+    }
+}
+
 /* Attention for (row, head) pairs [i0, i1): online softmax over positions
- * 0..pos of the row's sequence (or the sliding window's last positions),
- * reading K and V from its blocks. */
+ * 0..pos of the row's sequence (or, on a sliding layer, the window's last
+ * positions), reading K and V from its blocks. */
 static void attention_rows(void *ctx, int64_t i0, int64_t i1)
 {
     const attn_job *j = ctx;
     const eng_config *c = j->c;
     int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    float scale = om_attention_scale(d);
+    float scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(d);
+    int32_t window = eng_layer_slides(c, j->layer) ? c->sliding_window : 0;
     int32_t bt = j->kv->block_tokens;
     float acc[512];
     for (int64_t i = i0; i < i1; i++) {
@@ -372,20 +453,45 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
         om_online sm = om_online_start();
         for (int32_t t = 0; t < d; t++)
             acc[t] = 0.0f;
-        /* Mistral's sliding window: the last `sliding_window` positions */
-        int32_t first = om_attention_first(pos, c->sliding_window);
+        /* the sliding window: the last `window` positions, this one included */
+        int32_t first = om_attention_first(pos, window);
         /* one call per KV block's run of positions: they lie kv_dim apart */
         for (int32_t p = first, run; p <= pos; p += run) {
             int32_t block_end = (p / bt + 1) * bt;
             run = (block_end <= pos ? block_end : pos + 1) - p;
-            qt_attend(q, kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d,
-                      kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d, j->kv->kv_dim, run, d,
-                      scale, &sm.max, &sm.sum, acc);
+            const float *k = kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d;
+            const float *v = kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d;
+            if (c->attn_softcap > 0.0f)
+                attend_softcap(q, k, v, j->kv->kv_dim, run, d, scale, c->attn_softcap, &sm, acc);
+            else
+                qt_attend(q, k, v, j->kv->kv_dim, run, d, scale, &sm.max, &sm.sum, acc);
         }
         float *out = j->st->att + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)
             out[u] = om_online_out(acc[u], sm.sum);
     }
+}
+
+/* A block's output into the residual stream: x += out, through Gemma's
+ * post-norm first when the model has one (post: its weights, or NULL). */
+static void residual_add(const eng_config *c, float *x, float *out, const float *post, int64_t T)
+{
+    int64_t H = c->hidden_size;
+    if (post)
+        rmsnorm(out, out, post, T, H, c->rms_norm_eps);
+    for (int64_t i = 0; i < T * H; i++)
+        x[i] += out[i];
+}
+
+/* The classifier's output for n rows of normed hidden states, soft-capped
+ * when the model caps its logits (Gemma 2). */
+static void classify(eng_pool *pool, const eng_model *m, const float *h, int64_t n, float *logits)
+{
+    const qtensor *head = m->lm_head.rows ? &m->lm_head : &m->embed;
+    matmul(pool, head, h, n, logits);
+    float cap = m->cfg.final_softcap;
+    for (int64_t i = 0; cap > 0.0f && i < n * m->cfg.vocab_size; i++)
+        logits[i] = om_softcap(logits[i], cap);
 }
 
 /* --- the step ---------------------------------------------------------------- */
@@ -411,10 +517,15 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
     for (int32_t s = 0, r = 0; s < n_seqs; s++) {
         for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
             qt_dequantize_rows(&m->embed, seqs[s].tokens[t], 1, st->x + r * H);
+            for (int64_t i = 0; c->embed_scale > 0.0f && i < H; i++)
+                st->x[r * H + i] *= c->embed_scale; /* Gemma: times sqrt(hidden) */
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
             eng_rope_row(st->inv_freq, rot_half, st->row_pos[r], eng_rope_attention_factor(c),
                          st->rope_cos + r * rot_half, st->rope_sin + r * rot_half);
+            if (st->inv_freq_local)
+                eng_rope_row(st->inv_freq_local, rot_half, st->row_pos[r], 1.0,
+                             st->rope_cos_local + r * rot_half, st->rope_sin_local + r * rot_half);
         }
     }
 
@@ -442,9 +553,12 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
             rmsnorm(st->q, st->q, qn, T * c->n_heads, c->head_dim, c->rms_norm_eps);
             rmsnorm(st->k, st->k, qn + 2 * half, T * c->n_kv_heads, c->head_dim, c->rms_norm_eps);
         }
-        // RoPE
-        rope(c, st, st->q, c->n_heads, T);
-        rope(c, st, st->k, c->n_kv_heads, T);
+        // RoPE (Gemma 3's sliding layers with their own base)
+        bool local = st->inv_freq_local && eng_layer_slides(c, l);
+        const float *cs = local ? st->rope_cos_local : st->rope_cos;
+        const float *sn = local ? st->rope_sin_local : st->rope_sin;
+        rope(c, cs, sn, st->q, c->n_heads, T);
+        rope(c, cs, sn, st->k, c->n_kv_heads, T);
         // K and V into the cache, all rows first so a prefill chunk sees itself
         for (int64_t r = 0; r < T; r++) {
             const eng_step_seq *s = &seqs[st->row_seq[r]];
@@ -456,20 +570,21 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         // grouped-query attention, causal, over the paged cache
         attn_job aj = {c, kv, seqs, st, l};
         eng_pool_run(pool, attention_rows, &aj, T * c->n_heads, 1);
-        // output projection and residual
+        // output projection, Gemma's post-attention norm, and residual
+        const float *post = st->post_norms ? st->post_norms + (size_t)(2 * l) * (size_t)H : NULL;
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_O, st->att, st->tmp);
-        for (int64_t i = 0; i < T * H; i++)
-            st->x[i] += st->tmp[i];
+        residual_add(c, st->x, st->tmp, post, T);
         // ffn rmsnorm
         rmsnorm(st->h, st->x, st->norms + (2 * l + 1) * H, T, H, c->rms_norm_eps);
-        // SwiGLU: down(silu(gate(h)) * up(h)), and residual
+        // SwiGLU: down(silu(gate(h)) * up(h)) (Gemma's GeGLU: gelu_tanh for
+        // silu), its post-norm, and residual
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_GATE, st->h, st->gate);
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_UP, st->h, st->up);
         for (int64_t i = 0; i < T * F; i++)
-            st->gate[i] = om_swiglu(st->gate[i], st->up[i]);
+            st->gate[i] = c->ffn_act == ENG_FFN_GELU_TANH ? om_geglu(st->gate[i], st->up[i])
+                                                          : om_swiglu(st->gate[i], st->up[i]);
         project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_DOWN, st->gate, st->tmp);
-        for (int64_t i = 0; i < T * H; i++)
-            st->x[i] += st->tmp[i];
+        residual_add(c, st->x, st->tmp, post ? post + H : NULL, T);
     }
 
     // final rmsnorm of each sequence's last token, and the classifier
@@ -477,9 +592,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         r += seqs[s].n_tokens;
         memcpy(st->tmp + s * H, st->x + (r - 1) * H, (size_t)H * sizeof(float));
     }
-    const qtensor *head = m->lm_head.rows ? &m->lm_head : &m->embed;
     rmsnorm(st->last, st->tmp, st->final_norm, n_seqs, H, c->rms_norm_eps);
-    matmul(pool, head, st->last, n_seqs, logits);
+    classify(pool, m, st->last, n_seqs, logits);
     // and of every new token where a sequence asks (a prompt's logprobs):
     // each row's arithmetic is the batch's, so its last row is the above
     for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
@@ -487,7 +601,7 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
             continue;
         rmsnorm(st->h, st->x + (int64_t)r * H, st->final_norm, seqs[s].n_tokens, H,
                 c->rms_norm_eps);
-        matmul(pool, head, st->h, seqs[s].n_tokens, seqs[s].all_logits);
+        classify(pool, m, st->h, seqs[s].n_tokens, seqs[s].all_logits);
     }
 
     for (int32_t s = 0; s < n_seqs; s++) {

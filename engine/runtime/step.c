@@ -54,6 +54,15 @@ void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
     }
 }
 
+/* Gemma 3's sliding layers: rope_local_theta's frequencies, unscaled (as
+ * transformers' default rope for the sliding_attention layer type, and
+ * llama.cpp's freq_base_swa with scale 1). */
+void eng_rope_inv_freq_local(const eng_config *c, double *inv_freq)
+{
+    for (int32_t i = 0; i < c->head_dim / 2; i++)
+        inv_freq[i] = 1.0 / pow((double)c->rope_local_theta, (2.0 * i) / (double)c->head_dim);
+}
+
 /* longrope's attention factor: transformers multiplies cos and sin by it
  * (attention_scaling, from _compute_longrope_parameters), ggml's rope by its
  * attn_factor (mscale), which llama.cpp's converter stores for Phi-3 as

@@ -160,6 +160,27 @@ __global__ void swiglu_kernel(float *gate, const float *up, int64_t n)
         gate[i] = om_swiglu(gate[i], up[i]);
 }
 
+__global__ void geglu_kernel(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        gate[i] = om_geglu(gate[i], up[i]);
+}
+
+__global__ void scale_kernel(float *x, float s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+__global__ void softcap_kernel(float *x, float cap, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = om_softcap(x[i], cap);
+}
+
 __global__ void add_kernel(float *x, const float *t, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -215,6 +236,7 @@ struct attn_args {
     int32_t n_chunks; /* blocks per kv head: ceil(group / HB) */
     int32_t n_splits;
     float scale;
+    float softcap; /* > 0: scores soft-capped (Gemma 2) */
 };
 
 /* VW consecutive floats from p (aligned to VW floats) into dst. */
@@ -343,6 +365,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(attn_args a)
                 if (h >= nh)
                     break;
                 float score = dot[h][u] * a.scale;
+                if (a.softcap > 0.0f)
+                    score = om_softcap(score, a.softcap);
                 float f;
                 if (om_online_raise(&st[h], score, &f)) {
 #pragma unroll
@@ -624,6 +648,56 @@ extern "C" int qt_cuda_rope(float *vec, const float *cos_tab, const float *sin_t
     return launched(msg, msg_len, "qt_cuda_rope kernel");
 }
 
+/* The checks of a pointwise entry over n floats: QL_OK with *run false
+ * when there is nothing to do. */
+static int pointwise_check(const char *name, int64_t n, bool buffers, bool *run, char *msg,
+                           size_t msg_len)
+{
+    *run = false;
+    if (n < 0)
+        return invalid(msg, msg_len, "%s: n %lld is negative", name, (long long)n);
+    if (n == 0)
+        return QL_OK;
+    if (!buffers)
+        return invalid(msg, msg_len, "%s: a buffer is NULL", name);
+    *run = true;
+    return QL_OK;
+}
+
+extern "C" int qt_cuda_geglu(float *gate, const float *up, int64_t n, void *stream, char *msg,
+                             size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_geglu", n, gate && up, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    geglu_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(gate, up, n);
+    return launched(msg, msg_len, "qt_cuda_geglu kernel");
+}
+
+extern "C" int qt_cuda_scale(float *x, float s, int64_t n, void *stream, char *msg, size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_scale", n, x != nullptr, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    scale_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(x, s, n);
+    return launched(msg, msg_len, "qt_cuda_scale kernel");
+}
+
+extern "C" int qt_cuda_softcap(float *x, float cap, int64_t n, void *stream, char *msg,
+                               size_t msg_len)
+{
+    if (!(cap > 0.0f))
+        return invalid(msg, msg_len, "qt_cuda_softcap: cap %g is not positive", (double)cap);
+    bool run;
+    int rc = pointwise_check("qt_cuda_softcap", n, x != nullptr, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    softcap_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(x, cap, n);
+    return launched(msg, msg_len, "qt_cuda_softcap kernel");
+}
+
 extern "C" int qt_cuda_swiglu(float *gate, const float *up, int64_t n, void *stream, char *msg,
                               size_t msg_len)
 {
@@ -710,6 +784,17 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
                                  int32_t head_dim, int32_t sliding_window, void *stream, char *msg,
                                  size_t msg_len)
 {
+    return qt_cuda_attention_ex(kv, layer, sr, q, out, n_heads, n_kv_heads, head_dim,
+                                sliding_window, om_attention_scale(head_dim), 0.0f, stream, msg,
+                                msg_len);
+}
+
+extern "C" int qt_cuda_attention_ex(const qt_cuda_kv *kv, int32_t layer,
+                                    const qt_cuda_step_rows *sr, const float *q, float *out,
+                                    int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                    int32_t sliding_window, float scale, float softcap,
+                                    void *stream, char *msg, size_t msg_len)
+{
     int rc = check_cache("qt_cuda_attention", kv, layer, sr, msg, msg_len);
     if (rc != QL_OK || sr->rows == 0)
         return rc;
@@ -771,7 +856,8 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
     a.window = sliding_window;
     a.n_chunks = n_chunks;
     a.n_splits = 1;
-    a.scale = om_attention_scale(head_dim);
+    a.scale = scale;
+    a.softcap = softcap;
 
     size_t partial_bytes = 0;
     if (n_splits > 1) {

@@ -1,6 +1,6 @@
 /*
  * ops_math.h - the per-element and per-row arithmetic of a decoder layer's
- * operations (RMSNorm, RoPE, SwiGLU, attention's online softmax, the greedy
+ * operations (RMSNorm, RoPE, SwiGLU and GeGLU, soft-capping, attention's online softmax, the greedy
  * token choice), shared by the CPU forward pass (engine/runtime/forward.c) and the
  * CUDA kernels (kernels/cuda/qt_cuda_ops.cu). Internal to kernels/ and
  * engine/.
@@ -93,6 +93,34 @@ QL_HD float om_silu(float x)
 QL_HD float om_swiglu(float gate, float up)
 {
     return om_silu(gate) * up;
+}
+
+/* ---- GeGLU (Gemma) ----------------------------------------------------------
+ * gelu_pytorch_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))),
+ * in PyTorch's order of operations for f32 (aten's GeluType::Tanh:
+ * x^3 first, kappa times it, plus x, beta times that). tanhf is libm's on
+ * the CPU and CUDA's on the GPU (within 2 ulp), as expf above. */
+
+QL_HD float om_gelu_tanh(float x)
+{
+    const float beta = 0.7978845608028654f; /* sqrt(2 / pi) */
+    const float kappa = 0.044715f;
+    float cube = x * x * x;
+    float inner = beta * (x + kappa * cube);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+/* The gated unit: gelu_tanh(gate) * up. */
+QL_HD float om_geglu(float gate, float up)
+{
+    return om_gelu_tanh(gate) * up;
+}
+
+/* ---- soft-capping (Gemma 2's attention scores and logits) --------------------
+ * tanh(x / cap) * cap: x for |x| << cap, never past +-cap. */
+QL_HD float om_softcap(float x, float cap)
+{
+    return tanhf(x / cap) * cap;
 }
 
 /* ---- attention ---------------------------------------------------------------

@@ -718,6 +718,62 @@ static void qwen3_norms(void)
     eng_model_free(&m);
 }
 
+/* Gemma 2 and 3 on the device as on the CPU: GeGLU, the sandwich norms,
+ * (1 + w) norms, the embedding scale, query_pre_attn_scalar's scale, a
+ * sliding window shorter than the scenario's prompts on alternating layers
+ * (Gemma 2's soft-capped scores and logits; Gemma 3's per-head q/k norms
+ * and the sliding layers' own rotary base, linear scaling on the full
+ * one). The model's fields are set here; model_case stays as it is. */
+static void gemma_layout(bool gemma3)
+{
+    model_case mc = {gemma3 ? "gemma3-q8_0" : "gemma2-q8_0",
+                     {.kind = QT_Q8_0},
+                     gemma3 ? ENG_ARCH_GEMMA3 : ENG_ARCH_GEMMA2,
+                     false,
+                     true,
+                     false,
+                     0};
+    eng_model m;
+    int rc = make_model(&m, &mc);
+    eng_config *c = &m.cfg;
+    c->sandwich_norms = true;
+    c->ffn_act = ENG_FFN_GELU_TANH;
+    c->norm_offset = 1.0f;
+    c->embed_scale = sqrtf((float)c->hidden_size);
+    c->attn_scale = 1.0f / sqrtf(24.0f);
+    c->sliding_window = 7;
+    c->sliding_pattern = 2; /* layers 0 and 2 slide */
+    c->qk_norm = gemma3;
+    if (gemma3) {
+        c->rope_local_theta = 100.0f;
+        c->rope_scaling = ENG_ROPE_LINEAR;
+        c->rope_factor = 2.0f;
+    } else {
+        c->attn_softcap = 3.0f;
+        c->final_softcap = 5.0f;
+    }
+    for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
+        eng_layer *L = &m.layers[l];
+        /* norms stored as w, used as 1 + w: far from 0 on both sides */
+        qt_free(&L->attn_norm);
+        qt_free(&L->ffn_norm);
+        rc = dense(&L->attn_norm, 1, c->hidden_size, 0.3f, 0.0f);
+        rc = rc ? rc : dense(&L->ffn_norm, 1, c->hidden_size, 0.3f, 0.0f);
+        rc = rc ? rc : dense(&L->post_attn_norm, 1, c->hidden_size, 0.3f, 0.0f);
+        rc = rc ? rc : dense(&L->post_ffn_norm, 1, c->hidden_size, 0.3f, 0.0f);
+        if (gemma3) {
+            rc = rc ? rc : dense(&L->q_norm, 1, c->head_dim, 0.3f, 0.0f);
+            rc = rc ? rc : dense(&L->k_norm, 1, c->head_dim, 0.3f, 0.0f);
+        }
+    }
+    const char *name = gemma3 ? "steps_match_cpu_gemma3_layout" : "steps_match_cpu_gemma2_layout";
+    if (rc != QL_OK)
+        report(false, name, "could not build the model");
+    else
+        scenario(name, &m, NULL, NULL, NULL);
+    eng_model_free(&m);
+}
+
 /* A Llama 3.x GGUF's rope_freqs.weight (llama.cpp's per-pair frequency
  * factors, in eng_config): the device rotates with the CPU's divided
  * frequencies, over positions up to 54. */
@@ -1129,6 +1185,8 @@ int main(void)
     }
     kinds();
     qwen3_norms();
+    gemma_layout(false);
+    gemma_layout(true);
     rope_freq_factors();
     phi3_longrope();
     phi3_gguf();

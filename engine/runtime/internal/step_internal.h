@@ -21,6 +21,9 @@ void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
 /* What multiplies every cos and sin of config c: longrope's attention
  * factor, 1 for every other rope. */
 double eng_rope_attention_factor(const eng_config *c);
+/* The same for the sliding layers of a model with rope_local_theta (Gemma
+ * 3): that base, no scaling, no frequency factors. */
+void eng_rope_inv_freq_local(const eng_config *c, double *inv_freq);
 /* cos_tab[i], sin_tab[i] for i < half: the rotation of position pos, each
  * angle pos * inv_freq[i] in double, its cos and sin times attn_factor
  * (eng_rope_attention_factor) in double, rounded once to f32. */
