@@ -137,28 +137,77 @@ static inline __host__ __device__ bool is_4bit(qt_kind k)
     return k == QT_NF4 || k == QT_FP4;
 }
 
+/* Every llama.cpp block kind this backend runs. */
 static inline __host__ __device__ bool is_gguf(qt_kind k)
+{
+    return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0 || k == QT_Q5_0 || k == QT_Q5_1 ||
+           k == QT_Q4_K || k == QT_Q5_K || k == QT_Q6_K;
+}
+
+/* The GGUF kinds kept in the split layout (qs, d, m arrays; qt_cuda.h);
+ * the others (Q5_0, Q5_1 and the k-quants) keep ggml's blocks whole. */
+static inline __host__ __device__ bool gguf_split(qt_kind k)
 {
     return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
 }
 
-/* The kinds this backend has kernels for. The CPU's Q5_0, Q5_1 and
- * k-quants (kernels/qtensor.h) have none here yet: qt_cuda_tensor_upload
- * refuses them by name, so no device tensor ever holds one. */
+/* The k-quants: super-blocks of 256. */
+static inline __host__ __device__ bool is_kquant(qt_kind k)
+{
+    return k == QT_Q4_K || k == QT_Q5_K || k == QT_Q6_K;
+}
+
+/* The kinds this backend has kernels for: every kind of qtensor.h today
+ * (a kind added there stays refused here by name until it has kernels). */
 static inline bool cuda_runs_kind(qt_kind k)
 {
     return is_dense(k) || is_4bit(k) || k == QT_AFFINE || is_gguf(k);
 }
 
 /* Bytes per block of a GGUF kind in ggml's layout, 0 for other kinds. */
-static inline size_t gguf_block_bytes(qt_kind kind)
+static inline __host__ __device__ size_t gguf_block_bytes(qt_kind kind)
 {
     switch (kind) {
     case QT_Q4_0: return QM_Q4_0_BYTES;
     case QT_Q4_1: return QM_Q4_1_BYTES;
     case QT_Q8_0: return QM_Q8_0_BYTES;
+    case QT_Q5_0: return QM_Q5_0_BYTES;
+    case QT_Q5_1: return QM_Q5_1_BYTES;
+    case QT_Q4_K: return QM_Q4_K_BYTES;
+    case QT_Q5_K: return QM_Q5_K_BYTES;
+    case QT_Q6_K: return QM_Q6_K_BYTES;
     default: return 0;
     }
+}
+
+/* Elements per block of a GGUF kind: 256 for the k-quants, 32 otherwise. */
+static inline __host__ __device__ int64_t gguf_block_elems(qt_kind kind)
+{
+    return is_kquant(kind) ? QM_QK_K : QM_GGUF_QK;
+}
+
+/* Element j of one whole ggml block of a kind kept whole (not
+ * gguf_split): qt_math.h's per-block functions, the ones the CPU's
+ * qt_dequantize_rows runs, so the value is the CPU's bit for bit. */
+static inline __host__ __device__ float gguf_whole_block_value(qt_kind kind, const uint8_t *blk,
+                                                               int j)
+{
+    switch (kind) {
+    case QT_Q5_0: return qm_q5_0_block_value(blk, j);
+    case QT_Q5_1: return qm_q5_1_block_value(blk, j);
+    case QT_Q4_K: return qm_q4_k_block_value(blk, j);
+    case QT_Q5_K: return qm_q5_k_block_value(blk, j);
+    default: return qm_q6_k_block_value(blk, j);
+    }
+}
+
+/* Element e of a row-major tensor of whole blocks of `kind`. */
+static inline __host__ __device__ float gguf_whole_element(qt_kind kind, const uint8_t *blocks,
+                                                           int64_t e)
+{
+    const int64_t per = gguf_block_elems(kind);
+    return gguf_whole_block_value(kind, blocks + (e / per) * (int64_t)gguf_block_bytes(kind),
+                                  (int)(e % per));
 }
 
 /* ---- grids and pointers -------------------------------------------------- */
