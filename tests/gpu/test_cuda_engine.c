@@ -122,7 +122,7 @@ static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_para
 /* A tiny decoder of random weights: 3 layers, hidden 128, 4 heads of 32
  * (2 kv heads), ffn 192, vocab 320; every width a multiple of 32 so every
  * kind applies. The k-quants' super-blocks of 256 take hidden 256, 4 heads
- * of 64, ffn 512; a Q4_K model has its V and down projections in Q6_K, as
+ * of 64, ffn 256; a Q4_K model has its V and down projections in Q6_K, as
  * llama.cpp's Q4_K_M mix does. */
 static int make_model(eng_model *m, const model_case *mc)
 {
@@ -132,7 +132,7 @@ static int make_model(eng_model *m, const model_case *mc)
     *c = (eng_config){.arch = mc->arch,
                       .vocab_size = 320,
                       .hidden_size = kq ? 256 : 128,
-                      .intermediate_size = kq ? 512 : 192,
+                      .intermediate_size = kq ? 256 : 192,
                       .n_layers = 3,
                       .n_heads = 4,
                       .n_kv_heads = 2,
