@@ -33,7 +33,8 @@
  *   Q4_0 Q4_1 Q8_0  the same block kind (blocks of 32 along the rows);
  *   Q5_0 Q5_1
  *   Q4_K Q5_K Q6_K  refused into their own kind by name (no requantizer
- *                   yet); "into" int8 or bf16 merges them as any kind.
+ *   Q2_K Q3_K       yet); "into" int8 or bf16 merges them as any kind.
+ *   IQ4_NL IQ4_XS
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -178,14 +179,15 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     return QL_OK;
 }
 
-/* The k-quants have no requantizer yet (llama.cpp's quantize_row_q4_K_ref
- * and its siblings search each sub-block's scale; qt_quantize refuses
- * them): a merge into the weight's own kind is refused by name, and
- * "into" int8 or bf16 takes into_params as for every kind. */
+/* The k-quants and IQ4_NL, IQ4_XS have no requantizer yet (llama.cpp's
+ * quantize_row_q4_K_ref and its siblings search each sub-block's scale;
+ * qt_quantize refuses them): a merge into the weight's own kind is refused
+ * by name, and "into" int8 or bf16 takes into_params as for every kind. */
 static int kquant_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
     (void)p;
-    if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K)
+    if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K && w->kind != QT_Q2_K &&
+        w->kind != QT_Q3_K && w->kind != QT_IQ4_NL && w->kind != QT_IQ4_XS)
         return wrong_family(w, "GGUF k-quant", msg, msg_len);
     return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                    "merging into %s is not supported yet; use into: int8 or bf16",
@@ -459,6 +461,10 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_Q4_K] = {.kind = "q4_k", .merge = merge_kquant},
     [QT_Q5_K] = {.kind = "q5_k", .merge = merge_kquant},
     [QT_Q6_K] = {.kind = "q6_k", .merge = merge_kquant},
+    [QT_Q2_K] = {.kind = "q2_k", .merge = merge_kquant},
+    [QT_Q3_K] = {.kind = "q3_k", .merge = merge_kquant},
+    [QT_IQ4_NL] = {.kind = "iq4_nl", .merge = merge_kquant},
+    [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_kquant},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -473,7 +479,7 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q4_k, q5_k and q6_k",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

@@ -112,7 +112,16 @@ typedef struct kind_case {
     /* GGUF with llama-quantize's Q4_K_M mix of types (tiny_model.h), on
      * 256-wide layers; the k-quants merge into int8 only (no requantizer) */
     bool q4_k_m;
+    /* GGUF of a read-in-place kind (k-quants, IQ4): hidden 288 with the
+     * 288-wide rows IQ4_NL (tiny_model.h's fallback), or 256 without */
+    bool iq4_nl_fallback;
 } kind_case;
+
+/* Whether the case's weights merge into int8 (no requantizer for them). */
+static bool merges_into_int8(const kind_case *kc)
+{
+    return kc->q4_k_m || (kc->gguf && test_kquant_is_read_only(kc->gguf_kind));
+}
 
 typedef struct rig {
     eng_model m;
@@ -131,6 +140,10 @@ static void rig_open(rig *g, const kind_case *kc)
         s.hidden = 256;
         s.inter = 512;
         s.q4_k_m_mix = true;
+    } else if (kc->gguf && qt_traits_table[kc->gguf_kind].block_size == 256) {
+        s.hidden = kc->iq4_nl_fallback ? 288 : 256;
+        s.inter = 512;
+        s.iq4_nl_fallback = kc->iq4_nl_fallback;
     }
     if (kc->gguf) {
         snprintf(path, sizeof path, "%s/tiny.gguf", dir);
@@ -308,7 +321,8 @@ static void adapters_match_reference(const kind_case *kc)
 
     // merged: the float64 model on the requantized weights, dequant(Q(W + delta))
     eng_lora_term merged = {one, 1.0f};
-    eng_weights *v = merged_version(&g.m, &merged, 1, kc->q4_k_m ? QT_AFFINE : QT_KIND_COUNT);
+    eng_weights *v =
+        merged_version(&g.m, &merged, 1, merges_into_int8(kc) ? QT_AFFINE : QT_KIND_COUNT);
     ref_load_version(&R, &g.m, v);
     snprintf(label, sizeof label, "%s merged one", kc->label);
     run_against(&g, &R, v, NULL, 0, label);
@@ -352,6 +366,10 @@ KIND_TEST(gguf_q8_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q8_0
 KIND_TEST(gguf_q5_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q5_0)
 KIND_TEST(gguf_q5_1_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q5_1)
 KIND_TEST(gguf_q4_k_m_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_K, .q4_k_m = true)
+KIND_TEST(gguf_q3_k_iq4_nl_fallback_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q3_K,
+          .iq4_nl_fallback = true)
+KIND_TEST(gguf_q2_k_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q2_K)
+KIND_TEST(gguf_iq4_xs_adapters_match_reference, .gguf = true, .gguf_kind = QT_IQ4_XS)
 
 Test(lora_engine, merge_into_int8_and_bf16_matches_reference)
 {

@@ -646,13 +646,14 @@ Test(lora_merge, into_int8_and_bf16_store_those_kinds_and_lose_less_than_4bit)
     }
 }
 
-/* The k-quants have no requantizer yet: a merge into the weight's own kind
- * is refused by name, and "into" int8 or bf16 merges them exactly as the
- * reference does (dequantize, add the delta, quantize into that kind). */
+/* The k-quants and IQ4_NL, IQ4_XS have no requantizer yet: a merge into
+ * the weight's own kind is refused by name, and "into" int8 or bf16 merges
+ * them exactly as the reference does (dequantize, add the delta, quantize
+ * into that kind). */
 Test(lora_merge, a_kquant_merges_only_into_int8_or_bf16)
 {
-    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t i = 0; i < 3; i++) {
+    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q2_K, QT_Q3_K, QT_IQ4_NL, QT_IQ4_XS};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
         uint64_t rng = 70 + i;
         qtensor w;
         test_random_kquant(&w, kinds[i], 8, 512, &rng);

@@ -301,9 +301,9 @@ size_t gguf_value_size(gguf_type t);
 
 /*
  * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), its data borrowed from the mapping (no copy, no
- * requantization); rows = product of ne[1..], cols = ne[0]. Any other type is refused with
- * QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
+ * Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), its data borrowed
+ * from the mapping (no copy, no requantization); rows = product of ne[1..], cols = ne[0]. Any other
+ * type is refused with QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
  * data off its element boundary, QL_EINVAL for a tensor of another file.
  * The borrowed data lies in a read-only mapping: whoever wants to change
  * the weight (a merge) works on a copy.
@@ -320,9 +320,13 @@ enum {
     GGML_TYPE_Q5_0 = 6,
     GGML_TYPE_Q5_1 = 7,
     GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q2_K = 10,
+    GGML_TYPE_Q3_K = 11,
     GGML_TYPE_Q4_K = 12,
     GGML_TYPE_Q5_K = 13,
     GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_IQ4_NL = 20,
+    GGML_TYPE_IQ4_XS = 23,
     GGML_TYPE_BF16 = 30,
 };
 
