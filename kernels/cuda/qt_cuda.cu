@@ -1,8 +1,8 @@
 /*
  * qt_cuda.cu - the first CUDA kernels of qlserve: device discovery, the
  * bitsandbytes NF4/FP4 dequantize kernel, the AFFINE and GGUF (Q4_0, Q4_1,
- * Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) dequantize kernels, with the host
- * plumbing around them.
+ * Q8_0, Q5_0, Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) dequantize kernels, with
+ * the host plumbing around them.
  *
  * Why shaped so:
  *   - Bit-identical to the CPU reference. Every value is computed by the
@@ -31,7 +31,7 @@
  *     device in the split layout (qs, d, m arrays; see qt_cuda.h), which
  *     the upload makes from ggml's blocks on the host, the other GGUF kinds
  *     in ggml's whole blocks, read by qm_q5_0_block_value ...
- *     qm_q6_k_block_value (gguf_whole_element); consecutive threads write
+ *     qm_iq4_xs_block_value (gguf_whole_element); consecutive threads write
  *     consecutive outputs, so the stores coalesce. They are a correct first
  *     version, not yet shaped for bandwidth like the 4-bit kernel.
  *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
@@ -438,6 +438,22 @@ cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, cudaStream_t stre
         dequantize_gguf_whole_kernel<QT_Q6_K, OutT>
             <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
         return cudaGetLastError();
+    case QT_Q2_K:
+        dequantize_gguf_whole_kernel<QT_Q2_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q3_K:
+        dequantize_gguf_whole_kernel<QT_Q3_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_IQ4_NL:
+        dequantize_gguf_whole_kernel<QT_IQ4_NL, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_IQ4_XS:
+        dequantize_gguf_whole_kernel<QT_IQ4_XS, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
     default: break;
     }
     if (v.kind == QT_Q4_0)
@@ -496,7 +512,7 @@ int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, s
     if (!is_gguf(kind)) {
         say(msg, msg_len,
             "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0, q5_0, "
-            "q5_1, q4_k, q5_k, q6_k)",
+            "q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs)",
             where, kind_name(kind));
         return QL_EUNSUPPORTED;
     }

@@ -37,10 +37,11 @@
  *      per block of 32 scanning it in the CPU's order (Q4_0's first-of-equal
  *      maximum and Q4_1's stored minimum depend on it; Q5_0 and Q5_1 alike,
  *      into their whole ggml blocks), dense a thread per element. The
- *      k-quants are refused by name: the CPU has no requantizer for them to
- *      match (backend_cuda.c serves a host merged copy when one exists). Double quantization of
- * NF4/FP4 absmax runs on the host with the CPU's own code (torch's cascade-summed mean, the 64 Ki
- * LUT): the absmax array (n / blocksize floats) makes the round trip;
+ *      k-quants and IQ4_NL, IQ4_XS are refused by name: the CPU has no
+ *      requantizer for them to match (backend_cuda.c serves a host merged copy when one exists).
+ * Double quantization of NF4/FP4 absmax runs on the host with the CPU's own code (torch's
+ * cascade-summed mean, the 64 Ki LUT): the absmax array (n / blocksize floats) makes the round
+ * trip;
  *   4. the cost: Q = dequantize(out), then dot, |d|^2, |Q - (W + d)|^2 in
  *      double: per thread over a fixed grid-stride, per block a fixed tree,
  *      the blocks' partials summed on the host in order. The same on every
@@ -661,6 +662,10 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
     case QT_Q4_K:
     case QT_Q5_K:
     case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_IQ4_NL:
+    case QT_IQ4_XS:
         say(msg, msg_len,
             "qt_cuda_merge: merging into %s is not supported on the device (no %s requantizer "
             "here); merge into: int8 or bf16 instead",
@@ -1155,5 +1160,5 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
 
 extern "C" bool qt_cuda_merge_requantizes(qt_kind kind)
 {
-    return cuda_runs_kind(kind) && !is_kquant(kind);
+    return cuda_runs_kind(kind) && !gguf_read_only(kind);
 }

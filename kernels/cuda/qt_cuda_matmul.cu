@@ -24,8 +24,8 @@
  *     (2 rows per warp above batch 4, to keep the registers in bounds). Each lane keeps batch x 4
  * f32 partial sums (batch is a template parameter, so they are registers), the warp reduces them
  * with shuffles, and one lane writes each (b, row).
- *   - The GGUF kinds kept in whole ggml blocks (Q5_0, Q5_1, Q4_K, Q5_K,
- *     Q6_K) take the piece kernel: the same warp shape, lanes across
+ *   - The GGUF kinds kept in whole ggml blocks (Q5_0, Q5_1, Q2_K ... Q6_K,
+ *     IQ4_NL, IQ4_XS) take the piece kernel: the same warp shape, lanes across
  *     pieces of 32 values that share their scales, read a byte at a time
  *     (see matvec_piece_kernel). A first version, correct rather than
  *     shaped for bandwidth.
@@ -129,21 +129,29 @@ enum mv_kind {
     kQ4_K,
     kQ5_K,
     kQ6_K,
+    kQ2_K,
+    kQ3_K,
+    kIQ4_NL,
+    kIQ4_XS,
 };
 
 /* The qtensor kind of a whole-block decoding. */
 __host__ __device__ constexpr qt_kind whole_kind(mv_kind k)
 {
-    return k == kQ5_0   ? QT_Q5_0
-           : k == kQ5_1 ? QT_Q5_1
-           : k == kQ4_K ? QT_Q4_K
-           : k == kQ5_K ? QT_Q5_K
-                        : QT_Q6_K;
+    return k == kQ5_0     ? QT_Q5_0
+           : k == kQ5_1   ? QT_Q5_1
+           : k == kQ4_K   ? QT_Q4_K
+           : k == kQ5_K   ? QT_Q5_K
+           : k == kQ2_K   ? QT_Q2_K
+           : k == kQ3_K   ? QT_Q3_K
+           : k == kIQ4_NL ? QT_IQ4_NL
+           : k == kIQ4_XS ? QT_IQ4_XS
+                          : QT_Q6_K;
 }
 
 __host__ __device__ constexpr bool is_whole(mv_kind k)
 {
-    return k == kQ5_0 || k == kQ5_1 || k == kQ4_K || k == kQ5_K || k == kQ6_K;
+    return k >= kQ5_0;
 }
 
 /* Values per 16-byte chunk. */
@@ -381,17 +389,20 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /*
- * The kinds kept in whole ggml blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) go by
- * pieces of 32 values of one row that share their scales: a Q5_0/Q5_1
- * block, a Q4_K/Q5_K sub-block (its d * sc and dmin * m), two Q6_K
- * sub-blocks of 16. A piece's scales are computed once, its values by the
- * same qt_math.h functions, in the same operations, as the CPU's
+ * The kinds kept in whole ggml blocks (Q5_0, Q5_1, the k-quants, IQ4_NL,
+ * IQ4_XS) go by pieces of 32 values of one row that share their scales: a
+ * Q5_0/Q5_1/IQ4_NL block, a Q4_K/Q5_K sub-block (its d * sc and dmin * m)
+ * or IQ4_XS sub-block (d * sc), two Q6_K/Q3_K sub-blocks of 16 (d * sc
+ * each), two Q2_K sub-blocks of 16 (d * sc and dmin * m each). A piece's scales are computed once,
+ * its values by the same qt_math.h functions, in the same operations, as the CPU's
  * qm_*_block_value, so every weight is the CPU's bit for bit.
  */
 struct piece {
     const uint8_t *blk; /* the ggml block the piece lies in */
     int j0;             /* its first element within the block */
-    float s0, s1;       /* Q5_0/Q5_1 d and m; Q4_K/Q5_K d1, m1; Q6_K both scales */
+    float s0, s1;       /* Q5_0/Q5_1 d and m; Q4_K/Q5_K d1, m1; Q6_K/Q3_K both scales;
+                           Q2_K d1, m1 of the first sub-block; IQ4_NL/IQ4_XS d */
+    float s2, s3;       /* Q2_K d1, m1 of the second sub-block */
 };
 
 template <mv_kind K>
@@ -404,13 +415,23 @@ __device__ __forceinline__ piece piece_of(const mv_weights &w, int64_t r, int64_
             (uint64_t)(k / per_block) * (uint64_t)gguf_block_bytes(kind);
     p.j0 = (int)(k % per_block) * 32;
     p.s1 = 0.0f;
-    if (K == kQ5_0) {
+    p.s2 = 0.0f;
+    p.s3 = 0.0f;
+    if (K == kQ5_0 || K == kIQ4_NL) {
         p.s0 = qm_f16_le(p.blk);
     } else if (K == kQ5_1) {
         p.s0 = qm_f16_le(p.blk);
         p.s1 = qm_f16_le(p.blk + 2);
     } else if (K == kQ4_K || K == kQ5_K) {
         qm_k4_sub_scales(p.blk, p.j0 / 32, &p.s0, &p.s1);
+    } else if (K == kQ2_K) {
+        qm_q2_k_sub_scales(p.blk, p.j0 / 16, &p.s0, &p.s1);
+        qm_q2_k_sub_scales(p.blk, p.j0 / 16 + 1, &p.s2, &p.s3);
+    } else if (K == kQ3_K) {
+        p.s0 = qm_q3_k_sub_scale(p.blk, p.j0 / 16);
+        p.s1 = qm_q3_k_sub_scale(p.blk, p.j0 / 16 + 1);
+    } else if (K == kIQ4_XS) {
+        p.s0 = qm_iq4_xs_sub_scale(p.blk, p.j0 / 32);
     } else {
         p.s0 = qm_q6_k_sub_scale(p.blk, p.j0 / 16);
         p.s1 = qm_q6_k_sub_scale(p.blk, p.j0 / 16 + 1);
@@ -430,6 +451,15 @@ template <mv_kind K> __device__ __forceinline__ float piece_value(const piece &p
         return qm_k4_value(qm_q4_k_code(p.blk, j), p.s0, p.s1);
     if (K == kQ5_K)
         return qm_k4_value(qm_q5_k_code(p.blk, j), p.s0, p.s1);
+    if (K == kQ2_K)
+        return i < 16 ? qm_k4_value(qm_q2_k_code(p.blk, j), p.s0, p.s1)
+                      : qm_k4_value(qm_q2_k_code(p.blk, j), p.s2, p.s3);
+    if (K == kQ3_K)
+        return (i < 16 ? p.s0 : p.s1) * (float)qm_q3_k_code(p.blk, j);
+    if (K == kIQ4_NL)
+        return qm_iq4_value(qm_gguf_nibble(p.blk + 2, j), p.s0);
+    if (K == kIQ4_XS)
+        return qm_iq4_value(qm_iq4_xs_code(p.blk, j), p.s0);
     return (i < 16 ? p.s0 : p.s1) * (float)qm_q6_k_code(p.blk, j);
 }
 
@@ -677,7 +707,11 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
     case QT_Q5_1:
     case QT_Q4_K:
     case QT_Q5_K:
-    case QT_Q6_K: {
+    case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_IQ4_NL:
+    case QT_IQ4_XS: {
         const qt_cuda_gguf_view &v = t.gguf;
         const int64_t per = gguf_block_elems(t.kind);
         if (v.kind != t.kind || v.n_elements != n || t.cols % per != 0 || v.n_blocks != n / per) {
@@ -688,11 +722,15 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
                 kind_name(t.kind), (long long)t.rows, (long long)t.cols, (long long)per);
             return QL_EINVAL;
         }
-        *kind = t.kind == QT_Q5_0   ? kQ5_0
-                : t.kind == QT_Q5_1 ? kQ5_1
-                : t.kind == QT_Q4_K ? kQ4_K
-                : t.kind == QT_Q5_K ? kQ5_K
-                                    : kQ6_K;
+        *kind = t.kind == QT_Q5_0     ? kQ5_0
+                : t.kind == QT_Q5_1   ? kQ5_1
+                : t.kind == QT_Q4_K   ? kQ4_K
+                : t.kind == QT_Q5_K   ? kQ5_K
+                : t.kind == QT_Q2_K   ? kQ2_K
+                : t.kind == QT_Q3_K   ? kQ3_K
+                : t.kind == QT_IQ4_NL ? kIQ4_NL
+                : t.kind == QT_IQ4_XS ? kIQ4_XS
+                                      : kQ6_K;
         w->codes = v.qs;
         w->row_bytes = (uint64_t)(t.cols / per) * (uint64_t)gguf_block_bytes(t.kind);
         if (!v.qs)
@@ -737,6 +775,10 @@ cudaError_t dispatch_matvec(mv_kind kind, const mv_weights &w, bool fused, const
     case kQ4_K: return launch_matvec<kQ4_K>(w, fused, x, batch, y, s);
     case kQ5_K: return launch_matvec<kQ5_K>(w, fused, x, batch, y, s);
     case kQ6_K: return launch_matvec<kQ6_K>(w, fused, x, batch, y, s);
+    case kQ2_K: return launch_matvec<kQ2_K>(w, fused, x, batch, y, s);
+    case kQ3_K: return launch_matvec<kQ3_K>(w, fused, x, batch, y, s);
+    case kIQ4_NL: return launch_matvec<kIQ4_NL>(w, fused, x, batch, y, s);
+    case kIQ4_XS: return launch_matvec<kIQ4_XS>(w, fused, x, batch, y, s);
     default: return launch_matvec<kQ8_0>(w, fused, x, batch, y, s);
     }
 }

@@ -285,8 +285,8 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
     if (!cuda_runs_kind(t->kind)) {
         say(msg, msg_len,
             "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
-            "q4_0, q4_1, q8_0, q5_0, q5_1, q4_k, q5_k and q6_k; this kind runs on the CPU "
-            "backend)",
+            "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs; "
+            "this kind runs on the CPU backend)",
             kind_name(t->kind));
         return QL_EUNSUPPORTED;
     }

@@ -1,14 +1,16 @@
 /*
  * test_cuda_dequant.c - the CUDA dequantize kernels (NF4/FP4, AFFINE, GGUF
- * Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) against the CPU reference, bit
+ * Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) against the CPU
+ * reference, bit
  * for bit, on a real GPU; the GGUF split layout (qs, d, m arrays) the upload
  * makes of Q4_0/Q4_1/Q8_0 blocks, and the whole blocks the other kinds keep.
  *
  * Why shaped so: this runs only on a machine with a GPU (tests/gpu/run.sh),
  * so it is a plain C program with a main() rather than a Criterion suite,
  * and it prints one line per case so a remote log reads on its own. The CPU
- * side is the reference: qt_quantize makes the tensor (random super-blocks
- * for the k-quants, which have no quantizer yet), qt_dequantize_rows
+ * side is the reference: qt_quantize makes the tensor (random blocks for
+ * the kinds read in place only, which have no quantizer yet),
+ * qt_dequantize_rows
  * gives the expected floats, and the GPU output (poisoned with NaN before,
  * so an element the kernel forgets to write cannot pass) must equal them in
  * every bit. Both sides run kernels/math/qt_math.h, so any difference is a bug in
@@ -213,7 +215,7 @@ static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float
     free(w);
     if (rc != QL_OK) {
         snprintf(detail, detail_len, "%s: %s (%s)",
-                 gpu_is_kquant(c->kind) ? "gpu_random_kquant" : "qt_quantize", msg,
+                 gpu_read_in_place(c->kind) ? "gpu_random_blocks" : "qt_quantize", msg,
                  ql_strerror(rc));
         return -1;
     }
@@ -771,6 +773,15 @@ int main(void)
         {.kind = QT_Q6_K, .rows = 1, .cols = 256},
         {.kind = QT_Q4_K, .rows = 4096, .cols = 4096},
         {.kind = QT_Q6_K, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q2_K, .rows = 96, .cols = 512},
+        {.kind = QT_Q3_K, .rows = 96, .cols = 512},
+        {.kind = QT_IQ4_XS, .rows = 96, .cols = 512},
+        {.kind = QT_IQ4_NL, .rows = 256, .cols = 512},
+        {.kind = QT_Q2_K, .rows = 37, .cols = 768},
+        {.kind = QT_Q3_K, .rows = 37, .cols = 768},
+        {.kind = QT_IQ4_XS, .rows = 37, .cols = 768},
+        {.kind = QT_IQ4_NL, .rows = 37, .cols = 96},
+        {.kind = QT_IQ4_NL, .rows = 1, .cols = 32},
     };
     for (size_t i = 0; i < sizeof affine_gguf_cases / sizeof affine_gguf_cases[0]; i++)
         if (!emulated() || affine_gguf_cases[i].rows * affine_gguf_cases[i].cols < 4096 * 4096)
@@ -797,6 +808,10 @@ int main(void)
         {.kind = QT_Q4_K, .rows = 37, .cols = 256},
         {.kind = QT_Q5_K, .rows = 37, .cols = 256},
         {.kind = QT_Q6_K, .rows = 37, .cols = 256},
+        {.kind = QT_Q2_K, .rows = 37, .cols = 256},
+        {.kind = QT_Q3_K, .rows = 37, .cols = 256},
+        {.kind = QT_IQ4_NL, .rows = 37, .cols = 96},
+        {.kind = QT_IQ4_XS, .rows = 37, .cols = 256},
     };
     for (size_t i = 0; i < sizeof dev_cases / sizeof dev_cases[0]; i++)
         if (!emulated() || dev_cases[i].rows * dev_cases[i].cols < 4096 * 4096)
@@ -812,6 +827,10 @@ int main(void)
     check_gguf_whole_layout(QT_Q4_K, 5, 512, seed++);
     check_gguf_whole_layout(QT_Q5_K, 5, 512, seed++);
     check_gguf_whole_layout(QT_Q6_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_Q2_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_Q3_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_IQ4_NL, 37, 96, seed++);
+    check_gguf_whole_layout(QT_IQ4_XS, 5, 512, seed++);
 
     check_refusals();
 

@@ -123,12 +123,12 @@ static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_para
  * (2 kv heads), ffn 192, vocab 320; every width a multiple of 32 so every
  * kind applies. The k-quants' super-blocks of 256 take hidden 256, 4 heads
  * of 64, ffn 256; a Q4_K model has its V and down projections in Q6_K, as
- * llama.cpp's Q4_K_M mix does. */
+ * llama.cpp's Q4_K_M mix does, a Q3_K model in IQ4_NL. */
 static int make_model(eng_model *m, const model_case *mc)
 {
     memset(m, 0, sizeof *m);
     eng_config *c = &m->cfg;
-    const bool kq = gpu_is_kquant(mc->params.kind);
+    const bool kq = gpu_read_in_place(mc->params.kind); /* blocks of 256 (IQ4_NL's 32 fit too) */
     *c = (eng_config){.arch = mc->arch,
                       .vocab_size = 320,
                       .hidden_size = kq ? 256 : 128,
@@ -152,6 +152,8 @@ static int make_model(eng_model *m, const model_case *mc)
     qt_quant_params mix = mc->params; /* wv and w_down */
     if (mc->params.kind == QT_Q4_K)
         mix.kind = QT_Q6_K;
+    else if (mc->params.kind == QT_Q3_K)
+        mix.kind = QT_IQ4_NL; /* llama-quantize's fallback kind */
     int rc = dense(&m->embed, c->vocab_size, H, 0.5f, 0.0f);
     rc = rc ? rc : dense(&m->norm, 1, H, 0.1f, 1.0f);
     if (!mc->tie)
@@ -695,6 +697,8 @@ static void kinds(void)
         {"q5_1", {.kind = QT_Q5_1}, ENG_ARCH_QWEN2, true, false, false, 0},
         {"q4_k_m", {.kind = QT_Q4_K}, ENG_ARCH_LLAMA, false, false, true, 0},
         {"q5_k", {.kind = QT_Q5_K}, ENG_ARCH_LLAMA, false, true, false, 0},
+        {"q3_k-iq4_nl", {.kind = QT_Q3_K}, ENG_ARCH_LLAMA, false, false, false, 0},
+        {"iq4_xs", {.kind = QT_IQ4_XS}, ENG_ARCH_QWEN2, true, false, false, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         eng_model m;

@@ -916,13 +916,14 @@ static void test_merge_timing(void)
     }
 }
 
-/* The k-quants have no requantizer (on the CPU, so none to match here): a
+/* The k-quants, IQ4_NL and IQ4_XS have no requantizer (on the CPU, so none
+ * to match here): a
  * device merge into their own kind is refused by name, QL_EUNSUPPORTED,
  * with *out left zeroed; qt_cuda_merge_requantizes says so beforehand and
  * is true for every kind the device does requantize. */
 static void test_merge_refuses_kquants(void)
 {
-    const qt_kind kq[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    const qt_kind kq[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q2_K, QT_Q3_K, QT_IQ4_NL, QT_IQ4_XS};
     for (size_t i = 0; i < sizeof kq / sizeof *kq; i++) {
         char name[128], msg[512] = "", want[64];
         snprintf(name, sizeof name, "merge_into_%s_refused_by_name", qt_kind_name(kq[i]));
@@ -932,9 +933,9 @@ static void test_merge_refuses_kquants(void)
         memset(&dp, 0, sizeof dp);
         merge_terms mt;
         memset(&mt, 0, sizeof mt);
-        int rc = gpu_random_kquant(&w, kq[i], 64, 512, msg, sizeof msg);
+        int rc = gpu_random_blocks(&w, kq[i], 64, 512, msg, sizeof msg);
         if (rc != QL_OK) {
-            fail(name, "gpu_random_kquant: %s", msg);
+            fail(name, "gpu_random_blocks: %s", msg);
             continue;
         }
         if (!merge_terms_new(&mt, name, 1, 64, 512, 910 + i)) {

@@ -6,7 +6,8 @@
  * Why shaped so: like test_cuda_dequant, a plain C program run by
  * tests/gpu/run.sh on a GPU machine, one line per case so a remote log
  * reads on its own. The weights are quantized on the CPU (qt_quantize; the
- * k-quants, which have no quantizer yet, are random super-blocks) and
+ * kinds read in place only, which have no quantizer yet, are random
+ * blocks) and
  * their dequantized values W (qt_dequantize_rows, exact f32) are the
  * truth the products are measured against, so quantization error never
  * enters a comparison:
@@ -121,11 +122,15 @@ static const wkind kinds[] = {
     /* kept in whole ggml blocks on the device: the piece kernel */
     {"q5_0", {.kind = QT_Q5_0}, 0},
     {"q5_1", {.kind = QT_Q5_1}, 0},
-    /* random super-blocks (no k-quant quantizer yet); shapes whose
-     * columns are whole blocks of 256 only */
+    /* random blocks (read in place only: no quantizer yet); shapes whose
+     * columns are whole blocks (256; IQ4_NL 32) only */
     {"q4_k", {.kind = QT_Q4_K}, 0},
     {"q5_k", {.kind = QT_Q5_K}, 0},
     {"q6_k", {.kind = QT_Q6_K}, 0},
+    {"q2_k", {.kind = QT_Q2_K}, 0},
+    {"q3_k", {.kind = QT_Q3_K}, 0},
+    {"iq4_nl", {.kind = QT_IQ4_NL}, 0},
+    {"iq4_xs", {.kind = QT_IQ4_XS}, 0},
 };
 #define N_KINDS (sizeof kinds / sizeof kinds[0])
 
@@ -602,7 +607,7 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
     int rc = gpu_make_weight(&t, w0, rows, cols, &k->p, msg, sizeof msg);
     if (rc != QL_OK) {
         snprintf(detail, sizeof detail, "%s: %s",
-                 gpu_is_kquant(k->p.kind) ? "gpu_random_kquant" : "qt_quantize", msg);
+                 gpu_read_in_place(k->p.kind) ? "gpu_random_blocks" : "qt_quantize", msg);
         report(name, 0, detail);
         goto done;
     }
@@ -816,7 +821,8 @@ int main(void)
                 continue;
             if (k->p.kind == QT_AFFINE && k->p.group_size > 0 && s->cols % k->p.group_size != 0)
                 continue;
-            if (gpu_is_kquant(k->p.kind) && s->cols % 256 != 0)
+            if (gpu_read_in_place(k->p.kind) &&
+                s->cols % qt_traits_table[k->p.kind].block_size != 0)
                 continue;
             check_weight(&c, k, s, sd++);
         }
