@@ -138,7 +138,8 @@ static const wkind kinds[] = {
  * * batch on the CPU, so the largest batches go with the smaller shapes).
  * 576 and 1536 x 576 are SmolLM2's; 77 x 96 is ragged in rows; 64 x 4096
  * has long rows; 37 x 45 and 33 x 100 have columns that are not a multiple
- * of 32 (the generic kernel) for the kinds that allow them. */
+ * of 32 (the generic kernel) for the kinds that allow them; 37 x 512 is a
+ * second shape of whole 256-blocks for the kinds read in place. */
 typedef struct shape {
     int64_t rows, cols;
     int gemm_batches[4];
@@ -147,10 +148,13 @@ typedef struct shape {
 } shape;
 
 static const shape shapes[] = {
-    {576, 576, {9, 17, 64, 300}, 4, 0}, {1536, 576, {9, 64}, 2, 0},
-    {77, 96, {9, 17, 64, 300}, 4, 0},   {64, 4096, {9, 17}, 2, 0},
-    {37, 45, {9, 300}, 2, 1},           {33, 100, {17}, 1, 1},
-    {77, 768, {9, 64}, 2, 0},
+    {576, 576, {9, 17, 64, 300}, 4, 0},
+    {1536, 576, {9, 64}, 2, 0},
+    {77, 96, {9, 17, 64, 300}, 4, 0},
+    {64, 4096, {9, 17}, 2, 0},
+    {37, 45, {9, 300}, 2, 1},
+    {33, 100, {17}, 1, 1},
+    {37, 512, {9}, 1, 0},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
