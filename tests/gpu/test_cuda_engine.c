@@ -124,8 +124,8 @@ static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_para
  * kind applies. The kinds read in place (super-blocks of 256) take hidden
  * 256, 4 heads of 64, ffn 256 and one layer (the emulated GPU tests' time
  * budget); a Q4_K model has its V and down projections in Q6_K, as
- * llama.cpp's Q4_K_M mix does, a Q3_K model V in IQ4_NL (llama-quantize's
- * fallback kind) and down in IQ4_XS. */
+ * llama.cpp's Q4_K_M mix does, and a Q3_K model its V in IQ4_NL and its
+ * down in IQ4_XS (three read-in-place kinds in one model). */
 static int make_model(eng_model *m, const model_case *mc)
 {
     memset(m, 0, sizeof *m);
