@@ -13,7 +13,9 @@
  *     device, from the pristine device weights and the version's merged
  *     configuration (qt_cuda_merge: the same arithmetic as the CPU merge),
  *     so the host's merged copy is never uploaded (unless it was stored
- *     "into" another kind, which is uploaded as is); unmerging is releasing
+ *     "into" another kind, or is of a kind the device cannot requantize,
+ *     the k-quants: those are uploaded as they are, and a k-quant merge
+ *     with no host copy is refused by name); unmerging is releasing
  *     the merged copy: the pristine tensors are never written;
  *   - an adapter applied unmerged has its A and B uploaded on first use and
  *     runs as SGMV segments (one segment per sequence, one pass per term);
@@ -392,11 +394,16 @@ static int version_on_device(cuda_backend *c, const eng_weights *w, eng_merge_co
             const qtensor *served = eng_weights_proj(w, l, (eng_proj)p);
             size_t i = (size_t)l * ENG_N_PROJ + p;
             qt_cuda_tensor *slot = &dv->proj[i];
-            if (served != pristine && served->kind != pristine->kind) {
-                /* stored "into" a wider kind on the host: serve that one */
+            if (served != pristine &&
+                (served->kind != pristine->kind || !qt_cuda_merge_requantizes(pristine->kind))) {
+                /* stored "into" a wider kind on the host, or in a kind the
+                 * device cannot requantize (the k-quants): serve the
+                 * host's bytes */
                 size_t bytes = 0;
                 rc = upload_tensor(served, slot, "a merged projection", &bytes, msg, msg_len);
             } else if (merged_into(w, l, (eng_proj)p)) {
+                /* (a k-quant merged with no host copy: qt_cuda_merge
+                 * refuses it by name) */
                 /* the host's merged copy (if it made one) has these very
                  * bytes: the device merge is the CPU merge's arithmetic */
                 rc = merge_projection(c, w, l, (eng_proj)p, slot, costs ? &costs[i] : NULL, msg,

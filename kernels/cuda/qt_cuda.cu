@@ -1,7 +1,8 @@
 /*
  * qt_cuda.cu - the first CUDA kernels of qlserve: device discovery, the
  * bitsandbytes NF4/FP4 dequantize kernel, the AFFINE and GGUF (Q4_0, Q4_1,
- * Q8_0) dequantize kernels, with the host plumbing around them.
+ * Q8_0, Q5_0, Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) dequantize kernels, with
+ * the host plumbing around them.
  *
  * Why shaped so:
  *   - Bit-identical to the CPU reference. Every value is computed by the
@@ -26,9 +27,11 @@
  *   - AFFINE and GGUF take one element per thread, grid-stride, and call
  *     qt_math.h's whole-element functions (qm_affine_element,
  *     qm_q4_0_split_element, ...) with the element's index, exactly as
- *     tests/test_qt_math.c does on the CPU; GGUF tensors live on the
+ *     tests/test_qt_math.c does on the CPU; Q4_0, Q4_1 and Q8_0 live on the
  *     device in the split layout (qs, d, m arrays; see qt_cuda.h), which
- *     the upload makes from ggml's blocks on the host; consecutive threads write
+ *     the upload makes from ggml's blocks on the host, the other GGUF kinds
+ *     in ggml's whole blocks, read by qm_q5_0_block_value ...
+ *     qm_iq4_xs_block_value (gguf_whole_element); consecutive threads write
  *     consecutive outputs, so the stores coalesce. They are a correct first
  *     version, not yet shaped for bandwidth like the 4-bit kernel.
  *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
@@ -389,6 +392,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
 }
 
+/* One thread per element of a kind kept in whole ggml blocks. */
+template <qt_kind kKind, typename OutT>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    dequantize_gguf_whole_kernel(const uint8_t *__restrict__ blocks, OutT *__restrict__ out,
+                                 int64_t n)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride)
+        store_value(out, e, gguf_whole_element(kKind, blocks, e));
+}
+
 template <typename OutT>
 cudaError_t launch_affine(const qt_cuda_affine_view &v, void *out, cudaStream_t stream)
 {
@@ -403,6 +417,45 @@ cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, cudaStream_t stre
 {
     const unsigned blocks = grid_for(v.n_elements, kThreadsPerBlock);
     OutT *o = static_cast<OutT *>(out);
+    switch (v.kind) {
+    case QT_Q5_0:
+        dequantize_gguf_whole_kernel<QT_Q5_0, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q5_1:
+        dequantize_gguf_whole_kernel<QT_Q5_1, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q4_K:
+        dequantize_gguf_whole_kernel<QT_Q4_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q5_K:
+        dequantize_gguf_whole_kernel<QT_Q5_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q6_K:
+        dequantize_gguf_whole_kernel<QT_Q6_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q2_K:
+        dequantize_gguf_whole_kernel<QT_Q2_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_Q3_K:
+        dequantize_gguf_whole_kernel<QT_Q3_K, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_IQ4_NL:
+        dequantize_gguf_whole_kernel<QT_IQ4_NL, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    case QT_IQ4_XS:
+        dequantize_gguf_whole_kernel<QT_IQ4_XS, OutT>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
+        return cudaGetLastError();
+    default: break;
+    }
     if (v.kind == QT_Q4_0)
         dequantize_gguf_kernel<QT_Q4_0, OutT>
             <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
@@ -456,15 +509,17 @@ int check_affine_geometry(const char *where, int64_t rows, int64_t cols, int32_t
 
 int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, size_t msg_len)
 {
-    if (gguf_block_bytes(kind) == 0) {
+    if (!is_gguf(kind)) {
         say(msg, msg_len,
-            "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0)", where,
-            kind_name(kind));
+            "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0, q5_0, "
+            "q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs)",
+            where, kind_name(kind));
         return QL_EUNSUPPORTED;
     }
-    if (n < 0 || n % QM_GGUF_QK != 0) {
-        say(msg, msg_len, "%s: %s element count %lld is not a multiple of the block of %d", where,
-            kind_name(kind), (long long)n, QM_GGUF_QK);
+    const int64_t per = gguf_block_elems(kind);
+    if (n < 0 || n % per != 0) {
+        say(msg, msg_len, "%s: %s element count %lld is not a multiple of the block of %lld", where,
+            kind_name(kind), (long long)n, (long long)per);
         return QL_EINVAL;
     }
     return QL_OK;
@@ -972,7 +1027,7 @@ extern "C" int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg
     return rc != QL_OK ? rc : rc_release;
 }
 
-/* ---- GGUF Q4_0, Q4_1, Q8_0 ---------------------------------------------- */
+/* ---- GGUF ------------------------------------------------------------------ */
 
 extern "C" int qt_cuda_gguf_release(qt_cuda_gguf_view *view, char *msg, size_t msg_len)
 {
@@ -1007,7 +1062,14 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     int rc = check_gguf_geometry("qt_cuda_gguf_upload", t->kind, n, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    const size_t bytes = (size_t)(n / QM_GGUF_QK) * gguf_block_bytes(t->kind);
+    const int64_t per = gguf_block_elems(t->kind);
+    if (n > 0 && t->cols % per != 0) {
+        say(msg, msg_len,
+            "qt_cuda_gguf_upload: %s tensor %lld x %lld: its rows are not whole blocks of %lld",
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols, (long long)per);
+        return QL_EINVAL;
+    }
+    const size_t bytes = (size_t)(n / per) * gguf_block_bytes(t->kind);
     if (n > 0 && (!t->data || t->data_bytes < bytes)) {
         say(msg, msg_len,
             "qt_cuda_gguf_upload: %s tensor %lld x %lld holds %zu block bytes, needs %zu",
@@ -1017,9 +1079,18 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     }
     view->kind = t->kind;
     view->n_elements = n;
-    view->n_blocks = n / QM_GGUF_QK;
+    view->n_blocks = n / per;
     if (n == 0)
         return QL_OK;
+    if (!gguf_split(t->kind)) {
+        /* whole blocks: ggml's bytes as they are */
+        void *blocks = nullptr;
+        rc = upload_bytes(&blocks, t->data, bytes, "blocks", msg, msg_len);
+        view->qs = static_cast<const uint8_t *>(blocks);
+        if (rc != QL_OK)
+            memset(view, 0, sizeof *view);
+        return rc;
+    }
 
     /* Split on the host (qm_gguf_split_block), then one copy per array. */
     const int block_bytes = (int)gguf_block_bytes(t->kind);
@@ -1080,13 +1151,13 @@ extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *
         return rc;
     if (v.n_elements == 0)
         return QL_OK;
-    if (v.n_blocks != v.n_elements / QM_GGUF_QK) {
+    if (v.n_blocks != v.n_elements / gguf_block_elems(v.kind)) {
         say(msg, msg_len, "%s: %s view has %lld blocks for %lld elements (expected %lld)", where,
             kind_name(v.kind), (long long)v.n_blocks, (long long)v.n_elements,
-            (long long)(v.n_elements / QM_GGUF_QK));
+            (long long)(v.n_elements / gguf_block_elems(v.kind)));
         return QL_EINVAL;
     }
-    if (!out || !v.qs || !v.d || (v.kind == QT_Q4_1 && !v.m)) {
+    if (!out || !v.qs || (gguf_split(v.kind) && !v.d) || (v.kind == QT_Q4_1 && !v.m)) {
         say(msg, msg_len, "%s: a NULL device pointer (out %p, qs %p, d %p, m %p)", where, out,
             (const void *)v.qs, (const void *)v.d, (const void *)v.m);
         return QL_EINVAL;

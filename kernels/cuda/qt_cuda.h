@@ -14,8 +14,9 @@
  *   - qt_cuda_dequantize_4bit: the same from host memory to host memory,
  *     for tests and for tools that hold no device state;
  *   - the same four for AFFINE (torchao int4/int8 grids: qt_cuda_affine_*)
- *     and for the GGUF blocks Q4_0, Q4_1, Q8_0 (qt_cuda_gguf_*), each with
- *     its own view.
+ *     and for the GGUF blocks Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants
+ *     Q2_K ... Q6_K and IQ4_NL, IQ4_XS (qt_cuda_gguf_*), each with its own
+ *     view.
  *
  * Why shaped so: the per-element arithmetic lives in kernels/math/qt_math.h and
  * is compiled both for the CPU reference and for these kernels, so a CPU
@@ -180,25 +181,37 @@ int qt_cuda_dequantize_affine_dev(const qt_cuda_affine_view *view, void *out,
 int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t msg_len);
 
 /*
- * A Q4_0, Q4_1 or Q8_0 tensor as the device kernels see it, in the split
- * layout (kernels/math/qt_math.h): llama.cpp's blocks of 32 elements in row-major
- * order (element e is element e % 32 of block e / 32), each block's parts in
- * arrays of their own so that every block's codes start on a 16-byte
- * boundary and one 16-byte load reads them:
+ * A GGUF tensor as the device kernels see it: llama.cpp's blocks in
+ * row-major order (element e is element e % B of block e / B, B = 32, or
+ * 256 for the k-quants and IQ4_XS).
+ *
+ * Q4_0, Q4_1, Q8_0 are in the split layout (kernels/math/qt_math.h): each
+ * block's parts in arrays of their own so that every block's codes start on
+ * a 16-byte boundary and one 16-byte load reads them:
  *   qs  the blocks' qs bytes back to back, exactly as in ggml: 16 per block
  *       for Q4_0 and Q4_1 (byte j holds element j in its low nibble and
  *       element j + 16 in its high nibble), 32 for Q8_0 (signed);
  *   d   each block's scale, the f16 bits ggml stores;
  *   m   each block's min for Q4_1 (f16 bits), NULL for the other kinds.
  * Upload splits ggml's blocks into these, download joins them back, bit for
- * bit. Ownership as for the other views.
+ * bit.
+ *
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS keep ggml's
+ * blocks whole, byte for byte, in qs (22, 24, 84, 110, 144, 176, 210, 18,
+ * 136 bytes a block); d and m are NULL. Their scales sit inside the block
+ * (Q5_0's f16 d first, Q6_K's last, the k-quants' packed sub-block
+ * scales), so splitting would not align the codes of every kind, and whole
+ * blocks are read by the very per-block functions the CPU runs
+ * (qm_q5_0_block_value ... qm_iq4_xs_block_value).
+ *
+ * Ownership as for the other views.
  */
 typedef struct qt_cuda_gguf_view {
-    qt_kind kind;       /* QT_Q4_0, QT_Q4_1 or QT_Q8_0 */
-    int64_t n_elements; /* rows * cols, a multiple of 32 */
-    int64_t n_blocks;   /* n_elements / 32 */
-    const uint8_t *qs;  /* n_blocks * 16 (Q4_0, Q4_1) or n_blocks * 32 (Q8_0) bytes */
-    const uint16_t *d;  /* n_blocks */
+    qt_kind kind;       /* QT_Q4_0 ... QT_IQ4_XS */
+    int64_t n_elements; /* rows * cols, a multiple of the block */
+    int64_t n_blocks;   /* n_elements / 32 (k-quants, IQ4_XS: / 256) */
+    const uint8_t *qs;  /* split: n_blocks * 16 (Q4_0, Q4_1) or 32 (Q8_0) bytes; whole: blocks */
+    const uint16_t *d;  /* split: n_blocks; whole: NULL */
     const uint16_t *m;  /* n_blocks for Q4_1, NULL otherwise */
 } qt_cuda_gguf_view;
 

@@ -35,10 +35,13 @@
  *      (min and max in any order: see qq_affine_qparams for why the sign
  *      of a zero never matters) then a thread per code byte, GGUF a thread
  *      per block of 32 scanning it in the CPU's order (Q4_0's first-of-equal
- *      maximum and Q4_1's stored minimum depend on it), dense a thread per
- *      element. Double quantization of NF4/FP4 absmax runs on the host with
- *      the CPU's own code (torch's cascade-summed mean, the 64 Ki LUT): the
- *      absmax array (n / blocksize floats) makes the round trip;
+ *      maximum and Q4_1's stored minimum depend on it; Q5_0 and Q5_1 alike,
+ *      into their whole ggml blocks), dense a thread per element. The
+ *      k-quants and IQ4_NL, IQ4_XS are refused by name: the CPU has no
+ *      requantizer for them to match (backend_cuda.c serves a host merged copy when one exists).
+ * Double quantization of NF4/FP4 absmax runs on the host with the CPU's own code (torch's
+ * cascade-summed mean, the 64 Ki LUT): the absmax array (n / blocksize floats) makes the round
+ * trip;
  *   4. the cost: Q = dequantize(out), then dot, |d|^2, |Q - (W + d)|^2 in
  *      double: per thread over a fixed grid-stride, per block a fixed tree,
  *      the blocks' partials summed on the host in order. The same on every
@@ -452,6 +455,30 @@ __global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, qt_
     }
 }
 
+/* Q5_0 and Q5_1, kept in whole ggml blocks: a thread per block, each
+ * block's bytes written where ggml has them (d, Q5_1's m, qh, qs), by the
+ * CPU quantizer's qq_q5_0_block / qq_q5_1_block. */
+__global__ void gguf_whole_quantize(const float *__restrict__ x, int64_t n_blocks, qt_kind kind,
+                                    uint8_t *__restrict__ blocks)
+{
+    const int64_t bb = (int64_t)gguf_block_bytes(kind);
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < n_blocks;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        const float *xb = x + b * QM_GGUF_QK;
+        uint8_t *blk = blocks + b * bb;
+        uint16_t db, mb = 0;
+        if (kind == QT_Q5_0) {
+            qq_q5_0_block(xb, &db, blk + 2, blk + 6);
+        } else {
+            qq_q5_1_block(xb, &db, &mb, blk + 4, blk + 8);
+            blk[2] = (uint8_t)(mb & 0xffu);
+            blk[3] = (uint8_t)(mb >> 8);
+        }
+        blk[0] = (uint8_t)(db & 0xffu);
+        blk[1] = (uint8_t)(db >> 8);
+    }
+}
+
 /* ---- merge: the cost ----------------------------------------------------------- */
 
 /* Per block: dot, |d|^2 and |Q - (W + d)|^2 in double over a fixed
@@ -632,12 +659,26 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
         }
         return QL_OK;
     }
+    case QT_Q4_K:
+    case QT_Q5_K:
+    case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_IQ4_NL:
+    case QT_IQ4_XS:
+        say(msg, msg_len,
+            "qt_cuda_merge: merging into %s is not supported on the device (no %s requantizer "
+            "here); merge into: int8 or bf16 instead",
+            kind_name(p->kind), kind_name(p->kind));
+        return QL_EUNSUPPORTED;
     case QT_Q4_0:
     case QT_Q4_1:
-    case QT_Q8_0: {
+    case QT_Q8_0:
+    case QT_Q5_0:
+    case QT_Q5_1: {
         const qt_cuda_gguf_view &v = p->gguf;
-        if (p->cols % QM_GGUF_QK != 0 || v.n_blocks != n / QM_GGUF_QK || !v.qs || !v.d ||
-            (p->kind == QT_Q4_1 && !v.m)) {
+        if (p->cols % QM_GGUF_QK != 0 || v.n_blocks != n / QM_GGUF_QK || !v.qs ||
+            (gguf_split(p->kind) && !v.d) || (p->kind == QT_Q4_1 && !v.m)) {
             say(msg, msg_len,
                 "qt_cuda_merge: the %s weight [%lld, %lld] needs columns in blocks of %d and "
                 "%lld blocks of qs, d%s on the device",
@@ -803,13 +844,18 @@ int requantize_gguf(merge_job &j)
 {
     qt_cuda_gguf_view &o = j.out->gguf;
     const int64_t nb = j.n / QM_GGUF_QK;
-    if (o.kind != j.pristine->kind || o.n_blocks != nb || !o.qs || !o.d ||
+    if (o.kind != j.pristine->kind || o.n_blocks != nb || !o.qs || (gguf_split(o.kind) && !o.d) ||
         (o.kind == QT_Q4_1 && !o.m)) {
         say(j.msg, j.msg_len,
             "qt_cuda_merge: qt_cuda_tensor_alloc_like gave a %s tensor of %lld blocks unlike the "
             "pristine %s of %lld",
             kind_name(o.kind), (long long)o.n_blocks, kind_name(j.pristine->kind), (long long)nb);
         return QL_EINVAL;
+    }
+    if (!gguf_split(o.kind)) {
+        gguf_whole_quantize<<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
+            j.x, nb, o.kind, const_cast<uint8_t *>(o.qs));
+        return launched(j, "the GGUF quantize kernel");
     }
     const bool aligned = (reinterpret_cast<uintptr_t>(o.qs) & 15u) == 0;
     gguf_quantize<<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
@@ -1110,4 +1156,9 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
     }
     job_free(j);
     return rc;
+}
+
+extern "C" bool qt_cuda_merge_requantizes(qt_kind kind)
+{
+    return cuda_runs_kind(kind) && !gguf_read_only(kind);
 }

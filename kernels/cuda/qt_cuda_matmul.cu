@@ -24,6 +24,11 @@
  *     (2 rows per warp above batch 4, to keep the registers in bounds). Each lane keeps batch x 4
  * f32 partial sums (batch is a template parameter, so they are registers), the warp reduces them
  * with shuffles, and one lane writes each (b, row).
+ *   - The GGUF kinds kept in whole ggml blocks (Q5_0, Q5_1, Q2_K ... Q6_K,
+ *     IQ4_NL, IQ4_XS) take the piece kernel: the same warp shape, lanes across
+ *     pieces of 32 values that share their scales, read a byte at a time
+ *     (see matvec_piece_kernel). A first version, correct rather than
+ *     shaped for bandwidth.
  *   - Anything else (cols not a multiple of 32, an AFFINE group that splits
  *     a chunk, x not 16-byte aligned) takes the generic kernel: a warp per
  *     row, a lane per column, qt_math.h's whole-element functions. Slower,
@@ -118,7 +123,36 @@ enum mv_kind {
     kQ4_0,
     kQ4_1,
     kQ8_0,
+    /* GGUF kinds kept in whole ggml blocks: the piece kernel */
+    kQ5_0,
+    kQ5_1,
+    kQ4_K,
+    kQ5_K,
+    kQ6_K,
+    kQ2_K,
+    kQ3_K,
+    kIQ4_NL,
+    kIQ4_XS,
 };
+
+/* The qtensor kind of a whole-block decoding. */
+__host__ __device__ constexpr qt_kind whole_kind(mv_kind k)
+{
+    return k == kQ5_0     ? QT_Q5_0
+           : k == kQ5_1   ? QT_Q5_1
+           : k == kQ4_K   ? QT_Q4_K
+           : k == kQ5_K   ? QT_Q5_K
+           : k == kQ2_K   ? QT_Q2_K
+           : k == kQ3_K   ? QT_Q3_K
+           : k == kIQ4_NL ? QT_IQ4_NL
+           : k == kIQ4_XS ? QT_IQ4_XS
+                          : QT_Q6_K;
+}
+
+__host__ __device__ constexpr bool is_whole(mv_kind k)
+{
+    return k >= kQ5_0;
+}
 
 /* Values per 16-byte chunk. */
 template <mv_kind K> struct chunk_traits {
@@ -243,6 +277,8 @@ __device__ __forceinline__ float element(const mv_weights &w, const float *codeb
         return qm_q4_0_split_element(w.codes, w.d, e);
     if (K == kQ4_1)
         return qm_q4_1_split_element(w.codes, w.d, w.m, e);
+    if (is_whole(K))
+        return gguf_whole_element(whole_kind(K), w.codes, e);
     return qm_q8_0_split_element(w.codes, w.d, e);
 }
 
@@ -352,6 +388,156 @@ __global__ void __launch_bounds__(kThreads)
             y[(int64_t)b * w.rows + row0 + i] = acc[b][i];
 }
 
+/*
+ * The kinds kept in whole ggml blocks (Q5_0, Q5_1, the k-quants, IQ4_NL,
+ * IQ4_XS) go by pieces of 32 values of one row that share their scales: a
+ * Q5_0/Q5_1/IQ4_NL block, a Q4_K/Q5_K sub-block (its d * sc and dmin * m)
+ * or IQ4_XS sub-block (d * sc), two Q6_K/Q3_K sub-blocks of 16 (d * sc
+ * each), two Q2_K sub-blocks of 16 (d * sc and dmin * m each). A piece's scales are computed once,
+ * its values by the same qt_math.h functions, in the same operations, as the CPU's
+ * qm_*_block_value, so every weight is the CPU's bit for bit.
+ */
+struct piece {
+    const uint8_t *blk; /* the ggml block the piece lies in */
+    int j0;             /* its first element within the block */
+    float s0, s1;       /* Q5_0/Q5_1 d and m; Q4_K/Q5_K d1, m1; Q6_K/Q3_K both scales;
+                           Q2_K d1, m1 of the first sub-block; IQ4_NL/IQ4_XS d */
+    float s2, s3;       /* Q2_K d1, m1 of the second sub-block */
+};
+
+template <mv_kind K>
+__device__ __forceinline__ piece piece_of(const mv_weights &w, int64_t r, int64_t k)
+{
+    constexpr qt_kind kind = whole_kind(K);
+    const int64_t per_block = gguf_block_elems(kind) / 32; /* pieces per block */
+    piece p;
+    p.blk = w.codes + (uint64_t)r * w.row_bytes +
+            (uint64_t)(k / per_block) * (uint64_t)gguf_block_bytes(kind);
+    p.j0 = (int)(k % per_block) * 32;
+    p.s1 = 0.0f;
+    p.s2 = 0.0f;
+    p.s3 = 0.0f;
+    if (K == kQ5_0 || K == kIQ4_NL) {
+        p.s0 = qm_f16_le(p.blk);
+    } else if (K == kQ5_1) {
+        p.s0 = qm_f16_le(p.blk);
+        p.s1 = qm_f16_le(p.blk + 2);
+    } else if (K == kQ4_K || K == kQ5_K) {
+        qm_k4_sub_scales(p.blk, p.j0 / 32, &p.s0, &p.s1);
+    } else if (K == kQ2_K) {
+        qm_q2_k_sub_scales(p.blk, p.j0 / 16, &p.s0, &p.s1);
+        qm_q2_k_sub_scales(p.blk, p.j0 / 16 + 1, &p.s2, &p.s3);
+    } else if (K == kQ3_K) {
+        p.s0 = qm_q3_k_sub_scale(p.blk, p.j0 / 16);
+        p.s1 = qm_q3_k_sub_scale(p.blk, p.j0 / 16 + 1);
+    } else if (K == kIQ4_XS) {
+        p.s0 = qm_iq4_xs_sub_scale(p.blk, p.j0 / 32);
+    } else {
+        p.s0 = qm_q6_k_sub_scale(p.blk, p.j0 / 16);
+        p.s1 = qm_q6_k_sub_scale(p.blk, p.j0 / 16 + 1);
+    }
+    return p;
+}
+
+/* Value i (0..31) of a piece. */
+template <mv_kind K> __device__ __forceinline__ float piece_value(const piece &p, int i)
+{
+    const int j = p.j0 + i;
+    if (K == kQ5_0)
+        return qm_q5_0_value(qm_q5_code(p.blk + 2, p.blk + 6, j), p.s0);
+    if (K == kQ5_1)
+        return qm_q5_1_value(qm_q5_code(p.blk + 4, p.blk + 8, j), p.s0, p.s1);
+    if (K == kQ4_K)
+        return qm_k4_value(qm_q4_k_code(p.blk, j), p.s0, p.s1);
+    if (K == kQ5_K)
+        return qm_k4_value(qm_q5_k_code(p.blk, j), p.s0, p.s1);
+    if (K == kQ2_K)
+        return i < 16 ? qm_k4_value(qm_q2_k_code(p.blk, j), p.s0, p.s1)
+                      : qm_k4_value(qm_q2_k_code(p.blk, j), p.s2, p.s3);
+    if (K == kQ3_K)
+        return (i < 16 ? p.s0 : p.s1) * (float)qm_q3_k_code(p.blk, j);
+    if (K == kIQ4_NL)
+        return qm_iq4_value(qm_gguf_nibble(p.blk + 2, j), p.s0);
+    if (K == kIQ4_XS)
+        return qm_iq4_value(qm_iq4_xs_code(p.blk, j), p.s0);
+    return (i < 16 ? p.s0 : p.s1) * (float)qm_q6_k_code(p.blk, j);
+}
+
+/*
+ * The piece kernel: the fused kernel's shape (a warp per rows_per_warp(B)
+ * rows, batch B in registers, shuffle reduction) with lanes across pieces
+ * of 32 values instead of 16-byte chunks. The blocks are read a byte at a
+ * time (22, 24 and 210 bytes do not keep 16-byte alignment), x as floats,
+ * so it needs only cols a multiple of the block.
+ */
+template <mv_kind K, int B>
+__global__ void __launch_bounds__(kThreads)
+    matvec_piece_kernel(const __grid_constant__ mv_weights w, const float *__restrict__ x,
+                        float *__restrict__ y)
+{
+    constexpr int R = rows_per_warp(B);
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t row0 = ((int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+    if (row0 >= w.rows)
+        return; /* whole warp */
+    int64_t row[R];
+    QL_UNROLL
+    for (int i = 0; i < R; i++)
+        row[i] = row0 + i < w.rows ? row0 + i : w.rows - 1;
+
+    const int64_t cols = w.cols;
+    const int64_t n_pieces = cols / 32;
+    float acc[B][R];
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        QL_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[b][i] = 0.0f;
+
+    for (int64_t k = lane; k < n_pieces; k += 32) {
+        piece p[R];
+        QL_UNROLL
+        for (int i = 0; i < R; i++)
+            p[i] = piece_of<K>(w, row[i], k);
+        const float *xk = x + k * 32;
+        for (int e = 0; e < 32; e++) {
+            float xv[B];
+            QL_UNROLL
+            for (int b = 0; b < B; b++)
+                xv[b] = __ldg(xk + b * cols + e);
+            QL_UNROLL
+            for (int i = 0; i < R; i++) {
+                const float v = piece_value<K>(p[i], e);
+                QL_UNROLL
+                for (int b = 0; b < B; b++)
+                    acc[b][i] += xv[b] * v;
+            }
+        }
+    }
+
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        QL_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[b][i] = warp_sum(acc[b][i]);
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        QL_UNROLL
+    for (int i = 0; i < R; i++)
+        if (lane == b * R + i && row0 + i < w.rows)
+            y[(int64_t)b * w.rows + row0 + i] = acc[b][i];
+}
+
+/* The fused kernel of kind K, or the piece kernel for whole-block kinds. */
+template <mv_kind K, int B>
+void launch_fused(const mv_weights &w, const float *x, float *y, unsigned grid, cudaStream_t s)
+{
+    if constexpr (is_whole(K))
+        matvec_piece_kernel<K, B><<<grid, kThreads, 0, s>>>(w, x, y);
+    else
+        matvec_fused_kernel<K, B><<<grid, kThreads, 0, s>>>(w, x, y);
+}
+
 /* The generic kernel: a warp per row, a lane per column, any shape. */
 template <mv_kind K>
 __global__ void __launch_bounds__(kThreads)
@@ -396,14 +582,14 @@ cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int b
     }
     const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock * rows_per_warp(batch));
     switch (batch) {
-    case 1: matvec_fused_kernel<K, 1><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    case 2: matvec_fused_kernel<K, 2><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    case 3: matvec_fused_kernel<K, 3><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    case 4: matvec_fused_kernel<K, 4><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    case 5: matvec_fused_kernel<K, 5><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    case 6: matvec_fused_kernel<K, 6><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    case 7: matvec_fused_kernel<K, 7><<<grid, kThreads, 0, s>>>(w, x, y); break;
-    default: matvec_fused_kernel<K, 8><<<grid, kThreads, 0, s>>>(w, x, y); break;
+    case 1: launch_fused<K, 1>(w, x, y, grid, s); break;
+    case 2: launch_fused<K, 2>(w, x, y, grid, s); break;
+    case 3: launch_fused<K, 3>(w, x, y, grid, s); break;
+    case 4: launch_fused<K, 4>(w, x, y, grid, s); break;
+    case 5: launch_fused<K, 5>(w, x, y, grid, s); break;
+    case 6: launch_fused<K, 6>(w, x, y, grid, s); break;
+    case 7: launch_fused<K, 7>(w, x, y, grid, s); break;
+    default: launch_fused<K, 8>(w, x, y, grid, s); break;
     }
     return cudaGetLastError();
 }
@@ -517,6 +703,40 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
             missing = "qs, d or m";
         break;
     }
+    case QT_Q5_0:
+    case QT_Q5_1:
+    case QT_Q4_K:
+    case QT_Q5_K:
+    case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_IQ4_NL:
+    case QT_IQ4_XS: {
+        const qt_cuda_gguf_view &v = t.gguf;
+        const int64_t per = gguf_block_elems(t.kind);
+        if (v.kind != t.kind || v.n_elements != n || t.cols % per != 0 || v.n_blocks != n / per) {
+            say(msg, msg_len,
+                "%s: %s view of %lld elements in %lld blocks does not describe a %s %lld x %lld "
+                "tensor (columns in blocks of %lld)",
+                where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
+                kind_name(t.kind), (long long)t.rows, (long long)t.cols, (long long)per);
+            return QL_EINVAL;
+        }
+        *kind = t.kind == QT_Q5_0     ? kQ5_0
+                : t.kind == QT_Q5_1   ? kQ5_1
+                : t.kind == QT_Q4_K   ? kQ4_K
+                : t.kind == QT_Q5_K   ? kQ5_K
+                : t.kind == QT_Q2_K   ? kQ2_K
+                : t.kind == QT_Q3_K   ? kQ3_K
+                : t.kind == QT_IQ4_NL ? kIQ4_NL
+                : t.kind == QT_IQ4_XS ? kIQ4_XS
+                                      : kQ6_K;
+        w->codes = v.qs;
+        w->row_bytes = (uint64_t)(t.cols / per) * (uint64_t)gguf_block_bytes(t.kind);
+        if (!v.qs)
+            missing = "blocks";
+        break;
+    }
     default:
         say(msg, msg_len, "%s: kind %d is not a kind the CUDA matrix kernels know", where,
             (int)t.kind);
@@ -528,6 +748,8 @@ int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_ki
         return QL_EINVAL;
     }
     *fusable = cols32 && t.cols > 0 && aligned(w->codes, 16) && w->row_bytes % 16 == 0;
+    if (is_whole(*kind))
+        *fusable = t.cols > 0; /* the piece kernel reads bytes and floats */
     if (*kind == kAffine4 || *kind == kAffine8) {
         const int per_chunk = *kind == kAffine4 ? 32 : 16;
         *fusable = *fusable && w->group_size % per_chunk == 0;
@@ -548,6 +770,15 @@ cudaError_t dispatch_matvec(mv_kind kind, const mv_weights &w, bool fused, const
     case kAffine8: return launch_matvec<kAffine8>(w, fused, x, batch, y, s);
     case kQ4_0: return launch_matvec<kQ4_0>(w, fused, x, batch, y, s);
     case kQ4_1: return launch_matvec<kQ4_1>(w, fused, x, batch, y, s);
+    case kQ5_0: return launch_matvec<kQ5_0>(w, fused, x, batch, y, s);
+    case kQ5_1: return launch_matvec<kQ5_1>(w, fused, x, batch, y, s);
+    case kQ4_K: return launch_matvec<kQ4_K>(w, fused, x, batch, y, s);
+    case kQ5_K: return launch_matvec<kQ5_K>(w, fused, x, batch, y, s);
+    case kQ6_K: return launch_matvec<kQ6_K>(w, fused, x, batch, y, s);
+    case kQ2_K: return launch_matvec<kQ2_K>(w, fused, x, batch, y, s);
+    case kQ3_K: return launch_matvec<kQ3_K>(w, fused, x, batch, y, s);
+    case kIQ4_NL: return launch_matvec<kIQ4_NL>(w, fused, x, batch, y, s);
+    case kIQ4_XS: return launch_matvec<kIQ4_XS>(w, fused, x, batch, y, s);
     default: return launch_matvec<kQ8_0>(w, fused, x, batch, y, s);
     }
 }

@@ -52,16 +52,18 @@ extern "C" {
 /*
  * A weight on the device in its quantized layout; the view that matches
  * `kind` is filled, the others are zero. Dense kinds (F32, F16, BF16) keep
- * their own element type in `dense`. GGUF blocks are split on upload into
- * the view's qs / d / m arrays (same bits, 16-byte aligned codes); download
- * joins them back. `owned` says whether release frees the device memory.
+ * their own element type in `dense`. Q4_0, Q4_1 and Q8_0 blocks are split
+ * on upload into the view's qs / d / m arrays (same bits, 16-byte aligned
+ * codes), download joins them back; the other GGUF kinds keep ggml's
+ * blocks whole in qs (qt_cuda.h's qt_cuda_gguf_view). `owned` says whether release frees the device
+ * memory.
  */
 typedef struct qt_cuda_tensor {
     qt_kind kind;
     int64_t rows, cols;
     qt_cuda_4bit_view q4;       /* NF4, FP4 */
     qt_cuda_affine_view affine; /* AFFINE */
-    qt_cuda_gguf_view gguf;     /* Q4_0, Q4_1, Q8_0 */
+    qt_cuda_gguf_view gguf;     /* Q4_0 ... IQ4_XS */
     void *dense;                /* F32, F16, BF16: rows * cols elements */
     size_t device_bytes;        /* device memory the tensor holds */
     bool owned;
@@ -325,13 +327,20 @@ typedef struct qt_cuda_merge_report {
  * is host memory; their A and B device memory. report may be NULL (the
  * cost is then not computed). NF4/FP4 weights whose codebook, nested map or
  * nested blocksize are not bitsandbytes' are refused with QL_EUNSUPPORTED,
- * as on the CPU. Synchronises the stream before returning (the finite
- * check needs it). Scratch: three f32 buffers of rows * cols, freed before
- * returning.
+ * as on the CPU. The k-quants (Q2_K ... Q6_K) and IQ4_NL, IQ4_XS have no
+ * requantizer on the device (nor on the CPU): their merge is refused with QL_EUNSUPPORTED naming
+ * the kind (qt_cuda_merge_requantizes says so beforehand). Synchronises the stream before returning
+ * (the finite check needs it). Scratch: three f32 buffers of rows * cols, freed before returning.
  */
 int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_term *terms, int32_t n_terms,
                   qt_cuda_tensor *out, qt_cuda_merge_report *report, void *stream, char *msg,
                   size_t msg_len);
+
+/* Whether qt_cuda_merge can requantize a merge into `kind` itself: every
+ * kind the backend runs except the k-quants and IQ4_NL, IQ4_XS, which a
+ * caller either serves
+ * from a host merged copy of the same kind (the CPU's bytes) or refuses. */
+bool qt_cuda_merge_requantizes(qt_kind kind);
 
 #ifdef __cplusplus
 }

@@ -7,8 +7,9 @@
  *   - One struct for every kind, holding the qt_cuda.h view its kind takes
  *     (NF4/FP4, AFFINE, GGUF) or the dense values as they are, so the
  *     matrix kernels, the merge and the engine take one type. The per-kind
- *     uploads of qt_cuda.cu do the copying (GGUF blocks are split there into
- *     the qs / d / m layout); this file adds the dense kinds, the byte
+ *     uploads of qt_cuda.cu do the copying (Q4_0, Q4_1, Q8_0 blocks are
+ *     split there into the qs / d / m layout, the other GGUF kinds stay
+ *     whole); this file adds the dense kinds, the byte
  *     count, and an out-of-memory sentence that names the tensor, which is
  *     what an operator loading a model too large for the GPU needs to read.
  *   - A view's counts are exactly the sizes of its device arrays (the
@@ -87,9 +88,13 @@ array_sizes sizes_of(const qt_cuda_tensor &t)
         s.zeros = s.scales;
     } else if (is_gguf(t.kind)) {
         const size_t nb = (size_t)t.gguf.n_blocks;
-        s.codes = nb * (size_t)qm_gguf_qs_bytes((int)gguf_block_bytes(t.kind));
-        s.d = nb * sizeof(uint16_t);
-        s.m = t.kind == QT_Q4_1 ? s.d : 0;
+        if (gguf_split(t.kind)) {
+            s.codes = nb * (size_t)qm_gguf_qs_bytes((int)gguf_block_bytes(t.kind));
+            s.d = nb * sizeof(uint16_t);
+            s.m = t.kind == QT_Q4_1 ? s.d : 0;
+        } else {
+            s.codes = nb * gguf_block_bytes(t.kind); /* whole blocks */
+        }
     }
     return s;
 }
@@ -113,7 +118,7 @@ size_t upload_bytes_of(const qtensor *t)
         d.affine.row_stride = t->row_stride;
         d.affine.groups_per_row = t->groups_per_row;
     } else if (is_gguf(t->kind)) {
-        d.gguf.n_blocks = n / QM_GGUF_QK;
+        d.gguf.n_blocks = n / gguf_block_elems(t->kind);
     }
     return sizes_of(d).total();
 }
@@ -204,7 +209,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
             const qt_cuda_gguf_view &g = w.gguf;
             v = g.kind == QT_Q4_0   ? qm_q4_0_split_element(g.qs, g.d, e)
                 : g.kind == QT_Q4_1 ? qm_q4_1_split_element(g.qs, g.d, g.m, e)
-                                    : qm_q8_0_split_element(g.qs, g.d, e);
+                : g.kind == QT_Q8_0 ? qm_q8_0_split_element(g.qs, g.d, e)
+                                    : gguf_whole_element(g.kind, g.qs, e);
         }
         out[o] = v;
     }
@@ -231,7 +237,7 @@ bool has_arrays(const qt_cuda_tensor &t)
     if (t.kind == QT_AFFINE)
         return t.affine.codes && t.affine.scales && t.affine.zeros;
     if (is_gguf(t.kind))
-        return t.gguf.qs && t.gguf.d && (t.kind != QT_Q4_1 || t.gguf.m);
+        return t.gguf.qs && (!gguf_split(t.kind) || t.gguf.d) && (t.kind != QT_Q4_1 || t.gguf.m);
     return false;
 }
 
@@ -279,7 +285,8 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
     if (!cuda_runs_kind(t->kind)) {
         say(msg, msg_len,
             "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
-            "q4_0, q4_1 and q8_0; this kind runs on the CPU backend)",
+            "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs; "
+            "this kind runs on the CPU backend)",
             kind_name(t->kind));
         return QL_EUNSUPPORTED;
     }
@@ -452,7 +459,7 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
     const char *short_of = nullptr;
     if (!t->data ||
         t->data_bytes <
-            (is_gguf(d->kind) ? (size_t)(d->gguf.n_blocks * gguf_block_bytes(d->kind)) : s.codes))
+            (is_gguf(d->kind) ? (size_t)d->gguf.n_blocks * gguf_block_bytes(d->kind) : s.codes))
         short_of = "codes";
     if (is_4bit(d->kind)) {
         const qt_cuda_4bit_view &v = d->q4;
@@ -521,6 +528,8 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
             rc = copy_to_host(t->scales, v.scales, s.scales, "scales", msg, msg_len);
         if (rc == QL_OK)
             rc = copy_to_host(t->zeros, v.zeros, s.zeros, "zeros", msg, msg_len);
+    } else if (!gguf_split(d->kind)) {
+        rc = copy_to_host(t->data, d->gguf.qs, s.codes, "blocks", msg, msg_len);
     } else {
         /* Join qs / d / m back into ggml's blocks. */
         const qt_cuda_gguf_view &v = d->gguf;

@@ -8,8 +8,11 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "qtensor.h"
 
 /* xorshift64*: the same inputs on every machine, no libc rand(). One
  * stream per test file; rng_seed restarts it. */
@@ -47,6 +50,84 @@ static inline bool emulated(void)
 {
     const char *e = getenv("QL_GPU_EMULATED");
     return e && strcmp(e, "1") == 0;
+}
+
+/* The GGUF kinds read in place only (the k-quants, IQ4_NL, IQ4_XS):
+ * qt_quantize cannot write them, so their tensors are random blocks
+ * (gpu_random_blocks). */
+static inline bool gpu_read_in_place(qt_kind kind)
+{
+    return kind == QT_Q4_K || kind == QT_Q5_K || kind == QT_Q6_K || kind == QT_Q2_K ||
+           kind == QT_Q3_K || kind == QT_IQ4_NL || kind == QT_IQ4_XS;
+}
+
+/*
+ * rows x cols (cols a multiple of the kind's block: 256, or 32 for IQ4_NL)
+ * of random blocks of a read-in-place kind into t, as a GGUF file holds
+ * them: random bytes (codes, packed sub-block scales and minimums: every
+ * bit pattern occurs), then each block's f16 d (and dmin, where the kind
+ * has one) set to a small value from the stream, so every weight is finite
+ * and about a model's size (~0.02; tests/test_kquant.h does the same for
+ * the Criterion tests, with the same offsets and sizes of d). Returns
+ * qt_from_gguf_blocks' code, msg its sentence.
+ */
+static inline int gpu_random_blocks(qtensor *t, qt_kind kind, int64_t rows, int64_t cols, char *msg,
+                                    size_t msg_len)
+{
+    memset(t, 0, sizeof *t);
+    int d_at = 0, dmin_at = -1; /* byte offsets of the f16 d and dmin */
+    float dscale = 1e-4f;       /* d's size: |w| ~ d * (largest scale * code) */
+    switch (kind) {
+    case QT_Q4_K:
+    case QT_Q5_K: dmin_at = 2; break;
+    case QT_Q6_K: d_at = 208, dscale = 2e-5f; break;
+    case QT_Q2_K: d_at = 80, dmin_at = 82; break;
+    case QT_Q3_K: d_at = 108; break;
+    case QT_IQ4_NL: break;
+    case QT_IQ4_XS: dscale = 2e-5f; break;
+    default:
+        snprintf(msg, msg_len, "gpu_random_blocks: %s is not read in place", qt_kind_name(kind));
+        return QL_EINVAL;
+    }
+    const int64_t per = qt_traits_table[kind].block_size;
+    if (rows < 0 || cols % per != 0) {
+        snprintf(msg, msg_len, "gpu_random_blocks: %s %lld x %lld: rows are not whole blocks",
+                 qt_kind_name(kind), (long long)rows, (long long)cols);
+        return QL_EINVAL;
+    }
+    const size_t bb = qt_traits_table[kind].block_bytes, nb = (size_t)(rows * cols / per);
+    uint8_t *b = malloc(nb * bb + 1);
+    if (!b) {
+        snprintf(msg, msg_len, "gpu_random_blocks: cannot allocate %zu bytes", nb * bb);
+        return QL_ENOMEM;
+    }
+    for (size_t i = 0; i < nb * bb; i++)
+        b[i] = (uint8_t)(rng_uniform() * 256.0);
+    for (size_t i = 0; i < nb; i++) {
+        uint8_t *blk = b + i * bb;
+        const uint16_t d = qt_f32_to_f16(dscale * (float)rng_normal());
+        const uint16_t dmin = qt_f32_to_f16(1e-4f * fabsf((float)rng_normal()));
+        blk[d_at] = (uint8_t)(d & 0xff);
+        blk[d_at + 1] = (uint8_t)(d >> 8);
+        if (dmin_at >= 0) {
+            blk[dmin_at] = (uint8_t)(dmin & 0xff);
+            blk[dmin_at + 1] = (uint8_t)(dmin >> 8);
+        }
+    }
+    const int rc = qt_from_gguf_blocks(t, kind, b, nb * bb, rows, cols, msg, msg_len);
+    free(b);
+    return rc;
+}
+
+/* qt_quantize of w (rows x cols) with p, or for a read-in-place kind
+ * random blocks (w unused): the weights a GPU test multiplies. */
+static inline int gpu_make_weight(qtensor *t, const float *w, int64_t rows, int64_t cols,
+                                  const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    if (gpu_read_in_place(p->kind))
+        return gpu_random_blocks(t, p->kind, rows, cols, msg, msg_len);
+    memset(t, 0, sizeof *t);
+    return qt_quantize(t, w, rows, cols, p, msg, msg_len);
 }
 
 #endif /* GPU_TEST_UTIL_H */

@@ -1,12 +1,16 @@
 /*
  * test_cuda_dequant.c - the CUDA dequantize kernels (NF4/FP4, AFFINE, GGUF
- * Q4_0/Q4_1/Q8_0) against the CPU reference, bit for bit, on a real GPU; and
- * the GGUF split layout (qs, d, m arrays) the upload makes of ggml's blocks.
+ * Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) against the CPU
+ * reference, bit
+ * for bit, on a real GPU; the GGUF split layout (qs, d, m arrays) the upload
+ * makes of Q4_0/Q4_1/Q8_0 blocks, and the whole blocks the other kinds keep.
  *
  * Why shaped so: this runs only on a machine with a GPU (tests/gpu/run.sh),
  * so it is a plain C program with a main() rather than a Criterion suite,
  * and it prints one line per case so a remote log reads on its own. The CPU
- * side is the reference: qt_quantize makes the tensor, qt_dequantize_rows
+ * side is the reference: qt_quantize makes the tensor (random blocks for
+ * the kinds read in place only, which have no quantizer yet),
+ * qt_dequantize_rows
  * gives the expected floats, and the GPU output (poisoned with NaN before,
  * so an element the kernel forgets to write cannot pass) must equal them in
  * every bit. Both sides run kernels/math/qt_math.h, so any difference is a bug in
@@ -199,7 +203,7 @@ static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float
 {
     const int64_t n = c->rows * c->cols;
     char msg[MSG_LEN] = "";
-    float *w = random_weights(n, seed);
+    float *w = random_weights(n, seed); /* seeds the stream the k-quant blocks come from */
     *want = nan_filled(n, 0);
     if (!w || !*want) {
         snprintf(detail, detail_len, "host allocation of %lld floats failed", (long long)n);
@@ -207,11 +211,12 @@ static int quantize_case(const dequant_case *c, uint64_t seed, qtensor *t, float
         return -1;
     }
     qt_quant_params p = case_params(c);
-    memset(t, 0, sizeof *t);
-    int rc = qt_quantize(t, w, c->rows, c->cols, &p, msg, sizeof msg);
+    int rc = gpu_make_weight(t, w, c->rows, c->cols, &p, msg, sizeof msg);
     free(w);
     if (rc != QL_OK) {
-        snprintf(detail, detail_len, "qt_quantize: %s (%s)", msg, ql_strerror(rc));
+        snprintf(detail, detail_len, "%s: %s (%s)",
+                 gpu_read_in_place(c->kind) ? "gpu_random_blocks" : "qt_quantize", msg,
+                 ql_strerror(rc));
         return -1;
     }
     qt_dequantize_rows(t, 0, c->rows, *want);
@@ -412,6 +417,78 @@ done:
     qt_free(&t);
 }
 
+/*
+ * The whole-block layout of Q5_0, Q5_1 and the k-quants on the device: qs
+ * holds ggml's blocks byte for byte, d and m are NULL, and a download
+ * through qt_cuda_tensor gives the same bytes back.
+ */
+static void check_gguf_whole_layout(qt_kind kind, int64_t rows, int64_t cols, uint64_t seed)
+{
+    char name[128], detail[MSG_LEN + 128] = "", msg[MSG_LEN] = "";
+    const dequant_case c = {.kind = kind, .rows = rows, .cols = cols};
+    snprintf(name, sizeof name, "whole-block layout %s %lldx%lld", qt_kind_name(kind),
+             (long long)rows, (long long)cols);
+    qtensor t, back;
+    memset(&back, 0, sizeof back);
+    float *want = NULL;
+    qt_cuda_gguf_view v;
+    memset(&v, 0, sizeof v);
+    qt_cuda_tensor dt;
+    memset(&dt, 0, sizeof dt);
+    uint8_t *blocks = NULL;
+    int ok = 0;
+    if (quantize_case(&c, seed, &t, &want, detail, sizeof detail) != 0)
+        goto done;
+    int rc = qt_cuda_gguf_upload(&t, &v, msg, sizeof msg);
+    if (rc != QL_OK) {
+        snprintf(detail, sizeof detail, "upload: %s (%d)", msg, rc);
+        goto done;
+    }
+    const size_t per = (size_t)qt_traits_table[kind].block_size;
+    const size_t nb = (size_t)(rows * cols) / per, bytes = nb * qt_traits_table[kind].block_bytes;
+    if (v.n_blocks != (int64_t)nb || v.n_elements != rows * cols || v.kind != kind || v.d || v.m ||
+        !v.qs) {
+        snprintf(detail, sizeof detail, "view: n_blocks %lld (want %zu), d %p, m %p",
+                 (long long)v.n_blocks, nb, (const void *)v.d, (const void *)v.m);
+        goto done;
+    }
+    blocks = malloc(bytes);
+    if (!blocks || cudaMemcpy(blocks, v.qs, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        snprintf(detail, sizeof detail, "copying %zu bytes of blocks back failed", bytes);
+        goto done;
+    }
+    if (memcmp(blocks, t.data, bytes) != 0) {
+        snprintf(detail, sizeof detail, "device blocks differ from ggml's");
+        goto done;
+    }
+    rc = qt_cuda_tensor_upload(&t, &dt, msg, sizeof msg);
+    if (rc == QL_OK && dt.device_bytes != bytes) {
+        snprintf(detail, sizeof detail, "qt_cuda_tensor holds %zu bytes, want %zu", dt.device_bytes,
+                 bytes);
+        goto done;
+    }
+    if (rc == QL_OK)
+        rc = qt_clone(&back, &t);
+    if (rc == QL_OK) {
+        memset(back.data, 0xa5, bytes);
+        rc = qt_cuda_tensor_download(&dt, &back, msg, sizeof msg);
+    }
+    if (rc != QL_OK || memcmp(back.data, t.data, bytes) != 0) {
+        snprintf(detail, sizeof detail, "tensor upload/download: %s (%d)%s", msg, rc,
+                 rc == QL_OK ? ", bytes differ" : "");
+        goto done;
+    }
+    ok = 1;
+done:
+    report(name, ok, detail);
+    qt_cuda_gguf_release(&v, NULL, 0);
+    qt_cuda_tensor_release(&dt, NULL, 0);
+    free(blocks);
+    free(want);
+    qt_free(&back);
+    qt_free(&t);
+}
+
 /* Refusals: a kind the kernel does not take is named; an allocation the
  * device cannot hold is QL_ENOMEM naming cudaMalloc, and leaks nothing. */
 static void check_refusals(void)
@@ -443,27 +520,24 @@ static void check_refusals(void)
     report("gguf refuses affine by name", rc == QL_EUNSUPPORTED && strstr(msg, "affine") != NULL,
            detail);
 
-    /* The CPU-only GGUF kinds are refused at upload, by name, before any
-     * device memory is taken. */
-    static uint8_t kblocks[2 * 210];
-    const qt_kind cpu_only[] = {QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t k = 0; k < sizeof cpu_only / sizeof *cpu_only; k++) {
-        qtensor h;
-        char what[64], want[64];
-        int brc = qt_from_gguf_blocks(&h, cpu_only[k], kblocks,
-                                      2 * qt_traits_table[cpu_only[k]].block_bytes *
-                                          (256 / (size_t)qt_traits_table[cpu_only[k]].block_size),
-                                      2, 256, msg, sizeof msg);
-        qt_cuda_tensor dt;
-        msg[0] = '\0';
-        rc = brc == QL_OK ? qt_cuda_tensor_upload(&h, &dt, msg, sizeof msg) : brc;
-        snprintf(want, sizeof want, "the CUDA backend cannot run %s yet",
-                 qt_kind_name(cpu_only[k]));
-        snprintf(what, sizeof what, "upload refuses %s by name", qt_kind_name(cpu_only[k]));
-        snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-        report(what, rc == QL_EUNSUPPORTED && strstr(msg, want) != NULL, detail);
-        qt_free(&h);
-    }
+    /* A k-quant whose rows are not whole super-blocks (8 x 32: 256
+     * elements, one block's worth, but no row holds a block) is refused
+     * by name before any device memory is taken. */
+    static uint8_t kblock[144]; /* one Q4_K super-block */
+    memset(&t, 0, sizeof t);
+    t.kind = QT_Q4_K;
+    t.rows = 8;
+    t.cols = 32;
+    t.data = kblock;
+    t.data_bytes = sizeof kblock;
+    qt_cuda_gguf_view kv;
+    msg[0] = '\0';
+    rc = qt_cuda_gguf_upload(&t, &kv, msg, sizeof msg);
+    snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
+    report("gguf upload refuses q4_k rows of 32 by name",
+           rc == QL_EINVAL && strstr(msg, "q4_k") != NULL && strstr(msg, "256") != NULL &&
+               kv.qs == NULL,
+           detail);
 
     /* 2^20 x 2^20 elements: 512 GiB of codes, more than any device holds.
      * The host pointers are never read, since cudaMalloc fails first. */
@@ -683,6 +757,31 @@ int main(void)
         {.kind = QT_Q4_0, .rows = 1, .cols = 32},
         {.kind = QT_Q4_0, .rows = 4096, .cols = 4096},
         {.kind = QT_Q8_0, .rows = 4096, .cols = 4096},
+        /* the kinds kept in whole ggml blocks: odd block sizes (22, 24,
+         * 210 bytes), one block, odd row counts */
+        {.kind = QT_Q5_0, .rows = 256, .cols = 512},
+        {.kind = QT_Q5_1, .rows = 256, .cols = 512},
+        {.kind = QT_Q5_0, .rows = 37, .cols = 96},
+        {.kind = QT_Q5_1, .rows = 37, .cols = 96},
+        {.kind = QT_Q5_0, .rows = 1, .cols = 32},
+        {.kind = QT_Q4_K, .rows = 96, .cols = 512},
+        {.kind = QT_Q5_K, .rows = 96, .cols = 512},
+        {.kind = QT_Q6_K, .rows = 96, .cols = 512},
+        {.kind = QT_Q4_K, .rows = 37, .cols = 768},
+        {.kind = QT_Q5_K, .rows = 37, .cols = 768},
+        {.kind = QT_Q6_K, .rows = 37, .cols = 768},
+        {.kind = QT_Q6_K, .rows = 1, .cols = 256},
+        {.kind = QT_Q4_K, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q6_K, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q2_K, .rows = 96, .cols = 512},
+        {.kind = QT_Q3_K, .rows = 96, .cols = 512},
+        {.kind = QT_IQ4_XS, .rows = 96, .cols = 512},
+        {.kind = QT_IQ4_NL, .rows = 256, .cols = 512},
+        {.kind = QT_Q2_K, .rows = 37, .cols = 768},
+        {.kind = QT_Q3_K, .rows = 37, .cols = 768},
+        {.kind = QT_IQ4_XS, .rows = 37, .cols = 768},
+        {.kind = QT_IQ4_NL, .rows = 37, .cols = 96},
+        {.kind = QT_IQ4_NL, .rows = 1, .cols = 32},
     };
     for (size_t i = 0; i < sizeof affine_gguf_cases / sizeof affine_gguf_cases[0]; i++)
         if (!emulated() || affine_gguf_cases[i].rows * affine_gguf_cases[i].cols < 4096 * 4096)
@@ -704,6 +803,15 @@ int main(void)
         {.kind = QT_Q4_0, .rows = 37, .cols = 96},
         {.kind = QT_Q4_1, .rows = 37, .cols = 96},
         {.kind = QT_Q8_0, .rows = 37, .cols = 96},
+        {.kind = QT_Q5_0, .rows = 37, .cols = 96},
+        {.kind = QT_Q5_1, .rows = 37, .cols = 96},
+        {.kind = QT_Q4_K, .rows = 37, .cols = 256},
+        {.kind = QT_Q5_K, .rows = 37, .cols = 256},
+        {.kind = QT_Q6_K, .rows = 37, .cols = 256},
+        {.kind = QT_Q2_K, .rows = 37, .cols = 256},
+        {.kind = QT_Q3_K, .rows = 37, .cols = 256},
+        {.kind = QT_IQ4_NL, .rows = 37, .cols = 96},
+        {.kind = QT_IQ4_XS, .rows = 37, .cols = 256},
     };
     for (size_t i = 0; i < sizeof dev_cases / sizeof dev_cases[0]; i++)
         if (!emulated() || dev_cases[i].rows * dev_cases[i].cols < 4096 * 4096)
@@ -714,6 +822,15 @@ int main(void)
     check_gguf_split_layout(QT_Q4_0, seed++);
     check_gguf_split_layout(QT_Q4_1, seed++);
     check_gguf_split_layout(QT_Q8_0, seed++);
+    check_gguf_whole_layout(QT_Q5_0, 37, 96, seed++);
+    check_gguf_whole_layout(QT_Q5_1, 37, 96, seed++);
+    check_gguf_whole_layout(QT_Q4_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_Q5_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_Q6_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_Q2_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_Q3_K, 5, 512, seed++);
+    check_gguf_whole_layout(QT_IQ4_NL, 37, 96, seed++);
+    check_gguf_whole_layout(QT_IQ4_XS, 5, 512, seed++);
 
     check_refusals();
 
@@ -729,6 +846,8 @@ int main(void)
         {.kind = QT_AFFINE, .rows = 4096, .cols = 4096, .bits = 8, .symmetric = true},
         {.kind = QT_Q4_0, .rows = 4096, .cols = 4096},
         {.kind = QT_Q8_0, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q4_K, .rows = 4096, .cols = 4096},
+        {.kind = QT_Q6_K, .rows = 4096, .cols = 4096},
     };
     for (size_t i = 0; i < sizeof timed / sizeof timed[0]; i++)
         if (!emulated())

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "gpu_test_util.h"
 #include "lora.h"
 #include "peft_writer.h"
 #include "qt_cuda.h"
@@ -108,12 +109,14 @@ static int dense(qtensor *t, int64_t rows, int64_t cols, float scale, float offs
     return rc;
 }
 
+/* A projection of kind p: random weights quantized, or random super-blocks
+ * for a k-quant (gpu_make_weight). */
 static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_params *p)
 {
     float *v = malloc((size_t)(rows * cols) * sizeof(float));
     fill(v, rows * cols, 0.08f);
     char msg[256];
-    int rc = qt_quantize(t, v, rows, cols, p, msg, sizeof msg);
+    int rc = gpu_make_weight(t, v, rows, cols, p, msg, sizeof msg);
     if (rc != QL_OK)
         printf("quantize %lldx%lld: %s\n", (long long)rows, (long long)cols, msg);
     free(v);
@@ -122,19 +125,24 @@ static int quantized(qtensor *t, int64_t rows, int64_t cols, const qt_quant_para
 
 /* A tiny decoder of random weights: 3 layers, hidden 128, 4 heads of 32
  * (2 kv heads), ffn 192, vocab 320; every width a multiple of 32 so every
- * kind applies. */
+ * kind applies. The kinds read in place (super-blocks of 256) take hidden
+ * 256, 4 heads of 64, ffn 256 and one layer (the emulated GPU tests' time
+ * budget); a Q4_K model has its V and down projections in Q6_K, as
+ * llama.cpp's Q4_K_M mix does, and a Q3_K model its V in IQ4_NL and its
+ * down in IQ4_XS (three read-in-place kinds in one model). */
 static int make_model(eng_model *m, const model_case *mc)
 {
     memset(m, 0, sizeof *m);
     eng_config *c = &m->cfg;
+    const bool kq = gpu_read_in_place(mc->params.kind); /* blocks of 256 (IQ4_NL's 32 fit too) */
     *c = (eng_config){.arch = mc->arch,
                       .vocab_size = 320,
-                      .hidden_size = 128,
-                      .intermediate_size = 192,
-                      .n_layers = 3,
+                      .hidden_size = kq ? 256 : 128,
+                      .intermediate_size = kq ? 256 : 192,
+                      .n_layers = kq ? 1 : 3,
                       .n_heads = 4,
                       .n_kv_heads = 2,
-                      .head_dim = 32,
+                      .head_dim = kq ? 64 : 32,
                       .max_position_embeddings = 512,
                       .rope_theta = 10000.0f,
                       .rope_interleaved = mc->interleaved,
@@ -147,6 +155,14 @@ static int make_model(eng_model *m, const model_case *mc)
     int64_t H = c->hidden_size, F = c->intermediate_size, Q = c->n_heads * c->head_dim,
             KV = c->n_kv_heads * c->head_dim;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    qt_quant_params mix_v = mc->params, mix_down = mc->params;
+    if (mc->params.kind == QT_Q4_K) {
+        mix_v.kind = QT_Q6_K;
+        mix_down.kind = QT_Q6_K;
+    } else if (mc->params.kind == QT_Q3_K) {
+        mix_v.kind = QT_IQ4_NL;
+        mix_down.kind = QT_IQ4_XS;
+    }
     int rc = dense(&m->embed, c->vocab_size, H, 0.5f, 0.0f);
     rc = rc ? rc : dense(&m->norm, 1, H, 0.1f, 1.0f);
     if (!mc->tie)
@@ -157,11 +173,11 @@ static int make_model(eng_model *m, const model_case *mc)
         rc = rc ? rc : dense(&L->ffn_norm, 1, H, 0.1f, 1.0f);
         rc = rc ? rc : quantized(&L->wq, Q, H, &mc->params);
         rc = rc ? rc : quantized(&L->wk, KV, H, &mc->params);
-        rc = rc ? rc : quantized(&L->wv, KV, H, &mc->params);
+        rc = rc ? rc : quantized(&L->wv, KV, H, &mix_v);
         rc = rc ? rc : quantized(&L->wo, H, Q, &mc->params);
         rc = rc ? rc : quantized(&L->w_gate, F, H, &mc->params);
         rc = rc ? rc : quantized(&L->w_up, F, H, &mc->params);
-        rc = rc ? rc : quantized(&L->w_down, H, F, &mc->params);
+        rc = rc ? rc : quantized(&L->w_down, H, F, &mix_down);
         if (mc->bias) {
             rc = rc ? rc : dense(&L->bq, 1, Q, 0.1f, 0.0f);
             rc = rc ? rc : dense(&L->bk, 1, KV, 0.1f, 0.0f);
@@ -214,14 +230,15 @@ static eng_lora *make_lora(const eng_model *m, const char *name, int32_t r, qt_k
     return l;
 }
 
-/* A version with `lora` merged at `scale` by the CPU merge (adapters/merge.c). */
-static eng_weights *merged_version(const eng_model *m, eng_lora *lora, float scale)
+/* A version with `lora` merged at `scale` by the CPU merge (adapters/merge.c),
+ * stored into `into` (QT_KIND_COUNT: each weight's own kind). */
+static eng_weights *merged_version(const eng_model *m, eng_lora *lora, float scale, qt_kind into)
 {
     eng_weights *w = NULL;
     char msg[256];
     if (eng_weights_new(&w, m, 1, msg, sizeof msg) != QL_OK)
         return NULL;
-    lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
+    lora_merge_opts o = {.safe_merge = true, .into = into};
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
         for (int p = 0; p < ENG_N_PROJ; p++) {
             const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
@@ -685,6 +702,10 @@ static void kinds(void)
         {"q4_0", {.kind = QT_Q4_0}, ENG_ARCH_LLAMA, false, false, true, 0},
         {"q4_1", {.kind = QT_Q4_1}, ENG_ARCH_MISTRAL, false, true, true, 8},
         {"q8_0", {.kind = QT_Q8_0}, ENG_ARCH_LLAMA, false, false, false, 0},
+        {"q5_0", {.kind = QT_Q5_0}, ENG_ARCH_LLAMA, false, false, false, 0},
+        {"q5_1", {.kind = QT_Q5_1}, ENG_ARCH_QWEN2, true, false, false, 0},
+        {"q4_k_m", {.kind = QT_Q4_K}, ENG_ARCH_LLAMA, false, false, true, 0},
+        {"q3_k-iq4_nl-iq4_xs", {.kind = QT_Q3_K}, ENG_ARCH_QWEN2, true, false, false, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         eng_model m;
@@ -887,9 +908,31 @@ static void unmerged(void)
     eng_model_free(&m);
 }
 
+/* Unmerged adapters (SGMV) over a Q4_K_M model: one sequence with two
+ * terms, one with one, one with none. */
+static void unmerged_kquant(void)
+{
+    model_case mc = {"q4_k_m", {.kind = QT_Q4_K}, ENG_ARCH_LLAMA, 0, 0, 0, 0};
+    eng_model m;
+    if (make_model(&m, &mc) != QL_OK) {
+        report(false, "unmerged_adapters_match_cpu_q4_k_m", "could not build the model");
+        return;
+    }
+    eng_lora *one = make_lora(&m, "one", 8, QT_BF16), *two = make_lora(&m, "two", 16, QT_F32);
+    eng_lora_term a[2] = {{one, 1.0f}, {two, -0.5f}}, b[1] = {{two, 0.5f}};
+    const eng_lora_term *delta[N_SEQS] = {a, NULL, b};
+    int32_t n_delta[N_SEQS] = {2, 0, 1};
+    scenario("unmerged_adapters_match_cpu_q4_k_m", &m, NULL, delta, n_delta);
+    eng_lora_unref(one);
+    eng_lora_unref(two);
+    eng_model_free(&m);
+}
+
 /* Merge on the device: the bytes of the CPU merge, the same steps, and the
- * pristine bytes back after the unmerge. */
-static void merged(qt_quant_params params, const char *kind)
+ * pristine bytes back after the unmerge. `into` as merged_version's: a
+ * merge stored into int8 (QT_AFFINE) or bf16 is the host's copy, served as
+ * it is (the k-quants' only merge). */
+static void merged(qt_quant_params params, const char *kind, qt_kind into)
 {
     model_case mc = {kind, params, ENG_ARCH_LLAMA, false, false, false, 0};
     eng_model m;
@@ -899,7 +942,7 @@ static void merged(qt_quant_params params, const char *kind)
         return;
     }
     eng_lora *lora = make_lora(&m, "merged", 16, QT_BF16);
-    eng_weights *w = merged_version(&m, lora, 0.75f);
+    eng_weights *w = merged_version(&m, lora, 0.75f, into);
     side gpu;
     int rc = w ? side_new(&gpu, &m, ENG_DEVICE_CUDA, msg, sizeof msg)
                : ql_fail(msg, sizeof msg, QL_EINVAL, "the CPU merge failed");
@@ -1192,10 +1235,15 @@ int main(void)
     phi3_gguf();
     phi3_partial_rotary_refused();
     unmerged();
-    merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq");
-    merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1");
+    merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq",
+           QT_KIND_COUNT);
+    merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1", QT_KIND_COUNT);
     merged((qt_quant_params){.kind = QT_AFFINE, .bits = 4, .group_size = 32, .eps = 1e-6f},
-           "int4-g32");
+           "int4-g32", QT_KIND_COUNT);
+    merged((qt_quant_params){.kind = QT_Q5_0}, "q5_0", QT_KIND_COUNT);
+    merged((qt_quant_params){.kind = QT_Q4_K}, "q4_k_m-into-int8", QT_AFFINE);
+    merged((qt_quant_params){.kind = QT_Q5_K}, "q5_k-into-bf16", QT_BF16);
+    unmerged_kquant();
     registry_merges_on_device();
     forks_copy_on_write();
     every_row_logits();

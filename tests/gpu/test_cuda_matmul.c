@@ -5,7 +5,9 @@
  *
  * Why shaped so: like test_cuda_dequant, a plain C program run by
  * tests/gpu/run.sh on a GPU machine, one line per case so a remote log
- * reads on its own. The weights are quantized on the CPU (qt_quantize) and
+ * reads on its own. The weights are quantized on the CPU (qt_quantize; the
+ * kinds read in place only, which have no quantizer yet, are random
+ * blocks) and
  * their dequantized values W (qt_dequantize_rows, exact f32) are the
  * truth the products are measured against, so quantization error never
  * enters a comparison:
@@ -117,6 +119,18 @@ static const wkind kinds[] = {
     {"q4_0", {.kind = QT_Q4_0}, 0},
     {"q4_1", {.kind = QT_Q4_1}, 0},
     {"q8_0", {.kind = QT_Q8_0}, 0},
+    /* kept in whole ggml blocks on the device: the piece kernel */
+    {"q5_0", {.kind = QT_Q5_0}, 0},
+    {"q5_1", {.kind = QT_Q5_1}, 0},
+    /* random blocks (read in place only: no quantizer yet); shapes whose
+     * columns are whole blocks (256; IQ4_NL 32) only */
+    {"q4_k", {.kind = QT_Q4_K}, 0},
+    {"q5_k", {.kind = QT_Q5_K}, 0},
+    {"q6_k", {.kind = QT_Q6_K}, 0},
+    {"q2_k", {.kind = QT_Q2_K}, 0},
+    {"q3_k", {.kind = QT_Q3_K}, 0},
+    {"iq4_nl", {.kind = QT_IQ4_NL}, 0},
+    {"iq4_xs", {.kind = QT_IQ4_XS}, 0},
 };
 #define N_KINDS (sizeof kinds / sizeof kinds[0])
 
@@ -124,7 +138,8 @@ static const wkind kinds[] = {
  * * batch on the CPU, so the largest batches go with the smaller shapes).
  * 576 and 1536 x 576 are SmolLM2's; 77 x 96 is ragged in rows; 64 x 4096
  * has long rows; 37 x 45 and 33 x 100 have columns that are not a multiple
- * of 32 (the generic kernel) for the kinds that allow them. */
+ * of 32 (the generic kernel) for the kinds that allow them; 37 x 512 is a
+ * second shape of whole 256-blocks for the kinds read in place. */
 typedef struct shape {
     int64_t rows, cols;
     int gemm_batches[4];
@@ -133,9 +148,13 @@ typedef struct shape {
 } shape;
 
 static const shape shapes[] = {
-    {576, 576, {9, 17, 64, 300}, 4, 0}, {1536, 576, {9, 64}, 2, 0},
-    {77, 96, {9, 17, 64, 300}, 4, 0},   {64, 4096, {9, 17}, 2, 0},
-    {37, 45, {9, 300}, 2, 1},           {33, 100, {17}, 1, 1},
+    {576, 576, {9, 17, 64, 300}, 4, 0},
+    {1536, 576, {9, 64}, 2, 0},
+    {77, 96, {9, 17, 64, 300}, 4, 0},
+    {64, 4096, {9, 17}, 2, 0},
+    {37, 45, {9, 300}, 2, 1},
+    {33, 100, {17}, 1, 1},
+    {37, 512, {9}, 1, 0},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -589,9 +608,10 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
     }
     for (int64_t i = 0; i < max_batch * cols; i++)
         x[i] = (float)rng_normal();
-    int rc = qt_quantize(&t, w0, rows, cols, &k->p, msg, sizeof msg);
+    int rc = gpu_make_weight(&t, w0, rows, cols, &k->p, msg, sizeof msg);
     if (rc != QL_OK) {
-        snprintf(detail, sizeof detail, "qt_quantize: %s", msg);
+        snprintf(detail, sizeof detail, "%s: %s",
+                 gpu_read_in_place(k->p.kind) ? "gpu_random_blocks" : "qt_quantize", msg);
         report(name, 0, detail);
         goto done;
     }
@@ -707,7 +727,7 @@ static void time_matvec(const wkind *k, int64_t rows, int64_t cols)
     qtensor t;
     qt_cuda_tensor d;
     memset(&d, 0, sizeof d);
-    int rc = qt_quantize(&t, w0, rows, cols, &k->p, msg, sizeof msg);
+    int rc = gpu_make_weight(&t, w0, rows, cols, &k->p, msg, sizeof msg);
     free(w0);
     if (rc != QL_OK || qt_cuda_tensor_upload(&t, &d, msg, sizeof msg) != QL_OK) {
         report(name, 0, msg);
@@ -805,13 +825,25 @@ int main(void)
                 continue;
             if (k->p.kind == QT_AFFINE && k->p.group_size > 0 && s->cols % k->p.group_size != 0)
                 continue;
+            if (gpu_read_in_place(k->p.kind) &&
+                s->cols % qt_traits_table[k->p.kind].block_size != 0)
+                continue;
+            /* emulated: the kinds kept in whole blocks (Q5_0, Q5_1 and
+             * the read-in-place ones) skip the two largest shapes; their
+             * piece kernel runs the same code on the smaller ones */
+            const bool whole =
+                gpu_read_in_place(k->p.kind) || k->p.kind == QT_Q5_0 || k->p.kind == QT_Q5_1;
+            if (emulated() && whole && s->rows * s->cols > 300000)
+                continue;
             check_weight(&c, k, s, sd++);
         }
 
     check_refusals(&c);
 
     if (!emulated()) {
-        const wkind *timed[] = {&kinds[3], &kinds[4], &kinds[14], &kinds[16], &kinds[9], &kinds[2]};
+        const wkind *timed[] = {
+            &kinds[3], &kinds[4],  &kinds[14], &kinds[16], &kinds[9],
+            &kinds[2], &kinds[17], &kinds[19], &kinds[21]}; /* ... q5_0, q4_k, q6_k */
         for (size_t i = 0; i < sizeof timed / sizeof timed[0]; i++)
             time_matvec(timed[i], 4096, 4096);
         time_matvec(&kinds[3], 11008, 4096);

@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "qt_math.h"
+#include "qt_quant_math.h"
 #include "qtensor.h"
 
 /* Grid-stride kernels launch at most this many blocks: enough to fill any
@@ -122,6 +123,10 @@ static inline const char *kind_name(qt_kind kind)
     case QT_Q4_K: return "q4_k";
     case QT_Q5_K: return "q5_k";
     case QT_Q6_K: return "q6_k";
+    case QT_Q2_K: return "q2_k";
+    case QT_Q3_K: return "q3_k";
+    case QT_IQ4_NL: return "iq4_nl";
+    case QT_IQ4_XS: return "iq4_xs";
     default: return "(not a kind)";
     }
 }
@@ -137,28 +142,110 @@ static inline __host__ __device__ bool is_4bit(qt_kind k)
     return k == QT_NF4 || k == QT_FP4;
 }
 
+/* Every llama.cpp block kind this backend runs. */
 static inline __host__ __device__ bool is_gguf(qt_kind k)
+{
+    switch (k) {
+    case QT_Q4_0:
+    case QT_Q4_1:
+    case QT_Q8_0:
+    case QT_Q5_0:
+    case QT_Q5_1:
+    case QT_Q4_K:
+    case QT_Q5_K:
+    case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_IQ4_NL:
+    case QT_IQ4_XS: return true;
+    default: return false;
+    }
+}
+
+/* The GGUF kinds kept in the split layout (qs, d, m arrays; qt_cuda.h);
+ * the others keep ggml's blocks whole. */
+static inline __host__ __device__ bool gguf_split(qt_kind k)
 {
     return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
 }
 
-/* The kinds this backend has kernels for. The CPU's Q5_0, Q5_1 and
- * k-quants (kernels/qtensor.h) have none here yet: qt_cuda_tensor_upload
- * refuses them by name, so no device tensor ever holds one. */
+/* The GGUF kinds the CPU reads in place only, with no requantizer (the
+ * k-quants, IQ4_NL, IQ4_XS): a merge into their own kind has nothing to
+ * match on the device either. */
+static inline __host__ __device__ bool gguf_read_only(qt_kind k)
+{
+    return is_gguf(k) && !gguf_split(k) && k != QT_Q5_0 && k != QT_Q5_1;
+}
+
+/* The kinds this backend has kernels for: every kind of qtensor.h today
+ * (a kind added there stays refused here by name until it has kernels). */
 static inline bool cuda_runs_kind(qt_kind k)
 {
     return is_dense(k) || is_4bit(k) || k == QT_AFFINE || is_gguf(k);
 }
 
 /* Bytes per block of a GGUF kind in ggml's layout, 0 for other kinds. */
-static inline size_t gguf_block_bytes(qt_kind kind)
+static inline __host__ __device__ size_t gguf_block_bytes(qt_kind kind)
 {
     switch (kind) {
     case QT_Q4_0: return QM_Q4_0_BYTES;
     case QT_Q4_1: return QM_Q4_1_BYTES;
     case QT_Q8_0: return QM_Q8_0_BYTES;
+    case QT_Q5_0: return QM_Q5_0_BYTES;
+    case QT_Q5_1: return QM_Q5_1_BYTES;
+    case QT_Q4_K: return QM_Q4_K_BYTES;
+    case QT_Q5_K: return QM_Q5_K_BYTES;
+    case QT_Q6_K: return QM_Q6_K_BYTES;
+    case QT_Q2_K: return QM_Q2_K_BYTES;
+    case QT_Q3_K: return QM_Q3_K_BYTES;
+    case QT_IQ4_NL: return QM_IQ4_NL_BYTES;
+    case QT_IQ4_XS: return QM_IQ4_XS_BYTES;
     default: return 0;
     }
+}
+
+/* Elements per block of a GGUF kind: 32 for Q4_0 ... Q5_1 and IQ4_NL, 256
+ * for the k-quants and IQ4_XS. */
+static inline __host__ __device__ int64_t gguf_block_elems(qt_kind kind)
+{
+    switch (kind) {
+    case QT_Q4_K:
+    case QT_Q5_K:
+    case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K:
+    case QT_IQ4_XS: return QM_QK_K;
+    default: return QM_GGUF_QK;
+    }
+}
+
+/* Element j of one whole ggml block of a kind kept whole (not
+ * gguf_split): the per-block functions of qt_math.h and qt_quant_math.h
+ * that the CPU's qt_dequantize_rows runs, so the value is the CPU's bit
+ * for bit. */
+static inline __host__ __device__ float gguf_whole_block_value(qt_kind kind, const uint8_t *blk,
+                                                               int j)
+{
+    switch (kind) {
+    case QT_Q5_0: return qm_q5_0_block_value(blk, j);
+    case QT_Q5_1: return qm_q5_1_block_value(blk, j);
+    case QT_Q4_K: return qm_q4_k_block_value(blk, j);
+    case QT_Q5_K: return qm_q5_k_block_value(blk, j);
+    case QT_Q2_K: return qm_q2_k_block_value(blk, j);
+    case QT_Q3_K: return qm_q3_k_block_value(blk, j);
+    case QT_IQ4_NL: return qm_iq4_nl_block_value(blk, j);
+    case QT_IQ4_XS: return qm_iq4_xs_block_value(blk, j);
+    default: return qm_q6_k_block_value(blk, j);
+    }
+}
+
+/* Element e of a row-major tensor of whole blocks of `kind`. */
+static inline __host__ __device__ float gguf_whole_element(qt_kind kind, const uint8_t *blocks,
+                                                           int64_t e)
+{
+    const int64_t per = gguf_block_elems(kind);
+    return gguf_whole_block_value(kind, blocks + (e / per) * (int64_t)gguf_block_bytes(kind),
+                                  (int)(e % per));
 }
 
 /* ---- grids and pointers -------------------------------------------------- */
