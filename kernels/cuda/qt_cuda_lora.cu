@@ -64,6 +64,7 @@
 #include <cuda_runtime.h>
 
 #include "qt_cuda_internal.h"
+#include "qt_kquant_ref.h"
 #include "qt_math.h"
 #include "qt_quant_math.h"
 
@@ -455,18 +456,28 @@ __global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, qt_
     }
 }
 
-/* Q5_0 and Q5_1, kept in whole ggml blocks: a thread per block, each
- * block's bytes written where ggml has them (d, Q5_1's m, qh, qs), by the
- * CPU quantizer's qq_q5_0_block / qq_q5_1_block. */
+/* Q5_0, Q5_1 and the k-quants, kept in whole ggml blocks: a thread per
+ * block, each block's bytes written where ggml has them, by the CPU's own
+ * quantizers (qq_q5_0_block / qq_q5_1_block; the k-quants' qk_*_block,
+ * llama.cpp's quantize_row_*_ref, which search each block's scales: slow
+ * per thread, and a merge's only cost here). */
 __global__ void gguf_whole_quantize(const float *__restrict__ x, int64_t n_blocks, qt_kind kind,
                                     uint8_t *__restrict__ blocks)
 {
-    const int64_t bb = (int64_t)gguf_block_bytes(kind);
+    const int64_t bb = (int64_t)gguf_block_bytes(kind), per = gguf_block_elems(kind);
     for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < n_blocks;
          b += (int64_t)gridDim.x * blockDim.x) {
-        const float *xb = x + b * QM_GGUF_QK;
+        const float *xb = x + b * per;
         uint8_t *blk = blocks + b * bb;
         uint16_t db, mb = 0;
+        switch (kind) {
+        case QT_Q4_K: qk_q4_k_block(xb, blk); continue;
+        case QT_Q5_K: qk_q5_k_block(xb, blk); continue;
+        case QT_Q6_K: qk_q6_k_block(xb, blk); continue;
+        case QT_Q2_K: qk_q2_k_block(xb, blk); continue;
+        case QT_Q3_K: qk_q3_k_block(xb, blk); continue;
+        default: break;
+        }
         if (kind == QT_Q5_0) {
             qq_q5_0_block(xb, &db, blk + 2, blk + 6);
         } else {
@@ -659,11 +670,6 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
         }
         return QL_OK;
     }
-    case QT_Q4_K:
-    case QT_Q5_K:
-    case QT_Q6_K:
-    case QT_Q2_K:
-    case QT_Q3_K:
     case QT_IQ4_NL:
     case QT_IQ4_XS:
         say(msg, msg_len,
@@ -675,15 +681,21 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
     case QT_Q4_1:
     case QT_Q8_0:
     case QT_Q5_0:
-    case QT_Q5_1: {
+    case QT_Q5_1:
+    case QT_Q4_K:
+    case QT_Q5_K:
+    case QT_Q6_K:
+    case QT_Q2_K:
+    case QT_Q3_K: {
         const qt_cuda_gguf_view &v = p->gguf;
-        if (p->cols % QM_GGUF_QK != 0 || v.n_blocks != n / QM_GGUF_QK || !v.qs ||
-            (gguf_split(p->kind) && !v.d) || (p->kind == QT_Q4_1 && !v.m)) {
+        const int64_t per = gguf_block_elems(p->kind);
+        if (p->cols % per != 0 || v.n_blocks != n / per || !v.qs || (gguf_split(p->kind) && !v.d) ||
+            (p->kind == QT_Q4_1 && !v.m)) {
             say(msg, msg_len,
-                "qt_cuda_merge: the %s weight [%lld, %lld] needs columns in blocks of %d and "
+                "qt_cuda_merge: the %s weight [%lld, %lld] needs columns in blocks of %lld and "
                 "%lld blocks of qs, d%s on the device",
-                kind_name(p->kind), (long long)p->rows, (long long)p->cols, QM_GGUF_QK,
-                (long long)(n / QM_GGUF_QK), p->kind == QT_Q4_1 ? " and m" : "");
+                kind_name(p->kind), (long long)p->rows, (long long)p->cols, (long long)per,
+                (long long)(n / per), p->kind == QT_Q4_1 ? " and m" : "");
             return QL_EINVAL;
         }
         return QL_OK;
@@ -843,7 +855,7 @@ int requantize_affine(merge_job &j)
 int requantize_gguf(merge_job &j)
 {
     qt_cuda_gguf_view &o = j.out->gguf;
-    const int64_t nb = j.n / QM_GGUF_QK;
+    const int64_t nb = j.n / gguf_block_elems(o.kind);
     if (o.kind != j.pristine->kind || o.n_blocks != nb || !o.qs || (gguf_split(o.kind) && !o.d) ||
         (o.kind == QT_Q4_1 && !o.m)) {
         say(j.msg, j.msg_len,

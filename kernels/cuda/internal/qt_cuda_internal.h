@@ -169,12 +169,13 @@ static inline __host__ __device__ bool gguf_split(qt_kind k)
     return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
 }
 
-/* The GGUF kinds the CPU reads in place only, with no requantizer (the
- * k-quants, IQ4_NL, IQ4_XS): a merge into their own kind has nothing to
- * match on the device either. */
+/* The GGUF kinds the CPU reads in place only, with no requantizer (IQ4_NL,
+ * IQ4_XS): a merge into their own kind has nothing to match on the device
+ * either. The k-quants requantize with llama.cpp's reference quantizers
+ * (kernels/math/qt_kquant_ref.h, the CPU's own arithmetic). */
 static inline __host__ __device__ bool gguf_read_only(qt_kind k)
 {
-    return is_gguf(k) && !gguf_split(k) && k != QT_Q5_0 && k != QT_Q5_1;
+    return k == QT_IQ4_NL || k == QT_IQ4_XS;
 }
 
 /* The kinds this backend has kernels for: every kind of qtensor.h today
