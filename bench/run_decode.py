@@ -17,7 +17,7 @@ be installed without building it (CMAKE_ARGS=-DLLAMA_BUILD=OFF).
 
 --kquant adds, after --model, the default model's K-quant files that
 scripts/fetch-kquant-models.sh makes with llama-quantize (Q4_K_M, Q5_K_M,
-Q6_K, Q3_K_M; those present), each as stored only (no requantized kinds),
+Q6_K, Q3_K_M, Q2_K, IQ4_XS; those present), each as stored only (no requantized kinds),
 and prints one document per file under "runs".
 
   python3 bench/run_decode.py [--model PATH] [--kquant] [--threads N]
@@ -43,7 +43,7 @@ def default_model():
     return os.path.join(cache, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-KQUANT_FTYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M")
+KQUANT_FTYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_XS")
 
 
 def kquant_models():
