@@ -32,7 +32,12 @@
  *                   weight-only, FLT_EPSILON otherwise);
  *   Q4_0 Q4_1 Q8_0  the same block kind (blocks of 32 along the rows);
  *   Q5_0 Q5_1
- *   Q4_K Q5_K Q6_K  refused into their own kind by name (no requantizer
+ *   Q2_K Q3_K       the same k-quant (super-blocks of 256 along the rows),
+ *   Q4_K Q5_K Q6_K  requantized by llama.cpp's reference quantizers, which
+ *                   search each sub-block's scale and minimum afresh; that
+ *                   search is not idempotent, so even a zero delta may move
+ *                   some codes (relative_error +INFINITY, see below).
+ *   IQ4_NL IQ4_XS   refused into their own kind by name (no requantizer
  *                   yet); "into" int8 or bf16 merges them as any kind.
  *
  * Numbers, and why:
@@ -178,15 +183,28 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     return QL_OK;
 }
 
-/* The k-quants have no requantizer yet (llama.cpp's quantize_row_q4_K_ref
- * and its siblings search each sub-block's scale; qt_quantize refuses
- * them): a merge into the weight's own kind is refused by name, and
- * "into" int8 or bf16 takes into_params as for every kind. */
+/* The k-quants requantize into their own kind through llama.cpp's
+ * reference quantizers (kernels/quant_kquant.c: quantize_row_q4_K_ref and
+ * its siblings, byte for byte). A k-quant weight's columns are whole
+ * super-blocks of 256 already, so the merged tensor has its layout. */
 static int kquant_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    (void)p;
-    if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K)
+    if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K && w->kind != QT_Q2_K &&
+        w->kind != QT_Q3_K)
         return wrong_family(w, "GGUF k-quant", msg, msg_len);
+    p->kind = w->kind;
+    return QL_OK;
+}
+
+/* IQ4_NL and IQ4_XS have no requantizer yet (llama.cpp's quantize_row_
+ * iq4_nl_ref searches each block's scale over its non-linear levels;
+ * qt_quantize refuses them): a merge into the weight's own kind is refused
+ * by name, and "into" int8 or bf16 takes into_params as for every kind. */
+static int iq4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
+{
+    (void)p;
+    if (w->kind != QT_IQ4_NL && w->kind != QT_IQ4_XS)
+        return wrong_family(w, "GGUF IQ4", msg, msg_len);
     return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                    "merging into %s is not supported yet; use into: int8 or bf16",
                    qt_kind_name(w->kind));
@@ -441,6 +459,7 @@ MERGE_FAMILY(merge_bnb4, bnb4_params)
 MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
 MERGE_FAMILY(merge_kquant, kquant_params)
+MERGE_FAMILY(merge_iq4, iq4_params)
 
 /* --- the table ---------------------------------------------------------- */
 
@@ -459,6 +478,10 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_Q4_K] = {.kind = "q4_k", .merge = merge_kquant},
     [QT_Q5_K] = {.kind = "q5_k", .merge = merge_kquant},
     [QT_Q6_K] = {.kind = "q6_k", .merge = merge_kquant},
+    [QT_Q2_K] = {.kind = "q2_k", .merge = merge_kquant},
+    [QT_Q3_K] = {.kind = "q3_k", .merge = merge_kquant},
+    [QT_IQ4_NL] = {.kind = "iq4_nl", .merge = merge_iq4},
+    [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_iq4},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -473,7 +496,7 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q4_k, q5_k and q6_k",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

@@ -34,6 +34,11 @@
  *   - fan_in_fan_out: our projections are nn.Linear, for which PEFT warns
  *     and forces it false; we do the same and say so in meta.warning.
  *
+ * On a Phi-3 model the module names are its own: self_attn.qkv_proj and
+ * mlp.gate_up_proj (fused; PEFT targets and trains them whole) beside
+ * o_proj and down_proj. Their lora_B rows are split as the model's weights
+ * are (q, k, v; gate, up) and their lora_A shared (proj_group below).
+ *
  * Regular expressions: Python's re, which PEFT uses, is not POSIX. A
  * pattern is translated to a POSIX extended expression and anchored: the
  * escapes \d \D \w \W \s \S become bracket classes, (?:...) a plain
@@ -671,9 +676,48 @@ static double pattern_value(const pattern_map *p, const char *name, double def, 
     return def;
 }
 
-static void module_name(char *buf, size_t len, int32_t layer, eng_proj p)
+/*
+ * Phi-3's fused modules. Its transformers model has self_attn.qkv_proj and
+ * mlp.gate_up_proj where llama has q/k/v_proj and gate/up_proj; PEFT
+ * targets and trains those. The model splits them by rows at load
+ * (engine/model/layers.c); an adapter is split the same way: its lora_B
+ * rows into the parts' (q, k, v; gate, up, in that order), its lora_A
+ * shared by all of them, so each part's B_part @ A is exactly the rows of
+ * the fused B @ A. The projections of one fused module form a group: its
+ * first projection and how many.
+ */
+static void proj_group(const eng_model *m, eng_proj p, eng_proj *first, int *n)
 {
-    snprintf(buf, len, "model.layers.%d.%s.%s", layer, eng_proj_parent(p), eng_proj_name(p));
+    *first = p;
+    *n = 1;
+    if (m->cfg.arch != ENG_ARCH_PHI3)
+        return;
+    if (p == ENG_PROJ_Q || p == ENG_PROJ_K || p == ENG_PROJ_V) {
+        *first = ENG_PROJ_Q;
+        *n = 3;
+    } else if (p == ENG_PROJ_GATE || p == ENG_PROJ_UP) {
+        *first = ENG_PROJ_GATE;
+        *n = 2;
+    }
+}
+
+/* The model's own module name for projection p ("q_proj", or Phi-3's
+ * "qkv_proj" / "gate_up_proj"). */
+static const char *proj_module(const eng_model *m, eng_proj p)
+{
+    eng_proj first;
+    int n;
+    proj_group(m, p, &first, &n);
+    if (n == 3)
+        return "qkv_proj";
+    if (n == 2)
+        return "gate_up_proj";
+    return eng_proj_name(p);
+}
+
+static void module_name(char *buf, size_t len, const eng_model *m, int32_t layer, eng_proj p)
+{
+    snprintf(buf, len, "model.layers.%d.%s.%s", layer, eng_proj_parent(p), proj_module(m, p));
 }
 
 /* What a module is to get from the file. */
@@ -704,7 +748,7 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
         for (int p = 0; p < ENG_N_PROJ; p++) {
             module_plan *mp = &plan[(size_t)l * ENG_N_PROJ + (size_t)p];
             char name[128];
-            module_name(name, sizeof name, l, (eng_proj)p);
+            module_name(name, sizeof name, m, l, (eng_proj)p);
             mp->targeted = config_targets(c, name, l, true);
             if (!mp->targeted)
                 continue;
@@ -712,11 +756,14 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
         }
-    if (*n_targeted == 0)
+    if (*n_targeted == 0) {
+        char example[128];
+        module_name(example, sizeof example, m, 0, ENG_PROJ_Q);
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_modules selects no projection of this model (module names "
-                       "look like model.layers.0.self_attn.q_proj)",
-                       c->path);
+                       "look like %s)",
+                       c->path, example);
+    }
     return QL_OK;
 }
 
@@ -751,7 +798,8 @@ static const char *key_hint(const char *key)
  * Parse key into (layer, projection, is B). Returns false for a key of any
  * other form. layer may be out of range (the caller says so).
  */
-static bool parse_key(const char *key, int64_t *layer, eng_proj *proj, bool *is_b)
+static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_proj *proj,
+                      bool *is_b)
 {
     const char *s = key;
     skip_prefix(&s, "base_model.model.");
@@ -766,7 +814,7 @@ static bool parse_key(const char *key, int64_t *layer, eng_proj *proj, bool *is_
     for (; p < ENG_N_PROJ; p++) {
         const char *t = s;
         if (skip_prefix(&t, eng_proj_parent((eng_proj)p)) && skip_prefix(&t, ".") &&
-            skip_prefix(&t, eng_proj_name((eng_proj)p)) && skip_prefix(&t, ".")) {
+            skip_prefix(&t, proj_module(m, (eng_proj)p)) && skip_prefix(&t, ".")) {
             s = t;
             break;
         }
@@ -895,6 +943,67 @@ static int permuted_copy(const st_tensor *t, int32_t heads, qtensor *out, size_t
     return QL_OK;
 }
 
+/* Rows [r0, r0 + n) of B (wrapped whole in *whole, which this consumes)
+ * into *out: a view of the mapping when B is borrowed from it, else a copy
+ * of those rows (its bytes added to *copied). */
+static int slice_rows(qtensor *whole, int64_t r0, int64_t n, qtensor *out, size_t *copied,
+                      char *msg, size_t msg_len)
+{
+    size_t row_bytes = whole->data_bytes / (size_t)whole->rows;
+    *out = *whole;
+    out->rows = n;
+    out->data_bytes = (size_t)n * row_bytes;
+    if (whole->data_borrowed) {
+        out->data = whole->data + (size_t)r0 * row_bytes;
+        memset(whole, 0, sizeof *whole);
+        return QL_OK;
+    }
+    out->data = malloc(out->data_bytes ? out->data_bytes : 1);
+    if (!out->data) {
+        qt_free(whole);
+        memset(out, 0, sizeof *out);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for an adapter's fused B");
+    }
+    memcpy(out->data, whole->data + (size_t)r0 * row_bytes, out->data_bytes);
+    *copied += out->data_bytes;
+    *copied -= whole->data_bytes; /* wrap_tensor counted the whole copy, freed here */
+    qt_free(whole);
+    return QL_OK;
+}
+
+/* Module (layer, p)'s B: its own lora_B, or its rows of a fused module's
+ * (the projections of the group before p come first). */
+static int wrap_b(const st_file *f, const st_tensor *t, const eng_model *m, int32_t layer,
+                  eng_proj p, qtensor *out, size_t *copied, char *msg, size_t msg_len)
+{
+    eng_proj first;
+    int n;
+    proj_group(m, p, &first, &n);
+    if (n == 1)
+        return wrap_tensor(f, t, out, copied, msg, msg_len);
+    int64_t r0 = 0;
+    for (int k = first; k < (int)p; k++)
+        r0 += eng_model_proj(m, layer, (eng_proj)k)->rows;
+    qtensor whole;
+    int rc = wrap_tensor(f, t, &whole, copied, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    return slice_rows(&whole, r0, eng_model_proj(m, layer, p)->rows, out, copied, msg, msg_len);
+}
+
+/* The rows of a module's lora_B: its projection's, or the whole fused
+ * module's. */
+static int64_t b_rows(const eng_model *m, int32_t layer, eng_proj p)
+{
+    eng_proj first;
+    int n;
+    proj_group(m, p, &first, &n);
+    int64_t rows = 0;
+    for (int k = 0; k < n; k++)
+        rows += eng_model_proj(m, layer, (eng_proj)(first + k))->rows;
+    return rows;
+}
+
 /* --- names ----------------------------------------------------------------------- */
 
 /* A model name reduced to what two spellings of it share: the base name's
@@ -933,7 +1042,7 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
         int64_t layer;
         eng_proj p;
         bool is_b;
-        if (!parse_key(t->name, &layer, &p, &is_b))
+        if (!parse_key(t->name, m, &layer, &p, &is_b))
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s' is not supported: %s", f->path,
                            t->name, key_hint(t->name));
         if (layer >= m->cfg.n_layers)
@@ -942,7 +1051,7 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
                            f->path, t->name, layer, m->cfg.n_layers);
         module_plan *mp = &plan[(size_t)layer * ENG_N_PROJ + p];
         char name[128];
-        module_name(name, sizeof name, (int32_t)layer, p);
+        module_name(name, sizeof name, m, (int32_t)layer, p);
         if (!mp->targeted)
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is for %s, which %s does not target (check "
@@ -953,7 +1062,14 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
             return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: tensors '%s' and '%s' are both lora_%c of %s", f->path,
                            (*slot)->name, t->name, is_b ? 'B' : 'A', name);
-        *slot = t;
+        /* a fused module's tensors serve every projection of its group */
+        eng_proj first;
+        int n;
+        proj_group(m, p, &first, &n);
+        for (int k = 0; k < n; k++) {
+            module_plan *part = &plan[(size_t)layer * ENG_N_PROJ + first + k];
+            *(is_b ? &part->b : &part->a) = t;
+        }
     }
     return QL_OK;
 }
@@ -971,7 +1087,7 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             if (!mp->targeted)
                 continue;
             char name[128];
-            module_name(name, sizeof name, layer, (eng_proj)p);
+            module_name(name, sizeof name, m, layer, (eng_proj)p);
             if (!mp->a || !mp->b)
                 return ql_fail(msg, msg_len, QL_ENOTFOUND,
                                "%s: module %s has no lora_%c tensor, and %s targets it", path, name,
@@ -979,7 +1095,8 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             const qtensor *w = eng_model_proj(m, layer, (eng_proj)p);
             int rc = check_tensor(path, mp->a, name, mp->rank, w->cols, mp, msg, msg_len);
             if (rc == QL_OK)
-                rc = check_tensor(path, mp->b, name, w->rows, mp->rank, mp, msg, msg_len);
+                rc = check_tensor(path, mp->b, name, b_rows(m, layer, (eng_proj)p), mp->rank, mp,
+                                  msg, msg_len);
             if (rc != QL_OK)
                 return rc;
             eng_lora_module *mod = &l->modules[idx];
@@ -989,7 +1106,8 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             bool permute = m->cfg.rope_interleaved && (p == ENG_PROJ_Q || p == ENG_PROJ_K);
             int32_t heads = p == ENG_PROJ_Q ? m->cfg.n_heads : m->cfg.n_kv_heads;
             rc = permute ? permuted_copy(mp->b, heads, &mod->b, copied, msg, msg_len)
-                         : wrap_tensor(&pl->file, mp->b, &mod->b, copied, msg, msg_len);
+                         : wrap_b(&pl->file, mp->b, m, layer, (eng_proj)p, &mod->b, copied, msg,
+                                  msg_len);
             if (rc != QL_OK)
                 return rc;
             mod->scale = (float)(c->use_rslora ? mp->alpha / sqrt((double)mp->rank)
@@ -1007,6 +1125,11 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
     snprintf(meta->base_model, sizeof meta->base_model, "%s", c->base_model ? c->base_model : "");
     meta->n_modules = (int32_t)n_modules;
     for (int p = 0; p < ENG_N_PROJ; p++) {
+        eng_proj first;
+        int group;
+        proj_group(m, (eng_proj)p, &first, &group);
+        if ((int)first != p)
+            continue; /* a fused module is listed once, by its own name */
         bool any = false;
         for (int32_t l = 0; l < m->cfg.n_layers && !any; l++)
             any = plan[(size_t)l * ENG_N_PROJ + (size_t)p].targeted;
@@ -1014,7 +1137,7 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
             continue;
         size_t n = strlen(meta->targets);
         snprintf(meta->targets + n, sizeof meta->targets - n, "%s%s", n ? "," : "",
-                 eng_proj_name((eng_proj)p));
+                 proj_module(m, (eng_proj)p));
     }
     snprintf(meta->warning, sizeof meta->warning, "%s", c->warning);
 }

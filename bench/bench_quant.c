@@ -9,10 +9,11 @@
  * with the project's flags), and our F32 kind. Single thread throughout:
  * the worker pool is the engine's; these are per-core figures.
  *
- * The k-quants (q4_k, q5_k, q6_k) cannot be quantized into yet: their
- * weight is random super-blocks of the same size (random codes and
+ * The k-quants (q2_k ... q6_k) and iq4_nl, iq4_xs cannot be quantized into
+ * yet: their weight is random blocks of the same size (random codes and
  * sub-block scales, small f16 d and dmin), which a matrix kernel reads
- * exactly as it reads a GGUF file's; they need --cols a multiple of 256.
+ * exactly as it reads a GGUF file's; all but iq4_nl (blocks of 32) need
+ * --cols a multiple of 256.
  *
  * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S]
  * Each figure is the best of repeated runs lasting at least --min-seconds.
@@ -114,12 +115,39 @@ typedef struct kind_case {
     bool kquant; /* random super-blocks instead of qt_quantize */
 } kind_case;
 
-/* A rows x cols k-quant weight of random super-blocks: random bytes, each
- * block's f16 d (and dmin) a small normal value (|w| about 0.02). */
+/* Where a read-in-place kind keeps its f16 d and dmin (-1: none), and the
+ * size of d that keeps |w| about 0.02 (Q6_K's and IQ4_XS's sub-block scale
+ * times code reaches ~4000, the others' ~50 to ~250). */
+static void kquant_layout(qt_kind kind, int *d_at, int *dmin_at, float *dscale)
+{
+    *d_at = 0;
+    *dmin_at = -1;
+    *dscale = 1e-4f;
+    switch (kind) {
+    case QT_Q4_K:
+    case QT_Q5_K: *dmin_at = 2; break;
+    case QT_Q6_K:
+        *d_at = 208;
+        *dscale = 2e-5f;
+        break;
+    case QT_Q2_K: *d_at = 80, *dmin_at = 82; break;
+    case QT_Q3_K: *d_at = 108; break;
+    case QT_IQ4_XS: *dscale = 2e-5f; break;
+    default: break; /* IQ4_NL: d first */
+    }
+}
+
+/* A rows x cols weight of a read-in-place kind, random blocks: random
+ * bytes, each block's f16 d (and dmin) a small normal value (|w| about
+ * 0.02). */
 static int random_kquant(qtensor *q, qt_kind kind, int64_t rows, int64_t cols, char *msg,
                          size_t msg_len)
 {
-    size_t bb = qt_traits_table[kind].block_bytes, nb = (size_t)(rows * cols / 256);
+    size_t bb = qt_traits_table[kind].block_bytes;
+    size_t nb = (size_t)(rows * cols / qt_traits_table[kind].block_size);
+    int d_at, dmin_at;
+    float dscale;
+    kquant_layout(kind, &d_at, &dmin_at, &dscale);
     uint8_t *b = malloc(nb * bb);
     if (!b)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
@@ -127,12 +155,11 @@ static int random_kquant(qtensor *q, qt_kind kind, int64_t rows, int64_t cols, c
         b[i] = (uint8_t)(uniform() * 256.0);
     for (size_t i = 0; i < nb; i++) {
         uint8_t *blk = b + i * bb;
-        uint16_t d = qt_f32_to_f16(kind == QT_Q6_K ? normal(2e-5f) : normal(1e-4f));
+        uint16_t d = qt_f32_to_f16(normal(dscale));
         uint16_t dmin = qt_f32_to_f16(fabsf(normal(1e-4f)));
-        size_t at = kind == QT_Q6_K ? 208 : 0;
-        memcpy(blk + at, &d, 2); /* little-endian, as the file */
-        if (kind != QT_Q6_K)
-            memcpy(blk + 2, &dmin, 2);
+        memcpy(blk + d_at, &d, 2); /* little-endian, as the file */
+        if (dmin_at >= 0)
+            memcpy(blk + dmin_at, &dmin, 2);
     }
     int rc = qt_from_gguf_blocks(q, kind, b, nb * bb, rows, cols, msg, msg_len);
     free(b);
@@ -215,6 +242,10 @@ int main(int argc, char **argv)
         {"q4_k", {.kind = QT_Q4_K}, true},
         {"q5_k", {.kind = QT_Q5_K}, true},
         {"q6_k", {.kind = QT_Q6_K}, true},
+        {"q2_k", {.kind = QT_Q2_K}, true},
+        {"q3_k", {.kind = QT_Q3_K}, true},
+        {"iq4_nl", {.kind = QT_IQ4_NL}, true},
+        {"iq4_xs", {.kind = QT_IQ4_XS}, true},
     };
 
     char cpu[256];
@@ -245,7 +276,7 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < n_cases; k++) {
         qtensor q;
         char msg[256];
-        if (cases[k].kquant && cols % 256 != 0) {
+        if (cases[k].kquant && cols % qt_traits_table[cases[k].p.kind].block_size != 0) {
             fprintf(stderr, "bench_quant: %s skipped: --cols is not a multiple of 256\n",
                     cases[k].label);
             continue;

@@ -121,7 +121,22 @@ static void count_kinds(const eng_model *m, char *buf, size_t len)
 
 static const char *rope_scaling_name(eng_rope_scaling r)
 {
-    return r == ENG_ROPE_LINEAR ? "linear" : r == ENG_ROPE_LLAMA3 ? "llama3" : "none";
+    switch (r) {
+    case ENG_ROPE_LINEAR: return "linear";
+    case ENG_ROPE_LLAMA3: return "llama3";
+    case ENG_ROPE_LONGROPE: return "longrope";
+    default: return "none";
+    }
+}
+
+/* Where the per-pair frequency factors came from. */
+static const char *rope_factors_note(const eng_config *c)
+{
+    if (!c->n_rope_freq_factors)
+        return "";
+    if (c->rope_scaling == ENG_ROPE_LONGROPE)
+        return c->rope_long_factors ? ", long factors" : ", short factors";
+    return ", frequency factors (rope_freqs.weight)";
 }
 
 static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t msg_len)
@@ -140,9 +155,9 @@ static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t
             c->intermediate_size, c->vocab_size, c->max_position_embeddings);
     fprintf(out, "rope theta %g, scaling %s (factor %g)%s, %s pairs; rms eps %g; %s embeddings%s\n",
             (double)c->rope_theta, rope_scaling_name(c->rope_scaling), (double)c->rope_factor,
-            c->n_rope_freq_factors ? ", frequency factors (rope_freqs.weight)" : "",
-            c->rope_interleaved ? "adjacent" : "half-split", (double)c->rms_norm_eps,
-            c->tie_word_embeddings ? "tied" : "separate", c->attention_bias ? ", qkv bias" : "");
+            rope_factors_note(c), c->rope_interleaved ? "adjacent" : "half-split",
+            (double)c->rms_norm_eps, c->tie_word_embeddings ? "tied" : "separate",
+            c->attention_bias ? ", qkv bias" : "");
     fprintf(out, "linear layers %s; tensors %s; %.1f MiB of weights\n", m.quant, kinds,
             (double)eng_model_weight_bytes(&m) / (1024.0 * 1024.0));
     fprintf(out, "tokenizer %s, %zu tokens, bos %d, eos %d, adds bos: %s\n", tok_describe(m.tok),

@@ -32,7 +32,7 @@ static const struct subcommand {
     int (*run)(int argc, char **argv);
 } subcommands[] = {
     {"serve", cli_serve},       /* serve generation with hot LoRA adapters over HTTP */
-    {"quantize", cli_quantize}, /* a safetensors file to NF4/FP4 (bitsandbytes layout) */
+    {"quantize", cli_quantize}, /* safetensors to NF4/FP4, or GGUF to q2_k ... q6_k, q8_0 */
     {"inspect", cli_inspect},   /* what a safetensors file or a model holds */
     {"generate", cli_generate}, /* complete a prompt with a model */
     {"tokenize", cli_tokenize}, /* the token ids of a text under a model's tokenizer */

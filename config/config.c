@@ -134,9 +134,10 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
 
 #define QUANTIZE_OPTS(q)                                                                           \
     {                                                                                              \
-        {"in", OPT_STRING, &(q)->in_path, "IN.safetensors: the tensors to quantize"},              \
-            {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors: where to write"},                \
-            {"kind", OPT_STRING, &(q)->kind, "nf4 | fp4"},                                         \
+        {"in", OPT_STRING, &(q)->in_path, "IN.safetensors | IN.gguf: the tensors to quantize"},    \
+            {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors | OUT.gguf: where to write"},     \
+            {"kind", OPT_STRING, &(q)->kind,                                                       \
+             "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 (GGUF)"},          \
             {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"},  \
             {"double-quant", OPT_BOOL, &(q)->double_quant,                                         \
              "quantize absmax again (bitsandbytes compress_statistics)"},                          \
@@ -981,8 +982,14 @@ void cfg_print_usage(FILE *out, const char *sub)
         const opt opts[] = QUANTIZE_OPTS(&q);
         fprintf(out, "usage: qlserve quantize --in IN.safetensors --out OUT.safetensors "
                      "--kind nf4|fp4 [--blocksize N] [--double-quant]\n"
+                     "       qlserve quantize --in IN.gguf --out OUT.gguf --kind "
+                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0\n"
                      "Quantizes every 2-D float tensor and writes the bitsandbytes "
-                     "serialization; other tensors are copied.\n");
+                     "serialization; other tensors are copied.\n"
+                     "A GGUF kind requantizes a GGUF file's f32/f16/bf16 weights as "
+                     "llama-quantize does (one type for all, its fallbacks for columns\n"
+                     "that are not whole blocks) and copies the metadata and other "
+                     "tensors.\n");
         print_opts(out, opts, sizeof opts / sizeof *opts);
         return;
     }
@@ -1019,13 +1026,14 @@ void cfg_print_usage(FILE *out, const char *sub)
         print_opts(out, opts, sizeof opts / sizeof *opts);
         return;
     }
-    fprintf(out, "usage: qlserve COMMAND [FLAGS]\n"
-                 "commands:\n"
-                 "  serve      serve generation with hot LoRA adapters over HTTP\n"
-                 "  quantize   quantize a safetensors file to NF4/FP4 (bitsandbytes layout)\n"
-                 "  inspect    print what a safetensors file or a model holds\n"
-                 "  generate   complete a prompt with a model\n"
-                 "  tokenize   print the token ids of a text under a model's tokenizer\n"
-                 "  version    version, CPU kernel path and CUDA backend\n"
-                 "qlserve COMMAND --help for a command's flags.\n");
+    fprintf(out,
+            "usage: qlserve COMMAND [FLAGS]\n"
+            "commands:\n"
+            "  serve      serve generation with hot LoRA adapters over HTTP\n"
+            "  quantize   a safetensors file to NF4/FP4 (bitsandbytes), a GGUF file to q2_k..q8_0\n"
+            "  inspect    print what a safetensors file or a model holds\n"
+            "  generate   complete a prompt with a model\n"
+            "  tokenize   print the token ids of a text under a model's tokenizer\n"
+            "  version    version, CPU kernel path and CUDA backend\n"
+            "qlserve COMMAND --help for a command's flags.\n");
 }

@@ -25,7 +25,8 @@
  * It calls down only: into qtensor.c (the kinds' geometry), quant_bnb4.c
  * (qt_block_absmax) and attend_ref.c (qt_attend_ref, for head dimensions
  * the fast loop does not cover); never back into the table. It touches
- * kernels/math/ (qt_math.h, ops_math.h).
+ * kernels/math/ (qt_math.h, qt_quant_math.h's dequantizing section for
+ * Q2_K, Q3_K, IQ4_NL and IQ4_XS, ops_math.h).
  *
  * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
  * CPU reports those features (traits.c).
@@ -33,6 +34,7 @@
 #include "kernels_internal.h"
 #include "ops_math.h"
 #include "qt_math.h"
+#include "qt_quant_math.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -200,15 +202,32 @@ ALWAYS_INLINE void gguf_nibbles(const uint8_t *qs, const uint8_t *qh, int bias, 
         q[j] = _mm256_cvtepi32_ps(bias ? _mm256_add_epi32(c[j], _mm256_set1_epi32(bias)) : c[j]);
 }
 
+/* The 32 levels of an IQ4_NL block or IQ4_XS sub-block (16 bytes of qs,
+ * byte j holding element j low and j + 16 high) as f32 in element order:
+ * each nibble looks its level up in the 16-byte table by pshufb, then the
+ * int8 levels widen. */
+ALWAYS_INLINE void iq4_levels32(const uint8_t *qs, __m256 q[4])
+{
+    static const int8_t levels[16] = QM_IQ4NL_LEVELS_INIT;
+    __m128i table = _mm_loadu_si128((const __m128i *)levels);
+    __m128i bytes = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(bytes, mask));
+    __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), mask));
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
 /* Whether a GGUF kind of blocks of 32 stores a minimum (w = q * d + m). */
 ALWAYS_INLINE bool gguf_has_min(qt_kind kind)
 {
     return kind == QT_Q4_1 || kind == QT_Q5_1;
 }
 
-/* GGUF block blk of kind (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1): its 32 integer
- * codes as f32 in element order (q), its scale d and, for Q4_1 and Q5_1,
- * its minimum m, each in every lane. */
+/* GGUF block blk of kind (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL): its 32
+ * integer codes (IQ4_NL: levels) as f32 in element order (q), its scale d
+ * and, for Q4_1 and Q5_1, its minimum m, each in every lane. */
 ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m256 *d, __m256 *m)
 {
     *d = gguf_f16x8(blk);
@@ -220,6 +239,8 @@ ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m
         gguf_nibbles(blk + 6, blk + 2, -16, q);
     else if (kind == QT_Q5_1)
         gguf_nibbles(blk + 8, blk + 4, 0, q);
+    else if (kind == QT_IQ4_NL)
+        iq4_levels32(blk + 2, q);
     else
         gguf_nibbles(blk + (kind == QT_Q4_1 ? 4 : 2), NULL, kind == QT_Q4_1 ? 0 : -8, q);
     *m = gguf_has_min(kind) ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
@@ -315,8 +336,79 @@ ALWAYS_INLINE void decode_q6_k_block(const uint8_t *blk, float *out)
     }
 }
 
-/* Super-blocks [b, b + nb) of k-quant kind `kind` (a constant), 256
- * elements each. */
+/* 8 2-bit fields (bits shift, shift + 1 of the 8 bytes at p) as int32. */
+ALWAYS_INLINE __m256i crumbs8(const uint8_t *p, int shift)
+{
+    return _mm256_and_si256(_mm256_srli_epi32(widen8(p), shift), _mm256_set1_epi32(3));
+}
+
+/* One Q2_K super-block of 256 into out: in each half of 128 (32 bytes of
+ * qs), the k-th 32 are bits 2k, 2k + 1 of each byte; sub-block s of 16
+ * has d1 = d * sc, m1 = dmin * m (qm_q2_k_sub_scales), w = d1 * q - m1. */
+ALWAYS_INLINE void decode_q2_k_block(const uint8_t *blk, float *out)
+{
+    float d = qm_f16_le(blk + 80), dmin = qm_f16_le(blk + 82);
+    for (int half = 0; half < 2; half++)
+        for (int k = 0; k < 4; k++)
+            for (int g = 0; g < 4; g++) {
+                int sc = blk[8 * half + 2 * k + g / 2];
+                store_k4(out + 128 * half + 32 * k + 8 * g,
+                         crumbs8(blk + 16 + 32 * half + 8 * g, 2 * k), d * (float)(sc & 0xF),
+                         dmin * (float)(sc >> 4));
+            }
+}
+
+/* 8 signed Q3_K codes: the 2-bit fields (bits 2k, 2k + 1 of qs), minus 4
+ * where bit `hbit` of hmask is clear. */
+ALWAYS_INLINE __m256i q3_k_codes8(const uint8_t *qs, const uint8_t *hmask, int k, int hbit)
+{
+    __m256i h = _mm256_and_si256(_mm256_srli_epi32(widen8(hmask), hbit), _mm256_set1_epi32(1));
+    return _mm256_sub_epi32(_mm256_or_si256(crumbs8(qs, 2 * k), _mm256_slli_epi32(h, 2)),
+                            _mm256_set1_epi32(4));
+}
+
+/* The 16 sub-block scales d * sc of a Q3_K block, as qm_q3_k_sub_scale
+ * rounds them, d converted once. */
+ALWAYS_INLINE void q3_k_scales(const uint8_t *blk, float scale[16])
+{
+    float d = qm_f16_le(blk + 108);
+    for (int s = 0; s < 16; s++)
+        scale[s] = d * (float)qm_q3_k_scale(blk, s);
+}
+
+/* One Q3_K super-block of 256 into out: element 128 h + 32 k + l takes
+ * q3_k_codes8's code from qs[32 h + l] and bit 4h + k of hmask[l];
+ * w = (d * sc) * q. */
+ALWAYS_INLINE void decode_q3_k_block(const uint8_t *blk, float *out)
+{
+    float scale[16];
+    q3_k_scales(blk, scale);
+    for (int half = 0; half < 2; half++)
+        for (int k = 0; k < 4; k++)
+            for (int g = 0; g < 4; g++) {
+                __m256i code =
+                    q3_k_codes8(blk + 32 + 32 * half + 8 * g, blk + 8 * g, k, 4 * half + k);
+                float sc = scale[8 * half + 2 * k + g / 2];
+                _mm256_storeu_ps(out + 128 * half + 32 * k + 8 * g,
+                                 _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_cvtepi32_ps(code)));
+            }
+}
+
+/* One IQ4_XS super-block of 256 into out: sub-block s of 32 is the levels
+ * of qs[16 s ..] times d * sc (qm_iq4_xs_sub_scale). */
+ALWAYS_INLINE void decode_iq4_xs_block(const uint8_t *blk, float *out)
+{
+    float d = qm_f16_le(blk);
+    for (int s = 0; s < 8; s++, out += 32) {
+        __m256 q[4], dl = _mm256_set1_ps(d * (float)qm_iq4_xs_scale(blk, s));
+        iq4_levels32(blk + 8 + 16 * s, q);
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(dl, q[j]));
+    }
+}
+
+/* Super-blocks [b, b + nb) of k-quant (or IQ4_XS) kind `kind` (a
+ * constant), 256 elements each. */
 ALWAYS_INLINE void decode_kquant(const qtensor *t, int64_t b, int64_t nb, float *out, qt_kind kind)
 {
     size_t bb = qt_kind_geometry_table[kind].block_bytes;
@@ -324,6 +416,12 @@ ALWAYS_INLINE void decode_kquant(const qtensor *t, int64_t b, int64_t nb, float 
         const uint8_t *blk = t->data + (b + i) * bb;
         if (kind == QT_Q6_K)
             decode_q6_k_block(blk, out);
+        else if (kind == QT_Q2_K)
+            decode_q2_k_block(blk, out);
+        else if (kind == QT_Q3_K)
+            decode_q3_k_block(blk, out);
+        else if (kind == QT_IQ4_XS)
+            decode_iq4_xs_block(blk, out);
         else
             decode_k4_block(blk, kind == QT_Q5_K, out);
     }
@@ -393,6 +491,7 @@ GGUF_TILE(tile_q4_1, QT_Q4_1)
 GGUF_TILE(tile_q8_0, QT_Q8_0)
 GGUF_TILE(tile_q5_0, QT_Q5_0)
 GGUF_TILE(tile_q5_1, QT_Q5_1)
+GGUF_TILE(tile_iq4_nl, QT_IQ4_NL)
 
 /* k-quant tiles: TILE is a multiple of 256 and rows are whole
  * super-blocks, so a tile is whole super-blocks too. */
@@ -405,6 +504,9 @@ GGUF_TILE(tile_q5_1, QT_Q5_1)
 KQUANT_TILE(tile_q4_k, QT_Q4_K)
 KQUANT_TILE(tile_q5_k, QT_Q5_K)
 KQUANT_TILE(tile_q6_k, QT_Q6_K)
+KQUANT_TILE(tile_q2_k, QT_Q2_K)
+KQUANT_TILE(tile_q3_k, QT_Q3_K)
+KQUANT_TILE(tile_iq4_xs, QT_IQ4_XS)
 
 static inline float hsum(__m256 v)
 {
@@ -711,6 +813,98 @@ ALWAYS_INLINE void rows_q6_k(const qtensor *t, const float *x, int nb, float *y,
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
 }
 
+/* Q2_K rows, fused: per sub-block of 16, the 2-bit codes times x, then d1
+ * times that minus m1 times the sub-block's sum of x (w = d1 * q - m1). */
+ALWAYS_INLINE void rows_q2_k(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+{
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)QM_Q2_K_BYTES;
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q2_K_BYTES) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float d = qm_f16_le(blk + 80), dmin = qm_f16_le(blk + 82);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int s = 0; s < 16; s++) { /* elements 16 s ..: half s / 8, field (s % 8) / 2 */
+            const uint8_t *q = blk + 16 + 32 * (s / 8) + 16 * (s % 2);
+            int shift = 2 * ((s % 8) / 2), at = 16 * s;
+            __m256 acc[XCHUNK];
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = _mm256_setzero_ps();
+            dot8(_mm256_cvtepi32_ps(crumbs8(q, shift)), xs, at, nb, acc);
+            dot8(_mm256_cvtepi32_ps(crumbs8(q + 8, shift)), xs, at + 8, nb, acc);
+            int sc = blk[s];
+            __m256 d1 = _mm256_set1_ps(d * (float)(sc & 0xF));
+            __m256 m1 = _mm256_set1_ps(dmin * (float)(sc >> 4));
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+            {
+                __m256 sx =
+                    _mm256_add_ps(_mm256_loadu_ps(xs[b] + at), _mm256_loadu_ps(xs[b] + at + 8));
+                total[b] = _mm256_fnmadd_ps(sx, m1, _mm256_fmadd_ps(acc[b], d1, total[b]));
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
+/* Q3_K rows, fused: per sub-block of 16, the signed codes times x, then
+ * times that sub-block's d * sc. */
+ALWAYS_INLINE void rows_q3_k(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+{
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)QM_Q3_K_BYTES;
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q3_K_BYTES) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float scale[16];
+        q3_k_scales(blk, scale);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int s = 0; s < 16; s++) {
+            int half = s / 8, kk = (s % 8) / 2, l = 16 * (s % 2), at = 16 * s;
+            const uint8_t *qs = blk + 32 + 32 * half + l, *hm = blk + l;
+            __m256 acc[XCHUNK];
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = _mm256_setzero_ps();
+            dot8(_mm256_cvtepi32_ps(q3_k_codes8(qs, hm, kk, 4 * half + kk)), xs, at, nb, acc);
+            dot8(_mm256_cvtepi32_ps(q3_k_codes8(qs + 8, hm + 8, kk, 4 * half + kk)), xs, at + 8, nb,
+                 acc);
+            __m256 sc = _mm256_set1_ps(scale[s]);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
+                _mm256_fmadd_ps(acc[b], sc, total[b]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
+/* IQ4_XS rows, fused: per sub-block of 32, the levels times x in two
+ * chains, then times that sub-block's d * sc. */
+ALWAYS_INLINE void rows_iq4_xs(const qtensor *t, const float *x, int nb, float *y, int64_t r)
+{
+    int64_t n_blocks = t->cols / 256;
+    const uint8_t *blk = t->data + r * n_blocks * (int64_t)QM_IQ4_XS_BYTES;
+    __m256 total[XCHUNK];
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_blocks; k++, blk += QM_IQ4_XS_BYTES) {
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        float d = qm_f16_le(blk);
+        const float *xs[XCHUNK];
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
+        for (int s = 0; s < 8; s++) {
+            __m256 q[4], acc[XCHUNK], acc2[XCHUNK];
+            iq4_levels32(blk + 8 + 16 * s, q);
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = acc2[b] =
+                _mm256_setzero_ps();
+            for (int g = 0; g < 4; g++)
+                dot8(q[g], xs, 32 * s + 8 * g, nb, g & 1 ? acc2 : acc);
+            __m256 dl = _mm256_set1_ps(d * (float)qm_iq4_xs_scale(blk, s));
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
+                _mm256_fmadd_ps(_mm256_add_ps(acc[b], acc2[b]), dl, total[b]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+}
+
 /* Whether rows_bnb4_split applies: blocks of whole groups of 16. */
 static bool bnb4_whole_groups(const qtensor *t)
 {
@@ -819,6 +1013,30 @@ ALWAYS_INLINE void row_q6_k(const qtensor *t, const float *x, const float *scrat
     (void)scratch;
     rows_q6_k(t, x, nb, y, r);
 }
+ALWAYS_INLINE void row_q2_k(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_q2_k(t, x, nb, y, r);
+}
+ALWAYS_INLINE void row_q3_k(const qtensor *t, const float *x, const float *scratch, int nb,
+                            float *y, int64_t r)
+{
+    (void)scratch;
+    rows_q3_k(t, x, nb, y, r);
+}
+/* IQ4_NL: the blocks of 32 of rows_gguf, with levels for codes. */
+ALWAYS_INLINE void row_iq4_nl(const qtensor *t, const float *x, const float *scratch, int nb,
+                              float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_IQ4_NL);
+}
+ALWAYS_INLINE void row_iq4_xs(const qtensor *t, const float *x, const float *scratch, int nb,
+                              float *y, int64_t r)
+{
+    (void)scratch;
+    rows_iq4_xs(t, x, nb, y, r);
+}
 
 /* What a kind derives from each chunk of nb rows of x before its rows run
  * (bnb4_split, block_sums), into XCHUNK * cols floats; NULL: nothing. */
@@ -921,6 +1139,22 @@ void qt_matmul_q6_k_avx2(MATMUL_ARGS)
 {
     matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q6_k);
 }
+void qt_matmul_q2_k_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q2_k);
+}
+void qt_matmul_q3_k_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_q3_k);
+}
+void qt_matmul_iq4_nl_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_iq4_nl);
+}
+void qt_matmul_iq4_xs_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_iq4_xs);
+}
 
 /* Whole rows through a kind's tile decoder (a constant), which writes
  * into dst for every kind that has a fast dequantization (F32 has none: its
@@ -981,6 +1215,22 @@ void qt_dequantize_rows_q5_k_avx2(DEQUANT_ARGS)
 void qt_dequantize_rows_q6_k_avx2(DEQUANT_ARGS)
 {
     dequantize_tiles(t, row0, nrows, out, tile_q6_k);
+}
+void qt_dequantize_rows_q2_k_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q2_k);
+}
+void qt_dequantize_rows_q3_k_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_q3_k);
+}
+void qt_dequantize_rows_iq4_nl_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_iq4_nl);
+}
+void qt_dequantize_rows_iq4_xs_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_iq4_xs);
 }
 
 /* Attention over a run of cached positions: the dot product in two 8-lane

@@ -17,13 +17,15 @@
 #include <string.h>
 
 const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT] = {
-    [QT_F32] = {QT_GEOMETRY_F32},   [QT_F16] = {QT_GEOMETRY_F16},
-    [QT_BF16] = {QT_GEOMETRY_BF16}, [QT_NF4] = {QT_GEOMETRY_NF4},
-    [QT_FP4] = {QT_GEOMETRY_FP4},   [QT_AFFINE] = {QT_GEOMETRY_AFFINE},
-    [QT_Q4_0] = {QT_GEOMETRY_Q4_0}, [QT_Q4_1] = {QT_GEOMETRY_Q4_1},
-    [QT_Q8_0] = {QT_GEOMETRY_Q8_0}, [QT_Q5_0] = {QT_GEOMETRY_Q5_0},
-    [QT_Q5_1] = {QT_GEOMETRY_Q5_1}, [QT_Q4_K] = {QT_GEOMETRY_Q4_K},
-    [QT_Q5_K] = {QT_GEOMETRY_Q5_K}, [QT_Q6_K] = {QT_GEOMETRY_Q6_K},
+    [QT_F32] = {QT_GEOMETRY_F32},       [QT_F16] = {QT_GEOMETRY_F16},
+    [QT_BF16] = {QT_GEOMETRY_BF16},     [QT_NF4] = {QT_GEOMETRY_NF4},
+    [QT_FP4] = {QT_GEOMETRY_FP4},       [QT_AFFINE] = {QT_GEOMETRY_AFFINE},
+    [QT_Q4_0] = {QT_GEOMETRY_Q4_0},     [QT_Q4_1] = {QT_GEOMETRY_Q4_1},
+    [QT_Q8_0] = {QT_GEOMETRY_Q8_0},     [QT_Q5_0] = {QT_GEOMETRY_Q5_0},
+    [QT_Q5_1] = {QT_GEOMETRY_Q5_1},     [QT_Q4_K] = {QT_GEOMETRY_Q4_K},
+    [QT_Q5_K] = {QT_GEOMETRY_Q5_K},     [QT_Q6_K] = {QT_GEOMETRY_Q6_K},
+    [QT_Q2_K] = {QT_GEOMETRY_Q2_K},     [QT_Q3_K] = {QT_GEOMETRY_Q3_K},
+    [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL}, [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS},
 };
 
 int qt_kind_from_name(const char *name)

@@ -38,7 +38,17 @@
  *   Q4_0 Q4_1 Q8_0  llama.cpp's GGUF blocks of 32, byte for byte.
  *   Q5_0 Q5_1       llama.cpp's 5-bit blocks of 32, byte for byte.
  *   Q4_K Q5_K Q6_K  llama.cpp's k-quant super-blocks of 256, byte for byte;
- *                   read in place only (quantizing into them is refused).
+ *                   quantized by llama.cpp's reference quantizers
+ *                   (quantize_row_q4_K_ref ...), byte for byte.
+ *   Q2_K Q3_K       llama.cpp's 2- and 3-bit k-quant super-blocks of 256
+ *                   (sub-blocks of 16 with 4-bit or 6-bit scales); quantized
+ *                   by llama.cpp's reference quantizers too.
+ *   IQ4_NL IQ4_XS   llama.cpp's non-linear 4-bit blocks: IQ4_NL blocks of 32
+ *                   (one f16 scale, each nibble an index into 16 fixed
+ *                   levels), IQ4_XS super-blocks of 256 (eight sub-blocks of
+ *                   32 with 6-bit scales, the same levels); read in place
+ *                   only. llama-quantize writes IQ4_NL where an IQ4_XS
+ *                   tensor's rows cannot hold 256-blocks (576-wide rows).
  *   F32 F16 BF16    dense row-major.
  *
  * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
@@ -77,6 +87,10 @@ typedef enum qt_kind {
     QT_Q4_K,
     QT_Q5_K,
     QT_Q6_K,
+    QT_Q2_K,
+    QT_Q3_K,
+    QT_IQ4_NL,
+    QT_IQ4_XS,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -163,7 +177,7 @@ typedef struct qt_traits {
     size_t block_bytes; /* bytes of codes per block (NF4/FP4: default block;
                            AFFINE: per element rounded up, see qtensor) */
     bool is_dense;      /* F32, F16, BF16: plain floats, no quant state */
-    bool is_gguf;       /* Q4_0 ... Q6_K: llama.cpp blocks of block_size */
+    bool is_gguf;       /* Q4_0 ... IQ4_XS: llama.cpp blocks of block_size */
 
     /* Quantize rows*cols floats into t (already zeroed; t->kind set). On
      * error t holds nothing and msg says what was wrong. */
@@ -196,8 +210,9 @@ const char *qt_kind_name(qt_kind kind);
  * Quantize a rows x cols row-major f32 matrix into *out (which this call
  * initialises; free it with qt_free). Refuses NaN/Inf with the first bad
  * index, a blocksize or group size that does not fit, and shapes a kind
- * cannot hold (GGUF kinds need cols % 32 == 0); the k-quants (Q4_K, Q5_K,
- * Q6_K) are read in place only and refused here with QL_EUNSUPPORTED.
+ * cannot hold (GGUF kinds need cols % 32 == 0, the k-quants Q2_K ... Q6_K
+ * cols % 256 == 0); IQ4_NL and IQ4_XS are read in place only and refused
+ * here with QL_EUNSUPPORTED.
  */
 int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
                 const qt_quant_params *p, char *msg, size_t msg_len);
@@ -250,8 +265,8 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len);
 
 /*
  * Wrap llama.cpp block bytes (as a GGUF file stores them) of a GGUF kind
- * (Q4_0 ... Q6_K) into a new qtensor, copying them; cols must be a
- * multiple of the kind's block (32, or 256 for the k-quants) and bytes
+ * (Q4_0 ... IQ4_XS) into a new qtensor, copying them; cols must be a
+ * multiple of the kind's block (32, or 256 for the k-quants and IQ4_XS) and bytes
  * exactly rows * cols / block_size blocks.
  */
 int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes, int64_t rows,

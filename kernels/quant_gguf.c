@@ -1,9 +1,11 @@
 /*
  * quant_gguf.c - llama.cpp's GGUF blocks, byte for byte, so a GGUF tensor
  * is used in place: Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1 (blocks of 32, each an
- * affine group whose scale and minimum are IEEE halves beside the codes)
- * and the k-quants Q4_K, Q5_K and Q6_K (super-blocks of 256 whose
- * sub-blocks carry their own 6- or 8-bit scales).
+ * affine group whose scale and minimum are IEEE halves beside the codes),
+ * the k-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (super-blocks of 256 whose
+ * sub-blocks carry their own 4-, 6- or 8-bit scales), and the non-linear
+ * IQ4_NL (blocks of 32) and IQ4_XS (super-blocks of 256), whose nibbles
+ * index 16 fixed levels.
  *
  *   block_q4_0 { f16 d; u8 qs[16]; }                 w = (nibble - 8) * d
  *   block_q4_1 { f16 d; f16 m; u8 qs[16]; }          w = nibble * d + m
@@ -11,6 +13,7 @@
  *   block_q5_0 { f16 d; u8 qh[4]; u8 qs[16]; }       w = (code - 16) * d
  *   block_q5_1 { f16 d; f16 m; u8 qh[4]; u8 qs[16]; } w = code * d + m
  *   block_q4_K, block_q5_K, block_q6_K: see qt_math.h
+ *   block_q2_K, block_q3_K, block_iq4_nl, block_iq4_xs: see qt_quant_math.h
  *
  * In the blocks of 32, byte j of qs holds element j in its low nibble and
  * element j + 16 in its high nibble (unlike bitsandbytes' adjacent pairs);
@@ -21,8 +24,8 @@
  * truncation after adding 8.5, 16.5 or 0.5, roundf (half away from zero)
  * for Q8_0; the arithmetic is qt_quant_math.h's (qq_q4_0_block, ...),
  * which the CUDA merge runs too. The k-quants' reference quantizers (an
- * iterative search per sub-block) are not here yet: quantizing into them
- * is refused by name.
+ * iterative search per sub-block) are quant_kquant.c's; IQ4's are not
+ * here yet: quantizing into IQ4_NL or IQ4_XS is refused by name.
  *
  * It offers the GGUF rows' quantizer and scalar dequantization (the traits
  * table in traits.c points at them), qt_gguf_block_bytes and
@@ -111,15 +114,22 @@ int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t 
                    qt_kind_name(t->kind), qt_kind_name(t->kind));
 }
 
-/* One k-quant super-block of 256 into o, element by element through
- * qt_math.h (the sub-block scales recomputed per element give the same
- * f32 values as ggml's once-per-sub-block ones). */
+/* One super-block of 256 (a k-quant or IQ4_XS) into o, element by
+ * element through qt_math.h and qt_quant_math.h (the sub-block scales
+ * recomputed per element give the same f32 values as ggml's
+ * once-per-sub-block ones). */
 static void dequantize_kquant_block(qt_kind kind, const uint8_t *blk, float *o)
 {
-    for (int j = 0; j < QM_QK_K; j++)
-        o[j] = kind == QT_Q4_K   ? qm_q4_k_block_value(blk, j)
-               : kind == QT_Q5_K ? qm_q5_k_block_value(blk, j)
-                                 : qm_q6_k_block_value(blk, j);
+    for (int j = 0; j < QM_QK_K; j++) {
+        switch (kind) {
+        case QT_Q2_K: o[j] = qm_q2_k_block_value(blk, j); break;
+        case QT_Q3_K: o[j] = qm_q3_k_block_value(blk, j); break;
+        case QT_Q4_K: o[j] = qm_q4_k_block_value(blk, j); break;
+        case QT_Q5_K: o[j] = qm_q5_k_block_value(blk, j); break;
+        case QT_IQ4_XS: o[j] = qm_iq4_xs_block_value(blk, j); break;
+        default: o[j] = qm_q6_k_block_value(blk, j); break;
+        }
+    }
 }
 
 /* The arithmetic is qt_math.h's (qm_q4_0_value, ...), the same the CUDA
@@ -150,6 +160,9 @@ void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
             float m = qm_f16_le(blk + 2);
             for (int j = 0; j < QK; j++)
                 o[j] = qm_q5_1_value(qm_q5_code(blk + 4, blk + 8, j), d, m);
+        } else if (t->kind == QT_IQ4_NL) {
+            for (int j = 0; j < QK; j++)
+                o[j] = qm_iq4_value(qm_gguf_nibble(blk + 2, j), d);
         } else {
             dequantize_kquant_block(t->kind, blk, o);
         }

@@ -128,7 +128,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
     [QT_Q4_K] =
         {
             QT_GEOMETRY_Q4_K,
-            .quantize = qt_gguf_refuse_quantize,
+            .quantize = qt_kquant_quantize,
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_k_avx2,
@@ -137,7 +137,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
     [QT_Q5_K] =
         {
             QT_GEOMETRY_Q5_K,
-            .quantize = qt_gguf_refuse_quantize,
+            .quantize = qt_kquant_quantize,
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_k_avx2,
@@ -146,11 +146,47 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
     [QT_Q6_K] =
         {
             QT_GEOMETRY_Q6_K,
-            .quantize = qt_gguf_refuse_quantize,
+            .quantize = qt_kquant_quantize,
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q6_k_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_q6_k_avx2,
+        },
+    [QT_Q2_K] =
+        {
+            QT_GEOMETRY_Q2_K,
+            .quantize = qt_kquant_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q2_k_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q2_k_avx2,
+        },
+    [QT_Q3_K] =
+        {
+            QT_GEOMETRY_Q3_K,
+            .quantize = qt_kquant_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_q3_k_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_q3_k_avx2,
+        },
+    [QT_IQ4_NL] =
+        {
+            QT_GEOMETRY_IQ4_NL,
+            .quantize = qt_gguf_refuse_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_iq4_nl_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_iq4_nl_avx2,
+        },
+    [QT_IQ4_XS] =
+        {
+            QT_GEOMETRY_IQ4_XS,
+            .quantize = qt_gguf_refuse_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_iq4_xs_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_iq4_xs_avx2,
         },
 };
 

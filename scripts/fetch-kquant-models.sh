@@ -3,7 +3,7 @@
 # llama.cpp's own llama-quantize, the way published GGUFs are made, and put
 # them beside the default model:
 #
-#   SmolLM2-135M-Instruct.{Q4_K_M,Q5_K_M,Q6_K,Q3_K_M}.gguf
+#   SmolLM2-135M-Instruct.{Q4_K_M,Q5_K_M,Q6_K,Q3_K_M,Q2_K,IQ4_XS}.gguf
 #
 # tests/test_kquant_model.c checks qlserve's greedy decoding of each against
 # the float64 reference forward over its dequantized weights, and
@@ -16,8 +16,13 @@
 # Q4_1 file, so the K-quants are requantized from it (--allow-requantize):
 # the weights are Q4_1's values, quantized again, as a user's requantized
 # file would be. Tensors whose rows are not a multiple of 256 (most of this
-# model's, its hidden size is 576) fall back to llama-quantize's own choice
-# (q5_0, q5_1, q8_0 or iq4_nl), so each file mixes several types.
+# model's, its hidden size is 576) fall back to llama-quantize's own choice,
+# so each file mixes several types (this llama.cpp, 0.3.36's):
+#   Q4_K_M  q4_K, q6_K, q5_0, q8_0        Q5_K_M  q5_K, q6_K, q5_1, q8_0
+#   Q6_K    q6_K, q8_0                    Q3_K_M  q4_K, q5_K, q4_0, q5_0, q5_1, q8_0
+#   Q2_K    q3_K, q4_0, q8_0              IQ4_XS  iq4_xs, iq4_nl, q5_K, q8_0
+# (Q3_K_M holds no q3_K here: its q3_K rows are 576 wide and fall back to
+# q4_0; the Q2_K file carries q3_K, the IQ4_XS file iq4_nl and iq4_xs.)
 #
 #   scripts/fetch-kquant-models.sh              prints the paths made
 #   QLSERVE_CACHE=DIR scripts/fetch-kquant-models.sh
@@ -50,7 +55,7 @@ if [ ! -x "$quantize" ]; then
   mv "$quantize.tmp" "$quantize"
 fi
 
-for ftype in Q4_K_M Q5_K_M Q6_K Q3_K_M; do
+for ftype in Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K IQ4_XS; do
   out=$models/SmolLM2-135M-Instruct.$ftype.gguf
   if [ ! -s "$out" ]; then
     "$quantize" --allow-requantize "$base" "$out.tmp" "$ftype" >"$out.log" 2>&1 ||

@@ -172,15 +172,21 @@ static inline void ref_matvec(const float *W, const double *D, const float *b, i
     }
 }
 
-/* The rotary frequency of pair i: rope_theta^(-2i/head_dim), divided by a
+/* The rotary frequency of pair i: rope_theta^(-2i/rotary dims) (the head
+ * dim, or fewer with partial rotary), divided by a
  * GGUF's frequency factor for the pair when it has them (ggml's rope:
  * theta / freq_factors[i]), scaled as transformers'
  * _compute_linear_scaling_rope_parameters (divided by the factor) and
  * _compute_llama3_parameters (long wavelengths divided by the factor,
  * short ones kept, those between blended) compute it. */
+static inline int ref_rope_dims(const eng_config *c)
+{
+    return c->rope_dim > 0 && c->rope_dim < c->head_dim ? c->rope_dim : c->head_dim;
+}
+
 static inline double ref_rope_freq(const eng_config *c, int i)
 {
-    double freq = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    double freq = pow((double)c->rope_theta, -2.0 * i / ref_rope_dims(c));
     if (i < c->n_rope_freq_factors)
         freq /= (double)c->rope_freq_factors[i];
     if (c->rope_scaling == ENG_ROPE_LINEAR)
@@ -200,13 +206,17 @@ static inline double ref_rope_freq(const eng_config *c, int i)
 }
 
 /* Rotate one head's vector for position pos: pairs (i, i + d/2) as Hugging
- * Face lays them out, or (2i, 2i + 1) in a llama GGUF. */
+ * Face lays them out, or (2i, 2i + 1) in a llama GGUF. longrope (Phi-3):
+ * the chosen factor set divides the frequencies above (as
+ * rope_freq_factors), and cos and sin are multiplied by the attention
+ * factor, as transformers' Phi3RotaryEmbedding multiplies them. */
 static inline void ref_rope(const eng_config *c, double *v, int pos)
 {
-    int half = c->head_dim / 2;
+    int half = ref_rope_dims(c) / 2; /* partial rotary: the leading dims only */
+    double mscale = c->rope_scaling == ENG_ROPE_LONGROPE ? (double)c->rope_attn_factor : 1.0;
     for (int i = 0; i < half; i++) {
         double angle = pos * ref_rope_freq(c, i);
-        double cs = cos(angle), sn = sin(angle);
+        double cs = cos(angle) * mscale, sn = sin(angle) * mscale;
         int a = c->rope_interleaved ? 2 * i : i, b = c->rope_interleaved ? 2 * i + 1 : i + half;
         double x0 = v[a], x1 = v[b];
         v[a] = x0 * cs - x1 * sn;

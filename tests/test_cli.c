@@ -533,3 +533,135 @@ Test(cli, generate_with_an_adapter_unmerged_and_merged)
         free(out);
     }
 }
+
+/* --- quantize to a GGUF kind ------------------------------------------------ */
+
+/* The tiny llama as an f32 GGUF whose linears are 256 wide but ffn_down,
+ * whose 320 columns are not whole super-blocks of 256. */
+static tiny_spec write_f32_gguf(const char *path)
+{
+    tiny_spec s = tiny_default();
+    s.hidden = 256;
+    s.inter = 320;
+    tiny_write_gguf(path, &s, QT_F32);
+    return s;
+}
+
+static const gguf_tensor *find(const gguf_file *f, const char *name)
+{
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    cr_assert_not_null(t, "%s: no tensor %s", f->path, name);
+    return t;
+}
+
+Test(cli, quantize_gguf_writes_each_kind_with_llama_quantize_fallbacks_and_it_runs)
+{
+    char in[600], outp[600], args[2000];
+    snprintf(in, sizeof in, "%s/f32.gguf", dir);
+    write_f32_gguf(in);
+    const struct {
+        const char *kind;
+        uint32_t type, fallback, file_type;
+    } kinds[] = {
+        {"q2_k", GGML_TYPE_Q2_K, GGML_TYPE_Q4_0, 10}, {"q3_k", GGML_TYPE_Q3_K, GGML_TYPE_Q4_0, 11},
+        {"q4_k", GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, 14}, {"q5_k", GGML_TYPE_Q5_K, GGML_TYPE_Q5_1, 16},
+        {"q6_k", GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, 18}, {"q8_0", GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 7},
+    };
+    gguf_file src;
+    char msg[512];
+    cr_assert_eq(gguf_open(&src, in, msg, sizeof msg), 0, "%s", msg);
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        snprintf(outp, sizeof outp, "%s/%s.gguf", dir, kinds[k].kind);
+        snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind %s", in, outp,
+                 kinds[k].kind);
+        char *out;
+        cr_assert_eq(run(args, &out), 0, "%s", out);
+        bool fall = kinds[k].type != GGML_TYPE_Q8_0; /* 320 is whole blocks of 32 */
+        char want[128];
+        snprintf(want, sizeof want, "16 tensors quantized to %s, 0 fell back, 5 copied",
+                 kinds[k].kind);
+        if (fall) {
+            snprintf(want, sizeof want, "14 tensors quantized to %s, 2 fell back, 5 copied",
+                     kinds[k].kind);
+            cr_assert(strstr(out, "blk.1.ffn_down.weight: f32 [320, 256] -> ") &&
+                          strstr(out, "320 columns are not a multiple of the"),
+                      "%s", out);
+        }
+        cr_assert(strstr(out, want), "%s: %s", want, out);
+        free(out);
+
+        gguf_file f;
+        cr_assert_eq(gguf_open(&f, outp, msg, sizeof msg), 0, "%s", msg);
+        cr_assert_eq(f.n_tensors, src.n_tensors);
+        cr_assert_eq(find(&f, "token_embd.weight")->ggml_type, kinds[k].type);
+        cr_assert_eq(find(&f, "output.weight")->ggml_type, kinds[k].type);
+        cr_assert_eq(find(&f, "blk.0.attn_q.weight")->ggml_type, kinds[k].type);
+        cr_assert_eq(find(&f, "blk.0.ffn_down.weight")->ggml_type,
+                     fall ? kinds[k].fallback : kinds[k].type);
+        cr_assert_eq(find(&f, "blk.0.attn_norm.weight")->ggml_type, GGML_TYPE_F32);
+        cr_assert_eq(find(&f, "output_norm.weight")->ggml_type, GGML_TYPE_F32);
+        const gguf_kv *ft = gguf_find_kv(&f, "general.file_type");
+        cr_assert(ft && ft->u == kinds[k].file_type, "%s: general.file_type", kinds[k].kind);
+        const gguf_kv *qv = gguf_find_kv(&f, "general.quantization_version");
+        cr_assert(qv && qv->u == 2);
+        const gguf_kv *toks = gguf_find_kv(&f, "tokenizer.ggml.tokens");
+        cr_assert(toks && toks->n == 260 && toks->strs[259].len == 13 &&
+                  memcmp(toks->strs[259].ptr, "<|endoftext|>", 13) == 0);
+        cr_assert_eq(f.n_kv, src.n_kv + 2, "the metadata, general.file_type and the version");
+
+        /* every quantized tensor holds qt_quantize's bytes of the f32 input,
+         * and the norms are copied byte for byte */
+        for (uint64_t i = 0; i < f.n_tensors; i++) {
+            const gguf_tensor *t = &f.tensors[i], *s = find(&src, t->name);
+            if (t->ggml_type == GGML_TYPE_F32) {
+                cr_assert(t->nbytes == s->nbytes && memcmp(t->data, s->data, s->nbytes) == 0, "%s",
+                          t->name);
+                continue;
+            }
+            qtensor got, want_q, in_q;
+            cr_assert_eq(gguf_tensor_qtensor(&f, t, &got, msg, sizeof msg), 0, "%s", msg);
+            cr_assert_eq(gguf_tensor_qtensor(&src, s, &in_q, msg, sizeof msg), 0, "%s", msg);
+            qt_quant_params p = {.kind = got.kind};
+            cr_assert_eq(qt_quantize(&want_q, (const float *)(const void *)in_q.data, in_q.rows,
+                                     in_q.cols, &p, msg, sizeof msg),
+                         0, "%s", msg);
+            cr_assert(got.data_bytes == want_q.data_bytes &&
+                          memcmp(got.data, want_q.data, got.data_bytes) == 0,
+                      "%s %s: not qt_quantize's bytes", kinds[k].kind, t->name);
+            qt_free(&want_q);
+            qt_free(&got);
+            qt_free(&in_q);
+        }
+        gguf_close(&f);
+
+        snprintf(args, sizeof args,
+                 "generate --model '%s' --prompt 'the theme' --max-new-tokens 4 --threads 2", outp);
+        cr_assert_eq(run(args, &out), 0, "%s", out);
+        cr_assert(strstr(out, "generated 4 tokens"), "%s: %s", kinds[k].kind, out);
+        free(out);
+    }
+    gguf_close(&src);
+}
+
+Test(cli, quantize_gguf_refuses_quantized_and_non_gguf_inputs)
+{
+    char in[600], outp[600], args[2000];
+    char *out;
+    snprintf(in, sizeof in, "%s/q8.gguf", dir);
+    snprintf(outp, sizeof outp, "%s/out.gguf", dir);
+    tiny_spec s = tiny_default();
+    tiny_write_gguf(in, &s, QT_Q8_0);
+    snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q4_k", in, outp);
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "tensor 'output.weight' is already q8_0"), "%s", out);
+    free(out);
+    cr_assert_neq(access(outp, F_OK), 0, "a refused quantize left an output file");
+
+    snprintf(in, sizeof in, "%s/model.safetensors", dir);
+    make_model(in, false);
+    snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q6_k", in, outp);
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "is not a GGUF file: --kind q6_k reads a GGUF file"), "%s", out);
+    free(out);
+    cr_assert_neq(access(outp, F_OK), 0);
+}

@@ -21,7 +21,8 @@ Test(traits, every_kind_has_a_full_row)
         cr_assert_eq(qt_kind_from_name(t->name), k, "name %s does not map back", t->name);
         cr_assert(t->block_size > 0 && t->block_bytes > 0, "kind %s geometry", t->name);
     }
-    cr_assert_eq(qt_kind_from_name("q2_k"), -1);
+    cr_assert_eq(qt_kind_from_name("iq2_xxs"), -1);
+    cr_assert_eq(qt_kind_from_name("q2_k"), QT_Q2_K);
     cr_assert_eq(qt_kind_from_name("q5_k"), QT_Q5_K);
     cr_assert_eq(qt_traits_table[QT_Q4_0].block_bytes, 18u);
     cr_assert_eq(qt_traits_table[QT_Q4_1].block_bytes, 20u);

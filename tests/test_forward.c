@@ -2,9 +2,10 @@
  * test_forward.c - the CPU forward pass against a float64 reference written
  * plainly here: the tiny Llama/Qwen2 models of tiny_model.h, loaded as every
  * weight kind the engine runs (bf16, f16, f32, nf4, nf4 double-quant, fp4,
- * int4, int8, GGUF q4_0/q4_1/q8_0/q5_0/q5_1/q4_k/q5_k/q6_k/f16 and
- * llama-quantize's Q4_K_M mix of them (k-quant weights random
- * super-blocks, on 256-wide layers), quantized lm_head, tied embeddings,
+ * int4, int8, GGUF q4_0/q4_1/q8_0/q5_0/q5_1/q2_k/q3_k/q4_k/q5_k/q6_k/
+ * iq4_nl/iq4_xs/f16, llama-quantize's Q4_K_M mix of them (k-quant weights
+ * random super-blocks, on 256-wide layers) and a q3_k model whose 288-wide
+ * rows fall back to iq4_nl, quantized lm_head, tied embeddings,
  * attention biases, linear and llama3 RoPE scaling, GQA, MQA and MHA, AVX2
  * and scalar kernels), prefilled in one step and decoded token by token; a
  * mixed batch of prefill chunks and decodes that must give each sequence
@@ -86,9 +87,10 @@ typedef struct fwd_case {
     const char *quant, *dtype; /* eng_load_opts */
     int32_t group_size;
     bool quantize_lm_head;
-    const char *config; /* JSON object merged into config.json, or NULL */
-    bool scalar;        /* the scalar reference kernels instead of AVX2 */
-    bool q4_k_m;        /* GGUF with llama-quantize's Q4_K_M mix of types, wider dims */
+    const char *config;   /* JSON object merged into config.json, or NULL */
+    bool scalar;          /* the scalar reference kernels instead of AVX2 */
+    bool q4_k_m;          /* GGUF with llama-quantize's Q4_K_M mix of types, wider dims */
+    bool iq4_nl_fallback; /* GGUF: hidden 288, the rows of 288 IQ4_NL, the rest gguf_kind */
 } fwd_case;
 
 /* Merge the members of the JSON object `patch` into dir/config.json. */
@@ -125,12 +127,15 @@ static void make_model(const fwd_case *fc, char *path, size_t len)
     s.tie = fc->tie;
     if (fc->kv_heads)
         s.kv_heads = fc->kv_heads;
-    bool kquant = fc->gguf && (fc->gguf_kind == QT_Q4_K || fc->gguf_kind == QT_Q5_K ||
-                               fc->gguf_kind == QT_Q6_K);
+    bool kquant = fc->gguf && qt_traits_table[fc->gguf_kind].block_size == 256;
     if (kquant) { /* k-quant rows are whole super-blocks of 256 */
         s.hidden = 256;
         s.inter = 512;
         s.q4_k_m_mix = fc->q4_k_m;
+    }
+    if (fc->iq4_nl_fallback) { /* only ffn_down's rows (inter) hold 256-blocks */
+        s.hidden = 288;
+        s.iq4_nl_fallback = true;
     }
     if (fc->gguf) {
         snprintf(path, len, "%s/tiny.gguf", dir);
@@ -249,6 +254,14 @@ KIND_TEST(gguf_q4_k_m_mix_scalar_kernels_match_reference, .gguf = true, .gguf_ki
 KIND_TEST(gguf_q4_k_matches_reference, .gguf = true, .gguf_kind = QT_Q4_K)
 KIND_TEST(gguf_q5_k_matches_reference, .gguf = true, .gguf_kind = QT_Q5_K)
 KIND_TEST(gguf_q6_k_matches_reference, .gguf = true, .gguf_kind = QT_Q6_K)
+KIND_TEST(gguf_q2_k_matches_reference, .gguf = true, .gguf_kind = QT_Q2_K)
+KIND_TEST(gguf_q3_k_matches_reference, .gguf = true, .gguf_kind = QT_Q3_K)
+KIND_TEST(gguf_iq4_nl_matches_reference, .gguf = true, .gguf_kind = QT_IQ4_NL)
+KIND_TEST(gguf_iq4_xs_matches_reference, .gguf = true, .gguf_kind = QT_IQ4_XS)
+KIND_TEST(gguf_q3_k_iq4_nl_fallback_matches_reference, .gguf = true, .gguf_kind = QT_Q3_K,
+          .iq4_nl_fallback = true)
+KIND_TEST(gguf_q3_k_iq4_nl_fallback_scalar_kernels_match_reference, .gguf = true,
+          .gguf_kind = QT_Q3_K, .iq4_nl_fallback = true, .scalar = true)
 KIND_TEST(gguf_f16_tied_matches_reference, .gguf = true, .gguf_kind = QT_F16, .tie = true)
 KIND_TEST(qwen2_biases_tied_matches_reference, .arch = "Qwen2ForCausalLM", .tie = true)
 KIND_TEST(qwen2_nf4_matches_reference, .arch = "Qwen2ForCausalLM", .tie = true, .quant = "nf4")

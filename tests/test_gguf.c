@@ -1,6 +1,6 @@
 /*
- * test_gguf.c - Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K against
- * llama.cpp's byte layout.
+ * test_gguf.c - Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL and IQ4_XS against llama.cpp's byte layout.
  *
  * tests/fixtures/gguf_vectors.h holds blocks made by gguf-py's quantizers
  * (which mirror ggml's reference quantizers) with their dequantization:
@@ -8,9 +8,11 @@
  * rounding ties, random values. Reading the blocks in place must give the
  * same floats bit for bit, and quantizing the inputs the same bytes.
  * tests/fixtures/gguf_kquant_vectors.h does the same for Q5_0 and Q5_1
- * (gguf-py's quantizer and dequantizer) and for the k-quants (blocks drawn
- * by the script, gguf-py's dequantization); the script checks gguf-py
- * against a transliteration of llama.cpp's ggml-quants.c first.
+ * (gguf-py's quantizer and dequantizer) and for the k-quants and IQ4_NL,
+ * IQ4_XS (blocks drawn by the script, gguf-py's dequantization); the
+ * script checks gguf-py against a transliteration of llama.cpp's
+ * ggml-quants.c first, and check_gguf_kquant_llama_cpp.py checks the
+ * header against llama.cpp's C itself.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -90,7 +92,8 @@ Test(gguf, wrong_sizes_and_kinds_are_refused)
 static qt_kind new_kind_of(const char *type)
 {
     int k = qt_kind_from_name(type);
-    cr_assert(k == QT_Q5_0 || k == QT_Q5_1 || k == QT_Q4_K || k == QT_Q5_K || k == QT_Q6_K,
+    cr_assert(k == QT_Q5_0 || k == QT_Q5_1 || k == QT_Q4_K || k == QT_Q5_K || k == QT_Q6_K ||
+                  k == QT_Q2_K || k == QT_Q3_K || k == QT_IQ4_NL || k == QT_IQ4_XS,
               "type %s", type);
     return (qt_kind)k;
 }
@@ -126,7 +129,8 @@ Test(gguf, q5_and_kquant_blocks_dequantize_as_gguf_py_bit_for_bit)
         free(fast);
         qt_free(&t);
     }
-    const qt_kind kinds[] = {QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    const qt_kind kinds[] = {QT_Q5_0, QT_Q5_1, QT_Q4_K,   QT_Q5_K,  QT_Q6_K,
+                             QT_Q2_K, QT_Q3_K, QT_IQ4_NL, QT_IQ4_XS};
     for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
         cr_assert(seen[kinds[i]], "no vectors for %s", qt_kind_name(kinds[i]));
 }
@@ -153,13 +157,13 @@ Test(gguf, q5_quantize_writes_llama_cpp_blocks)
     cr_assert_eq(n_quantized, 4, "q5_0 and q5_1, two cases each");
 }
 
-Test(gguf, quantizing_into_a_kquant_is_refused_by_name)
+Test(gguf, quantizing_into_iq4_is_refused_by_name)
 {
     float w[2 * 256];
     for (int i = 0; i < 2 * 256; i++)
         w[i] = 0.01f * (float)(i % 17);
-    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t i = 0; i < 3; i++) {
+    const qt_kind kinds[] = {QT_IQ4_NL, QT_IQ4_XS};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
         qt_quant_params p = {.kind = kinds[i]};
         qtensor t;
         char msg[256] = "";
@@ -181,4 +185,44 @@ Test(gguf, kquant_blocks_need_whole_super_blocks)
     cr_assert(strstr(msg, "q6_k block of 256"), "%s", msg);
     cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q4_K, blocks, 420, 2, 256, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "420 bytes") && strstr(msg, "expected 288"), "%s", msg);
+}
+
+Test(gguf, later_kinds_have_llama_cpp_names_and_geometry)
+{
+    const struct {
+        const char *name;
+        qt_kind kind;
+        int32_t block_size;
+        size_t block_bytes;
+    } want[] = {{"q2_k", QT_Q2_K, 256, 84},
+                {"q3_k", QT_Q3_K, 256, 110},
+                {"iq4_nl", QT_IQ4_NL, 32, 18},
+                {"iq4_xs", QT_IQ4_XS, 256, 136}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        cr_assert_eq(qt_kind_from_name(want[i].name), (int)want[i].kind, "%s", want[i].name);
+        cr_assert_str_eq(qt_kind_name(want[i].kind), want[i].name);
+        const qt_traits *tr = &qt_traits_table[want[i].kind];
+        cr_assert(tr->is_gguf && !tr->is_dense, "%s", want[i].name);
+        cr_assert_eq(tr->block_size, want[i].block_size, "%s", want[i].name);
+        cr_assert_eq(tr->block_bytes, want[i].block_bytes, "%s", want[i].name);
+        cr_assert(tr->matmul_avx2 && tr->dequantize_rows_avx2, "%s has no AVX2 path", want[i].name);
+    }
+}
+
+/* IQ4_NL's blocks of 32 take the 576-column rows that 256-blocks cannot
+ * (why llama-quantize falls back to it); IQ4_XS's super-blocks refuse them. */
+Test(gguf, iq4_nl_takes_rows_of_576_and_iq4_xs_refuses_them)
+{
+    static uint8_t blocks[2 * 18 * 18];
+    qtensor t;
+    char msg[256];
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_IQ4_NL, blocks, sizeof blocks, 2, 576, msg, sizeof msg),
+                 QL_OK, "%s", msg);
+    cr_assert_eq(t.row_stride, 18 * 18);
+    qt_free(&t);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_IQ4_XS, blocks, sizeof blocks, 2, 576, msg, sizeof msg),
+                 QL_EINVAL);
+    cr_assert(strstr(msg, "iq4_xs block of 256"), "%s", msg);
+    cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q3_K, blocks, 219, 1, 512, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "219 bytes") && strstr(msg, "expected 220"), "%s", msg);
 }

@@ -177,8 +177,9 @@ static const double f64s[] = {1.0e300, -0.125};
 static const char *const strs[] = {"<s>", "", "\xe2\x96\x81the", "\xc3\xbc"};
 
 /* A file with metadata of every type the writer sets, the six runnable
- * kinds, a q2_k tensor (a type qlserve does not run), a 3-D tensor, and a last tensor of 32 bytes
- * so the file ends where that tensor does (no padding after it). */
+ * kinds, an iq2_xxs and a tq1_0 tensor (types qlserve does not run), a 3-D
+ * tensor, and a last tensor of 32 bytes so the file ends where that tensor
+ * does (no padding after it). */
 static void make_sample(const char *path, const qtensor *q)
 {
     gguf_writer *w = gguf_writer_new();
@@ -209,11 +210,13 @@ static void make_sample(const char *path, const qtensor *q)
         cr_assert_eq(gguf_writer_add_tensor(w, runnable[k].name, runnable[k].ggml, 2, ne, q[k].data,
                                             q[k].data_bytes),
                      QL_OK, "%s", runnable[k].name);
-    uint8_t q2k[2 * 84];
-    for (size_t j = 0; j < sizeof q2k; j++)
-        q2k[j] = (uint8_t)(j * 7);
+    uint8_t other[2 * 66];
+    for (size_t j = 0; j < sizeof other; j++)
+        other[j] = (uint8_t)(j * 7);
     int64_t ne_k[2] = {256, 2};
-    cr_assert_eq(gguf_writer_add_tensor(w, "w.q2_k", 10, 2, ne_k, q2k, sizeof q2k), QL_OK);
+    /* GGML 16 (iq2_xxs, 66 bytes per 256) and 34 (tq1_0, 54 bytes per 256) */
+    cr_assert_eq(gguf_writer_add_tensor(w, "w.iq2_xxs", 16, 2, ne_k, other, 2 * 66), QL_OK);
+    cr_assert_eq(gguf_writer_add_tensor(w, "w.tq1_0", 34, 2, ne_k, other, 2 * 54), QL_OK);
     float cube[32 * 2 * 3];
     for (int i = 0; i < 32 * 2 * 3; i++)
         cube[i] = (float)i - 50.0f;
@@ -388,7 +391,7 @@ Test(gguf_file, runnable_kinds_are_read_in_place_and_dequantize_as_written)
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
-    cr_assert_eq(f.n_tensors, N_RUNNABLE + 3);
+    cr_assert_eq(f.n_tensors, N_RUNNABLE + 4);
     for (size_t k = 0; k < N_RUNNABLE; k++) {
         const gguf_tensor *t = gguf_find_tensor(&f, runnable[k].name);
         cr_assert(t, "%s missing", runnable[k].name);
@@ -459,19 +462,84 @@ Test(gguf_file, unsupported_type_is_accepted_by_open_and_refused_by_name)
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
-    const gguf_tensor *t = gguf_find_tensor(&f, "w.q2_k");
-    cr_assert(t);
-    cr_assert_eq(t->ggml_type, 10u);
-    cr_assert_eq(t->nbytes, 2u * 84u, "q2_k: 84 bytes per block of 256");
-    qtensor g;
-    cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_EUNSUPPORTED);
-    cr_assert(strstr(msg, "q2_k") && strstr(msg, "'w.q2_k'") && strstr(msg, path) &&
-                  strstr(msg, "cannot run"),
-              "%s", msg);
-    cr_assert_null(g.data);
+    const struct {
+        const char *tensor, *type;
+        uint32_t ggml;
+        size_t bytes;
+    } other[] = {{"w.iq2_xxs", "iq2_xxs", 16, 2 * 66}, {"w.tq1_0", "tq1_0", 34, 2 * 54}};
+    for (size_t i = 0; i < 2; i++) {
+        const gguf_tensor *t = gguf_find_tensor(&f, other[i].tensor);
+        cr_assert(t);
+        cr_assert_eq(t->ggml_type, other[i].ggml);
+        cr_assert_eq(t->nbytes, other[i].bytes, "%s: bytes per block of 256", other[i].type);
+        qtensor g;
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "'%s'", other[i].tensor);
+        cr_assert_eq(gguf_tensor_qtensor(&f, t, &g, msg, sizeof msg), QL_EUNSUPPORTED);
+        cr_assert(strstr(msg, other[i].type) && strstr(msg, quoted) && strstr(msg, path) &&
+                      strstr(msg, "cannot run"),
+                  "%s", msg);
+        /* the message lists what does run, the later kinds among them */
+        cr_assert(strstr(msg, "q2_k, q3_k") && strstr(msg, "iq4_nl and iq4_xs"), "%s", msg);
+        cr_assert_null(g.data);
+    }
     gguf_close(&f);
     for (size_t k = 0; k < N_RUNNABLE; k++)
         qt_free(&q[k]);
+}
+
+/* Q2_K, Q3_K, IQ4_NL and IQ4_XS tensors (the known-answer vectors' blocks)
+ * written to a GGUF file are read in place as their kinds and dequantize
+ * to the vectors' values, bit for bit. */
+Test(gguf_file, later_kquant_and_iq4_tensors_are_read_in_place)
+{
+    const struct {
+        const char *type;
+        uint32_t ggml;
+        qt_kind kind;
+    } later[] = {{"q2_k", GGML_TYPE_Q2_K, QT_Q2_K},
+                 {"q3_k", GGML_TYPE_Q3_K, QT_Q3_K},
+                 {"iq4_nl", GGML_TYPE_IQ4_NL, QT_IQ4_NL},
+                 {"iq4_xs", GGML_TYPE_IQ4_XS, QT_IQ4_XS}};
+    char path[600];
+    sample_path(path, sizeof path, "later.gguf");
+    int seen = 0;
+    for (size_t c = 0; c < sizeof gkqv_cases / sizeof *gkqv_cases; c++) {
+        const gkqv_case *k = &gkqv_cases[c];
+        size_t which = 0;
+        while (which < 4 && strcmp(later[which].type, k->type) != 0)
+            which++;
+        if (which == 4)
+            continue;
+        gguf_writer *w = gguf_writer_new();
+        cr_assert(w);
+        cr_assert_eq(gguf_writer_set_str(w, "general.architecture", "llama"), QL_OK);
+        int64_t ne[2] = {k->cols, k->rows};
+        cr_assert_eq(gguf_writer_add_tensor(w, "blk.0.ffn_down.weight", later[which].ggml, 2, ne,
+                                            k->blocks, (size_t)k->blocks_len),
+                     QL_OK, "%s", k->name);
+        char msg[512];
+        cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
+        gguf_writer_free(w);
+        gguf_file f;
+        cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s: %s", k->name, msg);
+        qtensor g;
+        cr_assert_eq(gguf_tensor_qtensor(&f, &f.tensors[0], &g, msg, sizeof msg), QL_OK, "%s: %s",
+                     k->name, msg);
+        cr_assert(g.kind == later[which].kind && g.rows == k->rows && g.cols == k->cols &&
+                      g.data_borrowed,
+                  "%s", k->name);
+        float *got = malloc((size_t)(k->rows * k->cols) * sizeof *got);
+        qt_dequantize_rows(&g, 0, k->rows, got);
+        for (long i = 0; i < k->rows * k->cols; i++)
+            cr_assert(same_bits(got[i], k->dequant[i]), "%s value %ld: %a vs %a", k->name, i,
+                      (double)got[i], (double)k->dequant[i]);
+        free(got);
+        qt_free(&g);
+        gguf_close(&f);
+        seen++;
+    }
+    cr_assert_geq(seen, 8, "every later type's vectors");
 }
 
 Test(gguf_file, ggml_type_names_and_sizes_follow_ggml)

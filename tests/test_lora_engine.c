@@ -110,9 +110,18 @@ typedef struct kind_case {
     const char *quant, *dtype;
     int32_t group_size;
     /* GGUF with llama-quantize's Q4_K_M mix of types (tiny_model.h), on
-     * 256-wide layers; the k-quants merge into int8 only (no requantizer) */
+     * 256-wide layers */
     bool q4_k_m;
+    /* GGUF of a read-in-place kind (k-quants, IQ4): hidden 288 with the
+     * 288-wide rows IQ4_NL (tiny_model.h's fallback), or 256 without */
+    bool iq4_nl_fallback;
 } kind_case;
+
+/* Whether the case's weights merge into int8 (no requantizer for them). */
+static bool merges_into_int8(const kind_case *kc)
+{
+    return kc->q4_k_m || (kc->gguf && test_kquant_is_read_only(kc->gguf_kind));
+}
 
 typedef struct rig {
     eng_model m;
@@ -131,6 +140,10 @@ static void rig_open(rig *g, const kind_case *kc)
         s.hidden = 256;
         s.inter = 512;
         s.q4_k_m_mix = true;
+    } else if (kc->gguf && qt_traits_table[kc->gguf_kind].block_size == 256) {
+        s.hidden = kc->iq4_nl_fallback ? 288 : 256;
+        s.inter = 512;
+        s.iq4_nl_fallback = kc->iq4_nl_fallback;
     }
     if (kc->gguf) {
         snprintf(path, sizeof path, "%s/tiny.gguf", dir);
@@ -308,7 +321,8 @@ static void adapters_match_reference(const kind_case *kc)
 
     // merged: the float64 model on the requantized weights, dequant(Q(W + delta))
     eng_lora_term merged = {one, 1.0f};
-    eng_weights *v = merged_version(&g.m, &merged, 1, kc->q4_k_m ? QT_AFFINE : QT_KIND_COUNT);
+    eng_weights *v =
+        merged_version(&g.m, &merged, 1, merges_into_int8(kc) ? QT_AFFINE : QT_KIND_COUNT);
     ref_load_version(&R, &g.m, v);
     snprintf(label, sizeof label, "%s merged one", kc->label);
     run_against(&g, &R, v, NULL, 0, label);
@@ -352,6 +366,10 @@ KIND_TEST(gguf_q8_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q8_0
 KIND_TEST(gguf_q5_0_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q5_0)
 KIND_TEST(gguf_q5_1_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q5_1)
 KIND_TEST(gguf_q4_k_m_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q4_K, .q4_k_m = true)
+KIND_TEST(gguf_q3_k_iq4_nl_fallback_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q3_K,
+          .iq4_nl_fallback = true)
+KIND_TEST(gguf_q2_k_adapters_match_reference, .gguf = true, .gguf_kind = QT_Q2_K)
+KIND_TEST(gguf_iq4_xs_adapters_match_reference, .gguf = true, .gguf_kind = QT_IQ4_XS)
 
 Test(lora_engine, merge_into_int8_and_bf16_matches_reference)
 {
@@ -830,7 +848,7 @@ Test(lora_engine, merge_report_matches_costs_recomputed_in_float64)
     reg_close(&r);
 }
 
-static void restore_after_cycles(const kind_case *kc)
+static void restore_after_cycles(const kind_case *kc, int cycles)
 {
     reg_rig r;
     reg_open(&r, kc, 0);
@@ -845,7 +863,7 @@ static void restore_after_cycles(const kind_case *kc)
     lora_registry_state(r.reg, &st);
     uint64_t pristine = st.digest;
     cr_assert_eq(pristine, eng_weights_digest(&r.g.m, NULL));
-    for (int cycle = 0; cycle < 100; cycle++) {
+    for (int cycle = 0; cycle < cycles; cycle++) {
         float scale = 0.25f + 0.01f * (float)cycle;
         cr_assert_eq(lora_registry_merge(r.reg, "a", scale, &own_kind, NULL, msg, sizeof msg), 0,
                      "%s", msg);
@@ -864,8 +882,8 @@ static void restore_after_cycles(const kind_case *kc)
     }
     lora_registry_state(r.reg, &st);
     cr_assert_eq(st.n_merged, 0);
-    cr_assert_eq(st.digest, pristine, "%s: 100 cycles in, the digest differs from pristine",
-                 kc->label);
+    cr_assert_eq(st.digest, pristine, "%s: %d cycles in, the digest differs from pristine",
+                 kc->label, cycles);
     eng_weights *v = eng_engine_weights(r.e);
     for (int32_t l = 0; l < r.g.m.cfg.n_layers; l++)
         for (int p = 0; p < ENG_N_PROJ; p++)
@@ -880,13 +898,22 @@ static void restore_after_cycles(const kind_case *kc)
 Test(lora_engine, unmerge_restores_nf4_weights_bit_for_bit_after_100_cycles)
 {
     kind_case kc = {.label = "nf4-dq", .quant = "nf4-dq"};
-    restore_after_cycles(&kc);
+    restore_after_cycles(&kc, 100);
 }
 
 Test(lora_engine, unmerge_restores_gguf_q4_1_weights_bit_for_bit_after_100_cycles)
 {
     kind_case kc = {.label = "q4_1", .gguf = true, .gguf_kind = QT_Q4_1};
-    restore_after_cycles(&kc);
+    restore_after_cycles(&kc, 100);
+}
+
+/* Q4_K_M's k-quants (and its q5_0, q8_0) merge into their own kinds, and
+ * unmerging gives the pristine bytes back, digest equal; 20 cycles, as the
+ * k-quants' requantization searches cost 20 times Q4_1's */
+Test(lora_engine, unmerge_restores_gguf_q4_k_m_weights_bit_for_bit_after_20_cycles)
+{
+    kind_case kc = {.label = "q4_k_m", .gguf = true, .gguf_kind = QT_Q4_K, .q4_k_m = true};
+    restore_after_cycles(&kc, 20);
 }
 
 Test(lora_engine, unload_while_merged_conflicts_and_unknown_names_are_not_found)

@@ -5,8 +5,8 @@
  * mid-byte) and batches of 1, 3 and 17; and the fast dequantization against
  * the scalar one, bit for bit.
  *
- * The k-quants (Q4_K, Q5_K, Q6_K) cannot be quantized into yet: their
- * tensors are random super-blocks (random codes and sub-block scales,
+ * The k-quants (Q2_K ... Q6_K) and IQ4_NL, IQ4_XS cannot be quantized into
+ * yet: their tensors are random blocks (random codes and sub-block scales,
  * small finite f16 d and dmin), as a GGUF file would hold them.
  *
  * Tolerance: both f32 paths differ from the exact sum only by summation
@@ -27,7 +27,7 @@ typedef struct kcase {
     const char *label;
     qt_quant_params p;
     bool gguf;   /* columns must be a multiple of 32 */
-    bool kquant; /* random super-blocks of 256 instead of qt_quantize */
+    bool kquant; /* random blocks (test_kquant.h) instead of qt_quantize */
 } kcase;
 
 static const kcase kinds[] = {
@@ -55,7 +55,18 @@ static const kcase kinds[] = {
     {"q4_k", {.kind = QT_Q4_K}, true, true},
     {"q5_k", {.kind = QT_Q5_K}, true, true},
     {"q6_k", {.kind = QT_Q6_K}, true, true},
+    {"q2_k", {.kind = QT_Q2_K}, true, true},
+    {"q3_k", {.kind = QT_Q3_K}, true, true},
+    {"iq4_nl", {.kind = QT_IQ4_NL}, true, true},
+    {"iq4_xs", {.kind = QT_IQ4_XS}, true, true},
 };
+
+/* Random blocks of super-blocks of 256 (every kquant kind but IQ4_NL,
+ * whose blocks are 32). */
+static bool super_blocks(const kcase *kc)
+{
+    return kc->kquant && qt_traits_table[kc->p.kind].block_size == 256;
+}
 
 /* The tensor a case multiplies: quantized from w, or random super-blocks. */
 static void make_tensor(const kcase *kc, const float *w, int64_t rows, int64_t cols, uint64_t *rng,
@@ -166,11 +177,12 @@ Test(matmul, fast_path_matches_reference_on_ragged_shapes, .timeout = 120)
 {
     /* columns: odd, not a block multiple, one tile plus a ragged tail */
     const int64_t shapes[][2] = {{5, 37}, {7, 200}, {3, 1037}, {1, 1}, {13, 64}};
-    const int64_t gguf_shapes[][2] = {{5, 96}, {3, 1056}, {1, 32}, {9, 544}};
+    /* 576: a row of 18 blocks of 32, no whole 256 (llama-quantize's IQ4_NL fallback) */
+    const int64_t gguf_shapes[][2] = {{5, 96}, {3, 1056}, {1, 32}, {9, 544}, {4, 576}};
     /* k-quants: one super-block, one tile plus a super-block, several tiles */
     const int64_t kquant_shapes[][2] = {{5, 256}, {3, 768}, {1, 256}, {9, 1792}};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        if (kinds[k].kquant) {
+        if (super_blocks(&kinds[k])) {
             for (size_t s = 0; s < sizeof kquant_shapes / sizeof *kquant_shapes; s++)
                 check_kind(&kinds[k], kquant_shapes[s][0], kquant_shapes[s][1], 400 + s);
         } else if (kinds[k].gguf) {
@@ -194,7 +206,7 @@ Test(matmul, random_shapes_against_reference, .timeout = 120)
         const kcase *kc = &kinds[test_rand(&rng) % (sizeof kinds / sizeof *kinds)];
         int64_t rows = 1 + (int64_t)(test_rand(&rng) % 9);
         int64_t cols = 1 + (int64_t)(test_rand(&rng) % 700);
-        if (kc->kquant)
+        if (super_blocks(kc))
             cols = 256 * (1 + cols / 256);
         else if (kc->gguf)
             cols = 32 * (1 + cols / 32);
@@ -216,7 +228,10 @@ Test(matmul, batching_never_changes_a_result, .timeout = 60)
 {
     uint64_t rng = 4321;
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
-        int64_t rows = 7, cols = kinds[k].kquant ? 768 : kinds[k].gguf ? 320 : 301;
+        int64_t rows = 7, cols = super_blocks(&kinds[k]) ? 768
+                                 : kinds[k].kquant       ? 576
+                                 : kinds[k].gguf         ? 320
+                                                         : 301;
         float *w = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(17 * cols) * 4);
         float *yb = malloc((size_t)(17 * rows) * 4), *y1 = malloc((size_t)rows * 4);
         for (int64_t i = 0; i < rows * cols; i++)

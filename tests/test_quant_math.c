@@ -545,3 +545,147 @@ Test(quant_math, double_quantize_of_zero_absmax_stores_zero_codes)
         cr_assert_eq(codes[i], 0);
     free(lut);
 }
+
+/* --- dequantizing GGUF Q2_K, Q3_K, IQ4_NL, IQ4_XS ------------------------------
+ *
+ * The functions a device thread calls with one block and one element index.
+ * By hand: the fields each reads (which byte, which bits, which offset); on
+ * gguf-py's vectors (tests/fixtures/gguf_kquant_vectors.h, checked against
+ * llama.cpp's own dequantize_row_*): every element, bit for bit. */
+
+#include "fixtures/gguf_kquant_vectors.h"
+
+static void put_f16_le(uint8_t *p, float v)
+{
+    uint16_t h = qm_f32_to_f16(v);
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+Test(quant_math, iq4nl_levels_are_llama_cpps_table)
+{
+    static const int want[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+    for (int c = 0; c < 16; c++)
+        cr_assert_eq(qm_iq4nl_level(c), want[c], "level %d", c);
+    cr_assert_eq(qm_iq4_value(0, 0.5f), -63.5f);
+}
+
+Test(quant_math, q2_k_fields_by_hand)
+{
+    uint8_t blk[QM_Q2_K_BYTES] = {0};
+    for (int s = 0; s < 16; s++)
+        blk[s] = (uint8_t)((s % 16) | ((15 - s) << 4)); /* scale s, minimum 15 - s */
+    /* every byte of qs holds fields 0, 1, 2, 3 in bits 0-1, 2-3, 4-5, 6-7 */
+    for (int i = 0; i < 64; i++)
+        blk[16 + i] = 0xe4;
+    put_f16_le(blk + 80, 0.5f);
+    put_f16_le(blk + 82, 0.25f);
+    for (int j = 0; j < 256; j++) {
+        int s = j / 16, k = (j % 128) / 32;
+        cr_assert_eq(qm_q2_k_code(blk, j), k, "code %d", j);
+        float want = 0.5f * (float)s * (float)k - 0.25f * (float)(15 - s);
+        cr_assert_eq(qm_q2_k_block_value(blk, j), want, "value %d", j);
+    }
+}
+
+/* Q3_K's 6-bit scales: the low four bits in nibbles of bytes 0..7, the top
+ * two in bytes 8..11, so that ggml's word shuffle unpacks scale s. */
+static void q3_k_pack_scales(uint8_t *sc12, const int *v)
+{
+    memset(sc12, 0, 12);
+    for (int s = 0; s < 16; s++) {
+        int lo = v[s] & 0xF, hi = (v[s] >> 4) & 3;
+        sc12[s % 8] |= (uint8_t)(s < 8 ? lo : lo << 4);
+        sc12[8 + s % 4] |= (uint8_t)(hi << (2 * (s / 4)));
+    }
+}
+
+Test(quant_math, q3_k_fields_by_hand)
+{
+    uint8_t blk[QM_Q3_K_BYTES] = {0};
+    int stored[16];
+    for (int s = 0; s < 16; s++)
+        stored[s] = (s * 23 + 5) % 64; /* every stored value 0..63 class */
+    q3_k_pack_scales(blk + 96, stored);
+    for (int s = 0; s < 16; s++)
+        cr_assert_eq(qm_q3_k_scale(blk, s), stored[s] - 32, "scale %d", s);
+    /* codes: field k of qs = 3 - k; hmask bit 4h + k set for odd l only */
+    for (int i = 0; i < 64; i++)
+        blk[32 + i] = (uint8_t)(3 | (2 << 2) | (1 << 4));
+    for (int l = 1; l < 32; l += 2)
+        blk[l] = 0xff;
+    put_f16_le(blk + 108, 0.125f);
+    for (int j = 0; j < 256; j++) {
+        int k = (j % 128) / 32, l = j % 32;
+        int want_code = (3 - k) - (l % 2 ? 0 : 4);
+        cr_assert_eq(qm_q3_k_code(blk, j), want_code, "code %d", j);
+        float want = (0.125f * (float)(stored[j / 16] - 32)) * (float)want_code;
+        cr_assert_eq(qm_q3_k_block_value(blk, j), want, "value %d", j);
+    }
+}
+
+Test(quant_math, iq4_nl_and_iq4_xs_fields_by_hand)
+{
+    uint8_t nl[QM_IQ4_NL_BYTES] = {0};
+    put_f16_le(nl, 0.5f);
+    for (int j = 0; j < 16; j++)
+        nl[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+    for (int j = 0; j < 32; j++)
+        cr_assert_eq(qm_iq4_nl_block_value(nl, j),
+                     0.5f * (float)qm_iq4nl_level(j < 16 ? j : 31 - j), "iq4_nl %d", j);
+    uint8_t xs[QM_IQ4_XS_BYTES] = {0};
+    put_f16_le(xs, 0.25f);
+    int stored[8] = {0, 63, 32, 1, 31, 33, 17, 48};
+    uint16_t h = 0;
+    for (int s = 0; s < 8; s++) {
+        xs[4 + s / 2] |= (uint8_t)((stored[s] & 0xF) << (4 * (s % 2)));
+        h |= (uint16_t)(((stored[s] >> 4) & 3) << (2 * s));
+    }
+    xs[2] = (uint8_t)(h & 0xff);
+    xs[3] = (uint8_t)(h >> 8);
+    for (int i = 0; i < 128; i++)
+        xs[8 + i] = (uint8_t)((i % 16) | (((i + 3) % 16) << 4));
+    for (int s = 0; s < 8; s++)
+        cr_assert_eq(qm_iq4_xs_scale(xs, s), stored[s] - 32, "iq4_xs scale %d", s);
+    for (int j = 0; j < 256; j++) {
+        int l = j % 32, code = l < 16 ? l : (l - 16 + 3) % 16;
+        cr_assert_eq(qm_iq4_xs_code(xs, j), code, "iq4_xs code %d", j);
+        float want = (0.25f * (float)(stored[j / 32] - 32)) * (float)qm_iq4nl_level(code);
+        cr_assert_eq(qm_iq4_xs_block_value(xs, j), want, "iq4_xs value %d", j);
+    }
+}
+
+/* Element e of a tensor from its blocks and e alone, as a device thread
+ * computes it, equals gguf-py's value and qt_dequantize_rows_ref's. */
+Test(quant_math, later_gguf_elements_equal_gguf_py_bit_for_bit)
+{
+    int seen = 0;
+    for (size_t c = 0; c < sizeof gkqv_cases / sizeof *gkqv_cases; c++) {
+        const gkqv_case *k = &gkqv_cases[c];
+        int kind = qt_kind_from_name(k->type);
+        if (kind != QT_Q2_K && kind != QT_Q3_K && kind != QT_IQ4_NL && kind != QT_IQ4_XS)
+            continue;
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_from_gguf_blocks(&t, (qt_kind)kind, k->blocks, (size_t)k->blocks_len,
+                                         k->rows, k->cols, msg, sizeof msg),
+                     QL_OK, "%s: %s", k->name, msg);
+        long n = k->rows * k->cols;
+        float *ref = malloc((size_t)n * sizeof *ref);
+        qt_dequantize_rows_ref(&t, 0, k->rows, ref);
+        for (long e = 0; e < n; e++) {
+            float v = kind == QT_Q2_K     ? qm_q2_k_element(k->blocks, e)
+                      : kind == QT_Q3_K   ? qm_q3_k_element(k->blocks, e)
+                      : kind == QT_IQ4_NL ? qm_iq4_nl_element(k->blocks, e)
+                                          : qm_iq4_xs_element(k->blocks, e);
+            cr_assert_eq(bits_of(v), bits_of(k->dequant[e]), "%s element %ld: %a vs %a", k->name, e,
+                         (double)v, (double)k->dequant[e]);
+            cr_assert_eq(bits_of(v), bits_of(ref[e]), "%s element %ld vs reference", k->name, e);
+        }
+        free(ref);
+        qt_free(&t);
+        seen++;
+    }
+    cr_assert_eq(seen, 8, "two cases for each of q2_k, q3_k, iq4_nl, iq4_xs");
+}

@@ -8,9 +8,14 @@
  * 1e-5 (our pass is float32; the logits are O(1); measured 7e-7). The same folder's
  * config with the q/k norms dropped (a Qwen2 without biases) must not
  * match, so the test sees the norms. (The CUDA backend's q/k norms are
- * checked against this CPU pass by tests/gpu/test_cuda_engine.c.)
+ * checked against this CPU pass by tests/gpu/test_cuda_engine.c.) The same
+ * model converted by llama.cpp's own convert_hf_to_gguf.py
+ * (tests/fixtures/qwen3_tiny.gguf, make_qwen3_gguf.py: attn_q_norm /
+ * attn_k_norm, q/k rows left unpermuted, no rope.dimension_count, the
+ * explicit head_dim as attention.key_length) gives the same logits.
  */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,4 +123,23 @@ Test(qwen3, logits_equal_transformers_float64_at_every_position)
 
     eng_model_free(&m);
     test_rmtree(dir);
+}
+
+Test(qwen3, converted_gguf_logits_equal_transformers_float64)
+{
+    char msg[1024];
+    eng_model m;
+    eng_load_opts o = {.path = QL_SOURCE_DIR "/tests/fixtures/qwen3_tiny.gguf"};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.arch, ENG_ARCH_QWEN3);
+    cr_assert(m.cfg.qk_norm);
+    cr_assert_not(m.cfg.rope_interleaved, "qwen3 rows are not permuted by the converter");
+    cr_assert_eq(m.cfg.head_dim, 24);
+    cr_assert_eq(m.layers[1].q_norm.cols, 24);
+    float *all = run_prompt(&m);
+    double worst = worst_error(all);
+    cr_log_info("qwen3 gguf: worst logit error %g", worst);
+    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
+    free(all);
+    eng_model_free(&m);
 }

@@ -31,6 +31,10 @@ typedef struct tiny_spec {
      * q6_k, attn_k q5_0, attn_q q8_0) instead of one kind for every
      * linear; needs hidden, heads * head_dim and inter multiples of 256 */
     bool q4_k_m_mix;
+    /* GGUF only: a linear whose kind has blocks of 256 but whose rows do
+     * not hold whole ones is written IQ4_NL instead, as llama-quantize
+     * falls back (for IQ4_XS, and in earlier versions for Q2_K and Q3_K) */
+    bool iq4_nl_fallback;
 } tiny_spec;
 
 static inline tiny_spec tiny_default(void)
@@ -251,16 +255,17 @@ static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows,
     qtensor t;
     qt_quant_params p = {.kind = kind};
     char msg[256];
-    if (kind == QT_Q4_K || kind == QT_Q5_K || kind == QT_Q6_K) /* no quantizer: random blocks */
+    if (test_kquant_is_read_only(kind)) /* no quantizer: random blocks */
         test_random_kquant(&t, kind, cols ? rows : 1, cols ? cols : rows, rng);
     else
         cr_assert_eq(qt_quantize(&t, v, cols ? rows : 1, cols ? cols : rows, &p, msg, sizeof msg),
                      0, "%s: %s", name, msg);
     static const uint32_t ggml[QT_KIND_COUNT] = {
-        [QT_F32] = GGML_TYPE_F32,   [QT_F16] = GGML_TYPE_F16,   [QT_BF16] = GGML_TYPE_BF16,
-        [QT_Q4_0] = GGML_TYPE_Q4_0, [QT_Q4_1] = GGML_TYPE_Q4_1, [QT_Q8_0] = GGML_TYPE_Q8_0,
-        [QT_Q5_0] = GGML_TYPE_Q5_0, [QT_Q5_1] = GGML_TYPE_Q5_1, [QT_Q4_K] = GGML_TYPE_Q4_K,
-        [QT_Q5_K] = GGML_TYPE_Q5_K, [QT_Q6_K] = GGML_TYPE_Q6_K};
+        [QT_F32] = GGML_TYPE_F32,   [QT_F16] = GGML_TYPE_F16,       [QT_BF16] = GGML_TYPE_BF16,
+        [QT_Q4_0] = GGML_TYPE_Q4_0, [QT_Q4_1] = GGML_TYPE_Q4_1,     [QT_Q8_0] = GGML_TYPE_Q8_0,
+        [QT_Q5_0] = GGML_TYPE_Q5_0, [QT_Q5_1] = GGML_TYPE_Q5_1,     [QT_Q4_K] = GGML_TYPE_Q4_K,
+        [QT_Q5_K] = GGML_TYPE_Q5_K, [QT_Q6_K] = GGML_TYPE_Q6_K,     [QT_Q2_K] = GGML_TYPE_Q2_K,
+        [QT_Q3_K] = GGML_TYPE_Q3_K, [QT_IQ4_NL] = GGML_TYPE_IQ4_NL, [QT_IQ4_XS] = GGML_TYPE_IQ4_XS};
     int64_t ne[2] = {cols ? cols : rows, rows};
     cr_assert_eq(
         gguf_writer_add_tensor(w, name, ggml[kind], cols ? 2 : 1, ne, t.data, t.data_bytes), 0,
@@ -297,6 +302,15 @@ static inline void tiny_gguf_tokenizer(gguf_writer *w)
     gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
 }
 
+/* The kind a linear of `cols` columns is written in: kind, or IQ4_NL where
+ * the spec asks for the fallback and the rows cannot hold 256-blocks. */
+static inline qt_kind tiny_fallback_kind(const tiny_spec *s, qt_kind kind, int64_t cols)
+{
+    if (s->iq4_nl_fallback && qt_traits_table[kind].block_size == 256 && cols % 256 != 0)
+        return QT_IQ4_NL;
+    return kind;
+}
+
 /* The GGUF file, with more string metadata: meta holds key, value pairs
  * and ends with NULL (meta NULL: none). */
 static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt_kind linear,
@@ -325,7 +339,8 @@ static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt
     tiny_add_gguf(w, "token_embd.weight", s->vocab, h, mix ? QT_Q4_K : QT_F32, false, &rng);
     tiny_add_gguf(w, "output_norm.weight", h, 0, QT_F32, true, &rng);
     if (!s->tie)
-        tiny_add_gguf(w, "output.weight", s->vocab, h, mix ? QT_Q6_K : linear, false, &rng);
+        tiny_add_gguf(w, "output.weight", s->vocab, h,
+                      tiny_fallback_kind(s, mix ? QT_Q6_K : linear, h), false, &rng);
     char name[128];
     for (int l = 0; l < s->layers; l++) {
         struct {
@@ -347,6 +362,7 @@ static inline void tiny_write_gguf_meta(const char *path, const tiny_spec *s, qt
         for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
             snprintf(name, sizeof name, "blk.%d.%s", l, parts[p].suffix);
             qt_kind kind = parts[p].norm ? QT_F32 : mix ? parts[p].mixed : linear;
+            kind = tiny_fallback_kind(s, kind, parts[p].c);
             tiny_add_gguf(w, name, parts[p].r, parts[p].c, kind, parts[p].norm, &rng);
         }
     }

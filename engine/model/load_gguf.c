@@ -56,7 +56,9 @@ static int gguf_float(const gguf_file *f, const char *key, double def, float *ou
 
 /*
  * The rotary layout beyond the frequency base: ARCH.rope.dimension_count
- * (llama.cpp's n_rot) must be the head dim (we rotate whole heads), and a
+ * (llama.cpp's n_rot): the whole head, or its leading n_rot dims (partial
+ * rotary, as Phi-4-mini's converted files have; not for a permuted llama
+ * layout), and a
  * rope_freqs.weight tensor (llama.cpp's per-pair frequency factors: its
  * converter writes them for Llama 3.x's rope_scaling llama3, one tensor for
  * every layer) is read into the config, f32 [head_dim / 2] as llama.cpp
@@ -71,21 +73,29 @@ static int gguf_rope_dims(const gguf_file *f, const char *arch, eng_config *c, c
     int rc = gguf_uint(f, key, c->head_dim, false, &n_rot, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    if (n_rot != c->head_dim)
+    if (n_rot <= 0 || n_rot > c->head_dim || n_rot % 2)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: %s = %d is not an even number of rotary dims of the head's %d", f->path,
+                       key, n_rot, c->head_dim);
+    /* llama.cpp's converter permutes a llama head's rows whole, which a
+     * rotation of part of the head would not undo */
+    if (n_rot != c->head_dim && c->arch == ENG_ARCH_LLAMA)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: %s = %d rotates part of each head of %d; qlserve rotates whole heads",
+                       "%s: %s = %d rotates part of each llama head of %d; qlserve rotates whole "
+                       "heads of a permuted llama layout",
                        f->path, key, n_rot, c->head_dim);
+    c->rope_dim = n_rot == c->head_dim ? 0 : n_rot; /* partial rotary: the leading n_rot */
     c->n_rope_freq_factors = 0;
     const gguf_tensor *t = gguf_find_tensor(f, "rope_freqs.weight");
     if (!t)
         return QL_OK;
-    int32_t half = c->head_dim / 2;
+    int32_t half = n_rot / 2;
     if (t->ggml_type != GGML_TYPE_F32 || t->n_dims != 1 || t->ne[0] != half)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor 'rope_freqs.weight' is %s, %d-D, %lld long; llama.cpp's "
-                       "frequency factors are f32, 1-D, head_dim / 2 = %d long",
+                       "frequency factors are f32, 1-D, %s / 2 = %d long",
                        f->path, gguf_ggml_type_name(t->ggml_type), t->n_dims, (long long)t->ne[0],
-                       half);
+                       c->rope_dim ? "rotary dims" : "head_dim", half);
     if (half > ENG_MAX_ROPE_FREQ_FACTORS)
         return ql_fail(
             msg, msg_len, QL_EUNSUPPORTED,
@@ -105,6 +115,91 @@ static int gguf_rope_dims(const gguf_file *f, const char *arch, eng_config *c, c
     return QL_OK;
 }
 
+/* A Phi-3 rope factor tensor (rope_factors_long.weight /
+ * rope_factors_short.weight): f32 [head_dim / 2], every factor positive,
+ * into out. */
+static int gguf_rope_factors(const gguf_file *f, const char *name, int32_t half, float *out,
+                             char *msg, size_t msg_len)
+{
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND,
+                       "%s: tensor '%s' is missing (longrope needs both factor sets)", f->path,
+                       name);
+    if (t->ggml_type != GGML_TYPE_F32 || t->n_dims != 1 || t->ne[0] != half)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: tensor '%s' is %s, %d-D, %lld long; longrope factors are f32, 1-D, "
+                       "rotary dims / 2 = %d long",
+                       f->path, name, gguf_ggml_type_name(t->ggml_type), t->n_dims,
+                       (long long)t->ne[0], half);
+    for (int32_t i = 0; i < half; i++) {
+        float v;
+        memcpy(&v, t->data + 4 * (size_t)i, sizeof v);
+        if (!isfinite(v) || v <= 0.0f)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: %s[%d] = %g is not a positive frequency factor", f->path, name, i,
+                           (double)v);
+        out[i] = v;
+    }
+    return QL_OK;
+}
+
+/*
+ * What llama.cpp's converter writes for Phi-3 beyond a llama: the sliding
+ * window (phi3.attention.sliding_window, 0 for none; applied as
+ * transformers applies it, where llama.cpp at present turns Phi-3's window
+ * off), and for the long-context models longrope: rope_factors_long.weight
+ * and rope_factors_short.weight, phi3.rope.scaling.original_context_length
+ * and phi3.rope.scaling.attn_factor (the converter's sqrt(1 + ln(s) /
+ * ln(original)), s = context / original). The factor set is chosen as
+ * llama.cpp chooses it for a context of context_length (eng_config): long
+ * when the context is past the original.
+ */
+static int gguf_phi3(const gguf_file *f, eng_config *c, char *msg, size_t msg_len)
+{
+    int rc =
+        gguf_uint(f, "phi3.attention.sliding_window", 0, false, &c->sliding_window, msg, msg_len);
+    if (rc != QL_OK || !gguf_find_tensor(f, "rope_factors_long.weight"))
+        return rc;
+    int32_t half = (c->rope_dim ? c->rope_dim : c->head_dim) / 2;
+    if (half > ENG_MAX_ROPE_FREQ_FACTORS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: head dim %d has more rotary pairs than the %d frequency factors "
+                       "qlserve holds",
+                       f->path, c->head_dim, ENG_MAX_ROPE_FREQ_FACTORS);
+    if (c->n_rope_freq_factors)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: both rope_freqs.weight and longrope factors; one set of frequency "
+                       "factors at most",
+                       f->path);
+    rc = gguf_uint(f, "phi3.rope.scaling.original_context_length", 0, true,
+                   &c->rope_original_max_position, msg, msg_len);
+    if (rc == QL_OK && c->rope_original_max_position <= 0)
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                     "%s: phi3.rope.scaling.original_context_length must be positive", f->path);
+    if (rc == QL_OK)
+        rc =
+            gguf_float(f, "phi3.rope.scaling.attn_factor", 1.0, &c->rope_attn_factor, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->rope_long_factors = c->max_position_embeddings > c->rope_original_max_position;
+    rc = gguf_rope_factors(
+        f, c->rope_long_factors ? "rope_factors_long.weight" : "rope_factors_short.weight", half,
+        c->rope_freq_factors, msg, msg_len);
+    float other[ENG_MAX_ROPE_FREQ_FACTORS]; /* the other set is checked, not kept */
+    if (rc == QL_OK)
+        rc = gguf_rope_factors(
+            f, c->rope_long_factors ? "rope_factors_short.weight" : "rope_factors_long.weight",
+            half, other, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->rope_scaling = ENG_ROPE_LONGROPE;
+    c->rope_factor =
+        (float)((double)c->max_position_embeddings / (double)c->rope_original_max_position);
+    c->n_rope_freq_factors = half;
+    return QL_OK;
+}
+
 static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
 {
     const gguf_file *f = L->m->gguf;
@@ -118,10 +213,15 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_LLAMA;
     else if (strcmp(arch, "qwen2") == 0)
         c->arch = ENG_ARCH_QWEN2;
+    else if (strcmp(arch, "qwen3") == 0)
+        c->arch = ENG_ARCH_QWEN3;
+    else if (strcmp(arch, "phi3") == 0)
+        c->arch = ENG_ARCH_PHI3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
-                       "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2)", f->path,
-                       arch);
+                       "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
+                       "phi3)",
+                       f->path, arch);
     char key[128];
     int rc = QL_OK;
 #define U(k, def, req, dst)                                                                        \
@@ -172,12 +272,16 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     }
     if (rc == QL_OK) /* a bad linear factor stops here too */
         rc = gguf_rope_dims(f, arch, c, msg, msg_len);
+    if (rc == QL_OK && c->arch == ENG_ARCH_PHI3)
+        rc = gguf_phi3(f, c, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
-     * pairs; it leaves qwen2's as Hugging Face has them */
+     * pairs; it leaves qwen2's, qwen3's and phi3's as Hugging Face has them
+     * (qwen3's q/k norms are attn_q_norm / attn_k_norm, per head as there) */
     c->rope_interleaved = c->arch == ENG_ARCH_LLAMA;
     c->attention_bias = c->arch == ENG_ARCH_QWEN2;
+    c->qk_norm = c->arch == ENG_ARCH_QWEN3;
     c->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->n_dims != 2)

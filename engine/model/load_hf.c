@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,105 @@ static int positive_float(const char *path, const cJSON *j, const char *key, dou
     return rc;
 }
 
+/* One of longrope's factor lists (rs[key]): head_dim / 2 positive numbers
+ * (each divides a pair's frequency) into out. */
+static int longrope_factors(const char *path, const cJSON *rs, const char *key, int32_t half,
+                            float *out, char *msg, size_t msg_len)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != half)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: rope_scaling %s must be a list of rotary dims / 2 = %d numbers", path,
+                       key, half);
+    for (int32_t i = 0; i < half; i++) {
+        double v;
+        if (!mf_json_number(cJSON_GetArrayItem(a, i), &v) || !isfinite(v) || v <= 0)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: rope_scaling %s[%d] is not a positive number", path, key, i);
+        out[i] = (float)v;
+    }
+    return QL_OK;
+}
+
+/*
+ * Phi-3's longrope (type "longrope", or "su" in its first configs), as
+ * transformers' _compute_longrope_parameters reads it: the original
+ * context from rope_scaling or, as Phi-3 saves it, the top level (else the
+ * context itself); factor, when not given, the context over the original;
+ * attention_factor, when not given, sqrt(1 + ln(factor) / ln(original)),
+ * or 1 when factor <= 1. Of short_factor and long_factor one set is kept:
+ * long when the model's context is past the original (eng_config says
+ * why; llama.cpp chooses so for its default context).
+ */
+static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng_config *c,
+                          char *msg, size_t msg_len)
+{
+    int32_t half = (c->rope_dim ? c->rope_dim : c->head_dim) / 2;
+    if (half > ENG_MAX_ROPE_FREQ_FACTORS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: head dim %d has more rotary pairs than the %d frequency factors "
+                       "qlserve holds",
+                       path, c->head_dim, ENG_MAX_ROPE_FREQ_FACTORS);
+    const cJSON *where =
+        cJSON_GetObjectItemCaseSensitive(rs, "original_max_position_embeddings") ? rs : j;
+    int rc =
+        int32_field(path, where, "original_max_position_embeddings", c->max_position_embeddings,
+                    false, 1, 1 << 24, &c->rope_original_max_position, msg, msg_len);
+    double orig = (double)c->rope_original_max_position;
+    double factor = (double)c->max_position_embeddings / orig;
+    if (rc == QL_OK && cJSON_GetObjectItemCaseSensitive(rs, "factor"))
+        rc = mf_json_positive_field(path, rs, "factor", 1.0, &factor, msg, msg_len);
+    double attn = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(orig));
+    const cJSON *af = cJSON_GetObjectItemCaseSensitive(rs, "attention_factor");
+    if (rc == QL_OK && af && !cJSON_IsNull(af))
+        rc = mf_json_positive_field(path, rs, "attention_factor", 1.0, &attn, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    float short_f[ENG_MAX_ROPE_FREQ_FACTORS];
+    rc = longrope_factors(path, rs, "short_factor", half, short_f, msg, msg_len);
+    if (rc == QL_OK)
+        rc = longrope_factors(path, rs, "long_factor", half, c->rope_freq_factors, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->rope_scaling = ENG_ROPE_LONGROPE;
+    c->rope_factor = (float)factor;
+    c->rope_attn_factor = (float)attn;
+    c->rope_long_factors = c->max_position_embeddings > c->rope_original_max_position;
+    if (!c->rope_long_factors)
+        memcpy(c->rope_freq_factors, short_f, (size_t)half * sizeof *short_f);
+    c->n_rope_freq_factors = half;
+    return QL_OK;
+}
+
+/* partial_rotary_factor (top level, or in rope_parameters, where
+ * transformers 5 moves it): the leading int(head_dim * factor) dims of each
+ * head rotate (Phi-4-mini: 0.75), as transformers computes the rotary dim;
+ * it must be in (0, 1] and leave an even, non-zero count. */
+static int read_partial_rotary(const char *path, const cJSON *j, const cJSON *rs, eng_config *c,
+                               char *msg, size_t msg_len)
+{
+    const cJSON *objs[] = {rs, j};
+    c->rope_dim = 0;
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *v =
+            objs[i] ? cJSON_GetObjectItemCaseSensitive(objs[i], "partial_rotary_factor") : NULL;
+        if (!v || cJSON_IsNull(v))
+            continue;
+        double f;
+        int32_t rot = 0;
+        if (mf_json_number(v, &f) && f > 0 && f <= 1)
+            rot = (int32_t)((double)c->head_dim * f);
+        if (rot <= 0 || rot % 2)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: partial_rotary_factor must be in (0, 1] and leave an even number "
+                           "of rotary dims of the head's %d",
+                           path, c->head_dim);
+        c->rope_dim = rot == c->head_dim ? 0 : rot;
+        return QL_OK;
+    }
+    return QL_OK;
+}
+
 /* rope_scaling (transformers 4), or rope_parameters (transformers 5, which
  * moved rope_theta and the scaling's rope_type and factors into it). */
 static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, char *msg,
@@ -67,15 +167,22 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
         rs = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     c->rope_scaling = ENG_ROPE_NONE;
     c->rope_factor = 1.0f;
-    if (!rs || cJSON_IsNull(rs))
-        return QL_OK;
-    if (!cJSON_IsObject(rs))
+    if (rs && !cJSON_IsNull(rs) && !cJSON_IsObject(rs))
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"rope_scaling\" is not an object", path);
+    if (rs && cJSON_IsNull(rs))
+        rs = NULL;
+    int rc = read_partial_rotary(path, j, rs, c, msg, msg_len);
+    if (rc != QL_OK || !rs)
+        return rc;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!type)
         type = cJSON_GetObjectItemCaseSensitive(rs, "type");
     const char *t = cJSON_IsString(type) ? type->valuestring : "(missing)";
-    int rc = positive_float(path, rs, "factor", 1.0, &c->rope_factor, msg, msg_len);
+    /* transformers' Phi3Config reads "su" and "yarn" as longrope too */
+    if (strcmp(t, "longrope") == 0 || strcmp(t, "su") == 0 ||
+        (strcmp(t, "yarn") == 0 && c->arch == ENG_ARCH_PHI3))
+        return parse_longrope(path, j, rs, c, msg, msg_len);
+    rc = positive_float(path, rs, "factor", 1.0, &c->rope_factor, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (strcmp(t, "default") == 0)
@@ -97,7 +204,8 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
         return rc;
     }
     return ql_fail(msg, msg_len, QL_EINVAL,
-                   "%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
+                   "%s: rope_scaling type \"%s\" is not supported (linear, llama3, longrope)", path,
+                   t);
 }
 
 static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, char *msg,
@@ -117,10 +225,12 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_QWEN2;
     else if (strcmp(arch, "Qwen3ForCausalLM") == 0)
         c->arch = ENG_ARCH_QWEN3;
+    else if (strcmp(arch, "Phi3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_PHI3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                       "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \

@@ -96,6 +96,8 @@ static int apply_dtype(const model_loader *L, const char *name, qtensor *t, char
 int model_finish_weight(const model_loader *L, const char *name, tensor_role role, qtensor *t,
                         char *msg, size_t msg_len)
 {
+    if (role == ROLE_FUSED)
+        return QL_OK; /* its parts are finished once split (layers.c) */
     bool quantize =
         L->quantize && (role == ROLE_LINEAR || (role == ROLE_LM_HEAD && L->o->quantize_lm_head));
     int rc = quantize ? quantize_weight(L, name, t, msg, msg_len)

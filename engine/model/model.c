@@ -25,6 +25,7 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_MISTRAL: return "mistral";
     case ENG_ARCH_QWEN2: return "qwen2";
     case ENG_ARCH_QWEN3: return "qwen3";
+    case ENG_ARCH_PHI3: return "phi3";
     }
     return "unknown";
 }

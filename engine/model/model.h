@@ -29,7 +29,16 @@
 
 /* --- models (model.c; the loaders in load_hf.c, load_gguf.c) --------------- */
 
-typedef enum eng_arch { ENG_ARCH_LLAMA, ENG_ARCH_MISTRAL, ENG_ARCH_QWEN2, ENG_ARCH_QWEN3 } eng_arch;
+typedef enum eng_arch {
+    ENG_ARCH_LLAMA,
+    ENG_ARCH_MISTRAL,
+    ENG_ARCH_QWEN2,
+    ENG_ARCH_QWEN3,
+    /* Phi-3 / 3.5 (Phi3ForCausalLM, GGUF phi3): fused qkv_proj and
+     * gate_up_proj, split by rows at load into wq/wk/wv and w_gate/w_up
+     * (layers.c), and longrope */
+    ENG_ARCH_PHI3,
+} eng_arch;
 
 /* The most rotary pairs a model may carry frequency factors for (head dim
  * 512, the forward pass's limit, engine/runtime/forward.c). */
@@ -39,6 +48,10 @@ typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
     ENG_ROPE_LINEAR, /* positions divided by factor */
     ENG_ROPE_LLAMA3, /* Llama 3.1's frequency-dependent scaling */
+    /* Phi-3's longrope ("su"): one set of per-pair factors, chosen at load
+     * and held in rope_freq_factors, and cos/sin multiplied by
+     * rope_attn_factor */
+    ENG_ROPE_LONGROPE,
 } eng_rope_scaling;
 
 /* What a model is, from config.json or GGUF metadata. */
@@ -56,14 +69,28 @@ typedef struct eng_config {
     eng_rope_scaling rope_scaling;
     float rope_factor;
     float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
-    int32_t rope_original_max_position;                /* llama3 */
+    int32_t rope_original_max_position;                /* llama3, longrope */
+    /* longrope: what multiplies every cos and sin (transformers'
+     * attention_scaling, a GGUF's rope.scaling.attn_factor), and which of
+     * the two factor sets rope_freq_factors holds. The choice is made once,
+     * at load, as llama.cpp makes it for its default context: long_factor
+     * when the context the model serves (max_position_embeddings) is past
+     * original_max_position_embeddings, short_factor otherwise. (transformers
+     * instead switches per forward call on the longest position in it, so a
+     * prompt shorter than the original context gets short factors there.) */
+    float rope_attn_factor;
+    bool rope_long_factors;
     /* llama.cpp's per-pair frequency factors (a GGUF's rope_freqs.weight,
      * which its converter computes from Llama 3.x's rope_scaling): the
      * frequency of pair i is divided by rope_freq_factors[i], before any
      * scaling above, as ggml_rope_ext's freq_factors; n_rope_freq_factors is
-     * head_dim / 2 when the model has them, 0 when not */
+     * rotary dims / 2 when the model has them, 0 when not */
     int32_t n_rope_freq_factors;
     float rope_freq_factors[ENG_MAX_ROPE_FREQ_FACTORS];
+    /* the leading dims of each head that rotate (transformers'
+     * partial_rotary_factor times head_dim, Phi-4-mini's 0.75; a GGUF's
+     * rope.dimension_count); 0: the whole head. The rest pass through. */
+    int32_t rope_dim;
     /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
      * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
      * a llama GGUF after permuting the q/k rows */

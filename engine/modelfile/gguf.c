@@ -41,8 +41,8 @@
  * gguf_find_tensor), GGML type names and geometry, and gguf_tensor_qtensor
  * (modelfile.h). It owns the mapping and the key and name copies gguf_open
  * makes, until gguf_close; everything it hands out borrows from them. It
- * touches only the file it is given. Nothing in the product writes GGUF;
- * the tests' writer is tests/gguf_writer.c.
+ * touches only the file it is given. The product's writer is gguf_write.c
+ * (`qlserve quantize` to a GGUF kind); the tests' is tests/gguf_writer.c.
  */
 #include "modelfile.h"
 
@@ -144,6 +144,10 @@ static int qt_kind_of_ggml(uint32_t type)
     case GGML_TYPE_Q4_K: return QT_Q4_K;
     case GGML_TYPE_Q5_K: return QT_Q5_K;
     case GGML_TYPE_Q6_K: return QT_Q6_K;
+    case GGML_TYPE_Q2_K: return QT_Q2_K;
+    case GGML_TYPE_Q3_K: return QT_Q3_K;
+    case GGML_TYPE_IQ4_NL: return QT_IQ4_NL;
+    case GGML_TYPE_IQ4_XS: return QT_IQ4_XS;
     default: return -1;
     }
 }
@@ -755,7 +759,8 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
     if (kind < 0)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: tensor '%s' has GGML type %s, which qlserve cannot run (it runs "
-                       "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k)",
+                       "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, "
+                       "q6_k, iq4_nl and iq4_xs)",
                        f->path, t->name, gguf_ggml_type_name(t->ggml_type));
     /* the tensor must be one of f's, as gguf_open checked it */
     if (!t->data || t->data < f->map || t->nbytes > f->map_len ||

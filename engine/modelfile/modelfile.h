@@ -14,7 +14,8 @@
  *     tensors transformers writes for a Linear4bit weight (`X`, `X.absmax`,
  *     `X.quant_map`, `X.nested_absmax`, `X.nested_quant_map`,
  *     `X.quant_state.bitsandbytes__nf4|fp4`);
- *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place.
+ *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place;
+ *     gguf_out_: the GGUF v3 writer (gguf_write.c), tensor data streamed.
  *
  * It owns the mappings it makes (freed by st_close, gguf_close); tensors it
  * hands out borrow from them (st_tensor_qtensor copies one whose address is
@@ -301,15 +302,35 @@ size_t gguf_value_size(gguf_type t);
 
 /*
  * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), its data borrowed from the mapping (no copy, no
- * requantization); rows = product of ne[1..], cols = ne[0]. Any other type is refused with
- * QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
+ * Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), its data borrowed
+ * from the mapping (no copy, no requantization); rows = product of ne[1..], cols = ne[0]. Any other
+ * type is refused with QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
  * data off its element boundary, QL_EINVAL for a tensor of another file.
  * The borrowed data lies in a read-only mapping: whoever wants to change
  * the weight (a merge) works on a copy.
  */
 int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, char *msg,
                         size_t msg_len);
+
+/*
+ * The GGUF v3 writer (gguf_write.c). Declare the metadata (copied from a
+ * reader's kv, or set) and every tensor (name, GGML type, dims, ne[0]
+ * fastest), then gguf_out_begin writes the head to PATH.tmp, gguf_out_write
+ * streams the tensors' data in declaration order (any chunking), and
+ * gguf_out_finish renames PATH.tmp over PATH once every byte is there.
+ * gguf_out_free closes and removes an unfinished PATH.tmp. alignment 0 is
+ * GGUF's default, 32. The caller keeps keys unique.
+ */
+typedef struct gguf_out gguf_out;
+gguf_out *gguf_out_new(uint64_t alignment);
+void gguf_out_free(gguf_out *o);
+int gguf_out_copy_kv(gguf_out *o, const gguf_kv *kv, char *msg, size_t msg_len);
+int gguf_out_set_u32(gguf_out *o, const char *key, uint32_t v, char *msg, size_t msg_len);
+int gguf_out_add_tensor(gguf_out *o, const char *name, uint32_t ggml_type, int n_dims,
+                        const int64_t *ne, char *msg, size_t msg_len);
+int gguf_out_begin(gguf_out *o, const char *path, char *msg, size_t msg_len);
+int gguf_out_write(gguf_out *o, const void *data, size_t n, char *msg, size_t msg_len);
+int gguf_out_finish(gguf_out *o, char *msg, size_t msg_len);
 
 /* GGML tensor type numbers this project reads (ggml.h's enum ggml_type). */
 enum {
@@ -320,9 +341,13 @@ enum {
     GGML_TYPE_Q5_0 = 6,
     GGML_TYPE_Q5_1 = 7,
     GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q2_K = 10,
+    GGML_TYPE_Q3_K = 11,
     GGML_TYPE_Q4_K = 12,
     GGML_TYPE_Q5_K = 13,
     GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_IQ4_NL = 20,
+    GGML_TYPE_IQ4_XS = 23,
     GGML_TYPE_BF16 = 30,
 };
 

@@ -555,8 +555,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             c->h_tokens[r] = q->tokens[t];
             c->h_row_seq[r] = s;
             c->h_row_pos[r] = q->pos + t;
-            eng_rope_row(c->inv_freq, half, c->h_row_pos[r], c->h_cos + (size_t)r * half,
-                         c->h_sin + (size_t)r * half);
+            eng_rope_row(c->inv_freq, half, c->h_row_pos[r], eng_rope_attention_factor(cfg),
+                         c->h_cos + (size_t)r * half, c->h_sin + (size_t)r * half);
         }
     }
     int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,
@@ -1193,6 +1193,11 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "head_dim %d: the CUDA attention takes even head sizes up to 256",
                        cfg->head_dim);
+    if (eng_rope_dims(cfg) != cfg->head_dim)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
+                       "backend only; use --device cpu",
+                       eng_rope_dims(cfg), cfg->head_dim);
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -324,11 +324,13 @@ static void project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
 
 /* Rotate pairs of q (n_heads) and k (n_kv heads) of each row by its
  * position: pairs (i, i + d/2) as Hugging Face, or (2i, 2i + 1) as a llama
- * GGUF stores its permuted rows. */
+ * GGUF stores its permuted rows; with partial rotary (Phi-4-mini) only the
+ * leading rot dims, pairs (i, i + rot/2), the rest passing through as
+ * transformers' apply_rotary_pos_emb and ggml's neox rope leave them. */
 static void rope(const eng_config *c, const eng_forward_state *st, float *vec, int32_t n_heads,
                  int64_t rows)
 {
-    int32_t d = c->head_dim, half = d / 2;
+    int32_t d = c->head_dim, half = eng_rope_dims(c) / 2;
     for (int64_t r = 0; r < rows; r++) {
         const float *cs = st->rope_cos + r * half, *sn = st->rope_sin + r * half;
         for (int32_t hd = 0; hd < n_heads; hd++) {
@@ -403,7 +405,7 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
                        (long long)max_rank);
     int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
             KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
-    int32_t half = c->head_dim / 2;
+    int32_t half = c->head_dim / 2, rot_half = eng_rope_dims(c) / 2;
 
     /* token embeddings, and each row's sequence, position and rotation */
     for (int32_t s = 0, r = 0; s < n_seqs; s++) {
@@ -411,8 +413,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
             qt_dequantize_rows(&m->embed, seqs[s].tokens[t], 1, st->x + r * H);
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
-            eng_rope_row(st->inv_freq, half, st->row_pos[r], st->rope_cos + r * half,
-                         st->rope_sin + r * half);
+            eng_rope_row(st->inv_freq, rot_half, st->row_pos[r], eng_rope_attention_factor(c),
+                         st->rope_cos + r * rot_half, st->rope_sin + r * rot_half);
         }
     }
 

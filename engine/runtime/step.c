@@ -22,11 +22,16 @@
  * rope_scaling) keeps high frequencies, divides low ones by the factor and
  * blends in between, as transformers' _compute_llama3_parameters does (the
  * factors llama.cpp's converter stores are this same curve as divisors). */
+int32_t eng_rope_dims(const eng_config *c)
+{
+    return c->rope_dim > 0 && c->rope_dim < c->head_dim ? c->rope_dim : c->head_dim;
+}
+
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
 {
-    int32_t half = c->head_dim / 2;
+    int32_t rot = eng_rope_dims(c), half = rot / 2;
     for (int32_t i = 0; i < half; i++) {
-        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->head_dim);
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)rot);
         if (i < c->n_rope_freq_factors)
             f /= (double)c->rope_freq_factors[i];
         if (c->rope_scaling == ENG_ROPE_LINEAR) {
@@ -49,12 +54,22 @@ void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
     }
 }
 
-void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab, float *sin_tab)
+/* longrope's attention factor: transformers multiplies cos and sin by it
+ * (attention_scaling, from _compute_longrope_parameters), ggml's rope by its
+ * attn_factor (mscale), which llama.cpp's converter stores for Phi-3 as
+ * rope.scaling.attn_factor; the same number. Every other scaling: 1. */
+double eng_rope_attention_factor(const eng_config *c)
+{
+    return c->rope_scaling == ENG_ROPE_LONGROPE ? (double)c->rope_attn_factor : 1.0;
+}
+
+void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, double attn_factor,
+                  float *cos_tab, float *sin_tab)
 {
     for (int32_t i = 0; i < half; i++) {
         double angle = (double)pos * inv_freq[i];
-        cos_tab[i] = (float)cos(angle);
-        sin_tab[i] = (float)sin(angle);
+        cos_tab[i] = (float)(cos(angle) * attn_factor);
+        sin_tab[i] = (float)(sin(angle) * attn_factor);
     }
 }
 

@@ -359,7 +359,7 @@ static bool pre_tokenize(const tok_tokenizer *t, scratch *s)
         for (size_t j = 0; j < s->n_spans; j++) {
             size_t last = s->spans[j].start, i = last, end = s->spans[j].end;
             while (i < end) {
-                size_t m = tok_match_step(t->steps[k], s->cp, s->cls, i, end);
+                size_t m = tok_match_step(t->steps[k], s->cp, s->cls, last, i, end);
                 if (m == i) {
                     i++;
                     continue;

@@ -18,6 +18,7 @@ What the tables hold, and why each is defined the way it is:
                       UC_SPACE   \\s     = Oniguruma's Unicode \\s: U+0009..U+000D, U+0085 and the
                                           categories Zs Zl Zp; the same set as the White_Space
                                           property that Rust's char::is_whitespace tests
+                      UC_MARK    \\p{M}  = Mn Mc Me (Qwen3.5's pre-tokenizer)
                     A code point in no range has no class bit ("other").
   uc_casefold_ascii the code points whose full case folding is one ASCII letter, for Llama 3's
                     (?i:'s|'t|'re|'ve|'m|'ll|'d): Oniguruma matches U+017F (long s) as 's' there.
@@ -38,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "unicode_tables.c")
 MAX_CP = 0x110000
 
-UC_LETTER, UC_NUMBER, UC_PUNCT, UC_SPACE = 1, 2, 4, 8
+UC_LETTER, UC_NUMBER, UC_PUNCT, UC_SPACE, UC_MARK = 1, 2, 4, 8, 16
 
 
 def class_of(cp):
@@ -51,6 +52,8 @@ def class_of(cp):
         bits |= UC_NUMBER
     if cat[0] == "P":
         bits |= UC_PUNCT
+    if cat[0] == "M":
+        bits |= UC_MARK
     if 0x09 <= cp <= 0x0D or cp == 0x85 or cat in ("Zs", "Zl", "Zp"):
         bits |= UC_SPACE
     return bits
@@ -111,8 +114,9 @@ def main():
     w(" */")
     w('#include "internal/tokenizer_internal.h"')
     w("")
-    w("_Static_assert(UC_LETTER == %d && UC_NUMBER == %d && UC_PUNCT == %d && UC_SPACE == %d,"
+    w("_Static_assert(UC_LETTER == %d && UC_NUMBER == %d && UC_PUNCT == %d && UC_SPACE == %d &&"
       % (UC_LETTER, UC_NUMBER, UC_PUNCT, UC_SPACE))
+    w("               UC_MARK == %d," % UC_MARK)
     w('               "the class bits gen_unicode_tables.py wrote the tables with");')
     w("")
     w('const char uc_unicode_version[] = "%s";' % unicodedata.unidata_version)

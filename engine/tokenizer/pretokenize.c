@@ -19,9 +19,23 @@
 #include <string.h>
 
 static const char *const step_names[] = {
-    [STEP_GPT2] = "gpt2",        [STEP_LLAMA3] = "llama3",   [STEP_QWEN2] = "qwen2",
-    [STEP_PUNCT] = "punct",      [STEP_NUMBERS] = "numbers", [STEP_DIGIT] = "digits",
+    [STEP_GPT2] = "gpt2",
+    [STEP_LLAMA3] = "llama3",
+    [STEP_QWEN2] = "qwen2",
+    [STEP_PUNCT] = "punct",
+    [STEP_NUMBERS] = "numbers",
+    [STEP_DIGIT] = "digits",
     [STEP_THREE_DIGITS] = "999",
+    [STEP_FALCON_PUNCT] = "falcon-punct",
+    [STEP_LINE_BREAK] = "line-break",
+    [STEP_SPACE_LETTERS] = "space-letters",
+    [STEP_SPACE_PUNCT] = "space-punct",
+    [STEP_CJK] = "cjk",
+    [STEP_DS_LETTERS] = "deepseek-letters",
+    [STEP_DS_PUNCT] = "deepseek-punct",
+    [STEP_TRAILING_SPACE] = "trailing-space",
+    [STEP_QWEN35] = "qwen35",
+    [STEP_LLAMA3_NUMBERS] = "llama3-numbers",
 };
 
 /* The regexes of tokenizer.json Split pre-tokenizers we recognise, exactly
@@ -47,19 +61,73 @@ static const struct {
 
 /* GGUF tokenizer.ggml.pre names (llama.cpp's llama-vocab.cpp) whose regexes
  * are among ours, and the steps llama.cpp runs for them. A GGUF carries no
- * normalizer: the Qwen2 family gets the NFC its tokenizer.json has (the
- * model was trained on NFC text; llama.cpp leaves it out). */
+ * normalizer, and llama.cpp runs none: the Qwen2 family's tokenizer.json
+ * has NFC, which Hugging Face tokenizers applies and llama.cpp does not
+ * (decomposed "é", e + U+0301, is one token there and two here; llama.cpp's
+ * ggml-vocab-qwen35.gguf.out pins the two). A GGUF gets llama.cpp's ids. */
+#define PRE_GPT2       .steps = {STEP_GPT2}, .n_steps = 1
+#define PRE_DIGIT_GPT2 .steps = {STEP_DIGIT, STEP_GPT2}, .n_steps = 2
+#define PRE_LLAMA3     .steps = {STEP_LLAMA3}, .n_steps = 1, .ignore_merges = true, .add_bos = true
+#define PRE_QWEN2      .steps = {STEP_QWEN2}, .n_steps = 1
 static const tok_pre known_pre[] = {
-    {"default", {STEP_PUNCT, STEP_GPT2, STEP_NUMBERS, STEP_THREE_DIGITS}, 4, false, false},
-    {"gpt-2", {STEP_GPT2}, 1, false, false},
-    {"phi-2", {STEP_GPT2}, 1, false, false},
-    {"llama3", {STEP_LLAMA3}, 1, true, false},
-    {"llama-bpe", {STEP_LLAMA3}, 1, true, false},
-    {"llama-v3", {STEP_LLAMA3}, 1, true, false},
-    {"qwen2", {STEP_QWEN2}, 1, false, true},
-    {"deepseek-r1-qwen", {STEP_QWEN2}, 1, false, true},
-    {"smollm", {STEP_DIGIT, STEP_GPT2}, 2, false, false},
-    {"starcoder", {STEP_DIGIT, STEP_GPT2}, 2, false, false},
+    {.name = "default",
+     .steps = {STEP_PUNCT, STEP_GPT2, STEP_NUMBERS, STEP_THREE_DIGITS},
+     .n_steps = 4},
+    /* GPT-2's regex alone */
+    {.name = "gpt-2", PRE_GPT2},
+    {.name = "phi-2", PRE_GPT2},
+    {.name = "mpt", PRE_GPT2},
+    {.name = "olmo", PRE_GPT2},
+    {.name = "jais", PRE_GPT2},
+    {.name = "trillion", PRE_GPT2},
+    {.name = "granite-docling", PRE_GPT2},
+    {.name = "exaone4", PRE_GPT2},
+    {.name = "mellum", PRE_GPT2},
+    {.name = "modern-bert", PRE_GPT2},
+    {.name = "gigachat", PRE_GPT2},
+    {.name = "a.x-4.0", PRE_GPT2},
+    /* each digit alone, then GPT-2's */
+    {.name = "smollm", PRE_DIGIT_GPT2},
+    {.name = "starcoder", PRE_DIGIT_GPT2},
+    {.name = "refact", PRE_DIGIT_GPT2},
+    {.name = "command-r", PRE_DIGIT_GPT2},
+    {.name = "codeshell", PRE_DIGIT_GPT2},
+    {.name = "exaone", PRE_DIGIT_GPT2},
+    {.name = "minerva-7b", PRE_DIGIT_GPT2},
+    {.name = "mellum2", PRE_DIGIT_GPT2},
+    /* Llama 3's; llama.cpp adds BOS by default and takes a pre-token that
+     * is a whole token as it is (ignore_merges) for these */
+    {.name = "llama3", PRE_LLAMA3},
+    {.name = "llama-bpe", PRE_LLAMA3},
+    {.name = "llama-v3", PRE_LLAMA3},
+    {.name = "falcon3", PRE_LLAMA3},
+    {.name = "falcon-h1", PRE_LLAMA3},
+    {.name = "pixtral", PRE_LLAMA3},
+    {.name = "midm-2.0", PRE_LLAMA3},
+    {.name = "lfm2", PRE_LLAMA3},
+    /* the same regex, without those two */
+    {.name = "dbrx", .steps = {STEP_LLAMA3}, .n_steps = 1},
+    {.name = "smaug-bpe", .steps = {STEP_LLAMA3}, .n_steps = 1},
+    {.name = "bloom", .steps = {STEP_LLAMA3_NUMBERS}, .n_steps = 1},
+    {.name = "poro-chat", .steps = {STEP_LLAMA3_NUMBERS}, .n_steps = 1},
+    /* Qwen2's */
+    {.name = "qwen2", PRE_QWEN2},
+    {.name = "deepseek-r1-qwen", PRE_QWEN2},
+    {.name = "kormo", PRE_QWEN2},
+    {.name = "f2llmv2", PRE_QWEN2},
+    {.name = "megrez", PRE_QWEN2},
+    {.name = "stablelm2", .steps = {STEP_QWEN2}, .n_steps = 1},
+    {.name = "hunyuan", .steps = {STEP_QWEN2}, .n_steps = 1},
+    {.name = "solar-open", .steps = {STEP_QWEN2}, .n_steps = 1},
+    {.name = "qwen35", .steps = {STEP_QWEN35}, .n_steps = 1},
+    {.name = "falcon", .steps = {STEP_FALCON_PUNCT, STEP_GPT2, STEP_THREE_DIGITS}, .n_steps = 3},
+    {.name = "deepseek-coder",
+     .steps = {STEP_LINE_BREAK, STEP_SPACE_LETTERS, STEP_SPACE_PUNCT, STEP_CJK, STEP_DIGIT},
+     .n_steps = 5},
+    {.name = "deepseek-llm",
+     .steps = {STEP_LINE_BREAK, STEP_DS_LETTERS, STEP_DS_PUNCT, STEP_TRAILING_SPACE, STEP_CJK,
+               STEP_NUMBERS},
+     .n_steps = 6},
 };
 
 /* --- pre-tokenizer regexes, by hand ------------------------------------- */
@@ -145,11 +213,13 @@ static size_t match_gpt2(const uint32_t *cp, const uint8_t *cls, size_t i, size_
     return i;
 }
 
-/* Llama 3 (max_digits 3) and Qwen2 (1):
+/* Llama 3 (max_digits 3), Qwen2 (1), bloom (0: no limit):
  * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
- * | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+ * | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * and Qwen3.5's, where letters = [\p{L}\p{M}] in the second alternative and
+ * in the class the fourth excludes (llama.cpp's unicode_regex_split_custom_qwen35). */
 static size_t match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i, size_t n,
-                           size_t max_digits)
+                           size_t max_digits, uint8_t letters)
 {
     if (cp[i] == '\'' && i + 1 < n) {
         size_t m = match_contraction((uint32_t)uc_fold_ascii(cp[i + 1]),
@@ -157,19 +227,22 @@ static size_t match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i, siz
         if (m)
             return i + m;
     }
-    if (cls[i] & C_L)
-        return run_of(cls, i, n, C_L);
-    if (!is_newline(cp[i]) && !(cls[i] & C_N) && i + 1 < n && (cls[i + 1] & C_L))
-        return run_of(cls, i + 1, n, C_L);
+    if (cls[i] & letters)
+        return run_of(cls, i, n, letters);
+    if (!is_newline(cp[i]) && !(cls[i] & C_N) && i + 1 < n && (cls[i + 1] & letters))
+        return run_of(cls, i + 1, n, letters);
     if (cls[i] & C_N) {
         size_t e = i;
-        while (e < n && e - i < max_digits && (cls[e] & C_N))
+        while (e < n && (max_digits == 0 || e - i < max_digits) && (cls[e] & C_N))
             e++;
         return e;
     }
-    size_t j = cp[i] == ' ' && i + 1 < n && is_other(cls[i + 1]) ? i + 1 : i;
-    if (is_other(cls[j])) {
-        size_t e = run_of_other(cls, j, n);
+    uint8_t not_other = C_S | C_N | letters;
+    size_t j = cp[i] == ' ' && i + 1 < n && !(cls[i + 1] & not_other) ? i + 1 : i;
+    if (!(cls[j] & not_other)) {
+        size_t e = j;
+        while (e < n && !(cls[e] & not_other))
+            e++;
         while (e < n && is_newline(cp[e]))
             e++;
         return e;
@@ -185,21 +258,135 @@ static size_t match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i, siz
     return i;
 }
 
-/* [\p{P}\$\+<=>\^~\|]+ */
-static bool is_default_punct(uint32_t cp, uint8_t cls)
+/* [\p{P}\$\+<=>\^~\|]+, and falcon's [\p{P}\$\+<=>\^~\|`]+ */
+static bool is_default_punct(uint32_t cp, uint8_t cls, bool backtick)
 {
-    return (cls & UC_PUNCT) || (cp < 0x80 && cp && strchr("$+<=>^~|", (int)cp));
+    return (cls & UC_PUNCT) || (cp < 0x80 && cp && strchr("$+<=>^~|", (int)cp)) ||
+           (backtick && cp == '`');
 }
 
-size_t tok_match_step(pre_step step, const uint32_t *cp, const uint8_t *cls, size_t i, size_t n)
+/*
+ * The deepseek regexes llama.cpp runs through std::regex (unicode.cpp's
+ * unicode_regex_split), whose reading of them the matchers below follow:
+ * a regex with \p{..} sees each non-ASCII code point as its category (so
+ * \p{L} and \p{P} are the Unicode categories, \s is White_Space), one
+ * without sees code points, but with every non-ASCII whitespace code point
+ * turned into U+000B first: an explicit class never contains one (U+3000
+ * in deepseek-llm's punctuation class matches as \s, not as the class).
+ */
+static bool in_ranges(const uint32_t (*r)[2], size_t n, uint32_t cp)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp > r[mid][1])
+            lo = mid + 1;
+        else if (cp < r[mid][0])
+            hi = mid;
+        else
+            return true;
+    }
+    return false;
+}
+
+/* [一-龥ࠀ-一가-퟿]: U+4E00..U+9FA5, U+0800..U+4E00, U+AC00..U+D7FF */
+static bool is_deepseek_cjk(uint32_t cp, uint8_t cls)
+{
+    return !(cls & C_S) && ((cp >= 0x0800 && cp <= 0x9FA5) || (cp >= 0xAC00 && cp <= 0xD7FF));
+}
+
+/* deepseek-llm's letter class, as its regex lists it: the cased letters
+ * (Lu, Ll, Lt) of a Unicode version, a few other letters among them */
+static const uint32_t deepseek_letters[][2] = {
+    {0x0041, 0x005A},   {0x0061, 0x007A},   {0x00B5, 0x00B5},   {0x00C0, 0x00D6},
+    {0x00D8, 0x00F6},   {0x00F8, 0x01BA},   {0x01BC, 0x01BF},   {0x01C4, 0x0293},
+    {0x0295, 0x02AF},   {0x0370, 0x0373},   {0x0376, 0x0377},   {0x037B, 0x037D},
+    {0x037F, 0x037F},   {0x0386, 0x0386},   {0x0388, 0x038A},   {0x038C, 0x038C},
+    {0x038E, 0x03A1},   {0x03A3, 0x03F5},   {0x03F7, 0x0481},   {0x048A, 0x052F},
+    {0x0531, 0x0556},   {0x10A0, 0x10C5},   {0x13A0, 0x13F5},   {0x13F8, 0x13FD},
+    {0x1C90, 0x1CBA},   {0x1CBD, 0x1CBF},   {0x1D00, 0x1D2B},   {0x1D6B, 0x1D77},
+    {0x1D79, 0x1D9A},   {0x1E00, 0x1F15},   {0x1F18, 0x1F1D},   {0x1F20, 0x1F45},
+    {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},   {0x1F59, 0x1F59},   {0x1F5B, 0x1F5B},
+    {0x1F5D, 0x1F5D},   {0x1F5F, 0x1F7D},   {0x1F80, 0x1FB4},   {0x1FB6, 0x1FBC},
+    {0x1FBE, 0x1FBE},   {0x1FC2, 0x1FC4},   {0x1FC6, 0x1FCC},   {0x1FD0, 0x1FD3},
+    {0x1FD6, 0x1FDB},   {0x1FE0, 0x1FEC},   {0x1FF2, 0x1FF4},   {0x1FF6, 0x1FFC},
+    {0x2102, 0x2102},   {0x2107, 0x2107},   {0x210A, 0x2113},   {0x2115, 0x2115},
+    {0x2119, 0x211D},   {0x2124, 0x2124},   {0x2126, 0x2126},   {0x2128, 0x2128},
+    {0x212A, 0x212D},   {0x212F, 0x2134},   {0x2139, 0x2139},   {0x213C, 0x213F},
+    {0x2145, 0x2149},   {0x214E, 0x214E},   {0x2183, 0x2184},   {0x2C00, 0x2C7B},
+    {0x2C7E, 0x2CE4},   {0x2CEB, 0x2CEE},   {0x2CF2, 0x2CF3},   {0xA640, 0xA66D},
+    {0xA680, 0xA69B},   {0xA722, 0xA76F},   {0xA771, 0xA787},   {0xA78B, 0xA78E},
+    {0xAB70, 0xABBF},   {0xFB00, 0xFB06},   {0xFB13, 0xFB17},   {0xFF21, 0xFF3A},
+    {0xFF41, 0xFF5A},   {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
+};
+
+/* deepseek-llm's punctuation class [!-/:-~！-／：-～‘-‟　-。] (ASCII
+ * 0x21..0x2F and 0x3A..0x7E: letters are in it too) */
+static const uint32_t deepseek_punct[][2] = {
+    {0x0021, 0x002F}, {0x003A, 0x007E}, {0x2018, 0x201F},
+    {0x3000, 0x3002}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E},
+};
+
+static bool is_deepseek_letter(uint32_t cp, uint8_t cls)
+{
+    return !(cls & C_S) && in_ranges(deepseek_letters, N_ELEMS(deepseek_letters), cp);
+}
+
+static bool is_deepseek_punct(uint32_t cp, uint8_t cls)
+{
+    return !(cls & C_S) && in_ranges(deepseek_punct, N_ELEMS(deepseek_punct), cp);
+}
+
+/* \s?X+ where X is one of the classes above (none of which holds a
+ * space): the space is taken only when X follows it */
+static size_t match_space_then(bool (*is_x)(uint32_t, uint8_t), const uint32_t *cp,
+                               const uint8_t *cls, size_t i, size_t n)
+{
+    size_t j = (cls[i] & C_S) && i + 1 < n && is_x(cp[i + 1], cls[i + 1]) ? i + 1 : i;
+    if (!is_x(cp[j], cls[j]))
+        return i;
+    while (j < n && is_x(cp[j], cls[j]))
+        j++;
+    return j;
+}
+
+static bool is_letter(uint32_t cp, uint8_t cls)
+{
+    (void)cp;
+    return cls & C_L;
+}
+
+static bool is_punct(uint32_t cp, uint8_t cls)
+{
+    (void)cp;
+    return cls & UC_PUNCT;
+}
+
+/* \s+$: the whitespace that ends the piece. A space right after a position
+ * that failed fails too (its run ends in the same place), which keeps a
+ * long run that does not end the piece linear. */
+static size_t match_trailing_space(const uint8_t *cls, size_t from, size_t i, size_t n)
+{
+    if (!(cls[i] & C_S) || (i > from && (cls[i - 1] & C_S)))
+        return i;
+    size_t e = run_of(cls, i, n, C_S);
+    return e == n ? n : i;
+}
+
+size_t tok_match_step(pre_step step, const uint32_t *cp, const uint8_t *cls, size_t from, size_t i,
+                      size_t n)
 {
     switch (step) {
     case STEP_GPT2: return match_gpt2(cp, cls, i, n);
-    case STEP_LLAMA3: return match_llama3(cp, cls, i, n, 3);
-    case STEP_QWEN2: return match_llama3(cp, cls, i, n, 1);
-    case STEP_PUNCT: {
+    case STEP_LLAMA3: return match_llama3(cp, cls, i, n, 3, C_L);
+    case STEP_QWEN2: return match_llama3(cp, cls, i, n, 1, C_L);
+    case STEP_QWEN35: return match_llama3(cp, cls, i, n, 1, C_L | UC_MARK);
+    case STEP_LLAMA3_NUMBERS: return match_llama3(cp, cls, i, n, 0, C_L);
+    case STEP_PUNCT:
+    case STEP_FALCON_PUNCT: {
         size_t e = i;
-        while (e < n && is_default_punct(cp[e], cls[e]))
+        while (e < n && is_default_punct(cp[e], cls[e], step == STEP_FALCON_PUNCT))
             e++;
         return e;
     }
@@ -210,6 +397,18 @@ size_t tok_match_step(pre_step step, const uint32_t *cp, const uint8_t *cls, siz
             cp[i + 2] >= '0' && cp[i + 2] <= '9')
             return i + 3;
         return i;
+    case STEP_LINE_BREAK: return is_newline(cp[i]) ? i + 1 : i;
+    case STEP_SPACE_LETTERS: return match_space_then(is_letter, cp, cls, i, n);
+    case STEP_SPACE_PUNCT: return match_space_then(is_punct, cp, cls, i, n);
+    case STEP_DS_LETTERS: return match_space_then(is_deepseek_letter, cp, cls, i, n);
+    case STEP_DS_PUNCT: return match_space_then(is_deepseek_punct, cp, cls, i, n);
+    case STEP_CJK: {
+        size_t e = i;
+        while (e < n && is_deepseek_cjk(cp[e], cls[e]))
+            e++;
+        return e;
+    }
+    case STEP_TRAILING_SPACE: return match_trailing_space(cls, from, i, n);
     }
     return i;
 }

@@ -6,9 +6,9 @@
  * It follows llama.cpp: its token types (CONTROL is special, USER_DEFINED
  * an added token that is always matched), its pre-tokenizer names
  * (tokenizer.ggml.pre, with llama.cpp's "default" when absent), its
- * defaults for missing keys, added tokens decoding as their text. Where it
- * knowingly differs: the Qwen2 family gets the NFC normalizer its
- * tokenizer.json has (llama.cpp skips it).
+ * defaults for missing keys, added tokens decoding as their text, and no
+ * normalizer (the Qwen2 family's tokenizer.json has NFC, which llama.cpp
+ * skips: a GGUF gives llama.cpp's ids, pinned by tests/test_vocab_gguf.c).
  *
  * It owns nothing past the call: it reads the caller's gguf_file (whose
  * strings it copies) and builds a tokenizer (tok_table.c) that is the
@@ -176,10 +176,10 @@ static int gguf_model(const tok_tokenizer *t, const gguf_file *f, bool *gpt2, ch
 }
 
 /* A "gpt2" vocabulary's pre-tokenizer (tokenizer.ggml.pre, llama.cpp's
- * "default" when absent, as llama.cpp does; its name into pre_name) and
- * merges. */
+ * "default" when absent, as llama.cpp does; its name into pre_name, and
+ * whether llama.cpp adds BOS for it by default into *add_bos) and merges. */
 static int gguf_byte_level(tok_tokenizer *t, const gguf_file *f, char *pre_name,
-                           size_t pre_name_len, char *msg, size_t msg_len)
+                           size_t pre_name_len, bool *add_bos, char *msg, size_t msg_len)
 {
     const char *path = t->source;
     const gguf_kv *pre = gguf_find_kv(f, "tokenizer.ggml.pre");
@@ -199,7 +199,7 @@ static int gguf_byte_level(tok_tokenizer *t, const gguf_file *f, char *pre_name,
         t->steps[i] = known->steps[i];
     t->n_steps = known->n_steps;
     t->ignore_merges = known->ignore_merges;
-    t->nfc = known->nfc;
+    *add_bos = known->add_bos;
     return gguf_merges(t, f, msg, msg_len);
 }
 
@@ -245,7 +245,8 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
     if ((rc = gguf_tokens(t, f, msg, msg_len)))
         return rc;
     char pre_name[80] = "default";
-    rc = gpt2 ? gguf_byte_level(t, f, pre_name, sizeof pre_name, msg, msg_len)
+    bool add_bos = !gpt2; /* llama.cpp's defaults when the key is missing */
+    rc = gpt2 ? gguf_byte_level(t, f, pre_name, sizeof pre_name, &add_bos, msg, msg_len)
               : gguf_sentencepiece(t, f, msg, msg_len);
     if (rc)
         return rc;
@@ -255,7 +256,6 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
         for (size_t i = 0; i < t->n_tokens && t->unk < 0; i++)
             if (t->type[i] == TT_UNKNOWN)
                 t->unk = (int32_t)i;
-    bool add_bos = !gpt2; /* llama.cpp's defaults when the key is missing */
     if ((rc = gguf_token_id(t, f, "tokenizer.ggml.bos_token_id", &t->bos, msg, msg_len)) ||
         (rc = gguf_token_id(t, f, "tokenizer.ggml.eos_token_id", &t->eos, msg, msg_len)) ||
         (rc = gguf_token_id(t, f, "tokenizer.ggml.unknown_token_id", &t->unk, msg, msg_len)) ||

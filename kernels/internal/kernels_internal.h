@@ -58,6 +58,12 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_Q4_K .name = "q4_k", .block_size = 256, .block_bytes = 144, .is_gguf = true
 #define QT_GEOMETRY_Q5_K .name = "q5_k", .block_size = 256, .block_bytes = 176, .is_gguf = true
 #define QT_GEOMETRY_Q6_K .name = "q6_k", .block_size = 256, .block_bytes = 210, .is_gguf = true
+/* the 2- and 3-bit k-quants and the non-linear 4-bit kinds
+ * (qt_quant_math.h has their layouts) */
+#define QT_GEOMETRY_Q2_K   .name = "q2_k", .block_size = 256, .block_bytes = 84, .is_gguf = true
+#define QT_GEOMETRY_Q3_K   .name = "q3_k", .block_size = 256, .block_bytes = 110, .is_gguf = true
+#define QT_GEOMETRY_IQ4_NL .name = "iq4_nl", .block_size = 32, .block_bytes = 18, .is_gguf = true
+#define QT_GEOMETRY_IQ4_XS .name = "iq4_xs", .block_size = 256, .block_bytes = 136, .is_gguf = true
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
 
@@ -87,9 +93,11 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 
-/* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and the k-quants Q4_K, Q5_K, Q6_K,
- * llama.cpp layout (quant_gguf.c). qt_gguf_quantize writes the blocks of
- * 32; qt_gguf_refuse_quantize is the k-quants' row, which refuses. */
+/* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K and
+ * IQ4_NL, IQ4_XS, llama.cpp layout (quant_gguf.c). qt_gguf_quantize
+ * writes the linear blocks of 32; qt_gguf_refuse_quantize is the row of
+ * every kind read in place only (the k-quants, IQ4_NL, IQ4_XS), which
+ * refuses. */
 int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
 int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
@@ -97,6 +105,10 @@ int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t 
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* Bytes per block (of the kind's block_size elements) for a GGUF kind. */
 size_t qt_gguf_block_bytes(qt_kind kind);
+/* Quantizing into Q2_K ... Q6_K: llama.cpp's reference quantizers
+ * (quant_kquant.c, arithmetic in kernels/math/qt_kquant_ref.h). */
+int qt_kquant_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                       const qt_quant_params *p, char *msg, size_t msg_len);
 
 /*
  * The AVX2+FMA entry points of the traits table, one per kind with a fast
@@ -132,6 +144,14 @@ void qt_matmul_q5_k_avx2(const qtensor *t, const float *x, int64_t batch, float 
                          int64_t row1);
 void qt_matmul_q6_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                          int64_t row1);
+void qt_matmul_q2_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_q3_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_iq4_nl_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_iq4_xs_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
 void qt_dequantize_rows_f16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_bf16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_bnb4_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
@@ -144,6 +164,10 @@ void qt_dequantize_rows_q5_1_avx2(const qtensor *t, int64_t row0, int64_t nrows,
 void qt_dequantize_rows_q4_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_q5_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_q6_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q2_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_q3_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_iq4_nl_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_iq4_xs_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* qt_attend's AVX2 path; head dimensions that are not a multiple of 16 take
  * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,

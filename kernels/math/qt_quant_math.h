@@ -37,6 +37,13 @@
  * compress_statistics) runs on the CPU only, also for the CUDA merge: its
  * f32 mean follows torch's cascade summation order and its codes a 64 Ki
  * lookup table; both are static inline host functions at the end.
+ *
+ * One dequantizing section lives here too, for the GGUF types added after
+ * the k-quants of qt_math.h: Q2_K, Q3_K, IQ4_NL and IQ4_XS (block layouts,
+ * codes, sub-block scales and element values, QL_HD under the same rules).
+ * quant_gguf.c, matmul_avx2.c and the CUDA kernels read them from here;
+ * tests/test_gguf.c pins them against gguf-py and, through
+ * check_gguf_kquant_llama_cpp.py, llama.cpp's own dequantize_row_*.
  */
 #ifndef QL_QT_QUANT_MATH_H
 #define QL_QT_QUANT_MATH_H
@@ -379,6 +386,167 @@ QL_HD void qq_q5_1_block(const float *x, uint16_t *d_bits, uint16_t *m_bits, uin
         q[j] = qq_trunc_i8(v + 0.5f);
     }
     qq_q5_pack(q, qh, qs);
+}
+
+/* ---- dequantizing GGUF Q2_K, Q3_K, IQ4_NL, IQ4_XS (llama.cpp) ---------------
+ *
+ * Layouts (ggml-common.h; QK_K = 256, all fields little-endian):
+ *   block_q2_K   { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin; }        84 bytes
+ *   block_q3_K   { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d; }    110 bytes
+ *   block_iq4_nl { f16 d; u8 qs[16]; }                      (32 elems) 18 bytes
+ *   block_iq4_xs { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]; } 136 bytes
+ *
+ * Q2_K: sixteen sub-blocks of 16; scales[s] holds sub-block s's 4-bit
+ * scale (low nibble) and 4-bit minimum (high nibble). In each half of 128
+ * (32 bytes of qs), element 32 * k + l (k 0..3, l 0..31) is bits 2k, 2k + 1
+ * of qs[l]. w = (d * sc) * q - (dmin * m): as dequantize_row_q2_K, d1 =
+ * d * sc and m1 = dmin * m once per sub-block, then qm_k4_value's multiply
+ * and subtraction.
+ * Q3_K: sixteen sub-blocks of 16 with 6-bit scales (stored minus 32) packed
+ * in scales[12]: the low four bits of scale s in the low (s < 8) or high
+ * (s >= 8) nibble of scales[s % 8], its top two bits in bits
+ * 2 * (s / 4), + 1 of scales[8 + s % 4]. Element 32 * k + l of half h
+ * takes bits 2k, 2k + 1 of qs[32 * h + l] and subtracts 4 unless bit
+ * 4 * h + k of hmask[l] is set: a signed code in -4..3. w = (d * sc) * q,
+ * d * sc rounded first (dequantize_row_q3_K's dl).
+ * IQ4_NL: blocks of 32 laid out as Q4_0's (byte j: element j low, j + 16
+ * high), each nibble an index into the 16 non-linear levels below; w =
+ * d * level.
+ * IQ4_XS: eight sub-blocks of 32, each IQ4_NL's nibble layout over its 16
+ * bytes of qs, with a 6-bit scale (stored minus 32): low four bits in
+ * nibble s % 2 of scales_l[s / 2], top two in bits 2s, 2s + 1 of
+ * scales_h. w = (d * sc) * level, d * sc rounded first.
+ */
+#define QM_Q2_K_BYTES   84
+#define QM_Q3_K_BYTES   110
+#define QM_IQ4_NL_QK    32
+#define QM_IQ4_NL_BYTES 18
+#define QM_IQ4_XS_BYTES 136
+
+/* llama.cpp's kvalues_iq4nl: the 16 levels of IQ4_NL and IQ4_XS, an
+ * initializer for a device-side constant table; qm_iq4nl_level is the same
+ * table as a function. */
+#define QM_IQ4NL_LEVELS_INIT                                                                       \
+    {                                                                                              \
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113                   \
+    }
+
+QL_HD int qm_iq4nl_level(int code)
+{
+    const int8_t levels[16] = QM_IQ4NL_LEVELS_INIT;
+    return levels[code & 15];
+}
+
+/* Q2_K: the 2-bit code (0..3) of element j (0..255). */
+QL_HD int qm_q2_k_code(const uint8_t *blk, int j)
+{
+    int half = j / 128, k = (j % 128) / 32, l = j % 32;
+    return (blk[16 + 32 * half + l] >> (2 * k)) & 3;
+}
+
+/* Q2_K sub-block s (0..15): d1 = d * sc and m1 = dmin * m, in f32. */
+QL_HD void qm_q2_k_sub_scales(const uint8_t *blk, int s, float *d1, float *m1)
+{
+    int sc = blk[s];
+    *d1 = qm_f16_le(blk + 80) * (float)(sc & 0xF);
+    *m1 = qm_f16_le(blk + 82) * (float)(sc >> 4);
+}
+
+QL_HD float qm_q2_k_block_value(const uint8_t *blk, int j)
+{
+    float d1, m1;
+    qm_q2_k_sub_scales(blk, j / 16, &d1, &m1);
+    return qm_k4_value(qm_q2_k_code(blk, j), d1, m1);
+}
+
+/* Q3_K: the 6-bit scale of sub-block s (0..15), minus 32 (-32..31). */
+QL_HD int qm_q3_k_scale(const uint8_t *blk, int s)
+{
+    const uint8_t *sc = blk + 96;
+    int lo = s < 8 ? sc[s] & 0xF : sc[s - 8] >> 4;
+    int hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* Q3_K: the signed code (-4..3) of element j (0..255). */
+QL_HD int qm_q3_k_code(const uint8_t *blk, int j)
+{
+    int half = j / 128, k = (j % 128) / 32, l = j % 32;
+    int low = (blk[32 + 32 * half + l] >> (2 * k)) & 3;
+    int high = (blk[l] >> (4 * half + k)) & 1;
+    return low - (high ? 0 : 4);
+}
+
+/* Q3_K sub-block s: d * scale in f32. */
+QL_HD float qm_q3_k_sub_scale(const uint8_t *blk, int s)
+{
+    return qm_f16_le(blk + 108) * (float)qm_q3_k_scale(blk, s);
+}
+
+QL_HD float qm_q3_k_block_value(const uint8_t *blk, int j)
+{
+    return qm_q3_k_sub_scale(blk, j / 16) * (float)qm_q3_k_code(blk, j);
+}
+
+/* IQ4_NL and IQ4_XS: w = d * level, one f32 multiply (d the block's, or
+ * IQ4_XS's sub-block scale). */
+QL_HD float qm_iq4_value(int code, float d)
+{
+    return d * (float)qm_iq4nl_level(code);
+}
+
+/* IQ4_NL: element j (0..31) of one block of 32. */
+QL_HD float qm_iq4_nl_block_value(const uint8_t *blk, int j)
+{
+    return qm_iq4_value(qm_gguf_nibble(blk + 2, j), qm_f16_le(blk));
+}
+
+/* IQ4_XS: the 6-bit scale of sub-block s (0..7), minus 32 (-32..31). */
+QL_HD int qm_iq4_xs_scale(const uint8_t *blk, int s)
+{
+    int lo = (blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;
+    int hi = (((int)blk[2] | ((int)blk[3] << 8)) >> (2 * s)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* IQ4_XS sub-block s: d * scale in f32. */
+QL_HD float qm_iq4_xs_sub_scale(const uint8_t *blk, int s)
+{
+    return qm_f16_le(blk) * (float)qm_iq4_xs_scale(blk, s);
+}
+
+/* IQ4_XS: the 4-bit level index (0..15) of element j (0..255). */
+QL_HD int qm_iq4_xs_code(const uint8_t *blk, int j)
+{
+    return qm_gguf_nibble(blk + 8 + 16 * (j / 32), j % 32);
+}
+
+QL_HD float qm_iq4_xs_block_value(const uint8_t *blk, int j)
+{
+    return qm_iq4_value(qm_iq4_xs_code(blk, j), qm_iq4_xs_sub_scale(blk, j / 32));
+}
+
+/* Element e of a row-major tensor of these blocks (cols a multiple of the
+ * block, so element e is element e % block of block e / block). */
+QL_HD float qm_q2_k_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_q2_k_block_value(blocks + (e / QM_QK_K) * QM_Q2_K_BYTES, (int)(e % QM_QK_K));
+}
+
+QL_HD float qm_q3_k_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_q3_k_block_value(blocks + (e / QM_QK_K) * QM_Q3_K_BYTES, (int)(e % QM_QK_K));
+}
+
+QL_HD float qm_iq4_nl_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_iq4_nl_block_value(blocks + (e / QM_IQ4_NL_QK) * QM_IQ4_NL_BYTES,
+                                 (int)(e % QM_IQ4_NL_QK));
+}
+
+QL_HD float qm_iq4_xs_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_iq4_xs_block_value(blocks + (e / QM_QK_K) * QM_IQ4_XS_BYTES, (int)(e % QM_QK_K));
 }
 
 /* ---- NF4/FP4 double quantization: CPU only ---------------------------------

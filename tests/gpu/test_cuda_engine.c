@@ -18,9 +18,13 @@
  *     CPU's rows, more of them than the device's logits buffer holds,
  *     and its token is never chosen on the device;
  *   - a model with rope frequency factors (a Llama 3.x GGUF's
- *     rope_freqs.weight) steps as on the CPU.
+ *     rope_freqs.weight) steps as on the CPU, and so does Phi-3's longrope
+ *     (the same factors plus the attention factor on cos and sin), on a
+ *     random model and on the converter's q8_0 file of the tiny Phi-3 with
+ *     its PEFT adapter on the fused modules (read from tests/fixtures).
  * The models are built in memory (random weights quantized with
- * qt_quantize into each kind), so nothing is read from disk; with
+ * qt_quantize into each kind), so nothing is read from disk but the tiny
+ * Phi-3 fixture above; with
  * QL_DEFAULT_MODEL set to the default model's GGUF, its greedy
  * continuations of a few prompts must be equal on both backends too.
  *
@@ -732,6 +736,81 @@ static void rope_freq_factors(void)
     eng_model_free(&m);
 }
 
+/* Phi-3's longrope (one factor set in the config's frequency factors, cos
+ * and sin times the attention factor) with a sliding window of 8, on a
+ * random model: the device's rotation tables are the CPU's. */
+static void phi3_longrope(void)
+{
+    model_case mc = {"phi3-q8_0", {.kind = QT_Q8_0}, ENG_ARCH_PHI3, false, false, false, 8};
+    eng_model m;
+    if (make_model(&m, &mc) != QL_OK) {
+        report(false, "steps_match_cpu_phi3_longrope", "could not build the model");
+        return;
+    }
+    m.cfg.rope_scaling = ENG_ROPE_LONGROPE;
+    m.cfg.rope_original_max_position = 16;
+    m.cfg.rope_attn_factor = 1.2247449f; /* sqrt(1 + ln 4 / ln 16) */
+    m.cfg.rope_long_factors = true;
+    m.cfg.n_rope_freq_factors = m.cfg.head_dim / 2;
+    for (int32_t i = 0; i < m.cfg.n_rope_freq_factors; i++)
+        m.cfg.rope_freq_factors[i] = 1.0f + 0.4f * (float)i;
+    scenario("steps_match_cpu_phi3_longrope", &m, NULL, NULL, NULL);
+    eng_model_free(&m);
+}
+
+/* The tiny Phi-3 as llama.cpp's converter wrote it in q8_0
+ * (tests/fixtures/phi3_tiny_q8_0.gguf: its q/k/v and gate/up are views
+ * into the fused tensors of the mapping), with its PEFT adapter on the
+ * fused modules unmerged for A and B: the device steps as the CPU. */
+static void phi3_gguf(void)
+{
+    const char *name = "steps_match_cpu_phi3_gguf_with_fused_adapter";
+    eng_model m;
+    char msg[512];
+    eng_load_opts lo = {.path = QL_FIXTURES "/phi3_tiny_q8_0.gguf"};
+    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
+        report(false, name, "%s", msg);
+        return;
+    }
+    eng_lora *lora = NULL;
+    if (lora_load(&lora, NULL, QL_FIXTURES "/phi3_lora", "phi3-lora", &m, msg, sizeof msg) !=
+        QL_OK) {
+        report(false, name, "%s", msg);
+        eng_model_free(&m);
+        return;
+    }
+    eng_lora_term a[1] = {{lora, 1.0f}}, b[1] = {{lora, 0.5f}};
+    const eng_lora_term *delta[N_SEQS] = {a, b, NULL};
+    int32_t n_delta[N_SEQS] = {1, 1, 0};
+    scenario(name, &m, NULL, delta, n_delta);
+    eng_lora_unref(lora);
+    eng_model_free(&m);
+}
+
+/* Partial rotary (Phi-4-mini's shape, the tiny fixture's 12 of 16 dims)
+ * runs on the CPU backend only: the device refuses it by name. */
+static void phi3_partial_rotary_refused(void)
+{
+    const char *name = "partial_rotary_refused_by_name";
+    eng_model m;
+    char msg[512];
+    eng_load_opts lo = {.path = QL_FIXTURES "/phi3_partial_tiny.gguf"};
+    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
+        report(false, name, "%s", msg);
+        return;
+    }
+    eng_backend_opts o = {.device = ENG_DEVICE_CUDA,
+                          .max_tokens = 16,
+                          .max_seqs = 1,
+                          .kv_bytes = (size_t)1 << 20,
+                          .block_tokens = 16};
+    eng_backend *b = NULL;
+    int rc = eng_backend_new(&b, &m, &o, msg, sizeof msg);
+    report(rc == QL_EUNSUPPORTED && strstr(msg, "partial rotary"), name, "rc %d: %s", rc, msg);
+    eng_backend_free(b);
+    eng_model_free(&m);
+}
+
 /* Unmerged adapters: A applies one at scale 1, B the other at 0.5 then the
  * first at -0.25 (two terms), C none. */
 static void unmerged(void)
@@ -1051,6 +1130,9 @@ int main(void)
     kinds();
     qwen3_norms();
     rope_freq_factors();
+    phi3_longrope();
+    phi3_gguf();
+    phi3_partial_rotary_refused();
     unmerged();
     merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq");
     merged((qt_quant_params){.kind = QT_Q4_1}, "q4_1");

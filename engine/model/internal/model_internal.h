@@ -37,8 +37,10 @@ typedef struct model_loader {
  * linear layer (quantized on load when asked), lm_head (only with
  * --quantize-lm-head), or the embeddings (never quantized on load, but
  * taken as stored when a checkpoint quantized them, as `qlserve quantize`
- * does: a row of any kind dequantizes for the lookup). */
-typedef enum { ROLE_DENSE, ROLE_LINEAR, ROLE_LM_HEAD, ROLE_EMBED } tensor_role;
+ * does: a row of any kind dequantizes for the lookup), or a fused linear
+ * (Phi-3's qkv_proj, gate_up_proj: taken as stored, then split by rows in
+ * layers.c, each part finished as a linear). */
+typedef enum { ROLE_DENSE, ROLE_LINEAR, ROLE_LM_HEAD, ROLE_EMBED, ROLE_FUSED } tensor_role;
 
 /* One format's way to load tensor `name` of shape [rows, cols] (cols == 0:
  * a vector of rows) into *out, checked against that shape. */

@@ -11,13 +11,21 @@
 
 #include "runtime.h"
 
-/* inv_freq[i] for i < head_dim / 2: the rotary frequencies of config c with
- * its rope scaling folded in (every backend rotates with these). */
+/* The leading dims of each head that rotate: rope_dim (partial rotary),
+ * or the whole head. */
+int32_t eng_rope_dims(const eng_config *c);
+/* inv_freq[i] for i < eng_rope_dims(c) / 2: the rotary frequencies of
+ * config c (theta^(-2i / rotary dims)) with its rope scaling folded in
+ * (every backend rotates with these). */
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
+/* What multiplies every cos and sin of config c: longrope's attention
+ * factor, 1 for every other rope. */
+double eng_rope_attention_factor(const eng_config *c);
 /* cos_tab[i], sin_tab[i] for i < half: the rotation of position pos, each
- * angle pos * inv_freq[i] in double, rounded once to f32. */
-void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, float *cos_tab,
-                  float *sin_tab);
+ * angle pos * inv_freq[i] in double, its cos and sin times attn_factor
+ * (eng_rope_attention_factor) in double, rounded once to f32. */
+void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, double attn_factor,
+                  float *cos_tab, float *sin_tab);
 /* What every backend refuses before computing anything, changing nothing
  * (eng_forward's list: token ids, positions past the context, the reserved
  * KV or a gap, versions of another model, adapters of another depth, more

@@ -65,10 +65,11 @@ enum {
 
 /* Class bits; gen_unicode_tables.py writes a static assertion that its
  * numbers are these. */
-#define UC_LETTER 1 /* \p{L} */
-#define UC_NUMBER 2 /* \p{N} */
-#define UC_PUNCT  4 /* \p{P} */
-#define UC_SPACE  8 /* \s (Oniguruma, = White_Space) */
+#define UC_LETTER 1  /* \p{L} */
+#define UC_NUMBER 2  /* \p{N} */
+#define UC_PUNCT  4  /* \p{P} */
+#define UC_SPACE  8  /* \s (Oniguruma, = White_Space) */
+#define UC_MARK   16 /* \p{M} */
 
 typedef struct uc_range {
     uint32_t lo, hi;
@@ -126,9 +127,19 @@ typedef enum pre_step {
     STEP_LLAMA3, /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|... */
     STEP_QWEN2,  /* the same with \p{N} one at a time */
     STEP_PUNCT,  /* [\p{P}\$\+<=>\^~\|]+ (llama.cpp's "default", first) */
-    STEP_NUMBERS,     /* \p{N}+ (Digits without individual_digits; "default", third) */
-    STEP_DIGIT,       /* \p{N} (Digits with individual_digits) */
-    STEP_THREE_DIGITS /* [0-9][0-9][0-9] ("default", fourth) */
+    STEP_NUMBERS,        /* \p{N}+ (Digits without individual_digits; "default", third) */
+    STEP_DIGIT,          /* \p{N} (Digits with individual_digits) */
+    STEP_THREE_DIGITS,   /* [0-9][0-9][0-9] ("default", fourth) */
+    STEP_FALCON_PUNCT,   /* [\p{P}\$\+<=>\^~\|`]+ (falcon, first) */
+    STEP_LINE_BREAK,     /* [\r\n] (deepseek-llm and deepseek-coder, first) */
+    STEP_SPACE_LETTERS,  /* \s?\p{L}+ (deepseek-coder) */
+    STEP_SPACE_PUNCT,    /* \s?\p{P}+ (deepseek-coder) */
+    STEP_CJK,            /* [一-龥ࠀ-一가-퟿]+ (the deepseek family) */
+    STEP_DS_LETTERS,     /* \s?[A-Za-zµÀ-Ö...]+ (deepseek-llm: its cased-letter ranges) */
+    STEP_DS_PUNCT,       /* \s?[!-/:-~！-／：-～‘-‟　-。]+ (deepseek-llm) */
+    STEP_TRAILING_SPACE, /* \s+$ (deepseek-llm) */
+    STEP_QWEN35, /* Qwen2's with [\p{L}\p{M}]+ for \p{L}+ and \p{M} out of the "other" run */
+    STEP_LLAMA3_NUMBERS, /* Llama 3's with \p{N}+ (bloom, poro-chat) */
 } pre_step;
 
 #define TOK_MAX_STEPS 8
@@ -137,19 +148,21 @@ typedef enum pre_step {
  * steps llama.cpp runs for it. */
 typedef struct tok_pre {
     const char *name;
-    pre_step steps[4];
+    pre_step steps[TOK_MAX_STEPS];
     int n_steps;
-    bool ignore_merges; /* llama.cpp sets it for the Llama 3 family only */
-    bool nfc;
+    bool ignore_merges; /* a pre-token that is a whole token is taken as it is */
+    bool add_bos;       /* llama.cpp's default for tokenizer.ggml.add_bos_token */
 } tok_pre;
 
 /*
- * One step's regex tried at code point i of a piece that ends at n (the
- * piece is the whole subject: lookaheads see its end as the end of the
- * text). Returns where the match ends, or i when nothing matches there.
- * cls[] holds the UC_* bits of each code point.
+ * One step's regex tried at code point i of a piece [from, n) (the piece is
+ * the whole subject: lookaheads see its end as the end of the text), after
+ * it was tried, and failed, at every position from `from` to i - 1 that no
+ * match covered. Returns where the match ends, or i when nothing matches
+ * there. cls[] holds the UC_* bits of each code point.
  */
-size_t tok_match_step(pre_step step, const uint32_t *cp, const uint8_t *cls, size_t i, size_t n);
+size_t tok_match_step(pre_step step, const uint32_t *cp, const uint8_t *cls, size_t from, size_t i,
+                      size_t n);
 /* The step whose regex is exactly `regex` (as tokenizer.json spells it,
  * JSON-unescaped) into *step; false when it is none we implement. */
 bool tok_step_for_regex(const char *regex, pre_step *step);

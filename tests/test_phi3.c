@@ -1,0 +1,633 @@
+/*
+ * test_phi3.c - Phi-3 (Phi3ForCausalLM, GGUF phi3) against transformers and
+ * PEFT themselves: the tiny random Phi-3 that
+ * tests/fixtures/make_phi3_reference.py made with transformers (fused
+ * qkv_proj and gate_up_proj, grouped kv heads, longrope with distinct short
+ * and long factors, original context 16 of 64, a sliding window of 20),
+ * loaded from its safetensors folder and from llama.cpp's convert_hf_to_gguf.py
+ * conversions of it (f32, and q8_0, whose fused rows are split in place),
+ * and a PEFT adapter on its fused modules.
+ *
+ * What is pinned:
+ *   - every position of a 32-token prompt equals transformers' float64
+ *     logits within 1e-5 (our pass is float32; the logits are O(1)), from
+ *     the folder and from the f32 GGUF; dropping the attention factor, the
+ *     long factors or the sliding window each moves them past 1e-3, so the
+ *     test sees each;
+ *   - the factor choice (eng_config says why): this model's context (64)
+ *     is past the original (16), so long_factor serves every position, a
+ *     prompt of 10 tokens too, where transformers would take short_factor
+ *     (its PHI3_SHORT_LOGITS differ, ours are the first rows of the long
+ *     ones); the same folder with a context of 16 takes short_factor and
+ *     equals transformers' short-prompt logits;
+ *   - the q8_0 GGUF's q/k/v and gate/up are views into the mapped fused
+ *     tensors and give the float64 reference pass's logits
+ *     (tests/ref_forward.h) over the same dequantized weights;
+ *   - a bitsandbytes 4-bit folder (`qlserve quantize` of the fixture: the
+ *     fused tensors quantized whole) splits on block boundaries: single
+ *     quantized, each part equals quantizing it alone; double quantized,
+ *     each part's values are its rows of the stored fused tensor;
+ *   - partial_rotary_factor 0.75 (Phi-4-mini's: the leading 12 of 16 dims
+ *     rotate) from a folder and its GGUF equals transformers too;
+ *   - the PEFT adapter (r 4 on qkv_proj, o_proj, gate_up_proj, down_proj)
+ *     unmerged and merged gives PEFT's float64 logits within 1e-5, on the
+ *     folder and on the GGUF.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "fixtures/phi3_reference.h"
+#include "lora.h"
+#include "ref_forward.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#ifndef QL_SOURCE_DIR
+#error "QL_SOURCE_DIR must name the source tree"
+#endif
+
+#define FIXTURE(name) QL_SOURCE_DIR "/tests/fixtures/" name
+
+static char dir[512];
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+}
+
+static void teardown(void)
+{
+    test_rmtree(dir);
+}
+
+TestSuite(phi3, .init = setup, .fini = teardown, .timeout = 120);
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert(s && fread(s, 1, (size_t)n, f) == (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    cr_assert(in && out, "cannot copy %s to %s", from, to);
+    char buf[8192];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+}
+
+/* The fixture folder in dir with a tokenizer (the tiny byte-level one: the
+ * test feeds ids) and config.json as given (NULL: the fixture's). */
+static void make_folder(const char *config)
+{
+    char to[1024];
+    snprintf(to, sizeof to, "%s/model.safetensors", dir);
+    copy_file(FIXTURE("phi3_tiny/model.safetensors"), to);
+    snprintf(to, sizeof to, "%s/config.json", dir);
+    if (config)
+        tiny_write_json(to, config);
+    else
+        copy_file(FIXTURE("phi3_tiny/config.json"), to);
+    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
+    tiny_write_tokenizer_json(to);
+}
+
+static void load(eng_model *m, const char *path, const char *quant)
+{
+    char msg[1024];
+    eng_load_opts o = {.path = path, .quant = quant};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* Every position's logits of the first n fixture tokens, in one prefill on
+ * version w (NULL: the model's weights) with the adapter terms applied. */
+static void check_against_reference(const eng_model *m, const char *label);
+
+static float *run_prompt(const eng_model *m, int n, const eng_weights *w,
+                         const eng_lora_term *delta, int32_t n_delta)
+{
+    char msg[1024];
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m->cfg, 4 << 20, 16, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&st, m, 64, msg, sizeof msg), 0, "%s", msg);
+    int32_t ids[PHI3_N_TOKENS];
+    for (int i = 0; i < n; i++)
+        ids[i] = PHI3_TOKENS[i];
+    eng_seq_kv skv = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &skv, n), 0);
+    float *all = malloc((size_t)n * PHI3_VOCAB * sizeof(float));
+    float *last = malloc(PHI3_VOCAB * sizeof(float));
+    eng_step_seq s = {.kv = &skv,
+                      .tokens = ids,
+                      .n_tokens = n,
+                      .all_logits = all,
+                      .weights = w,
+                      .delta = delta,
+                      .n_delta = n_delta};
+    cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
+    free(last);
+    eng_kv_release(kv, &skv);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    return all;
+}
+
+/* The largest |ours - reference| over n positions of [n][PHI3_VOCAB]. */
+static double worst_error(const float *all, const double (*want)[PHI3_VOCAB], int n)
+{
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int v = 0; v < PHI3_VOCAB; v++) {
+            double d = fabs((double)all[(size_t)t * PHI3_VOCAB + v] - want[t][v]);
+            worst = d > worst ? d : worst;
+        }
+    return worst;
+}
+
+/* What transformers' _compute_longrope_parameters makes of factor 64 / 16
+ * and the original context 16. */
+static double expected_attn_factor(void)
+{
+    return sqrt(1.0 + log(64.0 / 16.0) / log(16.0));
+}
+
+/* The config as the fixture's: Phi-3, longrope with the long factors
+ * chosen, the window, the split shapes. */
+static void check_config(const eng_model *m, bool gguf)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_PHI3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "phi3");
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_LONGROPE);
+    cr_assert(c->rope_long_factors);
+    cr_assert_eq(c->rope_original_max_position, 16);
+    cr_assert_eq(c->max_position_embeddings, 64);
+    cr_assert_eq(c->n_rope_freq_factors, 8);
+    for (int i = 0; i < 8; i++)
+        cr_assert_float_eq(c->rope_freq_factors[i], PHI3_LONG_FACTOR[i], 1e-6, "factor %d", i);
+    cr_assert_float_eq(c->rope_attn_factor, expected_attn_factor(), 1e-6);
+    cr_assert_eq(c->sliding_window, 20);
+    cr_assert_not(c->rope_interleaved, "phi3 rows stay as Hugging Face has them");
+    cr_assert_str_eq(m->format, gguf ? "gguf" : "safetensors");
+    const eng_layer *L = &m->layers[1];
+    cr_assert_eq(L->wq.rows, 64);
+    cr_assert_eq(L->wk.rows, 32);
+    cr_assert_eq(L->wv.rows, 32);
+    cr_assert_eq(L->w_gate.rows, 96);
+    cr_assert_eq(L->w_up.rows, 96);
+    cr_assert_eq(L->wq.cols, 64);
+}
+
+Test(phi3, hf_folder_logits_equal_transformers_float64_at_every_position)
+{
+    make_folder(NULL);
+    eng_model m;
+    load(&m, dir, NULL);
+    check_config(&m, false);
+    float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+    double worst = worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS);
+    cr_log_info("phi3 folder: worst logit error %g", worst);
+    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
+    free(all);
+
+    /* the test sees each piece: the attention factor, the long factors,
+     * the sliding window */
+    eng_config keep = m.cfg;
+    m.cfg.rope_attn_factor = 1.0f;
+    all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+    cr_assert_gt(worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS), 1e-3, "no attention factor");
+    free(all);
+    m.cfg = keep;
+    for (int i = 0; i < 8; i++)
+        m.cfg.rope_freq_factors[i] = (float)PHI3_SHORT_FACTOR[i];
+    all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+    cr_assert_gt(worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS), 1e-3, "short factors");
+    free(all);
+    m.cfg = keep;
+    m.cfg.sliding_window = 0;
+    all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+    cr_assert_gt(worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS), 1e-3, "no sliding window");
+    free(all);
+    m.cfg = keep;
+    eng_model_free(&m);
+}
+
+Test(phi3, short_prompt_keeps_the_long_factors_the_context_chose)
+{
+    make_folder(NULL);
+    eng_model m;
+    load(&m, dir, NULL);
+    float *all = run_prompt(&m, PHI3_SHORT_N, NULL, NULL, 0);
+    /* the first rows of the long-factor prefill: the factors the model's
+     * context chose, not the prompt's length */
+    double worst = worst_error(all, PHI3_LOGITS, PHI3_SHORT_N);
+    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
+    /* where transformers, switching on the prompt, takes short_factor */
+    cr_assert_gt(worst_error(all, PHI3_SHORT_LOGITS, PHI3_SHORT_N), 1e-3);
+    free(all);
+    eng_model_free(&m);
+}
+
+/* The fixture's config.json with `from` replaced by `to` (once). */
+static char *config_with(const char *from, const char *to)
+{
+    char *s = read_text(FIXTURE("phi3_tiny/config.json"));
+    char *at = strstr(s, from);
+    cr_assert(at, "config.json has no %s", from);
+    size_t n = strlen(s) - strlen(from) + strlen(to) + 1;
+    char *out = malloc(n);
+    snprintf(out, n, "%.*s%s%s", (int)(at - s), s, to, at + strlen(from));
+    free(s);
+    return out;
+}
+
+Test(phi3, context_within_the_original_takes_short_factors)
+{
+    /* a context of 16 (= the original) with factor 4 given, so transformers'
+     * attention factor is the fixture's: short factors, as transformers
+     * takes them for a prompt within the original context */
+    char *a = config_with("\"max_position_embeddings\": 64", "\"max_position_embeddings\": 16");
+    char *cfg = NULL;
+    {
+        const char *from = "\"rope_type\": \"longrope\",";
+        char *at = strstr(a, from);
+        cr_assert(at);
+        size_t n = strlen(a) + 32;
+        cfg = malloc(n);
+        snprintf(cfg, n, "%.*s%s \"factor\": 4.0,%s", (int)(at - a), a, from, at + strlen(from));
+    }
+    make_folder(cfg);
+    free(a);
+    free(cfg);
+    eng_model m;
+    load(&m, dir, NULL);
+    cr_assert_not(m.cfg.rope_long_factors);
+    cr_assert_float_eq(m.cfg.rope_freq_factors[7], PHI3_SHORT_FACTOR[7], 1e-6);
+    cr_assert_float_eq(m.cfg.rope_attn_factor, expected_attn_factor(), 1e-6);
+    float *all = run_prompt(&m, PHI3_SHORT_N, NULL, NULL, 0);
+    double worst = worst_error(all, PHI3_SHORT_LOGITS, PHI3_SHORT_N);
+    cr_log_info("phi3 short factors: worst logit error %g", worst);
+    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
+    free(all);
+    eng_model_free(&m);
+}
+
+Test(phi3, partial_rotary_folder_and_gguf_equal_transformers_float64)
+{
+    /* Phi-4-mini's shape of rope: partial_rotary_factor 0.75, the leading
+     * 12 of 16 dims rotate (longrope factors of 6), the rest pass through */
+    char to[1024];
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char from[1024];
+        snprintf(from, sizeof from, "%s/%s", FIXTURE("phi3_partial_tiny"), files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        copy_file(from, to);
+    }
+    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
+    tiny_write_tokenizer_json(to);
+    const char *paths[] = {dir, FIXTURE("phi3_partial_tiny.gguf")};
+    for (int i = 0; i < 2; i++) {
+        eng_model m;
+        load(&m, paths[i], NULL);
+        cr_assert_eq(m.cfg.rope_dim, 12, "%s", paths[i]);
+        cr_assert_eq(m.cfg.n_rope_freq_factors, 6);
+        cr_assert_float_eq(m.cfg.rope_freq_factors[5], PHI3_LONG_FACTOR[5], 1e-6);
+        float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+        double worst = worst_error(all, PHI3_PARTIAL_LOGITS, PHI3_N_TOKENS);
+        cr_log_info("phi3 partial rotary (%s): worst logit error %g", m.format, worst);
+        cr_assert_lt(worst, 1e-5, "%s: worst logit error %g", paths[i], worst);
+        free(all);
+        /* the float64 reference pass rotates the same dims */
+        check_against_reference(&m, "phi3 partial rotary");
+        /* rotating whole heads instead is another model */
+        m.cfg.rope_dim = 0;
+        all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+        cr_assert_gt(worst_error(all, PHI3_PARTIAL_LOGITS, PHI3_N_TOKENS), 1e-3);
+        free(all);
+        m.cfg.rope_dim = 12;
+        eng_model_free(&m);
+    }
+}
+
+Test(phi3, bad_partial_rotary_and_factor_lists_are_refused_by_name)
+{
+    char msg[1024];
+    eng_model m;
+    /* 16 * 0.1 leaves one rotary dim: no pair */
+    char *cfg = config_with("\"partial_rotary_factor\": 1.0", "\"partial_rotary_factor\": 0.1");
+    make_folder(cfg);
+    free(cfg);
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), QL_EFORMAT, "%s", msg);
+    cr_assert(strstr(msg, "partial_rotary_factor"), "%s", msg);
+
+    cfg = config_with("13.0\n", "13.0, 20.0\n");
+    make_folder(cfg);
+    free(cfg);
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), QL_EFORMAT, "%s", msg);
+    cr_assert(strstr(msg, "long_factor"), "%s", msg);
+}
+
+Test(phi3, converted_gguf_logits_equal_transformers_float64)
+{
+    eng_model m;
+    load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
+    check_config(&m, true);
+    float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
+    double worst = worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS);
+    cr_log_info("phi3 gguf f32: worst logit error %g", worst);
+    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
+    free(all);
+    eng_model_free(&m);
+}
+
+/* Every position against the float64 reference over the model's own
+ * (dequantized) weights. */
+static void check_against_reference(const eng_model *m, const char *label)
+{
+    ref_model R;
+    ref_load(&R, m);
+    double *want = malloc((size_t)PHI3_N_TOKENS * PHI3_VOCAB * sizeof *want);
+    int32_t ids[PHI3_N_TOKENS];
+    for (int i = 0; i < PHI3_N_TOKENS; i++)
+        ids[i] = PHI3_TOKENS[i];
+    ref_forward(&R, ids, PHI3_N_TOKENS, want);
+    float *all = run_prompt(m, PHI3_N_TOKENS, NULL, NULL, 0);
+    for (int t = 0; t < PHI3_N_TOKENS; t++)
+        assert_logits_close(all + (size_t)t * PHI3_VOCAB, want + (size_t)t * PHI3_VOCAB, PHI3_VOCAB,
+                            label, "logits", t);
+    /* and the reference is transformers' model: the f32 weights' one within
+     * what the quantization moved */
+    free(all);
+    free(want);
+    ref_free(&R);
+}
+
+Test(phi3, q8_0_gguf_splits_fused_rows_in_place)
+{
+    eng_model m;
+    load(&m, FIXTURE("phi3_tiny_q8_0.gguf"), NULL);
+    check_config(&m, true);
+    for (int l = 0; l < 2; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+        const gguf_tensor *qkv = gguf_find_tensor(m.gguf, name);
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l);
+        const gguf_tensor *gate_up = gguf_find_tensor(m.gguf, name);
+        cr_assert(qkv && gate_up);
+        const eng_layer *L = &m.layers[l];
+        size_t row = 64 / 32 * 34; /* two q8_0 blocks of 34 bytes per row of 64 */
+        cr_assert_eq(L->wq.kind, QT_Q8_0);
+        cr_assert(L->wq.data_borrowed && L->wk.data_borrowed && L->w_up.data_borrowed);
+        cr_assert_eq(L->wq.data, qkv->data);
+        cr_assert_eq(L->wk.data, qkv->data + 64 * row);
+        cr_assert_eq(L->wv.data, qkv->data + 96 * row);
+        cr_assert_eq(L->w_gate.data, gate_up->data);
+        cr_assert_eq(L->w_up.data, gate_up->data + 96 * row);
+    }
+    check_against_reference(&m, "phi3 q8_0 gguf");
+    eng_model_free(&m);
+}
+
+Test(phi3, quantized_on_load_each_part_as_its_own_linear)
+{
+    make_folder(NULL);
+    eng_model m;
+    load(&m, dir, "int8");
+    cr_assert_eq(m.layers[0].wk.kind, QT_AFFINE);
+    cr_assert_eq(m.layers[0].wk.rows, 32);
+    cr_assert_eq(m.layers[0].w_up.kind, QT_AFFINE);
+    check_against_reference(&m, "phi3 int8 on load");
+    eng_model_free(&m);
+}
+
+static void assert_same_values(const qtensor *a, const qtensor *b, const char *what)
+{
+    cr_assert_eq(a->rows, b->rows, "%s rows", what);
+    cr_assert_eq(a->cols, b->cols, "%s cols", what);
+    size_t n = (size_t)(a->rows * a->cols);
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    qt_dequantize_rows(a, 0, a->rows, x);
+    qt_dequantize_rows(b, 0, b->rows, y);
+    cr_assert_eq(memcmp(x, y, n * 4), 0, "%s differ", what);
+    free(x);
+    free(y);
+}
+
+/* The fixture's weights as `qlserve quantize` writes them (bitsandbytes
+ * serialization, the fused tensors quantized whole) in a folder whose
+ * config says bitsandbytes 4-bit. */
+static void make_bnb_folder(const char *sub, bool double_quant)
+{
+    char folder[700], out[800], msg[512];
+    snprintf(folder, sizeof folder, "%s/%s", dir, sub);
+    cr_assert_eq(mkdir(folder, 0700), 0);
+    snprintf(out, sizeof out, "%s/model.safetensors", folder);
+    eng_quantize_opts qo = {.in_path = FIXTURE("phi3_tiny/model.safetensors"),
+                            .out_path = out,
+                            .kind = "nf4",
+                            .double_quant = double_quant};
+    cr_assert_eq(eng_quantize_file(&qo, NULL, msg, sizeof msg), 0, "%s", msg);
+    char *cfg = config_with("\"tie_word_embeddings\": false",
+                            "\"tie_word_embeddings\": false, \"quantization_config\": "
+                            "{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                            "\"bnb_4bit_quant_type\": \"nf4\"}");
+    snprintf(out, sizeof out, "%s/config.json", folder);
+    tiny_write_json(out, cfg);
+    free(cfg);
+    snprintf(out, sizeof out, "%s/tokenizer.json", folder);
+    tiny_write_tokenizer_json(out);
+}
+
+Test(phi3, bitsandbytes_4bit_fused_tensors_split_on_block_boundaries)
+{
+    /* single quantization: each part is what quantizing it alone gives
+     * (its rows start on a block of 64), bit for bit */
+    make_bnb_folder("nf4", false);
+    char path[700];
+    snprintf(path, sizeof path, "%s/nf4", dir);
+    eng_model q, want;
+    load(&q, path, NULL);
+    make_folder(NULL);
+    load(&want, dir, "nf4");
+    cr_assert_str_eq(q.format, "bitsandbytes-4bit");
+    for (int l = 0; l < 2; l++) {
+        const eng_layer *a = &q.layers[l], *b = &want.layers[l];
+        cr_assert_eq(a->wk.kind, QT_NF4);
+        assert_same_values(&a->wq, &b->wq, "q");
+        assert_same_values(&a->wk, &b->wk, "k");
+        assert_same_values(&a->wv, &b->wv, "v");
+        assert_same_values(&a->w_gate, &b->w_gate, "gate");
+        assert_same_values(&a->w_up, &b->w_up, "up");
+    }
+    check_against_reference(&q, "phi3 bitsandbytes nf4");
+    eng_model_free(&want);
+    eng_model_free(&q);
+
+    /* double quantization: the parts take the absmax the fused tensor
+     * dequantizes with, so the pass is the fused weights' */
+    make_bnb_folder("nf4-dq", true);
+    snprintf(path, sizeof path, "%s/nf4-dq", dir);
+    load(&q, path, NULL);
+    cr_assert_eq(q.layers[0].wv.kind, QT_NF4);
+    /* each part's values are its rows of the fused tensor as stored */
+    char msg[512];
+    qtensor fused;
+    cr_assert_eq(bnb_read(&q.shards[0], "model.layers.1.self_attn.qkv_proj.weight", &fused, NULL,
+                          msg, sizeof msg),
+                 0, "%s", msg);
+    cr_assert(fused.nested);
+    float *all = malloc(128 * 64 * sizeof *all), *part = malloc(64 * 64 * sizeof *part);
+    qt_dequantize_rows(&fused, 0, 128, all);
+    const qtensor *parts[3] = {&q.layers[1].wq, &q.layers[1].wk, &q.layers[1].wv};
+    for (int k = 0, r0 = 0; k < 3; r0 += (int)parts[k]->rows, k++) {
+        qt_dequantize_rows(parts[k], 0, parts[k]->rows, part);
+        cr_assert_eq(memcmp(part, all + r0 * 64, (size_t)parts[k]->rows * 64 * sizeof *part), 0,
+                     "part %d", k);
+    }
+    free(all);
+    free(part);
+    qt_free(&fused);
+    check_against_reference(&q, "phi3 bitsandbytes nf4-dq");
+    eng_model_free(&q);
+}
+
+/* --- the PEFT adapter on qkv_proj and gate_up_proj ------------------------------ */
+
+static eng_lora *load_adapter(const eng_model *m)
+{
+    char msg[1024];
+    eng_lora *l = NULL;
+    lora_meta meta;
+    cr_assert_eq(lora_load(&l, &meta, FIXTURE("phi3_lora"), "phi3-lora", m, msg, sizeof msg), 0,
+                 "%s", msg);
+    cr_assert_str_eq(meta.targets, "qkv_proj,o_proj,gate_up_proj,down_proj");
+    for (int layer = 0; layer < 2; layer++) {
+        const eng_lora_module *q = eng_lora_module_at(l, layer, ENG_PROJ_Q);
+        const eng_lora_module *k = eng_lora_module_at(l, layer, ENG_PROJ_K);
+        const eng_lora_module *v = eng_lora_module_at(l, layer, ENG_PROJ_V);
+        const eng_lora_module *g = eng_lora_module_at(l, layer, ENG_PROJ_GATE);
+        const eng_lora_module *u = eng_lora_module_at(l, layer, ENG_PROJ_UP);
+        cr_assert(q && k && v && g && u);
+        cr_assert_eq(q->b.rows, 64);
+        cr_assert_eq(k->b.rows, 32);
+        cr_assert_eq(v->b.rows, 32);
+        cr_assert_eq(g->b.rows, 96);
+        cr_assert_eq(u->b.rows, 96);
+        /* A is the fused module's, shared; B's rows follow one another */
+        cr_assert_eq(memcmp(q->a.data, v->a.data, q->a.data_bytes), 0);
+        cr_assert_eq(k->b.data, q->b.data + 64 * 4 * sizeof(float));
+        cr_assert_eq(v->b.data, q->b.data + 96 * 4 * sizeof(float));
+        cr_assert_eq(u->b.data, g->b.data + 96 * 4 * sizeof(float));
+        cr_assert_float_eq(q->scale, 2.0f, 0.0f);
+    }
+    return l;
+}
+
+/* A version with the adapter merged into every projection it targets, as
+ * the registry builds one (through the dispatch). */
+static eng_weights *merged_version(const eng_model *m, eng_lora *lora)
+{
+    char msg[512];
+    eng_weights *w = NULL;
+    cr_assert_eq(eng_weights_new(&w, m, 1, msg, sizeof msg), 0, "%s", msg);
+    lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const eng_lora_module *mod = eng_lora_module_at(lora, l, (eng_proj)p);
+            if (!mod)
+                continue;
+            lora_part part = {lora->name, mod, 1.0f};
+            const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
+            const lora_ops *ops = NULL;
+            cr_assert_eq(lora_dispatch(pristine, &ops, msg, sizeof msg), 0, "%s", msg);
+            qtensor merged;
+            lora_cost cost;
+            cr_assert_eq(
+                ops->merge(pristine, &part, 1, &o, "module", &merged, &cost, msg, sizeof msg), 0,
+                "%s", msg);
+            eng_weights_set(w, l, (eng_proj)p, &merged);
+        }
+    eng_lora_term term = {lora, 1.0f};
+    cr_assert_eq(eng_weights_set_merged(w, &term, 1, msg, sizeof msg), 0);
+    return w;
+}
+
+/* Unmerged, then merged: PEFT's float64 logits at every position. */
+static void check_adapter(const eng_model *m, const char *label)
+{
+    eng_lora *lora = load_adapter(m);
+    eng_lora_term term = {lora, 1.0f};
+    float *all = run_prompt(m, PHI3_N_TOKENS, NULL, &term, 1);
+    double worst = worst_error(all, PHI3_LORA_LOGITS, PHI3_N_TOKENS);
+    cr_log_info("%s unmerged: worst logit error %g", label, worst);
+    cr_assert_lt(worst, 1e-5, "%s unmerged: worst logit error %g", label, worst);
+    free(all);
+    eng_weights *w = merged_version(m, lora);
+    all = run_prompt(m, PHI3_N_TOKENS, w, NULL, 0);
+    worst = worst_error(all, PHI3_LORA_LOGITS, PHI3_N_TOKENS);
+    cr_log_info("%s merged: worst logit error %g", label, worst);
+    cr_assert_lt(worst, 1e-5, "%s merged: worst logit error %g", label, worst);
+    free(all);
+    eng_weights_unref(w);
+    eng_lora_unref(lora);
+}
+
+Test(phi3, peft_adapter_on_fused_modules_equals_peft_float64)
+{
+    make_folder(NULL);
+    eng_model m;
+    load(&m, dir, NULL);
+    check_adapter(&m, "phi3 folder + adapter");
+    eng_model_free(&m);
+}
+
+Test(phi3, peft_adapter_on_the_converted_gguf_equals_peft_float64)
+{
+    eng_model m;
+    load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
+    check_adapter(&m, "phi3 gguf + adapter");
+    eng_model_free(&m);
+}
+
+Test(phi3, adapter_naming_llama_modules_is_refused_with_phi3_names)
+{
+    /* a Phi-3 model has no q_proj: PEFT could not have trained one */
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    copy_file(FIXTURE("phi3_lora/adapter_model.safetensors"), path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    tiny_write_json(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
+                          "\"target_modules\": [\"q_proj\", \"v_proj\"]}");
+    eng_model m;
+    load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
+    eng_lora *l = NULL;
+    cr_assert_eq(lora_load(&l, NULL, dir, "wrong", &m, msg, sizeof msg), QL_EINVAL, "%s", msg);
+    cr_assert_null(l);
+    cr_assert(strstr(msg, "model.layers.0.self_attn.qkv_proj"), "%s", msg);
+    eng_model_free(&m);
+}
