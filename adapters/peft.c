@@ -63,9 +63,11 @@
  * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
  * name; save_pretrained strips it). Any other key is refused by name.
  *
- * It offers lora_load (lora.h). The eng_lora it builds owns the mapped
- * adapter_model.safetensors (A and B borrow from it, through
- * st_tensor_qtensor), the copies it had to make (a misaligned tensor, a
+ * It offers lora_load (lora.h). The eng_lora it builds owns
+ * adapter_model.safetensors read into memory at load (st_open_copy: A and
+ * B borrow from that copy, through st_tensor_qtensor, so rewriting or
+ * truncating the file on disk changes nothing that serves), the copies it
+ * had to make (a misaligned tensor, a
  * llama GGUF's permuted B) and the folder's chat templates, released by its
  * destroy. It reads the model
  * (shapes, rope layout, name) and never writes it.
@@ -90,7 +92,7 @@
 
 typedef struct peft_lora {
     eng_lora lora; /* first: the engine holds an eng_lora * to this */
-    st_file file;  /* the mapped adapter_model.safetensors */
+    st_file file;  /* adapter_model.safetensors, read into memory */
 } peft_lora;
 
 static void peft_destroy(eng_lora *l)
@@ -1193,7 +1195,10 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
                            dir);
         goto done;
     }
-    rc = st_open(&pl->file, weights_path, msg, msg_len);
+    /* read, not mapped: the file may be rewritten on disk while the adapter
+     * serves (a trainer saving into the same folder), and a mapping would
+     * then change under running requests or fault */
+    rc = st_open_copy(&pl->file, weights_path, msg, msg_len);
     if (rc != QL_OK)
         goto done;
     eng_lora *l = &pl->lora;
@@ -1214,7 +1219,7 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
                                             msg_len);
     if (rc != QL_OK)
         goto done;
-    /* the whole mapping stays while the adapter lives, plus what was copied */
+    /* the whole file's copy stays while the adapter lives, plus what was copied */
     l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules +
                (l->chat_template ? strlen(l->chat_template) : 0) +
                (l->chat_template_tool_use ? strlen(l->chat_template_tool_use) : 0);

@@ -968,3 +968,31 @@ Test(lora_load, peft_adapters_give_the_logits_peft_computes, .timeout = 60)
     st_close(&ref);
     eng_model_free(&m);
 }
+
+/* A trainer saving into the folder of a loaded adapter rewrites (or first
+ * truncates) adapter_model.safetensors: the loaded adapter keeps the
+ * values it was loaded with, and reading them never faults (a mapping of
+ * a truncated file raises SIGBUS on the next read of a lost page). */
+Test(lora_load, rewriting_the_file_of_a_loaded_adapter_changes_nothing_loaded)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    lora_fix_spec s = lora_fix_default();
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    eng_lora *l = lora_ok(NULL, adapter_dir, "a", &m);
+    char path[700];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
+    cr_assert_eq(truncate(path, 0), 0);
+    for (int32_t layer = 0; layer < 2; layer++)
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            assert_module_values(l, &s, &m, layer, (eng_proj)p);
+    /* and saved again with other values */
+    lora_fix_spec other = s;
+    other.seed = s.seed + 1;
+    lora_fix_write(adapter_dir, &m.cfg, &other);
+    for (int32_t layer = 0; layer < 2; layer++)
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            assert_module_values(l, &s, &m, layer, (eng_proj)p);
+    eng_lora_unref(l);
+    eng_model_free(&m);
+}
