@@ -996,3 +996,34 @@ Test(lora_load, rewriting_the_file_of_a_loaded_adapter_changes_nothing_loaded)
     eng_lora_unref(l);
     eng_model_free(&m);
 }
+
+/* Counted repeats nested in a target_modules pattern would make glibc's
+ * regcomp expand them without bound (this one grew past 6 GiB in 20 s):
+ * refused by name before compiling, while a modest count still works. */
+Test(lora_load, target_modules_with_explosive_counted_repeats_are_refused, .timeout = 10)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    lora_fix_spec s = lora_fix_default();
+    s.projs = BIT(ENG_PROJ_Q);
+    s.target_modules = "\"(((((a{1,100}){1,100}){1,100}){1,100}))\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "counted repeats");
+    /* a pattern longer than any real one */
+    char *long_pattern = malloc(6000);
+    cr_assert(long_pattern);
+    long_pattern[0] = '"';
+    memset(long_pattern + 1, 'a', 5000);
+    strcpy(long_pattern + 5001, "\"");
+    s.target_modules = long_pattern;
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "4096");
+    free(long_pattern);
+    /* a count that stays small is still a regular expression */
+    s.target_modules = "\"model\\\\.layers\\\\.[0-9]{1,3}\\\\.self_attn\\\\.q_proj\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    eng_lora *l = lora_ok(NULL, adapter_dir, NULL, &m);
+    cr_assert_eq(loaded_mask(l, 0), BIT(ENG_PROJ_Q));
+    eng_lora_unref(l);
+    eng_model_free(&m);
+}
