@@ -63,9 +63,11 @@
  * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
  * name; save_pretrained strips it). Any other key is refused by name.
  *
- * It offers lora_load (lora.h). The eng_lora it builds owns the mapped
- * adapter_model.safetensors (A and B borrow from it, through
- * st_tensor_qtensor), the copies it had to make (a misaligned tensor, a
+ * It offers lora_load (lora.h). The eng_lora it builds owns
+ * adapter_model.safetensors read into memory at load (st_open_copy: A and
+ * B borrow from that copy, through st_tensor_qtensor, so rewriting or
+ * truncating the file on disk changes nothing that serves), the copies it
+ * had to make (a misaligned tensor, a
  * llama GGUF's permuted B) and the folder's chat templates, released by its
  * destroy. It reads the model
  * (shapes, rope layout, name) and never writes it.
@@ -90,7 +92,7 @@
 
 typedef struct peft_lora {
     eng_lora lora; /* first: the engine holds an eng_lora * to this */
-    st_file file;  /* the mapped adapter_model.safetensors */
+    st_file file;  /* adapter_model.safetensors, read into memory */
 } peft_lora;
 
 static void peft_destroy(eng_lora *l)
@@ -218,8 +220,39 @@ static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, 
 
 /* Python pattern py into POSIX ERE text appended to out; -1 with why set for
  * a construct POSIX cannot express. */
+/* glibc's regcomp expands counted repeats into copies of their operand, so
+ * nested counts multiply ("((a{1,100}){1,100}){1,100}" is a million
+ * copies, gigabytes): the pattern's counts may multiply to at most this
+ * (counted as if every one were nested in the others), and the pattern be
+ * at most PATTERN_MAX_BYTES long. PEFT's own patterns hold no counts. */
+#define PATTERN_MAX_REPEATS 1000
+#define PATTERN_MAX_BYTES   4096
+
+/* The largest count of the {m}, {m,} or {m,n} at py (its '{'), or -1 when
+ * it is not one (then regcomp says so). */
+static long repeat_bound(const char *py)
+{
+    char *end;
+    long lo = strtol(py + 1, &end, 10);
+    if (end == py + 1 || lo < 0)
+        return -1;
+    if (*end == '}')
+        return lo;
+    if (*end != ',')
+        return -1;
+    if (end[1] == '}')
+        return lo;
+    long hi = strtol(end + 1, &end, 10);
+    return *end == '}' && hi >= lo ? hi : -1;
+}
+
 static int translate_regex(const char *py, strbuf *out, char *why, size_t why_len)
 {
+    if (strlen(py) > PATTERN_MAX_BYTES)
+        return snprintf(why, why_len, "the pattern is %zu bytes long, over the %d allowed",
+                        strlen(py), PATTERN_MAX_BYTES),
+               -1;
+    double copies = 1;
     for (size_t i = 0; py[i]; i++) {
         char c = py[i];
         if (c == '\\') {
@@ -262,6 +295,14 @@ static int translate_regex(const char *py, strbuf *out, char *why, size_t why_le
             continue;
         }
         if (c == '{') { /* a bounded quantifier: copied to its '}' */
+            long bound = repeat_bound(py + i);
+            copies *= bound > 1 ? (double)bound : 1.0;
+            if (copies > PATTERN_MAX_REPEATS)
+                return snprintf(why, why_len,
+                                "its counted repeats ({m,n}) multiply past %d copies, which "
+                                "regcomp would expand without bound; at '%.20s'",
+                                PATTERN_MAX_REPEATS, py + i),
+                       -1;
             size_t k = i;
             while (py[k] && py[k] != '}')
                 k++;
@@ -405,8 +446,8 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     if (cJSON_IsString(v)) {
         char why[160];
         if (compile_regex(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
-            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s \"%s\": %s", c->path, field,
-                           v->valuestring, why);
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s \"%.80s%s\": %s", c->path, field,
+                           v->valuestring, strlen(v->valuestring) > 80 ? "..." : "", why);
         out->is_regex = true;
         return QL_OK;
     }
@@ -455,8 +496,8 @@ static int read_pattern_map(const adapter_config *c, const cJSON *root, const ch
                            integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
         char why[160];
         if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why, sizeof why) != 0)
-            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s key \"%s\": %s", c->path, field,
-                           e->string, why);
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s key \"%.80s%s\": %s", c->path, field,
+                           e->string, strlen(e->string) > 80 ? "..." : "", why);
         out->keys[out->n] = e->string;
         out->values[out->n] = x;
         out->n++;
@@ -600,7 +641,7 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
             if (!cJSON_IsString(e) ||
                 compile_regex(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(", e->valuestring,
                               ")\\.[0-9]+\\.", why, sizeof why) != 0)
-                return ql_fail(msg, msg_len, QL_EINVAL, "%s: layers_pattern %s: %s", c->path,
+                return ql_fail(msg, msg_len, QL_EINVAL, "%s: layers_pattern %.80s: %s", c->path,
                                cJSON_IsString(e) ? e->valuestring : "entry",
                                cJSON_IsString(e) ? why : "is not a string");
             c->n_layers_pattern++;
@@ -1193,7 +1234,10 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
                            dir);
         goto done;
     }
-    rc = st_open(&pl->file, weights_path, msg, msg_len);
+    /* read, not mapped: the file may be rewritten on disk while the adapter
+     * serves (a trainer saving into the same folder), and a mapping would
+     * then change under running requests or fault */
+    rc = st_open_copy(&pl->file, weights_path, msg, msg_len);
     if (rc != QL_OK)
         goto done;
     eng_lora *l = &pl->lora;
@@ -1214,7 +1258,7 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
                                             msg_len);
     if (rc != QL_OK)
         goto done;
-    /* the whole mapping stays while the adapter lives, plus what was copied */
+    /* the whole file's copy stays while the adapter lives, plus what was copied */
     l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules +
                (l->chat_template ? strlen(l->chat_template) : 0) +
                (l->chat_template_tool_use ? strlen(l->chat_template_tool_use) : 0);

@@ -17,6 +17,22 @@
  * closed, since its framing can no longer be trusted. A reader too slow to
  * take its stream (more than 8 MiB waiting) is cut off.
  *
+ * Memory per connection is bounded whatever the client sends: reading
+ * stops while more than PENDING_MAX bytes wait behind the request being
+ * answered (a pipelining client waits; TCP pushes back), and pipelined
+ * requests are not answered while more than WRITE_HIGH bytes of earlier
+ * answers are still in the server (a client that pipelines and never reads
+ * holds a few answers, not thousands); both resume as the backlog drains
+ * below WRITE_LOW. Pipelined requests are answered one per connection per
+ * turn of the loop (PASS_REQUESTS, s->resume), so a client pipelining
+ * thousands of requests cannot hold the loop from the others. An ended
+ * connection keeps counting (s->n_closing, in max_connections and
+ * qlserve_connections) until its socket is freed, and one whose last bytes
+ * are not taken within request_timeout_ms is closed regardless, so its
+ * memory comes back and a drain always ends. Bytes that start no request
+ * (bare CRLF) do not restart the keep-alive timer, and trailers of a
+ * chunked body never stand in for request headers.
+ *
  * Offers srv_http_settings, srv_conn_feed and srv_conn_release_detached
  * (the fuzz seam in server.h) and, to the other server files, the
  * listener, the sink connection (srv_conn_init_sink), the responses
@@ -37,6 +53,19 @@
 
 /* what a stream may leave unread before the client counts as gone */
 #define SLOW_READER_BYTES ((size_t)8 << 20)
+/* the bounds above: pipelined bytes kept unparsed, and the write backlog
+ * past which pipelined requests wait (until it falls under WRITE_LOW) */
+#define PENDING_MAX ((size_t)256 << 10)
+#define WRITE_HIGH  ((size_t)256 << 10)
+#define WRITE_LOW   ((size_t)64 << 10)
+/* pipelined requests answered in one pass over a connection's bytes (one:
+ * a connection's next request waits for the loop's next turn, so many
+ * pipelining connections take turns and a new request is never behind
+ * more than one answer per connection) */
+#define PASS_REQUESTS 1
+
+static void on_backlog_drained(srv_conn *c);
+static void unqueue_resume(srv_conn *c);
 
 static const char *status_text(int status)
 {
@@ -67,14 +96,22 @@ static const char *status_text(int status)
 typedef struct write_req {
     uv_write_t req;
     char *data;
+    size_t len;
 } write_req;
 
 static void on_written(uv_write_t *req, int status)
 {
-    (void)status; /* a failed write shows up as a read error or EOF */
     write_req *w = (write_req *)req;
+    srv_conn *c = req->handle->data;
+    c->out_bytes -= w->len;
     free(w->data);
     free(w);
+    if (status == UV_ECANCELED || c->closing)
+        return; /* the socket is being closed */
+    if (status < 0)
+        srv_conn_abort(c); /* the client has gone (reading may be paused, so say it here) */
+    else if (c->write_blocked)
+        on_backlog_drained(c);
 }
 
 static void send_bytes(srv_conn *c, const char *data, size_t len)
@@ -95,17 +132,24 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
     }
     memcpy(copy, data, len);
     w->data = copy;
+    w->len = len;
     uv_buf_t buf = uv_buf_init(copy, (unsigned)len);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
         free(copy);
         free(w);
         srv_conn_abort(c);
+        return;
     }
+    c->out_bytes += len;
 }
 
+/* Bytes written whose write has not completed: queued in libuv, or handed
+ * to the kernel but not yet called back (a write the socket takes at once
+ * still holds its copy until the loop's next turn), so what an answer
+ * costs the server until the loop has freed it. */
 size_t srv_conn_backlog(const srv_conn *c)
 {
-    return c->sink ? 0 : uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+    return c->sink ? 0 : c->out_bytes;
 }
 
 /* --- the connection's life ----------------------------------------------------- */
@@ -120,6 +164,7 @@ static void request_reset(srv_conn *c)
     c->hwant = 0;
     c->header_bytes = 0;
     c->reading = false;
+    c->headers_done = false;
 }
 
 static void on_closed(uv_handle_t *h)
@@ -128,6 +173,8 @@ static void on_closed(uv_handle_t *h)
     /* the timer closes first, then the socket: free after the last */
     if (h != (uv_handle_t *)&c->tcp)
         return;
+    if (c->counted_closing)
+        c->s->n_closing--;
     request_reset(c);
     free(c->pending);
     free(c);
@@ -144,14 +191,21 @@ static void on_timer_closed(uv_handle_t *h)
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
-static void linger_end(srv_conn *c)
+/* Close the timer, then the socket (which cancels unsent writes), once. */
+static void close_handles(srv_conn *c)
 {
-    if (c->linger_done)
+    if (c->handles_closing)
         return;
+    c->handles_closing = true;
     c->linger_done = true;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+static void linger_end(srv_conn *c)
+{
+    close_handles(c);
 }
 
 static void linger_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
@@ -177,13 +231,20 @@ static void linger_over(uv_timer_t *t)
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
     srv_conn *c = req->data;
+    if (c->handles_closing)
+        return; /* forced (close_overdue): the close cancelled the shutdown */
     if (status == 0 && c->refused &&
         uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, linger_read) == 0) {
         uv_timer_start(&c->timer, linger_over, LINGER_MS, 0);
         return;
     }
-    c->linger_done = true;
-    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+    close_handles(c);
+}
+
+/* The client has not taken its last bytes in time: close regardless. */
+static void close_overdue(uv_timer_t *t)
+{
+    close_handles(t->data);
 }
 
 /* Take c off the server's books; close it once its bytes are out (flush)
@@ -204,11 +265,16 @@ static void conn_end(srv_conn *c, bool flush)
     if (c->next)
         c->next->prev = c->prev;
     s->n_conns--;
+    s->n_closing++;
+    unqueue_resume(c);
+    c->counted_closing = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->timer);
     c->shutdown.data = c;
     if (!flush || uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
-        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+        close_handles(c);
+    else
+        uv_timer_start(&c->timer, close_overdue, (uint64_t)s->cfg->request_timeout_ms, 0);
     s->hooks->check_drained(s);
 }
 
@@ -347,6 +413,8 @@ static int on_header_field_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     c->hwant = H_NONE;
+    if (c->headers_done)
+        return 0; /* a trailer: read past, never kept as a header */
     for (int h = H_AUTHORIZATION; h <= H_CORS_HEADERS && !c->hfield_long; h++) {
         if (strcasecmp(c->hfield, kept_headers[h]) == 0) {
             size_t cap;
@@ -410,6 +478,7 @@ static int on_headers_complete(llhttp_t *p)
      * request on the connection (curl --http2 sends Upgrade: h2c) would get
      * a 400 */
     p->upgrade = 0;
+    c->headers_done = true;
     /* refuse a declared body over the limit before reading any of it */
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
@@ -459,6 +528,25 @@ void srv_http_settings(llhttp_settings_t *st)
     st->on_message_complete = on_message_complete;
 }
 
+static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf);
+
+/* Read while c can take more: pipelined bytes under PENDING_MAX and no
+ * write backlog holding its requests back. A paused client's bytes wait in
+ * its kernel buffers, and TCP stops it from sending more. */
+static void update_reading(srv_conn *c)
+{
+    if (c->sink || c->closing)
+        return;
+    bool want = c->pending_len < PENDING_MAX && !c->write_blocked;
+    if (want && c->read_paused) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read) == 0)
+            c->read_paused = false;
+    } else if (!want && !c->read_paused) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->read_paused = true;
+    }
+}
+
 /* Keep data[0, len) for after the current response. */
 static void keep_pending(srv_conn *c, const char *data, size_t len)
 {
@@ -476,24 +564,88 @@ static void keep_pending(srv_conn *c, const char *data, size_t len)
     }
     memmove(c->pending + c->pending_len, data, len);
     c->pending_len += len;
+    update_reading(c);
 }
 
-/* Parse data; route each completed request; keep what follows a request
- * that is still being answered. */
+static void resume_pending(srv_conn *c);
+
+/* Each queued connection answers its next few pipelined requests. */
+static void on_resume(uv_idle_t *h)
+{
+    srv_server *s = h->data;
+    srv_conn *c = s->resume_head;
+    s->resume_head = s->resume_tail = NULL;
+    uv_idle_stop(&s->resume);
+    while (c) {
+        srv_conn *next = c->resume_next;
+        c->resume_next = NULL;
+        c->resume_queued = false;
+        resume_pending(c); /* may queue c again, at the tail */
+        c = next;
+    }
+}
+
+/* Answer c's pipelined requests on the loop's next turn. */
+static void queue_resume(srv_conn *c)
+{
+    srv_server *s = c->s;
+    if (c->resume_queued)
+        return;
+    c->resume_queued = true;
+    if (s->resume_tail)
+        s->resume_tail->resume_next = c;
+    else
+        s->resume_head = c;
+    s->resume_tail = c;
+    uv_idle_start(&s->resume, on_resume);
+}
+
+/* Take an ending c out of the queue. */
+static void unqueue_resume(srv_conn *c)
+{
+    srv_server *s = c->s;
+    if (!c->resume_queued)
+        return;
+    srv_conn *prev = NULL;
+    for (srv_conn *q = s->resume_head; q; prev = q, q = q->resume_next) {
+        if (q != c)
+            continue;
+        if (prev)
+            prev->resume_next = c->resume_next;
+        else
+            s->resume_head = c->resume_next;
+        if (s->resume_tail == c)
+            s->resume_tail = prev;
+        break;
+    }
+    c->resume_queued = false;
+    c->resume_next = NULL;
+}
+
+/* Parse data; route each completed request, up to PASS_REQUESTS of them
+ * (a sink's: all); keep what follows a request that is still being
+ * answered, or that waits for the loop's next turn. */
 static void parse(srv_conn *c, const char *data, size_t len)
 {
+    int routed = 0;
     while (len > 0 && !c->closing) {
-        if (c->busy) {
+        if (c->busy || c->write_blocked || c->resume_queued) {
             keep_pending(c, data, len);
+            return;
+        }
+        if (routed == PASS_REQUESTS && !c->sink) {
+            keep_pending(c, data, len);
+            queue_resume(c);
             return;
         }
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
         if (err == HPE_OK) {
             /* the request timer runs from the request's first byte
              * (on_message_begin): more of it does not restart it, or a
-             * client trickling bytes would never time out */
-            if (!c->reading)
-                arm_timer(c);
+             * client trickling bytes would never time out; and bytes that
+             * begin no request (CRLF between requests) leave the keep-alive
+             * timer as it was, or a client could hold the connection
+             * forever with one CRLF a minute */
             return;
         }
         if (err == HPE_PAUSED) {
@@ -503,6 +655,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
             arm_timer(c);
             data += used;
             len -= used;
+            routed++;
             c->s->hooks->on_request(c); /* may end the response at once, and clear busy */
             continue;
         }
@@ -525,6 +678,21 @@ void srv_conn_feed(srv_conn *c, const char *data, size_t len)
     parse(c, data, len);
 }
 
+/* Parse what was pipelined while c was busy, and read again. */
+static void resume_pending(srv_conn *c)
+{
+    if (c->pending_len && !c->resume_queued) {
+        /* parse moves the pipelined bytes; take them out first */
+        char *p = c->pending;
+        size_t n = c->pending_len;
+        c->pending = NULL;
+        c->pending_len = c->pending_cap = 0;
+        parse(c, p, n);
+        free(p);
+    }
+    update_reading(c);
+}
+
 /* The response ended: close, or go on with what was pipelined behind it. */
 static void response_done(srv_conn *c, bool keep_alive)
 {
@@ -536,15 +704,25 @@ static void response_done(srv_conn *c, bool keep_alive)
         return;
     }
     arm_timer(c);
-    if (c->pending_len) {
-        /* parse moves the pipelined bytes; take them out first */
-        char *p = c->pending;
-        size_t n = c->pending_len;
-        c->pending = NULL;
-        c->pending_len = c->pending_cap = 0;
-        parse(c, p, n);
-        free(p);
+    if (srv_conn_backlog(c) > WRITE_HIGH) {
+        /* the client is not reading its answers: its next requests wait */
+        c->write_blocked = true;
+        update_reading(c);
+        return;
     }
+    resume_pending(c);
+}
+
+/* The write backlog fell (on_written): go on when it is under WRITE_LOW. */
+static void on_backlog_drained(srv_conn *c)
+{
+    if (srv_conn_backlog(c) > WRITE_LOW)
+        return;
+    c->write_blocked = false;
+    if (c->busy)
+        update_reading(c);
+    else
+        resume_pending(c);
 }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -613,7 +791,7 @@ static void on_connection(uv_stream_t *server, int status)
         s->conns->prev = c;
     s->conns = c;
     s->n_conns++;
-    if (s->n_conns > s->cfg->max_connections || s->draining) {
+    if (s->n_conns + s->n_closing > s->cfg->max_connections || s->draining) {
         srv_respond_error(c, 503, "overloaded",
                           s->draining ? "the server is shutting down"
                                       : "too many connections; try again later",

@@ -123,8 +123,18 @@ static void put_server(text *t, const srv_server *s)
     put(t, "qlserve_unmerges_total %llu\n", (unsigned long long)m->unmerges);
     metric(t, "qlserve_merge_failures_total", "counter", "merges or unmerges refused");
     put(t, "qlserve_merge_failures_total %llu\n", (unsigned long long)m->merge_failures);
-    metric(t, "qlserve_connections", "gauge", "open HTTP connections");
-    put(t, "qlserve_connections %d\n", s->n_conns);
+    metric(t, "qlserve_connections", "gauge", "open HTTP connections, closing ones included");
+    put(t, "qlserve_connections %d\n", s->n_conns + s->n_closing);
+    metric(t, "qlserve_connections_closing", "gauge",
+           "connections ended whose last bytes are still going out");
+    put(t, "qlserve_connections_closing %d\n", s->n_closing);
+    size_t buffered = 0;
+    for (const srv_conn *c = s->conns; c; c = c->next)
+        buffered += c->pending_len + srv_conn_backlog(c);
+    metric(t, "qlserve_connection_buffered_bytes", "gauge",
+           "bytes held for open connections: pipelined input not yet parsed, output not yet "
+           "taken by the client");
+    put(t, "qlserve_connection_buffered_bytes %zu\n", buffered);
 }
 
 /* The engine's gauges, from its stats snapshot. */

@@ -55,7 +55,8 @@ static void check_drained(srv_server *s)
         uv_close((uv_handle_t *)&s->listener, NULL);
     }
     uv_handle_t *own[] = {(uv_handle_t *)&s->wake, (uv_handle_t *)&s->grace,
-                          (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint};
+                          (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint,
+                          (uv_handle_t *)&s->resume};
     for (size_t i = 0; i < sizeof own / sizeof *own; i++)
         if (!uv_is_closing(own[i]))
             uv_close(own[i], NULL);
@@ -204,6 +205,8 @@ int srv_serve(const cfg_serve *cfg)
     s->wake.data = s;
     uv_timer_init(s->loop, &s->grace);
     s->grace.data = s;
+    uv_idle_init(s->loop, &s->resume);
+    s->resume.data = s;
     uv_signal_init(s->loop, &s->sigterm);
     uv_signal_init(s->loop, &s->sigint);
     s->sigterm.data = s->sigint.data = s;

@@ -114,8 +114,18 @@ struct srv_conn {
     size_t pending_len, pending_cap;
     bool busy; /* a request is being answered */
     bool closing;
-    bool refused;     /* the request was refused while being read (413, 431) */
-    bool linger_done; /* the lingering close after a refusal has ended */
+    bool refused;      /* the request was refused while being read (413, 431) */
+    bool linger_done;  /* the lingering close after a refusal has ended */
+    bool headers_done; /* the request's headers are in: what follows are trailers */
+    /* reading stops while pending holds too much or the write backlog is
+     * too large; write_blocked: pipelined requests wait for the backlog */
+    bool read_paused, write_blocked;
+    size_t out_bytes; /* written, not yet completed (srv_conn_backlog) */
+    /* pipelined requests left for the loop's next turn (s->resume_head) */
+    bool resume_queued;
+    srv_conn *resume_next;
+    bool handles_closing; /* the timer and socket are being closed */
+    bool counted_closing; /* off the list, in s->n_closing until freed */
     uv_shutdown_t shutdown;
     bool loopback;         /* the peer is 127.0.0.0/8 or ::1 (a detached one: set by its user) */
     bool reading;          /* a request has started arriving */
@@ -156,6 +166,14 @@ struct srv_server {
     llhttp_settings_t http_settings;
     srv_conn *conns;
     int32_t n_conns;
+    /* connections ended but not yet freed (flushing their last bytes, or
+     * lingering): they still hold a socket, so max_connections counts them */
+    int32_t n_closing;
+    /* connections with pipelined requests to answer on the loop's next
+     * turn: one pass answers a few per connection, so a client pipelining
+     * thousands of requests cannot hold the loop (http.c) */
+    uv_idle_t resume;
+    srv_conn *resume_head, *resume_tail;
     uint64_t next_serial;
     /* the model, once loaded (serving true) */
     bool serving;

@@ -968,3 +968,62 @@ Test(lora_load, peft_adapters_give_the_logits_peft_computes, .timeout = 60)
     st_close(&ref);
     eng_model_free(&m);
 }
+
+/* A trainer saving into the folder of a loaded adapter rewrites (or first
+ * truncates) adapter_model.safetensors: the loaded adapter keeps the
+ * values it was loaded with, and reading them never faults (a mapping of
+ * a truncated file raises SIGBUS on the next read of a lost page). */
+Test(lora_load, rewriting_the_file_of_a_loaded_adapter_changes_nothing_loaded)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    lora_fix_spec s = lora_fix_default();
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    eng_lora *l = lora_ok(NULL, adapter_dir, "a", &m);
+    char path[700];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
+    cr_assert_eq(truncate(path, 0), 0);
+    for (int32_t layer = 0; layer < 2; layer++)
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            assert_module_values(l, &s, &m, layer, (eng_proj)p);
+    /* and saved again with other values */
+    lora_fix_spec other = s;
+    other.seed = s.seed + 1;
+    lora_fix_write(adapter_dir, &m.cfg, &other);
+    for (int32_t layer = 0; layer < 2; layer++)
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            assert_module_values(l, &s, &m, layer, (eng_proj)p);
+    eng_lora_unref(l);
+    eng_model_free(&m);
+}
+
+/* Counted repeats nested in a target_modules pattern would make glibc's
+ * regcomp expand them without bound (this one grew past 6 GiB in 20 s):
+ * refused by name before compiling, while a modest count still works. */
+Test(lora_load, target_modules_with_explosive_counted_repeats_are_refused, .timeout = 10)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    lora_fix_spec s = lora_fix_default();
+    s.projs = BIT(ENG_PROJ_Q);
+    s.target_modules = "\"(((((a{1,100}){1,100}){1,100}){1,100}))\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "counted repeats");
+    /* a pattern longer than any real one */
+    char *long_pattern = malloc(6000);
+    cr_assert(long_pattern);
+    long_pattern[0] = '"';
+    memset(long_pattern + 1, 'a', 5000);
+    strcpy(long_pattern + 5001, "\"");
+    s.target_modules = long_pattern;
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "4096");
+    free(long_pattern);
+    /* a count that stays small is still a regular expression */
+    s.target_modules = "\"model\\\\.layers\\\\.[0-9]{1,3}\\\\.self_attn\\\\.q_proj\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    eng_lora *l = lora_ok(NULL, adapter_dir, NULL, &m);
+    cr_assert_eq(loaded_mask(l, 0), BIT(ENG_PROJ_Q));
+    eng_lora_unref(l);
+    eng_model_free(&m);
+}

@@ -721,3 +721,59 @@ Test(tokenizer, byte_level_encoding_round_trips_any_valid_text)
         unload(t, &g);
     }
 }
+
+/* Append cp as UTF-8 (2 bytes: U+0080..U+07FF only). */
+static size_t put_2byte(char *at, uint32_t cp)
+{
+    at[0] = (char)(0xC0 | (cp >> 6));
+    at[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+}
+
+/* NFC's canonical ordering on hostile input: "a" then 30000 U+0301
+ * (class 230) then 30000 U+0316 (class 220) is one run of 60000
+ * non-starters to reorder. It must take linear time (an insertion sort
+ * took seconds, a 1 MiB body minutes), and give what NFC gives: the same
+ * ids as the text already in canonical order, "á" (a + the first U+0301
+ * composed) + 30000 U+0316 + 29999 U+0301. */
+Test(tokenizer, nfc_orders_a_long_run_of_marks_in_linear_time)
+{
+    char path[1024], cfg[1024], msg[512];
+    snprintf(path, sizeof path, "%s/tokenizers/qwen2/tokenizer.json", QL_FIXTURES);
+    snprintf(cfg, sizeof cfg, "%s/tokenizers/qwen2/tokenizer_config.json", QL_FIXTURES);
+    tok_tokenizer *t;
+    cr_assert_eq(tok_from_hf(&t, path, cfg, msg, sizeof msg), QL_OK, "%s", msg);
+    enum { N = 30000 };
+    char *hostile = malloc(1 + 4 * N), *canonical = malloc(2 + 4 * N);
+    cr_assert(hostile && canonical);
+    size_t h = 0, c = 0;
+    hostile[h++] = 'a';
+    for (int i = 0; i < N; i++)
+        h += put_2byte(hostile + h, 0x301);
+    for (int i = 0; i < N; i++)
+        h += put_2byte(hostile + h, 0x316);
+    c += put_2byte(canonical + c, 0xE1); /* á */
+    for (int i = 0; i < N; i++)
+        c += put_2byte(canonical + c, 0x316);
+    for (int i = 0; i < N - 1; i++)
+        c += put_2byte(canonical + c, 0x301);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int32_t *a, *b;
+    size_t na, nb;
+    cr_assert_eq(tok_encode(t, hostile, h, false, false, &a, &na, msg, sizeof msg), QL_OK, "%s",
+                 msg);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    cr_assert_eq(tok_encode(t, canonical, c, false, false, &b, &nb, msg, sizeof msg), QL_OK, "%s",
+                 msg);
+    cr_assert_eq(na, nb, "%zu ids, canonical order gives %zu", na, nb);
+    cr_assert_eq(memcmp(a, b, na * sizeof *a), 0, "the ids differ from canonical order's");
+    cr_log_info("NFC of 60000 marks on one letter: %.3f s", s);
+    cr_assert_lt(s, 1.0, "encoding took %.2f s", s);
+    free(a);
+    free(b);
+    free(hostile);
+    free(canonical);
+    tok_free(t);
+}

@@ -138,6 +138,7 @@ typedef struct st_file {
     char *path;
     uint8_t *map; /* the whole file, read-only */
     size_t map_len;
+    bool owned;         /* map is a copy in memory (st_open_copy), not a mapping */
     st_tensor *tensors; /* in the order of their data offsets */
     size_t n_tensors;
     char **meta_keys; /* __metadata__, string to string */
@@ -153,6 +154,12 @@ typedef struct st_file {
  * and no duplicate names. On error nothing is left open.
  */
 int st_open(st_file *f, const char *path, char *msg, size_t msg_len);
+/* The same, reading the whole file into memory the caller then owns
+ * through f instead of mapping it: what is read stays as it was read
+ * whatever later happens to the file on disk (rewritten, truncated), where
+ * a mapping would change under its user or fault (SIGBUS). For small
+ * files a server keeps while it runs (an adapter's weights). */
+int st_open_copy(st_file *f, const char *path, char *msg, size_t msg_len);
 void st_close(st_file *f);
 /* The tensor called name, or NULL. Borrowed; lives until st_close. */
 const st_tensor *st_find(const st_file *f, const char *name);

@@ -198,6 +198,8 @@ static int parse_header(st_file *f, const char *json, size_t json_len, char *msg
     return QL_OK;
 }
 
+static int open_bytes(st_file *f, const char *path, char *msg, size_t msg_len);
+
 int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
 {
     memset(f, 0, sizeof *f);
@@ -209,6 +211,38 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
         st_close(f);
         return rc;
     }
+    return open_bytes(f, path, msg, msg_len);
+}
+
+int st_open_copy(st_file *f, const char *path, char *msg, size_t msg_len)
+{
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
+    char *bytes;
+    size_t len;
+    int rc = mf_read_file(path, SIZE_MAX / 2, &bytes, &len, msg, msg_len);
+    if (rc != QL_OK) {
+        st_close(f);
+        return rc;
+    }
+    f->map = (uint8_t *)bytes;
+    f->map_len = len;
+    f->owned = true;
+    if (len < 8) {
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                     "%s: %zu bytes is too short for a safetensors header (truncated?)", path, len);
+        st_close(f);
+        return rc;
+    }
+    return open_bytes(f, path, msg, msg_len);
+}
+
+/* Validate f's bytes (f->map, mapped or read) and parse the header. */
+static int open_bytes(st_file *f, const char *path, char *msg, size_t msg_len)
+{
+    int rc = QL_OK;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | f->map[i];
@@ -232,7 +266,9 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
 
 void st_close(st_file *f)
 {
-    if (f->map)
+    if (f->map && f->owned)
+        free(f->map);
+    else if (f->map)
         munmap(f->map, f->map_len);
     for (size_t i = 0; i < f->n_tensors; i++)
         free(f->tensors[i].name);

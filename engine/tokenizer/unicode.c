@@ -17,6 +17,9 @@
 
 #include "ql_base.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* --- UTF-8 and Unicode classes ------------------------------------------- */
 
 size_t tok_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
@@ -154,6 +157,40 @@ static bool decompose(uint32_t cp, cp_buf *out)
     return decompose(d[1], out) && (d[2] == 0 || decompose(d[2], out));
 }
 
+/* Canonical ordering of one run of non-starters v[0, k): a stable sort by
+ * combining class. Short runs (what text has) by insertion; long ones
+ * (what a hostile client sends: thousands of marks on one letter) by a
+ * counting sort over the 255 classes, so a run costs O(k), never O(k^2). */
+static bool order_run(uint32_t *v, size_t k)
+{
+    if (k <= 32) {
+        for (size_t i = 1; i < k; i++) {
+            uint32_t x = v[i];
+            uint8_t c = uc_ccc(x);
+            size_t j = i;
+            while (j > 0 && uc_ccc(v[j - 1]) > c) {
+                v[j] = v[j - 1];
+                j--;
+            }
+            v[j] = x;
+        }
+        return true;
+    }
+    uint32_t *tmp = malloc(k * sizeof *tmp);
+    if (!tmp)
+        return false;
+    size_t at[257] = {0};
+    for (size_t i = 0; i < k; i++)
+        at[uc_ccc(v[i]) + 1]++;
+    for (int c = 1; c < 257; c++)
+        at[c] += at[c - 1];
+    for (size_t i = 0; i < k; i++)
+        tmp[at[uc_ccc(v[i])]++] = v[i];
+    memcpy(v, tmp, k * sizeof *tmp);
+    free(tmp);
+    return true;
+}
+
 /* NFC: canonical decomposition, canonical ordering, canonical composition
  * (UAX #15, composition as its sample code does it). */
 bool uc_nfc(const uint32_t *in, size_t n, cp_buf *out)
@@ -163,18 +200,17 @@ bool uc_nfc(const uint32_t *in, size_t n, cp_buf *out)
         if (!decompose(in[i], out))
             return false;
     uint32_t *v = out->v;
-    /* a stable sort of each run of non-starters by combining class */
-    for (size_t i = 1; i < out->n; i++) {
-        uint8_t c = uc_ccc(v[i]);
-        if (c == 0)
+    for (size_t i = 0; i < out->n;) {
+        if (uc_ccc(v[i]) == 0) {
+            i++;
             continue;
-        uint32_t x = v[i];
-        size_t j = i;
-        while (j > 0 && uc_ccc(v[j - 1]) > c) {
-            v[j] = v[j - 1];
-            j--;
         }
-        v[j] = x;
+        size_t end = i + 1;
+        while (end < out->n && uc_ccc(v[end]) != 0)
+            end++;
+        if (!order_run(v + i, end - i))
+            return false;
+        i = end;
     }
     if (out->n == 0)
         return true;

@@ -1,0 +1,348 @@
+/*
+ * test_server_hostile.c - clients that try to exhaust the server's memory
+ * or hold its connections, over loopback against the real binary on the
+ * tiny model (tests/tiny_model.h): each is bounded, /health answers
+ * quickly meanwhile, and the server serves and drains cleanly after.
+ *
+ * What is measured: the server's resident memory (/proc/PID/status VmRSS)
+ * before and during, how many bytes a client manages to hand the server,
+ * and the gauges qlserve_connections, qlserve_connections_closing and
+ * qlserve_connection_buffered_bytes. The bounds asserted are loose beside
+ * http.c's (256 KiB of pipelined input and 1 MiB of unread output per
+ * connection) and tight beside what an unbounded server takes (hundreds
+ * of MiB in these same tests).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "http_client.h"
+#include "server_process.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+static char dir[512], model_dir[600], log_path[600];
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
+    snprintf(log_path, sizeof log_path, "%s/server.log", dir);
+    cr_assert_eq(mkdir(model_dir, 0700), 0);
+    tiny_spec spec = tiny_default();
+    tiny_write_hf(model_dir, &spec);
+}
+
+static void teardown(void)
+{
+    if (sp.pid > 0)
+        sp_stop_cleanly();
+    test_rmtree(dir);
+}
+
+TestSuite(server_hostile, .init = setup, .fini = teardown, .timeout = 120);
+
+/* Serve the tiny model with short timeouts and `extra` flags (NULL-ended). */
+static void start(const char *const *extra)
+{
+    const char *argv[32] = {QL_BINARY,
+                            "serve",
+                            "--model",
+                            model_dir,
+                            "--port",
+                            "0",
+                            "--threads",
+                            "2",
+                            "--kv-mib",
+                            "16",
+                            "--keepalive-timeout-ms",
+                            "1500",
+                            "--request-timeout-ms",
+                            "1500"};
+    size_t n = 14;
+    for (size_t i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    sp_spawn(argv, log_path);
+    sp_wait_ready();
+}
+
+static long rss_kib(void)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)sp.pid);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* GET /health on a new connection: 200, and how long it took. */
+static double health_ms(void)
+{
+    double t0 = now_ms();
+    hc_response r;
+    cr_assert(hc_request(sp.port, "GET", "/health", NULL, NULL, &r));
+    cr_assert_eq(r.status, 200);
+    hc_response_free(&r);
+    return now_ms() - t0;
+}
+
+/* A gauge's value from GET /metrics. */
+static double gauge(const char *name)
+{
+    hc_response r;
+    cr_assert(hc_request(sp.port, "GET", "/metrics", NULL, NULL, &r));
+    cr_assert_eq(r.status, 200);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = strstr(r.body, key);
+    cr_assert(at, "no %s in /metrics", name);
+    double v = atof(at + strlen(key));
+    hc_response_free(&r);
+    return v;
+}
+
+/* Wait up to ms for gauge name to reach want (a scrape counts itself once). */
+static bool gauge_reaches(const char *name, double want, int ms)
+{
+    for (int waited = 0; waited <= ms; waited += 50) {
+        if (gauge(name) == want)
+            return true;
+        test_sleep_ms(50);
+    }
+    return false;
+}
+
+/* Send as much of data as the socket takes without blocking, for up to
+ * ms; the bytes the server (and the kernel's buffers) took. */
+static size_t push(int fd, const char *data, size_t len, int ms)
+{
+    int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    size_t sent = 0;
+    double end = now_ms() + ms;
+    while (sent < len && now_ms() < end) {
+        ssize_t n = send(fd, data + sent, len - sent, MSG_NOSIGNAL);
+        if (n > 0)
+            sent += (size_t)n;
+        else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            break;
+        else
+            test_sleep_ms(2);
+    }
+    fcntl(fd, F_SETFL, fl);
+    return sent;
+}
+
+#define PIPELINERS 20
+#define PIPELINED  2000
+
+/* 20 sockets each pipeline 2000 GET /metrics and never read: unbounded,
+ * the answers pile up in the server (about 250 MiB); bounded, each holds
+ * at most about one MiB of unread answers and the rest wait unparsed. */
+Test(server_hostile, pipelining_without_reading_holds_a_bounded_backlog)
+{
+    start(NULL);
+    long before = rss_kib();
+    const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t len = strlen(one);
+    char *burst = malloc(len * PIPELINED);
+    cr_assert(burst);
+    for (int i = 0; i < PIPELINED; i++)
+        memcpy(burst + (size_t)i * len, one, len);
+    int fds[PIPELINERS];
+    for (int i = 0; i < PIPELINERS; i++) {
+        fds[i] = hc_connect_fd(sp.port);
+        cr_assert_geq(fds[i], 0);
+        push(fds[i], burst, len * PIPELINED, 200);
+    }
+    test_sleep_ms(500); /* the server answers what it will */
+    double worst = 0;
+    for (int i = 0; i < 5; i++) {
+        double ms = health_ms();
+        worst = ms > worst ? ms : worst;
+    }
+    long during = rss_kib();
+    double buffered = gauge("qlserve_connection_buffered_bytes");
+    cr_log_info("20 pipelining sockets: RSS +%ld KiB, buffered %.0f bytes, /health worst %.1f ms",
+                during - before, buffered, worst);
+    cr_assert_lt(buffered, PIPELINERS * 2.0 * (1 << 20), "%.0f bytes held for 20 connections",
+                 buffered);
+    cr_assert_lt(during - before, 80 * 1024, "RSS grew by %ld KiB", during - before);
+    cr_assert_lt(worst, 50.0, "/health took %.1f ms", worst);
+    for (int i = 0; i < PIPELINERS; i++)
+        close(fds[i]);
+    cr_assert(gauge_reaches("qlserve_connections", 1, 5000), "connections: %.0f",
+              gauge("qlserve_connections"));
+    free(burst);
+}
+
+/* A client that never reads, on a connection the server then closes (the
+ * keep-alive timer): its unread answers keep the socket from finishing
+ * its close, and the server must close it anyway within the request
+ * timeout, counting it until then, so memory comes back and SIGTERM's
+ * drain (the teardown) ends. */
+Test(server_hostile, a_close_whose_output_is_never_read_is_forced)
+{
+    start(NULL);
+    const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t len = strlen(one);
+    char *burst = malloc(len * PIPELINED);
+    cr_assert(burst);
+    for (int i = 0; i < PIPELINED; i++)
+        memcpy(burst + (size_t)i * len, one, len);
+    int fd = hc_connect_fd(sp.port);
+    cr_assert_geq(fd, 0);
+    push(fd, burst, len * PIPELINED, 200);
+    test_sleep_ms(300);
+    /* it is open, and counted, while it holds answers */
+    cr_assert_geq(gauge("qlserve_connections"), 2);
+    /* keep-alive 1.5 s, then 1.5 s to take the last bytes, then forced */
+    cr_assert(gauge_reaches("qlserve_connections", 1, 6000), "connections: %.0f",
+              gauge("qlserve_connections"));
+    cr_assert_eq(gauge("qlserve_connections_closing"), 0);
+    close(fd);
+    free(burst);
+}
+
+/* The same client left open when SIGTERM comes: the drain still ends. */
+Test(server_hostile, drain_ends_while_a_client_never_reads)
+{
+    start((const char *[]){"--grace-ms", "500", NULL});
+    const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t len = strlen(one);
+    char *burst = malloc(len * PIPELINED);
+    cr_assert(burst);
+    for (int i = 0; i < PIPELINED; i++)
+        memcpy(burst + (size_t)i * len, one, len);
+    int fd = hc_connect_fd(sp.port);
+    cr_assert_geq(fd, 0);
+    push(fd, burst, len * PIPELINED, 200);
+    test_sleep_ms(300);
+    double t0 = now_ms();
+    sp_stop_cleanly();
+    cr_log_info("drained in %.0f ms with a client that never reads", now_ms() - t0);
+    cr_assert_lt(now_ms() - t0, 10000);
+    close(fd);
+    free(burst);
+}
+
+/* A client that keeps sending while its request is answered, and never
+ * reads: the server stops reading after a bounded amount (pipelined input
+ * while the request runs, unread answers after), so the client's sends
+ * block once the kernel's buffers are full. */
+Test(server_hostile, input_behind_a_running_request_is_not_buffered_without_limit)
+{
+    start(NULL);
+    long before = rss_kib();
+    int fd = hc_connect_fd(sp.port);
+    cr_assert_geq(fd, 0);
+    const char *body = "{\"prompt\": \"a\", \"max_tokens\": 4000, \"ignore_eos\": true}";
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    cr_assert_eq(push(fd, head, (size_t)n, 1000), (size_t)n);
+    /* valid requests, so that when the running one ends the server goes
+     * on answering them, and the bound of unread answers holds it back */
+    const char *one = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t one_len = strlen(one), flood_len = ((size_t)64 << 20) / one_len * one_len;
+    char *flood = malloc(flood_len);
+    cr_assert(flood);
+    for (size_t at = 0; at < flood_len; at += one_len)
+        memcpy(flood + at, one, one_len);
+    size_t taken = push(fd, flood, flood_len, 1500);
+    long during = rss_kib();
+    double ms = health_ms();
+    cr_log_info("flood behind a running request: %zu bytes taken, RSS +%ld KiB, /health %.1f ms",
+                taken, during - before, ms);
+    cr_assert_lt(taken, (size_t)24 << 20, "the server took %zu bytes", taken);
+    cr_assert_lt(during - before, 24 * 1024, "RSS grew by %ld KiB", during - before);
+    cr_assert_lt(ms, 50.0);
+    close(fd);
+    free(flood);
+    cr_assert(gauge_reaches("qlserve_connections", 1, 5000));
+}
+
+/* CRLF between requests is allowed (RFC 9112 2.2), but it begins no
+ * request, so it must not keep an idle connection open past the
+ * keep-alive timeout. */
+Test(server_hostile, bare_crlf_does_not_keep_a_connection_alive)
+{
+    start(NULL);
+    hc_conn c;
+    cr_assert(hc_open(&c, sp.port));
+    double t0 = now_ms();
+    bool closed = false;
+    while (now_ms() - t0 < 5000 && !closed) {
+        if (send(c.fd, "\r\n", 2, MSG_NOSIGNAL) != 2)
+            closed = true;
+        test_sleep_ms(200);
+        char b;
+        ssize_t r = recv(c.fd, &b, 1, MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            closed = true;
+    }
+    cr_assert(closed, "a connection sending CRLF every 200 ms was still open after 5 s");
+    cr_assert_lt(now_ms() - t0, 3000, "closed after %.0f ms; keep-alive is 1500", now_ms() - t0);
+    hc_close(&c);
+}
+
+/* A chunked body's trailers are not headers: an Authorization trailer
+ * neither grants nor replaces the header's key. */
+Test(server_hostile, a_trailer_never_stands_in_for_a_header)
+{
+    char key_path[700];
+    snprintf(key_path, sizeof key_path, "%s/key", dir);
+    FILE *f = fopen(key_path, "w");
+    cr_assert(f);
+    fputs("sekrit\n", f);
+    fclose(f);
+    start((const char *[]){"--api-key-file", key_path, NULL});
+    const char *body = "{\"prompt\": \"a\", \"max_tokens\": 1}";
+    char req[1024];
+    /* the key only in a trailer: refused */
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\nAuthorization: Bearer "
+             "sekrit\r\n\r\n",
+             strlen(body), body);
+    hc_conn c;
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_str(&c, req));
+    hc_response r;
+    cr_assert(hc_read_response(&c, &r));
+    cr_assert_eq(r.status, 401, "a trailer's key was taken: %d %s", r.status, r.body);
+    hc_response_free(&r);
+    /* the key in the header and a wrong one in a trailer: the header stands */
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
+             "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n"
+             "0\r\nAuthorization: Bearer wrong\r\n\r\n",
+             strlen(body), body);
+    cr_assert(hc_send_str(&c, req));
+    cr_assert(hc_read_response(&c, &r));
+    cr_assert_eq(r.status, 200, "a trailer replaced the header's key: %d %s", r.status, r.body);
+    hc_response_free(&r);
+    hc_close(&c);
+}
