@@ -30,17 +30,7 @@
 #error "QL_SOURCE_DIR must name the source tree"
 #endif
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    cr_assert(in && out, "cannot copy %s to %s", from, to);
-    char buf[8192];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        cr_assert_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-}
+#define copy_file(from, to) cr_assert(test_copy_file(from, to), "cannot copy %s to %s", from, to)
 
 /* Fixture folder `name` with a tokenizer (the tiny byte-level one: the
  * test feeds ids, so any 260-token vocabulary does) in dir. */

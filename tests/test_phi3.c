@@ -83,17 +83,7 @@ static char *read_text(const char *path)
     return s;
 }
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    cr_assert(in && out, "cannot copy %s to %s", from, to);
-    char buf[8192];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        cr_assert_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-}
+#define copy_file(from, to) cr_assert(test_copy_file(from, to), "cannot copy %s to %s", from, to)
 
 /* The fixture folder in dir with a tokenizer (the tiny byte-level one: the
  * test feeds ids) and config.json as given (NULL: the fixture's). */

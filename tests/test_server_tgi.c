@@ -53,16 +53,7 @@ TestSuite(tgi, .init = setup, .fini = teardown, .timeout = 300);
 
 /* --- the server process (as test_server.c runs it) ------------------------------- */
 
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    cr_assert(in && out, "cannot copy %s to %s", from, to);
-    char buf[8192];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, in)) > 0;)
-        cr_assert_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-}
+#define copy_file(from, to) cr_assert(test_copy_file(from, to), "cannot copy %s to %s", from, to)
 
 /* Start the binary on a tiny model; tokenizer names a fixture tokenizer
  * (tests/fixtures/tokenizers/<name>/) to serve with, NULL: the tiny

@@ -56,6 +56,23 @@ static inline void test_tmpdir(char *buf, size_t len)
         buf[0] = 0;
 }
 
+/* Copy the file `from` to `to`; false when either cannot be opened or a
+ * read or write fails (tests assert it: cr_assert(test_copy_file(...))). */
+static inline bool test_copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    bool ok = in && out;
+    char buf[8192];
+    for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;)
+        ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        ok = false;
+    return ok;
+}
+
 static inline void test_rmtree(const char *dir)
 {
     char cmd[1200];
