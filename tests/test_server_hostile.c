@@ -27,6 +27,23 @@
 #include "test_util.h"
 #include "tiny_model.h"
 
+/* A sanitizer build's server is several times slower, and AddressSanitizer
+ * holds freed memory in its quarantine (up to 256 MiB), so its RSS says
+ * nothing about what the server keeps: there /health gets a wider bound
+ * and RSS is logged, not asserted (the buffered-bytes gauge and the bytes
+ * a client manages to send still are). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+#define HEALTH_MS (SANITIZED ? 250.0 : 50.0)
+
 static char dir[512], model_dir[600], log_path[600];
 
 static void setup(void)
@@ -187,8 +204,8 @@ Test(server_hostile, pipelining_without_reading_holds_a_bounded_backlog)
                 during - before, buffered, worst);
     cr_assert_lt(buffered, PIPELINERS * 2.0 * (1 << 20), "%.0f bytes held for 20 connections",
                  buffered);
-    cr_assert_lt(during - before, 80 * 1024, "RSS grew by %ld KiB", during - before);
-    cr_assert_lt(worst, 50.0, "/health took %.1f ms", worst);
+    cr_assert(SANITIZED || during - before < 80 * 1024, "RSS grew by %ld KiB", during - before);
+    cr_assert_lt(worst, HEALTH_MS, "/health took %.1f ms", worst);
     for (int i = 0; i < PIPELINERS; i++)
         close(fds[i]);
     cr_assert(gauge_reaches("qlserve_connections", 1, 5000), "connections: %.0f",
@@ -277,8 +294,8 @@ Test(server_hostile, input_behind_a_running_request_is_not_buffered_without_limi
     cr_log_info("flood behind a running request: %zu bytes taken, RSS +%ld KiB, /health %.1f ms",
                 taken, during - before, ms);
     cr_assert_lt(taken, (size_t)24 << 20, "the server took %zu bytes", taken);
-    cr_assert_lt(during - before, 24 * 1024, "RSS grew by %ld KiB", during - before);
-    cr_assert_lt(ms, 50.0);
+    cr_assert(SANITIZED || during - before < 24 * 1024, "RSS grew by %ld KiB", during - before);
+    cr_assert_lt(ms, HEALTH_MS, "/health took %.1f ms", ms);
     close(fd);
     free(flood);
     cr_assert(gauge_reaches("qlserve_connections", 1, 5000));
