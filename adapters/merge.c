@@ -37,8 +37,10 @@
  *                   search each sub-block's scale and minimum afresh; that
  *                   search is not idempotent, so even a zero delta may move
  *                   some codes (relative_error +INFINITY, see below).
- *   IQ4_NL IQ4_XS   refused into their own kind by name (no requantizer
- *                   yet); "into" int8 or bf16 merges them as any kind.
+ *   IQ4_NL IQ4_XS   the same kind (blocks of 32; IQ4_XS's super-blocks of
+ *                   256), requantized by llama.cpp's quantize_row_iq4_nl_ref
+ *                   / _iq4_xs_ref, whose scale search is not idempotent
+ *                   either.
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -196,18 +198,16 @@ static int kquant_params(const qtensor *w, qt_quant_params *p, char *msg, size_t
     return QL_OK;
 }
 
-/* IQ4_NL and IQ4_XS have no requantizer yet (llama.cpp's quantize_row_
- * iq4_nl_ref searches each block's scale over its non-linear levels;
- * qt_quantize refuses them): a merge into the weight's own kind is refused
- * by name, and "into" int8 or bf16 takes into_params as for every kind. */
+/* IQ4_NL and IQ4_XS requantize into their own kind through llama.cpp's
+ * reference quantizers (kernels/quant_kquant.c: quantize_row_iq4_nl_ref
+ * and _iq4_xs_ref, byte for byte), as the k-quants do; the weight's columns
+ * are whole blocks of the kind already. */
 static int iq4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    (void)p;
     if (w->kind != QT_IQ4_NL && w->kind != QT_IQ4_XS)
         return wrong_family(w, "GGUF IQ4", msg, msg_len);
-    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "merging into %s is not supported yet; use into: int8 or bf16",
-                   qt_kind_name(w->kind));
+    p->kind = w->kind;
+    return QL_OK;
 }
 
 /* The wider kinds a merge may store into instead of the weight's own. */

@@ -173,7 +173,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
     [QT_IQ4_NL] =
         {
             QT_GEOMETRY_IQ4_NL,
-            .quantize = qt_gguf_refuse_quantize,
+            .quantize = qt_kquant_quantize,
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_iq4_nl_avx2,
@@ -182,7 +182,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
     [QT_IQ4_XS] =
         {
             QT_GEOMETRY_IQ4_XS,
-            .quantize = qt_gguf_refuse_quantize,
+            .quantize = qt_kquant_quantize,
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_iq4_xs_avx2,

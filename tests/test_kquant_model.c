@@ -21,10 +21,9 @@
  * stops there and says so (it has not happened on these files).
  *
  * Then a PEFT adapter on all seven projections of every layer is merged
- * into the Q4_K_M, Q5_K_M, Q6_K, Q3_K_M and Q2_K files' own kinds (q2_K
- * ... q6_K, q4_0, q5_0, q5_1, q8_0: each requantized with llama.cpp's
- * reference quantizer for its kind; the IQ4_XS file's iq4 kinds have
- * none, so it is not merged into): the
+ * into the Q4_K_M, Q5_K_M, Q6_K, Q3_K_M, Q2_K and IQ4_XS files' own kinds
+ * (q2_K ... q6_K, q4_0, q5_0, q5_1, q8_0, iq4_nl, iq4_xs: each
+ * requantized with llama.cpp's reference quantizer for its kind): the
  * engine's greedy tokens through the merged version are the float64
  * reference's over the merged weights, and unmerging restores the
  * pristine digest and serves the mapped tensors themselves again.
@@ -470,4 +469,11 @@ Test(kquant_model, q2_k_merges_into_its_own_kinds_and_unmerges_exactly)
     if (QL_SLOW_BUILD)
         cr_skip_test("sanitizer build: the Q4_K_M case covers the code paths");
     check_merge("Q2_K"); /* q3_K, q4_0 and q8_0 requantized */
+}
+
+Test(kquant_model, iq4_xs_merges_into_its_own_kinds_and_unmerges_exactly)
+{
+    if (QL_SLOW_BUILD)
+        cr_skip_test("sanitizer build: the Q4_K_M case covers the code paths");
+    check_merge("IQ4_XS"); /* iq4_xs, iq4_nl, q5_K and q8_0 requantized */
 }

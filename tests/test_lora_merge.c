@@ -32,9 +32,9 @@ typedef struct kind_case {
     bool requant_is_identity;
 } kind_case;
 
-/* 64 x 96 fits every kind but the k-quants: GGUF blocks of 32 along a row, int4 groups of
- * 32, NF4 blocks of 64 over the flattened tensor; 63 x 96 with blocks of
- * 4096 leaves NF4 a short last block. */
+/* 64 x 96 fits every kind but the k-quants and IQ4_XS: GGUF blocks of 32 along a row, int4 groups
+ * of 32, NF4 blocks of 64 over the flattened tensor; 63 x 96 with blocks of 4096 leaves NF4 a short
+ * last block. */
 static const kind_case cases[] = {
     {"nf4", {.kind = QT_NF4, .blocksize = 64}, 64, 96, true},
     {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}, 64, 96, false},
@@ -76,12 +76,15 @@ static const kind_case cases[] = {
     /* the k-quants need whole super-blocks of 256 along a row; llama.cpp's
      * searches are not idempotent: on these weights Q4_K's and Q2_K's give
      * their codes back, Q5_K's and Q3_K's move some, Q6_K's mirrors some
-     * sub-blocks */
+     * sub-blocks; IQ4_NL's single fit gives its codes back, IQ4_XS's
+     * recoded sub-block scales move some */
     {"q4_k", {.kind = QT_Q4_K}, 16, 512, true},
     {"q5_k", {.kind = QT_Q5_K}, 16, 512, false},
     {"q6_k", {.kind = QT_Q6_K}, 16, 512, false},
     {"q2_k", {.kind = QT_Q2_K}, 16, 512, true},
     {"q3_k", {.kind = QT_Q3_K}, 16, 512, false},
+    {"iq4_nl", {.kind = QT_IQ4_NL}, 64, 96, true},
+    {"iq4_xs", {.kind = QT_IQ4_XS}, 16, 512, false},
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 
@@ -665,14 +668,13 @@ Test(lora_merge, into_int8_and_bf16_store_those_kinds_and_lose_less_than_4bit)
     }
 }
 
-/* A k-quant weight (Q2_K ... Q6_K) as a GGUF file holds it (random block bytes, not made
- * by our quantizer) merges into its own kind as the reference does
- * (dequantize, add the delta, qt_quantize into the same kind: llama.cpp's
- * reference quantizer), reports what that cost, and "into" int8 or bf16
- * still merges it as any kind; the wider kinds lose less. */
+/* A k-quant weight (Q2_K ... Q6_K, IQ4_NL, IQ4_XS) as a GGUF file holds it (random block bytes, not
+ * made by our quantizer) merges into its own kind as the reference does (dequantize, add the delta,
+ * qt_quantize into the same kind: llama.cpp's reference quantizer), reports what that cost, and
+ * "into" int8 or bf16 still merges it as any kind; the wider kinds lose less. */
 Test(lora_merge, a_kquant_merges_into_its_own_kind_int8_or_bf16)
 {
-    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q2_K, QT_Q3_K};
+    const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q2_K, QT_Q3_K, QT_IQ4_NL, QT_IQ4_XS};
     for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
         const char *name = qt_kind_name(kinds[i]);
         uint64_t rng = 70 + i;
@@ -716,46 +718,6 @@ Test(lora_merge, a_kquant_merges_into_its_own_kind_int8_or_bf16)
         free(d);
         free_module(&m);
         qt_free(&before);
-        qt_free(&w);
-    }
-}
-
-/* IQ4_NL and IQ4_XS have no requantizer yet: a merge into the weight's
- * own kind is refused by name, and "into" int8 or bf16 merges them as the
- * reference does. */
-Test(lora_merge, an_iq4_merges_only_into_int8_or_bf16)
-{
-    const qt_kind kinds[] = {QT_IQ4_NL, QT_IQ4_XS};
-    for (size_t i = 0; i < 2; i++) {
-        uint64_t rng = 90 + i;
-        qtensor w;
-        test_random_kquant(&w, kinds[i], 8, 512, &rng);
-        eng_lora_module m;
-        make_module(&m, QT_F32, 8, 512, 4, 0.05, 0.05, 95 + i);
-        lora_part part = {.adapter = "french", .module = &m, .scale = 0.5f};
-        qtensor merged, want;
-        lora_cost cost;
-        char msg[256] = "", expect[96];
-        cr_assert_eq(merge(&w, &part, 1, true, QT_KIND_COUNT, &merged, &cost, msg, sizeof msg),
-                     QL_EUNSUPPORTED);
-        snprintf(expect, sizeof expect,
-                 "merging into %s is not supported yet; use into: int8 or bf16",
-                 qt_kind_name(kinds[i]));
-        cr_assert(strstr(msg, expect), "%s", msg);
-        cr_assert_null(merged.data);
-        float *d = reference_delta(&part, 1, 8, 512);
-        const qt_kind into[] = {QT_AFFINE, QT_BF16};
-        for (int j = 0; j < 2; j++) {
-            cr_assert_eq(merge(&w, &part, 1, true, into[j], &merged, &cost, msg, sizeof msg), QL_OK,
-                         "%s", msg);
-            qt_quant_params p = {.kind = into[j], .bits = 8, .symmetric = true};
-            reference_merge(&want, &w, d, &p);
-            assert_same_tensor(&merged, &want, qt_kind_name(kinds[i]));
-            qt_free(&want);
-            qt_free(&merged);
-        }
-        free(d);
-        free_module(&m);
         qt_free(&w);
     }
 }

@@ -36,9 +36,9 @@
  *      of a zero never matters) then a thread per code byte, GGUF a thread
  *      per block of 32 scanning it in the CPU's order (Q4_0's first-of-equal
  *      maximum and Q4_1's stored minimum depend on it; Q5_0 and Q5_1 alike,
- *      into their whole ggml blocks), dense a thread per element. The
- *      k-quants and IQ4_NL, IQ4_XS are refused by name: the CPU has no
- *      requantizer for them to match (backend_cuda.c serves a host merged copy when one exists).
+ *      into their whole ggml blocks; the k-quants and IQ4_NL, IQ4_XS a
+ *      thread per block through qt_kquant_ref.h, the CPU's reference
+ *      quantizers), dense a thread per element.
  * Double quantization of NF4/FP4 absmax runs on the host with the CPU's own code (torch's
  * cascade-summed mean, the 64 Ki LUT): the absmax array (n / blocksize floats) makes the round
  * trip;
@@ -456,11 +456,11 @@ __global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, qt_
     }
 }
 
-/* Q5_0, Q5_1 and the k-quants, kept in whole ggml blocks: a thread per
- * block, each block's bytes written where ggml has them, by the CPU's own
- * quantizers (qq_q5_0_block / qq_q5_1_block; the k-quants' qk_*_block,
- * llama.cpp's quantize_row_*_ref, which search each block's scales: slow
- * per thread, and a merge's only cost here). */
+/* Q5_0, Q5_1, the k-quants and IQ4_NL, IQ4_XS, kept in whole ggml blocks:
+ * a thread per block, each block's bytes written where ggml has them, by
+ * the CPU's own quantizers (qq_q5_0_block / qq_q5_1_block; the others'
+ * qk_*_block, llama.cpp's quantize_row_*_ref, which search each block's
+ * scales: slow per thread, and a merge's only cost here). */
 __global__ void gguf_whole_quantize(const float *__restrict__ x, int64_t n_blocks, qt_kind kind,
                                     uint8_t *__restrict__ blocks)
 {
@@ -476,6 +476,8 @@ __global__ void gguf_whole_quantize(const float *__restrict__ x, int64_t n_block
         case QT_Q6_K: qk_q6_k_block(xb, blk); continue;
         case QT_Q2_K: qk_q2_k_block(xb, blk); continue;
         case QT_Q3_K: qk_q3_k_block(xb, blk); continue;
+        case QT_IQ4_NL: qk_iq4_nl_block(xb, blk); continue;
+        case QT_IQ4_XS: qk_iq4_xs_block(xb, blk); continue;
         default: break;
         }
         if (kind == QT_Q5_0) {
@@ -670,13 +672,6 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
         }
         return QL_OK;
     }
-    case QT_IQ4_NL:
-    case QT_IQ4_XS:
-        say(msg, msg_len,
-            "qt_cuda_merge: merging into %s is not supported on the device (no %s requantizer "
-            "here); merge into: int8 or bf16 instead",
-            kind_name(p->kind), kind_name(p->kind));
-        return QL_EUNSUPPORTED;
     case QT_Q4_0:
     case QT_Q4_1:
     case QT_Q8_0:
@@ -686,7 +681,9 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
     case QT_Q5_K:
     case QT_Q6_K:
     case QT_Q2_K:
-    case QT_Q3_K: {
+    case QT_Q3_K:
+    case QT_IQ4_NL:
+    case QT_IQ4_XS: {
         const qt_cuda_gguf_view &v = p->gguf;
         const int64_t per = gguf_block_elems(p->kind);
         if (p->cols % per != 0 || v.n_blocks != n / per || !v.qs || (gguf_split(p->kind) && !v.d) ||

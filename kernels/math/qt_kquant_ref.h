@@ -1,8 +1,9 @@
 /*
- * qt_kquant_ref.h - the k-quants' reference quantizers: one super-block of
- * 256 floats into llama.cpp's Q4_K, Q5_K or Q6_K bytes, the same bytes
- * ggml's quantize_row_q4_K_ref / _q5_K_ref / _q6_K_ref write for the same
- * input. Internal to kernels/ (quant_kquant.c is its CPU user); header-only
+ * qt_kquant_ref.h - the k-quants' and IQ4's reference quantizers: one
+ * super-block of 256 floats into llama.cpp's Q2_K ... Q6_K or IQ4_XS
+ * bytes, or one block of 32 into IQ4_NL's, the same bytes ggml's
+ * quantize_row_q2_K_ref ... _q6_K_ref, _iq4_nl_ref and _iq4_xs_ref write
+ * for the same input. Internal to kernels/ (quant_kquant.c is its CPU user); header-only
  * and QL_HD like qt_quant_math.h, so a device requantization can include it.
  *
  * What ggml does, in our words:
@@ -17,6 +18,11 @@
  *               19 candidate scalings weighted by x^2 (qk_fit_symmetric,
  *               ggml's make_qx_quants with rmse_type 1), the scales coded in
  *               signed 8 bits against the one of largest magnitude.
+ *   Q2_K, Q3_K  see qk_q2_k_block and qk_q3_k_block.
+ *   IQ4_NL      one block of 32 fitted by weighted least squares (weights
+ *   IQ4_XS      x^2) onto sixteen fixed non-linear levels; IQ4_XS tries 15
+ *               more scalings per sub-block and codes the eight sub-block
+ *               scales in 6 bits (see qk_iq4_fit).
  *
  * Bit equality rests on three things (tests/test_kquant_quantize.c pins it
  * against llama.cpp's own C, compiled by tests/fixtures/
@@ -45,6 +51,7 @@
 #include <string.h>
 
 #include "qt_math.h"
+#include "qt_quant_math.h"
 
 /* ggml's GROUP_MAX_EPS: a (sub-)block whose largest |x| is below this is
  * all zero. */
@@ -610,6 +617,163 @@ QL_HD void qk_q3_k_block(const float *x, uint8_t *blk)
         for (int l = 0; l < 32; l++)
             qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
                                       (L[j + l + 96] << 6));
+}
+
+/* ---- IQ4_NL and IQ4_XS ----------------------------------------------------
+ * ggml's quantize_row_iq4_nl_impl without an importance matrix (weights
+ * x^2), as its quantize_row_iq4_nl_ref (ntry -1: one fit per block of 32)
+ * and quantize_row_iq4_xs_ref (ntry 7: fifteen more scalings per
+ * sub-block, then the eight sub-block scales coded in 6 bits against the
+ * largest) call it. The codes index qt_quant_math.h's sixteen IQ4 levels.
+ */
+
+/* ggml's best_index_int8 over the IQ4 levels: the index of the level
+ * nearest v, found by bisection; a tie between two levels goes to the upper
+ * one, and a NaN to 15, as in ggml. */
+QL_HD int qk_iq4_nearest_level(float v)
+{
+    if (v <= (float)qm_iq4nl_level(0))
+        return 0;
+    if (v >= (float)qm_iq4nl_level(15))
+        return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (v < (float)qm_iq4nl_level(mid))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    float below = v - (float)qm_iq4nl_level(hi - 1);
+    float above = (float)qm_iq4nl_level(hi) - v;
+    return below < above ? hi - 1 : hi;
+}
+
+/* The weighted sums of one candidate scaling: codes nearest id * x, and
+ * sum w q x, sum w q^2 over them (w = x^2). Codes into L unless L is NULL. */
+QL_HD void qk_iq4_sums(const float *xb, const float *w, float id, uint8_t *L, float *sumqx,
+                       float *sumq2)
+{
+    float sqx = 0, sq2 = 0;
+    for (int j = 0; j < 32; j++) {
+        float al = id * xb[j];
+        int l = qk_iq4_nearest_level(al);
+        if (L)
+            L[j] = (uint8_t)l;
+        float q = (float)qm_iq4nl_level(l);
+        float wq = w[j] * q;
+        float t = wq * xb[j];
+        sqx += t;
+        float t2 = wq * q;
+        sq2 += t2;
+    }
+    *sumqx = sqx;
+    *sumq2 = sq2;
+}
+
+/*
+ * The scale of one sub-block of 32 and its codes in L[32]: first the
+ * scaling that puts the signed value of largest magnitude (max) on level 0
+ * (-127; with ntry > 0 on its mirror), solved by weighted least squares;
+ * then, for itry in -ntry..ntry, the scaling (itry - 127) / max, kept when
+ * it fits better (sumqx^2 / sumq2 larger); those leave L as the first fit.
+ * A sub-block whose largest |x| is below QK_GROUP_MAX_EPS gets scale 0 and
+ * codes 8 (the level nearest 0): ggml leaves those codes as whatever its
+ * scratch held (the previous block's in quantize_row_iq4_nl_ref, undefined
+ * for the first), which dequantize to 0 all the same.
+ */
+QL_HD float qk_iq4_fit(const float *xb, int ntry, uint8_t *L)
+{
+    float w[32];
+    for (int j = 0; j < 32; j++)
+        w[j] = xb[j] * xb[j];
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++) {
+        float ax = fabsf(xb[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = xb[j];
+        }
+    }
+    if (amax < QK_GROUP_MAX_EPS) {
+        for (int j = 0; j < 32; j++)
+            L[j] = (uint8_t)qk_iq4_nearest_level(0.f);
+        return 0.f;
+    }
+    float level0 = (float)qm_iq4nl_level(0);
+    float d = ntry > 0 ? -max / level0 : max / level0;
+    float id = 1 / d;
+    float sumqx, sumq2;
+    qk_iq4_sums(xb, w, id, L, &sumqx, &sumq2);
+    d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+    float best = d * sumqx;
+    for (int itry = -ntry; itry <= ntry; itry++) {
+        id = (float)(itry + qm_iq4nl_level(0)) / max;
+        qk_iq4_sums(xb, w, id, NULL, &sumqx, &sumq2);
+        float fit = sumqx * sumqx;
+        float bar = best * sumq2;
+        if (sumq2 > 0 && fit > bar) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    return d;
+}
+
+/* One IQ4_NL block (18 bytes: f16 d, 16 bytes of nibbles, element j low
+ * and j + 16 high) from 32 floats, as quantize_row_iq4_nl_ref. */
+QL_HD void qk_iq4_nl_block(const float *x, uint8_t *blk)
+{
+    uint8_t L[QM_IQ4_NL_QK];
+    float d = qk_iq4_fit(x, -1, L);
+    qk_put_f16(blk, qm_f32_to_f16(d));
+    for (int j = 0; j < 16; j++)
+        blk[2 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+}
+
+/* One IQ4_XS super-block (136 bytes: f16 d, u16 scales_h, scales_l[4],
+ * qs[128]) from 256 floats, as quantize_row_iq4_xs_ref: each sub-block's
+ * fit, d = -(the fitted scale of largest magnitude) / 32, each sub-block's
+ * scale coded as a 6-bit l in -32..31 (stored l + 32: low nibble in
+ * scales_l, high 2 bits in scales_h) and its codes recomputed against the
+ * coded d * l (all 8 where that is 0). d stays f32 in that arithmetic; only
+ * the stored copy is f16. */
+QL_HD void qk_iq4_xs_block(const float *x, uint8_t *blk)
+{
+    uint8_t L[QM_QK_K];
+    float scales[8];
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        scales[ib] = qk_iq4_fit(x + 32 * ib, 7, L + 32 * ib);
+        float abs_d = fabsf(scales[ib]);
+        if (abs_d > amax_scale) {
+            amax_scale = abs_d;
+            max_scale = scales[ib];
+        }
+    }
+    float d = -max_scale / 32;
+    qk_put_f16(blk, qm_f32_to_f16(d));
+    float id = d != 0 ? 1 / d : 0.f;
+    unsigned scales_h = 0;
+    memset(blk + 4, 0, 4);
+    for (int ib = 0; ib < 8; ib++) {
+        float s = id * scales[ib];
+        int l = qk_clamp(qk_nearest_int(s), -32, 31);
+        float dl = d * (float)l;
+        float idl = dl != 0 ? 1 / dl : 0.f;
+        for (int j = 0; j < 32; j++) {
+            float v = idl * x[32 * ib + j];
+            L[32 * ib + j] = (uint8_t)qk_iq4_nearest_level(v);
+        }
+        l += 32;
+        blk[4 + ib / 2] |= (uint8_t)((l & 0xf) << (4 * (ib % 2)));
+        scales_h |= (unsigned)(l >> 4) << (2 * ib);
+    }
+    blk[2] = (uint8_t)(scales_h & 0xff);
+    blk[3] = (uint8_t)(scales_h >> 8);
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 16; j++)
+            blk[8 + 16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
 }
 
 #endif

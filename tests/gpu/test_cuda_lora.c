@@ -518,6 +518,9 @@ static const merge_case merge_cases[] = {
     {"q6_k", {.kind = QT_Q6_K}, 4, 512},
     {"q2_k", {.kind = QT_Q2_K}, 3, 256},
     {"q3_k", {.kind = QT_Q3_K}, 3, 256},
+    /* IQ4_NL (blocks of 32) and IQ4_XS (256), the same way */
+    {"iq4_nl", {.kind = QT_IQ4_NL}, 4, 256},
+    {"iq4_xs", {.kind = QT_IQ4_XS}, 4, 256},
     {"bf16", {.kind = QT_BF16}, 256, 512},
     {"f16", {.kind = QT_F16}, 256, 512},
     {"f32", {.kind = QT_F32}, 256, 512},
@@ -923,55 +926,22 @@ static void test_merge_timing(void)
     }
 }
 
-/* IQ4_NL and IQ4_XS have no requantizer (on the CPU, so none to match
- * here): a device merge into their own kind is refused by name, QL_EUNSUPPORTED,
- * with *out left zeroed; qt_cuda_merge_requantizes says so beforehand and
- * is true for every kind the device does requantize. */
-static void test_merge_refuses_kquants(void)
+/* Every GGUF kind now has a requantizer on the CPU to match (llama.cpp's
+ * reference quantizers, the k-quants and IQ4 included), so the device
+ * merges into each one's own kind: qt_cuda_merge_requantizes says so for
+ * every GGUF kind and for every kind test_merge_kinds merges. */
+static void test_merge_requantizes_every_gguf_kind(void)
 {
-    const qt_kind kq[] = {QT_IQ4_NL, QT_IQ4_XS};
-    for (size_t i = 0; i < sizeof kq / sizeof *kq; i++) {
-        char name[128], msg[512] = "", want[64];
-        snprintf(name, sizeof name, "merge_into_%s_refused_by_name", qt_kind_name(kq[i]));
-        rng_seed(900 + i);
-        qtensor w;
-        qt_cuda_tensor dp, dout;
-        memset(&dp, 0, sizeof dp);
-        merge_terms mt;
-        memset(&mt, 0, sizeof mt);
-        int rc = gpu_random_blocks(&w, kq[i], 64, 512, msg, sizeof msg);
-        if (rc != QL_OK) {
-            fail(name, "gpu_random_blocks: %s", msg);
-            continue;
-        }
-        if (!merge_terms_new(&mt, name, 1, 64, 512, 910 + i)) {
-            merge_terms_free(&mt);
-            qt_free(&w);
-            continue;
-        }
-        rc = qt_cuda_tensor_upload(&w, &dp, msg, sizeof msg);
-        if (rc != QL_OK) {
-            fail(name, "upload: %s", msg);
-        } else {
-            memset(&dout, 0x5a, sizeof dout);
-            msg[0] = '\0';
-            rc = qt_cuda_merge(&dp, mt.terms, mt.n, &dout, NULL, NULL, msg, sizeof msg);
-            snprintf(want, sizeof want, "merging into %s", qt_kind_name(kq[i]));
-            qt_cuda_tensor zero;
-            memset(&zero, 0, sizeof zero);
-            if (rc != QL_EUNSUPPORTED || !strstr(msg, want) || !strstr(msg, "int8") ||
-                memcmp(&dout, &zero, sizeof dout) != 0 || qt_cuda_merge_requantizes(kq[i]))
-                fail(name, "rc %d (want %d), out %s, requantizes %d: %s", rc, QL_EUNSUPPORTED,
-                     memcmp(&dout, &zero, sizeof dout) ? "not zeroed" : "zeroed",
-                     (int)qt_cuda_merge_requantizes(kq[i]), msg);
-            else
-                pass(name);
-        }
-        qt_cuda_tensor_release(&dp, NULL, 0);
-        merge_terms_free(&mt);
-        qt_free(&w);
-    }
+    const char *name = "merge_requantizes_every_gguf_kind";
     bool all = true;
+    for (int k = 0; k < QT_KIND_COUNT; k++)
+        if (qt_traits_table[k].is_gguf && !qt_cuda_merge_requantizes((qt_kind)k)) {
+            fail(name, "%s says no", qt_kind_name((qt_kind)k));
+            all = false;
+        }
+    if (all)
+        pass(name);
+    all = true;
     for (size_t k = 0; k < N_MERGE_CASES; k++)
         all = all && qt_cuda_merge_requantizes(merge_cases[k].p.kind);
     if (all)
@@ -996,7 +966,7 @@ int main(void)
     test_sgmv_large();
     test_merge_kinds();
     test_merge_refuses_nonfinite();
-    test_merge_refuses_kquants();
+    test_merge_requantizes_every_gguf_kind();
     if (!emulated())
         test_merge_timing();
     printf("# %d failure(s), %.1f s\n", failures, (now_ms() - t0) / 1e3);

@@ -169,13 +169,15 @@ static inline __host__ __device__ bool gguf_split(qt_kind k)
     return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
 }
 
-/* The GGUF kinds the CPU reads in place only, with no requantizer (IQ4_NL,
- * IQ4_XS): a merge into their own kind has nothing to match on the device
- * either. The k-quants requantize with llama.cpp's reference quantizers
- * (kernels/math/qt_kquant_ref.h, the CPU's own arithmetic). */
+/* The GGUF kinds the CPU reads in place only, with no requantizer for a
+ * device merge to match: none today. The k-quants and IQ4_NL, IQ4_XS
+ * requantize with llama.cpp's reference quantizers (kernels/math/
+ * qt_kquant_ref.h, the CPU's own arithmetic); a GGUF kind added without
+ * one is named here. */
 static inline __host__ __device__ bool gguf_read_only(qt_kind k)
 {
-    return k == QT_IQ4_NL || k == QT_IQ4_XS;
+    (void)k;
+    return false;
 }
 
 /* The kinds this backend has kernels for: every kind of qtensor.h today
