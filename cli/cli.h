@@ -49,6 +49,29 @@ typedef struct eng_quantize_opts {
  */
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len);
 
+/* What a GGUF --kind writes (quantize.c's table): the kind, its fallback
+ * for a weight whose columns do not fit its blocks, general.file_type. */
+typedef struct cli_gguf_target {
+    const char *name;
+    qt_kind kind, fallback;
+    uint32_t file_type;
+} cli_gguf_target;
+/* What GGUF tensor t (name, n_dims, ne read) becomes under g: its kind, or
+ * QT_KIND_COUNT when llama-quantize would leave it as it is. */
+qt_kind cli_gguf_plan(const cli_gguf_target *g, const gguf_tensor *t, bool *fell_back);
+uint32_t cli_ggml_type_of(qt_kind k); /* the GGML type number of a GGUF kind */
+/* src's rows (row_of[r] is the source of output row r; NULL: in order)
+ * quantized into kind and streamed to o a bounded chunk at a time; what
+ * names the tensor in messages. */
+int cli_gguf_write_rows(const qtensor *src, const int64_t *row_of, qt_kind kind, const char *what,
+                        gguf_out *o, char *msg, size_t msg_len);
+/* Whether path is a directory (a Hugging Face folder). */
+bool cli_is_folder(const char *path);
+/* A Hugging Face folder (quantize_hf.c) converted as llama.cpp's
+ * convert_hf_to_gguf.py does and written quantized under g. */
+int cli_quantize_hf(const eng_quantize_opts *o, const cli_gguf_target *g, FILE *log, char *msg,
+                    size_t msg_len);
+
 /*
  * Print what a file or folder holds. A .safetensors file: each
  * bitsandbytes-quantized weight as one entry (kind, shape, blocksize,
