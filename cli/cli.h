@@ -33,7 +33,8 @@ typedef struct eng_quantize_opts {
     const char *in_path;
     const char *out_path;
     const char *kind;  /* "nf4", "fp4" (safetensors) or "q2_k" ... "q6_k",
-                          "q8_0" (GGUF in, GGUF out) */
+                          "q8_0", "f32" (a GGUF file or a Hugging Face
+                          folder in, GGUF out) */
     int32_t blocksize; /* 0: 64 */
     bool double_quant;
 } eng_quantize_opts;
@@ -44,7 +45,8 @@ typedef struct eng_quantize_opts {
  * metadata unchanged. A file that already holds bitsandbytes quant state is
  * refused. With a GGUF kind, requantize a GGUF file's f32/f16/bf16 weights
  * into that kind (with llama-quantize's fallbacks) and copy the rest and
- * the metadata; an already quantized weight is refused. One line per
+ * the metadata; an already quantized weight is refused. A Hugging Face
+ * folder with a GGUF kind is converted first (cli_quantize_hf). One line per
  * tensor goes to log (may be NULL).
  */
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len);

@@ -747,6 +747,48 @@ static double compare_models(const char *folder, const char *gguf, const char *w
     return worst / top;
 }
 
+/* blk.0.attn_q.weight of the GGUF is, byte for byte, qt_quantize of the
+ * folder's q_proj rows permuted as llama.cpp's converter permutes them
+ * (head by head, the two rotary halves interleaved into adjacent rows). */
+static void assert_permuted_q_bytes(const char *folder, const char *gguf, qt_kind kind, int heads)
+{
+    char path[1024], msg[512];
+    const st_tensor *t = NULL;
+    st_file shards[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/model-%05d-of-00002.safetensors", folder, i + 1);
+        cr_assert_eq(st_open(&shards[i], path, msg, sizeof msg), 0, "%s", msg);
+        if (!t && st_find(&shards[i], "model.layers.0.self_attn.q_proj.weight"))
+            t = st_find(&shards[i], "model.layers.0.self_attn.q_proj.weight");
+    }
+    cr_assert(t);
+    qtensor src, q;
+    cr_assert_eq(st_tensor_qtensor(st_find(&shards[0], t->name) ? &shards[0] : &shards[1], t, &src,
+                                   msg, sizeof msg),
+                 0, "%s", msg);
+    int64_t rows = src.rows, cols = src.cols, per = rows / heads;
+    float *v = malloc((size_t)(rows * cols) * sizeof *v), *row = malloc((size_t)cols * sizeof *row);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t h = r / per, i = r % per / 2, j = r % 2;
+        qt_dequantize_rows(&src, h * per + j * (per / 2) + i, 1, row);
+        memcpy(v + r * cols, row, (size_t)cols * sizeof *row);
+    }
+    qt_quant_params p = {.kind = kind};
+    cr_assert_eq(qt_quantize(&q, v, rows, cols, &p, msg, sizeof msg), 0, "%s", msg);
+    gguf_file f;
+    cr_assert_eq(gguf_open(&f, gguf, msg, sizeof msg), 0, "%s", msg);
+    const gguf_tensor *g = gguf_find_tensor(&f, "blk.0.attn_q.weight");
+    cr_assert(g && g->nbytes == q.data_bytes && memcmp(g->data, q.data, q.data_bytes) == 0,
+              "%s: blk.0.attn_q.weight is not the permuted rows quantized", gguf);
+    gguf_close(&f);
+    qt_free(&q);
+    qt_free(&src);
+    free(v);
+    free(row);
+    st_close(&shards[0]);
+    st_close(&shards[1]);
+}
+
 Test(cli, quantize_a_hugging_face_folder_to_gguf_as_llama_cpp_converts_it)
 {
     /* llama (sharded, permuted q/k), qwen2 (biases, tied embeddings), and the
@@ -794,6 +836,74 @@ Test(cli, quantize_a_hugging_face_folder_to_gguf_as_llama_cpp_converts_it)
             cr_log_info("%s %s: worst relative logit error %.3g", models[mi].name, kinds[k].kind,
                         err);
             cr_assert_leq(err, kinds[k].tol, "%s %s: %.3g", models[mi].name, kinds[k].kind, err);
+            if (mi == 0 && k > 0)
+                assert_permuted_q_bytes(folder, outp, k == 1 ? QT_Q8_0 : QT_Q4_K, llama.heads);
         }
     }
+}
+
+/* The real tokenizers of tests/fixtures/tokenizers (Llama 3's, Qwen2's,
+ * SmolLM2's byte-level BPE; a SentencePiece-style BPE with byte fallback)
+ * in a folder quantized to q8_0: the GGUF's tokenizer gives the folder's
+ * ids (llama.cpp's too: checked by hand, see README). */
+Test(cli, quantize_a_folder_carries_its_real_tokenizer_into_the_gguf)
+{
+    const char *const names[] = {"llama3", "qwen2", "smollm2", "spm"};
+    char folder[600], outp[700], args[2000], from[1024], to[1024], msg[512];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(from, sizeof from, "%s/tokenizers/%s", QL_FIXTURES, names[i]);
+        tok_tokenizer *t;
+        cr_assert_eq(eng_tokenizer_load(&t, from, msg, sizeof msg), 0, "%s", msg);
+        tiny_spec s = tiny_default();
+        s.vocab = (int)tok_vocab_size(t);
+        s.arch = strcmp(names[i], "qwen2") == 0 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+        tok_free(t);
+        snprintf(folder, sizeof folder, "%s/%s", dir, names[i]);
+        cr_assert_eq(mkdir(folder, 0755), 0);
+        tiny_write_hf(folder, &s);
+        const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+        for (size_t k = 0; k < 2; k++) {
+            snprintf(from, sizeof from, "%s/tokenizers/%s/%s", QL_FIXTURES, names[i], files[k]);
+            snprintf(to, sizeof to, "%s/%s", folder, files[k]);
+            cr_assert(test_copy_file(from, to));
+        }
+        snprintf(outp, sizeof outp, "%s/%s.gguf", dir, names[i]);
+        snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q8_0", folder, outp);
+        char *out;
+        cr_assert_eq(run(args, &out), 0, "%s", out);
+        free(out);
+        gguf_file f;
+        cr_assert_eq(gguf_open(&f, outp, msg, sizeof msg), 0, "%s", msg);
+        const gguf_kv *model = gguf_find_kv(&f, "tokenizer.ggml.model");
+        const char *want = strcmp(names[i], "spm") == 0 ? "llama" : "gpt2";
+        cr_assert(model && model->str.len == strlen(want) &&
+                      memcmp(model->str.ptr, want, model->str.len) == 0,
+                  "%s", names[i]);
+        cr_assert(gguf_find_kv(&f, strcmp(want, "llama") ? "tokenizer.ggml.merges"
+                                                         : "tokenizer.ggml.scores"),
+                  "%s", names[i]);
+        gguf_close(&f);
+        double err = compare_models(folder, outp, names[i]);
+        cr_assert_leq(err, 0.02, "%s: %.3g", names[i], err);
+    }
+}
+
+Test(cli, quantize_a_folder_refuses_other_architectures_by_name)
+{
+    char folder[600], outp[700], args[2000], path[700];
+    snprintf(folder, sizeof folder, "%s/phi", dir);
+    cr_assert_eq(mkdir(folder, 0755), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(folder, &s);
+    snprintf(path, sizeof path, "%s/config.json", folder);
+    tiny_write_json(path, "{\"architectures\": [\"Phi3ForCausalLM\"], \"vocab_size\": 260}");
+    snprintf(outp, sizeof outp, "%s/out.gguf", dir);
+    snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q4_k", folder, outp);
+    char *out;
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "architecture Phi3ForCausalLM is not one quantize converts") &&
+                  strstr(out, "Qwen3ForCausalLM"),
+              "%s", out);
+    free(out);
+    cr_assert_neq(access(outp, F_OK), 0, "a refused quantize left an output file");
 }
