@@ -396,6 +396,8 @@ static int hf_put_model_meta(const hf_model *m, const cli_gguf_target *g, gguf_o
     mf_path_base(own && *own ? own : m->dir, name, sizeof name);
     int rc = put_str(o, "general.architecture", m->arch, strlen(m->arch), msg, msg_len);
     if (rc == QL_OK)
+        rc = put_str(o, "general.type", "model", 5, msg, msg_len);
+    if (rc == QL_OK)
         rc = put_str(o, "general.name", name, strlen(name), msg, msg_len);
     const struct {
         const char *key;
