@@ -33,7 +33,8 @@ typedef struct eng_quantize_opts {
     const char *in_path;
     const char *out_path;
     const char *kind;  /* "nf4", "fp4" (safetensors) or "q2_k" ... "q6_k",
-                          "q8_0" (GGUF in, GGUF out) */
+                          "q8_0", "f32" (a GGUF file or a Hugging Face
+                          folder in, GGUF out) */
     int32_t blocksize; /* 0: 64 */
     bool double_quant;
 } eng_quantize_opts;
@@ -44,10 +45,34 @@ typedef struct eng_quantize_opts {
  * metadata unchanged. A file that already holds bitsandbytes quant state is
  * refused. With a GGUF kind, requantize a GGUF file's f32/f16/bf16 weights
  * into that kind (with llama-quantize's fallbacks) and copy the rest and
- * the metadata; an already quantized weight is refused. One line per
+ * the metadata; an already quantized weight is refused. A Hugging Face
+ * folder with a GGUF kind is converted first (cli_quantize_hf). One line per
  * tensor goes to log (may be NULL).
  */
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len);
+
+/* What a GGUF --kind writes (quantize.c's table): the kind, its fallback
+ * for a weight whose columns do not fit its blocks, general.file_type. */
+typedef struct cli_gguf_target {
+    const char *name;
+    qt_kind kind, fallback;
+    uint32_t file_type;
+} cli_gguf_target;
+/* What GGUF tensor t (name, n_dims, ne read) becomes under g: its kind, or
+ * QT_KIND_COUNT when llama-quantize would leave it as it is. */
+qt_kind cli_gguf_plan(const cli_gguf_target *g, const gguf_tensor *t, bool *fell_back);
+uint32_t cli_ggml_type_of(qt_kind k); /* the GGML type number of a GGUF kind */
+/* src's rows (row_of[r] is the source of output row r; NULL: in order)
+ * quantized into kind and streamed to o a bounded chunk at a time; what
+ * names the tensor in messages. */
+int cli_gguf_write_rows(const qtensor *src, const int64_t *row_of, qt_kind kind, const char *what,
+                        gguf_out *o, char *msg, size_t msg_len);
+/* Whether path is a directory (a Hugging Face folder). */
+bool cli_is_folder(const char *path);
+/* A Hugging Face folder (quantize_hf.c) converted as llama.cpp's
+ * convert_hf_to_gguf.py does and written quantized under g. */
+int cli_quantize_hf(const eng_quantize_opts *o, const cli_gguf_target *g, FILE *log, char *msg,
+                    size_t msg_len);
 
 /*
  * Print what a file or folder holds. A .safetensors file: each

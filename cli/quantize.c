@@ -1,9 +1,10 @@
 /*
  * quantize.c - `qlserve quantize`: its flags (cli_quantize) and its job
  * (eng_quantize_file): a whole safetensors file in and its bitsandbytes
- * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k or q8_0, a GGUF
- * file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them) and
- * the same model requantized out, metadata (tokenizer included) copied.
+ * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k, q8_0 or f32, a
+ * GGUF file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them)
+ * and the same model requantized out, metadata (tokenizer included) copied;
+ * a Hugging Face folder in goes to quantize_hf.c, which converts it first.
  * Made of the loader's parts (the safetensors and GGUF readers and
  * writers, bnb_write, qt_quantize); owns the input mapping and the writer
  * for the length of the call and touches only the output file and the log
@@ -86,17 +87,14 @@ static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt
 /* What each GGUF --kind writes: the kind, its fallback, and the
  * general.file_type llama.cpp names such a file by (llama.h's
  * LLAMA_FTYPE_MOSTLY_*: Q8_0 7, Q2_K 10, Q3_K_S 11, Q4_K_S 14, Q5_K_S 16,
- * Q6_K 18). */
-static const struct gguf_target {
-    const char *name;
-    qt_kind kind, fallback;
-    uint32_t file_type;
-} gguf_targets[] = {
+ * Q6_K 18; ALL_F32 0 for f32, which keeps every weight as it is). */
+static const cli_gguf_target gguf_targets[] = {
     {"q2_k", QT_Q2_K, QT_Q4_0, 10}, {"q3_k", QT_Q3_K, QT_Q4_0, 11}, {"q4_k", QT_Q4_K, QT_Q5_0, 14},
     {"q5_k", QT_Q5_K, QT_Q5_1, 16}, {"q6_k", QT_Q6_K, QT_Q8_0, 18}, {"q8_0", QT_Q8_0, QT_F16, 7},
+    {"f32", QT_F32, QT_F32, 0},
 };
 
-static const struct gguf_target *gguf_target_named(const char *name)
+static const cli_gguf_target *gguf_target_named(const char *name)
 {
     for (size_t i = 0; name && i < sizeof gguf_targets / sizeof *gguf_targets; i++)
         if (strcmp(gguf_targets[i].name, name) == 0)
@@ -104,54 +102,7 @@ static const struct gguf_target *gguf_target_named(const char *name)
     return NULL;
 }
 
-/* The GGML type number of the kinds a quantized GGUF tensor may get. */
-static uint32_t ggml_type_of(qt_kind k)
-{
-    switch (k) {
-    case QT_F16: return GGML_TYPE_F16;
-    case QT_Q4_0: return GGML_TYPE_Q4_0;
-    case QT_Q2_K: return GGML_TYPE_Q2_K;
-    case QT_Q3_K: return GGML_TYPE_Q3_K;
-    case QT_Q5_0: return GGML_TYPE_Q5_0;
-    case QT_Q5_1: return GGML_TYPE_Q5_1;
-    case QT_Q8_0: return GGML_TYPE_Q8_0;
-    case QT_Q4_K: return GGML_TYPE_Q4_K;
-    case QT_Q5_K: return GGML_TYPE_Q5_K;
-    default: return GGML_TYPE_Q6_K;
-    }
-}
-
-static bool ends_with(const char *s, const char *tail)
-{
-    size_t n = strlen(s), m = strlen(tail);
-    return n >= m && strcmp(s + n - m, tail) == 0;
-}
-
-/* Whether llama-quantize would quantize this tensor (see the top). */
-static bool gguf_quantizes(const gguf_tensor *t)
-{
-    return t->n_dims >= 2 && ends_with(t->name, "weight") && !strstr(t->name, "_norm.weight") &&
-           !strstr(t->name, "ffn_gate_inp.weight") && strcmp(t->name, "position_embd.weight") &&
-           strcmp(t->name, "token_types.weight") && !strstr(t->name, "ssm_conv1d");
-}
-
-/* What tensor t becomes: its kind (QT_KIND_COUNT: copied unchanged). */
-static qt_kind gguf_plan(const struct gguf_target *g, const gguf_tensor *t, bool *fell_back)
-{
-    *fell_back = false;
-    if (!gguf_quantizes(t))
-        return QT_KIND_COUNT;
-    if (t->ne[0] % qt_traits_table[g->kind].block_size == 0)
-        return g->kind;
-    *fell_back = true;
-    if (t->ne[0] % qt_traits_table[g->fallback].block_size == 0)
-        return g->fallback;
-    return QT_F16;
-}
-
-/* Tensor t quantized into `kind`, streamed to o a bounded chunk of rows at
- * a time (every kind here quantizes each row on its own, so chunks give
- * the bytes one call would). */
+/* Tensor t of a GGUF file quantized into `kind` and written to o. */
 static int gguf_quantize_tensor(const gguf_file *in, const gguf_tensor *t, qt_kind kind,
                                 gguf_out *o, char *msg, size_t msg_len)
 {
@@ -168,34 +119,16 @@ static int gguf_quantize_tensor(const gguf_file *in, const gguf_tensor *t, qt_ki
         qt_free(&src);
         return rc;
     }
-    int64_t cols = src.cols, chunk = ((int64_t)1 << 20) / cols + 1;
-    float *v = malloc((size_t)(chunk * cols) * sizeof *v);
-    if (!v) {
-        qt_free(&src);
-        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", t->name);
-    }
-    qt_quant_params p = {.kind = kind};
-    for (int64_t r = 0; r < src.rows && rc == QL_OK; r += chunk) {
-        int64_t n = src.rows - r < chunk ? src.rows - r : chunk;
-        qt_dequantize_rows(&src, r, n, v);
-        qtensor q;
-        rc = qt_quantize(&q, v, n, cols, &p, why, sizeof why);
-        if (rc != QL_OK) {
-            rc = ql_fail(msg, msg_len, rc, "%s: tensor '%s', rows from %lld: %s", in->path, t->name,
-                         (long long)r, why);
-            break;
-        }
-        rc = gguf_out_write(o, q.data, q.data_bytes, msg, msg_len);
-        qt_free(&q);
-    }
-    free(v);
+    char what[512];
+    snprintf(what, sizeof what, "%s: tensor '%s'", in->path, t->name);
+    rc = cli_gguf_write_rows(&src, NULL, kind, what, o, msg, msg_len);
     qt_free(&src);
     return rc;
 }
 
 /* The metadata of in, but general.file_type and general.quantization_version,
  * which say what this file is (GGML_QNT_VERSION 2, as llama-quantize). */
-static int gguf_copy_meta(const gguf_file *in, const struct gguf_target *g, gguf_out *o, char *msg,
+static int gguf_copy_meta(const gguf_file *in, const cli_gguf_target *g, gguf_out *o, char *msg,
                           size_t msg_len)
 {
     int rc = QL_OK;
@@ -211,21 +144,21 @@ static int gguf_copy_meta(const gguf_file *in, const struct gguf_target *g, gguf
 }
 
 /* Declare every tensor with its planned type, logging the plan. */
-static int gguf_declare(const gguf_file *in, const struct gguf_target *g, gguf_out *o,
+static int gguf_declare(const gguf_file *in, const cli_gguf_target *g, gguf_out *o,
                         size_t counts[3], FILE *log, char *msg, size_t msg_len)
 {
     int rc = QL_OK;
     for (uint64_t i = 0; i < in->n_tensors && rc == QL_OK; i++) {
         const gguf_tensor *t = &in->tensors[i];
         bool fell_back;
-        qt_kind k = gguf_plan(g, t, &fell_back);
+        qt_kind k = cli_gguf_plan(g, t, &fell_back);
         if (k != QT_KIND_COUNT && t->ggml_type != GGML_TYPE_F32 && t->ggml_type != GGML_TYPE_F16 &&
             t->ggml_type != GGML_TYPE_BF16)
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is already %s; quantizing it again would lose "
                            "precision (give a GGUF file with f32, f16 or bf16 weights)",
                            in->path, t->name, gguf_ggml_type_name(t->ggml_type));
-        uint32_t type = k == QT_KIND_COUNT ? t->ggml_type : ggml_type_of(k);
+        uint32_t type = k == QT_KIND_COUNT ? t->ggml_type : cli_ggml_type_of(k);
         rc = gguf_out_add_tensor(o, t->name, type, t->n_dims, t->ne, msg, msg_len);
         counts[k == QT_KIND_COUNT ? 2 : fell_back ? 1 : 0]++;
         if (rc != QL_OK || !log)
@@ -246,14 +179,14 @@ static int gguf_declare(const gguf_file *in, const struct gguf_target *g, gguf_o
     return rc;
 }
 
-static int gguf_write_data(const gguf_file *in, const struct gguf_target *g, gguf_out *o, char *msg,
+static int gguf_write_data(const gguf_file *in, const cli_gguf_target *g, gguf_out *o, char *msg,
                            size_t msg_len)
 {
     int rc = QL_OK;
     for (uint64_t i = 0; i < in->n_tensors && rc == QL_OK; i++) {
         const gguf_tensor *t = &in->tensors[i];
         bool fell_back;
-        qt_kind k = gguf_plan(g, t, &fell_back);
+        qt_kind k = cli_gguf_plan(g, t, &fell_back);
         rc = k == QT_KIND_COUNT ? gguf_out_write(o, t->data, t->nbytes, msg, msg_len)
                                 : gguf_quantize_tensor(in, t, k, o, msg, msg_len);
     }
@@ -273,14 +206,14 @@ static int require_gguf(const char *path, const char *kind, char *msg, size_t ms
     if (got != 4 || memcmp(magic, "GGUF", 4) != 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s is not a GGUF file: --kind %s reads a GGUF file with f32, f16 or bf16 "
-                       "weights (e.g. from convert_hf_to_gguf.py --outtype f16) and writes it "
-                       "requantized",
+                       "weights (e.g. from convert_hf_to_gguf.py --outtype f16), or a Hugging "
+                       "Face folder, and writes it quantized",
                        path, kind);
     return QL_OK;
 }
 
-static int quantize_gguf(const eng_quantize_opts *o, const struct gguf_target *g, FILE *log,
-                         char *msg, size_t msg_len)
+static int quantize_gguf(const eng_quantize_opts *o, const cli_gguf_target *g, FILE *log, char *msg,
+                         size_t msg_len)
 {
     if (o->double_quant)
         return ql_fail(msg, msg_len, QL_EINVAL, "--double-quant is for nf4 and fp4, not %s",
@@ -319,7 +252,7 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
     if (kind != QT_NF4 && kind != QT_FP4)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "--kind %s: quantize writes nf4 or fp4 (safetensors), or q2_k, q3_k, "
-                       "q4_k, q5_k, q6_k or q8_0 (GGUF)",
+                       "q4_k, q5_k, q6_k, q8_0 or f32 (GGUF)",
                        o->kind ? o->kind : "(missing)");
     *p = (qt_quant_params){.kind = (qt_kind)kind,
                            .blocksize = o->blocksize ? o->blocksize : 64,
@@ -367,7 +300,9 @@ static int add_tensors(const eng_quantize_opts *o, const st_file *in, const qt_q
 
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len)
 {
-    const struct gguf_target *g = gguf_target_named(o->kind);
+    const cli_gguf_target *g = gguf_target_named(o->kind);
+    if (g && cli_is_folder(o->in_path))
+        return cli_quantize_hf(o, g, log, msg, msg_len);
     if (g)
         return quantize_gguf(o, g, log, msg, msg_len);
     qt_quant_params p;

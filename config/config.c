@@ -134,10 +134,11 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
 
 #define QUANTIZE_OPTS(q)                                                                           \
     {                                                                                              \
-        {"in", OPT_STRING, &(q)->in_path, "IN.safetensors | IN.gguf: the tensors to quantize"},    \
+        {"in", OPT_STRING, &(q)->in_path,                                                          \
+         "IN.safetensors | IN.gguf | DIR (Hugging Face): what to quantize"},                       \
             {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors | OUT.gguf: where to write"},     \
             {"kind", OPT_STRING, &(q)->kind,                                                       \
-             "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 (GGUF)"},          \
+             "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF)"},    \
             {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"},  \
             {"double-quant", OPT_BOOL, &(q)->double_quant,                                         \
              "quantize absmax again (bitsandbytes compress_statistics)"},                          \
@@ -983,7 +984,9 @@ void cfg_print_usage(FILE *out, const char *sub)
         fprintf(out, "usage: qlserve quantize --in IN.safetensors --out OUT.safetensors "
                      "--kind nf4|fp4 [--blocksize N] [--double-quant]\n"
                      "       qlserve quantize --in IN.gguf --out OUT.gguf --kind "
-                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0\n"
+                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
+                     "       qlserve quantize --in DIR --out OUT.gguf --kind "
+                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
                      "Quantizes every 2-D float tensor and writes the bitsandbytes "
                      "serialization; other tensors are copied.\n"
                      "A GGUF kind requantizes a GGUF file's f32/f16/bf16 weights as "

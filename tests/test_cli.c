@@ -665,3 +665,245 @@ Test(cli, quantize_gguf_refuses_quantized_and_non_gguf_inputs)
     free(out);
     cr_assert_neq(access(outp, F_OK), 0);
 }
+
+/* --- quantize a Hugging Face folder to GGUF -------------------------------- */
+
+/* Every position's logits of a short prompt through m (caller frees). */
+static float *prompt_logits(eng_model *m, const int32_t *ids, int n)
+{
+    char msg[1024];
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m->cfg, 4 << 20, 16, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&st, m, 64, msg, sizeof msg), 0, "%s", msg);
+    eng_seq_kv skv = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &skv, n), 0);
+    size_t vocab = (size_t)m->cfg.vocab_size;
+    float *all = malloc((size_t)n * vocab * sizeof(float)), *last = malloc(vocab * sizeof(float));
+    eng_step_seq s = {.kv = &skv, .tokens = ids, .n_tokens = n, .all_logits = all};
+    cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
+    free(last);
+    eng_kv_release(kv, &skv);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    return all;
+}
+
+/* Both tokenizers give the same ids for each text, special tokens parsed. */
+static void assert_same_ids(const tok_tokenizer *a, const tok_tokenizer *b, const char *what)
+{
+    static const char *const texts[] = {
+        "Hello world! The theme of the thesis, then.",
+        "  leading spaces and\ttabs\n\nnew lines 12345 67 8",
+        "caf\xc3\xa9 na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x98\x80 emoji",
+        "don't I'LL we've <|endoftext|> <|im_start|>user\nhi<|im_end|><|eot_id|></s>",
+        "x",
+    };
+    char msg[512];
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        int32_t *ia, *ib;
+        size_t na, nb;
+        cr_assert_eq(tok_encode(a, texts[i], strlen(texts[i]), true, true, &ia, &na, msg, 512), 0,
+                     "%s", msg);
+        cr_assert_eq(tok_encode(b, texts[i], strlen(texts[i]), true, true, &ib, &nb, msg, 512), 0,
+                     "%s", msg);
+        cr_assert_eq(na, nb, "%s: text %zu: %zu ids from the folder, %zu from the GGUF", what, i,
+                     na, nb);
+        for (size_t k = 0; k < na; k++)
+            cr_assert_eq(ia[k], ib[k], "%s: text %zu, id %zu: %d vs %d", what, i, k, ia[k], ib[k]);
+        free(ia);
+        free(ib);
+    }
+}
+
+/* The folder's model and the GGUF's: the same tokenizer ids, the same
+ * sizes, and logits within tol of the folder's (relative to its largest). */
+static double compare_models(const char *folder, const char *gguf, const char *what)
+{
+    char msg[1024];
+    eng_model a, b;
+    eng_load_opts oa = {.path = folder}, ob = {.path = gguf};
+    cr_assert_eq(eng_model_load(&a, &oa, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_model_load(&b, &ob, msg, sizeof msg), 0, "%s: %s", what, msg);
+    cr_assert_eq(a.cfg.arch, b.cfg.arch, "%s", what);
+    cr_assert_eq(a.cfg.vocab_size, b.cfg.vocab_size, "%s", what);
+    cr_assert_eq(a.cfg.head_dim, b.cfg.head_dim, "%s", what);
+    cr_assert_eq(a.cfg.n_kv_heads, b.cfg.n_kv_heads, "%s", what);
+    assert_same_ids(a.tok, b.tok, what);
+    int32_t ids[8] = {1, 17, 200, 5, 258, 99, 3, 42};
+    float *la = prompt_logits(&a, ids, 8), *lb = prompt_logits(&b, ids, 8);
+    double worst = 0, top = 0;
+    for (int64_t i = 0; i < 8 * (int64_t)a.cfg.vocab_size; i++) {
+        worst = fmax(worst, fabs((double)la[i] - lb[i]));
+        top = fmax(top, fabs((double)la[i]));
+    }
+    free(la);
+    free(lb);
+    eng_model_free(&a);
+    eng_model_free(&b);
+    return worst / top;
+}
+
+/* blk.0.attn_q.weight of the GGUF is, byte for byte, qt_quantize of the
+ * folder's q_proj rows permuted as llama.cpp's converter permutes them
+ * (head by head, the two rotary halves interleaved into adjacent rows). */
+static void assert_permuted_q_bytes(const char *folder, const char *gguf, qt_kind kind, int heads)
+{
+    char path[1024], msg[512];
+    const st_tensor *t = NULL;
+    st_file shards[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/model-%05d-of-00002.safetensors", folder, i + 1);
+        cr_assert_eq(st_open(&shards[i], path, msg, sizeof msg), 0, "%s", msg);
+        if (!t && st_find(&shards[i], "model.layers.0.self_attn.q_proj.weight"))
+            t = st_find(&shards[i], "model.layers.0.self_attn.q_proj.weight");
+    }
+    cr_assert(t);
+    qtensor src, q;
+    cr_assert_eq(st_tensor_qtensor(st_find(&shards[0], t->name) ? &shards[0] : &shards[1], t, &src,
+                                   msg, sizeof msg),
+                 0, "%s", msg);
+    int64_t rows = src.rows, cols = src.cols, per = rows / heads;
+    float *v = malloc((size_t)(rows * cols) * sizeof *v), *row = malloc((size_t)cols * sizeof *row);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t h = r / per, i = r % per / 2, j = r % 2;
+        qt_dequantize_rows(&src, h * per + j * (per / 2) + i, 1, row);
+        memcpy(v + r * cols, row, (size_t)cols * sizeof *row);
+    }
+    qt_quant_params p = {.kind = kind};
+    cr_assert_eq(qt_quantize(&q, v, rows, cols, &p, msg, sizeof msg), 0, "%s", msg);
+    gguf_file f;
+    cr_assert_eq(gguf_open(&f, gguf, msg, sizeof msg), 0, "%s", msg);
+    const gguf_tensor *g = gguf_find_tensor(&f, "blk.0.attn_q.weight");
+    cr_assert(g && g->nbytes == q.data_bytes && memcmp(g->data, q.data, q.data_bytes) == 0,
+              "%s: blk.0.attn_q.weight is not the permuted rows quantized", gguf);
+    gguf_close(&f);
+    qt_free(&q);
+    qt_free(&src);
+    free(v);
+    free(row);
+    st_close(&shards[0]);
+    st_close(&shards[1]);
+}
+
+Test(cli, quantize_a_hugging_face_folder_to_gguf_as_llama_cpp_converts_it)
+{
+    /* llama (sharded, permuted q/k), qwen2 (biases, tied embeddings), and the
+     * qwen3 fixture (q/k norms, head_dim given) */
+    char folder[600], outp[700], args[2000], from[1024], to[1024];
+    tiny_spec llama = tiny_default();
+    llama.hidden = 256, llama.inter = 512, llama.shards = 2;
+    tiny_spec qwen2 = tiny_default();
+    qwen2.arch = "Qwen2ForCausalLM", qwen2.tie = true, qwen2.dtype = ST_F32;
+    const struct {
+        const char *name;
+        const tiny_spec *spec;
+    } models[] = {{"llama", &llama}, {"qwen2", &qwen2}, {"qwen3", NULL}};
+    /* worst relative logit error allowed for each kind: f32 is the same
+     * arithmetic (the permuted rows run as interleaved rotary pairs); the
+     * others are bounded by what 8 and 4.5 bits keep */
+    const struct {
+        const char *kind;
+        double tol;
+    } kinds[] = {{"f32", 1e-5}, {"q8_0", 0.02}, {"q4_k", 0.3}};
+    for (size_t mi = 0; mi < 3; mi++) {
+        snprintf(folder, sizeof folder, "%s/%s", dir, models[mi].name);
+        cr_assert_eq(mkdir(folder, 0755), 0);
+        if (models[mi].spec) {
+            tiny_write_hf(folder, models[mi].spec);
+        } else {
+            const char *files[] = {"config.json", "model.safetensors"};
+            for (size_t i = 0; i < 2; i++) {
+                snprintf(from, sizeof from, "%s/qwen3_tiny/%s", QL_FIXTURES, files[i]);
+                snprintf(to, sizeof to, "%s/%s", folder, files[i]);
+                cr_assert(test_copy_file(from, to));
+            }
+            snprintf(to, sizeof to, "%s/tokenizer.json", folder);
+            tiny_write_tokenizer_json(to);
+        }
+        for (size_t k = 0; k < 3; k++) {
+            snprintf(outp, sizeof outp, "%s/%s-%s.gguf", dir, models[mi].name, kinds[k].kind);
+            snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind %s", folder, outp,
+                     kinds[k].kind);
+            char *out;
+            cr_assert_eq(run(args, &out), 0, "%s", out);
+            cr_assert(strstr(out, "wrote "), "%s", out);
+            free(out);
+            double err = compare_models(folder, outp, outp);
+            cr_log_info("%s %s: worst relative logit error %.3g", models[mi].name, kinds[k].kind,
+                        err);
+            cr_assert_leq(err, kinds[k].tol, "%s %s: %.3g", models[mi].name, kinds[k].kind, err);
+            if (mi == 0 && k > 0)
+                assert_permuted_q_bytes(folder, outp, k == 1 ? QT_Q8_0 : QT_Q4_K, llama.heads);
+        }
+    }
+}
+
+/* The real tokenizers of tests/fixtures/tokenizers (Llama 3's, Qwen2's,
+ * SmolLM2's byte-level BPE; a SentencePiece-style BPE with byte fallback)
+ * in a folder quantized to q8_0: the GGUF's tokenizer gives the folder's
+ * ids (llama.cpp's too: checked by hand, see README). */
+Test(cli, quantize_a_folder_carries_its_real_tokenizer_into_the_gguf)
+{
+    const char *const names[] = {"llama3", "qwen2", "smollm2", "spm"};
+    char folder[600], outp[700], args[2000], from[1024], to[1024], msg[512];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(from, sizeof from, "%s/tokenizers/%s", QL_FIXTURES, names[i]);
+        tok_tokenizer *t;
+        cr_assert_eq(eng_tokenizer_load(&t, from, msg, sizeof msg), 0, "%s", msg);
+        tiny_spec s = tiny_default();
+        s.vocab = (int)tok_vocab_size(t);
+        s.arch = strcmp(names[i], "qwen2") == 0 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+        tok_free(t);
+        snprintf(folder, sizeof folder, "%s/%s", dir, names[i]);
+        cr_assert_eq(mkdir(folder, 0755), 0);
+        tiny_write_hf(folder, &s);
+        const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+        for (size_t k = 0; k < 2; k++) {
+            snprintf(from, sizeof from, "%s/tokenizers/%s/%s", QL_FIXTURES, names[i], files[k]);
+            snprintf(to, sizeof to, "%s/%s", folder, files[k]);
+            cr_assert(test_copy_file(from, to));
+        }
+        snprintf(outp, sizeof outp, "%s/%s.gguf", dir, names[i]);
+        snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q8_0", folder, outp);
+        char *out;
+        cr_assert_eq(run(args, &out), 0, "%s", out);
+        free(out);
+        gguf_file f;
+        cr_assert_eq(gguf_open(&f, outp, msg, sizeof msg), 0, "%s", msg);
+        const gguf_kv *model = gguf_find_kv(&f, "tokenizer.ggml.model");
+        const char *want = strcmp(names[i], "spm") == 0 ? "llama" : "gpt2";
+        cr_assert(model && model->str.len == strlen(want) &&
+                      memcmp(model->str.ptr, want, model->str.len) == 0,
+                  "%s", names[i]);
+        cr_assert(gguf_find_kv(&f, strcmp(want, "llama") ? "tokenizer.ggml.merges"
+                                                         : "tokenizer.ggml.scores"),
+                  "%s", names[i]);
+        gguf_close(&f);
+        double err = compare_models(folder, outp, names[i]);
+        cr_assert_leq(err, 0.02, "%s: %.3g", names[i], err);
+    }
+}
+
+Test(cli, quantize_a_folder_refuses_other_architectures_by_name)
+{
+    char folder[600], outp[700], args[2000], path[700];
+    snprintf(folder, sizeof folder, "%s/phi", dir);
+    cr_assert_eq(mkdir(folder, 0755), 0);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(folder, &s);
+    snprintf(path, sizeof path, "%s/config.json", folder);
+    tiny_write_json(path, "{\"architectures\": [\"Phi3ForCausalLM\"], \"vocab_size\": 260}");
+    snprintf(outp, sizeof outp, "%s/out.gguf", dir);
+    snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q4_k", folder, outp);
+    char *out;
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "architecture Phi3ForCausalLM is not one quantize converts") &&
+                  strstr(out, "Qwen3ForCausalLM"),
+              "%s", out);
+    free(out);
+    cr_assert_neq(access(outp, F_OK), 0, "a refused quantize left an output file");
+}

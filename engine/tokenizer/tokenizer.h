@@ -77,4 +77,25 @@ size_t tok_vocab_size(const tok_tokenizer *t);
 /* "byte-level BPE" or "sentencepiece BPE", with the pre-tokenizer's name. */
 const char *tok_describe(const tok_tokenizer *t);
 
+/* --- the tokenizer's contents, for writing it into a GGUF (tok_export.c) --- */
+
+/* Token id's text (borrowed from t, *len bytes, not NUL-terminated) and its
+ * GGUF tokenizer.ggml.token_type into *type (1 normal, 2 unknown, 3 control,
+ * 4 user-defined, 6 byte); NULL for an id no entry names or out of range. */
+const char *tok_token_text(const tok_tokenizer *t, int32_t id, size_t *len, int *type);
+/* tokenizer.ggml.model as llama.cpp names the family: "gpt2" (byte-level
+ * BPE) or "llama" (SentencePiece-style, byte fallback). */
+const char *tok_gguf_model(const tok_tokenizer *t);
+/* tokenizer.ggml.pre: the name llama.cpp's converter gives this
+ * pre-tokenizer ("default" for the SentencePiece family), or NULL when no
+ * name of llama.cpp's runs the same steps. */
+const char *tok_gguf_pre(const tok_tokenizer *t);
+/* The merges in rank order as (left, right, result) id triples: *merges
+ * holds 3 * *n ids (the caller frees it; NULL when there are none).
+ * QL_ENOMEM when out of memory. */
+int tok_merges(const tok_tokenizer *t, int32_t **merges, size_t *n);
+int32_t tok_unk(const tok_tokenizer *t); /* -1 when none */
+/* The id whose text is s[0..n), or -1. */
+int32_t tok_token_id(const tok_tokenizer *t, const char *s, size_t n);
+
 #endif
