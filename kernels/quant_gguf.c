@@ -101,19 +101,6 @@ int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     return QL_OK;
 }
 
-int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
-                            const qt_quant_params *p, char *msg, size_t msg_len)
-{
-    (void)src;
-    (void)rows;
-    (void)cols;
-    (void)p;
-    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "quantizing into %s is not supported yet (%s tensors are read from GGUF "
-                   "files in place); use q4_0, q4_1, q5_0, q5_1 or q8_0",
-                   qt_kind_name(t->kind), qt_kind_name(t->kind));
-}
-
 /* One super-block of 256 (a k-quant or IQ4_XS) into o, element by
  * element through qt_math.h and qt_quant_math.h (the sub-block scales
  * recomputed per element give the same f32 values as ggml's

@@ -95,17 +95,14 @@ void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, fl
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K and
  * IQ4_NL, IQ4_XS, llama.cpp layout (quant_gguf.c). qt_gguf_quantize
- * writes the linear blocks of 32; qt_gguf_refuse_quantize is the row of
- * every kind read in place only (the k-quants, IQ4_NL, IQ4_XS), which
- * refuses. */
+ * writes the linear blocks of 32 (Q4_0 ... Q5_1); the k-quants and IQ4
+ * quantize through qt_kquant_quantize below. */
 int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
-int qt_gguf_refuse_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
-                            const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* Bytes per block (of the kind's block_size elements) for a GGUF kind. */
 size_t qt_gguf_block_bytes(qt_kind kind);
-/* Quantizing into Q2_K ... Q6_K: llama.cpp's reference quantizers
+/* Quantizing into Q2_K ... Q6_K, IQ4_NL and IQ4_XS: llama.cpp's reference quantizers
  * (quant_kquant.c, arithmetic in kernels/math/qt_kquant_ref.h). */
 int qt_kquant_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
