@@ -176,36 +176,14 @@ static int affine_params(const qtensor *w, qt_quant_params *p, char *msg, size_t
     return QL_OK;
 }
 
+/* Every GGUF kind requantizes into itself with llama.cpp's quantizer for
+ * it, byte for byte (Q4_0 ... Q5_1: quant_gguf.c; the k-quants, IQ4_NL and
+ * IQ4_XS: the reference ones of quant_kquant.c). The weight's columns are
+ * whole blocks of its kind already, so the merged tensor has its layout. */
 static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    if (w->kind != QT_Q4_0 && w->kind != QT_Q4_1 && w->kind != QT_Q8_0 && w->kind != QT_Q5_0 &&
-        w->kind != QT_Q5_1)
+    if (!qt_traits_table[w->kind].is_gguf)
         return wrong_family(w, "GGUF", msg, msg_len);
-    p->kind = w->kind;
-    return QL_OK;
-}
-
-/* The k-quants requantize into their own kind through llama.cpp's
- * reference quantizers (kernels/quant_kquant.c: quantize_row_q4_K_ref and
- * its siblings, byte for byte). A k-quant weight's columns are whole
- * super-blocks of 256 already, so the merged tensor has its layout. */
-static int kquant_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
-{
-    if (w->kind != QT_Q4_K && w->kind != QT_Q5_K && w->kind != QT_Q6_K && w->kind != QT_Q2_K &&
-        w->kind != QT_Q3_K)
-        return wrong_family(w, "GGUF k-quant", msg, msg_len);
-    p->kind = w->kind;
-    return QL_OK;
-}
-
-/* IQ4_NL and IQ4_XS requantize into their own kind through llama.cpp's
- * reference quantizers (kernels/quant_kquant.c: quantize_row_iq4_nl_ref
- * and _iq4_xs_ref, byte for byte), as the k-quants do; the weight's columns
- * are whole blocks of the kind already. */
-static int iq4_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
-{
-    if (w->kind != QT_IQ4_NL && w->kind != QT_IQ4_XS)
-        return wrong_family(w, "GGUF IQ4", msg, msg_len);
     p->kind = w->kind;
     return QL_OK;
 }
@@ -458,8 +436,6 @@ MERGE_FAMILY(merge_dense, dense_params)
 MERGE_FAMILY(merge_bnb4, bnb4_params)
 MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
-MERGE_FAMILY(merge_kquant, kquant_params)
-MERGE_FAMILY(merge_iq4, iq4_params)
 
 /* --- the table ---------------------------------------------------------- */
 
@@ -475,13 +451,13 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_Q8_0] = {.kind = "q8_0", .merge = merge_gguf},
     [QT_Q5_0] = {.kind = "q5_0", .merge = merge_gguf},
     [QT_Q5_1] = {.kind = "q5_1", .merge = merge_gguf},
-    [QT_Q4_K] = {.kind = "q4_k", .merge = merge_kquant},
-    [QT_Q5_K] = {.kind = "q5_k", .merge = merge_kquant},
-    [QT_Q6_K] = {.kind = "q6_k", .merge = merge_kquant},
-    [QT_Q2_K] = {.kind = "q2_k", .merge = merge_kquant},
-    [QT_Q3_K] = {.kind = "q3_k", .merge = merge_kquant},
-    [QT_IQ4_NL] = {.kind = "iq4_nl", .merge = merge_iq4},
-    [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_iq4},
+    [QT_Q4_K] = {.kind = "q4_k", .merge = merge_gguf},
+    [QT_Q5_K] = {.kind = "q5_k", .merge = merge_gguf},
+    [QT_Q6_K] = {.kind = "q6_k", .merge = merge_gguf},
+    [QT_Q2_K] = {.kind = "q2_k", .merge = merge_gguf},
+    [QT_Q3_K] = {.kind = "q3_k", .merge = merge_gguf},
+    [QT_IQ4_NL] = {.kind = "iq4_nl", .merge = merge_gguf},
+    [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_gguf},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)

@@ -1169,5 +1169,5 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
 
 extern "C" bool qt_cuda_merge_requantizes(qt_kind kind)
 {
-    return cuda_runs_kind(kind) && !gguf_read_only(kind);
+    return cuda_runs_kind(kind); /* every kind it runs, each with the CPU's quantizer */
 }

@@ -169,17 +169,6 @@ static inline __host__ __device__ bool gguf_split(qt_kind k)
     return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
 }
 
-/* The GGUF kinds the CPU reads in place only, with no requantizer for a
- * device merge to match: none today. The k-quants and IQ4_NL, IQ4_XS
- * requantize with llama.cpp's reference quantizers (kernels/math/
- * qt_kquant_ref.h, the CPU's own arithmetic); a GGUF kind added without
- * one is named here. */
-static inline __host__ __device__ bool gguf_read_only(qt_kind k)
-{
-    (void)k;
-    return false;
-}
-
 /* The kinds this backend has kernels for: every kind of qtensor.h today
  * (a kind added there stays refused here by name until it has kernels). */
 static inline bool cuda_runs_kind(qt_kind k)
