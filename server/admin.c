@@ -146,25 +146,26 @@ static cJSON *report_json(const lora_report *r)
 
 /* --- loading, merging and unmerging: work off the loop ---------------------------- */
 
-/* Resolve a client's adapter path under the adapter directory: relative,
- * no "..", and (symlinks followed) still inside it. */
-static bool resolve_adapter_path(srv_conn *c, const char *path, char *out, size_t out_len)
+/* Resolve a client's adapter path under the adapter directory root:
+ * relative, no "..", and (symlinks followed) still inside it, into out.
+ * On a pool thread (realpath waits on the file system, which may be a
+ * network volume). False with the answer's status and sentence in w. */
+static bool resolve_adapter_path(srv_work *w, const char *root, const char *path, char *out,
+                                 size_t out_len)
 {
-    const char *root = c->s->cfg->adapter_dir;
-    if (!root) {
-        srv_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
-        return false;
-    }
     char real_root[PATH_MAX];
     if (!realpath(root, real_root)) {
-        srv_fail(c, 500, "the adapter directory %s cannot be resolved: %s", root, strerror(errno));
+        w->status = 500;
+        snprintf(w->msg, sizeof w->msg, "the adapter directory %s cannot be resolved: %s", root,
+                 strerror(errno));
         return false;
     }
+    w->status = 400;
     char joined[PATH_MAX * 2];
     if (path[0] == '/') {
         size_t n = strlen(real_root);
         if (strncmp(path, real_root, n) != 0 || (path[n] != '/' && path[n] != 0)) {
-            srv_fail(c, 400, "path %s is outside the adapter directory", path);
+            snprintf(w->msg, sizeof w->msg, "path %.900s is outside the adapter directory", path);
             return false;
         }
         snprintf(joined, sizeof joined, "%s", path);
@@ -174,7 +175,7 @@ static bool resolve_adapter_path(srv_conn *c, const char *path, char *out, size_
     for (const char *p = path; *p;) {
         size_t seg = strcspn(p, "/");
         if (seg == 2 && p[0] == '.' && p[1] == '.') {
-            srv_fail(c, 400, "path %s: \"..\" is not allowed", path);
+            snprintf(w->msg, sizeof w->msg, "path %.900s: \"..\" is not allowed", path);
             return false;
         }
         p += seg;
@@ -183,20 +184,29 @@ static bool resolve_adapter_path(srv_conn *c, const char *path, char *out, size_
     }
     char real[PATH_MAX];
     if (!realpath(joined, real)) {
-        srv_fail(c, 404, "adapter path %s: %s", path, strerror(errno));
+        w->status = 404;
+        snprintf(w->msg, sizeof w->msg, "adapter path %.900s: %s", path, strerror(errno));
         return false;
     }
     size_t n = strlen(real_root);
     if (strncmp(real, real_root, n) != 0 || (real[n] != '/' && real[n] != 0)) {
-        srv_fail(c, 400, "path %s leads outside the adapter directory", path);
+        snprintf(w->msg, sizeof w->msg, "path %.900s leads outside the adapter directory", path);
         return false;
     }
+    w->status = 0;
     snprintf(out, out_len, "%s", real);
     return true;
 }
 
+/* w->path is the client's until resolved here. */
 static void run_load(srv_work *w)
 {
+    char resolved[PATH_MAX];
+    if (!resolve_adapter_path(w, w->s->cfg->adapter_dir, w->path, resolved, sizeof resolved)) {
+        w->rc = QL_EINVAL;
+        return;
+    }
+    snprintf(w->path, sizeof w->path, "%s", resolved);
     w->rc = lora_registry_load(w->s->registry, w->name, w->path, w->scale, &w->meta, w->msg,
                                sizeof w->msg);
 }
@@ -207,7 +217,7 @@ static void done_load(srv_work *w)
     if (!c)
         return;
     if (w->rc != QL_OK) {
-        srv_fail(c, srv_status_of(w->rc), "%s", w->msg);
+        srv_fail(c, w->status ? w->status : srv_status_of(w->rc), "%s", w->msg);
         return;
     }
     /* the registry's own listing of it (bytes, requests) */
@@ -305,7 +315,6 @@ void srv_admin_load(srv_conn *c, const char *name_in_path)
     static const char *const fields[] = {"name", "path", "scale", NULL};
     const char *name = NULL, *path = NULL;
     double scale = 1.0;
-    char resolved[PATH_MAX];
     bool ok = srv_only_known(c, root, "the body", fields) &&
               srv_get_string(c, root, "name", &name) && srv_get_string(c, root, "path", &path) &&
               srv_get_number(c, root, "scale", -100.0, 100.0, &scale, NULL);
@@ -318,12 +327,20 @@ void srv_admin_load(srv_conn *c, const char *name_in_path)
         srv_fail(c, 409, "%s is the base model's name", name);
         ok = false;
     }
-    ok = ok && resolve_adapter_path(c, path, resolved, sizeof resolved);
+    if (ok && !c->s->cfg->adapter_dir) {
+        srv_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
+        ok = false;
+    }
+    if (ok && strlen(path) >= sizeof ((srv_work *)0)->path) {
+        srv_fail(c, 400, "path is %zu bytes, longer than any path", strlen(path));
+        ok = false;
+    }
     srv_work *w = ok ? new_work(c, name) : NULL;
+    if (w)
+        snprintf(w->path, sizeof w->path, "%s", path); /* resolved by run_load */
     cJSON_Delete(root);
     if (!w)
         return;
-    snprintf(w->path, sizeof w->path, "%s", resolved);
     w->scale = (float)scale;
     w->run = run_load;
     w->done = done_load;
@@ -384,17 +401,34 @@ void srv_admin_unmerge(srv_conn *c, const char *name)
     merge_or_unmerge(c, name, false);
 }
 
-void srv_admin_unload(srv_conn *c, const char *name)
+/* Unloading waits for a merge in progress (the merged configuration must
+ * hold still), which takes seconds: off the loop. */
+static void run_unload(srv_work *w)
 {
-    char msg[512];
-    int rc = lora_registry_unload(c->s->registry, name, msg, sizeof msg);
-    if (rc != QL_OK) {
-        srv_fail(c, srv_status_of(rc), "%s", msg);
+    w->rc = lora_registry_unload(w->s->registry, w->name, w->msg, sizeof w->msg);
+}
+
+static void done_unload(srv_work *w)
+{
+    if (!w->conn)
+        return;
+    if (w->rc != QL_OK) {
+        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
         return;
     }
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "unloaded", name);
-    srv_respond_cjson(c, 200, root);
+    cJSON_AddStringToObject(root, "unloaded", w->name);
+    srv_respond_cjson(w->conn, 200, root);
+}
+
+void srv_admin_unload(srv_conn *c, const char *name)
+{
+    srv_work *w = new_work(c, name);
+    if (!w)
+        return;
+    w->run = run_unload;
+    w->done = done_unload;
+    start_work(c, w);
 }
 
 void srv_admin_state(srv_conn *c, const char *name)

@@ -263,10 +263,39 @@ static bool adapter_template(srv_conn *c, const char *adapter, bool tools, tpl_t
     return true;
 }
 
-/* Render the request's messages into *prompt (free()), with the adapter's
- * template when it has one, else the model's. False after answering the
- * refusal. */
-static bool render_prompt(srv_conn *c, const cJSON *root, const char *adapter, char **prompt)
+/* A chat prompt rendered off the loop (srv_prompt_maker's arg): the
+ * template and its variables, both owned but t, which is the server's
+ * (it outlives every request: the templates are freed after the drain). */
+typedef struct chat_render {
+    const tpl_template *t;
+    tpl_template *own; /* the adapter's, when t is it */
+    cJSON *ctx;
+} chat_render;
+
+static int render_make(void *arg, char **prompt, char *msg, size_t msg_len)
+{
+    const chat_render *cr = arg;
+    char why[1024];
+    size_t len = 0;
+    int rc = tpl_render(cr->t, cr->ctx, CHAT_RENDER_MAX, prompt, &len, why, sizeof why);
+    if (rc != QL_OK)
+        snprintf(msg, msg_len, "the chat template: %s", why);
+    return rc;
+}
+
+static void render_drop(void *arg)
+{
+    chat_render *cr = arg;
+    tpl_free(cr->own);
+    cJSON_Delete(cr->ctx);
+    free(cr);
+}
+
+/* The request's messages, to be rendered off the loop with the adapter's
+ * template when it has one, else the model's, into *maker. False after
+ * answering the refusal. */
+static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
+                         srv_prompt_maker *maker)
 {
     cJSON *ctx = template_context(c, root);
     if (!ctx)
@@ -278,19 +307,16 @@ static bool render_prompt(srv_conn *c, const cJSON *root, const char *adapter, c
         return false;
     }
     const tpl_template *t = own ? own : template_for(c, tools);
-    if (!t) {
+    chat_render *cr = t ? calloc(1, sizeof *cr) : NULL;
+    if (!cr) {
+        if (t)
+            srv_fail(c, 503, "out of memory");
+        tpl_free(own);
         cJSON_Delete(ctx);
         return false;
     }
-    char msg[1024];
-    size_t len = 0;
-    int rc = tpl_render(t, ctx, CHAT_RENDER_MAX, prompt, &len, msg, sizeof msg);
-    tpl_free(own);
-    cJSON_Delete(ctx);
-    if (rc != QL_OK) {
-        srv_fail(c, srv_status_of(rc), "the chat template: %s", msg);
-        return false;
-    }
+    *cr = (chat_render){.t = t, .own = own, .ctx = ctx};
+    *maker = (srv_prompt_maker){.make = render_make, .drop = render_drop, .arg = cr};
     return true;
 }
 
@@ -492,12 +518,11 @@ static const srv_shape chat_stream = {.stream = true,
 
 /* A chat request read whole: the body (returned: a's strings point into
  * it; cJSON_Delete it after a), its fields in a, the adapter its "model"
- * names, and its messages rendered into *prompt (free()). NULL after
- * answering a refusal (the templates come with the model: not before it
- * has loaded). */
-static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, char **prompt)
+ * names, and its messages ready to render (*maker, the caller's). NULL
+ * after answering a refusal (the templates come with the model: not before
+ * it has loaded). */
+static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, srv_prompt_maker *maker)
 {
-    *prompt = NULL;
     if (!srv_ready(c))
         return NULL;
     cJSON *root = srv_body_object(c);
@@ -509,12 +534,47 @@ static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, char **prompt)
         return NULL;
     }
     a->adapter = srv_adapter_named(c, model);
-    if (!render_prompt(c, root, a->adapter, prompt)) {
+    if (!prompt_maker(c, root, a->adapter, maker)) {
         cJSON_Delete(root);
         return NULL;
     }
-    a->prompt = *prompt;
     return root;
+}
+
+/* /chat_tokenize's work: the template rendered and its text tokenized, on
+ * a pool thread. */
+typedef struct chat_tokens {
+    srv_prompt_maker maker;
+    char *prompt;
+    cJSON *tokens;
+} chat_tokens;
+
+static void chat_tokens_run(srv_work *w)
+{
+    chat_tokens *ct = w->job;
+    w->rc = ct->maker.make(ct->maker.arg, &ct->prompt, w->msg, sizeof w->msg);
+    /* a rendered template writes its own special tokens: none added */
+    if (w->rc == QL_OK)
+        w->rc = srv_tokenize_spans(w->s->model.tok, ct->prompt, strlen(ct->prompt), false,
+                                   &ct->tokens, w->msg, sizeof w->msg);
+}
+
+static void chat_tokens_done(srv_work *w)
+{
+    chat_tokens *ct = w->job;
+    if (w->conn && w->rc == QL_OK) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "tokenize_response", ct->tokens);
+        cJSON_AddStringToObject(o, "templated_text", ct->prompt);
+        srv_respond_cjson(w->conn, 200, o);
+        ct->tokens = NULL;
+    } else if (w->conn) {
+        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+    }
+    ct->maker.drop(ct->maker.arg);
+    cJSON_Delete(ct->tokens);
+    free(ct->prompt);
+    free(ct);
 }
 
 /* POST /chat_tokenize (TGI's): what the model would be fed for this chat
@@ -524,25 +584,22 @@ void srv_chat_tokenize(srv_conn *c, const char *name)
     (void)name;
     srv_ask a = {0};
     bool stream = false;
-    char *prompt;
-    cJSON *root = read_chat(c, &a, &stream, &prompt);
+    srv_prompt_maker maker;
+    cJSON *root = read_chat(c, &a, &stream, &maker);
     if (!root)
         return;
-    char msg[1024];
-    cJSON *tokens = NULL;
-    /* a rendered template writes its own special tokens: none added */
-    int rc = srv_tokenize_spans(c->s->model.tok, prompt, strlen(prompt), false, &tokens, msg,
-                                sizeof msg);
-    if (rc == QL_OK) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "tokenize_response", tokens);
-        cJSON_AddStringToObject(o, "templated_text", prompt);
-        srv_respond_cjson(c, 200, o);
-    } else {
-        srv_fail(c, srv_status_of(rc), "%s", msg);
-    }
-    free(prompt);
     cJSON_Delete(root);
+    chat_tokens *ct = calloc(1, sizeof *ct);
+    if (!ct) {
+        maker.drop(maker.arg);
+        srv_fail(c, 503, "out of memory");
+        return;
+    }
+    ct->maker = maker;
+    if (srv_work_begin(c, ct, chat_tokens_run, chat_tokens_done) != 0) {
+        maker.drop(maker.arg);
+        free(ct);
+    }
 }
 
 void srv_oai_chat(srv_conn *c, const char *name)
@@ -550,11 +607,10 @@ void srv_oai_chat(srv_conn *c, const char *name)
     (void)name;
     srv_ask a = {0};
     bool stream = false;
-    char *prompt;
-    cJSON *root = read_chat(c, &a, &stream, &prompt);
+    srv_prompt_maker maker;
+    cJSON *root = read_chat(c, &a, &stream, &maker);
     if (!root)
         return;
-    srv_generate(c, &a, stream ? &chat_stream : &chat_whole);
-    free(prompt);
+    srv_generate_made(c, &a, stream ? &chat_stream : &chat_whole, maker);
     cJSON_Delete(root);
 }

@@ -560,6 +560,53 @@ int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, boo
     return rc;
 }
 
+/* /tokenize's work: the text tokenized with its spans on a pool thread
+ * (a megabyte of text must not hold the loop). */
+typedef struct tgi_tokens {
+    char *text;
+    bool add_special;
+    int32_t truncate;
+    cJSON *list;
+} tgi_tokens;
+
+static void tgi_tokens_run(srv_work *w)
+{
+    tgi_tokens *tt = w->job;
+    w->rc = srv_tokenize_spans(w->s->model.tok, tt->text, strlen(tt->text), tt->add_special,
+                               &tt->list, w->msg, sizeof w->msg);
+    /* truncate keeps the last tokens, as a generation would */
+    int n = w->rc == QL_OK ? cJSON_GetArraySize(tt->list) : 0;
+    if (tt->truncate > 0 && n > tt->truncate) {
+        cJSON *kept = cJSON_CreateArray();
+        cJSON *item = tt->list->child;
+        for (int k = 0; k < n - tt->truncate; k++)
+            item = item->next;
+        while (kept && item) {
+            cJSON *next = item->next;
+            cJSON_AddItemToArray(kept, cJSON_DetachItemViaPointer(tt->list, item));
+            item = next;
+        }
+        cJSON_Delete(tt->list);
+        tt->list = kept;
+        if (!kept)
+            w->rc = ql_fail(w->msg, sizeof w->msg, QL_ENOMEM, "out of memory");
+    }
+}
+
+static void tgi_tokens_done(srv_work *w)
+{
+    tgi_tokens *tt = w->job;
+    if (w->conn && w->rc == QL_OK) {
+        srv_respond_cjson(w->conn, 200, tt->list);
+        tt->list = NULL;
+    } else if (w->conn) {
+        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+    }
+    cJSON_Delete(tt->list);
+    free(tt->text);
+    free(tt);
+}
+
 /*
  * POST /tokenize, TGI's: a /generate body ({"inputs", "parameters"},
  * checked as /generate checks it) answered with the prompt's tokens as the
@@ -575,33 +622,29 @@ void srv_tgi_tokenize(srv_conn *c, const char *name)
     cJSON *root = srv_body_object(c);
     if (!root)
         return;
-    bool add_special = true;
     cJSON *flag = cJSON_DetachItemFromObjectCaseSensitive(root, "add_special_tokens");
+    srv_ask a = {0};
+    tgi_tokens *tt = NULL;
     if (!srv_is_null(flag) && !cJSON_IsBool(flag)) {
         srv_fail(c, 400, "\"add_special_tokens\" must be a boolean");
-    } else {
-        add_special = !cJSON_IsFalse(flag);
-        srv_ask a = {0};
-        if (parse_tgi(c, root, &a)) {
-            if (c->s->draining || !c->s->serving) {
-                srv_fail(c, 503,
-                         c->s->draining ? "the server is shutting down"
-                                        : "the model is still loading");
-            } else {
-                char msg[1024];
-                cJSON *list;
-                int rc = srv_tokenize_spans(c->s->model.tok, a.prompt, strlen(a.prompt),
-                                            add_special, &list, msg, sizeof msg);
-                /* truncate keeps the last tokens, as a generation would */
-                while (rc == QL_OK && a.truncate > 0 && cJSON_GetArraySize(list) > a.truncate)
-                    cJSON_DeleteItemFromArray(list, 0);
-                if (rc == QL_OK)
-                    srv_respond_cjson(c, 200, list);
-                else
-                    srv_fail(c, srv_status_of(rc), "%s", msg);
-            }
+    } else if (parse_tgi(c, root, &a) && srv_ready(c)) {
+        tt = calloc(1, sizeof *tt);
+        if (tt && !(tt->text = strdup(a.prompt))) {
+            free(tt);
+            tt = NULL;
+        }
+        if (!tt)
+            srv_fail(c, 503, "out of memory");
+    }
+    if (tt) {
+        tt->add_special = !cJSON_IsFalse(flag);
+        tt->truncate = a.truncate;
+        if (srv_work_begin(c, tt, tgi_tokens_run, tgi_tokens_done) != 0) {
+            free(tt->text);
+            free(tt);
         }
     }
+    srv_ask_free(&a);
     cJSON_Delete(flag);
     cJSON_Delete(root);
 }

@@ -502,6 +502,7 @@ static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, c
     g->s = c->s;
     g->conn = c;
     g->shape = shape;
+    g->t_start = ql_now_s(); /* the wait for a prompt's tokens counts */
     g->n_parts = a->n_prompts ? (int32_t)a->n_prompts : 1;
     g->keep = a->n > 0 ? a->n : 1;
     g->per_part = a->best_of > g->keep ? a->best_of : g->keep;
@@ -542,28 +543,36 @@ static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, c
     return g;
 }
 
-/* Submit each of g's prompts; on a refusal cancel those already in, which
- * then end unheard (g is detached), and answer it. */
-static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_ask *a, eng_request *r)
+/* Answer a refused prompt: "prompt <part>: " before msg when the request
+ * has several (part >= 0). */
+static void fail_part(srv_conn *c, int rc, int32_t part, const char *msg)
+{
+    if (part >= 0)
+        srv_fail(c, srv_status_of(rc), "prompt %d: %s", part, msg);
+    else
+        srv_fail(c, srv_status_of(rc), "%s", msg);
+}
+
+/* Submit each of g's prompts, in[p] its ids (given, or made off the loop);
+ * on a refusal cancel those already in, which then end unheard (g is
+ * detached), and answer it. */
+static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_prompt_in *in, eng_request *r)
 {
     char msg[1024];
+    bool several = g->n_parts > 1;
     r->on_prompt = bridge_prompt;
     r->on_token = bridge_token;
     r->on_choice_done = bridge_choice_done;
     r->on_done = bridge_done;
-    g->t_start = ql_now_s();
+    r->prompt = NULL;
+    r->prompt_len = 0;
     for (int32_t p = 0; p < g->n_parts; p++) {
-        const srv_prompt_in *in = a->n_prompts ? &a->prompts[p] : NULL;
-        const char *text = in ? in->text : a->prompt;
-        r->prompt = text;
-        r->prompt_len = text ? strlen(text) : 0;
-        r->prompt_tokens = in && !text ? in->tokens : NULL;
-        r->n_prompt_tokens = in && !text ? in->n_tokens : 0;
+        r->prompt_tokens = in[p].tokens;
+        r->n_prompt_tokens = in[p].n_tokens;
         r->user = &g->parts[p];
         int rc = eng_engine_submit(c->s->engine, r, &g->parts[p].id, msg, sizeof msg);
         if (rc == QL_OK)
             continue;
-        bool several = g->n_parts > 1;
         if (p == 0) {
             gen_free_memory(g);
         } else {
@@ -574,50 +583,174 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_ask *a, eng_reques
             gen_live(g);
             gen_cancel(g);
         }
-        if (several)
-            srv_fail(c, srv_status_of(rc), "prompt %d: %s", p, msg);
-        else
-            srv_fail(c, srv_status_of(rc), "%s", msg);
+        fail_part(c, rc, several ? p : -1, msg);
         return false;
     }
     gen_live(g);
+    c->gen = g;
+    if (g->shape->stream)
+        srv_stream_begin(c);
     return true;
 }
 
-void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
+/*
+ * A generation whose prompts are made off the loop: a chat template
+ * rendered (maker) and text tokenized on a pool thread, then submitted from
+ * the loop (prep_done). Tokenizing is linear in the prompt but a prompt may
+ * be a megabyte of hostile text, and nothing on the loop may take that
+ * long: /health must answer meanwhile. Owns copies of everything of the
+ * srv_ask the engine still reads, since the body it pointed into is gone
+ * by then, and a reference to the adapter.
+ */
+typedef struct gen_prep {
+    srv_gen *g;
+    eng_request r; /* shared by every part; its pointers lead into this struct */
+    eng_lora_term term;
+    char *stops[SRV_MAX_STOPS];
+    eng_logit_bias logit_bias[ENG_MAX_LOGIT_BIAS];
+    srv_prompt_maker maker; /* make NULL: the prompts are a's */
+    char *texts[SRV_MAX_PROMPTS]; /* a text prompt's copy, else NULL */
+    srv_prompt_in in[SRV_MAX_PROMPTS]; /* each part's ids: given, or made by run */
+    int32_t *ids[SRV_MAX_PROMPTS];     /* what in's tokens point at, owned */
+    int32_t failed;                    /* the part refused, or -1 */
+} gen_prep;
+
+static void prep_free(gen_prep *p)
 {
-    if (!srv_ready(c))
-        return;
-    /* the adapter and its default scale, when the request gives none */
+    if (p->maker.drop)
+        p->maker.drop(p->maker.arg);
+    for (size_t i = 0; i < SRV_MAX_STOPS; i++)
+        free(p->stops[i]);
+    for (size_t i = 0; i < SRV_MAX_PROMPTS; i++) {
+        free(p->texts[i]);
+        free(p->ids[i]);
+    }
+    eng_lora_unref(p->term.lora);
+    free(p);
+}
+
+/* r's copy, with a's prompts (texts, or ids), stops and logit bias copied,
+ * taking the adapter reference in term and maker; NULL when memory is
+ * short (both are then still the caller's). */
+static gen_prep *prep_new(srv_gen *g, const srv_ask *a, const eng_request *r, eng_lora_term term,
+                          const srv_prompt_maker *maker)
+{
+    gen_prep *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->g = g;
+    p->r = *r;
+    p->failed = -1;
+    bool ok = true;
+    for (size_t i = 0; i < a->n_stops && i < SRV_MAX_STOPS; i++)
+        ok = ok && (p->stops[i] = strdup(a->stops[i])) != NULL;
+    p->r.stop = (const char *const *)p->stops;
+    if (r->sampling.n_logit_bias)
+        memcpy(p->logit_bias, r->sampling.logit_bias,
+               r->sampling.n_logit_bias * sizeof *p->logit_bias);
+    p->r.sampling.logit_bias = p->logit_bias;
+    if (!maker) {
+        for (int32_t k = 0; ok && k < g->n_parts; k++) {
+            const srv_prompt_in *in = a->n_prompts ? &a->prompts[k] : NULL;
+            const char *text = in ? in->text : a->prompt;
+            if (text) {
+                ok = (p->texts[k] = strdup(text)) != NULL;
+            } else if (in->n_tokens) {
+                ok = (p->ids[k] = malloc(in->n_tokens * sizeof *p->ids[k])) != NULL;
+                if (ok)
+                    memcpy(p->ids[k], in->tokens, in->n_tokens * sizeof *p->ids[k]);
+                p->in[k] = (srv_prompt_in){.tokens = p->ids[k], .n_tokens = in->n_tokens};
+            }
+        }
+    }
+    if (!ok) {
+        prep_free(p);
+        return NULL;
+    }
+    p->term = term;
+    if (maker)
+        p->maker = *maker;
+    return p;
+}
+
+/* On a pool thread: the chat prompt made, and each text prompt tokenized as
+ * submit would (eng_engine_encode_prompt). */
+static void prep_run(srv_work *w)
+{
+    gen_prep *p = w->job;
+    w->rc = QL_OK;
+    if (p->maker.make) {
+        w->rc = p->maker.make(p->maker.arg, &p->texts[0], w->msg, sizeof w->msg);
+        if (w->rc != QL_OK)
+            return;
+    }
+    for (int32_t k = 0; k < p->g->n_parts; k++) {
+        if (!p->texts[k])
+            continue;
+        eng_request r = p->r;
+        r.prompt = p->texts[k];
+        r.prompt_len = strlen(p->texts[k]);
+        size_t n = 0;
+        w->rc = eng_engine_encode_prompt(w->s->engine, &r, &p->ids[k], &n, w->msg, sizeof w->msg);
+        if (w->rc != QL_OK) {
+            p->failed = p->maker.make ? -1 : k;
+            return;
+        }
+        p->in[k] = (srv_prompt_in){.tokens = p->ids[k], .n_tokens = n};
+    }
+}
+
+/* On the loop: submit what prep_run made, unless the client has gone. */
+static void prep_done(srv_work *w)
+{
+    gen_prep *p = w->job;
+    srv_conn *c = w->conn;
+    srv_gen *g = p->g;
+    if (!c || w->rc != QL_OK || !srv_ready(c)) {
+        if (c && w->rc != QL_OK)
+            fail_part(c, w->rc, g->n_parts > 1 ? p->failed : -1, w->msg);
+        gen_free_memory(g);
+    } else {
+        gen_submit_all(c, g, p->in, &p->r);
+    }
+    prep_free(p);
+}
+
+/* Check readiness, the adapter and the limits; then submit at once when
+ * every prompt is ids, or make the prompts off the loop first. maker
+ * (NULL: a's prompts) is dropped here whatever happens. */
+static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
+                     const srv_prompt_maker *maker)
+{
     eng_lora_term term = {NULL, 1.0f};
+    gen_prep *p = NULL;
+    srv_gen *g = NULL;
     char msg[1024];
+    if (!srv_ready(c))
+        goto refused;
+    /* the adapter and its default scale, when the request gives none */
     if (a->adapter && a->adapter[0]) {
         if (!c->s->registry ||
             lora_registry_want(c->s->registry, a->adapter, &term, msg, sizeof msg) != QL_OK) {
-            eng_lora_unref(term.lora);
             srv_fail(c, 404, "%s %s%s", shape->adapter_noun, a->adapter, shape->adapter_unknown);
-            return;
+            goto refused;
         }
     }
-    eng_lora *lora = term.lora;
     if (a->has_scale)
         term.scale = (float)a->adapter_scale;
-    if (!check_limits(c, a)) {
-        eng_lora_unref(lora);
-        return;
-    }
-    srv_gen *g = gen_new(c, a, shape, lora ? lora->name : c->s->model_id);
+    if (!check_limits(c, a))
+        goto refused;
+    g = gen_new(c, a, shape, term.lora ? term.lora->name : c->s->model_id);
     if (!g) {
-        eng_lora_unref(lora);
         srv_fail(c, 503, "out of memory");
-        return;
+        goto refused;
     }
     eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
                      .sampling = a->sampling,
                      .stop = a->stops,
                      .n_stop = a->n_stops,
-                     .adapters = lora ? &term : NULL,
-                     .n_adapters = lora ? 1 : 0,
+                     .adapters = NULL,
+                     .n_adapters = term.lora ? 1 : 0,
                      .fill_context = a->fill_context,
                      .templated = a->templated,
                      .truncate = a->truncate,
@@ -629,13 +762,43 @@ void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
                      .include_stop_str = a->include_stop_str};
     if (a->prompt_logprobs && !a->logprobs)
         r.top_logprobs = a->top_logprobs;
-    bool ok = gen_submit_all(c, g, a, &r);
-    eng_lora_unref(lora); /* the engine took its own references */
-    if (!ok)
+    bool all_ids = !maker && a->n_prompts > 0;
+    for (size_t k = 0; all_ids && k < a->n_prompts; k++)
+        all_ids = a->prompts[k].text == NULL;
+    if (all_ids) {
+        r.adapters = term.lora ? &term : NULL;
+        gen_submit_all(c, g, a->prompts, &r);
+        eng_lora_unref(term.lora); /* the engine took its own references */
         return;
-    c->gen = g;
-    if (shape->stream)
-        srv_stream_begin(c);
+    }
+    p = prep_new(g, a, &r, term, maker);
+    if (!p) {
+        srv_fail(c, 503, "out of memory");
+        goto refused;
+    }
+    p->r.adapters = p->term.lora ? &p->term : NULL;
+    if (srv_work_begin(c, p, prep_run, prep_done) != 0) {
+        gen_free_memory(g);
+        prep_free(p); /* the adapter's reference and maker with it */
+    }
+    return;
+refused:
+    if (g)
+        gen_free_memory(g);
+    eng_lora_unref(term.lora);
+    if (maker && maker->drop)
+        maker->drop(maker->arg);
+}
+
+void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
+{
+    generate(c, a, shape, NULL);
+}
+
+void srv_generate_made(srv_conn *c, const srv_ask *a, const srv_shape *shape,
+                       srv_prompt_maker maker)
+{
+    generate(c, a, shape, &maker);
 }
 
 /* --- work off the loop ----------------------------------------------------------- */
@@ -668,6 +831,28 @@ int srv_work_start(srv_work *w)
     if (rc == 0)
         w->s->n_work++;
     return rc;
+}
+
+int srv_work_begin(srv_conn *c, void *job, void (*run)(srv_work *w), void (*done)(srv_work *w))
+{
+    srv_work *w = calloc(1, sizeof *w);
+    if (!w) {
+        srv_fail(c, 503, "out of memory");
+        return -1;
+    }
+    w->s = c->s;
+    w->conn = c;
+    w->job = job;
+    w->run = run;
+    w->done = done;
+    c->work = w;
+    if (srv_work_start(w) != 0) {
+        c->work = NULL;
+        free(w);
+        srv_fail(c, 503, "cannot start the work");
+        return -1;
+    }
+    return 0;
 }
 
 /* --- a connection that ends ------------------------------------------------------ */

@@ -430,9 +430,9 @@ static int check_fields(const eng_engine *e, const eng_request *r, char *msg, si
 }
 
 /* The prompt's ids into *ids (allocated): the given ones checked against
- * the vocabulary, or the text tokenized; then truncate's last tokens. */
-static int prompt_ids(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
-                      char *msg, size_t msg_len)
+ * the vocabulary, or the text tokenized; *ids NULL on error. */
+static int untruncated_ids(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
+                           char *msg, size_t msg_len)
 {
     *ids = NULL;
     *n = 0;
@@ -455,11 +455,38 @@ static int prompt_ids(const eng_engine *e, const eng_request *r, int32_t **ids, 
         if (*n == 0)
             return ql_fail(msg, msg_len, QL_EINVAL, "the prompt encodes to no tokens");
     }
+    return QL_OK;
+}
+
+/* The prompt's ids into *ids (allocated): the given ones checked against
+ * the vocabulary, or the text tokenized; then truncate's last tokens. */
+static int prompt_ids(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
+                      char *msg, size_t msg_len)
+{
+    int rc = untruncated_ids(e, r, ids, n, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     if (r->truncate > 0 && *n > (size_t)r->truncate) {
         memmove(*ids, *ids + (*n - (size_t)r->truncate), (size_t)r->truncate * sizeof **ids);
         *n = (size_t)r->truncate;
     }
     return QL_OK;
+}
+
+int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
+                             char *msg, size_t msg_len)
+{
+    *ids = NULL;
+    *n = 0;
+    int rc = check_fields(e, r, msg, msg_len);
+    if (rc == QL_OK)
+        rc = untruncated_ids(e, r, ids, n, msg, msg_len);
+    if (rc != QL_OK) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    return rc;
 }
 
 /* Positions each choice reserves, and the blocks choice 0 holds besides

@@ -221,8 +221,25 @@ void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
 /* --- generations and work off the loop (bridge.c) ---------------------------- */
 
 /* Check readiness, the adapter and the limits, then submit a for c, to be
- * answered in shape; or answer the refusal. */
+ * answered in shape; or answer the refusal. Prompts given as text are
+ * tokenized on the thread pool first (a megabyte of text must not hold the
+ * loop), so the answer may begin after this returns; a is copied as
+ * needed and is the caller's again on return. */
 void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
+
+/* A prompt made off the loop: make runs on a pool thread and sets *prompt
+ * (malloc'd, the caller's) or returns a QL_E* code with the whole sentence
+ * in msg; drop frees arg, on the loop, once, whether or not make ran. */
+typedef struct srv_prompt_maker {
+    int (*make)(void *arg, char **prompt, char *msg, size_t msg_len);
+    void (*drop)(void *arg);
+    void *arg;
+} srv_prompt_maker;
+/* srv_generate for the one prompt maker makes (a chat template rendered),
+ * tokenized as a's templated says; a's prompt fields are not read. maker
+ * is the callee's from here on. */
+void srv_generate_made(srv_conn *c, const srv_ask *a, const srv_shape *shape,
+                       srv_prompt_maker maker);
 /* Whether c may be answered with a generation now (not draining, the model
  * loaded); else the 503 has been answered. */
 bool srv_ready(srv_conn *c);
@@ -324,11 +341,18 @@ typedef struct srv_work {
     bool has_report;
     lora_report report;
     lora_meta meta;
+    /* the answer's status when not srv_status_of(rc) (0: that) */
+    int status;
+    /* what other work carries (its run and done know the type; done frees it) */
+    void *job;
 } srv_work;
 /* Queue w (calloc'd by the caller) on the pool: 0, and w is freed after
  * its done has run; or uv_queue_work's error, and w is still the
  * caller's. */
 int srv_work_start(srv_work *w);
+/* A srv_work for c carrying job, started: 0; or -1 after answering c
+ * (503), job still the caller's. done must free job. */
+int srv_work_begin(srv_conn *c, void *job, void (*run)(srv_work *w), void (*done)(srv_work *w));
 
 /* --- logprobs in the APIs' shapes (logprobs.c) --------------------------------- */
 
