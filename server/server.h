@@ -82,7 +82,7 @@ typedef struct srv_request {
     char *url;
     size_t url_len;
     char *body;
-    size_t body_len;
+    size_t body_len, body_cap;
     char authorization[512];
     bool auth_too_long;
     /* CORS (routes.c and http.c read them): Origin, and a preflight's

@@ -1,8 +1,14 @@
 /*
- * test_server_hostile.c - clients that try to exhaust the server's memory
- * or hold its connections, over loopback against the real binary on the
- * tiny model (tests/tiny_model.h): each is bounded, /health answers
- * quickly meanwhile, and the server serves and drains cleanly after.
+ * test_server_hostile.c - clients that try to exhaust the server's memory,
+ * hold its connections or freeze its event loop, and operators whose
+ * adapter files are hostile or change under it, over loopback against the
+ * real binary on the tiny model (tests/tiny_model.h): each is bounded,
+ * /health answers quickly meanwhile, and the server serves and drains
+ * cleanly after. Issue 16's table, row by row: input behind a running
+ * request, pipelining without reading, hostile Unicode for an NFC
+ * tokenizer, a pattern of nested counted repeats in adapter_config.json,
+ * an adapter's file rewritten under the server (the restart row is
+ * test_server_state.c's).
  *
  * What is measured: the server's resident memory (/proc/PID/status VmRSS)
  * before and during, how many bytes a client manages to hand the server,
@@ -18,11 +24,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "http_client.h"
+#include "lora_fixture.h"
 #include "server_process.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -66,13 +74,15 @@ static void teardown(void)
 
 TestSuite(server_hostile, .init = setup, .fini = teardown, .timeout = 120);
 
-/* Serve the tiny model with short timeouts and `extra` flags (NULL-ended). */
+/* Serve the tiny model (or the one in `serving`, when set) with short
+ * timeouts and `extra` flags (NULL-ended). */
+static const char *serving;
 static void start(const char *const *extra)
 {
     const char *argv[32] = {QL_BINARY,
                             "serve",
                             "--model",
-                            model_dir,
+                            serving ? serving : model_dir,
                             "--port",
                             "0",
                             "--threads",
@@ -362,4 +372,196 @@ Test(server_hostile, a_trailer_never_stands_in_for_a_header)
     cr_assert_eq(r.status, 200, "a trailer replaced the header's key: %d %s", r.status, r.body);
     hc_response_free(&r);
     hc_close(&c);
+}
+
+/* Whether fd has something to read (or was closed), without waiting. */
+static bool readable(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
+}
+
+/* The worst /health while fd's answer is awaited (for up to ms), and how
+ * many /health were asked; the answer's status into *status. */
+static double worst_health_until_answered(int fd, int ms, int *asked, int *status)
+{
+    double worst = 0, t0 = now_ms();
+    *asked = 0;
+    while (!readable(fd) && now_ms() - t0 < ms) {
+        double h = health_ms();
+        worst = h > worst ? h : worst;
+        (*asked)++;
+        test_sleep_ms(5);
+    }
+    hc_conn c = {.fd = fd};
+    hc_response r;
+    cr_assert(hc_read_response(&c, &r), "no answer within %d ms", ms);
+    *status = r.status;
+    hc_response_free(&r);
+    return worst;
+}
+
+/* POST body to path on a new socket, sent whole; the socket. */
+static int post_raw(const char *path, const char *body, size_t len)
+{
+    int fd = hc_connect_fd(sp.port);
+    cr_assert_geq(fd, 0);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n",
+                     path, len);
+    cr_assert_eq(push(fd, head, (size_t)n, 1000), (size_t)n);
+    cr_assert_eq(push(fd, body, len, 10000), len);
+    return fd;
+}
+
+/* "a" and 250,000 each of U+0301 and U+0316 (combining classes 230 and
+ * 220, so NFC's canonical ordering moves every one of the second run past
+ * the first), a body just under the default limit of 1 MiB, to a model
+ * whose tokenizer.json normalizes NFC (the qwen2 fixture's): it was sorted
+ * on the loop, quadratically, and froze the server for minutes; now it is
+ * tokenized on the thread pool, linearly, and /health answers within its
+ * bound all the while. */
+Test(server_hostile, a_hostile_nfc_prompt_does_not_hold_the_loop)
+{
+    char nfc[700], from[700], to[800];
+    snprintf(nfc, sizeof nfc, "%s/nfc", dir);
+    cr_assert_eq(mkdir(nfc, 0700), 0);
+    tiny_spec spec = tiny_default();
+    spec.vocab = 920; /* the qwen2 fixture's 915 tokens and 5 added ones */
+    tiny_write_hf(nfc, &spec);
+    snprintf(from, sizeof from, "%s/tokenizers/qwen2/tokenizer.json", QL_FIXTURES);
+    snprintf(to, sizeof to, "%s/tokenizer.json", nfc);
+    cr_assert(test_copy_file(from, to));
+    serving = nfc;
+    start(NULL);
+    serving = NULL;
+    size_t marks = 250000, cap = marks * 4 + 128, len = 0;
+    char *body = malloc(cap);
+    cr_assert(body);
+    len += (size_t)sprintf(body, "{\"inputs\": \"a");
+    for (size_t i = 0; i < marks; i++, len += 2)
+        memcpy(body + len, "\xcc\x81", 2); /* U+0301 */
+    for (size_t i = 0; i < marks; i++, len += 2)
+        memcpy(body + len, "\xcc\x96", 2); /* U+0316 */
+    len += (size_t)sprintf(body + len, "\", \"parameters\": {\"max_new_tokens\": 1}}");
+    double t0 = now_ms();
+    int fd = post_raw("/generate", body, len);
+    int asked, status;
+    double worst = worst_health_until_answered(fd, 60000, &asked, &status);
+    double took = now_ms() - t0;
+    close(fd);
+    free(body);
+    cr_log_info("hostile NFC prompt (%zu bytes): answered %d after %.0f ms; /health asked %d "
+                "times meanwhile, worst %.1f ms",
+                len, status, took, asked, worst);
+    /* a prompt of half a million tokens is longer than the context:
+     * refused, by its length, after it was tokenized */
+    cr_assert_eq(status, 400);
+    cr_assert_lt(worst, HEALTH_MS, "/health took %.1f ms", worst);
+    hc_response r = sp_post("/generate", "{\"inputs\": \"he\", \"parameters\": {\"max_new_tokens\": 2}}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+}
+
+/* An adapter_config.json whose target_modules is a pattern of nested
+ * counted repeats (glibc's regcomp grew past 6 GiB on it) is refused by
+ * name, without the server's memory growing; a good adapter loads after. */
+Test(server_hostile, a_hostile_pattern_in_an_adapter_config_is_refused)
+{
+    char adapters[700], bad[800], good[800];
+    snprintf(adapters, sizeof adapters, "%s/adapters", dir);
+    snprintf(bad, sizeof bad, "%s/bad", adapters);
+    snprintf(good, sizeof good, "%s/good", adapters);
+    cr_assert_eq(mkdir(adapters, 0700), 0);
+    tiny_spec spec = tiny_default();
+    eng_config cfg = lora_fix_config(&spec);
+    lora_fix_spec ls = lora_fix_default();
+    lora_fix_write(good, &cfg, &ls);
+    ls.target_modules = "\"(((((a{1,100}){1,100}){1,100}){1,100}))\"";
+    lora_fix_write(bad, &cfg, &ls);
+    start((const char *[]){"--adapter-dir", adapters, NULL});
+    long before = rss_kib();
+    int fd = post_raw("/admin/adapters", "{\"name\": \"bad\", \"path\": \"bad\"}",
+                      strlen("{\"name\": \"bad\", \"path\": \"bad\"}"));
+    hc_conn c = {.fd = fd};
+    hc_response r;
+    cr_assert(hc_read_response(&c, &r));
+    close(fd);
+    long after = rss_kib();
+    double ms = health_ms();
+    cr_log_info("hostile target_modules: %d %s; RSS +%ld KiB; /health %.1f ms", r.status, r.body,
+                after - before, ms);
+    cr_assert_eq(r.status, 400, "%d %s", r.status, r.body);
+    cr_assert(strstr(r.body, "target_modules"), "%s", r.body);
+    hc_response_free(&r);
+    cr_assert(SANITIZED || after - before < 16 * 1024, "RSS grew by %ld KiB", after - before);
+    cr_assert_lt(ms, HEALTH_MS, "/health took %.1f ms", ms);
+    r = sp_post("/admin/adapters", "{\"name\": \"good\", \"path\": \"good\"}");
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    hc_response_free(&r);
+}
+
+/* The greedy text of `model` (an adapter, or the base) for a fixed prompt
+ * (allocated). */
+static char *answer_of(const char *model)
+{
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 8, "
+             "\"temperature\": 0, \"ignore_eos\": true}",
+             model);
+    int status;
+    char *text = sp_answer("/v1/completions", body, &status);
+    cr_assert_eq(status, 200, "%s", text ? text : "");
+    cJSON *j = sp_json(text);
+    const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    char *out = strdup(sp_str_at(choice, "text"));
+    cJSON_Delete(j);
+    free(text);
+    return out;
+}
+
+/* Re-saving an adapter into its folder under a running server (truncated,
+ * then other bytes written into the same file) used to kill it with
+ * SIGBUS at the adapter's next request (its tensors were read in place
+ * from the mapping); the server holds its own copy now, and keeps serving
+ * the adapter it loaded. */
+Test(server_hostile, rewriting_a_loaded_adapters_file_changes_nothing)
+{
+    char adapters[700], ad[800], file[900];
+    snprintf(adapters, sizeof adapters, "%s/adapters", dir);
+    snprintf(ad, sizeof ad, "%s/ad", adapters);
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", ad);
+    cr_assert_eq(mkdir(adapters, 0700), 0);
+    tiny_spec spec = tiny_default();
+    eng_config cfg = lora_fix_config(&spec);
+    lora_fix_spec ls = lora_fix_default();
+    ls.std = 0.5f; /* an adapter that changes the answer */
+    lora_fix_write(ad, &cfg, &ls);
+    start((const char *[]){"--adapter-dir", adapters, NULL});
+    hc_response r = sp_post("/admin/adapters", "{\"name\": \"ad\", \"path\": \"ad\"}");
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    hc_response_free(&r);
+    char *base = answer_of("tgi"); /* a placeholder: the base model */
+    char *first = answer_of("ad");
+    cr_assert_str_neq(first, base, "the adapter does not change the answer: the test says nothing");
+    /* truncated to nothing, then a shorter file of other bytes */
+    FILE *f = fopen(file, "wb");
+    cr_assert(f);
+    fclose(f);
+    char *again = answer_of("ad");
+    f = fopen(file, "wb");
+    cr_assert(f);
+    for (int i = 0; i < 4096; i++)
+        fputc(0x5a, f);
+    fclose(f);
+    char *third = answer_of("ad");
+    cr_assert_str_eq(again, first);
+    cr_assert_str_eq(third, first);
+    free(base);
+    free(first);
+    free(again);
+    free(third);
 }

@@ -473,6 +473,17 @@ static int prompt_ids(const eng_engine *e, const eng_request *r, int32_t **ids, 
     return QL_OK;
 }
 
+/* A prompt of n tokens leaves room in the context for one more. */
+static int check_length(const eng_engine *e, size_t n, char *msg, size_t msg_len)
+{
+    int32_t context = e->m->cfg.max_position_embeddings;
+    if ((int64_t)n >= context)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the prompt is %zu tokens; the context holds %d, with room for one more", n,
+                       context);
+    return QL_OK;
+}
+
 int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
                              char *msg, size_t msg_len)
 {
@@ -480,7 +491,9 @@ int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t 
     *n = 0;
     int rc = check_fields(e, r, msg, msg_len);
     if (rc == QL_OK)
-        rc = untruncated_ids(e, r, ids, n, msg, msg_len);
+        rc = prompt_ids(e, r, ids, n, msg, msg_len);
+    if (rc == QL_OK)
+        rc = check_length(e, *n, msg, msg_len);
     if (rc != QL_OK) {
         free(*ids);
         *ids = NULL;
@@ -534,15 +547,13 @@ static void fit_choices_to_cache(const eng_engine *e, const request *q, int32_t 
 static int fit_prompt(const eng_engine *e, request *q, const eng_request *r, char *msg,
                       size_t msg_len)
 {
-    const eng_config *c = &e->m->cfg;
     size_t n = (size_t)q->n_prompt;
-    if ((int64_t)n >= c->max_position_embeddings)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "the prompt is %zu tokens; the context holds %d, with room for one more", n,
-                       c->max_position_embeddings);
+    int rc = check_length(e, n, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     int32_t max_new = r->max_new_tokens;
     if (r->fill_context && max_new > 0) {
-        int rc = fit_to_context(e, n, &max_new, msg, msg_len);
+        rc = fit_to_context(e, n, &max_new, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         fit_choices_to_cache(e, q, &max_new);

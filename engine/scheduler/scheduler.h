@@ -332,11 +332,11 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
  * and on any thread (it reads only the engine's options and the model's
  * tokenizer, both fixed): r's fields checked as submit checks them, then a
  * text prompt tokenized (BOS as submit adds it: not when r->templated) or
- * given ids copied, into *ids (allocated, the caller's to free()) and *n,
- * truncate not yet applied. Submitting r with prompt_tokens = *ids is then
- * the same request, without the tokenizer's work: a server tokenizes off
- * its event loop this way. On error a QL_E* code, the reason in msg, and
- * *ids NULL.
+ * given ids copied, truncate applied, and a prompt the context cannot hold
+ * refused, into *ids (allocated, the caller's to free()) and *n.
+ * Submitting r with prompt_tokens = *ids is then the same request, without
+ * the tokenizer's work: a server tokenizes off its event loop this way. On
+ * error a QL_E* code, the reason in msg, and *ids NULL.
  */
 int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
                              char *msg, size_t msg_len);
