@@ -19,6 +19,8 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +87,27 @@ static void guard_teardown(void)
 
 TestSuite(model_file_guard, .init = make_dir, .fini = guard_teardown, .timeout = 60);
 
+/* A thread reading the mapping while the guard swaps it: every byte it
+ * reads is checked against what the file held at load. */
+typedef struct reader {
+    const uint8_t *data, *want;
+    size_t n;
+    atomic_bool *stop;
+    size_t passes, wrong;
+    pthread_t thread;
+} reader;
+
+static void *read_on(void *arg)
+{
+    reader *r = arg;
+    while (!atomic_load(r->stop)) {
+        for (size_t i = 0; i < r->n; i += 64)
+            r->wrong += r->data[i] != r->want[i];
+        r->passes++;
+    }
+    return NULL;
+}
+
 Test(model_file_guard, a_rewritten_file_keeps_the_bytes_it_was_mapped_with)
 {
     char path[700], msg[512];
@@ -110,8 +133,21 @@ Test(model_file_guard, a_rewritten_file_keeps_the_bytes_it_was_mapped_with)
     cr_assert_eq(memcmp(data, want, n), 0);
 
     /* a quarter of the length, other bytes: the rest of the mapping lies
-     * past the new end */
+     * past the new end; two threads read the mapping meanwhile */
+    atomic_bool stop = false;
+    reader readers[2];
+    for (int i = 0; i < 2; i++) {
+        readers[i] = (reader){.data = data, .want = want, .n = n, .stop = &stop};
+        cr_assert_eq(pthread_create(&readers[i].thread, NULL, read_on, &readers[i]), 0);
+    }
     double blocked = rewrite_in_place(path, n / 4, 0xAB);
+    test_sleep_ms(20);
+    atomic_store(&stop, true);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(readers[i].thread, NULL);
+        cr_assert_gt(readers[i].passes, 0);
+        cr_assert_eq(readers[i].wrong, 0, "a reader saw %zu changed bytes", readers[i].wrong);
+    }
     cr_log_info("the writer waited %.3f s for 4 MiB to be copied", blocked);
     cr_assert_eq(f.map, map);
     cr_assert_eq(memcmp(data, want, n), 0, "the mapped bytes changed");

@@ -73,7 +73,8 @@
 typedef struct guarded_map {
     uint8_t *map; /* the mapping's address, which never changes */
     size_t len;
-    int fd; /* read-only; holds the lease */
+    int fd;             /* read-only; holds the lease */
+    struct stat loaded; /* the file as it was mapped */
     char *path;
     struct guarded_map *next;
 } guarded_map;
@@ -164,11 +165,13 @@ static size_t read_whole(int fd, uint8_t *out, size_t len)
     return got;
 }
 
-static bool same_file_state(const struct stat *a, const struct stat *b)
+/* Whether the file's content may have changed between two fstats: its
+ * size or its modification time (which a write or a truncation sets, and
+ * a chmod or a new link does not). */
+static bool same_content_state(const struct stat *a, const struct stat *b)
 {
     return a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
-           a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
 /* g's lease is breaking: put a copy of its file under its mapping, at the
@@ -177,8 +180,7 @@ static void detach(guarded_map *g)
 {
     double t0 = ql_now_s();
     double mib = (double)g->len / (1 << 20);
-    struct stat before, after;
-    bool stat_ok = fstat(g->fd, &before) == 0;
+    struct stat now;
     uint8_t *copy = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (copy == MAP_FAILED) {
         fprintf(stderr,
@@ -189,10 +191,9 @@ static void detach(guarded_map *g)
         return;
     }
     size_t got = read_whole(g->fd, copy, g->len);
-    /* the lease keeps writers out only for lease-break-time: a copy that
-     * outlasted it may hold some of the new bytes */
-    bool intact =
-        got == g->len && stat_ok && fstat(g->fd, &after) == 0 && same_file_state(&before, &after);
+    /* the lease keeps writers out only for lease-break-time: a copy made
+     * after it may hold some of the new bytes */
+    bool intact = got == g->len && fstat(g->fd, &now) == 0 && same_content_state(&g->loaded, &now);
     mprotect(copy, g->len, PROT_READ);
     if (mremap(copy, g->len, g->len, MREMAP_MAYMOVE | MREMAP_FIXED, g->map) != g->map) {
         fprintf(stderr,
@@ -315,22 +316,21 @@ void mf_guard_stop(void)
 
 /* --- mapping ------------------------------------------------------------ */
 
-/* Check fd (path's) and map all of it. */
+/* Check fd (path's) and map all of it; *sb receives what fstat said. */
 static int map_fd(int fd, const char *path, size_t min_len, const char *format, uint8_t **map,
-                  size_t *len, char *msg, size_t msg_len)
+                  size_t *len, struct stat *sb, char *msg, size_t msg_len)
 {
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+    if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode))
         return ql_fail(msg, msg_len, QL_EIO, "%s: not a regular file", path);
-    if ((uint64_t)sb.st_size < min_len)
+    if ((uint64_t)sb->st_size < min_len)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: %lld bytes is too short for a %s header (truncated?)", path,
-                       (long long)sb.st_size, format);
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+                       (long long)sb->st_size, format);
+    void *m = mmap(NULL, (size_t)sb->st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED)
         return ql_fail(msg, msg_len, QL_EIO, "%s: cannot map: %s", path, strerror(errno));
     *map = m;
-    *len = (size_t)sb.st_size;
+    *len = (size_t)sb->st_size;
     return QL_OK;
 }
 
@@ -346,7 +346,8 @@ int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **
     /* the lease before the size and the mapping, so that what is mapped
      * is what the lease protects */
     bool leased = guard.running && take_lease(fd, path);
-    int rc = map_fd(fd, path, min_len, format, map, len, msg, msg_len);
+    struct stat sb;
+    int rc = map_fd(fd, path, min_len, format, map, len, &sb, msg, msg_len);
     guarded_map *g = NULL;
     if (rc == QL_OK && leased) {
         g = calloc(1, sizeof *g);
@@ -362,10 +363,13 @@ int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **
         }
     }
     if (g) {
-        *g = (guarded_map){.map = *map, .len = *len, .fd = fd, .path = g->path, .next = guard.maps};
+        *g = (guarded_map){
+            .map = *map, .len = *len, .fd = fd, .loaded = sb, .path = g->path, .next = guard.maps};
         guard.maps = g;
-    } else {
+    } else if (leased) {
         release_lease(fd);
+    } else {
+        close(fd);
     }
     pthread_mutex_unlock(&guard.mu);
     return rc;
