@@ -28,10 +28,15 @@
  * Then it releases the lease and the writer goes on. The server keeps the
  * weights it loaded until it restarts, at the price of the model's size
  * in private memory instead of shared page cache; the writer waits for
- * the copy. Where no lease can be had (a file of another user without
- * CAP_LEASE, a filesystem without leases such as NFS, a file already open
- * for writing, a system other than Linux) mf_map_file says so for the
- * file and maps it as before.
+ * the copy (1 GiB: 3.0 s on a busy 2-core VM). Reading every model into
+ * memory at load instead would pay that memory always, twice the model's
+ * size during the load (page cache and copy) and the time (1 GiB: 4.6 s
+ * against 0.1 ms to map it, same VM), and lose the page cache shared
+ * between servers; the guard pays only when a file is rewritten. Where no
+ * lease can be had (a file of another user without CAP_LEASE, a
+ * filesystem without leases such as NFS, a file already open for writing,
+ * a system other than Linux) mf_map_file says so for the file and maps it
+ * as before. Adapters need no guard: st_open_copy reads them whole.
  *
  * It offers mf_map_file, mf_unmap_file, mf_guard_start, mf_guard_stop,
  * mf_read_file, mf_read_json and mf_path_base (modelfile.h). It owns the
