@@ -23,9 +23,9 @@
  * (st_tensor_qtensor copies one whose address is off its element size;
  * the qtensor then owns the copy). It touches nothing but the files it is
  * given, kernels/' qtensor type and, once the guard runs, one real-time
- * signal's handler. Errors: QL_OK or a
- * negative QL_E* code (base/ql_base.h), with a sentence naming the file,
- * the tensor and the problem in msg.
+ * signal's handler. Errors: QL_OK or a negative QL_E* code
+ * (base/ql_base.h), with a sentence naming the file, the tensor and the
+ * problem in msg.
  */
 #ifndef QL_MODELFILE_H
 #define QL_MODELFILE_H
