@@ -214,14 +214,17 @@ static void start(const char *model)
     sp_wait_ready();
 }
 
-/* A greedy answer of 24 tokens (malloc'd). */
+/* The request both answers are asked for: greedy, long enough that a
+ * stream is still running when the file is rewritten. */
+#define GREEDY_BODY                                                                                \
+    "{\"inputs\": \"the cat sat on\", \"parameters\": {\"max_new_tokens\": 96, \"do_sample\": "    \
+    "false}}"
+
+/* The greedy answer's text (malloc'd). */
 static char *greedy(void)
 {
     int status;
-    char *text = sp_answer("/generate",
-                           "{\"inputs\": \"the cat sat on\", \"parameters\": "
-                           "{\"max_new_tokens\": 24, \"do_sample\": false}}",
-                           &status);
+    char *text = sp_answer("/generate", GREEDY_BODY, &status);
     cr_assert_eq(status, 200, "%s", text);
     cJSON *j = sp_json(text);
     char *answer = strdup(sp_str_at(j, "generated_text"));
@@ -245,13 +248,34 @@ static void rewrite_under_the_server(const char *model, const char *file)
 {
     start(model);
     char *first = greedy();
+    /* the same request streamed, its first token out before the rewrite
+     * and the rest after */
+    hc_conn c;
+    hc_response r = {0};
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", "/generate_stream", NULL, GREEDY_BODY));
+    cr_assert(hc_read_head(&c, &r));
+    cr_assert_eq(r.status, 200);
+    char *last = hc_next_event(&c, &r);
+    cr_assert(last, "no first token");
     struct stat sb;
     cr_assert_eq(stat(file, &sb), 0);
     double blocked = rewrite_in_place(file, (size_t)sb.st_size / 2, 0x5A);
     cr_log_info("%s: the writer waited %.3f s", file, blocked);
+    for (char *ev; (ev = hc_next_event(&c, &r));) {
+        free(last);
+        last = ev;
+    }
+    cr_assert(r.body_done, "the stream did not end");
+    cJSON *end = sp_json(last);
+    cr_assert_str_eq(sp_str_at(end, "generated_text"), first,
+                     "the stream running during the rewrite changed its answer");
+    cJSON_Delete(end);
+    free(last);
+    hc_response_free(&r);
+    hc_close(&c);
     char *second = greedy();
     cr_assert_str_eq(second, first, "the answer changed after the file was rewritten");
-    hc_response r;
     cr_assert(hc_request(sp.port, "GET", "/health", NULL, NULL, &r));
     cr_assert_eq(r.status, 200);
     hc_response_free(&r);
