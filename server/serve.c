@@ -223,6 +223,9 @@ int srv_serve(const cfg_serve *cfg)
     }
     fprintf(stderr, "qlserve: listening on http://%s:%d (loading %s)\n", cfg->host, port,
             cfg->model.path);
+    /* the model file rewritten in place under the server (mapped_file.c) */
+    if (mf_guard_start(msg, sizeof msg) != QL_OK)
+        fprintf(stderr, "qlserve: warning: %s\n", msg);
     load_job *j = calloc(1, sizeof *j);
     j->s = s;
     j->req.data = j;
@@ -239,6 +242,7 @@ int srv_serve(const cfg_serve *cfg)
     srv_chat_templates_free(s);
     if (s->model.layers)
         eng_model_free(&s->model);
+    mf_guard_stop();
     srv_bridge_on_wake(&s->wake); /* events that raced the stop: free them */
     uv_loop_close(s->loop);
     pthread_mutex_destroy(&s->events_mu);

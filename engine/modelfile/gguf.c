@@ -722,7 +722,7 @@ int gguf_open(gguf_file *f, const char *path, char *msg, size_t msg_len)
 void gguf_close(gguf_file *f)
 {
     if (f->map)
-        munmap(f->map, f->map_len);
+        mf_unmap_file(f->map, f->map_len);
     for (uint64_t i = 0; f->kvs && i < f->n_kv; i++) {
         free(f->kvs[i].key);
         free(f->kvs[i].strs);

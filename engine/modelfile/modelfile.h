@@ -3,7 +3,8 @@
  * and adapters come in, read and validated before anything is trusted.
  *
  * It offers:
- *   - mf_: mapping a file read-only, reading a JSON file, the JSON field
+ *   - mf_: mapping a file read-only (guarded, in a server, against the
+ *     file being rewritten in place), reading a JSON file, the JSON field
  *     readers every loader shares (strings, bools, finite numbers, bounded
  *     integers, positive numbers, token ids), a folder's base name;
  *   - st_: the safetensors reader (mmap, every offset checked), a dense
@@ -17,12 +18,14 @@
  *   - gguf_: the GGUF v2/v3 reader, tensors as qtensors read in place;
  *     gguf_out_: the GGUF v3 writer (gguf_write.c), tensor data streamed.
  *
- * It owns the mappings it makes (freed by st_close, gguf_close); tensors it
- * hands out borrow from them (st_tensor_qtensor copies one whose address is
- * off its element size; the qtensor then owns the copy). It touches nothing
- * but the files it is given and kernels/' qtensor type. Errors: QL_OK or a
- * negative QL_E* code (base/ql_base.h), with a sentence naming the file,
- * the tensor and the problem in msg.
+ * It owns the mappings it makes (freed by st_close, gguf_close) and their
+ * guard (mf_guard_start); tensors it hands out borrow from them
+ * (st_tensor_qtensor copies one whose address is off its element size;
+ * the qtensor then owns the copy). It touches nothing but the files it is
+ * given, kernels/' qtensor type and, once the guard runs, one real-time
+ * signal's handler. Errors: QL_OK or a negative QL_E* code
+ * (base/ql_base.h), with a sentence naming the file, the tensor and the
+ * problem in msg.
  */
 #ifndef QL_MODELFILE_H
 #define QL_MODELFILE_H
@@ -37,10 +40,29 @@
  * Map a whole file read-only (mapped_file.c). Refuses what is not a regular
  * file, and a file shorter than min_len with "too short for a <format>
  * header (truncated?)". On success *map and *len describe the mapping
- * (munmap it); on error nothing is mapped.
+ * (release it with mf_unmap_file); on error nothing is mapped. While the
+ * guard runs the mapping is guarded: see mf_guard_start.
  */
 int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
                 char *msg, size_t msg_len);
+/* Unmap what mf_map_file mapped (NULL: nothing), releasing its guard. */
+void mf_unmap_file(uint8_t *map, size_t len);
+/*
+ * The guard of mapped model files, for a long-running process (a server):
+ * from mf_guard_start on, each mapping mf_map_file makes holds a read
+ * lease on its file, and when another process opens that file to rewrite
+ * or truncate it, a thread of the guard copies the file's bytes into
+ * memory at the mapping's own address before the writer may go on, so
+ * the weights stay as loaded and nothing faults (mapped_file.c says how).
+ * Where no lease can be had, a warning naming the file and the errno goes
+ * to stderr and the file is mapped unguarded. Installs a handler for one
+ * real-time signal (SIGRTMIN + 4) for the process's life. mf_guard_stop
+ * ends the thread and releases the leases still held (their mappings
+ * stay, unguarded). Both are idempotent; QL_EIO or QL_ENOMEM when the
+ * guard cannot start.
+ */
+int mf_guard_start(char *msg, size_t msg_len);
+void mf_guard_stop(void);
 
 /*
  * Read a whole file into *out (malloc'd and NUL-terminated: free()), its

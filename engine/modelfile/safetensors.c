@@ -269,7 +269,7 @@ void st_close(st_file *f)
     if (f->map && f->owned)
         free(f->map);
     else if (f->map)
-        munmap(f->map, f->map_len);
+        mf_unmap_file(f->map, f->map_len);
     for (size_t i = 0; i < f->n_tensors; i++)
         free(f->tensors[i].name);
     free(f->tensors);
