@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Seconds: time to first token spans a queue wait; per-token latency is
  * milliseconds on a CPU; a request spans both. */
@@ -137,11 +138,52 @@ static void put_server(text *t, const srv_server *s)
     put(t, "qlserve_connection_buffered_bytes %zu\n", buffered);
 }
 
+/*
+ * What the Kubernetes Gateway API Inference Extension's endpoint picker
+ * scrapes from a model server (its model-server protocol), under the names
+ * vLLM gives them, which the protocol recommends: requests waiting and
+ * running, the share of the KV cache in use (0..1; both vLLM's current name
+ * and its older one, which earlier pickers read), and the LoRA affinity
+ * info, a gauge whose labels are what a batch can hold (max_lora: every
+ * running slot may carry its own adapter) and the adapters of the running
+ * and waiting requests, and whose value is when they were read (the
+ * picker takes the newest series). Adapter names are letters, digits,
+ * '-', '_' and '.' (admin.c refuses others), so they need no escaping in
+ * a label.
+ */
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void put_gateway(text *t, const srv_server *s, const eng_engine_stats *st)
+{
+    metric(t, "vllm:num_requests_waiting", "gauge", "requests waiting for admission");
+    put(t, "vllm:num_requests_waiting %d\n", st->waiting);
+    metric(t, "vllm:num_requests_running", "gauge", "sequences in the running batch");
+    put(t, "vllm:num_requests_running %d\n", st->running);
+    double used = st->kv_blocks_total > 0 ? (double)st->kv_blocks_used / st->kv_blocks_total : 0;
+    metric(t, "vllm:kv_cache_usage_perc", "gauge", "share of KV cache blocks in use (1: all)");
+    put(t, "vllm:kv_cache_usage_perc %.6f\n", used);
+    metric(t, "vllm:gpu_cache_usage_perc", "gauge",
+           "share of KV cache blocks in use (1: all; vLLM's older name)");
+    put(t, "vllm:gpu_cache_usage_perc %.6f\n", used);
+    metric(t, "vllm:lora_requests_info", "gauge",
+           "adapters of the running and waiting requests; the value is when they were read");
+    put(t,
+        "vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=\"%s\","
+        "waiting_lora_adapters=\"%s\"} %.3f\n",
+        s->cfg->max_running, st->running_adapters, st->waiting_adapters, wall_seconds());
+}
+
 /* The engine's gauges, from its stats snapshot. */
-static void put_engine(text *t, eng_engine *engine)
+static void put_engine(text *t, const srv_server *s)
 {
     eng_engine_stats st;
-    eng_engine_stats_get(engine, &st);
+    eng_engine_stats_get(s->engine, &st);
+    put_gateway(t, s, &st);
     metric(t, "qlserve_queue_depth", "gauge", "requests waiting for admission");
     put(t, "qlserve_queue_depth %d\n", st.waiting);
     metric(t, "qlserve_batch_size", "gauge", "sequences in the running batch");
@@ -222,7 +264,7 @@ char *srv_metrics_render(const srv_server *s, size_t *len)
     const srv_metrics *m = &s->metrics;
     put_server(&t, s);
     if (s->engine)
-        put_engine(&t, s->engine);
+        put_engine(&t, s);
     if (s->registry)
         put_registry(&t, s->registry);
     hist(&t, "qlserve_time_to_first_token_seconds", "submit to the first token", &m->ttft);

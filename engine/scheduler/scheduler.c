@@ -1080,9 +1080,35 @@ static bool run_step(eng_engine *e)
     return true;
 }
 
+/* Add the names of r's adapters to list (cap bytes), each once. */
+static void list_adapters(const request *r, char *list, size_t cap)
+{
+    for (size_t i = 0; i < r->n_want; i++) {
+        const char *name = r->want[i].lora->name;
+        size_t len = strlen(list), n = strlen(name);
+        bool seen = false;
+        for (const char *p = list; *p && !seen;) {
+            size_t seg = strcspn(p, ",");
+            seen = seg == n && memcmp(p, name, n) == 0;
+            p += seg + (p[seg] == ',');
+        }
+        if (seen || (len >= 3 && strcmp(list + len - 3, "...") == 0))
+            continue;
+        if (len + 1 + n + 4 < cap) /* room for ",..." after it */
+            snprintf(list + len, cap - len, "%s%s", len ? "," : "", name);
+        else
+            snprintf(list + len, cap - len, "%s...", len ? "," : "");
+    }
+}
+
 /* Publish the step's stats: what runs, and on which versions. */
 static void note_versions(eng_engine *e)
 {
+    char running[ENG_ADAPTER_LIST_MAX] = "", waiting[ENG_ADAPTER_LIST_MAX] = "";
+    for (int32_t i = 0; i < e->n_running; i++)
+        list_adapters(e->running[i]->r, running, sizeof running);
+    for (const request *r = e->waiting; r; r = r->next)
+        list_adapters(r, waiting, sizeof waiting);
     int32_t old = 0, versions = 1;
     for (int32_t i = 0; i < e->n_running; i++) {
         eng_weights *w = e->running[i]->r->weights;
@@ -1095,6 +1121,10 @@ static void note_versions(eng_engine *e)
         versions += !seen;
     }
     pthread_mutex_lock(&e->mu);
+    for (const request *r = e->inbox; r; r = r->next)
+        list_adapters(r, waiting, sizeof waiting);
+    memcpy(e->stats.running_adapters, running, sizeof running);
+    memcpy(e->stats.waiting_adapters, waiting, sizeof waiting);
     e->stats.running = e->n_running;
     e->stats.waiting = e->queued;
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);

@@ -359,6 +359,8 @@ void eng_engine_cancel(eng_engine *e, uint64_t id);
 /* Cancel everything, join the engine thread, free. */
 void eng_engine_stop(eng_engine *e);
 
+#define ENG_ADAPTER_LIST_MAX 1024
+
 typedef struct eng_engine_stats {
     int32_t waiting, running;
     int32_t kv_blocks_used, kv_blocks_total;
@@ -370,6 +372,12 @@ typedef struct eng_engine_stats {
      * reference instead of computing them (n_choices > 1), and blocks
      * copied because a choice wrote into a shared one (copy on write) */
     uint64_t kv_blocks_shared, kv_blocks_copied;
+    /* the adapters the running sequences and the waiting requests ask for,
+     * each named once, comma-separated (what the Kubernetes inference
+     * gateway routes on); whole names only: one that does not fit is left
+     * out and the list ends with "..." */
+    char running_adapters[ENG_ADAPTER_LIST_MAX];
+    char waiting_adapters[ENG_ADAPTER_LIST_MAX];
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
