@@ -147,7 +147,8 @@ static cJSON *report_json(const lora_report *r)
 /* --- loading, merging and unmerging: work off the loop ---------------------------- */
 
 /* Resolve a client's adapter path under the adapter directory: relative,
- * no "..", and (symlinks followed) still inside it. */
+ * no "..", and (symlinks followed) still inside it (lora_resolve_dir, the
+ * check the state file's replay makes too). */
 static bool resolve_adapter_path(srv_conn *c, const char *path, char *out, size_t out_len)
 {
     const char *root = c->s->cfg->adapter_dir;
@@ -155,43 +156,13 @@ static bool resolve_adapter_path(srv_conn *c, const char *path, char *out, size_
         srv_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
         return false;
     }
-    char real_root[PATH_MAX];
-    if (!realpath(root, real_root)) {
-        srv_fail(c, 500, "the adapter directory %s cannot be resolved: %s", root, strerror(errno));
+    char msg[PATH_MAX + 256];
+    int rc = lora_resolve_dir(root, path, out, out_len, msg, sizeof msg);
+    if (rc != QL_OK) {
+        /* the root itself not resolving is the server's fault, not the client's */
+        srv_fail(c, rc == QL_EIO ? 500 : srv_status_of(rc), "%s", msg);
         return false;
     }
-    char joined[PATH_MAX * 2];
-    if (path[0] == '/') {
-        size_t n = strlen(real_root);
-        if (strncmp(path, real_root, n) != 0 || (path[n] != '/' && path[n] != 0)) {
-            srv_fail(c, 400, "path %s is outside the adapter directory", path);
-            return false;
-        }
-        snprintf(joined, sizeof joined, "%s", path);
-    } else {
-        snprintf(joined, sizeof joined, "%s/%s", real_root, path);
-    }
-    for (const char *p = path; *p;) {
-        size_t seg = strcspn(p, "/");
-        if (seg == 2 && p[0] == '.' && p[1] == '.') {
-            srv_fail(c, 400, "path %s: \"..\" is not allowed", path);
-            return false;
-        }
-        p += seg;
-        while (*p == '/')
-            p++;
-    }
-    char real[PATH_MAX];
-    if (!realpath(joined, real)) {
-        srv_fail(c, 404, "adapter path %s: %s", path, strerror(errno));
-        return false;
-    }
-    size_t n = strlen(real_root);
-    if (strncmp(real, real_root, n) != 0 || (real[n] != '/' && real[n] != 0)) {
-        srv_fail(c, 400, "path %s leads outside the adapter directory", path);
-        return false;
-    }
-    snprintf(out, out_len, "%s", real);
     return true;
 }
 
@@ -418,5 +389,30 @@ void srv_admin_state(srv_conn *c, const char *name)
     cJSON_AddNumberToObject(root, "adapter_bytes", (double)st.bytes);
     cJSON_AddNumberToObject(root, "merges", (double)st.merges);
     cJSON_AddNumberToObject(root, "unmerges", (double)st.unmerges);
+    /* the journal: where it is, whether its last write failed, and what
+     * its replay at start could not bring back */
+    if (st.state_file[0])
+        cJSON_AddStringToObject(root, "state_file", st.state_file);
+    else
+        cJSON_AddNullToObject(root, "state_file");
+    if (st.state_file_error[0])
+        cJSON_AddStringToObject(root, "state_file_error", st.state_file_error);
+    else
+        cJSON_AddNullToObject(root, "state_file_error");
+    cJSON *errors = cJSON_AddArrayToObject(root, "restore_errors");
+    lora_restore_error *errs = NULL;
+    size_t n_errs = 0;
+    lora_registry_restore_errors(c->s->registry, &errs, &n_errs);
+    for (size_t i = 0; i < n_errs; i++) {
+        cJSON *e = cJSON_CreateObject();
+        if (errs[i].name[0])
+            cJSON_AddStringToObject(e, "name", errs[i].name);
+        else
+            cJSON_AddNullToObject(e, "name");
+        cJSON_AddStringToObject(e, "path", errs[i].path);
+        cJSON_AddStringToObject(e, "error", errs[i].error);
+        cJSON_AddItemToArray(errors, e);
+    }
+    free(errs);
     srv_respond_cjson(c, 200, root);
 }
