@@ -64,7 +64,8 @@ static cJSON *journal_json(const lora_journal *j)
     for (size_t i = 0; ok && i < j->n_adapters; i++) {
         const lora_journal_adapter *a = &j->adapters[i];
         cJSON *o = cJSON_CreateObject();
-        ok = o && cJSON_AddItemToArray(adapters, o) && cJSON_AddStringToObject(o, "name", a->name) &&
+        ok = o && cJSON_AddItemToArray(adapters, o) &&
+             cJSON_AddStringToObject(o, "name", a->name) &&
              cJSON_AddStringToObject(o, "path", a->path) &&
              cJSON_AddNumberToObject(o, "scale", a->scale);
     }
@@ -157,8 +158,10 @@ int lora_journal_write(const char *path, const lora_journal *j, char *msg, size_
         err = errno;
         if (dfd >= 0)
             close(dfd);
-        return ql_fail(msg, msg_len, QL_EIO, "state file %s: written, but its folder %s cannot be "
-                       "synced: %s", path, dir, strerror(err));
+        return ql_fail(msg, msg_len, QL_EIO,
+                       "state file %s: written, but its folder %s cannot be "
+                       "synced: %s",
+                       path, dir, strerror(err));
     }
     close(dfd);
     return QL_OK;
@@ -204,6 +207,20 @@ static int array_field(const char *path, const cJSON *root, const char *key, con
     return QL_OK;
 }
 
+/* Entry i of the array `list` ("adapters", "merged"): an object whose
+ * "name" goes to name (at most cap - 1 bytes) and "scale" to scale; what
+ * receives "adapters[2]", for the caller's messages. */
+static int entry_fields(const char *path, const char *list, size_t i, const cJSON *o, char *what,
+                        size_t what_len, char *name, size_t cap, float *scale, char *msg,
+                        size_t msg_len)
+{
+    snprintf(what, what_len, "%s[%zu]", list, i);
+    if (!cJSON_IsObject(o))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "state file %s: %s must be an object", path, what);
+    int rc = string_field(path, what, o, "name", name, cap, msg, msg_len);
+    return rc != QL_OK ? rc : scale_field(path, what, o, scale, msg, msg_len);
+}
+
 static int read_adapters(const char *path, const cJSON *list, lora_journal *j, char *msg,
                          size_t msg_len)
 {
@@ -216,19 +233,14 @@ static int read_adapters(const char *path, const cJSON *list, lora_journal *j, c
     cJSON_ArrayForEach (o, list) {
         lora_journal_adapter *a = &j->adapters[j->n_adapters];
         char what[48];
-        snprintf(what, sizeof what, "adapters[%zu]", j->n_adapters);
-        if (!cJSON_IsObject(o))
-            return ql_fail(msg, msg_len, QL_EFORMAT, "state file %s: %s must be an object", path,
-                           what);
-        if ((rc = string_field(path, what, o, "name", a->name, sizeof a->name, msg, msg_len)) ||
-            (rc = string_field(path, what, o, "path", a->path, sizeof a->path, msg, msg_len)) ||
-            (rc = scale_field(path, what, o, &a->scale, msg, msg_len)))
+        if ((rc = entry_fields(path, "adapters", j->n_adapters, o, what, sizeof what, a->name,
+                               sizeof a->name, &a->scale, msg, msg_len)) ||
+            (rc = string_field(path, what, o, "path", a->path, sizeof a->path, msg, msg_len)))
             return rc;
         for (size_t i = 0; i < j->n_adapters; i++)
             if (strcmp(j->adapters[i].name, a->name) == 0)
                 return ql_fail(msg, msg_len, QL_EFORMAT,
-                               "state file %s: %s: adapter %s is named twice", path, what,
-                               a->name);
+                               "state file %s: %s: adapter %s is named twice", path, what, a->name);
         j->n_adapters++;
     }
     return QL_OK;
@@ -246,12 +258,8 @@ static int read_merged(const char *path, const cJSON *list, lora_journal *j, cha
     cJSON_ArrayForEach (o, list) {
         lora_journal_merge *m = &j->merged[j->n_merged];
         char what[48];
-        snprintf(what, sizeof what, "merged[%zu]", j->n_merged);
-        if (!cJSON_IsObject(o))
-            return ql_fail(msg, msg_len, QL_EFORMAT, "state file %s: %s must be an object", path,
-                           what);
-        if ((rc = string_field(path, what, o, "name", m->name, sizeof m->name, msg, msg_len)) ||
-            (rc = scale_field(path, what, o, &m->scale, msg, msg_len)))
+        if ((rc = entry_fields(path, "merged", j->n_merged, o, what, sizeof what, m->name,
+                               sizeof m->name, &m->scale, msg, msg_len)))
             return rc;
         const cJSON *into = cJSON_GetObjectItemCaseSensitive(o, "into");
         m->into = QT_KIND_COUNT;

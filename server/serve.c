@@ -113,8 +113,7 @@ typedef struct load_job {
  * adapter folder is often a read-only volume, so an unwritable default is
  * a warning on stderr and no journal, not a refusal to start.
  */
-static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *msg,
-                           size_t msg_len)
+static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *msg, size_t msg_len)
 {
     out[0] = 0;
     const char *file = c->state_file;

@@ -59,9 +59,9 @@ TestSuite(server_state, .init = setup, .fini = teardown, .timeout = 240);
  * (NULL-ended, may be NULL); the log starts afresh. */
 static void start(const char *const *extra)
 {
-    const char *argv[32] = {QL_BINARY, "serve",    "--model",  model_dir,       "--port",
-                            "0",       "--threads", "2",       "--kv-mib",      "16",
-                            "--adapter-dir", adapter_dir};
+    const char *argv[32] = {QL_BINARY,  "serve", "--model",       model_dir,
+                            "--port",   "0",     "--threads",     "2",
+                            "--kv-mib", "16",    "--adapter-dir", adapter_dir};
     size_t n = 12;
     for (size_t i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = extra[i];
@@ -167,9 +167,9 @@ static void snapshot(char *out, size_t len)
     out[0] = 0;
     cJSON_ArrayForEach (e, cJSON_GetObjectItemCaseSensitive(list, "adapters")) {
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(e, "merged_scale");
-        snprintf(out + strlen(out), len - strlen(out), "%s scale %g merged %d at %g bytes %g r %g; ",
-                 sp_str_at(e, "name"), sp_num_at(e, "scale"),
-                 cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "merged")),
+        snprintf(out + strlen(out), len - strlen(out),
+                 "%s scale %g merged %d at %g bytes %g r %g; ", sp_str_at(e, "name"),
+                 sp_num_at(e, "scale"), cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "merged")),
                  cJSON_IsNumber(ms) ? ms->valuedouble : 0.0, sp_num_at(e, "bytes"),
                  sp_num_at(e, "rank"));
     }
@@ -373,8 +373,8 @@ Test(server_state, an_explicit_state_file_that_cannot_be_written_stops_the_serve
 {
     char path[700];
     snprintf(path, sizeof path, "%s/no-such-folder/state.json", dir);
-    const char *argv[] = {QL_BINARY, "serve",        "--model",    model_dir, "--port", "0",
-                          "--adapter-dir", adapter_dir, "--state-file", path,  NULL};
+    const char *argv[] = {QL_BINARY,       "serve",     "--model",      model_dir, "--port", "0",
+                          "--adapter-dir", adapter_dir, "--state-file", path,      NULL};
     sp_spawn(argv, log_path);
     int st = 0;
     cr_assert_eq(waitpid(sp.pid, &st, 0), sp.pid);
