@@ -19,7 +19,11 @@
  *     (eng_lora_apply, engine/runtime/runtime.h);
  *   - the registry (registry.c): the adapters loaded on an engine, by name,
  *     with a memory budget; merge and unmerge build a new weight version
- *     beside the serving one and publish it between two engine steps.
+ *     beside the serving one and publish it between two engine steps;
+ *   - the journal (state.c): the registry's state (loaded adapters, the
+ *     merged configuration) in a JSON file written atomically after each
+ *     change and replayed at start, and the check that an adapter folder
+ *     lies inside the adapter directory.
  *
  * Unmerged application is exact (the quantized base plus the adapter in
  * f32, what QLoRA trained); merging is fast and approximate, and every
@@ -126,6 +130,10 @@ typedef struct lora_registry_opts {
      * request has used for longest; 0: no limit */
     size_t budget_bytes;
     int threads; /* merge threads; 0: the machine's cores */
+    /* the journal (state.c's format): rewritten atomically after every
+     * change (load, unload, merge, unmerge, eviction) and replayed by
+     * lora_registry_restore. Copied; NULL: no journal. */
+    const char *state_file;
 } lora_registry_opts;
 
 /* What a listing shows of one adapter. */
@@ -161,7 +169,9 @@ typedef struct lora_report {
 } lora_report;
 void lora_report_free(lora_report *r);
 
-/* The registry of engine e over model m (both borrowed; they outlive it). */
+/* The registry of engine e over model m (both borrowed; they outlive it).
+ * Hashes the serving weights once (eng_weights_digest), so that
+ * lora_registry_state never has to: call it off the event loop. */
 int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
                       const lora_registry_opts *o, char *msg, size_t msg_len);
 /* Unmerges nothing; drops the registry's references. */
@@ -203,7 +213,107 @@ typedef struct lora_state {
     uint64_t merges, unmerges;
     size_t bytes; /* all loaded adapters */
     size_t n_loaded;
+    char state_file[512]; /* the journal's path; empty: no journal */
+    /* why the last journal write failed (the change itself stood; the
+     * next change writes again); empty while the journal is current */
+    char state_file_error[512];
 } lora_state;
+/* Only reads: the digest of every version was computed where the version
+ * was made (lora_registry_new, a merge or unmerge), so this is quick
+ * enough for the event loop. */
 void lora_registry_state(lora_registry *r, lora_state *out);
+
+/* --- the journal: state that survives a restart (adapters/state.c) ------- */
+
+/*
+ * The state file is a small JSON document, written with cJSON:
+ *
+ *   {"version": 1,
+ *    "adapters": [{"name": "a", "path": "/srv/adapters/a", "scale": 1}, ...],
+ *    "merged": [{"name": "a", "scale": 0.5, "into": null, "safe_merge": true}, ...]}
+ *
+ * adapters in load order, with the resolved folder and the default scale;
+ * merged in the order of the merged configuration, each with its scale,
+ * the kind merged modules are stored in ("into": null for the weight's
+ * own kind, "int8" or "bf16": the configuration's, the same for every
+ * entry) and the safe_merge it was merged with. Scales are written with
+ * enough digits to read back the same float, so a replayed merge gives
+ * the same weights, bit for bit.
+ */
+#define LORA_JOURNAL_VERSION 1
+
+typedef struct lora_journal_adapter {
+    char name[128];
+    char path[512];
+    float scale;
+} lora_journal_adapter;
+
+typedef struct lora_journal_merge {
+    char name[128];
+    float scale;
+    qt_kind into; /* QT_KIND_COUNT: the weight's own kind; QT_AFFINE (int8); QT_BF16 */
+    bool safe_merge;
+} lora_journal_merge;
+
+typedef struct lora_journal {
+    lora_journal_adapter *adapters; /* owned (lora_journal_free) */
+    size_t n_adapters;
+    lora_journal_merge merged[ENG_MAX_MERGED];
+    size_t n_merged;
+} lora_journal;
+
+/*
+ * Write j to path atomically: a temporary file beside it, fsync, rename
+ * over path, fsync of the folder; a reader sees the old journal or the new
+ * one, never a part. QL_EIO naming the file and the call that failed
+ * (nothing at path changed then).
+ */
+int lora_journal_write(const char *path, const lora_journal *j, char *msg, size_t msg_len);
+/*
+ * Read the journal at path into *out (lora_journal_free it). QL_ENOTFOUND
+ * when there is no such file (a first start), QL_EIO when it cannot be
+ * read, QL_EFORMAT naming the file and the field when it is not a journal
+ * this version reads; on any error *out is empty.
+ */
+int lora_journal_read(const char *path, lora_journal *out, char *msg, size_t msg_len);
+void lora_journal_free(lora_journal *j);
+
+/*
+ * Resolve an adapter folder the way clients may name one: path relative
+ * to root, or absolute and inside it; no ".." component; and, symlinks
+ * followed (realpath), still inside root. The resolved path goes to out.
+ * QL_EINVAL: outside root or "..", QL_ENOTFOUND: path does not resolve
+ * (the errno's words in msg), QL_EIO: root itself does not resolve. msg
+ * names the path. Touches the file system only through realpath; any
+ * thread may call it (the admin routes do, and so does the replay).
+ */
+int lora_resolve_dir(const char *root, const char *path, char *out, size_t out_len, char *msg,
+                     size_t msg_len);
+
+/* Why one adapter or merge of the journal did not come back. */
+typedef struct lora_restore_error {
+    char name[128]; /* the adapter; empty: the state file itself */
+    char path[512]; /* its folder (or the state file) */
+    char error[1024];
+} lora_restore_error;
+
+/*
+ * Replay the state file (opts.state_file; nothing without one or when it
+ * does not exist yet): load each adapter from its path, which must still
+ * resolve inside root (lora_resolve_dir; root NULL: adapter loading is off
+ * and every adapter is refused), then redo the merges in their order. What
+ * does not come back is recorded (lora_registry_restore_errors) and the
+ * rest proceeds: an adapter that no longer loads, a merge whose adapter did
+ * not come back or that fails. A state file that does not parse is renamed
+ * to FILE.bad (so the next change does not overwrite it) and recorded. The
+ * journal is not written during the replay; the next change rewrites it
+ * from what is loaded then. Call it once, after lora_registry_new and
+ * before anything else uses the registry. Returns how many problems were
+ * recorded.
+ */
+size_t lora_registry_restore(lora_registry *r, const char *root);
+/* What the replay could not bring back, in order; *out allocated (free()),
+ * NULL with *n 0 when nothing. */
+int lora_registry_restore_errors(lora_registry *r, lora_restore_error **out, size_t *n);
 
 #endif

@@ -10,17 +10,32 @@
  * steps. Nothing is ever subtracted from a requantized weight, so rounding
  * never accumulates, and an unmerge serves the pristine tensors themselves.
  *
+ * Every change (load, the evictions a load makes under the budget, unload,
+ * merge, unmerge) ends by rewriting the journal (state.c) from the table
+ * and the serving version, when the registry has one; a journal that
+ * cannot be written leaves the change standing, is logged and reported
+ * (lora_state.state_file_error), and is written again at the next change.
+ * lora_registry_restore replays it at start.
+ *
  * It offers lora.h's registry half; it owns the entries (each holding one
- * reference to its eng_lora), the merge threads and the cached digest; it
+ * reference to its eng_lora), the merge threads, the digest of each
+ * version it publishes, the journal's path and the replay's errors; it
  * touches the engine only by publishing versions (eng_engine_publish) and,
  * on a backend that merges on the device, eng_engine_prepare.
  *
- * Two locks: `mu` guards the table of entries and is held only for quick
- * look-ups; `merge_mu` serializes merges and unmerges (and unloads, which
- * must see a settled merged configuration), which are slow.
+ * Three locks: `mu` guards the table of entries, the digest and the
+ * configuration's `into`, and is held only for quick look-ups (a version
+ * is published under it, so that the serving version and its digest are
+ * read together); `merge_mu` serializes merges and unmerges (and unloads,
+ * which must see a settled merged configuration), which are slow;
+ * `journal_mu` serializes journal writes, each of which snapshots the
+ * state under `mu` after taking it, so the last write holds the latest
+ * state. Order: merge_mu, then journal_mu, then mu.
  */
 #include "lora.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +47,7 @@ typedef struct entry {
     eng_lora *lora; /* the registry's reference */
     lora_meta meta;
     float scale;        /* the default for requests that name it */
+    bool safe_merge;    /* what its last merge asked, for the journal */
     uint64_t last_used; /* registry tick, for least-recently-used eviction */
     lora_cost last_merge;
     double last_merge_seconds;
@@ -49,12 +65,24 @@ struct lora_registry {
     uint64_t tick;
     qt_kind into; /* what merged modules are stored in, for the current configuration */
     uint64_t merges, unmerges;
-    /* the digest of one version, kept: versions never change, and hashing
-     * every weight byte again for each state query (each /metrics scrape)
-     * would cost tens of milliseconds on the default model */
-    bool have_digest;
-    uint64_t digested_version; /* versions are numbered once each */
+    /* the digest of the serving version, computed where the version was
+     * made (lora_registry_new on the initial one, publish_configuration on
+     * each merge and unmerge) and only read after: hashing every weight
+     * byte costs tens of milliseconds on the default model, too long for
+     * the event loop that answers /admin/state and /metrics. Versions are
+     * numbered once each and published under mu with their digest. */
+    uint64_t digested_version;
     uint64_t digest;
+    /* the journal: its path (owned; NULL: none), why its last write
+     * failed (under mu; empty: current), and whether a replay is running
+     * (under journal_mu: nothing is written until it ends) */
+    char *state_file;
+    pthread_mutex_t journal_mu;
+    bool restoring;
+    char journal_error[512];
+    /* what lora_registry_restore could not bring back (under mu) */
+    lora_restore_error *restore_errors;
+    size_t n_restore_errors;
 };
 
 void lora_report_free(lora_report *rep)
@@ -84,8 +112,21 @@ int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
         free(r);
         return rc;
     }
+    if (o->state_file && !(r->state_file = strdup(o->state_file))) {
+        eng_pool_free(r->pool);
+        free(r);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    }
+    r->o.state_file = r->state_file;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->merge_mu, NULL);
+    pthread_mutex_init(&r->journal_mu, NULL);
+    /* the initial version's digest, here (the caller's thread: the
+     * server's load thread) rather than at the first state query */
+    eng_weights *serving = eng_engine_weights(e);
+    r->digested_version = serving->version;
+    r->digest = eng_weights_digest(m, serving);
+    eng_weights_unref(serving);
     *out = r;
     return QL_OK;
 }
@@ -100,6 +141,9 @@ void lora_registry_free(lora_registry *r)
     eng_pool_free(r->pool);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->merge_mu);
+    pthread_mutex_destroy(&r->journal_mu);
+    free(r->state_file);
+    free(r->restore_errors);
     free(r);
 }
 
@@ -130,6 +174,73 @@ static size_t loaded_bytes(const lora_registry *r)
     for (size_t i = 0; i < r->n; i++)
         total += r->entries[i].lora->bytes;
     return total;
+}
+
+/* --- the journal ----------------------------------------------------------------- */
+
+/* The state to journal, under mu: the table in load order and the serving
+ * version's merged configuration. The version is read under mu, where it
+ * is published together with `into`. */
+static int journal_snapshot(lora_registry *r, lora_journal *j, char *msg, size_t msg_len)
+{
+    memset(j, 0, sizeof *j);
+    pthread_mutex_lock(&r->mu);
+    eng_weights *serving = eng_engine_weights(r->e);
+    j->adapters = calloc(r->n ? r->n : 1, sizeof *j->adapters);
+    if (j->adapters) {
+        for (size_t i = 0; i < r->n; i++) {
+            const entry *en = &r->entries[i];
+            lora_journal_adapter *a = &j->adapters[j->n_adapters++];
+            snprintf(a->name, sizeof a->name, "%s", en->name);
+            snprintf(a->path, sizeof a->path, "%s", en->path);
+            a->scale = en->scale;
+        }
+        for (size_t i = 0; i < serving->n_merged && i < ENG_MAX_MERGED; i++) {
+            lora_journal_merge *m = &j->merged[j->n_merged++];
+            const entry *en = find(r, serving->merged[i].lora->name);
+            snprintf(m->name, sizeof m->name, "%s", serving->merged[i].lora->name);
+            m->scale = serving->merged[i].scale;
+            m->into = r->into;
+            m->safe_merge = en ? en->safe_merge : true;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    eng_weights_unref(serving);
+    return j->adapters ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+}
+
+/*
+ * After a change: rewrite the journal from the state now. Its failure is
+ * not the change's (which has happened): it is logged, kept for
+ * lora_registry_state, and the next change tries again.
+ */
+static void journal_save(lora_registry *r)
+{
+    if (!r->state_file)
+        return;
+    pthread_mutex_lock(&r->journal_mu);
+    if (r->restoring) {
+        pthread_mutex_unlock(&r->journal_mu);
+        return;
+    }
+    lora_journal j;
+    char msg[512];
+    int rc = journal_snapshot(r, &j, msg, sizeof msg);
+    if (rc == QL_OK)
+        rc = lora_journal_write(r->state_file, &j, msg, sizeof msg);
+    lora_journal_free(&j);
+    pthread_mutex_lock(&r->mu);
+    bool was_failing = r->journal_error[0] != 0;
+    snprintf(r->journal_error, sizeof r->journal_error, "%s", rc == QL_OK ? "" : msg);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->journal_mu);
+    if (rc != QL_OK)
+        fprintf(stderr,
+                "qlserve: %s (the change was made; the state file is written again at the next "
+                "change)\n",
+                msg);
+    else if (was_failing)
+        fprintf(stderr, "qlserve: state file %s is written again\n", r->state_file);
 }
 
 /*
@@ -212,9 +323,12 @@ int lora_registry_load(lora_registry *r, const char *name, const char *dir, floa
     pthread_mutex_unlock(&r->mu);
     eng_weights_unref(serving);
     eng_lora_unref(lora);
-    if (rc == QL_OK && meta)
+    if (rc != QL_OK)
+        return rc;
+    if (meta)
         *meta = mt;
-    return rc;
+    journal_save(r); /* the evictions that made room, too */
+    return QL_OK;
 }
 
 int lora_registry_want(lora_registry *r, const char *name, eng_lora_term *out, char *msg,
@@ -261,6 +375,8 @@ int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t m
     eng_weights_unref(serving);
     pthread_mutex_unlock(&r->merge_mu);
     eng_lora_unref(dropped); /* sequences still using it keep it until they end */
+    if (rc == QL_OK)
+        journal_save(r);
     return rc;
 }
 
@@ -330,12 +446,13 @@ static void merge_modules(void *ctx, int64_t begin, int64_t end)
 
 /*
  * Build the version that serves `terms` merged (recomputed from the
- * pristine weights), publish it, and report. Under merge_mu. On failure
- * nothing is published and msg names the adapter and module.
+ * pristine weights), hash it, publish it with into_after as the
+ * configuration's `into`, and report. Under merge_mu. On failure nothing
+ * is published and msg names the adapter and module.
  */
 static int publish_configuration(lora_registry *r, const eng_lora_term *terms, size_t n_terms,
-                                 const lora_merge_opts *o, lora_report *rep, char *msg,
-                                 size_t msg_len)
+                                 const lora_merge_opts *o, qt_kind into_after, lora_report *rep,
+                                 char *msg, size_t msg_len)
 {
     double t0 = ql_now_s();
     const eng_model *m = r->m;
@@ -413,12 +530,14 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
         rp.into = o->into;
         rp.version = v->version;
         rp.digest = on_device ? device_digest : eng_weights_digest(m, v);
+        /* the version, its digest and its `into` together: a state query
+         * or a journal snapshot (both under mu) sees all or none */
         pthread_mutex_lock(&r->mu);
-        r->have_digest = true;
         r->digested_version = v->version;
         r->digest = rp.digest;
-        pthread_mutex_unlock(&r->mu);
+        r->into = into_after;
         eng_engine_publish(r->e, v); /* the engine takes our reference */
+        pthread_mutex_unlock(&r->mu);
         v = NULL;
         rp.seconds = ql_now_s() - t0;
     }
@@ -476,13 +595,13 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
     /* an unmerge stores what stays merged as it was stored */
     lora_merge_opts keep = {.safe_merge = true, .into = r->into};
     lora_report rp = {0};
+    qt_kind into_after = merge ? o->into : n == 0 ? QT_KIND_COUNT : r->into;
     if (rc == QL_OK)
-        rc = publish_configuration(r, terms, n, merge ? o : &keep, &rp, msg, msg_len);
+        rc = publish_configuration(r, terms, n, merge ? o : &keep, into_after, &rp, msg, msg_len);
     eng_weights_unref(serving);
     if (rc == QL_OK) {
         snprintf(rp.adapter, sizeof rp.adapter, "%s", name);
         rp.scale = merge ? scale : 0.0f;
-        r->into = merge ? o->into : n == 0 ? QT_KIND_COUNT : r->into;
         pthread_mutex_lock(&r->mu);
         if (merge) {
             r->merges++;
@@ -490,6 +609,7 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
             if (en) {
                 en->last_merge = rp.overall;
                 en->last_merge_seconds = rp.seconds;
+                en->safe_merge = o->safe_merge;
             }
         } else {
             r->unmerges++;
@@ -498,6 +618,8 @@ static int change_configuration(lora_registry *r, const char *name, bool merge, 
     }
     pthread_mutex_unlock(&r->merge_mu);
     eng_lora_unref(lora);
+    if (rc == QL_OK)
+        journal_save(r);
     if (rc == QL_OK && rep)
         *rep = rp;
     else
@@ -527,20 +649,13 @@ int lora_registry_unmerge(lora_registry *r, const char *name, lora_report *rep, 
 void lora_registry_state(lora_registry *r, lora_state *out)
 {
     memset(out, 0, sizeof *out);
+    /* every version is published by this registry under mu with its
+     * digest, so the serving version's is the one kept */
+    pthread_mutex_lock(&r->mu);
     eng_weights *serving = eng_engine_weights(r->e);
     out->version = serving->version;
-    pthread_mutex_lock(&r->mu);
-    bool known = r->have_digest && r->digested_version == serving->version;
     out->digest = r->digest;
     pthread_mutex_unlock(&r->mu);
-    if (!known) {
-        out->digest = eng_weights_digest(r->m, serving);
-        pthread_mutex_lock(&r->mu);
-        r->have_digest = true;
-        r->digested_version = serving->version;
-        r->digest = out->digest;
-        pthread_mutex_unlock(&r->mu);
-    }
     out->n_merged = serving->n_merged;
     for (size_t i = 0; i < serving->n_merged && i < ENG_MAX_MERGED; i++) {
         snprintf(out->merged[i].name, sizeof out->merged[i].name, "%s",
@@ -552,6 +667,129 @@ void lora_registry_state(lora_registry *r, lora_state *out)
     out->unmerges = r->unmerges;
     out->bytes = loaded_bytes(r);
     out->n_loaded = r->n;
+    snprintf(out->state_file, sizeof out->state_file, "%s", r->state_file ? r->state_file : "");
+    snprintf(out->state_file_error, sizeof out->state_file_error, "%s", r->journal_error);
     pthread_mutex_unlock(&r->mu);
     eng_weights_unref(serving);
+}
+
+/* --- the replay at start ---------------------------------------------------------- */
+
+/* Record what did not come back (name NULL: the state file itself). */
+static void restore_failed(lora_registry *r, const char *name, const char *path, const char *why)
+{
+    pthread_mutex_lock(&r->mu);
+    lora_restore_error *grown =
+        realloc(r->restore_errors, (r->n_restore_errors + 1) * sizeof *grown);
+    if (grown) {
+        r->restore_errors = grown;
+        lora_restore_error *e = &grown[r->n_restore_errors++];
+        snprintf(e->name, sizeof e->name, "%.127s", name ? name : "");
+        snprintf(e->path, sizeof e->path, "%.511s", path);
+        snprintf(e->error, sizeof e->error, "%.1023s", why);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Whether the adapter named `name` is loaded now. */
+static bool is_loaded(lora_registry *r, const char *name)
+{
+    pthread_mutex_lock(&r->mu);
+    bool loaded = find(r, name) != NULL;
+    pthread_mutex_unlock(&r->mu);
+    return loaded;
+}
+
+/* Replay j: every adapter, then every merge in order. */
+static void replay(lora_registry *r, const lora_journal *j, const char *root)
+{
+    char msg[512], resolved[512];
+    for (size_t i = 0; i < j->n_adapters; i++) {
+        const lora_journal_adapter *a = &j->adapters[i];
+        int rc = root ? lora_resolve_dir(root, a->path, resolved, sizeof resolved, msg, sizeof msg)
+                      : ql_fail(msg, sizeof msg, QL_EINVAL,
+                                "adapter loading is off (no adapter directory)");
+        if (rc == QL_OK)
+            rc = lora_registry_load(r, a->name, resolved, a->scale, NULL, msg, sizeof msg);
+        if (rc != QL_OK)
+            restore_failed(r, a->name, a->path, msg);
+    }
+    for (size_t i = 0; i < j->n_merged; i++) {
+        const lora_journal_merge *m = &j->merged[i];
+        const char *path = "";
+        for (size_t k = 0; k < j->n_adapters; k++)
+            if (strcmp(j->adapters[k].name, m->name) == 0)
+                path = j->adapters[k].path;
+        if (!is_loaded(r, m->name)) {
+            snprintf(msg, sizeof msg, "merge skipped: adapter %s did not come back", m->name);
+            restore_failed(r, m->name, path, msg);
+            continue;
+        }
+        lora_merge_opts o = {.safe_merge = m->safe_merge, .into = m->into};
+        if (lora_registry_merge(r, m->name, m->scale, &o, NULL, msg, sizeof msg) != QL_OK) {
+            char why[600];
+            snprintf(why, sizeof why, "merge failed: %s", msg);
+            restore_failed(r, m->name, path, why);
+        }
+    }
+}
+
+size_t lora_registry_restore(lora_registry *r, const char *root)
+{
+    if (!r->state_file)
+        return 0;
+    lora_journal j;
+    char msg[600];
+    int rc = lora_journal_read(r->state_file, &j, msg, sizeof msg);
+    if (rc == QL_ENOTFOUND)
+        return 0; /* the first start with this state file */
+    if (rc == QL_EFORMAT) {
+        /* kept aside, or the next change would write over what the
+         * operator may want to read or repair */
+        char aside[PATH_MAX + 8], why[1024];
+        snprintf(aside, sizeof aside, "%s.bad", r->state_file);
+        if (rename(r->state_file, aside) == 0)
+            snprintf(why, sizeof why, "%.600s; kept as %.300s, starting with no adapters", msg,
+                     aside);
+        else
+            snprintf(why, sizeof why, "%.600s; and it cannot be kept as %.300s (%s)", msg, aside,
+                     strerror(errno));
+        restore_failed(r, NULL, r->state_file, why);
+        return r->n_restore_errors;
+    }
+    if (rc != QL_OK) {
+        restore_failed(r, NULL, r->state_file, msg);
+        return r->n_restore_errors;
+    }
+    pthread_mutex_lock(&r->journal_mu);
+    r->restoring = true;
+    pthread_mutex_unlock(&r->journal_mu);
+    replay(r, &j, root);
+    pthread_mutex_lock(&r->journal_mu);
+    r->restoring = false;
+    pthread_mutex_unlock(&r->journal_mu);
+    lora_journal_free(&j);
+    pthread_mutex_lock(&r->mu);
+    size_t n = r->n_restore_errors;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+int lora_registry_restore_errors(lora_registry *r, lora_restore_error **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&r->mu);
+    int rc = QL_OK;
+    if (r->n_restore_errors) {
+        *out = malloc(r->n_restore_errors * sizeof **out);
+        if (*out) {
+            memcpy(*out, r->restore_errors, r->n_restore_errors * sizeof **out);
+            *n = r->n_restore_errors;
+        } else {
+            rc = QL_ENOMEM;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }

@@ -294,6 +294,9 @@ typedef struct serve_layer {
         {"port", OPT_INT, &(l)->s.port, "N: the TCP port (0: pick a free one)"},                   \
         {"adapter-dir", OPT_STRING, &(l)->s.adapter_dir,                                           \
          "DIR: the only folder adapters load from (unset: no adapter loading)"},                   \
+        {"state-file", OPT_STRING, &(l)->s.state_file,                                             \
+         "FILE: the journal of loaded adapters and merges, replayed at start (default: "           \
+         ".qlserve-state.json in --adapter-dir; none: off)"},                                      \
         {"admin-token-file", OPT_STRING, &(l)->token_file,                                         \
          "FILE: its first line is the admin bearer token (unset: admin only on loopback)"},        \
         {"api-key-file", OPT_STRING, &(l)->api_key_file,                                           \

@@ -23,6 +23,11 @@
  * bytes whatever its length (server.h, srv_secret_equal). */
 #define CFG_SECRET_MAX 256
 
+/* The state file's name under --adapter-dir when --state-file is unset,
+ * and the value of --state-file that turns the journal off. */
+#define CFG_STATE_FILE_NAME ".qlserve-state.json"
+#define CFG_STATE_FILE_NONE "none"
+
 typedef struct cfg_quantize {
     const char *in_path;  /* --in, required */
     const char *out_path; /* --out, required */
@@ -86,6 +91,12 @@ typedef struct cfg_serve {
     /* --adapter-dir DIR: the only place adapters load from (NULL: adapter
      * loading off) */
     const char *adapter_dir;
+    /* --state-file FILE: where the adapter registry journals its state
+     * (loaded adapters, the merged configuration) and what is replayed at
+     * start; "none": no journal. NULL: CFG_STATE_FILE_NAME under
+     * adapter_dir when that folder can be written (else the server warns
+     * and runs without), no journal without adapter_dir. */
+    const char *state_file;
     /* The first line of --admin-token-file FILE (trailing newline and
      * whitespace stripped; the file must exist and not be empty), or env
      * QLSERVE_ADMIN_TOKEN. NULL: the admin routes answer only on loopback. */

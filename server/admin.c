@@ -14,7 +14,6 @@
  */
 #include "internal/server_internal.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +76,7 @@ static cJSON *info_json(const lora_info *in)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", in->name);
+    cJSON_AddStringToObject(o, "path", in->path);
     cJSON_AddNumberToObject(o, "rank", in->meta.r);
     cJSON_AddNumberToObject(o, "alpha", in->meta.alpha);
     cJSON_AddBoolToObject(o, "use_rslora", in->meta.use_rslora);
@@ -147,54 +147,17 @@ static cJSON *report_json(const lora_report *r)
 /* --- loading, merging and unmerging: work off the loop ---------------------------- */
 
 /* Resolve a client's adapter path under the adapter directory root:
- * relative, no "..", and (symlinks followed) still inside it, into out.
- * On a pool thread (realpath waits on the file system, which may be a
- * network volume). False with the answer's status and sentence in w. */
+ * relative, no "..", and (symlinks followed) still inside it
+ * (lora_resolve_dir, the check the state file's replay makes too), into
+ * out. On a pool thread: realpath waits on the file system, which may be a
+ * network volume. False with the answer's status and sentence in w. */
 static bool resolve_adapter_path(srv_work *w, const char *root, const char *path, char *out,
                                  size_t out_len)
 {
-    char real_root[PATH_MAX];
-    if (!realpath(root, real_root)) {
-        w->status = 500;
-        snprintf(w->msg, sizeof w->msg, "the adapter directory %s cannot be resolved: %s", root,
-                 strerror(errno));
-        return false;
-    }
-    w->status = 400;
-    char joined[PATH_MAX * 2];
-    if (path[0] == '/') {
-        size_t n = strlen(real_root);
-        if (strncmp(path, real_root, n) != 0 || (path[n] != '/' && path[n] != 0)) {
-            snprintf(w->msg, sizeof w->msg, "path %.900s is outside the adapter directory", path);
-            return false;
-        }
-        snprintf(joined, sizeof joined, "%s", path);
-    } else {
-        snprintf(joined, sizeof joined, "%s/%s", real_root, path);
-    }
-    for (const char *p = path; *p;) {
-        size_t seg = strcspn(p, "/");
-        if (seg == 2 && p[0] == '.' && p[1] == '.') {
-            snprintf(w->msg, sizeof w->msg, "path %.900s: \"..\" is not allowed", path);
-            return false;
-        }
-        p += seg;
-        while (*p == '/')
-            p++;
-    }
-    char real[PATH_MAX];
-    if (!realpath(joined, real)) {
-        w->status = 404;
-        snprintf(w->msg, sizeof w->msg, "adapter path %.900s: %s", path, strerror(errno));
-        return false;
-    }
-    size_t n = strlen(real_root);
-    if (strncmp(real, real_root, n) != 0 || (real[n] != '/' && real[n] != 0)) {
-        snprintf(w->msg, sizeof w->msg, "path %.900s leads outside the adapter directory", path);
-        return false;
-    }
-    w->status = 0;
-    snprintf(out, out_len, "%s", real);
+    int rc = lora_resolve_dir(root, path, out, out_len, w->msg, sizeof w->msg);
+    /* the root itself not resolving is the server's fault, not the client's */
+    w->status = rc == QL_OK ? 0 : rc == QL_EIO ? 500 : srv_status_of(rc);
+    return rc == QL_OK;
     return true;
 }
 
@@ -452,5 +415,30 @@ void srv_admin_state(srv_conn *c, const char *name)
     cJSON_AddNumberToObject(root, "adapter_bytes", (double)st.bytes);
     cJSON_AddNumberToObject(root, "merges", (double)st.merges);
     cJSON_AddNumberToObject(root, "unmerges", (double)st.unmerges);
+    /* the journal: where it is, whether its last write failed, and what
+     * its replay at start could not bring back */
+    if (st.state_file[0])
+        cJSON_AddStringToObject(root, "state_file", st.state_file);
+    else
+        cJSON_AddNullToObject(root, "state_file");
+    if (st.state_file_error[0])
+        cJSON_AddStringToObject(root, "state_file_error", st.state_file_error);
+    else
+        cJSON_AddNullToObject(root, "state_file_error");
+    cJSON *errors = cJSON_AddArrayToObject(root, "restore_errors");
+    lora_restore_error *errs = NULL;
+    size_t n_errs = 0;
+    lora_registry_restore_errors(c->s->registry, &errs, &n_errs);
+    for (size_t i = 0; i < n_errs; i++) {
+        cJSON *e = cJSON_CreateObject();
+        if (errs[i].name[0])
+            cJSON_AddStringToObject(e, "name", errs[i].name);
+        else
+            cJSON_AddNullToObject(e, "name");
+        cJSON_AddStringToObject(e, "path", errs[i].path);
+        cJSON_AddStringToObject(e, "error", errs[i].error);
+        cJSON_AddItemToArray(errors, e);
+    }
+    free(errs);
     srv_respond_cjson(c, 200, root);
 }

@@ -11,6 +11,11 @@
  * gets its final event, finish reason "cancelled"), wait for their ends,
  * stop the engine and exit 0.
  *
+ * The adapter registry's state file (--state-file, by default under
+ * --adapter-dir) is decided before the server listens, so a bad explicit
+ * one stops it at once, and replayed on the load thread once the registry
+ * exists, before the server serves.
+ *
  * Offers srv_serve and srv_conn_init_detached (server.h: the seam's
  * connection gets the same hooks). Owns the server struct, the hooks, the
  * model, the engine's and the adapter registry's lifetimes, the signals
@@ -20,11 +25,15 @@
  */
 #include "internal/server_internal.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* --- shutdown ----------------------------------------------------------------------- */
 
@@ -91,9 +100,87 @@ static void on_signal(uv_signal_t *sig, int signum)
 typedef struct load_job {
     uv_work_t req;
     srv_server *s;
+    char state_file[PATH_MAX]; /* the registry's journal; empty: none */
     int rc;
     char msg[1024];
 } load_job;
+
+/*
+ * Where the registry journals its state, into out (empty: no journal):
+ * --state-file FILE, whose folder must exist and be writable (QL_EIO
+ * naming both, so the server stops before it serves what it could not
+ * keep); "none"; or, unset, CFG_STATE_FILE_NAME under --adapter-dir. The
+ * adapter folder is often a read-only volume, so an unwritable default is
+ * a warning on stderr and no journal, not a refusal to start.
+ */
+static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *msg, size_t msg_len)
+{
+    out[0] = 0;
+    const char *file = c->state_file;
+    if (file && strcmp(file, CFG_STATE_FILE_NONE) == 0)
+        return QL_OK;
+    if (!file && !c->adapter_dir)
+        return QL_OK;
+    char path[PATH_MAX], folder[PATH_MAX];
+    if (file)
+        snprintf(path, sizeof path, "%s", file);
+    else
+        snprintf(path, sizeof path, "%s/%s", c->adapter_dir, CFG_STATE_FILE_NAME);
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(folder, sizeof folder, ".");
+    else
+        snprintf(folder, sizeof folder, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    struct stat sb;
+    const char *problem = NULL;
+    int err = 0;
+    if (stat(folder, &sb) != 0)
+        problem = "its folder cannot be used", err = errno;
+    else if (!S_ISDIR(sb.st_mode))
+        problem = "its folder is not a folder", err = ENOTDIR;
+    else if (access(folder, W_OK | X_OK) != 0)
+        problem = "its folder cannot be written", err = errno;
+    else if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        problem = "it is not a regular file", err = EISDIR;
+    if (problem && file)
+        return ql_fail(msg, msg_len, QL_EIO, "--state-file %s: %s (%s): %s", path, problem, folder,
+                       strerror(err));
+    if (problem) {
+        fprintf(stderr,
+                "qlserve: warning: state file %s: %s (%s): %s; running without one, so loaded "
+                "adapters and merges will not survive a restart (--state-file FILE puts it "
+                "elsewhere, --state-file none silences this)\n",
+                path, problem, folder, strerror(err));
+        return QL_OK;
+    }
+    if (strlen(path) >= out_len)
+        return ql_fail(msg, msg_len, QL_EINVAL, "--state-file %.100s...: path too long", path);
+    snprintf(out, out_len, "%s", path);
+    return QL_OK;
+}
+
+/* Replay the registry's journal and say in the log what came back and
+ * what did not (each adapter by name, with the reason; /admin/state shows
+ * the same). */
+static void restore_state(srv_server *s, const char *state_file)
+{
+    size_t n_errors = lora_registry_restore(s->registry, s->cfg->adapter_dir);
+    lora_state st;
+    lora_registry_state(s->registry, &st);
+    fprintf(stderr, "qlserve: state file %s: %zu adapters loaded, %zu merged%s\n", state_file,
+            st.n_loaded, st.n_merged, n_errors ? "; not restored:" : "");
+    lora_restore_error *errs = NULL;
+    size_t n = 0;
+    lora_registry_restore_errors(s->registry, &errs, &n);
+    for (size_t i = 0; i < n; i++) {
+        if (errs[i].name[0])
+            fprintf(stderr, "qlserve:   adapter %s (%s): %s\n", errs[i].name, errs[i].path,
+                    errs[i].error);
+        else
+            fprintf(stderr, "qlserve:   %s\n", errs[i].error);
+    }
+    free(errs);
+}
 
 static void load_run(uv_work_t *req)
 {
@@ -126,9 +213,12 @@ static void load_run(uv_work_t *req)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
     if (j->rc == QL_OK) {
         lora_registry_opts ro = {.budget_bytes = (size_t)c->adapter_budget_mib << 20,
-                                 .threads = c->merge_threads};
+                                 .threads = c->merge_threads,
+                                 .state_file = j->state_file[0] ? j->state_file : NULL};
         j->rc = lora_registry_new(&s->registry, s->engine, &s->model, &ro, j->msg, sizeof j->msg);
     }
+    if (j->rc == QL_OK && j->state_file[0])
+        restore_state(s, j->state_file);
     if (j->rc == QL_OK)
         srv_chat_templates_load(s); /* a refused template refuses chat, not the model */
     if (j->rc != QL_OK) {
@@ -214,8 +304,11 @@ int srv_serve(const cfg_serve *cfg)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     char msg[1024];
     int port = 0;
-    if (srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != QL_OK) {
-        fprintf(stderr, "qlserve serve: %s\n", msg);
+    load_job *j = calloc(1, sizeof *j);
+    if (!j || state_file_path(cfg, j->state_file, sizeof j->state_file, msg, sizeof msg) != QL_OK ||
+        srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != QL_OK) {
+        fprintf(stderr, "qlserve serve: %s\n", j ? msg : "out of memory");
+        free(j);
         uv_walk(s->loop, close_walk, NULL);
         uv_run(s->loop, UV_RUN_DEFAULT);
         free(s);
@@ -226,7 +319,6 @@ int srv_serve(const cfg_serve *cfg)
     /* the model file rewritten in place under the server (mapped_file.c) */
     if (mf_guard_start(msg, sizeof msg) != QL_OK)
         fprintf(stderr, "qlserve: warning: %s\n", msg);
-    load_job *j = calloc(1, sizeof *j);
     j->s = s;
     j->req.data = j;
     s->n_work++;

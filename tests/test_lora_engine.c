@@ -16,6 +16,7 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -1052,4 +1053,226 @@ Test(lora_engine, an_adapter_keeps_its_default_scale_until_unloaded)
     cr_assert_eq(t.scale, 1.0f);
     eng_lora_unref(t.lora);
     reg_close(&r);
+}
+
+/* --- 5. the journal: state that survives a restart ------------------------------ */
+
+/* A registry like reg_open's, journaling to state_file. */
+static void reg_open_journaled(reg_rig *r, const kind_case *kc, const char *state_file)
+{
+    rig_open(&r->g, kc);
+    char msg[512];
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2};
+    cr_assert_eq(eng_engine_start(&r->e, &r->g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    lora_registry_opts ro = {.threads = 2, .state_file = state_file};
+    cr_assert_eq(lora_registry_new(&r->reg, r->e, &r->g.m, &ro, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* The journal at path, which must read back. */
+static lora_journal journal_at(const char *path)
+{
+    lora_journal j;
+    char msg[512];
+    cr_assert_eq(lora_journal_read(path, &j, msg, sizeof msg), 0, "%s", msg);
+    return j;
+}
+
+Test(lora_engine, the_journal_follows_every_change_and_a_replay_gives_the_same_weights)
+{
+    kind_case kc = {.label = "nf4 journal", .quant = "nf4"};
+    char state_file[700], root[4096], msg[512], pa[4096], pb[4096];
+    snprintf(state_file, sizeof state_file, "%s/state.json", dir);
+    cr_assert(realpath(dir, root));
+    reg_rig r;
+    reg_open_journaled(&r, &kc, state_file);
+    write_folder(&r.g.m, "a", 5, 0.05f);
+    write_folder(&r.g.m, "b", 6, 0.05f);
+    cr_assert_eq(lora_resolve_dir(root, "a", pa, sizeof pa, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_resolve_dir(root, "b/", pb, sizeof pb, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", pa, 0.5f, NULL, msg, sizeof msg), 0, "%s", msg);
+    lora_journal j = journal_at(state_file);
+    cr_assert_eq(j.n_adapters, 1);
+    cr_assert_str_eq(j.adapters[0].name, "a");
+    cr_assert_str_eq(j.adapters[0].path, pa);
+    cr_assert_eq(j.adapters[0].scale, 0.5f);
+    cr_assert_eq(j.n_merged, 0);
+    lora_journal_free(&j);
+    cr_assert_eq(lora_registry_load(r.reg, "b", pb, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
+    /* a scale that is not a short decimal must come back as the same float */
+    float scale_b = 0.7f / 3.0f;
+    lora_merge_opts int8 = {.safe_merge = false, .into = QT_AFFINE};
+    cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
+    cr_assert_eq(lora_registry_merge(r.reg, "b", scale_b, &int8, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
+    j = journal_at(state_file);
+    cr_assert_eq(j.n_adapters, 2);
+    cr_assert_eq(j.n_merged, 2);
+    cr_assert_str_eq(j.merged[0].name, "a");
+    cr_assert_eq(j.merged[0].into, QT_AFFINE, "the configuration's into, for every entry");
+    cr_assert(j.merged[0].safe_merge);
+    cr_assert_str_eq(j.merged[1].name, "b");
+    cr_assert(same_bits(j.merged[1].scale, scale_b));
+    cr_assert(!j.merged[1].safe_merge);
+    lora_journal_free(&j);
+    lora_state before;
+    lora_registry_state(r.reg, &before);
+    cr_assert_str_eq(before.state_file, state_file);
+    cr_assert_str_eq(before.state_file_error, "");
+    reg_close(&r);
+
+    /* a new registry on the same model replays it: same adapters, same
+     * merged configuration, the same weights bit for bit */
+    reg_open_journaled(&r, &kc, state_file);
+    cr_assert_eq(lora_registry_restore(r.reg, root), 0);
+    lora_state after;
+    lora_registry_state(r.reg, &after);
+    cr_assert_eq(after.digest, before.digest);
+    cr_assert_eq(after.n_loaded, 2);
+    cr_assert_eq(after.n_merged, 2);
+    cr_assert_str_eq(after.merged[0].name, "a");
+    cr_assert_str_eq(after.merged[1].name, "b");
+    cr_assert(same_bits(after.merged[1].scale, scale_b));
+    lora_info *list;
+    size_t n;
+    cr_assert_eq(lora_registry_list(r.reg, &list, &n), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(list[0].name, "a");
+    cr_assert_str_eq(list[0].path, pa);
+    cr_assert_eq(list[0].scale, 0.5f);
+    free(list);
+    /* the replay did not write; the next change does, and the journal
+     * then follows an unmerge and an unload */
+    cr_assert_eq(lora_registry_unmerge(r.reg, "a", NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_unload(r.reg, "a", msg, sizeof msg), 0, "%s", msg);
+    j = journal_at(state_file);
+    cr_assert_eq(j.n_adapters, 1);
+    cr_assert_str_eq(j.adapters[0].name, "b");
+    cr_assert_eq(j.n_merged, 1);
+    cr_assert_str_eq(j.merged[0].name, "b");
+    cr_assert_eq(j.merged[0].into, QT_AFFINE, "an unmerge keeps what stays merged as it was");
+    lora_journal_free(&j);
+    reg_close(&r);
+}
+
+Test(lora_engine, a_replay_reports_what_does_not_come_back_and_restores_the_rest)
+{
+    kind_case kc = {.label = "bf16 replay"};
+    char state_file[700], root[4096], msg[512], pa[4096], pb[4096], gone[800];
+    snprintf(state_file, sizeof state_file, "%s/state.json", dir);
+    cr_assert(realpath(dir, root));
+    reg_rig r;
+    reg_open_journaled(&r, &kc, state_file);
+    lora_state base;
+    lora_registry_state(r.reg, &base);
+    write_folder(&r.g.m, "a", 5, 0.05f);
+    write_folder(&r.g.m, "b", 6, 0.05f);
+    cr_assert_eq(lora_resolve_dir(root, "a", pa, sizeof pa, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_resolve_dir(root, "b", pb, sizeof pb, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "a", pa, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_load(r.reg, "b", pb, 1.0f, NULL, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_registry_merge(r.reg, "a", 1.0f, &own_kind, NULL, msg, sizeof msg), 0, "%s",
+                 msg);
+    reg_close(&r);
+    snprintf(gone, sizeof gone, "%s/a", dir);
+    test_rmtree(gone);
+
+    reg_open_journaled(&r, &kc, state_file);
+    cr_assert_eq(lora_registry_restore(r.reg, root), 2, "a's load, and a's merge");
+    lora_restore_error *errs;
+    size_t n;
+    cr_assert_eq(lora_registry_restore_errors(r.reg, &errs, &n), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(errs[0].name, "a");
+    cr_assert_str_eq(errs[0].path, pa);
+    cr_assert(strstr(errs[0].error, "No such file"), "%s", errs[0].error);
+    cr_assert_str_eq(errs[1].name, "a");
+    cr_assert(strstr(errs[1].error, "merge skipped"), "%s", errs[1].error);
+    free(errs);
+    lora_state st;
+    lora_registry_state(r.reg, &st);
+    cr_assert_eq(st.n_loaded, 1, "b came back");
+    cr_assert_eq(st.n_merged, 0);
+    cr_assert_eq(st.digest, base.digest, "nothing merged: the initial weights");
+    reg_close(&r);
+
+    /* a path that now leads outside the adapter folder is refused, too;
+     * the replay above wrote nothing, so the journal still names a */
+    reg_open_journaled(&r, &kc, state_file);
+    char elsewhere[4200];
+    snprintf(elsewhere, sizeof elsewhere, "%s/sub", root);
+    cr_assert_eq(mkdir(elsewhere, 0700), 0);
+    cr_assert_eq(lora_registry_restore(r.reg, elsewhere), 3, "a, b, and a's merge");
+    cr_assert_eq(lora_registry_restore_errors(r.reg, &errs, &n), 0);
+    cr_assert_str_eq(errs[0].name, "a");
+    cr_assert_str_eq(errs[1].name, "b");
+    cr_assert(strstr(errs[1].error, "outside the adapter directory"), "%s", errs[1].error);
+    free(errs);
+    reg_close(&r);
+}
+
+/* Write text to path. */
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(lora_engine, a_journal_that_is_not_one_is_refused_by_its_field)
+{
+    char path[700], msg[512];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    lora_journal j;
+    cr_assert_eq(lora_journal_read(path, &j, msg, sizeof msg), QL_ENOTFOUND);
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"{\"version\": 1, \"adapters\": [", "not valid JSON"},
+        {"[]", "not a JSON object"},
+        {"{\"adapters\": [], \"merged\": []}", "\"version\""},
+        {"{\"version\": 2, \"adapters\": [], \"merged\": []}", "version 2"},
+        {"{\"version\": 1, \"merged\": []}", "\"adapters\" must be an array"},
+        {"{\"version\": 1, \"adapters\": [{\"name\": \"a\", \"scale\": 1}], \"merged\": []}",
+         "adapters[0]: \"path\""},
+        {"{\"version\": 1, \"adapters\": [{\"name\": \"a\", \"path\": \"/x\", \"scale\": \"1\"}], "
+         "\"merged\": []}",
+         "adapters[0]: \"scale\""},
+        {"{\"version\": 1, \"adapters\": [{\"name\": \"a\", \"path\": \"/x\", \"scale\": 1}, "
+         "{\"name\": \"a\", \"path\": \"/y\", \"scale\": 1}], \"merged\": []}",
+         "named twice"},
+        {"{\"version\": 1, \"adapters\": [], \"merged\": [{\"name\": \"a\", \"scale\": 1, "
+         "\"into\": \"nf4\"}]}",
+         "merged[0]: \"into\""},
+        {"{\"version\": 1, \"adapters\": [], \"merged\": [{\"name\": \"a\", \"scale\": 1, "
+         "\"safe_merge\": 1}]}",
+         "merged[0]: \"safe_merge\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(path, bad[i].text);
+        cr_assert_eq(lora_journal_read(path, &j, msg, sizeof msg), QL_EFORMAT, "%s", bad[i].text);
+        cr_assert(strstr(msg, path), "%s", msg);
+        cr_assert(strstr(msg, bad[i].needle), "%s: %s (wanted %s)", bad[i].text, msg,
+                  bad[i].needle);
+        cr_assert_null(j.adapters);
+    }
+    /* what lora_journal_write writes reads back field for field */
+    lora_journal_adapter ad[2] = {{"x", "/srv/x", 0.25f}, {"y", "/srv/y", -3.5f}};
+    lora_journal w = {.adapters = ad, .n_adapters = 2, .n_merged = 1};
+    w.merged[0] = (lora_journal_merge){"y", 1.0f / 3.0f, QT_BF16, true};
+    cr_assert_eq(lora_journal_write(path, &w, msg, sizeof msg), 0, "%s", msg);
+    j = journal_at(path);
+    cr_assert_eq(j.n_adapters, 2);
+    cr_assert_str_eq(j.adapters[1].path, "/srv/y");
+    cr_assert_eq(j.adapters[1].scale, -3.5f);
+    cr_assert_eq(j.n_merged, 1);
+    cr_assert(same_bits(j.merged[0].scale, 1.0f / 3.0f));
+    cr_assert_eq(j.merged[0].into, QT_BF16);
+    lora_journal_free(&j);
+    /* a write that cannot happen leaves the journal as it was and says why */
+    char folder[720];
+    snprintf(folder, sizeof folder, "%s/nope/state.json", dir);
+    cr_assert_eq(lora_journal_write(folder, &w, msg, sizeof msg), QL_EIO);
+    cr_assert(strstr(msg, folder), "%s", msg);
 }

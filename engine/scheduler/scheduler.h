@@ -327,17 +327,12 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
  * choices).
  */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
-/*
- * The prompt of r as eng_engine_submit would feed it, made before submit
- * and on any thread (it reads only the engine's options and the model's
- * tokenizer, both fixed): r's fields checked as submit checks them, then a
- * text prompt tokenized (BOS as submit adds it: not when r->templated) or
- * given ids copied, truncate applied, and a prompt the context cannot hold
- * refused, into *ids (allocated, the caller's to free()) and *n.
- * Submitting r with prompt_tokens = *ids is then the same request, without
- * the tokenizer's work: a server tokenizes off its event loop this way. On
- * error a QL_E* code, the reason in msg, and *ids NULL.
- */
+/* The prompt of r as submit would feed it, made on any thread (it reads
+ * only fixed state): r checked as submit checks it, the text tokenized or
+ * the ids copied, truncated, and refused past the context, into *ids
+ * (malloc'd, the caller's) and *n; submitting r with prompt_tokens = *ids
+ * is the same request (a server tokenizes off its event loop so). On
+ * error a QL_E* code, msg, and *ids NULL. */
 int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
                              char *msg, size_t msg_len);
 /*
