@@ -294,7 +294,7 @@ void srv_admin_load(srv_conn *c, const char *name_in_path)
         srv_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
         ok = false;
     }
-    if (ok && strlen(path) >= sizeof ((srv_work *)0)->path) {
+    if (ok && strlen(path) >= sizeof((srv_work *)0)->path) {
         srv_fail(c, 400, "path is %zu bytes, longer than any path", strlen(path));
         ok = false;
     }
@@ -400,17 +400,7 @@ void srv_admin_state(srv_conn *c, const char *name)
     lora_state st;
     lora_registry_state(c->s->registry, &st);
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddNumberToObject(root, "weights_version", (double)st.version);
-    char digest[20];
-    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st.digest);
-    cJSON_AddStringToObject(root, "weights_digest", digest);
-    cJSON *merged = cJSON_AddArrayToObject(root, "merged");
-    for (size_t i = 0; i < st.n_merged && i < ENG_MAX_MERGED; i++) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "name", st.merged[i].name);
-        cJSON_AddNumberToObject(m, "scale", st.merged[i].scale);
-        cJSON_AddItemToArray(merged, m);
-    }
+    srv_add_weights_identity(root, &st);
     cJSON_AddNumberToObject(root, "adapters_loaded", (double)st.n_loaded);
     cJSON_AddNumberToObject(root, "adapter_bytes", (double)st.bytes);
     cJSON_AddNumberToObject(root, "merges", (double)st.merges);

@@ -687,5 +687,11 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddStringToObject(root, "cpu_kernels", qt_cpu_path());
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
     }
+    if (s->serving && s->registry) {
+        /* which replicas are interchangeable: the same digest */
+        lora_state st;
+        lora_registry_state(s->registry, &st);
+        srv_add_weights_identity(root, &st);
+    }
     srv_respond_cjson(c, 200, root);
 }

@@ -608,8 +608,8 @@ typedef struct gen_prep {
     eng_lora_term term;
     char *stops[SRV_MAX_STOPS];
     eng_logit_bias logit_bias[ENG_MAX_LOGIT_BIAS];
-    srv_prompt_maker maker; /* make NULL: the prompts are a's */
-    char *texts[SRV_MAX_PROMPTS]; /* a text prompt's copy, else NULL */
+    srv_prompt_maker maker;            /* make NULL: the prompts are a's */
+    char *texts[SRV_MAX_PROMPTS];      /* a text prompt's copy, else NULL */
     srv_prompt_in in[SRV_MAX_PROMPTS]; /* each part's ids: given, or made by run */
     int32_t *ids[SRV_MAX_PROMPTS];     /* what in's tokens point at, owned */
     int32_t failed;                    /* the part refused, or -1 */

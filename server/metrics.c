@@ -225,6 +225,16 @@ static void put_registry(text *t, lora_registry *registry)
     put(t, "qlserve_adapter_bytes %zu\n", st.bytes);
     metric(t, "qlserve_adapters_merged", "gauge", "adapters merged into the serving weights");
     put(t, "qlserve_adapters_merged %zu\n", st.n_merged);
+    /* which replicas are interchangeable: the digest of the serving
+     * weights and the merged configuration that made them */
+    char merged[ENG_MAX_MERGED * 160] = "";
+    for (size_t i = 0, len = 0; i < st.n_merged && i < ENG_MAX_MERGED && len < sizeof merged; i++)
+        len += (size_t)snprintf(merged + len, sizeof merged - len, "%s%s:%g", i ? "," : "",
+                                st.merged[i].name, (double)st.merged[i].scale);
+    metric(t, "qlserve_weights_info", "gauge",
+           "1, labelled with the serving weights' digest and merged configuration");
+    put(t, "qlserve_weights_info{digest=\"%016llx\",merged=\"%s\"} 1\n",
+        (unsigned long long)st.digest, merged);
     lora_info *list = NULL;
     size_t n = 0;
     if (lora_registry_list(registry, &list, &n) == QL_OK) {

@@ -448,3 +448,20 @@ const char *srv_adapter_named(const srv_conn *c, const char *model)
             return NULL;
     return model;
 }
+
+/* --- which weights serve --------------------------------------------------------- */
+
+void srv_add_weights_identity(cJSON *o, const lora_state *st)
+{
+    cJSON_AddNumberToObject(o, "weights_version", (double)st->version);
+    char digest[20];
+    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st->digest);
+    cJSON_AddStringToObject(o, "weights_digest", digest);
+    cJSON *merged = cJSON_AddArrayToObject(o, "merged");
+    for (size_t i = 0; i < st->n_merged && i < ENG_MAX_MERGED; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "name", st->merged[i].name);
+        cJSON_AddNumberToObject(m, "scale", st->merged[i].scale);
+        cJSON_AddItemToArray(merged, m);
+    }
+}

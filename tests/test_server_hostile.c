@@ -21,10 +21,10 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -460,7 +460,8 @@ Test(server_hostile, a_hostile_nfc_prompt_does_not_hold_the_loop)
      * refused, by its length, after it was tokenized */
     cr_assert_eq(status, 400);
     cr_assert_lt(worst, HEALTH_MS, "/health took %.1f ms", worst);
-    hc_response r = sp_post("/generate", "{\"inputs\": \"he\", \"parameters\": {\"max_new_tokens\": 2}}");
+    hc_response r =
+        sp_post("/generate", "{\"inputs\": \"he\", \"parameters\": {\"max_new_tokens\": 2}}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
 }

@@ -121,6 +121,11 @@ bool srv_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, dou
 bool srv_get_bool(srv_conn *c, const cJSON *obj, const char *name, bool *out);
 bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char **out);
 
+/* Which weights serve, for /admin/state and /info: weights_version,
+ * weights_digest (hex) and merged ([{"name", "scale"}]) added to o. Two
+ * replicas of one model with equal digests answer alike. */
+void srv_add_weights_identity(cJSON *o, const lora_state *st);
+
 /* --- generations: what an API asks (request.c reads it) ------------------------ */
 
 #define SRV_MAX_STOPS 8
