@@ -182,6 +182,17 @@ int lora_registry_load(lora_registry *r, const char *name, const char *dir, floa
                        lora_meta *meta, char *msg, size_t msg_len);
 /* Drop name; QL_ECONFLICT while it is merged. Sequences using it finish. */
 int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t msg_len);
+/*
+ * The adapter `name` for a request, as lora_registry_want, loading it first
+ * when it is not loaded and root (the adapter folder) has a folder of that
+ * name (lora_resolve_dir's checks: no "..", no symlink out), at scale 1,
+ * under the memory budget (least recently used unmerged adapters are
+ * evicted for it). Callers asking for one name at once wait for one load.
+ * Blocks for the load: call it off the event loop. QL_ENOTFOUND when there
+ * is no such folder; a load's own error otherwise.
+ */
+int lora_registry_acquire(lora_registry *r, const char *name, const char *root, eng_lora_term *out,
+                          char *msg, size_t msg_len);
 /* A reference to name for a request (marks it used now); QL_ENOTFOUND. */
 int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg,
                       size_t msg_len);

@@ -60,6 +60,11 @@ struct lora_registry {
     eng_pool *pool; /* merge threads */
     pthread_mutex_t mu;
     pthread_mutex_t merge_mu;
+    /* names lora_registry_acquire is loading (under mu), and the signal
+     * that one has finished */
+    char loading[16][128];
+    size_t n_loading;
+    pthread_cond_t loaded_cv;
     entry *entries;
     size_t n, cap;
     uint64_t tick;
@@ -120,6 +125,7 @@ int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
     r->o.state_file = r->state_file;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->merge_mu, NULL);
+    pthread_cond_init(&r->loaded_cv, NULL);
     pthread_mutex_init(&r->journal_mu, NULL);
     /* the initial version's digest, here (the caller's thread: the
      * server's load thread) rather than at the first state query */
@@ -141,6 +147,7 @@ void lora_registry_free(lora_registry *r)
     eng_pool_free(r->pool);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->merge_mu);
+    pthread_cond_destroy(&r->loaded_cv);
     pthread_mutex_destroy(&r->journal_mu);
     free(r->state_file);
     free(r->restore_errors);
@@ -344,6 +351,54 @@ int lora_registry_want(lora_registry *r, const char *name, eng_lora_term *out, c
     }
     pthread_mutex_unlock(&r->mu);
     return en ? QL_OK : ql_fail(msg, msg_len, QL_ENOTFOUND, "no adapter named %s is loaded", name);
+}
+
+/* Whether name is being loaded by lora_registry_acquire, under mu. */
+static bool loading(const lora_registry *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_loading; i++)
+        if (strcmp(r->loading[i], name) == 0)
+            return true;
+    return false;
+}
+
+int lora_registry_acquire(lora_registry *r, const char *name, const char *root, eng_lora_term *out,
+                          char *msg, size_t msg_len)
+{
+    if (lora_registry_want(r, name, out, NULL, 0) == QL_OK)
+        return QL_OK;
+    char dir[4096];
+    int rc = lora_resolve_dir(root, name, dir, sizeof dir, msg, msg_len);
+    if (rc != QL_OK)
+        return rc == QL_EIO ? rc : QL_ENOTFOUND; /* not a folder of the adapter folder */
+    /* one load per name: later callers wait for the first one's */
+    pthread_mutex_lock(&r->mu);
+    while (loading(r, name))
+        pthread_cond_wait(&r->loaded_cv, &r->mu);
+    bool mine = find(r, name) == NULL;
+    if (mine && r->n_loading == sizeof r->loading / sizeof r->loading[0]) {
+        pthread_mutex_unlock(&r->mu);
+        return ql_fail(msg, msg_len, QL_EBUSY,
+                       "adapter %s: %zu adapters are being loaded already; try again later", name,
+                       r->n_loading);
+    }
+    if (mine)
+        snprintf(r->loading[r->n_loading++], sizeof r->loading[0], "%s", name);
+    pthread_mutex_unlock(&r->mu);
+    if (mine) {
+        rc = lora_registry_load(r, name, dir, 1.0f, NULL, msg, msg_len);
+        pthread_mutex_lock(&r->mu);
+        for (size_t i = 0; i < r->n_loading; i++)
+            if (strcmp(r->loading[i], name) == 0) {
+                memcpy(r->loading[i], r->loading[--r->n_loading], sizeof r->loading[0]);
+                break;
+            }
+        pthread_cond_broadcast(&r->loaded_cv);
+        pthread_mutex_unlock(&r->mu);
+        if (rc != QL_OK && rc != QL_ECONFLICT) /* loaded meanwhile by an admin: served */
+            return rc;
+    }
+    return lora_registry_want(r, name, out, msg, msg_len);
 }
 
 int lora_registry_get(lora_registry *r, const char *name, eng_lora **out, char *msg, size_t msg_len)

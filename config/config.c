@@ -294,6 +294,9 @@ typedef struct serve_layer {
         {"port", OPT_INT, &(l)->s.port, "N: the TCP port (0: pick a free one)"},                   \
         {"adapter-dir", OPT_STRING, &(l)->s.adapter_dir,                                           \
          "DIR: the only folder adapters load from (unset: no adapter loading)"},                   \
+        {"no-lazy-adapters", OPT_BOOL, &(l)->s.no_lazy_adapters,                                   \
+         "a request naming an adapter that is not loaded gets 404 (default: loaded from the "      \
+         "folder of that name in --adapter-dir on first use)"},                                    \
         {"state-file", OPT_STRING, &(l)->s.state_file,                                             \
          "FILE: the journal of loaded adapters and merges, replayed at start (default: "           \
          ".qlserve-state.json in --adapter-dir; none: off)"},                                      \

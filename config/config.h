@@ -91,6 +91,9 @@ typedef struct cfg_serve {
     /* --adapter-dir DIR: the only place adapters load from (NULL: adapter
      * loading off) */
     const char *adapter_dir;
+    /* --no-lazy-adapters: a request naming an adapter that is not loaded
+     * is refused, not loaded from adapter_dir's folder of that name */
+    bool no_lazy_adapters;
     /* --state-file FILE: where the adapter registry journals its state
      * (loaded adapters, the merged configuration) and what is replayed at
      * start; "none": no journal. NULL: CFG_STATE_FILE_NAME under

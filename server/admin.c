@@ -253,18 +253,9 @@ static void start_work(srv_conn *c, srv_work *w)
 
 static bool valid_name(srv_conn *c, const char *name)
 {
-    size_t n = strlen(name);
-    if (n == 0 || n >= 128) {
-        srv_fail(c, 400, "\"name\" must have 1 to 127 characters");
+    if (!srv_is_adapter_name(name)) {
+        srv_fail(c, 400, "\"name\" %.160s: 1 to 127 letters, digits, '-', '_' and '.'", name);
         return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        char ch = name[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '-' || ch == '_' || ch == '.')) {
-            srv_fail(c, 400, "\"name\" %s: only letters, digits, '-', '_' and '.'", name);
-            return false;
-        }
     }
     return true;
 }

@@ -93,19 +93,18 @@ void srv_chat_templates_free(srv_server *s)
 }
 
 /* The template for a request, as transformers chooses: the tool_use one
- * when tools are given and the model has one, else the default. NULL after
- * answering the refusal. */
-static const tpl_template *template_for(srv_conn *c, bool tools)
+ * when tools are given and the model has one, else the default. NULL with
+ * the refusal in msg when the model has none. Any thread. */
+static const tpl_template *template_for(const srv_server *s, bool tools, char *msg, size_t msg_len)
 {
-    srv_server *s = c->s;
     if (tools && s->chat_template_tools)
         return s->chat_template_tools;
     if (s->chat_template)
         return s->chat_template;
     if (s->chat_template_error[0])
-        srv_fail(c, 400, "%s", s->chat_template_error);
+        snprintf(msg, msg_len, "%s", s->chat_template_error);
     else
-        srv_fail(c, 400,
+        snprintf(msg, msg_len,
                  "the model %s has no chat template (tokenizer_config.json's chat_template, "
                  "chat_template.jinja or GGUF tokenizer.chat_template): use /v1/completions, "
                  "or give one with --chat-template",
@@ -241,59 +240,68 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
 
 /* An adapter's own template, when PEFT saved the tokenizer beside it
  * (training changed it): compiled for this request into *own (NULL: the
- * adapter has none, or no adapter is named, and the model's serves). An
- * unknown adapter is left to srv_generate's 404. False after answering. */
-static bool adapter_template(srv_conn *c, const char *adapter, bool tools, tpl_template **own)
+ * adapter has none, or is not loaded, and the model's serves). A refused
+ * one is QL_EINVAL with msg. Any thread. */
+static int adapter_template(const srv_server *s, const char *adapter, bool tools,
+                            tpl_template **own, char *msg, size_t msg_len)
 {
     *own = NULL;
     eng_lora_term term = {NULL, 1.0f};
-    char msg[400];
-    if (!adapter || !c->s->registry ||
-        lora_registry_want(c->s->registry, adapter, &term, msg, sizeof msg) != QL_OK)
-        return true;
+    if (!adapter || !s->registry ||
+        lora_registry_want(s->registry, adapter, &term, NULL, 0) != QL_OK)
+        return QL_OK;
     const char *source = tools && term.lora->chat_template_tool_use
                              ? term.lora->chat_template_tool_use
                              : term.lora->chat_template;
-    int rc = source ? tpl_compile(own, source, strlen(source), msg, sizeof msg) : QL_OK;
+    char why[400];
+    int rc = source ? tpl_compile(own, source, strlen(source), why, sizeof why) : QL_OK;
     eng_lora_unref(term.lora);
-    if (rc != QL_OK) {
-        srv_fail(c, 400, "adapter %s's chat template is refused: %s", adapter, msg);
-        return false;
-    }
-    return true;
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s's chat template is refused: %s",
+                       adapter, why);
+    return QL_OK;
 }
 
 /* A chat prompt rendered off the loop (srv_prompt_maker's arg): the
- * template and its variables, both owned but t, which is the server's
- * (it outlives every request: the templates are freed after the drain). */
+ * template is chosen there too, since an adapter named by the request may
+ * only be loaded there (on first use), and its own template then serves. */
 typedef struct chat_render {
-    const tpl_template *t;
-    tpl_template *own; /* the adapter's, when t is it */
-    cJSON *ctx;
+    const srv_server *s; /* its templates outlive every request (freed after the drain) */
+    char adapter[128];   /* "": the base model */
+    bool tools;
+    cJSON *ctx; /* the template's variables, owned */
 } chat_render;
 
 static int render_make(void *arg, char **prompt, char *msg, size_t msg_len)
 {
     const chat_render *cr = arg;
+    tpl_template *own = NULL;
+    int rc =
+        adapter_template(cr->s, cr->adapter[0] ? cr->adapter : NULL, cr->tools, &own, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    const tpl_template *t = own ? own : template_for(cr->s, cr->tools, msg, msg_len);
+    if (!t)
+        return QL_EINVAL;
     char why[1024];
     size_t len = 0;
-    int rc = tpl_render(cr->t, cr->ctx, CHAT_RENDER_MAX, prompt, &len, why, sizeof why);
+    rc = tpl_render(t, cr->ctx, CHAT_RENDER_MAX, prompt, &len, why, sizeof why);
     if (rc != QL_OK)
         snprintf(msg, msg_len, "the chat template: %s", why);
+    tpl_free(own);
     return rc;
 }
 
 static void render_drop(void *arg)
 {
     chat_render *cr = arg;
-    tpl_free(cr->own);
     cJSON_Delete(cr->ctx);
     free(cr);
 }
 
-/* The request's messages, to be rendered off the loop with the adapter's
- * template when it has one, else the model's, into *maker. False after
- * answering the refusal. */
+/* The request's messages, to be rendered off the loop into *maker. False
+ * after answering the refusal: a request for the base model of a model
+ * without a template is refused here, before any work. */
 static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
                          srv_prompt_maker *maker)
 {
@@ -301,21 +309,20 @@ static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
     if (!ctx)
         return false;
     bool tools = !cJSON_IsNull(cJSON_GetObjectItem(ctx, "tools"));
-    tpl_template *own = NULL;
-    if (!adapter_template(c, adapter, tools, &own)) {
+    char msg[1024];
+    if (!adapter && !template_for(c->s, tools, msg, sizeof msg)) {
+        srv_fail(c, 400, "%s", msg);
         cJSON_Delete(ctx);
         return false;
     }
-    const tpl_template *t = own ? own : template_for(c, tools);
-    chat_render *cr = t ? calloc(1, sizeof *cr) : NULL;
+    chat_render *cr = calloc(1, sizeof *cr);
     if (!cr) {
-        if (t)
-            srv_fail(c, 503, "out of memory");
-        tpl_free(own);
+        srv_fail(c, 503, "out of memory");
         cJSON_Delete(ctx);
         return false;
     }
-    *cr = (chat_render){.t = t, .own = own, .ctx = ctx};
+    *cr = (chat_render){.s = c->s, .tools = tools, .ctx = ctx};
+    snprintf(cr->adapter, sizeof cr->adapter, "%s", adapter ? adapter : "");
     *maker = (srv_prompt_maker){.make = render_make, .drop = render_drop, .arg = cr};
     return true;
 }

@@ -543,14 +543,14 @@ static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, c
     return g;
 }
 
-/* Answer a refused prompt: "prompt <part>: " before msg when the request
- * has several (part >= 0). */
-static void fail_part(srv_conn *c, int rc, int32_t part, const char *msg)
+/* Answer a refused prompt with status: "prompt <part>: " before msg when
+ * the request has several (part >= 0). */
+static void fail_part(srv_conn *c, int status, int32_t part, const char *msg)
 {
     if (part >= 0)
-        srv_fail(c, srv_status_of(rc), "prompt %d: %s", part, msg);
+        srv_fail(c, status, "prompt %d: %s", part, msg);
     else
-        srv_fail(c, srv_status_of(rc), "%s", msg);
+        srv_fail(c, status, "%s", msg);
 }
 
 /* Submit each of g's prompts, in[p] its ids (given, or made off the loop);
@@ -583,7 +583,7 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_prompt_in *in, eng
             gen_live(g);
             gen_cancel(g);
         }
-        fail_part(c, rc, several ? p : -1, msg);
+        fail_part(c, srv_status_of(rc), several ? p : -1, msg);
         return false;
     }
     gen_live(g);
@@ -606,6 +606,11 @@ typedef struct gen_prep {
     srv_gen *g;
     eng_request r; /* shared by every part; its pointers lead into this struct */
     eng_lora_term term;
+    /* an adapter to load on first use before anything else ("": none),
+     * and the scale the request gives it */
+    char lazy[128];
+    bool has_scale;
+    float scale;
     char *stops[SRV_MAX_STOPS];
     eng_logit_bias logit_bias[ENG_MAX_LOGIT_BIAS];
     srv_prompt_maker maker;            /* make NULL: the prompts are a's */
@@ -679,6 +684,22 @@ static void prep_run(srv_work *w)
 {
     gen_prep *p = w->job;
     w->rc = QL_OK;
+    if (p->lazy[0]) {
+        srv_server *s = w->s;
+        w->rc = lora_registry_acquire(s->registry, p->lazy, s->cfg->adapter_dir, &p->term, w->msg,
+                                      sizeof w->msg);
+        if (w->rc == QL_ENOTFOUND) {
+            w->status = 404;
+            snprintf(w->msg, sizeof w->msg, "%s %s%s", p->g->shape->adapter_noun, p->lazy,
+                     p->g->shape->adapter_unknown);
+        }
+        if (w->rc != QL_OK)
+            return;
+        if (p->has_scale)
+            p->term.scale = p->scale;
+        p->r.adapters = &p->term;
+        p->r.n_adapters = 1;
+    }
     if (p->maker.make) {
         w->rc = p->maker.make(p->maker.arg, &p->texts[0], w->msg, sizeof w->msg);
         if (w->rc != QL_OK)
@@ -708,12 +729,25 @@ static void prep_done(srv_work *w)
     srv_gen *g = p->g;
     if (!c || w->rc != QL_OK || !srv_ready(c)) {
         if (c && w->rc != QL_OK)
-            fail_part(c, w->rc, g->n_parts > 1 ? p->failed : -1, w->msg);
+            fail_part(c, w->status ? w->status : srv_status_of(w->rc),
+                      g->n_parts > 1 ? p->failed : -1, w->msg);
         gen_free_memory(g);
     } else {
         gen_submit_all(c, g, p->in, &p->r);
     }
     prep_free(p);
+}
+
+/* Whether a request naming name, not loaded, may have it loaded on first
+ * use: an adapter folder, lazy loading not turned off, and a name that can
+ * only be a folder's own (admin.c's name rules; no leading '.', so neither
+ * "." nor ".." nor a hidden file). Whether the folder exists is for the
+ * pool to find out (lora_registry_acquire). */
+static bool loadable_by_name(const srv_server *s, const char *name)
+{
+    if (!s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
+        return false;
+    return name[0] != '.' && srv_is_adapter_name(name);
 }
 
 /* Check readiness, the adapter and the limits; then submit at once when
@@ -725,22 +759,27 @@ static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
     eng_lora_term term = {NULL, 1.0f};
     gen_prep *p = NULL;
     srv_gen *g = NULL;
-    char msg[1024];
+    bool lazy = false;
     if (!srv_ready(c))
         goto refused;
-    /* the adapter and its default scale, when the request gives none */
+    /* the adapter and its default scale, when the request gives none; one
+     * not loaded is loaded on first use, off the loop, when it may be */
     if (a->adapter && a->adapter[0]) {
         if (!c->s->registry ||
-            lora_registry_want(c->s->registry, a->adapter, &term, msg, sizeof msg) != QL_OK) {
-            srv_fail(c, 404, "%s %s%s", shape->adapter_noun, a->adapter, shape->adapter_unknown);
-            goto refused;
+            lora_registry_want(c->s->registry, a->adapter, &term, NULL, 0) != QL_OK) {
+            lazy = loadable_by_name(c->s, a->adapter);
+            if (!lazy) {
+                srv_fail(c, 404, "%s %s%s", shape->adapter_noun, a->adapter,
+                         shape->adapter_unknown);
+                goto refused;
+            }
         }
     }
     if (a->has_scale)
         term.scale = (float)a->adapter_scale;
     if (!check_limits(c, a))
         goto refused;
-    g = gen_new(c, a, shape, term.lora ? term.lora->name : c->s->model_id);
+    g = gen_new(c, a, shape, term.lora ? term.lora->name : lazy ? a->adapter : c->s->model_id);
     if (!g) {
         srv_fail(c, 503, "out of memory");
         goto refused;
@@ -762,7 +801,7 @@ static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
                      .include_stop_str = a->include_stop_str};
     if (a->prompt_logprobs && !a->logprobs)
         r.top_logprobs = a->top_logprobs;
-    bool all_ids = !maker && a->n_prompts > 0;
+    bool all_ids = !maker && !lazy && a->n_prompts > 0;
     for (size_t k = 0; all_ids && k < a->n_prompts; k++)
         all_ids = a->prompts[k].text == NULL;
     if (all_ids) {
@@ -777,6 +816,11 @@ static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
         goto refused;
     }
     p->r.adapters = p->term.lora ? &p->term : NULL;
+    if (lazy) {
+        snprintf(p->lazy, sizeof p->lazy, "%s", a->adapter);
+        p->has_scale = a->has_scale;
+        p->scale = (float)a->adapter_scale;
+    }
     if (srv_work_begin(c, p, prep_run, prep_done) != 0) {
         gen_free_memory(g);
         prep_free(p); /* the adapter's reference and maker with it */

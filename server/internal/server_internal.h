@@ -125,6 +125,9 @@ bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char 
  * weights_digest (hex) and merged ([{"name", "scale"}]) added to o. Two
  * replicas of one model with equal digests answer alike. */
 void srv_add_weights_identity(cJSON *o, const lora_state *st);
+/* 1 to 127 letters, digits, '-', '_' and '.': what an adapter may be named
+ * (so a name is a label value and a folder name as it stands). */
+bool srv_is_adapter_name(const char *name);
 
 /* --- generations: what an API asks (request.c reads it) ------------------------ */
 
