@@ -16,6 +16,12 @@
  * serve --help` documents. And the builder stages run the commands CI runs
  * (scripts/install-deps.sh, scripts/test.sh), so a green CI vouches for them.
  *
+ * The inference-gateway objects (deploy/gateway) are validated as the API
+ * server would validate them, against the CRD schemas copied in deploy/crds
+ * (a structural OpenAPI v3 validator below; the CEL rules by hand), and tied
+ * to the Deployment they route to: the pool's selector and port, the
+ * read-only shared adapter folder.
+ *
  * What this cannot see: that the base images exist, that Ubuntu's packages
  * carry what Debian's do, that a cluster accepts the objects. The guide
  * (docs/operations.md) says what was checked where.
