@@ -1798,9 +1798,11 @@ static yaml_kind ykind(yref r)
         return YK_BOOL;
     if (matches_ere(s, "^[-+]?(0|[1-9][0-9_]*|0[0-7_]+|0x[0-9a-fA-F_]+|0b[01_]+)$"))
         return YK_INT;
-    if (matches_ere(s, "^[-+]?([0-9][0-9_]*)?\\.?[0-9.]*([eE][-+][0-9]+)?$|^[-+]?\\.(inf|Inf|INF)$|"
-                       "^\\.(nan|NaN|NAN)$") &&
-        strpbrk(s, "0123456789in"))
+    /* YAML 1.1 floats: "1.5", ".5", "1e3", "1.5e-3", ".inf", ".nan"; not "0.1.0" */
+    if (matches_ere(s, "^[-+]?([0-9][0-9_]*)?(\\.[0-9_]*)?([eE][-+]?[0-9]+)?$") &&
+        strpbrk(s, "0123456789"))
+        return YK_NUMBER;
+    if (matches_ere(s, "^[-+]?\\.(inf|Inf|INF)$|^\\.(nan|NaN|NAN)$"))
         return YK_NUMBER;
     return YK_STRING;
 }
@@ -2480,6 +2482,10 @@ Test(gateway, broken_manifests_are_refused_naming_the_field)
         /* a pattern: a label value may not begin with '-' */
         {"deploy/gateway/inferencepool.yaml", "      app: qlserve", "      app: -qlserve",
          "spec.selector.matchLabels.app: Invalid value: \"-qlserve\": should match"},
+        /* a plain "on" is a boolean to kubectl (YAML 1.1), not the string */
+        {"deploy/gateway/inferencepool.yaml", "      app: qlserve", "      app: on",
+         "spec.selector.matchLabels.app: Invalid value: \"on\": must be of type string, not "
+         "boolean"},
         /* an empty list where minItems is 1 */
         {"deploy/gateway/inferencepool.yaml", "  targetPorts:\n    - number: 8080",
          "  targetPorts: []", "spec.targetPorts: Invalid value: 0 items, fewer than 1"},
@@ -2560,13 +2566,13 @@ Test(gateway, cel_rules_on_used_fields_hold)
     /* and the checks themselves refuse what their rules refuse */
     yaml_document_t doc;
     yaml_parser_t p;
-    static const char *const bad[] = {
+    static const char bad[] =
         "{endpointPickerRef: {name: epp}, paths: [{type: PathPrefix, value: v1}, "
         "{type: Exact, value: /v1//x}, {type: PathPrefix, value: /v1/..}], "
         "ports: [{number: 1}, {number: 1}], timeouts: {request: 10s, backendRequest: 1m}, "
-        "backend: {kind: Service, name: x}, parents: [{name: g}, {name: g}]}"};
+        "backend: {kind: Service, name: x}, parents: [{name: g}, {name: g}]}";
     cr_assert(yaml_parser_initialize(&p));
-    yaml_parser_set_input_string(&p, (const unsigned char *)bad[0], strlen(bad[0]));
+    yaml_parser_set_input_string(&p, (const unsigned char *)bad, strlen(bad));
     cr_assert(yaml_parser_load(&p, &doc));
     yref root = yroot(&doc);
     cr_assert(!cel_picker_port(yget(root, "endpointPickerRef")));
