@@ -43,6 +43,8 @@
 
 #include "engine.h"
 
+#include <regex.h>
+
 /* --- loading (adapters/peft.c) ------------------------------------------- */
 
 /* What an adapter's config says, for listings. */
@@ -75,6 +77,18 @@ typedef struct lora_meta {
  */
 int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
               const eng_model *m, char *msg, size_t msg_len);
+
+/*
+ * Compile prefix + pattern + suffix as a POSIX extended regex (REG_NOSUB):
+ * pattern is in Python's syntax (PEFT's target_modules, rank_pattern),
+ * translated (\d, escaped characters in brackets, (?:...)); -1 with why set
+ * for a construct POSIX cannot express or counted repeats regcomp would
+ * expand without bound. Also what tests/test_deploy.c checks Kubernetes
+ * schema patterns with (Go RE2: the same syntax for what those use). *re is
+ * the caller's (regfree) on success only.
+ */
+int lora_pattern_compile(regex_t *re, const char *prefix, const char *pattern, const char *suffix,
+                         char *why, size_t why_len);
 
 /* --- the dispatch by quant kind (adapters/merge.c) ----------------------- */
 

@@ -153,6 +153,16 @@ static bool ere_special(char c)
     return c && strchr(".[]()*+?{}|^$\\", c) != NULL;
 }
 
+/* The character of the escape \xHH whose digits start at p, or 0 when p
+ * does not hold two hex digits (or they name NUL, which no name holds). */
+static char hex_escape(const char *p)
+{
+    if (!isxdigit((unsigned char)p[0]) || !isxdigit((unsigned char)p[1]))
+        return 0;
+    char digits[3] = {p[0], p[1], 0};
+    return (char)strtol(digits, NULL, 16);
+}
+
 /* A Python bracket expression starting at py[*i] == '[' into POSIX form.
  * POSIX brackets take no escapes, so an escaped ']', '-' or '^' is moved
  * where POSIX reads it literally (first, last, not first). */
@@ -184,6 +194,20 @@ static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, 
         case 's': sb_str(&body, "[:space:]"); break;
         case 'n': sb_chr(&body, '\n'); break;
         case 't': sb_chr(&body, '\t'); break;
+        case 'x': { /* \xHH: Kubernetes' header-name pattern has \x60 */
+            char h = hex_escape(py + k + 1);
+            if (!h) {
+                free(body.s);
+                return snprintf(why, why_len, "\\x inside [...] without two hex digits"), -1;
+            }
+            k += 2;
+            rbracket |= h == ']';
+            dash |= h == '-';
+            caret |= h == '^';
+            if (h != ']' && h != '-' && h != '^')
+                sb_chr(&body, h);
+            break;
+        }
         case ']': rbracket = true; break;
         case '-': dash = true; break;
         case '^': caret = true; break;
@@ -268,6 +292,16 @@ static int translate_regex(const char *py, strbuf *out, char *why, size_t why_le
             case 'Z': sb_chr(out, '$'); break;
             case 'n': sb_chr(out, '\n'); break;
             case 't': sb_chr(out, '\t'); break;
+            case 'x': {
+                char h = hex_escape(py + i + 1);
+                if (!h)
+                    return snprintf(why, why_len, "\\x without two hex digits"), -1;
+                i += 2;
+                if (ere_special(h))
+                    sb_chr(out, '\\');
+                sb_chr(out, h);
+                break;
+            }
             case 0: return snprintf(why, why_len, "the pattern ends in '\\'"), -1;
             default:
                 if (isalnum((unsigned char)e))
@@ -322,8 +356,8 @@ static int translate_regex(const char *py, strbuf *out, char *why, size_t why_le
     return 0;
 }
 
-/* Compile prefix + (translated py) + suffix. */
-static int compile_regex(regex_t *re, const char *prefix, const char *py, const char *suffix,
+/* Compile prefix + (translated py) + suffix (lora.h). */
+int lora_pattern_compile(regex_t *re, const char *prefix, const char *py, const char *suffix,
                          char *why, size_t why_len)
 {
     strbuf b = {0};
@@ -445,7 +479,7 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     out->present = true;
     if (cJSON_IsString(v)) {
         char why[160];
-        if (compile_regex(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
+        if (lora_pattern_compile(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s \"%.80s%s\": %s", c->path, field,
                            v->valuestring, strlen(v->valuestring) > 80 ? "..." : "", why);
         out->is_regex = true;
@@ -495,7 +529,8 @@ static int read_pattern_map(const adapter_config *c, const cJSON *root, const ch
                            e->string,
                            integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
         char why[160];
-        if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why, sizeof why) != 0)
+        if (lora_pattern_compile(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why,
+                                 sizeof why) != 0)
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s key \"%.80s%s\": %s", c->path, field,
                            e->string, strlen(e->string) > 80 ? "..." : "", why);
         out->keys[out->n] = e->string;
@@ -639,8 +674,8 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
              * module names have one numeric part, the layer, so whether it
              * matches settles which layer it found */
             if (!cJSON_IsString(e) ||
-                compile_regex(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(", e->valuestring,
-                              ")\\.[0-9]+\\.", why, sizeof why) != 0)
+                lora_pattern_compile(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(",
+                                     e->valuestring, ")\\.[0-9]+\\.", why, sizeof why) != 0)
                 return ql_fail(msg, msg_len, QL_EINVAL, "%s: layers_pattern %.80s: %s", c->path,
                                cJSON_IsString(e) ? e->valuestring : "entry",
                                cJSON_IsString(e) ? why : "is not a string");

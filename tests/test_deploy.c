@@ -16,6 +16,12 @@
  * serve --help` documents. And the builder stages run the commands CI runs
  * (scripts/install-deps.sh, scripts/test.sh), so a green CI vouches for them.
  *
+ * The inference-gateway objects (deploy/gateway) are validated as the API
+ * server would validate them, against the CRD schemas copied in deploy/crds
+ * (a structural OpenAPI v3 validator below; the CEL rules by hand), and tied
+ * to the Deployment they route to: the pool's selector and port, the
+ * read-only shared adapter folder.
+ *
  * What this cannot see: that the base images exist, that Ubuntu's packages
  * carry what Debian's do, that a cluster accepts the objects. The guide
  * (docs/operations.md) says what was checked where.
@@ -27,6 +33,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +44,8 @@
 #include <yaml.h>
 
 #include "config.h"
+#include "lora.h"
+#include "ql_base.h"
 #include "server.h"
 #include "test_util.h"
 
@@ -1674,6 +1685,1041 @@ Test(k8s, admin_fanout_script_reaches_the_deployments_pods)
     cr_assert_eq(system(command), 0, "%s: bash finds a syntax error", rel);
     cluster_free(&k);
     image_command_free(&ic);
+}
+
+/* ---- CRD schemas: the objects of deploy/gateway as the API server checks them -- */
+
+/*
+ * A structural OpenAPI v3 schema validator, enough for the openAPIV3Schema
+ * of the CRDs in deploy/crds (its README names their sources and commits).
+ * It checks what the API server checks before admission, with the paths
+ * kubectl prints ("spec.targetPorts[0].number"):
+ *   - type (object, array, string, integer, number, boolean), and
+ *     x-kubernetes-int-or-string; YAML scalars typed as sigs.k8s.io/yaml
+ *     (YAML 1.1) types them for kubectl: a quoted scalar is a string, a
+ *     plain one may be a null, bool (yes/no/on/off too), integer or number;
+ *   - properties, required, additionalProperties (false or a schema),
+ *     minProperties/maxProperties, and unknown fields: where a schema has
+ *     properties and neither additionalProperties nor
+ *     x-kubernetes-preserve-unknown-fields, a field it does not name is one
+ *     structural pruning would drop, which `kubectl apply` (strict field
+ *     validation) refuses as `unknown field`;
+ *   - items, minItems/maxItems, x-kubernetes-list-type set and map (unique
+ *     items / unique x-kubernetes-list-map-keys);
+ *   - enum, pattern (through lora_pattern_compile's POSIX translation; a
+ *     pattern it cannot express is an error naming the field, so a value is
+ *     never passed unchecked), minLength/maxLength in characters,
+ *     minimum/maximum, format int32, int64 and date-time;
+ *   - metadata: ObjectMeta's own fields only, a name, string labels.
+ * default is not applied (the server fills it in after these checks; a
+ * required field with a default must still be written). The CEL rules
+ * (x-kubernetes-validations) cannot run offline: every rule on a field the
+ * manifests use is recorded, and the test cel_rules_on_used_fields_hold
+ * checks each by hand or fails naming it. A keyword this validator does not
+ * know fails the run, so a schema that grows one cannot pass unread.
+ */
+
+#define SCHEMA_MAX_ERRORS 16
+#define SCHEMA_MAX_RULES  64
+
+typedef struct cel_use {
+    char path[256];    /* where the rule sits, as the value's path */
+    char message[256]; /* the rule's message: what the test knows it by */
+    yref self;         /* the value the rule would see as `self` */
+} cel_use;
+
+typedef struct schema_run {
+    char errors[SCHEMA_MAX_ERRORS][512];
+    size_t n_errors;
+    cel_use rules[SCHEMA_MAX_RULES];
+    size_t n_rules;
+} schema_run;
+
+static void schema_error(schema_run *v, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void schema_error(schema_run *v, const char *path, const char *fmt, ...)
+{
+    if (v->n_errors == SCHEMA_MAX_ERRORS)
+        return;
+    char *e = v->errors[v->n_errors++];
+    int o = snprintf(e, sizeof v->errors[0], "%s: ", *path ? path : "(the object)");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e + o, sizeof v->errors[0] - (size_t)o, fmt, ap);
+    va_end(ap);
+}
+
+/* The errors joined, one a line, for an assertion's message. */
+static void schema_errors_text(const schema_run *v, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < v->n_errors && o < len; i++)
+        o += (size_t)snprintf(out + o, len - o, "\n  %s", v->errors[i]);
+}
+
+/* What a YAML node is to kubectl. */
+typedef enum yaml_kind {
+    YK_NULL,
+    YK_BOOL,
+    YK_INT,
+    YK_NUMBER,
+    YK_STRING,
+    YK_MAP,
+    YK_LIST
+} yaml_kind;
+
+static const char *const yaml_kind_names[] = {"null",   "boolean", "integer", "number",
+                                              "string", "object",  "array"};
+
+static bool matches_ere(const char *text, const char *ere)
+{
+    regex_t re;
+    cr_assert_eq(regcomp(&re, ere, REG_EXTENDED | REG_NOSUB), 0, "bad ERE %s", ere);
+    bool m = regexec(&re, text, 0, NULL, 0) == 0;
+    regfree(&re);
+    return m;
+}
+
+static yaml_kind ykind(yref r)
+{
+    if (r.node->type == YAML_MAPPING_NODE)
+        return YK_MAP;
+    if (r.node->type == YAML_SEQUENCE_NODE)
+        return YK_LIST;
+    const char *s = ystr(r);
+    yaml_scalar_style_t style = r.node->data.scalar.style;
+    if (style != YAML_PLAIN_SCALAR_STYLE && style != YAML_ANY_SCALAR_STYLE)
+        return YK_STRING;
+    if (!*s || matches_ere(s, "^(~|null|Null|NULL)$"))
+        return YK_NULL;
+    if (matches_ere(s, "^(true|True|TRUE|false|False|FALSE|yes|Yes|YES|no|No|NO|on|On|ON|off|Off|"
+                       "OFF|y|Y|n|N)$"))
+        return YK_BOOL;
+    if (matches_ere(s, "^[-+]?(0|[1-9][0-9_]*|0[0-7_]+|0x[0-9a-fA-F_]+|0b[01_]+)$"))
+        return YK_INT;
+    /* YAML 1.1 floats: "1.5", ".5", "1e3", "1.5e-3", ".inf", ".nan"; not "0.1.0" */
+    if (matches_ere(s, "^[-+]?([0-9][0-9_]*)?(\\.[0-9_]*)?([eE][-+]?[0-9]+)?$") &&
+        strpbrk(s, "0123456789"))
+        return YK_NUMBER;
+    if (matches_ere(s, "^[-+]?\\.(inf|Inf|INF)$|^\\.(nan|NaN|NAN)$"))
+        return YK_NUMBER;
+    return YK_STRING;
+}
+
+static bool ybool(yref r, const char *key)
+{
+    const char *s = ystr(yget(r, key));
+    return s && strcmp(s, "true") == 0;
+}
+
+/* Characters, as Kubernetes counts maxLength (runes of UTF-8). */
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0, len = strlen(s);
+    for (size_t at = 0; at < len; n++) {
+        uint32_t cp;
+        size_t step = ql_utf8_next((const uint8_t *)s + at, len - at, &cp);
+        at += step ? step : 1;
+    }
+    return n;
+}
+
+/* The schema keywords the validator reads, and those it knows to skip. */
+static const char *const schema_keywords[] = {
+    "type", "properties", "required", "additionalProperties", "items", "enum", "pattern", "minimum",
+    "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+    "format", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-validations",
+    /* not checks: the server applies a default after validation; the rest
+     * are documentation or merge strategy */
+    "default", "description", "x-kubernetes-map-type", "example"};
+
+static void schema_keywords_known(yref schema, const char *path)
+{
+    for (size_t i = 0; i < ypairs(schema); i++) {
+        const char *k = ykey_at(schema, i);
+        bool known = false;
+        for (size_t j = 0; j < sizeof schema_keywords / sizeof *schema_keywords; j++)
+            known |= strcmp(k, schema_keywords[j]) == 0;
+        cr_assert(known, "the schema at %s uses %s, which this validator does not check", path, k);
+    }
+}
+
+static void metadata_validate(schema_run *v, yref meta, const char *path);
+
+static void schema_validate(schema_run *v, yref schema, yref value, const char *path);
+
+static void object_validate(schema_run *v, yref schema, yref value, const char *path)
+{
+    yref props = yget(schema, "properties"), extra = yget(schema, "additionalProperties");
+    bool preserve = ybool(schema, "x-kubernetes-preserve-unknown-fields");
+    long n = (long)ypairs(value);
+    if (yget(schema, "minProperties").node && n < yint(yget(schema, "minProperties"), 0))
+        schema_error(v, path, "has %ld fields, fewer than %ld", n,
+                     yint(yget(schema, "minProperties"), 0));
+    if (yget(schema, "maxProperties").node && n > yint(yget(schema, "maxProperties"), 0))
+        schema_error(v, path, "has %ld fields, more than %ld", n,
+                     yint(yget(schema, "maxProperties"), 0));
+    yref required = yget(schema, "required");
+    for (size_t i = 0; i < ylen(required); i++)
+        if (!yget(value, ystr(yat(required, i))).node)
+            schema_error(v, path, "Required value: %s", ystr(yat(required, i)));
+    for (size_t i = 0; i < ypairs(value); i++) {
+        const char *key = ykey_at(value, i);
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", key ? key : "?");
+        if (!key) {
+            schema_error(v, path, "a key that is not a string");
+            continue;
+        }
+        yref field = yget(props, key);
+        if (field.node)
+            schema_validate(v, field, yvalue_at(value, i), sub);
+        else if (extra.node && extra.node->type == YAML_MAPPING_NODE)
+            schema_validate(v, extra, yvalue_at(value, i), sub);
+        else if (same(ystr(extra), "false"))
+            schema_error(v, sub, "Forbidden: no additional fields are allowed here");
+        else if (!preserve && !same(ystr(extra), "true"))
+            schema_error(v, sub, "unknown field \"%s\"", key);
+    }
+}
+
+/* The value of item's list-map keys, joined: two items with the same one
+ * are the same map entry to the server. */
+static void list_map_key(yref keys, yref item, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (size_t k = 0; k < ylen(keys) && o < len; k++) {
+        const char *value = ystr(yget(item, ystr(yat(keys, k))));
+        o += (size_t)snprintf(out + o, len - o, "%s=%s;", ystr(yat(keys, k)),
+                              value ? value : "(unset)");
+    }
+}
+
+static void array_validate(schema_run *v, yref schema, yref value, const char *path)
+{
+    long n = (long)ylen(value);
+    if (yget(schema, "minItems").node && n < yint(yget(schema, "minItems"), 0))
+        schema_error(v, path, "Invalid value: %ld items, fewer than %ld", n,
+                     yint(yget(schema, "minItems"), 0));
+    if (yget(schema, "maxItems").node && n > yint(yget(schema, "maxItems"), 0))
+        schema_error(v, path, "Too many: %ld items, more than %ld", n,
+                     yint(yget(schema, "maxItems"), 0));
+    yref items = yget(schema, "items");
+    const char *list_type = ystr(yget(schema, "x-kubernetes-list-type"));
+    yref keys = yget(schema, "x-kubernetes-list-map-keys");
+    for (size_t i = 0; i < ylen(value); i++) {
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+        if (items.node)
+            schema_validate(v, items, yat(value, i), sub);
+        for (size_t j = 0; j < i; j++) {
+            char a[512], b[512];
+            if (same(list_type, "set")) {
+                snprintf(a, sizeof a, "%s", ystr(yat(value, i)) ? ystr(yat(value, i)) : "");
+                snprintf(b, sizeof b, "%s", ystr(yat(value, j)) ? ystr(yat(value, j)) : "");
+            } else if (same(list_type, "map")) {
+                list_map_key(keys, yat(value, i), a, sizeof a);
+                list_map_key(keys, yat(value, j), b, sizeof b);
+            } else {
+                break;
+            }
+            if (strcmp(a, b) == 0)
+                schema_error(v, sub, "Duplicate value: the same %s as item %zu",
+                             same(list_type, "set") ? "value" : "keys", j);
+        }
+    }
+}
+
+static void string_validate(schema_run *v, yref schema, const char *s, const char *path)
+{
+    size_t chars = utf8_chars(s);
+    if (yget(schema, "minLength").node && (long)chars < yint(yget(schema, "minLength"), 0))
+        schema_error(v, path, "Invalid value: \"%s\": shorter than %ld characters", s,
+                     yint(yget(schema, "minLength"), 0));
+    if (yget(schema, "maxLength").node && (long)chars > yint(yget(schema, "maxLength"), 0))
+        schema_error(v, path, "Too long: \"%.40s...\": longer than %ld characters", s,
+                     yint(yget(schema, "maxLength"), 0));
+    const char *pattern = ystr(yget(schema, "pattern"));
+    if (pattern) {
+        regex_t re;
+        char why[256] = "";
+        if (lora_pattern_compile(&re, "", pattern, "", why, sizeof why) != 0) {
+            schema_error(v, path, "its pattern %s cannot be checked offline: %s", pattern, why);
+        } else {
+            if (regexec(&re, s, 0, NULL, 0) != 0)
+                schema_error(v, path, "Invalid value: \"%s\": should match '%s'", s, pattern);
+            regfree(&re);
+        }
+    }
+    if (same(ystr(yget(schema, "format")), "date-time") &&
+        !matches_ere(s, "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]+)?"
+                        "([Zz]|[-+][0-9]{2}:[0-9]{2})$"))
+        schema_error(v, path, "Invalid value: \"%s\": not an RFC 3339 date-time", s);
+}
+
+static void integer_validate(schema_run *v, yref schema, const char *s, const char *path)
+{
+    errno = 0;
+    long long n = strtoll(s, NULL, 0);
+    const char *format = ystr(yget(schema, "format"));
+    if (errno == ERANGE || (same(format, "int32") && (n < INT32_MIN || n > INT32_MAX)))
+        schema_error(v, path, "Invalid value: %s: out of the %s range", s,
+                     format ? format : "int64");
+    const char *min = ystr(yget(schema, "minimum")), *max = ystr(yget(schema, "maximum"));
+    if (min && n < strtoll(min, NULL, 10))
+        schema_error(v, path, "Invalid value: %s: should be greater than or equal to %s", s, min);
+    if (max && n > strtoll(max, NULL, 10))
+        schema_error(v, path, "Invalid value: %s: should be less than or equal to %s", s, max);
+}
+
+static void schema_validate(schema_run *v, yref schema, yref value, const char *path)
+{
+    schema_keywords_known(schema, path);
+    yref rules = yget(schema, "x-kubernetes-validations");
+    for (size_t i = 0; i < ylen(rules); i++) {
+        cr_assert(v->n_rules < SCHEMA_MAX_RULES, "more CEL rules than %d", SCHEMA_MAX_RULES);
+        cel_use *u = &v->rules[v->n_rules++];
+        snprintf(u->path, sizeof u->path, "%s", path);
+        const char *m = ystr(yget(yat(rules, i), "message"));
+        snprintf(u->message, sizeof u->message, "%s", m ? m : ystr(yget(yat(rules, i), "rule")));
+        u->self = value;
+    }
+
+    const char *type = ystr(yget(schema, "type"));
+    yaml_kind k = ykind(value);
+    if (k == YK_NULL) {
+        schema_error(v, path, "Invalid value: null: a %s is expected", type ? type : "value");
+        return;
+    }
+    if (ybool(schema, "x-kubernetes-int-or-string")) {
+        if (k != YK_INT && k != YK_STRING)
+            schema_error(v, path, "Invalid value: a %s: an integer or a string is expected",
+                         yaml_kind_names[k]);
+        return;
+    }
+    cr_assert(type, "the schema at %s has no type: not a structural schema", path);
+    bool fits = (strcmp(type, "object") == 0 && k == YK_MAP) ||
+                (strcmp(type, "array") == 0 && k == YK_LIST) ||
+                (strcmp(type, "string") == 0 && k == YK_STRING) ||
+                (strcmp(type, "integer") == 0 && k == YK_INT) ||
+                (strcmp(type, "number") == 0 && (k == YK_INT || k == YK_NUMBER)) ||
+                (strcmp(type, "boolean") == 0 && k == YK_BOOL);
+    if (!fits) {
+        schema_error(v, path, "Invalid value: \"%s\": must be of type %s, not %s",
+                     ystr(value) ? ystr(value) : "...", type, yaml_kind_names[k]);
+        return;
+    }
+
+    yref choices = yget(schema, "enum");
+    if (choices.node) {
+        bool listed = false;
+        for (size_t i = 0; i < ylen(choices); i++)
+            listed |= same(ystr(yat(choices, i)), ystr(value));
+        if (!listed) {
+            char allowed[512];
+            size_t o = 0;
+            allowed[0] = 0;
+            for (size_t i = 0; i < ylen(choices) && o < sizeof allowed; i++)
+                o += (size_t)snprintf(allowed + o, sizeof allowed - o, "%s\"%s\"", i ? ", " : "",
+                                      ystr(yat(choices, i)));
+            schema_error(v, path, "Unsupported value: \"%s\": supported values: %s",
+                         ystr(value) ? ystr(value) : "...", allowed);
+        }
+    }
+    if (k == YK_MAP && strcmp(path, "metadata") == 0)
+        metadata_validate(v, value, path);
+    else if (k == YK_MAP)
+        object_validate(v, schema, value, path);
+    else if (k == YK_LIST)
+        array_validate(v, schema, value, path);
+    else if (k == YK_STRING)
+        string_validate(v, schema, ystr(value), path);
+    else if (k == YK_INT)
+        integer_validate(v, schema, ystr(value), path);
+}
+
+/* ObjectMeta, which a CRD's schema leaves as "type: object": the fields a
+ * manifest may write, a DNS-1123 subdomain name, string labels and
+ * annotations (label values as the API server restricts them). */
+static void metadata_validate(schema_run *v, yref meta, const char *path)
+{
+    static const char *const fields[] = {"name",           "namespace",    "labels",
+                                         "annotations",    "generateName", "finalizers",
+                                         "ownerReferences"};
+    for (size_t i = 0; i < ypairs(meta); i++) {
+        bool known = false;
+        for (size_t j = 0; j < sizeof fields / sizeof *fields; j++)
+            known |= same(ykey_at(meta, i), fields[j]);
+        if (!known)
+            schema_error(v, path, "unknown field \"%s\"", ykey_at(meta, i));
+    }
+    const char *name = ystr(yget(meta, "name"));
+    if (!name)
+        schema_error(v, path, "Required value: name");
+    else if (strlen(name) > 253 ||
+             !matches_ere(name,
+                          "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))
+        schema_error(v, "metadata.name", "Invalid value: \"%s\": not a DNS-1123 subdomain", name);
+    static const char *const maps[] = {"labels", "annotations"};
+    for (size_t m = 0; m < 2; m++) {
+        yref map = yget(meta, maps[m]);
+        for (size_t i = 0; i < ypairs(map); i++) {
+            char sub[300];
+            snprintf(sub, sizeof sub, "metadata.%s.%s", maps[m], ykey_at(map, i));
+            yref value = yvalue_at(map, i);
+            if (ykind(value) != YK_STRING)
+                schema_error(v, sub, "must be of type string, not %s",
+                             yaml_kind_names[ykind(value)]);
+            else if (m == 0 && (strlen(ystr(value)) > 63 ||
+                                !matches_ere(ystr(value), "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?"
+                                                          "[A-Za-z0-9])?$")))
+                schema_error(v, sub, "Invalid value: \"%s\": not a label value", ystr(value));
+        }
+    }
+}
+
+/* The CRDs of deploy/crds, loaded once a test. */
+typedef struct crd_set {
+    yfile files[4];
+    size_t n;
+} crd_set;
+
+static void crds_load(crd_set *c)
+{
+    memset(c, 0, sizeof *c);
+    static const char *const files[] = {
+        "deploy/crds/inference.networking.k8s.io_inferencepools.yaml",
+        "deploy/crds/llm-d.ai_inferenceobjectives.yaml",
+        "deploy/crds/gateway.networking.k8s.io_httproutes.yaml"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        yaml_load(files[i], &c->files[c->n]);
+        cr_assert_eq(c->files[c->n].n, 1, "%s: not one document", files[i]);
+        cr_assert_str_eq(ystr(yget(yroot(&c->files[c->n].docs[0]), "kind")),
+                         "CustomResourceDefinition", "%s is no CRD", files[i]);
+        c->n++;
+    }
+}
+
+static void crds_free(crd_set *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        yaml_free(&c->files[i]);
+}
+
+/* The openAPIV3Schema for apiVersion and kind, or a message saying which
+ * part found nothing. */
+static yref crd_schema(crd_set *c, const char *api_version, const char *kind, char *why, size_t len)
+{
+    yref none = {NULL, NULL};
+    const char *slash = api_version ? strchr(api_version, '/') : NULL;
+    if (!slash || !kind) {
+        snprintf(why, len, "apiVersion %s, kind %s: not a custom resource",
+                 api_version ? api_version : "(none)", kind ? kind : "(none)");
+        return none;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        yref spec = yget(yroot(&c->files[i].docs[0]), "spec");
+        const char *group = ystr(yget(spec, "group"));
+        if (!group || strlen(group) != (size_t)(slash - api_version) ||
+            strncmp(group, api_version, strlen(group)) != 0 ||
+            !same(ystr(ypath(spec, "names.kind")), kind))
+            continue;
+        yref versions = yget(spec, "versions");
+        for (size_t k = 0; k < ylen(versions); k++) {
+            yref ver = yat(versions, k);
+            if (same(ystr(yget(ver, "name")), slash + 1)) {
+                if (!ybool(ver, "served")) {
+                    snprintf(why, len, "%s %s: the CRD does not serve %s", kind, api_version,
+                             slash + 1);
+                    return none;
+                }
+                return ypath(ver, "schema.openAPIV3Schema");
+            }
+        }
+        snprintf(why, len, "%s: the CRD (%s) has no version %s", kind, c->files[i].name, slash + 1);
+        return none;
+    }
+    snprintf(why, len, "no CRD in deploy/crds defines %s in %s", kind, api_version);
+    return none;
+}
+
+/* Validate object (one manifest document) against its CRD; false with the
+ * errors in v. */
+static bool object_conforms(crd_set *c, yref object, schema_run *v)
+{
+    memset(v, 0, sizeof *v);
+    char why[512] = "";
+    yref schema = crd_schema(c, ystr(yget(object, "apiVersion")), ystr(yget(object, "kind")), why,
+                             sizeof why);
+    if (!schema.node) {
+        schema_error(v, "", "%s", why);
+        return false;
+    }
+    schema_validate(v, schema, object, "");
+    return v->n_errors == 0;
+}
+
+/* The manifests of deploy/gateway that are API objects (not the
+ * kustomization), from their files. */
+#define GATEWAY_FILES 3
+static const char *const gateway_files[GATEWAY_FILES] = {"deploy/gateway/inferencepool.yaml",
+                                                         "deploy/gateway/inferenceobjectives.yaml",
+                                                         "deploy/gateway/httproute.yaml"};
+
+typedef struct gateway {
+    yfile files[GATEWAY_FILES];
+    yref pool, route;
+} gateway;
+
+static void gateway_load(gateway *g)
+{
+    memset(g, 0, sizeof *g);
+    for (size_t i = 0; i < GATEWAY_FILES; i++) {
+        yaml_load(gateway_files[i], &g->files[i]);
+        for (size_t d = 0; d < g->files[i].n; d++) {
+            yref root = yroot(&g->files[i].docs[d]);
+            if (same(ystr(yget(root, "kind")), "InferencePool"))
+                g->pool = root;
+            if (same(ystr(yget(root, "kind")), "HTTPRoute"))
+                g->route = root;
+        }
+    }
+    cr_assert(g->pool.node, "deploy/gateway: no InferencePool");
+    cr_assert(g->route.node, "deploy/gateway: no HTTPRoute");
+}
+
+static void gateway_free(gateway *g)
+{
+    for (size_t i = 0; i < GATEWAY_FILES; i++)
+        yaml_free(&g->files[i]);
+}
+
+/* file's text with the first `from` replaced by `to`, validated document by
+ * document: the number of errors, all of them in text. */
+static size_t broken_copy_errors(crd_set *c, const char *file, const char *from, const char *to,
+                                 char *text, size_t len)
+{
+    char *original = read_text(file);
+    char *at = strstr(original, from);
+    cr_assert(at, "%s no longer holds \"%s\": the negative test needs a new edit", file, from);
+    size_t n = strlen(original) - strlen(from) + strlen(to) + 1;
+    char *edited = malloc(n);
+    cr_assert(edited);
+    snprintf(edited, n, "%.*s%s%s", (int)(at - original), original, to, at + strlen(from));
+    yfile yf;
+    memset(&yf, 0, sizeof yf);
+    yaml_parser_t p;
+    cr_assert(yaml_parser_initialize(&p));
+    yaml_parser_set_input_string(&p, (const unsigned char *)edited, strlen(edited));
+    size_t errors = 0, o = 0;
+    text[0] = 0;
+    for (;;) {
+        yaml_document_t *d = &yf.docs[yf.n];
+        cr_assert(yaml_parser_load(&p, d), "%s (edited): not YAML", file);
+        if (!yaml_document_get_root_node(d)) {
+            yaml_document_delete(d);
+            break;
+        }
+        yf.n++;
+        schema_run v;
+        if (!object_conforms(c, yroot(d), &v)) {
+            errors += v.n_errors;
+            schema_errors_text(&v, text + o, len - o);
+            o = strlen(text);
+        }
+    }
+    yaml_parser_delete(&p);
+    yaml_free(&yf);
+    free(edited);
+    free(original);
+    return errors;
+}
+
+/* ---- the CEL rules, by hand ------------------------------------------------------
+ * x-kubernetes-validations are CEL programs the API server runs; there is no
+ * CEL here. Each rule the validator meets on a field the manifests use is
+ * matched by its message to one of these checks, written from the rule's
+ * text in the CRD; a rule with no check fails cel_rules_on_used_fields_hold,
+ * so a new rule (or a manifest reaching a field with rules) is read before
+ * it is trusted. */
+
+/* kind defaults to Service in both CRDs; group to "" (the core group) */
+static const char *kind_or_service(yref ref)
+{
+    const char *kind = ystr(yget(ref, "kind"));
+    return kind ? kind : "Service";
+}
+
+/* InferencePool: self.kind != 'Service' || has(self.port) */
+static bool cel_picker_port(yref self)
+{
+    return strcmp(kind_or_service(self), "Service") != 0 || yget(self, "port").node;
+}
+
+/* InferencePool: self.all(p1, self.exists_one(p2, p1.number==p2.number)) */
+static bool cel_unique_port_numbers(yref self)
+{
+    for (size_t i = 0; i < ylen(self); i++)
+        for (size_t j = 0; j < i; j++)
+            if (same(ystr(yget(yat(self, i), "number")), ystr(yget(yat(self, j), "number"))))
+                return false;
+    return true;
+}
+
+/* HTTPRoute parentRefs: two references to one parent (group, kind, name,
+ * namespace) must both name a sectionName, and different ones. */
+static bool cel_parent_sections(yref self)
+{
+    static const char *const keys[] = {"group", "kind", "name", "namespace"};
+    for (size_t i = 0; i < ylen(self); i++)
+        for (size_t j = 0; j < i; j++) {
+            bool same_parent = true;
+            for (size_t k = 0; k < 4; k++) {
+                const char *a = ystr(yget(yat(self, i), keys[k]));
+                const char *b = ystr(yget(yat(self, j), keys[k]));
+                same_parent &= (!a && !b) || same(a, b);
+            }
+            const char *sa = ystr(yget(yat(self, i), "sectionName"));
+            const char *sb = ystr(yget(yat(self, j), "sectionName"));
+            if (same_parent && (!sa || !sb || strcmp(sa, sb) == 0))
+                return false;
+        }
+    return true;
+}
+
+/* HTTPRoute rules: the matches of the (first 16) rules sum to at most 128 */
+static bool cel_total_matches(yref self)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < ylen(self) && i < 16; i++)
+        total += ylen(yget(yat(self, i), "matches"));
+    return total <= 128;
+}
+
+/* HTTPRoute rule: the five RequestRedirect/URLRewrite rules constrain
+ * filters; a rule whose route and backends carry none meets them all.
+ * With filters this check refuses to vouch (it does not evaluate them). */
+static bool cel_no_filters(yref self)
+{
+    yref backends = yget(self, "backendRefs");
+    for (size_t i = 0; i < ylen(backends); i++)
+        if (yget(yat(backends, i), "filters").node)
+            return false;
+    return !yget(self, "filters").node;
+}
+
+/* HTTPRoute backendRef: (size(self.group) == 0 && self.kind == 'Service')
+ * ? has(self.port) : true */
+static bool cel_service_backend_port(yref self)
+{
+    const char *group = ystr(yget(self, "group"));
+    bool core = !group || !*group;
+    return !(core && strcmp(kind_or_service(self), "Service") == 0) || yget(self, "port").node;
+}
+
+/* HTTPRoute match path: all ten rules at once, for Exact and PathPrefix:
+ * absolute, none of //, /./, /../, %2f, %2F, #, no trailing /. or /..,
+ * only the characters of ^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$ */
+static bool cel_clean_path(yref self)
+{
+    const char *type = ystr(yget(self, "type")), *value = ystr(yget(self, "value"));
+    type = type ? type : "PathPrefix"; /* the CRD's default */
+    if (strcmp(type, "RegularExpression") == 0)
+        return true;
+    if (strcmp(type, "Exact") != 0 && strcmp(type, "PathPrefix") != 0)
+        return false;
+    value = value ? value : "/";
+    static const char *const banned[] = {"//", "/./", "/../", "%2f", "%2F", "#"};
+    for (size_t i = 0; i < sizeof banned / sizeof *banned; i++)
+        if (strstr(value, banned[i]))
+            return false;
+    size_t n = strlen(value);
+    if (value[0] != '/' || (n >= 2 && strcmp(value + n - 2, "/.") == 0) ||
+        (n >= 3 && strcmp(value + n - 3, "/..") == 0))
+        return false;
+    return matches_ere(value, "^([-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$");
+}
+
+/* HTTPRoute timeouts: backendRequest no longer than request (0s: none).
+ * Both passed the Duration pattern first, which duration_ms reads. */
+static bool cel_backend_timeout_within_request(yref self)
+{
+    const char *request = ystr(yget(self, "request"));
+    const char *backend = ystr(yget(self, "backendRequest"));
+    if (!request || !backend || duration_ms(request) == 0)
+        return true;
+    return duration_ms(backend) <= duration_ms(request);
+}
+
+typedef struct cel_check {
+    const char *message; /* the rule's message, or how it begins */
+    bool (*holds)(yref self);
+} cel_check;
+
+static const cel_check cel_checks[] = {
+    {"port is required when kind is 'Service'", cel_picker_port},
+    {"port number must be unique", cel_unique_port_numbers},
+    {"sectionName must be specified when parentRefs", cel_parent_sections},
+    {"sectionName must be unique when parentRefs", cel_parent_sections},
+    {"While 16 rules and 64 matches per rule are allowed", cel_total_matches},
+    {"RequestRedirect filter must not be used together with backendRefs", cel_no_filters},
+    {"When using RequestRedirect filter with path.replacePrefixMatch", cel_no_filters},
+    {"When using URLRewrite filter with path.replacePrefixMatch", cel_no_filters},
+    {"Within backendRefs, when using RequestRedirect filter", cel_no_filters},
+    {"Within backendRefs, When using URLRewrite filter", cel_no_filters},
+    {"Must have port for Service reference", cel_service_backend_port},
+    {"value must be an absolute path", cel_clean_path},
+    {"must not contain", cel_clean_path},
+    {"must not end with", cel_clean_path},
+    {"type must be one of ['Exact', 'PathPrefix', 'RegularExpression']", cel_clean_path},
+    {"must only contain valid characters", cel_clean_path},
+    {"backendRequest timeout cannot be longer than request timeout",
+     cel_backend_timeout_within_request},
+};
+
+/* ---- deploy/gateway ------------------------------------------------------------ */
+
+TestSuite(gateway, .init = clear_qlserve_env);
+
+Test(gateway, crd_copies_name_their_source_repository_path_and_commit)
+{
+    char *readme = read_text("deploy/crds/README.md");
+    crd_set c;
+    crds_load(&c);
+    for (size_t i = 0; i < c.n; i++) {
+        const char *file = strrchr(c.files[i].name, '/') + 1;
+        const char *row = strstr(readme, file);
+        cr_assert(row, "deploy/crds/README.md does not name %s", file);
+        size_t len = strcspn(row, "\n");
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)len, row);
+        cr_assert(strstr(line, "github.com/") && strstr(line, "config/crd/"),
+                  "deploy/crds/README.md: the row of %s names no repository and path", file);
+        cr_assert(matches_ere(line, "commit [0-9a-f]{40}"),
+                  "deploy/crds/README.md: the row of %s names no 40-digit commit", file);
+    }
+    crds_free(&c);
+    free(readme);
+}
+
+Test(gateway, manifests_conform_to_the_crd_schemas)
+{
+    crd_set c;
+    crds_load(&c);
+    gateway g;
+    gateway_load(&g);
+    size_t objects = 0;
+    for (size_t f = 0; f < GATEWAY_FILES; f++)
+        for (size_t d = 0; d < g.files[f].n; d++) {
+            schema_run v;
+            yref root = yroot(&g.files[f].docs[d]);
+            char errors[8192];
+            bool ok = object_conforms(&c, root, &v);
+            schema_errors_text(&v, errors, sizeof errors);
+            cr_assert(ok, "%s: %s %s does not conform to its CRD:%s", gateway_files[f],
+                      ystr(yget(root, "kind")), ystr(ypath(root, "metadata.name")), errors);
+            objects++;
+        }
+    cr_assert_geq(objects, 4,
+                  "deploy/gateway holds %zu objects: a pool, two objectives and a "
+                  "route are expected",
+                  objects);
+
+    /* every file of deploy/gateway is one of those validated, and the
+     * kustomization applies them with deploy/k8s */
+    yfile kust;
+    yaml_load("deploy/gateway/kustomization.yaml", &kust);
+    yref resources = yget(yroot(&kust.docs[0]), "resources");
+    bool base = false;
+    for (size_t i = 0; i < ylen(resources); i++)
+        base |= same(ystr(yat(resources, i)), "../k8s");
+    cr_assert(base, "deploy/gateway/kustomization.yaml does not build on ../k8s");
+    for (size_t f = 0; f < GATEWAY_FILES; f++) {
+        bool listed = false;
+        for (size_t i = 0; i < ylen(resources); i++)
+            listed |= same(ystr(yat(resources, i)), strrchr(gateway_files[f], '/') + 1);
+        cr_assert(listed, "deploy/gateway/kustomization.yaml does not list %s", gateway_files[f]);
+    }
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/deploy/gateway", QL_SOURCE_DIR);
+    DIR *dp = opendir(dir);
+    cr_assert(dp);
+    for (struct dirent *e; (e = readdir(dp));) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, "kustomization.yaml") == 0)
+            continue;
+        bool validated = false;
+        for (size_t f = 0; f < GATEWAY_FILES; f++)
+            validated |= strcmp(strrchr(gateway_files[f], '/') + 1, e->d_name) == 0;
+        cr_assert(validated, "deploy/gateway/%s is not validated by this test", e->d_name);
+    }
+    closedir(dp);
+    yaml_free(&kust);
+    gateway_free(&g);
+    crds_free(&c);
+}
+
+Test(gateway, broken_manifests_are_refused_naming_the_field)
+{
+    static const struct {
+        const char *file, *from, *to, *expect;
+    } cases[] = {
+        /* a misspelt field: unknown, and the required one it replaced is missing */
+        {"deploy/gateway/inferencepool.yaml",
+         "  selector:", "  selektor:", "spec.selektor: unknown field"},
+        {"deploy/gateway/inferencepool.yaml",
+         "  selector:", "  selektor:", "spec: Required value: selector"},
+        /* out of range, and of the wrong type */
+        {"deploy/gateway/inferencepool.yaml", "number: 8080", "number: 70000",
+         "spec.targetPorts[0].number: Invalid value: 70000: should be less than or equal to 65535"},
+        {"deploy/gateway/inferencepool.yaml", "number: 8080", "number: \"8080\"",
+         "spec.targetPorts[0].number: Invalid value: \"8080\": must be of type integer"},
+        /* a bad enum */
+        {"deploy/gateway/inferencepool.yaml", "failureMode: FailOpen", "failureMode: FailSoft",
+         "spec.endpointPickerRef.failureMode: Unsupported value: \"FailSoft\""},
+        /* a pattern: a label value may not begin with '-' */
+        {"deploy/gateway/inferencepool.yaml", "      app: qlserve", "      app: -qlserve",
+         "spec.selector.matchLabels.app: Invalid value: \"-qlserve\": should match"},
+        /* a plain "on" is a boolean to kubectl (YAML 1.1), not the string */
+        {"deploy/gateway/inferencepool.yaml", "      app: qlserve", "      app: on",
+         "spec.selector.matchLabels.app: Invalid value: \"on\": must be of type string, not "
+         "boolean"},
+        /* an empty list where minItems is 1 */
+        {"deploy/gateway/inferencepool.yaml", "  targetPorts:\n    - number: 8080",
+         "  targetPorts: []", "spec.targetPorts: Invalid value: 0 items, fewer than 1"},
+        {"deploy/gateway/inferenceobjectives.yaml", "priority: 10", "priority: high",
+         "spec.priority: Invalid value: \"high\": must be of type integer"},
+        {"deploy/gateway/inferenceobjectives.yaml", "    name: qlserve\n", "    nme: qlserve\n",
+         "spec.poolRef: Required value: name"},
+        {"deploy/gateway/httproute.yaml", "type: PathPrefix", "type: Prefix",
+         "spec.rules[0].matches[0].path.type: Unsupported value: \"Prefix\""},
+        {"deploy/gateway/httproute.yaml", "request: 300s", "request: 5min",
+         "spec.rules[0].timeouts.request: Invalid value: \"5min\""},
+        {"deploy/gateway/httproute.yaml",
+         "      backendRefs:", "      backends:", "spec.rules[0].backends: unknown field"},
+        /* the version must be one the CRD serves */
+        {"deploy/gateway/httproute.yaml", "gateway.networking.k8s.io/v1\n",
+         "gateway.networking.k8s.io/v2\n", "has no version v2"},
+        {"deploy/gateway/httproute.yaml", "  name: qlserve\n  labels:",
+         "  name: Qlserve\n  labels:", "metadata.name: Invalid value: \"Qlserve\""},
+        /* a header name outside HTTP's token characters (the pattern has
+         * \x60, which the POSIX translation must take) */
+        {"deploy/gateway/httproute.yaml", "            value: /v1\n",
+         "            value: /v1\n          headers:\n            - name: X Tenant\n"
+         "              value: a\n",
+         "spec.rules[0].matches[0].headers[0].name: Invalid value: \"X Tenant\""},
+    };
+    crd_set c;
+    crds_load(&c);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char errors[8192];
+        size_t n = broken_copy_errors(&c, cases[i].file, cases[i].from, cases[i].to, errors,
+                                      sizeof errors);
+        cr_assert_gt(n, 0, "%s with \"%s\" made \"%s\" is accepted", cases[i].file, cases[i].from,
+                     cases[i].to);
+        cr_assert(strstr(errors, cases[i].expect),
+                  "%s with \"%s\" made \"%s\": no error says \"%s\"; the errors:%s", cases[i].file,
+                  cases[i].from, cases[i].to, cases[i].expect, errors);
+    }
+    /* and an edit the schema allows passes: the same header, well named */
+    char errors[8192];
+    cr_assert_eq(broken_copy_errors(&c, "deploy/gateway/httproute.yaml", "            value: /v1\n",
+                                    "            value: /v1\n          headers:\n"
+                                    "            - name: X-Tenant`1\n              value: a\n",
+                                    errors, sizeof errors),
+                 0, "a header match named X-Tenant`1 is refused:%s", errors);
+    crds_free(&c);
+}
+
+Test(gateway, cel_rules_on_used_fields_hold)
+{
+    crd_set c;
+    crds_load(&c);
+    gateway g;
+    gateway_load(&g);
+    size_t checked = 0;
+    for (size_t f = 0; f < GATEWAY_FILES; f++)
+        for (size_t d = 0; d < g.files[f].n; d++) {
+            schema_run v;
+            cr_assert(object_conforms(&c, yroot(&g.files[f].docs[d]), &v));
+            for (size_t r = 0; r < v.n_rules; r++) {
+                const cel_use *u = &v.rules[r];
+                const cel_check *check = NULL;
+                for (size_t k = 0; k < sizeof cel_checks / sizeof *cel_checks; k++)
+                    if (starts_with(u->message, cel_checks[k].message))
+                        check = &cel_checks[k];
+                cr_assert(check,
+                          "%s: the CEL rule at %s (\"%s\") has no check by hand in "
+                          "test_deploy.c: read it in the CRD and add one",
+                          gateway_files[f], u->path, u->message);
+                cr_assert(check->holds(u->self), "%s: %s: the CEL rule \"%s\" fails",
+                          gateway_files[f], u->path, u->message);
+                checked++;
+            }
+        }
+    /* the pool's picker port and unique target ports, the route's parents,
+     * rules, backend, path and timeouts */
+    cr_assert_geq(checked, 15, "only %zu CEL rules met: the walk no longer reaches them", checked);
+
+    /* and the checks themselves refuse what their rules refuse */
+    yaml_document_t doc;
+    yaml_parser_t p;
+    static const char bad[] =
+        "{endpointPickerRef: {name: epp}, paths: [{type: PathPrefix, value: v1}, "
+        "{type: Exact, value: /v1//x}, {type: PathPrefix, value: /v1/..}], "
+        "ports: [{number: 1}, {number: 1}], timeouts: {request: 10s, backendRequest: 1m}, "
+        "backend: {kind: Service, name: x}, parents: [{name: g}, {name: g}]}";
+    cr_assert(yaml_parser_initialize(&p));
+    yaml_parser_set_input_string(&p, (const unsigned char *)bad, strlen(bad));
+    cr_assert(yaml_parser_load(&p, &doc));
+    yref root = yroot(&doc);
+    cr_assert(!cel_picker_port(yget(root, "endpointPickerRef")));
+    for (size_t i = 0; i < 3; i++)
+        cr_assert(!cel_clean_path(yat(yget(root, "paths"), i)), "path %zu passes", i);
+    cr_assert(!cel_unique_port_numbers(yget(root, "ports")));
+    cr_assert(!cel_backend_timeout_within_request(yget(root, "timeouts")));
+    cr_assert(!cel_service_backend_port(yget(root, "backend")));
+    cr_assert(!cel_parent_sections(yget(root, "parents")));
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&p);
+    gateway_free(&g);
+    crds_free(&c);
+}
+
+Test(gateway, pool_selects_the_qlserve_pods_on_the_served_port)
+{
+    image_command ic;
+    image_command_load(&ic);
+    cluster k;
+    cluster_load(&k);
+    served s = cluster_served(&k, &ic);
+    gateway g;
+    gateway_load(&g);
+    cr_assert(selects(ypath(g.pool, "spec.selector.matchLabels"), ypath(k.pod, "metadata.labels")),
+              "the InferencePool's selector does not match the qlserve Deployment's pod labels");
+    yref ports = ypath(g.pool, "spec.targetPorts");
+    cr_assert_eq(ylen(ports), 1, "the pool has %zu target ports; qlserve serves one", ylen(ports));
+    long port = yint(yget(yat(ports, 0), "number"), -1);
+    cr_assert_eq(port, s.port, "the pool targets port %ld; qlserve serves on %d", port, s.port);
+    bool declared = false;
+    yref container_ports = yget(k.container, "ports");
+    for (size_t i = 0; i < ylen(container_ports); i++)
+        declared |= yint(yget(yat(container_ports, i), "containerPort"), -1) == port;
+    cr_assert(declared, "the container declares no port %ld", port);
+    /* the llm-d-router chart names its EPP Service <release>-epp and
+     * watches the pool named after its release (routerlib/_helpers.tpl) */
+    char epp[300];
+    snprintf(epp, sizeof epp, "%s-epp", ystr(ypath(g.pool, "metadata.name")));
+    cr_assert_str_eq(ystr(ypath(g.pool, "spec.endpointPickerRef.name")), epp,
+                     "the pool's endpoint picker is not the chart's Service for release %s",
+                     ystr(ypath(g.pool, "metadata.name")));
+    gateway_free(&g);
+    cluster_free(&k);
+    image_command_free(&ic);
+}
+
+Test(gateway, objectives_and_route_point_at_the_pool)
+{
+    gateway g;
+    gateway_load(&g);
+    const char *pool = ystr(ypath(g.pool, "metadata.name"));
+    size_t objectives = 0;
+    for (size_t f = 0; f < GATEWAY_FILES; f++)
+        for (size_t d = 0; d < g.files[f].n; d++) {
+            yref root = yroot(&g.files[f].docs[d]);
+            if (!same(ystr(yget(root, "kind")), "InferenceObjective"))
+                continue;
+            yref ref = ypath(root, "spec.poolRef");
+            cr_assert(same(ystr(yget(ref, "name")), pool) &&
+                          same(ystr(yget(ref, "group")), "inference.networking.k8s.io"),
+                      "InferenceObjective %s is not in the pool %s",
+                      ystr(ypath(root, "metadata.name")), pool);
+            objectives++;
+        }
+    cr_assert_geq(objectives, 2, "one objective for the base model and one for an adapter");
+
+    yref rules = ypath(g.route, "spec.rules");
+    bool v1 = false;
+    for (size_t r = 0; r < ylen(rules); r++) {
+        yref rule = yat(rules, r), backends = yget(rule, "backendRefs"),
+             matches = yget(rule, "matches");
+        bool to_pool = false;
+        for (size_t b = 0; b < ylen(backends); b++)
+            to_pool |= same(ystr(yget(yat(backends, b), "kind")), "InferencePool") &&
+                       same(ystr(yget(yat(backends, b), "group")), "inference.networking.k8s.io") &&
+                       same(ystr(yget(yat(backends, b), "name")), pool);
+        for (size_t m = 0; m < ylen(matches) && to_pool; m++)
+            v1 |= same(ystr(ypath(yat(matches, m), "path.type")), "PathPrefix") &&
+                  same(ystr(ypath(yat(matches, m), "path.value")), "/v1");
+    }
+    cr_assert(v1, "the HTTPRoute sends no PathPrefix /v1 to the InferencePool %s", pool);
+    gateway_free(&g);
+}
+
+Test(gateway, adapter_folder_is_a_read_only_claim_every_replica_shares)
+{
+    image_command ic;
+    image_command_load(&ic);
+    cluster k;
+    cluster_load(&k);
+    served s = cluster_served(&k, &ic);
+    cr_assert(s.adapter_dir[0], "the Deployment's server has no --adapter-dir");
+    yref mounts = yget(k.container, "volumeMounts"), mount = {NULL, NULL};
+    size_t longest = 0;
+    for (size_t i = 0; i < ylen(mounts); i++) { /* the deepest mount holding the folder */
+        const char *path = ystr(yget(yat(mounts, i), "mountPath"));
+        if (path && under(s.adapter_dir, path) && strlen(path) > longest) {
+            longest = strlen(path);
+            mount = yat(mounts, i);
+        }
+    }
+    cr_assert(mount.node, "nothing is mounted at --adapter-dir %s", s.adapter_dir);
+    cr_assert(same(ystr(yget(mount, "readOnly")), "true"),
+              "the adapter folder %s is mounted writable: replicas only read it", s.adapter_dir);
+    yref volume = pod_volume(&k, ystr(yget(mount, "name")));
+    const char *claim = ystr(ypath(volume, "persistentVolumeClaim.claimName"));
+    cr_assert(claim, "the adapter folder is on no PersistentVolumeClaim");
+    yref pvc = find_object(&k, "PersistentVolumeClaim", claim);
+    cr_assert(pvc.node, "deploy/k8s: no PersistentVolumeClaim %s", claim);
+    bool shared = false;
+    yref modes = ypath(pvc, "spec.accessModes");
+    for (size_t a = 0; a < ylen(modes); a++)
+        shared |=
+            same(ystr(yat(modes, a)), "ReadWriteMany") || same(ystr(yat(modes, a)), "ReadOnlyMany");
+    cr_assert(shared,
+              "claim %s is not ReadWriteMany or ReadOnlyMany: pods on other nodes cannot "
+              "mount it",
+              claim);
+    cr_assert_gt(yint(ypath(k.deployment, "spec.replicas"), 1), 1,
+                 "one replica: nothing to scale out behind the gateway");
+    cluster_free(&k);
+    image_command_free(&ic);
+}
+
+Test(guide, explains_the_scale_out_path_behind_the_inference_gateway)
+{
+    char *guide = read_text("docs/operations.md");
+    static const char *const topics[] = {"kubectl apply -k deploy/gateway",
+                                         "InferencePool",
+                                         "InferenceObjective",
+                                         "HTTPRoute",
+                                         "llm-d-router-gateway",
+                                         "router.inferencePool.create=false",
+                                         "--adapter-dir",
+                                         "--no-lazy-adapters",
+                                         "vllm:num_requests_waiting",
+                                         "vllm:num_requests_running",
+                                         "vllm:kv_cache_usage_perc",
+                                         "vllm:lora_requests_info",
+                                         "max_lora",
+                                         "running_lora_adapters",
+                                         "waiting_lora_adapters",
+                                         "deploy/crds"};
+    for (size_t i = 0; i < sizeof topics / sizeof *topics; i++)
+        cr_assert(strstr(guide, topics[i]), "docs/operations.md says nothing of %s", topics[i]);
+    free(guide);
 }
 
 /* ---- the operator's guide ---------------------------------------------------------- */
