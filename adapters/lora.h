@@ -314,6 +314,11 @@ void lora_journal_free(lora_journal *j);
  */
 int lora_resolve_dir(const char *root, const char *path, char *out, size_t out_len, char *msg,
                      size_t msg_len);
+/* The names of root's folders that lora_resolve_dir accepts and that hold
+ * an adapter_config.json (hidden ones left out), in directory order, into
+ * *names (n strings; each and the array the caller's to free()). Reads the
+ * file system: off the event loop. */
+int lora_list_dir(const char *root, char ***names, size_t *n, char *msg, size_t msg_len);
 
 /* Why one adapter or merge of the journal did not come back. */
 typedef struct lora_restore_error {

@@ -16,13 +16,14 @@
  * and a bad one is named, since the file may have been edited by hand or
  * written by another version.
  *
- * It offers lora.h's lora_journal_* and lora_resolve_dir; it owns nothing
+ * It offers lora.h's lora_journal_*, lora_resolve_dir and lora_list_dir; it owns nothing
  * past a call (a read journal is the caller's); it touches only the files
  * it is named.
  */
 #include "lora.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -363,4 +364,50 @@ int lora_resolve_dir(const char *root, const char *path, char *out, size_t out_l
         return ql_fail(msg, msg_len, QL_EINVAL, "path %s: its resolved path is too long", path);
     snprintf(out, out_len, "%s", real);
     return QL_OK;
+}
+
+int lora_list_dir(const char *root, char ***names, size_t *n, char *msg, size_t msg_len)
+{
+    *names = NULL;
+    *n = 0;
+    DIR *d = opendir(root);
+    if (!d)
+        return ql_fail(msg, msg_len, QL_EIO, "the adapter directory %s cannot be read: %s", root,
+                       strerror(errno));
+    size_t cap = 0;
+    int rc = QL_OK;
+    for (struct dirent *e; rc == QL_OK && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.')
+            continue;
+        /* a folder inside root (symlinks followed) holding a PEFT config */
+        char dir[PATH_MAX], config[PATH_MAX + 32];
+        struct stat st;
+        if (lora_resolve_dir(root, e->d_name, dir, sizeof dir, NULL, 0) != QL_OK)
+            continue;
+        snprintf(config, sizeof config, "%s/adapter_config.json", dir);
+        if (stat(config, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **grown = realloc(*names, cap * sizeof *grown);
+            if (!grown) {
+                rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+                break;
+            }
+            *names = grown;
+        }
+        if (!((*names)[*n] = strdup(e->d_name)))
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+        else
+            (*n)++;
+    }
+    closedir(d);
+    if (rc != QL_OK) {
+        for (size_t i = 0; i < *n; i++)
+            free((*names)[i]);
+        free(*names);
+        *names = NULL;
+        *n = 0;
+    }
+    return rc;
 }

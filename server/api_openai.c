@@ -372,32 +372,74 @@ void srv_oai_completions(srv_conn *c, const char *name)
     cJSON_Delete(root);
 }
 
-void srv_oai_models(srv_conn *c, const char *name)
+/* A model object of /v1/models: the base model, or an adapter on it. */
+static void add_model(cJSON *data, const srv_server *s, const char *id, bool adapter, bool loaded)
 {
-    (void)name;
-    srv_server *s = c->s;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)(int64_t)s->started_at);
+    cJSON_AddStringToObject(m, "owned_by", "qlserve");
+    if (adapter) {
+        cJSON_AddStringToObject(m, "parent", s->model_id);
+        cJSON_AddBoolToObject(m, "loaded", loaded);
+    }
+    cJSON_AddItemToArray(data, m);
+}
+
+/* The list: the base model and the loaded adapters, then, with all, the
+ * folders of the adapter folder a request could load by name (lazy
+ * loading on). */
+static cJSON *models_json(const srv_server *s, bool all)
+{
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(root, "data");
-    cJSON *base = cJSON_CreateObject();
-    cJSON_AddStringToObject(base, "id", s->model_id);
-    cJSON_AddStringToObject(base, "object", "model");
-    cJSON_AddNumberToObject(base, "created", (double)(int64_t)s->started_at);
-    cJSON_AddStringToObject(base, "owned_by", "qlserve");
-    cJSON_AddItemToArray(data, base);
+    add_model(data, s, s->model_id, false, true);
     lora_info *list = NULL;
     size_t n = 0;
-    if (s->registry && lora_registry_list(s->registry, &list, &n) == QL_OK) {
-        for (size_t i = 0; i < n; i++) {
-            cJSON *m = cJSON_CreateObject();
-            cJSON_AddStringToObject(m, "id", list[i].name);
-            cJSON_AddStringToObject(m, "object", "model");
-            cJSON_AddNumberToObject(m, "created", (double)(int64_t)s->started_at);
-            cJSON_AddStringToObject(m, "owned_by", "qlserve");
-            cJSON_AddStringToObject(m, "parent", s->model_id);
-            cJSON_AddItemToArray(data, m);
+    if (s->registry && lora_registry_list(s->registry, &list, &n) == QL_OK)
+        for (size_t i = 0; i < n; i++)
+            add_model(data, s, list[i].name, true, true);
+    char **names = NULL;
+    size_t n_names = 0;
+    if (all && s->registry && s->cfg->adapter_dir && !s->cfg->no_lazy_adapters &&
+        lora_list_dir(s->cfg->adapter_dir, &names, &n_names, NULL, 0) == QL_OK) {
+        for (size_t k = 0; k < n_names; k++) {
+            bool loaded = false;
+            for (size_t i = 0; i < n && !loaded; i++)
+                loaded = strcmp(list[i].name, names[k]) == 0;
+            if (!loaded && names[k][0] != '.' && srv_is_adapter_name(names[k]))
+                add_model(data, s, names[k], true, false);
+            free(names[k]);
         }
+        free(names);
     }
     free(list);
-    srv_respond_cjson(c, 200, root);
+    return root;
+}
+
+static void models_run(srv_work *w)
+{
+    w->job = models_json(w->s, true);
+}
+
+static void models_done(srv_work *w)
+{
+    if (w->conn)
+        srv_respond_cjson(w->conn, 200, w->job);
+    else
+        cJSON_Delete(w->job);
+}
+
+/* GET /v1/models; ?all=1 (or true) reads the adapter folder, on the pool. */
+void srv_oai_models(srv_conn *c, const char *name)
+{
+    (void)name;
+    const char *query = c->req.url ? strchr(c->req.url, '?') : NULL;
+    bool all = query && (strstr(query, "all=1") || strstr(query, "all=true"));
+    if (!all)
+        srv_respond_cjson(c, 200, models_json(c->s, false));
+    else
+        srv_work_begin(c, NULL, models_run, models_done);
 }

@@ -1,14 +1,18 @@
 /*
- * test_server_gateway.c - what a router in front of many replicas reads
- * from qlserve (issue 17): the Kubernetes Gateway API Inference
- * Extension's model-server metrics scraped under load (requests waiting and
- * running, KV-cache use, the running and waiting adapters), and each
- * replica's identity (weights digest and merged configuration) in /info and
- * /metrics. Over loopback against the real binary on the tiny model, with
- * adapters made by tests/lora_fixture.h.
+ * test_server_gateway.c - many replicas behind a router (issue 17):
+ * adapters loaded by name on first use from a shared folder (one load for
+ * concurrent requests, refusals for what is not an adapter folder there,
+ * eviction under the memory budget, two replicas sharing the folder), the
+ * Kubernetes Gateway API Inference Extension's model-server metrics
+ * scraped under load (requests waiting and running, KV-cache use, the
+ * running and waiting adapters), and each replica's identity (weights
+ * digest and merged configuration) in /info and /metrics. Over loopback
+ * against the real binary on the tiny model, with adapters made by
+ * tests/lora_fixture.h.
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +26,20 @@
 
 static char dir[512], model_dir[600], adapter_dir[600], log_path[600];
 
+/* An adapter folder `name` under the adapter folder, of rank r. */
+static void write_adapter(const char *name, int32_t r, uint64_t seed)
+{
+    char folder[700];
+    snprintf(folder, sizeof folder, "%s/%s", adapter_dir, name);
+    tiny_spec spec = tiny_default();
+    eng_config cfg = lora_fix_config(&spec);
+    lora_fix_spec ls = lora_fix_default();
+    ls.r = r;
+    ls.seed = seed;
+    ls.std = 0.2f; /* enough to change the tiny model's greedy answers */
+    lora_fix_write(folder, &cfg, &ls);
+}
+
 static void setup(void)
 {
     test_tmpdir(dir, sizeof dir);
@@ -33,11 +51,7 @@ static void setup(void)
     cr_assert_eq(mkdir(adapter_dir, 0700), 0);
     tiny_spec spec = tiny_default();
     tiny_write_hf(model_dir, &spec);
-    eng_config cfg = lora_fix_config(&spec);
-    lora_fix_spec ls = lora_fix_default();
-    char folder[700];
-    snprintf(folder, sizeof folder, "%s/ad", adapter_dir);
-    lora_fix_write(folder, &cfg, &ls);
+    write_adapter("ad", 8, 7);
 }
 
 static void teardown(void)
@@ -49,13 +63,23 @@ static void teardown(void)
 
 TestSuite(server_gateway, .init = setup, .fini = teardown, .timeout = 120);
 
+/* Serve the tiny model over the adapter folder, with `extra` flags. */
+static void start_with(const char *const *extra, const char *log)
+{
+    const char *argv[32] = {
+        QL_BINARY,  "serve", "--model",       model_dir,   "--port",       "0",   "--threads", "2",
+        "--kv-mib", "16",    "--adapter-dir", adapter_dir, "--state-file", "none"};
+    size_t n = 14;
+    for (size_t i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    sp_spawn(argv, log);
+    sp_wait_ready();
+}
+
 static void start(void)
 {
-    const char *argv[] = {
-        QL_BINARY,  "serve", "--model",       model_dir,   "--port",       "0",    "--threads", "2",
-        "--kv-mib", "16",    "--adapter-dir", adapter_dir, "--state-file", "none", NULL};
-    sp_spawn(argv, log_path);
-    sp_wait_ready();
+    start_with(NULL, log_path);
 }
 
 /* GET path's body (the caller's to free); status 200. */
@@ -198,4 +222,161 @@ Test(server_gateway, info_and_metrics_say_which_weights_serve)
     }
     cr_assert_str_neq(digests[1], digests[0]);
     cr_assert_str_eq(digests[2], digests[0]);
+}
+
+/* The greedy completion of `model` for a fixed prompt: its status, and its
+ * text (allocated) when 200, else the error body. */
+static char *complete(const char *model, int *status)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 8, \"temperature\": 0, "
+             "\"ignore_eos\": true}",
+             model);
+    char *text = sp_answer("/v1/completions", body, status);
+    if (*status != 200)
+        return text;
+    cJSON *j = sp_json(text);
+    const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    char *out = strdup(sp_str_at(choice, "text"));
+    cJSON_Delete(j);
+    free(text);
+    return out;
+}
+
+static char *complete_ok(const char *model)
+{
+    int status;
+    char *text = complete(model, &status);
+    cr_assert_eq(status, 200, "%s: %d %s", model, status, text);
+    return text;
+}
+
+/* How many adapters /admin/adapters lists, and whether name is one. */
+static int listed(const char *name, bool *found)
+{
+    char *text = get("/admin/adapters");
+    cJSON *j = sp_json(text);
+    const cJSON *list = cJSON_IsArray(j) ? j : cJSON_GetObjectItem(j, "adapters");
+    cr_assert(cJSON_IsArray(list), "%s", text);
+    *found = false;
+    for (const cJSON *a = list->child; a; a = a->next)
+        *found = *found || strcmp(sp_str_at(a, "name"), name) == 0;
+    int n = cJSON_GetArraySize(list);
+    cJSON_Delete(j);
+    free(text);
+    return n;
+}
+
+static void *complete_thread(void *arg)
+{
+    int status;
+    char *text = complete(arg, &status);
+    if (status != 200) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* A request naming an adapter that is not loaded, but is a folder of the
+ * adapter folder, is answered: the adapter is loaded on first use (once,
+ * for four requests at once), and answers as it does loaded by the admin
+ * route. /v1/models lists it as loadable before and as loaded after. */
+Test(server_gateway, an_adapter_is_loaded_by_name_on_first_use)
+{
+    start();
+    char *models = get("/v1/models");
+    cr_assert_null(strstr(models, "\"ad\""), "listed before it was loaded: %s", models);
+    free(models);
+    models = get("/v1/models?all=1");
+    cJSON *j = sp_json(models);
+    bool seen = false;
+    for (const cJSON *m = cJSON_GetObjectItem(j, "data")->child; m; m = m->next)
+        if (strcmp(sp_str_at(m, "id"), "ad") == 0) {
+            seen = true;
+            cr_assert(cJSON_IsFalse(cJSON_GetObjectItem(m, "loaded")), "%s", models);
+        }
+    cr_assert(seen, "?all=1 does not list the loadable adapter: %s", models);
+    cJSON_Delete(j);
+    free(models);
+
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, complete_thread, "ad"), 0);
+    char *texts[4];
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], (void **)&texts[i]);
+        cr_assert(texts[i], "request %d for the unloaded adapter failed", i);
+    }
+    for (int i = 1; i < 4; i++)
+        cr_assert_str_eq(texts[i], texts[0]);
+    bool found;
+    cr_assert_eq(listed("ad", &found), 1);
+    cr_assert(found);
+    char *base = complete_ok("tgi"); /* a placeholder: the base model */
+    cr_assert_str_neq(texts[0], base, "the adapter does not change the answer");
+    /* the same adapter loaded by the admin route answers the same */
+    hc_response r;
+    cr_assert(hc_request(sp.port, "DELETE", "/admin/adapters/ad", NULL, NULL, &r));
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    r = sp_post("/admin/adapters", "{\"name\": \"ad\", \"path\": \"ad\"}");
+    cr_assert_eq(r.status, 201, "%s", r.body);
+    hc_response_free(&r);
+    char *again = complete_ok("ad");
+    cr_assert_str_eq(again, texts[0]);
+    /* TGI's adapter_id loads by name too */
+    write_adapter("second", 8, 11);
+    r = sp_post("/generate", "{\"inputs\": \"the\", \"parameters\": {\"adapter_id\": \"second\", "
+                             "\"max_new_tokens\": 4}}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    cr_assert_eq(listed("second", &found), 2);
+    cr_assert(found);
+    for (int i = 0; i < 4; i++)
+        free(texts[i]);
+    free(base);
+    free(again);
+}
+
+/* What is not an adapter folder of the adapter folder gets the 404 it got
+ * before lazy loading: no such folder, a path, "..", a hidden name, a
+ * symlink leading out; a folder that is not a valid adapter is refused by
+ * the loader (400, naming the file, as the admin route refuses it);
+ * --no-lazy-adapters turns it off. */
+Test(server_gateway, only_adapter_folders_load_by_name)
+{
+    char link[700], broken[700], config[800];
+    snprintf(link, sizeof link, "%s/outside", adapter_dir);
+    cr_assert_eq(symlink(model_dir, link), 0);
+    snprintf(broken, sizeof broken, "%s/broken", adapter_dir);
+    cr_assert_eq(mkdir(broken, 0700), 0);
+    snprintf(config, sizeof config, "%s/adapter_config.json", broken);
+    FILE *f = fopen(config, "w");
+    cr_assert(f);
+    fputs("{\"r\": \"eight\"}", f);
+    fclose(f);
+    start();
+    const char *refused[] = {"nope", "../tiny", "..", ".hidden", "outside", "ad/..", NULL};
+    for (size_t i = 0; refused[i]; i++) {
+        int status;
+        char *text = complete(refused[i], &status);
+        cr_assert_eq(status, 404, "%s: %d %s", refused[i], status, text);
+        free(text);
+    }
+    int status;
+    char *text = complete("broken", &status);
+    cr_assert_eq(status, 400, "%d %s", status, text);
+    cr_assert(strstr(text, "adapter_config.json"), "%s", text);
+    free(text);
+    bool found;
+    cr_assert_eq(listed("ad", &found), 0);
+    sp_stop_cleanly();
+    char second_log[600];
+    snprintf(second_log, sizeof second_log, "%.500s/no-lazy.log", dir);
+    start_with((const char *[]){"--no-lazy-adapters", NULL}, second_log);
+    text = complete("ad", &status);
+    cr_assert_eq(status, 404, "%d %s", status, text);
+    free(text);
 }
