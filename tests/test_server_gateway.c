@@ -380,3 +380,79 @@ Test(server_gateway, only_adapter_folders_load_by_name)
     cr_assert_eq(status, 404, "%d %s", status, text);
     free(text);
 }
+
+/* The running_lora_adapters label of a /metrics scrape while a long stream
+ * for `model` runs (allocated). */
+static char *running_while_streaming(const char *model)
+{
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 500, \"ignore_eos\": true, "
+             "\"stream\": true}",
+             model);
+    hc_conn c;
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL, body));
+    hc_response head;
+    cr_assert(hc_read_head(&c, &head));
+    cr_assert_eq(head.status, 200, "%s: %d", model, head.status);
+    char *event = hc_next_event(&c, &head);
+    cr_assert(event, "no first event");
+    free(event);
+    char *metrics = get("/metrics");
+    char *running = label(metrics, "vllm:lora_requests_info", "running_lora_adapters");
+    free(metrics);
+    hc_response_free(&head);
+    hc_close(&c);
+    return running;
+}
+
+/* Two replicas share one adapter folder: a request for an adapter neither
+ * has loaded is answered by each (the same text: the same weights), and
+ * each names it in running_lora_adapters while it runs; under a budget
+ * that holds one such adapter, loading a second by name evicts the first,
+ * which stays loadable. */
+Test(server_gateway, two_replicas_share_one_adapter_folder)
+{
+    write_adapter("a1", 128, 21);
+    write_adapter("a2", 128, 22);
+    sp_server replica[2];
+    char logs[2][600];
+    const char *const flags[] = {"--adapter-budget-mib", "1", NULL};
+    for (int k = 0; k < 2; k++) {
+        snprintf(logs[k], sizeof logs[k], "%.500s/replica%d.log", dir, k);
+        start_with(flags, logs[k]);
+        replica[k] = sp;
+    }
+    char *texts[2];
+    for (int k = 0; k < 2; k++) {
+        sp = replica[k];
+        char *running = running_while_streaming("a1");
+        cr_assert_str_eq(running, "a1", "replica %d", k);
+        free(running);
+        texts[k] = complete_ok("a1");
+        bool found;
+        cr_assert_eq(listed("a1", &found), 1);
+        cr_assert(found);
+    }
+    cr_assert_str_eq(texts[1], texts[0]);
+    /* replica 0: a2 by name, and a1 goes to make room */
+    sp = replica[0];
+    char *a2 = complete_ok("a2");
+    bool found;
+    cr_assert_eq(listed("a2", &found), 1, "a1 was not evicted under the budget");
+    cr_assert(found);
+    char *models = get("/v1/models?all=1");
+    cr_assert(strstr(models, "\"a1\""), "a1 is no longer listed as loadable: %s", models);
+    free(models);
+    /* and comes back by name, the same */
+    char *back = complete_ok("a1");
+    cr_assert_str_eq(back, texts[0]);
+    free(back);
+    free(a2);
+    free(texts[0]);
+    free(texts[1]);
+    sp = replica[1];
+    sp_stop_cleanly();
+    sp = replica[0];
+}
