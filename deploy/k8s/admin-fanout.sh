@@ -24,7 +24,8 @@
 # answered 2xx, 1 when any did not (the others still got the call: re-run
 # it for the ones that failed; a POST of an adapter already loaded answers
 # 409 there and changes nothing). A replica that starts later (scale-up,
-# restart, rollout) starts with no adapters: run the same calls again.
+# restart, rollout) loads adapters of the shared folder by name as requests
+# name them, but not scales or merges: run those calls again.
 set -euo pipefail
 
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
