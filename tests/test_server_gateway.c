@@ -456,3 +456,54 @@ Test(server_gateway, two_replicas_share_one_adapter_folder)
     sp_stop_cleanly();
     sp = replica[0];
 }
+
+/* Opens a stream for model on a new connection and returns it once its
+ * request is sent (its answer is not read). */
+static void open_stream(hc_conn *c, const char *model)
+{
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 500, \"ignore_eos\": true, "
+             "\"stream\": true}",
+             model);
+    cr_assert(hc_open(c, sp.port));
+    cr_assert(hc_send_request(c, "POST", "/v1/completions", NULL, body));
+}
+
+/* With one running slot, a second adapter's request waits: the queue gauge
+ * counts it and waiting_lora_adapters names its adapter, while
+ * running_lora_adapters names the first's. */
+Test(server_gateway, a_waiting_request_names_its_adapter)
+{
+    write_adapter("second", 8, 11);
+    start_with((const char *[]){"--max-running", "1", NULL}, log_path);
+    hc_conn first, second;
+    open_stream(&first, "ad");
+    hc_response head;
+    cr_assert(hc_read_head(&first, &head));
+    cr_assert_eq(head.status, 200);
+    char *event = hc_next_event(&first, &head);
+    cr_assert(event);
+    free(event);
+    open_stream(&second, "second");
+    bool seen = false;
+    for (int waited = 0; waited < 5000 && !seen; waited += 20) {
+        char *m = get("/metrics");
+        char *waiting = label(m, "vllm:lora_requests_info", "waiting_lora_adapters");
+        char *running = label(m, "vllm:lora_requests_info", "running_lora_adapters");
+        seen = strcmp(waiting, "second") == 0;
+        if (seen) {
+            cr_assert_str_eq(running, "ad");
+            cr_assert_eq(sample(m, "vllm:num_requests_waiting "), 1);
+        }
+        free(waiting);
+        free(running);
+        free(m);
+        if (!seen)
+            test_sleep_ms(20);
+    }
+    cr_assert(seen, "the waiting request's adapter was never named");
+    hc_response_free(&head);
+    hc_close(&first);
+    hc_close(&second);
+}
