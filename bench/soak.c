@@ -1113,9 +1113,12 @@ int main(int argc, char **argv)
     wait_serving(300);
     double load_s = now() - t_load;
     load_adapters();
+    fprintf(stderr, "soak: serving after %.1f s; asking the references alone\n", load_s);
     double t_refs = now();
     compute_references();
     double refs_s = now() - t_refs;
+    fprintf(stderr, "soak: references in %.1f s; %d clients for %.0f s\n", refs_s, opt.clients,
+            opt.duration);
     double fds_before = fd_count(server_pid), rss_before = rss_kib(server_pid);
 
     /* the load */
@@ -1133,6 +1136,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < opt.clients; i++)
         pthread_join(cs[i].thread, NULL);
     double t_clients_done = now();
+    fprintf(stderr, "soak: the clients stopped after %.1f s\n", t_clients_done - t_start);
     pthread_join(admin_thread, NULL);
     double kv, conns_open, queued, running;
     double settle_s = settle(&kv, &conns_open, &queued, &running);
