@@ -123,6 +123,8 @@ static struct {
     long long manner[N_MANNERS];
     long long compared, matched, ambiguous, vanished, no_ref;
     long long transport_errors; /* a connection that broke or timed out */
+    long long unexpected_4xx;   /* a 4xx but soak_c's 404 while it is unloaded */
+    char first_unexpected[160];
     long long admin_ok, admin_failed;
     long long admin_ops[4];
     char admin_failures[4][512];
@@ -286,7 +288,7 @@ static void read_answer(hc_conn *c, int route, int vanish_after, answer *a)
         if (hc_read_chunk(c, &r) < 0)
             break;
     a->complete = ended && r.body_done;
-    a->broken = !r.body_done;
+    a->broken = !a->complete; /* cut off, or ended without its last event */
     hc_response_free(&r);
 }
 
@@ -306,6 +308,11 @@ static void record_answer(int route, int prompt, int adapter, double t0, double 
     }
     pthread_mutex_lock(&mu);
     rec.by_status[a->status >= 0 && a->status < 600 ? a->status : 0]++;
+    if (a->status >= 400 && a->status < 500 && !(adapter == AD_C && a->status == 404)) {
+        if (!rec.unexpected_4xx++)
+            snprintf(rec.first_unexpected, sizeof rec.first_unexpected, "%d on %s naming %s",
+                     a->status, route_path[route], adapter ? adapter_name[adapter] : "none");
+    }
     if (vanished)
         rec.vanished++;
     else if (a->broken)
@@ -1020,9 +1027,12 @@ static void check_answers(cJSON *doc)
     cJSON_AddStringToObject(ad, "weights_digest_merged", rec.digest_text[1]);
 
     check("no_5xx_but_503", bad5xx == 0, "%lld responses with a 5xx other than 503", bad5xx);
+    check("no_4xx_but_unloaded_adapter", rec.unexpected_4xx == 0,
+          "%lld 4xx other than 404 for soak_c (which the admin client unloads)%s%s",
+          rec.unexpected_4xx, rec.unexpected_4xx ? "; the first: " : "", rec.first_unexpected);
     check("no_broken_connections", rec.transport_errors == 0,
-          "%lld requests whose connection broke or timed out before the answer ended "
-          "(clients that vanished on purpose not counted)",
+          "%lld requests whose connection broke or timed out, or whose stream ended without "
+          "its last event (clients that vanished on purpose not counted)",
           rec.transport_errors);
     check("answers_equal_references", rec.compared > 0 && rec.matched == rec.compared,
           "%lld of %lld complete answers equal a reference of a merged state in force "
