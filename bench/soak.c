@@ -552,8 +552,9 @@ static void *admin_main(void *arg)
 {
     (void)arg;
     int op = 0;
-    while (now() < t_end_load) {
-        sleep_s(opt.admin_interval);
+    for (double next = now() + opt.admin_interval;; next = now() + opt.admin_interval) {
+        while (now() < next && now() < t_end_load)
+            sleep_s(0.05);
         if (now() >= t_end_load)
             break;
         admin_op(op);
@@ -578,18 +579,27 @@ static sample *samples_v;
 static size_t n_samples, cap_samples;
 static volatile bool sampling = true;
 
-static double rss_kib(pid_t pid)
+/* The "VmRSS" (or another field) of /proc/PID/status, KiB; -1 if none. */
+static double status_kib(pid_t pid, const char *field)
 {
     char path[64], line[256];
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
     double v = -1;
+    size_t n = strlen(field);
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %lf", &v) == 1)
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            v = atof(line + n + 1);
             break;
+        }
     if (f)
         fclose(f);
     return v;
+}
+
+static double rss_kib(pid_t pid)
+{
+    return status_kib(pid, "VmRSS");
 }
 
 static double fd_count(pid_t pid)
@@ -643,6 +653,7 @@ static double slope_per_min(const double *t, const double *v, int n)
 typedef struct slopes {
     int n_raw, n_floor;
     double rss_raw, fds_raw, rss_floor, fds_floor;
+    cJSON *rss_floors; /* the floor of each window, KiB (the caller's) */
 } slopes;
 
 static slopes process_slopes(double cycle_s)
@@ -676,6 +687,9 @@ static slopes process_slopes(double cycle_s)
     out.rss_raw = slope_per_min(t, rss, out.n_raw);
     out.fds_raw = slope_per_min(t, fds, out.n_raw);
     out.rss_floor = slope_per_min(ft, frss, out.n_floor);
+    out.rss_floors = cJSON_CreateArray();
+    for (int w = 0; w < out.n_floor; w++)
+        cJSON_AddItemToArray(out.rss_floors, cJSON_CreateNumber(frss[w]));
     out.fds_floor = slope_per_min(ft, ffds, out.n_floor);
     free(t), free(rss), free(fds), free(ft), free(frss), free(ffds);
     return out;
@@ -1130,6 +1144,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "soak: references in %.1f s; %d clients for %.0f s\n", refs_s, opt.clients,
             opt.duration);
     double fds_before = fd_count(server_pid), rss_before = rss_kib(server_pid);
+    double rss_anon_before = status_kib(server_pid, "RssAnon");
 
     /* the load */
     double t_start = now();
@@ -1153,6 +1168,7 @@ int main(int argc, char **argv)
     sampling = false;
     pthread_join(sampler, NULL);
     double fds_after = fd_count(server_pid), rss_after = rss_kib(server_pid);
+    double rss_anon_after = status_kib(server_pid, "RssAnon");
     char *metrics = get_metrics();
     int exit_code = stop_server();
 
@@ -1197,6 +1213,9 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(pr, "rss_kib_idle_after", rss_after);
     cJSON_AddNumberToObject(pr, "rss_kib_per_min", sl.rss_raw);
     cJSON_AddNumberToObject(pr, "rss_floor_kib_per_min", sl.rss_floor);
+    cJSON_AddItemToObject(pr, "rss_floor_kib_by_window", sl.rss_floors);
+    cJSON_AddNumberToObject(pr, "rss_anon_kib_idle_before", rss_anon_before);
+    cJSON_AddNumberToObject(pr, "rss_anon_kib_idle_after", rss_anon_after);
     cJSON_AddNumberToObject(pr, "fds_idle_before", fds_before);
     cJSON_AddNumberToObject(pr, "fds_idle_after", fds_after);
     cJSON_AddNumberToObject(pr, "fds_per_min", sl.fds_raw);
