@@ -877,7 +877,7 @@ static void parse_args(int argc, char **argv, char *default_model)
                       .warmup = -1,
                       .settle = 5,
                       .publish_slack = 1.0,
-                      .rss_slope_max = 1024,
+                      .rss_slope_max = 2048,
                       .fd_slope_max = 1,
                       .seed = 1,
                       .model = default_model,
