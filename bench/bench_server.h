@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -181,6 +182,8 @@ static inline int start_server(const char *binary, const char *model, int thread
     if (child > 0)
         atexit(kill_child);
     if (child == 0) {
+        /* a benchmark killed by a signal (no atexit) leaves no server behind */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(errp[1], 2);
         int devnull = open("/dev/null", O_WRONLY);
         if (devnull >= 0)
