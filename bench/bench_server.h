@@ -1,10 +1,12 @@
 /*
  * bench_server.h - what the benchmarks that drive `qlserve serve` share:
- * the clock, dying with a message, JSON string output, the machine's CPU
- * name, and the server as a child process
- * (started with --port 0, its port read from its "listening on" line, GET
- * /health polled until the model serves, SIGTERM at the end and its exit
- * status), with a one-shot request on a fresh connection (`fetch`).
+ * the clock, dying with a message, JSON string output, the machine (CPU,
+ * date, kernel), and the server as a child process (started with --port 0
+ * and without the caller's QLSERVE_* variables, which would override its
+ * flags; its port read from its "listening on" line; GET /health polled
+ * until the model serves; SIGTERM at the end and its exit status; killed
+ * with its parent), with a one-shot request on a fresh connection
+ * (`fetch`). The default model's path is tests/test_util.h's.
  *
  * One server per process: the child, its stderr pipe and its address are
  * this header's globals, for the one program (bench_http.c, soak.c) that

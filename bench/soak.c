@@ -1130,6 +1130,59 @@ static void check_references(cJSON *doc)
           "every adapter's references differ from the base model's somewhere (least: %d)", least);
 }
 
+/* The server at rest, before and after the load. */
+typedef struct idle_process {
+    double rss, rss_anon, fds;
+} idle_process;
+
+static idle_process idle_now(void)
+{
+    return (idle_process){rss_kib(server_pid), status_kib(server_pid, "RssAnon"),
+                          fd_count(server_pid)};
+}
+
+/* The process's figures and the checks on its RSS and fds. */
+static void check_process(cJSON *doc, const idle_process *before, const idle_process *after)
+{
+    slopes sl = process_slopes();
+    cJSON *pr = cJSON_AddObjectToObject(doc, "process");
+    cJSON_AddNumberToObject(pr, "samples", (double)n_samples);
+    cJSON_AddNumberToObject(pr, "samples_after_warmup", sl.n_all);
+    cJSON_AddNumberToObject(pr, "samples_with_only_pristine_weights", sl.n_pristine);
+    cJSON_AddNumberToObject(pr, "rss_kib_idle_before", before->rss);
+    cJSON_AddNumberToObject(pr, "rss_kib_idle_after", after->rss);
+    cJSON_AddNumberToObject(pr, "rss_anon_kib_idle_before", before->rss_anon);
+    cJSON_AddNumberToObject(pr, "rss_anon_kib_idle_after", after->rss_anon);
+    cJSON_AddNumberToObject(pr, "rss_kib_per_min_pristine", sl.rss_pristine);
+    cJSON_AddNumberToObject(pr, "rss_kib_per_min_every_sample", sl.rss_all);
+    cJSON_AddNumberToObject(pr, "fds_idle_before", before->fds);
+    cJSON_AddNumberToObject(pr, "fds_idle_after", after->fds);
+    cJSON_AddNumberToObject(pr, "fds_per_min", sl.fds_all);
+    double rss_min = 1e18, rss_max = 0, fd_max = 0;
+    for (size_t i = 0; i < n_samples; i++) {
+        rss_min = samples_v[i].rss_kib < rss_min ? samples_v[i].rss_kib : rss_min;
+        rss_max = samples_v[i].rss_kib > rss_max ? samples_v[i].rss_kib : rss_max;
+        fd_max = samples_v[i].fds > fd_max ? samples_v[i].fds : fd_max;
+    }
+    cJSON_AddNumberToObject(pr, "rss_kib_min", n_samples ? rss_min : 0);
+    cJSON_AddNumberToObject(pr, "rss_kib_max", rss_max);
+    cJSON_AddNumberToObject(pr, "fds_max", fd_max);
+    cJSON_AddNumberToObject(pr, "longest_wait_for_merged_version_to_go_s", rec.longest_drain);
+    check("rss_flat", sl.n_pristine >= 10 && sl.rss_pristine <= opt.rss_slope_max,
+          "VmRSS slope %.1f KiB/min over the %d samples after %.0f s of warm-up taken while the "
+          "server held only its pristine weights (every sample: %.1f KiB/min); bound %.1f",
+          sl.rss_pristine, sl.n_pristine, opt.warmup, sl.rss_all, opt.rss_slope_max);
+    check("fds_flat", sl.n_all >= 10 && sl.fds_all <= opt.fd_slope_max,
+          "fd count slope %.2f /min over %d samples after %.0f s of warm-up; bound %.2f",
+          sl.fds_all, sl.n_all, opt.warmup, opt.fd_slope_max);
+    check("merged_versions_go", rec.drain_timeouts == 0,
+          "after each unmerge the merged version is freed once its sequences end (%lld waits "
+          "over 60 s; the longest %.1f s)",
+          rec.drain_timeouts, rec.longest_drain);
+    check("fds_back_to_idle", after->fds >= 0 && after->fds <= before->fds,
+          "open fds idle: %.0f before the load, %.0f after it", before->fds, after->fds);
+}
+
 int main(int argc, char **argv)
 {
     char default_model[1024];
@@ -1177,8 +1230,7 @@ int main(int argc, char **argv)
     double refs_s = now() - t_refs;
     fprintf(stderr, "soak: references in %.1f s; %d clients for %.0f s\n", refs_s, opt.clients,
             opt.duration);
-    double fds_before = fd_count(server_pid), rss_before = rss_kib(server_pid);
-    double rss_anon_before = status_kib(server_pid, "RssAnon");
+    idle_process before = idle_now();
 
     /* the load */
     double t_start = now();
@@ -1201,8 +1253,7 @@ int main(int argc, char **argv)
     double settle_s = settle(&kv, &conns_open, &queued, &running);
     sampling = false;
     pthread_join(sampler, NULL);
-    double fds_after = fd_count(server_pid), rss_after = rss_kib(server_pid);
-    double rss_anon_after = status_kib(server_pid, "RssAnon");
+    idle_process after = idle_now();
     char *metrics = get_metrics();
     int exit_code = stop_server();
 
@@ -1236,43 +1287,7 @@ int main(int argc, char **argv)
           "/metrics qlserve_http_responses_total: %lld 5xx other than 503", server5xx);
     free(metrics);
 
-    slopes sl = process_slopes();
-    cJSON *pr = cJSON_AddObjectToObject(doc, "process");
-    cJSON_AddNumberToObject(pr, "samples", (double)n_samples);
-    cJSON_AddNumberToObject(pr, "samples_after_warmup", sl.n_all);
-    cJSON_AddNumberToObject(pr, "samples_with_only_pristine_weights", sl.n_pristine);
-    cJSON_AddNumberToObject(pr, "rss_kib_idle_before", rss_before);
-    cJSON_AddNumberToObject(pr, "rss_kib_idle_after", rss_after);
-    cJSON_AddNumberToObject(pr, "rss_anon_kib_idle_before", rss_anon_before);
-    cJSON_AddNumberToObject(pr, "rss_anon_kib_idle_after", rss_anon_after);
-    cJSON_AddNumberToObject(pr, "rss_kib_per_min_pristine", sl.rss_pristine);
-    cJSON_AddNumberToObject(pr, "rss_kib_per_min_every_sample", sl.rss_all);
-    cJSON_AddNumberToObject(pr, "fds_idle_before", fds_before);
-    cJSON_AddNumberToObject(pr, "fds_idle_after", fds_after);
-    cJSON_AddNumberToObject(pr, "fds_per_min", sl.fds_all);
-    double rss_min = 1e18, rss_max = 0, fd_max = 0;
-    for (size_t i = 0; i < n_samples; i++) {
-        rss_min = samples_v[i].rss_kib < rss_min ? samples_v[i].rss_kib : rss_min;
-        rss_max = samples_v[i].rss_kib > rss_max ? samples_v[i].rss_kib : rss_max;
-        fd_max = samples_v[i].fds > fd_max ? samples_v[i].fds : fd_max;
-    }
-    cJSON_AddNumberToObject(pr, "rss_kib_min", n_samples ? rss_min : 0);
-    cJSON_AddNumberToObject(pr, "rss_kib_max", rss_max);
-    cJSON_AddNumberToObject(pr, "fds_max", fd_max);
-    cJSON_AddNumberToObject(pr, "longest_wait_for_merged_version_to_go_s", rec.longest_drain);
-    check("rss_flat", sl.n_pristine >= 10 && sl.rss_pristine <= opt.rss_slope_max,
-          "VmRSS slope %.1f KiB/min over the %d samples after %.0f s of warm-up taken while the "
-          "server held only its pristine weights (every sample: %.1f KiB/min); bound %.1f",
-          sl.rss_pristine, sl.n_pristine, opt.warmup, sl.rss_all, opt.rss_slope_max);
-    check("fds_flat", sl.n_all >= 10 && sl.fds_all <= opt.fd_slope_max,
-          "fd count slope %.2f /min over %d samples after %.0f s of warm-up; bound %.2f",
-          sl.fds_all, sl.n_all, opt.warmup, opt.fd_slope_max);
-    check("merged_versions_go", rec.drain_timeouts == 0,
-          "after each unmerge the merged version is freed once its sequences end (%lld waits "
-          "over 60 s; the longest %.1f s)",
-          rec.drain_timeouts, rec.longest_drain);
-    check("fds_back_to_idle", fds_after >= 0 && fds_after <= fds_before,
-          "open fds idle: %.0f before the load, %.0f after it", fds_before, fds_after);
+    check_process(doc, &before, &after);
 
     cJSON *end = cJSON_AddObjectToObject(doc, "after_the_load");
     cJSON_AddNumberToObject(end, "settle_seconds", settle_s);
