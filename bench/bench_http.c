@@ -45,7 +45,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,18 +58,7 @@
  * rather than ending at EOS */
 #define STREAM_PROMPT "Once upon a time, in a small village,"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void die(const char *what, const char *detail)
-{
-    fprintf(stderr, "bench_http: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
-    exit(1);
-}
+#include "bench_server.h"
 
 /* --- samples ------------------------------------------------------------------ */
 
@@ -120,80 +108,6 @@ static void print_ms(FILE *out, const char *name, samples *s, const char *indent
             s->n ? 1e3 * sum / (double)s->n : 0.0, s->n ? 1e3 * s->v[s->n - 1] : 0.0);
 }
 
-static void print_json_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; s && *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(out, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(out, "\\u%04x", ch);
-        else
-            fputc(ch, out);
-    }
-    fputc('"', out);
-}
-
-/* --- the server's address and a one-shot request ------------------------------- */
-
-static struct sockaddr_in server_addr;
-
-static int dial(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        die("socket", strerror(errno));
-    if (connect(fd, (struct sockaddr *)&server_addr, sizeof server_addr) != 0) {
-        close(fd);
-        return -1;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
-}
-
-/* Send one request with Connection: close and read the whole answer.
- * Returns the status (0: no answer); *body (malloc'ed, NUL-terminated,
- * caller frees) when body is not NULL. */
-static int fetch(const char *method, const char *path, const char *json, char **body)
-{
-    if (body)
-        *body = NULL;
-    int fd = dial();
-    if (fd < 0)
-        return 0;
-    char req[1024];
-    int n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     method, path, json ? strlen(json) : 0, json ? json : "");
-    if (write(fd, req, (size_t)n) != n) {
-        close(fd);
-        return 0;
-    }
-    size_t len = 0, cap = 4096;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t r = read(fd, buf + len, cap - len - 1);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    close(fd);
-    buf[len] = 0;
-    int status = 0;
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
-        status = 0;
-    char *start = strstr(buf, "\r\n\r\n");
-    if (body && start)
-        *body = strdup(start + 4);
-    free(buf);
-    return status;
-}
-
 /* The string value of "key" in a flat JSON object, into out ("" if none). */
 static void json_field(const char *json, const char *key, char *out, size_t out_len)
 {
@@ -215,147 +129,6 @@ static void json_field(const char *json, const char *key, char *out, size_t out_
             out[n++] = *p;
     }
     out[n] = 0;
-}
-
-/* --- the server as a child --------------------------------------------------------- */
-
-static pid_t child = -1;
-static int child_stderr = -1;
-
-/* What the server said after its listening line, to our stderr. */
-static void show_server_stderr(void)
-{
-    char text[8192];
-    ssize_t n = child_stderr >= 0 ? read(child_stderr, text, sizeof text) : 0;
-    if (n > 0)
-        fprintf(stderr, "bench_http: the server said:\n%.*s", (int)n, text);
-}
-
-/* A bench that dies leaves no server behind. */
-static void kill_child(void)
-{
-    if (child > 0) {
-        kill(child, SIGKILL);
-        waitpid(child, NULL, 0);
-        child = -1;
-    }
-}
-
-/* Start `binary serve --model M --port 0 --threads T extra...`; the port. */
-static int start_server(const char *binary, const char *model, int threads, char **extra,
-                        int n_extra)
-{
-    int errp[2];
-    if (pipe2(errp, O_CLOEXEC) != 0)
-        die("pipe", strerror(errno));
-    char threads_s[16];
-    snprintf(threads_s, sizeof threads_s, "%d", threads);
-    char **argv = calloc((size_t)n_extra + 16, sizeof *argv);
-    int a = 0;
-    argv[a++] = (char *)binary;
-    argv[a++] = "serve";
-    argv[a++] = "--model";
-    argv[a++] = (char *)model;
-    argv[a++] = "--host";
-    argv[a++] = "127.0.0.1";
-    argv[a++] = "--port";
-    argv[a++] = "0";
-    argv[a++] = "--threads";
-    argv[a++] = threads_s;
-    for (int i = 0; i < n_extra; i++)
-        argv[a++] = extra[i];
-    argv[a] = NULL;
-    child = fork();
-    if (child < 0)
-        die("fork", strerror(errno));
-    if (child > 0)
-        atexit(kill_child);
-    if (child == 0) {
-        dup2(errp[1], 2);
-        int devnull = open("/dev/null", O_WRONLY);
-        if (devnull >= 0)
-            dup2(devnull, 1);
-        execv(binary, argv);
-        fprintf(stderr, "bench_http: cannot run %s: %s\n", binary, strerror(errno));
-        _exit(127);
-    }
-    free(argv);
-    close(errp[1]);
-    /* "qlserve: listening on http://127.0.0.1:PORT (loading ...)" */
-    char line[4096];
-    size_t len = 0;
-    double deadline = now() + 30;
-    for (;;) {
-        struct pollfd pfd = {.fd = errp[0], .events = POLLIN};
-        if (now() > deadline || poll(&pfd, 1, 1000) < 0)
-            die("the server did not say where it listens", NULL);
-        if (!(pfd.revents & (POLLIN | POLLHUP)))
-            continue;
-        ssize_t r = read(errp[0], line + len, sizeof line - 1 - len);
-        if (r <= 0) {
-            line[len] = 0;
-            die("the server exited before listening", line);
-        }
-        len += (size_t)r;
-        line[len] = 0;
-        const char *at = strstr(line, "listening on http://");
-        const char *nl = at ? strchr(at, '\n') : NULL;
-        if (nl) {
-            /* the port follows the last ':' before " (loading" */
-            const char *end = strstr(at, " (");
-            end = end && end < nl ? end : nl;
-            const char *p = end;
-            while (p > at && *p != ':')
-                p--;
-            if (*p != ':')
-                die("cannot read the port from", at);
-            /* the rest of its stderr is a few lines (serving, draining):
-             * the pipe holds them until stop_server reads them */
-            fcntl(errp[0], F_SETFL, O_NONBLOCK);
-            child_stderr = errp[0];
-            return atoi(p + 1);
-        }
-        if (len + 1 >= sizeof line)
-            len = 0;
-    }
-}
-
-/* SIGTERM the child and wait for its drain; its exit status (-1: killed). */
-static int stop_server(void)
-{
-    if (child <= 0)
-        return 0;
-    kill(child, SIGTERM);
-    int status = 0, code = -1;
-    pid_t r = 0;
-    for (double deadline = now() + 60; now() < deadline && r != child;)
-        if ((r = waitpid(child, &status, WNOHANG)) != child)
-            usleep(20000);
-    if (r != child)
-        kill_child();
-    else if (WIFEXITED(status))
-        code = WEXITSTATUS(status);
-    child = -1;
-    if (code != 0)
-        show_server_stderr();
-    close(child_stderr);
-    return code;
-}
-
-static void wait_serving(double timeout_s)
-{
-    double deadline = now() + timeout_s;
-    while (now() < deadline) {
-        if (fetch("GET", "/health", NULL, NULL) == 200)
-            return;
-        if (child > 0 && waitpid(child, NULL, WNOHANG) == child) {
-            child = -1;
-            show_server_stderr();
-            die("the server exited while loading the model", NULL);
-        }
-        usleep(50000);
-    }
-    die("the server did not serve in time", NULL);
 }
 
 /* --- the load: C connections, one request at a time each ----------------------- */
@@ -714,35 +487,10 @@ static void bench_wrk(FILE *out, int connections, int threads, double seconds)
 
 /* --- main -------------------------------------------------------------------------------- */
 
-static void cpu_name(char *out, size_t len)
-{
-    snprintf(out, len, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) == 0) {
-            const char *v = strchr(line, ':');
-            if (v) {
-                v++;
-                while (*v == ' ')
-                    v++;
-                snprintf(out, len, "%s", v);
-                out[strcspn(out, "\n")] = 0;
-            }
-            break;
-        }
-    }
-    fclose(f);
-}
-
 int main(int argc, char **argv)
 {
-    const char *home = getenv("HOME");
     char default_model[1024];
-    snprintf(default_model, sizeof default_model,
-             "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
+    test_default_model_path(default_model, sizeof default_model);
     const char *model = default_model, *binary = QL_BINARY, *url = NULL;
     int threads = 0, connections = 64, streams = 32, stream_tokens = 32, rounds = 2;
     int wrk_threads = 2;
@@ -833,19 +581,14 @@ int main(int argc, char **argv)
     if (fetch("POST", "/generate", one_token, NULL) != 200)
         die("a warm-up POST /generate did not answer 200", NULL);
 
-    char cpu[256], date[64];
-    cpu_name(cpu, sizeof cpu);
-    struct utsname un;
-    uname(&un);
-    time_t tt = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&tt));
+    bench_machine mc = machine_now();
     FILE *out = stdout;
     fprintf(out, "{\n  \"benchmark\": \"http\",\n  \"engine\": \"qlserve\",\n  \"date\": \"%s\",\n",
-            date);
+            mc.date);
     fprintf(out, "  \"machine\": {\"cpu\": ");
-    print_json_string(out, cpu);
-    fprintf(out, ", \"cores\": %ld, \"kernel\": \"%s %s\"},\n", sysconf(_SC_NPROCESSORS_ONLN),
-            un.sysname, un.release);
+    print_json_string(out, mc.cpu);
+    fprintf(out, ", \"cores\": %ld, \"kernel\": \"%s\"},\n", sysconf(_SC_NPROCESSORS_ONLN),
+            mc.kernel);
     fprintf(out, "  \"server\": {\"started_by_bench\": %s, \"binary\": ", url ? "false" : "true");
     print_json_string(out, url ? "" : binary);
     fprintf(out, ", \"model\": ");

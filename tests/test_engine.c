@@ -341,26 +341,10 @@ Test(engine, stopping_cancels_what_runs)
     }
 }
 
-/* The default real model, when scripts/fetch-model.sh has put it in place. */
-static bool default_model_path(char *buf, size_t len)
-{
-    const char *env = getenv("QLSERVE_MODEL");
-    const char *cache = getenv("QLSERVE_CACHE");
-    const char *home = getenv("HOME");
-    if (env && *env)
-        snprintf(buf, len, "%s", env);
-    else if (cache && *cache)
-        snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(buf, len, "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 home ? home : "/root");
-    return access(buf, R_OK) == 0;
-}
-
 static void run_default(const char *quant, const char *prompt, int max_new, result *r)
 {
     char path[1024], msg[512];
-    if (!default_model_path(path, sizeof path))
+    if (!test_default_model_path(path, sizeof path))
         cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     eng_load_opts o = {.path = path, .quant = quant};
@@ -409,7 +393,7 @@ Test(smollm2, requantized_to_nf4_still_knows_paris)
 Test(smollm2, greedy_tokens_agree_with_llama_cpp)
 {
     char path[1024], msg[512];
-    if (!default_model_path(path, sizeof path))
+    if (!test_default_model_path(path, sizeof path))
         cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     eng_load_opts o = {.path = path};

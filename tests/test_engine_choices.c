@@ -909,21 +909,6 @@ Test(choices, bad_requests_are_refused_naming_the_field)
 
 #include "fixtures/smollm2_reference.h"
 
-static bool default_model_path(char *buf, size_t len)
-{
-    const char *env = getenv("QLSERVE_MODEL");
-    const char *cache = getenv("QLSERVE_CACHE");
-    const char *home = getenv("HOME");
-    if (env && *env)
-        snprintf(buf, len, "%s", env);
-    else if (cache && *cache)
-        snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(buf, len, "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 home ? home : "/root");
-    return access(buf, R_OK) == 0;
-}
-
 TestSuite(smollm2_choices, .timeout = 240);
 
 /* The first token's top_logprobs over llama.cpp's prompt ids: the same
@@ -935,7 +920,7 @@ TestSuite(smollm2_choices, .timeout = 240);
 Test(smollm2_choices, first_token_alternatives_agree_with_llama_cpp)
 {
     char path[1024], msg[512];
-    if (!default_model_path(path, sizeof path))
+    if (!test_default_model_path(path, sizeof path))
         cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     eng_load_opts lo = {.path = path};

@@ -465,28 +465,10 @@ Test(model, gguf_loads_blocks_in_place_and_requantizes)
     eng_model_free(&q);
 }
 
-/* The default real model, when scripts/fetch-model.sh has put it in place. */
-static bool default_model_path(char *buf, size_t len)
-{
-    const char *env = getenv("QLSERVE_MODEL");
-    if (env && *env) {
-        snprintf(buf, len, "%s", env);
-    } else {
-        const char *cache = getenv("QLSERVE_CACHE");
-        const char *home = getenv("HOME");
-        if (cache && *cache)
-            snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-        else
-            snprintf(buf, len, "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                     home ? home : "/root");
-    }
-    return access(buf, R_OK) == 0;
-}
-
 Test(model, default_smollm2_gguf_loads, .timeout = 120)
 {
     char path[1024];
-    if (!default_model_path(path, sizeof path))
+    if (!test_default_model_path(path, sizeof path))
         cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     load_ok(&m, path, NULL, NULL, false);

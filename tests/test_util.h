@@ -81,4 +81,24 @@ static inline void test_rmtree(const char *dir)
         fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* The default real model, when scripts/fetch-model.sh has put it in place:
+ * $QLSERVE_MODEL, else $QLSERVE_CACHE/models/..., else
+ * ~/.cache/qlserve/models/... (the script's own cache); whether it is
+ * readable. Tests that want it skip, naming the script, when it is not;
+ * the benchmarks (bench/bench_server.h) default to it. */
+static inline bool test_default_model_path(char *buf, size_t len)
+{
+    const char *env = getenv("QLSERVE_MODEL");
+    const char *cache = getenv("QLSERVE_CACHE");
+    const char *home = getenv("HOME");
+    if (env && *env)
+        snprintf(buf, len, "%s", env);
+    else if (cache && *cache)
+        snprintf(buf, len, "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else
+        snprintf(buf, len, "%s/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 home ? home : "/root");
+    return access(buf, R_OK) == 0;
+}
+
 #endif
