@@ -263,6 +263,14 @@ typedef struct ere_scan {
 
 static ere_cost ere_alternatives(ere_scan *s);
 
+/* The costs of a and b one after the other (or side by side): they add. */
+static void ere_add(ere_cost *into, ere_cost a)
+{
+    into->copies += a.copies;
+    into->quantifiers += a.quantifiers;
+    into->empty_loops += a.empty_loops;
+}
+
 /* Past the bracket expression at s->p ('['), with its [:class:], [=e=] and
  * [.c.] parts and a leading ']' or '^]' taken literally. */
 static void ere_skip_bracket(ere_scan *s)
@@ -366,9 +374,7 @@ static ere_cost ere_sequence(ere_scan *s)
     ere_cost c = {0, 0, 0, true};
     while (*s->p && *s->p != '|' && *s->p != ')') {
         ere_cost a = ere_piece(s);
-        c.copies += a.copies;
-        c.quantifiers += a.quantifiers;
-        c.empty_loops += a.empty_loops;
+        ere_add(&c, a);
         c.nullable = c.nullable && a.nullable;
     }
     return c;
@@ -379,9 +385,7 @@ static ere_cost ere_alternatives(ere_scan *s)
     ere_cost c = {0, 0, 0, false};
     for (;;) {
         ere_cost a = ere_sequence(s);
-        c.copies += a.copies;
-        c.quantifiers += a.quantifiers;
-        c.empty_loops += a.empty_loops;
+        ere_add(&c, a);
         c.nullable = c.nullable || a.nullable;
         if (*s->p != '|')
             return c;
@@ -397,9 +401,7 @@ static int check_ere_cost(const char *ere, char *why, size_t why_len)
     ere_cost c = {0, 0, 0, false};
     while (*s.p) { /* a stray ')' ends nothing: go on past it */
         ere_cost a = ere_alternatives(&s);
-        c.copies += a.copies;
-        c.quantifiers += a.quantifiers;
-        c.empty_loops += a.empty_loops;
+        ere_add(&c, a);
         if (*s.p)
             s.p++;
     }
