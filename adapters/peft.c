@@ -236,7 +236,9 @@ static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, 
  *     PATTERN_MAX_EMPTY_LOOPS such (counting copies);
  *   - quantifiers copied by a count: "([a-z]*" 13 times "){1000}" took 25
  *     s and 2.6 GiB, and "a?" 2000 times 0.9 s; so at most
- *     PATTERN_MAX_QUANTIFIERS quantifiers, counting copies.
+ *     PATTERN_MAX_QUANTIFIERS quantifiers, counting copies;
+ *   - "x+" is built as "x x*", two copies of x, so stacked pluses double
+ *     ("f" and 120 '+' ran out of 2 GiB): each '+' counts as a count of 2.
  * PEFT's own patterns ("(.*\.)?(q_proj|v_proj)", ".*\.(q|k|v)_proj") are
  * far inside all of these. The measure is taken on the POSIX text regcomp
  * gets (with our anchors), so nothing regcomp reads escapes it; glibc's
@@ -351,6 +353,7 @@ static ere_cost ere_piece(ere_scan *s)
         char q = *s->p;
         if (q == '*' || q == '?' || q == '+') {
             zero = q != '+';
+            k = q == '+' ? 2 : 1; /* glibc builds x+ as x x*: two copies */
             s->p++;
         } else if (q == '{') {
             const char *end;

@@ -1041,6 +1041,13 @@ Test(lora_load, patterns_regcomp_would_take_exponential_time_are_refused, .timeo
         lora_fails(adapter_dir, &m, "target_modules", cases[i].expect);
         cr_assert_lt(ql_now_s() - t0, 2.0, "%s x %d", cases[i].part, cases[i].times);
     }
+    /* fuzz_adapter_config: 120 '+' in a row ran out of 2 GiB (glibc builds
+     * x+ as x x*, so each doubles; the translation drops every second one
+     * as Python's possessive '+') */
+    s.target_modules = json_repeat("+", 120);
+    memcpy((char *)s.target_modules + 1, "self_", 5); /* "self_" then 115 '+' */
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "counted repeats");
     /* 25 s and 2.6 GiB; and with a letter that keeps the group from
      * matching nothing, still 13,000 quantifiers once copied */
     s.target_modules = "\"([a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*"
