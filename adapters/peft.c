@@ -296,7 +296,7 @@ static void ere_skip_bracket(ere_scan *s)
     s->p = *p ? p + 1 : p;
 }
 
-/* The interval at p ('{'): {m}, {m,}, {m,n} or glibc's {,n}. Its largest
+/* The interval at p ('{'): {m}, {m,}, {m,n} or glibc's {,n} and {,}. Its largest
  * number of copies (m + 1 for {m,}: m copies and a loop), *end past it and
  * *can_be_zero; -1 when it is none (regcomp then refuses or reads a
  * literal '{'). */
@@ -311,8 +311,8 @@ static double ere_interval(const char *p, const char **end, bool *can_be_zero)
         for (p++; isdigit((unsigned char)*p); p++, has_hi = true)
             hi = hi * 10 + (*p - '0');
     }
-    if (*p != '}' || (!has_lo && !has_hi))
-        return -1;
+    if (*p != '}' || (!has_lo && !has_hi && !comma))
+        return -1; /* "{,}" is glibc's {0,}, a star */
     *end = p + 1;
     *can_be_zero = lo == 0;
     if (!comma)
