@@ -249,6 +249,11 @@ static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, 
 #define PATTERN_MAX_EMPTY_LOOPS 4
 #define PATTERN_MAX_QUANTIFIERS 256
 #define PATTERN_MAX_DEPTH       256 /* groups inside groups */
+/* All the patterns of one config together (a rank_pattern may hold a key
+ * per module: 80 layers x 7 is 560 keys of ~40 characters): ~1 s of
+ * regcomp at the rate measured above, where a 16 MiB config of keys each
+ * within the limits above would take minutes. */
+#define PATTERN_MAX_CONFIG_COPIES 200000
 
 /* What a part of a pattern costs regcomp, counted through the repeats
  * around it; nullable: it can match the empty string. */
@@ -396,9 +401,10 @@ static ere_cost ere_alternatives(ere_scan *s)
     }
 }
 
-/* 0 when regcomp may compile the POSIX ERE `ere`; -1 with why set naming
- * the limit it passes. */
-static int check_ere_cost(const char *ere, char *why, size_t why_len)
+/* 0 when regcomp may compile the POSIX ERE `ere`, with *copies its size
+ * once counted repeats are expanded; -1 with why set naming the limit it
+ * passes. */
+static int check_ere_cost(const char *ere, double *copies, char *why, size_t why_len)
 {
     ere_scan s = {ere, 0, false};
     ere_cost c = {0, 0, 0, false};
@@ -422,6 +428,7 @@ static int check_ere_cost(const char *ere, char *why, size_t why_len)
                         "more than %d times, which regcomp takes exponential time over",
                         PATTERN_MAX_EMPTY_LOOPS),
                -1;
+    *copies = c.copies;
     if (c.quantifiers > PATTERN_MAX_QUANTIFIERS)
         return snprintf(why, why_len,
                         "it holds more than %d quantifiers (* + ? {m,n}, counting what counted "
@@ -501,9 +508,10 @@ static int translate_regex(const char *py, strbuf *out, char *why, size_t why_le
     return 0;
 }
 
-/* Compile prefix + (translated py) + suffix. */
+/* Compile prefix + (translated py) + suffix, taking what it costs from
+ * *copies_left, the budget of all of one config's patterns. */
 static int compile_regex(regex_t *re, const char *prefix, const char *py, const char *suffix,
-                         char *why, size_t why_len)
+                         double *copies_left, char *why, size_t why_len)
 {
     strbuf b = {0};
     sb_str(&b, prefix);
@@ -516,10 +524,20 @@ static int compile_regex(regex_t *re, const char *prefix, const char *py, const 
         free(b.s);
         return snprintf(why, why_len, "out of memory"), -1;
     }
-    if (check_ere_cost(b.s, why, why_len) != 0) {
+    double copies = 0;
+    if (check_ere_cost(b.s, &copies, why, why_len) != 0) {
         free(b.s);
         return -1;
     }
+    if (copies > *copies_left) {
+        free(b.s);
+        return snprintf(why, why_len,
+                        "the config's patterns together expand past %d characters, more than "
+                        "regcomp should be given for one adapter",
+                        PATTERN_MAX_CONFIG_COPIES),
+               -1;
+    }
+    *copies_left -= copies;
     int rc = regcomp(re, b.s, REG_EXTENDED | REG_NOSUB);
     if (rc != 0) {
         char err[64];
@@ -565,6 +583,7 @@ typedef struct adapter_config {
     pattern_map rank, alpha_map;
     const char *base_model; /* borrowed from the JSON tree */
     char warning[512];
+    double copies_left; /* what its patterns may still cost regcomp */
 } adapter_config;
 
 static void module_set_free(module_set *s)
@@ -619,8 +638,8 @@ static bool json_truthy(const cJSON *v)
     return true;
 }
 
-static int read_module_set(const adapter_config *c, const cJSON *v, const char *field,
-                           module_set *out, char *msg, size_t msg_len)
+static int read_module_set(adapter_config *c, const cJSON *v, const char *field, module_set *out,
+                           char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     if (!v || cJSON_IsNull(v))
@@ -628,7 +647,8 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     out->present = true;
     if (cJSON_IsString(v)) {
         char why[160];
-        if (compile_regex(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
+        if (compile_regex(&out->re, "^(", v->valuestring, ")$", &c->copies_left, why, sizeof why) !=
+            0)
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s \"%.80s%s\": %s", c->path, field,
                            v->valuestring, strlen(v->valuestring) > 80 ? "..." : "", why);
         out->is_regex = true;
@@ -651,8 +671,8 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     return QL_OK;
 }
 
-static int read_pattern_map(const adapter_config *c, const cJSON *root, const char *field,
-                            bool integer, pattern_map *out, char *msg, size_t msg_len)
+static int read_pattern_map(adapter_config *c, const cJSON *root, const char *field, bool integer,
+                            pattern_map *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field);
@@ -678,7 +698,8 @@ static int read_pattern_map(const adapter_config *c, const cJSON *root, const ch
                            e->string,
                            integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
         char why[160];
-        if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why, sizeof why) != 0)
+        if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", &c->copies_left, why,
+                          sizeof why) != 0)
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s key \"%.80s%s\": %s", c->path, field,
                            e->string, strlen(e->string) > 80 ? "..." : "", why);
         out->keys[out->n] = e->string;
@@ -709,6 +730,7 @@ static const struct {
 
 static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t msg_len)
 {
+    c->copies_left = PATTERN_MAX_CONFIG_COPIES;
     const char *peft_type = mf_json_str(root, "peft_type");
     if (!peft_type || strcmp(peft_type, "LORA") != 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -823,7 +845,7 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
              * matches settles which layer it found */
             if (!cJSON_IsString(e) ||
                 compile_regex(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(", e->valuestring,
-                              ")\\.[0-9]+\\.", why, sizeof why) != 0)
+                              ")\\.[0-9]+\\.", &c->copies_left, why, sizeof why) != 0)
                 return ql_fail(msg, msg_len, QL_EINVAL, "%s: layers_pattern %.80s: %s", c->path,
                                cJSON_IsString(e) ? e->valuestring : "entry",
                                cJSON_IsString(e) ? why : "is not a string");

@@ -1063,6 +1063,19 @@ Test(lora_load, patterns_regcomp_would_take_exponential_time_are_refused, .timeo
         "[a-z]*){1000}\"";
     lora_fix_write(adapter_dir, &m.cfg, &s);
     lora_fails(adapter_dir, &m, "target_modules", "quantifiers");
+    /* keys each within the limits, but together more than one config may
+     * give regcomp (a 16 MiB file could hold thousands) */
+    s.target_modules = NULL;
+    char many[1024];
+    size_t at = (size_t)snprintf(many, sizeof many, "{");
+    for (int k = 0; k < 12; k++)
+        at +=
+            (size_t)snprintf(many + at, sizeof many - at, "%s\"q%d{19000}\": 2", k ? ", " : "", k);
+    snprintf(many + at, sizeof many - at, "}");
+    s.rank_pattern = many;
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "rank_pattern key", "together expand");
+    s.rank_pattern = NULL;
     /* rank_pattern keys are patterns too */
     s.target_modules = NULL;
     s.rank_pattern = "{\"(a*)*(a*)*(a*)*(a*)*(a*)*(a*)*(a*)*(a*)*q_proj\": 2}";
