@@ -366,6 +366,8 @@ static ere_cost ere_piece(ere_scan *s)
             if (k < 0)
                 break;
             s->p = end;
+            if (k < 1)
+                k = 1; /* "x{0}": regcomp builds x all the same, then drops it */
         } else {
             break;
         }

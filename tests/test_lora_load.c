@@ -1032,6 +1032,7 @@ Test(lora_load, patterns_regcomp_would_take_exponential_time_are_refused, .timeo
     } cases[] = {
         {"(a{,1010}){1,100}", 1, "counted repeats"},
         {"((a11){,}){1,10}", 1, "can match nothing"},
+        {"($(((a0{,811}){1,100}){1,100}){0}))", 1, "counted repeats"},
         {"(a*)*", 32, "can match nothing"},
         {"(|a)+", 18, "can match nothing"},
         {"()*", 22, "can match nothing"},
