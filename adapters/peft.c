@@ -242,7 +242,9 @@ static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, 
  * PEFT's own patterns ("(.*\.)?(q_proj|v_proj)", ".*\.(q|k|v)_proj") are
  * far inside all of these. The measure is taken on the POSIX text regcomp
  * gets (with our anchors), so nothing regcomp reads escapes it; glibc's
- * "{,n}" (0 to n) is an interval too.
+ * "{,n}" (0 to n) and "{,}" (a star) are intervals too, and "x{0}" costs
+ * x once (regcomp builds x, then drops it). fuzz_adapter_config found each
+ * of those last four.
  */
 #define PATTERN_MAX_BYTES       4096
 #define PATTERN_MAX_COPIES      20000
