@@ -46,6 +46,9 @@
  * ones (a full match exists or not whichever is used, and only that is
  * asked). Lookarounds, backreferences, named groups, inline flags and \b
  * have no POSIX form and are refused naming the field and the construct.
+ * What glibc's regcomp would spend unbounded memory or time on (counted
+ * repeats that multiply, loops over what can match nothing) is measured
+ * and refused before it is compiled (check_ere_cost).
  *
  * Refused by the field's name: peft_type other than LORA, bias other than
  * "none", use_dora, lora_bias, modules_to_save, layer_replication,
@@ -242,41 +245,235 @@ static int translate_bracket(const char *py, size_t *i, strbuf *out, char *why, 
     return 0;
 }
 
-/* Python pattern py into POSIX ERE text appended to out; -1 with why set for
- * a construct POSIX cannot express. */
-/* glibc's regcomp expands counted repeats into copies of their operand, so
- * nested counts multiply ("((a{1,100}){1,100}){1,100}" is a million
- * copies, gigabytes): the pattern's counts may multiply to at most this
- * (counted as if every one were nested in the others), and the pattern be
- * at most PATTERN_MAX_BYTES long. PEFT's own patterns hold no counts. */
-#define PATTERN_MAX_REPEATS 1000
-#define PATTERN_MAX_BYTES   4096
+/*
+ * What glibc's regcomp is slow on, so a pattern from an adapter file (which
+ * any client with admin rights can name) is measured before it is compiled.
+ * Measured with glibc 2.36 (regcomp of "^(" pattern ")$", REG_EXTENDED):
+ *   - a counted repeat is expanded into copies of its operand, and nested
+ *     counts multiply: "((a{1,100}){1,100}){1,100}" grew past 6 GiB in 20
+ *     s; "(a{4000}){1000}" took 6 s and 818 MiB; so the copies of every
+ *     character, counted through every repeat around it, may total at most
+ *     PATTERN_MAX_COPIES;
+ *   - a quantifier over something that can match nothing ("(a*)*", "(|a)+",
+ *     "()*", "(a{0,3})*") costs time exponential in how many there are:
+ *     "(a*)*" 16 times took 0.3 s, 32 times did not finish; so at most
+ *     PATTERN_MAX_EMPTY_LOOPS such (counting copies);
+ *   - quantifiers copied by a count: "([a-z]*" 13 times "){1000}" took 25
+ *     s and 2.6 GiB, and "a?" 2000 times 0.9 s; so at most
+ *     PATTERN_MAX_QUANTIFIERS quantifiers, counting copies;
+ *   - "x+" is built as "x x*", two copies of x, so stacked pluses double
+ *     ("f" and 120 '+' ran out of 2 GiB): each '+' counts as a count of 2.
+ * PEFT's own patterns ("(.*\.)?(q_proj|v_proj)", ".*\.(q|k|v)_proj") are
+ * far inside all of these. The measure is taken on the POSIX text regcomp
+ * gets (with our anchors), so nothing regcomp reads escapes it; glibc's
+ * "{,n}" (0 to n) and "{,}" (a star) are intervals too, and "x{0}" costs
+ * x once (regcomp builds x, then drops it). fuzz_adapter_config found each
+ * of those last four.
+ */
+#define PATTERN_MAX_BYTES       4096
+#define PATTERN_MAX_COPIES      20000
+#define PATTERN_MAX_EMPTY_LOOPS 4
+#define PATTERN_MAX_QUANTIFIERS 256
+#define PATTERN_MAX_DEPTH       256 /* groups inside groups */
+/* All the patterns of one config together (a rank_pattern may hold a key
+ * per module: 80 layers x 7 is 560 keys of ~40 characters): ~1 s of
+ * regcomp at the rate measured above, where a 16 MiB config of keys each
+ * within the limits above would take minutes. */
+#define PATTERN_MAX_CONFIG_COPIES 200000
 
-/* The largest count of the {m}, {m,} or {m,n} at py (its '{'), or -1 when
- * it is not one (then regcomp says so). */
-static long repeat_bound(const char *py)
+/* What a part of a pattern costs regcomp, counted through the repeats
+ * around it; nullable: it can match the empty string. */
+typedef struct ere_cost {
+    double copies, quantifiers, empty_loops;
+    bool nullable;
+} ere_cost;
+
+typedef struct ere_scan {
+    const char *p;
+    int depth;
+    bool too_deep;
+} ere_scan;
+
+static ere_cost ere_alternatives(ere_scan *s);
+
+/* The costs of a and b one after the other (or side by side): they add. */
+static void ere_add(ere_cost *into, ere_cost a)
 {
-    char *end;
-    long lo = strtol(py + 1, &end, 10);
-    if (end == py + 1 || lo < 0)
-        return -1;
-    if (*end == '}')
-        return lo;
-    if (*end != ',')
-        return -1;
-    if (end[1] == '}')
-        return lo;
-    long hi = strtol(end + 1, &end, 10);
-    return *end == '}' && hi >= lo ? hi : -1;
+    into->copies += a.copies;
+    into->quantifiers += a.quantifiers;
+    into->empty_loops += a.empty_loops;
 }
 
+/* Past the bracket expression at s->p ('['), with its [:class:], [=e=] and
+ * [.c.] parts and a leading ']' or '^]' taken literally. */
+static void ere_skip_bracket(ere_scan *s)
+{
+    const char *p = s->p + 1;
+    if (*p == '^')
+        p++;
+    if (*p == ']')
+        p++;
+    while (*p && *p != ']') {
+        if (*p == '[' && (p[1] == ':' || p[1] == '=' || p[1] == '.')) {
+            char close = p[1];
+            const char *e = p + 2;
+            while (*e && !(e[0] == close && e[1] == ']'))
+                e++;
+            p = *e ? e + 2 : e;
+        } else {
+            p++;
+        }
+    }
+    s->p = *p ? p + 1 : p;
+}
+
+/* The interval at p ('{'): {m}, {m,}, {m,n} or glibc's {,n} and {,}. Its largest
+ * number of copies (m + 1 for {m,}: m copies and a loop), *end past it and
+ * *can_be_zero; -1 when it is none (regcomp then refuses or reads a
+ * literal '{'). */
+static double ere_interval(const char *p, const char **end, bool *can_be_zero)
+{
+    double lo = 0, hi = 0;
+    bool has_lo = false, has_hi = false, comma = false;
+    for (p++; isdigit((unsigned char)*p); p++, has_lo = true)
+        lo = lo * 10 + (*p - '0');
+    if (*p == ',') {
+        comma = true;
+        for (p++; isdigit((unsigned char)*p); p++, has_hi = true)
+            hi = hi * 10 + (*p - '0');
+    }
+    if (*p != '}' || (!has_lo && !has_hi && !comma))
+        return -1; /* "{,}" is glibc's {0,}, a star */
+    *end = p + 1;
+    *can_be_zero = lo == 0;
+    if (!comma)
+        return lo;
+    return has_hi ? (hi > lo ? hi : lo) : lo + 1;
+}
+
+/* An atom and its quantifiers. */
+static ere_cost ere_piece(ere_scan *s)
+{
+    ere_cost a = {0, 0, 0, false};
+    char c = *s->p;
+    if (c == '(') {
+        s->p++;
+        if (++s->depth > PATTERN_MAX_DEPTH) {
+            s->too_deep = true;
+            s->p += strlen(s->p);
+            return a;
+        }
+        a = ere_alternatives(s);
+        s->depth--;
+        if (*s->p == ')')
+            s->p++;
+    } else if (c == '[') {
+        ere_skip_bracket(s);
+        a.copies = 1;
+    } else if (c == '\\') {
+        s->p += s->p[1] ? 2 : 1;
+        a.copies = 1;
+    } else {
+        s->p++;
+        a.copies = 1;
+        a.nullable = c == '^' || c == '$';
+    }
+    for (;;) {
+        double k = 1;
+        bool zero = false;
+        char q = *s->p;
+        if (q == '*' || q == '?' || q == '+') {
+            zero = q != '+';
+            k = q == '+' ? 2 : 1; /* glibc builds x+ as x x*: two copies */
+            s->p++;
+        } else if (q == '{') {
+            const char *end;
+            k = ere_interval(s->p, &end, &zero);
+            if (k < 0)
+                break;
+            s->p = end;
+            if (k < 1)
+                k = 1; /* "x{0}": regcomp builds x all the same, then drops it */
+        } else {
+            break;
+        }
+        a.empty_loops = a.empty_loops * k + (a.nullable ? k : 0);
+        a.copies *= k;
+        a.quantifiers = a.quantifiers * k + 1;
+        a.nullable = a.nullable || zero;
+    }
+    return a;
+}
+
+static ere_cost ere_sequence(ere_scan *s)
+{
+    ere_cost c = {0, 0, 0, true};
+    while (*s->p && *s->p != '|' && *s->p != ')') {
+        ere_cost a = ere_piece(s);
+        ere_add(&c, a);
+        c.nullable = c.nullable && a.nullable;
+    }
+    return c;
+}
+
+static ere_cost ere_alternatives(ere_scan *s)
+{
+    ere_cost c = {0, 0, 0, false};
+    for (;;) {
+        ere_cost a = ere_sequence(s);
+        ere_add(&c, a);
+        c.nullable = c.nullable || a.nullable;
+        if (*s->p != '|')
+            return c;
+        s->p++;
+    }
+}
+
+/* 0 when regcomp may compile the POSIX ERE `ere`, with *copies its size
+ * once counted repeats are expanded; -1 with why set naming the limit it
+ * passes. */
+static int check_ere_cost(const char *ere, double *copies, char *why, size_t why_len)
+{
+    ere_scan s = {ere, 0, false};
+    ere_cost c = {0, 0, 0, false};
+    while (*s.p) { /* a stray ')' ends nothing: go on past it */
+        ere_cost a = ere_alternatives(&s);
+        ere_add(&c, a);
+        if (*s.p)
+            s.p++;
+    }
+    if (s.too_deep)
+        return snprintf(why, why_len, "its groups nest deeper than %d", PATTERN_MAX_DEPTH), -1;
+    if (c.copies > PATTERN_MAX_COPIES)
+        return snprintf(why, why_len,
+                        "its counted repeats ({m,n}) expand it past %d characters, which regcomp "
+                        "would build in memory and time without bound",
+                        PATTERN_MAX_COPIES),
+               -1;
+    if (c.empty_loops > PATTERN_MAX_EMPTY_LOOPS)
+        return snprintf(why, why_len,
+                        "it repeats something that can match nothing (as in '(a*)*' or '(|a)+') "
+                        "more than %d times, which regcomp takes exponential time over",
+                        PATTERN_MAX_EMPTY_LOOPS),
+               -1;
+    *copies = c.copies;
+    if (c.quantifiers > PATTERN_MAX_QUANTIFIERS)
+        return snprintf(why, why_len,
+                        "it holds more than %d quantifiers (* + ? {m,n}, counting what counted "
+                        "repeats copy), which regcomp would be slow to build",
+                        PATTERN_MAX_QUANTIFIERS),
+               -1;
+    return 0;
+}
+
+/* Python pattern py into POSIX ERE text appended to out; -1 with why set for
+ * a construct POSIX cannot express. */
 static int translate_regex(const char *py, strbuf *out, char *why, size_t why_len)
 {
     if (strlen(py) > PATTERN_MAX_BYTES)
         return snprintf(why, why_len, "the pattern is %zu bytes long, over the %d allowed",
                         strlen(py), PATTERN_MAX_BYTES),
                -1;
-    double copies = 1;
     for (size_t i = 0; py[i]; i++) {
         char c = py[i];
         if (c == '\\') {
@@ -328,15 +525,8 @@ static int translate_regex(const char *py, strbuf *out, char *why, size_t why_le
             i += 2;
             continue;
         }
-        if (c == '{') { /* a bounded quantifier: copied to its '}' */
-            long bound = repeat_bound(py + i);
-            copies *= bound > 1 ? (double)bound : 1.0;
-            if (copies > PATTERN_MAX_REPEATS)
-                return snprintf(why, why_len,
-                                "its counted repeats ({m,n}) multiply past %d copies, which "
-                                "regcomp would expand without bound; at '%.20s'",
-                                PATTERN_MAX_REPEATS, py + i),
-                       -1;
+        if (c == '{') { /* a bounded quantifier: copied to its '}' (check_ere_cost
+                         * counts what it costs) */
             size_t k = i;
             while (py[k] && py[k] != '}')
                 k++;
@@ -356,9 +546,10 @@ static int translate_regex(const char *py, strbuf *out, char *why, size_t why_le
     return 0;
 }
 
-/* Compile prefix + (translated py) + suffix (lora.h). */
-int lora_pattern_compile(regex_t *re, const char *prefix, const char *py, const char *suffix,
-                         char *why, size_t why_len)
+/* Compile prefix + (translated py) + suffix, taking what it costs from
+ * *copies_left, the budget of all of one config's patterns. */
+static int compile_regex(regex_t *re, const char *prefix, const char *py, const char *suffix,
+                         double *copies_left, char *why, size_t why_len)
 {
     strbuf b = {0};
     sb_str(&b, prefix);
@@ -371,6 +562,20 @@ int lora_pattern_compile(regex_t *re, const char *prefix, const char *py, const 
         free(b.s);
         return snprintf(why, why_len, "out of memory"), -1;
     }
+    double copies = 0;
+    if (check_ere_cost(b.s, &copies, why, why_len) != 0) {
+        free(b.s);
+        return -1;
+    }
+    if (copies > *copies_left) {
+        free(b.s);
+        return snprintf(why, why_len,
+                        "the config's patterns together expand past %d characters, more than "
+                        "regcomp should be given for one adapter",
+                        PATTERN_MAX_CONFIG_COPIES),
+               -1;
+    }
+    *copies_left -= copies;
     int rc = regcomp(re, b.s, REG_EXTENDED | REG_NOSUB);
     if (rc != 0) {
         char err[64];
@@ -379,6 +584,15 @@ int lora_pattern_compile(regex_t *re, const char *prefix, const char *py, const 
     }
     free(b.s);
     return rc == 0 ? 0 : -1;
+}
+
+/* Compile prefix + (translated py) + suffix (lora.h): one pattern, with the
+ * budget a whole config's patterns have. */
+int lora_pattern_compile(regex_t *re, const char *prefix, const char *py, const char *suffix,
+                         char *why, size_t why_len)
+{
+    double copies_left = PATTERN_MAX_CONFIG_COPIES;
+    return compile_regex(re, prefix, py, suffix, &copies_left, why, why_len);
 }
 
 /* --- the config --------------------------------------------------------------- */
@@ -416,6 +630,7 @@ typedef struct adapter_config {
     pattern_map rank, alpha_map;
     const char *base_model; /* borrowed from the JSON tree */
     char warning[512];
+    double copies_left; /* what its patterns may still cost regcomp */
 } adapter_config;
 
 static void module_set_free(module_set *s)
@@ -470,8 +685,8 @@ static bool json_truthy(const cJSON *v)
     return true;
 }
 
-static int read_module_set(const adapter_config *c, const cJSON *v, const char *field,
-                           module_set *out, char *msg, size_t msg_len)
+static int read_module_set(adapter_config *c, const cJSON *v, const char *field, module_set *out,
+                           char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     if (!v || cJSON_IsNull(v))
@@ -479,7 +694,8 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     out->present = true;
     if (cJSON_IsString(v)) {
         char why[160];
-        if (lora_pattern_compile(&out->re, "^(", v->valuestring, ")$", why, sizeof why) != 0)
+        if (compile_regex(&out->re, "^(", v->valuestring, ")$", &c->copies_left, why, sizeof why) !=
+            0)
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s \"%.80s%s\": %s", c->path, field,
                            v->valuestring, strlen(v->valuestring) > 80 ? "..." : "", why);
         out->is_regex = true;
@@ -502,8 +718,8 @@ static int read_module_set(const adapter_config *c, const cJSON *v, const char *
     return QL_OK;
 }
 
-static int read_pattern_map(const adapter_config *c, const cJSON *root, const char *field,
-                            bool integer, pattern_map *out, char *msg, size_t msg_len)
+static int read_pattern_map(adapter_config *c, const cJSON *root, const char *field, bool integer,
+                            pattern_map *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field);
@@ -529,8 +745,8 @@ static int read_pattern_map(const adapter_config *c, const cJSON *root, const ch
                            e->string,
                            integer ? "a positive integer (a rank)" : "a finite number (an alpha)");
         char why[160];
-        if (lora_pattern_compile(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", why,
-                                 sizeof why) != 0)
+        if (compile_regex(&out->re[out->n], "^(.*\\.)?(", e->string, ")$", &c->copies_left, why,
+                          sizeof why) != 0)
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: %s key \"%.80s%s\": %s", c->path, field,
                            e->string, strlen(e->string) > 80 ? "..." : "", why);
         out->keys[out->n] = e->string;
@@ -561,6 +777,7 @@ static const struct {
 
 static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t msg_len)
 {
+    c->copies_left = PATTERN_MAX_CONFIG_COPIES;
     const char *peft_type = mf_json_str(root, "peft_type");
     if (!peft_type || strcmp(peft_type, "LORA") != 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -674,8 +891,8 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
              * module names have one numeric part, the layer, so whether it
              * matches settles which layer it found */
             if (!cJSON_IsString(e) ||
-                lora_pattern_compile(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(",
-                                     e->valuestring, ")\\.[0-9]+\\.", why, sizeof why) != 0)
+                compile_regex(&c->layers_pattern[c->n_layers_pattern], "^(|.*\\.)(", e->valuestring,
+                              ")\\.[0-9]+\\.", &c->copies_left, why, sizeof why) != 0)
                 return ql_fail(msg, msg_len, QL_EINVAL, "%s: layers_pattern %.80s: %s", c->path,
                                cJSON_IsString(e) ? e->valuestring : "entry",
                                cJSON_IsString(e) ? why : "is not a string");

@@ -7,7 +7,12 @@
 #
 # Last, a clang build fuzzes the safetensors, bitsandbytes and GGUF parsers,
 # the chat-template renderer and the HTTP request path with libFuzzer, each for a bounded time
-# (QL_FUZZ_SECONDS, default 60).
+# (QL_FUZZ_SECONDS, default 60); then the tokenizer (encode and decode with
+# the fixture tokenizers), the tokenizer.json and GGUF vocabulary loaders,
+# adapter_config.json (its patterns) and the config file, each for
+# QL_FUZZ_SECONDS_NEW (default 30) with a 10 s per-input timeout and a
+# 2 GiB RSS limit, so a slow or greedy input is a finding (about 3 minutes
+# in all).
 #
 #   scripts/test.sh                       everything
 #   QL_SKIP_SANITIZE=1 QL_SKIP_FUZZ=1 scripts/test.sh   the release build only
@@ -33,9 +38,10 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
      ctest -V -j "$jobs")
 fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "== fuzzing the model-file parsers, the chat-template renderer and the HTTP request path (clang + libFuzzer, bounded)"
+  echo "== fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs and the config file (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
-  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_template fuzz_http
+  cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_template fuzz_http \
+    fuzz_tokenizer fuzz_tokenizer_json fuzz_vocab_gguf fuzz_adapter_config fuzz_config
   corpus=$(mktemp -d)
   cp tests/fixtures/*.safetensors "$corpus/"
   build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
@@ -62,5 +68,30 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   build-fuzz/fuzz_http -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=16384 \
     -dict=tests/fuzz/http.dict -print_final_stats=1 "$corpus"
   rm -rf "$corpus"
+  # the parsers of issue 16, bounded in time, per input and in memory
+  # (stdin from /dev/null: a config may name /dev/stdin as a token file)
+  new_fuzz() { # target max_len dict(or "") seed... (files, or folders ending in /.)
+    local target=$1 max_len=$2 dict=$3
+    shift 3
+    corpus=$(mktemp -d)
+    cp -r "$@" "$corpus/"
+    build-fuzz/"$target" -max_total_time="${QL_FUZZ_SECONDS_NEW:-30}" -max_len="$max_len" \
+      -timeout=10 -rss_limit_mb=2048 ${dict:+-dict="$dict"} -print_final_stats=1 "$corpus" \
+      </dev/null
+    rm -rf "$corpus"
+  }
+  # text through the fixture tokenizers; byte 0 picks one and the options
+  new_fuzz fuzz_tokenizer 16384 "" tests/fuzz/corpus_tokenizer/.
+  # the tokenizer.json loader, seeded with every fixture tokenizer.json
+  seeds=$(mktemp -d)
+  for f in tests/fixtures/tokenizers/*/tokenizer.json; do
+    cp "$f" "$seeds/$(basename "$(dirname "$f")").json"
+  done
+  new_fuzz fuzz_tokenizer_json 65536 "" "$seeds/."
+  rm -rf "$seeds"
+  # the GGUF vocabulary loader, seeded with the vocabulary GGUFs under 64 KiB
+  new_fuzz fuzz_vocab_gguf 65536 "" $(find tests/fixtures/tokenizers -name '*.gguf' -size -64k)
+  new_fuzz fuzz_adapter_config 4096 tests/fuzz/adapter_config.dict tests/fuzz/corpus_adapter_config/.
+  new_fuzz fuzz_config 4096 tests/fuzz/config.dict tests/fuzz/corpus_config/.
 fi
 echo "== all tests passed"

@@ -1164,3 +1164,71 @@ Test(gguf_file, random_corruption_never_crashes, .timeout = 60)
     for (size_t k = 0; k < N_RUNNABLE; k++)
         qt_free(&q[k]);
 }
+
+/* A GGUF of n F32 tensors "t000000".. of 8 elements each, one after the
+ * other; when dup_last, the last one repeats the first one's name. Too big
+ * for a raw (8 KiB), so written straight to the file. */
+static void write_many_tensors(const char *path, size_t n, bool dup_last)
+{
+    size_t info = 8 + 7 + 4 + 8 + 4 + 8, data = n * 32;
+    size_t cap = 24 + n * info + 32 + data, at = 0;
+    uint8_t *p = calloc(cap, 1);
+    cr_assert(p);
+#define PUT_LE(v, k)                                                                               \
+    do {                                                                                           \
+        for (size_t b_ = 0; b_ < (k); b_++)                                                        \
+            p[at++] = (uint8_t)((uint64_t)(v) >> (8 * b_));                                        \
+    } while (0)
+    memcpy(p, "GGUF", 4);
+    at = 4;
+    PUT_LE(3, 4);
+    PUT_LE(n, 8);
+    PUT_LE(0, 8);
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%06zu", dup_last && i == n - 1 ? (size_t)0 : i);
+        PUT_LE(7, 8);
+        memcpy(p + at, name, 7);
+        at += 7;
+        PUT_LE(1, 4);
+        PUT_LE(8, 8);
+        PUT_LE(GGML_TYPE_F32, 4);
+        PUT_LE(i * 32, 8);
+    }
+#undef PUT_LE
+    at = (at + 31) / 32 * 32 + data;
+    write_bytes(path, p, at);
+    free(p);
+}
+
+/* Names are checked for duplicates by sorting them, and gguf_find_tensor
+ * searches the sorted names: 200,000 tensors open and are all found in
+ * well under the time n^2 name comparisons take (2e10), and a duplicate
+ * far from its twin is still refused by name. */
+Test(gguf_file, a_file_of_200000_tensors_opens_and_finds_quickly)
+{
+    char path[600], msg[512] = "";
+    sample_path(path, sizeof path, "many.gguf");
+    enum { N = 200000 };
+    write_many_tensors(path, N, false);
+    gguf_file f;
+    double t0 = ql_now_s();
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
+    for (size_t i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%06zu", i);
+        const gguf_tensor *t = gguf_find_tensor(&f, name);
+        cr_assert(t && t->data == f.map + f.data_offset + i * 32, "%s", name);
+    }
+    double took = ql_now_s() - t0;
+    cr_assert_null(gguf_find_tensor(&f, "t200000"));
+    cr_assert_null(gguf_find_tensor(&f, ""));
+    cr_log_info("gguf_open + %d lookups: %.2f s", N, took);
+    cr_assert_lt(took, 15.0, "opening and looking up %d tensors took %.1f s", N, took);
+    gguf_close(&f);
+
+    write_many_tensors(path, N, true);
+    msg[0] = 0;
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_EFORMAT);
+    cr_assert(strstr(msg, "tensor 't000000' appears twice") && strstr(msg, path), "%s", msg);
+}

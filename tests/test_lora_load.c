@@ -997,6 +997,102 @@ Test(lora_load, rewriting_the_file_of_a_loaded_adapter_changes_nothing_loaded)
     eng_model_free(&m);
 }
 
+/* A JSON string holding `times` copies of part (static buffer). */
+static const char *json_repeat(const char *part, int times)
+{
+    static char buf[4096];
+    size_t at = 0;
+    buf[at++] = '"';
+    for (int i = 0; i < times; i++) {
+        memcpy(buf + at, part, strlen(part));
+        at += strlen(part);
+    }
+    buf[at++] = '"';
+    buf[at] = 0;
+    return buf;
+}
+
+/* Patterns fuzz_adapter_config found (or measured next to what it found)
+ * on which glibc's regcomp spends exponential time or unbounded memory,
+ * each under the old bound (4096 bytes, counts multiplying to 1000 copies):
+ * glibc's "{,n}" interval, which the old count missed; loops over what can
+ * match nothing ("(a*)*" 32 times did not finish); quantifiers copied by a
+ * count ("([a-z]*" 13 times "){1000}" took 25 s and 2.6 GiB; "a?" 2000
+ * times 0.9 s). Each is refused by its field and the reason, at once. */
+Test(lora_load, patterns_regcomp_would_take_exponential_time_are_refused, .timeout = 20)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    lora_fix_spec s = lora_fix_default();
+    s.projs = BIT(ENG_PROJ_Q);
+    struct {
+        const char *part;
+        int times;
+        const char *expect;
+    } cases[] = {
+        {"(a{,1010}){1,100}", 1, "counted repeats"},
+        {"((a11){,}){1,10}", 1, "can match nothing"},
+        {"($(((a0{,811}){1,100}){1,100}){0}))", 1, "counted repeats"},
+        {"(a*)*", 32, "can match nothing"},
+        {"(|a)+", 18, "can match nothing"},
+        {"()*", 22, "can match nothing"},
+        {"(a{0,3})*", 18, "can match nothing"},
+        {"a?", 300, "quantifiers"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        s.target_modules = json_repeat(cases[i].part, cases[i].times);
+        lora_fix_write(adapter_dir, &m.cfg, &s);
+        double t0 = ql_now_s();
+        lora_fails(adapter_dir, &m, "target_modules", cases[i].expect);
+        cr_assert_lt(ql_now_s() - t0, 2.0, "%s x %d", cases[i].part, cases[i].times);
+    }
+    /* fuzz_adapter_config: 120 '+' in a row ran out of 2 GiB (glibc builds
+     * x+ as x x*, so each doubles; the translation drops every second one
+     * as Python's possessive '+') */
+    s.target_modules = json_repeat("+", 120);
+    memcpy((char *)s.target_modules + 1, "self_", 5); /* "self_" then 115 '+' */
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "counted repeats");
+    /* 25 s and 2.6 GiB; and with a letter that keeps the group from
+     * matching nothing, still 13,000 quantifiers once copied */
+    s.target_modules = "\"([a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*"
+                       "[a-z]*){1000}\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "can match nothing");
+    s.target_modules =
+        "\"(a[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*[a-z]*"
+        "[a-z]*){1000}\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "target_modules", "quantifiers");
+    /* keys each within the limits, but together more than one config may
+     * give regcomp (a 16 MiB file could hold thousands) */
+    s.target_modules = NULL;
+    char many[1024];
+    size_t at = (size_t)snprintf(many, sizeof many, "{");
+    for (int k = 0; k < 12; k++)
+        at +=
+            (size_t)snprintf(many + at, sizeof many - at, "%s\"q%d{19000}\": 2", k ? ", " : "", k);
+    snprintf(many + at, sizeof many - at, "}");
+    s.rank_pattern = many;
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "rank_pattern key", "together expand");
+    s.rank_pattern = NULL;
+    /* rank_pattern keys are patterns too */
+    s.target_modules = NULL;
+    s.rank_pattern = "{\"(a*)*(a*)*(a*)*(a*)*(a*)*(a*)*(a*)*(a*)*q_proj\": 2}";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    lora_fails(adapter_dir, &m, "rank_pattern key", "can match nothing");
+    /* what PEFT writes still compiles: an optional prefix, alternatives
+     * (qkv_proj is Phi-3's: no module of this llama) */
+    s.rank_pattern = NULL;
+    s.target_modules = "\"(.*\\\\.)?(q|qkv)_proj\"";
+    lora_fix_write(adapter_dir, &m.cfg, &s);
+    eng_lora *l = lora_ok(NULL, adapter_dir, NULL, &m);
+    cr_assert_eq(loaded_mask(l, 0), BIT(ENG_PROJ_Q));
+    eng_lora_unref(l);
+    eng_model_free(&m);
+}
+
 /* Counted repeats nested in a target_modules pattern would make glibc's
  * regcomp expand them without bound (this one grew past 6 GiB in 20 s):
  * refused by name before compiling, while a modest count still works. */

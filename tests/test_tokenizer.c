@@ -777,3 +777,109 @@ Test(tokenizer, nfc_orders_a_long_run_of_marks_in_linear_time)
     free(canonical);
     tok_free(t);
 }
+
+/* tok_from_hf_json (the in-memory form the fuzzer drives) builds the
+ * tokenizer tok_from_hf builds from the same file, and refuses bad JSON
+ * naming the source it was given. */
+Test(tokenizer, tokenizer_json_from_memory_is_the_file_s_tokenizer)
+{
+    char path[1024], msg[512];
+    snprintf(path, sizeof path, "%s/tokenizers/qwen2/tokenizer.json", QL_FIXTURES);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    char *json = malloc(1 << 20);
+    size_t len = fread(json, 1, 1 << 20, f);
+    fclose(f);
+    tok_tokenizer *a, *b;
+    cr_assert_eq(tok_from_hf(&a, path, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(tok_from_hf_json(&b, json, len, "mem.json", msg, sizeof msg), QL_OK, "%s", msg);
+    static const char text[] = "Hello, world! caf\xc3\xa9 e\xcc\x81 2024 <|im_start|>x";
+    int32_t *ia, *ib;
+    size_t na, nb;
+    cr_assert_eq(tok_encode(a, text, sizeof text - 1, true, true, &ia, &na, msg, sizeof msg), 0);
+    cr_assert_eq(tok_encode(b, text, sizeof text - 1, true, true, &ib, &nb, msg, sizeof msg), 0);
+    cr_assert(na == nb && memcmp(ia, ib, na * sizeof *ia) == 0, "%zu ids vs %zu", na, nb);
+    cr_assert_eq(tok_vocab_size(a), tok_vocab_size(b));
+    free(ia);
+    free(ib);
+    tok_free(a);
+    tok_free(b);
+    tok_tokenizer *t = (tok_tokenizer *)&t;
+    cr_assert_eq(tok_from_hf_json(&t, json, len / 2, "mem.json", msg, sizeof msg), QL_EFORMAT);
+    cr_assert_null(t);
+    cr_assert(strstr(msg, "mem.json") && strstr(msg, "not valid JSON"), "%s", msg);
+    cr_assert_eq(tok_from_hf_json(&t, "[1]", 3, "mem.json", msg, sizeof msg), QL_EFORMAT);
+    cr_assert(strstr(msg, "not a JSON object"), "%s", msg);
+    free(json);
+}
+
+/*
+ * Hostile text of 512 KiB, one class of character throughout, through
+ * every pre-tokenizer step and normalizer we run: long runs of spaces
+ * (GPT-2's \s+(?!\S), Llama 3's \s*[\r\n]+, deepseek's \s+$), digits,
+ * punctuation ("default"'s first step), apostrophes (the contractions),
+ * combining marks under NFC, invalid UTF-8, one enormous word for BPE to
+ * merge (byte-level by rank, SentencePiece by rank and by score), and
+ * prefixes of a special token. Each step is linear and BPE a heap over a
+ * linked list (O(n log n)): measured at 1 and 4 MiB, each of these grows
+ * 4 to 6 times (caches), and the slowest takes ~2 s a MiB in a release
+ * build. A quadratic step would need ~10^11 operations here: the bound of
+ * 20 s each (a sanitizer build on a loaded machine) fails it.
+ */
+Test(tokenizer, hostile_text_of_512_kib_encodes_in_n_log_n_time)
+{
+    static const struct {
+        const char *file; /* under tests/fixtures/tokenizers/ */
+        const char *unit, *head, *tail;
+        bool special;
+    } cases[] = {
+        {"gpt2/tokenizer.json", " ", "", "x", false},
+        {"gpt2/tokenizer.json", "hello", "", "", false},
+        {"gpt2/tokenizer.json", "\xff", "", "", false},
+        {"llama3/tokenizer.json", " \n", "", "x", false},
+        {"llama3/tokenizer.json", "'", "", "", false},
+        {"llama3/tokenizer.json", "7", "", "", false},
+        {"llama3/tokenizer.json", "<|begin_of_tex", "", "", true},
+        {"qwen2/tokenizer.json", "\xcc\x81\xcc\x96", "a", "", false},
+        {"spm/tokenizer.json", "hello ", "", "", false},
+        {"spm.gguf", "hello ", "", "", false},
+        {"gpt2_default.gguf", "!", "", "", false},
+        {"llama.cpp/ggml-vocab-deepseek-llm.gguf", " ", "", "x", false},
+    };
+    enum { SIZE = 512 << 10 };
+    char *text = malloc(SIZE + 64);
+    cr_assert(text);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char path[1024], msg[512];
+        snprintf(path, sizeof path, "%s/tokenizers/%s", QL_FIXTURES, cases[k].file);
+        tok_tokenizer *t = NULL;
+        gguf_file g = {0};
+        if (strstr(path, ".gguf")) {
+            cr_assert_eq(gguf_open(&g, path, msg, sizeof msg), QL_OK, "%s", msg);
+            cr_assert_eq(tok_from_gguf(&t, &g, msg, sizeof msg), QL_OK, "%s", msg);
+        } else {
+            cr_assert_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+        }
+        size_t len = strlen(cases[k].head), ul = strlen(cases[k].unit);
+        memcpy(text, cases[k].head, len);
+        while (len + ul <= SIZE) {
+            memcpy(text + len, cases[k].unit, ul);
+            len += ul;
+        }
+        memcpy(text + len, cases[k].tail, strlen(cases[k].tail));
+        len += strlen(cases[k].tail);
+        int32_t *ids;
+        size_t n;
+        double t0 = seconds();
+        cr_assert_eq(tok_encode(t, text, len, false, cases[k].special, &ids, &n, msg, sizeof msg),
+                     QL_OK, "%s", msg);
+        double took = seconds() - t0;
+        cr_log_info("%s, \"%s\" x %zu: %zu ids in %.3f s", cases[k].file, cases[k].unit, len / ul,
+                    n, took);
+        cr_assert_lt(took, 20.0, "%s on \"%s\" repeated: %.1f s", cases[k].file, cases[k].unit,
+                     took);
+        free(ids);
+        unload(t, &g);
+    }
+    free(text);
+}

@@ -586,6 +586,15 @@ static int check_tensor_data(gguf_file *f, char *msg, size_t msg_len)
             rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' appears twice", f->path,
                          sorted[i]->name);
     if (rc == QL_OK) {
+        /* kept for gguf_find_tensor's binary search: a loader looking up
+         * each layer's tensors by name is then O(n log n), not O(n^2) */
+        f->by_name = malloc((size_t)f->n_tensors * sizeof *f->by_name);
+        if (!f->by_name)
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
+        else
+            memcpy(f->by_name, sorted, (size_t)f->n_tensors * sizeof *f->by_name);
+    }
+    if (rc == QL_OK) {
         qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, cmp_tensor_offset);
         for (uint64_t i = 1; i < f->n_tensors && rc == QL_OK; i++) {
             const gguf_tensor *a = sorted[i - 1], *b = sorted[i];
@@ -731,6 +740,7 @@ void gguf_close(gguf_file *f)
     for (uint64_t i = 0; f->tensors && i < f->n_tensors; i++)
         free(f->tensors[i].name);
     free(f->tensors);
+    free(f->by_name);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -743,8 +753,19 @@ const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key)
     return NULL;
 }
 
+static int cmp_name_key(const void *name, const void *elem)
+{
+    return strcmp(name, (*(const gguf_tensor *const *)elem)->name);
+}
+
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name)
 {
+    if (f->by_name) {
+        gguf_tensor *const *hit =
+            bsearch(name, f->by_name, (size_t)f->n_tensors, sizeof *f->by_name, cmp_name_key);
+        return hit ? *hit : NULL;
+    }
+    /* fewer than two tensors: no index was built */
     for (uint64_t i = 0; i < f->n_tensors; i++)
         if (f->tensors[i].name && strcmp(f->tensors[i].name, name) == 0)
             return &f->tensors[i];

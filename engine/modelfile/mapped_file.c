@@ -446,6 +446,25 @@ int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len
     return QL_OK;
 }
 
+int mf_parse_json(const char *text, size_t len, const char *source, cJSON **root, char *msg,
+                  size_t msg_len)
+{
+    *root = cJSON_ParseWithLength(text, len);
+    if (!*root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t where = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: not valid JSON (it stops making sense at byte %zu of %zu%s)", source,
+                       where, len, where + 8 >= len ? ", near its end: truncated?" : "");
+    }
+    if (!cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: not a JSON object", source);
+    }
+    return QL_OK;
+}
+
 int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, size_t msg_len)
 {
     *root = NULL;
@@ -454,22 +473,9 @@ int mf_read_json(const char *path, size_t max_bytes, cJSON **root, char *msg, si
     int rc = mf_read_file(path, max_bytes, &buf, &len, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    *root = cJSON_ParseWithLength(buf, len);
-    if (!*root) {
-        const char *at = cJSON_GetErrorPtr();
-        size_t where = at && at >= buf && at <= buf + len ? (size_t)(at - buf) : len;
-        free(buf);
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: not valid JSON (it stops making sense at byte %zu of %zu%s)", path,
-                       where, len, where + 8 >= len ? ", near its end: truncated?" : "");
-    }
+    rc = mf_parse_json(buf, len, path, root, msg, msg_len);
     free(buf);
-    if (!cJSON_IsObject(*root)) {
-        cJSON_Delete(*root);
-        *root = NULL;
-        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: not a JSON object", path);
-    }
-    return QL_OK;
+    return rc;
 }
 
 void mf_path_base(const char *path, char *out, size_t out_len)

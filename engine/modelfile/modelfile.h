@@ -82,6 +82,11 @@ int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len
 struct cJSON;
 int mf_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
                  size_t msg_len);
+/* The same for JSON already in memory: text[0..len) (borrowed, need not be
+ * NUL-terminated), source naming it in messages. What mf_read_json does
+ * after reading, and the seam the fuzzers drive a JSON loader through. */
+int mf_parse_json(const char *text, size_t len, const char *source, struct cJSON **root, char *msg,
+                  size_t msg_len);
 
 /* --- JSON fields: the readers every loader shares ----------------------- */
 
@@ -163,7 +168,8 @@ typedef struct st_file {
     bool owned;         /* map is a copy in memory (st_open_copy), not a mapping */
     st_tensor *tensors; /* in the order of their data offsets */
     size_t n_tensors;
-    char **meta_keys; /* __metadata__, string to string */
+    st_tensor **by_name; /* the same tensors sorted by name (st_find's binary search) */
+    char **meta_keys;    /* __metadata__, string to string */
     char **meta_values;
     size_t n_meta;
 } st_file;
@@ -183,7 +189,8 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len);
  * files a server keeps while it runs (an adapter's weights). */
 int st_open_copy(st_file *f, const char *path, char *msg, size_t msg_len);
 void st_close(st_file *f);
-/* The tensor called name, or NULL. Borrowed; lives until st_close. */
+/* The tensor called name, or NULL (O(log n)). Borrowed; lives until
+ * st_close. */
 const st_tensor *st_find(const st_file *f, const char *name);
 
 /* The dense qtensor kind of a float dtype (QT_F32, QT_F16, QT_BF16), or -1
@@ -304,8 +311,9 @@ typedef struct gguf_file {
     uint64_t n_kv;
     gguf_tensor *tensors;
     uint64_t n_tensors;
-    uint64_t alignment; /* general.alignment, default 32 */
-    size_t data_offset; /* start of the tensor data section */
+    gguf_tensor **by_name; /* the tensors sorted by name, for gguf_find_tensor (NULL: < 2) */
+    uint64_t alignment;    /* general.alignment, default 32 */
+    size_t data_offset;    /* start of the tensor data section */
 } gguf_file;
 
 /*

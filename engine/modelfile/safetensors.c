@@ -69,6 +69,12 @@ static int cmp_by_data(const void *a, const void *b)
     return x->nbytes < y->nbytes ? -1 : (x->nbytes > y->nbytes);
 }
 
+static int cmp_by_name(const void *a, const void *b)
+{
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    return strcmp(x->name, y->name);
+}
+
 /* Parse one header entry into t; the data area is [base, base + len). */
 static int parse_entry(const char *path, const cJSON *e, const uint8_t *base, size_t len,
                        st_tensor *t, char *msg, size_t msg_len)
@@ -175,11 +181,6 @@ static int parse_header(st_file *f, const char *json, size_t json_len, char *msg
             rc = parse_metadata(f, e, msg, msg_len);
             continue;
         }
-        if (st_find(f, e->string)) {
-            rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' appears twice", f->path,
-                         e->string);
-            break;
-        }
         rc = parse_entry(f->path, e, data, data_len, &f->tensors[f->n_tensors], msg, msg_len);
         if (rc == QL_OK)
             f->n_tensors++;
@@ -187,8 +188,21 @@ static int parse_header(st_file *f, const char *json, size_t json_len, char *msg
     cJSON_Delete(root);
     if (rc != QL_OK)
         return rc;
-    /* no two tensors may share bytes */
     qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_by_data);
+    /* no name twice (JSON allows a key twice; cJSON keeps both): sorted by
+     * name, a duplicate is a neighbour, so a header of n names costs
+     * O(n log n), not the n^2 / 2 comparisons of looking each one up */
+    f->by_name = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *f->by_name);
+    if (!f->by_name)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", f->path);
+    for (size_t i = 0; i < f->n_tensors; i++)
+        f->by_name[i] = &f->tensors[i];
+    qsort(f->by_name, f->n_tensors, sizeof *f->by_name, cmp_by_name);
+    for (size_t i = 1; i < f->n_tensors; i++)
+        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0)
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensor '%s' appears twice", f->path,
+                           f->by_name[i]->name);
+    /* no two tensors may share bytes */
     for (size_t i = 1; i < f->n_tensors; i++) {
         const st_tensor *a = &f->tensors[i - 1], *b = &f->tensors[i];
         if (a->nbytes && b->nbytes && a->data + a->nbytes > b->data)
@@ -273,6 +287,7 @@ void st_close(st_file *f)
     for (size_t i = 0; i < f->n_tensors; i++)
         free(f->tensors[i].name);
     free(f->tensors);
+    free(f->by_name);
     for (size_t i = 0; i < f->n_meta; i++) {
         free(f->meta_keys[i]);
         free(f->meta_values[i]);
@@ -283,12 +298,18 @@ void st_close(st_file *f)
     memset(f, 0, sizeof *f);
 }
 
+static int cmp_name_key(const void *name, const void *elem)
+{
+    return strcmp(name, (*(const st_tensor *const *)elem)->name);
+}
+
 const st_tensor *st_find(const st_file *f, const char *name)
 {
-    for (size_t i = 0; i < f->n_tensors; i++)
-        if (strcmp(f->tensors[i].name, name) == 0)
-            return &f->tensors[i];
-    return NULL;
+    if (!f->by_name)
+        return NULL;
+    st_tensor *const *hit =
+        bsearch(name, f->by_name, f->n_tensors, sizeof *f->by_name, cmp_name_key);
+    return hit ? *hit : NULL;
 }
 
 /* --- writing ------------------------------------------------------------ */

@@ -13,7 +13,8 @@
  * normalized: false ones are.
  *
  * It owns nothing past the call: the JSON is read through
- * engine/modelfile/ (mf_read_json, mf_json_*) and freed before it returns;
+ * engine/modelfile/ (mf_read_json, or mf_parse_json for tok_from_hf_json's
+ * text in memory; mf_json_*) and freed before it returns;
  * the tokenizer it builds (tok_table.c) is the caller's.
  */
 #include "internal/tokenizer_internal.h"
@@ -536,23 +537,13 @@ static int hf_build(tok_tokenizer *t, const cJSON *root, const cJSON *cfg, const
     return QL_OK;
 }
 
-int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *config_path, char *msg,
-                size_t msg_len)
+/* The tokenizer from the parsed files (both trees are deleted here). */
+static int hf_load(tok_tokenizer **out, cJSON *root, cJSON *cfg, const char *path,
+                   const char *cfg_path, char *msg, size_t msg_len)
 {
-    if (out)
-        *out = NULL;
-    if (!out || !tokenizer_json)
-        return ql_fail(msg, msg_len, QL_EINVAL, "tok_from_hf: no output or no path");
-    cJSON *root = NULL, *cfg = NULL;
-    tok_tokenizer *t = NULL;
-    int rc = mf_read_json(tokenizer_json, 0, &root, msg, msg_len);
-    if (!rc && config_path)
-        rc = mf_read_json(config_path, 0, &cfg, msg, msg_len);
-    if (!rc) {
-        t = tok_new(tokenizer_json);
-        rc = t ? hf_build(t, root, cfg, tokenizer_json, config_path, msg, msg_len)
-               : ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", tokenizer_json);
-    }
+    tok_tokenizer *t = tok_new(path);
+    int rc = t ? hf_build(t, root, cfg, path, cfg_path, msg, msg_len)
+               : ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     if (rc) {
@@ -561,4 +552,36 @@ int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *con
     }
     *out = t;
     return QL_OK;
+}
+
+int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *config_path, char *msg,
+                size_t msg_len)
+{
+    if (out)
+        *out = NULL;
+    if (!out || !tokenizer_json)
+        return ql_fail(msg, msg_len, QL_EINVAL, "tok_from_hf: no output or no path");
+    cJSON *root = NULL, *cfg = NULL;
+    int rc = mf_read_json(tokenizer_json, 0, &root, msg, msg_len);
+    if (!rc && config_path)
+        rc = mf_read_json(config_path, 0, &cfg, msg, msg_len);
+    if (rc) {
+        cJSON_Delete(root);
+        return rc;
+    }
+    return hf_load(out, root, cfg, tokenizer_json, config_path, msg, msg_len);
+}
+
+int tok_from_hf_json(tok_tokenizer **out, const char *json, size_t len, const char *source,
+                     char *msg, size_t msg_len)
+{
+    if (out)
+        *out = NULL;
+    if (!out || (!json && len) || !source)
+        return ql_fail(msg, msg_len, QL_EINVAL, "tok_from_hf_json: no output, text or source");
+    cJSON *root;
+    int rc = mf_parse_json(json ? json : "", len, source, &root, msg, msg_len);
+    if (rc)
+        return rc;
+    return hf_load(out, root, NULL, source, NULL, msg, msg_len);
 }

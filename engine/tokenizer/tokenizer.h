@@ -33,6 +33,11 @@ typedef struct tok_tokenizer tok_tokenizer;
  */
 int tok_from_hf(tok_tokenizer **out, const char *tokenizer_json, const char *config_path, char *msg,
                 size_t msg_len);
+/* The same from a tokenizer.json's text json[0..len) (borrowed, need not be
+ * NUL-terminated) without a config; source names it in messages. The path
+ * form reads the files and does this; the fuzzer drives it directly. */
+int tok_from_hf_json(tok_tokenizer **out, const char *json, size_t len, const char *source,
+                     char *msg, size_t msg_len);
 /* The same from GGUF metadata (tokenizer.ggml.*: model "gpt2" or "llama"). */
 int tok_from_gguf(tok_tokenizer **out, const gguf_file *f, char *msg, size_t msg_len);
 void tok_free(tok_tokenizer *t);
