@@ -432,13 +432,28 @@ static void models_done(srv_work *w)
         cJSON_Delete(w->job);
 }
 
+/* Whether the request's query string has all=1 or all=true. */
+static bool asks_all(const srv_conn *c)
+{
+    const char *q = c->req.url ? strchr(c->req.url, '?') : NULL;
+    while (q && *q) {
+        q++; /* past '?' or '&' */
+        size_t n = strcspn(q, "&");
+        if ((n == 5 && strncmp(q, "all=1", 5) == 0) || (n == 8 && strncmp(q, "all=true", 8) == 0))
+            return true;
+        q += n;
+    }
+    return false;
+}
+
 /* GET /v1/models; ?all=1 (or true) reads the adapter folder, on the pool. */
 void srv_oai_models(srv_conn *c, const char *name)
 {
     (void)name;
-    const char *query = c->req.url ? strchr(c->req.url, '?') : NULL;
-    bool all = query && (strstr(query, "all=1") || strstr(query, "all=true"));
-    if (!all)
+    bool all = asks_all(c);
+    const srv_server *s = c->s;
+    /* only a listing that reads the folder goes to the pool */
+    if (!all || !s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
         srv_respond_cjson(c, 200, models_json(c->s, false));
     else
         srv_work_begin(c, NULL, models_run, models_done);

@@ -382,7 +382,7 @@ static bool readable(int fd)
 }
 
 /* The worst /health while fd's answer is awaited (for up to ms), and how
- * many /health were asked; the answer's status into *status. */
+ * many /health were asked; the answer's status into *status. Closes fd. */
 static double worst_health_until_answered(int fd, int ms, int *asked, int *status)
 {
     double worst = 0, t0 = now_ms();
@@ -398,6 +398,7 @@ static double worst_health_until_answered(int fd, int ms, int *asked, int *statu
     cr_assert(hc_read_response(&c, &r), "no answer within %d ms", ms);
     *status = r.status;
     hc_response_free(&r);
+    hc_close(&c);
     return worst;
 }
 
@@ -451,7 +452,6 @@ Test(server_hostile, a_hostile_nfc_prompt_does_not_hold_the_loop)
     int asked, status;
     double worst = worst_health_until_answered(fd, 60000, &asked, &status);
     double took = now_ms() - t0;
-    close(fd);
     free(body);
     cr_log_info("hostile NFC prompt (%zu bytes): answered %d after %.0f ms; /health asked %d "
                 "times meanwhile, worst %.1f ms",
@@ -489,7 +489,7 @@ Test(server_hostile, a_hostile_pattern_in_an_adapter_config_is_refused)
     hc_conn c = {.fd = fd};
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
-    close(fd);
+    hc_close(&c);
     long after = rss_kib();
     double ms = health_ms();
     cr_log_info("hostile target_modules: %d %s; RSS +%ld KiB; /health %.1f ms", r.status, r.body,
