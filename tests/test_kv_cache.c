@@ -453,8 +453,8 @@ static void random_operations(bool prefix)
         case 6: /* an empty sequence finds a prompt */
             if (a->n_blocks == 0 && a->n_held == 0 && a->n_tokens == 0) {
                 which[ai] = (int)(test_rand(&rng) % 2);
-                hits += eng_kv_prefix_match(kv, 7, prompts[which[ai]], BLOCKS * BT, a,
-                                            &chains[ai]) > 0;
+                hits +=
+                    eng_kv_prefix_match(kv, 7, prompts[which[ai]], BLOCKS * BT, a, &chains[ai]) > 0;
             }
             break;
         case 1: rc = eng_kv_hold(kv, a, (int32_t)(test_rand(&rng) % 4)); break;

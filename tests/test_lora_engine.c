@@ -516,8 +516,8 @@ typedef struct gen {
     pthread_cond_t cv;
     int32_t tokens[128];
     int n;
-    int pause_at;  /* block the engine thread after this many tokens (0: never) */
-    bool released; /* the test let it go on */
+    int pause_at;   /* block the engine thread after this many tokens (0: never) */
+    bool released;  /* the test let it go on */
     int32_t cached; /* prompt tokens the prefix cache gave it */
     bool done;
     eng_finish why;

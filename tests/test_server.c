@@ -531,8 +531,7 @@ Test(server, a_prompt_asked_again_takes_its_blocks_from_the_prefix_cache)
         hc_response r = request("POST", "/v1/completions", NULL, body);
         cr_assert_eq(r.status, 200, "%s", r.body);
         cJSON *j = json_of(&r);
-        const cJSON *choice =
-            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+        const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
         text[i] = strdup(str_at(choice, "text"));
         cached[i] = cached_tokens_of(j);
         prompt = num_at(cJSON_GetObjectItemCaseSensitive(j, "usage"), "prompt_tokens");

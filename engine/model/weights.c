@@ -74,8 +74,7 @@ uint64_t eng_lora_uid(eng_lora *l)
         return id;
     uint64_t mine = __atomic_add_fetch(&last, 1, __ATOMIC_RELAXED);
     /* two threads naming it at once: the first name stands */
-    if (__atomic_compare_exchange_n(&l->uid, &id, mine, false, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE))
+    if (__atomic_compare_exchange_n(&l->uid, &id, mine, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return mine;
     return id;
 }

@@ -165,8 +165,8 @@ int32_t eng_kv_prefix_match(eng_kv_cache *kv, uint64_t key, const int32_t *token
             break;
         kv_take_block(kv, b);
         s->blocks[s->n_blocks++] = b;
-        *chain = (eng_prefix_chain){
-            .hash = h, .block = b, .gen = kv->prefix->gen[b], .n_blocks = i + 1};
+        *chain =
+            (eng_prefix_chain){.hash = h, .block = b, .gen = kv->prefix->gen[b], .n_blocks = i + 1};
     }
     s->n_tokens = s->n_blocks * bt;
     return s->n_tokens;

@@ -93,12 +93,12 @@ struct request {
     eng_request req; /* callbacks, user, flags, sampling, max_new_tokens (strings not kept) */
     int32_t *prompt;
     int32_t n_prompt;
-    int32_t n_prefilled; /* prompt tokens in choice 0's KV */
-    int32_t n_cached;    /* of them, found in the prefix cache at admission */
-    uint64_t prefix_key; /* what computes its KV: version and adapters */
+    int32_t n_prefilled;    /* prompt tokens in choice 0's KV */
+    int32_t n_cached;       /* of them, found in the prefix cache at admission */
+    uint64_t prefix_key;    /* what computes its KV: version and adapters */
     eng_prefix_chain chain; /* where its prompt's kept blocks end */
-    int32_t reserve;     /* KV positions of each choice */
-    int32_t hold;        /* blocks choice 0 holds for the others' forks and copies */
+    int32_t reserve;        /* KV positions of each choice */
+    int32_t hold;           /* blocks choice 0 holds for the others' forks and copies */
     int32_t n_choices;
     seq *choices;      /* n_choices of them; 0 prefills, the others fork from it */
     bool admitted;     /* holds n_choices running slots */

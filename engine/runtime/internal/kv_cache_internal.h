@@ -32,7 +32,7 @@ struct eng_kv_cache {
     /* per block: the block tables that reference it, or 1 for a block a
      * sequence holds outside its table; 0 exactly when it is free */
     int32_t *refs;
-    int32_t n_shared; /* blocks whose refs is above 1 */
+    int32_t n_shared;         /* blocks whose refs is above 1 */
     struct kv_prefix *prefix; /* the prefix cache (prefix_cache.c); NULL: off */
 };
 
