@@ -314,6 +314,9 @@ typedef struct serve_layer {
          "cpu | cuda | auto: where to run (auto: CUDA when a device is present)"},                 \
         {"kv-mib", OPT_INT, &(l)->s.kv_mib, "N: KV cache size in MiB"},                            \
         {"max-running", OPT_INT, &(l)->s.max_running, "N: sequences decoding together"},           \
+        {"no-prefix-cache", OPT_BOOL, &(l)->s.no_prefix_cache,                                     \
+         "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "    \
+         "room, and reused by any prompt that begins the same under the same adapters)"},          \
         {"max-queued", OPT_INT, &(l)->s.max_queued,                                                \
          "N: requests waiting for a slot; more get 503"},                                          \
         {"max-new-tokens", OPT_INT, &(l)->s.max_new_tokens,                                        \

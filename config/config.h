@@ -94,6 +94,8 @@ typedef struct cfg_serve {
     /* --no-lazy-adapters: a request naming an adapter that is not loaded
      * is refused, not loaded from adapter_dir's folder of that name */
     bool no_lazy_adapters;
+    /* --no-prefix-cache: keep no prompt's KV blocks for later requests */
+    bool no_prefix_cache;
     /* --state-file FILE: where the adapter registry journals its state
      * (loaded adapters, the merged configuration) and what is replayed at
      * start; "none": no journal. NULL: CFG_STATE_FILE_NAME under

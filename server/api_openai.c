@@ -272,6 +272,9 @@ void srv_oai_add_usage(cJSON *o, const eng_usage *u)
     cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
     cJSON_AddNumberToObject(us, "completion_tokens", u->generated_tokens);
     cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
+    /* OpenAI's own field for prompt tokens served from a cache */
+    cJSON *details = cJSON_AddObjectToObject(us, "prompt_tokens_details");
+    cJSON_AddNumberToObject(details, "cached_tokens", u->cached_tokens);
 }
 
 void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u)

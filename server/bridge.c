@@ -364,6 +364,7 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
     }
     g->why = g->parts_done == 0 ? ev->why : worse(g->why, ev->why);
     g->usage.prompt_tokens += ev->usage.prompt_tokens;
+    g->usage.cached_tokens += ev->usage.cached_tokens;
     g->usage.generated_tokens += ev->usage.generated_tokens;
     part->done = true;
     /* a choice that never began (cancelled while waiting) ends as its request did */

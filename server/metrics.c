@@ -198,6 +198,16 @@ static void put_engine(text *t, const srv_server *s)
     metric(t, "qlserve_kv_blocks_shared_total", "counter",
            "KV blocks a request's further choices shared from its first instead of computing");
     put(t, "qlserve_kv_blocks_shared_total %llu\n", (unsigned long long)st.kv_blocks_shared);
+    metric(t, "qlserve_prefix_cache_queries_total", "counter",
+           "prompt tokens looked up in the prefix cache");
+    put(t, "qlserve_prefix_cache_queries_total %llu\n",
+        (unsigned long long)st.prefix_queried_tokens);
+    metric(t, "qlserve_prefix_cache_hits_total", "counter",
+           "prompt tokens whose KV the prefix cache gave");
+    put(t, "qlserve_prefix_cache_hits_total %llu\n", (unsigned long long)st.prefix_hit_tokens);
+    metric(t, "qlserve_prefix_cache_blocks", "gauge",
+           "KV blocks the prefix cache keeps (free for new writes all the same)");
+    put(t, "qlserve_prefix_cache_blocks %d\n", st.prefix_blocks);
     metric(t, "qlserve_kv_blocks_copied_total", "counter",
            "KV blocks copied because a choice wrote into a shared one (copy on write)");
     put(t, "qlserve_kv_blocks_copied_total %llu\n", (unsigned long long)st.kv_blocks_copied);

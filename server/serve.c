@@ -207,7 +207,8 @@ static void load_run(uv_work_t *req)
         .max_context = c->max_context > 0 && c->max_context < s->model.cfg.max_position_embeddings
                            ? c->max_context
                            : s->model.cfg.max_position_embeddings,
-        .threads = c->threads};
+        .threads = c->threads,
+        .no_prefix_cache = c->no_prefix_cache};
     j->rc = eng_device_parse(c->device, &eo.device, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);

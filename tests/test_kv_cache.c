@@ -42,8 +42,8 @@ static eng_kv_cache *new_cache(int32_t blocks)
 /*
  * Everything the cache says against what the live sequences hold: each
  * block's count equals the tables naming it plus the held lists naming it,
- * a held block is in no table and one held list, the free list holds the
- * rest once each, and the shared count is the blocks named twice or more.
+ * a held block is in no table and one held list, the free queue (linked both
+ * ways) holds the rest once each, and the shared count is the blocks named twice or more.
  */
 static void assert_accounting(const eng_kv_cache *kv, eng_seq_kv *const *seqs, int n,
                               const char *when)
@@ -66,8 +66,17 @@ static void assert_accounting(const eng_kv_cache *kv, eng_seq_kv *const *seqs, i
         }
         held += s->n_held;
     }
-    for (int32_t j = 0; j < kv->n_free; j++)
-        on_free[kv->free_list[j]]++;
+    int32_t queued = 0, prev = -1;
+    for (int32_t b = kv->free_head; b >= 0 && queued <= total; prev = b, b = kv->free_next[b]) {
+        cr_assert_eq(kv->free_prev[b], prev, "%s: block %d's link back is %d, not %d", when, b,
+                     kv->free_prev[b], prev);
+        on_free[b]++;
+        queued++;
+    }
+    cr_assert_eq(kv->free_tail, prev, "%s: the free queue ends at %d, its tail is %d", when, prev,
+                 kv->free_tail);
+    cr_assert_eq(queued, kv->n_free, "%s: %d blocks queued free, %d counted", when, queued,
+                 kv->n_free);
     int32_t referenced = 0, shared = 0;
     for (int32_t b = 0; b < total; b++) {
         cr_assert_eq(kv->refs[b], in_tables[b] + in_held[b],
@@ -402,10 +411,25 @@ Test(kv_cache, copy_blocks_copies_whole_blocks_in_the_host_arena)
 
 /* Random reserves, holds, forks, writes and releases over a small cache,
  * the accounting checked after every one. */
-Test(kv_cache, random_operations_keep_the_accounting_exact)
+/* Random reserves, holds, forks, writes and releases (and, with the
+ * prefix cache on, keeping prompts and finding them again) must keep the
+ * accounting exact and every refusal harmless. */
+static void random_operations(bool prefix)
 {
     enum { SEQS = 6, BLOCKS = 24, OPS = 4000 };
     eng_kv_cache *kv = new_cache(BLOCKS);
+    char msg[256];
+    if (prefix)
+        cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    /* two prompts that share their first block: tokens of prompt p at i */
+    int32_t prompts[2][BLOCKS * BT];
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < BLOCKS * BT; i++)
+            prompts[p][i] = i < BT ? i : i * (p + 2);
+    eng_prefix_chain chains[SEQS];
+    int which[SEQS] = {0};
+    memset(chains, 0, sizeof chains);
+    int hits = 0;
     eng_seq_kv s[SEQS];
     memset(s, 0, sizeof s);
     eng_seq_kv *all[SEQS];
@@ -418,9 +442,20 @@ Test(kv_cache, random_operations_keep_the_accounting_exact)
         seq_snapshot a0 = snap(a), b0 = snap(b);
         int32_t free0 = eng_kv_free_blocks(kv);
         int rc = QL_OK;
-        switch (test_rand(&rng) % 5) {
+        int ai = (int)(a - s);
+        switch (test_rand(&rng) % (prefix ? 7 : 5)) {
         case 0:
             rc = eng_kv_reserve(kv, a, a->n_blocks * BT + (int32_t)(test_rand(&rng) % 40));
+            break;
+        case 5: /* keep a's written whole blocks as its prompt's */
+            eng_kv_prefix_insert(kv, 7, prompts[which[ai]], a->n_tokens, a, &chains[ai]);
+            break;
+        case 6: /* an empty sequence finds a prompt */
+            if (a->n_blocks == 0 && a->n_held == 0 && a->n_tokens == 0) {
+                which[ai] = (int)(test_rand(&rng) % 2);
+                hits +=
+                    eng_kv_prefix_match(kv, 7, prompts[which[ai]], BLOCKS * BT, a, &chains[ai]) > 0;
+            }
             break;
         case 1: rc = eng_kv_hold(kv, a, (int32_t)(test_rand(&rng) % 4)); break;
         case 2:
@@ -452,7 +487,11 @@ Test(kv_cache, random_operations_keep_the_accounting_exact)
             }
             break;
         }
-        default: eng_kv_release(kv, a); break;
+        case 4:
+            eng_kv_release(kv, a);
+            chains[ai] = (eng_prefix_chain){0};
+            break;
+        default: break;
         }
         if (rc != QL_OK) {
             refused++;
@@ -465,9 +504,151 @@ Test(kv_cache, random_operations_keep_the_accounting_exact)
     cr_assert_gt(refused, 0, "the cache never filled up: the test means it to");
     cr_assert_gt(forked, 10);
     cr_assert_gt(copied, 10);
+    if (prefix)
+        cr_assert_gt(hits, 10, "the prefix cache found %d prompts", hits);
     for (int i = SEQS - 1; i >= 0; i--)
         eng_kv_release(kv, &s[i]);
     cr_assert_eq(eng_kv_free_blocks(kv), BLOCKS);
     cr_assert_eq(eng_kv_shared_blocks(kv), 0);
+    eng_kv_free(kv);
+}
+
+Test(kv_cache, random_operations_keep_the_accounting_exact)
+{
+    random_operations(false);
+}
+
+Test(kv_cache, random_operations_with_the_prefix_cache_keep_the_accounting_exact)
+{
+    random_operations(true);
+}
+
+/* n tokens of a prompt: token i is i * mul + add. */
+static void prompt_of(int32_t *t, int32_t n, int32_t mul, int32_t add)
+{
+    for (int32_t i = 0; i < n; i++)
+        t[i] = i * mul + add;
+}
+
+/* A sequence that wrote the n tokens of t and kept its whole blocks. */
+static void kept(eng_kv_cache *kv, eng_seq_kv *s, uint64_t key, const int32_t *t, int32_t n)
+{
+    eng_prefix_chain c = {0};
+    written(kv, s, n, n);
+    eng_kv_prefix_insert(kv, key, t, n, s, &c);
+    cr_assert_eq(c.n_blocks, n / BT);
+}
+
+Test(kv_cache, prefix_match_takes_the_kept_whole_blocks_of_the_same_prompt)
+{
+    eng_kv_cache *kv = new_cache(8);
+    char msg[256];
+    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    int32_t t[40], u[40];
+    prompt_of(t, 40, 3, 1);
+    eng_seq_kv a = {0}, b = {0}, c = {0};
+    kept(kv, &a, 5, t, 40); /* 3 blocks; 2 whole */
+    int32_t a0 = a.blocks[0], a1 = a.blocks[1];
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 2);
+    eng_kv_release(kv, &a);
+    cr_assert_eq(eng_kv_free_blocks(kv), 8, "kept blocks are free");
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 2);
+
+    eng_prefix_chain ch;
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, t, 39, &b, &ch), 32);
+    cr_assert(b.n_blocks == 2 && b.blocks[0] == a0 && b.blocks[1] == a1 && b.n_tokens == 32);
+    cr_assert_eq(ch.n_blocks, 2);
+    cr_assert_eq(eng_kv_free_blocks(kv), 6);
+    /* at most max_tokens, in whole blocks */
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, t, 31, &c, &ch), 16);
+    cr_assert_eq(c.blocks[0], a0);
+    cr_assert_eq(eng_kv_shared_blocks(kv), 1, "a0 is in two tables");
+    eng_seq_kv *all[] = {&b, &c};
+    assert_accounting(kv, all, 2, "two hits");
+    eng_kv_release(kv, &c);
+
+    /* another key, or a token changed in a block, ends the match there */
+    eng_seq_kv d = {0};
+    cr_assert_eq(eng_kv_prefix_match(kv, 6, t, 39, &d, &ch), 0);
+    cr_assert_eq(d.n_blocks, 0);
+    memcpy(u, t, sizeof u);
+    u[20]++;
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, u, 39, &d, &ch), 16);
+    eng_kv_release(kv, &d);
+    u[20]--;
+    u[3]++;
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, u, 39, &d, &ch), 0);
+    /* a match needs an empty sequence */
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, t, 39, &b, &ch), 0);
+    eng_kv_release(kv, &b);
+    eng_kv_free(kv);
+}
+
+Test(kv_cache, kept_blocks_are_reused_last_and_a_chain_loses_its_end_first)
+{
+    eng_kv_cache *kv = new_cache(6);
+    char msg[256];
+    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    int32_t t[48];
+    prompt_of(t, 48, 5, 2);
+    eng_seq_kv a = {0}, b = {0}, c = {0};
+    kept(kv, &a, 9, t, 48);
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 3);
+    eng_kv_release(kv, &a);
+    /* three blocks nothing keeps go first */
+    cr_assert_eq(eng_kv_reserve(kv, &b, 3 * BT), QL_OK);
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 3);
+    /* then the kept block released first: the chain's last */
+    cr_assert_eq(eng_kv_reserve(kv, &b, 4 * BT), QL_OK);
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 2);
+    eng_prefix_chain ch;
+    cr_assert_eq(eng_kv_prefix_match(kv, 9, t, 48, &c, &ch), 32);
+    eng_kv_release(kv, &c);
+    cr_assert_eq(eng_kv_reserve(kv, &b, 6 * BT), QL_OK);
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 0);
+    cr_assert_eq(eng_kv_prefix_match(kv, 9, t, 48, &c, &ch), 0);
+    eng_kv_release(kv, &b);
+    eng_kv_free(kv);
+}
+
+Test(kv_cache, a_block_reused_for_other_tokens_never_matches_its_old_chain)
+{
+    eng_kv_cache *kv = new_cache(2);
+    char msg[256];
+    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    int32_t t[32], u[32];
+    prompt_of(t, 32, 7, 1);
+    prompt_of(u, 32, 7, 1);
+    u[0] = 99; /* a different first block, the same second */
+    eng_seq_kv a = {0}, b = {0};
+    kept(kv, &a, 1, t, 32);
+    eng_kv_release(kv, &a); /* kept: t1 then t0 at the tail */
+    /* u takes both blocks; its first is written where t's second was */
+    kept(kv, &b, 1, u, 32);
+    eng_kv_release(kv, &b);
+    eng_prefix_chain ch;
+    cr_assert_eq(eng_kv_prefix_match(kv, 1, t, 32, &a, &ch), 0, "t's blocks were overwritten");
+    cr_assert_eq(eng_kv_prefix_match(kv, 1, u, 32, &a, &ch), 32);
+    eng_kv_release(kv, &a);
+    eng_kv_free(kv);
+}
+
+Test(kv_cache, the_same_prompt_computed_twice_is_kept_once)
+{
+    eng_kv_cache *kv = new_cache(8);
+    char msg[256];
+    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    int32_t t[48];
+    prompt_of(t, 48, 11, 4);
+    eng_seq_kv a = {0}, b = {0}, c = {0};
+    kept(kv, &a, 3, t, 32);
+    kept(kv, &b, 3, t, 48); /* its first two are a's content again */
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 3);
+    eng_kv_release(kv, &a);
+    eng_kv_release(kv, &b);
+    eng_prefix_chain ch;
+    cr_assert_eq(eng_kv_prefix_match(kv, 3, t, 48, &c, &ch), 48,
+                 "b's third block goes on a's chain");
+    eng_kv_release(kv, &c);
     eng_kv_free(kv);
 }

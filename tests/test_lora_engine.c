@@ -516,8 +516,9 @@ typedef struct gen {
     pthread_cond_t cv;
     int32_t tokens[128];
     int n;
-    int pause_at;  /* block the engine thread after this many tokens (0: never) */
-    bool released; /* the test let it go on */
+    int pause_at;   /* block the engine thread after this many tokens (0: never) */
+    bool released;  /* the test let it go on */
+    int32_t cached; /* prompt tokens the prefix cache gave it */
     bool done;
     eng_finish why;
 } gen;
@@ -552,9 +553,9 @@ static void gen_token(void *user, const eng_token_event *ev)
 
 static void gen_done(void *user, eng_finish why, const eng_usage *u)
 {
-    (void)u;
     gen *g = user;
     pthread_mutex_lock(&g->mu);
+    g->cached = u->cached_tokens;
     g->done = true;
     g->why = why;
     pthread_cond_broadcast(&g->cv);
@@ -724,6 +725,100 @@ Test(lora_engine, requests_with_adapters_get_the_forward_pass_tokens)
     eng_engine_stop(e);
     eng_lora_unref(one);
     eng_lora_unref(two);
+    rig_close(&g);
+}
+
+/* One greedy request for prompt with these adapters, run to its end. */
+static void run_prompt_on(eng_engine *e, gen *g, const char *prompt, const eng_lora_term *adapters,
+                          size_t n)
+{
+    char msg[512];
+    gen_init(g, 0);
+    eng_request rq = greedy_request(g, 8, adapters, n);
+    rq.prompt = prompt;
+    rq.prompt_len = strlen(prompt);
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    gen_wait(g, gen_finished);
+    cr_assert_eq(g->why, ENG_FINISH_LENGTH);
+}
+
+static void assert_same_tokens(const gen *a, const gen *b, const char *what)
+{
+    cr_assert_eq(a->n, b->n, "%s: %d tokens, then %d", what, a->n, b->n);
+    cr_assert(memcmp(a->tokens, b->tokens, (size_t)a->n * sizeof *a->tokens) == 0,
+              "%s: the tokens differ", what);
+}
+
+Test(lora_engine, the_prefix_cache_gives_the_same_tokens_and_never_across_configurations)
+{
+    kind_case kc = {.label = "q4_1 prefix", .gguf = true, .gguf_kind = QT_Q4_1};
+    rig g;
+    rig_open(&g, &kc);
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 51, 0.1f);
+    char msg[512];
+    eng_engine *e = NULL, *plain = NULL;
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2, .block_tokens = 4};
+    cr_assert_eq(eng_engine_start(&e, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    eo.no_prefix_cache = true;
+    cr_assert_eq(eng_engine_start(&plain, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    const char *p = "the then he the then he the then he then the he";
+    eng_lora_term with_one = {one, 1.0f}, half_one = {one, 0.5f};
+
+    gen ref, first, again, ad, ad_again, half, ref_ad;
+    run_prompt_on(plain, &ref, p, NULL, 0);
+    run_prompt_on(plain, &ref_ad, p, &with_one, 1);
+    run_prompt_on(e, &first, p, NULL, 0);
+    cr_assert_eq(first.cached, 0);
+    run_prompt_on(e, &again, p, NULL, 0);
+    cr_assert_gt(again.cached, 0, "the same prompt again found nothing");
+    cr_assert_eq(again.cached % 4, 0, "whole blocks only");
+    assert_same_tokens(&ref, &first, "base, computed");
+    assert_same_tokens(&ref, &again, "base, from the prefix cache");
+    // another adapter configuration never takes the base's blocks
+    run_prompt_on(e, &ad, p, &with_one, 1);
+    cr_assert_eq(ad.cached, 0, "an adapter request took the base's blocks");
+    run_prompt_on(e, &half, p, &half_one, 1);
+    cr_assert_eq(half.cached, 0, "another scale took the adapter's blocks");
+    run_prompt_on(e, &ad_again, p, &with_one, 1);
+    cr_assert_eq(ad_again.cached, again.cached);
+    assert_same_tokens(&ref_ad, &ad, "adapter, computed");
+    assert_same_tokens(&ref_ad, &ad_again, "adapter, from the prefix cache");
+
+    // a merged version never takes blocks computed on the pristine weights
+    eng_weights *v = merged_version(&g.m, &with_one, 1, QT_KIND_COUNT);
+    eng_weights_ref(v);
+    eng_engine_publish(e, v);
+    eng_engine_publish(plain, v);
+    gen m1, m2, mref;
+    run_prompt_on(plain, &mref, p, NULL, 0);
+    run_prompt_on(e, &m1, p, NULL, 0);
+    cr_assert_eq(m1.cached, 0, "a merge served a stale block");
+    run_prompt_on(e, &m2, p, NULL, 0);
+    cr_assert_gt(m2.cached, 0);
+    assert_same_tokens(&mref, &m1, "merged, computed");
+    assert_same_tokens(&mref, &m2, "merged, from the prefix cache");
+    // back to the pristine weights (a new version, nothing merged): the
+    // base's blocks serve again
+    eng_weights *back = NULL;
+    cr_assert_eq(eng_weights_new(&back, &g.m, 2, msg, sizeof msg), 0, "%s", msg);
+    eng_engine_publish(e, back);
+    gen b1;
+    run_prompt_on(e, &b1, p, NULL, 0);
+    cr_assert_eq(b1.cached, again.cached, "the pristine weights' blocks were lost");
+    assert_same_tokens(&ref, &b1, "unmerged, from the prefix cache");
+
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.prefix_hit_tokens,
+                 (uint64_t)(again.cached + ad_again.cached + m2.cached + b1.cached));
+    cr_assert_gt(st.prefix_blocks, 0);
+    cr_assert_eq(st.kv_blocks_used, 0, "kept blocks count as free");
+    eng_engine_stats_get(plain, &st);
+    cr_assert_eq(st.prefix_hit_tokens, 0);
+    cr_assert_eq(st.prefix_blocks, 0);
+    eng_engine_stop(e);
+    eng_engine_stop(plain);
+    eng_lora_unref(one);
     rig_close(&g);
 }
 

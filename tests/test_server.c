@@ -510,6 +510,49 @@ Test(server, stream_text_held_back_to_the_end_arrives_on_the_final_event)
     sp_stop_cleanly();
 }
 
+/* The usage's prompt_tokens_details.cached_tokens of an answer. */
+static double cached_tokens_of(const cJSON *j)
+{
+    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
+    return num_at(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"),
+                  "cached_tokens");
+}
+
+Test(server, a_prompt_asked_again_takes_its_blocks_from_the_prefix_cache)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, NULL);
+    const char *body = "{\"model\": \"tiny-llama\", \"prompt\": \"the then he the then he the then "
+                       "he the then he the then he the then he the then he the then he\", "
+                       "\"max_tokens\": 6, \"temperature\": 0}";
+    char *text[2];
+    double cached[2], prompt = 0;
+    for (int i = 0; i < 2; i++) {
+        hc_response r = request("POST", "/v1/completions", NULL, body);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        cJSON *j = json_of(&r);
+        const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+        text[i] = strdup(str_at(choice, "text"));
+        cached[i] = cached_tokens_of(j);
+        prompt = num_at(cJSON_GetObjectItemCaseSensitive(j, "usage"), "prompt_tokens");
+        cJSON_Delete(j);
+        hc_response_free(&r);
+    }
+    cr_assert_gt(prompt, 16, "the prompt fills a KV block");
+    cr_assert_eq(cached[0], 0);
+    cr_assert_gt(cached[1], 0, "the second ask found nothing");
+    cr_assert_lt(cached[1], prompt, "the last prompt token is always computed");
+    cr_assert_str_eq(text[0], text[1]);
+    hc_response m = request("GET", "/metrics", NULL, NULL);
+    cr_assert_eq(metric(m.body, "qlserve_prefix_cache_hits_total"), cached[1]);
+    cr_assert_eq(metric(m.body, "qlserve_prefix_cache_queries_total"), 2 * prompt);
+    cr_assert_gt(metric(m.body, "qlserve_prefix_cache_blocks"), 0);
+    hc_response_free(&m);
+    free(text[0]);
+    free(text[1]);
+    sp_stop_cleanly();
+}
+
 Test(server, completions_answer_whole_and_as_chunks_ending_with_done)
 {
     tiny_spec spec = tiny_default();

@@ -286,6 +286,7 @@ typedef struct eng_lora {
     size_t bytes;             /* memory it holds (tensors mapped or copied) */
     int refs;                 /* atomic */
     uint64_t requests;        /* atomic: sequences admitted that asked for it */
+    uint64_t uid;             /* atomic: 0 until eng_lora_uid names it */
     /* the adapter folder's own chat templates (PEFT saves the tokenizer
      * beside the adapter when training changed it), used for requests to
      * the adapter instead of the model's; NULL when the folder has none.
@@ -297,6 +298,9 @@ typedef struct eng_lora {
 
 void eng_lora_ref(eng_lora *l);
 void eng_lora_unref(eng_lora *l);
+/* A number no other adapter of this process has had or will have (a
+ * freed adapter's memory may hold the next one: its address is no name). */
+uint64_t eng_lora_uid(eng_lora *l);
 /* Layer l's module p, or NULL when the adapter does not target it. */
 const eng_lora_module *eng_lora_module_at(const eng_lora *lora, int32_t layer, eng_proj p);
 

@@ -66,6 +66,19 @@ void eng_lora_unref(eng_lora *l)
         l->destroy(l);
 }
 
+uint64_t eng_lora_uid(eng_lora *l)
+{
+    static uint64_t last;
+    uint64_t id = __atomic_load_n(&l->uid, __ATOMIC_ACQUIRE);
+    if (id)
+        return id;
+    uint64_t mine = __atomic_add_fetch(&last, 1, __ATOMIC_RELAXED);
+    /* two threads naming it at once: the first name stands */
+    if (__atomic_compare_exchange_n(&l->uid, &id, mine, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return mine;
+    return id;
+}
+
 const eng_lora_module *eng_lora_module_at(const eng_lora *lora, int32_t layer, eng_proj p)
 {
     if (layer < 0 || layer >= lora->n_layers)

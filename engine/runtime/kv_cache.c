@@ -19,10 +19,15 @@
  * the blocks it touches. What always holds: free + held + referenced
  * blocks == total, and a block is free exactly when its count is 0.
  *
+ * Free blocks wait in a queue: those the prefix cache keeps (prompt
+ * content a later request may reuse, prefix_cache.c) at its tail, the
+ * others at its head, and a block is taken from the head; so kept content
+ * is overwritten last, least recently freed first.
+ *
  * It offers eng_kv_* (runtime.h; eng_kv_check_writes, for the backends, in
- * internal/kv_cache_internal.h) and owns the arena and the free list; it
- * calls nothing else in engine/runtime/ (a sequence that cannot get blocks
- * is the scheduler's to hold back).
+ * internal/kv_cache_internal.h) and owns the arena and the free queue; it
+ * calls nothing else in engine/runtime/ but prefix_cache.c's hooks (a
+ * sequence that cannot get blocks is the scheduler's to hold back).
  */
 #include "internal/kv_cache_internal.h"
 #include "runtime.h"
@@ -54,16 +59,21 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     kv->block_floats = block_floats;
     kv->n_blocks = (int32_t)n;
     kv->data = host_arena ? malloc(n * block_bytes) : NULL;
-    kv->free_list = malloc(n * sizeof *kv->free_list);
+    kv->free_prev = malloc(n * sizeof *kv->free_prev);
+    kv->free_next = malloc(n * sizeof *kv->free_next);
     kv->refs = calloc(n, sizeof *kv->refs);
-    if ((host_arena && !kv->data) || !kv->free_list || !kv->refs) {
+    if ((host_arena && !kv->data) || !kv->free_prev || !kv->free_next || !kv->refs) {
         eng_kv_free(kv);
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
     }
     /* hand out low block numbers first: easier to read in a debugger */
-    for (int32_t i = 0; i < kv->n_blocks; i++)
-        kv->free_list[i] = kv->n_blocks - 1 - i;
+    for (int32_t i = 0; i < kv->n_blocks; i++) {
+        kv->free_prev[i] = i - 1;
+        kv->free_next[i] = i + 1 < kv->n_blocks ? i + 1 : -1;
+    }
+    kv->free_head = 0;
+    kv->free_tail = kv->n_blocks - 1;
     kv->n_free = kv->n_blocks;
     *out = kv;
     return QL_OK;
@@ -90,8 +100,10 @@ void eng_kv_free(eng_kv_cache *kv)
 {
     if (!kv)
         return;
+    kv_prefix_free(kv->prefix);
     free(kv->data);
-    free(kv->free_list);
+    free(kv->free_prev);
+    free(kv->free_next);
     free(kv->refs);
     free(kv);
 }
@@ -116,10 +128,54 @@ int32_t eng_kv_blocks_for(const eng_kv_cache *kv, int32_t n_tokens)
     return n_tokens <= 0 ? 0 : (n_tokens + kv->block_tokens - 1) / kv->block_tokens;
 }
 
-/* A block off the free list, held once. */
+/* Take b off the free queue. */
+static void unlink_free(eng_kv_cache *kv, int32_t b)
+{
+    int32_t p = kv->free_prev[b], n = kv->free_next[b];
+    if (p >= 0)
+        kv->free_next[p] = n;
+    else
+        kv->free_head = n;
+    if (n >= 0)
+        kv->free_prev[n] = p;
+    else
+        kv->free_tail = p;
+    kv->free_prev[b] = kv->free_next[b] = -1;
+    kv->n_free--;
+}
+
+/* b (refs now 0) back on the free queue: at the tail when the prefix cache
+ * keeps its content, to be reused last; at the head otherwise. */
+static void give_back(eng_kv_cache *kv, int32_t b)
+{
+    if (kv->prefix && kv_prefix_keeps(kv, b)) {
+        kv->free_prev[b] = kv->free_tail;
+        kv->free_next[b] = -1;
+        if (kv->free_tail >= 0)
+            kv->free_next[kv->free_tail] = b;
+        else
+            kv->free_head = b;
+        kv->free_tail = b;
+    } else {
+        kv->free_prev[b] = -1;
+        kv->free_next[b] = kv->free_head;
+        if (kv->free_head >= 0)
+            kv->free_prev[kv->free_head] = b;
+        else
+            kv->free_tail = b;
+        kv->free_head = b;
+    }
+    kv->n_free++;
+}
+
+/* A block off the free queue, held once; what the prefix cache kept in it
+ * is forgotten, as it is about to be written. */
 static int32_t take_free(eng_kv_cache *kv)
 {
-    int32_t b = kv->free_list[--kv->n_free];
+    int32_t b = kv->free_head;
+    unlink_free(kv, b);
+    if (kv->prefix)
+        kv_prefix_forget(kv, b);
     kv->refs[b] = 1;
     return b;
 }
@@ -138,12 +194,20 @@ static void unref_block(eng_kv_cache *kv, int32_t b)
     if (r == 1)
         kv->n_shared--;
     else if (r == 0)
-        kv->free_list[kv->n_free++] = b;
+        give_back(kv, b);
 }
 
-/* Room for n entries in *arr (a block table or a held list); false when
- * out of memory, *arr unchanged. */
-static bool grow_list(int32_t **arr, int32_t n)
+void kv_take_block(eng_kv_cache *kv, int32_t b)
+{
+    if (kv->refs[b] == 0) {
+        unlink_free(kv, b);
+        kv->refs[b] = 1;
+    } else {
+        ref_block(kv, b);
+    }
+}
+
+bool kv_grow_list(int32_t **arr, int32_t n)
 {
     if (n == 0)
         return true;
@@ -159,7 +223,7 @@ int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens)
     int32_t need = eng_kv_blocks_for(kv, n_tokens) - s->n_blocks;
     if (need <= 0)
         return QL_OK;
-    if (need > kv->n_free || !grow_list(&s->blocks, s->n_blocks + need))
+    if (need > kv->n_free || !kv_grow_list(&s->blocks, s->n_blocks + need))
         return QL_ENOMEM;
     for (int32_t i = 0; i < need; i++)
         s->blocks[s->n_blocks++] = take_free(kv);
@@ -170,7 +234,7 @@ int eng_kv_hold(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_blocks)
 {
     if (n_blocks < 0)
         return QL_EINVAL;
-    if (n_blocks > kv->n_free || !grow_list(&s->held, s->n_held + n_blocks))
+    if (n_blocks > kv->n_free || !kv_grow_list(&s->held, s->n_held + n_blocks))
         return QL_ENOMEM;
     for (int32_t i = 0; i < n_blocks; i++)
         s->held[s->n_held++] = take_free(kv);
@@ -203,7 +267,7 @@ int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_to
         return QL_ENOMEM;
     /* both lists first, so a failure changes nothing */
     int32_t *blocks = NULL, *held = NULL;
-    if (!grow_list(&blocks, shared + grow) || !grow_list(&held, cow)) {
+    if (!kv_grow_list(&blocks, shared + grow) || !kv_grow_list(&held, cow)) {
         free(blocks);
         return QL_ENOMEM;
     }

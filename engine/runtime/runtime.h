@@ -112,6 +112,39 @@ void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n);
  * other sequence references it) and its held blocks, and zero it. */
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
 
+/*
+ * The prefix cache (prefix_cache.c): full blocks of prompts kept, after
+ * their sequences free them, in the free queue's tail, and found again by
+ * content under a configuration key (what computed them: the caller's
+ * hash of the weight version and the adapters applied), so a later prompt
+ * that begins the same starts past them. A kept block is still free: it is
+ * forgotten when taken for a new write, blocks nothing keeps going first.
+ * A chain is where a prompt's kept blocks end, carried from call to call
+ * so that each block is hashed once.
+ */
+typedef struct eng_prefix_chain {
+    uint64_t hash;    /* the chain hash of its last block (the key before any) */
+    int32_t block;    /* that block (-1: none) */
+    uint64_t gen;     /* and its generation, so a reused block never matches */
+    int32_t n_blocks; /* the prompt's blocks the chain covers */
+} eng_prefix_chain;
+/* Turn the prefix cache on (off until then). */
+int eng_kv_prefix_enable(eng_kv_cache *kv, char *msg, size_t msg_len);
+/* Into s (empty): the kept blocks that hold the longest prefix of tokens,
+ * in whole blocks, at most max_tokens positions, taken by reference;
+ * s->n_tokens becomes their positions, returned; *chain where they end.
+ * 0, s unchanged, when the cache is off or nothing matches. */
+int32_t eng_kv_prefix_match(eng_kv_cache *kv, uint64_t key, const int32_t *tokens,
+                            int32_t max_tokens, eng_seq_kv *s, eng_prefix_chain *chain);
+/* Keep s's blocks that hold whole blocks of tokens[0, n_tokens) (written:
+ * the step that wrote them succeeded), from where *chain ends; *chain
+ * follows (a zeroed chain: from the first block). A block kept already
+ * with the same content is kept once. */
+void eng_kv_prefix_insert(eng_kv_cache *kv, uint64_t key, const int32_t *tokens, int32_t n_tokens,
+                          const eng_seq_kv *s, eng_prefix_chain *chain);
+/* Blocks the prefix cache keeps now (in use or free). */
+int32_t eng_kv_prefix_blocks(const eng_kv_cache *kv);
+
 /* A worker pool for the CPU kernels (pool.c): n threads (0: the
  * machine's cores), the caller's thread included. */
 typedef struct eng_pool eng_pool;

@@ -93,9 +93,12 @@ struct request {
     eng_request req; /* callbacks, user, flags, sampling, max_new_tokens (strings not kept) */
     int32_t *prompt;
     int32_t n_prompt;
-    int32_t n_prefilled; /* prompt tokens in choice 0's KV */
-    int32_t reserve;     /* KV positions of each choice */
-    int32_t hold;        /* blocks choice 0 holds for the others' forks and copies */
+    int32_t n_prefilled;    /* prompt tokens in choice 0's KV */
+    int32_t n_cached;       /* of them, found in the prefix cache at admission */
+    uint64_t prefix_key;    /* what computes its KV: version and adapters */
+    eng_prefix_chain chain; /* where its prompt's kept blocks end */
+    int32_t reserve;        /* KV positions of each choice */
+    int32_t hold;           /* blocks choice 0 holds for the others' forks and copies */
     int32_t n_choices;
     seq *choices;      /* n_choices of them; 0 prefills, the others fork from it */
     bool admitted;     /* holds n_choices running slots */
@@ -118,6 +121,7 @@ struct request {
 /* What one step adds to the statistics (engine thread, published once). */
 typedef struct step_tally {
     uint64_t generated, prompt, shared, copied;
+    uint64_t prefix_queried, prefix_hit; /* prompt tokens looked up, found */
 } step_tally;
 
 struct eng_engine {
@@ -282,6 +286,9 @@ static void publish_tally(eng_engine *e)
     e->stats.prompt_tokens += e->tally.prompt;
     e->stats.kv_blocks_shared += e->tally.shared;
     e->stats.kv_blocks_copied += e->tally.copied;
+    e->stats.prefix_queried_tokens += e->tally.prefix_queried;
+    e->stats.prefix_hit_tokens += e->tally.prefix_hit;
+    e->stats.prefix_blocks = eng_kv_prefix_blocks(e->kv);
     e->tally = (step_tally){0};
 }
 
@@ -292,6 +299,7 @@ static void request_end(eng_engine *e, request *r, eng_finish why)
     double t = ql_now_s();
     eng_usage u = {
         .prompt_tokens = r->n_prompt,
+        .cached_tokens = r->n_cached,
         .generated_tokens = r->generated,
         .queued_s = r->t_admit > 0 ? r->t_admit - r->t_submit : t - r->t_submit,
         .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0,
@@ -745,20 +753,51 @@ static void apply_cancels(eng_engine *e, const uint64_t *ids, size_t n, bool all
     }
 }
 
+/* The prefix cache's key of what computes a sequence's KV on version w
+ * with the adapters want applied on top: a version with nothing merged
+ * serves the pristine weights whatever its number; an adapter is named by
+ * its uid and its scale's bits, in order (the order of the sums). */
+static uint64_t prefix_key(const eng_weights *w, const eng_lora_term *want, size_t n_want)
+{
+    uint64_t h = w->n_merged ? w->version + 1 : 0;
+    h = h * 0x9e3779b97f4a7c15ULL + n_want;
+    for (size_t i = 0; i < n_want; i++) {
+        uint32_t bits;
+        memcpy(&bits, &want[i].scale, sizeof bits);
+        h = (h ^ eng_lora_uid(want[i].lora)) * 0xff51afd7ed558ccdULL;
+        h = (h ^ bits) * 0xc4ceb9fe1a85ec53ULL;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
 /* Whether r can be admitted now: slots for all its choices, and KV blocks
- * for choice 0 and what it holds for the others (taken then). */
+ * for choice 0 and what it holds for the others (taken then). Choice 0
+ * first takes what the prefix cache holds of its prompt (never the last
+ * token: its logits begin the answer; never for prompt_logprobs, which
+ * need every position's), so fewer blocks are needed. */
 static bool take_room(eng_engine *e, request *r)
 {
     if (e->slots + r->n_choices > e->o.max_running)
         return false;
-    if (eng_kv_blocks_for(e->kv, r->reserve) + r->hold > eng_kv_free_blocks(e->kv))
-        return false;
     seq *s = &r->choices[0];
-    if (eng_kv_reserve(e->kv, &s->kv, r->reserve) != QL_OK ||
+    r->prefix_key = prefix_key(e->current, r->want, r->n_want);
+    int32_t cached = 0;
+    if (!r->req.prompt_logprobs)
+        cached = eng_kv_prefix_match(e->kv, r->prefix_key, r->prompt, r->n_prompt - 1, &s->kv,
+                                     &r->chain);
+    if (eng_kv_blocks_for(e->kv, r->reserve) - s->kv.n_blocks + r->hold >
+            eng_kv_free_blocks(e->kv) ||
+        eng_kv_reserve(e->kv, &s->kv, r->reserve) != QL_OK ||
         (r->hold && eng_kv_hold(e->kv, &s->kv, r->hold) != QL_OK)) {
-        eng_kv_release(e->kv, &s->kv); /* out of memory for a table: try again later */
+        eng_kv_release(e->kv, &s->kv); /* the cached blocks go back as they were */
+        r->chain = (eng_prefix_chain){0};
         return false;
     }
+    r->n_prefilled = r->n_cached = cached;
+    e->tally.prompt += (uint64_t)cached;
+    e->tally.prefix_queried += (uint64_t)r->n_prompt;
+    e->tally.prefix_hit += (uint64_t)cached;
     return true;
 }
 
@@ -1054,6 +1093,7 @@ static void after_step(eng_engine *e, int32_t k, int rc)
     }
     if (q->all_logits)
         score_prompt(e, r, q->pos, q->n_tokens, q->all_logits);
+    eng_kv_prefix_insert(e->kv, r->prefix_key, r->prompt, r->n_prefilled, &s->kv, &r->chain);
     if (r->n_prefilled >= r->n_prompt)
         begin_choices(e, r, k);
 }
@@ -1292,6 +1332,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     }
     if (rc == QL_OK) {
         e->kv = eng_backend_kv(e->backend);
+        if (!e->o.no_prefix_cache)
+            rc = eng_kv_prefix_enable(e->kv, msg, msg_len);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));
         e->tokens = malloc((size_t)e->o.max_running * sizeof(int32_t));
         e->scratch = malloc((size_t)vocab * (sizeof(float) + sizeof(int32_t)));

@@ -37,11 +37,10 @@ typedef struct eng_sampling {
     float temperature; /* 0: greedy; > 0 */
     int32_t top_k;     /* 0: off */
     float top_p;       /* 0 or 1: off; else in (0, 1) */
-    /* locally typical sampling (Meister et al.; transformers'
-     * TypicalLogitsWarper, TGI's typical_p): keep the tokens whose
-     * surprisal is closest to the distribution's entropy, smallest set
-     * whose mass reaches typical_p. 0 or 1: off; else in (0, 1). Applied
-     * after top-p, as TGI and transformers do (temperature, top-k, top-p, typical_p) */
+    /* locally typical sampling (transformers' TypicalLogitsWarper, TGI's
+     * typical_p): the smallest set of tokens whose surprisal is closest to
+     * the entropy with mass typical_p. 0 or 1: off; else in (0, 1). After
+     * top-p, as TGI and transformers (temperature, top-k, top-p, typical) */
     float typical_p;
     float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
     /* OpenAI's, over the tokens generated so far (not the prompt), c(t)
@@ -72,10 +71,9 @@ typedef struct eng_token_count {
     int32_t count;
 } eng_token_count;
 
-/* A sequence's sampler: its parameters, its own random stream (so what
- * else is in the batch never changes its tokens), the tokens seen (for
- * the repetition penalty) and the tokens generated (for the presence and
- * frequency penalties and min_tokens). */
+/* A sequence's sampler: its parameters, its own random stream (what else
+ * is in the batch never changes its tokens), the tokens seen (repetition
+ * penalty) and generated (presence, frequency penalties, min_tokens). */
 typedef struct eng_sampler {
     eng_sampling p; /* p.logit_bias points at the sampler's own copy */
     uint64_t rng[4];
@@ -111,18 +109,16 @@ void eng_sampler_record(eng_sampler *s, int32_t token);
  * which a backend can choose where the logits are. */
 bool eng_sampler_greedy(const eng_sampler *s);
 /* Whether s's next token is a plain temperature draw over the whole
- * vocabulary (no top-k, top-p, and nothing that could change the logits
- * now), which a backend can make where
- * the logits are (kernels/math/sample_math.h); *inv_temperature receives the
- * 1 / T eng_sample would use. */
+ * vocabulary (no top-k, top-p, nor anything that could change the logits
+ * now), which a backend can make where the logits are
+ * (kernels/math/sample_math.h); *inv_temperature gets eng_sample's 1 / T. */
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
 /* The uniform in [0, 1) eng_sample would draw next (taken from s's stream:
  * a backend's draw then stands for eng_sample's). */
 double eng_sampler_uniform(eng_sampler *s);
 
-/* Stop strings, matched on the decoded text across token boundaries and
- * never emitted: text that could still be the start of a stop string is
- * held back until it cannot. */
+/* Stop strings, matched on the decoded text across token boundaries, not
+ * emitted: text that may begin a stop string is held back until it can't. */
 typedef struct eng_stop eng_stop;
 /* Copies the strings (empty ones are refused). */
 int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len);
@@ -158,6 +154,7 @@ const char *eng_finish_name(eng_finish f);
 
 typedef struct eng_usage {
     int32_t prompt_tokens;
+    int32_t cached_tokens; /* of them, whose KV came from the prefix cache */
     int32_t generated_tokens;
     double queued_s;  /* submitted to admitted */
     double prefill_s; /* admitted to first token */
@@ -309,6 +306,7 @@ typedef struct eng_engine_opts {
     int32_t max_context;
     int threads; /* kernel threads; 0: the machine's cores */
     eng_device device;
+    bool no_prefix_cache; /* keep no prompt's KV blocks for later requests */
 } eng_engine_opts;
 
 typedef struct eng_engine eng_engine;
@@ -367,6 +365,10 @@ typedef struct eng_engine_stats {
      * reference instead of computing them (n_choices > 1), and blocks
      * copied because a choice wrote into a shared one (copy on write) */
     uint64_t kv_blocks_shared, kv_blocks_copied;
+    /* the prefix cache: prompt tokens looked up and found at admission,
+     * and the blocks it keeps */
+    uint64_t prefix_queried_tokens, prefix_hit_tokens;
+    int32_t prefix_blocks;
     /* the adapters the running sequences and the waiting requests ask for,
      * each named once, comma-separated (what the Kubernetes inference
      * gateway routes on); whole names only: one that does not fit is left
@@ -380,9 +382,8 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
  * as long as the engine. */
 const char *eng_engine_backend(const eng_engine *e);
 
-/* Whether the engine's backend merges adapters itself (CUDA): a version
- * then needs only its merged configuration (eng_weights_set_merged), not
- * host copies of the merged tensors. */
+/* Whether the backend merges adapters itself (CUDA): a version then needs
+ * its merged configuration only, not host copies of the merged tensors. */
 bool eng_engine_merges_on_device(const eng_engine *e);
 /*
  * Have the backend build its copy of version w now (merging on the device

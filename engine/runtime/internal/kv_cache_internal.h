@@ -3,7 +3,7 @@
  * kv_at, eng_kv_check_writes), shared by kv_cache.c (which owns the blocks),
  * forward.c (which reads and writes the host arena), backend_cuda.c (which
  * refuses writes into shared blocks) and step.c (which reads the block
- * size).
+ * size), and prefix_cache.c (which keeps blocks past their sequences).
  * Nothing outside engine/runtime/ includes it.
  */
 #ifndef QL_KV_CACHE_INTERNAL_H
@@ -11,6 +11,7 @@
 
 #include "runtime.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,13 +22,33 @@ struct eng_kv_cache {
     int32_t n_layers;
     int64_t kv_dim;
     size_t block_floats;
-    int32_t *free_list; /* a stack of free block numbers */
+    /* the free blocks, a doubly linked queue taken from its head: a block
+     * that holds nothing worth keeping goes back at the head, one the
+     * prefix cache keeps at the tail, so such blocks are reused last, least
+     * recently freed first */
+    int32_t *free_prev, *free_next; /* -1 ends the queue; both -1 off it too */
+    int32_t free_head, free_tail;
     int32_t n_free;
     /* per block: the block tables that reference it, or 1 for a block a
      * sequence holds outside its table; 0 exactly when it is free */
     int32_t *refs;
-    int32_t n_shared; /* blocks whose refs is above 1 */
+    int32_t n_shared;         /* blocks whose refs is above 1 */
+    struct kv_prefix *prefix; /* the prefix cache (prefix_cache.c); NULL: off */
 };
+
+/* Free block b (refs 0) whose prompt content the prefix cache keeps:
+ * whether it does. */
+bool kv_prefix_keeps(const struct eng_kv_cache *kv, int32_t b);
+/* Block b leaves the free queue to be written anew: the prefix cache
+ * forgets it (nothing when it kept nothing). */
+void kv_prefix_forget(struct eng_kv_cache *kv, int32_t b);
+/* Take block b, free or referenced, for one more block table (a prefix
+ * cache hit): off the free queue when free. */
+void kv_take_block(struct eng_kv_cache *kv, int32_t b);
+void kv_prefix_free(struct kv_prefix *p);
+/* Room for n entries in *arr (a block table or a held list); false when
+ * out of memory, *arr unchanged. */
+bool kv_grow_list(int32_t **arr, int32_t n);
 
 /* Refuse (QL_EINVAL naming the sequence and block) a step that would
  * write into a block another sequence's table references too: its
