@@ -1063,6 +1063,14 @@ Test(forward, pool_of_three_threads_covers_every_index_once)
     pool_covers_every_index_once(3);
 }
 
+/* More threads than this machine's cores: workers join late or never, and
+ * jobs close and open while they race to join; every index still runs
+ * once, and no job's chunk runs under another job's parameters. */
+Test(forward, pool_of_sixteen_threads_covers_every_index_once)
+{
+    pool_covers_every_index_once(16);
+}
+
 static double cpu_seconds(void)
 {
     struct timespec ts;

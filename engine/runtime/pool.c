@@ -14,6 +14,17 @@
  * sleeps after SPIN_NS of spinning. The sleepers counters, read and
  * written under the mutex, make the wake-ups lossless.
  *
+ * A worker joins a job before it takes chunks, and the caller waits only
+ * for the workers that joined: one the kernel has not scheduled (the
+ * server's loop thread or a client took its core) is not waited for, and
+ * the caller does its share. Waiting for every worker to check in turned
+ * each such preemption into a stall of a scheduler slice per job, a few
+ * hundred of them per step. The job's word (state) packs its number, a
+ * closed flag and the count of workers in it: a worker joins with a
+ * compare-and-swap on an open job, so the parameters it reads are that
+ * job's, and the caller closes the job (no worker in it) before it returns
+ * or writes the next one.
+ *
  * It offers eng_pool_* (runtime.h) and owns its threads; it calls nothing
  * else in engine/runtime/ (base/'s ql_now_ns is its clock).
  */
@@ -33,17 +44,26 @@
 
 #define SPIN_NS 200000 /* spin this long for the next job or the last chunk */
 
+/* The job word: number << 32 | CLOSED | workers in it. */
+#define CLOSED      (UINT64_C(1) << 31)
+#define ACTIVE_MASK (CLOSED - 1)
+
+static uint32_t job_of(uint64_t state)
+{
+    return (uint32_t)(state >> 32);
+}
+
 struct eng_pool {
     int n_threads; /* including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t work, done;
-    int work_sleepers;               /* workers asleep on work (under mu) */
-    bool done_sleeper;               /* the caller asleep on done (under mu) */
-    atomic_uint_fast64_t generation; /* bumped for each job */
-    atomic_int finished;             /* workers done with the current job */
+    int work_sleepers;      /* workers asleep on work (under mu) */
+    bool done_sleeper;      /* the caller asleep on done (under mu) */
+    _Atomic uint64_t state; /* the current job's word */
+    uint32_t jobs;          /* jobs posted (the caller's) */
     atomic_bool stop;
-    /* the current job: written before generation is bumped */
+    /* the current job: written while it is closed, before it opens */
     void (*fn)(void *ctx, int64_t begin, int64_t end);
     void *ctx;
     int64_t n, chunk;
@@ -68,16 +88,19 @@ static bool spin_until(eng_pool *p, bool (*ready)(eng_pool *, uint64_t), uint64_
     }
 }
 
-static bool job_posted(eng_pool *p, uint64_t seen)
+/* An open job other than the one numbered `last` (the worker's last), or stop. */
+static bool job_posted(eng_pool *p, uint64_t last)
 {
-    return atomic_load_explicit(&p->generation, memory_order_acquire) != seen ||
+    uint64_t v = atomic_load_explicit(&p->state, memory_order_acquire);
+    return (!(v & CLOSED) && job_of(v) != (uint32_t)last) ||
            atomic_load_explicit(&p->stop, memory_order_relaxed);
 }
 
-static bool job_done(eng_pool *p, uint64_t unused)
+/* No worker is in the current job. */
+static bool job_idle(eng_pool *p, uint64_t unused)
 {
     (void)unused;
-    return atomic_load_explicit(&p->finished, memory_order_acquire) == p->n_threads - 1;
+    return (atomic_load_explicit(&p->state, memory_order_acquire) & ACTIVE_MASK) == 0;
 }
 
 static void take_chunks(eng_pool *p)
@@ -91,25 +114,37 @@ static void take_chunks(eng_pool *p)
     }
 }
 
+/* Join the open job v names: true when this worker is now in it. */
+static bool join(eng_pool *p, uint64_t v, uint32_t last)
+{
+    if ((v & CLOSED) || job_of(v) == last)
+        return false;
+    return atomic_compare_exchange_weak_explicit(&p->state, &v, v + 1, memory_order_acq_rel,
+                                                 memory_order_acquire);
+}
+
 static void *worker(void *arg)
 {
     eng_pool *p = arg;
-    uint64_t seen = 0;
+    uint32_t last = 0; /* the last job joined (job numbers start at 1) */
     for (;;) {
-        if (!spin_until(p, job_posted, seen)) {
+        if (!spin_until(p, job_posted, last)) {
             pthread_mutex_lock(&p->mu);
             p->work_sleepers++;
-            while (!job_posted(p, seen))
+            while (!job_posted(p, last))
                 pthread_cond_wait(&p->work, &p->mu);
             p->work_sleepers--;
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->stop))
             break;
-        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
+        uint64_t v = atomic_load_explicit(&p->state, memory_order_acquire);
+        if (!join(p, v, last))
+            continue; /* closed meanwhile, or another worker's swap came first */
+        last = job_of(v);
         take_chunks(p);
-        if (atomic_fetch_add_explicit(&p->finished, 1, memory_order_acq_rel) ==
-            p->n_threads - 2) { /* the last one: wake the caller if it sleeps */
+        uint64_t after = atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel) - 1;
+        if ((after & ACTIVE_MASK) == 0) { /* the last one out: wake the caller if it sleeps */
             pthread_mutex_lock(&p->mu);
             if (p->done_sleeper)
                 pthread_cond_signal(&p->done);
@@ -132,6 +167,7 @@ int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len)
     if (!p)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     p->n_threads = n_threads;
+    atomic_init(&p->state, CLOSED); /* job 0, closed: nothing to join */
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);
@@ -190,20 +226,30 @@ void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end)
     p->ctx = ctx;
     p->n = n;
     p->chunk = chunk > grain ? chunk : grain;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->finished, 0);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_acq_rel);
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    if (++p->jobs == 0)
+        p->jobs = 1; /* 0 is no worker's "last" */
+    uint64_t open = (uint64_t)p->jobs << 32;
+    atomic_store_explicit(&p->state, open, memory_order_release);
     pthread_mutex_lock(&p->mu);
     if (p->work_sleepers)
         pthread_cond_broadcast(&p->work);
     pthread_mutex_unlock(&p->mu);
     take_chunks(p);
-    if (!spin_until(p, job_done, 0)) {
-        pthread_mutex_lock(&p->mu);
-        p->done_sleeper = true;
-        while (!job_done(p, 0))
-            pthread_cond_wait(&p->done, &p->mu);
-        p->done_sleeper = false;
-        pthread_mutex_unlock(&p->mu);
+    /* every chunk is taken; wait for the workers in the job, then close it
+     * (a worker joining meanwhile finds nothing left and leaves) */
+    for (;;) {
+        if (!spin_until(p, job_idle, 0)) {
+            pthread_mutex_lock(&p->mu);
+            p->done_sleeper = true;
+            while (!job_idle(p, 0))
+                pthread_cond_wait(&p->done, &p->mu);
+            p->done_sleeper = false;
+            pthread_mutex_unlock(&p->mu);
+        }
+        uint64_t idle = open;
+        if (atomic_compare_exchange_strong_explicit(&p->state, &idle, open | CLOSED,
+                                                    memory_order_acq_rel, memory_order_acquire))
+            return;
     }
 }
