@@ -822,6 +822,41 @@ Test(lora_engine, the_prefix_cache_gives_the_same_tokens_and_never_across_config
     rig_close(&g);
 }
 
+Test(lora_engine, requests_arriving_together_with_one_prefix_compute_it_once)
+{
+    kind_case kc = {.label = "q4_1 prefix", .gguf = true, .gguf_kind = QT_Q4_1};
+    rig g;
+    rig_open(&g, &kc);
+    char msg[512];
+    eng_engine *e = NULL;
+    eng_engine_opts eo = {
+        .kv_bytes = KV_BYTES, .threads = 2, .block_tokens = 4, .prefill_chunk = 4};
+    cr_assert_eq(eng_engine_start(&e, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    static const char *prompts[4] = {
+        "the then he the then he the then he the then he then the he he",
+        "the then he the then he the then he the then he then the he the",
+        "the then he the then he the then he the then he then the he then",
+        "the then he the then he the then he the then he then the then he",
+    };
+    gen runs[4];
+    for (int i = 0; i < 4; i++) {
+        gen_init(&runs[i], 0);
+        eng_request rq = greedy_request(&runs[i], 4, NULL, 0);
+        rq.prompt = prompts[i];
+        rq.prompt_len = strlen(prompts[i]);
+        cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    }
+    for (int i = 0; i < 4; i++)
+        gen_wait(&runs[i], gen_finished);
+    // the first computes the shared blocks while the others wait for them
+    cr_assert_eq(runs[0].cached, 0);
+    for (int i = 1; i < 4; i++)
+        cr_assert_gt(runs[i].cached, 8, "request %d computed the shared prefix again (%d cached)",
+                     i, runs[i].cached);
+    eng_engine_stop(e);
+    rig_close(&g);
+}
+
 /* --- 4. the registry: PEFT folders, merge reports, restore, budget ------------- */
 
 typedef struct reg_rig {

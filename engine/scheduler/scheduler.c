@@ -801,13 +801,37 @@ static bool take_room(eng_engine *e, request *r)
     return true;
 }
 
+/* Whether r should wait for a request now prefilling the same whole
+ * blocks of prompt under the same key: they will be in the prefix cache
+ * when that prefill reaches them, so r computes none of them again (eight
+ * requests with one long system prompt, arriving together, compute it
+ * once rather than eight times). */
+static bool prefix_in_flight(const eng_engine *e, const request *r)
+{
+    if (e->o.no_prefix_cache || r->req.prompt_logprobs)
+        return false;
+    int32_t bt = eng_kv_block_tokens(e->kv);
+    uint64_t key = prefix_key(e->current, r->want, r->n_want);
+    for (int32_t i = 0; i < e->n_running; i++) {
+        const request *q = e->running[i]->r;
+        if (q->begun || q->prefix_key != key)
+            continue;
+        int32_t n = q->n_prompt < r->n_prompt - 1 ? q->n_prompt : r->n_prompt - 1, same = 0;
+        while (same < n && q->prompt[same] == r->prompt[same])
+            same++;
+        if (same / bt * bt > q->n_prefilled)
+            return true; /* whole blocks of r that q has yet to compute */
+    }
+    return false;
+}
+
 /* Admit waiting requests in order while their slots and blocks are free. */
 static void admit(eng_engine *e)
 {
     int32_t vocab = e->m->cfg.vocab_size;
     while (e->waiting) {
         request *r = e->waiting;
-        if (!take_room(e, r))
+        if (prefix_in_flight(e, r) || !take_room(e, r))
             return; /* the head waits; order is kept */
         e->waiting = r->next;
         if (!e->waiting)
