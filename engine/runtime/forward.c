@@ -67,6 +67,7 @@ struct eng_forward_state {
     int64_t wide;                    /* the widest projection side */
     int64_t *seq_row;                /* [max_tokens]: each step sequence's first row */
     int32_t *seq_group;              /* [max_tokens]: its adapter group, or -1 */
+    struct lora_row *lora_rows;      /* [max_tokens]: one term's rows on bf16 modules */
 };
 
 /* --- setup ------------------------------------------------------------------ */
@@ -141,6 +142,7 @@ void eng_forward_state_free(eng_forward_state *st)
     free(st->lora_y);
     free(st->lora_u);
     free(st->lora_t);
+    free(st->lora_rows);
     free(st->seq_row);
     free(st->seq_group);
     free(st->row_seq);
@@ -282,6 +284,70 @@ void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, con
         y[i] += u[i];
 }
 
+/*
+ * Unmerged modules stored in bf16 (what lora_load makes of an adapter by
+ * default) take a path of their own: no gathering, since each row is
+ * multiplied by its own module's A and B where it lies (qt_lora_down,
+ * qt_lora_up: one row at a time, so its bits never depend on its
+ * neighbours), both products spread over the pool for every module, and the
+ * up product adding straight into y, which saves the passes over a copy of
+ * y the gathering costs. At batch 8 with 8 distinct adapters each row
+ * reads its own A and B (a rank-16 adapter on the default model is 9.8 MB
+ * of bf16 per step), so this is a read of memory, and it wants both cores.
+ */
+typedef struct lora_row {
+    const eng_lora_module *mod;
+    float s;     /* the term's scale times the module's */
+    int64_t row; /* its row of x and y */
+} lora_row;
+
+typedef struct lora_rows_job {
+    const lora_row *rows;
+    int64_t n_rows;
+    int64_t blocks; /* rank blocks of eight per row (the widest rank's) */
+    const float *x;
+    float *y, *t; /* t: [n_rows][t_stride] */
+    int64_t in, out, t_stride;
+} lora_rows_job;
+
+/* Items [i0, i1): item i is rank block i % blocks of row i / blocks. */
+static void lora_down_items(void *ctx, int64_t i0, int64_t i1)
+{
+    const lora_rows_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        const lora_row *lr = &j->rows[i / j->blocks];
+        int64_t r0 = (i % j->blocks) * 8, rank = lr->mod->a.rows;
+        if (r0 < rank)
+            qt_lora_down(&lr->mod->a, j->x + lr->row * j->in, lr->s,
+                         j->t + (i / j->blocks) * j->t_stride, r0, r0 + 8 < rank ? r0 + 8 : rank);
+    }
+}
+
+/* Output blocks [b0, b1) of eight, for every row. */
+static void lora_up_blocks(void *ctx, int64_t b0, int64_t b1)
+{
+    const lora_rows_job *j = ctx;
+    int64_t o0 = b0 * 8, o1 = b1 * 8 < j->out ? b1 * 8 : j->out;
+    for (int64_t i = 0; i < j->n_rows; i++)
+        qt_lora_up(&j->rows[i].mod->b, j->t + i * j->t_stride, j->y + j->rows[i].row * j->out, o0,
+                   o1);
+}
+
+/* Both products for n rows; t holds n * t_stride floats. */
+static void lora_apply_rows(eng_pool *pool, const lora_row *rows, int64_t n, const float *x,
+                            float *y, float *t, int64_t t_stride, int64_t in, int64_t out)
+{
+    lora_rows_job j = {rows, n, (t_stride + 7) / 8, x, y, t, in, out, t_stride};
+    eng_pool_run(pool, lora_down_items, &j, n * j.blocks, 1);
+    // up: chunks of 64 outputs, so that a step of a few rows still splits
+    eng_pool_run(pool, lora_up_blocks, &j, (out + 7) / 8, 8);
+}
+
+static bool lora_is_bf16(const eng_lora_module *mod)
+{
+    return mod->a.kind == QT_BF16 && mod->b.kind == QT_BF16;
+}
+
 /* The tensor sequence s computes layer l's projection p with. */
 static const qtensor *seq_proj(const eng_step_seq *s, const eng_model *m, int32_t l, eng_proj p)
 {
@@ -297,6 +363,11 @@ static int lora_scratch(eng_forward_state *st, int64_t rank)
         st->lora_y = malloc(big);
         st->lora_u = malloc(big);
         if (!st->lora_x || !st->lora_y || !st->lora_u)
+            return QL_ENOMEM;
+    }
+    if (!st->lora_rows) {
+        st->lora_rows = malloc((size_t)st->max_tokens * sizeof *st->lora_rows);
+        if (!st->lora_rows)
             return QL_ENOMEM;
     }
     if (rank > st->lora_rank) {
@@ -340,8 +411,22 @@ static void project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
         s = e;
     }
     for (int32_t k = 0; k < max_terms; k++) {
-        for (int32_t s = 0; s < n_seqs; s++)
+        // the rows on bf16 modules, each with its own (no gathering)
+        int64_t n_fast = 0;
+        for (int32_t s = 0; s < n_seqs; s++) {
             st->seq_group[s] = -1;
+            const eng_lora_module *mod =
+                seqs[s].n_delta > k ? eng_lora_module_at(seqs[s].delta[k].lora, l, p) : NULL;
+            if (!mod || !lora_is_bf16(mod))
+                continue;
+            st->seq_group[s] = s;
+            for (int32_t t = 0; t < seqs[s].n_tokens; t++)
+                st->lora_rows[n_fast++] =
+                    (lora_row){mod, seqs[s].delta[k].scale * mod->scale, st->seq_row[s] + t};
+        }
+        if (n_fast > 0)
+            lora_apply_rows(pool, st->lora_rows, n_fast, x, y, st->lora_t, st->lora_rank, in, out);
+        // the rest (f32 and f16 modules): rows gathered by module and scale
         for (int32_t s = 0; s < n_seqs; s++) {
             if (st->seq_group[s] >= 0 || seqs[s].n_delta <= k)
                 continue;
