@@ -1557,7 +1557,7 @@ int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *n
         goto done;
     /* converted tensors own their bytes: the file's copy goes when nothing
      * points into it any more */
-    if (!borrows_file(l)) {
+    if (dtype == LORA_DTYPE_BF16 && !borrows_file(l)) {
         st_close(&pl->file);
         memset(&pl->file, 0, sizeof pl->file);
     }

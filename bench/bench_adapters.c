@@ -292,6 +292,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *tmp = "/tmp";
     int threads = 0, new_tokens = 32, rounds = 5;
     bool decode_only = false;
+    lora_dtype dtype = LORA_DTYPE_BF16; /* serve's default */
     double ratio = 0.02;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -308,9 +309,13 @@ int main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         else if (strcmp(argv[i], "--decode-only") == 0)
             decode_only = true;
+        else if (strcmp(argv[i], "--adapter-dtype") == 0 && i + 1 < argc &&
+                 lora_dtype_from_name(argv[i + 1]) >= 0)
+            dtype = (lora_dtype)lora_dtype_from_name(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_adapters --model PATH [--threads N] [--new-tokens N] "
-                            "[--delta-ratio R] [--dir TMPDIR] [--rounds N] [--decode-only]\n");
+                            "[--delta-ratio R] [--dir TMPDIR] [--rounds N] [--decode-only] "
+                            "[--adapter-dtype bf16|f32]\n");
             return 2;
         }
     }
@@ -375,9 +380,18 @@ int main(int argc, char **argv)
     for (int i = 0; i < 8; i++) {
         char name[16];
         snprintf(name, sizeof name, "a%d", i);
-        if (lora_load(&ad[i], NULL, dirs[i], name, &m, msg, sizeof msg))
+        if (lora_load_as(&ad[i], NULL, dirs[i], name, &m, dtype, msg, sizeof msg))
             die("load", msg);
     }
+    /* what a step reads: the model's weights once, and A and B of every
+     * module of each distinct adapter once */
+    size_t adapter_tensor_bytes = 0;
+    for (int32_t l = 0; l < m.cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const eng_lora_module *mod = eng_lora_module_at(ad[0], l, (eng_proj)p);
+            if (mod)
+                adapter_tensor_bytes += mod->a.data_bytes + mod->b.data_bytes;
+        }
     /* per round, every configuration once, interleaved, and its rate as a
      * ratio to the same batch with no adapter measured in that round (a
      * noisy neighbour slows a round's runs alike); the medians over rounds */
@@ -391,13 +405,21 @@ int main(int argc, char **argv)
         for (int k = 0; k < N_RUNS; k++)
             rel[k][r] = rate[k][r] / rate[run_batch[k] == 1 ? B1_NONE : B8_NONE][r];
     }
-    fprintf(out, "  \"decode\": {\"new_tokens\": %d, \"rounds\": %d, \"runs\": [\n", new_tokens,
-            rounds);
+    fprintf(out,
+            "  \"decode\": {\"new_tokens\": %d, \"rounds\": %d, \"adapter_dtype\": \"%s\", "
+            "\"adapter_tensor_bytes\": %zu, \"model_weight_bytes\": %zu, \"runs\": [\n",
+            new_tokens, rounds, dtype == LORA_DTYPE_BF16 ? "bf16" : "f32", adapter_tensor_bytes,
+            eng_model_weight_bytes(&m));
     for (int k = 0; k < N_RUNS; k++)
         fprintf(out,
                 "    {\"batch\": %d, \"distinct_adapters\": %d, \"median_tok_s\": %.1f, "
+                "\"median_ms_per_step\": %.2f, \"best_ms_per_step\": %.2f, "
+                "\"adapter_bytes_per_step\": %zu, "
                 "\"median_ratio_to_none\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f}%s\n",
-                run_batch[k], run_adapters[k], median(rate[k], rounds), median(rel[k], rounds),
+                run_batch[k], run_adapters[k], median(rate[k], rounds),
+                1e3 * run_batch[k] / median(rate[k], rounds),
+                1e3 * run_batch[k] / max_of(rate[k], rounds),
+                (size_t)run_adapters[k] * adapter_tensor_bytes, median(rel[k], rounds),
                 min_of(rel[k], rounds), max_of(rel[k], rounds), k + 1 < N_RUNS ? "," : "");
     fprintf(out, "  ]},\n");
     for (int i = 0; i < 8; i++)
