@@ -361,9 +361,10 @@ Test(lora_bf16, a_bf16_file_is_kept_as_is_either_way)
     rig_close(&g);
 }
 
-/* Sequences on distinct bf16 adapters (and one on none), batched, each get
- * the bits they get alone: every row is multiplied by its own module where
- * it lies, whatever else is in the step. */
+/* Sequences on distinct bf16 adapters (and one on none, one on two),
+ * batched, each get the bits they get alone: every row is multiplied by its
+ * own module where it lies, whatever else is in the step (one term rides in
+ * the base product, two are added after it). */
 Test(lora_bf16, a_batch_of_distinct_bf16_adapters_gives_each_sequence_its_alone_bits)
 {
     enum { N = 5 };
@@ -384,12 +385,13 @@ Test(lora_bf16, a_batch_of_distinct_bf16_adapters_gives_each_sequence_its_alone_
     static const int32_t tokens[4] = {259, 72, 101, 108};
     float *batch = malloc((size_t)(N * 4) * (size_t)V * sizeof *batch);
     float *alone = malloc((size_t)V * sizeof *alone);
-    eng_lora_term terms[N];
+    eng_lora_term terms[N][2];
     eng_seq_kv kv[N];
     eng_step_seq seqs[N];
     char msg[1024] = "";
     for (int i = 0; i < N; i++) {
-        terms[i] = (eng_lora_term){i ? ad[i - 1] : NULL, i == 3 ? -0.5f : 1.0f};
+        terms[i][0] = (eng_lora_term){i ? ad[i - 1] : NULL, i == 3 ? -0.5f : 1.0f};
+        terms[i][1] = (eng_lora_term){ad[0], 0.25f};
         kv[i] = (eng_seq_kv){0};
     }
     // a prefill of 1 to 4 tokens per sequence in one step
@@ -398,8 +400,10 @@ Test(lora_bf16, a_batch_of_distinct_bf16_adapters_gives_each_sequence_its_alone_
                                  .tokens = tokens,
                                  .n_tokens = 1 + i % 4,
                                  .pos = 0,
-                                 .delta = i ? &terms[i] : NULL,
-                                 .n_delta = i ? 1 : 0};
+                                 .delta = i ? terms[i] : NULL,
+                                 .n_delta = i == N - 1 ? 2
+                                            : i        ? 1
+                                                       : 0};
         cr_assert_eq(eng_kv_reserve(g.kv, &kv[i], seqs[i].n_tokens), QL_OK);
     }
     cr_assert_eq(eng_forward(g.st, &g.m, g.kv, g.pool, seqs, N, batch, msg, sizeof msg), 0, "%s",
