@@ -26,8 +26,10 @@
  *     lies inside the adapter directory.
  *
  * Unmerged application is exact (the quantized base plus the adapter in
- * f32, what QLoRA trained); merging is fast and approximate, and every
- * merge says how approximate (delta_retained, relative_error).
+ * f32, what QLoRA trained), or, as serve keeps adapters by default, A and B
+ * rounded to bf16 at load and multiplied in f32 (lora_dtype); merging is
+ * fast and approximate, and every merge says how approximate
+ * (delta_retained, relative_error).
  *
  * It owns the adapters it loads (refcounted eng_lora) and the registry's
  * table; it touches the engine only through engine/model/model.h (publishing weight

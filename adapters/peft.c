@@ -66,7 +66,12 @@
  * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
  * name; save_pretrained strips it). Any other key is refused by name.
  *
- * It offers lora_load (lora.h). The eng_lora it builds owns
+ * With LORA_DTYPE_BF16 (serve's --adapter-dtype default) every f32 or f16
+ * A and B is rounded to bf16 once, here, into memory the adapter owns, and
+ * the file's copy is let go when nothing borrows from it any more: half an
+ * f32 adapter's bytes, read by every step that applies it unmerged.
+ *
+ * It offers lora_load and lora_load_as (lora.h). The eng_lora it builds owns
  * adapter_model.safetensors read into memory at load (st_open_copy: A and
  * B borrow from that copy, through st_tensor_qtensor, so rewriting or
  * truncating the file on disk changes nothing that serves), the copies it

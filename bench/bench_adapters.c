@@ -22,6 +22,9 @@
  *     with 0, 1, 4 and 8 distinct unmerged adapters, as a ratio to the same
  *     batch with none measured in the same round (eng_forward, greedy,
  *     --new-tokens steps; the median over --rounds rounds, and the range);
+ *   - where that time goes: one step's adapter work at batch 8 with 8
+ *     distinct adapters on one thread, stage by stage, for the gathered
+ *     route (f32 and f16 modules) and the bf16 row route (product_costs);
  *   - drift: PEFT's way (merge into the quantized weight, later subtract
  *     and requantize) against ours (recompute from the pristine weight)
  *     after 1, 10 and 100 merge/unmerge cycles, on the seven projections of
@@ -173,6 +176,87 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
     eng_forward_state_free(st);
     eng_kv_free(kv);
     return rate;
+}
+
+/* --- where a step's adapter time goes ----------------------------------------- */
+
+/*
+ * One decode step's unmerged-adapter work at batch 8 with 8 distinct
+ * adapters (one row each), on one thread, best of `reps`, in ms per step,
+ * stage by stage: the gathered route (what every module took before bf16
+ * rows, and f32 and f16 modules still take: copy the row's x and y out,
+ * t = s * A x and u = B t through qt_matmul, y += u, copy y back) and the
+ * bf16 row route (qt_lora_down, qt_lora_up adding into y in place). The
+ * adapters must be stored in bf16 for the second.
+ */
+static void product_costs(const eng_model *m, eng_lora **ad, int reps, FILE *out)
+{
+    enum { GATHER, A_PRODUCT, B_PRODUCT, ADD_INTO_Y, SCATTER, DOWN, UP, N_STAGES };
+    static const char *const names[N_STAGES] = {"gather",  "a_product", "b_product", "add_into_y",
+                                                "scatter", "bf16_down", "bf16_up"};
+    size_t wide = (size_t)(m->cfg.intermediate_size > m->cfg.hidden_size ? m->cfg.intermediate_size
+                                                                         : m->cfg.hidden_size);
+    wide = wide > (size_t)m->cfg.n_heads * (size_t)m->cfg.head_dim
+               ? wide
+               : (size_t)m->cfg.n_heads * (size_t)m->cfg.head_dim;
+    float *x = calloc(8 * wide, sizeof *x), *y = calloc(8 * wide, sizeof *y);
+    float *gx = malloc(wide * sizeof *gx), *gy = malloc(wide * sizeof *gy);
+    float *u = malloc(wide * sizeof *u), *t = malloc(256 * sizeof *t);
+    if (!x || !y || !gx || !gy || !u || !t)
+        die("product costs", "out of memory");
+    for (size_t i = 0; i < 8 * wide; i++)
+        x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    double best[N_STAGES];
+    for (int k = 0; k < N_STAGES; k++)
+        best[k] = INFINITY;
+    for (int rep = 0; rep < reps; rep++) {
+        double sum[N_STAGES] = {0};
+        for (int32_t l = 0; l < m->cfg.n_layers; l++)
+            for (int p = 0; p < ENG_N_PROJ; p++)
+                for (int i = 0; i < 8; i++) {
+                    const eng_lora_module *mod = eng_lora_module_at(ad[i], l, (eng_proj)p);
+                    if (!mod || mod->a.kind != QT_BF16 || mod->a.rows > 256)
+                        continue;
+                    int64_t in = mod->a.cols, o = mod->b.rows, rank = mod->a.rows;
+                    const float *xr = x + (size_t)i * wide;
+                    float *yr = y + (size_t)i * wide;
+                    double t0 = now();
+                    memcpy(gx, xr, (size_t)in * sizeof *gx);
+                    memcpy(gy, yr, (size_t)o * sizeof *gy);
+                    double t1 = now();
+                    qt_matmul(&mod->a, gx, 1, t, 0, rank);
+                    for (int64_t r = 0; r < rank; r++)
+                        t[r] *= mod->scale;
+                    double t2 = now();
+                    qt_matmul(&mod->b, t, 1, u, 0, o);
+                    double t3 = now();
+                    for (int64_t j = 0; j < o; j++)
+                        gy[j] += u[j];
+                    double t4 = now();
+                    memcpy(yr, gy, (size_t)o * sizeof *gy);
+                    double t5 = now();
+                    qt_lora_down(&mod->a, xr, mod->scale, t, 0, rank);
+                    double t6 = now();
+                    qt_lora_up(&mod->b, t, yr, 0, o);
+                    double t7 = now();
+                    double stage[N_STAGES] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3,
+                                              t5 - t4, t6 - t5, t7 - t6};
+                    for (int k = 0; k < N_STAGES; k++)
+                        sum[k] += stage[k];
+                }
+        for (int k = 0; k < N_STAGES; k++)
+            best[k] = fmin(best[k], sum[k]);
+    }
+    fprintf(out, "  \"one_thread_ms_per_step_b8_8_adapters\": {\"reps\": %d", reps);
+    for (int k = 0; k < N_STAGES; k++)
+        fprintf(out, ", \"%s\": %.3f", names[k], 1e3 * best[k]);
+    fprintf(out, "},\n");
+    free(x);
+    free(y);
+    free(gx);
+    free(gy);
+    free(u);
+    free(t);
 }
 
 /* --- drift: PEFT's subtract-and-requantize against ours ---------------------- */
@@ -392,6 +476,8 @@ int main(int argc, char **argv)
             if (mod)
                 adapter_tensor_bytes += mod->a.data_bytes + mod->b.data_bytes;
         }
+    if (dtype == LORA_DTYPE_BF16)
+        product_costs(&m, ad, 10, out);
     /* per round, every configuration once, interleaved, and its rate as a
      * ratio to the same batch with no adapter measured in that round (a
      * noisy neighbour slows a round's runs alike); the medians over rounds */
