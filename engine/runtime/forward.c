@@ -289,13 +289,14 @@ void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, con
  * for serve) take a path of their own: no gathering, since each row is
  * multiplied by its own module's A and B where it lies (qt_lora_down,
  * qt_lora_up: one row at a time, so its bits never depend on its
- * neighbours). The down products of every such row go over the pool in one
- * job; the up products ride in the base product's own job, each chunk of
- * output features adding its rows' B t while those y values are still in
- * cache, so they cost neither a pass over y nor a wake-up of the pool. At
- * batch 8 with 8 distinct adapters each row reads its own A and B (a
- * rank-16 adapter on the default model is 9.8 MB of bf16 per step), so
- * this is a read of memory, spread over the pool's threads.
+ * neighbours). The down products of every such row come first (on this
+ * thread for a decode step, over the pool for a prefill chunk); the up
+ * products ride in the base product's own pool job, each chunk of output
+ * features adding its rows' B t while those y values are still in cache,
+ * so they cost neither a pass over y nor a job of their own. At batch 8
+ * with 8 distinct adapters each row reads its own A and B (a rank-16
+ * adapter on the default model is 9.8 MB of bf16 per step), so this is
+ * mostly a read of memory.
  */
 typedef struct lora_row {
     const eng_lora_module *mod;
@@ -332,11 +333,25 @@ static void lora_down_items(void *ctx, int64_t i0, int64_t i1)
     }
 }
 
-/* t of every row: s * A x over the pool. */
+/*
+ * Adapter products of up to this many multiply-adds run on the calling
+ * thread: a decode step's down products (batch 8, rank 16, 1536 inputs:
+ * 0.2M) take about as long as the pool's handing over of a job, and on a
+ * machine whose cores are shared a job costs more, since it waits for its
+ * slowest thread (bench_adapters at 2 threads on 2 busy cores: 8 distinct
+ * adapters went from 0.87 to 0.75 of base when every module's down
+ * products became a pool job). A prefill chunk's are pooled.
+ */
+#define LORA_INLINE_MACS ((int64_t)1 << 20)
+
+/* t of every row: s * A x. */
 static void lora_down(eng_pool *pool, const lora_rows *r, const float *x, int64_t in)
 {
     lora_down_job j = {*r, (r->t_stride + 7) / 8, x, in};
-    eng_pool_run(pool, lora_down_items, &j, r->n * j.blocks, 1);
+    if (r->n * r->t_stride * in <= LORA_INLINE_MACS)
+        lora_down_items(&j, 0, r->n * j.blocks);
+    else
+        eng_pool_run(pool, lora_down_items, &j, r->n * j.blocks, 1);
 }
 
 /* y[row][o0, o1) += B t for every row (y: rows of `out` floats). */
@@ -385,6 +400,10 @@ static void lora_apply_rows(eng_pool *pool, const lora_rows *r, const float *x, 
                             int64_t in, int64_t out)
 {
     lora_down(pool, r, x, in);
+    if (r->n * r->t_stride * out <= LORA_INLINE_MACS) {
+        lora_up(r, y, out, 0, out);
+        return;
+    }
     lora_up_job j = {*r, y, out};
     // chunks of 64 outputs, so that a step of a few rows still splits
     eng_pool_run(pool, lora_up_blocks, &j, (out + 7) / 8, 8);
