@@ -21,7 +21,11 @@
  *   - decode tokens/s at batch 1 with one unmerged adapter and at batch 8
  *     with 0, 1, 4 and 8 distinct unmerged adapters, as a ratio to the same
  *     batch with none measured in the same round (eng_forward, greedy,
- *     --new-tokens steps; the median over --rounds rounds, and the range);
+ *     --new-tokens steps; the median over --rounds rounds, and the range),
+ *     and batch 8 with the 8 adapters widened to f32 (as an f32 PEFT file
+ *     loads with --adapter-dtype f32: the gathered route); per run also the
+ *     calling thread's CPU time per step (at --threads 1 the whole step's
+ *     work, which other processes on a shared machine do not inflate);
  *   - where that time goes: one step's adapter work at batch 8 with 8
  *     distinct adapters on one thread, stage by stage, for the gathered
  *     route (f32 and f16 modules) and the bf16 row route (product_costs);
@@ -52,6 +56,15 @@ static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The calling thread's CPU time: at --threads 1 a step's whole work, and
+ * what a busy shared machine's other processes do not add to. */
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -117,7 +130,7 @@ static void requantize_model(eng_model *m, const qt_quant_params *p)
 /* Decode tokens/s of `batch` sequences, sequence i applying adapters[i %
  * n_adapters] unmerged (n_adapters 0: none). */
 static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapters, int n_adapters,
-                          int batch, int new_tokens)
+                          int batch, int new_tokens, double *cpu_ms_per_step)
 {
     char msg[512];
     const int P = 32;
@@ -149,7 +162,7 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
         die("prefill", msg);
     for (int b = 0; b < batch; b++)
         next[b] = 100 + b;
-    double t0 = now();
+    double t0 = now(), c0 = thread_cpu();
     for (int k = 0; k < new_tokens; k++) {
         for (int b = 0; b < batch; b++)
             step[b] = (eng_step_seq){.kv = &seqs[b],
@@ -170,6 +183,7 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
         }
     }
     double rate = batch * new_tokens / (now() - t0);
+    *cpu_ms_per_step = 1e3 * (thread_cpu() - c0) / new_tokens;
     for (int b = 0; b < batch; b++)
         eng_kv_release(kv, &seqs[b]);
     free(logits);
@@ -467,6 +481,18 @@ int main(int argc, char **argv)
         if (lora_load_as(&ad[i], NULL, dirs[i], name, &m, dtype, msg, sizeof msg))
             die("load", msg);
     }
+    /* the same adapters widened to f32, as an f32 PEFT file loads with
+     * --adapter-dtype f32: the gathered route (qt_matmul on A and B) */
+    eng_lora *ad32[8];
+    for (int i = 0; i < 8; i++) {
+        if (lora_load_as(&ad32[i], NULL, dirs[i], "f32", &m, LORA_DTYPE_F32, msg, sizeof msg))
+            die("load", msg);
+        for (size_t k = 0; k < (size_t)m.cfg.n_layers * ENG_N_PROJ; k++)
+            if (ad32[i]->modules[k].a.rows &&
+                (qt_cast_dense(&ad32[i]->modules[k].a, QT_F32, msg, sizeof msg) ||
+                 qt_cast_dense(&ad32[i]->modules[k].b, QT_F32, msg, sizeof msg)))
+                die("widen to f32", msg);
+    }
     /* what a step reads: the model's weights once, and A and B of every
      * module of each distinct adapter once */
     size_t adapter_tensor_bytes = 0;
@@ -481,13 +507,14 @@ int main(int argc, char **argv)
     /* per round, every configuration once, interleaved, and its rate as a
      * ratio to the same batch with no adapter measured in that round (a
      * noisy neighbour slows a round's runs alike); the medians over rounds */
-    enum { B1_NONE, B1_ONE, B8_NONE, B8_ONE, B8_FOUR, B8_EIGHT, N_RUNS };
-    static const int run_batch[N_RUNS] = {1, 1, 8, 8, 8, 8},
-                     run_adapters[N_RUNS] = {0, 1, 0, 1, 4, 8};
-    double rate[N_RUNS][64], rel[N_RUNS][64];
+    enum { B1_NONE, B1_ONE, B8_NONE, B8_ONE, B8_FOUR, B8_EIGHT, B8_EIGHT_F32, N_RUNS };
+    static const int run_batch[N_RUNS] = {1, 1, 8, 8, 8, 8, 8},
+                     run_adapters[N_RUNS] = {0, 1, 0, 1, 4, 8, 8};
+    double rate[N_RUNS][64], rel[N_RUNS][64], cpu[N_RUNS][64];
     for (int r = 0; r < rounds; r++) {
         for (int k = 0; k < N_RUNS; k++)
-            rate[k][r] = decode_rate(&m, pool, ad, run_adapters[k], run_batch[k], new_tokens);
+            rate[k][r] = decode_rate(&m, pool, k == B8_EIGHT_F32 ? ad32 : ad, run_adapters[k],
+                                     run_batch[k], new_tokens, &cpu[k][r]);
         for (int k = 0; k < N_RUNS; k++)
             rel[k][r] = rate[k][r] / rate[run_batch[k] == 1 ? B1_NONE : B8_NONE][r];
     }
@@ -498,18 +525,26 @@ int main(int argc, char **argv)
             eng_model_weight_bytes(&m));
     for (int k = 0; k < N_RUNS; k++)
         fprintf(out,
-                "    {\"batch\": %d, \"distinct_adapters\": %d, \"median_tok_s\": %.1f, "
+                "    {\"batch\": %d, \"distinct_adapters\": %d, \"stored\": \"%s\", "
+                "\"median_tok_s\": %.1f, \"best_cpu_ms_per_step\": %.2f, "
                 "\"median_ms_per_step\": %.2f, \"best_ms_per_step\": %.2f, "
                 "\"adapter_bytes_per_step\": %zu, "
                 "\"median_ratio_to_none\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f}%s\n",
-                run_batch[k], run_adapters[k], median(rate[k], rounds),
+                run_batch[k], run_adapters[k],
+                !run_adapters[k]    ? ""
+                : k == B8_EIGHT_F32 ? "f32"
+                                    : "bf16",
+                median(rate[k], rounds), min_of(cpu[k], rounds),
                 1e3 * run_batch[k] / median(rate[k], rounds),
                 1e3 * run_batch[k] / max_of(rate[k], rounds),
-                (size_t)run_adapters[k] * adapter_tensor_bytes, median(rel[k], rounds),
-                min_of(rel[k], rounds), max_of(rel[k], rounds), k + 1 < N_RUNS ? "," : "");
+                (size_t)run_adapters[k] * adapter_tensor_bytes * (k == B8_EIGHT_F32 ? 2 : 1),
+                median(rel[k], rounds), min_of(rel[k], rounds), max_of(rel[k], rounds),
+                k + 1 < N_RUNS ? "," : "");
     fprintf(out, "  ]},\n");
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 8; i++) {
         eng_lora_unref(ad[i]);
+        eng_lora_unref(ad32[i]);
+    }
 
     if (decode_only) {
         fprintf(out, "  \"merge\": null\n}\n");
