@@ -26,8 +26,10 @@
  *     lies inside the adapter directory.
  *
  * Unmerged application is exact (the quantized base plus the adapter in
- * f32, what QLoRA trained); merging is fast and approximate, and every
- * merge says how approximate (delta_retained, relative_error).
+ * f32, what QLoRA trained), or, as serve keeps adapters by default, A and B
+ * rounded to bf16 at load and multiplied in f32 (lora_dtype); merging is
+ * fast and approximate, and every merge says how approximate
+ * (delta_retained, relative_error).
  *
  * It owns the adapters it loads (refcounted eng_lora) and the registry's
  * table; it touches the engine only through engine/model/model.h (publishing weight
@@ -61,6 +63,24 @@ typedef struct lora_meta {
 } lora_meta;
 
 /*
+ * What lora_load_as stores an adapter's A and B in (--adapter-dtype).
+ * Products always accumulate in f32.
+ */
+typedef enum lora_dtype {
+    /* never rounded: each tensor as the file stores it (f32, f16 or bf16,
+     * all exact in f32), what the PEFT agreement tests pin */
+    LORA_DTYPE_F32 = 0,
+    /* f32 and f16 tensors rounded to bf16 (nearest even) at load, a bf16
+     * one kept as is: half an f32 adapter's bytes read per step, and the
+     * per-row bf16 products (qt_lora_down, qt_lora_up) the engine spreads
+     * over its pool. serve's and generate's default. */
+    LORA_DTYPE_BF16,
+} lora_dtype;
+
+/* The dtype named "f32" or "bf16", or -1. */
+int lora_dtype_from_name(const char *name);
+
+/*
  * Load the PEFT LoRA adapter in folder dir for model m, under `name` (NULL:
  * the folder's base name). Everything is checked before *out is set:
  * target modules exist in the model, every A is [r, in_features] and every
@@ -77,6 +97,10 @@ typedef struct lora_meta {
  */
 int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
               const eng_model *m, char *msg, size_t msg_len);
+/* The same, storing A and B as dtype says (lora_load: LORA_DTYPE_F32). A
+ * converted adapter owns its tensors and lets go of the file's copy. */
+int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
+                 const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len);
 
 /*
  * Compile prefix + pattern + suffix as a POSIX extended regex (REG_NOSUB):
@@ -143,7 +167,8 @@ typedef struct lora_registry_opts {
     /* bytes adapters may hold; loading past it evicts unmerged adapters no
      * request has used for longest; 0: no limit */
     size_t budget_bytes;
-    int threads; /* merge threads; 0: the machine's cores */
+    int threads;      /* merge threads; 0: the machine's cores */
+    lora_dtype dtype; /* what adapters are stored in (zero: f32, never rounded) */
     /* the journal (state.c's format): rewritten atomically after every
      * change (load, unload, merge, unmerge, eviction) and replayed by
      * lora_registry_restore. Copied; NULL: no journal. */

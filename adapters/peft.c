@@ -66,7 +66,12 @@
  * ".default.weight" (a raw state_dict of a PeftModel carries the adapter
  * name; save_pretrained strips it). Any other key is refused by name.
  *
- * It offers lora_load (lora.h). The eng_lora it builds owns
+ * With LORA_DTYPE_BF16 (serve's --adapter-dtype default) every f32 or f16
+ * A and B is rounded to bf16 once, here, into memory the adapter owns, and
+ * the file's copy is let go when nothing borrows from it any more: half an
+ * f32 adapter's bytes, read by every step that applies it unmerged.
+ *
+ * It offers lora_load and lora_load_as (lora.h). The eng_lora it builds owns
  * adapter_model.safetensors read into memory at load (st_open_copy: A and
  * B borrow from that copy, through st_tensor_qtensor, so rewriting or
  * truncating the file on disk changes nothing that serves), the copies it
@@ -1409,6 +1414,43 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
     return QL_OK;
 }
 
+/* Round every module's A and B that is not bf16 to bf16 (f32 and f16: in
+ * place, qt_cast_dense: nearest even); *copied follows the bytes owned. */
+static int modules_to_bf16(eng_lora *l, size_t *copied, char *msg, size_t msg_len)
+{
+    for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++) {
+        qtensor *ts[2] = {&l->modules[i].a, &l->modules[i].b};
+        for (int k = 0; k < 2; k++) {
+            if (!ts[k]->rows || ts[k]->kind == QT_BF16)
+                continue;
+            size_t owned = ts[k]->data_borrowed ? 0 : ts[k]->data_bytes;
+            int rc = qt_cast_dense(ts[k], QT_BF16, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+            *copied = *copied - owned + ts[k]->data_bytes;
+        }
+    }
+    return QL_OK;
+}
+
+/* Whether any module's tensor still points into the file's copy. */
+static bool borrows_file(const eng_lora *l)
+{
+    for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++)
+        if (l->modules[i].a.data_borrowed || l->modules[i].b.data_borrowed)
+            return true;
+    return false;
+}
+
+int lora_dtype_from_name(const char *name)
+{
+    if (strcmp(name, "f32") == 0)
+        return LORA_DTYPE_F32;
+    if (strcmp(name, "bf16") == 0)
+        return LORA_DTYPE_BF16;
+    return -1;
+}
+
 static void fill_meta(lora_meta *meta, const adapter_config *c, const module_plan *plan,
                       const eng_model *m, size_t n_modules)
 {
@@ -1437,6 +1479,12 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
 
 int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
               const eng_model *m, char *msg, size_t msg_len)
+{
+    return lora_load_as(out, meta, dir, name, m, LORA_DTYPE_F32, msg, msg_len);
+}
+
+int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
+                 const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len)
 {
     *out = NULL;
     if (meta)
@@ -1508,9 +1556,18 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
     if (rc == QL_OK)
         rc = eng_chat_templates_from_folder(dir, &l->chat_template, &l->chat_template_tool_use, msg,
                                             msg_len);
+    if (rc == QL_OK && dtype == LORA_DTYPE_BF16)
+        rc = modules_to_bf16(l, &copied, msg, msg_len);
     if (rc != QL_OK)
         goto done;
-    /* the whole file's copy stays while the adapter lives, plus what was copied */
+    /* converted tensors own their bytes: the file's copy goes when nothing
+     * points into it any more */
+    if (dtype == LORA_DTYPE_BF16 && !borrows_file(l)) {
+        st_close(&pl->file);
+        memset(&pl->file, 0, sizeof pl->file);
+    }
+    /* the whole file's copy stays while the adapter borrows from it, plus
+     * what was copied */
     l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules +
                (l->chat_template ? strlen(l->chat_template) : 0) +
                (l->chat_template_tool_use ? strlen(l->chat_template_tool_use) : 0);

@@ -21,7 +21,14 @@
  *   - decode tokens/s at batch 1 with one unmerged adapter and at batch 8
  *     with 0, 1, 4 and 8 distinct unmerged adapters, as a ratio to the same
  *     batch with none measured in the same round (eng_forward, greedy,
- *     --new-tokens steps; the median over --rounds rounds, and the range);
+ *     --new-tokens steps; the median over --rounds rounds, and the range),
+ *     and batch 8 with the 8 adapters widened to f32 (as an f32 PEFT file
+ *     loads with --adapter-dtype f32: the gathered route); per run also the
+ *     calling thread's CPU time per step (at --threads 1 the whole step's
+ *     work, which other processes on a shared machine do not inflate);
+ *   - where that time goes: one step's adapter work at batch 8 with 8
+ *     distinct adapters on one thread, stage by stage, for the gathered
+ *     route (f32 and f16 modules) and the bf16 row route (product_costs);
  *   - drift: PEFT's way (merge into the quantized weight, later subtract
  *     and requantize) against ours (recompute from the pristine weight)
  *     after 1, 10 and 100 merge/unmerge cycles, on the seven projections of
@@ -49,6 +56,15 @@ static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The calling thread's CPU time: at --threads 1 a step's whole work, and
+ * what a busy shared machine's other processes do not add to. */
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -114,7 +130,7 @@ static void requantize_model(eng_model *m, const qt_quant_params *p)
 /* Decode tokens/s of `batch` sequences, sequence i applying adapters[i %
  * n_adapters] unmerged (n_adapters 0: none). */
 static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapters, int n_adapters,
-                          int batch, int new_tokens)
+                          int batch, int new_tokens, double *cpu_ms_per_step)
 {
     char msg[512];
     const int P = 32;
@@ -146,7 +162,7 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
         die("prefill", msg);
     for (int b = 0; b < batch; b++)
         next[b] = 100 + b;
-    double t0 = now();
+    double t0 = now(), c0 = thread_cpu();
     for (int k = 0; k < new_tokens; k++) {
         for (int b = 0; b < batch; b++)
             step[b] = (eng_step_seq){.kv = &seqs[b],
@@ -167,12 +183,94 @@ static double decode_rate(const eng_model *m, eng_pool *pool, eng_lora **adapter
         }
     }
     double rate = batch * new_tokens / (now() - t0);
+    *cpu_ms_per_step = 1e3 * (thread_cpu() - c0) / new_tokens;
     for (int b = 0; b < batch; b++)
         eng_kv_release(kv, &seqs[b]);
     free(logits);
     eng_forward_state_free(st);
     eng_kv_free(kv);
     return rate;
+}
+
+/* --- where a step's adapter time goes ----------------------------------------- */
+
+/*
+ * One decode step's unmerged-adapter work at batch 8 with 8 distinct
+ * adapters (one row each), on one thread, best of `reps`, in ms per step,
+ * stage by stage: the gathered route (what every module took before bf16
+ * rows, and f32 and f16 modules still take: copy the row's x and y out,
+ * t = s * A x and u = B t through qt_matmul, y += u, copy y back) and the
+ * bf16 row route (qt_lora_down, qt_lora_up adding into y in place). The
+ * adapters must be stored in bf16 for the second.
+ */
+static void product_costs(const eng_model *m, eng_lora **ad, int reps, FILE *out)
+{
+    enum { GATHER, A_PRODUCT, B_PRODUCT, ADD_INTO_Y, SCATTER, DOWN, UP, N_STAGES };
+    static const char *const names[N_STAGES] = {"gather",  "a_product", "b_product", "add_into_y",
+                                                "scatter", "bf16_down", "bf16_up"};
+    size_t wide = (size_t)(m->cfg.intermediate_size > m->cfg.hidden_size ? m->cfg.intermediate_size
+                                                                         : m->cfg.hidden_size);
+    wide = wide > (size_t)m->cfg.n_heads * (size_t)m->cfg.head_dim
+               ? wide
+               : (size_t)m->cfg.n_heads * (size_t)m->cfg.head_dim;
+    float *x = calloc(8 * wide, sizeof *x), *y = calloc(8 * wide, sizeof *y);
+    float *gx = malloc(wide * sizeof *gx), *gy = malloc(wide * sizeof *gy);
+    float *u = malloc(wide * sizeof *u), *t = malloc(256 * sizeof *t);
+    if (!x || !y || !gx || !gy || !u || !t)
+        die("product costs", "out of memory");
+    for (size_t i = 0; i < 8 * wide; i++)
+        x[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    double best[N_STAGES];
+    for (int k = 0; k < N_STAGES; k++)
+        best[k] = INFINITY;
+    for (int rep = 0; rep < reps; rep++) {
+        double sum[N_STAGES] = {0};
+        for (int32_t l = 0; l < m->cfg.n_layers; l++)
+            for (int p = 0; p < ENG_N_PROJ; p++)
+                for (int i = 0; i < 8; i++) {
+                    const eng_lora_module *mod = eng_lora_module_at(ad[i], l, (eng_proj)p);
+                    if (!mod || mod->a.kind != QT_BF16 || mod->a.rows > 256)
+                        continue;
+                    int64_t in = mod->a.cols, o = mod->b.rows, rank = mod->a.rows;
+                    const float *xr = x + (size_t)i * wide;
+                    float *yr = y + (size_t)i * wide;
+                    double t0 = now();
+                    memcpy(gx, xr, (size_t)in * sizeof *gx);
+                    memcpy(gy, yr, (size_t)o * sizeof *gy);
+                    double t1 = now();
+                    qt_matmul(&mod->a, gx, 1, t, 0, rank);
+                    for (int64_t r = 0; r < rank; r++)
+                        t[r] *= mod->scale;
+                    double t2 = now();
+                    qt_matmul(&mod->b, t, 1, u, 0, o);
+                    double t3 = now();
+                    for (int64_t j = 0; j < o; j++)
+                        gy[j] += u[j];
+                    double t4 = now();
+                    memcpy(yr, gy, (size_t)o * sizeof *gy);
+                    double t5 = now();
+                    qt_lora_down(&mod->a, xr, mod->scale, t, 0, rank);
+                    double t6 = now();
+                    qt_lora_up(&mod->b, t, yr, 0, o);
+                    double t7 = now();
+                    double stage[N_STAGES] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3,
+                                              t5 - t4, t6 - t5, t7 - t6};
+                    for (int k = 0; k < N_STAGES; k++)
+                        sum[k] += stage[k];
+                }
+        for (int k = 0; k < N_STAGES; k++)
+            best[k] = fmin(best[k], sum[k]);
+    }
+    fprintf(out, "  \"one_thread_ms_per_step_b8_8_adapters\": {\"reps\": %d", reps);
+    for (int k = 0; k < N_STAGES; k++)
+        fprintf(out, ", \"%s\": %.3f", names[k], 1e3 * best[k]);
+    fprintf(out, "},\n");
+    free(x);
+    free(y);
+    free(gx);
+    free(gy);
+    free(u);
+    free(t);
 }
 
 /* --- drift: PEFT's subtract-and-requantize against ours ---------------------- */
@@ -292,6 +390,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *tmp = "/tmp";
     int threads = 0, new_tokens = 32, rounds = 5;
     bool decode_only = false;
+    lora_dtype dtype = LORA_DTYPE_BF16; /* serve's default */
     double ratio = 0.02;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -308,9 +407,13 @@ int main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         else if (strcmp(argv[i], "--decode-only") == 0)
             decode_only = true;
+        else if (strcmp(argv[i], "--adapter-dtype") == 0 && i + 1 < argc &&
+                 lora_dtype_from_name(argv[i + 1]) >= 0)
+            dtype = (lora_dtype)lora_dtype_from_name(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_adapters --model PATH [--threads N] [--new-tokens N] "
-                            "[--delta-ratio R] [--dir TMPDIR] [--rounds N] [--decode-only]\n");
+                            "[--delta-ratio R] [--dir TMPDIR] [--rounds N] [--decode-only] "
+                            "[--adapter-dtype bf16|f32]\n");
             return 2;
         }
     }
@@ -375,33 +478,73 @@ int main(int argc, char **argv)
     for (int i = 0; i < 8; i++) {
         char name[16];
         snprintf(name, sizeof name, "a%d", i);
-        if (lora_load(&ad[i], NULL, dirs[i], name, &m, msg, sizeof msg))
+        if (lora_load_as(&ad[i], NULL, dirs[i], name, &m, dtype, msg, sizeof msg))
             die("load", msg);
     }
+    /* the same adapters widened to f32, as an f32 PEFT file loads with
+     * --adapter-dtype f32: the gathered route (qt_matmul on A and B) */
+    eng_lora *ad32[8];
+    for (int i = 0; i < 8; i++) {
+        if (lora_load_as(&ad32[i], NULL, dirs[i], "f32", &m, LORA_DTYPE_F32, msg, sizeof msg))
+            die("load", msg);
+        for (size_t k = 0; k < (size_t)m.cfg.n_layers * ENG_N_PROJ; k++)
+            if (ad32[i]->modules[k].a.rows &&
+                (qt_cast_dense(&ad32[i]->modules[k].a, QT_F32, msg, sizeof msg) ||
+                 qt_cast_dense(&ad32[i]->modules[k].b, QT_F32, msg, sizeof msg)))
+                die("widen to f32", msg);
+    }
+    /* what a step reads: the model's weights once, and A and B of every
+     * module of each distinct adapter once */
+    size_t adapter_tensor_bytes = 0;
+    for (int32_t l = 0; l < m.cfg.n_layers; l++)
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const eng_lora_module *mod = eng_lora_module_at(ad[0], l, (eng_proj)p);
+            if (mod)
+                adapter_tensor_bytes += mod->a.data_bytes + mod->b.data_bytes;
+        }
+    if (dtype == LORA_DTYPE_BF16)
+        product_costs(&m, ad, 10, out);
     /* per round, every configuration once, interleaved, and its rate as a
      * ratio to the same batch with no adapter measured in that round (a
      * noisy neighbour slows a round's runs alike); the medians over rounds */
-    enum { B1_NONE, B1_ONE, B8_NONE, B8_ONE, B8_FOUR, B8_EIGHT, N_RUNS };
-    static const int run_batch[N_RUNS] = {1, 1, 8, 8, 8, 8},
-                     run_adapters[N_RUNS] = {0, 1, 0, 1, 4, 8};
-    double rate[N_RUNS][64], rel[N_RUNS][64];
+    enum { B1_NONE, B1_ONE, B8_NONE, B8_ONE, B8_FOUR, B8_EIGHT, B8_EIGHT_F32, N_RUNS };
+    static const int run_batch[N_RUNS] = {1, 1, 8, 8, 8, 8, 8},
+                     run_adapters[N_RUNS] = {0, 1, 0, 1, 4, 8, 8};
+    double rate[N_RUNS][64], rel[N_RUNS][64], cpu[N_RUNS][64];
     for (int r = 0; r < rounds; r++) {
         for (int k = 0; k < N_RUNS; k++)
-            rate[k][r] = decode_rate(&m, pool, ad, run_adapters[k], run_batch[k], new_tokens);
+            rate[k][r] = decode_rate(&m, pool, k == B8_EIGHT_F32 ? ad32 : ad, run_adapters[k],
+                                     run_batch[k], new_tokens, &cpu[k][r]);
         for (int k = 0; k < N_RUNS; k++)
             rel[k][r] = rate[k][r] / rate[run_batch[k] == 1 ? B1_NONE : B8_NONE][r];
     }
-    fprintf(out, "  \"decode\": {\"new_tokens\": %d, \"rounds\": %d, \"runs\": [\n", new_tokens,
-            rounds);
+    fprintf(out,
+            "  \"decode\": {\"new_tokens\": %d, \"rounds\": %d, \"adapter_dtype\": \"%s\", "
+            "\"adapter_tensor_bytes\": %zu, \"model_weight_bytes\": %zu, \"runs\": [\n",
+            new_tokens, rounds, dtype == LORA_DTYPE_BF16 ? "bf16" : "f32", adapter_tensor_bytes,
+            eng_model_weight_bytes(&m));
     for (int k = 0; k < N_RUNS; k++)
         fprintf(out,
-                "    {\"batch\": %d, \"distinct_adapters\": %d, \"median_tok_s\": %.1f, "
+                "    {\"batch\": %d, \"distinct_adapters\": %d, \"stored\": \"%s\", "
+                "\"median_tok_s\": %.1f, \"best_cpu_ms_per_step\": %.2f, "
+                "\"median_ms_per_step\": %.2f, \"best_ms_per_step\": %.2f, "
+                "\"adapter_bytes_per_step\": %zu, "
                 "\"median_ratio_to_none\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f}%s\n",
-                run_batch[k], run_adapters[k], median(rate[k], rounds), median(rel[k], rounds),
-                min_of(rel[k], rounds), max_of(rel[k], rounds), k + 1 < N_RUNS ? "," : "");
+                run_batch[k], run_adapters[k],
+                !run_adapters[k]    ? ""
+                : k == B8_EIGHT_F32 ? "f32"
+                                    : "bf16",
+                median(rate[k], rounds), min_of(cpu[k], rounds),
+                1e3 * run_batch[k] / median(rate[k], rounds),
+                1e3 * run_batch[k] / max_of(rate[k], rounds),
+                (size_t)run_adapters[k] * adapter_tensor_bytes * (k == B8_EIGHT_F32 ? 2 : 1),
+                median(rel[k], rounds), min_of(rel[k], rounds), max_of(rel[k], rounds),
+                k + 1 < N_RUNS ? "," : "");
     fprintf(out, "  ]},\n");
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 8; i++) {
         eng_lora_unref(ad[i]);
+        eng_lora_unref(ad32[i]);
+    }
 
     if (decode_only) {
         fprintf(out, "  \"merge\": null\n}\n");

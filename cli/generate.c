@@ -178,7 +178,10 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
     eng_lora *lora = NULL;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
     if (rc == QL_OK) {
-        lora_registry_opts ro = {0};
+        lora_registry_opts ro = {
+            .dtype = c->adapter_dtype && lora_dtype_from_name(c->adapter_dtype) == LORA_DTYPE_BF16
+                         ? LORA_DTYPE_BF16
+                         : LORA_DTYPE_F32};
         rc = lora_registry_new(&reg, e, &m, &ro, msg, msg_len);
     }
     if (rc == QL_OK)

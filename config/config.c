@@ -211,6 +211,20 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
     return QL_OK;
 }
 
+/* serve's and generate's: what an unmerged adapter's A and B are kept in. */
+#define ADAPTER_DTYPE_OPT(c)                                                                       \
+    {                                                                                              \
+        "adapter-dtype", OPT_STRING, &(c)->adapter_dtype,                                          \
+            "bf16 | f32: unmerged adapters kept in bf16 (f32 and f16 rounded at load) or as "      \
+            "stored, never rounded (default bf16)"                                                 \
+    }
+
+/* The names --adapter-dtype takes (lora_dtype_from_name reads them again). */
+static bool known_adapter_dtype(const char *d)
+{
+    return strcmp(d, "bf16") == 0 || strcmp(d, "f32") == 0;
+}
+
 /* The backends --device names (engine/runtime/backend.c parses them again). */
 static bool known_device(const char *d)
 {
@@ -236,7 +250,7 @@ static bool known_device(const char *d)
          "merge the adapter into the weights and print the merge report (default: unmerged)"},     \
         {"into", OPT_STRING, &(g)->into,                                                           \
          "int8|bf16: store merged modules in a wider kind (default: the weight's own)"},           \
-        CHAT_TEMPLATE_OPT(&(g)->model), MODEL_OPTS(&(g)->model)
+        ADAPTER_DTYPE_OPT(g), CHAT_TEMPLATE_OPT(&(g)->model), MODEL_OPTS(&(g)->model)
 
 int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len)
 {
@@ -246,6 +260,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     out->repetition_penalty = 1.0f;
     out->adapter_scale = 1.0f;
     out->device = "auto";
+    out->adapter_dtype = "bf16";
     const opt opts[] = {GENERATE_OPTS(out)};
     int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
     if (rc != QL_OK)
@@ -262,6 +277,9 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     if (!known_device(out->device))
         return usage_error(msg, msg_len, "generate: --device %s: one of cpu, cuda, auto",
                            out->device);
+    if (!known_adapter_dtype(out->adapter_dtype))
+        return usage_error(msg, msg_len, "generate: --adapter-dtype %s: one of bf16, f32",
+                           out->adapter_dtype);
     if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
         return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
     return QL_OK;
@@ -336,6 +354,7 @@ typedef struct serve_layer {
          "MS: after SIGTERM, time for running requests to finish (0: cancel them)"},               \
         {"adapter-budget-mib", OPT_I64, &(l)->s.adapter_budget_mib,                                \
          "N: memory for loaded adapters, least recently used evicted (0: no limit)"},              \
+        ADAPTER_DTYPE_OPT(&(l)->s),                                                                \
     {                                                                                              \
         "merge-threads", OPT_INT, &(l)->s.merge_threads, "N: threads merging an adapter"           \
     }
@@ -357,6 +376,7 @@ static void serve_defaults(serve_layer *l)
     l->s.grace_ms = 30000;
     l->s.merge_threads = 1;
     l->s.device = "auto";
+    l->s.adapter_dtype = "bf16";
 }
 
 /* The range each number must fall in. The upper bounds are not hardware
@@ -849,6 +869,10 @@ static int validate_serve(serve_parse *p)
     if (!known_device(p->result->device)) {
         describe(p, find_opt(p->opts, p->n_opts, "device"), where, sizeof where);
         return usage_error(p->msg, p->msg_len, "%s: one of cpu, cuda, auto", where);
+    }
+    if (!known_adapter_dtype(p->result->adapter_dtype)) {
+        describe(p, find_opt(p->opts, p->n_opts, "adapter-dtype"), where, sizeof where);
+        return usage_error(p->msg, p->msg_len, "%s: one of bf16, f32", where);
     }
     const char *host = p->result->host;
     if (strcspn(host, " \t") != strlen(host) || strlen(host) > 253) {

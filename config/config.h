@@ -79,6 +79,8 @@ typedef struct cfg_generate {
     float adapter_scale;      /* --adapter-scale, default 1 */
     bool merge;               /* --merge: merge it into the weights (else unmerged) */
     const char *into;         /* --into int8|bf16: what merged modules are stored in */
+    /* --adapter-dtype bf16|f32 (lora_dtype), default bf16 */
+    const char *adapter_dtype;
 } cfg_generate;
 
 /* `qlserve serve`: see cfg_parse_serve for where each value comes from. */
@@ -136,6 +138,9 @@ typedef struct cfg_serve {
     int32_t grace_ms;             /* --grace-ms: SIGTERM drain period, 30000; 0: cancel at once */
     int64_t adapter_budget_mib;   /* --adapter-budget-mib, 0: no limit */
     int32_t merge_threads;        /* --merge-threads, default 1 */
+    /* --adapter-dtype bf16|f32 (lora_dtype), default bf16; NULL (a struct
+     * built by hand): f32 */
+    const char *adapter_dtype;
     /* private: the strings this struct owns (copies from the config file and
      * the environment), freed by cfg_serve_free. NULL in a struct built by
      * hand, which cfg_serve_free then leaves alone. */

@@ -1264,3 +1264,89 @@ void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stri
     *max = sm.max;
     *sum = sm.sum;
 }
+
+/* --- the LoRA products on bf16 (qtensor.h: the _ref's bits) ----------------- */
+
+/* Eight bf16 values widened to f32: the 16 bits are the top of the f32. */
+static inline __m256 bf16x8(const uint16_t *p)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* Lane j of the result: v[j]'s lanes summed ((l0 + l1) + (l2 + l3)) +
+ * ((l4 + l5) + (l6 + l7)), as lora_dot_ref sums them. hadd pairs
+ * neighbours within each 128-bit half, so two rounds leave each vector's
+ * low-half and high-half sums, added last. */
+static inline __m256 lora_lanes_sum8(const __m256 v[8])
+{
+    __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 q0 = _mm256_hadd_ps(h01, h23), q1 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
+                         _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+/* The lane sums of rows w + row[j] * n (j < 8) dotted with x[0..n): the
+ * whole groups of eight, then the tail zero-padded as lora_dot_ref pads it. */
+static inline __m256 lora_dot8(const uint16_t *w, const int64_t row[8], const float *x, int64_t n)
+{
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++)
+        acc[j] = _mm256_setzero_ps();
+    int64_t whole = n / 8 * 8;
+    for (int64_t i = 0; i < whole; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(bf16x8(w + row[j] * n + i), xv));
+    }
+    if (whole < n) {
+        float xt[8] = {0};
+        memcpy(xt, x + whole, (size_t)(n - whole) * sizeof *xt);
+        __m256 xv = _mm256_loadu_ps(xt);
+        for (int j = 0; j < 8; j++) {
+            uint16_t wt[8] = {0};
+            memcpy(wt, w + row[j] * n + whole, (size_t)(n - whole) * sizeof *wt);
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(bf16x8(wt), xv));
+        }
+    }
+    return lora_lanes_sum8(acc);
+}
+
+/* Rows first..first + 7, the missing ones past last standing in as `first`
+ * (computed, never stored). */
+static inline void lora_rows8(int64_t first, int64_t last, int64_t row[8])
+{
+    for (int j = 0; j < 8; j++)
+        row[j] = first + j < last ? first + j : first;
+}
+
+void qt_lora_down_avx2(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1)
+{
+    const uint16_t *w = (const uint16_t *)a->data;
+    for (int64_t r = r0; r < r1; r += 8) {
+        int64_t row[8];
+        lora_rows8(r, r1, row);
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_mul_ps(lora_dot8(w, row, x, a->cols), _mm256_set1_ps(s)));
+        memcpy(t + r, out, (size_t)(r1 - r < 8 ? r1 - r : 8) * sizeof *out);
+    }
+}
+
+void qt_lora_up_avx2(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1)
+{
+    const uint16_t *w = (const uint16_t *)b->data;
+    for (int64_t o = o0; o < o1; o += 8) {
+        int64_t row[8];
+        lora_rows8(o, o1, row);
+        __m256 sum = lora_dot8(w, row, t, b->cols);
+        if (o1 - o >= 8) {
+            _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), sum));
+        } else {
+            float part[8];
+            _mm256_storeu_ps(part, sum);
+            for (int64_t j = 0; j < o1 - o; j++)
+                y[o + j] = y[o + j] + part[j];
+        }
+    }
+}

@@ -244,6 +244,24 @@ void qt_attend(const float *q, const float *k, const float *v, int64_t stride, i
 void qt_attend_ref(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
                    int32_t d, float scale, float *max, float *sum, float *acc);
 
+/*
+ * The two products of an unmerged LoRA module stored in bf16 (A [rank, in],
+ * B [out, rank], both QT_BF16), for one activation row at a time, so that a
+ * row's bits never depend on the rows beside it:
+ *   qt_lora_down: t[r] = s * (A[r] . x)  for rank rows r in [r0, r1);
+ *   qt_lora_up:   y[o] = y[o] + B[o] . t  for outputs o in [o0, o1).
+ * Each dot product accumulates in f32 in eight lanes (element i into lane
+ * i % 8, a product then a sum, never fused, zero-padded to a multiple of
+ * eight elements) and then sums its lanes as ((l0 + l1) + (l2 + l3)) +
+ * ((l4 + l5) + (l6 + l7)). The AVX2 path (bf16 widened by a 16-bit shift,
+ * eight rows at a time, lanes summed by horizontal adds) and the _ref give
+ * the same bits; tests/test_lora_bf16.c holds them to it.
+ */
+void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
+void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
+void qt_lora_down_ref(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
+void qt_lora_up_ref(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
+
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);
 /* Force the scalar reference everywhere (for tests and benchmarks). */

@@ -118,3 +118,31 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len)
     t->kind = to;
     return QL_OK;
 }
+
+/* --- the LoRA products on bf16 (qtensor.h's contract) --------------------- */
+
+/* w[0..n) . x[0..n) as the eight-lane sum qtensor.h describes. */
+static float lora_dot_ref(const uint16_t *w, const float *x, int64_t n)
+{
+    float lane[8] = {0};
+    for (int64_t i = 0; i < (n + 7) / 8 * 8; i++) {
+        float p = i < n ? qm_bf16_to_f32(w[i]) * x[i] : 0.0f;
+        lane[i % 8] = lane[i % 8] + p;
+    }
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+void qt_lora_down_ref(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1)
+{
+    const uint16_t *w = (const uint16_t *)a->data;
+    for (int64_t r = r0; r < r1; r++)
+        t[r] = lora_dot_ref(w + r * a->cols, x, a->cols) * s;
+}
+
+void qt_lora_up_ref(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1)
+{
+    const uint16_t *w = (const uint16_t *)b->data;
+    for (int64_t o = o0; o < o1; o++)
+        y[o] = y[o] + lora_dot_ref(w + o * b->cols, t, b->cols);
+}

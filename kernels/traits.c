@@ -337,6 +337,24 @@ void qt_attend(const float *q, const float *k, const float *v, int64_t stride, i
         qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
 }
 
+void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_lora_down_avx2(a, x, s, t, r0, r1);
+    else
+        qt_lora_down_ref(a, x, s, t, r0, r1);
+}
+
+void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_lora_up_avx2(b, t, y, o0, o1);
+    else
+        qt_lora_up_ref(b, t, y, o0, o1);
+}
+
 void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     pthread_once(&cpu_once, detect_cpu);

@@ -213,9 +213,13 @@ static void load_run(uv_work_t *req)
     if (j->rc == QL_OK)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
     if (j->rc == QL_OK) {
-        lora_registry_opts ro = {.budget_bytes = (size_t)c->adapter_budget_mib << 20,
-                                 .threads = c->merge_threads,
-                                 .state_file = j->state_file[0] ? j->state_file : NULL};
+        lora_registry_opts ro = {
+            .budget_bytes = (size_t)c->adapter_budget_mib << 20,
+            .threads = c->merge_threads,
+            .dtype = c->adapter_dtype && lora_dtype_from_name(c->adapter_dtype) == LORA_DTYPE_BF16
+                         ? LORA_DTYPE_BF16
+                         : LORA_DTYPE_F32,
+            .state_file = j->state_file[0] ? j->state_file : NULL};
         j->rc = lora_registry_new(&s->registry, s->engine, &s->model, &ro, j->msg, sizeof j->msg);
     }
     if (j->rc == QL_OK && j->state_file[0])

@@ -166,6 +166,37 @@ Test(config, device_from_each_layer_and_refused_by_name)
     cfg_serve_free(&c);
 }
 
+Test(config, adapter_dtype_defaults_to_bf16_from_each_layer_and_refused_by_name)
+{
+    cfg_serve c;
+    char path[1024];
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.adapter_dtype, "bf16");
+    cfg_serve_free(&c);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--adapter-dtype", "f32"), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.adapter_dtype, "f32");
+    cfg_serve_free(&c);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--adapter-dtype", "f16"), QL_EUSAGE);
+    ASSERT_MSG_HAS("--adapter-dtype f16");
+    ASSERT_MSG_HAS("bf16, f32");
+    write_file("c.json", "{\"adapter-dtype\": \"fp8\"}", path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
+    ASSERT_MSG_HAS("\"adapter-dtype\"");
+    ASSERT_MSG_HAS("fp8");
+    setenv("QLSERVE_ADAPTER_DTYPE", "f32", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.adapter_dtype, "f32");
+    cfg_serve_free(&c);
+    unsetenv("QLSERVE_ADAPTER_DTYPE");
+
+    cfg_generate g;
+    char *args[] = {"generate", "--model", "m", "--prompt", "p", "--adapter-dtype", "int8"};
+    cr_assert_eq(cfg_parse_generate(7, args, &g, msg, sizeof msg), QL_EUSAGE);
+    ASSERT_MSG_HAS("--adapter-dtype int8");
+    cr_assert_eq(cfg_parse_generate(5, args, &g, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_str_eq(g.adapter_dtype, "bf16");
+}
+
 Test(config, file_then_flags_then_environment)
 {
     char path[600];
@@ -552,6 +583,7 @@ Test(config, help_lists_every_flag_with_its_forms)
                                         "keepalive-timeout-ms",
                                         "grace-ms",
                                         "adapter-budget-mib",
+                                        "adapter-dtype",
                                         "merge-threads"};
     char *text = usage_of("serve");
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {

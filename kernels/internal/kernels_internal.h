@@ -149,6 +149,9 @@ void qt_matmul_iq4_nl_avx2(const qtensor *t, const float *x, int64_t batch, floa
                            int64_t row1);
 void qt_matmul_iq4_xs_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                            int64_t row1);
+/* qt_lora_down and qt_lora_up on AVX2 (qtensor.h: the same bits as the _ref). */
+void qt_lora_down_avx2(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
+void qt_lora_up_avx2(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
 void qt_dequantize_rows_f16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_bf16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_bnb4_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
