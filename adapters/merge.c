@@ -66,6 +66,7 @@
 #include "lora.h"
 
 #include <float.h>
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +214,7 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
 /* A part's A ([rank, cols]) and B ([rows, rank]) as f32, and its scale. */
 typedef struct part_f32 {
     float *a, *b;
+    double *a64; /* A in double, for the AVX2 delta (NULL on the scalar path) */
     int64_t rank;
     double scale;
 } part_f32;
@@ -223,8 +225,8 @@ static const char *adapter_name(const lora_part *part)
 }
 
 /* Check part i against the weight and convert its A and B to f32. */
-static int load_part(const qtensor *w, const lora_part *part, const char *module, part_f32 *pf,
-                     char *msg, size_t msg_len)
+static int load_part(const qtensor *w, const lora_part *part, const char *module, bool fast,
+                     part_f32 *pf, char *msg, size_t msg_len)
 {
     const eng_lora_module *m = part->module;
     if (!m)
@@ -251,6 +253,16 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
                        adapter_name(part), module);
     qt_dequantize_rows(a, 0, a->rows, pf->a);
     qt_dequantize_rows(b, 0, b->rows, pf->b);
+    if (fast) {
+        size_t na = (size_t)(a->rows * a->cols);
+        pf->a64 = malloc(na * sizeof(double));
+        if (!pf->a64)
+            return ql_fail(msg, msg_len, QL_ENOMEM,
+                           "adapter %s, %s: cannot allocate A in double", adapter_name(part),
+                           module);
+        for (size_t i = 0; i < na; i++)
+            pf->a64[i] = (double)pf->a[i];
+    }
     return QL_OK;
 }
 
@@ -278,6 +290,178 @@ static void delta_row(const part_f32 *pf, size_t n_parts, int64_t r, int64_t col
     }
 }
 
+/*
+ * The same row of the delta with AVX2, 16 columns at a time in registers,
+ * and of x = w + d; false when some x is not finite. Bit for bit the
+ * scalar delta_row's: every operation is the one delta_row does, in its
+ * order, except that acc + B[r][k] * A[k][c] is one fused multiply-add.
+ * That changes nothing: B and A are f32 values (f32, f16 or bf16 stored),
+ * and the double product of two f32 values is exact (24 + 24 significant
+ * bits < 53, exponents far inside double's range), so rounding the
+ * product first, as delta_row does, rounds nothing.
+ */
+/* Columns [c, c + 16) of rows r and r + 1 (r + 1 only when two): acc
+ * over k in the four registers per row, then the parts' total. */
+__attribute__((target("avx2,fma"))) static inline void
+delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_t cols, int64_t c,
+                 __m256d t[2][4])
+{
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            t[h][j] = _mm256_setzero_pd();
+    for (size_t i = 0; i < n_parts; i++) {
+        const float *b0 = pf[i].b + r * pf[i].rank, *b1 = two ? b0 + pf[i].rank : b0;
+        const double *a = pf[i].a64 + c;
+        __m256d x0 = _mm256_setzero_pd(), x1 = x0, x2 = x0, x3 = x0;
+        __m256d y0 = x0, y1 = x0, y2 = x0, y3 = x0;
+        for (int64_t k = 0; k < pf[i].rank; k++, a += cols) {
+            __m256d v0 = _mm256_loadu_pd(a), v1 = _mm256_loadu_pd(a + 4);
+            __m256d v2 = _mm256_loadu_pd(a + 8), v3 = _mm256_loadu_pd(a + 12);
+            __m256d p = _mm256_set1_pd((double)b0[k]), q = _mm256_set1_pd((double)b1[k]);
+            x0 = _mm256_fmadd_pd(p, v0, x0);
+            x1 = _mm256_fmadd_pd(p, v1, x1);
+            x2 = _mm256_fmadd_pd(p, v2, x2);
+            x3 = _mm256_fmadd_pd(p, v3, x3);
+            y0 = _mm256_fmadd_pd(q, v0, y0);
+            y1 = _mm256_fmadd_pd(q, v1, y1);
+            y2 = _mm256_fmadd_pd(q, v2, y2);
+            y3 = _mm256_fmadd_pd(q, v3, y3);
+        }
+        __m256d s = _mm256_set1_pd(pf[i].scale);
+        t[0][0] = _mm256_add_pd(t[0][0], _mm256_mul_pd(s, x0));
+        t[0][1] = _mm256_add_pd(t[0][1], _mm256_mul_pd(s, x1));
+        t[0][2] = _mm256_add_pd(t[0][2], _mm256_mul_pd(s, x2));
+        t[0][3] = _mm256_add_pd(t[0][3], _mm256_mul_pd(s, x3));
+        t[1][0] = _mm256_add_pd(t[1][0], _mm256_mul_pd(s, y0));
+        t[1][1] = _mm256_add_pd(t[1][1], _mm256_mul_pd(s, y1));
+        t[1][2] = _mm256_add_pd(t[1][2], _mm256_mul_pd(s, y2));
+        t[1][3] = _mm256_add_pd(t[1][3], _mm256_mul_pd(s, y3));
+    }
+}
+
+/*
+ * Rows [r, r + nr) (nr 1 or 2) of the delta with AVX2, and of x = w + d;
+ * false when some x is not finite. Two rows at a time share each load of
+ * A, 16 columns at a time in registers. Bit for bit the scalar
+ * delta_row's: every operation is the one delta_row does, in its order,
+ * except that acc + B[r][k] * A[k][c] is one fused multiply-add. That
+ * changes nothing: B and A are f32 values (f32, f16 or bf16 stored), and
+ * the double product of two f32 values is exact (24 + 24 significant bits
+ * < 53, exponents far inside double's range), so rounding the product
+ * first, as delta_row does, rounds nothing.
+ */
+__attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *pf,
+                                                                 size_t n_parts, int64_t r,
+                                                                 int64_t nr, int64_t cols,
+                                                                 const float *w, float *d,
+                                                                 float *x)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 bad = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m256d t[2][4];
+        delta_chunk_avx2(pf, n_parts, r, nr == 2, cols, c, t);
+        for (int h = 0; h < nr; h++) {
+            int64_t o = h * cols + c;
+            __m256 d0 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][1]), _mm256_cvtpd_ps(t[h][0]));
+            __m256 d1 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][3]), _mm256_cvtpd_ps(t[h][2]));
+            __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(w + o), d0);
+            __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(w + o + 8), d1);
+            _mm256_storeu_ps(d + o, d0);
+            _mm256_storeu_ps(d + o + 8, d1);
+            _mm256_storeu_ps(x + o, x0);
+            _mm256_storeu_ps(x + o + 8, x1);
+            /* |x| not below infinity: Inf, or NaN (unordered) */
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), inf, _CMP_NLT_UQ));
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), inf, _CMP_NLT_UQ));
+        }
+    }
+    bool finite = _mm256_movemask_ps(bad) == 0;
+    for (int64_t h = 0; h < nr; h++)
+        for (int64_t cc = c; cc < cols; cc++) {
+            double total = 0.0;
+            for (size_t i = 0; i < n_parts; i++) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < pf[i].rank; k++)
+                    acc += (double)pf[i].b[(r + h) * pf[i].rank + k] * pf[i].a64[k * cols + cc];
+                total += pf[i].scale * acc;
+            }
+            int64_t o = h * cols + cc;
+            d[o] = (float)total;
+            x[o] = w[o] + d[o];
+            finite = finite && isfinite(x[o]);
+        }
+    return finite;
+}
+
+/*
+ * The cost's three sums over n elements, q = dequant(merged): dot =
+ * sum (q - w) * d, delta_sq = sum d * d, err_sq = sum (q - (w + d))^2, each
+ * term in double as the file's comment says. Each sum is kept in 8 lanes,
+ * element e in lane e % 8, and the lanes are added in order at the end, on
+ * both paths (cost_sums_ref, cost_sums_avx2), so the AVX2 path reports the
+ * scalar one's bits.
+ */
+#define COST_LANES 8
+
+static void cost_lanes_add(const double lane[3][COST_LANES], double sums[3])
+{
+    for (int s = 0; s < 3; s++) {
+        sums[s] = 0.0;
+        for (int l = 0; l < COST_LANES; l++)
+            sums[s] += lane[s][l];
+    }
+}
+
+static void cost_tail(const float *w, const float *d, const float *q, size_t e0, size_t n,
+                      double lane[3][COST_LANES])
+{
+    for (size_t e = e0; e < n; e++) {
+        double qv = q[e], wv = w[e], dv = d[e];
+        double err = qv - (wv + dv);
+        lane[0][e % COST_LANES] += (qv - wv) * dv;
+        lane[1][e % COST_LANES] += dv * dv;
+        lane[2][e % COST_LANES] += err * err;
+    }
+}
+
+static void cost_sums_ref(const float *w, const float *d, const float *q, size_t n, double sums[3])
+{
+    double lane[3][COST_LANES] = {{0}};
+    cost_tail(w, d, q, 0, n, lane);
+    cost_lanes_add(lane, sums);
+}
+
+__attribute__((target("avx2"))) static void cost_sums_avx2(const float *w, const float *d,
+                                                           const float *q, size_t n,
+                                                           double sums[3])
+{
+    __m256d dot[2], dsq[2], esq[2];
+    for (int h = 0; h < 2; h++)
+        dot[h] = dsq[h] = esq[h] = _mm256_setzero_pd();
+    size_t e = 0;
+    for (; e + COST_LANES <= n; e += COST_LANES) {
+        for (int h = 0; h < 2; h++) { /* lanes 0-3, then 4-7 */
+            __m256d qv = _mm256_cvtps_pd(_mm_loadu_ps(q + e + 4 * h));
+            __m256d wv = _mm256_cvtps_pd(_mm_loadu_ps(w + e + 4 * h));
+            __m256d dv = _mm256_cvtps_pd(_mm_loadu_ps(d + e + 4 * h));
+            __m256d err = _mm256_sub_pd(qv, _mm256_add_pd(wv, dv));
+            dot[h] = _mm256_add_pd(dot[h], _mm256_mul_pd(_mm256_sub_pd(qv, wv), dv));
+            dsq[h] = _mm256_add_pd(dsq[h], _mm256_mul_pd(dv, dv));
+            esq[h] = _mm256_add_pd(esq[h], _mm256_mul_pd(err, err));
+        }
+    }
+    double lane[3][COST_LANES];
+    for (int h = 0; h < 2; h++) {
+        _mm256_storeu_pd(lane[0] + 4 * h, dot[h]);
+        _mm256_storeu_pd(lane[1] + 4 * h, dsq[h]);
+        _mm256_storeu_pd(lane[2] + 4 * h, esq[h]);
+    }
+    cost_tail(w, d, q, e, n, lane);
+    cost_lanes_add(lane, sums);
+}
+
 /* The part that first made element (r, c) non-finite, adding the parts'
  * contributions to W in order (the last part when only their sum is);
  * NULL when W itself is not finite. */
@@ -303,6 +487,7 @@ static void free_parts(part_f32 *pf, size_t n)
     for (size_t i = 0; pf && i < n; i++) {
         free(pf[i].a);
         free(pf[i].b);
+        free(pf[i].a64);
     }
     free(pf);
 }
@@ -350,39 +535,50 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
                      module, 3 * n);
         goto done;
     }
+    /* the AVX2 paths where the kernels take theirs (QLSERVE_CPU_PATH=scalar
+     * forces both to scalar): the same bits either way */
+    bool fast = strcmp(qt_cpu_path(), "avx2") == 0;
     for (size_t i = 0; i < n_parts && rc == QL_OK; i++)
-        rc = load_part(pristine, &parts[i], module, &pf[i], msg, msg_len);
+        rc = load_part(pristine, &parts[i], module, fast, &pf[i], msg, msg_len);
     if (rc != QL_OK)
         goto done;
 
     /* W + d, row by row, stopping at the first non-finite value */
     qt_dequantize_rows(pristine, 0, rows, w);
-    for (int64_t r = 0; r < rows; r++) {
-        delta_row(pf, n_parts, r, cols, acc, total);
-        float *dr = d + r * cols, *xr = x + r * cols;
-        const float *wr = w + r * cols;
-        for (int64_t c = 0; c < cols; c++) {
-            dr[c] = (float)total[c];
-            xr[c] = wr[c] + dr[c];
+    for (int64_t r = 0; r < rows;) {
+        /* one row (scalar) or two (AVX2) of d and x = w + d */
+        int64_t nr = 1;
+        bool finite = false;
+        if (fast) {
+            nr = r + 1 < rows ? 2 : 1;
+            finite = delta_rows_avx2(pf, n_parts, r, nr, cols, w + r * cols, d + r * cols,
+                                     x + r * cols);
+        } else {
+            delta_row(pf, n_parts, r, cols, acc, total);
+            for (int64_t c = 0; c < cols; c++) {
+                d[r * cols + c] = (float)total[c];
+                x[r * cols + c] = w[r * cols + c] + d[r * cols + c];
+            }
         }
-        if (!o->safe_merge)
-            continue;
-        for (int64_t c = 0; c < cols; c++) {
-            if (isfinite(xr[c]))
+        for (int64_t e = r * cols; o->safe_merge && !finite && e < (r + nr) * cols; e++) {
+            if (isfinite(x[e]))
                 continue;
-            const lora_part *bad = blame(parts, pf, n_parts, wr[c], r, c, cols);
+            int64_t er = e / cols, c = e % cols;
+            const lora_part *bad = blame(parts, pf, n_parts, w[e], er, c, cols);
             if (bad)
                 rc = ql_fail(msg, msg_len, QL_ENONFINITE,
                              "adapter %s, %s: the merged value at (row %lld, col %lld) is %g, "
                              "not finite; nothing was merged",
-                             adapter_name(bad), module, (long long)r, (long long)c, (double)xr[c]);
+                             adapter_name(bad), module, (long long)er, (long long)c,
+                             (double)x[e]);
             else
                 rc = ql_fail(msg, msg_len, QL_ENONFINITE,
                              "%s: the pristine weight at (row %lld, col %lld) is %g, not finite; "
                              "nothing was merged",
-                             module, (long long)r, (long long)c, (double)wr[c]);
+                             module, (long long)er, (long long)c, (double)w[e]);
             goto done;
         }
+        r += nr;
     }
 
     /* requantize; without safe merge qt_quantize still refuses NaN/Inf */
@@ -395,17 +591,14 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
 
     /* what requantizing cost, against the exact W + d */
     qt_dequantize_rows(merged, 0, rows, x);
-    double dot = 0.0, delta_sq = 0.0, err_sq = 0.0;
-    for (size_t e = 0; e < n; e++) {
-        double q = x[e], wv = w[e], dv = d[e];
-        double err = q - (wv + dv);
-        dot += (q - wv) * dv;
-        delta_sq += dv * dv;
-        err_sq += err * err;
-    }
-    cost->dot = dot;
-    cost->delta_sq = delta_sq;
-    cost->err_sq = err_sq;
+    double sums[3];
+    if (fast)
+        cost_sums_avx2(w, d, x, n, sums);
+    else
+        cost_sums_ref(w, d, x, n, sums);
+    cost->dot = sums[0];
+    cost->delta_sq = sums[1];
+    cost->err_sq = sums[2];
     cost->merged = true;
     cost_ratios(cost);
 

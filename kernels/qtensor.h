@@ -198,6 +198,10 @@ typedef struct qt_traits {
     void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
     void (*dequantize_rows_avx2)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+    /* The kind's AVX2 quantizer (quant_avx2.c), NULL where it has none;
+     * the same contract and the same bytes as quantize. */
+    int (*quantize_avx2)(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                         const qt_quant_params *p, char *msg, size_t msg_len);
 } qt_traits;
 
 extern const qt_traits qt_traits_table[QT_KIND_COUNT];
