@@ -60,8 +60,19 @@
  *     +INFINITY when it did not (requantization moved the weights while the
  *     adapter asked for nothing: no finite multiple of |d| describes that).
  *
- * Memory: three f32 buffers of rows * cols (W, d, W + d, the last reused
- * for Q) plus the parts' A and B in f32, freed before returning.
+ * Memory: two f32 buffers of rows * cols (d and W + d, which qt_quantize
+ * needs whole), W and Q a block of rows at a time (decoded again where
+ * needed: decoding a block costs less than storing and reading back a
+ * whole tensor of f32), plus the parts' A and B in f32 (and A in double on
+ * the AVX2 path), freed before returning.
+ *
+ * Speed (a merge requantizes every targeted weight of the model): on a CPU
+ * with AVX2 the delta is computed two rows at a time in registers, the
+ * cost summed eight elements at a time, and qt_quantize takes the kind's
+ * AVX2 quantizer where it has one; every fast path gives the scalar one's
+ * bits (see delta_rows_avx2 and the cost's lanes), so a merge's bytes and
+ * report do not depend on the CPU. QLSERVE_CPU_PATH=scalar takes the
+ * scalar paths throughout.
  */
 #include "lora.h"
 
@@ -214,7 +225,7 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
 /* A part's A ([rank, cols]) and B ([rows, rank]) as f32, and its scale. */
 typedef struct part_f32 {
     float *a, *b;
-    double *a64; /* A in double, for the AVX2 delta (NULL on the scalar path) */
+    double *a64, *b64; /* A and B in double, for the AVX2 delta (NULL on the scalar path) */
     int64_t rank;
     double scale;
 } part_f32;
@@ -254,14 +265,17 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
     qt_dequantize_rows(a, 0, a->rows, pf->a);
     qt_dequantize_rows(b, 0, b->rows, pf->b);
     if (fast) {
-        size_t na = (size_t)(a->rows * a->cols);
+        size_t na = (size_t)(a->rows * a->cols), nb = (size_t)(b->rows * b->cols);
         pf->a64 = malloc(na * sizeof(double));
-        if (!pf->a64)
+        pf->b64 = malloc(nb * sizeof(double));
+        if (!pf->a64 || !pf->b64)
             return ql_fail(msg, msg_len, QL_ENOMEM,
-                           "adapter %s, %s: cannot allocate A in double", adapter_name(part),
-                           module);
+                           "adapter %s, %s: cannot allocate A and B in double",
+                           adapter_name(part), module);
         for (size_t i = 0; i < na; i++)
             pf->a64[i] = (double)pf->a[i];
+        for (size_t i = 0; i < nb; i++)
+            pf->b64[i] = (double)pf->b[i];
     }
     return QL_OK;
 }
@@ -310,14 +324,14 @@ delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_
         for (int j = 0; j < 4; j++)
             t[h][j] = _mm256_setzero_pd();
     for (size_t i = 0; i < n_parts; i++) {
-        const float *b0 = pf[i].b + r * pf[i].rank, *b1 = two ? b0 + pf[i].rank : b0;
+        const double *b0 = pf[i].b64 + r * pf[i].rank, *b1 = two ? b0 + pf[i].rank : b0;
         const double *a = pf[i].a64 + c;
         __m256d x0 = _mm256_setzero_pd(), x1 = x0, x2 = x0, x3 = x0;
         __m256d y0 = x0, y1 = x0, y2 = x0, y3 = x0;
         for (int64_t k = 0; k < pf[i].rank; k++, a += cols) {
             __m256d v0 = _mm256_loadu_pd(a), v1 = _mm256_loadu_pd(a + 4);
             __m256d v2 = _mm256_loadu_pd(a + 8), v3 = _mm256_loadu_pd(a + 12);
-            __m256d p = _mm256_set1_pd((double)b0[k]), q = _mm256_set1_pd((double)b1[k]);
+            __m256d p = _mm256_broadcast_sd(b0 + k), q = _mm256_broadcast_sd(b1 + k);
             x0 = _mm256_fmadd_pd(p, v0, x0);
             x1 = _mm256_fmadd_pd(p, v1, x1);
             x2 = _mm256_fmadd_pd(p, v2, x2);
@@ -384,7 +398,7 @@ __attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *
             for (size_t i = 0; i < n_parts; i++) {
                 double acc = 0.0;
                 for (int64_t k = 0; k < pf[i].rank; k++)
-                    acc += (double)pf[i].b[(r + h) * pf[i].rank + k] * pf[i].a64[k * cols + cc];
+                    acc += pf[i].b64[(r + h) * pf[i].rank + k] * pf[i].a64[k * cols + cc];
                 total += pf[i].scale * acc;
             }
             int64_t o = h * cols + cc;
@@ -400,10 +414,13 @@ __attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *
  * sum (q - w) * d, delta_sq = sum d * d, err_sq = sum (q - (w + d))^2, each
  * term in double as the file's comment says. Each sum is kept in 8 lanes,
  * element e in lane e % 8, and the lanes are added in order at the end, on
- * both paths (cost_sums_ref, cost_sums_avx2), so the AVX2 path reports the
+ * both paths (cost_lanes_ref, cost_lanes_avx2), so the AVX2 path reports the
  * scalar one's bits.
  */
 #define COST_LANES 8
+
+/* Elements per block of rows: W, Q and their part of d and x in L2. */
+#define BLOCK_ELEMENTS 16384
 
 static void cost_lanes_add(const double lane[3][COST_LANES], double sums[3])
 {
@@ -414,8 +431,10 @@ static void cost_lanes_add(const double lane[3][COST_LANES], double sums[3])
     }
 }
 
-static void cost_tail(const float *w, const float *d, const float *q, size_t e0, size_t n,
-                      double lane[3][COST_LANES])
+/* Add elements [e0, n) of one block to the lanes (the block starts at
+ * lane 0). */
+static void cost_lanes_ref(const float *w, const float *d, const float *q, size_t e0, size_t n,
+                           double lane[3][COST_LANES])
 {
     for (size_t e = e0; e < n; e++) {
         double qv = q[e], wv = w[e], dv = d[e];
@@ -426,23 +445,21 @@ static void cost_tail(const float *w, const float *d, const float *q, size_t e0,
     }
 }
 
-static void cost_sums_ref(const float *w, const float *d, const float *q, size_t n, double sums[3])
-{
-    double lane[3][COST_LANES] = {{0}};
-    cost_tail(w, d, q, 0, n, lane);
-    cost_lanes_add(lane, sums);
-}
-
-__attribute__((target("avx2"))) static void cost_sums_avx2(const float *w, const float *d,
-                                                           const float *q, size_t n,
-                                                           double sums[3])
+/* The same, 8 elements a step: lane l of the two registers is element
+ * e + l, so every lane gets the terms cost_lanes_ref gives it, in order. */
+__attribute__((target("avx2"))) static void cost_lanes_avx2(const float *w, const float *d,
+                                                            const float *q, size_t n,
+                                                            double lane[3][COST_LANES])
 {
     __m256d dot[2], dsq[2], esq[2];
-    for (int h = 0; h < 2; h++)
-        dot[h] = dsq[h] = esq[h] = _mm256_setzero_pd();
+    for (int h = 0; h < 2; h++) { /* lanes 0-3, then 4-7 */
+        dot[h] = _mm256_loadu_pd(lane[0] + 4 * h);
+        dsq[h] = _mm256_loadu_pd(lane[1] + 4 * h);
+        esq[h] = _mm256_loadu_pd(lane[2] + 4 * h);
+    }
     size_t e = 0;
     for (; e + COST_LANES <= n; e += COST_LANES) {
-        for (int h = 0; h < 2; h++) { /* lanes 0-3, then 4-7 */
+        for (int h = 0; h < 2; h++) {
             __m256d qv = _mm256_cvtps_pd(_mm_loadu_ps(q + e + 4 * h));
             __m256d wv = _mm256_cvtps_pd(_mm_loadu_ps(w + e + 4 * h));
             __m256d dv = _mm256_cvtps_pd(_mm_loadu_ps(d + e + 4 * h));
@@ -452,14 +469,12 @@ __attribute__((target("avx2"))) static void cost_sums_avx2(const float *w, const
             esq[h] = _mm256_add_pd(esq[h], _mm256_mul_pd(err, err));
         }
     }
-    double lane[3][COST_LANES];
     for (int h = 0; h < 2; h++) {
         _mm256_storeu_pd(lane[0] + 4 * h, dot[h]);
         _mm256_storeu_pd(lane[1] + 4 * h, dsq[h]);
         _mm256_storeu_pd(lane[2] + 4 * h, esq[h]);
     }
-    cost_tail(w, d, q, e, n, lane);
-    cost_lanes_add(lane, sums);
+    cost_lanes_ref(w, d, q, e, n, lane);
 }
 
 /* The part that first made element (r, c) non-finite, adding the parts'
@@ -488,6 +503,7 @@ static void free_parts(part_f32 *pf, size_t n)
         free(pf[i].a);
         free(pf[i].b);
         free(pf[i].a64);
+        free(pf[i].b64);
     }
     free(pf);
 }
@@ -524,15 +540,24 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
 
     int64_t rows = pristine->rows, cols = pristine->cols;
     size_t n = (size_t)rows * (size_t)cols;
-    float *w = malloc(n * sizeof *w);
+    /* rows in blocks of a multiple of 8 (the cost's lanes start each block
+     * at lane 0) of about BLOCK_ELEMENTS, whose W and Q stay in cache */
+    int64_t block_rows = (BLOCK_ELEMENTS / cols + 7) / 8 * 8;
+    if (block_rows < 8)
+        block_rows = 8;
+    if (block_rows > rows)
+        block_rows = rows;
+    size_t nb = (size_t)block_rows * (size_t)cols;
+    float *w = malloc(nb * sizeof *w);
+    float *q = malloc(nb * sizeof *q);
     float *d = malloc(n * sizeof *d);
     float *x = malloc(n * sizeof *x);
     double *acc = malloc((size_t)cols * sizeof *acc);
     double *total = malloc((size_t)cols * sizeof *total);
     part_f32 *pf = calloc(n_parts ? n_parts : 1, sizeof *pf);
-    if (!w || !d || !x || !acc || !total || !pf) {
+    if (!w || !q || !d || !x || !acc || !total || !pf) {
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: cannot allocate %zu floats to merge into",
-                     module, 3 * n);
+                     module, 2 * n + 2 * nb);
         goto done;
     }
     /* the AVX2 paths where the kernels take theirs (QLSERVE_CPU_PATH=scalar
@@ -543,42 +568,46 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     if (rc != QL_OK)
         goto done;
 
-    /* W + d, row by row, stopping at the first non-finite value */
-    qt_dequantize_rows(pristine, 0, rows, w);
-    for (int64_t r = 0; r < rows;) {
-        /* one row (scalar) or two (AVX2) of d and x = w + d */
-        int64_t nr = 1;
-        bool finite = false;
-        if (fast) {
-            nr = r + 1 < rows ? 2 : 1;
-            finite = delta_rows_avx2(pf, n_parts, r, nr, cols, w + r * cols, d + r * cols,
-                                     x + r * cols);
-        } else {
-            delta_row(pf, n_parts, r, cols, acc, total);
-            for (int64_t c = 0; c < cols; c++) {
-                d[r * cols + c] = (float)total[c];
-                x[r * cols + c] = w[r * cols + c] + d[r * cols + c];
+    /* W + d, a block of rows at a time, then one or two rows (AVX2) at a
+     * time; stop at the first non-finite value */
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        int64_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+        qt_dequantize_rows(pristine, r0, r1 - r0, w);
+        for (int64_t r = r0; r < r1;) {
+            int64_t nr = 1;
+            bool finite = false;
+            const float *wr = w + (r - r0) * cols;
+            float *dr = d + r * cols, *xr = x + r * cols;
+            if (fast) {
+                nr = r + 1 < r1 ? 2 : 1;
+                finite = delta_rows_avx2(pf, n_parts, r, nr, cols, wr, dr, xr);
+            } else {
+                delta_row(pf, n_parts, r, cols, acc, total);
+                for (int64_t c = 0; c < cols; c++) {
+                    dr[c] = (float)total[c];
+                    xr[c] = wr[c] + dr[c];
+                }
             }
+            for (int64_t e = 0; o->safe_merge && !finite && e < nr * cols; e++) {
+                if (isfinite(xr[e]))
+                    continue;
+                int64_t er = r + e / cols, c = e % cols;
+                const lora_part *bad = blame(parts, pf, n_parts, wr[e], er, c, cols);
+                if (bad)
+                    rc = ql_fail(msg, msg_len, QL_ENONFINITE,
+                                 "adapter %s, %s: the merged value at (row %lld, col %lld) is "
+                                 "%g, not finite; nothing was merged",
+                                 adapter_name(bad), module, (long long)er, (long long)c,
+                                 (double)xr[e]);
+                else
+                    rc = ql_fail(msg, msg_len, QL_ENONFINITE,
+                                 "%s: the pristine weight at (row %lld, col %lld) is %g, not "
+                                 "finite; nothing was merged",
+                                 module, (long long)er, (long long)c, (double)wr[e]);
+                goto done;
+            }
+            r += nr;
         }
-        for (int64_t e = r * cols; o->safe_merge && !finite && e < (r + nr) * cols; e++) {
-            if (isfinite(x[e]))
-                continue;
-            int64_t er = e / cols, c = e % cols;
-            const lora_part *bad = blame(parts, pf, n_parts, w[e], er, c, cols);
-            if (bad)
-                rc = ql_fail(msg, msg_len, QL_ENONFINITE,
-                             "adapter %s, %s: the merged value at (row %lld, col %lld) is %g, "
-                             "not finite; nothing was merged",
-                             adapter_name(bad), module, (long long)er, (long long)c,
-                             (double)x[e]);
-            else
-                rc = ql_fail(msg, msg_len, QL_ENONFINITE,
-                             "%s: the pristine weight at (row %lld, col %lld) is %g, not finite; "
-                             "nothing was merged",
-                             module, (long long)er, (long long)c, (double)w[e]);
-            goto done;
-        }
-        r += nr;
     }
 
     /* requantize; without safe merge qt_quantize still refuses NaN/Inf */
@@ -589,13 +618,22 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
         goto done;
     }
 
-    /* what requantizing cost, against the exact W + d */
-    qt_dequantize_rows(merged, 0, rows, x);
+    /* what requantizing cost, against the exact W + d: W dequantized again
+     * rather than kept (a block of it is cheaper to decode than a whole
+     * tensor of f32 is to store and read back) */
+    double lane[3][COST_LANES] = {{0}};
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        int64_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+        size_t e0 = (size_t)r0 * (size_t)cols, ne = (size_t)(r1 - r0) * (size_t)cols;
+        qt_dequantize_rows(pristine, r0, r1 - r0, w);
+        qt_dequantize_rows(merged, r0, r1 - r0, q);
+        if (fast)
+            cost_lanes_avx2(w, d + e0, q, ne, lane);
+        else
+            cost_lanes_ref(w, d + e0, q, 0, ne, lane);
+    }
     double sums[3];
-    if (fast)
-        cost_sums_avx2(w, d, x, n, sums);
-    else
-        cost_sums_ref(w, d, x, n, sums);
+    cost_lanes_add(lane, sums);
     cost->dot = sums[0];
     cost->delta_sq = sums[1];
     cost->err_sq = sums[2];
@@ -604,6 +642,7 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
 
 done:
     free(w);
+    free(q);
     free(d);
     free(x);
     free(acc);
