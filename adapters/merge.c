@@ -63,7 +63,7 @@
  * Memory: two f32 buffers of rows * cols (d and W + d, which qt_quantize
  * needs whole), W and Q a block of rows at a time (decoded again where
  * needed: decoding a block costs less than storing and reading back a
- * whole tensor of f32), plus the parts' A and B in f32 (and A in double on
+ * whole tensor of f32), plus the parts' A and B in f32 (and in double on
  * the AVX2 path), freed before returning.
  *
  * Speed (a merge requantizes every targeted weight of the model): on a CPU
@@ -226,6 +226,7 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
 typedef struct part_f32 {
     float *a, *b;
     double *a64, *b64; /* A and B in double, for the AVX2 delta (NULL on the scalar path) */
+    int64_t a64_stride; /* doubles from one row of a64 to the next */
     int64_t rank;
     double scale;
 } part_f32;
@@ -265,15 +266,21 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
     qt_dequantize_rows(a, 0, a->rows, pf->a);
     qt_dequantize_rows(b, 0, b->rows, pf->b);
     if (fast) {
-        size_t na = (size_t)(a->rows * a->cols), nb = (size_t)(b->rows * b->cols);
-        pf->a64 = malloc(na * sizeof(double));
+        /* rows of A 64 bytes longer than a multiple of 4 KiB would make
+         * them: the 16-column chunks of A's rows then fall in different L1
+         * sets (1536 columns of double are 3 x 4 KiB, and all 16 rows of a
+         * chunk would share one set) */
+        pf->a64_stride = (a->cols + 3) / 4 * 4 + 8;
+        size_t na = (size_t)(a->rows * pf->a64_stride), nb = (size_t)(b->rows * b->cols);
+        pf->a64 = calloc(na, sizeof(double));
         pf->b64 = malloc(nb * sizeof(double));
         if (!pf->a64 || !pf->b64)
             return ql_fail(msg, msg_len, QL_ENOMEM,
                            "adapter %s, %s: cannot allocate A and B in double",
                            adapter_name(part), module);
-        for (size_t i = 0; i < na; i++)
-            pf->a64[i] = (double)pf->a[i];
+        for (int64_t k = 0; k < a->rows; k++)
+            for (int64_t c = 0; c < a->cols; c++)
+                pf->a64[k * pf->a64_stride + c] = (double)pf->a[k * a->cols + c];
         for (size_t i = 0; i < nb; i++)
             pf->b64[i] = (double)pf->b[i];
     }
@@ -304,20 +311,10 @@ static void delta_row(const part_f32 *pf, size_t n_parts, int64_t r, int64_t col
     }
 }
 
-/*
- * The same row of the delta with AVX2, 16 columns at a time in registers,
- * and of x = w + d; false when some x is not finite. Bit for bit the
- * scalar delta_row's: every operation is the one delta_row does, in its
- * order, except that acc + B[r][k] * A[k][c] is one fused multiply-add.
- * That changes nothing: B and A are f32 values (f32, f16 or bf16 stored),
- * and the double product of two f32 values is exact (24 + 24 significant
- * bits < 53, exponents far inside double's range), so rounding the
- * product first, as delta_row does, rounds nothing.
- */
 /* Columns [c, c + 16) of rows r and r + 1 (r + 1 only when two): acc
  * over k in the four registers per row, then the parts' total. */
 __attribute__((target("avx2,fma"))) static inline void
-delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_t cols, int64_t c,
+delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_t c,
                  __m256d t[2][4])
 {
     for (int h = 0; h < 2; h++)
@@ -328,7 +325,7 @@ delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_
         const double *a = pf[i].a64 + c;
         __m256d x0 = _mm256_setzero_pd(), x1 = x0, x2 = x0, x3 = x0;
         __m256d y0 = x0, y1 = x0, y2 = x0, y3 = x0;
-        for (int64_t k = 0; k < pf[i].rank; k++, a += cols) {
+        for (int64_t k = 0; k < pf[i].rank; k++, a += pf[i].a64_stride) {
             __m256d v0 = _mm256_loadu_pd(a), v1 = _mm256_loadu_pd(a + 4);
             __m256d v2 = _mm256_loadu_pd(a + 8), v3 = _mm256_loadu_pd(a + 12);
             __m256d p = _mm256_broadcast_sd(b0 + k), q = _mm256_broadcast_sd(b1 + k);
@@ -354,18 +351,19 @@ delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_
 }
 
 /*
- * Rows [r, r + nr) (nr 1 or 2) of the delta with AVX2, and of x = w + d;
- * false when some x is not finite. Two rows at a time share each load of
- * A, 16 columns at a time in registers. Bit for bit the scalar
- * delta_row's: every operation is the one delta_row does, in its order,
- * except that acc + B[r][k] * A[k][c] is one fused multiply-add. That
- * changes nothing: B and A are f32 values (f32, f16 or bf16 stored), and
- * the double product of two f32 values is exact (24 + 24 significant bits
- * < 53, exponents far inside double's range), so rounding the product
- * first, as delta_row does, rounds nothing.
+ * Rows [r0, r0 + nr) of the delta with AVX2, and of x = w + d (w, d and x
+ * point at row r0); false when some x is not finite. 16 columns at a time
+ * down the block's rows, two rows at a time in registers: both rows share
+ * each load of A, and the chunk of A stays in L1 for the whole block. Bit
+ * for bit the scalar delta_row's: every operation is the one delta_row
+ * does, in its order, except that acc + B[r][k] * A[k][c] is one fused
+ * multiply-add. That changes nothing: B and A are f32 values (f32, f16 or
+ * bf16 stored), and the double product of two f32 values is exact (24 + 24
+ * significant bits < 53, exponents far inside double's range), so rounding
+ * the product first, as delta_row does, rounds nothing.
  */
 __attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *pf,
-                                                                 size_t n_parts, int64_t r,
+                                                                 size_t n_parts, int64_t r0,
                                                                  int64_t nr, int64_t cols,
                                                                  const float *w, float *d,
                                                                  float *x)
@@ -374,34 +372,40 @@ __attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *
     __m256 bad = _mm256_setzero_ps();
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
-        __m256d t[2][4];
-        delta_chunk_avx2(pf, n_parts, r, nr == 2, cols, c, t);
-        for (int h = 0; h < nr; h++) {
-            int64_t o = h * cols + c;
-            __m256 d0 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][1]), _mm256_cvtpd_ps(t[h][0]));
-            __m256 d1 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][3]), _mm256_cvtpd_ps(t[h][2]));
-            __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(w + o), d0);
-            __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(w + o + 8), d1);
-            _mm256_storeu_ps(d + o, d0);
-            _mm256_storeu_ps(d + o + 8, d1);
-            _mm256_storeu_ps(x + o, x0);
-            _mm256_storeu_ps(x + o + 8, x1);
-            /* |x| not below infinity: Inf, or NaN (unordered) */
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), inf, _CMP_NLT_UQ));
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), inf, _CMP_NLT_UQ));
+        for (int64_t r = 0; r < nr; r += 2) {
+            __m256d t[2][4];
+            int64_t two = r + 1 < nr ? 2 : 1;
+            delta_chunk_avx2(pf, n_parts, r0 + r, two == 2, c, t);
+            for (int h = 0; h < two; h++) {
+                int64_t o = (r + h) * cols + c;
+                __m256 d0 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][1]), _mm256_cvtpd_ps(t[h][0]));
+                __m256 d1 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][3]), _mm256_cvtpd_ps(t[h][2]));
+                __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(w + o), d0);
+                __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(w + o + 8), d1);
+                _mm256_storeu_ps(d + o, d0);
+                _mm256_storeu_ps(d + o + 8, d1);
+                _mm256_storeu_ps(x + o, x0);
+                _mm256_storeu_ps(x + o + 8, x1);
+                /* |x| not below infinity: Inf, or NaN (unordered) */
+                bad = _mm256_or_ps(bad,
+                                   _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), inf, _CMP_NLT_UQ));
+                bad = _mm256_or_ps(bad,
+                                   _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), inf, _CMP_NLT_UQ));
+            }
         }
     }
     bool finite = _mm256_movemask_ps(bad) == 0;
-    for (int64_t h = 0; h < nr; h++)
+    for (int64_t r = 0; r < nr; r++)
         for (int64_t cc = c; cc < cols; cc++) {
             double total = 0.0;
             for (size_t i = 0; i < n_parts; i++) {
                 double acc = 0.0;
                 for (int64_t k = 0; k < pf[i].rank; k++)
-                    acc += pf[i].b64[(r + h) * pf[i].rank + k] * pf[i].a64[k * cols + cc];
+                    acc += pf[i].b64[(r0 + r) * pf[i].rank + k] *
+                           pf[i].a64[k * pf[i].a64_stride + cc];
                 total += pf[i].scale * acc;
             }
-            int64_t o = h * cols + cc;
+            int64_t o = r * cols + cc;
             d[o] = (float)total;
             x[o] = w[o] + d[o];
             finite = finite && isfinite(x[o]);
@@ -568,8 +572,8 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
     if (rc != QL_OK)
         goto done;
 
-    /* W + d, a block of rows at a time, then one or two rows (AVX2) at a
-     * time; stop at the first non-finite value */
+    /* W + d, a block of rows at a time (AVX2: the whole block at once;
+     * scalar: row by row); stop at the first non-finite value */
     for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
         int64_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
         qt_dequantize_rows(pristine, r0, r1 - r0, w);
@@ -579,7 +583,7 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
             const float *wr = w + (r - r0) * cols;
             float *dr = d + r * cols, *xr = x + r * cols;
             if (fast) {
-                nr = r + 1 < r1 ? 2 : 1;
+                nr = r1 - r;
                 finite = delta_rows_avx2(pf, n_parts, r, nr, cols, wr, dr, xr);
             } else {
                 delta_row(pf, n_parts, r, cols, acc, total);

@@ -58,12 +58,20 @@ def main():
     if os.path.isfile(a.model):
         hf = a.hf_dir or a.model + ".hf"
         if not os.path.isfile(os.path.join(hf, "config.json")):
+            from safetensors.torch import save_model
+
             full = AutoModelForCausalLM.from_pretrained(
                 os.path.dirname(os.path.abspath(a.model)),
                 gguf_file=os.path.basename(a.model),
-                torch_dtype=torch.float32,
+                dtype=torch.float32,
             )
-            full.save_pretrained(hf)
+            # save_pretrained refuses a GGUF-loaded model: the config without
+            # its GGUF origin, and the f32 weights (tied ones once)
+            os.makedirs(hf, exist_ok=True)
+            if hasattr(full.config, "quantization_config"):
+                del full.config.quantization_config
+            full.config.save_pretrained(hf)
+            save_model(full, os.path.join(hf, "model.safetensors"), metadata={"format": "pt"})
             del full
 
     bnb = BitsAndBytesConfig(
@@ -73,7 +81,7 @@ def main():
         bnb_4bit_use_double_quant=False,
     )
     model = AutoModelForCausalLM.from_pretrained(
-        hf, quantization_config=bnb, torch_dtype=torch.float32, device_map="cpu"
+        hf, quantization_config=bnb, dtype=torch.float32, device_map="cpu"
     )
     model = PeftModel.from_pretrained(model, a.adapter)
     n4 = sum(1 for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit))
