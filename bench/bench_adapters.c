@@ -326,6 +326,7 @@ static void merge_nf4_only(const eng_model *m, const char *model, const char *ad
     double merge_s[64], merge_cpu[64], unmerge_s[64];
     bool restored = true;
     size_t modules = 0;
+    uint64_t merged_digest = 0;
     lora_cost overall = {0};
     for (int i = 0; i < repeat; i++) {
         lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
@@ -340,6 +341,7 @@ static void merge_nf4_only(const eng_model *m, const char *model, const char *ad
         unmerge_s[i] = un.seconds;
         restored = restored && un.digest == before;
         modules = rep.n_modules;
+        merged_digest = rep.digest;
         overall = rep.overall;
         lora_report_free(&rep);
         lora_report_free(&un);
@@ -355,9 +357,10 @@ static void merge_nf4_only(const eng_model *m, const char *model, const char *ad
         fprintf(out, "%s%.4f", i ? ", " : "", merge_s[i]);
     fprintf(out,
             "],\n  \"merge_nf4_cpu_seconds\": %.4f,\n  \"unmerge_seconds\": %.4f,\n"
-            "  \"digest_restored\": %s,\n  \"delta_retained\": %.4f,\n"
-            "  \"relative_error\": %.4f\n}\n",
-            min_of(merge_cpu, repeat), min_of(unmerge_s, repeat), restored ? "true" : "false", overall.delta_retained,
+            "  \"merged_digest\": \"%016llx\",\n  \"digest_restored\": %s,\n"
+            "  \"delta_retained\": %.4f,\n  \"relative_error\": %.4f\n}\n",
+            min_of(merge_cpu, repeat), min_of(unmerge_s, repeat),
+            (unsigned long long)merged_digest, restored ? "true" : "false", overall.delta_retained,
             overall.relative_error);
     eng_engine_stop(e);
     lora_registry_free(reg);
