@@ -34,17 +34,17 @@ static inline __m256i bucket8(const __m256 bounds[15], __m256 s)
 {
     __m256i count = _mm256_setzero_si256();
     for (int j = 0; j < 15; j++) /* a true compare is -1: subtract it */
-        count = _mm256_sub_epi32(
-            count, _mm256_castps_si256(_mm256_cmp_ps(bounds[j], s, _CMP_LT_OQ)));
+        count =
+            _mm256_sub_epi32(count, _mm256_castps_si256(_mm256_cmp_ps(bounds[j], s, _CMP_LT_OQ)));
     return count;
 }
 
 /* 8 int32 values in 0..255 as 8 bytes, in order. */
 static inline uint64_t narrow8(__m256i v)
 {
-    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          -1, -1);
+    const __m256i pick =
+        _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     __m256i b = _mm256_shuffle_epi8(v, pick);
     uint64_t lo = (uint32_t)_mm256_cvtsi256_si32(b);
     uint64_t hi = (uint32_t)_mm256_extract_epi32(b, 4);

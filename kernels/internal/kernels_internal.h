@@ -7,9 +7,10 @@
  *                   through it (qt_quantize, qt_matmul, qt_dequantize_rows,
  *                   their _ref forms, qt_attend, the CPU-path choice);
  *   quant_*.c,      each kind's quantizer and scalar dequantization, its
- *   matmul_avx2.c,  AVX2 kernels, the scalar attention loop; they call
- *   attend_ref.c    down into qtensor.c, and matmul_avx2.c calls
- *                   quant_bnb4.c (qt_block_absmax) and attend_ref.c;
+ *   matmul_avx2.c,  AVX2 kernels and quantizers, the scalar attention loop;
+ *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
+ *   attend_ref.c    quant_bnb4.c (qt_block_absmax) and attend_ref.c, and
+ *                   quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
