@@ -60,12 +60,24 @@
  *     +INFINITY when it did not (requantization moved the weights while the
  *     adapter asked for nothing: no finite multiple of |d| describes that).
  *
- * Memory: three f32 buffers of rows * cols (W, d, W + d, the last reused
- * for Q) plus the parts' A and B in f32, freed before returning.
+ * Memory: two f32 buffers of rows * cols (d and W + d, which qt_quantize
+ * needs whole), W and Q a block of rows at a time (decoded again where
+ * needed: decoding a block costs less than storing and reading back a
+ * whole tensor of f32), plus the parts' A and B in f32 (and in double on
+ * the AVX2 path), freed before returning.
+ *
+ * Speed (a merge requantizes every targeted weight of the model): on a CPU
+ * with AVX2 the delta is computed two rows at a time in registers, the
+ * cost summed eight elements at a time, and qt_quantize takes the kind's
+ * AVX2 quantizer where it has one; every fast path gives the scalar one's
+ * bits (see delta_rows_avx2 and the cost's lanes), so a merge's bytes and
+ * report do not depend on the CPU. QLSERVE_CPU_PATH=scalar takes the
+ * scalar paths throughout.
  */
 #include "lora.h"
 
 #include <float.h>
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +225,8 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
 /* A part's A ([rank, cols]) and B ([rows, rank]) as f32, and its scale. */
 typedef struct part_f32 {
     float *a, *b;
+    double *a64, *b64; /* A and B in double, for the AVX2 delta (NULL on the scalar path) */
+    int64_t a64_stride; /* doubles from one row of a64 to the next */
     int64_t rank;
     double scale;
 } part_f32;
@@ -223,8 +237,8 @@ static const char *adapter_name(const lora_part *part)
 }
 
 /* Check part i against the weight and convert its A and B to f32. */
-static int load_part(const qtensor *w, const lora_part *part, const char *module, part_f32 *pf,
-                     char *msg, size_t msg_len)
+static int load_part(const qtensor *w, const lora_part *part, const char *module, bool fast,
+                     part_f32 *pf, char *msg, size_t msg_len)
 {
     const eng_lora_module *m = part->module;
     if (!m)
@@ -251,6 +265,25 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
                        adapter_name(part), module);
     qt_dequantize_rows(a, 0, a->rows, pf->a);
     qt_dequantize_rows(b, 0, b->rows, pf->b);
+    if (fast) {
+        /* rows of A 64 bytes longer than a multiple of 4 KiB would make
+         * them: the 16-column chunks of A's rows then fall in different L1
+         * sets (1536 columns of double are 3 x 4 KiB, and all 16 rows of a
+         * chunk would share one set) */
+        pf->a64_stride = (a->cols + 3) / 4 * 4 + 8;
+        size_t na = (size_t)(a->rows * pf->a64_stride), nb = (size_t)(b->rows * b->cols);
+        pf->a64 = calloc(na, sizeof(double));
+        pf->b64 = malloc(nb * sizeof(double));
+        if (!pf->a64 || !pf->b64)
+            return ql_fail(msg, msg_len, QL_ENOMEM,
+                           "adapter %s, %s: cannot allocate A and B in double",
+                           adapter_name(part), module);
+        for (int64_t k = 0; k < a->rows; k++)
+            for (int64_t c = 0; c < a->cols; c++)
+                pf->a64[k * pf->a64_stride + c] = (double)pf->a[k * a->cols + c];
+        for (size_t i = 0; i < nb; i++)
+            pf->b64[i] = (double)pf->b[i];
+    }
     return QL_OK;
 }
 
@@ -278,6 +311,176 @@ static void delta_row(const part_f32 *pf, size_t n_parts, int64_t r, int64_t col
     }
 }
 
+/* Columns [c, c + 16) of rows r and r + 1 (r + 1 only when two): acc
+ * over k in the four registers per row, then the parts' total. */
+__attribute__((target("avx2,fma"))) static inline void
+delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_t c,
+                 __m256d t[2][4])
+{
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            t[h][j] = _mm256_setzero_pd();
+    for (size_t i = 0; i < n_parts; i++) {
+        const double *b0 = pf[i].b64 + r * pf[i].rank, *b1 = two ? b0 + pf[i].rank : b0;
+        const double *a = pf[i].a64 + c;
+        __m256d x0 = _mm256_setzero_pd(), x1 = x0, x2 = x0, x3 = x0;
+        __m256d y0 = x0, y1 = x0, y2 = x0, y3 = x0;
+        for (int64_t k = 0; k < pf[i].rank; k++, a += pf[i].a64_stride) {
+            __m256d v0 = _mm256_loadu_pd(a), v1 = _mm256_loadu_pd(a + 4);
+            __m256d v2 = _mm256_loadu_pd(a + 8), v3 = _mm256_loadu_pd(a + 12);
+            __m256d p = _mm256_broadcast_sd(b0 + k), q = _mm256_broadcast_sd(b1 + k);
+            x0 = _mm256_fmadd_pd(p, v0, x0);
+            x1 = _mm256_fmadd_pd(p, v1, x1);
+            x2 = _mm256_fmadd_pd(p, v2, x2);
+            x3 = _mm256_fmadd_pd(p, v3, x3);
+            y0 = _mm256_fmadd_pd(q, v0, y0);
+            y1 = _mm256_fmadd_pd(q, v1, y1);
+            y2 = _mm256_fmadd_pd(q, v2, y2);
+            y3 = _mm256_fmadd_pd(q, v3, y3);
+        }
+        __m256d s = _mm256_set1_pd(pf[i].scale);
+        t[0][0] = _mm256_add_pd(t[0][0], _mm256_mul_pd(s, x0));
+        t[0][1] = _mm256_add_pd(t[0][1], _mm256_mul_pd(s, x1));
+        t[0][2] = _mm256_add_pd(t[0][2], _mm256_mul_pd(s, x2));
+        t[0][3] = _mm256_add_pd(t[0][3], _mm256_mul_pd(s, x3));
+        t[1][0] = _mm256_add_pd(t[1][0], _mm256_mul_pd(s, y0));
+        t[1][1] = _mm256_add_pd(t[1][1], _mm256_mul_pd(s, y1));
+        t[1][2] = _mm256_add_pd(t[1][2], _mm256_mul_pd(s, y2));
+        t[1][3] = _mm256_add_pd(t[1][3], _mm256_mul_pd(s, y3));
+    }
+}
+
+/*
+ * Rows [r0, r0 + nr) of the delta with AVX2, and of x = w + d (w, d and x
+ * point at row r0); false when some x is not finite. 16 columns at a time
+ * down the block's rows, two rows at a time in registers: both rows share
+ * each load of A, and the chunk of A stays in L1 for the whole block. Bit
+ * for bit the scalar delta_row's: every operation is the one delta_row
+ * does, in its order, except that acc + B[r][k] * A[k][c] is one fused
+ * multiply-add. That changes nothing: B and A are f32 values (f32, f16 or
+ * bf16 stored), and the double product of two f32 values is exact (24 + 24
+ * significant bits < 53, exponents far inside double's range), so rounding
+ * the product first, as delta_row does, rounds nothing.
+ */
+__attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *pf,
+                                                                 size_t n_parts, int64_t r0,
+                                                                 int64_t nr, int64_t cols,
+                                                                 const float *w, float *d,
+                                                                 float *x)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 bad = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        for (int64_t r = 0; r < nr; r += 2) {
+            __m256d t[2][4];
+            int64_t two = r + 1 < nr ? 2 : 1;
+            delta_chunk_avx2(pf, n_parts, r0 + r, two == 2, c, t);
+            for (int h = 0; h < two; h++) {
+                int64_t o = (r + h) * cols + c;
+                __m256 d0 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][1]), _mm256_cvtpd_ps(t[h][0]));
+                __m256 d1 = _mm256_set_m128(_mm256_cvtpd_ps(t[h][3]), _mm256_cvtpd_ps(t[h][2]));
+                __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(w + o), d0);
+                __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(w + o + 8), d1);
+                _mm256_storeu_ps(d + o, d0);
+                _mm256_storeu_ps(d + o + 8, d1);
+                _mm256_storeu_ps(x + o, x0);
+                _mm256_storeu_ps(x + o + 8, x1);
+                /* |x| not below infinity: Inf, or NaN (unordered) */
+                bad = _mm256_or_ps(bad,
+                                   _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), inf, _CMP_NLT_UQ));
+                bad = _mm256_or_ps(bad,
+                                   _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), inf, _CMP_NLT_UQ));
+            }
+        }
+    }
+    bool finite = _mm256_movemask_ps(bad) == 0;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t cc = c; cc < cols; cc++) {
+            double total = 0.0;
+            for (size_t i = 0; i < n_parts; i++) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < pf[i].rank; k++)
+                    acc += pf[i].b64[(r0 + r) * pf[i].rank + k] *
+                           pf[i].a64[k * pf[i].a64_stride + cc];
+                total += pf[i].scale * acc;
+            }
+            int64_t o = r * cols + cc;
+            d[o] = (float)total;
+            x[o] = w[o] + d[o];
+            finite = finite && isfinite(x[o]);
+        }
+    return finite;
+}
+
+/*
+ * The cost's three sums over n elements, q = dequant(merged): dot =
+ * sum (q - w) * d, delta_sq = sum d * d, err_sq = sum (q - (w + d))^2, each
+ * term in double as the file's comment says. Each sum is kept in 8 lanes,
+ * element e in lane e % 8, and the lanes are added in order at the end, on
+ * both paths (cost_lanes_ref, cost_lanes_avx2), so the AVX2 path reports the
+ * scalar one's bits.
+ */
+#define COST_LANES 8
+
+/* Elements per block of rows: W, Q and their part of d and x in L2. */
+#define BLOCK_ELEMENTS 16384
+
+static void cost_lanes_add(const double lane[3][COST_LANES], double sums[3])
+{
+    for (int s = 0; s < 3; s++) {
+        sums[s] = 0.0;
+        for (int l = 0; l < COST_LANES; l++)
+            sums[s] += lane[s][l];
+    }
+}
+
+/* Add elements [e0, n) of one block to the lanes (the block starts at
+ * lane 0). */
+static void cost_lanes_ref(const float *w, const float *d, const float *q, size_t e0, size_t n,
+                           double lane[3][COST_LANES])
+{
+    for (size_t e = e0; e < n; e++) {
+        double qv = q[e], wv = w[e], dv = d[e];
+        double err = qv - (wv + dv);
+        lane[0][e % COST_LANES] += (qv - wv) * dv;
+        lane[1][e % COST_LANES] += dv * dv;
+        lane[2][e % COST_LANES] += err * err;
+    }
+}
+
+/* The same, 8 elements a step: lane l of the two registers is element
+ * e + l, so every lane gets the terms cost_lanes_ref gives it, in order. */
+__attribute__((target("avx2"))) static void cost_lanes_avx2(const float *w, const float *d,
+                                                            const float *q, size_t n,
+                                                            double lane[3][COST_LANES])
+{
+    __m256d dot[2], dsq[2], esq[2];
+    for (int h = 0; h < 2; h++) { /* lanes 0-3, then 4-7 */
+        dot[h] = _mm256_loadu_pd(lane[0] + 4 * h);
+        dsq[h] = _mm256_loadu_pd(lane[1] + 4 * h);
+        esq[h] = _mm256_loadu_pd(lane[2] + 4 * h);
+    }
+    size_t e = 0;
+    for (; e + COST_LANES <= n; e += COST_LANES) {
+        for (int h = 0; h < 2; h++) {
+            __m256d qv = _mm256_cvtps_pd(_mm_loadu_ps(q + e + 4 * h));
+            __m256d wv = _mm256_cvtps_pd(_mm_loadu_ps(w + e + 4 * h));
+            __m256d dv = _mm256_cvtps_pd(_mm_loadu_ps(d + e + 4 * h));
+            __m256d err = _mm256_sub_pd(qv, _mm256_add_pd(wv, dv));
+            dot[h] = _mm256_add_pd(dot[h], _mm256_mul_pd(_mm256_sub_pd(qv, wv), dv));
+            dsq[h] = _mm256_add_pd(dsq[h], _mm256_mul_pd(dv, dv));
+            esq[h] = _mm256_add_pd(esq[h], _mm256_mul_pd(err, err));
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        _mm256_storeu_pd(lane[0] + 4 * h, dot[h]);
+        _mm256_storeu_pd(lane[1] + 4 * h, dsq[h]);
+        _mm256_storeu_pd(lane[2] + 4 * h, esq[h]);
+    }
+    cost_lanes_ref(w, d, q, e, n, lane);
+}
+
 /* The part that first made element (r, c) non-finite, adding the parts'
  * contributions to W in order (the last part when only their sum is);
  * NULL when W itself is not finite. */
@@ -303,6 +506,8 @@ static void free_parts(part_f32 *pf, size_t n)
     for (size_t i = 0; pf && i < n; i++) {
         free(pf[i].a);
         free(pf[i].b);
+        free(pf[i].a64);
+        free(pf[i].b64);
     }
     free(pf);
 }
@@ -339,49 +544,73 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
 
     int64_t rows = pristine->rows, cols = pristine->cols;
     size_t n = (size_t)rows * (size_t)cols;
-    float *w = malloc(n * sizeof *w);
+    /* rows in blocks of a multiple of 8 (the cost's lanes start each block
+     * at lane 0) of about BLOCK_ELEMENTS, whose W and Q stay in cache */
+    int64_t block_rows = (BLOCK_ELEMENTS / cols + 7) / 8 * 8;
+    if (block_rows < 8)
+        block_rows = 8;
+    if (block_rows > rows)
+        block_rows = rows;
+    size_t nb = (size_t)block_rows * (size_t)cols;
+    float *w = malloc(nb * sizeof *w);
+    float *q = malloc(nb * sizeof *q);
     float *d = malloc(n * sizeof *d);
     float *x = malloc(n * sizeof *x);
     double *acc = malloc((size_t)cols * sizeof *acc);
     double *total = malloc((size_t)cols * sizeof *total);
     part_f32 *pf = calloc(n_parts ? n_parts : 1, sizeof *pf);
-    if (!w || !d || !x || !acc || !total || !pf) {
+    if (!w || !q || !d || !x || !acc || !total || !pf) {
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: cannot allocate %zu floats to merge into",
-                     module, 3 * n);
+                     module, 2 * n + 2 * nb);
         goto done;
     }
+    /* the AVX2 paths where the kernels take theirs (QLSERVE_CPU_PATH=scalar
+     * forces both to scalar): the same bits either way */
+    bool fast = strcmp(qt_cpu_path(), "avx2") == 0;
     for (size_t i = 0; i < n_parts && rc == QL_OK; i++)
-        rc = load_part(pristine, &parts[i], module, &pf[i], msg, msg_len);
+        rc = load_part(pristine, &parts[i], module, fast, &pf[i], msg, msg_len);
     if (rc != QL_OK)
         goto done;
 
-    /* W + d, row by row, stopping at the first non-finite value */
-    qt_dequantize_rows(pristine, 0, rows, w);
-    for (int64_t r = 0; r < rows; r++) {
-        delta_row(pf, n_parts, r, cols, acc, total);
-        float *dr = d + r * cols, *xr = x + r * cols;
-        const float *wr = w + r * cols;
-        for (int64_t c = 0; c < cols; c++) {
-            dr[c] = (float)total[c];
-            xr[c] = wr[c] + dr[c];
-        }
-        if (!o->safe_merge)
-            continue;
-        for (int64_t c = 0; c < cols; c++) {
-            if (isfinite(xr[c]))
-                continue;
-            const lora_part *bad = blame(parts, pf, n_parts, wr[c], r, c, cols);
-            if (bad)
-                rc = ql_fail(msg, msg_len, QL_ENONFINITE,
-                             "adapter %s, %s: the merged value at (row %lld, col %lld) is %g, "
-                             "not finite; nothing was merged",
-                             adapter_name(bad), module, (long long)r, (long long)c, (double)xr[c]);
-            else
-                rc = ql_fail(msg, msg_len, QL_ENONFINITE,
-                             "%s: the pristine weight at (row %lld, col %lld) is %g, not finite; "
-                             "nothing was merged",
-                             module, (long long)r, (long long)c, (double)wr[c]);
-            goto done;
+    /* W + d, a block of rows at a time (AVX2: the whole block at once;
+     * scalar: row by row); stop at the first non-finite value */
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        int64_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+        qt_dequantize_rows(pristine, r0, r1 - r0, w);
+        for (int64_t r = r0; r < r1;) {
+            int64_t nr = 1;
+            bool finite = false;
+            const float *wr = w + (r - r0) * cols;
+            float *dr = d + r * cols, *xr = x + r * cols;
+            if (fast) {
+                nr = r1 - r;
+                finite = delta_rows_avx2(pf, n_parts, r, nr, cols, wr, dr, xr);
+            } else {
+                delta_row(pf, n_parts, r, cols, acc, total);
+                for (int64_t c = 0; c < cols; c++) {
+                    dr[c] = (float)total[c];
+                    xr[c] = wr[c] + dr[c];
+                }
+            }
+            for (int64_t e = 0; o->safe_merge && !finite && e < nr * cols; e++) {
+                if (isfinite(xr[e]))
+                    continue;
+                int64_t er = r + e / cols, c = e % cols;
+                const lora_part *bad = blame(parts, pf, n_parts, wr[e], er, c, cols);
+                if (bad)
+                    rc = ql_fail(msg, msg_len, QL_ENONFINITE,
+                                 "adapter %s, %s: the merged value at (row %lld, col %lld) is "
+                                 "%g, not finite; nothing was merged",
+                                 adapter_name(bad), module, (long long)er, (long long)c,
+                                 (double)xr[e]);
+                else
+                    rc = ql_fail(msg, msg_len, QL_ENONFINITE,
+                                 "%s: the pristine weight at (row %lld, col %lld) is %g, not "
+                                 "finite; nothing was merged",
+                                 module, (long long)er, (long long)c, (double)wr[e]);
+                goto done;
+            }
+            r += nr;
         }
     }
 
@@ -393,24 +622,31 @@ static int merge_with(params_fn own_params, const qtensor *pristine, const lora_
         goto done;
     }
 
-    /* what requantizing cost, against the exact W + d */
-    qt_dequantize_rows(merged, 0, rows, x);
-    double dot = 0.0, delta_sq = 0.0, err_sq = 0.0;
-    for (size_t e = 0; e < n; e++) {
-        double q = x[e], wv = w[e], dv = d[e];
-        double err = q - (wv + dv);
-        dot += (q - wv) * dv;
-        delta_sq += dv * dv;
-        err_sq += err * err;
+    /* what requantizing cost, against the exact W + d: W dequantized again
+     * rather than kept (a block of it is cheaper to decode than a whole
+     * tensor of f32 is to store and read back) */
+    double lane[3][COST_LANES] = {{0}};
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        int64_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+        size_t e0 = (size_t)r0 * (size_t)cols, ne = (size_t)(r1 - r0) * (size_t)cols;
+        qt_dequantize_rows(pristine, r0, r1 - r0, w);
+        qt_dequantize_rows(merged, r0, r1 - r0, q);
+        if (fast)
+            cost_lanes_avx2(w, d + e0, q, ne, lane);
+        else
+            cost_lanes_ref(w, d + e0, q, 0, ne, lane);
     }
-    cost->dot = dot;
-    cost->delta_sq = delta_sq;
-    cost->err_sq = err_sq;
+    double sums[3];
+    cost_lanes_add(lane, sums);
+    cost->dot = sums[0];
+    cost->delta_sq = sums[1];
+    cost->err_sq = sums[2];
     cost->merged = true;
     cost_ratios(cost);
 
 done:
     free(w);
+    free(q);
     free(d);
     free(x);
     free(acc);

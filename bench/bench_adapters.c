@@ -35,8 +35,17 @@
  *     layer 0: relative L2 distance from the pristine weights and bytes
  *     differing. Ours restores the pristine tensor, so both are zero.
  *
+ * With --merge-nf4 N it measures only the NF4 merge (the figure issue 18
+ * compares with PEFT + bitsandbytes, bench/merge_vs_peft.sh): the weights
+ * requantized to NF4 (blocksize 64, no double quant: bitsandbytes'
+ * defaults), adapter a0 merged and unmerged N times through the registry,
+ * and the best and every time, as "merge_nf4_seconds". --adapter-dir DIR
+ * writes that adapter to DIR and keeps it, so that the peer merges the
+ * same one.
+ *
  * Usage: bench_adapters --model PATH [--threads N] [--new-tokens N]
  *                       [--delta-ratio R] [--dir TMPDIR]
+ *                       [--merge-nf4 N [--adapter-dir DIR]]
  */
 #include "lora.h"
 #include "peft_writer.h"
@@ -65,6 +74,15 @@ static double thread_cpu(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of this process, all threads: under a loaded machine a
+ * steadier figure than the wall clock. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -385,12 +403,75 @@ static void merge_figures(const eng_model *m, const char *label, const char *ada
     lora_registry_free(reg);
 }
 
+/* --- the NF4 merge alone ------------------------------------------------------ */
+
+/* Merge and unmerge adapter_dir into m (already NF4) `repeat` times through
+ * a registry with `threads` merge threads; print the times as JSON. */
+static void merge_nf4_only(const eng_model *m, const char *model, const char *adapter_dir,
+                           int threads, int repeat, FILE *out)
+{
+    char msg[1024];
+    eng_engine *e;
+    lora_registry *reg;
+    eng_engine_opts eo = {.threads = threads, .kv_bytes = (size_t)64 << 20};
+    lora_registry_opts ro = {.threads = threads};
+    if (eng_engine_start(&e, m, &eo, msg, sizeof msg) ||
+        lora_registry_new(&reg, e, m, &ro, msg, sizeof msg))
+        die("engine", msg);
+    if (lora_registry_load(reg, "a", adapter_dir, 1.0f, NULL, msg, sizeof msg))
+        die("load", msg);
+    uint64_t before = eng_weights_digest(m, NULL);
+    double merge_s[64], merge_cpu[64], unmerge_s[64];
+    bool restored = true;
+    size_t modules = 0;
+    uint64_t merged_digest = 0;
+    lora_cost overall = {0};
+    for (int i = 0; i < repeat; i++) {
+        lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
+        lora_report rep, un;
+        double c0 = cpu_now();
+        if (lora_registry_merge(reg, "a", 1.0f, &mo, &rep, msg, sizeof msg))
+            die("merge", msg);
+        merge_cpu[i] = cpu_now() - c0;
+        if (lora_registry_unmerge(reg, "a", &un, msg, sizeof msg))
+            die("unmerge", msg);
+        merge_s[i] = rep.seconds;
+        unmerge_s[i] = un.seconds;
+        restored = restored && un.digest == before;
+        modules = rep.n_modules;
+        merged_digest = rep.digest;
+        overall = rep.overall;
+        lora_report_free(&rep);
+        lora_report_free(&un);
+    }
+    fprintf(out,
+            "{\n  \"bench\": \"adapters_merge_nf4\",\n  \"model\": \"%s\",\n  \"adapter\": "
+            "\"%s\",\n  \"rank\": %d,\n  \"merge_threads\": %d,\n  \"cpu_path\": \"%s\",\n"
+            "  \"modules\": %zu,\n  \"repeat\": %d,\n  \"merge_nf4_seconds\": %.4f,\n"
+            "  \"merge_nf4_median_seconds\": %.4f,\n  \"merge_nf4_all\": [",
+            model, adapter_dir, RANK, threads, qt_cpu_path(), modules, repeat,
+            min_of(merge_s, repeat), median(merge_s, repeat));
+    for (int i = 0; i < repeat; i++)
+        fprintf(out, "%s%.4f", i ? ", " : "", merge_s[i]);
+    fprintf(out,
+            "],\n  \"merge_nf4_cpu_seconds\": %.4f,\n  \"unmerge_seconds\": %.4f,\n"
+            "  \"merged_digest\": \"%016llx\",\n  \"digest_restored\": %s,\n"
+            "  \"delta_retained\": %.4f,\n  \"relative_error\": %.4f\n}\n",
+            min_of(merge_cpu, repeat), min_of(unmerge_s, repeat),
+            (unsigned long long)merged_digest, restored ? "true" : "false", overall.delta_retained,
+            overall.relative_error);
+    eng_engine_stop(e);
+    lora_registry_free(reg);
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *tmp = "/tmp";
     int threads = 0, new_tokens = 32, rounds = 5;
     bool decode_only = false;
     lora_dtype dtype = LORA_DTYPE_BF16; /* serve's default */
+    int merge_nf4 = 0;
+    const char *adapter_dir = NULL;
     double ratio = 0.02;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -410,15 +491,23 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--adapter-dtype") == 0 && i + 1 < argc &&
                  lora_dtype_from_name(argv[i + 1]) >= 0)
             dtype = (lora_dtype)lora_dtype_from_name(argv[++i]);
+        else if (strcmp(argv[i], "--merge-nf4") == 0 && i + 1 < argc)
+            merge_nf4 = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--adapter-dir") == 0 && i + 1 < argc)
+            adapter_dir = argv[++i];
         else {
             fprintf(stderr, "usage: bench_adapters --model PATH [--threads N] [--new-tokens N] "
                             "[--delta-ratio R] [--dir TMPDIR] [--rounds N] [--decode-only] "
-                            "[--adapter-dtype bf16|f32]\n");
+                            "[--adapter-dtype bf16|f32] [--merge-nf4 N [--adapter-dir DIR]]\n");
             return 2;
         }
     }
     if (rounds < 1 || rounds > 64)
         rounds = 5;
+    if (merge_nf4 < 0 || merge_nf4 > 64) {
+        fprintf(stderr, "bench_adapters: --merge-nf4 takes 1 to 64 repeats, not %d\n", merge_nf4);
+        return 2;
+    }
     if (!model) {
         fprintf(stderr, "bench_adapters: --model is required\n");
         return 2;
@@ -428,6 +517,24 @@ int main(int argc, char **argv)
     eng_load_opts lo = {.path = model};
     if (eng_model_load(&m, &lo, msg, sizeof msg))
         die(model, msg);
+    if (merge_nf4) {
+        char dir[800];
+        snprintf(dir, sizeof dir, "%s/qlserve-bench-merge-%d", tmp, (int)getpid());
+        const char *d = adapter_dir ? adapter_dir : dir;
+        if (peft_write_random(&m, d, RANK, ALPHA, ratio, 1000, msg, sizeof msg))
+            die(d, msg);
+        qt_quant_params nf4 = {.kind = QT_NF4, .blocksize = 64};
+        requantize_model(&m, &nf4);
+        merge_nf4_only(&m, model, d, threads > 0 ? threads : 1, merge_nf4, stdout);
+        eng_model_free(&m);
+        if (!adapter_dir) {
+            char cmd[900];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+            if (system(cmd) != 0)
+                fprintf(stderr, "bench_adapters: could not remove %s\n", dir);
+        }
+        return 0;
+    }
     char base[700], dirs[8][800];
     snprintf(base, sizeof base, "%s/qlserve-bench-adapters-%d", tmp, (int)getpid());
     mkdir(base, 0755);

@@ -8,8 +8,9 @@
  *   - qt_traits_table: one row per kind, and the row is the dispatch: its
  *     name, block geometry, quantizer, scalar dequantization and scalar
  *     reference matrix kernel y = x @ W^T, and the kind's own AVX2+FMA
- *     matrix kernel and dequantization (NULL where the kind has none);
- *   - qt_matmul and qt_dequantize_rows: the row's AVX2 entry when this CPU
+ *     matrix kernel, dequantization and quantizer (NULL where the kind has
+ *     none; a fast quantizer writes the scalar one's bytes);
+ *   - qt_quantize, qt_matmul and qt_dequantize_rows: the row's AVX2 entry when this CPU
  *     has AVX2+FMA+F16C (detected once, at run time) and the entry is not
  *     NULL, else the row's scalar one; qt_matmul_ref, the scalar reference
  *     every fast path is tested against;
@@ -21,7 +22,7 @@
  *
  * Its files call one another in layers, never back up: traits.c (the table
  * and the entry points that dispatch through it) on top; each kind's
- * quant_*.c, matmul_avx2.c and attend_ref.c below it; qtensor.c (a
+ * quant_*.c, matmul_avx2.c, quant_avx2.c and attend_ref.c below it; qtensor.c (a
  * qtensor's lifecycle, the kinds' names) the leaf. kernels/internal/
  * kernels_internal.h draws the map.
  *
@@ -198,6 +199,10 @@ typedef struct qt_traits {
     void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
     void (*dequantize_rows_avx2)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+    /* The kind's AVX2 quantizer (quant_avx2.c), NULL where it has none;
+     * the same contract and the same bytes as quantize. */
+    int (*quantize_avx2)(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                         const qt_quant_params *p, char *msg, size_t msg_len);
 } qt_traits;
 
 extern const qt_traits qt_traits_table[QT_KIND_COUNT];

@@ -23,7 +23,10 @@
  * merge (kernels/cuda/qt_cuda_lora.cu).
  *
  * It offers the NF4/FP4 rows' quantizer and scalar dequantization (the
- * traits table in traits.c points at them), qt_block_absmax (which
+ * traits table in traits.c points at them), the quantizer's driver with the
+ * full-block coder left open (qt_bnb4_quantize_with: quant_avx2.c hands it
+ * its AVX2 coder, so the layout, the short block and double quant are
+ * written once), qt_block_absmax (which
  * matmul_avx2.c calls too), qt_from_bnb4 (build from checkpoint parts) and
  * the codebooks. It owns those constant tables and no mutable state; it
  * calls down into qtensor.c only (names, shape check, qt_free) and touches
@@ -83,8 +86,22 @@ static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
     return QL_OK;
 }
 
-int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
-                     const qt_quant_params *p, char *msg, size_t msg_len)
+/* One full block, scalar: its absmax and codes (the reference every other
+ * block coder matches byte for byte). */
+static float code_full_block_ref(const struct qq_buckets *cb, const float *x, int64_t bs, uint8_t *codes)
+{
+    float am = 0.0f;
+    for (int64_t i = 0; i < bs; i++)
+        am = qq_maxf(am, fabsf(x[i]));
+    float recip = qq_bnb4_recip(am);
+    for (int64_t i = 0; i < bs; i++)
+        put_nibble(codes, i, qq_bnb4_code_full(cb, x[i], recip));
+    return am;
+}
+
+int qt_bnb4_quantize_with(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                          const qt_quant_params *p, qt_bnb4_block_coder code_full_block,
+                          char *msg, size_t msg_len)
 {
     int64_t bs = p->blocksize ? p->blocksize : 64;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))
@@ -105,23 +122,18 @@ int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     qq_buckets cb;
     qq_build_buckets(t->codebook, &cb);
 
+    /* full blocks start at an even element (bs is even): whole bytes */
     int64_t full = n - n % bs;
-    for (int64_t b0 = 0; b0 < n; b0 += bs) {
-        int64_t end = b0 + bs < n ? b0 + bs : n;
+    for (int64_t b0 = 0; b0 < full; b0 += bs)
+        absmax[b0 / bs] = code_full_block(&cb, src + b0, bs, t->data + b0 / 2);
+    if (full < n) {
         float am = 0.0f;
-        for (int64_t i = b0; i < end; i++)
+        for (int64_t i = full; i < n; i++)
             am = qq_maxf(am, fabsf(src[i]));
-        if (b0 < full) {
-            absmax[b0 / bs] = am;
-            float recip = qq_bnb4_recip(am);
-            for (int64_t i = b0; i < end; i++)
-                put_nibble(t->data, i, qq_bnb4_code_full(&cb, src[i], recip));
-        } else {
-            am = qq_bnb4_short_absmax(am);
-            absmax[b0 / bs] = am;
-            for (int64_t i = b0; i < end; i++)
-                put_nibble(t->data, i, qq_bnb4_code_short(&cb, src[i], am));
-        }
+        am = qq_bnb4_short_absmax(am);
+        absmax[full / bs] = am;
+        for (int64_t i = full; i < n; i++)
+            put_nibble(t->data, i, qq_bnb4_code_short(&cb, src[i], am));
     }
     if (n & 1)
         put_nibble(t->data, n, qq_bucket(&cb, 0.0f));
@@ -133,6 +145,12 @@ int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     int rc = double_quantize(t, absmax, msg, msg_len);
     free(absmax);
     return rc;
+}
+
+int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                     const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    return qt_bnb4_quantize_with(t, src, rows, cols, p, code_full_block_ref, msg, msg_len);
 }
 
 float qt_block_absmax(const qtensor *t, int64_t b)

@@ -39,10 +39,13 @@ Test(bnb4, codebooks_and_dynamic_map_are_bitsandbytes_tables)
         cr_assert(same_bits(qt_dynamic_map_signed[i], bnbv_dynamic_map[i]), "map[%d]", i);
 }
 
+/* Both quantizers, the scalar one and the AVX2 one where the CPU has it
+ * (each Criterion test runs in its own process, so forcing is local). */
 Test(bnb4, quantize_matches_bitsandbytes_bit_for_bit)
 {
-    for (size_t c = 0; c < BNBV_N_CASES; c++) {
-        const bnbv_case *k = &bnbv_cases[c];
+    for (size_t c = 0; c < 2 * BNBV_N_CASES; c++) {
+        qt_set_force_scalar(c >= BNBV_N_CASES);
+        const bnbv_case *k = &bnbv_cases[c % BNBV_N_CASES];
         qt_quant_params p = {.kind = strcmp(k->quant_type, "nf4") == 0 ? QT_NF4 : QT_FP4,
                              .blocksize = k->blocksize,
                              .double_quant = k->nested != 0};
@@ -72,6 +75,68 @@ Test(bnb4, quantize_matches_bitsandbytes_bit_for_bit)
         }
         qt_free(&t);
     }
+}
+
+/* The AVX2 quantizer against the scalar one on inputs a fixture cannot
+ * hold: large tensors of every NF4/FP4 blocksize, values exactly on the
+ * codebook's midpoints (scaled by a power of two, so they stay on them),
+ * signed zeros, all-zero blocks and a ragged tail. */
+Test(bnb4, avx2_quantizer_writes_the_scalar_bytes)
+{
+    if (strcmp(qt_cpu_path(), "avx2") != 0)
+        cr_skip_test("no AVX2 on this CPU: the scalar quantizer is the only one");
+    const int64_t rows = 37, cols = 1000; /* 37000: no blocksize divides it */
+    float *x = malloc((size_t)(rows * cols) * sizeof *x);
+    uint64_t seed = 12345;
+    for (int kind = 0; kind < 2; kind++) {
+        const float *code = kind ? qt_fp4_code : qt_nf4_code;
+        for (int64_t i = 0; i < rows * cols; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t r = (uint32_t)(seed >> 33);
+            int a = (int)(r % 16), b = (int)((r >> 4) % 16);
+            switch ((r >> 8) % 4) {
+            case 0: /* a midpoint between two codes, times 2^-3 */
+                x[i] = (code[a] + code[b]) / 2.0f * 0.125f;
+                break;
+            case 1:
+                x[i] = (r >> 12) % 2 ? -0.0f : 0.0f;
+                break;
+            default:
+                x[i] = ((float)(r >> 10) / 4194304.0f - 0.5f) * 0.25f;
+            }
+        }
+        for (int64_t i = 512; i < 1024; i++) /* whole zero blocks */
+            x[i] = 0.0f;
+        for (int bs = 32; bs <= 4096; bs *= 2) {
+            for (int nested = 0; nested < 2; nested++) {
+                qt_quant_params p = {.kind = kind ? QT_FP4 : QT_NF4,
+                                     .blocksize = bs,
+                                     .double_quant = nested};
+                qtensor fast, ref;
+                char msg[256];
+                qt_set_force_scalar(false);
+                cr_assert_eq(qt_quantize(&fast, x, rows, cols, &p, msg, sizeof msg), QL_OK, "%s",
+                             msg);
+                qt_set_force_scalar(true);
+                cr_assert_eq(qt_quantize(&ref, x, rows, cols, &p, msg, sizeof msg), QL_OK, "%s",
+                             msg);
+                cr_assert_eq(memcmp(fast.data, ref.data, ref.data_bytes), 0,
+                             "%s, blocksize %d: codes differ", qt_kind_name(p.kind), bs);
+                if (nested)
+                    cr_assert_eq(memcmp(fast.absmax_codes, ref.absmax_codes,
+                                        (size_t)ref.n_blocks),
+                                 0, "blocksize %d: nested absmax codes differ", bs);
+                else
+                    cr_assert_eq(memcmp(fast.absmax, ref.absmax,
+                                        (size_t)ref.n_blocks * sizeof(float)),
+                                 0, "blocksize %d: absmax differs", bs);
+                qt_free(&fast);
+                qt_free(&ref);
+            }
+        }
+    }
+    qt_set_force_scalar(false);
+    free(x);
 }
 
 Test(bnb4, dequantize_matches_bitsandbytes_bit_for_bit)

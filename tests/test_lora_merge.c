@@ -455,6 +455,63 @@ Test(lora_merge, merging_leaves_the_pristine_weight_untouched)
     }
 }
 
+/* The AVX2 merge (two rows at a time, 16 columns at a time, the cost in
+ * eight lanes, the AVX2 quantizer) against the scalar one: the same bytes
+ * and the same report, bit for bit, and both the float64 reference's.
+ * Shapes with a column tail (53, 40: no multiple of 16), an odd row count
+ * and more rows than one block of the merge (300 x 64: blocks of 256 rows),
+ * two parts of different ranks. */
+Test(lora_merge, avx2_and_scalar_merges_give_the_same_bytes_and_report)
+{
+    if (strcmp(qt_cpu_path(), "avx2") != 0)
+        cr_skip_test("no AVX2 on this CPU: the scalar merge is the only one");
+    const kind_case shapes[] = {
+        {"f32-53", {.kind = QT_F32}, 37, 53, true},
+        {"nf4-40", {.kind = QT_NF4, .blocksize = 64}, 37, 40, true},
+        {"nf4-300x64", {.kind = QT_NF4, .blocksize = 64}, 300, 64, true},
+        {"int8-53", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, 37, 53, false},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const kind_case *k = &shapes[i];
+        qtensor w;
+        make_weight(&w, k, 900 + i);
+        eng_lora_module m1, m2;
+        make_module(&m1, QT_F32, k->rows, k->cols, 16, 0.05, 0.05, 910 + i);
+        make_module(&m2, QT_BF16, k->rows, k->cols, 3, 0.04, 0.03, 920 + i);
+        lora_part parts[2] = {{.adapter = "french", .module = &m1, .scale = 0.5f},
+                              {.adapter = "legal", .module = &m2, .scale = -1.25f}};
+        qtensor fast, ref, want;
+        lora_cost c_fast, c_ref;
+        char msg[256] = "";
+        qt_set_force_scalar(false);
+        cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &fast, &c_fast, msg, sizeof msg),
+                     QL_OK, "%s: %s", k->name, msg);
+        qt_set_force_scalar(true);
+        cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &ref, &c_ref, msg, sizeof msg),
+                     QL_OK, "%s: %s", k->name, msg);
+        qt_set_force_scalar(false);
+        assert_same_tensor(&fast, &ref, k->name);
+        cr_assert(same_array(&c_fast.dot, &c_ref.dot, sizeof c_ref.dot) &&
+                      same_array(&c_fast.delta_sq, &c_ref.delta_sq, sizeof c_ref.delta_sq) &&
+                      same_array(&c_fast.err_sq, &c_ref.err_sq, sizeof c_ref.err_sq),
+                  "%s: reports differ: dot %a/%a, delta_sq %a/%a, err_sq %a/%a", k->name,
+                  c_fast.dot, c_ref.dot, c_fast.delta_sq, c_ref.delta_sq, c_fast.err_sq,
+                  c_ref.err_sq);
+        float *d = reference_delta(parts, 2, k->rows, k->cols);
+        reference_merge(&want, &w, d, &k->p);
+        assert_same_tensor(&fast, &want, k->name);
+        lora_cost rc = reference_cost(&w, &fast, d);
+        assert_cost(&c_fast, &rc, k->name);
+        free(d);
+        qt_free(&want);
+        qt_free(&fast);
+        qt_free(&ref);
+        qt_free(&w);
+        free_module(&m1);
+        free_module(&m2);
+    }
+}
+
 Test(lora_merge, two_parts_merge_as_the_sum_of_their_deltas)
 {
     for (size_t i = 0; i < N_CASES; i++) {

@@ -7,9 +7,10 @@
  *                   through it (qt_quantize, qt_matmul, qt_dequantize_rows,
  *                   their _ref forms, qt_attend, the CPU-path choice);
  *   quant_*.c,      each kind's quantizer and scalar dequantization, its
- *   matmul_avx2.c,  AVX2 kernels, the scalar attention loop; they call
- *   attend_ref.c    down into qtensor.c, and matmul_avx2.c calls
- *                   quant_bnb4.c (qt_block_absmax) and attend_ref.c;
+ *   matmul_avx2.c,  AVX2 kernels and quantizers, the scalar attention loop;
+ *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
+ *   attend_ref.c    quant_bnb4.c (qt_block_absmax) and attend_ref.c, and
+ *                   quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -87,6 +88,17 @@ size_t qt_dense_elem_bytes(qt_kind kind);
 int qt_bnb4_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_bnb4_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+struct qq_buckets; /* qt_quant_math.h: the sorted codebook's midpoints */
+/* Code one full block of bs elements of x (bs a power of two >= 32) into
+ * bs / 2 zeroed bytes of codes and return its absmax, as bitsandbytes. */
+typedef float (*qt_bnb4_block_coder)(const struct qq_buckets *cb, const float *x, int64_t bs,
+                                     uint8_t *codes);
+/* qt_bnb4_quantize with its full blocks coded by code_full_block (every
+ * coder gives the scalar one's bytes); the short last block, the odd
+ * element's pad and double quant are the scalar ones. */
+int qt_bnb4_quantize_with(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                          const qt_quant_params *p, qt_bnb4_block_coder code_full_block,
+                          char *msg, size_t msg_len);
 
 /* AFFINE, torchao semantics (quant_affine.c) */
 int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
@@ -168,6 +180,10 @@ void qt_dequantize_rows_q2_k_avx2(const qtensor *t, int64_t row0, int64_t nrows,
 void qt_dequantize_rows_q3_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_iq4_nl_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_iq4_xs_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* The AVX2 quantizers (quant_avx2.c, built and reached as matmul_avx2.c
+ * is); the scalar quantizer's bytes. */
+int qt_bnb4_quantize_avx2(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                          const qt_quant_params *p, char *msg, size_t msg_len);
 /* qt_attend's AVX2 path; head dimensions that are not a multiple of 16 take
  * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
