@@ -1287,7 +1287,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                                .max_tokens = e->o.step_tokens,
                                .max_seqs = e->o.max_running,
                                .kv_bytes = e->o.kv_bytes,
-                               .block_tokens = e->o.block_tokens};
+                               .block_tokens = e->o.block_tokens,
+                               .kv_dtype = e->o.kv_dtype};
         rc = eng_backend_new(&e->backend, m, &bo, msg, msg_len);
     }
     if (rc == QL_OK) {
@@ -1379,6 +1380,9 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
     out->kv_blocks_total = eng_kv_total_blocks(e->kv);
+    out->kv_block_tokens = eng_kv_block_tokens(e->kv);
+    out->kv_dtype = eng_kv_dtype(e->kv);
+    out->kv_token_bytes = eng_kv_token_bytes(e->kv);
     pthread_mutex_unlock(&e->mu);
 }
 
