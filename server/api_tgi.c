@@ -689,7 +689,8 @@ void srv_tgi_info(srv_conn *c, const char *name)
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);
         cJSON_AddStringToObject(root, "kv_dtype", qt_kind_name(es.kv_dtype));
-        cJSON_AddNumberToObject(root, "kv_bytes_per_token", (double)es.kv_token_bytes);
+        cJSON_AddNumberToObject(root, "kv_bytes_per_token",
+                                (double)eng_kv_token_bytes(&m->cfg, es.kv_dtype));
         cJSON_AddNumberToObject(root, "kv_blocks_total", es.kv_blocks_total);
     }
     if (s->serving && s->registry) {

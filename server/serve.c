@@ -252,8 +252,9 @@ static void load_after(uv_work_t *req, int status)
         fprintf(stderr,
                 "qlserve: KV cache %d MiB in %s: %zu bytes per position, %d blocks (%lld "
                 "positions)\n",
-                (int)s->cfg->kv_mib, qt_kind_name(es.kv_dtype), es.kv_token_bytes,
-                (int)es.kv_blocks_total, (long long)es.kv_blocks_total * es.kv_block_tokens);
+                (int)s->cfg->kv_mib, qt_kind_name(es.kv_dtype),
+                eng_kv_token_bytes(&s->model.cfg, es.kv_dtype), (int)es.kv_blocks_total,
+                (long long)es.kv_blocks_total * es.kv_block_tokens);
         check_drained(s);
     }
     free(j);

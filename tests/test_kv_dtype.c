@@ -281,9 +281,9 @@ Test(kv_dtype, the_same_bytes_hold_more_blocks_in_f16_and_q8_0)
     cr_assert_eq(eng_kv_total_blocks(f16), 128, "f16: twice f32's blocks");
     /* q8_0: 34 bytes per 32 values, a block 16 * 2 * 2 * 34 = 2176 bytes */
     cr_assert_eq(eng_kv_total_blocks(q8), (int32_t)(bytes / 2176));
-    cr_assert_eq(eng_kv_token_bytes(f32), 2 * 2 * 32 * 4);
-    cr_assert_eq(eng_kv_token_bytes(f16), 2 * 2 * 32 * 2);
-    cr_assert_eq(eng_kv_token_bytes(q8), 2 * 2 * 34);
+    cr_assert_eq(eng_kv_token_bytes(&shape, QT_F32), 2 * 2 * 32 * 4);
+    cr_assert_eq(eng_kv_token_bytes(&shape, QT_F16), 2 * 2 * 32 * 2);
+    cr_assert_eq(eng_kv_token_bytes(&shape, QT_Q8_0), 2 * 2 * 34);
     /* the same positions in the same bytes the existing f32 callers see */
     cr_assert_eq(eng_kv_block_floats(f16), eng_kv_block_floats(f32));
     eng_kv_free(f32);

@@ -50,7 +50,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
                        "this model's is %lld (use --kv-dtype f16 or f32)",
                        qt_kind_name(dtype), (long long)kv_dim);
     size_t block_floats = (size_t)cfg->n_layers * 2 * (size_t)bt * (size_t)kv_dim;
-    size_t block_bytes = (size_t)cfg->n_layers * 2 * (size_t)bt * row_bytes;
+    size_t block_bytes = (size_t)bt * eng_kv_token_bytes(cfg, dtype);
     if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "KV cache of %zu bytes holds no block of %d positions (%zu bytes each)",
@@ -121,9 +121,10 @@ qt_kind eng_kv_dtype(const eng_kv_cache *kv)
     return kv->dtype;
 }
 
-size_t eng_kv_token_bytes(const eng_kv_cache *kv)
+size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype)
 {
-    return kv->block_bytes / (size_t)kv->block_tokens;
+    return (size_t)cfg->n_layers * 2 *
+           qt_kv_row_bytes(dtype, (int64_t)cfg->n_kv_heads * cfg->head_dim);
 }
 
 size_t eng_kv_block_floats(const eng_kv_cache *kv)

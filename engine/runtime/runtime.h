@@ -68,10 +68,10 @@ int eng_kv_new_dtype(eng_kv_cache **out, const eng_config *cfg, size_t bytes, in
                      qt_kind dtype, char *msg, size_t msg_len);
 /* "f32", "f16", "q8_0" -> *out; QL_EINVAL naming the value otherwise. */
 int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len);
-/* What the cache stores values as, and the bytes one position takes (K and
- * V of every layer): for /info and the startup log. */
+/* What the cache stores values as; the bytes one position takes (K and V
+ * of every layer of cfg) in dtype: for /info and the startup log. */
 qt_kind eng_kv_dtype(const eng_kv_cache *kv);
-size_t eng_kv_token_bytes(const eng_kv_cache *kv);
+size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype);
 /* The same block bookkeeping without the host arena (the positions live
  * elsewhere, e.g. in device memory: see the CUDA backend). */
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,

@@ -1382,7 +1382,6 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
     out->kv_blocks_total = eng_kv_total_blocks(e->kv);
     out->kv_block_tokens = eng_kv_block_tokens(e->kv);
     out->kv_dtype = eng_kv_dtype(e->kv);
-    out->kv_token_bytes = eng_kv_token_bytes(e->kv);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -298,11 +298,9 @@ typedef struct eng_request {
 } eng_request;
 
 typedef struct eng_engine_opts {
-    size_t kv_bytes;      /* KV cache size; 0: 256 MiB */
-    int32_t block_tokens; /* KV block; 0: 16 */
-    /* what the KV cache stores values as: QT_F32 (the zero value, what the
-     * float64-agreement tests compare), QT_F16 or QT_Q8_0 */
-    qt_kind kv_dtype;
+    size_t kv_bytes;        /* KV cache size; 0: 256 MiB */
+    int32_t block_tokens;   /* KV block; 0: 16 */
+    qt_kind kv_dtype;       /* KV values: QT_F32 (the zero value), QT_F16, QT_Q8_0 */
     int32_t step_tokens;    /* token budget of one step; 0: 256 */
     int32_t prefill_chunk;  /* most prompt tokens of one sequence per step; 0: 128 */
     int32_t max_running;    /* sequences decoding together; 0: 64 */
@@ -361,10 +359,8 @@ void eng_engine_stop(eng_engine *e);
 
 typedef struct eng_engine_stats {
     int32_t waiting, running;
-    int32_t kv_blocks_used, kv_blocks_total;
-    int32_t kv_block_tokens; /* positions per KV block */
-    qt_kind kv_dtype;        /* what the KV cache stores values as */
-    size_t kv_token_bytes;   /* K and V of every layer for one position */
+    int32_t kv_blocks_used, kv_blocks_total, kv_block_tokens;
+    qt_kind kv_dtype; /* what the KV cache stores values as (eng_kv_token_bytes) */
     uint64_t steps, tokens_generated, prompt_tokens;
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
