@@ -32,20 +32,6 @@
 
 TestSuite(kv_dtype, .timeout = 120);
 
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* A half's value from its fields, in double: the definition, not a
  * conversion routine. */
 static double half_value(uint16_t h)
@@ -72,8 +58,8 @@ static uint16_t store_one(float x, bool scalar)
 static void assert_f16(float x, uint16_t want, const char *what)
 {
     uint16_t a = store_one(x, true), b = store_one(x, false);
-    cr_assert_eq(a, want, "%s: %a (0x%08x) -> 0x%04x, want 0x%04x", what, (double)x, bits_of(x), a,
-                 want);
+    cr_assert_eq(a, want, "%s: %a (0x%08x) -> 0x%04x, want 0x%04x", what, (double)x, qm_f32_bits(x),
+                 a, want);
     cr_assert_eq(b, want, "%s (fast path): %a -> 0x%04x, want 0x%04x", what, (double)x, b, want);
 }
 
@@ -114,7 +100,7 @@ Test(kv_dtype, f16_store_specials_and_tiny_values)
     /* NaN stays NaN, quiet, its sign and top payload bits kept */
     const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa00000u};
     for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) {
-        float x = float_of(nans[i]);
+        float x = qm_bits_f32(nans[i]);
         uint16_t a = store_one(x, true), b = store_one(x, false);
         cr_assert_eq(a, b, "NaN 0x%08x: scalar 0x%04x, fast 0x%04x", nans[i], a, b);
         cr_assert((a & 0x7c00) == 0x7c00 && (a & 0x3ff) != 0 && (a & 0x200), "NaN 0x%08x -> 0x%04x",
@@ -134,12 +120,12 @@ Test(kv_dtype, f16_store_fast_path_equals_scalar_over_a_sweep)
     uint64_t u = 0;
     while (u <= 0xffffffffu) {
         for (int i = 0; i < N; i++, u += 4099)
-            row[i] = float_of((uint32_t)u);
+            row[i] = qm_bits_f32((uint32_t)u);
         qt_kv_store_ref(QT_F16, row, N, a);
         qt_kv_store(QT_F16, row, N, b);
         for (int i = 0; i < N; i++)
-            cr_assert_eq(a[i], b[i], "0x%08x: scalar 0x%04x, fast 0x%04x", bits_of(row[i]), a[i],
-                         b[i]);
+            cr_assert_eq(a[i], b[i], "0x%08x: scalar 0x%04x, fast 0x%04x", qm_f32_bits(row[i]),
+                         a[i], b[i]);
     }
 }
 
