@@ -11,13 +11,15 @@
  * As the peer (bench/peer_llamacpp.py): an untimed warm-up first, then
  * each figure is the best of 3 rounds for batch 1 and of --repeats
  * (default 1) for larger batches, each round from an empty cache.
- * Peak resident memory comes from getrusage. bench/run_decode.py runs this
+ * The KV cache holds --kv-dtype (default f16, as `qlserve serve` and
+ * llama-bench keep theirs; f32 and q8_0 too). Peak resident memory comes
+ * from getrusage. bench/run_decode.py runs this
  * and llama.cpp (llama-cpp-python) on the same model in the same run and
  * prints the ratios.
  *
  * Usage: bench_decode --model PATH [--quant KIND]... [--threads N]
  *                     [--prompt-tokens P] [--new-tokens N] [--batches 1,8,32]
- *                     [--repeats R]
+ *                     [--repeats R] [--kv-dtype f32|f16|q8_0]
  */
 #include "engine.h"
 
@@ -89,8 +91,9 @@ static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_f
     return 0;
 }
 
-static int bench_kind(const char *model, const char *quant, int threads, int32_t P, int32_t N,
-                      int repeats, const int *batches, int n_batches, FILE *out, bool last)
+static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, int threads,
+                      int32_t P, int32_t N, int repeats, const int *batches, int n_batches,
+                      FILE *out, bool last)
 {
     char msg[1024];
     eng_model m;
@@ -107,10 +110,9 @@ static int bench_kind(const char *model, const char *quant, int threads, int32_t
     eng_pool *pool;
     eng_kv_cache *kv;
     eng_forward_state *st;
-    size_t kv_bytes = (size_t)maxb * (size_t)(P + N + 16) * (size_t)m.cfg.n_layers * 2 *
-                      (size_t)m.cfg.n_kv_heads * (size_t)m.cfg.head_dim * sizeof(float);
+    size_t kv_bytes = (size_t)maxb * (size_t)(P + N + 16) * eng_kv_token_bytes(&m.cfg, kv_dtype);
     if (eng_pool_new(&pool, threads, msg, sizeof msg) ||
-        eng_kv_new(&kv, &m.cfg, kv_bytes + (64u << 20), 16, msg, sizeof msg) ||
+        eng_kv_new_dtype(&kv, &m.cfg, kv_bytes + (64u << 20), 16, kv_dtype, msg, sizeof msg) ||
         eng_forward_state_new(&st, &m, P > maxb ? P : maxb, msg, sizeof msg)) {
         fprintf(stderr, "bench_decode: %s\n", msg);
         return 1;
@@ -147,10 +149,10 @@ static int bench_kind(const char *model, const char *quant, int threads, int32_t
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(out,
-            "    {\"weights\": \"%s\", \"quant\": \"%s\", \"bytes\": %zu, \"load_s\": %.3f, "
-            "\"peak_rss_mb\": %.1f, \"results\": [",
-            m.quant, quant ? quant : "none", eng_model_weight_bytes(&m), load_s,
-            (double)ru.ru_maxrss / 1024.0);
+            "    {\"weights\": \"%s\", \"quant\": \"%s\", \"kv_dtype\": \"%s\", \"bytes\": %zu, "
+            "\"load_s\": %.3f, \"peak_rss_mb\": %.1f, \"results\": [",
+            m.quant, quant ? quant : "none", qt_kind_name(kv_dtype), eng_model_weight_bytes(&m),
+            load_s, (double)ru.ru_maxrss / 1024.0);
     for (int bi = 0; bi < n_batches; bi++)
         fprintf(out, "%s{\"batch\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f}",
                 bi ? ", " : "", res[bi].batch, res[bi].prefill_tok_s, res[bi].decode_tok_s);
@@ -174,6 +176,7 @@ int main(int argc, char **argv)
     int n_quants = 0, threads = 0, n_batches = 0, batches[8];
     int32_t P = 128, N = 32;
     int repeats = 1;
+    const char *kv_name = "f16";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -187,15 +190,23 @@ int main(int argc, char **argv)
             N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--repeats"))
             repeats = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kv-dtype"))
+            kv_name = argv[i + 1];
         else if (!strcmp(argv[i], "--batches"))
             for (char *s = argv[i + 1]; *s && n_batches < 8;
                  s = strchr(s, ',') ? strchr(s, ',') + 1 : "")
                 batches[n_batches++] = atoi(s);
     }
+    char msg[256];
+    qt_kind kv_dtype = QT_F16;
+    if (eng_kv_dtype_parse(kv_name, &kv_dtype, msg, sizeof msg) != QL_OK) {
+        fprintf(stderr, "bench_decode: --kv-dtype: %s\n", msg);
+        return 2;
+    }
     if (!model || P < 1 || N < 1 || repeats < 1) {
         fprintf(stderr, "usage: bench_decode --model PATH [--quant KIND]... [--threads N] "
                         "[--prompt-tokens P] [--new-tokens N] [--batches 1,8,32] "
-                        "[--repeats R]\n");
+                        "[--repeats R] [--kv-dtype f32|f16|q8_0]\n");
         return 2;
     }
     if (n_batches == 0) {
@@ -205,7 +216,6 @@ int main(int argc, char **argv)
     if (n_quants == 0)
         quants[n_quants++] = "none";
     eng_pool *probe;
-    char msg[256];
     eng_pool_new(&probe, threads, msg, sizeof msg);
     int nthreads = eng_pool_threads(probe);
     eng_pool_free(probe);
@@ -217,8 +227,8 @@ int main(int argc, char **argv)
            "  \"prompt_tokens\": %d,\n  \"new_tokens\": %d,\n  \"kinds\": [\n",
            date, model, nthreads, qt_cpu_path(), P, N);
     for (int q = 0; q < n_quants; q++)
-        if (bench_kind(model, quants[q], nthreads, P, N, repeats, batches, n_batches, stdout,
-                       q + 1 == n_quants))
+        if (bench_kind(model, quants[q], kv_dtype, nthreads, P, N, repeats, batches, n_batches,
+                       stdout, q + 1 == n_quants))
             return 1;
     printf("  ]\n}\n");
     return 0;

@@ -93,6 +93,7 @@ typedef struct eng_generate_opts {
     int threads;                   /* 0: all cores */
     eng_device device;             /* where to run (auto: CUDA when present) */
     size_t kv_bytes;               /* 0: the engine's default */
+    qt_kind kv_dtype;              /* the KV cache's values (zero: f32) */
     const eng_lora_term *adapters; /* the configuration wanted (eng_request) */
     size_t n_adapters;
 } eng_generate_opts;

@@ -47,17 +47,19 @@ static void gen_done(void *user, eng_finish why, const eng_usage *usage)
 }
 
 /* The line that ends a generation: token counts, speeds, finish, backend. */
-static void print_speeds(FILE *info, const generation *g, const eng_engine *e)
+static void print_speeds(FILE *info, const generation *g, eng_engine *e)
 {
     const eng_usage *u = &g->usage;
+    eng_engine_stats es;
+    eng_engine_stats_get(e, &es);
     fprintf(info,
             "prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode; "
-            "finish %s; on %s\n",
+            "finish %s; on %s; KV %s\n",
             u->prompt_tokens, u->prefill_s > 0 ? u->prompt_tokens / u->prefill_s : 0.0,
             u->generated_tokens,
             u->decode_s > 0 && u->generated_tokens > 1 ? (u->generated_tokens - 1) / u->decode_s
                                                        : 0.0,
-            eng_finish_name(g->why), eng_engine_backend(e));
+            eng_finish_name(g->why), eng_engine_backend(e), qt_kind_name(es.kv_dtype));
 }
 
 int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *info, char *msg,
@@ -103,8 +105,11 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
     int rc = eng_model_load(&m, load, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    eng_engine_opts eo = {
-        .threads = o->threads, .device = o->device, .kv_bytes = o->kv_bytes, .max_running = 8};
+    eng_engine_opts eo = {.threads = o->threads,
+                          .device = o->device,
+                          .kv_bytes = o->kv_bytes,
+                          .kv_dtype = o->kv_dtype,
+                          .max_running = 8};
     eng_engine *e;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
     if (rc == QL_OK) {
@@ -171,8 +176,10 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
     int rc = eng_model_load(&m, load, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    eng_engine_opts eo = {
-        .threads = c->threads, .device = g->device, .kv_bytes = (size_t)c->kv_mib << 20};
+    eng_engine_opts eo = {.threads = c->threads,
+                          .device = g->device,
+                          .kv_bytes = (size_t)c->kv_mib << 20,
+                          .kv_dtype = g->kv_dtype};
     eng_engine *e = NULL;
     lora_registry *reg = NULL;
     eng_lora *lora = NULL;
@@ -222,7 +229,8 @@ int cli_generate(int argc, char **argv)
         .threads = c.threads,
         .kv_bytes = (size_t)c.kv_mib << 20,
     };
-    if (eng_device_parse(c.device, &g.device, msg, sizeof msg) != QL_OK) {
+    if (eng_device_parse(c.device, &g.device, msg, sizeof msg) != QL_OK ||
+        eng_kv_dtype_resolve(c.kv_dtype, g.device, &g.kv_dtype, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 2;
     }

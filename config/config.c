@@ -231,6 +231,13 @@ static bool known_device(const char *d)
     return strcmp(d, "cpu") == 0 || strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0;
 }
 
+/* The KV cache's --kv-dtype names (engine/runtime/kv_cache.c parses them
+ * again). */
+static bool known_kv_dtype(const char *d)
+{
+    return strcmp(d, "f32") == 0 || strcmp(d, "f16") == 0 || strcmp(d, "q8_0") == 0;
+}
+
 #define GENERATE_OPTS(g)                                                                           \
     {"model", OPT_STRING, &(g)->model.path, "PATH: a Hugging Face folder or a .gguf file"},        \
         {"prompt", OPT_STRING, &(g)->prompt, "TEXT: the prompt (as is: no chat template)"},        \
@@ -244,6 +251,8 @@ static bool known_device(const char *d)
         {"threads", OPT_INT, &(g)->threads, "N: kernel threads (default: all cores)"},             \
         {"device", OPT_STRING, &(g)->device, "cpu | cuda | auto: where to run (default auto)"},    \
         {"kv-mib", OPT_INT, &(g)->kv_mib, "N: KV cache size in MiB (default 256)"},                \
+        {"kv-dtype", OPT_STRING, &(g)->kv_dtype,                                                   \
+         "f32 | f16 | q8_0: the KV cache's values (default f16; f32 on cuda)"},                    \
         {"adapter", OPT_STRING, &(g)->adapter, "DIR: a PEFT LoRA adapter folder to apply"},        \
         {"adapter-scale", OPT_FLOAT, &(g)->adapter_scale, "S: the adapter's scale (default 1)"},   \
         {"merge", OPT_BOOL, &(g)->merge,                                                           \
@@ -280,6 +289,9 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
     if (!known_adapter_dtype(out->adapter_dtype))
         return usage_error(msg, msg_len, "generate: --adapter-dtype %s: one of bf16, f32",
                            out->adapter_dtype);
+    if (out->kv_dtype && !known_kv_dtype(out->kv_dtype))
+        return usage_error(msg, msg_len, "generate: --kv-dtype %s: one of f32, f16, q8_0",
+                           out->kv_dtype);
     if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
         return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
     return QL_OK;
@@ -331,6 +343,8 @@ typedef struct serve_layer {
         {"device", OPT_STRING, &(l)->s.device,                                                     \
          "cpu | cuda | auto: where to run (auto: CUDA when a device is present)"},                 \
         {"kv-mib", OPT_INT, &(l)->s.kv_mib, "N: KV cache size in MiB"},                            \
+        {"kv-dtype", OPT_STRING, &(l)->s.kv_dtype,                                                 \
+         "f32 | f16 | q8_0: the KV cache's values (default f16, half f32's bytes; cuda: f32)"},    \
         {"max-running", OPT_INT, &(l)->s.max_running, "N: sequences decoding together"},           \
         {"no-prefix-cache", OPT_BOOL, &(l)->s.no_prefix_cache,                                     \
          "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "    \
@@ -873,6 +887,10 @@ static int validate_serve(serve_parse *p)
     if (!known_adapter_dtype(p->result->adapter_dtype)) {
         describe(p, find_opt(p->opts, p->n_opts, "adapter-dtype"), where, sizeof where);
         return usage_error(p->msg, p->msg_len, "%s: one of bf16, f32", where);
+    }
+    if (p->result->kv_dtype && !known_kv_dtype(p->result->kv_dtype)) {
+        describe(p, find_opt(p->opts, p->n_opts, "kv-dtype"), where, sizeof where);
+        return usage_error(p->msg, p->msg_len, "%s: one of f32, f16, q8_0", where);
     }
     const char *host = p->result->host;
     if (strcspn(host, " \t") != strlen(host) || strlen(host) > 253) {

@@ -75,6 +75,7 @@ typedef struct cfg_generate {
     int32_t threads;          /* --threads, default 0: all cores */
     const char *device;       /* --device cpu|cuda|auto, default auto */
     int32_t kv_mib;           /* --kv-mib, default 0: the engine's default */
+    const char *kv_dtype;     /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
     const char *adapter;      /* --adapter DIR: a PEFT LoRA adapter folder */
     float adapter_scale;      /* --adapter-scale, default 1 */
     bool merge;               /* --merge: merge it into the weights (else unmerged) */
@@ -126,6 +127,7 @@ typedef struct cfg_serve {
      * a device is present */
     const char *device;
     int32_t kv_mib;               /* --kv-mib, default 256 */
+    const char *kv_dtype;         /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
     int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
     int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */
     int32_t max_new_tokens;       /* --max-new-tokens (largest accepted), default 4096 */

@@ -1350,3 +1350,49 @@ void qt_lora_up_avx2(const qtensor *b, const float *t, float *y, int64_t o0, int
         }
     }
 }
+
+/* A KV row into f16 with F16C, rounding to nearest even as qm_f32_to_f16
+ * does (NaN quieted the same way); Q8_0 and F32 rows as the reference. */
+void qt_kv_store_avx2(qt_kind kind, const float *x, int64_t n, void *row)
+{
+    if (kind != QT_F16) {
+        qt_kv_store_ref(kind, x, n, row);
+        return;
+    }
+    uint16_t *h = row;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(
+            (__m128i *)(h + i),
+            _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        h[i] = qm_f32_to_f16(x[i]);
+}
+
+/* A KV row's elements back to f32: f16 with F16C (exact, as the scalar
+ * form); Q8_0 eight codes at a time, each q * d as one multiply, as
+ * qm_q8_0_value. */
+void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out)
+{
+    if (kind == QT_F16) {
+        const uint16_t *h = (const uint16_t *)row + e0;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+        for (; i < n; i++)
+            out[i] = qm_f16_to_f32(h[i]);
+        return;
+    }
+    if (kind != QT_Q8_0 || e0 % 8 != 0 || n % 8 != 0) {
+        qt_kv_load_ref(kind, row, e0, n, out);
+        return;
+    }
+    const uint8_t *base = row;
+    for (int64_t i = 0; i < n; i += 8) {
+        int64_t e = e0 + i;
+        const uint8_t *blk = base + (e / QM_GGUF_QK) * QM_Q8_0_BYTES;
+        __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 2 + e % QM_GGUF_QK));
+        __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, _mm256_set1_ps(qm_f16_le(blk))));
+    }
+}

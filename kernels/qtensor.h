@@ -15,7 +15,8 @@
  *     NULL, else the row's scalar one; qt_matmul_ref, the scalar reference
  *     every fast path is tested against;
  *   - qt_attend, the attention inner loop over a paged cache's run, with
- *     the same run-time choice.
+ *     the same run-time choice, and qt_kv_store/qt_kv_load, the KV cache's
+ *     f32, f16 and q8_0 rows.
  *
  * It owns nothing global but the CPU-path choice (qt_set_force_scalar);
  * it touches only base/ (the error space).
@@ -266,6 +267,22 @@ void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r
 void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
 void qt_lora_down_ref(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up_ref(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
+
+/*
+ * KV cache rows: n values (a row of K or V, kv_dim long) stored in kind
+ * QT_F32, QT_F16 (IEEE half, round to nearest even) or QT_Q8_0 (llama.cpp's
+ * block_q8_0 { f16 d; i8 qs[32]; } one after another, n a multiple of 32).
+ * qt_kv_row_bytes: the bytes of such a row (0 for another kind, or for
+ * Q8_0 when n is not a multiple of 32). qt_kv_store writes x[0..n) into row;
+ * qt_kv_load reads elements e0..e0+n of row (for Q8_0 inside one row of
+ * blocks, any e0) into out as f32. The fast forms (F16C, AVX2) agree with
+ * the _ref ones bit for bit.
+ */
+size_t qt_kv_row_bytes(qt_kind kind, int64_t n);
+void qt_kv_store(qt_kind kind, const float *x, int64_t n, void *row);
+void qt_kv_store_ref(qt_kind kind, const float *x, int64_t n, void *row);
+void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
+void qt_kv_load_ref(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);

@@ -3,9 +3,9 @@
  * points that dispatch through it. It offers qt_traits_table (one row per
  * kind, and the row is the dispatch), qt_quantize (the checks every kind
  * shares, then the row's quantizer), qt_dequantize_rows and qt_matmul with
- * their _ref forms, qt_attend, and the run-time choice between a row's
- * AVX2 entry and its scalar one (CPUID once; QLSERVE_CPU_PATH=scalar or
- * qt_set_force_scalar forces scalar).
+ * their _ref forms, qt_attend, qt_kv_store and qt_kv_load (the KV cache's
+ * rows), and the run-time choice between a row's AVX2 entry and its scalar one (CPUID once;
+ * QLSERVE_CPU_PATH=scalar or qt_set_force_scalar forces scalar).
  *
  * It owns the table and the CPU-path choice (set once, then read by every
  * entry point). It calls down into every other file of kernels/ (the
@@ -376,6 +376,24 @@ void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t 
         qt_lora_up_avx2(b, t, y, o0, o1);
     else
         qt_lora_up_ref(b, t, y, o0, o1);
+}
+
+void qt_kv_store(qt_kind kind, const float *x, int64_t n, void *row)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_kv_store_avx2(kind, x, n, row);
+    else
+        qt_kv_store_ref(kind, x, n, row);
+}
+
+void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_kv_load_avx2(kind, row, e0, n, out);
+    else
+        qt_kv_load_ref(kind, row, e0, n, out);
 }
 
 void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)

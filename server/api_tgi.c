@@ -686,6 +686,12 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddNumberToObject(root, "max_queued_requests", s->cfg->max_queued);
         cJSON_AddStringToObject(root, "cpu_kernels", qt_cpu_path());
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
+        eng_engine_stats es;
+        eng_engine_stats_get(s->engine, &es);
+        cJSON_AddStringToObject(root, "kv_dtype", qt_kind_name(es.kv_dtype));
+        cJSON_AddNumberToObject(root, "kv_bytes_per_token",
+                                (double)eng_kv_token_bytes(&m->cfg, es.kv_dtype));
+        cJSON_AddNumberToObject(root, "kv_blocks_total", es.kv_blocks_total);
     }
     if (s->serving && s->registry) {
         /* which replicas are interchangeable: the same digest */

@@ -179,6 +179,8 @@ static void put_gateway(text *t, const srv_server *s, const eng_engine_stats *st
 }
 
 /* The engine's gauges, from its stats snapshot. */
+_Static_assert(ENG_STEP_BUCKETS == SRV_HIST_BUCKETS, "the step histogram reuses srv_hist");
+
 static void put_engine(text *t, const srv_server *s)
 {
     eng_engine_stats st;
@@ -198,6 +200,16 @@ static void put_engine(text *t, const srv_server *s)
     metric(t, "qlserve_kv_blocks_shared_total", "counter",
            "KV blocks a request's further choices shared from its first instead of computing");
     put(t, "qlserve_kv_blocks_shared_total %llu\n", (unsigned long long)st.kv_blocks_shared);
+    /* the engine's steps, to tell a slow step from a slow path to the client
+     * when per-token latency has a long tail */
+    srv_hist steps = {.sum = st.step_seconds};
+    memcpy(steps.bounds, eng_step_bounds, sizeof steps.bounds);
+    for (int b = 0; b <= SRV_HIST_BUCKETS; b++) {
+        steps.counts[b] = st.step_counts[b];
+        steps.n += st.step_counts[b];
+    }
+    hist(t, "qlserve_step_seconds",
+         "engine steps (forward pass, sampling, streaming out) by wall time", &steps);
     metric(t, "qlserve_prefix_cache_queries_total", "counter",
            "prompt tokens looked up in the prefix cache");
     put(t, "qlserve_prefix_cache_queries_total %llu\n",

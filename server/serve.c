@@ -211,6 +211,8 @@ static void load_run(uv_work_t *req)
         .no_prefix_cache = c->no_prefix_cache};
     j->rc = eng_device_parse(c->device, &eo.device, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)
+        j->rc = eng_kv_dtype_resolve(c->kv_dtype, eo.device, &eo.kv_dtype, j->msg, sizeof j->msg);
+    if (j->rc == QL_OK)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
     if (j->rc == QL_OK) {
         lora_registry_opts ro = {
@@ -250,6 +252,14 @@ static void load_after(uv_work_t *req, int status)
         fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels) on %s\n", s->model_id,
                 eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
                 eng_engine_backend(s->engine));
+        eng_engine_stats es;
+        eng_engine_stats_get(s->engine, &es);
+        fprintf(stderr,
+                "qlserve: KV cache %d MiB in %s: %zu bytes per position, %d blocks (%lld "
+                "positions)\n",
+                (int)s->cfg->kv_mib, qt_kind_name(es.kv_dtype),
+                eng_kv_token_bytes(&s->model.cfg, es.kv_dtype), (int)es.kv_blocks_total,
+                (long long)es.kv_blocks_total * es.kv_block_tokens);
         check_drained(s);
     }
     free(j);

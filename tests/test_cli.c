@@ -474,6 +474,28 @@ Test(cli, generate_device_choice)
     free(out);
 }
 
+/* --kv-dtype: each value runs and the end line names it (the default f16
+ * on the CPU); anything else is a usage error naming the value. */
+Test(cli, generate_kv_dtype_choice)
+{
+    char model[600], args[2000];
+    write_tiny_model(model, sizeof model);
+    char *out;
+    const char *common = "--prompt 'the theme' --max-new-tokens 3 --threads 2 --device cpu";
+    const char *flags[] = {"", "--kv-dtype f32", "--kv-dtype f16", "--kv-dtype q8_0"};
+    const char *want[] = {"; KV f16\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "generate --model '%s' %s %s", model, common, flags[i]);
+        cr_assert_eq(run(args, &out), 0, "%s: %s", flags[i], out);
+        cr_assert(strstr(out, want[i]), "%s: %s", flags[i], out);
+        free(out);
+    }
+    snprintf(args, sizeof args, "generate --model '%s' %s --kv-dtype bf16", model, common);
+    cr_assert_eq(run(args, &out), 2, "%s", out);
+    cr_assert(strstr(out, "--kv-dtype bf16: one of f32, f16, q8_0"), "%s", out);
+    free(out);
+}
+
 Test(cli, generate_with_an_adapter_unmerged_and_merged)
 {
     char model[600], adapter[600], args[2400];

@@ -113,7 +113,8 @@ static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_back
     c->base.destroy = cpu_destroy;
     int rc = eng_pool_new(&c->pool, o->threads, msg, msg_len);
     if (rc == QL_OK)
-        rc = eng_kv_new(&c->base.kv, &m->cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
+        rc = eng_kv_new_dtype(&c->base.kv, &m->cfg, o->kv_bytes, o->block_tokens, o->kv_dtype, msg,
+                              msg_len);
     if (rc == QL_OK)
         rc = eng_forward_state_new(&c->st, m, o->max_tokens, msg, msg_len);
     if (rc != QL_OK) {
@@ -127,6 +128,22 @@ static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_back
 }
 
 /* --- the choice -------------------------------------------------------------- */
+
+int eng_kv_dtype_resolve(const char *name, eng_device device, qt_kind *out, char *msg,
+                         size_t msg_len)
+{
+    if (name)
+        return eng_kv_dtype_parse(name, out, msg, msg_len);
+    eng_device d = device;
+#ifdef QL_HAVE_CUDA
+    if (d == ENG_DEVICE_AUTO)
+        d = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
+#endif
+    /* f16 halves the bytes per position, as llama.cpp's default cache does;
+     * the CUDA backend's kernels read f32 only */
+    *out = d == ENG_DEVICE_CUDA ? QT_F32 : QT_F16;
+    return QL_OK;
+}
 
 int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o, char *msg,
                     size_t msg_len)

@@ -1220,7 +1220,13 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
             return lrc;
     }
 
-    /* the KV cache: bookkeeping on the host, the arena here */
+    /* the KV cache: bookkeeping on the host, the arena here (its kernels
+     * read and write f32 only) */
+    if (o->kv_dtype != QT_F32)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "--kv-dtype %s: the CUDA backend keeps its KV cache in f32 only (give "
+                       "--kv-dtype f32, or --device cpu)",
+                       qt_kind_name(o->kv_dtype));
     int rc = eng_kv_new_meta(&c->base.kv, cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
     if (rc != QL_OK)
         return rc;

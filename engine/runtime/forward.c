@@ -14,7 +14,8 @@
  * It offers eng_forward_state_*, eng_forward and eng_lora_apply
  * (runtime.h); it owns the per-step scratch; it touches the model's host
  * tensors (read only), the host KV arena through kv_cache_internal.h, the
- * worker pool and kernels/ (qt_matmul, qt_attend, ops_math.h), and takes
+ * worker pool and kernels/ (qt_matmul, qt_attend, qt_kv_store and
+ * qt_kv_load for a cache in f16 or q8_0, ops_math.h), and takes
  * the rotary tables and the step's refusals from step.c (and the refusal
  * of writes into shared KV blocks from kv_cache.c).
  *
@@ -614,6 +615,42 @@ static void attend_softcap(const float *q, const float *k, const float *v, int64
     }
 }
 
+/* Positions of a run converted at a time for a cache not stored in f32. */
+#define KV_LOAD_CHUNK 8
+
+/* One run of n cached positions (their rows lie row_bytes apart from k
+ * and v) for query q: straight from the arena when it holds f32, the
+ * arithmetic as it always was; else each chunk of positions' head slice
+ * [e0, e0 + d) converted to f32 first (qt_kv_load) and the same loop run
+ * over the converted values, so the dot products and the weighted sum stay
+ * f32 sums. */
+static void attend_run(const eng_kv_cache *kv, const eng_config *c, const float *q,
+                       const unsigned char *k, const unsigned char *v, int64_t e0, int32_t n,
+                       int32_t d, float scale, om_online *sm, float *acc)
+{
+    if (kv->dtype == QT_F32) {
+        const float *kf = (const float *)k + e0, *vf = (const float *)v + e0;
+        if (c->attn_softcap > 0.0f)
+            attend_softcap(q, kf, vf, kv->kv_dim, n, d, scale, c->attn_softcap, sm, acc);
+        else
+            qt_attend(q, kf, vf, kv->kv_dim, n, d, scale, &sm->max, &sm->sum, acc);
+        return;
+    }
+    float kb[KV_LOAD_CHUNK * 512], vb[KV_LOAD_CHUNK * 512];
+    for (int32_t p = 0, m; p < n; p += m) {
+        m = n - p < KV_LOAD_CHUNK ? n - p : KV_LOAD_CHUNK;
+        for (int32_t i = 0; i < m; i++) {
+            size_t off = (size_t)(p + i) * kv->row_bytes;
+            qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
+            qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
+        }
+        if (c->attn_softcap > 0.0f)
+            attend_softcap(q, kb, vb, d, m, d, scale, c->attn_softcap, sm, acc);
+        else
+            qt_attend(q, kb, vb, d, m, d, scale, &sm->max, &sm->sum, acc);
+    }
+}
+
 /* Attention for (row, head) pairs [i0, i1): online softmax over positions
  * 0..pos of the row's sequence (or, on a sliding layer, the window's last
  * positions), reading K and V from its blocks. */
@@ -637,16 +674,13 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             acc[t] = 0.0f;
         /* the sliding window: the last `window` positions, this one included */
         int32_t first = om_attention_first(pos, window);
-        /* one call per KV block's run of positions: they lie kv_dim apart */
+        /* one call per KV block's run of positions: they lie a row apart */
         for (int32_t p = first, run; p <= pos; p += run) {
             int32_t block_end = (p / bt + 1) * bt;
             run = (block_end <= pos ? block_end : pos + 1) - p;
-            const float *k = kv_at(j->kv, s->kv->blocks, j->layer, 0, p) + kvh * d;
-            const float *v = kv_at(j->kv, s->kv->blocks, j->layer, 1, p) + kvh * d;
-            if (c->attn_softcap > 0.0f)
-                attend_softcap(q, k, v, j->kv->kv_dim, run, d, scale, c->attn_softcap, &sm, acc);
-            else
-                qt_attend(q, k, v, j->kv->kv_dim, run, d, scale, &sm.max, &sm.sum, acc);
+            const unsigned char *k = kv_row(j->kv, s->kv->blocks, j->layer, 0, p);
+            const unsigned char *v = kv_row(j->kv, s->kv->blocks, j->layer, 1, p);
+            attend_run(j->kv, c, q, k, v, (int64_t)kvh * d, run, d, scale, &sm, acc);
         }
         float *out = j->st->att + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)
@@ -744,10 +778,10 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         // K and V into the cache, all rows first so a prefill chunk sees itself
         for (int64_t r = 0; r < T; r++) {
             const eng_step_seq *s = &seqs[st->row_seq[r]];
-            memcpy(kv_at(kv, s->kv->blocks, l, 0, st->row_pos[r]), st->k + r * KV,
-                   (size_t)KV * sizeof(float));
-            memcpy(kv_at(kv, s->kv->blocks, l, 1, st->row_pos[r]), st->v + r * KV,
-                   (size_t)KV * sizeof(float));
+            qt_kv_store(kv->dtype, st->k + r * KV, KV,
+                        kv_row(kv, s->kv->blocks, l, 0, st->row_pos[r]));
+            qt_kv_store(kv->dtype, st->v + r * KV, KV,
+                        kv_row(kv, s->kv->blocks, l, 1, st->row_pos[r]));
         }
         // grouped-query attention, causal, over the paged cache
         attn_job aj = {c, kv, seqs, st, l};

@@ -6,8 +6,12 @@
  * thinks of memory; a sequence that cannot get blocks waits, and a finished
  * one gives them back at once, whatever order sequences end in.
  *
- * Block layout (f32): for layer l, K then V, each [block_tokens][kv_dim],
- * kv_dim = n_kv_heads * head_dim. Owned by the engine thread: no locks.
+ * Block layout: for layer l, K then V, each [block_tokens] rows of kv_dim
+ * values, kv_dim = n_kv_heads * head_dim, a row stored as the cache's dtype
+ * (f32; f16; q8_0, llama.cpp's blocks of 32 with an f16 scale), so the
+ * same bytes hold 2x (f16) or 32/8.5 = 3.76x (q8_0) the positions of f32.
+ * kernels/ (qt_kv_store, qt_kv_load) converts rows; this file only sizes
+ * and copies them. Owned by the engine thread: no locks.
  *
  * Sharing (n choices of one prompt): a block carries a reference count,
  * the number of block tables that hold it (or 1 while a sequence holds it
@@ -36,13 +40,22 @@
 #include <string.h>
 
 static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
-                  bool host_arena, char *msg, size_t msg_len)
+                  qt_kind dtype, bool host_arena, char *msg, size_t msg_len)
 {
     *out = NULL;
     int32_t bt = block_tokens > 0 ? block_tokens : 16;
     int64_t kv_dim = (int64_t)cfg->n_kv_heads * cfg->head_dim;
+    if (dtype != QT_F32 && dtype != QT_F16 && dtype != QT_Q8_0)
+        return ql_fail(msg, msg_len, QL_EINVAL, "KV cache dtype %s: expected f32, f16 or q8_0",
+                       qt_kind_name(dtype));
+    size_t row_bytes = qt_kv_row_bytes(dtype, kv_dim);
+    if (kv_dim > 0 && row_bytes == 0)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "KV cache dtype %s needs kv_dim (kv heads x head_dim) a multiple of 32; "
+                       "this model's is %lld (use --kv-dtype f16 or f32)",
+                       qt_kind_name(dtype), (long long)kv_dim);
     size_t block_floats = (size_t)cfg->n_layers * 2 * (size_t)bt * (size_t)kv_dim;
-    size_t block_bytes = block_floats * sizeof(float);
+    size_t block_bytes = (size_t)bt * eng_kv_token_bytes(cfg, dtype);
     if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "KV cache of %zu bytes holds no block of %d positions (%zu bytes each)",
@@ -57,6 +70,9 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     kv->n_layers = cfg->n_layers;
     kv->kv_dim = kv_dim;
     kv->block_floats = block_floats;
+    kv->dtype = dtype;
+    kv->row_bytes = row_bytes;
+    kv->block_bytes = block_bytes;
     kv->n_blocks = (int32_t)n;
     kv->data = host_arena ? malloc(n * block_bytes) : NULL;
     kv->free_prev = malloc(n * sizeof *kv->free_prev);
@@ -82,13 +98,43 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
 int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                char *msg, size_t msg_len)
 {
-    return kv_new(out, cfg, bytes, block_tokens, true, msg, msg_len);
+    return kv_new(out, cfg, bytes, block_tokens, QT_F32, true, msg, msg_len);
+}
+
+int eng_kv_new_dtype(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                     qt_kind dtype, char *msg, size_t msg_len)
+{
+    return kv_new(out, cfg, bytes, block_tokens, dtype, true, msg, msg_len);
 }
 
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                     char *msg, size_t msg_len)
 {
-    return kv_new(out, cfg, bytes, block_tokens, false, msg, msg_len);
+    return kv_new(out, cfg, bytes, block_tokens, QT_F32, false, msg, msg_len);
+}
+
+int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len)
+{
+    static const qt_kind kinds[] = {QT_F32, QT_F16, QT_Q8_0};
+    for (size_t i = 0; name && i < sizeof kinds / sizeof *kinds; i++) {
+        if (strcmp(name, qt_kind_name(kinds[i])) == 0) {
+            *out = kinds[i];
+            return QL_OK;
+        }
+    }
+    return ql_fail(msg, msg_len, QL_EINVAL, "KV dtype \"%s\": expected f32, f16 or q8_0",
+                   name ? name : "(null)");
+}
+
+qt_kind eng_kv_dtype(const eng_kv_cache *kv)
+{
+    return kv->dtype;
+}
+
+size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype)
+{
+    return (size_t)cfg->n_layers * 2 *
+           qt_kv_row_bytes(dtype, (int64_t)cfg->n_kv_heads * cfg->head_dim);
 }
 
 size_t eng_kv_block_floats(const eng_kv_cache *kv)
@@ -325,9 +371,8 @@ void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n)
     if (!kv->data)
         return; /* bookkeeping only: the blocks live where the backend keeps them */
     for (int32_t i = 0; i < n; i++)
-        memcpy(kv->data + (size_t)copies[i].dst * kv->block_floats,
-               kv->data + (size_t)copies[i].src * kv->block_floats,
-               kv->block_floats * sizeof(float));
+        memcpy(kv->data + (size_t)copies[i].dst * kv->block_bytes,
+               kv->data + (size_t)copies[i].src * kv->block_bytes, kv->block_bytes);
 }
 
 int eng_kv_check_writes(const eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs, char *msg,

@@ -33,7 +33,7 @@
 
 /*
  * The paged KV cache: fixed blocks of `block_tokens` positions, each
- * holding K and V for every layer and kv head (f32), in one arena whose
+ * holding K and V for every layer and kv head (f32, f16 or q8_0), in one arena whose
  * size is set in bytes. A sequence owns a block table; blocks are handed
  * out and taken back whole, so a finished sequence frees its memory at once
  * and a long one never needs a contiguous run.
@@ -55,10 +55,23 @@ typedef struct eng_kv_copy {
     int32_t src, dst;
 } eng_kv_copy;
 
-/* An arena of `bytes` for cfg's layers and kv heads (block_tokens 0: 16).
- * Refuses a size too small for one block. Free with eng_kv_free. */
+/* An arena of `bytes` for cfg's layers and kv heads (block_tokens 0: 16),
+ * values in f32. Refuses a size too small for one block. Free with
+ * eng_kv_free. */
 int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                char *msg, size_t msg_len);
+/* The same with values stored as dtype: QT_F32, QT_F16 (half the bytes, so
+ * twice the blocks in the same bytes) or QT_Q8_0 (34 bytes per 32 values;
+ * refused, naming the model's kv_dim, unless kv_dim is a multiple of 32).
+ * Writes round on store; attention converts back to f32 on load. */
+int eng_kv_new_dtype(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                     qt_kind dtype, char *msg, size_t msg_len);
+/* "f32", "f16", "q8_0" -> *out; QL_EINVAL naming the value otherwise. */
+int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len);
+/* What the cache stores values as; the bytes one position takes (K and V
+ * of every layer of cfg) in dtype: for /info and the startup log. */
+qt_kind eng_kv_dtype(const eng_kv_cache *kv);
+size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype);
 /* The same block bookkeeping without the host arena (the positions live
  * elsewhere, e.g. in device memory: see the CUDA backend). */
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
@@ -257,7 +270,14 @@ typedef struct eng_backend_opts {
     int32_t max_seqs;     /* sequences one step may carry */
     size_t kv_bytes;      /* KV cache size (host or device memory) */
     int32_t block_tokens; /* KV block, positions */
+    qt_kind kv_dtype;     /* QT_F32 (the zero value), QT_F16 or QT_Q8_0; cuda: f32 only */
 } eng_backend_opts;
+
+/* The KV dtype --kv-dtype names (as eng_kv_dtype_parse), or, for name
+ * NULL (not given), the default for device: f16 where the CPU backend will
+ * run, f32 on CUDA (whose kernels read f32 only). */
+int eng_kv_dtype_resolve(const char *name, eng_device device, qt_kind *out, char *msg,
+                         size_t msg_len);
 
 /* Make the backend o->device names for model m (borrowed: it must outlive
  * the backend). cuda without a device, or in a build without CUDA, is an

@@ -1122,12 +1122,18 @@ static void after_step(eng_engine *e, int32_t k, int rc)
         begin_choices(e, r, k);
 }
 
+/* Seconds: a decode step of a small model on a CPU is milliseconds; a
+ * prefill chunk of a large one on a CPU, seconds. */
+const double eng_step_bounds[ENG_STEP_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04,
+                                                  0.08,  0.16,   0.32,  0.64, 1.28, 2.56};
+
 /* One forward step over the running set; false when there was nothing to do. */
 static bool run_step(eng_engine *e)
 {
     int32_t n = build_step(e);
     if (n == 0)
         return false;
+    double t0 = ql_now_s();
     set_choosing(e, n);
     char msg[256];
     int rc = prepare_writes(e, &n, msg, sizeof msg);
@@ -1137,7 +1143,14 @@ static bool run_step(eng_engine *e)
         fprintf(stderr, "qlserve: a step of %d sequences failed: %s\n", n, msg);
     for (int32_t k = 0; k < n; k++)
         after_step(e, k, rc);
+    /* the whole step as a sequence sees it: the pass, sampling, streaming */
+    double took = ql_now_s() - t0;
+    int b = 0;
+    while (b < ENG_STEP_BUCKETS && took > eng_step_bounds[b])
+        b++;
     pthread_mutex_lock(&e->mu);
+    e->stats.step_counts[b]++;
+    e->stats.step_seconds += took;
     e->stats.steps++;
     publish_tally(e);
     pthread_mutex_unlock(&e->mu);
@@ -1351,7 +1364,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                                .max_tokens = e->o.step_tokens,
                                .max_seqs = e->o.max_running,
                                .kv_bytes = e->o.kv_bytes,
-                               .block_tokens = e->o.block_tokens};
+                               .block_tokens = e->o.block_tokens,
+                               .kv_dtype = e->o.kv_dtype};
         rc = eng_backend_new(&e->backend, m, &bo, msg, msg_len);
     }
     if (rc == QL_OK) {
@@ -1445,6 +1459,8 @@ void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
     out->kv_blocks_total = eng_kv_total_blocks(e->kv);
+    out->kv_block_tokens = eng_kv_block_tokens(e->kv);
+    out->kv_dtype = eng_kv_dtype(e->kv);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -161,8 +161,7 @@ typedef struct eng_usage {
     double decode_s;  /* first token to the last */
 } eng_usage;
 
-/* At most this many alternatives per token (OpenAI's top_logprobs and
- * completions' logprobs limit). */
+/* At most this many alternatives per token (OpenAI's top_logprobs limit). */
 #define ENG_MAX_LOGPROBS 20
 
 /* A token and its log-probability. */
@@ -297,14 +296,14 @@ typedef struct eng_request {
 typedef struct eng_engine_opts {
     size_t kv_bytes;        /* KV cache size; 0: 256 MiB */
     int32_t block_tokens;   /* KV block; 0: 16 */
+    qt_kind kv_dtype;       /* KV values: QT_F32 (the zero value), QT_F16, QT_Q8_0 */
     int32_t step_tokens;    /* token budget of one step; 0: 256 */
     int32_t prefill_chunk;  /* most prompt tokens of one sequence per step; 0: 128 */
     int32_t max_running;    /* sequences decoding together; 0: 64 */
     int32_t max_queued;     /* waiting requests before submit refuses; 0: 256 */
     int32_t max_new_tokens; /* the largest max_new_tokens accepted; 0: 4096 */
-    /* prompt plus max_new_tokens may not pass it; 0: the model's context */
-    int32_t max_context;
-    int threads; /* kernel threads; 0: the machine's cores */
+    int32_t max_context; /* prompt plus max_new_tokens at most; 0: the model's */
+    int threads;         /* kernel threads; 0: the machine's cores */
     eng_device device;
     bool no_prefix_cache; /* keep no prompt's KV blocks for later requests */
 } eng_engine_opts;
@@ -354,32 +353,34 @@ void eng_engine_stop(eng_engine *e);
 
 #define ENG_ADAPTER_LIST_MAX 1024
 
+#define ENG_STEP_BUCKETS 12
+extern const double eng_step_bounds[ENG_STEP_BUCKETS];
 typedef struct eng_engine_stats {
     int32_t waiting, running;
-    int32_t kv_blocks_used, kv_blocks_total;
+    int32_t kv_blocks_used, kv_blocks_total, kv_block_tokens;
+    qt_kind kv_dtype; /* what the KV cache stores values as (eng_kv_token_bytes) */
     uint64_t steps, tokens_generated, prompt_tokens;
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
     uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
-    /* KV blocks a request's further choices took from its first by
-     * reference instead of computing them (n_choices > 1), and blocks
-     * copied because a choice wrote into a shared one (copy on write) */
+    /* KV blocks further choices (n_choices > 1) took from the first by
+     * reference, and blocks copied when a choice wrote into one (on write) */
     uint64_t kv_blocks_shared, kv_blocks_copied;
-    /* the prefix cache: prompt tokens looked up and found at admission,
-     * and the blocks it keeps */
+    /* the prefix cache: prompt tokens looked up and found; blocks kept */
     uint64_t prefix_queried_tokens, prefix_hit_tokens;
     int32_t prefix_blocks;
-    /* the adapters the running sequences and the waiting requests ask for,
-     * each named once, comma-separated (what the Kubernetes inference
-     * gateway routes on); whole names only: one that does not fit is left
-     * out and the list ends with "..." */
+    /* steps by wall time: [i] took at most eng_step_bounds[i] s; sum */
+    uint64_t step_counts[ENG_STEP_BUCKETS + 1];
+    double step_seconds;
+    /* the adapters running and waiting requests ask for, each once, comma-
+     * separated (what the inference gateway routes on); whole names only:
+     * one that does not fit is left out and the list ends with "..." */
     char running_adapters[ENG_ADAPTER_LIST_MAX];
     char waiting_adapters[ENG_ADAPTER_LIST_MAX];
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
-/* The backend the engine runs on, described (eng_backend_describe); lives
- * as long as the engine. */
+/* The engine's backend, described (eng_backend_describe; the engine's). */
 const char *eng_engine_backend(const eng_engine *e);
 
 /* Whether the backend merges adapters itself (CUDA): a version then needs

@@ -188,5 +188,9 @@ int qt_bnb4_quantize_avx2(qtensor *t, const float *src, int64_t rows, int64_t co
  * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
                     int32_t d, float scale, float *max, float *sum, float *acc);
+/* qt_kv_store's and qt_kv_load's F16C/AVX2 paths (F16 both ways, Q8_0
+ * loads on 8-element boundaries); the rest take the _ref forms. */
+void qt_kv_store_avx2(qt_kind kind, const float *x, int64_t n, void *row);
+void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 
 #endif

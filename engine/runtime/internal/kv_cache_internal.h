@@ -1,6 +1,6 @@
 /*
  * kv_cache_internal.h - the KV cache's layout (struct eng_kv_cache and
- * kv_at, eng_kv_check_writes), shared by kv_cache.c (which owns the blocks),
+ * kv_row, eng_kv_check_writes), shared by kv_cache.c (which owns the blocks),
  * forward.c (which reads and writes the host arena), backend_cuda.c (which
  * refuses writes into shared blocks) and step.c (which reads the block
  * size), and prefix_cache.c (which keeps blocks past their sequences).
@@ -16,12 +16,15 @@
 #include <stdint.h>
 
 struct eng_kv_cache {
-    float *data; /* n_blocks * block_floats */
+    unsigned char *data; /* n_blocks * block_bytes */
     int32_t n_blocks;
     int32_t block_tokens;
     int32_t n_layers;
     int64_t kv_dim;
-    size_t block_floats;
+    size_t block_floats; /* values one block holds */
+    qt_kind dtype;       /* QT_F32, QT_F16 or QT_Q8_0 */
+    size_t row_bytes;    /* one position's K (or V) of one layer: kv_dim values */
+    size_t block_bytes;
     /* the free blocks, a doubly linked queue taken from its head: a block
      * that holds nothing worth keeping goes back at the head, one the
      * prefix cache keeps at the tail, so such blocks are reused last, least
@@ -57,15 +60,15 @@ bool kv_grow_list(int32_t **arr, int32_t n);
 int eng_kv_check_writes(const struct eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs,
                         char *msg, size_t msg_len);
 
-/* K (v = 0) or V (v = 1) of layer l at position pos of a sequence whose
- * block table is `blocks`. */
-static inline float *kv_at(const struct eng_kv_cache *kv, const int32_t *blocks, int32_t l, int v,
+/* The row (kv_dim values in kv->dtype, row_bytes long: qt_kv_store and
+ * qt_kv_load read and write it) of K (v = 0) or V (v = 1) of layer l at
+ * position pos of a sequence whose block table is `blocks`. */
+static inline void *kv_row(const struct eng_kv_cache *kv, const int32_t *blocks, int32_t l, int v,
                            int32_t pos)
 {
     int32_t b = blocks[pos / kv->block_tokens], slot = pos % kv->block_tokens;
-    return kv->data + (size_t)b * kv->block_floats +
-           ((size_t)l * 2 + (size_t)v) * (size_t)kv->block_tokens * (size_t)kv->kv_dim +
-           (size_t)slot * (size_t)kv->kv_dim;
+    return kv->data + (size_t)b * kv->block_bytes +
+           (((size_t)l * 2 + (size_t)v) * (size_t)kv->block_tokens + (size_t)slot) * kv->row_bytes;
 }
 
 #endif
