@@ -302,8 +302,8 @@ typedef struct eng_engine_opts {
     int32_t max_running;    /* sequences decoding together; 0: 64 */
     int32_t max_queued;     /* waiting requests before submit refuses; 0: 256 */
     int32_t max_new_tokens; /* the largest max_new_tokens accepted; 0: 4096 */
-    int32_t max_context; /* prompt plus max_new_tokens at most; 0: the model's */
-    int threads;         /* kernel threads; 0: the machine's cores */
+    int32_t max_context;    /* prompt plus max_new_tokens at most; 0: the model's */
+    int threads;            /* kernel threads; 0: the machine's cores */
     eng_device device;
     bool no_prefix_cache; /* keep no prompt's KV blocks for later requests */
 } eng_engine_opts;
