@@ -174,22 +174,6 @@ int32_t eng_kv_blocks_for(const eng_kv_cache *kv, int32_t n_tokens)
     return n_tokens <= 0 ? 0 : (n_tokens + kv->block_tokens - 1) / kv->block_tokens;
 }
 
-/* Take b off the free queue. */
-static void unlink_free(eng_kv_cache *kv, int32_t b)
-{
-    int32_t p = kv->free_prev[b], n = kv->free_next[b];
-    if (p >= 0)
-        kv->free_next[p] = n;
-    else
-        kv->free_head = n;
-    if (n >= 0)
-        kv->free_prev[n] = p;
-    else
-        kv->free_tail = p;
-    kv->free_prev[b] = kv->free_next[b] = -1;
-    kv->n_free--;
-}
-
 /* b (refs now 0) back on the free queue: at the tail when the prefix cache
  * keeps its content, to be reused last; at the head otherwise. */
 static void give_back(eng_kv_cache *kv, int32_t b)
@@ -219,18 +203,11 @@ static void give_back(eng_kv_cache *kv, int32_t b)
 static int32_t take_free(eng_kv_cache *kv)
 {
     int32_t b = kv->free_head;
-    unlink_free(kv, b);
+    kv_unlink_free(kv, b);
     if (kv->prefix)
         kv_prefix_forget(kv, b);
     kv->refs[b] = 1;
     return b;
-}
-
-/* One more table references b. */
-static void ref_block(eng_kv_cache *kv, int32_t b)
-{
-    if (++kv->refs[b] == 2)
-        kv->n_shared++;
 }
 
 /* One reference to b fewer; back to the free list at none. */
@@ -241,27 +218,6 @@ static void unref_block(eng_kv_cache *kv, int32_t b)
         kv->n_shared--;
     else if (r == 0)
         give_back(kv, b);
-}
-
-void kv_take_block(eng_kv_cache *kv, int32_t b)
-{
-    if (kv->refs[b] == 0) {
-        unlink_free(kv, b);
-        kv->refs[b] = 1;
-    } else {
-        ref_block(kv, b);
-    }
-}
-
-bool kv_grow_list(int32_t **arr, int32_t n)
-{
-    if (n == 0)
-        return true;
-    int32_t *t = realloc(*arr, (size_t)n * sizeof *t);
-    if (!t)
-        return false;
-    *arr = t;
-    return true;
 }
 
 int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens)
@@ -319,7 +275,7 @@ int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_to
     }
     for (int32_t i = 0; i < shared; i++) {
         blocks[i] = src->blocks[i];
-        ref_block(kv, blocks[i]);
+        kv_ref_block(kv, blocks[i]);
     }
     for (int32_t i = 0; i < grow; i++)
         blocks[shared + i] = src->held[--src->n_held];

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 struct eng_kv_cache {
     unsigned char *data; /* n_blocks * block_bytes */
@@ -45,13 +46,57 @@ bool kv_prefix_keeps(const struct eng_kv_cache *kv, int32_t b);
 /* Block b leaves the free queue to be written anew: the prefix cache
  * forgets it (nothing when it kept nothing). */
 void kv_prefix_forget(struct eng_kv_cache *kv, int32_t b);
+void kv_prefix_free(struct kv_prefix *p);
+/* The few block moves prefix_cache.c shares with kv_cache.c, inline so
+ * that the two files call each other one way only. */
+
+/* Take b off the free queue. */
+static inline void kv_unlink_free(struct eng_kv_cache *kv, int32_t b)
+{
+    int32_t p = kv->free_prev[b], n = kv->free_next[b];
+    if (p >= 0)
+        kv->free_next[p] = n;
+    else
+        kv->free_head = n;
+    if (n >= 0)
+        kv->free_prev[n] = p;
+    else
+        kv->free_tail = p;
+    kv->free_prev[b] = kv->free_next[b] = -1;
+    kv->n_free--;
+}
+
+/* One more table references b. */
+static inline void kv_ref_block(struct eng_kv_cache *kv, int32_t b)
+{
+    if (++kv->refs[b] == 2)
+        kv->n_shared++;
+}
+
 /* Take block b, free or referenced, for one more block table (a prefix
  * cache hit): off the free queue when free. */
-void kv_take_block(struct eng_kv_cache *kv, int32_t b);
-void kv_prefix_free(struct kv_prefix *p);
+static inline void kv_take_block(struct eng_kv_cache *kv, int32_t b)
+{
+    if (kv->refs[b] == 0) {
+        kv_unlink_free(kv, b);
+        kv->refs[b] = 1;
+    } else {
+        kv_ref_block(kv, b);
+    }
+}
+
 /* Room for n entries in *arr (a block table or a held list); false when
  * out of memory, *arr unchanged. */
-bool kv_grow_list(int32_t **arr, int32_t n);
+static inline bool kv_grow_list(int32_t **arr, int32_t n)
+{
+    if (n == 0)
+        return true;
+    int32_t *t = realloc(*arr, (size_t)n * sizeof *t);
+    if (!t)
+        return false;
+    *arr = t;
+    return true;
+}
 
 /* Refuse (QL_EINVAL naming the sequence and block) a step that would
  * write into a block another sequence's table references too: its
