@@ -267,7 +267,7 @@ static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
         s->t_first_sent = t_sent;
     bool sent = hc_send_request(c, "POST", path, NULL, body);
     free(body);
-    hc_response r;
+    hc_response r = {0}; /* freed below even when no head was read */
     if (!sent || !hc_read_head(c, &r)) {
         hc_response_free(&r);
         hc_close(c);
