@@ -122,7 +122,7 @@ static const char *const server_name[N_SERVERS] = {"qlserve", "llama_server"};
 typedef struct result {
     bool ran;
     double fig[N_FIGURES];
-    long errors, short_answers, tokens, chunks, itl_samples, ttft_samples;
+    long errors, reconnects, short_answers, tokens, chunks, itl_samples, ttft_samples;
     double wall_s, prompt_tokens_mean;
     char first_error[256];
 } result;
@@ -240,7 +240,8 @@ typedef struct stream {
     atomic_int *next_prompt;
     pthread_t thread;
     samples ttft, itl;
-    long requests, errors, short_answers, tokens, chunks, steady_chunks, prompt_tokens;
+    long requests, errors, reconnects, short_answers, tokens, chunks, steady_chunks;
+    long prompt_tokens;
     double t_first_sent, t_last_done;
     char first_error[256];
 } stream;
@@ -257,18 +258,32 @@ static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
 {
     const char *path = s->w->shared_prefix ? "/v1/chat/completions" : "/v1/completions";
     char *body = request_body(s->w, i, warm);
-    if (c->fd < 0 && !hc_open(c, s->port)) {
-        free(body);
-        stream_error(s, "cannot connect: %s", strerror(errno));
-        return false;
+    /* a kept-alive connection the server closed meanwhile fails before
+     * any answer: the request goes again once on a fresh connection, as
+     * HTTP clients do (counted in reconnects) */
+    bool reused = c->fd >= 0, got_head = false;
+    double t_sent = 0, t_prev = 0;
+    hc_response r = {0}; /* freed below even when no head was read */
+    for (int attempt = 0; attempt < 2 && !got_head; attempt++) {
+        if (attempt > 0) {
+            if (!reused)
+                break;
+            hc_response_free(&r);
+            hc_close(c);
+            s->reconnects++;
+        }
+        if (c->fd < 0 && !hc_open(c, s->port)) {
+            free(body);
+            stream_error(s, "cannot connect: %s", strerror(errno));
+            return false;
+        }
+        t_sent = now();
+        got_head = hc_send_request(c, "POST", path, NULL, body) && hc_read_head(c, &r);
     }
-    double t_sent = now(), t_prev = 0;
+    free(body);
     if (s->t_first_sent == 0)
         s->t_first_sent = t_sent;
-    bool sent = hc_send_request(c, "POST", path, NULL, body);
-    free(body);
-    hc_response r = {0}; /* freed below even when no head was read */
-    if (!sent || !hc_read_head(c, &r)) {
+    if (!got_head) {
         hc_response_free(&r);
         hc_close(c);
         stream_error(s, "the connection broke before an answer%s", "");
@@ -388,6 +403,7 @@ static result run_workload(const workload *w, int port, atomic_int *next_prompt)
             sample_add(&itl, s->itl.v[j]);
         r.fig[REQUESTS] += (double)s->requests;
         r.errors += s->errors;
+        r.reconnects += s->reconnects;
         r.short_answers += s->short_answers;
         r.tokens += s->tokens;
         r.chunks += s->chunks;
@@ -564,6 +580,7 @@ static cJSON *result_json(const result *r)
     for (int f = 0; f < N_FIGURES; f++)
         cJSON_AddNumberToObject(o, figure_info[f].name, r3(r->fig[f]));
     cJSON_AddNumberToObject(o, "errors", (double)r->errors);
+    cJSON_AddNumberToObject(o, "reconnects", (double)r->reconnects);
     cJSON_AddNumberToObject(o, "answers_shorter_than_max_tokens", (double)r->short_answers);
     cJSON_AddNumberToObject(o, "tokens", (double)r->tokens);
     cJSON_AddNumberToObject(o, "token_chunks", (double)r->chunks);
@@ -767,8 +784,10 @@ int main(int argc, char **argv)
     first_line_of(cmd, llama_version, sizeof llama_version);
     if (opt.llama_commit)
         snprintf(llama_commit, sizeof llama_commit, "%s", opt.llama_commit);
-    else if (sscanf(llama_version, "version: %*d (%63[0-9a-f])", llama_commit) != 1)
-        snprintf(llama_commit, sizeof llama_commit, "unknown");
+    else if (strstr(llama_version, "commit ")) /* "version: 0.5.0-dev (build 1, commit 0c1e570)" */
+        sscanf(strstr(llama_version, "commit ") + 7, "%63[0-9a-f]", llama_commit);
+    else if (strchr(llama_version, '(')) /* older: "version: 4589 (0c1e570)" */
+        sscanf(strchr(llama_version, '(') + 1, "%63[0-9a-f]", llama_commit);
     if (opt.qlserve_commit) {
         snprintf(ql_commit, sizeof ql_commit, "%s", opt.qlserve_commit);
     } else {

@@ -51,10 +51,12 @@ commit_of_sources() {
   echo "${c:-unknown}"
 }
 
-# The commit a llama-server binary says it was built from ("version: N (HASH)").
+# The commit a llama-server binary says it was built from: "version: 0.5.0-dev
+# (build 1, commit HASH)", or "version: N (HASH)" in older ones.
 commit_of_binary() {
   local c
-  c=$("$1" --version 2>&1 | sed -n 's/^version: [0-9]* (\([0-9a-f]*\)).*/\1/p' | head -1)
+  c=$("$1" --version 2>&1 | sed -n -e 's/^version: .*commit \([0-9a-f]*\)).*/\1/p' \
+    -e 's/^version: [0-9]* (\([0-9a-f]*\)).*/\1/p' | head -1)
   echo "${c:-unknown}"
 }
 
