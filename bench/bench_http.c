@@ -60,54 +60,6 @@
 
 #include "bench_server.h"
 
-/* --- samples ------------------------------------------------------------------ */
-
-typedef struct samples {
-    double *v;
-    size_t n, cap;
-} samples;
-
-static void sample_add(samples *s, double x)
-{
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 1024;
-        s->v = realloc(s->v, s->cap * sizeof *s->v);
-        if (!s->v)
-            die("out of memory", NULL);
-    }
-    s->v[s->n++] = x;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Nearest-rank percentile of sorted v. */
-static double pct(const samples *s, double p)
-{
-    if (s->n == 0)
-        return 0;
-    size_t k = (size_t)(p * (double)s->n + 0.999999);
-    k = k < 1 ? 1 : k > s->n ? s->n : k;
-    return s->v[k - 1];
-}
-
-/* {"p50": ..., "p99": ..., "mean": ..., "max": ...} in milliseconds. */
-static void print_ms(FILE *out, const char *name, samples *s, const char *indent)
-{
-    qsort(s->v, s->n, sizeof *s->v, cmp_double);
-    double sum = 0;
-    for (size_t i = 0; i < s->n; i++)
-        sum += s->v[i];
-    fprintf(out,
-            "%s\"%s\": {\"samples\": %zu, \"p50\": %.3f, \"p99\": %.3f, \"mean\": %.3f, "
-            "\"max\": %.3f}",
-            indent, name, s->n, 1e3 * pct(s, 0.50), 1e3 * pct(s, 0.99),
-            s->n ? 1e3 * sum / (double)s->n : 0.0, s->n ? 1e3 * s->v[s->n - 1] : 0.0);
-}
-
 /* The string value of "key" in a flat JSON object, into out ("" if none). */
 static void json_field(const char *json, const char *key, char *out, size_t out_len)
 {

@@ -1,18 +1,21 @@
 /*
  * bench_server.h - what the benchmarks that drive `qlserve serve` share:
- * the clock, dying with a message, JSON string output, the machine (CPU,
- * date, kernel), and the server as a child process (started with --port 0
- * and without the caller's QLSERVE_* variables, which would override its
- * flags; its port read from its "listening on" line; GET /health polled
- * until the model serves; SIGTERM at the end and its exit status; killed
- * with its parent), with a one-shot request on a fresh connection
- * (`fetch`). The default model's path is tests/test_util.h's.
+ * the clock, dying with a message, JSON string output, latency samples
+ * and their percentiles, the machine (CPU, date, kernel), and the server
+ * as a child process (started with --port 0 and without the caller's
+ * QLSERVE_* variables, which would override its flags; its port read from
+ * its "listening on" line; GET /health polled until the model serves;
+ * SIGTERM at the end and its exit status; killed with its parent), with a
+ * one-shot request on a fresh connection (`fetch`). spawn_child starts
+ * any other server the same way (bench_serve.c's llama-server). The
+ * default model's path is tests/test_util.h's.
  *
- * One server per process: the child, its stderr pipe and its address are
- * this header's globals, for the one program (bench_http.c, soak.c) that
- * includes it. The child's stderr stays in a pipe after its listening
- * line: the server writes a few lines there (serving, draining, stopped),
- * never one per request, so the pipe does not fill.
+ * One server at a time per process: the child, its stderr pipe and its
+ * address are this header's globals, for the one program (bench_http.c,
+ * soak.c, bench_serve.c) that includes it. The child's stderr stays in a
+ * pipe after its listening line: the server writes a few lines there
+ * (serving, draining, stopped), never one per request, so the pipe does
+ * not fill.
  */
 #ifndef QL_BENCH_SERVER_H
 #define QL_BENCH_SERVER_H
@@ -69,6 +72,61 @@ static inline void print_json_string(FILE *out, const char *s)
             fputc(ch, out);
     }
     fputc('"', out);
+}
+
+/* --- samples and their percentiles ---------------------------------------------- */
+
+typedef struct samples {
+    double *v;
+    size_t n, cap;
+} samples;
+
+static inline void sample_add(samples *s, double x)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        s->v = realloc(s->v, s->cap * sizeof *s->v);
+        if (!s->v)
+            die("out of memory", NULL);
+    }
+    s->v[s->n++] = x;
+}
+
+static inline int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static inline void samples_sort(samples *s)
+{
+    if (s->n)
+        qsort(s->v, s->n, sizeof *s->v, cmp_double);
+}
+
+/* Nearest-rank percentile of s, sorted (samples_sort); 0 when empty. */
+static inline double pct(const samples *s, double p)
+{
+    if (s->n == 0)
+        return 0;
+    size_t k = (size_t)(p * (double)s->n + 0.999999);
+    k = k < 1 ? 1 : k > s->n ? s->n : k;
+    return s->v[k - 1];
+}
+
+/* {"samples": n, "p50": ..., "p99": ..., "mean": ..., "max": ...} in
+ * milliseconds (s in seconds; sorted here). */
+static inline void print_ms(FILE *out, const char *name, samples *s, const char *indent)
+{
+    samples_sort(s);
+    double sum = 0;
+    for (size_t i = 0; i < s->n; i++)
+        sum += s->v[i];
+    fprintf(out,
+            "%s\"%s\": {\"samples\": %zu, \"p50\": %.3f, \"p99\": %.3f, \"mean\": %.3f, "
+            "\"max\": %.3f}",
+            indent, name, s->n, 1e3 * pct(s, 0.50), 1e3 * pct(s, 0.99),
+            s->n ? 1e3 * sum / (double)s->n : 0.0, s->n ? 1e3 * s->v[s->n - 1] : 0.0);
 }
 
 /* --- the server's address and a one-shot request ------------------------------- */
@@ -154,6 +212,42 @@ static inline void kill_child(void)
     }
 }
 
+/* Run argv[0] with argv as the child, its stderr on err_fd (1 to /dev/null,
+ * without the caller's QLSERVE_* variables); returns once it is forked. */
+static inline void spawn_child(char **argv, int err_fd)
+{
+    static bool kill_at_exit;
+    child = fork();
+    if (child < 0)
+        die("fork", strerror(errno));
+    if (child > 0 && !kill_at_exit) {
+        atexit(kill_child);
+        kill_at_exit = true;
+    }
+    if (child == 0) {
+        /* a benchmark killed by a signal (no atexit) leaves no server behind */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(err_fd, 2);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0)
+            dup2(devnull, 1);
+        /* the flags say what is served: QLSERVE_* variables would win over them */
+        for (char **e = environ; *e;) {
+            if (strncmp(*e, "QLSERVE_", 8) == 0) {
+                char name[256];
+                snprintf(name, sizeof name, "%.*s", (int)strcspn(*e, "="), *e);
+                unsetenv(name);
+            } else {
+                e++;
+            }
+        }
+        execv(argv[0], argv);
+        fprintf(stderr, "%s: cannot run %s: %s\n", program_invocation_short_name, argv[0],
+                strerror(errno));
+        _exit(127);
+    }
+}
+
 /* Start `binary serve --model M --port 0 --threads T extra...`; the port. */
 static inline int start_server(const char *binary, const char *model, int threads, char **extra,
                                int n_extra)
@@ -178,33 +272,7 @@ static inline int start_server(const char *binary, const char *model, int thread
     for (int i = 0; i < n_extra; i++)
         argv[a++] = extra[i];
     argv[a] = NULL;
-    child = fork();
-    if (child < 0)
-        die("fork", strerror(errno));
-    if (child > 0)
-        atexit(kill_child);
-    if (child == 0) {
-        /* a benchmark killed by a signal (no atexit) leaves no server behind */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(errp[1], 2);
-        int devnull = open("/dev/null", O_WRONLY);
-        if (devnull >= 0)
-            dup2(devnull, 1);
-        /* the flags say what is served: QLSERVE_* variables would win over them */
-        for (char **e = environ; *e;) {
-            if (strncmp(*e, "QLSERVE_", 8) == 0) {
-                char name[256];
-                snprintf(name, sizeof name, "%.*s", (int)strcspn(*e, "="), *e);
-                unsetenv(name);
-            } else {
-                e++;
-            }
-        }
-        execv(binary, argv);
-        fprintf(stderr, "%s: cannot run %s: %s\n", program_invocation_short_name, binary,
-                strerror(errno));
-        _exit(127);
-    }
+    spawn_child(argv, errp[1]);
     free(argv);
     close(errp[1]);
     /* "qlserve: listening on http://127.0.0.1:PORT (loading ...)" */
@@ -264,7 +332,9 @@ static inline int stop_server(void)
     child = -1;
     if (code != 0)
         show_server_stderr();
-    close(child_stderr);
+    if (child_stderr >= 0)
+        close(child_stderr);
+    child_stderr = -1;
     return code;
 }
 

@@ -11,9 +11,10 @@
 # what is absent. Nothing here runs at build or test time.
 #
 # llama-quantize comes from the llama-cpp-python sdist on PyPI (its
-# vendor/llama.cpp), built once (CMake target llama-quantize, about 10
-# minutes on 2 cores) into the cache and reused. The default model is a
-# Q4_1 file, so the K-quants are requantized from it (--allow-requantize):
+# vendor/llama.cpp), built once with llama-server and llama-bench
+# (scripts/build-llama-server.sh, 20-30 minutes on 2 cores) into the cache
+# and reused. The default model is a Q4_1 file, so the K-quants are
+# requantized from it (--allow-requantize):
 # the weights are Q4_1's values, quantized again, as a user's requantized
 # file would be. Tensors whose rows are not a multiple of 256 (most of this
 # model's, its hidden size is 576) fall back to llama-quantize's own choice,
@@ -30,30 +31,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-version=0.3.36
 cache=${QLSERVE_CACHE:-$HOME/.cache/qlserve}
 models=$cache/models
 base=$(scripts/fetch-model.sh)
 
-quantize=${LLAMA_QUANTIZE:-$cache/llama.cpp-$version/bin/llama-quantize}
-if [ ! -x "$quantize" ]; then
-  command -v python3 >/dev/null || { echo "fetch-kquant-models: python3 (with pip) is needed to download the llama-cpp-python sdist" >&2; exit 1; }
-  command -v cmake >/dev/null || { echo "fetch-kquant-models: cmake is needed (scripts/install-deps.sh)" >&2; exit 1; }
-  src=$(mktemp -d "${TMPDIR:-/tmp}/llama-src.XXXXXX")
-  trap 'rm -rf "$src"' EXIT
-  echo "fetch-kquant-models: downloading the llama-cpp-python $version sdist from PyPI" >&2
-  python3 -m pip download --quiet --no-binary :all: --no-deps --disable-pip-version-check \
-    "llama-cpp-python==$version" -d "$src" >&2
-  tar -xzf "$src"/llama_cpp_python-"$version".tar.gz -C "$src"
-  echo "fetch-kquant-models: building llama-quantize (about 10 minutes on 2 cores)" >&2
-  cmake -S "$src/llama_cpp_python-$version/vendor/llama.cpp" -B "$src/build" \
-    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DBUILD_SHARED_LIBS=OFF >&2
-  cmake --build "$src/build" -j "$(nproc 2>/dev/null || echo 2)" --target llama-quantize >&2
-  mkdir -p "$(dirname "$quantize")"
-  cp "$src/build/bin/llama-quantize" "$quantize.tmp"
-  mv "$quantize.tmp" "$quantize"
-fi
+# scripts/build-llama-server.sh builds llama-quantize beside llama-server
+quantize=${LLAMA_QUANTIZE:-$(dirname "$(scripts/build-llama-server.sh)")/llama-quantize}
+[ -x "$quantize" ] || { echo "fetch-kquant-models: $quantize is not an executable file" >&2; exit 1; }
 
 for ftype in Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K IQ4_XS; do
   out=$models/SmolLM2-135M-Instruct.$ftype.gguf
