@@ -11,8 +11,8 @@
  * As the peer (bench/peer_llamacpp.py): an untimed warm-up first, then
  * each figure is the best of 3 rounds for batch 1 and of --repeats
  * (default 1) for larger batches, each round from an empty cache.
- * The KV cache holds --kv-dtype (default f16, as `qlserve serve` and
- * llama-bench keep theirs; f32 and q8_0 too). Peak resident memory comes
+ * The KV cache holds --kv-dtype (default f32, as `qlserve serve` keeps
+ * it; llama-bench's is f16: pass --kv-dtype f16 to match it). Peak resident memory comes
  * from getrusage. bench/run_decode.py runs this
  * and llama.cpp (llama-cpp-python) on the same model in the same run and
  * prints the ratios.
@@ -176,7 +176,7 @@ int main(int argc, char **argv)
     int n_quants = 0, threads = 0, n_batches = 0, batches[8];
     int32_t P = 128, N = 32;
     int repeats = 1;
-    const char *kv_name = "f16";
+    const char *kv_name = "f32";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];

@@ -474,7 +474,7 @@ Test(cli, generate_device_choice)
     free(out);
 }
 
-/* --kv-dtype: each value runs and the end line names it (the default f16
+/* --kv-dtype: each value runs and the end line names it (the default f32
  * on the CPU); anything else is a usage error naming the value. */
 Test(cli, generate_kv_dtype_choice)
 {
@@ -483,7 +483,7 @@ Test(cli, generate_kv_dtype_choice)
     char *out;
     const char *common = "--prompt 'the theme' --max-new-tokens 3 --threads 2 --device cpu";
     const char *flags[] = {"", "--kv-dtype f32", "--kv-dtype f16", "--kv-dtype q8_0"};
-    const char *want[] = {"; KV f16\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"};
+    const char *want[] = {"; KV f32\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"};
     for (int i = 0; i < 4; i++) {
         snprintf(args, sizeof args, "generate --model '%s' %s %s", model, common, flags[i]);
         cr_assert_eq(run(args, &out), 0, "%s: %s", flags[i], out);

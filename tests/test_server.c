@@ -700,11 +700,9 @@ Test(server, health_info_and_metrics_describe_the_server)
     /* the backend serving (--device auto: cpu here, cuda on a GPU machine) */
     const char *device = str_at(j, "device");
     cr_assert(strncmp(device, "cpu (", 5) == 0 || strncmp(device, "cuda (", 6) == 0, "%s", device);
-    /* the KV cache's default: f16 on the CPU, f32 on CUDA; 2 layers of K
-     * and V, kv_dim 32 */
-    bool cpu = strncmp(device, "cpu (", 5) == 0;
-    cr_assert_str_eq(str_at(j, "kv_dtype"), cpu ? "f16" : "f32");
-    cr_assert_eq(num_at(j, "kv_bytes_per_token"), 2 * 2 * 32 * (cpu ? 2 : 4));
+    /* the KV cache's default, f32: 2 layers of K and V, kv_dim 32 */
+    cr_assert_str_eq(str_at(j, "kv_dtype"), "f32");
+    cr_assert_eq(num_at(j, "kv_bytes_per_token"), 2 * 2 * 32 * 4);
     cJSON_Delete(j);
     hc_response_free(&r);
 

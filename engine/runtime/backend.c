@@ -134,14 +134,12 @@ int eng_kv_dtype_resolve(const char *name, eng_device device, qt_kind *out, char
 {
     if (name)
         return eng_kv_dtype_parse(name, out, msg, msg_len);
-    eng_device d = device;
-#ifdef QL_HAVE_CUDA
-    if (d == ENG_DEVICE_AUTO)
-        d = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
-#endif
-    /* f16 halves the bytes per position, as llama.cpp's default cache does;
-     * the CUDA backend's kernels read f32 only */
-    *out = d == ENG_DEVICE_CUDA ? QT_F32 : QT_F16;
+    /* f32 on every device: the CUDA kernels read f32 only, and on the CPU
+     * f16 (half the bytes, llama.cpp's default) measured slower through the
+     * server, since attention converts each query head's keys and values
+     * on load (README, "KV cache dtype") */
+    (void)device;
+    *out = QT_F32;
     return QL_OK;
 }
 
