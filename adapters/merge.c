@@ -225,7 +225,7 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
 /* A part's A ([rank, cols]) and B ([rows, rank]) as f32, and its scale. */
 typedef struct part_f32 {
     float *a, *b;
-    double *a64, *b64; /* A and B in double, for the AVX2 delta (NULL on the scalar path) */
+    double *a64, *b64;  /* A and B in double, for the AVX2 delta (NULL on the scalar path) */
     int64_t a64_stride; /* doubles from one row of a64 to the next */
     int64_t rank;
     double scale;
@@ -276,8 +276,8 @@ static int load_part(const qtensor *w, const lora_part *part, const char *module
         pf->b64 = malloc(nb * sizeof(double));
         if (!pf->a64 || !pf->b64)
             return ql_fail(msg, msg_len, QL_ENOMEM,
-                           "adapter %s, %s: cannot allocate A and B in double",
-                           adapter_name(part), module);
+                           "adapter %s, %s: cannot allocate A and B in double", adapter_name(part),
+                           module);
         for (int64_t k = 0; k < a->rows; k++)
             for (int64_t c = 0; c < a->cols; c++)
                 pf->a64[k * pf->a64_stride + c] = (double)pf->a[k * a->cols + c];
@@ -313,9 +313,10 @@ static void delta_row(const part_f32 *pf, size_t n_parts, int64_t r, int64_t col
 
 /* Columns [c, c + 16) of rows r and r + 1 (r + 1 only when two): acc
  * over k in the four registers per row, then the parts' total. */
-__attribute__((target("avx2,fma"))) static inline void
-delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_t c,
-                 __m256d t[2][4])
+__attribute__((target("avx2,fma"))) static inline void delta_chunk_avx2(const part_f32 *pf,
+                                                                        size_t n_parts, int64_t r,
+                                                                        bool two, int64_t c,
+                                                                        __m256d t[2][4])
 {
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++)
@@ -362,11 +363,10 @@ delta_chunk_avx2(const part_f32 *pf, size_t n_parts, int64_t r, bool two, int64_
  * significant bits < 53, exponents far inside double's range), so rounding
  * the product first, as delta_row does, rounds nothing.
  */
-__attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *pf,
-                                                                 size_t n_parts, int64_t r0,
-                                                                 int64_t nr, int64_t cols,
-                                                                 const float *w, float *d,
-                                                                 float *x)
+__attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *pf, size_t n_parts,
+                                                                int64_t r0, int64_t nr,
+                                                                int64_t cols, const float *w,
+                                                                float *d, float *x)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
     __m256 bad = _mm256_setzero_ps();
@@ -387,10 +387,10 @@ __attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *
                 _mm256_storeu_ps(x + o, x0);
                 _mm256_storeu_ps(x + o + 8, x1);
                 /* |x| not below infinity: Inf, or NaN (unordered) */
-                bad = _mm256_or_ps(bad,
-                                   _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), inf, _CMP_NLT_UQ));
-                bad = _mm256_or_ps(bad,
-                                   _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), inf, _CMP_NLT_UQ));
+                bad =
+                    _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, x0), inf, _CMP_NLT_UQ));
+                bad =
+                    _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, x1), inf, _CMP_NLT_UQ));
             }
         }
     }
@@ -401,8 +401,8 @@ __attribute__((target("avx2,fma"))) static bool delta_rows_avx2(const part_f32 *
             for (size_t i = 0; i < n_parts; i++) {
                 double acc = 0.0;
                 for (int64_t k = 0; k < pf[i].rank; k++)
-                    acc += pf[i].b64[(r0 + r) * pf[i].rank + k] *
-                           pf[i].a64[k * pf[i].a64_stride + cc];
+                    acc +=
+                        pf[i].b64[(r0 + r) * pf[i].rank + k] * pf[i].a64[k * pf[i].a64_stride + cc];
                 total += pf[i].scale * acc;
             }
             int64_t o = r * cols + cc;

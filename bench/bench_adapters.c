@@ -457,9 +457,8 @@ static void merge_nf4_only(const eng_model *m, const char *model, const char *ad
             "],\n  \"merge_nf4_cpu_seconds\": %.4f,\n  \"unmerge_seconds\": %.4f,\n"
             "  \"merged_digest\": \"%016llx\",\n  \"digest_restored\": %s,\n"
             "  \"delta_retained\": %.4f,\n  \"relative_error\": %.4f\n}\n",
-            min_of(merge_cpu, repeat), min_of(unmerge_s, repeat),
-            (unsigned long long)merged_digest, restored ? "true" : "false", overall.delta_retained,
-            overall.relative_error);
+            min_of(merge_cpu, repeat), min_of(unmerge_s, repeat), (unsigned long long)merged_digest,
+            restored ? "true" : "false", overall.delta_retained, overall.relative_error);
     eng_engine_stop(e);
     lora_registry_free(reg);
 }

@@ -252,7 +252,7 @@ static bool known_kv_dtype(const char *d)
         {"device", OPT_STRING, &(g)->device, "cpu | cuda | auto: where to run (default auto)"},    \
         {"kv-mib", OPT_INT, &(g)->kv_mib, "N: KV cache size in MiB (default 256)"},                \
         {"kv-dtype", OPT_STRING, &(g)->kv_dtype,                                                   \
-         "f32 | f16 | q8_0: the KV cache's values (default f32)"},                    \
+         "f32 | f16 | q8_0: the KV cache's values (default f32)"},                                 \
         {"adapter", OPT_STRING, &(g)->adapter, "DIR: a PEFT LoRA adapter folder to apply"},        \
         {"adapter-scale", OPT_FLOAT, &(g)->adapter_scale, "S: the adapter's scale (default 1)"},   \
         {"merge", OPT_BOOL, &(g)->merge,                                                           \
@@ -344,7 +344,7 @@ typedef struct serve_layer {
          "cpu | cuda | auto: where to run (auto: CUDA when a device is present)"},                 \
         {"kv-mib", OPT_INT, &(l)->s.kv_mib, "N: KV cache size in MiB"},                            \
         {"kv-dtype", OPT_STRING, &(l)->s.kv_dtype,                                                 \
-         "f32 | f16 | q8_0: the KV cache's values (default f32; f16 halves the bytes)"},    \
+         "f32 | f16 | q8_0: the KV cache's values (default f32; f16 halves the bytes)"},           \
         {"max-running", OPT_INT, &(l)->s.max_running, "N: sequences decoding together"},           \
         {"no-prefix-cache", OPT_BOOL, &(l)->s.no_prefix_cache,                                     \
          "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "    \

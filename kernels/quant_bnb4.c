@@ -88,7 +88,8 @@ static int double_quantize(qtensor *t, float *absmax, char *msg, size_t msg_len)
 
 /* One full block, scalar: its absmax and codes (the reference every other
  * block coder matches byte for byte). */
-static float code_full_block_ref(const struct qq_buckets *cb, const float *x, int64_t bs, uint8_t *codes)
+static float code_full_block_ref(const struct qq_buckets *cb, const float *x, int64_t bs,
+                                 uint8_t *codes)
 {
     float am = 0.0f;
     for (int64_t i = 0; i < bs; i++)
@@ -100,8 +101,8 @@ static float code_full_block_ref(const struct qq_buckets *cb, const float *x, in
 }
 
 int qt_bnb4_quantize_with(qtensor *t, const float *src, int64_t rows, int64_t cols,
-                          const qt_quant_params *p, qt_bnb4_block_coder code_full_block,
-                          char *msg, size_t msg_len)
+                          const qt_quant_params *p, qt_bnb4_block_coder code_full_block, char *msg,
+                          size_t msg_len)
 {
     int64_t bs = p->blocksize ? p->blocksize : 64;
     if (bs < 32 || bs > 4096 || (bs & (bs - 1)))

@@ -98,20 +98,16 @@ Test(bnb4, avx2_quantizer_writes_the_scalar_bytes)
             case 0: /* a midpoint between two codes, times 2^-3 */
                 x[i] = (code[a] + code[b]) / 2.0f * 0.125f;
                 break;
-            case 1:
-                x[i] = (r >> 12) % 2 ? -0.0f : 0.0f;
-                break;
-            default:
-                x[i] = ((float)(r >> 10) / 4194304.0f - 0.5f) * 0.25f;
+            case 1: x[i] = (r >> 12) % 2 ? -0.0f : 0.0f; break;
+            default: x[i] = ((float)(r >> 10) / 4194304.0f - 0.5f) * 0.25f;
             }
         }
         for (int64_t i = 512; i < 1024; i++) /* whole zero blocks */
             x[i] = 0.0f;
         for (int bs = 32; bs <= 4096; bs *= 2) {
             for (int nested = 0; nested < 2; nested++) {
-                qt_quant_params p = {.kind = kind ? QT_FP4 : QT_NF4,
-                                     .blocksize = bs,
-                                     .double_quant = nested};
+                qt_quant_params p = {
+                    .kind = kind ? QT_FP4 : QT_NF4, .blocksize = bs, .double_quant = nested};
                 qtensor fast, ref;
                 char msg[256];
                 qt_set_force_scalar(false);
@@ -123,13 +119,12 @@ Test(bnb4, avx2_quantizer_writes_the_scalar_bytes)
                 cr_assert_eq(memcmp(fast.data, ref.data, ref.data_bytes), 0,
                              "%s, blocksize %d: codes differ", qt_kind_name(p.kind), bs);
                 if (nested)
-                    cr_assert_eq(memcmp(fast.absmax_codes, ref.absmax_codes,
-                                        (size_t)ref.n_blocks),
+                    cr_assert_eq(memcmp(fast.absmax_codes, ref.absmax_codes, (size_t)ref.n_blocks),
                                  0, "blocksize %d: nested absmax codes differ", bs);
                 else
-                    cr_assert_eq(memcmp(fast.absmax, ref.absmax,
-                                        (size_t)ref.n_blocks * sizeof(float)),
-                                 0, "blocksize %d: absmax differs", bs);
+                    cr_assert_eq(
+                        memcmp(fast.absmax, ref.absmax, (size_t)ref.n_blocks * sizeof(float)), 0,
+                        "blocksize %d: absmax differs", bs);
                 qt_free(&fast);
                 qt_free(&ref);
             }

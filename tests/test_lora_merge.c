@@ -487,8 +487,8 @@ Test(lora_merge, avx2_and_scalar_merges_give_the_same_bytes_and_report)
         cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &fast, &c_fast, msg, sizeof msg),
                      QL_OK, "%s: %s", k->name, msg);
         qt_set_force_scalar(true);
-        cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &ref, &c_ref, msg, sizeof msg),
-                     QL_OK, "%s: %s", k->name, msg);
+        cr_assert_eq(merge(&w, parts, 2, true, QT_KIND_COUNT, &ref, &c_ref, msg, sizeof msg), QL_OK,
+                     "%s: %s", k->name, msg);
         qt_set_force_scalar(false);
         assert_same_tensor(&fast, &ref, k->name);
         cr_assert(same_array(&c_fast.dot, &c_ref.dot, sizeof c_ref.dot) &&

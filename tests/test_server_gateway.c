@@ -418,7 +418,9 @@ Test(server_gateway, two_replicas_share_one_adapter_folder)
     write_adapter("a2", 128, 22);
     sp_server replica[2];
     char logs[2][600];
-    const char *const flags[] = {"--adapter-budget-mib", "1", NULL};
+    /* f32 in memory: each adapter then takes more than half the budget
+     * (bf16, the default, would fit both) */
+    const char *const flags[] = {"--adapter-budget-mib", "1", "--adapter-dtype", "f32", NULL};
     for (int k = 0; k < 2; k++) {
         snprintf(logs[k], sizeof logs[k], "%.500s/replica%d.log", dir, k);
         start_with(flags, logs[k]);

@@ -97,8 +97,8 @@ typedef float (*qt_bnb4_block_coder)(const struct qq_buckets *cb, const float *x
  * coder gives the scalar one's bytes); the short last block, the odd
  * element's pad and double quant are the scalar ones. */
 int qt_bnb4_quantize_with(qtensor *t, const float *src, int64_t rows, int64_t cols,
-                          const qt_quant_params *p, qt_bnb4_block_coder code_full_block,
-                          char *msg, size_t msg_len);
+                          const qt_quant_params *p, qt_bnb4_block_coder code_full_block, char *msg,
+                          size_t msg_len);
 
 /* AFFINE, torchao semantics (quant_affine.c) */
 int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
