@@ -347,19 +347,28 @@ static drift peft_drift(const eng_model *m, const eng_lora *lora, int cycles)
 
 /* --- one kind ----------------------------------------------------------------- */
 
+/* An engine and a registry over m with adapter_dir loaded as "a" (dies
+ * on an error). */
+static void open_registry(const eng_model *m, const char *adapter_dir, int threads, eng_engine **e,
+                          lora_registry **reg)
+{
+    char msg[1024];
+    eng_engine_opts eo = {.threads = threads, .kv_bytes = (size_t)64 << 20};
+    lora_registry_opts ro = {.threads = threads};
+    if (eng_engine_start(e, m, &eo, msg, sizeof msg) ||
+        lora_registry_new(reg, *e, m, &ro, msg, sizeof msg))
+        die("engine", msg);
+    if (lora_registry_load(*reg, "a", adapter_dir, 1.0f, NULL, msg, sizeof msg))
+        die("load", msg);
+}
+
 static void merge_figures(const eng_model *m, const char *label, const char *adapter_dir,
                           int threads, FILE *out)
 {
     char msg[1024];
     eng_engine *e;
     lora_registry *reg;
-    eng_engine_opts eo = {.threads = threads, .kv_bytes = (size_t)64 << 20};
-    lora_registry_opts ro = {.threads = threads};
-    if (eng_engine_start(&e, m, &eo, msg, sizeof msg) ||
-        lora_registry_new(&reg, e, m, &ro, msg, sizeof msg))
-        die("engine", msg);
-    if (lora_registry_load(reg, "a", adapter_dir, 1.0f, NULL, msg, sizeof msg))
-        die("load", msg);
+    open_registry(m, adapter_dir, threads, &e, &reg);
     uint64_t before = eng_weights_digest(m, NULL);
     lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
     lora_report rep, un;
@@ -413,13 +422,7 @@ static void merge_nf4_only(const eng_model *m, const char *model, const char *ad
     char msg[1024];
     eng_engine *e;
     lora_registry *reg;
-    eng_engine_opts eo = {.threads = threads, .kv_bytes = (size_t)64 << 20};
-    lora_registry_opts ro = {.threads = threads};
-    if (eng_engine_start(&e, m, &eo, msg, sizeof msg) ||
-        lora_registry_new(&reg, e, m, &ro, msg, sizeof msg))
-        die("engine", msg);
-    if (lora_registry_load(reg, "a", adapter_dir, 1.0f, NULL, msg, sizeof msg))
-        die("load", msg);
+    open_registry(m, adapter_dir, threads, &e, &reg);
     uint64_t before = eng_weights_digest(m, NULL);
     double merge_s[64], merge_cpu[64], unmerge_s[64];
     bool restored = true;

@@ -524,6 +524,15 @@ Test(kv_cache, random_operations_with_the_prefix_cache_keep_the_accounting_exact
     random_operations(true);
 }
 
+/* A cache of `blocks` blocks with its prefix cache on. */
+static eng_kv_cache *new_prefix_cache(int32_t blocks)
+{
+    eng_kv_cache *kv = new_cache(blocks);
+    char msg[256];
+    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    return kv;
+}
+
 /* n tokens of a prompt: token i is i * mul + add. */
 static void prompt_of(int32_t *t, int32_t n, int32_t mul, int32_t add)
 {
@@ -542,9 +551,7 @@ static void kept(eng_kv_cache *kv, eng_seq_kv *s, uint64_t key, const int32_t *t
 
 Test(kv_cache, prefix_match_takes_the_kept_whole_blocks_of_the_same_prompt)
 {
-    eng_kv_cache *kv = new_cache(8);
-    char msg[256];
-    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_kv_cache *kv = new_prefix_cache(8);
     int32_t t[40], u[40];
     prompt_of(t, 40, 3, 1);
     eng_seq_kv a = {0}, b = {0}, c = {0};
@@ -587,9 +594,7 @@ Test(kv_cache, prefix_match_takes_the_kept_whole_blocks_of_the_same_prompt)
 
 Test(kv_cache, kept_blocks_are_reused_last_and_a_chain_loses_its_end_first)
 {
-    eng_kv_cache *kv = new_cache(6);
-    char msg[256];
-    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_kv_cache *kv = new_prefix_cache(6);
     int32_t t[48];
     prompt_of(t, 48, 5, 2);
     eng_seq_kv a = {0}, b = {0}, c = {0};
@@ -614,9 +619,7 @@ Test(kv_cache, kept_blocks_are_reused_last_and_a_chain_loses_its_end_first)
 
 Test(kv_cache, a_block_reused_for_other_tokens_never_matches_its_old_chain)
 {
-    eng_kv_cache *kv = new_cache(2);
-    char msg[256];
-    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_kv_cache *kv = new_prefix_cache(2);
     int32_t t[32], u[32];
     prompt_of(t, 32, 7, 1);
     prompt_of(u, 32, 7, 1);
@@ -636,9 +639,7 @@ Test(kv_cache, a_block_reused_for_other_tokens_never_matches_its_old_chain)
 
 Test(kv_cache, the_same_prompt_computed_twice_is_kept_once)
 {
-    eng_kv_cache *kv = new_cache(8);
-    char msg[256];
-    cr_assert_eq(eng_kv_prefix_enable(kv, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_kv_cache *kv = new_prefix_cache(8);
     int32_t t[48];
     prompt_of(t, 48, 11, 4);
     eng_seq_kv a = {0}, b = {0}, c = {0};

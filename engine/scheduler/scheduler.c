@@ -775,13 +775,13 @@ static uint64_t prefix_key(const eng_weights *w, const eng_lora_term *want, size
  * for choice 0 and what it holds for the others (taken then). Choice 0
  * first takes what the prefix cache holds of its prompt (never the last
  * token: its logits begin the answer; never for prompt_logprobs, which
- * need every position's), so fewer blocks are needed. */
+ * need every position's), so fewer blocks are needed. r->prefix_key is
+ * set. */
 static bool take_room(eng_engine *e, request *r)
 {
     if (e->slots + r->n_choices > e->o.max_running)
         return false;
     seq *s = &r->choices[0];
-    r->prefix_key = prefix_key(e->current, r->want, r->n_want);
     int32_t cached = 0;
     if (!r->req.prompt_logprobs)
         cached = eng_kv_prefix_match(e->kv, r->prefix_key, r->prompt, r->n_prompt - 1, &s->kv,
@@ -811,10 +811,9 @@ static bool prefix_in_flight(const eng_engine *e, const request *r)
     if (e->o.no_prefix_cache || r->req.prompt_logprobs)
         return false;
     int32_t bt = eng_kv_block_tokens(e->kv);
-    uint64_t key = prefix_key(e->current, r->want, r->n_want);
     for (int32_t i = 0; i < e->n_running; i++) {
         const request *q = e->running[i]->r;
-        if (q->begun || q->prefix_key != key)
+        if (q->begun || q->prefix_key != r->prefix_key)
             continue;
         int32_t n = q->n_prompt < r->n_prompt - 1 ? q->n_prompt : r->n_prompt - 1, same = 0;
         while (same < n && q->prompt[same] == r->prompt[same])
@@ -831,6 +830,8 @@ static void admit(eng_engine *e)
     int32_t vocab = e->m->cfg.vocab_size;
     while (e->waiting) {
         request *r = e->waiting;
+        /* what computes its KV now: the key of its prefix blocks */
+        r->prefix_key = prefix_key(e->current, r->want, r->n_want);
         if (prefix_in_flight(e, r) || !take_room(e, r))
             return; /* the head waits; order is kept */
         e->waiting = r->next;
