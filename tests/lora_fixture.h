@@ -76,6 +76,18 @@ static inline lora_fix_spec lora_fix_default(void)
     return (lora_fix_spec){.r = 8, .alpha = 16, .dtype = ST_F32, .seed = 7, .std = 0.05f};
 }
 
+/* A suite's scratch folders: dir (a fresh temporary one), dir/model
+ * (made) and dir/adapter (named only; lora_fix_write makes it). */
+static inline void lora_fix_dirs(char *dir, size_t dir_len, char *model_dir, size_t model_len,
+                                 char *adapter_dir, size_t adapter_len)
+{
+    test_tmpdir(dir, dir_len);
+    cr_assert(dir[0]);
+    snprintf(model_dir, model_len, "%s/model", dir);
+    snprintf(adapter_dir, adapter_len, "%s/adapter", dir);
+    cr_assert_eq(mkdir(model_dir, 0700), 0);
+}
+
 /* The tiny model's config as the loader would read it (tiny_model.h). */
 static inline eng_config lora_fix_config(const tiny_spec *t)
 {

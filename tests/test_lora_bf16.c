@@ -26,11 +26,7 @@ static char dir[512], model_dir[600], adapter_dir[600];
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    snprintf(model_dir, sizeof model_dir, "%s/model", dir);
-    snprintf(adapter_dir, sizeof adapter_dir, "%s/adapter", dir);
-    cr_assert_eq(mkdir(model_dir, 0700), 0);
+    lora_fix_dirs(dir, sizeof dir, model_dir, sizeof model_dir, adapter_dir, sizeof adapter_dir);
 }
 
 static void teardown(void)
