@@ -93,7 +93,8 @@ typedef struct reader {
     const uint8_t *data, *want;
     size_t n;
     atomic_bool *stop;
-    size_t passes, wrong;
+    atomic_size_t passes; /* read by the test while the thread runs */
+    size_t wrong;
     pthread_t thread;
 } reader;
 
@@ -142,6 +143,14 @@ Test(model_file_guard, a_rewritten_file_keeps_the_bytes_it_was_mapped_with)
     }
     double blocked = rewrite_in_place(path, n / 4, 0xAB);
     test_sleep_ms(20);
+    /* each reader finishes a pass over the mapping before they stop, however
+     * long a loaded machine keeps it off a core (a fixed wait alone failed
+     * under ctest -j2) */
+    for (int i = 0, waited = 0; i < 2 && waited < 10000; waited += 5)
+        if (atomic_load(&readers[i].passes) > 0)
+            i++;
+        else
+            test_sleep_ms(5);
     atomic_store(&stop, true);
     for (int i = 0; i < 2; i++) {
         pthread_join(readers[i].thread, NULL);
