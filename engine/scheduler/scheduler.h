@@ -16,6 +16,7 @@
 #ifndef QL_SCHEDULER_H
 #define QL_SCHEDULER_H
 
+#include "grammar.h"
 #include "runtime.h"
 
 #include <stdbool.h>
@@ -62,11 +63,9 @@ typedef struct eng_sampling {
     uint64_t seed; /* the same seed and inputs give the same tokens */
 } eng_sampling;
 
-/* Check the fields, naming the first bad one and its value. */
 int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len);
 
-/* How often one token has been generated (the frequency penalty's c(t)). */
-typedef struct eng_token_count {
+typedef struct eng_token_count { /* the frequency penalty's c(t) */
     int32_t token;
     int32_t count;
 } eng_token_count;
@@ -85,16 +84,21 @@ typedef struct eng_sampler {
     eng_token_count *counts;
     size_t n_counts, cap_counts;
     eng_logit_bias *bias; /* the copy of p.logit_bias (owned) */
+    gr_matcher *grammar;  /* eng_sampler_constrain's (owned); NULL: none */
     int64_t n_generated;  /* tokens recorded since init */
     int32_t eos;          /* the token min_tokens holds back; -1: none */
 } eng_sampler;
 
-/* Copies p (its logit bias too) and the prompt's distinct ids. The sampler
- * knows no end-of-sequence token until eng_sampler_set_eos. */
+/* Copies p (its logit bias too) and the prompt's distinct ids; knows no
+ * end-of-sequence token until eng_sampler_set_eos. */
 int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *prompt, size_t n_prompt);
 void eng_sampler_free(eng_sampler *s);
 /* The model's end-of-sequence token (-1: none), which min_tokens bans. */
 void eng_sampler_set_eos(eng_sampler *s, int32_t eos);
+/* Constrain s to grammar g over vocabulary v (gr_matcher_new's arguments):
+ * every draw is masked, every token recorded advances the matcher. */
+int eng_sampler_constrain(eng_sampler *s, gr_grammar *g, const gr_vocab *v, char *msg,
+                          size_t msg_len);
 /* Whether the end-of-sequence token may end the sequence now: min_tokens
  * tokens have been recorded before the last one. */
 bool eng_sampler_may_end(const eng_sampler *s);
@@ -105,16 +109,14 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch);
  * records its own. */
 void eng_sampler_record(eng_sampler *s, int32_t token);
 /* Whether s's next token is the plain argmax of its logits (temperature 0,
- * and no penalty, bias or min_tokens that could change the logits now),
- * which a backend can choose where the logits are. */
+ * nothing that could change the logits now): a backend can choose it. */
 bool eng_sampler_greedy(const eng_sampler *s);
 /* Whether s's next token is a plain temperature draw over the whole
  * vocabulary (no top-k, top-p, nor anything that could change the logits
  * now), which a backend can make where the logits are
  * (kernels/math/sample_math.h); *inv_temperature gets eng_sample's 1 / T. */
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
-/* The uniform in [0, 1) eng_sample would draw next (taken from s's stream:
- * a backend's draw then stands for eng_sample's). */
+/* The uniform eng_sample would draw next (a backend's draw stands for it). */
 double eng_sampler_uniform(eng_sampler *s);
 
 /* Stop strings, matched on the decoded text across token boundaries, not
@@ -136,7 +138,6 @@ void eng_stop_include(eng_stop *s, bool include);
 /* While held (min_tokens not yet reached), a stop string that completes
  * does not stop: its text is emitted as any other and matching goes on. */
 void eng_stop_hold(eng_stop *s, bool held);
-/* At the end of generation (EOS, length): what was held back. */
 void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len);
 
 /* --- the engine: continuous batching on one thread (scheduler.c) ------------ */
@@ -149,8 +150,7 @@ typedef enum eng_finish {
     ENG_FINISH_ERROR,     /* the step failed (out of memory); the engine goes on */
 } eng_finish;
 
-/* "eos", "length", "stop", "cancelled", "error" */
-const char *eng_finish_name(eng_finish f);
+const char *eng_finish_name(eng_finish f); /* "eos", "length", ... */
 
 typedef struct eng_usage {
     int32_t prompt_tokens;
@@ -161,22 +161,17 @@ typedef struct eng_usage {
     double decode_s;  /* first token to the last */
 } eng_usage;
 
-/* At most this many alternatives per token (OpenAI's top_logprobs limit). */
-#define ENG_MAX_LOGPROBS 20
+#define ENG_MAX_LOGPROBS 20 /* alternatives per token (OpenAI's top_logprobs limit) */
 
-/* A token and its log-probability. */
 typedef struct eng_logprob {
     int32_t token;
     float logprob;
 } eng_logprob;
 
-/*
- * What the engine reports of one token of one choice (eng_request.on_token).
+/* What the engine reports of one token of one choice (eng_request.on_token).
  * Log-probabilities are of the model's own distribution at that step: the
  * log-softmax of the raw logits, before logit_bias, penalties, temperature
- * and top-k/top-p/typical_p (vLLM's default, "raw" logprobs), in float64
- * summed and rounded to float.
- */
+ * and top-k/top-p/typical_p (vLLM's "raw" logprobs), summed in float64. */
 typedef struct eng_token_event {
     int32_t choice; /* 0 .. n_choices - 1 */
     /* the token that completed text; -1: text the stop filter held back,
@@ -270,6 +265,10 @@ typedef struct eng_request {
     /* vLLM's include_stop_str_in_output (eng_stop_include) */
     bool include_stop_str;
     eng_sampling sampling;
+    /* constrained decoding: each choice's tokens keep its answer inside
+     * this grammar (grammar.h; the engine takes its own reference); NULL:
+     * none. A choice whose answer is whole and can go no further ends so */
+    gr_grammar *grammar;
     const char *const *stop; /* stop strings, n_stop of them */
     size_t n_stop;
     /* the adapter configuration wanted (none: the base model); the engine
@@ -380,8 +379,7 @@ typedef struct eng_engine_stats {
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
-/* The engine's backend, described (eng_backend_describe; the engine's). */
-const char *eng_engine_backend(const eng_engine *e);
+const char *eng_engine_backend(const eng_engine *e); /* eng_backend_describe's */
 
 /* Whether the backend merges adapters itself (CUDA): a version then needs
  * its merged configuration only, not host copies of the merged tensors. */
