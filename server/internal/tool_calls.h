@@ -1,0 +1,71 @@
+/*
+ * tool_calls.h - the tool calls a model writes in its own syntax, found in
+ * its text (server/tool_calls.c): which syntax a chat template teaches its
+ * model, recognised by markers in the template's source; the calls parsed
+ * out of a whole answer; and how much of an answer still being streamed
+ * can go out as content (the rest may be the start of a call).
+ *
+ * Pure functions over text, so tests/test_tool_calls.c pins each format
+ * without a model. Included by api_chat.c and tool_calls.c only.
+ */
+#ifndef QL_SERVER_TOOL_CALLS_H
+#define QL_SERVER_TOOL_CALLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The syntaxes, each named by the models that write it. */
+typedef enum srv_tool_format {
+    SRV_TOOLS_NONE,     /* no known syntax: the answer is content */
+    SRV_TOOLS_HERMES,   /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen2.5, Qwen3)
+                         */
+    SRV_TOOLS_LLAMA3,   /* {"name", "parameters"} (";" between), or <|python_tag|> then that
+                           (Llama 3.1+) */
+    SRV_TOOLS_MISTRAL,  /* [TOOL_CALLS][{"name", "arguments"}...] or [TOOL_CALLS]name[ARGS]{...} */
+    SRV_TOOLS_GRANITE,  /* <|tool_call|>[{"name", "arguments"}...] (IBM Granite 3) */
+    SRV_TOOLS_DEEPSEEK, /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```<｜tool▁call▁end｜>...
+                           (DeepSeek R1) */
+} srv_tool_format;
+
+/* The syntax a chat template's source teaches (SRV_TOOLS_NONE: none
+ * known, or source NULL), and its name for logs and docs. */
+srv_tool_format srv_tool_format_of(const char *template_source);
+const char *srv_tool_format_name(srv_tool_format f);
+
+/* One call: the function's name and its arguments as JSON text (an
+ * object's, "{}" when the model gave none). Both malloc'd. */
+typedef struct srv_tool_call {
+    char *name;
+    char *arguments;
+} srv_tool_call;
+
+/* What an answer held: its calls, and the text that is not part of any
+ * (what came before the first call, right-trimmed; NULL when nothing
+ * but whitespace). */
+typedef struct srv_tool_calls {
+    srv_tool_call *calls;
+    size_t n;
+    char *content;
+} srv_tool_calls;
+
+/*
+ * The calls written in text[0..len) in syntax f, into *out (zeroed first;
+ * srv_tool_calls_free it). A call is all or nothing, and so is the
+ * answer: when a call's marker is there but what follows is not a whole
+ * call (bad JSON, no name), no call is taken and the whole text is the
+ * content, as vLLM's parsers do. Returns the number of calls (0 when none
+ * or malformed; -1 when memory is short, *out then empty).
+ */
+int srv_tool_calls_parse(srv_tool_format f, const char *text, size_t len, srv_tool_calls *out);
+void srv_tool_calls_free(srv_tool_calls *tc);
+
+/*
+ * How many bytes of text[0..len), an answer still arriving, may be sent
+ * as content now: up to where a call begins (a whole marker), less any
+ * tail that could still grow into a marker; for Llama 3's bare JSON,
+ * nothing while the answer is only whitespace or opens with "{". Never
+ * decreases as text grows (text only grows).
+ */
+size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t len);
+
+#endif

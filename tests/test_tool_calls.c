@@ -1,0 +1,207 @@
+/*
+ * test_tool_calls.c - server/tool_calls.c without a model: each syntax a
+ * chat template teaches is recognised from the templates models ship
+ * (tests/fixtures/chat_templates), and the calls are parsed out of text
+ * written in it: one call, several, text before the call, and malformed
+ * calls left whole as content; while an answer streams, no byte of a
+ * marker (or of Llama's bare JSON) is let out as content.
+ */
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal/tool_calls.h"
+#include "modelfile.h"
+
+static char *read_fixture(const char *name)
+{
+    char path[1024], msg[256];
+    snprintf(path, sizeof path, "%s/chat_templates/%s", QL_FIXTURES, name);
+    char *text = NULL;
+    size_t len = 0;
+    cr_assert_eq(mf_read_file(path, 1 << 20, &text, &len, msg, sizeof msg), QL_OK, "%s", msg);
+    return text;
+}
+
+Test(tool_calls, each_template_names_the_syntax_its_model_writes)
+{
+    static const struct {
+        const char *file;
+        srv_tool_format want;
+    } cases[] = {
+        {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", SRV_TOOLS_HERMES},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", SRV_TOOLS_HERMES},
+        {"Qwen-Qwen3-0.6B.jinja", SRV_TOOLS_HERMES},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", SRV_TOOLS_LLAMA3},
+        {"meta-llama-Llama-3.2-3B-Instruct.jinja", SRV_TOOLS_LLAMA3},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SRV_TOOLS_MISTRAL},
+        {"Mistral-Small-3.2-24B-Instruct-2506.jinja", SRV_TOOLS_MISTRAL},
+        {"ibm-granite-granite-3.3-2B-Instruct.jinja", SRV_TOOLS_GRANITE},
+        {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", SRV_TOOLS_DEEPSEEK},
+        {"deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", SRV_TOOLS_DEEPSEEK},
+        {"HuggingFaceTB-SmolLM2-135M-Instruct.jinja", SRV_TOOLS_NONE},
+        {"google-gemma-2-2b-it.jinja", SRV_TOOLS_NONE},
+        {"microsoft-Phi-3.5-mini-instruct.jinja", SRV_TOOLS_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *src = read_fixture(cases[i].file);
+        srv_tool_format got = srv_tool_format_of(src);
+        cr_assert_eq(got, cases[i].want, "%s: %s, wanted %s", cases[i].file,
+                     srv_tool_format_name(got), srv_tool_format_name(cases[i].want));
+        free(src);
+    }
+    cr_assert_eq(srv_tool_format_of(NULL), SRV_TOOLS_NONE);
+}
+
+/* Parse text in f; expect n calls (names and arguments given as
+ * alternating strings) and content (NULL: none). */
+static void expect(srv_tool_format f, const char *text, const char *content, int n, ...)
+{
+    srv_tool_calls tc;
+    int got = srv_tool_calls_parse(f, text, strlen(text), &tc);
+    cr_assert_eq(got, n, "%s: %d calls, wanted %d", text, got, n);
+    cr_assert_eq((size_t)got, tc.n);
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) {
+        const char *name = va_arg(ap, const char *);
+        const char *args = va_arg(ap, const char *);
+        cr_assert_str_eq(tc.calls[i].name, name, "%s: call %d", text, i);
+        cr_assert_str_eq(tc.calls[i].arguments, args, "%s: call %d", text, i);
+    }
+    va_end(ap);
+    if (content)
+        cr_assert(tc.content && strcmp(tc.content, content) == 0, "%s: content [%s], wanted [%s]",
+                  text, tc.content ? tc.content : "(null)", content);
+    else
+        cr_assert_null(tc.content, "%s: content [%s]", text, tc.content);
+    srv_tool_calls_free(&tc);
+}
+
+Test(tool_calls, hermes_calls_between_tags)
+{
+    expect(SRV_TOOLS_HERMES,
+           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+           "</tool_call>",
+           NULL, 1, "get_weather", "{\"city\":\"Paris\"}");
+    /* several, with the text before them as content */
+    expect(SRV_TOOLS_HERMES,
+           "Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
+           "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>",
+           "Let me look.", 2, "a", "{}", "b", "{\"x\":[1,2]}");
+    /* Qwen3 thinks first: the thinking is content */
+    expect(SRV_TOOLS_HERMES,
+           "<think>\nweather\n</think>\n\n<tool_call>\n{\"name\": \"w\", \"arguments\": "
+           "{\"q\": 1}}\n</tool_call>",
+           "<think>\nweather\n</think>", 1, "w", "{\"q\":1}");
+    /* an answer cut before its closing tag (EOS came first) */
+    expect(SRV_TOOLS_HERMES, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"k\": \"v\"}}", NULL,
+           1, "a", "{\"k\":\"v\"}");
+    /* malformed JSON, or no name: the whole answer is content */
+    const char *bad = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"k\": }\n</tool_call>";
+    expect(SRV_TOOLS_HERMES, bad, bad, 0);
+    const char *nameless = "Sure <tool_call>{\"arguments\": {}}</tool_call>";
+    expect(SRV_TOOLS_HERMES, nameless, nameless, 0);
+    /* plain text */
+    expect(SRV_TOOLS_HERMES, "The sky is blue.", "The sky is blue.", 0);
+}
+
+Test(tool_calls, llama3_bare_json_and_python_tag)
+{
+    expect(SRV_TOOLS_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+           NULL, 1, "get_weather", "{\"city\":\"Oslo\"}");
+    /* "arguments" too, and several separated by ";" */
+    expect(SRV_TOOLS_LLAMA3,
+           "  {\"name\": \"a\", \"arguments\": {\"n\": 1}}; {\"name\": \"b\", \"parameters\": {}}",
+           NULL, 2, "a", "{\"n\":1}", "b", "{}");
+    expect(SRV_TOOLS_LLAMA3, "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"n\": 2}}", NULL, 1,
+           "a", "{\"n\":2}");
+    expect(SRV_TOOLS_LLAMA3,
+           "I will check.<|python_tag|>{\"name\": \"a\", \"parameters\": {\"n\": 2}}",
+           "I will check.", 1, "a", "{\"n\":2}");
+    /* JSON that is not a call, and text after the call, are content */
+    expect(SRV_TOOLS_LLAMA3, "{\"answer\": 42}", "{\"answer\": 42}", 0);
+    const char *trailing = "{\"name\": \"a\", \"parameters\": {}} and then some";
+    expect(SRV_TOOLS_LLAMA3, trailing, trailing, 0);
+    /* a builtin tool's python call is not JSON: left as content */
+    const char *builtin = "<|python_tag|>brave_search.call(query=\"x\")";
+    expect(SRV_TOOLS_LLAMA3, builtin, builtin, 0);
+}
+
+Test(tool_calls, mistral_both_syntaxes)
+{
+    /* Nemo's: a JSON list (ids the model writes are not its calls') */
+    expect(SRV_TOOLS_MISTRAL,
+           "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}, \"id\": \"abcdefghi\"}, "
+           "{\"name\": \"b\", \"arguments\": {}}]",
+           NULL, 2, "a", "{\"x\":1}", "b", "{}");
+    /* Small 3.2's: name[ARGS]{...}, repeated */
+    expect(
+        SRV_TOOLS_MISTRAL,
+        "Checking. [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}[TOOL_CALLS]get_time[ARGS]{}",
+        "Checking.", 2, "get_weather", "{\"city\":\"Rome\"}", "get_time", "{}");
+    /* Magistral's [CALL_ID] between name and arguments */
+    expect(SRV_TOOLS_MISTRAL, "[TOOL_CALLS]f[CALL_ID]123456789[ARGS]{\"a\": true}", NULL, 1, "f",
+           "{\"a\":true}");
+    const char *bad = "[TOOL_CALLS]f[ARGS]{\"a\": tru";
+    expect(SRV_TOOLS_MISTRAL, bad, bad, 0);
+    const char *noargs = "[TOOL_CALLS]just words";
+    expect(SRV_TOOLS_MISTRAL, noargs, noargs, 0);
+}
+
+Test(tool_calls, granite_and_deepseek)
+{
+    expect(SRV_TOOLS_GRANITE,
+           "<|tool_call|>[{\"name\": \"a\", \"arguments\": {\"u\": \"v\"}}, {\"name\": \"b\", "
+           "\"arguments\": {}}]",
+           NULL, 2, "a", "{\"u\":\"v\"}", "b", "{}");
+    const char *bad = "<|tool_call|>[{\"name\": \"a\", \"arguments\": ";
+    expect(SRV_TOOLS_GRANITE, bad, bad, 0);
+    expect(
+        SRV_TOOLS_DEEPSEEK,
+        "<think>\nhm\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+        "get_weather\n```json\n{\"city\": \"Lima\"}\n```<｜tool▁call▁end｜>\n"
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>",
+        "<think>\nhm\n</think>", 2, "get_weather", "{\"city\":\"Lima\"}", "get_time", "{}");
+    const char *cut =
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{";
+    expect(SRV_TOOLS_DEEPSEEK, cut, cut, 0);
+}
+
+Test(tool_calls, no_syntax_means_content)
+{
+    expect(SRV_TOOLS_NONE, "<tool_call>{\"name\": \"a\"}</tool_call>",
+           "<tool_call>{\"name\": \"a\"}</tool_call>", 0);
+    expect(SRV_TOOLS_NONE, "   ", NULL, 0);
+}
+
+/* Feed text one byte at a time: what may be sent never shrinks, never
+ * passes want, and ends at want. */
+static void expect_streamed(srv_tool_format f, const char *text, size_t want)
+{
+    size_t len = strlen(text), last = 0;
+    for (size_t n = 0; n <= len; n++) {
+        size_t safe = srv_tool_calls_safe_prefix(f, text, n);
+        cr_assert_leq(safe, n);
+        cr_assert_geq(safe, last, "%s at %zu: %zu after %zu", text, n, safe, last);
+        cr_assert_leq(safe, want, "%s at %zu: %zu let out, the call begins at %zu", text, n, safe,
+                      want);
+        last = safe;
+    }
+    cr_assert_eq(last, want, "%s: %zu let out, wanted %zu", text, last, want);
+}
+
+Test(tool_calls, a_stream_holds_back_what_may_begin_a_call)
+{
+    expect_streamed(SRV_TOOLS_HERMES, "Hi there <tool_call>\n{\"name\": \"a\"}", 9);
+    expect_streamed(SRV_TOOLS_HERMES, "a < b and <tool", 10);
+    expect_streamed(SRV_TOOLS_HERMES, "a < b", 5);
+    expect_streamed(SRV_TOOLS_MISTRAL, "ok [TOOL_CALLS]f[ARGS]{}", 3);
+    expect_streamed(SRV_TOOLS_LLAMA3, "  {\"name\": \"a\", \"parameters\": {}}", 0);
+    expect_streamed(SRV_TOOLS_LLAMA3, "Sure.<|python_tag|>{}", 5);
+    expect_streamed(SRV_TOOLS_DEEPSEEK, "x<｜tool▁calls▁begin｜>", 1);
+    expect_streamed(SRV_TOOLS_NONE, "<tool_call>", 11);
+}
