@@ -39,6 +39,7 @@
  * tokenizer (for the BOS/EOS text) and engine/template/.
  */
 #include "internal/server_internal.h"
+#include "internal/tool_calls.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,14 @@ void srv_chat_templates_load(srv_server *s)
     s->chat_eos = token_text(s->model.tok, tok_eos(s->model.tok));
     compile_one(s, s->model.chat_template, "default", &s->chat_template);
     compile_one(s, s->model.chat_template_tool_use, "tool_use", &s->chat_template_tools);
+    /* the syntax of the calls the model writes: its tool_use template's,
+     * which is the one a request with tools renders, else its default's */
+    const char *tools_source =
+        s->chat_template_tools ? s->model.chat_template_tool_use : s->model.chat_template;
+    s->tool_format = srv_tool_format_of(tools_source);
+    if (s->tool_format != SRV_TOOLS_NONE)
+        fprintf(stderr, "qlserve: tool calls are read in the %s syntax (the chat template's)\n",
+                srv_tool_format_name(s->tool_format));
 }
 
 void srv_chat_templates_free(srv_server *s)
@@ -187,6 +196,8 @@ static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
         return false;
     }
     cJSON_AddItemToArray(list, copy);
+    if (!srv_chat_tools_message_in(c, copy, i))
+        return false;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
     if (cJSON_IsArray(content)) {
         char *joined = join_parts(c, content, i);
@@ -390,21 +401,10 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
     a->n = (int32_t)n;
     a->logprobs = logprobs;
     a->top_logprobs = (int32_t)top;
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
-    if (!srv_is_null(tc) && !(cJSON_IsString(tc) && (strcmp(tc->valuestring, "auto") == 0 ||
-                                                     strcmp(tc->valuestring, "none") == 0))) {
-        srv_fail(c, 400,
-                 "\"tool_choice\" may be \"auto\" or \"none\": the server does not force a "
-                 "tool call");
-        return false;
-    }
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    const char *rf_type = cJSON_IsObject(rf) ? mf_json_str(rf, "type") : NULL;
-    if (!srv_is_null(rf) && !(rf_type && strcmp(rf_type, "text") == 0)) {
-        srv_fail(c, 400, "\"response_format\" other than {\"type\": \"text\"} is not supported");
-        return false;
-    }
-    if (!srv_oai_stream_options(c, root, a))
+    /* response_format first: a forced tool call refuses a second grammar */
+    if (!srv_oai_stream_options(c, root, a) ||
+        !srv_get_grammar(c, root, "response_format", "response_format", a) ||
+        !srv_chat_tools_read(c, root, a))
         return false;
     a->templated = true;
     a->fill_context = !has_max && !has_max_tokens;
@@ -425,18 +425,14 @@ static cJSON *chat_object(const srv_gen *g, const char *object, cJSON **choices)
     return o;
 }
 
-/* One choice: `what` ("message" or "delta") holding role and content as
- * given (NULL: left out), logprobs (consumed; NULL: null), finish. */
-static void add_choice(cJSON *choices, int32_t index, const char *what, const char *role,
-                       const char *text, size_t len, cJSON *logprobs, const char *finish)
+/* One choice: `what` ("message" or "delta") holding body (consumed),
+ * logprobs (consumed; NULL: null), finish (NULL: null). */
+static cJSON *add_choice_body(cJSON *choices, int32_t index, const char *what, cJSON *body,
+                              cJSON *logprobs, const char *finish)
 {
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", index);
-    cJSON *body = cJSON_AddObjectToObject(choice, what);
-    if (role)
-        cJSON_AddStringToObject(body, "role", role);
-    if (text)
-        cJSON_AddItemToObject(body, "content", srv_json_text(text, len));
+    cJSON_AddItemToObject(choice, what, body);
     if (logprobs)
         cJSON_AddItemToObject(choice, "logprobs", logprobs);
     else
@@ -446,6 +442,26 @@ static void add_choice(cJSON *choices, int32_t index, const char *what, const ch
     else
         cJSON_AddNullToObject(choice, "finish_reason");
     cJSON_AddItemToArray(choices, choice);
+    return choice;
+}
+
+/* A role and content as given (NULL: left out). */
+static cJSON *message_body(const char *role, const char *text, size_t len)
+{
+    cJSON *body = cJSON_CreateObject();
+    if (role)
+        cJSON_AddStringToObject(body, "role", role);
+    if (text)
+        cJSON_AddItemToObject(body, "content", srv_json_text(text, len));
+    return body;
+}
+
+/* One choice: `what` ("message" or "delta") holding role and content as
+ * given (NULL: left out), logprobs (consumed; NULL: null), finish. */
+static void add_choice(cJSON *choices, int32_t index, const char *what, const char *role,
+                       const char *text, size_t len, cJSON *logprobs, const char *finish)
+{
+    add_choice_body(choices, index, what, message_body(role, text, len), logprobs, finish);
 }
 
 /* A chunk of one choice's delta. */
@@ -458,6 +474,16 @@ static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const c
     return o;
 }
 
+/* A chunk of one choice carrying delta (consumed). */
+static cJSON *delta_object_chunk(const srv_gen *g, int32_t i, cJSON *delta, cJSON *logprobs,
+                                 const char *finish)
+{
+    cJSON *choices;
+    cJSON *o = chat_object(g, "chat.completion.chunk", &choices);
+    add_choice_body(choices, i, "delta", delta, logprobs, finish);
+    return o;
+}
+
 static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
     cJSON *choices;
@@ -465,8 +491,16 @@ static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage 
     for (int32_t i = 0; i < g->n_choices; i++) {
         const srv_choice *ch = &g->choices[i];
         cJSON *lp = g->logprobs ? srv_chat_logprobs(g, i, 0, ch->n_tokens) : NULL;
-        add_choice(choices, i, "message", "assistant", ch->text ? ch->text : "", ch->text_len, lp,
-                   srv_oai_finish(ch->why));
+        const char *finish = srv_oai_finish(ch->why);
+        if (!g->answer) {
+            add_choice(choices, i, "message", "assistant", ch->text ? ch->text : "", ch->text_len,
+                       lp, finish);
+            continue;
+        }
+        /* tools: the text read for calls */
+        cJSON *message = message_body("assistant", NULL, 0);
+        srv_chat_tools_answer(g, i, message, &finish);
+        add_choice_body(choices, i, "message", message, lp, finish);
     }
     srv_oai_add_usage(o, u);
     srv_respond_generation(c, o, why);
@@ -481,10 +515,34 @@ static void open_stream(srv_gen *g, srv_conn *c, int32_t i)
     srv_stream_cjson(c, delta_chunk(g, i, "assistant", "", 0, NULL, NULL));
 }
 
+/* With tools: what chat_tools.c lets out of choice i now (at its end,
+ * the rest and its calls, then the finish), each delta its own chunk; the
+ * token's logprobs ride on the first (a token held back as a possible
+ * call sends none). */
+static void stream_tools(srv_gen *g, srv_conn *c, int32_t i, bool token, bool end)
+{
+    const srv_choice *ch = &g->choices[i];
+    const char *finish = srv_oai_finish(ch->why);
+    cJSON *deltas = srv_chat_tools_stream(g, i, end, &finish);
+    bool lp = g->logprobs && token && ch->n_tokens;
+    for (cJSON *d; deltas && (d = cJSON_DetachItemFromArray(deltas, 0));) {
+        cJSON *logprobs = lp ? srv_chat_logprobs(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL;
+        srv_stream_cjson(c, delta_object_chunk(g, i, d, logprobs, NULL));
+        lp = false;
+    }
+    cJSON_Delete(deltas);
+    if (end)
+        srv_stream_cjson(c, delta_chunk(g, i, NULL, NULL, 0, NULL, finish));
+}
+
 static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
                          size_t len)
 {
     open_stream(g, c, i);
+    if (g->answer) {
+        stream_tools(g, c, i, token >= 0, false);
+        return;
+    }
     const srv_choice *ch = &g->choices[i];
     bool lp = g->logprobs && token >= 0 && ch->n_tokens;
     if (len > 0 || lp)
@@ -499,8 +557,11 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     (void)why; /* each choice's own finish is sent */
     for (int32_t i = 0; i < g->n_choices; i++) {
         open_stream(g, c, i);
-        srv_stream_cjson(c,
-                         delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
+        if (g->answer)
+            stream_tools(g, c, i, false, true);
+        else
+            srv_stream_cjson(
+                c, delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
     }
     if (g->include_usage) {
         cJSON *choices;
@@ -593,6 +654,7 @@ void srv_chat_tokenize(srv_conn *c, const char *name)
     bool stream = false;
     srv_prompt_maker maker;
     cJSON *root = read_chat(c, &a, &stream, &maker);
+    srv_ask_free(&a);
     if (!root)
         return;
     cJSON_Delete(root);
@@ -616,8 +678,8 @@ void srv_oai_chat(srv_conn *c, const char *name)
     bool stream = false;
     srv_prompt_maker maker;
     cJSON *root = read_chat(c, &a, &stream, &maker);
-    if (!root)
-        return;
-    srv_generate_made(c, &a, stream ? &chat_stream : &chat_whole, maker);
+    if (root)
+        srv_generate_made(c, &a, stream ? &chat_stream : &chat_whole, maker);
+    srv_ask_free(&a);
     cJSON_Delete(root);
 }

@@ -8,6 +8,8 @@
  * server-sent chunk per piece of text per choice, a finishing chunk per
  * choice, the usage when stream_options.include_usage, and [DONE]) and
  * GET /v1/models (the base model and every loaded adapter).
+ * response_format (as vLLM takes it on this route: request.c's
+ * srv_get_grammar) keeps every choice's text inside a JSON Schema.
  *
  * Offers the route handlers srv_oai_*; owns the OpenAI request fields
  * (the ones it has that this server does not implement are accepted only
@@ -177,10 +179,14 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
                                          "suffix",
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
+                                         "response_format",
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;
     if (!srv_get_string(c, root, "model", model) || !srv_get_bool(c, root, "stream", stream))
+        return false;
+    /* vLLM takes chat's response_format here too */
+    if (!srv_get_grammar(c, root, "response_format", "response_format", a))
         return false;
     if (!read_prompts(c, cJSON_GetObjectItemCaseSensitive(root, "prompt"), a))
         return false;

@@ -10,7 +10,9 @@
  * details.best_of_sequences), top_n_tokens (details.top_tokens and each
  * stream event's top_tokens), decoder_input_details (details.prefill:
  * each prompt token's logprob, the first null), truncate, typical_p,
- * frequency_penalty; watermark only false, grammar refused. Token
+ * frequency_penalty, grammar (a JSON Schema or a regular expression the
+ * answer is kept inside: request.c's srv_get_grammar); watermark only
+ * false. Token
  * logprobs are the engine's (raw model log-probabilities, scheduler.h):
  * TGI reports those of its processed distribution, which differ when
  * temperature or penalties are on.
@@ -112,10 +114,8 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
         srv_fail(c, 400, "parameters.watermark is not supported by this server");
         return false;
     }
-    if (!srv_is_null(cJSON_GetObjectItemCaseSensitive(p, "grammar"))) {
-        srv_fail(c, 400, "parameters.grammar is not supported by this server");
+    if (!srv_get_grammar(c, p, "grammar", "parameters.grammar", a))
         return false;
-    }
     if (!srv_get_int(c, p, "max_new_tokens", 1, INT32_MAX, &a->max_new_tokens, NULL) ||
         !srv_get_sampling(c, p, a, true) || !srv_get_stops(c, p, "stop", a) ||
         !srv_get_string(c, p, "adapter_id", &a->adapter) ||
@@ -342,6 +342,7 @@ static void generate(srv_conn *c, bool stream_route)
     if (parse_tgi(c, root, &a) && (stream_route || srv_get_bool(c, root, "stream", &stream)) &&
         finish_ask(c, &a, stream))
         srv_generate(c, &a, stream ? &tgi_stream : &tgi_whole);
+    srv_ask_free(&a);
     cJSON_Delete(root);
 }
 
@@ -376,6 +377,7 @@ void srv_tgi_compat(srv_conn *c, const char *name)
     if (parse_tgi(c, root, &a) && srv_get_bool(c, root, "stream", &stream) &&
         finish_ask(c, &a, stream))
         srv_generate(c, &a, stream ? &tgi_stream : &tgi_compat_whole);
+    srv_ask_free(&a);
     cJSON_Delete(root);
 }
 

@@ -210,6 +210,8 @@ static void gen_free_memory(srv_gen *g)
         part_free(&g->parts[i]);
     free(g->choices);
     free(g->parts);
+    if (g->answer_drop)
+        g->answer_drop(g->answer);
     free(g);
 }
 
@@ -490,7 +492,30 @@ bool srv_ready(srv_conn *c)
 void srv_ask_free(srv_ask *a)
 {
     free(a->token_store);
+    free(a->grammar_text);
+    if (a->answer_drop)
+        a->answer_drop(a->answer);
     a->token_store = NULL;
+    a->grammar_text = NULL;
+    a->answer = NULL;
+    a->answer_drop = NULL;
+}
+
+bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
+                     const char *where)
+{
+    char *copy = malloc(len + 1);
+    if (!copy) {
+        srv_fail(c, 503, "out of memory");
+        return false;
+    }
+    memcpy(copy, text, len);
+    copy[len] = 0;
+    free(a->grammar_text);
+    a->grammar_text = copy;
+    a->grammar_kind = kind;
+    snprintf(a->grammar_where, sizeof a->grammar_where, "%s", where);
+    return true;
 }
 
 /* A new generation for a's prompts and choices, its parts' texts kept for
@@ -619,6 +644,11 @@ typedef struct gen_prep {
     srv_prompt_in in[SRV_MAX_PROMPTS]; /* each part's ids: given, or made by run */
     int32_t *ids[SRV_MAX_PROMPTS];     /* what in's tokens point at, owned */
     int32_t failed;                    /* the part refused, or -1 */
+    /* the grammar to compile (NULL: none) and what it came from; the
+     * compiled one is r.grammar, a reference of ours */
+    char *grammar_text;
+    gr_kind grammar_kind;
+    char grammar_where[128];
 } gen_prep;
 
 static void prep_free(gen_prep *p)
@@ -632,6 +662,9 @@ static void prep_free(gen_prep *p)
         free(p->ids[i]);
     }
     eng_lora_unref(p->term.lora);
+    free(p->grammar_text);
+    if (p->r.grammar)
+        gr_grammar_unref(p->r.grammar);
     free(p);
 }
 
@@ -655,6 +688,11 @@ static gen_prep *prep_new(srv_gen *g, const srv_ask *a, const eng_request *r, en
         memcpy(p->logit_bias, r->sampling.logit_bias,
                r->sampling.n_logit_bias * sizeof *p->logit_bias);
     p->r.sampling.logit_bias = p->logit_bias;
+    if (a->grammar_text) {
+        ok = (p->grammar_text = strdup(a->grammar_text)) != NULL;
+        p->grammar_kind = a->grammar_kind;
+        snprintf(p->grammar_where, sizeof p->grammar_where, "%s", a->grammar_where);
+    }
     if (!maker) {
         for (int32_t k = 0; ok && k < g->n_parts; k++) {
             const srv_prompt_in *in = a->n_prompts ? &a->prompts[k] : NULL;
@@ -679,8 +717,30 @@ static gen_prep *prep_new(srv_gen *g, const srv_ask *a, const eng_request *r, en
     return p;
 }
 
-/* On a pool thread: the chat prompt made, and each text prompt tokenized as
- * submit would (eng_engine_encode_prompt). */
+/* On a pool thread: the request's grammar compiled (or found in the
+ * server's cache) into p->r.grammar; false with the refusal in w, which
+ * names the field the grammar came from and the place in it. */
+static bool compile_grammar(srv_work *w, gen_prep *p)
+{
+    gr_cache *cache = w->s->grammars;
+    size_t len = strlen(p->grammar_text);
+    char why[768];
+    w->rc = cache ? gr_cache_get(cache, p->grammar_kind, p->grammar_text, len, &p->r.grammar, why,
+                                 sizeof why)
+                  : gr_compile(p->grammar_kind, p->grammar_text, len, 0, &p->r.grammar, why,
+                               sizeof why);
+    if (w->rc == QL_OK)
+        return true;
+    p->r.grammar = NULL;
+    /* a bad schema or regex, or one over the bound, is the client's */
+    w->status = w->rc == QL_ENOMEM ? 503 : 400;
+    snprintf(w->msg, sizeof w->msg, "%s: %s", p->grammar_where, why);
+    return false;
+}
+
+/* On a pool thread: the request's grammar compiled, the chat prompt made,
+ * and each text prompt tokenized as submit would
+ * (eng_engine_encode_prompt). */
 static void prep_run(srv_work *w)
 {
     gen_prep *p = w->job;
@@ -701,6 +761,8 @@ static void prep_run(srv_work *w)
         p->r.adapters = &p->term;
         p->r.n_adapters = 1;
     }
+    if (p->grammar_text && !compile_grammar(w, p))
+        return;
     if (p->maker.make) {
         w->rc = p->maker.make(p->maker.arg, &p->texts[0], w->msg, sizeof w->msg);
         if (w->rc != QL_OK)
@@ -754,9 +816,13 @@ static bool loadable_by_name(const srv_server *s, const char *name)
 /* Check readiness, the adapter and the limits; then submit at once when
  * every prompt is ids, or make the prompts off the loop first. maker
  * (NULL: a's prompts) is dropped here whatever happens. */
-static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
-                     const srv_prompt_maker *maker)
+static void generate(srv_conn *c, srv_ask *a, const srv_shape *shape, const srv_prompt_maker *maker)
 {
+    /* the API's answer state: the generation's, or dropped when refused */
+    void *answer = a->answer;
+    void (*answer_drop)(void *) = a->answer_drop;
+    a->answer = NULL;
+    a->answer_drop = NULL;
     eng_lora_term term = {NULL, 1.0f};
     gen_prep *p = NULL;
     srv_gen *g = NULL;
@@ -785,6 +851,8 @@ static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
         srv_fail(c, 503, "out of memory");
         goto refused;
     }
+    g->answer = answer;
+    g->answer_drop = answer_drop;
     eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
                      .sampling = a->sampling,
                      .stop = a->stops,
@@ -802,7 +870,7 @@ static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
                      .include_stop_str = a->include_stop_str};
     if (a->prompt_logprobs && !a->logprobs)
         r.top_logprobs = a->top_logprobs;
-    bool all_ids = !maker && !lazy && a->n_prompts > 0;
+    bool all_ids = !maker && !lazy && !a->grammar_text && a->n_prompts > 0;
     for (size_t k = 0; all_ids && k < a->n_prompts; k++)
         all_ids = a->prompts[k].text == NULL;
     if (all_ids) {
@@ -829,19 +897,20 @@ static void generate(srv_conn *c, const srv_ask *a, const srv_shape *shape,
     return;
 refused:
     if (g)
-        gen_free_memory(g);
+        gen_free_memory(g); /* and the answer state with it */
+    else if (answer_drop)
+        answer_drop(answer);
     eng_lora_unref(term.lora);
     if (maker && maker->drop)
         maker->drop(maker->arg);
 }
 
-void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape)
+void srv_generate(srv_conn *c, srv_ask *a, const srv_shape *shape)
 {
     generate(c, a, shape, NULL);
 }
 
-void srv_generate_made(srv_conn *c, const srv_ask *a, const srv_shape *shape,
-                       srv_prompt_maker maker)
+void srv_generate_made(srv_conn *c, srv_ask *a, const srv_shape *shape, srv_prompt_maker maker)
 {
     generate(c, a, shape, &maker);
 }

@@ -436,6 +436,109 @@ bool srv_get_vllm_output(srv_conn *c, const cJSON *root, srv_ask *a)
     return true;
 }
 
+/* --- constrained answers ---------------------------------------------------------- */
+
+/* A JSON Schema given as a value (an object, or true/false) or, as TGI
+ * allows, as a JSON string holding one: its text into a, where naming
+ * it. */
+static bool schema_grammar(srv_conn *c, const cJSON *schema, const char *where, srv_ask *a)
+{
+    if (cJSON_IsString(schema))
+        return srv_ask_grammar(c, a, GR_JSON_SCHEMA, schema->valuestring,
+                               strlen(schema->valuestring), where);
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
+        srv_fail(c, 400, "%s must be a JSON Schema (an object)", where);
+        return false;
+    }
+    return srv_ask_schema(c, a, schema, where);
+}
+
+bool srv_ask_schema(srv_conn *c, srv_ask *a, const cJSON *schema, const char *where)
+{
+    char *text = schema ? cJSON_PrintUnformatted(schema) : NULL;
+    if (!text) {
+        srv_fail(c, 503, "out of memory");
+        return false;
+    }
+    bool ok = srv_ask_grammar(c, a, GR_JSON_SCHEMA, text, strlen(text), where);
+    free(text);
+    return ok;
+}
+
+/* {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}} (OpenAI), or TGI's {"type": "json_schema", "value":
+ * {"name", "schema"}}: the schema, or any JSON value when none is given
+ * (OpenAI's reading of a json_schema without one). */
+static bool json_schema_grammar(srv_conn *c, const cJSON *spec, const char *name, srv_ask *a)
+{
+    static const char *const fields[] = {"name", "schema", "strict", "description", NULL};
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(spec, "json_schema");
+    const char *key = "json_schema";
+    if (srv_is_null(js)) {
+        js = cJSON_GetObjectItemCaseSensitive(spec, "value");
+        key = "value";
+    }
+    char where[96];
+    snprintf(where, sizeof where, "%s.%s", name, key);
+    if (!cJSON_IsObject(js)) {
+        srv_fail(c, 400, "%s must be an object with the schema", where);
+        return false;
+    }
+    bool strict = false;
+    if (!srv_only_known(c, js, where, fields) || !srv_get_bool(c, js, "strict", &strict))
+        return false;
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    snprintf(where, sizeof where, "%s.%s.schema", name, key);
+    if (srv_is_null(schema))
+        return srv_ask_grammar(c, a, GR_JSON_SCHEMA, "{}", 2, where);
+    return schema_grammar(c, schema, where, a);
+}
+
+bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label, srv_ask *a)
+{
+    static const char *const fields[] = {"type", "value", "json_schema", NULL};
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(obj, name);
+    name = label; /* what the messages call it */
+    if (srv_is_null(spec))
+        return true;
+    const char *type = cJSON_IsObject(spec) ? mf_json_str(spec, "type") : NULL;
+    if (!type) {
+        srv_fail(c, 400, "\"%s\" must be an object with a \"type\"", name);
+        return false;
+    }
+    if (!srv_only_known(c, spec, name, fields))
+        return false;
+    const cJSON *value = cJSON_GetObjectItemCaseSensitive(spec, "value");
+    char where[96];
+    snprintf(where, sizeof where, "%s.value", name);
+    if (strcmp(type, "text") == 0 && srv_is_null(value))
+        return true;
+    if (strcmp(type, "json_object") == 0 && srv_is_null(value))
+        return srv_ask_grammar(c, a, GR_JSON_SCHEMA, "{\"type\":\"object\"}", 17, name);
+    if (strcmp(type, "json_schema") == 0)
+        return json_schema_grammar(c, spec, name, a);
+    if (strcmp(type, "json") == 0 || strcmp(type, "json_object") == 0) {
+        if (srv_is_null(value)) {
+            srv_fail(c, 400, "%s: a grammar of type %s needs the schema in \"value\"", name, type);
+            return false;
+        }
+        return schema_grammar(c, value, where, a);
+    }
+    if (strcmp(type, "regex") == 0) {
+        if (!cJSON_IsString(value)) {
+            srv_fail(c, 400, "%s must be a string (the regular expression)", where);
+            return false;
+        }
+        return srv_ask_grammar(c, a, GR_REGEX, value->valuestring, strlen(value->valuestring),
+                               where);
+    }
+    srv_fail(c, 400,
+             "%s.type must be text, json_object, json_schema, json or regex, not %s (with no "
+             "\"value\" for text)",
+             name, type);
+    return false;
+}
+
 const char *srv_adapter_named(const srv_conn *c, const char *model)
 {
     if (!model || strcmp(model, c->s->model_id) == 0)

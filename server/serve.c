@@ -296,6 +296,13 @@ int srv_serve(const cfg_serve *cfg)
     srv_metrics_init(&s->metrics);
     srv_http_settings(&s->http_settings);
     pthread_mutex_init(&s->events_mu, NULL);
+    /* compiled grammars by text: 64 distinct schemas in use at once is
+     * far more than an agent deployment sends, and an entry is small */
+    s->grammars = gr_cache_new(64, 0);
+    if (!s->grammars) {
+        free(s);
+        return 1;
+    }
     /* the model's id in /v1/models: --served-model-name, or the file's or
      * folder's base name without .gguf */
     if (cfg->served_model_name) {
@@ -326,6 +333,7 @@ int srv_serve(const cfg_serve *cfg)
         free(j);
         uv_walk(s->loop, close_walk, NULL);
         uv_run(s->loop, UV_RUN_DEFAULT);
+        gr_cache_free(s->grammars);
         free(s);
         return 1;
     }
@@ -347,6 +355,7 @@ int srv_serve(const cfg_serve *cfg)
         eng_engine_stop(s->engine);
     lora_registry_free(s->registry);
     srv_chat_templates_free(s);
+    gr_cache_free(s->grammars);
     if (s->model.layers)
         eng_model_free(&s->model);
     mf_guard_stop();

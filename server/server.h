@@ -186,6 +186,14 @@ struct srv_server {
     tpl_template *chat_template, *chat_template_tools;
     char chat_template_error[512];
     char *chat_bos, *chat_eos;
+    /* the syntax of tool calls the model's template teaches
+     * (internal/tool_calls.h's srv_tool_format), found at load */
+    int tool_format;
+    /* compiled grammars by their text (response_format, TGI's grammar,
+     * tool_choice), shared by every request and thread; made by
+     * srv_serve (a seam user may leave it NULL: grammars are then
+     * compiled per request) */
+    gr_cache *grammars;
     char model_id[160];
     double started_at; /* unix time */
     /* the engine's events, appended on the engine thread */

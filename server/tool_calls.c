@@ -69,6 +69,7 @@ const char *srv_tool_format_name(srv_tool_format f)
     case SRV_TOOLS_MISTRAL: return "mistral";
     case SRV_TOOLS_GRANITE: return "granite";
     case SRV_TOOLS_DEEPSEEK: return "deepseek_r1";
+    case SRV_TOOLS_JSON: return "json";
     }
     return "none";
 }
@@ -89,6 +90,7 @@ static const char *const *markers_of(srv_tool_format f)
     case SRV_TOOLS_MISTRAL: return mistral;
     case SRV_TOOLS_GRANITE: return granite;
     case SRV_TOOLS_DEEPSEEK: return deepseek;
+    case SRV_TOOLS_JSON: return none;
     }
     return none;
 }
@@ -120,6 +122,24 @@ static bool starts_with(const char *p, const char *end, const char *s)
 {
     size_t n = strlen(s);
     return (size_t)(end - p) >= n && memcmp(p, s, n) == 0;
+}
+
+/* Whether p..end holds nothing but whitespace and control tokens written
+ * as text (<|eom_id|>, <|eot_id|>: what a model ends a call with, shown
+ * when special tokens are kept so that a call's own marker is seen). */
+static bool only_end_marks(const char *p, const char *end)
+{
+    for (;;) {
+        p = skip_space(p, end);
+        if (p == end)
+            return true;
+        if (!starts_with(p, end, "<|"))
+            return false;
+        const char *close = find(p, (size_t)(end - p), "|>");
+        if (!close)
+            return false;
+        p = close + 2;
+    }
 }
 
 static char *copy_text(const char *p, size_t n)
@@ -220,7 +240,7 @@ static bool parse_hermes(srv_tool_calls *tc, const char *p, const char *end)
         /* the closing tag may be missing at the very end (EOS came first) */
         if (starts_with(p, end, HERMES_CLOSE))
             p += strlen(HERMES_CLOSE);
-        else if (skip_space(p, end) != end && !starts_with(p, end, HERMES_OPEN))
+        else if (!only_end_marks(p, end) && !starts_with(p, end, HERMES_OPEN))
             return false;
     }
     return true;
@@ -234,7 +254,7 @@ static bool parse_llama(srv_tool_calls *tc, const char *p, const char *end)
         if (!add_json_calls(tc, p, end, &next))
             return false;
         p = skip_space(next, end);
-        if (p == end)
+        if (only_end_marks(p, end))
             return true;
         if (*p != ';')
             return false;
@@ -273,7 +293,7 @@ static bool parse_mistral(srv_tool_calls *tc, const char *p, const char *end)
                 return false;
         }
         p = skip_space(next, end);
-        if (p == end)
+        if (only_end_marks(p, end))
             return true;
         if (!starts_with(p, end, MISTRAL_MARK))
             return false;
@@ -330,9 +350,9 @@ static const char *call_start(srv_tool_format f, const char *text, size_t len)
         if (at && (!first || at < first))
             first = at;
     }
-    if (f == SRV_TOOLS_LLAMA3) {
+    if (f == SRV_TOOLS_LLAMA3 || f == SRV_TOOLS_JSON) {
         const char *p = skip_space(text, text + len);
-        if (p < text + len && *p == '{')
+        if (p < text + len && (*p == '{' || (f == SRV_TOOLS_JSON && *p == '[')))
             return p;
     }
     return first;
@@ -362,6 +382,8 @@ static bool parse_from(srv_tool_format f, srv_tool_calls *tc, const char *start,
     case SRV_TOOLS_MISTRAL: return parse_mistral(tc, start + strlen(MISTRAL_MARK), end);
     case SRV_TOOLS_GRANITE: return add_json_calls(tc, start + strlen(GRANITE_MARK), end, &start);
     case SRV_TOOLS_DEEPSEEK: return parse_deepseek(tc, start, end);
+    case SRV_TOOLS_JSON:
+        return add_json_calls(tc, start, end, &start) && skip_space(start, end) == end;
     }
     return false;
 }
@@ -394,6 +416,8 @@ size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t le
 {
     if (f == SRV_TOOLS_NONE)
         return len;
+    if (f == SRV_TOOLS_JSON)
+        return 0; /* the whole answer is the calls */
     if (f == SRV_TOOLS_LLAMA3) {
         /* a call is only a whole answer of JSON: hold back until the
          * first character that is not whitespace shows it is not one */

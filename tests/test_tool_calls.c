@@ -118,6 +118,9 @@ Test(tool_calls, llama3_bare_json_and_python_tag)
            NULL, 2, "a", "{\"n\":1}", "b", "{}");
     expect(SRV_TOOLS_LLAMA3, "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"n\": 2}}", NULL, 1,
            "a", "{\"n\":2}");
+    /* the end-of-message token a call ends with, kept as text */
+    expect(SRV_TOOLS_LLAMA3, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}<|eom_id|>", NULL,
+           1, "a", "{}");
     expect(SRV_TOOLS_LLAMA3,
            "I will check.<|python_tag|>{\"name\": \"a\", \"parameters\": {\"n\": 2}}",
            "I will check.", 1, "a", "{\"n\":2}");
@@ -169,6 +172,17 @@ Test(tool_calls, granite_and_deepseek)
     const char *cut =
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{";
     expect(SRV_TOOLS_DEEPSEEK, cut, cut, 0);
+}
+
+Test(tool_calls, the_json_list_tool_choice_required_asks_for)
+{
+    expect(SRV_TOOLS_JSON,
+           "[{\"name\": \"a\", \"parameters\": {\"x\": \"y\"}}, {\"name\": \"b\", "
+           "\"parameters\": {}}]",
+           NULL, 2, "a", "{\"x\":\"y\"}", "b", "{}");
+    const char *cut = "[{\"name\": \"a\", \"parameters\": {\"x\": ";
+    expect(SRV_TOOLS_JSON, cut, cut, 0);
+    expect(SRV_TOOLS_JSON, "[]", "[]", 0);
 }
 
 Test(tool_calls, no_syntax_means_content)

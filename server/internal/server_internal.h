@@ -178,10 +178,30 @@ typedef struct srv_ask {
     int32_t truncate;      /* TGI's: keep the prompt's last tokens; 0: all */
     bool keep_special;     /* skip_special_tokens false */
     bool include_stop_str; /* vLLM's include_stop_str_in_output */
+    /* constrained decoding: the answer kept inside a grammar of
+     * grammar_kind written as grammar_text (malloc'd, owned:
+     * srv_ask_free; NULL: none), compiled off the loop through the
+     * server's cache; a compile error is a 400 that begins with
+     * grammar_where (the field it came from) */
+    char *grammar_text;
+    gr_kind grammar_kind;
+    char grammar_where[128];
+    /* what the API keeps for its answer beyond its shape (chat's tool
+     * calls), owned: srv_generate takes it (clearing these) and hands it
+     * to the generation (g->answer), which calls answer_drop on it when
+     * freed, or drops it at once when refused; srv_ask_free drops one
+     * never handed over. */
+    void *answer;
+    void (*answer_drop)(void *answer);
 } srv_ask;
 
-/* Free what a owns (its token ids). */
+/* Free what a owns (its token ids, its grammar's text, its answer state). */
 void srv_ask_free(srv_ask *a);
+/* Constrain a's answer to a grammar of kind from text[0..len) (copied),
+ * where naming the field in a compile error; false after answering 503
+ * when memory is short. */
+bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
+                     const char *where);
 
 /* "stop" (name): a string or an array of non-empty strings, into a. */
 bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a);
@@ -192,6 +212,19 @@ bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a);
  * routes); a->max_new_tokens must be read first (min_tokens may not pass
  * it). */
 bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default);
+
+/* A constrained answer asked by obj's field name (label: what messages
+ * call it, "parameters.grammar"), into a (srv_ask_grammar):
+ * OpenAI's response_format ({"type": "text"}: none; "json_object": any
+ * object; "json_schema" with json_schema.schema, none meaning any JSON
+ * value) and TGI's grammar ({"type": "json" or "json_object", "value": a
+ * schema, as an object or a JSON string}, {"type": "regex", "value": RE},
+ * {"type": "json_schema", "value": {"name", "schema"}}); each route
+ * takes both. Absent or null: none. False after answering the 400. */
+bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label,
+                     srv_ask *a);
+/* A JSON Schema given as a value (NULL: out of memory) as a's grammar. */
+bool srv_ask_schema(srv_conn *c, srv_ask *a, const cJSON *schema, const char *where);
 
 /* vLLM's output fields both OpenAI routes take: skip_special_tokens
  * (default true) and include_stop_str_in_output (default false). */
@@ -232,8 +265,9 @@ void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
  * answered in shape; or answer the refusal. Prompts given as text are
  * tokenized on the thread pool first (a megabyte of text must not hold the
  * loop), so the answer may begin after this returns; a is copied as
- * needed and is the caller's again on return. */
-void srv_generate(srv_conn *c, const srv_ask *a, const srv_shape *shape);
+ * needed and is the caller's again on return, but for a->answer, which
+ * it takes. */
+void srv_generate(srv_conn *c, srv_ask *a, const srv_shape *shape);
 
 /* A prompt made off the loop: make runs on a pool thread and sets *prompt
  * (malloc'd, the caller's) or returns a QL_E* code with the whole sentence
@@ -246,8 +280,7 @@ typedef struct srv_prompt_maker {
 /* srv_generate for the one prompt maker makes (a chat template rendered),
  * tokenized as a's templated says; a's prompt fields are not read. maker
  * is the callee's from here on. */
-void srv_generate_made(srv_conn *c, const srv_ask *a, const srv_shape *shape,
-                       srv_prompt_maker maker);
+void srv_generate_made(srv_conn *c, srv_ask *a, const srv_shape *shape, srv_prompt_maker maker);
 /* Whether c may be answered with a generation now (not draining, the model
  * loaded); else the 503 has been answered. */
 bool srv_ready(srv_conn *c);
@@ -310,6 +343,9 @@ struct srv_gen {
     char oai_id[48];
     double t_start, t_last;
     bool first_seen;
+    /* the API's own state for the answer (srv_ask.answer), dropped with g */
+    void *answer;
+    void (*answer_drop)(void *answer);
     srv_gen *next_live; /* the server's list of live generations */
     srv_gen *prev_live;
 };
@@ -405,6 +441,32 @@ const char *srv_oai_finish(eng_finish f);
 void srv_oai_add_usage(cJSON *o, const eng_usage *u);
 void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u);
 bool srv_oai_stream_options(srv_conn *c, const cJSON *root, srv_ask *a);
+
+/* --- tools on chat completions (chat_tools.c) ---------------------------------- */
+
+/* What a chat request's tools ask of its answer (chat_tools.c says how its
+ * text becomes tool calls); held by the generation as g->answer. */
+typedef struct srv_chat_tools srv_chat_tools;
+
+/* Read root's "tools", "tool_choice" and "parallel_tool_calls": checked (a
+ * 400 naming the field), and, when the answer may carry tool calls, a
+ * srv_chat_tools put in a->answer; for "required" or a named function the
+ * calls' grammar in a too (read response_format first: the two together
+ * are refused). False after answering. */
+bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a);
+/* copy, the template's copy of messages[i]: an assistant's tool_calls
+ * checked and their arguments (JSON text) parsed into objects, as
+ * templates read them. False after answering the 400. */
+bool srv_chat_tools_message_in(srv_conn *c, cJSON *copy, int i);
+/* Choice i of g (whose g->answer is a srv_chat_tools) as a whole message:
+ * content and tool_calls added to message, *finish (srv_oai_finish's) set
+ * to "tool_calls" when calls were made and the answer ended by itself. */
+void srv_chat_tools_answer(const srv_gen *g, int32_t i, cJSON *message, const char **finish);
+/* Choice i's stream: the deltas to send now (a new list of delta objects,
+ * possibly empty, the caller's), content held back while it may be the
+ * start of a call; at its end (end true), what is left and the calls,
+ * and *finish as srv_chat_tools_answer sets it. */
+cJSON *srv_chat_tools_stream(srv_gen *g, int32_t i, bool end, const char **finish);
 
 /* --- chat completions (api_chat.c) ------------------------------------------- */
 

@@ -14,17 +14,31 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The syntaxes, each named by the models that write it. */
+/*
+ * The syntaxes, each named by the models that write it:
+ *   HERMES    <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>, repeated
+ *             (Hermes 2 Pro and 3, Qwen2.5, Qwen3);
+ *   LLAMA3    {"name": N, "parameters": {...}} as the whole answer, several
+ *             joined by ";", or after <|python_tag|> (Llama 3.1, 3.2, 3.3);
+ *   MISTRAL   [TOOL_CALLS][{"name": N, "arguments": {...}}, ...] (Nemo) or
+ *             [TOOL_CALLS]N[ARGS]{...}, repeated (Small 3.2, Magistral);
+ *   GRANITE   <|tool_call|>[{"name": N, "arguments": {...}}, ...] (Granite 3);
+ *   DEEPSEEK  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N
+ *             then the arguments in a ```json fence, <｜tool▁call▁end｜>,
+ *             repeated (DeepSeek R1 and its distills);
+ *   JSON      no model's own: the whole answer a JSON list of {"name",
+ *             "parameters"} (or one such object), what tool_choice
+ *             "required" constrains an answer to.
+ * NONE: no known syntax; the answer is content.
+ */
 typedef enum srv_tool_format {
-    SRV_TOOLS_NONE,     /* no known syntax: the answer is content */
-    SRV_TOOLS_HERMES,   /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen2.5, Qwen3)
-                         */
-    SRV_TOOLS_LLAMA3,   /* {"name", "parameters"} (";" between), or <|python_tag|> then that
-                           (Llama 3.1+) */
-    SRV_TOOLS_MISTRAL,  /* [TOOL_CALLS][{"name", "arguments"}...] or [TOOL_CALLS]name[ARGS]{...} */
-    SRV_TOOLS_GRANITE,  /* <|tool_call|>[{"name", "arguments"}...] (IBM Granite 3) */
-    SRV_TOOLS_DEEPSEEK, /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{...}\n```<｜tool▁call▁end｜>...
-                           (DeepSeek R1) */
+    SRV_TOOLS_NONE,
+    SRV_TOOLS_HERMES,
+    SRV_TOOLS_LLAMA3,
+    SRV_TOOLS_MISTRAL,
+    SRV_TOOLS_GRANITE,
+    SRV_TOOLS_DEEPSEEK,
+    SRV_TOOLS_JSON,
 } srv_tool_format;
 
 /* The syntax a chat template's source teaches (SRV_TOOLS_NONE: none

@@ -1,0 +1,545 @@
+/*
+ * chat_tools.c - tool calling on /v1/chat/completions: the request's
+ * tools and tool_choice read and checked, the assistant's past calls made
+ * ready for the template, and the answer's text turned into
+ * message.tool_calls (or, streamed, delta.tool_calls) as OpenAI shapes
+ * them.
+ *
+ * tool_choice, and what each does to the answer:
+ *   "none" (or no tools): nothing; the text is content.
+ *   "auto" (the default with tools): the model writes calls in its own
+ *     syntax, the one its chat template teaches (tool_calls.c finds it at
+ *     load), and they are parsed out of its text; the text before the
+ *     first call is content. A stream holds back what may be the start of
+ *     a call until it cannot be one.
+ *   "required": the answer is constrained (a JSON Schema grammar) to a
+ *     JSON list of one or more {"name": one of the tools' names,
+ *     "parameters": that tool's parameters schema} (at most one with
+ *     parallel_tool_calls false), vLLM's way; each item is a call.
+ *   {"type": "function", "function": {"name": N}}: the answer is
+ *     constrained to N's parameters schema and is the arguments of one
+ *     call to N; a stream sends them as they come.
+ * A call's id is "call_" and 24 letters and digits, as OpenAI's look,
+ * except for a model whose template speaks Mistral's syntax: those
+ * templates refuse any tool_call_id that is not 9 letters and digits, so
+ * its ids are 9. Ids are drawn from the answer's id, the server's start
+ * time and the call's place, so a stream and its answer agree.
+ * finish_reason is "tool_calls" when calls were made and the answer ended
+ * by itself (EOS or a stop string); "length" stays "length". Without
+ * tools, parallel_tool_calls is ignored; false keeps only an "auto"
+ * answer's first call.
+ *
+ * Incoming messages: an assistant's tool_calls carry arguments as a JSON
+ * string (OpenAI's shape); templates index them as a mapping, so they
+ * are parsed into objects for the template, as vLLM does.
+ *
+ * Offers srv_chat_tools_read, srv_chat_tools_message_in,
+ * srv_chat_tools_answer and srv_chat_tools_stream (internal/
+ * server_internal.h) to api_chat.c; owns a request's srv_chat_tools (the
+ * generation holds it through srv_ask.answer). Touches request.c's
+ * helpers, bridge.c's srv_ask_grammar and tool_calls.c's parsers.
+ */
+#include "internal/server_internal.h"
+#include "internal/tool_calls.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum tool_mode { MODE_AUTO, MODE_REQUIRED, MODE_NAMED } tool_mode;
+
+/* A choice's stream: how much of its text has gone out (as content, or
+ * as a named call's arguments), and whether its call's first delta has. */
+typedef struct tool_stream {
+    size_t sent;
+    bool call_opened;
+} tool_stream;
+
+struct srv_chat_tools {
+    tool_mode mode;
+    srv_tool_format format; /* how the answer's text is read */
+    bool parallel;          /* parallel_tool_calls */
+    bool short_ids;         /* Mistral's 9-character ids */
+    char named[72];         /* MODE_NAMED: the function */
+    tool_stream *streams;   /* one per choice, made at the first token */
+    int32_t n_streams;
+};
+
+static void tools_drop(void *arg)
+{
+    srv_chat_tools *t = arg;
+    free(t->streams);
+    free(t);
+}
+
+/* --- the request ------------------------------------------------------------- */
+
+/* OpenAI's rule for a function's name: 1 to 64 of a-z, A-Z, 0-9, _ and -.
+ * It also keeps a name safe inside a template and a grammar. */
+static bool is_function_name(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
+        if (!ok)
+            return false;
+    }
+    return n >= 1 && n <= 64;
+}
+
+/* tools[k]: {"type": "function", "function": {"name", "description",
+ * "parameters", "strict"}}, checked. */
+static bool check_tool(srv_conn *c, const cJSON *tool, int k)
+{
+    static const char *const fields[] = {"type", "function", NULL};
+    static const char *const fn_fields[] = {"name", "description", "parameters", "strict", NULL};
+    char where[48];
+    snprintf(where, sizeof where, "tools[%d]", k);
+    if (!cJSON_IsObject(tool)) {
+        srv_fail(c, 400, "%s must be an object", where);
+        return false;
+    }
+    const char *type = mf_json_str(tool, "type");
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+    if (!srv_only_known(c, tool, where, fields))
+        return false;
+    if (!type || strcmp(type, "function") != 0 || !cJSON_IsObject(fn)) {
+        srv_fail(c, 400, "%s must be {\"type\": \"function\", \"function\": {...}}", where);
+        return false;
+    }
+    snprintf(where, sizeof where, "tools[%d].function", k);
+    if (!srv_only_known(c, fn, where, fn_fields))
+        return false;
+    const char *name = mf_json_str(fn, "name");
+    if (!name || !is_function_name(name)) {
+        srv_fail(c, 400, "%s.name must be 1 to 64 letters, digits, '_' or '-'%s%s", where,
+                 name ? ", not " : " (it is missing)", name ? name : "");
+        return false;
+    }
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    if (!srv_is_null(params) && !cJSON_IsObject(params)) {
+        srv_fail(c, 400, "%s.parameters must be an object (a JSON Schema)", where);
+        return false;
+    }
+    bool strict = false;
+    return srv_get_bool(c, fn, "strict", &strict);
+}
+
+/* tools[k]'s parameters schema (any object when it has none). */
+static cJSON *parameters_of(const cJSON *tool)
+{
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    if (cJSON_IsObject(params))
+        return cJSON_Duplicate(params, true);
+    cJSON *any = cJSON_CreateObject();
+    cJSON_AddStringToObject(any, "type", "object");
+    return any;
+}
+
+/* A schema (consumed) given to a as the answer's grammar. */
+static bool schema_to_ask(srv_conn *c, srv_ask *a, cJSON *schema, const char *where)
+{
+    bool ok = srv_ask_schema(c, a, schema, where);
+    cJSON_Delete(schema);
+    return ok;
+}
+
+/* tool_choice "required": a list of calls, each an object naming one of
+ * the tools with its parameters. */
+static bool required_grammar(srv_conn *c, srv_ask *a, const cJSON *tools, bool parallel)
+{
+    cJSON *schema = cJSON_CreateObject();
+    cJSON_AddStringToObject(schema, "type", "array");
+    cJSON_AddNumberToObject(schema, "minItems", 1);
+    if (!parallel)
+        cJSON_AddNumberToObject(schema, "maxItems", 1);
+    cJSON *any = cJSON_AddArrayToObject(cJSON_AddObjectToObject(schema, "items"), "anyOf");
+    for (const cJSON *tool = tools->child; tool; tool = tool->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+        cJSON *call = cJSON_CreateObject();
+        cJSON_AddStringToObject(call, "type", "object");
+        cJSON *props = cJSON_AddObjectToObject(call, "properties");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const",
+                                mf_json_str(fn, "name"));
+        cJSON_AddItemToObject(props, "parameters", parameters_of(tool));
+        cJSON *req = cJSON_AddArrayToObject(call, "required");
+        cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+        cJSON_AddItemToArray(req, cJSON_CreateString("parameters"));
+        cJSON_AddFalseToObject(call, "additionalProperties");
+        cJSON_AddItemToArray(any, call);
+    }
+    return schema_to_ask(c, a, schema,
+                         "tool_choice \"required\" (the calls' schema, whose "
+                         "/items/anyOf/K/properties/parameters is tools[K].function.parameters)");
+}
+
+/* The index in tools of the function named name, or -1. */
+static int tool_index(const cJSON *tools, const char *name)
+{
+    int k = 0;
+    for (const cJSON *tool = tools ? tools->child : NULL; tool; tool = tool->next, k++)
+        if (strcmp(mf_json_str(cJSON_GetObjectItemCaseSensitive(tool, "function"), "name"), name) ==
+            0)
+            return k;
+    return -1;
+}
+
+/* tool_choice into *mode (and the named function's index into *named);
+ * *none when it is "none". */
+static bool read_choice(srv_conn *c, const cJSON *tc, const cJSON *tools, tool_mode *mode,
+                        int *named, bool *none)
+{
+    static const char *const fields[] = {"type", "function", NULL};
+    *none = false;
+    if (cJSON_IsString(tc)) {
+        const char *s = tc->valuestring;
+        *none = strcmp(s, "none") == 0;
+        *mode = strcmp(s, "required") == 0 ? MODE_REQUIRED : MODE_AUTO;
+        if (!*none && strcmp(s, "auto") != 0 && strcmp(s, "required") != 0) {
+            srv_fail(c, 400, "\"tool_choice\" must be none, auto, required or a function, not %s",
+                     s);
+            return false;
+        }
+    } else {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const char *type = cJSON_IsObject(tc) ? mf_json_str(tc, "type") : NULL;
+        const char *name = cJSON_IsObject(fn) ? mf_json_str(fn, "name") : NULL;
+        if (!type || strcmp(type, "function") != 0 || !name) {
+            srv_fail(c, 400,
+                     "\"tool_choice\" must be none, auto, required or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}");
+            return false;
+        }
+        if (!srv_only_known(c, tc, "tool_choice", fields))
+            return false;
+        *mode = MODE_NAMED;
+        *named = tool_index(tools, name);
+        if (*named < 0) {
+            srv_fail(c, 400, "\"tool_choice\" names the function %s, which is not in \"tools\"",
+                     name);
+            return false;
+        }
+    }
+    if (!tools && !*none && *mode != MODE_AUTO) {
+        srv_fail(c, 400, "\"tool_choice\": %s needs \"tools\"",
+                 *mode == MODE_REQUIRED ? "\"required\"" : "a function");
+        return false;
+    }
+    return true;
+}
+
+/* The grammar a forced choice puts on the answer, and how its text is read. */
+static bool constrain(srv_conn *c, srv_ask *a, srv_chat_tools *t, const cJSON *tools, int named)
+{
+    if (t->mode != MODE_AUTO && a->grammar_text) {
+        srv_fail(c, 400,
+                 "\"response_format\" and \"tool_choice\" %s both constrain the answer: give one",
+                 t->mode == MODE_REQUIRED ? "\"required\"" : "naming a function");
+        return false;
+    }
+    if (t->mode == MODE_REQUIRED) {
+        t->format = SRV_TOOLS_JSON;
+        return required_grammar(c, a, tools, t->parallel);
+    }
+    if (t->mode == MODE_NAMED) {
+        const cJSON *tool = cJSON_GetArrayItem(tools, named);
+        snprintf(t->named, sizeof t->named, "%s",
+                 mf_json_str(cJSON_GetObjectItemCaseSensitive(tool, "function"), "name"));
+        char where[64];
+        snprintf(where, sizeof where, "tools[%d].function.parameters", named);
+        return schema_to_ask(c, a, parameters_of(tool), where);
+    }
+    t->format = (srv_tool_format)c->s->tool_format;
+    return true;
+}
+
+bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
+{
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (!srv_is_null(tools) && !cJSON_IsArray(tools)) {
+        srv_fail(c, 400, "\"tools\" must be a list");
+        return false;
+    }
+    if (cJSON_GetArraySize(tools) == 0)
+        tools = NULL; /* an empty list is no tools */
+    int k = 0;
+    for (const cJSON *tool = tools ? tools->child : NULL; tool; tool = tool->next, k++)
+        if (!check_tool(c, tool, k))
+            return false;
+    bool parallel = true, none = false;
+    tool_mode mode = MODE_AUTO;
+    int named = -1;
+    if (!srv_get_bool(c, root, "parallel_tool_calls", &parallel) ||
+        (!srv_is_null(tc) && !read_choice(c, tc, tools, &mode, &named, &none)))
+        return false;
+    if (!tools || none)
+        return true; /* the text is content */
+    srv_chat_tools *t = calloc(1, sizeof *t);
+    if (!t) {
+        srv_fail(c, 503, "out of memory");
+        return false;
+    }
+    *t = (srv_chat_tools){
+        .mode = mode, .parallel = parallel, .short_ids = c->s->tool_format == SRV_TOOLS_MISTRAL};
+    if (!constrain(c, a, t, tools, named)) {
+        tools_drop(t);
+        return false;
+    }
+    /* these syntaxes' markers are special tokens, which the default
+     * skip_special_tokens would erase from the text: unless the client
+     * chose, they are kept, so that a call can be seen */
+    bool special_marks = t->format == SRV_TOOLS_MISTRAL || t->format == SRV_TOOLS_LLAMA3 ||
+                         t->format == SRV_TOOLS_GRANITE;
+    if (mode == MODE_AUTO && special_marks &&
+        !cJSON_GetObjectItemCaseSensitive(root, "skip_special_tokens"))
+        a->keep_special = true;
+    a->answer = t;
+    a->answer_drop = tools_drop;
+    return true;
+}
+
+/* --- incoming messages --------------------------------------------------------- */
+
+bool srv_chat_tools_message_in(srv_conn *c, cJSON *copy, int i)
+{
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(copy, "tool_calls");
+    if (srv_is_null(calls))
+        return true;
+    if (!cJSON_IsArray(calls)) {
+        srv_fail(c, 400, "messages[%d].tool_calls must be a list", i);
+        return false;
+    }
+    int k = 0;
+    for (cJSON *call = calls->child; call; call = call->next, k++) {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        const char *name = cJSON_IsObject(fn) ? mf_json_str(fn, "name") : NULL;
+        if (!cJSON_IsObject(call) || !name) {
+            srv_fail(c, 400,
+                     "messages[%d].tool_calls[%d] must be {\"id\", \"type\": \"function\", "
+                     "\"function\": {\"name\", \"arguments\"}}",
+                     i, k);
+            return false;
+        }
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (cJSON_IsObject(args) || srv_is_null(args))
+            continue; /* already a mapping, or none */
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (!cJSON_IsObject(parsed)) {
+            cJSON_Delete(parsed);
+            srv_fail(c, 400,
+                     "messages[%d].tool_calls[%d].function.arguments must be a JSON object "
+                     "written as a string",
+                     i, k);
+            return false;
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+    }
+    return true;
+}
+
+/* --- the answer ---------------------------------------------------------------- */
+
+/* Call k of choice i's id (out holds 40 bytes): letters and digits drawn
+ * from the answer's id and the server's start, so that the stream and a
+ * retelling agree, and two answers of one server never share one. */
+static void call_id(const srv_gen *g, const srv_chat_tools *t, int32_t i, size_t k, char *out)
+{
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the answer's id */
+    for (const char *p = g->oai_id; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    h ^= (uint64_t)g->s->started_at * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)i << 32 | k) * 0xbf58476d1ce4e5b9ull;
+    size_t n = t->short_ids ? 9 : 24, at = 0;
+    if (!t->short_ids) {
+        memcpy(out, "call_", 5);
+        at = 5;
+    }
+    for (size_t j = 0; j < n; j++) {
+        /* splitmix64's finaliser: each step a fresh draw */
+        h += 0x9e3779b97f4a7c15ull;
+        uint64_t z = h;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        out[at++] = digits[z % 62];
+    }
+    out[at] = 0;
+}
+
+/* One tool call in OpenAI's shape; arguments NULL leaves them out (a
+ * stream's later deltas), index < 0 leaves the index out (a message's). */
+static cJSON *call_object(int index, const char *id, const char *name, const char *arguments,
+                          size_t args_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (index >= 0)
+        cJSON_AddNumberToObject(o, "index", index);
+    if (id) {
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddStringToObject(o, "type", "function");
+    }
+    cJSON *fn = cJSON_AddObjectToObject(o, "function");
+    if (name)
+        cJSON_AddStringToObject(fn, "name", name);
+    if (arguments)
+        cJSON_AddItemToObject(fn, "arguments", srv_json_text(arguments, args_len));
+    return o;
+}
+
+/* The calls in choice i's whole text (and the content beside them). */
+static int calls_of(const srv_gen *g, const srv_chat_tools *t, int32_t i, srv_tool_calls *tc)
+{
+    const srv_choice *ch = &g->choices[i];
+    const char *text = ch->text ? ch->text : "";
+    if (t->mode != MODE_NAMED)
+        return srv_tool_calls_parse(t->format, text, ch->text_len, tc);
+    /* the whole answer is the arguments of the one call */
+    *tc = (srv_tool_calls){0};
+    tc->calls = calloc(1, sizeof *tc->calls);
+    if (!tc->calls)
+        return -1;
+    tc->n = 1;
+    tc->calls[0].name = strdup(t->named);
+    tc->calls[0].arguments = strndup(text, ch->text_len);
+    if (!tc->calls[0].name || !tc->calls[0].arguments) {
+        srv_tool_calls_free(tc);
+        return -1;
+    }
+    return 1;
+}
+
+/* finish_reason when calls were made: "tool_calls" for an answer that
+ * ended by itself. */
+static const char *finish_with_calls(const char *finish, size_t n_calls)
+{
+    return n_calls > 0 && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
+}
+
+/* How many of the calls to answer with (parallel_tool_calls false: one). */
+static size_t calls_kept(const srv_chat_tools *t, const srv_tool_calls *tc)
+{
+    return !t->parallel && tc->n > 1 ? 1 : tc->n;
+}
+
+void srv_chat_tools_answer(const srv_gen *g, int32_t i, cJSON *message, const char **finish)
+{
+    const srv_chat_tools *t = g->answer;
+    const srv_choice *ch = &g->choices[i];
+    srv_tool_calls tc;
+    if (calls_of(g, t, i, &tc) <= 0) {
+        srv_tool_calls_free(&tc);
+        cJSON_AddItemToObject(message, "content",
+                              srv_json_text(ch->text ? ch->text : "", ch->text_len));
+        return;
+    }
+    if (tc.content)
+        cJSON_AddStringToObject(message, "content", tc.content);
+    else
+        cJSON_AddNullToObject(message, "content");
+    cJSON *list = cJSON_AddArrayToObject(message, "tool_calls");
+    size_t n = calls_kept(t, &tc);
+    for (size_t k = 0; k < n; k++) {
+        char id[40];
+        call_id(g, t, i, k, id);
+        cJSON_AddItemToArray(list, call_object(-1, id, tc.calls[k].name, tc.calls[k].arguments,
+                                               strlen(tc.calls[k].arguments)));
+    }
+    *finish = finish_with_calls(*finish, n);
+    srv_tool_calls_free(&tc);
+}
+
+/* --- the stream ---------------------------------------------------------------- */
+
+static cJSON *content_delta(const char *text, size_t len)
+{
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddItemToObject(d, "content", srv_json_text(text, len));
+    return d;
+}
+
+static cJSON *calls_delta(cJSON *call)
+{
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), call);
+    return d;
+}
+
+/* A choice's stream state, made for every choice at the first call. */
+static tool_stream *stream_of(srv_gen *g, int32_t i)
+{
+    srv_chat_tools *t = g->answer;
+    if (!t->streams) {
+        t->streams = calloc((size_t)g->n_choices, sizeof *t->streams);
+        if (!t->streams)
+            return NULL;
+        t->n_streams = g->n_choices;
+    }
+    return i < t->n_streams ? &t->streams[i] : NULL;
+}
+
+/* Choice i's calls at its end, as OpenAI streams them: per call a first
+ * delta with its index, id, type, name and arguments "", then one with
+ * the arguments; before them the content not yet sent. */
+static void stream_calls_at_end(srv_gen *g, int32_t i, tool_stream *ts, cJSON *deltas,
+                                const char **finish)
+{
+    const srv_chat_tools *t = g->answer;
+    const srv_choice *ch = &g->choices[i];
+    srv_tool_calls tc;
+    size_t content_end = ch->text_len;
+    if (calls_of(g, t, i, &tc) > 0)
+        content_end = tc.content ? strlen(tc.content) : 0;
+    if (content_end > ts->sent)
+        cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, content_end - ts->sent));
+    size_t n = calls_kept(t, &tc);
+    for (size_t k = 0; k < n; k++) {
+        char id[40];
+        call_id(g, t, i, k, id);
+        const char *args = tc.calls[k].arguments;
+        cJSON_AddItemToArray(deltas, calls_delta(call_object((int)k, id, tc.calls[k].name, "", 0)));
+        cJSON_AddItemToArray(deltas,
+                             calls_delta(call_object((int)k, NULL, NULL, args, strlen(args))));
+    }
+    *finish = finish_with_calls(*finish, n);
+    srv_tool_calls_free(&tc);
+}
+
+cJSON *srv_chat_tools_stream(srv_gen *g, int32_t i, bool end, const char **finish)
+{
+    const srv_chat_tools *t = g->answer;
+    const srv_choice *ch = &g->choices[i];
+    cJSON *deltas = cJSON_CreateArray();
+    tool_stream *ts = stream_of(g, i);
+    if (!ts || !deltas)
+        return deltas;
+    if (t->mode == MODE_NAMED) {
+        /* the answer is the arguments: sent as they come */
+        if (!ts->call_opened) {
+            char id[40];
+            call_id(g, t, i, 0, id);
+            cJSON_AddItemToArray(deltas, calls_delta(call_object(0, id, t->named, "", 0)));
+            ts->call_opened = true;
+        }
+        if (ch->text_len > ts->sent)
+            cJSON_AddItemToArray(deltas, calls_delta(call_object(0, NULL, NULL, ch->text + ts->sent,
+                                                                 ch->text_len - ts->sent)));
+        ts->sent = ch->text_len;
+        if (end)
+            *finish = finish_with_calls(*finish, 1);
+        return deltas;
+    }
+    if (end) {
+        stream_calls_at_end(g, i, ts, deltas, finish);
+        return deltas;
+    }
+    size_t safe = srv_tool_calls_safe_prefix(t->format, ch->text ? ch->text : "", ch->text_len);
+    if (safe > ts->sent) {
+        cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, safe - ts->sent));
+        ts->sent = safe;
+    }
+    return deltas;
+}
