@@ -346,7 +346,7 @@ Test(tgi, tokenize_errors_are_generates)
         "{\"parameters\": {}}",                                   /* no inputs */
         "{\"inputs\": [1]}",                                      /* not a string */
         "{\"inputs\": \"x\", \"bogus\": 1}",                      /* unknown */
-        "{\"inputs\": \"x\", \"parameters\": {\"grammar\": {}}}", /* not implemented */
+        "{\"inputs\": \"x\", \"parameters\": {\"grammar\": {}}}", /* no grammar type */
         "{\"inputs\": \"x\", \"parameters\": \"no\"}",            /* not an object */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)

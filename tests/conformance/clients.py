@@ -8,7 +8,10 @@ with plain asserts on the shape and on sense: text where text is due,
 usage counts against the server's own tokenizer (POST /tokenize,
 /chat_tokenize), finish reasons, greedy answers equal across routes and
 clients, a banned token absent, a penalty that stops repeats, a seed that
-repeats a sample, logprobs equal across routes. The model's weights are
+repeats a sample, logprobs equal across routes; and issue 19's constrained
+answers: a json_schema response_format and tool calls (tool_choice
+"required", a named function, streamed), whose JSON the `jsonschema`
+package validates against the schemas sent. The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -28,6 +31,7 @@ import traceback
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
 import huggingface_hub
 from huggingface_hub import InferenceClient
@@ -543,6 +547,103 @@ def oai_chat_stream():
     assert finals == ["length"], finals
     assert chunks[-1].choices == [], "the last chunk is not the usage chunk"
     usage_ok(chunks[-1].usage, chat_prompt_tokens(SYSTEM_USER), 8)
+
+
+# --- constrained answers and tool calls (issue 19) ------------------------------
+
+# bounded everywhere (string lengths, list sizes, enums), so that the random
+# model ends inside max_tokens whatever it draws
+PET_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6},
+                   "ok": {"type": "boolean"},
+                   "kind": {"enum": ["cat", "dog"]},
+                   "tags": {"type": "array", "items": {"type": "string", "maxLength": 2},
+                            "maxItems": 2}},
+    "required": ["name", "ok", "kind"],
+    "additionalProperties": False,
+}
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 8},
+                                      "celsius": {"type": "boolean"}},
+                       "required": ["city", "celsius"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object", "properties": {},
+                                           "additionalProperties": False}}},
+]
+TOOL_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@check
+def oai_chat_response_format_json_schema():
+    r = OAI.chat.completions.create(
+        model=ARGS.model, messages=SYSTEM_USER, max_tokens=160, temperature=1, seed=5, n=6,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "pet", "schema": PET_SCHEMA, "strict": True}})
+    assert len(r.choices) == 6, len(r.choices)
+    for c in r.choices:
+        assert c.finish_reason == "stop", (c.finish_reason, c.message.content)
+        jsonschema.validate(json.loads(c.message.content), PET_SCHEMA)
+
+
+def check_tool_call(call_id, name, arguments):
+    assert isinstance(call_id, str) and call_id.startswith("call_"), call_id
+    assert name in TOOL_PARAMS, name
+    jsonschema.validate(json.loads(arguments), TOOL_PARAMS[name])
+
+
+@check
+def oai_chat_tools_required():
+    r = OAI.chat.completions.create(model=ARGS.model, messages=SYSTEM_USER, max_tokens=200,
+                                    temperature=1, seed=3, tools=TOOLS, tool_choice="required")
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c.finish_reason
+    assert c.message.content is None, c.message.content
+    assert c.message.tool_calls, "no tool_calls"
+    for call in c.message.tool_calls:
+        assert call.type == "function", call.type
+        check_tool_call(call.id, call.function.name, call.function.arguments)
+    # a named function: one call to it
+    r = OAI.chat.completions.create(
+        model=ARGS.model, messages=SYSTEM_USER, max_tokens=200, temperature=1, seed=4,
+        tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_weather", calls
+    check_tool_call(calls[0].id, calls[0].function.name, calls[0].function.arguments)
+
+
+@check
+def oai_chat_tools_stream():
+    chunks = list(OAI.chat.completions.create(
+        model=ARGS.model, messages=SYSTEM_USER, max_tokens=200, temperature=1, seed=3,
+        tools=TOOLS, tool_choice="required", stream=True))
+    calls = {}
+    finals = []
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        for tc in d.tool_calls or []:
+            if tc.index not in calls:  # a call's first delta: id, type, name
+                assert tc.id and tc.type == "function" and tc.function.name, tc
+                calls[tc.index] = [tc.id, tc.function.name, tc.function.arguments or ""]
+            else:
+                calls[tc.index][2] += tc.function.arguments or ""
+        if ch.choices[0].finish_reason:
+            finals.append(ch.choices[0].finish_reason)
+    assert finals == ["tool_calls"], finals
+    assert sorted(calls) == list(range(len(calls))) and calls, calls
+    for call_id, name, arguments in calls.values():
+        check_tool_call(call_id, name, arguments)
+    # the same calls as the whole answer's
+    r = OAI.chat.completions.create(model=ARGS.model, messages=SYSTEM_USER, max_tokens=200,
+                                    temperature=1, seed=3, tools=TOOLS, tool_choice="required")
+    whole = [[t.id, t.function.name, t.function.arguments] for t in r.choices[0].message.tool_calls]
+    assert whole == [calls[i] for i in sorted(calls)], (whole, calls)
 
 
 @check

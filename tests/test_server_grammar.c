@@ -1,0 +1,543 @@
+/*
+ * test_server_grammar.c - constrained answers and tool calls end to end:
+ * the real binary on the tiny random model (tests/tiny_model.h) with a
+ * small chat template that teaches the Hermes tool-call syntax (it
+ * mentions <tool_call>) and renders tools, past calls and tool results.
+ *
+ * What is pinned: a json_schema response_format answers, over many seeds
+ * at temperature 1, are all JSON the schema's grammar accepts (cJSON
+ * parses them; gr_grammar_accepts of the same schema, compiled here,
+ * takes them); /v1/completions takes response_format and TGI's /generate
+ * its grammar (JSON Schema, as an object or a string, and a regular
+ * expression); tool_choice "required" and a named function answer with
+ * tool_calls whose arguments parse, whole and streamed as OpenAI streams
+ * them; with "auto", the model's own syntax (forced here through a regex
+ * response_format, since a random model never writes it) is parsed out of
+ * its text, whole and streamed, the text before the call its content;
+ * past calls' arguments reach the template as a mapping; every bad input
+ * is a 400 that names the field, and the server keeps serving.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "grammar.h"
+#include "http_client.h"
+#include "server_process.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+static char dir[512];
+static char model_dir[600];
+static char log_path[600];
+
+/* Tools listed, past calls shown with their city argument (a mapping,
+ * not a string: the server parses it), tool results with their id. */
+static const char hermes_template[] =
+    "{%- if tools %}Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. Call one as "
+    "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.tool_calls %}{% for t in m.tool_calls %}[call {{ t.function.name }} "
+    "{{ t.function.arguments.city }}]{% endfor %}\n"
+    "{%- elif m.role == 'tool' %}[result {{ m.tool_call_id }}: {{ m.content }}]\n"
+    "{%- else %}{{ m.role }}: {{ m.content }}\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
+    snprintf(log_path, sizeof log_path, "%s/server.log", dir);
+    cr_assert_eq(mkdir(model_dir, 0700), 0);
+    tiny_spec spec = tiny_default();
+    tiny_write_hf(model_dir, &spec);
+    char path[700];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fputs(hermes_template, f);
+    fclose(f);
+    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port", "0",
+                          "--threads", "2",     "--kv-mib", "32",      NULL};
+    sp_spawn(argv, log_path);
+    sp_wait_ready();
+}
+
+static void teardown(void)
+{
+    if (sp.pid > 0)
+        sp_stop_cleanly();
+    test_rmtree(dir);
+}
+
+TestSuite(grammar, .init = setup, .fini = teardown, .timeout = 120);
+
+/* POST body to path: the 200 answer, parsed. */
+static cJSON *ok(const char *path, const char *body)
+{
+    int status;
+    char *text = sp_answer(path, body, &status);
+    cr_assert_eq(status, 200, "%s -> %d %s", body, status, text);
+    cJSON *j = sp_json(text);
+    free(text);
+    return j;
+}
+
+/* POST body to path: a 400 whose message holds each needle. */
+static void refused(const char *path, const char *body, const char *needle, const char *needle2)
+{
+    int got;
+    char *text = sp_answer(path, body, &got);
+    cr_assert_eq(got, 400, "%s -> %d %s", body, got, text);
+    cJSON *j = sp_json(text);
+    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
+    cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
+    cr_assert(!needle2 || strstr(message, needle2), "%s -> %s (wanted \"%s\")", body, message,
+              needle2);
+    cJSON_Delete(j);
+    free(text);
+}
+
+static gr_grammar *compile(gr_kind kind, const char *text)
+{
+    gr_grammar *g = NULL;
+    char msg[512];
+    cr_assert_eq(gr_compile(kind, text, strlen(text), 0, &g, msg, sizeof msg), QL_OK, "%s: %s",
+                 text, msg);
+    return g;
+}
+
+static const cJSON *choice_at(const cJSON *answer, int i)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItem(answer, "choices"), i);
+}
+
+/* Bounded in every direction (strings, lists, enums), so that a random
+ * model ends inside max_tokens whatever it draws. */
+static const char person_schema[] =
+    "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 6}, "
+    "\"ok\": {\"type\": \"boolean\"}, \"kind\": {\"enum\": [\"cat\", \"dog\", 3]}, "
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 2}, "
+    "\"maxItems\": 2}}, \"required\": [\"name\", \"ok\", \"kind\"], "
+    "\"additionalProperties\": false}";
+
+/* Each of the n choices of answer (whose text is at field) is JSON the
+ * grammar accepts, and an object with the required fields. */
+static void expect_all_accepted(const cJSON *answer, int n, const gr_grammar *g, bool chat)
+{
+    for (int i = 0; i < n; i++) {
+        const cJSON *ch = choice_at(answer, i);
+        const char *text =
+            chat ? sp_str_at(cJSON_GetObjectItem(ch, "message"), "content") : sp_str_at(ch, "text");
+        cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "stop", "choice %d: %s", i, text);
+        cr_assert(gr_grammar_accepts(g, text, strlen(text)), "choice %d: %s", i, text);
+        cJSON *v = cJSON_Parse(text);
+        cr_assert(cJSON_IsObject(v), "choice %d is not a JSON object: %s", i, text);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(v, "name")), "%s", text);
+        cr_assert(cJSON_IsBool(cJSON_GetObjectItem(v, "ok")), "%s", text);
+        cr_assert(cJSON_GetObjectItem(v, "kind"), "%s", text);
+        cJSON_Delete(v);
+    }
+}
+
+Test(grammar, json_schema_answers_all_validate_over_many_seeds)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"A pet, please.\"}], "
+             "\"temperature\": 1, \"seed\": 11, \"n\": 24, \"max_tokens\": 160, "
+             "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+             "\"pet\", \"strict\": true, \"schema\": %s}}}",
+             person_schema);
+    cJSON *answer = ok("/v1/chat/completions", body);
+    gr_grammar *g = compile(GR_JSON_SCHEMA, person_schema);
+    expect_all_accepted(answer, 24, g, true);
+    cJSON_Delete(answer);
+    /* /v1/completions takes it too (vLLM does) */
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"A pet:\", \"temperature\": 1, \"seed\": 5, \"n\": 8, "
+             "\"max_tokens\": 160, \"response_format\": {\"type\": \"json_schema\", "
+             "\"json_schema\": {\"name\": \"pet\", \"schema\": %s}}}",
+             person_schema);
+    answer = ok("/v1/completions", body);
+    expect_all_accepted(answer, 8, g, false);
+    cJSON_Delete(answer);
+    gr_grammar_unref(g);
+    /* json_object: any object */
+    answer = ok("/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 1, "
+                "\"seed\": 3, \"n\": 4, \"max_tokens\": 200, "
+                "\"response_format\": {\"type\": \"json_object\"}}");
+    for (int i = 0; i < 4; i++) {
+        const cJSON *ch = choice_at(answer, i);
+        const char *text = sp_str_at(cJSON_GetObjectItem(ch, "message"), "content");
+        if (strcmp(sp_str_at(ch, "finish_reason"), "stop") != 0)
+            continue; /* an unbounded object may run out of tokens */
+        cJSON *v = cJSON_Parse(text);
+        cr_assert(cJSON_IsObject(v), "%s", text);
+        cJSON_Delete(v);
+    }
+    cJSON_Delete(answer);
+}
+
+Test(grammar, tgi_grammar_json_and_regex)
+{
+    static const char re[] = "(yes|no)-[0-9]{2}";
+    gr_grammar *g = compile(GR_REGEX, re);
+    for (int seed = 1; seed <= 6; seed++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"inputs\": \"Answer:\", \"parameters\": {\"do_sample\": true, \"seed\": %d, "
+                 "\"max_new_tokens\": 20, \"grammar\": {\"type\": \"regex\", \"value\": \"%s\"}}}",
+                 seed, re);
+        cJSON *j = ok("/generate", body);
+        const char *text = sp_str_at(j, "generated_text");
+        cr_assert(gr_grammar_accepts(g, text, strlen(text)), "%s", text);
+        cr_assert(strncmp(text, "yes-", 4) == 0 || strncmp(text, "no-", 3) == 0, "%s", text);
+        cJSON_Delete(j);
+    }
+    gr_grammar_unref(g);
+    /* a schema as TGI's clients send it: an object, or a JSON string */
+    g = compile(GR_JSON_SCHEMA, person_schema);
+    cJSON *schema = cJSON_Parse(person_schema);
+    for (int as_string = 0; as_string < 2; as_string++) {
+        cJSON *req = cJSON_CreateObject();
+        cJSON_AddStringToObject(req, "inputs", "Pet:");
+        cJSON *p = cJSON_AddObjectToObject(req, "parameters");
+        cJSON_AddNumberToObject(p, "max_new_tokens", 160);
+        cJSON_AddTrueToObject(p, "do_sample");
+        cJSON_AddNumberToObject(p, "seed", 40 + as_string);
+        cJSON *grammar = cJSON_AddObjectToObject(p, "grammar");
+        cJSON_AddStringToObject(grammar, "type", "json");
+        cJSON_AddItemToObject(grammar, "value",
+                              as_string ? cJSON_CreateString(person_schema)
+                                        : cJSON_Duplicate(schema, true));
+        char *body = cJSON_PrintUnformatted(req);
+        cJSON *j = ok("/generate", body);
+        const char *text = sp_str_at(j, "generated_text");
+        cr_assert(gr_grammar_accepts(g, text, strlen(text)), "%s", text);
+        cJSON_Delete(j);
+        free(body);
+        cJSON_Delete(req);
+    }
+    cJSON_Delete(schema);
+    gr_grammar_unref(g);
+}
+
+static const char weather_tools[] =
+    "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+    "\"description\": \"The weather in a city\", \"parameters\": {\"type\": \"object\", "
+    "\"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 8}, \"celsius\": "
+    "{\"type\": \"boolean\"}}, \"required\": [\"city\", \"celsius\"], \"additionalProperties\": "
+    "false}}}, {\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {}, \"additionalProperties\": false}}}]";
+
+/* A call in OpenAI's shape: an id of "call_" and 24 letters and digits,
+ * type function, one of the tools' names, arguments a JSON object. */
+static void expect_call(const cJSON *call, const char *want_name)
+{
+    const char *id = sp_str_at(call, "id");
+    cr_assert_eq(strlen(id), 29, "%s", id);
+    cr_assert_eq(strncmp(id, "call_", 5), 0, "%s", id);
+    cr_assert_str_eq(sp_str_at(call, "type"), "function");
+    const cJSON *fn = cJSON_GetObjectItem(call, "function");
+    const char *name = sp_str_at(fn, "name");
+    if (want_name)
+        cr_assert_str_eq(name, want_name);
+    else
+        cr_assert(strcmp(name, "get_weather") == 0 || strcmp(name, "get_time") == 0, "%s", name);
+    cJSON *args = cJSON_Parse(sp_str_at(fn, "arguments"));
+    cr_assert(cJSON_IsObject(args), "%s", sp_str_at(fn, "arguments"));
+    if (strcmp(name, "get_weather") == 0) {
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(args, "city")));
+        cr_assert(cJSON_IsBool(cJSON_GetObjectItem(args, "celsius")));
+    } else {
+        cr_assert_eq(cJSON_GetArraySize(args), 0);
+    }
+    cJSON_Delete(args);
+}
+
+Test(grammar, tool_choice_required_and_named_answer_with_tool_calls)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Oslo?\"}], %s, "
+             "\"tool_choice\": \"required\", \"temperature\": 1, \"seed\": 2, \"n\": 8, "
+             "\"max_tokens\": 200}",
+             weather_tools);
+    cJSON *answer = ok("/v1/chat/completions", body);
+    for (int i = 0; i < 8; i++) {
+        const cJSON *ch = choice_at(answer, i);
+        const cJSON *m = cJSON_GetObjectItem(ch, "message");
+        cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls", "%d", i);
+        cr_assert(cJSON_IsNull(cJSON_GetObjectItem(m, "content")));
+        const cJSON *calls = cJSON_GetObjectItem(m, "tool_calls");
+        cr_assert_geq(cJSON_GetArraySize(calls), 1);
+        for (const cJSON *call = calls->child; call; call = call->next)
+            expect_call(call, NULL);
+    }
+    cJSON_Delete(answer);
+    /* parallel_tool_calls false: one call each */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], %s, "
+             "\"tool_choice\": \"required\", \"parallel_tool_calls\": false, \"temperature\": 1, "
+             "\"seed\": 9, \"n\": 4, \"max_tokens\": 200}",
+             weather_tools);
+    answer = ok("/v1/chat/completions", body);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(
+                         cJSON_GetObjectItem(choice_at(answer, i), "message"), "tool_calls")),
+                     1);
+    cJSON_Delete(answer);
+    /* a named function: one call to it */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], %s, "
+             "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+             "\"get_weather\"}}, \"temperature\": 1, \"seed\": 4, \"n\": 6, \"max_tokens\": 200}",
+             weather_tools);
+    answer = ok("/v1/chat/completions", body);
+    for (int i = 0; i < 6; i++) {
+        const cJSON *ch = choice_at(answer, i);
+        cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls");
+        const cJSON *calls = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "tool_calls");
+        cr_assert_eq(cJSON_GetArraySize(calls), 1);
+        expect_call(calls->child, "get_weather");
+    }
+    cJSON_Delete(answer);
+}
+
+/* A stream's events for body: its tool-call deltas joined per call
+ * (names, ids and arguments), its content joined, its finish_reason. */
+typedef struct streamed {
+    char content[2048];
+    char names[4][64], ids[4][64], args[4][1024];
+    int n_calls;
+    char finish[32];
+} streamed;
+
+static void read_call_delta(streamed *s, const cJSON *call)
+{
+    int k = (int)sp_num_at(call, "index");
+    cr_assert(k >= 0 && k < 4 && k <= s->n_calls, "call index %d after %d calls", k, s->n_calls);
+    const cJSON *fn = cJSON_GetObjectItem(call, "function");
+    if (k == s->n_calls) {
+        /* a call's first delta: index, id, type, name, arguments "" */
+        s->n_calls++;
+        snprintf(s->ids[k], sizeof s->ids[k], "%s", sp_str_at(call, "id"));
+        cr_assert_str_eq(sp_str_at(call, "type"), "function");
+        snprintf(s->names[k], sizeof s->names[k], "%s", sp_str_at(fn, "name"));
+        cr_assert_str_eq(sp_str_at(fn, "arguments"), "");
+        return;
+    }
+    cr_assert_null(cJSON_GetObjectItem(call, "id"), "only a call's first delta has its id");
+    strncat(s->args[k], sp_str_at(fn, "arguments"), sizeof s->args[k] - strlen(s->args[k]) - 1);
+}
+
+static void stream(const char *body, streamed *s)
+{
+    memset(s, 0, sizeof *s);
+    char *events[512];
+    int n = sp_stream_events("/v1/chat/completions", body, events, 512);
+    cr_assert_geq(n, 3, "%s: %d events", body, n);
+    cr_assert_str_eq(events[n - 1], "[DONE]");
+    for (int i = 0; i < n - 1; i++) {
+        cJSON *e = sp_json(events[i]);
+        const cJSON *ch = choice_at(e, 0);
+        const cJSON *delta = cJSON_GetObjectItem(ch, "delta");
+        const cJSON *content = cJSON_GetObjectItem(delta, "content");
+        if (cJSON_IsString(content))
+            strncat(s->content, content->valuestring, sizeof s->content - strlen(s->content) - 1);
+        const cJSON *calls = cJSON_GetObjectItem(delta, "tool_calls");
+        for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next)
+            read_call_delta(s, call);
+        const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
+        if (cJSON_IsString(f)) {
+            cr_assert_eq(i, n - 2, "finish_reason before the last chunk");
+            snprintf(s->finish, sizeof s->finish, "%s", f->valuestring);
+        }
+        cJSON_Delete(e);
+        free(events[i]);
+    }
+    free(events[n - 1]);
+}
+
+Test(grammar, streams_carry_tool_call_deltas_as_openai_sends_them)
+{
+    char body[2048];
+    const char *kinds[] = {"\"required\"",
+                           "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], %s, "
+                 "\"tool_choice\": %s, \"temperature\": 1, \"seed\": 21, \"max_tokens\": 200, "
+                 "\"stream\": true}",
+                 weather_tools, kinds[k]);
+        streamed s;
+        stream(body, &s);
+        cr_assert_str_eq(s.finish, "tool_calls", "%s", kinds[k]);
+        cr_assert_geq(s.n_calls, 1);
+        cr_assert_str_eq(s.content, "");
+        /* the same request whole: the same calls, ids included */
+        char whole[2048];
+        snprintf(whole, sizeof whole, "%.*s}", (int)(strstr(body, ", \"stream\"") - body), body);
+        cJSON *answer = ok("/v1/chat/completions", whole);
+        const cJSON *calls =
+            cJSON_GetObjectItem(cJSON_GetObjectItem(choice_at(answer, 0), "message"), "tool_calls");
+        cr_assert_eq(cJSON_GetArraySize(calls), s.n_calls);
+        for (int i = 0; i < s.n_calls; i++) {
+            const cJSON *call = cJSON_GetArrayItem(calls, i);
+            const cJSON *fn = cJSON_GetObjectItem(call, "function");
+            cr_assert_str_eq(s.names[i], sp_str_at(fn, "name"));
+            cr_assert_str_eq(s.args[i], sp_str_at(fn, "arguments"));
+            cr_assert_str_neq(s.ids[i], "");
+            expect_call(call, NULL);
+        }
+        cJSON_Delete(answer);
+    }
+}
+
+/* What the model writes when the regex makes it: text, then a Hermes
+ * call. JSON-escaped regex: literal braces escaped for the regex. */
+static const char forced_call[] =
+    "\"response_format\": {\"type\": \"regex\", \"value\": \"Sure\\\\. "
+    "<tool_call>\\n\\\\{\\\"name\\\": \\\"get_time\\\", \\\"arguments\\\": "
+    "\\\\{\\\"tz\\\": \\\"(UTC|CET)\\\"\\\\}\\\\}\\n</tool_call>\"}";
+
+Test(grammar, auto_parses_the_models_own_syntax_whole_and_streamed)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], %s, %s, "
+             "\"temperature\": 1, \"seed\": 1, \"max_tokens\": 120}",
+             weather_tools, forced_call);
+    cJSON *answer = ok("/v1/chat/completions", body);
+    const cJSON *ch = choice_at(answer, 0);
+    const cJSON *m = cJSON_GetObjectItem(ch, "message");
+    cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls");
+    cr_assert_str_eq(sp_str_at(m, "content"), "Sure.");
+    const cJSON *calls = cJSON_GetObjectItem(m, "tool_calls");
+    cr_assert_eq(cJSON_GetArraySize(calls), 1);
+    const cJSON *fn = cJSON_GetObjectItem(calls->child, "function");
+    cr_assert_str_eq(sp_str_at(fn, "name"), "get_time");
+    const char *args = sp_str_at(fn, "arguments");
+    cr_assert(strcmp(args, "{\"tz\":\"UTC\"}") == 0 || strcmp(args, "{\"tz\":\"CET\"}") == 0, "%s",
+              args);
+    cJSON_Delete(answer);
+    /* streamed: the content before the call, and no byte of the call as content */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], %s, %s, "
+             "\"temperature\": 1, \"seed\": 1, \"max_tokens\": 120, \"stream\": true}",
+             weather_tools, forced_call);
+    streamed s;
+    stream(body, &s);
+    cr_assert_str_eq(s.content, "Sure. ", "%s", s.content); /* the space went out before '<' */
+    cr_assert_eq(s.n_calls, 1);
+    cr_assert_str_eq(s.names[0], "get_time");
+    cr_assert_str_eq(s.args[0], args);
+    cr_assert_str_eq(s.finish, "tool_calls");
+    /* tool_choice none: the same text is content */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], %s, %s, "
+             "\"tool_choice\": \"none\", \"temperature\": 1, \"seed\": 1, \"max_tokens\": 120}",
+             weather_tools, forced_call);
+    answer = ok("/v1/chat/completions", body);
+    ch = choice_at(answer, 0);
+    cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "stop");
+    cr_assert(strstr(sp_str_at(cJSON_GetObjectItem(ch, "message"), "content"), "<tool_call>"));
+    cr_assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "tool_calls"));
+    cJSON_Delete(answer);
+}
+
+Test(grammar, past_calls_and_tool_results_reach_the_template)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, "
+             "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": "
+             "\"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+             "\"arguments\": \"{\\\"city\\\": \\\"Oslo\\\", \\\"celsius\\\": true}\"}}]}, "
+             "{\"role\": \"tool\", \"tool_call_id\": \"call_1\", \"content\": \"-3\"}], %s}",
+             weather_tools);
+    cJSON *j = ok("/chat_tokenize", body);
+    const char *text = sp_str_at(j, "templated_text");
+    cr_assert(strstr(text, "Tools: get_weather get_time."), "%s", text);
+    cr_assert(strstr(text, "[call get_weather Oslo]"), "%s", text);
+    cr_assert(strstr(text, "[result call_1: -3]"), "%s", text);
+    cJSON_Delete(j);
+    /* arguments that are not JSON: named by message and call */
+    refused("/v1/chat/completions",
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": "
+            "\"assistant\", \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", "
+            "\"function\": {\"name\": \"f\", \"arguments\": \"{oops\"}}]}]}",
+            "messages[1].tool_calls[0].function.arguments", NULL);
+}
+
+Test(grammar, bad_grammars_and_tools_are_refused_by_name)
+{
+    const char *user = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{%s, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+             "\"x\", \"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+             "\"strnig\"}}}}}}",
+             user);
+    refused("/v1/chat/completions", body, "response_format.json_schema.schema", "/properties/a");
+    refused("/generate",
+            "{\"inputs\": \"x\", \"parameters\": {\"grammar\": {\"type\": \"regex\", \"value\": "
+            "\"(ab\"}}}",
+            "parameters.grammar.value", NULL);
+    refused("/generate",
+            "{\"inputs\": \"x\", \"parameters\": {\"grammar\": {\"type\": \"json\", \"value\": "
+            "\"{not json\"}}}",
+            "parameters.grammar.value", NULL);
+    refused("/generate",
+            "{\"inputs\": \"x\", \"parameters\": {\"grammar\": {\"type\": \"lark\", \"value\": "
+            "\"x\"}}}",
+            "parameters.grammar.type", "lark");
+    snprintf(body, sizeof body, "{%s, \"response_format\": {\"type\": \"yaml\"}}", user);
+    refused("/v1/chat/completions", body, "response_format.type", "yaml");
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+             "\"json_schema\": {\"schema\": 5}}}");
+    refused("/v1/completions", body, "response_format.json_schema.schema", NULL);
+    /* tools */
+    snprintf(body, sizeof body,
+             "{%s, \"tools\": [{\"type\": \"function\", \"function\": {\"parameters\": {}}}]}",
+             user);
+    refused("/v1/chat/completions", body, "tools[0].function.name", NULL);
+    snprintf(body, sizeof body,
+             "{%s, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+             "\"parameters\": [1]}}]}",
+             user);
+    refused("/v1/chat/completions", body, "tools[0].function.parameters", NULL);
+    snprintf(body, sizeof body,
+             "{%s, %s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+             "\"fly\"}}}",
+             user, weather_tools);
+    refused("/v1/chat/completions", body, "fly", "not in \"tools\"");
+    snprintf(body, sizeof body, "{%s, \"tool_choice\": \"required\"}", user);
+    refused("/v1/chat/completions", body, "\"required\" needs \"tools\"", NULL);
+    snprintf(body, sizeof body, "{%s, %s, \"tool_choice\": \"sometimes\"}", user, weather_tools);
+    refused("/v1/chat/completions", body, "tool_choice", "sometimes");
+    snprintf(body, sizeof body,
+             "{%s, %s, \"tool_choice\": \"required\", \"response_format\": {\"type\": "
+             "\"json_object\"}}",
+             user, weather_tools);
+    refused("/v1/chat/completions", body, "both constrain", NULL);
+    /* a tool whose schema cannot be compiled: named through tool_choice */
+    snprintf(body, sizeof body,
+             "{%s, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+             "\"parameters\": {\"type\": \"object\", \"properties\": {\"n\": {\"type\": "
+             "\"nmber\"}}}}}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+             "\"f\"}}}",
+             user);
+    refused("/v1/chat/completions", body, "tools[0].function.parameters", "/properties/n");
+    /* and the server still serves */
+    snprintf(body, sizeof body,
+             "{%s, \"max_tokens\": 4, \"response_format\": {\"type\": \"text\"}, %s}", user,
+             weather_tools);
+    cJSON *j = ok("/v1/chat/completions", body);
+    cJSON_Delete(j);
+}
