@@ -128,11 +128,12 @@ struct eng_engine {
     const eng_model *m;
     eng_engine_opts o;
     int32_t eos;
-    eng_backend *backend; /* where steps run: cpu or cuda */
-    eng_kv_cache *kv;     /* the backend's block bookkeeping */
-    float *logits;        /* max_running x vocab */
-    int32_t *tokens;      /* max_running: greedy tokens the backend chose */
-    void *scratch;        /* the sampler's */
+    eng_backend *backend;    /* where steps run: cpu or cuda */
+    eng_kv_cache *kv;        /* the backend's block bookkeeping */
+    float *logits;           /* max_running x vocab */
+    int32_t *tokens;         /* max_running: greedy tokens the backend chose */
+    void *scratch;           /* the sampler's */
+    gr_vocab *grammar_vocab; /* the vocabulary's bytes as a trie, for grammars (fixed) */
     pthread_t thread;
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
@@ -403,6 +404,10 @@ static int check_fields(const eng_engine *e, const eng_request *r, char *msg, si
         r->prompt_tokens ? -1 : ql_utf8_invalid_at((const uint8_t *)r->prompt, r->prompt_len);
     if (bad >= 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
+    if (r->grammar && r->sampling.ignore_eos)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "ignore_eos cannot be combined with a grammar: a grammar ends the answer "
+                       "where the language does");
     int32_t lowest = r->prompt_logprobs ? 0 : 1;
     if (r->max_new_tokens < lowest || r->max_new_tokens > e->o.max_new_tokens)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -598,7 +603,12 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
         if (eng_sampler_init(&s->sampler, &p, q->prompt, (size_t)q->n_prompt) != QL_OK)
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         eng_sampler_set_eos(&s->sampler, e->eos);
-        int rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
+        int rc = r->grammar ? eng_sampler_constrain(&s->sampler, r->grammar, e->grammar_vocab, msg,
+                                                    msg_len)
+                            : QL_OK;
+        if (rc != QL_OK)
+            return rc;
+        rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
@@ -658,6 +668,7 @@ static int request_new(const eng_engine *e, const eng_request *r, request **out,
     q->req.prompt_tokens = NULL;
     q->req.stop = NULL;
     q->req.adapters = NULL;
+    q->req.grammar = NULL;             /* the samplers' matchers hold it */
     q->req.sampling.logit_bias = NULL; /* the samplers hold their copies */
     q->req.sampling.n_logit_bias = 0;
     q->t_submit = ql_now_s();
@@ -904,6 +915,10 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
         end_choice(e, s, ENG_FINISH_STOP);
         return true;
     }
+    if (eng_sampler_grammar_done(&s->sampler)) { /* whole, and nothing may follow */
+        end_choice(e, s, ENG_FINISH_EOS);
+        return true;
+    }
     if (s->n_generated >= r->req.max_new_tokens ||
         r->n_prompt + s->n_generated >= c->max_position_embeddings) {
         end_choice(e, s, ENG_FINISH_LENGTH);
@@ -918,6 +933,12 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
 static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
 {
     int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
+    if (token < 0) { /* its grammar failed (memory bound) or allowed no token */
+        fprintf(stderr, "qlserve: request %llu: the grammar allows no next token\n",
+                (unsigned long long)s->r->id);
+        end_choice(e, s, ENG_FINISH_ERROR);
+        return;
+    }
     token_lp t = {0};
     if (lp)
         t = (token_lp){.logprob = (float)((double)lp->raw[token] - lp->lse),
@@ -1317,6 +1338,7 @@ static void engine_free(eng_engine *e)
     free(e->work_row);
     free(e->prompt_rows);
     free(e->cancels);
+    gr_vocab_free(e->grammar_vocab);
     eng_weights_unref(e->current);
     eng_weights_unref(e->latest);
     eng_weights_unref(e->pending);
@@ -1325,6 +1347,48 @@ static void engine_free(eng_engine *e)
     pthread_cond_destroy(&e->versions_cv);
     pthread_cond_destroy(&e->prepared_cv);
     free(e);
+}
+
+/* The vocabulary as a grammar judges it: what each token adds to a text
+ * in the middle of it (tok_token_bytes; special tokens and the ids past
+ * the tokenizer's, nothing), EOS allowed where a grammar may end. */
+static int make_grammar_vocab(eng_engine *e, char *msg, size_t msg_len)
+{
+    int32_t n = e->m->cfg.vocab_size;
+    size_t cap = 1 << 16, used = 0;
+    uint8_t *pool = malloc(cap), piece[4096];
+    size_t *off = calloc((size_t)n, sizeof *off), *lens = calloc((size_t)n, sizeof *lens);
+    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
+    int rc = pool && off && lens && bytes ? QL_OK : QL_ENOMEM;
+    for (int32_t id = 0; rc == QL_OK && id < n && (size_t)id < tok_vocab_size(e->m->tok); id++) {
+        long k = tok_token_bytes(e->m->tok, id, piece, sizeof piece);
+        if (k <= 0) /* special, or longer than any real token: never allowed */
+            continue;
+        if (used + (size_t)k > cap) {
+            uint8_t *p = realloc(pool, cap * 2);
+            if (!p) {
+                rc = QL_ENOMEM;
+                break;
+            }
+            pool = p;
+            cap *= 2;
+        }
+        memcpy(pool + used, piece, (size_t)k);
+        off[id] = used;
+        lens[id] = (size_t)k;
+        used += (size_t)k;
+    }
+    for (int32_t id = 0; rc == QL_OK && id < n; id++)
+        bytes[id] = pool + off[id];
+    if (rc == QL_OK)
+        rc = gr_vocab_new(&e->grammar_vocab, n, bytes, lens, e->eos, msg, msg_len);
+    else
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for the grammar vocabulary");
+    free(pool);
+    free(off);
+    free(lens);
+    free(bytes);
+    return rc;
 }
 
 int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
@@ -1387,6 +1451,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
             rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %d sequences",
                          e->o.max_running);
     }
+    if (rc == QL_OK)
+        rc = make_grammar_vocab(e, msg, msg_len);
     if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "cannot start the engine thread");
     if (rc != QL_OK) {

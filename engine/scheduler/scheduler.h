@@ -95,10 +95,12 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
 void eng_sampler_free(eng_sampler *s);
 /* The model's end-of-sequence token (-1: none), which min_tokens bans. */
 void eng_sampler_set_eos(eng_sampler *s, int32_t eos);
-/* Constrain s to grammar g over vocabulary v (gr_matcher_new's arguments):
- * every draw is masked, every token recorded advances the matcher. */
+/* Constrain s to grammar g over vocabulary v (gr_matcher_new's): each
+ * draw is masked first (eng_sample returns -1 when the grammar fails or
+ * allows nothing); _done: the answer is whole and nothing may follow. */
 int eng_sampler_constrain(eng_sampler *s, gr_grammar *g, const gr_vocab *v, char *msg,
                           size_t msg_len);
+bool eng_sampler_grammar_done(const eng_sampler *s);
 /* Whether the end-of-sequence token may end the sequence now: min_tokens
  * tokens have been recorded before the last one. */
 bool eng_sampler_may_end(const eng_sampler *s);
