@@ -176,6 +176,11 @@ Test(engine_grammar, every_sampled_answer_is_a_whole_sentence_of_the_grammar)
             free(o[i]);
         }
     }
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_geq(st.grammar_masks, (uint64_t)(ROUNDS * PER_ROUND * MAX_CHOICES * 5),
+                  "every constrained draw is counted");
+    cr_assert_gt(st.grammar_seconds, 0);
     gr_grammar_unref(g);
     eng_engine_stop(e);
 }

@@ -1209,8 +1209,13 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
     if (!s || !logits || vocab < 1)
         return -1;
     // the grammar's mask first: what it refuses no bias or penalty brings back
-    if (s->grammar && gr_matcher_mask(s->grammar, logits) != QL_OK)
-        return -1;
+    if (s->grammar) {
+        int64_t t0 = ql_now_ns();
+        int rc = gr_matcher_mask(s->grammar, logits);
+        s->grammar_ns += ql_now_ns() - t0;
+        if (rc != QL_OK)
+            return -1;
+    }
     if (logits_adjusted(s))
         adjust_logits(s, logits, vocab);
     bool any_nan;

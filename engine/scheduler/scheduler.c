@@ -122,6 +122,8 @@ struct request {
 typedef struct step_tally {
     uint64_t generated, prompt, shared, copied;
     uint64_t prefix_queried, prefix_hit; /* prompt tokens looked up, found */
+    uint64_t grammar_masks;
+    int64_t grammar_ns;
 } step_tally;
 
 struct eng_engine {
@@ -289,6 +291,8 @@ static void publish_tally(eng_engine *e)
     e->stats.kv_blocks_copied += e->tally.copied;
     e->stats.prefix_queried_tokens += e->tally.prefix_queried;
     e->stats.prefix_hit_tokens += e->tally.prefix_hit;
+    e->stats.grammar_masks += e->tally.grammar_masks;
+    e->stats.grammar_seconds += (double)e->tally.grammar_ns * 1e-9;
     e->stats.prefix_blocks = eng_kv_prefix_blocks(e->kv);
     e->tally = (step_tally){0};
 }
@@ -932,7 +936,12 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
  * NULL, holds the figures of the raw row logits was copied from. */
 static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
 {
+    int64_t mask_ns = s->sampler.grammar_ns;
     int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
+    if (s->sampler.grammar) {
+        e->tally.grammar_masks++;
+        e->tally.grammar_ns += s->sampler.grammar_ns - mask_ns;
+    }
     if (token < 0) { /* its grammar failed (memory bound) or allowed no token */
         fprintf(stderr, "qlserve: request %llu: the grammar allows no next token\n",
                 (unsigned long long)s->r->id);
@@ -1349,48 +1358,6 @@ static void engine_free(eng_engine *e)
     free(e);
 }
 
-/* The vocabulary as a grammar judges it: what each token adds to a text
- * in the middle of it (tok_token_bytes; special tokens and the ids past
- * the tokenizer's, nothing), EOS allowed where a grammar may end. */
-static int make_grammar_vocab(eng_engine *e, char *msg, size_t msg_len)
-{
-    int32_t n = e->m->cfg.vocab_size;
-    size_t cap = 1 << 16, used = 0;
-    uint8_t *pool = malloc(cap), piece[4096];
-    size_t *off = calloc((size_t)n, sizeof *off), *lens = calloc((size_t)n, sizeof *lens);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    int rc = pool && off && lens && bytes ? QL_OK : QL_ENOMEM;
-    for (int32_t id = 0; rc == QL_OK && id < n && (size_t)id < tok_vocab_size(e->m->tok); id++) {
-        long k = tok_token_bytes(e->m->tok, id, piece, sizeof piece);
-        if (k <= 0) /* special, or longer than any real token: never allowed */
-            continue;
-        if (used + (size_t)k > cap) {
-            uint8_t *p = realloc(pool, cap * 2);
-            if (!p) {
-                rc = QL_ENOMEM;
-                break;
-            }
-            pool = p;
-            cap *= 2;
-        }
-        memcpy(pool + used, piece, (size_t)k);
-        off[id] = used;
-        lens[id] = (size_t)k;
-        used += (size_t)k;
-    }
-    for (int32_t id = 0; rc == QL_OK && id < n; id++)
-        bytes[id] = pool + off[id];
-    if (rc == QL_OK)
-        rc = gr_vocab_new(&e->grammar_vocab, n, bytes, lens, e->eos, msg, msg_len);
-    else
-        rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for the grammar vocabulary");
-    free(pool);
-    free(off);
-    free(lens);
-    free(bytes);
-    return rc;
-}
-
 int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
                      size_t msg_len)
 {
@@ -1452,7 +1419,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                          e->o.max_running);
     }
     if (rc == QL_OK)
-        rc = make_grammar_vocab(e, msg, msg_len);
+        rc = eng_model_grammar_vocab(m, e->eos, &e->grammar_vocab, msg, msg_len);
     if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "cannot start the engine thread");
     if (rc != QL_OK) {
