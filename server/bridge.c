@@ -13,6 +13,11 @@
  * (or nothing, when the client has gone). A generation's memory lives
  * until its on_done has been handled, whatever the connection did.
  *
+ * A constrained request (srv_ask.grammar_text) is compiled on the pool
+ * with its prompts, through the server's grammar cache (a schema a
+ * thousand agents send is compiled once), and a compile error is the
+ * request's 400; the engine takes its own reference at submit.
+ *
  * Admin work: srv_work_start queues a srv_work whose run goes on a pool
  * thread and whose done answers on the loop, unless the client has gone.
  *
@@ -499,23 +504,6 @@ void srv_ask_free(srv_ask *a)
     a->grammar_text = NULL;
     a->answer = NULL;
     a->answer_drop = NULL;
-}
-
-bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
-                     const char *where)
-{
-    char *copy = malloc(len + 1);
-    if (!copy) {
-        srv_fail(c, 503, "out of memory");
-        return false;
-    }
-    memcpy(copy, text, len);
-    copy[len] = 0;
-    free(a->grammar_text);
-    a->grammar_text = copy;
-    a->grammar_kind = kind;
-    snprintf(a->grammar_where, sizeof a->grammar_where, "%s", where);
-    return true;
 }
 
 /* A new generation for a's prompts and choices, its parts' texts kept for

@@ -11,7 +11,10 @@
  *     syntax, the one its chat template teaches (tool_calls.c finds it at
  *     load), and they are parsed out of its text; the text before the
  *     first call is content. A stream holds back what may be the start of
- *     a call until it cannot be one.
+ *     a call until it cannot be one (with logprobs asked, a token's go
+ *     out with what it lets out; a token held back sends none).
+ *     A template with no syntax tool_calls.c knows: the answer is
+ *     content, as without tools.
  *   "required": the answer is constrained (a JSON Schema grammar) to a
  *     JSON list of one or more {"name": one of the tools' names,
  *     "parameters": that tool's parameters schema} (at most one with
@@ -23,7 +26,8 @@
  * except for a model whose template speaks Mistral's syntax: those
  * templates refuse any tool_call_id that is not 9 letters and digits, so
  * its ids are 9. Ids are drawn from the answer's id, the server's start
- * time and the call's place, so a stream and its answer agree.
+ * time and the call's place: never two alike within a server's life, and
+ * (through the start time) unlikely across restarts.
  * finish_reason is "tool_calls" when calls were made and the answer ended
  * by itself (EOS or a stop string); "length" stays "length". Without
  * tools, parallel_tool_calls is ignored; false keeps only an "auto"
@@ -275,8 +279,8 @@ bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
     if (!srv_get_bool(c, root, "parallel_tool_calls", &parallel) ||
         (!srv_is_null(tc) && !read_choice(c, tc, tools, &mode, &named, &none)))
         return false;
-    if (!tools || none)
-        return true; /* the text is content */
+    if (!tools || none || (mode == MODE_AUTO && c->s->tool_format == SRV_TOOLS_NONE))
+        return true; /* the text is content (a model with no known syntax: as without tools) */
     srv_chat_tools *t = calloc(1, sizeof *t);
     if (!t) {
         srv_fail(c, 503, "out of memory");

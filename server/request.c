@@ -11,8 +11,10 @@
  *
  * Offers srv_status_of, srv_fail, srv_respond_cjson, srv_stream_cjson,
  * srv_respond_generation, srv_body_object, srv_only_known, srv_is_null,
- * the srv_get_* readers and the two generation APIs' shared srv_get_stops
- * and srv_get_sampling (internal/server_internal.h) to bridge.c, the API
+ * the srv_get_* readers and the two generation APIs' shared srv_get_stops,
+ * srv_get_sampling and srv_get_grammar (response_format and TGI's grammar,
+ * with srv_ask_grammar and srv_ask_schema, which put a grammar's text on a
+ * request) (internal/server_internal.h) to bridge.c, the API
  * files, admin.c and routes.c, and srv_secret_equal (server.h), the
  * constant-time compare of a bearer token. Owns nothing past a call.
  * Touches only http.c's responses.
@@ -437,6 +439,23 @@ bool srv_get_vllm_output(srv_conn *c, const cJSON *root, srv_ask *a)
 }
 
 /* --- constrained answers ---------------------------------------------------------- */
+
+bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
+                     const char *where)
+{
+    char *copy = malloc(len + 1);
+    if (!copy) {
+        srv_fail(c, 503, "out of memory");
+        return false;
+    }
+    memcpy(copy, text, len);
+    copy[len] = 0;
+    free(a->grammar_text);
+    a->grammar_text = copy;
+    a->grammar_kind = kind;
+    snprintf(a->grammar_where, sizeof a->grammar_where, "%s", where);
+    return true;
+}
 
 /* A JSON Schema given as a value (an object, or true/false) or, as TGI
  * allows, as a JSON string holding one: its text into a, where naming

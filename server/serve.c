@@ -18,7 +18,8 @@
  *
  * Offers srv_serve and srv_conn_init_detached (server.h: the seam's
  * connection gets the same hooks). Owns the server struct, the hooks, the
- * model, the engine's and the adapter registry's lifetimes, the signals
+ * model, the engine's, the adapter registry's and the grammar cache's
+ * (compiled grammars by text, shared by every request) lifetimes, the signals
  * and the grace timer. Touches the engine (load, start, cancel when the
  * grace ends, stop), http.c's listener and connections, bridge.c's wake
  * callback, and metrics.c's init.

@@ -19,6 +19,9 @@
  *   api_tgi.c     Text Generation Inference: /generate, /generate_stream,
  *                 /info, their request fields in and JSON/SSE out;
  *   api_openai.c  OpenAI: /v1/completions, /v1/models, likewise;
+ *   tool_calls.c  tool calls parsed out of a model's text, in its syntax;
+ *   chat_tools.c  chat's tools and tool_choice, and the answer's tool calls;
+ *   api_chat.c    /v1/chat/completions and /chat_tokenize;
  *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state);
  *   routes.c      the route table, /health and /metrics, the API key
  *                 gate and CORS preflights;

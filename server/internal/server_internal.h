@@ -9,6 +9,8 @@
  *   request.c    the request helpers: body, field readers, errors, statuses
  *   bridge.c     generations through the engine, work on the thread pool
  *   logprobs.c   a generation's logprobs in OpenAI's shapes, token texts
+ *   tool_calls.c tool calls parsed out of a model's text (internal/tool_calls.h)
+ *   chat_tools.c chat's tools and tool_choice, tool calls in OpenAI's shapes
  *   api_tgi.c, api_openai.c, admin.c    the route handlers
  *   routes.c     the route table (srv_route)
  *   serve.c      setup, model load, signals, drain; wires the hooks
