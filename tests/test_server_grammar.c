@@ -20,17 +20,9 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "grammar.h"
-#include "http_client.h"
-#include "server_process.h"
-#include "test_util.h"
-#include "tiny_model.h"
-
-static char dir[512];
-static char model_dir[600];
-static char log_path[600];
+#include "tiny_server.h"
 
 /* Tools listed, past calls shown with their city argument (a mapping,
  * not a string: the server parses it), tool results with their id. */
@@ -46,58 +38,18 @@ static const char hermes_template[] =
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
-    snprintf(log_path, sizeof log_path, "%s/server.log", dir);
-    cr_assert_eq(mkdir(model_dir, 0700), 0);
-    tiny_spec spec = tiny_default();
-    tiny_write_hf(model_dir, &spec);
-    char path[700];
-    snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    fputs(hermes_template, f);
-    fclose(f);
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port", "0",
-                          "--threads", "2",     "--kv-mib", "32",      NULL};
-    sp_spawn(argv, log_path);
-    sp_wait_ready();
+    ts_start(hermes_template);
 }
 
-static void teardown(void)
-{
-    if (sp.pid > 0)
-        sp_stop_cleanly();
-    test_rmtree(dir);
-}
+TestSuite(grammar, .init = setup, .fini = ts_teardown, .timeout = 120);
 
-TestSuite(grammar, .init = setup, .fini = teardown, .timeout = 120);
-
-/* POST body to path: the 200 answer, parsed. */
-static cJSON *ok(const char *path, const char *body)
-{
-    int status;
-    char *text = sp_answer(path, body, &status);
-    cr_assert_eq(status, 200, "%s -> %d %s", body, status, text);
-    cJSON *j = sp_json(text);
-    free(text);
-    return j;
-}
-
-/* POST body to path: a 400 whose message holds each needle. */
+/* POST body to path: a 400 whose message holds needle, and needle2
+ * (NULL: none). */
 static void refused(const char *path, const char *body, const char *needle, const char *needle2)
 {
-    int got;
-    char *text = sp_answer(path, body, &got);
-    cr_assert_eq(got, 400, "%s -> %d %s", body, got, text);
-    cJSON *j = sp_json(text);
-    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
-    cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
-    cr_assert(!needle2 || strstr(message, needle2), "%s -> %s (wanted \"%s\")", body, message,
-              needle2);
-    cJSON_Delete(j);
-    free(text);
+    ts_refused(path, body, needle);
+    if (needle2)
+        ts_refused(path, body, needle2);
 }
 
 static gr_grammar *compile(gr_kind kind, const char *text)
@@ -151,7 +103,7 @@ Test(grammar, json_schema_answers_all_validate_over_many_seeds)
              "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
              "\"pet\", \"strict\": true, \"schema\": %s}}}",
              person_schema);
-    cJSON *answer = ok("/v1/chat/completions", body);
+    cJSON *answer = ts_ok("/v1/chat/completions", body);
     gr_grammar *g = compile(GR_JSON_SCHEMA, person_schema);
     expect_all_accepted(answer, 24, g, true);
     cJSON_Delete(answer);
@@ -161,15 +113,15 @@ Test(grammar, json_schema_answers_all_validate_over_many_seeds)
              "\"max_tokens\": 160, \"response_format\": {\"type\": \"json_schema\", "
              "\"json_schema\": {\"name\": \"pet\", \"schema\": %s}}}",
              person_schema);
-    answer = ok("/v1/completions", body);
+    answer = ts_ok("/v1/completions", body);
     expect_all_accepted(answer, 8, g, false);
     cJSON_Delete(answer);
     gr_grammar_unref(g);
     /* json_object: any object */
-    answer = ok("/v1/chat/completions",
-                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 1, "
-                "\"seed\": 3, \"n\": 4, \"max_tokens\": 200, "
-                "\"response_format\": {\"type\": \"json_object\"}}");
+    answer = ts_ok("/v1/chat/completions",
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 1, "
+                   "\"seed\": 3, \"n\": 4, \"max_tokens\": 200, "
+                   "\"response_format\": {\"type\": \"json_object\"}}");
     for (int i = 0; i < 4; i++) {
         const cJSON *ch = choice_at(answer, i);
         const char *text = sp_str_at(cJSON_GetObjectItem(ch, "message"), "content");
@@ -192,7 +144,7 @@ Test(grammar, tgi_grammar_json_and_regex)
                  "{\"inputs\": \"Answer:\", \"parameters\": {\"do_sample\": true, \"seed\": %d, "
                  "\"max_new_tokens\": 20, \"grammar\": {\"type\": \"regex\", \"value\": \"%s\"}}}",
                  seed, re);
-        cJSON *j = ok("/generate", body);
+        cJSON *j = ts_ok("/generate", body);
         const char *text = sp_str_at(j, "generated_text");
         cr_assert(gr_grammar_accepts(g, text, strlen(text)), "%s", text);
         cr_assert(strncmp(text, "yes-", 4) == 0 || strncmp(text, "no-", 3) == 0, "%s", text);
@@ -215,7 +167,7 @@ Test(grammar, tgi_grammar_json_and_regex)
                               as_string ? cJSON_CreateString(person_schema)
                                         : cJSON_Duplicate(schema, true));
         char *body = cJSON_PrintUnformatted(req);
-        cJSON *j = ok("/generate", body);
+        cJSON *j = ts_ok("/generate", body);
         const char *text = sp_str_at(j, "generated_text");
         cr_assert(gr_grammar_accepts(g, text, strlen(text)), "%s", text);
         cJSON_Delete(j);
@@ -269,7 +221,7 @@ Test(grammar, tool_choice_required_and_named_answer_with_tool_calls)
              "\"tool_choice\": \"required\", \"parallel_tool_calls\": false, \"temperature\": 1, "
              "\"seed\": 2, \"n\": 8, \"max_tokens\": 300}",
              weather_tools);
-    cJSON *answer = ok("/v1/chat/completions", body);
+    cJSON *answer = ts_ok("/v1/chat/completions", body);
     for (int i = 0; i < 8; i++) {
         const cJSON *ch = choice_at(answer, i);
         const cJSON *m = cJSON_GetObjectItem(ch, "message");
@@ -289,7 +241,7 @@ Test(grammar, tool_choice_required_and_named_answer_with_tool_calls)
              "\"tool_choice\": \"required\", \"temperature\": 1, \"seed\": 9, \"n\": 4, "
              "\"max_tokens\": 120}",
              weather_tools);
-    answer = ok("/v1/chat/completions", body);
+    answer = ts_ok("/v1/chat/completions", body);
     for (int i = 0; i < 4; i++) {
         const cJSON *ch = choice_at(answer, i);
         const cJSON *m = cJSON_GetObjectItem(ch, "message");
@@ -311,7 +263,7 @@ Test(grammar, tool_choice_required_and_named_answer_with_tool_calls)
              "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
              "\"get_weather\"}}, \"temperature\": 1, \"seed\": 4, \"n\": 6, \"max_tokens\": 200}",
              weather_tools);
-    answer = ok("/v1/chat/completions", body);
+    answer = ts_ok("/v1/chat/completions", body);
     for (int i = 0; i < 6; i++) {
         const cJSON *ch = choice_at(answer, i);
         cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls");
@@ -396,7 +348,7 @@ Test(grammar, streams_carry_tool_call_deltas_as_openai_sends_them)
         /* the same request whole: the same calls, ids included */
         char whole[2048];
         snprintf(whole, sizeof whole, "%.*s}", (int)(strstr(body, ", \"stream\"") - body), body);
-        cJSON *answer = ok("/v1/chat/completions", whole);
+        cJSON *answer = ts_ok("/v1/chat/completions", whole);
         const cJSON *calls =
             cJSON_GetObjectItem(cJSON_GetObjectItem(choice_at(answer, 0), "message"), "tool_calls");
         cr_assert_eq(cJSON_GetArraySize(calls), s.n_calls);
@@ -426,7 +378,7 @@ Test(grammar, auto_parses_the_models_own_syntax_whole_and_streamed)
              "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], %s, %s, "
              "\"temperature\": 1, \"seed\": 1, \"max_tokens\": 120}",
              weather_tools, forced_call);
-    cJSON *answer = ok("/v1/chat/completions", body);
+    cJSON *answer = ts_ok("/v1/chat/completions", body);
     const cJSON *ch = choice_at(answer, 0);
     const cJSON *m = cJSON_GetObjectItem(ch, "message");
     cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls");
@@ -457,7 +409,7 @@ Test(grammar, auto_parses_the_models_own_syntax_whole_and_streamed)
              "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], %s, %s, "
              "\"tool_choice\": \"none\", \"temperature\": 1, \"seed\": 1, \"max_tokens\": 120}",
              weather_tools, forced_call);
-    answer = ok("/v1/chat/completions", body);
+    answer = ts_ok("/v1/chat/completions", body);
     ch = choice_at(answer, 0);
     cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "stop");
     cr_assert(strstr(sp_str_at(cJSON_GetObjectItem(ch, "message"), "content"), "<tool_call>"));
@@ -475,7 +427,7 @@ Test(grammar, past_calls_and_tool_results_reach_the_template)
              "\"arguments\": \"{\\\"city\\\": \\\"Oslo\\\", \\\"celsius\\\": true}\"}}]}, "
              "{\"role\": \"tool\", \"tool_call_id\": \"call_1\", \"content\": \"-3\"}], %s}",
              weather_tools);
-    cJSON *j = ok("/chat_tokenize", body);
+    cJSON *j = ts_ok("/chat_tokenize", body);
     const char *text = sp_str_at(j, "templated_text");
     cr_assert(strstr(text, "Tools: get_weather get_time."), "%s", text);
     cr_assert(strstr(text, "[call get_weather Oslo]"), "%s", text);
@@ -553,6 +505,6 @@ Test(grammar, bad_grammars_and_tools_are_refused_by_name)
     snprintf(body, sizeof body,
              "{%s, \"max_tokens\": 4, \"response_format\": {\"type\": \"text\"}, %s}", user,
              weather_tools);
-    cJSON *j = ok("/v1/chat/completions", body);
+    cJSON *j = ts_ok("/v1/chat/completions", body);
     cJSON_Delete(j);
 }

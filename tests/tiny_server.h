@@ -23,7 +23,8 @@ static char ts_dir[512];
 static char ts_model_dir[600];
 static char ts_log_path[600];
 
-static inline void ts_setup(void)
+/* The tiny model served with chat_template as its chat_template.jinja. */
+static inline void ts_start(const char *chat_template)
 {
     test_tmpdir(ts_dir, sizeof ts_dir);
     cr_assert(ts_dir[0]);
@@ -36,12 +37,17 @@ static inline void ts_setup(void)
     snprintf(path, sizeof path, "%s/chat_template.jinja", ts_model_dir);
     FILE *f = fopen(path, "wb");
     cr_assert(f);
-    fputs("{% for m in messages %}{{ m['content'] }}{% endfor %}", f);
+    fputs(chat_template, f);
     fclose(f);
     const char *argv[] = {QL_BINARY,   "serve", "--model",  ts_model_dir, "--port", "0",
                           "--threads", "2",     "--kv-mib", "16",         NULL};
     sp_spawn(argv, ts_log_path);
     sp_wait_ready();
+}
+
+static inline void ts_setup(void)
+{
+    ts_start("{% for m in messages %}{{ m['content'] }}{% endfor %}");
 }
 
 /* The end of each test: SIGTERM drains the server, which must exit 0 with
