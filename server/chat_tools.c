@@ -540,7 +540,8 @@ cJSON *srv_chat_tools_stream(srv_gen *g, int32_t i, bool end, const char **finis
         stream_calls_at_end(g, i, ts, deltas, finish);
         return deltas;
     }
-    size_t safe = srv_tool_calls_safe_prefix(t->format, ch->text ? ch->text : "", ch->text_len);
+    size_t safe =
+        srv_tool_calls_safe_prefix(t->format, ch->text ? ch->text : "", ch->text_len, ts->sent);
     if (safe > ts->sent) {
         cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, safe - ts->sent));
         ts->sent = safe;

@@ -412,33 +412,39 @@ int srv_tool_calls_parse(srv_tool_format f, const char *text, size_t len, srv_to
     return (int)out->n;
 }
 
-size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t len)
+size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t len, size_t from)
 {
     if (f == SRV_TOOLS_NONE)
         return len;
     if (f == SRV_TOOLS_JSON)
         return 0; /* the whole answer is the calls */
-    if (f == SRV_TOOLS_LLAMA3) {
+    if (f == SRV_TOOLS_LLAMA3 && from == 0) {
         /* a call is only a whole answer of JSON: hold back until the
          * first character that is not whitespace shows it is not one */
         const char *p = skip_space(text, text + len);
         if (p == text + len || *p == '{')
             return 0;
     }
-    const char *start = call_start(f, text, len);
-    if (start)
-        return (size_t)(start - text);
+    /* no call begins before from: what went out held no marker's start
+     * (so each token costs its own bytes, not the whole answer's) */
+    size_t safe = len;
+    for (const char *const *m = markers_of(f); *m; m++) {
+        const char *at = find(text + from, len - from, *m);
+        if (at && (size_t)(at - text) < safe)
+            safe = (size_t)(at - text);
+    }
+    if (safe < len)
+        return safe;
     /* hold back a tail that may grow into a marker */
-    size_t keep = len;
     for (const char *const *m = markers_of(f); *m; m++) {
         size_t n = strlen(*m);
         for (size_t k = n - 1; k > 0; k--) {
-            if (k <= len && memcmp(text + len - k, *m, k) == 0) {
-                if (len - k < keep)
-                    keep = len - k;
+            if (k <= len - from && memcmp(text + len - k, *m, k) == 0) {
+                if (len - k < safe)
+                    safe = len - k;
                 break;
             }
         }
     }
-    return keep;
+    return safe;
 }

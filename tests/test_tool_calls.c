@@ -198,7 +198,9 @@ static void expect_streamed(srv_tool_format f, const char *text, size_t want)
 {
     size_t len = strlen(text), last = 0;
     for (size_t n = 0; n <= len; n++) {
-        size_t safe = srv_tool_calls_safe_prefix(f, text, n);
+        size_t safe = srv_tool_calls_safe_prefix(f, text, n, last);
+        /* the same as a search of the whole text from its start */
+        cr_assert_eq(safe, srv_tool_calls_safe_prefix(f, text, n, 0), "%s at %zu", text, n);
         cr_assert_leq(safe, n);
         cr_assert_geq(safe, last, "%s at %zu: %zu after %zu", text, n, safe, last);
         cr_assert_leq(safe, want, "%s at %zu: %zu let out, the call begins at %zu", text, n, safe,

@@ -77,9 +77,10 @@ void srv_tool_calls_free(srv_tool_calls *tc);
  * How many bytes of text[0..len), an answer still arriving, may be sent
  * as content now: up to where a call begins (a whole marker), less any
  * tail that could still grow into a marker; for Llama 3's bare JSON,
- * nothing while the answer is only whitespace or opens with "{". Never
- * decreases as text grows (text only grows).
+ * nothing while the answer is only whitespace or opens with "{". from:
+ * what this function allowed last time for this answer (0 at first), so
+ * that only the new bytes are searched. Never decreases as text grows.
  */
-size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t len);
+size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t len, size_t from);
 
 #endif
