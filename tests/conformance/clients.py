@@ -10,8 +10,9 @@ usage counts against the server's own tokenizer (POST /tokenize,
 clients, a banned token absent, a penalty that stops repeats, a seed that
 repeats a sample, logprobs equal across routes; and issue 19's constrained
 answers: a json_schema response_format and tool calls (tool_choice
-"required", a named function, streamed), whose JSON the `jsonschema`
-package validates against the schemas sent. The model's weights are
+"required", a named function, streamed) through the openai SDK, TGI's
+grammar and Messages-API response_format through InferenceClient, whose
+JSON the `jsonschema` package validates against the schemas sent. The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -942,6 +943,23 @@ def hf_chat_completion():
     assert r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens == chat_prompt_tokens(SYSTEM_USER)
     assert r.usage.completion_tokens == 8
+
+
+@check
+def hf_grammar():
+    # TGI's shapes: parameters.grammar on text_generation, and the
+    # Messages API's response_format {"type": "json", "value": SCHEMA}
+    t = HF.text_generation(PROMPT, max_new_tokens=12, do_sample=True, seed=2,
+                           return_full_text=False,
+                           grammar={"type": "regex", "value": "(yes|no)-[0-9]{2}"})
+    assert t[:4] == "yes-" or t[:3] == "no-", t
+    assert t.split("-")[1].isdigit() and len(t.split("-")[1]) == 2, t
+    t = HF.text_generation(PROMPT, max_new_tokens=160, do_sample=True, seed=3,
+                           return_full_text=False, grammar={"type": "json", "value": PET_SCHEMA})
+    jsonschema.validate(json.loads(t), PET_SCHEMA)
+    r = HF.chat_completion(SYSTEM_USER, max_tokens=160, temperature=1, seed=4,
+                           response_format={"type": "json", "value": PET_SCHEMA})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PET_SCHEMA)
 
 
 @check
