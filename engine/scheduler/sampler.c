@@ -8,7 +8,14 @@
  * would get there; the OpenAI and vLLM adjustments come first, in vLLM
  * v1's order (its Sampler applies the logit bias and min_tokens
  * processors, then apply_penalties: repetition, frequency, presence; all
- * before temperature), so that a request naming them gets vLLM's logits:
+ * before temperature), so that a request naming them gets vLLM's logits;
+ * a grammar's mask comes before all of them (vLLM applies its structured
+ * output bitmask to the logits before the sampler), so no bias or penalty
+ * brings back a token the grammar refuses:
+ *  -1. a constrained sampler (eng_sampler_constrain) sets the logit of
+ *      every token its grammar does not allow next to -inf
+ *      (engine/grammar/'s matcher), and advances the grammar by the token
+ *      chosen;
  *   0. logit_bias added to the logits (OpenAI); min_tokens sets the
  *      end-of-sequence token's logit to -inf while fewer tokens than it
  *      have been generated (vLLM's MinTokensLogitsProcessor);
