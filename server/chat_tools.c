@@ -19,9 +19,10 @@
  *     JSON list of one or more {"name": one of the tools' names,
  *     "parameters": that tool's parameters schema} (at most one with
  *     parallel_tool_calls false), vLLM's way; each item is a call.
- *   {"type": "function", "function": {"name": N}}: the answer is
- *     constrained to N's parameters schema and is the arguments of one
- *     call to N; a stream sends them as they come.
+ *   {"type": "function", "function": {"name": N}} (or TGI's forms: no
+ *     "type", as huggingface_hub sends it, or N alone as a string): the
+ *     answer is constrained to N's parameters schema and is the
+ *     arguments of one call to N; a stream sends them as they come.
  * A call's id is "call_" and 24 letters and digits, as OpenAI's look,
  * except for a model whose template speaks Mistral's syntax: those
  * templates refuse any tool_call_id that is not 9 letters and digits, so
@@ -190,45 +191,51 @@ static int tool_index(const cJSON *tools, const char *name)
     return -1;
 }
 
+/* The function tool_choice names: OpenAI's {"type": "function",
+ * "function": {"name"}}, TGI's {"function": {"name"}} (huggingface_hub
+ * sends no type) or TGI's bare name; NULL after answering the 400. */
+static const char *named_function(srv_conn *c, const cJSON *tc)
+{
+    static const char *const fields[] = {"type", "function", NULL};
+    if (cJSON_IsString(tc))
+        return tc->valuestring;
+    const cJSON *fn = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "function") : NULL;
+    const char *type = cJSON_IsObject(tc) ? mf_json_str(tc, "type") : NULL;
+    const char *name = cJSON_IsObject(fn) ? mf_json_str(fn, "name") : NULL;
+    if ((type && strcmp(type, "function") != 0) || !name) {
+        srv_fail(c, 400,
+                 "\"tool_choice\" must be none, auto, required or {\"type\": \"function\", "
+                 "\"function\": {\"name\": ...}}");
+        return NULL;
+    }
+    return srv_only_known(c, tc, "tool_choice", fields) ? name : NULL;
+}
+
 /* tool_choice into *mode (and the named function's index into *named);
  * *none when it is "none". */
 static bool read_choice(srv_conn *c, const cJSON *tc, const cJSON *tools, tool_mode *mode,
                         int *named, bool *none)
 {
-    static const char *const fields[] = {"type", "function", NULL};
-    *none = false;
-    if (cJSON_IsString(tc)) {
-        const char *s = tc->valuestring;
-        *none = strcmp(s, "none") == 0;
-        *mode = strcmp(s, "required") == 0 ? MODE_REQUIRED : MODE_AUTO;
-        if (!*none && strcmp(s, "auto") != 0 && strcmp(s, "required") != 0) {
-            srv_fail(c, 400, "\"tool_choice\" must be none, auto, required or a function, not %s",
-                     s);
+    const char *s = cJSON_IsString(tc) ? tc->valuestring : "";
+    *none = strcmp(s, "none") == 0;
+    *mode = strcmp(s, "required") == 0 ? MODE_REQUIRED : MODE_AUTO;
+    if (*none || strcmp(s, "auto") == 0 || *mode == MODE_REQUIRED) {
+        if (!tools && *mode == MODE_REQUIRED) {
+            srv_fail(c, 400, "\"tool_choice\": \"required\" needs \"tools\"");
             return false;
         }
-    } else {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
-        const char *type = cJSON_IsObject(tc) ? mf_json_str(tc, "type") : NULL;
-        const char *name = cJSON_IsObject(fn) ? mf_json_str(fn, "name") : NULL;
-        if (!type || strcmp(type, "function") != 0 || !name) {
-            srv_fail(c, 400,
-                     "\"tool_choice\" must be none, auto, required or {\"type\": \"function\", "
-                     "\"function\": {\"name\": ...}}");
-            return false;
-        }
-        if (!srv_only_known(c, tc, "tool_choice", fields))
-            return false;
-        *mode = MODE_NAMED;
-        *named = tool_index(tools, name);
-        if (*named < 0) {
-            srv_fail(c, 400, "\"tool_choice\" names the function %s, which is not in \"tools\"",
-                     name);
-            return false;
-        }
+        return true;
     }
-    if (!tools && !*none && *mode != MODE_AUTO) {
-        srv_fail(c, 400, "\"tool_choice\": %s needs \"tools\"",
-                 *mode == MODE_REQUIRED ? "\"required\"" : "a function");
+    const char *name = named_function(c, tc);
+    if (!name)
+        return false;
+    *mode = MODE_NAMED;
+    *named = tool_index(tools, name);
+    if (*named < 0) {
+        srv_fail(c, 400,
+                 "\"tool_choice\" must be none, auto, required or a function in \"tools\", "
+                 "not %s%s",
+                 name, tools ? "" : " (no tools were given)");
         return false;
     }
     return true;

@@ -272,6 +272,21 @@ Test(grammar, tool_choice_required_and_named_answer_with_tool_calls)
         expect_call(calls->child, "get_weather");
     }
     cJSON_Delete(answer);
+    /* TGI's ways of naming one: the bare name, and no "type" (as
+     * huggingface_hub sends it) */
+    const char *tgi_forms[] = {"\"get_time\"", "{\"function\": {\"name\": \"get_time\"}}"};
+    for (int f = 0; f < 2; f++) {
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], %s, "
+                 "\"tool_choice\": %s, \"max_tokens\": 100}",
+                 weather_tools, tgi_forms[f]);
+        answer = ts_ok("/v1/chat/completions", body);
+        const cJSON *calls =
+            cJSON_GetObjectItem(cJSON_GetObjectItem(choice_at(answer, 0), "message"), "tool_calls");
+        cr_assert_eq(cJSON_GetArraySize(calls), 1, "%s", tgi_forms[f]);
+        expect_call(calls->child, "get_time");
+        cJSON_Delete(answer);
+    }
 }
 
 /* A stream's events for body: its tool-call deltas joined per call
@@ -483,11 +498,19 @@ Test(grammar, bad_grammars_and_tools_are_refused_by_name)
              "{%s, %s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
              "\"fly\"}}}",
              user, weather_tools);
-    refused("/v1/chat/completions", body, "fly", "not in \"tools\"");
+    refused("/v1/chat/completions", body, "tool_choice", "a function in \"tools\", not fly");
     snprintf(body, sizeof body, "{%s, \"tool_choice\": \"required\"}", user);
     refused("/v1/chat/completions", body, "\"required\" needs \"tools\"", NULL);
     snprintf(body, sizeof body, "{%s, %s, \"tool_choice\": \"sometimes\"}", user, weather_tools);
-    refused("/v1/chat/completions", body, "tool_choice", "sometimes");
+    refused("/v1/chat/completions", body, "tool_choice", "not sometimes");
+    snprintf(body, sizeof body,
+             "{%s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+             "\"f\"}}}",
+             user);
+    refused("/v1/chat/completions", body, "tool_choice", "no tools were given");
+    snprintf(body, sizeof body, "{%s, %s, \"tool_choice\": {\"type\": \"code\"}}", user,
+             weather_tools);
+    refused("/v1/chat/completions", body, "tool_choice", NULL);
     snprintf(body, sizeof body,
              "{%s, %s, \"tool_choice\": \"required\", \"response_format\": {\"type\": "
              "\"json_object\"}}",
