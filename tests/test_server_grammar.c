@@ -150,6 +150,30 @@ Test(grammar, tgi_grammar_json_and_regex)
         cr_assert(strncmp(text, "yes-", 4) == 0 || strncmp(text, "no-", 3) == 0, "%s", text);
         cJSON_Delete(j);
     }
+    /* streamed: the tokens' texts join to an answer the grammar takes,
+     * which the last event carries, ended by the grammar (eos_token) */
+    char *events[64];
+    int n = sp_stream_events("/generate_stream",
+                             "{\"inputs\": \"Answer:\", \"parameters\": {\"do_sample\": true, "
+                             "\"seed\": 9, \"max_new_tokens\": 20, \"details\": true, "
+                             "\"grammar\": {\"type\": \"regex\", \"value\": "
+                             "\"(yes|no)-[0-9]{2}\"}}}",
+                             events, 64);
+    cr_assert_geq(n, 2);
+    char joined[256] = "";
+    for (int i = 0; i < n; i++) {
+        cJSON *e = sp_json(events[i]);
+        strncat(joined, sp_str_at(cJSON_GetObjectItem(e, "token"), "text"),
+                sizeof joined - strlen(joined) - 1);
+        if (i == n - 1) {
+            cr_assert_str_eq(sp_str_at(e, "generated_text"), joined);
+            cr_assert_str_eq(sp_str_at(cJSON_GetObjectItem(e, "details"), "finish_reason"),
+                             "eos_token");
+        }
+        cJSON_Delete(e);
+        free(events[i]);
+    }
+    cr_assert(gr_grammar_accepts(g, joined, strlen(joined)), "%s", joined);
     gr_grammar_unref(g);
     /* a schema as TGI's clients send it: an object, or a JSON string */
     g = compile(GR_JSON_SCHEMA, person_schema);
