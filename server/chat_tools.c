@@ -109,7 +109,8 @@ static bool check_tool(srv_conn *c, const cJSON *tool, int k)
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
     if (!srv_only_known(c, tool, where, fields))
         return false;
-    if (!type || strcmp(type, "function") != 0 || !cJSON_IsObject(fn)) {
+    /* "type" may be left out (vLLM's default, the only kind there is) */
+    if ((type && strcmp(type, "function") != 0) || !cJSON_IsObject(fn)) {
         srv_fail(c, 400, "%s must be {\"type\": \"function\", \"function\": {...}}", where);
         return false;
     }
