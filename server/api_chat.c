@@ -24,6 +24,12 @@
  * unloaded at run time, and compiling a template is cheap next to the
  * generation it frames.
  *
+ * response_format keeps the answer inside a grammar (request.c's
+ * srv_get_grammar); tools and tool_choice are chat_tools.c's, which turns
+ * the answer's text into tool_calls, whole or as stream deltas, when the
+ * request has tools (g->answer set), and readies an assistant's past
+ * tool_calls for the template.
+ *
  * What was chosen where OpenAI leaves it open: content given as a list of
  * parts must be text parts ({"type": "text"}), joined with "\n" into one
  * string (vLLM's "string" content format), since the templates of text
