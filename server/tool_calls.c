@@ -167,20 +167,45 @@ static bool json_at(const char *p, const char *end, cJSON **out, const char **ne
 
 /* --- the calls --------------------------------------------------------------- */
 
-/* Add a call named name[0..name_len) with arguments args (a JSON value:
- * an object printed, a string taken as the JSON text it holds, NULL
- * "{}"). False when memory is short or args is neither. */
+/* A function's name as a model writes one: 1 to 64 letters, digits, '_',
+ * '-' or '.' (OpenAI's rule, plus the dots of some models' namespaced
+ * names). Anything else is not taken for a call. */
+static bool plausible_name(const char *p, size_t n)
+{
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '-' || ch == '.'))
+            return false;
+    }
+    return true;
+}
+
+/* Add a call named name[0..name_len) with arguments args (a JSON object,
+ * printed; a string holding one, as some models write it, taken as it
+ * is; NULL: "{}"). False when the name is not one, args is neither, or
+ * memory is short. */
 static bool add_call(srv_tool_calls *tc, const char *name, size_t name_len, const cJSON *args)
 {
-    char *arguments = NULL;
-    if (!args)
-        arguments = copy_text("{}", 2);
-    else if (cJSON_IsObject(args))
-        arguments = cJSON_PrintUnformatted(args);
-    else if (cJSON_IsString(args))
-        arguments = copy_text(args->valuestring, strlen(args->valuestring));
-    else
+    if (!plausible_name(name, name_len))
         return false;
+    char *arguments = NULL;
+    if (!args) {
+        arguments = copy_text("{}", 2);
+    } else if (cJSON_IsObject(args)) {
+        arguments = cJSON_PrintUnformatted(args);
+    } else if (cJSON_IsString(args)) {
+        cJSON *inner = cJSON_Parse(args->valuestring);
+        bool object = cJSON_IsObject(inner);
+        cJSON_Delete(inner);
+        if (!object)
+            return false;
+        arguments = copy_text(args->valuestring, strlen(args->valuestring));
+    } else {
+        return false;
+    }
     srv_tool_call *grown = realloc(tc->calls, (tc->n + 1) * sizeof *grown);
     char *n = copy_text(name, name_len);
     if (!arguments || !grown || !n) {
@@ -202,7 +227,7 @@ static bool add_object_call(srv_tool_calls *tc, const cJSON *o)
     if (!cJSON_IsObject(o))
         return false;
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
-    if (!cJSON_IsString(name) || !name->valuestring[0])
+    if (!cJSON_IsString(name))
         return false;
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
     if (!args)

@@ -152,6 +152,15 @@ Test(tool_calls, mistral_both_syntaxes)
     expect(SRV_TOOLS_MISTRAL, bad, bad, 0);
     const char *noargs = "[TOOL_CALLS]just words";
     expect(SRV_TOOLS_MISTRAL, noargs, noargs, 0);
+    /* a name is a function's name, not any text before [ARGS] */
+    const char *spaced = "[TOOL_CALLS]two words[ARGS]{}";
+    expect(SRV_TOOLS_MISTRAL, spaced, spaced, 0);
+    /* arguments written as a JSON string holding an object are kept as
+     * written; a string holding anything else is no call */
+    expect(SRV_TOOLS_MISTRAL, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}]",
+           NULL, 1, "f", "{\"a\": 1}");
+    const char *stringy = "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"yes\"}]";
+    expect(SRV_TOOLS_MISTRAL, stringy, stringy, 0);
 }
 
 Test(tool_calls, granite_and_deepseek)
@@ -220,4 +229,59 @@ Test(tool_calls, a_stream_holds_back_what_may_begin_a_call)
     expect_streamed(SRV_TOOLS_LLAMA3, "Sure.<|python_tag|>{}", 5);
     expect_streamed(SRV_TOOLS_DEEPSEEK, "x<｜tool▁calls▁begin｜>", 1);
     expect_streamed(SRV_TOOLS_NONE, "<tool_call>", 11);
+}
+
+/* Every prefix of each syntax's answers, and each with one byte changed
+ * to one that matters to a parser (a brace, a quote, a marker's first
+ * byte, a stray continuation byte, NUL): the parser and the hold-back
+ * never read outside the text (ASan in CI), never invent a call from
+ * nothing, and keep their contracts on what they return. */
+Test(tool_calls, prefixes_and_mutations_keep_the_contracts)
+{
+    static const struct {
+        srv_tool_format f;
+        const char *text;
+    } samples[] = {
+        {SRV_TOOLS_HERMES, "Hi <tool_call>\n{\"name\": \"a\", \"arguments\": {\"k\": [1, \"x\"]}}\n"
+                           "</tool_call>\n<tool_call>{\"name\": \"b\"}</tool_call>"},
+        {SRV_TOOLS_LLAMA3, " {\"name\": \"a\", \"parameters\": {\"n\": 1}}; {\"name\": \"b\", "
+                           "\"arguments\": {}}<|eom_id|>"},
+        {SRV_TOOLS_LLAMA3, "ok<|python_tag|>{\"name\": \"a\", \"parameters\": {}}"},
+        {SRV_TOOLS_MISTRAL,
+         "x[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{\"a\": 1}[TOOL_CALLS][{\"name\": "
+         "\"g\", \"arguments\": \"{}\"}]"},
+        {SRV_TOOLS_GRANITE, "<|tool_call|>[{\"name\": \"a\", \"arguments\": {\"u\": null}}]"},
+        {SRV_TOOLS_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n"
+                             "```json\n{\"a\": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+        {SRV_TOOLS_JSON, "[{\"name\": \"a\", \"parameters\": {\"b\": [true, false]}}]"},
+    };
+    static const char swaps[] = {'{', '}', '"', '<', '[', ']', ';', '\\', (char)0x80, 0};
+    char buf[512];
+    for (size_t s = 0; s < sizeof samples / sizeof samples[0]; s++) {
+        size_t len = strlen(samples[s].text);
+        cr_assert_lt(len, sizeof buf);
+        for (size_t at = 0; at <= len; at++) {
+            for (size_t w = 0; w <= sizeof swaps; w++) {
+                memcpy(buf, samples[s].text, len);
+                size_t n = len;
+                if (w < sizeof swaps && at < len)
+                    buf[at] = swaps[w]; /* one byte changed */
+                else if (w == sizeof swaps)
+                    n = at; /* a prefix */
+                else
+                    continue;
+                srv_tool_calls tc;
+                int got = srv_tool_calls_parse(samples[s].f, buf, n, &tc);
+                cr_assert_geq(got, 0);
+                cr_assert_eq((size_t)got, tc.n);
+                for (size_t k = 0; k < tc.n; k++)
+                    cr_assert(tc.calls[k].name[0] && tc.calls[k].arguments[0]);
+                if (tc.content)
+                    cr_assert_leq(strlen(tc.content), n);
+                srv_tool_calls_free(&tc);
+                size_t safe = srv_tool_calls_safe_prefix(samples[s].f, buf, n, 0);
+                cr_assert_leq(safe, n);
+            }
+        }
+    }
 }
