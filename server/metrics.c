@@ -220,6 +220,12 @@ static void put_engine(text *t, const srv_server *s)
     metric(t, "qlserve_prefix_cache_blocks", "gauge",
            "KV blocks the prefix cache keeps (free for new writes all the same)");
     put(t, "qlserve_prefix_cache_blocks %d\n", st.prefix_blocks);
+    metric(t, "qlserve_grammar_masks_total", "counter",
+           "Tokens drawn under a grammar (response_format, TGI grammar, forced tool calls)");
+    put(t, "qlserve_grammar_masks_total %llu\n", (unsigned long long)st.grammar_masks);
+    metric(t, "qlserve_grammar_mask_seconds_total", "counter",
+           "Time the grammars' vocabulary masks took, summed over those draws");
+    put(t, "qlserve_grammar_mask_seconds_total %.6f\n", st.grammar_seconds);
     metric(t, "qlserve_kv_blocks_copied_total", "counter",
            "KV blocks copied because a choice wrote into a shared one (copy on write)");
     put(t, "qlserve_kv_blocks_copied_total %llu\n", (unsigned long long)st.kv_blocks_copied);

@@ -8,7 +8,14 @@
  * would get there; the OpenAI and vLLM adjustments come first, in vLLM
  * v1's order (its Sampler applies the logit bias and min_tokens
  * processors, then apply_penalties: repetition, frequency, presence; all
- * before temperature), so that a request naming them gets vLLM's logits:
+ * before temperature), so that a request naming them gets vLLM's logits;
+ * a grammar's mask comes before all of them (vLLM applies its structured
+ * output bitmask to the logits before the sampler), so no bias or penalty
+ * brings back a token the grammar refuses:
+ *  -1. a constrained sampler (eng_sampler_constrain) sets the logit of
+ *      every token its grammar does not allow next to -inf
+ *      (engine/grammar/'s matcher), and advances the grammar by the token
+ *      chosen;
  *   0. logit_bias added to the logits (OpenAI); min_tokens sets the
  *      end-of-sequence token's logit to -inf while fewer tokens than it
  *      have been generated (vLLM's MinTokensLogitsProcessor);
@@ -373,6 +380,7 @@ void eng_sampler_free(eng_sampler *s)
     free(s->seen);
     free(s->counts);
     free(s->bias);
+    gr_matcher_free(s->grammar);
     memset(s, 0, sizeof *s);
     s->eos = -1;
 }
@@ -1109,7 +1117,8 @@ static bool biased(const eng_sampler *s)
  * frequency penalty once something has been generated. */
 static bool logits_adjusted(const eng_sampler *s)
 {
-    return penalty_on(&s->p) || biased(s) || eos_banned(s) || (counting(&s->p) && s->n_counts);
+    return s->grammar || penalty_on(&s->p) || biased(s) || eos_banned(s) ||
+           (counting(&s->p) && s->n_counts);
 }
 
 /* vLLM's order (v1 sampler: logit bias and min_tokens, then
@@ -1206,6 +1215,14 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
 {
     if (!s || !logits || vocab < 1)
         return -1;
+    // the grammar's mask first: what it refuses no bias or penalty brings back
+    if (s->grammar) {
+        int64_t t0 = ql_now_ns();
+        int rc = gr_matcher_mask(s->grammar, logits);
+        s->grammar_ns += ql_now_ns() - t0;
+        if (rc != QL_OK)
+            return -1;
+    }
     if (logits_adjusted(s))
         adjust_logits(s, logits, vocab);
     bool any_nan;
@@ -1219,13 +1236,32 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
         token = sample_tempered(s, logits, vocab, best, scratch);
     else
         token = best < 0 ? 0 : best;
+    /* nothing the grammar allows was left (it refused every token the
+     * vocabulary has there): the answer cannot go on */
+    if (s->grammar && gr_matcher_accept(s->grammar, token) != QL_OK)
+        return -1;
     record_generated(s, token);
     return token;
 }
 
 void eng_sampler_record(eng_sampler *s, int32_t token)
 {
+    if (s->grammar)
+        (void)gr_matcher_accept(s->grammar, token); /* a backend never chooses for a grammar */
     record_generated(s, token);
+}
+
+int eng_sampler_constrain(eng_sampler *s, gr_grammar *g, const gr_vocab *v, char *msg,
+                          size_t msg_len)
+{
+    gr_matcher_free(s->grammar);
+    s->grammar = NULL;
+    return gr_matcher_new(&s->grammar, g, v, msg, msg_len);
+}
+
+bool eng_sampler_grammar_done(const eng_sampler *s)
+{
+    return s->grammar && gr_matcher_done(s->grammar);
 }
 
 bool eng_sampler_greedy(const eng_sampler *s)

@@ -122,17 +122,20 @@ struct request {
 typedef struct step_tally {
     uint64_t generated, prompt, shared, copied;
     uint64_t prefix_queried, prefix_hit; /* prompt tokens looked up, found */
+    uint64_t grammar_masks;
+    int64_t grammar_ns;
 } step_tally;
 
 struct eng_engine {
     const eng_model *m;
     eng_engine_opts o;
     int32_t eos;
-    eng_backend *backend; /* where steps run: cpu or cuda */
-    eng_kv_cache *kv;     /* the backend's block bookkeeping */
-    float *logits;        /* max_running x vocab */
-    int32_t *tokens;      /* max_running: greedy tokens the backend chose */
-    void *scratch;        /* the sampler's */
+    eng_backend *backend;    /* where steps run: cpu or cuda */
+    eng_kv_cache *kv;        /* the backend's block bookkeeping */
+    float *logits;           /* max_running x vocab */
+    int32_t *tokens;         /* max_running: greedy tokens the backend chose */
+    void *scratch;           /* the sampler's */
+    gr_vocab *grammar_vocab; /* the vocabulary's bytes as a trie, for grammars (fixed) */
     pthread_t thread;
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
@@ -288,6 +291,8 @@ static void publish_tally(eng_engine *e)
     e->stats.kv_blocks_copied += e->tally.copied;
     e->stats.prefix_queried_tokens += e->tally.prefix_queried;
     e->stats.prefix_hit_tokens += e->tally.prefix_hit;
+    e->stats.grammar_masks += e->tally.grammar_masks;
+    e->stats.grammar_seconds += (double)e->tally.grammar_ns * 1e-9;
     e->stats.prefix_blocks = eng_kv_prefix_blocks(e->kv);
     e->tally = (step_tally){0};
 }
@@ -403,6 +408,10 @@ static int check_fields(const eng_engine *e, const eng_request *r, char *msg, si
         r->prompt_tokens ? -1 : ql_utf8_invalid_at((const uint8_t *)r->prompt, r->prompt_len);
     if (bad >= 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "the prompt is not valid UTF-8 at byte %ld", bad);
+    if (r->grammar && r->sampling.ignore_eos)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "ignore_eos cannot be combined with a grammar: a grammar ends the answer "
+                       "where the language does");
     int32_t lowest = r->prompt_logprobs ? 0 : 1;
     if (r->max_new_tokens < lowest || r->max_new_tokens > e->o.max_new_tokens)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -598,7 +607,12 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
         if (eng_sampler_init(&s->sampler, &p, q->prompt, (size_t)q->n_prompt) != QL_OK)
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         eng_sampler_set_eos(&s->sampler, e->eos);
-        int rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
+        int rc = r->grammar ? eng_sampler_constrain(&s->sampler, r->grammar, e->grammar_vocab, msg,
+                                                    msg_len)
+                            : QL_OK;
+        if (rc != QL_OK)
+            return rc;
+        rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
@@ -658,6 +672,7 @@ static int request_new(const eng_engine *e, const eng_request *r, request **out,
     q->req.prompt_tokens = NULL;
     q->req.stop = NULL;
     q->req.adapters = NULL;
+    q->req.grammar = NULL;             /* the samplers' matchers hold it */
     q->req.sampling.logit_bias = NULL; /* the samplers hold their copies */
     q->req.sampling.n_logit_bias = 0;
     q->t_submit = ql_now_s();
@@ -904,6 +919,10 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
         end_choice(e, s, ENG_FINISH_STOP);
         return true;
     }
+    if (eng_sampler_grammar_done(&s->sampler)) { /* whole, and nothing may follow */
+        end_choice(e, s, ENG_FINISH_EOS);
+        return true;
+    }
     if (s->n_generated >= r->req.max_new_tokens ||
         r->n_prompt + s->n_generated >= c->max_position_embeddings) {
         end_choice(e, s, ENG_FINISH_LENGTH);
@@ -917,7 +936,18 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
  * NULL, holds the figures of the raw row logits was copied from. */
 static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
 {
+    int64_t mask_ns = s->sampler.grammar_ns;
     int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
+    if (s->sampler.grammar) {
+        e->tally.grammar_masks++;
+        e->tally.grammar_ns += s->sampler.grammar_ns - mask_ns;
+    }
+    if (token < 0) { /* its grammar failed (memory bound) or allowed no token */
+        fprintf(stderr, "qlserve: request %llu: the grammar allows no next token\n",
+                (unsigned long long)s->r->id);
+        end_choice(e, s, ENG_FINISH_ERROR);
+        return;
+    }
     token_lp t = {0};
     if (lp)
         t = (token_lp){.logprob = (float)((double)lp->raw[token] - lp->lse),
@@ -1317,6 +1347,7 @@ static void engine_free(eng_engine *e)
     free(e->work_row);
     free(e->prompt_rows);
     free(e->cancels);
+    gr_vocab_free(e->grammar_vocab);
     eng_weights_unref(e->current);
     eng_weights_unref(e->latest);
     eng_weights_unref(e->pending);
@@ -1387,6 +1418,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
             rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %d sequences",
                          e->o.max_running);
     }
+    if (rc == QL_OK)
+        rc = eng_model_grammar_vocab(m, e->eos, &e->grammar_vocab, msg, msg_len);
     if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "cannot start the engine thread");
     if (rc != QL_OK) {

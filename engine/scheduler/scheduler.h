@@ -85,6 +85,7 @@ typedef struct eng_sampler {
     size_t n_counts, cap_counts;
     eng_logit_bias *bias; /* the copy of p.logit_bias (owned) */
     gr_matcher *grammar;  /* eng_sampler_constrain's (owned); NULL: none */
+    int64_t grammar_ns;   /* time spent in its masks */
     int64_t n_generated;  /* tokens recorded since init */
     int32_t eos;          /* the token min_tokens holds back; -1: none */
 } eng_sampler;
@@ -95,10 +96,12 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
 void eng_sampler_free(eng_sampler *s);
 /* The model's end-of-sequence token (-1: none), which min_tokens bans. */
 void eng_sampler_set_eos(eng_sampler *s, int32_t eos);
-/* Constrain s to grammar g over vocabulary v (gr_matcher_new's arguments):
- * every draw is masked, every token recorded advances the matcher. */
+/* Constrain s to grammar g over vocabulary v (gr_matcher_new's): each
+ * draw is masked first (eng_sample returns -1 when the grammar fails or
+ * allows nothing); _done: the answer is whole and nothing may follow. */
 int eng_sampler_constrain(eng_sampler *s, gr_grammar *g, const gr_vocab *v, char *msg,
                           size_t msg_len);
+bool eng_sampler_grammar_done(const eng_sampler *s);
 /* Whether the end-of-sequence token may end the sequence now: min_tokens
  * tokens have been recorded before the last one. */
 bool eng_sampler_may_end(const eng_sampler *s);
@@ -120,7 +123,7 @@ bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temp
 double eng_sampler_uniform(eng_sampler *s);
 
 /* Stop strings, matched on the decoded text across token boundaries, not
- * emitted: text that may begin a stop string is held back until it can't. */
+ * emitted (text that may begin one is held back until it can't). */
 typedef struct eng_stop eng_stop;
 /* Copies the strings (empty ones are refused). */
 int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len);
@@ -338,17 +341,14 @@ int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t 
  * Returns at once; eng_engine_weights tells what serves.
  */
 void eng_engine_publish(eng_engine *e, eng_weights *w);
-/* The version new sequences get (the last published), with a reference
- * for the caller. */
+/* The version new sequences get (the last published), referenced. */
 eng_weights *eng_engine_weights(eng_engine *e);
 /* Block until every version but the current one has been released (no
  * sequence still runs on an older one) or timeout_s passes; true when so. */
 bool eng_engine_wait_versions(eng_engine *e, double timeout_s);
 
-/* Cancel a request (waiting or running); its on_done says cancelled. */
-void eng_engine_cancel(eng_engine *e, uint64_t id);
-/* Cancel everything, join the engine thread, free. */
-void eng_engine_stop(eng_engine *e);
+void eng_engine_cancel(eng_engine *e, uint64_t id); /* its on_done says cancelled */
+void eng_engine_stop(eng_engine *e);                /* cancel everything, join, free */
 
 #define ENG_ADAPTER_LIST_MAX 1024
 
@@ -367,6 +367,8 @@ typedef struct eng_engine_stats {
     uint64_t kv_blocks_shared, kv_blocks_copied;
     /* the prefix cache: prompt tokens looked up and found; blocks kept */
     uint64_t prefix_queried_tokens, prefix_hit_tokens;
+    uint64_t grammar_masks; /* draws under a grammar, and the time in their masks */
+    double grammar_seconds;
     int32_t prefix_blocks;
     /* steps by wall time: [i] took at most eng_step_bounds[i] s; sum */
     uint64_t step_counts[ENG_STEP_BUCKETS + 1];

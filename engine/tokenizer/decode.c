@@ -14,6 +14,9 @@
  * byte held back when the run breaks; tokenizers replaces every byte of the
  * run, so a run that mixes whole and broken characters decodes differently.
  *
+ * tok_token_bytes gives one id's bytes as they are, for a grammar that
+ * judges what a token would add to an answer.
+ *
  * It owns only the text a tok_decode returns (the caller frees it); it
  * reads the tokenizer and writes the caller's stream and buffer.
  */
@@ -142,6 +145,24 @@ static bool is_special(const tok_tokenizer *t, int32_t id)
 bool tok_is_special(const tok_tokenizer *t, int32_t id)
 {
     return id >= 0 && (size_t)id < tok_vocab_size(t) && is_special(t, id);
+}
+
+long tok_token_bytes(const tok_tokenizer *t, int32_t id, uint8_t *out, size_t out_cap)
+{
+    if (!t || id < 0 || (size_t)id >= t->n_tokens)
+        return QL_EINVAL;
+    if (is_special(t, id))
+        return 0;
+    if (t->piece_byte[id] >= 0) {
+        if (out_cap < 1)
+            return QL_EINVAL;
+        out[0] = (uint8_t)t->piece_byte[id];
+        return 1;
+    }
+    if (t->piece_len[id] > out_cap)
+        return QL_EINVAL;
+    memcpy(out, t->arena + t->piece_off[id], t->piece_len[id]);
+    return (long)t->piece_len[id];
 }
 
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **text,

@@ -75,6 +75,12 @@ typedef struct tok_stream {
 long tok_stream_push(const tok_tokenizer *t, tok_stream *s, int32_t id, char *out, size_t out_cap);
 long tok_stream_flush(const tok_tokenizer *t, tok_stream *s, char *out, size_t out_cap);
 
+/* The bytes id adds to a stream in the middle of a text (no leading space
+ * dropped, no UTF-8 completed: a byte token is its byte) into out: their
+ * count, 0 for a special token (it adds no text), QL_EINVAL for an id out
+ * of range or an out_cap too small. What a grammar walks (engine/grammar). */
+long tok_token_bytes(const tok_tokenizer *t, int32_t id, uint8_t *out, size_t out_cap);
+
 int32_t tok_bos(const tok_tokenizer *t); /* -1 when none */
 int32_t tok_eos(const tok_tokenizer *t);
 bool tok_adds_bos(const tok_tokenizer *t);

@@ -1,0 +1,60 @@
+/*
+ * grammar_internal.h - the compiled form of a grammar, shared by
+ * builder.c (which writes it) and matcher.c (which walks it); nothing
+ * outside engine/grammar/ sees it.
+ *
+ * A grammar is rules; rule r's alternatives are alts[first_alt ..
+ * first_alt + n_alts), each the index of its first element; an
+ * alternative's elements run to a GR_E_END. Rule 0 is the root: the
+ * whole answer.
+ */
+#ifndef QL_GRAMMAR_INTERNAL_H
+#define QL_GRAMMAR_INTERNAL_H
+
+#include "grammar.h"
+
+/* A set of bytes: bit c of bits[c / 32]. */
+typedef struct gr_set {
+    uint32_t bits[8];
+} gr_set;
+
+static inline bool gr_set_has(const gr_set *s, uint8_t c)
+{
+    return (s->bits[c >> 5] >> (c & 31)) & 1u;
+}
+
+enum {
+    GR_E_END, /* the alternative is whole */
+    GR_E_SET, /* read one byte of sets[arg] */
+    GR_E_REF, /* call rule arg */
+};
+
+typedef struct gr_elem {
+    uint8_t kind;
+    int32_t arg;
+} gr_elem;
+
+typedef struct gr_rule_info {
+    int32_t first_alt, n_alts;
+    int32_t name; /* offset into names; -1 for a rule the lowering made */
+} gr_rule_info;
+
+struct gr_grammar {
+    int refs;
+    gr_elem *elems;
+    size_t n_elems;
+    int32_t *alts;
+    size_t n_alts;
+    gr_rule_info *rules;
+    size_t n_rules;
+    gr_set *sets;
+    size_t n_sets;
+    char *names; /* the named rules' names, NUL-separated */
+};
+
+/* For tests: the bytes past which the matcher drops its memos (matcher.c;
+ * GR_MATCHER_MAX_BYTES otherwise), and how often it has. */
+void gr_matcher_set_memory_bound(gr_matcher *m, size_t bytes);
+uint64_t gr_matcher_compactions(const gr_matcher *m);
+
+#endif

@@ -1,0 +1,790 @@
+/*
+ * matcher.c - decoding under a grammar: which tokens may come next, and
+ * the walk through the grammar as tokens are chosen.
+ *
+ * Where a parse may be is a set of stacks, as in llama.cpp's GBNF
+ * sampler: each stack's top is an element that reads a byte (GR_E_SET),
+ * and below it the positions to return to once the rules called are
+ * whole. A byte advances every stack whose top reads it; the advanced
+ * position is then closed: a call pushes the callee's alternatives (the
+ * return position below them, unless the call ends its alternative, so
+ * that repetition S ::= x S runs in constant stack), the end of an
+ * alternative pops to the return position below, and the end of the root
+ * makes the state accepting. Stacks are persistent: a stack entry is a
+ * (position, entry below) pair interned in a hash table, so two stacks
+ * that agree below share it, the same stack always has the same id, and
+ * a set of stacks is a sorted list of ids: a state, interned too. Equal
+ * states are then one id, which makes two memos exact and cheap:
+ *   - per state, its transition by each byte (256 ids, made on first
+ *     use), so walking a byte the state has seen is one load;
+ *   - per state, its mask over the vocabulary (one bit per token), so a
+ *     state met again (inside a JSON string, every step is the same
+ *     state) costs only the mask's application to the logits.
+ *
+ * A mask is made by walking the vocabulary as a trie of the tokens'
+ * bytes (gr_vocab: its nodes in depth-first order, each with the index
+ * past its subtree): the state after a node's bytes is the transition
+ * of its parent's state by the node's byte, and a dead state skips the
+ * whole subtree, so a step visits only prefixes the grammar allows
+ * rather than every byte of every token. End-of-sequence is allowed
+ * exactly where the state accepts; a token of no bytes never is.
+ *
+ * Memory is bounded per matcher (GR_MATCHER_MAX_BYTES): past it, the
+ * memos are dropped and only the current state's stacks are copied into
+ * fresh tables, so a long answer through a large grammar costs time,
+ * never unbounded memory. A grammar so ambiguous that one state would
+ * hold more than GR_MAX_STACKS stacks, or one transition would take
+ * more than GR_MAX_CLOSURE steps, stops the matcher with QL_ENOMEM.
+ *
+ * Owns gr_vocab and gr_matcher, and gr_grammar_accepts.
+ */
+#include "internal/grammar_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GR_MATCHER_MAX_BYTES ((size_t)64 << 20)
+#define GR_MAX_STACKS        4096
+#define GR_MAX_CLOSURE       1000000
+/* Tokens longer than this (none in real vocabularies, whose longest are
+ * a few hundred bytes of spaces) are never allowed under a grammar. */
+#define GR_MAX_TOKEN_BYTES 1024
+
+enum { UNKNOWN = -2, DEAD = -1 };
+
+/* --- the vocabulary trie -------------------------------------------------------- */
+
+struct gr_vocab {
+    int32_t n_tokens, eos;
+    int32_t n_nodes, max_depth;
+    uint8_t *byte;      /* per node: the byte it adds */
+    uint16_t *depth;    /* per node: its bytes' count, 1.. */
+    int32_t *skip;      /* per node: the first node after its subtree */
+    int32_t *tok_first; /* per node: ids[tok_first ..] end here; -1: none */
+    uint16_t *tok_count;
+    int32_t *ids;    /* the tokens with bytes, sorted by them */
+    uint8_t *pool;   /* every token's bytes */
+    size_t *tok_off; /* per token: its bytes in pool */
+    uint32_t *tok_len;
+};
+
+typedef struct sorted_token {
+    const uint8_t *s;
+    size_t n;
+    int32_t id;
+} sorted_token;
+
+static int cmp_token(const void *a, const void *b)
+{
+    const sorted_token *x = a, *y = b;
+    size_t n = x->n < y->n ? x->n : y->n;
+    int c = memcmp(x->s, y->s, n);
+    if (c)
+        return c;
+    if (x->n != y->n)
+        return x->n < y->n ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+void gr_vocab_free(gr_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->byte);
+    free(v->depth);
+    free(v->skip);
+    free(v->tok_first);
+    free(v->tok_count);
+    free(v->ids);
+    free(v->pool);
+    free(v->tok_off);
+    free(v->tok_len);
+    free(v);
+}
+
+/* The trie of the sorted tokens t[0..n): a node per byte past the
+ * prefix each shares with the one before. */
+static int build_trie(gr_vocab *v, const sorted_token *t, size_t n, size_t total)
+{
+    v->byte = malloc(total + 1);
+    v->depth = malloc((total + 1) * sizeof *v->depth);
+    v->skip = malloc((total + 1) * sizeof *v->skip);
+    v->tok_first = malloc((total + 1) * sizeof *v->tok_first);
+    v->tok_count = calloc(total + 1, sizeof *v->tok_count);
+    int32_t *open = malloc((GR_MAX_TOKEN_BYTES + 1) * sizeof *open); /* node at each depth */
+    if (!v->byte || !v->depth || !v->skip || !v->tok_first || !v->tok_count || !open) {
+        free(open);
+        return QL_ENOMEM;
+    }
+    int32_t nn = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t lcp = 0;
+        if (i > 0)
+            while (lcp < t[i].n && lcp < t[i - 1].n && t[i].s[lcp] == t[i - 1].s[lcp])
+                lcp++;
+        for (size_t d = lcp; d < t[i].n; d++) {
+            v->byte[nn] = t[i].s[d];
+            v->depth[nn] = (uint16_t)(d + 1);
+            v->tok_first[nn] = -1;
+            open[d + 1] = nn++;
+        }
+        int32_t end = open[t[i].n];
+        if (v->tok_first[end] < 0)
+            v->tok_first[end] = (int32_t)i;
+        v->tok_count[end]++;
+        v->ids[i] = t[i].id;
+        if ((int32_t)t[i].n > v->max_depth)
+            v->max_depth = (int32_t)t[i].n;
+    }
+    v->n_nodes = nn;
+    /* skip: the first later node no deeper than this one */
+    int32_t n_open = 0;
+    for (int32_t j = 0; j <= nn; j++) {
+        int depth = j < nn ? v->depth[j] : 0;
+        while (n_open && v->depth[open[n_open - 1]] >= depth)
+            v->skip[open[--n_open]] = j;
+        if (j < nn)
+            open[n_open++] = j;
+    }
+    free(open);
+    return QL_OK;
+}
+
+int gr_vocab_new(gr_vocab **out, int32_t n_tokens, const uint8_t *const *bytes, const size_t *lens,
+                 int32_t eos, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    if (n_tokens <= 0 || eos >= n_tokens)
+        return ql_fail(msg, msg_len, QL_EINVAL, "a vocabulary of %d tokens with end token %d",
+                       n_tokens, eos);
+    gr_vocab *v = calloc(1, sizeof *v);
+    sorted_token *t = malloc((size_t)n_tokens * sizeof *t);
+    size_t total = 0, n = 0;
+    if (v) {
+        v->n_tokens = n_tokens;
+        v->eos = eos;
+        v->tok_off = calloc((size_t)n_tokens, sizeof *v->tok_off);
+        v->tok_len = calloc((size_t)n_tokens, sizeof *v->tok_len);
+        v->ids = malloc((size_t)n_tokens * sizeof *v->ids);
+    }
+    if (!v || !t || !v->tok_off || !v->tok_len || !v->ids)
+        goto oom;
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (i != eos && lens[i] > 0 && lens[i] <= GR_MAX_TOKEN_BYTES) {
+            t[n++] = (sorted_token){bytes[i], lens[i], i};
+            total += lens[i];
+        }
+    v->pool = malloc(total + 1);
+    if (!v->pool)
+        goto oom;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(v->pool + at, t[i].s, t[i].n);
+        v->tok_off[t[i].id] = at;
+        v->tok_len[t[i].id] = (uint32_t)t[i].n;
+        t[i].s = v->pool + at; /* sort the copies: the caller's may go */
+        at += t[i].n;
+    }
+    qsort(t, n, sizeof *t, cmp_token);
+    if (build_trie(v, t, n, total) != QL_OK)
+        goto oom;
+    free(t);
+    *out = v;
+    return QL_OK;
+oom:
+    free(t);
+    gr_vocab_free(v);
+    return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for the vocabulary trie");
+}
+
+/* --- the matcher's tables -------------------------------------------------------- */
+
+/* A stack entry: the element at pos, above the entry parent (-1: the
+ * bottom). */
+typedef struct snode {
+    int32_t pos, parent;
+} snode;
+
+typedef struct mstate {
+    int32_t off, len; /* its stacks: st_nodes[off .. off + len) */
+    bool accept;
+    int32_t *trans; /* 256: by byte, UNKNOWN, DEAD or a state; NULL until used */
+    uint32_t *mask; /* one bit per token; NULL until asked */
+} mstate;
+
+struct gr_matcher {
+    gr_grammar *g;
+    const gr_vocab *v;
+    /* stack entries, interned */
+    snode *nodes;
+    size_t n_nodes, cap_nodes;
+    int32_t *nhash; /* open addressing: node ids, -1 empty */
+    size_t nhash_cap;
+    /* states, interned */
+    mstate *st;
+    size_t n_st, cap_st;
+    int32_t *st_nodes;
+    size_t n_st_nodes, cap_st_nodes;
+    int32_t *shash;
+    size_t shash_cap;
+    /* a transition's work: the visited (pos, parent) pairs (by
+     * generation), the pairs to visit, the stacks found */
+    uint64_t *vkey;
+    uint32_t *vgen;
+    size_t vcap, n_visited;
+    uint32_t gen;
+    int64_t *work;
+    size_t n_work, cap_work;
+    int32_t *res;
+    size_t n_res, cap_res;
+    bool res_accept;
+    size_t closure_steps;
+    int32_t *walk;  /* the trie walk's state per depth */
+    size_t mem;     /* bytes held by memos, for the bound */
+    size_t max_mem; /* GR_MATCHER_MAX_BYTES, lower in tests */
+    uint64_t compactions;
+    int32_t cur;
+    bool ended;
+    int err;
+};
+
+static bool grow_to(void **p, size_t need, size_t *cap, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t cap2 = *cap ? *cap : 64;
+    while (cap2 < need)
+        cap2 *= 2;
+    void *q = realloc(*p, cap2 * elem);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = cap2;
+    return true;
+}
+
+static uint64_t mix(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 33);
+}
+
+static uint64_t node_key(int32_t pos, int32_t parent)
+{
+    return (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
+}
+
+/* A fresh table of cap slots, all -1. */
+static int32_t *new_table(size_t cap)
+{
+    int32_t *t = malloc(cap * sizeof *t);
+    if (t)
+        memset(t, 0xff, cap * sizeof *t);
+    return t;
+}
+
+static bool node_rehash(gr_matcher *m)
+{
+    size_t cap = m->nhash_cap ? m->nhash_cap * 2 : 1024;
+    int32_t *t = new_table(cap);
+    if (!t)
+        return false;
+    for (size_t id = 0; id < m->n_nodes; id++) {
+        size_t h = mix(node_key(m->nodes[id].pos, m->nodes[id].parent)) & (cap - 1);
+        while (t[h] >= 0)
+            h = (h + 1) & (cap - 1);
+        t[h] = (int32_t)id;
+    }
+    free(m->nhash);
+    m->nhash = t;
+    m->nhash_cap = cap;
+    return true;
+}
+
+/* The id of stack entry (pos, parent); -1 when out of memory. */
+static int32_t node_intern(gr_matcher *m, int32_t pos, int32_t parent)
+{
+    if ((m->n_nodes + 1) * 2 > m->nhash_cap && !node_rehash(m))
+        return -1;
+    size_t h = mix(node_key(pos, parent)) & (m->nhash_cap - 1);
+    for (; m->nhash[h] >= 0; h = (h + 1) & (m->nhash_cap - 1)) {
+        int32_t id = m->nhash[h];
+        if (m->nodes[id].pos == pos && m->nodes[id].parent == parent)
+            return id;
+    }
+    if (!grow_to((void **)&m->nodes, m->n_nodes + 1, &m->cap_nodes, sizeof *m->nodes))
+        return -1;
+    m->nodes[m->n_nodes] = (snode){pos, parent};
+    m->nhash[h] = (int32_t)m->n_nodes;
+    m->mem += 3 * sizeof(snode);
+    return (int32_t)m->n_nodes++;
+}
+
+static uint64_t state_hash(const int32_t *ids, size_t n, bool accept)
+{
+    uint64_t h = accept ? 0x9e3779b97f4a7c15ULL : 0x7f4a7c159e3779b9ULL;
+    for (size_t i = 0; i < n; i++)
+        h = mix(h ^ (uint32_t)ids[i]);
+    return h;
+}
+
+static bool state_rehash(gr_matcher *m)
+{
+    size_t cap = m->shash_cap ? m->shash_cap * 2 : 256;
+    int32_t *t = new_table(cap);
+    if (!t)
+        return false;
+    for (size_t id = 0; id < m->n_st; id++) {
+        const mstate *s = &m->st[id];
+        size_t h = state_hash(m->st_nodes + s->off, (size_t)s->len, s->accept) & (cap - 1);
+        while (t[h] >= 0)
+            h = (h + 1) & (cap - 1);
+        t[h] = (int32_t)id;
+    }
+    free(m->shash);
+    m->shash = t;
+    m->shash_cap = cap;
+    return true;
+}
+
+/* The id of the state of stacks ids[0..n) (sorted, distinct) accepting
+ * or not; -1 when out of memory. */
+static int32_t state_intern(gr_matcher *m, const int32_t *ids, size_t n, bool accept)
+{
+    if ((m->n_st + 1) * 2 > m->shash_cap && !state_rehash(m))
+        return -1;
+    size_t h = state_hash(ids, n, accept) & (m->shash_cap - 1);
+    for (; m->shash[h] >= 0; h = (h + 1) & (m->shash_cap - 1)) {
+        const mstate *s = &m->st[m->shash[h]];
+        if (s->accept == accept && (size_t)s->len == n &&
+            (n == 0 || memcmp(m->st_nodes + s->off, ids, n * sizeof *ids) == 0))
+            return m->shash[h];
+    }
+    if (!grow_to((void **)&m->st, m->n_st + 1, &m->cap_st, sizeof *m->st) ||
+        !grow_to((void **)&m->st_nodes, m->n_st_nodes + n, &m->cap_st_nodes, sizeof *m->st_nodes))
+        return -1;
+    if (n)
+        memcpy(m->st_nodes + m->n_st_nodes, ids, n * sizeof *ids);
+    m->st[m->n_st] = (mstate){.off = (int32_t)m->n_st_nodes, .len = (int32_t)n, .accept = accept};
+    m->n_st_nodes += n;
+    m->shash[h] = (int32_t)m->n_st;
+    m->mem += sizeof(mstate) + 2 * sizeof(int32_t) + n * sizeof *ids;
+    return (int32_t)m->n_st++;
+}
+
+/* --- closing positions into stacks ------------------------------------------------ */
+
+static int stop(gr_matcher *m, int err)
+{
+    if (m->err == QL_OK)
+        m->err = err;
+    return err;
+}
+
+/* Whether (pos, parent) was visited in this transition; marks it. */
+static bool visited(gr_matcher *m, int32_t pos, int32_t parent)
+{
+    if ((m->n_visited + 1) * 2 > m->vcap) { /* grow: the old marks are of this generation */
+        size_t cap = m->vcap ? m->vcap * 2 : 1024;
+        uint64_t *k = malloc(cap * sizeof *k);
+        uint32_t *gen = calloc(cap, sizeof *gen);
+        if (!k || !gen) {
+            free(k);
+            free(gen);
+            stop(m, QL_ENOMEM);
+            return true;
+        }
+        for (size_t i = 0; i < m->vcap; i++)
+            if (m->vgen[i] == m->gen) {
+                size_t h = mix(m->vkey[i]) & (cap - 1);
+                while (gen[h] == m->gen)
+                    h = (h + 1) & (cap - 1);
+                k[h] = m->vkey[i];
+                gen[h] = m->gen;
+            }
+        free(m->vkey);
+        free(m->vgen);
+        m->vkey = k;
+        m->vgen = gen;
+        m->vcap = cap;
+    }
+    uint64_t key = node_key(pos, parent);
+    size_t h = mix(key) & (m->vcap - 1);
+    for (; m->vgen[h] == m->gen; h = (h + 1) & (m->vcap - 1))
+        if (m->vkey[h] == key)
+            return true;
+    m->vkey[h] = key;
+    m->vgen[h] = m->gen;
+    m->n_visited++;
+    return false;
+}
+
+static void push_work(gr_matcher *m, int32_t pos, int32_t parent)
+{
+    if (!grow_to((void **)&m->work, m->n_work + 1, &m->cap_work, sizeof *m->work)) {
+        stop(m, QL_ENOMEM);
+        return;
+    }
+    m->work[m->n_work++] = (int64_t)node_key(pos, parent);
+}
+
+/* Close position pos above entry parent: every stack it can become
+ * before reading a byte goes into res; reaching the root's end sets
+ * res_accept. */
+static void closure(gr_matcher *m, int32_t pos, int32_t parent)
+{
+    const gr_grammar *g = m->g;
+    push_work(m, pos, parent);
+    while (m->n_work && m->err == QL_OK) {
+        uint64_t k = (uint64_t)m->work[--m->n_work];
+        pos = (int32_t)(k >> 32);
+        parent = (int32_t)(uint32_t)k;
+        if (visited(m, pos, parent))
+            continue;
+        if (++m->closure_steps > GR_MAX_CLOSURE) {
+            stop(m, QL_ENOMEM);
+            return;
+        }
+        const gr_elem *e = &g->elems[pos];
+        if (e->kind == GR_E_SET) {
+            int32_t id = node_intern(m, pos, parent);
+            if (id < 0 || m->n_res >= GR_MAX_STACKS ||
+                !grow_to((void **)&m->res, m->n_res + 1, &m->cap_res, sizeof *m->res)) {
+                stop(m, QL_ENOMEM);
+                return;
+            }
+            m->res[m->n_res++] = id;
+        } else if (e->kind == GR_E_END) {
+            if (parent < 0)
+                m->res_accept = true;
+            else
+                push_work(m, m->nodes[parent].pos, m->nodes[parent].parent);
+        } else {
+            const gr_rule_info *r = &g->rules[e->arg];
+            int32_t below = parent;
+            if (g->elems[pos + 1].kind != GR_E_END &&
+                (below = node_intern(m, pos + 1, parent)) < 0) {
+                stop(m, QL_ENOMEM);
+                return;
+            }
+            for (int32_t a = r->first_alt + r->n_alts - 1; a >= r->first_alt; a--)
+                push_work(m, g->alts[a], below);
+        }
+    }
+}
+
+static void begin_closure(gr_matcher *m)
+{
+    m->n_res = 0;
+    m->res_accept = false;
+    m->closure_steps = 0;
+    m->n_visited = 0;
+    if (++m->gen == 0) { /* wrapped: clear the marks of old generations */
+        if (m->vgen)
+            memset(m->vgen, 0, m->vcap * sizeof *m->vgen);
+        m->gen = 1;
+    }
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The state res (sorted, made distinct) makes: DEAD when it has no
+ * stack and does not accept; -1 on failure (m->err). */
+static int32_t end_closure(gr_matcher *m)
+{
+    if (m->err != QL_OK)
+        return -1;
+    if (m->n_res == 0 && !m->res_accept)
+        return DEAD;
+    if (m->n_res > 1)
+        qsort(m->res, m->n_res, sizeof *m->res, cmp_id);
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_res; i++)
+        if (n == 0 || m->res[n - 1] != m->res[i])
+            m->res[n++] = m->res[i];
+    int32_t s = state_intern(m, m->res, n, m->res_accept);
+    if (s < 0)
+        stop(m, QL_ENOMEM);
+    return s;
+}
+
+/* State s after byte c: DEAD, a state, or -1 on failure. */
+static int32_t step(gr_matcher *m, int32_t s, uint8_t c)
+{
+    if (m->st[s].trans && m->st[s].trans[c] != UNKNOWN)
+        return m->st[s].trans[c];
+    begin_closure(m);
+    for (int32_t i = 0; i < m->st[s].len && m->err == QL_OK; i++) {
+        const snode *n = &m->nodes[m->st_nodes[m->st[s].off + i]];
+        if (gr_set_has(&m->g->sets[m->g->elems[n->pos].arg], c))
+            closure(m, n->pos + 1, n->parent);
+    }
+    int32_t t = end_closure(m);
+    if (t == -1)
+        return -1;
+    if (!m->st[s].trans) {
+        int32_t *tr = malloc(256 * sizeof *tr);
+        if (!tr)
+            return stop(m, QL_ENOMEM), -1;
+        for (int i = 0; i < 256; i++)
+            tr[i] = UNKNOWN;
+        m->st[s].trans = tr;
+        m->mem += 256 * sizeof *tr;
+    }
+    m->st[s].trans[c] = t;
+    return t;
+}
+
+/* --- the matcher ---------------------------------------------------------------- */
+
+/* Drop every memo and table, then rebuild the state of stacks ids[0..n)
+ * (entries of the old tables) as the only one: memory back to what the
+ * current state needs. */
+static int compact(gr_matcher *m)
+{
+    const mstate *cur = &m->st[m->cur];
+    size_t n = (size_t)cur->len;
+    bool accept = cur->accept;
+    snode *old = m->nodes;
+    int32_t *tops = malloc((n + 1) * sizeof *tops), *chain = NULL;
+    size_t cap_chain = 0;
+    int rc = tops ? QL_OK : QL_ENOMEM;
+    for (size_t i = 0; i < n && tops; i++)
+        tops[i] = m->st_nodes[cur->off + i];
+    for (size_t i = 0; i < m->n_st; i++) {
+        free(m->st[i].trans);
+        free(m->st[i].mask);
+    }
+    m->nodes = NULL;
+    m->n_nodes = m->cap_nodes = m->n_st = m->n_st_nodes = 0;
+    free(m->nhash);
+    free(m->shash);
+    m->nhash = m->shash = NULL;
+    m->nhash_cap = m->shash_cap = 0;
+    m->mem = 0;
+    for (size_t i = 0; i < n && rc == QL_OK; i++) { /* copy each stack, bottom up */
+        size_t depth = 0;
+        for (int32_t id = tops[i]; id >= 0; id = old[id].parent) {
+            if (!grow_to((void **)&chain, depth + 1, &cap_chain, sizeof *chain)) {
+                rc = QL_ENOMEM;
+                break;
+            }
+            chain[depth++] = id;
+        }
+        int32_t below = -1;
+        while (rc == QL_OK && depth > 0)
+            if ((below = node_intern(m, old[chain[--depth]].pos, below)) < 0)
+                rc = QL_ENOMEM;
+        tops[i] = below;
+    }
+    if (rc == QL_OK) {
+        if (n > 1)
+            qsort(tops, n, sizeof *tops, cmp_id);
+        m->cur = state_intern(m, tops, n, accept);
+        rc = m->cur < 0 ? QL_ENOMEM : QL_OK;
+    }
+    free(old);
+    free(chain);
+    free(tops);
+    return rc == QL_OK ? QL_OK : stop(m, rc);
+}
+
+static int matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v)
+{
+    gr_matcher *m = calloc(1, sizeof *m);
+    if (!m)
+        return QL_ENOMEM;
+    m->g = gr_grammar_ref(g);
+    m->v = v;
+    m->max_mem = GR_MATCHER_MAX_BYTES;
+    if (v && !(m->walk = malloc(((size_t)v->max_depth + 1) * sizeof *m->walk))) {
+        gr_matcher_free(m);
+        return QL_ENOMEM;
+    }
+    begin_closure(m);
+    const gr_rule_info *root = &g->rules[0];
+    for (int32_t a = root->first_alt; a < root->first_alt + root->n_alts; a++)
+        closure(m, g->alts[a], -1);
+    m->cur = end_closure(m);
+    if (m->cur == DEAD) /* a grammar of no sentence: accepting nothing, stuck */
+        m->cur = state_intern(m, NULL, 0, false);
+    if (m->cur < 0) {
+        gr_matcher_free(m);
+        return QL_ENOMEM;
+    }
+    *out = m;
+    return QL_OK;
+}
+
+int gr_matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    if (!g || !v)
+        return ql_fail(msg, msg_len, QL_EINVAL, "a matcher needs a grammar and a vocabulary");
+    if (matcher_new(out, g, v) != QL_OK)
+        return ql_fail(msg, msg_len, QL_ENOMEM,
+                       "the grammar's first step does not fit the matcher's bounds (%d stacks, "
+                       "%d closure steps)",
+                       GR_MAX_STACKS, GR_MAX_CLOSURE);
+    return QL_OK;
+}
+
+void gr_matcher_free(gr_matcher *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_st; i++) {
+        free(m->st[i].trans);
+        free(m->st[i].mask);
+    }
+    free(m->st);
+    free(m->st_nodes);
+    free(m->shash);
+    free(m->nodes);
+    free(m->nhash);
+    free(m->vkey);
+    free(m->vgen);
+    free(m->work);
+    free(m->res);
+    free(m->walk);
+    gr_grammar_unref(m->g);
+    free(m);
+}
+
+/* The state after bytes s[0..n) from state from: DEAD, or -1 on failure. */
+static int32_t walk_bytes(gr_matcher *m, int32_t from, const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i < n && from >= 0; i++)
+        from = step(m, from, s[i]);
+    return from;
+}
+
+/* The mask of the current state: walk the trie from it. */
+static uint32_t *make_mask(gr_matcher *m)
+{
+    const gr_vocab *v = m->v;
+    size_t words = ((size_t)v->n_tokens + 31) / 32;
+    uint32_t *mask = calloc(words, sizeof *mask);
+    if (!mask) {
+        stop(m, QL_ENOMEM);
+        return NULL;
+    }
+    int32_t s = m->cur;
+    m->walk[0] = s;
+    for (int32_t i = 0; i < v->n_nodes && m->err == QL_OK;) {
+        int32_t t = step(m, m->walk[v->depth[i] - 1], v->byte[i]);
+        if (t < 0) { /* dead: nothing below either (or a failure: the loop ends) */
+            i = v->skip[i];
+            continue;
+        }
+        m->walk[v->depth[i]] = t;
+        for (int32_t k = 0; k < v->tok_count[i]; k++) {
+            int32_t id = v->ids[v->tok_first[i] + k];
+            mask[id >> 5] |= 1u << (id & 31);
+        }
+        i++;
+    }
+    if (v->eos >= 0 && m->st[s].accept)
+        mask[v->eos >> 5] |= 1u << (v->eos & 31);
+    if (m->err != QL_OK) {
+        free(mask);
+        return NULL;
+    }
+    m->st[s].mask = mask;
+    m->mem += words * sizeof *mask;
+    return mask;
+}
+
+int gr_matcher_mask(gr_matcher *m, float *logits)
+{
+    if (m->err != QL_OK)
+        return m->err;
+    if (m->mem > m->max_mem) {
+        m->compactions++;
+        if (compact(m) != QL_OK)
+            return m->err;
+    }
+    const uint32_t *mask = m->st[m->cur].mask;
+    if (!mask && !(mask = make_mask(m)))
+        return m->err;
+    int32_t n = m->v->n_tokens;
+    for (int32_t w = 0; w * 32 < n; w++) {
+        uint32_t bits = mask[w];
+        if (bits == 0xffffffffu)
+            continue;
+        int32_t end = w * 32 + 32 < n ? w * 32 + 32 : n;
+        for (int32_t t = w * 32; t < end; t++)
+            if (!((bits >> (t & 31)) & 1u))
+                logits[t] = -INFINITY;
+    }
+    return QL_OK;
+}
+
+bool gr_matcher_allows(gr_matcher *m, int32_t token)
+{
+    const gr_vocab *v = m->v;
+    if (m->err != QL_OK || m->ended || token < 0 || token >= v->n_tokens)
+        return false;
+    if (token == v->eos)
+        return m->st[m->cur].accept;
+    if (v->tok_len[token] == 0)
+        return false;
+    if (m->st[m->cur].mask)
+        return (m->st[m->cur].mask[token >> 5] >> (token & 31)) & 1u;
+    return walk_bytes(m, m->cur, v->pool + v->tok_off[token], v->tok_len[token]) >= 0;
+}
+
+int gr_matcher_accept(gr_matcher *m, int32_t token)
+{
+    if (!gr_matcher_allows(m, token))
+        return m->err != QL_OK ? m->err : QL_EINVAL;
+    const gr_vocab *v = m->v;
+    if (token == v->eos) {
+        m->ended = true;
+        return QL_OK;
+    }
+    int32_t t = walk_bytes(m, m->cur, v->pool + v->tok_off[token], v->tok_len[token]);
+    if (t < 0)
+        return m->err != QL_OK ? m->err : QL_EINVAL;
+    m->cur = t;
+    return QL_OK;
+}
+
+bool gr_matcher_can_end(const gr_matcher *m)
+{
+    return m->err == QL_OK && m->st[m->cur].accept;
+}
+
+bool gr_matcher_done(const gr_matcher *m)
+{
+    return gr_matcher_can_end(m) && m->st[m->cur].len == 0;
+}
+
+void gr_matcher_set_memory_bound(gr_matcher *m, size_t bytes)
+{
+    m->max_mem = bytes;
+}
+
+uint64_t gr_matcher_compactions(const gr_matcher *m)
+{
+    return m->compactions;
+}
+
+bool gr_grammar_accepts(const gr_grammar *g, const void *s, size_t n)
+{
+    gr_matcher *m = NULL;
+    if (!g || matcher_new(&m, (gr_grammar *)g, NULL) != QL_OK)
+        return false;
+    int32_t t = walk_bytes(m, m->cur, s, n);
+    bool ok = t >= 0 && m->err == QL_OK && m->st[t].accept;
+    gr_matcher_free(m);
+    return ok;
+}

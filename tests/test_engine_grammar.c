@@ -1,0 +1,234 @@
+/*
+ * test_engine_grammar.c - constrained decoding through the engine, on a
+ * tiny model whose own answers are noise: every answer of a request with
+ * a grammar is a sentence of it (sampled, many seeds, several choices per
+ * request, batched beside unconstrained requests that it must not
+ * change), a whole answer ends the choice, and a grammar cannot be asked
+ * with ignore_eos.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+static char dir[512];
+static eng_model model;
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof dir);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(dir, &s);
+    eng_load_opts o = {.path = dir, .quant = "nf4"};
+    char msg[512];
+    cr_assert_eq(eng_model_load(&model, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+static void teardown(void)
+{
+    eng_model_free(&model);
+    test_rmtree(dir);
+}
+
+TestSuite(engine_grammar, .init = setup, .fini = teardown, .timeout = 120);
+
+#define MAX_CHOICES 4
+
+typedef struct outcome {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char text[MAX_CHOICES][1024];
+    size_t len[MAX_CHOICES];
+    int32_t tokens[MAX_CHOICES][128];
+    int n_tokens[MAX_CHOICES];
+    eng_finish why[MAX_CHOICES];
+    bool done;
+} outcome;
+
+static void on_token(void *user, const eng_token_event *ev)
+{
+    outcome *o = user;
+    if (o->len[ev->choice] + ev->len < sizeof o->text[0]) {
+        memcpy(o->text[ev->choice] + o->len[ev->choice], ev->text, ev->len);
+        o->len[ev->choice] += ev->len;
+    }
+    if (ev->token >= 0 && o->n_tokens[ev->choice] < 128)
+        o->tokens[ev->choice][o->n_tokens[ev->choice]++] = ev->token;
+}
+
+static void on_choice_done(void *user, const eng_choice_end *end)
+{
+    outcome *o = user;
+    o->why[end->choice] = end->why;
+}
+
+static void on_done(void *user, eng_finish why, const eng_usage *u)
+{
+    (void)why;
+    (void)u;
+    outcome *o = user;
+    pthread_mutex_lock(&o->mu);
+    o->done = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static outcome *outcome_new(void)
+{
+    outcome *o = calloc(1, sizeof *o);
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv, NULL);
+    return o;
+}
+
+static void wait_free(outcome *o)
+{
+    pthread_mutex_lock(&o->mu);
+    while (!o->done)
+        pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv);
+}
+
+static eng_engine *start(void)
+{
+    eng_engine_opts o = {.threads = 2, .kv_bytes = 16 << 20, .max_running = 16};
+    eng_engine *e;
+    char msg[512];
+    cr_assert_eq(eng_engine_start(&e, &model, &o, msg, sizeof msg), 0, "%s", msg);
+    return e;
+}
+
+#define LIT(b, s) gr_literal((b), (s), strlen(s))
+
+/* {"id": [0-9]{1,3}, "tags": ["x" | "yz"]{0,4}} with an optional space
+ * after each colon and comma: every sentence is short, so a sampled
+ * answer always completes within the token budget. */
+static gr_grammar *record_grammar(void)
+{
+    gr_builder *b = gr_builder_new(0);
+    gr_expr sp = gr_optional(b, LIT(b, " "));
+    gr_expr tag = gr_alt2(b, LIT(b, "\"x\""), LIT(b, "\"yz\""));
+    gr_expr more = gr_repeat(b, gr_seq2(b, gr_seq2(b, LIT(b, ","), sp), tag), 0, 3);
+    gr_expr tags = gr_optional(b, gr_seq2(b, tag, more));
+    gr_expr xs[] = {LIT(b, "{\"id\":"),
+                    sp,
+                    gr_repeat(b, gr_byte_range(b, '0', '9'), 1, 3),
+                    LIT(b, ","),
+                    sp,
+                    LIT(b, "\"tags\":"),
+                    sp,
+                    LIT(b, "["),
+                    tags,
+                    LIT(b, "]}")};
+    gr_grammar *g = NULL;
+    char msg[256];
+    cr_assert_eq(gr_build(b, gr_seq(b, xs, sizeof xs / sizeof *xs), &g, msg, sizeof msg), QL_OK,
+                 "%s", msg);
+    gr_builder_free(b);
+    return g;
+}
+
+static eng_request request(const char *prompt, gr_grammar *g, outcome *o)
+{
+    return (eng_request){.prompt = prompt,
+                         .prompt_len = strlen(prompt),
+                         .max_new_tokens = 100,
+                         .grammar = g,
+                         .on_token = on_token,
+                         .on_choice_done = on_choice_done,
+                         .on_done = on_done,
+                         .user = o};
+}
+
+Test(engine_grammar, every_sampled_answer_is_a_whole_sentence_of_the_grammar)
+{
+    eng_engine *e = start();
+    gr_grammar *g = record_grammar();
+    char msg[512];
+    enum { ROUNDS = 6, PER_ROUND = 4 };
+    for (int round = 0; round < ROUNDS; round++) {
+        outcome *o[PER_ROUND];
+        for (int i = 0; i < PER_ROUND; i++) { /* submitted together: they share steps */
+            o[i] = outcome_new();
+            eng_request r = request("the theme", g, o[i]);
+            r.n_choices = MAX_CHOICES;
+            r.sampling = (eng_sampling){.temperature = 1.5f,
+                                        .top_k = i == 1 ? 5 : 0,
+                                        .repetition_penalty = i == 2 ? 1.3f : 0,
+                                        .seed = (uint64_t)(round * 100 + i)};
+            cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+        }
+        for (int i = 0; i < PER_ROUND; i++) {
+            wait_free(o[i]);
+            for (int c = 0; c < MAX_CHOICES; c++) {
+                cr_assert_eq(o[i]->why[c], ENG_FINISH_EOS, "round %d request %d choice %d: %s",
+                             round, i, c, eng_finish_name(o[i]->why[c]));
+                cr_assert(gr_grammar_accepts(g, o[i]->text[c], o[i]->len[c]),
+                          "round %d request %d choice %d: '%.*s' is not a sentence", round, i, c,
+                          (int)o[i]->len[c], o[i]->text[c]);
+            }
+            free(o[i]);
+        }
+    }
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_geq(st.grammar_masks, (uint64_t)(ROUNDS * PER_ROUND * MAX_CHOICES * 5),
+                  "every constrained draw is counted");
+    cr_assert_gt(st.grammar_seconds, 0);
+    gr_grammar_unref(g);
+    eng_engine_stop(e);
+}
+
+Test(engine_grammar, a_constrained_neighbour_changes_no_token_of_an_unconstrained_request)
+{
+    eng_engine *e = start();
+    gr_grammar *g = record_grammar();
+    char msg[512];
+    eng_sampling greedy = {0};
+    outcome *alone = outcome_new();
+    eng_request r = request("the theme", NULL, alone);
+    r.max_new_tokens = 24;
+    r.sampling = greedy;
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    wait_free(alone);
+    outcome *beside = outcome_new(), *constrained = outcome_new();
+    eng_request c = request("the theme", g, constrained);
+    c.sampling = greedy;
+    cr_assert_eq(eng_engine_submit(e, &c, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    r.user = beside;
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    wait_free(beside);
+    wait_free(constrained);
+    cr_assert_eq(beside->n_tokens[0], alone->n_tokens[0]);
+    cr_assert_arr_eq(beside->tokens[0], alone->tokens[0],
+                     (size_t)alone->n_tokens[0] * sizeof(int32_t));
+    cr_assert(gr_grammar_accepts(g, constrained->text[0], constrained->len[0]), "'%.*s'",
+              (int)constrained->len[0], constrained->text[0]);
+    cr_assert_str_neq(constrained->text[0], alone->text[0], "the grammar changed the answer");
+    free(alone);
+    free(beside);
+    free(constrained);
+    gr_grammar_unref(g);
+    eng_engine_stop(e);
+}
+
+Test(engine_grammar, a_grammar_with_ignore_eos_is_refused)
+{
+    eng_engine *e = start();
+    gr_grammar *g = record_grammar();
+    char msg[512];
+    outcome *o = outcome_new();
+    eng_request r = request("the theme", g, o);
+    r.sampling.ignore_eos = true;
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "ignore_eos"), "%s", msg);
+    free(o);
+    gr_grammar_unref(g);
+    eng_engine_stop(e);
+}

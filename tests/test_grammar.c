@@ -1,0 +1,322 @@
+/*
+ * test_grammar.c - engine/grammar/'s builder and matcher: what a grammar
+ * written through the builder accepts, what gr_build refuses, and the
+ * matcher's masks against walking each token's bytes one by one.
+ * (The JSON Schema and regex compilers are pinned in test_grammar_schema.)
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "grammar_internal.h"
+
+static bool accepts(const gr_grammar *g, const char *s)
+{
+    return gr_grammar_accepts(g, s, strlen(s));
+}
+
+static gr_grammar *build(gr_builder *b, gr_expr root)
+{
+    gr_grammar *g = NULL;
+    char msg[256];
+    int rc = gr_build(b, root, &g, msg, sizeof msg);
+    cr_assert_eq(rc, QL_OK, "gr_build: %s", msg);
+    return g;
+}
+
+#define LIT(b, s) gr_literal((b), (s), strlen(s))
+
+Test(grammar, literals_alternatives_and_bounded_repeats)
+{
+    gr_builder *b = gr_builder_new(0);
+    /* ("ab" | "c"){2,3} "!" */
+    gr_expr x = gr_alt2(b, LIT(b, "ab"), LIT(b, "c"));
+    gr_expr root = gr_seq2(b, gr_repeat(b, x, 2, 3), LIT(b, "!"));
+    gr_grammar *g = build(b, root);
+    gr_builder_free(b);
+    cr_assert(accepts(g, "abc!"));
+    cr_assert(accepts(g, "cc!"));
+    cr_assert(accepts(g, "ababab!"));
+    cr_assert(accepts(g, "cabc!"));
+    cr_assert_not(accepts(g, "c!"));
+    cr_assert_not(accepts(g, "abababc!"));
+    cr_assert_not(accepts(g, "abc"));
+    cr_assert_not(accepts(g, "a!"));
+    cr_assert_not(accepts(g, ""));
+    gr_grammar_unref(g);
+}
+
+Test(grammar, unbounded_repeat_of_a_nullable_expression_is_walked_not_refused)
+{
+    gr_builder *b = gr_builder_new(0);
+    /* (a*)* b: the inner star matches the empty string */
+    gr_expr inner = gr_repeat(b, LIT(b, "a"), 0, GR_UNBOUNDED);
+    gr_expr root = gr_seq2(b, gr_repeat(b, inner, 0, GR_UNBOUNDED), LIT(b, "b"));
+    gr_grammar *g = build(b, root);
+    gr_builder_free(b);
+    cr_assert(accepts(g, "b"));
+    cr_assert(accepts(g, "aaaab"));
+    cr_assert_not(accepts(g, "aaaa"));
+    gr_grammar_unref(g);
+}
+
+Test(grammar, recursion_through_named_rules_balances_brackets)
+{
+    gr_builder *b = gr_builder_new(0);
+    /* P ::= ( "(" P ")" P )? */
+    gr_expr p = gr_rule(b, "parens");
+    gr_expr xs[] = {LIT(b, "("), p, LIT(b, ")"), p};
+    cr_assert_eq(gr_define(b, p, gr_optional(b, gr_seq(b, xs, 4))), QL_OK);
+    gr_grammar *g = build(b, p);
+    gr_builder_free(b);
+    cr_assert(accepts(g, ""));
+    cr_assert(accepts(g, "(()())()"));
+    cr_assert(accepts(g, "((((((((((((((((((((()))))))))))))))))))))"));
+    cr_assert_not(accepts(g, "(()"));
+    cr_assert_not(accepts(g, "())("));
+    gr_grammar_unref(g);
+}
+
+Test(grammar, codepoint_sets_match_exactly_their_utf8)
+{
+    gr_builder *b = gr_builder_new(0);
+    const uint32_t ranges[] = {'a',   'z',    0xE9,   0xE9,    0x3B1,
+                               0x3C9, 0x4E00, 0x9FFF, 0x1F600, 0x1F64F};
+    gr_expr in = gr_codepoints(b, ranges, 5, false);
+    gr_expr out = gr_codepoints(b, ranges, 5, true);
+    gr_grammar *gin = build(b, in), *gout = build(b, out);
+    gr_builder_free(b);
+    for (uint32_t cp = 0; cp <= 0x10FFFF; cp += cp < 0x800 ? 1 : 61) {
+        if (cp >= 0xD800 && cp <= 0xDFFF)
+            continue;
+        uint8_t s[4];
+        size_t n = ql_utf8_put(cp, s);
+        bool want = false;
+        for (size_t i = 0; i < 5; i++)
+            want |= cp >= ranges[2 * i] && cp <= ranges[2 * i + 1];
+        cr_assert_eq(gr_grammar_accepts(gin, s, n), want, "U+%04X in the set", cp);
+        cr_assert_eq(gr_grammar_accepts(gout, s, n), !want, "U+%04X in the complement", cp);
+    }
+    /* what is not UTF-8 never matches: overlong, surrogate, past U+10FFFF, a lone continuation */
+    const char *bad[] = {"\xC0\xA1", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\x80", "\xE4\xB8"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_not(gr_grammar_accepts(gout, bad[i], strlen(bad[i])), "bad sequence %zu", i);
+    gr_grammar_unref(gin);
+    gr_grammar_unref(gout);
+}
+
+Test(grammar, left_recursion_and_undefined_rules_are_refused_by_name)
+{
+    char msg[256];
+    gr_grammar *g = NULL;
+    gr_builder *b = gr_builder_new(0);
+    /* list ::= (" ")? list "x" | "y": calls itself after only a nullable element */
+    gr_expr list = gr_rule(b, "list");
+    gr_expr xs[] = {gr_optional(b, LIT(b, " ")), list, LIT(b, "x")};
+    gr_define(b, list, gr_alt2(b, gr_seq(b, xs, 3), LIT(b, "y")));
+    cr_assert_eq(gr_build(b, list, &g, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "'list' is left-recursive"), "%s", msg);
+    cr_assert_null(g);
+    gr_builder_free(b);
+
+    b = gr_builder_new(0);
+    gr_expr item = gr_rule(b, "item");
+    cr_assert_eq(gr_build(b, gr_seq2(b, LIT(b, "a"), item), &g, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "'item' is used but never defined"), "%s", msg);
+    gr_builder_free(b);
+}
+
+Test(grammar, the_builders_bound_refuses_a_huge_grammar_quickly)
+{
+    char msg[256];
+    gr_grammar *g = NULL;
+    gr_builder *b = gr_builder_new(5000);
+    gr_expr big = gr_repeat(b, gr_repeat(b, LIT(b, "abc"), 0, 4000), 4000, 4000);
+    cr_assert_eq(gr_build(b, big, &g, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "too large"), "%s", msg);
+    gr_builder_free(b);
+    b = gr_builder_new(5000);
+    cr_assert_lt(gr_repeat(b, LIT(b, "a"), 0, 1000000), 0);
+    cr_assert_eq(gr_builder_error(b, msg, sizeof msg), QL_EINVAL);
+    gr_builder_free(b);
+}
+
+/* --- the matcher over a vocabulary ----------------------------------------------- */
+
+typedef struct vocab_fixture {
+    const char *const *tokens;
+    int32_t n, eos;
+    gr_vocab *v;
+} vocab_fixture;
+
+static gr_vocab *make_vocab(const char *const *tokens, int32_t n, int32_t eos)
+{
+    const uint8_t **bytes = malloc((size_t)n * sizeof *bytes);
+    size_t *lens = malloc((size_t)n * sizeof *lens);
+    for (int32_t i = 0; i < n; i++) {
+        bytes[i] = (const uint8_t *)tokens[i];
+        lens[i] = strlen(tokens[i]);
+    }
+    gr_vocab *v = NULL;
+    char msg[256];
+    cr_assert_eq(gr_vocab_new(&v, n, bytes, lens, eos, msg, sizeof msg), QL_OK, "%s", msg);
+    free(bytes);
+    free(lens);
+    return v;
+}
+
+/* The tokens the mask leaves finite. */
+static void allowed(gr_matcher *m, int32_t n, bool *out)
+{
+    float *logits = malloc((size_t)n * sizeof *logits);
+    for (int32_t i = 0; i < n; i++)
+        logits[i] = 0;
+    cr_assert_eq(gr_matcher_mask(m, logits), QL_OK);
+    for (int32_t i = 0; i < n; i++)
+        out[i] = isfinite(logits[i]);
+    free(logits);
+}
+
+Test(grammar, masks_allow_exactly_the_tokens_that_keep_the_answer_inside)
+{
+    /* a+ "b", over tokens that split it every way; 0 is the end token, 1 a
+     * control token of no bytes */
+    static const char *const tokens[] = {"", "", "a", "b", "ab", "aab", "ba", "c", "bb", "aa"};
+    int32_t n = 10;
+    gr_vocab *v = make_vocab(tokens, n, 0);
+    gr_builder *b = gr_builder_new(0);
+    gr_grammar *g = build(b, gr_seq2(b, gr_repeat(b, LIT(b, "a"), 1, GR_UNBOUNDED), LIT(b, "b")));
+    gr_builder_free(b);
+    gr_matcher *m = NULL;
+    char msg[256];
+    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK);
+    gr_grammar_unref(g); /* the matcher keeps its own reference */
+    bool ok[10];
+    allowed(m, n, ok);
+    bool start[10] = {false, false, true, false, true, true, false, false, false, true};
+    cr_assert_arr_eq(ok, start, sizeof ok);
+    cr_assert_eq(gr_matcher_accept(m, 3), QL_EINVAL, "\"b\" first is refused");
+    cr_assert_eq(gr_matcher_accept(m, 9), QL_OK);
+    cr_assert_not(gr_matcher_can_end(m));
+    cr_assert_eq(gr_matcher_accept(m, 4), QL_OK); /* "ab": whole */
+    cr_assert(gr_matcher_done(m));
+    allowed(m, n, ok);
+    bool end[10] = {true};
+    cr_assert_arr_eq(ok, end, sizeof ok);
+    cr_assert_eq(gr_matcher_accept(m, 0), QL_OK);
+    gr_matcher_free(m);
+    gr_vocab_free(v);
+}
+
+/* A small JSON-shaped grammar: value ::= "\"" [a-c]* "\"" | "[" (value ("," value)*)? "]" | digit+
+ */
+static gr_grammar *small_json(void)
+{
+    gr_builder *b = gr_builder_new(0);
+    gr_expr value = gr_rule(b, "value");
+    gr_expr str[] = {LIT(b, "\""), gr_repeat(b, gr_byte_range(b, 'a', 'c'), 0, GR_UNBOUNDED),
+                     LIT(b, "\"")};
+    gr_expr more = gr_repeat(b, gr_seq2(b, LIT(b, ","), value), 0, GR_UNBOUNDED);
+    gr_expr arr[] = {LIT(b, "["), gr_optional(b, gr_seq2(b, value, more)), LIT(b, "]")};
+    gr_expr alts[] = {gr_seq(b, str, 3), gr_seq(b, arr, 3),
+                      gr_repeat(b, gr_byte_range(b, '0', '9'), 1, GR_UNBOUNDED)};
+    gr_define(b, value, gr_alt(b, alts, 3));
+    gr_grammar *g = build(b, value);
+    gr_builder_free(b);
+    return g;
+}
+
+static const char *const json_tokens[] = {
+    "",     "[",  "]",   "[]",   "\"", "a",   "b",   "c",     "abc",  "\"a",  ",",    ",[",
+    "]]",   "1",  "23",  "4\"",  "],", "[\"", "\"]", "\",\"", "x",    "ca",   "[[",   "0]",
+    "\"\"", "[1", "5,6", "]]]]", "bb", ",\"", "9",   "[\"ab", "c\"]", "\xc3", "\xa9", " "};
+
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Random walks: at every step the trie mask equals asking each token
+ * alone (a fresh matcher that never built a mask). With bound set, the
+ * matcher under test drops its memos at every step. */
+static void walk_and_compare(size_t bound, uint64_t seed)
+{
+    int32_t n = (int32_t)(sizeof json_tokens / sizeof *json_tokens);
+    gr_vocab *v = make_vocab(json_tokens, n, 0);
+    gr_grammar *g = small_json();
+    gr_matcher *m = NULL, *ref = NULL; /* ref follows m but never makes a mask */
+    char msg[256];
+    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK);
+    cr_assert_eq(gr_matcher_new(&ref, g, v, msg, sizeof msg), QL_OK);
+    if (bound)
+        gr_matcher_set_memory_bound(m, bound);
+    bool ok[64], want[64];
+    for (int step = 0; step < 60; step++) {
+        int32_t pick[64], n_pick = 0;
+        for (int32_t t = 0; t < n; t++) /* each token's bytes walked alone */
+            want[t] = gr_matcher_allows(ref, t);
+        allowed(m, n, ok);
+        for (int32_t t = 0; t < n; t++) {
+            cr_assert_eq(ok[t], want[t], "seed %llu step %d token %d '%s'",
+                         (unsigned long long)seed, step, t, json_tokens[t]);
+            if (ok[t])
+                pick[n_pick++] = t;
+        }
+        cr_assert_gt(n_pick, 0, "the grammar never gets stuck");
+        int32_t t = pick[next_rand(&seed) % (uint64_t)n_pick];
+        cr_assert_eq(gr_matcher_accept(m, t), QL_OK);
+        cr_assert_eq(gr_matcher_accept(ref, t), QL_OK);
+        if (t == 0)
+            break;
+    }
+    if (bound)
+        cr_assert_gt(gr_matcher_compactions(m), 0);
+    gr_matcher_free(m);
+    gr_matcher_free(ref);
+    gr_grammar_unref(g);
+    gr_vocab_free(v);
+}
+
+Test(grammar, trie_masks_equal_token_by_token_checks_on_random_walks)
+{
+    for (uint64_t seed = 1; seed <= 20; seed++)
+        walk_and_compare(0, seed * 7919);
+}
+
+Test(grammar, a_matcher_over_its_memory_bound_drops_its_memos_and_answers_the_same)
+{
+    for (uint64_t seed = 1; seed <= 10; seed++)
+        walk_and_compare(1, seed * 104729);
+}
+
+Test(grammar, a_grammar_too_ambiguous_for_the_bounds_stops_the_matcher_not_the_process)
+{
+    /* 5000 alternatives that all begin with "a": after it, 5000 stacks */
+    gr_builder *b = gr_builder_new(0);
+    gr_expr *alts = malloc(5000 * sizeof *alts);
+    for (int i = 0; i < 5000; i++) {
+        char s[16];
+        snprintf(s, sizeof s, "a%d", i);
+        alts[i] = LIT(b, s);
+    }
+    gr_grammar *g = build(b, gr_alt(b, alts, 5000));
+    free(alts);
+    gr_builder_free(b);
+    static const char *const tokens[] = {"", "a", "1", "a1"};
+    gr_vocab *v = make_vocab(tokens, 4, 0);
+    gr_matcher *m = NULL;
+    char msg[256];
+    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK);
+    float logits[4] = {0};
+    cr_assert_eq(gr_matcher_mask(m, logits), QL_ENOMEM);
+    cr_assert_eq(gr_matcher_accept(m, 1), QL_ENOMEM);
+    gr_matcher_free(m);
+    gr_grammar_unref(g);
+    gr_vocab_free(v);
+}
