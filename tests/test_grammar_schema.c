@@ -416,6 +416,7 @@ Test(grammar_schema, random_walks_end_in_json_the_grammar_accepts)
             cr_expect_not_null(doc, "%s: the walk's %s does not parse", schemas[s], text);
             cJSON_Delete(doc);
         }
+        cr_log_info("%s: %d of 40 walks ended, the last: %s", schemas[s], ended, text);
         cr_expect_geq(ended, 10, "%s: only %d of 40 walks ended", schemas[s], ended);
         gr_grammar_unref(g);
     }
@@ -437,6 +438,7 @@ Test(grammar_schema, random_walks_of_a_regex_stay_in_its_language)
         ended++;
         cr_expect(gr_grammar_accepts(g, text, strlen(text)), "%s refused", text);
     }
+    cr_log_info("/%s/: %d of 60 walks ended, the last: %s", re, ended, text);
     cr_expect_geq(ended, 30);
     gr_grammar_unref(g);
     gr_vocab_free(v);

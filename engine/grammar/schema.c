@@ -470,22 +470,23 @@ static gr_expr compile_values(sc_ctx *c, const cJSON *s, unsigned mask)
     const cJSON *one = cJSON_GetObjectItemCaseSensitive(s, "const");
     if (values && (!cJSON_IsArray(values) || !values->child))
         return sc_fail(c, QL_EINVAL, "'enum' at %s must be a non-empty list", where(c));
-    gr_expr parts[256];
+    gr_expr *parts = calloc(values ? (size_t)cJSON_GetArraySize(values) : 1, sizeof *parts);
+    if (!parts)
+        return sc_fail(c, QL_ENOMEM, "out of memory");
     size_t n = 0;
-    for (const cJSON *v = values ? values->child : one; v; v = values ? v->next : NULL) {
+    for (const cJSON *v = values ? values->child : one; v && !c->err; v = values ? v->next : NULL) {
         if (!printable(v))
-            return sc_fail(c, QL_EUNSUPPORTED, "a number past 2^53 in '%s' at %s is not supported",
-                           values ? "enum" : "const", where(c));
-        if (!(type_of(v) & types))
-            continue;
-        if (n == sizeof parts / sizeof parts[0])
-            return sc_fail(c, QL_EUNSUPPORTED, "'enum' at %s has over %zu values", where(c), n);
-        parts[n++] = value_literal(c, v);
+            sc_fail(c, QL_EUNSUPPORTED, "a number past 2^53 in '%s' at %s is not supported",
+                    values ? "enum" : "const", where(c));
+        else if (type_of(v) & types)
+            parts[n++] = value_literal(c, v);
     }
-    if (!n)
-        return sc_fail(c, QL_EINVAL, "no value of '%s' at %s has the type 'type' asks for",
-                       values ? "enum" : "const", where(c));
-    return gr_alt(c->b, parts, n);
+    if (!n && !c->err)
+        sc_fail(c, QL_EINVAL, "no value of '%s' at %s has the type 'type' asks for",
+                values ? "enum" : "const", where(c));
+    gr_expr out = c->err ? -1 : gr_alt(c->b, parts, n);
+    free(parts);
+    return out;
 }
 
 /* --- strings ---------------------------------------------------------------------- */
