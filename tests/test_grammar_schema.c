@@ -276,6 +276,34 @@ Test(grammar_schema, grammars_over_the_size_bound_are_refused)
     cr_assert_null(g);
 }
 
+/* Hundreds of required properties: one flat sequence, not a nest deeper
+ * than the builder's bound on nesting. */
+Test(grammar_schema, objects_of_many_required_properties_compile)
+{
+    enum { N = 1500 };
+    static char schema[N * 40], text[N * 16];
+    size_t s = (size_t)snprintf(schema, sizeof schema, "{\"type\":\"object\",\"properties\":{");
+    size_t t = (size_t)snprintf(text, sizeof text, "{");
+    for (int i = 0; i < N; i++) {
+        s += (size_t)snprintf(schema + s, sizeof schema - s, "%s\"p%d\":{\"type\":\"integer\"}",
+                              i ? "," : "", i);
+        t += (size_t)snprintf(text + t, sizeof text - t, "%s\"p%d\":%d", i ? "," : "", i, i);
+    }
+    s += (size_t)snprintf(schema + s, sizeof schema - s, "},\"required\":[");
+    for (int i = 0; i < N; i++)
+        s += (size_t)snprintf(schema + s, sizeof schema - s, "%s\"p%d\"", i ? "," : "", i);
+    snprintf(schema + s, sizeof schema - s, "],\"additionalProperties\":false}");
+    snprintf(text + t, sizeof text - t, "}");
+    gr_grammar *g = NULL;
+    char msg[256];
+    cr_assert_eq(gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), 0, &g, msg, sizeof msg), QL_OK,
+                 "%s", msg);
+    cr_expect(gr_grammar_accepts(g, text, strlen(text)));
+    text[strlen(text) - 1] = 0; /* without its closing brace */
+    cr_expect(!gr_grammar_accepts(g, text, strlen(text)));
+    gr_grammar_unref(g);
+}
+
 /* A pattern's characters are written as JSON writes them: '"' and '\' only
  * escaped, control characters never raw. */
 Test(grammar_schema, pattern_characters_are_json_escaped)

@@ -618,21 +618,36 @@ static gr_expr member_kv(sc_ctx *c, const char *name, gr_expr value)
 }
 
 /* The listed members in order, required ones always, optional ones or
- * not, built from the end: after[i][first] is what may follow once
- * members before i are settled (first: none written yet, no comma). */
+ * not, built from the end: next[first] is what may follow once the
+ * members before are settled (first: none written yet, so no comma). A
+ * run of required members is one flat sequence, not a nest of pairs: the
+ * builder bounds how deep sequences nest, and schemas list hundreds. */
 static gr_expr member_chain(sc_ctx *c, const sc_member *m, size_t n)
 {
     gr_expr next[2] = {gr_empty(c->b), gr_empty(c->b)};
-    for (size_t i = n; i-- > 0;) {
+    gr_expr *xs = calloc(2 * n + 1, sizeof *xs);
+    if (!xs)
+        return sc_fail(c, QL_ENOMEM, "out of memory");
+    for (size_t i = n; i > 0;) {
+        size_t from = i - 1; /* an optional member alone, or the run of required ones */
+        while (m[i - 1].required && from > 0 && m[from - 1].required)
+            from--;
         gr_expr cur[2];
         for (int first = 0; first < 2; first++) {
-            gr_expr xs[3] = {first ? ws(c) : comma(c), m[i].kv, next[0]};
-            gr_expr with = gr_seq(c->b, xs, 3);
-            cur[first] = m[i].required ? with : gr_alt2(c->b, with, next[first]);
+            size_t k = 0;
+            for (size_t j = from; j < i; j++) {
+                xs[k++] = j == from && first ? ws(c) : comma(c);
+                xs[k++] = m[j].kv;
+            }
+            xs[k++] = next[0];
+            gr_expr with = gr_seq(c->b, xs, k);
+            cur[first] = m[from].required ? with : gr_alt2(c->b, with, next[first]);
         }
         next[0] = cur[0];
         next[1] = cur[1];
+        i = from;
     }
+    free(xs);
     return next[1];
 }
 
