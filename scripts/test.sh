@@ -9,7 +9,8 @@
 # the chat-template renderer and the HTTP request path with libFuzzer, each for a bounded time
 # (QL_FUZZ_SECONDS, default 60); then the tokenizer (encode and decode with
 # the fixture tokenizers), the tokenizer.json and GGUF vocabulary loaders,
-# adapter_config.json (its patterns) and the config file, each for
+# adapter_config.json (its patterns), the config file and the grammar
+# compilers (JSON Schema and regex), each for
 # QL_FUZZ_SECONDS_NEW (default 30) with a 10 s per-input timeout and a
 # 2 GiB RSS limit, so a slow or greedy input is a finding (about 3 minutes
 # in all).
@@ -38,10 +39,10 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
      ctest -V -j "$jobs")
 fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "== fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs and the config file (clang + libFuzzer, bounded)"
+  echo "== fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs, the config file and the grammar compilers (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
   cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_template fuzz_http \
-    fuzz_tokenizer fuzz_tokenizer_json fuzz_vocab_gguf fuzz_adapter_config fuzz_config
+    fuzz_tokenizer fuzz_tokenizer_json fuzz_vocab_gguf fuzz_adapter_config fuzz_config fuzz_grammar
   corpus=$(mktemp -d)
   cp tests/fixtures/*.safetensors "$corpus/"
   build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
@@ -93,5 +94,7 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   new_fuzz fuzz_vocab_gguf 65536 "" $(find tests/fixtures/tokenizers -name '*.gguf' -size -64k)
   new_fuzz fuzz_adapter_config 4096 tests/fuzz/adapter_config.dict tests/fuzz/corpus_adapter_config/.
   new_fuzz fuzz_config 4096 tests/fuzz/config.dict tests/fuzz/corpus_config/.
+  # the JSON Schema and regex compilers of engine/grammar/ (issue 19)
+  new_fuzz fuzz_grammar 4096 tests/fuzz/grammar.dict tests/fuzz/corpus_grammar/.
 fi
 echo "== all tests passed"
