@@ -42,7 +42,8 @@
  * srv_chat_tools_answer and srv_chat_tools_stream (internal/
  * server_internal.h) to api_chat.c; owns a request's srv_chat_tools (the
  * generation holds it through srv_ask.answer). Touches request.c's
- * helpers, bridge.c's srv_ask_grammar and tool_calls.c's parsers.
+ * helpers (srv_ask_schema puts a grammar on the request) and
+ * tool_calls.c's parsers and name rule.
  */
 #include "internal/server_internal.h"
 #include "internal/tool_calls.h"
@@ -78,21 +79,6 @@ static void tools_drop(void *arg)
 
 /* --- the request ------------------------------------------------------------- */
 
-/* OpenAI's rule for a function's name: 1 to 64 of a-z, A-Z, 0-9, _ and -.
- * It also keeps a name safe inside a template and a grammar. */
-static bool is_function_name(const char *s)
-{
-    size_t n = 0;
-    for (; s[n]; n++) {
-        char ch = s[n];
-        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                  (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
-        if (!ok)
-            return false;
-    }
-    return n >= 1 && n <= 64;
-}
-
 /* tools[k]: {"type": "function", "function": {"name", "description",
  * "parameters", "strict"}}, checked. */
 static bool check_tool(srv_conn *c, const cJSON *tool, int k)
@@ -118,8 +104,8 @@ static bool check_tool(srv_conn *c, const cJSON *tool, int k)
     if (!srv_only_known(c, fn, where, fn_fields))
         return false;
     const char *name = mf_json_str(fn, "name");
-    if (!name || !is_function_name(name)) {
-        srv_fail(c, 400, "%s.name must be 1 to 64 letters, digits, '_' or '-'%s%s", where,
+    if (!name || !srv_tool_name_ok(name, strlen(name))) {
+        srv_fail(c, 400, "%s.name must be 1 to 64 letters, digits, '_', '-' or '.'%s%s", where,
                  name ? ", not " : " (it is missing)", name ? name : "");
         return false;
     }

@@ -17,7 +17,7 @@
  * so calls written back to back (Llama's "; ", Mistral's [ARGS]{...}
  * repeated) are read one after another without guessing at braces.
  *
- * Offers srv_tool_format_of, srv_tool_calls_parse,
+ * Offers srv_tool_format_of, srv_tool_calls_parse, srv_tool_name_ok,
  * srv_tool_calls_safe_prefix; owns nothing past a call but the
  * srv_tool_calls it fills. Touches cJSON only.
  */
@@ -167,10 +167,7 @@ static bool json_at(const char *p, const char *end, cJSON **out, const char **ne
 
 /* --- the calls --------------------------------------------------------------- */
 
-/* A function's name as a model writes one: 1 to 64 letters, digits, '_',
- * '-' or '.' (OpenAI's rule, plus the dots of some models' namespaced
- * names). Anything else is not taken for a call. */
-static bool plausible_name(const char *p, size_t n)
+bool srv_tool_name_ok(const char *p, size_t n)
 {
     if (n == 0 || n > 64)
         return false;
@@ -189,8 +186,8 @@ static bool plausible_name(const char *p, size_t n)
  * memory is short. */
 static bool add_call(srv_tool_calls *tc, const char *name, size_t name_len, const cJSON *args)
 {
-    if (!plausible_name(name, name_len))
-        return false;
+    if (!srv_tool_name_ok(name, name_len))
+        return false; /* text that is no function's name is no call */
     char *arguments = NULL;
     if (!args) {
         arguments = copy_text("{}", 2);

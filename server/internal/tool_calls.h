@@ -46,6 +46,11 @@ typedef enum srv_tool_format {
 srv_tool_format srv_tool_format_of(const char *template_source);
 const char *srv_tool_format_name(srv_tool_format f);
 
+/* Whether p[0..n) is a function's name: 1 to 64 letters, digits, '_',
+ * '-' or '.' (OpenAI's rule, plus the dots of some models' namespaced
+ * names). A model's text that names anything else makes no call. */
+bool srv_tool_name_ok(const char *p, size_t n);
+
 /* One call: the function's name and its arguments as JSON text (an
  * object's, "{}" when the model gave none). Both malloc'd. */
 typedef struct srv_tool_call {
