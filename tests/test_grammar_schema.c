@@ -176,6 +176,7 @@ Test(grammar_schema, schema_keywords_it_cannot_enforce_are_refused_by_name_and_p
          {"'minLength'", "'enum'"}},
         {"{\"type\":\"object\",\"anyOf\":[{}]}", QL_EUNSUPPORTED, {"'type'", "'anyOf'"}},
         {"{\"$ref\":\"#\",\"type\":\"object\"}", QL_EUNSUPPORTED, {"'type'", "'$ref'"}},
+        {"{\"items\":{\"$id\":\"http://x/s\"}}", QL_EUNSUPPORTED, {"'$id'", "/items"}},
         {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}",
          QL_EUNSUPPORTED,
          {"'pattern'", "lookahead", "offset 0"}},

@@ -39,6 +39,7 @@
 #include "grammar.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -100,9 +101,15 @@ static const char *const sc_keywords[K_COUNT] = {
 #define K_ARRAY_KWS  (KB(K_ITEMS) | KB(K_PREFIX) | KB(K_MINITEMS) | KB(K_MAXITEMS))
 #define K_STRING_KWS (KB(K_MINLEN) | KB(K_MAXLEN) | KB(K_PATTERN) | KB(K_FORMAT))
 
-static const char *const sc_annotations[] = {
-    "title",      "description", "$schema",   "$id",   "$comment",    "default",      "examples",
-    "deprecated", "readOnly",    "writeOnly", "$defs", "definitions", "discriminator"};
+/* ($id only at the root: a nested $id starts a schema resource of its
+ * own, against which '#/...' inside it would resolve; refused there.
+ * The content* keywords are annotations in draft 2020-12, never asserted.) */
+static const char *const sc_annotations[] = {"title",         "description",     "$schema",
+                                             "$id",           "$comment",        "default",
+                                             "examples",      "deprecated",      "readOnly",
+                                             "writeOnly",     "$defs",           "definitions",
+                                             "discriminator", "contentEncoding", "contentMediaType",
+                                             "contentSchema"};
 
 /* Formats, as regular expressions of the string's characters (ASCII, so
  * no JSON escaping is needed). */
@@ -446,7 +453,7 @@ static unsigned keyword_mask(sc_ctx *c, const cJSON *s)
             i++;
         if (i < K_COUNT)
             mask |= KB(i);
-        else if (!is_annotation(k->string))
+        else if (!is_annotation(k->string) || (!strcmp(k->string, "$id") && s != c->doc))
             return sc_fail(c, QL_EUNSUPPORTED, "'%s' at %s is not supported", k->string, where(c)),
                    0;
     }
@@ -880,6 +887,8 @@ static const cJSON *resolve(const sc_ctx *c, const char *ref)
                 return NULL;
             if (*p == '~' && (p[1] == '0' || p[1] == '1'))
                 token[n++] = *++p == '0' ? '~' : '/';
+            else if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]))
+                token[n++] = (char)strtol((char[3]){p[1], p[2], 0}, NULL, 16), p += 2; /* %XX */
             else
                 token[n++] = *p;
         }
