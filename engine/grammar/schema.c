@@ -4,22 +4,29 @@
  *
  * Supported: type (a name or a list), properties, required,
  * additionalProperties, items, prefixItems, enum, const, anyOf, oneOf
- * (when its branches are provably exclusive), allOf (one member),
- * minItems, maxItems, minLength, maxLength, pattern, $ref (to '#' or a
- * JSON pointer '#/...' in the document, recursive or not: one named rule
- * per referenced schema), format (date, time, date-time, uuid, email,
- * ipv4). Ignored, as they constrain nothing: title, description, $schema,
- * $id, $comment, default, examples, deprecated, readOnly, writeOnly,
- * discriminator, and $defs / definitions (read through $ref). Any other
- * keyword is refused by name and JSON pointer (QL_EUNSUPPORTED): a
- * constraint silently dropped would let through answers the client's
- * validator refuses.
+ * (when its branches are proven exclusive: disjoint types, disjoint
+ * enum/const values, or objects whose required property pins different
+ * const values), allOf (of one schema), minItems, maxItems, minLength,
+ * maxLength, pattern, $ref (to '#' or a JSON pointer '#/...' in the
+ * document, ~0 ~1 and %XX decoded, recursive or not: one named rule per
+ * referenced schema), format (date, time, date-time, uuid, email, ipv4;
+ * on strings, as format only applies to them). Ignored, as they constrain
+ * nothing: title, description, $schema, $id (at the root only), $comment,
+ * default, examples, deprecated, readOnly, writeOnly, discriminator,
+ * contentEncoding, contentMediaType, contentSchema, and $defs /
+ * definitions (read through $ref). Any other keyword is refused by name
+ * and JSON pointer (QL_EUNSUPPORTED): a constraint silently dropped would
+ * let through answers the client's validator refuses.
  *
  * The subset, and why:
  *  - objects list their properties in the schema's order, required ones
  *    always and optional ones or not; no property beyond those listed
  *    (additionalProperties true or a schema only matters with no
- *    properties, where any key may come with values under it);
+ *    properties, where any key may come with values under it); a required
+ *    name not in properties comes last, its value under
+ *    additionalProperties;
+ *  - a schema without "type" means the types its keywords constrain
+ *    (properties: objects; items: arrays; minLength: strings), or any;
  *  - whitespace between tokens is nothing, one space, or one newline and
  *    up to SC_MAX_INDENT spaces or tabs (none before or after the whole
  *    document): unbounded whitespace is an answer a sampler may never end;
@@ -32,6 +39,9 @@
  *    Z or +HH:MM offset (RFC 3339), as jsonschema's FormatChecker accepts.
  * Combinations whose intersection is not written here (pattern with
  * minLength, enum with minLength, anyOf beside type, ...) are refused.
+ *
+ * Compiling is linear in the schema's size (lookups go through an index
+ * of the document) but for proving oneOf exclusive, which has a budget.
  *
  * It owns nothing past the call: the parsed schema is freed, expressions
  * live in the caller's builder.
