@@ -176,6 +176,7 @@ Test(grammar_schema, schema_keywords_it_cannot_enforce_are_refused_by_name_and_p
          {"'minLength'", "'enum'"}},
         {"{\"type\":\"object\",\"anyOf\":[{}]}", QL_EUNSUPPORTED, {"'type'", "'anyOf'"}},
         {"{\"$ref\":\"#\",\"type\":\"object\"}", QL_EUNSUPPORTED, {"'type'", "'$ref'"}},
+        {"{\"items\":{\"$id\":\"http://x/s\"}}", QL_EUNSUPPORTED, {"'$id'", "/items"}},
         {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}",
          QL_EUNSUPPORTED,
          {"'pattern'", "lookahead", "offset 0"}},
@@ -274,6 +275,28 @@ Test(grammar_schema, grammars_over_the_size_bound_are_refused)
     cr_assert_neq(gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), 100, &g, msg, sizeof msg),
                   QL_OK);
     cr_assert_null(g);
+}
+
+/* Proving oneOf's branches exclusive has a budget: 3000 consts (4.5
+ * million pairs) are refused by name rather than compared for seconds. */
+Test(grammar_schema, a_oneof_too_large_to_prove_exclusive_is_refused)
+{
+    static char schema[3000 * 16];
+    size_t s = (size_t)snprintf(schema, sizeof schema, "{\"oneOf\":[");
+    for (int i = 0; i < 3000; i++)
+        s += (size_t)snprintf(schema + s, sizeof schema - s, "%s{\"const\":%d}", i ? "," : "", i);
+    snprintf(schema + s, sizeof schema - s, "]}");
+    gr_grammar *g = NULL;
+    char msg[256];
+    cr_assert_eq(gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), 0, &g, msg, sizeof msg),
+                 QL_EUNSUPPORTED);
+    cr_expect(strstr(msg, "'oneOf'") && strstr(msg, "anyOf"), "%s", msg);
+    schema[2] = 'a', schema[3] = 'n', schema[4] = 'y'; /* "anyOf" takes it */
+    cr_assert_eq(gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), 0, &g, msg, sizeof msg), QL_OK,
+                 "%s", msg);
+    cr_expect(gr_grammar_accepts(g, "2999", 4));
+    cr_expect(!gr_grammar_accepts(g, "3000", 4));
+    gr_grammar_unref(g);
 }
 
 /* Hundreds of required properties: one flat sequence, not a nest deeper

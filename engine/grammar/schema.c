@@ -4,22 +4,29 @@
  *
  * Supported: type (a name or a list), properties, required,
  * additionalProperties, items, prefixItems, enum, const, anyOf, oneOf
- * (when its branches are provably exclusive), allOf (one member),
- * minItems, maxItems, minLength, maxLength, pattern, $ref (to '#' or a
- * JSON pointer '#/...' in the document, recursive or not: one named rule
- * per referenced schema), format (date, time, date-time, uuid, email,
- * ipv4). Ignored, as they constrain nothing: title, description, $schema,
- * $id, $comment, default, examples, deprecated, readOnly, writeOnly,
- * discriminator, and $defs / definitions (read through $ref). Any other
- * keyword is refused by name and JSON pointer (QL_EUNSUPPORTED): a
- * constraint silently dropped would let through answers the client's
- * validator refuses.
+ * (when its branches are proven exclusive: disjoint types, disjoint
+ * enum/const values, or objects whose required property pins different
+ * const values), allOf (of one schema), minItems, maxItems, minLength,
+ * maxLength, pattern, $ref (to '#' or a JSON pointer '#/...' in the
+ * document, ~0 ~1 and %XX decoded, recursive or not: one named rule per
+ * referenced schema), format (date, time, date-time, uuid, email, ipv4;
+ * on strings, as format only applies to them). Ignored, as they constrain
+ * nothing: title, description, $schema, $id (at the root only), $comment,
+ * default, examples, deprecated, readOnly, writeOnly, discriminator,
+ * contentEncoding, contentMediaType, contentSchema, and $defs /
+ * definitions (read through $ref). Any other keyword is refused by name
+ * and JSON pointer (QL_EUNSUPPORTED): a constraint silently dropped would
+ * let through answers the client's validator refuses.
  *
  * The subset, and why:
  *  - objects list their properties in the schema's order, required ones
  *    always and optional ones or not; no property beyond those listed
  *    (additionalProperties true or a schema only matters with no
- *    properties, where any key may come with values under it);
+ *    properties, where any key may come with values under it); a required
+ *    name not in properties comes last, its value under
+ *    additionalProperties;
+ *  - a schema without "type" means the types its keywords constrain
+ *    (properties: objects; items: arrays; minLength: strings), or any;
  *  - whitespace between tokens is nothing, one space, or one newline and
  *    up to SC_MAX_INDENT spaces or tabs (none before or after the whole
  *    document): unbounded whitespace is an answer a sampler may never end;
@@ -33,12 +40,16 @@
  * Combinations whose intersection is not written here (pattern with
  * minLength, enum with minLength, anyOf beside type, ...) are refused.
  *
+ * Compiling is linear in the schema's size (lookups go through an index
+ * of the document) but for proving oneOf exclusive, which has a budget.
+ *
  * It owns nothing past the call: the parsed schema is freed, expressions
  * live in the caller's builder.
  */
 #include "grammar.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,6 +58,10 @@
 
 /* Spaces or tabs allowed after a newline (an indent of 2 to depth 10). */
 #define SC_MAX_INDENT 20
+/* Comparisons one oneOf may spend proving its branches exclusive (pairs
+ * of branches and of listed values): a few tenths of a second at most;
+ * past it the proof is not attempted and oneOf refused. */
+#define SC_ONEOF_BUDGET (1L << 22)
 /* Subschemas nested deeper than this ($ref chains included) are refused. */
 #define SC_MAX_DEPTH 64
 
@@ -96,9 +111,15 @@ static const char *const sc_keywords[K_COUNT] = {
 #define K_ARRAY_KWS  (KB(K_ITEMS) | KB(K_PREFIX) | KB(K_MINITEMS) | KB(K_MAXITEMS))
 #define K_STRING_KWS (KB(K_MINLEN) | KB(K_MAXLEN) | KB(K_PATTERN) | KB(K_FORMAT))
 
-static const char *const sc_annotations[] = {
-    "title",      "description", "$schema",   "$id",   "$comment",    "default",      "examples",
-    "deprecated", "readOnly",    "writeOnly", "$defs", "definitions", "discriminator"};
+/* ($id only at the root: a nested $id starts a schema resource of its
+ * own, against which '#/...' inside it would resolve; refused there.
+ * The content* keywords are annotations in draft 2020-12, never asserted.) */
+static const char *const sc_annotations[] = {"title",         "description",     "$schema",
+                                             "$id",           "$comment",        "default",
+                                             "examples",      "deprecated",      "readOnly",
+                                             "writeOnly",     "$defs",           "definitions",
+                                             "discriminator", "contentEncoding", "contentMediaType",
+                                             "contentSchema"};
 
 /* Formats, as regular expressions of the string's characters (ASCII, so
  * no JSON escaping is needed). */
@@ -118,10 +139,22 @@ static const struct {
     {"ipv4", SC_OCTET "(\\." SC_OCTET "){3}"},
 };
 
-typedef struct sc_ref {
-    const cJSON *target;
-    gr_expr rule;
-} sc_ref;
+/*
+ * An index of the document, so that compiling stays linear in the
+ * schema's size (a 1 MiB schema of 20000 properties or $defs must not
+ * take seconds): an object's members by key, an array's string elements
+ * by value and its elements by position, and each referenced schema's
+ * rule. Open addressing, at most half full.
+ */
+typedef enum sc_slot_kind { S_EMPTY, S_MEMBER, S_POSITION, S_RULE } sc_slot_kind;
+typedef struct sc_slot {
+    uint8_t kind;
+    const cJSON *owner; /* the object or array; for S_RULE, the referenced schema */
+    const char *name;   /* S_MEMBER: the key or string element */
+    size_t position;    /* S_POSITION */
+    const cJSON *value;
+    gr_expr rule; /* S_RULE */
+} sc_slot;
 
 typedef struct sc_ctx {
     gr_builder *b;
@@ -131,8 +164,8 @@ typedef struct sc_ctx {
     int err;
     char path[512]; /* the JSON pointer of the schema being compiled */
     int depth;
-    sc_ref *refs;
-    size_t n_refs, cap_refs;
+    sc_slot *slots;
+    size_t n_slots, cap_slots; /* cap a power of two */
     /* shared pieces, made once (-2: not yet) */
     gr_expr ws, comma, value, string, string_char, number, integer;
 } sc_ctx;
@@ -192,6 +225,98 @@ static size_t path_push_index(sc_ctx *c, const char *key, size_t i)
 static void path_pop(sc_ctx *c, size_t old)
 {
     c->path[old] = 0;
+}
+
+/* --- the index ------------------------------------------------------------------------ */
+
+static size_t slot_hash(const sc_slot *k)
+{
+    uint64_t h = (uint64_t)(uintptr_t)k->owner * 0x9E3779B97F4A7C15ull ^ k->kind ^ k->position;
+    for (const char *p = k->kind == S_MEMBER ? k->name : ""; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001B3ull; /* FNV-1a */
+    return (size_t)(h ^ (h >> 29));
+}
+
+static bool slot_is(const sc_slot *a, const sc_slot *k)
+{
+    return a->kind == k->kind && a->owner == k->owner && a->position == k->position &&
+           (k->kind != S_MEMBER || !strcmp(a->name, k->name));
+}
+
+/* The slot holding k, or the empty one where it would go. */
+static sc_slot *slot_find(const sc_ctx *c, const sc_slot *k)
+{
+    size_t mask = c->cap_slots - 1;
+    for (size_t i = slot_hash(k) & mask;; i = (i + 1) & mask)
+        if (c->slots[i].kind == S_EMPTY || slot_is(&c->slots[i], k))
+            return &c->slots[i];
+}
+
+/* The slot holding k, or NULL. */
+static const sc_slot *slot_get(const sc_ctx *c, const sc_slot *k)
+{
+    const sc_slot *at = c->cap_slots ? slot_find(c, k) : NULL;
+    return at && at->kind != S_EMPTY ? at : NULL;
+}
+
+/* Add k unless a slot holds it already (the first of duplicate keys
+ * stays, as cJSON's lookups find it); the slot, or NULL out of memory. */
+static sc_slot *slot_put(sc_ctx *c, const sc_slot *k)
+{
+    if (2 * (c->n_slots + 1) > c->cap_slots) {
+        sc_slot *old = c->slots;
+        size_t old_cap = c->cap_slots;
+        c->cap_slots = old_cap ? 2 * old_cap : 64;
+        c->slots = calloc(c->cap_slots, sizeof *c->slots);
+        if (!c->slots) {
+            sc_fail(c, QL_ENOMEM, "out of memory");
+            c->slots = old, c->cap_slots = old_cap;
+            return NULL;
+        }
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].kind != S_EMPTY)
+                *slot_find(c, &old[i]) = old[i];
+        free(old);
+    }
+    sc_slot *at = slot_find(c, k);
+    if (at->kind == S_EMPTY) {
+        *at = *k;
+        c->n_slots++;
+    }
+    return at;
+}
+
+/* Index every object's members and every array's elements of v. */
+static bool index_doc(sc_ctx *c, const cJSON *v)
+{
+    size_t i = 0;
+    for (const cJSON *x = v->child; x; x = x->next, i++) {
+        sc_slot k = {.owner = v};
+        if (cJSON_IsObject(v))
+            k.kind = S_MEMBER, k.name = x->string;
+        else
+            k.kind = S_POSITION, k.position = i;
+        k.value = x;
+        if (!slot_put(c, &k))
+            return false;
+        if (cJSON_IsArray(v) && cJSON_IsString(x)) {
+            k = (sc_slot){.kind = S_MEMBER, .owner = v, .name = x->valuestring, .value = x};
+            if (!slot_put(c, &k))
+                return false;
+        }
+        if (x->child && !index_doc(c, x))
+            return false;
+    }
+    return true;
+}
+
+/* The member key of object o, or the first string element equal to key
+ * of array o; NULL when none (or o is neither). */
+static const cJSON *member(const sc_ctx *c, const cJSON *o, const char *key)
+{
+    sc_slot k = {.kind = S_MEMBER, .owner = o, .name = key};
+    const sc_slot *at = o ? slot_get(c, &k) : NULL;
+    return at ? at->value : NULL;
 }
 
 /* --- shared pieces --------------------------------------------------------------- */
@@ -338,7 +463,7 @@ static unsigned keyword_mask(sc_ctx *c, const cJSON *s)
             i++;
         if (i < K_COUNT)
             mask |= KB(i);
-        else if (!is_annotation(k->string))
+        else if (!is_annotation(k->string) || (!strcmp(k->string, "$id") && s != c->doc))
             return sc_fail(c, QL_EUNSUPPORTED, "'%s' at %s is not supported", k->string, where(c)),
                    0;
     }
@@ -599,15 +724,6 @@ typedef struct sc_member {
     bool required;
 } sc_member;
 
-static bool in_list(const cJSON *list, const char *name)
-{
-    const cJSON *x;
-    cJSON_ArrayForEach (x, list)
-        if (cJSON_IsString(x) && !strcmp(x->valuestring, name))
-            return true;
-    return false;
-}
-
 static gr_expr member_kv(sc_ctx *c, const char *name, gr_expr value)
 {
     cJSON *key = cJSON_CreateString(name);
@@ -689,18 +805,14 @@ static gr_expr compile_object(sc_ctx *c, const cJSON *s)
         size_t old = path_push(c, "properties");
         gr_expr v = compile_at(c, x, x->string, -1);
         path_pop(c, old);
-        m[k++] = (sc_member){member_kv(c, x->string, v), in_list(required, x->string)};
+        m[k++] = (sc_member){member_kv(c, x->string, v), member(c, required, x->string) != NULL};
     }
     /* required names not in properties: values under additionalProperties */
     long i = -1;
     cJSON_ArrayForEach (x, required) {
         i++;
-        if (c->err || (props && cJSON_GetObjectItemCaseSensitive(props, x->valuestring)))
-            continue;
-        bool dup = false;
-        for (const cJSON *y = required->child; y != x; y = y->next)
-            dup = dup || !strcmp(y->valuestring, x->valuestring);
-        if (dup)
+        /* listed in properties, or named before (member gives the first) */
+        if (c->err || member(c, props, x->valuestring) || member(c, required, x->valuestring) != x)
             continue;
         if (extra && cJSON_IsFalse(extra)) {
             size_t old = path_push_index(c, "required", (size_t)i);
@@ -769,11 +881,11 @@ static gr_expr compile_typed(sc_ctx *c, const cJSON *s, unsigned mask)
 
 /* The schema a "#..." reference names, or NULL. Only '#' and JSON
  * pointers into this document ("#/$defs/a", "#/definitions/a", ...). */
-static const cJSON *resolve(const cJSON *doc, const char *ref)
+static const cJSON *resolve(const sc_ctx *c, const char *ref)
 {
     if (ref[0] != '#')
         return NULL;
-    const cJSON *at = doc;
+    const cJSON *at = c->doc;
     const char *p = ref + 1;
     if (*p && *p != '/')
         return NULL;
@@ -785,6 +897,8 @@ static const cJSON *resolve(const cJSON *doc, const char *ref)
                 return NULL;
             if (*p == '~' && (p[1] == '0' || p[1] == '1'))
                 token[n++] = *++p == '0' ? '~' : '/';
+            else if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]))
+                token[n++] = (char)strtol((char[3]){p[1], p[2], 0}, NULL, 16), p += 2; /* %XX */
             else
                 token[n++] = *p;
         }
@@ -792,9 +906,11 @@ static const cJSON *resolve(const cJSON *doc, const char *ref)
         if (cJSON_IsArray(at)) {
             char *end;
             long i = strtol(token, &end, 10);
-            at = n && !*end && i >= 0 ? cJSON_GetArrayItem(at, (int)i) : NULL;
+            sc_slot k = {.kind = S_POSITION, .owner = at, .position = (size_t)i};
+            const sc_slot *slot = n && !*end && i >= 0 ? slot_get(c, &k) : NULL;
+            at = slot ? slot->value : NULL;
         } else {
-            at = cJSON_IsObject(at) ? cJSON_GetObjectItemCaseSensitive(at, token) : NULL;
+            at = cJSON_IsObject(at) ? member(c, at, token) : NULL;
         }
     }
     return at;
@@ -804,19 +920,14 @@ static const cJSON *resolve(const cJSON *doc, const char *ref)
  * path at the target, the first time it is referenced. */
 static gr_expr rule_for(sc_ctx *c, const cJSON *target, const char *ref)
 {
-    for (size_t i = 0; i < c->n_refs; i++)
-        if (c->refs[i].target == target)
-            return c->refs[i].rule;
-    if (c->n_refs == c->cap_refs) {
-        size_t cap = c->cap_refs ? 2 * c->cap_refs : 8;
-        sc_ref *grown = realloc(c->refs, cap * sizeof *grown);
-        if (!grown)
-            return sc_fail(c, QL_ENOMEM, "out of memory");
-        c->refs = grown;
-        c->cap_refs = cap;
-    }
+    sc_slot k = {.kind = S_RULE, .owner = target};
+    const sc_slot *known = slot_get(c, &k);
+    if (known)
+        return known->rule;
     gr_expr rule = gr_rule(c->b, ref);
-    c->refs[c->n_refs++] = (sc_ref){target, rule};
+    k.rule = rule;
+    if (!slot_put(c, &k))
+        return -1;
     char saved[sizeof c->path];
     memcpy(saved, c->path, sizeof saved);
     snprintf(c->path, sizeof c->path, "%s", ref + 1);
@@ -837,7 +948,7 @@ static gr_expr compile_ref(sc_ctx *c, const cJSON *s)
                        "'$ref' '%s' at %s is not supported: only '#' and '#/...' pointers into "
                        "the schema",
                        ref->valuestring, where(c));
-    const cJSON *target = resolve(c->doc, ref->valuestring);
+    const cJSON *target = resolve(c, ref->valuestring);
     if (!target)
         return sc_fail(c, QL_EINVAL, "'$ref' '%s' at %s does not resolve", ref->valuestring,
                        where(c));
@@ -856,7 +967,7 @@ typedef struct sc_shape {
     const cJSON *object;
 } sc_shape;
 
-static sc_shape shape_of(const cJSON *doc, const cJSON *s, int depth)
+static sc_shape shape_of(const sc_ctx *c, const cJSON *s, int depth)
 {
     sc_shape sh = {.types = T_ALL};
     if (cJSON_IsFalse(s))
@@ -865,11 +976,11 @@ static sc_shape shape_of(const cJSON *doc, const cJSON *s, int depth)
         return sh;
     const cJSON *x;
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "$ref")) && cJSON_IsString(x)) {
-        const cJSON *target = resolve(doc, x->valuestring);
-        return target ? shape_of(doc, target, depth + 1) : sh;
+        const cJSON *target = resolve(c, x->valuestring);
+        return target ? shape_of(c, target, depth + 1) : sh;
     }
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "allOf")) && cJSON_GetArraySize(x) == 1)
-        return shape_of(doc, x->child, depth + 1);
+        return shape_of(c, x->child, depth + 1);
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "const"))) {
         sh = (sc_shape){.types = type_of(x), .values = x, .one_value = true};
         return sh;
@@ -904,13 +1015,15 @@ static const cJSON *pinned(const cJSON *s)
     return cJSON_GetArraySize(x) == 1 ? x->child : NULL;
 }
 
-static bool shares_value(const sc_shape *a, const sc_shape *b)
+/* Whether a and b list a value in common; true too once the budget of
+ * comparisons is spent (not proven apart). */
+static bool shares_value(const sc_shape *a, const sc_shape *b, long *budget)
 {
     for (const cJSON *x = a->one_value ? a->values : a->values->child; x;
          x = a->one_value ? NULL : x->next)
         for (const cJSON *y = b->one_value ? b->values : b->values->child; y;
              y = b->one_value ? NULL : y->next)
-            if (cJSON_Compare(x, y, true))
+            if (--*budget < 0 || cJSON_Compare(x, y, true))
                 return true;
     return false;
 }
@@ -918,7 +1031,7 @@ static bool shares_value(const sc_shape *a, const sc_shape *b)
 /* Whether no instance can match both: disjoint types, disjoint listed
  * values, or objects whose required property pins different values (a
  * tagged union). */
-static bool exclusive(const sc_shape *a, const sc_shape *b)
+static bool exclusive(const sc_ctx *c, const sc_shape *a, const sc_shape *b, long *budget)
 {
     unsigned num = T_NUMBER | T_INTEGER;
     unsigned ta = a->types & num ? a->types | num : a->types;
@@ -926,7 +1039,7 @@ static bool exclusive(const sc_shape *a, const sc_shape *b)
     if (!(ta & tb))
         return true;
     if (a->values && b->values)
-        return !shares_value(a, b);
+        return !shares_value(a, b, budget);
     if (!a->object || !b->object)
         return false;
     const cJSON *pa = cJSON_GetObjectItemCaseSensitive(a->object, "properties");
@@ -935,13 +1048,45 @@ static bool exclusive(const sc_shape *a, const sc_shape *b)
     const cJSON *rb = cJSON_GetObjectItemCaseSensitive(b->object, "required");
     const cJSON *x;
     cJSON_ArrayForEach (x, pa) {
-        const cJSON *y = cJSON_GetObjectItemCaseSensitive(pb, x->string);
+        const cJSON *y = member(c, pb, x->string);
         const cJSON *va = pinned(x), *vb = y ? pinned(y) : NULL;
-        if (va && vb && in_list(ra, x->string) && in_list(rb, x->string) &&
+        if (--*budget < 0)
+            return false;
+        if (va && vb && member(c, ra, x->string) && member(c, rb, x->string) &&
             !cJSON_Compare(va, vb, true))
             return true;
     }
     return false;
+}
+
+/* Whether oneOf's branches are proven pairwise exclusive (then anyOf's
+ * language is oneOf's); refused with the reason when not. */
+static bool one_of_exclusive(sc_ctx *c, const cJSON *list, int n)
+{
+    sc_shape *shapes = calloc((size_t)n, sizeof *shapes);
+    if (!shapes)
+        return sc_fail(c, QL_ENOMEM, "out of memory"), false;
+    const cJSON *x;
+    int k = 0;
+    cJSON_ArrayForEach (x, list)
+        shapes[k++] = shape_of(c, x, 0);
+    long budget = SC_ONEOF_BUDGET;
+    for (int i = 0; i < n && !c->err; i++)
+        for (int j = i + 1; j < n && !c->err; j++) {
+            bool apart = --budget >= 0 && exclusive(c, &shapes[i], &shapes[j], &budget);
+            if (budget < 0)
+                sc_fail(c, QL_EUNSUPPORTED,
+                        "'oneOf' at %s has too many branches or values to prove them exclusive: "
+                        "use 'anyOf'",
+                        where(c));
+            else if (!apart)
+                sc_fail(c, QL_EUNSUPPORTED,
+                        "'oneOf' at %s: branches %d and %d may both match, which is not "
+                        "enforced: use 'anyOf'",
+                        where(c), i, j);
+        }
+    free(shapes);
+    return !c->err;
 }
 
 static gr_expr compile_combination(sc_ctx *c, const cJSON *s, unsigned mask)
@@ -960,16 +1105,8 @@ static gr_expr compile_combination(sc_ctx *c, const cJSON *s, unsigned mask)
     if (kw == K_ALLOF && n != 1)
         return sc_fail(c, QL_EUNSUPPORTED,
                        "'allOf' of %d schemas at %s is not supported (only of one)", n, where(c));
-    for (int i = 0; kw == K_ONEOF && i < n; i++)
-        for (int j = i + 1; j < n; j++) {
-            sc_shape a = shape_of(c->doc, cJSON_GetArrayItem(list, i), 0);
-            sc_shape b = shape_of(c->doc, cJSON_GetArrayItem(list, j), 0);
-            if (!exclusive(&a, &b))
-                return sc_fail(c, QL_EUNSUPPORTED,
-                               "'oneOf' at %s: branches %d and %d may both match, which is not "
-                               "enforced: use 'anyOf'",
-                               where(c), i, j);
-        }
+    if (kw == K_ONEOF && !one_of_exclusive(c, list, n))
+        return -1;
     gr_expr *parts = calloc((size_t)n, sizeof *parts);
     if (!parts)
         return sc_fail(c, QL_ENOMEM, "out of memory");
@@ -988,8 +1125,8 @@ static gr_expr compile_combination(sc_ctx *c, const cJSON *s, unsigned mask)
 
 static gr_expr compile(sc_ctx *c, const cJSON *s)
 {
-    if (c->err)
-        return -1;
+    if (c->err || gr_builder_error(c->b, NULL, 0) != QL_OK)
+        return -1; /* the builder's failure is reported once, at the end */
     if (cJSON_IsTrue(s))
         return any_value(c);
     if (cJSON_IsFalse(s))
@@ -1045,8 +1182,8 @@ int gr_from_json_schema(gr_builder *b, const char *text, size_t len, gr_expr *ro
                 .string_char = -2,
                 .number = -2,
                 .integer = -2};
-    gr_expr x = rule_for(&c, doc, "#");
-    free(c.refs);
+    gr_expr x = index_doc(&c, doc) ? rule_for(&c, doc, "#") : -1;
+    free(c.slots);
     cJSON_Delete(doc);
     if (c.err)
         return c.err;
