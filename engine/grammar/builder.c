@@ -548,9 +548,11 @@ static bool lower(lowering *l, gr_expr x, int depth)
     return r >= 0 && add_elem(l, GR_E_REF, r);
 }
 
-/* Write the alternatives of queued rule t. */
-static bool lower_rule(lowering *l, const todo *t)
+/* Write the alternatives of queued rule *queued (copied first: writing
+ * may queue more rules, which moves the queue). */
+static bool lower_rule(lowering *l, const todo *queued)
 {
+    const todo copy = *queued, *t = &copy;
     const gr_builder *b = l->b;
     const x_node *n = &b->nodes[t->x];
     int32_t r = t->rule;
@@ -847,7 +849,8 @@ int gr_build(gr_builder *b, gr_expr root, gr_grammar **out, char *msg, size_t ms
         if (!g->sets || !g->names)
             rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory compiling a grammar");
         else {
-            memcpy(g->sets, b->sets, b->n_sets * sizeof *g->sets);
+            if (b->n_sets)
+                memcpy(g->sets, b->sets, b->n_sets * sizeof *g->sets);
             memcpy(g->names, b->names ? b->names : "", b->n_names);
             g->names[b->n_names] = 0;
         }
