@@ -320,3 +320,41 @@ Test(grammar, a_grammar_too_ambiguous_for_the_bounds_stops_the_matcher_not_the_p
     gr_grammar_unref(g);
     gr_vocab_free(v);
 }
+
+Test(grammar, a_second_matcher_of_a_grammar_takes_the_first_ones_masks_and_they_are_right)
+{
+    int32_t n = (int32_t)(sizeof json_tokens / sizeof *json_tokens);
+    gr_vocab *v = make_vocab(json_tokens, n, 0);
+    gr_grammar *g = small_json(), *alone = small_json(); /* alone: the same, unshared */
+    char msg[256];
+    uint64_t seed = 99;
+    for (int round = 0; round < 2; round++) {
+        gr_matcher *m = NULL, *ref = NULL;
+        cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK);
+        cr_assert_eq(gr_matcher_new(&ref, alone, v, msg, sizeof msg), QL_OK);
+        bool ok[64], want[64];
+        for (int step = 0; step < 60; step++) {
+            allowed(m, n, ok);
+            allowed(ref, n, want);
+            cr_assert_arr_eq(ok, want, (size_t)n * sizeof *ok, "round %d step %d", round, step);
+            int32_t pick[64], n_pick = 0;
+            for (int32_t t = 0; t < n; t++)
+                if (ok[t])
+                    pick[n_pick++] = t;
+            int32_t t = pick[next_rand(&seed) % (uint64_t)n_pick];
+            cr_assert_eq(gr_matcher_accept(m, t), QL_OK);
+            cr_assert_eq(gr_matcher_accept(ref, t), QL_OK);
+            if (t == 0)
+                break;
+        }
+        if (round == 1) /* the first round's states are the second's start */
+            cr_assert_gt(gr_matcher_shared_hits(m), 0);
+        gr_grammar_unref(alone);
+        alone = small_json(); /* a fresh one each round: never shared */
+        gr_matcher_free(m);
+        gr_matcher_free(ref);
+    }
+    gr_grammar_unref(g);
+    gr_grammar_unref(alone);
+    gr_vocab_free(v);
+}

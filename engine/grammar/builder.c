@@ -783,6 +783,8 @@ static void grammar_free(gr_grammar *g)
     free(g->rules);
     free(g->sets);
     free(g->names);
+    gr_shared_masks_free(g->masks);
+    pthread_mutex_destroy(&g->masks_mu);
     free(g);
 }
 
@@ -833,6 +835,8 @@ int gr_build(gr_builder *b, gr_expr root, gr_grammar **out, char *msg, size_t ms
     l.rule_of = malloc(b->n_nodes * sizeof *l.rule_of);
     l.star_of = malloc(b->n_nodes * sizeof *l.star_of);
     int rc = QL_OK;
+    if (l.g)
+        pthread_mutex_init(&l.g->masks_mu, NULL);
     if (!l.g || !l.rule_of || !l.star_of)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory compiling a grammar");
     for (size_t i = 0; rc == QL_OK && i < b->n_nodes; i++)

@@ -56,6 +56,7 @@ enum { UNKNOWN = -2, DEAD = -1 };
 /* --- the vocabulary trie -------------------------------------------------------- */
 
 struct gr_vocab {
+    uint64_t uid; /* never reused: what shared masks are keyed on, not the address */
     int32_t n_tokens, eos;
     int32_t n_nodes, max_depth;
     uint8_t *byte;      /* per node: the byte it adds */
@@ -162,6 +163,8 @@ int gr_vocab_new(gr_vocab **out, int32_t n_tokens, const uint8_t *const *bytes, 
     sorted_token *t = malloc((size_t)n_tokens * sizeof *t);
     size_t total = 0, n = 0;
     if (v) {
+        static uint64_t last_uid;
+        v->uid = __atomic_add_fetch(&last_uid, 1, __ATOMIC_RELAXED);
         v->n_tokens = n_tokens;
         v->eos = eos;
         v->tok_off = calloc((size_t)n_tokens, sizeof *v->tok_off);
@@ -206,6 +209,14 @@ typedef struct snode {
     int32_t pos, parent;
 } snode;
 
+/* A state by what it is, not by its ids in one matcher: its stacks, each
+ * written as its length then its positions top to bottom, in sorted
+ * order, then whether it accepts. */
+typedef struct signature {
+    uint32_t *w;
+    size_t n, cap;
+} signature;
+
 typedef struct mstate {
     int32_t off, len; /* its stacks: st_nodes[off .. off + len) */
     bool accept;
@@ -244,6 +255,8 @@ struct gr_matcher {
     size_t mem;     /* bytes held by memos, for the bound */
     size_t max_mem; /* GR_MATCHER_MAX_BYTES, lower in tests */
     uint64_t compactions;
+    signature sig;        /* the last state's signature (its buffer reused) */
+    uint64_t shared_hits; /* masks another matcher of the grammar had made */
     int32_t cur;
     bool ended;
     int err;
@@ -655,6 +668,7 @@ void gr_matcher_free(gr_matcher *m)
     free(m->work);
     free(m->res);
     free(m->walk);
+    free(m->sig.w);
     gr_grammar_unref(m->g);
     free(m);
 }
@@ -667,7 +681,195 @@ static int32_t walk_bytes(gr_matcher *m, int32_t from, const uint8_t *s, size_t 
     return from;
 }
 
-/* The mask of the current state: walk the trie from it. */
+/* --- masks shared by a grammar's matchers ---------------------------------------- */
+
+typedef struct shared_entry {
+    uint64_t hash;
+    uint64_t vocab; /* its uid */
+    uint32_t *sig;  /* owned */
+    size_t sig_len;
+    uint32_t *mask; /* owned: the vocabulary's words */
+} shared_entry;
+
+struct gr_shared_masks {
+    shared_entry *slots; /* open addressing; sig NULL: empty */
+    size_t cap, n, bytes;
+};
+
+/* Past this many bytes of one grammar's shared masks the table is
+ * emptied and filled again (each matcher keeps its own copies). */
+#define GR_SHARED_MAX_BYTES ((size_t)64 << 20)
+
+void gr_shared_masks_free(gr_shared_masks *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->cap; i++) {
+        free(c->slots[i].sig);
+        free(c->slots[i].mask);
+    }
+    free(c->slots);
+    free(c);
+}
+
+/* Stack of entry id, in the matcher's tables, appended to sig. */
+static bool sig_stack(const gr_matcher *m, int32_t id, signature *sig)
+{
+    size_t depth = 0;
+    for (int32_t k = id; k >= 0; k = m->nodes[k].parent)
+        depth++;
+    if (!grow_to((void **)&sig->w, sig->n + depth + 1, &sig->cap, sizeof *sig->w))
+        return false;
+    sig->w[sig->n++] = (uint32_t)depth;
+    for (int32_t k = id; k >= 0; k = m->nodes[k].parent)
+        sig->w[sig->n++] = (uint32_t)m->nodes[k].pos;
+    return true;
+}
+
+/* Compare the stacks written at a and b (each: length, positions). */
+static int cmp_stack(const uint32_t *a, const uint32_t *b)
+{
+    size_t n = a[0] < b[0] ? a[0] : b[0];
+    for (size_t i = 1; i <= n; i++)
+        if (a[i] != b[i])
+            return a[i] < b[i] ? -1 : 1;
+    return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+/* State s's signature into sig (its buffer reused). */
+static bool make_signature(const gr_matcher *m, int32_t s, signature *sig)
+{
+    const mstate *st = &m->st[s];
+    signature raw = {0};
+    size_t *starts = malloc(((size_t)st->len + 1) * sizeof *starts);
+    bool ok = starts != NULL;
+    for (int32_t i = 0; ok && i < st->len; i++) {
+        starts[i] = raw.n;
+        ok = sig_stack(m, m->st_nodes[st->off + i], &raw);
+    }
+    /* insertion sort of the stacks: a state holds few */
+    for (int32_t i = 1; ok && i < st->len; i++)
+        for (int32_t j = i; j > 0 && cmp_stack(raw.w + starts[j - 1], raw.w + starts[j]) > 0; j--) {
+            size_t t = starts[j];
+            starts[j] = starts[j - 1];
+            starts[j - 1] = t;
+        }
+    sig->n = 0;
+    ok = ok && grow_to((void **)&sig->w, raw.n + 1, &sig->cap, sizeof *sig->w);
+    for (int32_t i = 0; ok && i < st->len; i++) {
+        const uint32_t *w = raw.w + starts[i];
+        memcpy(sig->w + sig->n, w, (w[0] + 1) * sizeof *w);
+        sig->n += w[0] + 1;
+    }
+    if (ok)
+        sig->w[sig->n++] = st->accept;
+    free(raw.w);
+    free(starts);
+    return ok;
+}
+
+static uint64_t sig_hash(const signature *sig, const gr_vocab *v)
+{
+    uint64_t h = mix(v->uid);
+    for (size_t i = 0; i < sig->n; i++)
+        h = mix(h ^ sig->w[i]);
+    return h;
+}
+
+/* The shared mask for sig, copied into mask; false when none. */
+static bool shared_get(gr_grammar *g, const gr_vocab *v, const signature *sig, uint64_t h,
+                       uint32_t *mask, size_t words)
+{
+    bool found = false;
+    pthread_mutex_lock(&g->masks_mu);
+    const gr_shared_masks *c = g->masks;
+    for (size_t i = c ? h & (c->cap - 1) : 0; c && c->slots[i].sig; i = (i + 1) & (c->cap - 1)) {
+        const shared_entry *e = &c->slots[i];
+        if (e->hash == h && e->vocab == v->uid && e->sig_len == sig->n &&
+            memcmp(e->sig, sig->w, sig->n * sizeof *sig->w) == 0) {
+            memcpy(mask, e->mask, words * sizeof *mask);
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->masks_mu);
+    return found;
+}
+
+/* A fresh, empty table of cap slots in *c (the old one freed). */
+static bool shared_reset(gr_shared_masks **c, size_t cap)
+{
+    gr_shared_masks *n = calloc(1, sizeof *n);
+    if (n && !(n->slots = calloc(cap, sizeof *n->slots))) {
+        free(n);
+        n = NULL;
+    }
+    if (!n)
+        return false;
+    n->cap = cap;
+    gr_shared_masks_free(*c);
+    *c = n;
+    return true;
+}
+
+/* Keep a copy of mask under sig; quietly nothing when out of memory (the
+ * table is only a cache). */
+static void shared_put(gr_grammar *g, const gr_vocab *v, const signature *sig, uint64_t h,
+                       const uint32_t *mask, size_t words)
+{
+    uint32_t *sig_copy = malloc(sig->n * sizeof *sig_copy),
+             *mask_copy = malloc(words * sizeof *mask_copy);
+    if (!sig_copy || !mask_copy) {
+        free(sig_copy);
+        free(mask_copy);
+        return;
+    }
+    memcpy(sig_copy, sig->w, sig->n * sizeof *sig_copy);
+    memcpy(mask_copy, mask, words * sizeof *mask_copy);
+    size_t bytes = (sig->n + words) * sizeof(uint32_t) + sizeof(shared_entry);
+    pthread_mutex_lock(&g->masks_mu);
+    gr_shared_masks *c = g->masks;
+    bool ok = true;
+    if (!c || c->bytes + bytes > GR_SHARED_MAX_BYTES) /* start over: bounded */
+        ok = shared_reset(&g->masks, 1024);
+    else if ((c->n + 1) * 2 > c->cap) { /* grow: rehash the entries */
+        gr_shared_masks *n = calloc(1, sizeof *n);
+        ok = n && (n->slots = calloc(c->cap * 2, sizeof *n->slots));
+        if (ok) {
+            n->cap = c->cap * 2;
+            n->n = c->n;
+            n->bytes = c->bytes;
+            for (size_t i = 0; i < c->cap; i++)
+                if (c->slots[i].sig) {
+                    size_t k = c->slots[i].hash & (n->cap - 1);
+                    while (n->slots[k].sig)
+                        k = (k + 1) & (n->cap - 1);
+                    n->slots[k] = c->slots[i];
+                }
+            free(c->slots);
+            free(c);
+            g->masks = n;
+        } else
+            free(n);
+    }
+    c = g->masks;
+    if (ok) {
+        size_t k = h & (c->cap - 1);
+        while (c->slots[k].sig)
+            k = (k + 1) & (c->cap - 1);
+        c->slots[k] = (shared_entry){h, v->uid, sig_copy, sig->n, mask_copy};
+        c->n++;
+        c->bytes += bytes;
+    }
+    pthread_mutex_unlock(&g->masks_mu);
+    if (!ok) {
+        free(sig_copy);
+        free(mask_copy);
+    }
+}
+
+/* The mask of the current state: another matcher's of the same grammar
+ * when one made it, else a walk of the trie from it. */
 static uint32_t *make_mask(gr_matcher *m)
 {
     const gr_vocab *v = m->v;
@@ -678,6 +880,14 @@ static uint32_t *make_mask(gr_matcher *m)
         return NULL;
     }
     int32_t s = m->cur;
+    bool signed_ = make_signature(m, s, &m->sig);
+    uint64_t h = signed_ ? sig_hash(&m->sig, v) : 0;
+    if (signed_ && shared_get(m->g, v, &m->sig, h, mask, words)) {
+        m->shared_hits++;
+        m->st[s].mask = mask;
+        m->mem += words * sizeof *mask;
+        return mask;
+    }
     m->walk[0] = s;
     for (int32_t i = 0; i < v->n_nodes && m->err == QL_OK;) {
         int32_t t = step(m, m->walk[v->depth[i] - 1], v->byte[i]);
@@ -698,6 +908,8 @@ static uint32_t *make_mask(gr_matcher *m)
         free(mask);
         return NULL;
     }
+    if (signed_)
+        shared_put(m->g, v, &m->sig, h, mask, words);
     m->st[s].mask = mask;
     m->mem += words * sizeof *mask;
     return mask;
@@ -776,6 +988,11 @@ void gr_matcher_set_memory_bound(gr_matcher *m, size_t bytes)
 uint64_t gr_matcher_compactions(const gr_matcher *m)
 {
     return m->compactions;
+}
+
+uint64_t gr_matcher_shared_hits(const gr_matcher *m)
+{
+    return m->shared_hits;
 }
 
 bool gr_grammar_accepts(const gr_grammar *g, const void *s, size_t n)

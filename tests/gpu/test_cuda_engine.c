@@ -26,13 +26,17 @@
  * qt_quantize into each kind), so nothing is read from disk but the tiny
  * Phi-3 fixture above; with
  * QL_DEFAULT_MODEL set to the default model's GGUF, its greedy
- * continuations of a few prompts must be equal on both backends too.
+ * continuations of a few prompts must be equal on both backends too, and
+ * a JSON Schema's constrained answers on the device (the masked rows come
+ * back to the host) must be whole sentences of its grammar, the greedy one
+ * the CPU engine's.
  *
  * Plain C, no Criterion (the GPU machine has only CUDA and cJSON): prints
  * `PASS name` or `FAIL name: detail` per check; exit 0 when all passed, 1
  * when one failed, 77 when there is no usable device.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1218,6 +1222,105 @@ static void default_model(const char *path)
     eng_model_free(&m);
 }
 
+/* --- constrained decoding on the device ------------------------------------------ */
+
+typedef struct answer {
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *left;
+    char text[2048];
+    size_t len;
+    eng_finish why;
+} answer;
+
+static void answer_token(void *user, const eng_token_event *ev)
+{
+    answer *a = user;
+    if (a->len + ev->len < sizeof a->text) {
+        memcpy(a->text + a->len, ev->text, ev->len);
+        a->len += ev->len;
+    }
+}
+
+static void answer_done(void *user, eng_finish why, const eng_usage *u)
+{
+    (void)u;
+    answer *a = user;
+    pthread_mutex_lock(a->mu);
+    a->why = why;
+    (*a->left)--;
+    pthread_cond_signal(a->cv);
+    pthread_mutex_unlock(a->mu);
+}
+
+/* n requests under g on an engine of device d, together: answers in a. */
+static int constrained_run(const eng_model *m, eng_device d, gr_grammar *g, answer *a, int n,
+                           char *msg, size_t msg_len)
+{
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int left = n;
+    eng_engine_opts eo = {.device = d, .kv_bytes = (size_t)64 << 20, .max_running = n};
+    eng_engine *e = NULL;
+    int rc = eng_engine_start(&e, m, &eo, msg, msg_len);
+    static const char prompt[] = "A user record as JSON:";
+    for (int i = 0; i < n && rc == QL_OK; i++) {
+        a[i] = (answer){.mu = &mu, .cv = &cv, .left = &left};
+        eng_request r = {.prompt = prompt,
+                         .prompt_len = strlen(prompt),
+                         .max_new_tokens = 200,
+                         .grammar = g,
+                         .sampling = {.temperature = i ? 0.8f : 0.0f, .seed = (uint64_t)i},
+                         .on_token = answer_token,
+                         .on_done = answer_done,
+                         .user = &a[i]};
+        rc = eng_engine_submit(e, &r, NULL, msg, msg_len);
+        if (rc != QL_OK)
+            left -= n - i;
+    }
+    pthread_mutex_lock(&mu);
+    while (left > 0)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    if (e)
+        eng_engine_stop(e);
+    return rc;
+}
+
+/* A JSON Schema's answers on the device (one greedy, seven sampled, all
+ * together): each is a whole sentence of the grammar, and the greedy one
+ * is the CPU engine's (the masked rows come back to the host). */
+static void default_model_constrained(const eng_model *m)
+{
+    const char *name = "default_model_constrained_answers_parse";
+    static const char schema[] =
+        "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": "
+        "30}, \"age\": {\"type\": \"integer\"}, \"tags\": {\"type\": \"array\", \"items\": "
+        "{\"enum\": [\"a\", \"b\"]}, \"maxItems\": 3}}, \"required\": [\"name\", \"age\"], "
+        "\"additionalProperties\": false}";
+    enum { N = 8 };
+    char msg[512] = "";
+    gr_grammar *g = NULL;
+    answer gpu[N], cpu[1];
+    int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), 0, &g, msg, sizeof msg);
+    if (rc == QL_OK)
+        rc = constrained_run(m, ENG_DEVICE_CUDA, g, gpu, N, msg, sizeof msg);
+    if (rc == QL_OK)
+        rc = constrained_run(m, ENG_DEVICE_CPU, g, cpu, 1, msg, sizeof msg);
+    int bad = -1;
+    for (int i = 0; rc == QL_OK && i < N && bad < 0; i++)
+        if (gpu[i].why != ENG_FINISH_EOS || !gr_grammar_accepts(g, gpu[i].text, gpu[i].len))
+            bad = i;
+    bool same = rc == QL_OK && gpu[0].len == cpu[0].len &&
+                memcmp(gpu[0].text, cpu[0].text, cpu[0].len) == 0;
+    report(rc == QL_OK && bad < 0 && same, name,
+           "%s; answer %d is not a whole sentence (%s): '%.*s'; greedy cuda '%.*s' cpu '%.*s'", msg,
+           bad, bad >= 0 ? eng_finish_name(gpu[bad].why) : "-", bad >= 0 ? (int)gpu[bad].len : 0,
+           bad >= 0 ? gpu[bad].text : "", rc == QL_OK ? (int)gpu[0].len : 0, gpu[0].text,
+           rc == QL_OK ? (int)cpu[0].len : 0, cpu[0].text);
+    gr_grammar_unref(g);
+}
+
 int main(void)
 {
     int n = 0;
@@ -1250,9 +1353,16 @@ int main(void)
     device_draws();
     out_of_memory();
     const char *path = getenv("QL_DEFAULT_MODEL");
-    if (path && *path)
+    if (path && *path) {
         default_model(path);
-    else
+        eng_model dm;
+        eng_load_opts lo = {.path = path};
+        if (eng_model_load(&dm, &lo, msg, sizeof msg) == QL_OK) {
+            default_model_constrained(&dm);
+            eng_model_free(&dm);
+        } else
+            report(false, "default_model_constrained_answers_parse", "%s", msg);
+    } else
         printf("SKIP default_model_greedy_tokens_equal: QL_DEFAULT_MODEL is not set\n");
     printf("test_cuda_engine: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -13,6 +13,8 @@
 
 #include "grammar.h"
 
+#include <pthread.h>
+
 /* A set of bytes: bit c of bits[c / 32]. */
 typedef struct gr_set {
     uint32_t bits[8];
@@ -39,8 +41,17 @@ typedef struct gr_rule_info {
     int32_t name; /* offset into names; -1 for a rule the lowering made */
 } gr_rule_info;
 
+/* Masks shared by every matcher of one grammar (matcher.c): a state's
+ * mask depends only on its stacks' positions, not on which matcher holds
+ * it, so sequences of one schema in a batch, and later requests with the
+ * same cached grammar, walk the vocabulary once per state between them. */
+typedef struct gr_shared_masks gr_shared_masks;
+void gr_shared_masks_free(gr_shared_masks *c);
+
 struct gr_grammar {
     int refs;
+    pthread_mutex_t masks_mu; /* guards masks */
+    gr_shared_masks *masks;   /* made on first use; NULL before */
     gr_elem *elems;
     size_t n_elems;
     int32_t *alts;
@@ -56,5 +67,8 @@ struct gr_grammar {
  * GR_MATCHER_MAX_BYTES otherwise), and how often it has. */
 void gr_matcher_set_memory_bound(gr_matcher *m, size_t bytes);
 uint64_t gr_matcher_compactions(const gr_matcher *m);
+/* For tests: how many masks this matcher took from its grammar's shared
+ * table rather than walking the vocabulary. */
+uint64_t gr_matcher_shared_hits(const gr_matcher *m);
 
 #endif
