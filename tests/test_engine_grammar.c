@@ -3,8 +3,8 @@
  * tiny model whose own answers are noise: every answer of a request with
  * a grammar is a sentence of it (sampled, many seeds, several choices per
  * request, batched beside unconstrained requests that it must not
- * change), a whole answer ends the choice, and a grammar cannot be asked
- * with ignore_eos.
+ * change, and with an unmerged adapter), a whole answer ends the choice,
+ * and a grammar cannot be asked with ignore_eos.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "engine.h"
+#include "lora.h"
+#include "lora_fixture.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -231,4 +233,45 @@ Test(engine_grammar, a_grammar_with_ignore_eos_is_refused)
     free(o);
     gr_grammar_unref(g);
     eng_engine_stop(e);
+}
+
+Test(engine_grammar, answers_under_an_unmerged_adapter_keep_to_the_grammar)
+{
+    char folder[700], msg[512];
+    snprintf(folder, sizeof folder, "%s/adapter", dir);
+    lora_fix_spec spec = lora_fix_default();
+    spec.std = 0.5f; /* large enough to move the tiny model's answers */
+    lora_fix_write(folder, &model.cfg, &spec);
+    eng_lora *lora = NULL;
+    lora_meta meta;
+    cr_assert_eq(lora_load(&lora, &meta, folder, "a", &model, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_engine *e = start();
+    gr_grammar *g = record_grammar();
+    eng_lora_term term = {.lora = lora, .scale = 1.0f};
+    enum { N = 6 };
+    outcome *o[N];
+    for (int i = 0; i < N; i++) { /* adapter and base interleaved in one batch */
+        o[i] = outcome_new();
+        eng_request r = request("the theme", g, o[i]);
+        r.sampling = (eng_sampling){.temperature = 1.0f, .seed = (uint64_t)i};
+        if (i % 2 == 0) {
+            r.adapters = &term;
+            r.n_adapters = 1;
+        }
+        cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    }
+    for (int i = 0; i < N; i++) {
+        wait_free(o[i]);
+        cr_assert_eq(o[i]->why[0], ENG_FINISH_EOS, "request %d: %s", i,
+                     eng_finish_name(o[i]->why[0]));
+        cr_assert(gr_grammar_accepts(g, o[i]->text[0], o[i]->len[0]), "request %d: '%.*s'", i,
+                  (int)o[i]->len[0], o[i]->text[0]);
+        free(o[i]);
+    }
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.adapter_requests, (uint64_t)(N / 2), "the adapter was applied unmerged");
+    eng_engine_stop(e);
+    gr_grammar_unref(g);
+    eng_lora_unref(lora);
 }
