@@ -30,7 +30,7 @@
  * element (the only kind that pushes a frame) is left recursion. Tarjan's
  * strongly connected components over those calls find it in linear time.
  *
- * Owns the builders and the compiled grammars (reference counted).
+ * Owns the builders; a grammar it builds is grammar.c's to keep.
  */
 #include "internal/grammar_internal.h"
 
@@ -774,38 +774,6 @@ static int check_left_recursion(const gr_grammar *g, char *msg, size_t msg_len)
 
 /* --- compiled grammars ------------------------------------------------------------ */
 
-static void grammar_free(gr_grammar *g)
-{
-    if (!g)
-        return;
-    free(g->elems);
-    free(g->alts);
-    free(g->rules);
-    free(g->sets);
-    free(g->names);
-    gr_shared_masks_free(g->masks);
-    pthread_mutex_destroy(&g->masks_mu);
-    free(g);
-}
-
-gr_grammar *gr_grammar_ref(gr_grammar *g)
-{
-    if (g)
-        __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
-    return g;
-}
-
-void gr_grammar_unref(gr_grammar *g)
-{
-    if (g && __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) == 0)
-        grammar_free(g);
-}
-
-size_t gr_grammar_size(const gr_grammar *g)
-{
-    return g ? g->n_elems : 0;
-}
-
 /* Lower everything reachable from root into g: rule 0 the root, then
  * each queued rule in turn. */
 static bool lower_all(lowering *l, gr_expr root)
@@ -865,7 +833,7 @@ int gr_build(gr_builder *b, gr_expr root, gr_grammar **out, char *msg, size_t ms
     free(l.star_of);
     free(l.todo);
     if (rc != QL_OK) {
-        grammar_free(g);
+        gr_grammar_destroy(g);
         return rc;
     }
     *out = g;

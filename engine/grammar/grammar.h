@@ -13,10 +13,11 @@
  * vocabulary, found by walking the vocabulary as a trie of byte strings,
  * gr_vocab), and advances by the token the sampler chose.
  *
- * Inside the folder: builder.c (gr_builder, the lowering to rules,
- * gr_grammar, gr_cache), matcher.c (gr_vocab, gr_matcher), regex.c
- * (gr_from_regex), schema.c (gr_from_json_schema). It touches base/ and
- * cJSON only: the engine hands it the vocabulary's bytes.
+ * Inside the folder: builder.c (gr_builder, the lowering to rules),
+ * grammar.c (gr_grammar's references and the masks its matchers share),
+ * cache.c (gr_compile, gr_cache), matcher.c (gr_vocab, gr_matcher),
+ * regex.c (gr_from_regex), schema.c (gr_from_json_schema). It touches
+ * base/ and cJSON only: the engine hands it the vocabulary's bytes.
  */
 #ifndef QL_GRAMMAR_H
 #define QL_GRAMMAR_H
@@ -72,7 +73,7 @@ gr_expr gr_optional(gr_builder *b, gr_expr x); /* x{0,1} */
 gr_expr gr_rule(gr_builder *b, const char *name);
 int gr_define(gr_builder *b, gr_expr rule, gr_expr body);
 
-/* --- compiled grammars (builder.c) --------------------------------------- */
+/* --- compiled grammars (builder.c, grammar.c) ----------------------------- */
 
 /* Immutable, reference counted (atomically: any thread may ref and unref). */
 typedef struct gr_grammar gr_grammar;

@@ -18,8 +18,10 @@
  *   - per state, its transition by each byte (256 ids, made on first
  *     use), so walking a byte the state has seen is one load;
  *   - per state, its mask over the vocabulary (one bit per token), so a
- *     state met again (inside a JSON string, every step is the same
- *     state) costs only the mask's application to the logits.
+ *     state met again costs only the mask's application to the logits;
+ *     and, since a mask depends only on the state's stack positions, the
+ *     grammar keeps every mask made under that signature (grammar.c), so
+ *     another matcher of the same grammar meeting the state copies it.
  *
  * A mask is made by walking the vocabulary as a trie of the tokens'
  * bytes (gr_vocab: its nodes in depth-first order, each with the index
@@ -683,35 +685,6 @@ static int32_t walk_bytes(gr_matcher *m, int32_t from, const uint8_t *s, size_t 
 
 /* --- masks shared by a grammar's matchers ---------------------------------------- */
 
-typedef struct shared_entry {
-    uint64_t hash;
-    uint64_t vocab; /* its uid */
-    uint32_t *sig;  /* owned */
-    size_t sig_len;
-    uint32_t *mask; /* owned: the vocabulary's words */
-} shared_entry;
-
-struct gr_shared_masks {
-    shared_entry *slots; /* open addressing; sig NULL: empty */
-    size_t cap, n, bytes;
-};
-
-/* Past this many bytes of one grammar's shared masks the table is
- * emptied and filled again (each matcher keeps its own copies). */
-#define GR_SHARED_MAX_BYTES ((size_t)64 << 20)
-
-void gr_shared_masks_free(gr_shared_masks *c)
-{
-    if (!c)
-        return;
-    for (size_t i = 0; i < c->cap; i++) {
-        free(c->slots[i].sig);
-        free(c->slots[i].mask);
-    }
-    free(c->slots);
-    free(c);
-}
-
 /* Stack of entry id, in the matcher's tables, appended to sig. */
 static bool sig_stack(const gr_matcher *m, int32_t id, signature *sig)
 {
@@ -776,98 +749,6 @@ static uint64_t sig_hash(const signature *sig, const gr_vocab *v)
     return h;
 }
 
-/* The shared mask for sig, copied into mask; false when none. */
-static bool shared_get(gr_grammar *g, const gr_vocab *v, const signature *sig, uint64_t h,
-                       uint32_t *mask, size_t words)
-{
-    bool found = false;
-    pthread_mutex_lock(&g->masks_mu);
-    const gr_shared_masks *c = g->masks;
-    for (size_t i = c ? h & (c->cap - 1) : 0; c && c->slots[i].sig; i = (i + 1) & (c->cap - 1)) {
-        const shared_entry *e = &c->slots[i];
-        if (e->hash == h && e->vocab == v->uid && e->sig_len == sig->n &&
-            memcmp(e->sig, sig->w, sig->n * sizeof *sig->w) == 0) {
-            memcpy(mask, e->mask, words * sizeof *mask);
-            found = true;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g->masks_mu);
-    return found;
-}
-
-/* A fresh, empty table of cap slots in *c (the old one freed). */
-static bool shared_reset(gr_shared_masks **c, size_t cap)
-{
-    gr_shared_masks *n = calloc(1, sizeof *n);
-    if (n && !(n->slots = calloc(cap, sizeof *n->slots))) {
-        free(n);
-        n = NULL;
-    }
-    if (!n)
-        return false;
-    n->cap = cap;
-    gr_shared_masks_free(*c);
-    *c = n;
-    return true;
-}
-
-/* Keep a copy of mask under sig; quietly nothing when out of memory (the
- * table is only a cache). */
-static void shared_put(gr_grammar *g, const gr_vocab *v, const signature *sig, uint64_t h,
-                       const uint32_t *mask, size_t words)
-{
-    uint32_t *sig_copy = malloc(sig->n * sizeof *sig_copy),
-             *mask_copy = malloc(words * sizeof *mask_copy);
-    if (!sig_copy || !mask_copy) {
-        free(sig_copy);
-        free(mask_copy);
-        return;
-    }
-    memcpy(sig_copy, sig->w, sig->n * sizeof *sig_copy);
-    memcpy(mask_copy, mask, words * sizeof *mask_copy);
-    size_t bytes = (sig->n + words) * sizeof(uint32_t) + sizeof(shared_entry);
-    pthread_mutex_lock(&g->masks_mu);
-    gr_shared_masks *c = g->masks;
-    bool ok = true;
-    if (!c || c->bytes + bytes > GR_SHARED_MAX_BYTES) /* start over: bounded */
-        ok = shared_reset(&g->masks, 1024);
-    else if ((c->n + 1) * 2 > c->cap) { /* grow: rehash the entries */
-        gr_shared_masks *n = calloc(1, sizeof *n);
-        ok = n && (n->slots = calloc(c->cap * 2, sizeof *n->slots));
-        if (ok) {
-            n->cap = c->cap * 2;
-            n->n = c->n;
-            n->bytes = c->bytes;
-            for (size_t i = 0; i < c->cap; i++)
-                if (c->slots[i].sig) {
-                    size_t k = c->slots[i].hash & (n->cap - 1);
-                    while (n->slots[k].sig)
-                        k = (k + 1) & (n->cap - 1);
-                    n->slots[k] = c->slots[i];
-                }
-            free(c->slots);
-            free(c);
-            g->masks = n;
-        } else
-            free(n);
-    }
-    c = g->masks;
-    if (ok) {
-        size_t k = h & (c->cap - 1);
-        while (c->slots[k].sig)
-            k = (k + 1) & (c->cap - 1);
-        c->slots[k] = (shared_entry){h, v->uid, sig_copy, sig->n, mask_copy};
-        c->n++;
-        c->bytes += bytes;
-    }
-    pthread_mutex_unlock(&g->masks_mu);
-    if (!ok) {
-        free(sig_copy);
-        free(mask_copy);
-    }
-}
-
 /* The mask of the current state: another matcher's of the same grammar
  * when one made it, else a walk of the trie from it. */
 static uint32_t *make_mask(gr_matcher *m)
@@ -882,7 +763,7 @@ static uint32_t *make_mask(gr_matcher *m)
     int32_t s = m->cur;
     bool signed_ = make_signature(m, s, &m->sig);
     uint64_t h = signed_ ? sig_hash(&m->sig, v) : 0;
-    if (signed_ && shared_get(m->g, v, &m->sig, h, mask, words)) {
+    if (signed_ && gr_shared_get(m->g, v->uid, m->sig.w, m->sig.n, h, mask, words)) {
         m->shared_hits++;
         m->st[s].mask = mask;
         m->mem += words * sizeof *mask;
@@ -909,7 +790,7 @@ static uint32_t *make_mask(gr_matcher *m)
         return NULL;
     }
     if (signed_)
-        shared_put(m->g, v, &m->sig, h, mask, words);
+        gr_shared_put(m->g, v->uid, m->sig.w, m->sig.n, h, mask, words);
     m->st[s].mask = mask;
     m->mem += words * sizeof *mask;
     return mask;

@@ -46,7 +46,17 @@ typedef struct gr_rule_info {
  * it, so sequences of one schema in a batch, and later requests with the
  * same cached grammar, walk the vocabulary once per state between them. */
 typedef struct gr_shared_masks gr_shared_masks;
-void gr_shared_masks_free(gr_shared_masks *c);
+
+/* Free g whole (grammar.c): its last reference is gone, or gr_build failed. */
+void gr_grammar_destroy(gr_grammar *g);
+/* The shared mask of the state whose signature is sig[0..sig_len) under
+ * vocabulary uid vocab (hash h of both), copied into mask (words long):
+ * false when none is kept. gr_shared_put keeps a copy (quietly nothing
+ * when out of memory: the table is only a cache). */
+bool gr_shared_get(gr_grammar *g, uint64_t vocab, const uint32_t *sig, size_t sig_len, uint64_t h,
+                   uint32_t *mask, size_t words);
+void gr_shared_put(gr_grammar *g, uint64_t vocab, const uint32_t *sig, size_t sig_len, uint64_t h,
+                   const uint32_t *mask, size_t words);
 
 struct gr_grammar {
     int refs;

@@ -1,0 +1,173 @@
+/*
+ * grammar.c - a compiled grammar's life: its references (atomic: any
+ * thread), its end, and the masks its matchers share.
+ *
+ * A state's mask depends only on its stacks' positions, not on which
+ * matcher holds the state, so the grammar keeps each mask made under that
+ * signature and the vocabulary's uid (never its address, which a later
+ * vocabulary may reuse): every sequence of one schema, in one batch or in
+ * later requests through the server's grammar cache, walks the vocabulary
+ * once per state between them. The table is open addressing under the
+ * grammar's mutex, and is emptied whole when it would pass
+ * GR_SHARED_MAX_BYTES (each matcher keeps its own copies meanwhile).
+ *
+ * Owns gr_grammar's memory and its shared masks; builder.c makes
+ * grammars, matcher.c reads and fills the masks. Touches nothing else.
+ */
+#include "internal/grammar_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct shared_entry {
+    uint64_t hash;
+    uint64_t vocab; /* its uid */
+    uint32_t *sig;  /* owned */
+    size_t sig_len;
+    uint32_t *mask; /* owned: the vocabulary's words */
+} shared_entry;
+
+struct gr_shared_masks {
+    shared_entry *slots; /* open addressing; sig NULL: empty */
+    size_t cap, n, bytes;
+};
+
+/* Past this many bytes of one grammar's shared masks the table is
+ * emptied and filled again (each matcher keeps its own copies). */
+#define GR_SHARED_MAX_BYTES ((size_t)64 << 20)
+
+static void shared_masks_free(gr_shared_masks *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->cap; i++) {
+        free(c->slots[i].sig);
+        free(c->slots[i].mask);
+    }
+    free(c->slots);
+    free(c);
+}
+
+void gr_grammar_destroy(gr_grammar *g)
+{
+    if (!g)
+        return;
+    free(g->elems);
+    free(g->alts);
+    free(g->rules);
+    free(g->sets);
+    free(g->names);
+    shared_masks_free(g->masks);
+    pthread_mutex_destroy(&g->masks_mu);
+    free(g);
+}
+
+gr_grammar *gr_grammar_ref(gr_grammar *g)
+{
+    if (g)
+        __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
+    return g;
+}
+
+void gr_grammar_unref(gr_grammar *g)
+{
+    if (g && __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        gr_grammar_destroy(g);
+}
+
+size_t gr_grammar_size(const gr_grammar *g)
+{
+    return g ? g->n_elems : 0;
+}
+
+/* The shared mask for sig, copied into mask; false when none. */
+bool gr_shared_get(gr_grammar *g, uint64_t vocab, const uint32_t *sig, size_t sig_len, uint64_t h,
+                   uint32_t *mask, size_t words)
+{
+    bool found = false;
+    pthread_mutex_lock(&g->masks_mu);
+    const gr_shared_masks *c = g->masks;
+    for (size_t i = c ? h & (c->cap - 1) : 0; c && c->slots[i].sig; i = (i + 1) & (c->cap - 1)) {
+        const shared_entry *e = &c->slots[i];
+        if (e->hash == h && e->vocab == vocab && e->sig_len == sig_len &&
+            memcmp(e->sig, sig, sig_len * sizeof *sig) == 0) {
+            memcpy(mask, e->mask, words * sizeof *mask);
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->masks_mu);
+    return found;
+}
+
+/* A fresh, empty table of cap slots in *c (the old one freed). */
+static bool shared_reset(gr_shared_masks **c, size_t cap)
+{
+    gr_shared_masks *n = calloc(1, sizeof *n);
+    if (n && !(n->slots = calloc(cap, sizeof *n->slots))) {
+        free(n);
+        n = NULL;
+    }
+    if (!n)
+        return false;
+    n->cap = cap;
+    shared_masks_free(*c);
+    *c = n;
+    return true;
+}
+
+/* Keep a copy of mask under sig; quietly nothing when out of memory (the
+ * table is only a cache). */
+void gr_shared_put(gr_grammar *g, uint64_t vocab, const uint32_t *sig, size_t sig_len, uint64_t h,
+                   const uint32_t *mask, size_t words)
+{
+    uint32_t *sig_copy = malloc(sig_len * sizeof *sig_copy),
+             *mask_copy = malloc(words * sizeof *mask_copy);
+    if (!sig_copy || !mask_copy) {
+        free(sig_copy);
+        free(mask_copy);
+        return;
+    }
+    memcpy(sig_copy, sig, sig_len * sizeof *sig_copy);
+    memcpy(mask_copy, mask, words * sizeof *mask_copy);
+    size_t bytes = (sig_len + words) * sizeof(uint32_t) + sizeof(shared_entry);
+    pthread_mutex_lock(&g->masks_mu);
+    gr_shared_masks *c = g->masks;
+    bool ok = true;
+    if (!c || c->bytes + bytes > GR_SHARED_MAX_BYTES) /* start over: bounded */
+        ok = shared_reset(&g->masks, 1024);
+    else if ((c->n + 1) * 2 > c->cap) { /* grow: rehash the entries */
+        gr_shared_masks *n = calloc(1, sizeof *n);
+        ok = n && (n->slots = calloc(c->cap * 2, sizeof *n->slots));
+        if (ok) {
+            n->cap = c->cap * 2;
+            n->n = c->n;
+            n->bytes = c->bytes;
+            for (size_t i = 0; i < c->cap; i++)
+                if (c->slots[i].sig) {
+                    size_t k = c->slots[i].hash & (n->cap - 1);
+                    while (n->slots[k].sig)
+                        k = (k + 1) & (n->cap - 1);
+                    n->slots[k] = c->slots[i];
+                }
+            free(c->slots);
+            free(c);
+            g->masks = n;
+        } else
+            free(n);
+    }
+    c = g->masks;
+    if (ok) {
+        size_t k = h & (c->cap - 1);
+        while (c->slots[k].sig)
+            k = (k + 1) & (c->cap - 1);
+        c->slots[k] = (shared_entry){h, vocab, sig_copy, sig_len, mask_copy};
+        c->n++;
+        c->bytes += bytes;
+    }
+    pthread_mutex_unlock(&g->masks_mu);
+    if (!ok) {
+        free(sig_copy);
+        free(mask_copy);
+    }
+}
