@@ -98,18 +98,39 @@ enum sc_kw {
     K_PATTERN,
     K_REF,
     K_FORMAT,
+    K_MINIMUM,
+    K_MAXIMUM,
+    K_EXMIN,
+    K_EXMAX,
     K_COUNT
 };
-static const char *const sc_keywords[K_COUNT] = {
-    "type",     "properties",  "required",  "additionalProperties",
-    "items",    "prefixItems", "enum",      "const",
-    "anyOf",    "oneOf",       "allOf",     "minItems",
-    "maxItems", "minLength",   "maxLength", "pattern",
-    "$ref",     "format"};
+static const char *const sc_keywords[K_COUNT] = {"type",
+                                                 "properties",
+                                                 "required",
+                                                 "additionalProperties",
+                                                 "items",
+                                                 "prefixItems",
+                                                 "enum",
+                                                 "const",
+                                                 "anyOf",
+                                                 "oneOf",
+                                                 "allOf",
+                                                 "minItems",
+                                                 "maxItems",
+                                                 "minLength",
+                                                 "maxLength",
+                                                 "pattern",
+                                                 "$ref",
+                                                 "format",
+                                                 "minimum",
+                                                 "maximum",
+                                                 "exclusiveMinimum",
+                                                 "exclusiveMaximum"};
 #define KB(k)        (1u << (k))
 #define K_OBJECT_KWS (KB(K_PROPERTIES) | KB(K_REQUIRED) | KB(K_ADDITIONAL))
 #define K_ARRAY_KWS  (KB(K_ITEMS) | KB(K_PREFIX) | KB(K_MINITEMS) | KB(K_MAXITEMS))
 #define K_STRING_KWS (KB(K_MINLEN) | KB(K_MAXLEN) | KB(K_PATTERN) | KB(K_FORMAT))
+#define K_NUMBER_KWS (KB(K_MINIMUM) | KB(K_MAXIMUM) | KB(K_EXMIN) | KB(K_EXMAX))
 
 /* ($id only at the root: a nested $id starts a schema resource of its
  * own, against which '#/...' inside it would resolve; refused there.
@@ -837,6 +858,149 @@ static gr_expr compile_object(sc_ctx *c, const cJSON *s)
     return out;
 }
 
+/* --- numbers with bounds ------------------------------------------------------------ */
+
+/* The largest integer part a bounded number is generated with: 15
+ * digits, below 2^53, so a bound read as a double is exact. */
+#define SC_MAX_UINT 999999999999999ULL
+
+/* The fixed-width digit strings from x to y (d digits each, x <= y,
+ * leading zeros allowed): the usual split of a range by its first digit
+ * (a prefix of x's, whole middle digits, a prefix of y's). */
+static gr_expr digit_range(sc_ctx *c, const char *x, const char *y, size_t d)
+{
+    if (d == 0)
+        return gr_empty(c->b);
+    if (x[0] == y[0])
+        return gr_seq2(c->b, gr_byte_range(c->b, (uint8_t)x[0], (uint8_t)x[0]),
+                       digit_range(c, x + 1, y + 1, d - 1));
+    static const char nines[] = "9999999999999999", zeros[] = "0000000000000000";
+    bool x_low = strspn(x + 1, "0") >= d - 1, y_high = strspn(y + 1, "9") >= d - 1;
+    gr_expr parts[3];
+    size_t n = 0;
+    if (!x_low)
+        parts[n++] = gr_seq2(c->b, gr_byte_range(c->b, (uint8_t)x[0], (uint8_t)x[0]),
+                             digit_range(c, x + 1, nines, d - 1));
+    char lo = (char)(x[0] + (x_low ? 0 : 1)), hi = (char)(y[0] - (y_high ? 0 : 1));
+    if (lo <= hi)
+        parts[n++] = gr_seq2(
+            c->b, gr_byte_range(c->b, (uint8_t)lo, (uint8_t)hi),
+            gr_repeat(c->b, gr_byte_range(c->b, '0', '9'), (int32_t)(d - 1), (int32_t)(d - 1)));
+    if (!y_high)
+        parts[n++] = gr_seq2(c->b, gr_byte_range(c->b, (uint8_t)y[0], (uint8_t)y[0]),
+                             digit_range(c, zeros, y + 1, d - 1));
+    return gr_alt(c->b, parts, n);
+}
+
+/* The decimal integers a..b (a <= b <= SC_MAX_UINT), without leading
+ * zeros: one fixed-width range per digit count. */
+static gr_expr uint_range(sc_ctx *c, uint64_t a, uint64_t b)
+{
+    gr_expr parts[17];
+    size_t n = 0;
+    uint64_t first = 0, last = 9; /* the d-digit numbers */
+    for (size_t d = 1; d <= 16 && first <= b; d++, first = last + 1, last = last * 10 + 9) {
+        uint64_t lo = a > first ? a : first, hi = b < last ? b : last;
+        if (lo > hi)
+            continue;
+        char x[24], y[24];
+        snprintf(x, sizeof x, "%0*llu", (int)d, (unsigned long long)lo);
+        snprintf(y, sizeof y, "%0*llu", (int)d, (unsigned long long)hi);
+        parts[n++] = digit_range(c, x, y, d);
+    }
+    return gr_alt(c->b, parts, n);
+}
+
+/* A magnitude from a to b (b past SC_MAX_UINT: none above), with a
+ * fraction: integer parts a..b-1 take any fraction, b only zeros (so the
+ * value never passes b). */
+static gr_expr magnitude(sc_ctx *c, uint64_t a, uint64_t b, bool integer)
+{
+    if (integer)
+        return uint_range(c, a, b > SC_MAX_UINT ? SC_MAX_UINT : b);
+    gr_expr any_frac = re(c, "(\\.[0-9]{1,16})?");
+    if (b > SC_MAX_UINT)
+        return gr_seq2(c->b, uint_range(c, a, SC_MAX_UINT), any_frac);
+    gr_expr last = gr_seq2(c->b, uint_range(c, b, b), re(c, "(\\.0{1,16})?"));
+    if (a == b)
+        return last;
+    return gr_alt2(c->b, gr_seq2(c->b, uint_range(c, a, b - 1), any_frac), last);
+}
+
+/* One bound keyword as an integer bound on the values generated (a
+ * subset: an exclusive or fractional bound moves inward to the next
+ * integer): false after an error; *set false when absent. */
+static bool read_limit(sc_ctx *c, const cJSON *s, const char *key, bool upper, bool exclusive,
+                       double *limit, bool *set)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, key);
+    *set = x != NULL;
+    if (!x)
+        return true;
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) {
+        sc_fail(c, QL_EINVAL, "'%s' at %s must be a number", key, where(c));
+        return false;
+    }
+    double v = upper ? floor(x->valuedouble) : ceil(x->valuedouble);
+    if (exclusive && v == x->valuedouble)
+        v += upper ? -1 : 1;
+    *limit = v;
+    return true;
+}
+
+/* A number (or integer) within minimum, maximum, exclusiveMinimum and
+ * exclusiveMaximum. Values are generated from integer bounds (an
+ * exclusive or fractional one moves inward to the next integer: a subset
+ * of what validates), with no exponent, and at most 15 integer digits. A
+ * range that keeps no integer part is refused. */
+static gr_expr bounded_number(sc_ctx *c, const cJSON *s, bool integer)
+{
+    double lo = -(double)SC_MAX_UINT, hi = (double)SC_MAX_UINT, v;
+    bool set;
+    static const struct {
+        const char *key;
+        bool upper, exclusive;
+    } keys[] = {{"minimum", false, false},
+                {"exclusiveMinimum", false, true},
+                {"maximum", true, false},
+                {"exclusiveMaximum", true, true}};
+    bool hi_set = false, lo_set = false;
+    for (size_t i = 0; i < 4; i++) {
+        if (!read_limit(c, s, keys[i].key, keys[i].upper, keys[i].exclusive, &v, &set))
+            return -1;
+        if (set && keys[i].upper && (!hi_set || v < hi))
+            hi = v, hi_set = true;
+        if (set && !keys[i].upper && (!lo_set || v > lo))
+            lo = v, lo_set = true;
+    }
+    if (lo > (double)SC_MAX_UINT || hi < -(double)SC_MAX_UINT)
+        return sc_fail(c, QL_EUNSUPPORTED,
+                       "the bounds at %s are past 15 digits, the most a bounded number has",
+                       where(c));
+    if (lo < -(double)SC_MAX_UINT)
+        lo = -(double)SC_MAX_UINT;
+    if (hi > (double)SC_MAX_UINT)
+        hi = (double)SC_MAX_UINT;
+    if (lo > hi)
+        return sc_fail(c, lo_set && hi_set ? QL_EINVAL : QL_EUNSUPPORTED,
+                       "the bounds at %s leave no %s to generate", where(c),
+                       integer ? "integer" : "number with an integer part between them");
+    /* unbounded above: any magnitude, fractions included */
+    uint64_t top = hi_set || integer ? (uint64_t)fabs(hi) : SC_MAX_UINT + 1;
+    gr_expr parts[2];
+    size_t n = 0;
+    if (hi >= 0) /* 0 and up: magnitudes max(lo, 0) .. hi */
+        parts[n++] = magnitude(c, lo > 0 ? (uint64_t)lo : 0, top, integer);
+    if (lo < 0) { /* below 0: -m for m from max(-hi, 1) to -lo */
+        uint64_t from = hi < 0 ? (uint64_t)-hi : 1;
+        uint64_t to = lo_set || integer ? (uint64_t)-lo : SC_MAX_UINT + 1;
+        if (!integer && hi >= 0)
+            from = 0; /* -0.5 lies between -1 and 0 */
+        parts[n++] = gr_seq2(c->b, lit(c, "-"), magnitude(c, from, to, integer));
+    }
+    return gr_alt(c->b, parts, n);
+}
+
 /* --- typed schemas ------------------------------------------------------------------ */
 
 /* The types a schema without "type" can mean, from its keywords: those a
@@ -850,6 +1014,8 @@ static unsigned implied_types(unsigned mask)
         t |= T_ARRAY;
     if (mask & K_STRING_KWS)
         t |= T_STRING;
+    if (mask & K_NUMBER_KWS)
+        t |= T_NUMBER | T_INTEGER;
     return t ? t : T_ALL;
 }
 
@@ -858,7 +1024,7 @@ static gr_expr compile_typed(sc_ctx *c, const cJSON *s, unsigned mask)
     unsigned types = implied_types(mask);
     if (mask & KB(K_TYPE) && !(types = read_type(c, cJSON_GetObjectItemCaseSensitive(s, "type"))))
         return -1;
-    if (types == T_ALL && !(mask & (K_OBJECT_KWS | K_ARRAY_KWS | K_STRING_KWS)))
+    if (types == T_ALL && !(mask & (K_OBJECT_KWS | K_ARRAY_KWS | K_STRING_KWS | K_NUMBER_KWS)))
         return any_value(c);
     gr_expr parts[7];
     size_t n = 0;
@@ -869,7 +1035,8 @@ static gr_expr compile_typed(sc_ctx *c, const cJSON *s, unsigned mask)
     if (types & T_STRING)
         parts[n++] = compile_string(c, s, mask);
     if (types & (T_NUMBER | T_INTEGER)) /* number holds every integer */
-        parts[n++] = number(c, !(types & T_NUMBER));
+        parts[n++] = mask & K_NUMBER_KWS ? bounded_number(c, s, !(types & T_NUMBER))
+                                         : number(c, !(types & T_NUMBER));
     if (types & T_BOOL)
         parts[n++] = gr_alt2(c->b, lit(c, "true"), lit(c, "false"));
     if (types & T_NULL)
