@@ -10,13 +10,14 @@
  * maxLength, pattern, $ref (to '#' or a JSON pointer '#/...' in the
  * document, ~0 ~1 and %XX decoded, recursive or not: one named rule per
  * referenced schema), format (date, time, date-time, uuid, email, ipv4;
- * on strings, as format only applies to them). Ignored, as they constrain
- * nothing: title, description, $schema, $id (at the root only), $comment,
- * default, examples, deprecated, readOnly, writeOnly, discriminator,
- * contentEncoding, contentMediaType, contentSchema, and $defs /
- * definitions (read through $ref). Any other keyword is refused by name
- * and JSON pointer (QL_EUNSUPPORTED): a constraint silently dropped would
- * let through answers the client's validator refuses.
+ * on strings, as format only applies to them), minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum (values generated between integer
+ * bounds, a fractional or exclusive one moved inward: bounded_number).
+ * Ignored, as they constrain nothing: title, description, $schema, $id (at the root only),
+ * $comment, default, examples, deprecated, readOnly, writeOnly, discriminator, contentEncoding,
+ * contentMediaType, contentSchema, and $defs / definitions (read through $ref). Any other keyword
+ * is refused by name and JSON pointer (QL_EUNSUPPORTED): a constraint silently dropped would let
+ * through answers the client's validator refuses.
  *
  * The subset, and why:
  *  - objects list their properties in the schema's order, required ones
