@@ -17,11 +17,13 @@
  * states are then one id, which makes two memos exact and cheap:
  *   - per state, its transition by each byte (256 ids, made on first
  *     use), so walking a byte the state has seen is one load;
- *   - per state, its mask over the vocabulary (one bit per token), so a
- *     state met again costs only the mask's application to the logits;
- *     and, since a mask depends only on the state's stack positions, the
- *     grammar keeps every mask made under that signature (grammar.c), so
- *     another matcher of the same grammar meeting the state copies it.
+ *   - per state, its mask over the vocabulary (one bit per token): since
+ *     a mask depends only on the state's stack positions, the grammar
+ *     keeps every mask made under that signature (grammar.c), and any
+ *     matcher of the grammar meeting the state again (this one, or
+ *     another sequence's) copies it rather than walk the vocabulary. A
+ *     matcher holds only its current state's mask, so its memory does not
+ *     grow with the masks of a long answer.
  *
  * A mask is made by walking the vocabulary as a trie of the tokens'
  * bytes (gr_vocab: its nodes in depth-first order, each with the index
@@ -46,7 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GR_MATCHER_MAX_BYTES ((size_t)64 << 20)
+#define GR_MATCHER_MAX_BYTES ((size_t)32 << 20)
 #define GR_MAX_STACKS        4096
 #define GR_MAX_CLOSURE       1000000
 /* Tokens longer than this (none in real vocabularies, whose longest are
@@ -223,7 +225,6 @@ typedef struct mstate {
     int32_t off, len; /* its stacks: st_nodes[off .. off + len) */
     bool accept;
     int32_t *trans; /* 256: by byte, UNKNOWN, DEAD or a state; NULL until used */
-    uint32_t *mask; /* one bit per token; NULL until asked */
 } mstate;
 
 struct gr_matcher {
@@ -257,7 +258,9 @@ struct gr_matcher {
     size_t mem;     /* bytes held by memos, for the bound */
     size_t max_mem; /* GR_MATCHER_MAX_BYTES, lower in tests */
     uint64_t compactions;
-    signature sig;        /* the last state's signature (its buffer reused) */
+    signature sig;  /* the last state's signature (its buffer reused) */
+    uint32_t *mask; /* the mask of state mask_state (-1: none), a bit per token */
+    int32_t mask_state;
     uint64_t shared_hits; /* masks another matcher of the grammar had made */
     int32_t cur;
     bool ended;
@@ -574,10 +577,9 @@ static int compact(gr_matcher *m)
     int rc = tops ? QL_OK : QL_ENOMEM;
     for (size_t i = 0; i < n && tops; i++)
         tops[i] = m->st_nodes[cur->off + i];
-    for (size_t i = 0; i < m->n_st; i++) {
+    for (size_t i = 0; i < m->n_st; i++)
         free(m->st[i].trans);
-        free(m->st[i].mask);
-    }
+    m->mask_state = -1; /* state ids change */
     m->nodes = NULL;
     m->n_nodes = m->cap_nodes = m->n_st = m->n_st_nodes = 0;
     free(m->nhash);
@@ -620,6 +622,7 @@ static int matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v)
     m->g = gr_grammar_ref(g);
     m->v = v;
     m->max_mem = GR_MATCHER_MAX_BYTES;
+    m->mask_state = -1;
     if (v && !(m->walk = malloc(((size_t)v->max_depth + 1) * sizeof *m->walk))) {
         gr_matcher_free(m);
         return QL_ENOMEM;
@@ -656,10 +659,9 @@ void gr_matcher_free(gr_matcher *m)
 {
     if (!m)
         return;
-    for (size_t i = 0; i < m->n_st; i++) {
+    for (size_t i = 0; i < m->n_st; i++)
         free(m->st[i].trans);
-        free(m->st[i].mask);
-    }
+    free(m->mask);
     free(m->st);
     free(m->st_nodes);
     free(m->shash);
@@ -749,26 +751,28 @@ static uint64_t sig_hash(const signature *sig, const gr_vocab *v)
     return h;
 }
 
-/* The mask of the current state: another matcher's of the same grammar
- * when one made it, else a walk of the trie from it. */
-static uint32_t *make_mask(gr_matcher *m)
+/* The mask of the current state into m->mask: another matcher's of the
+ * same grammar when one made it, else a walk of the trie from it (and
+ * then kept for the others). */
+static bool make_mask(gr_matcher *m)
 {
     const gr_vocab *v = m->v;
     size_t words = ((size_t)v->n_tokens + 31) / 32;
-    uint32_t *mask = calloc(words, sizeof *mask);
-    if (!mask) {
+    if (!m->mask && !(m->mask = malloc(words * sizeof *m->mask))) {
         stop(m, QL_ENOMEM);
-        return NULL;
+        return false;
     }
+    uint32_t *mask = m->mask;
     int32_t s = m->cur;
+    m->mask_state = -1;
     bool signed_ = make_signature(m, s, &m->sig);
     uint64_t h = signed_ ? sig_hash(&m->sig, v) : 0;
     if (signed_ && gr_shared_get(m->g, v->uid, m->sig.w, m->sig.n, h, mask, words)) {
         m->shared_hits++;
-        m->st[s].mask = mask;
-        m->mem += words * sizeof *mask;
-        return mask;
+        m->mask_state = s;
+        return true;
     }
+    memset(mask, 0, words * sizeof *mask);
     m->walk[0] = s;
     for (int32_t i = 0; i < v->n_nodes && m->err == QL_OK;) {
         int32_t t = step(m, m->walk[v->depth[i] - 1], v->byte[i]);
@@ -785,15 +789,12 @@ static uint32_t *make_mask(gr_matcher *m)
     }
     if (v->eos >= 0 && m->st[s].accept)
         mask[v->eos >> 5] |= 1u << (v->eos & 31);
-    if (m->err != QL_OK) {
-        free(mask);
-        return NULL;
-    }
+    if (m->err != QL_OK)
+        return false;
     if (signed_)
         gr_shared_put(m->g, v->uid, m->sig.w, m->sig.n, h, mask, words);
-    m->st[s].mask = mask;
-    m->mem += words * sizeof *mask;
-    return mask;
+    m->mask_state = s;
+    return true;
 }
 
 int gr_matcher_mask(gr_matcher *m, float *logits)
@@ -805,9 +806,9 @@ int gr_matcher_mask(gr_matcher *m, float *logits)
         if (compact(m) != QL_OK)
             return m->err;
     }
-    const uint32_t *mask = m->st[m->cur].mask;
-    if (!mask && !(mask = make_mask(m)))
+    if (m->mask_state != m->cur && !make_mask(m))
         return m->err;
+    const uint32_t *mask = m->mask;
     int32_t n = m->v->n_tokens;
     for (int32_t w = 0; w * 32 < n; w++) {
         uint32_t bits = mask[w];
@@ -830,8 +831,8 @@ bool gr_matcher_allows(gr_matcher *m, int32_t token)
         return m->st[m->cur].accept;
     if (v->tok_len[token] == 0)
         return false;
-    if (m->st[m->cur].mask)
-        return (m->st[m->cur].mask[token >> 5] >> (token & 31)) & 1u;
+    if (m->mask_state == m->cur)
+        return (m->mask[token >> 5] >> (token & 31)) & 1u;
     return walk_bytes(m, m->cur, v->pool + v->tok_off[token], v->tok_len[token]) >= 0;
 }
 
