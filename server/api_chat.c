@@ -370,6 +370,11 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
                                          "tool_choice",
                                          "parallel_tool_calls",
                                          "response_format",
+                                         "guided_json",
+                                         "guided_regex",
+                                         "guided_choice",
+                                         "guided_grammar",
+                                         "structured_outputs",
                                          "top_k",
                                          "repetition_penalty",
                                          "metadata",
@@ -410,7 +415,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
     /* response_format first: a forced tool call refuses a second grammar */
     if (!srv_oai_stream_options(c, root, a) ||
         !srv_get_grammar(c, root, "response_format", "response_format", a) ||
-        !srv_chat_tools_read(c, root, a))
+        !srv_get_guided(c, root, a) || !srv_chat_tools_read(c, root, a))
         return false;
     a->templated = true;
     a->fill_context = !has_max && !has_max_tokens;

@@ -180,13 +180,19 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
                                          "response_format",
+                                         "guided_json",
+                                         "guided_regex",
+                                         "guided_choice",
+                                         "guided_grammar",
+                                         "structured_outputs",
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;
     if (!srv_get_string(c, root, "model", model) || !srv_get_bool(c, root, "stream", stream))
         return false;
     /* vLLM takes chat's response_format here too */
-    if (!srv_get_grammar(c, root, "response_format", "response_format", a))
+    if (!srv_get_grammar(c, root, "response_format", "response_format", a) ||
+        !srv_get_guided(c, root, a))
         return false;
     if (!read_prompts(c, cJSON_GetObjectItemCaseSensitive(root, "prompt"), a))
         return false;

@@ -558,6 +558,113 @@ bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char
     return false;
 }
 
+/* guided_choice's strings as one regular expression: each string's
+ * characters literal (a metacharacter escaped), the strings alternated. */
+static char *choice_regex(srv_conn *c, const cJSON *list, const char *where)
+{
+    size_t cap = 3, n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach (x, list) {
+        if (!cJSON_IsString(x) || !x->valuestring[0]) {
+            srv_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
+            return NULL;
+        }
+        cap += 2 * strlen(x->valuestring) + 1;
+        n++;
+    }
+    if (n == 0) {
+        srv_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
+        return NULL;
+    }
+    char *re = malloc(cap), *o = re;
+    if (!re) {
+        srv_fail(c, 503, "out of memory");
+        return NULL;
+    }
+    *o++ = '(';
+    cJSON_ArrayForEach (x, list) {
+        if (x != list->child)
+            *o++ = '|';
+        for (const char *p = x->valuestring; *p; p++) {
+            if (strchr("\\.^$|?*+()[]{}/-", *p))
+                *o++ = '\\';
+            *o++ = *p;
+        }
+    }
+    *o++ = ')';
+    *o = 0;
+    return re;
+}
+
+bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
+{
+    static const char *const so_fields[] = {"json", "regex", "choice", "grammar", NULL};
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "structured_outputs");
+    if (!srv_is_null(so) &&
+        (!cJSON_IsObject(so) || !srv_only_known(c, so, "structured_outputs", so_fields))) {
+        if (!cJSON_IsObject(so))
+            srv_fail(c, 400, "\"structured_outputs\" must be an object");
+        return false;
+    }
+    /* each way of asking, vLLM's older name first */
+    static const struct {
+        const char *key, *so_key;
+    } ways[] = {{"guided_json", "json"},
+                {"guided_regex", "regex"},
+                {"guided_choice", "choice"},
+                {"guided_grammar", "grammar"}};
+    const cJSON *value = NULL;
+    int way = -1;
+    char where[64] = "";
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, ways[i].key);
+        const char *name = ways[i].key;
+        char so_name[48];
+        if (srv_is_null(v) && !srv_is_null(so)) {
+            v = cJSON_GetObjectItemCaseSensitive(so, ways[i].so_key);
+            snprintf(so_name, sizeof so_name, "structured_outputs.%s", ways[i].so_key);
+            name = so_name;
+        }
+        if (srv_is_null(v))
+            continue;
+        if (way >= 0 || a->grammar_text) {
+            srv_fail(c, 400, "\"%s\" cannot be combined with \"%s\": one grammar per request", name,
+                     way >= 0 ? where : a->grammar_where);
+            return false;
+        }
+        way = i;
+        value = v;
+        snprintf(where, sizeof where, "%s", name);
+    }
+    if (way < 0)
+        return true;
+    if (way == 0)
+        return schema_grammar(c, value, where, a);
+    if (way == 1) {
+        if (!cJSON_IsString(value)) {
+            srv_fail(c, 400, "%s must be a string (the regular expression)", where);
+            return false;
+        }
+        return srv_ask_grammar(c, a, GR_REGEX, value->valuestring, strlen(value->valuestring),
+                               where);
+    }
+    if (way == 3) {
+        srv_fail(c, 400,
+                 "%s (a context-free grammar in EBNF) is not supported: use a JSON Schema "
+                 "(guided_json) or a regular expression (guided_regex)",
+                 where);
+        return false;
+    }
+    if (!cJSON_IsArray(value)) {
+        srv_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
+        return false;
+    }
+    char *re = choice_regex(c, value, where);
+    bool ok = re && srv_ask_grammar(c, a, GR_REGEX, re, strlen(re), where);
+    free(re);
+    return ok;
+}
+
 const char *srv_adapter_named(const srv_conn *c, const char *model)
 {
     if (!model || strcmp(model, c->s->model_id) == 0)

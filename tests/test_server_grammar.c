@@ -555,3 +555,56 @@ Test(grammar, bad_grammars_and_tools_are_refused_by_name)
     cJSON *j = ts_ok("/v1/chat/completions", body);
     cJSON_Delete(j);
 }
+
+Test(grammar, vllm_guided_fields_constrain_the_answer)
+{
+    char body[2048];
+    /* guided_json on completions, n = 6 */
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"A pet:\", \"temperature\": 1, \"seed\": 7, \"n\": 6, "
+             "\"max_tokens\": 160, \"guided_json\": %s}",
+             person_schema);
+    cJSON *answer = ts_ok("/v1/completions", body);
+    gr_grammar *g = compile(GR_JSON_SCHEMA, person_schema);
+    expect_all_accepted(answer, 6, g, false);
+    cJSON_Delete(answer);
+    gr_grammar_unref(g);
+    /* guided_choice: the answer is one of the strings, metacharacters literal */
+    static const char *const choices[] = {"yes", "no (maybe)", "a.b*"};
+    answer = ts_ok("/v1/chat/completions",
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"?\"}], \"temperature\": 1, "
+                   "\"seed\": 2, \"n\": 8, \"max_tokens\": 20, "
+                   "\"guided_choice\": [\"yes\", \"no (maybe)\", \"a.b*\"]}");
+    for (int i = 0; i < 8; i++) {
+        const char *text =
+            sp_str_at(cJSON_GetObjectItem(choice_at(answer, i), "message"), "content");
+        bool one = false;
+        for (int k = 0; k < 3; k++)
+            one |= strcmp(text, choices[k]) == 0;
+        cr_assert(one, "choice %d: '%s' is none of the strings", i, text);
+    }
+    cJSON_Delete(answer);
+    /* newer vLLM's structured_outputs: regex */
+    answer =
+        ts_ok("/v1/completions",
+              "{\"prompt\": \"x\", \"temperature\": 1, \"seed\": 4, \"n\": 4, \"max_tokens\": 20, "
+              "\"structured_outputs\": {\"regex\": \"[a-c]{3}-[0-9]\"}}");
+    g = compile(GR_REGEX, "[a-c]{3}-[0-9]");
+    for (int i = 0; i < 4; i++) {
+        const char *text = sp_str_at(choice_at(answer, i), "text");
+        cr_assert(gr_grammar_accepts(g, text, strlen(text)), "choice %d: '%s'", i, text);
+    }
+    gr_grammar_unref(g);
+    cJSON_Delete(answer);
+    refused("/v1/completions", "{\"prompt\": \"x\", \"guided_grammar\": \"root ::= \\\"a\\\"\"}",
+            "guided_grammar", "EBNF");
+    refused("/v1/completions",
+            "{\"prompt\": \"x\", \"guided_regex\": \"a\", \"response_format\": {\"type\": "
+            "\"json_object\"}}",
+            "guided_regex", "response_format");
+    refused("/v1/chat/completions",
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"?\"}], \"guided_choice\": []}",
+            "guided_choice", "non-empty");
+    refused("/v1/completions", "{\"prompt\": \"x\", \"structured_outputs\": {\"jsonx\": {}}}",
+            "jsonx", NULL);
+}

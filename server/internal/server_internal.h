@@ -223,6 +223,12 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
  * schema, as an object or a JSON string}, {"type": "regex", "value": RE},
  * {"type": "json_schema", "value": {"name", "schema"}}); each route
  * takes both. Absent or null: none. False after answering the 400. */
+/* vLLM's guided decoding fields of a chat or completions body into a:
+ * guided_json (a schema, or its JSON text), guided_regex, guided_choice
+ * (the answer is one of the strings), or the same under newer vLLM's
+ * structured_outputs {json, regex, choice}; guided_grammar (EBNF) is
+ * refused by name, and so is a second grammar (response_format too). */
+bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a);
 bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label,
                      srv_ask *a);
 /* A JSON Schema given as a value (NULL: out of memory) as a's grammar. */
