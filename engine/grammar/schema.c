@@ -29,8 +29,9 @@
  *  - a schema without "type" means the types its keywords constrain
  *    (properties: objects; items: arrays; minLength: strings), or any;
  *  - whitespace between tokens is nothing, one space, or one newline and
- *    up to SC_MAX_INDENT spaces or tabs (none before or after the whole
- *    document): unbounded whitespace is an answer a sampler may never end;
+ *    up to SC_MAX_INDENT spaces or tabs, never before a comma or a colon
+ *    (none before or after the whole document): unbounded whitespace is
+ *    an answer a sampler may never end;
  *  - numbers have at most 16 integer digits, 16 fraction digits and a
  *    two-digit exponent, for the same reason;
  *  - const and enum values are written as cJSON prints them (compact);
@@ -367,13 +368,13 @@ static gr_expr ws(sc_ctx *c)
     return c->ws;
 }
 
-/* ws "," ws: between members and items */
+/* "," ws: between members and items. No whitespace before a comma or a
+ * colon, as every JSON printer writes them (json.dumps, JSON.stringify):
+ * given the room, a small model spends tokens on "\n," lines. */
 static gr_expr comma(sc_ctx *c)
 {
-    if (c->comma == -2) {
-        gr_expr xs[3] = {ws(c), lit(c, ","), ws(c)};
-        c->comma = gr_seq(c->b, xs, 3);
-    }
+    if (c->comma == -2)
+        c->comma = gr_seq2(c->b, lit(c, ","), ws(c));
     return c->comma;
 }
 
@@ -412,8 +413,8 @@ static gr_expr number(sc_ctx *c, bool integer)
  * '{' (ws member (comma member)*)? ws '}'. */
 static gr_expr keyed_object(sc_ctx *c, gr_expr value)
 {
-    gr_expr m[5] = {any_string(c), ws(c), lit(c, ":"), ws(c), value};
-    gr_expr member = gr_seq(c->b, m, 5);
+    gr_expr m[4] = {any_string(c), lit(c, ":"), ws(c), value};
+    gr_expr member = gr_seq(c->b, m, 4);
     gr_expr rest = gr_repeat(c->b, gr_seq2(c->b, comma(c), member), 0, GR_UNBOUNDED);
     gr_expr some[3] = {ws(c), member, rest};
     gr_expr xs[4] = {lit(c, "{"), gr_optional(c->b, gr_seq(c->b, some, 3)), ws(c), lit(c, "}")};
@@ -751,8 +752,8 @@ static gr_expr member_kv(sc_ctx *c, const char *name, gr_expr value)
     cJSON *key = cJSON_CreateString(name);
     gr_expr k = key ? value_literal(c, key) : sc_fail(c, QL_ENOMEM, "out of memory");
     cJSON_Delete(key);
-    gr_expr xs[5] = {k, ws(c), lit(c, ":"), ws(c), value};
-    return gr_seq(c->b, xs, 5);
+    gr_expr xs[4] = {k, lit(c, ":"), ws(c), value};
+    return gr_seq(c->b, xs, 4);
 }
 
 /* The listed members in order, required ones always, optional ones or
