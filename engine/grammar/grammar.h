@@ -146,15 +146,18 @@ int gr_cache_get(gr_cache *c, gr_kind kind, const char *text, size_t len, gr_gra
 /* --- decoding under a grammar (matcher.c) -------------------------------- */
 
 /*
- * A vocabulary as a trie of its tokens' bytes. bytes[i] (lens[i] bytes) is
- * what token i adds to the answer's text in the middle of a stream; a
- * token of no bytes (a control token) is never allowed by a mask, but
- * for eos (-1: none), which is allowed exactly where the grammar may end.
- * Copies what it needs. Immutable once made: one per model, shared by
+ * A vocabulary as a trie of its tokens' bytes. token_bytes(user, i, out,
+ * cap) writes what token i adds to the answer's text in the middle of a
+ * stream and returns their count; 0 or less for a token of no bytes (a
+ * control token) or of more than cap. Such a token is never allowed by a
+ * mask, but for eos (-1: none), which is allowed exactly where the
+ * grammar may end. Each token is read once, straight into the
+ * vocabulary's own pool. Immutable once made: one per model, shared by
  * every matcher.
  */
 typedef struct gr_vocab gr_vocab;
-int gr_vocab_new(gr_vocab **out, int32_t n_tokens, const uint8_t *const *bytes, const size_t *lens,
+typedef long (*gr_token_bytes_fn)(void *user, int32_t id, uint8_t *out, size_t cap);
+int gr_vocab_new(gr_vocab **out, int32_t n_tokens, gr_token_bytes_fn token_bytes, void *user,
                  int32_t eos, char *msg, size_t msg_len);
 void gr_vocab_free(gr_vocab *v);
 

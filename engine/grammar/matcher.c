@@ -156,7 +156,29 @@ static int build_trie(gr_vocab *v, const sorted_token *t, size_t n, size_t total
     return QL_OK;
 }
 
-int gr_vocab_new(gr_vocab **out, int32_t n_tokens, const uint8_t *const *bytes, const size_t *lens,
+/* Token id's bytes appended to v->pool (grown as needed, *cap its size)
+ * at *used; their count, or 0 when it has none or more than
+ * GR_MAX_TOKEN_BYTES (never allowed); -1 when out of memory. */
+static long pool_token(gr_vocab *v, size_t *cap, size_t *used, int32_t id,
+                       gr_token_bytes_fn token_bytes, void *user)
+{
+    if (*used + GR_MAX_TOKEN_BYTES > *cap) {
+        uint8_t *p = realloc(v->pool, *cap * 2);
+        if (!p)
+            return -1;
+        v->pool = p;
+        *cap *= 2;
+    }
+    long k = token_bytes(user, id, v->pool + *used, GR_MAX_TOKEN_BYTES);
+    if (k <= 0 || k > GR_MAX_TOKEN_BYTES)
+        return 0;
+    v->tok_off[id] = *used;
+    v->tok_len[id] = (uint32_t)k;
+    *used += (size_t)k;
+    return k;
+}
+
+int gr_vocab_new(gr_vocab **out, int32_t n_tokens, gr_token_bytes_fn token_bytes, void *user,
                  int32_t eos, char *msg, size_t msg_len)
 {
     *out = NULL;
@@ -165,7 +187,7 @@ int gr_vocab_new(gr_vocab **out, int32_t n_tokens, const uint8_t *const *bytes, 
                        n_tokens, eos);
     gr_vocab *v = calloc(1, sizeof *v);
     sorted_token *t = malloc((size_t)n_tokens * sizeof *t);
-    size_t total = 0, n = 0;
+    size_t cap = (size_t)1 << 16, used = 0, n = 0;
     if (v) {
         static uint64_t last_uid;
         v->uid = __atomic_add_fetch(&last_uid, 1, __ATOMIC_RELAXED);
@@ -174,27 +196,24 @@ int gr_vocab_new(gr_vocab **out, int32_t n_tokens, const uint8_t *const *bytes, 
         v->tok_off = calloc((size_t)n_tokens, sizeof *v->tok_off);
         v->tok_len = calloc((size_t)n_tokens, sizeof *v->tok_len);
         v->ids = malloc((size_t)n_tokens * sizeof *v->ids);
+        v->pool = malloc(cap);
     }
-    if (!v || !t || !v->tok_off || !v->tok_len || !v->ids)
+    if (!v || !t || !v->tok_off || !v->tok_len || !v->ids || !v->pool)
         goto oom;
-    for (int32_t i = 0; i < n_tokens; i++)
-        if (i != eos && lens[i] > 0 && lens[i] <= GR_MAX_TOKEN_BYTES) {
-            t[n++] = (sorted_token){bytes[i], lens[i], i};
-            total += lens[i];
-        }
-    v->pool = malloc(total + 1);
-    if (!v->pool)
-        goto oom;
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(v->pool + at, t[i].s, t[i].n);
-        v->tok_off[t[i].id] = at;
-        v->tok_len[t[i].id] = (uint32_t)t[i].n;
-        t[i].s = v->pool + at; /* sort the copies: the caller's may go */
-        at += t[i].n;
+    for (int32_t i = 0; i < n_tokens; i++) {
+        long k = i == eos ? 0 : pool_token(v, &cap, &used, i, token_bytes, user);
+        if (k < 0)
+            goto oom;
+        if (k > 0)
+            t[n++] = (sorted_token){NULL, (size_t)k, i};
     }
+    uint8_t *fit = realloc(v->pool, used + 1); /* the slack back */
+    if (fit)
+        v->pool = fit;
+    for (size_t i = 0; i < n; i++) /* the pool is whole: point into it */
+        t[i].s = v->pool + v->tok_off[t[i].id];
     qsort(t, n, sizeof *t, cmp_token);
-    if (build_trie(v, t, n, total) != QL_OK)
+    if (build_trie(v, t, n, used) != QL_OK)
         goto oom;
     free(t);
     *out = v;

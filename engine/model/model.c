@@ -158,42 +158,16 @@ void eng_model_free(eng_model *m)
     memset(m, 0, sizeof *m);
 }
 
+/* gr_token_bytes_fn over the model's tokenizer: ids past its
+ * vocabulary (padding rows of the embedding) add nothing. */
+static long token_bytes(void *user, int32_t id, uint8_t *out, size_t cap)
+{
+    const tok_tokenizer *t = user;
+    return (size_t)id < tok_vocab_size(t) ? tok_token_bytes(t, id, out, cap) : 0;
+}
+
 int eng_model_grammar_vocab(const eng_model *m, int32_t eos, gr_vocab **out, char *msg,
                             size_t msg_len)
 {
-    int32_t n = m->cfg.vocab_size;
-    size_t cap = 1 << 16, used = 0;
-    uint8_t *pool = malloc(cap), piece[4096];
-    size_t *off = calloc((size_t)n, sizeof *off), *lens = calloc((size_t)n, sizeof *lens);
-    const uint8_t **bytes = calloc((size_t)n, sizeof *bytes);
-    int rc = pool && off && lens && bytes ? QL_OK : QL_ENOMEM;
-    for (int32_t id = 0; rc == QL_OK && id < n && (size_t)id < tok_vocab_size(m->tok); id++) {
-        long k = tok_token_bytes(m->tok, id, piece, sizeof piece);
-        if (k <= 0) /* special, or longer than any real token: never allowed */
-            continue;
-        if (used + (size_t)k > cap) {
-            uint8_t *p = realloc(pool, cap * 2);
-            if (!p) {
-                rc = QL_ENOMEM;
-                break;
-            }
-            pool = p;
-            cap *= 2;
-        }
-        memcpy(pool + used, piece, (size_t)k);
-        off[id] = used;
-        lens[id] = (size_t)k;
-        used += (size_t)k;
-    }
-    for (int32_t id = 0; rc == QL_OK && id < n; id++)
-        bytes[id] = pool + off[id];
-    if (rc == QL_OK)
-        rc = gr_vocab_new(out, n, bytes, lens, eos, msg, msg_len);
-    else
-        rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for the grammar vocabulary");
-    free(pool);
-    free(off);
-    free(lens);
-    free(bytes);
-    return rc;
+    return gr_vocab_new(out, m->cfg.vocab_size, token_bytes, m->tok, eos, msg, msg_len);
 }
