@@ -100,19 +100,54 @@ bool gr_shared_get(gr_grammar *g, uint64_t vocab, const uint32_t *sig, size_t si
     return found;
 }
 
-/* A fresh, empty table of cap slots in *c (the old one freed). */
-static bool shared_reset(gr_shared_masks **c, size_t cap)
+/* An empty table of cap slots (a power of two); NULL when out of memory. */
+static gr_shared_masks *shared_new(size_t cap)
 {
-    gr_shared_masks *n = calloc(1, sizeof *n);
-    if (n && !(n->slots = calloc(cap, sizeof *n->slots))) {
-        free(n);
-        n = NULL;
+    gr_shared_masks *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->slots = calloc(cap, sizeof *c->slots);
+    if (!c->slots) {
+        free(c);
+        return NULL;
     }
-    if (!n)
-        return false;
-    n->cap = cap;
-    shared_masks_free(*c);
-    *c = n;
+    c->cap = cap;
+    return c;
+}
+
+/* e into the first empty slot of its probe sequence (one is free). */
+static void shared_place(gr_shared_masks *c, shared_entry e)
+{
+    size_t k = e.hash & (c->cap - 1);
+    while (c->slots[k].sig)
+        k = (k + 1) & (c->cap - 1);
+    c->slots[k] = e;
+}
+
+/* Room for one more entry in g->masks: a first table, an emptied one when
+ * bytes more would pass the bound, or one twice as large with the same
+ * entries; false when out of memory (the table is as it was). */
+static bool shared_room(gr_grammar *g, size_t bytes)
+{
+    gr_shared_masks *c = g->masks, *n;
+    if (!c || c->bytes + bytes > GR_SHARED_MAX_BYTES) { /* start over: bounded */
+        if (!(n = shared_new(1024)))
+            return false;
+        shared_masks_free(c);
+    } else if ((c->n + 1) * 2 > c->cap) { /* grow: the entries move */
+        if (!(n = shared_new(c->cap * 2)))
+            return false;
+        for (size_t i = 0; i < c->cap; i++)
+            if (c->slots[i].sig)
+                shared_place(n, c->slots[i]);
+        n->n = c->n;
+        n->bytes = c->bytes;
+        free(c->slots);
+        free(c);
+    } else {
+        return true;
+    }
+    g->masks = n;
     return true;
 }
 
@@ -132,38 +167,11 @@ void gr_shared_put(gr_grammar *g, uint64_t vocab, const uint32_t *sig, size_t si
     memcpy(mask_copy, mask, words * sizeof *mask_copy);
     size_t bytes = (sig_len + words) * sizeof(uint32_t) + sizeof(shared_entry);
     pthread_mutex_lock(&g->masks_mu);
-    gr_shared_masks *c = g->masks;
-    bool ok = true;
-    if (!c || c->bytes + bytes > GR_SHARED_MAX_BYTES) /* start over: bounded */
-        ok = shared_reset(&g->masks, 1024);
-    else if ((c->n + 1) * 2 > c->cap) { /* grow: rehash the entries */
-        gr_shared_masks *n = calloc(1, sizeof *n);
-        ok = n && (n->slots = calloc(c->cap * 2, sizeof *n->slots));
-        if (ok) {
-            n->cap = c->cap * 2;
-            n->n = c->n;
-            n->bytes = c->bytes;
-            for (size_t i = 0; i < c->cap; i++)
-                if (c->slots[i].sig) {
-                    size_t k = c->slots[i].hash & (n->cap - 1);
-                    while (n->slots[k].sig)
-                        k = (k + 1) & (n->cap - 1);
-                    n->slots[k] = c->slots[i];
-                }
-            free(c->slots);
-            free(c);
-            g->masks = n;
-        } else
-            free(n);
-    }
-    c = g->masks;
+    bool ok = shared_room(g, bytes);
     if (ok) {
-        size_t k = h & (c->cap - 1);
-        while (c->slots[k].sig)
-            k = (k + 1) & (c->cap - 1);
-        c->slots[k] = (shared_entry){h, vocab, sig_copy, sig_len, mask_copy};
-        c->n++;
-        c->bytes += bytes;
+        shared_place(g->masks, (shared_entry){h, vocab, sig_copy, sig_len, mask_copy});
+        g->masks->n++;
+        g->masks->bytes += bytes;
     }
     pthread_mutex_unlock(&g->masks_mu);
     if (!ok) {
