@@ -370,11 +370,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
                                          "tool_choice",
                                          "parallel_tool_calls",
                                          "response_format",
-                                         "guided_json",
-                                         "guided_regex",
-                                         "guided_choice",
-                                         "guided_grammar",
-                                         "structured_outputs",
+                                         SRV_GUIDED_FIELDS,
                                          "top_k",
                                          "repetition_penalty",
                                          "metadata",
@@ -438,8 +434,8 @@ static cJSON *chat_object(const srv_gen *g, const char *object, cJSON **choices)
 
 /* One choice: `what` ("message" or "delta") holding body (consumed),
  * logprobs (consumed; NULL: null), finish (NULL: null). */
-static cJSON *add_choice_body(cJSON *choices, int32_t index, const char *what, cJSON *body,
-                              cJSON *logprobs, const char *finish)
+static void add_choice(cJSON *choices, int32_t index, const char *what, cJSON *body,
+                       cJSON *logprobs, const char *finish)
 {
     cJSON *choice = cJSON_CreateObject();
     cJSON_AddNumberToObject(choice, "index", index);
@@ -453,7 +449,6 @@ static cJSON *add_choice_body(cJSON *choices, int32_t index, const char *what, c
     else
         cJSON_AddNullToObject(choice, "finish_reason");
     cJSON_AddItemToArray(choices, choice);
-    return choice;
 }
 
 /* A role and content as given (NULL: left out). */
@@ -467,32 +462,22 @@ static cJSON *message_body(const char *role, const char *text, size_t len)
     return body;
 }
 
-/* One choice: `what` ("message" or "delta") holding role and content as
- * given (NULL: left out), logprobs (consumed; NULL: null), finish. */
-static void add_choice(cJSON *choices, int32_t index, const char *what, const char *role,
-                       const char *text, size_t len, cJSON *logprobs, const char *finish)
-{
-    add_choice_body(choices, index, what, message_body(role, text, len), logprobs, finish);
-}
-
-/* A chunk of one choice's delta. */
-static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const char *text,
-                          size_t len, cJSON *logprobs, const char *finish)
-{
-    cJSON *choices;
-    cJSON *o = chat_object(g, "chat.completion.chunk", &choices);
-    add_choice(choices, i, "delta", role, text, len, logprobs, finish);
-    return o;
-}
-
 /* A chunk of one choice carrying delta (consumed). */
 static cJSON *delta_object_chunk(const srv_gen *g, int32_t i, cJSON *delta, cJSON *logprobs,
                                  const char *finish)
 {
     cJSON *choices;
     cJSON *o = chat_object(g, "chat.completion.chunk", &choices);
-    add_choice_body(choices, i, "delta", delta, logprobs, finish);
+    add_choice(choices, i, "delta", delta, logprobs, finish);
     return o;
+}
+
+/* A chunk of one choice's delta: role and content as given (NULL: left
+ * out). */
+static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const char *text,
+                          size_t len, cJSON *logprobs, const char *finish)
+{
+    return delta_object_chunk(g, i, message_body(role, text, len), logprobs, finish);
 }
 
 static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
@@ -503,15 +488,14 @@ static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage 
         const srv_choice *ch = &g->choices[i];
         cJSON *lp = g->logprobs ? srv_chat_logprobs(g, i, 0, ch->n_tokens) : NULL;
         const char *finish = srv_oai_finish(ch->why);
-        if (!g->answer) {
-            add_choice(choices, i, "message", "assistant", ch->text ? ch->text : "", ch->text_len,
-                       lp, finish);
-            continue;
+        cJSON *message;
+        if (g->answer) { /* tools: the text read for calls */
+            message = message_body("assistant", NULL, 0);
+            srv_chat_tools_answer(g, i, message, &finish);
+        } else {
+            message = message_body("assistant", ch->text ? ch->text : "", ch->text_len);
         }
-        /* tools: the text read for calls */
-        cJSON *message = message_body("assistant", NULL, 0);
-        srv_chat_tools_answer(g, i, message, &finish);
-        add_choice_body(choices, i, "message", message, lp, finish);
+        add_choice(choices, i, "message", message, lp, finish);
     }
     srv_oai_add_usage(o, u);
     srv_respond_generation(c, o, why);

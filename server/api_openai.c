@@ -180,11 +180,7 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
                                          "response_format",
-                                         "guided_json",
-                                         "guided_regex",
-                                         "guided_choice",
-                                         "guided_grammar",
-                                         "structured_outputs",
+                                         SRV_GUIDED_FIELDS,
                                          NULL};
     if (!srv_only_known(c, root, "the body", fields))
         return false;

@@ -484,6 +484,16 @@ bool srv_ask_schema(srv_conn *c, srv_ask *a, const cJSON *schema, const char *wh
     return ok;
 }
 
+/* A regular expression given as a string value, as a's grammar. */
+static bool regex_grammar(srv_conn *c, const cJSON *re, const char *where, srv_ask *a)
+{
+    if (!cJSON_IsString(re)) {
+        srv_fail(c, 400, "%s must be a string (the regular expression)", where);
+        return false;
+    }
+    return srv_ask_grammar(c, a, GR_REGEX, re->valuestring, strlen(re->valuestring), where);
+}
+
 /* {"type": "json_schema", "json_schema": {"name", "schema", "strict",
  * "description"}} (OpenAI), or TGI's {"type": "json_schema", "value":
  * {"name", "schema"}}: the schema, or any JSON value when none is given
@@ -543,14 +553,8 @@ bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char
         }
         return schema_grammar(c, value, where, a);
     }
-    if (strcmp(type, "regex") == 0) {
-        if (!cJSON_IsString(value)) {
-            srv_fail(c, 400, "%s must be a string (the regular expression)", where);
-            return false;
-        }
-        return srv_ask_grammar(c, a, GR_REGEX, value->valuestring, strlen(value->valuestring),
-                               where);
-    }
+    if (strcmp(type, "regex") == 0)
+        return regex_grammar(c, value, where, a);
     srv_fail(c, 400,
              "%s.type must be text, json_object, json_schema, json or regex, not %s (with no "
              "\"value\" for text)",
@@ -600,12 +604,12 @@ bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
 {
     static const char *const so_fields[] = {"json", "regex", "choice", "grammar", NULL};
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "structured_outputs");
-    if (!srv_is_null(so) &&
-        (!cJSON_IsObject(so) || !srv_only_known(c, so, "structured_outputs", so_fields))) {
-        if (!cJSON_IsObject(so))
-            srv_fail(c, 400, "\"structured_outputs\" must be an object");
+    if (!srv_is_null(so) && !cJSON_IsObject(so)) {
+        srv_fail(c, 400, "\"structured_outputs\" must be an object");
         return false;
     }
+    if (!srv_is_null(so) && !srv_only_known(c, so, "structured_outputs", so_fields))
+        return false;
     /* each way of asking, vLLM's older name first */
     static const struct {
         const char *key, *so_key;
@@ -640,14 +644,8 @@ bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
         return true;
     if (way == 0)
         return schema_grammar(c, value, where, a);
-    if (way == 1) {
-        if (!cJSON_IsString(value)) {
-            srv_fail(c, 400, "%s must be a string (the regular expression)", where);
-            return false;
-        }
-        return srv_ask_grammar(c, a, GR_REGEX, value->valuestring, strlen(value->valuestring),
-                               where);
-    }
+    if (way == 1)
+        return regex_grammar(c, value, where, a);
     if (way == 3) {
         srv_fail(c, 400,
                  "%s (a context-free grammar in EBNF) is not supported: use a JSON Schema "

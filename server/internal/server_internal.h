@@ -223,14 +223,17 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
  * schema, as an object or a JSON string}, {"type": "regex", "value": RE},
  * {"type": "json_schema", "value": {"name", "schema"}}); each route
  * takes both. Absent or null: none. False after answering the 400. */
+bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label,
+                     srv_ask *a);
 /* vLLM's guided decoding fields of a chat or completions body into a:
  * guided_json (a schema, or its JSON text), guided_regex, guided_choice
  * (the answer is one of the strings), or the same under newer vLLM's
  * structured_outputs {json, regex, choice}; guided_grammar (EBNF) is
  * refused by name, and so is a second grammar (response_format too). */
 bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a);
-bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label,
-                     srv_ask *a);
+/* The body fields srv_get_guided reads, for a route's list of known ones. */
+#define SRV_GUIDED_FIELDS                                                                          \
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"
 /* A JSON Schema given as a value (NULL: out of memory) as a's grammar. */
 bool srv_ask_schema(srv_conn *c, srv_ask *a, const cJSON *schema, const char *where);
 
