@@ -27,18 +27,12 @@ static eng_model model;
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof dir);
-    tiny_spec s = tiny_default();
-    tiny_write_hf(dir, &s);
-    eng_load_opts o = {.path = dir, .quant = "nf4"};
-    char msg[512];
-    cr_assert_eq(eng_model_load(&model, &o, msg, sizeof msg), 0, "%s", msg);
+    tiny_load_default(dir, sizeof dir, &model);
 }
 
 static void teardown(void)
 {
-    eng_model_free(&model);
-    test_rmtree(dir);
+    tiny_unload_default(dir, &model);
 }
 
 TestSuite(choices, .init = setup, .fini = teardown, .timeout = 120);

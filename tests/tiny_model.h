@@ -245,6 +245,25 @@ static inline void tiny_write_hf(const char *dir, const tiny_spec *s)
 /* The same model as a llama GGUF: linear layers as `linear` (a GGUF block
  * kind or a dense one), embeddings and norms f32, the tokenizer as
  * tokenizer.ggml.* metadata. */
+/* The engine tests' fixture: tiny_default() written as a Hugging Face
+ * folder in a fresh temporary dir (dir_cap bytes) and loaded into m with
+ * NF4 linears; tiny_unload_default undoes both. */
+static inline void tiny_load_default(char *dir, size_t dir_cap, eng_model *m)
+{
+    test_tmpdir(dir, dir_cap);
+    tiny_spec s = tiny_default();
+    tiny_write_hf(dir, &s);
+    eng_load_opts o = {.path = dir, .quant = "nf4"};
+    char msg[512];
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+static inline void tiny_unload_default(const char *dir, eng_model *m)
+{
+    eng_model_free(m);
+    test_rmtree(dir);
+}
+
 static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows, int64_t cols,
                                  qt_kind kind, bool norm, uint64_t *rng)
 {
