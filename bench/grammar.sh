@@ -26,13 +26,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--model GGUF] [--schema FILE] [--rounds R] [--batches B,..] [--threads N] [--new-tokens N]" >&2; exit 2 ;;
     esac
 done
-build="${BUILD:-}"
-if [ -z "$build" ]; then
-    build="$here/build"
-    [ -x "$build/bench_grammar" ] || build="$here/build-cpu"
-fi
-bench="$build/bench_grammar"
-[ -x "$bench" ] || { echo "grammar.sh: no $bench (cmake --build BUILD --target bench_grammar)" >&2; exit 1; }
+. "$here/bench/lib.sh"
+bench="$(bench_binary bench_grammar)"
 [ -f "$model" ] || { echo "grammar.sh: no model at $model (scripts/fetch-model.sh)" >&2; exit 1; }
 py="${GRAMMAR_PYTHON:-}"
 if [ -z "$py" ]; then

@@ -28,14 +28,9 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--model GGUF] [--threads N] [--repeat N] [--rounds N]" >&2; exit 2 ;;
     esac
 done
-build="${BUILD:-}"
-if [ -z "$build" ]; then
-    build="$here/build"
-    [ -x "$build/bench_adapters" ] || build="$here/build-cpu"
-fi
-bench="$build/bench_adapters"
+. "$here/bench/lib.sh"
+bench="$(bench_binary bench_adapters)"
 py="${PEFT_PYTHON:-python3}"
-[ -x "$bench" ] || { echo "merge_vs_peft: no $bench (cmake --build BUILD --target bench_adapters)" >&2; exit 1; }
 [ -f "$model" ] || { echo "merge_vs_peft: no model at $model (scripts/fetch-model.sh)" >&2; exit 1; }
 "$py" -c "import torch, transformers, peft, bitsandbytes, gguf" 2>/dev/null ||
     { echo "merge_vs_peft: $py lacks torch/transformers/peft/bitsandbytes/gguf (PEFT_PYTHON=...)" >&2; exit 1; }
