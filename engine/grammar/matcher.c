@@ -315,37 +315,53 @@ static uint64_t node_key(int32_t pos, int32_t parent)
     return (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
 }
 
-/* A fresh table of cap slots, all -1. */
-static int32_t *new_table(size_t cap)
+static uint64_t node_hash(const gr_matcher *m, size_t id)
 {
-    int32_t *t = malloc(cap * sizeof *t);
-    if (t)
-        memset(t, 0xff, cap * sizeof *t);
-    return t;
+    return mix(node_key(m->nodes[id].pos, m->nodes[id].parent));
 }
 
-static bool node_rehash(gr_matcher *m)
+static uint64_t state_hash(const int32_t *ids, size_t n, bool accept)
 {
-    size_t cap = m->nhash_cap ? m->nhash_cap * 2 : 1024;
-    int32_t *t = new_table(cap);
+    uint64_t h = accept ? 0x9e3779b97f4a7c15ULL : 0x7f4a7c159e3779b9ULL;
+    for (size_t i = 0; i < n; i++)
+        h = mix(h ^ (uint32_t)ids[i]);
+    return h;
+}
+
+static uint64_t state_hash_of(const gr_matcher *m, size_t id)
+{
+    const mstate *s = &m->st[id];
+    return state_hash(m->st_nodes + s->off, (size_t)s->len, s->accept);
+}
+
+/* An index of twice the old capacity (first: first_cap) over ids
+ * 0..n-1 by hash, in *table (open addressing, -1 empty); false when out
+ * of memory (the old one kept). */
+static bool reindex(const gr_matcher *m, int32_t **table, size_t *cap, size_t first_cap, size_t n,
+                    uint64_t (*hash)(const gr_matcher *, size_t))
+{
+    size_t cap2 = *cap ? *cap * 2 : first_cap;
+    int32_t *t = malloc(cap2 * sizeof *t);
     if (!t)
         return false;
-    for (size_t id = 0; id < m->n_nodes; id++) {
-        size_t h = mix(node_key(m->nodes[id].pos, m->nodes[id].parent)) & (cap - 1);
+    memset(t, 0xff, cap2 * sizeof *t);
+    for (size_t id = 0; id < n; id++) {
+        size_t h = hash(m, id) & (cap2 - 1);
         while (t[h] >= 0)
-            h = (h + 1) & (cap - 1);
+            h = (h + 1) & (cap2 - 1);
         t[h] = (int32_t)id;
     }
-    free(m->nhash);
-    m->nhash = t;
-    m->nhash_cap = cap;
+    free(*table);
+    *table = t;
+    *cap = cap2;
     return true;
 }
 
 /* The id of stack entry (pos, parent); -1 when out of memory. */
 static int32_t node_intern(gr_matcher *m, int32_t pos, int32_t parent)
 {
-    if ((m->n_nodes + 1) * 2 > m->nhash_cap && !node_rehash(m))
+    if ((m->n_nodes + 1) * 2 > m->nhash_cap &&
+        !reindex(m, &m->nhash, &m->nhash_cap, 1024, m->n_nodes, node_hash))
         return -1;
     size_t h = mix(node_key(pos, parent)) & (m->nhash_cap - 1);
     for (; m->nhash[h] >= 0; h = (h + 1) & (m->nhash_cap - 1)) {
@@ -361,38 +377,12 @@ static int32_t node_intern(gr_matcher *m, int32_t pos, int32_t parent)
     return (int32_t)m->n_nodes++;
 }
 
-static uint64_t state_hash(const int32_t *ids, size_t n, bool accept)
-{
-    uint64_t h = accept ? 0x9e3779b97f4a7c15ULL : 0x7f4a7c159e3779b9ULL;
-    for (size_t i = 0; i < n; i++)
-        h = mix(h ^ (uint32_t)ids[i]);
-    return h;
-}
-
-static bool state_rehash(gr_matcher *m)
-{
-    size_t cap = m->shash_cap ? m->shash_cap * 2 : 256;
-    int32_t *t = new_table(cap);
-    if (!t)
-        return false;
-    for (size_t id = 0; id < m->n_st; id++) {
-        const mstate *s = &m->st[id];
-        size_t h = state_hash(m->st_nodes + s->off, (size_t)s->len, s->accept) & (cap - 1);
-        while (t[h] >= 0)
-            h = (h + 1) & (cap - 1);
-        t[h] = (int32_t)id;
-    }
-    free(m->shash);
-    m->shash = t;
-    m->shash_cap = cap;
-    return true;
-}
-
 /* The id of the state of stacks ids[0..n) (sorted, distinct) accepting
  * or not; -1 when out of memory. */
 static int32_t state_intern(gr_matcher *m, const int32_t *ids, size_t n, bool accept)
 {
-    if ((m->n_st + 1) * 2 > m->shash_cap && !state_rehash(m))
+    if ((m->n_st + 1) * 2 > m->shash_cap &&
+        !reindex(m, &m->shash, &m->shash_cap, 256, m->n_st, state_hash_of))
         return -1;
     size_t h = state_hash(ids, n, accept) & (m->shash_cap - 1);
     for (; m->shash[h] >= 0; h = (h + 1) & (m->shash_cap - 1)) {
@@ -582,9 +572,9 @@ static int32_t step(gr_matcher *m, int32_t s, uint8_t c)
 
 /* --- the matcher ---------------------------------------------------------------- */
 
-/* Drop every memo and table, then rebuild the state of stacks ids[0..n)
- * (entries of the old tables) as the only one: memory back to what the
- * current state needs. */
+/* Drop every memo and table, then rebuild the current state (its stacks
+ * copied out of the old tables) as the only one: memory back to what it
+ * needs. */
 static int compact(gr_matcher *m)
 {
     const mstate *cur = &m->st[m->cur];
