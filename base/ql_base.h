@@ -77,6 +77,17 @@ const char *ql_err_name(int err);
 int ql_fail(char *msg, size_t msg_len, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* MurmurHash3's 64-bit finalizer: every bit of x reaches every bit of
+ * the result, so its low bits can pick a hash table's slot. */
+static inline uint64_t ql_mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
 /* CLOCK_MONOTONIC in seconds and in nanoseconds: for durations only. */
 double ql_now_s(void);
 int64_t ql_now_ns(void);

@@ -301,15 +301,6 @@ static bool grow_to(void **p, size_t need, size_t *cap, size_t elem)
     return true;
 }
 
-static uint64_t mix(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    return h ^ (h >> 33);
-}
-
 static uint64_t node_key(int32_t pos, int32_t parent)
 {
     return (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
@@ -317,14 +308,14 @@ static uint64_t node_key(int32_t pos, int32_t parent)
 
 static uint64_t node_hash(const gr_matcher *m, size_t id)
 {
-    return mix(node_key(m->nodes[id].pos, m->nodes[id].parent));
+    return ql_mix64(node_key(m->nodes[id].pos, m->nodes[id].parent));
 }
 
 static uint64_t state_hash(const int32_t *ids, size_t n, bool accept)
 {
     uint64_t h = accept ? 0x9e3779b97f4a7c15ULL : 0x7f4a7c159e3779b9ULL;
     for (size_t i = 0; i < n; i++)
-        h = mix(h ^ (uint32_t)ids[i]);
+        h = ql_mix64(h ^ (uint32_t)ids[i]);
     return h;
 }
 
@@ -363,7 +354,7 @@ static int32_t node_intern(gr_matcher *m, int32_t pos, int32_t parent)
     if ((m->n_nodes + 1) * 2 > m->nhash_cap &&
         !reindex(m, &m->nhash, &m->nhash_cap, 1024, m->n_nodes, node_hash))
         return -1;
-    size_t h = mix(node_key(pos, parent)) & (m->nhash_cap - 1);
+    size_t h = ql_mix64(node_key(pos, parent)) & (m->nhash_cap - 1);
     for (; m->nhash[h] >= 0; h = (h + 1) & (m->nhash_cap - 1)) {
         int32_t id = m->nhash[h];
         if (m->nodes[id].pos == pos && m->nodes[id].parent == parent)
@@ -427,7 +418,7 @@ static bool visited(gr_matcher *m, int32_t pos, int32_t parent)
         }
         for (size_t i = 0; i < m->vcap; i++)
             if (m->vgen[i] == m->gen) {
-                size_t h = mix(m->vkey[i]) & (cap - 1);
+                size_t h = ql_mix64(m->vkey[i]) & (cap - 1);
                 while (gen[h] == m->gen)
                     h = (h + 1) & (cap - 1);
                 k[h] = m->vkey[i];
@@ -440,7 +431,7 @@ static bool visited(gr_matcher *m, int32_t pos, int32_t parent)
         m->vcap = cap;
     }
     uint64_t key = node_key(pos, parent);
-    size_t h = mix(key) & (m->vcap - 1);
+    size_t h = ql_mix64(key) & (m->vcap - 1);
     for (; m->vgen[h] == m->gen; h = (h + 1) & (m->vcap - 1))
         if (m->vkey[h] == key)
             return true;
@@ -754,9 +745,9 @@ static bool make_signature(const gr_matcher *m, int32_t s, signature *sig)
 
 static uint64_t sig_hash(const signature *sig, const gr_vocab *v)
 {
-    uint64_t h = mix(v->uid);
+    uint64_t h = ql_mix64(v->uid);
     for (size_t i = 0; i < sig->n; i++)
-        h = mix(h ^ sig->w[i]);
+        h = ql_mix64(h ^ sig->w[i]);
     return h;
 }
 

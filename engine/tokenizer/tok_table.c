@@ -35,16 +35,6 @@ static uint64_t hash_bytes(const void *p, size_t n)
     return h;
 }
 
-static uint64_t hash_u64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
 static size_t table_size_for(size_t n)
 {
     size_t cap = 16;
@@ -125,7 +115,7 @@ static uint64_t pair_key(int32_t a, int32_t b)
 static bool pair_insert(pair_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id)
 {
     uint64_t key = pair_key(a, b);
-    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = ql_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->slots[i].key == PAIR_EMPTY) {
             m->slots[i] = (pair_slot){key, rank, id};
             return true;
@@ -141,7 +131,7 @@ const pair_slot *tok_merge_find(const tok_tokenizer *t, int32_t a, int32_t b)
     if (!m->slots || a < 0 || b < 0)
         return NULL;
     uint64_t key = pair_key(a, b);
-    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = ql_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->slots[i].key == key)
             return &m->slots[i];
         if (m->slots[i].key == PAIR_EMPTY)
