@@ -277,7 +277,9 @@ struct gr_matcher {
     size_t mem;     /* bytes held by memos, for the bound */
     size_t max_mem; /* GR_MATCHER_MAX_BYTES, lower in tests */
     uint64_t compactions;
-    signature sig;  /* the last state's signature (its buffer reused) */
+    signature sig; /* the last state's signature (its buffer reused) */
+    signature raw; /* its stacks before sorting, and where each starts */
+    size_t *starts, cap_starts;
     uint32_t *mask; /* the mask of state mask_state (-1: none), a bit per token */
     int32_t mask_state;
     uint64_t shared_hits; /* masks another matcher of the grammar had made */
@@ -673,6 +675,8 @@ void gr_matcher_free(gr_matcher *m)
     free(m->res);
     free(m->walk);
     free(m->sig.w);
+    free(m->raw.w);
+    free(m->starts);
     gr_grammar_unref(m->g);
     free(m);
 }
@@ -711,35 +715,36 @@ static int cmp_stack(const uint32_t *a, const uint32_t *b)
     return a[0] < b[0] ? -1 : a[0] > b[0];
 }
 
-/* State s's signature into sig (its buffer reused). */
-static bool make_signature(const gr_matcher *m, int32_t s, signature *sig)
+/* State s's signature into m->sig (the buffers reused). */
+static bool make_signature(gr_matcher *m, int32_t s)
 {
     const mstate *st = &m->st[s];
-    signature raw = {0};
-    size_t *starts = malloc(((size_t)st->len + 1) * sizeof *starts);
-    bool ok = starts != NULL;
+    signature *raw = &m->raw, *sig = &m->sig;
+    size_t *starts;
+    raw->n = 0;
+    bool ok = grow_to((void **)&m->starts, (size_t)st->len + 1, &m->cap_starts, sizeof *starts);
+    starts = m->starts;
     for (int32_t i = 0; ok && i < st->len; i++) {
-        starts[i] = raw.n;
-        ok = sig_stack(m, m->st_nodes[st->off + i], &raw);
+        starts[i] = raw->n;
+        ok = sig_stack(m, m->st_nodes[st->off + i], raw);
     }
     /* insertion sort of the stacks: a state holds few */
     for (int32_t i = 1; ok && i < st->len; i++)
-        for (int32_t j = i; j > 0 && cmp_stack(raw.w + starts[j - 1], raw.w + starts[j]) > 0; j--) {
+        for (int32_t j = i; j > 0 && cmp_stack(raw->w + starts[j - 1], raw->w + starts[j]) > 0;
+             j--) {
             size_t t = starts[j];
             starts[j] = starts[j - 1];
             starts[j - 1] = t;
         }
     sig->n = 0;
-    ok = ok && grow_to((void **)&sig->w, raw.n + 1, &sig->cap, sizeof *sig->w);
+    ok = ok && grow_to((void **)&sig->w, raw->n + 1, &sig->cap, sizeof *sig->w);
     for (int32_t i = 0; ok && i < st->len; i++) {
-        const uint32_t *w = raw.w + starts[i];
+        const uint32_t *w = raw->w + starts[i];
         memcpy(sig->w + sig->n, w, (w[0] + 1) * sizeof *w);
         sig->n += w[0] + 1;
     }
     if (ok)
         sig->w[sig->n++] = st->accept;
-    free(raw.w);
-    free(starts);
     return ok;
 }
 
@@ -765,7 +770,7 @@ static bool make_mask(gr_matcher *m)
     uint32_t *mask = m->mask;
     int32_t s = m->cur;
     m->mask_state = -1;
-    bool signed_ = make_signature(m, s, &m->sig);
+    bool signed_ = make_signature(m, s);
     uint64_t h = signed_ ? sig_hash(&m->sig, v) : 0;
     if (signed_ && gr_shared_get(m->g, v->uid, m->sig.w, m->sig.n, h, mask, words)) {
         m->shared_hits++;
