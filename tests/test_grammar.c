@@ -362,3 +362,54 @@ Test(grammar, a_second_matcher_of_a_grammar_takes_the_first_ones_masks_and_they_
     gr_grammar_unref(alone);
     gr_vocab_free(v);
 }
+
+Test(grammar, every_grammars_shared_masks_together_stay_inside_the_process_bound)
+{
+    int32_t n = (int32_t)(sizeof json_tokens / sizeof *json_tokens);
+    gr_vocab *v = make_vocab(json_tokens, n, 0);
+    /* a few masks' worth (each: its signature, 2 words, an entry) */
+    const size_t bound = 600;
+    gr_shared_set_total_bound(bound);
+    gr_grammar *g[3] = {small_json(), small_json(), small_json()};
+    /* three answers, one per grammar, in turns; ref[k] follows m[k] but
+     * never makes a mask: each token's bytes are walked alone */
+    gr_matcher *m[3], *ref[3];
+    char msg[256];
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(gr_matcher_new(&m[k], g[k], v, msg, sizeof msg), QL_OK);
+        cr_assert_eq(gr_matcher_new(&ref[k], g[k], v, msg, sizeof msg), QL_OK);
+    }
+    uint64_t seed = 5;
+    size_t most = 0;
+    for (int step = 0; step < 200; step++) {
+        int k = (int)(next_rand(&seed) % 3);
+        bool ok[64];
+        allowed(m[k], n, ok);
+        int32_t pick[64], n_pick = 0;
+        for (int32_t t = 0; t < n; t++) {
+            cr_assert_eq(ok[t], gr_matcher_allows(ref[k], t), "step %d token %d", step, t);
+            if (ok[t])
+                pick[n_pick++] = t;
+        }
+        size_t total = gr_shared_total_bytes();
+        cr_assert_leq(total, bound, "step %d: %zu bytes kept", step, total);
+        most = total > most ? total : most;
+        int32_t t = pick[next_rand(&seed) % (uint64_t)n_pick];
+        cr_assert_eq(gr_matcher_accept(m[k], t), QL_OK);
+        cr_assert_eq(gr_matcher_accept(ref[k], t), QL_OK);
+        if (t == 0) { /* that answer ended: begin it again */
+            gr_matcher_free(m[k]);
+            gr_matcher_free(ref[k]);
+            cr_assert_eq(gr_matcher_new(&m[k], g[k], v, msg, sizeof msg), QL_OK);
+            cr_assert_eq(gr_matcher_new(&ref[k], g[k], v, msg, sizeof msg), QL_OK);
+        }
+    }
+    cr_assert_gt(most, bound / 2, "the masks were shared up to the bound");
+    for (int k = 0; k < 3; k++) {
+        gr_matcher_free(m[k]);
+        gr_matcher_free(ref[k]);
+        gr_grammar_unref(g[k]);
+    }
+    cr_assert_eq(gr_shared_total_bytes(), 0, "a grammar's end gives its bytes back");
+    gr_vocab_free(v);
+}

@@ -9,7 +9,9 @@
  * later requests through the server's grammar cache, walks the vocabulary
  * once per state between them. The table is open addressing under the
  * grammar's mutex, and is emptied whole when it would pass
- * GR_SHARED_MAX_BYTES (each matcher keeps its own copies meanwhile).
+ * GR_SHARED_MAX_BYTES, or when every grammar's tables together would pass
+ * GR_SHARED_TOTAL_MAX_BYTES (each matcher keeps its own copies
+ * meanwhile).
  *
  * Owns gr_grammar's memory and its shared masks; builder.c makes
  * grammars, matcher.c reads and fills the masks. Touches nothing else.
@@ -35,11 +37,41 @@ struct gr_shared_masks {
 /* Past this many bytes of one grammar's shared masks the table is
  * emptied and filled again (each matcher keeps its own copies). */
 #define GR_SHARED_MAX_BYTES ((size_t)64 << 20)
+/* Every grammar's shared masks together (the server's cache holds 64
+ * grammars) keep at most this many bytes: past it, the grammar keeping
+ * one more empties its own table first, and keeps nothing while the
+ * others hold the rest. */
+#define GR_SHARED_TOTAL_MAX_BYTES ((size_t)256 << 20)
+
+static size_t shared_total;                                 /* atomic */
+static size_t shared_total_max = GR_SHARED_TOTAL_MAX_BYTES; /* lower in tests */
+
+/* bytes taken from the process's budget; false (nothing taken) when they
+ * would pass it. */
+static bool budget_take(size_t bytes)
+{
+    size_t max = __atomic_load_n(&shared_total_max, __ATOMIC_RELAXED);
+    if (__atomic_add_fetch(&shared_total, bytes, __ATOMIC_RELAXED) <= max)
+        return true;
+    __atomic_sub_fetch(&shared_total, bytes, __ATOMIC_RELAXED);
+    return false;
+}
+
+void gr_shared_set_total_bound(size_t bytes)
+{
+    __atomic_store_n(&shared_total_max, bytes, __ATOMIC_RELAXED);
+}
+
+size_t gr_shared_total_bytes(void)
+{
+    return __atomic_load_n(&shared_total, __ATOMIC_RELAXED);
+}
 
 static void shared_masks_free(gr_shared_masks *c)
 {
     if (!c)
         return;
+    __atomic_sub_fetch(&shared_total, c->bytes, __ATOMIC_RELAXED);
     for (size_t i = 0; i < c->cap; i++) {
         free(c->slots[i].sig);
         free(c->slots[i].mask);
@@ -124,31 +156,38 @@ static void shared_place(gr_shared_masks *c, shared_entry e)
     c->slots[k] = e;
 }
 
-/* Room for one more entry in g->masks: a first table, an emptied one when
- * bytes more would pass the bound, or one twice as large with the same
- * entries; false when out of memory (the table is as it was). */
+/* Room for one more entry of bytes in g->masks, the bytes taken from the
+ * process's budget: a first table, an emptied one when they would pass
+ * the grammar's bound or the budget, or one twice as large with the same
+ * entries; false when out of memory or budget (nothing taken). */
 static bool shared_room(gr_grammar *g, size_t bytes)
 {
     gr_shared_masks *c = g->masks, *n;
-    if (!c || c->bytes + bytes > GR_SHARED_MAX_BYTES) { /* start over: bounded */
+    bool taken = budget_take(bytes);
+    if (!c || !taken || c->bytes + bytes > GR_SHARED_MAX_BYTES) { /* start over: bounded */
         if (!(n = shared_new(1024)))
-            return false;
-        shared_masks_free(c);
-    } else if ((c->n + 1) * 2 > c->cap) { /* grow: the entries move */
-        if (!(n = shared_new(c->cap * 2)))
-            return false;
-        for (size_t i = 0; i < c->cap; i++)
-            if (c->slots[i].sig)
-                shared_place(n, c->slots[i]);
-        n->n = c->n;
-        n->bytes = c->bytes;
-        free(c->slots);
-        free(c);
-    } else {
-        return true;
+            goto refused;
+        shared_masks_free(c); /* its bytes back to the budget */
+        g->masks = n;
+        return taken || budget_take(bytes);
     }
+    if ((c->n + 1) * 2 <= c->cap)
+        return true;
+    if (!(n = shared_new(c->cap * 2))) /* grow: the entries move */
+        goto refused;
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->slots[i].sig)
+            shared_place(n, c->slots[i]);
+    n->n = c->n;
+    n->bytes = c->bytes;
+    free(c->slots);
+    free(c);
     g->masks = n;
     return true;
+refused:
+    if (taken)
+        __atomic_sub_fetch(&shared_total, bytes, __ATOMIC_RELAXED);
+    return false;
 }
 
 /* Keep a copy of mask under sig; quietly nothing when out of memory (the

@@ -80,5 +80,9 @@ uint64_t gr_matcher_compactions(const gr_matcher *m);
 /* For tests: how many masks this matcher took from its grammar's shared
  * table rather than walking the vocabulary. */
 uint64_t gr_matcher_shared_hits(const gr_matcher *m);
+/* For tests: the bytes every grammar's shared masks may keep together
+ * (grammar.c; GR_SHARED_TOTAL_MAX_BYTES otherwise), and what they keep. */
+void gr_shared_set_total_bound(size_t bytes);
+size_t gr_shared_total_bytes(void);
 
 #endif
