@@ -1219,7 +1219,7 @@ int32_t eng_sample(eng_sampler *s, float *logits, int32_t vocab, void *scratch)
     if (s->grammar) {
         int64_t t0 = ql_now_ns();
         int rc = gr_matcher_mask(s->grammar, logits);
-        s->grammar_ns += ql_now_ns() - t0;
+        s->grammar_ns = ql_now_ns() - t0;
         if (rc != QL_OK)
             return -1;
     }

@@ -936,11 +936,10 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
  * NULL, holds the figures of the raw row logits was copied from. */
 static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
 {
-    int64_t mask_ns = s->sampler.grammar_ns;
     int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
     if (s->sampler.grammar) {
         e->tally.grammar_masks++;
-        e->tally.grammar_ns += s->sampler.grammar_ns - mask_ns;
+        e->tally.grammar_ns += s->sampler.grammar_ns;
     }
     if (token < 0) { /* its grammar failed (memory bound) or allowed no token */
         fprintf(stderr, "qlserve: request %llu: the grammar allows no next token\n",

@@ -85,7 +85,7 @@ typedef struct eng_sampler {
     size_t n_counts, cap_counts;
     eng_logit_bias *bias; /* the copy of p.logit_bias (owned) */
     gr_matcher *grammar;  /* eng_sampler_constrain's (owned); NULL: none */
-    int64_t grammar_ns;   /* time spent in its masks */
+    int64_t grammar_ns;   /* the last draw's time in its mask */
     int64_t n_generated;  /* tokens recorded since init */
     int32_t eos;          /* the token min_tokens holds back; -1: none */
 } eng_sampler;
