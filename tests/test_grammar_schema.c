@@ -257,6 +257,10 @@ Test(grammar_schema, grammars_over_the_size_bound_are_refused)
     check_refusals(GR_JSON_SCHEMA, cases, sizeof cases / sizeof cases[0]);
     static const refusal regexes[] = {
         {"((a{1000}){1000}){1000}", QL_EINVAL, {NULL}},
+        /* copies that write nothing still cost lowering's steps: refused,
+         * not walked 10^9 or 10^12 times */
+        {"((((a{0}){1000}){1000}){1000})", QL_EINVAL, {"steps", NULL}},
+        {"((((()){1000}){1000}){1000}){1000}", QL_EINVAL, {"steps", NULL}},
     };
     check_refusals(GR_REGEX, regexes, sizeof regexes / sizeof regexes[0]);
     /* and a small bound refuses what the default takes */

@@ -19,8 +19,10 @@
  * Lowering never recurses into an alternative: those go on a worklist,
  * so only nested sequences and repeats recurse, bounded by
  * GR_MAX_DEPTH. Every expression node and every lowered element counts
- * against the builder's bound, the guard that keeps a huge schema or a
- * regex like a{99999}{99999} from taking the server's memory or time.
+ * against the builder's bound, and lowering's steps against a multiple
+ * of it, the guards that keep a huge schema or a regex like
+ * a{99999}{99999} or (){1000}{1000}{1000} from taking the server's
+ * memory or time.
  *
  * The matcher (matcher.c) keeps, per sequence, the stacks of positions
  * a parse may be in; a rule that can call itself before reading a byte
@@ -42,6 +44,11 @@
 /* Nesting of sequences and repeats lowering may recurse through: the
  * compilers nest far less (a schema's depth, a regex's groups). */
 #define GR_MAX_DEPTH 1000
+/* Lowering's steps (its visits of expressions) per element of the bound:
+ * an expression that writes nothing (an empty group) is still visited
+ * once per copy, so ((((){1000}){1000}){1000}) is refused here rather
+ * than walked 10^9 times. Real grammars take at most 2 per element. */
+#define GR_LOWER_STEPS_PER_NODE 4
 
 typedef enum x_kind { X_EMPTY, X_NOTHING, X_SET, X_SEQ, X_ALT, X_REPEAT, X_RULE } x_kind;
 
@@ -447,6 +454,7 @@ typedef struct lowering {
     int32_t *star_of; /* per expression: the rule of x*, -1 */
     todo *todo;
     size_t n_todo, cap_todo;
+    size_t steps; /* lower's visits, bounded by GR_LOWER_STEPS_PER_NODE */
 } lowering;
 
 static bool add_elem(lowering *l, uint8_t kind, int32_t arg)
@@ -512,6 +520,13 @@ static bool lower(lowering *l, gr_expr x, int depth)
     gr_builder *b = l->b;
     if (depth > GR_MAX_DEPTH) {
         fail(b, QL_EINVAL, "the grammar nests deeper than %d", GR_MAX_DEPTH);
+        return false;
+    }
+    if (++l->steps > GR_LOWER_STEPS_PER_NODE * b->max_nodes) {
+        fail(b, QL_EINVAL,
+             "the grammar is too large: compiling it takes over %zu steps (the bound, %d per "
+             "element)",
+             GR_LOWER_STEPS_PER_NODE * b->max_nodes, GR_LOWER_STEPS_PER_NODE);
         return false;
     }
     const x_node *n = &b->nodes[x];
