@@ -241,6 +241,9 @@ Test(grammar_schema, regex_syntax_it_cannot_enforce_is_refused_with_the_offset)
         {"[]a]", QL_EUNSUPPORTED, {"']'"}},
         {"\\q", QL_EUNSUPPORTED, {"unknown escape", "offset 0"}},
         {"\\x4", QL_EINVAL, {"hexadecimal", "offset 0"}},
+        {"\\ud83d", QL_EUNSUPPORTED, {"surrogate", "offset 0"}},
+        {"a\\ude00", QL_EUNSUPPORTED, {"surrogate", "offset 1"}},
+        {"\\ud83d\\u0041", QL_EUNSUPPORTED, {"surrogate", "offset 0"}},
         {"(?i)abc", QL_EUNSUPPORTED, {"'(?'", "offset 0"}},
         {"a\\", QL_EINVAL, {"trailing", "offset 1"}},
         {"\xff", QL_EINVAL, {"UTF-8", "offset 0"}},
@@ -328,6 +331,25 @@ Test(grammar_schema, objects_of_many_required_properties_compile)
 
 /* A pattern's characters are written as JSON writes them: '"' and '\' only
  * escaped, control characters never raw. */
+Test(grammar_schema, an_escaped_surrogate_pair_is_its_one_character)
+{
+    /* as ECMA-262 reads UTF-16: \ud83d\ude00 is U+1F600, in a class too */
+    static const char *const res[] = {"\\ud83d\\ude00", "[\\ud83d\\ude00-\\ud83d\\ude4f]"};
+    gr_grammar *g[2] = {NULL, NULL};
+    char msg[256];
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert_eq(gr_compile(GR_REGEX, res[i], strlen(res[i]), 0, &g[i], msg, sizeof msg), QL_OK,
+                     "%s: %s", res[i], msg);
+        cr_expect(gr_grammar_accepts(g[i], "\xf0\x9f\x98\x80", 4), "%s refuses U+1F600", res[i]);
+        cr_expect(!gr_grammar_accepts(g[i], "\xed\xa0\xbd\xed\xb8\x80", 6),
+                  "%s takes surrogates' bytes", res[i]);
+    }
+    cr_expect(gr_grammar_accepts(g[1], "\xf0\x9f\x99\x8f", 4), "U+1F64F is in the range");
+    cr_expect(!gr_grammar_accepts(g[1], "\xf0\x9f\x99\x90", 4), "U+1F650 is past it");
+    gr_grammar_unref(g[0]);
+    gr_grammar_unref(g[1]);
+}
+
 Test(grammar_schema, pattern_characters_are_json_escaped)
 {
     const char *schema = "{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\\\\\u0001]$\"}";

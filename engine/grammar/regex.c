@@ -343,6 +343,28 @@ static bool hex_escape(rx_parser *p, int digits, uint32_t *cp, size_t at)
     return true;
 }
 
+/* After \u escaped cp (at: its backslash): a high surrogate followed by
+ * an escaped low one is the pair's one character, as ECMA-262 reads
+ * UTF-16; a surrogate alone can be in no UTF-8 text, and is refused. */
+static bool surrogate_pair(rx_parser *p, uint32_t *cp, size_t at)
+{
+    if (*cp < 0xD800 || *cp > 0xDFFF)
+        return true;
+    uint32_t low = 0;
+    if (*cp <= 0xDBFF && p->pos + 1 < p->n && p->s[p->pos] == '\\' && p->s[p->pos + 1] == 'u') {
+        size_t mark = p->pos;
+        p->pos += 2;
+        if (hex_escape(p, 4, &low, mark) && low >= 0xDC00 && low <= 0xDFFF) {
+            *cp = 0x10000 + ((*cp - 0xD800) << 10) + (low - 0xDC00);
+            return true;
+        }
+        if (p->err != QL_OK)
+            return false;
+    }
+    fail(p, QL_EUNSUPPORTED, "a lone UTF-16 surrogate escape (no UTF-8 text holds one)", at);
+    return false;
+}
+
 /* The escape after a '\' (the cursor past it; at: the backslash). In a
  * class, \b is the backspace character, as in both dialects. */
 static bool parse_escape(rx_parser *p, bool in_class, size_t at, rx_item *it)
@@ -367,7 +389,7 @@ static bool parse_escape(rx_parser *p, bool in_class, size_t at, rx_item *it)
     case 'v': *it = single_item('\v'); return true;
     case 'x':
     case 'u':
-        if (!hex_escape(p, c == 'x' ? 2 : 4, &cp, at))
+        if (!hex_escape(p, c == 'x' ? 2 : 4, &cp, at) || (c == 'u' && !surrogate_pair(p, &cp, at)))
             return false;
         *it = single_item(cp);
         return true;
