@@ -324,7 +324,8 @@ bool srv_chat_tools_message_in(srv_conn *c, cJSON *copy, int i)
         cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
         if (cJSON_IsObject(args) || srv_is_null(args))
             continue; /* already a mapping, or none */
-        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        cJSON *parsed =
+            cJSON_IsString(args) ? cJSON_ParseWithOpts(args->valuestring, NULL, true) : NULL;
         if (!cJSON_IsObject(parsed)) {
             cJSON_Delete(parsed);
             srv_fail(c, 400,

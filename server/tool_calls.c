@@ -194,7 +194,7 @@ static bool add_call(srv_tool_calls *tc, const char *name, size_t name_len, cons
     } else if (cJSON_IsObject(args)) {
         arguments = cJSON_PrintUnformatted(args);
     } else if (cJSON_IsString(args)) {
-        cJSON *inner = cJSON_Parse(args->valuestring);
+        cJSON *inner = cJSON_ParseWithOpts(args->valuestring, NULL, true); /* nothing after */
         bool object = cJSON_IsObject(inner);
         cJSON_Delete(inner);
         if (!object)

@@ -478,6 +478,12 @@ Test(grammar, past_calls_and_tool_results_reach_the_template)
             "\"assistant\", \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", "
             "\"function\": {\"name\": \"f\", \"arguments\": \"{oops\"}}]}]}",
             "messages[1].tool_calls[0].function.arguments", NULL);
+    /* nor is an object with text after it */
+    refused("/v1/chat/completions",
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": "
+            "\"assistant\", \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", "
+            "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1} and more\"}}]}]}",
+            "messages[1].tool_calls[0].function.arguments", NULL);
 }
 
 Test(grammar, bad_grammars_and_tools_are_refused_by_name)

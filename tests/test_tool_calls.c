@@ -161,6 +161,9 @@ Test(tool_calls, mistral_both_syntaxes)
            NULL, 1, "f", "{\"a\": 1}");
     const char *stringy = "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"yes\"}]";
     expect(SRV_TOOLS_MISTRAL, stringy, stringy, 0);
+    const char *trailing =
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1} and more\"}]";
+    expect(SRV_TOOLS_MISTRAL, trailing, trailing, 0);
 }
 
 Test(tool_calls, granite_and_deepseek)
