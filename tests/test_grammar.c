@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,4 +413,85 @@ Test(grammar, every_grammars_shared_masks_together_stay_inside_the_process_bound
     }
     cr_assert_eq(gr_shared_total_bytes(), 0, "a grammar's end gives its bytes back");
     gr_vocab_free(v);
+}
+
+/* --- the cache ------------------------------------------------------------------- */
+
+Test(grammar, the_cache_keeps_the_most_recently_used_texts)
+{
+    gr_cache *c = gr_cache_new(2, 0);
+    char msg[256];
+    gr_grammar *a, *b, *again, *cc;
+    cr_assert_eq(gr_cache_get(c, GR_REGEX, "a+", 2, &a, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(gr_cache_get(c, GR_REGEX, "b+", 2, &b, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(gr_cache_get(c, GR_REGEX, "a+", 2, &again, msg, sizeof msg), QL_OK);
+    cr_assert_eq(again, a, "a text met before is not compiled again");
+    gr_grammar_unref(again);
+    /* a third text: b, the least recently used, makes room */
+    cr_assert_eq(gr_cache_get(c, GR_REGEX, "c+", 2, &cc, msg, sizeof msg), QL_OK);
+    cr_assert_eq(gr_cache_entries(c), 2);
+    cr_assert_eq(gr_cache_get(c, GR_REGEX, "a+", 2, &again, msg, sizeof msg), QL_OK);
+    cr_assert_eq(again, a);
+    gr_grammar_unref(again);
+    /* the same text as another kind is another grammar */
+    cr_assert_eq(gr_cache_get(c, GR_JSON_SCHEMA, "{}", 2, &again, msg, sizeof msg), QL_OK);
+    cr_assert_neq(again, a);
+    gr_grammar_unref(again);
+    /* a refusal is the caller's, and not kept */
+    gr_grammar *bad = NULL;
+    cr_assert_eq(gr_cache_get(c, GR_REGEX, "(a", 2, &bad, msg, sizeof msg), QL_EINVAL);
+    cr_assert_null(bad);
+    cr_assert_eq(gr_cache_entries(c), 2);
+    gr_grammar_unref(a);
+    gr_grammar_unref(b);
+    gr_grammar_unref(cc);
+    gr_cache_free(c);
+}
+
+/* Threads that ask for one new text at once. */
+typedef struct racer {
+    gr_cache *c;
+    pthread_barrier_t *go;
+    const char *text;
+    gr_grammar *g;
+} racer;
+
+static void *race(void *arg)
+{
+    racer *r = arg;
+    char msg[256];
+    pthread_barrier_wait(r->go);
+    if (gr_cache_get(r->c, GR_JSON_SCHEMA, r->text, strlen(r->text), &r->g, msg, sizeof msg))
+        r->g = NULL;
+    return NULL;
+}
+
+Test(grammar, threads_compiling_one_new_text_at_once_leave_one_entry)
+{
+    /* a schema of some milliseconds to compile, so that they all miss */
+    char *schema = malloc(1 << 16);
+    size_t at = (size_t)sprintf(schema, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 300; i++)
+        at += (size_t)sprintf(schema + at, "%s\"p%d\":{\"type\":\"string\",\"maxLength\":20}",
+                              i ? "," : "", i);
+    sprintf(schema + at, "}}");
+    gr_cache *c = gr_cache_new(8, 0);
+    enum { N = 6 };
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, N);
+    racer r[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (racer){c, &go, schema, NULL};
+        pthread_create(&t[i], NULL, race, &r[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_not_null(r[i].g);
+        gr_grammar_unref(r[i].g);
+    }
+    cr_assert_eq(gr_cache_entries(c), 1, "one text, one entry");
+    pthread_barrier_destroy(&go);
+    gr_cache_free(c);
+    free(schema);
 }

@@ -7,7 +7,7 @@
  * builder's node bound, so the server keeps the last few dozen grammars
  * by kind and text, least recently used dropped. Owns gr_cache.
  */
-#include "grammar.h"
+#include "internal/grammar_internal.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -76,24 +76,33 @@ void gr_cache_free(gr_cache *c)
     free(c);
 }
 
-/* The entry for kind and text, with a reference for the caller; NULL. */
+/* The entry for kind and text (the lock held), or NULL. */
+static cache_entry *entry_of(gr_cache *c, gr_kind kind, const char *text, size_t len)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        cache_entry *e = &c->entries[i];
+        if (e->kind == kind && e->len == len && memcmp(e->text, text, len) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* The grammar kept for kind and text, with a reference for the caller;
+ * NULL. */
 static gr_grammar *cache_find(gr_cache *c, gr_kind kind, const char *text, size_t len)
 {
-    gr_grammar *g = NULL;
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n && !g; i++) {
-        cache_entry *e = &c->entries[i];
-        if (e->kind == kind && e->len == len && memcmp(e->text, text, len) == 0) {
-            e->used = ++c->clock;
-            g = gr_grammar_ref(e->g);
-        }
-    }
+    cache_entry *e = entry_of(c, kind, text, len);
+    if (e)
+        e->used = ++c->clock;
+    gr_grammar *g = e ? gr_grammar_ref(e->g) : NULL;
     pthread_mutex_unlock(&c->mu);
     return g;
 }
 
-/* Keep g under kind and text (the least recently used entry makes room);
- * a copy of the text fails quietly: the cache is only a cache. */
+/* Keep g under kind and text (the least recently used entry makes room),
+ * unless another thread kept its own compile of the text meanwhile; a
+ * copy of the text fails quietly: the cache is only a cache. */
 static void cache_put(gr_cache *c, gr_kind kind, const char *text, size_t len, gr_grammar *g)
 {
     char *copy = malloc(len + 1);
@@ -102,6 +111,11 @@ static void cache_put(gr_cache *c, gr_kind kind, const char *text, size_t len, g
     memcpy(copy, text, len);
     copy[len] = 0;
     pthread_mutex_lock(&c->mu);
+    if (entry_of(c, kind, text, len)) {
+        pthread_mutex_unlock(&c->mu);
+        free(copy);
+        return;
+    }
     size_t at = c->n;
     if (c->n == c->max) {
         at = 0;
@@ -123,9 +137,18 @@ int gr_cache_get(gr_cache *c, gr_kind kind, const char *text, size_t len, gr_gra
     if (*out)
         return QL_OK;
     /* compiled outside the lock: two threads asking for one new text at
-     * once both compile it, and both results are right */
+     * once both compile it, both results are right, and the first kept
+     * stays the cache's */
     int rc = gr_compile(kind, text, len, c->max_nodes, out, msg, msg_len);
     if (rc == QL_OK)
         cache_put(c, kind, text, len, *out);
     return rc;
+}
+
+size_t gr_cache_entries(gr_cache *c)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->n;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }

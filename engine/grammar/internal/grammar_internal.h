@@ -84,5 +84,7 @@ uint64_t gr_matcher_shared_hits(const gr_matcher *m);
  * (grammar.c; GR_SHARED_TOTAL_MAX_BYTES otherwise), and what they keep. */
 void gr_shared_set_total_bound(size_t bytes);
 size_t gr_shared_total_bytes(void);
+/* For tests: the texts a cache keeps (cache.c). */
+size_t gr_cache_entries(gr_cache *c);
 
 #endif
