@@ -50,6 +50,24 @@ Test(grammar, literals_alternatives_and_bounded_repeats)
     gr_grammar_unref(g);
 }
 
+Test(grammar, a_grammar_holds_each_distinct_byte_set_once)
+{
+    gr_builder *b = gr_builder_new(0);
+    gr_expr xs[300];
+    for (int i = 0; i < 300; i++) /* "ab", "ba" and [a-c], 100 times each */
+        xs[i] = i % 3 == 0 ? LIT(b, "ab") : i % 3 == 1 ? LIT(b, "ba") : gr_byte_range(b, 'a', 'c');
+    gr_grammar *g = build(b, gr_seq(b, xs, 300));
+    gr_builder_free(b);
+    cr_assert_eq(g->n_sets, 3, "%zu sets", g->n_sets);
+    char text[700] = "";
+    for (int i = 0; i < 100; i++)
+        strcat(text, "abbac");
+    cr_assert(accepts(g, text));
+    text[4] = 'd';
+    cr_assert_not(accepts(g, text));
+    gr_grammar_unref(g);
+}
+
 Test(grammar, unbounded_repeat_of_a_nullable_expression_is_walked_not_refused)
 {
     gr_builder *b = gr_builder_new(0);

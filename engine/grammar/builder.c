@@ -65,8 +65,10 @@ struct gr_builder {
     size_t n_nodes, cap_nodes;
     gr_expr *kids;
     size_t n_kids, cap_kids;
-    gr_set *sets;
+    gr_set *sets; /* distinct */
     size_t n_sets, cap_sets;
+    int32_t *set_index; /* open addressing over sets by content, -1 empty */
+    size_t set_index_cap;
     char *names;
     size_t n_names, cap_names;
     size_t max_nodes;
@@ -128,6 +130,7 @@ void gr_builder_free(gr_builder *b)
     free(b->nodes);
     free(b->kids);
     free(b->sets);
+    free(b->set_index);
     free(b->names);
     free(b);
 }
@@ -152,13 +155,49 @@ static bool valid(const gr_builder *b, gr_expr x)
     return x >= 0 && (size_t)x < b->n_nodes;
 }
 
+static uint64_t set_hash(const gr_set *s)
+{
+    uint64_t h = 0;
+    for (int i = 0; i < 8; i++)
+        h = ql_mix64(h ^ s->bits[i]);
+    return h;
+}
+
+/* The index over the sets at twice the capacity (at least 256). */
+static bool set_reindex(gr_builder *b)
+{
+    size_t cap = b->set_index_cap ? b->set_index_cap * 2 : 256;
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t)
+        return false;
+    memset(t, 0xff, cap * sizeof *t);
+    for (size_t i = 0; i < b->n_sets; i++) {
+        size_t h = set_hash(&b->sets[i]) & (cap - 1);
+        while (t[h] >= 0)
+            h = (h + 1) & (cap - 1);
+        t[h] = (int32_t)i;
+    }
+    free(b->set_index);
+    b->set_index = t;
+    b->set_index_cap = cap;
+    return true;
+}
+
+/* The id of set s: the one already made with its bytes, or a new one. */
 static int32_t add_set(gr_builder *b, const gr_set *s)
 {
     if (b->err != QL_OK)
         return -1;
+    if ((b->n_sets + 1) * 2 > b->set_index_cap && !set_reindex(b))
+        return fail(b, QL_ENOMEM, "out of memory writing a grammar");
+    size_t h = set_hash(s) & (b->set_index_cap - 1);
+    for (; b->set_index[h] >= 0; h = (h + 1) & (b->set_index_cap - 1))
+        if (memcmp(&b->sets[b->set_index[h]], s, sizeof *s) == 0)
+            return b->set_index[h];
     if (!grow((void **)&b->sets, b->n_sets, &b->cap_sets, sizeof *b->sets))
         return fail(b, QL_ENOMEM, "out of memory writing a grammar");
     b->sets[b->n_sets] = *s;
+    b->set_index[h] = (int32_t)b->n_sets;
     return (int32_t)b->n_sets++;
 }
 
