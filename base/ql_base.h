@@ -88,6 +88,27 @@ static inline uint64_t ql_mix64(uint64_t x)
     return x ^ (x >> 33);
 }
 
+/* splitmix64 (Steele, Lea & Flood 2014): the next draw of the stream
+ * whose state is *x (advanced). */
+static inline uint64_t ql_splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* 64-bit FNV-1a of p[0..n): cheap, but its low bits are weak alone
+ * (ql_mix64 it for a hash table's slot). */
+static inline uint64_t ql_fnv1a(const void *p, size_t n)
+{
+    const uint8_t *s = p;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ULL;
+    return h;
+}
+
 /* CLOCK_MONOTONIC in seconds and in nanoseconds: for durations only. */
 double ql_now_s(void);
 int64_t ql_now_ns(void);

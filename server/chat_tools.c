@@ -347,9 +347,7 @@ bool srv_chat_tools_message_in(srv_conn *c, cJSON *copy, int i)
 static void call_id(const srv_gen *g, const srv_chat_tools *t, int32_t i, size_t k, char *out)
 {
     static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    uint64_t h = 1469598103934665603ull; /* FNV-1a over the answer's id */
-    for (const char *p = g->oai_id; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    uint64_t h = ql_fnv1a(g->oai_id, strlen(g->oai_id));
     h ^= (uint64_t)g->s->started_at * 0x9e3779b97f4a7c15ull;
     h ^= ((uint64_t)i << 32 | k) * 0xbf58476d1ce4e5b9ull;
     size_t n = t->short_ids ? 9 : 24, at = 0;
@@ -357,15 +355,8 @@ static void call_id(const srv_gen *g, const srv_chat_tools *t, int32_t i, size_t
         memcpy(out, "call_", 5);
         at = 5;
     }
-    for (size_t j = 0; j < n; j++) {
-        /* splitmix64's finaliser: each step a fresh draw */
-        h += 0x9e3779b97f4a7c15ull;
-        uint64_t z = h;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        out[at++] = digits[z % 62];
-    }
+    for (size_t j = 0; j < n; j++)
+        out[at++] = digits[ql_splitmix64(&h) % 62];
     out[at] = 0;
 }
 

@@ -197,15 +197,6 @@ int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len)
 
 /* --- the random stream ------------------------------------------------------ */
 
-/* splitmix64 (Steele, Lea & Flood 2014): spreads one seed over the state */
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t rotl(uint64_t x, int k)
 {
     return (x << k) | (x >> (64 - k));
@@ -350,7 +341,7 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
     }
     uint64_t x = s->p.seed;
     for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix64(&x);
+        s->rng[i] = ql_splitmix64(&x);
     if (n_prompt == 0 || !prompt)
         return QL_OK;
     s->cap_seen = n_prompt + 64;

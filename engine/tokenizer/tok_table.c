@@ -24,15 +24,7 @@
 
 static uint64_t hash_bytes(const void *p, size_t n)
 {
-    /* FNV-1a, then a final mix so the low bits (the slot) depend on all */
-    const uint8_t *s = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 0x100000001b3ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h;
+    return ql_mix64(ql_fnv1a(p, n)); /* the low bits (the slot) depend on all */
 }
 
 static size_t table_size_for(size_t n)
