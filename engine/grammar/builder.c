@@ -92,20 +92,6 @@ static gr_expr fail(gr_builder *b, int err, const char *fmt, ...)
     return -1;
 }
 
-/* Grow *p (n used, *cap held, each elem bytes) to hold one more. */
-static bool grow(void **p, size_t n, size_t *cap, size_t elem)
-{
-    if (n < *cap)
-        return true;
-    size_t cap2 = *cap ? *cap * 2 : 64;
-    void *q = realloc(*p, cap2 * elem);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = cap2;
-    return true;
-}
-
 int gr_builder_error(const gr_builder *b, char *msg, size_t msg_len)
 {
     if (!b)
@@ -144,7 +130,7 @@ static gr_expr node(gr_builder *b, x_kind kind, int32_t a, int32_t bb, int32_t c
     if (b->n_nodes + b->n_kids >= b->max_nodes)
         return fail(b, QL_EINVAL, "the grammar is too large: over %zu expressions (the bound)",
                     b->max_nodes);
-    if (!grow((void **)&b->nodes, b->n_nodes, &b->cap_nodes, sizeof *b->nodes))
+    if (!gr_grow((void **)&b->nodes, b->n_nodes + 1, &b->cap_nodes, sizeof *b->nodes))
         return fail(b, QL_ENOMEM, "out of memory writing a grammar");
     b->nodes[b->n_nodes] = (x_node){.kind = (uint8_t)kind, .a = a, .b = bb, .c = c};
     return (gr_expr)b->n_nodes++;
@@ -194,7 +180,7 @@ static int32_t add_set(gr_builder *b, const gr_set *s)
     for (; b->set_index[h] >= 0; h = (h + 1) & (b->set_index_cap - 1))
         if (memcmp(&b->sets[b->set_index[h]], s, sizeof *s) == 0)
             return b->set_index[h];
-    if (!grow((void **)&b->sets, b->n_sets, &b->cap_sets, sizeof *b->sets))
+    if (!gr_grow((void **)&b->sets, b->n_sets + 1, &b->cap_sets, sizeof *b->sets))
         return fail(b, QL_ENOMEM, "out of memory writing a grammar");
     b->sets[b->n_sets] = *s;
     b->set_index[h] = (int32_t)b->n_sets;
@@ -233,7 +219,7 @@ static gr_expr list(gr_builder *b, x_kind kind, const gr_expr *xs, size_t n)
                     b->max_nodes);
     int32_t at = (int32_t)b->n_kids;
     for (size_t i = 0; i < n; i++) {
-        if (!grow((void **)&b->kids, b->n_kids, &b->cap_kids, sizeof *b->kids))
+        if (!gr_grow((void **)&b->kids, b->n_kids + 1, &b->cap_kids, sizeof *b->kids))
             return fail(b, QL_ENOMEM, "out of memory writing a grammar");
         b->kids[b->n_kids++] = xs[i];
     }
@@ -314,11 +300,10 @@ gr_expr gr_rule(gr_builder *b, const char *name)
         return -1;
     size_t n = strlen(name ? name : "") + 1;
     int32_t at = (int32_t)b->n_names;
-    for (size_t i = 0; i < n; i++) {
-        if (!grow((void **)&b->names, b->n_names, &b->cap_names, 1))
-            return fail(b, QL_ENOMEM, "out of memory writing a grammar");
-        b->names[b->n_names++] = i + 1 < n ? name[i] : 0;
-    }
+    if (!gr_grow((void **)&b->names, b->n_names + n, &b->cap_names, 1))
+        return fail(b, QL_ENOMEM, "out of memory writing a grammar");
+    memcpy(b->names + b->n_names, name ? name : "", n); /* and its NUL */
+    b->n_names += n;
     return node(b, X_RULE, -1, at, 0);
 }
 
@@ -507,7 +492,7 @@ static bool add_elem(lowering *l, uint8_t kind, int32_t arg)
              l->b->max_nodes);
         return false;
     }
-    if (!grow((void **)&g->elems, g->n_elems, &l->cap_elems, sizeof *g->elems)) {
+    if (!gr_grow((void **)&g->elems, g->n_elems + 1, &l->cap_elems, sizeof *g->elems)) {
         fail(l->b, QL_ENOMEM, "out of memory compiling a grammar");
         return false;
     }
@@ -519,8 +504,8 @@ static bool add_elem(lowering *l, uint8_t kind, int32_t arg)
 static int32_t new_rule(lowering *l, todo t, int32_t name)
 {
     gr_grammar *g = l->g;
-    if (!grow((void **)&g->rules, g->n_rules, &l->cap_rules, sizeof *g->rules) ||
-        !grow((void **)&l->todo, l->n_todo, &l->cap_todo, sizeof *l->todo)) {
+    if (!gr_grow((void **)&g->rules, g->n_rules + 1, &l->cap_rules, sizeof *g->rules) ||
+        !gr_grow((void **)&l->todo, l->n_todo + 1, &l->cap_todo, sizeof *l->todo)) {
         fail(l->b, QL_ENOMEM, "out of memory compiling a grammar");
         return -1;
     }
@@ -535,7 +520,7 @@ static int32_t new_rule(lowering *l, todo t, int32_t name)
 static bool open_alt(lowering *l, int32_t r)
 {
     gr_grammar *g = l->g;
-    if (!grow((void **)&g->alts, g->n_alts, &l->cap_alts, sizeof *g->alts)) {
+    if (!gr_grow((void **)&g->alts, g->n_alts + 1, &l->cap_alts, sizeof *g->alts)) {
         fail(l->b, QL_ENOMEM, "out of memory compiling a grammar");
         return false;
     }

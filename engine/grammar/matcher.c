@@ -288,21 +288,6 @@ struct gr_matcher {
     int err;
 };
 
-static bool grow_to(void **p, size_t need, size_t *cap, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t cap2 = *cap ? *cap : 64;
-    while (cap2 < need)
-        cap2 *= 2;
-    void *q = realloc(*p, cap2 * elem);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = cap2;
-    return true;
-}
-
 static uint64_t node_key(int32_t pos, int32_t parent)
 {
     return (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
@@ -362,7 +347,7 @@ static int32_t node_intern(gr_matcher *m, int32_t pos, int32_t parent)
         if (m->nodes[id].pos == pos && m->nodes[id].parent == parent)
             return id;
     }
-    if (!grow_to((void **)&m->nodes, m->n_nodes + 1, &m->cap_nodes, sizeof *m->nodes))
+    if (!gr_grow((void **)&m->nodes, m->n_nodes + 1, &m->cap_nodes, sizeof *m->nodes))
         return -1;
     m->nodes[m->n_nodes] = (snode){pos, parent};
     m->nhash[h] = (int32_t)m->n_nodes;
@@ -384,8 +369,8 @@ static int32_t state_intern(gr_matcher *m, const int32_t *ids, size_t n, bool ac
             (n == 0 || memcmp(m->st_nodes + s->off, ids, n * sizeof *ids) == 0))
             return m->shash[h];
     }
-    if (!grow_to((void **)&m->st, m->n_st + 1, &m->cap_st, sizeof *m->st) ||
-        !grow_to((void **)&m->st_nodes, m->n_st_nodes + n, &m->cap_st_nodes, sizeof *m->st_nodes))
+    if (!gr_grow((void **)&m->st, m->n_st + 1, &m->cap_st, sizeof *m->st) ||
+        !gr_grow((void **)&m->st_nodes, m->n_st_nodes + n, &m->cap_st_nodes, sizeof *m->st_nodes))
         return -1;
     if (n)
         memcpy(m->st_nodes + m->n_st_nodes, ids, n * sizeof *ids);
@@ -445,7 +430,7 @@ static bool visited(gr_matcher *m, int32_t pos, int32_t parent)
 
 static void push_work(gr_matcher *m, int32_t pos, int32_t parent)
 {
-    if (!grow_to((void **)&m->work, m->n_work + 1, &m->cap_work, sizeof *m->work)) {
+    if (!gr_grow((void **)&m->work, m->n_work + 1, &m->cap_work, sizeof *m->work)) {
         stop(m, QL_ENOMEM);
         return;
     }
@@ -473,7 +458,7 @@ static void closure(gr_matcher *m, int32_t pos, int32_t parent)
         if (e->kind == GR_E_SET) {
             int32_t id = node_intern(m, pos, parent);
             if (id < 0 || m->n_res >= GR_MAX_STACKS ||
-                !grow_to((void **)&m->res, m->n_res + 1, &m->cap_res, sizeof *m->res)) {
+                !gr_grow((void **)&m->res, m->n_res + 1, &m->cap_res, sizeof *m->res)) {
                 stop(m, QL_ENOMEM);
                 return;
             }
@@ -592,7 +577,7 @@ static int compact(gr_matcher *m)
     for (size_t i = 0; i < n && rc == QL_OK; i++) { /* copy each stack, bottom up */
         size_t depth = 0;
         for (int32_t id = tops[i]; id >= 0; id = old[id].parent) {
-            if (!grow_to((void **)&chain, depth + 1, &cap_chain, sizeof *chain)) {
+            if (!gr_grow((void **)&chain, depth + 1, &cap_chain, sizeof *chain)) {
                 rc = QL_ENOMEM;
                 break;
             }
@@ -697,7 +682,7 @@ static bool sig_stack(const gr_matcher *m, int32_t id, signature *sig)
     size_t depth = 0;
     for (int32_t k = id; k >= 0; k = m->nodes[k].parent)
         depth++;
-    if (!grow_to((void **)&sig->w, sig->n + depth + 1, &sig->cap, sizeof *sig->w))
+    if (!gr_grow((void **)&sig->w, sig->n + depth + 1, &sig->cap, sizeof *sig->w))
         return false;
     sig->w[sig->n++] = (uint32_t)depth;
     for (int32_t k = id; k >= 0; k = m->nodes[k].parent)
@@ -722,7 +707,7 @@ static bool make_signature(gr_matcher *m, int32_t s)
     signature *raw = &m->raw, *sig = &m->sig;
     size_t *starts;
     raw->n = 0;
-    bool ok = grow_to((void **)&m->starts, (size_t)st->len + 1, &m->cap_starts, sizeof *starts);
+    bool ok = gr_grow((void **)&m->starts, (size_t)st->len + 1, &m->cap_starts, sizeof *starts);
     starts = m->starts;
     for (int32_t i = 0; ok && i < st->len; i++) {
         starts[i] = raw->n;
@@ -737,7 +722,7 @@ static bool make_signature(gr_matcher *m, int32_t s)
             starts[j - 1] = t;
         }
     sig->n = 0;
-    ok = ok && grow_to((void **)&sig->w, raw->n + 1, &sig->cap, sizeof *sig->w);
+    ok = ok && gr_grow((void **)&sig->w, raw->n + 1, &sig->cap, sizeof *sig->w);
     for (int32_t i = 0; ok && i < st->len; i++) {
         const uint32_t *w = raw->w + starts[i];
         memcpy(sig->w + sig->n, w, (w[0] + 1) * sizeof *w);

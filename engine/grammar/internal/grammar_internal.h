@@ -14,6 +14,24 @@
 #include "grammar.h"
 
 #include <pthread.h>
+#include <stdlib.h>
+
+/* Grow *p (*cap elements of elem bytes held) to hold at least need,
+ * doubling from 64; false when out of memory (*p as it was). */
+static inline bool gr_grow(void **p, size_t need, size_t *cap, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t cap2 = *cap ? *cap : 64;
+    while (cap2 < need)
+        cap2 *= 2;
+    void *q = realloc(*p, cap2 * elem);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = cap2;
+    return true;
+}
 
 /* A set of bytes: bit c of bits[c / 32]. */
 typedef struct gr_set {
