@@ -104,8 +104,11 @@ Test(grammar, codepoint_sets_match_exactly_their_utf8)
     gr_builder *b = gr_builder_new(0);
     const uint32_t ranges[] = {'a',   'z',    0xE9,   0xE9,    0x3B1,
                                0x3C9, 0x4E00, 0x9FFF, 0x1F600, 0x1F64F};
-    gr_expr in = gr_codepoints(b, ranges, 5, false);
-    gr_expr out = gr_codepoints(b, ranges, 5, true);
+    /* and its complement, written out (ranges in any order) */
+    const uint32_t gaps[] = {0x1F650, 0x10FFFF, 0,     'a' - 1, 'z' + 1, 0xE8,
+                             0xEA,    0x3B0,    0x3CA, 0x4DFF,  0xA000,  0x1F5FF};
+    gr_expr in = gr_codepoints(b, ranges, 5);
+    gr_expr out = gr_codepoints(b, gaps, 6);
     gr_grammar *gin = build(b, in), *gout = build(b, out);
     gr_builder_free(b);
     for (uint32_t cp = 0; cp <= 0x10FFFF; cp += cp < 0x800 ? 1 : 61) {

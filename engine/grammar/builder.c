@@ -381,7 +381,7 @@ static void utf8_ranges(gr_builder *b, uint32_t lo, uint32_t hi, gr_expr *alts, 
     }
 }
 
-gr_expr gr_codepoints(gr_builder *b, const uint32_t *ranges, size_t n_ranges, bool negate)
+gr_expr gr_codepoints(gr_builder *b, const uint32_t *ranges, size_t n_ranges)
 {
     if (b->err != QL_OK)
         return -1;
@@ -407,29 +407,6 @@ gr_expr gr_codepoints(gr_builder *b, const uint32_t *ranges, size_t n_ranges, bo
             r[2 * m] = r[2 * i];
             r[2 * m++ + 1] = r[2 * i + 1];
         }
-    }
-    if (negate) { /* the gaps between, below and above */
-        size_t k = 0;
-        uint32_t next = 0;
-        uint32_t *g = malloc((m + 1) * 2 * sizeof *g);
-        if (!g) {
-            free(r);
-            return fail(b, QL_ENOMEM, "out of memory writing a grammar");
-        }
-        for (size_t i = 0; i < m; i++) {
-            if (r[2 * i] > next) {
-                g[2 * k] = next;
-                g[2 * k++ + 1] = r[2 * i] - 1;
-            }
-            next = r[2 * i + 1] + 1;
-        }
-        if (next <= 0x10FFFF) {
-            g[2 * k] = next;
-            g[2 * k++ + 1] = 0x10FFFF;
-        }
-        free(r);
-        r = g;
-        m = k;
     }
     /* every range splits into at most 4 lengths x 7 sequences */
     gr_expr *alts = malloc((m * 32 + 1) * sizeof *alts);

@@ -56,9 +56,9 @@ gr_expr gr_nothing(gr_builder *b);                          /* no string at all 
 gr_expr gr_literal(gr_builder *b, const void *s, size_t n); /* exactly these bytes */
 gr_expr gr_byte_range(gr_builder *b, uint8_t lo, uint8_t hi);
 /* One UTF-8 encoded code point in the union of the inclusive ranges
- * ranges[2i]..ranges[2i+1], i < n_ranges (or, negate, in none of them);
- * surrogates (U+D800..DFFF) and values past U+10FFFF never match. */
-gr_expr gr_codepoints(gr_builder *b, const uint32_t *ranges, size_t n_ranges, bool negate);
+ * ranges[2i]..ranges[2i+1], i < n_ranges; surrogates (U+D800..DFFF) and
+ * values past U+10FFFF never match. */
+gr_expr gr_codepoints(gr_builder *b, const uint32_t *ranges, size_t n_ranges);
 gr_expr gr_seq(gr_builder *b, const gr_expr *xs, size_t n); /* n == 0: empty */
 gr_expr gr_alt(gr_builder *b, const gr_expr *xs, size_t n); /* n == 0: nothing */
 gr_expr gr_seq2(gr_builder *b, gr_expr x, gr_expr y);

@@ -185,7 +185,7 @@ static rx_item single_item(uint32_t cp)
 
 static gr_expr set_expr_raw(rx_parser *p, const cp_set *s)
 {
-    return gr_codepoints(p->b, s->r, s->n, false);
+    return gr_codepoints(p->b, s->r, s->n);
 }
 
 static const char *short_escape(uint32_t cp)
@@ -238,7 +238,7 @@ static gr_expr set_expr_json(rx_parser *p, const cp_set *s)
     if (all_controls) { /* \u0000..\u001f, either case of hex digit */
         static const uint32_t hexdigit[] = {'0', '9', 'A', 'F', 'a', 'f'};
         gr_expr u[3] = {gr_literal(p->b, "\\u00", 4), gr_byte_range(p->b, '0', '1'),
-                        gr_codepoints(p->b, hexdigit, 3, false)};
+                        gr_codepoints(p->b, hexdigit, 3)};
         parts[k++] = gr_seq(p->b, u, 3);
     }
     return gr_alt(p->b, parts, k);
