@@ -150,10 +150,11 @@ static const char *const sc_annotations[] = {"title",         "description",    
 #define SC_TIME                                                                                    \
     "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]" \
     ")"
-#define SC_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#define SC_OCTET     "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#define SC_N_FORMATS 6
 static const struct {
     const char *name, *regex;
-} sc_formats[] = {
+} sc_formats[SC_N_FORMATS] = {
     {"date", SC_DATE},
     {"time", SC_TIME},
     {"date-time", SC_DATE "T" SC_TIME},
@@ -191,6 +192,7 @@ typedef struct sc_ctx {
     size_t n_slots, cap_slots; /* cap a power of two */
     /* shared pieces, made once (-2: not yet) */
     gr_expr ws, comma, value, string, string_char, number, integer;
+    gr_expr formats[SC_N_FORMATS], any_frac, zero_frac;
 } sc_ctx;
 
 static gr_expr compile(sc_ctx *c, const cJSON *s);
@@ -353,6 +355,15 @@ static gr_expr re(sc_ctx *c, const char *text)
     return err == QL_OK ? x : sc_fail(c, err, "%s", msg);
 }
 
+/* re(c, text) made once, into *slot (-2: not yet): a piece every use of
+ * which shares its expressions. */
+static gr_expr re_once(sc_ctx *c, gr_expr *slot, const char *text)
+{
+    if (*slot == -2)
+        *slot = re(c, text);
+    return *slot;
+}
+
 static gr_expr lit(sc_ctx *c, const char *s)
 {
     return gr_literal(c->b, s, strlen(s));
@@ -360,12 +371,9 @@ static gr_expr lit(sc_ctx *c, const char *s)
 
 static gr_expr ws(sc_ctx *c)
 {
-    if (c->ws == -2) {
-        char text[64];
-        snprintf(text, sizeof text, "( |\\n[ \\t]{0,%d})?", SC_MAX_INDENT);
-        c->ws = re(c, text);
-    }
-    return c->ws;
+    char text[64];
+    snprintf(text, sizeof text, "( |\\n[ \\t]{0,%d})?", SC_MAX_INDENT);
+    return re_once(c, &c->ws, text);
 }
 
 /* "," ws: between members and items. No whitespace before a comma or a
@@ -380,11 +388,9 @@ static gr_expr comma(sc_ctx *c)
 
 static gr_expr string_char(sc_ctx *c)
 {
-    if (c->string_char == -2)
-        c->string_char =
-            re(c, "[^\"\\\\\\x00-\\x1f]|\\\\([\"\\\\/bfnrt]|u([0-9a-cA-C][0-9a-fA-F]{3}"
-                  "|[dD][0-7][0-9a-fA-F]{2}|[eEfF][0-9a-fA-F]{3}))");
-    return c->string_char;
+    return re_once(c, &c->string_char,
+                   "[^\"\\\\\\x00-\\x1f]|\\\\([\"\\\\/bfnrt]|u([0-9a-cA-C][0-9a-fA-F]{3}"
+                   "|[dD][0-7][0-9a-fA-F]{2}|[eEfF][0-9a-fA-F]{3}))");
 }
 
 static gr_expr quoted(sc_ctx *c, gr_expr body)
@@ -402,11 +408,9 @@ static gr_expr any_string(sc_ctx *c)
 
 static gr_expr number(sc_ctx *c, bool integer)
 {
-    if (integer && c->integer == -2)
-        c->integer = re(c, "-?(0|[1-9][0-9]{0,15})");
-    if (!integer && c->number == -2)
-        c->number = re(c, "-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,2})?");
-    return integer ? c->integer : c->number;
+    if (integer)
+        return re_once(c, &c->integer, "-?(0|[1-9][0-9]{0,15})");
+    return re_once(c, &c->number, "-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,2})?");
 }
 
 /* An object of any keys (from the shared string), values under value:
@@ -421,29 +425,17 @@ static gr_expr keyed_object(sc_ctx *c, gr_expr value)
     return gr_seq(c->b, xs, 4);
 }
 
-/* '[' (ws item (comma item){lo-1..hi-1})? ws ']' for lo..hi items. */
-static gr_expr item_array(sc_ctx *c, gr_expr item, int32_t lo, int32_t hi)
-{
-    gr_expr body = gr_empty(c->b);
-    if (hi != 0) {
-        gr_expr rest = gr_repeat(c->b, gr_seq2(c->b, comma(c), item), lo > 0 ? lo - 1 : 0,
-                                 hi == GR_UNBOUNDED ? GR_UNBOUNDED : hi - 1);
-        gr_expr some[3] = {ws(c), item, rest};
-        body = gr_seq(c->b, some, 3);
-        if (lo == 0)
-            body = gr_optional(c->b, body);
-    }
-    gr_expr xs[4] = {lit(c, "["), body, ws(c), lit(c, "]")};
-    return gr_seq(c->b, xs, 4);
-}
+static gr_expr array_tail(sc_ctx *c, gr_expr item, int32_t next, int32_t lo, int32_t hi);
 
 /* Any JSON value: one recursive rule shared by every use. */
 static gr_expr any_value(sc_ctx *c)
 {
     if (c->value == -2) {
         c->value = gr_rule(c->b, "any JSON value");
+        gr_expr arr[4] = {lit(c, "["), array_tail(c, c->value, 1, 0, GR_UNBOUNDED), ws(c),
+                          lit(c, "]")};
         gr_expr xs[7] = {keyed_object(c, c->value),
-                         item_array(c, c->value, 0, GR_UNBOUNDED),
+                         gr_seq(c->b, arr, 4),
                          any_string(c),
                          number(c, false),
                          lit(c, "true"),
@@ -501,6 +493,15 @@ static const char *keyword_name(unsigned mask)
     return "?";
 }
 
+/* The bit of the type name n ("null", ..., "string"); 0 when n is none. */
+static unsigned type_bit(const cJSON *n)
+{
+    for (unsigned i = 0; cJSON_IsString(n) && i < 7; i++)
+        if (!strcmp(n->valuestring, sc_type_names[i]))
+            return 1u << i;
+    return 0;
+}
+
 /* The types of "type" (a name or a list of names) as bits; 0 after an error. */
 static unsigned read_type(sc_ctx *c, const cJSON *t)
 {
@@ -510,16 +511,14 @@ static unsigned read_type(sc_ctx *c, const cJSON *t)
     if (list && cJSON_GetArraySize(t) == 0)
         return sc_fail(c, QL_EINVAL, "'type' at %s is an empty list", where(c)), 0;
     for (one = list ? t->child : t; one; one = list ? one->next : NULL) {
-        size_t i = 0;
-        while (i < 7 && !(cJSON_IsString(one) && !strcmp(one->valuestring, sc_type_names[i])))
-            i++;
-        if (i == 7)
+        unsigned bit = type_bit(one);
+        if (!bit)
             return sc_fail(c, QL_EINVAL,
                            "'type' at %s must be one of null, boolean, object, array, number, "
                            "integer, string, or a list of them",
                            where(c)),
                    0;
-        mask |= 1u << i;
+        mask |= bit;
     }
     return mask;
 }
@@ -643,9 +642,9 @@ static gr_expr compile_format(sc_ctx *c, const cJSON *f)
 {
     if (!cJSON_IsString(f))
         return sc_fail(c, QL_EINVAL, "'format' at %s must be a string", where(c));
-    for (size_t i = 0; i < sizeof sc_formats / sizeof sc_formats[0]; i++)
+    for (size_t i = 0; i < SC_N_FORMATS; i++)
         if (!strcmp(f->valuestring, sc_formats[i].name))
-            return quoted(c, re(c, sc_formats[i].regex));
+            return quoted(c, re_once(c, &c->formats[i], sc_formats[i].regex));
     return sc_fail(c, QL_EUNSUPPORTED, "'format' '%s' at %s is not supported", f->valuestring,
                    where(c));
 }
@@ -920,10 +919,10 @@ static gr_expr magnitude(sc_ctx *c, uint64_t a, uint64_t b, bool integer)
 {
     if (integer)
         return uint_range(c, a, b > SC_MAX_UINT ? SC_MAX_UINT : b);
-    gr_expr any_frac = re(c, "(\\.[0-9]{1,16})?");
+    gr_expr any_frac = re_once(c, &c->any_frac, "(\\.[0-9]{1,16})?");
     if (b > SC_MAX_UINT)
         return gr_seq2(c->b, uint_range(c, a, SC_MAX_UINT), any_frac);
-    gr_expr last = gr_seq2(c->b, uint_range(c, b, b), re(c, "(\\.0{1,16})?"));
+    gr_expr last = gr_seq2(c->b, uint_range(c, b, b), re_once(c, &c->zero_frac, "(\\.0{1,16})?"));
     if (a == b)
         return last;
     return gr_alt2(c->b, gr_seq2(c->b, uint_range(c, a, b - 1), any_frac), last);
@@ -1165,9 +1164,7 @@ static sc_shape shape_of(const sc_ctx *c, const cJSON *s, int depth)
         sh.types = 0;
         for (const cJSON *t = cJSON_IsArray(x) ? x->child : x; t;
              t = cJSON_IsArray(x) ? t->next : NULL)
-            for (unsigned i = 0; i < 7; i++)
-                if (cJSON_IsString(t) && !strcmp(t->valuestring, sc_type_names[i]))
-                    sh.types |= 1u << i;
+            sh.types |= type_bit(t);
     }
     if (sh.types == T_OBJECT)
         sh.object = s;
@@ -1350,7 +1347,11 @@ int gr_from_json_schema(gr_builder *b, const char *text, size_t len, gr_expr *ro
                 .string = -2,
                 .string_char = -2,
                 .number = -2,
-                .integer = -2};
+                .integer = -2,
+                .any_frac = -2,
+                .zero_frac = -2};
+    for (size_t i = 0; i < SC_N_FORMATS; i++)
+        c.formats[i] = -2;
     gr_expr x = index_doc(&c, doc) ? rule_for(&c, doc, "#") : -1;
     free(c.slots);
     cJSON_Delete(doc);
