@@ -12,9 +12,9 @@
  * inline into the alternative that holds them; each alternative
  * expression becomes a rule of its own, once however often it is used;
  * x{m,n} is x written m times, then a chain of n - m optional copies
- * (O_k ::= x O_k-1 | empty), and x* the rule S ::= x S | empty, whose
- * call of itself is the last element of its alternative, which the
- * matcher walks without growing its stack.
+ * (O_k ::= x O_k-1 | empty, one rule per x and k), and x* the rule
+ * S ::= x S | empty, whose call of itself is the last element of its
+ * alternative, which the matcher walks without growing its stack.
  *
  * Lowering never recurses into an alternative: those go on a worklist,
  * so only nested sequences and repeats recurse, bounded by
@@ -453,6 +453,10 @@ typedef struct lowering {
     size_t cap_elems, cap_alts, cap_rules;
     int32_t *rule_of; /* per expression: its rule (alternatives, rules), -1 */
     int32_t *star_of; /* per expression: the rule of x*, -1 */
+    /* the rule O_k of x, by (x, k): open addressing, key 0 empty */
+    uint64_t *chain_key;
+    int32_t *chain_rule;
+    size_t n_chains, cap_chains;
     todo *todo;
     size_t n_todo, cap_todo;
     size_t steps; /* lower's visits, bounded by GR_LOWER_STEPS_PER_NODE */
@@ -508,6 +512,61 @@ static bool open_alt(lowering *l, int32_t r)
     return true;
 }
 
+static uint64_t chain_key(gr_expr x, int32_t k)
+{
+    return (uint64_t)(uint32_t)x << 32 | (uint32_t)k; /* k >= 1: never 0 */
+}
+
+/* The chain index at twice the capacity (at least 64). */
+static bool chains_grow(lowering *l)
+{
+    size_t cap = l->cap_chains ? l->cap_chains * 2 : 64;
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    int32_t *rules = malloc(cap * sizeof *rules);
+    if (!keys || !rules) {
+        free(keys);
+        free(rules);
+        return false;
+    }
+    for (size_t i = 0; i < l->cap_chains; i++)
+        if (l->chain_key[i]) {
+            size_t h = ql_mix64(l->chain_key[i]) & (cap - 1);
+            while (keys[h])
+                h = (h + 1) & (cap - 1);
+            keys[h] = l->chain_key[i];
+            rules[h] = l->chain_rule[i];
+        }
+    free(l->chain_key);
+    free(l->chain_rule);
+    l->chain_key = keys;
+    l->chain_rule = rules;
+    l->cap_chains = cap;
+    return true;
+}
+
+/* The rule O_k ::= x O_k-1 | empty (O_1 ::= x | empty): up to k more
+ * copies of x, made once per (x, k) and shared by every x{m,m+k} and
+ * every longer chain of x; -1 on failure. */
+static int32_t chain_of(lowering *l, gr_expr x, int32_t k)
+{
+    if ((l->n_chains + 1) * 2 > l->cap_chains && !chains_grow(l)) {
+        fail(l->b, QL_ENOMEM, "out of memory compiling a grammar");
+        return -1;
+    }
+    uint64_t key = chain_key(x, k);
+    size_t h = ql_mix64(key) & (l->cap_chains - 1);
+    for (; l->chain_key[h]; h = (h + 1) & (l->cap_chains - 1))
+        if (l->chain_key[h] == key)
+            return l->chain_rule[h];
+    int32_t r = new_rule(l, (todo){.kind = T_CHAIN, .x = x, .k = k}, -1);
+    if (r >= 0) {
+        l->chain_key[h] = key;
+        l->chain_rule[h] = r;
+        l->n_chains++;
+    }
+    return r;
+}
+
 static int32_t rule_for(lowering *l, gr_expr x, int32_t name)
 {
     if (l->rule_of[x] < 0)
@@ -556,7 +615,7 @@ static bool lower(lowering *l, gr_expr x, int depth)
         if (n->c == n->b)
             return true;
         if (n->c != GR_UNBOUNDED)
-            r = new_rule(l, (todo){.kind = T_CHAIN, .x = n->a, .k = n->c - n->b}, -1);
+            r = chain_of(l, n->a, n->c - n->b);
         else if ((r = l->star_of[n->a]) < 0)
             r = l->star_of[n->a] = new_rule(l, (todo){.kind = T_STAR, .x = n->a}, -1);
         break;
@@ -580,7 +639,7 @@ static bool lower_rule(lowering *l, const todo *queued)
         if (!open_alt(l, r) || !lower(l, t->x, 0))
             return false;
         if (t->k > 1) {
-            int32_t inner = new_rule(l, (todo){.kind = T_CHAIN, .x = t->x, .k = t->k - 1}, -1);
+            int32_t inner = chain_of(l, t->x, t->k - 1);
             if (inner < 0 || !add_elem(l, GR_E_REF, inner))
                 return false;
         }
@@ -846,6 +905,8 @@ int gr_build(gr_builder *b, gr_expr root, gr_grammar **out, char *msg, size_t ms
     if (rc == QL_OK)
         rc = check_left_recursion(g, msg, msg_len);
     free(l.rule_of);
+    free(l.chain_key);
+    free(l.chain_rule);
     free(l.star_of);
     free(l.todo);
     if (rc != QL_OK) {
