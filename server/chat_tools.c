@@ -231,12 +231,6 @@ static bool read_choice(srv_conn *c, const cJSON *tc, const cJSON *tools, tool_m
 /* The grammar a forced choice puts on the answer, and how its text is read. */
 static bool constrain(srv_conn *c, srv_ask *a, srv_chat_tools *t, const cJSON *tools, int named)
 {
-    if (t->mode != MODE_AUTO && a->grammar_text) {
-        srv_fail(c, 400,
-                 "\"response_format\" and \"tool_choice\" %s both constrain the answer: give one",
-                 t->mode == MODE_REQUIRED ? "\"required\"" : "naming a function");
-        return false;
-    }
     if (t->mode == MODE_REQUIRED) {
         t->format = SRV_TOOLS_JSON;
         return required_grammar(c, a, tools, t->parallel);
@@ -245,8 +239,9 @@ static bool constrain(srv_conn *c, srv_ask *a, srv_chat_tools *t, const cJSON *t
         const cJSON *tool = cJSON_GetArrayItem(tools, named);
         snprintf(t->named, sizeof t->named, "%s",
                  mf_json_str(cJSON_GetObjectItemCaseSensitive(tool, "function"), "name"));
-        char where[64];
-        snprintf(where, sizeof where, "tools[%d].function.parameters", named);
+        char where[96];
+        snprintf(where, sizeof where, "tool_choice's function (tools[%d].function.parameters)",
+                 named);
         return schema_to_ask(c, a, parameters_of(tool), where);
     }
     t->format = (srv_tool_format)c->s->tool_format;

@@ -443,6 +443,10 @@ bool srv_get_vllm_output(srv_conn *c, const cJSON *root, srv_ask *a)
 bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
                      const char *where)
 {
+    if (a->grammar_text) {
+        srv_fail(c, 400, "%s and %s both constrain the answer: give one", a->grammar_where, where);
+        return false;
+    }
     char *copy = malloc(len + 1);
     if (!copy) {
         srv_fail(c, 503, "out of memory");
@@ -450,7 +454,6 @@ bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, si
     }
     memcpy(copy, text, len);
     copy[len] = 0;
-    free(a->grammar_text);
     a->grammar_text = copy;
     a->grammar_kind = kind;
     snprintf(a->grammar_where, sizeof a->grammar_where, "%s", where);
@@ -631,9 +634,8 @@ bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
         }
         if (srv_is_null(v))
             continue;
-        if (way >= 0 || a->grammar_text) {
-            srv_fail(c, 400, "\"%s\" cannot be combined with \"%s\": one grammar per request", name,
-                     way >= 0 ? where : a->grammar_where);
+        if (way >= 0) {
+            srv_fail(c, 400, "%s and %s both constrain the answer: give one", where, name);
             return false;
         }
         way = i;

@@ -545,7 +545,12 @@ Test(grammar, bad_grammars_and_tools_are_refused_by_name)
              "{%s, %s, \"tool_choice\": \"required\", \"response_format\": {\"type\": "
              "\"json_object\"}}",
              user, weather_tools);
-    refused("/v1/chat/completions", body, "both constrain", NULL);
+    refused("/v1/chat/completions", body, "both constrain", "response_format");
+    snprintf(body, sizeof body,
+             "{%s, %s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+             "\"get_time\"}}, \"guided_regex\": \"a+\"}",
+             user, weather_tools);
+    refused("/v1/chat/completions", body, "guided_regex and tool_choice's function", NULL);
     /* a tool whose schema cannot be compiled: named through tool_choice */
     snprintf(body, sizeof body,
              "{%s, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "

@@ -200,8 +200,9 @@ typedef struct srv_ask {
 /* Free what a owns (its token ids, its grammar's text, its answer state). */
 void srv_ask_free(srv_ask *a);
 /* Constrain a's answer to a grammar of kind from text[0..len) (copied),
- * where naming the field in a compile error; false after answering 503
- * when memory is short. */
+ * where naming the field in a compile error; false after answering: a
+ * 400 naming both fields when a already has one (one grammar per
+ * request), 503 when memory is short. */
 bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
                      const char *where);
 
