@@ -284,9 +284,7 @@ bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
     /* these syntaxes' markers are special tokens, which the default
      * skip_special_tokens would erase from the text: unless the client
      * chose, they are kept, so that a call can be seen */
-    bool special_marks = t->format == SRV_TOOLS_MISTRAL || t->format == SRV_TOOLS_LLAMA3 ||
-                         t->format == SRV_TOOLS_GRANITE || t->format == SRV_TOOLS_DEEPSEEK;
-    if (mode == MODE_AUTO && special_marks &&
+    if (mode == MODE_AUTO && srv_tool_marks_special(t->format) &&
         !cJSON_GetObjectItemCaseSensitive(root, "skip_special_tokens"))
         a->keep_special = true;
     a->answer = t;

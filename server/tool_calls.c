@@ -60,39 +60,42 @@ srv_tool_format srv_tool_format_of(const char *src)
     return SRV_TOOLS_NONE;
 }
 
+/* Each syntax, by srv_tool_format: its name, the markers that begin a
+ * call (NULL-terminated), and whether they are special tokens, which
+ * skip_special_tokens would erase from the text. */
+static const struct {
+    const char *name;
+    const char *markers[3];
+    bool special;
+} formats[] = {
+    [SRV_TOOLS_NONE] = {"none", {NULL}, false},
+    [SRV_TOOLS_HERMES] = {"hermes", {HERMES_OPEN, NULL}, false},
+    [SRV_TOOLS_LLAMA3] = {"llama3_json", {PYTHON_TAG, NULL}, true},
+    [SRV_TOOLS_MISTRAL] = {"mistral", {MISTRAL_MARK, NULL}, true},
+    [SRV_TOOLS_GRANITE] = {"granite", {GRANITE_MARK, NULL}, true},
+    [SRV_TOOLS_DEEPSEEK] = {"deepseek_r1", {DS_CALLS_BEGIN, DS_CALL_BEGIN, NULL}, true},
+    [SRV_TOOLS_JSON] = {"json", {NULL}, false},
+};
+
+static bool known(srv_tool_format f)
+{
+    return (unsigned)f < sizeof formats / sizeof formats[0];
+}
+
 const char *srv_tool_format_name(srv_tool_format f)
 {
-    switch (f) {
-    case SRV_TOOLS_NONE: return "none";
-    case SRV_TOOLS_HERMES: return "hermes";
-    case SRV_TOOLS_LLAMA3: return "llama3_json";
-    case SRV_TOOLS_MISTRAL: return "mistral";
-    case SRV_TOOLS_GRANITE: return "granite";
-    case SRV_TOOLS_DEEPSEEK: return "deepseek_r1";
-    case SRV_TOOLS_JSON: return "json";
-    }
-    return "none";
+    return known(f) ? formats[f].name : "none";
+}
+
+bool srv_tool_marks_special(srv_tool_format f)
+{
+    return known(f) && formats[f].special;
 }
 
 /* The markers that begin a call in syntax f (NULL-terminated). */
 static const char *const *markers_of(srv_tool_format f)
 {
-    static const char *const none[] = {NULL};
-    static const char *const hermes[] = {HERMES_OPEN, NULL};
-    static const char *const llama[] = {PYTHON_TAG, NULL};
-    static const char *const mistral[] = {MISTRAL_MARK, NULL};
-    static const char *const granite[] = {GRANITE_MARK, NULL};
-    static const char *const deepseek[] = {DS_CALLS_BEGIN, DS_CALL_BEGIN, NULL};
-    switch (f) {
-    case SRV_TOOLS_NONE: return none;
-    case SRV_TOOLS_HERMES: return hermes;
-    case SRV_TOOLS_LLAMA3: return llama;
-    case SRV_TOOLS_MISTRAL: return mistral;
-    case SRV_TOOLS_GRANITE: return granite;
-    case SRV_TOOLS_DEEPSEEK: return deepseek;
-    case SRV_TOOLS_JSON: return none;
-    }
-    return none;
+    return formats[known(f) ? f : SRV_TOOLS_NONE].markers;
 }
 
 /* --- small readers over text ------------------------------------------------- */

@@ -45,6 +45,9 @@ typedef enum srv_tool_format {
  * known, or source NULL), and its name for logs and docs. */
 srv_tool_format srv_tool_format_of(const char *template_source);
 const char *srv_tool_format_name(srv_tool_format f);
+/* Whether f's markers are special tokens (erased from the text by the
+ * default skip_special_tokens). */
+bool srv_tool_marks_special(srv_tool_format f);
 
 /* Whether p[0..n) is a function's name: 1 to 64 letters, digits, '_',
  * '-' or '.' (OpenAI's rule, plus the dots of some models' namespaced
