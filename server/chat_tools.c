@@ -118,24 +118,15 @@ static bool check_tool(srv_conn *c, const cJSON *tool, int k)
     return srv_get_bool(c, fn, "strict", &strict);
 }
 
-/* tools[k]'s parameters schema (any object when it has none). */
-static cJSON *parameters_of(const cJSON *tool)
+/* A tool's parameters when it has none: any object. */
+static const char any_object[] = "{\"type\":\"object\"}";
+
+/* tools[k]'s parameters schema, the request's own (NULL: it has none). */
+static const cJSON *parameters_of(const cJSON *tool)
 {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-    if (cJSON_IsObject(params))
-        return cJSON_Duplicate(params, true);
-    cJSON *any = cJSON_CreateObject();
-    cJSON_AddStringToObject(any, "type", "object");
-    return any;
-}
-
-/* A schema (consumed) given to a as the answer's grammar. */
-static bool schema_to_ask(srv_conn *c, srv_ask *a, cJSON *schema, const char *where)
-{
-    bool ok = srv_ask_schema(c, a, schema, where);
-    cJSON_Delete(schema);
-    return ok;
+    return cJSON_IsObject(params) ? params : NULL;
 }
 
 /* tool_choice "required": a list of calls, each an object naming one of
@@ -155,16 +146,23 @@ static bool required_grammar(srv_conn *c, srv_ask *a, const cJSON *tools, bool p
         cJSON *props = cJSON_AddObjectToObject(call, "properties");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const",
                                 mf_json_str(fn, "name"));
-        cJSON_AddItemToObject(props, "parameters", parameters_of(tool));
+        const cJSON *params = parameters_of(tool); /* referenced, not copied */
+        if (params)
+            cJSON_AddItemReferenceToObject(props, "parameters", (cJSON *)params);
+        else
+            cJSON_AddRawToObject(props, "parameters", any_object);
         cJSON *req = cJSON_AddArrayToObject(call, "required");
         cJSON_AddItemToArray(req, cJSON_CreateString("name"));
         cJSON_AddItemToArray(req, cJSON_CreateString("parameters"));
         cJSON_AddFalseToObject(call, "additionalProperties");
         cJSON_AddItemToArray(any, call);
     }
-    return schema_to_ask(c, a, schema,
-                         "tool_choice \"required\" (the calls' schema, whose "
-                         "/items/anyOf/K/properties/parameters is tools[K].function.parameters)");
+    bool ok =
+        srv_ask_schema(c, a, schema,
+                       "tool_choice \"required\" (the calls' schema, whose "
+                       "/items/anyOf/K/properties/parameters is tools[K].function.parameters)");
+    cJSON_Delete(schema); /* the references only */
+    return ok;
 }
 
 /* The index in tools of the function named name, or -1. */
@@ -242,7 +240,10 @@ static bool constrain(srv_conn *c, srv_ask *a, srv_chat_tools *t, const cJSON *t
         char where[96];
         snprintf(where, sizeof where, "tool_choice's function (tools[%d].function.parameters)",
                  named);
-        return schema_to_ask(c, a, parameters_of(tool), where);
+        const cJSON *params = parameters_of(tool);
+        return params
+                   ? srv_ask_schema(c, a, params, where)
+                   : srv_ask_grammar(c, a, GR_JSON_SCHEMA, any_object, strlen(any_object), where);
     }
     t->format = (srv_tool_format)c->s->tool_format;
     return true;
