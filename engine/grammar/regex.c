@@ -428,40 +428,38 @@ static bool parse_escape(rx_parser *p, bool in_class, size_t at, rx_item *it)
     return false;
 }
 
+/* One end of a class member, into *it: an escape or a character. */
+static bool class_end(rx_parser *p, rx_item *it)
+{
+    size_t at = p->pos;
+    if (peek(p) == '\\') {
+        p->pos++;
+        return parse_escape(p, true, at, it);
+    }
+    uint32_t cp;
+    if (!next_char(p, &cp))
+        return false;
+    *it = single_item(cp);
+    return true;
+}
+
 /* One member of a class: a character, an escape, or a range lo-hi. */
 static bool class_member(rx_parser *p, rx_item *it)
 {
     size_t at = p->pos;
-    uint32_t lo;
-    if (peek(p) == '\\') {
-        p->pos++;
-        if (!parse_escape(p, true, at, it))
-            return false;
-    } else {
-        if (!next_char(p, &lo))
-            return false;
-        *it = single_item(lo);
-    }
+    if (!class_end(p, it))
+        return false;
     if (peek(p) != '-' || p->pos + 1 >= p->n || p->s[p->pos + 1] == ']')
         return true;
     p->pos++; /* a range */
-    size_t hi_at = p->pos;
     rx_item hi;
-    if (peek(p) == '\\') {
-        p->pos++;
-        if (!parse_escape(p, true, hi_at, &hi))
-            return false;
-    } else {
-        uint32_t cp;
-        if (!next_char(p, &cp))
-            return false;
-        hi = single_item(cp);
-    }
+    if (!class_end(p, &hi))
+        return false;
     if (!it->single || !hi.single || hi.cp < it->cp) {
         fail(p, QL_EINVAL, "a bad range in a class", at);
         return false;
     }
-    lo = it->cp;
+    uint32_t lo = it->cp;
     *it = single_item(lo);
     it->single = false;
     set_add(&it->inner, lo, hi.cp);
@@ -590,6 +588,9 @@ static bool is_quantifier_start(const rx_parser *p)
     return c == '*' || c == '+' || c == '?' || c == '{';
 }
 
+/* What a '{' that is no quantifier is refused as. */
+static const char rx_lone_brace[] = "a '{' that starts no {n}, {n,} or {n,m} (write \\{)";
+
 /* The quantifier after an atom, if any, applied to it. */
 static gr_expr parse_quantifier(rx_parser *p, gr_expr atom)
 {
@@ -602,11 +603,7 @@ static gr_expr parse_quantifier(rx_parser *p, gr_expr atom)
         max = c == '?' ? 1 : GR_UNBOUNDED;
     } else if (c == '{') {
         if (!parse_braces(p, &min, &max))
-            return p->err ? -1
-                          : fail(p, QL_EUNSUPPORTED,
-                                 "a '{' that starts no {n}, {n,} or {n,m} "
-                                 "(write \\{)",
-                                 at);
+            return p->err ? -1 : fail(p, QL_EUNSUPPORTED, rx_lone_brace, at);
     } else {
         return atom;
     }
@@ -638,9 +635,7 @@ static gr_expr parse_atom(rx_parser *p)
         int32_t min, max;
         if (parse_braces(p, &min, &max))
             return fail(p, QL_EINVAL, "a quantifier of nothing", at);
-        return p->err ? -1
-                      : fail(p, QL_EUNSUPPORTED,
-                             "a '{' that starts no {n}, {n,} or {n,m} (write \\{)", at);
+        return p->err ? -1 : fail(p, QL_EUNSUPPORTED, rx_lone_brace, at);
     }
     case '\\':
         p->pos++;
