@@ -818,15 +818,14 @@ static gr_expr compile_object(sc_ctx *c, const cJSON *s)
     if (!m)
         return sc_fail(c, QL_ENOMEM, "out of memory");
     cJSON_ArrayForEach (x, props) {
-        if (!is_schema(x)) {
-            size_t old = path_push(c, "properties");
-            sc_fail(c, QL_EINVAL, "'%s' at %s must be a schema", x->string, where(c));
-            path_pop(c, old);
-            break;
-        }
         size_t old = path_push(c, "properties");
-        gr_expr v = compile_at(c, x, x->string, -1);
+        bool schema = is_schema(x);
+        gr_expr v = schema
+                        ? compile_at(c, x, x->string, -1)
+                        : sc_fail(c, QL_EINVAL, "'%s' at %s must be a schema", x->string, where(c));
         path_pop(c, old);
+        if (!schema)
+            break;
         m[k++] = (sc_member){member_kv(c, x->string, v), member(c, required, x->string) != NULL};
     }
     /* required names not in properties: values under additionalProperties */
