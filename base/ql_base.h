@@ -102,7 +102,7 @@ static inline uint64_t ql_splitmix64(uint64_t *x)
  * (ql_mix64 it for a hash table's slot). */
 static inline uint64_t ql_fnv1a(const void *p, size_t n)
 {
-    const uint8_t *s = p;
+    const uint8_t *s = (const uint8_t *)p; /* C++ (nvcc) includes this too */
     uint64_t h = 0xcbf29ce484222325ULL;
     for (size_t i = 0; i < n; i++)
         h = (h ^ s[i]) * 0x100000001b3ULL;
