@@ -146,11 +146,17 @@ Test(engine, batched_requests_match_each_alone)
         wait_done(&alone[i]);
     }
     /* all at once: prompts prefilled in chunks beside running decodes */
+    engine_hold_after(e, 0); /* all four are in before the first step: one batch */
     for (int i = 0; i < N_PROMPTS; i++) {
         result_init(&together[i]);
         eng_request r = request(prompts[i], 20, &together[i]);
         submit_ok(e, &r, NULL);
     }
+    engine_hold_after(e, 0);
+    eng_engine_stats held;
+    eng_engine_stats_get(e, &held);
+    cr_assert_eq(held.running, N_PROMPTS, "all four run together");
+    eng_engine_gate(e, -1);
     for (int i = 0; i < N_PROMPTS; i++) {
         wait_done(&together[i]);
         cr_assert_eq(together[i].n_tokens, alone[i].n_tokens, "prompt %d", i);
@@ -182,8 +188,14 @@ Test(engine, a_seed_gives_the_same_tokens_whatever_the_batch)
     rb.sampling = s;
     rc_.sampling = s;
     rc_.sampling.seed = 99;
+    engine_hold_after(e, 0); /* both are in before the first step: one batch */
     submit_ok(e, &rc_, NULL);
     submit_ok(e, &rb, NULL);
+    engine_hold_after(e, 0);
+    eng_engine_stats held;
+    eng_engine_stats_get(e, &held);
+    cr_assert_eq(held.running, 2);
+    eng_engine_gate(e, -1);
     wait_done(&b);
     wait_done(&c);
     cr_assert_eq(a.n_tokens, b.n_tokens);
@@ -199,17 +211,34 @@ Test(engine, a_full_cache_makes_requests_wait_not_fail)
     cr_assert_eq(eng_kv_new(&probe, &model.cfg, 1 << 20, 16, msg, sizeof msg), 0);
     size_t block = (size_t)(1 << 20) / (size_t)eng_kv_total_blocks(probe);
     eng_kv_free(probe);
+    result alone[3], r[3];
+    eng_engine *roomy = start(8 << 20, 8);
+    for (int i = 0; i < 3; i++) {
+        result_init(&alone[i]);
+        eng_request q = request(prompts[i], 20, &alone[i]);
+        submit_ok(roomy, &q, NULL);
+        wait_done(&alone[i]);
+    }
+    eng_engine_stop(roomy);
     eng_engine *e = start(block * 3, 8); /* 3 blocks of 16 positions */
-    result r[3];
+    engine_hold_after(e, 0);
     for (int i = 0; i < 3; i++) {
         result_init(&r[i]);
         eng_request q = request(prompts[i], 20, &r[i]);
         submit_ok(e, &q, NULL);
     }
-    for (int i = 0; i < 3; i++) {
+    engine_hold_after(e, 0);
+    eng_engine_stats held;
+    eng_engine_stats_get(e, &held);
+    cr_assert_eq(held.running, 1, "the cache holds one request at a time");
+    cr_assert_eq(held.waiting, 2, "the others wait for its blocks");
+    eng_engine_gate(e, -1);
+    for (int i = 0; i < 3; i++) { /* and, once run, each is what it is alone */
         wait_done(&r[i]);
         cr_assert_eq(r[i].why, ENG_FINISH_LENGTH, "request %d", i);
         cr_assert_eq(r[i].n_tokens, 20);
+        cr_assert_eq(memcmp(r[i].tokens, alone[i].tokens, 20 * sizeof(int32_t)), 0,
+                     "request %d: its tokens differ from its own alone", i);
     }
     /* more than the whole cache: refused at once, with the reason */
     result big;
@@ -227,25 +256,20 @@ Test(engine, cancel_ends_a_request_and_frees_its_blocks)
     result_init(&r);
     eng_request q = request("the theme of the thesis", 4000, &r);
     uint64_t id;
+    engine_hold_after(e, 0);
     submit_ok(e, &q, &id);
-    while (true) { /* let it run a little */
-        eng_engine_stats st;
-        eng_engine_stats_get(e, &st);
-        if (st.tokens_generated >= 3)
-            break;
-        usleep(1000);
-    }
+    engine_step_until_generated(e, 3); /* it has begun, and is held there */
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_gt(st.kv_blocks_used, 0);
     eng_engine_cancel(e, id);
     wait_done(&r);
     cr_assert_eq(r.why, ENG_FINISH_CANCELLED);
-    eng_engine_stats st;
-    for (int i = 0; i < 1000; i++) {
-        eng_engine_stats_get(e, &st);
-        if (st.kv_blocks_used == 0)
-            break;
-        usleep(1000);
-    }
+    cr_assert_eq(r.n_tokens, 3, "no step ran after the hold");
+    engine_hold_after(e, 0);
+    eng_engine_stats_get(e, &st);
     cr_assert_eq(st.kv_blocks_used, 0);
+    cr_assert_eq(st.running, 0);
     eng_engine_stop(e);
 }
 
@@ -338,7 +362,7 @@ static void run_default(const char *quant, const char *prompt, int max_new, resu
 {
     char path[1024], msg[512];
     if (!test_default_model_path(path, sizeof path))
-        cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
+        test_cannot_run("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     eng_load_opts o = {.path = path, .quant = quant};
     cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
@@ -387,7 +411,7 @@ Test(smollm2, greedy_tokens_agree_with_llama_cpp)
 {
     char path[1024], msg[512];
     if (!test_default_model_path(path, sizeof path))
-        cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
+        test_cannot_run("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     eng_load_opts o = {.path = path};
     cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);

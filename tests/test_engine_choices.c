@@ -784,34 +784,33 @@ Test(choices, include_stop_str_emits_the_stop_string_and_still_stops)
     eng_engine_stop(e);
 }
 
-static void wait_generated(eng_engine *e, uint64_t n)
-{
-    for (int i = 0; i < 20000 && stats_of(e).tokens_generated < n; i++)
-        usleep(500);
-}
-
 Test(choices, cancel_ends_every_choice_waiting_or_running)
 {
     eng_engine *e = start_opts(8 << 20, 4, 16);
+    engine_hold_after(e, 0);
     eng_request r = request("the theme of the thesis", 400, NULL);
     r.n_choices = 4;
     outcome *running = outcome_new(), *waiting = outcome_new();
     r.user = running;
     uint64_t id_running, id_waiting;
     submit_ok(e, &r, &id_running);
-    wait_generated(e, 8); /* begun: all four choices decode */
+    engine_step_until_generated(e, 4); /* the prefill is done: all four choices have begun */
     r.user = waiting;
     r.n_choices = 2;
     submit_ok(e, &r, &id_waiting); /* no slot free: it waits */
-    usleep(20000);
-    cr_assert_eq(stats_of(e).waiting, 1);
+    engine_hold_after(e, 0);
+    eng_engine_stats st = stats_of(e);
+    cr_assert_eq(st.waiting, 1);
+    cr_assert_eq(st.running, 4);
     eng_engine_cancel(e, id_waiting);
     wait_done(waiting);
     cr_assert_eq(waiting->why, ENG_FINISH_CANCELLED);
     cr_assert_eq(waiting->prompt_calls, 0);
     for (int i = 0; i < 2; i++)
         cr_assert_eq(waiting->c[i].ends, 0, "a choice that never began reports no end");
+    engine_hold_after(e, 0);
     cr_assert_not(running->done, "the other request runs on");
+    cr_assert_eq(stats_of(e).running, 4);
     eng_engine_cancel(e, id_running);
     wait_done(running);
     cr_assert_eq(running->why, ENG_FINISH_CANCELLED);
@@ -824,14 +823,12 @@ Test(choices, cancel_ends_every_choice_waiting_or_running)
         generated += running->c[i].end.generated_tokens;
     }
     cr_assert_eq(running->usage.generated_tokens, generated);
-    eng_engine_stats st = stats_of(e);
+    st = stats_of(e);
     cr_assert_eq(st.kv_blocks_used, 0, "the blocks are back before on_done");
-    for (int i = 0; i < 2000 && st.running > 0; i++) { /* published after the round */
-        usleep(500);
-        st = stats_of(e);
-    }
-    cr_assert_eq(st.running, 0);
+    engine_hold_after(e, 0); /* running is published after the round */
+    cr_assert_eq(stats_of(e).running, 0);
     /* the slots are free again: a new request of 4 runs */
+    eng_engine_gate(e, -1);
     r.n_choices = 4;
     r.max_new_tokens = 3;
     outcome *after = run(e, &r);
@@ -847,16 +844,17 @@ Test(choices, cancel_ends_every_choice_waiting_or_running)
 Test(choices, slots_are_reserved_for_every_choice)
 {
     eng_engine *e = start_opts(8 << 20, 4, 16);
+    engine_hold_after(e, 0);
     eng_request r = request("hello", 400, NULL);
     outcome *two = outcome_new(), *three = outcome_new();
     r.user = two;
     r.n_choices = 2;
     submit_ok(e, &r, NULL);
-    wait_generated(e, 4);
+    engine_step_until_generated(e, 2); /* the prefill is done: both choices have begun */
     r.user = three;
     r.n_choices = 3;
     submit_ok(e, &r, NULL);
-    usleep(20000);
+    engine_hold_after(e, 0);
     eng_engine_stats st = stats_of(e);
     cr_assert_eq(st.running, 2, "two choices run");
     cr_assert_eq(st.waiting, 1, "three choices cannot take the 2 slots left");
@@ -915,7 +913,7 @@ Test(smollm2_choices, first_token_alternatives_agree_with_llama_cpp)
 {
     char path[1024], msg[512];
     if (!test_default_model_path(path, sizeof path))
-        cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
+        test_cannot_run("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     eng_load_opts lo = {.path = path};
     cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);

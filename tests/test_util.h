@@ -1,6 +1,8 @@
 /*
  * test_util.h - small helpers the tests share: a reproducible generator,
- * bit-exact float comparison, temporary paths, sleeping.
+ * bit-exact float comparison, the one tolerance comparison (test_diff),
+ * temporary paths, sleeping, and test_cannot_run (a loud skip, a failure
+ * under QL_REQUIRE_ALL=1).
  */
 #ifndef QL_TEST_UTIL_H
 #define QL_TEST_UTIL_H
@@ -46,6 +48,105 @@ static inline bool same_bits(float a, float b)
 {
     return memcmp(&a, &b, sizeof a) == 0;
 }
+
+/*
+ * The one comparison of values against a reference within a tolerance
+ * (logits, dequantized weights, merged deltas): every pair is fed to
+ * test_diff_add, and test_diff_abs / test_diff_rel give the largest error,
+ * or +inf when any value of either side was NaN or infinite, or nothing was
+ * compared, so `cr_assert(test_diff_abs(&d) <= tol)` fails on all of them
+ * (a `d > worst ? d : worst` or fmax loop lets NaN pass). Relative is to
+ * the reference's largest magnitude (a norm, not per element); test_diff_l2
+ * is the relative L2 error ||got - want|| / ||want|| (the forward-pass
+ * tests' measure), +inf on the same pairs.
+ */
+typedef struct test_diff {
+    double max_abs; /* over the finite pairs */
+    double max_ref; /* the largest |reference| */
+    double sq_err;  /* sum of (got - want)^2 over the finite pairs */
+    double sq_ref;  /* sum of want^2 over the finite pairs */
+    size_t n;       /* pairs fed */
+    size_t bad;     /* pairs with a NaN or an infinity on either side */
+    size_t worst;   /* index of the largest error (the first bad pair when bad) */
+} test_diff;
+
+static inline void test_diff_add(test_diff *d, double got, double want)
+{
+    size_t i = d->n++;
+    if (!isfinite(got) || !isfinite(want)) {
+        if (d->bad++ == 0)
+            d->worst = i;
+        return;
+    }
+    double e = fabs(got - want);
+    if (e > d->max_abs) {
+        d->max_abs = e;
+        if (d->bad == 0)
+            d->worst = i;
+    }
+    if (fabs(want) > d->max_ref)
+        d->max_ref = fabs(want);
+    d->sq_err += e * e;
+    d->sq_ref += want * want;
+}
+
+static inline double test_diff_abs(const test_diff *d)
+{
+    return d->bad || d->n == 0 ? INFINITY : d->max_abs;
+}
+
+static inline double test_diff_rel(const test_diff *d)
+{
+    if (d->bad || d->n == 0)
+        return INFINITY;
+    return d->max_ref > 0 ? d->max_abs / d->max_ref : d->max_abs;
+}
+
+static inline double test_diff_l2(const test_diff *d)
+{
+    if (d->bad || d->n == 0)
+        return INFINITY;
+    return d->sq_ref > 0 ? sqrt(d->sq_err / d->sq_ref) : sqrt(d->sq_err);
+}
+
+static inline test_diff test_diff_f32(const float *got, const float *want, size_t n)
+{
+    test_diff d = {0};
+    for (size_t i = 0; i < n; i++)
+        test_diff_add(&d, got[i], want[i]);
+    return d;
+}
+
+static inline test_diff test_diff_f64(const float *got, const double *want, size_t n)
+{
+    test_diff d = {0};
+    for (size_t i = 0; i < n; i++)
+        test_diff_add(&d, got[i], want[i]);
+    return d;
+}
+
+/* Whether CI asked that every test run (QL_REQUIRE_ALL=1, set by .ci/run). */
+static inline bool test_require_all(void)
+{
+    const char *v = getenv("QL_REQUIRE_ALL");
+    return v && strcmp(v, "1") == 0;
+}
+
+/*
+ * A test that cannot run here (its model or tool is absent): said loudly
+ * on stderr and skipped, or, under QL_REQUIRE_ALL=1, failed with the same
+ * words, so CI never counts a skip as a pass. Only for what a machine may
+ * lack; a test left out of a build on purpose is not compiled there.
+ */
+#define test_cannot_run(...)                                                                       \
+    do {                                                                                           \
+        fprintf(stderr, "NOT RUN (%s:%d): ", __FILE__, __LINE__);                                  \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fputc('\n', stderr);                                                                       \
+        if (test_require_all())                                                                    \
+            cr_assert_fail("QL_REQUIRE_ALL=1 and this test cannot run: " __VA_ARGS__);             \
+        cr_skip_test(__VA_ARGS__);                                                                 \
+    } while (0)
 
 /* A fresh directory under $TMPDIR (or /tmp); the caller removes it. */
 static inline void test_tmpdir(char *buf, size_t len)

@@ -395,4 +395,27 @@ static inline void tiny_write_gguf(const char *path, const tiny_spec *s, qt_kind
     tiny_write_gguf_meta(path, s, linear, NULL);
 }
 
+/* --- holding an engine between steps (eng_engine_gate), never by timing ----------- */
+
+/* Let e run `steps` more steps (-1: open the gate), then hold it there, and
+ * wait until it has: its statistics then say what runs and what waits. */
+static inline void engine_hold_after(eng_engine *e, int64_t steps)
+{
+    eng_engine_gate(e, steps);
+    cr_assert(eng_engine_settle(e, 120), "the engine never settled at its gate");
+}
+
+/* Run e one step at a time until it has generated n tokens in all (a
+ * prompt may take several steps), then hold it. */
+static inline void engine_step_until_generated(eng_engine *e, uint64_t n)
+{
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    for (int i = 0; i < 10000 && st.tokens_generated < n; i++) {
+        engine_hold_after(e, 1);
+        eng_engine_stats_get(e, &st);
+    }
+    cr_assert_geq(st.tokens_generated, n, "the engine generated no more tokens");
+}
+
 #endif

@@ -153,6 +153,9 @@ struct eng_engine {
     pthread_cond_t prepared_cv;
     int32_t old_running; /* running sequences on a version older than current */
     pthread_cond_t versions_cv;
+    int64_t gate; /* eng_engine_gate's: -1 open, else steps left */
+    bool settled; /* the engine thread waits with nothing it can do */
+    pthread_cond_t settled_cv;
 
     /* engine thread only */
     eng_weights *current; /* what new sequences get (a reference) */
@@ -1268,6 +1271,20 @@ static void run_prepares(eng_engine *e, prepare_job *jobs)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Nothing has arrived for the engine thread to take in (e->mu held). */
+static bool nothing_new(const eng_engine *e)
+{
+    return !e->inbox && e->n_cancels == 0 && !e->pending && !e->prepares;
+}
+
+/* Whether a step could run now: sequences to run and the gate open to it
+ * (e->mu held; waiting and n_running are the engine thread's, which calls
+ * this). */
+static bool may_step(const eng_engine *e)
+{
+    return (e->waiting || e->n_running > 0) && e->gate != 0;
+}
+
 static void *engine_main(void *arg)
 {
     eng_engine *e = arg;
@@ -1275,9 +1292,12 @@ static void *engine_main(void *arg)
     size_t cap = 0;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && !e->inbox && e->n_cancels == 0 && !e->waiting && e->n_running == 0 &&
-               !e->pending && !e->prepares)
+        while (!e->stopping && nothing_new(e) && !may_step(e)) {
+            e->settled = true;
+            pthread_cond_broadcast(&e->settled_cv);
             pthread_cond_wait(&e->wake, &e->mu);
+        }
+        e->settled = false;
         prepare_job *prepares = e->prepares;
         e->prepares = NULL;
         /* a published version: new sequences get it from now on */
@@ -1322,8 +1342,15 @@ static void *engine_main(void *arg)
         if (stopping)
             break;
         admit(e);
-        run_step(e);
-
+        pthread_mutex_lock(&e->mu);
+        bool gated = e->gate == 0;
+        pthread_mutex_unlock(&e->mu);
+        if (!gated && run_step(e)) {
+            pthread_mutex_lock(&e->mu);
+            if (e->gate > 0)
+                e->gate--;
+            pthread_mutex_unlock(&e->mu);
+        }
         note_versions(e);
     }
     free(cancels);
@@ -1354,6 +1381,7 @@ static void engine_free(eng_engine *e)
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->versions_cv);
     pthread_cond_destroy(&e->prepared_cv);
+    pthread_cond_destroy(&e->settled_cv);
     free(e);
 }
 
@@ -1368,6 +1396,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->versions_cv, NULL);
     pthread_cond_init(&e->prepared_cv, NULL);
+    pthread_cond_init(&e->settled_cv, NULL);
+    e->gate = -1;
     e->m = m;
     e->o = *o;
 #define DEFAULT(field, value)                                                                      \
@@ -1471,13 +1501,20 @@ eng_weights *eng_engine_weights(eng_engine *e)
     return w;
 }
 
-bool eng_engine_wait_versions(eng_engine *e, double timeout_s)
+/* timeout_s from now, on the clock pthread_cond_timedwait reads. */
+static struct timespec deadline_after(double timeout_s)
 {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     double end = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + timeout_s;
     until.tv_sec = (time_t)end;
     until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+    return until;
+}
+
+bool eng_engine_wait_versions(eng_engine *e, double timeout_s)
+{
+    struct timespec until = deadline_after(timeout_s);
     pthread_mutex_lock(&e->mu);
     int rc = 0;
     while ((e->old_running > 0 || e->pending) && rc == 0)
@@ -1487,10 +1524,33 @@ bool eng_engine_wait_versions(eng_engine *e, double timeout_s)
     return done;
 }
 
+void eng_engine_gate(eng_engine *e, int64_t steps)
+{
+    pthread_mutex_lock(&e->mu);
+    e->gate = steps < 0 ? -1 : steps;
+    e->settled = false; /* until the engine thread has looked at the gate again */
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+bool eng_engine_settle(eng_engine *e, double timeout_s)
+{
+    struct timespec until = deadline_after(timeout_s);
+    pthread_mutex_lock(&e->mu);
+    int rc = 0;
+    while (!(e->settled && nothing_new(e)) && rc == 0)
+        rc = pthread_cond_timedwait(&e->settled_cv, &e->mu, &until);
+    bool settled = e->settled && nothing_new(e);
+    pthread_mutex_unlock(&e->mu);
+    return settled;
+}
+
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
 {
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
+    out->gate_steps = e->gate;
+    out->settled = e->settled && nothing_new(e);
     out->kv_blocks_total = eng_kv_total_blocks(e->kv);
     out->kv_block_tokens = eng_kv_block_tokens(e->kv);
     out->kv_dtype = eng_kv_dtype(e->kv);

@@ -350,6 +350,22 @@ bool eng_engine_wait_versions(eng_engine *e, double timeout_s);
 void eng_engine_cancel(eng_engine *e, uint64_t id); /* its on_done says cancelled */
 void eng_engine_stop(eng_engine *e);                /* cancel everything, join, free */
 
+/*
+ * The step gate. steps < 0 opens it (the start: every step runs); steps >=
+ * 0 lets that many more steps run, then holds the engine between two
+ * steps: it still takes requests in, admits them to running slots,
+ * cancels, publishes versions and builds prepares, but runs no step (no
+ * prefill, no token) until the gate opens or is given more steps. An
+ * operator's pause (the server's /admin/engine/pause), and how a test
+ * holds sequences running or waiting without counting on time.
+ */
+void eng_engine_gate(eng_engine *e, int64_t steps);
+/* Block until the engine has taken in everything submitted, cancelled and
+ * published, and can do nothing more before something new arrives: held
+ * at its gate, or idle. Its statistics are then published for that state.
+ * True when so; false when timeout_s passed first. */
+bool eng_engine_settle(eng_engine *e, double timeout_s);
+
 #define ENG_ADAPTER_LIST_MAX 1024
 
 #define ENG_STEP_BUCKETS 12
@@ -378,6 +394,8 @@ typedef struct eng_engine_stats {
      * one that does not fit is left out and the list ends with "..." */
     char running_adapters[ENG_ADAPTER_LIST_MAX];
     char waiting_adapters[ENG_ADAPTER_LIST_MAX];
+    int64_t gate_steps; /* the step gate: -1 open, else the steps it still lets run */
+    bool settled;       /* the engine waits with nothing it can do (eng_engine_settle) */
 } eng_engine_stats;
 /* A snapshot, safe from any thread. */
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
