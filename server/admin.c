@@ -1,7 +1,8 @@
 /*
  * admin.c - the admin routes: list, load (POST /admin/adapters, the path
  * under --adapter-dir), unload, merge into and unmerge from the base
- * weights, and the weights' state (version, digest, what is merged).
+ * weights, the weights' state (version, digest, what is merged), and the
+ * engine's step gate (pause after N steps, resume, and what it holds).
  *
  * Offers srv_admin_gate, which every path under /admin/ passes first: the
  * bearer token, compared in constant time, or, with no token configured,
@@ -422,4 +423,57 @@ void srv_admin_state(srv_conn *c, const char *name)
     }
     free(errs);
     srv_respond_cjson(c, 200, root);
+}
+
+/* --- the engine's step gate ------------------------------------------------------- */
+
+/* GET /admin/engine: the gate (paused, and the steps it still lets run),
+ * whether the engine has settled there, and what runs and waits. */
+void srv_admin_engine(srv_conn *c, const char *name)
+{
+    (void)name;
+    eng_engine_stats st;
+    eng_engine_stats_get(c->s->engine, &st);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddBoolToObject(root, "paused", st.gate_steps >= 0);
+    if (st.gate_steps >= 0)
+        cJSON_AddNumberToObject(root, "steps_left", (double)st.gate_steps);
+    else
+        cJSON_AddNullToObject(root, "steps_left");
+    cJSON_AddBoolToObject(root, "settled", st.settled);
+    cJSON_AddNumberToObject(root, "steps", (double)st.steps);
+    cJSON_AddNumberToObject(root, "running", st.running);
+    cJSON_AddNumberToObject(root, "waiting", st.waiting);
+    cJSON_AddNumberToObject(root, "tokens_generated", (double)st.tokens_generated);
+    srv_respond_cjson(c, 200, root);
+}
+
+/* POST /admin/engine/pause, body empty or {"after_steps": N} (0 when
+ * absent): the engine runs N more steps, then holds between two steps;
+ * requests are still taken in, admitted and cancelled, streams stay open.
+ * What an operator uses to hold generation (SGLang's pause_generation),
+ * and how the tests hold a request running or waiting without timing. */
+void srv_admin_pause(srv_conn *c, const char *name)
+{
+    int64_t steps = 0;
+    if (c->req.body_len > 0) {
+        cJSON *root = srv_body_object(c);
+        if (!root)
+            return;
+        static const char *const fields[] = {"after_steps", NULL};
+        bool ok = srv_only_known(c, root, "the body", fields) &&
+                  srv_get_int(c, root, "after_steps", 0, 1e15, &steps, NULL);
+        cJSON_Delete(root);
+        if (!ok)
+            return;
+    }
+    eng_engine_gate(c->s->engine, steps);
+    srv_admin_engine(c, name);
+}
+
+/* POST /admin/engine/resume: every step runs again. */
+void srv_admin_resume(srv_conn *c, const char *name)
+{
+    eng_engine_gate(c->s->engine, -1);
+    srv_admin_engine(c, name);
 }

@@ -26,6 +26,10 @@ static const double token_bounds[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01
                                                       0.08,  0.16,   0.32,  0.64, 1.28, 2.56};
 static const double request_bounds[SRV_HIST_BUCKETS] = {0.05, 0.1, 0.25, 0.5, 1,   2.5,
                                                         5,    10,  30,   60,  120, 300};
+/* One turn of the event loop: a handful of callbacks is microseconds;
+ * what holds every client shows from a few milliseconds up. */
+static const double loop_turn_bounds[SRV_HIST_BUCKETS] = {
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
 
 void srv_metrics_init(srv_metrics *m)
 {
@@ -33,6 +37,7 @@ void srv_metrics_init(srv_metrics *m)
     memcpy(m->ttft.bounds, ttft_bounds, sizeof ttft_bounds);
     memcpy(m->per_token.bounds, token_bounds, sizeof token_bounds);
     memcpy(m->request.bounds, request_bounds, sizeof request_bounds);
+    memcpy(m->loop_turn.bounds, loop_turn_bounds, sizeof loop_turn_bounds);
 }
 
 void srv_hist_observe(srv_hist *h, double seconds)
@@ -309,6 +314,12 @@ char *srv_metrics_render(const srv_server *s, size_t *len)
     hist(&t, "qlserve_time_per_output_token_seconds", "between two tokens of one request",
          &m->per_token);
     hist(&t, "qlserve_request_duration_seconds", "submit to the last token", &m->request);
+    hist(&t, "qlserve_event_loop_turn_cpu_seconds",
+         "CPU time of the event loop thread in one turn of the loop (its callbacks, not its wait)",
+         &m->loop_turn);
+    metric(&t, "qlserve_event_loop_turn_cpu_seconds_max", "gauge",
+           "the longest turn of the event loop so far, in CPU seconds of its thread");
+    put(&t, "qlserve_event_loop_turn_cpu_seconds_max %.6f\n", m->loop_turn_max);
     if (t.failed) {
         free(t.buf);
         return NULL;

@@ -82,6 +82,9 @@ static const struct {
     {HTTP_DELETE, "/admin/adapters/{name}", srv_admin_unload},
     {HTTP_POST, "/admin/adapters/{name}/merge", srv_admin_merge},
     {HTTP_POST, "/admin/adapters/{name}/unmerge", srv_admin_unmerge},
+    {HTTP_GET, "/admin/engine", srv_admin_engine},
+    {HTTP_POST, "/admin/engine/pause", srv_admin_pause},
+    {HTTP_POST, "/admin/engine/resume", srv_admin_resume},
 };
 
 /* Whether path is pattern's; a {name} matches 1 to name_cap - 1 bytes

@@ -64,12 +64,32 @@ static void check_drained(srv_server *s)
         s->listening = false;
         uv_close((uv_handle_t *)&s->listener, NULL);
     }
-    uv_handle_t *own[] = {(uv_handle_t *)&s->wake, (uv_handle_t *)&s->grace,
+    uv_handle_t *own[] = {(uv_handle_t *)&s->wake,    (uv_handle_t *)&s->grace,
                           (uv_handle_t *)&s->sigterm, (uv_handle_t *)&s->sigint,
-                          (uv_handle_t *)&s->resume};
+                          (uv_handle_t *)&s->resume,  (uv_handle_t *)&s->turn_check};
     for (size_t i = 0; i < sizeof own / sizeof *own; i++)
         if (!uv_is_closing(own[i]))
             uv_close(own[i], NULL);
+}
+
+/* The loop thread's CPU clock, in seconds. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* After each turn's polling and its I/O callbacks: what the turn cost the
+ * loop thread since the last one (a wait in epoll costs no CPU). */
+static void on_turn(uv_check_t *h)
+{
+    srv_server *s = h->data;
+    double now = thread_cpu_s(), took = now - s->turn_cpu_s;
+    s->turn_cpu_s = now;
+    srv_hist_observe(&s->metrics.loop_turn, took);
+    if (took > s->metrics.loop_turn_max)
+        s->metrics.loop_turn_max = took;
 }
 
 static void on_grace(uv_timer_t *t)
@@ -90,6 +110,8 @@ static void on_signal(uv_signal_t *sig, int signum)
             signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->grace_ms);
     s->draining = true;
     s->serving = false;
+    if (s->engine) /* a pause (/admin/engine/pause) would hold the drain to its grace */
+        eng_engine_gate(s->engine, -1);
     srv_stop_accepting(s);
     uv_timer_start(&s->grace, on_grace, (uint64_t)s->cfg->grace_ms, 0);
     uv_unref((uv_handle_t *)&s->grace);
@@ -320,6 +342,11 @@ int srv_serve(const cfg_serve *cfg)
     s->grace.data = s;
     uv_idle_init(s->loop, &s->resume);
     s->resume.data = s;
+    uv_check_init(s->loop, &s->turn_check);
+    s->turn_check.data = s;
+    s->turn_cpu_s = thread_cpu_s();
+    uv_check_start(&s->turn_check, on_turn);
+    uv_unref((uv_handle_t *)&s->turn_check); /* it alone keeps no loop alive */
     uv_signal_init(s->loop, &s->sigterm);
     uv_signal_init(s->loop, &s->sigint);
     s->sigterm.data = s->sigint.data = s;

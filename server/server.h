@@ -73,6 +73,12 @@ typedef struct srv_metrics {
     srv_hist ttft;      /* time to first token */
     srv_hist per_token; /* time between tokens */
     srv_hist request;   /* whole generation requests */
+    /* the event loop's own work: CPU seconds the loop thread spent in one
+     * turn of the loop (callbacks, parsing, writing; never the wait), so
+     * how long one turn held every other client, whatever else the
+     * machine runs; and the longest turn so far */
+    srv_hist loop_turn;
+    double loop_turn_max;
 } srv_metrics;
 
 void srv_metrics_init(srv_metrics *m);
@@ -212,6 +218,10 @@ struct srv_server {
     uv_timer_t grace;
     uv_signal_t sigterm, sigint;
     srv_metrics metrics;
+    /* after each turn's polling: the loop thread's CPU clock then
+     * (metrics.loop_turn) */
+    uv_check_t turn_check;
+    double turn_cpu_s;
     uint64_t oai_serial;
     int exit_code;
 };

@@ -5,7 +5,9 @@
  * until GET /health says 200, stopped with SIGTERM (exit status 0 and no
  * sanitizer report in its log), and the requests the tests make of it.
  * One server per test process at a time (Criterion runs each test in its
- * own process).
+ * own process). sp_hold_after holds its engine between two steps
+ * (POST /admin/engine/pause), so a test has a request running or waiting
+ * for as long as it needs, never for as long as a machine happens to take.
  */
 #ifndef QL_TEST_SERVER_PROCESS_H
 #define QL_TEST_SERVER_PROCESS_H
@@ -222,6 +224,56 @@ static inline double sp_num_at(const cJSON *obj, const char *name)
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     cr_assert(cJSON_IsNumber(v), "\"%s\" is not a number", name);
     return v->valuedouble;
+}
+
+/* --- the engine's step gate: state held, not timed ------------------------------ */
+
+/* What GET /admin/engine says (the caller's to cJSON_Delete); admin_headers
+ * carries the admin token where the server has one (else NULL: loopback). */
+static inline cJSON *sp_engine_state(const char *admin_headers)
+{
+    hc_response r;
+    cr_assert(hc_request(sp.port, "GET", "/admin/engine", admin_headers, NULL, &r));
+    cr_assert_eq(r.status, 200, "GET /admin/engine: %d %s", r.status, r.body ? r.body : "");
+    cJSON *j = sp_json(r.body);
+    hc_response_free(&r);
+    return j;
+}
+
+/* Let the engine run `steps` more steps, then hold it there, and wait
+ * until it has settled: what GET /admin/engine then says (running,
+ * waiting, steps, tokens_generated) is what it holds. steps < 0 resumes,
+ * without waiting. */
+static inline void sp_hold_after(int64_t steps, const char *admin_headers)
+{
+    char body[64];
+    snprintf(body, sizeof body, "{\"after_steps\": %lld}", (long long)steps);
+    hc_response r;
+    cr_assert(hc_request(sp.port, "POST",
+                         steps < 0 ? "/admin/engine/resume" : "/admin/engine/pause", admin_headers,
+                         steps < 0 ? NULL : body, &r));
+    cr_assert_eq(r.status, 200, "pause: %d %s", r.status, r.body ? r.body : "");
+    hc_response_free(&r);
+    if (steps < 0)
+        return;
+    for (int i = 0; i < 120000; i++) { /* a bound for a broken gate, not a timing */
+        cJSON *st = sp_engine_state(admin_headers);
+        bool settled = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(st, "settled"));
+        cJSON_Delete(st);
+        if (settled)
+            return;
+        test_sleep_ms(1);
+    }
+    cr_assert_fail("the engine never settled at its gate");
+}
+
+/* A figure of GET /admin/engine (running, waiting, steps, ...). */
+static inline double sp_engine_figure(const char *name, const char *admin_headers)
+{
+    cJSON *st = sp_engine_state(admin_headers);
+    double v = sp_num_at(st, name);
+    cJSON_Delete(st);
+    return v;
 }
 
 #endif

@@ -500,6 +500,9 @@ srv_handler srv_admin_load;    /* POST /admin/adapters */
 srv_handler srv_admin_unload;  /* DELETE /admin/adapters/{name} */
 srv_handler srv_admin_merge;   /* POST /admin/adapters/{name}/merge */
 srv_handler srv_admin_unmerge; /* POST /admin/adapters/{name}/unmerge */
+srv_handler srv_admin_engine;  /* GET /admin/engine: the step gate and what runs */
+srv_handler srv_admin_pause;   /* POST /admin/engine/pause {"after_steps": N} */
+srv_handler srv_admin_resume;  /* POST /admin/engine/resume */
 
 /* --- routes (routes.c) ------------------------------------------------------- */
 
