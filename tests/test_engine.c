@@ -273,6 +273,45 @@ Test(engine, cancel_ends_a_request_and_frees_its_blocks)
     eng_engine_stop(e);
 }
 
+/* The step gate: held, the engine takes a request in and admits it but
+ * runs no step; given N steps it runs exactly N; opened, it runs to the
+ * end, and the answer is the one an ungated engine gives. */
+Test(engine, the_gate_holds_the_engine_between_steps_and_lets_n_through)
+{
+    eng_engine *e = start(8 << 20, 8);
+    result free_run, gated;
+    result_init(&free_run);
+    eng_request q = request("the theme of the thesis", 12, &free_run);
+    submit_ok(e, &q, NULL);
+    wait_done(&free_run);
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    uint64_t steps0 = st.steps;
+    cr_assert_eq(st.gate_steps, -1, "the gate starts open");
+    engine_hold_after(e, 0);
+    result_init(&gated);
+    q.user = &gated;
+    submit_ok(e, &q, NULL);
+    engine_hold_after(e, 0);
+    eng_engine_stats_get(e, &st);
+    cr_assert(st.settled);
+    cr_assert_eq(st.gate_steps, 0);
+    cr_assert_eq(st.running, 1, "admitted while held");
+    cr_assert_eq(st.steps, steps0, "no step ran while held");
+    engine_hold_after(e, 3);
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.steps, steps0 + 3, "exactly the steps let through");
+    cr_assert_eq(st.gate_steps, 0);
+    cr_assert_not(gated.done);
+    eng_engine_gate(e, -1);
+    wait_done(&gated);
+    cr_assert_eq(gated.n_tokens, free_run.n_tokens);
+    cr_assert_eq(memcmp(gated.tokens, free_run.tokens, (size_t)gated.n_tokens * sizeof(int32_t)), 0,
+                 "a held request's answer is the one it gets unheld");
+    cr_assert(eng_engine_settle(e, 60), "an idle engine settles");
+    eng_engine_stop(e);
+}
+
 Test(engine, stop_strings_are_not_emitted)
 {
     eng_engine *e = start(8 << 20, 8);
