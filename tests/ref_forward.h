@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "test_util.h"
 
 #ifndef FWD_REL_TOL
 #define FWD_REL_TOL 1e-5
@@ -387,20 +388,13 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     free(u);
 }
 
-/* The relative L2 error of e against r, and the logit that is furthest off. */
+/* The relative L2 error of e against r (test_diff_l2: +inf for a NaN or an
+ * infinity on either side), and the logit that is furthest off. */
 static inline double rel_error(const float *e, const double *r, int64_t n, int64_t *worst)
 {
-    double num = 0, den = 0, wd = -1;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)e[i] - r[i];
-        num += d * d;
-        den += r[i] * r[i];
-        if (fabs(d) > wd || isnan(d)) {
-            wd = isnan(d) ? INFINITY : fabs(d);
-            *worst = i;
-        }
-    }
-    return isnan(num) ? INFINITY : sqrt(num / den);
+    test_diff d = test_diff_f64(e, r, (size_t)n);
+    *worst = (int64_t)d.worst;
+    return test_diff_l2(&d);
 }
 
 static inline void assert_logits_close(const float *e, const double *r, int64_t n,

@@ -757,16 +757,13 @@ static double compare_models(const char *folder, const char *gguf, const char *w
     assert_same_ids(a.tok, b.tok, what);
     int32_t ids[8] = {1, 17, 200, 5, 258, 99, 3, 42};
     float *la = prompt_logits(&a, ids, 8), *lb = prompt_logits(&b, ids, 8);
-    double worst = 0, top = 0;
-    for (int64_t i = 0; i < 8 * (int64_t)a.cfg.vocab_size; i++) {
-        worst = fmax(worst, fabs((double)la[i] - lb[i]));
-        top = fmax(top, fabs((double)la[i]));
-    }
+    /* test_diff_rel: +inf when any logit of either is NaN or infinite */
+    test_diff d = test_diff_f32(lb, la, (size_t)8 * (size_t)a.cfg.vocab_size);
     free(la);
     free(lb);
     eng_model_free(&a);
     eng_model_free(&b);
-    return worst / top;
+    return test_diff_rel(&d);
 }
 
 /* blk.0.attn_q.weight of the GGUF is, byte for byte, qt_quantize of the

@@ -134,16 +134,12 @@ static float *run_prompt(eng_model *m)
     return run_prompt_with(m, NULL, NULL, 0);
 }
 
-/* The largest |ours - theirs| over every position and token. */
+/* The largest |ours - theirs| over every position and token (test_diff:
+ * +inf when any logit is NaN or infinite). */
 static double worst_error(const float *all, const double (*want)[GEMMA_VOCAB])
 {
-    double worst = 0;
-    for (int t = 0; t < GEMMA_N_TOKENS; t++)
-        for (int v = 0; v < GEMMA_VOCAB; v++) {
-            double d = fabs((double)all[(size_t)t * GEMMA_VOCAB + v] - want[t][v]);
-            worst = d > worst || isnan(d) ? (isnan(d) ? INFINITY : d) : worst;
-        }
-    return worst;
+    test_diff d = test_diff_f64(all, &want[0][0], (size_t)GEMMA_N_TOKENS * GEMMA_VOCAB);
+    return test_diff_abs(&d);
 }
 
 /* The model's logits against transformers', then with one feature turned
@@ -282,10 +278,11 @@ static void ref_matches_transformers(const eng_model *m, const double (*want)[GE
         ids[i] = GEMMA_TOKENS[i];
     double *ref = malloc((size_t)GEMMA_N_TOKENS * GEMMA_VOCAB * sizeof *ref);
     ref_forward(&R, ids, GEMMA_N_TOKENS, ref);
-    double worst = 0;
+    test_diff d = {0};
     for (int t = 0; t < GEMMA_N_TOKENS; t++)
         for (int v = 0; v < GEMMA_VOCAB; v++)
-            worst = fmax(worst, fabs(ref[(size_t)t * GEMMA_VOCAB + v] - want[t][v]));
+            test_diff_add(&d, ref[(size_t)t * GEMMA_VOCAB + v], want[t][v]);
+    double worst = test_diff_abs(&d);
     cr_log_info("float64 reference vs transformers: %g", worst);
     cr_assert_lt(worst, 5e-6, "float64 reference vs transformers: %g", worst);
     free(ref);
@@ -379,9 +376,8 @@ static void adapter_on(const char *fixture, bool gguf)
     assert_matches_ref(all, &R, "unmerged q/v adapter");
     // the adapter did something: the base model is far from R
     float *base = run_prompt(&m);
-    double moved = 0;
-    for (size_t i = 0; i < (size_t)GEMMA_N_TOKENS * GEMMA_VOCAB; i++)
-        moved = fmax(moved, fabs((double)all[i] - base[i]));
+    test_diff d = test_diff_f32(all, base, (size_t)GEMMA_N_TOKENS * GEMMA_VOCAB);
+    double moved = test_diff_abs(&d);
     cr_assert_gt(moved, 1e-2, "the adapter moved the logits by only %g", moved);
     free(base);
     free(all);

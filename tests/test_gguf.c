@@ -180,9 +180,8 @@ Test(gguf, iq4_quantized_bytes_load_as_gguf_blocks)
         qt_dequantize_rows_ref(&t, 0, 2, a);
         qt_dequantize_rows_ref(&f, 0, 2, b);
         cr_assert_eq(memcmp(a, b, sizeof a), 0, "%s", qt_kind_name(kinds[i]));
-        double err = 0;
-        for (int e = 0; e < 2 * 256; e++)
-            err = fmax(err, fabs((double)a[e] - (double)w[e]));
+        test_diff d = test_diff_f32(a, w, 2 * 256);
+        double err = test_diff_abs(&d);
         cr_assert_lt(err, 0.02, "%s: largest error %g on values within 0.1", qt_kind_name(kinds[i]),
                      err);
         qt_free(&t);

@@ -16,6 +16,7 @@
 
 #include "qt_kquant_ref.h"
 #include "qtensor.h"
+#include "test_util.h"
 
 #include "fixtures/kquant_ref_vectors.h"
 
@@ -127,13 +128,8 @@ Test(kquant_quantize, round_trip_error_fits_the_bits)
         char msg[256] = "";
         cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK);
         qt_dequantize_rows_ref(&t, 0, k->rows, back);
-        double err = 0, ref = 0;
-        for (int64_t j = 0; j < n; j++) {
-            double d = (double)back[j] - (double)k->input[j];
-            err += d * d;
-            ref += (double)k->input[j] * (double)k->input[j];
-        }
-        double rel = sqrt(err / ref);
+        test_diff d = test_diff_f32(back, k->input, (size_t)n);
+        double rel = test_diff_l2(&d);
         cr_log_info("%s relative rms error %.4f", qt_kind_name(kinds[i]), rel);
         cr_assert_lt(rel, bound[i], "%s: relative error %g", qt_kind_name(kinds[i]), rel);
         cr_assert_gt(rel, bound[i] / 20, "%s: relative error %g is implausibly small",

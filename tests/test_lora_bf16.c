@@ -249,14 +249,6 @@ static void prompt_logits(rig *g, eng_lora *lora, float *logits)
     free(last);
 }
 
-static double l2(const float *a, const double *b, int64_t n)
-{
-    double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    return sqrt(s);
-}
-
 Test(lora_bf16, an_f32_adapter_in_bf16_stays_within_its_rounding_of_float64)
 {
     rig g;
@@ -307,12 +299,13 @@ Test(lora_bf16, an_f32_adapter_in_bf16_stays_within_its_rounding_of_float64)
     ref_forward(&R, tokens, PROMPT, ref);
     ref_free(&R);
 
-    double effect = l2(base, ref, n), norm = 0;
-    for (int64_t i = 0; i < n; i++)
-        norm += ref[i] * ref[i];
-    norm = sqrt(norm);
-    cr_assert(effect > 1e3 * FWD_REL_TOL * norm, "the adapter moves the logits by %.3g only",
-              effect / norm);
+    // relative L2 over all the logits, ||x - float64|| / ||float64|| (test_diff_l2:
+    // +inf for a NaN or an infinity, so the effect must also be finite)
+    test_diff moved = test_diff_f64(base, ref, (size_t)n);
+    double effect = test_diff_l2(&moved);
+    cr_assert(effect > 1e3 * FWD_REL_TOL && effect < INFINITY,
+              "the adapter moves the logits by %.3g (wanted finite and > %g)", effect,
+              1e3 * FWD_REL_TOL);
     // f32: the float64 model's logits, as every unmerged kind is held to
     for (int i = 0; i < PROMPT; i++)
         assert_logits_close(e32 + i * V, ref + i * V, V, "f32 adapter", "prompt", i);
@@ -320,9 +313,11 @@ Test(lora_bf16, an_f32_adapter_in_bf16_stays_within_its_rounding_of_float64)
     // so the delta by about 2^-8 of itself; allowed: 2^-6 of the adapter's
     // whole effect on the logits (four times that, for the nonlinear
     // layers after it), plus the f32 tolerance
-    double err = l2(e16, ref, n);
-    cr_assert(err <= 0x1p-6 * effect + FWD_REL_TOL * norm,
-              "bf16: ||engine - float64|| = %.4g, against the adapter's effect %.4g (ratio %.3g)",
+    test_diff rounded = test_diff_f64(e16, ref, (size_t)n);
+    double err = test_diff_l2(&rounded);
+    cr_assert(err <= 0x1p-6 * effect + FWD_REL_TOL,
+              "bf16: ||engine - float64|| / ||float64|| = %.4g, against the adapter's effect "
+              "%.4g (ratio %.3g)",
               err, effect, err / effect);
     cr_assert(err > 0, "rounding to bf16 changed nothing: were A and B rounded?");
     cr_log_info("bf16: ||engine - float64|| / the adapter's effect = %.3g (bound 2^-6)",

@@ -824,15 +824,12 @@ static void run_logits(const eng_model *m, eng_lora *lora, const int32_t *tokens
     eng_pool_free(pool);
 }
 
-/* max |a - b| over max |b|, over n values */
+/* max |a - b| over max |b|, over n values (test_diff_rel: +inf when any
+ * value is NaN or infinite) */
 static double rel_diff(const float *a, const double *b, size_t n)
 {
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs(b[i]));
-    }
-    return d / mx;
+    test_diff d = test_diff_f64(a, b, n);
+    return test_diff_rel(&d);
 }
 
 static void widen(const float *a, double *out, size_t n)

@@ -133,7 +133,9 @@ static void run_logits(const eng_model *m, float *logits)
     eng_pool_free(pool);
 }
 
-/* The largest relative error over the positions (test_forward.c's measure). */
+/* The largest relative error over the positions (test_forward.c's
+ * measure; rel_error is +inf, never NaN, for a NaN logit, so fmax keeps
+ * it). */
 static double worst_error(const float *e, const double *r, int64_t vocab)
 {
     double worst = 0;
