@@ -276,4 +276,38 @@ static inline double sp_engine_figure(const char *name, const char *admin_header
     return v;
 }
 
+/* Wait until GET /admin/engine's figure `name` is at least `want` (a
+ * request the server has yet to hand the engine: sp_hold_after settles on
+ * what the engine has, not on what is still on its way). */
+static inline void sp_engine_reaches(const char *name, double want, const char *admin_headers)
+{
+    for (int i = 0; i < 120000; i++) { /* a bound for a broken server, not a timing */
+        if (sp_engine_figure(name, admin_headers) >= want)
+            return;
+        test_sleep_ms(1);
+    }
+    cr_assert_fail("the engine's %s never reached %g", name, want);
+}
+
+/* Wait until GET /admin/engine's figure `name` is at most `want` (a cancel
+ * on its way to the engine, as sp_engine_reaches waits for a request). */
+static inline void sp_engine_falls_to(const char *name, double want, const char *admin_headers)
+{
+    for (int i = 0; i < 30000 && sp_engine_figure(name, admin_headers) > want; i++)
+        test_sleep_ms(1); /* a bound for a broken server (30 s at least), not a timing */
+    double now = sp_engine_figure(name, admin_headers);
+    cr_assert_leq(now, want, "the engine's %s never fell to %g (it is %g)", name, want, now);
+}
+
+/* With the engine held, let it run one step at a time until its
+ * tokens_generated is at least `tokens`, and hold it there: a stream
+ * held just past its first token, whatever the machine's speed. */
+static inline void sp_step_until_generated(double tokens, const char *admin_headers)
+{
+    for (int i = 0; i < 100000 && sp_engine_figure("tokens_generated", admin_headers) < tokens; i++)
+        sp_hold_after(1, admin_headers);
+    double now = sp_engine_figure("tokens_generated", admin_headers);
+    cr_assert_geq(now, tokens, "the engine generated %g tokens, not %g", now, tokens);
+}
+
 #endif

@@ -223,8 +223,7 @@ static void start(const char *model)
     sp_wait_ready();
 }
 
-/* The request both answers are asked for: greedy, long enough that a
- * stream is still running when the file is rewritten. */
+/* The request both answers are asked for: greedy, a few dozen tokens. */
 #define GREEDY_BODY                                                                                \
     "{\"inputs\": \"the cat sat on\", \"parameters\": {\"max_new_tokens\": 96, \"do_sample\": "    \
     "false}}"
@@ -251,18 +250,23 @@ static bool log_holds(const char *needle)
 }
 
 /* Serve `model`, answer, rewrite `file` in place with half its length of
- * other bytes, answer again: the same answer, the server alive, its log
- * naming the file. */
+ * other bytes while a stream of the same request is held running, answer
+ * again: the stream and the new answer the same as the first, the server
+ * alive, its log naming the file. */
 static void rewrite_under_the_server(const char *model, const char *file)
 {
     start(model);
     char *first = greedy();
-    /* the same request streamed, its first token out before the rewrite
-     * and the rest after */
+    /* the same request streamed, held at the engine's gate with its first
+     * token out while the file is rewritten, and the rest after */
+    sp_hold_after(0, NULL);
+    double before = sp_engine_figure("tokens_generated", NULL);
     hc_conn c;
     hc_response r = {0};
     cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_request(&c, "POST", "/generate_stream", NULL, GREEDY_BODY));
+    sp_engine_reaches("running", 1, NULL);
+    sp_step_until_generated(before + 1, NULL);
     cr_assert(hc_read_head(&c, &r));
     cr_assert_eq(r.status, 200);
     char *last = hc_next_event(&c, &r);
@@ -271,6 +275,8 @@ static void rewrite_under_the_server(const char *model, const char *file)
     cr_assert_eq(stat(file, &sb), 0);
     double blocked = rewrite_in_place(file, (size_t)sb.st_size / 2, 0x5A);
     cr_log_info("%s: the writer waited %.3f s", file, blocked);
+    cr_assert_eq(sp_engine_figure("running", NULL), 1, "the stream ended before the rewrite");
+    sp_hold_after(-1, NULL);
     for (char *ev; (ev = hc_next_event(&c, &r));) {
         free(last);
         last = ev;

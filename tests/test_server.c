@@ -1481,6 +1481,9 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
 
 /* --- concurrency ------------------------------------------------------------------------ */
 
+/* Three requests at once, for the base model and two adapters: held at
+ * the engine's gate until all three run, they share one step (it gives
+ * each its first token), and each answer is the one it gets alone. */
 Test(server, concurrent_requests_with_different_adapters_get_their_alone_text)
 {
     tiny_spec spec = tiny_default();
@@ -1498,6 +1501,7 @@ Test(server, concurrent_requests_with_different_adapters_get_their_alone_text)
               "the adapters change the text");
     for (int round = 0; round < 2; round++) {
         hc_conn c[3];
+        sp_hold_after(0, NULL); /* all three are in before the first step */
         for (int i = 0; i < 3; i++) {
             char body[512], ad[64] = "";
             if (adapters[i])
@@ -1509,6 +1513,16 @@ Test(server, concurrent_requests_with_different_adapters_get_their_alone_text)
             cr_assert(hc_open(&c[i], sp.port));
             cr_assert(hc_send_request(&c[i], "POST", "/generate", NULL, body));
         }
+        sp_engine_reaches("running", 3, NULL);
+        sp_hold_after(0, NULL);
+        double steps = sp_engine_figure("steps", NULL);
+        double tokens = sp_engine_figure("tokens_generated", NULL);
+        sp_hold_after(1, NULL); /* one step: the three share it */
+        cr_assert_eq(sp_engine_figure("steps", NULL), steps + 1);
+        cr_assert_eq(sp_engine_figure("tokens_generated", NULL), tokens + 3,
+                     "one step gave %g first tokens, not one for each of three requests",
+                     sp_engine_figure("tokens_generated", NULL) - tokens);
+        sp_hold_after(-1, NULL);
         for (int i = 0; i < 3; i++) {
             hc_response r;
             cr_assert(hc_read_response(&c[i], &r));

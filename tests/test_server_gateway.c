@@ -10,13 +10,18 @@
  * against the real binary on the tiny model, with adapters made by
  * tests/lora_fixture.h.
  */
+#define _GNU_SOURCE /* F_SETLEASE */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "http_client.h"
 #include "lora_fixture.h"
@@ -121,9 +126,52 @@ static char *label(const char *metrics, const char *metric, const char *name)
     return strndup(k, strcspn(k, "\""));
 }
 
-/* While a stream for the adapter runs, the gateway's gauges show one
- * running request, the adapter among the running ones and KV blocks in use;
- * when the client goes, they are back to none. */
+/* Opens a stream for model on a new connection and returns it once its
+ * request is sent (its answer is not read). */
+static void open_stream(hc_conn *c, const char *model)
+{
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 500, \"ignore_eos\": true, "
+             "\"stream\": true}",
+             model);
+    cr_assert(hc_open(c, sp.port));
+    cr_assert(hc_send_request(c, "POST", "/v1/completions", NULL, body));
+}
+
+/* A stream for model, held running with its first token out: the engine
+ * is held while the request comes in, then stepped until it has begun,
+ * and the first event is read; the engine stays held (*c and *head the
+ * caller's to free). */
+static void begin_held_stream(hc_conn *c, hc_response *head, const char *model)
+{
+    sp_hold_after(0, NULL);
+    double before = sp_engine_figure("tokens_generated", NULL);
+    open_stream(c, model);
+    sp_engine_reaches("running", 1, NULL);
+    sp_step_until_generated(before + 1, NULL);
+    cr_assert(hc_read_head(c, head));
+    cr_assert_eq(head->status, 200, "%s: %d", model, head->status);
+    char *event = hc_next_event(c, head);
+    cr_assert(event, "no first event");
+    free(event);
+}
+
+/* Closes a held stream's connection and waits, still held, until the
+ * engine has let it go: what the client leaving did, not the stream's end. */
+static void leave_held_stream(hc_conn *c, hc_response *head)
+{
+    hc_response_free(head);
+    hc_close(c);
+    sp_engine_falls_to("running", 0, NULL);
+    sp_hold_after(0, NULL);
+}
+
+/* While a stream for the adapter runs (held by the engine's gate, its
+ * first token out), the gateway's gauges show one running request, the
+ * adapter among the running ones and KV blocks in use; when the client
+ * goes (the engine still held: the stream did not end by itself), they
+ * are back to none. */
 Test(server_gateway, the_gateway_metrics_follow_the_running_adapter)
 {
     start();
@@ -143,19 +191,9 @@ Test(server_gateway, the_gateway_metrics_follow_the_running_adapter)
     free(idle);
 
     hc_conn c;
-    cr_assert(hc_open(&c, sp.port));
-    cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL,
-                              "{\"model\": \"ad\", \"prompt\": \"the\", \"max_tokens\": 500, "
-                              "\"ignore_eos\": true, \"stream\": true}"));
     hc_response head;
-    cr_assert(hc_read_head(&c, &head));
-    cr_assert_eq(head.status, 200, "%d", head.status);
-    char *event = hc_next_event(&c, &head);
-    cr_assert(event, "no first event");
-    free(event);
+    begin_held_stream(&c, &head, "ad");
     char *busy = get("/metrics");
-    cr_log_info("under load: running %g, kv %g", sample(busy, "vllm:num_requests_running "),
-                sample(busy, "vllm:kv_cache_usage_perc "));
     cr_assert_eq(sample(busy, "vllm:num_requests_running "), 1);
     cr_assert_gt(sample(busy, "vllm:kv_cache_usage_perc "), 0);
     cr_assert_gt(sample(busy, "vllm:lora_requests_info{"), 1.7e9, "the value is a wall time");
@@ -163,21 +201,17 @@ Test(server_gateway, the_gateway_metrics_follow_the_running_adapter)
     cr_assert_str_eq(running, "ad");
     free(running);
     free(busy);
-    hc_response_free(&head);
-    hc_close(&c);
 
-    bool idle_again = false;
-    for (int waited = 0; waited < 5000 && !idle_again; waited += 50) {
-        char *m = get("/metrics");
-        char *names = label(m, "vllm:lora_requests_info", "running_lora_adapters");
-        idle_again = sample(m, "vllm:num_requests_running ") == 0 &&
-                     sample(m, "vllm:kv_cache_usage_perc ") == 0 && names[0] == 0;
-        free(names);
-        free(m);
-        if (!idle_again)
-            test_sleep_ms(50);
-    }
-    cr_assert(idle_again, "the gauges did not come back to idle after the client left");
+    leave_held_stream(&c, &head);
+    char *after = get("/metrics");
+    cr_assert_eq(sample(after, "vllm:num_requests_running "), 0);
+    cr_assert_eq(sample(after, "vllm:kv_cache_usage_perc "), 0,
+                 "the client left and its KV blocks are still in use");
+    char *names = label(after, "vllm:lora_requests_info", "running_lora_adapters");
+    cr_assert_str_empty(names, "the client left and its adapter is still named running");
+    free(names);
+    free(after);
+    sp_hold_after(-1, NULL);
 }
 
 /* /info and /metrics carry the weights digest and the merged configuration,
@@ -224,17 +258,20 @@ Test(server_gateway, info_and_metrics_say_which_weights_serve)
     cr_assert_str_eq(digests[2], digests[0]);
 }
 
-/* The greedy completion of `model` for a fixed prompt: its status, and its
- * text (allocated) when 200, else the error body. */
-static char *complete(const char *model, int *status)
+/* The body of a greedy completion of `model` for a fixed prompt. */
+static void completion_body(const char *model, char *body, size_t size)
 {
-    char body[512];
-    snprintf(body, sizeof body,
+    snprintf(body, size,
              "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 8, \"temperature\": 0, "
              "\"ignore_eos\": true}",
              model);
-    char *text = sp_answer("/v1/completions", body, status);
-    if (*status != 200)
+}
+
+/* A completion's answer (status, body): its text (allocated) when 200,
+ * else the error body; takes the body. */
+static char *completion_text(int status, char *text)
+{
+    if (status != 200)
         return text;
     cJSON *j = sp_json(text);
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
@@ -242,6 +279,16 @@ static char *complete(const char *model, int *status)
     cJSON_Delete(j);
     free(text);
     return out;
+}
+
+/* The greedy completion of `model` for a fixed prompt: its status, and its
+ * text (allocated) when 200, else the error body. */
+static char *complete(const char *model, int *status)
+{
+    char body[512];
+    completion_body(model, body, sizeof body);
+    char *text = sp_answer("/v1/completions", body, status);
+    return completion_text(*status, text);
 }
 
 static char *complete_ok(const char *model)
@@ -268,15 +315,77 @@ static int listed(const char *name, bool *found)
     return n;
 }
 
-static void *complete_thread(void *arg)
+/* --- an adapter's weights held in their read: how many loads read them --- */
+
+/* The test's write lease on an adapter's weights file: the server's open
+ * of it (its load) waits until the lease goes, so a load is held in its
+ * read for as long as the test needs; and an inotify watch that sees each
+ * open. */
+typedef struct weights_hold {
+    int fd, watch;
+    ino_t ino;
+} weights_hold;
+
+static void hold_weights(weights_hold *h, const char *path)
 {
-    int status;
-    char *text = complete(arg, &status);
-    if (status != 200) {
-        free(text);
-        return NULL;
+    signal(SIGIO, SIG_IGN); /* a lease holder is told of a break by SIGIO */
+    h->fd = open(path, O_RDONLY);
+    cr_assert_geq(h->fd, 0, "%s", path);
+    cr_assert_eq(fcntl(h->fd, F_SETLEASE, F_WRLCK), 0, "no lease on %s: %s", path, strerror(errno));
+    struct stat sb;
+    cr_assert_eq(fstat(h->fd, &sb), 0);
+    h->ino = sb.st_ino;
+    h->watch = inotify_init1(IN_NONBLOCK);
+    cr_assert_geq(h->watch, 0);
+    cr_assert_geq(inotify_add_watch(h->watch, path, IN_OPEN | IN_CLOSE_NOWRITE), 0);
+}
+
+/* How many opens of the held file wait for its lease: /proc/locks lists
+ * each under the lease ("N: LEASE BREAKING ... pid dev:ino ..." then one
+ * "N: -> LEASE BREAKER ..." per waiting open). */
+static int opens_waiting(const weights_hold *h)
+{
+    FILE *f = fopen("/proc/locks", "r");
+    cr_assert(f);
+    char line[512], ours[64], inode[64];
+    snprintf(ours, sizeof ours, " %d ", (int)getpid());
+    snprintf(inode, sizeof inode, ":%lu ", (unsigned long)h->ino);
+    int lease = -1, waiting = 0;
+    while (fgets(line, sizeof line, f)) {
+        bool blocked = strstr(line, "->") != NULL;
+        if (!blocked && strstr(line, "LEASE") && strstr(line, ours) && strstr(line, inode))
+            lease = atoi(line);
+        else if (blocked && lease >= 0 && atoi(line) == lease)
+            waiting++;
     }
-    return text;
+    fclose(f);
+    return waiting;
+}
+
+/* Lets the waiting opens through (the lease goes). */
+static void release_weights(weights_hold *h)
+{
+    cr_assert_eq(fcntl(h->fd, F_SETLEASE, F_UNLCK), 0);
+    close(h->fd);
+}
+
+/* How many times the held file was opened since hold_weights; closes the
+ * watch. Opens and closes alternate for loads one after another; two
+ * opens in a row are merged into one event by inotify, so loads at once
+ * are counted by opens_waiting instead. */
+static int opens_seen(weights_hold *h)
+{
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    int opens = 0;
+    ssize_t n;
+    while ((n = read(h->watch, buf, sizeof buf)) > 0)
+        for (char *at = buf; at < buf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)at;
+            opens += (ev->mask & IN_OPEN) != 0;
+            at += sizeof *ev + ev->len;
+        }
+    close(h->watch);
+    return opens;
 }
 
 /* A request naming an adapter that is not loaded, but is a folder of the
@@ -301,14 +410,41 @@ Test(server_gateway, an_adapter_is_loaded_by_name_on_first_use)
     cJSON_Delete(j);
     free(models);
 
-    pthread_t th[4];
-    for (int i = 0; i < 4; i++)
-        cr_assert_eq(pthread_create(&th[i], NULL, complete_thread, "ad"), 0);
+    /* four requests at once, while the first load is held reading the
+     * adapter's weights: the others wait for it, none loads again */
+    char weights[700];
+    snprintf(weights, sizeof weights, "%s/ad/adapter_model.safetensors", adapter_dir);
+    weights_hold hold;
+    hold_weights(&hold, weights);
+    hc_conn c[4];
+    char body[512];
+    completion_body("ad", body, sizeof body);
+    for (int i = 0; i < 4; i++) {
+        cr_assert(hc_open(&c[i], sp.port));
+        cr_assert(hc_send_request(&c[i], "POST", "/v1/completions", NULL, body));
+    }
+    for (int i = 0; i < 30000 && opens_waiting(&hold) == 0; i++)
+        test_sleep_ms(1); /* a bound for a broken server (30 s at least), not a timing */
+    /* a round trip through the server's loop after the four were sent, so
+     * they are on their way to the registry: a correct server gives 1
+     * whatever the order; a request still late could only hide a second
+     * load of a broken one */
+    free(get("/health"));
+    int loading = opens_waiting(&hold);
+    release_weights(&hold);
     char *texts[4];
     for (int i = 0; i < 4; i++) {
-        pthread_join(th[i], (void **)&texts[i]);
-        cr_assert(texts[i], "request %d for the unloaded adapter failed", i);
+        hc_response r;
+        cr_assert(hc_read_response(&c[i], &r));
+        texts[i] = completion_text(r.status, strdup(r.body));
+        cr_assert_eq(r.status, 200, "request %d for the unloaded adapter: %d %s", i, r.status,
+                     texts[i]);
+        hc_response_free(&r);
+        hc_close(&c[i]);
     }
+    cr_assert_eq(loading, 1, "%d loads of the adapter read its weights at once", loading);
+    int opens = opens_seen(&hold);
+    cr_assert_eq(opens, 1, "the adapter's weights were read %d times for four requests", opens);
     for (int i = 1; i < 4; i++)
         cr_assert_str_eq(texts[i], texts[0]);
     bool found;
@@ -381,29 +517,18 @@ Test(server_gateway, only_adapter_folders_load_by_name)
     free(text);
 }
 
-/* The running_lora_adapters label of a /metrics scrape while a long stream
- * for `model` runs (allocated). */
+/* The running_lora_adapters label of a /metrics scrape while a stream for
+ * `model` is held running (allocated). */
 static char *running_while_streaming(const char *model)
 {
-    char body[256];
-    snprintf(body, sizeof body,
-             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 500, \"ignore_eos\": true, "
-             "\"stream\": true}",
-             model);
     hc_conn c;
-    cr_assert(hc_open(&c, sp.port));
-    cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL, body));
     hc_response head;
-    cr_assert(hc_read_head(&c, &head));
-    cr_assert_eq(head.status, 200, "%s: %d", model, head.status);
-    char *event = hc_next_event(&c, &head);
-    cr_assert(event, "no first event");
-    free(event);
+    begin_held_stream(&c, &head, model);
     char *metrics = get("/metrics");
     char *running = label(metrics, "vllm:lora_requests_info", "running_lora_adapters");
     free(metrics);
-    hc_response_free(&head);
-    hc_close(&c);
+    leave_held_stream(&c, &head);
+    sp_hold_after(-1, NULL);
     return running;
 }
 
@@ -459,53 +584,33 @@ Test(server_gateway, two_replicas_share_one_adapter_folder)
     sp = replica[0];
 }
 
-/* Opens a stream for model on a new connection and returns it once its
- * request is sent (its answer is not read). */
-static void open_stream(hc_conn *c, const char *model)
-{
-    char body[256];
-    snprintf(body, sizeof body,
-             "{\"model\": \"%s\", \"prompt\": \"the\", \"max_tokens\": 500, \"ignore_eos\": true, "
-             "\"stream\": true}",
-             model);
-    cr_assert(hc_open(c, sp.port));
-    cr_assert(hc_send_request(c, "POST", "/v1/completions", NULL, body));
-}
-
 /* With one running slot, a second adapter's request waits: the queue gauge
  * counts it and waiting_lora_adapters names its adapter, while
- * running_lora_adapters names the first's. */
+ * running_lora_adapters names the first's. The engine is held from
+ * before the first request, so the first is still running when the
+ * second comes. */
 Test(server_gateway, a_waiting_request_names_its_adapter)
 {
     write_adapter("second", 8, 11);
     start_with((const char *[]){"--max-running", "1", NULL}, log_path);
+    sp_hold_after(0, NULL);
     hc_conn first, second;
     open_stream(&first, "ad");
-    hc_response head;
-    cr_assert(hc_read_head(&first, &head));
-    cr_assert_eq(head.status, 200);
-    char *event = hc_next_event(&first, &head);
-    cr_assert(event);
-    free(event);
+    sp_engine_reaches("running", 1, NULL);
     open_stream(&second, "second");
-    bool seen = false;
-    for (int waited = 0; waited < 5000 && !seen; waited += 20) {
-        char *m = get("/metrics");
-        char *waiting = label(m, "vllm:lora_requests_info", "waiting_lora_adapters");
-        char *running = label(m, "vllm:lora_requests_info", "running_lora_adapters");
-        seen = strcmp(waiting, "second") == 0;
-        if (seen) {
-            cr_assert_str_eq(running, "ad");
-            cr_assert_eq(sample(m, "vllm:num_requests_waiting "), 1);
-        }
-        free(waiting);
-        free(running);
-        free(m);
-        if (!seen)
-            test_sleep_ms(20);
-    }
-    cr_assert(seen, "the waiting request's adapter was never named");
-    hc_response_free(&head);
+    sp_engine_reaches("waiting", 1, NULL);
+    sp_hold_after(0, NULL);
+    char *m = get("/metrics");
+    char *waiting = label(m, "vllm:lora_requests_info", "waiting_lora_adapters");
+    char *running = label(m, "vllm:lora_requests_info", "running_lora_adapters");
+    cr_assert_str_eq(waiting, "second", "the waiting request's adapter is not named waiting");
+    cr_assert_str_eq(running, "ad");
+    cr_assert_eq(sample(m, "vllm:num_requests_waiting "), 1);
+    cr_assert_eq(sample(m, "vllm:num_requests_running "), 1);
+    free(waiting);
+    free(running);
+    free(m);
     hc_close(&first);
     hc_close(&second);
+    sp_hold_after(-1, NULL);
 }
