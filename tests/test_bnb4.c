@@ -84,7 +84,7 @@ Test(bnb4, quantize_matches_bitsandbytes_bit_for_bit)
 Test(bnb4, avx2_quantizer_writes_the_scalar_bytes)
 {
     if (strcmp(qt_cpu_path(), "avx2") != 0)
-        cr_skip_test("no AVX2 on this CPU: the scalar quantizer is the only one");
+        test_cannot_run("no AVX2 on this CPU: the scalar quantizer is the only one");
     const int64_t rows = 37, cols = 1000; /* 37000: no blocksize divides it */
     float *x = malloc((size_t)(rows * cols) * sizeof *x);
     uint64_t seed = 12345;

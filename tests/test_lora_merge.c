@@ -464,7 +464,7 @@ Test(lora_merge, merging_leaves_the_pristine_weight_untouched)
 Test(lora_merge, avx2_and_scalar_merges_give_the_same_bytes_and_report)
 {
     if (strcmp(qt_cpu_path(), "avx2") != 0)
-        cr_skip_test("no AVX2 on this CPU: the scalar merge is the only one");
+        test_cannot_run("no AVX2 on this CPU: the scalar merge is the only one");
     const kind_case shapes[] = {
         {"f32-53", {.kind = QT_F32}, 37, 53, true},
         {"nf4-40", {.kind = QT_NF4, .blocksize = 64}, 37, 40, true},

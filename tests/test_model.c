@@ -469,7 +469,7 @@ Test(model, default_smollm2_gguf_loads, .timeout = 120)
 {
     char path[1024];
     if (!test_default_model_path(path, sizeof path))
-        cr_skip_test("%s is absent: scripts/fetch-model.sh puts it there", path);
+        test_cannot_run("%s is absent: scripts/fetch-model.sh puts it there", path);
     eng_model m;
     load_ok(&m, path, NULL, NULL, false);
     cr_assert_eq(m.cfg.arch, ENG_ARCH_LLAMA);
