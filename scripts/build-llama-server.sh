@@ -4,8 +4,9 @@
 # llama-cpp-python sdist on PyPI vendors (the llama.cpp a Python user gets
 # with `pip install llama-cpp-python`), and the llama.cpp commit it is.
 #
-#   scripts/build-llama-server.sh            prints the path of llama-server
-#   scripts/build-llama-server.sh --commit   prints the llama.cpp commit
+#   scripts/build-llama-server.sh             prints the path of llama-server
+#   scripts/build-llama-server.sh --commit    prints the llama.cpp commit
+#   scripts/build-llama-server.sh --quantize  prints the path of llama-quantize
 #
 # Built once into the cache, $QLSERVE_CACHE/llama.cpp-VERSION (default
 # ~/.cache/qlserve/llama.cpp-0.3.36): bin/llama-server, bin/llama-bench,
@@ -13,6 +14,14 @@
 # calls find them and build nothing. The build (CMake targets
 # llama-server llama-bench llama-quantize, Release, -DLLAMA_CURL=OFF,
 # GGML_NATIVE on, no tests) takes 20-30 minutes on 2 cores.
+#
+# --quantize builds only llama-quantize when it is missing (what
+# scripts/fetch-kquant-models.sh needs; CI runs it): the one CMake target,
+# without the server, GGML_NATIVE off (the binary runs on any x86-64 that
+# shares the cache; what it writes does not depend on speed), 5 to 8
+# minutes on 2 cores (measured with the download: 7 min 50 s, the cores
+# shared with other builds; 4 min 52 s for the build alone with
+# GGML_NATIVE on). A later call without --quantize still builds all three.
 #
 # A build made elsewhere is used as it is, and nothing is built:
 #   LLAMA_CPP_BUILD=DIR   a CMake build folder of that vendor/llama.cpp
@@ -31,11 +40,12 @@ cd "$(dirname "$0")/.."
 version=0.3.36
 cache=${QLSERVE_CACHE:-$HOME/.cache/qlserve}
 prefix=$cache/llama.cpp-$version
-want_commit=0
+want=server
 case "${1:-}" in
   "") ;;
-  --commit) want_commit=1 ;;
-  *) echo "build-llama-server: unknown argument '$1' (usage: build-llama-server.sh [--commit])" >&2; exit 2 ;;
+  --commit) want=commit ;;
+  --quantize) want=quantize ;;
+  *) echo "build-llama-server: unknown argument '$1' (usage: build-llama-server.sh [--commit|--quantize])" >&2; exit 2 ;;
 esac
 
 # The commit of the llama.cpp sources in $1 (vendor/llama.cpp of the sdist).
@@ -60,6 +70,55 @@ commit_of_binary() {
   echo "${c:-unknown}"
 }
 
+# Download the sdist into a fresh folder and echo its vendor/llama.cpp (the
+# caller's EXIT trap removes the folder, $work).
+download_sources() {
+  command -v python3 >/dev/null || { echo "build-llama-server: python3 (with pip) is needed to download the llama-cpp-python sdist" >&2; exit 1; }
+  command -v cmake >/dev/null || { echo "build-llama-server: cmake is needed (scripts/install-deps.sh)" >&2; exit 1; }
+  echo "build-llama-server: downloading the llama-cpp-python $version sdist from PyPI" >&2
+  python3 -m pip download --quiet --no-binary :all: --no-deps --disable-pip-version-check \
+    "llama-cpp-python==$version" -d "$work" >&2
+  tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
+  local src=$work/llama_cpp_python-$version/vendor/llama.cpp
+  [ -f "$src/CMakeLists.txt" ] || { echo "build-llama-server: the sdist has no vendor/llama.cpp/CMakeLists.txt" >&2; exit 1; }
+  echo "$src"
+}
+
+# Copy the built binaries named in $@ into $prefix/bin, and the commit of
+# the sources $src beside them, each through a .tmp so a reader never finds
+# half a file.
+install_built() {
+  mkdir -p "$prefix/bin"
+  for b in "$@"; do
+    cp "$work/build/bin/$b" "$prefix/bin/$b.tmp"
+    mv "$prefix/bin/$b.tmp" "$prefix/bin/$b"
+  done
+  commit_of_sources "$src" >"$prefix/commit.tmp"
+  mv "$prefix/commit.tmp" "$prefix/commit"
+}
+
+if [ "$want" = quantize ]; then
+  # a build named by the caller, when it has llama-quantize; else the cache's
+  for q in ${LLAMA_CPP_BUILD:+"$LLAMA_CPP_BUILD/bin/llama-quantize"} \
+           ${LLAMA_SERVER:+"$(dirname "$LLAMA_SERVER")/llama-quantize"}; do
+    [ -x "$q" ] && { echo "$q"; exit 0; }
+  done
+  quantize=$prefix/bin/llama-quantize
+  if [ ! -x "$quantize" ] || [ ! -s "$prefix/commit" ]; then
+    work=$(mktemp -d "${TMPDIR:-/tmp}/llama-src.XXXXXX")
+    trap 'rm -rf "$work"' EXIT
+    src=$(download_sources)
+    echo "build-llama-server: building llama-quantize alone (5 to 8 minutes on 2 cores)" >&2
+    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DBUILD_SHARED_LIBS=OFF >&2
+    cmake --build "$work/build" -j "$(nproc 2>/dev/null || echo 2)" --target llama-quantize >&2
+    install_built llama-quantize
+  fi
+  echo "$quantize"
+  exit 0
+fi
+
 if [ -n "${LLAMA_SERVER:-}" ]; then
   [ -x "$LLAMA_SERVER" ] || { echo "build-llama-server: LLAMA_SERVER=$LLAMA_SERVER is not an executable file" >&2; exit 1; }
   server=$LLAMA_SERVER
@@ -73,33 +132,20 @@ else
   server=$prefix/bin/llama-server
   if [ ! -x "$server" ] || [ ! -x "$prefix/bin/llama-bench" ] || [ ! -x "$prefix/bin/llama-quantize" ] ||
      [ ! -s "$prefix/commit" ]; then
-    command -v python3 >/dev/null || { echo "build-llama-server: python3 (with pip) is needed to download the llama-cpp-python sdist" >&2; exit 1; }
-    command -v cmake >/dev/null || { echo "build-llama-server: cmake is needed (scripts/install-deps.sh)" >&2; exit 1; }
     work=$(mktemp -d "${TMPDIR:-/tmp}/llama-src.XXXXXX")
     trap 'rm -rf "$work"' EXIT
-    echo "build-llama-server: downloading the llama-cpp-python $version sdist from PyPI" >&2
-    python3 -m pip download --quiet --no-binary :all: --no-deps --disable-pip-version-check \
-      "llama-cpp-python==$version" -d "$work" >&2
-    tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
-    src=$work/llama_cpp_python-$version/vendor/llama.cpp
-    [ -f "$src/CMakeLists.txt" ] || { echo "build-llama-server: the sdist has no vendor/llama.cpp/CMakeLists.txt" >&2; exit 1; }
+    src=$(download_sources)
     echo "build-llama-server: building llama-server, llama-bench and llama-quantize (20-30 minutes on 2 cores)" >&2
     cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
       -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >&2
     cmake --build "$work/build" -j "$(nproc 2>/dev/null || echo 2)" \
       --target llama-server llama-bench llama-quantize >&2
-    mkdir -p "$prefix/bin"
-    for b in llama-server llama-bench llama-quantize; do
-      cp "$work/build/bin/$b" "$prefix/bin/$b.tmp"
-      mv "$prefix/bin/$b.tmp" "$prefix/bin/$b"
-    done
-    commit_of_sources "$src" >"$prefix/commit.tmp"
-    mv "$prefix/commit.tmp" "$prefix/commit"
+    install_built llama-server llama-bench llama-quantize
   fi
   commit=${LLAMA_CPP_COMMIT:-$(cat "$prefix/commit")}
 fi
 
-if [ "$want_commit" = 1 ]; then
+if [ "$want" = commit ]; then
   echo "$commit"
 else
   echo "$server"

