@@ -15,9 +15,15 @@
  * methods and the allowed headers it asked for; "*" lets any origin in;
  * without the flag an OPTIONS is the 405 it always was.
  */
+#define _GNU_SOURCE /* unshare, CLONE_NEWNET */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <net/if.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 
 #include "http_client.h"
@@ -249,11 +255,80 @@ Test(auth, admin_routes_want_the_admin_token_not_the_api_key)
     sp_stop_cleanly();
 }
 
+/* A local address outside 127.0.0.0/8, held by this test alone. */
+#define ELSEWHERE "10.29.0.1"
+
+/*
+ * Move this test's process (Criterion runs each test in its own) into a
+ * network namespace of its own, whose loopback interface also holds
+ * ELSEWHERE: the server it then starts listens there, and a client bound to
+ * ELSEWHERE is a peer outside 127.0.0.0/8 without any other machine or
+ * interface, and without touching the host's network. Needs root
+ * (CAP_SYS_ADMIN for the namespace, CAP_NET_ADMIN inside it); without it
+ * the test cannot run, loudly (a failure under QL_REQUIRE_ALL=1).
+ */
+static void enter_network_with_elsewhere(void)
+{
+    if (unshare(CLONE_NEWNET) != 0)
+        test_cannot_run("a network namespace of its own needs root: unshare: %s", strerror(errno));
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
+    struct ifreq ifr = {0};
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    cr_assert_eq(ioctl(fd, SIOCGIFFLAGS, &ifr), 0, "lo's flags: %s", strerror(errno));
+    ifr.ifr_flags |= IFF_UP;
+    cr_assert_eq(ioctl(fd, SIOCSIFFLAGS, &ifr), 0, "lo up: %s", strerror(errno));
+    /* a second address on lo, under the alias label lo:1 */
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo:1");
+    struct sockaddr_in *a = (struct sockaddr_in *)&ifr.ifr_addr;
+    a->sin_family = AF_INET;
+    cr_assert_eq(inet_pton(AF_INET, ELSEWHERE, &a->sin_addr), 1);
+    cr_assert_eq(ioctl(fd, SIOCSIFADDR, &ifr), 0, "%s on lo: %s", ELSEWHERE, strerror(errno));
+    close(fd);
+}
+
+/* GET path with headers (NULL: none) on the server, from a client bound to
+ * source (not 127.0.0.1). */
+static hc_response request_from(const char *source, const char *path, const char *headers)
+{
+    hc_conn c = {.fd = socket(AF_INET, SOCK_STREAM, 0)};
+    cr_assert_geq(c.fd, 0, "socket: %s", strerror(errno));
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    cr_assert_eq(inet_pton(AF_INET, source, &from.sin_addr), 1);
+    cr_assert_eq(bind(c.fd, (struct sockaddr *)&from, sizeof from), 0, "bind %s: %s", source,
+                 strerror(errno));
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)sp.port)};
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(c.fd, (struct sockaddr *)&to, sizeof to), 0, "connect from %s: %s", source,
+                 strerror(errno));
+    hc_response r = {0};
+    char head[512];
+    snprintf(head, sizeof head, "Connection: close\r\n%s", headers ? headers : "");
+    cr_assert(hc_send_request(&c, "GET", path, head, NULL) && hc_read_response(&c, &r),
+              "GET %s from %s: no response", path, source);
+    hc_close(&c);
+    return r;
+}
+
+/* Without an admin token the admin routes answer a loopback client, key
+ * or no key, and refuse any other peer with a 403; the same request from
+ * both, to the same server, so only the peer's address differs. */
 Test(auth, without_an_admin_token_admin_stays_loopback_only_and_key_free)
 {
+    enter_network_with_elsewhere();
     write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, NULL});
     hc_response r = request("GET", "/admin/adapters", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    r = request_from(ELSEWHERE, "/admin/adapters", NULL);
+    cr_assert_eq(r.status, 403, "a peer at %s reached the admin routes: %d %s", ELSEWHERE, r.status,
+                 r.body);
+    cr_assert(strstr(r.body, "only to loopback clients"), "%s", r.body);
+    hc_response_free(&r);
+    /* the API is not loopback-only: the same peer with the key is served */
+    r = request_from(ELSEWHERE, "/v1/models", WITH_KEY);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
     sp_stop_cleanly();
