@@ -10,8 +10,9 @@
  * decoding); the rest is the text. Whatever the bytes, encoding succeeds
  * and checks, where they are guaranteed:
  *   - every id lies in the vocabulary, and decodes;
- *   - the streaming decoder gives the bytes tok_decode gives (decode.c runs
- *     one as the other);
+ *   - the streaming decoder gives the bytes tok_decode gives, and both the
+ *     ids' pieces joined with ill-formed UTF-8 replaced, worked out from
+ *     each id's bytes (fuzz_tok_check.h), not by decode.c;
  *   - byte-level BPE without a normalizer is lossless: for valid UTF-8 text
  *     encoded without special-token parsing, decode(encode(x)) == x (an
  *     invalid byte decodes to U+FFFD; a special token may strip the space

@@ -5,7 +5,8 @@
  * GGUF file: what gguf_open accepts goes to tok_from_gguf, which must
  * refuse with a message or build a tokenizer; one it builds must encode a
  * fixed text (fuzz_encode_sample) into ids inside its vocabulary that
- * decode, whole and streamed alike, with no fault, leak or hang.
+ * decode, whole and streamed alike, to their pieces joined
+ * (fuzz_tok_check.h), with no fault, leak or hang.
  *
  * Built with clang by scripts/test.sh (-DQL_FUZZ=ON) and run for a bounded
  * time, seeded with the small vocabulary GGUFs of
