@@ -57,6 +57,19 @@ static double metric(const char *name)
     return v;
 }
 
+/* The engine, held at its gate since it had run `steps` steps, holds no
+ * request, running or waiting, and no KV block: what was there was
+ * cancelled, since nothing could end by running. */
+static void expect_held_and_empty(double steps)
+{
+    cJSON *st = sp_engine_state(NULL);
+    cr_assert_eq(sp_num_at(st, "steps"), steps, "the engine ran a step while held");
+    cr_assert_eq(sp_num_at(st, "running"), 0, "a request still runs");
+    cr_assert_eq(sp_num_at(st, "waiting"), 0, "a request still waits");
+    cJSON_Delete(st);
+    cr_assert_eq(metric("qlserve_kv_blocks_used"), 0, "KV blocks still in use");
+}
+
 /* Blocks in use go back to 0 (the engine publishes it between steps). */
 static void expect_blocks_back(void)
 {
@@ -296,12 +309,18 @@ Test(choices, a_list_of_prompts_answers_prompt_major_each_as_alone)
     ts_refused("/v1/completions", "{\"prompt\": [\"a\", [1, 2]]}", "one kind");
     ts_refused("/v1/completions", "{\"prompt\": [1, -2]}", "item 1 is not a token id");
     ts_refused("/v1/completions", "{\"prompt\": [[]]}", "is empty");
-    /* one prompt of several refused by the engine: the others, already
-     * submitted, are cancelled and give their blocks back */
+    /* one prompt of several refused by the engine: the one already
+     * submitted (prompt 0) is cancelled; the engine is held at its gate,
+     * where it cannot end by itself, and after the refusal nothing runs
+     * or waits there and no block is in use */
+    sp_hold_after(0, NULL);
+    double steps = sp_engine_figure("steps", NULL);
     ts_refused("/v1/completions",
                "{\"prompt\": [[65, 66], [65, 99999], [67]], \"max_tokens\": 300, \"echo\": true}",
                "prompt 1:");
-    expect_blocks_back();
+    sp_hold_after(0, NULL);
+    expect_held_and_empty(steps);
+    sp_hold_after(-1, NULL);
 }
 
 Test(choices, chat_answers_n_choices_with_logprobs_whole_and_streamed)
@@ -435,8 +454,14 @@ Test(choices, special_tokens_are_skipped_unless_asked_and_stop_strings_kept_when
     free(plain);
 }
 
+/* The choices are held running at the engine's gate (the prompt prefilled,
+ * tokens generated, blocks taken) when the client leaves: the blocks come
+ * back while the engine is still held, so by the cancel, not by the
+ * choices ending. */
 Test(choices, a_client_leaving_a_stream_of_choices_frees_their_blocks)
 {
+    sp_hold_after(0, NULL);
+    double cancelled = metric("qlserve_cancelled_total");
     hc_conn c;
     hc_response r = {0};
     cr_assert(hc_open(&c, sp.port));
@@ -445,14 +470,25 @@ Test(choices, a_client_leaving_a_stream_of_choices_frees_their_blocks)
                               "\"stream\": true, \"ignore_eos\": true}"));
     cr_assert(hc_read_head(&c, &r));
     cr_assert_eq(r.status, 200);
-    for (int i = 0; i < 6; i++) {
-        char *ev = hc_next_event(&c, &r);
-        cr_assert(ev);
-        free(ev);
-    }
+    sp_engine_reaches("running", 1, NULL);
+    /* the prefill, then a step of the three choices */
+    sp_hold_after(2, NULL);
+    cJSON *st = sp_engine_state(NULL);
+    double steps = sp_num_at(st, "steps");
+    cr_assert_eq(sp_num_at(st, "running"), 3, "the choices do not run");
+    cr_assert_geq(sp_num_at(st, "tokens_generated"), 3, "the choices have not begun");
+    cJSON_Delete(st);
+    cr_assert_gt(metric("qlserve_kv_blocks_used"), 0);
     hc_response_free(&r);
     hc_close(&c);
-    expect_blocks_back();
+    /* the server sees the client go, then the engine takes the cancel in */
+    for (int i = 0; i < 10000 && metric("qlserve_cancelled_total") == cancelled; i++)
+        usleep(1000); /* a bound for a broken server, not a timing */
+    cr_assert_eq(metric("qlserve_cancelled_total"), cancelled + 1,
+                 "the client's leaving was not seen");
+    sp_hold_after(0, NULL);
+    expect_held_and_empty(steps);
+    sp_hold_after(-1, NULL);
 }
 
 /* The text of a stream's chunks of choice 0, joined (a copy). */
