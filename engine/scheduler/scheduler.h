@@ -128,12 +128,10 @@ typedef struct eng_stop eng_stop;
 /* Copies the strings (empty ones are refused). */
 int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len);
 void eng_stop_free(eng_stop *s);
-/*
- * Feed decoded text. *emit (borrowed until the next call) and *emit_len
+/* Feed decoded text. *emit (borrowed until the next call) and *emit_len
  * receive what is safe to show now. Returns true when a stop string has
  * completed: the text before it has been emitted, the rest is dropped, and
- * generation should end.
- */
+ * generation should end. */
 bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
 /* vLLM's include_stop_str_in_output: a stop string that completes is
  * emitted (generation still ends there). Off unless set. */
@@ -243,16 +241,14 @@ typedef struct eng_request {
      * tokens, so no BOS is added (transformers tokenizes a rendered
      * template with add_special_tokens=False) */
     bool templated;
-    /*
-     * n_choices (0 or 1: one; at most ENG_MAX_CHOICES and the engine's
+    /* n_choices (0 or 1: one; at most ENG_MAX_CHOICES and the engine's
      * max_running): that many answers to one prompt, the prompt prefilled
      * once. Choice i samples with its own sampler seeded sampling.seed + i
      * (choice 0 draws what a one-choice request would). After the prefill
      * the choices share the prompt's KV blocks; a shared block is copied
      * when a choice first writes into it (copy on write: the prompt's last,
      * partly filled block). The request's KV blocks and running slots are
-     * reserved at admission for all its choices.
-     */
+     * reserved at admission for all its choices. */
     int32_t n_choices;
     /* logprobs: each token's log-probability, with top_logprobs
      * (0..ENG_MAX_LOGPROBS) alternatives (eng_token_event) */
@@ -316,15 +312,13 @@ typedef struct eng_engine eng_engine;
  * the engine). */
 int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
                      size_t msg_len);
-/*
- * Check and queue a request: an empty prompt, invalid UTF-8, a prompt
+/* Check and queue a request: an empty prompt, invalid UTF-8, a prompt
  * longer than the context or the whole KV cache, prompt plus
  * max_new_tokens past max_context (when set), max_new_tokens out of range,
  * bad sampling parameters, more choices than running slots, a prompt
  * token outside the vocabulary or a full queue are refused here with the
  * reason (nothing is queued). *id names it for eng_engine_cancel (all its
- * choices).
- */
+ * choices). */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
 /* The prompt of r as submit would feed it, made on any thread (it reads
  * only fixed state): r checked as submit checks it, the text tokenized or
@@ -334,12 +328,10 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
  * error a QL_E* code, msg, and *ids NULL. */
 int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
                              char *msg, size_t msg_len);
-/*
- * Publish a new weight version (the engine takes the caller's reference):
+/* Publish a new weight version (the engine takes the caller's reference):
  * the engine switches to it between two steps; sequences admitted after
  * run on it, those already running finish on the version they started on.
- * Returns at once; eng_engine_weights tells what serves.
- */
+ * Returns at once; eng_engine_weights tells what serves. */
 void eng_engine_publish(eng_engine *e, eng_weights *w);
 /* The version new sequences get (the last published), referenced. */
 eng_weights *eng_engine_weights(eng_engine *e);
@@ -349,26 +341,18 @@ bool eng_engine_wait_versions(eng_engine *e, double timeout_s);
 
 void eng_engine_cancel(eng_engine *e, uint64_t id); /* its on_done says cancelled */
 void eng_engine_stop(eng_engine *e);                /* cancel everything, join, free */
-
-/*
- * The step gate. steps < 0 opens it (the start: every step runs); steps >=
- * 0 lets that many more steps run, then holds the engine between two
- * steps: it still takes requests in, admits them to running slots,
- * cancels, publishes versions and builds prepares, but runs no step (no
- * prefill, no token) until the gate opens or is given more steps. An
- * operator's pause (the server's /admin/engine/pause), and how a test
- * holds sequences running or waiting without counting on time.
- */
+/* The step gate: steps < 0 opens it (the start); steps >= 0 lets that many
+ * more steps run, then holds the engine between two steps: it still takes
+ * in, admits and cancels requests and publishes versions, but runs no step
+ * until the gate opens or gets more (the server's /admin/engine/pause; how
+ * tests hold a request running or waiting without timing). _settle blocks
+ * until the engine has taken in everything and waits, held or idle, its
+ * stats published for that state; false when timeout_s passed first. */
 void eng_engine_gate(eng_engine *e, int64_t steps);
-/* Block until the engine has taken in everything submitted, cancelled and
- * published, and can do nothing more before something new arrives: held
- * at its gate, or idle. Its statistics are then published for that state.
- * True when so; false when timeout_s passed first. */
 bool eng_engine_settle(eng_engine *e, double timeout_s);
 
 #define ENG_ADAPTER_LIST_MAX 1024
-
-#define ENG_STEP_BUCKETS 12
+#define ENG_STEP_BUCKETS     12
 extern const double eng_step_bounds[ENG_STEP_BUCKETS];
 typedef struct eng_engine_stats {
     int32_t waiting, running;
@@ -404,14 +388,12 @@ const char *eng_engine_backend(const eng_engine *e); /* eng_backend_describe's *
 /* Whether the backend merges adapters itself (CUDA): a version then needs
  * its merged configuration only, not host copies of the merged tensors. */
 bool eng_engine_merges_on_device(const eng_engine *e);
-/*
- * Have the backend build its copy of version w now (merging on the device
+/* Have the backend build its copy of version w now (merging on the device
  * what w's configuration merges), on the engine thread between two steps,
  * and wait for it: costs (n_layers * ENG_N_PROJ entries, or NULL) receives
  * each module's merge figures and *digest eng_backend_digest's digest of
  * what the device will serve. Call before publishing w, so the first step
- * on it does not stall. QL_EINVAL when the backend does not merge.
- */
+ * on it does not stall. QL_EINVAL when the backend does not merge. */
 int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
                        char *msg, size_t msg_len);
 
