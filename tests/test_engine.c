@@ -284,6 +284,8 @@ Test(engine, the_gate_holds_the_engine_between_steps_and_lets_n_through)
     eng_request q = request("the theme of the thesis", 12, &free_run);
     submit_ok(e, &q, NULL);
     wait_done(&free_run);
+    /* on_done comes within the last step: its count is published after */
+    cr_assert(eng_engine_settle(e, 60), "an idle engine settles");
     eng_engine_stats st;
     eng_engine_stats_get(e, &st);
     uint64_t steps0 = st.steps;
