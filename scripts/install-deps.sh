@@ -19,6 +19,7 @@ packages=(
   node-llhttp       # llhttp C sources, compiled by our CMake
   clang             # the fuzz build (libFuzzer)
   libclang-rt-dev   # libFuzzer and the sanitizer runtimes for clang
+  clang-format      # ctest clang_format: the checked-in .clang-format holds for every source
   python3           # tests/conformance only: the real OpenAI and HF clients,
   python3-venv      #   installed from PyPI into a venv (the product needs no Python)
 )
