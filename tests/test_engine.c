@@ -117,6 +117,15 @@ static void submit_ok(eng_engine *e, const eng_request *r, uint64_t *id)
     cr_assert_eq(rc, 0, "submit: %s", msg);
 }
 
+/* Run prompt alone for n tokens into r, to its end. */
+static void run_alone(eng_engine *e, const char *prompt, int32_t n, result *r)
+{
+    result_init(r);
+    eng_request q = request(prompt, n, r);
+    submit_ok(e, &q, NULL);
+    wait_done(r);
+}
+
 static const char *prompts[] = {"the theme of the thesis", "hello", "a b c d e f g h i j k l",
                                 "the"};
 #define N_PROMPTS 4
@@ -280,10 +289,7 @@ Test(engine, the_gate_holds_the_engine_between_steps_and_lets_n_through)
 {
     eng_engine *e = start(8 << 20, 8);
     result free_run, gated;
-    result_init(&free_run);
-    eng_request q = request("the theme of the thesis", 12, &free_run);
-    submit_ok(e, &q, NULL);
-    wait_done(&free_run);
+    run_alone(e, "the theme of the thesis", 12, &free_run);
     /* on_done comes within the last step: its count is published after */
     cr_assert(eng_engine_settle(e, 60), "an idle engine settles");
     eng_engine_stats st;
@@ -292,7 +298,7 @@ Test(engine, the_gate_holds_the_engine_between_steps_and_lets_n_through)
     cr_assert_eq(st.gate_steps, -1, "the gate starts open");
     engine_hold_after(e, 0);
     result_init(&gated);
-    q.user = &gated;
+    eng_request q = request("the theme of the thesis", 12, &gated);
     submit_ok(e, &q, NULL);
     engine_hold_after(e, 0);
     eng_engine_stats_get(e, &st);
@@ -318,10 +324,7 @@ Test(engine, stop_strings_are_not_emitted)
 {
     eng_engine *e = start(8 << 20, 8);
     result plain, stopped;
-    result_init(&plain);
-    eng_request q = request("the theme", 30, &plain);
-    submit_ok(e, &q, NULL);
-    wait_done(&plain);
+    run_alone(e, "the theme", 30, &plain);
     cr_assert(plain.len > 6, "need some text to cut: '%.*s'", (int)plain.len, plain.text);
     /* stop at a string that spans what several tokens produced */
     char stop[8];
@@ -329,7 +332,7 @@ Test(engine, stop_strings_are_not_emitted)
     stop[4] = 0;
     const char *stops[1] = {stop};
     result_init(&stopped);
-    q = request("the theme", 30, &stopped);
+    eng_request q = request("the theme", 30, &stopped);
     q.stop = stops;
     q.n_stop = 1;
     submit_ok(e, &q, NULL);
