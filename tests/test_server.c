@@ -1701,6 +1701,47 @@ Test(server, sigterm_past_the_grace_period_cancels_a_long_stream_and_exits_zero)
     sp_check_log_clean();
 }
 
+/* The engine's pause (POST /admin/engine/pause): a bad body is a 400
+ * naming the field and pauses nothing; held, a request is admitted and
+ * generates nothing; SIGTERM's drain resumes the engine, so the held
+ * stream finishes whole, well inside its grace, and the server exits 0. */
+Test(server, a_bad_pause_is_refused_and_a_drain_resumes_a_paused_engine)
+{
+    tiny_spec spec = slow_spec();
+    start_server(&spec, (const char *[]){"--grace-ms", "180000", NULL});
+    post_expect_error("/admin/engine/pause", "{\"after_steps\": -1}", 400, "invalid_request",
+                      "\"after_steps\"");
+    post_expect_error("/admin/engine/pause", "{\"after_steps\": \"3\"}", 400, "invalid_request",
+                      "\"after_steps\"");
+    post_expect_error("/admin/engine/pause", "{\"steps\": 3}", 400, "invalid_request", "\"steps\"");
+    cJSON *st = sp_engine_state(NULL);
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(st, "paused")),
+              "a refused pause paused the engine");
+    cJSON_Delete(st);
+
+    sp_hold_after(0, NULL);
+    hc_conn c;
+    hc_response r = {0};
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", "/generate_stream", NULL,
+                              "{\"inputs\": \"Held\", \"parameters\": {\"max_new_tokens\": 40}}"));
+    sp_engine_reaches("running", 1, NULL);
+    sp_hold_after(0, NULL);
+    cr_assert_eq(sp_engine_figure("tokens_generated", NULL), 0, "a held engine generated");
+    cr_assert_eq(kill(sp.pid, SIGTERM), 0);
+    cr_assert(hc_read_head(&c, &r));
+    cr_assert_eq(r.status, 200);
+    int tokens[41], n = 0;
+    cJSON *last = read_tgi_stream(&c, &r, tokens, 41, &n);
+    cr_assert_str_eq(finish_reason_of(last), "length", "the drain did not resume the engine");
+    cr_assert_eq(n, 40);
+    cJSON_Delete(last);
+    hc_response_free(&r);
+    hc_close(&c);
+    cr_assert_eq(wait_exit(), 0, "%s", sp_read_log());
+    sp_check_log_clean();
+}
+
 Test(server, sigterm_closes_idle_connections_and_exits_zero)
 {
     tiny_spec spec = tiny_default();
