@@ -1333,6 +1333,7 @@ static void *engine_main(void *arg)
             e->n_cancels -= n_cancels;
         }
         bool stopping = e->stopping;
+        bool gated = e->gate == 0; /* the step gate holds this round's step */
         pthread_mutex_unlock(&e->mu);
         eng_weights_unref(retired); /* freed here if no sequence runs on it */
         if (prepares)
@@ -1342,9 +1343,6 @@ static void *engine_main(void *arg)
         if (stopping)
             break;
         admit(e);
-        pthread_mutex_lock(&e->mu);
-        bool gated = e->gate == 0;
-        pthread_mutex_unlock(&e->mu);
         if (!gated && run_step(e)) {
             pthread_mutex_lock(&e->mu);
             if (e->gate > 0)
