@@ -276,27 +276,34 @@ static inline double sp_engine_figure(const char *name, const char *admin_header
     return v;
 }
 
-/* Wait until GET /admin/engine's figure `name` is at least `want` (a
- * request the server has yet to hand the engine: sp_hold_after settles on
- * what the engine has, not on what is still on its way). */
-static inline void sp_engine_reaches(const char *name, double want, const char *admin_headers)
+/* Wait until GET /admin/engine's figure `name` lies in [lo, hi], polling
+ * at most `tries` times a millisecond apart (a bound for a broken server,
+ * not a timing); fails naming the figure otherwise. */
+static inline void sp_engine_until(const char *name, double lo, double hi, int tries,
+                                   const char *admin_headers)
 {
-    for (int i = 0; i < 120000; i++) { /* a bound for a broken server, not a timing */
-        if (sp_engine_figure(name, admin_headers) >= want)
-            return;
+    double now = sp_engine_figure(name, admin_headers);
+    for (int i = 0; i < tries && (now < lo || now > hi); i++) {
         test_sleep_ms(1);
+        now = sp_engine_figure(name, admin_headers);
     }
-    cr_assert_fail("the engine's %s never reached %g", name, want);
+    cr_assert(now >= lo && now <= hi, "the engine's %s never came into [%g, %g] (it is %g)", name,
+              lo, hi, now);
 }
 
-/* Wait until GET /admin/engine's figure `name` is at most `want` (a cancel
- * on its way to the engine, as sp_engine_reaches waits for a request). */
+/* Wait until the figure is at least `want` (a request the server has yet
+ * to hand the engine: sp_hold_after settles on what the engine has, not on
+ * what is still on its way). */
+static inline void sp_engine_reaches(const char *name, double want, const char *admin_headers)
+{
+    sp_engine_until(name, want, INFINITY, 120000, admin_headers);
+}
+
+/* Wait until the figure is at most `want` (a cancel on its way to the
+ * engine, as sp_engine_reaches waits for a request). */
 static inline void sp_engine_falls_to(const char *name, double want, const char *admin_headers)
 {
-    for (int i = 0; i < 30000 && sp_engine_figure(name, admin_headers) > want; i++)
-        test_sleep_ms(1); /* a bound for a broken server (30 s at least), not a timing */
-    double now = sp_engine_figure(name, admin_headers);
-    cr_assert_leq(now, want, "the engine's %s never fell to %g (it is %g)", name, want, now);
+    sp_engine_until(name, -INFINITY, want, 30000, admin_headers);
 }
 
 /* With the engine held, let it run one step at a time until its
