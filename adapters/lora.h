@@ -101,6 +101,23 @@ int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name
  * converted adapter owns its tensors and lets go of the file's copy. */
 int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
                  const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len);
+/*
+ * The same for a folder that must lie inside root (the adapter directory):
+ * dir, relative to root or absolute inside it, is opened by lora_open_dir
+ * (no "..", no symlink). root NULL: dir is opened as named (the caller's
+ * own path: the CLI's), symlinks in it followed.
+ *
+ * Either way the folder is opened once, and every file read from it
+ * (adapter_config.json, adapter_model.safetensors, chat_template.jinja,
+ * additional_chat_templates/tool_use.jinja, tokenizer_config.json) is
+ * opened beneath that descriptor with no symlink followed, even one whose
+ * target stays inside, and must be a regular file (mf_open_in): a link is
+ * refused with QL_EINVAL naming the file, and nothing is loaded. Each name
+ * is looked up once, by the open its bytes are read from, so nothing can
+ * be swapped between a check and a use.
+ */
+int lora_load_in(eng_lora **out, lora_meta *meta, const char *root, const char *dir,
+                 const char *name, const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len);
 
 /*
  * Compile prefix + pattern + suffix as a POSIX extended regex (REG_NOSUB):
@@ -173,6 +190,11 @@ typedef struct lora_registry_opts {
      * change (load, unload, merge, unmerge, eviction) and replayed by
      * lora_registry_restore. Copied; NULL: no journal. */
     const char *state_file;
+    /* the adapter directory: each load opens its folder beneath it
+     * (lora_load_in, no symlink followed), whatever the path was checked
+     * against before. Borrowed: it outlives the registry. NULL: folders are
+     * opened as named (the CLI's). */
+    const char *adapter_root;
 } lora_registry_opts;
 
 /* What a listing shows of one adapter. */
@@ -224,7 +246,7 @@ int lora_registry_unload(lora_registry *r, const char *name, char *msg, size_t m
 /*
  * The adapter `name` for a request, as lora_registry_want, loading it first
  * when it is not loaded and root (the adapter folder) has a folder of that
- * name (lora_resolve_dir's checks: no "..", no symlink out), at scale 1,
+ * name (lora_resolve_dir's checks: no "..", no symlink), at scale 1,
  * under the memory budget (least recently used unmerged adapters are
  * evicted for it). Callers asking for one name at once wait for one load.
  * Blocks for the load: call it off the event loop. QL_ENOTFOUND when there
@@ -329,18 +351,28 @@ int lora_journal_read(const char *path, lora_journal *out, char *msg, size_t msg
 void lora_journal_free(lora_journal *j);
 
 /*
- * Resolve an adapter folder the way clients may name one: path relative
- * to root, or absolute and inside it; no ".." component; and, symlinks
- * followed (realpath), still inside root. The resolved path goes to out.
- * QL_EINVAL: outside root or "..", QL_ENOTFOUND: path does not resolve
- * (the errno's words in msg), QL_EIO: root itself does not resolve. msg
- * names the path. Touches the file system only through realpath; any
- * thread may call it (the admin routes do, and so does the replay).
+ * Open an adapter folder the way clients may name one: path relative to
+ * root, or absolute and inside root's real path; no ".." component; and
+ * no component below root a symlink, even one leading back inside (root
+ * itself is the operator's and may be one). The folder is opened beneath
+ * root with no symlink followed (mf_open_in: openat2 RESOLVE_BENEATH |
+ * RESOLVE_NO_SYMLINKS, else O_NOFOLLOW a component at a time), so what is
+ * checked is what is opened. *fd (O_DIRECTORY) is the caller's to close;
+ * real (may be NULL) receives its path, root's real path joined with path's
+ * components. QL_EINVAL: outside root, "..", or a symlink (msg names it);
+ * QL_ENOTFOUND: path is not there; QL_EIO: root itself cannot be opened.
+ * msg names the path. Any thread may call it (the admin routes do, and so
+ * does the replay).
  */
+int lora_open_dir(const char *root, const char *path, int *fd, char *real, size_t real_len,
+                  char *msg, size_t msg_len);
+/* lora_open_dir's checks without keeping the folder open: its path into
+ * out. What the admin API and the journal record; loading opens it again
+ * beneath root (lora_load_in), so this answer is never trusted alone. */
 int lora_resolve_dir(const char *root, const char *path, char *out, size_t out_len, char *msg,
                      size_t msg_len);
 /* The names of root's folders that lora_resolve_dir accepts and that hold
- * an adapter_config.json (hidden ones left out), in directory order, into
+ * an adapter_config.json, a regular file (hidden ones left out), in directory order, into
  * *names (n strings; each and the array the caller's to free()). Reads the
  * file system: off the event loop. */
 int lora_list_dir(const char *root, char ***names, size_t *n, char *msg, size_t msg_len);

@@ -71,7 +71,18 @@
  * the file's copy is let go when nothing borrows from it any more: half an
  * f32 adapter's bytes, read by every step that applies it unmerged.
  *
- * It offers lora_load and lora_load_as (lora.h). The eng_lora it builds owns
+ * Files: the folder is opened once (beneath the adapter directory with no
+ * symlink followed, lora_open_dir, when the caller names that directory),
+ * and each file is opened beneath that descriptor with no symlink followed
+ * and read from the descriptor its open returned (mf_read_in, MF_NO_LINKS).
+ * An uploader may write into the adapter directory, and a symlink named
+ * adapter_config.json would otherwise read any file the server can (its
+ * base_model_name_or_path echoed by the admin API); a check of a path
+ * followed by an open of the same path could be beaten by a swap in
+ * between. Refusing every symlink, even one whose target stays inside, is
+ * the rule because it is one a reader can check at a glance.
+ *
+ * It offers lora_load, lora_load_as and lora_load_in (lora.h). The eng_lora it builds owns
  * adapter_model.safetensors read into memory at load (st_open_copy: A and
  * B borrow from that copy, through st_tensor_qtensor, so rewriting or
  * truncating the file on disk changes nothing that serves), the copies it
@@ -84,6 +95,8 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <regex.h>
@@ -92,6 +105,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* adapter_config.json is small; a bigger file is not one */
 #define CONFIG_MAX_BYTES ((size_t)16 << 20)
@@ -1324,12 +1338,6 @@ static void name_key(const char *s, char *buf, size_t len)
 
 /* --- loading ------------------------------------------------------------------------ */
 
-static bool file_exists(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 /* Every key of the file is a targeted module's A or B; each is recorded in
  * its module's plan. */
 static int map_keys(const adapter_config *c, const st_file *f, const eng_model *m,
@@ -1480,15 +1488,91 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
 int lora_load(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
               const eng_model *m, char *msg, size_t msg_len)
 {
-    return lora_load_as(out, meta, dir, name, m, LORA_DTYPE_F32, msg, msg_len);
+    return lora_load_in(out, meta, NULL, dir, name, m, LORA_DTYPE_F32, msg, msg_len);
 }
 
 int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *name,
                  const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len)
 {
+    return lora_load_in(out, meta, NULL, dir, name, m, dtype, msg, msg_len);
+}
+
+/* adapter_config.json of the folder dir_fd (dir), parsed; *path receives
+ * its path for messages. */
+static int read_config(int dir_fd, const char *dir, char *path, size_t path_len, cJSON **root,
+                       char *msg, size_t msg_len)
+{
+    *root = NULL;
+    snprintf(path, path_len, "%s/adapter_config.json", dir);
+    char *text;
+    size_t len;
+    int rc = mf_read_in(dir_fd, dir, "adapter_config.json", MF_NO_LINKS, CONFIG_MAX_BYTES, &text,
+                        &len, msg, msg_len);
+    if (rc == QL_ENOTFOUND)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND,
+                       "%s: adapter_config.json is missing (not a PEFT adapter folder?)", dir);
+    if (rc != QL_OK)
+        return rc;
+    rc = mf_parse_json(text, len, path, root, msg, msg_len);
+    free(text);
+    return rc;
+}
+
+/* adapter_model.safetensors of the folder dir_fd (dir), read whole into f:
+ * not mapped, since the file may be rewritten on disk while the adapter
+ * serves (a trainer saving into the same folder), and a mapping would then
+ * change under running requests or fault. */
+static int read_weights(int dir_fd, const char *dir, st_file *f, char *msg, size_t msg_len)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    char *bytes;
+    size_t len;
+    int rc = mf_read_in(dir_fd, dir, "adapter_model.safetensors", MF_NO_LINKS, SIZE_MAX / 2, &bytes,
+                        &len, msg, msg_len);
+    struct stat sb;
+    if (rc == QL_ENOTFOUND)
+        return fstatat(dir_fd, "adapter_model.bin", &sb, AT_SYMLINK_NOFOLLOW) == 0
+                   ? ql_fail(msg, msg_len, QL_EINVAL,
+                             "%s: only adapter_model.bin (a pickle, which qlserve does not read) "
+                             "is there; save the adapter with safe_serialization=True",
+                             dir)
+                   : ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: adapter_model.safetensors is missing",
+                             dir);
+    return rc == QL_OK ? st_open_copy(f, bytes, len, path, msg, msg_len) : rc;
+}
+
+static int load_folder(eng_lora **out, lora_meta *meta, int dir_fd, const char *dir,
+                       const char *name, const eng_model *m, lora_dtype dtype, char *msg,
+                       size_t msg_len);
+
+int lora_load_in(eng_lora **out, lora_meta *meta, const char *root, const char *dir,
+                 const char *name, const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len)
+{
     *out = NULL;
     if (meta)
         memset(meta, 0, sizeof *meta);
+    int dir_fd = -1, rc = QL_OK;
+    if (root) {
+        rc = lora_open_dir(root, dir, &dir_fd, NULL, 0, msg, msg_len);
+    } else if ((dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        int err = errno;
+        rc = ql_fail(msg, msg_len, err == ENOENT ? QL_ENOTFOUND : QL_EIO,
+                     "%s: cannot open the adapter folder: %s", dir, strerror(err));
+    }
+    if (rc != QL_OK)
+        return rc;
+    rc = load_folder(out, meta, dir_fd, dir, name, m, dtype, msg, msg_len);
+    close(dir_fd);
+    return rc;
+}
+
+/* The load itself, from the open folder dir_fd (dir in messages): every
+ * file is opened beneath it (mf_read_in, MF_NO_LINKS). */
+static int load_folder(eng_lora **out, lora_meta *meta, int dir_fd, const char *dir,
+                       const char *name, const eng_model *m, lora_dtype dtype, char *msg,
+                       size_t msg_len)
+{
     char own_name[256];
     if (!name) {
         mf_path_base(dir, own_name, sizeof own_name);
@@ -1498,14 +1582,9 @@ int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *n
         return ql_fail(msg, msg_len, QL_EINVAL, "adapter name \"%s\" must be 1 to %zu bytes long",
                        name, sizeof((eng_lora *)0)->name - 1);
 
-    char config_path[4096], weights_path[4096];
-    snprintf(config_path, sizeof config_path, "%s/adapter_config.json", dir);
-    snprintf(weights_path, sizeof weights_path, "%s/adapter_model.safetensors", dir);
-    if (!file_exists(config_path))
-        return ql_fail(msg, msg_len, QL_ENOTFOUND,
-                       "%s: adapter_config.json is missing (not a PEFT adapter folder?)", dir);
+    char config_path[4096];
     cJSON *root;
-    int rc = mf_read_json(config_path, CONFIG_MAX_BYTES, &root, msg, msg_len);
+    int rc = read_config(dir_fd, dir, config_path, sizeof config_path, &root, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     adapter_config c = {.path = config_path};
@@ -1522,22 +1601,7 @@ int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *n
     if (rc != QL_OK)
         goto done;
 
-    if (!file_exists(weights_path)) {
-        char bin[4096];
-        snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
-        rc = file_exists(bin)
-                 ? ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: only adapter_model.bin (a pickle, which qlserve does not read) is "
-                           "there; save the adapter with safe_serialization=True",
-                           dir)
-                 : ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: adapter_model.safetensors is missing",
-                           dir);
-        goto done;
-    }
-    /* read, not mapped: the file may be rewritten on disk while the adapter
-     * serves (a trainer saving into the same folder), and a mapping would
-     * then change under running requests or fault */
-    rc = st_open_copy(&pl->file, weights_path, msg, msg_len);
+    rc = read_weights(dir_fd, dir, &pl->file, msg, msg_len);
     if (rc != QL_OK)
         goto done;
     eng_lora *l = &pl->lora;
@@ -1554,8 +1618,8 @@ int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *n
     if (rc == QL_OK)
         rc = build_modules(&c, pl, m, plan, &copied, msg, msg_len);
     if (rc == QL_OK)
-        rc = eng_chat_templates_from_folder(dir, &l->chat_template, &l->chat_template_tool_use, msg,
-                                            msg_len);
+        rc = eng_chat_templates_at(dir_fd, dir, true, &l->chat_template, &l->chat_template_tool_use,
+                                   msg, msg_len);
     if (rc == QL_OK && dtype == LORA_DTYPE_BF16)
         rc = modules_to_bf16(l, &copied, msg, msg_len);
     if (rc != QL_OK)

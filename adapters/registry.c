@@ -296,7 +296,7 @@ int lora_registry_load(lora_registry *r, const char *name, const char *dir, floa
     /* the slow part, with no lock held */
     eng_lora *lora = NULL;
     lora_meta mt;
-    int rc = lora_load_as(&lora, &mt, dir, name, r->m, r->o.dtype, msg, msg_len);
+    int rc = lora_load_in(&lora, &mt, r->o.adapter_root, dir, name, r->m, r->o.dtype, msg, msg_len);
     if (rc != QL_OK)
         return rc;
 

@@ -16,9 +16,13 @@
  * and a bad one is named, since the file may have been edited by hand or
  * written by another version.
  *
- * It offers lora.h's lora_journal_*, lora_resolve_dir and lora_list_dir; it owns nothing
- * past a call (a read journal is the caller's); it touches only the files
- * it is named.
+ * Adapter folders are opened beneath the adapter directory with no
+ * symlink followed (lora_open_dir), since uploaders may write there: a
+ * link could lead anywhere the server may read, and a path checked and
+ * then opened again could be swapped in between.
+ *
+ * It offers lora.h's lora_journal_*, lora_open_dir, lora_resolve_dir and lora_list_dir; it owns
+ * nothing past a call (a read journal is the caller's); it touches only the files it is named.
  */
 #include "lora.h"
 
@@ -329,41 +333,79 @@ int lora_journal_read(const char *path, lora_journal *out, char *msg, size_t msg
 
 /* --- where adapter folders may be --------------------------------------------- */
 
-int lora_resolve_dir(const char *root, const char *path, char *out, size_t out_len, char *msg,
-                     size_t msg_len)
+/* path's components (a relative path), "." and empty ones left out, joined
+ * by single slashes into out ("." when none is left); a ".." is refused. */
+static int clean_relative(const char *path, const char *shown, char *out, size_t out_len, char *msg,
+                          size_t msg_len)
 {
-    char real_root[PATH_MAX];
+    size_t k = 0;
+    out[0] = 0;
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.')
+            return ql_fail(msg, msg_len, QL_EINVAL, "path %s: \"..\" is not allowed", shown);
+        if (n && !(n == 1 && p[0] == '.')) {
+            if (k + n + 2 > out_len)
+                return ql_fail(msg, msg_len, QL_EINVAL, "path %s is too long", shown);
+            if (k)
+                out[k++] = '/';
+            memcpy(out + k, p, n);
+            k += n;
+            out[k] = 0;
+        }
+        p += n;
+        while (*p == '/')
+            p++;
+    }
+    if (!k)
+        snprintf(out, out_len, ".");
+    return QL_OK;
+}
+
+int lora_open_dir(const char *root, const char *path, int *fd, char *real, size_t real_len,
+                  char *msg, size_t msg_len)
+{
+    *fd = -1;
+    char real_root[PATH_MAX], rel[PATH_MAX];
     if (!realpath(root, real_root))
         return ql_fail(msg, msg_len, QL_EIO, "the adapter directory %s cannot be resolved: %s",
                        root, strerror(errno));
     size_t n = strlen(real_root);
-    char joined[PATH_MAX * 2];
+    const char *inside = path;
     if (path[0] == '/') {
         if (strncmp(path, real_root, n) != 0 || (path[n] != '/' && path[n] != 0))
             return ql_fail(msg, msg_len, QL_EINVAL, "path %s is outside the adapter directory",
                            path);
-        snprintf(joined, sizeof joined, "%s", path);
-    } else {
-        snprintf(joined, sizeof joined, "%s/%s", real_root, path);
+        inside = path + n;
     }
-    for (const char *p = path; *p;) {
-        size_t seg = strcspn(p, "/");
-        if (seg == 2 && p[0] == '.' && p[1] == '.')
-            return ql_fail(msg, msg_len, QL_EINVAL, "path %s: \"..\" is not allowed", path);
-        p += seg;
-        while (*p == '/')
-            p++;
-    }
-    char real[PATH_MAX];
-    if (!realpath(joined, real))
-        return ql_fail(msg, msg_len, QL_ENOTFOUND, "adapter path %s: %s", path, strerror(errno));
-    if (strncmp(real, real_root, n) != 0 || (real[n] != '/' && real[n] != 0))
-        return ql_fail(msg, msg_len, QL_EINVAL, "path %s leads outside the adapter directory",
-                       path);
-    if (strlen(real) >= out_len)
+    int rc = clean_relative(inside, path, rel, sizeof rel, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (real && (size_t)snprintf(real, real_len, "%s/%s", real_root, rel) >= real_len)
         return ql_fail(msg, msg_len, QL_EINVAL, "path %s: its resolved path is too long", path);
-    snprintf(out, out_len, "%s", real);
+    if (real && strcmp(rel, ".") == 0)
+        snprintf(real, real_len, "%s", real_root);
+    /* the root is opened as it resolves now; below it, nothing is followed */
+    int root_fd = open(real_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (root_fd < 0)
+        return ql_fail(msg, msg_len, QL_EIO, "the adapter directory %s cannot be opened: %s", root,
+                       strerror(errno));
+    char why[1024];
+    rc = mf_open_in(root_fd, real_root, rel, MF_FOLDER | MF_NO_LINKS, fd, why, sizeof why);
+    close(root_fd);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, rc, "adapter path %s: %s", path, why);
     return QL_OK;
+}
+
+int lora_resolve_dir(const char *root, const char *path, char *out, size_t out_len, char *msg,
+                     size_t msg_len)
+{
+    int fd;
+    int rc = lora_open_dir(root, path, &fd, out, out_len, msg, msg_len);
+    if (rc == QL_OK)
+        close(fd);
+    return rc;
 }
 
 int lora_list_dir(const char *root, char ***names, size_t *n, char *msg, size_t msg_len)
@@ -379,14 +421,17 @@ int lora_list_dir(const char *root, char ***names, size_t *n, char *msg, size_t 
     for (struct dirent *e; rc == QL_OK && (e = readdir(d)) != NULL;) {
         if (e->d_name[0] == '.')
             continue;
-        /* a folder inside root (symlinks followed) holding a PEFT config */
-        char dir[PATH_MAX], config[PATH_MAX + 32];
-        struct stat st;
-        if (lora_resolve_dir(root, e->d_name, dir, sizeof dir, NULL, 0) != QL_OK)
+        /* a folder inside root (no symlink) holding a PEFT config, as a
+         * load would open them */
+        int dir_fd, config_fd;
+        if (lora_open_dir(root, e->d_name, &dir_fd, NULL, 0, NULL, 0) != QL_OK)
             continue;
-        snprintf(config, sizeof config, "%s/adapter_config.json", dir);
-        if (stat(config, &st) != 0 || !S_ISREG(st.st_mode))
+        bool adapter = mf_open_in(dir_fd, e->d_name, "adapter_config.json", MF_NO_LINKS, &config_fd,
+                                  NULL, 0) == QL_OK;
+        close(dir_fd);
+        if (!adapter)
             continue;
+        close(config_fd);
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
             char **grown = realloc(*names, cap * sizeof *grown);

@@ -244,7 +244,8 @@ static void load_run(uv_work_t *req)
             .dtype = c->adapter_dtype && lora_dtype_from_name(c->adapter_dtype) == LORA_DTYPE_BF16
                          ? LORA_DTYPE_BF16
                          : LORA_DTYPE_F32,
-            .state_file = j->state_file[0] ? j->state_file : NULL};
+            .state_file = j->state_file[0] ? j->state_file : NULL,
+            .adapter_root = c->adapter_dir};
         j->rc = lora_registry_new(&s->registry, s->engine, &s->model, &ro, j->msg, sizeof j->msg);
     }
     if (j->rc == QL_OK && j->state_file[0])

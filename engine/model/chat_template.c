@@ -23,16 +23,20 @@
  * Every template is checked the same way: at most
  * ENG_CHAT_TEMPLATE_MAX_BYTES, no NUL byte, well-formed UTF-8; refused by
  * the place it came from. The strings returned are the caller's (free()).
- * It touches only the files it is pointed at.
+ * An adapter's folder is read with no symlink followed
+ * (eng_chat_templates_at, mf_open_in). It touches only the files it is
+ * pointed at.
  */
 #include "internal/model_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* tokenizer_config.json carries every added token; a big vocabulary's is a
  * few MiB (Qwen2.5: 7 MiB with its template). Past this it is not one. */
@@ -84,12 +88,6 @@ int eng_chat_template_read_file(const char *path, char **out, char *msg, size_t 
     return rc;
 }
 
-static bool is_file(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 /* tokenizer_config.json's "chat_template": a string, or a list of named
  * templates; null or absent: none. */
 static int config_templates(const char *path, const cJSON *ct, char **tmpl, char **tool_use,
@@ -133,16 +131,67 @@ static int config_templates(const char *path, const cJSON *ct, char **tmpl, char
     return QL_OK;
 }
 
-/* The folder's templates with its chat_template.jinja: the file is the
- * default, named ones from additional_chat_templates/. */
-static int jinja_templates(const char *dir, const char *jinja, char **tmpl, char **tool_use,
-                           char *msg, size_t msg_len)
+/* The template file rel of the folder dirfd (dir in messages), opened as
+ * `how` says (mf_open_in); QL_ENOTFOUND when it is not there. */
+static int template_in(int dirfd, const char *dir, const char *rel, int how, char **out, char *msg,
+                       size_t msg_len)
 {
-    int rc = eng_chat_template_read_file(jinja, tmpl, msg, msg_len);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/additional_chat_templates/tool_use.jinja", dir);
-    if (rc == QL_OK && is_file(path))
-        rc = eng_chat_template_read_file(path, tool_use, msg, msg_len);
+    char *buf;
+    size_t len;
+    int rc =
+        mf_read_in(dirfd, dir, rel, how, ENG_CHAT_TEMPLATE_MAX_BYTES, &buf, &len, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    char where[4400];
+    snprintf(where, sizeof where, "%s/%s", dir, rel);
+    rc = keep_template(where, buf, len, out, msg, msg_len);
+    free(buf);
+    return rc;
+}
+
+/* tokenizer_config.json's templates, when the folder has one. */
+static int tokenizer_config_templates(int dirfd, const char *dir, int how, char **tmpl,
+                                      char **tool_use, char *msg, size_t msg_len)
+{
+    char *text, where[4200];
+    size_t len;
+    int rc = mf_read_in(dirfd, dir, "tokenizer_config.json", how, TOKENIZER_CONFIG_MAX_BYTES, &text,
+                        &len, msg, msg_len);
+    if (rc != QL_OK)
+        return rc == QL_ENOTFOUND ? QL_OK : rc;
+    snprintf(where, sizeof where, "%s/tokenizer_config.json", dir);
+    cJSON *j;
+    rc = mf_parse_json(text, len, where, &j, msg, msg_len);
+    free(text);
+    if (rc != QL_OK)
+        return rc;
+    rc = config_templates(where, cJSON_GetObjectItemCaseSensitive(j, "chat_template"), tmpl,
+                          tool_use, msg, msg_len);
+    cJSON_Delete(j);
+    return rc;
+}
+
+int eng_chat_templates_at(int dirfd, const char *dir, bool no_links, char **tmpl, char **tool_use,
+                          char *msg, size_t msg_len)
+{
+    *tmpl = *tool_use = NULL;
+    int how = no_links ? MF_NO_LINKS : 0;
+    /* the file, when there, wins; named ones then come from
+     * additional_chat_templates/ */
+    int rc = template_in(dirfd, dir, "chat_template.jinja", how, tmpl, msg, msg_len);
+    if (rc == QL_OK) {
+        rc = template_in(dirfd, dir, "additional_chat_templates/tool_use.jinja", how, tool_use, msg,
+                         msg_len);
+        if (rc == QL_ENOTFOUND)
+            rc = QL_OK;
+    } else if (rc == QL_ENOTFOUND) {
+        rc = tokenizer_config_templates(dirfd, dir, how, tmpl, tool_use, msg, msg_len);
+    }
+    if (rc != QL_OK) {
+        free(*tmpl);
+        free(*tool_use);
+        *tmpl = *tool_use = NULL;
+    }
     return rc;
 }
 
@@ -150,26 +199,11 @@ int eng_chat_templates_from_folder(const char *dir, char **tmpl, char **tool_use
                                    size_t msg_len)
 {
     *tmpl = *tool_use = NULL;
-    char jinja[4200], config[4200];
-    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
-    snprintf(config, sizeof config, "%s/tokenizer_config.json", dir);
-    int rc = QL_OK;
-    if (is_file(jinja)) {
-        rc = jinja_templates(dir, jinja, tmpl, tool_use, msg, msg_len);
-    } else if (is_file(config)) {
-        cJSON *j;
-        rc = mf_read_json(config, TOKENIZER_CONFIG_MAX_BYTES, &j, msg, msg_len);
-        if (rc != QL_OK)
-            return rc;
-        rc = config_templates(config, cJSON_GetObjectItemCaseSensitive(j, "chat_template"), tmpl,
-                              tool_use, msg, msg_len);
-        cJSON_Delete(j);
-    }
-    if (rc != QL_OK) {
-        free(*tmpl);
-        free(*tool_use);
-        *tmpl = *tool_use = NULL;
-    }
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0)
+        return QL_OK; /* no folder (a GGUF file's path): no templates from one */
+    int rc = eng_chat_templates_at(dirfd, dir, false, tmpl, tool_use, msg, msg_len);
+    close(dirfd);
     return rc;
 }
 

@@ -246,6 +246,11 @@ int eng_chat_template_read_file(const char *path, char **out, char *msg, size_t 
  * both are NULL. */
 int eng_chat_templates_from_folder(const char *dir, char **tmpl, char **tool_use, char *msg,
                                    size_t msg_len);
+/* The same for the open folder dirfd (dir naming it in messages); with
+ * no_links (an adapter's folder) no file is read through a symlink
+ * (mf_open_in's MF_NO_LINKS): one is refused, naming it. */
+int eng_chat_templates_at(int dirfd, const char *dir, bool no_links, char **tmpl, char **tool_use,
+                          char *msg, size_t msg_len);
 
 /* --- adapters as the engine sees them: low-rank deltas and weight versions
  *     (weights.c) ------------------------------------------------------------- */

@@ -38,8 +38,13 @@
  * a system other than Linux) mf_map_file says so for the file and maps it
  * as before. Adapters need no guard: st_open_copy reads them whole.
  *
+ * A folder whose files must not lead out of it (an adapter's, which
+ * uploaders may write) is opened once, and its files beneath that
+ * descriptor with no symlink followed (mf_open_in; why, below).
+ *
  * It offers mf_map_file, mf_unmap_file, mf_guard_start, mf_guard_stop,
- * mf_read_file, mf_read_json and mf_path_base (modelfile.h). It owns the
+ * mf_read_file, mf_open_in, mf_read_in, mf_read_json and mf_path_base
+ * (modelfile.h). It owns the
  * guard (its thread, its pipe, the lease-break handler, and each guarded
  * mapping's descriptor); mappings and cJSON trees are the caller's to
  * release (mf_unmap_file, cJSON_Delete). It touches only the files it is
@@ -51,6 +56,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -59,6 +65,20 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* openat2(2) (Linux 5.6): glibc has no wrapper, so the raw call */
+#if defined(__linux__) && defined(__has_include)
+#if __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#ifdef SYS_openat2
+#define MF_OPENAT2 1
+#endif
+#endif
+#endif
+#ifndef MF_OPENAT2
+#define MF_OPENAT2 0
+#endif
 
 #if defined(__linux__) && defined(F_SETLEASE) && defined(MREMAP_FIXED)
 #define MF_LEASES 1
@@ -396,14 +416,13 @@ void mf_unmap_file(uint8_t *map, size_t len)
     pthread_mutex_unlock(&guard.mu);
 }
 
-int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len, char *msg,
-                 size_t msg_len)
+/* --- reading whole files ------------------------------------------------ */
+
+/* All of fd (path's, for messages) into a malloc'd, NUL-terminated buffer;
+ * max_bytes > 0 refuses more, having read one byte past it. */
+static int read_fd(int fd, const char *path, size_t max_bytes, char **out, size_t *out_len,
+                   char *msg, size_t msg_len)
 {
-    *out = NULL;
-    *out_len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ql_fail(msg, msg_len, QL_EIO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
@@ -412,7 +431,6 @@ int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len
             size_t grown = cap ? 2 * cap : 65536;
             char *b = grown > cap ? realloc(buf, grown) : NULL;
             if (!b) {
-                fclose(f);
                 free(buf);
                 return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory reading it", path);
             }
@@ -424,26 +442,217 @@ int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len
         size_t want = cap - 1 - len;
         if (max_bytes && want > max_bytes + 1 - len)
             want = max_bytes + 1 - len;
-        size_t got = fread(buf + len, 1, want, f);
-        len += got;
+        ssize_t got = read(fd, buf + len, want);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            int err = errno;
+            free(buf);
+            return ql_fail(msg, msg_len, QL_EIO, "%s: read error: %s", path, strerror(err));
+        }
         if (got == 0)
             break;
+        len += (size_t)got;
         if (max_bytes && len > max_bytes) {
-            fclose(f);
             free(buf);
             return ql_fail(msg, msg_len, QL_EFORMAT, "%s: larger than %zu bytes", path, max_bytes);
         }
-    }
-    bool failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        free(buf);
-        return ql_fail(msg, msg_len, QL_EIO, "%s: read error", path);
     }
     buf[len] = 0;
     *out = buf;
     *out_len = len;
     return QL_OK;
+}
+
+int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len, char *msg,
+                 size_t msg_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ql_fail(msg, msg_len, QL_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int rc = read_fd(fd, path, max_bytes, out, out_len, msg, msg_len);
+    close(fd);
+    return rc;
+}
+
+/* --- a folder's files, opened beneath it --------------------------------- */
+
+/*
+ * Why adapters need this: a folder an uploader may write into (the adapter
+ * directory) can hold a symlink named adapter_config.json that leads to
+ * any file the server may read, and a check of a path followed by an open
+ * of the same path can be beaten by swapping a component in between. So
+ * the folder is opened once and everything in it is opened relative to
+ * that descriptor, each component with no symlink followed: the kernel
+ * resolves each name exactly once, at the open that returns the
+ * descriptor the bytes are then read from, and there is no second lookup
+ * to race. Hard links cannot be told from the file itself; making one
+ * needs the right to read the file (fs.protected_hardlinks), so they lend
+ * the uploader nothing.
+ */
+
+/* dir/rel's component ending at rel + end could not be opened (errno
+ * err): say which and why. at is the folder it was looked up in. */
+static int refuse_component(int at, const char *part, const char *dir, const char *rel, size_t end,
+                            int err, char *msg, size_t msg_len)
+{
+    struct stat sb;
+    bool link = fstatat(at, part, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(sb.st_mode);
+    if (link)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s/%.*s is a symbolic link, which is not followed here (it could lead "
+                       "outside %s)",
+                       dir, (int)end, rel, dir);
+    if (err == ENOENT)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s/%.*s: %s", dir, (int)end, rel,
+                       strerror(err));
+    if (err == ENOTDIR)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s/%.*s is not a folder", dir, (int)end, rel);
+    if (err == EWOULDBLOCK) /* O_NONBLOCK met a lease being broken: mf_open_in waits */
+        return ql_fail(msg, msg_len, QL_EBUSY, "%s/%.*s is leased", dir, (int)end, rel);
+    return ql_fail(msg, msg_len, QL_EIO, "%s/%.*s cannot be opened: %s", dir, (int)end, rel,
+                   strerror(err));
+}
+
+/* rel beneath dirfd a component at a time, each opened with O_NOFOLLOW
+ * relative to the one before (flags for the last, O_DIRECTORY for the
+ * rest): a symlink anywhere is refused, and each name is looked up once. */
+static int walk_beneath(int dirfd, const char *dir, const char *rel, int flags, int *out, char *msg,
+                        size_t msg_len)
+{
+    int at = dirfd; /* ours to close once it is not dirfd */
+    for (const char *p = rel;;) {
+        size_t n = strcspn(p, "/");
+        const char *next = p + n;
+        while (*next == '/')
+            next++;
+        bool last = !*next;
+        char part[NAME_MAX + 1];
+        if (n > NAME_MAX) {
+            if (at != dirfd)
+                close(at);
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s/%s: a name longer than %d bytes", dir, rel,
+                           NAME_MAX);
+        }
+        memcpy(part, p, n);
+        part[n] = 0;
+        int fd = openat(at, part, (last ? flags : O_RDONLY | O_CLOEXEC | O_DIRECTORY) | O_NOFOLLOW);
+        int rc = fd < 0 ? refuse_component(at, part, dir, rel, (size_t)(p - rel) + n, errno, msg,
+                                           msg_len)
+                        : QL_OK;
+        if (at != dirfd)
+            close(at);
+        if (rc != QL_OK)
+            return rc;
+        at = fd;
+        if (last)
+            break;
+        p = next;
+    }
+    *out = at;
+    return QL_OK;
+}
+
+/* rel may be neither absolute, nor empty, nor hold a ".." component. */
+static int check_beneath(const char *dir, const char *rel, char *msg, size_t msg_len)
+{
+    if (!rel[0] || rel[0] == '/')
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: \"%s\" is not a path inside it", dir, rel);
+    for (const char *p = rel; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.')
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s/%s: \"..\" is not allowed", dir, rel);
+        p += n;
+        while (*p == '/')
+            p++;
+    }
+    return QL_OK;
+}
+
+/* rel beneath dirfd with no symlink followed: openat2 where the kernel has
+ * it (one call), else the walk; the walk also says why openat2 refused. */
+static int open_beneath(int dirfd, const char *dir, const char *rel, int flags, int *out, char *msg,
+                        size_t msg_len)
+{
+    int rc = check_beneath(dir, rel, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+#if MF_OPENAT2
+    struct open_how how = {.flags = (uint64_t)(flags | O_NOFOLLOW),
+                           .resolve =
+                               RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+    long fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
+    if (fd >= 0) {
+        *out = (int)fd;
+        return QL_OK;
+    }
+    /* a refusal (ELOOP for a link, ENOENT, ...), or no openat2 here (ENOSYS,
+     * or EPERM from a container's seccomp filter): the walk is as safe, and
+     * names the component */
+#endif
+    return walk_beneath(dirfd, dir, rel, flags, out, msg, msg_len);
+}
+
+/* rel beneath dirfd as mf_open_in says, with these open flags. */
+static int open_in(int dirfd, const char *dir, const char *rel, int how, int flags, int *got,
+                   char *msg, size_t msg_len)
+{
+    if (how & MF_NO_LINKS)
+        return open_beneath(dirfd, dir, rel, flags, got, msg, msg_len);
+    if ((*got = openat(dirfd, rel, flags)) >= 0)
+        return QL_OK;
+    int err = errno;
+    return ql_fail(msg, msg_len,
+                   err == ENOENT        ? QL_ENOTFOUND
+                   : err == EWOULDBLOCK ? QL_EBUSY
+                                        : QL_EIO,
+                   "%s/%s cannot be opened: %s", dir, rel, strerror(err));
+}
+
+int mf_open_in(int dirfd, const char *dir, const char *rel, int how, int *fd, char *msg,
+               size_t msg_len)
+{
+    *fd = -1;
+    bool folder = how & MF_FOLDER;
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; it is
+     * refused below instead, and reading a regular file ignores the flag.
+     * Its one other effect: a file whose lease is being broken answers
+     * EWOULDBLOCK where an open would wait for the lease's holder, and only
+     * a regular file holds a lease, so then the open is made again without
+     * it, and waits as any open would (still with no link followed). */
+    int flags = O_RDONLY | O_CLOEXEC | (folder ? O_DIRECTORY : 0);
+    int got = -1;
+    int rc = open_in(dirfd, dir, rel, how, flags | O_NONBLOCK, &got, msg, msg_len);
+    if (rc == QL_EBUSY)
+        rc = open_in(dirfd, dir, rel, how, flags, &got, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    struct stat sb;
+    if (fstat(got, &sb) != 0 || (folder ? !S_ISDIR(sb.st_mode) : !S_ISREG(sb.st_mode))) {
+        close(got);
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s/%s is not %s", dir, rel,
+                       folder ? "a folder" : "a regular file");
+    }
+    *fd = got;
+    return QL_OK;
+}
+
+int mf_read_in(int dirfd, const char *dir, const char *rel, int how, size_t max_bytes, char **out,
+               size_t *out_len, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    int fd;
+    int rc = mf_open_in(dirfd, dir, rel, how & ~MF_FOLDER, &fd, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    rc = read_fd(fd, path, max_bytes, out, out_len, msg, msg_len);
+    close(fd);
+    return rc;
 }
 
 int mf_parse_json(const char *text, size_t len, const char *source, cJSON **root, char *msg,

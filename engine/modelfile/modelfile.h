@@ -4,9 +4,11 @@
  *
  * It offers:
  *   - mf_: mapping a file read-only (guarded, in a server, against the
- *     file being rewritten in place), reading a JSON file, the JSON field
- *     readers every loader shares (strings, bools, finite numbers, bounded
- *     integers, positive numbers, token ids), a folder's base name;
+ *     file being rewritten in place), reading a file, or one beneath an
+ *     open folder with no symlink followed (mf_open_in), a JSON file, the
+ *     JSON field readers every loader shares (strings, bools, finite
+ *     numbers, bounded integers, positive numbers, token ids), a folder's
+ *     base name;
  *   - st_: the safetensors reader (mmap, every offset checked), a dense
  *     tensor as a qtensor (st_tensor_qtensor), and the writer
  *     (header padded to 8 bytes, written to a temporary file and renamed,
@@ -36,49 +38,58 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/*
- * Map a whole file read-only (mapped_file.c). Refuses what is not a regular
+/* Map a whole file read-only (mapped_file.c). Refuses what is not a regular
  * file, and a file shorter than min_len with "too short for a <format>
  * header (truncated?)". On success *map and *len describe the mapping
  * (release it with mf_unmap_file); on error nothing is mapped. While the
- * guard runs the mapping is guarded: see mf_guard_start.
- */
+ * guard runs the mapping is guarded: see mf_guard_start. */
 int mf_map_file(const char *path, size_t min_len, const char *format, uint8_t **map, size_t *len,
                 char *msg, size_t msg_len);
 /* Unmap what mf_map_file mapped (NULL: nothing), releasing its guard. */
 void mf_unmap_file(uint8_t *map, size_t len);
 /*
- * The guard of mapped model files, for a long-running process (a server):
- * from mf_guard_start on, each mapping mf_map_file makes holds a read
- * lease on its file, and when another process opens that file to rewrite
- * or truncate it, a thread of the guard copies the file's bytes into
- * memory at the mapping's own address before the writer may go on, so
- * the weights stay as loaded and nothing faults (mapped_file.c says how).
- * Where no lease can be had, a warning naming the file and the errno goes
- * to stderr and the file is mapped unguarded. Installs a handler for one
- * real-time signal (SIGRTMIN + 4) for the process's life. mf_guard_stop
- * ends the thread and releases the leases still held (their mappings
- * stay, unguarded). Both are idempotent; QL_EIO or QL_ENOMEM when the
- * guard cannot start.
+ * The guard of mapped model files, for a server: from mf_guard_start on,
+ * each mapping holds a read lease on its file, and when another process
+ * opens it to rewrite or truncate it, the guard's thread first copies the
+ * bytes into memory at the mapping's own address, so the weights stay as
+ * loaded and nothing faults (mapped_file.c says how). Without a lease: a
+ * warning naming the file on stderr, and the file mapped unguarded. Takes
+ * one real-time signal (SIGRTMIN + 4) for the process's life. mf_guard_stop
+ * ends the thread and releases the leases (mappings stay). Idempotent;
+ * QL_EIO or QL_ENOMEM when the guard cannot start.
  */
 int mf_guard_start(char *msg, size_t msg_len);
 void mf_guard_stop(void);
 
-/*
- * Read a whole file into *out (malloc'd and NUL-terminated: free()), its
+/* Read a whole file into *out (malloc'd and NUL-terminated: free()), its
  * length in *out_len; max_bytes > 0 refuses a longer one (QL_EFORMAT
  * "<path>: larger than N bytes") having read one byte past it. QL_EIO when
- * it cannot be opened or read, QL_ENOMEM; each names the file.
- */
+ * it cannot be opened or read, QL_ENOMEM; each names the file. */
 int mf_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len, char *msg,
                  size_t msg_len);
 
-/*
- * Read and parse a JSON file into *root, which must be an object (free
+/* Files of a folder opened once (mapped_file.c): open rel (a name, or
+ * "a/b") beneath the open folder dirfd, which messages call dir. Without
+ * MF_NO_LINKS symlinks are followed. With it, rel may not be absolute or
+ * hold "..", and no component may be a symlink, even one that stays
+ * inside: a folder whose files may not lead out of it (an adapter's). No
+ * path is resolved twice (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS,
+ * else openat O_NOFOLLOW a component at a time), so a link made meanwhile
+ * is refused too. MF_FOLDER wants a folder (O_DIRECTORY), else a regular
+ * file (fstat; a FIFO never blocks the open). *fd is the caller's to
+ * close. QL_ENOTFOUND: it is not there; QL_EINVAL: a symlink, not a
+ * regular file (a folder), absolute or ".."; QL_EIO; each names dir/rel. */
+enum { MF_FOLDER = 1, MF_NO_LINKS = 2 };
+int mf_open_in(int dirfd, const char *dir, const char *rel, int how, int *fd, char *msg,
+               size_t msg_len);
+/* mf_read_file for the file rel beneath dirfd, opened by mf_open_in(how). */
+int mf_read_in(int dirfd, const char *dir, const char *rel, int how, size_t max_bytes, char **out,
+               size_t *out_len, char *msg, size_t msg_len);
+
+/* Read and parse a JSON file into *root, which must be an object (free
  * with cJSON_Delete). max_bytes > 0 refuses a longer file. Errors name the
  * file and, for bad JSON, the byte where parsing stopped. The one JSON file
- * reader: model configs, shard indexes, tokenizers, adapter configs.
- */
+ * reader: model configs, shard indexes, tokenizers, adapter configs. */
 struct cJSON;
 int mf_read_json(const char *path, size_t max_bytes, struct cJSON **root, char *msg,
                  size_t msg_len);
@@ -98,20 +109,16 @@ bool mf_json_bool(const struct cJSON *j, const char *key, bool def);
 bool mf_json_number(const struct cJSON *v, double *out);
 /* Whether v is a number with no fraction in [lo, hi]; *out receives it. */
 bool mf_json_integer(const struct cJSON *v, int64_t lo, int64_t hi, int64_t *out);
-/*
- * The integer at key, in [lo, hi], into *out. Absent or null: def, or with
+/* The integer at key, in [lo, hi], into *out. Absent or null: def, or with
  * `required` QL_EFORMAT "<path>: "<key>" is missing"; anything else that is
  * not such an integer: QL_EFORMAT "<path>: "<key>" must be an integer in
- * [lo, hi]".
- */
+ * [lo, hi]". */
 int mf_json_int_field(const char *path, const struct cJSON *j, const char *key, int64_t def,
                       bool required, int64_t lo, int64_t hi, int64_t *out, char *msg,
                       size_t msg_len);
-/*
- * The number at key, which must be finite and > 0, into *out. Absent or
+/* The number at key, which must be finite and > 0, into *out. Absent or
  * null: def; anything else: QL_EFORMAT "<path>: "<key>" must be a positive
- * number".
- */
+ * number". */
 int mf_json_positive_field(const char *path, const struct cJSON *j, const char *key, double def,
                            double *out, char *msg, size_t msg_len);
 /* A token id at key (bos_token_id, eos_token_id): a number in [0, 1e9), or
@@ -182,12 +189,12 @@ typedef struct st_file {
  * and no duplicate names. On error nothing is left open.
  */
 int st_open(st_file *f, const char *path, char *msg, size_t msg_len);
-/* The same, reading the whole file into memory the caller then owns
- * through f instead of mapping it: what is read stays as it was read
- * whatever later happens to the file on disk (rewritten, truncated), where
- * a mapping would change under its user or fault (SIGBUS). For small
- * files a server keeps while it runs (an adapter's weights). */
-int st_open_copy(st_file *f, const char *path, char *msg, size_t msg_len);
+/* The same over bytes already read (malloc'd; f owns them from the call
+ * on, also on error, and st_close frees them), path naming them: what is
+ * read stays as read whatever later happens to the file on disk, where a
+ * mapping would change or fault (SIGBUS). For small files a server keeps
+ * while it runs (an adapter's weights, read with mf_read_in). */
+int st_open_copy(st_file *f, char *bytes, size_t len, const char *path, char *msg, size_t msg_len);
 void st_close(st_file *f);
 /* The tensor called name, or NULL (O(log n)). Borrowed; lives until
  * st_close. */

@@ -228,25 +228,22 @@ int st_open(st_file *f, const char *path, char *msg, size_t msg_len)
     return open_bytes(f, path, msg, msg_len);
 }
 
-int st_open_copy(st_file *f, const char *path, char *msg, size_t msg_len)
+int st_open_copy(st_file *f, char *bytes, size_t len, const char *path, char *msg, size_t msg_len)
 {
     memset(f, 0, sizeof *f);
-    f->path = strdup(path);
-    if (!f->path)
-        return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
-    char *bytes;
-    size_t len;
-    int rc = mf_read_file(path, SIZE_MAX / 2, &bytes, &len, msg, msg_len);
-    if (rc != QL_OK) {
-        st_close(f);
-        return rc;
-    }
+    /* f owns the bytes from here on, so that st_close frees them on any
+     * error below */
     f->map = (uint8_t *)bytes;
     f->map_len = len;
     f->owned = true;
-    if (len < 8) {
+    f->path = strdup(path);
+    int rc = QL_OK;
+    if (!f->path)
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
+    else if (len < 8)
         rc = ql_fail(msg, msg_len, QL_EFORMAT,
                      "%s: %zu bytes is too short for a safetensors header (truncated?)", path, len);
+    if (rc != QL_OK) {
         st_close(f);
         return rc;
     }

@@ -6,7 +6,7 @@
  * layers_to_transform / layers_pattern, rank_pattern / alpha_pattern
  * (each key a regex), the refused fields.
  *
- * The input is the config's text, put in a folder beside a fixed
+ * The input is the config's text, put in a folder beside a copy of a fixed
  * adapter_model.safetensors (tests/fixtures/peft/patterns, a real PEFT
  * adapter) and loaded with lora_load for the tiny Llama of
  * tests/fixtures/peft/base, loaded once: so a config also goes through
@@ -43,11 +43,19 @@ static void set_up(void)
     }
     snprintf(folder, sizeof folder, "/tmp/qlserve-fuzz-%d-adapter", (int)getpid());
     mkdir(folder, 0700);
-    char link[256];
-    snprintf(link, sizeof link, "%s/adapter_model.safetensors", folder);
-    unlink(link);
-    if (symlink(QL_FIXTURES "/peft/patterns/adapter_model.safetensors", link) != 0)
+    /* a copy, not a symlink: the loader reads no file through a link */
+    char copy[256], *bytes;
+    size_t len;
+    snprintf(copy, sizeof copy, "%s/adapter_model.safetensors", folder);
+    if (mf_read_file(QL_FIXTURES "/peft/patterns/adapter_model.safetensors", 0, &bytes, &len, msg,
+                     sizeof msg) != QL_OK) {
+        fprintf(stderr, "fuzz_adapter_config: %s\n", msg);
         abort();
+    }
+    FILE *f = fopen(copy, "wb");
+    if (!f || fwrite(bytes, 1, len, f) != len || fclose(f) != 0)
+        abort();
+    free(bytes);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
