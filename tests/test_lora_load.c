@@ -7,10 +7,15 @@
  * dtype, NaN, truncated file) named; tensors borrowed from the mapping; the
  * same adapter on a llama GGUF (q/k rows permuted) giving the logits it
  * gives on the Hugging Face model; and adapters written by PEFT itself
- * giving the logits PEFT computed in float64 (tests/fixtures/peft).
+ * giving the logits PEFT computed in float64 (tests/fixtures/peft); and
+ * no file read from outside the adapter's folder: a symlink (to anywhere)
+ * or a FIFO in its place, or the folder named through a link, is refused
+ * naming it, even when the link is made after the path was checked.
  */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -1114,5 +1119,208 @@ Test(lora_load, target_modules_with_explosive_counted_repeats_are_refused, .time
     eng_lora *l = lora_ok(NULL, adapter_dir, NULL, &m);
     cr_assert_eq(loaded_mask(l, 0), BIT(ENG_PROJ_Q));
     eng_lora_unref(l);
+    eng_model_free(&m);
+}
+
+/* --- adapter files stay inside their folder ------------------------------------------ */
+
+/* text into path (made or replaced). */
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* folder's chat_template.jinja holding tmpl, and its
+ * additional_chat_templates/ folder, holding tool_use.jinja unless tool_use
+ * is NULL. */
+static void write_templates(const char *folder, const char *tmpl, const char *tool_use)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", folder);
+    write_text(path, tmpl);
+    snprintf(path, sizeof path, "%s/additional_chat_templates", folder);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/additional_chat_templates/tool_use.jinja", folder);
+    if (tool_use)
+        write_text(path, tool_use);
+}
+
+/* The outside a hostile folder's links lead to: dir/outside, an adapter
+ * of its own whose base model names a secret, with chat templates and a
+ * tokenizer_config.json of its own. */
+static void write_outside(const eng_model *m, char *outside, size_t len)
+{
+    snprintf(outside, len, "%s/outside", dir);
+    lora_fix_spec s = lora_fix_default();
+    s.base_model = "outside-secret-model";
+    lora_fix_write(outside, &m->cfg, &s);
+    write_templates(outside, "outside-secret-template", "outside-secret-template");
+    char path[900];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", outside);
+    write_text(path, "{\"chat_template\": \"outside-secret-template\"}");
+}
+
+/* Each file a load reads from an adapter folder (its config, its weights,
+ * its chat templates and tokenizer_config.json, and the folder holding the
+ * tool_use template), put there as a symlink to the same file outside the
+ * adapter's folder (or, for the config, to a copy inside it: every link is
+ * refused, wherever it leads), or as a FIFO: the load is refused naming the
+ * file, nothing is returned, and nothing of the outside file is echoed.
+ * Before, every link was followed (the outside config's base model came
+ * back in lora_meta) and a FIFO tokenizer_config.json was skipped. */
+Test(lora_load, a_file_of_an_adapter_folder_that_is_a_symlink_or_not_a_file_is_refused)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    char outside[700];
+    write_outside(&m, outside, sizeof outside);
+    static const struct {
+        const char *file;   /* in the adapter folder */
+        const char *target; /* NULL: outside's file of the same name; "": a FIFO */
+        const char *jinja;  /* a chat_template.jinja of the folder's own (NULL: none) */
+    } cases[] = {
+        {"adapter_config.json", NULL, NULL},
+        {"adapter_config.json", "real_config.json", NULL},
+        {"adapter_model.safetensors", NULL, NULL},
+        {"chat_template.jinja", NULL, NULL},
+        {"tokenizer_config.json", NULL, NULL},
+        {"tokenizer_config.json", "", NULL},
+        {"additional_chat_templates/tool_use.jinja", NULL, "{{ messages }}"},
+        {"additional_chat_templates", NULL, "{{ messages }}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char adir[800], path[1200], target[1200];
+        snprintf(adir, sizeof adir, "%s/case%zu", dir, i);
+        lora_fix_spec s = lora_fix_default();
+        lora_fix_write(adir, &m.cfg, &s);
+        if (cases[i].jinja)
+            write_templates(adir, cases[i].jinja, NULL);
+        snprintf(path, sizeof path, "%s/%s", adir, cases[i].file);
+        if (cases[i].target && !cases[i].target[0]) {
+            cr_assert_eq(mkfifo(path, 0600), 0, "%s", path);
+        } else {
+            if (cases[i].target) {
+                snprintf(target, sizeof target, "%s/%s", adir, cases[i].target);
+                cr_assert_eq(rename(path, target), 0);
+                snprintf(target, sizeof target, "%s", cases[i].target);
+            } else {
+                snprintf(target, sizeof target, "%s/%s", outside, cases[i].file);
+            }
+            remove(path); /* what the folder held there, if anything */
+            cr_assert_eq(symlink(target, path), 0, "%s", path);
+        }
+        eng_lora *l = (eng_lora *)&l; /* anything but NULL */
+        lora_meta meta;
+        char msg[2048] = "";
+        int rc = lora_load(&l, &meta, adir, "a", &m, msg, sizeof msg);
+        cr_assert_eq(rc, QL_EINVAL, "case %zu (%s): %s (%s)", i, cases[i].file, msg,
+                     ql_strerror(rc));
+        cr_assert_null(l, "case %zu: nothing is returned", i);
+        cr_assert(strstr(msg, path), "case %zu: '%s' does not name %s", i, msg, path);
+        const char *why =
+            cases[i].target && !cases[i].target[0] ? "not a regular file" : "is a symbolic link";
+        cr_assert(strstr(msg, why), "case %zu: '%s' lacks '%s'", i, msg, why);
+        cr_assert(!strstr(msg, "outside-secret") && !strstr(meta.base_model, "outside-secret"),
+                  "case %zu: '%s'", i, msg);
+    }
+    eng_model_free(&m);
+}
+
+/* The adapter folder itself, named under the adapter directory: a symlink
+ * to a folder outside, or to one inside, is refused naming it; a real
+ * folder loads, by its relative or absolute path, with its own chat
+ * templates; the listing shows the real folder only. Before, a link
+ * leading inside loaded (it was listed, too). */
+Test(lora_load, an_adapter_folder_named_through_a_symlink_is_refused)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    char outside[700], root[700], good[800], path[900], real[PATH_MAX], abs_good[PATH_MAX + 16];
+    write_outside(&m, outside, sizeof outside);
+    snprintf(root, sizeof root, "%s/adapters", dir);
+    cr_assert_eq(mkdir(root, 0700), 0);
+    snprintf(good, sizeof good, "%s/good", root);
+    lora_fix_spec s = lora_fix_default();
+    lora_fix_write(good, &m.cfg, &s);
+    write_templates(good, "{{ messages }}", "{{ tools }}");
+    snprintf(path, sizeof path, "%s/out", root);
+    cr_assert_eq(symlink(outside, path), 0);
+    snprintf(path, sizeof path, "%s/in", root);
+    cr_assert_eq(symlink("good", path), 0);
+
+    const char *refused[] = {"out", "in", "in/", "./out"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        eng_lora *l = (eng_lora *)&l;
+        char msg[2048] = "";
+        int rc = lora_load_in(&l, NULL, root, refused[i], "a", &m, LORA_DTYPE_F32, msg, sizeof msg);
+        cr_assert_eq(rc, QL_EINVAL, "%s: %s", refused[i], msg);
+        cr_assert_null(l);
+        cr_assert(strstr(msg, "is a symbolic link"), "%s: %s", refused[i], msg);
+        cr_assert_eq(lora_resolve_dir(root, refused[i], real, sizeof real, msg, sizeof msg),
+                     QL_EINVAL, "%s", refused[i]);
+    }
+    char msg[2048] = "";
+    cr_assert_eq(lora_resolve_dir(root, "../outside", real, sizeof real, msg, sizeof msg),
+                 QL_EINVAL);
+    cr_assert(strstr(msg, "\"..\""), "%s", msg);
+
+    cr_assert_eq(lora_resolve_dir(root, "./good/", real, sizeof real, msg, sizeof msg), QL_OK, "%s",
+                 msg);
+    char want[PATH_MAX];
+    cr_assert(realpath(good, want));
+    cr_assert_str_eq(real, want);
+    snprintf(abs_good, sizeof abs_good, "%s", want);
+    const char *loaded[] = {"good", abs_good};
+    for (size_t i = 0; i < 2; i++) {
+        eng_lora *l = NULL;
+        int rc = lora_load_in(&l, NULL, root, loaded[i], "a", &m, LORA_DTYPE_F32, msg, sizeof msg);
+        cr_assert_eq(rc, QL_OK, "%s: %s", loaded[i], msg);
+        cr_assert_str_eq(l->chat_template, "{{ messages }}");
+        cr_assert_str_eq(l->chat_template_tool_use, "{{ tools }}");
+        eng_lora_unref(l);
+    }
+    char **names;
+    size_t n;
+    cr_assert_eq(lora_list_dir(root, &names, &n, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(names[0], "good");
+    free(names[0]);
+    free(names);
+    eng_model_free(&m);
+}
+
+/* The admin API resolves a client's path and then loads the folder: a
+ * folder swapped for a symlink to outside between the two (the race the
+ * check and the opens had) is refused by the load itself, which opens the
+ * path beneath the adapter directory again with no link followed; the
+ * server's load used to open the resolved path as a path, following the
+ * new link out. */
+Test(lora_load, a_folder_swapped_for_a_symlink_after_the_check_is_refused_by_the_load)
+{
+    eng_model m;
+    tiny_model(&m, ST_BF16);
+    char outside[700], root[700], a[800], aside[800], resolved[PATH_MAX];
+    write_outside(&m, outside, sizeof outside);
+    snprintf(root, sizeof root, "%s/adapters", dir);
+    cr_assert_eq(mkdir(root, 0700), 0);
+    snprintf(a, sizeof a, "%s/a", root);
+    snprintf(aside, sizeof aside, "%s/a-before", root);
+    lora_fix_spec s = lora_fix_default();
+    lora_fix_write(a, &m.cfg, &s);
+    char msg[2048] = "";
+    cr_assert_eq(lora_resolve_dir(root, "a", resolved, sizeof resolved, msg, sizeof msg), QL_OK,
+                 "%s", msg);
+    cr_assert_eq(rename(a, aside), 0);
+    cr_assert_eq(symlink(outside, a), 0);
+    eng_lora *l = (eng_lora *)&l;
+    lora_meta meta;
+    int rc = lora_load_in(&l, &meta, root, resolved, "a", &m, LORA_DTYPE_F32, msg, sizeof msg);
+    cr_assert_eq(rc, QL_EINVAL, "%s", msg);
+    cr_assert_null(l);
+    cr_assert(strstr(msg, "is a symbolic link"), "%s", msg);
+    cr_assert(!strstr(meta.base_model, "outside-secret"));
     eng_model_free(&m);
 }

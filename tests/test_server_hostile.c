@@ -9,7 +9,8 @@
  * pipelining without reading, hostile Unicode for an NFC tokenizer, a
  * pattern of nested counted repeats in adapter_config.json, an adapter's
  * file rewritten under the server (the restart row is
- * test_server_state.c's).
+ * test_server_state.c's). Issue 30's: an adapter's file that is a symlink
+ * out of its folder.
  *
  * What is measured: the server's resident memory (/proc/PID/status VmRSS)
  * before and during, how many bytes a client manages to hand the server,
@@ -522,20 +523,30 @@ Test(server_hostile, a_hostile_nfc_prompt_does_not_hold_the_loop)
     hc_response_free(&r);
 }
 
+/* dir/adapters (made) into adapters, with a regular adapter for the tiny
+ * model in its folder "good"; cfg and ls receive what wrote it. */
+static void adapter_dir_with_good(char *adapters, size_t len, eng_config *cfg, lora_fix_spec *ls)
+{
+    snprintf(adapters, len, "%s/adapters", dir);
+    cr_assert_eq(mkdir(adapters, 0700), 0);
+    tiny_spec spec = tiny_default();
+    *cfg = lora_fix_config(&spec);
+    *ls = lora_fix_default();
+    char good[900];
+    snprintf(good, sizeof good, "%s/good", adapters);
+    lora_fix_write(good, cfg, ls);
+}
+
 /* An adapter_config.json whose target_modules is a pattern of nested
  * counted repeats (glibc's regcomp grew past 6 GiB on it) is refused by
  * name, without the server's memory growing; a good adapter loads after. */
 Test(server_hostile, a_hostile_pattern_in_an_adapter_config_is_refused)
 {
-    char adapters[700], bad[800], good[800];
-    snprintf(adapters, sizeof adapters, "%s/adapters", dir);
+    char adapters[700], bad[800];
+    eng_config cfg;
+    lora_fix_spec ls;
+    adapter_dir_with_good(adapters, sizeof adapters, &cfg, &ls);
     snprintf(bad, sizeof bad, "%s/bad", adapters);
-    snprintf(good, sizeof good, "%s/good", adapters);
-    cr_assert_eq(mkdir(adapters, 0700), 0);
-    tiny_spec spec = tiny_default();
-    eng_config cfg = lora_fix_config(&spec);
-    lora_fix_spec ls = lora_fix_default();
-    lora_fix_write(good, &cfg, &ls);
     ls.target_modules = "\"(((((a{1,100}){1,100}){1,100}){1,100}))\"";
     lora_fix_write(bad, &cfg, &ls);
     start((const char *[]){"--adapter-dir", adapters, NULL});
@@ -621,4 +632,41 @@ Test(server_hostile, rewriting_a_loaded_adapters_file_changes_nothing)
     free(first);
     free(again);
     free(third);
+}
+
+/* An adapter folder whose adapter_config.json is a symlink to a file
+ * outside the adapter directory (a whole config, naming a secret base
+ * model): the admin API's load answers 400 naming the file, echoes nothing
+ * of the outside file, loads nothing, and a regular adapter loads after.
+ * It used to load (201), echoing the outside file's
+ * base_model_name_or_path. */
+Test(server_hostile, an_adapter_file_linked_outside_its_folder_is_refused)
+{
+    char adapters[700], evil[800], outside[700], link[900], target[900];
+    eng_config cfg;
+    lora_fix_spec ls;
+    adapter_dir_with_good(adapters, sizeof adapters, &cfg, &ls);
+    snprintf(evil, sizeof evil, "%s/evil", adapters);
+    snprintf(outside, sizeof outside, "%s/outside", dir);
+    lora_fix_write(evil, &cfg, &ls);
+    ls.base_model = "outside-secret-model";
+    lora_fix_write(outside, &cfg, &ls);
+    snprintf(link, sizeof link, "%s/adapter_config.json", evil);
+    snprintf(target, sizeof target, "%s/adapter_config.json", outside);
+    cr_assert_eq(unlink(link), 0);
+    cr_assert_eq(symlink(target, link), 0);
+    start((const char *[]){"--adapter-dir", adapters, NULL});
+    hc_response r = sp_post("/admin/adapters", "{\"name\": \"evil\", \"path\": \"evil\"}");
+    cr_log_info("a linked adapter_config.json: %d %s", r.status, r.body);
+    cr_assert_eq(r.status, 400, "%d %s", r.status, r.body);
+    cr_assert(strstr(r.body, "evil/adapter_config.json is a symbolic link"), "%s", r.body);
+    cr_assert_null(strstr(r.body, "outside-secret"), "%s", r.body);
+    hc_response_free(&r);
+    cr_assert(hc_request(sp.port, "GET", "/admin/adapters", NULL, NULL, &r));
+    cr_assert_str_eq(r.body, "{\"adapters\":[]}");
+    hc_response_free(&r);
+    health_answers();
+    r = sp_post("/admin/adapters", "{\"name\": \"good\", \"path\": \"good\"}");
+    cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);
+    hc_response_free(&r);
 }
