@@ -90,7 +90,7 @@ int lora_dtype_from_name(const char *name);
  * q_proj / k_proj B are permuted as llama.cpp's converter permuted the
  * weights. The folder's own chat template, when it has one
  * (chat_template.jinja or tokenizer_config.json's "chat_template", read as
- * for a model: eng_chat_templates_from_folder), goes into
+ * for a model: eng_chat_templates_at, no link followed), goes into
  * (*out)->chat_template and chat_template_tool_use. *out has one reference
  * (eng_lora_unref frees it); meta (may be NULL) receives what the config
  * said.

@@ -36,7 +36,8 @@
  * lease can be had (a file of another user without CAP_LEASE, a
  * filesystem without leases such as NFS, a file already open for writing,
  * a system other than Linux) mf_map_file says so for the file and maps it
- * as before. Adapters need no guard: st_open_copy reads them whole.
+ * as before. Adapters need no guard: their files are read whole
+ * (mf_read_in, then st_open_copy over the bytes).
  *
  * A folder whose files must not lead out of it (an adapter's, which
  * uploaders may write) is opened once, and its files beneath that
@@ -44,11 +45,11 @@
  *
  * It offers mf_map_file, mf_unmap_file, mf_guard_start, mf_guard_stop,
  * mf_read_file, mf_open_in, mf_read_in, mf_read_json and mf_path_base
- * (modelfile.h). It owns the
- * guard (its thread, its pipe, the lease-break handler, and each guarded
- * mapping's descriptor); mappings and cJSON trees are the caller's to
- * release (mf_unmap_file, cJSON_Delete). It touches only the files it is
- * named, and the process's LEASE_SIGNAL disposition once the guard runs.
+ * (modelfile.h). It owns the guard (its thread, its pipe, the lease-break
+ * handler, and each guarded mapping's descriptor); mappings, cJSON trees
+ * and mf_open_in's descriptors are the caller's to release (mf_unmap_file,
+ * cJSON_Delete, close). It touches only the files it is named, and the
+ * process's LEASE_SIGNAL disposition once the guard runs.
  */
 #define _GNU_SOURCE /* F_SETLEASE, F_SETSIG, mremap */
 #include "modelfile.h"
