@@ -191,6 +191,8 @@ int eng_chat_templates_at(int dirfd, const char *dir, bool no_links, char **tmpl
         free(*tmpl);
         free(*tool_use);
         *tmpl = *tool_use = NULL;
+    } else if (msg && msg_len) {
+        msg[0] = 0; /* a file that is not there said so on the way */
     }
     return rc;
 }
