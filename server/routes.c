@@ -4,7 +4,11 @@
  * the method is a 405, a path with none a 404. Every path under /admin/, a
  * route or not, first passes the admin gate (admin.c).
  *
- * Two gates come before the table. A CORS preflight (OPTIONS with a listed
+ * Three gates come before the table. The Host rule (admin.c): while
+ * --host is loopback, no admin token is in force or --allowed-hosts is
+ * set, a request whose Host is not the server's is a 403 on every route,
+ * so a page that reached a loopback server by DNS rebinding can neither
+ * generate nor read. A CORS preflight (OPTIONS with a listed
  * Origin and Access-Control-Request-Method) is answered 204 at once, for
  * any path and without the API key: a browser sends it without
  * credentials, before the real request. With --api-key-file every other
@@ -253,6 +257,8 @@ void srv_route(srv_conn *c)
     }
     memcpy(path, c->req.url, n);
     path[n] = 0;
+    if (srv_host_rule_applies(c->s) && !srv_host_allowed(c))
+        return;
     if (is_preflight(c)) {
         preflight(c, path);
         return;
