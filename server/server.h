@@ -22,9 +22,11 @@
  *   tool_calls.c  tool calls parsed out of a model's text, in its syntax;
  *   chat_tools.c  chat's tools and tool_choice, and the answer's tool calls;
  *   api_chat.c    /v1/chat/completions and /chat_tokenize;
- *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state);
- *   routes.c      the route table, /health and /metrics, the API key
- *                 gate and CORS preflights;
+ *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state)
+ *                 and who may use them (the token, or a request no web page
+ *                 can send), and the Host rule against DNS rebinding;
+ *   routes.c      the route table, /health and /metrics, the Host and API
+ *                 key gates and CORS preflights;
  *   serve.c       setup (the hooks), the loop, the model loaded off the
  *                 loop, signals and the graceful drain.
  * What they share and nobody else needs is in internal/server_internal.h.
