@@ -487,6 +487,10 @@ Test(auth, allowed_hosts_lets_a_proxy_name_in)
     expect_forbidden(&r, "one of --allowed-hosts llm.internal, localhost:9000", "another port");
     r = raw_request("GET", "/v1/models", "evil.example", NULL, NULL);
     expect_forbidden(&r, "Host evil.example", "a name not listed");
+    /* a probe dials an address the server cannot know: health answers */
+    r = raw_request("GET", "/health", "10.1.2.3:8080", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    hc_response_free(&r);
     sp_stop_cleanly();
 }
 

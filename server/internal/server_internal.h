@@ -523,7 +523,8 @@ srv_handler srv_admin_resume;  /* POST /admin/engine/resume */
 /* --- routes (routes.c) ------------------------------------------------------- */
 
 /* Answer c's complete request (c->req): a Host not the server's with 403
- * while the Host rule applies (srv_host_rule_applies); a CORS preflight
+ * while the Host rule applies (srv_host_rule_applies; not the health
+ * checks); a CORS preflight
  * from a listed origin with 204; without the API key (when one is configured; not for
  * /health, GET / or the admin routes, which have their own token) 401;
  * else the route table's row for its path and method, 405 when the path
