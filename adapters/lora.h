@@ -237,6 +237,17 @@ int lora_registry_new(lora_registry **out, eng_engine *e, const eng_model *m,
                       const lora_registry_opts *o, char *msg, size_t msg_len);
 /* Unmerges nothing; drops the registry's references. */
 void lora_registry_free(lora_registry *r);
+/* What an adapter may be named: 1 to 127 letters, digits, '-', '_' and
+ * '.', so that a name is a folder name and a metrics label as it stands.
+ * The one check, made by the admin API and lazy loading before they load
+ * (server/) and by lora_registry_restore on every name the journal holds. */
+bool lora_name_valid(const char *name);
+/* The largest |scale| an adapter is loaded or merged at: what the admin
+ * API accepts, and what the journal's replay accepts (a journal is no
+ * more trusted than a client). Scales past a few units already swamp the
+ * base weights; 100 leaves room for adapters trained with a tiny alpha. */
+#define LORA_SCALE_MAX 100.0
+
 /* Load dir under name (unique), with the scale requests get when they name
  * the adapter without one. meta may be NULL. */
 int lora_registry_load(lora_registry *r, const char *name, const char *dir, float scale,
@@ -390,13 +401,14 @@ typedef struct lora_restore_error {
  * resolve inside root (lora_resolve_dir; root NULL: adapter loading is off
  * and every adapter is refused), then redo the merges in their order. What
  * does not come back is recorded (lora_registry_restore_errors) and the
- * rest proceeds: an adapter that no longer loads, a merge whose adapter did
- * not come back or that fails. A state file that does not parse is renamed
- * to FILE.bad (so the next change does not overwrite it) and recorded. The
- * journal is not written during the replay; the next change rewrites it
- * from what is loaded then. Call it once, after lora_registry_new and
- * before anything else uses the registry. Returns how many problems were
- * recorded.
+ * rest proceeds: a name lora_name_valid refuses or a scale past
+ * LORA_SCALE_MAX (checked as the admin API checks them), an adapter that
+ * no longer loads, a merge whose adapter did not come back or that fails.
+ * A state file that does not parse is renamed to FILE.bad (so the next
+ * change does not overwrite it) and recorded. The journal is not written
+ * during the replay; the next change rewrites it from what is loaded then.
+ * Call it once, after lora_registry_new and before anything else uses the
+ * registry. Returns how many problems were recorded.
  */
 size_t lora_registry_restore(lora_registry *r, const char *root);
 /* What the replay could not bring back, in order; *out allocated (free()),

@@ -755,19 +755,64 @@ static bool is_loaded(lora_registry *r, const char *name)
     return loaded;
 }
 
-/* Replay j: every adapter, then every merge in order. */
+bool lora_name_valid(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n >= 128)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '-' || ch == '_' || ch == '.'))
+            return false;
+    }
+    return true;
+}
+
+/* A journal entry's name and scale as the admin API would take them, or
+ * QL_EINVAL naming what is wrong (the name shown escaped: it may hold
+ * anything). */
+static int replayable(const char *name, float scale, char *msg, size_t msg_len)
+{
+    if (!lora_name_valid(name)) {
+        char shown[160];
+        size_t k = 0;
+        for (const char *c = name; *c && k + 5 < sizeof shown; c++)
+            k +=
+                (size_t)(*c >= ' ' && *c < 0x7f && *c != '"' && *c != '\\'
+                             ? snprintf(shown + k, sizeof shown - k, "%c", *c)
+                             : snprintf(shown + k, sizeof shown - k, "\\x%02x", (unsigned char)*c));
+        shown[k] = 0;
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the state file names an adapter \"%s\": not a name the admin API takes "
+                       "(1 to 127 letters, digits, '-', '_' and '.'); skipped",
+                       shown);
+    }
+    if (!(scale >= -LORA_SCALE_MAX && scale <= LORA_SCALE_MAX))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the state file gives adapter %s scale %g, past the admin API's bound of "
+                       "%g; skipped",
+                       name, (double)scale, LORA_SCALE_MAX);
+    return QL_OK;
+}
+
+/* Replay j: every adapter, then every merge in order. Nothing in it is
+ * taken on trust: each name and scale passes the admin API's checks
+ * (replayable), each path lora_resolve_dir's. */
 static void replay(lora_registry *r, const lora_journal *j, const char *root)
 {
     char msg[512], resolved[512];
     for (size_t i = 0; i < j->n_adapters; i++) {
         const lora_journal_adapter *a = &j->adapters[i];
-        int rc = root ? lora_resolve_dir(root, a->path, resolved, sizeof resolved, msg, sizeof msg)
+        int rc = replayable(a->name, a->scale, msg, sizeof msg);
+        if (rc == QL_OK)
+            rc = root ? lora_resolve_dir(root, a->path, resolved, sizeof resolved, msg, sizeof msg)
                       : ql_fail(msg, sizeof msg, QL_EINVAL,
                                 "adapter loading is off (no adapter directory)");
         if (rc == QL_OK)
             rc = lora_registry_load(r, a->name, resolved, a->scale, NULL, msg, sizeof msg);
         if (rc != QL_OK)
-            restore_failed(r, a->name, a->path, msg);
+            restore_failed(r, lora_name_valid(a->name) ? a->name : NULL, a->path, msg);
     }
     for (size_t i = 0; i < j->n_merged; i++) {
         const lora_journal_merge *m = &j->merged[i];
@@ -775,6 +820,10 @@ static void replay(lora_registry *r, const lora_journal *j, const char *root)
         for (size_t k = 0; k < j->n_adapters; k++)
             if (strcmp(j->adapters[k].name, m->name) == 0)
                 path = j->adapters[k].path;
+        if (replayable(m->name, m->scale, msg, sizeof msg) != QL_OK) {
+            restore_failed(r, lora_name_valid(m->name) ? m->name : NULL, path, msg);
+            continue;
+        }
         if (!is_loaded(r, m->name)) {
             snprintf(msg, sizeof msg, "merge skipped: adapter %s did not come back", m->name);
             restore_failed(r, m->name, path, msg);

@@ -296,7 +296,7 @@ static char *request_text(const char *method, const char *path, const char *json
 {
     char *r = NULL;
     int n = asprintf(&r,
-                     "%s %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                     "%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n%s",
                      method, path, json ? strlen(json) : 0, json ? json : "");
     if (n < 0)

@@ -159,7 +159,7 @@ static inline int fetch(const char *method, const char *path, const char *json, 
         return 0;
     char req[1024];
     int n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n"
+                     "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      method, path, json ? strlen(json) : 0, json ? json : "");
     if (write(fd, req, (size_t)n) != n) {

@@ -208,7 +208,7 @@ static char *request_bytes(int route, int prompt, int adapter, bool close_after,
     char *req = NULL;
     int n =
         asprintf(&req,
-                 "POST %s HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
+                 "POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  "Content-Length: %zu\r\n%s\r\n%s",
                  route_path[route], strlen(body), close_after ? "Connection: close\r\n" : "", body);
     free(body);
@@ -1215,13 +1215,17 @@ int main(int argc, char **argv)
     write_adapters();
 
     /* room for every client's connections, pipelined ones and the admin's */
-    char adapters[700], conns[16];
+    char adapters[700], conns[16], journal[700];
     snprintf(adapters, sizeof adapters, "%s/adapters", opt.workdir);
     snprintf(conns, sizeof conns, "%d", 4 * opt.clients + 16);
-    char *extra[] = {"--adapter-dir", adapters, "--max-connections", conns};
+    /* the run's own journal, never the user's state directory (a flag an
+     * older binary knows too, for before/after runs) */
+    snprintf(journal, sizeof journal, "%s/state.json", opt.workdir);
+    char *extra[] = {"--adapter-dir", adapters,       "--max-connections",
+                     conns,           "--state-file", journal};
     inet_pton(AF_INET, "127.0.0.1", &server_addr.sin_addr);
     server_addr.sin_family = AF_INET;
-    port = start_server(opt.binary, opt.model, opt.threads, extra, 4);
+    port = start_server(opt.binary, opt.model, opt.threads, extra, 6);
     server_addr.sin_port = htons((uint16_t)port);
     server_pid = child;
     double t_load = now();

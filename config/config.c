@@ -327,11 +327,20 @@ typedef struct serve_layer {
         {"no-lazy-adapters", OPT_BOOL, &(l)->s.no_lazy_adapters,                                   \
          "a request naming an adapter that is not loaded gets 404 (default: loaded from the "      \
          "folder of that name in --adapter-dir on first use)"},                                    \
+        {"state-dir", OPT_STRING, &(l)->s.state_dir,                                               \
+         "DIR: the server's own files: the journal, a generated admin token (default: "            \
+         "$XDG_STATE_HOME/qlserve or ~/.local/state/qlserve)"},                                    \
         {"state-file", OPT_STRING, &(l)->s.state_file,                                             \
          "FILE: the journal of loaded adapters and merges, replayed at start (default: "           \
-         ".qlserve-state.json in --adapter-dir; none: off)"},                                      \
+         "state.json in --state-dir; none: off)"},                                                 \
         {"admin-token-file", OPT_STRING, &(l)->token_file,                                         \
-         "FILE: its first line is the admin bearer token (unset: admin only on loopback)"},        \
+         "FILE: its first line is the admin bearer token (unset: on a loopback --host, admin "     \
+         "from loopback JSON requests a web page cannot make; else one is generated into "         \
+         "--state-dir)"},                                                                          \
+        {"allowed-hosts", OPT_STRING, &(l)->s.allowed_hosts,                                       \
+         "HOST[:PORT],...: Host headers accepted besides localhost, 127.x.x.x and [::1] "          \
+         "(a reverse proxy's or tunnel's name), or * (unset: those only, while --host is "         \
+         "loopback)"},                                                                             \
         {"api-key-file", OPT_STRING, &(l)->api_key_file,                                           \
          "FILE: its first line is the API bearer key (unset: no key asked)"},                      \
         {"cors-allow-origin", OPT_STRING, &(l)->s.cors_allow_origin,                               \
@@ -719,11 +728,11 @@ typedef struct secret_source {
     const char *what;      /* "admin token", "API key": for messages */
     const char *file_flag; /* "admin-token-file" */
     const char *env;       /* "QLSERVE_ADMIN_TOKEN" */
-    size_t max_len;        /* 0: no limit */
+    size_t max_len;        /* CFG_SECRET_MAX: what the server can compare */
 } secret_source;
 
 static const secret_source admin_token_source = {"admin token", "admin-token-file",
-                                                 "QLSERVE_ADMIN_TOKEN", 0};
+                                                 "QLSERVE_ADMIN_TOKEN", CFG_SECRET_MAX};
 static const secret_source api_key_source = {"API key", "api-key-file", "QLSERVE_API_KEY",
                                              CFG_SECRET_MAX};
 
@@ -738,7 +747,7 @@ static const char *keep_token(serve_parse *p, const secret_source *src, const ch
         usage_error(p->msg, p->msg_len, "%s: the %s is empty", where, src->what);
         return NULL;
     }
-    if (src->max_len && len > src->max_len) {
+    if (len > src->max_len) {
         usage_error(p->msg, p->msg_len, "%s: the %s is %zu bytes; at most %zu are accepted", where,
                     src->what, len, src->max_len);
         return NULL;
@@ -811,41 +820,59 @@ static int resolve_secrets(serve_parse *p, const serve_layer *l)
     return rc;
 }
 
-/* --cors-allow-origin: each comma-separated entry "*" or an origin as a
- * browser sends it in its Origin header, scheme://host[:port] (RFC 6454
- * 6.1): no path, not even a trailing '/', or it would never match. "null"
- * (what sandboxed pages and file:// send) is refused: any page can be
- * null. */
-static int validate_cors(serve_parse *p)
+/* Each comma-separated entry of the list flag `name` (spaces around an
+ * entry trimmed) passes ok_entry, or a usage error naming the flag, the
+ * entry and what each must be (`must`). */
+static int validate_list(serve_parse *p, const char *name, const char *list,
+                         bool (*ok_entry)(const char *e, size_t len), const char *must)
 {
-    const char *list = p->result->cors_allow_origin;
     if (!list)
         return QL_OK;
-    char where[1024];
-    describe(p, find_opt(p->opts, p->n_opts, "cors-allow-origin"), where, sizeof where);
     for (const char *at = list;; at++) {
         size_t n = strcspn(at, ",");
-        const char *o = at, *end = at + n;
-        while (o < end && *o == ' ')
-            o++;
-        while (end > o && end[-1] == ' ')
+        const char *e = at, *end = at + n;
+        while (e < end && *e == ' ')
+            e++;
+        while (end > e && end[-1] == ' ')
             end--;
-        size_t len = (size_t)(end - o);
-        const char *host = len > 8 && strncmp(o, "https://", 8) == 0  ? o + 8
-                           : len > 7 && strncmp(o, "http://", 7) == 0 ? o + 7
-                                                                      : NULL;
-        bool ok = (len == 1 && *o == '*') || (host && host < end);
-        for (const char *c = host; ok && c && c < end; c++)
-            ok = *c != '/' && *c != ' ' && *c != '*';
-        if (!ok || len > 253)
-            return usage_error(p->msg, p->msg_len,
-                               "%s: \"%.*s\" is not an origin: each is * or scheme://host[:port] "
-                               "(no path, no trailing /)",
-                               where, (int)(len > 253 ? 253 : len), o);
+        size_t len = (size_t)(end - e);
+        if (!ok_entry(e, len)) {
+            char where[1024];
+            describe(p, find_opt(p->opts, p->n_opts, name), where, sizeof where);
+            return usage_error(p->msg, p->msg_len, "%s: \"%.*s\" is not %s", where,
+                               (int)(len > 260 ? 260 : len), e, must);
+        }
         if (!at[n])
             return QL_OK;
         at += n;
     }
+}
+
+/* A --cors-allow-origin entry: "*" or an origin as a browser sends it in
+ * its Origin header, scheme://host[:port] (RFC 6454 6.1): no path, not even
+ * a trailing '/', or it would never match. "null" (what sandboxed pages and
+ * file:// send) is refused: any page can be null. */
+static bool cors_origin_entry(const char *o, size_t len)
+{
+    const char *end = o + len;
+    const char *host = len > 8 && strncmp(o, "https://", 8) == 0  ? o + 8
+                       : len > 7 && strncmp(o, "http://", 7) == 0 ? o + 7
+                                                                  : NULL;
+    bool ok = ((len == 1 && *o == '*') || (host && host < end)) && len <= 253;
+    for (const char *c = host; ok && c && c < end; c++)
+        ok = *c != '/' && *c != ' ' && *c != '*';
+    return ok;
+}
+
+/* An --allowed-hosts entry: "*" or a Host header's value as a client sends
+ * it, name[:port] or [v6]:port, without scheme or path (a URL pasted there
+ * would never match, silently); at most a 253-byte DNS name and ":65535". */
+static bool allowed_host_entry(const char *h, size_t len)
+{
+    bool ok = len > 0 && len <= 260;
+    for (size_t i = 0; ok && !(len == 1 && h[0] == '*') && i < len; i++)
+        ok = isalnum((unsigned char)h[i]) || strchr("-.:[]_", h[i]);
+    return ok;
 }
 
 /* Every value within its range; every string that is set non-empty and free
@@ -960,7 +987,13 @@ int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg
     }
 
     if ((rc = apply_environment(&p)) != QL_OK || (rc = resolve_secrets(&p, &fin)) != QL_OK ||
-        (rc = validate_serve(&p)) != QL_OK || (rc = validate_cors(&p)) != QL_OK)
+        (rc = validate_serve(&p)) != QL_OK ||
+        (rc = validate_list(&p, "cors-allow-origin", fin.s.cors_allow_origin, cors_origin_entry,
+                            "an origin: each is * or scheme://host[:port] (no path, no trailing "
+                            "/)")) != QL_OK ||
+        (rc = validate_list(&p, "allowed-hosts", fin.s.allowed_hosts, allowed_host_entry,
+                            "a Host header's value: each is * or name[:port] (no scheme, no "
+                            "path)")) != QL_OK)
         goto fail;
     cJSON_Delete(tree);
     *out = fin.s;

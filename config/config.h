@@ -19,14 +19,20 @@
 
 #include "ql_base.h"
 
-/* The longest API key accepted: the server compares a key over this many
- * bytes whatever its length (server.h, srv_secret_equal). */
+/* The longest API key or admin token accepted: the server compares a
+ * secret over this many bytes whatever its length (server.h,
+ * srv_secret_equal), and a request's Authorization header must hold
+ * "Bearer " and it (server.h's srv_request.authorization is sized from
+ * it). 256 bytes is four times `openssl rand -hex 32`. */
 #define CFG_SECRET_MAX 256
 
-/* The state file's name under --adapter-dir when --state-file is unset,
- * and the value of --state-file that turns the journal off. */
-#define CFG_STATE_FILE_NAME ".qlserve-state.json"
-#define CFG_STATE_FILE_NONE "none"
+/* Under the server's state directory (--state-dir): the journal's name
+ * when --state-file is unset, and the admin token generated at start when
+ * --host is not loopback and no token is given. "none" as --state-file
+ * turns the journal off. */
+#define CFG_STATE_FILE_NAME  "state.json"
+#define CFG_STATE_FILE_NONE  "none"
+#define CFG_ADMIN_TOKEN_NAME "admin-token"
 
 typedef struct cfg_quantize {
     const char *in_path;  /* --in, required */
@@ -99,16 +105,31 @@ typedef struct cfg_serve {
     bool no_lazy_adapters;
     /* --no-prefix-cache: keep no prompt's KV blocks for later requests */
     bool no_prefix_cache;
+    /* --state-dir DIR: the server's own files (the journal, a generated
+     * admin token), never the adapter folder, which uploaders may write.
+     * NULL: $XDG_STATE_HOME/qlserve, else ~/.local/state/qlserve (the
+     * server makes it, mode 0700; an unusable default only warns, unless
+     * a token must be generated there). */
+    const char *state_dir;
     /* --state-file FILE: where the adapter registry journals its state
      * (loaded adapters, the merged configuration) and what is replayed at
-     * start; "none": no journal. NULL: CFG_STATE_FILE_NAME under
-     * adapter_dir when that folder can be written (else the server warns
-     * and runs without), no journal without adapter_dir. */
+     * start; "none": no journal. NULL: CFG_STATE_FILE_NAME under the state
+     * directory when it can be written (else the server warns and runs
+     * without), no journal without adapter_dir. */
     const char *state_file;
     /* The first line of --admin-token-file FILE (trailing newline and
-     * whitespace stripped; the file must exist and not be empty), or env
-     * QLSERVE_ADMIN_TOKEN. NULL: the admin routes answer only on loopback. */
+     * whitespace stripped; the file must exist and not be empty; at most
+     * CFG_SECRET_MAX bytes), or env QLSERVE_ADMIN_TOKEN. NULL: on a
+     * loopback --host the admin routes answer loopback clients whose
+     * request a browser page cannot have made (server/admin.c); on any
+     * other the server generates one into the state directory. */
     const char *admin_token;
+    /* --allowed-hosts HOST[:PORT],...: Host header values accepted besides
+     * the loopback names (localhost, 127.x.x.x, [::1], with the server's
+     * port or none), or "*": any. Checked on every request while --host is
+     * loopback, no admin token is configured, or this is set (DNS
+     * rebinding); NULL: the loopback names only. */
+    const char *allowed_hosts;
     /* The first line of --api-key-file FILE (stripped as the admin token
      * is), or env QLSERVE_API_KEY: every route but /health and GET / then
      * wants "Authorization: Bearer KEY". At most CFG_SECRET_MAX bytes. NULL:

@@ -5,8 +5,10 @@
  * engine's step gate (pause after N steps, resume, and what it holds).
  *
  * Offers srv_admin_gate, which every path under /admin/ passes first: the
- * bearer token, compared in constant time, or, with no token configured,
- * a loopback client; then a loaded model. Offers the route handlers
+ * bearer token in force, compared in constant time, or, with none, a
+ * loopback client whose request no web page can have made (the trust
+ * rules below); then a loaded model. Offers the Host rule routes.c applies
+ * to every route (srv_host_allowed). Offers the route handlers
  * srv_admin_*. Loading reads files and merging rewrites weights, so both
  * run on libuv's thread pool (bridge.c's srv_work_start) and answer from
  * the loop; a client that has gone meanwhile is nobody's to answer.
@@ -15,13 +17,146 @@
  */
 #include "internal/server_internal.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-/* --- who may ---------------------------------------------------------------------- */
+/* --- who may: the Host, the token, a request no web page can make ------------------ */
+
+/*
+ * The trust rules. A web page the local user opens can send a "simple"
+ * cross-site request to 127.0.0.1 (POST with a text/plain, form or no
+ * body, no preflight), and through DNS rebinding can even read the answers
+ * of a loopback server under its own name (Host: evil.example:PORT). So a
+ * loopback peer alone proves nothing. Without an admin token the admin
+ * routes answer a request only when it comes from loopback with a loopback
+ * (or --allowed-hosts) Host and no Origin but this server's own, and, when
+ * it changes state, with a JSON Content-Type, which no page can send
+ * cross-site without a CORS preflight (a DELETE is always preflighted, so
+ * it is spared the Content-Type). With a token
+ * (--admin-token-file, or generated at start when --host is not loopback)
+ * the bearer token alone decides: a page cannot know it. The Host rule
+ * also guards every other route while it applies (srv_host_rule_applies).
+ */
+
+/* The loopback names a Host header may carry for this machine's server
+ * without --allowed-hosts: localhost, a 127.x.x.x literal, [::1]. A DNS
+ * rebinding page's Host is its own DNS name, never one of these. */
+static bool loopback_name(const char *name, size_t len)
+{
+    char text[INET6_ADDRSTRLEN + 2];
+    if (len == 9 && strncasecmp(name, "localhost", 9) == 0)
+        return true;
+    if (len == 0 || len >= sizeof text)
+        return false;
+    memcpy(text, name, len);
+    text[len] = 0;
+    if (text[0] == '[' && text[len - 1] == ']') {
+        text[len - 1] = 0;
+        return srv_is_loopback_address(text + 1);
+    }
+    return strchr(text, ':') == NULL && srv_is_loopback_address(text);
+}
+
+bool srv_is_loopback_address(const char *addr)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, addr, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    return inet_pton(AF_INET6, addr, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+}
+
+/* Host's name (a DNS name, an IPv4 literal or a bracketed IPv6 one) and
+ * its port (-1: none); false when it is no Host value at all. */
+static bool split_host(const char *host, size_t *name_len, long *port)
+{
+    const char *colon = host[0] == '[' ? strchr(host, ']') : strrchr(host, ':');
+    if (host[0] == '[') {
+        if (!colon)
+            return false;
+        colon = colon[1] == ':' ? colon + 1 : colon[1] ? NULL : colon + 1;
+        if (!colon)
+            return false;
+    }
+    *name_len = colon ? (size_t)(colon - host) : strlen(host);
+    *port = -1;
+    if (!colon || !*colon)
+        return *name_len > 0;
+    char *end;
+    *port = strtol(colon + 1, &end, 10);
+    return *name_len > 0 && colon[1] >= '0' && colon[1] <= '9' && !*end && *port <= 65535;
+}
+
+/* Whether host (whole, name[:port]) or its name is in --allowed-hosts: an
+ * entry with a port matches that Host exactly, one without matches the
+ * name with any port, "*" anything. */
+static bool listed_host(const char *list, const char *host, size_t name_len)
+{
+    for (const char *at = list; at && *at; at += *at == ',') {
+        size_t n = strcspn(at, ","), len = n;
+        const char *e = at;
+        at += n;
+        while (len && *e == ' ')
+            e++, len--;
+        while (len && e[len - 1] == ' ')
+            len--;
+        char entry[272];
+        size_t entry_name;
+        long entry_port;
+        if (len == 0 || len >= sizeof entry)
+            continue;
+        memcpy(entry, e, len);
+        entry[len] = 0;
+        if (strcmp(entry, "*") == 0)
+            return true;
+        if (!split_host(entry, &entry_name, &entry_port))
+            continue;
+        if (entry_port >= 0 ? strcasecmp(entry, host) == 0
+                            : entry_name == name_len && strncasecmp(entry, host, name_len) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool srv_host_rule_applies(const srv_server *s)
+{
+    return !srv_admin_token(s) || srv_is_loopback_address(s->cfg->host) || s->cfg->allowed_hosts;
+}
+
+bool srv_host_allowed(srv_conn *c)
+{
+    const srv_server *s = c->s;
+    const char *host = c->req.host;
+    if (!host[0] && !c->req.host_too_long)
+        return true; /* no browser omits Host: an HTTP/1.0 probe or a raw socket */
+    size_t name_len = 0;
+    long port = -1;
+    bool parsed = !c->req.host_too_long && split_host(host, &name_len, &port);
+    if (parsed && loopback_name(host, name_len) && (port < 0 || !s->port || port == s->port))
+        return true;
+    if (parsed && listed_host(s->cfg->allowed_hosts, host, name_len))
+        return true;
+    srv_fail(c, 403,
+             "Host %.200s%s is not this server's: it answers localhost, 127.0.0.1 or [::1] "
+             "with port %d%s%s (a web page reaches a loopback server under its own name by DNS "
+             "rebinding); a reverse proxy or tunnel that sends another Host must be listed in "
+             "--allowed-hosts",
+             host, c->req.host_too_long ? "..." : "", s->port,
+             s->cfg->allowed_hosts ? ", or one of --allowed-hosts " : "",
+             s->cfg->allowed_hosts ? s->cfg->allowed_hosts : "");
+    return false;
+}
+
+const char *srv_admin_token(const srv_server *s)
+{
+    if (s->cfg->admin_token)
+        return s->cfg->admin_token;
+    return s->generated_token[0] ? s->generated_token : NULL;
+}
 
 /* The registry is there once the model has loaded. */
 static bool model_ready(srv_conn *c)
@@ -33,31 +168,71 @@ static bool model_ready(srv_conn *c)
     return true;
 }
 
-/* Equal, in time that depends on the lengths only. */
-static bool same_secret(const char *a, const char *b)
+/* Whether Origin, when there is one, is this server's own: the scheme and
+ * the Host the request was sent to (the Host rule has passed). "null"
+ * (sandboxed pages, file://) is nobody's own. */
+static bool same_origin(const srv_conn *c)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned diff = (unsigned)(la ^ lb);
-    for (size_t i = 0; i < la; i++)
-        diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (lb ? lb : 1)];
-    return diff == 0;
+    const char *o = c->req.origin;
+    if (!o[0] && !c->req.cors_too_long)
+        return true;
+    const char *rest = strncasecmp(o, "http://", 7) == 0    ? o + 7
+                       : strncasecmp(o, "https://", 8) == 0 ? o + 8
+                                                            : NULL;
+    return !c->req.cors_too_long && rest && c->req.host[0] && strcasecmp(rest, c->req.host) == 0;
 }
 
-/* The bearer token, or a loopback client when none is configured. */
+/* Content-Type application/json, parameters (charset) allowed. */
+static bool json_content_type(const srv_conn *c)
+{
+    const char *t = c->req.content_type + strspn(c->req.content_type, " \t");
+    size_t n = strlen("application/json");
+    return !c->req.content_type_too_long && strncasecmp(t, "application/json", n) == 0 &&
+           (t[n] == 0 || t[n] == ';' || t[n] == ' ' || t[n] == '\t');
+}
+
+/* Without a token: a loopback peer (the Host rule has passed in
+ * srv_route), no foreign Origin (a page's cross-origin read, which
+ * --cors-allow-origin * would let it see, is refused too), and for a
+ * request that changes state, but for DELETE, a JSON Content-Type. Each
+ * refusal names its reason. */
+static bool tokenless_allowed(srv_conn *c)
+{
+    if (!c->loopback) {
+        srv_fail(c, 403,
+                 "admin routes answer only to loopback clients when no admin token is configured");
+        return false;
+    }
+    if (!same_origin(c)) {
+        srv_fail(c, 403,
+                 "Origin %.200s is not this server's: without an admin token the admin routes "
+                 "refuse requests from web pages (configure --admin-token-file for a browser "
+                 "client)",
+                 c->req.origin);
+        return false;
+    }
+    uint8_t m = c->req.method;
+    bool changes = m != HTTP_GET && m != HTTP_HEAD && m != HTTP_DELETE;
+    if (changes && !json_content_type(c)) {
+        srv_fail(c, 403,
+                 "Content-Type %.100s: without an admin token an admin request that changes "
+                 "state must be sent as Content-Type: application/json, which no web page can "
+                 "send cross-site unasked (curl: -H 'Content-Type: application/json' or --json)",
+                 c->req.content_type[0] ? c->req.content_type : "(none)");
+        return false;
+    }
+    return true;
+}
+
+/* The bearer token in force, or the tokenless rules. */
 static bool admin_allowed(srv_conn *c)
 {
-    const char *token = c->s->cfg->admin_token;
-    if (!token) {
-        if (!c->loopback) {
-            srv_fail(
-                c, 403,
-                "admin routes answer only to loopback clients when no admin token is configured");
-            return false;
-        }
-        return true;
-    }
+    const char *token = srv_admin_token(c->s);
+    if (!token)
+        return tokenless_allowed(c);
     const char *h = c->req.authorization;
-    if (c->req.auth_too_long || strncasecmp(h, "Bearer ", 7) != 0 || !same_secret(h + 7, token)) {
+    if (c->req.auth_too_long || strncasecmp(h, "Bearer ", 7) != 0 ||
+        !srv_secret_equal(h + 7, strlen(h + 7), token)) {
         srv_respond_error(c, 401, "unauthorized", "a valid admin bearer token is required",
                           "WWW-Authenticate: Bearer\r\n");
         return false;
@@ -272,7 +447,7 @@ void srv_admin_load(srv_conn *c, const char *name_in_path)
     double scale = 1.0;
     bool ok = srv_only_known(c, root, "the body", fields) &&
               srv_get_string(c, root, "name", &name) && srv_get_string(c, root, "path", &path) &&
-              srv_get_number(c, root, "scale", -100.0, 100.0, &scale, NULL);
+              srv_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL);
     if (ok && (!name || !path)) {
         srv_fail(c, 400, "\"name\" and \"path\" are required");
         ok = false;
@@ -320,7 +495,7 @@ static void merge_or_unmerge(srv_conn *c, const char *name, bool merge)
     bool safe = true;
     const char *into = NULL;
     bool ok = srv_only_known(c, root, "the body", merge ? fields : none) &&
-              srv_get_number(c, root, "scale", -100.0, 100.0, &scale, NULL) &&
+              srv_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL) &&
               srv_get_bool(c, root, "safe_merge", &safe) && srv_get_string(c, root, "into", &into);
     qt_kind kind = QT_KIND_COUNT;
     if (ok && into) {

@@ -378,7 +378,17 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 
 /* The request headers kept, by c->hwant: where each value goes. The rest
  * are read past. */
-enum { H_NONE, H_AUTHORIZATION, H_EXPECT, H_ORIGIN, H_CORS_METHOD, H_CORS_HEADERS };
+enum {
+    H_NONE,
+    H_AUTHORIZATION,
+    H_EXPECT,
+    H_ORIGIN,
+    H_CORS_METHOD,
+    H_CORS_HEADERS,
+    H_HOST,
+    H_CONTENT_TYPE,
+    H_LAST = H_CONTENT_TYPE
+};
 
 static const char *const kept_headers[] = {
     [H_AUTHORIZATION] = "authorization",
@@ -386,6 +396,8 @@ static const char *const kept_headers[] = {
     [H_ORIGIN] = "origin",
     [H_CORS_METHOD] = "access-control-request-method",
     [H_CORS_HEADERS] = "access-control-request-headers",
+    [H_HOST] = "host",
+    [H_CONTENT_TYPE] = "content-type",
 };
 
 /* The field header h's value is read into, its size, and what to set when
@@ -405,6 +417,14 @@ static char *kept_value(srv_conn *c, int h, size_t *cap, bool **too_long)
     case H_ORIGIN: *cap = sizeof c->req.origin; return c->req.origin;
     case H_CORS_METHOD: *cap = sizeof c->req.cors_method; return c->req.cors_method;
     case H_CORS_HEADERS: *cap = sizeof c->req.cors_headers; return c->req.cors_headers;
+    case H_HOST:
+        *too_long = &c->req.host_too_long;
+        *cap = sizeof c->req.host;
+        return c->req.host;
+    case H_CONTENT_TYPE:
+        *too_long = &c->req.content_type_too_long;
+        *cap = sizeof c->req.content_type;
+        return c->req.content_type;
     }
     return NULL;
 }
@@ -415,7 +435,7 @@ static int on_header_field_complete(llhttp_t *p)
     c->hwant = H_NONE;
     if (c->headers_done)
         return 0; /* a trailer: read past, never kept as a header */
-    for (int h = H_AUTHORIZATION; h <= H_CORS_HEADERS && !c->hfield_long; h++) {
+    for (int h = H_AUTHORIZATION; h <= H_LAST && !c->hfield_long; h++) {
         if (strcasecmp(c->hfield, kept_headers[h]) == 0) {
             size_t cap;
             bool *too_long;

@@ -85,6 +85,53 @@ static void put(text *t, const char *fmt, ...)
     }
 }
 
+size_t srv_prom_label_escape(char *out, size_t cap, const char *value)
+{
+    size_t need = 0, kept = 0; /* kept: what fits, whole escapes only */
+    for (const char *v = value; *v; v++) {
+        const char *esc = *v == '\\' ? "\\\\" : *v == '"' ? "\\\"" : *v == '\n' ? "\\n" : NULL;
+        size_t n = esc ? 2 : 1;
+        if (kept == need && need + n < cap) {
+            memcpy(out + need, esc ? esc : v, n);
+            kept += n;
+        }
+        need += n;
+    }
+    if (cap)
+        out[kept] = 0;
+    return need;
+}
+
+/* A series' name and labels, name{k1="v1",k2="v2"}, every value escaped
+ * by srv_prom_label_escape (the one place a label value is written, so a
+ * name a client or a file gave can never end the line and forge a series);
+ * the caller puts " VALUE\n" after. The labels are key, value pairs,
+ * ended by NULL. */
+static void series(text *t, const char *name, ...) __attribute__((sentinel));
+static void series(text *t, const char *name, ...)
+{
+    put(t, "%s", name);
+    va_list ap;
+    va_start(ap, name);
+    const char *sep = "{";
+    for (const char *key; (key = va_arg(ap, const char *)) != NULL; sep = ",") {
+        const char *value = va_arg(ap, const char *);
+        char small[256], *escaped = small;
+        size_t need = srv_prom_label_escape(small, sizeof small, value);
+        if (need >= sizeof small && (escaped = malloc(need + 1)) != NULL)
+            srv_prom_label_escape(escaped, need + 1, value);
+        if (!escaped)
+            t->failed = true;
+        else
+            put(t, "%s%s=\"%s\"", sep, key, escaped);
+        if (escaped != small)
+            free(escaped);
+    }
+    va_end(ap);
+    if (sep[0] == ',')
+        put(t, "}");
+}
+
 static void metric(text *t, const char *name, const char *type, const char *help)
 {
     put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -94,13 +141,18 @@ static void hist(text *t, const char *name, const char *help, const srv_hist *h)
 {
     metric(t, name, "histogram", help);
     uint64_t cum = 0;
+    char bucket[128], le[32];
+    snprintf(bucket, sizeof bucket, "%s_bucket", name);
     for (int b = 0; b < SRV_HIST_BUCKETS; b++) {
         cum += h->counts[b];
-        put(t, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b], (unsigned long long)cum);
+        snprintf(le, sizeof le, "%g", h->bounds[b]);
+        series(t, bucket, "le", le, NULL);
+        put(t, " %llu\n", (unsigned long long)cum);
     }
     cum += h->counts[SRV_HIST_BUCKETS];
-    put(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-        (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
+    series(t, bucket, "le", "+Inf", NULL);
+    put(t, " %llu\n%s_sum %.6f\n%s_count %llu\n", (unsigned long long)cum, name, h->sum, name,
+        (unsigned long long)h->n);
 }
 
 /* The server's own counters: responses, generations, merges, connections. */
@@ -108,10 +160,14 @@ static void put_server(text *t, const srv_server *s)
 {
     const srv_metrics *m = &s->metrics;
     metric(t, "qlserve_http_responses_total", "counter", "HTTP responses by status code");
-    for (int code = 100; code < 600; code++)
-        if (m->by_status[code])
-            put(t, "qlserve_http_responses_total{code=\"%d\"} %llu\n", code,
-                (unsigned long long)m->by_status[code]);
+    for (int code = 100; code < 600; code++) {
+        if (!m->by_status[code])
+            continue;
+        char text_code[8];
+        snprintf(text_code, sizeof text_code, "%d", code);
+        series(t, "qlserve_http_responses_total", "code", text_code, NULL);
+        put(t, " %llu\n", (unsigned long long)m->by_status[code]);
+    }
     metric(t, "qlserve_requests_total", "counter", "generation requests admitted by the engine");
     put(t, "qlserve_requests_total %llu\n", (unsigned long long)m->generations);
     metric(t, "qlserve_generated_tokens_total", "counter", "tokens generated");
@@ -153,8 +209,8 @@ static void put_server(text *t, const srv_server *s)
  * running slot may carry its own adapter) and the adapters of the running
  * and waiting requests, and whose value is when they were read (the
  * picker takes the newest series). Adapter names are letters, digits,
- * '-', '_' and '.' (admin.c refuses others), so they need no escaping in
- * a label.
+ * '-', '_' and '.' (lora_name_valid, at load and at the journal's replay),
+ * and are escaped all the same, as every label value is (series).
  */
 static double wall_seconds(void)
 {
@@ -177,10 +233,11 @@ static void put_gateway(text *t, const srv_server *s, const eng_engine_stats *st
     put(t, "vllm:gpu_cache_usage_perc %.6f\n", used);
     metric(t, "vllm:lora_requests_info", "gauge",
            "adapters of the running and waiting requests; the value is when they were read");
-    put(t,
-        "vllm:lora_requests_info{max_lora=\"%d\",running_lora_adapters=\"%s\","
-        "waiting_lora_adapters=\"%s\"} %.3f\n",
-        s->cfg->max_running, st->running_adapters, st->waiting_adapters, wall_seconds());
+    char max_lora[16];
+    snprintf(max_lora, sizeof max_lora, "%d", s->cfg->max_running);
+    series(t, "vllm:lora_requests_info", "max_lora", max_lora, "running_lora_adapters",
+           st->running_adapters, "waiting_lora_adapters", st->waiting_adapters, NULL);
+    put(t, " %.3f\n", wall_seconds());
 }
 
 /* The engine's gauges, from its stats snapshot. */
@@ -266,34 +323,43 @@ static void put_registry(text *t, lora_registry *registry)
                                 st.merged[i].name, (double)st.merged[i].scale);
     metric(t, "qlserve_weights_info", "gauge",
            "1, labelled with the serving weights' digest and merged configuration");
-    put(t, "qlserve_weights_info{digest=\"%016llx\",merged=\"%s\"} 1\n",
-        (unsigned long long)st.digest, merged);
+    char digest[20];
+    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)st.digest);
+    series(t, "qlserve_weights_info", "digest", digest, "merged", merged, NULL);
+    put(t, " 1\n");
     lora_info *list = NULL;
     size_t n = 0;
     if (lora_registry_list(registry, &list, &n) == QL_OK) {
         metric(t, "qlserve_adapter_requests_total", "counter",
                "sequences that asked for each adapter");
-        for (size_t i = 0; i < n; i++)
-            put(t, "qlserve_adapter_requests_total{adapter=\"%s\"} %llu\n", list[i].name,
-                (unsigned long long)list[i].requests);
+        for (size_t i = 0; i < n; i++) {
+            series(t, "qlserve_adapter_requests_total", "adapter", list[i].name, NULL);
+            put(t, " %llu\n", (unsigned long long)list[i].requests);
+        }
         metric(t, "qlserve_merge_delta_retained", "gauge",
                "share of the adapter's delta its last merge kept (1: all)");
-        for (size_t i = 0; i < n; i++)
-            if (list[i].last_merge.delta_sq > 0)
-                put(t, "qlserve_merge_delta_retained{adapter=\"%s\"} %.6f\n", list[i].name,
-                    list[i].last_merge.delta_retained);
+        for (size_t i = 0; i < n; i++) {
+            if (list[i].last_merge.delta_sq > 0) {
+                series(t, "qlserve_merge_delta_retained", "adapter", list[i].name, NULL);
+                put(t, " %.6f\n", list[i].last_merge.delta_retained);
+            }
+        }
         metric(t, "qlserve_merge_seconds", "gauge",
                "how long the adapter's last merge took to build its weight version");
-        for (size_t i = 0; i < n; i++)
-            if (list[i].last_merge.delta_sq > 0)
-                put(t, "qlserve_merge_seconds{adapter=\"%s\"} %.6f\n", list[i].name,
-                    list[i].last_merge_seconds);
+        for (size_t i = 0; i < n; i++) {
+            if (list[i].last_merge.delta_sq > 0) {
+                series(t, "qlserve_merge_seconds", "adapter", list[i].name, NULL);
+                put(t, " %.6f\n", list[i].last_merge_seconds);
+            }
+        }
         metric(t, "qlserve_merge_relative_error", "gauge",
                "|Q(W+delta) - (W+delta)| / |delta| of the adapter's last merge");
-        for (size_t i = 0; i < n; i++)
-            if (list[i].last_merge.delta_sq > 0)
-                put(t, "qlserve_merge_relative_error{adapter=\"%s\"} %.6f\n", list[i].name,
-                    list[i].last_merge.relative_error);
+        for (size_t i = 0; i < n; i++) {
+            if (list[i].last_merge.delta_sq > 0) {
+                series(t, "qlserve_merge_relative_error", "adapter", list[i].name, NULL);
+                put(t, " %.6f\n", list[i].last_merge.relative_error);
+            }
+        }
     }
     free(list);
 }

@@ -697,14 +697,5 @@ void srv_add_weights_identity(cJSON *o, const lora_state *st)
 
 bool srv_is_adapter_name(const char *name)
 {
-    size_t n = strlen(name);
-    if (n == 0 || n >= 128)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = name[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '-' || ch == '_' || ch == '.'))
-            return false;
-    }
-    return true;
+    return lora_name_valid(name); /* the one check, shared with the journal's replay */
 }

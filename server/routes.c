@@ -4,7 +4,12 @@
  * the method is a 405, a path with none a 404. Every path under /admin/, a
  * route or not, first passes the admin gate (admin.c).
  *
- * Two gates come before the table. A CORS preflight (OPTIONS with a listed
+ * Three gates come before the table. The Host rule (admin.c): while
+ * --host is loopback, no admin token is in force or --allowed-hosts is
+ * set, a request whose Host is not the server's is a 403 on every route
+ * but the health checks, so a page that reached a loopback server by DNS
+ * rebinding can neither generate nor read, and a probe dialling a pod's
+ * address is still answered. A CORS preflight (OPTIONS with a listed
  * Origin and Access-Control-Request-Method) is answered 204 at once, for
  * any path and without the API key: a browser sends it without
  * credentials, before the real request. With --api-key-file every other
@@ -190,13 +195,19 @@ static void preflight(srv_conn *c, const char *path)
 
 /* --- the API key ---------------------------------------------------------------------- */
 
-/* The requests --api-key-file does not cover: the health checks (a load
- * balancer or kubelet probes without secrets) and the admin routes (their
- * own token, srv_admin_gate). */
+/* The health checks, GET /health and GET / (TGI's): a load balancer or
+ * kubelet probes them without secrets, under whatever Host it dials (a pod's
+ * address), and they tell a page nothing. */
+static bool health_check(const srv_conn *c, const char *path)
+{
+    return strcmp(path, "/health") == 0 || (strcmp(path, "/") == 0 && c->req.method == HTTP_GET);
+}
+
+/* The requests --api-key-file does not cover: the health checks and the
+ * admin routes (their own token, srv_admin_gate). */
 static bool key_exempt(const srv_conn *c, const char *path)
 {
-    return strcmp(path, "/health") == 0 || (strcmp(path, "/") == 0 && c->req.method == HTTP_GET) ||
-           strncmp(path, "/admin/", 7) == 0;
+    return health_check(c, path) || strncmp(path, "/admin/", 7) == 0;
 }
 
 /*
@@ -253,6 +264,8 @@ void srv_route(srv_conn *c)
     }
     memcpy(path, c->req.url, n);
     path[n] = 0;
+    if (!health_check(c, path) && srv_host_rule_applies(c->s) && !srv_host_allowed(c))
+        return;
     if (is_preflight(c)) {
         preflight(c, path);
         return;

@@ -11,10 +11,12 @@
  * gets its final event, finish reason "cancelled"), wait for their ends,
  * stop the engine and exit 0.
  *
- * The adapter registry's state file (--state-file, by default under
- * --adapter-dir) is decided before the server listens, so a bad explicit
- * one stops it at once, and replayed on the load thread once the registry
- * exists, before the server serves.
+ * The adapter registry's state file (--state-file, by default under the
+ * server's own state directory, --state-dir) is decided before the server
+ * listens, so a bad explicit one stops it at once, and replayed on the
+ * load thread once the registry exists, before the server serves. A
+ * --host that is not loopback without an admin token gets one generated
+ * into the state directory (mode 0600), and the log says where.
  *
  * Offers srv_serve and srv_conn_init_detached (server.h: the seam's
  * connection gets the same hooks). Owns the server struct, the hooks, the
@@ -27,11 +29,13 @@
 #include "internal/server_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -128,15 +132,54 @@ typedef struct load_job {
     char msg[1024];
 } load_job;
 
+/* --- the server's own files: the state directory ------------------------------------ */
+
+/* The state directory into out: --state-dir, else $XDG_STATE_HOME/qlserve
+ * (an absolute one: the XDG Base Directory spec ignores a relative one),
+ * else $HOME/.local/state/qlserve; false when none can be named. */
+static bool state_dir_path(const cfg_serve *c, char *out, size_t cap)
+{
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    int n = c->state_dir             ? snprintf(out, cap, "%s", c->state_dir)
+            : xdg && xdg[0] == '/'   ? snprintf(out, cap, "%s/qlserve", xdg)
+            : home && home[0] == '/' ? snprintf(out, cap, "%s/.local/state/qlserve", home)
+                                     : -1;
+    return n > 0 && (size_t)n < cap;
+}
+
+/* dir, made with its missing parents (mode 0700: the journal and the
+ * token are nobody else's business); 0 or the errno of what failed. */
+static int make_dirs(const char *dir)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p)
+            continue;
+        char was = *p;
+        *p = 0;
+        struct stat sb;
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return errno;
+        if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return ENOTDIR;
+        if (!(*p = was))
+            return 0;
+    }
+}
+
 /*
  * Where the registry journals its state, into out (empty: no journal):
  * --state-file FILE, whose folder must exist and be writable (QL_EIO
  * naming both, so the server stops before it serves what it could not
- * keep); "none"; or, unset, CFG_STATE_FILE_NAME under --adapter-dir. The
- * adapter folder is often a read-only volume, so an unwritable default is
- * a warning on stderr and no journal, not a refusal to start.
+ * keep); "none"; or, unset and with --adapter-dir, CFG_STATE_FILE_NAME
+ * under the state directory dir ("": none could be named), never in the
+ * adapter folder, which uploaders may write and whose journal the server
+ * would then replay as its own. An unusable default is a warning on
+ * stderr and no journal, not a refusal to start.
  */
-static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *msg, size_t msg_len)
+static int state_file_path(const cfg_serve *c, const char *dir, char *out, size_t out_len,
+                           char *msg, size_t msg_len)
 {
     out[0] = 0;
     const char *file = c->state_file;
@@ -148,7 +191,7 @@ static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *
     if (file)
         snprintf(path, sizeof path, "%s", file);
     else
-        snprintf(path, sizeof path, "%s/%s", c->adapter_dir, CFG_STATE_FILE_NAME);
+        snprintf(path, sizeof path, "%s/%s", dir[0] ? dir : "(no HOME)", CFG_STATE_FILE_NAME);
     const char *slash = strrchr(path, '/');
     if (!slash)
         snprintf(folder, sizeof folder, ".");
@@ -156,8 +199,10 @@ static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *
         snprintf(folder, sizeof folder, "%.*s", slash == path ? 1 : (int)(slash - path), path);
     struct stat sb;
     const char *problem = NULL;
-    int err = 0;
-    if (stat(folder, &sb) != 0)
+    int err = file ? 0 : dir[0] ? make_dirs(dir) : ENOENT;
+    if (err)
+        problem = "its folder cannot be made";
+    else if (stat(folder, &sb) != 0)
         problem = "its folder cannot be used", err = errno;
     else if (!S_ISDIR(sb.st_mode))
         problem = "its folder is not a folder", err = ENOTDIR;
@@ -165,14 +210,15 @@ static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *
         problem = "its folder cannot be written", err = errno;
     else if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
         problem = "it is not a regular file", err = EISDIR;
-    if (problem && file)
-        return ql_fail(msg, msg_len, QL_EIO, "--state-file %s: %s (%s): %s", path, problem, folder,
-                       strerror(err));
+    if (problem && (file || c->state_dir))
+        return ql_fail(msg, msg_len, QL_EIO, "%s %s: %s (%s): %s",
+                       file ? "--state-file" : "--state-dir", file ? path : c->state_dir, problem,
+                       folder, strerror(err));
     if (problem) {
         fprintf(stderr,
                 "qlserve: warning: state file %s: %s (%s): %s; running without one, so loaded "
-                "adapters and merges will not survive a restart (--state-file FILE puts it "
-                "elsewhere, --state-file none silences this)\n",
+                "adapters and merges will not survive a restart (--state-dir DIR or --state-file "
+                "FILE puts it elsewhere, --state-file none silences this)\n",
                 path, problem, folder, strerror(err));
         return QL_OK;
     }
@@ -180,6 +226,132 @@ static int state_file_path(const cfg_serve *c, char *out, size_t out_len, char *
         return ql_fail(msg, msg_len, QL_EINVAL, "--state-file %.100s...: path too long", path);
     snprintf(out, out_len, "%s", path);
     return QL_OK;
+}
+
+/* How many random bytes a generated admin token holds (as hex, twice as
+ * many characters): 256 bits, what `openssl rand -hex 32` gives. */
+#define GENERATED_TOKEN_BYTES 32
+
+/* The admin token kept in path by an earlier start into token: a regular
+ * file of this user's that nobody else may read, whose first line is a
+ * token config would take. */
+static int read_kept_token(int fd, const char *path, char *token, size_t cap, char *msg,
+                           size_t msg_len)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid())
+        return ql_fail(msg, msg_len, QL_EIO,
+                       "admin token file %s: not a regular file of this user's; remove it", path);
+    if (sb.st_mode & 077)
+        return ql_fail(msg, msg_len, QL_EIO,
+                       "admin token file %s: mode %03o lets others read the admin token; "
+                       "chmod 600 it, or remove it for a new one",
+                       path, (unsigned)(sb.st_mode & 0777));
+    char text[CFG_SECRET_MAX + 2];
+    ssize_t n = read(fd, text, sizeof text - 1);
+    text[n > 0 ? n : 0] = 0;
+    size_t len = strcspn(text, "\r\n");
+    bool ok = len > 0 && len <= CFG_SECRET_MAX && len < cap;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = text[i] > ' ' && text[i] < 0x7f;
+    if (!ok)
+        return ql_fail(msg, msg_len, QL_EIO,
+                       "admin token file %s: its first line is no token (1 to %d printable "
+                       "bytes); remove it for a new one",
+                       path, CFG_SECRET_MAX);
+    memcpy(token, text, len);
+    token[len] = 0;
+    return QL_OK;
+}
+
+/* A new admin token into path (created, mode 0600, never over a file) and
+ * token. */
+static int write_new_token(const char *path, char *token, size_t cap, char *msg, size_t msg_len)
+{
+    unsigned char raw[GENERATED_TOKEN_BYTES];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw || cap < 2 * sizeof raw + 1)
+        return ql_fail(msg, msg_len, QL_EIO, "admin token: no random bytes: %s", strerror(errno));
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(token + 2 * i, 3, "%02x", raw[i]);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write(fd, token, 2 * sizeof raw) == (ssize_t)(2 * sizeof raw) &&
+              write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+    int err = errno;
+    if (fd >= 0 && close(fd) != 0)
+        ok = false;
+    if (!ok) {
+        if (fd >= 0)
+            unlink(path);
+        token[0] = 0;
+        return ql_fail(msg, msg_len, QL_EIO, "admin token file %s: cannot write it: %s", path,
+                       strerror(err));
+    }
+    return QL_OK;
+}
+
+/*
+ * With a --host that is not loopback and no admin token configured, the
+ * admin routes must not be open to the network: the token kept under the
+ * state directory dir by an earlier start, else a new one written there,
+ * into s->generated_token, and the log says where (never the token).
+ * QL_EIO, and the server does not start, when it can be neither.
+ */
+static int admin_token_for_network(srv_server *s, const char *dir, char *msg, size_t msg_len)
+{
+    const cfg_serve *c = s->cfg;
+    if (c->admin_token || srv_is_loopback_address(c->host))
+        return QL_OK;
+    char path[PATH_MAX];
+    int err = dir[0] ? make_dirs(dir) : ENOENT;
+    if (err || snprintf(path, sizeof path, "%s/%s", dir, CFG_ADMIN_TOKEN_NAME) >= (int)sizeof path)
+        return ql_fail(msg, msg_len, QL_EIO,
+                       "--host %s is not loopback, so the admin routes need a token, and none "
+                       "is configured; the state directory %s to generate one into cannot be "
+                       "made: %s (give --admin-token-file FILE, or --state-dir DIR)",
+                       c->host, dir[0] ? dir : "(no HOME)", strerror(err ? err : ENAMETOOLONG));
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    bool kept = fd >= 0;
+    int rc =
+        kept
+            ? read_kept_token(fd, path, s->generated_token, sizeof s->generated_token, msg, msg_len)
+        : errno == ENOENT
+            ? write_new_token(path, s->generated_token, sizeof s->generated_token, msg, msg_len)
+            : ql_fail(msg, msg_len, QL_EIO, "admin token file %s: %s", path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    if (rc != QL_OK)
+        return rc;
+    fprintf(stderr,
+            "qlserve: --host %s is not loopback and no admin token is configured: the admin "
+            "routes want the token %s %s (mode 0600); send \"Authorization: Bearer $(cat %s)\"\n",
+            c->host, kept ? "kept in" : "generated into", path, path);
+    return QL_OK;
+}
+
+/* The journal's name in the adapter folder before it moved out: one left
+ * there is no longer read (anyone who can upload an adapter can write it),
+ * which the log says, so that an upgrade does not lose it unseen. */
+#define OLD_STATE_FILE_NAME ".qlserve-state.json"
+
+/* The state directory's files, before the server listens: the journal's
+ * path into j, the admin token a network listener needs into s. */
+static int prepare_state(srv_server *s, load_job *j, char *msg, size_t msg_len)
+{
+    char dir[PATH_MAX] = "", old[PATH_MAX];
+    if (!state_dir_path(s->cfg, dir, sizeof dir))
+        dir[0] = 0;
+    int rc = state_file_path(s->cfg, dir, j->state_file, sizeof j->state_file, msg, msg_len);
+    struct stat sb;
+    if (rc == QL_OK && s->cfg->adapter_dir && !s->cfg->state_file &&
+        snprintf(old, sizeof old, "%s/%s", s->cfg->adapter_dir, OLD_STATE_FILE_NAME) <
+            (int)sizeof old &&
+        stat(old, &sb) == 0)
+        fprintf(stderr,
+                "qlserve: warning: %s is not read: the journal lives in the state directory "
+                "now (%s), out of the adapter folder uploaders can write; check it and move it "
+                "there to keep what it holds\n",
+                old, j->state_file[0] ? j->state_file : "none usable");
+    return rc == QL_OK ? admin_token_for_network(s, dir, msg, msg_len) : rc;
 }
 
 /* Replay the registry's journal and say in the log what came back and
@@ -356,7 +528,7 @@ int srv_serve(const cfg_serve *cfg)
     char msg[1024];
     int port = 0;
     load_job *j = calloc(1, sizeof *j);
-    if (!j || state_file_path(cfg, j->state_file, sizeof j->state_file, msg, sizeof msg) != QL_OK ||
+    if (!j || prepare_state(s, j, msg, sizeof msg) != QL_OK ||
         srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve serve: %s\n", j ? msg : "out of memory");
         free(j);
@@ -366,6 +538,7 @@ int srv_serve(const cfg_serve *cfg)
         free(s);
         return 1;
     }
+    s->port = port; /* the Host rule's port */
     fprintf(stderr, "qlserve: listening on http://%s:%d (loading %s)\n", cfg->host, port,
             cfg->model.path);
     /* the model file rewritten in place under the server (mapped_file.c) */

@@ -22,9 +22,11 @@
  *   tool_calls.c  tool calls parsed out of a model's text, in its syntax;
  *   chat_tools.c  chat's tools and tool_choice, and the answer's tool calls;
  *   api_chat.c    /v1/chat/completions and /chat_tokenize;
- *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state);
- *   routes.c      the route table, /health and /metrics, the API key
- *                 gate and CORS preflights;
+ *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state)
+ *                 and who may use them (the token, or a request no web page
+ *                 can send), and the Host rule against DNS rebinding;
+ *   routes.c      the route table, /health and /metrics, the Host and API
+ *                 key gates and CORS preflights;
  *   serve.c       setup (the hooks), the loop, the model loaded off the
  *                 loop, signals and the graceful drain.
  * What they share and nobody else needs is in internal/server_internal.h.
@@ -92,8 +94,17 @@ typedef struct srv_request {
     size_t url_len;
     char *body;
     size_t body_len, body_cap;
-    char authorization[512];
+    /* "Bearer " and a secret of at most CFG_SECRET_MAX bytes (config
+     * refuses a longer admin token or API key at start), and its NUL */
+    char authorization[7 + CFG_SECRET_MAX + 1];
     bool auth_too_long;
+    /* Host and Content-Type, "" when absent (admin.c's trust rules); a
+     * value too long for its field sets host_too_long or
+     * content_type_too_long, and is then neither an allowed host nor JSON.
+     * 264: a 253-byte DNS name, ":65535" and room. */
+    char host[264];
+    char content_type[128];
+    bool host_too_long, content_type_too_long;
     /* CORS (routes.c and http.c read them): Origin, and a preflight's
      * Access-Control-Request-Method and -Headers; "" when absent. A value
      * too long for its field sets cors_too_long, and the request is then
@@ -205,6 +216,12 @@ struct srv_server {
     gr_cache *grammars;
     char model_id[160];
     double started_at; /* unix time */
+    /* the port listened on (0 for a seam user: any port in a Host header
+     * is then taken), and the admin token serve.c generated or read from
+     * the state directory when --host is not loopback and cfg has none
+     * ("": none; admin.c's srv_admin_token says which one is in force) */
+    int port;
+    char generated_token[CFG_SECRET_MAX + 1];
     /* the engine's events, appended on the engine thread */
     pthread_mutex_t events_mu;
     struct srv_event *events, *events_tail;
@@ -233,6 +250,13 @@ struct srv_server {
  * and every byte compared (request.c). A longer given is false at once: its
  * length is the client's own. */
 bool srv_secret_equal(const char *given, size_t given_len, const char *want);
+
+/* value as a Prometheus label value (text exposition format 0.0.4):
+ * backslash, double quote and newline escaped as \\, \" and \n, into out
+ * (cap bytes, NUL-terminated, cut short when it does not fit); the length
+ * the whole escaped value needs, as snprintf counts. Every label value
+ * /metrics prints goes through it (metrics.c). */
+size_t srv_prom_label_escape(char *out, size_t cap, const char *value);
 
 /* Run `qlserve serve` with cfg until a signal drains it; the exit status. */
 int srv_serve(const cfg_serve *cfg);

@@ -115,7 +115,9 @@ static inline bool hc_send_str(hc_conn *c, const char *text)
 }
 
 /* A request with a Content-Length body (body NULL: none). extra_headers:
- * whole lines ("Authorization: Bearer x\r\n") or NULL. */
+ * whole lines ("Authorization: Bearer x\r\n") or NULL. A body, and any
+ * POST, goes as Content-Type: application/json, as an admin request
+ * without a token must (server/admin.c). */
 static inline bool hc_send_request(hc_conn *c, const char *method, const char *path,
                                    const char *extra_headers, const char *body)
 {
@@ -124,9 +126,10 @@ static inline bool hc_send_request(hc_conn *c, const char *method, const char *p
     char *req = malloc(cap);
     if (!req)
         return false;
-    int n = snprintf(req, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s%s", method, path,
-                     extra_headers ? extra_headers : "",
-                     body ? "Content-Type: application/json\r\n" : "");
+    int n =
+        snprintf(req, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s%s", method, path,
+                 extra_headers ? extra_headers : "",
+                 body || strcmp(method, "POST") == 0 ? "Content-Type: application/json\r\n" : "");
     if (body)
         n += snprintf(req + n, cap - (size_t)n, "Content-Length: %zu\r\n", blen);
     n += snprintf(req + n, cap - (size_t)n, "\r\n");

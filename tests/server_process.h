@@ -60,19 +60,42 @@ static inline void sp_kill(void)
     }
 }
 
+/* The server's default state directory (its journal, a generated admin
+ * token) under sp_spawn: $XDG_STATE_HOME/qlserve with XDG_STATE_HOME the
+ * folder xdg-state beside log_path, so that no test's server reads or
+ * writes the user's own ~/.local/state/qlserve or another test's. */
+static inline void sp_state_dir(const char *log_path, char *out, size_t cap)
+{
+    const char *slash = strrchr(log_path, '/');
+    int n = slash ? (int)(slash - log_path) : 1;
+    snprintf(out, cap, "%.*s/xdg-state/qlserve", n, slash ? log_path : ".");
+}
+
 /* Fork and exec the binary with argv (argv[0] is QL_BINARY), stdout and
- * stderr into log_path, without the caller's QLSERVE_* variables. */
+ * stderr into log_path, without the caller's QLSERVE_* variables and with
+ * XDG_STATE_HOME beside log_path (sp_state_dir). */
 static inline void sp_spawn(const char *const *argv, const char *log_path)
 {
     snprintf(sp.log_path, sizeof sp.log_path, "%s", log_path);
+    static char state_home[640];
+    sp_state_dir(log_path, state_home, sizeof state_home);
+    *strrchr(state_home, '/') = 0; /* XDG_STATE_HOME: without /qlserve */
+    memmove(state_home + strlen("XDG_STATE_HOME="), state_home, strlen(state_home) + 1);
+    memcpy(state_home, "XDG_STATE_HOME=", strlen("XDG_STATE_HOME="));
     size_t n_env = 0;
     while (environ[n_env])
         n_env++;
-    char **env = calloc(n_env + 1, sizeof *env);
+    char **env = calloc(n_env + 2, sizeof *env);
     cr_assert(env);
-    for (size_t i = 0, k = 0; i < n_env; i++)
-        if (strncmp(environ[i], "QLSERVE_", 8) != 0)
+    size_t k = 0;
+    for (size_t i = 0; i < n_env; i++)
+        if (strncmp(environ[i], "QLSERVE_", 8) != 0 && strncmp(environ[i], "XDG_STATE_HOME=", 15))
             env[k++] = environ[i];
+    env[k] = state_home;
+    /* emptied here, not in the child: a restart on the same log must not
+     * find the last run's port in it (sp_wait_ready) */
+    int log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(log_fd, 0, "cannot write %s", log_path);
     fflush(NULL);
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -81,15 +104,12 @@ static inline void sp_spawn(const char *const *argv, const char *log_path)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(127);
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
+        dup2(log_fd, 1);
+        dup2(log_fd, 2);
         execve(QL_BINARY, (char *const *)argv, env);
         _exit(127);
     }
+    close(log_fd);
     free(env);
     sp.pid = pid;
 }
@@ -98,12 +118,15 @@ static inline void sp_spawn(const char *const *argv, const char *log_path)
 static inline void sp_wait_ready(void)
 {
     sp.port = 0;
-    const char *mark = "listening on http://127.0.0.1:";
+    const char *mark = "listening on http://";
     for (int tries = 0; tries < 2000 && !sp.port; tries++) {
         char *log = sp_read_log();
         const char *at = strstr(log, mark);
-        if (at)
-            sp.port = atoi(at + strlen(mark));
+        const char *colon = at ? strchr(at + strlen(mark), ' ') : NULL;
+        while (colon && colon > at && *colon != ':')
+            colon--; /* the port after the address (127.0.0.1, 0.0.0.0) */
+        if (colon && *colon == ':')
+            sp.port = atoi(colon + 1);
         free(log);
         if (!sp.port) {
             int st;

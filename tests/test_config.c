@@ -487,6 +487,59 @@ Test(config, missing_token_file_refused)
     ASSERT_MSG_HAS("No such file");
 }
 
+/* An admin token the server could never match (a request's Authorization
+ * header holds "Bearer " and CFG_SECRET_MAX bytes) is refused at start,
+ * naming the file and the length; CFG_SECRET_MAX bytes are fine. */
+Test(config, admin_token_longer_than_the_header_takes_refused)
+{
+    char path[600], token[602];
+    memset(token, 't', 600);
+    token[600] = '\n';
+    token[601] = 0;
+    write_file("token", token, path, sizeof path);
+    cfg_serve c;
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_EUSAGE);
+    ASSERT_MSG_HAS("--admin-token-file");
+    ASSERT_MSG_HAS(path);
+    ASSERT_MSG_HAS("600 bytes");
+    ASSERT_MSG_HAS("at most 256");
+    cr_assert_null(strstr(msg, "tttt"), "the message shows the token: %s", msg);
+    token[CFG_SECRET_MAX] = 0;
+    write_file("token", token, path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--admin-token-file", path), QL_OK, "%s", msg);
+    cr_assert_eq(strlen(c.admin_token), CFG_SECRET_MAX);
+    cfg_serve_free(&c);
+    token[CFG_SECRET_MAX] = 't';
+    token[CFG_SECRET_MAX + 1] = 0;
+    setenv("QLSERVE_ADMIN_TOKEN", token, 1);
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_EUSAGE);
+    ASSERT_MSG_HAS("QLSERVE_ADMIN_TOKEN: the admin token is 257 bytes");
+    unsetenv("QLSERVE_ADMIN_TOKEN");
+}
+
+/* --allowed-hosts takes Host values (name, name:port, [v6]:port, *), not
+ * URLs; --state-dir is a path like any other. */
+Test(config, allowed_hosts_and_state_dir)
+{
+    cfg_serve c;
+    cr_assert_eq(PARSE(&c, "--model", "m"), QL_OK, "%s", msg);
+    cr_assert_null(c.allowed_hosts);
+    cr_assert_null(c.state_dir);
+    cfg_serve_free(&c);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--allowed-hosts",
+                       "proxy.example, localhost:9000,[::1]:80", "--state-dir", "/var/lib/qlserve"),
+                 QL_OK, "%s", msg);
+    cr_assert_str_eq(c.allowed_hosts, "proxy.example, localhost:9000,[::1]:80");
+    cr_assert_str_eq(c.state_dir, "/var/lib/qlserve");
+    cfg_serve_free(&c);
+    char bad[][32] = {"http://proxy.example", "proxy.example/v1", "a,,b", "*.example"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(PARSE(&c, "--model", "m", "--allowed-hosts", bad[i]), QL_EUSAGE, "%s", bad[i]);
+        ASSERT_MSG_HAS("--allowed-hosts");
+        ASSERT_MSG_HAS("not a Host header's value");
+    }
+}
+
 Test(config, empty_token_file_refused)
 {
     char path[600];

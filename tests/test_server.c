@@ -801,9 +801,9 @@ Test(server, pipelined_requests_are_answered_in_order)
     const char *b1 = "{\"inputs\": \"Alpha\", \"parameters\": {\"max_new_tokens\": 6}}";
     const char *b2 = "{\"inputs\": \"Beta\", \"parameters\": {\"max_new_tokens\": 3}}";
     snprintf(wire, sizeof wire,
-             "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s"
-             "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s"
-             "GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+             "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n%s"
+             "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n%s"
+             "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
              strlen(b1), b1, strlen(b2), b2);
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
@@ -837,7 +837,7 @@ Test(server, chunked_request_body_is_read_whole)
                            "nks\", \"parameters\": ", "{\"max_new_tokens\": 5}}"};
     char wire[1024];
     int n = snprintf(wire, sizeof wire,
-                     "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                     "POST /generate HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
                      "Content-Type: application/json\r\n\r\n");
     for (int i = 0; i < 3; i++)
         n += snprintf(wire + n, sizeof wire - (size_t)n, "%zx\r\n%s\r\n", strlen(parts[i]),
@@ -866,7 +866,7 @@ Test(server, malformed_http_gets_400_and_the_connection_closed)
     start_server(&spec, NULL);
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
-    cr_assert(hc_send_str(&c, "GET /health HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n"));
+    cr_assert(hc_send_str(&c, "GET /health HTTP/1.1\r\nHost: localhost\r\nNo colon here\r\n\r\n"));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
     expect_error(&r, 400, "invalid_request", "malformed HTTP");
@@ -1070,7 +1070,7 @@ Test(server, body_over_the_limit_gets_413)
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
     char head[256];
-    snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
+    snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
              strlen(body));
     cr_assert(hc_send_str(&c, head));
     hc_response r;
@@ -1085,7 +1085,7 @@ Test(server, body_over_the_limit_gets_413)
     char wire[1600];
     snprintf(
         wire, sizeof wire,
-        "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n",
+        "POST /generate HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n",
         strlen(body), body);
     cr_assert(hc_send_str(&c, wire));
     cr_assert(hc_read_response(&c, &r));
@@ -1101,7 +1101,7 @@ Test(server, body_over_the_limit_gets_413)
     char *payload = malloc(big);
     cr_assert(payload);
     memset(payload, 'x', big);
-    snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
+    snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
              big);
     cr_assert(hc_send_str(&c, head));
     hc_send(&c, payload, big); /* may fail part way once the server has answered */
@@ -1124,7 +1124,7 @@ Test(server, headers_over_the_limit_get_431)
     char pad[2001];
     memset(pad, 'x', 2000);
     pad[2000] = 0;
-    snprintf(wire, sizeof wire, "GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\n\r\n", pad);
+    snprintf(wire, sizeof wire, "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: %s\r\n\r\n", pad);
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, wire));
@@ -1136,7 +1136,7 @@ Test(server, headers_over_the_limit_get_431)
     hc_close(&c);
     /* a long URL counts too */
     cr_assert(hc_open(&c, sp.port));
-    snprintf(wire, sizeof wire, "GET /health?%s HTTP/1.1\r\nHost: x\r\n\r\n", pad);
+    snprintf(wire, sizeof wire, "GET /health?%s HTTP/1.1\r\nHost: localhost\r\n\r\n", pad);
     cr_assert(hc_send_str(&c, wire));
     cr_assert(hc_read_response(&c, &r));
     cr_assert_eq(r.status, 431, "%s", r.body);
@@ -1153,7 +1153,7 @@ Test(server, slow_request_gets_408)
     cr_assert(hc_open(&c, sp.port));
     /* half a request, then nothing: the server gives up after 500 ms */
     cr_assert(hc_send_str(
-        &c, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs\""));
+        &c, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"inputs\""));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
     expect_error(&r, 408, "timeout", NULL);
@@ -1171,7 +1171,7 @@ Test(server, request_trickled_past_the_timeout_gets_408)
     cr_assert(hc_open(&c, sp.port));
     /* a byte every 100 ms: each gap is well inside the timeout, the whole
      * request (3 s) far past it */
-    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: 0123456789\r\n\r\n";
+    const char *req = "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: 0123456789\r\n\r\n";
     size_t sent = 0;
     for (; req[sent]; sent++) {
         struct pollfd p = {.fd = c.fd, .events = POLLIN};
@@ -1196,8 +1196,8 @@ Test(server, head_request_gets_headers_without_a_body_and_the_connection_goes_on
     start_server(&spec, NULL);
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
-    cr_assert(hc_send_str(&c, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                              "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+    cr_assert(hc_send_str(&c, "HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                              "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"));
     hc_response r;
     cr_assert(hc_read_head(&c, &r));
     cr_assert_eq(r.status, 405);

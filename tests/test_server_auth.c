@@ -13,7 +13,12 @@
  * every answer (a 401 and a stream too), an unlisted one none; a preflight
  * from a listed origin is a 204 without the key, naming the route's
  * methods and the allowed headers it asked for; "*" lets any origin in;
- * without the flag an OPTIONS is the 405 it always was.
+ * without the flag an OPTIONS is the 405 it always was. Without an admin
+ * token the admin routes refuse what a web page can send (a simple
+ * cross-site POST, a foreign Origin, a DNS-rebound Host, which the
+ * inference routes of a loopback server refuse too); --allowed-hosts lets
+ * a proxy's name in; a network --host without a token gets one generated
+ * (mode 0600).
  */
 #define _GNU_SOURCE /* unshare, CLONE_NEWNET */
 #include <arpa/inet.h>
@@ -364,6 +369,180 @@ Test(auth, a_bad_key_file_stops_the_server_naming_it)
     expect_refused_at_start("sk with space\n", "space or control character");
     unlink(key_file);
     expect_refused_at_start(NULL, "cannot read the API key");
+}
+
+/* --- what a web page can send ------------------------------------------------------- */
+
+/* method path with exactly the request head lines given (host: the Host
+ * header's value, NULL: none; more: whole lines or NULL) and body (NULL:
+ * none, else sent with Content-Length and no Content-Type unless more has
+ * one): what a browser's request looks like, which hc_request cannot make. */
+static hc_response raw_request(const char *method, const char *path, const char *host,
+                               const char *more, const char *body)
+{
+    hc_conn c;
+    cr_assert(hc_open(&c, sp.port));
+    char head[2048];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\n", method, path);
+    if (host)
+        n += snprintf(head + n, sizeof head - (size_t)n, "Host: %s\r\n", host);
+    n += snprintf(head + n, sizeof head - (size_t)n, "Connection: close\r\n%s", more ? more : "");
+    if (body)
+        n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", strlen(body));
+    snprintf(head + n, sizeof head - (size_t)n, "\r\n%s", body ? body : "");
+    hc_response r = {0};
+    cr_assert(hc_send_str(&c, head) && hc_read_response(&c, &r), "%s %s: no response", method,
+              path);
+    hc_close(&c);
+    return r;
+}
+
+/* r is a 403 whose message holds needle. */
+static void expect_forbidden(hc_response *r, const char *needle, const char *what)
+{
+    cr_assert_eq(r->status, 403, "%s: %d %s", what, r->status, r->body);
+    cr_assert(strstr(r->body, needle), "%s: the 403 does not say \"%s\": %s", what, needle,
+              r->body);
+    hc_response_free(r);
+}
+
+#define JSON_TYPE "Content-Type: application/json\r\n"
+
+/* Without an admin token, a loopback server's admin routes take what curl
+ * and scripts send (JSON, a loopback Host) and refuse what a web page the
+ * user opens can send: a "simple" cross-site POST (text/plain, a form, no
+ * body type), a foreign Origin, a DNS-rebound Host (evil.example:PORT),
+ * which guards the inference routes too. Each 403 names its reason. */
+Test(auth, without_a_token_admin_refuses_what_a_web_page_can_send)
+{
+    start(NULL);
+    char own[64], rebound[64], own_origin[96];
+    snprintf(own, sizeof own, "127.0.0.1:%d", sp.port);
+    snprintf(rebound, sizeof rebound, "evil.example:%d", sp.port);
+    snprintf(own_origin, sizeof own_origin, "Origin: http://127.0.0.1:%d\r\n" JSON_TYPE, sp.port);
+    const char *merge = "/admin/engine/resume", *body = "{}";
+    hc_response r = raw_request("POST", merge, own, "Content-Type: text/plain\r\n", body);
+    expect_forbidden(&r, "Content-Type text/plain", "a simple cross-site POST");
+    r = raw_request("POST", merge, own, "Content-Type: application/x-www-form-urlencoded\r\n",
+                    body);
+    expect_forbidden(&r, "Content-Type application/x-www-form-urlencoded", "a form");
+    r = raw_request("POST", merge, own, NULL, NULL);
+    expect_forbidden(&r, "Content-Type (none)", "a POST without a body");
+    r = raw_request("POST", merge, own, "Origin: http://evil.example\r\n" JSON_TYPE, body);
+    expect_forbidden(&r, "Origin http://evil.example", "a foreign origin, even with JSON");
+    r = raw_request("POST", merge, own, "Origin: null\r\n" JSON_TYPE, body);
+    expect_forbidden(&r, "Origin null", "a sandboxed page");
+    r = raw_request("POST", merge, rebound, JSON_TYPE, body);
+    expect_forbidden(&r, "Host evil.example", "DNS rebinding, a POST");
+    r = raw_request("GET", "/admin/adapters", rebound, NULL, NULL);
+    expect_forbidden(&r, "Host evil.example", "DNS rebinding, an admin read");
+    r = raw_request("GET", "/admin/adapters", own, "Origin: http://evil.example\r\n", NULL);
+    expect_forbidden(&r, "Origin http://evil.example", "a cross-origin admin read");
+    r = raw_request("GET", "/v1/models", rebound, NULL, NULL);
+    expect_forbidden(&r, "--allowed-hosts", "DNS rebinding, the inference routes");
+    r = raw_request("POST", "/v1/completions", rebound, JSON_TYPE, completion);
+    expect_forbidden(&r, "Host evil.example", "DNS rebinding, a generation");
+    r = raw_request("GET", "/v1/models", "localhost:1", NULL, NULL);
+    expect_forbidden(&r, "Host localhost:1", "a loopback name with another port");
+
+    /* what curl, the SDKs and a same-origin page send is served */
+    const char *fine[][2] = {
+        {own, JSON_TYPE},
+        {"localhost", "Content-Type: Application/JSON; charset=utf-8\r\n"},
+        {own, own_origin},
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof *fine; i++) {
+        r = raw_request("POST", merge, fine[i][0], fine[i][1], body);
+        cr_assert_eq(r.status, 200, "%zu: %d %s", i, r.status, r.body);
+        hc_response_free(&r);
+    }
+    char v6[64];
+    snprintf(v6, sizeof v6, "[::1]:%d", sp.port);
+    const char *hosts[] = {own, v6, "localhost", "127.0.0.2", NULL /* HTTP/1.0 style */};
+    for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++) {
+        r = raw_request("GET", "/v1/models", hosts[i], NULL, NULL);
+        cr_assert_eq(r.status, 200, "Host %s: %d %s", hosts[i] ? hosts[i] : "(none)", r.status,
+                     r.body);
+        hc_response_free(&r);
+    }
+    /* a DELETE is never sent cross-site unasked: no Content-Type wanted */
+    r = raw_request("DELETE", "/admin/adapters/nope", own, NULL, NULL);
+    cr_assert_eq(r.status, 404, "%d %s", r.status, r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+/* A reverse proxy or tunnel that sends its own Host is let in by
+ * --allowed-hosts: a name alone takes any port, name:port that port. */
+Test(auth, allowed_hosts_lets_a_proxy_name_in)
+{
+    start((const char *[]){"--allowed-hosts", "llm.internal, localhost:9000", NULL});
+    const char *ok[] = {"llm.internal", "LLM.internal:443", "localhost:9000"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        hc_response r = raw_request("GET", "/v1/models", ok[i], NULL, NULL);
+        cr_assert_eq(r.status, 200, "Host %s: %d %s", ok[i], r.status, r.body);
+        hc_response_free(&r);
+    }
+    hc_response r = raw_request("GET", "/v1/models", "localhost:9001", NULL, NULL);
+    expect_forbidden(&r, "one of --allowed-hosts llm.internal, localhost:9000", "another port");
+    r = raw_request("GET", "/v1/models", "evil.example", NULL, NULL);
+    expect_forbidden(&r, "Host evil.example", "a name not listed");
+    /* a probe dials an address the server cannot know: health answers */
+    r = raw_request("GET", "/health", "10.1.2.3:8080", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+/* --host 0.0.0.0 (the rule is about the address listened on, not the
+ * peer: the test connects through 127.0.0.1) with no admin token: one is
+ * generated into the state directory, mode 0600, the log says where, and
+ * the admin routes want it from every peer, loopback included; the Host
+ * rule, a loopback server's, is off. A restart keeps the same token. */
+Test(auth, a_network_host_without_a_token_generates_one)
+{
+    const char *args[] = {"--host", "0.0.0.0", NULL};
+    start(args);
+    char state_dir[660], path[700];
+    sp_state_dir(log_path, state_dir, sizeof state_dir);
+    snprintf(path, sizeof path, "%s/admin-token", state_dir);
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0, "no token file %s: %s", path, sp_read_log());
+    cr_assert_eq(sb.st_mode & 0777, 0600, "mode %o", sb.st_mode & 0777);
+    char *log = sp_read_log();
+    cr_assert(strstr(log, path) && strstr(log, "generated"), "the log does not say where: %s", log);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    char token[128] = "", auth[200];
+    cr_assert(fgets(token, sizeof token, f));
+    fclose(f);
+    token[strcspn(token, "\n")] = 0;
+    cr_assert_eq(strlen(token), 64, "%s", token);
+    cr_assert_null(strstr(log, token), "the log shows the token");
+    free(log);
+    hc_response r = request("POST", "/admin/engine/resume", NULL, "{}");
+    cr_assert_eq(r.status, 401, "a loopback peer without the token: %d %s", r.status, r.body);
+    hc_response_free(&r);
+    r = request("GET", "/admin/adapters", NULL, NULL);
+    cr_assert_eq(r.status, 401, "%d %s", r.status, r.body);
+    hc_response_free(&r);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", token);
+    r = request("POST", "/admin/engine/resume", auth, "{}");
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    hc_response_free(&r);
+    r = raw_request("GET", "/v1/models", "llm.example.com", NULL, NULL);
+    cr_assert_eq(r.status, 200, "a network server answers any Host: %d %s", r.status, r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
+
+    start(args);
+    log = sp_read_log();
+    cr_assert(strstr(log, "kept in") && strstr(log, path), "%s", log);
+    free(log);
+    r = request("GET", "/admin/adapters", auth, NULL);
+    cr_assert_eq(r.status, 200, "the same token after a restart: %d %s", r.status, r.body);
+    hc_response_free(&r);
+    sp_stop_cleanly();
 }
 
 /* --- CORS ---------------------------------------------------------------------------- */

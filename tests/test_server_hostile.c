@@ -238,7 +238,7 @@ Test(server_hostile, pipelining_without_reading_holds_a_bounded_backlog)
     start(NULL);
     long before = rss_kib();
     double slow = slow_loop_turns(NULL);
-    const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *one = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
     size_t len = strlen(one);
     char *burst = malloc(len * PIPELINED);
     cr_assert(burst);
@@ -276,7 +276,7 @@ Test(server_hostile, pipelining_without_reading_holds_a_bounded_backlog)
 Test(server_hostile, a_close_whose_output_is_never_read_is_forced)
 {
     start(NULL);
-    const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *one = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
     size_t len = strlen(one);
     char *burst = malloc(len * PIPELINED);
     cr_assert(burst);
@@ -300,7 +300,7 @@ Test(server_hostile, a_close_whose_output_is_never_read_is_forced)
 Test(server_hostile, drain_ends_while_a_client_never_reads)
 {
     start((const char *[]){"--grace-ms", "500", NULL});
-    const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *one = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
     size_t len = strlen(one);
     char *burst = malloc(len * PIPELINED);
     cr_assert(burst);
@@ -335,7 +335,7 @@ Test(server_hostile, input_behind_a_running_request_is_not_buffered_without_limi
     const char *body = "{\"prompt\": \"a\", \"max_tokens\": 64, \"ignore_eos\": true}";
     char head[256];
     int n = snprintf(head, sizeof head,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                      "application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     cr_assert_eq(push(fd, head, (size_t)n, 1000), (size_t)n);
@@ -344,7 +344,7 @@ Test(server_hostile, input_behind_a_running_request_is_not_buffered_without_limi
     sp_step_until_generated(1, NULL);
     /* valid requests, so that when the running one ends the server goes
      * on answering them, and the bound of unread answers holds it back */
-    const char *one = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *one = "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n";
     size_t one_len = strlen(one), flood_len = ((size_t)64 << 20) / one_len * one_len;
     char *flood = malloc(flood_len);
     cr_assert(flood);
@@ -407,7 +407,7 @@ Test(server_hostile, a_trailer_never_stands_in_for_a_header)
     char req[1024];
     /* the key only in a trailer: refused */
     snprintf(req, sizeof req,
-             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
              "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\nAuthorization: Bearer "
              "sekrit\r\n\r\n",
              strlen(body), body);
@@ -420,7 +420,7 @@ Test(server_hostile, a_trailer_never_stands_in_for_a_header)
     hc_response_free(&r);
     /* the key in the header and a wrong one in a trailer: the header stands */
     snprintf(req, sizeof req,
-             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
+             "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sekrit\r\n"
              "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n"
              "0\r\nAuthorization: Bearer wrong\r\n\r\n",
              strlen(body), body);
@@ -466,7 +466,7 @@ static int post_raw(const char *path, const char *body, size_t len)
     cr_assert_geq(fd, 0);
     char head[256];
     int n = snprintf(head, sizeof head,
-                     "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n",
                      path, len);
     cr_assert_eq(push(fd, head, (size_t)n, 1000), (size_t)n);

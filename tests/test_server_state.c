@@ -2,7 +2,9 @@
  * test_server_state.c - the adapter registry's state survives a restart:
  * the real binary on the tiny model (tests/tiny_model.h) with an adapter
  * folder, stopped with SIGTERM and started again on the same state file
- * (--state-file, by default .qlserve-state.json under --adapter-dir).
+ * (--state-file, by default state.json under the server's state
+ * directory, never the adapter folder; sp_spawn points it into the test's
+ * own folder).
  *
  * Pinned: after a restart /admin/adapters lists the same adapters with the
  * same scales, /admin/state shows the same weights_digest and merged list,
@@ -27,6 +29,7 @@
 
 #include "http_client.h"
 #include "lora_fixture.h"
+#include "server.h"
 #include "server_process.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -40,7 +43,9 @@ static void setup(void)
     snprintf(model_dir, sizeof model_dir, "%s/tiny", dir);
     snprintf(adapter_dir, sizeof adapter_dir, "%s/adapters", dir);
     snprintf(log_path, sizeof log_path, "%s/server.log", dir);
-    snprintf(default_state, sizeof default_state, "%s/.qlserve-state.json", adapter_dir);
+    char state_dir[660];
+    sp_state_dir(log_path, state_dir, sizeof state_dir);
+    snprintf(default_state, sizeof default_state, "%s/state.json", state_dir);
     cr_assert_eq(mkdir(model_dir, 0700), 0);
     cr_assert_eq(mkdir(adapter_dir, 0700), 0);
     tiny_spec spec = tiny_default();
@@ -388,19 +393,23 @@ Test(server_state, an_explicit_state_file_that_cannot_be_written_stops_the_serve
 
 Test(server_state, an_unusable_default_warns_and_none_writes_nothing)
 {
-    /* an adapter folder that is not there: its default state file cannot
-     * be written, which only warns */
-    snprintf(adapter_dir, sizeof adapter_dir, "%s/not-there", dir);
+    /* a file where the default state directory's parent should be: the
+     * default state file cannot be made, which only warns */
+    char xdg[700];
+    snprintf(xdg, sizeof xdg, "%s/xdg-state", dir);
+    FILE *f = fopen(xdg, "wb");
+    cr_assert(f);
+    fclose(f);
     start(NULL);
     char *log = sp_read_log();
-    cr_assert(strstr(log, "warning: state file") && strstr(log, "not-there"), "%s", log);
+    cr_assert(strstr(log, "warning: state file") && strstr(log, "xdg-state"), "%s", log);
     free(log);
     cJSON *st = call("GET", "/admin/state", NULL, 200);
     cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(st, "state_file")));
     cJSON_Delete(st);
     sp_stop_cleanly();
+    unlink(xdg);
 
-    snprintf(adapter_dir, sizeof adapter_dir, "%s/adapters", dir);
     write_adapter("a", 11);
     const char *extra[] = {"--state-file", "none", NULL};
     start(extra);
@@ -410,4 +419,119 @@ Test(server_state, an_unusable_default_warns_and_none_writes_nothing)
     cr_assert_null(strstr(log, "warning: state file"), "%s", log);
     free(log);
     sp_stop_cleanly();
+}
+
+/* --- the journal is no trusted input --------------------------------------------- */
+
+/* A journal an uploader could have written: an adapter that is fine (a),
+ * one whose name would end a /metrics line and forge a series, and a merge
+ * of a at a scale no admin request may ask, without safe_merge. */
+static void write_forged_journal(const char *path)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    fputs("{\"version\": 1, \"adapters\": ["
+          "{\"name\": \"a\", \"path\": \"a\", \"scale\": 1},"
+          "{\"name\": \"\\\"} 1\\nforged_metric 31337\\n#\", \"path\": \"b\", \"scale\": 1}],"
+          " \"merged\": [{\"name\": \"a\", \"scale\": 1000000, \"into\": null,"
+          " \"safe_merge\": false}]}\n",
+          f);
+    fclose(f);
+}
+
+/* GET /metrics' text (the caller's to free). */
+static char *metrics_text(void)
+{
+    hc_response r;
+    cr_assert(hc_request(sp.port, "GET", "/metrics", NULL, NULL, &r));
+    cr_assert_eq(r.status, 200);
+    char *text = strdup(r.body);
+    hc_response_free(&r);
+    return text;
+}
+
+/* The old default place, the adapter folder, is one an uploader can write:
+ * a journal there is not the server's and is never replayed; the server's
+ * own goes to its state directory. */
+Test(server_state, a_journal_in_the_adapter_folder_is_not_replayed)
+{
+    write_adapter("a", 11);
+    write_adapter("b", 12);
+    char planted[700];
+    snprintf(planted, sizeof planted, "%s/.qlserve-state.json", adapter_dir);
+    write_forged_journal(planted);
+    start(NULL);
+    cJSON *list = call("GET", "/admin/adapters", NULL, 200);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(list, "adapters")), 0,
+                 "the planted journal was replayed");
+    cJSON_Delete(list);
+    char *text = metrics_text();
+    cr_assert_null(strstr(text, "forged_metric"), "%s", text);
+    free(text);
+    text = sp_read_log();
+    cr_assert(strstr(text, ".qlserve-state.json is not read"), "no warning: %s", text);
+    free(text);
+    load("a", "a", 1.0);
+    journal_holds(default_state, "a", "");
+    struct stat sb;
+    cr_assert_eq(stat(default_state, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0600, "the journal is the server's alone: %o", sb.st_mode);
+    sp_stop_cleanly();
+}
+
+/* A journal's names and scales pass the admin API's own checks on replay:
+ * the forged name and the merge at 1e6 are refused by name with the reason
+ * (log and /admin/state), the valid adapter comes back and serves, and
+ * /metrics holds no forged series. */
+Test(server_state, forged_names_and_scales_in_a_journal_are_refused_on_replay)
+{
+    write_adapter("a", 11);
+    write_adapter("b", 12);
+    char path[700];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    write_forged_journal(path);
+    const char *extra[] = {"--state-file", path, NULL};
+    start(extra);
+    cJSON *st;
+    const cJSON *errs = restore_errors(&st);
+    cr_assert_eq(cJSON_GetArraySize(errs), 2, "the forged name and the merge");
+    const cJSON *e0 = cJSON_GetArrayItem(errs, 0), *e1 = cJSON_GetArrayItem(errs, 1);
+    cr_assert(strstr(sp_str_at(e0, "error"), "not a name the admin API takes"), "%s",
+              sp_str_at(e0, "error"));
+    cr_assert(strstr(sp_str_at(e0, "error"), "\\x0aforged_metric"), "the name shown escaped: %s",
+              sp_str_at(e0, "error"));
+    cr_assert_str_eq(sp_str_at(e1, "name"), "a");
+    cr_assert(strstr(sp_str_at(e1, "error"), "scale 1e+06"), "%s", sp_str_at(e1, "error"));
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(st, "merged")), 0);
+    cJSON_Delete(st);
+    cJSON *list = call("GET", "/admin/adapters", NULL, 200);
+    const cJSON *adapters = cJSON_GetObjectItemCaseSensitive(list, "adapters");
+    cr_assert_eq(cJSON_GetArraySize(adapters), 1);
+    cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(adapters, 0), "name"), "a");
+    cJSON_Delete(list);
+    char answer[256];
+    greedy("a", answer, sizeof answer); /* still serving what was valid */
+    char *text = metrics_text();
+    cr_assert_null(strstr(text, "forged_metric"), "%s", text);
+    free(text);
+    char *log = sp_read_log();
+    cr_assert(strstr(log, "not a name the admin API takes"), "%s", log);
+    cr_assert_null(strstr(log, "\nforged_metric"), "the log holds the name raw: %s", log);
+    free(log);
+    sp_stop_cleanly();
+}
+
+/* Every label value /metrics prints goes through one escape: backslash,
+ * double quote and newline (Prometheus' text format), and nothing else. */
+Test(metrics, label_values_escape_backslash_quote_and_newline)
+{
+    char out[64];
+    cr_assert_eq(srv_prom_label_escape(out, sizeof out, "a\"} 1\nb\\c"), 12);
+    cr_assert_str_eq(out, "a\\\"} 1\\nb\\\\c");
+    cr_assert_eq(srv_prom_label_escape(out, sizeof out, "plain-name_1.0"), 14);
+    cr_assert_str_eq(out, "plain-name_1.0");
+    /* cut short, never in the middle of an escape; the whole length told */
+    cr_assert_eq(srv_prom_label_escape(out, 3, "a\"b"), 4);
+    cr_assert_str_eq(out, "a");
+    cr_assert_eq(srv_prom_label_escape(NULL, 0, "\n\n"), 4);
 }

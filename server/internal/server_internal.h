@@ -491,9 +491,25 @@ void srv_chat_templates_load(srv_server *s);
 void srv_chat_templates_free(srv_server *s);
 
 /* Whether c may use the admin routes (every path under /admin/, a route or
- * not): the bearer token, or a loopback client when none is configured,
- * and a registry to work on; otherwise answered (401, 403, 503). */
+ * not): the bearer token in force (srv_admin_token), or without one a
+ * loopback client whose request a web page cannot have sent (for a change:
+ * no foreign Origin, Content-Type: application/json but for DELETE), and
+ * a registry to work on; otherwise answered (401, 403 naming the reason,
+ * 503). */
 bool srv_admin_gate(srv_conn *c);
+/* The admin token in force: the configured one, else the one serve.c
+ * generated (s->generated_token); NULL: none. */
+const char *srv_admin_token(const srv_server *s);
+/* Whether the Host rule guards every route (routes.c): while --host is
+ * loopback, no admin token is in force, or --allowed-hosts is set. */
+bool srv_host_rule_applies(const srv_server *s);
+/* Whether c's Host is the server's: absent (no browser omits it),
+ * localhost, a 127.x.x.x literal or [::1] with the server's port or none,
+ * or listed in --allowed-hosts; otherwise answered 403 naming the Host. */
+bool srv_host_allowed(srv_conn *c);
+/* Whether addr is an IP literal in 127.0.0.0/8 or ::1 (--host, a Host's
+ * name). */
+bool srv_is_loopback_address(const char *addr);
 srv_handler srv_admin_state;   /* GET /admin/state */
 srv_handler srv_admin_list;    /* GET /admin/adapters */
 srv_handler srv_admin_load;    /* POST /admin/adapters */
@@ -506,8 +522,10 @@ srv_handler srv_admin_resume;  /* POST /admin/engine/resume */
 
 /* --- routes (routes.c) ------------------------------------------------------- */
 
-/* Answer c's complete request (c->req): a CORS preflight from a listed
- * origin with 204; without the API key (when one is configured; not for
+/* Answer c's complete request (c->req): a Host not the server's with 403
+ * while the Host rule applies (srv_host_rule_applies; not the health
+ * checks); a CORS preflight
+ * from a listed origin with 204; without the API key (when one is configured; not for
  * /health, GET / or the admin routes, which have their own token) 401;
  * else the route table's row for its path and method, 405 when the path
  * has rows but not for the method, 404 when it has none. The hooks'
