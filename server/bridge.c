@@ -520,6 +520,8 @@ static size_t request_cost(const srv_conn *c, const srv_ask *a)
         if (context && ids > context)
             ids = context;
         cost += ids * sizeof(int32_t) * (3 + per_part);
+        if (a->return_full_text) /* the prompt's text, kept and in each answer */
+            cost += (text ? strlen(text) : ids * sizeof(int32_t)) * (1 + per_part);
         if (a->prompt_logprobs)
             cost += 2 * ids * (sizeof(float) + top * sizeof(eng_logprob));
     }
@@ -528,6 +530,23 @@ static size_t request_cost(const srv_conn *c, const srv_ask *a)
                         a->sampling.n_logit_bias * sizeof(eng_logit_bias) +
                         max_new * (COST_PER_TOKEN + top * sizeof(eng_logprob));
     return cost + parts * per_part * per_choice;
+}
+
+/* Whether g's answer repeats at most SRV_MAX_ECHO_BYTES of prompt text
+ * (echo, return_full_text: each choice's answer begins with its prompt's
+ * text, kept in g's parts); else the 400. */
+static bool echo_bounded(srv_conn *c, const srv_gen *g)
+{
+    size_t bytes = 0;
+    for (int32_t p = 0; g->return_full_text && p < g->n_parts; p++)
+        bytes += (g->parts[p].text ? strlen(g->parts[p].text) : 0) * (size_t)g->per_part;
+    if (bytes <= SRV_MAX_ECHO_BYTES)
+        return true;
+    srv_fail(c, 400,
+             "\"echo\" (TGI's return_full_text) would repeat %zu bytes of prompt text in the "
+             "answer (each prompt's text once per choice); at most %zu",
+             bytes, SRV_MAX_ECHO_BYTES);
+    return false;
 }
 
 /* Room for a request of n_parts prompts costing cost bytes, before
@@ -986,6 +1005,8 @@ static void generate(srv_conn *c, srv_ask *a, const srv_shape *shape, const srv_
     g->answer_drop = answer_drop;
     g->cost = cost;
     c->s->held_bytes += cost;
+    if (!echo_bounded(c, g))
+        goto refused;
     eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
                      .sampling = a->sampling,
                      .stop = a->stops,

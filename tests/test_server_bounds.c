@@ -252,3 +252,38 @@ Test(server_bounds, prompt_logprobs_past_their_bounds_are_a_400_naming_the_field
     free(body);
     still_serves();
 }
+
+/* The other fields that scale an answer or a request's work: echo with
+ * many choices (each answer repeats the prompt's text: at most
+ * SRV_MAX_ECHO_BYTES, 16 MiB, in all) and tools (at most 128, OpenAI's
+ * limit): a 400 naming the field and the bound, before anything is built. */
+Test(server_bounds, echo_and_tools_past_their_bounds_are_a_400_naming_the_field)
+{
+    start(NULL);
+    size_t len = 300000; /* x 64 choices: over 16 MiB */
+    char *body = malloc(len + 128);
+    cr_assert(body);
+    int at = sprintf(body, "{\"echo\": true, \"n\": 64, \"max_tokens\": 1, \"prompt\": \"");
+    memset(body + at, 'a', len);
+    strcpy(body + at + len, "\"}");
+    int status = 0;
+    char *answer = sp_answer("/v1/completions", body, &status);
+    cr_assert_eq(status, 400, "%d %.300s", status, answer ? answer : "");
+    cr_assert(strstr(answer, "\\\"echo\\\"") && strstr(answer, "at most 16777216"), "%s", answer);
+    free(answer);
+    free(body);
+    const char *tool = "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}";
+    body = malloc(128 + 129 * (strlen(tool) + 1));
+    cr_assert(body);
+    char *o = body + sprintf(body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                                   "\"max_tokens\": 1, \"tools\": [");
+    for (int i = 0; i < 129; i++)
+        o += sprintf(o, "%s%s", i ? "," : "", tool);
+    strcpy(o, "]}");
+    answer = sp_answer("/v1/chat/completions", body, &status);
+    cr_assert_eq(status, 400, "%d %.300s", status, answer ? answer : "");
+    cr_assert(strstr(answer, "\\\"tools\\\" lists 129 tools; at most 128"), "%s", answer);
+    free(answer);
+    free(body);
+    still_serves();
+}

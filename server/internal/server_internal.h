@@ -144,6 +144,14 @@ bool srv_is_adapter_name(const char *name);
  * 4k-context model's whole window), and 32768 entries (a 1.3 MB answer). */
 #define SRV_MAX_PROMPT_LOGPROB_TOKENS  4096
 #define SRV_MAX_PROMPT_LOGPROB_ENTRIES 32768
+/* echo (TGI's return_full_text) repeats a prompt's text in each of its
+ * choices' answers: at most 16 MiB of prompt text in one answer (64
+ * choices of a 256 KiB prompt), where a megabyte prompt with n 64 made 64
+ * MB before JSON's escapes. */
+#define SRV_MAX_ECHO_BYTES ((size_t)16 << 20)
+/* Tools of one chat request: OpenAI's documented limit. Each is rendered
+ * by the template and, with tool_choice "required", joins the grammar. */
+#define SRV_MAX_TOOLS 128
 /* Prompts in one OpenAI completions request, and choices of one request
  * in all (prompts x best_of): each choice takes a running slot. */
 #define SRV_MAX_PROMPTS 64
