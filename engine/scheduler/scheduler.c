@@ -680,7 +680,6 @@ static int request_new(const eng_engine *e, const eng_request *r, request **out,
     q->req.grammar = NULL;             /* the samplers' matchers hold it */
     q->req.sampling.logit_bias = NULL; /* the samplers hold their copies */
     q->req.sampling.n_logit_bias = 0;
-    q->t_submit = ql_now_s();
     *out = q;
     return QL_OK;
 }
@@ -726,6 +725,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *m
 
 int eng_engine_queue(eng_engine *e, eng_built *q, uint64_t *id, char *msg, size_t msg_len)
 {
+    q->t_submit = ql_now_s(); /* its wait in the queue begins */
     pthread_mutex_lock(&e->mu);
     int rc = queue_room(e, msg, msg_len);
     if (rc != QL_OK) {
