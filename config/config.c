@@ -362,6 +362,8 @@ typedef struct serve_layer {
          "N: requests waiting for a slot; more get 503"},                                          \
         {"max-new-tokens", OPT_INT, &(l)->s.max_new_tokens,                                        \
          "N: the largest max_new_tokens a request may ask for"},                                   \
+        {"max-held-bytes", OPT_I64, &(l)->s.max_held_bytes,                                        \
+         "N: bytes the accepted, unanswered requests may hold in all; past it 503 (0: no limit)"}, \
         {"max-context", OPT_INT, &(l)->s.max_context,                                              \
          "N: prompt plus new tokens (0: the model's context length)"},                             \
         {"max-connections", OPT_INT, &(l)->s.max_connections, "N: connections open at once"},      \
@@ -391,6 +393,11 @@ static void serve_defaults(serve_layer *l)
     l->s.max_running = 64;
     l->s.max_queued = 256;
     l->s.max_new_tokens = 4096;
+    /* 1 GiB: a thousand ordinary requests (a few hundred KiB each with
+     * their answers), or 17 of the largest the bounds allow (64 choices of
+     * 4096 tokens with 20 logprobs each, about 60 MB), where 256 of those
+     * queued would otherwise hold 15 GB */
+    l->s.max_held_bytes = (int64_t)1 << 30;
     l->s.max_connections = 256;
     l->s.max_body_bytes = 1 << 20;
     l->s.max_header_bytes = 16 << 10;
@@ -419,6 +426,7 @@ static const serve_range serve_ranges[] = {
     {"max-running", 1, 65536},
     {"max-queued", 0, 1 << 20},
     {"max-new-tokens", 1, 1 << 24},
+    {"max-held-bytes", 0, (int64_t)1 << 40},
     {"max-context", 0, 1 << 24},
     {"max-connections", 1, 1 << 20},
     {"max-body-bytes", 1024, 1 << 30},

@@ -152,6 +152,7 @@ typedef struct cfg_serve {
     int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
     int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */
     int32_t max_new_tokens;       /* --max-new-tokens (largest accepted), default 4096 */
+    int64_t max_held_bytes;       /* --max-held-bytes (unanswered requests, 503 past), 1 GiB */
     int32_t max_context;          /* --max-context (prompt + new tokens), 0: the model's */
     int32_t max_connections;      /* --max-connections, default 256 */
     int64_t max_body_bytes;       /* --max-body-bytes, default 1 MiB */

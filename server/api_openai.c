@@ -141,6 +141,7 @@ static bool read_choices(srv_conn *c, const cJSON *root, srv_ask *a, bool stream
     a->logprobs = logprobs >= 0;
     a->top_logprobs = logprobs >= 0 ? (int32_t)logprobs : 0;
     a->prompt_logprobs = echo && a->logprobs;
+    a->prompt_logprobs_field = "\"echo\" with \"logprobs\"";
     a->return_full_text = echo;
     if (a->max_new_tokens == 0) {
         if (!echo) {

@@ -61,6 +61,7 @@ static bool parse_tgi_details(srv_conn *c, const cJSON *p, srv_ask *a)
     a->best_of = (int32_t)best_of;
     a->top_logprobs = (int32_t)top_n;
     a->truncate = (int32_t)truncate;
+    a->prompt_logprobs_field = "parameters.decoder_input_details";
     return true;
 }
 

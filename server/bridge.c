@@ -3,8 +3,12 @@
  * engine's thread and admin work on libuv's thread pool.
  *
  * A generation: srv_generate checks readiness (503 while loading or
- * draining), the adapter (one not loaded is a 404 in the API's words) and
- * the server's limit on new tokens, then submits to the engine. The
+ * draining), the adapter (one not loaded is a 404 in the API's words), the
+ * server's limit on new tokens, and room for it before anything is built:
+ * the engine's queue and the server's budget of bytes held by unanswered
+ * requests (--max-held-bytes; request_cost), each a 503 with Retry-After.
+ * Its engine requests are then built on the pool (gen_prep) and queued
+ * from the loop. The
  * engine calls on_token / on_done on its own thread; they only append an
  * event to a mutex-guarded list and uv_async_send the loop, which takes
  * the whole list at once (srv_bridge_on_wake), keeps each token's text and
@@ -209,6 +213,7 @@ static void part_free(srv_part *p)
 /* Free g (its parts and choices) without touching the live list. */
 static void gen_free_memory(srv_gen *g)
 {
+    g->s->held_bytes -= g->cost;
     for (int32_t i = 0; i < g->n_choices; i++)
         choice_free(&g->choices[i]);
     for (int32_t i = 0; g->parts && i < g->n_parts; i++)
@@ -481,6 +486,101 @@ static bool check_limits(srv_conn *c, const srv_ask *a)
     return true;
 }
 
+/*
+ * What a generation may come to hold, in bytes, figured before anything is
+ * built for it: s->held_bytes counts it until the answer is done. An
+ * estimate from above of the allocations (not the allocator's overhead):
+ * the body (the pool's copies of its prompts, stops and grammar); each
+ * prompt's ids (at most a token per byte plus BOS, and the context) in the
+ * copies that keep them (the reader's, the pool's, the engine's, and each
+ * choice's sampler's); the stop tables (5 bytes a byte, once per prompt);
+ * each choice's state and, per token it may generate, what the engine's
+ * events and the answer keep (COST_PER_TOKEN, plus 8 bytes an alternative);
+ * and the prompt logprobs asked for, held by the engine and by the answer.
+ */
+#define COST_PER_CHOICE 1024 /* a choice's seq, sampler and stop matcher, and its answer's */
+#define COST_PER_TOKEN  64   /* a token's id, text piece, offset, logprob and event */
+static size_t request_cost(const srv_conn *c, const srv_ask *a)
+{
+    size_t parts = a->n_prompts ? a->n_prompts : 1;
+    size_t per_part = (size_t)(a->best_of > a->n ? a->best_of : a->n > 0 ? a->n : 1);
+    size_t top = a->logprobs || a->prompt_logprobs ? (size_t)a->top_logprobs : 0;
+    size_t context = (size_t)c->s->model.cfg.max_position_embeddings;
+    size_t stop_bytes = 0, longest = 0;
+    for (size_t i = 0; i < a->n_stops; i++) {
+        size_t len = strlen(a->stops[i]);
+        stop_bytes += len;
+        longest = len > longest ? len : longest;
+    }
+    size_t cost = c->req.body_len + parts * 5 * stop_bytes;
+    for (size_t k = 0; k < parts; k++) {
+        const srv_prompt_in *in = a->n_prompts ? &a->prompts[k] : NULL;
+        const char *text = in ? in->text : a->prompt;
+        size_t ids = in && !text ? in->n_tokens : text ? strlen(text) + 2 : context;
+        if (context && ids > context)
+            ids = context;
+        cost += ids * sizeof(int32_t) * (3 + per_part);
+        if (a->return_full_text) /* the prompt's text, kept and in each answer */
+            cost += (text ? strlen(text) : ids * sizeof(int32_t)) * (1 + per_part);
+        if (a->prompt_logprobs)
+            cost += 2 * ids * (sizeof(float) + top * sizeof(eng_logprob));
+    }
+    size_t max_new = a->max_new_tokens > 0 ? (size_t)a->max_new_tokens : 0;
+    size_t per_choice = COST_PER_CHOICE + 2 * longest +
+                        a->sampling.n_logit_bias * sizeof(eng_logit_bias) +
+                        max_new * (COST_PER_TOKEN + top * sizeof(eng_logprob));
+    return cost + parts * per_part * per_choice;
+}
+
+/* Whether g's answer repeats at most SRV_MAX_ECHO_BYTES of prompt text
+ * (echo, return_full_text: each choice's answer begins with its prompt's
+ * text, kept in g's parts); else the 400. */
+static bool echo_bounded(srv_conn *c, const srv_gen *g)
+{
+    size_t bytes = 0;
+    for (int32_t p = 0; g->return_full_text && p < g->n_parts; p++)
+        bytes += (g->parts[p].text ? strlen(g->parts[p].text) : 0) * (size_t)g->per_part;
+    if (bytes <= SRV_MAX_ECHO_BYTES)
+        return true;
+    srv_fail(c, 400,
+             "\"echo\" (TGI's return_full_text) would repeat %zu bytes of prompt text in the "
+             "answer (each prompt's text once per choice); at most %zu",
+             bytes, SRV_MAX_ECHO_BYTES);
+    return false;
+}
+
+/* Room for a request of n_parts prompts costing cost bytes, before
+ * anything is built for it: the engine's queue (what waits there and what
+ * the pool is building for it; the engine checks again when it queues)
+ * and the server's budget of bytes held by unanswered requests. A 503
+ * (with Retry-After) when there is none. */
+static bool room_for(srv_conn *c, int32_t n_parts, size_t cost)
+{
+    srv_server *s = c->s;
+    const cfg_serve *cfg = s->cfg;
+    if (s->engine) {
+        eng_engine_stats st;
+        eng_engine_stats_get(s->engine, &st);
+        int32_t limit = cfg->max_queued > 0 ? cfg->max_queued : 1; /* as serve.c starts it */
+        if (st.waiting + s->n_building + n_parts > limit) {
+            srv_fail(c, 503,
+                     "the queue is full (%d requests waiting, %d being prepared, of %d); try "
+                     "again later",
+                     (int)st.waiting, (int)s->n_building, (int)limit);
+            return false;
+        }
+    }
+    if (cfg->max_held_bytes > 0 && s->held_bytes + cost > (size_t)cfg->max_held_bytes) {
+        s->metrics.held_bytes_refused++;
+        srv_fail(c, 503,
+                 "the requests waiting and running hold %zu bytes; this one may hold %zu more, "
+                 "past the server's budget of %lld (--max-held-bytes); try again later",
+                 s->held_bytes, cost, (long long)cfg->max_held_bytes);
+        return false;
+    }
+    return true;
+}
+
 bool srv_ready(srv_conn *c)
 {
     if (c->s->draining) {
@@ -567,24 +667,17 @@ static void fail_part(srv_conn *c, int status, int32_t part, const char *msg)
         srv_fail(c, status, "%s", msg);
 }
 
-/* Submit each of g's prompts, in[p] its ids (given, or made off the loop);
- * on a refusal cancel those already in, which then end unheard (g is
- * detached), and answer it. */
-static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_prompt_in *in, eng_request *r)
+/* Queue each of g's prompts, built off the loop (built[p], each taken);
+ * on a refusal (a full queue) cancel those already in, which then end
+ * unheard (g is detached), and answer it. */
+static bool gen_submit_all(srv_conn *c, srv_gen *g, eng_built **built)
 {
     char msg[1024];
     bool several = g->n_parts > 1;
-    r->on_prompt = bridge_prompt;
-    r->on_token = bridge_token;
-    r->on_choice_done = bridge_choice_done;
-    r->on_done = bridge_done;
-    r->prompt = NULL;
-    r->prompt_len = 0;
     for (int32_t p = 0; p < g->n_parts; p++) {
-        r->prompt_tokens = in[p].tokens;
-        r->n_prompt_tokens = in[p].n_tokens;
-        r->user = &g->parts[p];
-        int rc = eng_engine_submit(c->s->engine, r, &g->parts[p].id, msg, sizeof msg);
+        eng_built *b = built[p];
+        built[p] = NULL;
+        int rc = eng_engine_queue(c->s->engine, b, &g->parts[p].id, msg, sizeof msg);
         if (rc == QL_OK)
             continue;
         if (p == 0) {
@@ -608,15 +701,19 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, const srv_prompt_in *in, eng
 }
 
 /*
- * A generation whose prompts are made off the loop: a chat template
- * rendered (maker) and text tokenized on a pool thread, then submitted from
- * the loop (prep_done). Tokenizing is linear in the prompt but a prompt may
- * be a megabyte of hostile text, and nothing on the loop may take that
- * long: /health must answer meanwhile. Owns copies of everything of the
- * srv_ask the engine still reads, since the body it pointed into is gone
- * by then, and a reference to the adapter.
+ * Every generation is built off the loop: a chat template rendered (maker),
+ * text tokenized, and each prompt's engine request built (its samplers,
+ * stop tables, prompt logprob arrays: eng_engine_build) on a pool thread,
+ * then queued from the loop (prep_done). Each of these is linear in what
+ * the client sent, which may be a megabyte of hostile text, and nothing on
+ * the loop may take that long: /health must answer meanwhile. Owns copies
+ * of everything of the srv_ask the engine still reads, since the body it
+ * pointed into is gone by then, and a reference to the adapter; its
+ * prompts count in s->n_building until it is freed.
  */
 typedef struct gen_prep {
+    srv_server *s;
+    int32_t reserved; /* what it counts in s->n_building */
     srv_gen *g;
     eng_request r; /* shared by every part; its pointers lead into this struct */
     eng_lora_term term;
@@ -631,6 +728,8 @@ typedef struct gen_prep {
     char *texts[SRV_MAX_PROMPTS];      /* a text prompt's copy, else NULL */
     srv_prompt_in in[SRV_MAX_PROMPTS]; /* each part's ids: given, or made by run */
     int32_t *ids[SRV_MAX_PROMPTS];     /* what in's tokens point at, owned */
+    eng_built *built[SRV_MAX_PROMPTS]; /* each part's request, built by run (owned) */
+    const char *prompt_logprobs_field; /* srv_ask's (a literal) */
     int32_t failed;                    /* the part refused, or -1 */
     /* the grammar to compile (NULL: none) and what it came from; the
      * compiled one is r.grammar, a reference of ours */
@@ -648,7 +747,9 @@ static void prep_free(gen_prep *p)
     for (size_t i = 0; i < SRV_MAX_PROMPTS; i++) {
         free(p->texts[i]);
         free(p->ids[i]);
+        eng_built_free(p->built[i]);
     }
+    p->s->n_building -= p->reserved;
     eng_lora_unref(p->term.lora);
     free(p->grammar_text);
     if (p->r.grammar)
@@ -656,7 +757,8 @@ static void prep_free(gen_prep *p)
     free(p);
 }
 
-/* r's copy, with a's prompts (texts, or ids), stops and logit bias copied,
+/* r's copy, with a's prompts (texts, or ids), stops and logit bias copied
+ * (its prompts counted in s->n_building until prep_free),
  * taking the adapter reference in term and maker; NULL when memory is
  * short (both are then still the caller's). */
 static gen_prep *prep_new(srv_gen *g, const srv_ask *a, const eng_request *r, eng_lora_term term,
@@ -665,9 +767,13 @@ static gen_prep *prep_new(srv_gen *g, const srv_ask *a, const eng_request *r, en
     gen_prep *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
+    p->s = g->s;
+    p->reserved = g->n_parts;
+    p->s->n_building += p->reserved;
     p->g = g;
     p->r = *r;
     p->failed = -1;
+    p->prompt_logprobs_field = a->prompt_logprobs_field;
     bool ok = true;
     for (size_t i = 0; i < a->n_stops && i < SRV_MAX_STOPS; i++)
         ok = ok && (p->stops[i] = strdup(a->stops[i])) != NULL;
@@ -726,6 +832,56 @@ static bool compile_grammar(srv_work *w, gen_prep *p)
     return false;
 }
 
+/* On a pool thread: whether the prompt logprobs asked for stay inside
+ * SRV_MAX_PROMPT_LOGPROB_TOKENS and _ENTRIES, summed over the prompts
+ * (their tokens as the engine will see them: a given list of ids is
+ * truncated as submit truncates it); else the 400 in w, naming the field. */
+static bool prompt_logprobs_bounded(srv_work *w, gen_prep *p)
+{
+    size_t tokens = 0;
+    for (int32_t k = 0; k < p->g->n_parts; k++) {
+        size_t n = p->in[k].n_tokens;
+        if (!p->texts[k] && p->r.truncate > 0 && n > (size_t)p->r.truncate)
+            n = (size_t)p->r.truncate;
+        tokens += n;
+    }
+    size_t entries = tokens * (1 + (size_t)p->r.top_logprobs);
+    const char *field = p->prompt_logprobs_field ? p->prompt_logprobs_field : "prompt logprobs";
+    if (tokens <= SRV_MAX_PROMPT_LOGPROB_TOKENS && entries <= SRV_MAX_PROMPT_LOGPROB_ENTRIES)
+        return true;
+    w->rc = QL_EINVAL;
+    w->status = 400;
+    if (tokens > SRV_MAX_PROMPT_LOGPROB_TOKENS)
+        snprintf(w->msg, sizeof w->msg,
+                 "%s would score %zu prompt tokens; at most %d per request (over all its prompts)",
+                 field, tokens, SRV_MAX_PROMPT_LOGPROB_TOKENS);
+    else
+        snprintf(w->msg, sizeof w->msg,
+                 "%s would answer %zu prompt tokens x %d alternatives (%zu entries); at most %d "
+                 "per request",
+                 field, tokens, (int)p->r.top_logprobs, entries, SRV_MAX_PROMPT_LOGPROB_ENTRIES);
+    return false;
+}
+
+/* On a pool thread: each prompt's engine request built (p->built); the
+ * refusal in w (and the part in p->failed) when one is refused. */
+static void build_parts(srv_work *w, gen_prep *p)
+{
+    for (int32_t k = 0; k < p->g->n_parts; k++) {
+        eng_request r = p->r;
+        r.prompt = NULL;
+        r.prompt_len = 0;
+        r.prompt_tokens = p->in[k].tokens;
+        r.n_prompt_tokens = p->in[k].n_tokens;
+        r.user = &p->g->parts[k];
+        w->rc = eng_engine_build(w->s->engine, &r, &p->built[k], w->msg, sizeof w->msg);
+        if (w->rc != QL_OK) {
+            p->failed = k;
+            return;
+        }
+    }
+}
+
 /* On a pool thread: the request's grammar compiled, the chat prompt made,
  * and each text prompt tokenized as submit would
  * (eng_engine_encode_prompt). */
@@ -770,6 +926,9 @@ static void prep_run(srv_work *w)
         }
         p->in[k] = (srv_prompt_in){.tokens = p->ids[k], .n_tokens = n};
     }
+    if (p->r.prompt_logprobs && !prompt_logprobs_bounded(w, p))
+        return;
+    build_parts(w, p);
 }
 
 /* On the loop: submit what prep_run made, unless the client has gone. */
@@ -784,7 +943,7 @@ static void prep_done(srv_work *w)
                       g->n_parts > 1 ? p->failed : -1, w->msg);
         gen_free_memory(g);
     } else {
-        gen_submit_all(c, g, p->in, &p->r);
+        gen_submit_all(c, g, p->built);
     }
     prep_free(p);
 }
@@ -834,6 +993,9 @@ static void generate(srv_conn *c, srv_ask *a, const srv_shape *shape, const srv_
         term.scale = (float)a->adapter_scale;
     if (!check_limits(c, a))
         goto refused;
+    size_t cost = request_cost(c, a);
+    if (!room_for(c, a->n_prompts ? (int32_t)a->n_prompts : 1, cost))
+        goto refused;
     g = gen_new(c, a, shape, term.lora ? term.lora->name : lazy ? a->adapter : c->s->model_id);
     if (!g) {
         srv_fail(c, 503, "out of memory");
@@ -841,6 +1003,10 @@ static void generate(srv_conn *c, srv_ask *a, const srv_shape *shape, const srv_
     }
     g->answer = answer;
     g->answer_drop = answer_drop;
+    g->cost = cost;
+    c->s->held_bytes += cost;
+    if (!echo_bounded(c, g))
+        goto refused;
     eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
                      .sampling = a->sampling,
                      .stop = a->stops,
@@ -855,18 +1021,13 @@ static void generate(srv_conn *c, srv_ask *a, const srv_shape *shape, const srv_
                      .top_logprobs = a->logprobs ? a->top_logprobs : 0,
                      .prompt_logprobs = a->prompt_logprobs,
                      .skip_special_tokens = !a->keep_special,
-                     .include_stop_str = a->include_stop_str};
+                     .include_stop_str = a->include_stop_str,
+                     .on_prompt = bridge_prompt,
+                     .on_token = bridge_token,
+                     .on_choice_done = bridge_choice_done,
+                     .on_done = bridge_done};
     if (a->prompt_logprobs && !a->logprobs)
         r.top_logprobs = a->top_logprobs;
-    bool all_ids = !maker && !lazy && !a->grammar_text && a->n_prompts > 0;
-    for (size_t k = 0; all_ids && k < a->n_prompts; k++)
-        all_ids = a->prompts[k].text == NULL;
-    if (all_ids) {
-        r.adapters = term.lora ? &term : NULL;
-        gen_submit_all(c, g, a->prompts, &r);
-        eng_lora_unref(term.lora); /* the engine took its own references */
-        return;
-    }
     p = prep_new(g, a, &r, term, maker);
     if (!p) {
         srv_fail(c, 503, "out of memory");

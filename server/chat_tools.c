@@ -257,8 +257,13 @@ bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
         srv_fail(c, 400, "\"tools\" must be a list");
         return false;
     }
-    if (cJSON_GetArraySize(tools) == 0)
+    int n_tools = cJSON_GetArraySize(tools);
+    if (n_tools == 0)
         tools = NULL; /* an empty list is no tools */
+    if (n_tools > SRV_MAX_TOOLS) {
+        srv_fail(c, 400, "\"tools\" lists %d tools; at most %d", n_tools, SRV_MAX_TOOLS);
+        return false;
+    }
     int k = 0;
     for (const cJSON *tool = tools ? tools->child : NULL; tool; tool = tool->next, k++)
         if (!check_tool(c, tool, k))

@@ -179,6 +179,12 @@ static void put_server(text *t, const srv_server *s)
     metric(t, "qlserve_client_disconnects_total", "counter",
            "clients that left before their answer ended");
     put(t, "qlserve_client_disconnects_total %llu\n", (unsigned long long)m->disconnects);
+    metric(t, "qlserve_held_bytes", "gauge",
+           "bytes the unanswered generation requests may hold (against --max-held-bytes)");
+    put(t, "qlserve_held_bytes %zu\n", s->held_bytes);
+    metric(t, "qlserve_held_bytes_refused_total", "counter",
+           "requests refused (503) past --max-held-bytes");
+    put(t, "qlserve_held_bytes_refused_total %llu\n", (unsigned long long)m->held_bytes_refused);
     metric(t, "qlserve_merges_total", "counter", "adapter merges published");
     put(t, "qlserve_merges_total %llu\n", (unsigned long long)m->merges);
     metric(t, "qlserve_unmerges_total", "counter", "adapter unmerges published");

@@ -268,31 +268,51 @@ bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char 
 /* --- what both generation APIs read
  * ------------------------------------------------------------------ */
 
+/* One more stop string for a, inside the bounds: SRV_MAX_STOPS of them,
+ * ENG_STOP_MAX_BYTES each and ENG_STOP_MAX_TOTAL_BYTES in all (the
+ * engine's, checked here so that a request past them costs nothing). */
+static bool add_stop(srv_conn *c, const char *name, const cJSON *it, srv_ask *a)
+{
+    if (!cJSON_IsString(it) || !it->valuestring[0]) {
+        srv_fail(c, 400, "\"%s\" must hold non-empty strings", name);
+        return false;
+    }
+    if (a->n_stops == SRV_MAX_STOPS) {
+        srv_fail(c, 400, "\"%s\": at most %d stop strings", name, SRV_MAX_STOPS);
+        return false;
+    }
+    size_t len = strlen(it->valuestring), total = len;
+    for (size_t i = 0; i < a->n_stops; i++)
+        total += strlen(a->stops[i]);
+    if (len > ENG_STOP_MAX_BYTES) {
+        srv_fail(c, 400, "\"%s\": a stop string of %zu bytes; at most %d bytes each", name, len,
+                 ENG_STOP_MAX_BYTES);
+        return false;
+    }
+    if (total > ENG_STOP_MAX_TOTAL_BYTES) {
+        srv_fail(c, 400, "\"%s\": the stop strings have over %d bytes in all (the most allowed)",
+                 name, ENG_STOP_MAX_TOTAL_BYTES);
+        return false;
+    }
+    a->stops[a->n_stops++] = it->valuestring;
+    return true;
+}
+
 bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (srv_is_null(v))
         return true;
-    if (cJSON_IsString(v)) {
-        a->stops[a->n_stops++] = v->valuestring;
-        return true;
-    }
+    if (cJSON_IsString(v))
+        return add_stop(c, name, v, a);
     if (!cJSON_IsArray(v)) {
         srv_fail(c, 400, "\"%s\" must be a string or an array of strings", name);
         return false;
     }
     const cJSON *it;
-    cJSON_ArrayForEach (it, v) {
-        if (!cJSON_IsString(it) || !it->valuestring[0]) {
-            srv_fail(c, 400, "\"%s\" must hold non-empty strings", name);
+    cJSON_ArrayForEach (it, v)
+        if (!add_stop(c, name, it, a))
             return false;
-        }
-        if (a->n_stops == SRV_MAX_STOPS) {
-            srv_fail(c, 400, "\"%s\": at most %d stop strings", name, SRV_MAX_STOPS);
-            return false;
-        }
-        a->stops[a->n_stops++] = it->valuestring;
-    }
     return true;
 }
 

@@ -70,7 +70,8 @@ typedef struct srv_hist {
 typedef struct srv_metrics {
     uint64_t by_status[600];
     uint64_t generations, generated_tokens, prompt_tokens, cancelled;
-    uint64_t disconnects; /* clients that left mid-generation */
+    uint64_t disconnects;        /* clients that left mid-generation */
+    uint64_t held_bytes_refused; /* 503s past --max-held-bytes */
     uint64_t merges, unmerges, merge_failures;
     srv_hist ttft;      /* time to first token */
     srv_hist per_token; /* time between tokens */
@@ -229,6 +230,12 @@ struct srv_server {
     srv_gen *live; /* generations not yet done */
     int32_t n_live;
     int32_t n_work; /* admin work in flight */
+    /* generation requests accepted and not yet answered: the bytes they may
+     * hold (bridge.c's request_cost, against cfg->max_held_bytes), and the
+     * prompts being built on the pool, not yet in the engine's queue (they
+     * count against max_queued before anything is built for them) */
+    size_t held_bytes;
+    int32_t n_building;
     /* shutdown */
     bool draining;
     bool in_check, handles_closed;

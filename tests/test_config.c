@@ -628,6 +628,7 @@ Test(config, help_lists_every_flag_with_its_forms)
                                         "max-running",
                                         "max-queued",
                                         "max-new-tokens",
+                                        "max-held-bytes",
                                         "max-context",
                                         "max-connections",
                                         "max-body-bytes",

@@ -345,6 +345,62 @@ Test(engine, stop_strings_are_not_emitted)
     eng_engine_stop(e);
 }
 
+/* What eng_engine_build makes on a thread of its own (a server's pool). */
+typedef struct build_job {
+    eng_engine *e;
+    eng_request r;
+    eng_built *built;
+    int rc;
+    char msg[256];
+} build_job;
+
+static void *build_on_a_thread(void *arg)
+{
+    build_job *j = arg;
+    j->rc = eng_engine_build(j->e, &j->r, &j->built, j->msg, sizeof j->msg);
+    return NULL;
+}
+
+/* Submit in two halves: a request built on another thread (its samplers
+ * and its choices' shared stop strings) and queued later runs as one
+ * submitted whole; one built and never queued is only freed; build
+ * refuses what submit refuses, with the reason. */
+Test(engine, a_request_built_elsewhere_runs_as_submitted)
+{
+    eng_engine *e = start(8 << 20, 8);
+    const char *stops[2] = {"zzz", "qq"};
+    result plain, halves;
+    result_init(&plain);
+    eng_request q = request("the theme", 20, &plain);
+    q.stop = stops;
+    q.n_stop = 2;
+    q.n_choices = 3;
+    submit_ok(e, &q, NULL);
+    wait_done(&plain);
+    result_init(&halves);
+    build_job jobs[2] = {{.e = e, .r = q}, {.e = e, .r = q}};
+    jobs[0].r.user = &halves;
+    for (int i = 0; i < 2; i++) {
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, build_on_a_thread, &jobs[i]), 0);
+        pthread_join(t, NULL);
+        cr_assert_eq(jobs[i].rc, QL_OK, "%s", jobs[i].msg);
+    }
+    eng_built_free(jobs[1].built); /* built, never queued */
+    char msg[256];
+    cr_assert_eq(eng_engine_queue(e, jobs[0].built, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    wait_done(&halves);
+    cr_assert_eq(halves.why, plain.why);
+    cr_assert_eq(halves.len, plain.len);
+    cr_assert_eq(memcmp(halves.text, plain.text, plain.len), 0, "'%.*s' vs '%.*s'", (int)halves.len,
+                 halves.text, (int)plain.len, plain.text);
+    q.max_new_tokens = -1;
+    eng_built *none = (eng_built *)1;
+    cr_assert_eq(eng_engine_build(e, &q, &none, msg, sizeof msg), QL_EINVAL);
+    cr_assert(none == NULL && strstr(msg, "max_new_tokens"), "%s", msg);
+    eng_engine_stop(e);
+}
+
 Test(engine, bad_requests_are_refused_with_the_reason)
 {
     eng_engine *e = start(8 << 20, 8);

@@ -1541,6 +1541,58 @@ Test(stop, refuses_empty_and_null_stop_strings)
     cr_assert(strstr(msg, "stop string 0"), "%s", msg);
 }
 
+/* A request's choices share one copy of its stop strings (eng_stop_fork):
+ * each matcher still keeps its own state, so text fed to one never moves
+ * another's match, and the shared tables outlive whichever matcher is
+ * freed first. */
+Test(stop, forked_matchers_share_strings_and_match_on_their_own)
+{
+    const char *stops[] = {"abab", "<end>"};
+    eng_stop *first = new_stop(stops, 2), *second, *third;
+    char msg[256];
+    cr_assert_eq(eng_stop_fork(first, &second, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(eng_stop_fork(first, &third, msg, sizeof msg), QL_OK, "%s", msg);
+    feed_expect(first, "xaba", "x", false); /* "aba" may begin "abab" */
+    feed_expect(second, "<en", "", false);
+    feed_expect(third, "abac", "abac", false);
+    eng_stop_free(first); /* the others still read the shared strings */
+    feed_expect(second, "d> after", "", true);
+    feed_expect(third, "ababab", "", true);
+    eng_stop_free(second);
+    eng_stop_free(third);
+}
+
+/* The bounds: ENG_STOP_MAX_BYTES per string, ENG_STOP_MAX_TOTAL_BYTES in
+ * all, ENG_STOP_MAX_COUNT strings; each refusal names the bound, and the
+ * largest allowed set still matches exactly (a 32-bit KMP table). */
+Test(stop, refuses_stop_strings_past_the_bounds)
+{
+    static char big[ENG_STOP_MAX_BYTES + 2];
+    memset(big, 'a', ENG_STOP_MAX_BYTES + 1);
+    eng_stop *st = (eng_stop *)1;
+    char msg[256] = "";
+    const char *one[] = {big};
+    cr_assert_eq(eng_stop_new(&st, one, 1, msg, sizeof msg), QL_EINVAL);
+    cr_assert(st == NULL);
+    cr_assert(strstr(msg, "stop string 0") && strstr(msg, "4096"), "%s", msg);
+    big[ENG_STOP_MAX_BYTES] = 0; /* exactly the most one may have */
+    const char *three[] = {big, big, big};
+    cr_assert_eq(eng_stop_new(&st, three, 3, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "in all") && strstr(msg, "8192"), "%s", msg);
+    const char *many[ENG_STOP_MAX_COUNT + 1];
+    for (int i = 0; i <= ENG_STOP_MAX_COUNT; i++)
+        many[i] = "x";
+    cr_assert_eq(eng_stop_new(&st, many, ENG_STOP_MAX_COUNT + 1, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "at most 16"), "%s", msg);
+    const char *two[] = {big, big};
+    st = new_stop(two, 2);
+    big[ENG_STOP_MAX_BYTES - 1] = 'b'; /* a's then b: not the stop, until... */
+    feed_expect(st, big, big, false);
+    big[ENG_STOP_MAX_BYTES - 1] = 'a';
+    feed_expect(st, big, "", true); /* ...4096 a's */
+    eng_stop_free(st);
+}
+
 /* --- stop strings included (vLLM's include_stop_str_in_output) ----------------------- */
 
 static eng_stop *new_stop_included(const char *const *stops, size_t n)

@@ -4,7 +4,8 @@
  * a test suite: a chat template that joins the messages' contents, a free
  * port, 2 threads, 16 MiB of KV cache (tests/server_process.h runs it).
  * ts_setup and ts_teardown (a clean stop) are a TestSuite's .init and
- * .fini; ts_ok and ts_refused the two checks every such test makes.
+ * .fini (ts_start_with starts one with flags of its own); ts_ok and ts_refused the two checks every
+ * such test makes.
  */
 #ifndef QL_TEST_TINY_SERVER_H
 #define QL_TEST_TINY_SERVER_H
@@ -23,8 +24,9 @@ static char ts_dir[512];
 static char ts_model_dir[600];
 static char ts_log_path[600];
 
-/* The tiny model served with chat_template as its chat_template.jinja. */
-static inline void ts_start(const char *chat_template)
+/* The tiny model served with chat_template as its chat_template.jinja,
+ * and the flags extra (NULL-ended; NULL: none) after the usual ones. */
+static inline void ts_start_with(const char *chat_template, const char *const *extra)
 {
     test_tmpdir(ts_dir, sizeof ts_dir);
     cr_assert(ts_dir[0]);
@@ -39,15 +41,27 @@ static inline void ts_start(const char *chat_template)
     cr_assert(f);
     fputs(chat_template, f);
     fclose(f);
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  ts_model_dir, "--port", "0",
-                          "--threads", "2",     "--kv-mib", "16",         NULL};
+    const char *argv[32] = {QL_BINARY, "serve",     "--model", ts_model_dir, "--port",
+                            "0",       "--threads", "2",       "--kv-mib",   "16"};
+    size_t n = 10;
+    for (size_t i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
     sp_spawn(argv, ts_log_path);
     sp_wait_ready();
 }
 
+static inline void ts_start(const char *chat_template)
+{
+    ts_start_with(chat_template, NULL);
+}
+
+/* The chat template ts_setup serves: the messages' contents joined. */
+#define TS_JOIN_TEMPLATE "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
 static inline void ts_setup(void)
 {
-    ts_start("{% for m in messages %}{{ m['content'] }}{% endfor %}");
+    ts_start(TS_JOIN_TEMPLATE);
 }
 
 /* The end of each test: SIGTERM drains the server, which must exit 0 with

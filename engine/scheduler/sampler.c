@@ -1278,17 +1278,28 @@ double eng_sampler_uniform(eng_sampler *s)
 
 /* --- stop strings ------------------------------------------------------------ */
 
-typedef struct stop_string {
-    char *text;
-    size_t len;
-    size_t *fail; /* KMP: fail[i] = the longest proper border of text[0, i] */
-    size_t state; /* bytes of text that end what has been fed */
-} stop_string;
+/*
+ * A request's stop strings are compiled once into a stop_set that all its
+ * choices share (n choices of one request hold one copy, not n); each
+ * choice's eng_stop keeps only its own automaton states and held text.
+ * Offsets and KMP entries are 32-bit: a stop string is bounded far below
+ * 4 GiB (ENG_STOP_MAX_BYTES), and 4 bytes per byte of stop text is half
+ * of what size_t entries cost.
+ */
+typedef struct stop_set {
+    size_t refs; /* the matchers sharing it: one request's choices, made and
+                  * freed on one thread together, so a plain count */
+    size_t n;
+    uint32_t *start; /* n + 1: string j is bytes[start[j], start[j + 1]) */
+    char *bytes;     /* every string, one after another (no NULs) */
+    uint32_t *fail;  /* KMP, per byte of bytes: the longest proper border
+                      * of its string's prefix through that byte */
+} stop_set;
 
 struct eng_stop {
-    stop_string *stops;
-    size_t n;
-    char *buf; /* [0, shown) went out with the last call, then `held` held back */
+    stop_set *set;   /* shared, refcounted */
+    uint32_t *state; /* set->n: bytes of string j that end what has been fed */
+    char *buf;       /* [0, shown) went out with the last call, then `held` held back */
     size_t cap;
     size_t shown;
     size_t held;
@@ -1307,73 +1318,148 @@ void eng_stop_include(eng_stop *s, bool include)
     s->include = include;
 }
 
+static void stop_set_unref(stop_set *set)
+{
+    if (!set || --set->refs > 0)
+        return;
+    free(set->start);
+    free(set->bytes);
+    free(set->fail);
+    free(set);
+}
+
 void eng_stop_free(eng_stop *s)
 {
     if (!s)
         return;
-    for (size_t i = 0; i < s->n; i++) {
-        free(s->stops[i].text);
-        free(s->stops[i].fail);
-    }
-    free(s->stops);
+    stop_set_unref(s->set);
+    free(s->state);
     free(s->buf);
     free(s);
+}
+
+/* The stop strings against the bounds: QL_OK, or QL_EINVAL with msg naming
+ * the string and the bound; *total gets their bytes. */
+static int check_stops(const char *const *stops, size_t n, size_t *total, char *msg, size_t msg_len)
+{
+    *total = 0;
+    if (n > 0 && !stops)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%zu stop strings but no array of them", n);
+    if (n > ENG_STOP_MAX_COUNT)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%zu stop strings; at most %d", n,
+                       ENG_STOP_MAX_COUNT);
+    for (size_t i = 0; i < n; i++) {
+        if (!stops[i])
+            return ql_fail(msg, msg_len, QL_EINVAL, "stop string %zu is NULL", i);
+        size_t len = strnlen(stops[i], ENG_STOP_MAX_BYTES + 1);
+        if (len == 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "stop string %zu is empty", i);
+        if (len > ENG_STOP_MAX_BYTES)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "stop string %zu is over %d bytes (the most one may have)", i,
+                           ENG_STOP_MAX_BYTES);
+        *total += len;
+    }
+    if (*total > ENG_STOP_MAX_TOTAL_BYTES)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "the stop strings have %zu bytes in all; at most %d", *total,
+                       ENG_STOP_MAX_TOTAL_BYTES);
+    return QL_OK;
+}
+
+/* The stop strings checked (check_stops), copied and their KMP tables
+ * built into *out (one reference, the caller's); NULL on error. */
+static int stop_set_new(const char *const *stops, size_t n, stop_set **out, char *msg,
+                        size_t msg_len)
+{
+    *out = NULL;
+    size_t total;
+    int rc = check_stops(stops, n, &total, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    stop_set *set = calloc(1, sizeof *set);
+    if (!set)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu stop strings", n);
+    set->refs = 1;
+    set->n = n;
+    set->start = malloc((n + 1) * sizeof *set->start);
+    set->bytes = malloc(total + 1);
+    set->fail = malloc((total + 1) * sizeof *set->fail);
+    if (!set->start || !set->bytes || !set->fail) {
+        stop_set_unref(set);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu bytes of stop strings",
+                       total);
+    }
+    uint32_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t len = (uint32_t)strlen(stops[i]);
+        const char *t = memcpy(set->bytes + at, stops[i], len);
+        uint32_t *fail = set->fail + at;
+        set->start[i] = at;
+        fail[0] = 0;
+        for (uint32_t j = 1, k = 0; j < len; j++) {
+            while (k > 0 && t[j] != t[k])
+                k = fail[k - 1];
+            if (t[j] == t[k])
+                k++;
+            fail[j] = k;
+        }
+        at += len;
+    }
+    set->start[n] = at;
+    *out = set;
+    return QL_OK;
+}
+
+/* A matcher over set (taking a reference), its automata at the start. */
+static int stop_matcher_new(stop_set *set, eng_stop **out, char *msg, size_t msg_len)
+{
+    *out = NULL;
+    eng_stop *s = calloc(1, sizeof *s);
+    uint32_t *state = set->n ? calloc(set->n, sizeof *state) : NULL;
+    if (!s || (set->n && !state)) {
+        free(s);
+        free(state);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu stop strings", set->n);
+    }
+    set->refs++;
+    s->set = set;
+    s->state = state;
+    *out = s;
+    return QL_OK;
 }
 
 int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len)
 {
     *out = NULL;
-    if (n > 0 && !stops)
-        return ql_fail(msg, msg_len, QL_EINVAL, "%zu stop strings but no array of them", n);
-    for (size_t i = 0; i < n; i++) {
-        if (!stops[i])
-            return ql_fail(msg, msg_len, QL_EINVAL, "stop string %zu is NULL", i);
-        if (!stops[i][0])
-            return ql_fail(msg, msg_len, QL_EINVAL, "stop string %zu is empty", i);
-    }
-    eng_stop *s = calloc(1, sizeof *s);
-    if (!s)
-        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu stop strings", n);
-    s->stops = n ? calloc(n, sizeof *s->stops) : NULL;
-    if (n && !s->stops) {
-        free(s);
-        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for %zu stop strings", n);
-    }
-    for (size_t i = 0; i < n; i++) {
-        stop_string *st = &s->stops[i];
-        s->n = i + 1;
-        st->len = strlen(stops[i]);
-        st->text = malloc(st->len + 1);
-        st->fail = malloc(st->len * sizeof *st->fail);
-        if (!st->text || !st->fail) {
-            eng_stop_free(s);
-            return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for stop string %zu (%zu bytes)",
-                           i, st->len);
-        }
-        memcpy(st->text, stops[i], st->len + 1);
-        st->fail[0] = 0;
-        for (size_t j = 1, k = 0; j < st->len; j++) {
-            while (k > 0 && st->text[j] != st->text[k])
-                k = st->fail[k - 1];
-            if (st->text[j] == st->text[k])
-                k++;
-            st->fail[j] = k;
-        }
-    }
-    *out = s;
-    return QL_OK;
+    stop_set *set;
+    int rc = stop_set_new(stops, n, &set, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    rc = stop_matcher_new(set, out, msg, msg_len);
+    stop_set_unref(set); /* the matcher's reference, or none */
+    return rc;
 }
 
-/* Feed one byte to a stop string's automaton; true when it completes. */
-static bool stop_step(stop_string *st, char c)
+int eng_stop_fork(const eng_stop *s, eng_stop **out, char *msg, size_t msg_len)
 {
-    size_t q = st->state;
-    while (q > 0 && st->text[q] != c)
-        q = st->fail[q - 1];
-    if (st->text[q] == c)
+    return stop_matcher_new(s->set, out, msg, msg_len);
+}
+
+/* Feed one byte to stop string j's automaton; true when it completes. */
+static bool stop_step(const stop_set *set, uint32_t *state, size_t j, char c)
+{
+    const char *t = set->bytes + set->start[j];
+    const uint32_t *fail = set->fail + set->start[j];
+    uint32_t q = *state, len = set->start[j + 1] - set->start[j];
+    if (q == len) /* completed while held: go on from its border */
+        q = fail[q - 1];
+    while (q > 0 && t[q] != c)
+        q = fail[q - 1];
+    if (t[q] == c)
         q++;
-    st->state = q;
-    return q == st->len;
+    *state = q;
+    return q == len;
 }
 
 static bool is_continuation_byte(char c)
@@ -1428,14 +1514,16 @@ bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit,
         memcpy(s->buf + s->held, text, len);
 
     size_t longest_held = 0;
-    for (size_t i = s->held; i < total && s->n; i++) {
+    const stop_set *set = s->set;
+    for (size_t i = s->held; i < total && set->n; i++) {
         size_t completed = 0; /* the longest stop string completed by this byte */
-        for (size_t j = 0; j < s->n; j++)
-            if (stop_step(&s->stops[j], s->buf[i])) {
-                if (s->hold) /* not yet: match on, as if it had not completed */
-                    s->stops[j].state = s->stops[j].fail[s->stops[j].len - 1];
-                else if (s->stops[j].len > completed)
-                    completed = s->stops[j].len;
+        for (size_t j = 0; j < set->n; j++)
+            if (stop_step(set, &s->state[j], j, s->buf[i])) {
+                size_t done = s->state[j]; /* the string's length */
+                if (s->hold)               /* not yet: match on, as if it had not completed */
+                    s->state[j] = set->fail[set->start[j] + done - 1];
+                else if (done > completed)
+                    completed = done;
             }
         if (completed) {
             /* the text up to the stop string, or through it (vLLM's
@@ -1448,9 +1536,9 @@ bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit,
             return true;
         }
     }
-    for (size_t j = 0; j < s->n; j++)
-        if (s->stops[j].state > longest_held)
-            longest_held = s->stops[j].state;
+    for (size_t j = 0; j < set->n; j++)
+        if (s->state[j] > longest_held)
+            longest_held = s->state[j];
 
     size_t keep_from = total - longest_held;
     if (longest_held)
@@ -1473,8 +1561,8 @@ void eng_stop_flush(eng_stop *s, const char **emit, size_t *emit_len)
     drop_shown(s);
     s->shown = s->held;
     s->held = 0;
-    for (size_t j = 0; j < s->n; j++)
-        s->stops[j].state = 0;
+    for (size_t j = 0; j < s->set->n; j++)
+        s->state[j] = 0;
     if (s->buf)
         *emit = s->buf;
     *emit_len = s->shown;

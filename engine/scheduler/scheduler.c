@@ -72,7 +72,7 @@ const char *eng_finish_name(eng_finish f)
     return "unknown";
 }
 
-typedef struct request request;
+typedef struct eng_built request; /* scheduler.h names it for two-phase submit */
 
 /* One choice of a request: what it samples, caches and streams on its own. */
 typedef struct seq {
@@ -88,7 +88,7 @@ typedef struct seq {
 } seq;
 
 /* One submitted request: the prompt and what its choices share. */
-struct request {
+struct eng_built {
     uint64_t id;
     eng_request req; /* callbacks, user, flags, sampling, max_new_tokens (strings not kept) */
     int32_t *prompt;
@@ -615,7 +615,9 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
                             : QL_OK;
         if (rc != QL_OK)
             return rc;
-        rc = eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len);
+        /* one copy of the stop strings, shared by every choice */
+        rc = i == 0 ? eng_stop_new(&s->stop, r->stop, r->n_stop, msg, msg_len)
+                    : eng_stop_fork(q->choices[0].stop, &s->stop, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
@@ -678,27 +680,58 @@ static int request_new(const eng_engine *e, const eng_request *r, request **out,
     q->req.grammar = NULL;             /* the samplers' matchers hold it */
     q->req.sampling.logit_bias = NULL; /* the samplers hold their copies */
     q->req.sampling.n_logit_bias = 0;
-    q->t_submit = ql_now_s();
     *out = q;
+    return QL_OK;
+}
+
+int eng_engine_build(const eng_engine *e, const eng_request *r, eng_built **out, char *msg,
+                     size_t msg_len)
+{
+    return request_new(e, r, out, msg, msg_len);
+}
+
+void eng_built_free(eng_built *b)
+{
+    if (b)
+        request_free(b);
+}
+
+/* Whether the queue has room (called with e->mu held): QL_OK, or QL_EBUSY
+ * with the reason. */
+static int queue_room(const eng_engine *e, char *msg, size_t msg_len)
+{
+    if (e->stopping)
+        return ql_fail(msg, msg_len, QL_EBUSY, "the engine is stopping");
+    if (e->queued >= e->o.max_queued)
+        return ql_fail(msg, msg_len, QL_EBUSY,
+                       "the queue is full (%d requests waiting); try again later", e->queued);
     return QL_OK;
 }
 
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len)
 {
-    request *q;
-    int rc = request_new(e, r, &q, msg, msg_len);
+    /* a full queue refuses before anything is built for the request */
+    pthread_mutex_lock(&e->mu);
+    int rc = queue_room(e, msg, msg_len);
+    pthread_mutex_unlock(&e->mu);
     if (rc != QL_OK)
         return rc;
+    request *q;
+    rc = request_new(e, r, &q, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    return eng_engine_queue(e, q, id, msg, msg_len);
+}
+
+int eng_engine_queue(eng_engine *e, eng_built *q, uint64_t *id, char *msg, size_t msg_len)
+{
+    q->t_submit = ql_now_s(); /* its wait in the queue begins */
     pthread_mutex_lock(&e->mu);
-    if (e->stopping || e->queued >= e->o.max_queued) {
-        int32_t queued = e->queued;
-        bool stopping = e->stopping;
+    int rc = queue_room(e, msg, msg_len);
+    if (rc != QL_OK) {
         pthread_mutex_unlock(&e->mu);
         request_free(q);
-        return stopping
-                   ? ql_fail(msg, msg_len, QL_EBUSY, "the engine is stopping")
-                   : ql_fail(msg, msg_len, QL_EBUSY,
-                             "the queue is full (%d requests waiting); try again later", queued);
+        return rc;
     }
     q->id = ++e->next_id;
     if (id)

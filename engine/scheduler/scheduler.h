@@ -38,27 +38,23 @@ typedef struct eng_sampling {
     float temperature; /* 0: greedy; > 0 */
     int32_t top_k;     /* 0: off */
     float top_p;       /* 0 or 1: off; else in (0, 1) */
-    /* locally typical sampling (transformers' TypicalLogitsWarper, TGI's
-     * typical_p): the smallest set of tokens whose surprisal is closest to
-     * the entropy with mass typical_p. 0 or 1: off; else in (0, 1). After
-     * top-p, as TGI and transformers (temperature, top-k, top-p, typical) */
+    /* locally typical sampling (TGI's typical_p, transformers' warper, after
+     * top-p as theirs): 0 or 1: off; else in (0, 1) */
     float typical_p;
     float repetition_penalty; /* 0 or 1: off; else > 0 (CTRL / HF semantics) */
     /* OpenAI's, over the tokens generated so far (not the prompt), c(t)
      * times generated: logit[t] -= frequency * c(t) + presence * (c(t) > 0).
      * Each in [-2, 2]; 0 is off */
     float presence_penalty, frequency_penalty;
-    /* added to the logits first; borrowed (the sampler copies them at
-     * eng_sampler_init); at most ENG_MAX_LOGIT_BIAS; a token named twice
-     * gets both */
+    /* added to the logits first; borrowed (the sampler copies them); at
+     * most ENG_MAX_LOGIT_BIAS; a token named twice gets both */
     const eng_logit_bias *logit_bias;
     size_t n_logit_bias;
     /* vLLM's: the end-of-sequence token cannot be chosen (and stop strings
      * do not end the sequence) before this many tokens; >= 0 */
     int32_t min_tokens;
-    /* vLLM's: the end-of-sequence token does not end the sequence (it is
-     * kept as a token of the answer); generation runs to the length limit
-     * or a stop string. The sampler does not look at it: the engine does */
+    /* vLLM's: the EOS token is kept as a token and ends nothing (the
+     * engine's concern, not the sampler's) */
     bool ignore_eos;
     uint64_t seed; /* the same seed and inputs give the same tokens */
 } eng_sampling;
@@ -123,10 +119,18 @@ bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temp
 double eng_sampler_uniform(eng_sampler *s);
 
 /* Stop strings, matched on the decoded text across token boundaries, not
- * emitted (text that may begin one is held back until it can't). */
+ * emitted (text that may begin one is held back until it can't). Bounds:
+ * stop strings in chat formats and code fences run under 100 bytes; 4 KiB
+ * each, 8 KiB in all is far past any of them and keeps a request's tables
+ * (5 bytes per byte, once per request) and a choice's held text small. */
+#define ENG_STOP_MAX_COUNT       16
+#define ENG_STOP_MAX_BYTES       4096
+#define ENG_STOP_MAX_TOTAL_BYTES 8192
 typedef struct eng_stop eng_stop;
-/* Copies the strings (empty ones are refused). */
+/* Copies the strings; refuses an empty one and the bounds (QL_EINVAL). */
 int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, size_t msg_len);
+/* A fresh matcher of s's strings sharing s's copy (a request's choices). */
+int eng_stop_fork(const eng_stop *s, eng_stop **out, char *msg, size_t msg_len);
 void eng_stop_free(eng_stop *s);
 /* Feed decoded text. *emit (borrowed until the next call) and *emit_len
  * receive what is safe to show now. Returns true when a stop string has
@@ -188,11 +192,9 @@ typedef struct eng_token_event {
     int32_t n_top;
 } eng_token_event;
 
-/* The prompt as the model saw it (eng_request.on_prompt): its tokens and,
- * for each, its log-probability given the tokens before it (the first has
- * none: NaN) and the n_top most likely tokens at that position (top, n x
- * n_top, row i empty-filled with token -1 for i = 0). Borrowed for the
- * call. */
+/* The prompt as the model saw it (eng_request.on_prompt), borrowed for the
+ * call: its tokens, each one's log-probability given those before (the
+ * first's NaN) and the n_top likeliest there (row 0 filled with -1). */
 typedef struct eng_prompt_info {
     const int32_t *tokens;
     int32_t n;
@@ -206,9 +208,8 @@ typedef struct eng_choice_end {
     int32_t choice;
     eng_finish why;
     int32_t generated_tokens;
-    /* the sum of the logprobs of its tokens (eng_token_event.logprob, in
-     * float64; the EOS that ended it included), when logprobs were asked;
-     * else 0 */
+    /* with logprobs: its tokens' logprobs summed in float64 (the ending
+     * EOS's too); else 0 */
     double logprob_sum;
 } eng_choice_end;
 
@@ -237,18 +238,13 @@ typedef struct eng_request {
      * the whole KV cache) leaves after the prompt, as OpenAI's chat
      * completions do when max_tokens is not given */
     bool fill_context;
-    /* the prompt is a rendered chat template: it writes its own special
-     * tokens, so no BOS is added (transformers tokenizes a rendered
-     * template with add_special_tokens=False) */
+    /* a rendered chat template: it writes its own special tokens, so no
+     * BOS is added (transformers' add_special_tokens=False) */
     bool templated;
-    /* n_choices (0 or 1: one; at most ENG_MAX_CHOICES and the engine's
-     * max_running): that many answers to one prompt, the prompt prefilled
-     * once. Choice i samples with its own sampler seeded sampling.seed + i
-     * (choice 0 draws what a one-choice request would). After the prefill
-     * the choices share the prompt's KV blocks; a shared block is copied
-     * when a choice first writes into it (copy on write: the prompt's last,
-     * partly filled block). The request's KV blocks and running slots are
-     * reserved at admission for all its choices. */
+    /* n_choices (0 or 1: one; at most ENG_MAX_CHOICES and max_running):
+     * answers to one prompt prefilled once, choice i seeded sampling.seed
+     * + i. The choices share the prompt's KV blocks (copied on write) and
+     * their stop strings; blocks and slots are reserved at admission. */
     int32_t n_choices;
     /* logprobs: each token's log-probability, with top_logprobs
      * (0..ENG_MAX_LOGPROBS) alternatives (eng_token_event) */
@@ -258,8 +254,8 @@ typedef struct eng_request {
      * and top_logprobs alternatives (OpenAI's echo with logprobs, TGI's
      * decoder_input_details); the prompt is prefilled all the same */
     bool prompt_logprobs;
-    /* vLLM's skip_special_tokens: special tokens (control and added
-     * special ones) add no text (they are still reported as tokens) */
+    /* vLLM's skip_special_tokens: special tokens add no text (they are
+     * still reported as tokens) */
     bool skip_special_tokens;
     /* vLLM's include_stop_str_in_output (eng_stop_include) */
     bool include_stop_str;
@@ -316,16 +312,21 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
  * longer than the context or the whole KV cache, prompt plus
  * max_new_tokens past max_context (when set), max_new_tokens out of range,
  * bad sampling parameters, more choices than running slots, a prompt
- * token outside the vocabulary or a full queue are refused here with the
- * reason (nothing is queued). *id names it for eng_engine_cancel (all its
- * choices). */
+ * token outside the vocabulary or a full queue (checked first) are refused
+ * with the reason (nothing is queued). *id names it for eng_engine_cancel. */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
-/* The prompt of r as submit would feed it, made on any thread (it reads
- * only fixed state): r checked as submit checks it, the text tokenized or
- * the ids copied, truncated, and refused past the context, into *ids
- * (malloc'd, the caller's) and *n; submitting r with prompt_tokens = *ids
- * is the same request (a server tokenizes off its event loop so). On
- * error a QL_E* code, msg, and *ids NULL. */
+/* Submit in two halves, so that a server builds off its event loop: _build
+ * checks r as submit does (but for the queue) and makes everything it
+ * needs, on any thread (it reads only fixed state) into *out (the
+ * caller's: eng_built_free); _queue queues it, taking it (freed when the
+ * queue is full or the engine stops: QL_EBUSY). */
+typedef struct eng_built eng_built;
+int eng_engine_build(const eng_engine *e, const eng_request *r, eng_built **out, char *msg,
+                     size_t msg_len);
+int eng_engine_queue(eng_engine *e, eng_built *b, uint64_t *id, char *msg, size_t msg_len);
+void eng_built_free(eng_built *b);
+/* r's prompt as submit would feed it, on any thread: checked, tokenized
+ * or copied, truncated, into *ids (malloc'd, the caller's) and *n. */
 int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
                              char *msg, size_t msg_len);
 /* Publish a new weight version (the engine takes the caller's reference):
@@ -362,8 +363,7 @@ typedef struct eng_engine_stats {
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
     uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
-    /* KV blocks further choices (n_choices > 1) took from the first by
-     * reference, and blocks copied when a choice wrote into one (on write) */
+    /* KV blocks further choices took from the first, and copied on write */
     uint64_t kv_blocks_shared, kv_blocks_copied;
     /* the prefix cache: prompt tokens looked up and found; blocks kept */
     uint64_t prefix_queried_tokens, prefix_hit_tokens;

@@ -133,7 +133,25 @@ bool srv_is_adapter_name(const char *name);
 
 /* --- generations: what an API asks (request.c reads it) ------------------------ */
 
+/* Stop strings of one request (OpenAI allows 4; the engine's bounds,
+ * ENG_STOP_MAX_*, hold besides: bytes per string and in all). */
 #define SRV_MAX_STOPS 8
+/* Prompt logprobs (echo with logprobs, decoder_input_details) score every
+ * prompt token over the whole vocabulary: the engine's time grows with the
+ * tokens scored (8 prompts of 1000 ids took 59 s of a CPU engine) and the
+ * answer with tokens x (1 + alternatives) entries (about 40 bytes of JSON
+ * each). Per request, summed over its prompts: at most 4096 tokens (a
+ * 4k-context model's whole window), and 32768 entries (a 1.3 MB answer). */
+#define SRV_MAX_PROMPT_LOGPROB_TOKENS  4096
+#define SRV_MAX_PROMPT_LOGPROB_ENTRIES 32768
+/* echo (TGI's return_full_text) repeats a prompt's text in each of its
+ * choices' answers: at most 16 MiB of prompt text in one answer (64
+ * choices of a 256 KiB prompt), where a megabyte prompt with n 64 made 64
+ * MB before JSON's escapes. */
+#define SRV_MAX_ECHO_BYTES ((size_t)16 << 20)
+/* Tools of one chat request: OpenAI's documented limit. Each is rendered
+ * by the template and, with tool_choice "required", joins the grammar. */
+#define SRV_MAX_TOOLS 128
 /* Prompts in one OpenAI completions request, and choices of one request
  * in all (prompts x best_of): each choice takes a running slot. */
 #define SRV_MAX_PROMPTS 64
@@ -177,6 +195,9 @@ typedef struct srv_ask {
      * too (echo with logprobs, decoder_input_details) */
     bool logprobs, prompt_logprobs;
     int32_t top_logprobs;
+    /* the API's name for asking for prompt logprobs (a literal), for the
+     * 400 past SRV_MAX_PROMPT_LOGPROB_*; NULL: "prompt logprobs" */
+    const char *prompt_logprobs_field;
     int32_t truncate;      /* TGI's: keep the prompt's last tokens; 0: all */
     bool keep_special;     /* skip_special_tokens false */
     bool include_stop_str; /* vLLM's include_stop_str_in_output */
@@ -358,6 +379,7 @@ struct srv_gen {
     /* the API's own state for the answer (srv_ask.answer), dropped with g */
     void *answer;
     void (*answer_drop)(void *answer);
+    size_t cost;        /* what it counts in s->held_bytes (bridge.c's request_cost) */
     srv_gen *next_live; /* the server's list of live generations */
     srv_gen *prev_live;
 };
