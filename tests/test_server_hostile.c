@@ -39,21 +39,10 @@
 #include "test_util.h"
 #include "tiny_model.h"
 
-/* A sanitizer build's server is several times slower, and AddressSanitizer
- * holds freed memory in its quarantine (up to 256 MiB), so its RSS says
- * nothing about what the server keeps: there a loop turn gets a wider bound
- * and RSS is logged, not asserted (the buffered-bytes gauge and the bytes
- * a client manages to send still are). */
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
+/* A sanitizer build (SP_SANITIZED): a loop turn gets a wider bound and
+ * RSS is logged, not asserted (the buffered-bytes gauge and the bytes a
+ * client manages to send still are). */
+#define SANITIZED SP_SANITIZED
 /* The most CPU one turn of the event loop may take, in seconds: a bucket
  * bound of qlserve_event_loop_turn_cpu_seconds. A turn that answers one
  * request per connection takes microseconds; a hostile input handled on
@@ -111,20 +100,6 @@ static void start(const char *const *extra)
     argv[n] = NULL;
     sp_spawn(argv, log_path);
     sp_wait_ready();
-}
-
-static long rss_kib(void)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)sp.pid);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "%s", path);
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
 }
 
 static double now_ms(void)
@@ -235,7 +210,7 @@ static size_t push(int fd, const char *data, size_t len, int idle_ms)
 Test(server_hostile, pipelining_without_reading_holds_a_bounded_backlog)
 {
     start(NULL);
-    long before = rss_kib();
+    long before = sp_rss_kib();
     double slow = slow_loop_turns(NULL);
     const char *one = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
     size_t len = strlen(one);
@@ -252,7 +227,7 @@ Test(server_hostile, pipelining_without_reading_holds_a_bounded_backlog)
     test_sleep_ms(500); /* the server answers what it will */
     for (int i = 0; i < 5; i++)
         health_answers();
-    long during = rss_kib();
+    long during = sp_rss_kib();
     double buffered = gauge("qlserve_connection_buffered_bytes");
     cr_log_info("20 pipelining sockets: RSS +%ld KiB, buffered %.0f bytes", during - before,
                 buffered);
@@ -326,7 +301,7 @@ Test(server_hostile, drain_ends_while_a_client_never_reads)
 Test(server_hostile, input_behind_a_running_request_is_not_buffered_without_limit)
 {
     start(NULL);
-    long before = rss_kib();
+    long before = sp_rss_kib();
     double slow = slow_loop_turns(NULL);
     sp_hold_after(0, NULL);
     int fd = hc_connect_fd(sp.port);
@@ -350,7 +325,7 @@ Test(server_hostile, input_behind_a_running_request_is_not_buffered_without_limi
     for (size_t at = 0; at < flood_len; at += one_len)
         memcpy(flood + at, one, one_len);
     size_t taken = push(fd, flood, flood_len, 500);
-    long during = rss_kib();
+    long during = sp_rss_kib();
     health_answers();
     double buffered = gauge("qlserve_connection_buffered_bytes");
     cr_log_info("flood behind a running request: %zu bytes taken, %.0f buffered, RSS +%ld KiB",
@@ -539,7 +514,7 @@ Test(server_hostile, a_hostile_pattern_in_an_adapter_config_is_refused)
     ls.target_modules = "\"(((((a{1,100}){1,100}){1,100}){1,100}))\"";
     lora_fix_write(bad, &cfg, &ls);
     start((const char *[]){"--adapter-dir", adapters, NULL});
-    long before = rss_kib();
+    long before = sp_rss_kib();
     double slow = slow_loop_turns(NULL);
     int fd = post_raw("/admin/adapters", "{\"name\": \"bad\", \"path\": \"bad\"}",
                       strlen("{\"name\": \"bad\", \"path\": \"bad\"}"));
@@ -547,7 +522,7 @@ Test(server_hostile, a_hostile_pattern_in_an_adapter_config_is_refused)
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
     hc_close(&c);
-    long after = rss_kib();
+    long after = sp_rss_kib();
     health_answers();
     cr_log_info("hostile target_modules: %d %s; RSS +%ld KiB", r.status, r.body, after - before);
     cr_assert_eq(r.status, 400, "%d %s", r.status, r.body);

@@ -23,8 +23,9 @@ static char ts_dir[512];
 static char ts_model_dir[600];
 static char ts_log_path[600];
 
-/* The tiny model served with chat_template as its chat_template.jinja. */
-static inline void ts_start(const char *chat_template)
+/* The tiny model served with chat_template as its chat_template.jinja,
+ * and the flags in extra (NULL-ended; NULL: none). */
+static inline void ts_start_with(const char *chat_template, const char *const *extra)
 {
     test_tmpdir(ts_dir, sizeof ts_dir);
     cr_assert(ts_dir[0]);
@@ -39,10 +40,19 @@ static inline void ts_start(const char *chat_template)
     cr_assert(f);
     fputs(chat_template, f);
     fclose(f);
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  ts_model_dir, "--port", "0",
-                          "--threads", "2",     "--kv-mib", "16",         NULL};
+    const char *argv[32] = {QL_BINARY, "serve",     "--model", ts_model_dir, "--port",
+                            "0",       "--threads", "2",       "--kv-mib",   "16"};
+    size_t n = 10;
+    for (size_t i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
     sp_spawn(argv, ts_log_path);
     sp_wait_ready();
+}
+
+static inline void ts_start(const char *chat_template)
+{
+    ts_start_with(chat_template, NULL);
 }
 
 static inline void ts_setup(void)
