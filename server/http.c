@@ -6,15 +6,19 @@
  * the parser is paused, the request is routed, and bytes that arrive
  * meanwhile (pipelined requests) wait in `pending`; once the response has
  * ended, parsing resumes there. A connection is therefore always in one of
- * three states: idle between requests (the keep-alive timer runs), reading
+ * three states: idle between requests (the keep-alive timer runs, or,
+ * before its first request, the shorter first-byte deadline), reading
  * a request (the request timer runs: 408 when it fires), or answering one
  * (no timer: a generation takes as long as it takes).
  *
  * Limits: the request line plus headers (431), the body (413, checked
  * against Content-Length before the body is read and against what arrives
- * for chunked bodies), and how many connections are open at once (503 to
- * the one over). A malformed request gets 400 and the connection is
- * closed, since its framing can no longer be trusted. A reader too slow to
+ * for chunked bodies), how many connections are open at once and how many
+ * from one IP address (503 to the one over, counted in /metrics), and how
+ * long a new connection may stay silent (first_byte_timeout_ms, then it
+ * is closed and counted). A malformed request gets 400 and the connection
+ * is closed, since its framing can no longer be trusted; so does a header
+ * folded onto a continuation line (obs-fold). A reader too slow to
  * take its stream (more than 8 MiB waiting) is cut off.
  *
  * Memory per connection is bounded whatever the client sends: reading

@@ -190,11 +190,13 @@ Test(server_conns, unread_large_answers_hold_no_memory_or_loop)
                          len);
         cr_assert(hc_send(&conns[i], head, (size_t)n));
         cr_assert(hc_send(&conns[i], big, len));
+        /* one at a time: each answered (a 400, counted) before the next
+         * body arrives, so no turn of the loop reads several megabytes of
+         * request bodies at once, which is not what this row measures */
+        cr_assert(metric_reaches("qlserve_http_responses_total{code=\"400\"}", i + 1, 60000),
+                  "client %d was not answered", i);
     }
     free(big);
-    /* every one answered (each a 400: the answers count among the 4xx) */
-    cr_assert(metric_reaches("qlserve_http_responses_total{code=\"400\"}", UNREAD_CLIENTS, 60000),
-              "the twenty were not answered");
     health_answers();
     long during = sp_rss_kib();
     cr_log_info("20 unread megabyte /tokenize: RSS %+ld KiB", during - before);
