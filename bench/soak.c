@@ -1218,10 +1218,12 @@ int main(int argc, char **argv)
     char adapters[700], conns[16];
     snprintf(adapters, sizeof adapters, "%s/adapters", opt.workdir);
     snprintf(conns, sizeof conns, "%d", 4 * opt.clients + 16);
-    char *extra[] = {"--adapter-dir", adapters, "--max-connections", conns};
+    /* every client is this one address: no per-address cap */
+    char *extra[] = {
+        "--adapter-dir", adapters, "--max-connections", conns, "--max-connections-per-peer", "0"};
     inet_pton(AF_INET, "127.0.0.1", &server_addr.sin_addr);
     server_addr.sin_family = AF_INET;
-    port = start_server(opt.binary, opt.model, opt.threads, extra, 4);
+    port = start_server(opt.binary, opt.model, opt.threads, extra, 6);
     server_addr.sin_port = htons((uint16_t)port);
     server_pid = child;
     double t_load = now();
