@@ -365,7 +365,7 @@ typedef struct serve_layer {
         {"keepalive-timeout-ms", OPT_INT, &(l)->s.keepalive_timeout_ms,                            \
          "MS: how long an idle keep-alive connection stays open"},                                 \
         {"first-byte-timeout-ms", OPT_INT, &(l)->s.first_byte_timeout_ms,                          \
-         "MS: a new connection's time to begin its first request; later it is closed"},            \
+         "MS: a new connection's time to begin its first request (at most the keep-alive's)"},     \
         {"max-connections-per-peer", OPT_INT, &(l)->s.max_connections_per_peer,                    \
          "N: connections open at once from one IP address; more get 503 (0: no cap)"},             \
         {"grace-ms", OPT_INT, &(l)->s.grace_ms,                                                    \

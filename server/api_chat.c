@@ -637,10 +637,12 @@ static void chat_tokens_run(srv_work *w)
 static void chat_tokens_done(srv_work *w)
 {
     chat_tokens *ct = w->job;
-    if (w->conn && w->rc == QL_OK)
-        srv_respond_json(w->conn, 200, ct->answer);
-    else if (w->conn)
+    if (w->conn && w->rc == QL_OK) {
+        srv_respond_json_owned(w->conn, 200, ct->answer);
+        ct->answer = NULL;
+    } else if (w->conn) {
         srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+    }
     ct->maker.drop(ct->maker.arg);
     free(ct->answer);
     free(ct);

@@ -613,10 +613,12 @@ static void tgi_tokens_run(srv_work *w)
 static void tgi_tokens_done(srv_work *w)
 {
     tgi_tokens *tt = w->job;
-    if (w->conn && w->rc == QL_OK)
-        srv_respond_json(w->conn, 200, tt->answer);
-    else if (w->conn)
+    if (w->conn && w->rc == QL_OK) {
+        srv_respond_json_owned(w->conn, 200, tt->answer);
+        tt->answer = NULL;
+    } else if (w->conn) {
         srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+    }
     free(tt->answer);
     free(tt->text);
     free(tt);

@@ -152,6 +152,35 @@ static void on_written(uv_write_t *req, int status)
         on_backlog_drained(c);
 }
 
+/* Write data[0, len), which c takes: freed once written (or at once when
+ * it cannot be). */
+static void send_owned(srv_conn *c, char *data, size_t len)
+{
+    if (c->sink)
+        c->sink(c, data, len);
+    if (c->sink || c->closing || len == 0) {
+        free(data);
+        return;
+    }
+    write_req *w = malloc(sizeof *w);
+    if (!w) {
+        free(data);
+        srv_conn_close(c);
+        return;
+    }
+    w->data = data;
+    w->len = len;
+    uv_buf_t buf = uv_buf_init(data, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
+        free(data);
+        free(w);
+        srv_conn_abort(c);
+        return;
+    }
+    c->out_bytes += len;
+}
+
+/* Write a copy of data[0, len). */
 static void send_bytes(srv_conn *c, const char *data, size_t len)
 {
     if (c->sink) {
@@ -160,25 +189,13 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
     }
     if (c->closing || len == 0)
         return;
-    write_req *w = malloc(sizeof *w);
     char *copy = malloc(len);
-    if (!w || !copy) {
-        free(w);
-        free(copy);
+    if (!copy) {
         srv_conn_close(c);
         return;
     }
     memcpy(copy, data, len);
-    w->data = copy;
-    w->len = len;
-    uv_buf_t buf = uv_buf_init(copy, (unsigned)len);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
-        free(copy);
-        free(w);
-        srv_conn_abort(c);
-        return;
-    }
-    c->out_bytes += len;
+    send_owned(c, copy, len);
 }
 
 /* Bytes written whose write has not completed: queued in libuv, or handed
@@ -346,9 +363,10 @@ static void on_timeout(uv_timer_t *t)
 
 /* Arm the timer for the state c is in: a request being read has
  * request_timeout_ms; an idle connection that has had a request the
- * keep-alive's time, and a new one that has not the first-byte deadline
- * (short: an idle new connection costs its slot and nothing else, so a
- * client opening many would hold them all for the keep-alive minute). */
+ * keep-alive's time, and a new one that has not the first-byte deadline,
+ * or the keep-alive's time when that is shorter (short: an idle new
+ * connection costs its slot and nothing else, so a client opening many
+ * would hold them all for the keep-alive minute). */
 static void arm_timer(srv_conn *c)
 {
     if (c->sink || c->closing)
@@ -358,8 +376,11 @@ static void arm_timer(srv_conn *c)
         return;
     }
     const cfg_serve *cfg = c->s->cfg;
+    int32_t first = cfg->first_byte_timeout_ms < cfg->keepalive_timeout_ms
+                        ? cfg->first_byte_timeout_ms
+                        : cfg->keepalive_timeout_ms; /* never longer than an idle keep-alive */
     int32_t ms = c->reading         ? cfg->request_timeout_ms
-                 : c->requests == 0 ? cfg->first_byte_timeout_ms
+                 : c->requests == 0 ? first
                                     : cfg->keepalive_timeout_ms;
     uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
 }
@@ -1098,19 +1119,36 @@ static void send_head(srv_conn *c, int status, const char *content_type, size_t 
     send_bytes(c, head, (size_t)n);
 }
 
-void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
-                 const char *extra_headers)
+/* A whole response; body_owned: body is c's to free, and is written
+ * without a copy (a large answer is not held twice). */
+static void respond(srv_conn *c, int status, const char *content_type, char *body, size_t len,
+                    bool body_owned, const char *extra_headers)
 {
-    if (c->closing && !c->sink)
+    if (c->closing && !c->sink) {
+        if (body_owned)
+            free(body);
         return;
+    }
     /* a request refused while it was being read never completed, so its
      * keep_alive is false: those (400 malformed, 408, 413, 431) close */
     bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
     send_head(c, status, content_type, len, extra_headers, keep);
-    if (c->req.method != HTTP_HEAD) /* HEAD: the headers alone, or the framing breaks */
+    if (c->req.method == HTTP_HEAD) { /* HEAD: the headers alone, or the framing breaks */
+        if (body_owned)
+            free(body);
+    } else if (body_owned) {
+        send_owned(c, body, len);
+    } else {
         send_bytes(c, body, len);
+    }
     if (c->busy)
         response_done(c, keep);
+}
+
+void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
+                 const char *extra_headers)
+{
+    respond(c, status, content_type, (char *)body, len, false, extra_headers);
 }
 
 void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
@@ -1126,6 +1164,11 @@ void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
 void srv_respond_json(srv_conn *c, int status, const char *json)
 {
     srv_respond(c, status, "application/json", json, strlen(json), NULL);
+}
+
+void srv_respond_json_owned(srv_conn *c, int status, char *json)
+{
+    respond(c, status, "application/json", json, strlen(json), true, NULL);
 }
 
 void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,

@@ -62,6 +62,9 @@ void srv_stop_accepting(srv_server *s);
 void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
                  const char *extra_headers);
 void srv_respond_json(srv_conn *c, int status, const char *json);
+/* The same, taking json (malloc'd; freed here, whatever happens): written
+ * without a copy, for large answers. */
+void srv_respond_json_owned(srv_conn *c, int status, char *json);
 /* A response without a body (a 204: no Content-Type, no Content-Length). */
 void srv_respond_empty(srv_conn *c, int status, const char *extra_headers);
 /* What Access-Control-Allow-Origin says to c's request: its Origin when
