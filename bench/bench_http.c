@@ -511,6 +511,9 @@ int main(int argc, char **argv)
         int k = 0;
         more[k++] = "--max-connections";
         more[k++] = conns;
+        /* all of it from this one address: no per-address cap */
+        more[k++] = "--max-connections-per-peer";
+        more[k++] = "0";
         for (int i = 0; i < n_extra && k < 63; i++)
             more[k++] = extra[i];
         port = start_server(binary, model, threads, more, k);

@@ -497,6 +497,9 @@ static char **server_flags(enum server_kind k, int *n, int *port_at)
         /* the streams, the warm-up's and the health polls' connections */
         f[a++] = "--max-connections";
         f[a++] = "256";
+        /* every stream comes from this one address: no per-address cap */
+        f[a++] = "--max-connections-per-peer";
+        f[a++] = "0";
         for (int i = 0; i < opt.n_qlserve_args; i++)
             f[a++] = opt.qlserve_args[i];
     } else {

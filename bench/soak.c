@@ -1221,8 +1221,8 @@ int main(int argc, char **argv)
     /* the run's own journal, never the user's state directory (a flag an
      * older binary knows too, for before/after runs) */
     snprintf(journal, sizeof journal, "%s/state.json", opt.workdir);
-    char *extra[] = {"--adapter-dir", adapters,       "--max-connections",
-                     conns,           "--state-file", journal};
+    char *extra[] = {"--adapter-dir", adapters, "--max-connections",          conns,
+                     "--state-file",  journal,  "--max-connections-per-peer", "0"};
     inet_pton(AF_INET, "127.0.0.1", &server_addr.sin_addr);
     server_addr.sin_family = AF_INET;
     port = start_server(opt.binary, opt.model, opt.threads, extra, 6);

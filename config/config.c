@@ -375,6 +375,10 @@ typedef struct serve_layer {
          "MS: time to receive a whole request; slower gets 408"},                                  \
         {"keepalive-timeout-ms", OPT_INT, &(l)->s.keepalive_timeout_ms,                            \
          "MS: how long an idle keep-alive connection stays open"},                                 \
+        {"first-byte-timeout-ms", OPT_INT, &(l)->s.first_byte_timeout_ms,                          \
+         "MS: a new connection's time to begin its first request (at most the keep-alive's)"},     \
+        {"max-connections-per-peer", OPT_INT, &(l)->s.max_connections_per_peer,                    \
+         "N: connections open at once from one IP address; more get 503 (0: no cap)"},             \
         {"grace-ms", OPT_INT, &(l)->s.grace_ms,                                                    \
          "MS: after SIGTERM, time for running requests to finish (0: cancel them)"},               \
         {"adapter-budget-mib", OPT_I64, &(l)->s.adapter_budget_mib,                                \
@@ -403,6 +407,15 @@ static void serve_defaults(serve_layer *l)
     l->s.max_header_bytes = 16 << 10;
     l->s.request_timeout_ms = 30000;
     l->s.keepalive_timeout_ms = 60000;
+    /* a client connects to send a request: 10 s is far beyond any
+     * handshake's round trips, and short beside the keep-alive minute an
+     * idle new connection otherwise holds a slot for */
+    l->s.first_byte_timeout_ms = 10000;
+    /* a quarter of --max-connections' 256: one address cannot take every
+     * slot, and a browser (6 per host) or a client library's pool of tens
+     * stays well under it; behind a proxy every client is the proxy's
+     * address (docs/operations.md) */
+    l->s.max_connections_per_peer = 64;
     l->s.grace_ms = 30000;
     l->s.merge_threads = 1;
     l->s.device = "auto";
@@ -433,6 +446,8 @@ static const serve_range serve_ranges[] = {
     {"max-header-bytes", 1024, 1 << 20},
     {"request-timeout-ms", 1, 86400000}, /* a day */
     {"keepalive-timeout-ms", 1, 86400000},
+    {"first-byte-timeout-ms", 1, 86400000},
+    {"max-connections-per-peer", 0, 1 << 20},
     {"grace-ms", 0, 86400000},
     {"adapter-budget-mib", 0, 1 << 30},
     {"merge-threads", 1, 4096},

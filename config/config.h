@@ -159,9 +159,15 @@ typedef struct cfg_serve {
     int32_t max_header_bytes;     /* --max-header-bytes, default 16 KiB */
     int32_t request_timeout_ms;   /* --request-timeout-ms: to receive a request (408), 30000 */
     int32_t keepalive_timeout_ms; /* --keepalive-timeout-ms: idle keep-alive, default 60000 */
-    int32_t grace_ms;             /* --grace-ms: SIGTERM drain period, 30000; 0: cancel at once */
-    int64_t adapter_budget_mib;   /* --adapter-budget-mib, 0: no limit */
-    int32_t merge_threads;        /* --merge-threads, default 1 */
+    /* --first-byte-timeout-ms: a new connection's time to begin its first
+     * request before it is closed, default 10000 */
+    int32_t first_byte_timeout_ms;
+    /* --max-connections-per-peer: connections open at once from one IP
+     * address (more get 503), default 64; 0: no cap */
+    int32_t max_connections_per_peer;
+    int32_t grace_ms;           /* --grace-ms: SIGTERM drain period, 30000; 0: cancel at once */
+    int64_t adapter_budget_mib; /* --adapter-budget-mib, 0: no limit */
+    int32_t merge_threads;      /* --merge-threads, default 1 */
     /* --adapter-dtype bf16|f32 (lora_dtype), default bf16; NULL (a struct
      * built by hand): f32 */
     const char *adapter_dtype;

@@ -604,39 +604,47 @@ static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, srv_prompt_maker 
     return root;
 }
 
-/* /chat_tokenize's work: the template rendered and its text tokenized, on
- * a pool thread. */
+/* /chat_tokenize's work: the template rendered, its text tokenized and
+ * the answer written as JSON, on a pool thread. */
 typedef struct chat_tokens {
     srv_prompt_maker maker;
-    char *prompt;
-    cJSON *tokens;
+    char *answer; /* the JSON text answered */
 } chat_tokens;
 
 static void chat_tokens_run(srv_work *w)
 {
     chat_tokens *ct = w->job;
-    w->rc = ct->maker.make(ct->maker.arg, &ct->prompt, w->msg, sizeof w->msg);
+    char *prompt = NULL;
+    cJSON *tokens = NULL;
+    w->rc = ct->maker.make(ct->maker.arg, &prompt, w->msg, sizeof w->msg);
     /* a rendered template writes its own special tokens: none added */
+    srv_token_list want = {.max_tokens = (size_t)srv_context_tokens(w->s), .field = "messages"};
     if (w->rc == QL_OK)
-        w->rc = srv_tokenize_spans(w->s->model.tok, ct->prompt, strlen(ct->prompt), false,
-                                   &ct->tokens, w->msg, sizeof w->msg);
+        w->rc = srv_tokenize_spans(w->s->model.tok, prompt, strlen(prompt), &want, &tokens, w->msg,
+                                   sizeof w->msg);
+    if (w->rc == QL_OK) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "tokenize_response", tokens);
+        cJSON_AddStringToObject(o, "templated_text", prompt);
+        ct->answer = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!ct->answer)
+            w->rc = ql_fail(w->msg, sizeof w->msg, QL_ENOMEM, "out of memory");
+    }
+    free(prompt);
 }
 
 static void chat_tokens_done(srv_work *w)
 {
     chat_tokens *ct = w->job;
     if (w->conn && w->rc == QL_OK) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "tokenize_response", ct->tokens);
-        cJSON_AddStringToObject(o, "templated_text", ct->prompt);
-        srv_respond_cjson(w->conn, 200, o);
-        ct->tokens = NULL;
+        srv_respond_json_owned(w->conn, 200, ct->answer);
+        ct->answer = NULL;
     } else if (w->conn) {
         srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
     }
     ct->maker.drop(ct->maker.arg);
-    cJSON_Delete(ct->tokens);
-    free(ct->prompt);
+    free(ct->answer);
     free(ct);
 }
 

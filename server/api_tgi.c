@@ -523,12 +523,13 @@ static int find_spans(const tok_tokenizer *t, const char *text, size_t len, cons
     return rc;
 }
 
-/* The answer's list: one {"id", "text", "start", "stop"} per token. */
-static cJSON *spans_json(const char *text, const int32_t *ids, const token_span *spans, size_t n,
-                         bool aligned)
+/* The answer's list: one {"id", "text", "start", "stop"} per token, for
+ * tokens [from, n). */
+static cJSON *spans_json(const char *text, const int32_t *ids, const token_span *spans, size_t from,
+                         size_t n, bool aligned)
 {
     cJSON *list = cJSON_CreateArray();
-    for (size_t i = 0; list && i < n; i++) {
+    for (size_t i = from; list && i < n; i++) {
         token_span sp = aligned ? spans[i] : (token_span){0, 0};
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "id", ids[i]);
@@ -542,20 +543,43 @@ static cJSON *spans_json(const char *text, const int32_t *ids, const token_span 
     return list;
 }
 
-int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, bool add_special,
-                       cJSON **out, char *msg, size_t msg_len)
+int64_t srv_context_tokens(const srv_server *s)
+{
+    int64_t context = s->model.cfg.max_position_embeddings;
+    if (s->cfg->max_context > 0 && s->cfg->max_context < context)
+        context = s->cfg->max_context;
+    return context;
+}
+
+int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len,
+                       const srv_token_list *want, cJSON **out, char *msg, size_t msg_len)
 {
     *out = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = tok_encode(t, text, len, add_special && tok_adds_bos(t), true, &ids, &n, msg, msg_len);
+    int rc = tok_encode(t, text, len, want->add_special && tok_adds_bos(t), true, &ids, &n, msg,
+                        msg_len);
     if (rc != QL_OK)
         return rc;
+    /* the list answered is bounded before any of it is built: each token
+     * costs about 60 bytes of JSON (a megabyte of text that is one token
+     * per byte would be a 50 MB answer) */
+    size_t from = want->keep_last > 0 && n > want->keep_last ? n - want->keep_last : 0;
+    if (n - from > want->max_tokens) {
+        free(ids);
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "\"%s\" is %zu tokens, more than the context length of %zu that a token "
+                       "list answers%s",
+                       want->field, n - from, want->max_tokens,
+                       want->keep_last > 0 || !want->can_truncate
+                           ? ""
+                           : " (\"truncate\" keeps the last tokens)");
+    }
     token_span *spans = calloc(n ? n : 1, sizeof *spans);
     bool aligned = false;
     rc = spans ? find_spans(t, text, len, ids, n, spans, &aligned) : QL_ENOMEM;
     if (rc == QL_OK)
-        *out = spans_json(text, ids, spans, n, aligned);
+        *out = spans_json(text, ids, spans, from, n, aligned);
     if (!*out)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory tokenizing %zu bytes", len);
     free(spans);
@@ -563,49 +587,40 @@ int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, boo
     return rc;
 }
 
-/* /tokenize's work: the text tokenized with its spans on a pool thread
- * (a megabyte of text must not hold the loop). */
+/* /tokenize's work: the text tokenized with its spans and the answer
+ * written as JSON on a pool thread (a megabyte of text must not hold the
+ * loop, nor must printing its list). */
 typedef struct tgi_tokens {
     char *text;
-    bool add_special;
-    int32_t truncate;
-    cJSON *list;
+    srv_token_list want;
+    char *answer; /* the JSON text answered */
 } tgi_tokens;
 
 static void tgi_tokens_run(srv_work *w)
 {
     tgi_tokens *tt = w->job;
-    w->rc = srv_tokenize_spans(w->s->model.tok, tt->text, strlen(tt->text), tt->add_special,
-                               &tt->list, w->msg, sizeof w->msg);
+    cJSON *list = NULL;
     /* truncate keeps the last tokens, as a generation would */
-    int n = w->rc == QL_OK ? cJSON_GetArraySize(tt->list) : 0;
-    if (tt->truncate > 0 && n > tt->truncate) {
-        cJSON *kept = cJSON_CreateArray();
-        cJSON *item = tt->list->child;
-        for (int k = 0; k < n - tt->truncate; k++)
-            item = item->next;
-        while (kept && item) {
-            cJSON *next = item->next;
-            cJSON_AddItemToArray(kept, cJSON_DetachItemViaPointer(tt->list, item));
-            item = next;
-        }
-        cJSON_Delete(tt->list);
-        tt->list = kept;
-        if (!kept)
-            w->rc = ql_fail(w->msg, sizeof w->msg, QL_ENOMEM, "out of memory");
-    }
+    w->rc = srv_tokenize_spans(w->s->model.tok, tt->text, strlen(tt->text), &tt->want, &list,
+                               w->msg, sizeof w->msg);
+    if (w->rc != QL_OK)
+        return;
+    tt->answer = cJSON_PrintUnformatted(list);
+    cJSON_Delete(list);
+    if (!tt->answer)
+        w->rc = ql_fail(w->msg, sizeof w->msg, QL_ENOMEM, "out of memory");
 }
 
 static void tgi_tokens_done(srv_work *w)
 {
     tgi_tokens *tt = w->job;
     if (w->conn && w->rc == QL_OK) {
-        srv_respond_cjson(w->conn, 200, tt->list);
-        tt->list = NULL;
+        srv_respond_json_owned(w->conn, 200, tt->answer);
+        tt->answer = NULL;
     } else if (w->conn) {
         srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
     }
-    cJSON_Delete(tt->list);
+    free(tt->answer);
     free(tt->text);
     free(tt);
 }
@@ -640,8 +655,11 @@ void srv_tgi_tokenize(srv_conn *c, const char *name)
             srv_fail(c, 503, "out of memory");
     }
     if (tt) {
-        tt->add_special = !cJSON_IsFalse(flag);
-        tt->truncate = a.truncate;
+        tt->want = (srv_token_list){.add_special = !cJSON_IsFalse(flag),
+                                    .keep_last = a.truncate > 0 ? (size_t)a.truncate : 0,
+                                    .max_tokens = (size_t)srv_context_tokens(c->s),
+                                    .field = "inputs",
+                                    .can_truncate = true};
         if (srv_work_begin(c, tt, tgi_tokens_run, tgi_tokens_done) != 0) {
             free(tt->text);
             free(tt);
@@ -674,9 +692,7 @@ void srv_tgi_info(srv_conn *c, const char *name)
     cJSON_AddBoolToObject(root, "serving", s->serving);
     if (s->serving) {
         const eng_model *m = &s->model;
-        int64_t context = m->cfg.max_position_embeddings;
-        if (s->cfg->max_context > 0 && s->cfg->max_context < context)
-            context = s->cfg->max_context;
+        int64_t context = srv_context_tokens(s);
         /* a prompt leaves room for at least one new token */
         cJSON_AddNumberToObject(root, "max_input_tokens", (double)(context - 1));
         cJSON_AddNumberToObject(root, "max_total_tokens", (double)context);

@@ -6,15 +6,19 @@
  * the parser is paused, the request is routed, and bytes that arrive
  * meanwhile (pipelined requests) wait in `pending`; once the response has
  * ended, parsing resumes there. A connection is therefore always in one of
- * three states: idle between requests (the keep-alive timer runs), reading
+ * three states: idle between requests (the keep-alive timer runs, or,
+ * before its first request, the shorter first-byte deadline), reading
  * a request (the request timer runs: 408 when it fires), or answering one
  * (no timer: a generation takes as long as it takes).
  *
  * Limits: the request line plus headers (431), the body (413, checked
  * against Content-Length before the body is read and against what arrives
- * for chunked bodies), and how many connections are open at once (503 to
- * the one over). A malformed request gets 400 and the connection is
- * closed, since its framing can no longer be trusted. A reader too slow to
+ * for chunked bodies), how many connections are open at once and how many
+ * from one IP address (503 to the one over, counted in /metrics), and how
+ * long a new connection may stay silent (first_byte_timeout_ms, then it
+ * is closed and counted). A malformed request gets 400 and the connection
+ * is closed, since its framing can no longer be trusted; so does a header
+ * folded onto a continuation line (obs-fold). A reader too slow to
  * take its stream (more than 8 MiB waiting) is cut off.
  *
  * Memory per connection is bounded whatever the client sends: reading
@@ -47,6 +51,7 @@
  */
 #include "internal/server_internal.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,11 +104,44 @@ typedef struct write_req {
     size_t len;
 } write_req;
 
+/* An answer at least this large, once written and freed, has its memory
+ * handed back to the system: glibc keeps freed heap memory (and raises its
+ * mmap threshold after a large free, so the next large answers come from
+ * the heap too), and after a burst of large answers the server's RSS would
+ * stay at the burst's peak. 1 MiB: ordinary answers are far smaller, so
+ * the trim runs only after the rare large one. */
+#define TRIM_AFTER_BYTES ((size_t)1 << 20)
+
+static void trim_run(uv_work_t *req)
+{
+    (void)req;
+    malloc_trim(0); /* every arena's free pages, on the pool: it walks the heap */
+}
+
+static void trim_done(uv_work_t *req, int status)
+{
+    (void)status;
+    srv_server *s = req->data;
+    s->trim_queued = false;
+}
+
+/* Queue one malloc_trim on the pool, unless one is queued already. */
+static void trim_soon(srv_server *s)
+{
+    if (s->trim_queued || !s->loop)
+        return;
+    s->trim.data = s;
+    if (uv_queue_work(s->loop, &s->trim, trim_run, trim_done) == 0)
+        s->trim_queued = true;
+}
+
 static void on_written(uv_write_t *req, int status)
 {
     write_req *w = (write_req *)req;
     srv_conn *c = req->handle->data;
     c->out_bytes -= w->len;
+    if (w->len >= TRIM_AFTER_BYTES)
+        trim_soon(c->s);
     free(w->data);
     free(w);
     if (status == UV_ECANCELED || c->closing)
@@ -114,6 +152,35 @@ static void on_written(uv_write_t *req, int status)
         on_backlog_drained(c);
 }
 
+/* Write data[0, len), which c takes: freed once written (or at once when
+ * it cannot be). */
+static void send_owned(srv_conn *c, char *data, size_t len)
+{
+    if (c->sink)
+        c->sink(c, data, len);
+    if (c->sink || c->closing || len == 0) {
+        free(data);
+        return;
+    }
+    write_req *w = malloc(sizeof *w);
+    if (!w) {
+        free(data);
+        srv_conn_close(c);
+        return;
+    }
+    w->data = data;
+    w->len = len;
+    uv_buf_t buf = uv_buf_init(data, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
+        free(data);
+        free(w);
+        srv_conn_abort(c);
+        return;
+    }
+    c->out_bytes += len;
+}
+
+/* Write a copy of data[0, len). */
 static void send_bytes(srv_conn *c, const char *data, size_t len)
 {
     if (c->sink) {
@@ -122,25 +189,13 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
     }
     if (c->closing || len == 0)
         return;
-    write_req *w = malloc(sizeof *w);
     char *copy = malloc(len);
-    if (!w || !copy) {
-        free(w);
-        free(copy);
+    if (!copy) {
         srv_conn_close(c);
         return;
     }
     memcpy(copy, data, len);
-    w->data = copy;
-    w->len = len;
-    uv_buf_t buf = uv_buf_init(copy, (unsigned)len);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
-        free(copy);
-        free(w);
-        srv_conn_abort(c);
-        return;
-    }
-    c->out_bytes += len;
+    send_owned(c, copy, len);
 }
 
 /* Bytes written whose write has not completed: queued in libuv, or handed
@@ -165,6 +220,8 @@ static void request_reset(srv_conn *c)
     c->header_bytes = 0;
     c->reading = false;
     c->headers_done = false;
+    c->in_trailers = false;
+    c->fold_lf = false;
 }
 
 static void on_closed(uv_handle_t *h)
@@ -296,11 +353,20 @@ static void on_timeout(uv_timer_t *t)
     if (c->reading) {
         srv_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
         c->refused = true;
+    } else if (c->requests == 0) {
+        /* a connection that never began a request: closed without an
+         * answer, as there is no request to answer */
+        c->s->metrics.first_byte_timeouts++;
     }
-    srv_conn_close(c); /* idle keep-alive, or after the 408 */
+    srv_conn_close(c); /* idle keep-alive, never begun, or after the 408 */
 }
 
-/* Arm the timer for the state c is in. */
+/* Arm the timer for the state c is in: a request being read has
+ * request_timeout_ms; an idle connection that has had a request the
+ * keep-alive's time, and a new one that has not the first-byte deadline,
+ * or the keep-alive's time when that is shorter (short: an idle new
+ * connection costs its slot and nothing else, so a client opening many
+ * would hold them all for the keep-alive minute). */
 static void arm_timer(srv_conn *c)
 {
     if (c->sink || c->closing)
@@ -310,8 +376,13 @@ static void arm_timer(srv_conn *c)
         return;
     }
     const cfg_serve *cfg = c->s->cfg;
-    uint64_t ms = (uint64_t)(c->reading ? cfg->request_timeout_ms : cfg->keepalive_timeout_ms);
-    uv_timer_start(&c->timer, on_timeout, ms, 0);
+    int32_t first = cfg->first_byte_timeout_ms < cfg->keepalive_timeout_ms
+                        ? cfg->first_byte_timeout_ms
+                        : cfg->keepalive_timeout_ms; /* never longer than an idle keep-alive */
+    int32_t ms = c->reading         ? cfg->request_timeout_ms
+                 : c->requests == 0 ? first
+                                    : cfg->keepalive_timeout_ms;
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
 }
 
 /* --- parsing --------------------------------------------------------------------- */
@@ -336,8 +407,55 @@ static int on_message_begin(llhttp_t *p)
     srv_conn *c = conn_of(p);
     request_reset(c);
     c->reading = true;
+    c->requests++;
     arm_timer(c);
     return 0;
+}
+
+/*
+ * obs-fold: a header value continued on a line that begins with a space or
+ * tab. RFC 9112 5.2 lets a server refuse it with 400, and we do, as nginx
+ * does: llhttp 8 joins the lines, so a folded "Transfer-Encoding:\r\n
+ * chunked" is read as chunked here while a proxy in front may read it
+ * otherwise, and the two would frame the body differently (request
+ * smuggling). llhttp's spans leave out the line breaks, so the raw bytes
+ * between the header callbacks are looked at: a LF, then a space or tab,
+ * anywhere in the header section (or the trailers) is a fold.
+ */
+static void refuse_fold(srv_conn *c)
+{
+    if (!c->refused)
+        srv_respond_error(c, 400, "invalid_request",
+                          "a header line continues on the next line (obs-fold, RFC 9112 5.2); "
+                          "send each header on one line",
+                          "Connection: close\r\n");
+    c->refused = true;
+}
+
+/* Look at the bytes from c->fold_scan up to a header span at[0, len) and
+ * its first byte: -1 (refused) on a fold. */
+static int look_for_fold(srv_conn *c, const char *at, size_t len)
+{
+    const char *from = c->fold_scan && c->fold_scan <= at ? c->fold_scan : at;
+    for (const char *b = from; b < at + (len > 0); b++) {
+        if (c->fold_lf && (*b == ' ' || *b == '\t')) {
+            refuse_fold(c);
+            return -1;
+        }
+        c->fold_lf = *b == '\n';
+    }
+    c->fold_scan = at + len;
+    if (len > 0)
+        c->fold_lf = false;
+    return 0;
+}
+
+/* A span that is not a header (the URL, the body): the bytes up to its end
+ * are not looked at. */
+static void skip_fold_scan(srv_conn *c, const char *at, size_t len)
+{
+    c->fold_scan = at + len;
+    c->fold_lf = false;
 }
 
 static int count_header_bytes(srv_conn *c, size_t n)
@@ -349,6 +467,7 @@ static int count_header_bytes(srv_conn *c, size_t n)
 static int on_url(llhttp_t *p, const char *at, size_t len)
 {
     srv_conn *c = conn_of(p);
+    skip_fold_scan(c, at, len);
     if (count_header_bytes(c, len))
         return refuse_headers(c);
     char *u = realloc(c->req.url, c->req.url_len + len + 1);
@@ -366,6 +485,8 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
     srv_conn *c = conn_of(p);
     if (count_header_bytes(c, len))
         return refuse_headers(c);
+    if (look_for_fold(c, at, len))
+        return -1;
     if (c->hfield_len + len >= sizeof c->hfield) {
         c->hfield_long = true;
     } else {
@@ -451,6 +572,8 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
     srv_conn *c = conn_of(p);
     if (count_header_bytes(c, len))
         return refuse_headers(c);
+    if (look_for_fold(c, at, len))
+        return -1;
     size_t cap;
     bool *too_long;
     char *v = kept_value(c, c->hwant, &cap, &too_long);
@@ -512,6 +635,7 @@ static int on_headers_complete(llhttp_t *p)
 static int on_body(llhttp_t *p, const char *at, size_t len)
 {
     srv_conn *c = conn_of(p);
+    skip_fold_scan(c, at, len);
     if (c->req.body_len + len > (size_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
     size_t need = c->req.body_len + len + 1;
@@ -532,6 +656,18 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
     memcpy(c->req.body + c->req.body_len, at, len);
     c->req.body_len += len;
     c->req.body[c->req.body_len] = 0;
+    return 0;
+}
+
+/* The last chunk of a chunked body (size 0): trailers follow, and are
+ * looked at for folds as headers are. */
+static int on_chunk_header(llhttp_t *p)
+{
+    srv_conn *c = conn_of(p);
+    if (p->content_length == 0) {
+        c->in_trailers = true;
+        c->fold_lf = false;
+    }
     return 0;
 }
 
@@ -556,6 +692,7 @@ void srv_http_settings(llhttp_settings_t *st)
     st->on_header_value_complete = on_header_value_complete;
     st->on_headers_complete = on_headers_complete;
     st->on_body = on_body;
+    st->on_chunk_header = on_chunk_header;
     st->on_message_complete = on_message_complete;
 }
 
@@ -653,6 +790,16 @@ static void unqueue_resume(srv_conn *c)
     c->resume_next = NULL;
 }
 
+/* After a read that ends within a request's headers or trailers: its last
+ * bytes, after the last header span, looked at too (a fold may begin in
+ * this read and go on in the next); whether they hold a fold (refused). */
+static bool ends_in_fold(srv_conn *c, const char *end)
+{
+    if (!c->reading || (c->headers_done && !c->in_trailers))
+        return false;
+    return look_for_fold(c, end, 0) != 0;
+}
+
 /* Parse data; route each completed request, up to PASS_REQUESTS of them
  * (a sink's: all); keep what follows a request that is still being
  * answered, or that waits for the loop's next turn. */
@@ -669,7 +816,12 @@ static void parse(srv_conn *c, const char *data, size_t len)
             queue_resume(c);
             return;
         }
+        c->fold_scan = data;
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
+        if (err == HPE_OK && ends_in_fold(c, data + len)) {
+            srv_conn_close(c); /* refuse_fold has answered */
+            return;
+        }
         if (err == HPE_OK) {
             /* the request timer runs from the request's first byte
              * (on_message_begin): more of it does not restart it, or a
@@ -774,24 +926,69 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
     free(buf->base);
 }
 
-static bool peer_is_loopback(uv_tcp_t *tcp)
+/* c's peer address into c->peer_family and c->peer_ip (an IPv4-mapped
+ * IPv6 address as the IPv4 one it is, so a dual-stack listener counts a
+ * peer once), and whether it is loopback (127.0.0.0/8 or ::1). */
+static void read_peer(srv_conn *c)
 {
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) != 0)
-        return false;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    static const uint8_t v4mapped[12] = {[10] = 0xff, [11] = 0xff};
     if (ss.ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-        return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+        c->peer_family = AF_INET;
+        memcpy(c->peer_ip, &((const struct sockaddr_in *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
+        bool mapped = memcmp(a, v4mapped, 12) == 0;
+        c->peer_family = mapped ? AF_INET : AF_INET6;
+        memcpy(c->peer_ip, mapped ? a + 12 : a, mapped ? 4 : 16);
     }
-    if (ss.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-        static const uint8_t one[16] = {[15] = 1};
-        static const uint8_t v4mapped[12] = {[10] = 0xff, [11] = 0xff};
-        return memcmp(&a->sin6_addr, one, 16) == 0 ||
-               (memcmp(&a->sin6_addr, v4mapped, 12) == 0 && a->sin6_addr.s6_addr[12] == 127);
-    }
+    static const uint8_t one[16] = {[15] = 1};
+    c->loopback = (c->peer_family == AF_INET && c->peer_ip[0] == 127) ||
+                  (c->peer_family == AF_INET6 && memcmp(c->peer_ip, one, 16) == 0);
+}
+
+/* Whether c's peer already holds --max-connections-per-peer open
+ * connections besides c. One walk over the open connections (at most
+ * --max-connections of them) per accepted one: a table by address would
+ * be faster, but the walk is a compare per connection and only at accept. */
+static bool peer_over_cap(const srv_conn *c)
+{
+    int32_t cap = c->s->cfg->max_connections_per_peer, n = 0;
+    if (cap <= 0 || c->peer_family == 0)
+        return false;
+    size_t bytes = c->peer_family == AF_INET ? 4 : 16;
+    for (const srv_conn *o = c->s->conns; o; o = o->next)
+        if (o != c && o->peer_family == c->peer_family && !memcmp(o->peer_ip, c->peer_ip, bytes) &&
+            ++n >= cap)
+            return true;
     return false;
+}
+
+/* Turn c away at accept (503, Retry-After) when the server is draining,
+ * is at --max-connections, or c's address at --max-connections-per-peer
+ * (as nginx's limit_conn answers, 503 by default): true when it was. */
+static bool refuse_at_accept(srv_conn *c)
+{
+    srv_server *s = c->s;
+    const char *why = NULL;
+    if (s->draining) {
+        why = "the server is shutting down";
+    } else if (s->n_conns + s->n_closing > s->cfg->max_connections) {
+        why = "too many connections; try again later";
+        s->metrics.refused_max_connections++;
+    } else if (peer_over_cap(c)) {
+        why = "too many connections from this address (--max-connections-per-peer); "
+              "try again later";
+        s->metrics.refused_per_peer++;
+    }
+    if (!why)
+        return false;
+    srv_respond_error(c, 503, "overloaded", why, "Retry-After: 1\r\nConnection: close\r\n");
+    srv_conn_close(c);
+    return true;
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -816,22 +1013,16 @@ static void on_connection(uv_stream_t *server, int status)
     uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
     llhttp_init(&c->parser, HTTP_REQUEST, &s->http_settings);
     c->parser.data = c;
-    c->loopback = peer_is_loopback(&c->tcp);
+    read_peer(c);
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
     s->n_conns++;
-    if (s->n_conns + s->n_closing > s->cfg->max_connections || s->draining) {
-        srv_respond_error(c, 503, "overloaded",
-                          s->draining ? "the server is shutting down"
-                                      : "too many connections; try again later",
-                          "Retry-After: 1\r\nConnection: close\r\n");
-        srv_conn_close(c);
+    if (refuse_at_accept(c))
         return;
-    }
     uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, on_read);
-    arm_timer(c);
+    arm_timer(c); /* the first-byte deadline */
 }
 
 int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
@@ -948,19 +1139,36 @@ static void send_head(srv_conn *c, int status, const char *content_type, size_t 
     send_bytes(c, head, (size_t)n);
 }
 
-void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
-                 const char *extra_headers)
+/* A whole response; body_owned: body is c's to free, and is written
+ * without a copy (a large answer is not held twice). */
+static void respond(srv_conn *c, int status, const char *content_type, char *body, size_t len,
+                    bool body_owned, const char *extra_headers)
 {
-    if (c->closing && !c->sink)
+    if (c->closing && !c->sink) {
+        if (body_owned)
+            free(body);
         return;
+    }
     /* a request refused while it was being read never completed, so its
      * keep_alive is false: those (400 malformed, 408, 413, 431) close */
     bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
     send_head(c, status, content_type, len, extra_headers, keep);
-    if (c->req.method != HTTP_HEAD) /* HEAD: the headers alone, or the framing breaks */
+    if (c->req.method == HTTP_HEAD) { /* HEAD: the headers alone, or the framing breaks */
+        if (body_owned)
+            free(body);
+    } else if (body_owned) {
+        send_owned(c, body, len);
+    } else {
         send_bytes(c, body, len);
+    }
     if (c->busy)
         response_done(c, keep);
+}
+
+void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
+                 const char *extra_headers)
+{
+    respond(c, status, content_type, (char *)body, len, false, extra_headers);
 }
 
 void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
@@ -976,6 +1184,11 @@ void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
 void srv_respond_json(srv_conn *c, int status, const char *json)
 {
     srv_respond(c, status, "application/json", json, strlen(json), NULL);
+}
+
+void srv_respond_json_owned(srv_conn *c, int status, char *json)
+{
+    respond(c, status, "application/json", json, strlen(json), true, NULL);
 }
 
 void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,

@@ -193,6 +193,16 @@ static void put_server(text *t, const srv_server *s)
     put(t, "qlserve_merge_failures_total %llu\n", (unsigned long long)m->merge_failures);
     metric(t, "qlserve_connections", "gauge", "open HTTP connections, closing ones included");
     put(t, "qlserve_connections %d\n", s->n_conns + s->n_closing);
+    metric(t, "qlserve_connections_refused_total", "counter",
+           "connections turned away at accept (503), by the bound they met");
+    put(t, "qlserve_connections_refused_total{reason=\"max_connections\"} %llu\n",
+        (unsigned long long)m->refused_max_connections);
+    put(t, "qlserve_connections_refused_total{reason=\"per_peer\"} %llu\n",
+        (unsigned long long)m->refused_per_peer);
+    metric(t, "qlserve_connections_first_byte_timeouts_total", "counter",
+           "new connections closed for beginning no request within --first-byte-timeout-ms");
+    put(t, "qlserve_connections_first_byte_timeouts_total %llu\n",
+        (unsigned long long)m->first_byte_timeouts);
     metric(t, "qlserve_connections_closing", "gauge",
            "connections ended whose last bytes are still going out");
     put(t, "qlserve_connections_closing %d\n", s->n_closing);

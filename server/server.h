@@ -72,6 +72,9 @@ typedef struct srv_metrics {
     uint64_t generations, generated_tokens, prompt_tokens, cancelled;
     uint64_t disconnects;        /* clients that left mid-generation */
     uint64_t held_bytes_refused; /* 503s past --max-held-bytes */
+    /* connections turned away at accept, by which bound (503), and those
+     * closed for sending no request within --first-byte-timeout-ms */
+    uint64_t refused_max_connections, refused_per_peer, first_byte_timeouts;
     uint64_t merges, unmerges, merge_failures;
     srv_hist ttft;      /* time to first token */
     srv_hist per_token; /* time between tokens */
@@ -148,9 +151,20 @@ struct srv_conn {
     bool handles_closing; /* the timer and socket are being closed */
     bool counted_closing; /* off the list, in s->n_closing until freed */
     uv_shutdown_t shutdown;
-    bool loopback;         /* the peer is 127.0.0.0/8 or ::1 (a detached one: set by its user) */
-    bool reading;          /* a request has started arriving */
-    uv_timer_t timer;      /* request read timeout, or keep-alive idle */
+    bool loopback; /* the peer is 127.0.0.0/8 or ::1 (a detached one: set by its user) */
+    /* the peer's IP address (an IPv4-mapped IPv6 one as IPv4), for
+     * --max-connections-per-peer; family 0: unknown (a detached one) */
+    uint8_t peer_family;
+    uint8_t peer_ip[16];
+    bool reading;      /* a request has started arriving */
+    uint64_t requests; /* requests begun on c: until one has, the first-byte deadline runs */
+    /* obs-fold (a header line continued on the next one) is looked for in
+     * the raw bytes between the parser's header callbacks: fold_scan is
+     * where the current llhttp_execute's unlooked-at bytes begin, and
+     * fold_lf whether the last byte looked at was a LF */
+    const char *fold_scan;
+    bool fold_lf, in_trailers;
+    uv_timer_t timer;      /* first byte, request read timeout, or keep-alive idle */
     srv_gen *gen;          /* the generation this connection waits on */
     struct srv_work *work; /* or the admin work it waits on */
     /* for the fuzz target and tests: take response bytes here instead of
@@ -246,6 +260,10 @@ struct srv_server {
      * (metrics.loop_turn) */
     uv_check_t turn_check;
     double turn_cpu_s;
+    /* malloc_trim on the pool after a large answer's memory is freed
+     * (http.c), one at a time */
+    uv_work_t trim;
+    bool trim_queued;
     uint64_t oai_serial;
     int exit_code;
 };

@@ -321,11 +321,12 @@ Test(server_hostile, a_trailer_never_stands_in_for_a_header)
     const char *body = "{\"prompt\": \"a\", \"max_tokens\": 1}";
     char req[1024];
     /* the key only in a trailer: refused */
-    snprintf(req, sizeof req,
-             "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-             "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\nAuthorization: Bearer "
-             "sekrit\r\n\r\n",
-             strlen(body), body);
+    snprintf(
+        req, sizeof req,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\nAuthorization: Bearer "
+        "sekrit\r\n\r\n",
+        strlen(body), body);
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, req));

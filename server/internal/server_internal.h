@@ -62,6 +62,9 @@ void srv_stop_accepting(srv_server *s);
 void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
                  const char *extra_headers);
 void srv_respond_json(srv_conn *c, int status, const char *json);
+/* The same, taking json (malloc'd; freed here, whatever happens): written
+ * without a copy, for large answers. */
+void srv_respond_json_owned(srv_conn *c, int status, char *json);
 /* A response without a body (a 204: no Content-Type, no Content-Length). */
 void srv_respond_empty(srv_conn *c, int status, const char *extra_headers);
 /* What Access-Control-Allow-Origin says to c's request: its Origin when
@@ -456,14 +459,28 @@ srv_handler srv_tgi_generate_stream; /* POST /generate_stream */
 srv_handler srv_tgi_info;            /* GET /info */
 srv_handler srv_tgi_compat;          /* POST / (TGI's compat route) */
 srv_handler srv_tgi_tokenize;        /* POST /tokenize */
+/* What a token list answers (srv_tokenize_spans): BOS when add_special
+ * and the tokenizer adds one; only the last keep_last tokens (0: all); and
+ * at most max_tokens of them (the context length: srv_context_tokens), or
+ * a 400 naming field (the request's field that holds the text) and the
+ * bound, mentioning "truncate" when can_truncate. */
+typedef struct srv_token_list {
+    bool add_special;
+    size_t keep_last, max_tokens;
+    const char *field;
+    bool can_truncate;
+} srv_token_list;
 /* text[0..len) tokenized as the engine tokenizes a prompt (special tokens
- * in the text parsed; BOS when add_special and the tokenizer adds one), as
- * TGI's token list: [{"id", "text", "start", "stop"}] with byte offsets
- * into text (api_tgi.c says how they are found), into *out (the caller's
- * to cJSON_Delete). On error a QL_E* code, msg, and *out NULL. For
- * /tokenize, and for /chat_tokenize's "tokenize_response". */
-int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len, bool add_special,
-                       cJSON **out, char *msg, size_t msg_len);
+ * in the text parsed), as TGI's token list: [{"id", "text", "start",
+ * "stop"}] with byte offsets into text (api_tgi.c says how they are
+ * found), into *out (the caller's to cJSON_Delete). On error a QL_E*
+ * code, msg, and *out NULL. For /tokenize, and for /chat_tokenize's
+ * "tokenize_response". */
+int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len,
+                       const srv_token_list *want, cJSON **out, char *msg, size_t msg_len);
+/* The most tokens a sequence may hold: the model's context length, or
+ * --max-context when smaller (a loaded model's). */
+int64_t srv_context_tokens(const srv_server *s);
 
 srv_handler srv_oai_completions; /* POST /v1/completions */
 srv_handler srv_oai_models;      /* GET /v1/models */
