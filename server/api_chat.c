@@ -480,7 +480,8 @@ static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const c
     return delta_object_chunk(g, i, message_body(role, text, len), logprobs, finish);
 }
 
-static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+/* The whole answer (srv_shape.whole: may run on a pool thread). */
+static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     cJSON *choices;
     cJSON *o = chat_object(g, "chat.completion", &choices);
@@ -498,7 +499,7 @@ static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage 
         add_choice(choices, i, "message", message, lp, finish);
     }
     srv_oai_add_usage(o, u);
-    srv_respond_generation(c, o, why);
+    return o;
 }
 
 /* The first chunk of each choice's stream carries the role, as OpenAI's does. */
@@ -569,7 +570,7 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
 static const srv_shape chat_whole = {.id_prefix = "chatcmpl",
                                      .adapter_noun = "model",
                                      .adapter_unknown = SRV_UNKNOWN_MODEL,
-                                     .on_done = whole_done};
+                                     .whole = whole_json};
 static const srv_shape chat_stream = {.stream = true,
                                       .id_prefix = "chatcmpl",
                                       .adapter_noun = "model",

@@ -294,7 +294,8 @@ void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u)
     srv_stream_cjson(c, chunk);
 }
 
-static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+/* The whole answer (srv_shape.whole: may run on a pool thread). */
+static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     int32_t order[SRV_MAX_CHOICES];
     int32_t n = srv_gen_answer_order(g, order);
@@ -311,7 +312,7 @@ static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage 
         free(full);
     }
     srv_oai_add_usage(o, u);
-    srv_respond_generation(c, o, why);
+    return o;
 }
 
 /* A stream's first chunk of choice i: with echo, the prompt (and its
@@ -357,7 +358,7 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
 }
 
 static const srv_shape oai_whole = {
-    .adapter_noun = "model", .adapter_unknown = SRV_UNKNOWN_MODEL, .on_done = whole_done};
+    .adapter_noun = "model", .adapter_unknown = SRV_UNKNOWN_MODEL, .whole = whole_json};
 static const srv_shape oai_stream = {.stream = true,
                                      .adapter_noun = "model",
                                      .adapter_unknown = SRV_UNKNOWN_MODEL,

@@ -244,10 +244,11 @@ static cJSON *generation_json(const srv_gen *g)
     return o;
 }
 
-static void whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+/* /generate's whole answer (srv_shape.whole: may run on a pool thread). */
+static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     (void)u;
-    srv_respond_generation(c, generation_json(g), why);
+    return generation_json(g);
 }
 
 static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
@@ -295,18 +296,18 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
 
 /* TGI's compat route answers a whole generation as a list of one /generate
  * answer ("to match api-inference", compat_generate says). */
-static void compat_whole_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
+static cJSON *compat_whole_json(const srv_gen *g, const eng_usage *u)
 {
     (void)u;
     cJSON *list = cJSON_CreateArray();
     cJSON_AddItemToArray(list, generation_json(g));
-    srv_respond_generation(c, list, why);
+    return list;
 }
 
 static const srv_shape tgi_whole = {
-    .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .on_done = whole_done};
+    .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .whole = whole_json};
 static const srv_shape tgi_compat_whole = {
-    .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .on_done = compat_whole_done};
+    .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .whole = compat_whole_json};
 static const srv_shape tgi_stream = {.stream = true,
                                      .adapter_noun = "adapter",
                                      .adapter_unknown = " is not loaded",

@@ -15,7 +15,11 @@
  * id on the generation, and hands the event to the generation's API shape
  * (api_tgi.c, api_openai.c), which turns it into bytes on the connection
  * (or nothing, when the client has gone). A generation's memory lives
- * until its on_done has been handled, whatever the connection did.
+ * until its on_done has been handled, whatever the connection did. A
+ * whole (not streamed) answer is built from the shape's whole builder:
+ * on the loop when small, on the pool when large (answer_estimate), so
+ * no answer's JSON holds the loop; the generation is then the pool's
+ * work's until it has answered.
  *
  * A constrained request (srv_ask.grammar_text) is compiled on the pool
  * with its prompts, through the server's grammar cache (a schema a
@@ -36,6 +40,7 @@
  */
 #include "internal/server_internal.h"
 
+#include <malloc.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +195,7 @@ static void gen_detach(srv_gen *g)
     gen_cancel(g);
 }
 
+/* Free what ch holds and empty it (freeing it again does nothing). */
 static void choice_free(srv_choice *ch)
 {
     for (size_t i = 0; i < ch->n_tokens; i++)
@@ -200,21 +206,28 @@ static void choice_free(srv_choice *ch)
     free(ch->logprobs);
     free(ch->top);
     free(ch->text);
+    *ch = (srv_choice){0};
 }
 
+/* Free what p holds and empty it, as choice_free. */
 static void part_free(srv_part *p)
 {
     free(p->text);
     free(p->tokens);
     free(p->logprobs);
     free(p->top);
+    p->text = NULL;
+    p->tokens = NULL;
+    p->logprobs = NULL;
+    p->top = NULL;
+    p->n_tokens = 0;
 }
 
 /* Free g (its parts and choices) without touching the live list. */
 static void gen_free_memory(srv_gen *g)
 {
     g->s->held_bytes -= g->cost;
-    for (int32_t i = 0; i < g->n_choices; i++)
+    for (int32_t i = 0; g->choices && i < g->n_choices; i++)
         choice_free(&g->choices[i]);
     for (int32_t i = 0; g->parts && i < g->n_parts; i++)
         part_free(&g->parts[i]);
@@ -225,7 +238,8 @@ static void gen_free_memory(srv_gen *g)
     free(g);
 }
 
-static void gen_free(srv_gen *g)
+/* Take g off the server's live list (its memory stays). */
+static void gen_unlive(srv_gen *g)
 {
     srv_server *s = g->s;
     if (g->prev_live)
@@ -234,8 +248,8 @@ static void gen_free(srv_gen *g)
         s->live = g->next_live;
     if (g->next_live)
         g->next_live->prev_live = g->prev_live;
+    g->prev_live = g->next_live = NULL;
     s->n_live--;
-    gen_free_memory(g);
 }
 
 static bool append_text(srv_choice *ch, const char *text, size_t len)
@@ -354,6 +368,164 @@ static void on_choice_event(srv_gen *g, srv_part *part, const srv_event *ev)
     ch->logprob_sum = ev->end.logprob_sum;
 }
 
+/* --- a whole answer: printed on the loop, or on the pool when large ------------- */
+
+/*
+ * A whole answer's JSON is built (a cJSON tree) and printed in time linear
+ * in its size, and the request bounds let one be tens of megabytes: 64
+ * choices of up to the context's tokens, each with 20 alternatives, and
+ * the prompt's logprobs with echo (--max-held-bytes holds the largest at
+ * about 60 MB). Built on the loop, every other client would wait for it.
+ * So an answer whose estimate (answer_estimate) passes
+ * ANSWER_ON_LOOP_BYTES is built, printed and its generation's tokens freed
+ * on a pool thread, and answered from the loop with the printed text (no
+ * copy). Meanwhile g is the work's alone: its every prompt has ended on
+ * the engine, it is off the live list (no drain or grace walks it), and
+ * its connection no longer points at it (c->work points at the work, and
+ * a client that leaves clears the work's conn: srv_conn_gone). It keeps
+ * its bytes counted in s->held_bytes until answer_done frees it, so the
+ * --max-held-bytes budget still sees it, and the drain waits for it as for
+ * any work (s->n_work). The shapes' whole builders read only g and what of
+ * the server does not change while it serves (srv_shape.whole).
+ */
+
+/* Answers estimated at up to 64 KiB are built and printed on the loop.
+ * Logprob entries are the slow kind: a 3.9 MB answer of completions'
+ * logprobs (64 choices x 194 tokens x ~11 alternatives) took 137 ms of the
+ * loop's CPU, about 2 ms per 64 KiB, and the estimate counts them at twice
+ * to three times what they print to; text alone prints far faster. So an
+ * answer kept on the loop costs it a few milliseconds at most, well under
+ * the 50 ms a turn may take, and ordinary answers (a few hundred tokens of
+ * text, without logprobs) never pay a pool round trip (two thread
+ * hand-offs) for nothing. */
+#define ANSWER_ON_LOOP_BYTES ((size_t)64 << 10)
+/* What one token or alternative of a logprobs or details list prints to,
+ * a middle figure: OpenAI's alternative ("text": logprob) is about 20
+ * bytes, chat's and TGI's objects 50 to 80 with a token's text; the
+ * threshold above leaves room for either. */
+#define ANSWER_BYTES_PER_ENTRY 48
+
+/* What g's whole answer may print to, figured in time linear in its
+ * choices and prompts, not their tokens: each choice's text (and its
+ * prompt's, with echo or return_full_text) and, when the answer lists
+ * tokens (logprobs, TGI's details), ANSWER_BYTES_PER_ENTRY per token and
+ * per alternative, the prompt's scored tokens too. Every choice counts,
+ * answered or not (TGI's best_of_sequences lists them all): an estimate
+ * within about twice either way (escapes aside), which is all the choice
+ * of thread needs. */
+static size_t answer_estimate(const srv_gen *g)
+{
+    bool lists = g->logprobs || g->details;
+    size_t per_token = ANSWER_BYTES_PER_ENTRY * (1 + (size_t)g->top_n);
+    size_t bytes = 0;
+    for (int32_t p = 0; p < g->n_parts; p++) {
+        const srv_part *part = &g->parts[p];
+        size_t prompt = g->return_full_text && part->text ? strlen(part->text) : 0;
+        if (lists && g->prompt_logprobs)
+            prompt += (size_t)part->n_tokens * per_token;
+        for (int32_t k = 0; k < g->per_part; k++) {
+            const srv_choice *ch = &g->choices[p * g->per_part + k];
+            bytes += prompt + ch->text_len + (lists ? ch->n_tokens * per_token : 0);
+        }
+    }
+    return bytes;
+}
+
+/* A whole answer being built on the pool (answer_run), and answered
+ * (answer_done), which frees g. */
+typedef struct answer_job {
+    srv_gen *g;
+    char *json; /* the printed answer; NULL when memory was short */
+} answer_job;
+
+/* On a pool thread: g's answer built and printed, then the tree and g's
+ * choices and prompts (a block per token: many small frees) freed here
+ * rather than on the loop; what is left of g is freed by answer_done. */
+static void answer_run(srv_work *w)
+{
+    answer_job *j = w->job;
+    srv_gen *g = j->g;
+    cJSON *o = g->shape->whole(g, &g->usage);
+    j->json = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    for (int32_t i = 0; i < g->n_choices; i++)
+        choice_free(&g->choices[i]);
+    for (int32_t p = 0; p < g->n_parts; p++)
+        part_free(&g->parts[p]);
+}
+
+/* Hand the freed heap back to the system (http.c's trim, for an answer
+ * that was never written). */
+static void trim_run(srv_work *w)
+{
+    (void)w;
+    malloc_trim(0);
+}
+
+static void trim_done(srv_work *w)
+{
+    (void)w;
+}
+
+/* On the loop: answer with what answer_run printed (the write takes it;
+ * http.c trims the heap once a large one is written), or a 500 when
+ * memory was short; a client that has gone hears nothing, and its answer
+ * is freed and the heap trimmed here. Frees g (and its held bytes). */
+static void answer_done(srv_work *w)
+{
+    answer_job *j = w->job;
+    if (w->conn && j->json) {
+        srv_respond_json_owned(w->conn, 200, j->json);
+    } else if (w->conn) {
+        srv_respond_error(w->conn, 500, "internal", "out of memory", NULL);
+    } else {
+        free(j->json);
+        srv_work *trim = calloc(1, sizeof *trim);
+        if (trim) {
+            *trim = (srv_work){.s = w->s, .run = trim_run, .done = trim_done};
+            if (srv_work_start(trim) != 0)
+                free(trim);
+        }
+    }
+    gen_free_memory(j->g);
+    free(j);
+}
+
+/* Hand g's answer to c to the pool: true, g being the work's from here
+ * on; false when memory is short or the pool refuses (g still the
+ * caller's, nothing started). */
+static bool answer_on_pool(srv_gen *g, srv_conn *c)
+{
+    answer_job *j = calloc(1, sizeof *j);
+    srv_work *w = j ? calloc(1, sizeof *w) : NULL;
+    if (!w) {
+        free(j);
+        return false;
+    }
+    j->g = g;
+    *w = (srv_work){.s = g->s, .conn = c, .job = j, .run = answer_run, .done = answer_done};
+    if (srv_work_start(w) != 0) {
+        free(w);
+        free(j);
+        return false;
+    }
+    c->work = w;
+    return true;
+}
+
+/* Answer c with g's whole answer, g's every prompt ended and g off the
+ * live list: a 500 when the engine failed it (nothing built), built and
+ * printed here when small (or when the pool cannot take it), else on the
+ * pool: true, g being the work's. */
+static bool answer_whole(srv_gen *g, srv_conn *c)
+{
+    bool failed = g->why == ENG_FINISH_ERROR;
+    if (!failed && answer_estimate(g) > ANSWER_ON_LOOP_BYTES && answer_on_pool(g, c))
+        return true;
+    srv_respond_generation(c, failed ? NULL : g->shape->whole(g, &g->usage), g->why);
+    return false;
+}
+
 /* error, then cancelled, then whatever came first */
 static eng_finish worse(eng_finish a, eng_finish b)
 {
@@ -392,11 +564,15 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
         return;
     srv_hist_observe(&m->request, ql_now_s() - g->t_start);
     srv_conn *c = g->conn;
+    gen_unlive(g); /* off the engine: nothing but its answer reaches it now */
     if (c) {
         c->gen = NULL;
-        g->shape->on_done(g, c, g->why, &g->usage);
+        if (!g->shape->whole)
+            g->shape->on_done(g, c, g->why, &g->usage);
+        else if (answer_whole(g, c))
+            return; /* the pool's until its work is done */
     }
-    gen_free(g);
+    gen_free_memory(g);
     s->hooks->check_drained(s);
 }
 
@@ -1129,6 +1305,9 @@ void srv_conn_gone(srv_conn *c)
         c->gen = NULL;
     }
     if (c->work) {
+        /* a whole answer being built on the pool: the client left before it */
+        if (c->work->done == answer_done)
+            c->s->metrics.disconnects++;
         c->work->conn = NULL; /* it finishes; nobody hears */
         c->work = NULL;
     }

@@ -149,14 +149,14 @@ void srv_stream_cjson(srv_conn *c, cJSON *o)
 
 void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why)
 {
-    char *text = cJSON_PrintUnformatted(o);
+    char *text = o && why != ENG_FINISH_ERROR ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (why == ENG_FINISH_ERROR || !text)
-        srv_respond_error(c, 500, "internal",
-                          text ? "the engine failed this request" : "out of memory", NULL);
+        srv_respond_error(
+            c, 500, "internal",
+            why == ENG_FINISH_ERROR ? "the engine failed this request" : "out of memory", NULL);
     else
-        srv_respond_json(c, 200, text);
-    free(text);
+        srv_respond_json_owned(c, 200, text); /* written without a copy */
 }
 
 cJSON *srv_body_object(srv_conn *c)

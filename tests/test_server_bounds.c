@@ -261,3 +261,138 @@ Test(server_bounds, echo_and_tools_past_their_bounds_are_a_400_naming_the_field)
     free(body);
     still_serves();
 }
+
+/* A completion whose whole answer is a few MB of JSON: 64 choices of 96
+ * tokens (ignore_eos: all of them), each with logprobs 20 and echo (the
+ * prompt's logprobs too); about 3 MB printed. */
+#define LARGE_ANSWER                                                                               \
+    "{\"prompt\": \"ab\", \"n\": 64, \"max_tokens\": 192, \"ignore_eos\": true, \"logprobs\": "    \
+    "20, \"echo\": true, \"temperature\": 1.0, \"seed\": 7}"
+#define LARGE_CHOICES 64
+#define LARGE_TOKENS  192
+
+/* The bytes unanswered requests hold fall back to 0 (a request's end is
+ * on its way to the loop: polled, a bound for a broken server). */
+static void held_bytes_fall_to_zero(void)
+{
+    double held = gauge("qlserve_held_bytes");
+    for (int i = 0; i < 30000 && held > 0; i++) {
+        test_sleep_ms(1);
+        held = gauge("qlserve_held_bytes");
+    }
+    cr_assert_eq(held, 0, "%.0f bytes still held", held);
+}
+
+/* Issue 30's "large JSON is serialized on the pool", for whole answers: a
+ * completion of 64 choices with logprobs 20 and echo (about 3 MB of JSON,
+ * over 150 ms of the loop's CPU when built and printed there) is answered
+ * whole and right (every choice, every token's logprob and alternatives),
+ * and no turn of the event loop took long meanwhile; a TGI answer with
+ * details of 8 candidates and a chat answer with logprobs, both large
+ * enough for the pool too, are whole and right. */
+Test(server_bounds, a_large_whole_answer_is_built_off_the_event_loop)
+{
+    start(NULL);
+    double slow = slow_loop_turns(NULL);
+    int status;
+    char *text = sp_answer("/v1/completions", LARGE_ANSWER, &status);
+    cr_assert_eq(status, 200, "%d %.200s", status, text);
+    size_t bytes = strlen(text);
+    cr_log_info("a whole answer of %zu bytes", bytes);
+    cr_assert_gt(bytes, (size_t)1 << 20);
+    cJSON *j = sp_json(text);
+    free(text);
+    expect_no_slow_turn(slow);
+    const cJSON *choices = cJSON_GetObjectItem(j, "choices");
+    cr_assert_eq(cJSON_GetArraySize(choices), LARGE_CHOICES);
+    int prompt_tokens = (int)sp_num_at(cJSON_GetObjectItem(j, "usage"), "prompt_tokens");
+    cr_assert_eq(sp_num_at(cJSON_GetObjectItem(j, "usage"), "completion_tokens"),
+                 LARGE_CHOICES * LARGE_TOKENS);
+    int i = 0, entries = 0;
+    for (const cJSON *ch = choices->child; ch; ch = ch->next, i++) {
+        cr_assert_eq(sp_num_at(ch, "index"), i);
+        const cJSON *lp = cJSON_GetObjectItem(ch, "logprobs");
+        const cJSON *top = cJSON_GetObjectItem(lp, "top_logprobs");
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")),
+                     prompt_tokens + LARGE_TOKENS);
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "token_logprobs")),
+                     prompt_tokens + LARGE_TOKENS);
+        cr_assert_eq(cJSON_GetArraySize(top), prompt_tokens + LARGE_TOKENS);
+        /* the prompt's first token has no logprob; every other one has its
+         * 20 alternatives and itself, those of one text shown once (the
+         * tiny tokenizer's special tokens all show as "") */
+        cr_assert(cJSON_IsNull(cJSON_GetArrayItem(top, 0)));
+        for (int k = 1; k < prompt_tokens + LARGE_TOKENS; k++) {
+            int alts = cJSON_GetArraySize(cJSON_GetArrayItem(top, k));
+            cr_assert(alts >= 1 && alts <= 21, "choice %d token %d: %d alternatives", i, k, alts);
+            entries += alts;
+        }
+    }
+    cr_log_info("%d alternatives in all", entries);
+    cr_assert_gt(entries, LARGE_CHOICES * LARGE_TOKENS * 10);
+    cJSON_Delete(j);
+
+    /* TGI: the best of 8 candidates with every token, 20 alternatives each,
+     * and the prompt's (about 1.5 MB figured: the pool's) */
+    j = ts_ok("/generate", "{\"inputs\": \"ab\", \"parameters\": {\"max_new_tokens\": 64, "
+                           "\"best_of\": 8, \"do_sample\": true, \"details\": true, "
+                           "\"decoder_input_details\": true, \"top_n_tokens\": 20}}");
+    const cJSON *d = cJSON_GetObjectItem(j, "details");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(d, "best_of_sequences")), 7);
+    int generated = (int)sp_num_at(d, "generated_tokens");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(d, "tokens")), generated);
+    const cJSON *tops = cJSON_GetObjectItem(d, "top_tokens");
+    cr_assert_eq(cJSON_GetArraySize(tops), generated);
+    for (const cJSON *t = tops->child; t; t = t->next)
+        cr_assert_eq(cJSON_GetArraySize(t), 20);
+    cr_assert_gt(cJSON_GetArraySize(cJSON_GetObjectItem(d, "prefill")), 0);
+    cJSON_Delete(j);
+
+    /* chat: 8 choices of up to 64 tokens with 20 alternatives each */
+    j = ts_ok(
+        "/v1/chat/completions",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"ab\"}], \"n\": 8, "
+        "\"max_tokens\": 64, \"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 20}");
+    choices = cJSON_GetObjectItem(j, "choices");
+    cr_assert_eq(cJSON_GetArraySize(choices), 8);
+    for (const cJSON *ch = choices->child; ch; ch = ch->next) {
+        const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "logprobs"), "content");
+        cr_assert_eq(cJSON_GetArraySize(content), 64);
+        for (const cJSON *e = content->child; e; e = e->next)
+            cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(e, "top_logprobs")), 20);
+    }
+    cJSON_Delete(j);
+    expect_no_slow_turn(slow);
+    held_bytes_fall_to_zero();
+    still_serves();
+}
+
+/* A client that leaves once its generation has ended, while its large
+ * answer is being built (on the pool): the answer is dropped unheard, the
+ * generation's bytes come back, no loop turn is slow, and the server
+ * serves (and, in a sanitizer build, exits with nothing leaked: the
+ * teardown checks its log). The request is held at the engine's gate until
+ * it is running, and the client closes as soon as the engine has nothing
+ * left, whatever the order in which the server then hears the end and the
+ * close: each order must leave it fine. */
+Test(server_bounds, a_client_gone_while_its_answer_is_built_leaves_the_server_fine)
+{
+    start(NULL);
+    double slow = slow_loop_turns(NULL);
+    double gone = gauge("qlserve_client_disconnects_total");
+    for (int round = 0; round < 2; round++) {
+        sp_hold_after(0, NULL);
+        hc_conn c;
+        cr_assert(hc_open(&c, sp.port));
+        cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL, LARGE_ANSWER));
+        sp_engine_reaches("running", 1, NULL);
+        sp_hold_after(-1, NULL);
+        sp_engine_falls_to("running", 0, NULL);
+        hc_close(&c);
+        held_bytes_fall_to_zero();
+    }
+    cr_log_info("clients gone before their answer: %.0f of 2",
+                gauge("qlserve_client_disconnects_total") - gone);
+    expect_no_slow_turn(slow);
+    still_serves();
+}

@@ -279,9 +279,18 @@ typedef struct srv_shape {
      * nothing until the end. */
     void (*on_token)(srv_gen *g, srv_conn *c, int32_t choice, int32_t token, const char *text,
                      size_t len);
-    /* The generation ended (every choice, every prompt): answer and end c's
-     * response. why is the worst of the prompts' finishes; u sums them. */
+    /* A stream's end (every choice, every prompt): send what this API
+     * sends last and end c's response. why is the worst of the prompts'
+     * finishes; u sums them. */
     void (*on_done)(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u);
+    /* A whole answer's JSON (a new tree, the caller's; NULL when memory is
+     * short) for g, whose every choice has ended; u sums the prompts' usage.
+     * bridge.c answers with it (or a 500 when the engine failed), building
+     * it on the loop or, when large, on a pool thread: so it reads only g
+     * (its choices, parts and answer state), and of the server only what
+     * does not change while it serves (the tokenizer, started_at), never
+     * a connection, the metrics or anything else of the loop's. */
+    cJSON *(*whole)(const srv_gen *g, const eng_usage *u);
 } srv_shape;
 
 /* The adapter an OpenAI-shaped request's "model" names (request.c): NULL
@@ -292,7 +301,7 @@ const char *srv_adapter_named(const srv_conn *c, const char *model);
 #define SRV_UNKNOWN_MODEL ": neither the base model nor a loaded adapter"
 
 /* A whole (not streamed) answer (request.c): o (consumed), or a 500 when the engine
- * failed the request. */
+ * failed the request (o may then be NULL) or o is NULL (memory was short). */
 void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
 
 /* --- generations and work off the loop (bridge.c) ---------------------------- */
