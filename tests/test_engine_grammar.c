@@ -343,3 +343,34 @@ Test(engine_grammar, an_ambiguous_grammar_ends_at_its_step_budget_while_a_neighb
     free(bomb);
     gr_grammar_unref(g);
 }
+
+/* 4000 alternatives of two any-bytes and a tail: at the start 4000
+ * stacks, and every first byte of the vocabulary advances them all, so
+ * the first mask alone takes about 256 x 8000 matcher steps, twice a
+ * small vocabulary's budget. Refused where the server compiles it (on
+ * its pool), naming the budget, before any engine step could pay for it;
+ * a record grammar passes the same check. */
+Test(engine_grammar, a_grammar_whose_first_mask_passes_the_budget_is_refused_before_the_engine)
+{
+    eng_engine *e = start();
+    gr_builder *b = gr_builder_new(0);
+    enum { ALTS = 4000 };
+    gr_expr *alts = malloc(ALTS * sizeof *alts);
+    for (int i = 0; i < ALTS; i++) {
+        char tail[16];
+        snprintf(tail, sizeof tail, "k%d", i);
+        gr_expr xs[] = {gr_byte_range(b, 0, 255), gr_byte_range(b, 0, 255), LIT(b, tail)};
+        alts[i] = gr_seq(b, xs, 3);
+    }
+    gr_grammar *wide = NULL, *g = record_grammar();
+    char msg[512];
+    cr_assert_eq(gr_build(b, gr_alt(b, alts, ALTS), &wide, msg, sizeof msg), QL_OK, "%s", msg);
+    free(alts);
+    gr_builder_free(b);
+    cr_assert_eq(eng_engine_check_grammar(e, wide, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "matcher steps") && strstr(msg, "first token"), "%s", msg);
+    cr_assert_eq(eng_engine_check_grammar(e, g, msg, sizeof msg), QL_OK, "%s", msg);
+    gr_grammar_unref(wide);
+    gr_grammar_unref(g);
+    eng_engine_stop(e);
+}
