@@ -1020,10 +1020,11 @@ static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
     if (token < 0) {
         /* its grammar stopped (past its budget or the matcher's bounds:
          * the client's grammar), ran out of memory, or allowed no token */
-        char why[256] = "the grammar allows no next token";
-        bool grammars = g && gr_matcher_error(g, why, sizeof why) == QL_EINVAL;
-        fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)r->id, why);
-        end_choice(e, s, grammars ? ENG_FINISH_GRAMMAR : ENG_FINISH_ERROR);
+        char why[256];
+        int stopped = g ? gr_matcher_error(g, why, sizeof why) : QL_OK;
+        fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)r->id,
+                stopped != QL_OK ? why : "the grammar allows no next token");
+        end_choice(e, s, stopped == QL_EINVAL ? ENG_FINISH_GRAMMAR : ENG_FINISH_ERROR);
         return;
     }
     token_lp t = {0};
