@@ -168,7 +168,7 @@ static void run_round(eng_engine *e, const char *prompt, gr_grammar *g, int B, i
         f->answers++;
         f->eos += p[i].why == ENG_FINISH_EOS;
         f->length += p[i].why == ENG_FINISH_LENGTH;
-        f->errors += p[i].why == ENG_FINISH_ERROR;
+        f->errors += p[i].why == ENG_FINISH_ERROR || p[i].why == ENG_FINISH_GRAMMAR;
         if (g && answers) {
             cJSON *line = cJSON_CreateObject();
             cJSON_AddNumberToObject(line, "batch", B);

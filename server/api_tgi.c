@@ -136,7 +136,8 @@ static const char *tgi_finish(eng_finish f)
     case ENG_FINISH_LENGTH: return "length";
     case ENG_FINISH_STOP: return "stop_sequence";
     case ENG_FINISH_CANCELLED: return "cancelled";
-    case ENG_FINISH_ERROR: return "error";
+    case ENG_FINISH_ERROR:
+    case ENG_FINISH_GRAMMAR: return "error";
     }
     return "unknown";
 }

@@ -526,11 +526,13 @@ static bool answer_whole(srv_gen *g, srv_conn *c)
     return false;
 }
 
-/* error, then cancelled, then whatever came first */
+/* error, then the grammar's, then cancelled, then whatever came first */
 static eng_finish worse(eng_finish a, eng_finish b)
 {
     if (a == ENG_FINISH_ERROR || b == ENG_FINISH_ERROR)
         return ENG_FINISH_ERROR;
+    if (a == ENG_FINISH_GRAMMAR || b == ENG_FINISH_GRAMMAR)
+        return ENG_FINISH_GRAMMAR;
     if (a == ENG_FINISH_CANCELLED || b == ENG_FINISH_CANCELLED)
         return ENG_FINISH_CANCELLED;
     return a;
@@ -567,7 +569,12 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
     gen_unlive(g); /* off the engine: nothing but its answer reaches it now */
     if (c) {
         c->gen = NULL;
-        if (!g->shape->whole)
+        if (g->why == ENG_FINISH_GRAMMAR && !g->shape->stream) /* the client's grammar: a 400 */
+            srv_fail(c, 400,
+                     "%s: the grammar needs more matcher steps for one token than a request may "
+                     "take in one engine step (%d walks of the vocabulary); simplify it",
+                     g->grammar_where, GR_STEP_WALKS);
+        else if (!g->shape->whole)
             g->shape->on_done(g, c, g->why, &g->usage);
         else if (answer_whole(g, c))
             return; /* the pool's until its work is done */
@@ -804,6 +811,7 @@ static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, c
     g->include_usage = a->include_usage;
     g->return_full_text = a->return_full_text;
     g->seed = a->sampling.seed;
+    snprintf(g->grammar_where, sizeof g->grammar_where, "%s", a->grammar_where);
     g->sampled = a->sampling.temperature > 0;
     snprintf(g->model_id, sizeof g->model_id, "%s", model);
     g->parts = calloc((size_t)g->n_parts, sizeof *g->parts);
@@ -999,6 +1007,10 @@ static bool compile_grammar(srv_work *w, gen_prep *p)
                                  sizeof why)
                   : gr_compile(p->grammar_kind, p->grammar_text, len, 0, &p->r.grammar, why,
                                sizeof why);
+    /* its first token within one engine step's budget, found here rather than on the engine */
+    if (w->rc == QL_OK &&
+        (w->rc = eng_engine_check_grammar(w->s->engine, p->r.grammar, why, sizeof why)) != QL_OK)
+        gr_grammar_unref(p->r.grammar);
     if (w->rc == QL_OK)
         return true;
     p->r.grammar = NULL;

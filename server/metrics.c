@@ -304,6 +304,10 @@ static void put_engine(text *t, const srv_server *s)
     metric(t, "qlserve_grammar_mask_seconds_total", "counter",
            "Time the grammars' vocabulary masks took, summed over those draws");
     put(t, "qlserve_grammar_mask_seconds_total %.6f\n", st.grammar_seconds);
+    metric(t, "qlserve_grammar_matcher_steps_total", "counter",
+           "Work the grammars' masks took, in matcher steps (one request may take a budget of "
+           "them per engine step)");
+    put(t, "qlserve_grammar_matcher_steps_total %llu\n", (unsigned long long)st.grammar_steps);
     metric(t, "qlserve_kv_blocks_copied_total", "counter",
            "KV blocks copied because a choice wrote into a shared one (copy on write)");
     put(t, "qlserve_kv_blocks_copied_total %llu\n", (unsigned long long)st.kv_blocks_copied);

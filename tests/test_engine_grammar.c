@@ -4,7 +4,9 @@
  * a grammar is a sentence of it (sampled, many seeds, several choices per
  * request, batched beside unconstrained requests that it must not
  * change, and with an unmerged adapter), a whole answer ends the choice,
- * and a grammar cannot be asked with ignore_eos.
+ * a grammar cannot be asked with ignore_eos, and an ambiguous grammar
+ * ends its request once its masks pass one step's budget of matcher
+ * steps, while a neighbour gets its token every step.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -32,16 +34,19 @@ static void teardown(void)
 
 TestSuite(engine_grammar, .init = setup, .fini = teardown, .timeout = 120);
 
-#define MAX_CHOICES 4
+#define MAX_CHOICES     4
+#define OUTCOME_CHOICES 16 /* the most choices a request of these tests asks */
 
 typedef struct outcome {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char text[MAX_CHOICES][1024];
-    size_t len[MAX_CHOICES];
-    int32_t tokens[MAX_CHOICES][128];
-    int n_tokens[MAX_CHOICES];
-    eng_finish why[MAX_CHOICES];
+    char text[OUTCOME_CHOICES][1024];
+    size_t len[OUTCOME_CHOICES];
+    int32_t tokens[OUTCOME_CHOICES][128];
+    int n_tokens[OUTCOME_CHOICES];
+    int generated; /* tokens of every choice, past the 128 kept */
+    eng_finish why[OUTCOME_CHOICES];
+    eng_finish done_why;
     bool done;
 } outcome;
 
@@ -54,6 +59,7 @@ static void on_token(void *user, const eng_token_event *ev)
     }
     if (ev->token >= 0 && o->n_tokens[ev->choice] < 128)
         o->tokens[ev->choice][o->n_tokens[ev->choice]++] = ev->token;
+    o->generated += ev->token >= 0;
 }
 
 static void on_choice_done(void *user, const eng_choice_end *end)
@@ -64,10 +70,10 @@ static void on_choice_done(void *user, const eng_choice_end *end)
 
 static void on_done(void *user, eng_finish why, const eng_usage *u)
 {
-    (void)why;
     (void)u;
     outcome *o = user;
     pthread_mutex_lock(&o->mu);
+    o->done_why = why;
     o->done = true;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
@@ -268,4 +274,103 @@ Test(engine_grammar, answers_under_an_unmerged_adapter_keep_to_the_grammar)
     eng_engine_stop(e);
     gr_grammar_unref(g);
     eng_lora_unref(lora);
+}
+
+/* (.*.){300}: any byte may end one repeat and begin the next, so after k
+ * bytes a state holds a stack per repeat begun, and a mask tests them all
+ * at every node of the vocabulary's trie: issue 30's row, where 16 such
+ * choices made every other client's token 30 times slower for 20 s. Held
+ * one step at a time: in no step do the grammar's masks take more than
+ * one request's budget (gr_vocab_step_budget; the step that passes it by
+ * at most one state's stacks, the last thing it tested), the request
+ * ends with ENG_FINISH_GRAMMAR on every choice long before its token
+ * limit, and the neighbour beside it takes a token every step, before and
+ * after. Counted in steps, never timed. */
+Test(engine_grammar, an_ambiguous_grammar_ends_at_its_step_budget_while_a_neighbour_goes_on)
+{
+    enum { CHOICES = 16, LIMIT = 400, MOST_STACKS = 4096 };
+    eng_engine_opts opts = {.threads = 2, .kv_bytes = 16 << 20, .max_running = 32};
+    eng_engine *e;
+    char msg[512];
+    cr_assert_eq(eng_engine_start(&e, &model, &opts, msg, sizeof msg), 0, "%s", msg);
+    gr_vocab *v = NULL;
+    cr_assert_eq(eng_model_grammar_vocab(&model, -1, &v, msg, sizeof msg), QL_OK, "%s", msg);
+    int64_t budget = gr_vocab_step_budget(v);
+    gr_vocab_free(v);
+    gr_grammar *g = NULL;
+    cr_assert_eq(gr_compile(GR_REGEX, "(.*.){300}", 10, 0, &g, msg, sizeof msg), QL_OK, "%s", msg);
+    engine_hold_after(e, 0); /* nothing runs but the steps this test lets */
+    outcome *other = outcome_new(), *bomb = outcome_new();
+    eng_request r = request("the theme", NULL, other);
+    r.max_new_tokens = LIMIT;
+    r.sampling.ignore_eos = true; /* it runs to LIMIT, past the bomb */
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_request b = request("the theme", g, bomb);
+    b.n_choices = CHOICES;
+    b.max_new_tokens = LIMIT;
+    b.sampling = (eng_sampling){.temperature = 1.0f, .seed = 30};
+    cr_assert_eq(eng_engine_submit(e, &b, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    uint64_t work = st.grammar_steps, most = 0;
+    int steps = 0;
+    while (!bomb->done) {
+        engine_hold_after(e, 1);
+        steps++;
+        eng_engine_stats_get(e, &st);
+        uint64_t took = st.grammar_steps - work;
+        work = st.grammar_steps;
+        most = took > most ? took : most;
+        cr_assert_leq(took, (uint64_t)budget + MOST_STACKS, "step %d: %llu matcher steps", steps,
+                      (unsigned long long)took);
+        /* the prompts are one step's prefill: a token each step from the first */
+        cr_assert_eq(other->generated, steps, "step %d", steps);
+        cr_assert_lt(steps, LIMIT, "the bomb ran to its token limit");
+    }
+    cr_assert_eq(bomb->done_why, ENG_FINISH_GRAMMAR, "%s", eng_finish_name(bomb->done_why));
+    cr_assert_str_eq(eng_finish_name(bomb->done_why), "grammar");
+    for (int c = 0; c < CHOICES; c++)
+        cr_assert_eq(bomb->why[c], ENG_FINISH_GRAMMAR, "choice %d: %s", c,
+                     eng_finish_name(bomb->why[c]));
+    cr_assert_gt(most, (uint64_t)budget, "the last step took the budget and a step more");
+    engine_hold_after(e, 1); /* the neighbour goes on */
+    cr_assert_eq(other->generated, steps + 1);
+    cr_assert(!other->done);
+    eng_engine_stop(e); /* the neighbour ends cancelled */
+    wait_free(other);
+    wait_free(bomb);
+    free(other);
+    free(bomb);
+    gr_grammar_unref(g);
+}
+
+/* 4000 alternatives of two any-bytes and a tail: at the start 4000
+ * stacks, and every first byte of the vocabulary advances them all, so
+ * the first mask alone takes about 256 x 8000 matcher steps, twice a
+ * small vocabulary's budget. Refused where the server compiles it (on
+ * its pool), naming the budget, before any engine step could pay for it;
+ * a record grammar passes the same check. */
+Test(engine_grammar, a_grammar_whose_first_mask_passes_the_budget_is_refused_before_the_engine)
+{
+    eng_engine *e = start();
+    gr_builder *b = gr_builder_new(0);
+    enum { ALTS = 4000 };
+    gr_expr *alts = malloc(ALTS * sizeof *alts);
+    for (int i = 0; i < ALTS; i++) {
+        char tail[16];
+        snprintf(tail, sizeof tail, "k%d", i);
+        gr_expr xs[] = {gr_byte_range(b, 0, 255), gr_byte_range(b, 0, 255), LIT(b, tail)};
+        alts[i] = gr_seq(b, xs, 3);
+    }
+    gr_grammar *wide = NULL, *g = record_grammar();
+    char msg[512];
+    cr_assert_eq(gr_build(b, gr_alt(b, alts, ALTS), &wide, msg, sizeof msg), QL_OK, "%s", msg);
+    free(alts);
+    gr_builder_free(b);
+    cr_assert_eq(eng_engine_check_grammar(e, wide, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "matcher steps") && strstr(msg, "first token"), "%s", msg);
+    cr_assert_eq(eng_engine_check_grammar(e, g, msg, sizeof msg), QL_OK, "%s", msg);
+    gr_grammar_unref(wide);
+    gr_grammar_unref(g);
+    eng_engine_stop(e);
 }

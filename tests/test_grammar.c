@@ -321,29 +321,105 @@ Test(grammar, a_matcher_over_its_memory_bound_drops_its_memos_and_answers_the_sa
         walk_and_compare(1, seed * 104729);
 }
 
-Test(grammar, a_grammar_too_ambiguous_for_the_bounds_stops_the_matcher_not_the_process)
+/* 5000 alternatives: 5000 stacks at the start; after "xa" when they
+ * follow it (after "x", one) */
+static gr_grammar *ambiguous(bool after_xa)
 {
-    /* 5000 alternatives that all begin with "a": after it, 5000 stacks */
     gr_builder *b = gr_builder_new(0);
     gr_expr *alts = malloc(5000 * sizeof *alts);
     for (int i = 0; i < 5000; i++) {
         char s[16];
-        snprintf(s, sizeof s, "a%d", i);
+        snprintf(s, sizeof s, "%d", i);
         alts[i] = LIT(b, s);
     }
-    gr_grammar *g = build(b, gr_alt(b, alts, 5000));
+    gr_expr all = gr_alt(b, alts, 5000);
+    gr_grammar *g = build(b, after_xa ? gr_seq2(b, LIT(b, "xa"), all) : all);
     free(alts);
     gr_builder_free(b);
-    static const char *const tokens[] = {"", "a", "1", "a1"};
-    gr_vocab *v = make_vocab(tokens, 4, 0);
+    return g;
+}
+
+Test(grammar, a_grammar_too_ambiguous_for_the_bounds_stops_the_matcher_not_the_process)
+{
+    static const char *const tokens[] = {"", "a", "1", "a1", "x"};
+    gr_vocab *v = make_vocab(tokens, 5, 0);
     gr_matcher *m = NULL;
     char msg[256];
-    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK);
-    float logits[4] = {0};
-    cr_assert_eq(gr_matcher_mask(m, logits), QL_ENOMEM);
-    cr_assert_eq(gr_matcher_accept(m, 1), QL_ENOMEM);
+    /* at the start: the matcher is refused, naming the bound */
+    gr_grammar *g = ambiguous(false);
+    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "4096 parse stacks"), "%s", msg);
+    cr_assert_null(m);
+    gr_grammar_unref(g);
+    /* two bytes in: the matcher stops, and says why */
+    g = ambiguous(true);
+    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(gr_matcher_accept(m, 4), QL_OK);
+    float logits[5] = {0};
+    cr_assert_eq(gr_matcher_mask(m, logits), QL_EINVAL);
+    cr_assert_eq(gr_matcher_accept(m, 1), QL_EINVAL);
+    cr_assert_eq(gr_matcher_error(m, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "4096 parse stacks"), "%s", msg);
     gr_matcher_free(m);
     gr_grammar_unref(g);
+    gr_vocab_free(v);
+}
+
+/* A matcher over a compile of re of its own (no mask shared with
+ * another matcher), past the first n of path's tokens. */
+static gr_matcher *own_matcher(const char *re, gr_vocab *v, const int32_t *path, int n)
+{
+    gr_grammar *g = NULL;
+    gr_matcher *m = NULL;
+    char msg[256];
+    cr_assert_eq(gr_compile(GR_REGEX, re, strlen(re), 0, &g, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(gr_matcher_new(&m, g, v, msg, sizeof msg), QL_OK, "%s", msg);
+    gr_grammar_unref(g); /* the matcher holds it */
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(gr_matcher_accept(m, path[i]), QL_OK);
+    return m;
+}
+
+/* A mask takes the same steps on any run: given exactly those it is the
+ * unbudgeted mask, and the whole budget is spent; given one fewer, the
+ * matcher stops at the step past it (QL_EINVAL, naming the budget) and
+ * stays stopped. */
+Test(grammar, a_matcher_past_its_budget_of_steps_stops_and_says_so)
+{
+    static const char *const tokens[] = {"", "a", "b", "ab", "ba", "aab", "c", "bc"};
+    gr_vocab *v = make_vocab(tokens, 8, 0);
+    static const char re[] = "(a|ab|b|ba)*c";
+    static const int32_t path[] = {3, 1, 4};
+    char msg[256];
+    for (int n = 0; n <= 3; n++) {
+        gr_matcher *ref = own_matcher(re, v, path, n);
+        uint64_t before = gr_matcher_steps(ref);
+        float want[8] = {0}, got[8] = {0};
+        cr_assert_eq(gr_matcher_mask(ref, want), QL_OK);
+        int64_t need = (int64_t)(gr_matcher_steps(ref) - before);
+        cr_assert_gt(need, 1, "after %d tokens", n);
+        gr_matcher *m = own_matcher(re, v, path, n);
+        int64_t left = need;
+        gr_matcher_set_budget(m, &left);
+        cr_assert_eq(gr_matcher_mask(m, got), QL_OK, "after %d tokens, exactly enough", n);
+        cr_assert_eq(left, 0);
+        cr_assert_arr_eq(got, want, sizeof want);
+        gr_matcher_free(m);
+        m = own_matcher(re, v, path, n);
+        left = need - 1;
+        gr_matcher_set_budget(m, &left);
+        before = gr_matcher_steps(m);
+        cr_assert_eq(gr_matcher_mask(m, got), QL_EINVAL, "after %d tokens, one step short", n);
+        cr_assert_eq((int64_t)(gr_matcher_steps(m) - before), need);
+        cr_assert_eq(left, -1);
+        cr_assert_eq(gr_matcher_error(m, msg, sizeof msg), QL_EINVAL);
+        cr_assert(strstr(msg, "budget"), "%s", msg);
+        gr_matcher_set_budget(m, NULL);
+        cr_assert_eq(gr_matcher_accept(m, 6), QL_EINVAL, "a stopped matcher stays stopped");
+        cr_assert_eq(gr_matcher_error(ref, msg, sizeof msg), QL_OK);
+        gr_matcher_free(m);
+        gr_matcher_free(ref);
+    }
     gr_vocab_free(v);
 }
 

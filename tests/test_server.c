@@ -1070,7 +1070,8 @@ Test(server, body_over_the_limit_gets_413)
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
     char head[256];
-    snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
+    snprintf(head, sizeof head,
+             "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
              strlen(body));
     cr_assert(hc_send_str(&c, head));
     hc_response r;
@@ -1083,10 +1084,10 @@ Test(server, body_over_the_limit_gets_413)
     /* chunked: refused once what arrived passes the limit */
     cr_assert(hc_open(&c, sp.port));
     char wire[1600];
-    snprintf(
-        wire, sizeof wire,
-        "POST /generate HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n",
-        strlen(body), body);
+    snprintf(wire, sizeof wire,
+             "POST /generate HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: "
+             "chunked\r\n\r\n%zx\r\n%s\r\n",
+             strlen(body), body);
     cr_assert(hc_send_str(&c, wire));
     cr_assert(hc_read_response(&c, &r));
     expect_error(&r, 413, "invalid_request", NULL);
@@ -1101,8 +1102,8 @@ Test(server, body_over_the_limit_gets_413)
     char *payload = malloc(big);
     cr_assert(payload);
     memset(payload, 'x', big);
-    snprintf(head, sizeof head, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
-             big);
+    snprintf(head, sizeof head,
+             "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n", big);
     cr_assert(hc_send_str(&c, head));
     hc_send(&c, payload, big); /* may fail part way once the server has answered */
     free(payload);
@@ -1124,7 +1125,8 @@ Test(server, headers_over_the_limit_get_431)
     char pad[2001];
     memset(pad, 'x', 2000);
     pad[2000] = 0;
-    snprintf(wire, sizeof wire, "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: %s\r\n\r\n", pad);
+    snprintf(wire, sizeof wire, "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: %s\r\n\r\n",
+             pad);
     hc_conn c;
     cr_assert(hc_open(&c, sp.port));
     cr_assert(hc_send_str(&c, wire));
@@ -1153,7 +1155,8 @@ Test(server, slow_request_gets_408)
     cr_assert(hc_open(&c, sp.port));
     /* half a request, then nothing: the server gives up after 500 ms */
     cr_assert(hc_send_str(
-        &c, "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"inputs\""));
+        &c,
+        "POST /generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"inputs\""));
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
     expect_error(&r, 408, "timeout", NULL);

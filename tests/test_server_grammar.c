@@ -15,7 +15,10 @@
  * response_format, since a random model never writes it) is parsed out of
  * its text, whole and streamed, the text before the call its content;
  * past calls' arguments reach the template as a mapping; every bad input
- * is a 400 that names the field, and the server keeps serving.
+ * is a 400 that names the field, and the server keeps serving; an
+ * ambiguous guided_regex ends at one engine step's budget of matcher
+ * steps with a 400 naming the field, while another client's stream goes
+ * on.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -630,4 +633,75 @@ Test(grammar, vllm_guided_fields_constrain_the_answer)
             "guided_choice", "non-empty");
     refused("/v1/completions", "{\"prompt\": \"x\", \"structured_outputs\": {\"jsonx\": {}}}",
             "jsonx", NULL);
+}
+
+/* Issue 30's row: guided_regex (.*.){300} with n = 16 took every other
+ * client's token from 9 ms to 290 ms for 20 s, then answered 500. Held
+ * one step at a time with the engine's gate, beside a neighbour's stream:
+ * the bomb ends long before its token limit (its masks passed one step's
+ * budget, test_engine_grammar pins the per-step work) and answers 400
+ * naming the field and the budget; the neighbour took a token every step
+ * meanwhile and its stream completes whole. Steps counted, never time. */
+Test(grammar, an_ambiguous_guided_regex_is_a_400_at_its_step_budget_and_a_neighbour_streams_on)
+{
+    enum { LIMIT = 150, NEIGHBOUR = 200, CHOICES = 16 };
+    sp_hold_after(0, NULL);
+    hc_conn bomb, other;
+    cr_assert(hc_open(&bomb, sp.port));
+    cr_assert(hc_open(&other, sp.port));
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"the theme\", \"n\": %d, \"max_tokens\": %d, \"temperature\": 1, "
+             "\"seed\": 30, \"guided_regex\": \"(.*.){300}\"}",
+             CHOICES, LIMIT);
+    cr_assert(hc_send_request(&bomb, "POST", "/v1/completions", NULL, body));
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"the theme\", \"max_tokens\": %d, \"ignore_eos\": true, "
+             "\"stream\": true}",
+             NEIGHBOUR);
+    cr_assert(hc_send_request(&other, "POST", "/v1/completions", NULL, body));
+    sp_engine_reaches("running", 2, NULL); /* admitted: choice 0 and the neighbour */
+    /* one step at a time until only the neighbour runs */
+    int steps = 0;
+    do {
+        sp_hold_after(1, NULL);
+        steps++;
+        cr_assert_eq(sp_engine_figure("tokens_generated", NULL) >= steps, true, "step %d", steps);
+        cr_assert_lt(steps, LIMIT, "the bomb ran to its token limit");
+    } while (sp_engine_figure("running", NULL) > 1);
+    hc_response r = {0};
+    cr_assert(hc_read_response(&bomb, &r), "the bomb got no answer");
+    cr_assert_eq(r.status, 400, "%d %s", r.status, r.body ? r.body : "");
+    cJSON *j = sp_json(r.body);
+    const char *message = sp_str_at(cJSON_GetObjectItem(j, "error"), "message");
+    cr_assert(strstr(message, "guided_regex: ") == message, "%s", message);
+    cr_assert(strstr(message, "matcher steps"), "%s", message);
+    cJSON_Delete(j);
+    hc_response_free(&r);
+    hc_close(&bomb);
+    /* the neighbour: a token each step so far, then the rest, whole */
+    cr_assert_eq(sp_engine_figure("running", NULL), 1);
+    sp_hold_after(-1, NULL);
+    hc_response head = {0};
+    cr_assert(hc_read_head(&other, &head));
+    cr_assert_eq(head.status, 200);
+    int tokens = 0;
+    const char *finish = NULL;
+    for (char *ev; (ev = hc_next_event(&other, &head)); free(ev)) {
+        if (strcmp(ev, "[DONE]") == 0)
+            continue;
+        cJSON *e = sp_json(ev);
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+        const cJSON *why = cJSON_GetObjectItem(ch, "finish_reason");
+        if (cJSON_IsString(why))
+            finish = strcmp(why->valuestring, "length") == 0 ? "length" : "other";
+        else
+            tokens++;
+        cJSON_Delete(e);
+    }
+    cr_assert(head.body_done, "the neighbour's stream did not end");
+    cr_assert_eq(tokens, NEIGHBOUR);
+    cr_assert_str_eq(finish, "length");
+    hc_response_free(&head);
+    hc_close(&other);
 }

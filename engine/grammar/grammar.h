@@ -160,6 +160,24 @@ typedef long (*gr_token_bytes_fn)(void *user, int32_t id, uint8_t *out, size_t c
 int gr_vocab_new(gr_vocab **out, int32_t n_tokens, gr_token_bytes_fn token_bytes, void *user,
                  int32_t eos, char *msg, size_t msg_len);
 void gr_vocab_free(gr_vocab *v);
+/*
+ * The matcher steps (below) one request's masks may take in one engine
+ * step, for all its choices together: GR_STEP_WALKS whole walks of v's
+ * trie, a vocabulary of fewer than GR_STEP_MIN_NODES trie nodes counted
+ * as that many. Why: a mask of a grammar that is not ambiguous walks the
+ * trie about once (the test suite's schemas and regexes take at most 1.4
+ * walks per mask, and 13 per step at n = 64 choices drawing random
+ * tokens, on SmolLM2's 49152 tokens, 100297 nodes), while an ambiguous
+ * one ((.*.){300}) takes 14 to 64 walks per mask, each walk a few ms of
+ * the engine thread that every other request waits for. Counted in
+ * steps, not time, so the same request is refused on any machine. The
+ * floor keeps small vocabularies' closures (a whole-grammar transition
+ * per byte can outweigh a 260-node walk) from being refused: 1048576
+ * steps is ~10-20 ms of one core.
+ */
+#define GR_STEP_WALKS     16
+#define GR_STEP_MIN_NODES 65536
+int64_t gr_vocab_step_budget(const gr_vocab *v);
 
 /* One sequence's walk through a grammar: its own state, memory bounded. */
 typedef struct gr_matcher gr_matcher;
@@ -167,9 +185,25 @@ typedef struct gr_matcher gr_matcher;
 int gr_matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v, char *msg, size_t msg_len);
 void gr_matcher_free(gr_matcher *m);
 /* Set every logit of a token the grammar does not allow now to -inf
- * (logits has the vocabulary's n_tokens entries). QL_ENOMEM when the
- * matcher's bounded memory cannot hold the step. */
+ * (logits has the vocabulary's n_tokens entries). Once a call fails the
+ * matcher has stopped, and every later one fails the same way:
+ * QL_EINVAL when the grammar needs more than the matcher's bounds or its
+ * budget allow, QL_ENOMEM when memory runs out (gr_matcher_error). */
 int gr_matcher_mask(gr_matcher *m, float *logits);
+/*
+ * The matcher's work, in matcher steps (a position closed, a stack tested
+ * against a byte, a vocabulary trie node walked for a mask: each a few
+ * nanoseconds), counted the same on any machine (_steps: in all, the
+ * first closure included). Given a budget (left: the steps it may take,
+ * the caller's, borrowed until set again; several matchers may share
+ * one; NULL, the default: none), each step is taken from *left, and the
+ * matcher stops with QL_EINVAL once *left goes below zero. How an engine
+ * keeps one request's masks to a share of a step (gr_vocab_step_budget).
+ */
+void gr_matcher_set_budget(gr_matcher *m, int64_t *left);
+uint64_t gr_matcher_steps(const gr_matcher *m);
+/* Why m stopped (QL_OK: it has not), its sentence into msg. */
+int gr_matcher_error(const gr_matcher *m, char *msg, size_t msg_len);
 /* Whether token may come next (eos: whether the grammar may end here). */
 bool gr_matcher_allows(gr_matcher *m, int32_t token);
 /* Advance by token (which must be allowed: QL_EINVAL otherwise, nothing

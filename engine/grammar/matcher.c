@@ -38,7 +38,13 @@
  * fresh tables, so a long answer through a large grammar costs time,
  * never unbounded memory. A grammar so ambiguous that one state would
  * hold more than GR_MAX_STACKS stacks, or one transition would take
- * more than GR_MAX_CLOSURE steps, stops the matcher with QL_ENOMEM.
+ * more than GR_MAX_CLOSURE steps, stops the matcher with QL_EINVAL.
+ *
+ * Time is counted in matcher steps (a work item of a closure, a stack
+ * tested against a byte, a trie node walked), against the budget its
+ * caller gives (none by default): an engine gives each request
+ * gr_vocab_step_budget per step, so an ambiguous grammar ends its request
+ * after that much work instead of stalling everyone's steps.
  *
  * Owns gr_vocab and gr_matcher, and gr_grammar_accepts.
  */
@@ -56,6 +62,10 @@
 #define GR_MAX_TOKEN_BYTES 1024
 
 enum { UNKNOWN = -2, DEAD = -1 };
+
+/* What stopped a matcher: memory ran out (QL_ENOMEM), or the grammar
+ * asked more than a bound or the caller's budget allows (QL_EINVAL). */
+typedef enum stop_reason { STOP_MEMORY, STOP_STACKS, STOP_CLOSURE, STOP_BUDGET } stop_reason;
 
 /* --- the vocabulary trie -------------------------------------------------------- */
 
@@ -178,6 +188,12 @@ static long pool_token(gr_vocab *v, size_t *cap, size_t *used, int32_t id,
     return k;
 }
 
+int64_t gr_vocab_step_budget(const gr_vocab *v)
+{
+    int64_t nodes = v->n_nodes > GR_STEP_MIN_NODES ? v->n_nodes : GR_STEP_MIN_NODES;
+    return GR_STEP_WALKS * nodes;
+}
+
 int gr_vocab_new(gr_vocab **out, int32_t n_tokens, gr_token_bytes_fn token_bytes, void *user,
                  int32_t eos, char *msg, size_t msg_len)
 {
@@ -273,9 +289,13 @@ struct gr_matcher {
     size_t n_res, cap_res;
     bool res_accept;
     size_t closure_steps;
-    int32_t *walk;  /* the trie walk's state per depth */
-    size_t mem;     /* bytes held by memos, for the bound */
-    size_t max_mem; /* GR_MATCHER_MAX_BYTES, lower in tests */
+    /* matcher steps: a position closed, a stack tested against a byte, a
+     * trie node walked for a mask; each a few nanoseconds of work */
+    int64_t *budget; /* the steps it may still take (gr_matcher_set_budget); NULL: any */
+    uint64_t steps;  /* taken in all */
+    int32_t *walk;   /* the trie walk's state per depth */
+    size_t mem;      /* bytes held by memos, for the bound */
+    size_t max_mem;  /* GR_MATCHER_MAX_BYTES, lower in tests */
     uint64_t compactions;
     signature sig; /* the last state's signature (its buffer reused) */
     signature raw; /* its stacks before sorting, and where each starts */
@@ -286,6 +306,7 @@ struct gr_matcher {
     int32_t cur;
     bool ended;
     int err;
+    stop_reason why; /* when err is set: what stopped it */
 };
 
 static uint64_t node_key(int32_t pos, int32_t parent)
@@ -383,11 +404,29 @@ static int32_t state_intern(gr_matcher *m, const int32_t *ids, size_t n, bool ac
 
 /* --- closing positions into stacks ------------------------------------------------ */
 
-static int stop(gr_matcher *m, int err)
+static int stop(gr_matcher *m, stop_reason why)
 {
-    if (m->err == QL_OK)
-        m->err = err;
-    return err;
+    if (m->err == QL_OK) {
+        m->err = why == STOP_MEMORY ? QL_ENOMEM : QL_EINVAL;
+        m->why = why;
+    }
+    return m->err;
+}
+
+/* Take n matcher steps from the budget; false (the matcher stopped) when
+ * it has run out. */
+static bool spend(gr_matcher *m, int64_t n)
+{
+    m->steps += (uint64_t)n;
+    if (!m->budget || (*m->budget -= n) >= 0)
+        return true;
+    stop(m, STOP_BUDGET);
+    return false;
+}
+
+void gr_matcher_set_budget(gr_matcher *m, int64_t *left)
+{
+    m->budget = left;
 }
 
 /* Whether (pos, parent) was visited in this transition; marks it. */
@@ -400,7 +439,7 @@ static bool visited(gr_matcher *m, int32_t pos, int32_t parent)
         if (!k || !gen) {
             free(k);
             free(gen);
-            stop(m, QL_ENOMEM);
+            stop(m, STOP_MEMORY);
             return true;
         }
         for (size_t i = 0; i < m->vcap; i++)
@@ -431,7 +470,7 @@ static bool visited(gr_matcher *m, int32_t pos, int32_t parent)
 static void push_work(gr_matcher *m, int32_t pos, int32_t parent)
 {
     if (!gr_grow((void **)&m->work, m->n_work + 1, &m->cap_work, sizeof *m->work)) {
-        stop(m, QL_ENOMEM);
+        stop(m, STOP_MEMORY);
         return;
     }
     m->work[m->n_work++] = (int64_t)node_key(pos, parent);
@@ -448,18 +487,21 @@ static void closure(gr_matcher *m, int32_t pos, int32_t parent)
         uint64_t k = (uint64_t)m->work[--m->n_work];
         pos = (int32_t)(k >> 32);
         parent = (int32_t)(uint32_t)k;
-        if (visited(m, pos, parent))
+        if (!spend(m, 1) || visited(m, pos, parent))
             continue;
         if (++m->closure_steps > GR_MAX_CLOSURE) {
-            stop(m, QL_ENOMEM);
+            stop(m, STOP_CLOSURE);
             return;
         }
         const gr_elem *e = &g->elems[pos];
         if (e->kind == GR_E_SET) {
+            if (m->n_res >= GR_MAX_STACKS) {
+                stop(m, STOP_STACKS);
+                return;
+            }
             int32_t id = node_intern(m, pos, parent);
-            if (id < 0 || m->n_res >= GR_MAX_STACKS ||
-                !gr_grow((void **)&m->res, m->n_res + 1, &m->cap_res, sizeof *m->res)) {
-                stop(m, QL_ENOMEM);
+            if (id < 0 || !gr_grow((void **)&m->res, m->n_res + 1, &m->cap_res, sizeof *m->res)) {
+                stop(m, STOP_MEMORY);
                 return;
             }
             m->res[m->n_res++] = id;
@@ -473,7 +515,7 @@ static void closure(gr_matcher *m, int32_t pos, int32_t parent)
             int32_t below = parent;
             if (g->elems[pos + 1].kind != GR_E_END &&
                 (below = node_intern(m, pos + 1, parent)) < 0) {
-                stop(m, QL_ENOMEM);
+                stop(m, STOP_MEMORY);
                 return;
             }
             for (int32_t a = r->first_alt + r->n_alts - 1; a >= r->first_alt; a--)
@@ -517,7 +559,7 @@ static int32_t end_closure(gr_matcher *m)
             m->res[n++] = m->res[i];
     int32_t s = state_intern(m, m->res, n, m->res_accept);
     if (s < 0)
-        stop(m, QL_ENOMEM);
+        stop(m, STOP_MEMORY);
     return s;
 }
 
@@ -527,6 +569,8 @@ static int32_t step(gr_matcher *m, int32_t s, uint8_t c)
     if (m->st[s].trans && m->st[s].trans[c] != UNKNOWN)
         return m->st[s].trans[c];
     begin_closure(m);
+    if (!spend(m, m->st[s].len)) /* each stack is tested against c */
+        return -1;
     for (int32_t i = 0; i < m->st[s].len && m->err == QL_OK; i++) {
         const snode *n = &m->nodes[m->st_nodes[m->st[s].off + i]];
         if (gr_set_has(&m->g->sets[m->g->elems[n->pos].arg], c))
@@ -538,7 +582,7 @@ static int32_t step(gr_matcher *m, int32_t s, uint8_t c)
     if (!m->st[s].trans) {
         int32_t *tr = malloc(256 * sizeof *tr);
         if (!tr)
-            return stop(m, QL_ENOMEM), -1;
+            return stop(m, STOP_MEMORY), -1;
         for (int i = 0; i < 256; i++)
             tr[i] = UNKNOWN;
         m->st[s].trans = tr;
@@ -598,32 +642,34 @@ static int compact(gr_matcher *m)
     free(old);
     free(chain);
     free(tops);
-    return rc == QL_OK ? QL_OK : stop(m, rc);
+    return rc == QL_OK ? QL_OK : stop(m, STOP_MEMORY);
 }
 
-static int matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v)
+/* A matcher at the grammar's start; a failure's sentence into msg. */
+static int matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v, char *msg,
+                       size_t msg_len)
 {
     gr_matcher *m = calloc(1, sizeof *m);
     if (!m)
-        return QL_ENOMEM;
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for the grammar's matcher");
     m->g = gr_grammar_ref(g);
     m->v = v;
     m->max_mem = GR_MATCHER_MAX_BYTES;
     m->mask_state = -1;
-    if (v && !(m->walk = malloc(((size_t)v->max_depth + 1) * sizeof *m->walk))) {
-        gr_matcher_free(m);
-        return QL_ENOMEM;
-    }
+    if (v && !(m->walk = malloc(((size_t)v->max_depth + 1) * sizeof *m->walk)))
+        stop(m, STOP_MEMORY);
     begin_closure(m);
     const gr_rule_info *root = &g->rules[0];
     for (int32_t a = root->first_alt; a < root->first_alt + root->n_alts; a++)
         closure(m, g->alts[a], -1);
     m->cur = end_closure(m);
-    if (m->cur == DEAD) /* a grammar of no sentence: accepting nothing, stuck */
-        m->cur = state_intern(m, NULL, 0, false);
-    if (m->cur < 0) {
+    /* a grammar of no sentence: accepting nothing, stuck */
+    if (m->err == QL_OK && m->cur == DEAD && (m->cur = state_intern(m, NULL, 0, false)) < 0)
+        stop(m, STOP_MEMORY);
+    if (m->err != QL_OK) { /* its first step does not fit the bounds */
+        int rc = gr_matcher_error(m, msg, msg_len);
         gr_matcher_free(m);
-        return QL_ENOMEM;
+        return rc;
     }
     *out = m;
     return QL_OK;
@@ -634,12 +680,7 @@ int gr_matcher_new(gr_matcher **out, gr_grammar *g, const gr_vocab *v, char *msg
     *out = NULL;
     if (!g || !v)
         return ql_fail(msg, msg_len, QL_EINVAL, "a matcher needs a grammar and a vocabulary");
-    if (matcher_new(out, g, v) != QL_OK)
-        return ql_fail(msg, msg_len, QL_ENOMEM,
-                       "the grammar's first step does not fit the matcher's bounds (%d stacks, "
-                       "%d closure steps)",
-                       GR_MAX_STACKS, GR_MAX_CLOSURE);
-    return QL_OK;
+    return matcher_new(out, g, v, msg, msg_len);
 }
 
 void gr_matcher_free(gr_matcher *m)
@@ -749,7 +790,7 @@ static bool make_mask(gr_matcher *m)
     const gr_vocab *v = m->v;
     size_t words = ((size_t)v->n_tokens + 31) / 32;
     if (!m->mask && !(m->mask = malloc(words * sizeof *m->mask))) {
-        stop(m, QL_ENOMEM);
+        stop(m, STOP_MEMORY);
         return false;
     }
     uint32_t *mask = m->mask;
@@ -764,7 +805,7 @@ static bool make_mask(gr_matcher *m)
     }
     memset(mask, 0, words * sizeof *mask);
     m->walk[0] = s;
-    for (int32_t i = 0; i < v->n_nodes && m->err == QL_OK;) {
+    for (int32_t i = 0; i < v->n_nodes && m->err == QL_OK && spend(m, 1);) {
         int32_t t = step(m, m->walk[v->depth[i] - 1], v->byte[i]);
         if (t < 0) { /* dead: nothing below either (or a failure: the loop ends) */
             i = v->skip[i];
@@ -852,6 +893,34 @@ bool gr_matcher_done(const gr_matcher *m)
     return gr_matcher_can_end(m) && m->st[m->cur].len == 0;
 }
 
+int gr_matcher_error(const gr_matcher *m, char *msg, size_t msg_len)
+{
+    if (m->err == QL_OK)
+        return ql_fail(msg, msg_len, QL_OK, "the matcher has not stopped");
+    switch (m->why) {
+    case STOP_STACKS:
+        return ql_fail(msg, msg_len, m->err,
+                       "the grammar is too ambiguous: one byte would leave more than %d parse "
+                       "stacks",
+                       GR_MAX_STACKS);
+    case STOP_CLOSURE:
+        return ql_fail(msg, msg_len, m->err,
+                       "the grammar is too ambiguous: one byte would take more than %d closure "
+                       "steps",
+                       GR_MAX_CLOSURE);
+    case STOP_BUDGET:
+        return ql_fail(msg, msg_len, m->err,
+                       "the grammar needed more matcher steps than its budget for one token");
+    case STOP_MEMORY: break;
+    }
+    return ql_fail(msg, msg_len, m->err, "out of memory for the grammar's matcher");
+}
+
+uint64_t gr_matcher_steps(const gr_matcher *m)
+{
+    return m->steps;
+}
+
 void gr_matcher_set_memory_bound(gr_matcher *m, size_t bytes)
 {
     m->max_mem = bytes;
@@ -870,7 +939,7 @@ uint64_t gr_matcher_shared_hits(const gr_matcher *m)
 bool gr_grammar_accepts(const gr_grammar *g, const void *s, size_t n)
 {
     gr_matcher *m = NULL;
-    if (!g || matcher_new(&m, (gr_grammar *)g, NULL) != QL_OK)
+    if (!g || matcher_new(&m, (gr_grammar *)g, NULL, NULL, 0) != QL_OK)
         return false;
     int32_t t = walk_bytes(m, m->cur, s, n);
     bool ok = t >= 0 && m->err == QL_OK && m->st[t].accept;

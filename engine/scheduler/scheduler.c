@@ -68,6 +68,7 @@ const char *eng_finish_name(eng_finish f)
     case ENG_FINISH_STOP: return "stop";
     case ENG_FINISH_CANCELLED: return "cancelled";
     case ENG_FINISH_ERROR: return "error";
+    case ENG_FINISH_GRAMMAR: return "grammar";
     }
     return "unknown";
 }
@@ -106,6 +107,13 @@ struct eng_built {
     int32_t n_live;    /* choices begun and not ended */
     int32_t generated; /* tokens of the choices ended so far */
     bool errored, cancelled;
+    /* the matcher steps its choices' grammars may still take in engine
+     * step grammar_step (e->grammar_budget each step, shared by the
+     * choices); grammar_failed: one of them stopped, and every choice
+     * ends with ENG_FINISH_GRAMMAR by the step's end */
+    int64_t grammar_left;
+    uint64_t grammar_step;
+    bool grammar_failed;
     eng_finish first_why;
     float *prompt_lp;        /* prompt_logprobs: n_prompt of them */
     eng_logprob *prompt_top; /* and n_prompt x top_logprobs */
@@ -122,7 +130,7 @@ struct eng_built {
 typedef struct step_tally {
     uint64_t generated, prompt, shared, copied;
     uint64_t prefix_queried, prefix_hit; /* prompt tokens looked up, found */
-    uint64_t grammar_masks;
+    uint64_t grammar_masks, grammar_steps;
     int64_t grammar_ns;
 } step_tally;
 
@@ -136,6 +144,7 @@ struct eng_engine {
     int32_t *tokens;         /* max_running: greedy tokens the backend chose */
     void *scratch;           /* the sampler's */
     gr_vocab *grammar_vocab; /* the vocabulary's bytes as a trie, for grammars (fixed) */
+    int64_t grammar_budget;  /* its gr_vocab_step_budget: one request's matcher steps per step */
     pthread_t thread;
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
@@ -295,6 +304,7 @@ static void publish_tally(eng_engine *e)
     e->stats.prefix_queried_tokens += e->tally.prefix_queried;
     e->stats.prefix_hit_tokens += e->tally.prefix_hit;
     e->stats.grammar_masks += e->tally.grammar_masks;
+    e->stats.grammar_steps += e->tally.grammar_steps;
     e->stats.grammar_seconds += (double)e->tally.grammar_ns * 1e-9;
     e->stats.prefix_blocks = eng_kv_prefix_blocks(e->kv);
     e->tally = (step_tally){0};
@@ -358,6 +368,7 @@ static void end_choice(eng_engine *e, seq *s, eng_finish why)
     e->slots--;
     r->generated += s->n_generated;
     r->errored |= why == ENG_FINISH_ERROR;
+    r->grammar_failed |= why == ENG_FINISH_GRAMMAR;
     r->cancelled |= why == ENG_FINISH_CANCELLED;
     if (s->choice == 0)
         r->first_why = why;
@@ -369,9 +380,10 @@ static void end_choice(eng_engine *e, seq *s, eng_finish why)
         r->req.on_choice_done(r->req.user, &end);
     if (--r->n_live == 0)
         request_end(e, r,
-                    r->errored     ? ENG_FINISH_ERROR
-                    : r->cancelled ? ENG_FINISH_CANCELLED
-                                   : r->first_why);
+                    r->errored          ? ENG_FINISH_ERROR
+                    : r->grammar_failed ? ENG_FINISH_GRAMMAR
+                    : r->cancelled      ? ENG_FINISH_CANCELLED
+                                        : r->first_why);
 }
 
 /* End a running sequence, whether its request began or not. */
@@ -519,6 +531,42 @@ int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t 
         *ids = NULL;
         *n = 0;
     }
+    return rc;
+}
+
+int eng_engine_check_grammar(const eng_engine *e, gr_grammar *g, char *msg, size_t msg_len)
+{
+    gr_matcher *m = NULL;
+    int rc = gr_matcher_new(&m, g, e->grammar_vocab, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    /* each of up to ENG_MAX_CHOICES choices makes its own start at submit */
+    int64_t start = (int64_t)gr_matcher_steps(m), most = e->grammar_budget / ENG_MAX_CHOICES;
+    float *logits = malloc((size_t)e->m->cfg.vocab_size * sizeof *logits);
+    if (!logits)
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory for a grammar's first mask");
+    else if (start > most)
+        rc = ql_fail(msg, msg_len, QL_EINVAL,
+                     "the grammar's start takes %lld matcher steps, more than the %lld each choice "
+                     "may take (one engine step's budget of %lld over %d choices); simplify it",
+                     (long long)start, (long long)most, (long long)e->grammar_budget,
+                     ENG_MAX_CHOICES);
+    int64_t left = e->grammar_budget - start;
+    if (rc == QL_OK) {
+        gr_matcher_set_budget(m, &left);
+        memset(logits, 0, (size_t)e->m->cfg.vocab_size * sizeof *logits);
+        rc = gr_matcher_mask(m, logits);
+        if (rc != QL_OK && left < 0)
+            ql_fail(msg, msg_len, rc,
+                    "the grammar needs more than %lld matcher steps (%d walks of the "
+                    "vocabulary, one request's budget in one engine step) for its first token; "
+                    "simplify it",
+                    (long long)e->grammar_budget, GR_STEP_WALKS);
+        else if (rc != QL_OK)
+            gr_matcher_error(m, msg, msg_len);
+    }
+    free(logits);
+    gr_matcher_free(m);
     return rc;
 }
 
@@ -968,19 +1016,48 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
     return false;
 }
 
+/* Give grammar g of r's choice what r's masks may still take this step
+ * (r's whole budget again at its first draw of a step); false when
+ * another choice's grammar has failed: r ends. */
+static bool grammar_budget_give(const eng_engine *e, request *r, gr_matcher *g)
+{
+    if (r->grammar_failed)
+        return false;
+    uint64_t step = e->stats.steps + 1; /* written by this thread alone; never 0 */
+    if (r->grammar_step != step) {
+        r->grammar_step = step;
+        r->grammar_left = e->grammar_budget;
+    }
+    gr_matcher_set_budget(g, &r->grammar_left);
+    return true;
+}
+
 /* Sample s's token from logits (changed in place) and take it; lp, when not
  * NULL, holds the figures of the raw row logits was copied from. */
 static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
 {
+    request *r = s->r;
+    gr_matcher *g = s->sampler.grammar;
+    if (g && !grammar_budget_give(e, r, g)) {
+        end_choice(e, s, ENG_FINISH_GRAMMAR);
+        return;
+    }
+    uint64_t steps = g ? gr_matcher_steps(g) : 0;
     int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
-    if (s->sampler.grammar) {
+    if (g) {
         e->tally.grammar_masks++;
         e->tally.grammar_ns += s->sampler.grammar_ns;
+        e->tally.grammar_steps += gr_matcher_steps(g) - steps;
+        gr_matcher_set_budget(g, NULL);
     }
-    if (token < 0) { /* its grammar failed (memory bound) or allowed no token */
-        fprintf(stderr, "qlserve: request %llu: the grammar allows no next token\n",
-                (unsigned long long)s->r->id);
-        end_choice(e, s, ENG_FINISH_ERROR);
+    if (token < 0) {
+        /* its grammar stopped (past its budget or the matcher's bounds:
+         * the client's grammar), ran out of memory, or allowed no token */
+        char why[256];
+        int stopped = g ? gr_matcher_error(g, why, sizeof why) : QL_OK;
+        fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)r->id,
+                stopped != QL_OK ? why : "the grammar allows no next token");
+        end_choice(e, s, stopped == QL_EINVAL ? ENG_FINISH_GRAMMAR : ENG_FINISH_ERROR);
         return;
     }
     token_lp t = {0};
@@ -1188,6 +1265,19 @@ static void after_step(eng_engine *e, int32_t k, int rc)
         begin_choices(e, r, k);
 }
 
+/* End the choices of requests whose grammar failed in this step that drew
+ * before it did (the rest ended at their draws). */
+static void end_grammar_failures(eng_engine *e)
+{
+    for (int32_t i = 0; i < e->n_running;) {
+        seq *s = e->running[i];
+        if (s->r->grammar_failed)
+            end_choice(e, s, ENG_FINISH_GRAMMAR); /* the last running one takes its place */
+        else
+            i++;
+    }
+}
+
 /* Seconds: a decode step of a small model on a CPU is milliseconds; a
  * prefill chunk of a large one on a CPU, seconds. */
 const double eng_step_bounds[ENG_STEP_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04,
@@ -1209,6 +1299,7 @@ static bool run_step(eng_engine *e)
         fprintf(stderr, "qlserve: a step of %d sequences failed: %s\n", n, msg);
     for (int32_t k = 0; k < n; k++)
         after_step(e, k, rc);
+    end_grammar_failures(e);
     /* the whole step as a sequence sees it: the pass, sampling, streaming */
     double took = ql_now_s() - t0;
     int b = 0;
@@ -1480,6 +1571,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     }
     if (rc == QL_OK)
         rc = eng_model_grammar_vocab(m, e->eos, &e->grammar_vocab, msg, msg_len);
+    if (rc == QL_OK)
+        e->grammar_budget = gr_vocab_step_budget(e->grammar_vocab);
     if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "cannot start the engine thread");
     if (rc != QL_OK) {

@@ -62,8 +62,7 @@ typedef struct eng_sampling {
 int eng_sampling_check(const eng_sampling *p, char *msg, size_t msg_len);
 
 typedef struct eng_token_count { /* the frequency penalty's c(t) */
-    int32_t token;
-    int32_t count;
+    int32_t token, count;
 } eng_token_count;
 
 /* A sequence's sampler: its parameters, its own random stream (what else
@@ -92,9 +91,8 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
 void eng_sampler_free(eng_sampler *s);
 /* The model's end-of-sequence token (-1: none), which min_tokens bans. */
 void eng_sampler_set_eos(eng_sampler *s, int32_t eos);
-/* Constrain s to grammar g over vocabulary v (gr_matcher_new's): each
- * draw is masked first (eng_sample returns -1 when the grammar fails or
- * allows nothing); _done: the answer is whole and nothing may follow. */
+/* Constrain s to grammar g over vocabulary v (gr_matcher_new's): each draw is masked first (-1
+ * when the grammar fails or allows nothing); _done: the answer is whole, nothing may follow. */
 int eng_sampler_constrain(eng_sampler *s, gr_grammar *g, const gr_vocab *v, char *msg,
                           size_t msg_len);
 bool eng_sampler_grammar_done(const eng_sampler *s);
@@ -153,6 +151,7 @@ typedef enum eng_finish {
     ENG_FINISH_STOP,      /* a stop string (not emitted) */
     ENG_FINISH_CANCELLED, /* eng_engine_cancel, or the engine stopped */
     ENG_FINISH_ERROR,     /* the step failed (out of memory); the engine goes on */
+    ENG_FINISH_GRAMMAR,   /* its grammar took more than its budget (or bounds) for a token */
 } eng_finish;
 
 const char *eng_finish_name(eng_finish f); /* "eos", "length", ... */
@@ -208,8 +207,7 @@ typedef struct eng_choice_end {
     int32_t choice;
     eng_finish why;
     int32_t generated_tokens;
-    /* with logprobs: its tokens' logprobs summed in float64 (the ending
-     * EOS's too); else 0 */
+    /* with logprobs: its tokens' logprobs summed in float64 (the ending EOS's too); else 0 */
     double logprob_sum;
 } eng_choice_end;
 
@@ -260,9 +258,10 @@ typedef struct eng_request {
     /* vLLM's include_stop_str_in_output (eng_stop_include) */
     bool include_stop_str;
     eng_sampling sampling;
-    /* constrained decoding: each choice's tokens keep its answer inside
-     * this grammar (grammar.h; the engine takes its own reference); NULL:
-     * none. A choice whose answer is whole and can go no further ends so */
+    /* constrained decoding: each choice's tokens keep its answer inside this grammar
+     * (grammar.h; the engine takes its own reference); NULL: none. A choice whose answer is
+     * whole and can go no further ends so. The masks of all choices together take at most
+     * gr_vocab_step_budget matcher steps per step: past it every choice ends, grammar */
     gr_grammar *grammar;
     const char *const *stop; /* stop strings, n_stop of them */
     size_t n_stop;
@@ -275,14 +274,12 @@ typedef struct eng_request {
     void (*on_prompt)(void *user, const eng_prompt_info *p);
     /* each token of each choice, and text held back to a choice's end */
     void (*on_token)(void *user, const eng_token_event *ev);
-    /* once per choice that began (a request cancelled while waiting or
-     * failed before its first token has none), before on_done; may be
-     * NULL */
+    /* once per choice that began (a request cancelled while waiting or failed before its
+     * first token has none), before on_done; may be NULL */
     void (*on_choice_done)(void *user, const eng_choice_end *end);
-    /* exactly once per submitted request, after its choices' ends: why
-     * is the worst of theirs (error, then cancelled, then the first
-     * choice's); usage counts the prompt once and the tokens of every
-     * choice */
+    /* exactly once per submitted request, after its choices' ends: why is the worst of
+     * theirs (error, grammar, cancelled, then the first choice's); usage counts the prompt
+     * once and the tokens of every choice */
     void (*on_done)(void *user, eng_finish reason, const eng_usage *usage);
     void *user;
 } eng_request;
@@ -329,6 +326,9 @@ void eng_built_free(eng_built *b);
  * or copied, truncated, into *ids (malloc'd, the caller's) and *n. */
 int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
                              char *msg, size_t msg_len);
+/* g's first mask made on the caller's thread (kept in g's shared masks): QL_EINVAL naming the
+ * budget when it, or the start each choice makes, takes more than a request may per step. */
+int eng_engine_check_grammar(const eng_engine *e, gr_grammar *g, char *msg, size_t msg_len);
 /* Publish a new weight version (the engine takes the caller's reference):
  * the engine switches to it between two steps; sequences admitted after
  * run on it, those already running finish on the version they started on.
@@ -367,8 +367,8 @@ typedef struct eng_engine_stats {
     uint64_t kv_blocks_shared, kv_blocks_copied;
     /* the prefix cache: prompt tokens looked up and found; blocks kept */
     uint64_t prefix_queried_tokens, prefix_hit_tokens;
-    uint64_t grammar_masks; /* draws under a grammar, and the time in their masks */
-    double grammar_seconds;
+    uint64_t grammar_masks, grammar_steps; /* draws under a grammar, their matcher steps, */
+    double grammar_seconds;                /* and the time in their masks */
     int32_t prefix_blocks;
     /* steps by wall time: [i] took at most eng_step_bounds[i] s; sum */
     uint64_t step_counts[ENG_STEP_BUCKETS + 1];

@@ -386,6 +386,7 @@ struct srv_gen {
     eng_usage usage; /* summed over the prompts */
     char model_id[160];
     char oai_id[48];
+    char grammar_where[128]; /* the field its grammar came from (srv_ask's) */
     double t_start, t_last;
     bool first_seen;
     /* the API's own state for the answer (srv_ask.answer), dropped with g */
