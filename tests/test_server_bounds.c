@@ -18,6 +18,7 @@
  */
 #include <criterion/criterion.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,11 +371,12 @@ Test(server_bounds, a_large_whole_answer_is_built_off_the_event_loop)
 /* A client that leaves once its generation has ended, while its large
  * answer is being built (on the pool): the answer is dropped unheard, the
  * generation's bytes come back, no loop turn is slow, and the server
- * serves (and, in a sanitizer build, exits with nothing leaked: the
- * teardown checks its log). The request is held at the engine's gate until
- * it is running, and the client closes as soon as the engine has nothing
- * left, whatever the order in which the server then hears the end and the
- * close: each order must leave it fine. */
+ * serves; a SIGTERM at the same moment lets the answer come whole before
+ * the server exits 0 (in a sanitizer build with nothing leaked: its log is
+ * checked). Each request is held at the engine's gate until it is running,
+ * and the client closes (or the signal goes) as soon as the engine has
+ * nothing left, whatever the order in which the server then hears the end
+ * and the close: each order must leave it fine. */
 Test(server_bounds, a_client_gone_while_its_answer_is_built_leaves_the_server_fine)
 {
     start(NULL);
@@ -395,4 +397,23 @@ Test(server_bounds, a_client_gone_while_its_answer_is_built_leaves_the_server_fi
                 gauge("qlserve_client_disconnects_total") - gone);
     expect_no_slow_turn(slow);
     still_serves();
+    /* and SIGTERM's drain waits for an answer being built: it still comes
+     * whole, and the server exits 0 after it */
+    sp_hold_after(0, NULL);
+    hc_conn c;
+    cr_assert(hc_open(&c, sp.port));
+    cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL, LARGE_ANSWER));
+    sp_engine_reaches("running", 1, NULL);
+    sp_hold_after(-1, NULL);
+    sp_engine_falls_to("running", 0, NULL);
+    kill(sp.pid, SIGTERM);
+    hc_response r;
+    cr_assert(hc_read_response(&c, &r));
+    cr_assert_eq(r.status, 200, "%d %.200s", r.status, r.body ? r.body : "");
+    cJSON *j = sp_json(r.body);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), LARGE_CHOICES);
+    cJSON_Delete(j);
+    hc_response_free(&r);
+    hc_close(&c);
+    sp_stop_cleanly();
 }
