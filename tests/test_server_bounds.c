@@ -368,6 +368,19 @@ Test(server_bounds, a_large_whole_answer_is_built_off_the_event_loop)
     still_serves();
 }
 
+/* LARGE_ANSWER sent on a new connection c, held at the engine's gate
+ * until it runs, then let go until the engine has nothing left: its
+ * generation has ended, and its answer is being built or has been. */
+static void send_until_generated(hc_conn *c)
+{
+    sp_hold_after(0, NULL);
+    cr_assert(hc_open(c, sp.port));
+    cr_assert(hc_send_request(c, "POST", "/v1/completions", NULL, LARGE_ANSWER));
+    sp_engine_reaches("running", 1, NULL);
+    sp_hold_after(-1, NULL);
+    sp_engine_falls_to("running", 0, NULL);
+}
+
 /* A client that leaves once its generation has ended, while its large
  * answer is being built (on the pool): the answer is dropped unheard, the
  * generation's bytes come back, no loop turn is slow, and the server
@@ -383,13 +396,8 @@ Test(server_bounds, a_client_gone_while_its_answer_is_built_leaves_the_server_fi
     double slow = slow_loop_turns(NULL);
     double gone = gauge("qlserve_client_disconnects_total");
     for (int round = 0; round < 2; round++) {
-        sp_hold_after(0, NULL);
         hc_conn c;
-        cr_assert(hc_open(&c, sp.port));
-        cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL, LARGE_ANSWER));
-        sp_engine_reaches("running", 1, NULL);
-        sp_hold_after(-1, NULL);
-        sp_engine_falls_to("running", 0, NULL);
+        send_until_generated(&c);
         hc_close(&c);
         held_bytes_fall_to_zero();
     }
@@ -399,13 +407,8 @@ Test(server_bounds, a_client_gone_while_its_answer_is_built_leaves_the_server_fi
     still_serves();
     /* and SIGTERM's drain waits for an answer being built: it still comes
      * whole, and the server exits 0 after it */
-    sp_hold_after(0, NULL);
     hc_conn c;
-    cr_assert(hc_open(&c, sp.port));
-    cr_assert(hc_send_request(&c, "POST", "/v1/completions", NULL, LARGE_ANSWER));
-    sp_engine_reaches("running", 1, NULL);
-    sp_hold_after(-1, NULL);
-    sp_engine_falls_to("running", 0, NULL);
+    send_until_generated(&c);
     kill(sp.pid, SIGTERM);
     hc_response r;
     cr_assert(hc_read_response(&c, &r));
