@@ -538,6 +538,24 @@ static eng_finish worse(eng_finish a, eng_finish b)
     return a;
 }
 
+/* Why g failed, into msg, with the status it answers (400: its grammar passed its
+ * budget; 500: the engine failed it), or 0 when it did not. */
+static int failure_of(const srv_gen *g, char *msg, size_t cap)
+{
+    if (g->why == ENG_FINISH_GRAMMAR) {
+        snprintf(msg, cap,
+                 "%s: the grammar needs more matcher steps for one token than a request may "
+                 "take in one engine step (%d walks of the vocabulary); simplify it",
+                 g->grammar_where, GR_STEP_WALKS);
+        return 400;
+    }
+    if (g->why == ENG_FINISH_ERROR) {
+        snprintf(msg, cap, "the engine failed this request");
+        return 500;
+    }
+    return 0;
+}
+
 /* One prompt's request has ended; the last one answers and frees g. */
 static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
 {
@@ -569,14 +587,16 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
     gen_unlive(g); /* off the engine: nothing but its answer reaches it now */
     if (c) {
         c->gen = NULL;
-        if (g->why == ENG_FINISH_GRAMMAR && !g->shape->stream) /* the client's grammar: a 400 */
-            srv_fail(c, 400,
-                     "%s: the grammar needs more matcher steps for one token than a request may "
-                     "take in one engine step (%d walks of the vocabulary); simplify it",
-                     g->grammar_where, GR_STEP_WALKS);
-        else if (!g->shape->whole)
+        char failure[512];
+        int status = failure_of(g, failure, sizeof failure);
+        if (status == 400 && !g->shape->stream) /* the client's grammar: a 400 */
+            srv_fail(c, 400, "%s", failure);
+        else if (!g->shape->whole) {
+            /* a stream's 200 is sent: the failure is an event before its choices' ends */
+            if (status)
+                srv_stream_error(c, status, failure);
             g->shape->on_done(g, c, g->why, &g->usage);
-        else if (answer_whole(g, c))
+        } else if (answer_whole(g, c))
             return; /* the pool's until its work is done */
     }
     gen_free_memory(g);

@@ -147,6 +147,16 @@ void srv_stream_cjson(srv_conn *c, cJSON *o)
     }
 }
 
+void srv_stream_error(srv_conn *c, int status, const char *message)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "type", type_of(status));
+    cJSON_AddStringToObject(err, "message", message);
+    cJSON_AddNumberToObject(err, "code", status);
+    srv_stream_cjson(c, root);
+}
+
 void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why)
 {
     char *text = o && why != ENG_FINISH_ERROR ? cJSON_PrintUnformatted(o) : NULL;

@@ -657,7 +657,7 @@ Test(grammar, an_ambiguous_guided_regex_is_a_400_at_its_step_budget_and_a_neighb
     cr_assert(hc_send_request(&bomb, "POST", "/v1/completions", NULL, body));
     snprintf(body, sizeof body,
              "{\"prompt\": \"the theme\", \"max_tokens\": %d, \"ignore_eos\": true, "
-             "\"stream\": true}",
+             "\"stream\": true, \"stream_options\": {\"include_usage\": true}}",
              NEIGHBOUR);
     cr_assert(hc_send_request(&other, "POST", "/v1/completions", NULL, body));
     sp_engine_reaches("running", 2, NULL); /* admitted: choice 0 and the neighbour */
@@ -693,10 +693,13 @@ Test(grammar, an_ambiguous_guided_regex_is_a_400_at_its_step_budget_and_a_neighb
         cJSON *e = sp_json(ev);
         const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
         const cJSON *why = cJSON_GetObjectItem(ch, "finish_reason");
+        const cJSON *usage = cJSON_GetObjectItem(e, "usage");
         if (cJSON_IsString(why))
             finish = strcmp(why->valuestring, "length") == 0 ? "length" : "other";
-        else
-            tokens++;
+        /* the usage chunk counts tokens: a chunk may carry several (text
+         * held back until its UTF-8 is whole) */
+        if (cJSON_IsObject(usage))
+            tokens = cJSON_GetObjectItem(usage, "completion_tokens")->valueint;
         cJSON_Delete(e);
     }
     cr_assert(head.body_done, "the neighbour's stream did not end");
@@ -704,4 +707,57 @@ Test(grammar, an_ambiguous_guided_regex_is_a_400_at_its_step_budget_and_a_neighb
     cr_assert_str_eq(finish, "length");
     hc_response_free(&head);
     hc_close(&other);
+}
+
+/* The same bomb streamed: its 200 is sent before a token, so the budget's
+ * end reaches the client as an error event naming the field (what the
+ * OpenAI SDK and huggingface_hub raise), then every choice's end with
+ * finish_reason "error" and [DONE]. */
+Test(grammar, a_streamed_guided_regex_past_its_budget_ends_with_an_error_event)
+{
+    enum { LIMIT = 150, CHOICES = 16, CAP = LIMIT * CHOICES + CHOICES + 8 };
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"the theme\", \"n\": %d, \"max_tokens\": %d, \"temperature\": 1, "
+             "\"seed\": 30, \"stream\": true, \"guided_regex\": \"(.*.){300}\"}",
+             CHOICES, LIMIT);
+    char **events = calloc(CAP, sizeof *events);
+    cr_assert(events);
+    int n = sp_stream_events("/v1/completions", body, events, CAP);
+    int errors = 0, ended = 0, at_error = -1;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(events[i], "[DONE]") == 0) {
+            cr_assert_eq(i, n - 1, "[DONE] is the last event");
+            continue;
+        }
+        cJSON *e = sp_json(events[i]);
+        const cJSON *err = cJSON_GetObjectItem(e, "error");
+        if (err) {
+            const char *message = sp_str_at(err, "message");
+            cr_assert(strstr(message, "guided_regex: ") == message, "%s", message);
+            cr_assert(strstr(message, "matcher steps"), "%s", message);
+            cr_assert_eq(cJSON_GetObjectItem(err, "code")->valueint, 400);
+            errors++;
+            at_error = i;
+        } else {
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+            const cJSON *why = cJSON_GetObjectItem(ch, "finish_reason");
+            if (cJSON_IsString(why)) {
+                cr_assert_str_eq(why->valuestring, "error");
+                cr_assert_gt(i, at_error, "a choice ended before the error event");
+                cr_assert_geq(at_error, 0, "a choice ended before the error event");
+                ended++;
+            }
+        }
+        cJSON_Delete(e);
+    }
+    cr_assert_eq(errors, 1);
+    cr_assert_eq(ended, CHOICES);
+    for (int i = 0; i < n; i++)
+        free(events[i]);
+    free(events);
+    /* the server serves on */
+    int status;
+    free(sp_answer("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}", &status));
+    cr_assert_eq(status, 200);
 }

@@ -303,6 +303,10 @@ const char *srv_adapter_named(const srv_conn *c, const char *model);
 /* A whole (not streamed) answer (request.c): o (consumed), or a 500 when the engine
  * failed the request (o may then be NULL) or o is NULL (memory was short). */
 void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why);
+/* A stream's failure after its 200 was sent (request.c): one event with the body
+ * srv_fail would have answered, {"error": {"type", "message", "code": status}}, which the
+ * OpenAI SDK and huggingface_hub raise as an error; the caller then ends the stream. */
+void srv_stream_error(srv_conn *c, int status, const char *message);
 
 /* --- generations and work off the loop (bridge.c) ---------------------------- */
 
