@@ -730,6 +730,15 @@ void lora_registry_state(lora_registry *r, lora_state *out)
 
 /* --- the replay at start ---------------------------------------------------------- */
 
+/* A control byte in s becomes '?': a path or message from a journal (which need not be
+ * ours) is printed one line per error in the log. */
+static void blank_controls(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
+}
+
 /* Record what did not come back (name NULL: the state file itself). */
 static void restore_failed(lora_registry *r, const char *name, const char *path, const char *why)
 {
@@ -742,6 +751,8 @@ static void restore_failed(lora_registry *r, const char *name, const char *path,
         snprintf(e->name, sizeof e->name, "%.127s", name ? name : "");
         snprintf(e->path, sizeof e->path, "%.511s", path);
         snprintf(e->error, sizeof e->error, "%.1023s", why);
+        blank_controls(e->path);
+        blank_controls(e->error);
     }
     pthread_mutex_unlock(&r->mu);
 }

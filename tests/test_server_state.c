@@ -432,7 +432,8 @@ static void write_forged_journal(const char *path)
     cr_assert(f, "cannot write %s", path);
     fputs("{\"version\": 1, \"adapters\": ["
           "{\"name\": \"a\", \"path\": \"a\", \"scale\": 1},"
-          "{\"name\": \"\\\"} 1\\nforged_metric 31337\\n#\", \"path\": \"b\", \"scale\": 1}],"
+          "{\"name\": \"\\\"} 1\\nforged_metric 31337\\n#\", \"path\": \"b\", \"scale\": 1},"
+          "{\"name\": \"c\", \"path\": \"c\\nforged_line\", \"scale\": 1}],"
           " \"merged\": [{\"name\": \"a\", \"scale\": 1000000, \"into\": null,"
           " \"safe_merge\": false}]}\n",
           f);
@@ -494,8 +495,11 @@ Test(server_state, forged_names_and_scales_in_a_journal_are_refused_on_replay)
     start(extra);
     cJSON *st;
     const cJSON *errs = restore_errors(&st);
-    cr_assert_eq(cJSON_GetArraySize(errs), 2, "the forged name and the merge");
-    const cJSON *e0 = cJSON_GetArrayItem(errs, 0), *e1 = cJSON_GetArrayItem(errs, 1);
+    cr_assert_eq(cJSON_GetArraySize(errs), 3, "the forged name, the forged path and the merge");
+    const cJSON *e0 = cJSON_GetArrayItem(errs, 0), *e1 = cJSON_GetArrayItem(errs, 2);
+    const cJSON *e_path = cJSON_GetArrayItem(errs, 1);
+    cr_assert_str_eq(sp_str_at(e_path, "name"), "c");
+    cr_assert_null(strchr(sp_str_at(e_path, "path"), '\n'), "%s", sp_str_at(e_path, "path"));
     cr_assert(strstr(sp_str_at(e0, "error"), "not a name the admin API takes"), "%s",
               sp_str_at(e0, "error"));
     cr_assert(strstr(sp_str_at(e0, "error"), "\\x0aforged_metric"), "the name shown escaped: %s",
@@ -517,6 +521,7 @@ Test(server_state, forged_names_and_scales_in_a_journal_are_refused_on_replay)
     char *log = sp_read_log();
     cr_assert(strstr(log, "not a name the admin API takes"), "%s", log);
     cr_assert_null(strstr(log, "\nforged_metric"), "the log holds the name raw: %s", log);
+    cr_assert_null(strstr(log, "\nforged_line"), "the log holds the path raw: %s", log);
     free(log);
     sp_stop_cleanly();
 }
