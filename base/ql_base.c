@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 const char *ql_strerror(int err)
@@ -152,4 +153,21 @@ size_t ql_utf8_put(uint32_t cp, uint8_t *out)
     out[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
     out[3] = (uint8_t)(0x80 | (cp & 0x3F));
     return 4;
+}
+
+bool ql_list_next(const char **cursor, const char **entry, size_t *len)
+{
+    const char *at = *cursor;
+    if (!at)
+        return false;
+    size_t n = strcspn(at, ",");
+    const char *e = at, *end = at + n;
+    while (e < end && *e == ' ')
+        e++;
+    while (end > e && end[-1] == ' ')
+        end--;
+    *entry = e;
+    *len = (size_t)(end - e);
+    *cursor = at[n] ? at + n + 1 : NULL;
+    return true;
 }

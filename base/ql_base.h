@@ -21,6 +21,7 @@
 #ifndef QL_BASE_H
 #define QL_BASE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -129,6 +130,13 @@ size_t ql_utf8_put(uint32_t cp, uint8_t *out);
 /* The characters of well-formed UTF-8 p[0..n): its bytes that are not
  * continuation bytes. */
 size_t ql_utf8_chars(const uint8_t *p, size_t n);
+
+/* The next entry of a comma-separated list (a flag such as
+ * --cors-allow-origin): *entry and *len the entry at *cursor, spaces
+ * around it trimmed (an empty one too, as between two commas), and
+ * *cursor moved past it (NULL after the last); false when *cursor is NULL,
+ * the list done. Start with *cursor the list (NULL: no entries). */
+bool ql_list_next(const char **cursor, const char **entry, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -851,24 +851,16 @@ static int validate_list(serve_parse *p, const char *name, const char *list,
 {
     if (!list)
         return QL_OK;
-    for (const char *at = list;; at++) {
-        size_t n = strcspn(at, ",");
-        const char *e = at, *end = at + n;
-        while (e < end && *e == ' ')
-            e++;
-        while (end > e && end[-1] == ' ')
-            end--;
-        size_t len = (size_t)(end - e);
+    size_t len;
+    for (const char *at = list, *e; ql_list_next(&at, &e, &len);) {
         if (!ok_entry(e, len)) {
             char where[1024];
             describe(p, find_opt(p->opts, p->n_opts, name), where, sizeof where);
             return usage_error(p->msg, p->msg_len, "%s: \"%.*s\" is not %s", where,
                                (int)(len > 260 ? 260 : len), e, must);
         }
-        if (!at[n])
-            return QL_OK;
-        at += n;
     }
+    return QL_OK;
 }
 
 /* A --cors-allow-origin entry: "*" or an origin as a browser sends it in

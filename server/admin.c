@@ -96,14 +96,8 @@ static bool split_host(const char *host, size_t *name_len, long *port)
  * name with any port, "*" anything. */
 static bool listed_host(const char *list, const char *host, size_t name_len)
 {
-    for (const char *at = list; at && *at; at += *at == ',') {
-        size_t n = strcspn(at, ","), len = n;
-        const char *e = at;
-        at += n;
-        while (len && *e == ' ')
-            e++, len--;
-        while (len && e[len - 1] == ' ')
-            len--;
+    size_t len;
+    for (const char *at = list, *e; ql_list_next(&at, &e, &len);) {
         char entry[272];
         size_t entry_name;
         long entry_port;

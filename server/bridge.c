@@ -40,7 +40,6 @@
  */
 #include "internal/server_internal.h"
 
-#include <malloc.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -454,19 +453,6 @@ static void answer_run(srv_work *w)
         part_free(&g->parts[p]);
 }
 
-/* Hand the freed heap back to the system (http.c's trim, for an answer
- * that was never written). */
-static void trim_run(srv_work *w)
-{
-    (void)w;
-    malloc_trim(0);
-}
-
-static void trim_done(srv_work *w)
-{
-    (void)w;
-}
-
 /* On the loop: answer with what answer_run printed (the write takes it;
  * http.c trims the heap once a large one is written), or a 500 when
  * memory was short; a client that has gone hears nothing, and its answer
@@ -480,12 +466,7 @@ static void answer_done(srv_work *w)
         srv_respond_error(w->conn, 500, "internal", "out of memory", NULL);
     } else {
         free(j->json);
-        srv_work *trim = calloc(1, sizeof *trim);
-        if (trim) {
-            *trim = (srv_work){.s = w->s, .run = trim_run, .done = trim_done};
-            if (srv_work_start(trim) != 0)
-                free(trim);
-        }
+        srv_trim_soon(w->s); /* never written, so http.c will not trim after it */
     }
     gen_free_memory(j->g);
     free(j);

@@ -125,8 +125,8 @@ static void trim_done(uv_work_t *req, int status)
     s->trim_queued = false;
 }
 
-/* Queue one malloc_trim on the pool, unless one is queued already. */
-static void trim_soon(srv_server *s)
+/* One malloc_trim queued on the pool, unless one is queued already. */
+void srv_trim_soon(srv_server *s)
 {
     if (s->trim_queued || !s->loop)
         return;
@@ -141,7 +141,7 @@ static void on_written(uv_write_t *req, int status)
     srv_conn *c = req->handle->data;
     c->out_bytes -= w->len;
     if (w->len >= TRIM_AFTER_BYTES)
-        trim_soon(c->s);
+        srv_trim_soon(c->s);
     free(w->data);
     free(w);
     if (status == UV_ECANCELED || c->closing)
@@ -1081,22 +1081,14 @@ const char *srv_cors_origin(const srv_conn *c)
     const char *list = c->s->cfg ? c->s->cfg->cors_allow_origin : NULL, *origin = c->req.origin;
     if (!list || !*origin || c->req.cors_too_long)
         return NULL;
-    size_t len = strlen(origin);
-    for (const char *at = list;; at++) {
-        size_t n = strcspn(at, ",");
-        const char *o = at, *end = at + n;
-        while (o < end && *o == ' ')
-            o++;
-        while (end > o && end[-1] == ' ')
-            end--;
-        if (end - o == 1 && *o == '*')
+    size_t len = strlen(origin), n;
+    for (const char *at = list, *o; ql_list_next(&at, &o, &n);) {
+        if (n == 1 && *o == '*')
             return "*";
-        if ((size_t)(end - o) == len && memcmp(o, origin, len) == 0)
+        if (n == len && memcmp(o, origin, len) == 0)
             return origin;
-        if (!at[n])
-            return NULL;
-        at += n;
     }
+    return NULL;
 }
 
 /* The CORS headers of every response while --cors-allow-origin is set:

@@ -133,8 +133,7 @@ void srv_respond_cjson(srv_conn *c, int status, cJSON *root)
         srv_fail(c, 500, "out of memory");
         return;
     }
-    srv_respond_json(c, status, text);
-    free(text);
+    srv_respond_json_owned(c, status, text);
 }
 
 void srv_stream_cjson(srv_conn *c, cJSON *o)

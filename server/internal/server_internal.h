@@ -65,6 +65,9 @@ void srv_respond_json(srv_conn *c, int status, const char *json);
 /* The same, taking json (malloc'd; freed here, whatever happens): written
  * without a copy, for large answers. */
 void srv_respond_json_owned(srv_conn *c, int status, char *json);
+/* Hand the heap's free memory back to the system soon (malloc_trim, once,
+ * on the pool): after a large answer is freed, written or not. */
+void srv_trim_soon(srv_server *s);
 /* A response without a body (a 204: no Content-Type, no Content-Length). */
 void srv_respond_empty(srv_conn *c, int status, const char *extra_headers);
 /* What Access-Control-Allow-Origin says to c's request: its Origin when
