@@ -32,7 +32,7 @@ def request(body, path="/v1/completions"):
 
 def health_ok():
     try:
-        s = socket.create_connection(("127.0.0.1", port)); s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s = socket.create_connection(("127.0.0.1", port)); s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         return b" 200 " in s.recv(100)
     except OSError:
         return False

@@ -6,42 +6,17 @@
 # answer's bytes, the slowest /health while answers were built, the event
 # loop's longest turn (its CPU, /metrics), and RSS before, at peak and 3 s
 # after the last answer.
-import json, os, re, socket, subprocess, sys, tempfile, threading, time
+import json, sys, threading, time
+
+from served import HOST, Served
+
 binary, n, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-model = os.path.expanduser("~/.cache/qlserve/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-log = open(os.path.join(tempfile.gettempdir(), "qlserve-measure-%d.log" % os.getpid()), "w")
-p = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--threads", "2"],
-                     stdout=log, stderr=subprocess.STDOUT)
-port = None
-for _ in range(600):
-    m = re.search(r"listening on http://127.0.0.1:(\d+)", open(log.name).read())
-    if m:
-        port = int(m.group(1)); break
-    time.sleep(0.1)
-def req(raw, timeout=600):
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.sendall(raw); data = b""
-    while True:
-        b = s.recv(1 << 20)
-        if not b: break
-        data += b
-    s.close(); return data
-def get(path):
-    return req(b"GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n" % path.encode())
-while True:
-    try:
-        if get("/health").startswith(b"HTTP/1.1 200"): break
-    except Exception: pass
-    time.sleep(0.2)
-def rss():
-    for l in open("/proc/%d/status" % p.pid):
-        if l.startswith("VmRSS"): return int(l.split()[1]) // 1024
-def turn_max():
-    return float(re.search(rb"\nqlserve_event_loop_turn_cpu_seconds_max ([0-9.e+-]+)", get("/metrics")).group(1))
+srv = Served(binary)
+req, get, rss, turn_max = srv.request, srv.get, srv.rss_mib, srv.turn_max
 body = json.dumps({"prompt": "Hello there", "n": n, "max_tokens": max_tokens, "ignore_eos": True,
                    "logprobs": 20, "echo": True, "temperature": 1.0, "seed": 1}).encode()
-head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+head = (b"POST /v1/completions HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
 out = {"binary": binary, "n": n, "max_tokens": max_tokens, "rounds": rounds,
        "rss_before_mib": rss(), "loop_turn_max_before_s": turn_max()}
@@ -61,4 +36,4 @@ out["health_worst_ms"] = round(worst[0], 1); out["rss_peak_mib"] = peak[0]
 out["loop_turn_max_s"] = turn_max()
 time.sleep(3); out["rss_3s_after_mib"] = rss()
 print(json.dumps(out))
-p.terminate(); p.wait()
+srv.stop()
