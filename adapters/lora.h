@@ -3,10 +3,11 @@
  * quantized model.
  *
  * It offers three things, each in its own file:
- *   - loading (peft.c): a PEFT adapter folder (adapter_config.json and
- *     adapter_model.safetensors) checked against a loaded model and turned
- *     into an eng_lora, the engine's view of an adapter (engine/model/model.h): per
- *     layer and projection, A, B and the module's scale. Tensors are
+ *   - loading (peft.c; pattern.c, internal, compiles PEFT's Python
+ *     regular expressions as POSIX ones): a PEFT adapter folder
+ *     (adapter_config.json and adapter_model.safetensors) checked against
+ *     a loaded model and turned into an eng_lora, the engine's view of an adapter
+ * (engine/model/model.h): per layer and projection, A, B and the module's scale. Tensors are
  *     borrowed from the mapped file where their layout allows;
  *   - the merge and its dispatch (merge.c): given a target weight, the
  *     merge for its quant kind, or "unsupported" naming the kind. A merge
@@ -44,8 +45,6 @@
 #define QL_LORA_H
 
 #include "engine.h"
-
-#include <regex.h>
 
 /* --- loading (adapters/peft.c) ------------------------------------------- */
 
@@ -118,18 +117,6 @@ int lora_load_as(eng_lora **out, lora_meta *meta, const char *dir, const char *n
  */
 int lora_load_in(eng_lora **out, lora_meta *meta, const char *root, const char *dir,
                  const char *name, const eng_model *m, lora_dtype dtype, char *msg, size_t msg_len);
-
-/*
- * Compile prefix + pattern + suffix as a POSIX extended regex (REG_NOSUB):
- * pattern is in Python's syntax (PEFT's target_modules, rank_pattern),
- * translated (\d, escaped characters in brackets, (?:...)); -1 with why set
- * for a construct POSIX cannot express or counted repeats regcomp would
- * expand without bound. Also what tests/test_deploy.c checks Kubernetes
- * schema patterns with (Go RE2: the same syntax for what those use). *re is
- * the caller's (regfree) on success only.
- */
-int lora_pattern_compile(regex_t *re, const char *prefix, const char *pattern, const char *suffix,
-                         char *why, size_t why_len);
 
 /* --- the dispatch by quant kind (adapters/merge.c) ----------------------- */
 

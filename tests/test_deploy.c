@@ -45,6 +45,7 @@
 
 #include "config.h"
 #include "lora.h"
+#include "pattern.h" /* adapters/internal: lora_pattern_compile */
 #include "ql_base.h"
 #include "server.h"
 #include "test_util.h"
