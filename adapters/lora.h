@@ -68,15 +68,16 @@ typedef struct lora_meta {
 typedef enum lora_dtype {
     /* never rounded: each tensor as the file stores it (f32, f16 or bf16,
      * all exact in f32), what the PEFT agreement tests pin */
-    LORA_DTYPE_F32 = 0,
+    LORA_DTYPE_F32 = QL_ADAPTER_DTYPE_F32,
     /* f32 and f16 tensors rounded to bf16 (nearest even) at load, a bf16
      * one kept as is: half an f32 adapter's bytes read per step, and the
      * per-row bf16 products (qt_lora_down, qt_lora_up) the engine spreads
      * over its pool. serve's and generate's default. */
-    LORA_DTYPE_BF16,
+    LORA_DTYPE_BF16 = QL_ADAPTER_DTYPE_BF16,
 } lora_dtype;
 
-/* The dtype named "f32" or "bf16", or -1. */
+/* The dtype named "f32" or "bf16" (base's ql_adapter_dtype_names, whose
+ * values lora_dtype takes), or -1. */
 int lora_dtype_from_name(const char *name);
 
 /*
@@ -142,6 +143,13 @@ typedef struct lora_merge_opts {
      * QT_BF16 */
     qt_kind into;
 } lora_merge_opts;
+
+/* The kind lora_merge_opts.into holds for a choice of --into or "into"
+ * (base's ql_into_names holds the words): QT_KIND_COUNT for QL_INTO_OWN,
+ * QT_AFFINE for QL_INTO_INT8, QT_BF16 for QL_INTO_BF16; and the choice a
+ * kind is (QL_INTO_OWN for any other kind). The one map between the two. */
+qt_kind lora_into_kind(ql_into into);
+ql_into lora_into_of(qt_kind kind);
 
 /* The row of the dispatch table for one quant kind. */
 typedef struct lora_ops {

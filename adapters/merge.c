@@ -220,6 +220,23 @@ static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_l
                    qt_kind_name(into), (int)into);
 }
 
+static const qt_kind into_kinds[] = {
+    [QL_INTO_OWN] = QT_KIND_COUNT, [QL_INTO_INT8] = QT_AFFINE, [QL_INTO_BF16] = QT_BF16};
+
+qt_kind lora_into_kind(ql_into into)
+{
+    return (unsigned)into < sizeof into_kinds / sizeof *into_kinds ? into_kinds[into]
+                                                                   : QT_KIND_COUNT;
+}
+
+ql_into lora_into_of(qt_kind kind)
+{
+    for (size_t i = 0; i < sizeof into_kinds / sizeof *into_kinds; i++)
+        if (into_kinds[i] == kind)
+            return (ql_into)i;
+    return QL_INTO_OWN;
+}
+
 /* --- the merge, the same for every kind but the parameters ------------- */
 
 /* A part's A ([rank, cols]) and B ([rows, rank]) as f32, and its scale. */

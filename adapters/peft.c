@@ -968,11 +968,7 @@ static bool borrows_file(const eng_lora *l)
 
 int lora_dtype_from_name(const char *name)
 {
-    if (strcmp(name, "f32") == 0)
-        return LORA_DTYPE_F32;
-    if (strcmp(name, "bf16") == 0)
-        return LORA_DTYPE_BF16;
-    return -1;
+    return ql_name_parse(&ql_adapter_dtype_names, name);
 }
 
 static void fill_meta(lora_meta *meta, const adapter_config *c, const module_plan *plan,

@@ -56,7 +56,7 @@ void lora_journal_free(lora_journal *j)
 
 static const char *into_name(qt_kind into)
 {
-    return into == QT_AFFINE ? "int8" : into == QT_BF16 ? "bf16" : NULL;
+    return ql_name_of(&ql_into_names, (int)lora_into_of(into));
 }
 
 /* The document for j (cJSON_Delete it), or NULL when out of memory. */
@@ -267,15 +267,13 @@ static int read_merged(const char *path, const cJSON *list, lora_journal *j, cha
                                sizeof m->name, &m->scale, msg, msg_len)))
             return rc;
         const cJSON *into = cJSON_GetObjectItemCaseSensitive(o, "into");
-        m->into = QT_KIND_COUNT;
-        if (cJSON_IsString(into) && strcmp(into->valuestring, "int8") == 0)
-            m->into = QT_AFFINE;
-        else if (cJSON_IsString(into) && strcmp(into->valuestring, "bf16") == 0)
-            m->into = QT_BF16;
-        else if (into && !cJSON_IsNull(into))
+        int choice = cJSON_IsString(into) ? ql_name_parse(&ql_into_names, into->valuestring) : -1;
+        m->into = lora_into_kind(choice < 0 ? QL_INTO_OWN : (ql_into)choice);
+        char words[64];
+        if (choice < 0 && into && !cJSON_IsNull(into))
             return ql_fail(msg, msg_len, QL_EFORMAT,
-                           "state file %s: %s: \"into\" must be null, \"int8\" or \"bf16\"", path,
-                           what);
+                           "state file %s: %s: \"into\" must be null or one of %s", path, what,
+                           ql_name_list(&ql_into_names, words, sizeof words));
         const cJSON *safe = cJSON_GetObjectItemCaseSensitive(o, "safe_merge");
         if (safe && !cJSON_IsBool(safe))
             return ql_fail(msg, msg_len, QL_EFORMAT,

@@ -14,6 +14,11 @@
  *     (ql_utf8_next, ql_utf8_invalid_at, ql_utf8_put), the one definition
  *     of well-formed UTF-8 that the tokenizer, the chat templates and the
  *     request checks share.
+ *   - the words a user types for a choice (--device, --kv-dtype, --into,
+ *     --adapter-dtype): one table per choice (ql_names.c), parsed by
+ *     ql_name_parse and printed by ql_name_of, which config checks flags
+ *     with and the engine, the adapters, the CLI and the server parse the
+ *     same words with; and QL_KV_MIB_DEFAULT, the KV cache's default size.
  *
  * It owns nothing and touches nothing but its arguments: base/ depends on
  * libc alone, and every other folder may include it.
@@ -137,6 +142,52 @@ size_t ql_utf8_chars(const uint8_t *p, size_t n);
  * *cursor moved past it (NULL after the last); false when *cursor is NULL,
  * the list done. Start with *cursor the list (NULL: no entries). */
 bool ql_list_next(const char **cursor, const char **entry, size_t *len);
+
+/* --- the words a user types for a choice (ql_names.c) ------------------- */
+
+/* Where a forward step runs (--device): the engine's eng_device takes its
+ * values from these. cpu is the zero value, so options built by hand stay
+ * on the CPU; auto: cuda when this build has it and a device is present. */
+typedef enum ql_device { QL_DEVICE_CPU = 0, QL_DEVICE_CUDA, QL_DEVICE_AUTO } ql_device;
+/* What the KV cache stores values as (--kv-dtype): the engine maps each to
+ * its quant kind (eng_kv_dtype_parse). */
+typedef enum ql_kv_dtype { QL_KV_DTYPE_F32 = 0, QL_KV_DTYPE_F16, QL_KV_DTYPE_Q8_0 } ql_kv_dtype;
+/* What merged modules are stored in (--into, the admin API's and the
+ * journal's "into"): the weight's own kind (the flag or field absent), int8
+ * (affine, per channel) or bf16. adapters/ maps each to its quant kind
+ * (lora_into_kind). */
+typedef enum ql_into { QL_INTO_OWN = 0, QL_INTO_INT8, QL_INTO_BF16 } ql_into;
+/* What unmerged adapters keep A and B in (--adapter-dtype): adapters/'
+ * lora_dtype takes its values from these. */
+typedef enum ql_adapter_dtype { QL_ADAPTER_DTYPE_F32 = 0, QL_ADAPTER_DTYPE_BF16 } ql_adapter_dtype;
+
+/* One word and the value of the enum above it stands for. */
+typedef struct ql_name {
+    const char *word;
+    int value;
+} ql_name;
+
+/* A choice's words, in the order messages list them. */
+typedef struct ql_names {
+    const ql_name *rows;
+    size_t n;
+} ql_names;
+
+/* The tables: cpu, cuda, auto; f32, f16, q8_0; int8, bf16 (QL_INTO_OWN has
+ * no word: it is the flag left out); bf16, f32. Static. */
+extern const ql_names ql_device_names, ql_kv_dtype_names, ql_into_names, ql_adapter_dtype_names;
+
+/* The value word stands for in t, or -1 (word NULL too). */
+int ql_name_parse(const ql_names *t, const char *word);
+/* The word for value in t (static), or NULL when none has it. */
+const char *ql_name_of(const ql_names *t, int value);
+/* t's words as messages list them, "cpu, cuda, auto", into out (cut to
+ * fit); out. */
+const char *ql_name_list(const ql_names *t, char *out, size_t out_len);
+
+/* The KV cache's size when none is given, in MiB: serve's --kv-mib
+ * default, and the engine's when its options leave it 0 (generate). */
+#define QL_KV_MIB_DEFAULT 256
 
 #ifdef __cplusplus
 }

@@ -155,9 +155,10 @@ static int load_adapter(lora_registry *reg, const cfg_generate *c, char *msg, si
         fprintf(stderr, "adapter %s: warning: %s\n", c->adapter, meta.warning);
     if (!c->merge)
         return QL_OK;
-    lora_merge_opts mo = {.safe_merge = true, .into = QT_KIND_COUNT};
-    if (c->into)
-        mo.into = strcmp(c->into, "int8") == 0 ? QT_AFFINE : QT_BF16;
+    /* config checked the word (cfg_parse_generate) */
+    int into = c->into ? ql_name_parse(&ql_into_names, c->into) : QL_INTO_OWN;
+    lora_merge_opts mo = {.safe_merge = true,
+                          .into = lora_into_kind(into < 0 ? QL_INTO_OWN : (ql_into)into)};
     lora_report rep;
     rc = lora_registry_merge(reg, "adapter", c->adapter_scale, &mo, &rep, msg, msg_len);
     if (rc == QL_OK) {

@@ -15,6 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* QL_KV_MIB_DEFAULT as text, for a help string */
+#define TEXT_OF_(x)            #x
+#define TEXT_OF(x)             TEXT_OF_(x)
+#define QL_KV_MIB_DEFAULT_TEXT TEXT_OF(QL_KV_MIB_DEFAULT)
+
 typedef enum { OPT_STRING, OPT_INT, OPT_BOOL, OPT_FLOAT, OPT_U64, OPT_I64 } opt_type;
 
 typedef struct opt {
@@ -219,23 +224,14 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
             "stored, never rounded (default bf16)"                                                 \
     }
 
-/* The names --adapter-dtype takes (lora_dtype_from_name reads them again). */
-static bool known_adapter_dtype(const char *d)
+/* Whether word is one of t's (base/ql_names.c: the module acting on the
+ * choice parses it with the same table); when not, t's words into list. */
+static bool known_word(const ql_names *t, const char *word, char *list, size_t list_len)
 {
-    return strcmp(d, "bf16") == 0 || strcmp(d, "f32") == 0;
-}
-
-/* The backends --device names (engine/runtime/backend.c parses them again). */
-static bool known_device(const char *d)
-{
-    return strcmp(d, "cpu") == 0 || strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0;
-}
-
-/* The KV cache's --kv-dtype names (engine/runtime/kv_cache.c parses them
- * again). */
-static bool known_kv_dtype(const char *d)
-{
-    return strcmp(d, "f32") == 0 || strcmp(d, "f16") == 0 || strcmp(d, "q8_0") == 0;
+    if (ql_name_parse(t, word) >= 0)
+        return true;
+    ql_name_list(t, list, list_len);
+    return false;
 }
 
 #define GENERATE_OPTS(g)                                                                           \
@@ -250,7 +246,8 @@ static bool known_kv_dtype(const char *d)
         {"stop", OPT_STRING, &(g)->stop, "STRING: end generation there (not printed)"},            \
         {"threads", OPT_INT, &(g)->threads, "N: kernel threads (default: all cores)"},             \
         {"device", OPT_STRING, &(g)->device, "cpu | cuda | auto: where to run (default auto)"},    \
-        {"kv-mib", OPT_INT, &(g)->kv_mib, "N: KV cache size in MiB (default 256)"},                \
+        {"kv-mib", OPT_INT, &(g)->kv_mib,                                                          \
+         "N: KV cache size in MiB (default " QL_KV_MIB_DEFAULT_TEXT ")"},                          \
         {"kv-dtype", OPT_STRING, &(g)->kv_dtype,                                                   \
          "f32 | f16 | q8_0: the KV cache's values (default f32)"},                                 \
         {"adapter", OPT_STRING, &(g)->adapter, "DIR: a PEFT LoRA adapter folder to apply"},        \
@@ -283,17 +280,16 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
                            "generate: --merge, --into and --adapter-scale need --adapter DIR");
     if (out->into && !out->merge)
         return usage_error(msg, msg_len, "generate: --into applies to --merge");
-    if (!known_device(out->device))
-        return usage_error(msg, msg_len, "generate: --device %s: one of cpu, cuda, auto",
-                           out->device);
-    if (!known_adapter_dtype(out->adapter_dtype))
-        return usage_error(msg, msg_len, "generate: --adapter-dtype %s: one of bf16, f32",
-                           out->adapter_dtype);
-    if (out->kv_dtype && !known_kv_dtype(out->kv_dtype))
-        return usage_error(msg, msg_len, "generate: --kv-dtype %s: one of f32, f16, q8_0",
-                           out->kv_dtype);
-    if (out->into && strcmp(out->into, "int8") != 0 && strcmp(out->into, "bf16") != 0)
-        return usage_error(msg, msg_len, "generate: --into %s: one of int8, bf16", out->into);
+    char list[64];
+    if (!known_word(&ql_device_names, out->device, list, sizeof list))
+        return usage_error(msg, msg_len, "generate: --device %s: one of %s", out->device, list);
+    if (!known_word(&ql_adapter_dtype_names, out->adapter_dtype, list, sizeof list))
+        return usage_error(msg, msg_len, "generate: --adapter-dtype %s: one of %s",
+                           out->adapter_dtype, list);
+    if (out->kv_dtype && !known_word(&ql_kv_dtype_names, out->kv_dtype, list, sizeof list))
+        return usage_error(msg, msg_len, "generate: --kv-dtype %s: one of %s", out->kv_dtype, list);
+    if (out->into && !known_word(&ql_into_names, out->into, list, sizeof list))
+        return usage_error(msg, msg_len, "generate: --into %s: one of %s", out->into, list);
     return QL_OK;
 }
 
@@ -393,7 +389,7 @@ static void serve_defaults(serve_layer *l)
     memset(l, 0, sizeof *l);
     l->s.host = "127.0.0.1";
     l->s.port = 8080;
-    l->s.kv_mib = 256;
+    l->s.kv_mib = QL_KV_MIB_DEFAULT;
     l->s.max_running = 64;
     l->s.max_queued = 256;
     l->s.max_new_tokens = 4096;
@@ -922,17 +918,19 @@ static int validate_serve(serve_parse *p)
         return usage_error(p->msg, p->msg_len,
                            "serve: no model: give --model PATH (or \"model\" in the config file, "
                            "or QLSERVE_MODEL)");
-    if (!known_device(p->result->device)) {
+    char list[64];
+    if (!known_word(&ql_device_names, p->result->device, list, sizeof list)) {
         describe(p, find_opt(p->opts, p->n_opts, "device"), where, sizeof where);
-        return usage_error(p->msg, p->msg_len, "%s: one of cpu, cuda, auto", where);
+        return usage_error(p->msg, p->msg_len, "%s: one of %s", where, list);
     }
-    if (!known_adapter_dtype(p->result->adapter_dtype)) {
+    if (!known_word(&ql_adapter_dtype_names, p->result->adapter_dtype, list, sizeof list)) {
         describe(p, find_opt(p->opts, p->n_opts, "adapter-dtype"), where, sizeof where);
-        return usage_error(p->msg, p->msg_len, "%s: one of bf16, f32", where);
+        return usage_error(p->msg, p->msg_len, "%s: one of %s", where, list);
     }
-    if (p->result->kv_dtype && !known_kv_dtype(p->result->kv_dtype)) {
+    if (p->result->kv_dtype &&
+        !known_word(&ql_kv_dtype_names, p->result->kv_dtype, list, sizeof list)) {
         describe(p, find_opt(p->opts, p->n_opts, "kv-dtype"), where, sizeof where);
-        return usage_error(p->msg, p->msg_len, "%s: one of f32, f16, q8_0", where);
+        return usage_error(p->msg, p->msg_len, "%s: one of %s", where, list);
     }
     const char *host = p->result->host;
     if (strcspn(host, " \t") != strlen(host) || strlen(host) > 253) {

@@ -147,7 +147,7 @@ typedef struct cfg_serve {
     /* --device cpu|cuda|auto, default auto: CUDA when this build has it and
      * a device is present */
     const char *device;
-    int32_t kv_mib;               /* --kv-mib, default 256 */
+    int32_t kv_mib;               /* --kv-mib, default QL_KV_MIB_DEFAULT */
     const char *kv_dtype;         /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
     int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
     int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */

@@ -491,18 +491,14 @@ static void merge_or_unmerge(srv_conn *c, const char *name, bool merge)
     bool ok = srv_only_known(c, root, "the body", merge ? fields : none) &&
               srv_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL) &&
               srv_get_bool(c, root, "safe_merge", &safe) && srv_get_string(c, root, "into", &into);
-    qt_kind kind = QT_KIND_COUNT;
-    if (ok && into) {
-        if (strcmp(into, "int8") == 0) {
-            kind = QT_AFFINE;
-        } else if (strcmp(into, "bf16") == 0) {
-            kind = QT_BF16;
-        } else {
-            srv_fail(c, 400, "\"into\" %s: one of int8, bf16 (or absent: the weight's own kind)",
-                     into);
-            ok = false;
-        }
+    int choice = into ? ql_name_parse(&ql_into_names, into) : QL_INTO_OWN;
+    if (ok && choice < 0) {
+        char list[64];
+        srv_fail(c, 400, "\"into\" %s: one of %s (or absent: the weight's own kind)", into,
+                 ql_name_list(&ql_into_names, list, sizeof list));
+        ok = false;
     }
+    qt_kind kind = lora_into_kind(choice < 0 ? QL_INTO_OWN : (ql_into)choice);
     cJSON_Delete(root);
     srv_work *w = ok ? new_work(c, name) : NULL;
     if (!w)

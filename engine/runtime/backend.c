@@ -22,27 +22,19 @@
 
 int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_len)
 {
-    static const struct {
-        const char *name;
-        eng_device d;
-    } names[] = {{"auto", ENG_DEVICE_AUTO}, {"cpu", ENG_DEVICE_CPU}, {"cuda", ENG_DEVICE_CUDA}};
-    for (size_t i = 0; name && i < sizeof names / sizeof *names; i++) {
-        if (strcmp(name, names[i].name) == 0) {
-            *out = names[i].d;
-            return QL_OK;
-        }
-    }
-    return ql_fail(msg, msg_len, QL_EINVAL, "device \"%s\": expected cpu, cuda or auto",
-                   name ? name : "(null)");
+    int d = ql_name_parse(&ql_device_names, name);
+    char list[64];
+    if (d < 0)
+        return ql_fail(msg, msg_len, QL_EINVAL, "device \"%s\": one of %s", name ? name : "(null)",
+                       ql_name_list(&ql_device_names, list, sizeof list));
+    *out = (eng_device)d;
+    return QL_OK;
 }
 
 const char *eng_device_name(eng_device d)
 {
-    switch (d) {
-    case ENG_DEVICE_CPU: return "cpu";
-    case ENG_DEVICE_CUDA: return "cuda";
-    default: return "auto";
-    }
+    const char *word = ql_name_of(&ql_device_names, (int)d);
+    return word ? word : "auto";
 }
 
 bool eng_cuda_built(void)

@@ -115,15 +115,15 @@ int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int
 
 int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len)
 {
-    static const qt_kind kinds[] = {QT_F32, QT_F16, QT_Q8_0};
-    for (size_t i = 0; name && i < sizeof kinds / sizeof *kinds; i++) {
-        if (strcmp(name, qt_kind_name(kinds[i])) == 0) {
-            *out = kinds[i];
-            return QL_OK;
-        }
-    }
-    return ql_fail(msg, msg_len, QL_EINVAL, "KV dtype \"%s\": expected f32, f16 or q8_0",
-                   name ? name : "(null)");
+    static const qt_kind kinds[] = {
+        [QL_KV_DTYPE_F32] = QT_F32, [QL_KV_DTYPE_F16] = QT_F16, [QL_KV_DTYPE_Q8_0] = QT_Q8_0};
+    int d = ql_name_parse(&ql_kv_dtype_names, name);
+    char list[64];
+    if (d < 0)
+        return ql_fail(msg, msg_len, QL_EINVAL, "KV dtype \"%s\": one of %s",
+                       name ? name : "(null)", ql_name_list(&ql_kv_dtype_names, list, sizeof list));
+    *out = kinds[d];
+    return QL_OK;
 }
 
 qt_kind eng_kv_dtype(const eng_kv_cache *kv)

@@ -66,7 +66,8 @@ int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t 
  * Writes round on store; attention converts back to f32 on load. */
 int eng_kv_new_dtype(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                      qt_kind dtype, char *msg, size_t msg_len);
-/* "f32", "f16", "q8_0" -> *out; QL_EINVAL naming the value otherwise. */
+/* "f32", "f16", "q8_0" (ql_kv_dtype_names) -> *out; QL_EINVAL naming the
+ * value otherwise. */
 int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len);
 /* What the cache stores values as; the bytes one position takes (K and V
  * of every layer of cfg) in dtype: for /info and the startup log. */
@@ -236,14 +237,15 @@ void eng_lora_apply(eng_pool *pool, const eng_lora_module *mod, float scale, con
 /* Which backend: cpu (always built, the reference; the zero value, so
  * options built by hand stay on the CPU), cuda (an NVIDIA GPU), or auto
  * (cuda when this build has it and a device is present, else cpu: what the
- * command line defaults to). */
+ * command line defaults to). The values are base's ql_device, whose table
+ * (ql_device_names) holds the words. */
 typedef enum eng_device {
-    ENG_DEVICE_CPU = 0,
-    ENG_DEVICE_CUDA,
-    ENG_DEVICE_AUTO,
+    ENG_DEVICE_CPU = QL_DEVICE_CPU,
+    ENG_DEVICE_CUDA = QL_DEVICE_CUDA,
+    ENG_DEVICE_AUTO = QL_DEVICE_AUTO,
 } eng_device;
 
-/* "auto", "cpu", "cuda" -> *out; QL_EINVAL naming the value otherwise. */
+/* "cpu", "cuda", "auto" -> *out; QL_EINVAL naming the value otherwise. */
 int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_len);
 const char *eng_device_name(eng_device d);
 /* Whether this build has the CUDA backend. */

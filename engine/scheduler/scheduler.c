@@ -1525,7 +1525,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
 #define DEFAULT(field, value)                                                                      \
     if (e->o.field <= 0)                                                                           \
     e->o.field = (value)
-    DEFAULT(kv_bytes, (size_t)256 << 20);
+    DEFAULT(kv_bytes, (size_t)QL_KV_MIB_DEFAULT << 20);
     DEFAULT(block_tokens, 16);
     DEFAULT(step_tokens, 256);
     DEFAULT(prefill_chunk, 128);

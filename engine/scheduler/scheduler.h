@@ -285,7 +285,7 @@ typedef struct eng_request {
 } eng_request;
 
 typedef struct eng_engine_opts {
-    size_t kv_bytes;        /* KV cache size; 0: 256 MiB */
+    size_t kv_bytes;        /* KV cache size; 0: QL_KV_MIB_DEFAULT MiB */
     int32_t block_tokens;   /* KV block; 0: 16 */
     qt_kind kv_dtype;       /* KV values: QT_F32 (the zero value), QT_F16, QT_Q8_0 */
     int32_t step_tokens;    /* token budget of one step; 0: 256 */
