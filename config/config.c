@@ -1,8 +1,9 @@
 /*
  * config.c - a small table-driven flag parser: each subcommand lists its
- * flags once (name, kind, where the value goes, help text), and both the
- * parser and the usage text are made from that list, so they cannot drift.
- * Accepts `--flag value` and `--flag=value`.
+ * flags once, one row per flag (name, type, where the value goes, help
+ * text, default, the range of a number, the words of a choice), and the
+ * parser, the defaults, the checks and the usage text all walk that one
+ * table, so they cannot drift. Accepts `--flag value` and `--flag=value`.
  */
 #include "config.h"
 
@@ -22,12 +23,86 @@
 
 typedef enum { OPT_STRING, OPT_INT, OPT_BOOL, OPT_FLOAT, OPT_U64, OPT_I64 } opt_type;
 
+/* A flag's default, in the field of its type (a string's NULL: unset). */
+typedef struct opt_default {
+    const char *s;
+    int64_t i; /* OPT_INT, OPT_I64, OPT_U64 */
+    double f;
+    bool b;
+} opt_default;
+
+/* One flag. */
 typedef struct opt {
     const char *name; /* without the leading -- */
     opt_type type;
-    void *dest;
+    size_t offset; /* where its value goes in the subcommand's struct */
     const char *help;
+    opt_default def; /* what it holds when nothing sets it */
+    /* an integer that must fall in [min, max]: serve checks these
+     * (validate_serve); the other subcommands check what they need */
+    bool ranged;
+    int64_t min, max;
+    /* a string that must be one of these words (base/ql_names.c, the table
+     * the module acting on it parses with), listed before the help text;
+     * NULL: any string */
+    const ql_names *words;
 } opt;
+
+/* A row's start: every row names these four (designated, so a row may add
+ * any of the rest). */
+#define FLAG(flag, kind, at, text) .name = (flag), .type = (kind), .offset = (at), .help = (text)
+#define RANGE(lo, hi)              .ranged = true, .min = (lo), .max = (hi)
+
+/* The value of o in the struct at base. */
+static void *value_at(void *base, const opt *o)
+{
+    return (char *)base + o->offset;
+}
+
+/* Every row's default into the struct at base. */
+static void apply_defaults(const opt *opts, size_t n, void *base)
+{
+    for (size_t k = 0; k < n; k++) {
+        void *v = value_at(base, &opts[k]);
+        switch (opts[k].type) {
+        case OPT_STRING: *(const char **)v = opts[k].def.s; break;
+        case OPT_INT: *(int32_t *)v = (int32_t)opts[k].def.i; break;
+        case OPT_I64: *(int64_t *)v = opts[k].def.i; break;
+        case OPT_U64: *(uint64_t *)v = (uint64_t)opts[k].def.i; break;
+        case OPT_BOOL: *(bool *)v = opts[k].def.b; break;
+        case OPT_FLOAT: *(float *)v = (float)opts[k].def.f; break;
+        }
+    }
+}
+
+/* The bytes o's value takes. */
+static size_t value_size(const opt *o)
+{
+    switch (o->type) {
+    case OPT_STRING: return sizeof(const char *);
+    case OPT_BOOL: return sizeof(bool);
+    case OPT_FLOAT: return sizeof(float);
+    case OPT_INT: return sizeof(int32_t);
+    default: return sizeof(int64_t);
+    }
+}
+
+/* o's help text as the usage prints it: the words of a choice first,
+ * "cpu | cuda | auto: where to run". */
+static const char *help_text(const opt *o, char *buf, size_t len)
+{
+    if (!o->words)
+        return o->help;
+    size_t at = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < o->words->n && at < len; i++) {
+        int n = snprintf(buf + at, len - at, "%s%s", i ? " | " : "", o->words->rows[i].word);
+        at += n > 0 ? (size_t)n : 0;
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, ": %s", o->help);
+    return buf;
+}
 
 static int usage_error(char *msg, size_t msg_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -41,14 +116,17 @@ static int usage_error(char *msg, size_t msg_len, const char *fmt, ...)
     return QL_EUSAGE;
 }
 
-/* Store value (a string from argv or the environment) into o->dest. where
- * says where the value came from and ends with what separates it from the
- * value ("--port " or "QLSERVE_PORT="), so a message reads "--port x: ...".
- * Strings are borrowed: value must outlive the destination. */
-static int set_value(const opt *o, const char *where, const char *value, char *msg, size_t msg_len)
+/* Store value (a string from argv or the environment) into o's value in
+ * the struct at base. where says where the value came from and ends with
+ * what separates it from the value ("--port " or "QLSERVE_PORT="), so a
+ * message reads "--port x: ...". Strings are borrowed: value must outlive
+ * the destination. */
+static int set_value(const opt *o, void *base, const char *where, const char *value, char *msg,
+                     size_t msg_len)
 {
+    void *dest = value_at(base, o);
     if (o->type == OPT_STRING) {
-        *(const char **)o->dest = value;
+        *(const char **)dest = value;
         return QL_OK;
     }
     if (o->type == OPT_BOOL) {
@@ -57,7 +135,7 @@ static int set_value(const opt *o, const char *where, const char *value, char *m
         static const char *const no[] = {"0", "false", "no", "off"};
         for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
             if (strcmp(value, yes[i]) == 0 || strcmp(value, no[i]) == 0) {
-                *(bool *)o->dest = strcmp(value, yes[i]) == 0;
+                *(bool *)dest = strcmp(value, yes[i]) == 0;
                 return QL_OK;
             }
         }
@@ -70,34 +148,35 @@ static int set_value(const opt *o, const char *where, const char *value, char *m
         double d = strtod(value, &end);
         if (errno || end == value || *end || !isfinite(d))
             return usage_error(msg, msg_len, "%s%s: not a number", where, value);
-        *(float *)o->dest = (float)d;
+        *(float *)dest = (float)d;
         return QL_OK;
     }
     if (o->type == OPT_U64) {
         unsigned long long u = strtoull(value, &end, 10);
         if (errno || end == value || *end || value[0] == '-')
             return usage_error(msg, msg_len, "%s%s: not a non-negative integer", where, value);
-        *(uint64_t *)o->dest = (uint64_t)u;
+        *(uint64_t *)dest = (uint64_t)u;
         return QL_OK;
     }
     long long v = strtoll(value, &end, 10);
     if (o->type == OPT_I64) {
         if (errno || end == value || *end)
             return usage_error(msg, msg_len, "%s%s: not an integer", where, value);
-        *(int64_t *)o->dest = (int64_t)v;
+        *(int64_t *)dest = (int64_t)v;
         return QL_OK;
     }
     if (errno || end == value || *end || v < INT32_MIN || v > INT32_MAX)
         return usage_error(msg, msg_len, "%s%s: not an integer", where, value);
-    *(int32_t *)o->dest = (int32_t)v;
+    *(int32_t *)dest = (int32_t)v;
     return QL_OK;
 }
 
-/* Parse argv[1..argc) against opts; positional arguments go to *positional
- * (at most one allowed when positional is not NULL). When seen is not NULL,
- * seen[k] is set for each opts[k] the command line gives. */
-static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const char **positional,
-                 bool *seen, char *msg, size_t msg_len)
+/* Parse argv[1..argc) against opts into the struct at base; positional
+ * arguments go to *positional (at most one allowed when positional is not
+ * NULL). When seen is not NULL, seen[k] is set for each opts[k] the command
+ * line gives. */
+static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *base,
+                 const char **positional, bool *seen, char *msg, size_t msg_len)
 {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -122,7 +201,7 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
         if (o->type == OPT_BOOL) {
             if (eq)
                 return usage_error(msg, msg_len, "--%s takes no value", o->name);
-            *(bool *)o->dest = true;
+            *(bool *)value_at(base, o) = true;
             continue;
         }
         const char *value = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
@@ -130,31 +209,68 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, const ch
             return usage_error(msg, msg_len, "--%s needs a value", o->name);
         char where[96];
         snprintf(where, sizeof where, "--%s ", o->name);
-        int rc = set_value(o, where, value, msg, msg_len);
+        int rc = set_value(o, base, where, value, msg, msg_len);
         if (rc != QL_OK)
             return rc;
     }
     return QL_OK;
 }
 
-#define QUANTIZE_OPTS(q)                                                                           \
+/* The rows every subcommand that loads a model shares, for its struct T
+ * whose cfg_model is the field m. */
+#define MODEL_OPTS(T, m)                                                                           \
+    {FLAG("quant", OPT_STRING, offsetof(T, m.quant),                                               \
+          "none | nf4 | nf4-dq | fp4 | int4 | int8: quantize on load")},                           \
+        {FLAG("blocksize", OPT_INT, offsetof(T, m.blocksize),                                      \
+              "N: nf4/fp4 absmax block (default 64)"),                                             \
+         RANGE(0, 1 << 20)},                                                                       \
+        {FLAG("group-size", OPT_INT, offsetof(T, m.group_size),                                    \
+              "N: int4/int8 group (default 128 for int4, per channel for int8)"),                  \
+         RANGE(0, 1 << 20)},                                                                       \
+        {FLAG("quantize-lm-head", OPT_BOOL, offsetof(T, m.quantize_lm_head),                       \
+              "quantize lm_head too")},                                                            \
     {                                                                                              \
-        {"in", OPT_STRING, &(q)->in_path,                                                          \
-         "IN.safetensors | IN.gguf | DIR (Hugging Face): what to quantize"},                       \
-            {"out", OPT_STRING, &(q)->out_path, "OUT.safetensors | OUT.gguf: where to write"},     \
-            {"kind", OPT_STRING, &(q)->kind,                                                       \
-             "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF)"},    \
-            {"blocksize", OPT_INT, &(q)->blocksize, "N: elements per absmax block (default 64)"},  \
-            {"double-quant", OPT_BOOL, &(q)->double_quant,                                         \
-             "quantize absmax again (bitsandbytes compress_statistics)"},                          \
+        FLAG("dtype", OPT_STRING, offsetof(T, m.dtype),                                            \
+             "f32 | bf16 | f16: dtype of dense parameters")                                        \
     }
+
+/* serve's and generate's: a chat template file over the model's own. */
+#define CHAT_TEMPLATE_OPT(T, m)                                                                    \
+    {                                                                                              \
+        FLAG("chat-template", OPT_STRING, offsetof(T, m.chat_template),                            \
+             "FILE: a Jinja chat template replacing the model's (unset: the model's own)")         \
+    }
+
+/* serve's and generate's: what an unmerged adapter's A and B are kept in. */
+#define ADAPTER_DTYPE_OPT(T, field)                                                                \
+    {                                                                                              \
+        FLAG("adapter-dtype", OPT_STRING, offsetof(T, field),                                      \
+             "unmerged adapters kept in bf16 (f32 and f16 rounded at load) or as stored, never "   \
+             "rounded (default bf16)"),                                                            \
+            .def.s = "bf16", .words = &ql_adapter_dtype_names                                      \
+    }
+
+#define N_OPTS(opts) (sizeof opts / sizeof *opts)
+
+static const opt quantize_opts[] = {
+    {FLAG("in", OPT_STRING, offsetof(cfg_quantize, in_path),
+          "IN.safetensors | IN.gguf | DIR (Hugging Face): what to quantize")},
+    {FLAG("out", OPT_STRING, offsetof(cfg_quantize, out_path),
+          "OUT.safetensors | OUT.gguf: where to write")},
+    {FLAG("kind", OPT_STRING, offsetof(cfg_quantize, kind),
+          "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF)")},
+    {FLAG("blocksize", OPT_INT, offsetof(cfg_quantize, blocksize),
+          "N: elements per absmax block (default 64)"),
+     .def.i = 64},
+    {FLAG("double-quant", OPT_BOOL, offsetof(cfg_quantize, double_quant),
+          "quantize absmax again (bitsandbytes compress_statistics)")},
+};
 
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    out->blocksize = 64;
-    const opt opts[] = QUANTIZE_OPTS(out);
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
+    apply_defaults(quantize_opts, N_OPTS(quantize_opts), out);
+    int rc = parse(argc, argv, quantize_opts, N_OPTS(quantize_opts), out, NULL, NULL, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (!out->in_path || !out->out_path || !out->kind)
@@ -162,29 +278,14 @@ int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size
     return QL_OK;
 }
 
-#define MODEL_OPTS(m)                                                                              \
-    {"quant", OPT_STRING, &(m)->quant,                                                             \
-     "none | nf4 | nf4-dq | fp4 | int4 | int8: quantize on load"},                                 \
-        {"blocksize", OPT_INT, &(m)->blocksize, "N: nf4/fp4 absmax block (default 64)"},           \
-        {"group-size", OPT_INT, &(m)->group_size,                                                  \
-         "N: int4/int8 group (default 128 for int4, per channel for int8)"},                       \
-        {"quantize-lm-head", OPT_BOOL, &(m)->quantize_lm_head, "quantize lm_head too"},            \
-    {                                                                                              \
-        "dtype", OPT_STRING, &(m)->dtype, "f32 | bf16 | f16: dtype of dense parameters"            \
-    }
-
-/* serve's and generate's: a chat template file over the model's own. */
-#define CHAT_TEMPLATE_OPT(m)                                                                       \
-    {                                                                                              \
-        "chat-template", OPT_STRING, &(m)->chat_template,                                          \
-            "FILE: a Jinja chat template replacing the model's (unset: the model's own)"           \
-    }
+static const opt inspect_opts[] = {MODEL_OPTS(cfg_inspect, model)};
 
 int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    const opt opts[] = {MODEL_OPTS(&out->model)};
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->path, NULL, msg, msg_len);
+    apply_defaults(inspect_opts, N_OPTS(inspect_opts), out);
+    int rc =
+        parse(argc, argv, inspect_opts, N_OPTS(inspect_opts), out, &out->path, NULL, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (!out->path)
@@ -193,22 +294,24 @@ int cfg_parse_inspect(int argc, char **argv, cfg_inspect *out, char *msg, size_t
     return QL_OK;
 }
 
-#define TOKENIZE_OPTS(t)                                                                           \
-    {"model", OPT_STRING, &(t)->model,                                                             \
-     "PATH: a Hugging Face folder or a .gguf file (a vocabulary-only one too); only its "          \
-     "tokenizer is read"},                                                                         \
-        {"add-bos", OPT_BOOL, &(t)->add_bos, "prepend BOS when the model's metadata asks"},        \
-        {"no-special", OPT_BOOL, &(t)->no_special,                                                 \
-         "special-token strings in TEXT are plain text (llama.cpp's parse_special = false)"},      \
-    {                                                                                              \
-        "json", OPT_BOOL, &(t)->json, "print {\"ids\": [...]} instead of ids and pieces"           \
-    }
+static const opt tokenize_opts[] = {
+    {FLAG("model", OPT_STRING, offsetof(cfg_tokenize, model),
+          "PATH: a Hugging Face folder or a .gguf file (a vocabulary-only one too); only its "
+          "tokenizer is read")},
+    {FLAG("add-bos", OPT_BOOL, offsetof(cfg_tokenize, add_bos),
+          "prepend BOS when the model's metadata asks")},
+    {FLAG("no-special", OPT_BOOL, offsetof(cfg_tokenize, no_special),
+          "special-token strings in TEXT are plain text (llama.cpp's parse_special = false)")},
+    {FLAG("json", OPT_BOOL, offsetof(cfg_tokenize, json),
+          "print {\"ids\": [...]} instead of ids and pieces")},
+};
 
 int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    const opt opts[] = {TOKENIZE_OPTS(out)};
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, &out->text, NULL, msg, msg_len);
+    apply_defaults(tokenize_opts, N_OPTS(tokenize_opts), out);
+    int rc = parse(argc, argv, tokenize_opts, N_OPTS(tokenize_opts), out, &out->text, NULL, msg,
+                   msg_len);
     if (rc != QL_OK)
         return rc;
     if (!out->model || !out->text)
@@ -216,59 +319,72 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
     return QL_OK;
 }
 
-/* serve's and generate's: what an unmerged adapter's A and B are kept in. */
-#define ADAPTER_DTYPE_OPT(c)                                                                       \
-    {                                                                                              \
-        "adapter-dtype", OPT_STRING, &(c)->adapter_dtype,                                          \
-            "bf16 | f32: unmerged adapters kept in bf16 (f32 and f16 rounded at load) or as "      \
-            "stored, never rounded (default bf16)"                                                 \
-    }
+static const opt generate_opts[] = {
+    {FLAG("model", OPT_STRING, offsetof(cfg_generate, model.path),
+          "PATH: a Hugging Face folder or a .gguf file")},
+    {FLAG("prompt", OPT_STRING, offsetof(cfg_generate, prompt),
+          "TEXT: the prompt (as is: no chat template)")},
+    {FLAG("max-new-tokens", OPT_INT, offsetof(cfg_generate, max_new_tokens),
+          "N: tokens to generate (default 128)"),
+     .def.i = 128},
+    {FLAG("temperature", OPT_FLOAT, offsetof(cfg_generate, temperature),
+          "T: 0 is greedy (default)")},
+    {FLAG("top-k", OPT_INT, offsetof(cfg_generate, top_k),
+          "K: sample among the K likeliest (0: off)")},
+    {FLAG("top-p", OPT_FLOAT, offsetof(cfg_generate, top_p),
+          "P: nucleus sampling, in (0, 1] (1: off)"),
+     .def.f = 1},
+    {FLAG("repetition-penalty", OPT_FLOAT, offsetof(cfg_generate, repetition_penalty),
+          "R: > 0 (1: off)"),
+     .def.f = 1},
+    {FLAG("seed", OPT_U64, offsetof(cfg_generate, seed), "N: the same seed gives the same text")},
+    {FLAG("stop", OPT_STRING, offsetof(cfg_generate, stop),
+          "STRING: end generation there (not printed)")},
+    {FLAG("threads", OPT_INT, offsetof(cfg_generate, threads),
+          "N: kernel threads (default: all cores)")},
+    {FLAG("device", OPT_STRING, offsetof(cfg_generate, device), "where to run (default auto)"),
+     .def.s = "auto", .words = &ql_device_names},
+    /* 0: the engine's default, QL_KV_MIB_DEFAULT */
+    {FLAG("kv-mib", OPT_INT, offsetof(cfg_generate, kv_mib),
+          "N: KV cache size in MiB (default " QL_KV_MIB_DEFAULT_TEXT ")")},
+    {FLAG("kv-dtype", OPT_STRING, offsetof(cfg_generate, kv_dtype),
+          "the KV cache's values (default f32)"),
+     .words = &ql_kv_dtype_names},
+    {FLAG("adapter", OPT_STRING, offsetof(cfg_generate, adapter),
+          "DIR: a PEFT LoRA adapter folder to apply")},
+    {FLAG("adapter-scale", OPT_FLOAT, offsetof(cfg_generate, adapter_scale),
+          "S: the adapter's scale (default 1)"),
+     .def.f = 1},
+    {FLAG("merge", OPT_BOOL, offsetof(cfg_generate, merge),
+          "merge the adapter into the weights and print the merge report (default: unmerged)")},
+    {FLAG("into", OPT_STRING, offsetof(cfg_generate, into),
+          "store merged modules in a wider kind (default: the weight's own)"),
+     .words = &ql_into_names},
+    ADAPTER_DTYPE_OPT(cfg_generate, adapter_dtype),
+    CHAT_TEMPLATE_OPT(cfg_generate, model),
+    MODEL_OPTS(cfg_generate, model),
+};
 
-/* Whether word is one of t's (base/ql_names.c: the module acting on the
- * choice parses it with the same table); when not, t's words into list. */
-static bool known_word(const ql_names *t, const char *word, char *list, size_t list_len)
+/* Each string flag with words that is set holds one of them; else a usage
+ * error "generate: --device gpu: one of cpu, cuda, auto". */
+static int check_words(const char *command, const opt *opts, size_t n, void *base, char *msg,
+                       size_t msg_len)
 {
-    if (ql_name_parse(t, word) >= 0)
-        return true;
-    ql_name_list(t, list, list_len);
-    return false;
+    for (size_t k = 0; k < n; k++) {
+        const char *v = opts[k].words ? *(const char **)value_at(base, &opts[k]) : NULL;
+        char list[64];
+        if (v && ql_name_parse(opts[k].words, v) < 0)
+            return usage_error(msg, msg_len, "%s: --%s %s: one of %s", command, opts[k].name, v,
+                               ql_name_list(opts[k].words, list, sizeof list));
+    }
+    return QL_OK;
 }
-
-#define GENERATE_OPTS(g)                                                                           \
-    {"model", OPT_STRING, &(g)->model.path, "PATH: a Hugging Face folder or a .gguf file"},        \
-        {"prompt", OPT_STRING, &(g)->prompt, "TEXT: the prompt (as is: no chat template)"},        \
-        {"max-new-tokens", OPT_INT, &(g)->max_new_tokens, "N: tokens to generate (default 128)"},  \
-        {"temperature", OPT_FLOAT, &(g)->temperature, "T: 0 is greedy (default)"},                 \
-        {"top-k", OPT_INT, &(g)->top_k, "K: sample among the K likeliest (0: off)"},               \
-        {"top-p", OPT_FLOAT, &(g)->top_p, "P: nucleus sampling, in (0, 1] (1: off)"},              \
-        {"repetition-penalty", OPT_FLOAT, &(g)->repetition_penalty, "R: > 0 (1: off)"},            \
-        {"seed", OPT_U64, &(g)->seed, "N: the same seed gives the same text"},                     \
-        {"stop", OPT_STRING, &(g)->stop, "STRING: end generation there (not printed)"},            \
-        {"threads", OPT_INT, &(g)->threads, "N: kernel threads (default: all cores)"},             \
-        {"device", OPT_STRING, &(g)->device, "cpu | cuda | auto: where to run (default auto)"},    \
-        {"kv-mib", OPT_INT, &(g)->kv_mib,                                                          \
-         "N: KV cache size in MiB (default " QL_KV_MIB_DEFAULT_TEXT ")"},                          \
-        {"kv-dtype", OPT_STRING, &(g)->kv_dtype,                                                   \
-         "f32 | f16 | q8_0: the KV cache's values (default f32)"},                                 \
-        {"adapter", OPT_STRING, &(g)->adapter, "DIR: a PEFT LoRA adapter folder to apply"},        \
-        {"adapter-scale", OPT_FLOAT, &(g)->adapter_scale, "S: the adapter's scale (default 1)"},   \
-        {"merge", OPT_BOOL, &(g)->merge,                                                           \
-         "merge the adapter into the weights and print the merge report (default: unmerged)"},     \
-        {"into", OPT_STRING, &(g)->into,                                                           \
-         "int8|bf16: store merged modules in a wider kind (default: the weight's own)"},           \
-        ADAPTER_DTYPE_OPT(g), CHAT_TEMPLATE_OPT(&(g)->model), MODEL_OPTS(&(g)->model)
 
 int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    out->max_new_tokens = 128;
-    out->top_p = 1.0f;
-    out->repetition_penalty = 1.0f;
-    out->adapter_scale = 1.0f;
-    out->device = "auto";
-    out->adapter_dtype = "bf16";
-    const opt opts[] = {GENERATE_OPTS(out)};
-    int rc = parse(argc, argv, opts, sizeof opts / sizeof *opts, NULL, NULL, msg, msg_len);
+    apply_defaults(generate_opts, N_OPTS(generate_opts), out);
+    int rc = parse(argc, argv, generate_opts, N_OPTS(generate_opts), out, NULL, NULL, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (!out->model.path || !out->prompt)
@@ -280,17 +396,7 @@ int cfg_parse_generate(int argc, char **argv, cfg_generate *out, char *msg, size
                            "generate: --merge, --into and --adapter-scale need --adapter DIR");
     if (out->into && !out->merge)
         return usage_error(msg, msg_len, "generate: --into applies to --merge");
-    char list[64];
-    if (!known_word(&ql_device_names, out->device, list, sizeof list))
-        return usage_error(msg, msg_len, "generate: --device %s: one of %s", out->device, list);
-    if (!known_word(&ql_adapter_dtype_names, out->adapter_dtype, list, sizeof list))
-        return usage_error(msg, msg_len, "generate: --adapter-dtype %s: one of %s",
-                           out->adapter_dtype, list);
-    if (out->kv_dtype && !known_word(&ql_kv_dtype_names, out->kv_dtype, list, sizeof list))
-        return usage_error(msg, msg_len, "generate: --kv-dtype %s: one of %s", out->kv_dtype, list);
-    if (out->into && !known_word(&ql_into_names, out->into, list, sizeof list))
-        return usage_error(msg, msg_len, "generate: --into %s: one of %s", out->into, list);
-    return QL_OK;
+    return check_words("generate", generate_opts, N_OPTS(generate_opts), out, msg, msg_len);
 }
 
 /*
@@ -313,141 +419,118 @@ typedef struct serve_layer {
     const char *api_key_file;
 } serve_layer;
 
-#define SERVE_OPTS(l)                                                                              \
-    {"model", OPT_STRING, &(l)->s.model.path, "PATH: a Hugging Face folder or a .gguf file"},      \
-        MODEL_OPTS(&(l)->s.model), CHAT_TEMPLATE_OPT(&(l)->s.model),                               \
-        {"host", OPT_STRING, &(l)->s.host, "ADDR: the address to listen on"},                      \
-        {"port", OPT_INT, &(l)->s.port, "N: the TCP port (0: pick a free one)"},                   \
-        {"adapter-dir", OPT_STRING, &(l)->s.adapter_dir,                                           \
-         "DIR: the only folder adapters load from (unset: no adapter loading)"},                   \
-        {"no-lazy-adapters", OPT_BOOL, &(l)->s.no_lazy_adapters,                                   \
-         "a request naming an adapter that is not loaded gets 404 (default: loaded from the "      \
-         "folder of that name in --adapter-dir on first use)"},                                    \
-        {"state-dir", OPT_STRING, &(l)->s.state_dir,                                               \
-         "DIR: the server's own files: the journal, a generated admin token (default: "            \
-         "$XDG_STATE_HOME/qlserve or ~/.local/state/qlserve)"},                                    \
-        {"state-file", OPT_STRING, &(l)->s.state_file,                                             \
-         "FILE: the journal of loaded adapters and merges, replayed at start (default: "           \
-         "state.json in --state-dir; none: off)"},                                                 \
-        {"admin-token-file", OPT_STRING, &(l)->token_file,                                         \
-         "FILE: its first line is the admin bearer token (unset: on a loopback --host, admin "     \
-         "from loopback JSON requests a web page cannot make; else one is generated into "         \
-         "--state-dir)"},                                                                          \
-        {"allowed-hosts", OPT_STRING, &(l)->s.allowed_hosts,                                       \
-         "HOST[:PORT],...: Host headers accepted besides localhost, 127.x.x.x and [::1] "          \
-         "(a reverse proxy's or tunnel's name), or * (unset: those only, while --host is "         \
-         "loopback)"},                                                                             \
-        {"api-key-file", OPT_STRING, &(l)->api_key_file,                                           \
-         "FILE: its first line is the API bearer key (unset: no key asked)"},                      \
-        {"cors-allow-origin", OPT_STRING, &(l)->s.cors_allow_origin,                               \
-         "ORIGIN,...: browser origins allowed (CORS), or * (unset: none)"},                        \
-        {"config", OPT_STRING, &(l)->s.config_path, "FILE: the JSON config file"},                 \
-        {"served-model-name", OPT_STRING, &(l)->s.served_model_name,                               \
-         "NAME: the model's id in /v1/models and /info (unset: from the model)"},                  \
-        {"threads", OPT_INT, &(l)->s.threads, "N: kernel threads (0: all cores)"},                 \
-        {"device", OPT_STRING, &(l)->s.device,                                                     \
-         "cpu | cuda | auto: where to run (auto: CUDA when a device is present)"},                 \
-        {"kv-mib", OPT_INT, &(l)->s.kv_mib, "N: KV cache size in MiB"},                            \
-        {"kv-dtype", OPT_STRING, &(l)->s.kv_dtype,                                                 \
-         "f32 | f16 | q8_0: the KV cache's values (default f32; f16 halves the bytes)"},           \
-        {"max-running", OPT_INT, &(l)->s.max_running, "N: sequences decoding together"},           \
-        {"no-prefix-cache", OPT_BOOL, &(l)->s.no_prefix_cache,                                     \
-         "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "    \
-         "room, and reused by any prompt that begins the same under the same adapters)"},          \
-        {"max-queued", OPT_INT, &(l)->s.max_queued,                                                \
-         "N: requests waiting for a slot; more get 503"},                                          \
-        {"max-new-tokens", OPT_INT, &(l)->s.max_new_tokens,                                        \
-         "N: the largest max_new_tokens a request may ask for"},                                   \
-        {"max-held-bytes", OPT_I64, &(l)->s.max_held_bytes,                                        \
-         "N: bytes the accepted, unanswered requests may hold in all; past it 503 (0: no limit)"}, \
-        {"max-context", OPT_INT, &(l)->s.max_context,                                              \
-         "N: prompt plus new tokens (0: the model's context length)"},                             \
-        {"max-connections", OPT_INT, &(l)->s.max_connections, "N: connections open at once"},      \
-        {"max-body-bytes", OPT_I64, &(l)->s.max_body_bytes,                                        \
-         "N: the largest request body; larger gets 413"},                                          \
-        {"max-header-bytes", OPT_INT, &(l)->s.max_header_bytes,                                    \
-         "N: the largest request line plus headers"},                                              \
-        {"request-timeout-ms", OPT_INT, &(l)->s.request_timeout_ms,                                \
-         "MS: time to receive a whole request; slower gets 408"},                                  \
-        {"keepalive-timeout-ms", OPT_INT, &(l)->s.keepalive_timeout_ms,                            \
-         "MS: how long an idle keep-alive connection stays open"},                                 \
-        {"first-byte-timeout-ms", OPT_INT, &(l)->s.first_byte_timeout_ms,                          \
-         "MS: a new connection's time to begin its first request (at most the keep-alive's)"},     \
-        {"max-connections-per-peer", OPT_INT, &(l)->s.max_connections_per_peer,                    \
-         "N: connections open at once from one IP address; more get 503 (0: no cap)"},             \
-        {"grace-ms", OPT_INT, &(l)->s.grace_ms,                                                    \
-         "MS: after SIGTERM, time for running requests to finish (0: cancel them)"},               \
-        {"adapter-budget-mib", OPT_I64, &(l)->s.adapter_budget_mib,                                \
-         "N: memory for loaded adapters, least recently used evicted (0: no limit)"},              \
-        ADAPTER_DTYPE_OPT(&(l)->s),                                                                \
-    {                                                                                              \
-        "merge-threads", OPT_INT, &(l)->s.merge_threads, "N: threads merging an adapter"           \
-    }
+#define SERVE(field) offsetof(serve_layer, field)
 
-static void serve_defaults(serve_layer *l)
-{
-    memset(l, 0, sizeof *l);
-    l->s.host = "127.0.0.1";
-    l->s.port = 8080;
-    l->s.kv_mib = QL_KV_MIB_DEFAULT;
-    l->s.max_running = 64;
-    l->s.max_queued = 256;
-    l->s.max_new_tokens = 4096;
+/*
+ * serve's flags, one row each with its default and range. The upper
+ * bounds are not hardware limits; they catch a slip of unit (bytes given
+ * where MiB are meant) or a stray digit before it becomes a huge
+ * allocation or an overflow. The usage prints each default from its row.
+ */
+static const opt serve_opts[] = {
+    {FLAG("model", OPT_STRING, SERVE(s.model.path), "PATH: a Hugging Face folder or a .gguf file")},
+    MODEL_OPTS(serve_layer, s.model),
+    CHAT_TEMPLATE_OPT(serve_layer, s.model),
+    {FLAG("host", OPT_STRING, SERVE(s.host), "ADDR: the address to listen on"),
+     .def.s = "127.0.0.1"},
+    {FLAG("port", OPT_INT, SERVE(s.port), "N: the TCP port (0: pick a free one)"), .def.i = 8080,
+     RANGE(0, 65535)},
+    {FLAG("adapter-dir", OPT_STRING, SERVE(s.adapter_dir),
+          "DIR: the only folder adapters load from (unset: no adapter loading)")},
+    {FLAG("no-lazy-adapters", OPT_BOOL, SERVE(s.no_lazy_adapters),
+          "a request naming an adapter that is not loaded gets 404 (default: loaded from the "
+          "folder of that name in --adapter-dir on first use)")},
+    {FLAG("state-dir", OPT_STRING, SERVE(s.state_dir),
+          "DIR: the server's own files: the journal, a generated admin token (default: "
+          "$XDG_STATE_HOME/qlserve or ~/.local/state/qlserve)")},
+    {FLAG("state-file", OPT_STRING, SERVE(s.state_file),
+          "FILE: the journal of loaded adapters and merges, replayed at start (default: "
+          "state.json in --state-dir; none: off)")},
+    {FLAG("admin-token-file", OPT_STRING, SERVE(token_file),
+          "FILE: its first line is the admin bearer token (unset: on a loopback --host, admin "
+          "from loopback JSON requests a web page cannot make; else one is generated into "
+          "--state-dir)")},
+    {FLAG("allowed-hosts", OPT_STRING, SERVE(s.allowed_hosts),
+          "HOST[:PORT],...: Host headers accepted besides localhost, 127.x.x.x and [::1] "
+          "(a reverse proxy's or tunnel's name), or * (unset: those only, while --host is "
+          "loopback)")},
+    {FLAG("api-key-file", OPT_STRING, SERVE(api_key_file),
+          "FILE: its first line is the API bearer key (unset: no key asked)")},
+    {FLAG("cors-allow-origin", OPT_STRING, SERVE(s.cors_allow_origin),
+          "ORIGIN,...: browser origins allowed (CORS), or * (unset: none)")},
+    {FLAG("config", OPT_STRING, SERVE(s.config_path), "FILE: the JSON config file")},
+    {FLAG("served-model-name", OPT_STRING, SERVE(s.served_model_name),
+          "NAME: the model's id in /v1/models and /info (unset: from the model)")},
+    {FLAG("threads", OPT_INT, SERVE(s.threads), "N: kernel threads (0: all cores)"),
+     RANGE(0, 4096)},
+    {FLAG("device", OPT_STRING, SERVE(s.device),
+          "where to run (auto: CUDA when a device is present)"),
+     .def.s = "auto", .words = &ql_device_names},
+    {FLAG("kv-mib", OPT_INT, SERVE(s.kv_mib), "N: KV cache size in MiB"),
+     .def.i = QL_KV_MIB_DEFAULT, RANGE(1, 1 << 24)},
+    {FLAG("kv-dtype", OPT_STRING, SERVE(s.kv_dtype),
+          "the KV cache's values (default f32; f16 halves the bytes)"),
+     .words = &ql_kv_dtype_names},
+    {FLAG("max-running", OPT_INT, SERVE(s.max_running), "N: sequences decoding together"),
+     .def.i = 64, RANGE(1, 65536)},
+    {FLAG("no-prefix-cache", OPT_BOOL, SERVE(s.no_prefix_cache),
+          "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "
+          "room, and reused by any prompt that begins the same under the same adapters)")},
+    {FLAG("max-queued", OPT_INT, SERVE(s.max_queued),
+          "N: requests waiting for a slot; more get 503"),
+     .def.i = 256, RANGE(0, 1 << 20)},
+    {FLAG("max-new-tokens", OPT_INT, SERVE(s.max_new_tokens),
+          "N: the largest max_new_tokens a request may ask for"),
+     .def.i = 4096, RANGE(1, 1 << 24)},
     /* 1 GiB: a thousand ordinary requests (a few hundred KiB each with
      * their answers), or 17 of the largest the bounds allow (64 choices of
      * 4096 tokens with 20 logprobs each, about 60 MB), where 256 of those
      * queued would otherwise hold 15 GB */
-    l->s.max_held_bytes = (int64_t)1 << 30;
-    l->s.max_connections = 256;
-    l->s.max_body_bytes = 1 << 20;
-    l->s.max_header_bytes = 16 << 10;
-    l->s.request_timeout_ms = 30000;
-    l->s.keepalive_timeout_ms = 60000;
+    {FLAG("max-held-bytes", OPT_I64, SERVE(s.max_held_bytes),
+          "N: bytes the accepted, unanswered requests may hold in all; past it 503 (0: no limit)"),
+     .def.i = (int64_t)1 << 30, RANGE(0, (int64_t)1 << 40)},
+    {FLAG("max-context", OPT_INT, SERVE(s.max_context),
+          "N: prompt plus new tokens (0: the model's context length)"),
+     RANGE(0, 1 << 24)},
+    {FLAG("max-connections", OPT_INT, SERVE(s.max_connections), "N: connections open at once"),
+     .def.i = 256, RANGE(1, 1 << 20)},
+    {FLAG("max-body-bytes", OPT_I64, SERVE(s.max_body_bytes),
+          "N: the largest request body; larger gets 413"),
+     .def.i = 1 << 20, RANGE(1024, 1 << 30)},
+    {FLAG("max-header-bytes", OPT_INT, SERVE(s.max_header_bytes),
+          "N: the largest request line plus headers"),
+     .def.i = 16 << 10, RANGE(1024, 1 << 20)},
+    {FLAG("request-timeout-ms", OPT_INT, SERVE(s.request_timeout_ms),
+          "MS: time to receive a whole request; slower gets 408"),
+     .def.i = 30000, RANGE(1, 86400000)}, /* a day */
+    {FLAG("keepalive-timeout-ms", OPT_INT, SERVE(s.keepalive_timeout_ms),
+          "MS: how long an idle keep-alive connection stays open"),
+     .def.i = 60000, RANGE(1, 86400000)},
     /* a client connects to send a request: 10 s is far beyond any
      * handshake's round trips, and short beside the keep-alive minute an
      * idle new connection otherwise holds a slot for */
-    l->s.first_byte_timeout_ms = 10000;
+    {FLAG("first-byte-timeout-ms", OPT_INT, SERVE(s.first_byte_timeout_ms),
+          "MS: a new connection's time to begin its first request (at most the keep-alive's)"),
+     .def.i = 10000, RANGE(1, 86400000)},
     /* a quarter of --max-connections' 256: one address cannot take every
      * slot, and a browser (6 per host) or a client library's pool of tens
      * stays well under it; behind a proxy every client is the proxy's
      * address (docs/operations.md) */
-    l->s.max_connections_per_peer = 64;
-    l->s.grace_ms = 30000;
-    l->s.merge_threads = 1;
-    l->s.device = "auto";
-    l->s.adapter_dtype = "bf16";
-}
-
-/* The range each number must fall in. The upper bounds are not hardware
- * limits; they catch a slip of unit (bytes given where MiB are meant) or a
- * stray digit before it becomes a huge allocation or an overflow. */
-typedef struct serve_range {
-    const char *name;
-    int64_t min, max;
-} serve_range;
-
-static const serve_range serve_ranges[] = {
-    {"port", 0, 65535},
-    {"blocksize", 0, 1 << 20},
-    {"group-size", 0, 1 << 20},
-    {"threads", 0, 4096},
-    {"kv-mib", 1, 1 << 24},
-    {"max-running", 1, 65536},
-    {"max-queued", 0, 1 << 20},
-    {"max-new-tokens", 1, 1 << 24},
-    {"max-held-bytes", 0, (int64_t)1 << 40},
-    {"max-context", 0, 1 << 24},
-    {"max-connections", 1, 1 << 20},
-    {"max-body-bytes", 1024, 1 << 30},
-    {"max-header-bytes", 1024, 1 << 20},
-    {"request-timeout-ms", 1, 86400000}, /* a day */
-    {"keepalive-timeout-ms", 1, 86400000},
-    {"first-byte-timeout-ms", 1, 86400000},
-    {"max-connections-per-peer", 0, 1 << 20},
-    {"grace-ms", 0, 86400000},
-    {"adapter-budget-mib", 0, 1 << 30},
-    {"merge-threads", 1, 4096},
+    {FLAG("max-connections-per-peer", OPT_INT, SERVE(s.max_connections_per_peer),
+          "N: connections open at once from one IP address; more get 503 (0: no cap)"),
+     .def.i = 64, RANGE(0, 1 << 20)},
+    {FLAG("grace-ms", OPT_INT, SERVE(s.grace_ms),
+          "MS: after SIGTERM, time for running requests to finish (0: cancel them)"),
+     .def.i = 30000, RANGE(0, 86400000)},
+    {FLAG("adapter-budget-mib", OPT_I64, SERVE(s.adapter_budget_mib),
+          "N: memory for loaded adapters, least recently used evicted (0: no limit)"),
+     RANGE(0, 1 << 30)},
+    ADAPTER_DTYPE_OPT(serve_layer, s.adapter_dtype),
+    {FLAG("merge-threads", OPT_INT, SERVE(s.merge_threads), "N: threads merging an adapter"),
+     .def.i = 1, RANGE(1, 4096)},
 };
+
+enum { N_SERVE_OPTS = N_OPTS(serve_opts) };
 
 /* Strings cfg_serve owns (copies from the config file and the environment),
  * a list hung on cfg_serve.owned_. */
@@ -481,8 +564,9 @@ void cfg_serve_free(cfg_serve *c)
 
 /* The state of one cfg_parse_serve call, for the helpers below. */
 typedef struct serve_parse {
-    const opt *opts; /* bound to the result */
+    const opt *opts; /* serve_opts */
     size_t n_opts;
+    serve_layer *layer;    /* the values: the layers merged so far */
     value_source *src;     /* src[k]: which layer set opts[k] */
     const char **file_key; /* file_key[k]: the key as written in the file */
     const char *file_path;
@@ -507,19 +591,21 @@ static void env_name(const char *flag, char *buf, size_t len)
         *c = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
 }
 
-static void format_value(const opt *o, bool quote_strings, char *buf, size_t len)
+/* o's value in the struct at base, as text. */
+static void format_value(const opt *o, void *base, bool quote_strings, char *buf, size_t len)
 {
+    const void *dest = value_at(base, o);
     switch (o->type) {
     case OPT_STRING: {
-        const char *v = *(const char **)o->dest;
+        const char *v = *(const char *const *)dest;
         snprintf(buf, len, quote_strings || (v && !*v) ? "\"%s\"" : "%s", v ? v : "(unset)");
         break;
     }
-    case OPT_INT: snprintf(buf, len, "%d", (int)*(int32_t *)o->dest); break;
-    case OPT_I64: snprintf(buf, len, "%lld", (long long)*(int64_t *)o->dest); break;
-    case OPT_U64: snprintf(buf, len, "%llu", (unsigned long long)*(uint64_t *)o->dest); break;
-    case OPT_BOOL: snprintf(buf, len, "%s", *(bool *)o->dest ? "true" : "false"); break;
-    case OPT_FLOAT: snprintf(buf, len, "%g", (double)*(float *)o->dest); break;
+    case OPT_INT: snprintf(buf, len, "%d", (int)*(const int32_t *)dest); break;
+    case OPT_I64: snprintf(buf, len, "%lld", (long long)*(const int64_t *)dest); break;
+    case OPT_U64: snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)dest); break;
+    case OPT_BOOL: snprintf(buf, len, "%s", *(const bool *)dest ? "true" : "false"); break;
+    case OPT_FLOAT: snprintf(buf, len, "%g", (double)*(const float *)dest); break;
     }
 }
 
@@ -529,7 +615,7 @@ static void describe(const serve_parse *p, size_t k, char *buf, size_t len)
 {
     const opt *o = &p->opts[k];
     char value[512], env[96];
-    format_value(o, p->src[k] == SRC_FILE, value, sizeof value);
+    format_value(o, p->layer, p->src[k] == SRC_FILE, value, sizeof value);
     switch (p->src[k]) {
     case SRC_FILE:
         snprintf(buf, len, "config file %s: \"%s\": %s", p->file_path, p->file_key[k], value);
@@ -583,6 +669,7 @@ static const char *json_type_name(const cJSON *item)
 static int apply_file_value(serve_parse *p, size_t k, const cJSON *item)
 {
     const opt *o = &p->opts[k];
+    void *dest = value_at(p->layer, o);
     static const char *const expected[] = {[OPT_STRING] = "a string",
                                            [OPT_INT] = "an integer",
                                            [OPT_BOOL] = "true or false",
@@ -616,25 +703,25 @@ static int apply_file_value(serve_parse *p, size_t k, const cJSON *item)
         const char *v = keep_string(p->result, item->valuestring, strlen(item->valuestring));
         if (!v)
             return usage_error(p->msg, p->msg_len, "serve: out of memory");
-        *(const char **)o->dest = v;
+        *(const char **)dest = v;
         break;
     }
-    case OPT_BOOL: *(bool *)o->dest = cJSON_IsTrue(item); break;
+    case OPT_BOOL: *(bool *)dest = cJSON_IsTrue(item); break;
     case OPT_FLOAT:
         in_range = fabs(d) <= 3.4028234663852886e38;
-        *(float *)o->dest = in_range ? (float)d : 0;
+        *(float *)dest = in_range ? (float)d : 0;
         break;
     case OPT_INT:
         in_range = d >= -2147483648.0 && d < 2147483648.0;
-        *(int32_t *)o->dest = in_range ? (int32_t)d : 0;
+        *(int32_t *)dest = in_range ? (int32_t)d : 0;
         break;
     case OPT_I64:
         in_range = d >= -9223372036854775808.0 && d < 9223372036854775808.0;
-        *(int64_t *)o->dest = in_range ? (int64_t)d : 0;
+        *(int64_t *)dest = in_range ? (int64_t)d : 0;
         break;
     case OPT_U64:
         in_range = d < 18446744073709551616.0;
-        *(uint64_t *)o->dest = in_range ? (uint64_t)d : 0;
+        *(uint64_t *)dest = in_range ? (uint64_t)d : 0;
         break;
     }
     if (!in_range)
@@ -731,7 +818,7 @@ static int apply_environment(serve_parse *p)
         if (!copy)
             return usage_error(p->msg, p->msg_len, "serve: out of memory");
         snprintf(where, sizeof where, "%s=", env);
-        int rc = set_value(&p->opts[k], where, copy, p->msg, p->msg_len);
+        int rc = set_value(&p->opts[k], p->layer, where, copy, p->msg, p->msg_len);
         if (rc != QL_OK)
             return rc;
         p->src[k] = SRC_ENV;
@@ -886,23 +973,27 @@ static bool allowed_host_entry(const char *h, size_t len)
     return ok;
 }
 
-/* Every value within its range; every string that is set non-empty and free
- * of control characters. */
+/* Every value within its row's range; every string that is set non-empty
+ * and free of control characters, and one of its row's words when it has
+ * them. */
 static int validate_serve(serve_parse *p)
 {
     char where[1024];
-    for (size_t r = 0; r < sizeof serve_ranges / sizeof *serve_ranges; r++) {
-        size_t k = find_opt(p->opts, p->n_opts, serve_ranges[r].name);
+    for (size_t k = 0; k < p->n_opts; k++) {
         const opt *o = &p->opts[k];
-        int64_t v = o->type == OPT_I64 ? *(int64_t *)o->dest : *(int32_t *)o->dest;
-        if (v < serve_ranges[r].min || v > serve_ranges[r].max) {
+        if (!o->ranged)
+            continue;
+        const void *at = value_at(p->layer, o);
+        int64_t v = o->type == OPT_I64 ? *(const int64_t *)at : *(const int32_t *)at;
+        if (v < o->min || v > o->max) {
             describe(p, k, where, sizeof where);
             return usage_error(p->msg, p->msg_len, "%s: out of range (%lld to %lld)", where,
-                               (long long)serve_ranges[r].min, (long long)serve_ranges[r].max);
+                               (long long)o->min, (long long)o->max);
         }
     }
     for (size_t k = 0; k < p->n_opts; k++) {
-        const char *v = p->opts[k].type == OPT_STRING ? *(const char **)p->opts[k].dest : NULL;
+        const char *v =
+            p->opts[k].type == OPT_STRING ? *(const char **)value_at(p->layer, &p->opts[k]) : NULL;
         if (!v)
             continue;
         bool control = false;
@@ -918,19 +1009,15 @@ static int validate_serve(serve_parse *p)
         return usage_error(p->msg, p->msg_len,
                            "serve: no model: give --model PATH (or \"model\" in the config file, "
                            "or QLSERVE_MODEL)");
-    char list[64];
-    if (!known_word(&ql_device_names, p->result->device, list, sizeof list)) {
-        describe(p, find_opt(p->opts, p->n_opts, "device"), where, sizeof where);
-        return usage_error(p->msg, p->msg_len, "%s: one of %s", where, list);
-    }
-    if (!known_word(&ql_adapter_dtype_names, p->result->adapter_dtype, list, sizeof list)) {
-        describe(p, find_opt(p->opts, p->n_opts, "adapter-dtype"), where, sizeof where);
-        return usage_error(p->msg, p->msg_len, "%s: one of %s", where, list);
-    }
-    if (p->result->kv_dtype &&
-        !known_word(&ql_kv_dtype_names, p->result->kv_dtype, list, sizeof list)) {
-        describe(p, find_opt(p->opts, p->n_opts, "kv-dtype"), where, sizeof where);
-        return usage_error(p->msg, p->msg_len, "%s: one of %s", where, list);
+    for (size_t k = 0; k < p->n_opts; k++) {
+        const opt *o = &p->opts[k];
+        const char *v = o->words ? *(const char **)value_at(p->layer, o) : NULL;
+        char list[64];
+        if (v && ql_name_parse(o->words, v) < 0) {
+            describe(p, k, where, sizeof where);
+            return usage_error(p->msg, p->msg_len, "%s: one of %s", where,
+                               ql_name_list(o->words, list, sizeof list));
+        }
     }
     const char *host = p->result->host;
     if (strcspn(host, " \t") != strlen(host) || strlen(host) > 253) {
@@ -942,23 +1029,25 @@ static int validate_serve(serve_parse *p)
 
 int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg_len)
 {
+    const opt *opts = serve_opts;
+    enum { N = N_SERVE_OPTS };
     serve_layer fin, flags;
-    serve_defaults(&fin);
+    memset(&fin, 0, sizeof fin);
     memset(&flags, 0, sizeof flags);
-    const opt opts[] = {SERVE_OPTS(&fin)}, flag_opts[] = {SERVE_OPTS(&flags)};
-    enum { N = sizeof opts / sizeof *opts };
+    apply_defaults(opts, N, &fin);
     bool seen[N] = {0};
     value_source src[N] = {0};
     const char *file_key[N] = {0};
     memset(out, 0, sizeof *out);
 
     /* the command line first: --help wins over any error in the file */
-    int rc = parse(argc, argv, flag_opts, N, NULL, seen, msg, msg_len);
+    int rc = parse(argc, argv, opts, N, &flags, NULL, seen, msg, msg_len);
     if (rc != QL_OK)
         return rc;
 
     serve_parse p = {.opts = opts,
                      .n_opts = N,
+                     .layer = &fin,
                      .src = src,
                      .file_key = file_key,
                      .result = &fin.s,
@@ -990,12 +1079,7 @@ int cfg_parse_serve(int argc, char **argv, cfg_serve *out, char *msg, size_t msg
     for (size_t k = 0; k < N; k++) {
         if (!seen[k] || k == k_config)
             continue;
-        size_t size = opts[k].type == OPT_STRING  ? sizeof(const char *)
-                      : opts[k].type == OPT_BOOL  ? sizeof(bool)
-                      : opts[k].type == OPT_FLOAT ? sizeof(float)
-                      : opts[k].type == OPT_INT   ? sizeof(int32_t)
-                                                  : sizeof(int64_t);
-        memcpy(opts[k].dest, flag_opts[k].dest, size);
+        memcpy(value_at(&fin, &opts[k]), value_at(&flags, &opts[k]), value_size(&opts[k]));
         src[k] = SRC_FLAG;
     }
 
@@ -1019,14 +1103,15 @@ fail:
 }
 
 /* serve's flags, each with its default and its config file and environment
- * forms. The defaults are printed from serve_defaults, so they cannot drift
- * from it; a help text that states its own default (the model flags, whose 0
- * means "the kind's default") is left to say it. */
+ * forms. The defaults are printed from the rows, so they cannot drift from
+ * what the parser sets; a help text that states its own default (the model
+ * flags, whose 0 means "the kind's default") is left to say it. */
 static void print_serve_usage(FILE *out)
 {
     serve_layer d;
-    serve_defaults(&d);
-    const opt opts[] = {SERVE_OPTS(&d)};
+    memset(&d, 0, sizeof d);
+    apply_defaults(serve_opts, N_SERVE_OPTS, &d);
+    const opt *opts = serve_opts;
     fprintf(out,
             "usage: qlserve serve --model PATH [flags]\n"
             "Serves the HTTP API: /generate and /generate_stream (TGI-shaped), /v1/completions\n"
@@ -1041,18 +1126,18 @@ static void print_serve_usage(FILE *out)
             "QLSERVE_API_KEY. With an API key every route but /health and GET / wants\n"
             "\"Authorization: Bearer KEY\"; the admin routes want the admin token instead.\n"
             "\n");
-    for (size_t k = 0; k < sizeof opts / sizeof *opts; k++) {
+    for (size_t k = 0; k < N_SERVE_OPTS; k++) {
         const opt *o = &opts[k];
-        char def[64] = "", env[96];
-        if (!strstr(o->help, "default") && (o->type != OPT_STRING || *(const char **)o->dest) &&
-            o->type != OPT_BOOL) {
-            format_value(o, false, def, sizeof def);
+        char def[64] = "", env[96], help[512];
+        if (!strstr(o->help, "default") &&
+            (o->type != OPT_STRING || *(const char **)value_at(&d, o)) && o->type != OPT_BOOL) {
+            format_value(o, &d, false, def, sizeof def);
             memmove(def + 10, def, strlen(def) + 1);
             memcpy(def, " (default ", 10);
             strcat(def, ")");
         }
         env_name(o->name, env, sizeof env);
-        fprintf(out, "  --%-21s %s%s\n", o->name, o->help, def);
+        fprintf(out, "  --%-21s %s%s\n", o->name, help_text(o, help, sizeof help), def);
         if (strcmp(o->name, "config") == 0)
             fprintf(out, "  %-23s env %s (not a config file key)\n", "", env);
         else if (o->type == OPT_BOOL)
@@ -1069,15 +1154,14 @@ static void print_serve_usage(FILE *out)
 
 static void print_opts(FILE *out, const opt *opts, size_t n)
 {
+    char help[512];
     for (size_t i = 0; i < n; i++)
-        fprintf(out, "  --%-14s %s\n", opts[i].name, opts[i].help);
+        fprintf(out, "  --%-14s %s\n", opts[i].name, help_text(&opts[i], help, sizeof help));
 }
 
 void cfg_print_usage(FILE *out, const char *sub)
 {
     if (sub && strcmp(sub, "quantize") == 0) {
-        cfg_quantize q;
-        const opt opts[] = QUANTIZE_OPTS(&q);
         fprintf(out, "usage: qlserve quantize --in IN.safetensors --out OUT.safetensors "
                      "--kind nf4|fp4 [--blocksize N] [--double-quant]\n"
                      "       qlserve quantize --in IN.gguf --out OUT.gguf --kind "
@@ -1090,26 +1174,22 @@ void cfg_print_usage(FILE *out, const char *sub)
                      "llama-quantize does (one type for all, its fallbacks for columns\n"
                      "that are not whole blocks) and copies the metadata and other "
                      "tensors.\n");
-        print_opts(out, opts, sizeof opts / sizeof *opts);
+        print_opts(out, quantize_opts, N_OPTS(quantize_opts));
         return;
     }
     if (sub && strcmp(sub, "inspect") == 0) {
-        cfg_model m;
-        const opt opts[] = {MODEL_OPTS(&m)};
         fprintf(out, "usage: qlserve inspect FILE|MODEL [model flags]\n"
                      "A .safetensors file: its quantized weights with their quant state, other "
                      "tensors, metadata.\nA model (Hugging Face folder or .gguf): architecture, "
                      "sizes, tensor kinds, tokenizer, as loaded with the flags.\n");
-        print_opts(out, opts, sizeof opts / sizeof *opts);
+        print_opts(out, inspect_opts, N_OPTS(inspect_opts));
         return;
     }
     if (sub && strcmp(sub, "generate") == 0) {
-        cfg_generate g;
-        const opt opts[] = {GENERATE_OPTS(&g)};
         fprintf(out, "usage: qlserve generate --model PATH --prompt TEXT [flags]\n"
                      "Prints the completion as it is generated, then a line with the token "
                      "counts and speeds.\n");
-        print_opts(out, opts, sizeof opts / sizeof *opts);
+        print_opts(out, generate_opts, N_OPTS(generate_opts));
         return;
     }
     if (sub && strcmp(sub, "serve") == 0) {
@@ -1117,13 +1197,11 @@ void cfg_print_usage(FILE *out, const char *sub)
         return;
     }
     if (sub && strcmp(sub, "tokenize") == 0) {
-        cfg_tokenize t;
-        const opt opts[] = {TOKENIZE_OPTS(&t)};
         fprintf(out, "usage: qlserve tokenize --model PATH [--add-bos] [--no-special] [--json] "
                      "TEXT\n"
                      "Prints the token ids and pieces of TEXT (special-token strings in it "
                      "become their ids unless --no-special), reading only the tokenizer.\n");
-        print_opts(out, opts, sizeof opts / sizeof *opts);
+        print_opts(out, tokenize_opts, N_OPTS(tokenize_opts));
         return;
     }
     fprintf(out,
