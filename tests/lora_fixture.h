@@ -216,7 +216,7 @@ static inline void lora_fix_write(const char *folder, const eng_config *c, const
              s->target_modules ? s->target_modules : targets, s->use_rslora ? "true" : "false");
     char path[1024];
     snprintf(path, sizeof path, "%s/adapter_config.json", folder);
-    tiny_write_json(path, cfg);
+    test_write_text(path, cfg);
     free(cfg);
 
     st_writer *w = st_writer_new();
