@@ -502,10 +502,9 @@ Test(cli, generate_with_an_adapter_unmerged_and_merged)
     char model[600], adapter[600], args[2400];
     tiny_spec s = write_tiny_model(model, sizeof model);
     snprintf(adapter, sizeof adapter, "%s/adapter", dir);
-    eng_config cfg = lora_fix_config(&s);
     lora_fix_spec ls = lora_fix_default();
     ls.std = 0.2f;
-    lora_fix_write(adapter, &cfg, &ls);
+    lora_fix_write_tiny(adapter, NULL, &s, &ls);
     char *base, *unmerged, *merged, *out;
     snprintf(args, sizeof args,
              "generate --model '%s' --quant nf4 --prompt 'the theme' --max-new-tokens 8 "

@@ -28,18 +28,6 @@
 #error "QL_SOURCE_DIR must name the source tree"
 #endif
 
-/* A small file's whole text (the caller frees). */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    char *buf = calloc(1, 1 << 16);
-    size_t n = fread(buf, 1, (1 << 16) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 static void load(eng_model *m, const char *path)
 {
     char msg[1024];
@@ -117,35 +105,6 @@ Test(gemma, reference_pass_equals_transformers)
     test_rmtree(dir);
 }
 
-/* A version with the adapter merged into every projection it targets, as
- * the registry builds it (test_lora_engine.c's merged_version, f32). */
-static eng_weights *merged_version(const eng_model *m, eng_lora *lora)
-{
-    char msg[512];
-    eng_weights *v = NULL;
-    cr_assert_eq(eng_weights_new(&v, m, 1, msg, sizeof msg), 0, "%s", msg);
-    lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
-    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            const eng_lora_module *mod = eng_lora_module_at(lora, l, (eng_proj)p);
-            if (!mod)
-                continue;
-            lora_part part = {lora->name, mod, 1.0f};
-            const qtensor *w = eng_model_proj(m, l, (eng_proj)p);
-            const lora_ops *ops = NULL;
-            cr_assert_eq(lora_dispatch(w, &ops, msg, sizeof msg), 0, "%s", msg);
-            qtensor merged;
-            lora_cost cost;
-            cr_assert_eq(ops->merge(w, &part, 1, &o, "module", &merged, &cost, msg, sizeof msg), 0,
-                         "%s", msg);
-            eng_weights_set(v, l, (eng_proj)p, &merged);
-        }
-    }
-    eng_lora_term t = {lora, 1.0f};
-    cr_assert_eq(eng_weights_set_merged(v, &t, 1, msg, sizeof msg), 0);
-    return v;
-}
-
 /* Every position of one run against the float64 reference R. */
 static void assert_matches_ref(const float *all, const ref_model *R, const char *label)
 {
@@ -196,7 +155,7 @@ static void adapter_on(const char *fixture, bool gguf)
     free(base);
     free(all);
     // merged (f32: the merge is W + BA rounded once)
-    eng_weights *v = merged_version(&m, lora);
+    eng_weights *v = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
     all = run_prompt_with(&m, v, NULL, 0);
     assert_matches_ref(all, &R, "merged q/v adapter");
     free(all);
@@ -238,7 +197,8 @@ Test(gemma, unsupported_gemma_configs_are_refused_by_field)
         test_tmpdir(dir, sizeof dir);
         tiny_fixture_folder("gemma3_tiny", dir);
         snprintf(path, sizeof path, "%s/config.json", dir);
-        char *text = slurp(path);
+        char *text = test_read_file(path, NULL);
+        cr_assert(text, "cannot read %s", path);
         cr_assert(text && strstr(text, cases[i].from), "case %zu: fixture text not found", i);
         char *at = strstr(text, cases[i].from);
         FILE *f = fopen(path, "wb");

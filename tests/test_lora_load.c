@@ -1103,15 +1103,6 @@ Test(lora_load, target_modules_with_explosive_counted_repeats_are_refused, .time
 
 /* --- adapter files stay inside their folder ------------------------------------------ */
 
-/* text into path (made or replaced). */
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "%s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* folder's chat_template.jinja holding tmpl, and its
  * additional_chat_templates/ folder, holding tool_use.jinja unless tool_use
  * is NULL. */
@@ -1119,12 +1110,12 @@ static void write_templates(const char *folder, const char *tmpl, const char *to
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/chat_template.jinja", folder);
-    write_text(path, tmpl);
+    test_write_text(path, tmpl);
     snprintf(path, sizeof path, "%s/additional_chat_templates", folder);
     cr_assert_eq(mkdir(path, 0700), 0);
     snprintf(path, sizeof path, "%s/additional_chat_templates/tool_use.jinja", folder);
     if (tool_use)
-        write_text(path, tool_use);
+        test_write_text(path, tool_use);
 }
 
 /* The outside a hostile folder's links lead to: dir/outside, an adapter
@@ -1139,7 +1130,7 @@ static void write_outside(const eng_model *m, char *outside, size_t len)
     write_templates(outside, "outside-secret-template", "outside-secret-template");
     char path[900];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", outside);
-    write_text(path, "{\"chat_template\": \"outside-secret-template\"}");
+    test_write_text(path, "{\"chat_template\": \"outside-secret-template\"}");
 }
 
 /* Each file a load reads from an adapter folder (its config, its weights,

@@ -42,6 +42,7 @@
 #include "engine.h"
 #include "fixtures/phi3_reference.h"
 #include "lora.h"
+#include "lora_fixture.h"
 #include "ref_forward.h"
 #include "run_prompt.h"
 #include "test_util.h"
@@ -67,20 +68,6 @@ static void teardown(void)
 }
 
 TestSuite(phi3, .init = setup, .fini = teardown, .timeout = 120);
-
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s && fread(s, 1, (size_t)n, f) == (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 /* The fixture folder in dir with a tokenizer (the tiny byte-level one: the
  * test feeds ids) and config.json as given (NULL: the fixture's). */
@@ -151,7 +138,8 @@ Test(phi3, short_prompt_keeps_the_long_factors_the_context_chose)
 /* The fixture's config.json with `from` replaced by `to` (once). */
 static char *config_with(const char *from, const char *to)
 {
-    char *s = read_text(FIXTURE("phi3_tiny/config.json"));
+    char *s = test_read_file(FIXTURE("phi3_tiny/config.json"), NULL);
+    cr_assert(s, "cannot read the fixture's config.json");
     char *at = strstr(s, from);
     cr_assert(at, "config.json has no %s", from);
     size_t n = strlen(s) - strlen(from) + strlen(to) + 1;
@@ -410,35 +398,6 @@ static eng_lora *load_adapter(const eng_model *m)
     return l;
 }
 
-/* A version with the adapter merged into every projection it targets, as
- * the registry builds one (through the dispatch). */
-static eng_weights *merged_version(const eng_model *m, eng_lora *lora)
-{
-    char msg[512];
-    eng_weights *w = NULL;
-    cr_assert_eq(eng_weights_new(&w, m, 1, msg, sizeof msg), 0, "%s", msg);
-    lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
-    for (int32_t l = 0; l < m->cfg.n_layers; l++)
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            const eng_lora_module *mod = eng_lora_module_at(lora, l, (eng_proj)p);
-            if (!mod)
-                continue;
-            lora_part part = {lora->name, mod, 1.0f};
-            const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
-            const lora_ops *ops = NULL;
-            cr_assert_eq(lora_dispatch(pristine, &ops, msg, sizeof msg), 0, "%s", msg);
-            qtensor merged;
-            lora_cost cost;
-            cr_assert_eq(
-                ops->merge(pristine, &part, 1, &o, "module", &merged, &cost, msg, sizeof msg), 0,
-                "%s", msg);
-            eng_weights_set(w, l, (eng_proj)p, &merged);
-        }
-    eng_lora_term term = {lora, 1.0f};
-    cr_assert_eq(eng_weights_set_merged(w, &term, 1, msg, sizeof msg), 0);
-    return w;
-}
-
 /* Unmerged, then merged: PEFT's float64 logits at every position. */
 static void check_adapter(const eng_model *m, const char *label)
 {
@@ -449,7 +408,7 @@ static void check_adapter(const eng_model *m, const char *label)
     cr_log_info("%s unmerged: worst logit error %g", label, worst);
     cr_assert_lt(worst, 1e-5, "%s unmerged: worst logit error %g", label, worst);
     free(all);
-    eng_weights *w = merged_version(m, lora);
+    eng_weights *w = lora_fix_merged_version(m, &term, 1, QT_KIND_COUNT);
     all = run_phi3(m, PHI3_N_TOKENS, w, NULL, 0);
     worst = worst_error(all, PHI3_LORA_LOGITS, PHI3_N_TOKENS);
     cr_log_info("%s merged: worst logit error %g", label, worst);

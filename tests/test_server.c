@@ -289,17 +289,12 @@ static bool metric_becomes(const char *name, double value)
 static void write_adapter_of(const char *name, const tiny_spec *model, uint64_t seed, float std,
                              uint32_t projs)
 {
-    char folder[800];
-    if (name[0] == '/')
-        snprintf(folder, sizeof folder, "%s", name);
-    else
-        snprintf(folder, sizeof folder, "%s/%s", adapter_dir, name);
-    eng_config cfg = lora_fix_config(model);
     lora_fix_spec s = lora_fix_default();
     s.seed = seed;
     s.std = std;
     s.projs = projs;
-    lora_fix_write(folder, &cfg, &s);
+    lora_fix_write_tiny(name[0] == '/' ? name : adapter_dir, name[0] == '/' ? NULL : name, model,
+                        &s);
 }
 
 /* An adapter of every projection. */

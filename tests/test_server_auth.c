@@ -69,14 +69,6 @@ static void teardown(void)
 TestSuite(auth, .init = setup, .fini = teardown, .timeout = 300);
 TestSuite(cors, .init = setup, .fini = teardown, .timeout = 300);
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
-    fclose(f);
-}
-
 /* The server with the flags in extra (NULL-terminated) after the usual
  * ones; returns once /health says 200. */
 static void start(const char *const *extra)
@@ -158,7 +150,7 @@ Test(secret, equal_only_when_every_byte_and_the_length_agree)
 
 Test(auth, health_is_open_and_every_other_route_wants_the_key)
 {
-    write_text(key_file, KEY "\n");
+    test_write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, NULL});
     hc_response r = request("GET", "/health", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
@@ -216,7 +208,7 @@ Test(auth, health_is_open_and_every_other_route_wants_the_key)
 
 Test(auth, streams_want_the_key_too)
 {
-    write_text(key_file, KEY);
+    test_write_text(key_file, KEY);
     start((const char *[]){"--api-key-file", key_file, NULL});
     hc_response r = request("POST", "/generate_stream", NULL, generation);
     expect_key_refused(&r, true, "/generate_stream");
@@ -244,8 +236,8 @@ Test(auth, streams_want_the_key_too)
 
 Test(auth, admin_routes_want_the_admin_token_not_the_api_key)
 {
-    write_text(key_file, KEY "\n");
-    write_text(token_file, ADMIN_TOKEN "\n");
+    test_write_text(key_file, KEY "\n");
+    test_write_text(token_file, ADMIN_TOKEN "\n");
     start((const char *[]){"--api-key-file", key_file, "--admin-token-file", token_file, NULL});
     hc_response r = request("GET", "/admin/state", WITH_KEY, NULL);
     cr_assert_eq(r.status, 401, "the API key is no admin token: %s", r.body);
@@ -322,7 +314,7 @@ static hc_response request_from(const char *source, const char *path, const char
 Test(auth, without_an_admin_token_admin_stays_loopback_only_and_key_free)
 {
     enter_network_with_elsewhere();
-    write_text(key_file, KEY "\n");
+    test_write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, NULL});
     hc_response r = request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
@@ -344,7 +336,7 @@ Test(auth, without_an_admin_token_admin_stays_loopback_only_and_key_free)
 static void expect_refused_at_start(const char *file_text, const char *needle)
 {
     if (file_text)
-        write_text(key_file, file_text);
+        test_write_text(key_file, file_text);
     const char *argv[] = {QL_BINARY, "serve",          "--model", model_dir, "--port",
                           "0",       "--api-key-file", key_file,  NULL};
     sp_spawn(argv, log_path);
@@ -594,7 +586,7 @@ static void expect_header(const hc_response *r, const char *name, const char *wa
 
 Test(cors, listed_origins_get_the_headers_and_preflights_need_no_key)
 {
-    write_text(key_file, KEY "\n");
+    test_write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, "--cors-allow-origin",
                            "https://app.example, http://localhost:5173", NULL});
     static const char app[] = "Origin: https://app.example\r\n";

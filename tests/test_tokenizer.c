@@ -383,35 +383,13 @@ Test(tokenizer, a_150k_vocabulary_loads_and_merges)
 
 /* --- refusals ----------------------------------------------------------------- */
 
-static void write_text(const char *path, const char *text, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(text, 1, len, f), len);
-    fclose(f);
-}
-
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc(*len + 1);
-    cr_assert_eq(fread(p, 1, *len, f), *len);
-    p[*len] = 0;
-    fclose(f);
-    return p;
-}
-
 /* tokenizer.json text must be refused with code `rc` and a message that
  * holds the path and each of the words. */
 static void expect_hf_refused(const char *text, int rc, const char *word1, const char *word2)
 {
     char path[1024], msg[1024];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    write_text(path, text, strlen(text));
+    test_write_bytes(path, text, strlen(text));
     tok_tokenizer *t = (tok_tokenizer *)&path; /* must come back NULL */
     cr_expect_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), rc, "%s", msg);
     cr_expect_null(t);
@@ -426,7 +404,8 @@ static cJSON *fixture_json(const char *name)
     char path[1024];
     size_t len;
     snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer.json", QL_FIXTURES, name);
-    char *text = read_text(path, &len);
+    char *text = test_read_file(path, &len);
+    cr_assert(text, "cannot read %s", path);
     cJSON *root = cJSON_Parse(text);
     free(text);
     cr_assert(root);
@@ -444,9 +423,10 @@ static void expect_json_refused(cJSON *root, int rc, const char *word1, const ch
 Test(tokenizer, truncated_or_non_json_files_are_refused)
 {
     char path[1024], msg[512];
-    size_t len;
+    size_t len = 0;
     snprintf(path, sizeof path, "%s/tokenizers/gpt2/tokenizer.json", QL_FIXTURES);
-    char *text = read_text(path, &len);
+    char *text = test_read_file(path, &len);
+    cr_assert(text, "cannot read %s", path);
     text[len / 2] = 0;
     expect_hf_refused(text, QL_EFORMAT, "JSON", "truncated");
     free(text);
@@ -509,7 +489,7 @@ Test(tokenizer, a_config_naming_a_missing_token_is_refused)
     snprintf(json, sizeof json, "%s/tokenizers/gpt2/tokenizer.json", QL_FIXTURES);
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
     const char *text = "{\"bos_token\": \"<|nowhere|>\", \"eos_token\": \"<|endoftext|>\"}";
-    write_text(cfg, text, strlen(text));
+    test_write_bytes(cfg, text, strlen(text));
     tok_tokenizer *t = NULL;
     cr_expect_eq(tok_from_hf(&t, json, cfg, msg, sizeof msg), QL_EFORMAT);
     cr_expect(strstr(msg, cfg) && strstr(msg, "<|nowhere|>"), "%s", msg);

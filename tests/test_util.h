@@ -221,6 +221,28 @@ static inline bool test_write_file(const char *path, const void *data, size_t le
     return fclose(f) == 0 && ok;
 }
 
+/* A file's whole contents, NUL-terminated (malloc'd; the caller frees),
+ * its length in *len when len is not NULL; NULL when it cannot be read. */
+static inline char *test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *text = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+    if (text && fread(text, 1, (size_t)n, f) != (size_t)n) {
+        free(text);
+        text = NULL;
+    }
+    fclose(f);
+    if (text) {
+        text[n] = 0;
+        if (len)
+            *len = (size_t)n;
+    }
+    return text;
+}
+
 /* The asserting forms, for Criterion tests (bench/ includes this header
  * without Criterion and uses only the functions): text or len bytes into
  * path (made or replaced), a file copied. */
