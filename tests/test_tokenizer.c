@@ -25,6 +25,7 @@
 #include "fixtures/tokenizer_vectors.h"
 #include "gguf_writer.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 #define N_TOKENIZERS (sizeof tokv_tokenizers / sizeof tokv_tokenizers[0])
 
@@ -281,26 +282,6 @@ Test(tokenizer, real_smollm2_gguf_gives_the_models_ids)
 
 /* --- a large vocabulary ---------------------------------------------------------- */
 
-/* GPT-2's printable character for byte b, UTF-8. */
-static void byte_char(int b, char *out)
-{
-    int n = 0, cp = b;
-    if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) {
-        for (int c = 0; c < b; c++)
-            if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF)))
-                n++;
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = 0;
-    }
-}
-
 /* Speed is a benchmark's business, not a test's: the load time is logged,
  * and the test pins that a vocabulary this large loads and merges by rank. */
 Test(tokenizer, a_150k_vocabulary_loads_and_merges)
@@ -308,9 +289,9 @@ Test(tokenizer, a_150k_vocabulary_loads_and_merges)
     /* 256 byte tokens, every pair of them, then pairs with a third byte up
      * to 150000 tokens; a merge for each token past the bytes */
     enum { N_TOKENS = 150000 };
-    char sym[256][3];
+    char sym[256][4];
     for (int b = 0; b < 256; b++)
-        byte_char(b, sym[b]);
+        tiny_byte_symbol(b, sym[b]);
     cJSON *root = cJSON_CreateObject();
     cJSON *model = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(model, "type", "BPE");
