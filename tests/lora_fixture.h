@@ -27,6 +27,7 @@
 
 #include "engine.h"
 #include "gguf_writer.h"
+#include "lora.h"
 #include "qt_math.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -216,7 +217,7 @@ static inline void lora_fix_write(const char *folder, const eng_config *c, const
              s->target_modules ? s->target_modules : targets, s->use_rslora ? "true" : "false");
     char path[1024];
     snprintf(path, sizeof path, "%s/adapter_config.json", folder);
-    tiny_write_json(path, cfg);
+    test_write_text(path, cfg);
     free(cfg);
 
     st_writer *w = st_writer_new();
@@ -248,6 +249,24 @@ static inline void lora_fix_write(const char *folder, const eng_config *c, const
     char msg[512];
     cr_assert_eq(st_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     st_writer_free(w);
+}
+
+/* The adapter folder dir/name (name NULL: dir itself) for the tiny model
+ * of spec `model` (NULL: tiny_default(), the model the server tests serve),
+ * written as s says (NULL: lora_fix_default()): the one adapter writer of
+ * the tests that serve or load the tiny model. */
+static inline void lora_fix_write_tiny(const char *dir, const char *name, const tiny_spec *model,
+                                       const lora_fix_spec *s)
+{
+    char folder[990]; /* lora_fix_write joins file names to it in 1024 */
+    int n = name ? snprintf(folder, sizeof folder, "%s/%s", dir, name)
+                 : snprintf(folder, sizeof folder, "%s", dir);
+    cr_assert(n > 0 && (size_t)n < sizeof folder, "adapter folder %s/%s: too long", dir,
+              name ? name : "");
+    tiny_spec spec = model ? *model : tiny_default();
+    eng_config cfg = lora_fix_config(&spec);
+    lora_fix_spec fallback = lora_fix_default();
+    lora_fix_write(folder, &cfg, s ? s : &fallback);
 }
 
 /*
@@ -347,6 +366,43 @@ static inline void lora_fix_write_llama_gguf(const char *path, const eng_model *
     char msg[512];
     cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
     gguf_writer_free(w);
+}
+
+/* A weight version with `terms` (up to 4) merged into every projection
+ * they target, built through the merge dispatch as the registry builds it,
+ * into kind `into` (QT_KIND_COUNT: each weight's own); the caller
+ * eng_weights_unref's it. */
+static inline eng_weights *lora_fix_merged_version(const eng_model *m, const eng_lora_term *terms,
+                                                   size_t n, qt_kind into)
+{
+    char msg[512];
+    eng_weights *v = NULL;
+    cr_assert_eq(eng_weights_new(&v, m, 1, msg, sizeof msg), 0, "%s", msg);
+    lora_merge_opts o = {.safe_merge = true, .into = into};
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            lora_part parts[4];
+            size_t np = 0;
+            for (size_t t = 0; t < n; t++) {
+                const eng_lora_module *mod = eng_lora_module_at(terms[t].lora, l, (eng_proj)p);
+                if (mod)
+                    parts[np++] = (lora_part){terms[t].lora->name, mod, terms[t].scale};
+            }
+            if (!np)
+                continue;
+            const qtensor *w = eng_model_proj(m, l, (eng_proj)p);
+            const lora_ops *ops = NULL;
+            cr_assert_eq(lora_dispatch(w, &ops, msg, sizeof msg), 0, "%s", msg);
+            qtensor merged;
+            lora_cost cost;
+            cr_assert_eq(ops->merge(w, parts, np, &o, "module", &merged, &cost, msg, sizeof msg), 0,
+                         "%s", msg);
+            cr_assert_eq(merged.kind, into == QT_KIND_COUNT ? w->kind : into);
+            eng_weights_set(v, l, (eng_proj)p, &merged);
+        }
+    }
+    cr_assert_eq(eng_weights_set_merged(v, terms, n, msg, sizeof msg), 0);
+    return v;
 }
 
 #endif

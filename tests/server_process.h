@@ -187,11 +187,20 @@ static inline void sp_stop_cleanly(void)
 
 /* --- requests ----------------------------------------------------------------- */
 
-static inline hc_response sp_post(const char *path, const char *body)
+/* One request on its own connection (headers and body may be NULL); the
+ * whole response (the caller hc_response_free's it). */
+static inline hc_response sp_request(const char *method, const char *path, const char *headers,
+                                     const char *body)
 {
     hc_response r;
-    cr_assert(hc_request(sp.port, "POST", path, NULL, body, &r), "POST %s: no response", path);
+    cr_assert(hc_request(sp.port, method, path, headers, body, &r), "%s %s: no response", method,
+              path);
     return r;
+}
+
+static inline hc_response sp_post(const char *path, const char *body)
+{
+    return sp_request("POST", path, NULL, body);
 }
 
 /* The body of a whole answer (malloc'd), with its status. */

@@ -44,10 +44,7 @@ static void write_bytes(const char *folder, const char *name, const char *text, 
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", folder, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(text, 1, len, f), len);
-    fclose(f);
+    test_write_bytes(path, text, len);
 }
 
 static void write_text(const char *folder, const char *name, const char *text)

@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "lora_fixture.h"
 #include "qt_math.h"
+#include "run_prompt.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -501,10 +502,9 @@ Test(cli, generate_with_an_adapter_unmerged_and_merged)
     char model[600], adapter[600], args[2400];
     tiny_spec s = write_tiny_model(model, sizeof model);
     snprintf(adapter, sizeof adapter, "%s/adapter", dir);
-    eng_config cfg = lora_fix_config(&s);
     lora_fix_spec ls = lora_fix_default();
     ls.std = 0.2f;
-    lora_fix_write(adapter, &cfg, &ls);
+    lora_fix_write_tiny(adapter, NULL, &s, &ls);
     char *base, *unmerged, *merged, *out;
     snprintf(args, sizeof args,
              "generate --model '%s' --quant nf4 --prompt 'the theme' --max-new-tokens 8 "
@@ -693,25 +693,8 @@ Test(cli, quantize_gguf_refuses_quantized_and_non_gguf_inputs)
 /* Every position's logits of a short prompt through m (caller frees). */
 static float *prompt_logits(eng_model *m, const int32_t *ids, int n)
 {
-    char msg[1024];
-    eng_pool *pool;
-    eng_kv_cache *kv;
-    eng_forward_state *st;
-    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_kv_new(&kv, &m->cfg, 4 << 20, 16, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_forward_state_new(&st, m, 64, msg, sizeof msg), 0, "%s", msg);
-    eng_seq_kv skv = {0};
-    cr_assert_eq(eng_kv_reserve(kv, &skv, n), 0);
-    size_t vocab = (size_t)m->cfg.vocab_size;
-    float *all = malloc((size_t)n * vocab * sizeof(float)), *last = malloc(vocab * sizeof(float));
-    eng_step_seq s = {.kv = &skv, .tokens = ids, .n_tokens = n, .all_logits = all};
-    cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
-    free(last);
-    eng_kv_release(kv, &skv);
-    eng_forward_state_free(st);
-    eng_kv_free(kv);
-    eng_pool_free(pool);
-    return all;
+    prompt_run r = {.tokens = ids, .n_tokens = n};
+    return run_prompt(m, &r);
 }
 
 /* Both tokenizers give the same ids for each text, special tokens parsed. */
@@ -915,7 +898,7 @@ Test(cli, quantize_a_folder_refuses_other_architectures_by_name)
     tiny_spec s = tiny_default();
     tiny_write_hf(folder, &s);
     snprintf(path, sizeof path, "%s/config.json", folder);
-    tiny_write_json(path, "{\"architectures\": [\"Phi3ForCausalLM\"], \"vocab_size\": 260}");
+    test_write_text(path, "{\"architectures\": [\"Phi3ForCausalLM\"], \"vocab_size\": 260}");
     snprintf(outp, sizeof outp, "%s/out.gguf", dir);
     snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q4_k", folder, outp);
     char *out;

@@ -56,10 +56,7 @@ TestSuite(config, .init = setup, .fini = teardown);
 static const char *write_file(const char *name, const char *text, char *path, size_t len)
 {
     snprintf(path, len, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
-    fclose(f);
+    test_write_text(path, text);
     return path;
 }
 

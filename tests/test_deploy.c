@@ -58,17 +58,8 @@ static char *read_text(const char *rel)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", QL_SOURCE_DIR, rel);
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "%s: cannot open: %s", rel, strerror(errno));
-    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    cr_assert(n >= 0);
-    rewind(f);
-    char *text = malloc((size_t)n + 1);
-    cr_assert(text);
-    cr_assert_eq(fread(text, 1, (size_t)n, f), (size_t)n, "%s: short read", rel);
-    text[n] = 0;
-    fclose(f);
+    char *text = test_read_file(path, NULL);
+    cr_assert(text, "%s: cannot read: %s", rel, strerror(errno));
     return text;
 }
 

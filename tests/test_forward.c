@@ -112,7 +112,7 @@ static void patch_config(const char *folder, const char *patch)
         cJSON_AddItemToObject(cfg, item->string, cJSON_Duplicate(item, true));
     }
     char *text = cJSON_Print(cfg);
-    tiny_write_json(path, text);
+    test_write_text(path, text);
     free(text);
     cJSON_Delete(cfg);
     cJSON_Delete(p);

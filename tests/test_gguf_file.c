@@ -30,24 +30,11 @@ static void teardown(void)
 
 TestSuite(gguf_file, .init = setup, .fini = teardown);
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    fclose(f);
-}
-
+/* path's whole contents (the caller frees), its length in *n. */
 static uint8_t *read_bytes(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(*n ? *n : 1);
-    cr_assert_eq(fread(p, 1, *n, f), *n);
-    fclose(f);
+    uint8_t *p = (uint8_t *)test_read_file(path, n);
+    cr_assert(p, "cannot open %s", path);
     return p;
 }
 
@@ -115,7 +102,7 @@ static void raw_zeros(raw *r, size_t n)
  * names the file and holds `what` (and `also`, when not NULL). */
 static void expect_refused(const char *path, const raw *r, const char *what, const char *also)
 {
-    write_bytes(path, r->p, r->len);
+    test_write_bytes(path, r->p, r->len);
     gguf_file f;
     char msg[512] = "";
     int rc = gguf_open(&f, path, msg, sizeof msg);
@@ -354,7 +341,7 @@ Test(gguf_file, every_scalar_type_reads_back_converted)
     raw_str(&r, "i8pos");
     raw_le(&r, GGUF_INT8, 4);
     raw_le(&r, 100, 1);
-    write_bytes(path, r.p, r.len);
+    test_write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
@@ -574,14 +561,14 @@ Test(gguf_file, ggml_type_names_and_sizes_follow_ggml)
         raw_tensor(&r, "t", 2, ne, types[i].type, 0);
         raw_pad(&r, 32);
         raw_zeros(&r, types[i].bytes * 2 * 3);
-        write_bytes(path, r.p, r.len);
+        test_write_bytes(path, r.p, r.len);
         gguf_file f;
         char msg[512];
         cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s: %s", types[i].name, msg);
         cr_assert_eq(f.tensors[0].nbytes, types[i].bytes * 6, "%s", types[i].name);
         gguf_close(&f);
         /* one byte short is refused */
-        write_bytes(path, r.p, r.len - 1);
+        test_write_bytes(path, r.p, r.len - 1);
         cr_assert_neq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", types[i].name);
         /* ne[0] off the block is refused */
         if (types[i].ne0 > 1) {
@@ -633,7 +620,7 @@ Test(gguf_file, every_truncation_is_refused)
     cr_assert_eq(f.data_offset + last->offset + last->nbytes, n);
     gguf_close(&f);
     for (size_t len = 0; len < n; len++) {
-        write_bytes(cut, bytes, len);
+        test_write_bytes(cut, bytes, len);
         msg[0] = '\0';
         int rc = gguf_open(&f, cut, msg, sizeof msg);
         cr_assert_neq(rc, QL_OK, "a file cut to %zu of %zu bytes was accepted", len, n);
@@ -660,11 +647,11 @@ Test(gguf_file, missing_padding_after_the_last_tensor_is_accepted)
     size_t n;
     uint8_t *bytes = read_bytes(path, &n);
     cr_assert_eq(n % 32, 0u, "the writer pads the last tensor, as ggml does");
-    write_bytes(path, bytes, n - 20);
+    test_write_bytes(path, bytes, n - 20);
     gguf_file f;
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
     gguf_close(&f);
-    write_bytes(path, bytes, n - 21);
+    test_write_bytes(path, bytes, n - 21);
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_EFORMAT);
     cr_assert(strstr(msg, "'v'") && strstr(msg, "past the end"), "%s", msg);
     free(bytes);
@@ -780,7 +767,7 @@ Test(gguf_file, tensor_offsets_must_be_aligned_inside_and_apart)
     raw_tensor(&r, "b", 2, ne, GGML_TYPE_F32, 0);
     raw_pad(&r, 32);
     raw_zeros(&r, 128);
-    write_bytes(path, r.p, r.len);
+    test_write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
@@ -913,7 +900,7 @@ Test(gguf_file, bad_magic_and_versions_are_refused)
     expect_refused(path, &r, "too short", NULL);
     /* the smallest valid file: a header and nothing else */
     raw_header(&r, 3, 0, 0);
-    write_bytes(path, r.p, r.len);
+    test_write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
@@ -989,7 +976,7 @@ Test(gguf_file, misaligned_dense_data_is_refused_not_misread)
     raw_tensor(&r, "q", 1, ne, GGML_TYPE_Q8_0, 0);
     raw_tensor(&r, "odd", 1, ne, GGML_TYPE_F32, 34);
     raw_zeros(&r, 34 + 128 + 8);
-    write_bytes(path, r.p, r.len);
+    test_write_bytes(path, r.p, r.len);
     gguf_file f;
     char msg[512];
     cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s", msg);
@@ -1138,7 +1125,7 @@ Test(gguf_file, random_corruption_never_crashes, .timeout = 60)
         /* aim at the header and infos, where the parser lives */
         for (int k = 0; k < flips; k++)
             copy[test_rand(&rng) % header_end] = (uint8_t)test_rand(&rng);
-        write_bytes(bad, copy, n);
+        test_write_bytes(bad, copy, n);
         gguf_file f;
         if (gguf_open(&f, bad, msg, sizeof msg) != QL_OK) {
             cr_assert(strstr(msg, bad), "no file name: %s", msg);
@@ -1197,7 +1184,7 @@ static void write_many_tensors(const char *path, size_t n, bool dup_last)
     }
 #undef PUT_LE
     at = (at + 31) / 32 * 32 + data;
-    write_bytes(path, p, at);
+    test_write_bytes(path, p, at);
     free(p);
 }
 

@@ -182,41 +182,6 @@ static void rig_step(rig *g, const eng_step_seq *seqs, int32_t n, float *logits,
     cr_assert_eq(rc, QL_OK, "%s: eng_forward: %s", label, msg);
 }
 
-/* A version with `terms` merged into every projection they target, built
- * through the dispatch, as the registry builds it. */
-static eng_weights *merged_version(const eng_model *m, const eng_lora_term *terms, size_t n,
-                                   qt_kind into)
-{
-    char msg[512];
-    eng_weights *v = NULL;
-    cr_assert_eq(eng_weights_new(&v, m, 1, msg, sizeof msg), 0, "%s", msg);
-    lora_merge_opts o = {.safe_merge = true, .into = into};
-    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            lora_part parts[4];
-            size_t np = 0;
-            for (size_t t = 0; t < n; t++) {
-                const eng_lora_module *mod = eng_lora_module_at(terms[t].lora, l, (eng_proj)p);
-                if (mod)
-                    parts[np++] = (lora_part){terms[t].lora->name, mod, terms[t].scale};
-            }
-            if (!np)
-                continue;
-            const qtensor *w = eng_model_proj(m, l, (eng_proj)p);
-            const lora_ops *ops = NULL;
-            cr_assert_eq(lora_dispatch(w, &ops, msg, sizeof msg), 0, "%s", msg);
-            qtensor merged;
-            lora_cost cost;
-            cr_assert_eq(ops->merge(w, parts, np, &o, "module", &merged, &cost, msg, sizeof msg), 0,
-                         "%s", msg);
-            cr_assert_eq(merged.kind, into == QT_KIND_COUNT ? w->kind : into);
-            eng_weights_set(v, l, (eng_proj)p, &merged);
-        }
-    }
-    cr_assert_eq(eng_weights_set_merged(v, terms, n, msg, sizeof msg), 0);
-    return v;
-}
-
 /* --- 1. unmerged and merged against the float64 reference, every kind --------- */
 
 /* Projection p of a reference layer: the dequantized weight. */
@@ -406,7 +371,7 @@ static void adapters_match_reference(const kind_case *kc)
     // version's own weights, dequant(Q(W + delta))
     eng_lora_term merged = {one, 1.0f};
     eng_weights *v =
-        merged_version(&g.m, &merged, 1, merges_into_int8(kc) ? QT_AFFINE : QT_KIND_COUNT);
+        lora_fix_merged_version(&g.m, &merged, 1, merges_into_int8(kc) ? QT_AFFINE : QT_KIND_COUNT);
     snprintf(label, sizeof label, "%s merged one", kc->label);
     assert_merge_adds_delta(&g.m, v, &merged, 1, label);
     ref_load_version(&R, &g.m, v);
@@ -465,7 +430,7 @@ Test(lora_engine, merge_into_int8_and_bf16_matches_reference)
     eng_lora_term t = {one, 1.0f};
     qt_kind into[2] = {QT_AFFINE, QT_BF16};
     for (int i = 0; i < 2; i++) {
-        eng_weights *v = merged_version(&g.m, &t, 1, into[i]);
+        eng_weights *v = lora_fix_merged_version(&g.m, &t, 1, into[i]);
         assert_merge_adds_delta(&g.m, v, &t, 1, qt_kind_name(into[i]));
         ref_model R;
         ref_load_version(&R, &g.m, v);
@@ -540,7 +505,7 @@ Test(lora_engine, mixed_batch_of_adapters_gives_each_sequence_its_alone_bits)
     eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 21, 0.1f);
     eng_lora *two = mem_lora(&g.m, "two", 8, 1.0f, ALL_PROJ, QT_BF16, 22, 0.1f);
     eng_lora_term merged_term = {two, 1.0f};
-    eng_weights *v = merged_version(&g.m, &merged_term, 1, QT_KIND_COUNT);
+    eng_weights *v = lora_fix_merged_version(&g.m, &merged_term, 1, QT_KIND_COUNT);
 
     /* base, adapter one, adapter two, one at 0.5, base on the merged
      * version (minus two), one on the merged version (one, minus two) */
@@ -728,7 +693,7 @@ Test(lora_engine, merge_in_the_middle_of_a_generation_leaves_its_tokens_alone)
     cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
     gen_wait(&busy, gen_paused);
     eng_lora_term t = {one, 1.0f};
-    eng_weights *v = merged_version(&g.m, &t, 1, QT_KIND_COUNT);
+    eng_weights *v = lora_fix_merged_version(&g.m, &t, 1, QT_KIND_COUNT);
     eng_engine_publish(e, v);
     eng_weights *serving = eng_engine_weights(e);
     cr_assert_eq(serving, v, "the published version serves new sequences");
@@ -887,7 +852,7 @@ Test(lora_engine, the_prefix_cache_gives_the_same_tokens_and_never_across_config
     assert_same_tokens(&ref_ad, &ad_again, "adapter, from the prefix cache");
 
     // a merged version never takes blocks computed on the pristine weights
-    eng_weights *v = merged_version(&g.m, &with_one, 1, QT_KIND_COUNT);
+    eng_weights *v = lora_fix_merged_version(&g.m, &with_one, 1, QT_KIND_COUNT);
     eng_weights_ref(v);
     eng_engine_publish(e, v);
     eng_engine_publish(plain, v);
@@ -1443,15 +1408,6 @@ Test(lora_engine, a_replay_reports_what_does_not_come_back_and_restores_the_rest
     reg_close(&r);
 }
 
-/* Write text to path. */
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "%s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 Test(lora_engine, a_journal_that_is_not_one_is_refused_by_its_field)
 {
     char path[700], msg[512];
@@ -1482,7 +1438,7 @@ Test(lora_engine, a_journal_that_is_not_one_is_refused_by_its_field)
          "merged[0]: \"safe_merge\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        write_text(path, bad[i].text);
+        test_write_text(path, bad[i].text);
         cr_assert_eq(lora_journal_read(path, &j, msg, sizeof msg), QL_EFORMAT, "%s", bad[i].text);
         cr_assert(strstr(msg, path), "%s", msg);
         cr_assert(strstr(msg, bad[i].needle), "%s: %s (wanted %s)", bad[i].text, msg,

@@ -24,6 +24,7 @@
 #include "engine.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "run_prompt.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -513,7 +514,7 @@ Test(lora_load, model_name_comes_from_the_config_or_the_gguf_or_the_path)
     cfg[n] = 0;
     char patched[4200];
     snprintf(patched, sizeof patched, "{\"_name_or_path\": \"org/tiny-llama\", %s", cfg + 1);
-    tiny_write_json(path, patched);
+    test_write_text(path, patched);
     load_model(&m, model_dir);
     cr_assert_str_eq(m.name, "org/tiny-llama");
     eng_model_free(&m);
@@ -714,10 +715,10 @@ Test(lora_load, a_truncated_or_missing_file_is_refused)
     cr_assert_eq(unlink(path), 0);
     lora_fails(adapter_dir, &m, "adapter_model.safetensors is missing", NULL);
     snprintf(path, sizeof path, "%s/adapter_model.bin", adapter_dir);
-    tiny_write_json(path, "not read");
+    test_write_text(path, "not read");
     lora_fails(adapter_dir, &m, "adapter_model.bin", "safe_serialization");
     snprintf(path, sizeof path, "%s/adapter_config.json", adapter_dir);
-    tiny_write_json(path, "{\"r\": 8, ");
+    test_write_text(path, "{\"r\": 8, ");
     lora_fails(adapter_dir, &m, "adapter_config.json", NULL);
     cr_assert_eq(unlink(path), 0);
     lora_fails(adapter_dir, &m, "adapter_config.json is missing", NULL);
@@ -802,31 +803,15 @@ Test(lora_load, aligned_tensors_are_borrowed_and_misaligned_ones_copied)
 static void run_logits(const eng_model *m, eng_lora *lora, const int32_t *tokens, int32_t n,
                        float *logits)
 {
-    char msg[512];
-    eng_pool *pool;
-    eng_kv_cache *kv;
-    eng_forward_state *st;
-    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_kv_new(&kv, &m->cfg, (size_t)8 << 20, 16, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_forward_state_new(&st, m, 1, msg, sizeof msg), 0, "%s", msg);
-    eng_seq_kv seq = {0};
     eng_lora_term term = {.lora = lora, .scale = 1.0f};
-    for (int32_t t = 0; t < n; t++) {
-        cr_assert_eq(eng_kv_reserve(kv, &seq, t + 1), 0);
-        eng_step_seq q = {.kv = &seq,
-                          .tokens = tokens + t,
-                          .n_tokens = 1,
-                          .pos = t,
-                          .delta = lora ? &term : NULL,
-                          .n_delta = lora ? 1 : 0};
-        int rc = eng_forward(st, m, kv, pool, &q, 1, logits + (size_t)t * m->cfg.vocab_size, msg,
-                             sizeof msg);
-        cr_assert_eq(rc, 0, "eng_forward: %s", msg);
-    }
-    eng_kv_release(kv, &seq);
-    eng_forward_state_free(st);
-    eng_kv_free(kv);
-    eng_pool_free(pool);
+    prompt_run r = {.tokens = tokens,
+                    .n_tokens = n,
+                    .prefill = 1,
+                    .delta = lora ? &term : NULL,
+                    .n_delta = lora ? 1 : 0};
+    float *all = run_prompt(m, &r);
+    memcpy(logits, all, (size_t)n * (size_t)m->cfg.vocab_size * sizeof *all);
+    free(all);
 }
 
 /* max |a - b| over max |b|, over n values (test_diff_rel: +inf when any
@@ -835,12 +820,6 @@ static double rel_diff(const float *a, const double *b, size_t n)
 {
     test_diff d = test_diff_f64(a, b, n);
     return test_diff_rel(&d);
-}
-
-static void widen(const float *a, double *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i];
 }
 
 Test(lora_load, llama_gguf_with_permuted_q_k_gives_the_hf_logits_with_the_adapter, .timeout = 60)
@@ -881,14 +860,14 @@ Test(lora_load, llama_gguf_with_permuted_q_k_gives_the_hf_logits_with_the_adapte
     const int32_t tokens[N] = {259, 84, 104, 101, 256, 258, 32, 99, 97, 33};
     size_t nl = (size_t)N * 260;
     float *base = malloc(nl * 4), *with_hf = malloc(nl * 4), *with_gg = malloc(nl * 4);
-    double *ref = malloc(nl * 8);
     run_logits(&hf, NULL, tokens, N, base);
     run_logits(&hf, lh, tokens, N, with_hf);
     run_logits(&gg, lg, tokens, N, with_gg);
-    widen(with_hf, ref, nl);
+    double *ref = test_widen(with_hf, nl);
     double d = rel_diff(with_gg, ref, nl);
     cr_assert_lt(d, 1e-5, "GGUF + adapter vs HF + adapter: relative max diff %g", d);
-    widen(base, ref, nl);
+    free(ref);
+    ref = test_widen(base, nl);
     double effect = rel_diff(with_hf, ref, nl);
     cr_assert_gt(effect, 1e-2, "the adapter moves the logits (%g), far past the tolerance", effect);
     free(base);
@@ -1124,15 +1103,6 @@ Test(lora_load, target_modules_with_explosive_counted_repeats_are_refused, .time
 
 /* --- adapter files stay inside their folder ------------------------------------------ */
 
-/* text into path (made or replaced). */
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "%s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* folder's chat_template.jinja holding tmpl, and its
  * additional_chat_templates/ folder, holding tool_use.jinja unless tool_use
  * is NULL. */
@@ -1140,12 +1110,12 @@ static void write_templates(const char *folder, const char *tmpl, const char *to
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/chat_template.jinja", folder);
-    write_text(path, tmpl);
+    test_write_text(path, tmpl);
     snprintf(path, sizeof path, "%s/additional_chat_templates", folder);
     cr_assert_eq(mkdir(path, 0700), 0);
     snprintf(path, sizeof path, "%s/additional_chat_templates/tool_use.jinja", folder);
     if (tool_use)
-        write_text(path, tool_use);
+        test_write_text(path, tool_use);
 }
 
 /* The outside a hostile folder's links lead to: dir/outside, an adapter
@@ -1160,7 +1130,7 @@ static void write_outside(const eng_model *m, char *outside, size_t len)
     write_templates(outside, "outside-secret-template", "outside-secret-template");
     char path[900];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", outside);
-    write_text(path, "{\"chat_template\": \"outside-secret-template\"}");
+    test_write_text(path, "{\"chat_template\": \"outside-secret-template\"}");
 }
 
 /* Each file a load reads from an adapter folder (its config, its weights,

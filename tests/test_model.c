@@ -219,7 +219,7 @@ Test(model, tensor_in_two_shards_is_refused)
     cJSON_AddStringToObject(cJSON_GetObjectItem(idx, "weight_map"), "extra.bias",
                             "extra.safetensors");
     char *out = cJSON_Print(idx);
-    tiny_write_json(path, out);
+    test_write_text(path, out);
     free(out);
     cJSON_Delete(idx);
     load_fails(dir, NULL, "tensor 'model.norm.weight' is in both", "extra.safetensors");
@@ -232,10 +232,10 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
     char cfg[700];
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
 
-    tiny_write_json(cfg, "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 260}");
+    test_write_text(cfg, "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 260}");
     load_fails(dir, NULL, "GPT2LMHeadModel", "config.json");
 
-    tiny_write_json(cfg, "[1, 2]");
+    test_write_text(cfg, "[1, 2]");
     load_fails(dir, NULL, "config.json: not a JSON object", NULL);
 
     const char *base = "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, "
@@ -243,7 +243,7 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
                        "4, \"num_key_value_heads\": 2, ";
     char text[1024];
     snprintf(text, sizeof text, "%s\"intermediate_size\": 128}", base);
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_fails(dir, NULL, "tensor 'model.layers.0.mlp.gate_proj.weight' is [96, 64]",
                "needs [128, 64]");
 
@@ -251,25 +251,25 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
              "%s\"intermediate_size\": 96, \"rope_scaling\": {\"rope_type\": "
              "\"yarn\", \"factor\": 4.0}}",
              base);
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_fails(dir, NULL, "rope_scaling type \"yarn\"", NULL);
 
     snprintf(text, sizeof text,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, \"hidden_size\": "
              "64, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": "
              "2, \"intermediate_size\": 96}");
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_fails(dir, NULL, "tensor 'model.layers.2.input_layernorm.weight' is missing", NULL);
 
     snprintf(text, sizeof text, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260}");
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_fails(dir, NULL, "\"hidden_size\" is missing", NULL);
 
     snprintf(text, sizeof text,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, \"hidden_size\": "
              "64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": "
              "3, \"intermediate_size\": 96}");
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_fails(dir, NULL, "not a multiple of num_key_value_heads 3", NULL);
 
     /* a llama3 rope scaling is read */
@@ -279,7 +279,7 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
              "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": "
              "8192}}",
              base);
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     eng_model m;
     load_ok(&m, dir, NULL, NULL, false);
     cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_LLAMA3);
@@ -292,7 +292,7 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
              "%s\"intermediate_size\": 96, \"rope_parameters\": {\"rope_theta\": 500000.0, "
              "\"rope_type\": \"linear\", \"factor\": 2.0}}",
              base);
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_ok(&m, dir, NULL, NULL, false);
     cr_assert_eq(m.cfg.rope_theta, 500000.0f);
     cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_LINEAR);
@@ -302,7 +302,7 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
              "%s\"intermediate_size\": 96, \"rope_parameters\": {\"rope_theta\": 1000.0, "
              "\"rope_type\": \"default\"}}",
              base);
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     load_ok(&m, dir, NULL, NULL, false);
     cr_assert_eq(m.cfg.rope_theta, 1000.0f);
     cr_assert_eq(m.cfg.rope_scaling, ENG_ROPE_NONE);
@@ -310,7 +310,7 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
 
     /* a norm stored as integers */
     snprintf(text, sizeof text, "%s\"intermediate_size\": 96}", base);
-    tiny_write_json(cfg, text);
+    test_write_text(cfg, text);
     char path[700], msg[256];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_file f;
@@ -361,7 +361,7 @@ static void write_bnb_folder(const char *src, const char *dst, bool nested)
              "\"bitsandbytes\", \"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"nf4\", "
              "\"bnb_4bit_use_double_quant\": %s, \"llm_int8_skip_modules\": [\"lm_head\"]}}",
              nested ? "true" : "false");
-    tiny_write_json(path, cfg);
+    test_write_text(path, cfg);
     snprintf(path, sizeof path, "%s/tokenizer.json", dst);
     tiny_write_tokenizer_json(path);
     st_writer *w = st_writer_new();
@@ -504,7 +504,7 @@ Test(model, a_folder_quantized_by_qlserve_loads_as_stored)
     eng_quantize_opts qo = {.in_path = path, .out_path = out, .kind = "nf4", .double_quant = true};
     cr_assert_eq(eng_quantize_file(&qo, NULL, msg, sizeof msg), 0, "%s", msg);
     snprintf(path, sizeof path, "%s/config.json", q);
-    tiny_write_json(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, "
+    test_write_text(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, "
                           "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": "
                           "2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
                           "\"quantization_config\": {\"quant_method\": \"bitsandbytes\", "

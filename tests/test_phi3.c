@@ -8,12 +8,9 @@
  * conversions of it (f32, and q8_0, whose fused rows are split in place),
  * and a PEFT adapter on its fused modules.
  *
- * What is pinned:
- *   - every position of a 32-token prompt equals transformers' float64
- *     logits within 1e-5 (our pass is float32; the logits are O(1)), from
- *     the folder and from the f32 GGUF; dropping the attention factor, the
- *     long factors or the sliding window each moves them past 1e-3, so the
- *     test sees each;
+ * What is pinned (the folder's, the f32 GGUF's and the partial-rotary
+ * model's logits against transformers' float64 ones, and the features
+ * those tests must see, are rows of test_architectures.c):
  *   - the factor choice (eng_config says why): this model's context (64)
  *     is past the original (16), so long_factor serves every position, a
  *     prompt of 10 tokens too, where transformers would take short_factor
@@ -28,7 +25,8 @@
  *     quantized, each part equals quantizing it alone; double quantized,
  *     each part's values are its rows of the stored fused tensor;
  *   - partial_rotary_factor 0.75 (Phi-4-mini's: the leading 12 of 16 dims
- *     rotate) from a folder and its GGUF equals transformers too;
+ *     rotate) from a folder and its GGUF: the float64 reference pass
+ *     rotates the same dims;
  *   - the PEFT adapter (r 4 on qkv_proj, o_proj, gate_up_proj, down_proj)
  *     unmerged and merged gives PEFT's float64 logits within 1e-5, on the
  *     folder and on the GGUF.
@@ -44,7 +42,9 @@
 #include "engine.h"
 #include "fixtures/phi3_reference.h"
 #include "lora.h"
+#include "lora_fixture.h"
 #include "ref_forward.h"
+#include "run_prompt.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -69,22 +69,6 @@ static void teardown(void)
 
 TestSuite(phi3, .init = setup, .fini = teardown, .timeout = 120);
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s && fread(s, 1, (size_t)n, f) == (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
-
-#define copy_file(from, to) cr_assert(test_copy_file(from, to), "cannot copy %s to %s", from, to)
-
 /* The fixture folder in dir with a tokenizer (the tiny byte-level one: the
  * test feeds ids) and config.json as given (NULL: the fixture's). */
 static void make_folder(const char *config)
@@ -94,7 +78,7 @@ static void make_folder(const char *config)
     copy_file(FIXTURE("phi3_tiny/model.safetensors"), to);
     snprintf(to, sizeof to, "%s/config.json", dir);
     if (config)
-        tiny_write_json(to, config);
+        test_write_text(to, config);
     else
         copy_file(FIXTURE("phi3_tiny/config.json"), to);
     snprintf(to, sizeof to, "%s/tokenizer.json", dir);
@@ -110,115 +94,29 @@ static void load(eng_model *m, const char *path, const char *quant)
 
 /* Every position's logits of the first n fixture tokens, in one prefill on
  * version w (NULL: the model's weights) with the adapter terms applied. */
-static void check_against_reference(const eng_model *m, const char *label);
-
-static float *run_prompt(const eng_model *m, int n, const eng_weights *w,
-                         const eng_lora_term *delta, int32_t n_delta)
+static float *run_phi3(const eng_model *m, int n, const eng_weights *w, const eng_lora_term *delta,
+                       int32_t n_delta)
 {
-    char msg[1024];
-    eng_pool *pool;
-    eng_kv_cache *kv;
-    eng_forward_state *st;
-    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_kv_new(&kv, &m->cfg, 4 << 20, 16, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_forward_state_new(&st, m, 64, msg, sizeof msg), 0, "%s", msg);
-    int32_t ids[PHI3_N_TOKENS];
-    for (int i = 0; i < n; i++)
-        ids[i] = PHI3_TOKENS[i];
-    eng_seq_kv skv = {0};
-    cr_assert_eq(eng_kv_reserve(kv, &skv, n), 0);
-    float *all = malloc((size_t)n * PHI3_VOCAB * sizeof(float));
-    float *last = malloc(PHI3_VOCAB * sizeof(float));
-    eng_step_seq s = {.kv = &skv,
-                      .tokens = ids,
-                      .n_tokens = n,
-                      .all_logits = all,
-                      .weights = w,
-                      .delta = delta,
-                      .n_delta = n_delta};
-    cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
-    free(last);
-    eng_kv_release(kv, &skv);
-    eng_forward_state_free(st);
-    eng_kv_free(kv);
-    eng_pool_free(pool);
-    return all;
+    prompt_run r = {
+        .tokens = PHI3_TOKENS, .n_tokens = n, .weights = w, .delta = delta, .n_delta = n_delta};
+    return run_prompt(m, &r);
 }
 
 /* The largest |ours - reference| over n positions of [n][PHI3_VOCAB]
- * (test_diff: +inf when any logit is NaN or infinite). */
+ * (test_max_abs_err: +inf when any logit is NaN or infinite). */
 static double worst_error(const float *all, const double (*want)[PHI3_VOCAB], int n)
 {
-    test_diff d = test_diff_f64(all, &want[0][0], (size_t)n * PHI3_VOCAB);
-    return test_diff_abs(&d);
+    return test_max_abs_err(all, &want[0][0], (size_t)n * PHI3_VOCAB);
 }
 
+static void check_against_reference(const eng_model *m, const char *label);
+
 /* What transformers' _compute_longrope_parameters makes of factor 64 / 16
- * and the original context 16. */
+ * and the original context 16 (test_architectures.c's phi3 rows check the
+ * fixture's own). */
 static double expected_attn_factor(void)
 {
     return sqrt(1.0 + log(64.0 / 16.0) / log(16.0));
-}
-
-/* The config as the fixture's: Phi-3, longrope with the long factors
- * chosen, the window, the split shapes. */
-static void check_config(const eng_model *m, bool gguf)
-{
-    const eng_config *c = &m->cfg;
-    cr_assert_eq(c->arch, ENG_ARCH_PHI3);
-    cr_assert_str_eq(eng_arch_name(c->arch), "phi3");
-    cr_assert_eq(c->rope_scaling, ENG_ROPE_LONGROPE);
-    cr_assert(c->rope_long_factors);
-    cr_assert_eq(c->rope_original_max_position, 16);
-    cr_assert_eq(c->max_position_embeddings, 64);
-    cr_assert_eq(c->n_rope_freq_factors, 8);
-    for (int i = 0; i < 8; i++)
-        cr_assert_float_eq(c->rope_freq_factors[i], PHI3_LONG_FACTOR[i], 1e-6, "factor %d", i);
-    cr_assert_float_eq(c->rope_attn_factor, expected_attn_factor(), 1e-6);
-    cr_assert_eq(c->sliding_window, 20);
-    cr_assert_not(c->rope_interleaved, "phi3 rows stay as Hugging Face has them");
-    cr_assert_str_eq(m->format, gguf ? "gguf" : "safetensors");
-    const eng_layer *L = &m->layers[1];
-    cr_assert_eq(L->wq.rows, 64);
-    cr_assert_eq(L->wk.rows, 32);
-    cr_assert_eq(L->wv.rows, 32);
-    cr_assert_eq(L->w_gate.rows, 96);
-    cr_assert_eq(L->w_up.rows, 96);
-    cr_assert_eq(L->wq.cols, 64);
-}
-
-Test(phi3, hf_folder_logits_equal_transformers_float64_at_every_position)
-{
-    make_folder(NULL);
-    eng_model m;
-    load(&m, dir, NULL);
-    check_config(&m, false);
-    float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-    double worst = worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS);
-    cr_log_info("phi3 folder: worst logit error %g", worst);
-    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
-    free(all);
-
-    /* the test sees each piece: the attention factor, the long factors,
-     * the sliding window */
-    eng_config keep = m.cfg;
-    m.cfg.rope_attn_factor = 1.0f;
-    all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-    cr_assert_gt(worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS), 1e-3, "no attention factor");
-    free(all);
-    m.cfg = keep;
-    for (int i = 0; i < 8; i++)
-        m.cfg.rope_freq_factors[i] = (float)PHI3_SHORT_FACTOR[i];
-    all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-    cr_assert_gt(worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS), 1e-3, "short factors");
-    free(all);
-    m.cfg = keep;
-    m.cfg.sliding_window = 0;
-    all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-    cr_assert_gt(worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS), 1e-3, "no sliding window");
-    free(all);
-    m.cfg = keep;
-    eng_model_free(&m);
 }
 
 Test(phi3, short_prompt_keeps_the_long_factors_the_context_chose)
@@ -226,7 +124,7 @@ Test(phi3, short_prompt_keeps_the_long_factors_the_context_chose)
     make_folder(NULL);
     eng_model m;
     load(&m, dir, NULL);
-    float *all = run_prompt(&m, PHI3_SHORT_N, NULL, NULL, 0);
+    float *all = run_phi3(&m, PHI3_SHORT_N, NULL, NULL, 0);
     /* the first rows of the long-factor prefill: the factors the model's
      * context chose, not the prompt's length */
     double worst = worst_error(all, PHI3_LOGITS, PHI3_SHORT_N);
@@ -240,7 +138,8 @@ Test(phi3, short_prompt_keeps_the_long_factors_the_context_chose)
 /* The fixture's config.json with `from` replaced by `to` (once). */
 static char *config_with(const char *from, const char *to)
 {
-    char *s = read_text(FIXTURE("phi3_tiny/config.json"));
+    char *s = test_read_file(FIXTURE("phi3_tiny/config.json"), NULL);
+    cr_assert(s, "cannot read the fixture's config.json");
     char *at = strstr(s, from);
     cr_assert(at, "config.json has no %s", from);
     size_t n = strlen(s) - strlen(from) + strlen(to) + 1;
@@ -273,7 +172,7 @@ Test(phi3, context_within_the_original_takes_short_factors)
     cr_assert_not(m.cfg.rope_long_factors);
     cr_assert_float_eq(m.cfg.rope_freq_factors[7], PHI3_SHORT_FACTOR[7], 1e-6);
     cr_assert_float_eq(m.cfg.rope_attn_factor, expected_attn_factor(), 1e-6);
-    float *all = run_prompt(&m, PHI3_SHORT_N, NULL, NULL, 0);
+    float *all = run_phi3(&m, PHI3_SHORT_N, NULL, NULL, 0);
     double worst = worst_error(all, PHI3_SHORT_LOGITS, PHI3_SHORT_N);
     cr_log_info("phi3 short factors: worst logit error %g", worst);
     cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
@@ -281,40 +180,18 @@ Test(phi3, context_within_the_original_takes_short_factors)
     eng_model_free(&m);
 }
 
-Test(phi3, partial_rotary_folder_and_gguf_equal_transformers_float64)
+Test(phi3, partial_rotary_reference_pass_rotates_the_same_dims)
 {
-    /* Phi-4-mini's shape of rope: partial_rotary_factor 0.75, the leading
-     * 12 of 16 dims rotate (longrope factors of 6), the rest pass through */
-    char to[1024];
-    const char *files[] = {"config.json", "model.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        char from[1024];
-        snprintf(from, sizeof from, "%s/%s", FIXTURE("phi3_partial_tiny"), files[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        copy_file(from, to);
-    }
-    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
-    tiny_write_tokenizer_json(to);
+    /* Phi-4-mini's shape of rope (partial_rotary_factor 0.75): the folder
+     * and its GGUF equal transformers (test_architectures.c), and the
+     * float64 reference pass rotates the same leading 12 of 16 dims */
+    tiny_fixture_folder("phi3_partial_tiny", dir);
     const char *paths[] = {dir, FIXTURE("phi3_partial_tiny.gguf")};
     for (int i = 0; i < 2; i++) {
         eng_model m;
         load(&m, paths[i], NULL);
         cr_assert_eq(m.cfg.rope_dim, 12, "%s", paths[i]);
-        cr_assert_eq(m.cfg.n_rope_freq_factors, 6);
-        cr_assert_float_eq(m.cfg.rope_freq_factors[5], PHI3_LONG_FACTOR[5], 1e-6);
-        float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-        double worst = worst_error(all, PHI3_PARTIAL_LOGITS, PHI3_N_TOKENS);
-        cr_log_info("phi3 partial rotary (%s): worst logit error %g", m.format, worst);
-        cr_assert_lt(worst, 1e-5, "%s: worst logit error %g", paths[i], worst);
-        free(all);
-        /* the float64 reference pass rotates the same dims */
         check_against_reference(&m, "phi3 partial rotary");
-        /* rotating whole heads instead is another model */
-        m.cfg.rope_dim = 0;
-        all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-        cr_assert_gt(worst_error(all, PHI3_PARTIAL_LOGITS, PHI3_N_TOKENS), 1e-3);
-        free(all);
-        m.cfg.rope_dim = 12;
         eng_model_free(&m);
     }
 }
@@ -338,19 +215,6 @@ Test(phi3, bad_partial_rotary_and_factor_lists_are_refused_by_name)
     cr_assert(strstr(msg, "long_factor"), "%s", msg);
 }
 
-Test(phi3, converted_gguf_logits_equal_transformers_float64)
-{
-    eng_model m;
-    load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
-    check_config(&m, true);
-    float *all = run_prompt(&m, PHI3_N_TOKENS, NULL, NULL, 0);
-    double worst = worst_error(all, PHI3_LOGITS, PHI3_N_TOKENS);
-    cr_log_info("phi3 gguf f32: worst logit error %g", worst);
-    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
-    free(all);
-    eng_model_free(&m);
-}
-
 /* Every position against the float64 reference over the model's own
  * (dequantized) weights. */
 static void check_against_reference(const eng_model *m, const char *label)
@@ -362,7 +226,7 @@ static void check_against_reference(const eng_model *m, const char *label)
     for (int i = 0; i < PHI3_N_TOKENS; i++)
         ids[i] = PHI3_TOKENS[i];
     ref_forward(&R, ids, PHI3_N_TOKENS, want);
-    float *all = run_prompt(m, PHI3_N_TOKENS, NULL, NULL, 0);
+    float *all = run_phi3(m, PHI3_N_TOKENS, NULL, NULL, 0);
     for (int t = 0; t < PHI3_N_TOKENS; t++)
         assert_logits_close(all + (size_t)t * PHI3_VOCAB, want + (size_t)t * PHI3_VOCAB, PHI3_VOCAB,
                             label, "logits", t);
@@ -376,8 +240,9 @@ static void check_against_reference(const eng_model *m, const char *label)
 Test(phi3, q8_0_gguf_splits_fused_rows_in_place)
 {
     eng_model m;
+    /* its config, and its logits against the float64 reference pass, are
+     * a row of test_architectures.c */
     load(&m, FIXTURE("phi3_tiny_q8_0.gguf"), NULL);
-    check_config(&m, true);
     for (int l = 0; l < 2; l++) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
@@ -395,7 +260,6 @@ Test(phi3, q8_0_gguf_splits_fused_rows_in_place)
         cr_assert_eq(L->w_gate.data, gate_up->data);
         cr_assert_eq(L->w_up.data, gate_up->data + 96 * row);
     }
-    check_against_reference(&m, "phi3 q8_0 gguf");
     eng_model_free(&m);
 }
 
@@ -443,7 +307,7 @@ static void make_bnb_folder(const char *sub, bool double_quant)
                             "{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
                             "\"bnb_4bit_quant_type\": \"nf4\"}");
     snprintf(out, sizeof out, "%s/config.json", folder);
-    tiny_write_json(out, cfg);
+    test_write_text(out, cfg);
     free(cfg);
     snprintf(out, sizeof out, "%s/tokenizer.json", folder);
     tiny_write_tokenizer_json(out);
@@ -534,47 +398,18 @@ static eng_lora *load_adapter(const eng_model *m)
     return l;
 }
 
-/* A version with the adapter merged into every projection it targets, as
- * the registry builds one (through the dispatch). */
-static eng_weights *merged_version(const eng_model *m, eng_lora *lora)
-{
-    char msg[512];
-    eng_weights *w = NULL;
-    cr_assert_eq(eng_weights_new(&w, m, 1, msg, sizeof msg), 0, "%s", msg);
-    lora_merge_opts o = {.safe_merge = true, .into = QT_KIND_COUNT};
-    for (int32_t l = 0; l < m->cfg.n_layers; l++)
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            const eng_lora_module *mod = eng_lora_module_at(lora, l, (eng_proj)p);
-            if (!mod)
-                continue;
-            lora_part part = {lora->name, mod, 1.0f};
-            const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
-            const lora_ops *ops = NULL;
-            cr_assert_eq(lora_dispatch(pristine, &ops, msg, sizeof msg), 0, "%s", msg);
-            qtensor merged;
-            lora_cost cost;
-            cr_assert_eq(
-                ops->merge(pristine, &part, 1, &o, "module", &merged, &cost, msg, sizeof msg), 0,
-                "%s", msg);
-            eng_weights_set(w, l, (eng_proj)p, &merged);
-        }
-    eng_lora_term term = {lora, 1.0f};
-    cr_assert_eq(eng_weights_set_merged(w, &term, 1, msg, sizeof msg), 0);
-    return w;
-}
-
 /* Unmerged, then merged: PEFT's float64 logits at every position. */
 static void check_adapter(const eng_model *m, const char *label)
 {
     eng_lora *lora = load_adapter(m);
     eng_lora_term term = {lora, 1.0f};
-    float *all = run_prompt(m, PHI3_N_TOKENS, NULL, &term, 1);
+    float *all = run_phi3(m, PHI3_N_TOKENS, NULL, &term, 1);
     double worst = worst_error(all, PHI3_LORA_LOGITS, PHI3_N_TOKENS);
     cr_log_info("%s unmerged: worst logit error %g", label, worst);
     cr_assert_lt(worst, 1e-5, "%s unmerged: worst logit error %g", label, worst);
     free(all);
-    eng_weights *w = merged_version(m, lora);
-    all = run_prompt(m, PHI3_N_TOKENS, w, NULL, 0);
+    eng_weights *w = lora_fix_merged_version(m, &term, 1, QT_KIND_COUNT);
+    all = run_phi3(m, PHI3_N_TOKENS, w, NULL, 0);
     worst = worst_error(all, PHI3_LORA_LOGITS, PHI3_N_TOKENS);
     cr_log_info("%s merged: worst logit error %g", label, worst);
     cr_assert_lt(worst, 1e-5, "%s merged: worst logit error %g", label, worst);
@@ -607,7 +442,7 @@ Test(phi3, adapter_naming_llama_modules_is_refused_with_phi3_names)
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     copy_file(FIXTURE("phi3_lora/adapter_model.safetensors"), path);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    tiny_write_json(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
+    test_write_text(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
                           "\"target_modules\": [\"q_proj\", \"v_proj\"]}");
     eng_model m;
     load(&m, FIXTURE("phi3_tiny.gguf"), NULL);

@@ -32,6 +32,7 @@
 #include "tiny_model.h"
 
 #include "ref_forward.h"
+#include "run_prompt.h"
 
 static char dir[512], hf_dir[600];
 
@@ -73,7 +74,7 @@ static void load_hf(eng_model *m, const char *extra)
         char *brace = strrchr(buf, '}');
         cr_assert(brace);
         snprintf(brace, sizeof buf - (size_t)(brace - buf), ", %s}", extra);
-        tiny_write_json(path, buf);
+        test_write_text(path, buf);
     }
     char msg[512];
     eng_load_opts o = {.path = hf_dir};
@@ -109,48 +110,12 @@ static void load_gguf(eng_model *m, const char *path)
     cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s: %s", path, msg);
 }
 
-/* The logits of every position, fed one token at a time. */
-static void run_logits(const eng_model *m, float *logits)
+/* The logits of every position, fed one token at a time (the caller
+ * frees). */
+static float *run_logits(const eng_model *m)
 {
-    char msg[512];
-    eng_pool *pool;
-    eng_kv_cache *kv;
-    eng_forward_state *st;
-    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_kv_new(&kv, &m->cfg, (size_t)8 << 20, 16, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_forward_state_new(&st, m, 1, msg, sizeof msg), 0, "%s", msg);
-    eng_seq_kv seq = {0};
-    for (int32_t t = 0; t < N_TOKENS; t++) {
-        cr_assert_eq(eng_kv_reserve(kv, &seq, t + 1), 0);
-        eng_step_seq q = {.kv = &seq, .tokens = tokens + t, .n_tokens = 1, .pos = t};
-        int rc = eng_forward(st, m, kv, pool, &q, 1, logits + (size_t)t * m->cfg.vocab_size, msg,
-                             sizeof msg);
-        cr_assert_eq(rc, 0, "eng_forward: %s", msg);
-    }
-    eng_kv_release(kv, &seq);
-    eng_forward_state_free(st);
-    eng_kv_free(kv);
-    eng_pool_free(pool);
-}
-
-/* The largest relative error over the positions (test_forward.c's
- * measure; rel_error is +inf, never NaN, for a NaN logit, so fmax keeps
- * it). */
-static double worst_error(const float *e, const double *r, int64_t vocab)
-{
-    double worst = 0;
-    int64_t at;
-    for (int t = 0; t < N_TOKENS; t++)
-        worst = fmax(worst, rel_error(e + t * vocab, r + t * vocab, vocab, &at));
-    return worst;
-}
-
-static double *widen(const float *a, size_t n)
-{
-    double *out = malloc(n * sizeof *out);
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i];
-    return out;
+    prompt_run r = {.tokens = tokens, .n_tokens = N_TOKENS, .prefill = 1};
+    return run_prompt(m, &r);
 }
 
 Test(rope_freqs, gguf_factors_give_the_reference_forward_with_those_factors)
@@ -170,19 +135,17 @@ Test(rope_freqs, gguf_factors_give_the_reference_forward_with_those_factors)
 
     int64_t V = gg.cfg.vocab_size;
     size_t nl = (size_t)N_TOKENS * (size_t)V;
-    float *logits = malloc(nl * sizeof *logits);
+    float *logits = run_logits(&gg);
     double *ref = malloc(nl * sizeof *ref);
-    run_logits(&gg, logits);
     ref_model R;
     ref_load(&R, &gg);
     ref_forward(&R, tokens, N_TOKENS, ref);
-    double err = worst_error(logits, ref, V);
+    double err = test_worst_row_l2(logits, ref, N_TOKENS, (size_t)V);
     cr_assert_lt(err, FWD_REL_TOL, "GGUF with factors vs the reference with them: %g", err);
 
     /* the same weights without the factors (the HF model) are far away */
-    float *plain = malloc(nl * sizeof *plain);
-    run_logits(&hf, plain);
-    double effect = worst_error(plain, ref, V);
+    float *plain = run_logits(&hf);
+    double effect = test_worst_row_l2(plain, ref, N_TOKENS, (size_t)V);
     cr_log_info("factors: error %.3g, without them %.3g", err, effect);
     cr_assert_gt(effect, 1e-3, "the factors move the logits (%g), far past the tolerance", effect);
     free(plain);
@@ -250,14 +213,13 @@ Test(rope_freqs, gguf_converted_from_llama3_scaling_gives_the_folder_logits)
 
     int64_t V = hf.cfg.vocab_size;
     size_t nl = (size_t)N_TOKENS * (size_t)V;
-    float *want = malloc(nl * sizeof *want), *got = malloc(nl * sizeof *got);
-    run_logits(&hf, want);
-    run_logits(&gg, got);
-    double *ref = widen(want, nl);
-    double err = worst_error(got, ref, V);
+    float *want = run_logits(&hf), *got = run_logits(&gg);
+    double *ref = test_widen(want, nl);
+    double err = test_worst_row_l2(got, ref, N_TOKENS, (size_t)V);
     cr_assert_lt(err, FWD_REL_TOL, "GGUF with the converter's factors vs the folder: %g", err);
-    run_logits(&unscaled, got);
-    double effect = worst_error(got, ref, V);
+    free(got);
+    got = run_logits(&unscaled);
+    double effect = test_worst_row_l2(got, ref, N_TOKENS, (size_t)V);
     cr_log_info("llama3 factors: error %.3g, without them %.3g", err, effect);
     cr_assert_gt(effect, 1e-3, "without rope_freqs the GGUF is far from the folder (%g)", effect);
     free(ref);

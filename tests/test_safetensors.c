@@ -25,24 +25,11 @@ static void teardown(void)
 
 TestSuite(safetensors, .init = setup, .fini = teardown);
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    fclose(f);
-}
-
+/* path's whole contents (the caller frees), its length in *n. */
 static uint8_t *read_bytes(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(*n);
-    cr_assert_eq(fread(p, 1, *n, f), *n);
-    fclose(f);
+    uint8_t *p = (uint8_t *)test_read_file(path, n);
+    cr_assert(p, "cannot open %s", path);
     return p;
 }
 
@@ -54,7 +41,7 @@ static void write_raw(const char *path, const char *json, size_t data_len)
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     memcpy(buf + 8, json, hl);
-    write_bytes(path, buf, 8 + hl + data_len);
+    test_write_bytes(path, buf, 8 + hl + data_len);
     free(buf);
 }
 
@@ -113,7 +100,7 @@ Test(safetensors, every_truncation_is_refused)
     size_t n;
     uint8_t *bytes = read_bytes(path, &n);
     for (size_t len = 0; len < n; len++) {
-        write_bytes(cut, bytes, len);
+        test_write_bytes(cut, bytes, len);
         st_file f;
         char msg[512] = "";
         int rc = st_open(&f, cut, msg, sizeof msg);
@@ -167,13 +154,13 @@ Test(safetensors, header_length_past_the_end_or_huge_is_refused)
     char path[600];
     snprintf(path, sizeof path, "%s/len.safetensors", dir);
     uint8_t buf[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'};
-    write_bytes(path, buf, 10);
+    test_write_bytes(path, buf, 10);
     st_file f;
     char msg[512];
     cr_assert_neq(st_open(&f, path, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "100 MB"), "%s", msg);
     uint8_t buf2[16] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
-    write_bytes(path, buf2, 10);
+    test_write_bytes(path, buf2, 10);
     cr_assert_neq(st_open(&f, path, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "past the end"), "%s", msg);
     cr_assert_neq(st_open(&f, "/nonexistent/x.safetensors", msg, sizeof msg), 0);
@@ -195,7 +182,7 @@ Test(safetensors, random_corruption_never_crashes, .timeout = 60)
         int flips = 1 + (int)(test_rand(&rng) % 4);
         for (int k = 0; k < flips; k++)
             copy[test_rand(&rng) % n] = (uint8_t)test_rand(&rng);
-        write_bytes(bad, copy, n);
+        test_write_bytes(bad, copy, n);
         st_file f;
         char msg[512];
         if (st_open(&f, bad, msg, sizeof msg) == 0) {

@@ -92,16 +92,6 @@ static void start_server(const tiny_spec *spec, const char *const *extra)
 
 /* --- requests --------------------------------------------------------------------- */
 
-/* One request on its own connection; the whole response. */
-static hc_response request(const char *method, const char *path, const char *headers,
-                           const char *body)
-{
-    hc_response r;
-    cr_assert(hc_request(sp.port, method, path, headers, body, &r), "%s %s: no response", method,
-              path);
-    return r;
-}
-
 static cJSON *json_of(const hc_response *r)
 {
     cJSON *j = cJSON_Parse(r->body);
@@ -144,7 +134,7 @@ static void expect_error(const hc_response *r, int status, const char *type, con
 static void post_expect_error(const char *path, const char *body, int status, const char *type,
                               const char *needle)
 {
-    hc_response r = request("POST", path, NULL, body);
+    hc_response r = sp_request("POST", path, NULL, body);
     expect_error(&r, status, type, needle);
     hc_response_free(&r);
 }
@@ -161,7 +151,7 @@ static char *generate_tokens(const char *prompt, int max_new_tokens, const char 
              "{\"inputs\": \"%s\", \"parameters\": {\"max_new_tokens\": %d, \"do_sample\": "
              "false, \"details\": true%s}}",
              prompt, max_new_tokens, ad);
-    hc_response r = request("POST", "/generate", NULL, body);
+    hc_response r = sp_request("POST", "/generate", NULL, body);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cJSON *j = json_of(&r);
     const cJSON *toks =
@@ -245,7 +235,7 @@ static const char *finish_reason_of(const cJSON *final_event)
 
 static char *metrics_text(void)
 {
-    hc_response r = request("GET", "/metrics", NULL, NULL);
+    hc_response r = sp_request("GET", "/metrics", NULL, NULL);
     cr_assert_eq(r.status, 200);
     char *text = r.body;
     r.body = NULL;
@@ -289,17 +279,12 @@ static bool metric_becomes(const char *name, double value)
 static void write_adapter_of(const char *name, const tiny_spec *model, uint64_t seed, float std,
                              uint32_t projs)
 {
-    char folder[800];
-    if (name[0] == '/')
-        snprintf(folder, sizeof folder, "%s", name);
-    else
-        snprintf(folder, sizeof folder, "%s/%s", adapter_dir, name);
-    eng_config cfg = lora_fix_config(model);
     lora_fix_spec s = lora_fix_default();
     s.seed = seed;
     s.std = std;
     s.projs = projs;
-    lora_fix_write(folder, &cfg, &s);
+    lora_fix_write_tiny(name[0] == '/' ? name : adapter_dir, name[0] == '/' ? NULL : name, model,
+                        &s);
 }
 
 /* An adapter of every projection. */
@@ -312,7 +297,7 @@ static void load_adapter(const char *name, const char *path)
 {
     char body[1200];
     snprintf(body, sizeof body, "{\"name\": \"%s\", \"path\": \"%s\"}", name, path);
-    hc_response r = request("POST", "/admin/adapters", NULL, body);
+    hc_response r = sp_request("POST", "/admin/adapters", NULL, body);
     cr_assert_eq(r.status, 201, "%s", r.body);
     hc_response_free(&r);
 }
@@ -321,7 +306,7 @@ static void load_adapter(const char *name, const char *path)
  * are merged. */
 static int admin_state(char *out)
 {
-    hc_response r = request("GET", "/admin/state", NULL, NULL);
+    hc_response r = sp_request("GET", "/admin/state", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cJSON *j = json_of(&r);
     snprintf(out, 20, "%s", str_at(j, "weights_digest"));
@@ -350,9 +335,9 @@ Test(server, generate_answers_in_tgi_shape_with_tokens_in_details)
 {
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
-    hc_response r = request("POST", "/generate", NULL,
-                            "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": "
-                            "8, \"do_sample\": false, \"details\": true}}");
+    hc_response r = sp_request("POST", "/generate", NULL,
+                               "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": "
+                               "8, \"do_sample\": false, \"details\": true}}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     char ct[128];
     cr_assert(hc_header(&r, "Content-Type", ct, sizeof ct));
@@ -381,8 +366,8 @@ Test(server, generate_answers_in_tgi_shape_with_tokens_in_details)
     hc_response_free(&r);
 
     /* without details: the text alone */
-    r = request("POST", "/generate", NULL,
-                "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": 8}}");
+    r = sp_request("POST", "/generate", NULL,
+                   "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": 8}}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     j = json_of(&r);
     cr_assert_null(cJSON_GetObjectItemCaseSensitive(j, "details"));
@@ -391,9 +376,9 @@ Test(server, generate_answers_in_tgi_shape_with_tokens_in_details)
     hc_response_free(&r);
 
     /* return_full_text: the prompt, then the same text */
-    r = request("POST", "/generate", NULL,
-                "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": 8, "
-                "\"return_full_text\": true}}");
+    r = sp_request("POST", "/generate", NULL,
+                   "{\"inputs\": \"Hello there\", \"parameters\": {\"max_new_tokens\": 8, "
+                   "\"return_full_text\": true}}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     j = json_of(&r);
     char full[1100];
@@ -528,7 +513,7 @@ Test(server, a_prompt_asked_again_takes_its_blocks_from_the_prefix_cache)
     char *text[2];
     double cached[2], prompt = 0;
     for (int i = 0; i < 2; i++) {
-        hc_response r = request("POST", "/v1/completions", NULL, body);
+        hc_response r = sp_request("POST", "/v1/completions", NULL, body);
         cr_assert_eq(r.status, 200, "%s", r.body);
         cJSON *j = json_of(&r);
         const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
@@ -543,7 +528,7 @@ Test(server, a_prompt_asked_again_takes_its_blocks_from_the_prefix_cache)
     cr_assert_gt(cached[1], 0, "the second ask found nothing");
     cr_assert_lt(cached[1], prompt, "the last prompt token is always computed");
     cr_assert_str_eq(text[0], text[1]);
-    hc_response m = request("GET", "/metrics", NULL, NULL);
+    hc_response m = sp_request("GET", "/metrics", NULL, NULL);
     cr_assert_eq(metric(m.body, "qlserve_prefix_cache_hits_total"), cached[1]);
     cr_assert_eq(metric(m.body, "qlserve_prefix_cache_queries_total"), 2 * prompt);
     cr_assert_gt(metric(m.body, "qlserve_prefix_cache_blocks"), 0);
@@ -560,7 +545,7 @@ Test(server, completions_answer_whole_and_as_chunks_ending_with_done)
     const char *body =
         "{\"model\": \"tiny-llama\", \"prompt\": \"Hello there\", \"max_tokens\": 8, "
         "\"temperature\": 0}";
-    hc_response r = request("POST", "/v1/completions", NULL, body);
+    hc_response r = sp_request("POST", "/v1/completions", NULL, body);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cJSON *j = json_of(&r);
     cr_assert_str_eq(str_at(j, "object"), "text_completion");
@@ -656,7 +641,7 @@ Test(server, models_lists_the_base_model_and_loaded_adapters)
     start_server(&spec, NULL);
     write_adapter("alpha", &spec, 11, 0.05f);
     load_adapter("alpha", "alpha");
-    hc_response r = request("GET", "/v1/models", NULL, NULL);
+    hc_response r = sp_request("GET", "/v1/models", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cJSON *j = json_of(&r);
     cr_assert_str_eq(str_at(j, "object"), "list");
@@ -670,8 +655,8 @@ Test(server, models_lists_the_base_model_and_loaded_adapters)
     hc_response_free(&r);
 
     /* an adapter is a model to OpenAI's clients */
-    r = request("POST", "/v1/completions", NULL,
-                "{\"model\": \"alpha\", \"prompt\": \"Hi\", \"max_tokens\": 2}");
+    r = sp_request("POST", "/v1/completions", NULL,
+                   "{\"model\": \"alpha\", \"prompt\": \"Hi\", \"max_tokens\": 2}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     j = json_of(&r);
     cr_assert_str_eq(str_at(j, "model"), "alpha");
@@ -684,12 +669,12 @@ Test(server, health_info_and_metrics_describe_the_server)
 {
     tiny_spec spec = tiny_default();
     start_server(&spec, (const char *[]){"--max-new-tokens", "64", NULL});
-    hc_response r = request("GET", "/health", NULL, NULL);
+    hc_response r = sp_request("GET", "/health", NULL, NULL);
     cr_assert_eq(r.status, 200);
     cr_assert_str_eq(r.body, "{\"status\":\"ok\"}");
     hc_response_free(&r);
 
-    r = request("GET", "/info", NULL, NULL);
+    r = sp_request("GET", "/info", NULL, NULL);
     cr_assert_eq(r.status, 200);
     cJSON *j = json_of(&r);
     cr_assert_str_eq(str_at(j, "model_id"), "tiny-llama");
@@ -707,7 +692,7 @@ Test(server, health_info_and_metrics_describe_the_server)
     hc_response_free(&r);
 
     free(generate("Hello", 5, NULL));
-    r = request("GET", "/metrics", NULL, NULL);
+    r = sp_request("GET", "/metrics", NULL, NULL);
     cr_assert_eq(r.status, 200);
     char ct[128];
     cr_assert(hc_header(&r, "Content-Type", ct, sizeof ct));
@@ -738,9 +723,9 @@ Test(server, greedy_generation_is_deterministic_across_routes)
     char *a = generate("The quick brown fox", 12, NULL);
     char *b = generate("The quick brown fox", 12, NULL);
     cr_assert_str_eq(a, b);
-    hc_response r = request("POST", "/v1/completions", NULL,
-                            "{\"model\": \"tiny-llama\", \"prompt\": \"The quick brown fox\", "
-                            "\"max_tokens\": 12, \"temperature\": 0}");
+    hc_response r = sp_request("POST", "/v1/completions", NULL,
+                               "{\"model\": \"tiny-llama\", \"prompt\": \"The quick brown fox\", "
+                               "\"max_tokens\": 12, \"temperature\": 0}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     cJSON *j = json_of(&r);
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
@@ -752,8 +737,8 @@ Test(server, greedy_generation_is_deterministic_across_routes)
     const char *sampled = "{\"inputs\": \"The quick brown fox\", \"parameters\": "
                           "{\"max_new_tokens\": 12, \"do_sample\": true, \"seed\": 42, "
                           "\"temperature\": 1.5}}";
-    hc_response s1 = request("POST", "/generate", NULL, sampled);
-    hc_response s2 = request("POST", "/generate", NULL, sampled);
+    hc_response s1 = sp_request("POST", "/generate", NULL, sampled);
+    hc_response s2 = sp_request("POST", "/generate", NULL, sampled);
     cr_assert_eq(s1.status, 200, "%s", s1.body);
     cr_assert_str_eq(s1.body, s2.body);
     hc_response_free(&s1);
@@ -945,10 +930,10 @@ Test(server, unknown_adapter_gets_404)
     post_expect_error("/v1/completions", "{\"model\": \"nope\", \"prompt\": \"Hi\"}", 404,
                       "not_found", "nope");
     post_expect_error("/admin/adapters/nope/merge", NULL, 404, "not_found", NULL);
-    hc_response r = request("DELETE", "/admin/adapters/nope", NULL, NULL);
+    hc_response r = sp_request("DELETE", "/admin/adapters/nope", NULL, NULL);
     expect_error(&r, 404, "not_found", NULL);
     hc_response_free(&r);
-    r = request("GET", "/no/such/route", NULL, NULL);
+    r = sp_request("GET", "/no/such/route", NULL, NULL);
     expect_error(&r, 404, "not_found", "/no/such/route");
     hc_response_free(&r);
     sp_stop_cleanly();
@@ -960,17 +945,17 @@ Test(server, unloading_a_merged_adapter_gets_409)
     start_server(&spec, NULL);
     write_adapter("alpha", &spec, 11, 0.05f);
     load_adapter("alpha", "alpha");
-    hc_response r = request("POST", "/admin/adapters/alpha/merge", NULL, "{}");
+    hc_response r = sp_request("POST", "/admin/adapters/alpha/merge", NULL, "{}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
-    r = request("DELETE", "/admin/adapters/alpha", NULL, NULL);
+    r = sp_request("DELETE", "/admin/adapters/alpha", NULL, NULL);
     expect_error(&r, 409, "conflict", NULL);
     hc_response_free(&r);
     /* still there; once unmerged it goes */
-    r = request("POST", "/admin/adapters/alpha/unmerge", NULL, NULL);
+    r = sp_request("POST", "/admin/adapters/alpha/unmerge", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
-    r = request("DELETE", "/admin/adapters/alpha", NULL, NULL);
+    r = sp_request("DELETE", "/admin/adapters/alpha", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
     sp_stop_cleanly();
@@ -986,7 +971,7 @@ Test(server, overflowing_merge_gets_422_and_leaves_the_weights_alone)
     char before[20], after[20];
     cr_assert_eq(admin_state(before), 0);
     char *text = generate("Hello", 6, NULL);
-    hc_response r = request("POST", "/admin/adapters/huge/merge", NULL, "{\"scale\": 1.0}");
+    hc_response r = sp_request("POST", "/admin/adapters/huge/merge", NULL, "{\"scale\": 1.0}");
     expect_error(&r, 422, "unprocessable", NULL);
     hc_response_free(&r);
     cr_assert_eq(admin_state(after), 0, "nothing merged");
@@ -1021,7 +1006,7 @@ Test(server, admin_routes_need_the_bearer_token_when_one_is_configured)
         NULL, "Authorization: Bearer wrong\r\n", "Authorization: Bearer s3cret\r\n",
         "Authorization: Bearer s3cret-token-and-more\r\n", "Authorization: Basic s3cret-token\r\n"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        hc_response r = request("GET", "/admin/state", bad[i], NULL);
+        hc_response r = sp_request("GET", "/admin/state", bad[i], NULL);
         expect_error(&r, 401, "unauthorized", NULL);
         char v[64];
         cr_assert(hc_header(&r, "WWW-Authenticate", v, sizeof v));
@@ -1030,11 +1015,11 @@ Test(server, admin_routes_need_the_bearer_token_when_one_is_configured)
     }
     /* a refused load loads nothing */
     write_adapter("alpha", &spec, 11, 0.05f);
-    hc_response r = request("POST", "/admin/adapters", "Authorization: Bearer wrong\r\n",
-                            "{\"name\": \"alpha\", \"path\": \"alpha\"}");
+    hc_response r = sp_request("POST", "/admin/adapters", "Authorization: Bearer wrong\r\n",
+                               "{\"name\": \"alpha\", \"path\": \"alpha\"}");
     expect_error(&r, 401, "unauthorized", NULL);
     hc_response_free(&r);
-    r = request("GET", "/admin/state", "Authorization: Bearer s3cret-token\r\n", NULL);
+    r = sp_request("GET", "/admin/state", "Authorization: Bearer s3cret-token\r\n", NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cJSON *j = json_of(&r);
     cr_assert_eq(num_at(j, "adapters_loaded"), 0);
@@ -1049,7 +1034,7 @@ Test(server, admin_routes_answer_loopback_without_a_token)
 {
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
-    hc_response r = request("GET", "/admin/adapters", NULL, NULL);
+    hc_response r = sp_request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cr_assert_str_eq(r.body, "{\"adapters\":[]}");
     hc_response_free(&r);
@@ -1388,7 +1373,7 @@ Test(server, adapter_paths_outside_the_adapter_dir_get_400)
                       "outside the adapter directory");
     post_expect_error("/admin/adapters", "{\"name\": \"c\", \"path\": \"link\"}", 400,
                       "invalid_request", "is a symbolic link");
-    hc_response r = request("GET", "/admin/adapters", NULL, NULL);
+    hc_response r = sp_request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_str_eq(r.body, "{\"adapters\":[]}");
     hc_response_free(&r);
     /* an absolute path inside the directory is fine */
@@ -1407,8 +1392,8 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     tiny_spec spec = tiny_default();
     start_server(&spec, NULL);
     write_adapter("alpha", &spec, 11, 0.05f);
-    hc_response r = request("POST", "/admin/adapters", NULL,
-                            "{\"name\": \"alpha\", \"path\": \"alpha\", \"scale\": 0.5}");
+    hc_response r = sp_request("POST", "/admin/adapters", NULL,
+                               "{\"name\": \"alpha\", \"path\": \"alpha\", \"scale\": 0.5}");
     cr_assert_eq(r.status, 201, "%s", r.body);
     cJSON *j = json_of(&r);
     cr_assert_str_eq(str_at(j, "name"), "alpha");
@@ -1420,7 +1405,7 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     cJSON_Delete(j);
     hc_response_free(&r);
 
-    r = request("GET", "/admin/adapters", NULL, NULL);
+    r = sp_request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_eq(r.status, 200);
     j = json_of(&r);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "adapters");
@@ -1432,8 +1417,8 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     char original[20], merged[20], restored[20];
     cr_assert_eq(admin_state(original), 0);
 
-    r = request("POST", "/admin/adapters/alpha/merge", NULL,
-                "{\"scale\": 1.0, \"safe_merge\": true}");
+    r = sp_request("POST", "/admin/adapters/alpha/merge", NULL,
+                   "{\"scale\": 1.0, \"safe_merge\": true}");
     cr_assert_eq(r.status, 200, "%s", r.body);
     j = json_of(&r);
     cr_assert_str_eq(str_at(j, "adapter"), "alpha");
@@ -1448,7 +1433,7 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     cJSON_Delete(j);
     hc_response_free(&r);
 
-    r = request("GET", "/admin/adapters", NULL, NULL);
+    r = sp_request("GET", "/admin/adapters", NULL, NULL);
     j = json_of(&r);
     const cJSON *a = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "adapters"), 0);
     cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "merged")), "%s", r.body);
@@ -1457,7 +1442,7 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     cJSON_Delete(j);
     hc_response_free(&r);
 
-    r = request("POST", "/admin/adapters/alpha/unmerge", NULL, NULL);
+    r = sp_request("POST", "/admin/adapters/alpha/unmerge", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     j = json_of(&r);
     cr_assert_str_eq(str_at(j, "weights_digest"), original, "unmerge restores the weights");
@@ -1466,11 +1451,11 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     cr_assert_eq(admin_state(restored), 0);
     cr_assert_str_eq(restored, original);
 
-    r = request("DELETE", "/admin/adapters/alpha", NULL, NULL);
+    r = sp_request("DELETE", "/admin/adapters/alpha", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cr_assert_str_eq(r.body, "{\"unloaded\":\"alpha\"}");
     hc_response_free(&r);
-    r = request("GET", "/admin/adapters", NULL, NULL);
+    r = sp_request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_str_eq(r.body, "{\"adapters\":[]}");
     hc_response_free(&r);
 
@@ -1568,7 +1553,7 @@ Test(server, merge_during_a_stream_leaves_its_tokens_alone)
         got[n++] = (int)num_at(cJSON_GetObjectItemCaseSensitive(ev, "token"), "id");
         cJSON_Delete(ev);
     }
-    hc_response m = request("POST", "/admin/adapters/alpha/merge", NULL, "{\"scale\": 1.0}");
+    hc_response m = sp_request("POST", "/admin/adapters/alpha/merge", NULL, "{\"scale\": 1.0}");
     cr_assert_eq(m.status, 200, "%s", m.body);
     hc_response_free(&m);
     /* the stream runs on: the engine keeps its weights alive beside the

@@ -69,14 +69,6 @@ static void teardown(void)
 TestSuite(auth, .init = setup, .fini = teardown, .timeout = 300);
 TestSuite(cors, .init = setup, .fini = teardown, .timeout = 300);
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
-    fclose(f);
-}
-
 /* The server with the flags in extra (NULL-terminated) after the usual
  * ones; returns once /health says 200. */
 static void start(const char *const *extra)
@@ -89,15 +81,6 @@ static void start(const char *const *extra)
     argv[n] = NULL;
     sp_spawn(argv, log_path);
     sp_wait_ready();
-}
-
-static hc_response request(const char *method, const char *path, const char *headers,
-                           const char *body)
-{
-    hc_response r;
-    cr_assert(hc_request(sp.port, method, path, headers, body, &r), "%s %s: no response", method,
-              path);
-    return r;
 }
 
 /* r is OpenAI's 401: code "invalid_api_key" (wrong key) or null (none). */
@@ -158,12 +141,12 @@ Test(secret, equal_only_when_every_byte_and_the_length_agree)
 
 Test(auth, health_is_open_and_every_other_route_wants_the_key)
 {
-    write_text(key_file, KEY "\n");
+    test_write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, NULL});
-    hc_response r = request("GET", "/health", NULL, NULL);
+    hc_response r = sp_request("GET", "/health", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
-    r = request("GET", "/", NULL, NULL);
+    r = sp_request("GET", "/", NULL, NULL);
     cr_assert_eq(r.status, 200, "GET / is TGI's health: %s", r.body);
     hc_response_free(&r);
 
@@ -191,24 +174,24 @@ Test(auth, health_is_open_and_every_other_route_wants_the_key)
         char what[128];
         snprintf(what, sizeof what, "%s %s", routes[i].method, routes[i].path);
         bool open = strcmp(routes[i].path, "/health") == 0;
-        r = request(routes[i].method, routes[i].path, NULL, routes[i].body);
+        r = sp_request(routes[i].method, routes[i].path, NULL, routes[i].body);
         if (open)
             cr_assert_eq(r.status, 405, "%s: %d", what, r.status);
         else
             expect_key_refused(&r, true, what);
         hc_response_free(&r);
         for (size_t k = 0; k < sizeof wrong / sizeof *wrong && !open; k++) {
-            r = request(routes[i].method, routes[i].path, wrong[k], routes[i].body);
+            r = sp_request(routes[i].method, routes[i].path, wrong[k], routes[i].body);
             expect_key_refused(&r, false, what);
             hc_response_free(&r);
         }
-        r = request(routes[i].method, routes[i].path, WITH_KEY, routes[i].body);
+        r = sp_request(routes[i].method, routes[i].path, WITH_KEY, routes[i].body);
         int want = strcmp(routes[i].path, "/no/such/route") == 0 ? 404 : open ? 405 : 200;
         cr_assert_eq(r.status, want, "%s with the key: %d %s", what, r.status, r.body);
         hc_response_free(&r);
     }
     /* the scheme is case-insensitive */
-    r = request("GET", "/v1/models", "Authorization: bearer " KEY "\r\n", NULL);
+    r = sp_request("GET", "/v1/models", "Authorization: bearer " KEY "\r\n", NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
     sp_stop_cleanly();
@@ -216,13 +199,13 @@ Test(auth, health_is_open_and_every_other_route_wants_the_key)
 
 Test(auth, streams_want_the_key_too)
 {
-    write_text(key_file, KEY);
+    test_write_text(key_file, KEY);
     start((const char *[]){"--api-key-file", key_file, NULL});
-    hc_response r = request("POST", "/generate_stream", NULL, generation);
+    hc_response r = sp_request("POST", "/generate_stream", NULL, generation);
     expect_key_refused(&r, true, "/generate_stream");
     hc_response_free(&r);
-    r = request("POST", "/v1/completions", "Authorization: Bearer nope\r\n",
-                "{\"prompt\": \"Hi\", \"max_tokens\": 2, \"stream\": true}");
+    r = sp_request("POST", "/v1/completions", "Authorization: Bearer nope\r\n",
+                   "{\"prompt\": \"Hi\", \"max_tokens\": 2, \"stream\": true}");
     expect_key_refused(&r, false, "/v1/completions stream");
     hc_response_free(&r);
 
@@ -244,17 +227,17 @@ Test(auth, streams_want_the_key_too)
 
 Test(auth, admin_routes_want_the_admin_token_not_the_api_key)
 {
-    write_text(key_file, KEY "\n");
-    write_text(token_file, ADMIN_TOKEN "\n");
+    test_write_text(key_file, KEY "\n");
+    test_write_text(token_file, ADMIN_TOKEN "\n");
     start((const char *[]){"--api-key-file", key_file, "--admin-token-file", token_file, NULL});
-    hc_response r = request("GET", "/admin/state", WITH_KEY, NULL);
+    hc_response r = sp_request("GET", "/admin/state", WITH_KEY, NULL);
     cr_assert_eq(r.status, 401, "the API key is no admin token: %s", r.body);
     cr_assert(strstr(r.body, "admin bearer token"), "%s", r.body);
     hc_response_free(&r);
-    r = request("GET", "/admin/state", "Authorization: Bearer " ADMIN_TOKEN "\r\n", NULL);
+    r = sp_request("GET", "/admin/state", "Authorization: Bearer " ADMIN_TOKEN "\r\n", NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
-    r = request("GET", "/v1/models", "Authorization: Bearer " ADMIN_TOKEN "\r\n", NULL);
+    r = sp_request("GET", "/v1/models", "Authorization: Bearer " ADMIN_TOKEN "\r\n", NULL);
     expect_key_refused(&r, false, "the admin token is no API key");
     hc_response_free(&r);
     sp_stop_cleanly();
@@ -322,9 +305,9 @@ static hc_response request_from(const char *source, const char *path, const char
 Test(auth, without_an_admin_token_admin_stays_loopback_only_and_key_free)
 {
     enter_network_with_elsewhere();
-    write_text(key_file, KEY "\n");
+    test_write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, NULL});
-    hc_response r = request("GET", "/admin/adapters", NULL, NULL);
+    hc_response r = sp_request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     hc_response_free(&r);
     r = request_from(ELSEWHERE, "/admin/adapters", NULL);
@@ -344,7 +327,7 @@ Test(auth, without_an_admin_token_admin_stays_loopback_only_and_key_free)
 static void expect_refused_at_start(const char *file_text, const char *needle)
 {
     if (file_text)
-        write_text(key_file, file_text);
+        test_write_text(key_file, file_text);
     const char *argv[] = {QL_BINARY, "serve",          "--model", model_dir, "--port",
                           "0",       "--api-key-file", key_file,  NULL};
     sp_spawn(argv, log_path);
@@ -520,14 +503,14 @@ Test(auth, a_network_host_without_a_token_generates_one)
     cr_assert_eq(strlen(token), 64, "%s", token);
     cr_assert_null(strstr(log, token), "the log shows the token");
     free(log);
-    hc_response r = request("POST", "/admin/engine/resume", NULL, "{}");
+    hc_response r = sp_request("POST", "/admin/engine/resume", NULL, "{}");
     cr_assert_eq(r.status, 401, "a loopback peer without the token: %d %s", r.status, r.body);
     hc_response_free(&r);
-    r = request("GET", "/admin/adapters", NULL, NULL);
+    r = sp_request("GET", "/admin/adapters", NULL, NULL);
     cr_assert_eq(r.status, 401, "%d %s", r.status, r.body);
     hc_response_free(&r);
     snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", token);
-    r = request("POST", "/admin/engine/resume", auth, "{}");
+    r = sp_request("POST", "/admin/engine/resume", auth, "{}");
     cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
     hc_response_free(&r);
     r = raw_request("GET", "/v1/models", "llm.example.com", NULL, NULL);
@@ -539,7 +522,7 @@ Test(auth, a_network_host_without_a_token_generates_one)
     log = sp_read_log();
     cr_assert(strstr(log, "kept in") && strstr(log, path), "%s", log);
     free(log);
-    r = request("GET", "/admin/adapters", auth, NULL);
+    r = sp_request("GET", "/admin/adapters", auth, NULL);
     cr_assert_eq(r.status, 200, "the same token after a restart: %d %s", r.status, r.body);
     hc_response_free(&r);
     sp_stop_cleanly();
@@ -582,7 +565,7 @@ static hc_response preflight(const char *path, const char *origin, const char *m
     snprintf(headers, sizeof headers, "Origin: %s\r\nAccess-Control-Request-Method: %s\r\n%s%s%s",
              origin, method, asked ? "Access-Control-Request-Headers: " : "", asked ? asked : "",
              asked ? "\r\n" : "");
-    return request("OPTIONS", path, headers, NULL);
+    return sp_request("OPTIONS", path, headers, NULL);
 }
 
 static void expect_header(const hc_response *r, const char *name, const char *want)
@@ -594,20 +577,20 @@ static void expect_header(const hc_response *r, const char *name, const char *wa
 
 Test(cors, listed_origins_get_the_headers_and_preflights_need_no_key)
 {
-    write_text(key_file, KEY "\n");
+    test_write_text(key_file, KEY "\n");
     start((const char *[]){"--api-key-file", key_file, "--cors-allow-origin",
                            "https://app.example, http://localhost:5173", NULL});
     static const char app[] = "Origin: https://app.example\r\n";
-    hc_response r = request("GET", "/health", app, NULL);
+    hc_response r = sp_request("GET", "/health", app, NULL);
     cr_assert_eq(r.status, 200);
     expect_allow_origin(&r, "https://app.example", "GET /health");
     hc_response_free(&r);
-    r = request("GET", "/v1/models", "Origin: http://localhost:5173\r\n" WITH_KEY, NULL);
+    r = sp_request("GET", "/v1/models", "Origin: http://localhost:5173\r\n" WITH_KEY, NULL);
     cr_assert_eq(r.status, 200, "%s", r.body);
     expect_allow_origin(&r, "http://localhost:5173", "the second origin");
     hc_response_free(&r);
     /* the 401 too, so that the page can read why */
-    r = request("GET", "/v1/models", app, NULL);
+    r = sp_request("GET", "/v1/models", app, NULL);
     expect_key_refused(&r, true, "listed origin, no key");
     expect_allow_origin(&r, "https://app.example", "the 401");
     hc_response_free(&r);
@@ -618,11 +601,11 @@ Test(cors, listed_origins_get_the_headers_and_preflights_need_no_key)
                                            "Origin: null\r\n",
                                            NULL};
     for (size_t i = 0; unlisted[i]; i++) {
-        r = request("GET", "/health", unlisted[i], NULL);
+        r = sp_request("GET", "/health", unlisted[i], NULL);
         expect_allow_origin(&r, NULL, unlisted[i]);
         hc_response_free(&r);
     }
-    r = request("GET", "/health", NULL, NULL);
+    r = sp_request("GET", "/health", NULL, NULL);
     expect_allow_origin(&r, NULL, "no Origin");
     hc_response_free(&r);
 
@@ -676,7 +659,7 @@ Test(cors, listed_origins_get_the_headers_and_preflights_need_no_key)
 Test(cors, a_star_lets_every_origin_in)
 {
     start((const char *[]){"--cors-allow-origin", "*", NULL});
-    hc_response r = request("GET", "/v1/models", "Origin: https://anywhere.example\r\n", NULL);
+    hc_response r = sp_request("GET", "/v1/models", "Origin: https://anywhere.example\r\n", NULL);
     cr_assert_eq(r.status, 200);
     expect_allow_origin(&r, "*", "*");
     hc_response_free(&r);
@@ -687,7 +670,7 @@ Test(cors, a_star_lets_every_origin_in)
     expect_header(&r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
     hc_response_free(&r);
     /* OPTIONS that is no preflight (no Access-Control-Request-Method) */
-    r = request("OPTIONS", "/generate", "Origin: https://anywhere.example\r\n", NULL);
+    r = sp_request("OPTIONS", "/generate", "Origin: https://anywhere.example\r\n", NULL);
     cr_assert_eq(r.status, 405, "%s", r.body);
     expect_allow_origin(&r, "*", "a plain OPTIONS");
     hc_response_free(&r);
@@ -697,7 +680,7 @@ Test(cors, a_star_lets_every_origin_in)
 Test(cors, without_the_flag_nothing_changes)
 {
     start(NULL);
-    hc_response r = request("GET", "/v1/models", "Origin: https://app.example\r\n", NULL);
+    hc_response r = sp_request("GET", "/v1/models", "Origin: https://app.example\r\n", NULL);
     cr_assert_eq(r.status, 200, "no key configured: open");
     expect_cors(&r, NULL, false, "no --cors-allow-origin");
     hc_response_free(&r);

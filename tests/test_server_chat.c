@@ -63,14 +63,6 @@ static const char chatml[] =
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
-    fclose(f);
-}
-
 /* The tiny model with `chat_template` as its chat_template.jinja (NULL:
  * none), served; returns once it answers. */
 static void start_with_template(const char *chat_template)
@@ -80,7 +72,7 @@ static void start_with_template(const char *chat_template)
     if (chat_template) {
         char path[700];
         snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
-        write_text(path, chat_template);
+        test_write_text(path, chat_template);
     }
     const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port",        "0",
                           "--threads", "2",     "--kv-mib", "16",      "--adapter-dir", adapter_dir,
@@ -336,13 +328,11 @@ Test(chat, an_adapters_own_template_serves_requests_to_that_adapter)
      * it: its chat_template.jinja frames requests naming that adapter */
     char folder[800], path[900];
     snprintf(folder, sizeof folder, "%s/tuned", adapter_dir);
-    tiny_spec spec = tiny_default();
-    eng_config cfg = lora_fix_config(&spec);
-    lora_fix_spec ls = lora_fix_default();
-    lora_fix_write(folder, &cfg, &ls);
+    lora_fix_write_tiny(folder, NULL, NULL, NULL);
     snprintf(path, sizeof path, "%s/chat_template.jinja", folder);
-    write_text(path, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                     "{% if add_generation_prompt %}[assistant] {% endif %}");
+    test_write_text(path,
+                    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}[assistant] {% endif %}");
     start_with_template(chatml);
     int status;
     char *text =

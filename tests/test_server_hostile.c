@@ -519,11 +519,9 @@ Test(server_hostile, rewriting_a_loaded_adapters_file_changes_nothing)
     snprintf(ad, sizeof ad, "%s/ad", adapters);
     snprintf(file, sizeof file, "%s/adapter_model.safetensors", ad);
     cr_assert_eq(mkdir(adapters, 0700), 0);
-    tiny_spec spec = tiny_default();
-    eng_config cfg = lora_fix_config(&spec);
     lora_fix_spec ls = lora_fix_default();
     ls.std = 0.5f; /* an adapter that changes the answer */
-    lora_fix_write(ad, &cfg, &ls);
+    lora_fix_write_tiny(ad, NULL, NULL, &ls);
     start((const char *[]){"--adapter-dir", adapters, NULL});
     hc_response r = sp_post("/admin/adapters", "{\"name\": \"ad\", \"path\": \"ad\"}");
     cr_assert_eq(r.status, 201, "%d %s", r.status, r.body);

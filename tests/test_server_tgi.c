@@ -53,8 +53,6 @@ TestSuite(tgi, .init = setup, .fini = teardown, .timeout = 300);
 
 /* --- the server process (as test_server.c runs it) ------------------------------- */
 
-#define copy_file(from, to) cr_assert(test_copy_file(from, to), "cannot copy %s to %s", from, to)
-
 /* Start the binary on a tiny model; tokenizer names a fixture tokenizer
  * (tests/fixtures/tokenizers/<name>/) to serve with, NULL: the tiny
  * model's own byte-level one. Returns once GET /health says 200. */

@@ -25,6 +25,7 @@
 #include "fixtures/tokenizer_vectors.h"
 #include "gguf_writer.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 #define N_TOKENIZERS (sizeof tokv_tokenizers / sizeof tokv_tokenizers[0])
 
@@ -281,26 +282,6 @@ Test(tokenizer, real_smollm2_gguf_gives_the_models_ids)
 
 /* --- a large vocabulary ---------------------------------------------------------- */
 
-/* GPT-2's printable character for byte b, UTF-8. */
-static void byte_char(int b, char *out)
-{
-    int n = 0, cp = b;
-    if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))) {
-        for (int c = 0; c < b; c++)
-            if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF)))
-                n++;
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = 0;
-    }
-}
-
 /* Speed is a benchmark's business, not a test's: the load time is logged,
  * and the test pins that a vocabulary this large loads and merges by rank. */
 Test(tokenizer, a_150k_vocabulary_loads_and_merges)
@@ -308,9 +289,9 @@ Test(tokenizer, a_150k_vocabulary_loads_and_merges)
     /* 256 byte tokens, every pair of them, then pairs with a third byte up
      * to 150000 tokens; a merge for each token past the bytes */
     enum { N_TOKENS = 150000 };
-    char sym[256][3];
+    char sym[256][4];
     for (int b = 0; b < 256; b++)
-        byte_char(b, sym[b]);
+        tiny_byte_symbol(b, sym[b]);
     cJSON *root = cJSON_CreateObject();
     cJSON *model = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(model, "type", "BPE");
@@ -383,35 +364,13 @@ Test(tokenizer, a_150k_vocabulary_loads_and_merges)
 
 /* --- refusals ----------------------------------------------------------------- */
 
-static void write_text(const char *path, const char *text, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(text, 1, len, f), len);
-    fclose(f);
-}
-
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc(*len + 1);
-    cr_assert_eq(fread(p, 1, *len, f), *len);
-    p[*len] = 0;
-    fclose(f);
-    return p;
-}
-
 /* tokenizer.json text must be refused with code `rc` and a message that
  * holds the path and each of the words. */
 static void expect_hf_refused(const char *text, int rc, const char *word1, const char *word2)
 {
     char path[1024], msg[1024];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    write_text(path, text, strlen(text));
+    test_write_bytes(path, text, strlen(text));
     tok_tokenizer *t = (tok_tokenizer *)&path; /* must come back NULL */
     cr_expect_eq(tok_from_hf(&t, path, NULL, msg, sizeof msg), rc, "%s", msg);
     cr_expect_null(t);
@@ -426,7 +385,8 @@ static cJSON *fixture_json(const char *name)
     char path[1024];
     size_t len;
     snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer.json", QL_FIXTURES, name);
-    char *text = read_text(path, &len);
+    char *text = test_read_file(path, &len);
+    cr_assert(text, "cannot read %s", path);
     cJSON *root = cJSON_Parse(text);
     free(text);
     cr_assert(root);
@@ -444,9 +404,10 @@ static void expect_json_refused(cJSON *root, int rc, const char *word1, const ch
 Test(tokenizer, truncated_or_non_json_files_are_refused)
 {
     char path[1024], msg[512];
-    size_t len;
+    size_t len = 0;
     snprintf(path, sizeof path, "%s/tokenizers/gpt2/tokenizer.json", QL_FIXTURES);
-    char *text = read_text(path, &len);
+    char *text = test_read_file(path, &len);
+    cr_assert(text, "cannot read %s", path);
     text[len / 2] = 0;
     expect_hf_refused(text, QL_EFORMAT, "JSON", "truncated");
     free(text);
@@ -509,7 +470,7 @@ Test(tokenizer, a_config_naming_a_missing_token_is_refused)
     snprintf(json, sizeof json, "%s/tokenizers/gpt2/tokenizer.json", QL_FIXTURES);
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
     const char *text = "{\"bos_token\": \"<|nowhere|>\", \"eos_token\": \"<|endoftext|>\"}";
-    write_text(cfg, text, strlen(text));
+    test_write_bytes(cfg, text, strlen(text));
     tok_tokenizer *t = NULL;
     cr_expect_eq(tok_from_hf(&t, json, cfg, msg, sizeof msg), QL_EFORMAT);
     cr_expect(strstr(msg, cfg) && strstr(msg, "<|nowhere|>"), "%s", msg);

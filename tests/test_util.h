@@ -1,7 +1,8 @@
 /*
  * test_util.h - small helpers the tests share: a reproducible generator,
- * bit-exact float comparison, the one tolerance comparison (test_diff),
- * temporary paths, sleeping, and test_cannot_run (a loud skip, a failure
+ * bit-exact float comparison, the one tolerance comparison (test_diff, and
+ * test_max_abs_err / test_worst_row_l2 over it), temporary paths, writing
+ * and copying files, sleeping, and test_cannot_run (a loud skip, a failure
  * under QL_REQUIRE_ALL=1).
  */
 #ifndef QL_TEST_UTIL_H
@@ -125,6 +126,41 @@ static inline test_diff test_diff_f64(const float *got, const double *want, size
     return d;
 }
 
+/* The largest |got - want| over n values: test_diff_abs of test_diff_f64,
+ * so +inf when any value of either side is NaN or infinite (the forward
+ * tests' "worst logit error" against float64 reference logits). */
+static inline double test_max_abs_err(const float *got, const double *want, size_t n)
+{
+    test_diff d = test_diff_f64(got, want, n);
+    return test_diff_abs(&d);
+}
+
+/* The largest of test_diff_l2 over `rows` rows of `cols` values each (a
+ * relative error per position, the worst position's): +inf when any value
+ * is NaN or infinite. */
+static inline double test_worst_row_l2(const float *got, const double *want, size_t rows,
+                                       size_t cols)
+{
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        test_diff d = test_diff_f64(got + r * cols, want + r * cols, cols);
+        double e = test_diff_l2(&d);
+        if (!(e <= worst)) /* a NaN can never be an answer here, but would be kept */
+            worst = e;
+    }
+    return worst;
+}
+
+/* The n floats of a widened to double (malloc'd; the caller frees), to
+ * use one run's logits as another's reference. */
+static inline double *test_widen(const float *a, size_t n)
+{
+    double *out = malloc(n * sizeof *out);
+    for (size_t i = 0; out && i < n; i++)
+        out[i] = a[i];
+    return out;
+}
+
 /* Whether CI asked that every test run (QL_REQUIRE_ALL=1, set by .ci/run). */
 static inline bool test_require_all(void)
 {
@@ -173,6 +209,48 @@ static inline bool test_copy_file(const char *from, const char *to)
         ok = false;
     return ok;
 }
+
+/* Write len bytes of data to path (made or replaced); false when it
+ * cannot be opened or a write fails. */
+static inline bool test_write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return false;
+    bool ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
+/* A file's whole contents, NUL-terminated (malloc'd; the caller frees),
+ * its length in *len when len is not NULL; NULL when it cannot be read. */
+static inline char *test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *text = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+    if (text && fread(text, 1, (size_t)n, f) != (size_t)n) {
+        free(text);
+        text = NULL;
+    }
+    fclose(f);
+    if (text) {
+        text[n] = 0;
+        if (len)
+            *len = (size_t)n;
+    }
+    return text;
+}
+
+/* The asserting forms, for Criterion tests (bench/ includes this header
+ * without Criterion and uses only the functions): text or len bytes into
+ * path (made or replaced), a file copied. */
+#define test_write_text(path, text)                                                                \
+    cr_assert(test_write_file(path, text, strlen(text)), "cannot write %s", path)
+#define test_write_bytes(path, data, len)                                                          \
+    cr_assert(test_write_file(path, data, len), "cannot write %s", path)
+#define copy_file(from, to) cr_assert(test_copy_file(from, to), "cannot copy %s to %s", from, to)
 
 static inline void test_rmtree(const char *dir)
 {

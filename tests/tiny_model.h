@@ -120,13 +120,24 @@ static inline void tiny_write_tokenizer_json(const char *path)
     cJSON_Delete(root);
 }
 
-static inline void tiny_write_json(const char *path, const char *text)
+#ifdef QL_FIXTURES
+/* The checked-in fixture folder tests/fixtures/<name> (config.json and
+ * model.safetensors, as transformers saved them) copied into dir, with the
+ * tiny byte-level tokenizer (the fixtures' tests feed ids, so any 260-token
+ * vocabulary does). */
+static inline void tiny_fixture_folder(const char *name, const char *dir)
 {
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
+    char from[1024], to[1024];
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s/%s", QL_FIXTURES, name, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        copy_file(from, to);
+    }
+    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
+    tiny_write_tokenizer_json(to);
 }
+#endif
 
 /* Random values of shape [rows, cols] (cols 0: 1-D) in the spec's dtype. */
 static inline void tiny_add(st_writer *w, const tiny_spec *s, const char *name, int64_t rows,
@@ -168,7 +179,7 @@ static inline void tiny_write_hf(const char *dir, const tiny_spec *s)
              "259, \"eos_token_id\": 259, \"torch_dtype\": \"bfloat16\"}",
              s->arch, s->vocab, s->hidden, s->inter, s->layers, s->heads, s->kv_heads,
              s->tie ? "true" : "false");
-    tiny_write_json(path, cfg);
+    test_write_text(path, cfg);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     tiny_write_tokenizer_json(path);
 
@@ -234,7 +245,7 @@ static inline void tiny_write_hf(const char *dir, const tiny_spec *s)
         cJSON_AddItemToObject(idx, "weight_map", map);
         char *text = cJSON_Print(idx);
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-        tiny_write_json(path, text);
+        test_write_text(path, text);
         free(text);
         cJSON_Delete(idx);
     } else {
