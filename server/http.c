@@ -39,9 +39,9 @@
  *
  * Offers srv_http_settings, srv_conn_feed and srv_conn_release_detached
  * (the fuzz seam in server.h) and, to the other server files, the
- * listener, the sink connection (srv_conn_init_sink), the responses
+ * listener, the sink connection (srv_http_init_sink), the responses
  * (whole, bodiless, error, server-sent events), the CORS origin check
- * (srv_cors_origin: every response to a listed browser origin carries
+ * (srv_http_cors_origin: every response to a listed browser origin carries
  * Access-Control-Allow-Origin) and the connection's end. Owns every
  * connection's memory. Knows nothing above it: it reaches the rest of the
  * server only through s->hooks (serve.c's), for each complete request
@@ -49,8 +49,9 @@
  * answer it lets go), and after one has left (check_drained). Touches the
  * status counters.
  */
-#include "internal/server_internal.h"
+#include "internal/http.h"
 
+#include <cjson/cJSON.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +127,7 @@ static void trim_done(uv_work_t *req, int status)
 }
 
 /* One malloc_trim queued on the pool, unless one is queued already. */
-void srv_trim_soon(srv_server *s)
+void srv_http_trim_soon(srv_server *s)
 {
     if (s->trim_queued || !s->loop)
         return;
@@ -141,13 +142,13 @@ static void on_written(uv_write_t *req, int status)
     srv_conn *c = req->handle->data;
     c->out_bytes -= w->len;
     if (w->len >= TRIM_AFTER_BYTES)
-        srv_trim_soon(c->s);
+        srv_http_trim_soon(c->s);
     free(w->data);
     free(w);
     if (status == UV_ECANCELED || c->closing)
         return; /* the socket is being closed */
     if (status < 0)
-        srv_conn_abort(c); /* the client has gone (reading may be paused, so say it here) */
+        srv_http_abort(c); /* the client has gone (reading may be paused, so say it here) */
     else if (c->write_blocked)
         on_backlog_drained(c);
 }
@@ -165,7 +166,7 @@ static void send_owned(srv_conn *c, char *data, size_t len)
     write_req *w = malloc(sizeof *w);
     if (!w) {
         free(data);
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     w->data = data;
@@ -174,7 +175,7 @@ static void send_owned(srv_conn *c, char *data, size_t len)
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
         free(data);
         free(w);
-        srv_conn_abort(c);
+        srv_http_abort(c);
         return;
     }
     c->out_bytes += len;
@@ -191,7 +192,7 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
         return;
     char *copy = malloc(len);
     if (!copy) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     memcpy(copy, data, len);
@@ -202,7 +203,7 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
  * to the kernel but not yet called back (a write the socket takes at once
  * still holds its copy until the loop's next turn), so what an answer
  * costs the server until the loop has freed it. */
-size_t srv_conn_backlog(const srv_conn *c)
+size_t srv_http_backlog(const srv_conn *c)
 {
     return c->sink ? 0 : c->out_bytes;
 }
@@ -335,12 +336,12 @@ static void conn_end(srv_conn *c, bool flush)
     s->hooks->check_drained(s);
 }
 
-void srv_conn_close(srv_conn *c)
+void srv_http_close(srv_conn *c)
 {
     conn_end(c, true);
 }
 
-void srv_conn_abort(srv_conn *c)
+void srv_http_abort(srv_conn *c)
 {
     conn_end(c, false);
 }
@@ -351,14 +352,14 @@ static void on_timeout(uv_timer_t *t)
     if (c->busy)
         return;
     if (c->reading) {
-        srv_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
+        srv_http_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
         c->refused = true;
     } else if (c->requests == 0) {
         /* a connection that never began a request: closed without an
          * answer, as there is no request to answer */
         c->s->metrics.first_byte_timeouts++;
     }
-    srv_conn_close(c); /* idle keep-alive, never begun, or after the 408 */
+    srv_http_close(c); /* idle keep-alive, never begun, or after the 408 */
 }
 
 /* Arm the timer for the state c is in: a request being read has
@@ -395,9 +396,9 @@ static srv_conn *conn_of(llhttp_t *p)
 static int refuse_headers(srv_conn *c)
 {
     if (!c->refused)
-        srv_respond_error(c, 431, "invalid_request",
-                          "the request line and headers are larger than the server's limit",
-                          "Connection: close\r\n");
+        srv_http_respond_error(c, 431, "invalid_request",
+                               "the request line and headers are larger than the server's limit",
+                               "Connection: close\r\n");
     c->refused = true;
     return -1;
 }
@@ -425,10 +426,10 @@ static int on_message_begin(llhttp_t *p)
 static void refuse_fold(srv_conn *c)
 {
     if (!c->refused)
-        srv_respond_error(c, 400, "invalid_request",
-                          "a header line continues on the next line (obs-fold, RFC 9112 5.2); "
-                          "send each header on one line",
-                          "Connection: close\r\n");
+        srv_http_respond_error(c, 400, "invalid_request",
+                               "a header line continues on the next line (obs-fold, RFC 9112 5.2); "
+                               "send each header on one line",
+                               "Connection: close\r\n");
     c->refused = true;
 }
 
@@ -607,7 +608,7 @@ static int refuse_body(srv_conn *c)
     snprintf(m, sizeof m, "the request body is larger than the server's limit of %lld bytes",
              (long long)c->s->cfg->max_body_bytes);
     if (!c->refused)
-        srv_respond_error(c, 413, "invalid_request", m, "Connection: close\r\n");
+        srv_http_respond_error(c, 413, "invalid_request", m, "Connection: close\r\n");
     c->refused = true;
     return -1;
 }
@@ -724,7 +725,7 @@ static void keep_pending(srv_conn *c, const char *data, size_t len)
         size_t cap = (c->pending_len + len) * 2;
         char *p = realloc(c->pending, cap);
         if (!p) {
-            srv_conn_close(c);
+            srv_http_close(c);
             return;
         }
         c->pending = p;
@@ -819,7 +820,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
         c->fold_scan = data;
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
         if (err == HPE_OK && ends_in_fold(c, data + len)) {
-            srv_conn_close(c); /* refuse_fold has answered */
+            srv_http_close(c); /* refuse_fold has answered */
             return;
         }
         if (err == HPE_OK) {
@@ -848,10 +849,10 @@ static void parse(srv_conn *c, const char *data, size_t len)
             snprintf(m, sizeof m, "malformed HTTP request: %s (%s)", llhttp_errno_name(err),
                      llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser)
                                                          : "");
-            srv_respond_error(c, 400, "invalid_request", m, "Connection: close\r\n");
+            srv_http_respond_error(c, 400, "invalid_request", m, "Connection: close\r\n");
             c->refused = true;
         }
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
 }
@@ -883,11 +884,11 @@ static void response_done(srv_conn *c, bool keep_alive)
     bool keep = keep_alive && c->req.keep_alive && !c->s->draining;
     request_reset(c);
     if (!keep) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     arm_timer(c);
-    if (srv_conn_backlog(c) > WRITE_HIGH) {
+    if (srv_http_backlog(c) > WRITE_HIGH) {
         /* the client is not reading its answers: its next requests wait */
         c->write_blocked = true;
         update_reading(c);
@@ -899,7 +900,7 @@ static void response_done(srv_conn *c, bool keep_alive)
 /* The write backlog fell (on_written): go on when it is under WRITE_LOW. */
 static void on_backlog_drained(srv_conn *c)
 {
-    if (srv_conn_backlog(c) > WRITE_LOW)
+    if (srv_http_backlog(c) > WRITE_LOW)
         return;
     c->write_blocked = false;
     if (c->busy)
@@ -919,7 +920,7 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 {
     srv_conn *c = stream->data;
     if (n < 0) {
-        srv_conn_abort(c); /* EOF or error: the client has gone */
+        srv_http_abort(c); /* EOF or error: the client has gone */
     } else if (n > 0) {
         parse(c, buf->base, (size_t)n);
     }
@@ -986,8 +987,8 @@ static bool refuse_at_accept(srv_conn *c)
     }
     if (!why)
         return false;
-    srv_respond_error(c, 503, "overloaded", why, "Retry-After: 1\r\nConnection: close\r\n");
-    srv_conn_close(c);
+    srv_http_respond_error(c, 503, "overloaded", why, "Retry-After: 1\r\nConnection: close\r\n");
+    srv_http_close(c);
     return true;
 }
 
@@ -1025,8 +1026,8 @@ static void on_connection(uv_stream_t *server, int status)
     arm_timer(c); /* the first-byte deadline */
 }
 
-int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
-               size_t msg_len)
+int srv_http_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
+                    size_t msg_len)
 {
     struct sockaddr_storage addr;
     int rc = strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr)
@@ -1053,7 +1054,7 @@ int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char 
     return QL_OK;
 }
 
-void srv_stop_accepting(srv_server *s)
+void srv_http_stop_accepting(srv_server *s)
 {
     if (s->listening) {
         s->listening = false;
@@ -1062,7 +1063,7 @@ void srv_stop_accepting(srv_server *s)
     for (srv_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
         if (!c->busy && !c->reading)
-            srv_conn_close(c);
+            srv_http_close(c);
     }
 }
 
@@ -1076,7 +1077,7 @@ static void count_status(srv_server *s, int status)
 
 /* --- CORS ----------------------------------------------------------------------- */
 
-const char *srv_cors_origin(const srv_conn *c)
+const char *srv_http_cors_origin(const srv_conn *c)
 {
     const char *list = c->s->cfg ? c->s->cfg->cors_allow_origin : NULL, *origin = c->req.origin;
     if (!list || !*origin || c->req.cors_too_long)
@@ -1098,7 +1099,7 @@ const char *srv_cors_origin(const srv_conn *c)
  * "CORS protocol and HTTP caches"). Without the flag, none. */
 static void cors_headers(const srv_conn *c, char *cors, size_t cap)
 {
-    const char *allow = srv_cors_origin(c);
+    const char *allow = srv_http_cors_origin(c);
     cors[0] = 0;
     if (allow)
         snprintf(cors, cap, "Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n", allow);
@@ -1124,7 +1125,7 @@ static void send_head(srv_conn *c, int status, const char *content_type, size_t 
                      content_type ? content_type : "", content_type ? "\r\n" : "", length, extra,
                      cors, keep || strstr(extra, "Connection:") ? "" : "Connection: close\r\n");
     if (n < 0 || (size_t)n >= sizeof head) {
-        srv_conn_abort(c); /* cannot happen: the callers' headers are short */
+        srv_http_abort(c); /* cannot happen: the callers' headers are short */
         return;
     }
     count_status(c->s, status);
@@ -1157,13 +1158,13 @@ static void respond(srv_conn *c, int status, const char *content_type, char *bod
         response_done(c, keep);
 }
 
-void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
-                 const char *extra_headers)
+void srv_http_respond(srv_conn *c, int status, const char *content_type, const char *body,
+                      size_t len, const char *extra_headers)
 {
     respond(c, status, content_type, (char *)body, len, false, extra_headers);
 }
 
-void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
+void srv_http_respond_empty(srv_conn *c, int status, const char *extra_headers)
 {
     if (c->closing && !c->sink)
         return;
@@ -1173,18 +1174,18 @@ void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
         response_done(c, keep);
 }
 
-void srv_respond_json(srv_conn *c, int status, const char *json)
+void srv_http_respond_json(srv_conn *c, int status, const char *json)
 {
-    srv_respond(c, status, "application/json", json, strlen(json), NULL);
+    srv_http_respond(c, status, "application/json", json, strlen(json), NULL);
 }
 
-void srv_respond_json_owned(srv_conn *c, int status, char *json)
+void srv_http_respond_json_owned(srv_conn *c, int status, char *json)
 {
     respond(c, status, "application/json", json, strlen(json), true, NULL);
 }
 
-void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,
-                       const char *extra_headers)
+void srv_http_respond_error(srv_conn *c, int status, const char *type, const char *message,
+                            const char *extra_headers)
 {
     /* the message may hold anything a client sent: escape it through cJSON */
     cJSON *root = cJSON_CreateObject();
@@ -1194,14 +1195,14 @@ void srv_respond_error(srv_conn *c, int status, const char *type, const char *me
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
-    srv_respond(c, status, "application/json", text, strlen(text), extra_headers);
+    srv_http_respond(c, status, "application/json", text, strlen(text), extra_headers);
     free(text);
 }
 
-void srv_stream_begin(srv_conn *c)
+void srv_http_stream_begin(srv_conn *c)
 {
     char cors[sizeof c->req.origin + 64], head[512];
     cors_headers(c, cors, sizeof cors);
@@ -1224,7 +1225,7 @@ static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, s
     size_t total = (size_t)n + alen + blen + tlen + 2;
     char *buf = malloc(total);
     if (!buf) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     memcpy(buf, size, (size_t)n);
@@ -1236,7 +1237,7 @@ static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, s
     free(buf);
 }
 
-void srv_stream_event(srv_conn *c, const char *data, size_t len)
+void srv_http_stream_event(srv_conn *c, const char *data, size_t len)
 {
     if (c->closing && !c->sink)
         return;
@@ -1247,11 +1248,11 @@ void srv_stream_event(srv_conn *c, const char *data, size_t len)
     } else {
         send_chunk(c, "data: ", 6, data, len, "\n\n", 2);
     }
-    if (srv_conn_backlog(c) > SLOW_READER_BYTES)
-        srv_conn_abort(c); /* it does not read what it asked for */
+    if (srv_http_backlog(c) > SLOW_READER_BYTES)
+        srv_http_abort(c); /* it does not read what it asked for */
 }
 
-void srv_stream_end(srv_conn *c)
+void srv_http_stream_end(srv_conn *c)
 {
     if (c->closing && !c->sink)
         return;
@@ -1264,7 +1265,7 @@ void srv_stream_end(srv_conn *c)
 
 /* --- detached connections (the fuzz target) ----------------------------------- */
 
-void srv_conn_init_sink(srv_server *s, srv_conn *c)
+void srv_http_init_sink(srv_server *s, srv_conn *c)
 {
     /* the caller sets sink and sink_data */
     c->s = s;

@@ -5,31 +5,47 @@
  * socket (a server struct, a detached connection whose sink takes the
  * response bytes, srv_conn_feed).
  *
- * The server's files and what each owns, bottom up (each calls only the
+ * The server's rooms and what each owns, bottom up (each calls only the
  * ones above it in this list; a lower one reaches a higher one through
- * the hooks serve.c sets in the server struct):
- *   http.c        connections: libuv TCP, llhttp parsing (keep-alive,
- *                 pipelined requests answered in order, chunked bodies),
- *                 limits and timeouts, responses and server-sent events;
- *   metrics.c     counters and histograms, Prometheus text;
- *   request.c     the request helpers every route shares: JSON field
- *                 readers, errors and the status each error code maps to;
- *   bridge.c      generations: the submit, the engine bridge (tokens back
- *                 through uv_async); admin work on the thread pool;
- *   api_tgi.c     Text Generation Inference: /generate, /generate_stream,
- *                 /info, their request fields in and JSON/SSE out;
- *   api_openai.c  OpenAI: /v1/completions, /v1/models, likewise;
- *   tool_calls.c  tool calls parsed out of a model's text, in its syntax;
- *   chat_tools.c  chat's tools and tool_choice, and the answer's tool calls;
- *   api_chat.c    /v1/chat/completions and /chat_tokenize;
- *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state)
- *                 and who may use them (the token, or a request no web page
- *                 can send), and the Host rule against DNS rebinding;
- *   routes.c      the route table, /health and /metrics, the Host and API
- *                 key gates and CORS preflights;
+ * the hooks serve.c sets in the server struct). Each room's contract is
+ * one header under internal/, its names carry the room's prefix:
+ *   http.c        (internal/http.h, srv_http_) connections: libuv TCP,
+ *                 llhttp parsing (keep-alive, pipelined requests answered
+ *                 in order, chunked bodies), limits and timeouts,
+ *                 responses and server-sent events;
+ *   metrics.c     (internal/metrics.h, srv_metrics_) counters and
+ *                 histograms, Prometheus text;
+ *   request.c     (internal/request.h, srv_req_) the request helpers
+ *                 every route shares: JSON field readers, errors and the
+ *                 status each error code maps to; srv_req_ask, what a
+ *                 generation request asks;
+ *   pool_job.c    (internal/pool_job.h, srv_pool_) work on libuv's
+ *                 thread pool answered on the loop;
+ *   bridge.c      (internal/gen.h, srv_gen_) generations: the prompt
+ *                 prepared, the submit, the engine bridge (tokens back
+ *                 through uv_async);
+ *   logprobs.c    (internal/logprobs.h, srv_logprobs_) logprobs in the
+ *                 APIs' shapes;
+ *   api_tgi.c     (internal/api_tgi.h, srv_tgi_) Text Generation
+ *                 Inference: /generate, /generate_stream, /info,
+ *                 /tokenize, their request fields in and JSON/SSE out;
+ *   api_openai.c  (internal/api_openai.h, srv_oai_) OpenAI:
+ *                 /v1/completions, /v1/models, likewise;
+ *   tool_calls.c  (internal/tool_calls.h, srv_tool_) tool calls parsed out
+ *                 of a model's text, in its syntax;
+ *   chat_tools.c  (internal/chat_tools.h, srv_chat_tools_) chat's tools
+ *                 and tool_choice, and the answer's tool calls;
+ *   api_chat.c    (internal/api_chat.h, srv_chat_) /v1/chat/completions
+ *                 and /chat_tokenize;
+ *   admin.c       (internal/admin.h, srv_admin_) the admin routes under
+ *                 /admin/ (adapters, merge, unmerge, state) and who may
+ *                 use them (the token, or a request no web page can
+ *                 send), and the Host rule against DNS rebinding;
+ *   routes.c      (internal/routes.h, srv_route) the route table, /health
+ *                 and /metrics, the Host and API key gates and CORS
+ *                 preflights;
  *   serve.c       setup (the hooks), the loop, the model loaded off the
  *                 loop, signals and the graceful drain.
- * What they share and nobody else needs is in internal/server_internal.h.
  *
  * One libuv loop thread owns every connection and every generation's
  * state; the engine thread only appends events to a mutex-guarded queue
@@ -144,7 +160,7 @@ struct srv_conn {
     /* reading stops while pending holds too much or the write backlog is
      * too large; write_blocked: pipelined requests wait for the backlog */
     bool read_paused, write_blocked;
-    size_t out_bytes; /* written, not yet completed (srv_conn_backlog) */
+    size_t out_bytes; /* written, not yet completed (srv_http_backlog) */
     /* pipelined requests left for the loop's next turn (s->resume_head) */
     bool resume_queued;
     srv_conn *resume_next;
@@ -164,9 +180,9 @@ struct srv_conn {
      * fold_lf whether the last byte looked at was a LF */
     const char *fold_scan;
     bool fold_lf, in_trailers;
-    uv_timer_t timer;      /* first byte, request read timeout, or keep-alive idle */
-    srv_gen *gen;          /* the generation this connection waits on */
-    struct srv_work *work; /* or the admin work it waits on */
+    uv_timer_t timer;          /* first byte, request read timeout, or keep-alive idle */
+    srv_gen *gen;              /* the generation this connection waits on */
+    struct srv_pool_job *work; /* or the admin work it waits on */
     /* for the fuzz target and tests: take response bytes here instead of
      * writing to the socket */
     void (*sink)(srv_conn *c, const char *data, size_t len);
@@ -193,9 +209,9 @@ void srv_http_settings(llhttp_settings_t *st);
 struct srv_server {
     uv_loop_t *loop;
     const cfg_serve *cfg;
-    /* what the lower files call up through (internal/server_internal.h),
+    /* what the lower files call up through (internal/http.h),
      * set by serve.c */
-    const struct srv_hooks *hooks;
+    const struct srv_http_hooks *hooks;
     uv_tcp_t listener;
     bool listening;
     llhttp_settings_t http_settings;
