@@ -10,7 +10,7 @@
  * rules below); then a loaded model. Offers the Host rule routes.c applies
  * to every route (srv_admin_host_allowed). Offers the route handlers
  * srv_admin_*. Loading reads files and merging rewrites weights, so both
- * run on libuv's thread pool (pool_job.c's srv_pool_start) and answer from
+ * run on libuv's thread pool (pool_job.c's srv_pool_begin) and answer from
  * the loop; a client that has gone meanwhile is nobody's to answer.
  * Touches the adapter registry (adapters/lora.h), the metrics' merge
  * counters, request.c's helpers and http.c's error response.
@@ -21,9 +21,8 @@
 #include "internal/request.h"
 #include "internal/routes.h"
 
-#include <cjson/cJSON.h>
-
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -325,6 +324,23 @@ static cJSON *report_json(const lora_report *r)
 
 /* --- loading, merging and unmerging: work off the loop ---------------------------- */
 
+/* What an adapter's load, merge, unmerge or unload works on: its
+ * srv_pool_job's data, freed (with its report) by done_admin once answer
+ * has run on the loop. */
+typedef struct admin_job admin_job;
+struct admin_job {
+    char name[160];
+    char path[4096]; /* load: the client's, until run_load resolves it */
+    float scale;
+    bool safe_merge; /* merge */
+    qt_kind into;    /* merge: QT_KIND_COUNT for the weight's own kind */
+    bool has_report;
+    lora_report report; /* merge, unmerge */
+    lora_meta meta;     /* load */
+    /* on the loop: answer w's client (w->conn, NULL when it has gone) */
+    void (*answer)(srv_pool_job *w, admin_job *j);
+};
+
 /* Resolve a client's adapter path under the adapter directory root:
  * relative, no "..", and (symlinks followed) still inside it
  * (lora_resolve_dir, the check the state file's replay makes too), into
@@ -340,20 +356,21 @@ static bool resolve_adapter_path(srv_pool_job *w, const char *root, const char *
     return true;
 }
 
-/* w->path is the client's until resolved here. */
+/* j->path is the client's until resolved here. */
 static void run_load(srv_pool_job *w)
 {
+    admin_job *j = w->data;
     char resolved[PATH_MAX];
-    if (!resolve_adapter_path(w, w->s->cfg->adapter_dir, w->path, resolved, sizeof resolved)) {
+    if (!resolve_adapter_path(w, w->s->cfg->adapter_dir, j->path, resolved, sizeof resolved)) {
         w->rc = QL_EINVAL;
         return;
     }
-    snprintf(w->path, sizeof w->path, "%s", resolved);
-    w->rc = lora_registry_load(w->s->registry, w->name, w->path, w->scale, &w->meta, w->msg,
+    snprintf(j->path, sizeof j->path, "%s", resolved);
+    w->rc = lora_registry_load(w->s->registry, j->name, j->path, j->scale, &j->meta, w->msg,
                                sizeof w->msg);
 }
 
-static void done_load(srv_pool_job *w)
+static void answer_load(srv_pool_job *w, admin_job *j)
 {
     srv_conn *c = w->conn;
     if (!c)
@@ -365,12 +382,12 @@ static void done_load(srv_pool_job *w)
     /* the registry's own listing of it (bytes, requests) */
     lora_info *list = NULL, in = {0};
     size_t n = 0;
-    snprintf(in.name, sizeof in.name, "%.127s", w->name);
-    in.meta = w->meta;
-    in.scale = w->scale;
+    snprintf(in.name, sizeof in.name, "%.127s", j->name);
+    in.meta = j->meta;
+    in.scale = j->scale;
     if (lora_registry_list(w->s->registry, &list, &n) == QL_OK)
         for (size_t i = 0; i < n; i++)
-            if (strcmp(list[i].name, w->name) == 0)
+            if (strcmp(list[i].name, j->name) == 0)
                 in = list[i];
     free(list);
     srv_req_respond_cjson(c, 201, info_json(&in));
@@ -378,19 +395,21 @@ static void done_load(srv_pool_job *w)
 
 static void run_merge(srv_pool_job *w)
 {
-    lora_merge_opts o = {.safe_merge = w->safe_merge, .into = w->into};
-    w->rc = lora_registry_merge(w->s->registry, w->name, w->scale, &o, &w->report, w->msg,
+    admin_job *j = w->data;
+    lora_merge_opts o = {.safe_merge = j->safe_merge, .into = j->into};
+    w->rc = lora_registry_merge(w->s->registry, j->name, j->scale, &o, &j->report, w->msg,
                                 sizeof w->msg);
-    w->has_report = w->rc == QL_OK;
+    j->has_report = w->rc == QL_OK;
 }
 
 static void run_unmerge(srv_pool_job *w)
 {
-    w->rc = lora_registry_unmerge(w->s->registry, w->name, &w->report, w->msg, sizeof w->msg);
-    w->has_report = w->rc == QL_OK;
+    admin_job *j = w->data;
+    w->rc = lora_registry_unmerge(w->s->registry, j->name, &j->report, w->msg, sizeof w->msg);
+    j->has_report = w->rc == QL_OK;
 }
 
-static void done_merge(srv_pool_job *w)
+static void answer_merge(srv_pool_job *w, admin_job *j)
 {
     srv_server *s = w->s;
     if (w->rc == QL_OK && w->run == run_merge)
@@ -404,30 +423,39 @@ static void done_merge(srv_pool_job *w)
     if (w->rc != QL_OK)
         srv_req_fail(w->conn, srv_req_status_of(w->rc), "%s", w->msg);
     else
-        srv_req_respond_cjson(w->conn, 200, report_json(&w->report));
+        srv_req_respond_cjson(w->conn, 200, report_json(&j->report));
 }
 
-static srv_pool_job *new_work(srv_conn *c, const char *name)
+/* A job for name (503 answered and NULL when memory is short). */
+static admin_job *new_job(srv_conn *c, const char *name)
 {
-    srv_pool_job *w = calloc(1, sizeof *w);
-    if (!w) {
+    admin_job *j = calloc(1, sizeof *j);
+    if (!j) {
         srv_req_fail(c, 503, "out of memory");
         return NULL;
     }
-    w->s = c->s;
-    w->conn = c;
-    snprintf(w->name, sizeof w->name, "%s", name);
-    return w;
+    snprintf(j->name, sizeof j->name, "%s", name);
+    return j;
 }
 
-static void start_work(srv_conn *c, srv_pool_job *w)
+/* The pool job's done: answer, then free what the job owned. */
+static void done_admin(srv_pool_job *w)
 {
-    c->work = w;
-    if (srv_pool_start(w) != 0) {
-        c->work = NULL;
-        free(w);
-        srv_req_fail(c, 503, "cannot start the work");
-    }
+    admin_job *j = w->data;
+    j->answer(w, j);
+    if (j->has_report)
+        lora_report_free(&j->report);
+    free(j);
+}
+
+/* Run j on the pool for c and answer with answer; j is the job's from
+ * here on (freed at once when the job cannot start, after the 503). */
+static void start_job(srv_conn *c, admin_job *j, void (*run)(srv_pool_job *w),
+                      void (*answer)(srv_pool_job *w, admin_job *j))
+{
+    j->answer = answer;
+    if (srv_pool_begin(c, j, run, done_admin) != 0)
+        free(j);
 }
 
 static bool valid_name(srv_conn *c, const char *name)
@@ -465,20 +493,18 @@ void srv_admin_load(srv_conn *c, const char *name_in_path)
         srv_req_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
         ok = false;
     }
-    if (ok && strlen(path) >= sizeof((srv_pool_job *)0)->path) {
+    if (ok && strlen(path) >= sizeof((admin_job *)0)->path) {
         srv_req_fail(c, 400, "path is %zu bytes, longer than any path", strlen(path));
         ok = false;
     }
-    srv_pool_job *w = ok ? new_work(c, name) : NULL;
-    if (w)
-        snprintf(w->path, sizeof w->path, "%s", path); /* resolved by run_load */
+    admin_job *j = ok ? new_job(c, name) : NULL;
+    if (j)
+        snprintf(j->path, sizeof j->path, "%s", path); /* resolved by run_load */
     cJSON_Delete(root);
-    if (!w)
+    if (!j)
         return;
-    w->scale = (float)scale;
-    w->run = run_load;
-    w->done = done_load;
-    start_work(c, w);
+    j->scale = (float)scale;
+    start_job(c, j, run_load, answer_load);
 }
 
 /* POST .../merge and .../unmerge: the same body checks, the merge's fields
@@ -515,15 +541,13 @@ static void merge_or_unmerge(srv_conn *c, const char *name, bool merge)
         }
     }
     cJSON_Delete(root);
-    srv_pool_job *w = ok ? new_work(c, name) : NULL;
-    if (!w)
+    admin_job *j = ok ? new_job(c, name) : NULL;
+    if (!j)
         return;
-    w->scale = (float)scale;
-    w->safe_merge = safe;
-    w->into = kind;
-    w->run = merge ? run_merge : run_unmerge;
-    w->done = done_merge;
-    start_work(c, w);
+    j->scale = (float)scale;
+    j->safe_merge = safe;
+    j->into = kind;
+    start_job(c, j, merge ? run_merge : run_unmerge, answer_merge);
 }
 
 void srv_admin_merge(srv_conn *c, const char *name)
@@ -540,10 +564,11 @@ void srv_admin_unmerge(srv_conn *c, const char *name)
  * hold still), which takes seconds: off the loop. */
 static void run_unload(srv_pool_job *w)
 {
-    w->rc = lora_registry_unload(w->s->registry, w->name, w->msg, sizeof w->msg);
+    admin_job *j = w->data;
+    w->rc = lora_registry_unload(w->s->registry, j->name, w->msg, sizeof w->msg);
 }
 
-static void done_unload(srv_pool_job *w)
+static void answer_unload(srv_pool_job *w, admin_job *j)
 {
     if (!w->conn)
         return;
@@ -552,18 +577,15 @@ static void done_unload(srv_pool_job *w)
         return;
     }
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "unloaded", w->name);
+    cJSON_AddStringToObject(root, "unloaded", j->name);
     srv_req_respond_cjson(w->conn, 200, root);
 }
 
 void srv_admin_unload(srv_conn *c, const char *name)
 {
-    srv_pool_job *w = new_work(c, name);
-    if (!w)
-        return;
-    w->run = run_unload;
-    w->done = done_unload;
-    start_work(c, w);
+    admin_job *j = new_job(c, name);
+    if (j)
+        start_job(c, j, run_unload, answer_unload);
 }
 
 void srv_admin_state(srv_conn *c, const char *name)

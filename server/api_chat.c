@@ -624,7 +624,7 @@ typedef struct chat_tokens {
 
 static void chat_tokens_run(srv_pool_job *w)
 {
-    chat_tokens *ct = w->job;
+    chat_tokens *ct = w->data;
     char *prompt = NULL;
     cJSON *tokens = NULL;
     w->rc = ct->maker.make(ct->maker.arg, &prompt, w->msg, sizeof w->msg);
@@ -648,7 +648,7 @@ static void chat_tokens_run(srv_pool_job *w)
 
 static void chat_tokens_done(srv_pool_job *w)
 {
-    chat_tokens *ct = w->job;
+    chat_tokens *ct = w->data;
     if (w->conn && w->rc == QL_OK) {
         srv_http_respond_json_owned(w->conn, 200, ct->answer);
         ct->answer = NULL;

@@ -445,15 +445,15 @@ static cJSON *models_json(const srv_server *s, bool all)
 
 static void models_run(srv_pool_job *w)
 {
-    w->job = models_json(w->s, true);
+    w->data = models_json(w->s, true);
 }
 
 static void models_done(srv_pool_job *w)
 {
     if (w->conn)
-        srv_req_respond_cjson(w->conn, 200, w->job);
+        srv_req_respond_cjson(w->conn, 200, w->data);
     else
-        cJSON_Delete(w->job);
+        cJSON_Delete(w->data);
 }
 
 /* Whether the request's query string has all=1 or all=true. */

@@ -607,7 +607,7 @@ typedef struct tgi_tokens {
 
 static void tgi_tokens_run(srv_pool_job *w)
 {
-    tgi_tokens *tt = w->job;
+    tgi_tokens *tt = w->data;
     cJSON *list = NULL;
     /* truncate keeps the last tokens, as a generation would */
     w->rc = srv_tgi_tokenize_spans(w->s->model.tok, tt->text, strlen(tt->text), &tt->want, &list,
@@ -622,7 +622,7 @@ static void tgi_tokens_run(srv_pool_job *w)
 
 static void tgi_tokens_done(srv_pool_job *w)
 {
-    tgi_tokens *tt = w->job;
+    tgi_tokens *tt = w->data;
     if (w->conn && w->rc == QL_OK) {
         srv_http_respond_json_owned(w->conn, 200, tt->answer);
         tt->answer = NULL;

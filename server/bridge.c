@@ -447,7 +447,7 @@ typedef struct answer_job {
  * rather than on the loop; what is left of g is freed by answer_done. */
 static void answer_run(srv_pool_job *w)
 {
-    answer_job *j = w->job;
+    answer_job *j = w->data;
     srv_gen *g = j->g;
     cJSON *o = g->shape->whole(g, &g->usage);
     j->json = o ? cJSON_PrintUnformatted(o) : NULL;
@@ -464,7 +464,7 @@ static void answer_run(srv_pool_job *w)
  * is freed and the heap trimmed here. Frees g (and its held bytes). */
 static void answer_done(srv_pool_job *w)
 {
-    answer_job *j = w->job;
+    answer_job *j = w->data;
     if (w->conn && j->json) {
         srv_http_respond_json_owned(w->conn, 200, j->json);
     } else if (w->conn) {
@@ -489,7 +489,7 @@ static bool answer_on_pool(srv_gen *g, srv_conn *c)
         return false;
     }
     j->g = g;
-    *w = (srv_pool_job){.s = g->s, .conn = c, .job = j, .run = answer_run, .done = answer_done};
+    *w = (srv_pool_job){.s = g->s, .conn = c, .data = j, .run = answer_run, .done = answer_done};
     if (srv_pool_start(w) != 0) {
         free(w);
         free(j);
@@ -1082,7 +1082,7 @@ static void build_parts(srv_pool_job *w, gen_prep *p)
  * (eng_engine_encode_prompt). */
 static void prep_run(srv_pool_job *w)
 {
-    gen_prep *p = w->job;
+    gen_prep *p = w->data;
     w->rc = QL_OK;
     if (p->lazy[0]) {
         srv_server *s = w->s;
@@ -1129,7 +1129,7 @@ static void prep_run(srv_pool_job *w)
 /* On the loop: submit what prep_run made, unless the client has gone. */
 static void prep_done(srv_pool_job *w)
 {
-    gen_prep *p = w->job;
+    gen_prep *p = w->data;
     srv_conn *c = w->conn;
     srv_gen *g = p->g;
     if (!c || w->rc != QL_OK || !srv_gen_ready(c)) {

@@ -28,8 +28,6 @@ static void work_after(uv_work_t *req, int status)
     if (w->conn)
         w->conn->work = NULL;
     w->done(w);
-    if (w->has_report)
-        lora_report_free(&w->report);
     free(w);
     s->n_work--;
     s->hooks->check_drained(s);
@@ -44,7 +42,7 @@ int srv_pool_start(srv_pool_job *w)
     return rc;
 }
 
-int srv_pool_begin(srv_conn *c, void *job, void (*run)(srv_pool_job *w),
+int srv_pool_begin(srv_conn *c, void *data, void (*run)(srv_pool_job *w),
                    void (*done)(srv_pool_job *w))
 {
     srv_pool_job *w = calloc(1, sizeof *w);
@@ -54,7 +52,7 @@ int srv_pool_begin(srv_conn *c, void *job, void (*run)(srv_pool_job *w),
     }
     w->s = c->s;
     w->conn = c;
-    w->job = job;
+    w->data = data;
     w->run = run;
     w->done = done;
     c->work = w;

@@ -283,7 +283,7 @@ void srv_route(srv_conn *c)
         return;
     if (strncmp(path, "/admin/", 7) == 0 && !srv_admin_gate(c))
         return;
-    char name[160]; /* a {name}: one longer is no route (a srv_pool_job holds 159) */
+    char name[160]; /* a {name}: one longer is no route (admin.c's admin_job holds 159) */
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         bool has_name = strstr(routes[i].path, "{name}") != NULL;
         if (routes[i].method == c->req.method &&

@@ -8,35 +8,30 @@
 
 #include "server.h"
 
-/* Work off the loop (uv thread pool) with a completion on the loop. */
+/* A job off the loop: run on a pool thread, then done on the loop. What
+ * the job works on is data, whose type only its run and done know; the
+ * result every job reports (rc, and msg's sentence or an answer's status)
+ * is here, so done can answer with srv_req_fail without a struct of its
+ * own. */
 typedef struct srv_pool_job {
     uv_work_t req;
     srv_server *s;
     srv_conn *conn;                       /* NULL once the client has gone */
     void (*run)(struct srv_pool_job *w);  /* on a pool thread */
-    void (*done)(struct srv_pool_job *w); /* on the loop */
+    void (*done)(struct srv_pool_job *w); /* on the loop; frees data */
+    void *data;                           /* the job's own, owned: done frees it */
     int rc;
-    char msg[1024];
-    char name[160];
-    char path[4096];
-    float scale;
-    bool safe_merge;
-    qt_kind into;
-    bool has_report;
-    lora_report report;
-    lora_meta meta;
     /* the answer's status when not srv_req_status_of(rc) (0: that) */
     int status;
-    /* what other work carries (its run and done know the type; done frees it) */
-    void *job;
+    char msg[1024];
 } srv_pool_job;
 /* Queue w (calloc'd by the caller) on the pool: 0, and w is freed after
  * its done has run; or uv_queue_work's error, and w is still the
  * caller's. */
 int srv_pool_start(srv_pool_job *w);
-/* A srv_pool_job for c carrying job, started: 0; or -1 after answering c
- * (503), job still the caller's. done must free job. */
-int srv_pool_begin(srv_conn *c, void *job, void (*run)(srv_pool_job *w),
+/* A srv_pool_job for c carrying data, started: 0, and done frees data;
+ * or -1 after answering c (503), data still the caller's. */
+int srv_pool_begin(srv_conn *c, void *data, void (*run)(srv_pool_job *w),
                    void (*done)(srv_pool_job *w));
 
 #endif
