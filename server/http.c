@@ -5,11 +5,14 @@
  * Requests are answered strictly in order. When llhttp completes a message
  * the parser is paused, the request is routed, and bytes that arrive
  * meanwhile (pipelined requests) wait in `pending`; once the response has
- * ended, parsing resumes there. A connection is therefore always in one of
- * three states: idle between requests (the keep-alive timer runs, or,
- * before its first request, the shorter first-byte deadline), reading
- * a request (the request timer runs: 408 when it fires), or answering one
- * (no timer: a generation takes as long as it takes).
+ * ended, parsing resumes there. A connection's request is therefore always
+ * in one of three states (c->phase, server.h's srv_conn_phase): idle between
+ * requests (the keep-alive timer runs, or, before its first request, the
+ * shorter first-byte deadline), reading a request (its headers, body or
+ * trailers; the request timer runs: 408 when it fires), or answering one
+ * (no timer: a generation takes as long as it takes). Apart from that, the
+ * connection itself is open, ending (flushing its last bytes, or lingering
+ * after a refusal) or closing its handles (c->life, srv_conn_life).
  *
  * Limits: the request line plus headers (431), the body (413, checked
  * against Content-Length before the body is read and against what arrives
@@ -97,6 +100,22 @@ static const char *status_text(int status)
     return "Unknown";
 }
 
+/* --- the connection's state -------------------------------------------------- */
+
+/* c has ended (srv_http_close, srv_http_abort): nothing more is read or
+ * written, whatever its request's phase. */
+static bool ended(const srv_conn *c)
+{
+    return c->life != SRV_CONN_OPEN;
+}
+
+/* A request is arriving on c: its headers, body or trailers. */
+static bool reading(const srv_conn *c)
+{
+    return c->phase == SRV_CONN_HEADERS || c->phase == SRV_CONN_BODY ||
+           c->phase == SRV_CONN_TRAILERS;
+}
+
 /* --- writing ----------------------------------------------------------------- */
 
 typedef struct write_req {
@@ -145,7 +164,7 @@ static void on_written(uv_write_t *req, int status)
         srv_http_trim_soon(c->s);
     free(w->data);
     free(w);
-    if (status == UV_ECANCELED || c->closing)
+    if (status == UV_ECANCELED || ended(c))
         return; /* the socket is being closed */
     if (status < 0)
         srv_http_abort(c); /* the client has gone (reading may be paused, so say it here) */
@@ -159,7 +178,7 @@ static void send_owned(srv_conn *c, char *data, size_t len)
 {
     if (c->sink)
         c->sink(c, data, len);
-    if (c->sink || c->closing || len == 0) {
+    if (c->sink || ended(c) || len == 0) {
         free(data);
         return;
     }
@@ -188,7 +207,7 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
         c->sink(c, data, len);
         return;
     }
-    if (c->closing || len == 0)
+    if (ended(c) || len == 0)
         return;
     char *copy = malloc(len);
     if (!copy) {
@@ -219,9 +238,7 @@ static void request_reset(srv_conn *c)
     c->hfield_long = false;
     c->hwant = 0;
     c->header_bytes = 0;
-    c->reading = false;
-    c->headers_done = false;
-    c->in_trailers = false;
+    c->phase = SRV_CONN_IDLE;
     c->fold_lf = false;
 }
 
@@ -231,11 +248,21 @@ static void on_closed(uv_handle_t *h)
     /* the timer closes first, then the socket: free after the last */
     if (h != (uv_handle_t *)&c->tcp)
         return;
-    if (c->counted_closing)
-        c->s->n_closing--;
+    c->s->n_closing--; /* counted since conn_end */
     request_reset(c);
     free(c->pending);
     free(c);
+}
+
+/* A connection whose accept failed, never on the books: its timer closed,
+ * then its socket, then it is freed. */
+static void on_unaccepted_closed(uv_handle_t *h)
+{
+    srv_conn *c = h->data;
+    if (h == (uv_handle_t *)&c->tcp)
+        free(c);
+    else
+        uv_close((uv_handle_t *)&c->tcp, on_unaccepted_closed);
 }
 
 static void on_timer_closed(uv_handle_t *h)
@@ -252,10 +279,9 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 /* Close the timer, then the socket (which cancels unsent writes), once. */
 static void close_handles(srv_conn *c)
 {
-    if (c->handles_closing)
+    if (c->life == SRV_CONN_CLOSING)
         return;
-    c->handles_closing = true;
-    c->linger_done = true;
+    c->life = SRV_CONN_CLOSING;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
@@ -289,7 +315,7 @@ static void linger_over(uv_timer_t *t)
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
     srv_conn *c = req->data;
-    if (c->handles_closing)
+    if (c->life == SRV_CONN_CLOSING)
         return; /* forced (close_overdue): the close cancelled the shutdown */
     if (status == 0 && c->refused &&
         uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, linger_read) == 0) {
@@ -309,9 +335,9 @@ static void close_overdue(uv_timer_t *t)
  * or at once. */
 static void conn_end(srv_conn *c, bool flush)
 {
-    if (c->closing)
+    if (ended(c))
         return;
-    c->closing = true;
+    c->life = SRV_CONN_ENDING;
     srv_server *s = c->s;
     s->hooks->on_conn_end(c); /* what waits to answer c lets go of it */
     if (c->sink)
@@ -325,7 +351,6 @@ static void conn_end(srv_conn *c, bool flush)
     s->n_conns--;
     s->n_closing++;
     unqueue_resume(c);
-    c->counted_closing = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->timer);
     c->shutdown.data = c;
@@ -349,9 +374,9 @@ void srv_http_abort(srv_conn *c)
 static void on_timeout(uv_timer_t *t)
 {
     srv_conn *c = t->data;
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         return;
-    if (c->reading) {
+    if (reading(c)) {
         srv_http_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
         c->refused = true;
     } else if (c->requests == 0) {
@@ -370,9 +395,9 @@ static void on_timeout(uv_timer_t *t)
  * would hold them all for the keep-alive minute). */
 static void arm_timer(srv_conn *c)
 {
-    if (c->sink || c->closing)
+    if (c->sink || ended(c))
         return;
-    if (c->busy) {
+    if (c->phase == SRV_CONN_ANSWERING) {
         uv_timer_stop(&c->timer);
         return;
     }
@@ -380,7 +405,7 @@ static void arm_timer(srv_conn *c)
     int32_t first = cfg->first_byte_timeout_ms < cfg->keepalive_timeout_ms
                         ? cfg->first_byte_timeout_ms
                         : cfg->keepalive_timeout_ms; /* never longer than an idle keep-alive */
-    int32_t ms = c->reading         ? cfg->request_timeout_ms
+    int32_t ms = reading(c)         ? cfg->request_timeout_ms
                  : c->requests == 0 ? first
                                     : cfg->keepalive_timeout_ms;
     uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
@@ -407,7 +432,7 @@ static int on_message_begin(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     request_reset(c);
-    c->reading = true;
+    c->phase = SRV_CONN_HEADERS;
     c->requests++;
     arm_timer(c);
     return 0;
@@ -555,7 +580,7 @@ static int on_header_field_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     c->hwant = H_NONE;
-    if (c->headers_done)
+    if (c->phase != SRV_CONN_HEADERS)
         return 0; /* a trailer: read past, never kept as a header */
     for (int h = H_AUTHORIZATION; h <= H_LAST && !c->hfield_long; h++) {
         if (strcasecmp(c->hfield, kept_headers[h]) == 0) {
@@ -622,7 +647,7 @@ static int on_headers_complete(llhttp_t *p)
      * request on the connection (curl --http2 sends Upgrade: h2c) would get
      * a 400 */
     p->upgrade = 0;
-    c->headers_done = true;
+    c->phase = SRV_CONN_BODY;
     /* refuse a declared body over the limit before reading any of it */
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
@@ -666,7 +691,7 @@ static int on_chunk_header(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     if (p->content_length == 0) {
-        c->in_trailers = true;
+        c->phase = SRV_CONN_TRAILERS;
         c->fold_lf = false;
     }
     return 0;
@@ -677,8 +702,7 @@ static int on_message_complete(llhttp_t *p)
     srv_conn *c = conn_of(p);
     c->req.method = (uint8_t)llhttp_get_method(p);
     c->req.keep_alive = llhttp_should_keep_alive(p) && !c->s->draining;
-    c->reading = false;
-    c->busy = true;
+    c->phase = SRV_CONN_ANSWERING;
     return HPE_PAUSED; /* answer this one before parsing the next */
 }
 
@@ -704,7 +728,7 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf);
  * its kernel buffers, and TCP stops it from sending more. */
 static void update_reading(srv_conn *c)
 {
-    if (c->sink || c->closing)
+    if (c->sink || ended(c))
         return;
     bool want = c->pending_len < PENDING_MAX && !c->write_blocked;
     if (want && c->read_paused) {
@@ -796,7 +820,7 @@ static void unqueue_resume(srv_conn *c)
  * this read and go on in the next); whether they hold a fold (refused). */
 static bool ends_in_fold(srv_conn *c, const char *end)
 {
-    if (!c->reading || (c->headers_done && !c->in_trailers))
+    if (c->phase != SRV_CONN_HEADERS && c->phase != SRV_CONN_TRAILERS)
         return false;
     return look_for_fold(c, end, 0) != 0;
 }
@@ -807,8 +831,8 @@ static bool ends_in_fold(srv_conn *c, const char *end)
 static void parse(srv_conn *c, const char *data, size_t len)
 {
     int routed = 0;
-    while (len > 0 && !c->closing) {
-        if (c->busy || c->write_blocked || c->resume_queued) {
+    while (len > 0 && !ended(c)) {
+        if (c->phase == SRV_CONN_ANSWERING || c->write_blocked || c->resume_queued) {
             keep_pending(c, data, len);
             return;
         }
@@ -840,7 +864,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
             data += used;
             len -= used;
             routed++;
-            c->s->hooks->on_request(c); /* may end the response at once, and clear busy */
+            c->s->hooks->on_request(c); /* may end the response at once (c idle again) */
             continue;
         }
         if (!c->refused) {
@@ -862,7 +886,7 @@ void srv_conn_feed(srv_conn *c, const char *data, size_t len)
     parse(c, data, len);
 }
 
-/* Parse what was pipelined while c was busy, and read again. */
+/* Parse what was pipelined while c was answering, and read again. */
 static void resume_pending(srv_conn *c)
 {
     if (c->pending_len && !c->resume_queued) {
@@ -880,7 +904,6 @@ static void resume_pending(srv_conn *c)
 /* The response ended: close, or go on with what was pipelined behind it. */
 static void response_done(srv_conn *c, bool keep_alive)
 {
-    c->busy = false;
     bool keep = keep_alive && c->req.keep_alive && !c->s->draining;
     request_reset(c);
     if (!keep) {
@@ -903,7 +926,7 @@ static void on_backlog_drained(srv_conn *c)
     if (srv_http_backlog(c) > WRITE_LOW)
         return;
     c->write_blocked = false;
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         update_reading(c);
     else
         resume_pending(c);
@@ -1007,8 +1030,8 @@ static void on_connection(uv_stream_t *server, int status)
     uv_timer_init(s->loop, &c->timer);
     c->timer.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
-        c->closing = true;
-        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+        c->life = SRV_CONN_CLOSING;
+        uv_close((uv_handle_t *)&c->timer, on_unaccepted_closed);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
@@ -1062,7 +1085,7 @@ void srv_http_stop_accepting(srv_server *s)
     }
     for (srv_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
-        if (!c->busy && !c->reading)
+        if (c->phase == SRV_CONN_IDLE)
             srv_http_close(c);
     }
 }
@@ -1137,7 +1160,7 @@ static void send_head(srv_conn *c, int status, const char *content_type, size_t 
 static void respond(srv_conn *c, int status, const char *content_type, char *body, size_t len,
                     bool body_owned, const char *extra_headers)
 {
-    if (c->closing && !c->sink) {
+    if (ended(c) && !c->sink) {
         if (body_owned)
             free(body);
         return;
@@ -1154,7 +1177,7 @@ static void respond(srv_conn *c, int status, const char *content_type, char *bod
     } else {
         send_bytes(c, body, len);
     }
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         response_done(c, keep);
 }
 
@@ -1166,11 +1189,11 @@ void srv_http_respond(srv_conn *c, int status, const char *content_type, const c
 
 void srv_http_respond_empty(srv_conn *c, int status, const char *extra_headers)
 {
-    if (c->closing && !c->sink)
+    if (ended(c) && !c->sink)
         return;
     bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
     send_head(c, status, NULL, 0, extra_headers, keep);
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         response_done(c, keep);
 }
 
@@ -1239,7 +1262,7 @@ static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, s
 
 void srv_http_stream_event(srv_conn *c, const char *data, size_t len)
 {
-    if (c->closing && !c->sink)
+    if (ended(c) && !c->sink)
         return;
     if (c->req.http10) {
         send_bytes(c, "data: ", 6);
@@ -1254,12 +1277,12 @@ void srv_http_stream_event(srv_conn *c, const char *data, size_t len)
 
 void srv_http_stream_end(srv_conn *c)
 {
-    if (c->closing && !c->sink)
+    if (ended(c) && !c->sink)
         return;
     bool http10 = c->req.http10;
     if (!http10)
         send_bytes(c, "0\r\n\r\n", 5);
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         response_done(c, !http10);
 }
 

@@ -138,6 +138,29 @@ typedef struct srv_request {
     bool http10; /* an HTTP/1.0 client: no chunked encoding, no 100-continue */
 } srv_request;
 
+/* Where a connection's current request is: http.c says what each allows
+ * (which timer runs, whether bytes are parsed or kept for later). */
+typedef enum srv_conn_phase {
+    SRV_CONN_IDLE,      /* between requests: the keep-alive timer, or before the
+                         * first request the first-byte deadline */
+    SRV_CONN_HEADERS,   /* a request has begun: its line and headers arriving
+                         * (the request timer runs, as in the next two) */
+    SRV_CONN_BODY,      /* its body arriving */
+    SRV_CONN_TRAILERS,  /* the trailers after a chunked body's last chunk */
+    SRV_CONN_ANSWERING, /* complete and being answered (no timer) */
+} srv_conn_phase;
+
+/* Where the connection itself is, whatever its request's phase (a
+ * generation may still answer a connection that has ended: it is then
+ * written nowhere, but to a sink). */
+typedef enum srv_conn_life {
+    SRV_CONN_OPEN,    /* on the server's list */
+    SRV_CONN_ENDING,  /* off the list and in s->n_closing (a sink's: only
+                       * ended): its last bytes going out, or lingering
+                       * after a refusal */
+    SRV_CONN_CLOSING, /* its timer and socket being closed; freed after */
+} srv_conn_life;
+
 struct srv_conn {
     uv_tcp_t tcp;
     srv_server *s;
@@ -152,11 +175,9 @@ struct srv_conn {
     size_t header_bytes; /* url + fields + values of this request */
     char *pending;       /* bytes read but not yet parsed (while a request is answered) */
     size_t pending_len, pending_cap;
-    bool busy; /* a request is being answered */
-    bool closing;
-    bool refused;      /* the request was refused while being read (413, 431) */
-    bool linger_done;  /* the lingering close after a refusal has ended */
-    bool headers_done; /* the request's headers are in: what follows are trailers */
+    srv_conn_phase phase;
+    srv_conn_life life;
+    bool refused; /* the request was refused while being read (413, 431) */
     /* reading stops while pending holds too much or the write backlog is
      * too large; write_blocked: pipelined requests wait for the backlog */
     bool read_paused, write_blocked;
@@ -164,22 +185,19 @@ struct srv_conn {
     /* pipelined requests left for the loop's next turn (s->resume_head) */
     bool resume_queued;
     srv_conn *resume_next;
-    bool handles_closing; /* the timer and socket are being closed */
-    bool counted_closing; /* off the list, in s->n_closing until freed */
     uv_shutdown_t shutdown;
     bool loopback; /* the peer is 127.0.0.0/8 or ::1 (a detached one: set by its user) */
     /* the peer's IP address (an IPv4-mapped IPv6 one as IPv4), for
      * --max-connections-per-peer; family 0: unknown (a detached one) */
     uint8_t peer_family;
     uint8_t peer_ip[16];
-    bool reading;      /* a request has started arriving */
     uint64_t requests; /* requests begun on c: until one has, the first-byte deadline runs */
     /* obs-fold (a header line continued on the next one) is looked for in
      * the raw bytes between the parser's header callbacks: fold_scan is
      * where the current llhttp_execute's unlooked-at bytes begin, and
      * fold_lf whether the last byte looked at was a LF */
     const char *fold_scan;
-    bool fold_lf, in_trailers;
+    bool fold_lf;
     uv_timer_t timer;          /* first byte, request read timeout, or keep-alive idle */
     srv_gen *gen;              /* the generation this connection waits on */
     struct srv_pool_job *work; /* or the admin work it waits on */
