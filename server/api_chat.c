@@ -264,45 +264,40 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
 }
 
 /* An adapter's own template, when PEFT saved the tokenizer beside it
- * (training changed it): compiled for this request into *own (NULL: the
- * adapter has none, or is not loaded, and the model's serves). A refused
- * one is QL_EINVAL with msg. Any thread. */
-static int adapter_template(const srv_server *s, const char *adapter, bool tools,
-                            tpl_template **own, char *msg, size_t msg_len)
+ * (training changed it): compiled for this request into *own (NULL: no
+ * adapter, or one without, and the model's serves). A refused one is
+ * QL_EINVAL with msg. Any thread. */
+static int adapter_template(const eng_lora *adapter, bool tools, tpl_template **own, char *msg,
+                            size_t msg_len)
 {
     *own = NULL;
-    eng_lora_term term = {NULL, 1.0f};
-    if (!adapter || !s->registry ||
-        lora_registry_want(s->registry, adapter, &term, NULL, 0) != QL_OK)
+    if (!adapter)
         return QL_OK;
-    const char *source = tools && term.lora->chat_template_tool_use
-                             ? term.lora->chat_template_tool_use
-                             : term.lora->chat_template;
+    const char *source = tools && adapter->chat_template_tool_use ? adapter->chat_template_tool_use
+                                                                  : adapter->chat_template;
     char why[400];
     int rc = source ? tpl_compile(own, source, strlen(source), why, sizeof why) : QL_OK;
-    eng_lora_unref(term.lora);
     if (rc != QL_OK)
         return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s's chat template is refused: %s",
-                       adapter, why);
+                       adapter->name, why);
     return QL_OK;
 }
 
 /* A chat prompt rendered off the loop (srv_gen_prompt_maker's arg): the
  * template is chosen there too, since an adapter named by the request may
- * only be loaded there (on first use), and its own template then serves. */
+ * only be loaded there (on first use), and its own template then serves.
+ * The adapter comes from the generation (bridge.c acquires it once). */
 typedef struct chat_render {
     const srv_server *s; /* its templates outlive every request (freed after the drain) */
-    char adapter[128];   /* "": the base model */
     bool tools;
     cJSON *ctx; /* the template's variables, owned */
 } chat_render;
 
-static int render_make(void *arg, char **prompt, char *msg, size_t msg_len)
+static int render_make(void *arg, const eng_lora *adapter, char **prompt, char *msg, size_t msg_len)
 {
     const chat_render *cr = arg;
     tpl_template *own = NULL;
-    int rc =
-        adapter_template(cr->s, cr->adapter[0] ? cr->adapter : NULL, cr->tools, &own, msg, msg_len);
+    int rc = adapter_template(adapter, cr->tools, &own, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     const tpl_template *t = own ? own : template_for(cr->s, cr->tools, msg, msg_len);
@@ -347,7 +342,6 @@ static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
         return false;
     }
     *cr = (chat_render){.s = c->s, .tools = tools, .ctx = ctx};
-    snprintf(cr->adapter, sizeof cr->adapter, "%s", adapter ? adapter : "");
     *maker = (srv_gen_prompt_maker){.make = render_make, .drop = render_drop, .arg = cr};
     return true;
 }
@@ -619,7 +613,8 @@ static cJSON *read_chat(srv_conn *c, srv_req_ask *a, bool *stream, srv_gen_promp
  * the answer written as JSON, on a pool thread. */
 typedef struct chat_tokens {
     srv_gen_prompt_maker maker;
-    char *answer; /* the JSON text answered */
+    char adapter[128]; /* the adapter "model" names ("": the base model) */
+    char *answer;      /* the JSON text answered */
 } chat_tokens;
 
 static void chat_tokens_run(srv_pool_job *w)
@@ -627,7 +622,10 @@ static void chat_tokens_run(srv_pool_job *w)
     chat_tokens *ct = w->data;
     char *prompt = NULL;
     cJSON *tokens = NULL;
-    w->rc = ct->maker.make(ct->maker.arg, &prompt, w->msg, sizeof w->msg);
+    /* no generation to acquire it: the adapter, when loaded, for its template */
+    eng_lora *adapter = srv_gen_adapter_loaded(w->s, ct->adapter[0] ? ct->adapter : NULL);
+    w->rc = ct->maker.make(ct->maker.arg, adapter, &prompt, w->msg, sizeof w->msg);
+    eng_lora_unref(adapter);
     /* a rendered template writes its own special tokens: none added */
     srv_tgi_token_list want = {.max_tokens = (size_t)srv_tgi_context_tokens(w->s),
                                .field = "messages"};
@@ -669,11 +667,13 @@ void srv_chat_tokenize(srv_conn *c, const char *name)
     bool stream = false;
     srv_gen_prompt_maker maker;
     cJSON *root = read_chat(c, &a, &stream, &maker);
+    chat_tokens *ct = root ? calloc(1, sizeof *ct) : NULL;
+    if (ct)
+        snprintf(ct->adapter, sizeof ct->adapter, "%s", a.adapter ? a.adapter : "");
     srv_req_ask_free(&a);
     if (!root)
         return;
     cJSON_Delete(root);
-    chat_tokens *ct = calloc(1, sizeof *ct);
     if (!ct) {
         maker.drop(maker.arg);
         srv_req_fail(c, 503, "out of memory");

@@ -892,36 +892,49 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, eng_built **built)
 }
 
 /*
- * Every generation is built off the loop: a chat template rendered (maker),
- * text tokenized, and each prompt's engine request built (its samplers,
- * stop tables, prompt logprob arrays: eng_engine_build) on a pool thread,
- * then queued from the loop (prep_done). Each of these is linear in what
- * the client sent, which may be a megabyte of hostile text, and nothing on
- * the loop may take that long: /health must answer meanwhile. Owns copies
- * of everything of the srv_req_ask the engine still reads, since the body it
- * pointed into is gone by then, and a reference to the adapter; its
- * prompts count in s->n_building until it is freed.
+ * Every generation is prepared off the loop, in one pass on a pool thread
+ * (prep_run): an adapter named for the first time loaded, the grammar
+ * compiled, a chat template rendered (maker, handed the adapter), and
+ * each prompt prepared by the engine's one call (eng_engine_build: BOS,
+ * tokenizing, truncation, the context and KV checks, samplers, stop
+ * tables, prompt logprob arrays); then queued from the loop (prep_done),
+ * where only the queue's room is checked again. Each step is linear in
+ * what the client sent, which may be a megabyte of hostile text, and
+ * nothing on the loop may take that long: /health must answer meanwhile.
+ * A request given as ids only is the same path with nothing to tokenize.
+ *
+ * A gen_prep owns everything of the request from generate's first line
+ * until prep_done hands the generation to the loop's live list: the API's
+ * answer state (until the generation takes it), the maker, the adapter's
+ * one reference, the generation itself, and copies of everything of the
+ * srv_req_ask the engine still reads, since the body it pointed into is
+ * gone by then; prep_free lets go of whatever it still holds. Its prompts
+ * count in s->n_building until it is freed.
  */
 typedef struct gen_prep {
     srv_server *s;
     int32_t reserved; /* what it counts in s->n_building */
-    srv_gen *g;
+    srv_gen *g;       /* the generation (NULL until made; handed on by prep_done) */
+    /* the API's answer state (srv_req_ask.answer), until g takes it */
+    void *answer;
+    void (*answer_drop)(void *answer);
     eng_request r; /* shared by every part; its pointers lead into this struct */
+    /* the adapter (lora NULL: the base model), one reference: taken on the
+     * loop when loaded, else by the pool from lazy, the name to load on
+     * first use ("": none) */
     eng_lora_term term;
-    /* an adapter to load on first use before anything else ("": none),
-     * and the scale the request gives it */
     char lazy[128];
-    bool has_scale;
+    bool has_scale; /* the request's scale, over the adapter's default */
     float scale;
     char *stops[SRV_MAX_STOPS];
     eng_logit_bias logit_bias[ENG_MAX_LOGIT_BIAS];
-    srv_gen_prompt_maker maker;         /* make NULL: the prompts are a's */
-    char *texts[SRV_MAX_PROMPTS];       /* a text prompt's copy, else NULL */
-    srv_req_prompt in[SRV_MAX_PROMPTS]; /* each part's ids: given, or made by run */
-    int32_t *ids[SRV_MAX_PROMPTS];      /* what in's tokens point at, owned */
-    eng_built *built[SRV_MAX_PROMPTS];  /* each part's request, built by run (owned) */
-    const char *prompt_logprobs_field;  /* srv_req_ask's (a literal) */
-    int32_t failed;                     /* the part refused, or -1 */
+    srv_gen_prompt_maker maker;        /* make NULL: the prompts are a's */
+    char *texts[SRV_MAX_PROMPTS];      /* a text prompt's copy (or the one made), else NULL */
+    int32_t *ids[SRV_MAX_PROMPTS];     /* a prompt given as ids: their copy */
+    size_t n_ids[SRV_MAX_PROMPTS];     /* and their count */
+    eng_built *built[SRV_MAX_PROMPTS]; /* each part's request, built by run (owned) */
+    const char *prompt_logprobs_field; /* srv_req_ask's (a literal) */
+    int32_t failed;                    /* the part refused, or -1 */
     /* the grammar to compile (NULL: none) and what it came from; the
      * compiled one is r.grammar, a reference of ours */
     char *grammar_text;
@@ -945,61 +958,168 @@ static void prep_free(gen_prep *p)
     free(p->grammar_text);
     if (p->r.grammar)
         gr_grammar_unref(p->r.grammar);
+    if (p->g)
+        gen_free_memory(p->g); /* and the answer state with it */
+    else if (p->answer_drop)
+        p->answer_drop(p->answer);
     free(p);
 }
 
-/* r's copy, with a's prompts (texts, or ids), stops and logit bias copied
- * (its prompts counted in s->n_building until prep_free),
- * taking the adapter reference in term and maker; NULL when memory is
- * short (both are then still the caller's). */
-static gen_prep *prep_new(srv_gen *g, const srv_req_ask *a, const eng_request *r,
-                          eng_lora_term term, const srv_gen_prompt_maker *maker)
+/* A preparation for c taking a's answer state and maker (make NULL: a's
+ * own prompts); NULL after the 503 when memory is short, both dropped. */
+static gen_prep *prep_take(srv_conn *c, srv_req_ask *a, srv_gen_prompt_maker maker)
 {
     gen_prep *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
-    p->s = g->s;
+    if (p) {
+        *p = (gen_prep){.s = c->s,
+                        .answer = a->answer,
+                        .answer_drop = a->answer_drop,
+                        .term = {NULL, 1.0f},
+                        .maker = maker,
+                        .failed = -1};
+    } else {
+        srv_req_fail(c, 503, "out of memory");
+        if (a->answer_drop)
+            a->answer_drop(a->answer);
+        if (maker.drop)
+            maker.drop(maker.arg);
+    }
+    a->answer = NULL;
+    a->answer_drop = NULL;
+    return p;
+}
+
+/* Whether a request naming name, not loaded, may have it loaded on first
+ * use: an adapter folder, lazy loading not turned off, and a name that can
+ * only be a folder's own (admin.c's name rules; no leading '.', so neither
+ * "." nor ".." nor a hidden file). Whether the folder exists is for the
+ * pool to find out (lora_registry_acquire). */
+static bool loadable_by_name(const srv_server *s, const char *name)
+{
+    if (!s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
+        return false;
+    return name[0] != '.' && srv_req_is_adapter_name(name);
+}
+
+/* The adapter a names, acquired once for the whole request: a loaded one's
+ * reference into p->term with its default scale, unless the request gives
+ * one; one not loaded is left for the pool to load (p->lazy) when it may
+ * be, else the 404 in the API's words. */
+static bool prep_adapter(srv_conn *c, gen_prep *p, const srv_req_ask *a, const srv_gen_shape *shape)
+{
+    const char *name = a->adapter;
+    if (name && name[0] &&
+        (!c->s->registry || lora_registry_want(c->s->registry, name, &p->term, NULL, 0) != QL_OK)) {
+        if (!loadable_by_name(c->s, name)) {
+            srv_req_fail(c, 404, "%s %s%s", shape->adapter_noun, name, shape->adapter_unknown);
+            return false;
+        }
+        snprintf(p->lazy, sizeof p->lazy, "%s", name);
+    }
+    p->has_scale = a->has_scale;
+    p->scale = (float)a->adapter_scale;
+    if (p->has_scale)
+        p->term.scale = p->scale;
+    return true;
+}
+
+/* Room for a's cost, then its generation (p->g, holding the answer state
+ * and counted in s->held_bytes), its echo bounded; false after answering. */
+static bool prep_gen(srv_conn *c, gen_prep *p, const srv_req_ask *a, const srv_gen_shape *shape)
+{
+    size_t cost = request_cost(c, a);
+    if (!room_for(c, a->n_prompts ? (int32_t)a->n_prompts : 1, cost))
+        return false;
+    const char *model = p->term.lora ? p->term.lora->name : p->lazy[0] ? p->lazy : c->s->model_id;
+    p->g = gen_new(c, a, shape, model);
+    if (!p->g) {
+        srv_req_fail(c, 503, "out of memory");
+        return false;
+    }
+    p->g->answer = p->answer;
+    p->g->answer_drop = p->answer_drop;
+    p->answer = NULL;
+    p->answer_drop = NULL;
+    p->g->cost = cost;
+    c->s->held_bytes += cost;
+    return echo_bounded(c, p->g);
+}
+
+/* The engine's request for a (p->r, adapters set on the pool), with a's
+ * prompts (texts, or ids; none with a maker), stops, logit bias and
+ * grammar copied into p, and its prompts counted in s->n_building; false
+ * after the 503 when memory is short. */
+static bool prep_copy(srv_conn *c, gen_prep *p, const srv_req_ask *a)
+{
+    const srv_gen *g = p->g;
+    p->r = (eng_request){.max_new_tokens = (int32_t)a->max_new_tokens,
+                         .sampling = a->sampling,
+                         .stop = (const char *const *)p->stops,
+                         .n_stop = a->n_stops,
+                         .fill_context = a->fill_context,
+                         .templated = a->templated,
+                         .truncate = a->truncate,
+                         .n_choices = g->per_part,
+                         .logprobs = a->logprobs || g->per_part > g->keep,
+                         .top_logprobs = a->logprobs || a->prompt_logprobs ? a->top_logprobs : 0,
+                         .prompt_logprobs = a->prompt_logprobs,
+                         .skip_special_tokens = !a->keep_special,
+                         .include_stop_str = a->include_stop_str,
+                         .on_prompt = bridge_prompt,
+                         .on_token = bridge_token,
+                         .on_choice_done = bridge_choice_done,
+                         .on_done = bridge_done};
     p->reserved = g->n_parts;
     p->s->n_building += p->reserved;
-    p->g = g;
-    p->r = *r;
-    p->failed = -1;
     p->prompt_logprobs_field = a->prompt_logprobs_field;
     bool ok = true;
     for (size_t i = 0; i < a->n_stops && i < SRV_MAX_STOPS; i++)
         ok = ok && (p->stops[i] = strdup(a->stops[i])) != NULL;
-    p->r.stop = (const char *const *)p->stops;
-    if (r->sampling.n_logit_bias)
-        memcpy(p->logit_bias, r->sampling.logit_bias,
-               r->sampling.n_logit_bias * sizeof *p->logit_bias);
+    if (a->sampling.n_logit_bias)
+        memcpy(p->logit_bias, a->sampling.logit_bias,
+               a->sampling.n_logit_bias * sizeof *p->logit_bias);
     p->r.sampling.logit_bias = p->logit_bias;
-    if (a->grammar_text) {
+    if (ok && a->grammar_text) {
         ok = (p->grammar_text = strdup(a->grammar_text)) != NULL;
         p->grammar_kind = a->grammar_kind;
         snprintf(p->grammar_where, sizeof p->grammar_where, "%s", a->grammar_where);
     }
-    if (!maker) {
-        for (int32_t k = 0; ok && k < g->n_parts; k++) {
-            const srv_req_prompt *in = a->n_prompts ? &a->prompts[k] : NULL;
-            const char *text = in ? in->text : a->prompt;
-            if (text) {
-                ok = (p->texts[k] = strdup(text)) != NULL;
-            } else if (in->n_tokens) {
-                ok = (p->ids[k] = malloc(in->n_tokens * sizeof *p->ids[k])) != NULL;
-                if (ok)
-                    memcpy(p->ids[k], in->tokens, in->n_tokens * sizeof *p->ids[k]);
-                p->in[k] = (srv_req_prompt){.tokens = p->ids[k], .n_tokens = in->n_tokens};
-            }
+    for (int32_t k = 0; ok && !p->maker.make && k < g->n_parts; k++) {
+        const srv_req_prompt *in = a->n_prompts ? &a->prompts[k] : NULL;
+        const char *text = in ? in->text : a->prompt;
+        if (text) {
+            ok = (p->texts[k] = strdup(text)) != NULL;
+        } else if (in->n_tokens) {
+            ok = (p->ids[k] = malloc(in->n_tokens * sizeof *p->ids[k])) != NULL;
+            if (ok)
+                memcpy(p->ids[k], in->tokens, in->n_tokens * sizeof *p->ids[k]);
+            p->n_ids[k] = in->n_tokens;
         }
     }
-    if (!ok) {
-        prep_free(p);
-        return NULL;
+    if (!ok)
+        srv_req_fail(c, 503, "out of memory");
+    return ok;
+}
+
+/* On a pool thread: the adapter p->lazy names loaded (or found, when
+ * another request loaded it meanwhile) into p->term, with the request's
+ * scale; false with the refusal in w (404 in the API's words when there is
+ * no such folder). */
+static bool acquire_adapter(srv_pool_job *w, gen_prep *p)
+{
+    srv_server *s = w->s;
+    w->rc = lora_registry_acquire(s->registry, p->lazy, s->cfg->adapter_dir, &p->term, w->msg,
+                                  sizeof w->msg);
+    if (w->rc == QL_ENOTFOUND) {
+        w->status = 404;
+        snprintf(w->msg, sizeof w->msg, "%s %s%s", p->g->shape->adapter_noun, p->lazy,
+                 p->g->shape->adapter_unknown);
     }
-    p->term = term;
-    if (maker)
-        p->maker = *maker;
-    return p;
+    if (w->rc != QL_OK)
+        return false;
+    if (p->has_scale)
+        p->term.scale = p->scale;
+    return true;
 }
 
 /* On a pool thread: the request's grammar compiled (or found in the
@@ -1027,19 +1147,37 @@ static bool compile_grammar(srv_pool_job *w, gen_prep *p)
     return false;
 }
 
+/* On a pool thread: each prompt prepared by the engine's one call
+ * (p->built: tokenized with BOS or copied, truncated, checked against the
+ * context and the cache); false with the refusal in w and the part in
+ * p->failed. */
+static bool build_parts(srv_pool_job *w, gen_prep *p)
+{
+    for (int32_t k = 0; k < p->g->n_parts; k++) {
+        eng_request r = p->r;
+        r.prompt = p->texts[k];
+        r.prompt_len = p->texts[k] ? strlen(p->texts[k]) : 0;
+        r.prompt_tokens = p->texts[k] ? NULL : p->ids[k];
+        r.n_prompt_tokens = p->texts[k] ? 0 : p->n_ids[k];
+        r.user = &p->g->parts[k];
+        w->rc = eng_engine_build(w->s->engine, &r, &p->built[k], w->msg, sizeof w->msg);
+        if (w->rc != QL_OK) {
+            p->failed = k;
+            return false;
+        }
+    }
+    return true;
+}
+
 /* On a pool thread: whether the prompt logprobs asked for stay inside
- * SRV_MAX_PROMPT_LOGPROB_TOKENS and _ENTRIES, summed over the prompts
- * (their tokens as the engine will see them: a given list of ids is
- * truncated as submit truncates it); else the 400 in w, naming the field. */
+ * SRV_MAX_PROMPT_LOGPROB_TOKENS and _ENTRIES, summed over the prompts as
+ * the engine prepared them (truncated); else the 400 in w, naming the
+ * field. */
 static bool prompt_logprobs_bounded(srv_pool_job *w, gen_prep *p)
 {
     size_t tokens = 0;
-    for (int32_t k = 0; k < p->g->n_parts; k++) {
-        size_t n = p->in[k].n_tokens;
-        if (!p->texts[k] && p->r.truncate > 0 && n > (size_t)p->r.truncate)
-            n = (size_t)p->r.truncate;
-        tokens += n;
-    }
+    for (int32_t k = 0; k < p->g->n_parts; k++)
+        tokens += eng_built_prompt_tokens(p->built[k]);
     size_t entries = tokens * (1 + (size_t)p->r.top_logprobs);
     const char *field = p->prompt_logprobs_field ? p->prompt_logprobs_field : "prompt logprobs";
     if (tokens <= SRV_MAX_PROMPT_LOGPROB_TOKENS && entries <= SRV_MAX_PROMPT_LOGPROB_ENTRIES)
@@ -1058,72 +1196,29 @@ static bool prompt_logprobs_bounded(srv_pool_job *w, gen_prep *p)
     return false;
 }
 
-/* On a pool thread: each prompt's engine request built (p->built); the
- * refusal in w (and the part in p->failed) when one is refused. */
-static void build_parts(srv_pool_job *w, gen_prep *p)
-{
-    for (int32_t k = 0; k < p->g->n_parts; k++) {
-        eng_request r = p->r;
-        r.prompt = NULL;
-        r.prompt_len = 0;
-        r.prompt_tokens = p->in[k].tokens;
-        r.n_prompt_tokens = p->in[k].n_tokens;
-        r.user = &p->g->parts[k];
-        w->rc = eng_engine_build(w->s->engine, &r, &p->built[k], w->msg, sizeof w->msg);
-        if (w->rc != QL_OK) {
-            p->failed = k;
-            return;
-        }
-    }
-}
-
-/* On a pool thread: the request's grammar compiled, the chat prompt made,
- * and each text prompt tokenized as submit would
- * (eng_engine_encode_prompt). */
+/* On a pool thread, the request's whole preparation, step by step; the
+ * first refusal stops it (in w). */
 static void prep_run(srv_pool_job *w)
 {
     gen_prep *p = w->data;
     w->rc = QL_OK;
-    if (p->lazy[0]) {
-        srv_server *s = w->s;
-        w->rc = lora_registry_acquire(s->registry, p->lazy, s->cfg->adapter_dir, &p->term, w->msg,
-                                      sizeof w->msg);
-        if (w->rc == QL_ENOTFOUND) {
-            w->status = 404;
-            snprintf(w->msg, sizeof w->msg, "%s %s%s", p->g->shape->adapter_noun, p->lazy,
-                     p->g->shape->adapter_unknown);
-        }
-        if (w->rc != QL_OK)
-            return;
-        if (p->has_scale)
-            p->term.scale = p->scale;
-        p->r.adapters = &p->term;
-        p->r.n_adapters = 1;
-    }
+    /* the adapter: loaded on first use (the loop found it not loaded) */
+    if (p->lazy[0] && !acquire_adapter(w, p))
+        return;
+    p->r.adapters = p->term.lora ? &p->term : NULL;
+    p->r.n_adapters = p->term.lora ? 1 : 0;
+    /* the grammar, compiled or from the cache */
     if (p->grammar_text && !compile_grammar(w, p))
         return;
-    if (p->maker.make) {
-        w->rc = p->maker.make(p->maker.arg, &p->texts[0], w->msg, sizeof w->msg);
-        if (w->rc != QL_OK)
-            return;
-    }
-    for (int32_t k = 0; k < p->g->n_parts; k++) {
-        if (!p->texts[k])
-            continue;
-        eng_request r = p->r;
-        r.prompt = p->texts[k];
-        r.prompt_len = strlen(p->texts[k]);
-        size_t n = 0;
-        w->rc = eng_engine_encode_prompt(w->s->engine, &r, &p->ids[k], &n, w->msg, sizeof w->msg);
-        if (w->rc != QL_OK) {
-            p->failed = p->maker.make ? -1 : k;
-            return;
-        }
-        p->in[k] = (srv_req_prompt){.tokens = p->ids[k], .n_tokens = n};
-    }
-    if (p->r.prompt_logprobs && !prompt_logprobs_bounded(w, p))
+    /* the chat prompt, rendered with the adapter's own template when it has one */
+    if (p->maker.make && (w->rc = p->maker.make(p->maker.arg, p->term.lora, &p->texts[0], w->msg,
+                                                sizeof w->msg)) != QL_OK)
         return;
-    build_parts(w, p);
+    /* each prompt, prepared once for the engine */
+    if (!build_parts(w, p))
+        return;
+    if (p->r.prompt_logprobs)
+        prompt_logprobs_bounded(w, p);
 }
 
 /* On the loop: submit what prep_run made, unless the client has gone. */
@@ -1131,134 +1226,51 @@ static void prep_done(srv_pool_job *w)
 {
     gen_prep *p = w->data;
     srv_conn *c = w->conn;
-    srv_gen *g = p->g;
-    if (!c || w->rc != QL_OK || !srv_gen_ready(c)) {
-        if (c && w->rc != QL_OK)
-            fail_part(c, w->status ? w->status : srv_req_status_of(w->rc),
-                      g->n_parts > 1 ? p->failed : -1, w->msg);
-        gen_free_memory(g);
-    } else {
+    if (c && w->rc != QL_OK) {
+        fail_part(c, w->status ? w->status : srv_req_status_of(w->rc),
+                  p->g->n_parts > 1 ? p->failed : -1, w->msg);
+    } else if (c && srv_gen_ready(c)) {
+        srv_gen *g = p->g;
+        p->g = NULL; /* the loop's now: live, or freed with the refusal */
         gen_submit_all(c, g, p->built);
     }
+    prep_free(p); /* the generation with it, when it was not submitted */
+}
+
+/* Take a's request for c, to be answered in shape: readiness, the adapter
+ * acquired once, the limits and room checked on the loop (each refusal
+ * answered there), then the preparation on the pool. Whatever is refused,
+ * prep_free lets go of what was taken. */
+static void generate(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape,
+                     srv_gen_prompt_maker maker)
+{
+    gen_prep *p = prep_take(c, a, maker);
+    if (!p)
+        return;
+    if (srv_gen_ready(c) && prep_adapter(c, p, a, shape) && check_limits(c, a) &&
+        prep_gen(c, p, a, shape) && prep_copy(c, p, a) &&
+        srv_pool_begin(c, p, prep_run, prep_done) == 0)
+        return; /* p is the pool's */
     prep_free(p);
 }
 
-/* Whether a request naming name, not loaded, may have it loaded on first
- * use: an adapter folder, lazy loading not turned off, and a name that can
- * only be a folder's own (admin.c's name rules; no leading '.', so neither
- * "." nor ".." nor a hidden file). Whether the folder exists is for the
- * pool to find out (lora_registry_acquire). */
-static bool loadable_by_name(const srv_server *s, const char *name)
+eng_lora *srv_gen_adapter_loaded(const srv_server *s, const char *name)
 {
-    if (!s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
-        return false;
-    return name[0] != '.' && srv_req_is_adapter_name(name);
-}
-
-/* Check readiness, the adapter and the limits; then submit at once when
- * every prompt is ids, or make the prompts off the loop first. maker
- * (NULL: a's prompts) is dropped here whatever happens. */
-static void generate(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape,
-                     const srv_gen_prompt_maker *maker)
-{
-    /* the API's answer state: the generation's, or dropped when refused */
-    void *answer = a->answer;
-    void (*answer_drop)(void *) = a->answer_drop;
-    a->answer = NULL;
-    a->answer_drop = NULL;
     eng_lora_term term = {NULL, 1.0f};
-    gen_prep *p = NULL;
-    srv_gen *g = NULL;
-    bool lazy = false;
-    if (!srv_gen_ready(c))
-        goto refused;
-    /* the adapter and its default scale, when the request gives none; one
-     * not loaded is loaded on first use, off the loop, when it may be */
-    if (a->adapter && a->adapter[0]) {
-        if (!c->s->registry ||
-            lora_registry_want(c->s->registry, a->adapter, &term, NULL, 0) != QL_OK) {
-            lazy = loadable_by_name(c->s, a->adapter);
-            if (!lazy) {
-                srv_req_fail(c, 404, "%s %s%s", shape->adapter_noun, a->adapter,
-                             shape->adapter_unknown);
-                goto refused;
-            }
-        }
-    }
-    if (a->has_scale)
-        term.scale = (float)a->adapter_scale;
-    if (!check_limits(c, a))
-        goto refused;
-    size_t cost = request_cost(c, a);
-    if (!room_for(c, a->n_prompts ? (int32_t)a->n_prompts : 1, cost))
-        goto refused;
-    g = gen_new(c, a, shape, term.lora ? term.lora->name : lazy ? a->adapter : c->s->model_id);
-    if (!g) {
-        srv_req_fail(c, 503, "out of memory");
-        goto refused;
-    }
-    g->answer = answer;
-    g->answer_drop = answer_drop;
-    g->cost = cost;
-    c->s->held_bytes += cost;
-    if (!echo_bounded(c, g))
-        goto refused;
-    eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
-                     .sampling = a->sampling,
-                     .stop = a->stops,
-                     .n_stop = a->n_stops,
-                     .adapters = NULL,
-                     .n_adapters = term.lora ? 1 : 0,
-                     .fill_context = a->fill_context,
-                     .templated = a->templated,
-                     .truncate = a->truncate,
-                     .n_choices = g->per_part,
-                     .logprobs = a->logprobs || g->per_part > g->keep,
-                     .top_logprobs = a->logprobs ? a->top_logprobs : 0,
-                     .prompt_logprobs = a->prompt_logprobs,
-                     .skip_special_tokens = !a->keep_special,
-                     .include_stop_str = a->include_stop_str,
-                     .on_prompt = bridge_prompt,
-                     .on_token = bridge_token,
-                     .on_choice_done = bridge_choice_done,
-                     .on_done = bridge_done};
-    if (a->prompt_logprobs && !a->logprobs)
-        r.top_logprobs = a->top_logprobs;
-    p = prep_new(g, a, &r, term, maker);
-    if (!p) {
-        srv_req_fail(c, 503, "out of memory");
-        goto refused;
-    }
-    p->r.adapters = p->term.lora ? &p->term : NULL;
-    if (lazy) {
-        snprintf(p->lazy, sizeof p->lazy, "%s", a->adapter);
-        p->has_scale = a->has_scale;
-        p->scale = (float)a->adapter_scale;
-    }
-    if (srv_pool_begin(c, p, prep_run, prep_done) != 0) {
-        gen_free_memory(g);
-        prep_free(p); /* the adapter's reference and maker with it */
-    }
-    return;
-refused:
-    if (g)
-        gen_free_memory(g); /* and the answer state with it */
-    else if (answer_drop)
-        answer_drop(answer);
-    eng_lora_unref(term.lora);
-    if (maker && maker->drop)
-        maker->drop(maker->arg);
+    if (!name || !s->registry || lora_registry_want(s->registry, name, &term, NULL, 0) != QL_OK)
+        return NULL;
+    return term.lora;
 }
 
 void srv_gen_submit(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape)
 {
-    generate(c, a, shape, NULL);
+    generate(c, a, shape, (srv_gen_prompt_maker){0});
 }
 
 void srv_gen_submit_made(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape,
                          srv_gen_prompt_maker maker)
 {
-    generate(c, a, shape, &maker);
+    generate(c, a, shape, maker);
 }
 
 /* --- a connection that ends ------------------------------------------------------ */

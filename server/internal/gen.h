@@ -46,11 +46,13 @@ typedef struct srv_gen_shape {
  * it takes. */
 void srv_gen_submit(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape);
 
-/* A prompt made off the loop: make runs on a pool thread and sets *prompt
- * (malloc'd, the caller's) or returns a QL_E* code with the whole sentence
- * in msg; drop frees arg, on the loop, once, whether or not make ran. */
+/* A prompt made off the loop: make runs on a pool thread, handed the
+ * request's adapter (NULL: the base model; borrowed for the call, already
+ * acquired: make never looks it up), and sets *prompt (malloc'd, the
+ * caller's) or returns a QL_E* code with the whole sentence in msg; drop
+ * frees arg, on the loop, once, whether or not make ran. */
 typedef struct srv_gen_prompt_maker {
-    int (*make)(void *arg, char **prompt, char *msg, size_t msg_len);
+    int (*make)(void *arg, const eng_lora *adapter, char **prompt, char *msg, size_t msg_len);
     void (*drop)(void *arg);
     void *arg;
 } srv_gen_prompt_maker;
@@ -59,6 +61,10 @@ typedef struct srv_gen_prompt_maker {
  * is the callee's from here on. */
 void srv_gen_submit_made(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape,
                          srv_gen_prompt_maker maker);
+/* The loaded adapter called name, for work that is not a generation
+ * (/chat_tokenize's template): a reference (eng_lora_unref), or NULL when
+ * name is NULL or names none loaded. Any thread. */
+eng_lora *srv_gen_adapter_loaded(const srv_server *s, const char *name);
 /* Whether c may be answered with a generation now (not draining, the model
  * loaded); else the 503 has been answered. */
 bool srv_gen_ready(srv_conn *c);
