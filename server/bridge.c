@@ -1,14 +1,15 @@
 /*
- * bridge.c - what runs off the loop and answers on it: generations on the
- * engine's thread and admin work on libuv's thread pool.
+ * bridge.c - generations: prepared off the loop, run on the engine's
+ * thread, answered on the loop.
  *
  * A generation: srv_gen_submit checks readiness (503 while loading or
- * draining), the adapter (one not loaded is a 404 in the API's words), the
- * server's limit on new tokens, and room for it before anything is built:
- * the engine's queue and the server's budget of bytes held by unanswered
- * requests (--max-held-bytes; request_cost), each a 503 with Retry-After.
- * Its engine requests are then built on the pool (gen_prep) and queued
- * from the loop. The
+ * draining), the adapter (acquired once for the whole request; one not
+ * loaded is loaded on first use when it may be, else a 404 in the API's
+ * words), the server's limit on new tokens, and room for it before
+ * anything is built: the engine's queue and the server's budget of bytes
+ * held by unanswered requests (--max-held-bytes; request_cost), each a 503
+ * with Retry-After. Its prompts are then prepared on the pool (gen_prep,
+ * one pass) and queued from the loop. The
  * engine calls on_token / on_done on its own thread; they only append an
  * event to a mutex-guarded list and uv_async_send the loop, which takes
  * the whole list at once (srv_gen_on_wake), keeps each token's text and
@@ -26,16 +27,14 @@
  * thousand agents send is compiled once), and a compile error is the
  * request's 400; the engine takes its own reference at submit.
  *
- * Admin work: srv_pool_start (pool_job.c) queues a srv_pool_job whose run goes on a pool
- * thread and whose done answers on the loop, unless the client has gone.
- *
- * Offers srv_gen_submit, srv_gen_on_wake, srv_pool_start,
- * srv_gen_conn_gone, and a generation's srv_gen_cancel, srv_gen_answer_order
- * and srv_gen_full_text (internal/gen.h). Owns every srv_gen and
- * srv_event, and a srv_pool_job once started. Touches the engine (submit,
- * cancel), the adapter registry's lora_registry_want, request.c's errors,
- * http.c's stream start, metrics.c's histograms, and, after a generation
- * or a piece of work ends, the drain check through s->hooks (serve.c's:
+ * Offers srv_gen_submit and srv_gen_submit_made, srv_gen_ready,
+ * srv_gen_adapter_loaded, srv_gen_on_wake, srv_gen_conn_gone, and a
+ * generation's srv_gen_cancel, srv_gen_answer_order and srv_gen_full_text
+ * (internal/gen.h). Owns every srv_gen, gen_prep and srv_event. Touches
+ * the engine (build, queue, cancel), the adapter registry
+ * (lora_registry_want, lora_registry_acquire), pool_job.c's work,
+ * request.c's errors, http.c's stream start, metrics.c's histograms, and,
+ * after a generation ends, the drain check through s->hooks (serve.c's:
  * this file names nothing above it).
  */
 #include "internal/gen.h"
@@ -781,18 +780,6 @@ bool srv_gen_ready(srv_conn *c)
         return false;
     }
     return true;
-}
-
-void srv_req_ask_free(srv_req_ask *a)
-{
-    free(a->token_store);
-    free(a->grammar_text);
-    if (a->answer_drop)
-        a->answer_drop(a->answer);
-    a->token_store = NULL;
-    a->grammar_text = NULL;
-    a->answer = NULL;
-    a->answer_drop = NULL;
 }
 
 /* A new generation for a's prompts and choices, its parts' texts kept for

@@ -11,10 +11,10 @@
  *
  * Offers srv_req_status_of, srv_req_fail, srv_req_respond_cjson, srv_req_stream_cjson,
  * srv_req_respond_generation, srv_req_body_object, srv_req_only_known, srv_req_is_null,
- * the srv_get_* readers and the two generation APIs' shared srv_req_get_stops,
+ * the srv_req_get_* readers and the two generation APIs' shared srv_req_get_stops,
  * srv_req_get_sampling and srv_req_get_grammar (response_format and TGI's grammar,
  * with srv_req_ask_grammar and srv_req_ask_schema, which put a grammar's text on a
- * request) (internal/request.h) to bridge.c, the API
+ * request), and srv_req_ask_free (internal/request.h) to bridge.c, the API
  * files, admin.c and routes.c, and srv_secret_equal (server.h), the
  * constant-time compare of a bearer token. Owns nothing past a call.
  * Touches only http.c's responses.
@@ -471,6 +471,18 @@ bool srv_req_get_vllm_output(srv_conn *c, const cJSON *root, srv_req_ask *a)
         return false;
     a->keep_special = !skip;
     return true;
+}
+
+void srv_req_ask_free(srv_req_ask *a)
+{
+    free(a->token_store);
+    free(a->grammar_text);
+    if (a->answer_drop)
+        a->answer_drop(a->answer);
+    a->token_store = NULL;
+    a->grammar_text = NULL;
+    a->answer = NULL;
+    a->answer_drop = NULL;
 }
 
 /* --- constrained answers ---------------------------------------------------------- */
