@@ -8,16 +8,21 @@
  * bearer token in force, compared in constant time, or, with none, a
  * loopback client whose request no web page can have made (the trust
  * rules below); then a loaded model. Offers the Host rule routes.c applies
- * to every route (srv_host_allowed). Offers the route handlers
+ * to every route (srv_admin_host_allowed). Offers the route handlers
  * srv_admin_*. Loading reads files and merging rewrites weights, so both
- * run on libuv's thread pool (bridge.c's srv_work_start) and answer from
+ * run on libuv's thread pool (pool_job.c's srv_pool_begin) and answer from
  * the loop; a client that has gone meanwhile is nobody's to answer.
  * Touches the adapter registry (adapters/lora.h), the metrics' merge
  * counters, request.c's helpers and http.c's error response.
  */
-#include "internal/server_internal.h"
+#include "internal/admin.h"
+#include "internal/http.h"
+#include "internal/pool_job.h"
+#include "internal/request.h"
+#include "internal/routes.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +44,7 @@
  * it is spared the Content-Type). With a token
  * (--admin-token-file, or generated at start when --host is not loopback)
  * the bearer token alone decides: a page cannot know it. The Host rule
- * also guards every other route while it applies (srv_host_rule_applies).
+ * also guards every other route while it applies (srv_admin_host_rule_applies).
  */
 
 /* The loopback names a Host header may carry for this machine's server
@@ -56,12 +61,12 @@ static bool loopback_name(const char *name, size_t len)
     text[len] = 0;
     if (text[0] == '[' && text[len - 1] == ']') {
         text[len - 1] = 0;
-        return srv_is_loopback_address(text + 1);
+        return srv_admin_is_loopback_address(text + 1);
     }
-    return strchr(text, ':') == NULL && srv_is_loopback_address(text);
+    return strchr(text, ':') == NULL && srv_admin_is_loopback_address(text);
 }
 
-bool srv_is_loopback_address(const char *addr)
+bool srv_admin_is_loopback_address(const char *addr)
 {
     struct in_addr a4;
     struct in6_addr a6;
@@ -116,12 +121,13 @@ static bool listed_host(const char *list, const char *host, size_t name_len)
     return false;
 }
 
-bool srv_host_rule_applies(const srv_server *s)
+bool srv_admin_host_rule_applies(const srv_server *s)
 {
-    return !srv_admin_token(s) || srv_is_loopback_address(s->cfg->host) || s->cfg->allowed_hosts;
+    return !srv_admin_token(s) || srv_admin_is_loopback_address(s->cfg->host) ||
+           s->cfg->allowed_hosts;
 }
 
-bool srv_host_allowed(srv_conn *c)
+bool srv_admin_host_allowed(srv_conn *c)
 {
     const srv_server *s = c->s;
     const char *host = c->req.host;
@@ -134,14 +140,14 @@ bool srv_host_allowed(srv_conn *c)
         return true;
     if (parsed && listed_host(s->cfg->allowed_hosts, host, name_len))
         return true;
-    srv_fail(c, 403,
-             "Host %.200s%s is not this server's: it answers localhost, 127.0.0.1 or [::1] "
-             "with port %d%s%s (a web page reaches a loopback server under its own name by DNS "
-             "rebinding); a reverse proxy or tunnel that sends another Host must be listed in "
-             "--allowed-hosts",
-             host, c->req.host_too_long ? "..." : "", s->port,
-             s->cfg->allowed_hosts ? ", or one of --allowed-hosts " : "",
-             s->cfg->allowed_hosts ? s->cfg->allowed_hosts : "");
+    srv_req_fail(c, 403,
+                 "Host %.200s%s is not this server's: it answers localhost, 127.0.0.1 or [::1] "
+                 "with port %d%s%s (a web page reaches a loopback server under its own name by DNS "
+                 "rebinding); a reverse proxy or tunnel that sends another Host must be listed in "
+                 "--allowed-hosts",
+                 host, c->req.host_too_long ? "..." : "", s->port,
+                 s->cfg->allowed_hosts ? ", or one of --allowed-hosts " : "",
+                 s->cfg->allowed_hosts ? s->cfg->allowed_hosts : "");
     return false;
 }
 
@@ -156,7 +162,7 @@ const char *srv_admin_token(const srv_server *s)
 static bool model_ready(srv_conn *c)
 {
     if (!c->s->serving || !c->s->registry) {
-        srv_fail(c, 503, "the model is still loading");
+        srv_req_fail(c, 503, "the model is still loading");
         return false;
     }
     return true;
@@ -193,26 +199,28 @@ static bool json_content_type(const srv_conn *c)
 static bool tokenless_allowed(srv_conn *c)
 {
     if (!c->loopback) {
-        srv_fail(c, 403,
-                 "admin routes answer only to loopback clients when no admin token is configured");
+        srv_req_fail(
+            c, 403,
+            "admin routes answer only to loopback clients when no admin token is configured");
         return false;
     }
     if (!same_origin(c)) {
-        srv_fail(c, 403,
-                 "Origin %.200s is not this server's: without an admin token the admin routes "
-                 "refuse requests from web pages (configure --admin-token-file for a browser "
-                 "client)",
-                 c->req.origin);
+        srv_req_fail(c, 403,
+                     "Origin %.200s is not this server's: without an admin token the admin routes "
+                     "refuse requests from web pages (configure --admin-token-file for a browser "
+                     "client)",
+                     c->req.origin);
         return false;
     }
     uint8_t m = c->req.method;
     bool changes = m != HTTP_GET && m != HTTP_HEAD && m != HTTP_DELETE;
     if (changes && !json_content_type(c)) {
-        srv_fail(c, 403,
-                 "Content-Type %.100s: without an admin token an admin request that changes "
-                 "state must be sent as Content-Type: application/json, which no web page can "
-                 "send cross-site unasked (curl: -H 'Content-Type: application/json' or --json)",
-                 c->req.content_type[0] ? c->req.content_type : "(none)");
+        srv_req_fail(
+            c, 403,
+            "Content-Type %.100s: without an admin token an admin request that changes "
+            "state must be sent as Content-Type: application/json, which no web page can "
+            "send cross-site unasked (curl: -H 'Content-Type: application/json' or --json)",
+            c->req.content_type[0] ? c->req.content_type : "(none)");
         return false;
     }
     return true;
@@ -227,8 +235,8 @@ static bool admin_allowed(srv_conn *c)
     const char *h = c->req.authorization;
     if (c->req.auth_too_long || strncasecmp(h, "Bearer ", 7) != 0 ||
         !srv_secret_equal(h + 7, strlen(h + 7), token)) {
-        srv_respond_error(c, 401, "unauthorized", "a valid admin bearer token is required",
-                          "WWW-Authenticate: Bearer\r\n");
+        srv_http_respond_error(c, 401, "unauthorized", "a valid admin bearer token is required",
+                               "WWW-Authenticate: Bearer\r\n");
         return false;
     }
     return true;
@@ -281,7 +289,7 @@ void srv_admin_list(srv_conn *c, const char *name)
         for (size_t i = 0; i < n; i++)
             cJSON_AddItemToArray(arr, info_json(&list[i]));
     free(list);
-    srv_respond_cjson(c, 200, root);
+    srv_req_respond_cjson(c, 200, root);
 }
 
 static cJSON *report_json(const lora_report *r)
@@ -316,72 +324,92 @@ static cJSON *report_json(const lora_report *r)
 
 /* --- loading, merging and unmerging: work off the loop ---------------------------- */
 
+/* What an adapter's load, merge, unmerge or unload works on: its
+ * srv_pool_job's data, freed (with its report) by done_admin once answer
+ * has run on the loop. */
+typedef struct admin_job admin_job;
+struct admin_job {
+    char name[160];
+    char path[4096]; /* load: the client's, until run_load resolves it */
+    float scale;
+    bool safe_merge; /* merge */
+    qt_kind into;    /* merge: QT_KIND_COUNT for the weight's own kind */
+    bool has_report;
+    lora_report report; /* merge, unmerge */
+    lora_meta meta;     /* load */
+    /* on the loop: answer w's client (w->conn, NULL when it has gone) */
+    void (*answer)(srv_pool_job *w, admin_job *j);
+};
+
 /* Resolve a client's adapter path under the adapter directory root:
  * relative, no "..", and (symlinks followed) still inside it
  * (lora_resolve_dir, the check the state file's replay makes too), into
  * out. On a pool thread: realpath waits on the file system, which may be a
  * network volume. False with the answer's status and sentence in w. */
-static bool resolve_adapter_path(srv_work *w, const char *root, const char *path, char *out,
+static bool resolve_adapter_path(srv_pool_job *w, const char *root, const char *path, char *out,
                                  size_t out_len)
 {
     int rc = lora_resolve_dir(root, path, out, out_len, w->msg, sizeof w->msg);
     /* the root itself not resolving is the server's fault, not the client's */
-    w->status = rc == QL_OK ? 0 : rc == QL_EIO ? 500 : srv_status_of(rc);
+    w->status = rc == QL_OK ? 0 : rc == QL_EIO ? 500 : srv_req_status_of(rc);
     return rc == QL_OK;
     return true;
 }
 
-/* w->path is the client's until resolved here. */
-static void run_load(srv_work *w)
+/* j->path is the client's until resolved here. */
+static void run_load(srv_pool_job *w)
 {
+    admin_job *j = w->data;
     char resolved[PATH_MAX];
-    if (!resolve_adapter_path(w, w->s->cfg->adapter_dir, w->path, resolved, sizeof resolved)) {
+    if (!resolve_adapter_path(w, w->s->cfg->adapter_dir, j->path, resolved, sizeof resolved)) {
         w->rc = QL_EINVAL;
         return;
     }
-    snprintf(w->path, sizeof w->path, "%s", resolved);
-    w->rc = lora_registry_load(w->s->registry, w->name, w->path, w->scale, &w->meta, w->msg,
+    snprintf(j->path, sizeof j->path, "%s", resolved);
+    w->rc = lora_registry_load(w->s->registry, j->name, j->path, j->scale, &j->meta, w->msg,
                                sizeof w->msg);
 }
 
-static void done_load(srv_work *w)
+static void answer_load(srv_pool_job *w, admin_job *j)
 {
     srv_conn *c = w->conn;
     if (!c)
         return;
     if (w->rc != QL_OK) {
-        srv_fail(c, w->status ? w->status : srv_status_of(w->rc), "%s", w->msg);
+        srv_req_fail(c, w->status ? w->status : srv_req_status_of(w->rc), "%s", w->msg);
         return;
     }
     /* the registry's own listing of it (bytes, requests) */
     lora_info *list = NULL, in = {0};
     size_t n = 0;
-    snprintf(in.name, sizeof in.name, "%.127s", w->name);
-    in.meta = w->meta;
-    in.scale = w->scale;
+    snprintf(in.name, sizeof in.name, "%.127s", j->name);
+    in.meta = j->meta;
+    in.scale = j->scale;
     if (lora_registry_list(w->s->registry, &list, &n) == QL_OK)
         for (size_t i = 0; i < n; i++)
-            if (strcmp(list[i].name, w->name) == 0)
+            if (strcmp(list[i].name, j->name) == 0)
                 in = list[i];
     free(list);
-    srv_respond_cjson(c, 201, info_json(&in));
+    srv_req_respond_cjson(c, 201, info_json(&in));
 }
 
-static void run_merge(srv_work *w)
+static void run_merge(srv_pool_job *w)
 {
-    lora_merge_opts o = {.safe_merge = w->safe_merge, .into = w->into};
-    w->rc = lora_registry_merge(w->s->registry, w->name, w->scale, &o, &w->report, w->msg,
+    admin_job *j = w->data;
+    lora_merge_opts o = {.safe_merge = j->safe_merge, .into = j->into};
+    w->rc = lora_registry_merge(w->s->registry, j->name, j->scale, &o, &j->report, w->msg,
                                 sizeof w->msg);
-    w->has_report = w->rc == QL_OK;
+    j->has_report = w->rc == QL_OK;
 }
 
-static void run_unmerge(srv_work *w)
+static void run_unmerge(srv_pool_job *w)
 {
-    w->rc = lora_registry_unmerge(w->s->registry, w->name, &w->report, w->msg, sizeof w->msg);
-    w->has_report = w->rc == QL_OK;
+    admin_job *j = w->data;
+    w->rc = lora_registry_unmerge(w->s->registry, j->name, &j->report, w->msg, sizeof w->msg);
+    j->has_report = w->rc == QL_OK;
 }
 
-static void done_merge(srv_work *w)
+static void answer_merge(srv_pool_job *w, admin_job *j)
 {
     srv_server *s = w->s;
     if (w->rc == QL_OK && w->run == run_merge)
@@ -393,38 +421,47 @@ static void done_merge(srv_work *w)
     if (!w->conn)
         return;
     if (w->rc != QL_OK)
-        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+        srv_req_fail(w->conn, srv_req_status_of(w->rc), "%s", w->msg);
     else
-        srv_respond_cjson(w->conn, 200, report_json(&w->report));
+        srv_req_respond_cjson(w->conn, 200, report_json(&j->report));
 }
 
-static srv_work *new_work(srv_conn *c, const char *name)
+/* A job for name (503 answered and NULL when memory is short). */
+static admin_job *new_job(srv_conn *c, const char *name)
 {
-    srv_work *w = calloc(1, sizeof *w);
-    if (!w) {
-        srv_fail(c, 503, "out of memory");
+    admin_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        srv_req_fail(c, 503, "out of memory");
         return NULL;
     }
-    w->s = c->s;
-    w->conn = c;
-    snprintf(w->name, sizeof w->name, "%s", name);
-    return w;
+    snprintf(j->name, sizeof j->name, "%s", name);
+    return j;
 }
 
-static void start_work(srv_conn *c, srv_work *w)
+/* The pool job's done: answer, then free what the job owned. */
+static void done_admin(srv_pool_job *w)
 {
-    c->work = w;
-    if (srv_work_start(w) != 0) {
-        c->work = NULL;
-        free(w);
-        srv_fail(c, 503, "cannot start the work");
-    }
+    admin_job *j = w->data;
+    j->answer(w, j);
+    if (j->has_report)
+        lora_report_free(&j->report);
+    free(j);
+}
+
+/* Run j on the pool for c and answer with answer; j is the job's from
+ * here on (freed at once when the job cannot start, after the 503). */
+static void start_job(srv_conn *c, admin_job *j, void (*run)(srv_pool_job *w),
+                      void (*answer)(srv_pool_job *w, admin_job *j))
+{
+    j->answer = answer;
+    if (srv_pool_begin(c, j, run, done_admin) != 0)
+        free(j);
 }
 
 static bool valid_name(srv_conn *c, const char *name)
 {
-    if (!srv_is_adapter_name(name)) {
-        srv_fail(c, 400, "\"name\" %.160s: 1 to 127 letters, digits, '-', '_' and '.'", name);
+    if (!srv_req_is_adapter_name(name)) {
+        srv_req_fail(c, 400, "\"name\" %.160s: 1 to 127 letters, digits, '-', '_' and '.'", name);
         return false;
     }
     return true;
@@ -433,49 +470,48 @@ static bool valid_name(srv_conn *c, const char *name)
 void srv_admin_load(srv_conn *c, const char *name_in_path)
 {
     (void)name_in_path;
-    cJSON *root = srv_body_object(c);
+    cJSON *root = srv_req_body_object(c);
     if (!root)
         return;
     static const char *const fields[] = {"name", "path", "scale", NULL};
     const char *name = NULL, *path = NULL;
     double scale = 1.0;
-    bool ok = srv_only_known(c, root, "the body", fields) &&
-              srv_get_string(c, root, "name", &name) && srv_get_string(c, root, "path", &path) &&
-              srv_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL);
+    bool ok = srv_req_only_known(c, root, "the body", fields) &&
+              srv_req_get_string(c, root, "name", &name) &&
+              srv_req_get_string(c, root, "path", &path) &&
+              srv_req_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL);
     if (ok && (!name || !path)) {
-        srv_fail(c, 400, "\"name\" and \"path\" are required");
+        srv_req_fail(c, 400, "\"name\" and \"path\" are required");
         ok = false;
     }
     ok = ok && valid_name(c, name);
     if (ok && strcmp(name, c->s->model_id) == 0) {
-        srv_fail(c, 409, "%s is the base model's name", name);
+        srv_req_fail(c, 409, "%s is the base model's name", name);
         ok = false;
     }
     if (ok && !c->s->cfg->adapter_dir) {
-        srv_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
+        srv_req_fail(c, 403, "adapter loading is off: start the server with --adapter-dir DIR");
         ok = false;
     }
-    if (ok && strlen(path) >= sizeof((srv_work *)0)->path) {
-        srv_fail(c, 400, "path is %zu bytes, longer than any path", strlen(path));
+    if (ok && strlen(path) >= sizeof((admin_job *)0)->path) {
+        srv_req_fail(c, 400, "path is %zu bytes, longer than any path", strlen(path));
         ok = false;
     }
-    srv_work *w = ok ? new_work(c, name) : NULL;
-    if (w)
-        snprintf(w->path, sizeof w->path, "%s", path); /* resolved by run_load */
+    admin_job *j = ok ? new_job(c, name) : NULL;
+    if (j)
+        snprintf(j->path, sizeof j->path, "%s", path); /* resolved by run_load */
     cJSON_Delete(root);
-    if (!w)
+    if (!j)
         return;
-    w->scale = (float)scale;
-    w->run = run_load;
-    w->done = done_load;
-    start_work(c, w);
+    j->scale = (float)scale;
+    start_job(c, j, run_load, answer_load);
 }
 
 /* POST .../merge and .../unmerge: the same body checks, the merge's fields
  * only when merging. */
 static void merge_or_unmerge(srv_conn *c, const char *name, bool merge)
 {
-    cJSON *root = c->req.body_len ? srv_body_object(c) : cJSON_CreateObject();
+    cJSON *root = c->req.body_len ? srv_req_body_object(c) : cJSON_CreateObject();
     if (!root)
         return;
     static const char *const fields[] = {"scale", "safe_merge", "into", NULL};
@@ -488,27 +524,26 @@ static void merge_or_unmerge(srv_conn *c, const char *name, bool merge)
     double scale = known.scale;
     bool safe = true;
     const char *into = NULL;
-    bool ok = srv_only_known(c, root, "the body", merge ? fields : none) &&
-              srv_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL) &&
-              srv_get_bool(c, root, "safe_merge", &safe) && srv_get_string(c, root, "into", &into);
+    bool ok = srv_req_only_known(c, root, "the body", merge ? fields : none) &&
+              srv_req_get_number(c, root, "scale", -LORA_SCALE_MAX, LORA_SCALE_MAX, &scale, NULL) &&
+              srv_req_get_bool(c, root, "safe_merge", &safe) &&
+              srv_req_get_string(c, root, "into", &into);
     int choice = into ? ql_name_parse(&ql_into_names, into) : QL_INTO_OWN;
     if (ok && choice < 0) {
         char list[64];
-        srv_fail(c, 400, "\"into\" %s: one of %s (or absent: the weight's own kind)", into,
-                 ql_name_list(&ql_into_names, list, sizeof list));
+        srv_req_fail(c, 400, "\"into\" %s: one of %s (or absent: the weight's own kind)", into,
+                     ql_name_list(&ql_into_names, list, sizeof list));
         ok = false;
     }
     qt_kind kind = lora_into_kind(choice < 0 ? QL_INTO_OWN : (ql_into)choice);
     cJSON_Delete(root);
-    srv_work *w = ok ? new_work(c, name) : NULL;
-    if (!w)
+    admin_job *j = ok ? new_job(c, name) : NULL;
+    if (!j)
         return;
-    w->scale = (float)scale;
-    w->safe_merge = safe;
-    w->into = kind;
-    w->run = merge ? run_merge : run_unmerge;
-    w->done = done_merge;
-    start_work(c, w);
+    j->scale = (float)scale;
+    j->safe_merge = safe;
+    j->into = kind;
+    start_job(c, j, merge ? run_merge : run_unmerge, answer_merge);
 }
 
 void srv_admin_merge(srv_conn *c, const char *name)
@@ -523,32 +558,30 @@ void srv_admin_unmerge(srv_conn *c, const char *name)
 
 /* Unloading waits for a merge in progress (the merged configuration must
  * hold still), which takes seconds: off the loop. */
-static void run_unload(srv_work *w)
+static void run_unload(srv_pool_job *w)
 {
-    w->rc = lora_registry_unload(w->s->registry, w->name, w->msg, sizeof w->msg);
+    admin_job *j = w->data;
+    w->rc = lora_registry_unload(w->s->registry, j->name, w->msg, sizeof w->msg);
 }
 
-static void done_unload(srv_work *w)
+static void answer_unload(srv_pool_job *w, admin_job *j)
 {
     if (!w->conn)
         return;
     if (w->rc != QL_OK) {
-        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+        srv_req_fail(w->conn, srv_req_status_of(w->rc), "%s", w->msg);
         return;
     }
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "unloaded", w->name);
-    srv_respond_cjson(w->conn, 200, root);
+    cJSON_AddStringToObject(root, "unloaded", j->name);
+    srv_req_respond_cjson(w->conn, 200, root);
 }
 
 void srv_admin_unload(srv_conn *c, const char *name)
 {
-    srv_work *w = new_work(c, name);
-    if (!w)
-        return;
-    w->run = run_unload;
-    w->done = done_unload;
-    start_work(c, w);
+    admin_job *j = new_job(c, name);
+    if (j)
+        start_job(c, j, run_unload, answer_unload);
 }
 
 void srv_admin_state(srv_conn *c, const char *name)
@@ -557,7 +590,7 @@ void srv_admin_state(srv_conn *c, const char *name)
     lora_state st;
     lora_registry_state(c->s->registry, &st);
     cJSON *root = cJSON_CreateObject();
-    srv_add_weights_identity(root, &st);
+    srv_req_add_weights_identity(root, &st);
     cJSON_AddNumberToObject(root, "adapters_loaded", (double)st.n_loaded);
     cJSON_AddNumberToObject(root, "adapter_bytes", (double)st.bytes);
     cJSON_AddNumberToObject(root, "merges", (double)st.merges);
@@ -587,7 +620,7 @@ void srv_admin_state(srv_conn *c, const char *name)
         cJSON_AddItemToArray(errors, e);
     }
     free(errs);
-    srv_respond_cjson(c, 200, root);
+    srv_req_respond_cjson(c, 200, root);
 }
 
 /* --- the engine's step gate ------------------------------------------------------- */
@@ -610,7 +643,7 @@ void srv_admin_engine(srv_conn *c, const char *name)
     cJSON_AddNumberToObject(root, "running", st.running);
     cJSON_AddNumberToObject(root, "waiting", st.waiting);
     cJSON_AddNumberToObject(root, "tokens_generated", (double)st.tokens_generated);
-    srv_respond_cjson(c, 200, root);
+    srv_req_respond_cjson(c, 200, root);
 }
 
 /* POST /admin/engine/pause, body empty or {"after_steps": N} (0 when
@@ -622,12 +655,12 @@ void srv_admin_pause(srv_conn *c, const char *name)
 {
     int64_t steps = 0;
     if (c->req.body_len > 0) {
-        cJSON *root = srv_body_object(c);
+        cJSON *root = srv_req_body_object(c);
         if (!root)
             return;
         static const char *const fields[] = {"after_steps", NULL};
-        bool ok = srv_only_known(c, root, "the body", fields) &&
-                  srv_get_int(c, root, "after_steps", 0, 1e15, &steps, NULL);
+        bool ok = srv_req_only_known(c, root, "the body", fields) &&
+                  srv_req_get_int(c, root, "after_steps", 0, 1e15, &steps, NULL);
         cJSON_Delete(root);
         if (!ok)
             return;

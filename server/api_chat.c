@@ -25,7 +25,7 @@
  * generation it frames.
  *
  * response_format keeps the answer inside a grammar (request.c's
- * srv_get_grammar); tools and tool_choice are chat_tools.c's, which turns
+ * srv_req_get_grammar); tools and tool_choice are chat_tools.c's, which turns
  * the answer's text into tool_calls, whole or as stream deltas, when the
  * request has tools (g->answer set), and readies an assistant's past
  * tool_calls for the template.
@@ -37,16 +37,24 @@
  * its type. A template that raises (raise_exception) answers 400 with the
  * template's message.
  *
- * Offers srv_oai_chat and srv_chat_tokenize (the handlers) and the templates' life on the server
- * (srv_chat_templates_load/free, called by serve.c); owns the compiled
- * templates and the chat request and answer shapes. Touches request.c's
- * helpers, http.c's stream events, bridge.c's srv_generate, api_tgi.c's
- * token spans, api_openai.c's shared OpenAI pieces, the model's
+ * Offers srv_chat_completions and srv_chat_tokenize (the handlers) and the templates' life on the
+ * server (srv_chat_templates_load/free, called by serve.c); owns the compiled templates and the
+ * chat request and answer shapes. Touches request.c's helpers, http.c's stream events, bridge.c's
+ * srv_gen_submit, api_tgi.c's token spans, api_openai.c's shared OpenAI pieces, the model's
  * tokenizer (for the BOS/EOS text) and engine/template/.
  */
-#include "internal/server_internal.h"
+#include "internal/api_chat.h"
+#include "internal/api_openai.h"
+#include "internal/api_tgi.h"
+#include "internal/chat_tools.h"
+#include "internal/gen.h"
+#include "internal/http.h"
+#include "internal/logprobs.h"
+#include "internal/pool_job.h"
+#include "internal/request.h"
 #include "internal/tool_calls.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -136,7 +144,7 @@ static char *join_parts(srv_conn *c, const cJSON *parts, int index)
     size_t len = 0, cap = 64;
     char *out = malloc(cap);
     if (!out) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return NULL;
     }
     out[0] = 0;
@@ -145,10 +153,10 @@ static char *join_parts(srv_conn *c, const cJSON *parts, int index)
         const char *type = cJSON_IsObject(p) ? mf_json_str(p, "type") : NULL;
         const char *text = mf_json_str(p, "text");
         if (!type || strcmp(type, "text") != 0 || !text) {
-            srv_fail(c, 400,
-                     "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts "
-                     "are supported%s%s",
-                     index, k, type ? ", not " : "", type ? type : "");
+            srv_req_fail(c, 400,
+                         "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts "
+                         "are supported%s%s",
+                         index, k, type ? ", not " : "", type ? type : "");
             free(out);
             return NULL;
         }
@@ -159,7 +167,7 @@ static char *join_parts(srv_conn *c, const cJSON *parts, int index)
             char *grown = realloc(out, cap);
             if (!grown) {
                 free(out);
-                srv_fail(c, 503, "out of memory");
+                srv_req_fail(c, 503, "out of memory");
                 return NULL;
             }
             out = grown;
@@ -182,23 +190,23 @@ static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
     char where[32];
     snprintf(where, sizeof where, "messages[%d]", i);
     if (!cJSON_IsObject(m)) {
-        srv_fail(c, 400, "%s must be an object", where);
+        srv_req_fail(c, 400, "%s must be an object", where);
         return false;
     }
-    if (!srv_only_known(c, m, where, fields))
+    if (!srv_req_only_known(c, m, where, fields))
         return false;
     const char *role = mf_json_str(m, "role");
     size_t r = 0;
     while (role && roles[r] && strcmp(roles[r], role) != 0)
         r++;
     if (!role || !roles[r]) {
-        srv_fail(c, 400, "%s.role must be system, user, assistant or tool%s%s", where,
-                 role ? ", not " : "", role ? role : "");
+        srv_req_fail(c, 400, "%s.role must be system, user, assistant or tool%s%s", where,
+                     role ? ", not " : "", role ? role : "");
         return false;
     }
     cJSON *copy = cJSON_Duplicate(m, true);
     if (!copy) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return false;
     }
     cJSON_AddItemToArray(list, copy);
@@ -212,8 +220,8 @@ static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
         cJSON_ReplaceItemInObjectCaseSensitive(copy, "content", cJSON_CreateString(joined));
         free(joined);
     } else if (!cJSON_IsString(content) &&
-               !(srv_is_null(content) && strcmp(role, "assistant") == 0)) {
-        srv_fail(c, 400, "%s.content must be a string or a list of text parts", where);
+               !(srv_req_is_null(content) && strcmp(role, "assistant") == 0)) {
+        srv_req_fail(c, 400, "%s.content must be a string or a list of text parts", where);
         return false;
     }
     return true;
@@ -224,7 +232,7 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
 {
     const cJSON *messages = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
-        srv_fail(c, 400, "\"messages\" must be a non-empty list");
+        srv_req_fail(c, 400, "\"messages\" must be a non-empty list");
         return NULL;
     }
     cJSON *ctx = cJSON_CreateObject();
@@ -237,15 +245,15 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
         }
     }
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (!srv_is_null(tools) && !cJSON_IsArray(tools)) {
-        srv_fail(c, 400, "\"tools\" must be a list");
+    if (!srv_req_is_null(tools) && !cJSON_IsArray(tools)) {
+        srv_req_fail(c, 400, "\"tools\" must be a list");
         cJSON_Delete(ctx);
         return NULL;
     }
-    cJSON_AddItemToObject(ctx, "tools",
-                          srv_is_null(tools) ? cJSON_CreateNull() : cJSON_Duplicate(tools, true));
+    cJSON_AddItemToObject(
+        ctx, "tools", srv_req_is_null(tools) ? cJSON_CreateNull() : cJSON_Duplicate(tools, true));
     bool add_generation_prompt = true; /* vLLM's and TGI's default */
-    if (!srv_get_bool(c, root, "add_generation_prompt", &add_generation_prompt)) {
+    if (!srv_req_get_bool(c, root, "add_generation_prompt", &add_generation_prompt)) {
         cJSON_Delete(ctx);
         return NULL;
     }
@@ -256,45 +264,40 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
 }
 
 /* An adapter's own template, when PEFT saved the tokenizer beside it
- * (training changed it): compiled for this request into *own (NULL: the
- * adapter has none, or is not loaded, and the model's serves). A refused
- * one is QL_EINVAL with msg. Any thread. */
-static int adapter_template(const srv_server *s, const char *adapter, bool tools,
-                            tpl_template **own, char *msg, size_t msg_len)
+ * (training changed it): compiled for this request into *own (NULL: no
+ * adapter, or one without, and the model's serves). A refused one is
+ * QL_EINVAL with msg. Any thread. */
+static int adapter_template(const eng_lora *adapter, bool tools, tpl_template **own, char *msg,
+                            size_t msg_len)
 {
     *own = NULL;
-    eng_lora_term term = {NULL, 1.0f};
-    if (!adapter || !s->registry ||
-        lora_registry_want(s->registry, adapter, &term, NULL, 0) != QL_OK)
+    if (!adapter)
         return QL_OK;
-    const char *source = tools && term.lora->chat_template_tool_use
-                             ? term.lora->chat_template_tool_use
-                             : term.lora->chat_template;
+    const char *source = tools && adapter->chat_template_tool_use ? adapter->chat_template_tool_use
+                                                                  : adapter->chat_template;
     char why[400];
     int rc = source ? tpl_compile(own, source, strlen(source), why, sizeof why) : QL_OK;
-    eng_lora_unref(term.lora);
     if (rc != QL_OK)
         return ql_fail(msg, msg_len, QL_EINVAL, "adapter %s's chat template is refused: %s",
-                       adapter, why);
+                       adapter->name, why);
     return QL_OK;
 }
 
-/* A chat prompt rendered off the loop (srv_prompt_maker's arg): the
+/* A chat prompt rendered off the loop (srv_gen_prompt_maker's arg): the
  * template is chosen there too, since an adapter named by the request may
- * only be loaded there (on first use), and its own template then serves. */
+ * only be loaded there (on first use), and its own template then serves.
+ * The adapter comes from the generation (bridge.c acquires it once). */
 typedef struct chat_render {
     const srv_server *s; /* its templates outlive every request (freed after the drain) */
-    char adapter[128];   /* "": the base model */
     bool tools;
     cJSON *ctx; /* the template's variables, owned */
 } chat_render;
 
-static int render_make(void *arg, char **prompt, char *msg, size_t msg_len)
+static int render_make(void *arg, const eng_lora *adapter, char **prompt, char *msg, size_t msg_len)
 {
     const chat_render *cr = arg;
     tpl_template *own = NULL;
-    int rc =
-        adapter_template(cr->s, cr->adapter[0] ? cr->adapter : NULL, cr->tools, &own, msg, msg_len);
+    int rc = adapter_template(adapter, cr->tools, &own, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     const tpl_template *t = own ? own : template_for(cr->s, cr->tools, msg, msg_len);
@@ -320,7 +323,7 @@ static void render_drop(void *arg)
  * after answering the refusal: a request for the base model of a model
  * without a template is refused here, before any work. */
 static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
-                         srv_prompt_maker *maker)
+                         srv_gen_prompt_maker *maker)
 {
     cJSON *ctx = template_context(c, root);
     if (!ctx)
@@ -328,26 +331,26 @@ static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
     bool tools = !cJSON_IsNull(cJSON_GetObjectItem(ctx, "tools"));
     char msg[1024];
     if (!adapter && !template_for(c->s, tools, msg, sizeof msg)) {
-        srv_fail(c, 400, "%s", msg);
+        srv_req_fail(c, 400, "%s", msg);
         cJSON_Delete(ctx);
         return false;
     }
     chat_render *cr = calloc(1, sizeof *cr);
     if (!cr) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         cJSON_Delete(ctx);
         return false;
     }
     *cr = (chat_render){.s = c->s, .tools = tools, .ctx = ctx};
-    snprintf(cr->adapter, sizeof cr->adapter, "%s", adapter ? adapter : "");
-    *maker = (srv_prompt_maker){.make = render_make, .drop = render_drop, .arg = cr};
+    *maker = (srv_gen_prompt_maker){.make = render_make, .drop = render_drop, .arg = cr};
     return true;
 }
 
 /* --- the request -------------------------------------------------------------- */
 
 /* The fields of a chat request other than messages and tools. */
-static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **model, bool *stream)
+static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const char **model,
+                       bool *stream)
 {
     static const char *const fields[] = {"model",
                                          "messages",
@@ -382,27 +385,28 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
                                          NULL};
-    if (!srv_only_known(c, root, "the body", fields))
+    if (!srv_req_only_known(c, root, "the body", fields))
         return false;
-    if (!srv_get_string(c, root, "model", model) || !srv_get_bool(c, root, "stream", stream))
+    if (!srv_req_get_string(c, root, "model", model) ||
+        !srv_req_get_bool(c, root, "stream", stream))
         return false;
     /* OpenAI's default: as many as the context allows; the server's own
      * cap on max_new_tokens applies (check_limits) */
     a->max_new_tokens = c->s->cfg->max_new_tokens;
     bool has_max = false, has_max_tokens = false, logprobs = false, has_top = false;
     int64_t n = 1, top = 0;
-    if (!srv_get_int(c, root, "max_completion_tokens", 1, INT32_MAX, &a->max_new_tokens,
-                     &has_max) ||
-        (!has_max &&
-         !srv_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens, &has_max_tokens)) ||
-        !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
-        !srv_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
-        !srv_get_bool(c, root, "logprobs", &logprobs) ||
-        !srv_get_int(c, root, "top_logprobs", 0, ENG_MAX_LOGPROBS, &top, &has_top) ||
-        !srv_get_vllm_output(c, root, a))
+    if (!srv_req_get_int(c, root, "max_completion_tokens", 1, INT32_MAX, &a->max_new_tokens,
+                         &has_max) ||
+        (!has_max && !srv_req_get_int(c, root, "max_tokens", 1, INT32_MAX, &a->max_new_tokens,
+                                      &has_max_tokens)) ||
+        !srv_req_get_sampling(c, root, a, false) || !srv_req_get_stops(c, root, "stop", a) ||
+        !srv_req_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
+        !srv_req_get_bool(c, root, "logprobs", &logprobs) ||
+        !srv_req_get_int(c, root, "top_logprobs", 0, ENG_MAX_LOGPROBS, &top, &has_top) ||
+        !srv_req_get_vllm_output(c, root, a))
         return false;
     if (has_top && !logprobs) {
-        srv_fail(c, 400, "\"top_logprobs\" needs \"logprobs\": true");
+        srv_req_fail(c, 400, "\"top_logprobs\" needs \"logprobs\": true");
         return false;
     }
     a->n = (int32_t)n;
@@ -410,8 +414,8 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_ask *a, const char **
     a->top_logprobs = (int32_t)top;
     /* response_format first: a forced tool call refuses a second grammar */
     if (!srv_oai_stream_options(c, root, a) ||
-        !srv_get_grammar(c, root, "response_format", "response_format", a) ||
-        !srv_get_guided(c, root, a) || !srv_chat_tools_read(c, root, a))
+        !srv_req_get_grammar(c, root, "response_format", "response_format", a) ||
+        !srv_req_get_guided(c, root, a) || !srv_chat_tools_read(c, root, a))
         return false;
     a->templated = true;
     a->fill_context = !has_max && !has_max_tokens;
@@ -458,7 +462,7 @@ static cJSON *message_body(const char *role, const char *text, size_t len)
     if (role)
         cJSON_AddStringToObject(body, "role", role);
     if (text)
-        cJSON_AddItemToObject(body, "content", srv_json_text(text, len));
+        cJSON_AddItemToObject(body, "content", srv_req_json_text(text, len));
     return body;
 }
 
@@ -480,14 +484,14 @@ static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const c
     return delta_object_chunk(g, i, message_body(role, text, len), logprobs, finish);
 }
 
-/* The whole answer (srv_shape.whole: may run on a pool thread). */
+/* The whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     cJSON *choices;
     cJSON *o = chat_object(g, "chat.completion", &choices);
     for (int32_t i = 0; i < g->n_choices; i++) {
-        const srv_choice *ch = &g->choices[i];
-        cJSON *lp = g->logprobs ? srv_chat_logprobs(g, i, 0, ch->n_tokens) : NULL;
+        const srv_gen_choice *ch = &g->choices[i];
+        cJSON *lp = g->logprobs ? srv_logprobs_chat(g, i, 0, ch->n_tokens) : NULL;
         const char *finish = srv_oai_finish(ch->why);
         cJSON *message;
         if (g->answer) { /* tools: the text read for calls */
@@ -508,7 +512,7 @@ static void open_stream(srv_gen *g, srv_conn *c, int32_t i)
     if (g->choices[i].opened)
         return;
     g->choices[i].opened = true;
-    srv_stream_cjson(c, delta_chunk(g, i, "assistant", "", 0, NULL, NULL));
+    srv_req_stream_cjson(c, delta_chunk(g, i, "assistant", "", 0, NULL, NULL));
 }
 
 /* With tools: what chat_tools.c lets out of choice i now (at its end,
@@ -517,18 +521,18 @@ static void open_stream(srv_gen *g, srv_conn *c, int32_t i)
  * call sends none). */
 static void stream_tools(srv_gen *g, srv_conn *c, int32_t i, bool token, bool end)
 {
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     const char *finish = srv_oai_finish(ch->why);
     cJSON *deltas = srv_chat_tools_stream(g, i, end, &finish);
     bool lp = g->logprobs && token && ch->n_tokens;
     for (cJSON *d; deltas && (d = cJSON_DetachItemFromArray(deltas, 0));) {
-        cJSON *logprobs = lp ? srv_chat_logprobs(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL;
-        srv_stream_cjson(c, delta_object_chunk(g, i, d, logprobs, NULL));
+        cJSON *logprobs = lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL;
+        srv_req_stream_cjson(c, delta_object_chunk(g, i, d, logprobs, NULL));
         lp = false;
     }
     cJSON_Delete(deltas);
     if (end)
-        srv_stream_cjson(c, delta_chunk(g, i, NULL, NULL, 0, NULL, finish));
+        srv_req_stream_cjson(c, delta_chunk(g, i, NULL, NULL, 0, NULL, finish));
 }
 
 static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
@@ -539,13 +543,13 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
         stream_tools(g, c, i, token >= 0, false);
         return;
     }
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     bool lp = g->logprobs && token >= 0 && ch->n_tokens;
     if (len > 0 || lp)
-        srv_stream_cjson(
+        srv_req_stream_cjson(
             c,
             delta_chunk(g, i, NULL, text ? text : "", len,
-                        lp ? srv_chat_logprobs(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL, NULL));
+                        lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL, NULL));
 }
 
 static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
@@ -556,27 +560,27 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
         if (g->answer)
             stream_tools(g, c, i, false, true);
         else
-            srv_stream_cjson(
+            srv_req_stream_cjson(
                 c, delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
     }
     if (g->include_usage) {
         cJSON *choices;
         srv_oai_usage_chunk(c, chat_object(g, "chat.completion.chunk", &choices), u);
     }
-    srv_stream_event(c, "[DONE]", 6);
-    srv_stream_end(c);
+    srv_http_stream_event(c, "[DONE]", 6);
+    srv_http_stream_end(c);
 }
 
-static const srv_shape chat_whole = {.id_prefix = "chatcmpl",
-                                     .adapter_noun = "model",
-                                     .adapter_unknown = SRV_UNKNOWN_MODEL,
-                                     .whole = whole_json};
-static const srv_shape chat_stream = {.stream = true,
-                                      .id_prefix = "chatcmpl",
-                                      .adapter_noun = "model",
-                                      .adapter_unknown = SRV_UNKNOWN_MODEL,
-                                      .on_token = stream_token,
-                                      .on_done = stream_done};
+static const srv_gen_shape chat_whole = {.id_prefix = "chatcmpl",
+                                         .adapter_noun = "model",
+                                         .adapter_unknown = SRV_UNKNOWN_MODEL,
+                                         .whole = whole_json};
+static const srv_gen_shape chat_stream = {.stream = true,
+                                          .id_prefix = "chatcmpl",
+                                          .adapter_noun = "model",
+                                          .adapter_unknown = SRV_UNKNOWN_MODEL,
+                                          .on_token = stream_token,
+                                          .on_done = stream_done};
 
 /* --- the routes --------------------------------------------------------------- */
 
@@ -585,11 +589,11 @@ static const srv_shape chat_stream = {.stream = true,
  * names, and its messages ready to render (*maker, the caller's). NULL
  * after answering a refusal (the templates come with the model: not before
  * it has loaded). */
-static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, srv_prompt_maker *maker)
+static cJSON *read_chat(srv_conn *c, srv_req_ask *a, bool *stream, srv_gen_prompt_maker *maker)
 {
-    if (!srv_ready(c))
+    if (!srv_gen_ready(c))
         return NULL;
-    cJSON *root = srv_body_object(c);
+    cJSON *root = srv_req_body_object(c);
     if (!root)
         return NULL;
     const char *model = NULL;
@@ -597,7 +601,7 @@ static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, srv_prompt_maker 
         cJSON_Delete(root);
         return NULL;
     }
-    a->adapter = srv_adapter_named(c, model);
+    a->adapter = srv_req_adapter_named(c, model);
     if (!prompt_maker(c, root, a->adapter, maker)) {
         cJSON_Delete(root);
         return NULL;
@@ -608,21 +612,26 @@ static cJSON *read_chat(srv_conn *c, srv_ask *a, bool *stream, srv_prompt_maker 
 /* /chat_tokenize's work: the template rendered, its text tokenized and
  * the answer written as JSON, on a pool thread. */
 typedef struct chat_tokens {
-    srv_prompt_maker maker;
-    char *answer; /* the JSON text answered */
+    srv_gen_prompt_maker maker;
+    char adapter[128]; /* the adapter "model" names ("": the base model) */
+    char *answer;      /* the JSON text answered */
 } chat_tokens;
 
-static void chat_tokens_run(srv_work *w)
+static void chat_tokens_run(srv_pool_job *w)
 {
-    chat_tokens *ct = w->job;
+    chat_tokens *ct = w->data;
     char *prompt = NULL;
     cJSON *tokens = NULL;
-    w->rc = ct->maker.make(ct->maker.arg, &prompt, w->msg, sizeof w->msg);
+    /* no generation to acquire it: the adapter, when loaded, for its template */
+    eng_lora *adapter = srv_gen_adapter_loaded(w->s, ct->adapter[0] ? ct->adapter : NULL);
+    w->rc = ct->maker.make(ct->maker.arg, adapter, &prompt, w->msg, sizeof w->msg);
+    eng_lora_unref(adapter);
     /* a rendered template writes its own special tokens: none added */
-    srv_token_list want = {.max_tokens = (size_t)srv_context_tokens(w->s), .field = "messages"};
+    srv_tgi_token_list want = {.max_tokens = (size_t)srv_tgi_context_tokens(w->s),
+                               .field = "messages"};
     if (w->rc == QL_OK)
-        w->rc = srv_tokenize_spans(w->s->model.tok, prompt, strlen(prompt), &want, &tokens, w->msg,
-                                   sizeof w->msg);
+        w->rc = srv_tgi_tokenize_spans(w->s->model.tok, prompt, strlen(prompt), &want, &tokens,
+                                       w->msg, sizeof w->msg);
     if (w->rc == QL_OK) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToObject(o, "tokenize_response", tokens);
@@ -635,14 +644,14 @@ static void chat_tokens_run(srv_work *w)
     free(prompt);
 }
 
-static void chat_tokens_done(srv_work *w)
+static void chat_tokens_done(srv_pool_job *w)
 {
-    chat_tokens *ct = w->job;
+    chat_tokens *ct = w->data;
     if (w->conn && w->rc == QL_OK) {
-        srv_respond_json_owned(w->conn, 200, ct->answer);
+        srv_http_respond_json_owned(w->conn, 200, ct->answer);
         ct->answer = NULL;
     } else if (w->conn) {
-        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+        srv_req_fail(w->conn, srv_req_status_of(w->rc), "%s", w->msg);
     }
     ct->maker.drop(ct->maker.arg);
     free(ct->answer);
@@ -654,36 +663,38 @@ static void chat_tokens_done(srv_work *w)
 void srv_chat_tokenize(srv_conn *c, const char *name)
 {
     (void)name;
-    srv_ask a = {0};
+    srv_req_ask a = {0};
     bool stream = false;
-    srv_prompt_maker maker;
+    srv_gen_prompt_maker maker;
     cJSON *root = read_chat(c, &a, &stream, &maker);
-    srv_ask_free(&a);
+    chat_tokens *ct = root ? calloc(1, sizeof *ct) : NULL;
+    if (ct)
+        snprintf(ct->adapter, sizeof ct->adapter, "%s", a.adapter ? a.adapter : "");
+    srv_req_ask_free(&a);
     if (!root)
         return;
     cJSON_Delete(root);
-    chat_tokens *ct = calloc(1, sizeof *ct);
     if (!ct) {
         maker.drop(maker.arg);
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return;
     }
     ct->maker = maker;
-    if (srv_work_begin(c, ct, chat_tokens_run, chat_tokens_done) != 0) {
+    if (srv_pool_begin(c, ct, chat_tokens_run, chat_tokens_done) != 0) {
         maker.drop(maker.arg);
         free(ct);
     }
 }
 
-void srv_oai_chat(srv_conn *c, const char *name)
+void srv_chat_completions(srv_conn *c, const char *name)
 {
     (void)name;
-    srv_ask a = {0};
+    srv_req_ask a = {0};
     bool stream = false;
-    srv_prompt_maker maker;
+    srv_gen_prompt_maker maker;
     cJSON *root = read_chat(c, &a, &stream, &maker);
     if (root)
-        srv_generate_made(c, &a, stream ? &chat_stream : &chat_whole, maker);
-    srv_ask_free(&a);
+        srv_gen_submit_made(c, &a, stream ? &chat_stream : &chat_whole, maker);
+    srv_req_ask_free(&a);
     cJSON_Delete(root);
 }

@@ -9,17 +9,23 @@
  * choice, the usage when stream_options.include_usage, and [DONE]) and
  * GET /v1/models (the base model and every loaded adapter).
  * response_format (as vLLM takes it on this route: request.c's
- * srv_get_grammar) keeps every choice's text inside a JSON Schema.
+ * srv_req_get_grammar) keeps every choice's text inside a JSON Schema.
  *
  * Offers the route handlers srv_oai_*; owns the OpenAI request fields
  * (the ones it has that this server does not implement are accepted only
  * at their defaults) and the OpenAI answer shapes. Touches request.c's
- * helpers, http.c's stream events, bridge.c's srv_generate and the
+ * helpers, http.c's stream events, bridge.c's srv_gen_submit and the
  * generation it hands back as tokens arrive, and the adapter registry's
  * list.
  */
-#include "internal/server_internal.h"
+#include "internal/api_openai.h"
+#include "internal/gen.h"
+#include "internal/http.h"
+#include "internal/logprobs.h"
+#include "internal/pool_job.h"
+#include "internal/request.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +37,7 @@ static bool read_id(srv_conn *c, const cJSON *v, size_t at, int32_t *out)
 {
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX ||
         v->valuedouble != (double)(int32_t)v->valuedouble) {
-        srv_fail(c, 400, "\"prompt\": item %zu is not a token id (an integer >= 0)", at);
+        srv_req_fail(c, 400, "\"prompt\": item %zu is not a token id (an integer >= 0)", at);
         return false;
     }
     *out = (int32_t)v->valuedouble;
@@ -39,11 +45,12 @@ static bool read_id(srv_conn *c, const cJSON *v, size_t at, int32_t *out)
 }
 
 /* Ids of one list into store from *used; the prompt p points at them. */
-static bool read_ids(srv_conn *c, const cJSON *list, int32_t *store, size_t *used, srv_prompt_in *p)
+static bool read_ids(srv_conn *c, const cJSON *list, int32_t *store, size_t *used,
+                     srv_req_prompt *p)
 {
     size_t n = (size_t)cJSON_GetArraySize(list), at = 0;
     if (n == 0) {
-        srv_fail(c, 400, "\"prompt\": a list of token ids is empty");
+        srv_req_fail(c, 400, "\"prompt\": a list of token ids is empty");
         return false;
     }
     p->tokens = store + *used;
@@ -56,7 +63,7 @@ static bool read_ids(srv_conn *c, const cJSON *list, int32_t *store, size_t *use
 
 /* "prompt": a string, a list of strings, a list of token ids, or a list of
  * lists of token ids (OpenAI's four forms). */
-static bool read_prompts(srv_conn *c, const cJSON *prompt, srv_ask *a)
+static bool read_prompts(srv_conn *c, const cJSON *prompt, srv_req_ask *a)
 {
     if (cJSON_IsString(prompt)) {
         a->prompt = prompt->valuestring;
@@ -64,9 +71,9 @@ static bool read_prompts(srv_conn *c, const cJSON *prompt, srv_ask *a)
     }
     size_t n = cJSON_IsArray(prompt) ? (size_t)cJSON_GetArraySize(prompt) : 0;
     if (n == 0) {
-        srv_fail(c, 400,
-                 "\"prompt\" must be a string, or a non-empty list of strings, of token "
-                 "ids, or of lists of token ids");
+        srv_req_fail(c, 400,
+                     "\"prompt\" must be a string, or a non-empty list of strings, of token "
+                     "ids, or of lists of token ids");
         return false;
     }
     const cJSON *first = prompt->child;
@@ -75,29 +82,29 @@ static bool read_prompts(srv_conn *c, const cJSON *prompt, srv_ask *a)
         size_t used = 0;
         a->n_prompts = 1;
         return a->token_store ? read_ids(c, prompt, a->token_store, &used, &a->prompts[0])
-                              : (srv_fail(c, 503, "out of memory"), false);
+                              : (srv_req_fail(c, 503, "out of memory"), false);
     }
     if (n > SRV_MAX_PROMPTS) {
-        srv_fail(c, 400, "\"prompt\" lists %zu prompts; at most %d", n, SRV_MAX_PROMPTS);
+        srv_req_fail(c, 400, "\"prompt\" lists %zu prompts; at most %d", n, SRV_MAX_PROMPTS);
         return false;
     }
     size_t total = 0;
     for (const cJSON *v = first; v; v = v->next) {
         if (cJSON_IsArray(first) ? !cJSON_IsArray(v) : !cJSON_IsString(v)) {
-            srv_fail(c, 400,
-                     "\"prompt\": a list must hold prompts of one kind (strings, or "
-                     "lists of token ids)");
+            srv_req_fail(c, 400,
+                         "\"prompt\": a list must hold prompts of one kind (strings, or "
+                         "lists of token ids)");
             return false;
         }
         total += cJSON_IsArray(v) ? (size_t)cJSON_GetArraySize(v) : 0;
     }
     if (total && !(a->token_store = malloc(total * sizeof *a->token_store))) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return false;
     }
     size_t used = 0;
     for (const cJSON *v = first; v; v = v->next) {
-        srv_prompt_in *p = &a->prompts[a->n_prompts++];
+        srv_req_prompt *p = &a->prompts[a->n_prompts++];
         if (cJSON_IsString(v))
             p->text = v->valuestring;
         else if (!read_ids(c, v, a->token_store, &used, p))
@@ -111,29 +118,29 @@ static bool read_prompts(srv_conn *c, const cJSON *prompt, srv_ask *a)
 }
 
 /* n, best_of, echo and logprobs. */
-static bool read_choices(srv_conn *c, const cJSON *root, srv_ask *a, bool stream)
+static bool read_choices(srv_conn *c, const cJSON *root, srv_req_ask *a, bool stream)
 {
     int64_t n = 1, best_of = 0, logprobs = -1;
     bool echo = false, has_best_of = false;
-    if (!srv_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
-        !srv_get_int(c, root, "best_of", 1, SRV_MAX_CHOICES, &best_of, &has_best_of) ||
-        !srv_get_bool(c, root, "echo", &echo) ||
-        !srv_get_int(c, root, "logprobs", 0, ENG_MAX_LOGPROBS, &logprobs, NULL))
+    if (!srv_req_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
+        !srv_req_get_int(c, root, "best_of", 1, SRV_MAX_CHOICES, &best_of, &has_best_of) ||
+        !srv_req_get_bool(c, root, "echo", &echo) ||
+        !srv_req_get_int(c, root, "logprobs", 0, ENG_MAX_LOGPROBS, &logprobs, NULL))
         return false;
     if (has_best_of && best_of < n) {
-        srv_fail(c, 400, "\"best_of\" (%lld) must be at least \"n\" (%lld)", (long long)best_of,
-                 (long long)n);
+        srv_req_fail(c, 400, "\"best_of\" (%lld) must be at least \"n\" (%lld)", (long long)best_of,
+                     (long long)n);
         return false;
     }
     if (stream && has_best_of && best_of > n) {
-        srv_fail(c, 400, "\"best_of\" greater than \"n\" cannot be streamed");
+        srv_req_fail(c, 400, "\"best_of\" greater than \"n\" cannot be streamed");
         return false;
     }
     size_t prompts = a->n_prompts ? a->n_prompts : 1;
     int64_t per = has_best_of ? best_of : n;
     if ((int64_t)prompts * per > SRV_MAX_CHOICES) {
-        srv_fail(c, 400, "%zu prompts x %lld choices is over the server's limit of %d", prompts,
-                 (long long)per, SRV_MAX_CHOICES);
+        srv_req_fail(c, 400, "%zu prompts x %lld choices is over the server's limit of %d", prompts,
+                     (long long)per, SRV_MAX_CHOICES);
         return false;
     }
     a->n = (int32_t)n;
@@ -145,7 +152,8 @@ static bool read_choices(srv_conn *c, const cJSON *root, srv_ask *a, bool stream
     a->return_full_text = echo;
     if (a->max_new_tokens == 0) {
         if (!echo) {
-            srv_fail(c, 400, "\"max_tokens\" 0 needs \"echo\": there would be nothing to answer");
+            srv_req_fail(c, 400,
+                         "\"max_tokens\" 0 needs \"echo\": there would be nothing to answer");
             return false;
         }
         a->prompt_logprobs = true; /* the prompt is scored; nothing is generated */
@@ -154,7 +162,8 @@ static bool read_choices(srv_conn *c, const cJSON *root, srv_ask *a, bool stream
 }
 
 /* OpenAI completions. */
-static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **model, bool *stream)
+static bool parse_oai(srv_conn *c, const cJSON *root, srv_req_ask *a, const char **model,
+                      bool *stream)
 {
     static const char *const fields[] = {"model",
                                          "prompt",
@@ -183,42 +192,43 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_ask *a, const char **m
                                          "response_format",
                                          SRV_GUIDED_FIELDS,
                                          NULL};
-    if (!srv_only_known(c, root, "the body", fields))
+    if (!srv_req_only_known(c, root, "the body", fields))
         return false;
-    if (!srv_get_string(c, root, "model", model) || !srv_get_bool(c, root, "stream", stream))
+    if (!srv_req_get_string(c, root, "model", model) ||
+        !srv_req_get_bool(c, root, "stream", stream))
         return false;
     /* vLLM takes chat's response_format here too */
-    if (!srv_get_grammar(c, root, "response_format", "response_format", a) ||
-        !srv_get_guided(c, root, a))
+    if (!srv_req_get_grammar(c, root, "response_format", "response_format", a) ||
+        !srv_req_get_guided(c, root, a))
         return false;
     if (!read_prompts(c, cJSON_GetObjectItemCaseSensitive(root, "prompt"), a))
         return false;
     a->max_new_tokens = 16; /* OpenAI's default */
-    if (!srv_get_int(c, root, "max_tokens", 0, INT32_MAX, &a->max_new_tokens, NULL) ||
-        !srv_get_sampling(c, root, a, false) || !srv_get_stops(c, root, "stop", a) ||
-        !read_choices(c, root, a, *stream) || !srv_get_vllm_output(c, root, a))
+    if (!srv_req_get_int(c, root, "max_tokens", 0, INT32_MAX, &a->max_new_tokens, NULL) ||
+        !srv_req_get_sampling(c, root, a, false) || !srv_req_get_stops(c, root, "stop", a) ||
+        !read_choices(c, root, a, *stream) || !srv_req_get_vllm_output(c, root, a))
         return false;
     /* fields that would change the answer are refused, not ignored */
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
-    if (!srv_is_null(suffix) && !(cJSON_IsString(suffix) && suffix->valuestring[0] == 0)) {
-        srv_fail(c, 400, "\"suffix\" (insertion) is not supported by this server");
+    if (!srv_req_is_null(suffix) && !(cJSON_IsString(suffix) && suffix->valuestring[0] == 0)) {
+        srv_req_fail(c, 400, "\"suffix\" (insertion) is not supported by this server");
         return false;
     }
     return srv_oai_stream_options(c, root, a);
 }
 
-bool srv_oai_stream_options(srv_conn *c, const cJSON *root, srv_ask *a)
+bool srv_oai_stream_options(srv_conn *c, const cJSON *root, srv_req_ask *a)
 {
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
-    if (srv_is_null(so))
+    if (srv_req_is_null(so))
         return true;
     static const char *const fields[] = {"include_usage", NULL};
     if (!cJSON_IsObject(so)) {
-        srv_fail(c, 400, "\"stream_options\" must be an object");
+        srv_req_fail(c, 400, "\"stream_options\" must be an object");
         return false;
     }
-    return srv_only_known(c, so, "stream_options", fields) &&
-           srv_get_bool(c, so, "include_usage", &a->include_usage);
+    return srv_req_only_known(c, so, "stream_options", fields) &&
+           srv_req_get_bool(c, so, "include_usage", &a->include_usage);
 }
 
 /* --- the answer ------------------------------------------------------------------ */
@@ -253,7 +263,7 @@ static void add_choice(cJSON *choices, int32_t index, const char *text, size_t l
                        const char *finish)
 {
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToObject(c, "text", srv_json_text(text, len));
+    cJSON_AddItemToObject(c, "text", srv_req_json_text(text, len));
     cJSON_AddNumberToObject(c, "index", index);
     if (logprobs)
         cJSON_AddItemToObject(c, "logprobs", logprobs);
@@ -292,10 +302,10 @@ void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u)
     cJSON_DeleteItemFromObject(chunk, "choices");
     cJSON_AddArrayToObject(chunk, "choices");
     srv_oai_add_usage(chunk, u);
-    srv_stream_cjson(c, chunk);
+    srv_req_stream_cjson(c, chunk);
 }
 
-/* The whole answer (srv_shape.whole: may run on a pool thread). */
+/* The whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     int32_t order[SRV_MAX_CHOICES];
@@ -303,10 +313,10 @@ static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
     cJSON *choices;
     cJSON *o = oai_object(g, &choices);
     for (int32_t k = 0; k < n; k++) {
-        const srv_choice *ch = &g->choices[order[k]];
+        const srv_gen_choice *ch = &g->choices[order[k]];
         size_t len;
         char *full = srv_gen_full_text(g, order[k], &len);
-        cJSON *lp = g->logprobs ? srv_oai_logprobs(g, order[k], 0, ch->n_tokens,
+        cJSON *lp = g->logprobs ? srv_logprobs_oai(g, order[k], 0, ch->n_tokens,
                                                    g->return_full_text && g->prompt_logprobs)
                                 : NULL;
         add_choice(choices, k, full ? full : "", len, lp, srv_oai_finish(ch->why));
@@ -320,27 +330,27 @@ static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
  * logprobs when asked), as vLLM streams it. */
 static void open_choice(srv_gen *g, srv_conn *c, int32_t i)
 {
-    srv_choice *ch = &g->choices[i];
+    srv_gen_choice *ch = &g->choices[i];
     if (ch->opened)
         return;
     ch->opened = true;
-    const srv_part *part = &g->parts[i / g->per_part];
+    const srv_gen_part *part = &g->parts[i / g->per_part];
     if (!g->return_full_text || !part->text)
         return;
-    cJSON *lp = g->logprobs && g->prompt_logprobs ? srv_oai_logprobs(g, i, 0, 0, true) : NULL;
-    srv_stream_cjson(c, oai_chunk(g, i, part->text, strlen(part->text), lp, NULL));
+    cJSON *lp = g->logprobs && g->prompt_logprobs ? srv_logprobs_oai(g, i, 0, 0, true) : NULL;
+    srv_req_stream_cjson(c, oai_chunk(g, i, part->text, strlen(part->text), lp, NULL));
 }
 
 static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
                          size_t len)
 {
     open_choice(g, c, i);
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     cJSON *lp = g->logprobs && token >= 0 && ch->n_tokens
-                    ? srv_oai_logprobs(g, i, ch->n_tokens - 1, ch->n_tokens, false)
+                    ? srv_logprobs_oai(g, i, ch->n_tokens - 1, ch->n_tokens, false)
                     : NULL;
     /* held-back text at the end is a chunk like any other */
-    srv_stream_cjson(c, oai_chunk(g, i, text, len, lp, NULL));
+    srv_req_stream_cjson(c, oai_chunk(g, i, text, len, lp, NULL));
 }
 
 static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
@@ -348,41 +358,41 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     (void)why; /* each choice's own finish is sent */
     for (int32_t i = 0; i < g->n_choices; i++) {
         open_choice(g, c, i);
-        srv_stream_cjson(c, oai_chunk(g, i, "", 0, NULL, srv_oai_finish(g->choices[i].why)));
+        srv_req_stream_cjson(c, oai_chunk(g, i, "", 0, NULL, srv_oai_finish(g->choices[i].why)));
     }
     if (g->include_usage) {
         cJSON *choices;
         srv_oai_usage_chunk(c, oai_object(g, &choices), u);
     }
-    srv_stream_event(c, "[DONE]", 6);
-    srv_stream_end(c);
+    srv_http_stream_event(c, "[DONE]", 6);
+    srv_http_stream_end(c);
 }
 
-static const srv_shape oai_whole = {
+static const srv_gen_shape oai_whole = {
     .adapter_noun = "model", .adapter_unknown = SRV_UNKNOWN_MODEL, .whole = whole_json};
-static const srv_shape oai_stream = {.stream = true,
-                                     .adapter_noun = "model",
-                                     .adapter_unknown = SRV_UNKNOWN_MODEL,
-                                     .on_token = stream_token,
-                                     .on_done = stream_done};
+static const srv_gen_shape oai_stream = {.stream = true,
+                                         .adapter_noun = "model",
+                                         .adapter_unknown = SRV_UNKNOWN_MODEL,
+                                         .on_token = stream_token,
+                                         .on_done = stream_done};
 
 /* --- the routes ------------------------------------------------------------------ */
 
 void srv_oai_completions(srv_conn *c, const char *name)
 {
     (void)name;
-    cJSON *root = srv_body_object(c);
+    cJSON *root = srv_req_body_object(c);
     if (!root)
         return;
-    srv_ask a = {0};
+    srv_req_ask a = {0};
     const char *model = NULL;
     bool stream = false;
     if (parse_oai(c, root, &a, &model, &stream)) {
         /* the model: the base, or an adapter by its name */
-        a.adapter = srv_adapter_named(c, model);
-        srv_generate(c, &a, stream ? &oai_stream : &oai_whole);
+        a.adapter = srv_req_adapter_named(c, model);
+        srv_gen_submit(c, &a, stream ? &oai_stream : &oai_whole);
     }
-    srv_ask_free(&a);
+    srv_req_ask_free(&a);
     cJSON_Delete(root);
 }
 
@@ -423,7 +433,7 @@ static cJSON *models_json(const srv_server *s, bool all)
             bool loaded = false;
             for (size_t i = 0; i < n && !loaded; i++)
                 loaded = strcmp(list[i].name, names[k]) == 0;
-            if (!loaded && names[k][0] != '.' && srv_is_adapter_name(names[k]))
+            if (!loaded && names[k][0] != '.' && srv_req_is_adapter_name(names[k]))
                 add_model(data, s, names[k], true, false);
             free(names[k]);
         }
@@ -433,17 +443,17 @@ static cJSON *models_json(const srv_server *s, bool all)
     return root;
 }
 
-static void models_run(srv_work *w)
+static void models_run(srv_pool_job *w)
 {
-    w->job = models_json(w->s, true);
+    w->data = models_json(w->s, true);
 }
 
-static void models_done(srv_work *w)
+static void models_done(srv_pool_job *w)
 {
     if (w->conn)
-        srv_respond_cjson(w->conn, 200, w->job);
+        srv_req_respond_cjson(w->conn, 200, w->data);
     else
-        cJSON_Delete(w->job);
+        cJSON_Delete(w->data);
 }
 
 /* Whether the request's query string has all=1 or all=true. */
@@ -468,7 +478,7 @@ void srv_oai_models(srv_conn *c, const char *name)
     const srv_server *s = c->s;
     /* only a listing that reads the folder goes to the pool */
     if (!all || !s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
-        srv_respond_cjson(c, 200, models_json(c->s, false));
+        srv_req_respond_cjson(c, 200, models_json(c->s, false));
     else
-        srv_work_begin(c, NULL, models_run, models_done);
+        srv_pool_begin(c, NULL, models_run, models_done);
 }

@@ -11,21 +11,27 @@
  * stream event's top_tokens), decoder_input_details (details.prefill:
  * each prompt token's logprob, the first null), truncate, typical_p,
  * frequency_penalty, grammar (a JSON Schema or a regular expression the
- * answer is kept inside: request.c's srv_get_grammar); watermark only
+ * answer is kept inside: request.c's srv_req_get_grammar); watermark only
  * false. Token
  * logprobs are the engine's (raw model log-probabilities, scheduler.h):
  * TGI reports those of its processed distribution, which differ when
  * temperature or penalties are on.
  *
- * Offers the route handlers srv_tgi_* and srv_tokenize_spans (the token
+ * Offers the route handlers srv_tgi_* and srv_tgi_tokenize_spans (the token
  * list /tokenize answers, for any route that shows tokens); owns the TGI request fields (the
  * ones TGI has that this server does not implement are accepted only when
  * off) and the TGI answer shapes. Touches request.c's helpers, http.c's
- * stream end, and bridge.c's srv_generate and the generation it hands
+ * stream end, and bridge.c's srv_gen_submit and the generation it hands
  * back as tokens arrive.
  */
-#include "internal/server_internal.h"
+#include "internal/api_tgi.h"
+#include "internal/gen.h"
+#include "internal/http.h"
+#include "internal/logprobs.h"
+#include "internal/pool_job.h"
+#include "internal/request.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,26 +42,26 @@
  * its router's rules (validation.rs): best_of needs sampling and no seed
  * (each candidate draws its own), and neither best_of nor the prompt's
  * details may be streamed (checked by the route, which knows). */
-static bool parse_tgi_details(srv_conn *c, const cJSON *p, srv_ask *a)
+static bool parse_tgi_details(srv_conn *c, const cJSON *p, srv_req_ask *a)
 {
     int64_t best_of = 1, top_n = 0, truncate = 0;
-    bool has_seed = !srv_is_null(cJSON_GetObjectItemCaseSensitive(p, "seed"));
-    if (!srv_get_int(c, p, "best_of", 1, SRV_TGI_MAX_BEST_OF, &best_of, NULL) ||
-        !srv_get_int(c, p, "top_n_tokens", 0, SRV_TGI_MAX_TOP_N, &top_n, NULL) ||
-        !srv_get_bool(c, p, "decoder_input_details", &a->prompt_logprobs) ||
-        !srv_get_int(c, p, "truncate", 1, INT32_MAX, &truncate, NULL))
+    bool has_seed = !srv_req_is_null(cJSON_GetObjectItemCaseSensitive(p, "seed"));
+    if (!srv_req_get_int(c, p, "best_of", 1, SRV_TGI_MAX_BEST_OF, &best_of, NULL) ||
+        !srv_req_get_int(c, p, "top_n_tokens", 0, SRV_TGI_MAX_TOP_N, &top_n, NULL) ||
+        !srv_req_get_bool(c, p, "decoder_input_details", &a->prompt_logprobs) ||
+        !srv_req_get_int(c, p, "truncate", 1, INT32_MAX, &truncate, NULL))
         return false;
     if (best_of > 1 && a->sampling.temperature == 0) {
-        srv_fail(c, 400,
-                 "parameters.best_of %lld needs sampling (do_sample, or a temperature, "
-                 "top_k, top_p or typical_p)",
-                 (long long)best_of);
+        srv_req_fail(c, 400,
+                     "parameters.best_of %lld needs sampling (do_sample, or a temperature, "
+                     "top_k, top_p or typical_p)",
+                     (long long)best_of);
         return false;
     }
     if (best_of > 1 && has_seed) {
-        srv_fail(c, 400,
-                 "parameters.seed cannot be set when parameters.best_of is over 1 (each "
-                 "candidate draws its own)");
+        srv_req_fail(c, 400,
+                     "parameters.seed cannot be set when parameters.best_of is over 1 (each "
+                     "candidate draws its own)");
         return false;
     }
     a->best_of = (int32_t)best_of;
@@ -66,7 +72,7 @@ static bool parse_tgi_details(srv_conn *c, const cJSON *p, srv_ask *a)
 }
 
 /* TGI: {"inputs", "parameters": {...}, "stream"} */
-static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
+static bool parse_tgi(srv_conn *c, const cJSON *root, srv_req_ask *a)
 {
     static const char *const top[] = {"inputs", "parameters", "stream", NULL};
     static const char *const params[] = {"max_new_tokens",
@@ -90,39 +96,40 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_ask *a)
                                          "frequency_penalty",
                                          "grammar",
                                          NULL};
-    if (!srv_only_known(c, root, "the body", top))
+    if (!srv_req_only_known(c, root, "the body", top))
         return false;
-    if (!srv_get_string(c, root, "inputs", &a->prompt))
+    if (!srv_req_get_string(c, root, "inputs", &a->prompt))
         return false;
     if (!a->prompt) {
-        srv_fail(c, 400, "\"inputs\" is required");
+        srv_req_fail(c, 400, "\"inputs\" is required");
         return false;
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "parameters");
-    if (!srv_is_null(p) && !cJSON_IsObject(p)) {
-        srv_fail(c, 400, "\"parameters\" must be an object");
+    if (!srv_req_is_null(p) && !cJSON_IsObject(p)) {
+        srv_req_fail(c, 400, "\"parameters\" must be an object");
         return false;
     }
     a->max_new_tokens = 100; /* TGI's default */
-    if (srv_is_null(p))
-        return srv_get_sampling(c, NULL, a, true);
-    if (!srv_only_known(c, p, "parameters", params))
+    if (srv_req_is_null(p))
+        return srv_req_get_sampling(c, NULL, a, true);
+    if (!srv_req_only_known(c, p, "parameters", params))
         return false;
     bool watermark = false;
-    if (!srv_get_bool(c, p, "watermark", &watermark))
+    if (!srv_req_get_bool(c, p, "watermark", &watermark))
         return false;
     if (watermark) {
-        srv_fail(c, 400, "parameters.watermark is not supported by this server");
+        srv_req_fail(c, 400, "parameters.watermark is not supported by this server");
         return false;
     }
-    if (!srv_get_grammar(c, p, "grammar", "parameters.grammar", a))
+    if (!srv_req_get_grammar(c, p, "grammar", "parameters.grammar", a))
         return false;
-    if (!srv_get_int(c, p, "max_new_tokens", 1, INT32_MAX, &a->max_new_tokens, NULL) ||
-        !srv_get_sampling(c, p, a, true) || !srv_get_stops(c, p, "stop", a) ||
-        !srv_get_string(c, p, "adapter_id", &a->adapter) ||
-        !srv_get_number(c, p, "adapter_scale", -100.0, 100.0, &a->adapter_scale, &a->has_scale) ||
-        !srv_get_bool(c, p, "details", &a->details) ||
-        !srv_get_bool(c, p, "return_full_text", &a->return_full_text))
+    if (!srv_req_get_int(c, p, "max_new_tokens", 1, INT32_MAX, &a->max_new_tokens, NULL) ||
+        !srv_req_get_sampling(c, p, a, true) || !srv_req_get_stops(c, p, "stop", a) ||
+        !srv_req_get_string(c, p, "adapter_id", &a->adapter) ||
+        !srv_req_get_number(c, p, "adapter_scale", -100.0, 100.0, &a->adapter_scale,
+                            &a->has_scale) ||
+        !srv_req_get_bool(c, p, "details", &a->details) ||
+        !srv_req_get_bool(c, p, "return_full_text", &a->return_full_text))
         return false;
     return parse_tgi_details(c, p, a);
 }
@@ -149,7 +156,7 @@ static cJSON *token_json(const srv_gen *g, int32_t id, const char *text, size_t 
 {
     cJSON *t = cJSON_CreateObject();
     cJSON_AddNumberToObject(t, "id", id);
-    cJSON_AddItemToObject(t, "text", srv_json_text(text, len));
+    cJSON_AddItemToObject(t, "text", srv_req_json_text(text, len));
     if (isnan(logprob))
         cJSON_AddNullToObject(t, "logprob");
     else
@@ -162,14 +169,14 @@ static cJSON *token_json(const srv_gen *g, int32_t id, const char *text, size_t 
 /* A token by its id alone: its own text. */
 static cJSON *id_json(const srv_gen *g, int32_t id, float logprob, bool special_field)
 {
-    char *text = srv_token_text(g->s->model.tok, id, NULL);
+    char *text = srv_logprobs_token_text(g->s->model.tok, id, NULL);
     cJSON *t = token_json(g, id, text, text ? strlen(text) : 0, logprob, special_field);
     free(text);
     return t;
 }
 
 /* Token k's top_n_tokens alternatives of choice i. */
-static cJSON *top_json(const srv_gen *g, const srv_choice *ch, size_t k)
+static cJSON *top_json(const srv_gen *g, const srv_gen_choice *ch, size_t k)
 {
     cJSON *list = cJSON_CreateArray();
     const eng_logprob *top = ch->top ? ch->top + k * (size_t)g->top_n : NULL;
@@ -182,8 +189,8 @@ static cJSON *top_json(const srv_gen *g, const srv_choice *ch, size_t k)
  * tokens and top tokens (the last three when tokens). */
 static void add_candidate(cJSON *d, const srv_gen *g, int32_t i, bool tokens)
 {
-    const srv_choice *ch = &g->choices[i];
-    const srv_part *part = &g->parts[0];
+    const srv_gen_choice *ch = &g->choices[i];
+    const srv_gen_part *part = &g->parts[0];
     cJSON_AddStringToObject(d, "finish_reason", tgi_finish(ch->why));
     cJSON_AddNumberToObject(d, "generated_tokens", ch->generated);
     if (g->sampled)
@@ -221,7 +228,7 @@ static cJSON *tgi_details(const srv_gen *g, int32_t best, bool tokens)
             cJSON *o = cJSON_CreateObject();
             size_t len;
             char *full = srv_gen_full_text(g, i, &len);
-            cJSON_AddItemToObject(o, "generated_text", srv_json_text(full, len));
+            cJSON_AddItemToObject(o, "generated_text", srv_req_json_text(full, len));
             free(full);
             add_candidate(o, g, i, true);
             cJSON_AddItemToArray(others, o);
@@ -238,14 +245,14 @@ static cJSON *generation_json(const srv_gen *g)
     cJSON *o = cJSON_CreateObject();
     size_t len;
     char *full = srv_gen_full_text(g, best, &len);
-    cJSON_AddItemToObject(o, "generated_text", srv_json_text(full, len));
+    cJSON_AddItemToObject(o, "generated_text", srv_req_json_text(full, len));
     free(full);
     if (g->details)
         cJSON_AddItemToObject(o, "details", tgi_details(g, best, true));
     return o;
 }
 
-/* /generate's whole answer (srv_shape.whole: may run on a pool thread). */
+/* /generate's whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     (void)u;
@@ -257,7 +264,7 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
 {
     if (token < 0)
         return; /* held-back text at the end: the final event carries it */
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     float lp = ch->n_tokens ? ch->logprobs[ch->n_tokens - 1] : 0.0f;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", (double)ch->n_tokens);
@@ -266,7 +273,7 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
         cJSON_AddItemToObject(o, "top_tokens", top_json(g, ch, ch->n_tokens - 1));
     cJSON_AddNullToObject(o, "generated_text");
     cJSON_AddNullToObject(o, "details");
-    srv_stream_cjson(c, o);
+    srv_req_stream_cjson(c, o);
 }
 
 static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
@@ -277,7 +284,7 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
      * possible start, an incomplete UTF-8 tail), as ordinary text, so
      * clients that join the non-special tokens' texts get the whole
      * generated_text; with no such tail it is an empty special token. */
-    const srv_choice *ch = &g->choices[0];
+    const srv_gen_choice *ch = &g->choices[0];
     const char *tail = ch->text ? ch->text + ch->text_len - ch->tail_len : "";
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", (double)ch->n_tokens + 1);
@@ -286,13 +293,13 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     cJSON_AddItemToObject(o, "token", t);
     size_t len;
     char *full = srv_gen_full_text(g, 0, &len);
-    cJSON_AddItemToObject(o, "generated_text", srv_json_text(full, len));
+    cJSON_AddItemToObject(o, "generated_text", srv_req_json_text(full, len));
     free(full);
     cJSON *d = tgi_details(g, 0, false);
     cJSON_AddNumberToObject(d, "input_length", u->prompt_tokens); /* TGI's StreamDetails */
     cJSON_AddItemToObject(o, "details", d);
-    srv_stream_cjson(c, o);
-    srv_stream_end(c);
+    srv_req_stream_cjson(c, o);
+    srv_http_stream_end(c);
 }
 
 /* TGI's compat route answers a whole generation as a list of one /generate
@@ -305,28 +312,28 @@ static cJSON *compat_whole_json(const srv_gen *g, const eng_usage *u)
     return list;
 }
 
-static const srv_shape tgi_whole = {
+static const srv_gen_shape tgi_whole = {
     .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .whole = whole_json};
-static const srv_shape tgi_compat_whole = {
+static const srv_gen_shape tgi_compat_whole = {
     .adapter_noun = "adapter", .adapter_unknown = " is not loaded", .whole = compat_whole_json};
-static const srv_shape tgi_stream = {.stream = true,
-                                     .adapter_noun = "adapter",
-                                     .adapter_unknown = " is not loaded",
-                                     .on_token = stream_token,
-                                     .on_done = stream_done};
+static const srv_gen_shape tgi_stream = {.stream = true,
+                                         .adapter_noun = "adapter",
+                                         .adapter_unknown = " is not loaded",
+                                         .on_token = stream_token,
+                                         .on_done = stream_done};
 
 /* --- the routes ------------------------------------------------------------------ */
 
 /* What a stream cannot carry (TGI's router refuses the same), and the
  * token logprobs TGI always reports in details and stream events. */
-static bool finish_ask(srv_conn *c, srv_ask *a, bool stream)
+static bool finish_ask(srv_conn *c, srv_req_ask *a, bool stream)
 {
     if (stream && a->best_of > 1) {
-        srv_fail(c, 400, "parameters.best_of over 1 cannot be streamed");
+        srv_req_fail(c, 400, "parameters.best_of over 1 cannot be streamed");
         return false;
     }
     if (stream && a->prompt_logprobs) {
-        srv_fail(c, 400, "parameters.decoder_input_details cannot be streamed");
+        srv_req_fail(c, 400, "parameters.decoder_input_details cannot be streamed");
         return false;
     }
     a->logprobs = a->details || stream;
@@ -337,15 +344,15 @@ static bool finish_ask(srv_conn *c, srv_ask *a, bool stream)
  * /generate_stream always streams (and ignores "stream"). */
 static void generate(srv_conn *c, bool stream_route)
 {
-    cJSON *root = srv_body_object(c);
+    cJSON *root = srv_req_body_object(c);
     if (!root)
         return;
-    srv_ask a = {0};
+    srv_req_ask a = {0};
     bool stream = stream_route;
-    if (parse_tgi(c, root, &a) && (stream_route || srv_get_bool(c, root, "stream", &stream)) &&
+    if (parse_tgi(c, root, &a) && (stream_route || srv_req_get_bool(c, root, "stream", &stream)) &&
         finish_ask(c, &a, stream))
-        srv_generate(c, &a, stream ? &tgi_stream : &tgi_whole);
-    srv_ask_free(&a);
+        srv_gen_submit(c, &a, stream ? &tgi_stream : &tgi_whole);
+    srv_req_ask_free(&a);
     cJSON_Delete(root);
 }
 
@@ -372,15 +379,15 @@ void srv_tgi_generate_stream(srv_conn *c, const char *name)
 void srv_tgi_compat(srv_conn *c, const char *name)
 {
     (void)name;
-    cJSON *root = srv_body_object(c);
+    cJSON *root = srv_req_body_object(c);
     if (!root)
         return;
-    srv_ask a = {.return_full_text = true};
+    srv_req_ask a = {.return_full_text = true};
     bool stream = false;
-    if (parse_tgi(c, root, &a) && srv_get_bool(c, root, "stream", &stream) &&
+    if (parse_tgi(c, root, &a) && srv_req_get_bool(c, root, "stream", &stream) &&
         finish_ask(c, &a, stream))
-        srv_generate(c, &a, stream ? &tgi_stream : &tgi_compat_whole);
-    srv_ask_free(&a);
+        srv_gen_submit(c, &a, stream ? &tgi_stream : &tgi_compat_whole);
+    srv_req_ask_free(&a);
     cJSON_Delete(root);
 }
 
@@ -545,7 +552,7 @@ static cJSON *spans_json(const char *text, const int32_t *ids, const token_span 
     return list;
 }
 
-int64_t srv_context_tokens(const srv_server *s)
+int64_t srv_tgi_context_tokens(const srv_server *s)
 {
     int64_t context = s->model.cfg.max_position_embeddings;
     if (s->cfg->max_context > 0 && s->cfg->max_context < context)
@@ -553,8 +560,8 @@ int64_t srv_context_tokens(const srv_server *s)
     return context;
 }
 
-int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len,
-                       const srv_token_list *want, cJSON **out, char *msg, size_t msg_len)
+int srv_tgi_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len,
+                           const srv_tgi_token_list *want, cJSON **out, char *msg, size_t msg_len)
 {
     *out = NULL;
     int32_t *ids = NULL;
@@ -594,17 +601,17 @@ int srv_tokenize_spans(const tok_tokenizer *t, const char *text, size_t len,
  * loop, nor must printing its list). */
 typedef struct tgi_tokens {
     char *text;
-    srv_token_list want;
+    srv_tgi_token_list want;
     char *answer; /* the JSON text answered */
 } tgi_tokens;
 
-static void tgi_tokens_run(srv_work *w)
+static void tgi_tokens_run(srv_pool_job *w)
 {
-    tgi_tokens *tt = w->job;
+    tgi_tokens *tt = w->data;
     cJSON *list = NULL;
     /* truncate keeps the last tokens, as a generation would */
-    w->rc = srv_tokenize_spans(w->s->model.tok, tt->text, strlen(tt->text), &tt->want, &list,
-                               w->msg, sizeof w->msg);
+    w->rc = srv_tgi_tokenize_spans(w->s->model.tok, tt->text, strlen(tt->text), &tt->want, &list,
+                                   w->msg, sizeof w->msg);
     if (w->rc != QL_OK)
         return;
     tt->answer = cJSON_PrintUnformatted(list);
@@ -613,14 +620,14 @@ static void tgi_tokens_run(srv_work *w)
         w->rc = ql_fail(w->msg, sizeof w->msg, QL_ENOMEM, "out of memory");
 }
 
-static void tgi_tokens_done(srv_work *w)
+static void tgi_tokens_done(srv_pool_job *w)
 {
-    tgi_tokens *tt = w->job;
+    tgi_tokens *tt = w->data;
     if (w->conn && w->rc == QL_OK) {
-        srv_respond_json_owned(w->conn, 200, tt->answer);
+        srv_http_respond_json_owned(w->conn, 200, tt->answer);
         tt->answer = NULL;
     } else if (w->conn) {
-        srv_fail(w->conn, srv_status_of(w->rc), "%s", w->msg);
+        srv_req_fail(w->conn, srv_req_status_of(w->rc), "%s", w->msg);
     }
     free(tt->answer);
     free(tt->text);
@@ -639,35 +646,35 @@ static void tgi_tokens_done(srv_work *w)
 void srv_tgi_tokenize(srv_conn *c, const char *name)
 {
     (void)name;
-    cJSON *root = srv_body_object(c);
+    cJSON *root = srv_req_body_object(c);
     if (!root)
         return;
     cJSON *flag = cJSON_DetachItemFromObjectCaseSensitive(root, "add_special_tokens");
-    srv_ask a = {0};
+    srv_req_ask a = {0};
     tgi_tokens *tt = NULL;
-    if (!srv_is_null(flag) && !cJSON_IsBool(flag)) {
-        srv_fail(c, 400, "\"add_special_tokens\" must be a boolean");
-    } else if (parse_tgi(c, root, &a) && srv_ready(c)) {
+    if (!srv_req_is_null(flag) && !cJSON_IsBool(flag)) {
+        srv_req_fail(c, 400, "\"add_special_tokens\" must be a boolean");
+    } else if (parse_tgi(c, root, &a) && srv_gen_ready(c)) {
         tt = calloc(1, sizeof *tt);
         if (tt && !(tt->text = strdup(a.prompt))) {
             free(tt);
             tt = NULL;
         }
         if (!tt)
-            srv_fail(c, 503, "out of memory");
+            srv_req_fail(c, 503, "out of memory");
     }
     if (tt) {
-        tt->want = (srv_token_list){.add_special = !cJSON_IsFalse(flag),
-                                    .keep_last = a.truncate > 0 ? (size_t)a.truncate : 0,
-                                    .max_tokens = (size_t)srv_context_tokens(c->s),
-                                    .field = "inputs",
-                                    .can_truncate = true};
-        if (srv_work_begin(c, tt, tgi_tokens_run, tgi_tokens_done) != 0) {
+        tt->want = (srv_tgi_token_list){.add_special = !cJSON_IsFalse(flag),
+                                        .keep_last = a.truncate > 0 ? (size_t)a.truncate : 0,
+                                        .max_tokens = (size_t)srv_tgi_context_tokens(c->s),
+                                        .field = "inputs",
+                                        .can_truncate = true};
+        if (srv_pool_begin(c, tt, tgi_tokens_run, tgi_tokens_done) != 0) {
             free(tt->text);
             free(tt);
         }
     }
-    srv_ask_free(&a);
+    srv_req_ask_free(&a);
     cJSON_Delete(flag);
     cJSON_Delete(root);
 }
@@ -694,7 +701,7 @@ void srv_tgi_info(srv_conn *c, const char *name)
     cJSON_AddBoolToObject(root, "serving", s->serving);
     if (s->serving) {
         const eng_model *m = &s->model;
-        int64_t context = srv_context_tokens(s);
+        int64_t context = srv_tgi_context_tokens(s);
         /* a prompt leaves room for at least one new token */
         cJSON_AddNumberToObject(root, "max_input_tokens", (double)(context - 1));
         cJSON_AddNumberToObject(root, "max_total_tokens", (double)context);
@@ -718,7 +725,7 @@ void srv_tgi_info(srv_conn *c, const char *name)
         /* which replicas are interchangeable: the same digest */
         lora_state st;
         lora_registry_state(s->registry, &st);
-        srv_add_weights_identity(root, &st);
+        srv_req_add_weights_identity(root, &st);
     }
-    srv_respond_cjson(c, 200, root);
+    srv_req_respond_cjson(c, 200, root);
 }

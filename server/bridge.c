@@ -1,17 +1,18 @@
 /*
- * bridge.c - what runs off the loop and answers on it: generations on the
- * engine's thread and admin work on libuv's thread pool.
+ * bridge.c - generations: prepared off the loop, run on the engine's
+ * thread, answered on the loop.
  *
- * A generation: srv_generate checks readiness (503 while loading or
- * draining), the adapter (one not loaded is a 404 in the API's words), the
- * server's limit on new tokens, and room for it before anything is built:
- * the engine's queue and the server's budget of bytes held by unanswered
- * requests (--max-held-bytes; request_cost), each a 503 with Retry-After.
- * Its engine requests are then built on the pool (gen_prep) and queued
- * from the loop. The
+ * A generation: srv_gen_submit checks readiness (503 while loading or
+ * draining), the adapter (acquired once for the whole request; one not
+ * loaded is loaded on first use when it may be, else a 404 in the API's
+ * words), the server's limit on new tokens, and room for it before
+ * anything is built: the engine's queue and the server's budget of bytes
+ * held by unanswered requests (--max-held-bytes; request_cost), each a 503
+ * with Retry-After. Its prompts are then prepared on the pool (gen_prep,
+ * one pass) and queued from the loop. The
  * engine calls on_token / on_done on its own thread; they only append an
  * event to a mutex-guarded list and uv_async_send the loop, which takes
- * the whole list at once (srv_bridge_on_wake), keeps each token's text and
+ * the whole list at once (srv_gen_on_wake), keeps each token's text and
  * id on the generation, and hands the event to the generation's API shape
  * (api_tgi.c, api_openai.c), which turns it into bytes on the connection
  * (or nothing, when the client has gone). A generation's memory lives
@@ -21,25 +22,28 @@
  * no answer's JSON holds the loop; the generation is then the pool's
  * work's until it has answered.
  *
- * A constrained request (srv_ask.grammar_text) is compiled on the pool
+ * A constrained request (srv_req_ask.grammar_text) is compiled on the pool
  * with its prompts, through the server's grammar cache (a schema a
  * thousand agents send is compiled once), and a compile error is the
  * request's 400; the engine takes its own reference at submit.
  *
- * Admin work: srv_work_start queues a srv_work whose run goes on a pool
- * thread and whose done answers on the loop, unless the client has gone.
- *
- * Offers srv_generate, srv_bridge_on_wake, srv_work_start,
- * srv_conn_gone, and a generation's srv_gen_cancel, srv_gen_answer_order
- * and srv_gen_full_text (internal/server_internal.h). Owns every srv_gen and
- * srv_event, and a srv_work once started. Touches the engine (submit,
- * cancel), the adapter registry's lora_registry_want, request.c's errors,
- * http.c's stream start, metrics.c's histograms, and, after a generation
- * or a piece of work ends, the drain check through s->hooks (serve.c's:
+ * Offers srv_gen_submit and srv_gen_submit_made, srv_gen_ready,
+ * srv_gen_adapter_loaded, srv_gen_on_wake, srv_gen_conn_gone, and a
+ * generation's srv_gen_cancel, srv_gen_answer_order and srv_gen_full_text
+ * (internal/gen.h). Owns every srv_gen, gen_prep and srv_event. Touches
+ * the engine (build, queue, cancel), the adapter registry
+ * (lora_registry_want, lora_registry_acquire), pool_job.c's work,
+ * request.c's errors, http.c's stream start, metrics.c's histograms, and,
+ * after a generation ends, the drain check through s->hooks (serve.c's:
  * this file names nothing above it).
  */
-#include "internal/server_internal.h"
+#include "internal/gen.h"
+#include "internal/http.h"
+#include "internal/metrics.h"
+#include "internal/pool_job.h"
+#include "internal/request.h"
 
+#include <cjson/cJSON.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +54,7 @@ typedef enum ev_kind { EV_PROMPT, EV_TOKEN, EV_CHOICE, EV_DONE } ev_kind;
 /* One thing the engine said, queued for the loop. Arrays are owned. */
 typedef struct srv_event {
     struct srv_event *next;
-    srv_part *part;
+    srv_gen_part *part;
     ev_kind kind;
     int32_t choice;
     int32_t token;
@@ -69,7 +73,7 @@ typedef struct srv_event {
 
 /* --- the engine's callbacks (engine thread) -------------------------------------- */
 
-static void push_event(srv_part *part, srv_event *ev)
+static void push_event(srv_gen_part *part, srv_event *ev)
 {
     srv_server *s = part->g->s;
     ev->part = part;
@@ -195,7 +199,7 @@ static void gen_detach(srv_gen *g)
 }
 
 /* Free what ch holds and empty it (freeing it again does nothing). */
-static void choice_free(srv_choice *ch)
+static void choice_free(srv_gen_choice *ch)
 {
     for (size_t i = 0; i < ch->n_tokens; i++)
         free(ch->pieces[i]);
@@ -205,11 +209,11 @@ static void choice_free(srv_choice *ch)
     free(ch->logprobs);
     free(ch->top);
     free(ch->text);
-    *ch = (srv_choice){0};
+    *ch = (srv_gen_choice){0};
 }
 
 /* Free what p holds and empty it, as choice_free. */
-static void part_free(srv_part *p)
+static void part_free(srv_gen_part *p)
 {
     free(p->text);
     free(p->tokens);
@@ -251,7 +255,7 @@ static void gen_unlive(srv_gen *g)
     s->n_live--;
 }
 
-static bool append_text(srv_choice *ch, const char *text, size_t len)
+static bool append_text(srv_gen_choice *ch, const char *text, size_t len)
 {
     if (ch->text_len + len + 1 > ch->text_cap) {
         size_t cap = (ch->text_len + len + 1) * 2;
@@ -270,7 +274,7 @@ static bool append_text(srv_choice *ch, const char *text, size_t len)
 /* Keep a token, its text, where that text starts (offset, in characters)
  * and (when asked) its logprobs on the choice; a token that cannot be kept
  * (out of memory) is left out of the details. */
-static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev, size_t offset)
+static void record_token(const srv_gen *g, srv_gen_choice *ch, const srv_event *ev, size_t offset)
 {
     if (ch->n_tokens == ch->cap_tokens) {
         size_t cap = ch->cap_tokens ? 2 * ch->cap_tokens : 32;
@@ -311,19 +315,19 @@ static void record_token(const srv_gen *g, srv_choice *ch, const srv_event *ev, 
     }
 }
 
-static void on_token_event(srv_gen *g, srv_part *part, const srv_event *ev)
+static void on_token_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
 {
     srv_server *s = g->s;
     if (ev->choice < 0 || ev->choice >= g->per_part)
         return;
     int32_t i = part->index * g->per_part + ev->choice;
-    srv_choice *ch = &g->choices[i];
+    srv_gen_choice *ch = &g->choices[i];
     double t = ql_now_s();
     if (ev->token >= 0) {
         if (!g->first_seen)
-            srv_hist_observe(&s->metrics.ttft, t - g->t_start);
+            srv_metrics_observe(&s->metrics.ttft, t - g->t_start);
         else
-            srv_hist_observe(&s->metrics.per_token, t - g->t_last);
+            srv_metrics_observe(&s->metrics.per_token, t - g->t_last);
         g->first_seen = true;
         g->t_last = t;
     }
@@ -341,7 +345,7 @@ static void on_token_event(srv_gen *g, srv_part *part, const srv_event *ev)
 }
 
 /* The prompt as the model saw it: its tokens and, when asked, logprobs. */
-static void on_prompt_event(srv_gen *g, srv_part *part, srv_event *ev)
+static void on_prompt_event(srv_gen *g, srv_gen_part *part, srv_event *ev)
 {
     if (g->top_n && ev->n_top != g->top_n) {
         free(ev->top);
@@ -356,11 +360,11 @@ static void on_prompt_event(srv_gen *g, srv_part *part, srv_event *ev)
     ev->top = NULL;
 }
 
-static void on_choice_event(srv_gen *g, srv_part *part, const srv_event *ev)
+static void on_choice_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
 {
     if (ev->end.choice < 0 || ev->end.choice >= g->per_part)
         return;
-    srv_choice *ch = &g->choices[part->index * g->per_part + ev->end.choice];
+    srv_gen_choice *ch = &g->choices[part->index * g->per_part + ev->end.choice];
     ch->ended = true;
     ch->why = ev->end.why;
     ch->generated = ev->end.generated_tokens;
@@ -381,11 +385,11 @@ static void on_choice_event(srv_gen *g, srv_part *part, const srv_event *ev)
  * copy). Meanwhile g is the work's alone: its every prompt has ended on
  * the engine, it is off the live list (no drain or grace walks it), and
  * its connection no longer points at it (c->work points at the work, and
- * a client that leaves clears the work's conn: srv_conn_gone). It keeps
+ * a client that leaves clears the work's conn: srv_gen_conn_gone). It keeps
  * its bytes counted in s->held_bytes until answer_done frees it, so the
  * --max-held-bytes budget still sees it, and the drain waits for it as for
  * any work (s->n_work). The shapes' whole builders read only g and what of
- * the server does not change while it serves (srv_shape.whole).
+ * the server does not change while it serves (srv_gen_shape.whole).
  */
 
 /* Answers estimated at up to 64 KiB are built and printed on the loop.
@@ -418,12 +422,12 @@ static size_t answer_estimate(const srv_gen *g)
     size_t per_token = ANSWER_BYTES_PER_ENTRY * (1 + (size_t)g->top_n);
     size_t bytes = 0;
     for (int32_t p = 0; p < g->n_parts; p++) {
-        const srv_part *part = &g->parts[p];
+        const srv_gen_part *part = &g->parts[p];
         size_t prompt = g->return_full_text && part->text ? strlen(part->text) : 0;
         if (lists && g->prompt_logprobs)
             prompt += (size_t)part->n_tokens * per_token;
         for (int32_t k = 0; k < g->per_part; k++) {
-            const srv_choice *ch = &g->choices[p * g->per_part + k];
+            const srv_gen_choice *ch = &g->choices[p * g->per_part + k];
             bytes += prompt + ch->text_len + (lists ? ch->n_tokens * per_token : 0);
         }
     }
@@ -440,9 +444,9 @@ typedef struct answer_job {
 /* On a pool thread: g's answer built and printed, then the tree and g's
  * choices and prompts (a block per token: many small frees) freed here
  * rather than on the loop; what is left of g is freed by answer_done. */
-static void answer_run(srv_work *w)
+static void answer_run(srv_pool_job *w)
 {
-    answer_job *j = w->job;
+    answer_job *j = w->data;
     srv_gen *g = j->g;
     cJSON *o = g->shape->whole(g, &g->usage);
     j->json = o ? cJSON_PrintUnformatted(o) : NULL;
@@ -457,16 +461,16 @@ static void answer_run(srv_work *w)
  * http.c trims the heap once a large one is written), or a 500 when
  * memory was short; a client that has gone hears nothing, and its answer
  * is freed and the heap trimmed here. Frees g (and its held bytes). */
-static void answer_done(srv_work *w)
+static void answer_done(srv_pool_job *w)
 {
-    answer_job *j = w->job;
+    answer_job *j = w->data;
     if (w->conn && j->json) {
-        srv_respond_json_owned(w->conn, 200, j->json);
+        srv_http_respond_json_owned(w->conn, 200, j->json);
     } else if (w->conn) {
-        srv_respond_error(w->conn, 500, "internal", "out of memory", NULL);
+        srv_http_respond_error(w->conn, 500, "internal", "out of memory", NULL);
     } else {
         free(j->json);
-        srv_trim_soon(w->s); /* never written, so http.c will not trim after it */
+        srv_http_trim_soon(w->s); /* never written, so http.c will not trim after it */
     }
     gen_free_memory(j->g);
     free(j);
@@ -478,14 +482,14 @@ static void answer_done(srv_work *w)
 static bool answer_on_pool(srv_gen *g, srv_conn *c)
 {
     answer_job *j = calloc(1, sizeof *j);
-    srv_work *w = j ? calloc(1, sizeof *w) : NULL;
+    srv_pool_job *w = j ? calloc(1, sizeof *w) : NULL;
     if (!w) {
         free(j);
         return false;
     }
     j->g = g;
-    *w = (srv_work){.s = g->s, .conn = c, .job = j, .run = answer_run, .done = answer_done};
-    if (srv_work_start(w) != 0) {
+    *w = (srv_pool_job){.s = g->s, .conn = c, .data = j, .run = answer_run, .done = answer_done};
+    if (srv_pool_start(w) != 0) {
         free(w);
         free(j);
         return false;
@@ -503,7 +507,7 @@ static bool answer_whole(srv_gen *g, srv_conn *c)
     bool failed = g->why == ENG_FINISH_ERROR;
     if (!failed && answer_estimate(g) > ANSWER_ON_LOOP_BYTES && answer_on_pool(g, c))
         return true;
-    srv_respond_generation(c, failed ? NULL : g->shape->whole(g, &g->usage), g->why);
+    srv_req_respond_generation(c, failed ? NULL : g->shape->whole(g, &g->usage), g->why);
     return false;
 }
 
@@ -538,7 +542,7 @@ static int failure_of(const srv_gen *g, char *msg, size_t cap)
 }
 
 /* One prompt's request has ended; the last one answers and frees g. */
-static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
+static void on_done_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
 {
     srv_server *s = g->s;
     srv_metrics *m = &s->metrics;
@@ -554,7 +558,7 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
     part->done = true;
     /* a choice that never began (cancelled while waiting) ends as its request did */
     for (int32_t k = 0; k < g->per_part; k++) {
-        srv_choice *ch = &g->choices[part->index * g->per_part + k];
+        srv_gen_choice *ch = &g->choices[part->index * g->per_part + k];
         if (!ch->ended) {
             ch->ended = true;
             ch->why = ev->why;
@@ -563,7 +567,7 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
     }
     if (++g->parts_done < g->n_parts)
         return;
-    srv_hist_observe(&m->request, ql_now_s() - g->t_start);
+    srv_metrics_observe(&m->request, ql_now_s() - g->t_start);
     srv_conn *c = g->conn;
     gen_unlive(g); /* off the engine: nothing but its answer reaches it now */
     if (c) {
@@ -571,11 +575,11 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
         char failure[512];
         int status = failure_of(g, failure, sizeof failure);
         if (status == 400 && !g->shape->stream) /* the client's grammar: a 400 */
-            srv_fail(c, 400, "%s", failure);
+            srv_req_fail(c, 400, "%s", failure);
         else if (!g->shape->whole) {
             /* a stream's 200 is sent: the failure is an event before its choices' ends */
             if (status)
-                srv_stream_error(c, status, failure);
+                srv_req_stream_error(c, status, failure);
             g->shape->on_done(g, c, g->why, &g->usage);
         } else if (answer_whole(g, c))
             return; /* the pool's until its work is done */
@@ -584,7 +588,7 @@ static void on_done_event(srv_gen *g, srv_part *part, const srv_event *ev)
     s->hooks->check_drained(s);
 }
 
-void srv_bridge_on_wake(uv_async_t *a)
+void srv_gen_on_wake(uv_async_t *a)
 {
     srv_server *s = a->data;
     pthread_mutex_lock(&s->events_mu);
@@ -593,7 +597,7 @@ void srv_bridge_on_wake(uv_async_t *a)
     pthread_mutex_unlock(&s->events_mu);
     while (ev) {
         srv_event *next = ev->next;
-        srv_part *part = ev->part;
+        srv_gen_part *part = ev->part;
         switch (ev->kind) {
         case EV_PROMPT: on_prompt_event(part->g, part, ev); break;
         case EV_TOKEN: on_token_event(part->g, part, ev); break;
@@ -615,7 +619,7 @@ int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx)
 {
     int32_t n = 0;
     for (int32_t p = 0; p < g->n_parts; p++) {
-        const srv_choice *ch = g->choices + p * g->per_part;
+        const srv_gen_choice *ch = g->choices + p * g->per_part;
         bool taken[SRV_MAX_CHOICES] = {false};
         for (int32_t k = 0; k < g->keep; k++) {
             int32_t best = -1;
@@ -639,8 +643,8 @@ int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx)
 char *srv_gen_full_text(const srv_gen *g, int32_t i, size_t *len)
 {
     *len = 0;
-    const srv_choice *ch = &g->choices[i];
-    const srv_part *part = &g->parts[i / g->per_part];
+    const srv_gen_choice *ch = &g->choices[i];
+    const srv_gen_part *part = &g->parts[i / g->per_part];
     const char *prompt = g->return_full_text && part->text ? part->text : "";
     size_t pl = strlen(prompt);
     char *out = malloc(pl + ch->text_len + 1);
@@ -659,12 +663,12 @@ char *srv_gen_full_text(const srv_gen *g, int32_t i, size_t *len)
 /* The server's own limit on new tokens; the context length (prompt plus
  * new tokens) is checked by the engine at submit, which counts the
  * prompt's tokens once. */
-static bool check_limits(srv_conn *c, const srv_ask *a)
+static bool check_limits(srv_conn *c, const srv_req_ask *a)
 {
     const cfg_serve *cfg = c->s->cfg;
     if (a->max_new_tokens > cfg->max_new_tokens) {
-        srv_fail(c, 400, "max new tokens %lld is over the server's limit of %d",
-                 (long long)a->max_new_tokens, cfg->max_new_tokens);
+        srv_req_fail(c, 400, "max new tokens %lld is over the server's limit of %d",
+                     (long long)a->max_new_tokens, cfg->max_new_tokens);
         return false;
     }
     return true;
@@ -684,7 +688,7 @@ static bool check_limits(srv_conn *c, const srv_ask *a)
  */
 #define COST_PER_CHOICE 1024 /* a choice's seq, sampler and stop matcher, and its answer's */
 #define COST_PER_TOKEN  64   /* a token's id, text piece, offset, logprob and event */
-static size_t request_cost(const srv_conn *c, const srv_ask *a)
+static size_t request_cost(const srv_conn *c, const srv_req_ask *a)
 {
     size_t parts = a->n_prompts ? a->n_prompts : 1;
     size_t per_part = (size_t)(a->best_of > a->n ? a->best_of : a->n > 0 ? a->n : 1);
@@ -698,7 +702,7 @@ static size_t request_cost(const srv_conn *c, const srv_ask *a)
     }
     size_t cost = c->req.body_len + parts * 5 * stop_bytes;
     for (size_t k = 0; k < parts; k++) {
-        const srv_prompt_in *in = a->n_prompts ? &a->prompts[k] : NULL;
+        const srv_req_prompt *in = a->n_prompts ? &a->prompts[k] : NULL;
         const char *text = in ? in->text : a->prompt;
         size_t ids = in && !text ? in->n_tokens : text ? strlen(text) + 2 : context;
         if (context && ids > context)
@@ -726,10 +730,10 @@ static bool echo_bounded(srv_conn *c, const srv_gen *g)
         bytes += (g->parts[p].text ? strlen(g->parts[p].text) : 0) * (size_t)g->per_part;
     if (bytes <= SRV_MAX_ECHO_BYTES)
         return true;
-    srv_fail(c, 400,
-             "\"echo\" (TGI's return_full_text) would repeat %zu bytes of prompt text in the "
-             "answer (each prompt's text once per choice); at most %zu",
-             bytes, SRV_MAX_ECHO_BYTES);
+    srv_req_fail(c, 400,
+                 "\"echo\" (TGI's return_full_text) would repeat %zu bytes of prompt text in the "
+                 "answer (each prompt's text once per choice); at most %zu",
+                 bytes, SRV_MAX_ECHO_BYTES);
     return false;
 }
 
@@ -747,52 +751,41 @@ static bool room_for(srv_conn *c, int32_t n_parts, size_t cost)
         eng_engine_stats_get(s->engine, &st);
         int32_t limit = cfg->max_queued > 0 ? cfg->max_queued : 1; /* as serve.c starts it */
         if (st.waiting + s->n_building + n_parts > limit) {
-            srv_fail(c, 503,
-                     "the queue is full (%d requests waiting, %d being prepared, of %d); try "
-                     "again later",
-                     (int)st.waiting, (int)s->n_building, (int)limit);
+            srv_req_fail(c, 503,
+                         "the queue is full (%d requests waiting, %d being prepared, of %d); try "
+                         "again later",
+                         (int)st.waiting, (int)s->n_building, (int)limit);
             return false;
         }
     }
     if (cfg->max_held_bytes > 0 && s->held_bytes + cost > (size_t)cfg->max_held_bytes) {
         s->metrics.held_bytes_refused++;
-        srv_fail(c, 503,
-                 "the requests waiting and running hold %zu bytes; this one may hold %zu more, "
-                 "past the server's budget of %lld (--max-held-bytes); try again later",
-                 s->held_bytes, cost, (long long)cfg->max_held_bytes);
+        srv_req_fail(c, 503,
+                     "the requests waiting and running hold %zu bytes; this one may hold %zu more, "
+                     "past the server's budget of %lld (--max-held-bytes); try again later",
+                     s->held_bytes, cost, (long long)cfg->max_held_bytes);
         return false;
     }
     return true;
 }
 
-bool srv_ready(srv_conn *c)
+bool srv_gen_ready(srv_conn *c)
 {
     if (c->s->draining) {
-        srv_fail(c, 503, "the server is shutting down");
+        srv_req_fail(c, 503, "the server is shutting down");
         return false;
     }
     if (!c->s->serving) {
-        srv_fail(c, 503, "the model is still loading");
+        srv_req_fail(c, 503, "the model is still loading");
         return false;
     }
     return true;
-}
-
-void srv_ask_free(srv_ask *a)
-{
-    free(a->token_store);
-    free(a->grammar_text);
-    if (a->answer_drop)
-        a->answer_drop(a->answer);
-    a->token_store = NULL;
-    a->grammar_text = NULL;
-    a->answer = NULL;
-    a->answer_drop = NULL;
 }
 
 /* A new generation for a's prompts and choices, its parts' texts kept for
  * echo; NULL when memory is short. */
-static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, const char *model)
+static srv_gen *gen_new(srv_conn *c, const srv_req_ask *a, const srv_gen_shape *shape,
+                        const char *model)
 {
     srv_gen *g = calloc(1, sizeof *g);
     if (!g)
@@ -823,10 +816,10 @@ static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, c
     }
     const tok_tokenizer *tok = c->s->model.tok;
     for (int32_t p = 0; p < g->n_parts; p++) {
-        srv_part *part = &g->parts[p];
+        srv_gen_part *part = &g->parts[p];
         part->g = g;
         part->index = p;
-        const srv_prompt_in *in = a->n_prompts ? &a->prompts[p] : NULL;
+        const srv_req_prompt *in = a->n_prompts ? &a->prompts[p] : NULL;
         const char *text = in ? in->text : a->prompt;
         size_t len = 0;
         if (!g->return_full_text)
@@ -847,9 +840,9 @@ static srv_gen *gen_new(srv_conn *c, const srv_ask *a, const srv_shape *shape, c
 static void fail_part(srv_conn *c, int status, int32_t part, const char *msg)
 {
     if (part >= 0)
-        srv_fail(c, status, "prompt %d: %s", part, msg);
+        srv_req_fail(c, status, "prompt %d: %s", part, msg);
     else
-        srv_fail(c, status, "%s", msg);
+        srv_req_fail(c, status, "%s", msg);
 }
 
 /* Queue each of g's prompts, built off the loop (built[p], each taken);
@@ -875,46 +868,59 @@ static bool gen_submit_all(srv_conn *c, srv_gen *g, eng_built **built)
             gen_live(g);
             gen_cancel(g);
         }
-        fail_part(c, srv_status_of(rc), several ? p : -1, msg);
+        fail_part(c, srv_req_status_of(rc), several ? p : -1, msg);
         return false;
     }
     gen_live(g);
     c->gen = g;
     if (g->shape->stream)
-        srv_stream_begin(c);
+        srv_http_stream_begin(c);
     return true;
 }
 
 /*
- * Every generation is built off the loop: a chat template rendered (maker),
- * text tokenized, and each prompt's engine request built (its samplers,
- * stop tables, prompt logprob arrays: eng_engine_build) on a pool thread,
- * then queued from the loop (prep_done). Each of these is linear in what
- * the client sent, which may be a megabyte of hostile text, and nothing on
- * the loop may take that long: /health must answer meanwhile. Owns copies
- * of everything of the srv_ask the engine still reads, since the body it
- * pointed into is gone by then, and a reference to the adapter; its
- * prompts count in s->n_building until it is freed.
+ * Every generation is prepared off the loop, in one pass on a pool thread
+ * (prep_run): an adapter named for the first time loaded, the grammar
+ * compiled, a chat template rendered (maker, handed the adapter), and
+ * each prompt prepared by the engine's one call (eng_engine_build: BOS,
+ * tokenizing, truncation, the context and KV checks, samplers, stop
+ * tables, prompt logprob arrays); then queued from the loop (prep_done),
+ * where only the queue's room is checked again. Each step is linear in
+ * what the client sent, which may be a megabyte of hostile text, and
+ * nothing on the loop may take that long: /health must answer meanwhile.
+ * A request given as ids only is the same path with nothing to tokenize.
+ *
+ * A gen_prep owns everything of the request from generate's first line
+ * until prep_done hands the generation to the loop's live list: the API's
+ * answer state (until the generation takes it), the maker, the adapter's
+ * one reference, the generation itself, and copies of everything of the
+ * srv_req_ask the engine still reads, since the body it pointed into is
+ * gone by then; prep_free lets go of whatever it still holds. Its prompts
+ * count in s->n_building until it is freed.
  */
 typedef struct gen_prep {
     srv_server *s;
     int32_t reserved; /* what it counts in s->n_building */
-    srv_gen *g;
+    srv_gen *g;       /* the generation (NULL until made; handed on by prep_done) */
+    /* the API's answer state (srv_req_ask.answer), until g takes it */
+    void *answer;
+    void (*answer_drop)(void *answer);
     eng_request r; /* shared by every part; its pointers lead into this struct */
+    /* the adapter (lora NULL: the base model), one reference: taken on the
+     * loop when loaded, else by the pool from lazy, the name to load on
+     * first use ("": none) */
     eng_lora_term term;
-    /* an adapter to load on first use before anything else ("": none),
-     * and the scale the request gives it */
     char lazy[128];
-    bool has_scale;
+    bool has_scale; /* the request's scale, over the adapter's default */
     float scale;
     char *stops[SRV_MAX_STOPS];
     eng_logit_bias logit_bias[ENG_MAX_LOGIT_BIAS];
-    srv_prompt_maker maker;            /* make NULL: the prompts are a's */
-    char *texts[SRV_MAX_PROMPTS];      /* a text prompt's copy, else NULL */
-    srv_prompt_in in[SRV_MAX_PROMPTS]; /* each part's ids: given, or made by run */
-    int32_t *ids[SRV_MAX_PROMPTS];     /* what in's tokens point at, owned */
+    srv_gen_prompt_maker maker;        /* make NULL: the prompts are a's */
+    char *texts[SRV_MAX_PROMPTS];      /* a text prompt's copy (or the one made), else NULL */
+    int32_t *ids[SRV_MAX_PROMPTS];     /* a prompt given as ids: their copy */
+    size_t n_ids[SRV_MAX_PROMPTS];     /* and their count */
     eng_built *built[SRV_MAX_PROMPTS]; /* each part's request, built by run (owned) */
-    const char *prompt_logprobs_field; /* srv_ask's (a literal) */
+    const char *prompt_logprobs_field; /* srv_req_ask's (a literal) */
     int32_t failed;                    /* the part refused, or -1 */
     /* the grammar to compile (NULL: none) and what it came from; the
      * compiled one is r.grammar, a reference of ours */
@@ -939,67 +945,174 @@ static void prep_free(gen_prep *p)
     free(p->grammar_text);
     if (p->r.grammar)
         gr_grammar_unref(p->r.grammar);
+    if (p->g)
+        gen_free_memory(p->g); /* and the answer state with it */
+    else if (p->answer_drop)
+        p->answer_drop(p->answer);
     free(p);
 }
 
-/* r's copy, with a's prompts (texts, or ids), stops and logit bias copied
- * (its prompts counted in s->n_building until prep_free),
- * taking the adapter reference in term and maker; NULL when memory is
- * short (both are then still the caller's). */
-static gen_prep *prep_new(srv_gen *g, const srv_ask *a, const eng_request *r, eng_lora_term term,
-                          const srv_prompt_maker *maker)
+/* A preparation for c taking a's answer state and maker (make NULL: a's
+ * own prompts); NULL after the 503 when memory is short, both dropped. */
+static gen_prep *prep_take(srv_conn *c, srv_req_ask *a, srv_gen_prompt_maker maker)
 {
     gen_prep *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
-    p->s = g->s;
+    if (p) {
+        *p = (gen_prep){.s = c->s,
+                        .answer = a->answer,
+                        .answer_drop = a->answer_drop,
+                        .term = {NULL, 1.0f},
+                        .maker = maker,
+                        .failed = -1};
+    } else {
+        srv_req_fail(c, 503, "out of memory");
+        if (a->answer_drop)
+            a->answer_drop(a->answer);
+        if (maker.drop)
+            maker.drop(maker.arg);
+    }
+    a->answer = NULL;
+    a->answer_drop = NULL;
+    return p;
+}
+
+/* Whether a request naming name, not loaded, may have it loaded on first
+ * use: an adapter folder, lazy loading not turned off, and a name that can
+ * only be a folder's own (admin.c's name rules; no leading '.', so neither
+ * "." nor ".." nor a hidden file). Whether the folder exists is for the
+ * pool to find out (lora_registry_acquire). */
+static bool loadable_by_name(const srv_server *s, const char *name)
+{
+    if (!s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
+        return false;
+    return name[0] != '.' && srv_req_is_adapter_name(name);
+}
+
+/* The adapter a names, acquired once for the whole request: a loaded one's
+ * reference into p->term with its default scale, unless the request gives
+ * one; one not loaded is left for the pool to load (p->lazy) when it may
+ * be, else the 404 in the API's words. */
+static bool prep_adapter(srv_conn *c, gen_prep *p, const srv_req_ask *a, const srv_gen_shape *shape)
+{
+    const char *name = a->adapter;
+    if (name && name[0] &&
+        (!c->s->registry || lora_registry_want(c->s->registry, name, &p->term, NULL, 0) != QL_OK)) {
+        if (!loadable_by_name(c->s, name)) {
+            srv_req_fail(c, 404, "%s %s%s", shape->adapter_noun, name, shape->adapter_unknown);
+            return false;
+        }
+        snprintf(p->lazy, sizeof p->lazy, "%s", name);
+    }
+    p->has_scale = a->has_scale;
+    p->scale = (float)a->adapter_scale;
+    if (p->has_scale)
+        p->term.scale = p->scale;
+    return true;
+}
+
+/* Room for a's cost, then its generation (p->g, holding the answer state
+ * and counted in s->held_bytes), its echo bounded; false after answering. */
+static bool prep_gen(srv_conn *c, gen_prep *p, const srv_req_ask *a, const srv_gen_shape *shape)
+{
+    size_t cost = request_cost(c, a);
+    if (!room_for(c, a->n_prompts ? (int32_t)a->n_prompts : 1, cost))
+        return false;
+    const char *model = p->term.lora ? p->term.lora->name : p->lazy[0] ? p->lazy : c->s->model_id;
+    p->g = gen_new(c, a, shape, model);
+    if (!p->g) {
+        srv_req_fail(c, 503, "out of memory");
+        return false;
+    }
+    p->g->answer = p->answer;
+    p->g->answer_drop = p->answer_drop;
+    p->answer = NULL;
+    p->answer_drop = NULL;
+    p->g->cost = cost;
+    c->s->held_bytes += cost;
+    return echo_bounded(c, p->g);
+}
+
+/* The engine's request for a (p->r, adapters set on the pool), with a's
+ * prompts (texts, or ids; none with a maker), stops, logit bias and
+ * grammar copied into p, and its prompts counted in s->n_building; false
+ * after the 503 when memory is short. */
+static bool prep_copy(srv_conn *c, gen_prep *p, const srv_req_ask *a)
+{
+    const srv_gen *g = p->g;
+    p->r = (eng_request){.max_new_tokens = (int32_t)a->max_new_tokens,
+                         .sampling = a->sampling,
+                         .stop = (const char *const *)p->stops,
+                         .n_stop = a->n_stops,
+                         .fill_context = a->fill_context,
+                         .templated = a->templated,
+                         .truncate = a->truncate,
+                         .n_choices = g->per_part,
+                         .logprobs = a->logprobs || g->per_part > g->keep,
+                         .top_logprobs = a->logprobs || a->prompt_logprobs ? a->top_logprobs : 0,
+                         .prompt_logprobs = a->prompt_logprobs,
+                         .skip_special_tokens = !a->keep_special,
+                         .include_stop_str = a->include_stop_str,
+                         .on_prompt = bridge_prompt,
+                         .on_token = bridge_token,
+                         .on_choice_done = bridge_choice_done,
+                         .on_done = bridge_done};
     p->reserved = g->n_parts;
     p->s->n_building += p->reserved;
-    p->g = g;
-    p->r = *r;
-    p->failed = -1;
     p->prompt_logprobs_field = a->prompt_logprobs_field;
     bool ok = true;
     for (size_t i = 0; i < a->n_stops && i < SRV_MAX_STOPS; i++)
         ok = ok && (p->stops[i] = strdup(a->stops[i])) != NULL;
-    p->r.stop = (const char *const *)p->stops;
-    if (r->sampling.n_logit_bias)
-        memcpy(p->logit_bias, r->sampling.logit_bias,
-               r->sampling.n_logit_bias * sizeof *p->logit_bias);
+    if (a->sampling.n_logit_bias)
+        memcpy(p->logit_bias, a->sampling.logit_bias,
+               a->sampling.n_logit_bias * sizeof *p->logit_bias);
     p->r.sampling.logit_bias = p->logit_bias;
-    if (a->grammar_text) {
+    if (ok && a->grammar_text) {
         ok = (p->grammar_text = strdup(a->grammar_text)) != NULL;
         p->grammar_kind = a->grammar_kind;
         snprintf(p->grammar_where, sizeof p->grammar_where, "%s", a->grammar_where);
     }
-    if (!maker) {
-        for (int32_t k = 0; ok && k < g->n_parts; k++) {
-            const srv_prompt_in *in = a->n_prompts ? &a->prompts[k] : NULL;
-            const char *text = in ? in->text : a->prompt;
-            if (text) {
-                ok = (p->texts[k] = strdup(text)) != NULL;
-            } else if (in->n_tokens) {
-                ok = (p->ids[k] = malloc(in->n_tokens * sizeof *p->ids[k])) != NULL;
-                if (ok)
-                    memcpy(p->ids[k], in->tokens, in->n_tokens * sizeof *p->ids[k]);
-                p->in[k] = (srv_prompt_in){.tokens = p->ids[k], .n_tokens = in->n_tokens};
-            }
+    for (int32_t k = 0; ok && !p->maker.make && k < g->n_parts; k++) {
+        const srv_req_prompt *in = a->n_prompts ? &a->prompts[k] : NULL;
+        const char *text = in ? in->text : a->prompt;
+        if (text) {
+            ok = (p->texts[k] = strdup(text)) != NULL;
+        } else if (in->n_tokens) {
+            ok = (p->ids[k] = malloc(in->n_tokens * sizeof *p->ids[k])) != NULL;
+            if (ok)
+                memcpy(p->ids[k], in->tokens, in->n_tokens * sizeof *p->ids[k]);
+            p->n_ids[k] = in->n_tokens;
         }
     }
-    if (!ok) {
-        prep_free(p);
-        return NULL;
+    if (!ok)
+        srv_req_fail(c, 503, "out of memory");
+    return ok;
+}
+
+/* On a pool thread: the adapter p->lazy names loaded (or found, when
+ * another request loaded it meanwhile) into p->term, with the request's
+ * scale; false with the refusal in w (404 in the API's words when there is
+ * no such folder). */
+static bool acquire_adapter(srv_pool_job *w, gen_prep *p)
+{
+    srv_server *s = w->s;
+    w->rc = lora_registry_acquire(s->registry, p->lazy, s->cfg->adapter_dir, &p->term, w->msg,
+                                  sizeof w->msg);
+    if (w->rc == QL_ENOTFOUND) {
+        w->status = 404;
+        snprintf(w->msg, sizeof w->msg, "%s %s%s", p->g->shape->adapter_noun, p->lazy,
+                 p->g->shape->adapter_unknown);
     }
-    p->term = term;
-    if (maker)
-        p->maker = *maker;
-    return p;
+    if (w->rc != QL_OK)
+        return false;
+    if (p->has_scale)
+        p->term.scale = p->scale;
+    return true;
 }
 
 /* On a pool thread: the request's grammar compiled (or found in the
  * server's cache) into p->r.grammar; false with the refusal in w, which
  * names the field the grammar came from and the place in it. */
-static bool compile_grammar(srv_work *w, gen_prep *p)
+static bool compile_grammar(srv_pool_job *w, gen_prep *p)
 {
     gr_cache *cache = w->s->grammars;
     size_t len = strlen(p->grammar_text);
@@ -1021,19 +1134,37 @@ static bool compile_grammar(srv_work *w, gen_prep *p)
     return false;
 }
 
+/* On a pool thread: each prompt prepared by the engine's one call
+ * (p->built: tokenized with BOS or copied, truncated, checked against the
+ * context and the cache); false with the refusal in w and the part in
+ * p->failed. */
+static bool build_parts(srv_pool_job *w, gen_prep *p)
+{
+    for (int32_t k = 0; k < p->g->n_parts; k++) {
+        eng_request r = p->r;
+        r.prompt = p->texts[k];
+        r.prompt_len = p->texts[k] ? strlen(p->texts[k]) : 0;
+        r.prompt_tokens = p->texts[k] ? NULL : p->ids[k];
+        r.n_prompt_tokens = p->texts[k] ? 0 : p->n_ids[k];
+        r.user = &p->g->parts[k];
+        w->rc = eng_engine_build(w->s->engine, &r, &p->built[k], w->msg, sizeof w->msg);
+        if (w->rc != QL_OK) {
+            p->failed = k;
+            return false;
+        }
+    }
+    return true;
+}
+
 /* On a pool thread: whether the prompt logprobs asked for stay inside
- * SRV_MAX_PROMPT_LOGPROB_TOKENS and _ENTRIES, summed over the prompts
- * (their tokens as the engine will see them: a given list of ids is
- * truncated as submit truncates it); else the 400 in w, naming the field. */
-static bool prompt_logprobs_bounded(srv_work *w, gen_prep *p)
+ * SRV_MAX_PROMPT_LOGPROB_TOKENS and _ENTRIES, summed over the prompts as
+ * the engine prepared them (truncated); else the 400 in w, naming the
+ * field. */
+static bool prompt_logprobs_bounded(srv_pool_job *w, gen_prep *p)
 {
     size_t tokens = 0;
-    for (int32_t k = 0; k < p->g->n_parts; k++) {
-        size_t n = p->in[k].n_tokens;
-        if (!p->texts[k] && p->r.truncate > 0 && n > (size_t)p->r.truncate)
-            n = (size_t)p->r.truncate;
-        tokens += n;
-    }
+    for (int32_t k = 0; k < p->g->n_parts; k++)
+        tokens += eng_built_prompt_tokens(p->built[k]);
     size_t entries = tokens * (1 + (size_t)p->r.top_logprobs);
     const char *field = p->prompt_logprobs_field ? p->prompt_logprobs_field : "prompt logprobs";
     if (tokens <= SRV_MAX_PROMPT_LOGPROB_TOKENS && entries <= SRV_MAX_PROMPT_LOGPROB_ENTRIES)
@@ -1052,264 +1183,86 @@ static bool prompt_logprobs_bounded(srv_work *w, gen_prep *p)
     return false;
 }
 
-/* On a pool thread: each prompt's engine request built (p->built); the
- * refusal in w (and the part in p->failed) when one is refused. */
-static void build_parts(srv_work *w, gen_prep *p)
+/* On a pool thread, the request's whole preparation, step by step; the
+ * first refusal stops it (in w). */
+static void prep_run(srv_pool_job *w)
 {
-    for (int32_t k = 0; k < p->g->n_parts; k++) {
-        eng_request r = p->r;
-        r.prompt = NULL;
-        r.prompt_len = 0;
-        r.prompt_tokens = p->in[k].tokens;
-        r.n_prompt_tokens = p->in[k].n_tokens;
-        r.user = &p->g->parts[k];
-        w->rc = eng_engine_build(w->s->engine, &r, &p->built[k], w->msg, sizeof w->msg);
-        if (w->rc != QL_OK) {
-            p->failed = k;
-            return;
-        }
-    }
-}
-
-/* On a pool thread: the request's grammar compiled, the chat prompt made,
- * and each text prompt tokenized as submit would
- * (eng_engine_encode_prompt). */
-static void prep_run(srv_work *w)
-{
-    gen_prep *p = w->job;
+    gen_prep *p = w->data;
     w->rc = QL_OK;
-    if (p->lazy[0]) {
-        srv_server *s = w->s;
-        w->rc = lora_registry_acquire(s->registry, p->lazy, s->cfg->adapter_dir, &p->term, w->msg,
-                                      sizeof w->msg);
-        if (w->rc == QL_ENOTFOUND) {
-            w->status = 404;
-            snprintf(w->msg, sizeof w->msg, "%s %s%s", p->g->shape->adapter_noun, p->lazy,
-                     p->g->shape->adapter_unknown);
-        }
-        if (w->rc != QL_OK)
-            return;
-        if (p->has_scale)
-            p->term.scale = p->scale;
-        p->r.adapters = &p->term;
-        p->r.n_adapters = 1;
-    }
+    /* the adapter: loaded on first use (the loop found it not loaded) */
+    if (p->lazy[0] && !acquire_adapter(w, p))
+        return;
+    p->r.adapters = p->term.lora ? &p->term : NULL;
+    p->r.n_adapters = p->term.lora ? 1 : 0;
+    /* the grammar, compiled or from the cache */
     if (p->grammar_text && !compile_grammar(w, p))
         return;
-    if (p->maker.make) {
-        w->rc = p->maker.make(p->maker.arg, &p->texts[0], w->msg, sizeof w->msg);
-        if (w->rc != QL_OK)
-            return;
-    }
-    for (int32_t k = 0; k < p->g->n_parts; k++) {
-        if (!p->texts[k])
-            continue;
-        eng_request r = p->r;
-        r.prompt = p->texts[k];
-        r.prompt_len = strlen(p->texts[k]);
-        size_t n = 0;
-        w->rc = eng_engine_encode_prompt(w->s->engine, &r, &p->ids[k], &n, w->msg, sizeof w->msg);
-        if (w->rc != QL_OK) {
-            p->failed = p->maker.make ? -1 : k;
-            return;
-        }
-        p->in[k] = (srv_prompt_in){.tokens = p->ids[k], .n_tokens = n};
-    }
-    if (p->r.prompt_logprobs && !prompt_logprobs_bounded(w, p))
+    /* the chat prompt, rendered with the adapter's own template when it has one */
+    if (p->maker.make && (w->rc = p->maker.make(p->maker.arg, p->term.lora, &p->texts[0], w->msg,
+                                                sizeof w->msg)) != QL_OK)
         return;
-    build_parts(w, p);
+    /* each prompt, prepared once for the engine */
+    if (!build_parts(w, p))
+        return;
+    if (p->r.prompt_logprobs)
+        prompt_logprobs_bounded(w, p);
 }
 
 /* On the loop: submit what prep_run made, unless the client has gone. */
-static void prep_done(srv_work *w)
+static void prep_done(srv_pool_job *w)
 {
-    gen_prep *p = w->job;
+    gen_prep *p = w->data;
     srv_conn *c = w->conn;
-    srv_gen *g = p->g;
-    if (!c || w->rc != QL_OK || !srv_ready(c)) {
-        if (c && w->rc != QL_OK)
-            fail_part(c, w->status ? w->status : srv_status_of(w->rc),
-                      g->n_parts > 1 ? p->failed : -1, w->msg);
-        gen_free_memory(g);
-    } else {
+    if (c && w->rc != QL_OK) {
+        fail_part(c, w->status ? w->status : srv_req_status_of(w->rc),
+                  p->g->n_parts > 1 ? p->failed : -1, w->msg);
+    } else if (c && srv_gen_ready(c)) {
+        srv_gen *g = p->g;
+        p->g = NULL; /* the loop's now: live, or freed with the refusal */
         gen_submit_all(c, g, p->built);
     }
+    prep_free(p); /* the generation with it, when it was not submitted */
+}
+
+/* Take a's request for c, to be answered in shape: readiness, the adapter
+ * acquired once, the limits and room checked on the loop (each refusal
+ * answered there), then the preparation on the pool. Whatever is refused,
+ * prep_free lets go of what was taken. */
+static void generate(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape,
+                     srv_gen_prompt_maker maker)
+{
+    gen_prep *p = prep_take(c, a, maker);
+    if (!p)
+        return;
+    if (srv_gen_ready(c) && prep_adapter(c, p, a, shape) && check_limits(c, a) &&
+        prep_gen(c, p, a, shape) && prep_copy(c, p, a) &&
+        srv_pool_begin(c, p, prep_run, prep_done) == 0)
+        return; /* p is the pool's */
     prep_free(p);
 }
 
-/* Whether a request naming name, not loaded, may have it loaded on first
- * use: an adapter folder, lazy loading not turned off, and a name that can
- * only be a folder's own (admin.c's name rules; no leading '.', so neither
- * "." nor ".." nor a hidden file). Whether the folder exists is for the
- * pool to find out (lora_registry_acquire). */
-static bool loadable_by_name(const srv_server *s, const char *name)
+eng_lora *srv_gen_adapter_loaded(const srv_server *s, const char *name)
 {
-    if (!s->registry || !s->cfg->adapter_dir || s->cfg->no_lazy_adapters)
-        return false;
-    return name[0] != '.' && srv_is_adapter_name(name);
-}
-
-/* Check readiness, the adapter and the limits; then submit at once when
- * every prompt is ids, or make the prompts off the loop first. maker
- * (NULL: a's prompts) is dropped here whatever happens. */
-static void generate(srv_conn *c, srv_ask *a, const srv_shape *shape, const srv_prompt_maker *maker)
-{
-    /* the API's answer state: the generation's, or dropped when refused */
-    void *answer = a->answer;
-    void (*answer_drop)(void *) = a->answer_drop;
-    a->answer = NULL;
-    a->answer_drop = NULL;
     eng_lora_term term = {NULL, 1.0f};
-    gen_prep *p = NULL;
-    srv_gen *g = NULL;
-    bool lazy = false;
-    if (!srv_ready(c))
-        goto refused;
-    /* the adapter and its default scale, when the request gives none; one
-     * not loaded is loaded on first use, off the loop, when it may be */
-    if (a->adapter && a->adapter[0]) {
-        if (!c->s->registry ||
-            lora_registry_want(c->s->registry, a->adapter, &term, NULL, 0) != QL_OK) {
-            lazy = loadable_by_name(c->s, a->adapter);
-            if (!lazy) {
-                srv_fail(c, 404, "%s %s%s", shape->adapter_noun, a->adapter,
-                         shape->adapter_unknown);
-                goto refused;
-            }
-        }
-    }
-    if (a->has_scale)
-        term.scale = (float)a->adapter_scale;
-    if (!check_limits(c, a))
-        goto refused;
-    size_t cost = request_cost(c, a);
-    if (!room_for(c, a->n_prompts ? (int32_t)a->n_prompts : 1, cost))
-        goto refused;
-    g = gen_new(c, a, shape, term.lora ? term.lora->name : lazy ? a->adapter : c->s->model_id);
-    if (!g) {
-        srv_fail(c, 503, "out of memory");
-        goto refused;
-    }
-    g->answer = answer;
-    g->answer_drop = answer_drop;
-    g->cost = cost;
-    c->s->held_bytes += cost;
-    if (!echo_bounded(c, g))
-        goto refused;
-    eng_request r = {.max_new_tokens = (int32_t)a->max_new_tokens,
-                     .sampling = a->sampling,
-                     .stop = a->stops,
-                     .n_stop = a->n_stops,
-                     .adapters = NULL,
-                     .n_adapters = term.lora ? 1 : 0,
-                     .fill_context = a->fill_context,
-                     .templated = a->templated,
-                     .truncate = a->truncate,
-                     .n_choices = g->per_part,
-                     .logprobs = a->logprobs || g->per_part > g->keep,
-                     .top_logprobs = a->logprobs ? a->top_logprobs : 0,
-                     .prompt_logprobs = a->prompt_logprobs,
-                     .skip_special_tokens = !a->keep_special,
-                     .include_stop_str = a->include_stop_str,
-                     .on_prompt = bridge_prompt,
-                     .on_token = bridge_token,
-                     .on_choice_done = bridge_choice_done,
-                     .on_done = bridge_done};
-    if (a->prompt_logprobs && !a->logprobs)
-        r.top_logprobs = a->top_logprobs;
-    p = prep_new(g, a, &r, term, maker);
-    if (!p) {
-        srv_fail(c, 503, "out of memory");
-        goto refused;
-    }
-    p->r.adapters = p->term.lora ? &p->term : NULL;
-    if (lazy) {
-        snprintf(p->lazy, sizeof p->lazy, "%s", a->adapter);
-        p->has_scale = a->has_scale;
-        p->scale = (float)a->adapter_scale;
-    }
-    if (srv_work_begin(c, p, prep_run, prep_done) != 0) {
-        gen_free_memory(g);
-        prep_free(p); /* the adapter's reference and maker with it */
-    }
-    return;
-refused:
-    if (g)
-        gen_free_memory(g); /* and the answer state with it */
-    else if (answer_drop)
-        answer_drop(answer);
-    eng_lora_unref(term.lora);
-    if (maker && maker->drop)
-        maker->drop(maker->arg);
+    if (!name || !s->registry || lora_registry_want(s->registry, name, &term, NULL, 0) != QL_OK)
+        return NULL;
+    return term.lora;
 }
 
-void srv_generate(srv_conn *c, srv_ask *a, const srv_shape *shape)
+void srv_gen_submit(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape)
 {
-    generate(c, a, shape, NULL);
+    generate(c, a, shape, (srv_gen_prompt_maker){0});
 }
 
-void srv_generate_made(srv_conn *c, srv_ask *a, const srv_shape *shape, srv_prompt_maker maker)
+void srv_gen_submit_made(srv_conn *c, srv_req_ask *a, const srv_gen_shape *shape,
+                         srv_gen_prompt_maker maker)
 {
-    generate(c, a, shape, &maker);
-}
-
-/* --- work off the loop ----------------------------------------------------------- */
-
-static void work_run(uv_work_t *req)
-{
-    srv_work *w = req->data;
-    w->run(w);
-}
-
-static void work_after(uv_work_t *req, int status)
-{
-    (void)status;
-    srv_work *w = req->data;
-    srv_server *s = w->s;
-    if (w->conn)
-        w->conn->work = NULL;
-    w->done(w);
-    if (w->has_report)
-        lora_report_free(&w->report);
-    free(w);
-    s->n_work--;
-    s->hooks->check_drained(s);
-}
-
-int srv_work_start(srv_work *w)
-{
-    w->req.data = w;
-    int rc = uv_queue_work(w->s->loop, &w->req, work_run, work_after);
-    if (rc == 0)
-        w->s->n_work++;
-    return rc;
-}
-
-int srv_work_begin(srv_conn *c, void *job, void (*run)(srv_work *w), void (*done)(srv_work *w))
-{
-    srv_work *w = calloc(1, sizeof *w);
-    if (!w) {
-        srv_fail(c, 503, "out of memory");
-        return -1;
-    }
-    w->s = c->s;
-    w->conn = c;
-    w->job = job;
-    w->run = run;
-    w->done = done;
-    c->work = w;
-    if (srv_work_start(w) != 0) {
-        c->work = NULL;
-        free(w);
-        srv_fail(c, 503, "cannot start the work");
-        return -1;
-    }
-    return 0;
+    generate(c, a, shape, maker);
 }
 
 /* --- a connection that ends ------------------------------------------------------ */
 
-void srv_conn_gone(srv_conn *c)
+void srv_gen_conn_gone(srv_conn *c)
 {
     if (c->gen) {
         /* the client left before its answer: cancel, free its KV blocks */

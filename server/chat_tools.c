@@ -40,14 +40,17 @@
  *
  * Offers srv_chat_tools_read, srv_chat_tools_message_in,
  * srv_chat_tools_answer and srv_chat_tools_stream (internal/
- * server_internal.h) to api_chat.c; owns a request's srv_chat_tools (the
- * generation holds it through srv_ask.answer). Touches request.c's
- * helpers (srv_ask_schema puts a grammar on the request) and
+ * chat_tools.h) to api_chat.c; owns a request's srv_chat_tools (the
+ * generation holds it through srv_req_ask.answer). Touches request.c's
+ * helpers (srv_req_ask_schema puts a grammar on the request) and
  * tool_calls.c's parsers and name rule.
  */
-#include "internal/server_internal.h"
+#include "internal/chat_tools.h"
+#include "internal/gen.h"
+#include "internal/request.h"
 #include "internal/tool_calls.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,34 +91,34 @@ static bool check_tool(srv_conn *c, const cJSON *tool, int k)
     char where[48];
     snprintf(where, sizeof where, "tools[%d]", k);
     if (!cJSON_IsObject(tool)) {
-        srv_fail(c, 400, "%s must be an object", where);
+        srv_req_fail(c, 400, "%s must be an object", where);
         return false;
     }
     const char *type = mf_json_str(tool, "type");
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
-    if (!srv_only_known(c, tool, where, fields))
+    if (!srv_req_only_known(c, tool, where, fields))
         return false;
     /* "type" may be left out (vLLM's default, the only kind there is) */
     if ((type && strcmp(type, "function") != 0) || !cJSON_IsObject(fn)) {
-        srv_fail(c, 400, "%s must be {\"type\": \"function\", \"function\": {...}}", where);
+        srv_req_fail(c, 400, "%s must be {\"type\": \"function\", \"function\": {...}}", where);
         return false;
     }
     snprintf(where, sizeof where, "tools[%d].function", k);
-    if (!srv_only_known(c, fn, where, fn_fields))
+    if (!srv_req_only_known(c, fn, where, fn_fields))
         return false;
     const char *name = mf_json_str(fn, "name");
     if (!name || !srv_tool_name_ok(name, strlen(name))) {
-        srv_fail(c, 400, "%s.name must be 1 to 64 letters, digits, '_', '-' or '.'%s%s", where,
-                 name ? ", not " : " (it is missing)", name ? name : "");
+        srv_req_fail(c, 400, "%s.name must be 1 to 64 letters, digits, '_', '-' or '.'%s%s", where,
+                     name ? ", not " : " (it is missing)", name ? name : "");
         return false;
     }
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-    if (!srv_is_null(params) && !cJSON_IsObject(params)) {
-        srv_fail(c, 400, "%s.parameters must be an object (a JSON Schema)", where);
+    if (!srv_req_is_null(params) && !cJSON_IsObject(params)) {
+        srv_req_fail(c, 400, "%s.parameters must be an object (a JSON Schema)", where);
         return false;
     }
     bool strict = false;
-    return srv_get_bool(c, fn, "strict", &strict);
+    return srv_req_get_bool(c, fn, "strict", &strict);
 }
 
 /* A tool's parameters when it has none: any object. */
@@ -131,7 +134,7 @@ static const cJSON *parameters_of(const cJSON *tool)
 
 /* tool_choice "required": a list of calls, each an object naming one of
  * the tools with its parameters. */
-static bool required_grammar(srv_conn *c, srv_ask *a, const cJSON *tools, bool parallel)
+static bool required_grammar(srv_conn *c, srv_req_ask *a, const cJSON *tools, bool parallel)
 {
     cJSON *schema = cJSON_CreateObject();
     cJSON_AddStringToObject(schema, "type", "array");
@@ -158,9 +161,9 @@ static bool required_grammar(srv_conn *c, srv_ask *a, const cJSON *tools, bool p
         cJSON_AddItemToArray(any, call);
     }
     bool ok =
-        srv_ask_schema(c, a, schema,
-                       "tool_choice \"required\" (the calls' schema, whose "
-                       "/items/anyOf/K/properties/parameters is tools[K].function.parameters)");
+        srv_req_ask_schema(c, a, schema,
+                           "tool_choice \"required\" (the calls' schema, whose "
+                           "/items/anyOf/K/properties/parameters is tools[K].function.parameters)");
     cJSON_Delete(schema); /* the references only */
     return ok;
 }
@@ -188,12 +191,12 @@ static const char *named_function(srv_conn *c, const cJSON *tc)
     const char *type = cJSON_IsObject(tc) ? mf_json_str(tc, "type") : NULL;
     const char *name = cJSON_IsObject(fn) ? mf_json_str(fn, "name") : NULL;
     if ((type && strcmp(type, "function") != 0) || !name) {
-        srv_fail(c, 400,
-                 "\"tool_choice\" must be none, auto, required or {\"type\": \"function\", "
-                 "\"function\": {\"name\": ...}}");
+        srv_req_fail(c, 400,
+                     "\"tool_choice\" must be none, auto, required or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}");
         return NULL;
     }
-    return srv_only_known(c, tc, "tool_choice", fields) ? name : NULL;
+    return srv_req_only_known(c, tc, "tool_choice", fields) ? name : NULL;
 }
 
 /* tool_choice into *mode (and the named function's index into *named);
@@ -206,7 +209,7 @@ static bool read_choice(srv_conn *c, const cJSON *tc, const cJSON *tools, tool_m
     *mode = strcmp(s, "required") == 0 ? MODE_REQUIRED : MODE_AUTO;
     if (*none || strcmp(s, "auto") == 0 || *mode == MODE_REQUIRED) {
         if (!tools && *mode == MODE_REQUIRED) {
-            srv_fail(c, 400, "\"tool_choice\": \"required\" needs \"tools\"");
+            srv_req_fail(c, 400, "\"tool_choice\": \"required\" needs \"tools\"");
             return false;
         }
         return true;
@@ -217,17 +220,17 @@ static bool read_choice(srv_conn *c, const cJSON *tc, const cJSON *tools, tool_m
     *mode = MODE_NAMED;
     *named = tool_index(tools, name);
     if (*named < 0) {
-        srv_fail(c, 400,
-                 "\"tool_choice\" must be none, auto, required or a function in \"tools\", "
-                 "not %s%s",
-                 name, tools ? "" : " (no tools were given)");
+        srv_req_fail(c, 400,
+                     "\"tool_choice\" must be none, auto, required or a function in \"tools\", "
+                     "not %s%s",
+                     name, tools ? "" : " (no tools were given)");
         return false;
     }
     return true;
 }
 
 /* The grammar a forced choice puts on the answer, and how its text is read. */
-static bool constrain(srv_conn *c, srv_ask *a, srv_chat_tools *t, const cJSON *tools, int named)
+static bool constrain(srv_conn *c, srv_req_ask *a, srv_chat_tools *t, const cJSON *tools, int named)
 {
     if (t->mode == MODE_REQUIRED) {
         t->format = SRV_TOOLS_JSON;
@@ -241,27 +244,27 @@ static bool constrain(srv_conn *c, srv_ask *a, srv_chat_tools *t, const cJSON *t
         snprintf(where, sizeof where, "tool_choice's function (tools[%d].function.parameters)",
                  named);
         const cJSON *params = parameters_of(tool);
-        return params
-                   ? srv_ask_schema(c, a, params, where)
-                   : srv_ask_grammar(c, a, GR_JSON_SCHEMA, any_object, strlen(any_object), where);
+        return params ? srv_req_ask_schema(c, a, params, where)
+                      : srv_req_ask_grammar(c, a, GR_JSON_SCHEMA, any_object, strlen(any_object),
+                                            where);
     }
     t->format = (srv_tool_format)c->s->tool_format;
     return true;
 }
 
-bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
+bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_req_ask *a)
 {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
-    if (!srv_is_null(tools) && !cJSON_IsArray(tools)) {
-        srv_fail(c, 400, "\"tools\" must be a list");
+    if (!srv_req_is_null(tools) && !cJSON_IsArray(tools)) {
+        srv_req_fail(c, 400, "\"tools\" must be a list");
         return false;
     }
     int n_tools = cJSON_GetArraySize(tools);
     if (n_tools == 0)
         tools = NULL; /* an empty list is no tools */
     if (n_tools > SRV_MAX_TOOLS) {
-        srv_fail(c, 400, "\"tools\" lists %d tools; at most %d", n_tools, SRV_MAX_TOOLS);
+        srv_req_fail(c, 400, "\"tools\" lists %d tools; at most %d", n_tools, SRV_MAX_TOOLS);
         return false;
     }
     int k = 0;
@@ -271,14 +274,14 @@ bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
     bool parallel = true, none = false;
     tool_mode mode = MODE_AUTO;
     int named = -1;
-    if (!srv_get_bool(c, root, "parallel_tool_calls", &parallel) ||
-        (!srv_is_null(tc) && !read_choice(c, tc, tools, &mode, &named, &none)))
+    if (!srv_req_get_bool(c, root, "parallel_tool_calls", &parallel) ||
+        (!srv_req_is_null(tc) && !read_choice(c, tc, tools, &mode, &named, &none)))
         return false;
     if (!tools || none || (mode == MODE_AUTO && c->s->tool_format == SRV_TOOLS_NONE))
         return true; /* the text is content (a model with no known syntax: as without tools) */
     srv_chat_tools *t = calloc(1, sizeof *t);
     if (!t) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return false;
     }
     *t = (srv_chat_tools){
@@ -303,10 +306,10 @@ bool srv_chat_tools_read(srv_conn *c, const cJSON *root, srv_ask *a)
 bool srv_chat_tools_message_in(srv_conn *c, cJSON *copy, int i)
 {
     cJSON *calls = cJSON_GetObjectItemCaseSensitive(copy, "tool_calls");
-    if (srv_is_null(calls))
+    if (srv_req_is_null(calls))
         return true;
     if (!cJSON_IsArray(calls)) {
-        srv_fail(c, 400, "messages[%d].tool_calls must be a list", i);
+        srv_req_fail(c, 400, "messages[%d].tool_calls must be a list", i);
         return false;
     }
     int k = 0;
@@ -314,23 +317,23 @@ bool srv_chat_tools_message_in(srv_conn *c, cJSON *copy, int i)
         cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
         const char *name = cJSON_IsObject(fn) ? mf_json_str(fn, "name") : NULL;
         if (!cJSON_IsObject(call) || !name) {
-            srv_fail(c, 400,
-                     "messages[%d].tool_calls[%d] must be {\"id\", \"type\": \"function\", "
-                     "\"function\": {\"name\", \"arguments\"}}",
-                     i, k);
+            srv_req_fail(c, 400,
+                         "messages[%d].tool_calls[%d] must be {\"id\", \"type\": \"function\", "
+                         "\"function\": {\"name\", \"arguments\"}}",
+                         i, k);
             return false;
         }
         cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-        if (cJSON_IsObject(args) || srv_is_null(args))
+        if (cJSON_IsObject(args) || srv_req_is_null(args))
             continue; /* already a mapping, or none */
         cJSON *parsed =
             cJSON_IsString(args) ? cJSON_ParseWithOpts(args->valuestring, NULL, true) : NULL;
         if (!cJSON_IsObject(parsed)) {
             cJSON_Delete(parsed);
-            srv_fail(c, 400,
-                     "messages[%d].tool_calls[%d].function.arguments must be a JSON object "
-                     "written as a string",
-                     i, k);
+            srv_req_fail(c, 400,
+                         "messages[%d].tool_calls[%d].function.arguments must be a JSON object "
+                         "written as a string",
+                         i, k);
             return false;
         }
         cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
@@ -375,14 +378,14 @@ static cJSON *call_object(int index, const char *id, const char *name, const cha
     if (name)
         cJSON_AddStringToObject(fn, "name", name);
     if (arguments)
-        cJSON_AddItemToObject(fn, "arguments", srv_json_text(arguments, args_len));
+        cJSON_AddItemToObject(fn, "arguments", srv_req_json_text(arguments, args_len));
     return o;
 }
 
 /* The calls in choice i's whole text (and the content beside them). */
 static int calls_of(const srv_gen *g, const srv_chat_tools *t, int32_t i, srv_tool_calls *tc)
 {
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     const char *text = ch->text ? ch->text : "";
     if (t->mode != MODE_NAMED)
         return srv_tool_calls_parse(t->format, text, ch->text_len, tc);
@@ -417,12 +420,12 @@ static size_t calls_kept(const srv_chat_tools *t, const srv_tool_calls *tc)
 void srv_chat_tools_answer(const srv_gen *g, int32_t i, cJSON *message, const char **finish)
 {
     const srv_chat_tools *t = g->answer;
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     srv_tool_calls tc;
     if (calls_of(g, t, i, &tc) <= 0) {
         srv_tool_calls_free(&tc);
         cJSON_AddItemToObject(message, "content",
-                              srv_json_text(ch->text ? ch->text : "", ch->text_len));
+                              srv_req_json_text(ch->text ? ch->text : "", ch->text_len));
         return;
     }
     if (tc.content)
@@ -446,7 +449,7 @@ void srv_chat_tools_answer(const srv_gen *g, int32_t i, cJSON *message, const ch
 static cJSON *content_delta(const char *text, size_t len)
 {
     cJSON *d = cJSON_CreateObject();
-    cJSON_AddItemToObject(d, "content", srv_json_text(text, len));
+    cJSON_AddItemToObject(d, "content", srv_req_json_text(text, len));
     return d;
 }
 
@@ -477,7 +480,7 @@ static void stream_calls_at_end(srv_gen *g, int32_t i, tool_stream *ts, cJSON *d
                                 const char **finish)
 {
     const srv_chat_tools *t = g->answer;
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     srv_tool_calls tc;
     size_t content_end = ch->text_len;
     if (calls_of(g, t, i, &tc) > 0)
@@ -500,7 +503,7 @@ static void stream_calls_at_end(srv_gen *g, int32_t i, tool_stream *ts, cJSON *d
 cJSON *srv_chat_tools_stream(srv_gen *g, int32_t i, bool end, const char **finish)
 {
     const srv_chat_tools *t = g->answer;
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     cJSON *deltas = cJSON_CreateArray();
     tool_stream *ts = stream_of(g, i);
     if (!ts || !deltas)

@@ -5,11 +5,14 @@
  * Requests are answered strictly in order. When llhttp completes a message
  * the parser is paused, the request is routed, and bytes that arrive
  * meanwhile (pipelined requests) wait in `pending`; once the response has
- * ended, parsing resumes there. A connection is therefore always in one of
- * three states: idle between requests (the keep-alive timer runs, or,
- * before its first request, the shorter first-byte deadline), reading
- * a request (the request timer runs: 408 when it fires), or answering one
- * (no timer: a generation takes as long as it takes).
+ * ended, parsing resumes there. A connection's request is therefore always
+ * in one of three states (c->phase, server.h's srv_conn_phase): idle between
+ * requests (the keep-alive timer runs, or, before its first request, the
+ * shorter first-byte deadline), reading a request (its headers, body or
+ * trailers; the request timer runs: 408 when it fires), or answering one
+ * (no timer: a generation takes as long as it takes). Apart from that, the
+ * connection itself is open, ending (flushing its last bytes, or lingering
+ * after a refusal) or closing its handles (c->life, srv_conn_life).
  *
  * Limits: the request line plus headers (431), the body (413, checked
  * against Content-Length before the body is read and against what arrives
@@ -39,9 +42,9 @@
  *
  * Offers srv_http_settings, srv_conn_feed and srv_conn_release_detached
  * (the fuzz seam in server.h) and, to the other server files, the
- * listener, the sink connection (srv_conn_init_sink), the responses
+ * listener, the sink connection (srv_http_init_sink), the responses
  * (whole, bodiless, error, server-sent events), the CORS origin check
- * (srv_cors_origin: every response to a listed browser origin carries
+ * (srv_http_cors_origin: every response to a listed browser origin carries
  * Access-Control-Allow-Origin) and the connection's end. Owns every
  * connection's memory. Knows nothing above it: it reaches the rest of the
  * server only through s->hooks (serve.c's), for each complete request
@@ -49,8 +52,9 @@
  * answer it lets go), and after one has left (check_drained). Touches the
  * status counters.
  */
-#include "internal/server_internal.h"
+#include "internal/http.h"
 
+#include <cjson/cJSON.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +100,22 @@ static const char *status_text(int status)
     return "Unknown";
 }
 
+/* --- the connection's state -------------------------------------------------- */
+
+/* c has ended (srv_http_close, srv_http_abort): nothing more is read or
+ * written, whatever its request's phase. */
+static bool ended(const srv_conn *c)
+{
+    return c->life != SRV_CONN_OPEN;
+}
+
+/* A request is arriving on c: its headers, body or trailers. */
+static bool reading(const srv_conn *c)
+{
+    return c->phase == SRV_CONN_HEADERS || c->phase == SRV_CONN_BODY ||
+           c->phase == SRV_CONN_TRAILERS;
+}
+
 /* --- writing ----------------------------------------------------------------- */
 
 typedef struct write_req {
@@ -126,7 +146,7 @@ static void trim_done(uv_work_t *req, int status)
 }
 
 /* One malloc_trim queued on the pool, unless one is queued already. */
-void srv_trim_soon(srv_server *s)
+void srv_http_trim_soon(srv_server *s)
 {
     if (s->trim_queued || !s->loop)
         return;
@@ -141,13 +161,13 @@ static void on_written(uv_write_t *req, int status)
     srv_conn *c = req->handle->data;
     c->out_bytes -= w->len;
     if (w->len >= TRIM_AFTER_BYTES)
-        srv_trim_soon(c->s);
+        srv_http_trim_soon(c->s);
     free(w->data);
     free(w);
-    if (status == UV_ECANCELED || c->closing)
+    if (status == UV_ECANCELED || ended(c))
         return; /* the socket is being closed */
     if (status < 0)
-        srv_conn_abort(c); /* the client has gone (reading may be paused, so say it here) */
+        srv_http_abort(c); /* the client has gone (reading may be paused, so say it here) */
     else if (c->write_blocked)
         on_backlog_drained(c);
 }
@@ -158,14 +178,14 @@ static void send_owned(srv_conn *c, char *data, size_t len)
 {
     if (c->sink)
         c->sink(c, data, len);
-    if (c->sink || c->closing || len == 0) {
+    if (c->sink || ended(c) || len == 0) {
         free(data);
         return;
     }
     write_req *w = malloc(sizeof *w);
     if (!w) {
         free(data);
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     w->data = data;
@@ -174,7 +194,7 @@ static void send_owned(srv_conn *c, char *data, size_t len)
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) {
         free(data);
         free(w);
-        srv_conn_abort(c);
+        srv_http_abort(c);
         return;
     }
     c->out_bytes += len;
@@ -187,11 +207,11 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
         c->sink(c, data, len);
         return;
     }
-    if (c->closing || len == 0)
+    if (ended(c) || len == 0)
         return;
     char *copy = malloc(len);
     if (!copy) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     memcpy(copy, data, len);
@@ -202,7 +222,7 @@ static void send_bytes(srv_conn *c, const char *data, size_t len)
  * to the kernel but not yet called back (a write the socket takes at once
  * still holds its copy until the loop's next turn), so what an answer
  * costs the server until the loop has freed it. */
-size_t srv_conn_backlog(const srv_conn *c)
+size_t srv_http_backlog(const srv_conn *c)
 {
     return c->sink ? 0 : c->out_bytes;
 }
@@ -218,9 +238,7 @@ static void request_reset(srv_conn *c)
     c->hfield_long = false;
     c->hwant = 0;
     c->header_bytes = 0;
-    c->reading = false;
-    c->headers_done = false;
-    c->in_trailers = false;
+    c->phase = SRV_CONN_IDLE;
     c->fold_lf = false;
 }
 
@@ -230,11 +248,21 @@ static void on_closed(uv_handle_t *h)
     /* the timer closes first, then the socket: free after the last */
     if (h != (uv_handle_t *)&c->tcp)
         return;
-    if (c->counted_closing)
-        c->s->n_closing--;
+    c->s->n_closing--; /* counted since conn_end */
     request_reset(c);
     free(c->pending);
     free(c);
+}
+
+/* A connection whose accept failed, never on the books: its timer closed,
+ * then its socket, then it is freed. */
+static void on_unaccepted_closed(uv_handle_t *h)
+{
+    srv_conn *c = h->data;
+    if (h == (uv_handle_t *)&c->tcp)
+        free(c);
+    else
+        uv_close((uv_handle_t *)&c->tcp, on_unaccepted_closed);
 }
 
 static void on_timer_closed(uv_handle_t *h)
@@ -251,10 +279,9 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 /* Close the timer, then the socket (which cancels unsent writes), once. */
 static void close_handles(srv_conn *c)
 {
-    if (c->handles_closing)
+    if (c->life == SRV_CONN_CLOSING)
         return;
-    c->handles_closing = true;
-    c->linger_done = true;
+    c->life = SRV_CONN_CLOSING;
     uv_timer_stop(&c->timer);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
@@ -288,7 +315,7 @@ static void linger_over(uv_timer_t *t)
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
     srv_conn *c = req->data;
-    if (c->handles_closing)
+    if (c->life == SRV_CONN_CLOSING)
         return; /* forced (close_overdue): the close cancelled the shutdown */
     if (status == 0 && c->refused &&
         uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, linger_read) == 0) {
@@ -308,9 +335,9 @@ static void close_overdue(uv_timer_t *t)
  * or at once. */
 static void conn_end(srv_conn *c, bool flush)
 {
-    if (c->closing)
+    if (ended(c))
         return;
-    c->closing = true;
+    c->life = SRV_CONN_ENDING;
     srv_server *s = c->s;
     s->hooks->on_conn_end(c); /* what waits to answer c lets go of it */
     if (c->sink)
@@ -324,7 +351,6 @@ static void conn_end(srv_conn *c, bool flush)
     s->n_conns--;
     s->n_closing++;
     unqueue_resume(c);
-    c->counted_closing = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_timer_stop(&c->timer);
     c->shutdown.data = c;
@@ -335,12 +361,12 @@ static void conn_end(srv_conn *c, bool flush)
     s->hooks->check_drained(s);
 }
 
-void srv_conn_close(srv_conn *c)
+void srv_http_close(srv_conn *c)
 {
     conn_end(c, true);
 }
 
-void srv_conn_abort(srv_conn *c)
+void srv_http_abort(srv_conn *c)
 {
     conn_end(c, false);
 }
@@ -348,17 +374,17 @@ void srv_conn_abort(srv_conn *c)
 static void on_timeout(uv_timer_t *t)
 {
     srv_conn *c = t->data;
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         return;
-    if (c->reading) {
-        srv_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
+    if (reading(c)) {
+        srv_http_respond_error(c, 408, "timeout", "the request did not arrive in time", NULL);
         c->refused = true;
     } else if (c->requests == 0) {
         /* a connection that never began a request: closed without an
          * answer, as there is no request to answer */
         c->s->metrics.first_byte_timeouts++;
     }
-    srv_conn_close(c); /* idle keep-alive, never begun, or after the 408 */
+    srv_http_close(c); /* idle keep-alive, never begun, or after the 408 */
 }
 
 /* Arm the timer for the state c is in: a request being read has
@@ -369,9 +395,9 @@ static void on_timeout(uv_timer_t *t)
  * would hold them all for the keep-alive minute). */
 static void arm_timer(srv_conn *c)
 {
-    if (c->sink || c->closing)
+    if (c->sink || ended(c))
         return;
-    if (c->busy) {
+    if (c->phase == SRV_CONN_ANSWERING) {
         uv_timer_stop(&c->timer);
         return;
     }
@@ -379,7 +405,7 @@ static void arm_timer(srv_conn *c)
     int32_t first = cfg->first_byte_timeout_ms < cfg->keepalive_timeout_ms
                         ? cfg->first_byte_timeout_ms
                         : cfg->keepalive_timeout_ms; /* never longer than an idle keep-alive */
-    int32_t ms = c->reading         ? cfg->request_timeout_ms
+    int32_t ms = reading(c)         ? cfg->request_timeout_ms
                  : c->requests == 0 ? first
                                     : cfg->keepalive_timeout_ms;
     uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
@@ -395,9 +421,9 @@ static srv_conn *conn_of(llhttp_t *p)
 static int refuse_headers(srv_conn *c)
 {
     if (!c->refused)
-        srv_respond_error(c, 431, "invalid_request",
-                          "the request line and headers are larger than the server's limit",
-                          "Connection: close\r\n");
+        srv_http_respond_error(c, 431, "invalid_request",
+                               "the request line and headers are larger than the server's limit",
+                               "Connection: close\r\n");
     c->refused = true;
     return -1;
 }
@@ -406,7 +432,7 @@ static int on_message_begin(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     request_reset(c);
-    c->reading = true;
+    c->phase = SRV_CONN_HEADERS;
     c->requests++;
     arm_timer(c);
     return 0;
@@ -425,10 +451,10 @@ static int on_message_begin(llhttp_t *p)
 static void refuse_fold(srv_conn *c)
 {
     if (!c->refused)
-        srv_respond_error(c, 400, "invalid_request",
-                          "a header line continues on the next line (obs-fold, RFC 9112 5.2); "
-                          "send each header on one line",
-                          "Connection: close\r\n");
+        srv_http_respond_error(c, 400, "invalid_request",
+                               "a header line continues on the next line (obs-fold, RFC 9112 5.2); "
+                               "send each header on one line",
+                               "Connection: close\r\n");
     c->refused = true;
 }
 
@@ -554,7 +580,7 @@ static int on_header_field_complete(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     c->hwant = H_NONE;
-    if (c->headers_done)
+    if (c->phase != SRV_CONN_HEADERS)
         return 0; /* a trailer: read past, never kept as a header */
     for (int h = H_AUTHORIZATION; h <= H_LAST && !c->hfield_long; h++) {
         if (strcasecmp(c->hfield, kept_headers[h]) == 0) {
@@ -607,7 +633,7 @@ static int refuse_body(srv_conn *c)
     snprintf(m, sizeof m, "the request body is larger than the server's limit of %lld bytes",
              (long long)c->s->cfg->max_body_bytes);
     if (!c->refused)
-        srv_respond_error(c, 413, "invalid_request", m, "Connection: close\r\n");
+        srv_http_respond_error(c, 413, "invalid_request", m, "Connection: close\r\n");
     c->refused = true;
     return -1;
 }
@@ -621,7 +647,7 @@ static int on_headers_complete(llhttp_t *p)
      * request on the connection (curl --http2 sends Upgrade: h2c) would get
      * a 400 */
     p->upgrade = 0;
-    c->headers_done = true;
+    c->phase = SRV_CONN_BODY;
     /* refuse a declared body over the limit before reading any of it */
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > (uint64_t)c->s->cfg->max_body_bytes)
         return refuse_body(c);
@@ -665,7 +691,7 @@ static int on_chunk_header(llhttp_t *p)
 {
     srv_conn *c = conn_of(p);
     if (p->content_length == 0) {
-        c->in_trailers = true;
+        c->phase = SRV_CONN_TRAILERS;
         c->fold_lf = false;
     }
     return 0;
@@ -676,8 +702,7 @@ static int on_message_complete(llhttp_t *p)
     srv_conn *c = conn_of(p);
     c->req.method = (uint8_t)llhttp_get_method(p);
     c->req.keep_alive = llhttp_should_keep_alive(p) && !c->s->draining;
-    c->reading = false;
-    c->busy = true;
+    c->phase = SRV_CONN_ANSWERING;
     return HPE_PAUSED; /* answer this one before parsing the next */
 }
 
@@ -703,7 +728,7 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf);
  * its kernel buffers, and TCP stops it from sending more. */
 static void update_reading(srv_conn *c)
 {
-    if (c->sink || c->closing)
+    if (c->sink || ended(c))
         return;
     bool want = c->pending_len < PENDING_MAX && !c->write_blocked;
     if (want && c->read_paused) {
@@ -724,7 +749,7 @@ static void keep_pending(srv_conn *c, const char *data, size_t len)
         size_t cap = (c->pending_len + len) * 2;
         char *p = realloc(c->pending, cap);
         if (!p) {
-            srv_conn_close(c);
+            srv_http_close(c);
             return;
         }
         c->pending = p;
@@ -795,7 +820,7 @@ static void unqueue_resume(srv_conn *c)
  * this read and go on in the next); whether they hold a fold (refused). */
 static bool ends_in_fold(srv_conn *c, const char *end)
 {
-    if (!c->reading || (c->headers_done && !c->in_trailers))
+    if (c->phase != SRV_CONN_HEADERS && c->phase != SRV_CONN_TRAILERS)
         return false;
     return look_for_fold(c, end, 0) != 0;
 }
@@ -806,8 +831,8 @@ static bool ends_in_fold(srv_conn *c, const char *end)
 static void parse(srv_conn *c, const char *data, size_t len)
 {
     int routed = 0;
-    while (len > 0 && !c->closing) {
-        if (c->busy || c->write_blocked || c->resume_queued) {
+    while (len > 0 && !ended(c)) {
+        if (c->phase == SRV_CONN_ANSWERING || c->write_blocked || c->resume_queued) {
             keep_pending(c, data, len);
             return;
         }
@@ -819,7 +844,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
         c->fold_scan = data;
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
         if (err == HPE_OK && ends_in_fold(c, data + len)) {
-            srv_conn_close(c); /* refuse_fold has answered */
+            srv_http_close(c); /* refuse_fold has answered */
             return;
         }
         if (err == HPE_OK) {
@@ -839,7 +864,7 @@ static void parse(srv_conn *c, const char *data, size_t len)
             data += used;
             len -= used;
             routed++;
-            c->s->hooks->on_request(c); /* may end the response at once, and clear busy */
+            c->s->hooks->on_request(c); /* may end the response at once (c idle again) */
             continue;
         }
         if (!c->refused) {
@@ -848,10 +873,10 @@ static void parse(srv_conn *c, const char *data, size_t len)
             snprintf(m, sizeof m, "malformed HTTP request: %s (%s)", llhttp_errno_name(err),
                      llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser)
                                                          : "");
-            srv_respond_error(c, 400, "invalid_request", m, "Connection: close\r\n");
+            srv_http_respond_error(c, 400, "invalid_request", m, "Connection: close\r\n");
             c->refused = true;
         }
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
 }
@@ -861,7 +886,7 @@ void srv_conn_feed(srv_conn *c, const char *data, size_t len)
     parse(c, data, len);
 }
 
-/* Parse what was pipelined while c was busy, and read again. */
+/* Parse what was pipelined while c was answering, and read again. */
 static void resume_pending(srv_conn *c)
 {
     if (c->pending_len && !c->resume_queued) {
@@ -879,15 +904,14 @@ static void resume_pending(srv_conn *c)
 /* The response ended: close, or go on with what was pipelined behind it. */
 static void response_done(srv_conn *c, bool keep_alive)
 {
-    c->busy = false;
     bool keep = keep_alive && c->req.keep_alive && !c->s->draining;
     request_reset(c);
     if (!keep) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     arm_timer(c);
-    if (srv_conn_backlog(c) > WRITE_HIGH) {
+    if (srv_http_backlog(c) > WRITE_HIGH) {
         /* the client is not reading its answers: its next requests wait */
         c->write_blocked = true;
         update_reading(c);
@@ -899,10 +923,10 @@ static void response_done(srv_conn *c, bool keep_alive)
 /* The write backlog fell (on_written): go on when it is under WRITE_LOW. */
 static void on_backlog_drained(srv_conn *c)
 {
-    if (srv_conn_backlog(c) > WRITE_LOW)
+    if (srv_http_backlog(c) > WRITE_LOW)
         return;
     c->write_blocked = false;
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         update_reading(c);
     else
         resume_pending(c);
@@ -919,7 +943,7 @@ static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
 {
     srv_conn *c = stream->data;
     if (n < 0) {
-        srv_conn_abort(c); /* EOF or error: the client has gone */
+        srv_http_abort(c); /* EOF or error: the client has gone */
     } else if (n > 0) {
         parse(c, buf->base, (size_t)n);
     }
@@ -986,8 +1010,8 @@ static bool refuse_at_accept(srv_conn *c)
     }
     if (!why)
         return false;
-    srv_respond_error(c, 503, "overloaded", why, "Retry-After: 1\r\nConnection: close\r\n");
-    srv_conn_close(c);
+    srv_http_respond_error(c, 503, "overloaded", why, "Retry-After: 1\r\nConnection: close\r\n");
+    srv_http_close(c);
     return true;
 }
 
@@ -1006,8 +1030,8 @@ static void on_connection(uv_stream_t *server, int status)
     uv_timer_init(s->loop, &c->timer);
     c->timer.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
-        c->closing = true;
-        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+        c->life = SRV_CONN_CLOSING;
+        uv_close((uv_handle_t *)&c->timer, on_unaccepted_closed);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1); /* tokens go out as they come */
@@ -1025,8 +1049,8 @@ static void on_connection(uv_stream_t *server, int status)
     arm_timer(c); /* the first-byte deadline */
 }
 
-int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
-               size_t msg_len)
+int srv_http_listen(srv_server *s, const char *host, int port, int *bound_port, char *msg,
+                    size_t msg_len)
 {
     struct sockaddr_storage addr;
     int rc = strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr)
@@ -1053,7 +1077,7 @@ int srv_listen(srv_server *s, const char *host, int port, int *bound_port, char 
     return QL_OK;
 }
 
-void srv_stop_accepting(srv_server *s)
+void srv_http_stop_accepting(srv_server *s)
 {
     if (s->listening) {
         s->listening = false;
@@ -1061,8 +1085,8 @@ void srv_stop_accepting(srv_server *s)
     }
     for (srv_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
-        if (!c->busy && !c->reading)
-            srv_conn_close(c);
+        if (c->phase == SRV_CONN_IDLE)
+            srv_http_close(c);
     }
 }
 
@@ -1076,7 +1100,7 @@ static void count_status(srv_server *s, int status)
 
 /* --- CORS ----------------------------------------------------------------------- */
 
-const char *srv_cors_origin(const srv_conn *c)
+const char *srv_http_cors_origin(const srv_conn *c)
 {
     const char *list = c->s->cfg ? c->s->cfg->cors_allow_origin : NULL, *origin = c->req.origin;
     if (!list || !*origin || c->req.cors_too_long)
@@ -1098,7 +1122,7 @@ const char *srv_cors_origin(const srv_conn *c)
  * "CORS protocol and HTTP caches"). Without the flag, none. */
 static void cors_headers(const srv_conn *c, char *cors, size_t cap)
 {
-    const char *allow = srv_cors_origin(c);
+    const char *allow = srv_http_cors_origin(c);
     cors[0] = 0;
     if (allow)
         snprintf(cors, cap, "Access-Control-Allow-Origin: %s\r\nVary: Origin\r\n", allow);
@@ -1124,7 +1148,7 @@ static void send_head(srv_conn *c, int status, const char *content_type, size_t 
                      content_type ? content_type : "", content_type ? "\r\n" : "", length, extra,
                      cors, keep || strstr(extra, "Connection:") ? "" : "Connection: close\r\n");
     if (n < 0 || (size_t)n >= sizeof head) {
-        srv_conn_abort(c); /* cannot happen: the callers' headers are short */
+        srv_http_abort(c); /* cannot happen: the callers' headers are short */
         return;
     }
     count_status(c->s, status);
@@ -1136,7 +1160,7 @@ static void send_head(srv_conn *c, int status, const char *content_type, size_t 
 static void respond(srv_conn *c, int status, const char *content_type, char *body, size_t len,
                     bool body_owned, const char *extra_headers)
 {
-    if (c->closing && !c->sink) {
+    if (ended(c) && !c->sink) {
         if (body_owned)
             free(body);
         return;
@@ -1153,38 +1177,38 @@ static void respond(srv_conn *c, int status, const char *content_type, char *bod
     } else {
         send_bytes(c, body, len);
     }
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         response_done(c, keep);
 }
 
-void srv_respond(srv_conn *c, int status, const char *content_type, const char *body, size_t len,
-                 const char *extra_headers)
+void srv_http_respond(srv_conn *c, int status, const char *content_type, const char *body,
+                      size_t len, const char *extra_headers)
 {
     respond(c, status, content_type, (char *)body, len, false, extra_headers);
 }
 
-void srv_respond_empty(srv_conn *c, int status, const char *extra_headers)
+void srv_http_respond_empty(srv_conn *c, int status, const char *extra_headers)
 {
-    if (c->closing && !c->sink)
+    if (ended(c) && !c->sink)
         return;
     bool keep = c->req.keep_alive && !c->s->draining && !c->refused;
     send_head(c, status, NULL, 0, extra_headers, keep);
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         response_done(c, keep);
 }
 
-void srv_respond_json(srv_conn *c, int status, const char *json)
+void srv_http_respond_json(srv_conn *c, int status, const char *json)
 {
-    srv_respond(c, status, "application/json", json, strlen(json), NULL);
+    srv_http_respond(c, status, "application/json", json, strlen(json), NULL);
 }
 
-void srv_respond_json_owned(srv_conn *c, int status, char *json)
+void srv_http_respond_json_owned(srv_conn *c, int status, char *json)
 {
     respond(c, status, "application/json", json, strlen(json), true, NULL);
 }
 
-void srv_respond_error(srv_conn *c, int status, const char *type, const char *message,
-                       const char *extra_headers)
+void srv_http_respond_error(srv_conn *c, int status, const char *type, const char *message,
+                            const char *extra_headers)
 {
     /* the message may hold anything a client sent: escape it through cJSON */
     cJSON *root = cJSON_CreateObject();
@@ -1194,14 +1218,14 @@ void srv_respond_error(srv_conn *c, int status, const char *type, const char *me
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
-    srv_respond(c, status, "application/json", text, strlen(text), extra_headers);
+    srv_http_respond(c, status, "application/json", text, strlen(text), extra_headers);
     free(text);
 }
 
-void srv_stream_begin(srv_conn *c)
+void srv_http_stream_begin(srv_conn *c)
 {
     char cors[sizeof c->req.origin + 64], head[512];
     cors_headers(c, cors, sizeof cors);
@@ -1224,7 +1248,7 @@ static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, s
     size_t total = (size_t)n + alen + blen + tlen + 2;
     char *buf = malloc(total);
     if (!buf) {
-        srv_conn_close(c);
+        srv_http_close(c);
         return;
     }
     memcpy(buf, size, (size_t)n);
@@ -1236,9 +1260,9 @@ static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, s
     free(buf);
 }
 
-void srv_stream_event(srv_conn *c, const char *data, size_t len)
+void srv_http_stream_event(srv_conn *c, const char *data, size_t len)
 {
-    if (c->closing && !c->sink)
+    if (ended(c) && !c->sink)
         return;
     if (c->req.http10) {
         send_bytes(c, "data: ", 6);
@@ -1247,24 +1271,24 @@ void srv_stream_event(srv_conn *c, const char *data, size_t len)
     } else {
         send_chunk(c, "data: ", 6, data, len, "\n\n", 2);
     }
-    if (srv_conn_backlog(c) > SLOW_READER_BYTES)
-        srv_conn_abort(c); /* it does not read what it asked for */
+    if (srv_http_backlog(c) > SLOW_READER_BYTES)
+        srv_http_abort(c); /* it does not read what it asked for */
 }
 
-void srv_stream_end(srv_conn *c)
+void srv_http_stream_end(srv_conn *c)
 {
-    if (c->closing && !c->sink)
+    if (ended(c) && !c->sink)
         return;
     bool http10 = c->req.http10;
     if (!http10)
         send_bytes(c, "0\r\n\r\n", 5);
-    if (c->busy)
+    if (c->phase == SRV_CONN_ANSWERING)
         response_done(c, !http10);
 }
 
 /* --- detached connections (the fuzz target) ----------------------------------- */
 
-void srv_conn_init_sink(srv_server *s, srv_conn *c)
+void srv_http_init_sink(srv_server *s, srv_conn *c)
 {
     /* the caller sets sink and sink_data */
     c->s = s;

@@ -18,12 +18,14 @@
  * log-probability of minus infinity is sent as -9999.0 (OpenAI's), since
  * JSON has no infinity.
  *
- * Offers srv_token_text, srv_oai_logprobs and srv_chat_logprobs
- * (internal/server_internal.h) to the API files. Owns nothing past a
+ * Offers srv_logprobs_token_text, srv_logprobs_oai and srv_logprobs_chat
+ * (internal/logprobs.h) to the API files. Owns nothing past a
  * call. Touches the tokenizer's decoding and the generation's choices.
  */
-#include "internal/server_internal.h"
+#include "internal/logprobs.h"
+#include "internal/gen.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,7 @@ static double shown(float lp)
     return isfinite(lp) ? (double)lp : -9999.0;
 }
 
-char *srv_token_text(const tok_tokenizer *t, int32_t id, cJSON **bytes)
+char *srv_logprobs_token_text(const tok_tokenizer *t, int32_t id, cJSON **bytes)
 {
     char *raw = NULL;
     size_t len = 0;
@@ -82,7 +84,7 @@ static void oai_add(const srv_gen *g, oai_lists *l, int32_t id, float lp, const 
                     int32_t n_top, size_t offset)
 {
     const tok_tokenizer *t = g->s->model.tok;
-    char *text = srv_token_text(t, id, NULL);
+    char *text = srv_logprobs_token_text(t, id, NULL);
     cJSON_AddItemToArray(l->tokens, cJSON_CreateString(text ? text : ""));
     cJSON_AddItemToArray(l->offsets, cJSON_CreateNumber((double)offset));
     if (isnan(lp)) {
@@ -95,7 +97,7 @@ static void oai_add(const srv_gen *g, oai_lists *l, int32_t id, float lp, const 
     cJSON *d = cJSON_CreateObject();
     bool chosen_in = false;
     for (int32_t k = 0; top && k < n_top && top[k].token >= 0; k++) {
-        char *alt = srv_token_text(t, top[k].token, NULL);
+        char *alt = srv_logprobs_token_text(t, top[k].token, NULL);
         if (alt && !cJSON_GetObjectItemCaseSensitive(d, alt))
             cJSON_AddNumberToObject(d, alt, shown(top[k].logprob));
         chosen_in |= top[k].token == id;
@@ -109,7 +111,7 @@ static void oai_add(const srv_gen *g, oai_lists *l, int32_t id, float lp, const 
 
 /* The prompt's tokens (echo): their logprobs, offsets over the texts the
  * tokens decode to one after another. */
-static void oai_add_prompt(const srv_gen *g, const srv_part *part, oai_lists *l)
+static void oai_add_prompt(const srv_gen *g, const srv_gen_part *part, oai_lists *l)
 {
     const tok_tokenizer *t = g->s->model.tok;
     tok_stream st = {0};
@@ -125,10 +127,10 @@ static void oai_add_prompt(const srv_gen *g, const srv_part *part, oai_lists *l)
     }
 }
 
-cJSON *srv_oai_logprobs(const srv_gen *g, int32_t i, size_t from, size_t to, bool echo)
+cJSON *srv_logprobs_oai(const srv_gen *g, int32_t i, size_t from, size_t to, bool echo)
 {
-    const srv_choice *ch = &g->choices[i];
-    const srv_part *part = &g->parts[i / g->per_part];
+    const srv_gen_choice *ch = &g->choices[i];
+    const srv_gen_part *part = &g->parts[i / g->per_part];
     oai_lists l = oai_lists_new();
     size_t base = 0; /* the generated text starts after the echoed prompt */
     if (echo) {
@@ -148,7 +150,7 @@ static cJSON *chat_entry(const tok_tokenizer *t, int32_t id, float lp)
 {
     cJSON *e = cJSON_CreateObject();
     cJSON *bytes = NULL;
-    char *text = srv_token_text(t, id, &bytes);
+    char *text = srv_logprobs_token_text(t, id, &bytes);
     cJSON_AddStringToObject(e, "token", text ? text : "");
     cJSON_AddNumberToObject(e, "logprob", shown(lp));
     if (bytes)
@@ -159,10 +161,10 @@ static cJSON *chat_entry(const tok_tokenizer *t, int32_t id, float lp)
     return e;
 }
 
-cJSON *srv_chat_logprobs(const srv_gen *g, int32_t i, size_t from, size_t to)
+cJSON *srv_logprobs_chat(const srv_gen *g, int32_t i, size_t from, size_t to)
 {
     const tok_tokenizer *t = g->s->model.tok;
-    const srv_choice *ch = &g->choices[i];
+    const srv_gen_choice *ch = &g->choices[i];
     cJSON *o = cJSON_CreateObject();
     cJSON *content = cJSON_AddArrayToObject(o, "content");
     for (size_t k = from; k < to && k < ch->n_tokens; k++) {

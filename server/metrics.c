@@ -4,13 +4,14 @@
  * updated and read on the loop thread; the engine's own figures come from
  * its stats snapshot.
  *
- * Offers srv_metrics_init (server.h), srv_hist_observe (bridge.c's
+ * Offers srv_metrics_init (server.h), srv_metrics_observe (bridge.c's
  * latencies) and srv_metrics_render (routes.c's GET /metrics); owns the
  * histogram bounds. Calls no other file of server/. Reads the engine's
  * stats and the adapter registry's state and list; writes nothing outside
  * the text it returns.
  */
-#include "internal/server_internal.h"
+#include "internal/metrics.h"
+#include "internal/http.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,7 +41,7 @@ void srv_metrics_init(srv_metrics *m)
     memcpy(m->loop_turn.bounds, loop_turn_bounds, sizeof loop_turn_bounds);
 }
 
-void srv_hist_observe(srv_hist *h, double seconds)
+void srv_metrics_observe(srv_hist *h, double seconds)
 {
     int b = 0;
     while (b < SRV_HIST_BUCKETS && seconds > h->bounds[b])
@@ -208,7 +209,7 @@ static void put_server(text *t, const srv_server *s)
     put(t, "qlserve_connections_closing %d\n", s->n_closing);
     size_t buffered = 0;
     for (const srv_conn *c = s->conns; c; c = c->next)
-        buffered += c->pending_len + srv_conn_backlog(c);
+        buffered += c->pending_len + srv_http_backlog(c);
     metric(t, "qlserve_connection_buffered_bytes", "gauge",
            "bytes held for open connections: pipelined input not yet parsed, output not yet "
            "taken by the client");

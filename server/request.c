@@ -9,18 +9,20 @@
  * the engine's or registry's code maps to (status_table); a 503 adds
  * Retry-After.
  *
- * Offers srv_status_of, srv_fail, srv_respond_cjson, srv_stream_cjson,
- * srv_respond_generation, srv_body_object, srv_only_known, srv_is_null,
- * the srv_get_* readers and the two generation APIs' shared srv_get_stops,
- * srv_get_sampling and srv_get_grammar (response_format and TGI's grammar,
- * with srv_ask_grammar and srv_ask_schema, which put a grammar's text on a
- * request) (internal/server_internal.h) to bridge.c, the API
+ * Offers srv_req_status_of, srv_req_fail, srv_req_respond_cjson, srv_req_stream_cjson,
+ * srv_req_respond_generation, srv_req_body_object, srv_req_only_known, srv_req_is_null,
+ * the srv_req_get_* readers and the two generation APIs' shared srv_req_get_stops,
+ * srv_req_get_sampling and srv_req_get_grammar (response_format and TGI's grammar,
+ * with srv_req_ask_grammar and srv_req_ask_schema, which put a grammar's text on a
+ * request), and srv_req_ask_free (internal/request.h) to bridge.c, the API
  * files, admin.c and routes.c, and srv_secret_equal (server.h), the
  * constant-time compare of a bearer token. Owns nothing past a call.
  * Touches only http.c's responses.
  */
-#include "internal/server_internal.h"
+#include "internal/request.h"
+#include "internal/http.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -58,7 +60,7 @@ static const struct {
     {QL_EFORMAT, 422},   {QL_EIO, 422},       {QL_ENOMEM, 503}, {QL_EDEVICE, 500},
 };
 
-int srv_status_of(int rc)
+int srv_req_status_of(int rc)
 {
     for (size_t i = 0; i < sizeof status_table / sizeof status_table[0]; i++)
         if (status_table[i].code == rc)
@@ -80,17 +82,18 @@ static const char *type_of(int status)
     }
 }
 
-void srv_fail(srv_conn *c, int status, const char *fmt, ...)
+void srv_req_fail(srv_conn *c, int status, const char *fmt, ...)
 {
     char m[1200];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
-    srv_respond_error(c, status, type_of(status), m, status == 503 ? "Retry-After: 1\r\n" : NULL);
+    srv_http_respond_error(c, status, type_of(status), m,
+                           status == 503 ? "Retry-After: 1\r\n" : NULL);
 }
 
-cJSON *srv_json_text(const char *text, size_t len)
+cJSON *srv_req_json_text(const char *text, size_t len)
 {
     if (!text)
         return cJSON_CreateString("");
@@ -125,71 +128,72 @@ cJSON *srv_json_text(const char *text, size_t len)
     return o;
 }
 
-void srv_respond_cjson(srv_conn *c, int status, cJSON *root)
+void srv_req_respond_cjson(srv_conn *c, int status, cJSON *root)
 {
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) {
-        srv_fail(c, 500, "out of memory");
+        srv_req_fail(c, 500, "out of memory");
         return;
     }
-    srv_respond_json_owned(c, status, text);
+    srv_http_respond_json_owned(c, status, text);
 }
 
-void srv_stream_cjson(srv_conn *c, cJSON *o)
+void srv_req_stream_cjson(srv_conn *c, cJSON *o)
 {
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (text) {
-        srv_stream_event(c, text, strlen(text));
+        srv_http_stream_event(c, text, strlen(text));
         free(text);
     }
 }
 
-void srv_stream_error(srv_conn *c, int status, const char *message)
+void srv_req_stream_error(srv_conn *c, int status, const char *message)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "type", type_of(status));
     cJSON_AddStringToObject(err, "message", message);
     cJSON_AddNumberToObject(err, "code", status);
-    srv_stream_cjson(c, root);
+    srv_req_stream_cjson(c, root);
 }
 
-void srv_respond_generation(srv_conn *c, cJSON *o, eng_finish why)
+void srv_req_respond_generation(srv_conn *c, cJSON *o, eng_finish why)
 {
     char *text = o && why != ENG_FINISH_ERROR ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (why == ENG_FINISH_ERROR || !text)
-        srv_respond_error(
+        srv_http_respond_error(
             c, 500, "internal",
             why == ENG_FINISH_ERROR ? "the engine failed this request" : "out of memory", NULL);
     else
-        srv_respond_json_owned(c, 200, text); /* written without a copy */
+        srv_http_respond_json_owned(c, 200, text); /* written without a copy */
 }
 
-cJSON *srv_body_object(srv_conn *c)
+cJSON *srv_req_body_object(srv_conn *c)
 {
     if (!c->req.body || c->req.body_len == 0) {
-        srv_fail(c, 400, "the request needs a JSON object body");
+        srv_req_fail(c, 400, "the request needs a JSON object body");
         return NULL;
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(c->req.body, c->req.body_len, &end, false);
     if (!root) {
         long at = end ? (long)(end - c->req.body) : 0;
-        srv_fail(c, 400, "the body is not valid JSON (parsing stopped at byte %ld)", at);
+        srv_req_fail(c, 400, "the body is not valid JSON (parsing stopped at byte %ld)", at);
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        srv_fail(c, 400, "the body must be a JSON object");
+        srv_req_fail(c, 400, "the body must be a JSON object");
         return NULL;
     }
     return root;
 }
 
-bool srv_only_known(srv_conn *c, const cJSON *obj, const char *where, const char *const *allowed)
+bool srv_req_only_known(srv_conn *c, const cJSON *obj, const char *where,
+                        const char *const *allowed)
 {
     const cJSON *it;
     cJSON_ArrayForEach (it, obj) {
@@ -197,50 +201,50 @@ bool srv_only_known(srv_conn *c, const cJSON *obj, const char *where, const char
         for (const char *const *a = allowed; *a && !ok; a++)
             ok = strcmp(it->string, *a) == 0;
         if (!ok) {
-            srv_fail(c, 400, "%s: unknown field \"%s\"", where, it->string);
+            srv_req_fail(c, 400, "%s: unknown field \"%s\"", where, it->string);
             return false;
         }
     }
     return true;
 }
 
-bool srv_is_null(const cJSON *v)
+bool srv_req_is_null(const cJSON *v)
 {
     return !v || cJSON_IsNull(v);
 }
 
-bool srv_get_number(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
-                    double *out, bool *present)
+bool srv_req_get_number(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
+                        double *out, bool *present)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (present)
-        *present = !srv_is_null(v);
-    if (srv_is_null(v))
+        *present = !srv_req_is_null(v);
+    if (srv_req_is_null(v))
         return true;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        srv_fail(c, 400, "\"%s\" must be a number", name);
+        srv_req_fail(c, 400, "\"%s\" must be a number", name);
         return false;
     }
     if (v->valuedouble < lo || v->valuedouble > hi) {
-        srv_fail(c, 400, "\"%s\" is %g; it must be in [%g, %g]", name, v->valuedouble, lo, hi);
+        srv_req_fail(c, 400, "\"%s\" is %g; it must be in [%g, %g]", name, v->valuedouble, lo, hi);
         return false;
     }
     *out = v->valuedouble;
     return true;
 }
 
-bool srv_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
-                 int64_t *out, bool *present)
+bool srv_req_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, double hi,
+                     int64_t *out, bool *present)
 {
     double d = 0;
     bool have = false;
-    if (!srv_get_number(c, obj, name, lo, hi, &d, &have))
+    if (!srv_req_get_number(c, obj, name, lo, hi, &d, &have))
         return false;
     if (present)
         *present = have;
     if (have) {
         if (d != floor(d)) {
-            srv_fail(c, 400, "\"%s\" must be an integer, not %g", name, d);
+            srv_req_fail(c, 400, "\"%s\" must be an integer, not %g", name, d);
             return false;
         }
         *out = (int64_t)d;
@@ -248,26 +252,26 @@ bool srv_get_int(srv_conn *c, const cJSON *obj, const char *name, double lo, dou
     return true;
 }
 
-bool srv_get_bool(srv_conn *c, const cJSON *obj, const char *name, bool *out)
+bool srv_req_get_bool(srv_conn *c, const cJSON *obj, const char *name, bool *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    if (srv_is_null(v))
+    if (srv_req_is_null(v))
         return true;
     if (!cJSON_IsBool(v)) {
-        srv_fail(c, 400, "\"%s\" must be true or false", name);
+        srv_req_fail(c, 400, "\"%s\" must be true or false", name);
         return false;
     }
     *out = cJSON_IsTrue(v);
     return true;
 }
 
-bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char **out)
+bool srv_req_get_string(srv_conn *c, const cJSON *obj, const char *name, const char **out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    if (srv_is_null(v))
+    if (srv_req_is_null(v))
         return true;
     if (!cJSON_IsString(v)) {
-        srv_fail(c, 400, "\"%s\" must be a string", name);
+        srv_req_fail(c, 400, "\"%s\" must be a string", name);
         return false;
     }
     *out = v->valuestring;
@@ -280,42 +284,43 @@ bool srv_get_string(srv_conn *c, const cJSON *obj, const char *name, const char 
 /* One more stop string for a, inside the bounds: SRV_MAX_STOPS of them,
  * ENG_STOP_MAX_BYTES each and ENG_STOP_MAX_TOTAL_BYTES in all (the
  * engine's, checked here so that a request past them costs nothing). */
-static bool add_stop(srv_conn *c, const char *name, const cJSON *it, srv_ask *a)
+static bool add_stop(srv_conn *c, const char *name, const cJSON *it, srv_req_ask *a)
 {
     if (!cJSON_IsString(it) || !it->valuestring[0]) {
-        srv_fail(c, 400, "\"%s\" must hold non-empty strings", name);
+        srv_req_fail(c, 400, "\"%s\" must hold non-empty strings", name);
         return false;
     }
     if (a->n_stops == SRV_MAX_STOPS) {
-        srv_fail(c, 400, "\"%s\": at most %d stop strings", name, SRV_MAX_STOPS);
+        srv_req_fail(c, 400, "\"%s\": at most %d stop strings", name, SRV_MAX_STOPS);
         return false;
     }
     size_t len = strlen(it->valuestring), total = len;
     for (size_t i = 0; i < a->n_stops; i++)
         total += strlen(a->stops[i]);
     if (len > ENG_STOP_MAX_BYTES) {
-        srv_fail(c, 400, "\"%s\": a stop string of %zu bytes; at most %d bytes each", name, len,
-                 ENG_STOP_MAX_BYTES);
+        srv_req_fail(c, 400, "\"%s\": a stop string of %zu bytes; at most %d bytes each", name, len,
+                     ENG_STOP_MAX_BYTES);
         return false;
     }
     if (total > ENG_STOP_MAX_TOTAL_BYTES) {
-        srv_fail(c, 400, "\"%s\": the stop strings have over %d bytes in all (the most allowed)",
-                 name, ENG_STOP_MAX_TOTAL_BYTES);
+        srv_req_fail(c, 400,
+                     "\"%s\": the stop strings have over %d bytes in all (the most allowed)", name,
+                     ENG_STOP_MAX_TOTAL_BYTES);
         return false;
     }
     a->stops[a->n_stops++] = it->valuestring;
     return true;
 }
 
-bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a)
+bool srv_req_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_req_ask *a)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    if (srv_is_null(v))
+    if (srv_req_is_null(v))
         return true;
     if (cJSON_IsString(v))
         return add_stop(c, name, v, a);
     if (!cJSON_IsArray(v)) {
-        srv_fail(c, 400, "\"%s\" must be a string or an array of strings", name);
+        srv_req_fail(c, 400, "\"%s\" must be a string or an array of strings", name);
         return false;
     }
     const cJSON *it;
@@ -330,13 +335,13 @@ bool srv_get_stops(srv_conn *c, const cJSON *obj, const char *name, srv_ask *a)
  * in [-100, 100], at most ENG_MAX_LOGIT_BIAS of them, each id inside the
  * model's vocabulary and named once; into a->logit_bias.
  */
-static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_ask *a)
+static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_req_ask *a)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "logit_bias");
-    if (srv_is_null(v))
+    if (srv_req_is_null(v))
         return true;
     if (!cJSON_IsObject(v)) {
-        srv_fail(c, 400, "\"logit_bias\" must be an object of token ids to biases");
+        srv_req_fail(c, 400, "\"logit_bias\" must be an object of token ids to biases");
         return false;
     }
     int32_t vocab = c->s->model.cfg.vocab_size;
@@ -349,18 +354,19 @@ static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_ask *a)
         if (key[0] >= '0' && key[0] <= '9' && strlen(key) <= 10)
             id = strtoll(key, &end, 10);
         if (id < 0 || *end) {
-            srv_fail(c, 400, "\"logit_bias\": key \"%s\" is not a token id (a decimal integer)",
-                     key);
+            srv_req_fail(c, 400, "\"logit_bias\": key \"%s\" is not a token id (a decimal integer)",
+                         key);
             return false;
         }
         if (vocab > 0 && id >= vocab) {
-            srv_fail(c, 400, "\"logit_bias\": token id %lld is outside the vocabulary of %d tokens",
-                     id, (int)vocab);
+            srv_req_fail(c, 400,
+                         "\"logit_bias\": token id %lld is outside the vocabulary of %d tokens", id,
+                         (int)vocab);
             return false;
         }
         if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100)) {
             char *shown = cJSON_PrintUnformatted(it);
-            srv_fail(
+            srv_req_fail(
                 c, 400,
                 "\"logit_bias\": the bias of token %lld is %s; it must be a number in [-100, 100]",
                 id, shown ? shown : "?");
@@ -368,13 +374,13 @@ static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_ask *a)
             return false;
         }
         if (n == ENG_MAX_LOGIT_BIAS) {
-            srv_fail(c, 400, "\"logit_bias\" has %d entries; at most %d", cJSON_GetArraySize(v),
-                     ENG_MAX_LOGIT_BIAS);
+            srv_req_fail(c, 400, "\"logit_bias\" has %d entries; at most %d", cJSON_GetArraySize(v),
+                         ENG_MAX_LOGIT_BIAS);
             return false;
         }
         for (size_t i = 0; i < n; i++)
             if (a->logit_bias[i].token == (int32_t)id) {
-                srv_fail(c, 400, "\"logit_bias\" names token id %lld twice", id);
+                srv_req_fail(c, 400, "\"logit_bias\" names token id %lld twice", id);
                 return false;
             }
         a->logit_bias[n++] = (eng_logit_bias){.token = (int32_t)id, .bias = (float)it->valuedouble};
@@ -394,19 +400,19 @@ static bool get_logit_bias(srv_conn *c, const cJSON *p, srv_ask *a)
  * length of the batch's sequences, which would make a request's tokens
  * depend on what else is in the batch; we do not copy that.
  */
-static bool get_openai_sampling(srv_conn *c, const cJSON *p, srv_ask *a)
+static bool get_openai_sampling(srv_conn *c, const cJSON *p, srv_req_ask *a)
 {
     double presence = 0, frequency = 0;
     int64_t min_tokens = 0;
     bool ignore_eos = false;
-    if (!srv_get_number(c, p, "presence_penalty", -2.0, 2.0, &presence, NULL) ||
-        !srv_get_number(c, p, "frequency_penalty", -2.0, 2.0, &frequency, NULL) ||
-        !srv_get_int(c, p, "min_tokens", 0, INT32_MAX, &min_tokens, NULL) ||
-        !srv_get_bool(c, p, "ignore_eos", &ignore_eos) || !get_logit_bias(c, p, a))
+    if (!srv_req_get_number(c, p, "presence_penalty", -2.0, 2.0, &presence, NULL) ||
+        !srv_req_get_number(c, p, "frequency_penalty", -2.0, 2.0, &frequency, NULL) ||
+        !srv_req_get_int(c, p, "min_tokens", 0, INT32_MAX, &min_tokens, NULL) ||
+        !srv_req_get_bool(c, p, "ignore_eos", &ignore_eos) || !get_logit_bias(c, p, a))
         return false;
     if (min_tokens > a->max_new_tokens) {
-        srv_fail(c, 400, "\"min_tokens\" is %lld; it may not pass the maximum of %lld tokens",
-                 (long long)min_tokens, (long long)a->max_new_tokens);
+        srv_req_fail(c, 400, "\"min_tokens\" is %lld; it may not pass the maximum of %lld tokens",
+                     (long long)min_tokens, (long long)a->max_new_tokens);
         return false;
     }
     a->sampling.presence_penalty = (float)presence;
@@ -416,22 +422,22 @@ static bool get_openai_sampling(srv_conn *c, const cJSON *p, srv_ask *a)
     return true;
 }
 
-bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_default)
+bool srv_req_get_sampling(srv_conn *c, const cJSON *p, srv_req_ask *a, bool greedy_default)
 {
     double temperature = greedy_default ? 0.0 : 1.0, top_p = 1.0, penalty = 1.0, typical = 1.0;
     int64_t top_k = 0, seed = 0;
     bool has_t = false, has_seed = false, has_k = false, has_p = false, has_typical = false;
-    if (!srv_get_number(c, p, "temperature", 0.0, 100.0, &temperature, &has_t) ||
-        !srv_get_number(c, p, "top_p", 0.0, 1.0, &top_p, &has_p) ||
-        !srv_get_number(c, p, "typical_p", 0.0, 1.0, &typical, &has_typical) ||
-        !srv_get_int(c, p, "top_k", 0, 1 << 24, &top_k, &has_k) ||
-        !srv_get_number(c, p, "repetition_penalty", 0.0, 100.0, &penalty, NULL) ||
-        !srv_get_int(c, p, "seed", 0, 9007199254740991.0, &seed, &has_seed))
+    if (!srv_req_get_number(c, p, "temperature", 0.0, 100.0, &temperature, &has_t) ||
+        !srv_req_get_number(c, p, "top_p", 0.0, 1.0, &top_p, &has_p) ||
+        !srv_req_get_number(c, p, "typical_p", 0.0, 1.0, &typical, &has_typical) ||
+        !srv_req_get_int(c, p, "top_k", 0, 1 << 24, &top_k, &has_k) ||
+        !srv_req_get_number(c, p, "repetition_penalty", 0.0, 100.0, &penalty, NULL) ||
+        !srv_req_get_int(c, p, "seed", 0, 9007199254740991.0, &seed, &has_seed))
         return false;
     if (greedy_default) {
         /* TGI: do_sample, or any sampling parameter, turns sampling on */
         bool do_sample = false;
-        if (!srv_get_bool(c, p, "do_sample", &do_sample))
+        if (!srv_req_get_bool(c, p, "do_sample", &do_sample))
             return false;
         if (!do_sample && !has_t && !has_k && !has_p && !has_typical)
             temperature = 0.0;
@@ -441,11 +447,11 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
     if (!get_openai_sampling(c, p, a))
         return false;
     if (has_p && top_p == 0.0) {
-        srv_fail(c, 400, "\"top_p\" must be in (0, 1]");
+        srv_req_fail(c, 400, "\"top_p\" must be in (0, 1]");
         return false;
     }
     if (has_typical && typical == 0.0) {
-        srv_fail(c, 400, "\"typical_p\" must be in (0, 1]");
+        srv_req_fail(c, 400, "\"typical_p\" must be in (0, 1]");
         return false;
     }
     a->sampling.typical_p = (float)typical;
@@ -457,28 +463,41 @@ bool srv_get_sampling(srv_conn *c, const cJSON *p, srv_ask *a, bool greedy_defau
     return true;
 }
 
-bool srv_get_vllm_output(srv_conn *c, const cJSON *root, srv_ask *a)
+bool srv_req_get_vllm_output(srv_conn *c, const cJSON *root, srv_req_ask *a)
 {
     bool skip = true;
-    if (!srv_get_bool(c, root, "skip_special_tokens", &skip) ||
-        !srv_get_bool(c, root, "include_stop_str_in_output", &a->include_stop_str))
+    if (!srv_req_get_bool(c, root, "skip_special_tokens", &skip) ||
+        !srv_req_get_bool(c, root, "include_stop_str_in_output", &a->include_stop_str))
         return false;
     a->keep_special = !skip;
     return true;
 }
 
+void srv_req_ask_free(srv_req_ask *a)
+{
+    free(a->token_store);
+    free(a->grammar_text);
+    if (a->answer_drop)
+        a->answer_drop(a->answer);
+    a->token_store = NULL;
+    a->grammar_text = NULL;
+    a->answer = NULL;
+    a->answer_drop = NULL;
+}
+
 /* --- constrained answers ---------------------------------------------------------- */
 
-bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, size_t len,
-                     const char *where)
+bool srv_req_ask_grammar(srv_conn *c, srv_req_ask *a, gr_kind kind, const char *text, size_t len,
+                         const char *where)
 {
     if (a->grammar_text) {
-        srv_fail(c, 400, "%s and %s both constrain the answer: give one", a->grammar_where, where);
+        srv_req_fail(c, 400, "%s and %s both constrain the answer: give one", a->grammar_where,
+                     where);
         return false;
     }
     char *copy = malloc(len + 1);
     if (!copy) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return false;
     }
     memcpy(copy, text, len);
@@ -492,105 +511,107 @@ bool srv_ask_grammar(srv_conn *c, srv_ask *a, gr_kind kind, const char *text, si
 /* A JSON Schema given as a value (an object, or true/false) or, as TGI
  * allows, as a JSON string holding one: its text into a, where naming
  * it. */
-static bool schema_grammar(srv_conn *c, const cJSON *schema, const char *where, srv_ask *a)
+static bool schema_grammar(srv_conn *c, const cJSON *schema, const char *where, srv_req_ask *a)
 {
     if (cJSON_IsString(schema))
-        return srv_ask_grammar(c, a, GR_JSON_SCHEMA, schema->valuestring,
-                               strlen(schema->valuestring), where);
+        return srv_req_ask_grammar(c, a, GR_JSON_SCHEMA, schema->valuestring,
+                                   strlen(schema->valuestring), where);
     if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
-        srv_fail(c, 400, "%s must be a JSON Schema (an object)", where);
+        srv_req_fail(c, 400, "%s must be a JSON Schema (an object)", where);
         return false;
     }
-    return srv_ask_schema(c, a, schema, where);
+    return srv_req_ask_schema(c, a, schema, where);
 }
 
-bool srv_ask_schema(srv_conn *c, srv_ask *a, const cJSON *schema, const char *where)
+bool srv_req_ask_schema(srv_conn *c, srv_req_ask *a, const cJSON *schema, const char *where)
 {
     char *text = schema ? cJSON_PrintUnformatted(schema) : NULL;
     if (!text) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return false;
     }
-    bool ok = srv_ask_grammar(c, a, GR_JSON_SCHEMA, text, strlen(text), where);
+    bool ok = srv_req_ask_grammar(c, a, GR_JSON_SCHEMA, text, strlen(text), where);
     free(text);
     return ok;
 }
 
 /* A regular expression given as a string value, as a's grammar. */
-static bool regex_grammar(srv_conn *c, const cJSON *re, const char *where, srv_ask *a)
+static bool regex_grammar(srv_conn *c, const cJSON *re, const char *where, srv_req_ask *a)
 {
     if (!cJSON_IsString(re)) {
-        srv_fail(c, 400, "%s must be a string (the regular expression)", where);
+        srv_req_fail(c, 400, "%s must be a string (the regular expression)", where);
         return false;
     }
-    return srv_ask_grammar(c, a, GR_REGEX, re->valuestring, strlen(re->valuestring), where);
+    return srv_req_ask_grammar(c, a, GR_REGEX, re->valuestring, strlen(re->valuestring), where);
 }
 
 /* {"type": "json_schema", "json_schema": {"name", "schema", "strict",
  * "description"}} (OpenAI), or TGI's {"type": "json_schema", "value":
  * {"name", "schema"}}: the schema, or any JSON value when none is given
  * (OpenAI's reading of a json_schema without one). */
-static bool json_schema_grammar(srv_conn *c, const cJSON *spec, const char *name, srv_ask *a)
+static bool json_schema_grammar(srv_conn *c, const cJSON *spec, const char *name, srv_req_ask *a)
 {
     static const char *const fields[] = {"name", "schema", "strict", "description", NULL};
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(spec, "json_schema");
     const char *key = "json_schema";
-    if (srv_is_null(js)) {
+    if (srv_req_is_null(js)) {
         js = cJSON_GetObjectItemCaseSensitive(spec, "value");
         key = "value";
     }
     char where[96];
     snprintf(where, sizeof where, "%s.%s", name, key);
     if (!cJSON_IsObject(js)) {
-        srv_fail(c, 400, "%s must be an object with the schema", where);
+        srv_req_fail(c, 400, "%s must be an object with the schema", where);
         return false;
     }
     bool strict = false;
-    if (!srv_only_known(c, js, where, fields) || !srv_get_bool(c, js, "strict", &strict))
+    if (!srv_req_only_known(c, js, where, fields) || !srv_req_get_bool(c, js, "strict", &strict))
         return false;
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
     snprintf(where, sizeof where, "%s.%s.schema", name, key);
-    if (srv_is_null(schema))
-        return srv_ask_grammar(c, a, GR_JSON_SCHEMA, "{}", 2, where);
+    if (srv_req_is_null(schema))
+        return srv_req_ask_grammar(c, a, GR_JSON_SCHEMA, "{}", 2, where);
     return schema_grammar(c, schema, where, a);
 }
 
-bool srv_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label, srv_ask *a)
+bool srv_req_get_grammar(srv_conn *c, const cJSON *obj, const char *name, const char *label,
+                         srv_req_ask *a)
 {
     static const char *const fields[] = {"type", "value", "json_schema", NULL};
     const cJSON *spec = cJSON_GetObjectItemCaseSensitive(obj, name);
     name = label; /* what the messages call it */
-    if (srv_is_null(spec))
+    if (srv_req_is_null(spec))
         return true;
     const char *type = cJSON_IsObject(spec) ? mf_json_str(spec, "type") : NULL;
     if (!type) {
-        srv_fail(c, 400, "\"%s\" must be an object with a \"type\"", name);
+        srv_req_fail(c, 400, "\"%s\" must be an object with a \"type\"", name);
         return false;
     }
-    if (!srv_only_known(c, spec, name, fields))
+    if (!srv_req_only_known(c, spec, name, fields))
         return false;
     const cJSON *value = cJSON_GetObjectItemCaseSensitive(spec, "value");
     char where[96];
     snprintf(where, sizeof where, "%s.value", name);
-    if (strcmp(type, "text") == 0 && srv_is_null(value))
+    if (strcmp(type, "text") == 0 && srv_req_is_null(value))
         return true;
-    if (strcmp(type, "json_object") == 0 && srv_is_null(value))
-        return srv_ask_grammar(c, a, GR_JSON_SCHEMA, "{\"type\":\"object\"}", 17, name);
+    if (strcmp(type, "json_object") == 0 && srv_req_is_null(value))
+        return srv_req_ask_grammar(c, a, GR_JSON_SCHEMA, "{\"type\":\"object\"}", 17, name);
     if (strcmp(type, "json_schema") == 0)
         return json_schema_grammar(c, spec, name, a);
     if (strcmp(type, "json") == 0 || strcmp(type, "json_object") == 0) {
-        if (srv_is_null(value)) {
-            srv_fail(c, 400, "%s: a grammar of type %s needs the schema in \"value\"", name, type);
+        if (srv_req_is_null(value)) {
+            srv_req_fail(c, 400, "%s: a grammar of type %s needs the schema in \"value\"", name,
+                         type);
             return false;
         }
         return schema_grammar(c, value, where, a);
     }
     if (strcmp(type, "regex") == 0)
         return regex_grammar(c, value, where, a);
-    srv_fail(c, 400,
-             "%s.type must be text, json_object, json_schema, json or regex, not %s (with no "
-             "\"value\" for text)",
-             name, type);
+    srv_req_fail(c, 400,
+                 "%s.type must be text, json_object, json_schema, json or regex, not %s (with no "
+                 "\"value\" for text)",
+                 name, type);
     return false;
 }
 
@@ -602,19 +623,19 @@ static char *choice_regex(srv_conn *c, const cJSON *list, const char *where)
     const cJSON *x;
     cJSON_ArrayForEach (x, list) {
         if (!cJSON_IsString(x) || !x->valuestring[0]) {
-            srv_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
+            srv_req_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
             return NULL;
         }
         cap += 2 * strlen(x->valuestring) + 1;
         n++;
     }
     if (n == 0) {
-        srv_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
+        srv_req_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
         return NULL;
     }
     char *re = malloc(cap), *o = re;
     if (!re) {
-        srv_fail(c, 503, "out of memory");
+        srv_req_fail(c, 503, "out of memory");
         return NULL;
     }
     *o++ = '(';
@@ -632,15 +653,15 @@ static char *choice_regex(srv_conn *c, const cJSON *list, const char *where)
     return re;
 }
 
-bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
+bool srv_req_get_guided(srv_conn *c, const cJSON *root, srv_req_ask *a)
 {
     static const char *const so_fields[] = {"json", "regex", "choice", "grammar", NULL};
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "structured_outputs");
-    if (!srv_is_null(so) && !cJSON_IsObject(so)) {
-        srv_fail(c, 400, "\"structured_outputs\" must be an object");
+    if (!srv_req_is_null(so) && !cJSON_IsObject(so)) {
+        srv_req_fail(c, 400, "\"structured_outputs\" must be an object");
         return false;
     }
-    if (!srv_is_null(so) && !srv_only_known(c, so, "structured_outputs", so_fields))
+    if (!srv_req_is_null(so) && !srv_req_only_known(c, so, "structured_outputs", so_fields))
         return false;
     /* each way of asking, vLLM's older name first */
     static const struct {
@@ -656,15 +677,15 @@ bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, ways[i].key);
         const char *name = ways[i].key;
         char so_name[48];
-        if (srv_is_null(v) && !srv_is_null(so)) {
+        if (srv_req_is_null(v) && !srv_req_is_null(so)) {
             v = cJSON_GetObjectItemCaseSensitive(so, ways[i].so_key);
             snprintf(so_name, sizeof so_name, "structured_outputs.%s", ways[i].so_key);
             name = so_name;
         }
-        if (srv_is_null(v))
+        if (srv_req_is_null(v))
             continue;
         if (way >= 0) {
-            srv_fail(c, 400, "%s and %s both constrain the answer: give one", where, name);
+            srv_req_fail(c, 400, "%s and %s both constrain the answer: give one", where, name);
             return false;
         }
         way = i;
@@ -678,23 +699,23 @@ bool srv_get_guided(srv_conn *c, const cJSON *root, srv_ask *a)
     if (way == 1)
         return regex_grammar(c, value, where, a);
     if (way == 3) {
-        srv_fail(c, 400,
-                 "%s (a context-free grammar in EBNF) is not supported: use a JSON Schema "
-                 "(guided_json) or a regular expression (guided_regex)",
-                 where);
+        srv_req_fail(c, 400,
+                     "%s (a context-free grammar in EBNF) is not supported: use a JSON Schema "
+                     "(guided_json) or a regular expression (guided_regex)",
+                     where);
         return false;
     }
     if (!cJSON_IsArray(value)) {
-        srv_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
+        srv_req_fail(c, 400, "%s must be a non-empty list of non-empty strings", where);
         return false;
     }
     char *re = choice_regex(c, value, where);
-    bool ok = re && srv_ask_grammar(c, a, GR_REGEX, re, strlen(re), where);
+    bool ok = re && srv_req_ask_grammar(c, a, GR_REGEX, re, strlen(re), where);
     free(re);
     return ok;
 }
 
-const char *srv_adapter_named(const srv_conn *c, const char *model)
+const char *srv_req_adapter_named(const srv_conn *c, const char *model)
 {
     if (!model || strcmp(model, c->s->model_id) == 0)
         return NULL;
@@ -709,7 +730,7 @@ const char *srv_adapter_named(const srv_conn *c, const char *model)
 
 /* --- which weights serve --------------------------------------------------------- */
 
-void srv_add_weights_identity(cJSON *o, const lora_state *st)
+void srv_req_add_weights_identity(cJSON *o, const lora_state *st)
 {
     cJSON_AddNumberToObject(o, "weights_version", (double)st->version);
     char digest[20];
@@ -724,7 +745,7 @@ void srv_add_weights_identity(cJSON *o, const lora_state *st)
     }
 }
 
-bool srv_is_adapter_name(const char *name)
+bool srv_req_is_adapter_name(const char *name)
 {
     return lora_name_valid(name); /* the one check, shared with the journal's replay */
 }

@@ -20,15 +20,23 @@
  * required, and keeping them apart (as vLLM does) means the API key alone
  * never reaches the admin routes.
  *
- * Offers srv_route (internal/server_internal.h), which serve.c sets as
+ * Offers srv_route (internal/routes.h), which serve.c sets as
  * the hooks' on_request; owns the table, the server's own routes (GET
  * /health and GET /metrics) and the two gates. Touches the handlers of
  * api_tgi.c, api_openai.c and admin.c, request.c's errors and secret
  * compare, http.c's responses and CORS origin check, and metrics.c's text. Nothing in server/ but
  * serve.c calls here.
  */
-#include "internal/server_internal.h"
+#include "internal/routes.h"
+#include "internal/admin.h"
+#include "internal/api_chat.h"
+#include "internal/api_openai.h"
+#include "internal/api_tgi.h"
+#include "internal/http.h"
+#include "internal/metrics.h"
+#include "internal/request.h"
 
+#include <cjson/cJSON.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,9 +50,9 @@ static void health(srv_conn *c, const char *name)
     (void)name;
     srv_server *s = c->s;
     if (s->serving && !s->draining)
-        srv_respond_json(c, 200, "{\"status\":\"ok\"}");
+        srv_http_respond_json(c, 200, "{\"status\":\"ok\"}");
     else
-        srv_fail(c, 503, s->draining ? "shutting down" : "the model is still loading");
+        srv_req_fail(c, 503, s->draining ? "shutting down" : "the model is still loading");
 }
 
 static void metrics(srv_conn *c, const char *name)
@@ -53,10 +61,10 @@ static void metrics(srv_conn *c, const char *name)
     size_t len = 0;
     char *text = srv_metrics_render(c->s, &len);
     if (!text) {
-        srv_fail(c, 500, "out of memory");
+        srv_req_fail(c, 500, "out of memory");
         return;
     }
-    srv_respond(c, 200, "text/plain; version=0.0.4", text, len, NULL);
+    srv_http_respond(c, 200, "text/plain; version=0.0.4", text, len, NULL);
     free(text);
 }
 
@@ -67,7 +75,7 @@ static void metrics(srv_conn *c, const char *name)
 static const struct {
     uint8_t method;   /* llhttp_method_t */
     const char *path; /* exact, or with one {name} segment */
-    srv_handler *handler;
+    srv_route_handler *handler;
 } routes[] = {
     {HTTP_GET, "/", health}, /* TGI answers GET / as /health */
     {HTTP_POST, "/", srv_tgi_compat},
@@ -76,7 +84,7 @@ static const struct {
     {HTTP_GET, "/info", srv_tgi_info},
     {HTTP_POST, "/tokenize", srv_tgi_tokenize},
     {HTTP_POST, "/v1/completions", srv_oai_completions},
-    {HTTP_POST, "/v1/chat/completions", srv_oai_chat},
+    {HTTP_POST, "/v1/chat/completions", srv_chat_completions},
     {HTTP_POST, "/chat_tokenize", srv_chat_tokenize},
     {HTTP_GET, "/v1/models", srv_oai_models},
     {HTTP_GET, "/health", health},
@@ -176,7 +184,7 @@ static void allow_headers(const srv_conn *c, char *buf, size_t cap)
  * (405). */
 static bool is_preflight(const srv_conn *c)
 {
-    return c->req.method == HTTP_OPTIONS && c->req.cors_method[0] && srv_cors_origin(c);
+    return c->req.method == HTTP_OPTIONS && c->req.cors_method[0] && srv_http_cors_origin(c);
 }
 
 static void preflight(srv_conn *c, const char *path)
@@ -190,7 +198,7 @@ static void preflight(srv_conn *c, const char *path)
              "Access-Control-Allow-Headers: %s\r\n"
              "Access-Control-Max-Age: %d\r\n",
              methods, headers, PREFLIGHT_MAX_AGE);
-    srv_respond_empty(c, 204, extra);
+    srv_http_respond_empty(c, 204, extra);
 }
 
 /* --- the API key ---------------------------------------------------------------------- */
@@ -245,10 +253,11 @@ static bool api_key_given(srv_conn *c)
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) {
-        srv_fail(c, 500, "out of memory");
+        srv_req_fail(c, 500, "out of memory");
         return false;
     }
-    srv_respond(c, 401, "application/json", text, strlen(text), "WWW-Authenticate: Bearer\r\n");
+    srv_http_respond(c, 401, "application/json", text, strlen(text),
+                     "WWW-Authenticate: Bearer\r\n");
     free(text);
     return false;
 }
@@ -259,12 +268,12 @@ void srv_route(srv_conn *c)
     char path[512];
     size_t n = c->req.url ? strcspn(c->req.url, "?") : 0;
     if (n == 0 || n >= sizeof path) {
-        srv_fail(c, n ? 414 : 400, "the request target is missing or too long");
+        srv_req_fail(c, n ? 414 : 400, "the request target is missing or too long");
         return;
     }
     memcpy(path, c->req.url, n);
     path[n] = 0;
-    if (!health_check(c, path) && srv_host_rule_applies(c->s) && !srv_host_allowed(c))
+    if (!health_check(c, path) && srv_admin_host_rule_applies(c->s) && !srv_admin_host_allowed(c))
         return;
     if (is_preflight(c)) {
         preflight(c, path);
@@ -274,7 +283,7 @@ void srv_route(srv_conn *c)
         return;
     if (strncmp(path, "/admin/", 7) == 0 && !srv_admin_gate(c))
         return;
-    char name[160]; /* a {name}: one longer is no route (a srv_work holds 159) */
+    char name[160]; /* a {name}: one longer is no route (admin.c's admin_job holds 159) */
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         bool has_name = strstr(routes[i].path, "{name}") != NULL;
         if (routes[i].method == c->req.method &&
@@ -286,7 +295,7 @@ void srv_route(srv_conn *c)
     char allowed[64] = ""; /* the methods path has, for the 405 */
     int n_allowed = path_methods(path, allowed, sizeof allowed, " or ");
     if (n_allowed == 0)
-        srv_fail(c, 404, "no route %s", path);
+        srv_req_fail(c, 404, "no route %s", path);
     else
-        srv_fail(c, 405, "%s: %s%s", path, allowed, n_allowed == 1 ? " only" : "");
+        srv_req_fail(c, 405, "%s: %s%s", path, allowed, n_allowed == 1 ? " only" : "");
 }

@@ -3,7 +3,7 @@
  * off the loop (GET /health answers 503 until it serves), and the
  * graceful drain. The top of server/: it wires the hooks table the lower
  * files call up through (a complete request to routes.c's srv_route, a
- * connection's end to bridge.c's srv_conn_gone, the drain check to
+ * connection's end to bridge.c's srv_gen_conn_gone, the drain check to
  * itself), as libuv hands a handle its callbacks.
  *
  * SIGTERM or SIGINT: stop accepting, close idle connections, let running
@@ -26,7 +26,12 @@
  * grace ends, stop), http.c's listener and connections, bridge.c's wake
  * callback, and metrics.c's init.
  */
-#include "internal/server_internal.h"
+#include "internal/admin.h"
+#include "internal/api_chat.h"
+#include "internal/gen.h"
+#include "internal/http.h"
+#include "internal/metrics.h"
+#include "internal/routes.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -60,7 +65,7 @@ static void check_drained(srv_server *s)
     s->in_check = true;
     for (srv_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
-        srv_conn_close(c);
+        srv_http_close(c);
     }
     s->in_check = false;
     s->handles_closed = true;
@@ -91,7 +96,7 @@ static void on_turn(uv_check_t *h)
     srv_server *s = h->data;
     double now = thread_cpu_s(), took = now - s->turn_cpu_s;
     s->turn_cpu_s = now;
-    srv_hist_observe(&s->metrics.loop_turn, took);
+    srv_metrics_observe(&s->metrics.loop_turn, took);
     if (took > s->metrics.loop_turn_max)
         s->metrics.loop_turn_max = took;
 }
@@ -116,7 +121,7 @@ static void on_signal(uv_signal_t *sig, int signum)
     s->serving = false;
     if (s->engine) /* a pause (/admin/engine/pause) would hold the drain to its grace */
         eng_engine_gate(s->engine, -1);
-    srv_stop_accepting(s);
+    srv_http_stop_accepting(s);
     uv_timer_start(&s->grace, on_grace, (uint64_t)s->cfg->grace_ms, 0);
     uv_unref((uv_handle_t *)&s->grace);
     check_drained(s);
@@ -299,7 +304,7 @@ static int write_new_token(const char *path, char *token, size_t cap, char *msg,
 static int admin_token_for_network(srv_server *s, const char *dir, char *msg, size_t msg_len)
 {
     const cfg_serve *c = s->cfg;
-    if (c->admin_token || srv_is_loopback_address(c->host))
+    if (c->admin_token || srv_admin_is_loopback_address(c->host))
         return QL_OK;
     char path[PATH_MAX];
     int err = dir[0] ? make_dirs(dir) : ENOENT;
@@ -441,7 +446,7 @@ static void load_after(uv_work_t *req, int status)
         fprintf(stderr, "qlserve serve: %s\n", j->msg);
         s->exit_code = 1;
         s->draining = true;
-        srv_stop_accepting(s);
+        srv_http_stop_accepting(s);
         check_drained(s);
     } else {
         s->serving = !s->draining;
@@ -463,18 +468,18 @@ static void load_after(uv_work_t *req, int status)
 
 /* --- the wiring ------------------------------------------------------------------- */
 
-/* What the lower files call up through (internal/server_internal.h): each
+/* What the lower files call up through (internal/http.h): each
  * names nothing above it. */
-static const srv_hooks hooks = {
+static const srv_http_hooks hooks = {
     .on_request = srv_route,
-    .on_conn_end = srv_conn_gone,
+    .on_conn_end = srv_gen_conn_gone,
     .check_drained = check_drained,
 };
 
 void srv_conn_init_detached(srv_server *s, srv_conn *c)
 {
     s->hooks = &hooks;
-    srv_conn_init_sink(s, c);
+    srv_http_init_sink(s, c);
 }
 
 /* --- the entry point ----------------------------------------------------------------- */
@@ -509,7 +514,7 @@ int srv_serve(const cfg_serve *cfg)
         if (n > 5 && strcmp(s->model_id + n - 5, ".gguf") == 0)
             s->model_id[n - 5] = 0;
     }
-    uv_async_init(s->loop, &s->wake, srv_bridge_on_wake);
+    uv_async_init(s->loop, &s->wake, srv_gen_on_wake);
     s->wake.data = s;
     uv_timer_init(s->loop, &s->grace);
     s->grace.data = s;
@@ -529,7 +534,7 @@ int srv_serve(const cfg_serve *cfg)
     int port = 0;
     load_job *j = calloc(1, sizeof *j);
     if (!j || prepare_state(s, j, msg, sizeof msg) != QL_OK ||
-        srv_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != QL_OK) {
+        srv_http_listen(s, cfg->host, cfg->port, &port, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve serve: %s\n", j ? msg : "out of memory");
         free(j);
         uv_walk(s->loop, close_walk, NULL);
@@ -561,7 +566,7 @@ int srv_serve(const cfg_serve *cfg)
     if (s->model.layers)
         eng_model_free(&s->model);
     mf_guard_stop();
-    srv_bridge_on_wake(&s->wake); /* events that raced the stop: free them */
+    srv_gen_on_wake(&s->wake); /* events that raced the stop: free them */
     uv_loop_close(s->loop);
     pthread_mutex_destroy(&s->events_mu);
     free(s);

@@ -5,31 +5,47 @@
  * socket (a server struct, a detached connection whose sink takes the
  * response bytes, srv_conn_feed).
  *
- * The server's files and what each owns, bottom up (each calls only the
+ * The server's rooms and what each owns, bottom up (each calls only the
  * ones above it in this list; a lower one reaches a higher one through
- * the hooks serve.c sets in the server struct):
- *   http.c        connections: libuv TCP, llhttp parsing (keep-alive,
- *                 pipelined requests answered in order, chunked bodies),
- *                 limits and timeouts, responses and server-sent events;
- *   metrics.c     counters and histograms, Prometheus text;
- *   request.c     the request helpers every route shares: JSON field
- *                 readers, errors and the status each error code maps to;
- *   bridge.c      generations: the submit, the engine bridge (tokens back
- *                 through uv_async); admin work on the thread pool;
- *   api_tgi.c     Text Generation Inference: /generate, /generate_stream,
- *                 /info, their request fields in and JSON/SSE out;
- *   api_openai.c  OpenAI: /v1/completions, /v1/models, likewise;
- *   tool_calls.c  tool calls parsed out of a model's text, in its syntax;
- *   chat_tools.c  chat's tools and tool_choice, and the answer's tool calls;
- *   api_chat.c    /v1/chat/completions and /chat_tokenize;
- *   admin.c       the admin routes under /admin/ (adapters, merge, unmerge, state)
- *                 and who may use them (the token, or a request no web page
- *                 can send), and the Host rule against DNS rebinding;
- *   routes.c      the route table, /health and /metrics, the Host and API
- *                 key gates and CORS preflights;
+ * the hooks serve.c sets in the server struct). Each room's contract is
+ * one header under internal/, its names carry the room's prefix:
+ *   http.c        (internal/http.h, srv_http_) connections: libuv TCP,
+ *                 llhttp parsing (keep-alive, pipelined requests answered
+ *                 in order, chunked bodies), limits and timeouts,
+ *                 responses and server-sent events;
+ *   metrics.c     (internal/metrics.h, srv_metrics_) counters and
+ *                 histograms, Prometheus text;
+ *   request.c     (internal/request.h, srv_req_) the request helpers
+ *                 every route shares: JSON field readers, errors and the
+ *                 status each error code maps to; srv_req_ask, what a
+ *                 generation request asks;
+ *   pool_job.c    (internal/pool_job.h, srv_pool_) work on libuv's
+ *                 thread pool answered on the loop;
+ *   bridge.c      (internal/gen.h, srv_gen_) generations: the prompt
+ *                 prepared, the submit, the engine bridge (tokens back
+ *                 through uv_async);
+ *   logprobs.c    (internal/logprobs.h, srv_logprobs_) logprobs in the
+ *                 APIs' shapes;
+ *   api_tgi.c     (internal/api_tgi.h, srv_tgi_) Text Generation
+ *                 Inference: /generate, /generate_stream, /info,
+ *                 /tokenize, their request fields in and JSON/SSE out;
+ *   api_openai.c  (internal/api_openai.h, srv_oai_) OpenAI:
+ *                 /v1/completions, /v1/models, likewise;
+ *   tool_calls.c  (internal/tool_calls.h, srv_tool_) tool calls parsed out
+ *                 of a model's text, in its syntax;
+ *   chat_tools.c  (internal/chat_tools.h, srv_chat_tools_) chat's tools
+ *                 and tool_choice, and the answer's tool calls;
+ *   api_chat.c    (internal/api_chat.h, srv_chat_) /v1/chat/completions
+ *                 and /chat_tokenize;
+ *   admin.c       (internal/admin.h, srv_admin_) the admin routes under
+ *                 /admin/ (adapters, merge, unmerge, state) and who may
+ *                 use them (the token, or a request no web page can
+ *                 send), and the Host rule against DNS rebinding;
+ *   routes.c      (internal/routes.h, srv_route) the route table, /health
+ *                 and /metrics, the Host and API key gates and CORS
+ *                 preflights;
  *   serve.c       setup (the hooks), the loop, the model loaded off the
  *                 loop, signals and the graceful drain.
- * What they share and nobody else needs is in internal/server_internal.h.
  *
  * One libuv loop thread owns every connection and every generation's
  * state; the engine thread only appends events to a mutex-guarded queue
@@ -122,6 +138,29 @@ typedef struct srv_request {
     bool http10; /* an HTTP/1.0 client: no chunked encoding, no 100-continue */
 } srv_request;
 
+/* Where a connection's current request is: http.c says what each allows
+ * (which timer runs, whether bytes are parsed or kept for later). */
+typedef enum srv_conn_phase {
+    SRV_CONN_IDLE,      /* between requests: the keep-alive timer, or before the
+                         * first request the first-byte deadline */
+    SRV_CONN_HEADERS,   /* a request has begun: its line and headers arriving
+                         * (the request timer runs, as in the next two) */
+    SRV_CONN_BODY,      /* its body arriving */
+    SRV_CONN_TRAILERS,  /* the trailers after a chunked body's last chunk */
+    SRV_CONN_ANSWERING, /* complete and being answered (no timer) */
+} srv_conn_phase;
+
+/* Where the connection itself is, whatever its request's phase (a
+ * generation may still answer a connection that has ended: it is then
+ * written nowhere, but to a sink). */
+typedef enum srv_conn_life {
+    SRV_CONN_OPEN,    /* on the server's list */
+    SRV_CONN_ENDING,  /* off the list and in s->n_closing (a sink's: only
+                       * ended): its last bytes going out, or lingering
+                       * after a refusal */
+    SRV_CONN_CLOSING, /* its timer and socket being closed; freed after */
+} srv_conn_life;
+
 struct srv_conn {
     uv_tcp_t tcp;
     srv_server *s;
@@ -136,37 +175,32 @@ struct srv_conn {
     size_t header_bytes; /* url + fields + values of this request */
     char *pending;       /* bytes read but not yet parsed (while a request is answered) */
     size_t pending_len, pending_cap;
-    bool busy; /* a request is being answered */
-    bool closing;
-    bool refused;      /* the request was refused while being read (413, 431) */
-    bool linger_done;  /* the lingering close after a refusal has ended */
-    bool headers_done; /* the request's headers are in: what follows are trailers */
+    srv_conn_phase phase;
+    srv_conn_life life;
+    bool refused; /* the request was refused while being read (413, 431) */
     /* reading stops while pending holds too much or the write backlog is
      * too large; write_blocked: pipelined requests wait for the backlog */
     bool read_paused, write_blocked;
-    size_t out_bytes; /* written, not yet completed (srv_conn_backlog) */
+    size_t out_bytes; /* written, not yet completed (srv_http_backlog) */
     /* pipelined requests left for the loop's next turn (s->resume_head) */
     bool resume_queued;
     srv_conn *resume_next;
-    bool handles_closing; /* the timer and socket are being closed */
-    bool counted_closing; /* off the list, in s->n_closing until freed */
     uv_shutdown_t shutdown;
     bool loopback; /* the peer is 127.0.0.0/8 or ::1 (a detached one: set by its user) */
     /* the peer's IP address (an IPv4-mapped IPv6 one as IPv4), for
      * --max-connections-per-peer; family 0: unknown (a detached one) */
     uint8_t peer_family;
     uint8_t peer_ip[16];
-    bool reading;      /* a request has started arriving */
     uint64_t requests; /* requests begun on c: until one has, the first-byte deadline runs */
     /* obs-fold (a header line continued on the next one) is looked for in
      * the raw bytes between the parser's header callbacks: fold_scan is
      * where the current llhttp_execute's unlooked-at bytes begin, and
      * fold_lf whether the last byte looked at was a LF */
     const char *fold_scan;
-    bool fold_lf, in_trailers;
-    uv_timer_t timer;      /* first byte, request read timeout, or keep-alive idle */
-    srv_gen *gen;          /* the generation this connection waits on */
-    struct srv_work *work; /* or the admin work it waits on */
+    bool fold_lf;
+    uv_timer_t timer;          /* first byte, request read timeout, or keep-alive idle */
+    srv_gen *gen;              /* the generation this connection waits on */
+    struct srv_pool_job *work; /* or the admin work it waits on */
     /* for the fuzz target and tests: take response bytes here instead of
      * writing to the socket */
     void (*sink)(srv_conn *c, const char *data, size_t len);
@@ -193,9 +227,9 @@ void srv_http_settings(llhttp_settings_t *st);
 struct srv_server {
     uv_loop_t *loop;
     const cfg_serve *cfg;
-    /* what the lower files call up through (internal/server_internal.h),
+    /* what the lower files call up through (internal/http.h),
      * set by serve.c */
-    const struct srv_hooks *hooks;
+    const struct srv_http_hooks *hooks;
     uv_tcp_t listener;
     bool listening;
     llhttp_settings_t http_settings;

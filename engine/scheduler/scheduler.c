@@ -516,24 +516,6 @@ static int check_length(const eng_engine *e, size_t n, char *msg, size_t msg_len
     return QL_OK;
 }
 
-int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
-                             char *msg, size_t msg_len)
-{
-    *ids = NULL;
-    *n = 0;
-    int rc = check_fields(e, r, msg, msg_len);
-    if (rc == QL_OK)
-        rc = prompt_ids(e, r, ids, n, msg, msg_len);
-    if (rc == QL_OK)
-        rc = check_length(e, *n, msg, msg_len);
-    if (rc != QL_OK) {
-        free(*ids);
-        *ids = NULL;
-        *n = 0;
-    }
-    return rc;
-}
-
 int eng_engine_check_grammar(const eng_engine *e, gr_grammar *g, char *msg, size_t msg_len)
 {
     gr_matcher *m = NULL;
@@ -742,6 +724,11 @@ void eng_built_free(eng_built *b)
 {
     if (b)
         request_free(b);
+}
+
+size_t eng_built_prompt_tokens(const eng_built *b)
+{
+    return (size_t)b->n_prompt;
 }
 
 /* Whether the queue has room (called with e->mu held): QL_OK, or QL_EBUSY

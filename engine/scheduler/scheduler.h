@@ -312,20 +312,19 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
  * token outside the vocabulary or a full queue (checked first) are refused
  * with the reason (nothing is queued). *id names it for eng_engine_cancel. */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
-/* Submit in two halves, so that a server builds off its event loop: _build
- * checks r as submit does (but for the queue) and makes everything it
- * needs, on any thread (it reads only fixed state) into *out (the
- * caller's: eng_built_free); _queue queues it, taking it (freed when the
- * queue is full or the engine stops: QL_EBUSY). */
+/* Submit in two halves, so that a server prepares off its event loop:
+ * _build is the one preparation, on any thread (it reads only fixed
+ * state): r checked as submit checks it (but for the queue), its prompt
+ * tokenized with BOS or copied, truncated and fitted to the context, into
+ * *out (the caller's: eng_built_free; _prompt_tokens says how many it
+ * kept); _queue checks only the queue, then takes it (freed when the queue
+ * is full or the engine stops: QL_EBUSY). */
 typedef struct eng_built eng_built;
 int eng_engine_build(const eng_engine *e, const eng_request *r, eng_built **out, char *msg,
                      size_t msg_len);
 int eng_engine_queue(eng_engine *e, eng_built *b, uint64_t *id, char *msg, size_t msg_len);
 void eng_built_free(eng_built *b);
-/* r's prompt as submit would feed it, on any thread: checked, tokenized
- * or copied, truncated, into *ids (malloc'd, the caller's) and *n. */
-int eng_engine_encode_prompt(const eng_engine *e, const eng_request *r, int32_t **ids, size_t *n,
-                             char *msg, size_t msg_len);
+size_t eng_built_prompt_tokens(const eng_built *b);
 /* g's first mask made on the caller's thread (kept in g's shared masks): QL_EINVAL naming the
  * budget when it, or the start each choice makes, takes more than a request may per step. */
 int eng_engine_check_grammar(const eng_engine *e, gr_grammar *g, char *msg, size_t msg_len);

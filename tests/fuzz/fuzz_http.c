@@ -208,7 +208,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
 
-    if (c->busy && !c->closing)
+    if (c->phase == SRV_CONN_ANSWERING && c->life == SRV_CONN_OPEN)
         abort(); /* a request read but never answered */
     if (w.want_body)
         abort(); /* a head without its body */
