@@ -34,8 +34,9 @@
 #define MAX_INCLUDE 64
 #define PATH_LEN    512
 
-static const char *const product_roots[] = {"base",   "kernels", "engine", "adapters",
-                                            "config", "server",  "cli"};
+static const char *const product_roots[] = {"base",    "kernels",  "modelfile", "tokenizer",
+                                            "grammar", "template", "engine",    "adapters",
+                                            "config",  "server",   "cli"};
 
 typedef struct src_file {
     char path[PATH_LEN];   /* relative to the source root */
@@ -455,8 +456,9 @@ static void top_folder(const char *path, char *out)
  * its own rank or lower. */
 static int rank_of(const char *top)
 {
-    static const char *const order[] = {"base",     "config", "kernels", "engine",
-                                        "adapters", "server", "cli"};
+    static const char *const order[] = {"base",      "config",  "kernels",  "modelfile",
+                                        "tokenizer", "grammar", "template", "engine",
+                                        "adapters",  "server",  "cli"};
     for (int i = 0; i < (int)(sizeof order / sizeof *order); i++)
         if (strcmp(order[i], top) == 0)
             return i;

@@ -15,7 +15,7 @@
  *
  * A model owns its tensors, its tokenizer and the mapped files its borrowed
  * tensors point into; eng_model_free releases all of it. It touches
- * engine/modelfile/, engine/tokenizer/, engine/grammar/ (the vocabulary
+ * modelfile/, tokenizer/, grammar/ (the vocabulary
  * trie) and kernels/, nothing at run time.
  */
 #ifndef QL_MODEL_H
@@ -206,7 +206,7 @@ typedef struct eng_load_opts {
  */
 int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len);
 void eng_model_free(eng_model *m);
-/* The vocabulary as a grammar judges it (engine/grammar/): what each of
+/* The vocabulary as a grammar judges it (grammar/): what each of
  * the cfg.vocab_size ids adds to a text in the middle of it
  * (tok_token_bytes; special tokens and ids past the tokenizer's add
  * nothing, so a mask never allows them), eos allowed where a grammar may

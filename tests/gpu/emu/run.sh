@@ -95,8 +95,8 @@ CJSON_INC=$(pkg-config --cflags libcjson 2>/dev/null || echo "-isystem /usr/incl
 CJSON_LIB=$(pkg-config --libs libcjson 2>/dev/null || echo "-lcjson")
 
 INC=(-I"$EMU/include" -I"$ROOT/base" -I"$ROOT/kernels" -I"$ROOT/kernels/internal" -I"$ROOT/kernels/math" -I"$ROOT/kernels/cuda"
-     -I"$ROOT/kernels/cuda/internal" -I"$ROOT/engine" -I"$ROOT/engine/modelfile" -I"$ROOT/engine/tokenizer" -I"$ROOT/engine/template"
-     -I"$ROOT/engine/model" -I"$ROOT/engine/runtime" -I"$ROOT/engine/scheduler" -I"$ROOT/engine/grammar" -I"$ROOT/adapters"
+     -I"$ROOT/kernels/cuda/internal" -I"$ROOT/engine" -I"$ROOT/modelfile" -I"$ROOT/tokenizer" -I"$ROOT/template"
+     -I"$ROOT/engine/model" -I"$ROOT/engine/runtime" -I"$ROOT/engine/scheduler" -I"$ROOT/grammar" -I"$ROOT/adapters"
      -I"$ROOT/tests" -I"$ROOT/bench")
 CXXFLAGS=(-std=c++17 "$OPT" -g -ffp-contract=off -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -Wall -Wno-unused-variable -Wno-subobject-linkage)
 CFLAGS=(-std=gnu11 "$OPT" -g -ffp-contract=off -Wall -Wextra -DQL_HAVE_CUDA=1 "-DQL_FIXTURES=\"$ROOT/tests/fixtures\"")

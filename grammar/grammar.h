@@ -1,5 +1,5 @@
 /*
- * grammar.h - the public header of engine/grammar/: constrained decoding.
+ * grammar.h - the public header of grammar/: constrained decoding.
  *
  * A grammar is a context-free language over bytes: what a constrained
  * answer may say. It is written once (from a JSON Schema, a regular
