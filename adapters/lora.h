@@ -43,7 +43,8 @@
 #ifndef QL_LORA_H
 #define QL_LORA_H
 
-#include "engine.h"
+#include "model.h"
+#include "scheduler.h"
 
 #include <regex.h>
 

@@ -22,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "modelfile.h"
+#include "template.h"
 
 #define VECTORS      QL_FIXTURES "/chat_templates/vectors.json"
 #define TEMPLATE_DIR QL_FIXTURES "/chat_templates/"

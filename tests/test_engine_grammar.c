@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "grammar.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "scheduler.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

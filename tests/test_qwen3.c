@@ -21,8 +21,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
 #include "fixtures/qwen3_reference.h"
+#include "model.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
