@@ -330,9 +330,11 @@ Test(layout, no_include_cycle_between_folders)
 #define MAX_SYMBOLS 8192
 
 static const char *const product_libraries[] = {
-    "libqlbase.a",   "libqlkernels.a",  "kernels/cuda/libqlkernels_cuda.a",
-    "libqlengine.a", "libqladapters.a", "libqlconfig.a",
-    "libqlserver.a", "libqlcli.a",
+    "libqlbase.a",      "libqlkernels.a",   "kernels/cuda/libqlkernels_cuda.a",
+    "libqlmodelfile.a", "libqltokenizer.a", "libqlgrammar.a",
+    "libqltemplate.a",  "libqlmodel.a",     "libqlruntime.a",
+    "libqlscheduler.a", "libqladapters.a",  "libqlconfig.a",
+    "libqlserver.a",    "libqlcli.a",
 };
 
 static char objects[MAX_OBJECTS][128];
