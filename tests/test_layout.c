@@ -323,6 +323,19 @@ static bool find_cycle(graph *g, char *why, size_t why_len)
     return false;
 }
 
+/* Fails the test, naming the cycle after what, when the graph of n nodes
+ * with edge(a, b) has one. */
+static void assert_no_cycle(int n, bool (*edge)(int a, int b), const char *(*name_of)(int v),
+                            const char *what)
+{
+    static graph g;
+    g.n = n;
+    g.edge = edge;
+    g.name_of = name_of;
+    char why[2048] = "";
+    cr_assert_not(find_cycle(&g, why, sizeof why), "%s: %s", what, why);
+}
+
 static bool file_edge(int a, int b)
 {
     for (int i = 0; i < files[a].n_includes; i++)
@@ -368,12 +381,7 @@ static const char *folder_name(int v)
 Test(layout, no_include_cycle_between_files)
 {
     load_tree();
-    static graph g;
-    g.n = n_files;
-    g.edge = file_edge;
-    g.name_of = file_name;
-    char why[2048] = "";
-    cr_assert_not(find_cycle(&g, why, sizeof why), "include cycle: %s", why);
+    assert_no_cycle(n_files, file_edge, file_name, "include cycle");
 }
 
 Test(layout, no_include_cycle_between_folders)
@@ -381,12 +389,7 @@ Test(layout, no_include_cycle_between_folders)
     load_tree();
     for (int i = 0; i < n_files; i++)
         folder_index(files[i].folder);
-    static graph g;
-    g.n = n_folders;
-    g.edge = folder_edge;
-    g.name_of = folder_name;
-    char why[2048] = "";
-    cr_assert_not(find_cycle(&g, why, sizeof why), "folders include each other: %s", why);
+    assert_no_cycle(n_folders, folder_edge, folder_name, "folders include each other");
 }
 
 /* --- references between object files ------------------------------------ */
@@ -507,12 +510,7 @@ Test(layout, no_reference_cycle_between_object_files)
             n_edges += object_uses[a][b];
     cr_assert_geq(n_objects, 40, "only %d object files read from %s", n_objects, QL_BINARY_DIR);
     cr_assert_geq(n_edges, n_objects, "only %d references between object files", n_edges);
-    static graph g;
-    g.n = n_objects;
-    g.edge = object_edge;
-    g.name_of = object_name;
-    char why[2048] = "";
-    cr_assert_not(find_cycle(&g, why, sizeof why), "object files use each other: %s", why);
+    assert_no_cycle(n_objects, object_edge, object_name, "object files use each other");
 }
 
 /* --- the order between modules ------------------------------------------ */
@@ -561,12 +559,7 @@ static const char *module_name(int v)
 Test(layout, the_table_of_modules_has_no_cycle)
 {
     read_module_table();
-    static graph g;
-    g.n = N_MODULES;
-    g.edge = module_edge;
-    g.name_of = module_name;
-    char why[2048] = "";
-    cr_assert_not(find_cycle(&g, why, sizeof why), "modules use each other: %s", why);
+    assert_no_cycle(N_MODULES, module_edge, module_name, "modules use each other");
 }
 
 Test(layout, every_product_file_belongs_to_a_module_and_every_module_has_files)
