@@ -44,7 +44,8 @@
 #ifndef QL_LORA_H
 #define QL_LORA_H
 
-#include "engine.h"
+#include "model.h"
+#include "scheduler.h"
 
 /* --- loading (adapters/peft.c) ------------------------------------------- */
 

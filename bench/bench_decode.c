@@ -21,7 +21,8 @@
  *                     [--prompt-tokens P] [--new-tokens N] [--batches 1,8,32]
  *                     [--repeats R] [--kv-dtype f32|f16|q8_0]
  */
-#include "engine.h"
+#include "model.h"
+#include "runtime.h"
 
 #include <stdio.h>
 #include <stdlib.h>

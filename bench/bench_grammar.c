@@ -19,7 +19,9 @@
  *                      [--threads N] [--answers FILE]
  */
 #include "bench_server.h"
-#include "engine.h"
+#include "grammar.h"
+#include "model.h"
+#include "scheduler.h"
 #include "template.h"
 
 #include <cjson/cJSON.h>

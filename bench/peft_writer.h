@@ -16,7 +16,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
+#include "model.h"
+#include "modelfile.h"
 
 static inline uint64_t peft_rng_next(uint64_t *s)
 {

@@ -161,7 +161,7 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   new_fuzz fuzz_vocab_gguf 65536 "" $(find tests/fixtures/tokenizers -name '*.gguf' -size -64k)
   new_fuzz fuzz_adapter_config 4096 tests/fuzz/adapter_config.dict tests/fuzz/corpus_adapter_config/.
   new_fuzz fuzz_config 4096 tests/fuzz/config.dict tests/fuzz/corpus_config/.
-  # the JSON Schema and regex compilers of engine/grammar/ (issue 19)
+  # the JSON Schema and regex compilers of grammar/ (issue 19)
   new_fuzz fuzz_grammar 4096 tests/fuzz/grammar.dict tests/fuzz/corpus_grammar/.
 fi
 stage_end

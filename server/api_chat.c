@@ -5,7 +5,7 @@
  * (the rendered text and its tokens, for the same body).
  *
  * A request's messages are rendered through the model's chat template
- * (engine/template/: the Jinja program the model ships, rendered as
+ * (template/: the Jinja program the model ships, rendered as
  * transformers' apply_chat_template renders it), with the variables
  * transformers passes: messages, tools (none when not given),
  * add_generation_prompt (true, as every chat server sends it), bos_token and
@@ -41,7 +41,7 @@
  * server (srv_chat_templates_load/free, called by serve.c); owns the compiled templates and the
  * chat request and answer shapes. Touches request.c's helpers, http.c's stream events, bridge.c's
  * srv_gen_submit, api_tgi.c's token spans, api_openai.c's shared OpenAI pieces, the model's
- * tokenizer (for the BOS/EOS text) and engine/template/.
+ * tokenizer (for the BOS/EOS text) and template/.
  */
 #include "internal/api_chat.h"
 #include "internal/api_openai.h"

@@ -65,8 +65,11 @@
 #include <uv.h>
 
 #include "config.h"
-#include "engine.h"
+#include "grammar.h"
 #include "lora.h"
+#include "model.h"
+#include "scheduler.h"
+#include "template.h"
 
 typedef struct srv_server srv_server;
 typedef struct srv_conn srv_conn;

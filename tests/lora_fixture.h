@@ -25,9 +25,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
 #include "gguf_writer.h"
 #include "lora.h"
+#include "model.h"
+#include "modelfile.h"
 #include "qt_math.h"
 #include "test_util.h"
 #include "tiny_model.h"

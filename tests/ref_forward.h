@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "model.h"
 #include "test_util.h"
 
 #ifndef FWD_REL_TOL

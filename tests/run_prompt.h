@@ -18,7 +18,8 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
-#include "engine.h"
+#include "model.h"
+#include "runtime.h"
 
 typedef struct prompt_run {
     const int32_t *tokens; /* borrowed for the call */

@@ -26,12 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "fixtures/gemma_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
+#include "model.h"
+#include "modelfile.h"
 #include "ref_forward.h"
 #include "run_prompt.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

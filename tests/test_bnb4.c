@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "modelfile.h"
 #include "qtensor.h"
 #include "test_util.h"
 

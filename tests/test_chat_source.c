@@ -13,9 +13,9 @@
 #include <sys/stat.h>
 
 #include "config.h"
-#include "engine.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_chat_templates.c - engine/template/ renders the chat templates real
+ * test_chat_templates.c - template/ renders the chat templates real
  * models ship (the .jinja files in tests/fixtures/chat_templates: Llama 3.1/3.2/3.3,
  * Qwen2.5, Qwen3, Mistral Nemo and Small 3.2, Gemma 2, Phi-3.5, the
  * DeepSeek-R1 distills, Hermes tool use, SmolLM2/3, Granite 3.3) byte for
@@ -22,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "modelfile.h"
+#include "template.h"
 
 #define VECTORS      QL_FIXTURES "/chat_templates/vectors.json"
 #define TEMPLATE_DIR QL_FIXTURES "/chat_templates/"

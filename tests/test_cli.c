@@ -12,12 +12,15 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "engine.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "modelfile.h"
 #include "qt_math.h"
 #include "run_prompt.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
+#include "tokenizer.h"
 
 static char dir[512];
 

@@ -15,9 +15,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "model.h"
+#include "runtime.h"
+#include "scheduler.h"
 #include "test_util.h"
 #include "tiny_model.h"
+#include "tokenizer.h"
 
 static char dir[512];
 static eng_model model;

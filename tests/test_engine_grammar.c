@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "grammar.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "scheduler.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -294,7 +296,8 @@ Test(engine_grammar, an_ambiguous_grammar_ends_at_its_step_budget_while_a_neighb
     char msg[512];
     cr_assert_eq(eng_engine_start(&e, &model, &opts, msg, sizeof msg), 0, "%s", msg);
     gr_vocab *v = NULL;
-    cr_assert_eq(eng_model_grammar_vocab(&model, -1, &v, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(gr_vocab_from_tokenizer(&v, model.tok, model.cfg.vocab_size, -1, msg, sizeof msg),
+                 QL_OK, "%s", msg);
     int64_t budget = gr_vocab_step_budget(v);
     gr_vocab_free(v);
     gr_grammar *g = NULL;

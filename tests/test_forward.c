@@ -40,7 +40,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "model.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -15,12 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "fixtures/gemma_reference.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
 #include "ref_forward.h"
 #include "run_prompt.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

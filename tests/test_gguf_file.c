@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "fixtures/gguf_kquant_vectors.h"
 #include "gguf_writer.h"
+#include "modelfile.h"
 #include "test_util.h"
 
 static char dir[512];

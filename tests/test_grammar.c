@@ -1,5 +1,5 @@
 /*
- * test_grammar.c - engine/grammar/'s builder and matcher: what a grammar
+ * test_grammar.c - grammar/'s builder and matcher: what a grammar
  * written through the builder accepts, what gr_build refuses, and the
  * matcher's masks against walking each token's bytes one by one.
  * (The JSON Schema and regex compilers are pinned in test_grammar_schema.)

@@ -1,5 +1,5 @@
 /*
- * test_grammar_schema.c - the grammar compilers of engine/grammar/
+ * test_grammar_schema.c - the grammar compilers of grammar/
  * (schema.c: JSON Schema, regex.c: regular expressions) against reference
  * implementations: tests/fixtures/grammar/vectors.json holds schemas and
  * regexes with candidate texts labelled by Python's jsonschema (Draft

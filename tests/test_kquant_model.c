@@ -40,10 +40,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "runtime.h"
+#include "scheduler.h"
 #include "test_util.h"
+#include "tokenizer.h"
 
 #define REF_TIE 1e-3
 #define MAX_NEW 24

@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "kv_cache_internal.h"
+#include "model.h"
+#include "runtime.h"
 #include "test_util.h"
 
 TestSuite(kv_cache, .timeout = 60);

@@ -24,9 +24,10 @@
 #include <string.h>
 
 #include "config.h"
-#include "engine.h"
 #include "kv_cache_internal.h"
+#include "model.h"
 #include "qt_math.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -21,10 +21,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "modelfile.h"
 #include "run_prompt.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -1,6 +1,6 @@
 /*
  * test_model_rewrite.c - a model file rewritten in place under a running
- * server (engine/modelfile/mapped_file.c's guard): the weights stay as
+ * server (modelfile/mapped_file.c's guard): the weights stay as
  * loaded, nothing faults, and the writer gets through.
  *
  * Another process (a child of the test) truncates the file and writes

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "ops_math.h"
+#include "scheduler.h"
 
 /* xorshift64*: reproducible on every machine. */
 static uint64_t rng = 0x853c49e6748fea9bull;

@@ -39,12 +39,14 @@
 #include <sys/stat.h>
 
 #include "cli.h"
-#include "engine.h"
 #include "fixtures/phi3_reference.h"
 #include "lora.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "modelfile.h"
 #include "ref_forward.h"
 #include "run_prompt.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -26,8 +26,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
 #include "lora_fixture.h"
+#include "model.h"
+#include "modelfile.h"
+#include "runtime.h"
 #include "test_util.h"
 #include "tiny_model.h"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "modelfile.h"
 #include "test_util.h"
 
 static char dir[512];

@@ -41,9 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "fixtures/typical_vectors.h"
 #include "sample_math.h"
+#include "scheduler.h"
 #include "test_util.h"
 
 /* --- helpers ---------------------------------------------------------------- */

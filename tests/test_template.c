@@ -1,5 +1,5 @@
 /*
- * test_template.c - the chat-template renderer (engine/template/) against
+ * test_template.c - the chat-template renderer (template/) against
  * jinja2 as transformers configures it (ImmutableSandboxedEnvironment with
  * trim_blocks, lstrip_blocks, loopcontrols; transformers' tojson,
  * raise_exception, strftime_now).

@@ -20,12 +20,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
 #include "fixtures/smollm2_vectors.h"
 #include "fixtures/tokenizer_vectors.h"
 #include "gguf_writer.h"
+#include "modelfile.h"
 #include "test_util.h"
 #include "tiny_model.h"
+#include "tokenizer.h"
 
 #define N_TOKENIZERS (sizeof tokv_tokenizers / sizeof tokv_tokenizers[0])
 

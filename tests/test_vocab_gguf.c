@@ -24,9 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "model.h"
 #include "ql_base.h"
 #include "test_util.h"
+#include "tokenizer.h"
 
 #define VOCAB_DIR QL_FIXTURES "/tokenizers/llama.cpp"
 

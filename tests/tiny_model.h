@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
 #include "gguf_writer.h"
+#include "model.h"
+#include "modelfile.h"
 #include "qt_math.h"
+#include "scheduler.h"
 #include "test_kquant.h"
 #include "test_util.h"
 

@@ -1,6 +1,6 @@
 /*
  * chat_template.c - where a model's chat templates come from: the source
- * text only (engine/template/ compiles and renders it). It offers
+ * text only (template/ compiles and renders it). It offers
  * eng_chat_template_read_file and eng_chat_templates_from_folder
  * (model.h) and model_chat_templates_from_gguf (model_internal.h).
  *

@@ -157,17 +157,3 @@ void eng_model_free(eng_model *m)
     free(m->chat_template_tool_use);
     memset(m, 0, sizeof *m);
 }
-
-/* gr_token_bytes_fn over the model's tokenizer: ids past its
- * vocabulary (padding rows of the embedding) add nothing. */
-static long token_bytes(void *user, int32_t id, uint8_t *out, size_t cap)
-{
-    const tok_tokenizer *t = user;
-    return (size_t)id < tok_vocab_size(t) ? tok_token_bytes(t, id, out, cap) : 0;
-}
-
-int eng_model_grammar_vocab(const eng_model *m, int32_t eos, gr_vocab **out, char *msg,
-                            size_t msg_len)
-{
-    return gr_vocab_new(out, m->cfg.vocab_size, token_bytes, m->tok, eos, msg, msg_len);
-}

@@ -15,13 +15,11 @@
  *
  * A model owns its tensors, its tokenizer and the mapped files its borrowed
  * tensors point into; eng_model_free releases all of it. It touches
- * engine/modelfile/, engine/tokenizer/, engine/grammar/ (the vocabulary
- * trie) and kernels/, nothing at run time.
+ * modelfile/, tokenizer/ and kernels/, nothing at run time.
  */
 #ifndef QL_MODEL_H
 #define QL_MODEL_H
 
-#include "grammar.h"
 #include "modelfile.h"
 #include "tokenizer.h"
 
@@ -206,13 +204,6 @@ typedef struct eng_load_opts {
  */
 int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_len);
 void eng_model_free(eng_model *m);
-/* The vocabulary as a grammar judges it (engine/grammar/): what each of
- * the cfg.vocab_size ids adds to a text in the middle of it
- * (tok_token_bytes; special tokens and ids past the tokenizer's add
- * nothing, so a mask never allows them), eos allowed where a grammar may
- * end. *out is the caller's (gr_vocab_free). */
-int eng_model_grammar_vocab(const eng_model *m, int32_t eos, gr_vocab **out, char *msg,
-                            size_t msg_len);
 /*
  * A model's tokenizer alone, without its weights: a Hugging Face folder's
  * tokenizer.json (+ tokenizer_config.json), or a GGUF file's

@@ -14,7 +14,7 @@
  * brings back a token the grammar refuses:
  *  -1. a constrained sampler (eng_sampler_constrain) sets the logit of
  *      every token its grammar does not allow next to -inf
- *      (engine/grammar/'s matcher), and advances the grammar by the token
+ *      (grammar/'s matcher), and advances the grammar by the token
  *      chosen;
  *   0. logit_bias added to the logits (OpenAI); min_tokens sets the
  *      end-of-sequence token's logit to -inf while fewer tokens than it

@@ -1557,7 +1557,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                          e->o.max_running);
     }
     if (rc == QL_OK)
-        rc = eng_model_grammar_vocab(m, e->eos, &e->grammar_vocab, msg, msg_len);
+        rc = gr_vocab_from_tokenizer(&e->grammar_vocab, m->tok, m->cfg.vocab_size, e->eos, msg,
+                                     msg_len);
     if (rc == QL_OK)
         e->grammar_budget = gr_vocab_step_budget(e->grammar_vocab);
     if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)

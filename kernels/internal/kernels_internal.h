@@ -55,7 +55,7 @@ typedef struct qt_kind_geometry {
 /* block_q5_1: f16 d, f16 m, u8 qh[4], 16 bytes of nibbles */
 #define QT_GEOMETRY_Q5_1 .name = "q5_1", .block_size = 32, .block_bytes = 24, .is_gguf = true
 /* the k-quants' super-blocks of QK_K = 256 (qt_math.h has the layouts);
- * named lowercase, as engine/modelfile/gguf.c prints GGML's types */
+ * named lowercase, as modelfile/gguf.c prints GGML's types */
 #define QT_GEOMETRY_Q4_K .name = "q4_k", .block_size = 256, .block_bytes = 144, .is_gguf = true
 #define QT_GEOMETRY_Q5_K .name = "q5_k", .block_size = 256, .block_bytes = 176, .is_gguf = true
 #define QT_GEOMETRY_Q6_K .name = "q6_k", .block_size = 256, .block_bytes = 210, .is_gguf = true

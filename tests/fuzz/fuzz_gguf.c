@@ -10,8 +10,8 @@
  * Built with clang by scripts/test.sh (-DQL_FUZZ=ON) and run for a bounded
  * time from the seed tests/fixtures/tiny_ref.gguf.
  */
-#include "engine.h"
 #include "fuzz_input.h"
+#include "modelfile.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * fuzz_grammar.c - libFuzzer target for the grammar compilers of
- * engine/grammar/: the input is compiled as a JSON Schema and as a regular
+ * grammar/: the input is compiled as a JSON Schema and as a regular
  * expression, each in a builder bounded to a small size (so a run stays
  * short). Whatever the bytes, a compile must succeed or refuse with a
  * message and no grammar; a grammar compiled from a schema may accept only

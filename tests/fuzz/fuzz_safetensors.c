@@ -8,8 +8,8 @@
  * Built with clang by scripts/test.sh (-DQL_FUZZ=ON) and run for a bounded
  * time from the seed corpus in tests/fixtures.
  */
-#include "engine.h"
 #include "fuzz_input.h"
+#include "modelfile.h"
 
 #include <stdio.h>
 #include <stdlib.h>

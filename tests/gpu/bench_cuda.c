@@ -53,9 +53,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "model.h"
 #include "qt_cuda_ops.h"
 #include "qtensor.h"
+#include "runtime.h"
 
 #define MAX_BATCHES   3
 #define ADAPTER_RANK  16

@@ -44,14 +44,18 @@
 
 #include <unistd.h>
 
-#include "engine.h"
 #include "gpu_test_util.h"
+#include "grammar.h"
 #include "lora.h"
+#include "model.h"
 #include "peft_writer.h"
 #include "qt_cuda.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
+#include "runtime.h"
 #include "sample_math.h"
+#include "scheduler.h"
+#include "tokenizer.h"
 
 #include <cuda_runtime_api.h>
 

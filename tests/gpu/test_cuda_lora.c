@@ -43,11 +43,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
 #include "gpu_test_util.h"
 #include "lora.h"
+#include "model.h"
 #include "qt_cuda_ops.h"
 #include "qtensor.h"
+#include "runtime.h"
 #include "test_util.h"
 
 static int failures;

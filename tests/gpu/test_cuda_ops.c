@@ -31,10 +31,10 @@
 
 #include "cuda/qt_cuda.h"
 #include "cuda/qt_cuda_ops.h"
-#include "engine.h"
 #include "gpu_test_util.h"
 #include "ops_math.h"
 #include "qtensor.h"
+#include "scheduler.h"
 
 #define MSG_LEN 512
 

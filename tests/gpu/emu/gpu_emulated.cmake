@@ -1,11 +1,11 @@
 # tests/gpu/emu/gpu_emulated.cmake - registers `gpu_emulated`, the GPU tests
 # run on the CPU under the host emulator (tests/gpu/emu/run.sh), with CTest.
 #
-# Included from the top-level CMakeLists.txt after qlengine, qlkernels and
+# Included from the top-level CMakeLists.txt after qlruntime, qlkernels and
 # qladapters are defined:
 #   include(tests/gpu/emu/gpu_emulated.cmake)
 # It does nothing unless the CUDA backend is built (QL_HAVE_CUDA), because
-# the emulated run swaps the engine library's backend_cuda.c.o, which only a
+# the emulated run swaps the runtime library's backend_cuda.c.o, which only a
 # CUDA build has. The libraries are built before the tests run; run.sh
 # compiles the transformed kernels and the tests itself (about 50 s on two
 # cores) and runs them (about 2 minutes on two idle cores), so the timeout

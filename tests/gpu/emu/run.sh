@@ -16,8 +16,8 @@
 # Usage: tests/gpu/emu/run.sh [-B BUILD_DIR] [--no-lib-build] [--reverse] [TEST...]
 #   -B DIR          the CMake build folder (default: build); it must be
 #                   configured with the CUDA backend (QL_HAVE_CUDA)
-#   --no-lib-build  do not run `cmake --build` for qlkernels, qlengine,
-#                   qladapters (ctest uses this: the libraries are built)
+#   --no-lib-build  do not run `cmake --build` for qlkernels, the engine's
+#                   modules, qladapters (ctest uses this: the libraries are built)
 #   --reverse       QL_EMU_REVERSE=1: blocks and threads run in reverse order
 #   TEST            test_cuda_dequant test_cuda_matmul test_cuda_ops
 #                   test_cuda_lora test_cuda_engine (default: all)
@@ -79,24 +79,31 @@ die() {
 
 [ -f "$BUILD/CMakeCache.txt" ] || die "$BUILD is not a CMake build folder (-B DIR)"
 if [ "$build_libs" -eq 1 ]; then
-    echo "== building qlkernels qlengine qladapters in $BUILD"
-    cmake --build "$BUILD" -j "$JOBS" --target qlkernels qlengine qladapters >"$OUTD/logs/libs.log" 2>&1 ||
+    echo "== building qlkernels, the engine's modules and qladapters in $BUILD"
+    cmake --build "$BUILD" -j "$JOBS" --target qlkernels qlscheduler qladapters >"$OUTD/logs/libs.log" 2>&1 ||
         die "the CPU libraries did not build: see $OUTD/logs/libs.log"
 fi
-for l in qlbase qlkernels qlengine qladapters; do
+# the CPU libraries the tests link, highest first (the runtime's is swapped
+# for the emulated one below)
+LIBS=(qladapters qlscheduler qlruntime qlmodel qlgrammar qltokenizer qlmodelfile qlkernels qlbase)
+for l in "${LIBS[@]}"; do
     [ -f "$BUILD/lib$l.a" ] || die "$BUILD/lib$l.a is missing"
 done
-ar t "$BUILD/libqlengine.a" | grep -qx backend_cuda.c.o ||
-    die "$BUILD/libqlengine.a has no backend_cuda.c.o: configure $BUILD with the CUDA backend (nvcc on PATH)"
-# the engine library without its real-CUDA backend object
-cp "$BUILD/libqlengine.a" "$OUTD/obj/libqlengine_emu.a" && ar d "$OUTD/obj/libqlengine_emu.a" backend_cuda.c.o ||
-    die "cannot make the emulated engine library"
+ar t "$BUILD/libqlruntime.a" | grep -qx backend_cuda.c.o ||
+    die "$BUILD/libqlruntime.a has no backend_cuda.c.o: configure $BUILD with the CUDA backend (nvcc on PATH)"
+# the runtime library without its real-CUDA backend object
+cp "$BUILD/libqlruntime.a" "$OUTD/obj/libqlruntime_emu.a" && ar d "$OUTD/obj/libqlruntime_emu.a" backend_cuda.c.o ||
+    die "cannot make the emulated runtime library"
+ARCHIVES=()
+for l in "${LIBS[@]}"; do
+    if [ "$l" = qlruntime ]; then ARCHIVES+=("$OUTD/obj/libqlruntime_emu.a"); else ARCHIVES+=("$BUILD/lib$l.a"); fi
+done
 CJSON_INC=$(pkg-config --cflags libcjson 2>/dev/null || echo "-isystem /usr/include/cjson")
 CJSON_LIB=$(pkg-config --libs libcjson 2>/dev/null || echo "-lcjson")
 
 INC=(-I"$EMU/include" -I"$ROOT/base" -I"$ROOT/kernels" -I"$ROOT/kernels/internal" -I"$ROOT/kernels/math" -I"$ROOT/kernels/cuda"
-     -I"$ROOT/kernels/cuda/internal" -I"$ROOT/engine" -I"$ROOT/engine/modelfile" -I"$ROOT/engine/tokenizer" -I"$ROOT/engine/template"
-     -I"$ROOT/engine/model" -I"$ROOT/engine/runtime" -I"$ROOT/engine/scheduler" -I"$ROOT/engine/grammar" -I"$ROOT/adapters"
+     -I"$ROOT/kernels/cuda/internal" -I"$ROOT/modelfile" -I"$ROOT/tokenizer" -I"$ROOT/template"
+     -I"$ROOT/engine/model" -I"$ROOT/engine/runtime" -I"$ROOT/engine/scheduler" -I"$ROOT/grammar" -I"$ROOT/adapters"
      -I"$ROOT/tests" -I"$ROOT/bench")
 CXXFLAGS=(-std=c++17 "$OPT" -g -ffp-contract=off -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -Wall -Wno-unused-variable -Wno-subobject-linkage)
 CFLAGS=(-std=gnu11 "$OPT" -g -ffp-contract=off -Wall -Wextra -DQL_HAVE_CUDA=1 "-DQL_FIXTURES=\"$ROOT/tests/fixtures\"")
@@ -152,9 +159,10 @@ KOBJS=()
 for f in "$ROOT"/kernels/cuda/*.cu; do KOBJS+=("$OUTD/obj/$(basename "$f" .cu).o"); done
 for t in "${TESTS[@]}"; do
     # shellcheck disable=SC2086
-    g++ -o "$OUTD/$t" "$OUTD/obj/$t.o" "$OUTD/obj/backend_cuda.o" "$OUTD/obj/libqlengine_emu.a" \
-        "${KOBJS[@]}" "$OUTD/obj/emu_runtime.o" "$BUILD/libqladapters.a" "$OUTD/obj/libqlengine_emu.a" \
-        "$BUILD/libqlkernels.a" "$BUILD/libqlbase.a" $CJSON_LIB -lm -lpthread >"$OUTD/logs/link-$t.log" 2>&1 ||
+    # the archives as one group: they use each other in both directions here
+    # (the emulated backend_cuda.o sits outside the runtime's archive)
+    g++ -o "$OUTD/$t" "$OUTD/obj/$t.o" "$OUTD/obj/backend_cuda.o" "${KOBJS[@]}" "$OUTD/obj/emu_runtime.o" \
+        -Wl,--start-group "${ARCHIVES[@]}" -Wl,--end-group $CJSON_LIB -lm -lpthread >"$OUTD/logs/link-$t.log" 2>&1 ||
         {
             head -n 20 "$OUTD/logs/link-$t.log"
             die "linking $t failed"

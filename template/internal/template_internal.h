@@ -1,5 +1,5 @@
 /*
- * template_internal.h - what the files of engine/template/ share: the
+ * template_internal.h - what the files of template/ share: the
  * arena, the value model (Jinja's values as jinja2 sees them: undefined,
  * none, bool, int, float, str, list/tuple, dict keeping insertion order,
  * namespace, loop, macro, bound method, builtin function), the tokens, the
@@ -9,7 +9,7 @@
  * (tpl_raise) to tpl_compile / tpl_render: a tree-walking interpreter has
  * hundreds of failure points, and every allocation lives in an arena that
  * is dropped whole, so unwinding leaks nothing and keeps each helper short.
- * Only the .c files of engine/template/ include this header. They call
+ * Only the .c files of template/ include this header. They call
  * each other one way (test_layout checks the object files): value.c (the
  * arena, values, text) <- ops.c (access, operators, bounds, globals) <-
  * strings.c (str and dict methods) <- filters.c (filters, tests) <- eval.c

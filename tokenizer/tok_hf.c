@@ -13,7 +13,7 @@
  * normalized: false ones are.
  *
  * It owns nothing past the call: the JSON is read through
- * engine/modelfile/ (mf_read_json, or mf_parse_json for tok_from_hf_json's
+ * modelfile/ (mf_read_json, or mf_parse_json for tok_from_hf_json's
  * text in memory; mf_json_*) and freed before it returns;
  * the tokenizer it builds (tok_table.c) is the caller's.
  */

@@ -1,5 +1,5 @@
 /*
- * tokenizer_internal.h - what the files of engine/tokenizer/ share, and
+ * tokenizer_internal.h - what the files of tokenizer/ share, and
  * nothing outside the folder includes (it is on no public include path).
  *
  * It offers the loaded tokenizer (struct tok_tokenizer: the token table,
@@ -19,9 +19,9 @@
  *                     unicode.c.
  *   decode.c          tok_decode and the streaming decoder. Calls base/.
  *   tok_hf.c          tok_from_hf. Calls tok_table.c, pretokenize.c and
- *                     engine/modelfile/.
+ *                     modelfile/.
  *   tok_gguf.c        tok_from_gguf. Calls tok_table.c, pretokenize.c and
- *                     engine/modelfile/.
+ *                     modelfile/.
  */
 #ifndef QL_TOKENIZER_INTERNAL_H
 #define QL_TOKENIZER_INTERNAL_H

@@ -1,5 +1,5 @@
 /*
- * tokenizer.h - the public header of engine/tokenizer/: text to token ids
+ * tokenizer.h - the public header of tokenizer/: text to token ids
  * and back.
  *
  * It offers tokenizers loaded from a Hugging Face tokenizer.json or from
@@ -9,7 +9,7 @@
  * TinyLlama); encoding with or without special tokens, whole and streamed
  * decoding. A tokenizer owns its vocabulary and merges (copied from the
  * file) and is immutable once loaded, so any thread may use it. It touches
- * the files it is given (through engine/modelfile/) and nothing else.
+ * the files it is given (through modelfile/) and nothing else.
  */
 #ifndef QL_TOKENIZER_H
 #define QL_TOKENIZER_H
@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* --- tokenizers (engine/tokenizer/) ------------------------------------- */
+/* --- tokenizers (tokenizer/) ------------------------------------- */
 
 typedef struct tok_tokenizer tok_tokenizer;
 
@@ -78,7 +78,7 @@ long tok_stream_flush(const tok_tokenizer *t, tok_stream *s, char *out, size_t o
 /* The bytes id adds to a stream in the middle of a text (no leading space
  * dropped, no UTF-8 completed: a byte token is its byte) into out: their
  * count, 0 for a special token (it adds no text), QL_EINVAL for an id out
- * of range or an out_cap too small. What a grammar walks (engine/grammar). */
+ * of range or an out_cap too small. What a grammar walks (grammar). */
 long tok_token_bytes(const tok_tokenizer *t, int32_t id, uint8_t *out, size_t out_cap);
 
 int32_t tok_bos(const tok_tokenizer *t); /* -1 when none */

@@ -1,5 +1,5 @@
 /*
- * template.c - the public entry points of engine/template/ (template.h):
+ * template.c - the public entry points of template/ (template.h):
  * compile = normalise + lex + parse into the template's own arena; render
  * = map the JSON context onto values in a fresh arena, walk the tree, hand
  * the output out as one malloc'd string, drop the arena.

@@ -1,7 +1,7 @@
 /*
  * grammar_internal.h - the compiled form of a grammar, shared by
  * builder.c (which writes it) and matcher.c (which walks it); nothing
- * outside engine/grammar/ sees it.
+ * outside grammar/ sees it.
  *
  * A grammar is rules; rule r's alternatives are alts[first_alt ..
  * first_alt + n_alts), each the index of its first element; an

@@ -1,5 +1,5 @@
 /*
- * modelfile.h - the public header of engine/modelfile/: the files models
+ * modelfile.h - the public header of modelfile/: the files models
  * and adapters come in, read and validated before anything is trusted.
  *
  * It offers:

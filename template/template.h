@@ -1,5 +1,5 @@
 /*
- * template.h - the public header of engine/template/: chat templates, the
+ * template.h - the public header of template/: chat templates, the
  * Jinja programs models ship in tokenizer_config.json, chat_template.jinja
  * or GGUF metadata, rendered in C exactly as transformers'
  * apply_chat_template renders them (jinja2 with trim_blocks and

@@ -1,5 +1,5 @@
 /*
- * grammar.h - the public header of engine/grammar/: constrained decoding.
+ * grammar.h - the public header of grammar/: constrained decoding.
  *
  * A grammar is a context-free language over bytes: what a constrained
  * answer may say. It is written once (from a JSON Schema, a regular
@@ -16,8 +16,9 @@
  * Inside the folder: builder.c (gr_builder, the lowering to rules),
  * grammar.c (gr_grammar's references and the masks its matchers share),
  * cache.c (gr_compile, gr_cache), matcher.c (gr_vocab, gr_matcher),
- * regex.c (gr_from_regex), schema.c (gr_from_json_schema). It touches
- * base/ and cJSON only: the engine hands it the vocabulary's bytes.
+ * regex.c (gr_from_regex), schema.c (gr_from_json_schema),
+ * vocab_tokenizer.c (gr_vocab_from_tokenizer). It touches base/, cJSON
+ * and tokenizer/ (a token's bytes, read once into the vocabulary's trie).
  */
 #ifndef QL_GRAMMAR_H
 #define QL_GRAMMAR_H
@@ -160,6 +161,18 @@ typedef long (*gr_token_bytes_fn)(void *user, int32_t id, uint8_t *out, size_t c
 int gr_vocab_new(gr_vocab **out, int32_t n_tokens, gr_token_bytes_fn token_bytes, void *user,
                  int32_t eos, char *msg, size_t msg_len);
 void gr_vocab_free(gr_vocab *v);
+/*
+ * The vocabulary as a grammar judges a tokenizer's tokens
+ * (vocab_tokenizer.c): what each of n_tokens ids (a model's vocab_size,
+ * which may pass the tokenizer's with padding rows) adds to a text in the
+ * middle of it (tok_token_bytes; special tokens and ids past the
+ * tokenizer's add nothing, so a mask never allows them), eos allowed
+ * where a grammar may end. tok is borrowed for the call only; *out is the
+ * caller's (gr_vocab_free).
+ */
+struct tok_tokenizer;
+int gr_vocab_from_tokenizer(gr_vocab **out, const struct tok_tokenizer *tok, int32_t n_tokens,
+                            int32_t eos, char *msg, size_t msg_len);
 /*
  * The matcher steps (below) one request's masks may take in one engine
  * step, for all its choices together: GR_STEP_WALKS whole walks of v's
