@@ -16,35 +16,43 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --quant names and what they mean (torchao's int4/int8 weight-only
- * defaults for the affine ones). */
+/* --quant's words, one row each, and what each quantizes to (torchao's
+ * int4/int8 weight-only defaults for the affine ones); a 0 blocksize or
+ * group size takes the option's value, else the row's default. */
+static const struct quant_word {
+    const char *word;
+    qt_quant_params p;
+    int32_t default_block; /* blocksize (NF4/FP4) or group size (affine) when the option gives 0 */
+} quant_words[] = {
+    {"nf4", {.kind = QT_NF4}, 64},
+    {"nf4-dq", {.kind = QT_NF4, .double_quant = true}, 64},
+    {"fp4", {.kind = QT_FP4}, 64},
+    {"int4", {.kind = QT_AFFINE, .bits = 4, .zero_domain = QT_ZERO_FLOAT, .eps = 1e-6f}, 128},
+    {"int8", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, 0}, /* 0: per channel */
+};
+
+/* Read --quant (a row of quant_words, or "none") and --dtype once. */
 int model_parse_opts(model_loader *L, char *msg, size_t msg_len)
 {
     const eng_load_opts *o = L->o;
     const char *q = o->quant ? o->quant : "none";
-    qt_quant_params *p = &L->qp;
-    memset(p, 0, sizeof *p);
-    L->quantize = true;
-    if (strcmp(q, "none") == 0) {
-        L->quantize = false;
-    } else if (strcmp(q, "nf4") == 0 || strcmp(q, "nf4-dq") == 0 || strcmp(q, "fp4") == 0) {
-        p->kind = q[0] == 'n' ? QT_NF4 : QT_FP4;
-        p->blocksize = o->blocksize ? o->blocksize : 64;
-        p->double_quant = strcmp(q, "nf4-dq") == 0;
-    } else if (strcmp(q, "int4") == 0) {
-        p->kind = QT_AFFINE;
-        p->bits = 4;
-        p->group_size = o->group_size ? o->group_size : 128;
-        p->zero_domain = QT_ZERO_FLOAT;
-        p->eps = 1e-6f;
-    } else if (strcmp(q, "int8") == 0) {
-        p->kind = QT_AFFINE;
-        p->bits = 8;
-        p->symmetric = true;
-        p->group_size = o->group_size; /* 0: per channel */
-    } else {
+    memset(&L->qp, 0, sizeof L->qp);
+    L->quantize = strcmp(q, "none") != 0;
+    const struct quant_word *w = NULL;
+    for (size_t i = 0; L->quantize && !w && i < sizeof quant_words / sizeof *quant_words; i++)
+        if (strcmp(q, quant_words[i].word) == 0)
+            w = &quant_words[i];
+    if (L->quantize && !w)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "--quant %s: one of none, nf4, nf4-dq, fp4, int4, int8", q);
+    if (w) {
+        L->qp = w->p;
+        int32_t given = w->p.kind == QT_AFFINE ? o->group_size : o->blocksize;
+        int32_t size = given ? given : w->default_block;
+        if (w->p.kind == QT_AFFINE)
+            L->qp.group_size = size;
+        else
+            L->qp.blocksize = size;
     }
     L->dtype = QT_KIND_COUNT;
     if (o->dtype) {
