@@ -2,13 +2,13 @@
  * lora.h - the public header of adapters/: PEFT LoRA adapters on a
  * quantized model.
  *
- * It offers three things, each in its own file:
+ * It offers four things, each in its own file:
  *   - loading (peft.c; pattern.c, internal, compiles PEFT's Python
  *     regular expressions as POSIX ones): a PEFT adapter folder
  *     (adapter_config.json and adapter_model.safetensors) checked against
- *     a loaded model and turned into an eng_lora, the engine's view of an adapter
- * (engine/model/model.h): per layer and projection, A, B and the module's scale. Tensors are
- *     borrowed from the mapped file where their layout allows;
+ *     a loaded model and turned into an eng_lora, the engine's view of an
+ *     adapter (engine/model/model.h): per layer and projection, A, B and
+ *     the module's scale. Tensors are borrowed from the mapped file where their layout allows;
  *   - the merge and its dispatch (merge.c): given a target weight, the
  *     merge for its quant kind, or "unsupported" naming the kind. A merge
  *     dequantizes the pristine weight, adds each scale * B @ A, checks the
