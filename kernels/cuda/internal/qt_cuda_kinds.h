@@ -16,10 +16,11 @@
  *     table file (tests/test_layout.c checks that).
  *   - The geometry (name, elements and bytes per block, dense, GGUF) is the
  *     CPU's own (kernels_internal.h's QT_GEOMETRY_* macros, the rows of
- *     qt_kind_geometry_table): the files below name a kind and size its
- *     blocks from qt_kind_geometry_table, the one data table of kernels/.
+ *     qt_kind_geometry_table, the one data table of kernels/): the files
+ *     below name any kind from that table (kind_name) and size blocks from
+ *     the row they are handed.
  *   - A kernel compiled for one kind reads that kind's block functions at
- *     compile time from qt_cuda_block<K> (the C++ half at the end): the
+ *     compile time from qt_cuda_block<K> (internal/qt_cuda_blocks.h): the
  *     device cannot read a host table, and a template keeps the arithmetic
  *     the very qt_math.h / qt_quant_math.h calls it was.
  *   - C, so that the table can use designated initializers (C++17 has no
