@@ -714,3 +714,37 @@ Test(layout, the_tree_was_read)
         n_edges += files[i].n_includes;
     cr_assert_geq(n_edges, n_files, "only %d includes resolved", n_edges);
 }
+
+/*
+ * kernels/cuda chooses by quant kind only through its table (issue 31):
+ * outside qt_cuda_kinds.c no `switch` on an expression that names a kind
+ * and no `case QT_<kind>:` label, so a new kind is a row there, not a hunt
+ * through the .cu files.
+ */
+Test(layout, kernels_cuda_chooses_by_kind_only_in_its_table)
+{
+    load_tree();
+    int n_read = 0;
+    for (int i = 0; i < n_files; i++) {
+        const char *path = files[i].path;
+        if (strncmp(path, "kernels/cuda/", strlen("kernels/cuda/")) != 0 ||
+            strcmp(path, "kernels/cuda/qt_cuda_kinds.c") == 0)
+            continue;
+        n_read++;
+        FILE *in = open_source(path);
+        char line[1024];
+        for (int no = 1; fgets(line, sizeof line, in); no++) {
+            char expr[1024] = "";
+            const char *sw = strstr(line, "switch (");
+            if (sw)
+                sscanf(sw + strlen("switch ("), "%1023[^)]", expr);
+            cr_expect_null(strstr(expr, "kind"), "%s:%d switches on a kind: %s", path, no, line);
+            const char *label = strstr(line, "case QT_");
+            cr_expect(!label || strncmp(label, "case QT_CUDA_", strlen("case QT_CUDA_")) == 0,
+                      "%s:%d has a case for a kind: %s", path, no, line);
+        }
+        fclose(in);
+    }
+    /* the walk found kernels/cuda (else the check passes vacuously) */
+    cr_assert_geq(n_read, 8, "only %d files of kernels/cuda read", n_read);
+}

@@ -31,9 +31,14 @@
  *     device in the split layout (qs, d, m arrays; see qt_cuda.h), which
  *     the upload makes from ggml's blocks on the host, the other GGUF kinds
  *     in ggml's whole blocks, read by qm_q5_0_block_value ...
- *     qm_iq4_xs_block_value (gguf_whole_element); consecutive threads write
+ *     qm_iq4_xs_block_value (qt_cuda_whole_element); consecutive threads write
  *     consecutive outputs, so the stores coalesce. They are a correct first
  *     version, not yet shaped for bandwidth like the 4-bit kernel.
+ *   - One kernel instantiation per GGUF kind (qt_cuda_block<K> of
+ *     internal/qt_cuda_blocks.h); the row of qt_cuda_kinds.c names it
+ *     (qt_cuda_dequantize_as_q4_0 ...), so nothing here chooses by the kind.
+ *     The GGUF entry points of qt_cuda.h are in qt_cuda_kinds.c, which looks
+ *     up the kind's row and hands it to the *_with functions here.
  *   - Never aborts. Each CUDA call's status is checked; a failure becomes a
  *     QT_E* code and a sentence naming the call and cudaGetErrorString's
  *     text, and what the call allocated is freed on the way out.
@@ -50,7 +55,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "qt_cuda_blocks.h"
 #include "qt_cuda_internal.h"
+#include "qt_cuda_kinds.h"
 #include "qt_math.h"
 
 /* Set by kernels/cuda/CMakeLists.txt from the architectures it compiles. */
@@ -76,7 +83,7 @@ int check_4bit_geometry(const char *where, qt_kind kind, int64_t n, int32_t bloc
                         int64_t n_blocks, bool nested, int32_t nested_blocksize,
                         int64_t n_nested_blocks, char *msg, size_t msg_len)
 {
-    if (!is_4bit(kind)) {
+    if (kind != QT_NF4 && kind != QT_FP4) {
         say(msg, msg_len, "%s: kind %s is not one the CUDA 4-bit dequantize handles (nf4, fp4)",
             where, kind_name(kind));
         return QL_EUNSUPPORTED;
@@ -385,10 +392,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
-        const float w = kKind == QT_Q4_0   ? qm_q4_0_split_element(qs, d, e)
-                        : kKind == QT_Q4_1 ? qm_q4_1_split_element(qs, d, m, e)
-                                           : qm_q8_0_split_element(qs, d, e);
-        store_value(out, e, w);
+        store_value(out, e, qt_cuda_block<kKind>::element(qs, d, m, e));
     }
 }
 
@@ -400,7 +404,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride)
-        store_value(out, e, gguf_whole_element(kKind, blocks, e));
+        store_value(out, e, qt_cuda_whole_element<kKind>(blocks, e));
 }
 
 template <typename OutT>
@@ -412,61 +416,33 @@ cudaError_t launch_affine(const qt_cuda_affine_view &v, void *out, cudaStream_t 
     return cudaGetLastError();
 }
 
-template <typename OutT>
-cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, cudaStream_t stream)
+/* The dequantize kernel of GGUF kind kKind (split or whole, as its row
+ * says), in f32 or bf16. */
+template <qt_kind kKind, bool kWhole>
+cudaError_t launch_gguf(const qt_cuda_gguf_view &v, void *out, qt_cuda_out_dtype out_dtype,
+                        cudaStream_t stream)
 {
     const unsigned blocks = grid_for(v.n_elements, kThreadsPerBlock);
-    OutT *o = static_cast<OutT *>(out);
-    switch (v.kind) {
-    case QT_Q5_0:
-        dequantize_gguf_whole_kernel<QT_Q5_0, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_Q5_1:
-        dequantize_gguf_whole_kernel<QT_Q5_1, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_Q4_K:
-        dequantize_gguf_whole_kernel<QT_Q4_K, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_Q5_K:
-        dequantize_gguf_whole_kernel<QT_Q5_K, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_Q6_K:
-        dequantize_gguf_whole_kernel<QT_Q6_K, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_Q2_K:
-        dequantize_gguf_whole_kernel<QT_Q2_K, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_Q3_K:
-        dequantize_gguf_whole_kernel<QT_Q3_K, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_IQ4_NL:
-        dequantize_gguf_whole_kernel<QT_IQ4_NL, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    case QT_IQ4_XS:
-        dequantize_gguf_whole_kernel<QT_IQ4_XS, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, o, v.n_elements);
-        return cudaGetLastError();
-    default: break;
+    if constexpr (kWhole) {
+        if (out_dtype == QT_CUDA_OUT_BF16)
+            dequantize_gguf_whole_kernel<kKind, uint16_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+                v.qs, static_cast<uint16_t *>(out), v.n_elements);
+        else
+            dequantize_gguf_whole_kernel<kKind, float><<<blocks, kThreadsPerBlock, 0, stream>>>(
+                v.qs, static_cast<float *>(out), v.n_elements);
+    } else {
+        if (out_dtype == QT_CUDA_OUT_BF16)
+            dequantize_gguf_kernel<kKind, uint16_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+                v.qs, v.d, v.m, static_cast<uint16_t *>(out), v.n_elements);
+        else
+            dequantize_gguf_kernel<kKind, float><<<blocks, kThreadsPerBlock, 0, stream>>>(
+                v.qs, v.d, v.m, static_cast<float *>(out), v.n_elements);
     }
-    if (v.kind == QT_Q4_0)
-        dequantize_gguf_kernel<QT_Q4_0, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
-    else if (v.kind == QT_Q4_1)
-        dequantize_gguf_kernel<QT_Q4_1, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
-    else
-        dequantize_gguf_kernel<QT_Q8_0, OutT>
-            <<<blocks, kThreadsPerBlock, 0, stream>>>(v.qs, v.d, v.m, o, v.n_elements);
     return cudaGetLastError();
 }
+
+typedef cudaError_t (*gguf_launcher)(const qt_cuda_gguf_view &v, void *out,
+                                     qt_cuda_out_dtype out_dtype, cudaStream_t stream);
 
 /* ---- AFFINE and GGUF geometry ------------------------------------------ */
 
@@ -507,16 +483,19 @@ int check_affine_geometry(const char *where, int64_t rows, int64_t cols, int32_t
     return QL_OK;
 }
 
-int check_gguf_geometry(const char *where, qt_kind kind, int64_t n, char *msg, size_t msg_len)
+/* row is kind's row (NULL for no kind): the GGUF layouts only. */
+int check_gguf_geometry(const char *where, const qt_cuda_kind_ops *row, qt_kind kind, int64_t n,
+                        char *msg, size_t msg_len)
 {
-    if (!is_gguf(kind)) {
+    if (!row ||
+        (row->layout != QT_CUDA_LAYOUT_GGUF_SPLIT && row->layout != QT_CUDA_LAYOUT_GGUF_WHOLE)) {
         say(msg, msg_len,
             "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0, q5_0, "
             "q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs)",
             where, kind_name(kind));
         return QL_EUNSUPPORTED;
     }
-    const int64_t per = gguf_block_elems(kind);
+    const int64_t per = row->block_size;
     if (n < 0 || n % per != 0) {
         say(msg, msg_len, "%s: %s element count %lld is not a multiple of the block of %lld", where,
             kind_name(kind), (long long)n, (long long)per);
@@ -1041,8 +1020,8 @@ extern "C" int qt_cuda_gguf_release(qt_cuda_gguf_view *view, char *msg, size_t m
     return rc;
 }
 
-extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, char *msg,
-                                   size_t msg_len)
+extern "C" int qt_cuda_gguf_upload_with(const qt_cuda_kind_ops *row, const qtensor *t,
+                                        qt_cuda_gguf_view *view, char *msg, size_t msg_len)
 {
     if (!view) {
         say(msg, msg_len, "qt_cuda_gguf_upload: view is NULL");
@@ -1059,17 +1038,17 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
         return QL_EINVAL;
     }
     const int64_t n = t->rows * t->cols;
-    int rc = check_gguf_geometry("qt_cuda_gguf_upload", t->kind, n, msg, msg_len);
+    int rc = check_gguf_geometry("qt_cuda_gguf_upload", row, t->kind, n, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    const int64_t per = gguf_block_elems(t->kind);
+    const int64_t per = row->block_size;
     if (n > 0 && t->cols % per != 0) {
         say(msg, msg_len,
             "qt_cuda_gguf_upload: %s tensor %lld x %lld: its rows are not whole blocks of %lld",
             kind_name(t->kind), (long long)t->rows, (long long)t->cols, (long long)per);
         return QL_EINVAL;
     }
-    const size_t bytes = (size_t)(n / per) * gguf_block_bytes(t->kind);
+    const size_t bytes = (size_t)(n / per) * row->block_bytes;
     if (n > 0 && (!t->data || t->data_bytes < bytes)) {
         say(msg, msg_len,
             "qt_cuda_gguf_upload: %s tensor %lld x %lld holds %zu block bytes, needs %zu",
@@ -1082,7 +1061,7 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     view->n_blocks = n / per;
     if (n == 0)
         return QL_OK;
-    if (!gguf_split(t->kind)) {
+    if (row->layout != QT_CUDA_LAYOUT_GGUF_SPLIT) {
         /* whole blocks: ggml's bytes as they are */
         void *blocks = nullptr;
         rc = upload_bytes(&blocks, t->data, bytes, "blocks", msg, msg_len);
@@ -1093,10 +1072,10 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     }
 
     /* Split on the host (qm_gguf_split_block), then one copy per array. */
-    const int block_bytes = (int)gguf_block_bytes(t->kind);
+    const int block_bytes = (int)row->block_bytes;
     const size_t nb = (size_t)view->n_blocks;
     const size_t qs_bytes = nb * (size_t)qm_gguf_qs_bytes(block_bytes);
-    const bool has_m = t->kind == QT_Q4_1;
+    const bool has_m = row->has_m;
     uint8_t *host_qs = static_cast<uint8_t *>(malloc(qs_bytes));
     uint16_t *host_d = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));
     uint16_t *host_m = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));
@@ -1134,9 +1113,11 @@ extern "C" int qt_cuda_gguf_upload(const qtensor *t, qt_cuda_gguf_view *view, ch
     return QL_OK;
 }
 
-extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *out,
-                                           qt_cuda_out_dtype out_dtype, void *stream, char *msg,
-                                           size_t msg_len)
+/* qt_cuda_dequantize_gguf_dev's checks, then launch (the kind's kernel);
+ * row is view->kind's. */
+static int dequantize_gguf_checked(const qt_cuda_kind_ops *row, const qt_cuda_gguf_view *view,
+                                   void *out, qt_cuda_out_dtype out_dtype, void *stream,
+                                   gguf_launcher launch, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_dequantize_gguf_dev";
     if (!view) {
@@ -1144,42 +1125,96 @@ extern "C" int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *
         return QL_EINVAL;
     }
     const qt_cuda_gguf_view &v = *view;
-    int rc = check_gguf_geometry(where, v.kind, v.n_elements, msg, msg_len);
+    int rc = check_gguf_geometry(where, row, v.kind, v.n_elements, msg, msg_len);
     if (rc == QL_OK)
         rc = check_out_dtype(where, out_dtype, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (v.n_elements == 0)
         return QL_OK;
-    if (v.n_blocks != v.n_elements / gguf_block_elems(v.kind)) {
+    if (v.n_blocks != v.n_elements / row->block_size) {
         say(msg, msg_len, "%s: %s view has %lld blocks for %lld elements (expected %lld)", where,
             kind_name(v.kind), (long long)v.n_blocks, (long long)v.n_elements,
-            (long long)(v.n_elements / gguf_block_elems(v.kind)));
+            (long long)(v.n_elements / row->block_size));
         return QL_EINVAL;
     }
-    if (!out || !v.qs || (gguf_split(v.kind) && !v.d) || (v.kind == QT_Q4_1 && !v.m)) {
+    if (!out || !v.qs || (row->layout == QT_CUDA_LAYOUT_GGUF_SPLIT && !v.d) ||
+        (row->has_m && !v.m)) {
         say(msg, msg_len, "%s: a NULL device pointer (out %p, qs %p, d %p, m %p)", where, out,
             (const void *)v.qs, (const void *)v.d, (const void *)v.m);
         return QL_EINVAL;
     }
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (!launch) {
+        say(msg, msg_len, "%s: the CUDA backend has no dequantize kernel for %s", where,
+            kind_name(v.kind));
+        return QL_EUNSUPPORTED;
+    }
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
-    cudaError_t st = out_dtype == QT_CUDA_OUT_BF16 ? launch_gguf<uint16_t>(v, out, s)
-                                                   : launch_gguf<float>(v, out, s);
+    cudaError_t st = launch(v, out, out_dtype, static_cast<cudaStream_t>(stream));
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s dequantize kernel (%lld elements)",
                            kind_name(v.kind), (long long)v.n_elements);
     return QL_OK;
 }
 
-extern "C" int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, size_t msg_len)
+/* A GGUF kind's dequantize operation (its row's): the view of t. */
+template <qt_kind kKind, bool kWhole>
+static int dequantize_gguf_as(const qt_cuda_kind_ops *row, const qt_cuda_tensor *t, void *out,
+                              qt_cuda_out_dtype out_dtype, void *stream, char *msg, size_t msg_len)
+{
+    return dequantize_gguf_checked(row, &t->gguf, out, out_dtype, stream,
+                                   launch_gguf<kKind, kWhole>, msg, msg_len);
+}
+
+#define GGUF_DEQUANTIZE(name, NAME, whole)                                                         \
+    extern "C" int qt_cuda_dequantize_as_##name(                                                   \
+        const qt_cuda_kind_ops *row, const qt_cuda_tensor *t, void *out,                           \
+        qt_cuda_out_dtype out_dtype, void *stream, char *msg, size_t msg_len)                      \
+    {                                                                                              \
+        return dequantize_gguf_as<QT_##NAME, whole>(row, t, out, out_dtype, stream, msg, msg_len); \
+    }
+QT_CUDA_GGUF_KINDS(GGUF_DEQUANTIZE)
+#undef GGUF_DEQUANTIZE
+
+/* The NF4/FP4 and AFFINE rows' dequantize: their views' entry points. */
+extern "C" int qt_cuda_dequantize_as_bnb4(const qt_cuda_kind_ops *, const qt_cuda_tensor *t,
+                                          void *out, qt_cuda_out_dtype out_dtype, void *stream,
+                                          char *msg, size_t msg_len)
+{
+    return qt_cuda_dequantize_4bit_dev(&t->q4, out, out_dtype, stream, msg, msg_len);
+}
+
+extern "C" int qt_cuda_dequantize_as_affine(const qt_cuda_kind_ops *, const qt_cuda_tensor *t,
+                                            void *out, qt_cuda_out_dtype out_dtype, void *stream,
+                                            char *msg, size_t msg_len)
+{
+    return qt_cuda_dequantize_affine_dev(&t->affine, out, out_dtype, stream, msg, msg_len);
+}
+
+extern "C" int qt_cuda_dequantize_gguf_dev_with(const qt_cuda_kind_ops *row,
+                                                const qt_cuda_gguf_view *view, void *out,
+                                                qt_cuda_out_dtype out_dtype, void *stream,
+                                                char *msg, size_t msg_len)
+{
+    if (!view || !row || !row->is_gguf || !row->dequantize)
+        return dequantize_gguf_checked(row, view, out, out_dtype, stream, nullptr, msg, msg_len);
+    /* the row's operation takes a device tensor: this view as one */
+    qt_cuda_tensor t;
+    memset(&t, 0, sizeof t);
+    t.kind = view->kind;
+    t.gguf = *view;
+    return row->dequantize(row, &t, out, out_dtype, stream, msg, msg_len);
+}
+
+extern "C" int qt_cuda_dequantize_gguf_with(const qt_cuda_kind_ops *row, const qtensor *t,
+                                            float *out, char *msg, size_t msg_len)
 {
     if (!t || !out) {
         say(msg, msg_len, "qt_cuda_dequantize_gguf: %s is NULL", !t ? "tensor" : "out");
         return QL_EINVAL;
     }
     qt_cuda_gguf_view view;
-    int rc = qt_cuda_gguf_upload(t, &view, msg, msg_len);
+    int rc = qt_cuda_gguf_upload_with(row, t, &view, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (view.n_elements == 0)
@@ -1187,8 +1222,8 @@ extern "C" int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, 
     rc = dequantize_to_host(
         view.n_elements, out, kind_name(t->kind),
         [&](void *dev_out) {
-            return qt_cuda_dequantize_gguf_dev(&view, dev_out, QT_CUDA_OUT_F32, nullptr, msg,
-                                               msg_len);
+            return qt_cuda_dequantize_gguf_dev_with(row, &view, dev_out, QT_CUDA_OUT_F32, nullptr,
+                                                    msg, msg_len);
         },
         msg, msg_len);
     int rc_release =

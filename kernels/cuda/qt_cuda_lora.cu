@@ -21,7 +21,8 @@
  * tensor is byte-identical to it:
  *   1. W = dequantize(pristine) to f32, by the dequantize kernels of
  *      qt_cuda.cu (bit-identical to qt_dequantize_rows, pinned by
- *      test_cuda_dequant) or, for dense kinds, qt_math.h's conversions;
+ *      test_cuda_dequant) or, for dense kinds, qt_math.h's conversions: the
+ *      row's dequantize (qt_cuda_kinds.c), as every per-kind step here;
  *   2. d and W + d: a thread per element sums each term in double, k
  *      ascending, then the terms in order (s * acc added to a running total
  *      that starts at 0.0), rounds once to f32 and adds W in f32: the very
@@ -63,7 +64,9 @@
 
 #include <cuda_runtime.h>
 
+#include "qt_cuda_blocks.h"
 #include "qt_cuda_internal.h"
+#include "qt_cuda_kinds.h"
 #include "qt_kquant_ref.h"
 #include "qt_math.h"
 #include "qt_quant_math.h"
@@ -79,10 +82,9 @@ constexpr int kCostBlocks = 1024;
 /* The largest rank the kernels take (qt_cuda_ops.h). */
 constexpr int32_t kMaxRank = 256;
 
-/* bitsandbytes' codebooks and nested map, to check a weight uses them (as
- * merge.c's bnb4_params: requantizing would otherwise change its layout). */
-const float kNf4Code[16] = QQ_NF4_CODE_INIT;
-const float kFp4Code[16] = QQ_FP4_CODE_INIT;
+/* bitsandbytes' nested map, to check a weight uses it, as its codebook
+ * (the row's, qt_cuda_kinds.c) (merge.c's bnb4_params: requantizing would
+ * otherwise change its layout). */
 const float kDynamicMap[256] = {
 #include "dynamic_map.inc"
 };
@@ -265,17 +267,12 @@ __global__ void merge_blame(const float *w, int64_t e, int64_t cols, const dev_t
 
 /* ---- merge: dense in and out --------------------------------------------- */
 
-__global__ void dense_to_f32(const void *__restrict__ src, qt_kind kind, int64_t n,
-                             float *__restrict__ out)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = dense_at(src, kind, i);
-}
+/* W of a dense weight is its row's dequantize (qt_cuda_matmul.cu's
+ * conversion, qt_math.h's as dense_at). */
 
 /* qt_dense_quantize: f32 as is, f16 and bf16 rounded to nearest even. */
-__global__ void f32_to_dense(const float *__restrict__ x, int64_t n, qt_kind kind,
-                             void *__restrict__ dst)
+template <qt_kind kind>
+__global__ void f32_to_dense(const float *__restrict__ x, int64_t n, void *__restrict__ dst)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -420,27 +417,20 @@ __global__ void affine_codes(const float *__restrict__ x, int64_t rows, int64_t 
 
 /* A thread per block of 32, scanned in the CPU's order; qs written as 16-byte
  * stores when aligned (the split layout's codes are). */
-__global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, qt_kind kind,
-                              bool aligned, uint8_t *__restrict__ qs, uint16_t *__restrict__ d,
+template <qt_kind kind>
+__global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, bool aligned,
+                              uint8_t *__restrict__ qs, uint16_t *__restrict__ d,
                               uint16_t *__restrict__ m)
 {
+    using block = qt_cuda_block<kind>;
     for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < n_blocks;
          b += (int64_t)gridDim.x * blockDim.x) {
         const float *xb = x + b * QM_GGUF_QK;
         uint4 q[2];
         uint8_t *qb = reinterpret_cast<uint8_t *>(q);
         uint16_t db, mb = 0;
-        int n_qs;
-        if (kind == QT_Q4_0) {
-            qq_q4_0_block(xb, &db, qb);
-            n_qs = 16;
-        } else if (kind == QT_Q4_1) {
-            qq_q4_1_block(xb, &db, &mb, qb);
-            n_qs = 16;
-        } else {
-            qq_q8_0_block(xb, &db, qb);
-            n_qs = 32;
-        }
+        const int n_qs = block::kQsBytes;
+        block::quantize(xb, &db, &mb, qb);
         uint8_t *dst = qs + b * n_qs;
         if (aligned) {
             reinterpret_cast<uint4 *>(dst)[0] = q[0];
@@ -451,7 +441,7 @@ __global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, qt_
                 dst[j] = qb[j];
         }
         d[b] = db;
-        if (kind == QT_Q4_1)
+        if (block::kHasM)
             m[b] = mb;
     }
 }
@@ -461,35 +451,15 @@ __global__ void gguf_quantize(const float *__restrict__ x, int64_t n_blocks, qt_
  * the CPU's own quantizers (qq_q5_0_block / qq_q5_1_block; the others'
  * qk_*_block, llama.cpp's quantize_row_*_ref, which search each block's
  * scales: slow per thread, and a merge's only cost here). */
-__global__ void gguf_whole_quantize(const float *__restrict__ x, int64_t n_blocks, qt_kind kind,
+template <qt_kind kind>
+__global__ void gguf_whole_quantize(const float *__restrict__ x, int64_t n_blocks,
                                     uint8_t *__restrict__ blocks)
 {
-    const int64_t bb = (int64_t)gguf_block_bytes(kind), per = gguf_block_elems(kind);
+    using block = qt_cuda_block<kind>;
+    const int64_t bb = block::kBytes, per = block::kElems;
     for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < n_blocks;
-         b += (int64_t)gridDim.x * blockDim.x) {
-        const float *xb = x + b * per;
-        uint8_t *blk = blocks + b * bb;
-        uint16_t db, mb = 0;
-        switch (kind) {
-        case QT_Q4_K: qk_q4_k_block(xb, blk); continue;
-        case QT_Q5_K: qk_q5_k_block(xb, blk); continue;
-        case QT_Q6_K: qk_q6_k_block(xb, blk); continue;
-        case QT_Q2_K: qk_q2_k_block(xb, blk); continue;
-        case QT_Q3_K: qk_q3_k_block(xb, blk); continue;
-        case QT_IQ4_NL: qk_iq4_nl_block(xb, blk); continue;
-        case QT_IQ4_XS: qk_iq4_xs_block(xb, blk); continue;
-        default: break;
-        }
-        if (kind == QT_Q5_0) {
-            qq_q5_0_block(xb, &db, blk + 2, blk + 6);
-        } else {
-            qq_q5_1_block(xb, &db, &mb, blk + 4, blk + 8);
-            blk[2] = (uint8_t)(mb & 0xffu);
-            blk[3] = (uint8_t)(mb >> 8);
-        }
-        blk[0] = (uint8_t)(db & 0xffu);
-        blk[1] = (uint8_t)(db >> 8);
-    }
+         b += (int64_t)gridDim.x * blockDim.x)
+        block::quantize(x + b * per, blocks + b * bb);
 }
 
 /* ---- merge: the cost ----------------------------------------------------------- */
@@ -531,8 +501,13 @@ __global__ void merge_cost(const float *__restrict__ q, const float *__restrict_
 
 /* ---- merge: the host side ----------------------------------------------------- */
 
-/* Everything one merge holds, freed by merge_free whatever happened. */
-struct merge_job {
+} // namespace
+
+/* Everything one merge holds, freed by job_free whatever happened. Named
+ * outside the file's namespace because the table's requantize entries
+ * (qt_cuda_kinds.h) take it. */
+struct qt_cuda_merge_job {
+    const qt_cuda_kind_ops *row; /* the pristine's kind's (the output's too) */
     const qt_cuda_tensor *pristine;
     qt_cuda_tensor *out;
     bool out_allocated;
@@ -552,6 +527,11 @@ struct merge_job {
     float *h_absmax, *h_nested_absmax, *h_centered;
     uint8_t *h_codes, *h_lut;
 };
+
+namespace
+{
+
+using merge_job = qt_cuda_merge_job;
 
 int job_alloc(merge_job &j, void **p, size_t bytes, const char *what)
 {
@@ -610,23 +590,20 @@ void job_free(merge_job &j)
 
 /* merge.c's parameter checks, on the device tensor's views: what the CPU
  * refuses, the device refuses with the same code. */
-int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
+int check_pristine(const qt_cuda_kind_ops *row, const qt_cuda_tensor *p, char *msg, size_t msg_len)
 {
     const int64_t n = p->rows * p->cols;
-    switch (p->kind) {
-    case QT_F32:
-    case QT_F16:
-    case QT_BF16:
+    switch (row && row->requantize ? row->layout : QT_CUDA_LAYOUT_NONE) {
+    case QT_CUDA_LAYOUT_DENSE:
         if (!p->dense) {
             say(msg, msg_len, "qt_cuda_merge: the %s weight has no device data",
                 kind_name(p->kind));
             return QL_EINVAL;
         }
         return QL_OK;
-    case QT_NF4:
-    case QT_FP4: {
+    case QT_CUDA_LAYOUT_BNB4: {
         const qt_cuda_4bit_view &v = p->q4;
-        const float *code = p->kind == QT_NF4 ? kNf4Code : kFp4Code;
+        const float *code = row->codebook;
         if (memcmp(v.codebook, code, sizeof v.codebook) != 0) {
             say(msg, msg_len,
                 "qt_cuda_merge: this %s weight's quant_map is not bitsandbytes' %s codebook; "
@@ -656,7 +633,7 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
         }
         return QL_OK;
     }
-    case QT_AFFINE: {
+    case QT_CUDA_LAYOUT_AFFINE: {
         const qt_cuda_affine_view &v = p->affine;
         const uint64_t stride = v.bits == 8 ? (uint64_t)p->cols : (uint64_t)(p->cols + 1) / 2;
         if ((v.bits != 4 && v.bits != 8) || v.group_size <= 0 || p->cols % v.group_size != 0 ||
@@ -672,58 +649,32 @@ int check_pristine(const qt_cuda_tensor *p, char *msg, size_t msg_len)
         }
         return QL_OK;
     }
-    case QT_Q4_0:
-    case QT_Q4_1:
-    case QT_Q8_0:
-    case QT_Q5_0:
-    case QT_Q5_1:
-    case QT_Q4_K:
-    case QT_Q5_K:
-    case QT_Q6_K:
-    case QT_Q2_K:
-    case QT_Q3_K:
-    case QT_IQ4_NL:
-    case QT_IQ4_XS: {
+    case QT_CUDA_LAYOUT_GGUF_SPLIT:
+    case QT_CUDA_LAYOUT_GGUF_WHOLE: {
         const qt_cuda_gguf_view &v = p->gguf;
-        const int64_t per = gguf_block_elems(p->kind);
-        if (p->cols % per != 0 || v.n_blocks != n / per || !v.qs || (gguf_split(p->kind) && !v.d) ||
-            (p->kind == QT_Q4_1 && !v.m)) {
+        const int64_t per = row->block_size;
+        if (p->cols % per != 0 || v.n_blocks != n / per || !v.qs ||
+            (row->layout == QT_CUDA_LAYOUT_GGUF_SPLIT && !v.d) || (row->has_m && !v.m)) {
             say(msg, msg_len,
                 "qt_cuda_merge: the %s weight [%lld, %lld] needs columns in blocks of %lld and "
                 "%lld blocks of qs, d%s on the device",
                 kind_name(p->kind), (long long)p->rows, (long long)p->cols, (long long)per,
-                (long long)(n / per), p->kind == QT_Q4_1 ? " and m" : "");
+                (long long)(n / per), row->has_m ? " and m" : "");
             return QL_EINVAL;
         }
         return QL_OK;
     }
-    default:
-        say(msg, msg_len, "qt_cuda_merge: quant kind %d has no LoRA merge", (int)p->kind);
-        return QL_EUNSUPPORTED;
+    case QT_CUDA_LAYOUT_NONE: break;
     }
+    say(msg, msg_len, "qt_cuda_merge: quant kind %d has no LoRA merge", (int)p->kind);
+    return QL_EUNSUPPORTED;
 }
 
-/* t (pristine or merged) dequantized to f32 into dst. */
+/* t (pristine or merged, of the job's kind) dequantized to f32 into dst
+ * by the row's dequantize. */
 int dequantize_to(merge_job &j, const qt_cuda_tensor *t, float *dst)
 {
-    switch (t->kind) {
-    case QT_F32:
-    case QT_F16:
-    case QT_BF16:
-        dense_to_f32<<<grid_for(j.n, kThreads), kThreads, 0, j.stream>>>(t->dense, t->kind, j.n,
-                                                                         dst);
-        return launched(j, "the dense-to-f32 kernel");
-    case QT_NF4:
-    case QT_FP4:
-        return qt_cuda_dequantize_4bit_dev(&t->q4, dst, QT_CUDA_OUT_F32, j.stream, j.msg,
-                                           j.msg_len);
-    case QT_AFFINE:
-        return qt_cuda_dequantize_affine_dev(&t->affine, dst, QT_CUDA_OUT_F32, j.stream, j.msg,
-                                             j.msg_len);
-    default:
-        return qt_cuda_dequantize_gguf_dev(&t->gguf, dst, QT_CUDA_OUT_F32, j.stream, j.msg,
-                                           j.msg_len);
-    }
+    return j.row->dequantize(j.row, t, dst, QT_CUDA_OUT_F32, j.stream, j.msg, j.msg_len);
 }
 
 /* The nested absmax of the merged NF4/FP4 tensor: the block absmax to the
@@ -786,7 +737,7 @@ int requantize_bnb4(merge_job &j)
             (int)p.blocksize, (long long)p.n_blocks, (int)p.nested);
         return QL_EINVAL;
     }
-    memcpy(o.codebook, p.kind == QT_NF4 ? kNf4Code : kFp4Code, sizeof o.codebook);
+    memcpy(o.codebook, j.row->codebook, sizeof o.codebook);
     qq_buckets cb;
     qq_build_buckets(o.codebook, &cb);
     float *absmax = const_cast<float *>(o.absmax);
@@ -849,48 +800,41 @@ int requantize_affine(merge_job &j)
     return launched(j, "the affine code kernel");
 }
 
-int requantize_gguf(merge_job &j)
+/* W + d into the GGUF kind kKind's blocks: split into qs / d / m, or
+ * whole ggml blocks (kWhole), as its row says. */
+template <qt_kind kKind, bool kWhole> int requantize_gguf(merge_job &j)
 {
     qt_cuda_gguf_view &o = j.out->gguf;
-    const int64_t nb = j.n / gguf_block_elems(o.kind);
-    if (o.kind != j.pristine->kind || o.n_blocks != nb || !o.qs || (gguf_split(o.kind) && !o.d) ||
-        (o.kind == QT_Q4_1 && !o.m)) {
+    const int64_t nb = j.n / j.row->block_size;
+    if (o.kind != j.pristine->kind || o.n_blocks != nb || !o.qs || (!kWhole && !o.d) ||
+        (j.row->has_m && !o.m)) {
         say(j.msg, j.msg_len,
             "qt_cuda_merge: qt_cuda_tensor_alloc_like gave a %s tensor of %lld blocks unlike the "
             "pristine %s of %lld",
             kind_name(o.kind), (long long)o.n_blocks, kind_name(j.pristine->kind), (long long)nb);
         return QL_EINVAL;
     }
-    if (!gguf_split(o.kind)) {
-        gguf_whole_quantize<<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
-            j.x, nb, o.kind, const_cast<uint8_t *>(o.qs));
-        return launched(j, "the GGUF quantize kernel");
+    if constexpr (kWhole) {
+        gguf_whole_quantize<kKind><<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
+            j.x, nb, const_cast<uint8_t *>(o.qs));
+    } else {
+        const bool aligned = (reinterpret_cast<uintptr_t>(o.qs) & 15u) == 0;
+        gguf_quantize<kKind><<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
+            j.x, nb, aligned, const_cast<uint8_t *>(o.qs), const_cast<uint16_t *>(o.d),
+            const_cast<uint16_t *>(o.m));
     }
-    const bool aligned = (reinterpret_cast<uintptr_t>(o.qs) & 15u) == 0;
-    gguf_quantize<<<grid_for(nb, kThreads), kThreads, 0, j.stream>>>(
-        j.x, nb, o.kind, aligned, const_cast<uint8_t *>(o.qs), const_cast<uint16_t *>(o.d),
-        const_cast<uint16_t *>(o.m));
     return launched(j, "the GGUF quantize kernel");
 }
 
-int requantize(merge_job &j)
+/* W + d into the dense kind kKind. */
+template <qt_kind kKind> int requantize_dense(merge_job &j)
 {
-    switch (j.pristine->kind) {
-    case QT_F32:
-    case QT_F16:
-    case QT_BF16:
-        if (!j.out->dense) {
-            say(j.msg, j.msg_len, "qt_cuda_merge: qt_cuda_tensor_alloc_like gave no dense data");
-            return QL_EINVAL;
-        }
-        f32_to_dense<<<grid_for(j.n, kThreads), kThreads, 0, j.stream>>>(j.x, j.n, j.pristine->kind,
-                                                                         j.out->dense);
-        return launched(j, "the f32-to-dense kernel");
-    case QT_NF4:
-    case QT_FP4: return requantize_bnb4(j);
-    case QT_AFFINE: return requantize_affine(j);
-    default: return requantize_gguf(j);
+    if (!j.out->dense) {
+        say(j.msg, j.msg_len, "qt_cuda_merge: qt_cuda_tensor_alloc_like gave no dense data");
+        return QL_EINVAL;
     }
+    f32_to_dense<kKind><<<grid_for(j.n, kThreads), kThreads, 0, j.stream>>>(j.x, j.n, j.out->dense);
+    return launched(j, "the f32-to-dense kernel");
 }
 
 /* The terms on the device, s formed in double as merge.c's load_part. */
@@ -1046,7 +990,7 @@ int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
         return rc;
 
     /* Q(W + d) into a tensor like the pristine one */
-    rc = qt_cuda_tensor_alloc_like(j.pristine, j.out, j.msg, j.msg_len);
+    rc = qt_cuda_tensor_alloc_like_with(j.row, j.pristine, j.out, j.msg, j.msg_len);
     if (rc != QL_OK)
         return rc;
     j.out_allocated = true;
@@ -1058,7 +1002,7 @@ int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
             kind_name(j.pristine->kind), (long long)j.rows, (long long)j.cols);
         return QL_EINVAL;
     }
-    rc = requantize(j);
+    rc = j.row->requantize(&j);
     if (rc != QL_OK)
         return rc;
 
@@ -1068,6 +1012,23 @@ int run_merge(merge_job &j, const qt_cuda_lora_term *terms, int32_t n_terms,
 }
 
 } // namespace
+
+/* ---- the rows' requantize (qt_cuda_kinds.c) ------------------------------------ */
+
+#define REQUANTIZE(k, CALL)                                                                        \
+    extern "C" int qt_cuda_requantize_as_##k(qt_cuda_merge_job *j)                                 \
+    {                                                                                              \
+        return CALL(*j);                                                                           \
+    }
+REQUANTIZE(f32, requantize_dense<QT_F32>)
+REQUANTIZE(f16, requantize_dense<QT_F16>)
+REQUANTIZE(bf16, requantize_dense<QT_BF16>)
+REQUANTIZE(bnb4, requantize_bnb4)
+REQUANTIZE(affine, requantize_affine)
+#define GGUF_REQUANTIZE(name, NAME, whole) REQUANTIZE(name, (requantize_gguf<QT_##NAME, whole>))
+QT_CUDA_GGUF_KINDS(GGUF_REQUANTIZE)
+#undef GGUF_REQUANTIZE
+#undef REQUANTIZE
 
 /* ---- the public functions -------------------------------------------------- */
 
@@ -1116,9 +1077,10 @@ extern "C" int qt_cuda_sgmv(const float *x, int64_t in, float *y, int64_t out,
     return QL_OK;
 }
 
-extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_term *terms,
-                             int32_t n_terms, qt_cuda_tensor *out, qt_cuda_merge_report *report,
-                             void *stream, char *msg, size_t msg_len)
+extern "C" int qt_cuda_merge_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *pristine,
+                                  const qt_cuda_lora_term *terms, int32_t n_terms,
+                                  qt_cuda_tensor *out, qt_cuda_merge_report *report, void *stream,
+                                  char *msg, size_t msg_len)
 {
     if (out)
         memset(out, 0, sizeof *out);
@@ -1137,12 +1099,13 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
             (long long)rows, (long long)cols);
         return QL_EINVAL;
     }
-    int rc = check_pristine(pristine, msg, msg_len);
+    int rc = check_pristine(row, pristine, msg, msg_len);
     if (rc != QL_OK)
         return rc;
 
     merge_job j;
     memset(&j, 0, sizeof j);
+    j.row = row;
     j.pristine = pristine;
     j.out = out;
     j.rows = rows;
@@ -1165,9 +1128,4 @@ extern "C" int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_
     }
     job_free(j);
     return rc;
-}
-
-extern "C" bool qt_cuda_merge_requantizes(qt_kind kind)
-{
-    return cuda_runs_kind(kind); /* every kind it runs, each with the CPU's quantizer */
 }

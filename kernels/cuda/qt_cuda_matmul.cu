@@ -38,6 +38,9 @@
  *     kernels and multiplied by cuBLASLt in f32 accumulation. The F32 mode
  *     asks for CUBLAS_COMPUTE_32F, never the TF32 fast mode, so it stays
  *     within f32 rounding of the CPU reference.
+ *   - The kind's row (qt_cuda_kinds.c) picks the kernels: its matvec entry
+ *     is this file's launch_matvec<K> for its decoding, its dequantize the
+ *     GEMM's route to the scratch; weights_for reads the layout from it.
  *   - Everything is enqueued on the caller's stream; launch errors and
  *     cuBLASLt statuses are checked and named in msg.
  */
@@ -52,8 +55,42 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "qt_cuda_blocks.h"
 #include "qt_cuda_internal.h"
+#include "qt_cuda_kinds.h"
 #include "qt_math.h"
+
+/*
+ * A weight as the matvec kernels read it: everything any kind needs, by
+ * value as a __grid_constant__ kernel argument (about 1.2 KB, inside the
+ * 4 KB every architecture allows). Fields that do not apply are zero.
+ * Named outside the file's namespace because the table's matvec entries
+ * (qt_cuda_kinds.h) take it.
+ */
+struct qt_cuda_mv_weights {
+    int64_t rows, cols;
+    const uint8_t *codes; /* dense values, 4-bit codes, AFFINE codes or GGUF qs */
+    uint64_t row_bytes;   /* bytes of codes per row (fused kernel) */
+    /* NF4, FP4 */
+    const float *absmax;
+    const uint8_t *absmax_codes;
+    const float *nested_absmax;
+    int32_t blocksize, nested_blocksize;
+    float nested_offset;
+    bool nested;
+    /* AFFINE */
+    const float *scales, *zeros;
+    int32_t bits, group_size, qmin;
+    int64_t groups_per_row;
+    uint64_t row_stride;
+    bool float_zero;
+    float mid;
+    /* GGUF */
+    const uint16_t *d, *m;
+    /* NF4, FP4 tables, copied to shared memory by each block */
+    float codebook[16];
+    float nested_code[256];
+};
 
 namespace
 {
@@ -162,34 +199,7 @@ template <mv_kind K> struct chunk_traits {
                                                                   : 32;
 };
 
-/*
- * Everything any kind needs, by value as a __grid_constant__ kernel
- * argument (about 1.2 KB, inside the 4 KB every architecture allows).
- * Fields that do not apply are zero.
- */
-struct mv_weights {
-    int64_t rows, cols;
-    const uint8_t *codes; /* dense values, 4-bit codes, AFFINE codes or GGUF qs */
-    uint64_t row_bytes;   /* bytes of codes per row (fused kernel) */
-    /* NF4, FP4 */
-    const float *absmax;
-    const uint8_t *absmax_codes;
-    const float *nested_absmax;
-    int32_t blocksize, nested_blocksize;
-    float nested_offset;
-    /* AFFINE */
-    const float *scales, *zeros;
-    int32_t bits, group_size, qmin;
-    int64_t groups_per_row;
-    uint64_t row_stride;
-    bool float_zero;
-    float mid;
-    /* GGUF */
-    const uint16_t *d, *m;
-    /* NF4, FP4 tables, copied to shared memory by each block */
-    float codebook[16];
-    float nested_code[256];
-};
+using mv_weights = qt_cuda_mv_weights;
 
 /* Read-only 16-byte load of a chunk into bytes (registers after SROA). */
 __device__ __forceinline__ void load_chunk(uint8_t (&bytes)[16], const uint8_t *p)
@@ -278,7 +288,7 @@ __device__ __forceinline__ float element(const mv_weights &w, const float *codeb
     if (K == kQ4_1)
         return qm_q4_1_split_element(w.codes, w.d, w.m, e);
     if (is_whole(K))
-        return gguf_whole_element(whole_kind(K), w.codes, e);
+        return qt_cuda_whole_element<whole_kind(K)>(w.codes, e);
     return qm_q8_0_split_element(w.codes, w.d, e);
 }
 
@@ -408,11 +418,11 @@ struct piece {
 template <mv_kind K>
 __device__ __forceinline__ piece piece_of(const mv_weights &w, int64_t r, int64_t k)
 {
-    constexpr qt_kind kind = whole_kind(K);
-    const int64_t per_block = gguf_block_elems(kind) / 32; /* pieces per block */
+    using block = qt_cuda_block<whole_kind(K)>;
+    const int64_t per_block = block::kElems / 32; /* pieces per block */
     piece p;
-    p.blk = w.codes + (uint64_t)r * w.row_bytes +
-            (uint64_t)(k / per_block) * (uint64_t)gguf_block_bytes(kind);
+    p.blk =
+        w.codes + (uint64_t)r * w.row_bytes + (uint64_t)(k / per_block) * (uint64_t)block::kBytes;
     p.j0 = (int)(k % per_block) * 32;
     p.s1 = 0.0f;
     p.s2 = 0.0f;
@@ -594,193 +604,176 @@ cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int b
     return cudaGetLastError();
 }
 
+/* The sentence when t's view does not describe its shape (row: t's kind). */
+int view_mismatch(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t, const char *where,
+                  char *msg, size_t msg_len)
+{
+    switch (row.layout) {
+    case QT_CUDA_LAYOUT_BNB4: {
+        const qt_cuda_4bit_view &v = t.q4;
+        say(msg, msg_len,
+            "%s: %s view of %lld elements, blocksize %d, %lld blocks (nested %d, %lld) does "
+            "not describe a %lld x %lld tensor",
+            where, kind_name(t.kind), (long long)v.n_elements, (int)v.blocksize,
+            (long long)v.n_blocks, (int)v.nested_blocksize, (long long)v.n_nested_blocks,
+            (long long)t.rows, (long long)t.cols);
+        break;
+    }
+    case QT_CUDA_LAYOUT_AFFINE: {
+        const qt_cuda_affine_view &v = t.affine;
+        say(msg, msg_len,
+            "%s: affine view (%lld x %lld, int%d, range [%d, %d], group %d, %lld groups per "
+            "row, row stride %llu) does not describe a %lld x %lld tensor",
+            where, (long long)v.rows, (long long)v.cols, (int)v.bits, (int)v.qmin, (int)v.qmax,
+            (int)v.group_size, (long long)v.groups_per_row, (unsigned long long)v.row_stride,
+            (long long)t.rows, (long long)t.cols);
+        break;
+    }
+    case QT_CUDA_LAYOUT_GGUF_SPLIT:
+    case QT_CUDA_LAYOUT_GGUF_WHOLE: {
+        const qt_cuda_gguf_view &v = t.gguf;
+        char blocks[64] = ""; /* the piece kernel's condition, for whole blocks */
+        if (row.layout == QT_CUDA_LAYOUT_GGUF_WHOLE)
+            snprintf(blocks, sizeof blocks, " (columns in blocks of %lld)",
+                     (long long)row.block_size);
+        say(msg, msg_len,
+            "%s: %s view of %lld elements in %lld blocks does not describe a %s %lld x %lld "
+            "tensor%s",
+            where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
+            kind_name(t.kind), (long long)t.rows, (long long)t.cols, blocks);
+        break;
+    }
+    case QT_CUDA_LAYOUT_NONE:
+    case QT_CUDA_LAYOUT_DENSE: break;
+    }
+    return QL_EINVAL;
+}
+
+/* The NF4/FP4 view of t into w; false when it does not describe t. */
+bool fill_bnb4(const qt_cuda_tensor &t, mv_weights *w, const char **missing)
+{
+    const qt_cuda_4bit_view &v = t.q4;
+    const int64_t n = t.rows * t.cols;
+    if (v.n_elements != n || v.blocksize <= 0 || v.blocksize % 32 != 0 ||
+        v.n_blocks < ceil_div(n, v.blocksize) ||
+        (v.nested &&
+         (v.nested_blocksize <= 0 || v.n_nested_blocks < ceil_div(v.n_blocks, v.nested_blocksize))))
+        return false;
+    w->codes = v.codes;
+    w->row_bytes = (uint64_t)t.cols / 2u;
+    w->absmax = v.absmax;
+    w->absmax_codes = v.absmax_codes;
+    w->nested_absmax = v.nested_absmax;
+    w->blocksize = v.blocksize;
+    w->nested_blocksize = v.nested_blocksize;
+    w->nested_offset = v.nested_offset;
+    w->nested = v.nested;
+    memcpy(w->codebook, v.codebook, sizeof w->codebook);
+    memcpy(w->nested_code, v.nested_code, sizeof w->nested_code);
+    if (!v.codes || (v.nested ? !v.absmax_codes || !v.nested_absmax : !v.absmax))
+        *missing = "codes or absmax";
+    return true;
+}
+
+/* The AFFINE view of t into w; false when it does not describe t. */
+bool fill_affine(const qt_cuda_tensor &t, mv_weights *w, const char **missing)
+{
+    const qt_cuda_affine_view &v = t.affine;
+    const uint64_t need = v.bits == 8 ? (uint64_t)t.cols : (uint64_t)(t.cols + 1) / 2;
+    if (v.rows != t.rows || v.cols != t.cols || (v.bits != 4 && v.bits != 8) || v.qmin >= v.qmax ||
+        v.group_size <= 0 || t.cols % v.group_size != 0 ||
+        v.groups_per_row != t.cols / v.group_size || v.row_stride < need)
+        return false;
+    w->codes = v.codes;
+    w->row_bytes = v.row_stride;
+    w->row_stride = v.row_stride;
+    w->scales = v.scales;
+    w->zeros = v.zeros;
+    w->bits = v.bits;
+    w->group_size = v.group_size;
+    w->groups_per_row = v.groups_per_row;
+    w->qmin = v.qmin;
+    w->float_zero = v.float_zero;
+    w->mid = qm_affine_mid(v.qmin, v.qmax);
+    if (!v.codes || !v.scales || !v.zeros)
+        *missing = "codes, scales or zeros";
+    return true;
+}
+
+/* A GGUF view of t into w (row: t's kind); false when it does not
+ * describe t. */
+bool fill_gguf(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t, mv_weights *w,
+               const char **missing)
+{
+    const qt_cuda_gguf_view &v = t.gguf;
+    const int64_t n = t.rows * t.cols, per = row.block_size;
+    /* split blocks may run across rows (the generic kernel takes them);
+     * the piece kernel needs whole blocks per row */
+    const int64_t whole_of = row.layout == QT_CUDA_LAYOUT_GGUF_SPLIT ? n : t.cols;
+    if (v.kind != t.kind || v.n_elements != n || whole_of % per != 0 || v.n_blocks != n / per)
+        return false;
+    w->codes = v.qs;
+    if (row.layout == QT_CUDA_LAYOUT_GGUF_SPLIT) {
+        w->row_bytes = (uint64_t)(t.cols / per) * (uint64_t)qm_gguf_qs_bytes((int)row.block_bytes);
+        w->d = v.d;
+        w->m = v.m;
+        if (!v.qs || !v.d || (row.has_m && !v.m))
+            *missing = "qs, d or m";
+    } else {
+        w->row_bytes = (uint64_t)(t.cols / per) * (uint64_t)row.block_bytes;
+        if (!v.qs)
+            *missing = "blocks";
+    }
+    return true;
+}
+
 /*
- * Check w's layout and fill the kernels' view of it, choosing the kernel
- * family: *kind the decoding, *fusable whether the weight side of the fused
- * kernel's conditions holds (cols % 32 == 0, 16-byte aligned codes, AFFINE
- * groups of whole chunks). `where` names the caller in messages.
+ * Check w's layout and fill the kernels' view of it (row: t's kind, NULL
+ * for none): *fusable whether the weight side of the fused kernel's
+ * conditions holds (cols % 32 == 0, 16-byte aligned codes, AFFINE groups of
+ * whole chunks; the piece kernel of the whole GGUF blocks needs only
+ * columns). `where` names the caller in messages.
  */
-int weights_for(const qt_cuda_tensor &t, const char *where, mv_weights *w, mv_kind *kind,
-                bool *fusable, char *msg, size_t msg_len)
+int weights_for(const qt_cuda_kind_ops *row, const qt_cuda_tensor &t, const char *where,
+                mv_weights *w, bool *fusable, char *msg, size_t msg_len)
 {
     memset(w, 0, sizeof *w);
     w->rows = t.rows;
     w->cols = t.cols;
     const int64_t n = t.rows * t.cols;
-    const bool cols32 = t.cols % 32 == 0;
     const char *missing = nullptr;
-    switch (t.kind) {
-    case QT_F32:
-    case QT_F16:
-    case QT_BF16: {
-        *kind = t.kind == QT_F32 ? kF32 : t.kind == QT_F16 ? kF16 : kBF16;
-        w->codes = static_cast<const uint8_t *>(t.dense);
-        w->row_bytes = (uint64_t)t.cols * (t.kind == QT_F32 ? 4u : 2u);
-        if (!t.dense)
-            missing = "dense values";
-        break;
-    }
-    case QT_NF4:
-    case QT_FP4: {
-        const qt_cuda_4bit_view &v = t.q4;
-        if (v.n_elements != n || v.blocksize <= 0 || v.blocksize % 32 != 0 ||
-            v.n_blocks < ceil_div(n, v.blocksize) ||
-            (v.nested && (v.nested_blocksize <= 0 ||
-                          v.n_nested_blocks < ceil_div(v.n_blocks, v.nested_blocksize)))) {
-            say(msg, msg_len,
-                "%s: %s view of %lld elements, blocksize %d, %lld blocks (nested %d, %lld) does "
-                "not describe a %lld x %lld tensor",
-                where, kind_name(t.kind), (long long)v.n_elements, (int)v.blocksize,
-                (long long)v.n_blocks, (int)v.nested_blocksize, (long long)v.n_nested_blocks,
-                (long long)t.rows, (long long)t.cols);
-            return QL_EINVAL;
-        }
-        *kind = v.nested ? k4bitNested : k4bit;
-        w->codes = v.codes;
-        w->row_bytes = (uint64_t)t.cols / 2u;
-        w->absmax = v.absmax;
-        w->absmax_codes = v.absmax_codes;
-        w->nested_absmax = v.nested_absmax;
-        w->blocksize = v.blocksize;
-        w->nested_blocksize = v.nested_blocksize;
-        w->nested_offset = v.nested_offset;
-        memcpy(w->codebook, v.codebook, sizeof w->codebook);
-        memcpy(w->nested_code, v.nested_code, sizeof w->nested_code);
-        if (!v.codes || (v.nested ? !v.absmax_codes || !v.nested_absmax : !v.absmax))
-            missing = "codes or absmax";
-        break;
-    }
-    case QT_AFFINE: {
-        const qt_cuda_affine_view &v = t.affine;
-        const uint64_t need = v.bits == 8 ? (uint64_t)t.cols : (uint64_t)(t.cols + 1) / 2;
-        if (v.rows != t.rows || v.cols != t.cols || (v.bits != 4 && v.bits != 8) ||
-            v.qmin >= v.qmax || v.group_size <= 0 || t.cols % v.group_size != 0 ||
-            v.groups_per_row != t.cols / v.group_size || v.row_stride < need) {
-            say(msg, msg_len,
-                "%s: affine view (%lld x %lld, int%d, range [%d, %d], group %d, %lld groups per "
-                "row, row stride %llu) does not describe a %lld x %lld tensor",
-                where, (long long)v.rows, (long long)v.cols, (int)v.bits, (int)v.qmin, (int)v.qmax,
-                (int)v.group_size, (long long)v.groups_per_row, (unsigned long long)v.row_stride,
-                (long long)t.rows, (long long)t.cols);
-            return QL_EINVAL;
-        }
-        *kind = v.bits == 8 ? kAffine8 : kAffine4;
-        w->codes = v.codes;
-        w->row_bytes = v.row_stride;
-        w->row_stride = v.row_stride;
-        w->scales = v.scales;
-        w->zeros = v.zeros;
-        w->bits = v.bits;
-        w->group_size = v.group_size;
-        w->groups_per_row = v.groups_per_row;
-        w->qmin = v.qmin;
-        w->float_zero = v.float_zero;
-        w->mid = qm_affine_mid(v.qmin, v.qmax);
-        if (!v.codes || !v.scales || !v.zeros)
-            missing = "codes, scales or zeros";
-        break;
-    }
-    case QT_Q4_0:
-    case QT_Q4_1:
-    case QT_Q8_0: {
-        const qt_cuda_gguf_view &v = t.gguf;
-        if (v.kind != t.kind || v.n_elements != n || n % QM_GGUF_QK != 0 ||
-            v.n_blocks != n / QM_GGUF_QK) {
-            say(msg, msg_len,
-                "%s: %s view of %lld elements in %lld blocks does not describe a %s %lld x %lld "
-                "tensor",
-                where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
-                kind_name(t.kind), (long long)t.rows, (long long)t.cols);
-            return QL_EINVAL;
-        }
-        *kind = t.kind == QT_Q4_0 ? kQ4_0 : t.kind == QT_Q4_1 ? kQ4_1 : kQ8_0;
-        w->codes = v.qs;
-        w->row_bytes = (uint64_t)(t.cols / QM_GGUF_QK) *
-                       (uint64_t)(t.kind == QT_Q8_0 ? QM_Q8_QS_BYTES : QM_Q4_QS_BYTES);
-        w->d = v.d;
-        w->m = v.m;
-        if (!v.qs || !v.d || (t.kind == QT_Q4_1 && !v.m))
-            missing = "qs, d or m";
-        break;
-    }
-    case QT_Q5_0:
-    case QT_Q5_1:
-    case QT_Q4_K:
-    case QT_Q5_K:
-    case QT_Q6_K:
-    case QT_Q2_K:
-    case QT_Q3_K:
-    case QT_IQ4_NL:
-    case QT_IQ4_XS: {
-        const qt_cuda_gguf_view &v = t.gguf;
-        const int64_t per = gguf_block_elems(t.kind);
-        if (v.kind != t.kind || v.n_elements != n || t.cols % per != 0 || v.n_blocks != n / per) {
-            say(msg, msg_len,
-                "%s: %s view of %lld elements in %lld blocks does not describe a %s %lld x %lld "
-                "tensor (columns in blocks of %lld)",
-                where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
-                kind_name(t.kind), (long long)t.rows, (long long)t.cols, (long long)per);
-            return QL_EINVAL;
-        }
-        *kind = t.kind == QT_Q5_0     ? kQ5_0
-                : t.kind == QT_Q5_1   ? kQ5_1
-                : t.kind == QT_Q4_K   ? kQ4_K
-                : t.kind == QT_Q5_K   ? kQ5_K
-                : t.kind == QT_Q2_K   ? kQ2_K
-                : t.kind == QT_Q3_K   ? kQ3_K
-                : t.kind == QT_IQ4_NL ? kIQ4_NL
-                : t.kind == QT_IQ4_XS ? kIQ4_XS
-                                      : kQ6_K;
-        w->codes = v.qs;
-        w->row_bytes = (uint64_t)(t.cols / per) * (uint64_t)gguf_block_bytes(t.kind);
-        if (!v.qs)
-            missing = "blocks";
-        break;
-    }
-    default:
+    bool described = true;
+    switch (row ? row->layout : QT_CUDA_LAYOUT_NONE) {
+    case QT_CUDA_LAYOUT_NONE:
         say(msg, msg_len, "%s: kind %d is not a kind the CUDA matrix kernels know", where,
             (int)t.kind);
         return QL_EUNSUPPORTED;
+    case QT_CUDA_LAYOUT_DENSE:
+        w->codes = static_cast<const uint8_t *>(t.dense);
+        w->row_bytes = (uint64_t)t.cols * (uint64_t)row->block_bytes;
+        if (!t.dense)
+            missing = "dense values";
+        break;
+    case QT_CUDA_LAYOUT_BNB4: described = fill_bnb4(t, w, &missing); break;
+    case QT_CUDA_LAYOUT_AFFINE: described = fill_affine(t, w, &missing); break;
+    case QT_CUDA_LAYOUT_GGUF_SPLIT:
+    case QT_CUDA_LAYOUT_GGUF_WHOLE: described = fill_gguf(*row, t, w, &missing); break;
     }
+    if (!described)
+        return view_mismatch(*row, t, where, msg, msg_len);
     if (missing && n > 0) {
         say(msg, msg_len, "%s: the %s tensor %lld x %lld has no %s on the device", where,
             kind_name(t.kind), (long long)t.rows, (long long)t.cols, missing);
         return QL_EINVAL;
     }
-    *fusable = cols32 && t.cols > 0 && aligned(w->codes, 16) && w->row_bytes % 16 == 0;
-    if (is_whole(*kind))
+    *fusable = t.cols % 32 == 0 && t.cols > 0 && aligned(w->codes, 16) && w->row_bytes % 16 == 0;
+    if (row->layout == QT_CUDA_LAYOUT_GGUF_WHOLE)
         *fusable = t.cols > 0; /* the piece kernel reads bytes and floats */
-    if (*kind == kAffine4 || *kind == kAffine8) {
-        const int per_chunk = *kind == kAffine4 ? 32 : 16;
+    if (row->layout == QT_CUDA_LAYOUT_AFFINE) {
+        const int per_chunk = w->bits == 8 ? 16 : 32;
         *fusable = *fusable && w->group_size % per_chunk == 0;
     }
     return QL_OK;
-}
-
-cudaError_t dispatch_matvec(mv_kind kind, const mv_weights &w, bool fused, const float *x,
-                            int batch, float *y, cudaStream_t s)
-{
-    switch (kind) {
-    case kF32: return launch_matvec<kF32>(w, fused, x, batch, y, s);
-    case kF16: return launch_matvec<kF16>(w, fused, x, batch, y, s);
-    case kBF16: return launch_matvec<kBF16>(w, fused, x, batch, y, s);
-    case k4bit: return launch_matvec<k4bit>(w, fused, x, batch, y, s);
-    case k4bitNested: return launch_matvec<k4bitNested>(w, fused, x, batch, y, s);
-    case kAffine4: return launch_matvec<kAffine4>(w, fused, x, batch, y, s);
-    case kAffine8: return launch_matvec<kAffine8>(w, fused, x, batch, y, s);
-    case kQ4_0: return launch_matvec<kQ4_0>(w, fused, x, batch, y, s);
-    case kQ4_1: return launch_matvec<kQ4_1>(w, fused, x, batch, y, s);
-    case kQ5_0: return launch_matvec<kQ5_0>(w, fused, x, batch, y, s);
-    case kQ5_1: return launch_matvec<kQ5_1>(w, fused, x, batch, y, s);
-    case kQ4_K: return launch_matvec<kQ4_K>(w, fused, x, batch, y, s);
-    case kQ5_K: return launch_matvec<kQ5_K>(w, fused, x, batch, y, s);
-    case kQ6_K: return launch_matvec<kQ6_K>(w, fused, x, batch, y, s);
-    case kQ2_K: return launch_matvec<kQ2_K>(w, fused, x, batch, y, s);
-    case kQ3_K: return launch_matvec<kQ3_K>(w, fused, x, batch, y, s);
-    case kIQ4_NL: return launch_matvec<kIQ4_NL>(w, fused, x, batch, y, s);
-    case kIQ4_XS: return launch_matvec<kIQ4_XS>(w, fused, x, batch, y, s);
-    default: return launch_matvec<kQ8_0>(w, fused, x, batch, y, s);
-    }
 }
 
 /* ---- conversions for the cuBLASLt path ----------------------------------- */
@@ -814,17 +807,43 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-template <typename OutT>
-cudaError_t launch_convert(qt_kind in_kind, const void *in, OutT *out, int64_t n, cudaStream_t s)
+template <qt_kind kIn, typename OutT>
+cudaError_t launch_convert(const void *in, OutT *out, int64_t n, cudaStream_t s)
 {
-    const unsigned grid = grid_for(n, 256);
-    if (in_kind == QT_F32)
-        convert_kernel<QT_F32, OutT><<<grid, 256, 0, s>>>(in, out, n);
-    else if (in_kind == QT_F16)
-        convert_kernel<QT_F16, OutT><<<grid, 256, 0, s>>>(in, out, n);
-    else
-        convert_kernel<QT_BF16, OutT><<<grid, 256, 0, s>>>(in, out, n);
+    convert_kernel<kIn, OutT><<<grid_for(n, 256), 256, 0, s>>>(in, out, n);
     return cudaGetLastError();
+}
+
+/* A dense kind's dequantize operation (its row's): its values converted to
+ * f32 or bf16, the cuBLASLt operand and the merge's W. */
+template <qt_kind kIn>
+int dequantize_dense(const qt_cuda_tensor *t, void *out, qt_cuda_out_dtype out_dtype, void *stream,
+                     char *msg, size_t msg_len)
+{
+    const bool bf16 = out_dtype == QT_CUDA_OUT_BF16;
+    const int64_t n = t->rows * t->cols;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    cudaError_t st = bf16 ? launch_convert<kIn>(t->dense, static_cast<uint16_t *>(out), n, s)
+                          : launch_convert<kIn>(t->dense, static_cast<float *>(out), n, s);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "launching the %s to %s weight conversion",
+                           kind_name(t->kind), bf16 ? "bf16" : "f32");
+    return QL_OK;
+}
+
+/* The NF4/FP4 and AFFINE matvecs: the decoding their view asks for. */
+cudaError_t launch_matvec_bnb4(const mv_weights &w, bool fused, const float *x, int batch, float *y,
+                               cudaStream_t s)
+{
+    return w.nested ? launch_matvec<k4bitNested>(w, fused, x, batch, y, s)
+                    : launch_matvec<k4bit>(w, fused, x, batch, y, s);
+}
+
+cudaError_t launch_matvec_affine(const mv_weights &w, bool fused, const float *x, int batch,
+                                 float *y, cudaStream_t s)
+{
+    return w.bits == 8 ? launch_matvec<kAffine8>(w, fused, x, batch, y, s)
+                       : launch_matvec<kAffine4>(w, fused, x, batch, y, s);
 }
 
 /* ---- cuBLASLt plans ------------------------------------------------------ */
@@ -1012,10 +1031,41 @@ bool checked_bytes(int64_t count, size_t size, size_t *bytes)
 
 } // namespace
 
-/* ---- public functions ---------------------------------------------------- */
+/* ---- the rows' operations (qt_cuda_kinds.c) ------------------------------ */
 
-extern "C" int qt_cuda_matvec(const qt_cuda_tensor *w, const float *x, int64_t batch, float *y,
-                              void *stream, char *msg, size_t msg_len)
+#define DENSE_DEQUANTIZE(k, KIND)                                                                  \
+    extern "C" int qt_cuda_dequantize_as_##k(const qt_cuda_kind_ops *, const qt_cuda_tensor *t,    \
+                                             void *out, qt_cuda_out_dtype out_dtype, void *stream, \
+                                             char *msg, size_t msg_len)                            \
+    {                                                                                              \
+        return dequantize_dense<KIND>(t, out, out_dtype, stream, msg, msg_len);                    \
+    }
+DENSE_DEQUANTIZE(f32, QT_F32)
+DENSE_DEQUANTIZE(f16, QT_F16)
+DENSE_DEQUANTIZE(bf16, QT_BF16)
+#undef DENSE_DEQUANTIZE
+
+#define MATVEC(k, LAUNCH)                                                                          \
+    extern "C" int qt_cuda_matvec_as_##k(const qt_cuda_mv_weights *w, bool fused, const float *x,  \
+                                         int batch, float *y, void *stream)                        \
+    {                                                                                              \
+        return LAUNCH(*w, fused, x, batch, y, static_cast<cudaStream_t>(stream));                  \
+    }
+MATVEC(f32, launch_matvec<kF32>)
+MATVEC(f16, launch_matvec<kF16>)
+MATVEC(bf16, launch_matvec<kBF16>)
+MATVEC(bnb4, launch_matvec_bnb4)
+MATVEC(affine, launch_matvec_affine)
+#define GGUF_MATVEC(name, NAME, whole) MATVEC(name, launch_matvec<k##NAME>)
+QT_CUDA_GGUF_KINDS(GGUF_MATVEC)
+#undef GGUF_MATVEC
+#undef MATVEC
+
+/* ---- the entry points' implementations ------------------------------------ */
+
+extern "C" int qt_cuda_matvec_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *w,
+                                   const float *x, int64_t batch, float *y, void *stream, char *msg,
+                                   size_t msg_len)
 {
     static const char where[] = "qt_cuda_matvec";
     if (!w) {
@@ -1039,15 +1089,14 @@ extern "C" int qt_cuda_matvec(const qt_cuda_tensor *w, const float *x, int64_t b
         return QL_EINVAL;
     }
     mv_weights mw;
-    mv_kind kind;
     bool fusable = false;
-    int rc = weights_for(*w, where, &mw, &kind, &fusable, msg, msg_len);
+    int rc = weights_for(row, *w, where, &mw, &fusable, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     const bool fused = fusable && aligned(x, 16);
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
-    cudaError_t st = dispatch_matvec(kind, mw, fused, x, (int)batch, y, s);
+    const cudaError_t st =
+        static_cast<cudaError_t>(row->matvec(&mw, fused, x, (int)batch, y, stream));
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s %s matvec (%lld x %lld, batch %lld)",
                            fused ? "fused" : "generic", kind_name(w->kind), (long long)w->rows,
@@ -1156,8 +1205,9 @@ extern "C" int qt_cuda_blas_new(qt_cuda_blas **out, int64_t max_weight_elements,
     return QL_OK;
 }
 
-extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x, int64_t batch,
-                            float *y, void *stream, char *msg, size_t msg_len)
+extern "C" int qt_cuda_gemm_with(const qt_cuda_kind_ops *row, qt_cuda_blas *b,
+                                 const qt_cuda_tensor *w, const float *x, int64_t batch, float *y,
+                                 void *stream, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_gemm";
     if (!b || !w) {
@@ -1203,42 +1253,17 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
 
     /* The weight, as the matmul's A. */
     mv_weights mw;
-    mv_kind mk;
     bool fusable = false;
-    int rc = weights_for(*w, where, &mw, &mk, &fusable, msg, msg_len); /* checks the view */
+    int rc = weights_for(row, *w, where, &mw, &fusable, msg, msg_len); /* checks the view */
     if (rc != QL_OK)
         return rc;
+    /* The kind's route to cuBLASLt: the weight as it is, or its row's
+     * dequantize into the scratch. */
     const qt_cuda_out_dtype out_dtype = bf16 ? QT_CUDA_OUT_BF16 : QT_CUDA_OUT_F32;
-    const void *a_ptr = b->w_scratch;
+    const void *a_ptr = weight_as_is ? w->dense : b->w_scratch;
     (void)cudaGetLastError(); /* launches are checked with cudaGetLastError */
-    switch (w->kind) {
-    case QT_F32:
-    case QT_F16:
-    case QT_BF16:
-        if (weight_as_is) {
-            a_ptr = w->dense;
-        } else {
-            cudaError_t st = bf16 ? launch_convert(w->kind, w->dense,
-                                                   static_cast<uint16_t *>(b->w_scratch), n_w, s)
-                                  : launch_convert(w->kind, w->dense,
-                                                   static_cast<float *>(b->w_scratch), n_w, s);
-            if (st != cudaSuccess)
-                return cuda_failed(st, msg, msg_len, "launching the %s to %s weight conversion",
-                                   kind_name(w->kind), bf16 ? "bf16" : "f32");
-        }
-        break;
-    case QT_NF4:
-    case QT_FP4:
-        rc = qt_cuda_dequantize_4bit_dev(&w->q4, b->w_scratch, out_dtype, stream, msg, msg_len);
-        break;
-    case QT_AFFINE:
-        rc = qt_cuda_dequantize_affine_dev(&w->affine, b->w_scratch, out_dtype, stream, msg,
-                                           msg_len);
-        break;
-    default:
-        rc = qt_cuda_dequantize_gguf_dev(&w->gguf, b->w_scratch, out_dtype, stream, msg, msg_len);
-        break;
-    }
+    if (!weight_as_is)
+        rc = row->dequantize(row, w, b->w_scratch, out_dtype, stream, msg, msg_len);
     if (rc != QL_OK)
         return rc;
 
@@ -1246,7 +1271,7 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
     const void *b_ptr = x;
     if (bf16) {
         cudaError_t st =
-            launch_convert(QT_F32, x, static_cast<uint16_t *>(b->x_scratch), batch * w->cols, s);
+            launch_convert<QT_F32>(x, static_cast<uint16_t *>(b->x_scratch), batch * w->cols, s);
         if (st != cudaSuccess)
             return cuda_failed(st, msg, msg_len, "launching the f32 to bf16 conversion of x");
         b_ptr = b->x_scratch;
@@ -1265,18 +1290,4 @@ extern "C" int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const floa
                          bf16 ? "bf16" : "f32", kind_name(w->kind), (long long)w->rows,
                          (long long)w->cols, (long long)batch);
     return QL_OK;
-}
-
-extern "C" int qt_cuda_matmul(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x,
-                              int64_t batch, float *y, void *stream, char *msg, size_t msg_len)
-{
-    if (batch <= kMaxBatch)
-        return qt_cuda_matvec(w, x, batch, y, stream, msg, msg_len);
-    if (!b) {
-        say(msg, msg_len,
-            "qt_cuda_matmul: batch %lld needs the cuBLASLt path, and no qt_cuda_blas was given",
-            (long long)batch);
-        return QL_EINVAL;
-    }
-    return qt_cuda_gemm(b, w, x, batch, y, stream, msg, msg_len);
 }

@@ -15,6 +15,10 @@
  *     (dequantize, add the scaled B @ A, finite check, requantize into the
  *     same layout);                                    qt_cuda_lora.cu
  *
+ * The functions that take a kind (matrix products, tensors, gather,
+ * merge) are defined in qt_cuda_kinds.c, which looks up the kind's row in
+ * its table and hands it to the file named above.
+ *
  * Conventions (all functions):
  *   - Plain C, no CUDA types: device pointers are ordinary pointers, a
  *     stream is a `void *` holding a cudaStream_t (NULL: legacy default).

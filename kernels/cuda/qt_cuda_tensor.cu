@@ -20,6 +20,10 @@
  *     --fmad=false), so an embedding row on the GPU is the CPU's bit for
  *     bit; tests/gpu/test_cuda_matmul.c requires it.
  *
+ *   - What differs by kind comes from the kind's row of qt_cuda_kinds.c,
+ *     handed in by the entry points there: the layout (which view, which
+ *     arrays) and the gather (one kernel instantiation per kind).
+ *
  * Ownership is stated in qt_cuda_ops.h.
  */
 #include "qt_cuda_ops.h"
@@ -31,18 +35,15 @@
 
 #include <cuda_runtime.h>
 
+#include "qt_cuda_blocks.h"
 #include "qt_cuda_internal.h"
+#include "qt_cuda_kinds.h"
 #include "qt_math.h"
 
 namespace
 {
 
 constexpr int kThreadsPerBlock = 256;
-
-size_t dense_elem_bytes(qt_kind k)
-{
-    return k == QT_F32 ? 4 : 2;
-}
 
 bool valid_shape(int64_t rows, int64_t cols)
 {
@@ -65,16 +66,19 @@ struct array_sizes {
     }
 };
 
-array_sizes sizes_of(const qt_cuda_tensor &t)
+/* row: t.kind's row. */
+array_sizes sizes_of(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t)
 {
     array_sizes s;
     memset(&s, 0, sizeof s);
     const int64_t n = t.rows * t.cols;
     if (n == 0)
         return s;
-    if (is_dense(t.kind)) {
-        s.codes = (size_t)n * dense_elem_bytes(t.kind);
-    } else if (is_4bit(t.kind)) {
+    const size_t nb = (size_t)t.gguf.n_blocks;
+    switch (row.layout) {
+    case QT_CUDA_LAYOUT_NONE: break;
+    case QT_CUDA_LAYOUT_DENSE: s.codes = (size_t)n * row.block_bytes; break;
+    case QT_CUDA_LAYOUT_BNB4:
         s.codes = (size_t)((n + 1) / 2);
         if (t.q4.nested) {
             s.absmax_codes = (size_t)t.q4.n_blocks;
@@ -82,26 +86,25 @@ array_sizes sizes_of(const qt_cuda_tensor &t)
         } else {
             s.absmax = (size_t)t.q4.n_blocks * sizeof(float);
         }
-    } else if (t.kind == QT_AFFINE) {
+        break;
+    case QT_CUDA_LAYOUT_AFFINE:
         s.codes = (size_t)t.rows * (size_t)t.affine.row_stride;
         s.scales = (size_t)(t.rows * t.affine.groups_per_row) * sizeof(float);
         s.zeros = s.scales;
-    } else if (is_gguf(t.kind)) {
-        const size_t nb = (size_t)t.gguf.n_blocks;
-        if (gguf_split(t.kind)) {
-            s.codes = nb * (size_t)qm_gguf_qs_bytes((int)gguf_block_bytes(t.kind));
-            s.d = nb * sizeof(uint16_t);
-            s.m = t.kind == QT_Q4_1 ? s.d : 0;
-        } else {
-            s.codes = nb * gguf_block_bytes(t.kind); /* whole blocks */
-        }
+        break;
+    case QT_CUDA_LAYOUT_GGUF_SPLIT:
+        s.codes = nb * (size_t)qm_gguf_qs_bytes((int)row.block_bytes);
+        s.d = nb * sizeof(uint16_t);
+        s.m = row.has_m ? s.d : 0;
+        break;
+    case QT_CUDA_LAYOUT_GGUF_WHOLE: s.codes = nb * row.block_bytes; break;
     }
     return s;
 }
 
 /* What uploading host tensor t will take on the device (for the message
  * when it does not fit). */
-size_t upload_bytes_of(const qtensor *t)
+size_t upload_bytes_of(const qt_cuda_kind_ops &row, const qtensor *t)
 {
     qt_cuda_tensor d;
     memset(&d, 0, sizeof d);
@@ -109,18 +112,18 @@ size_t upload_bytes_of(const qtensor *t)
     d.rows = t->rows;
     d.cols = t->cols;
     const int64_t n = t->rows * t->cols;
-    if (is_4bit(t->kind) && t->blocksize > 0) {
+    if (row.layout == QT_CUDA_LAYOUT_BNB4 && t->blocksize > 0) {
         d.q4.nested = t->nested;
         d.q4.n_blocks = ceil_div(n, t->blocksize);
         d.q4.n_nested_blocks =
             t->nested && t->nested_blocksize > 0 ? ceil_div(d.q4.n_blocks, t->nested_blocksize) : 0;
-    } else if (t->kind == QT_AFFINE) {
+    } else if (row.layout == QT_CUDA_LAYOUT_AFFINE) {
         d.affine.row_stride = t->row_stride;
         d.affine.groups_per_row = t->groups_per_row;
-    } else if (is_gguf(t->kind)) {
-        d.gguf.n_blocks = n / gguf_block_elems(t->kind);
+    } else if (row.is_gguf) {
+        d.gguf.n_blocks = n / row.block_size;
     }
-    return sizes_of(d).total();
+    return sizes_of(row, d).total();
 }
 
 /* ---- device memory ------------------------------------------------------- */
@@ -153,8 +156,16 @@ int copy_to_host(void *dst, const void *src, size_t bytes, const char *what, cha
 
 /* ---- the gather kernel --------------------------------------------------- */
 
-/* Which element function a gather runs. */
-enum gather_class { kGatherF32, kGatherF16, kGatherBF16, kGather4bit, kGatherAffine, kGatherGguf };
+/* Which element function a gather runs (with the kind, for GGUF). */
+enum gather_class {
+    kGatherF32,
+    kGatherF16,
+    kGatherBF16,
+    kGather4bit,
+    kGatherAffine,
+    kGatherGgufSplit,
+    kGatherGgufWhole
+};
 
 /*
  * out[i * cols + c] = element (ids[i], c) of w, one thread per output,
@@ -162,7 +173,7 @@ enum gather_class { kGatherF32, kGatherF16, kGatherBF16, kGather4bit, kGatherAff
  * floats. The 4-bit codebook and nested map go to shared memory first
  * (divergent lookups into the parameter space would serialise).
  */
-template <gather_class kClass>
+template <gather_class kClass, qt_kind kKind>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     gather_kernel(const __grid_constant__ qt_cuda_tensor w, const int32_t *__restrict__ ids,
                   int64_t n, float *__restrict__ out)
@@ -187,13 +198,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         const int64_t r = (int64_t)ids[i];
         const int64_t e = r * cols + c;
         float v;
-        if (kClass == kGatherF32) {
+        if constexpr (kClass == kGatherF32) {
             v = static_cast<const float *>(w.dense)[e];
-        } else if (kClass == kGatherF16) {
+        } else if constexpr (kClass == kGatherF16) {
             v = qm_f16_to_f32(static_cast<const uint16_t *>(w.dense)[e]);
-        } else if (kClass == kGatherBF16) {
+        } else if constexpr (kClass == kGatherBF16) {
             v = qm_bf16_to_f32(static_cast<const uint16_t *>(w.dense)[e]);
-        } else if (kClass == kGather4bit) {
+        } else if constexpr (kClass == kGather4bit) {
             const qt_cuda_4bit_view &q = w.q4;
             const int64_t b = e / q.blocksize;
             const float absmax =
@@ -201,47 +212,67 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                             q.nested_blocksize, q.nested_offset, b)
                          : q.absmax[b];
             v = qm_4bit_element(q.codes, codebook, absmax, e);
-        } else if (kClass == kGatherAffine) {
+        } else if constexpr (kClass == kGatherAffine) {
             const qt_cuda_affine_view &a = w.affine;
             v = qm_affine_element(a.codes, a.row_stride, a.bits, a.qmin, a.float_zero, mid,
                                   a.group_size, a.groups_per_row, a.scales, a.zeros, r, c);
-        } else {
+        } else if constexpr (kClass == kGatherGgufSplit) {
             const qt_cuda_gguf_view &g = w.gguf;
-            v = g.kind == QT_Q4_0   ? qm_q4_0_split_element(g.qs, g.d, e)
-                : g.kind == QT_Q4_1 ? qm_q4_1_split_element(g.qs, g.d, g.m, e)
-                : g.kind == QT_Q8_0 ? qm_q8_0_split_element(g.qs, g.d, e)
-                                    : gguf_whole_element(g.kind, g.qs, e);
+            v = qt_cuda_block<kKind>::element(g.qs, g.d, g.m, e);
+        } else {
+            v = qt_cuda_whole_element<kKind>(w.gguf.qs, e);
         }
         out[o] = v;
     }
 }
 
-template <gather_class kClass>
-cudaError_t launch_gather(const qt_cuda_tensor &w, const int32_t *ids, int64_t n, float *out,
-                          cudaStream_t s)
+template <gather_class kClass, qt_kind kKind>
+int launch_gather(const qt_cuda_tensor *w, const int32_t *ids, int64_t n, float *out, void *stream)
 {
-    const unsigned blocks = grid_for(n * w.cols, kThreadsPerBlock);
-    gather_kernel<kClass><<<blocks, kThreadsPerBlock, 0, s>>>(w, ids, n, out);
+    const unsigned blocks = grid_for(n * w->cols, kThreadsPerBlock);
+    gather_kernel<kClass, kKind>
+        <<<blocks, kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(*w, ids, n, out);
     return cudaGetLastError();
 }
 
-/* The device pointers kind k needs, all present (for a non-empty tensor). */
-bool has_arrays(const qt_cuda_tensor &t)
+/* The device pointers the kind of row needs, all present (for a non-empty
+ * tensor). */
+bool has_arrays(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t)
 {
-    if (is_dense(t.kind))
-        return t.dense != nullptr;
-    if (is_4bit(t.kind))
+    switch (row.layout) {
+    case QT_CUDA_LAYOUT_NONE: return false;
+    case QT_CUDA_LAYOUT_DENSE: return t.dense != nullptr;
+    case QT_CUDA_LAYOUT_BNB4:
         return t.q4.codes != nullptr &&
                (t.q4.nested ? t.q4.absmax_codes != nullptr && t.q4.nested_absmax != nullptr
                             : t.q4.absmax != nullptr);
-    if (t.kind == QT_AFFINE)
-        return t.affine.codes && t.affine.scales && t.affine.zeros;
-    if (is_gguf(t.kind))
-        return t.gguf.qs && (!gguf_split(t.kind) || t.gguf.d) && (t.kind != QT_Q4_1 || t.gguf.m);
+    case QT_CUDA_LAYOUT_AFFINE: return t.affine.codes && t.affine.scales && t.affine.zeros;
+    case QT_CUDA_LAYOUT_GGUF_SPLIT: return t.gguf.qs && t.gguf.d && (!row.has_m || t.gguf.m);
+    case QT_CUDA_LAYOUT_GGUF_WHOLE: return t.gguf.qs != nullptr;
+    }
     return false;
 }
 
 } // namespace
+
+/* ---- the rows' gathers (qt_cuda_kinds.c) ---------------------------------- */
+
+#define GATHER(k, CLASS, KIND)                                                                     \
+    extern "C" int qt_cuda_gather_as_##k(const qt_cuda_tensor *w, const int32_t *ids, int64_t n,   \
+                                         float *out, void *stream)                                 \
+    {                                                                                              \
+        return launch_gather<CLASS, KIND>(w, ids, n, out, stream);                                 \
+    }
+GATHER(f32, kGatherF32, QT_F32)
+GATHER(f16, kGatherF16, QT_F16)
+GATHER(bf16, kGatherBF16, QT_BF16)
+GATHER(bnb4, kGather4bit, QT_NF4)
+GATHER(affine, kGatherAffine, QT_AFFINE)
+#define GGUF_GATHER(name, NAME, whole)                                                             \
+    GATHER(name, whole ? kGatherGgufWhole : kGatherGgufSplit, QT_##NAME)
+QT_CUDA_GGUF_KINDS(GGUF_GATHER)
+#undef GGUF_GATHER
+#undef GATHER
 
 /* ---- public functions ---------------------------------------------------- */
 
@@ -265,7 +296,8 @@ extern "C" int qt_cuda_tensor_release(qt_cuda_tensor *d, char *msg, size_t msg_l
     return rc;
 }
 
-extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *msg, size_t msg_len)
+extern "C" int qt_cuda_tensor_upload_with(const qt_cuda_kind_ops *row, const qtensor *t,
+                                          qt_cuda_tensor *d, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_tensor_upload";
     if (!d) {
@@ -282,7 +314,7 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
             (long long)t->rows, (long long)t->cols);
         return QL_EINVAL;
     }
-    if (!cuda_runs_kind(t->kind)) {
+    if (!row || row->layout == QT_CUDA_LAYOUT_NONE) {
         say(msg, msg_len,
             "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
             "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs; "
@@ -297,8 +329,8 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
     const int64_t n = t->rows * t->cols;
 
     int rc = QL_OK;
-    if (is_dense(t->kind)) {
-        const size_t bytes = (size_t)n * dense_elem_bytes(t->kind);
+    if (row->layout == QT_CUDA_LAYOUT_DENSE) {
+        const size_t bytes = (size_t)n * row->block_bytes;
         if (n > 0 && (!t->data || t->data_bytes < bytes)) {
             say(msg, msg_len, "%s: %s tensor %lld x %lld holds %zu bytes, needs %zu", where,
                 kind_name(t->kind), (long long)t->rows, (long long)t->cols,
@@ -312,12 +344,12 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
             if (st != cudaSuccess)
                 rc = cuda_failed(st, msg, msg_len, "cudaMemcpy(dense values, %zu bytes)", bytes);
         }
-    } else if (is_4bit(t->kind)) {
+    } else if (row->layout == QT_CUDA_LAYOUT_BNB4) {
         rc = qt_cuda_4bit_upload(t, &d->q4, msg, msg_len);
-    } else if (t->kind == QT_AFFINE) {
+    } else if (row->layout == QT_CUDA_LAYOUT_AFFINE) {
         rc = qt_cuda_affine_upload(t, &d->affine, msg, msg_len);
     } else {
-        rc = qt_cuda_gguf_upload(t, &d->gguf, msg, msg_len);
+        rc = qt_cuda_gguf_upload_with(row, t, &d->gguf, msg, msg_len);
     }
     if (rc != QL_OK) {
         qt_cuda_tensor_release(d, nullptr, 0); /* msg keeps the first failure */
@@ -331,16 +363,16 @@ extern "C" int qt_cuda_tensor_upload(const qtensor *t, qt_cuda_tensor *d, char *
                 "%s: not enough device memory for a %s tensor of %lld x %lld (%zu bytes; %zu of "
                 "%zu bytes free): %s",
                 where, kind_name(t->kind), (long long)t->rows, (long long)t->cols,
-                upload_bytes_of(t), free_b, total_b, inner);
+                upload_bytes_of(*row, t), free_b, total_b, inner);
         }
         return rc;
     }
-    d->device_bytes = sizes_of(*d).total();
+    d->device_bytes = sizes_of(*row, *d).total();
     return QL_OK;
 }
 
-extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor *out, char *msg,
-                                         size_t msg_len)
+extern "C" int qt_cuda_tensor_alloc_like_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *t,
+                                              qt_cuda_tensor *out, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_tensor_alloc_like";
     if (!out) {
@@ -348,7 +380,7 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
         return QL_EINVAL;
     }
     memset(out, 0, sizeof *out);
-    if (!t || (unsigned)t->kind >= QT_KIND_COUNT || !valid_shape(t->rows, t->cols)) {
+    if (!t || !row || (unsigned)t->kind >= QT_KIND_COUNT || !valid_shape(t->rows, t->cols)) {
         say(msg, msg_len, "%s: the model tensor is NULL or not a tensor", where);
         return QL_EINVAL;
     }
@@ -369,11 +401,11 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
     out->gguf.d = nullptr;
     out->gguf.m = nullptr;
 
-    const array_sizes s = sizes_of(*out);
+    const array_sizes s = sizes_of(*row, *out);
     int rc = QL_OK;
-    if (is_dense(t->kind)) {
+    if (row->layout == QT_CUDA_LAYOUT_DENSE) {
         rc = device_alloc(&out->dense, s.codes, "dense values", msg, msg_len);
-    } else if (is_4bit(t->kind)) {
+    } else if (row->layout == QT_CUDA_LAYOUT_BNB4) {
         uint8_t *codes = nullptr, *absmax_codes = nullptr;
         float *absmax = nullptr, *nested_absmax = nullptr;
         rc = device_alloc(&codes, s.codes, "codes", msg, msg_len);
@@ -387,7 +419,7 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
         if (rc == QL_OK)
             rc = device_alloc(&nested_absmax, s.nested_absmax, "nested_absmax", msg, msg_len);
         out->q4.nested_absmax = nested_absmax;
-    } else if (t->kind == QT_AFFINE) {
+    } else if (row->layout == QT_CUDA_LAYOUT_AFFINE) {
         uint8_t *codes = nullptr;
         float *scales = nullptr, *zeros = nullptr;
         rc = device_alloc(&codes, s.codes, "codes", msg, msg_len);
@@ -426,8 +458,8 @@ extern "C" int qt_cuda_tensor_alloc_like(const qt_cuda_tensor *t, qt_cuda_tensor
     return QL_OK;
 }
 
-extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char *msg,
-                                       size_t msg_len)
+extern "C" int qt_cuda_tensor_download_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *d,
+                                            qtensor *t, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_tensor_download";
     if (!d || !t) {
@@ -449,19 +481,18 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
             where, kind_name(t->kind));
         return QL_EINVAL;
     }
-    if (!has_arrays(*d)) {
+    if (!row || !has_arrays(*row, *d)) {
         say(msg, msg_len, "%s: the device %s tensor %lld x %lld is missing an array", where,
             kind_name(d->kind), (long long)d->rows, (long long)d->cols);
         return QL_EINVAL;
     }
-    const array_sizes s = sizes_of(*d);
+    const array_sizes s = sizes_of(*row, *d);
     /* The first of the host arrays that is missing or too small. */
     const char *short_of = nullptr;
     if (!t->data ||
-        t->data_bytes <
-            (is_gguf(d->kind) ? (size_t)d->gguf.n_blocks * gguf_block_bytes(d->kind) : s.codes))
+        t->data_bytes < (row->is_gguf ? (size_t)d->gguf.n_blocks * row->block_bytes : s.codes))
         short_of = "codes";
-    if (is_4bit(d->kind)) {
+    if (row->layout == QT_CUDA_LAYOUT_BNB4) {
         const qt_cuda_4bit_view &v = d->q4;
         if (t->blocksize != v.blocksize || t->nested != v.nested ||
             (v.nested && t->nested_blocksize != v.nested_blocksize)) {
@@ -480,7 +511,7 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
             short_of = "nested absmax";
         else if (!v.nested && !t->absmax)
             short_of = "absmax";
-    } else if (d->kind == QT_AFFINE) {
+    } else if (row->layout == QT_CUDA_LAYOUT_AFFINE) {
         const qt_cuda_affine_view &v = d->affine;
         if (t->bits != v.bits || t->group_size != v.group_size ||
             t->groups_per_row != v.groups_per_row || t->row_stride != v.row_stride ||
@@ -504,9 +535,9 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
     }
 
     int rc = QL_OK;
-    if (is_dense(d->kind)) {
+    if (row->layout == QT_CUDA_LAYOUT_DENSE) {
         rc = copy_to_host(t->data, d->dense, s.codes, "dense values", msg, msg_len);
-    } else if (is_4bit(d->kind)) {
+    } else if (row->layout == QT_CUDA_LAYOUT_BNB4) {
         const qt_cuda_4bit_view &v = d->q4;
         rc = copy_to_host(t->data, v.codes, s.codes, "codes", msg, msg_len);
         if (rc == QL_OK && v.nested) {
@@ -521,20 +552,20 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
             rc = copy_to_host(t->absmax, v.absmax, s.absmax, "absmax", msg, msg_len);
         }
         memcpy(t->codebook, v.codebook, sizeof t->codebook);
-    } else if (d->kind == QT_AFFINE) {
+    } else if (row->layout == QT_CUDA_LAYOUT_AFFINE) {
         const qt_cuda_affine_view &v = d->affine;
         rc = copy_to_host(t->data, v.codes, s.codes, "codes", msg, msg_len);
         if (rc == QL_OK)
             rc = copy_to_host(t->scales, v.scales, s.scales, "scales", msg, msg_len);
         if (rc == QL_OK)
             rc = copy_to_host(t->zeros, v.zeros, s.zeros, "zeros", msg, msg_len);
-    } else if (!gguf_split(d->kind)) {
+    } else if (row->layout != QT_CUDA_LAYOUT_GGUF_SPLIT) {
         rc = copy_to_host(t->data, d->gguf.qs, s.codes, "blocks", msg, msg_len);
     } else {
         /* Join qs / d / m back into ggml's blocks. */
         const qt_cuda_gguf_view &v = d->gguf;
         const size_t nb = (size_t)v.n_blocks;
-        const int bb = (int)gguf_block_bytes(d->kind);
+        const int bb = (int)row->block_bytes;
         const size_t qsb = (size_t)qm_gguf_qs_bytes(bb);
         uint8_t *qs = static_cast<uint8_t *>(malloc(s.codes));
         uint16_t *dd = static_cast<uint16_t *>(malloc(nb * sizeof(uint16_t)));
@@ -560,8 +591,9 @@ extern "C" int qt_cuda_tensor_download(const qt_cuda_tensor *d, qtensor *t, char
     return rc;
 }
 
-extern "C" int qt_cuda_gather_rows(const qt_cuda_tensor *w, const int32_t *ids, int64_t n,
-                                   float *out, void *stream, char *msg, size_t msg_len)
+extern "C" int qt_cuda_gather_rows_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *w,
+                                        const int32_t *ids, int64_t n, float *out, void *stream,
+                                        char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_gather_rows";
     if (!w || n < 0) {
@@ -580,35 +612,25 @@ extern "C" int qt_cuda_gather_rows(const qt_cuda_tensor *w, const int32_t *ids, 
             (long long)w->cols);
         return QL_EINVAL;
     }
-    if (!ids || !out || w->rows == 0 || !has_arrays(*w)) {
+    if (!ids || !out || w->rows == 0 || !row || !row->gather || !has_arrays(*row, *w)) {
         say(msg, msg_len, "%s: a NULL device pointer (ids %p, out %p) or an empty %s tensor", where,
             (const void *)ids, (void *)out, kind_name(w->kind));
         return QL_EINVAL;
     }
-    if (is_4bit(w->kind) &&
+    if (row->layout == QT_CUDA_LAYOUT_BNB4 &&
         (w->q4.blocksize <= 0 || (w->q4.nested && w->q4.nested_blocksize <= 0))) {
         say(msg, msg_len, "%s: %s blocksize %d / nested %d is not positive", where,
             kind_name(w->kind), (int)w->q4.blocksize, (int)w->q4.nested_blocksize);
         return QL_EINVAL;
     }
-    if (w->kind == QT_AFFINE &&
+    if (row->layout == QT_CUDA_LAYOUT_AFFINE &&
         (w->affine.group_size <= 0 || (w->affine.bits != 4 && w->affine.bits != 8))) {
         say(msg, msg_len, "%s: affine int%d group %d is not a layout", where, (int)w->affine.bits,
             (int)w->affine.group_size);
         return QL_EINVAL;
     }
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
     (void)cudaGetLastError(); /* the launch is checked with cudaGetLastError */
-    cudaError_t st;
-    switch (w->kind) {
-    case QT_F32: st = launch_gather<kGatherF32>(*w, ids, n, out, s); break;
-    case QT_F16: st = launch_gather<kGatherF16>(*w, ids, n, out, s); break;
-    case QT_BF16: st = launch_gather<kGatherBF16>(*w, ids, n, out, s); break;
-    case QT_NF4:
-    case QT_FP4: st = launch_gather<kGather4bit>(*w, ids, n, out, s); break;
-    case QT_AFFINE: st = launch_gather<kGatherAffine>(*w, ids, n, out, s); break;
-    default: st = launch_gather<kGatherGguf>(*w, ids, n, out, s); break;
-    }
+    const cudaError_t st = static_cast<cudaError_t>(row->gather(w, ids, n, out, stream));
     if (st != cudaSuccess)
         return cuda_failed(st, msg, msg_len, "launching the %s row gather (%lld rows of %lld)",
                            kind_name(w->kind), (long long)n, (long long)w->cols);

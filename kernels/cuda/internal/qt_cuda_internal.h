@@ -2,21 +2,20 @@
  * qt_cuda_internal.h - the host helpers that every .cu file of kernels/cuda
  * shares: the sentence into the caller's message buffer (say), the QT_E*
  * code a CUDA status stands for and the "<call> failed: <sentence>
- * (<name>)" report of a failed call (cuda_failed), kind names and kind
- * classes, grid sizing for grid-stride kernels, alignment, and a cudaFree
- * that keeps the first failure.
+ * (<name>)" report of a failed call (cuda_failed), kind names, grid sizing for grid-stride kernels,
+ * alignment, and a cudaFree that keeps the first failure.
  *
  * Why shaped so:
  *   - Only the .cu files of kernels/cuda include it; it is no interface of
  *     the folder (that is qt_cuda.h, qt_cuda_ops.h and qt_cuda_sample.h).
- *     Everything is static inline, so each .cu compiles its own copy, no
- *     symbol crosses the library, and a file that uses few of the helpers
- *     warns about none of the others.
+ *     Everything is static inline, so each .cu compiles its own copy, and a
+ *     file that uses few of the helpers warns about none of the others;
+ *     kind names come from the CPU's qt_kind_geometry_table (qtensor.c).
  *   - One mapping of CUDA statuses to QT_E* codes, so every entry point of
  *     the backend names the same failure with the same code (the engine and
  *     the HTTP layer turn the codes into statuses).
- *   - No kernels, launches or __shared__ (the kind tests are __host__
- *     __device__, the rest host code): the host emulator of tests/gpu/emu
+ *   - No kernels, launches or __shared__ (is_dense is __host__ __device__,
+ *     the rest host code): the host emulator of tests/gpu/emu
  *     includes it as it stands (cu2cpp.pl rewrites only the .cu files),
  *     against its own cuda_runtime.h.
  */
@@ -30,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels_internal.h"
 #include "qt_math.h"
 #include "qt_quant_math.h"
 #include "qtensor.h"
@@ -104,140 +104,19 @@ static inline int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const c
 
 /* ---- kinds --------------------------------------------------------------- */
 
-/* qt_kind_name lives in the CPU library; this copy keeps qlkernels_cuda
- * linkable on its own. */
+/* A kind's name for messages: the CPU's geometry table (kernels_internal.h,
+ * the one data table of kernels/); what a kind does on the device is its
+ * row in qt_cuda_kinds.c, handed to the code below by the entry points. */
 static inline const char *kind_name(qt_kind kind)
 {
-    switch (kind) {
-    case QT_F32: return "f32";
-    case QT_F16: return "f16";
-    case QT_BF16: return "bf16";
-    case QT_NF4: return "nf4";
-    case QT_FP4: return "fp4";
-    case QT_AFFINE: return "affine";
-    case QT_Q4_0: return "q4_0";
-    case QT_Q4_1: return "q4_1";
-    case QT_Q8_0: return "q8_0";
-    case QT_Q5_0: return "q5_0";
-    case QT_Q5_1: return "q5_1";
-    case QT_Q4_K: return "q4_k";
-    case QT_Q5_K: return "q5_k";
-    case QT_Q6_K: return "q6_k";
-    case QT_Q2_K: return "q2_k";
-    case QT_Q3_K: return "q3_k";
-    case QT_IQ4_NL: return "iq4_nl";
-    case QT_IQ4_XS: return "iq4_xs";
-    default: return "(not a kind)";
-    }
+    return (unsigned)kind < QT_KIND_COUNT ? qt_kind_geometry_table[kind].name : "(not a kind)";
 }
 
+/* The dtypes of LoRA factors (A, B): read element by element on the device
+ * (qt_cuda_lora.cu's dense_at), where no host table is at hand. */
 static inline __host__ __device__ bool is_dense(qt_kind k)
 {
     return k == QT_F32 || k == QT_F16 || k == QT_BF16;
-}
-
-/* bitsandbytes' blockwise 4-bit kinds. */
-static inline __host__ __device__ bool is_4bit(qt_kind k)
-{
-    return k == QT_NF4 || k == QT_FP4;
-}
-
-/* Every llama.cpp block kind this backend runs. */
-static inline __host__ __device__ bool is_gguf(qt_kind k)
-{
-    switch (k) {
-    case QT_Q4_0:
-    case QT_Q4_1:
-    case QT_Q8_0:
-    case QT_Q5_0:
-    case QT_Q5_1:
-    case QT_Q4_K:
-    case QT_Q5_K:
-    case QT_Q6_K:
-    case QT_Q2_K:
-    case QT_Q3_K:
-    case QT_IQ4_NL:
-    case QT_IQ4_XS: return true;
-    default: return false;
-    }
-}
-
-/* The GGUF kinds kept in the split layout (qs, d, m arrays; qt_cuda.h);
- * the others keep ggml's blocks whole. */
-static inline __host__ __device__ bool gguf_split(qt_kind k)
-{
-    return k == QT_Q4_0 || k == QT_Q4_1 || k == QT_Q8_0;
-}
-
-/* The kinds this backend has kernels for: every kind of qtensor.h today
- * (a kind added there stays refused here by name until it has kernels). */
-static inline bool cuda_runs_kind(qt_kind k)
-{
-    return is_dense(k) || is_4bit(k) || k == QT_AFFINE || is_gguf(k);
-}
-
-/* Bytes per block of a GGUF kind in ggml's layout, 0 for other kinds. */
-static inline __host__ __device__ size_t gguf_block_bytes(qt_kind kind)
-{
-    switch (kind) {
-    case QT_Q4_0: return QM_Q4_0_BYTES;
-    case QT_Q4_1: return QM_Q4_1_BYTES;
-    case QT_Q8_0: return QM_Q8_0_BYTES;
-    case QT_Q5_0: return QM_Q5_0_BYTES;
-    case QT_Q5_1: return QM_Q5_1_BYTES;
-    case QT_Q4_K: return QM_Q4_K_BYTES;
-    case QT_Q5_K: return QM_Q5_K_BYTES;
-    case QT_Q6_K: return QM_Q6_K_BYTES;
-    case QT_Q2_K: return QM_Q2_K_BYTES;
-    case QT_Q3_K: return QM_Q3_K_BYTES;
-    case QT_IQ4_NL: return QM_IQ4_NL_BYTES;
-    case QT_IQ4_XS: return QM_IQ4_XS_BYTES;
-    default: return 0;
-    }
-}
-
-/* Elements per block of a GGUF kind: 32 for Q4_0 ... Q5_1 and IQ4_NL, 256
- * for the k-quants and IQ4_XS. */
-static inline __host__ __device__ int64_t gguf_block_elems(qt_kind kind)
-{
-    switch (kind) {
-    case QT_Q4_K:
-    case QT_Q5_K:
-    case QT_Q6_K:
-    case QT_Q2_K:
-    case QT_Q3_K:
-    case QT_IQ4_XS: return QM_QK_K;
-    default: return QM_GGUF_QK;
-    }
-}
-
-/* Element j of one whole ggml block of a kind kept whole (not
- * gguf_split): the per-block functions of qt_math.h and qt_quant_math.h
- * that the CPU's qt_dequantize_rows runs, so the value is the CPU's bit
- * for bit. */
-static inline __host__ __device__ float gguf_whole_block_value(qt_kind kind, const uint8_t *blk,
-                                                               int j)
-{
-    switch (kind) {
-    case QT_Q5_0: return qm_q5_0_block_value(blk, j);
-    case QT_Q5_1: return qm_q5_1_block_value(blk, j);
-    case QT_Q4_K: return qm_q4_k_block_value(blk, j);
-    case QT_Q5_K: return qm_q5_k_block_value(blk, j);
-    case QT_Q2_K: return qm_q2_k_block_value(blk, j);
-    case QT_Q3_K: return qm_q3_k_block_value(blk, j);
-    case QT_IQ4_NL: return qm_iq4_nl_block_value(blk, j);
-    case QT_IQ4_XS: return qm_iq4_xs_block_value(blk, j);
-    default: return qm_q6_k_block_value(blk, j);
-    }
-}
-
-/* Element e of a row-major tensor of whole blocks of `kind`. */
-static inline __host__ __device__ float gguf_whole_element(qt_kind kind, const uint8_t *blocks,
-                                                           int64_t e)
-{
-    const int64_t per = gguf_block_elems(kind);
-    return gguf_whole_block_value(kind, blocks + (e / per) * (int64_t)gguf_block_bytes(kind),
-                                  (int)(e % per));
 }
 
 /* ---- grids and pointers -------------------------------------------------- */

@@ -13,6 +13,7 @@
 # backend (their backend_cuda.c.o, built against the real CUDA headers, is
 # swapped for one built against the emulator's).
 #
+# kernels/cuda/*.c (the table of kinds) compile as they are, with gcc.
 # Usage: tests/gpu/emu/run.sh [-B BUILD_DIR] [--no-lib-build] [--reverse] [TEST...]
 #   -B DIR          the CMake build folder (default: build); it must be
 #                   configured with the CUDA backend (QL_HAVE_CUDA)
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     -h | --help)
-        sed -n '2,29p' "$0"
+        sed -n '2,30p' "$0"
         exit 0
         ;;
     test_cuda_*)
@@ -132,6 +133,8 @@ compile_one() { # KIND SRC OBJ
 echo "== compiling under emulation ($JOBS jobs) into $OUTD"
 units=()
 for f in "$ROOT"/kernels/cuda/*.cu; do units+=("cu $f $OUTD/obj/$(basename "$f" .cu).o"); done
+# the table of kinds is C (kernels/cuda/qt_cuda_kinds.c)
+for f in "$ROOT"/kernels/cuda/*.c; do units+=("c $f $OUTD/obj/$(basename "$f" .c).o"); done
 units+=("cpp $EMU/emu_runtime.cpp $OUTD/obj/emu_runtime.o")
 units+=("c $ROOT/engine/runtime/backend_cuda.c $OUTD/obj/backend_cuda.o")
 for t in "${TESTS[@]}"; do units+=("c $ROOT/tests/gpu/$t.c $OUTD/obj/$t.o"); done
@@ -157,6 +160,7 @@ done
 [ "$compile_failed" -eq 0 ] || die "compilation failed"
 KOBJS=()
 for f in "$ROOT"/kernels/cuda/*.cu; do KOBJS+=("$OUTD/obj/$(basename "$f" .cu).o"); done
+for f in "$ROOT"/kernels/cuda/*.c; do KOBJS+=("$OUTD/obj/$(basename "$f" .c).o"); done
 for t in "${TESTS[@]}"; do
     # shellcheck disable=SC2086
     # the archives as one group: they use each other in both directions here
