@@ -43,12 +43,12 @@
  * It offers eng_cuda_present and eng_backend_cuda_new
  * (internal/backend_internal.h) and fills in the backend's row of
  * operations (forward, copy_blocks, digest, prepare, destroy) and the
- * walk's (internal/walk_internal.h); it owns every device
- * allocation and the pinned staging; it touches the model and the versions
- * and adapters (read only, holding references), the KV block bookkeeping
- * (kv_cache.c's eng_kv_*, and eng_kv_check_writes of kv_cache_internal.h),
- * kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h), step.c's rotary
- * tables and walk.c's walk (which makes the step's refusals).
+ * walk's (cuda_ops, internal/walk_internal.h); it owns every device
+ * allocation and the pinned staging; it touches the model and the
+ * versions and adapters (read only, holding references), the KV block
+ * bookkeeping (kv_cache.c's eng_kv_*), kernels/cuda (qt_cuda_ops.h,
+ * qt_cuda_sample.h), step.c's rotary tables and walk.c's walk (which
+ * makes the step's refusals).
  *
  * Every operation returns a code (a launch can fail), which the walk
  * passes up with the layer it failed in. The SGMV segments of every
@@ -58,7 +58,6 @@
  * backends and compares logits, greedy tokens and merged digests.
  */
 #include "internal/backend_internal.h"
-#include "internal/kv_cache_internal.h"
 #include "internal/step_internal.h"
 #include "internal/walk_internal.h"
 #include "qt_cuda_ops.h"
@@ -671,12 +670,14 @@ static int cuda_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_
     sc->seqs = seqs;
     sc->n_seqs = n_seqs;
     sc->rows = rows;
-    sc->sr = (qt_cuda_step_rows){rows, c->d_row_seq, c->d_row_pos, c->d_bt_offset, c->d_tables};
     prune_device_copies(c);
     sc->vers = calloc((size_t)n_seqs + 1, sizeof *sc->vers);
     if (!sc->vers)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
-    return lay_out_step(sc, msg, msg_len);
+    int rc = lay_out_step(sc, msg, msg_len);
+    /* (after the layout, which may have grown the block tables) */
+    sc->sr = (qt_cuda_step_rows){rows, c->d_row_seq, c->d_row_pos, c->d_bt_offset, c->d_tables};
+    return rc;
 }
 
 static int cuda_embed(void *be, float *x, char *msg, size_t msg_len)
