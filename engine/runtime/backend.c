@@ -1,7 +1,8 @@
 /*
  * backend.c - where a forward step runs: the choice between backends
- * (--device cpu|cuda|auto), the CPU backend, which is eng_forward over a
- * worker pool with the KV cache in host memory, and the eng_backend_* calls
+ * (--device cpu|cuda|auto), the CPU backend, which is eng_forward (walk.c's
+ * walk on forward.c's row of operations) over a worker pool with the KV
+ * cache in host memory, and the eng_backend_* calls
  * (runtime.h), which dispatch through each backend's row of operations
  * (internal/backend_internal.h). The CUDA backend lives in backend_cuda.c
  * and is built only with CUDA; the scheduler sees both through

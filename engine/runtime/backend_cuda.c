@@ -1,7 +1,8 @@
 /*
- * backend_cuda.c - the CUDA backend of the forward pass: the same walk over
- * the layers as forward.c, with every tensor and activation in device
- * memory and every operation a kernel of kernels/cuda (qt_cuda_ops.h).
+ * backend_cuda.c - the CUDA backend of the forward pass: walk.c's walk over
+ * the layers (the CPU's too) run on this file's row of operations
+ * (cuda_ops), with every tensor and activation in device memory and every
+ * operation a kernel of kernels/cuda (qt_cuda_ops.h).
  *
  * What lives where:
  *   - the model's weights are uploaded once, at creation, in their own
@@ -24,12 +25,12 @@
  *     (nothing that runs can ask for them again).
  *
  * A step: the host lays out the rows (token, sequence, position, the
- * rotation tables, the block tables), one set of copies to the device, the
- * layers as kernels on one stream, then the logits (or, for greedy
+ * rotation tables, the block tables), one set of copies to the device
+ * (cuda_begin), the layers as kernels on one stream (a sequence asking for
+ * every row's logits, a prompt's logprobs, gets its rows through the
+ * classifier in pieces of max_seqs), then the logits (or, for greedy
  * sequences, only the chosen tokens) come back and the stream is
- * synchronised (a sequence asking for every row's logits, a prompt's
- * logprobs, gets its other rows through the classifier in pieces after
- * that). Copies on write of KV blocks are device-to-device copies on the
+ * synchronised (cuda_deliver). Copies on write of KV blocks are device-to-device copies on the
  * same stream (eng_backend_copy_blocks). Products take the fused dequantize-and-multiply kernel up
  * to 8 rows and cuBLASLt above (qt_cuda_matmul); QLSERVE_CUDA_GEMM=bf16
  * makes cuBLASLt multiply in bf16 on the tensor cores (default f32, the
@@ -41,31 +42,24 @@
  *
  * It offers eng_cuda_present and eng_backend_cuda_new
  * (internal/backend_internal.h) and fills in the backend's row of
- * operations (forward, copy_blocks, digest, prepare, destroy); it owns every device
- * allocation and the pinned staging; it touches the model and the versions
- * and adapters (read only, holding references), the KV block bookkeeping
- * (kv_cache.c's eng_kv_*, and eng_kv_check_writes of kv_cache_internal.h),
- * kernels/cuda (qt_cuda_ops.h, qt_cuda_sample.h) and step.c's rotary
- * tables and refusals.
+ * operations (forward, copy_blocks, digest, prepare, destroy) and the
+ * walk's (cuda_ops, internal/walk_internal.h); it owns every device
+ * allocation and the pinned staging; it touches the model and the
+ * versions and adapters (read only, holding references), the KV block
+ * bookkeeping (kv_cache.c's eng_kv_*), kernels/cuda (qt_cuda_ops.h,
+ * qt_cuda_sample.h), step.c's rotary tables and walk.c's walk (which
+ * makes the step's refusals).
  *
- * Why run_layers() and project() repeat forward.c's walk rather than share
- * it: every buffer here is device memory and every operation a kernel on
- * one stream whose launch can fail (each returns a code; forward.c's
- * cannot fail); the SGMV segments of every (layer, projection, term) are
- * laid out and copied once per step (lay_out_step) where forward.c gathers
- * rows per projection; K and V go into the cache by their own kernel; the
- * biases, residuals and SwiGLU are kernels over whole activations. A shared
- * walk over a table of operations would cost the CPU pass an indirect call
- * and an error check per operation and leave neither walk readable top to
- * bottom, so the arithmetic is what is shared (kernels/internal/ops_math.h,
- * step.c's rotation and refusals). What keeps the two in step:
- * tests/gpu/test_cuda_engine runs the same step lists on both backends and
- * compares logits, greedy tokens and merged digests; a change to one walk
- * must be made in both.
+ * Every operation returns a code (a launch can fail), which the walk
+ * passes up with the layer it failed in. The SGMV segments of every
+ * (layer, projection, term) are laid out and copied once per step
+ * (lay_out_step), where forward.c gathers rows per projection: the same sum
+ * per row. tests/gpu/test_cuda_engine runs the same step lists on both
+ * backends and compares logits, greedy tokens and merged digests.
  */
 #include "internal/backend_internal.h"
-#include "internal/kv_cache_internal.h"
 #include "internal/step_internal.h"
+#include "internal/walk_internal.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
 
@@ -110,6 +104,7 @@ typedef struct cuda_backend {
     qt_cuda_tensor embed, lm_head; /* lm_head.rows == 0: tied to embed */
     float *final_norm;
     dev_layer *layers;
+    eng_walk_layer *walk_layers; /* [n_layers]: the walk's view of layers */
     qt_cuda_kv kv;
     double *inv_freq; /* host, [head_dim / 2] */
     /* Gemma 3's sliding layers' rotation (rope_local_theta): host
@@ -466,12 +461,14 @@ typedef struct seg_run {
     int32_t n, max_rank;
 } seg_run;
 
+/* The context of a step on the device: what every operation is handed. */
 typedef struct step_ctx {
     cuda_backend *c;
     const eng_step_seq *seqs;
     int32_t n_seqs;
     int64_t rows;
-    dev_version **vers; /* per sequence, NULL: pristine */
+    qt_cuda_step_rows sr; /* the rows' layout on the device, for the KV kernels */
+    dev_version **vers;   /* per sequence, NULL: pristine */
     int32_t max_terms;
     seg_run *runs; /* [n_layers][ENG_N_PROJ][max_terms] */
 } step_ctx;
@@ -480,12 +477,12 @@ typedef struct step_ctx {
  * y = x @ W^T for layer l's projection p, each sequence on its version's
  * tensor (runs of neighbours sharing one go in one product), then each
  * unmerged term k as one SGMV pass over every sequence that has a k-th
- * term targeting this projection, as forward.c's project() (two copies:
- * see the file comment).
+ * term targeting this projection: the sum forward.c's project() makes.
  */
-static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y, char *msg,
-                   size_t msg_len)
+static int cuda_project(void *be, int32_t l, eng_proj p, const float *x, float *y, char *msg,
+                        size_t msg_len)
 {
+    step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const qtensor *base = eng_model_proj(c->base.m, l, p);
     int64_t in = base->cols, out = base->rows;
@@ -499,8 +496,7 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
         int rc =
             qt_cuda_matmul(c->blas, w, x + r0 * in, rows, y + r0 * out, c->stream, why, sizeof why);
         if (rc != QL_OK)
-            return ql_fail(msg, msg_len, device_code(rc), "layer %d %s: %s", l, eng_proj_name(p),
-                           why);
+            return ql_fail(msg, msg_len, device_code(rc), "%s: %s", eng_proj_name(p), why);
         s = e;
     }
     for (int32_t k = 0; k < sc->max_terms; k++) {
@@ -510,25 +506,10 @@ static int project(step_ctx *sc, int32_t l, eng_proj p, const float *x, float *y
         int rc = qt_cuda_sgmv(x, in, y, out, c->d_segs + run->first, run->n, run->max_rank,
                               sc->rows, c->lora_t, c->stream, why, sizeof why);
         if (rc != QL_OK)
-            return ql_fail(msg, msg_len, device_code(rc), "layer %d %s, adapters: %s", l,
-                           eng_proj_name(p), why);
+            return ql_fail(msg, msg_len, device_code(rc), "%s, adapters: %s", eng_proj_name(p),
+                           why);
     }
     return QL_OK;
-}
-
-/* Refuse what forward.c refuses (step.c's eng_step_check, and writes into
- * shared KV blocks), and more sequences than the step's arrays hold,
- * before anything is enqueued. */
-static int check_step(const cuda_backend *c, const eng_step_seq *seqs, int32_t n_seqs,
-                      int64_t *rows, char *msg, size_t msg_len)
-{
-    if (n_seqs > c->max_seqs)
-        return ql_fail(msg, msg_len, QL_EINVAL, "%d sequences in one step; at most %d", n_seqs,
-                       c->max_seqs);
-    int64_t max_rank = 0; /* the adapters' ranks were bounded at upload */
-    int rc = eng_step_check(c->base.m, c->base.kv, seqs, n_seqs, c->max_tokens, rows, &max_rank,
-                            msg, msg_len);
-    return rc != QL_OK ? rc : eng_kv_check_writes(c->base.kv, seqs, n_seqs, msg, msg_len);
 }
 
 /* Grow a pinned host array and its device twin to hold n elements of size
@@ -670,100 +651,155 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
     return QL_OK;
 }
 
-/* A kernel's failure as an engine error: in layer l, or (l < 0) around
- * the layers. */
-static int op_fail(int qt_rc, int32_t l, const char *why, char *msg, size_t msg_len)
+/* --- the CUDA row of operations (eng_walk_ops) ----------------------------------- */
+
+/* A kernel's status as an engine error naming the kernel's reason. */
+static int kernel(int qt_rc, const char *why, char *msg, size_t msg_len)
 {
-    if (l < 0)
-        return ql_fail(msg, msg_len, device_code(qt_rc), "cuda: %s", why);
-    return ql_fail(msg, msg_len, device_code(qt_rc), "cuda: layer %d: %s", l, why);
+    return qt_rc == QL_OK ? QL_OK : ql_fail(msg, msg_len, device_code(qt_rc), "cuda: %s", why);
 }
 
-#define OP(call)                                                                                   \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != QL_OK)                                                                          \
-            return op_fail(rc_, l, why, msg, msg_len);                                             \
-    } while (0)
-
-/* The layers, as forward.c walks them, on the device (the same steps in the
- * same order; two copies: see the file comment). */
-static int run_layers(step_ctx *sc, char *msg, size_t msg_len)
+/* The step's layout on the device (lay_out_step), the device copies of the
+ * versions and adapters it uses (their ranks were bounded at upload). */
+static int cuda_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t rows,
+                      int64_t max_rank, char *msg, size_t msg_len)
 {
+    (void)max_rank;
+    step_ctx *sc = be;
+    cuda_backend *c = sc->c;
+    sc->seqs = seqs;
+    sc->n_seqs = n_seqs;
+    sc->rows = rows;
+    prune_device_copies(c);
+    sc->vers = calloc((size_t)n_seqs + 1, sizeof *sc->vers);
+    if (!sc->vers)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    int rc = lay_out_step(sc, msg, msg_len);
+    /* (after the layout, which may have grown the block tables) */
+    sc->sr = (qt_cuda_step_rows){rows, c->d_row_seq, c->d_row_pos, c->d_bt_offset, c->d_tables};
+    return rc;
+}
+
+static int cuda_embed(void *be, float *x, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_gather_rows(&sc->c->embed, sc->c->d_tokens, sc->rows, x, sc->c->stream,
+                                      why, sizeof why),
+                  why, msg, msg_len);
+}
+
+static int cuda_scale(void *be, float *v, int64_t n, float s, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_scale(v, s, n, sc->c->stream, why, sizeof why), why, msg, msg_len);
+}
+
+static int cuda_rmsnorm(void *be, float *out, const float *x, const float *w, int64_t rows,
+                        int64_t n, float eps, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_rmsnorm(out, x, w, rows, n, eps, sc->c->stream, why, sizeof why), why,
+                  msg, msg_len);
+}
+
+static int cuda_add_bias(void *be, float *y, const float *bias, int64_t rows, int64_t n, char *msg,
+                         size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_add_bias(y, bias, rows, n, sc->c->stream, why, sizeof why), why, msg,
+                  msg_len);
+}
+
+static int cuda_rope(void *be, float *vec, int32_t n_heads, int table, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
-    int64_t T = sc->rows, H = cfg->hidden_size, Q = (int64_t)cfg->n_heads * cfg->head_dim,
-            KV = (int64_t)cfg->n_kv_heads * cfg->head_dim, F = cfg->intermediate_size;
-    void *st = c->stream;
+    bool local = table == ENG_WALK_ROPE_LOCAL;
     char why[256];
-    int32_t l = -1;
-    qt_cuda_step_rows sr = {T, c->d_row_seq, c->d_row_pos, c->d_bt_offset, c->d_tables};
-    // token embeddings
-    OP(qt_cuda_gather_rows(&c->embed, c->d_tokens, T, c->x, st, why, sizeof why));
-    if (cfg->embed_scale > 0.0f) /* Gemma: times sqrt(hidden) */
-        OP(qt_cuda_scale(c->x, cfg->embed_scale, T * H, st, why, sizeof why));
-    float scale = cfg->attn_scale > 0.0f ? cfg->attn_scale : 1.0f / sqrtf((float)cfg->head_dim);
-    for (l = 0; l < cfg->n_layers; l++) {
-        const dev_layer *dl = &c->layers[l];
-        int rc;
-        // attention rmsnorm
-        OP(qt_cuda_rmsnorm(c->h, c->x, dl->attn_norm, T, H, cfg->rms_norm_eps, st, why,
-                           sizeof why));
-        // qkv matmuls (and Qwen2's biases)
-        if ((rc = project(sc, l, ENG_PROJ_Q, c->h, c->q, msg, msg_len)) ||
-            (rc = project(sc, l, ENG_PROJ_K, c->h, c->k, msg, msg_len)) ||
-            (rc = project(sc, l, ENG_PROJ_V, c->h, c->v, msg, msg_len)))
-            return rc;
-        if (dl->bias) {
-            OP(qt_cuda_add_bias(c->q, dl->bias, T, Q, st, why, sizeof why));
-            OP(qt_cuda_add_bias(c->k, dl->bias + Q, T, KV, st, why, sizeof why));
-            OP(qt_cuda_add_bias(c->v, dl->bias + Q + KV, T, KV, st, why, sizeof why));
-        }
-        // Qwen3: each head of q and k through its RMSNorm (a head is a row)
-        if (dl->q_norm) {
-            OP(qt_cuda_rmsnorm(c->q, c->q, dl->q_norm, T * cfg->n_heads, cfg->head_dim,
-                               cfg->rms_norm_eps, st, why, sizeof why));
-            OP(qt_cuda_rmsnorm(c->k, c->k, dl->k_norm, T * cfg->n_kv_heads, cfg->head_dim,
-                               cfg->rms_norm_eps, st, why, sizeof why));
-        }
-        // RoPE (Gemma 3's sliding layers with their own base)
-        bool slides = eng_layer_slides(cfg, l), local = slides && c->inv_freq_local;
-        const float *cs = local ? c->d_cos_local : c->d_cos;
-        const float *sn = local ? c->d_sin_local : c->d_sin;
-        OP(qt_cuda_rope(c->q, cs, sn, T, cfg->n_heads, cfg->head_dim, cfg->rope_interleaved, st,
-                        why, sizeof why));
-        OP(qt_cuda_rope(c->k, cs, sn, T, cfg->n_kv_heads, cfg->head_dim, cfg->rope_interleaved, st,
-                        why, sizeof why));
-        // K and V into the paged cache, then grouped-query attention over it
-        // (the window on sliding layers, Gemma 2's soft-capped scores)
-        OP(qt_cuda_kv_write(&c->kv, l, &sr, c->k, c->v, st, why, sizeof why));
-        OP(qt_cuda_attention_ex(&c->kv, l, &sr, c->q, c->att, cfg->n_heads, cfg->n_kv_heads,
-                                cfg->head_dim, slides ? cfg->sliding_window : 0, scale,
-                                cfg->attn_softcap, st, why, sizeof why));
-        // output projection, Gemma's post-attention norm, and residual
-        if ((rc = project(sc, l, ENG_PROJ_O, c->att, c->tmp, msg, msg_len)))
-            return rc;
-        if (dl->post_attn_norm)
-            OP(qt_cuda_rmsnorm(c->tmp, c->tmp, dl->post_attn_norm, T, H, cfg->rms_norm_eps, st, why,
-                               sizeof why));
-        OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
-        // ffn rmsnorm
-        OP(qt_cuda_rmsnorm(c->h, c->x, dl->ffn_norm, T, H, cfg->rms_norm_eps, st, why, sizeof why));
-        // SwiGLU: down(silu(gate(h)) * up(h)), and residual
-        if ((rc = project(sc, l, ENG_PROJ_GATE, c->h, c->gate, msg, msg_len)) ||
-            (rc = project(sc, l, ENG_PROJ_UP, c->h, c->up, msg, msg_len)))
-            return rc;
-        if (cfg->ffn_act == ENG_FFN_GELU_TANH) /* Gemma's GeGLU */
-            OP(qt_cuda_geglu(c->gate, c->up, T * F, st, why, sizeof why));
-        else
-            OP(qt_cuda_swiglu(c->gate, c->up, T * F, st, why, sizeof why));
-        if ((rc = project(sc, l, ENG_PROJ_DOWN, c->gate, c->tmp, msg, msg_len)))
-            return rc;
-        if (dl->post_ffn_norm)
-            OP(qt_cuda_rmsnorm(c->tmp, c->tmp, dl->post_ffn_norm, T, H, cfg->rms_norm_eps, st, why,
-                               sizeof why));
-        OP(qt_cuda_add(c->x, c->tmp, T * H, st, why, sizeof why));
-    }
+    return kernel(qt_cuda_rope(vec, local ? c->d_cos_local : c->d_cos,
+                               local ? c->d_sin_local : c->d_sin, sc->rows, n_heads, cfg->head_dim,
+                               cfg->rope_interleaved, c->stream, why, sizeof why),
+                  why, msg, msg_len);
+}
+
+static int cuda_kv_write(void *be, int32_t l, const float *k, const float *v, char *msg,
+                         size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_kv_write(&sc->c->kv, l, &sc->sr, k, v, sc->c->stream, why, sizeof why),
+                  why, msg, msg_len);
+}
+
+static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
+                       float softcap, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    char why[256];
+    return kernel(qt_cuda_attention_ex(&c->kv, l, &sc->sr, q, out, cfg->n_heads, cfg->n_kv_heads,
+                                       cfg->head_dim, window, scale, softcap, c->stream, why,
+                                       sizeof why),
+                  why, msg, msg_len);
+}
+
+static int cuda_add(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_add(x, y, n, sc->c->stream, why, sizeof why), why, msg, msg_len);
+}
+
+static int cuda_glu(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
+                    size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    int rc = act == ENG_FFN_GELU_TANH ? qt_cuda_geglu(gate, up, n, sc->c->stream, why, sizeof why)
+                                      : qt_cuda_swiglu(gate, up, n, sc->c->stream, why, sizeof why);
+    return kernel(rc, why, msg, msg_len);
+}
+
+static int cuda_copy(void *be, float *dst, const float *src, int64_t n, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
+                             sc->c->stream),
+             "copying rows on the device");
+    return QL_OK;
+}
+
+static int cuda_classify(void *be, const float *h, int64_t rows, float *logits, char *msg,
+                         size_t msg_len)
+{
+    step_ctx *sc = be;
+    cuda_backend *c = sc->c;
+    const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
+    char why[256];
+    return kernel(qt_cuda_matmul(c->blas, head, h, rows, logits, c->stream, why, sizeof why), why,
+                  msg, msg_len);
+}
+
+static int cuda_softcap(void *be, float *v, int64_t n, float cap, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_softcap(v, cap, n, sc->c->stream, why, sizeof why), why, msg, msg_len);
+}
+
+static int cuda_to_host(void *be, float *host, const float *src, int64_t n, char *msg,
+                        size_t msg_len)
+{
+    step_ctx *sc = be;
+    CUDA_TRY(cudaMemcpyAsync(host, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost,
+                             sc->c->stream),
+             "copying a prompt's logits back");
     return QL_OK;
 }
 
@@ -775,65 +811,16 @@ static bool chosen_here(const eng_step_seq *q, const int32_t *tokens)
     return tokens && (q->greedy || q->draw) && !q->all_logits;
 }
 
-/*
- * The logits of every new row but the last of each sequence that asks
- * (eng_step_seq.all_logits), enqueued after the step's own logits have
- * gone back (the classifier reuses their buffer, sized for max_seqs rows,
- * so the rows go in pieces of that many). The last row is the step's own,
- * copied in once the stream is done (finish_step).
- */
-static int every_row_logits(step_ctx *sc, char *msg, size_t msg_len)
+/* Greedy sequences get their token chosen on the device, plain draws drawn
+ * there, the others their logits copied back; then the stream is
+ * synchronised. */
+static int cuda_deliver(void *be, const float *out, float *logits, int32_t *tokens, char *msg,
+                        size_t msg_len)
 {
+    step_ctx *sc = be;
     cuda_backend *c = sc->c;
-    const eng_config *cfg = &c->base.m->cfg;
-    int64_t H = cfg->hidden_size, V = cfg->vocab_size;
-    const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
+    int64_t V = c->base.m->cfg.vocab_size, S = sc->n_seqs;
     char why[256];
-    int32_t l = -1;
-    for (int32_t s = 0; s < sc->n_seqs; s++) {
-        const eng_step_seq *q = &sc->seqs[s];
-        if (!q->all_logits)
-            continue;
-        for (int64_t j = 0; j < q->n_tokens - 1; j += c->max_seqs) {
-            int64_t n = q->n_tokens - 1 - j < c->max_seqs ? q->n_tokens - 1 - j : c->max_seqs;
-            OP(qt_cuda_rmsnorm(c->last, c->x + (c->seq_row[s] + j) * H, c->final_norm, n, H,
-                               cfg->rms_norm_eps, c->stream, why, sizeof why));
-            OP(qt_cuda_matmul(c->blas, head, c->last, n, c->logits, c->stream, why, sizeof why));
-            if (cfg->final_softcap > 0.0f)
-                OP(qt_cuda_softcap(c->logits, cfg->final_softcap, n * V, c->stream, why,
-                                   sizeof why));
-            CUDA_TRY(cudaMemcpyAsync(q->all_logits + j * V, c->logits,
-                                     (size_t)n * (size_t)V * sizeof(float), cudaMemcpyDeviceToHost,
-                                     c->stream),
-                     "copying a prompt's logits back");
-        }
-    }
-    return QL_OK;
-}
-
-/* The final norm of each sequence's last row and the classifier; greedy
- * sequences get their token chosen on the device, the others their logits
- * copied back. */
-static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, size_t msg_len)
-{
-    cuda_backend *c = sc->c;
-    const eng_config *cfg = &c->base.m->cfg;
-    int64_t H = cfg->hidden_size, V = cfg->vocab_size, S = sc->n_seqs;
-    void *st = c->stream;
-    char why[256];
-    int32_t l = -1;
-    for (int32_t s = 0; s < sc->n_seqs; s++) {
-        int64_t last = c->seq_row[s] + sc->seqs[s].n_tokens - 1;
-        CUDA_TRY(cudaMemcpyAsync(c->tmp + s * H, c->x + last * H, (size_t)H * sizeof(float),
-                                 cudaMemcpyDeviceToDevice, c->stream),
-                 "gathering the last rows");
-    }
-    OP(qt_cuda_rmsnorm(c->last, c->tmp, c->final_norm, S, H, cfg->rms_norm_eps, st, why,
-                       sizeof why));
-    const qt_cuda_tensor *head = c->lm_head.rows ? &c->lm_head : &c->embed;
-    OP(qt_cuda_matmul(c->blas, head, c->last, S, c->logits, st, why, sizeof why));
-    if (cfg->final_softcap > 0.0f) /* Gemma 2 */
-        OP(qt_cuda_softcap(c->logits, cfg->final_softcap, S * V, st, why, sizeof why));
     /* tokens chosen here: greedy rows by argmax, plain draws by the
      * sampling kernel (which leaves greedy rows alone); the other rows'
      * logits go back to the host sampler */
@@ -845,8 +832,12 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
         c->h_inv_t[s] = draw ? sc->seqs[s].inv_temperature : 0.0f;
         c->h_u[s] = draw ? sc->seqs[s].u : 0.0;
     }
+    int rc = QL_OK;
     if (any_choice) {
-        OP(qt_cuda_argmax(c->logits, S, V, c->d_greedy, st, why, sizeof why));
+        rc = kernel(qt_cuda_argmax(out, S, V, c->d_greedy, c->stream, why, sizeof why), why, msg,
+                    msg_len);
+        if (rc != QL_OK)
+            return rc;
         if (any_draw) {
             CUDA_TRY(cudaMemcpyAsync(c->d_inv_t, c->h_inv_t, (size_t)S * sizeof(float),
                                      cudaMemcpyHostToDevice, c->stream),
@@ -854,8 +845,11 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
             CUDA_TRY(cudaMemcpyAsync(c->d_u, c->h_u, (size_t)S * sizeof(double),
                                      cudaMemcpyHostToDevice, c->stream),
                      "copying uniforms");
-            OP(qt_cuda_sample(c->logits, S, V, c->d_inv_t, c->d_u, c->d_greedy, st, why,
-                              sizeof why));
+            rc = kernel(qt_cuda_sample(out, S, V, c->d_inv_t, c->d_u, c->d_greedy, c->stream, why,
+                                       sizeof why),
+                        why, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
         }
         CUDA_TRY(cudaMemcpyAsync(c->h_greedy, c->d_greedy, (size_t)S * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream),
@@ -868,26 +862,36 @@ static int finish_step(step_ctx *sc, float *logits, int32_t *tokens, char *msg, 
         while (e < sc->n_seqs && chosen_here(&sc->seqs[e], tokens) == chosen)
             e++;
         if (!chosen)
-            CUDA_TRY(cudaMemcpyAsync(logits + (size_t)s * V, c->logits + (size_t)s * V,
+            CUDA_TRY(cudaMemcpyAsync(logits + (size_t)s * V, out + (size_t)s * V,
                                      (size_t)(e - s) * (size_t)V * sizeof(float),
                                      cudaMemcpyDeviceToHost, c->stream),
                      "copying logits back");
         s = e;
     }
-    int rc = every_row_logits(sc, msg, msg_len);
-    if (rc != QL_OK)
-        return rc;
     CUDA_TRY(cudaStreamSynchronize(c->stream), "running the step");
-    for (int32_t s = 0; s < sc->n_seqs; s++) {
-        const eng_step_seq *q = &sc->seqs[s];
-        if (q->all_logits)
-            memcpy(q->all_logits + (size_t)(q->n_tokens - 1) * (size_t)V, logits + (size_t)s * V,
-                   (size_t)V * sizeof(float));
-        if (tokens)
-            tokens[s] = chosen_here(q, tokens) ? c->h_greedy[s] : -1;
-    }
+    for (int32_t s = 0; tokens && s < sc->n_seqs; s++)
+        tokens[s] = chosen_here(&sc->seqs[s], tokens) ? c->h_greedy[s] : -1;
     return QL_OK;
 }
+
+static const eng_walk_ops cuda_ops = {
+    .begin = cuda_begin,
+    .embed = cuda_embed,
+    .scale = cuda_scale,
+    .rmsnorm = cuda_rmsnorm,
+    .project = cuda_project,
+    .add_bias = cuda_add_bias,
+    .rope = cuda_rope,
+    .kv_write = cuda_kv_write,
+    .attend = cuda_attend,
+    .add = cuda_add,
+    .glu = cuda_glu,
+    .copy = cuda_copy,
+    .classify = cuda_classify,
+    .softcap = cuda_softcap,
+    .to_host = cuda_to_host,
+    .deliver = cuda_deliver,
+};
 
 /* Copy on write in the device arena, on the step stream: ordered after
  * the last step's writes and before the next step's reads. */
@@ -910,23 +914,38 @@ static int cuda_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n
     return QL_OK;
 }
 
+/* A step: the walk (walk.c) over this backend's row of operations. */
 static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
                         int32_t *tokens, char *msg, size_t msg_len)
 {
     cuda_backend *c = (cuda_backend *)b;
-    step_ctx sc = {.c = c, .seqs = seqs, .n_seqs = n_seqs};
-    int rc = check_step(c, seqs, n_seqs, &sc.rows, msg, msg_len);
-    if (rc != QL_OK)
-        return rc;
-    prune_device_copies(c);
-    sc.vers = calloc((size_t)n_seqs + 1, sizeof *sc.vers);
-    if (!sc.vers)
-        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
-    rc = lay_out_step(&sc, msg, msg_len);
-    if (rc == QL_OK)
-        rc = run_layers(&sc, msg, msg_len);
-    if (rc == QL_OK)
-        rc = finish_step(&sc, logits, tokens, msg, msg_len);
+    if (n_seqs > c->max_seqs)
+        return ql_fail(msg, msg_len, QL_EINVAL, "%d sequences in one step; at most %d", n_seqs,
+                       c->max_seqs);
+    step_ctx sc = {.c = c};
+    eng_walk_backend wb = {
+        .ops = &cuda_ops,
+        .be = &sc,
+        .m = b->m,
+        .kv = b->kv,
+        .max_tokens = c->max_tokens,
+        .piece_rows = c->max_seqs,
+        .x = c->x,
+        .h = c->h,
+        .q = c->q,
+        .k = c->k,
+        .v = c->v,
+        .att = c->att,
+        .gate = c->gate,
+        .up = c->up,
+        .tmp = c->tmp,
+        .last = c->last,
+        .logits = c->logits,
+        .layers = c->walk_layers,
+        .final_norm = c->final_norm,
+    };
+    // the one walk over the layers (walk.c)
+    int rc = eng_walk(&wb, seqs, n_seqs, logits, tokens, msg, msg_len);
     if (rc != QL_OK) {
         /* leave the stream idle (and the staging free to reuse) whatever failed;
          * a fault poisons the context, which the next step reports again */
@@ -935,14 +954,7 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     }
     free(sc.vers);
     free(sc.runs);
-    if (rc != QL_OK)
-        return rc;
-    for (int32_t s = 0; s < n_seqs; s++) {
-        int32_t end = seqs[s].pos + seqs[s].n_tokens;
-        if (end > seqs[s].kv->n_tokens)
-            seqs[s].kv->n_tokens = end;
-    }
-    return QL_OK;
+    return rc;
 }
 
 /* --- checking what the device holds ------------------------------------------------ */
@@ -1048,6 +1060,7 @@ static void cuda_destroy(eng_backend *b)
             qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
     }
     free(c->layers);
+    free(c->walk_layers);
     qt_cuda_tensor_release(&c->embed, NULL, 0);
     qt_cuda_tensor_release(&c->lm_head, NULL, 0);
     qt_cuda_blas_free(c->blas);
@@ -1074,6 +1087,29 @@ static void cuda_destroy(eng_backend *b)
         cudaStreamDestroy(c->stream);
     eng_kv_free(b->kv);
     free(c);
+}
+
+/* The layers as the walk reads them: the device copies of their norms and
+ * biases (NULL where the architecture has none) and their shape. */
+static int walk_view(cuda_backend *c, char *msg, size_t msg_len)
+{
+    const eng_config *cfg = &c->base.m->cfg;
+    c->walk_layers = calloc((size_t)cfg->n_layers, sizeof *c->walk_layers);
+    if (!c->walk_layers)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (int32_t l = 0; l < cfg->n_layers; l++) {
+        const dev_layer *dl = &c->layers[l];
+        eng_walk_layer *ly = &c->walk_layers[l];
+        *ly = (eng_walk_layer){.attn_norm = dl->attn_norm,
+                               .ffn_norm = dl->ffn_norm,
+                               .bias = dl->bias,
+                               .q_norm = dl->q_norm,
+                               .k_norm = dl->k_norm,
+                               .post_attn_norm = dl->post_attn_norm,
+                               .post_ffn_norm = dl->post_ffn_norm};
+        eng_walk_layer_shape(cfg, l, ly);
+    }
+    return QL_OK;
 }
 
 /* Every weight of the model to the device, in its own layout. */
@@ -1134,7 +1170,7 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
                                msg_len);
         }
     }
-    return rc;
+    return rc == QL_OK ? walk_view(c, msg, msg_len) : rc;
 }
 
 /* Activations, the step's staging, the KV arena and the cuBLASLt state. */

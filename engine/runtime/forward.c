@@ -1,36 +1,32 @@
 /*
- * forward.c - the decoder forward pass on quantized weights, batched: one
- * step takes every running sequence's new tokens (a prefill chunk, or one
- * decode token) as the rows of one activation matrix, so each weight
+ * forward.c - the CPU backend's forward pass on quantized weights, batched:
+ * one step takes every running sequence's new tokens (a prefill chunk, or
+ * one decode token) as the rows of one activation matrix, so each weight
  * matrix is read once per step for all of them. Attention reads the paged
  * KV cache directly through each sequence's block table.
  *
- * The pass is one walk over the layers (llama2.c's run.c is the model);
- * the matrix products go through the quant-kind traits table (qt_matmul),
- * split by rows of the weight over the worker pool. Activations are f32.
- * Immutable weights (eng_model), mutable per-step scratch
- * (eng_forward_state) and the KV cache are three separate things.
+ * The walk over the layers is walk.c's eng_walk, shared with the CUDA
+ * backend; this file is the CPU's row of its operations (cpu_ops: rmsnorm,
+ * project with the step's adapters, rope, KV write, attention, ...) over
+ * host memory. The matrix products go through the quant-kind traits table
+ * (qt_matmul), split by rows of the weight over the worker pool; attention
+ * splits by (row, head). Activations are f32. Immutable weights
+ * (eng_model), mutable per-step scratch (eng_forward_state) and the KV
+ * cache are three separate things.
  *
  * It offers eng_forward_state_*, eng_forward and eng_lora_apply
  * (runtime.h); it owns the per-step scratch; it touches the model's host
  * tensors (read only), the host KV arena through kv_cache_internal.h, the
  * worker pool and kernels/ (qt_matmul, qt_attend, qt_kv_store and
- * qt_kv_load for a cache in f16 or q8_0, ops_math.h), and takes
- * the rotary tables and the step's refusals from step.c (and the refusal
- * of writes into shared KV blocks from kv_cache.c).
+ * qt_kv_load for a cache in f16 or q8_0, ops_math.h), and takes the walk
+ * from walk.c and the rotary tables from step.c.
  *
- * Why backend_cuda.c has a second copy of this walk and of project():
- * there every buffer is device memory, every operation is a kernel enqueued
- * on a stream that can fail (so each step returns a code, where here none
- * can fail), the adapters' SGMV segments are laid out once per step for all
- * layers instead of gathered per projection, and K and V are written by
- * their own kernel. One walk over a table of operations would put an
- * indirect call and an error check on every CPU step and make neither walk
- * read top to bottom; the arithmetic is shared instead (ops_math.h, and the
- * rotation and refusals of step.c). What keeps the two in step:
- * tests/gpu/test_cuda_engine runs the same step lists on both backends and
- * compares logits, greedy tokens and merged digests; a change to one walk
- * (a new step, a new projection, a bias) must be made in both.
+ * The adapters differ from CUDA's in shape, not in arithmetic: here the
+ * rows of every sequence applying one module are gathered per projection
+ * (or, for bf16 modules, multiplied where they lie); backend_cuda.c lays
+ * out SGMV segments once per step. Both are the same sum per row, and
+ * tests/gpu/test_cuda_engine compares the two backends' logits, tokens
+ * and merged digests.
  */
 #include "runtime.h"
 
@@ -40,6 +36,7 @@
 
 #include "internal/kv_cache_internal.h"
 #include "internal/step_internal.h"
+#include "internal/walk_internal.h"
 #include "ops_math.h"
 
 struct eng_forward_state {
@@ -69,6 +66,7 @@ struct eng_forward_state {
     int64_t *seq_row;                /* [max_tokens]: each step sequence's first row */
     int32_t *seq_group;              /* [max_tokens]: its adapter group, or -1 */
     struct lora_row *lora_rows;      /* [max_tokens]: one term's rows on bf16 modules */
+    eng_walk_layer *layers;          /* [n_layers]: the walk's view of the above */
 };
 
 /* --- setup ------------------------------------------------------------------ */
@@ -114,6 +112,22 @@ static int gemma_state_new(eng_forward_state *st, const eng_model *m)
     return QL_OK;
 }
 
+/* Layer l as the walk reads it: pointers into the dense copies above. */
+static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
+{
+    size_t H = (size_t)c->hidden_size, half = (size_t)c->head_dim / 2,
+           QKV = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (size_t)c->head_dim, i = (size_t)l;
+    eng_walk_layer *ly = &st->layers[l];
+    ly->attn_norm = st->norms + 2 * i * H;
+    ly->ffn_norm = st->norms + (2 * i + 1) * H;
+    ly->bias = st->biases ? st->biases + i * QKV : NULL;
+    ly->q_norm = st->qk_norms ? st->qk_norms + i * 4 * half : NULL;
+    ly->k_norm = st->qk_norms ? st->qk_norms + i * 4 * half + 2 * half : NULL;
+    ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
+    ly->post_ffn_norm = st->post_norms ? st->post_norms + (2 * i + 1) * H : NULL;
+    eng_walk_layer_shape(c, l, ly);
+}
+
 void eng_forward_state_free(eng_forward_state *st)
 {
     if (!st)
@@ -150,6 +164,7 @@ void eng_forward_state_free(eng_forward_state *st)
     free(st->row_pos);
     free(st->inv_freq);
     free(st->inv_freq_local);
+    free(st->layers);
     free(st);
 }
 
@@ -196,10 +211,11 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
     st->qk_norms = c->qk_norm ? malloc(L * 2 * half * 2 * sizeof(float)) : NULL;
-    if (!st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate || !st->up ||
-        !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->seq_row || !st->seq_group ||
-        !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms || !st->final_norm ||
-        (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms) ||
+    st->layers = calloc(L, sizeof *st->layers);
+    if (!st->layers || !st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate ||
+        !st->up || !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->seq_row ||
+        !st->seq_group || !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms ||
+        !st->final_norm || (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms) ||
         gemma_state_new(st, m) != QL_OK) {
         eng_forward_state_free(st);
         return ql_fail(msg, msg_len, QL_ENOMEM,
@@ -219,6 +235,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
             norm_row(&m->layers[l].q_norm, c->norm_offset, st->qk_norms + l * 4 * half);
             norm_row(&m->layers[l].k_norm, c->norm_offset, st->qk_norms + l * 4 * half + 2 * half);
         }
+        layer_view(st, c, (int32_t)l);
     }
     norm_row(&m->norm, c->norm_offset, st->final_norm);
     *out = st;
@@ -459,8 +476,7 @@ static int lora_scratch(eng_forward_state *st, int64_t rank)
  * the same module at the same scale are gathered and get one low-rank
  * product (SGMV, as Punica and S-LoRA batch adapters). Row arithmetic never
  * depends on the grouping, so a sequence gets the same bits alone.
- * backend_cuda.c's project() is this on the device (see the file comment
- * for why there are two).
+ * backend_cuda.c's cuda_project() is the same sum on the device.
  */
 static void project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
                     const eng_step_seq *seqs, int32_t n_seqs, int32_t l, eng_proj p, const float *x,
@@ -591,7 +607,10 @@ typedef struct attn_job {
     const eng_kv_cache *kv;
     const eng_step_seq *seqs;
     const eng_forward_state *st;
-    int32_t layer;
+    int32_t layer, window;
+    float scale, softcap;
+    const float *q;
+    float *out;
 } attn_job;
 
 /* One run of n cached positions for a soft-capped layer (Gemma 2): each
@@ -624,14 +643,14 @@ static void attend_softcap(const float *q, const float *k, const float *v, int64
  * [e0, e0 + d) converted to f32 first (qt_kv_load) and the same loop run
  * over the converted values, so the dot products and the weighted sum stay
  * f32 sums. */
-static void attend_run(const eng_kv_cache *kv, const eng_config *c, const float *q,
-                       const unsigned char *k, const unsigned char *v, int64_t e0, int32_t n,
-                       int32_t d, float scale, om_online *sm, float *acc)
+static void attend_run(const eng_kv_cache *kv, float cap, const float *q, const unsigned char *k,
+                       const unsigned char *v, int64_t e0, int32_t n, int32_t d, float scale,
+                       om_online *sm, float *acc)
 {
     if (kv->dtype == QT_F32) {
         const float *kf = (const float *)k + e0, *vf = (const float *)v + e0;
-        if (c->attn_softcap > 0.0f)
-            attend_softcap(q, kf, vf, kv->kv_dim, n, d, scale, c->attn_softcap, sm, acc);
+        if (cap > 0.0f)
+            attend_softcap(q, kf, vf, kv->kv_dim, n, d, scale, cap, sm, acc);
         else
             qt_attend(q, kf, vf, kv->kv_dim, n, d, scale, &sm->max, &sm->sum, acc);
         return;
@@ -644,8 +663,8 @@ static void attend_run(const eng_kv_cache *kv, const eng_config *c, const float 
             qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
             qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
         }
-        if (c->attn_softcap > 0.0f)
-            attend_softcap(q, kb, vb, d, m, d, scale, c->attn_softcap, sm, acc);
+        if (cap > 0.0f)
+            attend_softcap(q, kb, vb, d, m, d, scale, cap, sm, acc);
         else
             qt_attend(q, kb, vb, d, m, d, scale, &sm->max, &sm->sum, acc);
     }
@@ -659,8 +678,8 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
     const attn_job *j = ctx;
     const eng_config *c = j->c;
     int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    float scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(d);
-    int32_t window = eng_layer_slides(c, j->layer) ? c->sliding_window : 0;
+    float scale = j->scale;
+    int32_t window = j->window;
     int32_t bt = j->kv->block_tokens;
     float acc[512];
     for (int64_t i = i0; i < i1; i++) {
@@ -668,7 +687,7 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
         int32_t hd = (int32_t)(i % c->n_heads), kvh = hd / group;
         const eng_step_seq *s = &j->seqs[j->st->row_seq[r]];
         int32_t pos = j->st->row_pos[r];
-        const float *q = j->st->q + (r * c->n_heads + hd) * d;
+        const float *q = j->q + (r * c->n_heads + hd) * d;
         om_online sm = om_online_start();
         for (int32_t t = 0; t < d; t++)
             acc[t] = 0.0f;
@@ -680,61 +699,43 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             run = (block_end <= pos ? block_end : pos + 1) - p;
             const unsigned char *k = kv_row(j->kv, s->kv->blocks, j->layer, 0, p);
             const unsigned char *v = kv_row(j->kv, s->kv->blocks, j->layer, 1, p);
-            attend_run(j->kv, c, q, k, v, (int64_t)kvh * d, run, d, scale, &sm, acc);
+            attend_run(j->kv, j->softcap, q, k, v, (int64_t)kvh * d, run, d, scale, &sm, acc);
         }
-        float *out = j->st->att + (r * c->n_heads + hd) * d;
+        float *out = j->out + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)
             out[u] = om_online_out(acc[u], sm.sum);
     }
 }
 
-/* A block's output into the residual stream: x += out, through Gemma's
- * post-norm first when the model has one (post: its weights, or NULL). */
-static void residual_add(const eng_config *c, float *x, float *out, const float *post, int64_t T)
-{
-    int64_t H = c->hidden_size;
-    if (post)
-        rmsnorm(out, out, post, T, H, c->rms_norm_eps);
-    for (int64_t i = 0; i < T * H; i++)
-        x[i] += out[i];
-}
+/* --- the CPU row of operations (eng_walk_ops) -------------------------------- */
 
-/* The classifier's output for n rows of normed hidden states, soft-capped
- * when the model caps its logits (Gemma 2). */
-static void classify(eng_pool *pool, const eng_model *m, const float *h, int64_t n, float *logits)
-{
-    const qtensor *head = m->lm_head.rows ? &m->lm_head : &m->embed;
-    matmul(pool, head, h, n, logits);
-    float cap = m->cfg.final_softcap;
-    for (int64_t i = 0; cap > 0.0f && i < n * m->cfg.vocab_size; i++)
-        logits[i] = om_softcap(logits[i], cap);
-}
+/* The context of a step on the CPU: what every operation is handed. */
+typedef struct cpu_step {
+    eng_forward_state *st;
+    const eng_model *m;
+    eng_kv_cache *kv;
+    eng_pool *pool;
+    const eng_step_seq *seqs;
+    int32_t n_seqs;
+    int64_t rows;
+} cpu_step;
 
-/* --- the step ---------------------------------------------------------------- */
-
-int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
-                const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len)
+/* Each row's sequence, position and rotations, and room for the adapters. */
+static int cpu_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t rows,
+                     int64_t max_rank, char *msg, size_t msg_len)
 {
-    const eng_config *c = &m->cfg;
-    int64_t T = 0, max_rank = 0;
-    int rc = eng_step_check(m, kv, seqs, n_seqs, st->max_tokens, &T, &max_rank, msg, msg_len);
-    if (rc != QL_OK)
-        return rc;
-    if ((rc = eng_kv_check_writes(kv, seqs, n_seqs, msg, msg_len)) != QL_OK)
-        return rc;
+    cpu_step *cs = be;
+    eng_forward_state *st = cs->st;
+    const eng_config *c = &cs->m->cfg;
+    cs->seqs = seqs;
+    cs->n_seqs = n_seqs;
+    cs->rows = rows;
     if (max_rank > 0 && lora_scratch(st, max_rank) != QL_OK)
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate adapter scratch for rank %lld",
                        (long long)max_rank);
-    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
-            KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
-    int32_t half = c->head_dim / 2, rot_half = eng_rope_dims(c) / 2;
-
-    /* token embeddings, and each row's sequence, position and rotation */
+    int32_t rot_half = eng_rope_dims(c) / 2;
     for (int32_t s = 0, r = 0; s < n_seqs; s++) {
         for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
-            qt_dequantize_rows(&m->embed, seqs[s].tokens[t], 1, st->x + r * H);
-            for (int64_t i = 0; c->embed_scale > 0.0f && i < H; i++)
-                st->x[r * H + i] *= c->embed_scale; /* Gemma: times sqrt(hidden) */
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
             eng_rope_row(st->inv_freq, rot_half, st->row_pos[r], eng_rope_attention_factor(c),
@@ -744,86 +745,196 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
                              st->rope_cos_local + r * rot_half, st->rope_sin_local + r * rot_half);
         }
     }
+    return QL_OK;
+}
 
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        // attention rmsnorm
-        rmsnorm(st->h, st->x, st->norms + (2 * l) * H, T, H, c->rms_norm_eps);
-        // qkv matmuls (and Qwen2's biases)
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_Q, st->h, st->q);
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_K, st->h, st->k);
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_V, st->h, st->v);
-        if (c->attention_bias) {
-            const float *b = st->biases + (size_t)l * (size_t)(Q + 2 * KV);
-            for (int64_t r = 0; r < T; r++) {
-                for (int64_t i = 0; i < Q; i++)
-                    st->q[r * Q + i] += b[i];
-                for (int64_t i = 0; i < KV; i++) {
-                    st->k[r * KV + i] += b[Q + i];
-                    st->v[r * KV + i] += b[Q + KV + i];
-                }
-            }
-        }
-        // Qwen3: each head of q and k through its RMSNorm (a head is a row)
-        if (c->qk_norm) {
-            const float *qn = st->qk_norms + (size_t)l * 4 * (size_t)half;
-            rmsnorm(st->q, st->q, qn, T * c->n_heads, c->head_dim, c->rms_norm_eps);
-            rmsnorm(st->k, st->k, qn + 2 * half, T * c->n_kv_heads, c->head_dim, c->rms_norm_eps);
-        }
-        // RoPE (Gemma 3's sliding layers with their own base)
-        bool local = st->inv_freq_local && eng_layer_slides(c, l);
-        const float *cs = local ? st->rope_cos_local : st->rope_cos;
-        const float *sn = local ? st->rope_sin_local : st->rope_sin;
-        rope(c, cs, sn, st->q, c->n_heads, T);
-        rope(c, cs, sn, st->k, c->n_kv_heads, T);
-        // K and V into the cache, all rows first so a prefill chunk sees itself
-        for (int64_t r = 0; r < T; r++) {
-            const eng_step_seq *s = &seqs[st->row_seq[r]];
-            qt_kv_store(kv->dtype, st->k + r * KV, KV,
-                        kv_row(kv, s->kv->blocks, l, 0, st->row_pos[r]));
-            qt_kv_store(kv->dtype, st->v + r * KV, KV,
-                        kv_row(kv, s->kv->blocks, l, 1, st->row_pos[r]));
-        }
-        // grouped-query attention, causal, over the paged cache
-        attn_job aj = {c, kv, seqs, st, l};
-        eng_pool_run(pool, attention_rows, &aj, T * c->n_heads, 1);
-        // output projection, Gemma's post-attention norm, and residual
-        const float *post = st->post_norms ? st->post_norms + (size_t)(2 * l) * (size_t)H : NULL;
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_O, st->att, st->tmp);
-        residual_add(c, st->x, st->tmp, post, T);
-        // ffn rmsnorm
-        rmsnorm(st->h, st->x, st->norms + (2 * l + 1) * H, T, H, c->rms_norm_eps);
-        // SwiGLU: down(silu(gate(h)) * up(h)) (Gemma's GeGLU: gelu_tanh for
-        // silu), its post-norm, and residual
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_GATE, st->h, st->gate);
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_UP, st->h, st->up);
-        for (int64_t i = 0; i < T * F; i++)
-            st->gate[i] = c->ffn_act == ENG_FFN_GELU_TANH ? om_geglu(st->gate[i], st->up[i])
-                                                          : om_swiglu(st->gate[i], st->up[i]);
-        project(st, pool, m, seqs, n_seqs, l, ENG_PROJ_DOWN, st->gate, st->tmp);
-        residual_add(c, st->x, st->tmp, post ? post + H : NULL, T);
-    }
+/* Each row's token's embedding. */
+static int cpu_embed(void *be, float *x, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    int64_t H = cs->m->cfg.hidden_size;
+    for (int32_t s = 0, r = 0; s < cs->n_seqs; s++)
+        for (int32_t t = 0; t < cs->seqs[s].n_tokens; t++, r++)
+            qt_dequantize_rows(&cs->m->embed, cs->seqs[s].tokens[t], 1, x + r * H);
+    return QL_OK;
+}
 
-    // final rmsnorm of each sequence's last token, and the classifier
-    for (int32_t s = 0, r = 0; s < n_seqs; s++) {
-        r += seqs[s].n_tokens;
-        memcpy(st->tmp + s * H, st->x + (r - 1) * H, (size_t)H * sizeof(float));
-    }
-    rmsnorm(st->last, st->tmp, st->final_norm, n_seqs, H, c->rms_norm_eps);
-    classify(pool, m, st->last, n_seqs, logits);
-    // and of every new token where a sequence asks (a prompt's logprobs):
-    // each row's arithmetic is the batch's, so its last row is the above
-    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
-        if (!seqs[s].all_logits)
-            continue;
-        rmsnorm(st->h, st->x + (int64_t)r * H, st->final_norm, seqs[s].n_tokens, H,
-                c->rms_norm_eps);
-        classify(pool, m, st->h, seqs[s].n_tokens, seqs[s].all_logits);
-    }
+static int cpu_scale(void *be, float *v, int64_t n, float s, char *msg, size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    for (int64_t i = 0; i < n; i++)
+        v[i] *= s;
+    return QL_OK;
+}
 
-    for (int32_t s = 0; s < n_seqs; s++) {
-        int32_t end = seqs[s].pos + seqs[s].n_tokens;
-        if (end > seqs[s].kv->n_tokens)
-            seqs[s].kv->n_tokens = end;
+static int cpu_rmsnorm(void *be, float *out, const float *x, const float *w, int64_t rows,
+                       int64_t n, float eps, char *msg, size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    rmsnorm(out, x, w, rows, n, eps);
+    return QL_OK;
+}
+
+static int cpu_project(void *be, int32_t l, eng_proj p, const float *x, float *y, char *msg,
+                       size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    cpu_step *cs = be;
+    project(cs->st, cs->pool, cs->m, cs->seqs, cs->n_seqs, l, p, x, y);
+    return QL_OK;
+}
+
+static int cpu_add_bias(void *be, float *y, const float *bias, int64_t rows, int64_t n, char *msg,
+                        size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++)
+            y[r * n + i] += bias[i];
+    return QL_OK;
+}
+
+static int cpu_rope(void *be, float *vec, int32_t n_heads, int table, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    const eng_forward_state *st = cs->st;
+    bool local = table == ENG_WALK_ROPE_LOCAL;
+    rope(&cs->m->cfg, local ? st->rope_cos_local : st->rope_cos,
+         local ? st->rope_sin_local : st->rope_sin, vec, n_heads, cs->rows);
+    return QL_OK;
+}
+
+static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, char *msg,
+                        size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    const eng_kv_cache *kv = cs->kv;
+    int64_t KV = kv->kv_dim;
+    for (int64_t r = 0; r < cs->rows; r++) {
+        const eng_step_seq *s = &cs->seqs[cs->st->row_seq[r]];
+        int32_t pos = cs->st->row_pos[r];
+        qt_kv_store(kv->dtype, k + r * KV, KV, kv_row(kv, s->kv->blocks, l, 0, pos));
+        qt_kv_store(kv->dtype, v + r * KV, KV, kv_row(kv, s->kv->blocks, l, 1, pos));
     }
     return QL_OK;
+}
+
+/* (row, head) pairs over the pool, one at a time. */
+static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
+                      float softcap, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    const eng_config *c = &cs->m->cfg;
+    attn_job aj = {c, cs->kv, cs->seqs, cs->st, l, window, scale, softcap, q, out};
+    eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * c->n_heads, 1);
+    return QL_OK;
+}
+
+static int cpu_add(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+    return QL_OK;
+}
+
+static int cpu_glu(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
+                   size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = act == ENG_FFN_GELU_TANH ? om_geglu(gate[i], up[i]) : om_swiglu(gate[i], up[i]);
+    return QL_OK;
+}
+
+static int cpu_copy(void *be, float *dst, const float *src, int64_t n, char *msg, size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    if (dst != src)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    return QL_OK;
+}
+
+/* The classifier over the pool: lm_head, or the tied embeddings. */
+static int cpu_classify(void *be, const float *h, int64_t rows, float *logits, char *msg,
+                        size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    const eng_model *m = cs->m;
+    matmul(cs->pool, m->lm_head.rows ? &m->lm_head : &m->embed, h, rows, logits);
+    return QL_OK;
+}
+
+static int cpu_softcap(void *be, float *v, int64_t n, float cap, char *msg, size_t msg_len)
+{
+    (void)be, (void)msg, (void)msg_len;
+    for (int64_t i = 0; i < n; i++)
+        v[i] = om_softcap(v[i], cap);
+    return QL_OK;
+}
+
+/* The classifier wrote into the caller's logits already; the sampler
+ * chooses every token. */
+static int cpu_deliver(void *be, const float *out, float *logits, int32_t *tokens, char *msg,
+                       size_t msg_len)
+{
+    const cpu_step *cs = be;
+    for (int32_t s = 0; tokens && s < cs->n_seqs; s++)
+        tokens[s] = -1;
+    return cpu_copy(be, logits, out, cs->n_seqs * (int64_t)cs->m->cfg.vocab_size, msg, msg_len);
+}
+
+static const eng_walk_ops cpu_ops = {
+    .begin = cpu_begin,
+    .embed = cpu_embed,
+    .scale = cpu_scale,
+    .rmsnorm = cpu_rmsnorm,
+    .project = cpu_project,
+    .add_bias = cpu_add_bias,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attend = cpu_attend,
+    .add = cpu_add,
+    .glu = cpu_glu,
+    .copy = cpu_copy,
+    .classify = cpu_classify,
+    .softcap = cpu_softcap,
+    .to_host = cpu_copy,
+    .deliver = cpu_deliver,
+};
+
+/* --- the step ---------------------------------------------------------------- */
+
+int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng_pool *pool,
+                const eng_step_seq *seqs, int32_t n_seqs, float *logits, char *msg, size_t msg_len)
+{
+    cpu_step cs = {.st = st, .m = m, .kv = kv, .pool = pool};
+    eng_walk_backend b = {
+        .ops = &cpu_ops,
+        .be = &cs,
+        .m = m,
+        .kv = kv,
+        .max_tokens = st->max_tokens,
+        .piece_rows = st->max_tokens,
+        .x = st->x,
+        .h = st->h,
+        .q = st->q,
+        .k = st->k,
+        .v = st->v,
+        .att = st->att,
+        .gate = st->gate,
+        .up = st->up,
+        .tmp = st->tmp,
+        .last = st->last,
+        .logits = NULL, /* host memory: the classifier writes into the caller's */
+        .layers = st->layers,
+        .final_norm = st->final_norm,
+    };
+    // the one walk over the layers (walk.c)
+    return eng_walk(&b, seqs, n_seqs, logits, NULL, msg, msg_len);
 }

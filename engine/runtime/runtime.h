@@ -14,10 +14,12 @@
  * kernels/cuda/ for the CUDA backend), never the scheduler above it.
  *
  * Inside the folder: backend.c (the choice, the CPU backend, the
- * eng_backend_* calls), backend_cuda.c (CUDA builds), forward.c (the CPU
- * pass), step.c (rotary tables and a step's refusals, for both backends),
+ * eng_backend_* calls), walk.c (the one walk over the layers, for both
+ * backends), forward.c (the CPU's operations for it), backend_cuda.c (the
+ * CUDA ones; CUDA builds), step.c (rotary tables and a step's refusals),
  * kv_cache.c, pool.c; internal/ holds what only these files share
- * (backend_internal.h, step_internal.h, kv_cache_internal.h).
+ * (backend_internal.h, walk_internal.h, step_internal.h,
+ * kv_cache_internal.h).
  */
 #ifndef QL_RUNTIME_H
 #define QL_RUNTIME_H

@@ -4,7 +4,8 @@
  * rotation tables, and the refusals every backend makes before it
  * computes anything. It owns no state and calls no other runtime file
  * (it reads the KV cache's layout, kv_cache_internal.h, for the block
- * size), so forward.c and backend_cuda.c both lean on it without a cycle.
+ * size), so walk.c, forward.c and backend_cuda.c lean on it without a
+ * cycle.
  */
 #include "internal/step_internal.h"
 

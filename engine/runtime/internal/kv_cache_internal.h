@@ -1,7 +1,7 @@
 /*
  * kv_cache_internal.h - the KV cache's layout (struct eng_kv_cache and
  * kv_row, eng_kv_check_writes), shared by kv_cache.c (which owns the blocks),
- * forward.c (which reads and writes the host arena), backend_cuda.c (which
+ * forward.c (which reads and writes the host arena), walk.c (which
  * refuses writes into shared blocks) and step.c (which reads the block
  * size), and prefix_cache.c (which keeps blocks past their sequences).
  * Nothing outside engine/runtime/ includes it.

@@ -1,10 +1,10 @@
 /*
  * step_internal.h - what every backend does alike before and around a
  * step, offered by engine/runtime/step.c alone: the rotary tables (RoPE)
- * and the refusals of a step. Included by the backends (forward.c, the
- * CPU pass; backend_cuda.c) and step.c; nothing outside engine/runtime/
- * includes it. step.c calls no other runtime file, so the backends lean on
- * it without a cycle.
+ * and the refusals of a step. Included by walk.c (which makes the
+ * refusals), the backends (forward.c and backend_cuda.c, which rotate) and
+ * step.c; nothing outside engine/runtime/ includes it. step.c calls no
+ * other runtime file, so they lean on it without a cycle.
  */
 #ifndef QL_STEP_INTERNAL_H
 #define QL_STEP_INTERNAL_H
@@ -30,8 +30,8 @@ void eng_rope_inv_freq_local(const eng_config *c, double *inv_freq);
 void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, double attn_factor,
                   float *cos_tab, float *sin_tab);
 /* What every backend refuses before computing anything, changing nothing
- * (eng_forward's list: token ids, positions past the context, the reserved
- * KV or a gap, versions of another model, adapters of another depth, more
+ * (eng_walk makes them for every backend; eng_forward's list: token ids, positions past the
+ * context, the reserved KV or a gap, versions of another model, adapters of another depth, more
  * than max_tokens new tokens): *total gets the step's new tokens and
  * *max_rank (when larger) its adapters' largest rank. */
 int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_seq *seqs,

@@ -1,0 +1,132 @@
+/*
+ * walk_internal.h - the one walk over a decoder's layers (walk.c's
+ * eng_walk) and what a backend hands it: a row of operations
+ * (eng_walk_ops: rmsnorm, project, rope, attend, ...), its buffers and its
+ * per-layer table (eng_walk_layer). Included by walk.c and by the backends
+ * that fill a row in: forward.c (the CPU: host memory, the worker pool)
+ * and backend_cuda.c (device memory, kernels on a stream). Nothing outside
+ * engine/runtime/ includes it.
+ *
+ * Why shaped so: the walk was written once per backend, and every
+ * architecture feature (Gemma's sandwich norms, Qwen3's q/k norms) landed
+ * twice and could drift. Now a backend says how to do each step on its
+ * memory, and the walk alone says which steps a layer takes; an
+ * architecture's features are data it reads (the config, eng_walk_layer),
+ * never a path of a backend's own.
+ *
+ * Buffers are the backend's: host float * on the CPU, device pointers on
+ * CUDA. The walk only does arithmetic on them as addresses (a row's
+ * offset) and passes them back to the operations; it never reads one.
+ */
+#ifndef QL_WALK_INTERNAL_H
+#define QL_WALK_INTERNAL_H
+
+#include "runtime.h"
+
+/* Which rotation table a layer's RoPE uses. */
+enum { ENG_WALK_ROPE_GLOBAL = 0, ENG_WALK_ROPE_LOCAL = 1 /* Gemma 3's sliding layers */ };
+
+/* One layer as the walk reads it: the backend's copies of its small
+ * parameters (f32, in the backend's memory; NULL where the architecture has
+ * none) and its shape (eng_walk_layer_shape fills window and rope). */
+typedef struct eng_walk_layer {
+    const float *attn_norm, *ffn_norm;           /* [hidden], offset folded in */
+    const float *bias;                           /* [q + 2 kv]: q, k, v side by side (Qwen2) */
+    const float *q_norm, *k_norm;                /* [head_dim] (Qwen3) */
+    const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich norms) */
+    int32_t window;                              /* sliding window in positions; 0: all */
+    int rope;                                    /* ENG_WALK_ROPE_* */
+} eng_walk_layer;
+
+/* Layer l's window and rotation table under config c: a sliding layer
+ * (eng_layer_slides) sees its last sliding_window positions and, where the
+ * model has rope_local_theta (Gemma 3), rotates with the local table. */
+void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out);
+
+/*
+ * A backend's row of operations. Each takes the backend's context (be, as
+ * eng_walk_backend.be) first and returns QL_OK or a negative code with a
+ * sentence in msg. "The step's rows" are the rows begin laid out; an
+ * operation may enqueue its work (CUDA) as long as later operations see
+ * its result, and deliver returns only once the step is done.
+ */
+typedef struct eng_walk_ops {
+    /* lay out the step's rows: each row's token, sequence, position and
+     * rotations, the versions and adapters the sequences compute with
+     * (adapters up to max_rank) */
+    int (*begin)(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t rows, int64_t max_rank,
+                 char *msg, size_t msg_len);
+    /* x[r] = the embedding of row r's token, for the step's rows */
+    int (*embed)(void *be, float *x, char *msg, size_t msg_len);
+    /* v[i] *= s for i < n */
+    int (*scale)(void *be, float *v, int64_t n, float s, char *msg, size_t msg_len);
+    /* out = x / rms(x) * w per row of n (out may be x) */
+    int (*rmsnorm)(void *be, float *out, const float *x, const float *w, int64_t rows, int64_t n,
+                   float eps, char *msg, size_t msg_len);
+    /* y = x @ W^T for layer l's projection p, each sequence on its own
+     * weight version, with its unmerged adapters, for the step's rows */
+    int (*project)(void *be, int32_t l, eng_proj p, const float *x, float *y, char *msg,
+                   size_t msg_len);
+    /* y[r] += bias per row of n */
+    int (*add_bias)(void *be, float *y, const float *bias, int64_t rows, int64_t n, char *msg,
+                    size_t msg_len);
+    /* rotate n_heads heads of each of the step's rows by its position,
+     * with rotation table `table` (ENG_WALK_ROPE_*) */
+    int (*rope)(void *be, float *vec, int32_t n_heads, int table, char *msg, size_t msg_len);
+    /* the step's rows of k and v into layer l's KV cache */
+    int (*kv_write)(void *be, int32_t l, const float *k, const float *v, char *msg, size_t msg_len);
+    /* out = grouped-query attention of q over layer l's cache, causal, over
+     * the last `window` positions (0: all), scores times scale and
+     * soft-capped at softcap (0: none) */
+    int (*attend)(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
+                  float softcap, char *msg, size_t msg_len);
+    /* x[i] += y[i] for i < n */
+    int (*add)(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len);
+    /* gate[i] = act(gate[i]) * up[i] for i < n (SwiGLU, GeGLU) */
+    int (*glu)(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
+               size_t msg_len);
+    /* dst[i] = src[i] for i < n, both backend memory */
+    int (*copy)(void *be, float *dst, const float *src, int64_t n, char *msg, size_t msg_len);
+    /* logits[rows][vocab] = h @ head^T (lm_head, or the tied embeddings) */
+    int (*classify)(void *be, const float *h, int64_t rows, float *logits, char *msg,
+                    size_t msg_len);
+    /* v[i] = cap * tanh(v[i] / cap) for i < n */
+    int (*softcap)(void *be, float *v, int64_t n, float cap, char *msg, size_t msg_len);
+    /* host[i] = src[i] for i < n: backend memory to the caller's */
+    int (*to_host)(void *be, float *host, const float *src, int64_t n, char *msg, size_t msg_len);
+    /* the step's result to the caller, the step done when it returns: the
+     * logits of each sequence's last row (the classifier's output `out`)
+     * into logits (host, n_seqs x vocab), and tokens (when not NULL) the
+     * ones the backend chose itself, -1 where the caller samples */
+    int (*deliver)(void *be, const float *out, float *logits, int32_t *tokens, char *msg,
+                   size_t msg_len);
+} eng_walk_ops;
+
+/* A backend as the walk sees it; every pointer is borrowed for the step. */
+typedef struct eng_walk_backend {
+    const eng_walk_ops *ops;
+    void *be; /* the backend's context, passed to every operation */
+    const eng_model *m;
+    eng_kv_cache *kv;   /* the block bookkeeping (the refusals read it) */
+    int32_t max_tokens; /* the most rows a step may have */
+    int32_t piece_rows; /* rows `last` and `logits` hold: every-row logits go in pieces */
+    /* activations, backend memory, max_tokens rows (last: piece_rows) */
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *last;
+    /* backend memory for piece_rows rows of logits, or NULL: the backend's
+     * memory is the host's, and the classifier writes into the caller's */
+    float *logits;
+    const eng_walk_layer *layers; /* [n_layers] */
+    const float *final_norm;      /* [hidden] */
+} eng_walk_backend;
+
+/*
+ * One batched step over n_seqs sequences on backend b (eng_forward's
+ * contract, runtime.h): the refusals of step.c and kv_cache.c, then the
+ * layers, then the classifier; logits (host, n_seqs x vocab) gets each
+ * sequence's last row, tokens (when not NULL) what deliver chose. On
+ * success each sequence's cached positions grow by its new tokens.
+ */
+int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+             int32_t *tokens, char *msg, size_t msg_len);
+
+#endif

@@ -1,0 +1,194 @@
+/*
+ * walk.c - the decoder forward pass as one walk over the layers, for every
+ * backend (llama2.c's run.c is the model: top to bottom, one comment per
+ * step naming the math). Each step is a call into the backend's row of
+ * operations (internal/walk_internal.h): forward.c's for the CPU,
+ * backend_cuda.c's for CUDA. What differs between architectures is data
+ * read here: the config (embedding scale, activation, soft caps, eps) and
+ * the backend's per-layer table (which norms and biases exist, the window,
+ * the rotation table).
+ *
+ * It offers eng_walk and eng_walk_layer_shape; it owns nothing (every
+ * buffer is the backend's); it calls step.c's refusals and kv_cache.c's
+ * eng_kv_check_writes, and the operations it is given.
+ *
+ * An operation is an indirect call that returns a code: about twenty per
+ * layer, against matrix products of millions of multiply-adds each, so the
+ * CPU pays nothing measurable for sharing the walk (bench_decode before
+ * and after: issue 31's closing note).
+ */
+#include "internal/walk_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "internal/kv_cache_internal.h"
+#include "internal/step_internal.h"
+#include "ops_math.h"
+
+void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
+{
+    bool slides = eng_layer_slides(c, l);
+    out->window = slides ? c->sliding_window : 0;
+    out->rope = slides && c->rope_local_theta > 0.0f ? ENG_WALK_ROPE_LOCAL : ENG_WALK_ROPE_GLOBAL;
+}
+
+/* A failure inside layer l (l < 0: around the layers): its code, with the
+ * layer put before the operation's sentence. */
+static int failed(int rc, int32_t l, char *msg, size_t msg_len)
+{
+    if (l >= 0 && msg && msg_len > 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", msg);
+        snprintf(msg, msg_len, "layer %d: %s", l, why);
+    }
+    return rc;
+}
+
+#define OP(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != QL_OK)                                                                          \
+            return failed(rc_, l, msg, msg_len);                                                   \
+    } while (0)
+
+/*
+ * The logits of every new row but the last of each sequence that asks
+ * (eng_step_seq.all_logits, a prompt's logprobs), in pieces of piece_rows
+ * rows; the last row is the step's own, copied in once it is delivered.
+ * Each row's arithmetic is the batch's, so it is the same bits as a step
+ * of that row alone.
+ */
+static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                            char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_config *c = &b->m->cfg;
+    int64_t H = c->hidden_size, V = c->vocab_size;
+    int32_t l = -1;
+    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
+        const eng_step_seq *q = &seqs[s];
+        for (int64_t j = 0; q->all_logits && j < q->n_tokens - 1; j += b->piece_rows) {
+            int64_t n = q->n_tokens - 1 - j < b->piece_rows ? q->n_tokens - 1 - j : b->piece_rows;
+            float *host = q->all_logits + j * V, *out = b->logits ? b->logits : host;
+            // final rmsnorm, classifier (Gemma 2's soft cap), to the caller
+            OP(ops->rmsnorm(b->be, b->last, b->x + (r + j) * H, b->final_norm, n, H,
+                            c->rms_norm_eps, msg, msg_len));
+            OP(ops->classify(b->be, b->last, n, out, msg, msg_len));
+            if (c->final_softcap > 0.0f)
+                OP(ops->softcap(b->be, out, n * V, c->final_softcap, msg, msg_len));
+            if (out != host)
+                OP(ops->to_host(b->be, host, out, n * V, msg, msg_len));
+        }
+    }
+    return QL_OK;
+}
+
+int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs, float *logits,
+             int32_t *tokens, char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    void *be = b->be;
+    const eng_config *c = &b->m->cfg;
+    int64_t T = 0, max_rank = 0;
+    int rc = eng_step_check(b->m, b->kv, seqs, n_seqs, b->max_tokens, &T, &max_rank, msg, msg_len);
+    if (rc == QL_OK)
+        rc = eng_kv_check_writes(b->kv, seqs, n_seqs, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
+    float eps = c->rms_norm_eps,
+          scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(c->head_dim);
+    int32_t l = -1;
+
+    // each row's token, sequence, position and rotation; the step's adapters
+    OP(ops->begin(be, seqs, n_seqs, T, max_rank, msg, msg_len));
+    // token embeddings (Gemma: times sqrt(hidden))
+    OP(ops->embed(be, b->x, msg, msg_len));
+    if (c->embed_scale > 0.0f)
+        OP(ops->scale(be, b->x, T * H, c->embed_scale, msg, msg_len));
+
+    for (l = 0; l < c->n_layers; l++) {
+        const eng_walk_layer *ly = &b->layers[l];
+        // attention rmsnorm
+        OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
+        // qkv matmuls
+        OP(ops->project(be, l, ENG_PROJ_Q, b->h, b->q, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_K, b->h, b->k, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_V, b->h, b->v, msg, msg_len));
+        // Qwen2's q, k and v biases
+        if (ly->bias) {
+            OP(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
+            OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
+            OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
+        }
+        // Qwen3: each head of q and k through its RMSNorm (a head is a row)
+        if (ly->q_norm) {
+            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T * c->n_heads, c->head_dim, eps, msg,
+                            msg_len));
+            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
+                            msg_len));
+        }
+        // RoPE (Gemma 3's sliding layers with their own table)
+        OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
+        OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+        // K and V into the paged cache, all rows first so a prefill chunk sees itself
+        OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
+        // grouped-query attention, causal, over the paged cache (the window on
+        // sliding layers, Gemma 2's soft-capped scores)
+        OP(ops->attend(be, l, b->q, b->att, ly->window, scale, c->attn_softcap, msg, msg_len));
+        // output projection
+        OP(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
+        // Gemma's post-attention norm
+        if (ly->post_attn_norm)
+            OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_attn_norm, T, H, eps, msg, msg_len));
+        // residual
+        OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
+        // ffn rmsnorm
+        OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
+        // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
+        OP(ops->project(be, l, ENG_PROJ_GATE, b->h, b->gate, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_UP, b->h, b->up, msg, msg_len));
+        OP(ops->glu(be, b->gate, b->up, T * F, c->ffn_act, msg, msg_len));
+        // down projection
+        OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
+        // Gemma's post-ffn norm
+        if (ly->post_ffn_norm)
+            OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));
+        // residual
+        OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
+    }
+    l = -1;
+
+    // every-row logits where a sequence asks (before the step's own, whose
+    // buffers they share)
+    if ((rc = every_row_logits(b, seqs, n_seqs, msg, msg_len)) != QL_OK)
+        return rc;
+    // each sequence's last row, the final rmsnorm
+    for (int32_t s = 0, r = 0; s < n_seqs; s++) {
+        r += seqs[s].n_tokens;
+        OP(ops->copy(be, b->tmp + s * H, b->x + (r - 1) * H, H, msg, msg_len));
+    }
+    OP(ops->rmsnorm(be, b->last, b->tmp, b->final_norm, n_seqs, H, eps, msg, msg_len));
+    // the classifier (Gemma 2's soft cap), and the step's result to the caller
+    float *out = b->logits ? b->logits : logits;
+    OP(ops->classify(be, b->last, n_seqs, out, msg, msg_len));
+    if (c->final_softcap > 0.0f)
+        OP(ops->softcap(be, out, n_seqs * (int64_t)c->vocab_size, c->final_softcap, msg, msg_len));
+    OP(ops->deliver(be, out, logits, tokens, msg, msg_len));
+
+    size_t V = (size_t)c->vocab_size;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const eng_step_seq *q = &seqs[s];
+        // the last row of every-row logits is the step's own
+        if (q->all_logits)
+            memcpy(q->all_logits + (size_t)(q->n_tokens - 1) * V, logits + (size_t)s * V,
+                   V * sizeof(float));
+        // the sequence's cache now holds its new tokens
+        int32_t end = q->pos + q->n_tokens;
+        if (end > q->kv->n_tokens)
+            q->kv->n_tokens = end;
+    }
+    return QL_OK;
+}
