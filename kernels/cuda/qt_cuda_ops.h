@@ -1,6 +1,7 @@
 /*
  * qt_cuda_ops.h - the device kernels the CUDA backend of the engine runs a
- * forward step with (engine/backend_cuda.c), beyond qt_cuda.h's dequantize:
+ * forward step with (engine/runtime/backend_cuda.c's row of operations,
+ * which engine/runtime/walk.c walks), beyond qt_cuda.h's dequantize:
  *   - qt_cuda_tensor: any weight resident on the device in its own layout
  *     (upload, allocate alike, download, release), and row gathers from it
  *     (the embedding lookup);                          qt_cuda_tensor.cu
