@@ -589,6 +589,7 @@ Test(kv_cache, prefix_match_takes_the_kept_whole_blocks_of_the_same_prompt)
     cr_assert_eq(eng_kv_prefix_match(kv, 5, u, 39, &d, &ch), 0);
     /* a match needs an empty sequence */
     cr_assert_eq(eng_kv_prefix_match(kv, 5, t, 39, &b, &ch), 0);
+    eng_kv_release(kv, &d);
     eng_kv_release(kv, &b);
     eng_kv_free(kv);
 }
@@ -614,6 +615,7 @@ Test(kv_cache, kept_blocks_are_reused_last_and_a_chain_loses_its_end_first)
     cr_assert_eq(eng_kv_reserve(kv, &b, 6 * BT), QL_OK);
     cr_assert_eq(eng_kv_prefix_blocks(kv), 0);
     cr_assert_eq(eng_kv_prefix_match(kv, 9, t, 48, &c, &ch), 0);
+    eng_kv_release(kv, &c);
     eng_kv_release(kv, &b);
     eng_kv_free(kv);
 }

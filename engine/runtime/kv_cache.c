@@ -281,6 +281,10 @@ int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_to
         blocks[shared + i] = src->held[--src->n_held];
     if (cow)
         held[0] = src->held[--src->n_held];
+    /* dst is empty, but may own empty lists (a prefix match that found
+     * nothing grows its table first) */
+    free(dst->blocks);
+    free(dst->held);
     *dst = (eng_seq_kv){.blocks = blocks,
                         .n_blocks = shared + grow,
                         .n_tokens = n_shared,
