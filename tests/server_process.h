@@ -148,12 +148,13 @@ static inline void sp_wait_ready(void)
     }
 }
 
-/* Signal the server; its exit status once it exits (-1: killed by a
- * signal, or still running after half a minute, then killed). */
-static inline int sp_stop(int sig)
+/* Wait (30 s at most) for a server already told to stop: its exit status,
+ * -1 when a signal ended it or it outlived the wait (then it is killed).
+ * A test that sent SIGTERM itself waits here: a second SIGTERM could land
+ * after the server's drain put its handler away, and end it by signal. */
+static inline int sp_wait_exit(void)
 {
     cr_assert_gt(sp.pid, 0);
-    kill(sp.pid, sig);
     for (int tries = 0; tries < 3000; tries++) {
         int st;
         if (waitpid(sp.pid, &st, WNOHANG) == sp.pid) {
@@ -164,6 +165,15 @@ static inline int sp_stop(int sig)
     }
     sp_kill();
     return -1;
+}
+
+/* Signal the server; its exit status once it exits (-1: killed by a
+ * signal, or still running after half a minute, then killed). */
+static inline int sp_stop(int sig)
+{
+    cr_assert_gt(sp.pid, 0);
+    kill(sp.pid, sig);
+    return sp_wait_exit();
 }
 
 /* The server's log holds no sanitizer report (a build with QL_SANITIZE

@@ -1605,26 +1605,11 @@ Test(server, client_disconnect_mid_stream_cancels_and_frees_kv_blocks)
 
 /* --- shutdown ------------------------------------------------------------------------------ */
 
-/* Wait for the server to exit on its own; its exit status (-1: it did not
- * within a few seconds, or a signal ended it). */
-static int wait_exit(void)
-{
-    for (int tries = 0; tries < 3000; tries++) {
-        int st;
-        if (waitpid(sp.pid, &st, WNOHANG) == sp.pid) {
-            sp.pid = -1;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        }
-        test_sleep_ms(10);
-    }
-    return -1;
-}
-
 /* Poll until a new connection is refused; false when it never is, or when
  * a connect fails some other way (*why: its errno, 0 when none did). A
  * reset counts as a refusal: a connect that meets the listener as it
  * closes may be answered by a reset rather than the refusal after it. The
- * bound is wait_exit's, far past a drain's start on a loaded machine. */
+ * bound is sp_wait_exit's, far past a drain's start on a loaded machine. */
 static bool connections_refused(int *why)
 {
     *why = 0;
@@ -1667,7 +1652,7 @@ Test(server, sigterm_lets_a_running_stream_finish_and_exits_zero)
     cr_assert(hc_closed_by_server(&c));
     hc_response_free(&r);
     hc_close(&c);
-    cr_assert_eq(wait_exit(), 0, "%s", sp_read_log());
+    cr_assert_eq(sp_wait_exit(), 0, "%s", sp_read_log());
     sp_check_log_clean();
     char *log = sp_read_log();
     cr_assert(strstr(log, "SIGTERM: draining"), "%s", log);
@@ -1694,7 +1679,7 @@ Test(server, sigterm_past_the_grace_period_cancels_a_long_stream_and_exits_zero)
     cJSON_Delete(last);
     hc_response_free(&r);
     hc_close(&c);
-    cr_assert_eq(wait_exit(), 0, "%s", sp_read_log());
+    cr_assert_eq(sp_wait_exit(), 0, "%s", sp_read_log());
     sp_check_log_clean();
 }
 
@@ -1735,7 +1720,7 @@ Test(server, a_bad_pause_is_refused_and_a_drain_resumes_a_paused_engine)
     cJSON_Delete(last);
     hc_response_free(&r);
     hc_close(&c);
-    cr_assert_eq(wait_exit(), 0, "%s", sp_read_log());
+    cr_assert_eq(sp_wait_exit(), 0, "%s", sp_read_log());
     sp_check_log_clean();
 }
 

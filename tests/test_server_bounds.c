@@ -418,5 +418,7 @@ Test(server_bounds, a_client_gone_while_its_answer_is_built_leaves_the_server_fi
     cJSON_Delete(j);
     hc_response_free(&r);
     hc_close(&c);
-    sp_stop_cleanly();
+    int code = sp_wait_exit();
+    cr_assert_eq(code, 0, "exit status %d: %s", code, sp_read_log());
+    sp_check_log_clean();
 }
