@@ -44,14 +44,8 @@ static int run(const char *args, char **out)
     snprintf(log, sizeof log, "%s/out.txt", dir);
     snprintf(cmd, sizeof cmd, "%s %s > '%s' 2>&1", QL_BINARY, args, log);
     int st = system(cmd);
-    FILE *f = fopen(log, "rb");
-    cr_assert(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *out = calloc((size_t)n + 1, 1);
-    cr_assert_eq(fread(*out, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
+    *out = test_read_file(log, NULL);
+    cr_assert(*out, "cannot read %s", log);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

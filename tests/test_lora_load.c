@@ -731,14 +731,10 @@ Test(lora_load, a_truncated_or_missing_file_is_refused)
  * JSON ignores), so every tensor's data sits one byte off its alignment. */
 static void misalign_safetensors(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)n + 1);
-    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
+    size_t n;
+    /* test_read_file's NUL gives the one byte of room the space needs */
+    uint8_t *buf = (uint8_t *)test_read_file(path, &n);
+    cr_assert(buf, "cannot read %s", path);
     uint64_t h = 0;
     for (int i = 7; i >= 0; i--)
         h = (h << 8) | buf[i];
@@ -747,9 +743,7 @@ static void misalign_safetensors(const char *path)
     h++;
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)(h >> (8 * i));
-    f = fopen(path, "wb");
-    cr_assert_eq(fwrite(buf, 1, (size_t)n + 1, f), (size_t)n + 1);
-    fclose(f);
+    test_write_bytes(path, buf, n + 1);
     free(buf);
 }
 
