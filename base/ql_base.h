@@ -184,6 +184,10 @@ const char *ql_name_of(const ql_names *t, int value);
 /* t's words as messages list them, "cpu, cuda, auto", into out (cut to
  * fit); out. */
 const char *ql_name_list(const ql_names *t, char *out, size_t out_len);
+/* The value word stands for in t; else QL_EINVAL with 'what "word": one of
+ * ...' in msg (what: the choice as the message names it, "device"). */
+int ql_name_expect(const ql_names *t, const char *what, const char *word, char *msg,
+                   size_t msg_len);
 
 /* The KV cache's size when none is given, in MiB: serve's --kv-mib
  * default, and the engine's when its options leave it 0 (generate). */

@@ -54,3 +54,13 @@ const char *ql_name_list(const ql_names *t, char *out, size_t out_len)
     }
     return out;
 }
+
+int ql_name_expect(const ql_names *t, const char *what, const char *word, char *msg, size_t msg_len)
+{
+    int value = ql_name_parse(t, word);
+    if (value >= 0)
+        return value;
+    char list[64];
+    return ql_fail(msg, msg_len, QL_EINVAL, "%s \"%s\": one of %s", what, word ? word : "(null)",
+                   ql_name_list(t, list, sizeof list));
+}

@@ -23,11 +23,9 @@
 
 int eng_device_parse(const char *name, eng_device *out, char *msg, size_t msg_len)
 {
-    int d = ql_name_parse(&ql_device_names, name);
-    char list[64];
+    int d = ql_name_expect(&ql_device_names, "device", name, msg, msg_len);
     if (d < 0)
-        return ql_fail(msg, msg_len, QL_EINVAL, "device \"%s\": one of %s", name ? name : "(null)",
-                       ql_name_list(&ql_device_names, list, sizeof list));
+        return d;
     *out = (eng_device)d;
     return QL_OK;
 }

@@ -117,11 +117,9 @@ int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len
 {
     static const qt_kind kinds[] = {
         [QL_KV_DTYPE_F32] = QT_F32, [QL_KV_DTYPE_F16] = QT_F16, [QL_KV_DTYPE_Q8_0] = QT_Q8_0};
-    int d = ql_name_parse(&ql_kv_dtype_names, name);
-    char list[64];
+    int d = ql_name_expect(&ql_kv_dtype_names, "KV dtype", name, msg, msg_len);
     if (d < 0)
-        return ql_fail(msg, msg_len, QL_EINVAL, "KV dtype \"%s\": one of %s",
-                       name ? name : "(null)", ql_name_list(&ql_kv_dtype_names, list, sizeof list));
+        return d;
     *out = kinds[d];
     return QL_OK;
 }
