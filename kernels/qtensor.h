@@ -186,7 +186,7 @@ typedef struct qt_traits {
     size_t block_bytes; /* bytes of codes per block (NF4/FP4: default block;
                            AFFINE: per element rounded up, see qtensor) */
     bool is_dense;      /* F32, F16, BF16: plain floats, no quant state */
-    bool is_gguf;       /* Q4_0 ... IQ4_XS: llama.cpp blocks of block_size */
+    bool is_gguf;       /* Q4_0 ... IQ4_XS, MXFP4: llama.cpp blocks of block_size */
 
     /* Quantize rows*cols floats into t (already zeroed; t->kind set). On
      * error t holds nothing and msg says what was wrong. */
