@@ -273,6 +273,29 @@ static void check_mixtral_int8(eng_model *m)
     check_experts_kind(m, QT_AFFINE);
 }
 
+/* make_moe_kquant.py's wider Qwen3-MoE (4 experts of 256): llama-quantize's
+ * Q4_K_M recipe (q4_K and q6_K experts), and MXFP4_MOE (MXFP4 experts) */
+static void check_kq(const eng_model *m, qt_kind down_kind)
+{
+    cr_assert_eq(m->cfg.arch, ENG_ARCH_QWEN3_MOE);
+    cr_assert_eq(m->cfg.n_experts, 4);
+    cr_assert_eq(m->cfg.expert_ff, 256);
+    cr_assert_eq(eng_model_proj(m, 0, eng_expert_proj(3, ENG_PROJ_GATE))->kind,
+                 down_kind == QT_MXFP4 ? QT_MXFP4 : QT_Q4_K);
+    cr_assert_eq(eng_model_proj(m, 1, eng_expert_proj(2, ENG_PROJ_DOWN))->kind, down_kind);
+}
+
+static void check_kq_q4_k_m(eng_model *m)
+{
+    /* the recipe gives the last layer's down more bits */
+    check_kq(m, QT_Q6_K);
+}
+
+static void check_kq_mxfp4(eng_model *m)
+{
+    check_kq(m, QT_MXFP4);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -378,6 +401,20 @@ static const arch_row ARCH_ROWS[] = {
      .n_tokens = QWEN3MOE_N_TOKENS,
      .vocab = QWEN3MOE_VOCAB,
      .check = check_qwen3moe},
+    {.label = "qwen3moe 256-wide gguf Q4_K_M",
+     .fixture = "qwen3moe_kq_q4_k_m.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .check = check_kq_q4_k_m},
+    {.label = "qwen3moe 256-wide gguf MXFP4_MOE",
+     .fixture = "qwen3moe_kq_mxfp4.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .check = check_kq_mxfp4},
     /* --quant on load quantizes the experts (and leaves the router dense) */
     {.label = "qwen3moe folder --quant nf4",
      .fixture = "qwen3moe_tiny",
