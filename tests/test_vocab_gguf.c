@@ -62,9 +62,10 @@ static size_t parse_ids(const char *line, size_t len, int32_t *ids, size_t cap)
 
 /* Tokenize each text of inp_path (add_special = false, parse_special as
  * given) and compare with the line of out_path beside it; every difference
- * is logged, then the test fails naming how many. */
+ * is logged, then the test fails naming how many. round_trip: the ids also
+ * decode to the text (a byte-level vocabulary loses nothing). */
 static void check_cases(const tok_tokenizer *t, const char *name, const char *inp_path,
-                        const char *out_path, bool parse_special)
+                        const char *out_path, bool parse_special, bool round_trip)
 {
     size_t inp_len, out_len;
     char *inp = read_all(inp_path, &inp_len);
@@ -97,6 +98,16 @@ static void check_cases(const tok_tokenizer *t, const char *name, const char *in
             cr_log_error("%s case %zu '%.*s' (parse_special %d): got%s, want %.*s", name, cases,
                          (int)text_len, in_at, parse_special, got, (int)line_len, out_at);
         }
+        char *back = NULL;
+        size_t back_len = 0;
+        if (round_trip) {
+            rc = tok_decode(t, ids, n, false, &back, &back_len, msg, sizeof msg);
+            cr_assert_eq(rc, 0, "%s case %zu: %s", name, cases, msg);
+            cr_expect(back_len == text_len && memcmp(back, in_at, text_len) == 0,
+                      "%s case %zu '%.*s' decodes to '%s'", name, cases, (int)text_len, in_at,
+                      back);
+        }
+        free(back);
         free(ids);
         cases++;
         in_at = next ? next + strlen(sep) : in_end;
@@ -118,7 +129,7 @@ static void check_vocab(const char *name)
     cr_assert_eq(rc, 0, "%s: %s", path, msg);
     snprintf(inp, sizeof inp, "%s.inp", path);
     snprintf(out, sizeof out, "%s.out", path);
-    check_cases(t, name, inp, out, false);
+    check_cases(t, name, inp, out, false, false);
     tok_free(t);
 }
 
@@ -176,8 +187,9 @@ Test(vocab_gguf, gpt_oss_tokenizer_json_gives_tokenizers_ids)
     cr_expect_eq(tok_bos(t), 199998);
     cr_expect_eq(tok_eos(t), 200002);
     const char *inp = GPT_OSS_DIR "/tokenizer.json.inp";
-    check_cases(t, "gpt-oss tokenizer.json", inp, GPT_OSS_DIR "/tokenizer.json.out", true);
-    check_cases(t, "gpt-oss tokenizer.json", inp, GPT_OSS_DIR "/tokenizer.json.plain.out", false);
+    check_cases(t, "gpt-oss tokenizer.json", inp, GPT_OSS_DIR "/tokenizer.json.out", true, true);
+    check_cases(t, "gpt-oss tokenizer.json", inp, GPT_OSS_DIR "/tokenizer.json.plain.out", false,
+                true);
     tok_free(t);
 }
 
@@ -187,9 +199,9 @@ Test(vocab_gguf, gpt_oss_gguf_gives_llama_cpp_ids)
     const char *inp = GPT_OSS_DIR "/tokenizer.json.inp", *out = GPT_OSS_DIR "/ggml-vocab-gpt-oss";
     char path[1024];
     snprintf(path, sizeof path, "%s.gguf.out", out);
-    check_cases(t, "gpt-oss GGUF", inp, path, false);
+    check_cases(t, "gpt-oss GGUF", inp, path, false, true);
     snprintf(path, sizeof path, "%s.gguf.special.out", out);
-    check_cases(t, "gpt-oss GGUF", inp, path, true);
+    check_cases(t, "gpt-oss GGUF", inp, path, true, true);
     /* llama.cpp's retyping: five harmony tokens are matched even as text */
     cr_expect_not(tok_is_special(t, tok_token_id(t, "<|end|>", 7)), "<|end|> is user-defined");
     cr_expect(tok_is_special(t, tok_token_id(t, "<|return|>", 10)), "<|return|> is control");
