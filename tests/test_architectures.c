@@ -436,6 +436,16 @@ static const arch_row ARCH_ROWS[] = {
      .fixture = "qwen3moe_dense_tiny",
      MOE_REF(QWEN3MOE_DENSE),
      .check = check_qwen3moe_dense},
+    /* the same weights in transformers 5's fused form (mlp.experts.gate_up_proj
+     * [experts, 2 ff, hidden], down_proj [experts, hidden, ff]) */
+    {.label = "qwen3moe fused folder",
+     .fixture = "qwen3moe_fused_tiny",
+     MOE_REF(QWEN3MOE),
+     .check = check_qwen3moe},
+    {.label = "mixtral fused folder",
+     .fixture = "mixtral_fused_tiny",
+     MOE_REF(MIXTRAL),
+     .check = check_mixtral},
     {.label = "qwen2moe folder",
      .fixture = "qwen2moe_tiny",
      MOE_REF(QWEN2MOE),
