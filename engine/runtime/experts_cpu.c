@@ -26,14 +26,20 @@
 #include "ops_math.h"
 
 struct eng_moe_state {
-    int32_t E, K;        /* experts, chosen per row */
-    float *logits;       /* [T][E] router logits, then probabilities */
-    int32_t *pick;       /* [T][K] each row's experts */
-    float *weight;       /* [T][K] and their weights */
-    int32_t *count;      /* [E + 1]: rows per expert, then where each starts */
-    int32_t *order;      /* [T * K]: (row * K + k) grouped by expert */
-    float *xg, *yg;      /* [T][hidden]: the gathered rows, an expert's output */
-    float *gg, *ug;      /* [T][widest expert]: gate and up */
+    int32_t E, K;   /* experts, chosen per row */
+    float *logits;  /* [T][E] router logits, then probabilities */
+    int32_t *pick;  /* [T][K] each row's experts */
+    float *weight;  /* [T][K] and their weights */
+    int32_t *count; /* [E + 1]: rows per expert, then where each starts */
+    int32_t *order; /* [T * K]: (row * K + k) grouped by expert */
+    /* every (row, choice) pair's row in s->order's order, and its expert's
+     * output ([T * K][hidden]); gate and up ([T * K][widest expert]) */
+    float *xg, *yg;
+    float *gg, *ug;
+    /* the chosen experts that run with the model's own weights and no
+     * adapter in this step (run_plain), and each one's first item */
+    int32_t *plain;      /* [E] */
+    int64_t *start;      /* [E + 1] */
     float *sg;           /* [T]: the shared expert's gate */
     eng_step_seq *seqs;  /* [T]: the gathered rows as runs of their sequences */
     uint64_t ran, bytes; /* the last step's figures */
@@ -54,6 +60,8 @@ void eng_moe_state_free(eng_moe_state *s)
     free(s->ug);
     free(s->sg);
     free(s->seqs);
+    free(s->plain);
+    free(s->start);
     free(s);
 }
 
@@ -76,15 +84,19 @@ int eng_moe_state_new(eng_forward_state *st, const eng_model *m)
     s->weight = malloc(T * K * sizeof *s->weight);
     s->count = malloc((E + 1) * sizeof *s->count);
     s->order = malloc(T * K * sizeof *s->order);
-    s->xg = malloc(T * H * sizeof *s->xg);
-    s->yg = malloc(T * H * sizeof *s->yg);
-    s->gg = malloc(T * F * sizeof *s->gg);
-    s->ug = malloc(T * F * sizeof *s->ug);
+    /* the shared expert uses T rows of them, the routed ones T * K */
+    size_t P = T * (K > 1 ? K : 1);
+    s->xg = malloc(P * H * sizeof *s->xg);
+    s->yg = malloc(P * H * sizeof *s->yg);
+    s->gg = malloc(P * F * sizeof *s->gg);
+    s->ug = malloc(P * F * sizeof *s->ug);
     s->sg = malloc(T * sizeof *s->sg);
     s->seqs = malloc(T * sizeof *s->seqs);
+    s->plain = malloc(E * sizeof *s->plain);
+    s->start = malloc((E + 1) * sizeof *s->start);
     st->moe = s;
     if (!s->logits || !s->pick || !s->weight || !s->count || !s->order || !s->xg || !s->yg ||
-        !s->gg || !s->ug || !s->sg || !s->seqs)
+        !s->gg || !s->ug || !s->sg || !s->seqs || !s->plain || !s->start)
         return QL_ENOMEM; /* the caller frees st, and st->moe with it */
     return QL_OK;
 }
@@ -167,20 +179,113 @@ static int32_t gathered_seqs(const cpu_step *cs, eng_moe_state *s, const int32_t
     return runs;
 }
 
-/* The GLU of projections gate, up, down of layer l over the n rows in xg
- * (as the runs of sequences seqs), into yg. */
-static void glu_rows(const cpu_step *cs, eng_moe_state *s, int32_t l, const eng_step_seq *seqs,
-                     int32_t runs, int64_t n, eng_proj gate, eng_proj up, eng_proj down,
-                     const float *x, float *y)
+/* gate[i] = act(gate[i]) * up[i] for i < n. */
+static void glu(const eng_config *c, float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        gate[i] =
+            c->ffn_act == ENG_FFN_GELU_TANH ? om_geglu(gate[i], up[i]) : om_swiglu(gate[i], up[i]);
+}
+
+/* The GLU of projections gate, up, down of layer l over the n rows at x
+ * (as the runs of sequences seqs), into y; g and u are the gate's and the
+ * up's rows. */
+static void glu_rows(const cpu_step *cs, int32_t l, const eng_step_seq *seqs, int32_t runs,
+                     int64_t n, eng_proj gate, eng_proj up, eng_proj down, const float *x, float *g,
+                     float *u, float *y)
 {
     const eng_model *m = cs->m;
     int64_t F = eng_model_proj(m, l, gate)->rows;
-    eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, gate, x, s->gg);
-    eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, up, x, s->ug);
-    for (int64_t i = 0; i < n * F; i++)
-        s->gg[i] = m->cfg.ffn_act == ENG_FFN_GELU_TANH ? om_geglu(s->gg[i], s->ug[i])
-                                                       : om_swiglu(s->gg[i], s->ug[i]);
-    eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, down, s->gg, y);
+    eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, gate, x, g);
+    eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, up, x, u);
+    glu(&m->cfg, g, u, n * F);
+    eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, down, g, y);
+}
+
+/* Whether expert e of layer l runs with the model's own weights and no
+ * adapter for every sequence of the step (so run_plain may batch it with
+ * the others). */
+static bool expert_plain(const cpu_step *cs, int32_t l, int32_t e)
+{
+    for (int k = 0; k < 3; k++) {
+        eng_proj p = eng_expert_proj(e, (eng_proj)(ENG_PROJ_GATE + k));
+        const qtensor *own = eng_model_proj(cs->m, l, p);
+        for (int32_t s = 0; s < cs->n_seqs; s++) {
+            const eng_step_seq *q = &cs->seqs[s];
+            if (q->weights && eng_weights_proj(q->weights, l, p) != own)
+                return false;
+            for (int32_t t = 0; t < q->n_delta; t++)
+                if (eng_lora_module_at(q->delta[t].lora, l, p))
+                    return false;
+        }
+    }
+    return true;
+}
+
+/* One pool job over the plain experts' products: items of 16 output rows
+ * of an expert's gate and up (down: of its down), expert i's items from
+ * start[i]; expert i's gathered rows begin at the pair count[plain[i]]. */
+typedef struct plain_job {
+    const eng_model *m;
+    const eng_moe_state *s;
+    int32_t l, n;
+    bool down;
+} plain_job;
+
+#define PLAIN_ROWS 16
+
+static void plain_items(void *ctx, int64_t i0, int64_t i1)
+{
+    const plain_job *j = ctx;
+    const eng_moe_state *s = j->s;
+    int64_t H = j->m->cfg.hidden_size, F = j->m->cfg.expert_ff;
+    int64_t per = (F + PLAIN_ROWS - 1) / PLAIN_ROWS; /* gate (and up) items per expert */
+    int32_t i = 0;
+    for (int64_t it = i0; it < i1; it++) {
+        while (it >= s->start[i + 1])
+            i++;
+        int32_t e = s->plain[i];
+        int64_t local = it - s->start[i], first = s->count[e], rows = s->count[e + 1] - first;
+        if (j->down) {
+            int64_t r0 = local * PLAIN_ROWS, r1 = r0 + PLAIN_ROWS < H ? r0 + PLAIN_ROWS : H;
+            const qtensor *w = eng_model_proj(j->m, j->l, eng_expert_proj(e, ENG_PROJ_DOWN));
+            qt_matmul(w, s->gg + first * F, rows, s->yg + first * H, r0, r1);
+            continue;
+        }
+        bool up = local >= per;
+        int64_t r0 = (local % per) * PLAIN_ROWS, r1 = r0 + PLAIN_ROWS < F ? r0 + PLAIN_ROWS : F;
+        const qtensor *w =
+            eng_model_proj(j->m, j->l, eng_expert_proj(e, up ? ENG_PROJ_UP : ENG_PROJ_GATE));
+        qt_matmul(w, s->xg + first * H, rows, (up ? s->ug : s->gg) + first * F, r0, r1);
+    }
+}
+
+/*
+ * The n plain experts of s->plain over their gathered rows, as two pool
+ * jobs for all of them (gate and up; then down) rather than three per
+ * expert: at batch 1 a layer's eight experts are small products each, and
+ * a job per product would cost more in hand-overs than in arithmetic.
+ */
+static void run_plain(const cpu_step *cs, eng_moe_state *s, int32_t l, int32_t n)
+{
+    const eng_model *m = cs->m;
+    int64_t H = m->cfg.hidden_size, F = m->cfg.expert_ff;
+    int64_t per_gu = 2 * ((F + PLAIN_ROWS - 1) / PLAIN_ROWS),
+            per_d = (H + PLAIN_ROWS - 1) / PLAIN_ROWS;
+    plain_job j = {m, s, l, n, false};
+    s->start[0] = 0;
+    for (int32_t i = 0; i < n; i++)
+        s->start[i + 1] = s->start[i] + per_gu;
+    eng_pool_run(cs->pool, plain_items, &j, s->start[n], 1);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t e = s->plain[i];
+        int64_t first = s->count[e], rows = s->count[e + 1] - first;
+        glu(&m->cfg, s->gg + first * F, s->ug + first * F, rows * F);
+    }
+    j.down = true;
+    for (int32_t i = 0; i < n; i++)
+        s->start[i + 1] = s->start[i] + per_d;
+    eng_pool_run(cs->pool, plain_items, &j, s->start[n], 1);
 }
 
 /* Qwen2-MoE's shared expert over every row, gated by sigmoid(g . x),
@@ -191,8 +296,8 @@ static void shared_expert(const cpu_step *cs, eng_moe_state *s, int32_t l, const
     const eng_model *m = cs->m;
     int64_t T = cs->rows, H = m->cfg.hidden_size;
     eng_cpu_matmul(cs->pool, &m->layers[l].shared_gate, x, T, s->sg);
-    glu_rows(cs, s, l, cs->seqs, cs->n_seqs, T, ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN, x,
-             s->yg);
+    glu_rows(cs, l, cs->seqs, cs->n_seqs, T, ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN, x, s->gg,
+             s->ug, s->yg);
     for (int64_t r = 0; r < T; r++) {
         float g = 1.0f / (1.0f + expf(-s->sg[r]));
         for (int64_t i = 0; i < H; i++)
@@ -215,29 +320,39 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
     for (int64_t r = 0; r < T; r++)
         route_row(c, s->logits + r * s->E, s->pick + r * s->K, s->weight + r * s->K);
     group_by_expert(s, T);
-    memset(out, 0, (size_t)(T * H) * sizeof *out);
-    // each chosen expert once, over the rows routed to it
+    // every (row, choice) pair's row, grouped by expert
+    for (int64_t i = 0; i < T * s->K; i++)
+        memcpy(s->xg + i * H, x + (int64_t)(s->order[i] / s->K) * H, (size_t)H * sizeof *x);
+    // each chosen expert once, over the rows routed to it: those on the
+    // model's weights without adapters batched together, the others each
+    // through the projections with their sequences' versions and adapters
+    int32_t n_plain = 0;
+    int64_t F = c->expert_ff;
     for (int32_t e = 0; e < s->E; e++) {
-        const int32_t *order = s->order + s->count[e];
-        int32_t n = s->count[e + 1] - s->count[e];
+        int32_t first = s->count[e], n = s->count[e + 1] - first;
         if (n == 0)
             continue;
-        for (int32_t i = 0; i < n; i++)
-            memcpy(s->xg + (size_t)i * (size_t)H, x + (size_t)(order[i] / s->K) * (size_t)H,
-                   (size_t)H * sizeof *x);
-        int32_t runs = gathered_seqs(cs, s, order, n);
-        glu_rows(cs, s, l, s->seqs, runs, n, eng_expert_proj(e, ENG_PROJ_GATE),
-                 eng_expert_proj(e, ENG_PROJ_UP), eng_expert_proj(e, ENG_PROJ_DOWN), s->xg, s->yg);
-        for (int32_t i = 0; i < n; i++) {
-            float w = s->weight[order[i]];
-            float *o = out + (size_t)(order[i] / s->K) * (size_t)H;
-            const float *y = s->yg + (size_t)i * (size_t)H;
-            for (int64_t j = 0; j < H; j++)
-                o[j] += w * y[j];
-        }
         s->ran++;
         for (int k = 0; k < 3; k++)
             s->bytes += qt_nbytes(&m->layers[l].experts[3 * e + k]);
+        if (expert_plain(cs, l, e)) {
+            s->plain[n_plain++] = e;
+            continue;
+        }
+        int32_t runs = gathered_seqs(cs, s, s->order + first, n);
+        glu_rows(cs, l, s->seqs, runs, n, eng_expert_proj(e, ENG_PROJ_GATE),
+                 eng_expert_proj(e, ENG_PROJ_UP), eng_expert_proj(e, ENG_PROJ_DOWN),
+                 s->xg + first * H, s->gg + first * F, s->ug + first * F, s->yg + first * H);
+    }
+    if (n_plain > 0)
+        run_plain(cs, s, l, n_plain);
+    // each row's experts summed with their weights, in ascending expert order
+    memset(out, 0, (size_t)(T * H) * sizeof *out);
+    for (int64_t i = 0; i < T * s->K; i++) {
+        float w = s->weight[s->order[i]], *o = out + (int64_t)(s->order[i] / s->K) * H;
+        const float *y = s->yg + i * H;
+        for (int64_t k = 0; k < H; k++)
+            o[k] += w * y[k];
     }
     if (m->layers[l].shared_gate.rows)
         shared_expert(cs, s, l, x, out);
