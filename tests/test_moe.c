@@ -215,6 +215,52 @@ Test(moe, what_we_cannot_run_is_refused_by_name)
     refused_with("mixtral_tiny", more_experts, "block_sparse_moe.gate.weight' is [8, 64]");
 }
 
+/* tests/fixtures/<in> rewritten to out with the u32 metadata key set
+ * (added, or replacing the file's), everything else as it was. */
+static void gguf_with_key(const char *in, const char *out, const char *key, uint32_t value)
+{
+    char path[600], msg[512];
+    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, in);
+    gguf_file f;
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), 0, "%s", msg);
+    gguf_out *o = gguf_out_new(f.alignment);
+    cr_assert(o);
+    for (uint64_t i = 0; i < f.n_kv; i++)
+        if (strcmp(f.kvs[i].key, key) != 0)
+            cr_assert_eq(gguf_out_copy_kv(o, &f.kvs[i], msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(gguf_out_set_u32(o, key, value, msg, sizeof msg), 0, "%s", msg);
+    for (uint64_t i = 0; i < f.n_tensors; i++) {
+        const gguf_tensor *t = &f.tensors[i];
+        cr_assert_eq(
+            gguf_out_add_tensor(o, t->name, t->ggml_type, t->n_dims, t->ne, msg, sizeof msg), 0,
+            "%s", msg);
+    }
+    cr_assert_eq(gguf_out_begin(o, out, msg, sizeof msg), 0, "%s", msg);
+    for (uint64_t i = 0; i < f.n_tensors; i++)
+        cr_assert_eq(gguf_out_write(o, f.tensors[i].data, f.tensors[i].nbytes, msg, sizeof msg), 0,
+                     "%s", msg);
+    cr_assert_eq(gguf_out_finish(o, msg, sizeof msg), 0, "%s", msg);
+    gguf_out_free(o);
+    gguf_close(&f);
+}
+
+/* A GGUF whose routing llama.cpp was told to do otherwise (a sigmoid
+ * gating function) is refused naming the key; the unchanged file loads. */
+Test(moe, a_gguf_routing_we_do_not_run_is_refused_by_name)
+{
+    char dir[512], path[600], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/gated.gguf", dir);
+    eng_model m;
+    gguf_with_key("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 1);
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0, "%s", msg);
+    eng_model_free(&m);
+    gguf_with_key("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 2);
+    cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "qwen3moe.expert_gating_func is 2"), "%s", msg);
+    test_rmtree(dir);
+}
+
 /* --- adapters on experts ------------------------------------------------------------ */
 
 /* The worst |ours - PEFT's| over every position's logits of the prompt

@@ -296,10 +296,29 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     U("expert_feed_forward_length", c->intermediate_size, false, &c->expert_ff);
     if (c->arch == ENG_ARCH_QWEN2_MOE)
         U("expert_shared_feed_forward_length", 0, true, &c->shared_expert_ff);
+    /* routing llama.cpp can be told to do otherwise: by a gating function
+     * other than softmax (llama-hparams.h's 1), or a scale on the chosen
+     * weights; we run softmax and no scale, and refuse the rest by name */
+    int32_t gating = 1;
+    U("expert_gating_func", 1, false, &gating);
 #undef U
     if (rc != QL_OK)
         return rc;
+    if (gating != 1)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: %s.expert_gating_func is %d; qlserve routes with softmax (1) only",
+                       f->path, arch, gating);
+    snprintf(key, sizeof key, "%s.expert_weights_scale", arch);
+    const gguf_kv *ws = gguf_find_kv(f, key);
+    if (ws && !((ws->type == GGUF_FLOAT32 || ws->type == GGUF_FLOAT64) && ws->f == 1.0))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: %s scales the chosen experts' weights; qlserve runs them unscaled",
+                       f->path, key);
     c->norm_topk_prob = c->arch != ENG_ARCH_QWEN2_MOE;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    const gguf_kv *wn = gguf_find_kv(f, key);
+    if (wn && wn->type == GGUF_BOOL)
+        c->norm_topk_prob = wn->u != 0;
     rc = model_moe_check(f->path, c, msg, msg_len);
     for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
         char name[64];
