@@ -370,7 +370,11 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
-        if (!gguf_find_tensor(f, name))
+        if (!gguf_find_tensor(f, name) && c->arch == ENG_ARCH_GPT_OSS)
+            rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                         "%s: tensor '%s' is missing; every GPT-OSS layer is a mixture", f->path,
+                         name);
+        else if (!gguf_find_tensor(f, name))
             model_moe_set_dense(c, l);
     }
     return rc;
