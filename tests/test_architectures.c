@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "fixtures/gemma_reference.h"
+#include "fixtures/gptoss_mxfp4_reference.h"
 #include "fixtures/moe_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
@@ -304,6 +305,14 @@ static void check_mixtral_int8(eng_model *m)
     check_experts_kind(m, QT_AFFINE);
 }
 
+/* The MXFP4_MOE file: every expert MXFP4 (GGUF type 39, read in place),
+ * the router dense. */
+static void check_gpt_oss_mxfp4(eng_model *m)
+{
+    check_gpt_oss(m);
+    check_experts_kind(m, QT_MXFP4);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -430,6 +439,34 @@ static const arch_row ARCH_ROWS[] = {
      MOE_REF(GPTOSS),
      .check = check_gpt_oss,
      GPT_OSS_FEATURES},
+    /* llama-quantize's MXFP4_MOE file of it (experts MXFP4, attention,
+     * embeddings and lm_head q8_0), against transformers' float64 forward
+     * over the weights gguf-py dequantizes from it */
+    /* the Hub's form: experts as MXFP4 _blocks / _scales (llama-quantize's
+     * codes rewritten into it by make_gptoss_mxfp4_folder.py), against
+     * transformers' float64 forward over its own dequantization of them */
+    {.label = "gpt-oss folder mxfp4",
+     .fixture = "gptoss_mxfp4_tiny",
+     .source = "transformers float64 (make_gptoss_mxfp4_folder.py)",
+     .tokens = GPTOSS_TOKENS,
+     .n_tokens = GPTOSS_N_TOKENS,
+     .vocab = GPTOSS_VOCAB,
+     .logits = &GPTOSS_HF_MXFP4_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gpt_oss_mxfp4},
+    {.label = "gpt-oss gguf mxfp4",
+     .fixture = "gptoss_tiny_mxfp4.gguf",
+     .source = "transformers float64 over gguf-py's dequantized weights (make_moe_reference.py)",
+     .tokens = GPTOSS_TOKENS,
+     .n_tokens = GPTOSS_N_TOKENS,
+     .vocab = GPTOSS_VOCAB,
+     .logits = &GPTOSS_MXFP4_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gpt_oss_mxfp4},
     {.label = "qwen3moe folder",
      .fixture = "qwen3moe_tiny",
      MOE_REF(QWEN3MOE),

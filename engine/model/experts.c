@@ -22,8 +22,13 @@
  *     ff] (interleaved the same way) and down_proj_bias, and the router's
  *     mlp.router.weight and .bias. Its GGUF is the converter's
  *     de-interleaved ffn_*_exps above, with ffn_*_exps.bias and
- *     ffn_gate_inp.bias. (Its Hub checkpoints hold the experts as MXFP4
- *     *_blocks / *_scales, which are not read yet: refused by name.)
+ *     ffn_gate_inp.bias. Its Hub checkpoints (quantization_config mxfp4)
+ *     hold the experts as MXFP4 gate_up_proj_blocks [experts, 2 * ff,
+ *     hidden / 32, 16] and _scales [experts, 2 * ff, hidden / 32] (NOT
+ *     transposed: rows are outputs, gate and up interleaved by rows),
+ *     down_proj_blocks / _scales [experts, hidden, ff / 32, ...]: each
+ *     expert's rows become a QT_MXFP4 tensor (qt_from_mxfp4_hf), gate and
+ *     up gathered from the even and odd rows.
  *
  * A 3-D tensor is read whole (borrowed from the mapping) and each expert's
  * slab becomes a tensor of its own (model_split_rows: a view where the
@@ -264,8 +269,8 @@ static int load_transposed_experts(model_loader *L, model_tensor_loader load, in
     int rc = load(L, name, c->n_experts * H, 2 * F, ROLE_FUSED, &all, msg, msg_len);
     if (rc == QL_ENOTFOUND)
         return ql_fail(msg, msg_len, rc,
-                       "%s: tensor '%s' is missing (GPT-OSS's MXFP4 experts, *_blocks and "
-                       "*_scales, are not read yet)",
+                       "%s: tensor '%s' is missing (MXFP4 *_blocks and *_scales are read when "
+                       "config.json's quantization_config says mxfp4)",
                        L->dir, name);
     for (int32_t e = 0; e < c->n_experts && rc == QL_OK; e++)
         for (int k = 0; k < 2 && rc == QL_OK; k++)
@@ -279,6 +284,91 @@ static int load_transposed_experts(model_loader *L, model_tensor_loader load, in
         rc = model_split_transposed(L, name, &all, e, F, 0, 1, H, expert_part(L->m, l, e, 2), msg,
                                     msg_len);
     qt_free(&all);
+    return rc;
+}
+
+/* A uint8 tensor of the folder's shards, [shape[0], ..., shape[ndim - 1]],
+ * borrowed from the mapping. */
+static int hf_bytes(const model_loader *L, const char *name, int ndim, const int64_t *shape,
+                    const uint8_t **out, char *msg, size_t msg_len)
+{
+    const st_tensor *t = NULL;
+    for (size_t i = 0; i < L->m->n_shards && !t; i++)
+        t = st_find(&L->m->shards[i], name);
+    if (!t)
+        return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
+    bool same = t->dtype == ST_U8 && t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = t->shape[d] == shape[d];
+    if (!same)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: tensor '%s' is %s of %d dims; GPT-OSS's MXFP4 experts are uint8 [%lld, "
+                       "%lld, %lld%s]",
+                       L->dir, name, st_dtype_name(t->dtype), t->ndim, (long long)shape[0],
+                       (long long)shape[1], (long long)shape[2], ndim == 4 ? ", 16" : "");
+    *out = t->data;
+    return QL_OK;
+}
+
+/* Expert e's rows first, first + step, ... (n of them) of an MXFP4 pair
+ * [experts, rows, cols / 32, 16] / [experts, rows, cols / 32] as a QT_MXFP4
+ * tensor [n, cols], finished as a linear. */
+static int mxfp4_rows(const model_loader *L, const char *name, const uint8_t *blocks,
+                      const uint8_t *scales, int64_t e, int64_t rows, int64_t cols, int64_t first,
+                      int64_t step, int64_t n, qtensor *out, char *msg, size_t msg_len)
+{
+    size_t rb = (size_t)cols / 2, rs = (size_t)cols / 32;
+    uint8_t *b = malloc((size_t)n * rb), *s = malloc((size_t)n * rs);
+    int rc = b && s ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", name);
+    for (int64_t i = 0; i < n && rc == QL_OK; i++) {
+        size_t r = (size_t)(e * rows + first + step * i);
+        memcpy(b + (size_t)i * rb, blocks + r * rb, rb);
+        memcpy(s + (size_t)i * rs, scales + r * rs, rs);
+    }
+    if (rc == QL_OK)
+        rc = qt_from_mxfp4_hf(out, b, s, n, cols, msg, msg_len);
+    free(b);
+    free(s);
+    return rc == QL_OK ? model_finish_weight(L, name, ROLE_LINEAR, out, msg, msg_len) : rc;
+}
+
+/* GPT-OSS's Hub form: every expert's gate (even rows of gate_up_proj), up
+ * (odd rows) and down from the MXFP4 _blocks / _scales pairs. */
+static int load_mxfp4_experts(model_loader *L, int32_t l, char *msg, size_t msg_len)
+{
+    const eng_config *c = &L->m->cfg;
+    int64_t E = c->n_experts, H = c->hidden_size, F = c->expert_ff;
+    if (H % 32 || F % 32)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: hidden %lld and expert width %lld must be multiples of MXFP4's block "
+                       "of 32",
+                       L->dir, (long long)H, (long long)F);
+    int rc = QL_OK;
+    for (int k = 0; k < 2 && rc == QL_OK; k++) {
+        int64_t rows = k == 0 ? 2 * F : H, cols = k == 0 ? H : F;
+        const int64_t shape[4] = {E, rows, cols / 32, 16};
+        char name[256], bname[300], sname[300];
+        full_name(name, sizeof name, false, l,
+                  k == 0 ? "mlp.experts.gate_up_proj" : "mlp.experts.down_proj");
+        snprintf(bname, sizeof bname, "%s_blocks", name);
+        snprintf(sname, sizeof sname, "%s_scales", name);
+        const uint8_t *blocks = NULL, *scales = NULL;
+        rc = hf_bytes(L, bname, 4, shape, &blocks, msg, msg_len);
+        if (rc == QL_OK)
+            rc = hf_bytes(L, sname, 3, shape, &scales, msg, msg_len);
+        for (int64_t e = 0; e < E && rc == QL_OK; e++) {
+            if (k == 0) {
+                rc = mxfp4_rows(L, bname, blocks, scales, e, rows, cols, 0, 2, F,
+                                expert_part(L->m, l, (int32_t)e, 0), msg, msg_len);
+                if (rc == QL_OK)
+                    rc = mxfp4_rows(L, bname, blocks, scales, e, rows, cols, 1, 2, F,
+                                    expert_part(L->m, l, (int32_t)e, 1), msg, msg_len);
+            } else {
+                rc = mxfp4_rows(L, bname, blocks, scales, e, rows, cols, 0, 1, H,
+                                expert_part(L->m, l, (int32_t)e, 2), msg, msg_len);
+            }
+        }
+    }
     return rc;
 }
 
@@ -405,7 +495,8 @@ int model_experts_load(model_loader *L, model_tensor_loader load, bool gguf, int
     if (rc != QL_OK)
         return rc;
     if (names == &gpt_oss_names)
-        return load_transposed_experts(L, load, l, msg, msg_len);
+        return L->mxfp4_experts ? load_mxfp4_experts(L, l, msg, msg_len)
+                                : load_transposed_experts(L, load, l, msg, msg_len);
     if (gguf) {
         rc = load_fused_experts(L, load, true, l, msg, msg_len);
         return rc == QL_OK && c->shared_expert_ff > 0

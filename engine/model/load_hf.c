@@ -529,12 +529,20 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    const char *qm = qc ? mf_json_str(qc, "quant_method") : NULL;
+    if (qm && strcmp(qm, "mxfp4") == 0 && c->arch == ENG_ARCH_GPT_OSS) {
+        /* GPT-OSS's Hub checkpoints: experts as MXFP4 _blocks / _scales
+         * (experts.c), everything else dense */
+        L->mxfp4_experts = true;
+        qc = NULL;
+    }
     if (qc) {
         const char *method = mf_json_str(qc, "quant_method");
         if (!method || strcmp(method, "bitsandbytes") != 0 ||
             !mf_json_bool(qc, "load_in_4bit", false))
             return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit is)",
+                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, and "
+                           "GPT-OSS's mxfp4, are)",
                            path, method ? method : "(no quant_method)");
         const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
         if (!type)

@@ -36,6 +36,7 @@ typedef struct model_loader {
     bool quantize;       /* a quant kind was asked for */
     qt_quant_params qp;  /* ... and its parameters */
     bool bnb_checkpoint; /* config.json says bitsandbytes 4-bit */
+    bool mxfp4_experts;  /* config.json says mxfp4: GPT-OSS's experts as _blocks / _scales */
     char bnb_type[8];    /* "nf4" / "fp4" from quantization_config */
     qt_kind dtype;       /* target dense kind, or QT_KIND_COUNT to keep */
 } model_loader;
