@@ -715,3 +715,31 @@ Test(architectures, gpt_oss_yarn_truncated_equals_transformers_truncated, .timeo
     cr_assert_gt(worst_error(&m, &row), 1e-3, "the truncation changed nothing");
     eng_model_free(&m);
 }
+
+/* GPT-OSS's experts in a form the config does not announce are refused by
+ * name, never run wrong: the MXFP4 folder without its quantization_config
+ * (the loader looks for the dense gate_up_proj and says where the MXFP4
+ * pairs would have been read). */
+Test(architectures, gpt_oss_experts_in_an_unannounced_form_are_refused_by_name, .timeout = 60)
+{
+    char dir[512] = "", cfg_path[1024], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("gptoss_mxfp4_tiny", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(cfg_path, &len);
+    cr_assert(text);
+    char *qc = strstr(text, "\"quantization_config\"");
+    cr_assert(qc);
+    memcpy(qc, "\"quantization_confiX\"", strlen("\"quantization_confiX\""));
+    test_write_text(cfg_path, text);
+    free(text);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "model.layers.0.mlp.experts.gate_up_proj' is missing") &&
+                  strstr(msg, "quantization_config"),
+              "%s", msg);
+    test_rmtree(dir);
+}

@@ -414,7 +414,9 @@ static int parse_gemma_config(const char *path, const cJSON *j, eng_config *c, c
 /* GPT-OSS beyond a Llama: biases on q, k, v and o (attention_bias), the
  * attention sinks, the clamped SwiGLU (swiglu_alpha, swiglu_limit; the
  * config class's 1.702 and 7.0 when absent), the sliding layers
- * (layer_types), and the mixture (model_moe_config_hf). */
+ * (layer_types; without it every other layer from layer 0, over a window
+ * of 128 when sliding_window is absent, as GptOssConfig makes them), and
+ * the mixture (model_moe_config_hf). */
 static int parse_gpt_oss_config(const char *path, const cJSON *j, eng_config *c, char *msg,
                                 size_t msg_len)
 {
@@ -422,6 +424,8 @@ static int parse_gpt_oss_config(const char *path, const cJSON *j, eng_config *c,
     c->o_bias = c->attention_bias;
     c->attn_sinks = true;
     c->ffn_act = ENG_FFN_SWIGLU_OAI;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "sliding_window"))
+        c->sliding_window = 128; /* GptOssConfig's default */
     int rc = positive_float(path, j, "swiglu_alpha", 1.702, &c->swiglu_alpha, msg, msg_len);
     if (rc == QL_OK)
         rc = positive_float(path, j, "swiglu_limit", 7.0, &c->swiglu_limit, msg, msg_len);
