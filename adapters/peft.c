@@ -46,9 +46,17 @@
  * is refused naming the field and the construct. All of one config's
  * patterns share one budget (LORA_PATTERN_CONFIG_COPIES).
  *
+ * A mixture of experts' modules are its experts' own: target_modules
+ * naming each expert's weights (mlp.experts.N.gate_proj, Mixtral's
+ * block_sparse_moe.experts.N.w1), Qwen2-MoE's mlp.shared_expert.*, and
+ * target_parameters on the fused expert parameters (mlp.experts.
+ * gate_up_proj, mlp.experts.down_proj: PEFT's ParamWrapper, split per
+ * expert by fused_experts.c).
+ *
  * Refused by the field's name: peft_type other than LORA, bias other than
  * "none", use_dora, lora_bias, modules_to_save, layer_replication,
- * target_parameters, trainable_token_indices, use_qalora, and the LoRA
+ * target_parameters other than fused experts, trainable_token_indices,
+ * use_qalora, and the LoRA
  * variants whose forward pass is not B @ A (alora_invocation_tokens,
  * arrow_config, use_bdlora, velora_config, monteclora_config, kasa_config).
  * Other fields PEFT writes (dropout, task_type, init options, ...) do not

@@ -381,7 +381,7 @@ static inline eng_weights *lora_fix_merged_version(const eng_model *m, const eng
     cr_assert_eq(eng_weights_new(&v, m, 1, msg, sizeof msg), 0, "%s", msg);
     lora_merge_opts o = {.safe_merge = true, .into = into};
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
+        for (int p = 0; p < eng_n_proj(&m->cfg); p++) {
             lora_part parts[4];
             size_t np = 0;
             for (size_t t = 0; t < n; t++) {

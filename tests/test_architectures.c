@@ -27,7 +27,6 @@
 #include <string.h>
 
 #include "fixtures/gemma_reference.h"
-#include "fixtures/gptoss_mxfp4_reference.h"
 #include "fixtures/moe_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
@@ -313,6 +312,29 @@ static void check_gpt_oss_mxfp4(eng_model *m)
     check_experts_kind(m, QT_MXFP4);
 }
 
+/* make_moe_kquant.py's wider Qwen3-MoE (4 experts of 256): llama-quantize's
+ * Q4_K_M recipe (q4_K and q6_K experts), and MXFP4_MOE (MXFP4 experts) */
+static void check_kq(const eng_model *m, qt_kind down_kind)
+{
+    cr_assert_eq(m->cfg.arch, ENG_ARCH_QWEN3_MOE);
+    cr_assert_eq(m->cfg.n_experts, 4);
+    cr_assert_eq(m->cfg.expert_ff, 256);
+    cr_assert_eq(eng_model_proj(m, 0, eng_expert_proj(3, ENG_PROJ_GATE))->kind,
+                 down_kind == QT_MXFP4 ? QT_MXFP4 : QT_Q4_K);
+    cr_assert_eq(eng_model_proj(m, 1, eng_expert_proj(2, ENG_PROJ_DOWN))->kind, down_kind);
+}
+
+static void check_kq_q4_k_m(eng_model *m)
+{
+    /* the recipe gives the last layer's down more bits */
+    check_kq(m, QT_Q6_K);
+}
+
+static void check_kq_mxfp4(eng_model *m)
+{
+    check_kq(m, QT_MXFP4);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -443,11 +465,23 @@ static const arch_row ARCH_ROWS[] = {
      * embeddings and lm_head q8_0), against transformers' float64 forward
      * over the weights gguf-py dequantizes from it */
     /* the Hub's form: experts as MXFP4 _blocks / _scales (llama-quantize's
-     * codes rewritten into it by make_gptoss_mxfp4_folder.py), against
-     * transformers' float64 forward over its own dequantization of them */
+     * codes regrouped by make_moe_reference.py), against transformers' float64
+     * forward of it (Mxfp4Config(dequantize=True)); and the converter's GGUF
+     * of that folder (MXFP4 experts, everything else f32) */
     {.label = "gpt-oss folder mxfp4",
      .fixture = "gptoss_mxfp4_tiny",
-     .source = "transformers float64 (make_gptoss_mxfp4_folder.py)",
+     .source = "transformers float64 (make_moe_reference.py)",
+     .tokens = GPTOSS_TOKENS,
+     .n_tokens = GPTOSS_N_TOKENS,
+     .vocab = GPTOSS_VOCAB,
+     .logits = &GPTOSS_HF_MXFP4_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gpt_oss_mxfp4},
+    {.label = "gpt-oss mxfp4 folder's gguf",
+     .fixture = "gptoss_mxfp4_tiny.gguf",
+     .source = "transformers float64 (make_moe_reference.py)",
      .tokens = GPTOSS_TOKENS,
      .n_tokens = GPTOSS_N_TOKENS,
      .vocab = GPTOSS_VOCAB,
@@ -493,6 +527,20 @@ static const arch_row ARCH_ROWS[] = {
      .n_tokens = QWEN3MOE_N_TOKENS,
      .vocab = QWEN3MOE_VOCAB,
      .check = check_qwen3moe},
+    {.label = "qwen3moe 256-wide gguf Q4_K_M",
+     .fixture = "qwen3moe_kq_q4_k_m.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .check = check_kq_q4_k_m},
+    {.label = "qwen3moe 256-wide gguf MXFP4_MOE",
+     .fixture = "qwen3moe_kq_mxfp4.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .check = check_kq_mxfp4},
     /* --quant on load quantizes the experts (and leaves the router dense) */
     {.label = "qwen3moe folder --quant nf4",
      .fixture = "qwen3moe_tiny",
@@ -514,6 +562,16 @@ static const arch_row ARCH_ROWS[] = {
      .fixture = "qwen3moe_dense_tiny",
      MOE_REF(QWEN3MOE_DENSE),
      .check = check_qwen3moe_dense},
+    /* the same weights in transformers 5's fused form (mlp.experts.gate_up_proj
+     * [experts, 2 ff, hidden], down_proj [experts, hidden, ff]) */
+    {.label = "qwen3moe fused folder",
+     .fixture = "qwen3moe_fused_tiny",
+     MOE_REF(QWEN3MOE),
+     .check = check_qwen3moe},
+    {.label = "mixtral fused folder",
+     .fixture = "mixtral_fused_tiny",
+     MOE_REF(MIXTRAL),
+     .check = check_mixtral},
     {.label = "qwen2moe folder",
      .fixture = "qwen2moe_tiny",
      MOE_REF(QWEN2MOE),

@@ -20,7 +20,10 @@
 #include <sys/stat.h>
 
 #include "fixtures/moe_reference.h"
+#include "lora.h"
+#include "lora_fixture.h"
 #include "model.h"
+#include "run_prompt.h"
 #include "runtime.h"
 #include "server_process.h"
 #include "test_util.h"
@@ -212,6 +215,159 @@ Test(moe, what_we_cannot_run_is_refused_by_name)
     refused_with("mixtral_tiny", more_experts, "block_sparse_moe.gate.weight' is [8, 64]");
 }
 
+/* --- adapters on experts ------------------------------------------------------------ */
+
+/* The worst |ours - PEFT's| over every position's logits of the prompt
+ * (test_max_abs_err: +inf for a NaN), on version w and with terms
+ * unmerged. */
+static double adapter_error(const eng_model *m, const eng_weights *w, const eng_lora_term *terms,
+                            int n_terms, const int *tokens, int n, const double *want)
+{
+    prompt_run r = {.tokens = tokens,
+                    .n_tokens = n,
+                    .prefill = 9,
+                    .block_tokens = 4,
+                    .weights = w,
+                    .delta = terms,
+                    .n_delta = n_terms};
+    float *all = run_prompt(m, &r);
+    double worst = test_max_abs_err(all, want, (size_t)n * (size_t)m->cfg.vocab_size);
+    free(all);
+    return worst;
+}
+
+/* The adapter folder tests/fixtures/peft/<name> loaded onto m. */
+static eng_lora *load_peft(const eng_model *m, const char *name, lora_meta *meta)
+{
+    char path[512], msg[1024];
+    snprintf(path, sizeof path, "%s/peft/%s", QL_FIXTURES, name);
+    eng_lora *l = NULL;
+    cr_assert_eq(lora_load(&l, meta, path, name, m, msg, sizeof msg), 0, "%s: %s", name, msg);
+    return l;
+}
+
+/* Unmerged and merged (f32, as PEFT merges): PEFT's float64 logits. */
+static void against_peft(const eng_model *m, eng_lora *l, const int *tokens, int n,
+                         const double *unmerged, const double *merged, const char *label)
+{
+    eng_lora_term term = {l, 1.0f};
+    double worst = adapter_error(m, NULL, &term, 1, tokens, n, unmerged);
+    cr_log_info("%s unmerged: worst logit error %g", label, worst);
+    cr_assert_lt(worst, 1e-5, "%s unmerged: worst logit error %g", label, worst);
+    eng_weights *w = lora_fix_merged_version(m, &term, 1, QT_KIND_COUNT);
+    worst = adapter_error(m, w, NULL, 0, tokens, n, merged);
+    cr_log_info("%s merged: worst logit error %g", label, worst);
+    cr_assert_lt(worst, 1e-5, "%s merged: worst logit error %g", label, worst);
+    cr_assert_neq(eng_weights_digest(m, w), eng_weights_digest(m, NULL));
+    eng_weights_unref(w);
+}
+
+/* PEFT's target_parameters on Qwen3-MoE's fused experts (gate_up_proj,
+ * down_proj: ParamWrapper's rank-r block per expert) beside q_proj and
+ * v_proj, from the folder and the GGUF. */
+Test(moe, a_peft_adapter_on_fused_experts_equals_peft_float64)
+{
+    char dir[512];
+    eng_model m;
+    load_fixture("qwen3moe_tiny", &m, dir, sizeof dir);
+    lora_meta meta;
+    eng_lora *l = load_peft(&m, "qwen3moe_experts", &meta);
+    cr_assert_str_eq(meta.targets, "q_proj,v_proj,experts.gate_up_proj,experts.down_proj");
+    const eng_lora_module *g = eng_lora_module_at(l, 2, eng_expert_proj(5, ENG_PROJ_GATE));
+    const eng_lora_module *d = eng_lora_module_at(l, 2, eng_expert_proj(5, ENG_PROJ_DOWN));
+    cr_assert(g && d, "expert 5 of layer 2 has its gate and down modules");
+    cr_assert(g->a.rows == 4 && g->a.cols == 64 && g->b.rows == 32 && g->b.cols == 4);
+    cr_assert(d->a.rows == 4 && d->a.cols == 32 && d->b.rows == 64);
+    cr_assert_null(eng_lora_module_at(l, 2, ENG_PROJ_K));
+    against_peft(&m, l, QWEN3MOE_TOKENS, QWEN3MOE_N_TOKENS, &QWEN3MOE_LORA_LOGITS[0][0],
+                 &QWEN3MOE_MERGED_LOGITS[0][0], "qwen3moe folder + fused experts");
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    char msg[1024];
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = QL_FIXTURES "/qwen3moe_tiny.gguf"},
+                                msg, sizeof msg),
+                 0, "%s", msg);
+    l = load_peft(&m, "qwen3moe_experts", NULL);
+    against_peft(&m, l, QWEN3MOE_TOKENS, QWEN3MOE_N_TOKENS, &QWEN3MOE_LORA_LOGITS[0][0],
+                 &QWEN3MOE_MERGED_LOGITS[0][0], "qwen3moe gguf + fused experts");
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* target_modules naming each expert's own weights (Mixtral's w1, w2, w3),
+ * from the folder and the GGUF. */
+Test(moe, a_peft_adapter_on_each_expert_equals_peft_float64)
+{
+    char dir[512];
+    eng_model m;
+    load_fixture("mixtral_tiny", &m, dir, sizeof dir);
+    eng_lora *l = load_peft(&m, "mixtral_experts", NULL);
+    cr_assert(eng_lora_module_at(l, 1, eng_expert_proj(7, ENG_PROJ_UP)));
+    against_peft(&m, l, MIXTRAL_TOKENS, MIXTRAL_N_TOKENS, &MIXTRAL_LORA_LOGITS[0][0],
+                 &MIXTRAL_MERGED_LOGITS[0][0], "mixtral folder + per-expert adapter");
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    char msg[1024];
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = QL_FIXTURES "/mixtral_tiny.gguf"}, msg,
+                                sizeof msg),
+                 0, "%s", msg);
+    l = load_peft(&m, "mixtral_experts", NULL);
+    against_peft(&m, l, MIXTRAL_TOKENS, MIXTRAL_N_TOKENS, &MIXTRAL_LORA_LOGITS[0][0],
+                 &MIXTRAL_MERGED_LOGITS[0][0], "mixtral gguf + per-expert adapter");
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* Two sequences in one step, one with the adapter and one without: each
+ * gets its own bits (an expert's delta only for the rows that applied it). */
+Test(moe, adapters_on_experts_apply_per_sequence_in_a_shared_step)
+{
+    char dir[512];
+    eng_model m;
+    load_fixture("qwen3moe_tiny", &m, dir, sizeof dir);
+    eng_lora *l = load_peft(&m, "qwen3moe_experts", NULL);
+    step_env env;
+    env_new(&env, &m);
+    size_t V = (size_t)m.cfg.vocab_size;
+    float *together = malloc(2 * V * sizeof(float)), *alone = malloc(V * sizeof(float));
+    cr_assert(together && alone);
+    eng_lora_term term = {l, 1.0f};
+    eng_seq_kv skv[2] = {0};
+    eng_step_seq seqs[2];
+    for (int s = 0; s < 2; s++) {
+        cr_assert_eq(eng_kv_reserve(env.kv, &skv[s], 12), 0);
+        seqs[s] = (eng_step_seq){.kv = &skv[s], .tokens = QWEN3MOE_TOKENS, .n_tokens = 12};
+    }
+    seqs[1].delta = &term;
+    seqs[1].n_delta = 1;
+    char msg[512];
+    cr_assert_eq(eng_forward(env.st, &m, env.kv, env.pool, seqs, 2, together, msg, sizeof msg), 0,
+                 "%s", msg);
+    for (int s = 0; s < 2; s++) {
+        eng_kv_release(env.kv, &skv[s]);
+        eng_seq_kv one = {0};
+        cr_assert_eq(eng_kv_reserve(env.kv, &one, 12), 0);
+        eng_step_seq q = seqs[s];
+        q.kv = &one;
+        cr_assert_eq(eng_forward(env.st, &m, env.kv, env.pool, &q, 1, alone, msg, sizeof msg), 0,
+                     "%s", msg);
+        cr_assert_eq(memcmp(alone, together + (size_t)s * V, V * sizeof(float)), 0,
+                     "sequence %d (%s the adapter) differs in the shared step", s,
+                     s ? "with" : "without");
+        eng_kv_release(env.kv, &one);
+    }
+    cr_assert_neq(memcmp(together, together + V, V * sizeof(float)), 0,
+                  "the adapter changed nothing");
+    free(together);
+    free(alone);
+    env_free(&env);
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
 /* --- the binary ------------------------------------------------------------------- */
 
 /* POST body to path: 200, with a body holding needle. */
@@ -224,16 +380,67 @@ static void answers(const char *path, const char *body, const char *needle)
     free(text);
 }
 
+/* GET /admin/state's weights_digest into out[20]. */
+static void digest_of(char *out)
+{
+    hc_response r = sp_request("GET", "/admin/state", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = sp_json(r.body);
+    snprintf(out, 20, "%s", sp_str_at(j, "weights_digest"));
+    cJSON_Delete(j);
+    hc_response_free(&r);
+}
+
+/* The fused-experts adapter through the admin API: loaded, asked for,
+ * merged into the experts (the report lists them), unmerged to the
+ * pristine digest, bit for bit. */
+static void adapter_round_trip(void)
+{
+    char pristine[20], merged[20], back[20];
+    digest_of(pristine);
+    hc_response r = sp_request("POST", "/admin/adapters", NULL,
+                               "{\"name\": \"experts\", \"path\": \"qwen3moe_experts\"}");
+    cr_assert_eq(r.status, 201, "%s", r.body);
+    hc_response_free(&r);
+    answers("/v1/completions",
+            "{\"model\": \"experts\", \"prompt\": \"Hi\", \"max_tokens\": 2, \"temperature\": 0}",
+            "\"completion_tokens\":2");
+    r = sp_request("POST", "/admin/adapters/experts/merge", NULL, "{}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "model.layers.2.mlp.experts.7.down_proj"), "%s", r.body);
+    hc_response_free(&r);
+    digest_of(merged);
+    cr_assert_str_neq(merged, pristine);
+    r = sp_request("POST", "/admin/adapters/experts/unmerge", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    digest_of(back);
+    cr_assert_str_eq(back, pristine, "unmerging the experts gave other bits");
+}
+
 /* The binary on model (a folder or a GGUF) answers each route, and counts
- * the experts it ran. */
-static void serve_and_ask(const char *model, const char *dir)
+ * the experts it ran; with adapters (a folder holding PEFT's fused-experts
+ * adapter) it loads, merges and unmerges one. */
+static void serve_and_ask(const char *model, const char *dir, const char *adapters)
 {
     char log[600], tmpl[600];
     snprintf(log, sizeof log, "%s/server.log", dir);
     snprintf(tmpl, sizeof tmpl, "%s/chat.jinja", dir);
     test_write_text(tmpl, "{% for m in messages %}{{ m['content'] }}{% endfor %}");
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  model, "--port",          "0",
-                          "--threads", "2",     "--kv-mib", "8",   "--chat-template", tmpl,
+    const char *argv[] = {QL_BINARY,
+                          "serve",
+                          "--model",
+                          model,
+                          "--port",
+                          "0",
+                          "--threads",
+                          "2",
+                          "--kv-mib",
+                          "8",
+                          "--chat-template",
+                          tmpl,
+                          adapters ? "--adapter-dir" : NULL,
+                          adapters,
                           NULL};
     sp_spawn(argv, log);
     sp_wait_ready();
@@ -251,6 +458,8 @@ static void serve_and_ask(const char *model, const char *dir)
     cr_assert(line, "no experts counter in /metrics");
     cr_assert_gt(strtoull(line + strlen("\nqlserve_moe_experts_run_total "), NULL, 10), 0);
     hc_response_free(&r);
+    if (adapters)
+        adapter_round_trip();
     sp_stop_cleanly();
 }
 
@@ -261,7 +470,7 @@ Test(moe, the_binary_serves_a_mixture_from_its_folder_and_its_gguf, .timeout = 2
     snprintf(model, sizeof model, "%s/qwen3moe", dir);
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("qwen3moe_tiny", model);
-    serve_and_ask(model, dir);
-    serve_and_ask(QL_FIXTURES "/mixtral_tiny.gguf", dir);
+    serve_and_ask(model, dir, QL_FIXTURES "/peft");
+    serve_and_ask(QL_FIXTURES "/mixtral_tiny.gguf", dir, NULL);
     test_rmtree(dir);
 }

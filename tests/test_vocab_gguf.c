@@ -17,6 +17,8 @@
  * "\n__ggml_vocab_test__\n", the outputs are one line of space-separated
  * ids per input, and each input is tokenized with add_special = false and
  * parse_special = false (no BOS; special-token strings are text).
+ *
+ * And GPT-OSS's o200k_harmony in both forms (see the tests below).
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -29,7 +31,8 @@
 #include "test_util.h"
 #include "tokenizer.h"
 
-#define VOCAB_DIR QL_FIXTURES "/tokenizers/llama.cpp"
+#define VOCAB_DIR   QL_FIXTURES "/tokenizers/llama.cpp"
+#define GPT_OSS_DIR QL_FIXTURES "/tokenizers/gpt-oss"
 
 static char *read_all(const char *path, size_t *len)
 {
@@ -57,20 +60,17 @@ static size_t parse_ids(const char *line, size_t len, int32_t *ids, size_t cap)
     return n;
 }
 
-static void check_vocab(const char *name)
+/* Tokenize each text of inp_path (add_special = false, parse_special as
+ * given) and compare with the line of out_path beside it; every difference
+ * is logged, then the test fails naming how many. round_trip: the ids also
+ * decode to the text (a byte-level vocabulary loses nothing). */
+static void check_cases(const tok_tokenizer *t, const char *name, const char *inp_path,
+                        const char *out_path, bool parse_special, bool round_trip)
 {
-    char path[1024], msg[512];
-    const char *dir = getenv("QL_VOCAB_DIR") ? getenv("QL_VOCAB_DIR") : VOCAB_DIR;
-    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, name);
-    tok_tokenizer *t = NULL;
-    int rc = eng_tokenizer_load(&t, path, msg, sizeof msg);
-    cr_assert_eq(rc, 0, "%s: %s", path, msg);
-
     size_t inp_len, out_len;
-    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf.inp", dir, name);
-    char *inp = read_all(path, &inp_len);
-    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf.out", dir, name);
-    char *out = read_all(path, &out_len);
+    char *inp = read_all(inp_path, &inp_len);
+    char *out = read_all(out_path, &out_len);
+    char msg[512];
 
     static const char sep[] = "\n__ggml_vocab_test__\n";
     const char *in_at = inp, *in_end = inp + inp_len, *out_at = out, *out_end = out + out_len;
@@ -86,7 +86,7 @@ static void check_vocab(const char *name)
 
         int32_t *ids = NULL;
         size_t n = 0;
-        rc = tok_encode(t, in_at, text_len, false, false, &ids, &n, msg, sizeof msg);
+        int rc = tok_encode(t, in_at, text_len, false, parse_special, &ids, &n, msg, sizeof msg);
         cr_assert_eq(rc, 0, "%s case %zu: %s", name, cases, msg);
         if (n != n_want || memcmp(ids, want, n * sizeof *ids) != 0) {
             failed++;
@@ -95,18 +95,41 @@ static void check_vocab(const char *name)
             for (size_t i = 0; i < n && at < sizeof got - 16; i++)
                 at += (size_t)snprintf(got + at, sizeof got - at, " %d", ids[i]);
             got[at] = 0;
-            cr_log_error("%s case %zu '%.*s': got%s, llama.cpp gives %.*s", name, cases,
-                         (int)text_len, in_at, got, (int)line_len, out_at);
+            cr_log_error("%s case %zu '%.*s' (parse_special %d): got%s, want %.*s", name, cases,
+                         (int)text_len, in_at, parse_special, got, (int)line_len, out_at);
         }
+        char *back = NULL;
+        size_t back_len = 0;
+        if (round_trip) {
+            rc = tok_decode(t, ids, n, false, &back, &back_len, msg, sizeof msg);
+            cr_assert_eq(rc, 0, "%s case %zu: %s", name, cases, msg);
+            cr_expect(back_len == text_len && memcmp(back, in_at, text_len) == 0,
+                      "%s case %zu '%.*s' decodes to '%s'", name, cases, (int)text_len, in_at,
+                      back);
+        }
+        free(back);
         free(ids);
         cases++;
         in_at = next ? next + strlen(sep) : in_end;
         out_at = nl ? nl + 1 : out_end;
     }
     cr_assert_gt(cases, 30, "%s: %zu cases read", name, cases);
-    cr_assert_eq(failed, 0, "%s: %zu of %zu cases differ from llama.cpp", name, failed, cases);
+    cr_assert_eq(failed, 0, "%s: %zu of %zu cases differ from %s", name, failed, cases, out_path);
     free(inp);
     free(out);
+}
+
+static void check_vocab(const char *name)
+{
+    char path[1024], inp[1100], out[1100], msg[512];
+    const char *dir = getenv("QL_VOCAB_DIR") ? getenv("QL_VOCAB_DIR") : VOCAB_DIR;
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, name);
+    tok_tokenizer *t = NULL;
+    int rc = eng_tokenizer_load(&t, path, msg, sizeof msg);
+    cr_assert_eq(rc, 0, "%s: %s", path, msg);
+    snprintf(inp, sizeof inp, "%s.inp", path);
+    snprintf(out, sizeof out, "%s.out", path);
+    check_cases(t, name, inp, out, false, false);
     tok_free(t);
 }
 
@@ -132,6 +155,57 @@ ParameterizedTestParameters(vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
 ParameterizedTest(vocab_name *v, vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
 {
     check_vocab(v->name);
+}
+
+/*
+ * GPT-OSS's o200k_harmony tokenizer (tests/fixtures/tokenizers/gpt-oss/, made by
+ * make_harmony_tokenizer.py from the real o200k vocabulary, cut to its texts): the
+ * tokenizer.json gives Hugging Face tokenizers' ids (real o200k_harmony ids: the
+ * cut keeps them), the GGUF llama.cpp's converter writes gives llama.cpp's ids. The
+ * two read o200k's regex differently (llama.cpp's rewrite takes any non-ASCII
+ * letter as both cases and no mark as a letter), and each side is pinned to its
+ * reference, with special tokens parsed and as text.
+ */
+static tok_tokenizer *load_gpt_oss(const char *path, const char *described_as)
+{
+    char msg[512];
+    tok_tokenizer *t = NULL;
+    cr_assert_eq(eng_tokenizer_load(&t, path, msg, sizeof msg), 0, "%s", msg);
+    cr_expect(strstr(tok_describe(t), described_as), "%s: described as \"%s\"", path,
+              tok_describe(t));
+    cr_expect_eq(tok_bos(t), tok_token_id(t, "<|startoftext|>", 15), "%s: bos", path);
+    cr_expect_eq(tok_eos(t), tok_token_id(t, "<|return|>", 10), "%s: eos", path);
+    cr_expect_not(tok_adds_bos(t), "%s adds a BOS", path);
+    cr_expect_str_eq(tok_gguf_pre(t), "gpt-4o");
+    return t;
+}
+
+Test(vocab_gguf, gpt_oss_tokenizer_json_gives_tokenizers_ids)
+{
+    tok_tokenizer *t = load_gpt_oss(GPT_OSS_DIR, "o200k");
+    /* o200k_harmony's own ids: the cut kept them */
+    cr_expect_eq(tok_bos(t), 199998);
+    cr_expect_eq(tok_eos(t), 200002);
+    const char *inp = GPT_OSS_DIR "/tokenizer.json.inp";
+    check_cases(t, "gpt-oss tokenizer.json", inp, GPT_OSS_DIR "/tokenizer.json.out", true, true);
+    check_cases(t, "gpt-oss tokenizer.json", inp, GPT_OSS_DIR "/tokenizer.json.plain.out", false,
+                true);
+    tok_free(t);
+}
+
+Test(vocab_gguf, gpt_oss_gguf_gives_llama_cpp_ids)
+{
+    tok_tokenizer *t = load_gpt_oss(GPT_OSS_DIR "/ggml-vocab-gpt-oss.gguf", "gpt-4o");
+    const char *inp = GPT_OSS_DIR "/tokenizer.json.inp", *out = GPT_OSS_DIR "/ggml-vocab-gpt-oss";
+    char path[1024];
+    snprintf(path, sizeof path, "%s.gguf.out", out);
+    check_cases(t, "gpt-oss GGUF", inp, path, false, true);
+    snprintf(path, sizeof path, "%s.gguf.special.out", out);
+    check_cases(t, "gpt-oss GGUF", inp, path, true, true);
+    /* llama.cpp's retyping: five harmony tokens are matched even as text */
+    cr_expect_not(tok_is_special(t, tok_token_id(t, "<|end|>", 7)), "<|end|> is user-defined");
+    cr_expect(tok_is_special(t, tok_token_id(t, "<|return|>", 10)), "<|return|> is control");
+    tok_free(t);
 }
 
 Test(vocab_gguf, a_vocabulary_only_file_is_no_model)

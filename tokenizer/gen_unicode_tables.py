@@ -19,6 +19,9 @@ What the tables hold, and why each is defined the way it is:
                                           categories Zs Zl Zp; the same set as the White_Space
                                           property that Rust's char::is_whitespace tests
                       UC_MARK    \\p{M}  = Mn Mc Me (Qwen3.5's pre-tokenizer)
+                      UC_UPPER   \\p{Lu} \\p{Lt} (o200k's [\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])
+                      UC_LOWER   \\p{Ll}       (o200k's [\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]); Lm and Lo
+                                          are letters with neither bit
                     A code point in no range has no class bit ("other").
   uc_casefold_ascii the code points whose full case folding is one ASCII letter, for Llama 3's
                     (?i:'s|'t|'re|'ve|'m|'ll|'d): Oniguruma matches U+017F (long s) as 's' there.
@@ -39,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "unicode_tables.c")
 MAX_CP = 0x110000
 
-UC_LETTER, UC_NUMBER, UC_PUNCT, UC_SPACE, UC_MARK = 1, 2, 4, 8, 16
+UC_LETTER, UC_NUMBER, UC_PUNCT, UC_SPACE, UC_MARK, UC_UPPER, UC_LOWER = 1, 2, 4, 8, 16, 32, 64
 
 
 def class_of(cp):
@@ -54,6 +57,10 @@ def class_of(cp):
         bits |= UC_PUNCT
     if cat[0] == "M":
         bits |= UC_MARK
+    if cat in ("Lu", "Lt"):
+        bits |= UC_UPPER
+    if cat == "Ll":
+        bits |= UC_LOWER
     if 0x09 <= cp <= 0x0D or cp == 0x85 or cat in ("Zs", "Zl", "Zp"):
         bits |= UC_SPACE
     return bits
@@ -116,7 +123,7 @@ def main():
     w("")
     w("_Static_assert(UC_LETTER == %d && UC_NUMBER == %d && UC_PUNCT == %d && UC_SPACE == %d &&"
       % (UC_LETTER, UC_NUMBER, UC_PUNCT, UC_SPACE))
-    w("               UC_MARK == %d," % UC_MARK)
+    w("               UC_MARK == %d && UC_UPPER == %d && UC_LOWER == %d," % (UC_MARK, UC_UPPER, UC_LOWER))
     w('               "the class bits gen_unicode_tables.py wrote the tables with");')
     w("")
     w('const char uc_unicode_version[] = "%s";' % unicodedata.unidata_version)

@@ -36,6 +36,8 @@ static const char *const step_names[] = {
     [STEP_TRAILING_SPACE] = "trailing-space",
     [STEP_QWEN35] = "qwen35",
     [STEP_LLAMA3_NUMBERS] = "llama3-numbers",
+    [STEP_O200K] = "o200k",
+    [STEP_GPT4O] = "gpt-4o",
 };
 
 /* The regexes of tokenizer.json Split pre-tokenizers we recognise, exactly
@@ -54,6 +56,12 @@ static const struct {
     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
      STEP_QWEN2},
+    {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+     "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+     "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     STEP_O200K},
     {"[\\p{P}\\$\\+<=>\\^~\\|]+", STEP_PUNCT},
     {"\\p{N}+", STEP_NUMBERS},
     {"[0-9][0-9][0-9]", STEP_THREE_DIGITS},
@@ -120,6 +128,11 @@ static const tok_pre known_pre[] = {
     {.name = "hunyuan", .steps = {STEP_QWEN2}, .n_steps = 1},
     {.name = "solar-open", .steps = {STEP_QWEN2}, .n_steps = 1},
     {.name = "qwen35", .steps = {STEP_QWEN35}, .n_steps = 1},
+    /* o200k's regex as llama.cpp rewrites it for std::regex (GPT-OSS, GPT-4o, Llama 4) */
+    {.name = "gpt-4o", .steps = {STEP_GPT4O}, .n_steps = 1},
+    {.name = "llama4", .steps = {STEP_GPT4O}, .n_steps = 1},
+    {.name = "kanana2", .steps = {STEP_GPT4O}, .n_steps = 1},
+    {.name = "talkie", .steps = {STEP_GPT4O}, .n_steps = 1},
     {.name = "falcon", .steps = {STEP_FALCON_PUNCT, STEP_GPT2, STEP_THREE_DIGITS}, .n_steps = 3},
     {.name = "deepseek-coder",
      .steps = {STEP_LINE_BREAK, STEP_SPACE_LETTERS, STEP_SPACE_PUNCT, STEP_CJK, STEP_DIGIT},
@@ -176,6 +189,17 @@ static size_t match_space(const uint8_t *cls, size_t i, size_t n)
     if (e == n || e - i == 1)
         return e;
     return e - 1;
+}
+
+/* \s*[\r\n]+|\s+(?!\S)|\s+ at i (cls[i] is a space): up to the last line
+ * break of the whitespace run, else as match_space. */
+static size_t match_space_newlines(const uint32_t *cp, const uint8_t *cls, size_t i, size_t n)
+{
+    size_t e = run_of(cls, i, n, C_S), end = i;
+    for (size_t k = i; k < e; k++)
+        if (is_newline(cp[k]))
+            end = k + 1;
+    return end > i ? end : match_space(cls, i, n);
 }
 
 /* 's|'t|'re|'ve|'m|'ll|'d with a, b the two characters after the ' (already
@@ -247,14 +271,115 @@ static size_t match_llama3(const uint32_t *cp, const uint8_t *cls, size_t i, siz
             e++;
         return e;
     }
-    if (cls[i] & C_S) {
-        /* \s*[\r\n]+: up to the last line break of the whitespace run */
-        size_t e = run_of(cls, i, n, C_S), end = i;
-        for (size_t k = i; k < e; k++)
-            if (is_newline(cp[k]))
-                end = k + 1;
-        return end > i ? end : match_space(cls, i, n);
+    if (cls[i] & C_S)
+        return match_space_newlines(cp, cls, i, n);
+    return i;
+}
+
+/*
+ * o200k's regex (GPT-4o, GPT-OSS):
+ *   [^\r\n\p{L}\p{N}]?U*W+C? | [^\r\n\p{L}\p{N}]?U+W*C? | \p{N}{1,3}
+ *   | ?[^\s\p{L}\p{N}]+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ * with C the contractions (?i:'s|'t|'re|'ve|'m|'ll|'d). tokenizers reads U as
+ * [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and W as [\p{Ll}\p{Lm}\p{Lo}\p{M}] (they overlap:
+ * Lm, Lo and marks are both). llama.cpp's "gpt-4o" spells U as (?=\p{L})[^a-z], W as
+ * (?=\p{L})[^A-Z] and C as '[sS]|..., and runs it over text where every non-ASCII
+ * letter is one placeholder byte: such a letter is both U and W there, a mark is
+ * neither, and only ASCII letters fold.
+ */
+static bool o200k_upper(uint32_t cp, uint8_t c, bool llama_cpp)
+{
+    if (llama_cpp)
+        return (c & C_L) && !(cp >= 'a' && cp <= 'z');
+    return (c & UC_MARK) || ((c & C_L) && !(c & UC_LOWER));
+}
+
+static bool o200k_lower(uint32_t cp, uint8_t c, bool llama_cpp)
+{
+    if (llama_cpp)
+        return (c & C_L) && !(cp >= 'A' && cp <= 'Z');
+    return (c & UC_MARK) || ((c & C_L) && !(c & UC_UPPER));
+}
+
+/* C? at i: where the optional contraction ends */
+static size_t o200k_contraction(const uint32_t *cp, size_t i, size_t n, bool llama_cpp)
+{
+    if (i + 1 >= n || cp[i] != '\'')
+        return i;
+    uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
+    if (llama_cpp) {
+        a = a >= 'A' && a <= 'Z' ? a - 'A' + 'a' : a;
+        b = b >= 'A' && b <= 'Z' ? b - 'A' + 'a' : b;
+    } else {
+        a = (uint32_t)uc_fold_ascii(a);
+        b = b ? (uint32_t)uc_fold_ascii(b) : 0;
     }
+    return i + match_contraction(a, b);
+}
+
+/* U*W+ at j, backtracking as a regex engine does: U* takes its whole run, and
+ * gives back one character at a time until a W follows. Returns the end, or
+ * j when there is no match. */
+static size_t o200k_lower_word(const uint32_t *cp, const uint8_t *cls, size_t j, size_t n, bool lc)
+{
+    size_t u = j;
+    while (u < n && o200k_upper(cp[u], cls[u], lc))
+        u++;
+    if (u < n && o200k_lower(cp[u], cls[u], lc)) {
+        while (u < n && o200k_lower(cp[u], cls[u], lc))
+            u++;
+        return u;
+    }
+    /* the last W inside the U run; W+ stops right after it (nothing after it
+     * up to u is W, and u is not) */
+    for (size_t k = u; k > j; k--)
+        if (o200k_lower(cp[k - 1], cls[k - 1], lc))
+            return k;
+    return j;
+}
+
+/* U+W* at j: the end, or j */
+static size_t o200k_upper_word(const uint32_t *cp, const uint8_t *cls, size_t j, size_t n, bool lc)
+{
+    size_t e = j;
+    while (e < n && o200k_upper(cp[e], cls[e], lc))
+        e++;
+    if (e == j)
+        return j;
+    while (e < n && o200k_lower(cp[e], cls[e], lc))
+        e++;
+    return e;
+}
+
+static size_t match_o200k(const uint32_t *cp, const uint8_t *cls, size_t i, size_t n, bool lc)
+{
+    /* the optional [^\r\n\p{L}\p{N}] before a word: taken first, dropped when
+     * the word cannot follow it */
+    bool prefix = !is_newline(cp[i]) && !(cls[i] & (C_L | C_N)) && i + 1 < n;
+    size_t (*const words[2])(const uint32_t *, const uint8_t *, size_t, size_t,
+                             bool) = {o200k_lower_word, o200k_upper_word};
+    for (int w = 0; w < 2; w++) {
+        size_t e;
+        if (prefix && (e = words[w](cp, cls, i + 1, n, lc)) > i + 1)
+            return o200k_contraction(cp, e, n, lc);
+        if ((e = words[w](cp, cls, i, n, lc)) > i)
+            return o200k_contraction(cp, e, n, lc);
+    }
+    if (cls[i] & C_N) {
+        size_t e = i;
+        while (e < n && e - i < 3 && (cls[e] & C_N))
+            e++;
+        return e;
+    }
+    size_t j = cp[i] == ' ' && i + 1 < n && is_other(cls[i + 1]) ? i + 1 : i;
+    if (is_other(cls[j])) {
+        size_t e = run_of_other(cls, j, n);
+        while (e < n && (is_newline(cp[e]) || cp[e] == '/'))
+            e++;
+        return e;
+    }
+    if (cls[i] & C_S)
+        return match_space_newlines(cp, cls, i, n);
     return i;
 }
 
@@ -383,6 +508,8 @@ size_t tok_match_step(pre_step step, const uint32_t *cp, const uint8_t *cls, siz
     case STEP_QWEN2: return match_llama3(cp, cls, i, n, 1, C_L);
     case STEP_QWEN35: return match_llama3(cp, cls, i, n, 1, C_L | UC_MARK);
     case STEP_LLAMA3_NUMBERS: return match_llama3(cp, cls, i, n, 0, C_L);
+    case STEP_O200K: return match_o200k(cp, cls, i, n, false);
+    case STEP_GPT4O: return match_o200k(cp, cls, i, n, true);
     case STEP_PUNCT:
     case STEP_FALCON_PUNCT: {
         size_t e = i;

@@ -45,6 +45,10 @@ const char *tok_gguf_pre(const tok_tokenizer *t)
      * ignore_merges on), before the other names of the same regex */
     if (t->n_steps == 1 && t->steps[0] == STEP_LLAMA3 && t->ignore_merges)
         return "llama-bpe";
+    /* o200k's regex: the converter names it "gpt-4o", and llama.cpp runs its
+     * own rewrite of it (STEP_GPT4O), as it does for the converter's files */
+    if (t->n_steps == 1 && (t->steps[0] == STEP_O200K || t->steps[0] == STEP_GPT4O))
+        return "gpt-4o";
     static const char *const names[] = {"gpt-2",          "smollm",       "qwen2",
                                         "smaug-bpe",      "qwen35",       "falcon",
                                         "deepseek-coder", "deepseek-llm", "bloom"};

@@ -234,6 +234,34 @@ static bool gguf_added(tok_tokenizer *t)
     return true;
 }
 
+static int32_t gguf_find(const tok_tokenizer *t, const char *text)
+{
+    return tok_vocab_find(t, text, strlen(text));
+}
+
+/* Harmony's tokens as llama.cpp's llama-vocab.cpp retypes them in any
+ * vocabulary that has them: <|channel|>, <|message|>, <|start|> and
+ * <|constrain|> become USER_DEFINED (its "quick hack for gpt-oss"), and so
+ * does <|end|> when <|return|> and <|call|> (or Solar Open's <|calls|> and
+ * <|flush|>) end generation beside it (its "workaround for o200k_harmony"
+ * takes <|end|> out of the end-of-generation tokens). A USER_DEFINED token is
+ * matched in a text even without parse_special, and decodes as its text with
+ * skip_special. The last token of a text wins, as in its map. */
+static void gguf_harmony_tokens(tok_tokenizer *t)
+{
+    static const char *const names[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+    for (size_t k = 0; k < N_ELEMS(names); k++) {
+        int32_t id = gguf_find(t, names[k]);
+        if (id >= 0)
+            t->type[id] = TT_USER;
+    }
+    int32_t end = gguf_find(t, "<|end|>");
+    bool call = gguf_find(t, "<|call|>") >= 0 || gguf_find(t, "<|calls|>") >= 0;
+    bool ret = gguf_find(t, "<|return|>") >= 0, flush = gguf_find(t, "<|flush|>") >= 0;
+    if (end >= 0 && call && (ret || flush))
+        t->type[end] = TT_USER;
+}
+
 static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t msg_len)
 {
     const char *path = t->source;
@@ -250,6 +278,7 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
               : gguf_sentencepiece(t, f, msg, msg_len);
     if (rc)
         return rc;
+    gguf_harmony_tokens(t);
     if (!gguf_added(t))
         return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);
     if (!gpt2)

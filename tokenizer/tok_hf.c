@@ -73,7 +73,7 @@ static int hf_split(tok_tokenizer *t, const cJSON *pre, const char *path, char *
         const char *str = mf_json_str(pattern, "String");
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: Split pre-tokenizer on the string \"%.100s\" is not supported "
-                       "(only the regexes of GPT-2, Llama 3, Qwen2 and llama.cpp's default)",
+                       "(only the regexes of GPT-2, Llama 3, Qwen2, o200k and llama.cpp's default)",
                        path, str ? str : "?");
     }
     if (!behavior || strcmp(behavior, "Isolated") != 0 || mf_json_bool(pre, "invert", false))
@@ -87,7 +87,7 @@ static int hf_split(tok_tokenizer *t, const cJSON *pre, const char *path, char *
         return add_step(t, step, path, msg, msg_len);
     return ql_fail(msg, msg_len, QL_EINVAL,
                    "%s: Split pre-tokenizer regex \"%.300s\" is not one we implement (only "
-                   "those of GPT-2, Llama 3, Qwen2 and llama.cpp's default)",
+                   "those of GPT-2, Llama 3, Qwen2, o200k and llama.cpp's default)",
                    path, regex);
 }
 

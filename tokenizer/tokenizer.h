@@ -3,8 +3,8 @@
  * and back.
  *
  * It offers tokenizers loaded from a Hugging Face tokenizer.json or from
- * GGUF metadata: byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM2
- * pre-tokenizers, recognised by their exact patterns) and
+ * GGUF metadata: byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM2, o200k
+ * (GPT-OSS) pre-tokenizers, recognised by their exact patterns) and
  * SentencePiece-style BPE with byte fallback (Llama 2, Mistral,
  * TinyLlama); encoding with or without special tokens, whole and streamed
  * decoding. A tokenizer owns its vocabulary and merges (copied from the
@@ -26,7 +26,7 @@ typedef struct tok_tokenizer tok_tokenizer;
 
 /*
  * Load a tokenizer from a Hugging Face tokenizer.json (model type BPE:
- * byte-level as GPT-2, Llama 3, Qwen2, SmolLM2; or SentencePiece-style with
+ * byte-level as GPT-2, Llama 3, Qwen2, SmolLM2, GPT-OSS; or SentencePiece-style with
  * byte fallback as Llama 2, Mistral, TinyLlama). config_path, when not NULL,
  * is tokenizer_config.json (add_bos_token, bos/eos tokens). Free with
  * tok_free.

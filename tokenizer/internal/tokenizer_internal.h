@@ -70,6 +70,8 @@ enum {
 #define UC_PUNCT  4  /* \p{P} */
 #define UC_SPACE  8  /* \s (Oniguruma, = White_Space) */
 #define UC_MARK   16 /* \p{M} */
+#define UC_UPPER  32 /* \p{Lu} \p{Lt} (o200k's upper-case class; Lm, Lo have neither bit) */
+#define UC_LOWER  64 /* \p{Ll} (o200k's lower-case class) */
 
 typedef struct uc_range {
     uint32_t lo, hi;
@@ -140,6 +142,10 @@ typedef enum pre_step {
     STEP_TRAILING_SPACE, /* \s+$ (deepseek-llm) */
     STEP_QWEN35, /* Qwen2's with [\p{L}\p{M}]+ for \p{L}+ and \p{M} out of the "other" run */
     STEP_LLAMA3_NUMBERS, /* Llama 3's with \p{N}+ (bloom, poro-chat) */
+    STEP_O200K, /* [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+
+                   (?i:'s|...)?|...: o200k's (GPT-4o, GPT-OSS) in tokenizers' reading */
+    STEP_GPT4O, /* the same as llama.cpp's "gpt-4o" rewrites and runs it: a non-ASCII letter is
+                   upper and lower case at once, a mark is no letter, contractions ASCII only */
 } pre_step;
 
 #define TOK_MAX_STEPS 8
