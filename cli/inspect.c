@@ -125,6 +125,7 @@ static const char *rope_scaling_name(eng_rope_scaling r)
     case ENG_ROPE_LINEAR: return "linear";
     case ENG_ROPE_LLAMA3: return "llama3";
     case ENG_ROPE_LONGROPE: return "longrope";
+    case ENG_ROPE_YARN: return "yarn";
     default: return "none";
     }
 }

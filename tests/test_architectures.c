@@ -44,7 +44,7 @@ typedef struct arch_feature {
     void (*off)(eng_config *c);
 } arch_feature;
 
-enum { ARCH_MAX_FEATURES = 4 };
+enum { ARCH_MAX_FEATURES = 6 };
 
 typedef struct arch_row {
     const char *label;
@@ -251,6 +251,37 @@ static void check_mixtral(eng_model *m)
     cr_assert_str_eq(eng_arch_name(m->cfg.arch), "mixtral");
 }
 
+/* GPT-OSS (make_moe_reference.py): the router's and experts' biases, the
+ * sinks, o's bias, layers 0 and 2 sliding over 4 positions, the clamped
+ * SwiGLU, YaRN (factor 32 over 4096, betas 32 and 1, truncate false). */
+static void check_gpt_oss(eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    check_moe(m, ENG_ARCH_GPT_OSS, true);
+    cr_assert_str_eq(eng_arch_name(c->arch), "gpt-oss");
+    cr_assert_eq(c->router, ENG_ROUTER_TOPK_SOFTMAX);
+    cr_assert(c->router_bias && c->attention_bias && c->o_bias && c->attn_sinks);
+    cr_assert_eq(c->ffn_act, ENG_FFN_SWIGLU_OAI);
+    cr_assert_float_eq(c->swiglu_alpha, 1.702f, 1e-6);
+    cr_assert_float_eq(c->swiglu_limit, 7.0f, 1e-6);
+    cr_assert_eq(c->sliding_window, 4);
+    cr_assert(eng_layer_slides(c, 0) && !eng_layer_slides(c, 1) && eng_layer_slides(c, 2));
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_YARN);
+    cr_assert_float_eq(c->rope_factor, 32.0f, 1e-6);
+    cr_assert_eq(c->rope_original_max_position, 4096);
+    cr_assert_float_eq(c->rope_yarn_beta_fast, 32.0f, 1e-6);
+    cr_assert_float_eq(c->rope_yarn_beta_slow, 1.0f, 1e-6);
+    cr_assert(!c->rope_yarn_truncate);
+    cr_assert_float_eq(c->rope_attn_factor, 0.1 * log(32.0) + 1.0, 1e-6);
+    const eng_layer *L = &m->layers[1];
+    cr_assert_eq(L->sinks.cols, 4);
+    cr_assert_eq(L->bo.cols, 64);
+    cr_assert_eq(L->router_b.cols, 8);
+    cr_assert_eq(L->expert_b[0].rows, 8);
+    cr_assert_eq(L->expert_b[1].cols, 32);
+    cr_assert_eq(L->expert_b[2].cols, 64);
+}
+
 /* Every expert's weights quantized as --quant says; the router dense. */
 static void check_experts_kind(const eng_model *m, qt_kind kind)
 {
@@ -271,6 +302,14 @@ static void check_mixtral_int8(eng_model *m)
 {
     check_mixtral(m);
     check_experts_kind(m, QT_AFFINE);
+}
+
+/* The MXFP4_MOE file: every expert MXFP4 (GGUF type 39, read in place),
+ * the router dense. */
+static void check_gpt_oss_mxfp4(eng_model *m)
+{
+    check_gpt_oss(m);
+    check_experts_kind(m, QT_MXFP4);
 }
 
 /* make_moe_kquant.py's wider Qwen3-MoE (4 experts of 256): llama-quantize's
@@ -354,6 +393,31 @@ static void whole_head_rotation(eng_config *c)
     c->rope_dim = 0;
 }
 
+static void no_sinks(eng_config *c)
+{
+    c->attn_sinks = false;
+}
+
+static void no_swiglu_clamp(eng_config *c)
+{
+    c->swiglu_limit = 0.0f;
+}
+
+static void no_yarn(eng_config *c)
+{
+    c->rope_scaling = ENG_ROPE_NONE;
+}
+
+static void no_o_bias(eng_config *c)
+{
+    c->o_bias = false;
+}
+
+static void no_expert_biases(eng_config *c)
+{
+    c->router_bias = false;
+}
+
 /* --- the table --------------------------------------------------------------------------- */
 
 #define QWEN3_REF                                                                                  \
@@ -374,7 +438,69 @@ static void whole_head_rotation(eng_config *c)
     .n_tokens = which##_N_TOKENS, .vocab = which##_VOCAB, .logits = &which##_LOGITS[0][0],         \
     .prefill = 9, .block_tokens = 4, .tol = 1e-5
 
+/* GPT-OSS's features each must see: the sinks (3.3 in transformers' own
+ * logits when removed), the window (3.0), the clamp (0.037: 4 gate and 6
+ * up values reach it), YaRN, o's bias, the router's and experts' biases */
+#define GPT_OSS_FEATURES                                                                           \
+    .features = {{"the attention sinks", no_sinks},                                                \
+                 {"the sliding window", no_sliding_window},                                        \
+                 {"the SwiGLU clamp", no_swiglu_clamp},                                            \
+                 {"YaRN", no_yarn},                                                                \
+                 {"the output projection's bias", no_o_bias},                                      \
+                 {"the router's and experts' biases", no_expert_biases}},                          \
+    .moved = 1e-3
+
 static const arch_row ARCH_ROWS[] = {
+    {.label = "gpt-oss folder",
+     .fixture = "gptoss_tiny",
+     MOE_REF(GPTOSS),
+     .check = check_gpt_oss,
+     GPT_OSS_FEATURES},
+    {.label = "gpt-oss gguf",
+     .fixture = "gptoss_tiny.gguf",
+     MOE_REF(GPTOSS),
+     .check = check_gpt_oss,
+     GPT_OSS_FEATURES},
+    /* llama-quantize's MXFP4_MOE file of it (experts MXFP4, attention,
+     * embeddings and lm_head q8_0), against transformers' float64 forward
+     * over the weights gguf-py dequantizes from it */
+    /* the Hub's form: experts as MXFP4 _blocks / _scales (llama-quantize's
+     * codes regrouped by make_moe_reference.py), against transformers' float64
+     * forward of it (Mxfp4Config(dequantize=True)); and the converter's GGUF
+     * of that folder (MXFP4 experts, everything else f32) */
+    {.label = "gpt-oss folder mxfp4",
+     .fixture = "gptoss_mxfp4_tiny",
+     .source = "transformers float64 (make_moe_reference.py)",
+     .tokens = GPTOSS_TOKENS,
+     .n_tokens = GPTOSS_N_TOKENS,
+     .vocab = GPTOSS_VOCAB,
+     .logits = &GPTOSS_HF_MXFP4_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gpt_oss_mxfp4},
+    {.label = "gpt-oss mxfp4 folder's gguf",
+     .fixture = "gptoss_mxfp4_tiny.gguf",
+     .source = "transformers float64 (make_moe_reference.py)",
+     .tokens = GPTOSS_TOKENS,
+     .n_tokens = GPTOSS_N_TOKENS,
+     .vocab = GPTOSS_VOCAB,
+     .logits = &GPTOSS_HF_MXFP4_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gpt_oss_mxfp4},
+    {.label = "gpt-oss gguf mxfp4",
+     .fixture = "gptoss_tiny_mxfp4.gguf",
+     .source = "transformers float64 over gguf-py's dequantized weights (make_moe_reference.py)",
+     .tokens = GPTOSS_TOKENS,
+     .n_tokens = GPTOSS_N_TOKENS,
+     .vocab = GPTOSS_VOCAB,
+     .logits = &GPTOSS_MXFP4_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gpt_oss_mxfp4},
     {.label = "qwen3moe folder",
      .fixture = "qwen3moe_tiny",
      MOE_REF(QWEN3MOE),
@@ -620,4 +746,58 @@ ParameterizedTest(int *index, architectures, logits_equal_the_reference_at_every
     eng_model_free(&m);
     if (dir[0])
         test_rmtree(dir);
+}
+
+/* ggml always rounds YaRN's correction range out to whole dims
+ * (ggml_rope_yarn_corr_dims); transformers does only with truncate, which
+ * GPT-OSS's config turns off, and a GPT-OSS GGUF says nothing of it (we take
+ * the model's own false). With truncate set, the logits are transformers'
+ * with truncate true (0.0064 from the untruncated ones, so the flag is seen). */
+Test(architectures, gpt_oss_yarn_truncated_equals_transformers_truncated, .timeout = 120)
+{
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/gptoss_tiny.gguf", QL_FIXTURES);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    m.cfg.rope_yarn_truncate = true;
+    arch_row row = {.tokens = GPTOSS_TOKENS,
+                    .n_tokens = GPTOSS_N_TOKENS,
+                    .vocab = GPTOSS_VOCAB,
+                    .logits = &GPTOSS_YARN_TRUNCATED_LOGITS[0][0],
+                    .prefill = 9,
+                    .block_tokens = 4};
+    double worst = worst_error(&m, &row);
+    cr_assert_lt(worst, 1e-5, "truncated YaRN: worst logit error %g", worst);
+    row.logits = &GPTOSS_LOGITS[0][0];
+    cr_assert_gt(worst_error(&m, &row), 1e-3, "the truncation changed nothing");
+    eng_model_free(&m);
+}
+
+/* GPT-OSS's experts in a form the config does not announce are refused by
+ * name, never run wrong: the MXFP4 folder without its quantization_config
+ * (the loader looks for the dense gate_up_proj and says where the MXFP4
+ * pairs would have been read). */
+Test(architectures, gpt_oss_experts_in_an_unannounced_form_are_refused_by_name, .timeout = 60)
+{
+    char dir[512] = "", cfg_path[1024], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("gptoss_mxfp4_tiny", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(cfg_path, &len);
+    cr_assert(text);
+    char *qc = strstr(text, "\"quantization_config\"");
+    cr_assert(qc);
+    memcpy(qc, "\"quantization_confiX\"", strlen("\"quantization_confiX\""));
+    test_write_text(cfg_path, text);
+    free(text);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "model.layers.0.mlp.experts.gate_up_proj' is missing") &&
+                  strstr(msg, "quantization_config"),
+              "%s", msg);
+    test_rmtree(dir);
 }

@@ -249,10 +249,18 @@ Test(model, bad_configs_and_tensors_are_refused_by_name)
 
     snprintf(text, sizeof text,
              "%s\"intermediate_size\": 96, \"rope_scaling\": {\"rope_type\": "
+             "\"dynamic\", \"factor\": 4.0}}",
+             base);
+    test_write_text(cfg, text);
+    load_fails(dir, NULL, "rope_scaling type \"dynamic\"", NULL);
+
+    /* YaRN runs (GPT-OSS) but needs the context it was trained on */
+    snprintf(text, sizeof text,
+             "%s\"intermediate_size\": 96, \"rope_scaling\": {\"rope_type\": "
              "\"yarn\", \"factor\": 4.0}}",
              base);
     test_write_text(cfg, text);
-    load_fails(dir, NULL, "rope_scaling type \"yarn\"", NULL);
+    load_fails(dir, NULL, "\"original_max_position_embeddings\" is missing", NULL);
 
     snprintf(text, sizeof text,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 260, \"hidden_size\": "

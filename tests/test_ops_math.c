@@ -180,6 +180,28 @@ Test(ops_math, swiglu_is_silu_of_the_gate_times_up)
     cr_assert_eq(om_swiglu(0.0f, 5.0f), 0.0f);
 }
 
+/* GPT-OSS's clamped SwiGLU against transformers' GptOssExperts._apply_gate
+ * in float64 (alpha 1.702, limit 7): one value inside both clamps, the
+ * gate clamped above (9 -> 7), up clamped above (12 -> 7) and below (-8.5
+ * -> -7), a very negative gate (no clamp below); limit 0 turns the clamp off. */
+Test(ops_math, swiglu_oai_clamps_the_gate_above_and_up_both_ways)
+{
+    static const struct {
+        float g, u;
+        double want;
+    } cases[] = {
+        {0.5f, -0.3f, 0.24527190562446607},     {9.0f, 2.0f, 20.999859384909954},
+        {-3.0f, 12.0f, -0.14457047766228776},   {2.0f, -8.5f, -11.61395173886525},
+        {-20.0f, 1.0f, -6.586820482798749e-14},
+    };
+    for (int i = 0; i < 5; i++)
+        assert_close(om_swiglu_oai(cases[i].g, cases[i].u, 1.702f, 7.0f), cases[i].want, 1e-6,
+                     1e-30, "swiglu_oai", i);
+    /* unclamped: (12 + 1) * 9 * sigmoid(1.702 * 9) */
+    assert_close(om_swiglu_oai(9.0f, 12.0f, 1.702f, 0.0f), 13.0 * 9.0 / (1.0 + exp(-1.702 * 9.0)),
+                 1e-6, 0.0, "swiglu_oai unclamped", 0);
+}
+
 /* ---- attention ------------------------------------------------------------------ */
 
 Test(ops_math, attention_scale_and_window)

@@ -15,20 +15,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD } layer_dim;
+typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD, DIM_HEADS } layer_dim;
 
 /* When a part is present: always, with attention_bias, with qk_norm,
  * unless the layer is fused (Phi-3: q/k/v and gate/up come from one tensor
  * each, fused_parts below); with or without Gemma's sandwich norms (whose
  * Hugging Face names reuse post_attention_layernorm for the norm after
- * attention, so the MLP's input norm has two rows). */
+ * attention, so the MLP's input norm has two rows); GPT-OSS's output bias
+ * and sinks, and its MLP's input norm, which llama.cpp's converter names
+ * post_attention_norm (a third row for it). */
 typedef enum {
     ALWAYS,
     WITH_BIAS,
     WITH_QK_NORM,
     UNLESS_FUSED,
     WITHOUT_SANDWICH,
-    WITH_SANDWICH
+    WITH_SANDWICH,
+    WITH_O_BIAS,
+    WITH_SINKS,
+    GPT_OSS_FFN_NORM
 } layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
@@ -46,6 +51,8 @@ static const struct layer_part {
      offsetof(eng_layer, ffn_norm), WITHOUT_SANDWICH},
     {"post_attention_layernorm.weight", "post_attention_norm.weight", DIM_HIDDEN, DIM_NONE,
      ROLE_DENSE, offsetof(eng_layer, post_attn_norm), WITH_SANDWICH},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, ffn_norm), GPT_OSS_FFN_NORM},
     {"pre_feedforward_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, ffn_norm), WITH_SANDWICH},
     {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
@@ -74,6 +81,10 @@ static const struct layer_part {
      WITH_BIAS},
     {"self_attn.v_proj.bias", "attn_v.bias", DIM_KV, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bv),
      WITH_BIAS},
+    {"self_attn.o_proj.bias", "attn_output.bias", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, bo), WITH_O_BIAS},
+    {"self_attn.sinks", "attn_sinks.weight", DIM_HEADS, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, sinks), WITH_SINKS},
 };
 
 #define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
@@ -142,8 +153,11 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case WITH_BIAS: return c->attention_bias;
     case WITH_QK_NORM: return c->qk_norm;
     case UNLESS_FUSED: return true; /* loaded whole, or split from the fused tensor */
-    case WITHOUT_SANDWICH: return !c->sandwich_norms;
+    case WITHOUT_SANDWICH: return !c->sandwich_norms && c->arch != ENG_ARCH_GPT_OSS;
     case WITH_SANDWICH: return c->sandwich_norms;
+    case WITH_O_BIAS: return c->o_bias;
+    case WITH_SINKS: return c->attn_sinks;
+    case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;
     }
     return false;
 }
@@ -165,6 +179,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_KV] = (int64_t)c->n_kv_heads * c->head_dim,
         [DIM_FF] = c->intermediate_size,
         [DIM_HEAD] = c->head_dim,
+        [DIM_HEADS] = c->n_heads,
     };
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;

@@ -273,6 +273,72 @@ static int parse_gguf_gemma(const gguf_file *f, const char *arch, eng_config *c,
 }
 
 /*
+ * YaRN as llama.cpp reads it: ARCH.rope.scaling.factor,
+ * original_context_length, yarn_beta_fast and yarn_beta_slow (32 and 1 when
+ * absent), and the factor cos and sin are multiplied by, as llama_context
+ * builds it: 0.1 ln(factor) + 1 (over the same of yarn_log_multiplier when
+ * there), times rope.scaling.attn_factor (1 when absent). ggml always
+ * rounds the correction range out to whole dims, so truncate is set, except
+ * for GPT-OSS, whose own config says false (and transformers honours it):
+ * we compute the model its makers released, so a GPT-OSS GGUF gives the
+ * same logits as its folder (0.006 from llama.cpp's on the tiny fixture).
+ */
+static int parse_gguf_yarn(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                           size_t msg_len)
+{
+    char key[128];
+    float attn = 1.0f, log_mul = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    int rc = gguf_float(f, key, 1.0, &c->rope_factor, msg, msg_len);
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+    if (rc == QL_OK)
+        rc = gguf_uint(f, key, 0, true, &c->rope_original_max_position, msg, msg_len);
+    if (rc == QL_OK && c->rope_original_max_position <= 0)
+        rc = ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s must be positive", f->path, key);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_beta_fast", arch);
+    if (rc == QL_OK)
+        rc = gguf_float(f, key, 32.0, &c->rope_yarn_beta_fast, msg, msg_len);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_beta_slow", arch);
+    if (rc == QL_OK)
+        rc = gguf_float(f, key, 1.0, &c->rope_yarn_beta_slow, msg, msg_len);
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+    if (rc == QL_OK)
+        rc = gguf_float(f, key, 1.0, &attn, msg, msg_len);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", arch);
+    if (rc == QL_OK)
+        rc = gguf_float_or_zero(f, key, 0.0, &log_mul, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    double factor = (double)c->rope_factor;
+    double mscale = log_mul != 0.0f
+                        ? model_yarn_mscale(factor, 1.0) / model_yarn_mscale(factor, log_mul)
+                        : model_yarn_mscale(factor, 1.0);
+    c->rope_scaling = ENG_ROPE_YARN;
+    c->rope_attn_factor = (float)(mscale * (double)attn);
+    c->rope_yarn_truncate = c->arch != ENG_ARCH_GPT_OSS;
+    return QL_OK;
+}
+
+/*
+ * GPT-OSS as llama.cpp's openai-moe reads it: biases on q, k, v and o, the
+ * attention sinks (attn_sinks.weight), every other layer sliding from
+ * layer 0 (hard-coded there: the pattern 2) over
+ * ARCH.attention.sliding_window, the clamped SwiGLU with the alpha 1.702
+ * and limit 7.0 it hard-codes too (transformers' GptOssConfig defaults),
+ * a router with a bias weighing the top-k logits by their softmax.
+ */
+static void parse_gguf_gpt_oss(eng_config *c)
+{
+    c->attention_bias = true;
+    c->o_bias = true;
+    c->attn_sinks = true;
+    c->ffn_act = ENG_FFN_SWIGLU_OAI;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = 7.0f;
+    c->sliding_pattern = c->sliding_window > 0 ? 2 : 0;
+}
+
+/*
  * A mixture of experts' ARCH.expert_count, expert_used_count,
  * expert_feed_forward_length (Mixtral, a llama GGUF: its
  * feed_forward_length) and expert_shared_feed_forward_length (Qwen2-MoE);
@@ -323,7 +389,11 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
-        if (!gguf_find_tensor(f, name))
+        if (!gguf_find_tensor(f, name) && c->arch == ENG_ARCH_GPT_OSS)
+            rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                         "%s: tensor '%s' is missing; every GPT-OSS layer is a mixture", f->path,
+                         name);
+        else if (!gguf_find_tensor(f, name))
             model_moe_set_dense(c, l);
     }
     return rc;
@@ -354,10 +424,12 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_QWEN2_MOE;
     else if (strcmp(arch, "qwen3moe") == 0)
         c->arch = ENG_ARCH_QWEN3_MOE;
+    else if (strcmp(arch, "gpt-oss") == 0)
+        c->arch = ENG_ARCH_GPT_OSS;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
-                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe)",
+                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss)",
                        f->path, arch);
     /* Mixtral is a llama GGUF whose layers have experts */
     char experts_key[96];
@@ -408,9 +480,12 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         if (strcmp(type, "linear") == 0) {
             c->rope_scaling = ENG_ROPE_LINEAR;
             rc = gguf_float(f, key, 1.0, &c->rope_factor, msg, msg_len);
+        } else if (strcmp(type, "yarn") == 0) {
+            rc = parse_gguf_yarn(f, arch, c, msg, msg_len);
         } else if (strcmp(type, "none") != 0) {
             return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: rope scaling type %s is not supported (linear)", f->path, type);
+                           "%s: rope scaling type %s is not supported (linear, yarn)", f->path,
+                           type);
         }
     }
     if (rc == QL_OK) /* a bad linear factor stops here too */
@@ -439,8 +514,12 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     c->eos_token_id = eos;
     if (rc == QL_OK && (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3))
         rc = parse_gguf_gemma(f, arch, c, msg, msg_len);
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    if (rc == QL_OK && c->arch == ENG_ARCH_GPT_OSS &&
+        (rc = gguf_uint(f, key, 0, false, &c->sliding_window, msg, msg_len)) == QL_OK)
+        parse_gguf_gpt_oss(c);
     if (rc == QL_OK && (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ||
-                        c->arch == ENG_ARCH_MIXTRAL))
+                        c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_GPT_OSS))
         rc = parse_gguf_moe(f, arch, c, msg, msg_len);
     return rc;
 }

@@ -128,6 +128,66 @@ static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng
     return QL_OK;
 }
 
+/* An optional number of rs (absent or null: def), which must be finite. */
+static int yarn_number(const char *path, const cJSON *rs, const char *key, double def, double *out,
+                       char *msg, size_t msg_len)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rs, key);
+    *out = def;
+    if (!v || cJSON_IsNull(v))
+        return QL_OK;
+    if (!mf_json_number(v, out) || !isfinite(*out))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: rope_scaling %s is not a number", path, key);
+    return QL_OK;
+}
+
+/*
+ * YaRN (GPT-OSS), as transformers' _compute_yarn_parameters reads it:
+ * original_max_position_embeddings (required), factor (when null, the
+ * context over the original), beta_fast and beta_slow (32 and 1 when absent
+ * or 0), truncate (true when absent; GPT-OSS's config says false), and the
+ * attention factor: attention_factor when given, else mscale / mscale_all_dim
+ * of the factor when both are, else 0.1 ln(factor) + 1.
+ */
+static int parse_yarn(const char *path, const cJSON *rs, eng_config *c, char *msg, size_t msg_len)
+{
+    int rc = int32_field(path, rs, "original_max_position_embeddings", 0, true, 1, 1 << 24,
+                         &c->rope_original_max_position, msg, msg_len);
+    double factor = 0, attn = 0, fast = 0, slow = 0, ms = 0, ms_all = 0;
+    if (rc == QL_OK)
+        rc = yarn_number(path, rs, "factor",
+                         (double)c->max_position_embeddings / c->rope_original_max_position,
+                         &factor, msg, msg_len);
+    if (rc == QL_OK)
+        rc = yarn_number(path, rs, "beta_fast", 0, &fast, msg, msg_len);
+    if (rc == QL_OK)
+        rc = yarn_number(path, rs, "beta_slow", 0, &slow, msg, msg_len);
+    if (rc == QL_OK)
+        rc = yarn_number(path, rs, "mscale", 0, &ms, msg, msg_len);
+    if (rc == QL_OK)
+        rc = yarn_number(path, rs, "mscale_all_dim", 0, &ms_all, msg, msg_len);
+    if (rc == QL_OK)
+        rc = yarn_number(path, rs, "attention_factor", 0, &attn, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (!(factor > 0) || fast < 0 || slow < 0 || attn < 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: rope_scaling yarn needs a positive factor and non-negative betas and "
+                       "attention_factor",
+                       path);
+    if (attn == 0)
+        attn = ms != 0 && ms_all != 0
+                   ? model_yarn_mscale(factor, ms) / model_yarn_mscale(factor, ms_all)
+                   : model_yarn_mscale(factor, 1.0);
+    c->rope_scaling = ENG_ROPE_YARN;
+    c->rope_factor = (float)factor;
+    c->rope_attn_factor = (float)attn;
+    c->rope_yarn_beta_fast = fast != 0 ? (float)fast : 32.0f;
+    c->rope_yarn_beta_slow = slow != 0 ? (float)slow : 1.0f;
+    c->rope_yarn_truncate = mf_json_bool(rs, "truncate", true);
+    return QL_OK;
+}
+
 /* partial_rotary_factor (top level, or in rope_parameters, where
  * transformers 5 moves it): the leading int(head_dim * factor) dims of each
  * head rotate (Phi-4-mini: 0.75), as transformers computes the rotary dim;
@@ -187,6 +247,8 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
     if (strcmp(t, "longrope") == 0 || strcmp(t, "su") == 0 ||
         (strcmp(t, "yarn") == 0 && c->arch == ENG_ARCH_PHI3))
         return parse_longrope(path, j, rs, c, msg, msg_len);
+    if (strcmp(t, "yarn") == 0)
+        return parse_yarn(path, rs, c, msg, msg_len);
     rc = positive_float(path, rs, "factor", 1.0, &c->rope_factor, msg, msg_len);
     if (rc != QL_OK)
         return rc;
@@ -209,8 +271,8 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
         return rc;
     }
     return ql_fail(msg, msg_len, QL_EINVAL,
-                   "%s: rope_scaling type \"%s\" is not supported (linear, llama3, longrope)", path,
-                   t);
+                   "%s: rope_scaling type \"%s\" is not supported (linear, llama3, longrope, yarn)",
+                   path, t);
 }
 
 /* --- Gemma 2 and 3 ------------------------------------------------------------ */
@@ -232,15 +294,15 @@ static int nullable_positive(const char *path, const cJSON *j, const char *key, 
 
 /* Which layers slide, from layer_types (transformers 5: one
  * "sliding_attention" or "full_attention" per layer) or the older
- * sliding_window_pattern (Gemma 3; Gemma 2 alternates, layer 0 sliding).
- * We run the patterns both transformers and llama.cpp build (layer l
- * slides when l % n < n - 1); another list is refused by name. */
-static int parse_gemma_layer_types(const char *path, const cJSON *j, eng_config *c, char *msg,
-                                   size_t msg_len)
+ * sliding_window_pattern (Gemma 3; Gemma 2 and GPT-OSS alternate, layer 0
+ * sliding). We run the patterns both transformers and llama.cpp build
+ * (layer l slides when l % n < n - 1); another list is refused by name. */
+static int parse_layer_types(const char *path, const cJSON *j, eng_config *c, char *msg,
+                             size_t msg_len)
 {
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (!types || cJSON_IsNull(types)) {
-        int32_t def = c->arch == ENG_ARCH_GEMMA2 ? 2 : 6;
+        int32_t def = c->arch == ENG_ARCH_GEMMA3 ? 6 : 2;
         int rc = int32_field(path, j, "sliding_window_pattern", def, false, 1, 1 << 20,
                              &c->sliding_pattern, msg, msg_len);
         if (rc == QL_OK && c->sliding_pattern == 1)
@@ -320,7 +382,7 @@ static int parse_gemma_config(const char *path, const cJSON *j, eng_config *c, c
         return rc;
     c->attn_scale = (float)(1.0 / sqrt((double)scalar));
     c->sliding_window = (int32_t)window;
-    rc = parse_gemma_layer_types(path, j, c, msg, msg_len);
+    rc = parse_layer_types(path, j, c, msg, msg_len);
     if (rc != QL_OK || !g3)
         return rc;
     /* Gemma 3's two rotary bases: rope_parameters' per layer type
@@ -346,6 +408,31 @@ static int parse_gemma_config(const char *path, const cJSON *j, eng_config *c, c
         rc = positive_float(path, j, "rope_local_base_freq", 1e4, &c->rope_local_theta, msg,
                             msg_len);
     }
+    return rc;
+}
+
+/* GPT-OSS beyond a Llama: biases on q, k, v and o (attention_bias), the
+ * attention sinks, the clamped SwiGLU (swiglu_alpha, swiglu_limit; the
+ * config class's 1.702 and 7.0 when absent), the sliding layers
+ * (layer_types; without it every other layer from layer 0, over a window
+ * of 128 when sliding_window is absent, as GptOssConfig makes them), and
+ * the mixture (model_moe_config_hf). */
+static int parse_gpt_oss_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                                size_t msg_len)
+{
+    c->attention_bias = mf_json_bool(j, "attention_bias", true);
+    c->o_bias = c->attention_bias;
+    c->attn_sinks = true;
+    c->ffn_act = ENG_FFN_SWIGLU_OAI;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "sliding_window"))
+        c->sliding_window = 128; /* GptOssConfig's default */
+    int rc = positive_float(path, j, "swiglu_alpha", 1.702, &c->swiglu_alpha, msg, msg_len);
+    if (rc == QL_OK)
+        rc = positive_float(path, j, "swiglu_limit", 7.0, &c->swiglu_limit, msg, msg_len);
+    if (rc == QL_OK && c->sliding_window > 0)
+        rc = parse_layer_types(path, j, c, msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_moe_config_hf(path, j, c, msg, msg_len);
     return rc;
 }
 
@@ -378,12 +465,14 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_QWEN3_MOE;
     else if (strcmp(arch, "MixtralForCausalLM") == 0)
         c->arch = ENG_ARCH_MIXTRAL;
+    else if (strcmp(arch, "GptOssForCausalLM") == 0)
+        c->arch = ENG_ARCH_GPT_OSS;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
-                       "Qwen3MoeForCausalLM, MixtralForCausalLM)",
+                       "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -439,14 +528,25 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         if (rc != QL_OK)
             return rc;
     }
+    if (c->arch == ENG_ARCH_GPT_OSS &&
+        (rc = parse_gpt_oss_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    const char *qm = qc ? mf_json_str(qc, "quant_method") : NULL;
+    if (qm && strcmp(qm, "mxfp4") == 0 && c->arch == ENG_ARCH_GPT_OSS) {
+        /* GPT-OSS's Hub checkpoints: experts as MXFP4 _blocks / _scales
+         * (experts.c), everything else dense */
+        L->mxfp4_experts = true;
+        qc = NULL;
+    }
     if (qc) {
         const char *method = mf_json_str(qc, "quant_method");
         if (!method || strcmp(method, "bitsandbytes") != 0 ||
             !mf_json_bool(qc, "load_in_4bit", false))
             return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit is)",
+                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, and "
+                           "GPT-OSS's mxfp4, are)",
                            path, method ? method : "(no quant_method)");
         const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
         if (!type)

@@ -31,6 +31,7 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_QWEN2_MOE: return "qwen2moe";
     case ENG_ARCH_QWEN3_MOE: return "qwen3moe";
     case ENG_ARCH_MIXTRAL: return "mixtral";
+    case ENG_ARCH_GPT_OSS: return "gpt-oss";
     }
     return "unknown";
 }

@@ -45,6 +45,11 @@ typedef enum eng_arch {
     ENG_ARCH_QWEN2_MOE,
     ENG_ARCH_QWEN3_MOE,
     ENG_ARCH_MIXTRAL,
+    /* GPT-OSS (GptOssForCausalLM, GGUF gpt-oss): a mixture whose router has
+     * a bias and weighs the top-k logits by their own softmax, experts with
+     * biases and a clamped SwiGLU, attention sinks, biases on q/k/v/o,
+     * alternating sliding and full layers, YaRN */
+    ENG_ARCH_GPT_OSS,
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -54,15 +59,20 @@ typedef enum eng_router {
      * probabilities renormalized to sum 1 when norm_topk_prob (Qwen2-MoE,
      * Qwen3-MoE; Mixtral always) */
     ENG_ROUTER_SOFTMAX_TOPK,
+    /* the k largest logits (plus the router's bias), then a softmax over
+     * those k alone (GPT-OSS's GptOssTopKRouter) */
+    ENG_ROUTER_TOPK_SOFTMAX,
 } eng_router;
 
 /* The most layers a mixture-of-experts model may have (eng_config's
  * dense_layers bitmap). */
 #define ENG_MAX_MOE_LAYERS 1024
 
-/* The gated unit of the MLP: silu(gate) * up (SwiGLU), or Gemma's
- * gelu_pytorch_tanh(gate) * up (GeGLU). */
-typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH } eng_ffn_act;
+/* The gated unit of the MLP: silu(gate) * up (SwiGLU), Gemma's
+ * gelu_pytorch_tanh(gate) * up (GeGLU), or GPT-OSS's clamped SwiGLU: gate
+ * clamped above at swiglu_limit, up to [-limit, limit], then (up + 1) *
+ * gate * sigmoid(swiglu_alpha * gate) (om_swiglu_oai). */
+typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
 /* The most rotary pairs a model may carry frequency factors for (head dim
  * 512, the forward pass's limit, engine/runtime/forward.c). */
@@ -76,6 +86,10 @@ typedef enum eng_rope_scaling {
      * and held in rope_freq_factors, and cos/sin multiplied by
      * rope_attn_factor */
     ENG_ROPE_LONGROPE,
+    /* YaRN (GPT-OSS): each frequency blended between itself and itself /
+     * factor by a ramp over the pairs between the beta_fast and beta_slow
+     * correction dims, cos/sin times rope_attn_factor (eng_config) */
+    ENG_ROPE_YARN,
 } eng_rope_scaling;
 
 /* What a model is, from config.json or GGUF metadata. */
@@ -104,6 +118,13 @@ typedef struct eng_config {
      * prompt shorter than the original context gets short factors there.) */
     float rope_attn_factor;
     bool rope_long_factors;
+    /* YaRN: the correction range's rotations (transformers' beta_fast,
+     * beta_slow) and whether its ends are rounded out to whole dims
+     * (transformers' truncate; ggml always rounds); rope_factor,
+     * rope_original_max_position and rope_attn_factor (0.1 ln(factor) + 1
+     * unless the config gives attention_factor) as above */
+    float rope_yarn_beta_fast, rope_yarn_beta_slow;
+    bool rope_yarn_truncate;
     /* llama.cpp's per-pair frequency factors (a GGUF's rope_freqs.weight,
      * which its converter computes from Llama 3.x's rope_scaling): the
      * frequency of pair i is divided by rope_freq_factors[i], before any
@@ -122,6 +143,10 @@ typedef struct eng_config {
     float rms_norm_eps;
     bool tie_word_embeddings;
     bool attention_bias; /* Qwen2: q, k, v projections have biases */
+    bool o_bias;         /* GPT-OSS: the output projection has one too */
+    /* GPT-OSS: one learned logit per head in the attention softmax's
+     * denominator (eng_layer's sinks), which takes no value */
+    bool attn_sinks;
     /* Qwen3: an RMSNorm over each head of q and of k (head_dim weights,
      * one per layer for each), after the projections and before RoPE */
     bool qk_norm;
@@ -148,6 +173,9 @@ typedef struct eng_config {
     /* Gemma 3: the sliding layers rotate with this base and no scaling (the
      * full layers with rope_theta and rope_scaling); 0: as the full ones */
     float rope_local_theta;
+    /* GPT-OSS's clamped SwiGLU (ENG_FFN_SWIGLU_OAI): alpha and limit (0:
+     * no clamp) */
+    float swiglu_alpha, swiglu_limit;
     /* --- mixtures of experts (all zero for a dense model) --- */
     int32_t n_experts;        /* routed experts per MoE layer; 0: a dense model */
     int32_t n_experts_used;   /* chosen per token (top-k) */
@@ -155,6 +183,7 @@ typedef struct eng_config {
     int32_t shared_expert_ff; /* Qwen2-MoE's shared expert's; 0: none */
     bool norm_topk_prob;      /* the chosen experts' weights renormalized to sum 1 */
     eng_router router;
+    bool router_bias; /* GPT-OSS: the router and each expert's gate, up and down have biases */
     /* layers that are a plain MLP of intermediate_size in a MoE model
      * (Qwen's mlp_only_layers and decoder_sparse_step): bit l of word l / 64 */
     uint64_t dense_layers[ENG_MAX_MOE_LAYERS / 64];
@@ -184,6 +213,8 @@ typedef struct eng_layer {
     qtensor attn_norm, ffn_norm;
     qtensor wq, wk, wv, wo;
     qtensor bq, bk, bv;
+    qtensor bo;             /* GPT-OSS's output projection bias [1, hidden] */
+    qtensor sinks;          /* GPT-OSS's attention sinks [1, n_heads] */
     qtensor q_norm, k_norm; /* Qwen3's per-head norms [1, head_dim] */
     qtensor w_gate, w_up, w_down;
     qtensor post_attn_norm, post_ffn_norm; /* Gemma's sandwich norms [1, hidden] */
@@ -197,6 +228,10 @@ typedef struct eng_layer {
     qtensor router;
     qtensor *experts; /* [3 * n_experts], owned */
     qtensor shared_gate;
+    /* GPT-OSS (router_bias): the router's [1, n_experts], and the experts'
+     * gate, up and down biases [n_experts, expert_ff] twice and
+     * [n_experts, hidden], dense */
+    qtensor router_b, expert_b[3];
 } eng_layer;
 
 /*

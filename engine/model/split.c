@@ -1,17 +1,20 @@
 /*
  * split.c - a fused weight's rows as tensors of their own: Phi-3's qkv_proj
  * and gate_up_proj (layers.c), an expert's slab of a 3-D expert tensor
- * (experts.c). Each part is finished (quantized on load, --dtype) as a
+ * (experts.c), and GPT-OSS's transposed, interleaved expert tensors
+ * (model_split_transposed). Each part is finished (quantized on load, --dtype) as a
  * linear of its own, so it is what a separate weight would have been.
  *
  * It owns nothing: a part is a view of the fused tensor where the kind
  * stores rows back to back (borrowed when the fused one is borrowed from
- * the mapping), else a copy the caller's tensor owns.
+ * the mapping), else a copy the caller's tensor owns; a transposed part is
+ * always a copy.
  */
 #include "internal/model_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /*
  * Rows [r0, r0 + n) of a bitsandbytes 4-bit fused weight (a Phi-3 saved
@@ -81,4 +84,38 @@ int model_split_rows(const model_loader *L, const char *name, const qtensor *fus
     else if ((rc = qt_clone(out, &view)) != QL_OK)
         return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", name);
     return model_finish_weight(L, name, ROLE_LINEAR, out, msg, msg_len);
+}
+
+/*
+ * A part of a transposed 3-D expert tensor as an [out, in] weight of its
+ * own: `all` holds the experts as runs of `in` rows of `width` values
+ * (GPT-OSS's gate_up_proj [experts, hidden, 2 * ff], down_proj [experts,
+ * ff, hidden]: y = x @ W[e], the transpose of a linear's layout), and
+ * output o of expert e is column first + step * o of expert e's run
+ * (gate_up's gate is columns 0, 2, 4, ..., its up 1, 3, 5, ...). A copy,
+ * element by element, in the tensor's own dense kind (F32, F16 or BF16);
+ * then finished as a linear of its own.
+ */
+int model_split_transposed(const model_loader *L, const char *name, const qtensor *all, int64_t e,
+                           int64_t in, int64_t first, int64_t step, int64_t n_out, qtensor *out,
+                           char *msg, size_t msg_len)
+{
+    const qt_traits *tr = &qt_traits_table[all->kind];
+    if (!tr->is_dense)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "tensor '%s' is %s; qlserve reads transposed expert tensors (GPT-OSS's "
+                       "fused gate_up_proj, down_proj) of dense kinds (f32, f16, bf16)",
+                       name, tr->name);
+    size_t es = all->kind == QT_F32 ? 4 : 2, width = (size_t)all->cols;
+    unsigned char *buf = malloc((size_t)n_out * (size_t)in * es);
+    if (!buf)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", name);
+    const unsigned char *src = all->data + (size_t)(e * in) * width * es;
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t i = 0; i < in; i++)
+            memcpy(buf + ((size_t)o * (size_t)in + (size_t)i) * es,
+                   src + ((size_t)i * width + (size_t)(first + step * o)) * es, es);
+    int rc = qt_from_dense(out, all->kind, buf, n_out, in, msg, msg_len);
+    free(buf);
+    return rc == QL_OK ? model_finish_weight(L, name, ROLE_LINEAR, out, msg, msg_len) : rc;
 }

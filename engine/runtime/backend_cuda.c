@@ -737,12 +737,18 @@ static int cuda_kv_write(void *be, int32_t l, const float *k, const float *v, ch
 }
 
 static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
-                       float softcap, char *msg, size_t msg_len)
+                       float softcap, const float *sinks, char *msg, size_t msg_len)
 {
     step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
     char why[256];
+    /* GPT-OSS's sinks: its models are refused when the backend is made and
+     * the layer table here leaves sinks NULL; were one passed, it is refused
+     * rather than left out of the softmax */
+    if (sinks)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: attention sinks run on the CPU backend only");
     return kernel(qt_cuda_attention_ex(&c->kv, l, &sc->sr, q, out, cfg->n_heads, cfg->n_kv_heads,
                                        cfg->head_dim, window, scale, softcap, c->stream, why,
                                        sizeof why),
@@ -1320,6 +1326,12 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "device cuda: %s is a mixture of experts, which runs on the CPU backend "
                        "only for now; use --device cpu",
+                       eng_arch_name(cfg->arch));
+    /* GPT-OSS's parts (its layer table here has no sinks or output bias) */
+    if (cfg->attn_sinks || cfg->o_bias || cfg->ffn_act == ENG_FFN_SWIGLU_OAI)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: %s's attention sinks, output bias and clamped SwiGLU run on "
+                       "the CPU backend only for now; use --device cpu",
                        eng_arch_name(cfg->arch));
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)

@@ -13,7 +13,9 @@
  * adapters, so a merged or unmerged adapter on an expert applies only to
  * the tokens routed to it); each row adds its expert's output times its
  * weight, experts in ascending order, so a row's bits never depend on
- * which other rows share the step.
+ * which other rows share the step. GPT-OSS's router adds its bias and
+ * weighs the top-k logits by their own softmax, its experts add their
+ * biases around a clamped SwiGLU (om_swiglu_oai).
  *
  * It owns the mixture's scratch (eng_moe_state), sized once for the
  * largest step; it reads the model's routers and experts.
@@ -38,9 +40,13 @@ struct eng_moe_state {
     float *gg, *ug;
     /* the chosen experts that run with the model's own weights and no
      * adapter in this step (run_plain), and each one's first item */
-    int32_t *plain;      /* [E] */
-    int64_t *start;      /* [E + 1] */
-    float *sg;           /* [T]: the shared expert's gate */
+    int32_t *plain; /* [E] */
+    int64_t *start; /* [E + 1] */
+    float *sg;      /* [T]: the shared expert's gate */
+    /* GPT-OSS's biases as f32 (NULL without router_bias): the routers'
+     * [L][E], and per layer and expert its gate, up and down biases
+     * [L][E][2 * ff + hidden] */
+    float *router_b, *expert_b;
     eng_step_seq *seqs;  /* [T]: the gathered rows as runs of their sequences */
     uint64_t ran, bytes; /* the last step's figures */
 };
@@ -62,7 +68,38 @@ void eng_moe_state_free(eng_moe_state *s)
     free(s->seqs);
     free(s->plain);
     free(s->start);
+    free(s->router_b);
+    free(s->expert_b);
     free(s);
+}
+
+/* GPT-OSS's router and expert biases, dequantized once into s. */
+static int expert_biases_new(eng_moe_state *s, const eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    size_t L = (size_t)c->n_layers, E = (size_t)c->n_experts, F = (size_t)c->expert_ff,
+           H = (size_t)c->hidden_size, W = 2 * F + H;
+    s->router_b = calloc(L * E, sizeof *s->router_b);
+    s->expert_b = calloc(L * E * W, sizeof *s->expert_b);
+    if (!s->router_b || !s->expert_b)
+        return QL_ENOMEM;
+    float *part = malloc(E * (F > H ? F : H) * sizeof *part); /* one bias, every expert's */
+    if (!part)
+        return QL_ENOMEM;
+    for (size_t l = 0; l < L; l++) {
+        const eng_layer *ly = &m->layers[l];
+        if (!eng_layer_is_moe(c, (int32_t)l))
+            continue;
+        qt_dequantize_rows(&ly->router_b, 0, 1, s->router_b + l * E);
+        for (int k = 0; k < 3; k++) {
+            size_t n = k < 2 ? F : H, at = k == 0 ? 0 : k == 1 ? F : 2 * F;
+            qt_dequantize_rows(&ly->expert_b[k], 0, (int64_t)E, part);
+            for (size_t e = 0; e < E; e++)
+                memcpy(s->expert_b + (l * E + e) * W + at, part + e * n, n * sizeof *part);
+        }
+    }
+    free(part);
+    return QL_OK;
 }
 
 int eng_moe_state_new(eng_forward_state *st, const eng_model *m)
@@ -98,13 +135,49 @@ int eng_moe_state_new(eng_forward_state *st, const eng_model *m)
     if (!s->logits || !s->pick || !s->weight || !s->count || !s->order || !s->xg || !s->yg ||
         !s->gg || !s->ug || !s->sg || !s->seqs || !s->plain || !s->start)
         return QL_ENOMEM; /* the caller frees st, and st->moe with it */
-    return QL_OK;
+    return c->router_bias ? expert_biases_new(s, m) : QL_OK;
 }
 
 void eng_forward_moe_step(const eng_forward_state *st, uint64_t *experts, uint64_t *bytes)
 {
     *experts = st->moe ? st->moe->ran : 0;
     *bytes = st->moe ? st->moe->bytes : 0;
+}
+
+/* pick[k] for k < K: the K largest of p[E], largest first, the lower
+ * index first among equals. */
+static void pick_top_k(const float *p, int32_t E, int32_t K, int32_t *pick)
+{
+    for (int32_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k; j++)
+                taken |= pick[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        pick[k] = best;
+    }
+}
+
+/* GPT-OSS's choice (ENG_ROUTER_TOPK_SOFTMAX) from its router logits p[E]
+ * plus their bias: the k largest (the lower index first among equals),
+ * weighed by a softmax over those k alone, in double, rounded once. */
+static void route_row_topk_softmax(const eng_config *c, float *p, const float *bias, int32_t *pick,
+                                   float *weight)
+{
+    int32_t E = c->n_experts, K = c->n_experts_used;
+    for (int32_t e = 0; bias && e < E; e++)
+        p[e] += bias[e];
+    pick_top_k(p, E, K, pick);
+    double sum = 0.0, w[64]; /* the loader holds K to 64 */
+    for (int32_t k = 0; k < K; k++) {
+        w[k] = exp((double)p[pick[k]] - (double)p[pick[0]]);
+        sum += w[k];
+    }
+    for (int32_t k = 0; k < K; k++)
+        weight[k] = (float)(w[k] / sum);
 }
 
 /*
@@ -127,18 +200,10 @@ static void route_row(const eng_config *c, float *p, int32_t *pick, float *weigh
     for (int32_t e = 0; e < E; e++)
         p[e] = (float)(p[e] / sum);
     double chosen = 0.0;
+    pick_top_k(p, E, K, pick);
     for (int32_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k; j++)
-                taken |= pick[j] == e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = e;
-        }
-        pick[k] = best;
-        weight[k] = p[best];
-        chosen += p[best];
+        weight[k] = p[pick[k]];
+        chosen += p[pick[k]];
     }
     for (int32_t k = 0; c->norm_topk_prob && k < K; k++)
         weight[k] = (float)(weight[k] / chosen);
@@ -179,27 +244,48 @@ static int32_t gathered_seqs(const cpu_step *cs, eng_moe_state *s, const int32_t
     return runs;
 }
 
-/* gate[i] = act(gate[i]) * up[i] for i < n. */
+/* gate[i] = act(gate[i]) * up[i] for i < n (GPT-OSS's clamped SwiGLU). */
 static void glu(const eng_config *c, float *gate, const float *up, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        gate[i] =
-            c->ffn_act == ENG_FFN_GELU_TANH ? om_geglu(gate[i], up[i]) : om_swiglu(gate[i], up[i]);
+        gate[i] = c->ffn_act == ENG_FFN_SWIGLU_OAI
+                      ? om_swiglu_oai(gate[i], up[i], c->swiglu_alpha, c->swiglu_limit)
+                  : c->ffn_act == ENG_FFN_GELU_TANH ? om_geglu(gate[i], up[i])
+                                                    : om_swiglu(gate[i], up[i]);
+}
+
+/* y[r] += bias per row of n (bias NULL: nothing). */
+static void add_rows(float *y, const float *bias, int64_t rows, int64_t n)
+{
+    for (int64_t r = 0; bias && r < rows; r++)
+        for (int64_t i = 0; i < n; i++)
+            y[r * n + i] += bias[i];
+}
+
+/* Expert e of layer l's gate, up and down biases side by side (GPT-OSS),
+ * or NULL. */
+static const float *expert_bias(const eng_moe_state *s, const eng_config *c, int32_t l, int32_t e)
+{
+    size_t W = 2 * (size_t)c->expert_ff + (size_t)c->hidden_size;
+    return s->expert_b ? s->expert_b + ((size_t)l * (size_t)s->E + (size_t)e) * W : NULL;
 }
 
 /* The GLU of projections gate, up, down of layer l over the n rows at x
  * (as the runs of sequences seqs), into y; g and u are the gate's and the
- * up's rows. */
+ * up's rows; bias (NULL: none) the expert's gate, up and down biases. */
 static void glu_rows(const cpu_step *cs, int32_t l, const eng_step_seq *seqs, int32_t runs,
-                     int64_t n, eng_proj gate, eng_proj up, eng_proj down, const float *x, float *g,
-                     float *u, float *y)
+                     int64_t n, eng_proj gate, eng_proj up, eng_proj down, const float *bias,
+                     const float *x, float *g, float *u, float *y)
 {
     const eng_model *m = cs->m;
-    int64_t F = eng_model_proj(m, l, gate)->rows;
+    int64_t F = eng_model_proj(m, l, gate)->rows, H = m->cfg.hidden_size;
     eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, gate, x, g);
     eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, up, x, u);
+    add_rows(g, bias, n, F);
+    add_rows(u, bias ? bias + F : NULL, n, F);
     glu(&m->cfg, g, u, n * F);
     eng_cpu_project(cs->st, cs->pool, m, seqs, runs, l, down, g, y);
+    add_rows(y, bias ? bias + 2 * F : NULL, n, H);
 }
 
 /* Whether expert e of layer l runs with the model's own weights and no
@@ -280,12 +366,21 @@ static void run_plain(const cpu_step *cs, eng_moe_state *s, int32_t l, int32_t n
     for (int32_t i = 0; i < n; i++) {
         int32_t e = s->plain[i];
         int64_t first = s->count[e], rows = s->count[e + 1] - first;
+        const float *bias = expert_bias(s, &m->cfg, l, e);
+        add_rows(s->gg + first * F, bias, rows, F);
+        add_rows(s->ug + first * F, bias ? bias + F : NULL, rows, F);
         glu(&m->cfg, s->gg + first * F, s->ug + first * F, rows * F);
     }
     j.down = true;
     for (int32_t i = 0; i < n; i++)
         s->start[i + 1] = s->start[i] + per_d;
     eng_pool_run(cs->pool, plain_items, &j, s->start[n], 1);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t e = s->plain[i];
+        int64_t first = s->count[e], rows = s->count[e + 1] - first;
+        const float *bias = expert_bias(s, &m->cfg, l, e);
+        add_rows(s->yg + first * H, bias ? bias + 2 * F : NULL, rows, H);
+    }
 }
 
 /* Qwen2-MoE's shared expert over every row, gated by sigmoid(g . x),
@@ -296,8 +391,8 @@ static void shared_expert(const cpu_step *cs, eng_moe_state *s, int32_t l, const
     const eng_model *m = cs->m;
     int64_t T = cs->rows, H = m->cfg.hidden_size;
     eng_cpu_matmul(cs->pool, &m->layers[l].shared_gate, x, T, s->sg);
-    glu_rows(cs, l, cs->seqs, cs->n_seqs, T, ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN, x, s->gg,
-             s->ug, s->yg);
+    glu_rows(cs, l, cs->seqs, cs->n_seqs, T, ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN, NULL, x,
+             s->gg, s->ug, s->yg);
     for (int64_t r = 0; r < T; r++) {
         float g = 1.0f / (1.0f + expf(-s->sg[r]));
         for (int64_t i = 0; i < H; i++)
@@ -317,8 +412,14 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
         s->ran = s->bytes = 0;
     // router: logits = x @ router^T, each row's top-k and their weights
     eng_cpu_matmul(cs->pool, &m->layers[l].router, x, T, s->logits);
-    for (int64_t r = 0; r < T; r++)
-        route_row(c, s->logits + r * s->E, s->pick + r * s->K, s->weight + r * s->K);
+    const float *router_b = s->router_b ? s->router_b + (size_t)l * (size_t)s->E : NULL;
+    for (int64_t r = 0; r < T; r++) {
+        if (c->router == ENG_ROUTER_TOPK_SOFTMAX)
+            route_row_topk_softmax(c, s->logits + r * s->E, router_b, s->pick + r * s->K,
+                                   s->weight + r * s->K);
+        else
+            route_row(c, s->logits + r * s->E, s->pick + r * s->K, s->weight + r * s->K);
+    }
     group_by_expert(s, T);
     // every (row, choice) pair's row, grouped by expert
     for (int64_t i = 0; i < T * s->K; i++)
@@ -342,7 +443,8 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
         int32_t runs = gathered_seqs(cs, s, s->order + first, n);
         glu_rows(cs, l, s->seqs, runs, n, eng_expert_proj(e, ENG_PROJ_GATE),
                  eng_expert_proj(e, ENG_PROJ_UP), eng_expert_proj(e, ENG_PROJ_DOWN),
-                 s->xg + first * H, s->gg + first * F, s->ug + first * F, s->yg + first * H);
+                 expert_bias(s, c, l, e), s->xg + first * H, s->gg + first * F, s->ug + first * F,
+                 s->yg + first * H);
     }
     if (n_plain > 0)
         run_plain(cs, s, l, n_plain);

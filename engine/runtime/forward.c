@@ -93,6 +93,8 @@ static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
     ly->attn_norm = st->norms + 2 * i * H;
     ly->ffn_norm = st->norms + (2 * i + 1) * H;
     ly->bias = st->biases ? st->biases + i * QKV : NULL;
+    ly->o_bias = st->o_biases ? st->o_biases + i * H : NULL;
+    ly->sinks = st->sinks ? st->sinks + i * (size_t)c->n_heads : NULL;
     ly->q_norm = st->qk_norms ? st->qk_norms + i * 4 * half : NULL;
     ly->k_norm = st->qk_norms ? st->qk_norms + i * 4 * half + 2 * half : NULL;
     ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
@@ -120,6 +122,8 @@ void eng_forward_state_free(eng_forward_state *st)
                      st->final_norm,
                      st->biases,
                      st->qk_norms,
+                     st->o_biases,
+                     st->sinks,
                      st->post_norms,
                      st->rope_cos_local,
                      st->rope_sin_local};
@@ -187,11 +191,14 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
     st->qk_norms = c->qk_norm ? malloc(L * 2 * half * 2 * sizeof(float)) : NULL;
+    st->o_biases = c->o_bias ? malloc(L * H * sizeof(float)) : NULL;
+    st->sinks = c->attn_sinks ? malloc(L * (size_t)c->n_heads * sizeof(float)) : NULL;
     st->layers = calloc(L, sizeof *st->layers);
     if (!st->layers || !st->x || !st->h || !st->q || !st->k || !st->v || !st->att || !st->gate ||
         !st->up || !st->tmp || !st->last || !st->row_seq || !st->row_pos || !st->seq_row ||
         !st->seq_group || !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms ||
         !st->final_norm || (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms) ||
+        (c->o_bias && !st->o_biases) || (c->attn_sinks && !st->sinks) ||
         gemma_state_new(st, m) != QL_OK || eng_moe_state_new(st, m) != QL_OK) {
         eng_forward_state_free(st);
         return ql_fail(msg, msg_len, QL_ENOMEM,
@@ -207,6 +214,10 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
             dense_row(&m->layers[l].bk, b + Q);
             dense_row(&m->layers[l].bv, b + Q + KV);
         }
+        if (c->o_bias)
+            dense_row(&m->layers[l].bo, st->o_biases + l * H);
+        if (c->attn_sinks)
+            dense_row(&m->layers[l].sinks, st->sinks + l * (size_t)c->n_heads);
         if (c->qk_norm) {
             norm_row(&m->layers[l].q_norm, c->norm_offset, st->qk_norms + l * 4 * half);
             norm_row(&m->layers[l].k_norm, c->norm_offset, st->qk_norms + l * 4 * half + 2 * half);
@@ -266,6 +277,7 @@ typedef struct attn_job {
     const eng_forward_state *st;
     int32_t layer, window;
     float scale, softcap;
+    const float *sinks; /* [n_heads], or NULL */
     const float *q;
     float *out;
 } attn_job;
@@ -358,6 +370,13 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             const unsigned char *v = kv_row(j->kv, s->kv->blocks, j->layer, 1, p);
             attend_run(j->kv, j->softcap, q, k, v, (int64_t)kvh * d, run, d, scale, &sm, acc);
         }
+        /* the head's sink: one more term of the denominator, with no value */
+        float factor;
+        if (j->sinks && om_online_raise(&sm, j->sinks[hd], &factor))
+            for (int32_t t = 0; t < d; t++)
+                acc[t] *= factor;
+        if (j->sinks)
+            om_online_weight(&sm, j->sinks[hd]);
         float *out = j->out + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)
             out[u] = om_online_out(acc[u], sm.sum);
@@ -470,12 +489,12 @@ static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, cha
 
 /* (row, head) pairs over the pool, one at a time. */
 static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
-                      float softcap, char *msg, size_t msg_len)
+                      float softcap, const float *sinks, char *msg, size_t msg_len)
 {
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     const eng_config *c = &cs->m->cfg;
-    attn_job aj = {c, cs->kv, cs->seqs, cs->st, l, window, scale, softcap, q, out};
+    attn_job aj = {c, cs->kv, cs->seqs, cs->st, l, window, scale, softcap, sinks, q, out};
     eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * c->n_heads, 1);
     return QL_OK;
 }

@@ -22,10 +22,42 @@
  * as ggml's freq_scale multiplies the divided theta; llama3 (Llama 3.1's
  * rope_scaling) keeps high frequencies, divides low ones by the factor and
  * blends in between, as transformers' _compute_llama3_parameters does (the
- * factors llama.cpp's converter stores are this same curve as divisors). */
+ * factors llama.cpp's converter stores are this same curve as divisors);
+ * YaRN blends each frequency with itself over the factor (yarn_ramp). */
 int32_t eng_rope_dims(const eng_config *c)
 {
     return c->rope_dim > 0 && c->rope_dim < c->head_dim ? c->rope_dim : c->head_dim;
+}
+
+/* YaRN's correction dim for a number of rotations over the original
+ * context (transformers' find_correction_dim, ggml's
+ * ggml_rope_yarn_corr_dim): the pair index whose wavelength makes that
+ * many turns. */
+static double yarn_correction_dim(double rotations, int32_t rot, double base, double orig)
+{
+    return (double)rot * log(orig / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+/* YaRN's ramp from 0 to 1 over the pairs between its correction dims
+ * beta_fast and beta_slow (rounded out to whole dims when truncate), as
+ * transformers' _compute_yarn_parameters: pair i's frequency is f / factor
+ * times ramp[i] plus f times (1 - ramp[i]), so the fast pairs keep their
+ * frequency and the slow ones are interpolated. */
+static double yarn_ramp(const eng_config *c, int32_t rot, int32_t i)
+{
+    double base = (double)c->rope_theta, orig = (double)c->rope_original_max_position;
+    double low = yarn_correction_dim((double)c->rope_yarn_beta_fast, rot, base, orig);
+    double high = yarn_correction_dim((double)c->rope_yarn_beta_slow, rot, base, orig);
+    if (c->rope_yarn_truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    low = low > 0.0 ? low : 0.0;
+    high = high < rot - 1 ? high : rot - 1;
+    if (low == high)
+        high += 0.001; /* transformers' guard against a zero-width ramp */
+    double r = ((double)i - low) / (high - low);
+    return r < 0.0 ? 0.0 : r > 1.0 ? 1.0 : r;
 }
 
 void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
@@ -37,6 +69,9 @@ void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
             f /= (double)c->rope_freq_factors[i];
         if (c->rope_scaling == ENG_ROPE_LINEAR) {
             f /= (double)c->rope_factor;
+        } else if (c->rope_scaling == ENG_ROPE_YARN) {
+            double ramp = yarn_ramp(c, rot, i);
+            f = f / (double)c->rope_factor * ramp + f * (1.0 - ramp);
         } else if (c->rope_scaling == ENG_ROPE_LLAMA3) {
             double old = (double)c->rope_original_max_position;
             double low_wavelen = old / (double)c->rope_low_freq_factor;
@@ -64,13 +99,17 @@ void eng_rope_inv_freq_local(const eng_config *c, double *inv_freq)
         inv_freq[i] = 1.0 / pow((double)c->rope_local_theta, (2.0 * i) / (double)c->head_dim);
 }
 
-/* longrope's attention factor: transformers multiplies cos and sin by it
- * (attention_scaling, from _compute_longrope_parameters), ggml's rope by its
- * attn_factor (mscale), which llama.cpp's converter stores for Phi-3 as
- * rope.scaling.attn_factor; the same number. Every other scaling: 1. */
+/* longrope's and YaRN's attention factor: transformers multiplies cos and
+ * sin by it (attention_scaling, from _compute_longrope_parameters and
+ * _compute_yarn_parameters), ggml's rope by its attn_factor (mscale; for
+ * YaRN times 1 + 0.1 ln(factor) inside ggml_rope_yarn), which llama.cpp's
+ * converter stores for Phi-3 as rope.scaling.attn_factor; the same number.
+ * Every other scaling: 1. */
 double eng_rope_attention_factor(const eng_config *c)
 {
-    return c->rope_scaling == ENG_ROPE_LONGROPE ? (double)c->rope_attn_factor : 1.0;
+    return c->rope_scaling == ENG_ROPE_LONGROPE || c->rope_scaling == ENG_ROPE_YARN
+               ? (double)c->rope_attn_factor
+               : 1.0;
 }
 
 void eng_rope_row(const double *inv_freq, int32_t half, int32_t pos, double attn_factor,

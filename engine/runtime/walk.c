@@ -137,10 +137,13 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         // K and V into the paged cache, all rows first so a prefill chunk sees itself
         OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
         // grouped-query attention, causal, over the paged cache (the window on
-        // sliding layers, Gemma 2's soft-capped scores)
-        OP(ops->attend(be, l, b->q, b->att, ly->window, scale, c->attn_softcap, msg, msg_len));
-        // output projection
+        // sliding layers, Gemma 2's soft-capped scores, GPT-OSS's sinks)
+        OP(ops->attend(be, l, b->q, b->att, ly->window, scale, c->attn_softcap, ly->sinks, msg,
+                       msg_len));
+        // output projection (GPT-OSS's bias)
         OP(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
+        if (ly->o_bias)
+            OP(ops->add_bias(be, b->tmp, ly->o_bias, T, H, msg, msg_len));
         // Gemma's post-attention norm
         if (ly->post_attn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_attn_norm, T, H, eps, msg, msg_len));

@@ -116,6 +116,21 @@ QL_HD float om_geglu(float gate, float up)
     return om_gelu_tanh(gate) * up;
 }
 
+/* ---- GPT-OSS's clamped SwiGLU -------------------------------------------------
+ * transformers' GptOssExperts._apply_gate (and llama.cpp's swiglu_oai): the
+ * gate clamped above at limit, up clamped to [-limit, limit] (limit 0: no
+ * clamp), then (up + 1) * gate * sigmoid(alpha * gate), in that order. */
+
+QL_HD float om_swiglu_oai(float gate, float up, float alpha, float limit)
+{
+    if (limit > 0.0f) {
+        gate = gate > limit ? limit : gate;
+        up = up > limit ? limit : up < -limit ? -limit : up;
+    }
+    float glu = gate / (1.0f + expf(-alpha * gate));
+    return (up + 1.0f) * glu;
+}
+
 /* ---- soft-capping (Gemma 2's attention scores and logits) --------------------
  * tanh(x / cap) * cap: x for |x| << cap, never past +-cap. */
 QL_HD float om_softcap(float x, float cap)

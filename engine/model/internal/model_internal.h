@@ -26,6 +26,7 @@
 #include "model.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 
 /* What the loader carries while it works. */
 typedef struct model_loader {
@@ -35,6 +36,7 @@ typedef struct model_loader {
     bool quantize;       /* a quant kind was asked for */
     qt_quant_params qp;  /* ... and its parameters */
     bool bnb_checkpoint; /* config.json says bitsandbytes 4-bit */
+    bool mxfp4_experts;  /* config.json says mxfp4: GPT-OSS's experts as _blocks / _scales */
     char bnb_type[8];    /* "nf4" / "fp4" from quantization_config */
     qt_kind dtype;       /* target dense kind, or QT_KIND_COUNT to keep */
 } model_loader;
@@ -71,6 +73,14 @@ int model_shape_mismatch(const char *file, const char *name, int64_t rows, int64
  * so an adapter's base_model_name_or_path can be compared with it. */
 void model_set_name(eng_model *m, const char *own, size_t own_len, const char *path);
 
+/* YaRN's mscale, 0.1 m ln(scale) + 1 (1 for scale <= 1): transformers'
+ * yarn_get_mscale, llama.cpp's get_mscale; both loaders derive the
+ * attention factor from it. */
+static inline double model_yarn_mscale(double scale, double m)
+{
+    return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
 /* --- layers.c ------------------------------------------------------------ */
 
 /* Load every decoder layer's tensors into L->m->layers (allocated by the
@@ -88,6 +98,13 @@ void model_layers_free(eng_model *m);
  * have been; name names the fused tensor in messages. */
 int model_split_rows(const model_loader *L, const char *name, const qtensor *fused, int64_t r0,
                      int64_t n, qtensor *out, char *msg, size_t msg_len);
+/* Expert e's [n_out, in] weight from a transposed 3-D dense tensor `all`
+ * (experts as runs of `in` rows; output o is column first + step * o of
+ * the run: GPT-OSS's gate_up_proj, down_proj), copied into a tensor *out
+ * owns, finished as a linear. */
+int model_split_transposed(const model_loader *L, const char *name, const qtensor *all, int64_t e,
+                           int64_t in, int64_t first, int64_t step, int64_t n_out, qtensor *out,
+                           char *msg, size_t msg_len);
 
 /* --- experts.c ------------------------------------------------------------ */
 

@@ -30,6 +30,8 @@ struct eng_forward_state {
     float *final_norm; /* [hidden] */
     float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
     float *qk_norms;   /* [n_layers][2][head_dim] when qk_norm (Qwen3) */
+    float *o_biases;   /* [n_layers][hidden] when o_bias (GPT-OSS) */
+    float *sinks;      /* [n_layers][n_heads] when attn_sinks (GPT-OSS) */
     /* Gemma: the sandwich norms [n_layers][2][hidden] (after attention,
      * after the MLP), and the sliding layers' own rotation */
     float *post_norms;

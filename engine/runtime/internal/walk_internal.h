@@ -32,6 +32,8 @@ enum { ENG_WALK_ROPE_GLOBAL = 0, ENG_WALK_ROPE_LOCAL = 1 /* Gemma 3's sliding la
 typedef struct eng_walk_layer {
     const float *attn_norm, *ffn_norm;           /* [hidden], offset folded in */
     const float *bias;                           /* [q + 2 kv]: q, k, v side by side (Qwen2) */
+    const float *o_bias;                         /* [hidden]: the output projection's (GPT-OSS) */
+    const float *sinks;                          /* [n_heads]: attention sinks (GPT-OSS) */
     const float *q_norm, *k_norm;                /* [head_dim] (Qwen3) */
     const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich norms) */
     int32_t window;                              /* sliding window in positions; 0: all */
@@ -78,9 +80,11 @@ typedef struct eng_walk_ops {
     int (*kv_write)(void *be, int32_t l, const float *k, const float *v, char *msg, size_t msg_len);
     /* out = grouped-query attention of q over layer l's cache, causal, over
      * the last `window` positions (0: all), scores times scale and
-     * soft-capped at softcap (0: none) */
+     * soft-capped at softcap (0: none); with sinks (NULL: none) head h's
+     * softmax has one more term e^sinks[h] in its denominator, which takes
+     * no value (GPT-OSS) */
     int (*attend)(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
-                  float softcap, char *msg, size_t msg_len);
+                  float softcap, const float *sinks, char *msg, size_t msg_len);
     /* x[i] += y[i] for i < n */
     int (*add)(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len);
     /* out = layer l's mixture of experts of x for the step's rows: the
