@@ -12,8 +12,10 @@
  * [out, r, experts]); its delta is scale * B_e @ A_e, in the orientation
  * of the projection (out, in): for Qwen's and Mixtral's experts PEFT swaps
  * d1 and d2 (gate_up_proj [E, 2I, H] has in H, out 2I), which is our
- * [rows, cols]. Two wrapped parameters of one module nest: the one wrapped
- * first sits under "base_layer.".
+ * [rows, cols]; GPT-OSS's are stored transposed ([E, H, 2I], PEFT's
+ * is_transposed: no swap), which comes to the same A and B, and its
+ * gate_up rows alternate gate, up. Two wrapped parameters of one module
+ * nest: the one wrapped first sits under "base_layer.".
  *
  * It owns nothing: each module's A and B are copies the adapter owns
  * (peft.c frees them with the rest).
@@ -94,11 +96,11 @@ static int new_dense(qtensor *t, st_dtype dt, int64_t rows, int64_t cols, size_t
     return QL_OK;
 }
 
-/* Expert e's module from the fused factors: A's rows e*r .., and B's rows
- * [o0, o0 + n_out) (every `step`-th from o0: 1, or 2 for interleaved
- * halves) at columns k * E + e. */
+/* Expert e's module from the fused factors: A's rows e*r .., and n_out of
+ * B's rows, every `step`-th from o0 (step 2: GPT-OSS's interleaved gate
+ * and up), at columns k * E + e. */
 static int expert_module(const st_tensor *a, const st_tensor *b, int64_t e, int64_t E, int64_t r,
-                         int64_t o0, int64_t n_out, float scale, eng_lora_module *mod,
+                         int64_t o0, int64_t step, int64_t n_out, float scale, eng_lora_module *mod,
                          size_t *copied)
 {
     size_t es = st_dtype_size(a->dtype), eb = st_dtype_size(b->dtype);
@@ -110,7 +112,7 @@ static int expert_module(const st_tensor *a, const st_tensor *b, int64_t e, int6
     for (int64_t o = 0; o < n_out; o++)
         for (int64_t k = 0; k < r; k++)
             memcpy(mod->b.data + (size_t)(o * r + k) * eb,
-                   b->data + (size_t)((o0 + o) * cols_b + k * E + e) * eb, eb);
+                   b->data + (size_t)((o0 + o * step) * cols_b + k * E + e) * eb, eb);
     mod->scale = scale;
     return QL_OK;
 }
@@ -138,14 +140,16 @@ int lora_fused_build(const eng_model *m, int32_t layer, lora_fused_param which, 
         int rc = QL_OK;
         if (which == LORA_FUSED_DOWN) {
             eng_lora_module *mod = &row[eng_expert_proj((int32_t)e, ENG_PROJ_DOWN)];
-            rc = expert_module(a, b, e, E, r, 0, H, scale, mod, copied);
+            rc = expert_module(a, b, e, E, r, 0, 1, H, scale, mod, copied);
         } else {
-            /* the gate's rows, then the up's */
+            /* the gate's rows, then the up's; GPT-OSS's alternate */
+            bool alternate = c->arch == ENG_ARCH_GPT_OSS;
             eng_lora_module *g = &row[eng_expert_proj((int32_t)e, ENG_PROJ_GATE)];
             eng_lora_module *u = &row[eng_expert_proj((int32_t)e, ENG_PROJ_UP)];
-            rc = expert_module(a, b, e, E, r, 0, F, scale, g, copied);
+            rc = expert_module(a, b, e, E, r, 0, alternate ? 2 : 1, F, scale, g, copied);
             if (rc == QL_OK)
-                rc = expert_module(a, b, e, E, r, F, F, scale, u, copied);
+                rc = expert_module(a, b, e, E, r, alternate ? 1 : F, alternate ? 2 : 1, F, scale, u,
+                                   copied);
         }
         if (rc != QL_OK)
             return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory for layer %d's experts",

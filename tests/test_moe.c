@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fixtures/gptoss_lora_reference.h"
 #include "fixtures/moe_reference.h"
 #include "lora.h"
 #include "lora_fixture.h"
@@ -336,6 +337,30 @@ Test(moe, a_peft_adapter_on_fused_experts_equals_peft_float64)
     l = load_peft(&m, "qwen3moe_experts", NULL);
     against_peft(&m, l, QWEN3MOE_TOKENS, QWEN3MOE_N_TOKENS, &QWEN3MOE_LORA_LOGITS[0][0],
                  &QWEN3MOE_MERGED_LOGITS[0][0], "qwen3moe gguf + fused experts");
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* GPT-OSS's experts are stored transposed with gate and up alternating:
+ * PEFT's target_parameters factors split per expert the same way give
+ * PEFT's float64 logits (make_gptoss_adapter.py), folder and GGUF. */
+Test(moe, a_peft_adapter_on_gpt_oss_experts_equals_peft_float64)
+{
+    char dir[512], msg[1024];
+    eng_model m;
+    load_fixture("gptoss_tiny", &m, dir, sizeof dir);
+    eng_lora *l = load_peft(&m, "gptoss_experts", NULL);
+    against_peft(&m, l, GPTOSS_TOKENS, GPTOSS_N_TOKENS, &GPTOSS_LORA_LOGITS[0][0],
+                 &GPTOSS_MERGED_LOGITS[0][0], "gpt-oss folder + fused experts");
+    eng_lora_unref(l);
+    eng_model_free(&m);
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = QL_FIXTURES "/gptoss_tiny.gguf"}, msg,
+                                sizeof msg),
+                 0, "%s", msg);
+    l = load_peft(&m, "gptoss_experts", NULL);
+    against_peft(&m, l, GPTOSS_TOKENS, GPTOSS_N_TOKENS, &GPTOSS_LORA_LOGITS[0][0],
+                 &GPTOSS_MERGED_LOGITS[0][0], "gpt-oss gguf + fused experts");
     eng_lora_unref(l);
     eng_model_free(&m);
     test_rmtree(dir);
