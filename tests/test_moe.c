@@ -534,7 +534,7 @@ static void serve_and_ask(const char *model, const char *dir, const char *adapte
     sp_stop_cleanly();
 }
 
-Test(moe, the_binary_serves_a_mixture_from_its_folder_and_its_gguf, .timeout = 240)
+Test(moe, the_binary_serves_each_family_from_its_folder_and_its_gguf, .timeout = 300)
 {
     char dir[512], model[600];
     test_tmpdir(dir, sizeof dir);
@@ -542,6 +542,16 @@ Test(moe, the_binary_serves_a_mixture_from_its_folder_and_its_gguf, .timeout = 2
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("qwen3moe_tiny", model);
     serve_and_ask(model, dir, QL_FIXTURES "/peft");
-    serve_and_ask(QL_FIXTURES "/mixtral_tiny.gguf", dir, NULL);
+    test_rmtree(model);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    tiny_fixture_folder("gptoss_tiny", model);
+    serve_and_ask(model, dir, NULL);
+    /* each family's GGUF (GPT-OSS's with MXFP4 experts) */
+    const char *ggufs[] = {"mixtral_tiny.gguf", "qwen2moe_tiny.gguf", "qwen3moe_tiny.gguf",
+                           "gptoss_tiny_mxfp4.gguf"};
+    for (size_t i = 0; i < sizeof ggufs / sizeof *ggufs; i++) {
+        snprintf(model, sizeof model, "%s/%s", QL_FIXTURES, ggufs[i]);
+        serve_and_ask(model, dir, NULL);
+    }
     test_rmtree(dir);
 }
