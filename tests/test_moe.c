@@ -24,6 +24,7 @@
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
+#include "ref_forward.h"
 #include "run_prompt.h"
 #include "runtime.h"
 #include "server_process.h"
@@ -364,6 +365,60 @@ Test(moe, a_peft_adapter_on_gpt_oss_experts_equals_peft_float64)
     eng_lora_unref(l);
     eng_model_free(&m);
     test_rmtree(dir);
+}
+
+/* Every position of the prompt on version w (with terms unmerged) against
+ * the float64 pass R. */
+static void against_reference(const eng_model *m, const ref_model *R, const eng_weights *w,
+                              const eng_lora_term *terms, int n_terms, const char *label)
+{
+    int n = QWEN3MOE_N_TOKENS;
+    size_t V = (size_t)m->cfg.vocab_size;
+    double *want = malloc((size_t)n * V * sizeof *want);
+    cr_assert(want);
+    ref_forward(R, QWEN3MOE_TOKENS, n, want);
+    prompt_run r = {.tokens = QWEN3MOE_TOKENS,
+                    .n_tokens = n,
+                    .prefill = 9,
+                    .weights = w,
+                    .delta = terms,
+                    .n_delta = n_terms};
+    float *all = run_prompt(m, &r);
+    for (int t = 0; t < n; t++)
+        assert_logits_close(all + (size_t)t * V, want + (size_t)t * V, (int64_t)V, label, "logits",
+                            t);
+    free(all);
+    free(want);
+}
+
+/* Merged into llama.cpp's q8_0 experts: each merged expert stays q8_0,
+ * the served logits are the float64 pass over the merged weights, and the
+ * unmerged adapter's the pass over the model's plus the float64 deltas. */
+Test(moe, an_adapter_merges_into_quantized_experts)
+{
+    char msg[1024];
+    eng_model m;
+    cr_assert_eq(eng_model_load(&m,
+                                &(eng_load_opts){.path = QL_FIXTURES "/qwen3moe_tiny_q8_0.gguf"},
+                                msg, sizeof msg),
+                 0, "%s", msg);
+    eng_lora *l = load_peft(&m, "qwen3moe_experts", NULL);
+    eng_lora_term term = {l, 1.0f};
+    ref_model R;
+    ref_load(&R, &m);
+    ref_add_lora(&R, l, 1.0);
+    against_reference(&m, &R, NULL, &term, 1, "q8_0 + unmerged fused experts");
+    ref_free(&R);
+    eng_weights *w = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
+    eng_proj p = eng_expert_proj(6, ENG_PROJ_DOWN);
+    cr_assert_neq(eng_weights_proj(w, 1, p), eng_model_proj(&m, 1, p), "expert 6's down merged");
+    cr_assert_eq(eng_weights_proj(w, 1, p)->kind, QT_Q8_0);
+    ref_load_version(&R, &m, w);
+    against_reference(&m, &R, w, NULL, 0, "q8_0 with the fused experts merged");
+    ref_free(&R);
+    eng_weights_unref(w);
+    eng_lora_unref(l);
+    eng_model_free(&m);
 }
 
 /* target_modules naming each expert's own weights (Mixtral's w1, w2, w3),
