@@ -96,6 +96,29 @@ Test(model, hf_folder_loads_dense_in_place)
     eng_model_free(&m);
 }
 
+/* The tokens besides eos that end an answer: config.json's and
+ * generation_config.json's eos_token_id lists, each id once, eos left out;
+ * a generation_config.json that is not JSON is refused naming it. */
+Test(model, every_end_token_of_the_configs_ends_an_answer)
+{
+    tiny_spec s = tiny_default();
+    tiny_write_hf(dir, &s);
+    char path[700];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    test_write_text(path, "{\"eos_token_id\": [259, 7, 200, 7], \"do_sample\": true}");
+    eng_model m;
+    load_ok(&m, dir, NULL, NULL, false);
+    cr_assert_eq(m.cfg.eos_token_id, 259);
+    cr_assert_eq(m.cfg.n_eog, 2);
+    cr_assert_eq(m.cfg.eog_token_ids[0], 7);
+    cr_assert_eq(m.cfg.eog_token_ids[1], 200);
+    eng_model_free(&m);
+    test_write_text(path, "{\"eos_token_id\": [");
+    char msg[1024];
+    cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = dir}, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "generation_config.json"), "%s", msg);
+}
+
 Test(model, quantize_on_load_to_every_kind)
 {
     tiny_spec s = tiny_default();

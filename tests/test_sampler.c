@@ -1001,7 +1001,7 @@ Test(sampler, min_tokens_holds_back_eos)
     eng_sampling p = {.min_tokens = 3};
     eng_sampler s;
     cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
-    eng_sampler_set_eos(&s, 2);
+    eng_sampler_set_eos(&s, (int32_t[]){2}, 1);
     const float logits[4] = {0.0f, 1.0f, 5.0f, 0.5f};
     float work[4];
     for (int i = 0; i < 3; i++) {
@@ -1020,9 +1020,18 @@ Test(sampler, min_tokens_holds_back_eos)
     eng_sampler_free(&s);
     p.min_tokens = 0;
     cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
-    eng_sampler_set_eos(&s, 2);
+    eng_sampler_set_eos(&s, (int32_t[]){2}, 1);
     cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 2);
     cr_assert_eq(eng_sampler_may_end(&s), true);
+    eng_sampler_free(&s);
+
+    /* every token that ends an answer is held back (GPT-OSS's <|call|>
+     * beside its eos): with 2 and 1 both ends, the first token is 3 */
+    p.min_tokens = 1;
+    cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
+    eng_sampler_set_eos(&s, (int32_t[]){2, 1}, 2);
+    cr_assert_eq(sample_copy(&s, logits, 4, work, NULL), 3);
+    cr_assert(work[1] == -INFINITY && work[2] == -INFINITY);
     eng_sampler_free(&s);
 }
 
@@ -1094,7 +1103,7 @@ Test(sampler, fast_paths_are_off_while_a_penalty_bias_or_min_tokens_could_act)
         /* min_tokens while it holds EOS back */
         p = (eng_sampling){.temperature = t, .min_tokens = 2};
         cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
-        eng_sampler_set_eos(&s, 5);
+        eng_sampler_set_eos(&s, (int32_t[]){5}, 1);
         expect_fast_path(&s, false, "min_tokens 2, none generated");
         eng_sampler_record(&s, 1);
         expect_fast_path(&s, false, "min_tokens 2, one generated");
@@ -1105,7 +1114,7 @@ Test(sampler, fast_paths_are_off_while_a_penalty_bias_or_min_tokens_could_act)
         /* ignore_eos alone changes no logit */
         p = (eng_sampling){.temperature = t, .ignore_eos = true};
         cr_assert_eq(eng_sampler_init(&s, &p, NULL, 0), QL_OK);
-        eng_sampler_set_eos(&s, 5);
+        eng_sampler_set_eos(&s, (int32_t[]){5}, 1);
         expect_fast_path(&s, true, "ignore_eos");
         eng_sampler_free(&s);
     }

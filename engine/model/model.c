@@ -12,6 +12,8 @@
  */
 #include "internal/model_internal.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +51,79 @@ static void describe_quant(eng_model *m)
                  w->nested ? "-dq" : "", w->blocksize);
     else
         snprintf(m->quant, sizeof m->quant, "%s", qt_kind_name(w->kind));
+}
+
+/* id as one more token that ends an answer (eng_config.eog_token_ids),
+ * unless it is the eos, already there, or past the room. */
+static void add_end_token(eng_config *c, int32_t id)
+{
+    if (id < 0 || id == c->eos_token_id || c->n_eog >= ENG_MAX_EOG)
+        return;
+    for (int32_t i = 0; i < c->n_eog; i++)
+        if (c->eog_token_ids[i] == id)
+            return;
+    c->eog_token_ids[c->n_eog++] = id;
+}
+
+/* Every id of j's eos_token_id (a number or a list). */
+static void add_json_ends(eng_config *c, const cJSON *j)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    const cJSON *e;
+    double x;
+    if (mf_json_number(v, &x) && x >= 0 && x < 1e9)
+        add_end_token(c, (int32_t)x);
+    if (!cJSON_IsArray(v))
+        return;
+    cJSON_ArrayForEach (e, v)
+        if (mf_json_number(e, &x) && x >= 0 && x < 1e9)
+            add_end_token(c, (int32_t)x);
+}
+
+/*
+ * The tokens besides eos that end an answer, as transformers' generate
+ * and llama.cpp stop on them: a folder's config.json and
+ * generation_config.json eos_token_id lists (Qwen3's <|im_end|> and
+ * <|endoftext|>; GPT-OSS's <|return|>, <|endoftext|>, <|call|>); a GGUF's
+ * tokenizer.ggml.eot_token_id and eom_token_id; and in a harmony
+ * vocabulary <|return|> and <|call|>, which llama.cpp ends GPT-OSS's
+ * turns on. A generation_config.json that is not JSON is refused by name.
+ */
+static int load_end_tokens(const model_loader *L, char *msg, size_t msg_len)
+{
+    eng_config *c = &L->m->cfg;
+    c->n_eog = 0;
+    if (L->m->gguf) {
+        const char *keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+        for (size_t i = 0; i < 2; i++) {
+            const gguf_kv *kv = gguf_find_kv(L->m->gguf, keys[i]);
+            if (kv && kv->type != GGUF_ARRAY && kv->type != GGUF_STRING && kv->i >= 0 &&
+                kv->i < c->vocab_size)
+                add_end_token(c, (int32_t)kv->i);
+        }
+    } else {
+        const char *files[] = {"config.json", "generation_config.json"};
+        for (size_t i = 0; i < 2; i++) {
+            char path[8192];
+            snprintf(path, sizeof path, "%s/%s", L->dir, files[i]);
+            struct stat sb;
+            if (stat(path, &sb) != 0)
+                continue;
+            cJSON *j;
+            int rc = mf_read_json(path, (size_t)16 << 20, &j, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+            add_json_ends(c, j);
+            cJSON_Delete(j);
+        }
+    }
+    int32_t ret = tok_token_id(L->m->tok, "<|return|>", 10);
+    int32_t call = tok_token_id(L->m->tok, "<|call|>", 8);
+    if (ret >= 0 && call >= 0) {
+        add_end_token(c, ret);
+        add_end_token(c, call);
+    }
+    return QL_OK;
 }
 
 /* The chat templates: --chat-template's file replaces both of the model's;
@@ -91,6 +166,8 @@ int eng_model_load(eng_model *m, const eng_load_opts *o, char *msg, size_t msg_l
         return rc;
     }
     rc = load_chat_templates(&L, msg, msg_len);
+    if (rc == QL_OK)
+        rc = load_end_tokens(&L, msg, msg_len);
     if (rc != QL_OK) {
         eng_model_free(m);
         return rc;

@@ -74,6 +74,9 @@ typedef enum eng_router {
  * gate * sigmoid(swiglu_alpha * gate) (om_swiglu_oai). */
 typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
+/* The most tokens besides eos_token_id that end an answer (eng_config). */
+#define ENG_MAX_EOG 7
+
 /* The most rotary pairs a model may carry frequency factors for (head dim
  * 512, the forward pass's limit, engine/runtime/forward.c). */
 #define ENG_MAX_ROPE_FREQ_FACTORS 256
@@ -152,6 +155,11 @@ typedef struct eng_config {
     bool qk_norm;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
+    /* further tokens that end an answer as eos does (config.json's and
+     * generation_config.json's eos_token_id lists: Qwen3's <|endoftext|>,
+     * GPT-OSS's <|call|>; a GGUF's eot / eom), eos_token_id not among them */
+    int32_t eog_token_ids[ENG_MAX_EOG];
+    int32_t n_eog;
     /* --- Gemma 2 and 3 (zero, false and SwiGLU for every other model) --- */
     /* every RMSNorm (the q/k norms too) scales by (norm_offset + w): 1 for
      * a Gemma folder (its RMSNorm is x * (1 + w)), 0 for a Gemma GGUF,

@@ -328,7 +328,7 @@ int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *promp
             return err;
         s->p = *p;
     }
-    s->eos = -1;
+    s->n_eos = 0;
     s->p.logit_bias = NULL;
     s->p.n_logit_bias = 0;
     if (p && p->n_logit_bias) {
@@ -373,12 +373,15 @@ void eng_sampler_free(eng_sampler *s)
     free(s->bias);
     gr_matcher_free(s->grammar);
     memset(s, 0, sizeof *s);
-    s->eos = -1;
+    s->n_eos = 0;
 }
 
-void eng_sampler_set_eos(eng_sampler *s, int32_t eos)
+void eng_sampler_set_eos(eng_sampler *s, const int32_t *eos, int32_t n)
 {
-    s->eos = eos;
+    s->n_eos = 0;
+    for (int32_t i = 0; i < n && s->n_eos < 8; i++)
+        if (eos[i] >= 0)
+            s->eos[s->n_eos++] = eos[i];
 }
 
 bool eng_sampler_may_end(const eng_sampler *s)
@@ -1091,7 +1094,7 @@ static void apply_repetition_penalty(const eng_sampler *s, float *logits, int32_
  * token. */
 static bool eos_banned(const eng_sampler *s)
 {
-    return s->eos >= 0 && s->n_generated < s->p.min_tokens;
+    return s->n_eos > 0 && s->n_generated < s->p.min_tokens;
 }
 
 /* Whether some logit bias is not 0. */
@@ -1121,8 +1124,9 @@ static void adjust_logits(const eng_sampler *s, float *logits, int32_t vocab)
         if (s->p.logit_bias[i].token < vocab)
             logits[s->p.logit_bias[i].token] += s->p.logit_bias[i].bias;
     // min_tokens: the end-of-sequence token cannot be chosen yet
-    if (eos_banned(s) && s->eos < vocab)
-        logits[s->eos] = -INFINITY;
+    for (int32_t i = 0; eos_banned(s) && i < s->n_eos; i++)
+        if (s->eos[i] < vocab)
+            logits[s->eos[i]] = -INFINITY;
     // repetition penalty over the prompt and what was generated
     if (penalty_on(&s->p))
         apply_repetition_penalty(s, logits, vocab, s->p.repetition_penalty);

@@ -138,6 +138,8 @@ struct eng_engine {
     const eng_model *m;
     eng_engine_opts o;
     int32_t eos;
+    /* the tokens that end an answer: eos, then the config's others */
+    int32_t ends[ENG_MAX_EOG + 1], n_ends;
     eng_backend *backend;    /* where steps run: cpu or cuda */
     eng_kv_cache *kv;        /* the backend's block bookkeeping */
     float *logits;           /* max_running x vocab */
@@ -639,7 +641,7 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
         p.seed += (uint64_t)i;
         if (eng_sampler_init(&s->sampler, &p, q->prompt, (size_t)q->n_prompt) != QL_OK)
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
-        eng_sampler_set_eos(&s->sampler, e->eos);
+        eng_sampler_set_eos(&s->sampler, e->ends, e->n_ends);
         int rc = r->grammar ? eng_sampler_constrain(&s->sampler, r->grammar, e->grammar_vocab, msg,
                                                     msg_len)
                             : QL_OK;
@@ -969,7 +971,10 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
     /* min_tokens keeps EOS from being chosen (the sampler); should it come
      * all the same (every logit -inf), it does not end the answer early,
      * and with ignore_eos it never does: it is then a token like another */
-    if (token == e->eos && !r->req.sampling.ignore_eos && eng_sampler_may_end(&s->sampler)) {
+    bool ends = false;
+    for (int32_t i = 0; i < e->n_ends; i++)
+        ends |= token == e->ends[i];
+    if (ends && !r->req.sampling.ignore_eos && eng_sampler_may_end(&s->sampler)) {
         s->n_generated--; /* the end marker is not part of the answer */
         end_choice(e, s, ENG_FINISH_EOS);
         return true;
@@ -1529,6 +1534,12 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     if (e->o.step_tokens < e->o.max_running + 1)
         e->o.step_tokens = e->o.max_running + 1;
     e->eos = m->cfg.eos_token_id >= 0 ? m->cfg.eos_token_id : tok_eos(m->tok);
+    e->n_ends = 0;
+    if (e->eos >= 0)
+        e->ends[e->n_ends++] = e->eos;
+    for (int32_t i = 0; i < m->cfg.n_eog && i < ENG_MAX_EOG; i++)
+        if (m->cfg.eog_token_ids[i] != e->eos && m->cfg.eog_token_ids[i] < m->cfg.vocab_size)
+            e->ends[e->n_ends++] = m->cfg.eog_token_ids[i];
     int32_t vocab = m->cfg.vocab_size;
     int rc = eng_weights_new(&e->current, m, 0, msg, msg_len);
     if (rc == QL_OK) {

@@ -78,19 +78,19 @@ typedef struct eng_sampler {
      * per generated token */
     eng_token_count *counts;
     size_t n_counts, cap_counts;
-    eng_logit_bias *bias; /* the copy of p.logit_bias (owned) */
-    gr_matcher *grammar;  /* eng_sampler_constrain's (owned); NULL: none */
-    int64_t grammar_ns;   /* the last draw's time in its mask */
-    int64_t n_generated;  /* tokens recorded since init */
-    int32_t eos;          /* the token min_tokens holds back; -1: none */
+    eng_logit_bias *bias;  /* the copy of p.logit_bias (owned) */
+    gr_matcher *grammar;   /* eng_sampler_constrain's (owned); NULL: none */
+    int64_t grammar_ns;    /* the last draw's time in its mask */
+    int64_t n_generated;   /* tokens recorded since init */
+    int32_t eos[8], n_eos; /* the tokens that end an answer, min_tokens holds back */
 } eng_sampler;
 
 /* Copies p (its logit bias too) and the prompt's distinct ids; knows no
  * end-of-sequence token until eng_sampler_set_eos. */
 int eng_sampler_init(eng_sampler *s, const eng_sampling *p, const int32_t *prompt, size_t n_prompt);
 void eng_sampler_free(eng_sampler *s);
-/* The model's end-of-sequence token (-1: none), which min_tokens bans. */
-void eng_sampler_set_eos(eng_sampler *s, int32_t eos);
+/* The model's tokens that end an answer (n <= 8), which min_tokens bans. */
+void eng_sampler_set_eos(eng_sampler *s, const int32_t *eos, int32_t n);
 /* Constrain s to grammar g over vocabulary v (gr_matcher_new's): each draw is masked first (-1
  * when the grammar fails or allows nothing); _done: the answer is whole, nothing may follow. */
 int eng_sampler_constrain(eng_sampler *s, gr_grammar *g, const gr_vocab *v, char *msg,
