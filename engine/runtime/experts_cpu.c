@@ -99,37 +99,12 @@ void eng_forward_moe_step(const eng_forward_state *st, uint64_t *experts, uint64
  * Row r's choice from its router logits p[E] (overwritten with the
  * probabilities): softmax over every expert, the k most probable (the
  * lower index first among equals), their probabilities renormalized to
- * sum 1 when the model says so. As transformers, in float32.
+ * sum 1 when the model says so. As transformers, in float32; ops_math.h's
+ * om_moe_route, which the CUDA backend routes with too.
  */
 static void route_row(const eng_config *c, float *p, int32_t *pick, float *weight)
 {
-    int32_t E = c->n_experts, K = c->n_experts_used;
-    float top = p[0];
-    for (int32_t e = 1; e < E; e++)
-        top = p[e] > top ? p[e] : top;
-    double sum = 0.0;
-    for (int32_t e = 0; e < E; e++) {
-        p[e] = expf(p[e] - top);
-        sum += p[e];
-    }
-    for (int32_t e = 0; e < E; e++)
-        p[e] = (float)(p[e] / sum);
-    double chosen = 0.0;
-    for (int32_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k; j++)
-                taken |= pick[j] == e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = e;
-        }
-        pick[k] = best;
-        weight[k] = p[best];
-        chosen += p[best];
-    }
-    for (int32_t k = 0; c->norm_topk_prob && k < K; k++)
-        weight[k] = (float)(weight[k] / chosen);
+    om_moe_route(p, c->n_experts, c->n_experts_used, c->norm_topk_prob, pick, weight);
 }
 
 /* Every (row, choice) pair grouped by expert into s->order, s->count[e]
@@ -194,7 +169,7 @@ static void shared_expert(const cpu_step *cs, eng_moe_state *s, int32_t l, const
     glu_rows(cs, s, l, cs->seqs, cs->n_seqs, T, ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN, x,
              s->yg);
     for (int64_t r = 0; r < T; r++) {
-        float g = 1.0f / (1.0f + expf(-s->sg[r]));
+        float g = om_moe_shared_gate(s->sg[r]);
         for (int64_t i = 0; i < H; i++)
             out[r * H + i] += g * s->yg[r * H + i];
     }
