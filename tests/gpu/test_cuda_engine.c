@@ -944,6 +944,41 @@ static void moe_fixture(const char *file)
     eng_model_free(&m);
 }
 
+/* The tiny Qwen3-MoE (llama.cpp's f32 conversion) with every expert
+ * requantized to MXFP4 (GPT-OSS's expert kind; hidden 64 and expert width
+ * 32 are whole blocks): the device's MXFP4 products over gathered rows
+ * step as the CPU's. */
+static void moe_mxfp4_experts(void)
+{
+    const char *name = "steps_match_cpu_moe_mxfp4_experts";
+    eng_model m;
+    char msg[512];
+    eng_load_opts lo = {.path = QL_FIXTURES "/qwen3moe_tiny.gguf"};
+    int rc = eng_model_load(&m, &lo, msg, sizeof msg);
+    if (rc != QL_OK) {
+        report(false, name, "%s", msg);
+        return;
+    }
+    qt_quant_params p = {.kind = QT_MXFP4};
+    for (int32_t l = 0; rc == QL_OK && l < m.cfg.n_layers; l++)
+        for (int32_t i = 0; rc == QL_OK && m.layers[l].experts && i < 3 * m.cfg.n_experts; i++) {
+            qtensor *t = &m.layers[l].experts[i], q;
+            float *v = malloc((size_t)(t->rows * t->cols) * sizeof(float));
+            qt_dequantize_rows(t, 0, t->rows, v);
+            rc = qt_quantize(&q, v, t->rows, t->cols, &p, msg, sizeof msg);
+            free(v);
+            if (rc == QL_OK) {
+                qt_free(t);
+                *t = q;
+            }
+        }
+    if (rc == QL_OK)
+        scenario(name, &m, NULL, NULL, NULL);
+    else
+        report(false, name, "quantizing the experts to mxfp4: %s", msg);
+    eng_model_free(&m);
+}
+
 /* PEFT's adapter on the tiny Qwen3-MoE's attention and fused experts
  * (tests/fixtures/peft/qwen3moe_experts) on llama.cpp's f32 conversion:
  * unmerged (A at 1, B at 0.5, C none) the device steps as the CPU; merged
@@ -1444,6 +1479,7 @@ int main(void)
     moe_fixture("qwen2moe_tiny.gguf");
     moe_fixture("mixtral_tiny.gguf");
     moe_fixture("qwen3moe_tiny_q4_k_m.gguf");
+    moe_mxfp4_experts();
     moe_adapters();
     kinds();
     qwen3_norms();
