@@ -982,7 +982,7 @@ static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_r
                 return rc;
         }
         const seg_run *t = terms ? terms + i * M : NULL;
-        if (!terms && sc->runs)
+        if (!terms && sc->runs && (int)part[i] < ENG_N_PROJ) /* the step's own */
             t = &sc->runs[((size_t)l * ENG_N_PROJ + part[i]) * (size_t)M];
         int rc = project_runs(sc, l, part[i], runs, n_runs, rows, t, d_segs, i == 2 ? s->gg : x,
                               out[i], msg, msg_len);
