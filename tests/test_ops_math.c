@@ -436,3 +436,33 @@ Test(ops_math, greedy_in_any_reduction_order_equals_the_sampler)
         cr_assert_eq(order[0], want, "trial %d: tree reduction", trial);
     }
 }
+
+Test(ops_math, moe_route_picks_top_k_lower_index_first_and_renormalizes)
+{
+    /* logits ln(1), ln(4), ln(2), ln(4), ln(1): probabilities 1/12, 4/12,
+     * 2/12, 4/12, 1/12; top-3 is experts 1 and 3 (equal: 1 first), then 2 */
+    float p[5] = {0.0f, logf(4.0f), logf(2.0f), logf(4.0f), 0.0f}, q[5];
+    memcpy(q, p, sizeof q);
+    int32_t pick[3];
+    float w[3];
+    om_moe_route(p, 5, 3, false, pick, w);
+    cr_assert(pick[0] == 1 && pick[1] == 3 && pick[2] == 2, "picks %d %d %d", pick[0], pick[1],
+              pick[2]);
+    cr_assert_float_eq(w[0], 4.0f / 12.0f, 1e-6f);
+    cr_assert_float_eq(w[2], 2.0f / 12.0f, 1e-6f);
+    cr_assert_eq(w[0], p[1], "the weights are the softmax probabilities themselves");
+    /* renormalized: the chosen probabilities over their sum (10/12) */
+    om_moe_route(q, 5, 3, true, pick, w);
+    cr_assert_float_eq(w[0], 0.4f, 1e-6f);
+    cr_assert_float_eq(w[1], 0.4f, 1e-6f);
+    cr_assert_float_eq(w[2], 0.2f, 1e-6f);
+}
+
+Test(ops_math, moe_weighted_add_rounds_the_product_first)
+{
+    /* (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 in f32; -1 plus
+     * it is then 2^-11, where a fused multiply-add would keep the 2^-24:
+     * the CPU and the GPU add experts' outputs with the same bits */
+    float y = 1.0f + 0x1p-12f;
+    cr_assert_eq(om_weighted_add(-1.0f, y, y), 0x1p-11f);
+}

@@ -24,6 +24,16 @@
  *     host object and are dropped once that reference is the last one
  *     (nothing that runs can ask for them again).
  *
+ * A mixture of experts (cuda_moe): the router's product on the device, its
+ * logits back to the host, which routes with the CPU's arithmetic
+ * (ops_math.h's om_moe_route) and groups the rows by expert; then each
+ * chosen expert runs once over its gathered rows through the projections'
+ * own path (project_runs: weight versions and unmerged adapters apply to
+ * experts as to every projection), and the rows add their experts' outputs
+ * with their weights in ascending expert order, as experts_cpu.c does.
+ * Experts are projections after the dense ones (eng_expert_proj), so every
+ * per-(layer, projection) table here has eng_n_proj entries per layer.
+ *
  * A step: the host lays out the rows (token, sequence, position, the
  * rotation tables, the block tables), one set of copies to the device
  * (cuda_begin), the layers as kernels on one stream (a sequence asking for
@@ -60,6 +70,7 @@
 #include "internal/backend_internal.h"
 #include "internal/step_internal.h"
 #include "internal/walk_internal.h"
+#include "ops_math.h"
 #include "qt_cuda_ops.h"
 #include "qt_cuda_sample.h"
 
@@ -75,14 +86,14 @@
 /* An adapter's A and B on the device, per layer and projection. */
 typedef struct dev_lora {
     eng_lora *lora; /* a reference */
-    void **a, **b;  /* [n_layers * ENG_N_PROJ], NULL where not targeted */
+    void **a, **b;  /* [n_layers * n_proj], NULL where not targeted */
     struct dev_lora *next;
 } dev_lora;
 
 /* A weight version's merged projections on the device. */
 typedef struct dev_version {
     eng_weights *w;       /* a reference */
-    qt_cuda_tensor *proj; /* [n_layers * ENG_N_PROJ]; rows == 0: the pristine one */
+    qt_cuda_tensor *proj; /* [n_layers * n_proj]; rows == 0: the pristine one */
     struct dev_version *next;
 } dev_version;
 
@@ -91,14 +102,43 @@ typedef struct dev_layer {
     float *bias;                           /* [q + 2 kv] when attention_bias */
     float *q_norm, *k_norm;                /* [head_dim] when qk_norm (Qwen3) */
     float *post_attn_norm, *post_ffn_norm; /* [hidden] when sandwich_norms (Gemma) */
-    qt_cuda_tensor proj[ENG_N_PROJ];
+    qt_cuda_tensor *proj;               /* [n_proj] (eng_n_proj): rows 0 where the layer has none */
+    qt_cuda_tensor router, shared_gate; /* a mixture of experts' (rows 0: none) */
 } dev_layer;
+
+/* A run of step rows that share one sequence: rows [row0, row0 + rows) of
+ * an activation (the step's own, or the rows gathered for one expert). */
+typedef struct row_run {
+    int32_t seq;
+    int64_t row0, rows;
+} row_run;
+
+/* A mixture of experts' scratch (every pointer NULL in a dense model). */
+typedef struct moe_scratch {
+    float *d_logits;  /* [T][E] router logits, then [T] shared-expert gate logits */
+    float *h_logits;  /* pinned twin */
+    float *xg, *yg;   /* [T][hidden]: the rows gathered for an expert, its output */
+    float *gg, *ug;   /* [T][widest expert]: gate and up */
+    int32_t *d_order; /* [T * K]: (row * K + k) grouped by expert */
+    int32_t *h_order; /* pinned twin */
+    float *d_weight;  /* [T * K] the router's weights in d_order's order, [T] shared gates */
+    float *h_weight;  /* pinned twin */
+    int32_t *pick;    /* host [T * K]: each row's experts */
+    float *weight;    /* host [T * K]: and their weights */
+    int32_t *count;   /* host [E + 1]: where each expert's rows start */
+    int32_t *first;   /* host [E + 1]: where each expert's runs start in runs */
+    row_run *runs;    /* host [T * K]: each expert's gathered rows as runs of sequences */
+    qt_cuda_lora_segment *h_segs, *d_segs; /* the layer's adapter segments on experts */
+    int64_t segs_cap;
+    uint64_t ran, bytes; /* the step's figures (eng_backend_moe_step) */
+} moe_scratch;
 
 typedef struct cuda_backend {
     eng_backend base;
     cudaStream_t stream;
     qt_cuda_blas *blas;
     int32_t max_tokens, max_seqs, max_rank;
+    int32_t n_proj; /* projections per layer: eng_n_proj (experts included) */
     size_t weight_bytes;
 
     qt_cuda_tensor embed, lm_head; /* lm_head.rows == 0: tied to embed */
@@ -130,6 +170,7 @@ typedef struct cuda_backend {
 
     dev_lora *loras;
     dev_version *versions;
+    moe_scratch moe;
 } cuda_backend;
 
 /* --- errors -------------------------------------------------------------------- */
@@ -242,7 +283,8 @@ static int upload_tensor(const qtensor *t, qt_cuda_tensor *d, const char *what, 
 
 static void dev_lora_free(dev_lora *dl, int32_t n_layers)
 {
-    for (size_t i = 0; dl->a && i < (size_t)n_layers * ENG_N_PROJ; i++) {
+    size_t n_proj = (size_t)dl->lora->n_proj;
+    for (size_t i = 0; dl->a && i < (size_t)n_layers * n_proj; i++) {
         cudaFree(dl->a[i]);
         cudaFree(dl->b[i]);
     }
@@ -271,7 +313,11 @@ static int lora_on_device(cuda_backend *c, const eng_lora *l, dev_lora **out, ch
             *out = dl;
             return QL_OK;
         }
-    size_t n = (size_t)l->n_layers * ENG_N_PROJ;
+    if (l->n_proj != c->n_proj)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "adapter %s: %d projections per layer, the model has %d", l->name, l->n_proj,
+                       c->n_proj);
+    size_t n = (size_t)l->n_layers * (size_t)l->n_proj;
     dev_lora *dl = calloc(1, sizeof *dl);
     if (!dl)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
@@ -306,7 +352,7 @@ static int lora_on_device(cuda_backend *c, const eng_lora *l, dev_lora **out, ch
 
 static void dev_version_free(dev_version *dv, int32_t n_layers)
 {
-    for (size_t i = 0; dv->proj && i < (size_t)n_layers * ENG_N_PROJ; i++)
+    for (size_t i = 0; dv->proj && i < (size_t)n_layers * (size_t)dv->w->n_proj; i++)
         qt_cuda_tensor_release(&dv->proj[i], NULL, 0);
     free(dv->proj);
     eng_weights_unref(dv->w);
@@ -331,7 +377,7 @@ static int merge_projection(cuda_backend *c, const eng_weights *w, int32_t l, en
         int rc = lora_on_device(c, w->merged[i].lora, &dl, msg, msg_len);
         if (rc != QL_OK)
             return rc;
-        size_t at = (size_t)l * ENG_N_PROJ + p;
+        size_t at = (size_t)l * (size_t)c->n_proj + p;
         terms[n++] = (qt_cuda_lora_term){.a = dl->a[at],
                                          .b = dl->b[at],
                                          .a_kind = mod->a.kind,
@@ -381,13 +427,15 @@ static int version_on_device(cuda_backend *c, const eng_weights *w, eng_merge_co
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     dv->w = (eng_weights *)w;
     eng_weights_ref(dv->w);
-    dv->proj = calloc((size_t)L * ENG_N_PROJ, sizeof *dv->proj);
+    dv->proj = calloc((size_t)L * (size_t)c->n_proj, sizeof *dv->proj);
     int rc = dv->proj ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     for (int32_t l = 0; rc == QL_OK && l < L; l++) {
-        for (int p = 0; rc == QL_OK && p < ENG_N_PROJ; p++) {
+        for (int p = 0; rc == QL_OK && p < c->n_proj; p++) {
             const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
             const qtensor *served = eng_weights_proj(w, l, (eng_proj)p);
-            size_t i = (size_t)l * ENG_N_PROJ + p;
+            size_t i = (size_t)l * (size_t)c->n_proj + p;
+            if (pristine->rows == 0) /* an expert's slot in a dense layer */
+                continue;
             qt_cuda_tensor *slot = &dv->proj[i];
             if (served != pristine &&
                 (served->kind != pristine->kind || !qt_cuda_merge_requantizes(pristine->kind))) {
@@ -447,7 +495,7 @@ static const qt_cuda_tensor *seq_tensor(const cuda_backend *c, dev_version *cons
                                         int32_t l, eng_proj p)
 {
     if (vers[s]) {
-        const qt_cuda_tensor *t = &vers[s]->proj[(size_t)l * ENG_N_PROJ + p];
+        const qt_cuda_tensor *t = &vers[s]->proj[(size_t)l * (size_t)c->n_proj + p];
         if (t->rows)
             return t;
     }
@@ -469,46 +517,97 @@ typedef struct step_ctx {
     int64_t rows;
     qt_cuda_step_rows sr; /* the rows' layout on the device, for the KV kernels */
     dev_version **vers;   /* per sequence, NULL: pristine */
+    row_run *seq_runs;    /* per sequence: its rows of the step */
     int32_t max_terms;
-    seg_run *runs; /* [n_layers][ENG_N_PROJ][max_terms] */
+    seg_run *runs; /* [n_layers][ENG_N_PROJ][max_terms]: the dense projections' */
 } step_ctx;
 
 /*
- * y = x @ W^T for layer l's projection p, each sequence on its version's
- * tensor (runs of neighbours sharing one go in one product), then each
- * unmerged term k as one SGMV pass over every sequence that has a k-th
- * term targeting this projection: the sum forward.c's project() makes.
+ * y = x @ W^T for layer l's projection p over the rows of `runs` (each on
+ * its sequence's version's tensor; neighbours sharing one go in one
+ * product), then each unmerged term k as one SGMV pass of the segments
+ * terms[k] names in d_segs: the sum forward.c's project() makes. rows is
+ * how many rows x and y hold.
  */
-static int cuda_project(void *be, int32_t l, eng_proj p, const float *x, float *y, char *msg,
-                        size_t msg_len)
+static int project_runs(step_ctx *sc, int32_t l, eng_proj p, const row_run *runs, int32_t n_runs,
+                        int64_t rows, const seg_run *terms, const qt_cuda_lora_segment *d_segs,
+                        const float *x, float *y, char *msg, size_t msg_len)
 {
-    step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const qtensor *base = eng_model_proj(c->base.m, l, p);
     int64_t in = base->cols, out = base->rows;
     char why[256];
-    for (int32_t s = 0; s < sc->n_seqs;) {
-        const qt_cuda_tensor *w = seq_tensor(c, sc->vers, s, l, p);
-        int32_t e = s;
-        int64_t r0 = c->seq_row[s], rows = 0;
-        for (; e < sc->n_seqs && seq_tensor(c, sc->vers, e, l, p) == w; e++)
-            rows += sc->seqs[e].n_tokens;
+    for (int32_t i = 0; i < n_runs;) {
+        const qt_cuda_tensor *w = seq_tensor(c, sc->vers, runs[i].seq, l, p);
+        int32_t e = i;
+        int64_t r0 = runs[i].row0, n = 0;
+        for (; e < n_runs && seq_tensor(c, sc->vers, runs[e].seq, l, p) == w; e++)
+            n += runs[e].rows;
         int rc =
-            qt_cuda_matmul(c->blas, w, x + r0 * in, rows, y + r0 * out, c->stream, why, sizeof why);
+            qt_cuda_matmul(c->blas, w, x + r0 * in, n, y + r0 * out, c->stream, why, sizeof why);
         if (rc != QL_OK)
             return ql_fail(msg, msg_len, device_code(rc), "%s: %s", eng_proj_name(p), why);
-        s = e;
+        i = e;
     }
-    for (int32_t k = 0; k < sc->max_terms; k++) {
-        const seg_run *run = &sc->runs[((size_t)l * ENG_N_PROJ + p) * (size_t)sc->max_terms + k];
+    for (int32_t k = 0; terms && k < sc->max_terms; k++) {
+        const seg_run *run = &terms[k];
         if (run->n == 0)
             continue;
-        int rc = qt_cuda_sgmv(x, in, y, out, c->d_segs + run->first, run->n, run->max_rank,
-                              sc->rows, c->lora_t, c->stream, why, sizeof why);
+        int rc = qt_cuda_sgmv(x, in, y, out, d_segs + run->first, run->n, run->max_rank, rows,
+                              c->lora_t, c->stream, why, sizeof why);
         if (rc != QL_OK)
             return ql_fail(msg, msg_len, device_code(rc), "%s, adapters: %s", eng_proj_name(p),
                            why);
     }
+    return QL_OK;
+}
+
+/* y = x @ W^T for layer l's projection p over the step's rows, each
+ * sequence on its weight version, with its unmerged adapters. */
+static int cuda_project(void *be, int32_t l, eng_proj p, const float *x, float *y, char *msg,
+                        size_t msg_len)
+{
+    step_ctx *sc = be;
+    const seg_run *terms =
+        sc->runs ? &sc->runs[((size_t)l * ENG_N_PROJ + p) * (size_t)sc->max_terms] : NULL;
+    return project_runs(sc, l, p, sc->seq_runs, sc->n_seqs, sc->rows, terms, sc->c->d_segs, x, y,
+                        msg, msg_len);
+}
+
+/*
+ * Sequence q's k-th unmerged term on layer l's projection p as an SGMV
+ * segment of rows [row0, row0 + rows), staged at segs[*at] and counted in
+ * run; nothing when q has no k-th term or it does not target p. The
+ * adapter goes to the device on first use.
+ */
+static int stage_segment(cuda_backend *c, const eng_step_seq *q, int32_t k, int32_t l, eng_proj p,
+                         int64_t row0, int64_t rows, qt_cuda_lora_segment *segs, int64_t *at,
+                         seg_run *run, char *msg, size_t msg_len)
+{
+    if (q->n_delta <= k)
+        return QL_OK;
+    const eng_lora_term *term = &q->delta[k];
+    const eng_lora_module *mod = eng_lora_module_at(term->lora, l, p);
+    if (!mod)
+        return QL_OK;
+    dev_lora *dl;
+    int rc = lora_on_device(c, term->lora, &dl, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    size_t i = (size_t)l * (size_t)c->n_proj + p;
+    segs[(*at)++] = (qt_cuda_lora_segment){
+        .row0 = row0,
+        .rows = rows,
+        .a = dl->a[i],
+        .b = dl->b[i],
+        .a_kind = mod->a.kind,
+        .b_kind = mod->b.kind,
+        .rank = (int32_t)mod->a.rows,
+        .scale = term->scale * mod->scale, /* in f32, as eng_lora_apply */
+    };
+    run->n++;
+    if ((int32_t)mod->a.rows > run->max_rank)
+        run->max_rank = (int32_t)mod->a.rows;
     return QL_OK;
 }
 
@@ -547,6 +646,7 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
     for (int32_t s = 0, r = 0; s < sc->n_seqs; s++) {
         const eng_step_seq *q = &sc->seqs[s];
         c->seq_row[s] = r;
+        sc->seq_runs[s] = (row_run){.seq = s, .row0 = r, .rows = q->n_tokens};
         c->h_bt_offset[s] = (int32_t)tables;
         tables += (q->pos + q->n_tokens + bt - 1) / bt;
         for (int32_t t = 0; t < q->n_tokens; t++, r++) {
@@ -595,31 +695,11 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
                 for (int32_t k = 0; k < sc->max_terms; k++) {
                     seg_run *run = &sc->runs[((size_t)l * ENG_N_PROJ + p) * sc->max_terms + k];
                     run->first = at;
-                    for (int32_t s = 0; s < sc->n_seqs; s++) {
-                        if (sc->seqs[s].n_delta <= k)
-                            continue;
-                        const eng_lora_term *term = &sc->seqs[s].delta[k];
-                        const eng_lora_module *mod = eng_lora_module_at(term->lora, l, (eng_proj)p);
-                        if (!mod)
-                            continue;
-                        dev_lora *dl;
-                        if ((rc = lora_on_device(c, term->lora, &dl, msg, msg_len)))
+                    for (int32_t s = 0; s < sc->n_seqs; s++)
+                        if ((rc = stage_segment(c, &sc->seqs[s], k, l, (eng_proj)p, c->seq_row[s],
+                                                sc->seqs[s].n_tokens, c->h_segs, &at, run, msg,
+                                                msg_len)))
                             return rc;
-                        size_t i = (size_t)l * ENG_N_PROJ + p;
-                        c->h_segs[at++] = (qt_cuda_lora_segment){
-                            .row0 = c->seq_row[s],
-                            .rows = sc->seqs[s].n_tokens,
-                            .a = dl->a[i],
-                            .b = dl->b[i],
-                            .a_kind = mod->a.kind,
-                            .b_kind = mod->b.kind,
-                            .rank = (int32_t)mod->a.rows,
-                            .scale = term->scale * mod->scale, /* in f32, as eng_lora_apply */
-                        };
-                        run->n++;
-                        if ((int32_t)mod->a.rows > run->max_rank)
-                            run->max_rank = (int32_t)mod->a.rows;
-                    }
                 }
         if (at > 0)
             CUDA_TRY(cudaMemcpyAsync(c->d_segs, c->h_segs, (size_t)at * sizeof *c->h_segs,
@@ -671,8 +751,10 @@ static int cuda_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_
     sc->n_seqs = n_seqs;
     sc->rows = rows;
     prune_device_copies(c);
+    c->moe.ran = c->moe.bytes = 0;
     sc->vers = calloc((size_t)n_seqs + 1, sizeof *sc->vers);
-    if (!sc->vers)
+    sc->seq_runs = calloc((size_t)n_seqs + 1, sizeof *sc->seq_runs);
+    if (!sc->vers || !sc->seq_runs)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     int rc = lay_out_step(sc, msg, msg_len);
     /* (after the layout, which may have grown the block tables) */
@@ -809,6 +891,205 @@ static int cuda_to_host(void *be, float *host, const float *src, int64_t n, char
     return QL_OK;
 }
 
+/* --- a mixture of experts (eng_walk_ops.moe) ------------------------------------ */
+
+/*
+ * Layer l's routing on the host, from the router logits the device sent
+ * back (moe.h_logits): each row's experts and weights by ops_math.h's
+ * om_moe_route (experts_cpu.c's arithmetic, so both backends pick the
+ * same experts with the same weights from the same logits); the (row,
+ * choice) pairs grouped by expert with a counting sort (rows ascending in
+ * an expert's run) into h_order, their weights beside them in h_weight;
+ * each expert's gathered rows as runs of their sequences; the shared
+ * expert's gates after the T * K weights.
+ */
+static void route_on_host(step_ctx *sc, bool shared)
+{
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    moe_scratch *s = &c->moe;
+    int32_t E = cfg->n_experts, K = cfg->n_experts_used;
+    int64_t T = sc->rows, pairs = T * K;
+    for (int64_t r = 0; r < T; r++)
+        om_moe_route(s->h_logits + r * E, E, K, cfg->norm_topk_prob, s->pick + r * K,
+                     s->weight + r * K);
+    memset(s->count, 0, (size_t)(E + 1) * sizeof *s->count);
+    for (int64_t i = 0; i < pairs; i++)
+        s->count[s->pick[i] + 1]++;
+    for (int32_t e = 0; e < E; e++)
+        s->count[e + 1] += s->count[e];
+    // each pair to the next free place of its expert's run (first: a cursor)
+    memcpy(s->first, s->count, (size_t)E * sizeof *s->first);
+    for (int64_t i = 0; i < pairs; i++)
+        s->h_order[s->first[s->pick[i]]++] = (int32_t)i;
+    int32_t n_runs = 0;
+    for (int32_t e = 0; e < E; e++) {
+        s->first[e] = n_runs;
+        for (int32_t i = s->count[e]; i < s->count[e + 1]; i++) {
+            int32_t seq = c->h_row_seq[s->h_order[i] / K];
+            s->h_weight[i] = s->weight[s->h_order[i]];
+            if (i > s->count[e] && s->runs[n_runs - 1].seq == seq) {
+                s->runs[n_runs - 1].rows++;
+                continue;
+            }
+            s->runs[n_runs++] = (row_run){.seq = seq, .row0 = i - s->count[e], .rows = 1};
+        }
+    }
+    s->first[E] = n_runs;
+    for (int64_t r = 0; shared && r < T; r++)
+        s->h_weight[pairs + r] = om_moe_shared_gate(s->h_logits[T * E + r]);
+}
+
+/* The unmerged adapters' segments on layer l's chosen experts, staged into
+ * moe.h_segs and copied to the device; terms[(3 * e + part) * max_terms +
+ * k] says where each (expert, part, term)'s segments are. */
+static int stage_expert_segments(step_ctx *sc, int32_t l, seg_run *terms, char *msg, size_t msg_len)
+{
+    cuda_backend *c = sc->c;
+    moe_scratch *s = &c->moe;
+    int32_t E = c->base.m->cfg.n_experts, M = sc->max_terms;
+    int64_t at = 0;
+    int rc = grow_pair((void **)&s->h_segs, (void **)&s->d_segs, &s->segs_cap,
+                       (int64_t)s->first[E] * 3 * M, sizeof *s->h_segs, "adapter segments", msg,
+                       msg_len);
+    for (int32_t e = 0; rc == QL_OK && e < E; e++)
+        for (int part = 0; rc == QL_OK && part < 3; part++) {
+            eng_proj p = eng_expert_proj(e, (eng_proj)(ENG_PROJ_GATE + part));
+            for (int32_t k = 0; rc == QL_OK && k < M; k++) {
+                seg_run *run = &terms[((size_t)e * 3 + (size_t)part) * (size_t)M + (size_t)k];
+                run->first = at;
+                for (int32_t i = s->first[e]; rc == QL_OK && i < s->first[e + 1]; i++)
+                    rc = stage_segment(c, &sc->seqs[s->runs[i].seq], k, l, p, s->runs[i].row0,
+                                       s->runs[i].rows, s->h_segs, &at, run, msg, msg_len);
+            }
+        }
+    if (rc == QL_OK && at > 0)
+        CUDA_TRY(cudaMemcpyAsync(s->d_segs, s->h_segs, (size_t)at * sizeof *s->h_segs,
+                                 cudaMemcpyHostToDevice, c->stream),
+                 "copying adapter segments on experts");
+    return rc;
+}
+
+/* The GLU of projections gate, up, down of layer l over the rows of runs
+ * (x: `rows` rows), into moe.yg; terms: the three parts' segment runs, or
+ * NULL for the step's own (cuda_project's). */
+static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_run *runs,
+                    int32_t n_runs, int64_t rows, const seg_run *terms,
+                    const qt_cuda_lora_segment *d_segs, const float *x, char *msg, size_t msg_len)
+{
+    moe_scratch *s = &sc->c->moe;
+    const eng_config *cfg = &sc->c->base.m->cfg;
+    int64_t F = eng_model_proj(sc->c->base.m, l, part[0])->rows, M = sc->max_terms;
+    float *out[3] = {s->gg, s->ug, s->yg};
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) {
+            int rc = cuda_glu(sc, s->gg, s->ug, rows * F, cfg->ffn_act, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+        }
+        const seg_run *t = terms ? terms + i * M : NULL;
+        if (!terms && sc->runs && (int)part[i] < ENG_N_PROJ) /* the step's own */
+            t = &sc->runs[((size_t)l * ENG_N_PROJ + part[i]) * (size_t)M];
+        int rc = project_runs(sc, l, part[i], runs, n_runs, rows, t, d_segs, i == 2 ? s->gg : x,
+                              out[i], msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+    }
+    return QL_OK;
+}
+
+/*
+ * Layer l's mixture of experts on the device. The router's product (and
+ * Qwen2-MoE's shared gate) run here; the T x E logits come back and the
+ * routing runs on the host (route_on_host): the host must know how many
+ * rows each expert got to size its products and skip the experts no row
+ * chose, so it waits for the logits anyway, and routing there is the
+ * CPU's very code. Then each chosen expert, in ascending order: its rows
+ * gathered, gate / up / down through project_runs (each sequence's weight
+ * version and unmerged adapters, as the dense projections), and each row's
+ * output added with its weight; the shared expert over every row last.
+ */
+static int cuda_moe(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    cuda_backend *c = sc->c;
+    const eng_model *m = c->base.m;
+    const dev_layer *dl = &c->layers[l];
+    moe_scratch *s = &c->moe;
+    int32_t E = m->cfg.n_experts, K = m->cfg.n_experts_used;
+    int64_t T = sc->rows, H = m->cfg.hidden_size;
+    bool shared = dl->shared_gate.rows > 0;
+    char why[256];
+    // router: logits = x @ router^T (and the shared expert's gate logits), to the host
+    int rc =
+        kernel(qt_cuda_matmul(c->blas, &dl->router, x, T, s->d_logits, c->stream, why, sizeof why),
+               why, msg, msg_len);
+    if (rc == QL_OK && shared)
+        rc = kernel(qt_cuda_matmul(c->blas, &dl->shared_gate, x, T, s->d_logits + T * E, c->stream,
+                                   why, sizeof why),
+                    why, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    CUDA_TRY(cudaMemcpyAsync(s->h_logits, s->d_logits, (size_t)(T * E + (shared ? T : 0)) * 4,
+                             cudaMemcpyDeviceToHost, c->stream),
+             "copying layer %d's router logits back", l);
+    CUDA_TRY(cudaStreamSynchronize(c->stream), "running layer %d's router", l);
+    // each row's top-k experts and weights, grouped by expert (on the host)
+    route_on_host(sc, shared);
+    seg_run *terms = NULL;
+    if (sc->max_terms > 0) {
+        terms = calloc((size_t)E * 3 * (size_t)sc->max_terms, sizeof *terms);
+        rc = terms ? stage_expert_segments(sc, l, terms, msg, msg_len)
+                   : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    }
+    size_t weights = (size_t)(T * K + (shared ? T : 0));
+    cudaError_t st = cudaSuccess;
+    if (rc == QL_OK)
+        st = cudaMemcpyAsync(s->d_order, s->h_order, (size_t)(T * K) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, c->stream);
+    if (rc == QL_OK && st == cudaSuccess)
+        st = cudaMemcpyAsync(s->d_weight, s->h_weight, weights * sizeof(float),
+                             cudaMemcpyHostToDevice, c->stream);
+    if (rc == QL_OK && st == cudaSuccess)
+        st = cudaMemsetAsync(out, 0, (size_t)(T * H) * sizeof(float), c->stream);
+    if (rc == QL_OK && st != cudaSuccess)
+        rc = cuda_fail(st, msg, msg_len, "laying out layer %d's experts", l);
+    // each chosen expert once, over the rows routed to it, in ascending order
+    for (int32_t e = 0; rc == QL_OK && e < E; e++) {
+        int32_t n = s->count[e + 1] - s->count[e];
+        if (n == 0)
+            continue;
+        eng_proj part[3] = {eng_expert_proj(e, ENG_PROJ_GATE), eng_expert_proj(e, ENG_PROJ_UP),
+                            eng_expert_proj(e, ENG_PROJ_DOWN)};
+        rc = kernel(qt_cuda_gather_f32(s->xg, x, s->d_order + s->count[e], K, n, H, c->stream, why,
+                                       sizeof why),
+                    why, msg, msg_len);
+        if (rc == QL_OK)
+            rc = glu_runs(sc, l, part, s->runs + s->first[e], s->first[e + 1] - s->first[e], n,
+                          terms ? terms + (size_t)e * 3 * (size_t)sc->max_terms : NULL, s->d_segs,
+                          s->xg, msg, msg_len);
+        if (rc == QL_OK)
+            rc = kernel(qt_cuda_scatter_add_weighted(out, s->yg, s->d_order + s->count[e], K,
+                                                     s->d_weight + s->count[e], n, H, c->stream,
+                                                     why, sizeof why),
+                        why, msg, msg_len);
+        s->ran++;
+        for (int i = 0; i < 3; i++)
+            s->bytes += qt_nbytes(&m->layers[l].experts[3 * e + i]);
+    }
+    free(terms);
+    // Qwen2-MoE's shared expert over every row, gated by sigmoid(shared_gate . x)
+    if (rc == QL_OK && shared) {
+        eng_proj part[3] = {ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN};
+        rc = glu_runs(sc, l, part, sc->seq_runs, sc->n_seqs, T, NULL, c->d_segs, x, msg, msg_len);
+        if (rc == QL_OK)
+            rc = kernel(qt_cuda_scatter_add_weighted(out, s->yg, NULL, 1, s->d_weight + T * K, T, H,
+                                                     c->stream, why, sizeof why),
+                        why, msg, msg_len);
+    }
+    return rc;
+}
+
 /* Whether q's token is chosen on the device (the caller takes tokens and
  * wants q's argmax or plain draw) rather than by the host sampler; never
  * for a sequence that wants every row's logits (its caller reads them). */
@@ -891,6 +1172,7 @@ static const eng_walk_ops cuda_ops = {
     .kv_write = cuda_kv_write,
     .attend = cuda_attend,
     .add = cuda_add,
+    .moe = cuda_moe,
     .glu = cuda_glu,
     .copy = cuda_copy,
     .classify = cuda_classify,
@@ -959,6 +1241,7 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         cudaGetLastError();
     }
     free(sc.vers);
+    free(sc.seq_runs);
     free(sc.runs);
     return rc;
 }
@@ -974,7 +1257,7 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
 {
     cuda_backend *c = (cuda_backend *)b;
     const eng_model *m = b->m;
-    size_t n = (size_t)m->cfg.n_layers * ENG_N_PROJ;
+    size_t n = (size_t)m->cfg.n_layers * (size_t)c->n_proj;
     dev_version *dv = NULL;
     if (w && w->n_merged > 0) {
         int rc = version_on_device(c, w, NULL, &dv, msg, msg_len);
@@ -986,11 +1269,15 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
     int rc = copies && proj ? QL_OK : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     CUDA_TRY(cudaStreamSynchronize(c->stream), "finishing the device's work");
     for (size_t i = 0; rc == QL_OK && i < n; i++) {
-        int32_t l = (int32_t)(i / ENG_N_PROJ);
-        eng_proj p = (eng_proj)(i % ENG_N_PROJ);
+        int32_t l = (int32_t)(i / (size_t)c->n_proj);
+        eng_proj p = (eng_proj)(i % (size_t)c->n_proj);
         const qtensor *host = w ? eng_weights_proj(w, l, p) : eng_model_proj(m, l, p);
         const qt_cuda_tensor *dev = dv && dv->proj[i].rows ? &dv->proj[i] : &c->layers[l].proj[p];
         char why[256];
+        if (host->rows == 0) { /* an expert's slot in a dense layer: nothing uploaded */
+            proj[i] = host;
+            continue;
+        }
         if (qt_clone(&copies[i], host) != QL_OK) {
             rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         } else {
@@ -1002,7 +1289,7 @@ static int cuda_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
         proj[i] = &copies[i];
     }
     if (rc == QL_OK) {
-        eng_weights view = {.m = m, .proj = proj};
+        eng_weights view = {.m = m, .n_proj = c->n_proj, .proj = proj};
         *digest = eng_weights_digest(m, &view);
     }
     for (size_t i = 0; copies && i < n; i++)
@@ -1019,7 +1306,7 @@ static int cuda_prepare(eng_backend *b, const eng_weights *w, eng_merge_cost *co
 {
     cuda_backend *c = (cuda_backend *)b;
     if (costs)
-        memset(costs, 0, (size_t)b->m->cfg.n_layers * ENG_N_PROJ * sizeof *costs);
+        memset(costs, 0, (size_t)b->m->cfg.n_layers * (size_t)c->n_proj * sizeof *costs);
     prune_device_copies(c);
     if (w->n_merged > 0) {
         dev_version *dv;
@@ -1062,9 +1349,18 @@ static void cuda_destroy(eng_backend *b)
         cudaFree(dl->k_norm);
         cudaFree(dl->post_attn_norm);
         cudaFree(dl->post_ffn_norm);
-        for (int p = 0; p < ENG_N_PROJ; p++)
+        for (int p = 0; dl->proj && p < c->n_proj; p++)
             qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
+        free(dl->proj);
+        qt_cuda_tensor_release(&dl->router, NULL, 0);
+        qt_cuda_tensor_release(&dl->shared_gate, NULL, 0);
     }
+    moe_scratch *ms = &c->moe;
+    free(ms->pick);
+    free(ms->weight);
+    free(ms->count);
+    free(ms->first);
+    free(ms->runs);
     free(c->layers);
     free(c->walk_layers);
     qt_cuda_tensor_release(&c->embed, NULL, 0);
@@ -1074,12 +1370,14 @@ static void cuda_destroy(eng_backend *b)
                    c->k,          c->v,         c->att,         c->gate,     c->up,
                    c->tmp,        c->last,      c->logits,      c->lora_t,   c->d_tokens,
                    c->d_row_seq,  c->d_row_pos, c->d_bt_offset, c->d_tables, c->d_greedy,
-                   c->d_cos,      c->d_sin,     c->d_segs,      c->d_inv_t,  c->d_u};
+                   c->d_cos,      c->d_sin,     c->d_segs,      c->d_inv_t,  c->d_u,
+                   ms->d_logits,  ms->xg,       ms->yg,         ms->gg,      ms->ug,
+                   ms->d_order,   ms->d_weight, ms->d_segs};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         cudaFree(dev[i]);
-    void *host[] = {c->h_tokens, c->h_row_seq, c->h_row_pos, c->h_bt_offset,
-                    c->h_tables, c->h_greedy,  c->h_cos,     c->h_sin,
-                    c->h_segs,   c->h_inv_t,   c->h_u};
+    void *host[] = {c->h_tokens, c->h_row_seq, c->h_row_pos, c->h_bt_offset, c->h_tables,
+                    c->h_greedy, c->h_cos,     c->h_sin,     c->h_segs,      c->h_inv_t,
+                    c->h_u,      ms->h_logits, ms->h_order,  ms->h_weight,   ms->h_segs};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         cudaFreeHost(host[i]);
     free(c->seq_row);
@@ -1170,10 +1468,24 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             }
             free(host);
         }
-        for (int p = 0; rc == QL_OK && p < ENG_N_PROJ; p++) {
-            snprintf(what, sizeof what, "layer %d %s", l, eng_proj_name((eng_proj)p));
-            rc = upload_tensor(eng_model_proj(m, l, (eng_proj)p), &dl->proj[p], what, bytes, msg,
-                               msg_len);
+        dl->proj = rc == QL_OK ? calloc((size_t)c->n_proj, sizeof *dl->proj) : NULL;
+        if (rc == QL_OK && !dl->proj)
+            rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+        for (int p = 0; rc == QL_OK && p < c->n_proj; p++) {
+            const qtensor *t = eng_model_proj(m, l, (eng_proj)p);
+            if (t->rows == 0) /* an expert's slot in a dense layer (or MoE's dense MLP) */
+                continue;
+            eng_proj_path((eng_proj)p, what, sizeof what);
+            snprintf(what + strlen(what), sizeof what - strlen(what), " of layer %d", l);
+            rc = upload_tensor(t, &dl->proj[p], what, bytes, msg, msg_len);
+        }
+        if (rc == QL_OK && hl->router.rows) {
+            snprintf(what, sizeof what, "layer %d's router", l);
+            rc = upload_tensor(&hl->router, &dl->router, what, bytes, msg, msg_len);
+        }
+        if (rc == QL_OK && hl->shared_gate.rows) {
+            snprintf(what, sizeof what, "layer %d's shared expert gate", l);
+            rc = upload_tensor(&hl->shared_gate, &dl->shared_gate, what, bytes, msg, msg_len);
         }
     }
     return rc == QL_OK ? walk_view(c, msg, msg_len) : rc;
@@ -1188,8 +1500,11 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
            Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim,
            KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim, F = (size_t)cfg->intermediate_size,
            V = (size_t)cfg->vocab_size, half = (size_t)cfg->head_dim / 2;
+    size_t EF =
+        (size_t)(cfg->expert_ff > cfg->shared_expert_ff ? cfg->expert_ff : cfg->shared_expert_ff);
     size_t wide = F > Q ? F : Q;
     wide = wide > H ? wide : H;
+    wide = wide > EF ? wide : EF;
     struct {
         void *p;
         size_t bytes;
@@ -1283,11 +1598,12 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
 
     /* cuBLASLt: scratch for the largest weight, dequantized */
     int64_t biggest = (int64_t)V * (int64_t)H;
-    for (int p = 0; p < ENG_N_PROJ; p++) {
-        const qtensor *t = eng_model_proj(m, 0, (eng_proj)p);
-        if (t->rows * t->cols > biggest)
-            biggest = t->rows * t->cols;
-    }
+    for (int32_t l = 0; l < cfg->n_layers; l++)
+        for (int p = 0; p < c->n_proj; p++) {
+            const qtensor *t = eng_model_proj(m, l, (eng_proj)p);
+            if (t->rows * t->cols > biggest)
+                biggest = t->rows * t->cols;
+        }
     const char *gemm = getenv("QLSERVE_CUDA_GEMM");
     qt_cuda_gemm_type type = QT_CUDA_GEMM_F32;
     if (gemm && strcmp(gemm, "bf16") == 0)
@@ -1301,6 +1617,65 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     if (rc != QL_OK)
         return ql_fail(msg, msg_len, device_code(rc), "cuda: cuBLASLt: %s", why);
     return QL_OK;
+}
+
+/* A mixture of experts' scratch (moe_scratch), sized for the largest
+ * step; nothing for a dense model. */
+static int allocate_moe_scratch(cuda_backend *c, char *msg, size_t msg_len)
+{
+    const eng_config *cfg = &c->base.m->cfg;
+    moe_scratch *s = &c->moe;
+    if (cfg->n_experts <= 0)
+        return QL_OK;
+    size_t T = (size_t)c->max_tokens, E = (size_t)cfg->n_experts, K = (size_t)cfg->n_experts_used,
+           H = (size_t)cfg->hidden_size;
+    size_t F =
+        (size_t)(cfg->expert_ff > cfg->shared_expert_ff ? cfg->expert_ff : cfg->shared_expert_ff);
+    const char *what = "the mixture of experts' scratch";
+    struct {
+        void *p;
+        size_t bytes;
+    } dev[] =
+        {
+            {&s->d_logits, T * (E + 1) * sizeof(float)},
+            {&s->xg, T * H * sizeof(float)},
+            {&s->yg, T * H * sizeof(float)},
+            {&s->gg, T * F * sizeof(float)},
+            {&s->ug, T * F * sizeof(float)},
+            {&s->d_order, T * K * sizeof(int32_t)},
+            {&s->d_weight, T * (K + 1) * sizeof(float)},
+        },
+      host[] = {
+          {&s->h_logits, T * (E + 1) * sizeof(float)},
+          {&s->h_order, T * K * sizeof(int32_t)},
+          {&s->h_weight, T * (K + 1) * sizeof(float)},
+      };
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) {
+        int rc = dev_alloc(dev[i].p, dev[i].bytes, what, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+    }
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) {
+        int rc = host_alloc(host[i].p, host[i].bytes, what, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+    }
+    s->pick = malloc(T * K * sizeof *s->pick);
+    s->weight = malloc(T * K * sizeof *s->weight);
+    s->count = malloc((E + 1) * sizeof *s->count);
+    s->first = malloc((E + 1) * sizeof *s->first);
+    s->runs = malloc(T * K * sizeof *s->runs);
+    if (!s->pick || !s->weight || !s->count || !s->first || !s->runs)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    return QL_OK;
+}
+
+/* The last step's mixture-of-experts figures (eng_backend_moe_step). */
+static void cuda_moe_step(const eng_backend *b, uint64_t *experts, uint64_t *bytes)
+{
+    const cuda_backend *c = (const cuda_backend *)b;
+    *experts = c->moe.ran;
+    *bytes = c->moe.bytes;
 }
 
 int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backend_opts *o,
@@ -1322,11 +1697,6 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
                        "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
                        "backend only; use --device cpu",
                        eng_rope_dims(cfg), cfg->head_dim);
-    if (cfg->n_experts > 0)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: %s is a mixture of experts, which runs on the CPU backend "
-                       "only for now; use --device cpu",
-                       eng_arch_name(cfg->arch));
     /* GPT-OSS's parts (its layer table here has no sinks or output bias) */
     if (cfg->attn_sinks || cfg->o_bias || cfg->ffn_act == ENG_FFN_SWIGLU_OAI)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
@@ -1343,7 +1713,9 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     c->base.destroy = cuda_destroy;
     c->base.digest = cuda_digest;
     c->base.prepare = cuda_prepare;
+    c->base.moe_step = cuda_moe_step;
     c->base.draws = true;
+    c->n_proj = eng_n_proj(cfg);
     c->max_tokens = o->max_tokens > 0 ? o->max_tokens : 256;
     c->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
     c->max_rank = 256; /* qt_cuda_sgmv's bound */
@@ -1355,6 +1727,8 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
         rc = upload_model(c, msg, msg_len);
     if (rc == QL_OK)
         rc = allocate_run_state(c, o, msg, msg_len);
+    if (rc == QL_OK)
+        rc = allocate_moe_scratch(c, msg, msg_len);
     if (rc != QL_OK) {
         cuda_destroy(&c->base);
         return rc;

@@ -184,29 +184,12 @@ static void route_row_topk_softmax(const eng_config *c, float *p, const float *b
  * Row r's choice from its router logits p[E] (overwritten with the
  * probabilities): softmax over every expert, the k most probable (the
  * lower index first among equals), their probabilities renormalized to
- * sum 1 when the model says so. As transformers, in float32.
+ * sum 1 when the model says so. As transformers, in float32; ops_math.h's
+ * om_moe_route, which the CUDA backend routes with too.
  */
 static void route_row(const eng_config *c, float *p, int32_t *pick, float *weight)
 {
-    int32_t E = c->n_experts, K = c->n_experts_used;
-    float top = p[0];
-    for (int32_t e = 1; e < E; e++)
-        top = p[e] > top ? p[e] : top;
-    double sum = 0.0;
-    for (int32_t e = 0; e < E; e++) {
-        p[e] = expf(p[e] - top);
-        sum += p[e];
-    }
-    for (int32_t e = 0; e < E; e++)
-        p[e] = (float)(p[e] / sum);
-    double chosen = 0.0;
-    pick_top_k(p, E, K, pick);
-    for (int32_t k = 0; k < K; k++) {
-        weight[k] = p[pick[k]];
-        chosen += p[pick[k]];
-    }
-    for (int32_t k = 0; c->norm_topk_prob && k < K; k++)
-        weight[k] = (float)(weight[k] / chosen);
+    om_moe_route(p, c->n_experts, c->n_experts_used, c->norm_topk_prob, pick, weight);
 }
 
 /* Every (row, choice) pair grouped by expert into s->order, s->count[e]
@@ -394,7 +377,7 @@ static void shared_expert(const cpu_step *cs, eng_moe_state *s, int32_t l, const
     glu_rows(cs, l, cs->seqs, cs->n_seqs, T, ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN, NULL, x,
              s->gg, s->ug, s->yg);
     for (int64_t r = 0; r < T; r++) {
-        float g = 1.0f / (1.0f + expf(-s->sg[r]));
+        float g = om_moe_shared_gate(s->sg[r]);
         for (int64_t i = 0; i < H; i++)
             out[r * H + i] += g * s->yg[r * H + i];
     }
@@ -454,7 +437,7 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
         float w = s->weight[s->order[i]], *o = out + (int64_t)(s->order[i] / s->K) * H;
         const float *y = s->yg + i * H;
         for (int64_t k = 0; k < H; k++)
-            o[k] += w * y[k];
+            o[k] = om_weighted_add(o[k], w, y[k]);
     }
     if (m->layers[l].shared_gate.rows)
         shared_expert(cs, s, l, x, out);

@@ -335,7 +335,7 @@ int eng_backend_digest(eng_backend *b, const eng_weights *w, uint64_t *digest, c
 bool eng_backend_merges_on_device(const eng_backend *b);
 /*
  * Build version w's merged copy where the backend computes, with each
- * module's merge figures in costs (n_layers x ENG_N_PROJ, when not NULL)
+ * module's merge figures in costs (n_layers x eng_n_proj, when not NULL)
  * and, when digest is not NULL, eng_backend_digest of the result: from the
  * thread that owns the backend, between steps. A backend that merges on
  * the host refuses (QL_EINVAL naming its device), touching nothing, so that

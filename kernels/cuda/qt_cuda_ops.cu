@@ -196,6 +196,30 @@ __global__ void add_bias_kernel(float *y, const float *bias, int64_t rows, int64
         y[i] += bias[i % n];
 }
 
+__global__ void gather_f32_kernel(float *dst, const float *src, const int32_t *idx, int32_t div,
+                                  int64_t rows, int64_t n)
+{
+    int64_t total = rows * n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / n;
+        dst[i] = src[(int64_t)(idx[r] / div) * n + i % n];
+    }
+}
+
+/* One thread per element of dst's touched rows: rows never repeat in idx,
+ * so no two threads add into one element. */
+__global__ void scatter_add_weighted_kernel(float *dst, const float *src, const int32_t *idx,
+                                            int32_t div, const float *w, int64_t rows, int64_t n)
+{
+    int64_t total = rows * n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / n, to = idx ? (int64_t)(idx[r] / div) : r;
+        dst[to * n + i % n] = om_weighted_add(dst[to * n + i % n], w[r], src[i]);
+    }
+}
+
 /* ---- the paged cache ---------------------------------------------------------- */
 
 /* Where K (v = 0) or V (v = 1) of layer l at position pos of the sequence
@@ -737,6 +761,37 @@ extern "C" int qt_cuda_add_bias(float *y, const float *bias, int64_t rows, int64
     add_bias_kernel<<<grid_for(rows * n, kThreads), kThreads, 0, as_stream(stream)>>>(y, bias, rows,
                                                                                       n);
     return launched(msg, msg_len, "qt_cuda_add_bias kernel");
+}
+
+extern "C" int qt_cuda_gather_f32(float *dst, const float *src, const int32_t *idx, int32_t div,
+                                  int64_t rows, int64_t n, void *stream, char *msg, size_t msg_len)
+{
+    if (rows < 0 || n < 0 || div < 1)
+        return invalid(msg, msg_len, "qt_cuda_gather_f32: %lld rows of %lld, divisor %d",
+                       (long long)rows, (long long)n, div);
+    if (rows == 0 || n == 0)
+        return QL_OK;
+    if (!dst || !src || !idx)
+        return invalid(msg, msg_len, "qt_cuda_gather_f32: dst, src or idx is NULL");
+    gather_f32_kernel<<<grid_for(rows * n, kThreads), kThreads, 0, as_stream(stream)>>>(
+        dst, src, idx, div, rows, n);
+    return launched(msg, msg_len, "qt_cuda_gather_f32 kernel");
+}
+
+extern "C" int qt_cuda_scatter_add_weighted(float *dst, const float *src, const int32_t *idx,
+                                            int32_t div, const float *w, int64_t rows, int64_t n,
+                                            void *stream, char *msg, size_t msg_len)
+{
+    if (rows < 0 || n < 0 || div < 1)
+        return invalid(msg, msg_len, "qt_cuda_scatter_add_weighted: %lld rows of %lld, divisor %d",
+                       (long long)rows, (long long)n, div);
+    if (rows == 0 || n == 0)
+        return QL_OK;
+    if (!dst || !src || !w)
+        return invalid(msg, msg_len, "qt_cuda_scatter_add_weighted: dst, src or w is NULL");
+    scatter_add_weighted_kernel<<<grid_for(rows * n, kThreads), kThreads, 0, as_stream(stream)>>>(
+        dst, src, idx, div, w, rows, n);
+    return launched(msg, msg_len, "qt_cuda_scatter_add_weighted kernel");
 }
 
 /* The cache and step-rows arguments both kernels over the cache need. */

@@ -175,6 +175,22 @@ int qt_cuda_add(float *x, const float *t, int64_t n, void *stream, char *msg, si
 int qt_cuda_add_bias(float *y, const float *bias, int64_t rows, int64_t n, void *stream, char *msg,
                      size_t msg_len);
 
+/* dst[r] = src[idx[r] / div] for r < rows, rows of n floats (a mixture of
+ * experts gathering the rows routed to one expert: idx holds row * top_k +
+ * choice, div is top_k). idx is a device array; its values are not
+ * checked on the device. */
+int qt_cuda_gather_f32(float *dst, const float *src, const int32_t *idx, int32_t div, int64_t rows,
+                       int64_t n, void *stream, char *msg, size_t msg_len);
+
+/* dst[idx[r] / div] += w[r] * src[r] for r < rows, rows of n floats
+ * (om_weighted_add: the product rounded, then the sum; idx NULL: dst[r]).
+ * The rows idx names must be distinct within one call; calls on one
+ * stream add in their order, so a caller that adds experts in ascending
+ * order gets the CPU's sum bit for bit. idx and w are device arrays. */
+int qt_cuda_scatter_add_weighted(float *dst, const float *src, const int32_t *idx, int32_t div,
+                                 const float *w, int64_t rows, int64_t n, void *stream, char *msg,
+                                 size_t msg_len);
+
 /*
  * The paged KV cache on the device, laid out as the CPU backend's
  * (engine/kv_cache_internal.h): block b holds, for every layer l and for K

@@ -260,4 +260,58 @@ QL_HD int32_t om_greedy_argmax(const float *logits, int32_t n)
     return best;
 }
 
+/* ---- mixtures of experts ------------------------------------------------------
+ * The router's choice for one row and the weighted sum of the chosen
+ * experts' outputs, as engine/runtime/experts_cpu.c computes them
+ * (transformers' float32 order). The CUDA backend routes on the host with
+ * these, so both backends pick the same experts with the same weights from
+ * the same logits. */
+
+/* Row choice from router logits p[E] (overwritten with the softmax
+ * probabilities): the k most probable experts (the lower index first among
+ * equals) into pick[k], their probabilities into weight[k], renormalized to
+ * sum 1 when renorm (norm_topk_prob). */
+QL_HD void om_moe_route(float *p, int32_t E, int32_t K, bool renorm, int32_t *pick, float *weight)
+{
+    float top = p[0];
+    for (int32_t e = 1; e < E; e++)
+        top = p[e] > top ? p[e] : top;
+    double sum = 0.0;
+    for (int32_t e = 0; e < E; e++) {
+        p[e] = expf(p[e] - top);
+        sum += p[e];
+    }
+    for (int32_t e = 0; e < E; e++)
+        p[e] = (float)(p[e] / sum);
+    double chosen = 0.0;
+    for (int32_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k; j++)
+                taken |= pick[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        pick[k] = best;
+        weight[k] = p[best];
+        chosen += p[best];
+    }
+    for (int32_t k = 0; renorm && k < K; k++)
+        weight[k] = (float)(weight[k] / chosen);
+}
+
+/* Qwen2-MoE's shared expert's gate from its logit: sigmoid(s). */
+QL_HD float om_moe_shared_gate(float s)
+{
+    return 1.0f / (1.0f + expf(-s));
+}
+
+/* One element of a row's weighted sum: acc + w * y, the product rounded
+ * first (no fused multiply-add on either side). */
+QL_HD float om_weighted_add(float acc, float w, float y)
+{
+    return acc + w * y;
+}
+
 #endif

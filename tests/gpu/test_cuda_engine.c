@@ -249,8 +249,10 @@ static eng_weights *merged_version(const eng_model *m, eng_lora *lora, float sca
         return NULL;
     lora_merge_opts o = {.safe_merge = true, .into = into};
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
-        for (int p = 0; p < ENG_N_PROJ; p++) {
+        for (int p = 0; p < eng_n_proj(&m->cfg); p++) {
             const qtensor *pristine = eng_model_proj(m, l, (eng_proj)p);
+            if (pristine->rows == 0 || !eng_lora_module_at(lora, l, (eng_proj)p))
+                continue; /* an expert's slot in a dense layer; or untouched: pristine */
             const lora_ops *ops;
             lora_part part = {lora->name, eng_lora_module_at(lora, l, (eng_proj)p), scale};
             qtensor merged;
@@ -844,6 +846,38 @@ static void phi3_longrope(void)
     eng_model_free(&m);
 }
 
+/* The model file and the PEFT adapter folder under tests/fixtures into *m
+ * and *lora; false (a FAIL line named name, nothing held) when either does
+ * not load. */
+static bool load_fixture_with_adapter(const char *name, const char *model, const char *adapter,
+                                      eng_model *m, eng_lora **lora)
+{
+    char path[512], msg[512];
+    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, model);
+    eng_load_opts lo = {.path = path};
+    if (eng_model_load(m, &lo, msg, sizeof msg) != QL_OK) {
+        report(false, name, "%s", msg);
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, adapter);
+    *lora = NULL;
+    if (lora_load(lora, NULL, path, adapter, m, msg, sizeof msg) != QL_OK) {
+        report(false, name, "%s", msg);
+        eng_model_free(m);
+        return false;
+    }
+    return true;
+}
+
+/* The scenario with lora unmerged for A (scale 1) and B (0.5), none for C. */
+static void scenario_unmerged(const char *name, const eng_model *m, eng_lora *lora)
+{
+    eng_lora_term a[1] = {{lora, 1.0f}}, b[1] = {{lora, 0.5f}};
+    const eng_lora_term *delta[N_SEQS] = {a, b, NULL};
+    int32_t n_delta[N_SEQS] = {1, 1, 0};
+    scenario(name, m, NULL, delta, n_delta);
+}
+
 /* The tiny Phi-3 as llama.cpp's converter wrote it in q8_0
  * (tests/fixtures/phi3_tiny_q8_0.gguf: its q/k/v and gate/up are views
  * into the fused tensors of the mapping), with its PEFT adapter on the
@@ -852,25 +886,123 @@ static void phi3_gguf(void)
 {
     const char *name = "steps_match_cpu_phi3_gguf_with_fused_adapter";
     eng_model m;
-    char msg[512];
-    eng_load_opts lo = {.path = QL_FIXTURES "/phi3_tiny_q8_0.gguf"};
+    eng_lora *lora;
+    if (!load_fixture_with_adapter(name, "phi3_tiny_q8_0.gguf", "phi3_lora", &m, &lora))
+        return;
+    scenario_unmerged(name, &m, lora);
+    eng_lora_unref(lora);
+    eng_model_free(&m);
+}
+
+/* --- mixtures of experts ---------------------------------------------------------- */
+
+static void merge_round_trip(const eng_model *m, eng_weights *w, const char *kind);
+
+/* A tiny MoE fixture (tests/fixtures/<file>: llama.cpp's conversions of
+ * the tiny Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) steps on
+ * the device as on the CPU: the device routes with the CPU's arithmetic
+ * from its own router logits, so the logits agree within the scenario's
+ * bound and the greedy tokens are equal. The step's figures (experts run,
+ * bytes read) are the CPU's for the same step. */
+static void moe_fixture(const char *file)
+{
+    char name[128], path[512], msg[512];
+    snprintf(name, sizeof name, "steps_match_cpu_moe_%s", file);
+    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, file);
+    eng_model m;
+    eng_load_opts lo = {.path = path};
     if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
         report(false, name, "%s", msg);
         return;
     }
-    eng_lora *lora = NULL;
-    if (lora_load(&lora, NULL, QL_FIXTURES "/phi3_lora", "phi3-lora", &m, msg, sizeof msg) !=
-        QL_OK) {
+    scenario(name, &m, NULL, NULL, NULL);
+    /* one prompt of 9 tokens on each backend: the same figures */
+    side cpu, gpu;
+    int rc = side_new(&cpu, &m, ENG_DEVICE_CPU, msg, sizeof msg);
+    if (rc == QL_OK)
+        rc = side_new(&gpu, &m, ENG_DEVICE_CUDA, msg, sizeof msg);
+    uint64_t ran[2] = {0}, bytes[2] = {0};
+    int32_t prompt[9];
+    for (int i = 0; i < 9; i++)
+        prompt[i] = (int32_t)(uniform() * m.cfg.vocab_size);
+    side *sides[2] = {&cpu, &gpu};
+    for (int k = 0; rc == QL_OK && k < 2; k++) {
+        eng_step_seq one = {.kv = &sides[k]->kv[0], .tokens = prompt, .n_tokens = 9, .pos = 0};
+        rc = eng_backend_forward(sides[k]->b, &one, 1, sides[k]->logits, NULL, msg, sizeof msg);
+        eng_backend_moe_step(sides[k]->b, &ran[k], &bytes[k]);
+    }
+    snprintf(name, sizeof name, "moe_step_figures_equal_cpu_%s", file);
+    if (rc == QL_OK)
+        report(ran[0] == ran[1] && bytes[0] == bytes[1] && ran[1] > 0, name,
+               "cpu: %llu experts, %llu bytes; cuda: %llu experts, %llu bytes",
+               (unsigned long long)ran[0], (unsigned long long)bytes[0], (unsigned long long)ran[1],
+               (unsigned long long)bytes[1]);
+    else
         report(false, name, "%s", msg);
-        eng_model_free(&m);
+    side_free(&cpu);
+    side_free(&gpu);
+    eng_model_free(&m);
+}
+
+/* The tiny Qwen3-MoE (llama.cpp's f32 conversion) with every expert
+ * requantized to MXFP4 (GPT-OSS's expert kind; hidden 64 and expert width
+ * 32 are whole blocks): the device's MXFP4 products over gathered rows
+ * step as the CPU's. */
+static void moe_mxfp4_experts(void)
+{
+    const char *name = "steps_match_cpu_moe_mxfp4_experts";
+    eng_model m;
+    char msg[512];
+    eng_load_opts lo = {.path = QL_FIXTURES "/qwen3moe_tiny.gguf"};
+    int rc = eng_model_load(&m, &lo, msg, sizeof msg);
+    if (rc != QL_OK) {
+        report(false, name, "%s", msg);
         return;
     }
-    eng_lora_term a[1] = {{lora, 1.0f}}, b[1] = {{lora, 0.5f}};
-    const eng_lora_term *delta[N_SEQS] = {a, b, NULL};
-    int32_t n_delta[N_SEQS] = {1, 1, 0};
-    scenario(name, &m, NULL, delta, n_delta);
-    eng_lora_unref(lora);
+    qt_quant_params p = {.kind = QT_MXFP4};
+    for (int32_t l = 0; rc == QL_OK && l < m.cfg.n_layers; l++)
+        for (int32_t i = 0; rc == QL_OK && m.layers[l].experts && i < 3 * m.cfg.n_experts; i++) {
+            qtensor *t = &m.layers[l].experts[i], q;
+            float *v = malloc((size_t)(t->rows * t->cols) * sizeof(float));
+            qt_dequantize_rows(t, 0, t->rows, v);
+            rc = qt_quantize(&q, v, t->rows, t->cols, &p, msg, sizeof msg);
+            free(v);
+            if (rc == QL_OK) {
+                qt_free(t);
+                *t = q;
+            }
+        }
+    if (rc == QL_OK)
+        scenario(name, &m, NULL, NULL, NULL);
+    else
+        report(false, name, "quantizing the experts to mxfp4: %s", msg);
     eng_model_free(&m);
+}
+
+/* PEFT's adapter on the tiny Qwen3-MoE's attention and fused experts
+ * (tests/fixtures/peft/qwen3moe_experts) on llama.cpp's f32 conversion:
+ * unmerged (A at 1, B at 0.5, C none) the device steps as the CPU; merged
+ * on the device it serves the CPU merge's bytes (digests equal), steps as
+ * the CPU, and serves the pristine bytes after the unmerge. Mixtral's
+ * per-expert adapter (target_modules naming experts.N.w1 ...) unmerged. */
+static void moe_adapters(void)
+{
+    const char *name = "unmerged_expert_adapter_matches_cpu_qwen3moe";
+    eng_model m;
+    eng_lora *lora;
+    if (load_fixture_with_adapter(name, "qwen3moe_tiny.gguf", "peft/qwen3moe_experts", &m, &lora)) {
+        scenario_unmerged(name, &m, lora);
+        merge_round_trip(&m, merged_version(&m, lora, 1.0f, QT_KIND_COUNT),
+                         "expert-adapter-qwen3moe");
+        eng_lora_unref(lora);
+        eng_model_free(&m);
+    }
+    name = "unmerged_expert_adapter_matches_cpu_mixtral";
+    if (load_fixture_with_adapter(name, "mixtral_tiny.gguf", "peft/mixtral_experts", &m, &lora)) {
+        scenario_unmerged(name, &m, lora);
+        eng_lora_unref(lora);
+        eng_model_free(&m);
+    }
 }
 
 /* Partial rotary (Phi-4-mini's shape, the tiny fixture's 12 of 16 dims)
@@ -937,40 +1069,33 @@ static void unmerged_kquant(void)
     eng_model_free(&m);
 }
 
-/* Merge on the device: the bytes of the CPU merge, the same steps, and the
- * pristine bytes back after the unmerge. `into` as merged_version's: a
- * merge stored into int8 (QT_AFFINE) or bf16 is the host's copy, served as
- * it is (the k-quants' only merge). */
-static void merged(qt_quant_params params, const char *kind, qt_kind into)
+/* Version w (the CPU merge; NULL: it failed), which this takes over, on
+ * the device: the device's digests of the pristine and the merged weights
+ * are the host's, the merged version steps as on the CPU, and after the
+ * unmerge (the version's last reference dropped, a step to prune it) the
+ * device serves the pristine bytes again. kind names the checks. */
+static void merge_round_trip(const eng_model *m, eng_weights *w, const char *kind)
 {
-    model_case mc = {kind, params, ENG_ARCH_LLAMA, false, false, false, 0};
-    eng_model m;
     char name[96], msg[512];
-    if (make_model(&m, &mc) != QL_OK) {
-        report(false, kind, "could not build the model");
-        return;
-    }
-    eng_lora *lora = make_lora(&m, "merged", 16, QT_BF16);
-    eng_weights *w = merged_version(&m, lora, 0.75f, into);
     side gpu;
-    int rc = w ? side_new(&gpu, &m, ENG_DEVICE_CUDA, msg, sizeof msg)
+    int rc = w ? side_new(&gpu, m, ENG_DEVICE_CUDA, msg, sizeof msg)
                : ql_fail(msg, sizeof msg, QL_EINVAL, "the CPU merge failed");
-    uint64_t pristine = eng_weights_digest(&m, NULL), dev_before = 0, dev_merged = 0, dev_after = 0;
+    uint64_t pristine = eng_weights_digest(m, NULL), dev_before = 0, dev_merged = 0, dev_after = 0;
     if (rc == QL_OK)
         rc = eng_backend_digest(gpu.b, NULL, &dev_before, msg, sizeof msg);
     if (rc == QL_OK)
         rc = eng_backend_digest(gpu.b, w, &dev_merged, msg, sizeof msg);
     snprintf(name, sizeof name, "device_merge_bytes_equal_cpu_merge_%s", kind);
     if (rc == QL_OK)
-        report(dev_before == pristine && dev_merged == eng_weights_digest(&m, w), name,
+        report(dev_before == pristine && dev_merged == eng_weights_digest(m, w), name,
                "device digests pristine %016llx merged %016llx; host %016llx / %016llx",
                (unsigned long long)dev_before, (unsigned long long)dev_merged,
-               (unsigned long long)pristine, (unsigned long long)eng_weights_digest(&m, w));
+               (unsigned long long)pristine, (unsigned long long)eng_weights_digest(m, w));
     else
         report(false, name, "%s", msg);
     if (rc == QL_OK) {
         snprintf(name, sizeof name, "merged_version_steps_match_cpu_%s", kind);
-        scenario(name, &m, w, NULL, NULL);
+        scenario(name, m, w, NULL, NULL);
         /* unmerge: the version goes; a step lets the backend drop its copy */
         eng_weights_unref(w);
         w = NULL;
@@ -987,6 +1112,22 @@ static void merged(qt_quant_params params, const char *kind, qt_kind into)
     }
     if (w)
         eng_weights_unref(w);
+}
+
+/* Merge on the device: the bytes of the CPU merge, the same steps, and the
+ * pristine bytes back after the unmerge. `into` as merged_version's: a
+ * merge stored into int8 (QT_AFFINE) or bf16 is the host's copy, served as
+ * it is (the k-quants' only merge). */
+static void merged(qt_quant_params params, const char *kind, qt_kind into)
+{
+    model_case mc = {kind, params, ENG_ARCH_LLAMA, false, false, false, 0};
+    eng_model m;
+    if (make_model(&m, &mc) != QL_OK) {
+        report(false, kind, "could not build the model");
+        return;
+    }
+    eng_lora *lora = make_lora(&m, "merged", 16, QT_BF16);
+    merge_round_trip(&m, merged_version(&m, lora, 0.75f, into), kind);
     eng_lora_unref(lora);
     eng_model_free(&m);
 }
@@ -1334,6 +1475,12 @@ int main(void)
         printf("SKIP test_cuda_engine: no CUDA device (%s)\n", msg);
         return 77;
     }
+    moe_fixture("qwen3moe_tiny.gguf");
+    moe_fixture("qwen2moe_tiny.gguf");
+    moe_fixture("mixtral_tiny.gguf");
+    moe_fixture("qwen3moe_tiny_q4_k_m.gguf");
+    moe_mxfp4_experts();
+    moe_adapters();
     kinds();
     qwen3_norms();
     gemma_layout(false);

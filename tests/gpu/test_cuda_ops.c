@@ -1,6 +1,7 @@
 /*
  * test_cuda_ops.c - the layer kernels of kernels/cuda/qt_cuda_ops.cu
- * (RMSNorm, RoPE, SwiGLU, add, bias, KV writes, paged attention, argmax)
+ * (RMSNorm, RoPE, SwiGLU, add, bias, a mixture of experts' row gather and
+ * weighted add, KV writes, paged attention, argmax)
  * against CPU references, on a real GPU.
  *
  * Why shaped so: this runs only where there is a GPU (tests/gpu/run.sh), so
@@ -355,6 +356,79 @@ done:
     free(got);
     free(want);
     free(want_f);
+}
+
+/* ---- a mixture of experts' row gather and weighted add ------------------------------------ */
+
+/* 11 rows of 70, top-2 (pairs row * 2 + k): an expert's 5 pairs gathered,
+ * then its output added into 11 rows with the pairs' weights, and a second
+ * expert's added after it; the result has the host's bits (om_weighted_add
+ * in the same order), rows no pair names untouched. idx NULL adds row r
+ * into row r (the shared expert). */
+static void test_expert_rows(void)
+{
+    const char *name = "expert_rows_gather_and_weighted_add";
+    enum { T = 11, N = 70, K = 2, P = 5 };
+    const int32_t pairs[2][P] = {{0, 3, 9, 14, 21}, {1, 4, 8, 15, 20}};
+    char msg[MSG_LEN];
+    float *x = host_random((size_t)T * N, -1.0, 1.0), *acc = host_random((size_t)T * N, -1.0, 1.0);
+    float *y = host_random((size_t)P * N, -1.0, 1.0), *w = host_random(T, 0.0, 1.0);
+    float *got = malloc((size_t)T * N * sizeof *got), *want = malloc((size_t)T * N * sizeof *want);
+    float *dx = dev_copy(name, x, (size_t)T * N * sizeof *x);
+    float *dacc = dev_copy(name, acc, (size_t)T * N * sizeof *acc);
+    float *dy = dev_copy(name, y, (size_t)P * N * sizeof *y);
+    float *dw = dev_copy(name, w, T * sizeof *w);
+    int32_t *didx = dev_copy(name, pairs, sizeof pairs);
+    float *dg = dev_poisoned(name, (size_t)P * N * sizeof(float));
+    if (!got || !want || !dx || !dacc || !dy || !dw || !didx || !dg)
+        goto done;
+    /* gather: row p of dg = row pairs[0][p] / K of x, exact */
+    if (!op_ok(name, qt_cuda_gather_f32(dg, dx, didx, K, P, N, stream, msg, sizeof msg), msg) ||
+        !download(name, got, dg, (size_t)P * N * sizeof *got))
+        goto done;
+    for (int p = 0; p < P; p++)
+        memcpy(want + (size_t)p * N, x + (size_t)(pairs[0][p] / K) * N, N * sizeof *want);
+    if (!same_bits("expert_rows_gather", got, want, (size_t)P * N))
+        goto done;
+    /* weighted adds: expert 0 then expert 1 (same outputs y), then every row */
+    memcpy(want, acc, (size_t)T * N * sizeof *want);
+    for (int e = 0; e < 2; e++)
+        for (int p = 0; p < P; p++)
+            for (int i = 0; i < N; i++) {
+                float *o = &want[(size_t)(pairs[e][p] / K) * N + i];
+                *o = om_weighted_add(*o, w[p], y[(size_t)p * N + i]);
+            }
+    for (int e = 0; e < 2; e++)
+        if (!op_ok(name,
+                   qt_cuda_scatter_add_weighted(dacc, dy, didx + e * P, K, dw, P, N, stream, msg,
+                                                sizeof msg),
+                   msg))
+            goto done;
+    if (!download(name, got, dacc, (size_t)T * N * sizeof *got) ||
+        !same_bits("expert_rows_weighted_add", got, want, (size_t)T * N))
+        goto done;
+    for (int64_t i = 0; i < (int64_t)T * N; i++)
+        want[i] = om_weighted_add(want[i], w[i / N], x[i]);
+    if (!op_ok(name,
+               qt_cuda_scatter_add_weighted(dacc, dx, NULL, 1, dw, T, N, stream, msg, sizeof msg),
+               msg) ||
+        !download(name, got, dacc, (size_t)T * N * sizeof *got))
+        goto done;
+    if (same_bits("expert_rows_shared_add", got, want, (size_t)T * N))
+        pass(name);
+done:
+    cudaFree(dx);
+    cudaFree(dacc);
+    cudaFree(dy);
+    cudaFree(dw);
+    cudaFree(didx);
+    cudaFree(dg);
+    free(x);
+    free(acc);
+    free(y);
+    free(w);
+    free(got);
+    free(want);
 }
 
 /* ---- the paged cache ------------------------------------------------------------------------ */
@@ -972,6 +1046,7 @@ int main(void)
     test_rope(3, 4, 128, false);
     test_rope(3, 4, 128, true);
     test_pointwise();
+    test_expert_rows();
     test_kv_write();
 
     /* every load width and heads-per-block the kernel picks:
