@@ -118,7 +118,7 @@ static void peft_destroy(eng_lora *l)
 {
     peft_lora *p = (peft_lora *)l;
     if (l->modules)
-        for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++) {
+        for (size_t i = 0; i < (size_t)l->n_layers * (size_t)l->n_proj; i++) {
             qt_free(&l->modules[i].a);
             qt_free(&l->modules[i].b);
         }
@@ -543,9 +543,34 @@ static const char *proj_module(const eng_model *m, eng_proj p)
     return eng_proj_name(p);
 }
 
+/* Mixtral's checkpoints name an expert's gate, up and down w1, w3, w2. */
+static const char *const mixtral_part[3] = {"w1", "w3", "w2"};
+
+/*
+ * The module path of projection p under layer `layer`: "self_attn.q_proj";
+ * in a mixture-of-experts layer "mlp.shared_expert.gate_proj" (Qwen2-MoE's
+ * shared expert holds the MLP's projections) and an expert's
+ * "mlp.experts.3.gate_proj" (Mixtral's "block_sparse_moe.experts.3.w1").
+ */
+static void module_path(char *buf, size_t len, const eng_model *m, int32_t layer, eng_proj p)
+{
+    eng_proj part;
+    int32_t e = eng_proj_expert(p, &part);
+    if (e >= 0 && m->cfg.arch == ENG_ARCH_MIXTRAL)
+        snprintf(buf, len, "block_sparse_moe.experts.%d.%s", e, mixtral_part[part - ENG_PROJ_GATE]);
+    else if (e >= 0)
+        snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
+    else if (eng_layer_is_moe(&m->cfg, layer) && !strcmp(eng_proj_parent(p), "mlp"))
+        snprintf(buf, len, "mlp.shared_expert.%s", eng_proj_name(p));
+    else
+        snprintf(buf, len, "%s.%s", eng_proj_parent(p), proj_module(m, p));
+}
+
 static void module_name(char *buf, size_t len, const eng_model *m, int32_t layer, eng_proj p)
 {
-    snprintf(buf, len, "model.layers.%d.%s.%s", layer, eng_proj_parent(p), proj_module(m, p));
+    char path[96];
+    module_path(path, sizeof path, m, layer, p);
+    snprintf(buf, len, "model.layers.%d.%s", layer, path);
 }
 
 /* What a module is to get from the file. */
@@ -572,9 +597,12 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
                            "up_proj, down_proj)",
                            c->path, outer[i]);
     *n_targeted = 0;
+    int32_t np = eng_n_proj(&m->cfg);
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            module_plan *mp = &plan[(size_t)l * ENG_N_PROJ + (size_t)p];
+        for (int p = 0; p < np; p++) {
+            if (!eng_model_proj(m, l, (eng_proj)p)->rows)
+                continue; /* an expert's in a dense layer; a mixture's plain MLP */
+            module_plan *mp = &plan[(size_t)l * (size_t)np + (size_t)p];
             char name[128];
             module_name(name, sizeof name, m, l, (eng_proj)p);
             mp->targeted = config_targets(c, name, l, true);
@@ -623,6 +651,34 @@ static const char *key_hint(const char *key)
 }
 
 /*
+ * An expert's module at *s ("mlp.experts.3.gate_proj.", Mixtral's
+ * "block_sparse_moe.experts.3.w1."): its projection, *s moved past it; -1
+ * (and *s as it was) for any other module.
+ */
+static int expert_key(const char **s, const eng_model *m)
+{
+    const char *t = *s;
+    if (m->cfg.n_experts <= 0 ||
+        !(skip_prefix(&t, "mlp.experts.") || skip_prefix(&t, "block_sparse_moe.experts.")) ||
+        !isdigit((unsigned char)*t))
+        return -1;
+    char *end;
+    unsigned long e = strtoul(t, &end, 10);
+    if (*end != '.' || e >= (unsigned long)m->cfg.n_experts)
+        return -1;
+    t = end + 1;
+    static const char *const qwen_part[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int k = 0; k < 6; k++) {
+        const char *u = t;
+        if (skip_prefix(&u, k < 3 ? qwen_part[k] : mixtral_part[k - 3]) && skip_prefix(&u, ".")) {
+            *s = u;
+            return (int)eng_expert_proj((int32_t)e, (eng_proj)(ENG_PROJ_GATE + k % 3));
+        }
+    }
+    return -1;
+}
+
+/*
  * Parse key into (layer, projection, is B). Returns false for a key of any
  * other form. layer may be out of range (the caller says so).
  */
@@ -638,16 +694,17 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
     if (*end != '.' || l > INT32_MAX)
         return false;
     s = end + 1;
-    int p = 0;
-    for (; p < ENG_N_PROJ; p++) {
+    int p = expert_key(&s, m);
+    for (int q = 0; p < 0 && q < ENG_N_PROJ; q++) {
+        char path[96];
+        module_path(path, sizeof path, m, (int32_t)l, (eng_proj)q);
         const char *t = s;
-        if (skip_prefix(&t, eng_proj_parent((eng_proj)p)) && skip_prefix(&t, ".") &&
-            skip_prefix(&t, proj_module(m, (eng_proj)p)) && skip_prefix(&t, ".")) {
+        if (skip_prefix(&t, path) && skip_prefix(&t, ".")) {
             s = t;
-            break;
+            p = q;
         }
     }
-    if (p == ENG_N_PROJ)
+    if (p < 0)
         return false;
     if (skip_prefix(&s, "lora_A"))
         *is_b = false;
@@ -871,7 +928,8 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is for layer %" PRId64 "; the model has %d layers",
                            f->path, t->name, layer, m->cfg.n_layers);
-        module_plan *mp = &plan[(size_t)layer * ENG_N_PROJ + p];
+        size_t np = (size_t)eng_n_proj(&m->cfg);
+        module_plan *mp = &plan[(size_t)layer * np + p];
         char name[128];
         module_name(name, sizeof name, m, (int32_t)layer, p);
         if (!mp->targeted)
@@ -889,7 +947,7 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
         int n;
         proj_group(m, p, &first, &n);
         for (int k = 0; k < n; k++) {
-            module_plan *part = &plan[(size_t)layer * ENG_N_PROJ + first + k];
+            module_plan *part = &plan[(size_t)layer * np + first + k];
             *(is_b ? &part->b : &part->a) = t;
         }
     }
@@ -902,9 +960,10 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
 {
     eng_lora *l = &pl->lora;
     const char *path = pl->file.path;
+    int32_t np = eng_n_proj(&m->cfg);
     for (int32_t layer = 0; layer < m->cfg.n_layers; layer++)
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            size_t idx = (size_t)layer * ENG_N_PROJ + (size_t)p;
+        for (int p = 0; p < np; p++) {
+            size_t idx = (size_t)layer * (size_t)np + (size_t)p;
             const module_plan *mp = &plan[idx];
             if (!mp->targeted)
                 continue;
@@ -942,7 +1001,7 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
  * place, qt_cast_dense: nearest even); *copied follows the bytes owned. */
 static int modules_to_bf16(eng_lora *l, size_t *copied, char *msg, size_t msg_len)
 {
-    for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++) {
+    for (size_t i = 0; i < (size_t)l->n_layers * (size_t)l->n_proj; i++) {
         qtensor *ts[2] = {&l->modules[i].a, &l->modules[i].b};
         for (int k = 0; k < 2; k++) {
             if (!ts[k]->rows || ts[k]->kind == QT_BF16)
@@ -960,7 +1019,7 @@ static int modules_to_bf16(eng_lora *l, size_t *copied, char *msg, size_t msg_le
 /* Whether any module's tensor still points into the file's copy. */
 static bool borrows_file(const eng_lora *l)
 {
-    for (size_t i = 0; i < (size_t)l->n_layers * ENG_N_PROJ; i++)
+    for (size_t i = 0; i < (size_t)l->n_layers * (size_t)l->n_proj; i++)
         if (l->modules[i].a.data_borrowed || l->modules[i].b.data_borrowed)
             return true;
     return false;
@@ -987,7 +1046,7 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
             continue; /* a fused module is listed once, by its own name */
         bool any = false;
         for (int32_t l = 0; l < m->cfg.n_layers && !any; l++)
-            any = plan[(size_t)l * ENG_N_PROJ + (size_t)p].targeted;
+            any = plan[(size_t)l * (size_t)eng_n_proj(&m->cfg) + (size_t)p].targeted;
         if (!any)
             continue;
         size_t n = strlen(meta->targets);
@@ -1100,7 +1159,8 @@ static int load_folder(eng_lora **out, lora_meta *meta, int dir_fd, const char *
     if (rc != QL_OK)
         return rc;
     adapter_config c = {.path = config_path};
-    module_plan *plan = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ, sizeof *plan);
+    size_t n_all = (size_t)m->cfg.n_layers * (size_t)eng_n_proj(&m->cfg);
+    module_plan *plan = calloc(n_all, sizeof *plan);
     peft_lora *pl = calloc(1, sizeof *pl);
     size_t n_modules = 0, copied = 0;
     if (!plan || !pl) {
@@ -1119,9 +1179,10 @@ static int load_folder(eng_lora **out, lora_meta *meta, int dir_fd, const char *
     eng_lora *l = &pl->lora;
     memcpy(l->name, name, strlen(name) + 1); /* its length was checked */
     l->n_layers = m->cfg.n_layers;
+    l->n_proj = eng_n_proj(&m->cfg);
     l->refs = 1;
     l->destroy = peft_destroy;
-    l->modules = calloc((size_t)m->cfg.n_layers * ENG_N_PROJ, sizeof *l->modules);
+    l->modules = calloc(n_all, sizeof *l->modules);
     if (!l->modules) {
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", dir);
         goto done;
@@ -1144,7 +1205,7 @@ static int load_folder(eng_lora **out, lora_meta *meta, int dir_fd, const char *
     }
     /* the whole file's copy stays while the adapter borrows from it, plus
      * what was copied */
-    l->bytes = pl->file.map_len + copied + (size_t)l->n_layers * ENG_N_PROJ * sizeof *l->modules +
+    l->bytes = pl->file.map_len + copied + n_all * sizeof *l->modules +
                (l->chat_template ? strlen(l->chat_template) : 0) +
                (l->chat_template_tool_use ? strlen(l->chat_template_tool_use) : 0);
 

@@ -489,9 +489,9 @@ static void merge_modules(void *ctx, int64_t begin, int64_t end)
         module_job *j = &b->jobs[i];
         const qtensor *pristine = eng_model_proj(b->m, j->layer, j->proj);
         const lora_ops *ops = NULL;
-        char module[96];
-        snprintf(module, sizeof module, "model.layers.%d.%s.%s", j->layer, eng_proj_parent(j->proj),
-                 eng_proj_name(j->proj));
+        char module[96], path[64];
+        snprintf(module, sizeof module, "model.layers.%d.%s", j->layer,
+                 eng_proj_path(j->proj, path, sizeof path));
         j->rc = lora_dispatch(pristine, &ops, j->msg, sizeof j->msg);
         if (j->rc == QL_OK)
             j->rc = ops->merge(pristine, j->parts, j->n_parts, b->o, module, &j->merged, &j->cost,
@@ -514,7 +514,8 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
     eng_weights *serving = eng_engine_weights(r->e);
     eng_weights *v = NULL;
     int rc = eng_weights_new(&v, m, serving->version + 1, msg, msg_len);
-    size_t n_modules = (size_t)m->cfg.n_layers * ENG_N_PROJ;
+    int32_t np = eng_n_proj(&m->cfg);
+    size_t n_modules = (size_t)m->cfg.n_layers * (size_t)np;
     module_job *jobs = NULL;
     size_t n_jobs = 0;
     if (rc == QL_OK) {
@@ -523,7 +524,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
             rc = ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
     for (int32_t l = 0; rc == QL_OK && l < m->cfg.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
+        for (int p = 0; p < np; p++) {
             module_job *j = &jobs[n_jobs];
             j->layer = l;
             j->proj = (eng_proj)p;
@@ -538,7 +539,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
                        eng_model_proj(m, l, (eng_proj)p)) {
                 /* merged before, merged no more: the pristine tensor serves,
                  * bit for bit by construction, whatever its kind */
-                v->proj[(size_t)l * ENG_N_PROJ + (size_t)p] = eng_model_proj(m, l, (eng_proj)p);
+                v->proj[(size_t)l * (size_t)np + (size_t)p] = eng_model_proj(m, l, (eng_proj)p);
             }
         }
     }
@@ -555,7 +556,7 @@ static int publish_configuration(lora_registry *r, const eng_lora_term *terms, s
             rc = eng_engine_prepare(r->e, v, device_costs, &device_digest, msg, msg_len);
         for (size_t i = 0; rc == QL_OK && i < n_jobs; i++) {
             module_job *j = &jobs[i];
-            lora_cost_add(&j->cost, &device_costs[(size_t)j->layer * ENG_N_PROJ + j->proj]);
+            lora_cost_add(&j->cost, &device_costs[(size_t)j->layer * (size_t)np + j->proj]);
         }
     } else if (rc == QL_OK) {
         rebuild b = {m, o, jobs};

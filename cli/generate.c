@@ -127,9 +127,11 @@ static void print_merge_report(FILE *f, const lora_report *rep)
 {
     for (size_t i = 0; i < rep->n_modules; i++) {
         const struct lora_module_cost *mc = &rep->modules[i];
+        char path[64];
         fprintf(f, "merge: layer %d %-9s %-6s delta_retained %.4f relative_error %.4f\n", mc->layer,
-                eng_proj_name(mc->proj), qt_kind_name(mc->kind), mc->cost.delta_retained,
-                mc->cost.relative_error);
+                eng_proj_expert(mc->proj, NULL) >= 0 ? eng_proj_path(mc->proj, path, sizeof path)
+                                                     : eng_proj_name(mc->proj),
+                qt_kind_name(mc->kind), mc->cost.delta_retained, mc->cost.relative_error);
     }
     fprintf(f,
             "merge: %s x%g into %zu modules (%s): delta_retained %.4f, relative_error %.4f, "

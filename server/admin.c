@@ -309,9 +309,9 @@ static cJSON *report_json(const lora_report *r)
         for (size_t i = 0; i < r->n_modules; i++) {
             const struct lora_module_cost *mc = &r->modules[i];
             cJSON *m = cJSON_CreateObject();
-            char name[96];
-            snprintf(name, sizeof name, "model.layers.%d.%s.%s", mc->layer,
-                     eng_proj_parent(mc->proj), eng_proj_name(mc->proj));
+            char name[96], path[64];
+            snprintf(name, sizeof name, "model.layers.%d.%s", mc->layer,
+                     eng_proj_path(mc->proj, path, sizeof path));
             cJSON_AddStringToObject(m, "module", name);
             cJSON_AddStringToObject(m, "kind", qt_kind_name(mc->kind));
             cJSON_AddNumberToObject(m, "delta_retained", mc->cost.delta_retained);

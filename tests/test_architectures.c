@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "fixtures/gemma_reference.h"
+#include "fixtures/moe_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
 #include "model.h"
@@ -196,7 +197,70 @@ static void check_phi3_partial(eng_model *m)
     cr_assert_float_eq(m->cfg.rope_freq_factors[5], PHI3_LONG_FACTOR[5], 1e-6);
 }
 
+/* The mixtures of experts (make_moe_reference.py: 8 experts, 2 chosen per
+ * token, each 32 wide, 3 layers). */
+static void check_moe(const eng_model *m, eng_arch arch, bool norm_topk)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, arch);
+    cr_assert_eq(c->n_experts, 8);
+    cr_assert_eq(c->n_experts_used, 2);
+    cr_assert_eq(c->expert_ff, 32);
+    cr_assert_eq(c->norm_topk_prob, norm_topk);
+    cr_assert_eq(eng_n_proj(c), ENG_N_PROJ + 24);
+    const eng_layer *L = &m->layers[2];
+    cr_assert_eq(L->router.rows, 8);
+    cr_assert_eq(L->router.cols, 64);
+    cr_assert_eq(eng_model_proj(m, 2, eng_expert_proj(7, ENG_PROJ_DOWN))->rows, 64);
+    cr_assert_eq(eng_model_proj(m, 2, eng_expert_proj(7, ENG_PROJ_DOWN))->cols, 32);
+    cr_assert_eq(eng_model_proj(m, 2, eng_expert_proj(3, ENG_PROJ_UP))->rows, 32);
+}
+
+static void check_qwen3moe(eng_model *m)
+{
+    check_moe(m, ENG_ARCH_QWEN3_MOE, true);
+    cr_assert(m->cfg.qk_norm);
+    cr_assert_str_eq(eng_arch_name(m->cfg.arch), "qwen3moe");
+    for (int l = 0; l < 3; l++)
+        cr_assert(eng_layer_is_moe(&m->cfg, l), "layer %d", l);
+}
+
+/* mlp_only_layers [1]: layer 1 is a plain MLP 48 wide */
+static void check_qwen3moe_dense(eng_model *m)
+{
+    check_moe(m, ENG_ARCH_QWEN3_MOE, true);
+    cr_assert(!eng_layer_is_moe(&m->cfg, 1) && eng_layer_is_moe(&m->cfg, 0));
+    cr_assert_eq(m->layers[1].w_gate.rows, 48);
+    cr_assert_eq(m->layers[1].router.rows, 0);
+    cr_assert_eq(eng_model_proj(m, 1, eng_expert_proj(0, ENG_PROJ_GATE))->rows, 0);
+}
+
+static void check_qwen2moe(eng_model *m)
+{
+    check_moe(m, ENG_ARCH_QWEN2_MOE, false);
+    cr_assert(m->cfg.attention_bias);
+    cr_assert_eq(m->cfg.shared_expert_ff, 40);
+    cr_assert_eq(m->layers[0].w_gate.rows, 40, "the shared expert");
+    cr_assert_eq(m->layers[0].shared_gate.cols, 64);
+}
+
+static void check_mixtral(eng_model *m)
+{
+    check_moe(m, ENG_ARCH_MIXTRAL, true);
+    cr_assert_str_eq(eng_arch_name(m->cfg.arch), "mixtral");
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
+
+static void one_expert(eng_config *c)
+{
+    c->n_experts_used = 1;
+}
+
+static void flip_topk_norm(eng_config *c)
+{
+    c->norm_topk_prob = !c->norm_topk_prob;
+}
 
 static void no_qk_norm(eng_config *c)
 {
@@ -259,7 +323,46 @@ static void whole_head_rotation(eng_config *c)
     .source = "transformers float64 (make_phi3_reference.py)", .tokens = PHI3_TOKENS,              \
     .n_tokens = PHI3_N_TOKENS, .vocab = PHI3_VOCAB, .logits = &which[0][0], .tol = 1e-5
 
+#define MOE_REF(which)                                                                             \
+    .source = "transformers float64 (make_moe_reference.py)", .tokens = which##_TOKENS,            \
+    .n_tokens = which##_N_TOKENS, .vocab = which##_VOCAB, .logits = &which##_LOGITS[0][0],         \
+    .prefill = 9, .block_tokens = 4, .tol = 1e-5
+
 static const arch_row ARCH_ROWS[] = {
+    {.label = "qwen3moe folder",
+     .fixture = "qwen3moe_tiny",
+     MOE_REF(QWEN3MOE),
+     .check = check_qwen3moe,
+     .features = {{"the second expert", one_expert}, {"the top-k renormalization", flip_topk_norm}},
+     .moved = 1e-3},
+    {.label = "qwen3moe gguf",
+     .fixture = "qwen3moe_tiny.gguf",
+     MOE_REF(QWEN3MOE),
+     .check = check_qwen3moe},
+    {.label = "qwen3moe with a dense layer folder",
+     .fixture = "qwen3moe_dense_tiny",
+     MOE_REF(QWEN3MOE_DENSE),
+     .check = check_qwen3moe_dense},
+    {.label = "qwen2moe folder",
+     .fixture = "qwen2moe_tiny",
+     MOE_REF(QWEN2MOE),
+     .check = check_qwen2moe,
+     .features = {{"the second expert", one_expert}, {"the top-k renormalization", flip_topk_norm}},
+     .moved = 1e-3},
+    {.label = "qwen2moe gguf",
+     .fixture = "qwen2moe_tiny.gguf",
+     MOE_REF(QWEN2MOE),
+     .check = check_qwen2moe},
+    {.label = "mixtral folder",
+     .fixture = "mixtral_tiny",
+     MOE_REF(MIXTRAL),
+     .check = check_mixtral,
+     .features = {{"the second expert", one_expert}},
+     .moved = 1e-3},
+    {.label = "mixtral gguf",
+     .fixture = "mixtral_tiny.gguf",
+     MOE_REF(MIXTRAL),
+     .check = check_mixtral},
     {.label = "qwen3 folder",
      .fixture = "qwen3_tiny",
      QWEN3_REF,

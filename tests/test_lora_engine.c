@@ -71,6 +71,7 @@ static eng_lora *mem_lora(const eng_model *m, const char *name, int rank, float 
     cr_assert(l);
     snprintf(l->name, sizeof l->name, "%s", name);
     l->n_layers = m->cfg.n_layers;
+    l->n_proj = ENG_N_PROJ;
     l->modules = calloc((size_t)l->n_layers * ENG_N_PROJ, sizeof *l->modules);
     cr_assert(l->modules);
     uint64_t rng = seed;

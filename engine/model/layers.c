@@ -100,81 +100,6 @@ static const struct fused_part {
      {offsetof(eng_layer, w_gate), offsetof(eng_layer, w_up)}},
 };
 
-/*
- * Rows [r0, r0 + n) of a bitsandbytes 4-bit fused weight (a Phi-3 saved
- * with load_in_4bit): its blocks run over the flattened rows, so the part
- * starts on a block boundary or is refused by name. The part copies its
- * codes and takes each block's absmax as the fused tensor dequantizes it
- * (double quantization undone, so the part is single-quantized with the
- * same values, bit for bit).
- */
-static int split_bnb4_rows(const char *name, const qtensor *fused, int64_t r0, int64_t n,
-                           qtensor *out, char *msg, size_t msg_len)
-{
-    int64_t e0 = r0 * fused->cols, count = n * fused->cols, bs = fused->blocksize;
-    if (e0 % bs != 0 || e0 % 2 != 0)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "tensor '%s': its part at row %lld does not start on a %lld-element "
-                       "block, so it cannot be split",
-                       name, (long long)r0, (long long)bs);
-    int64_t nb = (count + bs - 1) / bs;
-    float *absmax = malloc((size_t)nb * sizeof *absmax);
-    if (!absmax)
-        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", name);
-    for (int64_t b = 0; b < nb; b++)
-        absmax[b] = qt_block_absmax(fused, e0 / bs + b);
-    qt_bnb4_parts parts = {.kind = fused->kind,
-                           .rows = n,
-                           .cols = fused->cols,
-                           .blocksize = fused->blocksize,
-                           .codes = fused->data + e0 / 2,
-                           .codes_bytes = (size_t)((count + 1) / 2),
-                           .codebook = fused->codebook,
-                           .n_blocks = nb,
-                           .absmax = absmax};
-    char why[256];
-    int rc = qt_from_bnb4(out, &parts, why, sizeof why);
-    free(absmax);
-    if (rc != QL_OK)
-        return ql_fail(msg, msg_len, rc, "tensor '%s': %s", name, why);
-    return QL_OK;
-}
-
-/*
- * Rows [r0, r0 + n) of a fused weight as a tensor of their own, each part
- * then finished (quantized on load, --dtype) as a linear of its own, so it
- * is what a separate q/k/v or gate/up would have been. Dense and GGUF-block
- * kinds store rows whole and back to back, so a part is a view (borrowed,
- * when the fused tensor is borrowed from the mapping; else a copy).
- * bitsandbytes 4-bit parts are copies (split_bnb4_rows).
- */
-static int split_rows(const model_loader *L, const char *name, const qtensor *fused, int64_t r0,
-                      int64_t n, qtensor *out, char *msg, size_t msg_len)
-{
-    const qt_traits *tr = &qt_traits_table[fused->kind];
-    if (fused->kind == QT_NF4 || fused->kind == QT_FP4) {
-        int rc = split_bnb4_rows(name, fused, r0, n, out, msg, msg_len);
-        return rc == QL_OK ? model_finish_weight(L, name, ROLE_LINEAR, out, msg, msg_len) : rc;
-    }
-    if (!tr->is_dense && !tr->is_gguf)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "tensor '%s' is %s; qlserve splits fused projections of dense, GGUF "
-                       "block and bitsandbytes 4-bit kinds",
-                       name, tr->name);
-    size_t row_bytes = fused->data_bytes / (size_t)fused->rows;
-    qtensor view = *fused;
-    view.rows = n;
-    view.data = fused->data + (size_t)r0 * row_bytes;
-    view.data_bytes = (size_t)n * row_bytes;
-    view.data_borrowed = true;
-    int rc = QL_OK;
-    if (fused->data_borrowed)
-        *out = view;
-    else if ((rc = qt_clone(out, &view)) != QL_OK)
-        return ql_fail(msg, msg_len, QL_ENOMEM, "tensor '%s': out of memory", name);
-    return model_finish_weight(L, name, ROLE_LINEAR, out, msg, msg_len);
-}
-
 /* Layer l's fused weights loaded whole and split into their parts. */
 static int load_fused(model_loader *L, model_tensor_loader load, bool gguf, int32_t l,
                       const int64_t *dims, char *msg, size_t msg_len)
@@ -193,17 +118,25 @@ static int load_fused(model_loader *L, model_tensor_loader load, bool gguf, int3
         qtensor fused = {0};
         rc = load(L, name, rows, dims[DIM_HIDDEN], ROLE_FUSED, &fused, msg, msg_len);
         for (int k = 0, r0 = 0; k < fp->n && rc == QL_OK; r0 += (int)dims[fp->rows[k]], k++)
-            rc = split_rows(L, name, &fused, r0, dims[fp->rows[k]],
-                            (qtensor *)((char *)&L->m->layers[l] + fp->field[k]), msg, msg_len);
+            rc = model_split_rows(L, name, &fused, r0, dims[fp->rows[k]],
+                                  (qtensor *)((char *)&L->m->layers[l] + fp->field[k]), msg,
+                                  msg_len);
         qt_free(&fused);
     }
     return rc;
 }
 
-/* Whether a model of config c has the part (the walks skip the others, so
- * a field two rows name is visited once). */
-static bool part_applies(const eng_config *c, const struct layer_part *part)
+/* Whether layer l of a model of config c has the part (the walks skip the
+ * others, so a field two rows name is visited once). A mixture-of-experts
+ * layer has no plain MLP: experts.c loads its experts, and Qwen2-MoE's
+ * shared expert into the MLP's fields. */
+static bool part_applies(const eng_config *c, int32_t l, const struct layer_part *part)
 {
+    bool mlp = part->field == offsetof(eng_layer, w_gate) ||
+               part->field == offsetof(eng_layer, w_up) ||
+               part->field == offsetof(eng_layer, w_down);
+    if (mlp && eng_layer_is_moe(c, l))
+        return false;
     switch (part->when) {
     case ALWAYS: return true;
     case WITH_BIAS: return c->attention_bias;
@@ -238,9 +171,11 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
     for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
         if (fused)
             rc = load_fused(L, load, gguf, l, dims, msg, msg_len);
+        if (rc == QL_OK && eng_layer_is_moe(c, l))
+            rc = model_experts_load(L, load, gguf, l, msg, msg_len);
         for (size_t p = 0; p < N_LAYER_PARTS && rc == QL_OK; p++) {
             const struct layer_part *part = &layer_parts[p];
-            if (!part_applies(c, part) || (part->when == UNLESS_FUSED && fused))
+            if (!part_applies(c, l, part) || (part->when == UNLESS_FUSED && fused))
                 continue;
             char name[256];
             if (gguf)
@@ -256,15 +191,19 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
 
 void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx)
 {
-    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
         for (size_t p = 0; p < N_LAYER_PARTS; p++)
-            if (part_applies(&m->cfg, &layer_parts[p]) && layer_part(m, l, p)->rows)
+            if (part_applies(&m->cfg, l, &layer_parts[p]) && layer_part(m, l, p)->rows)
                 fn(layer_part(m, l, p), ctx);
+        model_experts_each(m, l, fn, ctx);
+    }
 }
 
 void model_layers_free(eng_model *m)
 {
-    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++)
+    for (int32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
         for (size_t p = 0; p < N_LAYER_PARTS; p++)
             qt_free(layer_part(m, l, p)); /* zeroes it: a field two rows name is freed once */
+        model_experts_free(m, l);
+    }
 }

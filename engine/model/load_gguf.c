@@ -272,6 +272,44 @@ static int parse_gguf_gemma(const gguf_file *f, const char *arch, eng_config *c,
     return rc;
 }
 
+/*
+ * A mixture of experts' ARCH.expert_count, expert_used_count,
+ * expert_feed_forward_length (Mixtral, a llama GGUF: its
+ * feed_forward_length) and expert_shared_feed_forward_length (Qwen2-MoE);
+ * which layers are mixtures is read from the tensors (a layer with
+ * ffn_gate_inp). llama.cpp renormalizes the chosen experts' weights for
+ * qwen3moe and mixtral, not for qwen2moe (build_moe_ffn's norm_w), and
+ * the file has no key for it; so do we.
+ */
+static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                          size_t msg_len)
+{
+    char key[128];
+    int rc = QL_OK;
+#define U(k, def, req, dst)                                                                        \
+    if (rc == QL_OK) {                                                                             \
+        snprintf(key, sizeof key, "%s.%s", arch, k);                                               \
+        rc = gguf_uint(f, key, def, req, dst, msg, msg_len);                                       \
+    }
+    U("expert_count", 0, true, &c->n_experts);
+    U("expert_used_count", 0, true, &c->n_experts_used);
+    U("expert_feed_forward_length", c->intermediate_size, false, &c->expert_ff);
+    if (c->arch == ENG_ARCH_QWEN2_MOE)
+        U("expert_shared_feed_forward_length", 0, true, &c->shared_expert_ff);
+#undef U
+    if (rc != QL_OK)
+        return rc;
+    c->norm_topk_prob = c->arch != ENG_ARCH_QWEN2_MOE;
+    rc = model_moe_check(f->path, c, msg, msg_len);
+    for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        if (!gguf_find_tensor(f, name))
+            model_moe_set_dense(c, l);
+    }
+    return rc;
+}
+
 static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
 {
     const gguf_file *f = L->m->gguf;
@@ -293,11 +331,21 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_GEMMA2;
     else if (strcmp(arch, "gemma3") == 0)
         c->arch = ENG_ARCH_GEMMA3;
+    else if (strcmp(arch, "qwen2moe") == 0)
+        c->arch = ENG_ARCH_QWEN2_MOE;
+    else if (strcmp(arch, "qwen3moe") == 0)
+        c->arch = ENG_ARCH_QWEN3_MOE;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
-                       "phi3, gemma2, gemma3)",
+                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe)",
                        f->path, arch);
+    /* Mixtral is a llama GGUF whose layers have experts */
+    char experts_key[96];
+    snprintf(experts_key, sizeof experts_key, "%s.expert_count", arch);
+    const gguf_kv *n_exp = gguf_find_kv(f, experts_key);
+    if (c->arch == ENG_ARCH_LLAMA && n_exp && n_exp->i > 0)
+        c->arch = ENG_ARCH_MIXTRAL;
     char key[128];
     int rc = QL_OK;
 #define U(k, def, req, dst)                                                                        \
@@ -355,9 +403,9 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
      * pairs; it leaves qwen2's, qwen3's and phi3's as Hugging Face has them
      * (qwen3's q/k norms are attn_q_norm / attn_k_norm, per head as there) */
-    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA;
-    c->attention_bias = c->arch == ENG_ARCH_QWEN2;
-    c->qk_norm = c->arch == ENG_ARCH_QWEN3;
+    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL;
+    c->attention_bias = c->arch == ENG_ARCH_QWEN2 || c->arch == ENG_ARCH_QWEN2_MOE;
+    c->qk_norm = c->arch == ENG_ARCH_QWEN3 || c->arch == ENG_ARCH_QWEN3_MOE;
     c->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->n_dims != 2)
@@ -372,6 +420,9 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     c->eos_token_id = eos;
     if (rc == QL_OK && (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3))
         rc = parse_gguf_gemma(f, arch, c, msg, msg_len);
+    if (rc == QL_OK && (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ||
+                        c->arch == ENG_ARCH_MIXTRAL))
+        rc = parse_gguf_moe(f, arch, c, msg, msg_len);
     return rc;
 }
 

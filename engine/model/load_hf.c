@@ -372,11 +372,18 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_GEMMA2;
     else if (strcmp(arch, "Gemma3ForCausalLM") == 0)
         c->arch = ENG_ARCH_GEMMA3;
+    else if (strcmp(arch, "Qwen2MoeForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN2_MOE;
+    else if (strcmp(arch, "Qwen3MoeForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN3_MOE;
+    else if (strcmp(arch, "MixtralForCausalLM") == 0)
+        c->arch = ENG_ARCH_MIXTRAL;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-                       "Gemma2ForCausalLM, Gemma3ForCausalLM)",
+                       "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
+                       "Qwen3MoeForCausalLM, MixtralForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -414,13 +421,21 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: head_dim %d is odd; rotary needs pairs", path,
                        c->head_dim);
     c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", false);
-    c->attention_bias = c->arch == ENG_ARCH_QWEN2 ? true : mf_json_bool(j, "attention_bias", false);
-    c->qk_norm = c->arch == ENG_ARCH_QWEN3;
+    c->attention_bias = c->arch == ENG_ARCH_QWEN2 || c->arch == ENG_ARCH_QWEN2_MOE
+                            ? mf_json_bool(j, "qkv_bias", true)
+                            : mf_json_bool(j, "attention_bias", false);
+    c->qk_norm = c->arch == ENG_ARCH_QWEN3 || c->arch == ENG_ARCH_QWEN3_MOE;
     c->rope_interleaved = false;
     c->bos_token_id = mf_json_token_id(j, "bos_token_id");
     c->eos_token_id = mf_json_token_id(j, "eos_token_id");
     if (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3) {
         rc = parse_gemma_config(path, j, c, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+    }
+    if (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ||
+        c->arch == ENG_ARCH_MIXTRAL) {
+        rc = model_moe_config_hf(path, j, c, msg, msg_len);
         if (rc != QL_OK)
             return rc;
     }
@@ -493,12 +508,18 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     const st_tensor *t = find_st(L, name, &f);
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
-    if (t->ndim != (one_d ? 1 : 2))
+    /* a 3-D stack (experts) is read as the rows of its first two dims */
+    bool stacked = role == ROLE_FUSED && t->ndim == 3;
+    if (t->ndim != (one_d ? 1 : 2) && !stacked)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tensor '%s' has %d dimensions; the config needs a %s of %" PRId64
                        " x %" PRId64,
                        f->path, name, t->ndim, one_d ? "vector" : "matrix", want_rows, want_cols);
     int64_t r = one_d ? 1 : t->shape[0], c = one_d ? t->shape[0] : t->shape[1];
+    if (stacked) {
+        r = t->shape[0] * t->shape[1];
+        c = t->shape[2];
+    }
     if (r != want_rows || c != want_cols)
         return model_shape_mismatch(f->path, name, r, c, want_rows, want_cols, msg, msg_len);
     rc = st_tensor_qtensor(f, t, out, msg, msg_len);

@@ -28,6 +28,9 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_PHI3: return "phi3";
     case ENG_ARCH_GEMMA2: return "gemma2";
     case ENG_ARCH_GEMMA3: return "gemma3";
+    case ENG_ARCH_QWEN2_MOE: return "qwen2moe";
+    case ENG_ARCH_QWEN3_MOE: return "qwen3moe";
+    case ENG_ARCH_MIXTRAL: return "mixtral";
     }
     return "unknown";
 }

@@ -40,7 +40,25 @@ typedef enum eng_arch {
     ENG_ARCH_PHI3,
     ENG_ARCH_GEMMA2,
     ENG_ARCH_GEMMA3,
+    /* mixtures of experts (eng_config's n_experts): Qwen2-MoE (a shared
+     * expert beside the routed ones), Qwen3-MoE, Mixtral */
+    ENG_ARCH_QWEN2_MOE,
+    ENG_ARCH_QWEN3_MOE,
+    ENG_ARCH_MIXTRAL,
 } eng_arch;
+
+/* How a mixture-of-experts router turns its logits into the chosen
+ * experts' weights. */
+typedef enum eng_router {
+    /* softmax over every expert, the k most probable kept, their
+     * probabilities renormalized to sum 1 when norm_topk_prob (Qwen2-MoE,
+     * Qwen3-MoE; Mixtral always) */
+    ENG_ROUTER_SOFTMAX_TOPK,
+} eng_router;
+
+/* The most layers a mixture-of-experts model may have (eng_config's
+ * dense_layers bitmap). */
+#define ENG_MAX_MOE_LAYERS 1024
 
 /* The gated unit of the MLP: silu(gate) * up (SwiGLU), or Gemma's
  * gelu_pytorch_tanh(gate) * up (GeGLU). */
@@ -130,7 +148,26 @@ typedef struct eng_config {
     /* Gemma 3: the sliding layers rotate with this base and no scaling (the
      * full layers with rope_theta and rope_scaling); 0: as the full ones */
     float rope_local_theta;
+    /* --- mixtures of experts (all zero for a dense model) --- */
+    int32_t n_experts;        /* routed experts per MoE layer; 0: a dense model */
+    int32_t n_experts_used;   /* chosen per token (top-k) */
+    int32_t expert_ff;        /* each routed expert's intermediate size */
+    int32_t shared_expert_ff; /* Qwen2-MoE's shared expert's; 0: none */
+    bool norm_topk_prob;      /* the chosen experts' weights renormalized to sum 1 */
+    eng_router router;
+    /* layers that are a plain MLP of intermediate_size in a MoE model
+     * (Qwen's mlp_only_layers and decoder_sparse_step): bit l of word l / 64 */
+    uint64_t dense_layers[ENG_MAX_MOE_LAYERS / 64];
 } eng_config;
+
+/* Whether layer l is a mixture of experts (eng_config's n_experts and
+ * dense_layers). */
+static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
+{
+    if (c->n_experts <= 0 || l < 0 || l >= ENG_MAX_MOE_LAYERS)
+        return false;
+    return !(c->dense_layers[l / 64] >> (l % 64) & 1);
+}
 
 /* Whether layer l attends through the sliding window (eng_config's
  * sliding_window and sliding_pattern). */
@@ -150,6 +187,16 @@ typedef struct eng_layer {
     qtensor q_norm, k_norm; /* Qwen3's per-head norms [1, head_dim] */
     qtensor w_gate, w_up, w_down;
     qtensor post_attn_norm, post_ffn_norm; /* Gemma's sandwich norms [1, hidden] */
+    /* a mixture-of-experts layer (eng_layer_is_moe): the router [n_experts,
+     * hidden], dense; the routed experts' gate, up and down, expert e's at
+     * [3e], [3e + 1], [3e + 2] ([expert_ff, hidden] twice, [hidden,
+     * expert_ff]; eng_expert_proj names them as projections); Qwen2-MoE's
+     * shared expert is w_gate, w_up, w_down (of shared_expert_ff), scaled by
+     * sigmoid(shared_gate . h), shared_gate [1, hidden]. NULL / rows 0 in a
+     * dense layer. */
+    qtensor router;
+    qtensor *experts; /* [3 * n_experts], owned */
+    qtensor shared_gate;
 } eng_layer;
 
 /*
@@ -243,136 +290,8 @@ int eng_chat_templates_from_folder(const char *dir, char **tmpl, char **tool_use
 int eng_chat_templates_at(int dirfd, const char *dir, bool no_links, char **tmpl, char **tool_use,
                           char *msg, size_t msg_len);
 
-/* --- adapters as the engine sees them: low-rank deltas and weight versions
- *     (weights.c) ------------------------------------------------------------- */
-
-/* The projections of a decoder layer an adapter may target, in PEFT's
- * module names. */
-typedef enum eng_proj {
-    ENG_PROJ_Q,
-    ENG_PROJ_K,
-    ENG_PROJ_V,
-    ENG_PROJ_O,
-    ENG_PROJ_GATE,
-    ENG_PROJ_UP,
-    ENG_PROJ_DOWN,
-    ENG_N_PROJ
-} eng_proj;
-
-/* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" */
-const char *eng_proj_name(eng_proj p);
-/* The parent module in a Hugging Face model: "self_attn" or "mlp". */
-const char *eng_proj_parent(eng_proj p);
-/* The model's own (pristine) weight of layer l's projection p. */
-const qtensor *eng_model_proj(const eng_model *m, int32_t layer, eng_proj p);
-
-/* The most adapters one weight version merges (the registry refuses a
- * seventeenth; listings and the CUDA backend size their tables by it). */
-#define ENG_MAX_MERGED 16
-
-/* One module of a LoRA adapter: y += scale * (x @ A^T) @ B^T. */
-typedef struct eng_lora_module {
-    qtensor a;   /* [rank, in_features], F32, F16 or BF16; rows == 0: not targeted */
-    qtensor b;   /* [out_features, rank], rows already in the model's layout (a
-                    llama GGUF's permuted q/k rows) */
-    float scale; /* lora_alpha / r, or / sqrt(r) with rslora, per module */
-} eng_lora_module;
-
-/*
- * A loaded adapter, immutable once built and shared by reference: the
- * registry, every weight version that has it merged and every sequence
- * that applies it hold one reference each. Whoever builds it sets refs to
- * 1 and destroy (called once, by the last eng_lora_unref, on any thread).
- */
-typedef struct eng_lora {
-    char name[128];
-    int32_t n_layers;
-    eng_lora_module *modules; /* [n_layers * ENG_N_PROJ] */
-    size_t bytes;             /* memory it holds (tensors mapped or copied) */
-    int refs;                 /* atomic */
-    uint64_t requests;        /* atomic: sequences admitted that asked for it */
-    uint64_t uid;             /* atomic: 0 until eng_lora_uid names it */
-    /* the adapter folder's own chat templates (PEFT saves the tokenizer
-     * beside the adapter when training changed it), used for requests to
-     * the adapter instead of the model's; NULL when the folder has none.
-     * Owned: whoever builds the adapter frees them in destroy. */
-    char *chat_template;
-    char *chat_template_tool_use;
-    void (*destroy)(struct eng_lora *l);
-} eng_lora;
-
-void eng_lora_ref(eng_lora *l);
-void eng_lora_unref(eng_lora *l);
-/* A number no other adapter of this process has had or will have (a
- * freed adapter's memory may hold the next one: its address is no name). */
-uint64_t eng_lora_uid(eng_lora *l);
-/* Layer l's module p, or NULL when the adapter does not target it. */
-const eng_lora_module *eng_lora_module_at(const eng_lora *lora, int32_t layer, eng_proj p);
-
-/* An adapter with the user's scale (which multiplies the module scale). */
-typedef struct eng_lora_term {
-    eng_lora *lora;
-    float scale;
-} eng_lora_term;
-
-/*
- * A version of the serving weights: for every layer's projection, the
- * tensor it computes with (the model's pristine one, or a merged one the
- * version owns), and the adapter configuration merged into them. Immutable
- * once published, shared by reference: the engine holds the current one
- * and every sequence holds the one it started on, so a merge never changes
- * a running answer. Freed (merged tensors included) by the last unref.
- */
-typedef struct eng_weights {
-    uint64_t version;
-    const eng_model *m;
-    const qtensor **proj;  /* [n_layers * ENG_N_PROJ] */
-    qtensor *owned;        /* [n_layers * ENG_N_PROJ]: merged tensors (rows == 0: none) */
-    eng_lora_term *merged; /* the merged configuration (a reference on each) */
-    size_t n_merged;
-    int refs; /* atomic */
-} eng_weights;
-
-/* A version serving the model's pristine weights with nothing merged
- * (refs 1). */
-int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, char *msg,
-                    size_t msg_len);
-/* Serve layer l's projection p with *t: the version takes t over (t is
- * zeroed). Only before the version is published. */
-void eng_weights_set(eng_weights *w, int32_t layer, eng_proj p, qtensor *t);
-/* Record the merged configuration (references are taken). */
-int eng_weights_set_merged(eng_weights *w, const eng_lora_term *terms, size_t n, char *msg,
-                           size_t msg_len);
-const qtensor *eng_weights_proj(const eng_weights *w, int32_t layer, eng_proj p);
-void eng_weights_ref(eng_weights *w);
-void eng_weights_unref(eng_weights *w);
-/*
- * A 64-bit digest of every weight byte a version serves: embeddings,
- * norms, lm_head and each projection (codes and quant state), in a fixed
- * order. Equal digests mean the same bits (up to a 2^-64 accident).
- * w NULL: the model's own weights.
- */
-uint64_t eng_weights_digest(const eng_model *m, const eng_weights *w);
-
-/*
- * The signed difference between a wanted configuration and a merged one:
- * for each wanted adapter, its scale minus the merged scale (dropped when
- * zero); for each merged adapter not wanted, minus its merged scale. *out
- * is allocated (free()); references are NOT taken.
- */
-int eng_lora_difference(const eng_lora_term *want, size_t n_want, const eng_lora_term *merged,
-                        size_t n_merged, eng_lora_term **out, size_t *n_out);
-
-/* What requantizing cost one module of a merge, or a whole merge summed by
- * adapters' lora_cost_add (adapters/lora.h calls this type lora_cost):
- * dot = <Q - W, d>, delta_sq = |d|^2, err_sq = |Q - (W + d)|^2. */
-typedef struct eng_merge_cost {
-    double dot, delta_sq, err_sq;
-    bool merged; /* false: the module had nothing merged into it */
-    /* From the sums, by whoever sums them (adapters/merge.c, with its
-     * zero-delta rule): dot / delta_sq (1 when the adapter survived whole,
-     * 0 when it rounded away) and sqrt(err_sq / delta_sq). */
-    double delta_retained, relative_error;
-} eng_merge_cost;
+/* adapters as the engine sees them (low-rank deltas, weight versions, the
+ * projections they apply to) are the other half of this header */
+#include "weights.h"
 
 #endif

@@ -22,6 +22,7 @@
  */
 #include "model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,17 +41,38 @@ static const struct {
 
 const char *eng_proj_name(eng_proj p)
 {
-    return p < ENG_N_PROJ ? proj_table[p].name : "unknown";
+    if ((int)p < 0)
+        return "unknown";
+    eng_proj part;
+    eng_proj_expert(p, &part);
+    return proj_table[part].name;
 }
 
 const char *eng_proj_parent(eng_proj p)
 {
-    return p < ENG_N_PROJ ? proj_table[p].parent : "unknown";
+    if ((int)p < 0)
+        return "unknown";
+    return eng_proj_expert(p, NULL) >= 0 ? "mlp.experts" : proj_table[p].parent;
+}
+
+const char *eng_proj_path(eng_proj p, char *buf, size_t len)
+{
+    int32_t e = (int)p < 0 ? -1 : eng_proj_expert(p, NULL);
+    if (e >= 0)
+        snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
+    else
+        snprintf(buf, len, "%s.%s", eng_proj_parent(p), eng_proj_name(p));
+    return buf;
 }
 
 const qtensor *eng_model_proj(const eng_model *m, int32_t layer, eng_proj p)
 {
-    return (const qtensor *)((const char *)&m->layers[layer] + proj_table[p].field);
+    static const qtensor none;
+    int32_t e = eng_proj_expert(p, NULL);
+    if (e < 0)
+        return (const qtensor *)((const char *)&m->layers[layer] + proj_table[p].field);
+    const eng_layer *ly = &m->layers[layer];
+    return ly->experts && e < m->cfg.n_experts ? &ly->experts[(int)p - ENG_N_PROJ] : &none;
 }
 
 /* --- adapters ------------------------------------------------------------------ */
@@ -83,7 +105,9 @@ const eng_lora_module *eng_lora_module_at(const eng_lora *lora, int32_t layer, e
 {
     if (layer < 0 || layer >= lora->n_layers)
         return NULL;
-    const eng_lora_module *mod = &lora->modules[(size_t)layer * ENG_N_PROJ + p];
+    if ((int)p < 0 || (int)p >= lora->n_proj)
+        return NULL;
+    const eng_lora_module *mod = &lora->modules[(size_t)layer * (size_t)lora->n_proj + p];
     return mod->a.rows ? mod : NULL;
 }
 
@@ -128,7 +152,8 @@ int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, cha
                     size_t msg_len)
 {
     *out = NULL;
-    size_t n = (size_t)m->cfg.n_layers * ENG_N_PROJ;
+    int32_t np = eng_n_proj(&m->cfg);
+    size_t n = (size_t)m->cfg.n_layers * (size_t)np;
     eng_weights *w = calloc(1, sizeof *w);
     if (w) {
         w->proj = calloc(n, sizeof *w->proj);
@@ -144,9 +169,10 @@ int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, cha
     }
     w->version = version;
     w->m = m;
+    w->n_proj = np;
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
-        for (int p = 0; p < ENG_N_PROJ; p++)
-            w->proj[(size_t)l * ENG_N_PROJ + (size_t)p] = eng_model_proj(m, l, (eng_proj)p);
+        for (int p = 0; p < np; p++)
+            w->proj[(size_t)l * (size_t)np + (size_t)p] = eng_model_proj(m, l, (eng_proj)p);
     w->refs = 1;
     *out = w;
     return QL_OK;
@@ -154,7 +180,7 @@ int eng_weights_new(eng_weights **out, const eng_model *m, uint64_t version, cha
 
 void eng_weights_set(eng_weights *w, int32_t layer, eng_proj p, qtensor *t)
 {
-    size_t i = (size_t)layer * ENG_N_PROJ + p;
+    size_t i = (size_t)layer * (size_t)w->n_proj + p;
     qt_free(&w->owned[i]);
     w->owned[i] = *t;
     memset(t, 0, sizeof *t);
@@ -181,7 +207,7 @@ int eng_weights_set_merged(eng_weights *w, const eng_lora_term *terms, size_t n,
 
 const qtensor *eng_weights_proj(const eng_weights *w, int32_t layer, eng_proj p)
 {
-    return w->proj[(size_t)layer * ENG_N_PROJ + p];
+    return w->proj[(size_t)layer * (size_t)w->n_proj + p];
 }
 
 void eng_weights_ref(eng_weights *w)
@@ -193,7 +219,7 @@ void eng_weights_unref(eng_weights *w)
 {
     if (!w || __atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
-    size_t n = (size_t)w->m->cfg.n_layers * ENG_N_PROJ;
+    size_t n = (size_t)w->m->cfg.n_layers * (size_t)w->n_proj;
     for (size_t i = 0; i < n; i++)
         qt_free(&w->owned[i]);
     for (size_t i = 0; i < w->n_merged; i++)
@@ -299,17 +325,24 @@ typedef struct digest_walk {
 } digest_walk;
 
 /* The tensor that serves in t's place: a version's projection replaces
- * the model's own. */
+ * the model's own (found by where t lies: a layer's fields, or its
+ * experts' array). */
 static void digest_one(const qtensor *t, void *ctx)
 {
     digest_walk *dw = ctx;
-    if (dw->w) {
-        for (int32_t l = 0; l < dw->m->cfg.n_layers; l++)
-            for (int p = 0; p < ENG_N_PROJ; p++)
-                if (eng_model_proj(dw->m, l, (eng_proj)p) == t) {
-                    dg_tensor(&dw->d, eng_weights_proj(dw->w, l, (eng_proj)p));
-                    return;
-                }
+    const eng_model *m = dw->m;
+    for (int32_t l = 0; dw->w && l < m->cfg.n_layers; l++) {
+        const eng_layer *ly = &m->layers[l];
+        const qtensor *ex = ly->experts;
+        if (ex && t >= ex && t < ex + 3 * (size_t)m->cfg.n_experts) {
+            dg_tensor(&dw->d, eng_weights_proj(dw->w, l, (eng_proj)(ENG_N_PROJ + (t - ex))));
+            return;
+        }
+        for (int p = 0; p < ENG_N_PROJ; p++)
+            if (eng_model_proj(m, l, (eng_proj)p) == t) {
+                dg_tensor(&dw->d, eng_weights_proj(dw->w, l, (eng_proj)p));
+                return;
+            }
     }
     dg_tensor(&dw->d, t);
 }

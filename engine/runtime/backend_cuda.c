@@ -1316,6 +1316,11 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
                        "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
                        "backend only; use --device cpu",
                        eng_rope_dims(cfg), cfg->head_dim);
+    if (cfg->n_experts > 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: %s is a mixture of experts, which runs on the CPU backend "
+                       "only for now; use --device cpu",
+                       eng_arch_name(cfg->arch));
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -118,7 +118,11 @@ int eng_step_check(const eng_model *m, const eng_kv_cache *kv, const eng_step_se
                 return ql_fail(msg, msg_len, QL_EINVAL,
                                "sequence %d: adapter %s has %d layers, the model %d", s, lora->name,
                                lora->n_layers, c->n_layers);
-            for (size_t i = 0; i < (size_t)lora->n_layers * ENG_N_PROJ; i++)
+            if (lora->n_proj != eng_n_proj(c))
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "sequence %d: adapter %s has %d projections per layer, the model %d",
+                               s, lora->name, lora->n_proj, eng_n_proj(c));
+            for (size_t i = 0; i < (size_t)lora->n_layers * (size_t)lora->n_proj; i++)
                 if (lora->modules[i].a.rows > *max_rank)
                     *max_rank = lora->modules[i].a.rows;
         }

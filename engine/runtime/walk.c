@@ -31,6 +31,7 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     bool slides = eng_layer_slides(c, l);
     out->window = slides ? c->sliding_window : 0;
     out->rope = slides && c->rope_local_theta > 0.0f ? ENG_WALK_ROPE_LOCAL : ENG_WALK_ROPE_GLOBAL;
+    out->moe = eng_layer_is_moe(c, l);
 }
 
 /* A failure inside layer l (l < 0: around the layers): its code, with the
@@ -147,12 +148,19 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
         // ffn rmsnorm
         OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
-        // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
-        OP(ops->project(be, l, ENG_PROJ_GATE, b->h, b->gate, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_UP, b->h, b->up, msg, msg_len));
-        OP(ops->glu(be, b->gate, b->up, T * F, c->ffn_act, msg, msg_len));
-        // down projection
-        OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
+        if (ly->moe) {
+            // mixture of experts: each row's top-k experts by the router, their
+            // GLUs summed with the router's weights (Qwen2-MoE's gated shared
+            // expert added)
+            OP(ops->moe(be, l, b->h, b->tmp, msg, msg_len));
+        } else {
+            // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
+            OP(ops->project(be, l, ENG_PROJ_GATE, b->h, b->gate, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_UP, b->h, b->up, msg, msg_len));
+            OP(ops->glu(be, b->gate, b->up, T * F, c->ffn_act, msg, msg_len));
+            // down projection
+            OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
+        }
         // Gemma's post-ffn norm
         if (ly->post_ffn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));

@@ -424,6 +424,7 @@ static eng_lora *lora_make(const eng_config *c, const lora_pool *pool, int k)
     }
     snprintf(l->name, sizeof l->name, "bench-adapter-%d", k);
     l->n_layers = c->n_layers;
+    l->n_proj = ENG_N_PROJ;
     l->refs = 1;
     l->destroy = bench_lora_destroy;
     /* adapter k starts k * 1M + 12345 * k elements in: its own values */

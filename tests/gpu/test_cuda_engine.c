@@ -214,6 +214,7 @@ static eng_lora *make_lora(const eng_model *m, const char *name, int32_t r, qt_k
     eng_lora *l = calloc(1, sizeof *l);
     snprintf(l->name, sizeof l->name, "%s", name);
     l->n_layers = m->cfg.n_layers;
+    l->n_proj = ENG_N_PROJ;
     l->modules = calloc((size_t)l->n_layers * ENG_N_PROJ, sizeof *l->modules);
     l->refs = 1;
     l->destroy = free_lora;

@@ -9,17 +9,23 @@
  *                the shape-mismatch message and the model's name;
  *   layers.c     the decoder-layer table (each part's two names, shape and
  *                field) and the walks over it;
+ *   experts.c    a mixture of experts' config fields and each MoE layer's
+ *                router, experts and shared expert, per expert or fused;
+ *   split.c      a fused weight's rows as tensors of their own;
  *   load_hf.c    a Hugging Face folder (config.json, safetensors shards,
  *                bitsandbytes 4-bit weights);
  *   load_gguf.c  a GGUF file;
  *   chat_template.c  the chat templates' source text (folder, GGUF, file).
  *
- * Calls go model.c -> load_*.c -> loader.c, layers.c, never back.
+ * Calls go model.c -> load_*.c -> layers.c -> experts.c -> split.c,
+ * loader.c, never back.
  */
 #ifndef QL_MODEL_INTERNAL_H
 #define QL_MODEL_INTERNAL_H
 
 #include "model.h"
+
+#include <cjson/cJSON.h>
 
 /* What the loader carries while it works. */
 typedef struct model_loader {
@@ -76,6 +82,35 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
 void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);
 /* qt_free every layer tensor (m->layers itself stays). */
 void model_layers_free(eng_model *m);
+/* Rows [r0, r0 + n) of a fused weight (Phi-3's qkv, an expert's slab of a
+ * 3-D expert tensor) as a tensor of their own into *out, finished (--quant,
+ * --dtype) as a linear of its own, so it is what a separate weight would
+ * have been; name names the fused tensor in messages. */
+int model_split_rows(const model_loader *L, const char *name, const qtensor *fused, int64_t r0,
+                     int64_t n, qtensor *out, char *msg, size_t msg_len);
+
+/* --- experts.c ------------------------------------------------------------ */
+
+/* A mixture-of-experts config.json's fields (num_experts or
+ * num_local_experts, num_experts_per_tok, moe_intermediate_size,
+ * shared_expert_intermediate_size, norm_topk_prob, decoder_sparse_step,
+ * mlp_only_layers) into c, whose arch is set; path names the file. */
+int model_moe_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg, size_t msg_len);
+/* What holds for every mixture once its fields are read (experts, chosen
+ * per token, widths, layers), QL_E* naming path and the field; sets the
+ * router. */
+int model_moe_check(const char *path, eng_config *c, char *msg, size_t msg_len);
+/* Mark layer l of a mixture a plain MLP. */
+void model_moe_set_dense(eng_config *c, int32_t l);
+/* Layer l's router, experts (per expert, or 3-D fused tensors split per
+ * expert) and Qwen2-MoE's shared expert and its gate, through load. */
+int model_experts_load(model_loader *L, model_tensor_loader load, bool gguf, int32_t l, char *msg,
+                       size_t msg_len);
+/* Call fn on layer l's router, experts and shared gate (rows != 0). */
+void model_experts_each(const eng_model *m, int32_t l, void (*fn)(const qtensor *t, void *ctx),
+                        void *ctx);
+/* qt_free them, and the experts' array. */
+void model_experts_free(eng_model *m, int32_t l);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 

@@ -36,6 +36,7 @@ typedef struct eng_walk_layer {
     const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich norms) */
     int32_t window;                              /* sliding window in positions; 0: all */
     int rope;                                    /* ENG_WALK_ROPE_* */
+    bool moe; /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
 } eng_walk_layer;
 
 /* Layer l's window and rotation table under config c: a sliding layer
@@ -82,6 +83,15 @@ typedef struct eng_walk_ops {
                   float softcap, char *msg, size_t msg_len);
     /* x[i] += y[i] for i < n */
     int (*add)(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len);
+    /* out = layer l's mixture of experts of x for the step's rows: the
+     * router's chosen experts per row (eng_config's router, top-k,
+     * norm_topk_prob), each chosen expert's GLU over the rows routed to it
+     * (each expert's weights read once for all of them), summed with the
+     * router's weights; plus Qwen2-MoE's shared expert, gated by
+     * sigmoid(shared_gate . x). Experts are projections (eng_expert_proj):
+     * each sequence's weight version and adapters apply to them. NULL in a
+     * backend that runs no mixtures (it refuses such models when made). */
+    int (*moe)(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len);
     /* gate[i] = act(gate[i]) * up[i] for i < n (SwiGLU, GeGLU) */
     int (*glu)(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
                size_t msg_len);

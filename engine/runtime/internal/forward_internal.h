@@ -1,0 +1,89 @@
+/*
+ * forward_internal.h - what the CPU backend's files share: the per-step
+ * scratch (eng_forward_state), the context every operation is handed
+ * (cpu_step), and the products project_cpu.c offers the other two:
+ * forward.c (the row of operations) and experts_cpu.c (the
+ * mixture-of-experts step, which groups a step's rows by expert and runs
+ * each chosen expert's projections through the same eng_cpu_project, so
+ * adapters and weight versions apply to experts as to any projection).
+ * Included by those three files only.
+ */
+#ifndef QL_FORWARD_INTERNAL_H
+#define QL_FORWARD_INTERNAL_H
+
+#include "runtime.h"
+#include "walk_internal.h"
+
+typedef struct eng_moe_state eng_moe_state;
+
+struct eng_forward_state {
+    int32_t max_tokens;
+    /* activations, max_tokens rows each */
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp;
+    float *last;                /* the last token's hidden state per sequence */
+    int32_t *row_seq;           /* which step sequence each row belongs to */
+    int32_t *row_pos;           /* its position */
+    float *rope_cos, *rope_sin; /* [max_tokens][head_dim / 2] */
+    double *inv_freq;           /* [head_dim / 2], scaling applied */
+    /* dense f32 copies of the small parameters, per layer */
+    float *norms;      /* [n_layers][2][hidden]: attn, ffn */
+    float *final_norm; /* [hidden] */
+    float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
+    float *qk_norms;   /* [n_layers][2][head_dim] when qk_norm (Qwen3) */
+    /* Gemma: the sandwich norms [n_layers][2][hidden] (after attention,
+     * after the MLP), and the sliding layers' own rotation */
+    float *post_norms;
+    float *rope_cos_local, *rope_sin_local; /* [max_tokens][head_dim / 2] */
+    double *inv_freq_local;                 /* [head_dim / 2] */
+    /* unmerged adapters: rows gathered by adapter (grown on first use) */
+    float *lora_x, *lora_y, *lora_u; /* [max_tokens][widest projection] */
+    float *lora_t;                   /* [max_tokens][lora_rank] */
+    int64_t lora_rank;               /* the rank lora_t holds */
+    int64_t wide;                    /* the widest projection side */
+    int64_t *seq_row;                /* [max_tokens]: each step sequence's first row */
+    int32_t *seq_group;              /* [max_tokens]: its adapter group, or -1 */
+    struct lora_row *lora_rows;      /* [max_tokens]: one term's rows on bf16 modules */
+    eng_walk_layer *layers;          /* [n_layers]: the walk's view of the above */
+    eng_moe_state *moe;              /* a mixture of experts' scratch (experts_cpu.c), or NULL */
+};
+
+/* The context of a step on the CPU: what every operation is handed. */
+typedef struct cpu_step {
+    eng_forward_state *st;
+    const eng_model *m;
+    eng_kv_cache *kv;
+    eng_pool *pool;
+    const eng_step_seq *seqs;
+    int32_t n_seqs;
+    int64_t rows;
+} cpu_step;
+
+/* --- project_cpu.c -------------------------------------------------------------- */
+
+/* Room in st for the gathered rows of adapters up to `rank`. */
+int eng_cpu_lora_scratch(eng_forward_state *st, int64_t rank);
+/* y[batch][w.rows] = x[batch][w.cols] @ w^T over the pool. */
+void eng_cpu_matmul(eng_pool *pool, const qtensor *w, const float *x, int64_t batch, float *y);
+/*
+ * y[T][out] = x[T][in] @ W^T for layer l's projection p (an expert's too),
+ * every sequence on its own weight version, then each sequence's unmerged
+ * adapters; the rows are the n_seqs sequences' n_tokens in order.
+ */
+void eng_cpu_project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
+                     const eng_step_seq *seqs, int32_t n_seqs, int32_t l, eng_proj p,
+                     const float *x, float *y);
+
+/* --- experts_cpu.c ----------------------------------------------------------- */
+
+/* A mixture of experts' scratch for steps of up to st->max_tokens rows,
+ * into st->moe (NULL for a dense model); freed by eng_moe_state_free. */
+int eng_moe_state_new(eng_forward_state *st, const eng_model *m);
+void eng_moe_state_free(eng_moe_state *s);
+/* The CPU's eng_walk_ops.moe: out = layer l's mixture of experts of x
+ * for the step's rows (cpu_step be). */
+int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len);
+/* The last step's figures: experts run (summed over layers) and the bytes
+ * of expert weights read. */
+void eng_moe_last_step(const eng_forward_state *st, uint64_t *experts, uint64_t *bytes);
+
+#endif
