@@ -41,6 +41,11 @@
  *                   256), requantized by llama.cpp's quantize_row_iq4_nl_ref
  *                   / _iq4_xs_ref, whose scale search is not idempotent
  *                   either.
+ *   MXFP4           the same kind (blocks of 32), requantized by
+ *                   quantize_row_mxfp4_ref's rule; unchanged values come
+ *                   back exactly, but a block whose largest level is
+ *                   below 8 (4.0 in E2M1) takes the next smaller scale
+ *                   and doubled levels: the same values, other bytes.
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -189,8 +194,8 @@ static int affine_params(const qtensor *w, qt_quant_params *p, char *msg, size_t
 }
 
 /* Every GGUF kind requantizes into itself with llama.cpp's quantizer for
- * it, byte for byte (Q4_0 ... Q5_1: quant_gguf.c; the k-quants, IQ4_NL and
- * IQ4_XS: the reference ones of quant_kquant.c). The weight's columns are
+ * it, byte for byte (Q4_0 ... Q5_1 and MXFP4: quant_gguf.c; the k-quants,
+ * IQ4_NL and IQ4_XS: the reference ones of quant_kquant.c). The weight's columns are
  * whole blocks of its kind already, so the merged tensor has its layout. */
 static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
@@ -711,6 +716,7 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_Q3_K] = {.kind = "q3_k", .merge = merge_gguf},
     [QT_IQ4_NL] = {.kind = "iq4_nl", .merge = merge_gguf},
     [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_gguf},
+    [QT_MXFP4] = {.kind = "mxfp4", .merge = merge_gguf},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -725,7 +731,7 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and mxfp4",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

@@ -87,6 +87,7 @@
  * destroy. It reads the model
  * (shapes, rope layout, name) and never writes it.
  */
+#include "internal/fused_experts.h"
 #include "internal/pattern.h"
 #include "lora.h"
 
@@ -163,6 +164,10 @@ typedef struct adapter_config {
     regex_t *layers_pattern;
     pattern_map rank, alpha_map;
     const char *base_model; /* borrowed from the JSON tree */
+    /* target_parameters: the fused expert parameters adapted, and their
+     * factors found per layer ([n_layers][LORA_FUSED_N][A, B]) */
+    bool fused[LORA_FUSED_N];
+    const st_tensor **fused_ab;
     char warning[512];
     double copies_left; /* what its patterns may still cost regcomp */
 } adapter_config;
@@ -298,7 +303,6 @@ static const struct {
     {"lora_bias", "a trained bias on lora_B is not supported"},
     {"modules_to_save", "fully trained modules (modules_to_save) are not supported"},
     {"layer_replication", "layer replication changes the model's layers and is not supported"},
-    {"target_parameters", "LoRA on bare parameters (target_parameters) is not supported"},
     {"trainable_token_indices", "trained token embeddings are not supported"},
     {"use_qalora", "QA-LoRA (pooled inputs) is not supported"},
     {"alora_invocation_tokens", "activated LoRA (aLoRA) is not supported"},
@@ -308,6 +312,29 @@ static const struct {
     {"monteclora_config", "MonteCLoRA is not supported"},
     {"kasa_config", "KaSA is not supported"},
 };
+
+/* target_parameters: a list naming a mixture's fused expert parameters
+ * (lora_fused_param_of); anything else is refused by name. */
+static int read_fused_targets(adapter_config *c, const cJSON *v, char *msg, size_t msg_len)
+{
+    if (!v || cJSON_IsNull(v))
+        return QL_OK;
+    if (!cJSON_IsArray(v))
+        return ql_fail(msg, msg_len, QL_EINVAL, "%s: target_parameters is not a list", c->path);
+    const cJSON *e;
+    cJSON_ArrayForEach (e, v) {
+        int which = cJSON_IsString(e) ? lora_fused_param_of(e->valuestring) : -1;
+        if (which < 0)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: target_parameters holds %s%.80s%s; qlserve adapts only a mixture's "
+                           "fused experts (mlp.experts.gate_up_proj, mlp.experts.down_proj)",
+                           c->path, cJSON_IsString(e) ? "\"" : "",
+                           cJSON_IsString(e) ? e->valuestring : "a non-string",
+                           cJSON_IsString(e) ? "\"" : "");
+        c->fused[which] = true;
+    }
+    return QL_OK;
+}
 
 static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t msg_len)
 {
@@ -354,16 +381,21 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
             }
     }
     c->base_model = mf_json_str(root, "base_model_name_or_path");
+    int rc = read_fused_targets(c, cJSON_GetObjectItemCaseSensitive(root, "target_parameters"), msg,
+                                msg_len);
+    if (rc != QL_OK)
+        return rc;
 
     v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
     if (cJSON_IsString(v) && strcasecmp(v->valuestring, "all-linear") == 0) {
         c->all_linear = true;
     } else {
-        int rc = read_module_set(c, v, "target_modules", &c->targets, msg, msg_len);
+        rc = read_module_set(c, v, "target_modules", &c->targets, msg, msg_len);
         if (rc != QL_OK)
             return rc;
     }
-    if (!c->all_linear && !c->targets.present) {
+    bool any_fused = c->fused[LORA_FUSED_GATE_UP] || c->fused[LORA_FUSED_DOWN];
+    if (!c->all_linear && !c->targets.present && !any_fused) {
         /* PeftModel fills a missing target_modules with its default for the
          * model type: q_proj and v_proj for llama, mistral and qwen2 */
         static const char *const defaults[] = {"q_proj", "v_proj"};
@@ -374,8 +406,8 @@ static int parse_config(adapter_config *c, const cJSON *root, char *msg, size_t 
         c->targets.n_names = 2;
         c->targets.present = true;
     }
-    int rc = read_module_set(c, cJSON_GetObjectItemCaseSensitive(root, "exclude_modules"),
-                             "exclude_modules", &c->exclude, msg, msg_len);
+    rc = read_module_set(c, cJSON_GetObjectItemCaseSensitive(root, "exclude_modules"),
+                         "exclude_modules", &c->exclude, msg, msg_len);
     if (rc != QL_OK)
         return rc;
 
@@ -612,7 +644,12 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
         }
-    if (*n_targeted == 0) {
+    bool fused = c->fused[LORA_FUSED_GATE_UP] || c->fused[LORA_FUSED_DOWN];
+    if (fused && m->cfg.n_experts <= 0)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: target_parameters adapts a mixture's experts; %s (%s) has none",
+                       c->path, m->name, eng_arch_name(m->cfg.arch));
+    if (*n_targeted == 0 && !fused) {
         char example[128];
         module_name(example, sizeof example, m, 0, ENG_PROJ_Q);
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -913,6 +950,70 @@ static void name_key(const char *s, char *buf, size_t len)
 
 /* Every key of the file is a targeted module's A or B; each is recorded in
  * its module's plan. */
+/*
+ * A fused expert parameter's factor t (lora_fused_key: layer, depth, A or
+ * B) into c->fused_ab. PEFT nests the wrapped parameters in the order the
+ * experts module registers them, the first innermost: of n targeted, the
+ * one `depth` base_layers deep is the (n - 1 - depth)-th.
+ */
+static int map_fused_key(const adapter_config *c, const st_file *f, const eng_model *m,
+                         const st_tensor *t, int64_t layer, int depth, bool is_b, char *msg,
+                         size_t msg_len)
+{
+    int order[LORA_FUSED_N], n = 0;
+    for (int p = 0; p < LORA_FUSED_N; p++)
+        if (c->fused[p])
+            order[n++] = p;
+    if (n == 0)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: tensor '%s' adapts fused experts, and %s has no target_parameters",
+                       f->path, t->name, c->path);
+    if (layer >= m->cfg.n_layers || !eng_layer_is_moe(&m->cfg, (int32_t)layer))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: tensor '%s' is for layer %lld, which has no experts in this model",
+                       f->path, t->name, (long long)layer);
+    if (depth >= n)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: tensor '%s' is nested %d base_layers deep; target_parameters wraps %d "
+                       "parameter%s",
+                       f->path, t->name, depth, n, n == 1 ? "" : "s");
+    const st_tensor **slot =
+        &c->fused_ab[((size_t)layer * LORA_FUSED_N + (size_t)order[n - 1 - depth]) * 2 + is_b];
+    if (*slot)
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tensors '%s' and '%s' are the same factor",
+                       f->path, (*slot)->name, t->name);
+    *slot = t;
+    return QL_OK;
+}
+
+/* Every targeted fused expert parameter's modules, in each layer with
+ * experts (lora_fused_build); *n_modules grows by the modules made. */
+static int build_fused(const adapter_config *c, peft_lora *pl, const eng_model *m,
+                       size_t *n_modules, size_t *copied, char *msg, size_t msg_len)
+{
+    static const char *const names[LORA_FUSED_N] = {"gate_up_proj", "down_proj"};
+    float scale = (float)(c->use_rslora ? c->alpha / sqrt((double)c->r) : c->alpha / (double)c->r);
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int p = 0; p < LORA_FUSED_N; p++) {
+            if (!c->fused[p] || !eng_layer_is_moe(&m->cfg, l))
+                continue;
+            const st_tensor *a = c->fused_ab[((size_t)l * LORA_FUSED_N + (size_t)p) * 2];
+            const st_tensor *b = c->fused_ab[((size_t)l * LORA_FUSED_N + (size_t)p) * 2 + 1];
+            if (!a || !b)
+                return ql_fail(msg, msg_len, QL_ENOTFOUND,
+                               "%s: layer %d's mlp.experts.%s has no lora_%c tensor, and %s "
+                               "targets it",
+                               pl->file.path, l, names[p], a ? 'B' : 'A', c->path);
+            int rc = lora_fused_build(m, l, (lora_fused_param)p, a, b, c->r, scale,
+                                      pl->lora.modules + (size_t)l * (size_t)pl->lora.n_proj,
+                                      copied, pl->file.path, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+            *n_modules += (size_t)m->cfg.n_experts * (p == LORA_FUSED_GATE_UP ? 2 : 1);
+        }
+    return QL_OK;
+}
+
 static int map_keys(const adapter_config *c, const st_file *f, const eng_model *m,
                     module_plan *plan, char *msg, size_t msg_len)
 {
@@ -921,6 +1022,13 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
         int64_t layer;
         eng_proj p;
         bool is_b;
+        int depth;
+        if (lora_fused_key(t->name, &layer, &depth, &is_b)) {
+            int rc = map_fused_key(c, f, m, t, layer, depth, is_b, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+            continue;
+        }
         if (!parse_key(t->name, m, &layer, &p, &is_b))
             return ql_fail(msg, msg_len, QL_EINVAL, "%s: tensor '%s' is not supported: %s", f->path,
                            t->name, key_hint(t->name));
@@ -1052,6 +1160,12 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
         size_t n = strlen(meta->targets);
         snprintf(meta->targets + n, sizeof meta->targets - n, "%s%s", n ? "," : "",
                  proj_module(m, (eng_proj)p));
+    }
+    for (int p = 0; p < LORA_FUSED_N; p++) {
+        size_t n = strlen(meta->targets);
+        if (c->fused[p])
+            snprintf(meta->targets + n, sizeof meta->targets - n, "%sexperts.%s", n ? "," : "",
+                     p == LORA_FUSED_GATE_UP ? "gate_up_proj" : "down_proj");
     }
     snprintf(meta->warning, sizeof meta->warning, "%s", c->warning);
 }
@@ -1187,9 +1301,16 @@ static int load_folder(eng_lora **out, lora_meta *meta, int dir_fd, const char *
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", dir);
         goto done;
     }
+    c.fused_ab = calloc((size_t)m->cfg.n_layers * LORA_FUSED_N * 2, sizeof *c.fused_ab);
+    if (!c.fused_ab) {
+        rc = ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", dir);
+        goto done;
+    }
     rc = map_keys(&c, &pl->file, m, plan, msg, msg_len);
     if (rc == QL_OK)
         rc = build_modules(&c, pl, m, plan, &copied, msg, msg_len);
+    if (rc == QL_OK)
+        rc = build_fused(&c, pl, m, &n_modules, &copied, msg, msg_len);
     if (rc == QL_OK)
         rc = eng_chat_templates_at(dir_fd, dir, true, &l->chat_template, &l->chat_template_tool_use,
                                    msg, msg_len);
@@ -1229,6 +1350,7 @@ done:
     if (pl)
         peft_destroy(&pl->lora);
     free(plan);
+    free(c.fused_ab);
     config_free(&c);
     cJSON_Delete(root);
     return rc;

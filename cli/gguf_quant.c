@@ -28,6 +28,7 @@ uint32_t cli_ggml_type_of(qt_kind k)
     case QT_Q8_0: return GGML_TYPE_Q8_0;
     case QT_Q4_K: return GGML_TYPE_Q4_K;
     case QT_Q5_K: return GGML_TYPE_Q5_K;
+    case QT_MXFP4: return GGML_TYPE_MXFP4;
     default: return GGML_TYPE_Q6_K;
     }
 }

@@ -1,7 +1,7 @@
 /*
  * quantize.c - `qlserve quantize`: its flags (cli_quantize) and its job
  * (eng_quantize_file): a whole safetensors file in and its bitsandbytes
- * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k, q8_0 or f32, a
+ * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k, q8_0, mxfp4 or f32, a
  * GGUF file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them)
  * and the same model requantized out, metadata (tokenizer included) copied;
  * a Hugging Face folder in goes to quantize_hf.c, which converts it first.
@@ -18,10 +18,12 @@
  * the kind's block falls back as llama-quantize's tensor_type_fallback
  * does (q2_k, q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; to
  * f16 when the fallback
- * does not fit either), and the log says so. Unlike llama-quantize's
+ * does not fit either, and a kind of blocks of 32, q8_0 and mxfp4, goes
+ * to f16 at once), and the log says so. Unlike llama-quantize's
  * Q4_K_M and friends there is no per-tensor mix: output.weight and
- * attn_v get the kind too. The k-quants' bytes are llama.cpp's reference
- * quantizers' (kernels/quant_kquant.c), without an importance matrix.
+ * attn_v get the kind too (mxfp4 included: llama-quantize's MXFP4_MOE
+ * writes MXFP4 for the 3-D expert tensors alone and Q8_0 for the rest). The k-quants' bytes are
+ * llama.cpp's reference quantizers' (kernels/quant_kquant.c), without an importance matrix.
  */
 #include "cli.h"
 #include "modelfile.h"
@@ -87,11 +89,12 @@ static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt
 /* What each GGUF --kind writes: the kind, its fallback, and the
  * general.file_type llama.cpp names such a file by (llama.h's
  * LLAMA_FTYPE_MOSTLY_*: Q8_0 7, Q2_K 10, Q3_K_S 11, Q4_K_S 14, Q5_K_S 16,
- * Q6_K 18; ALL_F32 0 for f32, which keeps every weight as it is). */
+ * Q6_K 18, MXFP4_MOE 38, the nearest name for an all-MXFP4 file; ALL_F32
+ * 0 for f32, which keeps every weight as it is). */
 static const cli_gguf_target gguf_targets[] = {
-    {"q2_k", QT_Q2_K, QT_Q4_0, 10}, {"q3_k", QT_Q3_K, QT_Q4_0, 11}, {"q4_k", QT_Q4_K, QT_Q5_0, 14},
-    {"q5_k", QT_Q5_K, QT_Q5_1, 16}, {"q6_k", QT_Q6_K, QT_Q8_0, 18}, {"q8_0", QT_Q8_0, QT_F16, 7},
-    {"f32", QT_F32, QT_F32, 0},
+    {"q2_k", QT_Q2_K, QT_Q4_0, 10},  {"q3_k", QT_Q3_K, QT_Q4_0, 11}, {"q4_k", QT_Q4_K, QT_Q5_0, 14},
+    {"q5_k", QT_Q5_K, QT_Q5_1, 16},  {"q6_k", QT_Q6_K, QT_Q8_0, 18}, {"q8_0", QT_Q8_0, QT_F16, 7},
+    {"mxfp4", QT_MXFP4, QT_F16, 38}, {"f32", QT_F32, QT_F32, 0},
 };
 
 static const cli_gguf_target *gguf_target_named(const char *name)
@@ -252,7 +255,7 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
     if (kind != QT_NF4 && kind != QT_FP4)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "--kind %s: quantize writes nf4 or fp4 (safetensors), or q2_k, q3_k, "
-                       "q4_k, q5_k, q6_k, q8_0 or f32 (GGUF)",
+                       "q4_k, q5_k, q6_k, q8_0, mxfp4 or f32 (GGUF)",
                        o->kind ? o->kind : "(missing)");
     *p = (qt_quant_params){.kind = (qt_kind)kind,
                            .blocksize = o->blocksize ? o->blocksize : 64,

@@ -26,7 +26,7 @@
  * (qt_block_absmax) and attend_ref.c (qt_attend_ref, for head dimensions
  * the fast loop does not cover); never back into the table. It touches
  * kernels/math/ (qt_math.h, qt_quant_math.h's dequantizing section for
- * Q2_K, Q3_K, IQ4_NL and IQ4_XS, ops_math.h).
+ * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4, ops_math.h).
  *
  * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
  * CPU reports those features (traits.c).
@@ -202,13 +202,14 @@ ALWAYS_INLINE void gguf_nibbles(const uint8_t *qs, const uint8_t *qh, int bias, 
         q[j] = _mm256_cvtepi32_ps(bias ? _mm256_add_epi32(c[j], _mm256_set1_epi32(bias)) : c[j]);
 }
 
-/* The 32 levels of an IQ4_NL block or IQ4_XS sub-block (16 bytes of qs,
- * byte j holding element j low and j + 16 high) as f32 in element order:
- * each nibble looks its level up in the 16-byte table by pshufb, then the
- * int8 levels widen. */
-ALWAYS_INLINE void iq4_levels32(const uint8_t *qs, __m256 q[4])
+/* The 32 levels of an IQ4_NL block, IQ4_XS sub-block or MXFP4 block (16
+ * bytes of qs, byte j holding element j low and j + 16 high) as f32 in
+ * element order: each nibble looks its level up in the kind's 16-byte
+ * table (levels) by pshufb, then the int8 levels widen. */
+static const int8_t iq4nl_levels[16] = QM_IQ4NL_LEVELS_INIT;
+static const int8_t mxfp4_levels[16] = QM_MXFP4_LEVELS_INIT;
+ALWAYS_INLINE void levels32(const int8_t *levels, const uint8_t *qs, __m256 q[4])
 {
-    static const int8_t levels[16] = QM_IQ4NL_LEVELS_INIT;
     __m128i table = _mm_loadu_si128((const __m128i *)levels);
     __m128i bytes = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0f);
     __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(bytes, mask));
@@ -225,11 +226,18 @@ ALWAYS_INLINE bool gguf_has_min(qt_kind kind)
     return kind == QT_Q4_1 || kind == QT_Q5_1;
 }
 
-/* GGUF block blk of kind (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL): its 32
- * integer codes (IQ4_NL: levels) as f32 in element order (q), its scale d
+/* GGUF block blk of kind (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL, MXFP4):
+ * its 32 integer codes (IQ4_NL, MXFP4: levels) as f32 in element order
+ * (q), its scale d (MXFP4: 2^(e - 128) from its E8M0 byte, not an f16)
  * and, for Q4_1 and Q5_1, its minimum m, each in every lane. */
 ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m256 *d, __m256 *m)
 {
+    if (kind == QT_MXFP4) {
+        *d = _mm256_set1_ps(qm_e8m0_half(blk[0]));
+        levels32(mxfp4_levels, blk + 1, q);
+        *m = _mm256_setzero_ps();
+        return;
+    }
     *d = gguf_f16x8(blk);
     if (kind == QT_Q8_0)
         for (int j = 0; j < 4; j++)
@@ -240,7 +248,7 @@ ALWAYS_INLINE void gguf_block(const uint8_t *blk, qt_kind kind, __m256 q[4], __m
     else if (kind == QT_Q5_1)
         gguf_nibbles(blk + 8, blk + 4, 0, q);
     else if (kind == QT_IQ4_NL)
-        iq4_levels32(blk + 2, q);
+        levels32(iq4nl_levels, blk + 2, q);
     else
         gguf_nibbles(blk + (kind == QT_Q4_1 ? 4 : 2), NULL, kind == QT_Q4_1 ? 0 : -8, q);
     *m = gguf_has_min(kind) ? gguf_f16x8(blk + 2) : _mm256_setzero_ps();
@@ -401,7 +409,7 @@ ALWAYS_INLINE void decode_iq4_xs_block(const uint8_t *blk, float *out)
     float d = qm_f16_le(blk);
     for (int s = 0; s < 8; s++, out += 32) {
         __m256 q[4], dl = _mm256_set1_ps(d * (float)qm_iq4_xs_scale(blk, s));
-        iq4_levels32(blk + 8 + 16 * s, q);
+        levels32(iq4nl_levels, blk + 8 + 16 * s, q);
         for (int j = 0; j < 4; j++)
             _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(dl, q[j]));
     }
@@ -492,6 +500,7 @@ GGUF_TILE(tile_q8_0, QT_Q8_0)
 GGUF_TILE(tile_q5_0, QT_Q5_0)
 GGUF_TILE(tile_q5_1, QT_Q5_1)
 GGUF_TILE(tile_iq4_nl, QT_IQ4_NL)
+GGUF_TILE(tile_mxfp4, QT_MXFP4)
 
 /* k-quant tiles: TILE is a multiple of 256 and rows are whole
  * super-blocks, so a tile is whole super-blocks too. */
@@ -892,7 +901,7 @@ ALWAYS_INLINE void rows_iq4_xs(const qtensor *t, const float *x, int nb, float *
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
         for (int s = 0; s < 8; s++) {
             __m256 q[4], acc[XCHUNK], acc2[XCHUNK];
-            iq4_levels32(blk + 8 + 16 * s, q);
+            levels32(iq4nl_levels, blk + 8 + 16 * s, q);
             _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) acc[b] = acc2[b] =
                 _mm256_setzero_ps();
             for (int g = 0; g < 4; g++)
@@ -1031,6 +1040,12 @@ ALWAYS_INLINE void row_iq4_nl(const qtensor *t, const float *x, const float *scr
 {
     rows_gguf(t, x, scratch, nb, y, r, QT_IQ4_NL);
 }
+/* MXFP4: the blocks of 32 of rows_gguf, with FP4 levels and E8M0 scales. */
+ALWAYS_INLINE void row_mxfp4(const qtensor *t, const float *x, const float *scratch, int nb,
+                             float *y, int64_t r)
+{
+    rows_gguf(t, x, scratch, nb, y, r, QT_MXFP4);
+}
 ALWAYS_INLINE void row_iq4_xs(const qtensor *t, const float *x, const float *scratch, int nb,
                               float *y, int64_t r)
 {
@@ -1155,6 +1170,10 @@ void qt_matmul_iq4_xs_avx2(MATMUL_ARGS)
 {
     matmul_chunks(t, x, batch, y, row0, row1, NULL, row_iq4_xs);
 }
+void qt_matmul_mxfp4_avx2(MATMUL_ARGS)
+{
+    matmul_chunks(t, x, batch, y, row0, row1, NULL, row_mxfp4);
+}
 
 /* Whole rows through a kind's tile decoder (a constant), which writes
  * into dst for every kind that has a fast dequantization (F32 has none: its
@@ -1231,6 +1250,10 @@ void qt_dequantize_rows_iq4_nl_avx2(DEQUANT_ARGS)
 void qt_dequantize_rows_iq4_xs_avx2(DEQUANT_ARGS)
 {
     dequantize_tiles(t, row0, nrows, out, tile_iq4_xs);
+}
+void qt_dequantize_rows_mxfp4_avx2(DEQUANT_ARGS)
+{
+    dequantize_tiles(t, row0, nrows, out, tile_mxfp4);
 }
 
 /* Attention over a run of cached positions: the dot product in two 8-lane

@@ -26,6 +26,7 @@ const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT] = {
     [QT_Q5_K] = {QT_GEOMETRY_Q5_K},     [QT_Q6_K] = {QT_GEOMETRY_Q6_K},
     [QT_Q2_K] = {QT_GEOMETRY_Q2_K},     [QT_Q3_K] = {QT_GEOMETRY_Q3_K},
     [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL}, [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS},
+    [QT_MXFP4] = {QT_GEOMETRY_MXFP4},
 };
 
 int qt_kind_from_name(const char *name)

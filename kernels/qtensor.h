@@ -51,6 +51,12 @@
  *                   32 with 6-bit scales, the same levels); read in place
  *                   only. llama-quantize writes IQ4_NL where an IQ4_XS
  *                   tensor's rows cannot hold 256-blocks (576-wide rows).
+ *   MXFP4           llama.cpp's block_mxfp4 (GGUF type 39, OCP microscaling
+ *                   FP4): blocks of 32 FP4 E2M1 codes (Q4_0's nibble
+ *                   order) after one E8M0 scale byte, 17 bytes; read in
+ *                   place, quantized by quantize_row_mxfp4_ref's rule byte
+ *                   for byte. GPT-OSS's Hugging Face `_blocks` / `_scales`
+ *                   pairs become such blocks through qt_from_mxfp4_hf.
  *   F32 F16 BF16    dense row-major.
  *
  * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
@@ -93,6 +99,7 @@ typedef enum qt_kind {
     QT_Q3_K,
     QT_IQ4_NL,
     QT_IQ4_XS,
+    QT_MXFP4,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -179,7 +186,7 @@ typedef struct qt_traits {
     size_t block_bytes; /* bytes of codes per block (NF4/FP4: default block;
                            AFFINE: per element rounded up, see qtensor) */
     bool is_dense;      /* F32, F16, BF16: plain floats, no quant state */
-    bool is_gguf;       /* Q4_0 ... IQ4_XS: llama.cpp blocks of block_size */
+    bool is_gguf;       /* Q4_0 ... IQ4_XS, MXFP4: llama.cpp blocks of block_size */
 
     /* Quantize rows*cols floats into t (already zeroed; t->kind set). On
      * error t holds nothing and msg says what was wrong. */
@@ -217,8 +224,7 @@ const char *qt_kind_name(qt_kind kind);
  * initialises; free it with qt_free). Refuses NaN/Inf with the first bad
  * index, a blocksize or group size that does not fit, and shapes a kind
  * cannot hold (GGUF kinds need cols % 32 == 0, the k-quants Q2_K ... Q6_K
- * cols % 256 == 0); IQ4_NL and IQ4_XS are read in place only and refused
- * here with QL_EUNSUPPORTED.
+ * and IQ4_XS cols % 256 == 0).
  */
 int qt_quantize(qtensor *out, const float *src, int64_t rows, int64_t cols,
                 const qt_quant_params *p, char *msg, size_t msg_len);
@@ -305,12 +311,29 @@ int qt_cast_dense(qtensor *t, qt_kind to, char *msg, size_t msg_len);
 
 /*
  * Wrap llama.cpp block bytes (as a GGUF file stores them) of a GGUF kind
- * (Q4_0 ... IQ4_XS) into a new qtensor, copying them; cols must be a
+ * (Q4_0 ... IQ4_XS, MXFP4) into a new qtensor, copying them; cols must be a
  * multiple of the kind's block (32, or 256 for the k-quants and IQ4_XS) and bytes
  * exactly rows * cols / block_size blocks.
  */
 int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t bytes, int64_t rows,
                         int64_t cols, char *msg, size_t msg_len);
+
+/*
+ * One rows x cols MXFP4 matrix from a Hugging Face checkpoint's pair (GPT-OSS
+ * stores each expert weight as `<name>_blocks`, uint8 [..., rows, cols / 32,
+ * 16], and `<name>_scales`, uint8 E8M0 [..., rows, cols / 32]): blocks and
+ * scales point at one matrix's slab of each (for a 3-D expert tensor, expert
+ * e's: blocks + e * rows * cols / 2, scales + e * rows * cols / 32), borrowed
+ * for the call. *out becomes a new QT_MXFP4 qtensor (free it with qt_free)
+ * in ggml's block layout: per block of 32 its scale byte, unchanged (both
+ * sides read it as 2^(s - 127) times the E2M1 value), then 16 code bytes.
+ * The nibbles are reordered: transformers' convert_moe_packed_tensors reads
+ * byte j of a block as element 2j (low nibble) and 2j + 1 (high nibble),
+ * ggml as element j (low) and j + 16 (high). cols must be a positive
+ * multiple of 32, else QL_EINVAL naming the shape.
+ */
+int qt_from_mxfp4_hf(qtensor *out, const uint8_t *blocks, const uint8_t *scales, int64_t rows,
+                     int64_t cols, char *msg, size_t msg_len);
 
 /* The parts of a bitsandbytes 4-bit tensor as a checkpoint stores them.
  * Every pointer is borrowed for the call; qt_from_bnb4 copies. */

@@ -3,9 +3,10 @@
  * is used in place: Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1 (blocks of 32, each an
  * affine group whose scale and minimum are IEEE halves beside the codes),
  * the k-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (super-blocks of 256 whose
- * sub-blocks carry their own 4-, 6- or 8-bit scales), and the non-linear
+ * sub-blocks carry their own 4-, 6- or 8-bit scales), the non-linear
  * IQ4_NL (blocks of 32) and IQ4_XS (super-blocks of 256), whose nibbles
- * index 16 fixed levels.
+ * index 16 fixed levels, and MXFP4 (blocks of 32 FP4 E2M1 codes under one
+ * power-of-two E8M0 scale).
  *
  *   block_q4_0 { f16 d; u8 qs[16]; }                 w = (nibble - 8) * d
  *   block_q4_1 { f16 d; f16 m; u8 qs[16]; }          w = nibble * d + m
@@ -14,6 +15,7 @@
  *   block_q5_1 { f16 d; f16 m; u8 qh[4]; u8 qs[16]; } w = code * d + m
  *   block_q4_K, block_q5_K, block_q6_K: see qt_math.h
  *   block_q2_K, block_q3_K, block_iq4_nl, block_iq4_xs: see qt_quant_math.h
+ *   block_mxfp4 { u8 e; u8 qs[16]; }                w = level * 2^(e - 128)
  *
  * In the blocks of 32, byte j of qs holds element j in its low nibble and
  * element j + 16 in its high nibble (unlike bitsandbytes' adjacent pairs);
@@ -22,14 +24,17 @@
  * operations in the same order). Quantizing follows ggml's reference
  * quantizers (quantize_row_*_ref): the reciprocal of the f32 scale,
  * truncation after adding 8.5, 16.5 or 0.5, roundf (half away from zero)
- * for Q8_0; the arithmetic is qt_quant_math.h's (qq_q4_0_block, ...),
- * which the CUDA merge runs too. The k-quants' reference quantizers (an
+ * for Q8_0; MXFP4's power-of-two scale from the block's largest |x| and
+ * the nearest level (quantize_row_mxfp4_ref); the arithmetic is
+ * qt_quant_math.h's (qq_q4_0_block, ..., qq_mxfp4_block), which the CUDA
+ * merge runs too. The k-quants' reference quantizers (an
  * iterative search per sub-block) are quant_kquant.c's; IQ4's are not
  * here yet: quantizing into IQ4_NL or IQ4_XS is refused by name.
  *
  * It offers the GGUF rows' quantizer and scalar dequantization (the traits
- * table in traits.c points at them), qt_gguf_block_bytes and
- * qt_from_gguf_blocks (wrap a GGUF file's block bytes). It owns no state;
+ * table in traits.c points at them), qt_gguf_block_bytes,
+ * qt_from_gguf_blocks (wrap a GGUF file's block bytes) and
+ * qt_from_mxfp4_hf (a Hugging Face MXFP4 pair into ggml's blocks). It owns no state;
  * it calls down into qtensor.c only (geometry, names, qt_wrap_copy) and
  * touches kernels/math/ (qt_math.h, qt_quant_math.h).
  */
@@ -65,6 +70,10 @@ static void put_f16(uint8_t *p, uint16_t h)
 static void quantize_block(qt_kind kind, const float *x, uint8_t *blk)
 {
     uint16_t d, m;
+    if (kind == QT_MXFP4) { /* a scale byte, no f16 */
+        qq_mxfp4_block(x, blk);
+        return;
+    }
     if (kind == QT_Q4_0) {
         qq_q4_0_block(x, &d, blk + 2);
     } else if (kind == QT_Q4_1) {
@@ -150,6 +159,10 @@ void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
         } else if (t->kind == QT_IQ4_NL) {
             for (int j = 0; j < QK; j++)
                 o[j] = qm_iq4_value(qm_gguf_nibble(blk + 2, j), d);
+        } else if (t->kind == QT_MXFP4) {
+            float e = qm_e8m0_half(blk[0]); /* its scale is no f16: d unused */
+            for (int j = 0; j < QK; j++)
+                o[j] = qm_mxfp4_value(qm_gguf_nibble(blk + 1, j), e);
         } else {
             dequantize_kquant_block(t->kind, blk, o);
         }
@@ -178,4 +191,48 @@ int qt_from_gguf_blocks(qtensor *out, qt_kind kind, const void *blocks, size_t b
     int rc = qt_wrap_copy(out, kind, rows, cols, blocks, bytes, msg, msg_len);
     out->row_stride = (size_t)(cols / be) * bb;
     return rc;
+}
+
+/* Nibble i (0..31) of a Hugging Face MXFP4 block of 16 bytes: element 2j
+ * in the low half of byte j, 2j + 1 in the high half. */
+static unsigned hf_nibble(const uint8_t *b, int i)
+{
+    return (unsigned)(b[i / 2] >> (4 * (i % 2))) & 0x0fu;
+}
+
+int qt_from_mxfp4_hf(qtensor *out, const uint8_t *blocks, const uint8_t *scales, int64_t rows,
+                     int64_t cols, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    if (!blocks || !scales)
+        return ql_fail(msg, msg_len, QL_EINVAL, "an MXFP4 pair needs both its blocks and scales");
+    int rc = qt_check_shape(rows, cols, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (cols % QK != 0)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "MXFP4 shape [%lld, %lld]: columns must be a multiple of the block of %d",
+                       (long long)rows, (long long)cols, QK);
+    size_t bb = qt_gguf_block_bytes(QT_MXFP4);
+    int64_t nblocks = rows * (cols / QK);
+    out->kind = QT_MXFP4;
+    out->rows = rows;
+    out->cols = cols;
+    out->data_bytes = (size_t)nblocks * bb;
+    out->row_stride = (size_t)(cols / QK) * bb;
+    out->data = malloc(out->data_bytes);
+    if (!out->data) {
+        size_t want = out->data_bytes;
+        memset(out, 0, sizeof *out);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes for MXFP4 [%lld, %lld]",
+                       want, (long long)rows, (long long)cols);
+    }
+    for (int64_t b = 0; b < nblocks; b++) {
+        const uint8_t *src = blocks + b * (QK / 2);
+        uint8_t *blk = out->data + (size_t)b * bb;
+        blk[0] = scales[b];
+        for (int j = 0; j < QK / 2; j++)
+            blk[1 + j] = (uint8_t)(hf_nibble(src, j) | hf_nibble(src, j + QK / 2) << 4);
+    }
+    return QL_OK;
 }

@@ -191,6 +191,15 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_avx2 = qt_matmul_iq4_xs_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_iq4_xs_avx2,
         },
+    [QT_MXFP4] =
+        {
+            QT_GEOMETRY_MXFP4,
+            .quantize = qt_gguf_quantize,
+            .dequantize_rows = qt_gguf_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_mxfp4_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_mxfp4_avx2,
+        },
 };
 
 /* The first NaN or Inf in src, or -1. Chunks of 1024 are first checked

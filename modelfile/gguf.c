@@ -148,6 +148,7 @@ static int qt_kind_of_ggml(uint32_t type)
     case GGML_TYPE_Q3_K: return QT_Q3_K;
     case GGML_TYPE_IQ4_NL: return QT_IQ4_NL;
     case GGML_TYPE_IQ4_XS: return QT_IQ4_XS;
+    case GGML_TYPE_MXFP4: return QT_MXFP4;
     default: return -1;
     }
 }
@@ -781,7 +782,7 @@ int gguf_tensor_qtensor(const gguf_file *f, const gguf_tensor *t, qtensor *out, 
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: tensor '%s' has GGML type %s, which qlserve cannot run (it runs "
                        "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, "
-                       "q6_k, iq4_nl and iq4_xs)",
+                       "q6_k, iq4_nl, iq4_xs and mxfp4)",
                        f->path, t->name, gguf_ggml_type_name(t->ggml_type));
     /* the tensor must be one of f's, as gguf_open checked it */
     if (!t->data || t->data < f->map || t->nbytes > f->map_len ||

@@ -346,7 +346,7 @@ size_t gguf_value_size(gguf_type t);
 
 /*
  * The tensor as a qtensor of the matching kind (F32, F16, BF16, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), its data borrowed
+ * Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4), its data borrowed
  * from the mapping (no copy, no requantization); rows = product of ne[1..], cols = ne[0]. Any other
  * type is refused with QL_EUNSUPPORTED naming the tensor and its GGML type; QL_EFORMAT for dense
  * data off its element boundary, QL_EINVAL for a tensor of another file.
@@ -393,6 +393,7 @@ enum {
     GGML_TYPE_IQ4_NL = 20,
     GGML_TYPE_IQ4_XS = 23,
     GGML_TYPE_BF16 = 30,
+    GGML_TYPE_MXFP4 = 39,
 };
 
 #endif

@@ -289,6 +289,13 @@ static void put_engine(text *t, const srv_server *s)
     }
     hist(t, "qlserve_step_seconds",
          "engine steps (forward pass, sampling, streaming out) by wall time", &steps);
+    metric(t, "qlserve_moe_experts_run_total", "counter",
+           "experts a mixture-of-experts model ran, each once per layer and step for all the "
+           "tokens routed to it (0 for a dense model)");
+    put(t, "qlserve_moe_experts_run_total %llu\n", (unsigned long long)st.experts_run);
+    metric(t, "qlserve_moe_expert_bytes_total", "counter",
+           "bytes of expert weights those runs read");
+    put(t, "qlserve_moe_expert_bytes_total %llu\n", (unsigned long long)st.expert_bytes);
     metric(t, "qlserve_prefix_cache_queries_total", "counter",
            "prompt tokens looked up in the prefix cache");
     put(t, "qlserve_prefix_cache_queries_total %llu\n",

@@ -30,8 +30,14 @@ typedef struct ref_layer {
     /* Gemma (NULL elsewhere): the per-head q/k norms [head_dim] (Gemma 3;
      * Qwen3's too), the sandwich norms after attention and after the MLP */
     float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
-    /* LoRA deltas added in float64, [rows, cols] per projection (NULL: none) */
-    double *delta[ENG_N_PROJ];
+    /* a mixture of experts' layer (NULL elsewhere): the router [experts,
+     * hidden], each expert's gate, up, down at [3e], [3e + 1], [3e + 2]
+     * (eng_layer's order), Qwen2-MoE's shared expert gate [hidden] (its
+     * shared expert is w_gate, w_up, w_down) */
+    float *router, **experts, *shared_gate;
+    /* LoRA deltas added in float64, [rows, cols] per projection, experts'
+     * included (eng_n_proj entries; NULL: none) */
+    double **delta;
 } ref_layer;
 
 /* The model's weights dequantized to f32, row-major [rows, cols]. */
@@ -89,12 +95,32 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         r->bk = ref_dequant(&L->bk, 1, nkv, true, "bk", l);
         r->bv = ref_dequant(&L->bv, 1, nkv, true, "bv", l);
         cr_assert_eq(r->bq != NULL, c->attention_bias, "layer %d: q bias vs attention_bias", l);
-        r->w_gate = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_GATE) : &L->w_gate, F, H, false,
-                                "w_gate", l);
-        r->w_up =
-            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_UP) : &L->w_up, F, H, false, "w_up", l);
-        r->w_down = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_DOWN) : &L->w_down, H, F, false,
-                                "w_down", l);
+        r->delta = calloc((size_t)eng_n_proj(c), sizeof *r->delta);
+        cr_assert(r->delta);
+        /* the MLP's projections: a plain MLP's, or a mixture's shared expert */
+        bool moe = eng_layer_is_moe(c, l);
+        int64_t f = moe ? c->shared_expert_ff : F;
+        if (!moe || f > 0) {
+            r->w_gate = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_GATE) : &L->w_gate, f, H,
+                                    false, "w_gate", l);
+            r->w_up = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_UP) : &L->w_up, f, H, false,
+                                  "w_up", l);
+            r->w_down = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_DOWN) : &L->w_down, H, f,
+                                    false, "w_down", l);
+        }
+        if (moe) {
+            r->router = ref_dequant(&L->router, c->n_experts, H, false, "router", l);
+            if (f > 0)
+                r->shared_gate = ref_dequant(&L->shared_gate, 1, H, false, "shared_gate", l);
+            r->experts = calloc(3 * (size_t)c->n_experts, sizeof *r->experts);
+            cr_assert(r->experts);
+            for (int e = 0; e < 3 * c->n_experts; e++) {
+                eng_proj p = (eng_proj)(ENG_N_PROJ + e);
+                int64_t rows = e % 3 < 2 ? c->expert_ff : H, cols = e % 3 < 2 ? H : c->expert_ff;
+                r->experts[e] = ref_dequant(w ? eng_weights_proj(w, l, p) : eng_model_proj(m, l, p),
+                                            rows, cols, false, "expert", l);
+            }
+        }
         if (c->qk_norm) {
             r->q_norm = ref_dequant(&L->q_norm, 1, c->head_dim, false, "q_norm", l);
             r->k_norm = ref_dequant(&L->k_norm, 1, c->head_dim, false, "k_norm", l);
@@ -116,7 +142,7 @@ static inline void ref_load(ref_model *R, const eng_model *m)
 static inline void ref_add_lora(ref_model *R, const eng_lora *lora, double scale)
 {
     for (int l = 0; l < R->c.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
+        for (int p = 0; p < eng_n_proj(&R->c); p++) {
             const eng_lora_module *mod = eng_lora_module_at(lora, l, (eng_proj)p);
             if (!mod)
                 continue;
@@ -145,8 +171,14 @@ static inline void ref_free(ref_model *R)
 {
     for (int l = 0; l < R->c.n_layers; l++) {
         ref_layer *r = &R->layers[l];
-        for (int p = 0; p < ENG_N_PROJ; p++)
+        for (int p = 0; p < eng_n_proj(&R->c); p++)
             free(r->delta[p]);
+        free(r->delta);
+        for (int e = 0; r->experts && e < 3 * R->c.n_experts; e++)
+            free(r->experts[e]);
+        free(r->experts);
+        free(r->router);
+        free(r->shared_gate);
         float *all[] = {r->attn_norm,    r->ffn_norm, r->wq,     r->wk,     r->wv,
                         r->wo,           r->bq,       r->bk,     r->bv,     r->w_gate,
                         r->w_up,         r->w_down,   r->q_norm, r->k_norm, r->post_attn_norm,
@@ -273,6 +305,74 @@ static inline void ref_post_norm(const eng_config *c, const float *w, double *o,
     memcpy(o, tmp, (size_t)c->hidden_size * sizeof *o);
 }
 
+/* out = down(act(gate(h)) * up(h)) for one projection triple (f wide). */
+static inline void ref_glu(const eng_config *c, const float *wg, const double *dg, const float *wu,
+                           const double *du, const float *wd, const double *dd, int64_t f,
+                           const double *h, double *out)
+{
+    int64_t H = c->hidden_size;
+    double *g = calloc((size_t)f, sizeof *g), *u = calloc((size_t)f, sizeof *u);
+    cr_assert(g && u);
+    ref_matvec(wg, dg, NULL, f, H, h, g);
+    ref_matvec(wu, du, NULL, f, H, h, u);
+    for (int64_t i = 0; i < f; i++)
+        g[i] = c->ffn_act == ENG_FFN_GELU_TANH ? ref_gelu_tanh(g[i]) * u[i]
+                                               : g[i] / (1.0 + exp(-g[i])) * u[i];
+    ref_matvec(wd, dd, NULL, H, f, g, out);
+    free(g);
+    free(u);
+}
+
+/* A mixture of experts on one row, as transformers' Qwen2/3-MoE and
+ * Mixtral blocks: softmax over the router's logits, the k most probable
+ * experts (renormalized when norm_topk_prob), the sum of their GLUs so
+ * weighted; Qwen2-MoE's shared expert times sigmoid(shared_gate . h). */
+static inline void ref_moe(const eng_config *c, const ref_layer *L, const double *h, double *out)
+{
+    int64_t H = c->hidden_size, E = c->n_experts;
+    double *p = calloc((size_t)E, sizeof *p), *y = calloc((size_t)H, sizeof *y);
+    bool *taken = calloc((size_t)E, sizeof *taken);
+    cr_assert(p && y && taken);
+    ref_matvec(L->router, NULL, NULL, E, H, h, p);
+    double mx = -INFINITY, sum = 0, chosen = 0;
+    for (int64_t e = 0; e < E; e++)
+        mx = fmax(mx, p[e]);
+    for (int64_t e = 0; e < E; e++)
+        sum += (p[e] = exp(p[e] - mx));
+    int pick[64];
+    for (int k = 0; k < c->n_experts_used; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best]))
+                best = e;
+        taken[best] = true;
+        pick[k] = best;
+        chosen += p[best] / sum;
+    }
+    memset(out, 0, (size_t)H * sizeof *out);
+    for (int k = 0; k < c->n_experts_used; k++) {
+        int e = pick[k];
+        double w = p[e] / sum / (c->norm_topk_prob ? chosen : 1.0);
+        double *const *d = L->delta + ENG_N_PROJ + 3 * e;
+        ref_glu(c, L->experts[3 * e], d[0], L->experts[3 * e + 1], d[1], L->experts[3 * e + 2],
+                d[2], c->expert_ff, h, y);
+        for (int64_t i = 0; i < H; i++)
+            out[i] += w * y[i];
+    }
+    if (L->shared_gate) {
+        double g = 0;
+        for (int64_t i = 0; i < H; i++)
+            g += (double)L->shared_gate[i] * h[i];
+        ref_glu(c, L->w_gate, L->delta[ENG_PROJ_GATE], L->w_up, L->delta[ENG_PROJ_UP], L->w_down,
+                L->delta[ENG_PROJ_DOWN], c->shared_expert_ff, h, y);
+        for (int64_t i = 0; i < H; i++)
+            out[i] += y[i] / (1.0 + exp(-g));
+    }
+    free(p);
+    free(y);
+    free(taken);
+}
+
 /* The logits of every position of tokens[0..n): logits is n * vocab. */
 static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n, double *logits)
 {
@@ -354,9 +454,16 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];
         }
-        // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h)) (Gemma: GeGLU, post-norm)
+        // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h)) (Gemma: GeGLU, post-norm);
+        // a mixture of experts' layer: ref_moe
         for (int t = 0; t < n; t++) {
             ref_rmsnorm_offset(x + t * H, L->ffn_norm, off, H, eps, h);
+            if (L->router) {
+                ref_moe(c, L, h, o);
+                for (int64_t i = 0; i < H; i++)
+                    x[t * H + i] += o[i];
+                continue;
+            }
             ref_matvec(L->w_gate, L->delta[ENG_PROJ_GATE], NULL, F, H, h, g);
             ref_matvec(L->w_up, L->delta[ENG_PROJ_UP], NULL, F, H, h, u);
             for (int64_t i = 0; i < F; i++)

@@ -58,6 +58,7 @@ typedef struct arch_row {
      * per position (for a quantized file, whose weights transformers never
      * saw) */
     const double *logits;
+    const char *quant;    /* --quant on load (NULL: none) */
     int prefill;          /* tokens in the first step, the rest one a step (0: all in one) */
     int32_t block_tokens; /* the KV cache's block (0: 16) */
     double tol;           /* on the largest |ours - reference| over every logit */
@@ -250,6 +251,28 @@ static void check_mixtral(eng_model *m)
     cr_assert_str_eq(eng_arch_name(m->cfg.arch), "mixtral");
 }
 
+/* Every expert's weights quantized as --quant says; the router dense. */
+static void check_experts_kind(const eng_model *m, qt_kind kind)
+{
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        cr_assert_eq(m->layers[l].router.kind, QT_F32, "layer %d: the router stays dense", l);
+        for (int e = 0; e < 3 * m->cfg.n_experts; e++)
+            cr_assert_eq(m->layers[l].experts[e].kind, kind, "layer %d expert part %d", l, e);
+    }
+}
+
+static void check_qwen3moe_nf4(eng_model *m)
+{
+    check_qwen3moe(m);
+    check_experts_kind(m, QT_NF4);
+}
+
+static void check_mixtral_int8(eng_model *m)
+{
+    check_mixtral(m);
+    check_experts_kind(m, QT_AFFINE);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -339,6 +362,39 @@ static const arch_row ARCH_ROWS[] = {
      .fixture = "qwen3moe_tiny.gguf",
      MOE_REF(QWEN3MOE),
      .check = check_qwen3moe},
+    /* llama.cpp's own quantized files of it (llama-quantize), against the
+     * float64 pass over their dequantized weights */
+    {.label = "qwen3moe gguf q8_0",
+     .fixture = "qwen3moe_tiny_q8_0.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .check = check_qwen3moe},
+    {.label = "qwen3moe gguf q4_k_m",
+     .fixture = "qwen3moe_tiny_q4_k_m.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .check = check_qwen3moe},
+    /* --quant on load quantizes the experts (and leaves the router dense) */
+    {.label = "qwen3moe folder --quant nf4",
+     .fixture = "qwen3moe_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = QWEN3MOE_TOKENS,
+     .n_tokens = QWEN3MOE_N_TOKENS,
+     .vocab = QWEN3MOE_VOCAB,
+     .quant = "nf4",
+     .check = check_qwen3moe_nf4},
+    {.label = "mixtral folder --quant int8",
+     .fixture = "mixtral_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = MIXTRAL_TOKENS,
+     .n_tokens = MIXTRAL_N_TOKENS,
+     .vocab = MIXTRAL_VOCAB,
+     .quant = "int8",
+     .check = check_mixtral_int8},
     {.label = "qwen3moe with a dense layer folder",
      .fixture = "qwen3moe_dense_tiny",
      MOE_REF(QWEN3MOE_DENSE),
@@ -489,7 +545,7 @@ ParameterizedTest(int *index, architectures, logits_equal_the_reference_at_every
         snprintf(path, sizeof path, "%s", dir);
     }
     eng_model m;
-    eng_load_opts o = {.path = path};
+    eng_load_opts o = {.path = path, .quant = row->quant};
     cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s: %s", row->label, msg);
     cr_assert_eq(m.cfg.vocab_size, row->vocab, "%s: the reference's vocabulary", row->label);
     if (row->check)

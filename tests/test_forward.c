@@ -259,6 +259,7 @@ KIND_TEST(gguf_q2_k_matches_reference, .gguf = true, .gguf_kind = QT_Q2_K)
 KIND_TEST(gguf_q3_k_matches_reference, .gguf = true, .gguf_kind = QT_Q3_K)
 KIND_TEST(gguf_iq4_nl_matches_reference, .gguf = true, .gguf_kind = QT_IQ4_NL)
 KIND_TEST(gguf_iq4_xs_matches_reference, .gguf = true, .gguf_kind = QT_IQ4_XS)
+KIND_TEST(gguf_mxfp4_matches_reference, .gguf = true, .gguf_kind = QT_MXFP4)
 KIND_TEST(gguf_q3_k_iq4_nl_fallback_matches_reference, .gguf = true, .gguf_kind = QT_Q3_K,
           .iq4_nl_fallback = true)
 KIND_TEST(gguf_q3_k_iq4_nl_fallback_scalar_kernels_match_reference, .gguf = true,

@@ -1,6 +1,6 @@
 /*
  * test_gguf.c - Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_NL and IQ4_XS against llama.cpp's byte layout.
+ * IQ4_NL, IQ4_XS and MXFP4 against llama.cpp's byte layout.
  *
  * tests/fixtures/gguf_vectors.h holds blocks made by gguf-py's quantizers
  * (which mirror ggml's reference quantizers) with their dequantization:
@@ -13,6 +13,10 @@
  * script checks gguf-py against a transliteration of llama.cpp's
  * ggml-quants.c first, and check_gguf_kquant_llama_cpp.py checks the
  * header against llama.cpp's C itself.
+ * tests/fixtures/mxfp4_vectors.h holds MXFP4 blocks with gguf-py's
+ * dequantization (equal to llama.cpp's C), inputs with the bytes llama.cpp's
+ * quantize_row_mxfp4_ref wrote, and GPT-OSS's Hugging Face blocks/scales
+ * pairs with transformers' dequantization of them.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -24,6 +28,7 @@
 
 #include "fixtures/gguf_kquant_vectors.h"
 #include "fixtures/gguf_vectors.h"
+#include "fixtures/mxfp4_vectors.h"
 
 static qt_kind kind_of(const char *type)
 {
@@ -32,27 +37,36 @@ static qt_kind kind_of(const char *type)
     return (qt_kind)k;
 }
 
+/* blocks (bytes of a rows x cols tensor of kind) read in place: the scalar
+ * dequantization gives want bit for bit, and the fast one the scalar's. */
+static void check_dequantize(const char *name, qt_kind kind, const uint8_t *blocks, size_t bytes,
+                             int64_t rows, int64_t cols, const float *want)
+{
+    qtensor t;
+    char msg[256];
+    cr_assert_eq(qt_from_gguf_blocks(&t, kind, blocks, bytes, rows, cols, msg, sizeof msg), QL_OK,
+                 "%s: %s", name, msg);
+    long n = rows * cols;
+    float *ref = malloc((size_t)n * sizeof *ref), *fast = malloc((size_t)n * sizeof *fast);
+    qt_dequantize_rows_ref(&t, 0, rows, ref);
+    qt_dequantize_rows(&t, 0, rows, fast);
+    for (long i = 0; i < n; i++) {
+        cr_assert(same_bits(ref[i], want[i]), "%s: value %ld (block %ld): %a vs %a", name, i,
+                  i / 32, (double)ref[i], (double)want[i]);
+        cr_assert(same_bits(fast[i], ref[i]), "%s: fast value %ld: %a vs %a", name, i,
+                  (double)fast[i], (double)ref[i]);
+    }
+    free(ref);
+    free(fast);
+    qt_free(&t);
+}
+
 Test(gguf, blocks_read_in_place_dequantize_bit_for_bit)
 {
     for (size_t c = 0; c < sizeof ggufv_cases / sizeof *ggufv_cases; c++) {
         const ggufv_case *k = &ggufv_cases[c];
-        qtensor t;
-        char msg[256];
-        cr_assert_eq(qt_from_gguf_blocks(&t, kind_of(k->type), k->blocks, (size_t)k->blocks_len,
-                                         k->rows, k->cols, msg, sizeof msg),
-                     QL_OK, "%s: %s", k->name, msg);
-        long n = k->rows * k->cols;
-        float *ref = malloc((size_t)n * sizeof *ref), *fast = malloc((size_t)n * sizeof *fast);
-        qt_dequantize_rows_ref(&t, 0, k->rows, ref);
-        qt_dequantize_rows(&t, 0, k->rows, fast);
-        for (long i = 0; i < n; i++) {
-            cr_assert(same_bits(ref[i], k->dequant[i]), "%s: value %ld: %a vs %a", k->name, i,
-                      (double)ref[i], (double)k->dequant[i]);
-            cr_assert(same_bits(fast[i], ref[i]), "%s: fast value %ld", k->name, i);
-        }
-        free(ref);
-        free(fast);
-        qt_free(&t);
+        check_dequantize(k->name, kind_of(k->type), k->blocks, (size_t)k->blocks_len, k->rows,
+                         k->cols, k->dequant);
     }
 }
 
@@ -212,7 +226,8 @@ Test(gguf, later_kinds_have_llama_cpp_names_and_geometry)
     } want[] = {{"q2_k", QT_Q2_K, 256, 84},
                 {"q3_k", QT_Q3_K, 256, 110},
                 {"iq4_nl", QT_IQ4_NL, 32, 18},
-                {"iq4_xs", QT_IQ4_XS, 256, 136}};
+                {"iq4_xs", QT_IQ4_XS, 256, 136},
+                {"mxfp4", QT_MXFP4, 32, 17}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         cr_assert_eq(qt_kind_from_name(want[i].name), (int)want[i].kind, "%s", want[i].name);
         cr_assert_str_eq(qt_kind_name(want[i].kind), want[i].name);
@@ -240,4 +255,112 @@ Test(gguf, iq4_nl_takes_rows_of_576_and_iq4_xs_refuses_them)
     cr_assert(strstr(msg, "iq4_xs block of 256"), "%s", msg);
     cr_assert_eq(qt_from_gguf_blocks(&t, QT_Q3_K, blocks, 219, 1, 512, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "219 bytes") && strstr(msg, "expected 220"), "%s", msg);
+}
+
+/* --- MXFP4 ---------------------------------------------------------------- */
+
+/* Every E8M0 scale byte (0 and 1 subnormal, 255 overflowing to infinity
+ * with the largest levels) with every code: the scalar and the AVX2
+ * dequantization give gguf-py's (and llama.cpp's) bits. */
+Test(gguf, mxfp4_blocks_dequantize_as_gguf_py_bit_for_bit)
+{
+    size_t n_cases = sizeof mxv_deq_cases / sizeof *mxv_deq_cases;
+    for (size_t c = 0; c < n_cases; c++) {
+        const mxv_deq_case *k = &mxv_deq_cases[c];
+        check_dequantize(k->name, QT_MXFP4, k->blocks, (size_t)(k->rows * k->cols / 32 * 17),
+                         k->rows, k->cols, k->values);
+    }
+    cr_assert_geq(n_cases, 2);
+}
+
+/* qt_quantize into MXFP4 writes quantize_row_mxfp4_ref's bytes: zeros of
+ * both signs, ties between levels, a block's largest |x| just below a
+ * power of two (where log2f rounds up), subnormal blocks (the scale byte
+ * wraps below 0), values near FLT_MAX. */
+Test(gguf, mxfp4_quantize_writes_llama_cpp_bytes)
+{
+    size_t n_cases = sizeof mxv_q_cases / sizeof *mxv_q_cases;
+    for (size_t c = 0; c < n_cases; c++) {
+        const mxv_q_case *k = &mxv_q_cases[c];
+        qt_quant_params p = {.kind = QT_MXFP4};
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK,
+                     "%s: %s", k->name, msg);
+        size_t want = (size_t)(k->rows * k->cols / 32 * 17);
+        cr_assert_eq(t.data_bytes, want, "%s: size", k->name);
+        for (size_t i = 0; i < want; i++)
+            cr_assert_eq(t.data[i], k->bytes[i],
+                         "%s: byte %zu (block %zu, offset %zu) is 0x%02x, llama.cpp wrote 0x%02x",
+                         k->name, i, i / 17, i % 17, t.data[i], k->bytes[i]);
+        qt_free(&t);
+    }
+    cr_assert_geq(n_cases, 13, "every input the generator writes");
+}
+
+/* A GPT-OSS checkpoint's blocks/scales pair, one expert's slab at a time,
+ * becomes ggml's blocks that dequantize to transformers' values (equal as
+ * numbers: transformers' code 8 is -0.0, ggml's +0.0). */
+Test(gguf, mxfp4_hf_pair_dequantizes_as_transformers)
+{
+    int experts = 0;
+    for (size_t c = 0; c < sizeof mxv_hf_cases / sizeof *mxv_hf_cases; c++) {
+        const mxv_hf_case *k = &mxv_hf_cases[c];
+        int64_t n = k->rows * k->cols;
+        for (int64_t e = 0; e < k->experts; e++, experts++) {
+            qtensor t;
+            char msg[256];
+            cr_assert_eq(qt_from_mxfp4_hf(&t, k->blocks + e * n / 2, k->scales + e * n / 32,
+                                          k->rows, k->cols, msg, sizeof msg),
+                         QL_OK, "%s: %s", k->name, msg);
+            cr_assert(t.kind == QT_MXFP4 && t.rows == k->rows && t.cols == k->cols &&
+                      t.row_stride == (size_t)(k->cols / 32 * 17) && !t.data_borrowed);
+            float *got = malloc((size_t)n * sizeof *got);
+            qt_dequantize_rows(&t, 0, k->rows, got);
+            const float *want = k->values + e * n;
+            for (int64_t i = 0; i < n; i++)
+                cr_assert(got[i] == want[i], "%s expert %lld: value %lld (row %lld): %a vs %a",
+                          k->name, (long long)e, (long long)i, (long long)(i / k->cols),
+                          (double)got[i], (double)want[i]);
+            free(got);
+            qt_free(&t);
+        }
+    }
+    cr_assert_geq(experts, 3);
+}
+
+Test(gguf, mxfp4_hf_pair_needs_whole_blocks)
+{
+    uint8_t blocks[64] = {0}, scales[4] = {0};
+    qtensor t;
+    char msg[256];
+    cr_assert_eq(qt_from_mxfp4_hf(&t, blocks, scales, 2, 48, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "[2, 48]") && strstr(msg, "block of 32"), "%s", msg);
+    cr_assert_null(t.data);
+    cr_assert_eq(qt_from_mxfp4_hf(&t, NULL, scales, 2, 64, msg, sizeof msg), QL_EINVAL);
+    cr_assert_eq(qt_from_mxfp4_hf(&t, blocks, scales, 0, 64, msg, sizeof msg), QL_EINVAL);
+}
+
+/* Requantizing MXFP4's own values (what a merge with a zero delta does)
+ * gives the same values back. */
+Test(gguf, mxfp4_requantize_keeps_values)
+{
+    const mxv_q_case *k = &mxv_q_cases[3]; /* normal */
+    cr_assert_str_eq(k->name, "normal");
+    qt_quant_params p = {.kind = QT_MXFP4};
+    qtensor t, again;
+    char msg[256];
+    cr_assert_eq(qt_quantize(&t, k->input, k->rows, k->cols, &p, msg, sizeof msg), QL_OK, "%s",
+                 msg);
+    long n = k->rows * k->cols;
+    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+    qt_dequantize_rows(&t, 0, k->rows, a);
+    cr_assert_eq(qt_quantize(&again, a, k->rows, k->cols, &p, msg, sizeof msg), QL_OK, "%s", msg);
+    qt_dequantize_rows(&again, 0, k->rows, b);
+    for (long i = 0; i < n; i++)
+        cr_assert(a[i] == b[i], "value %ld: %a vs %a", i, (double)a[i], (double)b[i]);
+    free(a);
+    free(b);
+    qt_free(&t);
+    qt_free(&again);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "fixtures/gguf_kquant_vectors.h"
+#include "fixtures/mxfp4_vectors.h"
 #include "gguf_writer.h"
 #include "modelfile.h"
 #include "test_util.h"
@@ -467,12 +468,46 @@ Test(gguf_file, unsupported_type_is_accepted_by_open_and_refused_by_name)
                       strstr(msg, "cannot run"),
                   "%s", msg);
         /* the message lists what does run, the later kinds among them */
-        cr_assert(strstr(msg, "q2_k, q3_k") && strstr(msg, "iq4_nl and iq4_xs"), "%s", msg);
+        cr_assert(strstr(msg, "q2_k, q3_k") && strstr(msg, "iq4_xs and mxfp4"), "%s", msg);
         cr_assert_null(g.data);
     }
     gguf_close(&f);
     for (size_t k = 0; k < N_RUNNABLE; k++)
         qt_free(&q[k]);
+}
+
+/* blocks (a rows x cols tensor of GGML type ggml) written as the one
+ * tensor of a GGUF file at path: it is read in place (borrowed from the
+ * mapping) as kind and dequantizes to want, bit for bit. */
+static void check_read_in_place(const char *path, const char *name, uint32_t ggml, qt_kind kind,
+                                const uint8_t *blocks, size_t bytes, int64_t rows, int64_t cols,
+                                const float *want)
+{
+    gguf_writer *w = gguf_writer_new();
+    cr_assert(w);
+    cr_assert_eq(gguf_writer_set_str(w, "general.architecture", "llama"), QL_OK);
+    int64_t ne[2] = {cols, rows};
+    cr_assert_eq(gguf_writer_add_tensor(w, "blk.0.ffn_down.weight", ggml, 2, ne, blocks, bytes),
+                 QL_OK, "%s", name);
+    char msg[512];
+    cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
+    gguf_writer_free(w);
+    gguf_file f;
+    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s: %s", name, msg);
+    qtensor g;
+    cr_assert_eq(gguf_tensor_qtensor(&f, &f.tensors[0], &g, msg, sizeof msg), QL_OK, "%s: %s", name,
+                 msg);
+    cr_assert(g.kind == kind && g.rows == rows && g.cols == cols && g.data_borrowed &&
+                  g.data == f.tensors[0].data,
+              "%s: borrowed in place", name);
+    float *got = malloc((size_t)(rows * cols) * sizeof *got);
+    qt_dequantize_rows(&g, 0, rows, got);
+    for (long i = 0; i < rows * cols; i++)
+        cr_assert(same_bits(got[i], want[i]), "%s value %ld: %a vs %a", name, i, (double)got[i],
+                  (double)want[i]);
+    free(got);
+    qt_free(&g);
+    gguf_close(&f);
 }
 
 /* Q2_K, Q3_K, IQ4_NL and IQ4_XS tensors (the known-answer vectors' blocks)
@@ -498,35 +533,26 @@ Test(gguf_file, later_kquant_and_iq4_tensors_are_read_in_place)
             which++;
         if (which == 4)
             continue;
-        gguf_writer *w = gguf_writer_new();
-        cr_assert(w);
-        cr_assert_eq(gguf_writer_set_str(w, "general.architecture", "llama"), QL_OK);
-        int64_t ne[2] = {k->cols, k->rows};
-        cr_assert_eq(gguf_writer_add_tensor(w, "blk.0.ffn_down.weight", later[which].ggml, 2, ne,
-                                            k->blocks, (size_t)k->blocks_len),
-                     QL_OK, "%s", k->name);
-        char msg[512];
-        cr_assert_eq(gguf_writer_write(w, path, msg, sizeof msg), QL_OK, "%s", msg);
-        gguf_writer_free(w);
-        gguf_file f;
-        cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), QL_OK, "%s: %s", k->name, msg);
-        qtensor g;
-        cr_assert_eq(gguf_tensor_qtensor(&f, &f.tensors[0], &g, msg, sizeof msg), QL_OK, "%s: %s",
-                     k->name, msg);
-        cr_assert(g.kind == later[which].kind && g.rows == k->rows && g.cols == k->cols &&
-                      g.data_borrowed,
-                  "%s", k->name);
-        float *got = malloc((size_t)(k->rows * k->cols) * sizeof *got);
-        qt_dequantize_rows(&g, 0, k->rows, got);
-        for (long i = 0; i < k->rows * k->cols; i++)
-            cr_assert(same_bits(got[i], k->dequant[i]), "%s value %ld: %a vs %a", k->name, i,
-                      (double)got[i], (double)k->dequant[i]);
-        free(got);
-        qt_free(&g);
-        gguf_close(&f);
+        check_read_in_place(path, k->name, later[which].ggml, later[which].kind, k->blocks,
+                            (size_t)k->blocks_len, k->rows, k->cols, k->dequant);
         seen++;
     }
     cr_assert_geq(seen, 8, "every later type's vectors");
+}
+
+/* An MXFP4 tensor (GGML type 39) in a GGUF file is read in place as
+ * QT_MXFP4 and dequantizes to gguf-py's values, bit for bit. */
+Test(gguf_file, mxfp4_tensors_are_read_in_place)
+{
+    char path[600];
+    sample_path(path, sizeof path, "mxfp4.gguf");
+    size_t n_cases = sizeof mxv_deq_cases / sizeof *mxv_deq_cases;
+    for (size_t c = 0; c < n_cases; c++) {
+        const mxv_deq_case *k = &mxv_deq_cases[c];
+        check_read_in_place(path, k->name, GGML_TYPE_MXFP4, QT_MXFP4, k->blocks,
+                            (size_t)(k->rows * k->cols / 32 * 17), k->rows, k->cols, k->values);
+    }
+    cr_assert_geq(n_cases, 2);
 }
 
 Test(gguf_file, ggml_type_names_and_sizes_follow_ggml)

@@ -85,6 +85,9 @@ static const kind_case cases[] = {
     {"q3_k", {.kind = QT_Q3_K}, 16, 512, false},
     {"iq4_nl", {.kind = QT_IQ4_NL}, 64, 96, true},
     {"iq4_xs", {.kind = QT_IQ4_XS}, 16, 512, false},
+    /* MXFP4's largest level in a block it wrote is 8 or 12, so the scale
+     * and every code come back */
+    {"mxfp4", {.kind = QT_MXFP4}, 64, 96, true},
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 

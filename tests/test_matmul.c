@@ -59,6 +59,7 @@ static const kcase kinds[] = {
     {"q3_k", {.kind = QT_Q3_K}, true, true},
     {"iq4_nl", {.kind = QT_IQ4_NL}, true, true},
     {"iq4_xs", {.kind = QT_IQ4_XS}, true, true},
+    {"mxfp4", {.kind = QT_MXFP4}, true, false},
 };
 
 /* Random blocks of super-blocks of 256 (every kquant kind but IQ4_NL,

@@ -689,3 +689,62 @@ Test(quant_math, later_gguf_elements_equal_gguf_py_bit_for_bit)
     }
     cr_assert_eq(seen, 8, "two cases for each of q2_k, q3_k, iq4_nl, iq4_xs");
 }
+
+/* --- MXFP4 ------------------------------------------------------------------ */
+
+/* qq_mxfp4_floor_log2 is floorf(log2f(a)) as glibc gives it, without the
+ * call (which the device computes with other errors): checked at every
+ * power of two, normal and subnormal, on the 64 floats below it (where
+ * log2f rounds up to the power's exponent for the last few, more of them
+ * as |exponent| grows) and on the power itself. An exhaustive run over all
+ * positive floats agreed when the function was written. */
+Test(quant_math, mxfp4_floor_log2_is_glibc_floorf_log2f_at_every_power_of_two)
+{
+    int checked = 0, rounded_up = 0;
+    for (uint32_t top = 1; top <= 0x7f000000u;
+         top = top < 0x00800000u ? top << 1 : top + 0x00800000u) {
+        for (uint32_t back = 0; back <= 64 && back < top; back++) {
+            float a;
+            uint32_t u = top - back;
+            memcpy(&a, &u, sizeof a);
+            int want = (int)floorf(log2f(a));
+            cr_assert_eq(qq_mxfp4_floor_log2(a), want, "a = %a (bits 0x%08x): log2f floors to %d",
+                         (double)a, u, want);
+            rounded_up += back > 0 && want == ilogbf(a) + 1;
+            checked++;
+        }
+    }
+    cr_assert_gt(rounded_up, 5000, "the cases where log2f rounds up are among them");
+    cr_assert_gt(checked, 16000);
+}
+
+/* The E8M0 scale, the levels and the nibble order by hand. */
+Test(quant_math, mxfp4_fields_by_hand)
+{
+    cr_assert_eq(qm_e8m0_half(127), 0.5f);
+    cr_assert_eq(qm_e8m0_half(128), 1.0f);
+    cr_assert_eq(bits_of(qm_e8m0_half(0)), 0x00200000u, "2^-128, subnormal");
+    cr_assert_eq(bits_of(qm_e8m0_half(1)), 0x00400000u, "2^-127, subnormal");
+    cr_assert_eq(qm_e8m0_half(255), 0x1p127f);
+    uint8_t blk[QM_MXFP4_BYTES] = {129}; /* d = 2 */
+    for (int j = 0; j < 16; j++)
+        blk[1 + j] = (uint8_t)(j | ((15 - j) << 4));
+    const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    for (int j = 0; j < 32; j++) {
+        int code = j < 16 ? j : 31 - j;
+        float want = (code < 8 ? 1.0f : -1.0f) * e2m1[code % 8] * 2.0f * 2.0f;
+        cr_assert_eq(qm_mxfp4_block_value(blk, j), want, "element %d (code %d)", j, code);
+        cr_assert(!signbit(qm_mxfp4_block_value(blk, j)) || want != 0.0f,
+                  "code 8 is +0, as ggml's kvalues_mxfp4");
+    }
+    /* the scale: floor(log2 amax) - 2 + 127; 0 for an all-zero block; a
+     * negative exponent wraps as gcc's conversion does */
+    cr_assert_eq(qq_mxfp4_scale(6.0f), 127);
+    cr_assert_eq(qq_mxfp4_scale(0.0f), 0);
+    cr_assert_eq(qq_mxfp4_scale(0x1p-126f), 255);
+    cr_assert_eq(qq_mxfp4_scale(0x1p-149f), (uint8_t)(-149 - 2 + 127));
+    /* a tie between two levels keeps the first */
+    cr_assert_eq(qq_mxfp4_code(0.25f, 0.5f), 0);
+    cr_assert_eq(qq_mxfp4_code(-0.25f, 0.5f), 0, "0 ties with -0.5: the first");
+    cr_assert_eq(qq_mxfp4_code(5.0f, 0.5f), 6);
+}

@@ -293,11 +293,12 @@ static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows,
         cr_assert_eq(qt_quantize(&t, v, cols ? rows : 1, cols ? cols : rows, &p, msg, sizeof msg),
                      0, "%s: %s", name, msg);
     static const uint32_t ggml[QT_KIND_COUNT] = {
-        [QT_F32] = GGML_TYPE_F32,   [QT_F16] = GGML_TYPE_F16,       [QT_BF16] = GGML_TYPE_BF16,
-        [QT_Q4_0] = GGML_TYPE_Q4_0, [QT_Q4_1] = GGML_TYPE_Q4_1,     [QT_Q8_0] = GGML_TYPE_Q8_0,
-        [QT_Q5_0] = GGML_TYPE_Q5_0, [QT_Q5_1] = GGML_TYPE_Q5_1,     [QT_Q4_K] = GGML_TYPE_Q4_K,
-        [QT_Q5_K] = GGML_TYPE_Q5_K, [QT_Q6_K] = GGML_TYPE_Q6_K,     [QT_Q2_K] = GGML_TYPE_Q2_K,
-        [QT_Q3_K] = GGML_TYPE_Q3_K, [QT_IQ4_NL] = GGML_TYPE_IQ4_NL, [QT_IQ4_XS] = GGML_TYPE_IQ4_XS};
+        [QT_F32] = GGML_TYPE_F32,    [QT_F16] = GGML_TYPE_F16,       [QT_BF16] = GGML_TYPE_BF16,
+        [QT_Q4_0] = GGML_TYPE_Q4_0,  [QT_Q4_1] = GGML_TYPE_Q4_1,     [QT_Q8_0] = GGML_TYPE_Q8_0,
+        [QT_Q5_0] = GGML_TYPE_Q5_0,  [QT_Q5_1] = GGML_TYPE_Q5_1,     [QT_Q4_K] = GGML_TYPE_Q4_K,
+        [QT_Q5_K] = GGML_TYPE_Q5_K,  [QT_Q6_K] = GGML_TYPE_Q6_K,     [QT_Q2_K] = GGML_TYPE_Q2_K,
+        [QT_Q3_K] = GGML_TYPE_Q3_K,  [QT_IQ4_NL] = GGML_TYPE_IQ4_NL, [QT_IQ4_XS] = GGML_TYPE_IQ4_XS,
+        [QT_MXFP4] = GGML_TYPE_MXFP4};
     int64_t ne[2] = {cols ? cols : rows, rows};
     cr_assert_eq(
         gguf_writer_add_tensor(w, name, ggml[kind], cols ? 2 : 1, ne, t.data, t.data_bytes), 0,

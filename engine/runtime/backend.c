@@ -72,6 +72,11 @@ static int cpu_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
     return eng_forward(c->st, b->m, b->kv, c->pool, seqs, n_seqs, logits, msg, msg_len);
 }
 
+static void cpu_moe_step(const eng_backend *b, uint64_t *experts, uint64_t *bytes)
+{
+    eng_forward_moe_step(((const cpu_backend *)b)->st, experts, bytes);
+}
+
 /* The cache is the host arena: eng_kv_copy_blocks does it. */
 static int cpu_copy_blocks(eng_backend *b, const eng_kv_copy *copies, int32_t n, char *msg,
                            size_t msg_len)
@@ -101,6 +106,7 @@ static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_back
     c->base.m = m;
     c->base.forward = cpu_forward;
     c->base.copy_blocks = cpu_copy_blocks;
+    c->base.moe_step = cpu_moe_step;
     c->base.destroy = cpu_destroy;
     int rc = eng_pool_new(&c->pool, o->threads, msg, msg_len);
     if (rc == QL_OK)
@@ -167,6 +173,13 @@ const char *eng_backend_describe(const eng_backend *b)
 eng_device eng_backend_device(const eng_backend *b)
 {
     return b->device;
+}
+
+void eng_backend_moe_step(const eng_backend *b, uint64_t *experts, uint64_t *bytes)
+{
+    *experts = *bytes = 0;
+    if (b->moe_step)
+        b->moe_step(b, experts, bytes);
 }
 
 bool eng_backend_draws(const eng_backend *b)

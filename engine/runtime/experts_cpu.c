@@ -89,7 +89,7 @@ int eng_moe_state_new(eng_forward_state *st, const eng_model *m)
     return QL_OK;
 }
 
-void eng_moe_last_step(const eng_forward_state *st, uint64_t *experts, uint64_t *bytes)
+void eng_forward_moe_step(const eng_forward_state *st, uint64_t *experts, uint64_t *bytes)
 {
     *experts = st->moe ? st->moe->ran : 0;
     *bytes = st->moe ? st->moe->bytes : 0;

@@ -209,6 +209,8 @@ typedef struct eng_forward_state eng_forward_state;
 int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t max_tokens,
                           char *msg, size_t msg_len);
 void eng_forward_state_free(eng_forward_state *st);
+/* The last eng_forward's mixture-of-experts figures (eng_backend_moe_step). */
+void eng_forward_moe_step(const eng_forward_state *st, uint64_t *experts, uint64_t *bytes);
 
 /*
  * One batched step over n_seqs sequences: every weight is read once for all
@@ -297,6 +299,11 @@ eng_device eng_backend_device(const eng_backend *b);
 /* Whether the backend chooses greedy tokens and makes plain temperature
  * draws itself (eng_step_seq.greedy, .draw): the CUDA one does. */
 bool eng_backend_draws(const eng_backend *b);
+/* The last step's mixture of experts (0, 0 for a dense model): how many
+ * experts ran, summed over the layers (each chosen expert runs once per
+ * layer for all the rows routed to it), and the bytes of their weights
+ * read. */
+void eng_backend_moe_step(const eng_backend *b, uint64_t *experts, uint64_t *bytes);
 /* The backend's KV cache bookkeeping (block tables are handed out here). */
 eng_kv_cache *eng_backend_kv(eng_backend *b);
 /*

@@ -1292,7 +1292,12 @@ static bool run_step(eng_engine *e)
     int b = 0;
     while (b < ENG_STEP_BUCKETS && took > eng_step_bounds[b])
         b++;
+    uint64_t experts = 0, bytes = 0;
+    if (rc == QL_OK && n > 0)
+        eng_backend_moe_step(e->backend, &experts, &bytes);
     pthread_mutex_lock(&e->mu);
+    e->stats.experts_run += experts;
+    e->stats.expert_bytes += bytes;
     e->stats.step_counts[b]++;
     e->stats.step_seconds += took;
     e->stats.steps++;

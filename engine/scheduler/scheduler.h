@@ -358,7 +358,9 @@ typedef struct eng_engine_stats {
     int32_t waiting, running;
     int32_t kv_blocks_used, kv_blocks_total, kv_block_tokens;
     qt_kind kv_dtype; /* what the KV cache stores values as (eng_kv_token_bytes) */
-    uint64_t steps, tokens_generated, prompt_tokens;
+    /* a mixture of experts' experts run (per layer) and bytes of their
+     * weights read, summed over the steps */
+    uint64_t steps, tokens_generated, prompt_tokens, experts_run, expert_bytes;
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
     uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
@@ -380,9 +382,8 @@ typedef struct eng_engine_stats {
     int64_t gate_steps; /* the step gate: -1 open, else the steps it still lets run */
     bool settled;       /* the engine waits with nothing it can do (eng_engine_settle) */
 } eng_engine_stats;
-/* A snapshot, safe from any thread. */
-void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
-const char *eng_engine_backend(const eng_engine *e); /* eng_backend_describe's */
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out); /* a snapshot, any thread */
+const char *eng_engine_backend(const eng_engine *e);             /* eng_backend_describe's */
 
 /* Whether the backend merges adapters itself (CUDA): a version then needs
  * its merged configuration only, not host copies of the merged tensors. */

@@ -1,7 +1,7 @@
 /*
  * qt_cuda.cu - the first CUDA kernels of qlserve: device discovery, the
  * bitsandbytes NF4/FP4 dequantize kernel, the AFFINE and GGUF (Q4_0, Q4_1,
- * Q8_0, Q5_0, Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) dequantize kernels, with
+ * Q8_0, Q5_0, Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS, MXFP4) dequantize kernels, with
  * the host plumbing around them.
  *
  * Why shaped so:
@@ -491,7 +491,7 @@ int check_gguf_geometry(const char *where, const qt_cuda_kind_ops *row, qt_kind 
         (row->layout != QT_CUDA_LAYOUT_GGUF_SPLIT && row->layout != QT_CUDA_LAYOUT_GGUF_WHOLE)) {
         say(msg, msg_len,
             "%s: kind %s is not one the CUDA GGUF dequantize handles (q4_0, q4_1, q8_0, q5_0, "
-            "q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs)",
+            "q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs, mxfp4)",
             where, kind_name(kind));
         return QL_EUNSUPPORTED;
     }

@@ -15,7 +15,7 @@
  *     for tests and for tools that hold no device state;
  *   - the same four for AFFINE (torchao int4/int8 grids: qt_cuda_affine_*)
  *     and for the GGUF blocks Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants
- *     Q2_K ... Q6_K and IQ4_NL, IQ4_XS (qt_cuda_gguf_*), each with its own
+ *     Q2_K ... Q6_K, IQ4_NL, IQ4_XS and MXFP4 (qt_cuda_gguf_*), each with its own
  *     view.
  *
  * Why shaped so: the per-element arithmetic lives in kernels/math/qt_math.h and
@@ -196,9 +196,9 @@ int qt_cuda_dequantize_affine(const qtensor *t, float *out, char *msg, size_t ms
  * Upload splits ggml's blocks into these, download joins them back, bit for
  * bit.
  *
- * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS keep ggml's
- * blocks whole, byte for byte, in qs (22, 24, 84, 110, 144, 176, 210, 18,
- * 136 bytes a block); d and m are NULL. Their scales sit inside the block
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 keep
+ * ggml's blocks whole, byte for byte, in qs (22, 24, 84, 110, 144, 176, 210,
+ * 18, 136, 17 bytes a block); d and m are NULL. Their scales sit inside the block
  * (Q5_0's f16 d first, Q6_K's last, the k-quants' packed sub-block
  * scales), so splitting would not align the codes of every kind, and whole
  * blocks are read by the very per-block functions the CPU runs

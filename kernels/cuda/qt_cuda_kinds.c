@@ -49,6 +49,7 @@ const qt_cuda_kind_ops qt_cuda_kinds[QT_KIND_COUNT] = {
     [QT_Q3_K] = {QT_GEOMETRY_Q3_K, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(q3_k)},
     [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(iq4_nl)},
     [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(iq4_xs)},
+    [QT_MXFP4] = {QT_GEOMETRY_MXFP4, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(mxfp4)},
 };
 
 /* The row of kind k, NULL for a value that is no qt_kind (the

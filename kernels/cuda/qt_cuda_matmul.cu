@@ -25,7 +25,7 @@
  * f32 partial sums (batch is a template parameter, so they are registers), the warp reduces them
  * with shuffles, and one lane writes each (b, row).
  *   - The GGUF kinds kept in whole ggml blocks (Q5_0, Q5_1, Q2_K ... Q6_K,
- *     IQ4_NL, IQ4_XS) take the piece kernel: the same warp shape, lanes across
+ *     IQ4_NL, IQ4_XS, MXFP4) take the piece kernel: the same warp shape, lanes across
  *     pieces of 32 values that share their scales, read a byte at a time
  *     (see matvec_piece_kernel). A first version, correct rather than
  *     shaped for bandwidth.
@@ -170,6 +170,7 @@ enum mv_kind {
     kQ3_K,
     kIQ4_NL,
     kIQ4_XS,
+    kMXFP4,
 };
 
 /* The qtensor kind of a whole-block decoding. */
@@ -183,6 +184,7 @@ __host__ __device__ constexpr qt_kind whole_kind(mv_kind k)
            : k == kQ3_K   ? QT_Q3_K
            : k == kIQ4_NL ? QT_IQ4_NL
            : k == kIQ4_XS ? QT_IQ4_XS
+           : k == kMXFP4  ? QT_MXFP4
                           : QT_Q6_K;
 }
 
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kThreads)
 /*
  * The kinds kept in whole ggml blocks (Q5_0, Q5_1, the k-quants, IQ4_NL,
  * IQ4_XS) go by pieces of 32 values of one row that share their scales: a
- * Q5_0/Q5_1/IQ4_NL block, a Q4_K/Q5_K sub-block (its d * sc and dmin * m)
+ * Q5_0/Q5_1/IQ4_NL/MXFP4 block, a Q4_K/Q5_K sub-block (its d * sc and dmin * m)
  * or IQ4_XS sub-block (d * sc), two Q6_K/Q3_K sub-blocks of 16 (d * sc
  * each), two Q2_K sub-blocks of 16 (d * sc and dmin * m each). A piece's scales are computed once,
  * its values by the same qt_math.h functions, in the same operations, as the CPU's
@@ -411,7 +413,8 @@ struct piece {
     const uint8_t *blk; /* the ggml block the piece lies in */
     int j0;             /* its first element within the block */
     float s0, s1;       /* Q5_0/Q5_1 d and m; Q4_K/Q5_K d1, m1; Q6_K/Q3_K both scales;
-                           Q2_K d1, m1 of the first sub-block; IQ4_NL/IQ4_XS d */
+                           Q2_K d1, m1 of the first sub-block; IQ4_NL/IQ4_XS d;
+                           MXFP4 2^(e - 128) */
     float s2, s3;       /* Q2_K d1, m1 of the second sub-block */
 };
 
@@ -442,6 +445,8 @@ __device__ __forceinline__ piece piece_of(const mv_weights &w, int64_t r, int64_
         p.s1 = qm_q3_k_sub_scale(p.blk, p.j0 / 16 + 1);
     } else if (K == kIQ4_XS) {
         p.s0 = qm_iq4_xs_sub_scale(p.blk, p.j0 / 32);
+    } else if (K == kMXFP4) {
+        p.s0 = qm_e8m0_half(p.blk[0]);
     } else {
         p.s0 = qm_q6_k_sub_scale(p.blk, p.j0 / 16);
         p.s1 = qm_q6_k_sub_scale(p.blk, p.j0 / 16 + 1);
@@ -470,6 +475,8 @@ template <mv_kind K> __device__ __forceinline__ float piece_value(const piece &p
         return qm_iq4_value(qm_gguf_nibble(p.blk + 2, j), p.s0);
     if (K == kIQ4_XS)
         return qm_iq4_value(qm_iq4_xs_code(p.blk, j), p.s0);
+    if (K == kMXFP4)
+        return qm_mxfp4_value(qm_gguf_nibble(p.blk + 1, j), p.s0);
     return (i < 16 ? p.s0 : p.s1) * (float)qm_q6_k_code(p.blk, j);
 }
 

@@ -317,7 +317,7 @@ extern "C" int qt_cuda_tensor_upload_with(const qt_cuda_kind_ops *row, const qte
     if (!row || row->layout == QT_CUDA_LAYOUT_NONE) {
         say(msg, msg_len,
             "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
-            "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl and iq4_xs; "
+            "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and mxfp4; "
             "this kind runs on the CPU backend)",
             kind_name(t->kind));
         return QL_EUNSUPPORTED;

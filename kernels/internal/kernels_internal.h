@@ -65,6 +65,8 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_Q3_K   .name = "q3_k", .block_size = 256, .block_bytes = 110, .is_gguf = true
 #define QT_GEOMETRY_IQ4_NL .name = "iq4_nl", .block_size = 32, .block_bytes = 18, .is_gguf = true
 #define QT_GEOMETRY_IQ4_XS .name = "iq4_xs", .block_size = 256, .block_bytes = 136, .is_gguf = true
+/* block_mxfp4: an E8M0 scale byte, 16 bytes of FP4 nibbles (qt_quant_math.h) */
+#define QT_GEOMETRY_MXFP4 .name = "mxfp4", .block_size = 32, .block_bytes = 17, .is_gguf = true
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
 
@@ -105,10 +107,11 @@ int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 
-/* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K and
- * IQ4_NL, IQ4_XS, llama.cpp layout (quant_gguf.c). qt_gguf_quantize
- * writes the linear blocks of 32 (Q4_0 ... Q5_1); the k-quants and IQ4
- * quantize through qt_kquant_quantize below. */
+/* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
+ * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).
+ * qt_gguf_quantize writes the blocks of 32 with a closed-form rule (Q4_0
+ * ... Q5_1, MXFP4); the k-quants and IQ4 quantize through
+ * qt_kquant_quantize below. */
 int qt_gguf_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_gguf_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
@@ -161,6 +164,8 @@ void qt_matmul_iq4_nl_avx2(const qtensor *t, const float *x, int64_t batch, floa
                            int64_t row1);
 void qt_matmul_iq4_xs_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                            int64_t row1);
+void qt_matmul_mxfp4_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
 /* qt_lora_down and qt_lora_up on AVX2 (qtensor.h: the same bits as the _ref). */
 void qt_lora_down_avx2(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up_avx2(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
@@ -180,6 +185,7 @@ void qt_dequantize_rows_q2_k_avx2(const qtensor *t, int64_t row0, int64_t nrows,
 void qt_dequantize_rows_q3_k_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_iq4_nl_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_dequantize_rows_iq4_xs_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_dequantize_rows_mxfp4_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* The AVX2 quantizers (quant_avx2.c, built and reached as matmul_avx2.c
  * is); the scalar quantizer's bytes. */
 int qt_bnb4_quantize_avx2(qtensor *t, const float *src, int64_t rows, int64_t cols,

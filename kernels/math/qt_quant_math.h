@@ -549,6 +549,162 @@ QL_HD float qm_iq4_xs_element(const uint8_t *blocks, int64_t e)
     return qm_iq4_xs_block_value(blocks + (e / QM_QK_K) * QM_IQ4_XS_BYTES, (int)(e % QM_QK_K));
 }
 
+/* ---- MXFP4 (llama.cpp's block_mxfp4, OCP microscaling FP4) --------------------
+ *
+ * Layout (ggml-common.h): block_mxfp4 { u8 e; u8 qs[16]; }, 17 bytes per 32
+ * elements. e is an E8M0 scale (a bare biased exponent, no sign, no
+ * mantissa); byte j of qs holds element j in its low nibble and element
+ * j + 16 in its high one (Q4_0's order); each nibble is an FP4 E2M1 value
+ * (1 sign, 2 exponent, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+ * negatives). ggml stores the levels doubled (kvalues_mxfp4, integers) and
+ * halves the scale instead: w = level * 2^(e - 128), one f32 multiply of
+ * exact operands (ggml_e8m0_to_fp32_half builds 2^(e - 128) from bits, a
+ * subnormal for e 0 and 1). dequantize_row_mxfp4 and gguf-py's MXFP4 both
+ * compute exactly that; so does qm_mxfp4_block_value.
+ *
+ * Quantizing, as quantize_row_mxfp4_ref: amax = max |x|; e = floorf(log2f(
+ * amax)) - 2 + 127 converted to uint8_t (0 when amax is 0); then each element
+ * takes the first of the 16 levels whose level * d is nearest (d the
+ * dequantizing scale of e). Two steps are spelled out here so the bytes do
+ * not depend on a C library or a processor:
+ *   - floorf(log2f(amax)) is the exponent of amax, plus one where glibc's
+ *     log2f (correctly rounded on every input there, as an exhaustive run
+ *     over all positive floats showed) rounds the log of a value just below
+ *     a power of two up to that power's exponent: qq_mxfp4_floor_log2 counts
+ *     the values that round up instead of calling log2f, which the device
+ *     computes with other errors;
+ *   - the conversion to uint8_t of a negative exponent (amax below 2^-125)
+ *     is gcc's x86-64 one: cvttss2si, then the low byte (so -1 gives 255);
+ *     the codes of such a block are all 0, whatever e says.
+ */
+#define QM_MXFP4_QK    32
+#define QM_MXFP4_BYTES 17
+
+/* kvalues_mxfp4: the E2M1 levels doubled, in code order (code 8 is -0, as 0). */
+#define QM_MXFP4_LEVELS_INIT                                                                       \
+    {                                                                                              \
+        0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12                                    \
+    }
+
+QL_HD int qm_mxfp4_level(int code)
+{
+    const int8_t levels[16] = QM_MXFP4_LEVELS_INIT;
+    return levels[code & 15];
+}
+
+/* ggml_e8m0_to_fp32_half: 2^(e - 128) as f32 bits (e < 2: subnormal). */
+QL_HD float qm_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return qm_bits_f32(bits);
+}
+
+/* w = level * d, one f32 multiply (as dequantize_row_mxfp4's x0 * d). */
+QL_HD float qm_mxfp4_value(int code, float d)
+{
+    return (float)qm_mxfp4_level(code) * d;
+}
+
+/* Element j (0..31) of one block. */
+QL_HD float qm_mxfp4_block_value(const uint8_t *blk, int j)
+{
+    return qm_mxfp4_value(qm_gguf_nibble(blk + 1, j), qm_e8m0_half(blk[0]));
+}
+
+QL_HD float qm_mxfp4_element(const uint8_t *blocks, int64_t e)
+{
+    return qm_mxfp4_block_value(blocks + (e / QM_MXFP4_QK) * QM_MXFP4_BYTES,
+                                (int)(e % QM_MXFP4_QK));
+}
+
+/* The index of the highest set bit of v; -1 for 0. */
+QL_HD int qq_top_bit(uint32_t v)
+{
+    int n = -1;
+    while (v) {
+        v >>= 1;
+        n++;
+    }
+    return n;
+}
+
+/*
+ * floorf(log2f(a)) for a finite a > 0, as glibc computes it. a = 2^E * m
+ * with m in [1, 2) (a subnormal: mantissa bits man in [2^p, 2^(p+1)),
+ * E = p - 149). log2f(a) is E + 1 - delta, delta about r / ln 2 for r the
+ * distance of a below 2^(E+1) relative to 2^(E+1); it rounds to E + 1 when
+ * delta is under half the float spacing beside E + 1, 2^(k - 24) (k: the
+ * top bit of E when E + 1 > 0, of -(E + 1) otherwise). With a's own spacing
+ * 2^-24 of 2^(E+1) (2^-(p+1) for a subnormal), that is the `dist` steps
+ * below 2^(E+1) with dist <= floor(ln 2 * 2^s), s = k (k + p + 1 - 24 for
+ * a subnormal). tests/test_quant_math.c checks it against log2f around
+ * every power of two.
+ */
+QL_HD int qq_mxfp4_floor_log2(float a)
+{
+    /* floor(ln 2 * 2^s) for s = 0..6 */
+    const int ln2_steps[7] = {0, 1, 2, 5, 11, 22, 44};
+    uint32_t u = qm_f32_bits(a);
+    uint32_t ex = u >> 23, man = u & 0x7fffffu;
+    int e, s;
+    uint32_t dist;
+    if (ex != 0) {
+        e = (int)ex - 127;
+        dist = 0x800000u - man;
+        int v = e + 1;
+        s = v > 0 ? (v > 1 ? qq_top_bit((uint32_t)(v - 1)) : -1)
+                  : (v < 0 ? qq_top_bit((uint32_t)-v) : -1);
+    } else {
+        int p = qq_top_bit(man);
+        e = p - 149;
+        dist = (2u << p) - man;
+        s = qq_top_bit((uint32_t) - (e + 1)) + p + 1 - 24;
+    }
+    int steps = s < 0 ? 0 : ln2_steps[s];
+    return e + ((int64_t)dist <= steps ? 1 : 0);
+}
+
+/* ggml's E8M0 byte for a block whose largest |x| is amax (see above). */
+QL_HD uint8_t qq_mxfp4_scale(float amax)
+{
+    if (!(amax > 0.0f))
+        return 0;
+    int32_t e = qq_mxfp4_floor_log2(amax) - 2 + 127;
+    return (uint8_t)((uint32_t)e & 0xffu);
+}
+
+/* The first code whose level * d is nearest x (best_index_mxfp4). */
+QL_HD int qq_mxfp4_code(float x, float d)
+{
+    int best = 0;
+    float best_err = fabsf((float)qm_mxfp4_level(0) * d - x);
+    for (int i = 1; i < 16; i++) {
+        float err = fabsf((float)qm_mxfp4_level(i) * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+/* One block of 32 values x into ggml's 17 bytes (quantize_row_mxfp4_ref). */
+QL_HD void qq_mxfp4_block(const float *x, uint8_t *blk)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < QM_MXFP4_QK; j++)
+        if (amax < fabsf(x[j]))
+            amax = fabsf(x[j]);
+    uint8_t e = qq_mxfp4_scale(amax);
+    float d = qm_e8m0_half(e);
+    blk[0] = e;
+    for (int j = 0; j < QM_MXFP4_QK / 2; j++) {
+        int q0 = qq_mxfp4_code(x[j], d);
+        int q1 = qq_mxfp4_code(x[j + QM_MXFP4_QK / 2], d);
+        blk[1 + j] = (uint8_t)((unsigned)q0 | ((unsigned)q1 << 4));
+    }
+}
+
 /* ---- NF4/FP4 double quantization: CPU only ---------------------------------
  *
  * bitsandbytes' compress_statistics: offset = mean(absmax) as torch

@@ -1,6 +1,6 @@
 /*
  * test_cuda_dequant.c - the CUDA dequantize kernels (NF4/FP4, AFFINE, GGUF
- * Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) against the CPU
+ * Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q2_K ... Q6_K, IQ4_NL, IQ4_XS, MXFP4) against the CPU
  * reference, bit
  * for bit, on a real GPU; the GGUF split layout (qs, d, m arrays) the upload
  * makes of Q4_0/Q4_1/Q8_0 blocks, and the whole blocks the other kinds keep.
@@ -782,6 +782,10 @@ int main(void)
         {.kind = QT_IQ4_XS, .rows = 37, .cols = 768},
         {.kind = QT_IQ4_NL, .rows = 37, .cols = 96},
         {.kind = QT_IQ4_NL, .rows = 1, .cols = 32},
+        /* MXFP4: 17-byte blocks, a scale byte first */
+        {.kind = QT_MXFP4, .rows = 256, .cols = 512},
+        {.kind = QT_MXFP4, .rows = 37, .cols = 96},
+        {.kind = QT_MXFP4, .rows = 1, .cols = 32},
     };
     for (size_t i = 0; i < sizeof affine_gguf_cases / sizeof affine_gguf_cases[0]; i++)
         if (!emulated() || affine_gguf_cases[i].rows * affine_gguf_cases[i].cols < 4096 * 4096)
@@ -812,6 +816,7 @@ int main(void)
         {.kind = QT_Q3_K, .rows = 37, .cols = 256},
         {.kind = QT_IQ4_NL, .rows = 37, .cols = 96},
         {.kind = QT_IQ4_XS, .rows = 37, .cols = 256},
+        {.kind = QT_MXFP4, .rows = 37, .cols = 96},
     };
     for (size_t i = 0; i < sizeof dev_cases / sizeof dev_cases[0]; i++)
         if (!emulated() || dev_cases[i].rows * dev_cases[i].cols < 4096 * 4096)
@@ -831,6 +836,7 @@ int main(void)
     check_gguf_whole_layout(QT_Q3_K, 5, 512, seed++);
     check_gguf_whole_layout(QT_IQ4_NL, 37, 96, seed++);
     check_gguf_whole_layout(QT_IQ4_XS, 5, 512, seed++);
+    check_gguf_whole_layout(QT_MXFP4, 37, 96, seed++);
 
     check_refusals();
 

@@ -522,6 +522,8 @@ static const merge_case merge_cases[] = {
     /* IQ4_NL (blocks of 32) and IQ4_XS (256), the same way */
     {"iq4_nl", {.kind = QT_IQ4_NL}, 4, 256},
     {"iq4_xs", {.kind = QT_IQ4_XS}, 4, 256},
+    /* MXFP4 (blocks of 32, quantize_row_mxfp4_ref's rule) */
+    {"mxfp4", {.kind = QT_MXFP4}, 4, 256},
     {"bf16", {.kind = QT_BF16}, 256, 512},
     {"f16", {.kind = QT_F16}, 256, 512},
     {"f32", {.kind = QT_F32}, 256, 512},

@@ -122,6 +122,7 @@ static const wkind kinds[] = {
     /* kept in whole ggml blocks on the device: the piece kernel */
     {"q5_0", {.kind = QT_Q5_0}, 0},
     {"q5_1", {.kind = QT_Q5_1}, 0},
+    {"mxfp4", {.kind = QT_MXFP4}, 0},
     /* random blocks (read in place only: no quantizer yet); shapes whose
      * columns are whole blocks (256; IQ4_NL 32) only */
     {"q4_k", {.kind = QT_Q4_K}, 0},

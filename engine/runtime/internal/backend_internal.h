@@ -25,6 +25,9 @@ struct eng_backend {
     /* NULL: the host tensors are what it computes with */
     int (*digest)(eng_backend *b, const eng_weights *w, uint64_t *digest, char *msg,
                   size_t msg_len);
+    /* the last step's mixture-of-experts figures (eng_backend_moe_step);
+     * NULL: none (a backend that runs no mixtures) */
+    void (*moe_step)(const eng_backend *b, uint64_t *experts, uint64_t *bytes);
     /* NULL: the backend computes with the host's merged tensors */
     int (*prepare)(eng_backend *b, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
                    char *msg, size_t msg_len);

@@ -82,8 +82,5 @@ void eng_moe_state_free(eng_moe_state *s);
 /* The CPU's eng_walk_ops.moe: out = layer l's mixture of experts of x
  * for the step's rows (cpu_step be). */
 int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len);
-/* The last step's figures: experts run (summed over layers) and the bytes
- * of expert weights read. */
-void eng_moe_last_step(const eng_forward_state *st, uint64_t *experts, uint64_t *bytes);
 
 #endif

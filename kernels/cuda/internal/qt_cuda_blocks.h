@@ -110,6 +110,7 @@ QT_CUDA_WHOLE_BLOCK(QT_Q2_K, QM_QK_K, QM_Q2_K_BYTES, qm_q2_k_block_value, qk_q2_
 QT_CUDA_WHOLE_BLOCK(QT_Q3_K, QM_QK_K, QM_Q3_K_BYTES, qm_q3_k_block_value, qk_q3_k_block)
 QT_CUDA_WHOLE_BLOCK(QT_IQ4_NL, QM_GGUF_QK, QM_IQ4_NL_BYTES, qm_iq4_nl_block_value, qk_iq4_nl_block)
 QT_CUDA_WHOLE_BLOCK(QT_IQ4_XS, QM_QK_K, QM_IQ4_XS_BYTES, qm_iq4_xs_block_value, qk_iq4_xs_block)
+QT_CUDA_WHOLE_BLOCK(QT_MXFP4, QM_MXFP4_QK, QM_MXFP4_BYTES, qm_mxfp4_block_value, qq_mxfp4_block)
 
 #undef QT_CUDA_WHOLE_BLOCK
 

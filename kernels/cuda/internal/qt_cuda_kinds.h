@@ -130,7 +130,8 @@ extern const qt_cuda_kind_ops qt_cuda_kinds[QT_KIND_COUNT];
     X(q2_k, Q2_K, true)                                                                            \
     X(q3_k, Q3_K, true)                                                                            \
     X(iq4_nl, IQ4_NL, true)                                                                        \
-    X(iq4_xs, IQ4_XS, true)
+    X(iq4_xs, IQ4_XS, true)                                                                        \
+    X(mxfp4, MXFP4, true)
 
 QT_CUDA_KIND_OPS(f32)
 QT_CUDA_KIND_OPS(f16)
