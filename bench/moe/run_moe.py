@@ -137,9 +137,12 @@ def ql_result(rec, batch):
 
 
 def ql_moe_counters(rec):
-    """bench_decode's per-step expert counters of its model (absent before main has them)."""
+    """bench_decode's experts' work per step, per batch: {"moe": ..., "b1": {...}, ...}."""
     kind = rec.get("out", {}).get("kinds", [{}])[0]
-    return {k: v for k, v in kind.items() if "expert" in k} or None
+    out = {"moe": kind.get("moe")}
+    for r in kind.get("results", []):
+        out["b%d" % r["batch"]] = {k: v for k, v in r.items() if "expert" in k}
+    return out if kind else None
 
 
 def lb_row(rec, n_prompt, n_gen):
@@ -277,6 +280,7 @@ def main():
         "llama_cpp": {"commit": a.llama_commit, "bin": a.llama_bin},
         "qlserve": {"commit": a.qlserve_commit, "bench_decode": a.bench_decode},
         "figures": summarize(a, rounds),
+        "qlserve_moe_work_round_1": rounds[0]["qlserve_moe_counters"],
         "rounds": rounds,
     }
     print(json.dumps(doc, indent=2))
