@@ -3,8 +3,9 @@
  * real model, as JSON.
  *
  * For batch B in {1, 8, 32}: B sequences of a fixed synthetic prompt of P
- * tokens are prefilled (one step per sequence, as llama.cpp's llama-bench
- * times a prompt), then decoded together for N steps, one token per
+ * tokens, rotated by 7 tokens per sequence so no two are equal (as the
+ * peer's; a mixture of experts then routes each its own way), are prefilled (one step per sequence,
+ * as llama.cpp's llama-bench times a prompt), then decoded together for N steps, one token per
  * sequence per step: prefill tokens/s = B * P / time, decode tokens/s =
  * B * N / time. Greedy tokens are fed back, so the work is a real decode.
  * Run per weight kind: as stored, and requantized on load (--quant).
@@ -13,7 +14,11 @@
  * (default 1) for larger batches, each round from an empty cache.
  * The KV cache holds --kv-dtype (default f32, as `qlserve serve` keeps
  * it; llama-bench's is f16: pass --kv-dtype f16 to match it). Peak resident memory comes
- * from getrusage. bench/run_decode.py runs this
+ * from getrusage. For a mixture of experts each batch's figures add the
+ * experts' work per step (eng_forward_moe_step: experts run, summed over
+ * the layers, each chosen expert once per layer however many rows it took,
+ * and the bytes of their weights read), as means over the last round's
+ * prefill steps and decode steps. bench/run_decode.py runs this
  * and llama.cpp (llama-cpp-python) on the same model in the same run and
  * prints the ratios.
  *
@@ -46,31 +51,46 @@ static int32_t argmax(const float *v, int32_t n)
     return best;
 }
 
+/* A mixture of experts' work in one round (eng_forward_moe_step after each step, summed over
+ * the steps): experts run (each chosen expert counted once per layer per step, however many
+ * rows it took) and bytes of their weights read, in the prefill steps and the decode steps. */
+typedef struct moe_work {
+    uint64_t prefill_experts, prefill_bytes, decode_experts, decode_bytes;
+} moe_work;
+
 typedef struct run_result {
     int batch;
     double prefill_tok_s, decode_tok_s;
+    moe_work moe;
 } run_result;
 
-/* One timed round from an empty cache: B sequences of the P-token prompt
- * prefilled one step each, then N decode steps of all B together; the
- * seconds of each part. */
+/* One timed round from an empty cache: B sequences, sequence b's P-token
+ * prompt at prompts + b * P (B = 1 reads only the first P), prefilled one step each, then N decode
+ * steps of all B together; the seconds of each part, and the experts' work (zero for a dense
+ * model). */
 static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_forward_state *st,
                      eng_seq_kv *seqs, eng_step_seq *step, int32_t *next, float *logits,
-                     const int32_t *prompt, int32_t P, int32_t N, int B, double *prefill_s,
-                     double *decode_s)
+                     const int32_t *prompts, int32_t P, int32_t N, int B, double *prefill_s,
+                     double *decode_s, moe_work *moe)
 {
     char msg[1024];
     int32_t vocab = m->cfg.vocab_size;
     double prefill = 0.0;
+    uint64_t ran, bytes;
+    *moe = (moe_work){0};
     for (int b = 0; b < B; b++) {
         eng_kv_reserve(kv, &seqs[b], P + N);
-        eng_step_seq one = {.kv = &seqs[b], .tokens = prompt, .n_tokens = P, .pos = 0};
+        eng_step_seq one = {
+            .kv = &seqs[b], .tokens = prompts + (size_t)b * (size_t)P, .n_tokens = P, .pos = 0};
         double t = now();
         if (eng_forward(st, m, kv, pool, &one, 1, logits, msg, sizeof msg)) {
             fprintf(stderr, "bench_decode: %s\n", msg);
             return 1;
         }
         prefill += now() - t;
+        eng_forward_moe_step(st, &ran, &bytes);
+        moe->prefill_experts += ran;
+        moe->prefill_bytes += bytes;
         next[b] = argmax(logits, vocab);
     }
     double t = now();
@@ -82,6 +102,9 @@ static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_f
             fprintf(stderr, "bench_decode: %s\n", msg);
             return 1;
         }
+        eng_forward_moe_step(st, &ran, &bytes); /* two loads, so timed with the step */
+        moe->decode_experts += ran;
+        moe->decode_bytes += bytes;
         for (int b = 0; b < B; b++)
             next[b] = argmax(logits + (size_t)b * (size_t)vocab, vocab);
     }
@@ -90,6 +113,35 @@ static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_f
     for (int b = 0; b < B; b++)
         eng_kv_release(kv, &seqs[b]);
     return 0;
+}
+
+/* The number of mixture-of-experts layers of c (0: a dense model). */
+static int32_t moe_layers(const eng_config *c)
+{
+    int32_t n = 0;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        n += eng_layer_is_moe(c, l) ? 1 : 0;
+    return n;
+}
+
+/* One batch's figures as a JSON object; for a mixture of experts also its work per step, the
+ * means over the round's steps of the sums over its layers (a prefill step is one sequence's
+ * P tokens, a decode step one token of each of the B sequences). */
+static void print_result(FILE *out, const run_result *r, int32_t moe_l, int32_t N, bool first)
+{
+    fprintf(out, "%s{\"batch\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f",
+            first ? "" : ", ", r->batch, r->prefill_tok_s, r->decode_tok_s);
+    if (moe_l > 0) {
+        double dx = (double)r->moe.decode_experts / N,
+               px = (double)r->moe.prefill_experts / r->batch;
+        fprintf(out,
+                ", \"experts_per_decode_step\": %.1f, \"experts_per_layer_decode_step\": %.1f, "
+                "\"expert_bytes_per_decode_step\": %.0f, \"experts_per_prefill_step\": %.1f, "
+                "\"expert_bytes_per_prefill_step\": %.0f",
+                dx, dx / moe_l, (double)r->moe.decode_bytes / N, px,
+                (double)r->moe.prefill_bytes / r->batch);
+    }
+    fputc('}', out);
 }
 
 static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, int threads,
@@ -120,10 +172,11 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
     }
     int32_t vocab = m.cfg.vocab_size;
     float *logits = malloc((size_t)maxb * (size_t)vocab * sizeof(float));
-    int32_t *prompt = malloc((size_t)P * sizeof(int32_t));
-    /* a fixed, plausible prompt: ordinary token ids cycling */
-    for (int32_t i = 0; i < P; i++)
-        prompt[i] = 200 + (i * 37) % (vocab - 400);
+    int32_t *prompt = malloc((size_t)maxb * (size_t)P * sizeof(int32_t));
+    /* a fixed, plausible prompt: ordinary token ids cycling; sequence b's rotated by 7 * b */
+    for (int b = 0; b < maxb; b++)
+        for (int32_t i = 0; i < P; i++)
+            prompt[(size_t)b * (size_t)P + (size_t)i] = 200 + ((i + 7 * b) * 37) % (vocab - 400);
     eng_seq_kv *seqs = calloc((size_t)maxb, sizeof *seqs);
     eng_step_seq *step = calloc((size_t)maxb, sizeof *step);
     int32_t *next = calloc((size_t)maxb, sizeof *next);
@@ -131,8 +184,9 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
 
     /* warm-up, untimed: a short prefill and a few steps, as the peer does */
     double ignore_p, ignore_d;
+    moe_work moe;
     if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P < 8 ? P : 8, 4, 1,
-                  &ignore_p, &ignore_d))
+                  &ignore_p, &ignore_d, &moe))
         return 1;
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
@@ -140,23 +194,28 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
         /* the best of several rounds, as the peer reports: batch 1 is short */
         for (int k = 0, rounds = B == 1 ? 3 : repeats; k < rounds; k++) {
             double p, d;
-            if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P, N, B, &p, &d))
+            if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P, N, B, &p, &d,
+                          &moe))
                 return 1;
             best_p = k == 0 || p < best_p ? p : best_p;
             best_d = k == 0 || d < best_d ? d : best_d;
         }
-        res[bi] = (run_result){B, (double)B * P / best_p, (double)B * N / best_d};
+        res[bi] = (run_result){B, (double)B * P / best_p, (double)B * N / best_d, moe};
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(out,
             "    {\"weights\": \"%s\", \"quant\": \"%s\", \"kv_dtype\": \"%s\", \"bytes\": %zu, "
-            "\"load_s\": %.3f, \"peak_rss_mb\": %.1f, \"results\": [",
+            "\"load_s\": %.3f, \"peak_rss_mb\": %.1f, ",
             m.quant, quant ? quant : "none", qt_kind_name(kv_dtype), eng_model_weight_bytes(&m),
             load_s, (double)ru.ru_maxrss / 1024.0);
+    int32_t moe_l = moe_layers(&m.cfg);
+    if (moe_l > 0)
+        fprintf(out, "\"moe\": {\"layers\": %d, \"experts\": %d, \"experts_used\": %d}, ", moe_l,
+                m.cfg.n_experts, m.cfg.n_experts_used);
+    fprintf(out, "\"results\": [");
     for (int bi = 0; bi < n_batches; bi++)
-        fprintf(out, "%s{\"batch\": %d, \"prefill_tok_s\": %.1f, \"decode_tok_s\": %.1f}",
-                bi ? ", " : "", res[bi].batch, res[bi].prefill_tok_s, res[bi].decode_tok_s);
+        print_result(out, &res[bi], moe_l, N, bi == 0);
     fprintf(out, "]}%s\n", last ? "" : ",");
     free(logits);
     free(prompt);

@@ -63,7 +63,9 @@
  *                    [--qlserve-kv-mib K (1024)] [--workloads a,b,...]
  *                    [--llama-commit HASH] [--qlserve-commit HASH]
  *                    [--qlserve-arg FLAG]... [--llama-arg FLAG]...
- *                    [--peer-log PATH]
+ *                    [--peer-log PATH] [--servers qlserve,llama_server]
+ * --servers llama_server measures llama-server alone (a model qlserve cannot
+ * load yet, as bench/moe.sh does until it can); the ratios are then null.
  * scripts/bench-serve.sh builds everything and runs it.
  */
 #include "bench_server.h"
@@ -132,6 +134,7 @@ typedef struct bench_opts {
     int threads, rounds, max_tokens, ctx_per_stream, qlserve_kv_mib;
     double seconds;
     bool run[N_WORKLOADS];
+    bool serve[N_SERVERS]; /* --servers: which of the two are started (default both) */
     char **qlserve_args, **llama_args;
     int n_qlserve_args, n_llama_args;
 } bench_opts;
@@ -602,12 +605,14 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* {figure: qlserve's / llama-server's} (null where llama-server's is 0). */
+/* {figure: qlserve's / llama-server's} (null where llama-server's is 0, or where --servers left
+ * one of them out). */
 static cJSON *ratios_json(const double *q, const double *l)
 {
     cJSON *o = cJSON_CreateObject();
+    bool both = opt.serve[QLSERVE] && opt.serve[LLAMA_SERVER];
     for (int f = 0; f < N_FIGURES; f++) {
-        if (l[f] > 0)
+        if (both && l[f] > 0)
             cJSON_AddNumberToObject(o, figure_info[f].name, r3(q[f] / l[f]));
         else
             cJSON_AddNullToObject(o, figure_info[f].name);
@@ -634,6 +639,7 @@ static void usage(FILE *out)
             "                   [--qlserve-kv-mib K (1024)] [--workloads a,b,...]\n"
             "                   [--llama-commit HASH] [--qlserve-commit HASH]\n"
             "                   [--qlserve-arg FLAG]... [--llama-arg FLAG]... [--peer-log PATH]\n"
+            "                   [--servers qlserve,llama_server (both)]\n"
             "workloads: ");
     for (int w = 0; w < N_WORKLOADS; w++)
         fprintf(out, "%s%s", w ? "," : "", workloads[w].name);
@@ -655,31 +661,42 @@ static int int_flag(const char *flag, const char *v, int min, int max)
     return (int)x;
 }
 
-static void parse_workloads(const char *list)
+/* Sets on[k] for each of names[0..n) that the comma-separated list names and clears the rest;
+ * dies naming flag and the word where one is not in names, or where the list names none. */
+static void parse_names(const char *flag, const char *list, const char *const *names, int n,
+                        bool *on)
 {
-    memset(opt.run, 0, sizeof opt.run);
+    memset(on, 0, (size_t)n * sizeof *on);
     char *copy = strdup(list), *save = NULL;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int w = 0;
-        while (w < N_WORKLOADS && strcmp(workloads[w].name, t) != 0)
-            w++;
-        if (w == N_WORKLOADS) {
-            fprintf(stderr, "bench_serve: --workloads: no workload '%s' (", t);
-            for (int k = 0; k < N_WORKLOADS; k++)
-                fprintf(stderr, "%s%s", k ? ", " : "", workloads[k].name);
+        int k = 0;
+        while (k < n && strcmp(names[k], t) != 0)
+            k++;
+        if (k == n) {
+            fprintf(stderr, "bench_serve: %s: no '%s' (", flag, t);
+            for (int j = 0; j < n; j++)
+                fprintf(stderr, "%s%s", j ? ", " : "", names[j]);
             fprintf(stderr, ")\n");
             exit(2);
         }
-        opt.run[w] = true;
+        on[k] = true;
     }
     free(copy);
     bool any = false;
-    for (int w = 0; w < N_WORKLOADS; w++)
-        any = any || opt.run[w];
+    for (int k = 0; k < n; k++)
+        any = any || on[k];
     if (!any) {
-        fprintf(stderr, "bench_serve: --workloads names none\n");
+        fprintf(stderr, "bench_serve: %s names none\n", flag);
         exit(2);
     }
+}
+
+static void parse_workloads(const char *list)
+{
+    const char *names[N_WORKLOADS];
+    for (int w = 0; w < N_WORKLOADS; w++)
+        names[w] = workloads[w].name;
+    parse_names("--workloads", list, names, N_WORKLOADS, opt.run);
 }
 
 static void parse_args(int argc, char **argv, char *default_model)
@@ -694,6 +711,8 @@ static void parse_args(int argc, char **argv, char *default_model)
                        .qlserve_kv_mib = 1024};
     for (int w = 0; w < N_WORKLOADS; w++)
         opt.run[w] = true;
+    for (int k = 0; k < N_SERVERS; k++)
+        opt.serve[k] = true;
     opt.qlserve_args = calloc((size_t)argc, sizeof *opt.qlserve_args);
     opt.llama_args = calloc((size_t)argc, sizeof *opt.llama_args);
     for (int i = 1; i < argc; i++) {
@@ -726,6 +745,8 @@ static void parse_args(int argc, char **argv, char *default_model)
             opt.qlserve_kv_mib = int_flag(f, v, 1, 1 << 24);
         else if (!strcmp(f, "--workloads"))
             parse_workloads(v);
+        else if (!strcmp(f, "--servers"))
+            parse_names(f, v, server_name, N_SERVERS, opt.serve);
         else if (!strcmp(f, "--llama-commit"))
             opt.llama_commit = v;
         else if (!strcmp(f, "--qlserve-commit"))
@@ -759,7 +780,7 @@ static void parse_args(int argc, char **argv, char *default_model)
     }
     if (access(opt.llama_server, X_OK) != 0)
         die("--llama-server is not an executable file", opt.llama_server);
-    if (access(opt.qlserve, X_OK) != 0)
+    if (opt.serve[QLSERVE] && access(opt.qlserve, X_OK) != 0)
         die("--qlserve is not an executable file", opt.qlserve);
     if (access(opt.model, R_OK) != 0)
         die("--model cannot be read (scripts/fetch-model.sh fetches the default one)", opt.model);
@@ -813,6 +834,8 @@ int main(int argc, char **argv)
     bench_machine mc = machine_now();
     for (int round = 0; round < opt.rounds; round++) {
         for (int k = 0; k < N_SERVERS; k++) {
+            if (!opt.serve[k])
+                continue;
             char loadavg[128];
             first_line_of("cat /proc/loadavg", loadavg, sizeof loadavg);
             double load_s;
@@ -855,9 +878,11 @@ int main(int argc, char **argv)
                     ratios_json(res[round][QLSERVE][w].fig, res[round][LLAMA_SERVER][w].fig));
         cJSON_AddItemToArray(per_round, o);
     }
-    double med[N_SERVERS][N_WORKLOADS][N_FIGURES];
+    double med[N_SERVERS][N_WORKLOADS][N_FIGURES] = {0};
     double *v = calloc((size_t)opt.rounds, sizeof *v);
     for (int k = 0; k < N_SERVERS; k++) {
+        if (!opt.serve[k])
+            continue;
         cJSON *by_w = cJSON_AddObjectToObject(medians, server_name[k]);
         for (int w = 0; w < N_WORKLOADS; w++) {
             if (!opt.run[w])
@@ -896,6 +921,10 @@ int main(int argc, char **argv)
     cJSON_AddStringToObject(in, "order",
                             "per round: qlserve's workloads, then llama-server's; "
                             "each server started afresh per round");
+    cJSON *servers = cJSON_AddArrayToObject(in, "servers");
+    for (int k = 0; k < N_SERVERS; k++)
+        if (opt.serve[k])
+            cJSON_AddItemToArray(servers, cJSON_CreateString(server_name[k]));
     cJSON *wl = cJSON_AddObjectToObject(in, "workloads");
     for (int w = 0; w < N_WORKLOADS; w++)
         if (opt.run[w])

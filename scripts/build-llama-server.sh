@@ -10,9 +10,11 @@
 #
 # Built once into the cache, $QLSERVE_CACHE/llama.cpp-VERSION (default
 # ~/.cache/qlserve/llama.cpp-0.3.36): bin/llama-server, bin/llama-bench,
-# bin/llama-quantize (static, so they run from there) and `commit`. Later
-# calls find them and build nothing. The build (CMake targets
-# llama-server llama-bench llama-quantize, Release, -DLLAMA_CURL=OFF,
+# bin/llama-batched-bench (decode of N parallel sequences, what bench/moe.sh
+# compares at batch 8 and 32), bin/llama-quantize (static, so they run from
+# there) and `commit`. Later calls find them and build nothing. The build
+# (CMake targets llama-server llama-bench llama-batched-bench llama-quantize,
+# Release, -DLLAMA_CURL=OFF,
 # GGML_NATIVE on, no tests) takes 20-30 minutes on 2 cores.
 #
 # --quantize builds only llama-quantize when it is missing (what
@@ -133,16 +135,16 @@ elif [ -n "${LLAMA_CPP_BUILD:-}" ]; then
 else
   server=$prefix/bin/llama-server
   if [ ! -x "$server" ] || [ ! -x "$prefix/bin/llama-bench" ] || [ ! -x "$prefix/bin/llama-quantize" ] ||
-     [ ! -s "$prefix/commit" ]; then
+     [ ! -x "$prefix/bin/llama-batched-bench" ] || [ ! -s "$prefix/commit" ]; then
     work=$(mktemp -d "${TMPDIR:-/tmp}/llama-src.XXXXXX")
     trap 'rm -rf "$work"' EXIT
     src=$(download_sources)
-    echo "build-llama-server: building llama-server, llama-bench and llama-quantize (20-30 minutes on 2 cores)" >&2
+    echo "build-llama-server: building llama-server, llama-bench, llama-batched-bench and llama-quantize (20-30 minutes on 2 cores)" >&2
     cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
       -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >&2
     cmake --build "$work/build" -j "$(nproc 2>/dev/null || echo 2)" \
-      --target llama-server llama-bench llama-quantize >&2
-    install_built llama-server llama-bench llama-quantize
+      --target llama-server llama-bench llama-batched-bench llama-quantize >&2
+    install_built llama-server llama-bench llama-batched-bench llama-quantize
   fi
   commit=${LLAMA_CPP_COMMIT:-$(cat "$prefix/commit")}
 fi
