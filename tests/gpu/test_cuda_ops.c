@@ -1116,8 +1116,10 @@ int main(void)
         {"3x1x62", 3, 1, 62, 0, 1.0f, 16, false},
         {"2x1x63", 2, 1, 63, 0, 1.0f, 16, false},
         /* GPT-OSS's sinks: decode (positions split, the sink added at the
-         * merge) and prefill, with and without a window */
+         * merge), prefill with and without a window, and 32x8x128's prefill
+         * (enough blocks that nothing splits: the sink added in the kernel) */
         {"9x3x64_sinks", 9, 3, 64, 0, 1.0f, 32, true},
+        {"32x8x128_sinks", 32, 8, 128, 0, 1.0f, 128, true},
         {"8x2x64_window17_sinks", 8, 2, 64, 17, 1.0f, 16, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
