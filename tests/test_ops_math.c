@@ -458,6 +458,46 @@ Test(ops_math, moe_route_picks_top_k_lower_index_first_and_renormalizes)
     cr_assert_float_eq(w[2], 0.2f, 1e-6f);
 }
 
+Test(ops_math, moe_route_topk_softmax_adds_the_bias_then_weighs_the_k_alone)
+{
+    /* logits 0, 3, 1, 2 plus bias 0, -3, 1, 0: 0, 0, 2, 2; top-2 is
+     * experts 2 and 3 (equal: 2 first), each weighed 1/2 by the softmax
+     * over those two alone (the others' logits take no part) */
+    float p[4] = {0.0f, 3.0f, 1.0f, 2.0f}, bias[4] = {0.0f, -3.0f, 1.0f, 0.0f};
+    int32_t pick[2];
+    float w[2];
+    om_moe_route_topk_softmax(p, bias, 4, 2, pick, w);
+    cr_assert(pick[0] == 2 && pick[1] == 3, "picks %d %d", pick[0], pick[1]);
+    cr_assert_eq(w[0], 0.5f);
+    cr_assert_eq(w[1], 0.5f);
+    /* no bias: experts 1 and 3, weighed e^1 / (e^1 + 1) and 1 / (e^1 + 1) */
+    float q[4] = {0.0f, 3.0f, 1.0f, 2.0f};
+    om_moe_route_topk_softmax(q, NULL, 4, 2, pick, w);
+    cr_assert(pick[0] == 1 && pick[1] == 3, "picks %d %d", pick[0], pick[1]);
+    cr_assert_eq(w[0], (float)(1.0 / (1.0 + exp(-1.0))));
+    cr_assert_eq(w[1], (float)(exp(-1.0) / (1.0 + exp(-1.0))));
+}
+
+Test(ops_math, attention_sink_adds_a_denominator_term_with_no_value)
+{
+    /* scores 0 and ln 2 over values 1 and 4, sink ln 5: weights 1, 2 and 5,
+     * so the output is (1 * 1 + 2 * 4) / 8; the sink raises the max */
+    float sc[2] = {0.0f, logf(2.0f)}, val[2] = {1.0f, 4.0f};
+    om_online s = om_online_start();
+    float acc = 0.0f, f;
+    for (int i = 0; i < 2; i++) {
+        if (om_online_raise(&s, sc[i], &f))
+            acc *= f;
+        acc = om_online_acc(acc, om_online_weight(&s, sc[i]), val[i]);
+    }
+    acc *= om_online_sink(&s, logf(5.0f));
+    cr_assert_float_eq(om_online_out(acc, s.sum), 9.0f / 8.0f, 1e-6f);
+    /* a sink below the max: factor exactly 1, only the sum grows (1 + e^-1) */
+    om_online t = {0.0f, 1.0f};
+    cr_assert_eq(om_online_sink(&t, -1.0f), 1.0f);
+    cr_assert_float_eq(t.sum, 1.0f + expf(-1.0f), 1e-7f);
+}
+
 Test(ops_math, moe_weighted_add_rounds_the_product_first)
 {
     /* (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 in f32; -1 plus

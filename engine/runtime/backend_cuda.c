@@ -104,6 +104,12 @@ typedef struct dev_layer {
     float *post_attn_norm, *post_ffn_norm; /* [hidden] when sandwich_norms (Gemma) */
     qt_cuda_tensor *proj;               /* [n_proj] (eng_n_proj): rows 0 where the layer has none */
     qt_cuda_tensor router, shared_gate; /* a mixture of experts' (rows 0: none) */
+    /* GPT-OSS's (NULL where the model has none): the output projection's
+     * bias [hidden] and the attention sinks [n_heads] on the device, the
+     * router's bias [E] on the host (the routing runs there), and each
+     * expert's gate, up and down biases [E][2 * expert_ff + hidden] on the
+     * device, f32 as experts_cpu.c keeps them */
+    float *o_bias, *sinks, *h_router_b, *expert_b;
 } dev_layer;
 
 /* A run of step rows that share one sequence: rows [row0, row0 + rows) of
@@ -246,16 +252,16 @@ static int host_alloc(void *p, size_t n, const char *what, char *msg, size_t msg
     return QL_OK;
 }
 
-/* A norm's [1, n] weights to a new f32 device array, as the pass
- * multiplies by them: offset + w (forward.c's norm_row; Gemma folders). */
-static int upload_norm(const qtensor *t, float offset, float **out, const char *what, char *msg,
-                       size_t msg_len)
+/* The first `rows` rows of t to a new f32 device array, offset + w each
+ * (a norm's: forward.c's norm_row; Gemma folders), or 0 for a bias's. */
+static int upload_rows(const qtensor *t, int64_t rows, float offset, float **out, const char *what,
+                       char *msg, size_t msg_len)
 {
-    size_t n = (size_t)t->cols;
+    size_t n = (size_t)rows * (size_t)t->cols;
     float *host = malloc(n * sizeof(float));
     if (!host)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
-    qt_dequantize_rows(t, 0, 1, host);
+    qt_dequantize_rows(t, 0, rows, host);
     for (size_t i = 0; offset != 0.0f && i < n; i++)
         host[i] = offset + host[i];
     int rc = dev_alloc(out, n * sizeof(float), what, msg, msg_len);
@@ -266,6 +272,14 @@ static int upload_norm(const qtensor *t, float offset, float **out, const char *
     }
     free(host);
     return rc;
+}
+
+/* A norm's [1, n] weights to a new f32 device array, as the pass
+ * multiplies by them: offset + w. */
+static int upload_norm(const qtensor *t, float offset, float **out, const char *what, char *msg,
+                       size_t msg_len)
+{
+    return upload_rows(t, 1, offset, out, what, msg, msg_len);
 }
 
 static int upload_tensor(const qtensor *t, qt_cuda_tensor *d, const char *what, size_t *bytes,
@@ -825,14 +839,8 @@ static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t 
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
     char why[256];
-    /* GPT-OSS's sinks: its models are refused when the backend is made and
-     * the layer table here leaves sinks NULL; were one passed, it is refused
-     * rather than left out of the softmax */
-    if (sinks)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: attention sinks run on the CPU backend only");
     return kernel(qt_cuda_attention_ex(&c->kv, l, &sc->sr, q, out, cfg->n_heads, cfg->n_kv_heads,
-                                       cfg->head_dim, window, scale, softcap, c->stream, why,
+                                       cfg->head_dim, window, scale, softcap, sinks, c->stream, why,
                                        sizeof why),
                   why, msg, msg_len);
 }
@@ -848,9 +856,14 @@ static int cuda_glu(void *be, float *gate, const float *up, int64_t n, eng_ffn_a
                     size_t msg_len)
 {
     step_ctx *sc = be;
+    const eng_config *cfg = &sc->c->base.m->cfg;
+    void *stream = sc->c->stream;
     char why[256];
-    int rc = act == ENG_FFN_GELU_TANH ? qt_cuda_geglu(gate, up, n, sc->c->stream, why, sizeof why)
-                                      : qt_cuda_swiglu(gate, up, n, sc->c->stream, why, sizeof why);
+    int rc = act == ENG_FFN_SWIGLU_OAI
+                 ? qt_cuda_swiglu_oai(gate, up, n, cfg->swiglu_alpha, cfg->swiglu_limit, stream,
+                                      why, sizeof why)
+             : act == ENG_FFN_GELU_TANH ? qt_cuda_geglu(gate, up, n, stream, why, sizeof why)
+                                        : qt_cuda_swiglu(gate, up, n, stream, why, sizeof why);
     return kernel(rc, why, msg, msg_len);
 }
 
@@ -896,23 +909,30 @@ static int cuda_to_host(void *be, float *host, const float *src, int64_t n, char
 /*
  * Layer l's routing on the host, from the router logits the device sent
  * back (moe.h_logits): each row's experts and weights by ops_math.h's
- * om_moe_route (experts_cpu.c's arithmetic, so both backends pick the
- * same experts with the same weights from the same logits); the (row,
- * choice) pairs grouped by expert with a counting sort (rows ascending in
- * an expert's run) into h_order, their weights beside them in h_weight;
+ * om_moe_route, or om_moe_route_topk_softmax with the router's bias
+ * router_b (GPT-OSS; NULL: none): experts_cpu.c's arithmetic, so both
+ * backends pick the same experts with the same weights from the same
+ * logits; the (row, choice) pairs grouped by expert with a counting sort
+ * (rows ascending in an expert's run) into h_order, their weights beside
+ * them in h_weight;
  * each expert's gathered rows as runs of their sequences; the shared
  * expert's gates after the T * K weights.
  */
-static void route_on_host(step_ctx *sc, bool shared)
+static void route_on_host(step_ctx *sc, bool shared, const float *router_b)
 {
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
     moe_scratch *s = &c->moe;
     int32_t E = cfg->n_experts, K = cfg->n_experts_used;
     int64_t T = sc->rows, pairs = T * K;
-    for (int64_t r = 0; r < T; r++)
-        om_moe_route(s->h_logits + r * E, E, K, cfg->norm_topk_prob, s->pick + r * K,
-                     s->weight + r * K);
+    for (int64_t r = 0; r < T; r++) {
+        if (cfg->router == ENG_ROUTER_TOPK_SOFTMAX)
+            om_moe_route_topk_softmax(s->h_logits + r * E, router_b, E, K, s->pick + r * K,
+                                      s->weight + r * K);
+        else
+            om_moe_route(s->h_logits + r * E, E, K, cfg->norm_topk_prob, s->pick + r * K,
+                         s->weight + r * K);
+    }
     memset(s->count, 0, (size_t)(E + 1) * sizeof *s->count);
     for (int64_t i = 0; i < pairs; i++)
         s->count[s->pick[i] + 1]++;
@@ -972,16 +992,24 @@ static int stage_expert_segments(step_ctx *sc, int32_t l, seg_run *terms, char *
 
 /* The GLU of projections gate, up, down of layer l over the rows of runs
  * (x: `rows` rows), into moe.yg; terms: the three parts' segment runs, or
- * NULL for the step's own (cuda_project's). */
+ * NULL for the step's own (cuda_project's); bias (device; NULL: none) the
+ * expert's gate, up and down biases side by side (GPT-OSS), each added
+ * after its product as experts_cpu.c's glu_rows. */
 static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_run *runs,
                     int32_t n_runs, int64_t rows, const seg_run *terms,
-                    const qt_cuda_lora_segment *d_segs, const float *x, char *msg, size_t msg_len)
+                    const qt_cuda_lora_segment *d_segs, const float *bias, const float *x,
+                    char *msg, size_t msg_len)
 {
     moe_scratch *s = &sc->c->moe;
     const eng_config *cfg = &sc->c->base.m->cfg;
     int64_t F = eng_model_proj(sc->c->base.m, l, part[0])->rows, M = sc->max_terms;
     float *out[3] = {s->gg, s->ug, s->yg};
     for (int i = 0; i < 3; i++) {
+        if (i > 0 && bias) { /* the previous part's bias */
+            int rc = cuda_add_bias(sc, out[i - 1], bias + (i - 1) * F, rows, F, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+        }
         if (i == 2) {
             int rc = cuda_glu(sc, s->gg, s->ug, rows * F, cfg->ffn_act, msg, msg_len);
             if (rc != QL_OK)
@@ -995,7 +1023,8 @@ static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_r
         if (rc != QL_OK)
             return rc;
     }
-    return QL_OK;
+    return bias ? cuda_add_bias(sc, s->yg, bias + 2 * F, rows, cfg->hidden_size, msg, msg_len)
+                : QL_OK;
 }
 
 /*
@@ -1017,7 +1046,7 @@ static int cuda_moe(void *be, int32_t l, const float *x, float *out, char *msg, 
     const dev_layer *dl = &c->layers[l];
     moe_scratch *s = &c->moe;
     int32_t E = m->cfg.n_experts, K = m->cfg.n_experts_used;
-    int64_t T = sc->rows, H = m->cfg.hidden_size;
+    int64_t T = sc->rows, H = m->cfg.hidden_size, W = 2 * (int64_t)m->cfg.expert_ff + H;
     bool shared = dl->shared_gate.rows > 0;
     char why[256];
     // router: logits = x @ router^T (and the shared expert's gate logits), to the host
@@ -1035,7 +1064,7 @@ static int cuda_moe(void *be, int32_t l, const float *x, float *out, char *msg, 
              "copying layer %d's router logits back", l);
     CUDA_TRY(cudaStreamSynchronize(c->stream), "running layer %d's router", l);
     // each row's top-k experts and weights, grouped by expert (on the host)
-    route_on_host(sc, shared);
+    route_on_host(sc, shared, dl->h_router_b);
     seg_run *terms = NULL;
     if (sc->max_terms > 0) {
         terms = calloc((size_t)E * 3 * (size_t)sc->max_terms, sizeof *terms);
@@ -1067,7 +1096,8 @@ static int cuda_moe(void *be, int32_t l, const float *x, float *out, char *msg, 
         if (rc == QL_OK)
             rc = glu_runs(sc, l, part, s->runs + s->first[e], s->first[e + 1] - s->first[e], n,
                           terms ? terms + (size_t)e * 3 * (size_t)sc->max_terms : NULL, s->d_segs,
-                          s->xg, msg, msg_len);
+                          dl->expert_b ? dl->expert_b + (size_t)e * (size_t)W : NULL, s->xg, msg,
+                          msg_len);
         if (rc == QL_OK)
             rc = kernel(qt_cuda_scatter_add_weighted(out, s->yg, s->d_order + s->count[e], K,
                                                      s->d_weight + s->count[e], n, H, c->stream,
@@ -1081,7 +1111,8 @@ static int cuda_moe(void *be, int32_t l, const float *x, float *out, char *msg, 
     // Qwen2-MoE's shared expert over every row, gated by sigmoid(shared_gate . x)
     if (rc == QL_OK && shared) {
         eng_proj part[3] = {ENG_PROJ_GATE, ENG_PROJ_UP, ENG_PROJ_DOWN};
-        rc = glu_runs(sc, l, part, sc->seq_runs, sc->n_seqs, T, NULL, c->d_segs, x, msg, msg_len);
+        rc = glu_runs(sc, l, part, sc->seq_runs, sc->n_seqs, T, NULL, c->d_segs, NULL, x, msg,
+                      msg_len);
         if (rc == QL_OK)
             rc = kernel(qt_cuda_scatter_add_weighted(out, s->yg, NULL, 1, s->d_weight + T * K, T, H,
                                                      c->stream, why, sizeof why),
@@ -1349,6 +1380,10 @@ static void cuda_destroy(eng_backend *b)
         cudaFree(dl->k_norm);
         cudaFree(dl->post_attn_norm);
         cudaFree(dl->post_ffn_norm);
+        cudaFree(dl->o_bias);
+        cudaFree(dl->sinks);
+        cudaFree(dl->expert_b);
+        free(dl->h_router_b);
         for (int p = 0; dl->proj && p < c->n_proj; p++)
             qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
         free(dl->proj);
@@ -1410,10 +1445,58 @@ static int walk_view(cuda_backend *c, char *msg, size_t msg_len)
                                .q_norm = dl->q_norm,
                                .k_norm = dl->k_norm,
                                .post_attn_norm = dl->post_attn_norm,
-                               .post_ffn_norm = dl->post_ffn_norm};
+                               .post_ffn_norm = dl->post_ffn_norm,
+                               .o_bias = dl->o_bias,
+                               .sinks = dl->sinks};
         eng_walk_layer_shape(cfg, l, ly);
     }
     return QL_OK;
+}
+
+/* GPT-OSS's small parameters of layer l (those the config announces): the
+ * output projection's bias and the sinks to the device, the router's bias
+ * to the host, each expert's gate, up and down biases side by side to the
+ * device (dev_layer says where each lives). */
+static int upload_gpt_oss(cuda_backend *c, int32_t l, char *msg, size_t msg_len)
+{
+    const eng_config *cfg = &c->base.m->cfg;
+    const eng_layer *hl = &c->base.m->layers[l];
+    dev_layer *dl = &c->layers[l];
+    char what[96];
+    snprintf(what, sizeof what, "layer %d's output bias and sinks", l);
+    int rc = cfg->o_bias ? upload_rows(&hl->bo, 1, 0.0f, &dl->o_bias, what, msg, msg_len) : QL_OK;
+    if (rc == QL_OK && cfg->attn_sinks)
+        rc = upload_rows(&hl->sinks, 1, 0.0f, &dl->sinks, what, msg, msg_len);
+    if (rc != QL_OK || !cfg->router_bias || !eng_layer_is_moe(cfg, l))
+        return rc;
+    size_t E = (size_t)cfg->n_experts, F = (size_t)cfg->expert_ff, H = (size_t)cfg->hidden_size,
+           W = 2 * F + H;
+    dl->h_router_b = malloc(E * sizeof(float));
+    float *host = malloc(E * W * sizeof(float)),
+          *part = malloc(E * (F > H ? F : H) * sizeof(float));
+    if (!dl->h_router_b || !host || !part) {
+        free(host);
+        free(part);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    }
+    qt_dequantize_rows(&hl->router_b, 0, 1, dl->h_router_b);
+    for (int k = 0; k < 3; k++) {
+        size_t n = k < 2 ? F : H, at = k == 0 ? 0 : k == 1 ? F : 2 * F;
+        qt_dequantize_rows(&hl->expert_b[k], 0, (int64_t)E, part);
+        for (size_t e = 0; e < E; e++)
+            memcpy(host + e * W + at, part + e * n, n * sizeof(float));
+    }
+    free(part);
+    snprintf(what, sizeof what, "layer %d's expert biases", l);
+    rc = dev_alloc(&dl->expert_b, E * W * sizeof(float), what, msg, msg_len);
+    if (rc == QL_OK) {
+        cudaError_t st =
+            cudaMemcpy(dl->expert_b, host, E * W * sizeof(float), cudaMemcpyHostToDevice);
+        if (st != cudaSuccess)
+            rc = cuda_fail(st, msg, msg_len, "copying %s", what);
+    }
+    free(host);
+    return rc;
 }
 
 /* Every weight of the model to the device, in its own layout. */
@@ -1487,6 +1570,8 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             snprintf(what, sizeof what, "layer %d's shared expert gate", l);
             rc = upload_tensor(&hl->shared_gate, &dl->shared_gate, what, bytes, msg, msg_len);
         }
+        if (rc == QL_OK)
+            rc = upload_gpt_oss(c, l, msg, msg_len);
     }
     return rc == QL_OK ? walk_view(c, msg, msg_len) : rc;
 }
@@ -1697,12 +1782,6 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
                        "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
                        "backend only; use --device cpu",
                        eng_rope_dims(cfg), cfg->head_dim);
-    /* GPT-OSS's parts (its layer table here has no sinks or output bias) */
-    if (cfg->attn_sinks || cfg->o_bias || cfg->ffn_act == ENG_FFN_SWIGLU_OAI)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: %s's attention sinks, output bias and clamped SwiGLU run on "
-                       "the CPU backend only for now; use --device cpu",
-                       eng_arch_name(cfg->arch));
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -144,42 +144,6 @@ void eng_forward_moe_step(const eng_forward_state *st, uint64_t *experts, uint64
     *bytes = st->moe ? st->moe->bytes : 0;
 }
 
-/* pick[k] for k < K: the K largest of p[E], largest first, the lower
- * index first among equals. */
-static void pick_top_k(const float *p, int32_t E, int32_t K, int32_t *pick)
-{
-    for (int32_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k; j++)
-                taken |= pick[j] == e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = e;
-        }
-        pick[k] = best;
-    }
-}
-
-/* GPT-OSS's choice (ENG_ROUTER_TOPK_SOFTMAX) from its router logits p[E]
- * plus their bias: the k largest (the lower index first among equals),
- * weighed by a softmax over those k alone, in double, rounded once. */
-static void route_row_topk_softmax(const eng_config *c, float *p, const float *bias, int32_t *pick,
-                                   float *weight)
-{
-    int32_t E = c->n_experts, K = c->n_experts_used;
-    for (int32_t e = 0; bias && e < E; e++)
-        p[e] += bias[e];
-    pick_top_k(p, E, K, pick);
-    double sum = 0.0, w[64]; /* the loader holds K to 64 */
-    for (int32_t k = 0; k < K; k++) {
-        w[k] = exp((double)p[pick[k]] - (double)p[pick[0]]);
-        sum += w[k];
-    }
-    for (int32_t k = 0; k < K; k++)
-        weight[k] = (float)(w[k] / sum);
-}
-
 /*
  * Row r's choice from its router logits p[E] (overwritten with the
  * probabilities): softmax over every expert, the k most probable (the
@@ -398,8 +362,8 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
     const float *router_b = s->router_b ? s->router_b + (size_t)l * (size_t)s->E : NULL;
     for (int64_t r = 0; r < T; r++) {
         if (c->router == ENG_ROUTER_TOPK_SOFTMAX)
-            route_row_topk_softmax(c, s->logits + r * s->E, router_b, s->pick + r * s->K,
-                                   s->weight + r * s->K);
+            om_moe_route_topk_softmax(s->logits + r * s->E, router_b, s->E, s->K,
+                                      s->pick + r * s->K, s->weight + r * s->K);
         else
             route_row(c, s->logits + r * s->E, s->pick + r * s->K, s->weight + r * s->K);
     }

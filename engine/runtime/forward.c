@@ -371,12 +371,9 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             attend_run(j->kv, j->softcap, q, k, v, (int64_t)kvh * d, run, d, scale, &sm, acc);
         }
         /* the head's sink: one more term of the denominator, with no value */
-        float factor;
-        if (j->sinks && om_online_raise(&sm, j->sinks[hd], &factor))
-            for (int32_t t = 0; t < d; t++)
-                acc[t] *= factor;
-        if (j->sinks)
-            om_online_weight(&sm, j->sinks[hd]);
+        float factor = j->sinks ? om_online_sink(&sm, j->sinks[hd]) : 1.0f;
+        for (int32_t t = 0; factor != 1.0f && t < d; t++)
+            acc[t] *= factor;
         float *out = j->out + (r * c->n_heads + hd) * d;
         for (int32_t u = 0; u < d; u++)
             out[u] = om_online_out(acc[u], sm.sum);

@@ -160,6 +160,13 @@ __global__ void swiglu_kernel(float *gate, const float *up, int64_t n)
         gate[i] = om_swiglu(gate[i], up[i]);
 }
 
+__global__ void swiglu_oai_kernel(float *gate, const float *up, int64_t n, float alpha, float limit)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        gate[i] = om_swiglu_oai(gate[i], up[i], alpha, limit);
+}
+
 __global__ void geglu_kernel(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -260,7 +267,8 @@ struct attn_args {
     int32_t n_chunks; /* blocks per kv head: ceil(group / HB) */
     int32_t n_splits;
     float scale;
-    float softcap; /* > 0: scores soft-capped (Gemma 2) */
+    float softcap;      /* > 0: scores soft-capped (Gemma 2) */
+    const float *sinks; /* [n_heads] or NULL: one more denominator term per head (GPT-OSS) */
 };
 
 /* VW consecutive floats from p (aligned to VW floats) into dst. */
@@ -442,6 +450,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(attn_args a)
         }
         int64_t row_head = r * a.n_heads + h0 + h;
         if (a.n_splits == 1) {
+            if (a.sinks)
+                av *= om_online_sink(&m, a.sinks[h0 + h]);
             a.out[row_head * d + e] = om_online_out(av, m.sum);
         } else {
             float *part = a.partial + ((size_t)row_head * a.n_splits + split) * (size_t)(d + 2);
@@ -457,7 +467,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(attn_args a)
 /* The splits of each (row, head) merged in split order: one block per (row,
  * head), one thread per element. */
 __global__ void attention_merge_kernel(const float *partial, float *out, int32_t head_dim,
-                                       int32_t n_splits)
+                                       int32_t n_splits, int32_t n_heads, const float *sinks)
 {
     const int32_t d = head_dim;
     const float *base = partial + (size_t)blockIdx.x * n_splits * (size_t)(d + 2);
@@ -471,6 +481,8 @@ __global__ void attention_merge_kernel(const float *partial, float *out, int32_t
             om_online_merge(&m, b, &fa, &fb);
             av = om_online_merge_acc(av, fa, p[2 + e], fb);
         }
+        if (sinks)
+            av *= om_online_sink(&m, sinks[blockIdx.x % n_heads]);
         out[(size_t)blockIdx.x * d + e] = om_online_out(av, m.sum);
     }
 }
@@ -735,6 +747,18 @@ extern "C" int qt_cuda_swiglu(float *gate, const float *up, int64_t n, void *str
     return launched(msg, msg_len, "qt_cuda_swiglu kernel");
 }
 
+extern "C" int qt_cuda_swiglu_oai(float *gate, const float *up, int64_t n, float alpha, float limit,
+                                  void *stream, char *msg, size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_swiglu_oai", n, gate && up, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    swiglu_oai_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(gate, up, n, alpha,
+                                                                                 limit);
+    return launched(msg, msg_len, "qt_cuda_swiglu_oai kernel");
+}
+
 extern "C" int qt_cuda_add(float *x, const float *t, int64_t n, void *stream, char *msg,
                            size_t msg_len)
 {
@@ -840,15 +864,15 @@ extern "C" int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_c
                                  size_t msg_len)
 {
     return qt_cuda_attention_ex(kv, layer, sr, q, out, n_heads, n_kv_heads, head_dim,
-                                sliding_window, om_attention_scale(head_dim), 0.0f, stream, msg,
-                                msg_len);
+                                sliding_window, om_attention_scale(head_dim), 0.0f, nullptr, stream,
+                                msg, msg_len);
 }
 
 extern "C" int qt_cuda_attention_ex(const qt_cuda_kv *kv, int32_t layer,
                                     const qt_cuda_step_rows *sr, const float *q, float *out,
                                     int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                     int32_t sliding_window, float scale, float softcap,
-                                    void *stream, char *msg, size_t msg_len)
+                                    const float *sinks, void *stream, char *msg, size_t msg_len)
 {
     int rc = check_cache("qt_cuda_attention", kv, layer, sr, msg, msg_len);
     if (rc != QL_OK || sr->rows == 0)
@@ -913,6 +937,7 @@ extern "C" int qt_cuda_attention_ex(const qt_cuda_kv *kv, int32_t layer,
     a.n_splits = 1;
     a.scale = scale;
     a.softcap = softcap;
+    a.sinks = sinks;
 
     size_t partial_bytes = 0;
     if (n_splits > 1) {
@@ -940,7 +965,7 @@ extern "C" int qt_cuda_attention_ex(const qt_cuda_kv *kv, int32_t layer,
     if (rc == QL_OK && a.n_splits > 1) {
         int threads = (head_dim + 31) / 32 * 32;
         attention_merge_kernel<<<(unsigned)(sr->rows * n_heads), threads, 0, s>>>(
-            a.partial, out, head_dim, a.n_splits);
+            a.partial, out, head_dim, a.n_splits, n_heads, sinks);
         rc = launched(msg, msg_len, "qt_cuda_attention merge kernel");
     }
     if (a.partial) {

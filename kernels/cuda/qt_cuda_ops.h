@@ -158,6 +158,11 @@ int qt_cuda_rope(float *vec, const float *cos_tab, const float *sin_tab, int64_t
 int qt_cuda_swiglu(float *gate, const float *up, int64_t n, void *stream, char *msg,
                    size_t msg_len);
 
+/* gate[i] = om_swiglu_oai(gate[i], up[i], alpha, limit), i < n (GPT-OSS's
+ * clamped SwiGLU: gate clamped above, up both ways, at limit; 0: none). */
+int qt_cuda_swiglu_oai(float *gate, const float *up, int64_t n, float alpha, float limit,
+                       void *stream, char *msg, size_t msg_len);
+
 /* gate[i] = gelu_tanh(gate[i]) * up[i], i < n (Gemma's GeGLU, ops_math.h's
  * om_geglu). */
 int qt_cuda_geglu(float *gate, const float *up, int64_t n, void *stream, char *msg, size_t msg_len);
@@ -244,12 +249,15 @@ int qt_cuda_attention(const qt_cuda_kv *kv, int32_t layer, const qt_cuda_step_ro
                       int32_t head_dim, int32_t sliding_window, void *stream, char *msg,
                       size_t msg_len);
 /* The same with the score scale given (Gemma: query_pre_attn_scalar^-1/2,
- * where qt_cuda_attention takes 1/sqrt(head_dim)) and, softcap > 0, every
- * score soft-capped (om_softcap) before the softmax (Gemma 2). */
+ * where qt_cuda_attention takes 1/sqrt(head_dim)), and, softcap > 0, every
+ * score soft-capped (om_softcap) before the softmax (Gemma 2), and, sinks
+ * not NULL (device, [n_heads]), head h's softmax with one more term
+ * e^sinks[h] in its denominator that takes no value (GPT-OSS; ops_math.h's
+ * om_online_sink, applied once the positions are merged, as the CPU). */
 int qt_cuda_attention_ex(const qt_cuda_kv *kv, int32_t layer, const qt_cuda_step_rows *sr,
                          const float *q, float *out, int32_t n_heads, int32_t n_kv_heads,
                          int32_t head_dim, int32_t sliding_window, float scale, float softcap,
-                         void *stream, char *msg, size_t msg_len);
+                         const float *sinks, void *stream, char *msg, size_t msg_len);
 
 /* tokens[r] = the argmax of logits[r][0, vocab), the lowest id on ties, as
  * the CPU sampler's greedy choice (ops_math.h's om_greedy_better): NaN ranks

@@ -225,6 +225,17 @@ QL_HD float om_online_merge_acc(float acc_a, float fa, float acc_b, float fb)
     return acc_a * fa + acc_b * fb;
 }
 
+/* An attention sink (GPT-OSS): one more term e^sink of the denominator,
+ * with no value. Returns the factor the accumulator is multiplied by (1
+ * when the sink does not raise the max, an exact no-op). */
+QL_HD float om_online_sink(om_online *s, float sink)
+{
+    float f = 1.0f;
+    om_online_raise(s, sink, &f);
+    om_online_weight(s, sink);
+    return f;
+}
+
 /* An output element: the accumulator over the sum. */
 QL_HD float om_online_out(float acc, float sum)
 {
@@ -267,6 +278,23 @@ QL_HD int32_t om_greedy_argmax(const float *logits, int32_t n)
  * these, so both backends pick the same experts with the same weights from
  * the same logits. */
 
+/* pick[k] for k < K: the K largest of p[E], largest first, the lower
+ * index first among equals (both routers' top-k). */
+QL_HD void om_moe_top_k(const float *p, int32_t E, int32_t K, int32_t *pick)
+{
+    for (int32_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            bool taken = false;
+            for (int32_t j = 0; j < k; j++)
+                taken |= pick[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        pick[k] = best;
+    }
+}
+
 /* Row choice from router logits p[E] (overwritten with the softmax
  * probabilities): the k most probable experts (the lower index first among
  * equals) into pick[k], their probabilities into weight[k], renormalized to
@@ -283,22 +311,33 @@ QL_HD void om_moe_route(float *p, int32_t E, int32_t K, bool renorm, int32_t *pi
     }
     for (int32_t e = 0; e < E; e++)
         p[e] = (float)(p[e] / sum);
+    om_moe_top_k(p, E, K, pick);
     double chosen = 0.0;
     for (int32_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            bool taken = false;
-            for (int32_t j = 0; j < k; j++)
-                taken |= pick[j] == e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = e;
-        }
-        pick[k] = best;
-        weight[k] = p[best];
-        chosen += p[best];
+        weight[k] = p[pick[k]];
+        chosen += p[pick[k]];
     }
     for (int32_t k = 0; renorm && k < K; k++)
         weight[k] = (float)(weight[k] / chosen);
+}
+
+/* GPT-OSS's choice (ENG_ROUTER_TOPK_SOFTMAX) from its router logits p[E]
+ * (bias added in place; bias NULL: none): the K largest (the lower index
+ * first among equals), weighed by a softmax over those K alone, in double,
+ * rounded once. K is at most 64 (the loader's bound). */
+QL_HD void om_moe_route_topk_softmax(float *p, const float *bias, int32_t E, int32_t K,
+                                     int32_t *pick, float *weight)
+{
+    for (int32_t e = 0; bias && e < E; e++)
+        p[e] += bias[e];
+    om_moe_top_k(p, E, K, pick);
+    double sum = 0.0, w[64];
+    for (int32_t k = 0; k < K; k++) {
+        w[k] = exp((double)p[pick[k]] - (double)p[pick[0]]);
+        sum += w[k];
+    }
+    for (int32_t k = 0; k < K; k++)
+        weight[k] = (float)(w[k] / sum);
 }
 
 /* Qwen2-MoE's shared expert's gate from its logit: sigmoid(s). */

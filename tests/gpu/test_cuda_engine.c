@@ -899,7 +899,9 @@ static void phi3_gguf(void)
 static void merge_round_trip(const eng_model *m, eng_weights *w, const char *kind);
 
 /* A tiny MoE fixture (tests/fixtures/<file>: llama.cpp's conversions of
- * the tiny Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) steps on
+ * the tiny Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral; the tiny
+ * GPT-OSS with its attention sinks, output bias, biased router and
+ * experts, clamped SwiGLU and YaRN, in f32 and with MXFP4 experts) steps on
  * the device as on the CPU: the device routes with the CPU's arithmetic
  * from its own router logits, so the logits agree within the scenario's
  * bound and the greedy tokens are equal. The step's figures (experts run,
@@ -999,6 +1001,14 @@ static void moe_adapters(void)
     }
     name = "unmerged_expert_adapter_matches_cpu_mixtral";
     if (load_fixture_with_adapter(name, "mixtral_tiny.gguf", "peft/mixtral_experts", &m, &lora)) {
+        scenario_unmerged(name, &m, lora);
+        eng_lora_unref(lora);
+        eng_model_free(&m);
+    }
+    /* GPT-OSS's adapter on its transposed, interleaved experts (PEFT's
+     * target_parameters), around the experts' biases */
+    name = "unmerged_expert_adapter_matches_cpu_gptoss";
+    if (load_fixture_with_adapter(name, "gptoss_tiny.gguf", "peft/gptoss_experts", &m, &lora)) {
         scenario_unmerged(name, &m, lora);
         eng_lora_unref(lora);
         eng_model_free(&m);
@@ -1479,6 +1489,8 @@ int main(void)
     moe_fixture("qwen2moe_tiny.gguf");
     moe_fixture("mixtral_tiny.gguf");
     moe_fixture("qwen3moe_tiny_q4_k_m.gguf");
+    moe_fixture("gptoss_tiny.gguf");
+    moe_fixture("gptoss_tiny_mxfp4.gguf");
     moe_mxfp4_experts();
     moe_adapters();
     kinds();

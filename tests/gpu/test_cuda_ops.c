@@ -290,6 +290,40 @@ done:
 
 /* ---- SwiGLU, add, bias ------------------------------------------------------------------- */
 
+/* GPT-OSS's clamped SwiGLU on the device against ops_math.h's
+ * om_swiglu_oai on the host: gate and up in [-12, 12] so both clamps at 7
+ * bite; one expf, as swiglu: 1e-6 relative. */
+static void test_swiglu_oai(void)
+{
+    const char *name = "swiglu_oai";
+    char msg[MSG_LEN] = "";
+    const int64_t n = 4099;
+    float *g = host_random((size_t)n, -12, 12), *u = host_random((size_t)n, -12, 12);
+    float *got = malloc((size_t)n * sizeof *got), *dg = NULL, *du = NULL;
+    double *want = malloc((size_t)n * sizeof *want);
+    if (!g || !u || !got || !want) {
+        fail(name, "out of host memory");
+        goto done;
+    }
+    dg = dev_copy(name, g, (size_t)n * sizeof *g);
+    du = dev_copy(name, u, (size_t)n * sizeof *u);
+    if (!dg || !du ||
+        !op_ok(name, qt_cuda_swiglu_oai(dg, du, n, 1.702f, 7.0f, stream, msg, sizeof msg), msg) ||
+        !download(name, got, dg, (size_t)n * sizeof *got))
+        goto done;
+    for (int64_t i = 0; i < n; i++)
+        want[i] = om_swiglu_oai(g[i], u[i], 1.702f, 7.0f);
+    if (close_to(name, got, want, (size_t)n, 1e-6, 1e-37))
+        pass(name);
+done:
+    cudaFree(dg);
+    cudaFree(du);
+    free(g);
+    free(u);
+    free(got);
+    free(want);
+}
+
 static void test_pointwise(void)
 {
     const char *name = "swiglu_add_add_bias";
@@ -615,12 +649,15 @@ typedef struct attn_case {
     int32_t n_heads, n_kv_heads, head_dim, window;
     float q_gain;      /* q in [-q_gain, q_gain]: larger is a sharper softmax */
     int32_t tail_2000; /* prefill rows at the end of the 2000-position sequence */
+    bool sinks;        /* a sink logit per head (GPT-OSS), in [-1, 3] */
 } attn_case;
 
 /* out[r][h][e] = softmax(q . K / sqrt(d)) . V in f64, straight from the
- * definition (one pass for the max, one for the weights). */
+ * definition (one pass for the max, one for the weights); with sinks (NULL:
+ * none) head h's denominator has one more term e^sinks[h], with no value. */
 static void ref_attention(const host_cache *c, const attn_case *ac, const float *q,
-                          const int32_t *row_seq, const int32_t *row_pos, int64_t rows, double *out)
+                          const float *sinks, const int32_t *row_seq, const int32_t *row_pos,
+                          int64_t rows, double *out)
 {
     int32_t d = ac->head_dim, group = ac->n_heads / ac->n_kv_heads;
     double scale = om_attention_scale(d);
@@ -642,6 +679,8 @@ static void ref_attention(const host_cache *c, const attn_case *ac, const float 
                 score[p - first] = s * scale;
                 mx = score[p - first] > mx ? score[p - first] : mx;
             }
+            mx = sinks && sinks[h] > mx ? sinks[h] : mx;
+            sum = sinks ? exp((double)sinks[h] - mx) : 0.0;
             double *o = out + ((size_t)r * (size_t)ac->n_heads + (size_t)h) * (size_t)d;
             for (int32_t e = 0; e < d; e++)
                 o[e] = 0.0;
@@ -666,11 +705,12 @@ static void attention_step(const char *name, const host_cache *c, const attn_cas
     char msg[MSG_LEN] = "";
     size_t n = (size_t)rows * (size_t)ac->n_heads * (size_t)ac->head_dim;
     float *q = host_random(n, -ac->q_gain, ac->q_gain), *got = malloc(n * sizeof *got);
+    float *sinks = ac->sinks ? host_random((size_t)ac->n_heads, -1.0, 3.0) : NULL;
     double *want = malloc(n * sizeof *want);
-    float *dq = NULL, *dout = NULL;
+    float *dq = NULL, *dout = NULL, *dsinks = NULL;
     dev_step d;
     memset(&d, 0, sizeof d);
-    if (!q || !got || !want) {
+    if (!q || !got || !want || (ac->sinks && !sinks)) {
         fail(name, "out of host memory");
         goto done;
     }
@@ -678,16 +718,19 @@ static void attention_step(const char *name, const host_cache *c, const attn_cas
         goto done;
     dq = dev_copy(name, q, n * sizeof *q);
     dout = dev_poisoned(name, n * sizeof *dout);
-    if (!dq || !dout)
+    if (sinks)
+        dsinks = dev_copy(name, sinks, (size_t)ac->n_heads * sizeof *sinks);
+    if (!dq || !dout || (sinks && !dsinks))
         goto done;
     if (!op_ok(name,
-               qt_cuda_attention(&d.kv, LAYER, &d.sr, dq, dout, ac->n_heads, ac->n_kv_heads,
-                                 ac->head_dim, ac->window, stream, msg, sizeof msg),
+               qt_cuda_attention_ex(&d.kv, LAYER, &d.sr, dq, dout, ac->n_heads, ac->n_kv_heads,
+                                    ac->head_dim, ac->window, om_attention_scale(ac->head_dim),
+                                    0.0f, dsinks, stream, msg, sizeof msg),
                msg))
         goto done;
     if (!download(name, got, dout, n * sizeof *got))
         goto done;
-    ref_attention(c, ac, q, row_seq, row_pos, rows, want);
+    ref_attention(c, ac, q, sinks, row_seq, row_pos, rows, want);
     /* Bound: each score is an f32 dot product of head_dim terms (relative
      * error ~d * 2^-24 of sum |q k| * scale, under 1e-5 absolute here), an
      * f32 expf (2 ulp) and f32 sums over up to 2000 positions in another
@@ -701,6 +744,8 @@ done:
     dev_step_free(&d);
     cudaFree(dq);
     cudaFree(dout);
+    cudaFree(dsinks);
+    free(sinks);
     free(q);
     free(got);
     free(want);
@@ -1047,6 +1092,7 @@ int main(void)
     test_rope(3, 4, 128, true);
     test_pointwise();
     test_expert_rows();
+    test_swiglu_oai();
     test_kv_write();
 
     /* every load width and heads-per-block the kernel picks:
@@ -1058,17 +1104,23 @@ int main(void)
      *   3/1 of 62: float2 with an idle lane;
      *   2/1 of 63: odd, the scalar path (8 floats a lane, masked) */
     const attn_case cases[] = {
-        {"9x3x64", 9, 3, 64, 0, 1.0f, 128},
-        {"9x3x64_window17", 9, 3, 64, 17, 1.0f, 64},
-        {"9x3x64_sharp", 9, 3, 64, 0, 3.0f, 32},
-        {"32x8x128", 32, 8, 128, 0, 1.0f, 128},
-        {"32x8x128_window100", 32, 8, 128, 100, 1.0f, 32},
-        {"16x2x128_sharp", 16, 2, 128, 0, 2.5f, 16},
-        {"4x4x256", 4, 4, 256, 0, 1.0f, 16},
-        {"4x4x256_window300", 4, 4, 256, 300, 1.0f, 16},
-        {"10x2x80", 10, 2, 80, 0, 1.0f, 16},
-        {"3x1x62", 3, 1, 62, 0, 1.0f, 16},
-        {"2x1x63", 2, 1, 63, 0, 1.0f, 16},
+        {"9x3x64", 9, 3, 64, 0, 1.0f, 128, false},
+        {"9x3x64_window17", 9, 3, 64, 17, 1.0f, 64, false},
+        {"9x3x64_sharp", 9, 3, 64, 0, 3.0f, 32, false},
+        {"32x8x128", 32, 8, 128, 0, 1.0f, 128, false},
+        {"32x8x128_window100", 32, 8, 128, 100, 1.0f, 32, false},
+        {"16x2x128_sharp", 16, 2, 128, 0, 2.5f, 16, false},
+        {"4x4x256", 4, 4, 256, 0, 1.0f, 16, false},
+        {"4x4x256_window300", 4, 4, 256, 300, 1.0f, 16, false},
+        {"10x2x80", 10, 2, 80, 0, 1.0f, 16, false},
+        {"3x1x62", 3, 1, 62, 0, 1.0f, 16, false},
+        {"2x1x63", 2, 1, 63, 0, 1.0f, 16, false},
+        /* GPT-OSS's sinks: decode (positions split, the sink added at the
+         * merge), prefill with and without a window, and 32x8x128's prefill
+         * (enough blocks that nothing splits: the sink added in the kernel) */
+        {"9x3x64_sinks", 9, 3, 64, 0, 1.0f, 32, true},
+        {"32x8x128_sinks", 32, 8, 128, 0, 1.0f, 128, true},
+        {"8x2x64_window17_sinks", 8, 2, 64, 17, 1.0f, 16, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         test_attention(&cases[i]);
