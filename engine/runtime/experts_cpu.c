@@ -39,9 +39,8 @@ struct eng_moe_state {
     float *xg, *yg;
     float *gg, *ug;
     /* the chosen experts that run with the model's own weights and no
-     * adapter in this step (run_plain), and each one's first item */
+     * adapter in this step (run_plain) */
     int32_t *plain; /* [E] */
-    int64_t *start; /* [E + 1] */
     float *sg;      /* [T]: the shared expert's gate */
     /* GPT-OSS's biases as f32 (NULL without router_bias): the routers'
      * [L][E], and per layer and expert its gate, up and down biases
@@ -67,7 +66,6 @@ void eng_moe_state_free(eng_moe_state *s)
     free(s->sg);
     free(s->seqs);
     free(s->plain);
-    free(s->start);
     free(s->router_b);
     free(s->expert_b);
     free(s);
@@ -130,10 +128,9 @@ int eng_moe_state_new(eng_forward_state *st, const eng_model *m)
     s->sg = malloc(T * sizeof *s->sg);
     s->seqs = malloc(T * sizeof *s->seqs);
     s->plain = malloc(E * sizeof *s->plain);
-    s->start = malloc((E + 1) * sizeof *s->start);
     st->moe = s;
     if (!s->logits || !s->pick || !s->weight || !s->count || !s->order || !s->xg || !s->yg ||
-        !s->gg || !s->ug || !s->sg || !s->seqs || !s->plain || !s->start)
+        !s->gg || !s->ug || !s->sg || !s->seqs || !s->plain)
         return QL_ENOMEM; /* the caller frees st, and st->moe with it */
     return c->router_bias ? expert_biases_new(s, m) : QL_OK;
 }
@@ -256,13 +253,15 @@ static bool expert_plain(const cpu_step *cs, int32_t l, int32_t e)
 }
 
 /* One pool job over the plain experts' products: items of 16 output rows
- * of an expert's gate and up (down: of its down), expert i's items from
- * start[i]; expert i's gathered rows begin at the pair count[plain[i]]. */
+ * of an expert's gate and up (down: of its down), every expert the same
+ * number of items (per_expert), so item it is expert it / per_expert's;
+ * expert i's gathered rows begin at the pair count[plain[i]]. */
 typedef struct plain_job {
     const eng_model *m;
     const eng_moe_state *s;
     int32_t l, n;
     bool down;
+    int64_t per_expert;
 } plain_job;
 
 #define PLAIN_ROWS 16
@@ -273,12 +272,9 @@ static void plain_items(void *ctx, int64_t i0, int64_t i1)
     const eng_moe_state *s = j->s;
     int64_t H = j->m->cfg.hidden_size, F = j->m->cfg.expert_ff;
     int64_t per = (F + PLAIN_ROWS - 1) / PLAIN_ROWS; /* gate (and up) items per expert */
-    int32_t i = 0;
     for (int64_t it = i0; it < i1; it++) {
-        while (it >= s->start[i + 1])
-            i++;
-        int32_t e = s->plain[i];
-        int64_t local = it - s->start[i], first = s->count[e], rows = s->count[e + 1] - first;
+        int32_t e = s->plain[it / j->per_expert];
+        int64_t local = it % j->per_expert, first = s->count[e], rows = s->count[e + 1] - first;
         if (j->down) {
             int64_t r0 = local * PLAIN_ROWS, r1 = r0 + PLAIN_ROWS < H ? r0 + PLAIN_ROWS : H;
             const qtensor *w = eng_model_proj(j->m, j->l, eng_expert_proj(e, ENG_PROJ_DOWN));
@@ -303,13 +299,8 @@ static void run_plain(const cpu_step *cs, eng_moe_state *s, int32_t l, int32_t n
 {
     const eng_model *m = cs->m;
     int64_t H = m->cfg.hidden_size, F = m->cfg.expert_ff;
-    int64_t per_gu = 2 * ((F + PLAIN_ROWS - 1) / PLAIN_ROWS),
-            per_d = (H + PLAIN_ROWS - 1) / PLAIN_ROWS;
-    plain_job j = {m, s, l, n, false};
-    s->start[0] = 0;
-    for (int32_t i = 0; i < n; i++)
-        s->start[i + 1] = s->start[i] + per_gu;
-    eng_pool_run(cs->pool, plain_items, &j, s->start[n], 1);
+    plain_job j = {m, s, l, n, false, 2 * ((F + PLAIN_ROWS - 1) / PLAIN_ROWS)};
+    eng_pool_run(cs->pool, plain_items, &j, n * j.per_expert, 1);
     for (int32_t i = 0; i < n; i++) {
         int32_t e = s->plain[i];
         int64_t first = s->count[e], rows = s->count[e + 1] - first;
@@ -319,9 +310,8 @@ static void run_plain(const cpu_step *cs, eng_moe_state *s, int32_t l, int32_t n
         glu(&m->cfg, s->gg + first * F, s->ug + first * F, rows * F);
     }
     j.down = true;
-    for (int32_t i = 0; i < n; i++)
-        s->start[i + 1] = s->start[i] + per_d;
-    eng_pool_run(cs->pool, plain_items, &j, s->start[n], 1);
+    j.per_expert = (H + PLAIN_ROWS - 1) / PLAIN_ROWS;
+    eng_pool_run(cs->pool, plain_items, &j, n * j.per_expert, 1);
     for (int32_t i = 0; i < n; i++) {
         int32_t e = s->plain[i];
         int64_t first = s->count[e], rows = s->count[e + 1] - first;
