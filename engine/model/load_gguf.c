@@ -338,6 +338,15 @@ static void parse_gguf_gpt_oss(eng_config *c)
     c->sliding_pattern = c->sliding_window > 0 ? 2 : 0;
 }
 
+/* gguf_uint of the architecture's key ARCH.name. */
+static int gguf_arch_uint(const gguf_file *f, const char *arch, const char *name, int64_t def,
+                          bool required, int32_t *out, char *msg, size_t msg_len)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    return gguf_uint(f, key, def, required, out, msg, msg_len);
+}
+
 /*
  * A mixture of experts' ARCH.expert_count, expert_used_count,
  * expert_feed_forward_length (Mixtral, a llama GGUF: its
@@ -353,10 +362,8 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     char key[128];
     int rc = QL_OK;
 #define U(k, def, req, dst)                                                                        \
-    if (rc == QL_OK) {                                                                             \
-        snprintf(key, sizeof key, "%s.%s", arch, k);                                               \
-        rc = gguf_uint(f, key, def, req, dst, msg, msg_len);                                       \
-    }
+    if (rc == QL_OK)                                                                               \
+    rc = gguf_arch_uint(f, arch, k, def, req, dst, msg, msg_len)
     U("expert_count", 0, true, &c->n_experts);
     U("expert_used_count", 0, true, &c->n_experts_used);
     U("expert_feed_forward_length", c->intermediate_size, false, &c->expert_ff);
@@ -440,10 +447,8 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     char key[128];
     int rc = QL_OK;
 #define U(k, def, req, dst)                                                                        \
-    if (rc == QL_OK) {                                                                             \
-        snprintf(key, sizeof key, "%s.%s", arch, k);                                               \
-        rc = gguf_uint(f, key, def, req, dst, msg, msg_len);                                       \
-    }
+    if (rc == QL_OK)                                                                               \
+    rc = gguf_arch_uint(f, arch, k, def, req, dst, msg, msg_len)
     U("embedding_length", 0, true, &c->hidden_size);
     U("feed_forward_length", 0, true, &c->intermediate_size);
     U("block_count", 0, true, &c->n_layers);
