@@ -79,24 +79,14 @@ int model_moe_check(const char *path, eng_config *c, char *msg, size_t msg_len)
     return QL_OK;
 }
 
-/* An integer field of a config.json, bounded. */
-static int hf_int(const char *path, const cJSON *j, const char *key, int64_t def, bool required,
-                  int64_t lo, int64_t hi, int32_t *out, char *msg, size_t msg_len)
-{
-    int64_t v;
-    int rc = mf_json_int_field(path, j, key, def, required, lo, hi, &v, msg, msg_len);
-    if (rc == QL_OK)
-        *out = (int32_t)v;
-    return rc;
-}
-
 /* Qwen's dense layers: mlp_only_layers (a list of layer numbers) and
  * decoder_sparse_step (layer l is a mixture when (l + 1) % step == 0). */
 static int hf_dense_layers(const char *path, const cJSON *j, eng_config *c, char *msg,
                            size_t msg_len)
 {
     int32_t step = 1;
-    int rc = hf_int(path, j, "decoder_sparse_step", 1, false, 1, 1 << 20, &step, msg, msg_len);
+    int rc =
+        model_json_int32(path, j, "decoder_sparse_step", 1, false, 1, 1 << 20, &step, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     for (int32_t l = 0; l < c->n_layers; l++)
@@ -130,18 +120,19 @@ int model_moe_config_hf(const char *path, const cJSON *j, eng_config *c, char *m
     const char *count_key = !mixtral && cJSON_GetObjectItemCaseSensitive(j, "num_experts")
                                 ? "num_experts"
                                 : "num_local_experts";
-    int rc = hf_int(path, j, count_key, 0, true, 1, MAX_EXPERTS, &c->n_experts, msg, msg_len);
+    int rc =
+        model_json_int32(path, j, count_key, 0, true, 1, MAX_EXPERTS, &c->n_experts, msg, msg_len);
     if (rc == QL_OK)
-        rc = hf_int(path, j, "num_experts_per_tok", 2, false, 1, MAX_EXPERTS_USED,
-                    &c->n_experts_used, msg, msg_len);
+        rc = model_json_int32(path, j, "num_experts_per_tok", 2, false, 1, MAX_EXPERTS_USED,
+                              &c->n_experts_used, msg, msg_len);
     if (rc == QL_OK && mixtral)
         c->expert_ff = c->intermediate_size;
     else if (rc == QL_OK)
-        rc = hf_int(path, j, "moe_intermediate_size", 0, true, 1, 1 << 22, &c->expert_ff, msg,
-                    msg_len);
+        rc = model_json_int32(path, j, "moe_intermediate_size", 0, true, 1, 1 << 22, &c->expert_ff,
+                              msg, msg_len);
     if (rc == QL_OK && c->arch == ENG_ARCH_QWEN2_MOE)
-        rc = hf_int(path, j, "shared_expert_intermediate_size", 0, true, 1, 1 << 22,
-                    &c->shared_expert_ff, msg, msg_len);
+        rc = model_json_int32(path, j, "shared_expert_intermediate_size", 0, true, 1, 1 << 22,
+                              &c->shared_expert_ff, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     /* Mixtral always renormalizes the chosen probabilities; Qwen's

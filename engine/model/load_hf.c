@@ -34,19 +34,6 @@ static bool file_exists(const char *path)
 
 /* --- config.json ------------------------------------------------------------ */
 
-/* mf_json_int_field into an int32_t field of eng_config (every bound below
- * fits one). */
-static int int32_field(const char *path, const cJSON *j, const char *key, int64_t def,
-                       bool required, int64_t lo, int64_t hi, int32_t *out, char *msg,
-                       size_t msg_len)
-{
-    int64_t v;
-    int rc = mf_json_int_field(path, j, key, def, required, lo, hi, &v, msg, msg_len);
-    if (rc == QL_OK)
-        *out = (int32_t)v;
-    return rc;
-}
-
 /* mf_json_positive_field into a float field of eng_config. */
 static int positive_float(const char *path, const cJSON *j, const char *key, double def, float *out,
                           char *msg, size_t msg_len)
@@ -99,9 +86,9 @@ static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng
                        path, c->head_dim, ENG_MAX_ROPE_FREQ_FACTORS);
     const cJSON *where =
         cJSON_GetObjectItemCaseSensitive(rs, "original_max_position_embeddings") ? rs : j;
-    int rc =
-        int32_field(path, where, "original_max_position_embeddings", c->max_position_embeddings,
-                    false, 1, 1 << 24, &c->rope_original_max_position, msg, msg_len);
+    int rc = model_json_int32(path, where, "original_max_position_embeddings",
+                              c->max_position_embeddings, false, 1, 1 << 24,
+                              &c->rope_original_max_position, msg, msg_len);
     double orig = (double)c->rope_original_max_position;
     double factor = (double)c->max_position_embeddings / orig;
     if (rc == QL_OK && cJSON_GetObjectItemCaseSensitive(rs, "factor"))
@@ -151,8 +138,8 @@ static int yarn_number(const char *path, const cJSON *rs, const char *key, doubl
  */
 static int parse_yarn(const char *path, const cJSON *rs, eng_config *c, char *msg, size_t msg_len)
 {
-    int rc = int32_field(path, rs, "original_max_position_embeddings", 0, true, 1, 1 << 24,
-                         &c->rope_original_max_position, msg, msg_len);
+    int rc = model_json_int32(path, rs, "original_max_position_embeddings", 0, true, 1, 1 << 24,
+                              &c->rope_original_max_position, msg, msg_len);
     double factor = 0, attn = 0, fast = 0, slow = 0, ms = 0, ms_all = 0;
     if (rc == QL_OK)
         rc = yarn_number(path, rs, "factor",
@@ -266,8 +253,8 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
             rc = positive_float(path, rs, "high_freq_factor", 4.0, &c->rope_high_freq_factor, msg,
                                 msg_len);
         if (rc == QL_OK)
-            rc = int32_field(path, rs, "original_max_position_embeddings", 8192, false, 1, 1 << 24,
-                             &c->rope_original_max_position, msg, msg_len);
+            rc = model_json_int32(path, rs, "original_max_position_embeddings", 8192, false, 1,
+                                  1 << 24, &c->rope_original_max_position, msg, msg_len);
         return rc;
     }
     return ql_fail(msg, msg_len, QL_EINVAL,
@@ -303,8 +290,8 @@ static int parse_layer_types(const char *path, const cJSON *j, eng_config *c, ch
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (!types || cJSON_IsNull(types)) {
         int32_t def = c->arch == ENG_ARCH_GEMMA3 ? 6 : 2;
-        int rc = int32_field(path, j, "sliding_window_pattern", def, false, 1, 1 << 20,
-                             &c->sliding_pattern, msg, msg_len);
+        int rc = model_json_int32(path, j, "sliding_window_pattern", def, false, 1, 1 << 20,
+                                  &c->sliding_pattern, msg, msg_len);
         if (rc == QL_OK && c->sliding_pattern == 1)
             c->sliding_window = 0; /* every layer full */
         return rc;
@@ -477,7 +464,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
     if (rc == QL_OK)                                                                               \
-    rc = int32_field(path, j, key, def, req, lo, hi, dst, msg, msg_len)
+    rc = model_json_int32(path, j, key, def, req, lo, hi, dst, msg, msg_len)
     INT_FIELD("vocab_size", 0, true, 1, 1 << 24, &c->vocab_size);
     INT_FIELD("hidden_size", 0, true, 1, 1 << 20, &c->hidden_size);
     INT_FIELD("intermediate_size", 0, true, 1, 1 << 22, &c->intermediate_size);

@@ -132,3 +132,13 @@ void model_set_name(eng_model *m, const char *own, size_t own_len, const char *p
     }
     mf_path_base(path, m->name, sizeof m->name);
 }
+
+int model_json_int32(const char *path, const cJSON *j, const char *key, int64_t def, bool required,
+                     int64_t lo, int64_t hi, int32_t *out, char *msg, size_t msg_len)
+{
+    int64_t v;
+    int rc = mf_json_int_field(path, j, key, def, required, lo, hi, &v, msg, msg_len);
+    if (rc == QL_OK)
+        *out = (int32_t)v;
+    return rc;
+}

@@ -65,6 +65,10 @@ int model_parse_opts(model_loader *L, char *msg, size_t msg_len);
  * error *t is freed. */
 int model_finish_weight(const model_loader *L, const char *name, tensor_role role, qtensor *t,
                         char *msg, size_t msg_len);
+/* mf_json_int_field into an int32_t field of eng_config (every bound the
+ * loaders give fits one). */
+int model_json_int32(const char *path, const cJSON *j, const char *key, int64_t def, bool required,
+                     int64_t lo, int64_t hi, int32_t *out, char *msg, size_t msg_len);
 /* QL_EFORMAT "<file>: tensor '<name>' is [r, c]; the config needs [wr, wc]". */
 int model_shape_mismatch(const char *file, const char *name, int64_t rows, int64_t cols,
                          int64_t want_rows, int64_t want_cols, char *msg, size_t msg_len);
