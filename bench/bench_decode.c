@@ -236,7 +236,7 @@ int main(int argc, char **argv)
     int n_quants = 0, threads = 0, n_batches = 0, batches[8];
     int32_t P = 128, N = 32;
     int repeats = 1;
-    const char *kv_name = "f32";
+    const char *kv_name = "f32", *act_name = "f32";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -252,6 +252,8 @@ int main(int argc, char **argv)
             repeats = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv-dtype"))
             kv_name = argv[i + 1];
+        else if (!strcmp(argv[i], "--activations"))
+            act_name = argv[i + 1];
         else if (!strcmp(argv[i], "--batches"))
             for (char *s = argv[i + 1]; *s && n_batches < 8;
                  s = strchr(s, ',') ? strchr(s, ',') + 1 : "")
@@ -263,10 +265,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_decode: --kv-dtype: %s\n", msg);
         return 2;
     }
+    int act = qt_activations_from_name(act_name);
+    if (act < 0) {
+        fprintf(stderr, "bench_decode: --activations: \"%s\" is not f32 or q8\n", act_name);
+        return 2;
+    }
+    qt_set_activations((qt_activations)act);
     if (!model || P < 1 || N < 1 || repeats < 1) {
         fprintf(stderr, "usage: bench_decode --model PATH [--quant KIND]... [--threads N] "
                         "[--prompt-tokens P] [--new-tokens N] [--batches 1,8,32] "
-                        "[--repeats R] [--kv-dtype f32|f16|q8_0]\n");
+                        "[--repeats R] [--kv-dtype f32|f16|q8_0] [--activations f32|q8]\n");
         return 2;
     }
     if (n_batches == 0) {
@@ -284,8 +292,9 @@ int main(int argc, char **argv)
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
     printf("{\n  \"benchmark\": \"decode\",\n  \"engine\": \"qlserve\",\n  \"date\": \"%s\",\n"
            "  \"model\": \"%s\",\n  \"threads\": %d,\n  \"kernel_path\": \"%s\",\n"
+           "  \"activations\": \"%s\",\n"
            "  \"prompt_tokens\": %d,\n  \"new_tokens\": %d,\n  \"kinds\": [\n",
-           date, model, nthreads, qt_cpu_path(), P, N);
+           date, model, nthreads, qt_cpu_path(), qt_activations_name(qt_get_activations()), P, N);
     for (int q = 0; q < n_quants; q++)
         if (bench_kind(model, quants[q], kv_dtype, nthreads, P, N, repeats, batches, n_batches,
                        stdout, q + 1 == n_quants))

@@ -176,6 +176,9 @@ typedef struct qtensor {
     size_t row_stride; /* bytes per row of codes */
 } qtensor;
 
+/* A batch of activations quantized to 8 bits (kernels/, internal). */
+typedef struct qt_q8x qt_q8x;
+
 /* The row of the traits table for one kind: what the kind is, and the
  * functions that work on it. traits.c holds the rows; the kind's file
  * (quant_*.c) and matmul_avx2.c hold the functions. */
@@ -211,6 +214,10 @@ typedef struct qt_traits {
      * the same contract and the same bytes as quantize. */
     int (*quantize_avx2)(qtensor *t, const float *src, int64_t rows, int64_t cols,
                          const qt_quant_params *p, char *msg, size_t msg_len);
+    /* The product against 8-bit activations (QT_ACT_Q8), scalar and AVX2;
+     * NULL where the kind keeps f32 activations. */
+    void (*matmul_q8)(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
+    void (*matmul_q8_avx2)(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
 } qt_traits;
 
 extern const qt_traits qt_traits_table[QT_KIND_COUNT];
@@ -289,6 +296,27 @@ void qt_kv_store(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_store_ref(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 void qt_kv_load_ref(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
+
+/*
+ * Activations: QT_ACT_F32 (the default) multiplies every weight by f32
+ * activations; QT_ACT_Q8 first quantizes each activation row to int8 per
+ * block of 256 (one f32 scale each, llama.cpp's q8_K) for the kinds that
+ * have the path (Q4_K, Q5_K, Q6_K, with cols a multiple of 256) and
+ * multiplies in integers, as llama.cpp does: faster, and no longer the
+ * float64 reference's answer (README, "Performance"). Process-wide, set
+ * once at start (qlserve serve --activations); every path (scalar, AVX2)
+ * gives the same bits, batched or alone.
+ */
+typedef enum { QT_ACT_F32, QT_ACT_Q8 } qt_activations;
+void qt_set_activations(qt_activations a);
+qt_activations qt_get_activations(void);
+/* "f32" or "q8"; qt_activations_from_name gives -1 for another name. */
+const char *qt_activations_name(qt_activations a);
+int qt_activations_from_name(const char *name);
+/* The 8-bit product through the scalar reference, whatever the setting
+ * (false: the kind or shape has no such path, or no memory). */
+bool qt_matmul_q8_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+                      int64_t row1);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);

@@ -135,6 +135,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_k_avx2,
+            .matmul_q8 = qt_matmul_q8_q4_k_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q4_k_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_q4_k_avx2,
         },
     [QT_Q5_K] =
@@ -144,6 +146,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_k_avx2,
+            .matmul_q8 = qt_matmul_q8_q5_k_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q5_k_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_q5_k_avx2,
         },
     [QT_Q6_K] =
@@ -153,6 +157,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q6_k_avx2,
+            .matmul_q8 = qt_matmul_q8_q6_k_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q6_k_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_q6_k_avx2,
         },
     [QT_Q2_K] =
@@ -348,11 +354,69 @@ void qt_set_force_scalar(bool force)
     force_scalar = force;
 }
 
+/* --- activations ---------------------------------------------------------------- */
+
+static qt_activations activations = QT_ACT_F32;
+
+void qt_set_activations(qt_activations a)
+{
+    activations = a;
+}
+
+qt_activations qt_get_activations(void)
+{
+    return activations;
+}
+
+const char *qt_activations_name(qt_activations a)
+{
+    return a == QT_ACT_Q8 ? "q8" : "f32";
+}
+
+int qt_activations_from_name(const char *name)
+{
+    if (strcmp(name, "f32") == 0)
+        return QT_ACT_F32;
+    if (strcmp(name, "q8") == 0)
+        return QT_ACT_Q8;
+    return -1;
+}
+
+/* y = x @ W^T with x quantized to 8 bits, through the AVX2 entries (fast)
+ * or the scalar ones. False where the kind or its width has no such path,
+ * or the quantized copy of x finds no memory: the caller then takes f32. */
+static bool matmul_q8(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+                      int64_t row1, bool fast)
+{
+    const qt_traits *tr = &qt_traits_table[w->kind];
+    qt_q8x xq;
+    if (!tr->matmul_q8 || qt_q8x_alloc(&xq, batch, w->cols) != QL_OK)
+        return false;
+    if (fast) {
+        qt_q8x_quantize_avx2(x, &xq);
+        tr->matmul_q8_avx2(w, &xq, y, row0, row1);
+    } else {
+        qt_q8x_quantize_ref(x, &xq);
+        tr->matmul_q8(w, &xq, y, row0, row1);
+    }
+    qt_q8x_free(&xq);
+    return true;
+}
+
+bool qt_matmul_q8_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
+                      int64_t row1)
+{
+    return matmul_q8(w, x, batch, y, row0, row1, false);
+}
+
 void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
                int64_t row1)
 {
     pthread_once(&cpu_once, detect_cpu);
     const qt_traits *tr = &qt_traits_table[w->kind];
+    if (activations == QT_ACT_Q8 &&
+        matmul_q8(w, x, batch, y, row0, row1, have_avx2 && !force_scalar && tr->matmul_q8_avx2))
+        return;
     if (have_avx2 && !force_scalar && tr->matmul_avx2)
         tr->matmul_avx2(w, x, batch, y, row0, row1);
     else

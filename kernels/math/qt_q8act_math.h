@@ -1,0 +1,104 @@
+/*
+ * qt_q8act_math.h - the arithmetic of the 8-bit activation path (qlserve
+ * serve --activations q8): a row of activations quantized per block of
+ * 256 to int8 with one f32 scale, and the integer dot products of the
+ * k-quants against it, as llama.cpp computes them (its q8_K activations
+ * and ggml_vec_dot_q4_K_q8_K / _q6_K_q8_K), in our own order.
+ *
+ * One block of 256 activations x becomes
+ *   d = amax / 127, q[i] = nearest(x[i] * (127 / amax)) in [-127, 127]
+ *   (ties to even, the FPU's mode), and bsum[k] = the sum of q over
+ *   elements 16k .. 16k + 15;
+ * an all-zero block has d = 0 and q = 0; a block holding a NaN or an
+ * infinity has d = NaN (so the products it enters are NaN, as the f32 path
+ * would make them) and q = 0.
+ *
+ * The dot of one weight block against it is exact integer arithmetic
+ * (isum, msum below), then a fixed, short float tail per block of 256
+ * (qm_q8_k4_tail, qm_q8_q6_tail), so every path that computes the same
+ * integers (the scalar entries in quant_q8act.c, the AVX2 ones in
+ * matmul_q8_avx2.c) gives the same bits. Header-only; the CPU's files use
+ * it (the CUDA backend keeps f32 activations).
+ */
+#ifndef QL_QT_Q8ACT_MATH_H
+#define QL_QT_Q8ACT_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "qt_math.h"
+
+#define QM_Q8_BLOCK 256 /* activations per scale */
+
+/* Quantize 256 activations x into q (int8), its 16 sums bsum and the
+ * scale *d. */
+static inline void qm_q8_quantize_block(const float *x, int8_t *q, int16_t *bsum, float *d)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < QM_Q8_BLOCK; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+        if (a != a)
+            amax = a;
+    }
+    if (!(amax <= 3.4028235e38f) || amax == 0.0f) { /* NaN, infinity, or all zero */
+        for (int i = 0; i < QM_Q8_BLOCK; i++)
+            q[i] = 0;
+        for (int k = 0; k < QM_Q8_BLOCK / 16; k++)
+            bsum[k] = 0;
+        *d = amax == 0.0f ? 0.0f : NAN;
+        return;
+    }
+    float id = 127.0f / amax;
+    *d = amax / 127.0f;
+    for (int k = 0; k < QM_Q8_BLOCK / 16; k++) {
+        int s = 0;
+        for (int i = 16 * k; i < 16 * k + 16; i++) {
+            long v = lrintf(x[i] * id);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            q[i] = (int8_t)v;
+            s += (int)v;
+        }
+        bsum[k] = (int16_t)s;
+    }
+}
+
+/* The eight 6-bit scales and minimums of a Q4_K/Q5_K block from its 12
+ * packed bytes (qm_k4_scale_min's, four at a time in 32-bit words). */
+static inline void qm_q8_k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t mn[8])
+{
+    uint32_t u0 = (uint32_t)packed[0] | (uint32_t)packed[1] << 8 | (uint32_t)packed[2] << 16 |
+                  (uint32_t)packed[3] << 24;
+    uint32_t u1 = (uint32_t)packed[4] | (uint32_t)packed[5] << 8 | (uint32_t)packed[6] << 16 |
+                  (uint32_t)packed[7] << 24;
+    uint32_t u2 = (uint32_t)packed[8] | (uint32_t)packed[9] << 8 | (uint32_t)packed[10] << 16 |
+                  (uint32_t)packed[11] << 24;
+    uint32_t s_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+    uint32_t s_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4;
+    for (int j = 0; j < 4; j++) {
+        sc[j] = (uint8_t)(s_lo >> 8 * j);
+        mn[j] = (uint8_t)(m_lo >> 8 * j);
+        sc[j + 4] = (uint8_t)(s_hi >> 8 * j);
+        mn[j + 4] = (uint8_t)(m_hi >> 8 * j);
+    }
+}
+
+/* A Q4_K/Q5_K block's contribution from its integer sums: isum = sum over
+ * sub-blocks of sc * (codes . q), msum = sum of m * (the sub-block's sum
+ * of q); w = d * sc * code - dmin * m, x = dx * q. */
+static inline float qm_q8_k4_tail(float total, float dx, float d, float dmin, int32_t isum,
+                                  int32_t msum)
+{
+    total += (dx * d) * (float)isum;
+    total -= (dx * dmin) * (float)msum;
+    return total;
+}
+
+/* A Q6_K block's: isum = sum over sub-blocks of sc * ((code - 32) . q). */
+static inline float qm_q8_q6_tail(float total, float dx, float d, int32_t isum)
+{
+    return total + (dx * d) * (float)isum;
+}
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * quant_q8act.c - the 8-bit activation path's scalar half: a batch of
+ * activation rows quantized to int8 blocks of 256 (qt_q8x_quantize_ref),
+ * and the reference products of the kinds that have the path (Q4_K, Q5_K,
+ * Q6_K) against them (qt_matmul_q8_<kind>_ref), one integer sum per
+ * sub-block and qt_q8act_math.h's float tail per block. The AVX2 forms
+ * (matmul_q8_avx2.c) compute the same integers, so they give these bits.
+ *
+ * It owns no state and calls down only into kernels/math/. traits.c holds
+ * the rows that point here and chooses between this and the AVX2 form.
+ */
+#include "kernels_internal.h"
+#include "qt_q8act_math.h"
+
+#include <stdlib.h>
+
+int qt_q8x_alloc(qt_q8x *x, int64_t batch, int64_t cols)
+{
+    if (batch <= 0 || cols <= 0 || cols % QM_Q8_BLOCK != 0 || batch > INT64_MAX / cols)
+        return QL_EINVAL;
+    size_t n = (size_t)(batch * cols);
+    /* one allocation: the scales first (aligned), then the sums, then the codes */
+    size_t d_bytes = n / QM_Q8_BLOCK * sizeof(float), s_bytes = n / 16 * sizeof(int16_t);
+    uint8_t *mem = malloc(d_bytes + s_bytes + n + 64);
+    if (!mem)
+        return QL_ENOMEM;
+    x->batch = batch;
+    x->cols = cols;
+    x->d = (float *)mem;
+    x->bsum = (int16_t *)(mem + d_bytes);
+    x->q = (int8_t *)(mem + d_bytes + s_bytes);
+    return QL_OK;
+}
+
+void qt_q8x_free(qt_q8x *x)
+{
+    free(x->d);
+    x->d = NULL;
+}
+
+void qt_q8x_quantize_ref(const float *x, qt_q8x *out)
+{
+    int64_t nblk = out->batch * out->cols / QM_Q8_BLOCK;
+    for (int64_t k = 0; k < nblk; k++)
+        qm_q8_quantize_block(x + k * QM_Q8_BLOCK, out->q + k * QM_Q8_BLOCK, out->bsum + k * 16,
+                             out->d + k);
+}
+
+/* Q4_K and Q5_K (five) rows: per sub-block of 32 the codes times q, times
+ * the sub-block's scale, into isum; its minimum times its sum of q into
+ * msum. */
+static void k4_rows(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1,
+                    bool five)
+{
+    size_t bb = five ? QM_Q5_K_BYTES : QM_Q4_K_BYTES;
+    int64_t cols = t->cols, nblk = cols / QM_QK_K;
+    for (int64_t r = row0; r < row1; r++)
+        for (int64_t b = 0; b < x->batch; b++) {
+            float total = 0.0f;
+            const uint8_t *blk = t->data + r * nblk * (int64_t)bb;
+            for (int64_t k = 0; k < nblk; k++, blk += bb) {
+                const int8_t *q = x->q + b * cols + k * QM_QK_K;
+                const int16_t *bs = x->bsum + (b * cols + k * QM_QK_K) / 16;
+                const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+                uint8_t sc[8], mn[8];
+                qm_q8_k4_scales(blk + 4, sc, mn);
+                int32_t isum = 0, msum = 0;
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *c = qs + 32 * (j / 2);
+                    int shift = 4 * (j & 1), s = 0;
+                    for (int i = 0; i < 32; i++) {
+                        int code = (c[i] >> shift) & 15;
+                        if (five)
+                            code |= ((qh[i] >> j) & 1) << 4;
+                        s += code * q[32 * j + i];
+                    }
+                    isum += sc[j] * s;
+                    msum += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+                }
+                total = qm_q8_k4_tail(total, x->d[(b * cols) / QM_QK_K + k], qm_f16_le(blk),
+                                      qm_f16_le(blk + 2), isum, msum);
+            }
+            y[b * t->rows + r] = total;
+        }
+}
+
+/* Q6_K rows: per sub-block of 16 the signed codes times q, times the
+ * sub-block's scale, into isum. */
+static void q6_rows(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+{
+    int64_t cols = t->cols, nblk = cols / QM_QK_K;
+    for (int64_t r = row0; r < row1; r++)
+        for (int64_t b = 0; b < x->batch; b++) {
+            float total = 0.0f;
+            const uint8_t *blk = t->data + r * nblk * (int64_t)QM_Q6_K_BYTES;
+            for (int64_t k = 0; k < nblk; k++, blk += QM_Q6_K_BYTES) {
+                const int8_t *q = x->q + b * cols + k * QM_QK_K;
+                int32_t isum = 0;
+                for (int e = 0; e < QM_QK_K; e += 16) { /* sub-block e / 16 */
+                    int half = e / 128, kk = (e % 128) / 32, l0 = e % 32, s = 0;
+                    const uint8_t *ql = blk + 64 * half + (kk & 1 ? 32 : 0),
+                                  *qh = blk + 128 + 32 * half;
+                    for (int l = l0; l < l0 + 16; l++) {
+                        int lo = kk < 2 ? ql[l] & 15 : ql[l] >> 4;
+                        int code = (lo | ((qh[l] >> 2 * kk) & 3) << 4) - 32;
+                        s += code * q[e + l - l0];
+                    }
+                    isum += (int8_t)blk[192 + e / 16] * s;
+                }
+                total = qm_q8_q6_tail(total, x->d[(b * cols) / QM_QK_K + k], qm_f16_le(blk + 208),
+                                      isum);
+            }
+            y[b * t->rows + r] = total;
+        }
+}
+
+void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+{
+    k4_rows(t, x, y, row0, row1, false);
+}
+
+void qt_matmul_q8_q5_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+{
+    k4_rows(t, x, y, row0, row1, true);
+}
+
+void qt_matmul_q8_q6_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+{
+    q6_rows(t, x, y, row0, row1);
+}
