@@ -1,6 +1,6 @@
 /*
  * matmul_q8_avx2.c - the 8-bit activation path on AVX2: activation rows
- * quantized to int8 blocks of 256 (qt_q8x_quantize_avx2) and the Q4_K,
+ * quantized to int8 blocks of 256 (qt_acts_quantize_avx2) and the Q4_K,
  * Q5_K and Q6_K products against them (qt_matmul_q8_<kind>_avx2), the
  * scalar entries' bits (quant_q8act.c): the same integers (pairs of
  * unsigned codes times signed activations by vpmaddubsw, times the
@@ -18,6 +18,7 @@
 #include "qt_q8act_math.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define XCHUNK        4
@@ -65,12 +66,11 @@ static void quantize_block(const float *x, int8_t *q, int16_t *bsum, float *d)
     }
 }
 
-void qt_q8x_quantize_avx2(const float *x, qt_q8x *out)
+void qt_acts_quantize_avx2(qt_acts *a)
 {
-    int64_t nblk = out->batch * out->cols / QM_Q8_BLOCK;
+    int64_t nblk = a->batch * a->cols / QM_Q8_BLOCK;
     for (int64_t k = 0; k < nblk; k++)
-        quantize_block(x + k * QM_Q8_BLOCK, out->q + k * QM_Q8_BLOCK, out->bsum + k * 16,
-                       out->d + k);
+        quantize_block(a->x + k * QM_Q8_BLOCK, a->q + k * QM_Q8_BLOCK, a->bsum + k * 16, a->d + k);
 }
 
 /* --- the products ------------------------------------------------------------------ */
@@ -89,8 +89,32 @@ ALWAYS_INLINE __m256i spread16(int lo, int hi)
                             (char)(2 * hi), (char)(2 * hi + 1), (char)(2 * hi), (char)(2 * hi + 1));
 }
 
+/* The sums of the lanes of a and of b (one reduction for both). */
+ALWAYS_INLINE void hsum2_i32(__m256i a, __m256i b, int32_t *sa, int32_t *sb)
+{
+    __m256i h = _mm256_hadd_epi32(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_hadd_epi32(s, s); /* a b a b */
+    *sa = _mm_cvtsi128_si32(s);
+    *sb = _mm_extract_epi32(s, 1);
+}
+
+/* The eight scales and the eight minimums of a Q4_K/Q5_K block as int16
+ * lanes (qm_q8_k4_scales' values, in 64-bit words). */
+ALWAYS_INLINE void k4_scales(const uint8_t *packed, __m128i *sc16, __m128i *mn16)
+{
+    uint32_t u[3];
+    memcpy(u, packed, 12);
+    uint32_t s_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    uint64_t sc = (uint64_t)(u[0] & 0x3f3f3f3fu) | (uint64_t)s_hi << 32;
+    uint64_t mn = (uint64_t)(u[1] & 0x3f3f3f3fu) | (uint64_t)m_hi << 32;
+    *sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc));
+    *mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
+}
+
 /* Q4_K and Q5_K (five): weight row r against rows b0 .. b0 + nb of x. */
-ALWAYS_INLINE void k4_row(const qtensor *t, const qt_q8x *x, int64_t b0, int nb, float *y,
+ALWAYS_INLINE void k4_row(const qtensor *t, const qt_acts *x, int64_t b0, int nb, float *y,
                           int64_t r, bool five)
 {
     size_t bb = five ? QM_Q5_K_BYTES : QM_Q4_K_BYTES;
@@ -101,10 +125,8 @@ ALWAYS_INLINE void k4_row(const qtensor *t, const qt_q8x *x, int64_t b0, int nb,
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = 0.0f;
     for (int64_t k = 0; k < nblk; k++, blk += bb) {
         _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
-        uint8_t sc[8], mn[8];
-        qm_q8_k4_scales(blk + 4, sc, mn);
-        __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc));
-        __m128i mn16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        __m128i sc16, mn16;
+        k4_scales(blk + 4, &sc16, &mn16);
         __m256i scv = _mm256_broadcastsi128_si256(sc16);
         /* each minimum twice, against the two sums of 16 of its sub-block */
         __m256i mnd =
@@ -143,22 +165,24 @@ ALWAYS_INLINE void k4_row(const qtensor *t, const qt_q8x *x, int64_t b0, int nb,
         {
             int64_t at = (b0 + b) * cols + k * QM_QK_K;
             __m256i bs = _mm256_loadu_si256((const __m256i *)(x->bsum + at / 16));
-            total[b] = qm_q8_k4_tail(total[b], x->d[at / QM_QK_K], d, dmin, hsum_i32(acc[b]),
-                                     hsum_i32(_mm256_madd_epi16(bs, mnd)));
+            int32_t isum, msum;
+            hsum2_i32(acc[b], _mm256_madd_epi16(bs, mnd), &isum, &msum);
+            total[b] = qm_q8_k4_tail(total[b], x->d[at / QM_QK_K], d, dmin, isum, msum);
         }
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[(b0 + b) * t->rows + r] = total[b];
 }
 
 /* Q6_K: weight row r against rows b0 .. b0 + nb of x. The codes are
- * unsigned (0..63) for vpmaddubsw; 32 times the pair sums of x, subtracted,
- * makes them the signed code - 32. */
-ALWAYS_INLINE void q6_row(const qtensor *t, const qt_q8x *x, int64_t b0, int nb, float *y,
+ * unsigned (0..63) for vpmaddubsw; 32 times each sub-block's scale times
+ * its sum of q, subtracted once per block, makes them the signed code - 32
+ * (the same integer). */
+ALWAYS_INLINE void q6_row(const qtensor *t, const qt_acts *x, int64_t b0, int nb, float *y,
                           int64_t r)
 {
     int64_t cols = t->cols, nblk = cols / QM_QK_K;
     const uint8_t *blk = t->data + r * nblk * (int64_t)QM_Q6_K_BYTES;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
     float total[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = 0.0f;
     for (int64_t k = 0; k < nblk; k++, blk += QM_Q6_K_BYTES) {
@@ -192,28 +216,35 @@ ALWAYS_INLINE void q6_row(const qtensor *t, const qt_q8x *x, int64_t b0, int nb,
                     __m256i xv =
                         _mm256_loadu_si256((const __m256i *)(x->q + (b0 + b) * cols + k * QM_QK_K +
                                                              128 * half + 32 * kk));
-                    __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(c[kk], xv),
-                                                 _mm256_maddubs_epi16(k32, xv));
-                    acc[b] = _mm256_add_epi32(acc[b], _mm256_madd_epi16(p, s));
+                    acc[b] = _mm256_add_epi32(
+                        acc[b], _mm256_madd_epi16(_mm256_maddubs_epi16(c[kk], xv), s));
                 }
             }
         }
         float d = qm_f16_le(blk + 208);
-        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
-            qm_q8_q6_tail(total[b], x->d[((b0 + b) * cols) / QM_QK_K + k], d, hsum_i32(acc[b]));
+        /* the codes' offset: 32 times each sub-block's scale times its sum of q */
+        __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++)
+        {
+            int64_t at = (b0 + b) * cols + k * QM_QK_K;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(x->bsum + at / 16));
+            int32_t isum, off;
+            hsum2_i32(acc[b], _mm256_madd_epi16(bs, sc), &isum, &off);
+            total[b] = qm_q8_q6_tail(total[b], x->d[at / QM_QK_K], d, isum - 32 * off);
+        }
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[(b0 + b) * t->rows + r] = total[b];
 }
 
-typedef void (*q8_row_fn)(const qtensor *t, const qt_q8x *x, int64_t b0, int nb, float *y,
+typedef void (*q8_row_fn)(const qtensor *t, const qt_acts *x, int64_t b0, int nb, float *y,
                           int64_t r);
 
-ALWAYS_INLINE void row_q4_k(const qtensor *t, const qt_q8x *x, int64_t b0, int nb, float *y,
+ALWAYS_INLINE void row_q4_k(const qtensor *t, const qt_acts *x, int64_t b0, int nb, float *y,
                             int64_t r)
 {
     k4_row(t, x, b0, nb, y, r, false);
 }
-ALWAYS_INLINE void row_q5_k(const qtensor *t, const qt_q8x *x, int64_t b0, int nb, float *y,
+ALWAYS_INLINE void row_q5_k(const qtensor *t, const qt_acts *x, int64_t b0, int nb, float *y,
                             int64_t r)
 {
     k4_row(t, x, b0, nb, y, r, true);
@@ -221,7 +252,7 @@ ALWAYS_INLINE void row_q5_k(const qtensor *t, const qt_q8x *x, int64_t b0, int n
 
 /* Rows [row0, row1) of W against every row of x, in chunks of XCHUNK rows
  * of x; row and nb are constants in each expansion. */
-ALWAYS_INLINE void q8_chunks(const qtensor *t, const qt_q8x *x, float *y, int64_t row0,
+ALWAYS_INLINE void q8_chunks(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                              int64_t row1, q8_row_fn row)
 {
     for (int64_t b0 = 0; b0 < x->batch; b0 += XCHUNK) {
@@ -247,17 +278,20 @@ ALWAYS_INLINE void q8_chunks(const qtensor *t, const qt_q8x *x, float *y, int64_
     }
 }
 
-void qt_matmul_q8_q4_k_avx2(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+void qt_matmul_q8_q4_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1)
 {
     q8_chunks(t, x, y, row0, row1, row_q4_k);
 }
 
-void qt_matmul_q8_q5_k_avx2(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+void qt_matmul_q8_q5_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1)
 {
     q8_chunks(t, x, y, row0, row1, row_q5_k);
 }
 
-void qt_matmul_q8_q6_k_avx2(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+void qt_matmul_q8_q6_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1)
 {
     q8_chunks(t, x, y, row0, row1, q6_row);
 }

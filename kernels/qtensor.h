@@ -176,8 +176,21 @@ typedef struct qtensor {
     size_t row_stride; /* bytes per row of codes */
 } qtensor;
 
-/* A batch of activations quantized to 8 bits (kernels/, internal). */
-typedef struct qt_q8x qt_q8x;
+/*
+ * A batch of activation rows prepared for products with weights of one
+ * kind (qt_acts_prepare): x itself, and under QT_ACT_Q8, where the kind has
+ * the 8-bit path, x quantized to int8 per block of 256 (q, with the
+ * blocks' scales d and the sums of each 16 codes bsum), made once and read
+ * by every product and thread that multiplies the same x.
+ */
+typedef struct qt_acts {
+    const float *x; /* batch rows of cols (the caller's, not owned) */
+    int64_t batch, cols;
+    int8_t *q;     /* batch * cols codes, row after row; NULL: f32 only */
+    float *d;      /* batch * cols / 256 */
+    int16_t *bsum; /* batch * cols / 16 */
+    void *mem;     /* what qt_acts_release frees; NULL in a view */
+} qt_acts;
 
 /* The row of the traits table for one kind: what the kind is, and the
  * functions that work on it. traits.c holds the rows; the kind's file
@@ -216,8 +229,9 @@ typedef struct qt_traits {
                          const qt_quant_params *p, char *msg, size_t msg_len);
     /* The product against 8-bit activations (QT_ACT_Q8), scalar and AVX2;
      * NULL where the kind keeps f32 activations. */
-    void (*matmul_q8)(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
-    void (*matmul_q8_avx2)(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
+    void (*matmul_q8)(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1);
+    void (*matmul_q8_avx2)(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                           int64_t row1);
 } qt_traits;
 
 extern const qt_traits qt_traits_table[QT_KIND_COUNT];
@@ -317,6 +331,16 @@ int qt_activations_from_name(const char *name);
  * (false: the kind or shape has no such path, or no memory). */
 bool qt_matmul_q8_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
                       int64_t row1);
+/* Prepare x (batch rows of w->cols) for products with w's kind; without
+ * memory for the 8-bit form it keeps f32 (same answers as qt_matmul, never
+ * an error). Release what it made with qt_acts_release. */
+void qt_acts_prepare(qt_acts *a, const qtensor *w, const float *x, int64_t batch);
+void qt_acts_release(qt_acts *a);
+/* Rows [first, first + n) of a, as a view (nothing to release). */
+qt_acts qt_acts_rows(const qt_acts *a, int64_t first, int64_t n);
+/* qt_matmul with prepared activations: the same bits as qt_matmul(w, a->x,
+ * a->batch, ...) under the same setting. */
+void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, int64_t row1);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);

@@ -1,6 +1,6 @@
 /*
  * quant_q8act.c - the 8-bit activation path's scalar half: a batch of
- * activation rows quantized to int8 blocks of 256 (qt_q8x_quantize_ref),
+ * activation rows quantized to int8 blocks of 256 (qt_acts_quantize_ref),
  * and the reference products of the kinds that have the path (Q4_K, Q5_K,
  * Q6_K) against them (qt_matmul_q8_<kind>_ref), one integer sum per
  * sub-block and qt_q8act_math.h's float tail per block. The AVX2 forms
@@ -14,42 +14,36 @@
 
 #include <stdlib.h>
 
-int qt_q8x_alloc(qt_q8x *x, int64_t batch, int64_t cols)
+int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols)
 {
+    *x = (qt_acts){f32, batch, cols, NULL, NULL, NULL, NULL};
     if (batch <= 0 || cols <= 0 || cols % QM_Q8_BLOCK != 0 || batch > INT64_MAX / cols)
         return QL_EINVAL;
     size_t n = (size_t)(batch * cols);
     /* one allocation: the scales first (aligned), then the sums, then the codes */
     size_t d_bytes = n / QM_Q8_BLOCK * sizeof(float), s_bytes = n / 16 * sizeof(int16_t);
-    uint8_t *mem = malloc(d_bytes + s_bytes + n + 64);
+    uint8_t *mem = malloc(d_bytes + s_bytes + n);
     if (!mem)
         return QL_ENOMEM;
-    x->batch = batch;
-    x->cols = cols;
+    x->mem = mem;
     x->d = (float *)mem;
     x->bsum = (int16_t *)(mem + d_bytes);
     x->q = (int8_t *)(mem + d_bytes + s_bytes);
     return QL_OK;
 }
 
-void qt_q8x_free(qt_q8x *x)
+void qt_acts_quantize_ref(qt_acts *a)
 {
-    free(x->d);
-    x->d = NULL;
-}
-
-void qt_q8x_quantize_ref(const float *x, qt_q8x *out)
-{
-    int64_t nblk = out->batch * out->cols / QM_Q8_BLOCK;
+    int64_t nblk = a->batch * a->cols / QM_Q8_BLOCK;
     for (int64_t k = 0; k < nblk; k++)
-        qm_q8_quantize_block(x + k * QM_Q8_BLOCK, out->q + k * QM_Q8_BLOCK, out->bsum + k * 16,
-                             out->d + k);
+        qm_q8_quantize_block(a->x + k * QM_Q8_BLOCK, a->q + k * QM_Q8_BLOCK, a->bsum + k * 16,
+                             a->d + k);
 }
 
 /* Q4_K and Q5_K (five) rows: per sub-block of 32 the codes times q, times
  * the sub-block's scale, into isum; its minimum times its sum of q into
  * msum. */
-static void k4_rows(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1,
+static void k4_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1,
                     bool five)
 {
     size_t bb = five ? QM_Q5_K_BYTES : QM_Q4_K_BYTES;
@@ -86,7 +80,7 @@ static void k4_rows(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, i
 
 /* Q6_K rows: per sub-block of 16 the signed codes times q, times the
  * sub-block's scale, into isum. */
-static void q6_rows(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+static void q6_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
 {
     int64_t cols = t->cols, nblk = cols / QM_QK_K;
     for (int64_t r = row0; r < row1; r++)
@@ -114,17 +108,17 @@ static void q6_rows(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, i
         }
 }
 
-void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
 {
     k4_rows(t, x, y, row0, row1, false);
 }
 
-void qt_matmul_q8_q5_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+void qt_matmul_q8_q5_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
 {
     k4_rows(t, x, y, row0, row1, true);
 }
 
-void qt_matmul_q8_q6_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1)
+void qt_matmul_q8_q6_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
 {
     q6_rows(t, x, y, row0, row1);
 }

@@ -382,31 +382,72 @@ int qt_activations_from_name(const char *name)
     return -1;
 }
 
-/* y = x @ W^T with x quantized to 8 bits, through the AVX2 entries (fast)
- * or the scalar ones. False where the kind or its width has no such path,
- * or the quantized copy of x finds no memory: the caller then takes f32. */
-static bool matmul_q8(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
-                      int64_t row1, bool fast)
+/* Whether the 8-bit path's AVX2 entries are taken. */
+static bool q8_fast(const qt_traits *tr)
+{
+    return use_avx2() && tr->matmul_q8_avx2;
+}
+
+/* The 8-bit form of x for w's kind into a: fast (AVX2) or scalar, the
+ * same bits. False where the kind or its width has no 8-bit path or there
+ * is no memory; a then holds x alone. */
+static bool acts_quantize(qt_acts *a, const qtensor *w, const float *x, int64_t batch, bool fast)
+{
+    if (!qt_traits_table[w->kind].matmul_q8 || qt_acts_alloc(a, x, batch, w->cols) != QL_OK)
+        return false;
+    if (fast)
+        qt_acts_quantize_avx2(a);
+    else
+        qt_acts_quantize_ref(a);
+    return true;
+}
+
+void qt_acts_prepare(qt_acts *a, const qtensor *w, const float *x, int64_t batch)
+{
+    *a = (qt_acts){x, batch, w->cols, NULL, NULL, NULL, NULL};
+    if (activations == QT_ACT_Q8)
+        acts_quantize(a, w, x, batch, q8_fast(&qt_traits_table[w->kind]));
+}
+
+void qt_acts_release(qt_acts *a)
+{
+    free(a->mem);
+    *a = (qt_acts){0};
+}
+
+qt_acts qt_acts_rows(const qt_acts *a, int64_t first, int64_t n)
+{
+    qt_acts v = {a->x + first * a->cols, n, a->cols, NULL, NULL, NULL, NULL};
+    if (a->q) {
+        v.q = a->q + first * a->cols;
+        v.d = a->d + first * a->cols / 256;
+        v.bsum = a->bsum + first * a->cols / 16;
+    }
+    return v;
+}
+
+void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, int64_t row1)
 {
     const qt_traits *tr = &qt_traits_table[w->kind];
-    qt_q8x xq;
-    if (!tr->matmul_q8 || qt_q8x_alloc(&xq, batch, w->cols) != QL_OK)
-        return false;
-    if (fast) {
-        qt_q8x_quantize_avx2(x, &xq);
-        tr->matmul_q8_avx2(w, &xq, y, row0, row1);
-    } else {
-        qt_q8x_quantize_ref(x, &xq);
-        tr->matmul_q8(w, &xq, y, row0, row1);
+    if (a->q && tr->matmul_q8 && a->cols == w->cols) {
+        if (q8_fast(tr))
+            tr->matmul_q8_avx2(w, a, y, row0, row1);
+        else
+            tr->matmul_q8(w, a, y, row0, row1);
+        return;
     }
-    qt_q8x_free(&xq);
-    return true;
+    qt_matmul(w, a->x, a->batch, y, row0, row1);
 }
 
 bool qt_matmul_q8_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
                       int64_t row1)
 {
-    return matmul_q8(w, x, batch, y, row0, row1, false);
+    qt_acts a;
+    if (!acts_quantize(&a, w, x, batch, false))
+        return false;
+    qt_traits_table[w->kind].matmul_q8(w, &a, y, row0, row1);
+    qt_acts_release(&a);
+    return true;
 }
 
 void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,
@@ -414,9 +455,14 @@ void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_
 {
     pthread_once(&cpu_once, detect_cpu);
     const qt_traits *tr = &qt_traits_table[w->kind];
-    if (activations == QT_ACT_Q8 &&
-        matmul_q8(w, x, batch, y, row0, row1, have_avx2 && !force_scalar && tr->matmul_q8_avx2))
-        return;
+    if (activations == QT_ACT_Q8 && tr->matmul_q8) {
+        qt_acts a;
+        if (acts_quantize(&a, w, x, batch, q8_fast(tr))) {
+            qt_matmul_acts(w, &a, y, row0, row1);
+            qt_acts_release(&a);
+            return;
+        }
+    }
     if (have_avx2 && !force_scalar && tr->matmul_avx2)
         tr->matmul_avx2(w, x, batch, y, row0, row1);
     else

@@ -262,6 +262,7 @@ typedef struct plain_job {
     int32_t l, n;
     bool down;
     int64_t per_expert;
+    qt_acts x; /* every plain expert's gathered rows (gate and up: xg; down: gg), prepared once */
 } plain_job;
 
 #define PLAIN_ROWS 16
@@ -278,14 +279,16 @@ static void plain_items(void *ctx, int64_t i0, int64_t i1)
         if (j->down) {
             int64_t r0 = local * PLAIN_ROWS, r1 = r0 + PLAIN_ROWS < H ? r0 + PLAIN_ROWS : H;
             const qtensor *w = eng_model_proj(j->m, j->l, eng_expert_proj(e, ENG_PROJ_DOWN));
-            qt_matmul(w, s->gg + first * F, rows, s->yg + first * H, r0, r1);
+            qt_acts x = qt_acts_rows(&j->x, first, rows);
+            qt_matmul_acts(w, &x, s->yg + first * H, r0, r1);
             continue;
         }
         bool up = local >= per;
         int64_t r0 = (local % per) * PLAIN_ROWS, r1 = r0 + PLAIN_ROWS < F ? r0 + PLAIN_ROWS : F;
         const qtensor *w =
             eng_model_proj(j->m, j->l, eng_expert_proj(e, up ? ENG_PROJ_UP : ENG_PROJ_GATE));
-        qt_matmul(w, s->xg + first * H, rows, (up ? s->ug : s->gg) + first * F, r0, r1);
+        qt_acts x = qt_acts_rows(&j->x, first, rows);
+        qt_matmul_acts(w, &x, (up ? s->ug : s->gg) + first * F, r0, r1);
     }
 }
 
@@ -299,8 +302,12 @@ static void run_plain(const cpu_step *cs, eng_moe_state *s, int32_t l, int32_t n
 {
     const eng_model *m = cs->m;
     int64_t H = m->cfg.hidden_size, F = m->cfg.expert_ff;
-    plain_job j = {m, s, l, n, false, 2 * ((F + PLAIN_ROWS - 1) / PLAIN_ROWS)};
+    plain_job j = {m, s, l, n, false, 2 * ((F + PLAIN_ROWS - 1) / PLAIN_ROWS), {0}};
+    // x prepared once for every expert's rows (the experts of a layer share a kind)
+    qt_acts_prepare(&j.x, eng_model_proj(m, l, eng_expert_proj(s->plain[0], ENG_PROJ_GATE)), s->xg,
+                    s->count[s->E]);
     eng_pool_run(cs->pool, plain_items, &j, n * j.per_expert, 1);
+    qt_acts_release(&j.x);
     for (int32_t i = 0; i < n; i++) {
         int32_t e = s->plain[i];
         int64_t first = s->count[e], rows = s->count[e + 1] - first;
@@ -311,7 +318,10 @@ static void run_plain(const cpu_step *cs, eng_moe_state *s, int32_t l, int32_t n
     }
     j.down = true;
     j.per_expert = (H + PLAIN_ROWS - 1) / PLAIN_ROWS;
+    qt_acts_prepare(&j.x, eng_model_proj(m, l, eng_expert_proj(s->plain[0], ENG_PROJ_DOWN)), s->gg,
+                    s->count[s->E]);
     eng_pool_run(cs->pool, plain_items, &j, n * j.per_expert, 1);
+    qt_acts_release(&j.x);
     for (int32_t i = 0; i < n; i++) {
         int32_t e = s->plain[i];
         int64_t first = s->count[e], rows = s->count[e + 1] - first;

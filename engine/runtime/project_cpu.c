@@ -17,24 +17,27 @@
 
 /* --- products ------------------------------------------------------------------ */
 
+/* x is prepared once per product (qt_acts_prepare: under --activations q8
+ * its 8-bit form), then shared by every chunk of rows on every thread. */
 typedef struct matmul_job {
     const qtensor *w;
-    const float *x;
-    int64_t batch;
+    qt_acts x;
     float *y;
 } matmul_job;
 
 static void matmul_rows(void *ctx, int64_t r0, int64_t r1)
 {
     const matmul_job *j = ctx;
-    qt_matmul(j->w, j->x, j->batch, j->y, r0, r1);
+    qt_matmul_acts(j->w, &j->x, j->y, r0, r1);
 }
 
 /* y[batch][w.rows] = x[batch][w.cols] @ w^T over the pool. */
 void eng_cpu_matmul(eng_pool *pool, const qtensor *w, const float *x, int64_t batch, float *y)
 {
-    matmul_job j = {w, x, batch, y};
+    matmul_job j = {w, {0}, y};
+    qt_acts_prepare(&j.x, w, x, batch);
     eng_pool_run(pool, matmul_rows, &j, w->rows, 16);
+    qt_acts_release(&j.x);
 }
 
 /* --- adapters, unmerged ------------------------------------------------------- */
@@ -153,7 +156,7 @@ typedef struct matmul_lora_job {
 static void matmul_lora_rows(void *ctx, int64_t o0, int64_t o1)
 {
     const matmul_lora_job *j = ctx;
-    qt_matmul(j->base.w, j->base.x, j->base.batch, j->base.y, o0, o1);
+    qt_matmul_acts(j->base.w, &j->base.x, j->base.y, o0, o1);
     lora_up(&j->lora, j->y, j->out, o0, o1);
 }
 
@@ -267,11 +270,13 @@ void eng_cpu_project(eng_forward_state *st, eng_pool *pool, const eng_model *m,
         while (i1 < n_fused && st->lora_rows[i1].row < r1)
             i1++;
         matmul_lora_job j = {
-            {w, x + r0 * in, r1 - r0, y + r0 * out},
+            {w, {0}, y + r0 * out},
             {st->lora_rows + i, i1 - i, st->lora_t + i * st->lora_rank, st->lora_rank},
             y,
             out};
+        qt_acts_prepare(&j.base.x, w, x + r0 * in, r1 - r0);
         eng_pool_run(pool, matmul_lora_rows, &j, w->rows, 16);
+        qt_acts_release(&j.base.x);
         i = i1;
     }
     // every other term, in each sequence's order

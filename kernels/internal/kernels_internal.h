@@ -200,31 +200,27 @@ void qt_kv_store_avx2(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 
 /*
- * The 8-bit activation path (qt_set_activations(QT_ACT_Q8)): a batch of
- * activation rows as int8 blocks of 256 (arithmetic in kernels/math/
- * qt_q8act_math.h). qt_q8x_alloc sizes one for batch rows of cols (cols a
- * multiple of 256; QL_EINVAL otherwise, QL_ENOMEM without memory);
+ * The 8-bit activation path (qt_set_activations(QT_ACT_Q8); the qt_acts
+ * of qtensor.h; arithmetic in kernels/math/qt_q8act_math.h):
+ * qt_acts_alloc gives a room for the 8-bit form of batch rows of cols (cols
+ * a multiple of 256; QL_EINVAL otherwise, QL_ENOMEM without memory);
  * quant_q8act.c holds the scalar quantizer and products, matmul_q8_avx2.c
  * the AVX2 ones, the same bits.
  */
-struct qt_q8x {
-    int64_t batch, cols;
-    int8_t *q;     /* batch * cols codes, row after row */
-    float *d;      /* the scale of each block of 256, batch * cols / 256 */
-    int16_t *bsum; /* the sum of the codes of each 16, batch * cols / 16 */
-};
-int qt_q8x_alloc(qt_q8x *x, int64_t batch, int64_t cols);
-void qt_q8x_free(qt_q8x *x);
-void qt_q8x_quantize_ref(const float *x, qt_q8x *out);
-void qt_q8x_quantize_avx2(const float *x, qt_q8x *out);
-void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
-void qt_matmul_q8_q5_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
-void qt_matmul_q8_q6_k_ref(const qtensor *t, const qt_q8x *x, float *y, int64_t row0, int64_t row1);
-void qt_matmul_q8_q4_k_avx2(const qtensor *t, const qt_q8x *x, float *y, int64_t row0,
+int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols);
+void qt_acts_quantize_ref(qt_acts *a);
+void qt_acts_quantize_avx2(qt_acts *a);
+void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_q8_q5_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_q8_q6_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_q8_q4_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                             int64_t row1);
-void qt_matmul_q8_q5_k_avx2(const qtensor *t, const qt_q8x *x, float *y, int64_t row0,
+void qt_matmul_q8_q5_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                             int64_t row1);
-void qt_matmul_q8_q6_k_avx2(const qtensor *t, const qt_q8x *x, float *y, int64_t row0,
+void qt_matmul_q8_q6_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                             int64_t row1);
 
 #endif
