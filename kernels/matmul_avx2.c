@@ -535,7 +535,8 @@ static inline float hsum(__m256 v)
  * The row functions are always inlined into a switch on the batch size so
  * that every accumulator lives in a register.
  */
-#define XCHUNK 4 /* rows of x per pass: 2 accumulators each + temporaries fit 16 ymm */
+#define XCHUNK     4 /* rows of x per pass: 2 accumulators each + temporaries fit 16 ymm */
+#define TILE_BYTES (128 * 1024) /* weight rows per tile (matmul_chunks) */
 
 /* acc (two chains, alternating 8-wide groups) += w[0..n16) . x_b[0..n16),
  * n16 a multiple of 16. */
@@ -1076,18 +1077,26 @@ ALWAYS_INLINE void matmul_chunks(const qtensor *t, const float *x, int64_t batch
     float *scratch = NULL;
     if (prep)
         scratch = aligned_alloc(32, (size_t)XCHUNK * (size_t)t->cols * sizeof(float) + 32);
-    for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
-        int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
-        const float *xc = x + b0 * t->cols;
-        float *yc = y + b0 * t->rows;
-        if (scratch)
-            prep(xc, t->cols, nb, scratch);
-        /* a constant nb in each call lets every accumulator be a register */
-        switch (nb) {
-        case 1: rows_range(t, xc, scratch, 1, yc, row0, row1, row); break;
-        case 2: rows_range(t, xc, scratch, 2, yc, row0, row1, row); break;
-        case 3: rows_range(t, xc, scratch, 3, yc, row0, row1, row); break;
-        default: rows_range(t, xc, scratch, 4, yc, row0, row1, row); break;
+    /* weight rows in tiles of about 128 KiB, each tile against every chunk
+     * of x while it is in L2: a large product (the output head) is read
+     * from memory once per call, not once per chunk of x */
+    size_t row_bytes = qt_nbytes(t) / (size_t)t->rows + 1;
+    int64_t tile = row_bytes < TILE_BYTES ? (int64_t)(TILE_BYTES / row_bytes) : 1;
+    for (int64_t t0 = row0; t0 < row1; t0 += tile) {
+        int64_t t1 = t0 + tile < row1 ? t0 + tile : row1;
+        for (int64_t b0 = 0; b0 < batch; b0 += XCHUNK) {
+            int nb = (int)(batch - b0 < XCHUNK ? batch - b0 : XCHUNK);
+            const float *xc = x + b0 * t->cols;
+            float *yc = y + b0 * t->rows;
+            if (scratch)
+                prep(xc, t->cols, nb, scratch);
+            /* a constant nb in each call lets every accumulator be a register */
+            switch (nb) {
+            case 1: rows_range(t, xc, scratch, 1, yc, t0, t1, row); break;
+            case 2: rows_range(t, xc, scratch, 2, yc, t0, t1, row); break;
+            case 3: rows_range(t, xc, scratch, 3, yc, t0, t1, row); break;
+            default: rows_range(t, xc, scratch, 4, yc, t0, t1, row); break;
+            }
         }
     }
     free(scratch);

@@ -232,6 +232,8 @@ typedef struct qt_traits {
     void (*matmul_q8)(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1);
     void (*matmul_q8_avx2)(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                            int64_t row1);
+    void (*matmul_q8_vnni)(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                           int64_t row1);
 } qt_traits;
 
 extern const qt_traits qt_traits_table[QT_KIND_COUNT];
@@ -341,6 +343,11 @@ qt_acts qt_acts_rows(const qt_acts *a, int64_t first, int64_t n);
 /* qt_matmul with prepared activations: the same bits as qt_matmul(w, a->x,
  * a->batch, ...) under the same setting. */
 void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, int64_t row1);
+
+/* Which products the 8-bit path takes here: "avx512vnni", "avx2" or
+ * "scalar"; qt_set_no_vnni(true) keeps it to AVX2 (tests, benchmarks). */
+const char *qt_q8_path(void);
+void qt_set_no_vnni(bool off);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);

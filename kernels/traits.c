@@ -137,6 +137,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_avx2 = qt_matmul_q4_k_avx2,
             .matmul_q8 = qt_matmul_q8_q4_k_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q4_k_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q4_k_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q4_k_avx2,
         },
     [QT_Q5_K] =
@@ -148,6 +149,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_avx2 = qt_matmul_q5_k_avx2,
             .matmul_q8 = qt_matmul_q8_q5_k_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q5_k_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q5_k_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q5_k_avx2,
         },
     [QT_Q6_K] =
@@ -159,6 +161,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_avx2 = qt_matmul_q6_k_avx2,
             .matmul_q8 = qt_matmul_q8_q6_k_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q6_k_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q6_k_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q6_k_avx2,
         },
     [QT_Q2_K] =
@@ -293,8 +296,8 @@ static void matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, 
 
 /* --- CPU path selection ------------------------------------------------- */
 
-static bool force_scalar;
-static bool have_avx2;
+static bool force_scalar, no_vnni;
+static bool have_avx2, have_vnni;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -320,8 +323,28 @@ static bool cpu_has_avx2_fma_f16c(void)
     __cpuid_count(7, 0, a, b, c, d);
     return b & (1u << 5);
 }
+
+/* AVX512F, AVX512VL and AVX512_VNNI from CPUID leaf 7, and the OS saving
+ * the opmask and ZMM state (XCR0 bits 5-7) beside the YMM state. */
+static bool cpu_has_avx512_vnni(void)
+{
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2_fma_f16c())
+        return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    bool f = b & (1u << 16), vl = b & (1u << 31), vnni = c & (1u << 11);
+    if (!(f && vl && vnni))
+        return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    return (xcr0_lo & 0xe6) == 0xe6;
+}
 #else
 static bool cpu_has_avx2_fma_f16c(void)
+{
+    return false;
+}
+static bool cpu_has_avx512_vnni(void)
 {
     return false;
 }
@@ -330,6 +353,7 @@ static bool cpu_has_avx2_fma_f16c(void)
 static void detect_cpu(void)
 {
     have_avx2 = cpu_has_avx2_fma_f16c();
+    have_vnni = cpu_has_avx512_vnni();
     const char *env = getenv("QLSERVE_CPU_PATH");
     if (env && strcmp(env, "scalar") == 0)
         force_scalar = true;
@@ -346,6 +370,20 @@ const char *qt_cpu_path(void)
 {
     pthread_once(&cpu_once, detect_cpu);
     return (have_avx2 && !force_scalar) ? "avx2" : "scalar";
+}
+
+const char *qt_q8_path(void)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (!have_avx2 || force_scalar)
+        return "scalar";
+    return have_vnni && !no_vnni ? "avx512vnni" : "avx2";
+}
+
+void qt_set_no_vnni(bool off)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    no_vnni = off;
 }
 
 void qt_set_force_scalar(bool force)
@@ -382,7 +420,7 @@ int qt_activations_from_name(const char *name)
     return -1;
 }
 
-/* Whether the 8-bit path's AVX2 entries are taken. */
+/* Whether the 8-bit path's AVX2 quantizer (and AVX2 or VNNI products) are taken. */
 static bool q8_fast(const qt_traits *tr)
 {
     return use_avx2() && tr->matmul_q8_avx2;
@@ -430,7 +468,9 @@ void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, 
 {
     const qt_traits *tr = &qt_traits_table[w->kind];
     if (a->q && tr->matmul_q8 && a->cols == w->cols) {
-        if (q8_fast(tr))
+        if (q8_fast(tr) && have_vnni && !no_vnni && tr->matmul_q8_vnni)
+            tr->matmul_q8_vnni(w, a, y, row0, row1);
+        else if (q8_fast(tr))
             tr->matmul_q8_avx2(w, a, y, row0, row1);
         else
             tr->matmul_q8(w, a, y, row0, row1);

@@ -1,16 +1,14 @@
 /*
  * test_q8act.c - the 8-bit activation path (qt_set_activations(QT_ACT_Q8)):
- * for Q4_K, Q5_K and Q6_K, the AVX2 product equals the scalar one bit for
- * bit (batches 1 .. 9, any row range), a row's bits do not depend on its
- * batch, and both equal a float64 computation of the same quantities (the
- * dequantized weights times the quantized activations, d * q) within 2e-6
- * of the magnitude sum: the integer path computes what it says, and the
- * only departure from the f32 path is the activations' own rounding:
- * at most sum_c |w_c| * d / 2 (d the block's step), plus the f32 path's
- * own 1e-5 of the magnitude sum (the README states the distance from the
- * float64 logits of a real model). A NaN in a row of x
- * makes that row's outputs NaN and no other; a kind without the path (Q8_0)
- * or a width that is not a multiple of 256 keeps the f32 product.
+ * for Q4_K, Q5_K and Q6_K, the AVX2 and AVX-512 VNNI products (each this
+ * CPU has) equal the scalar one bit for bit (batches 1 .. 9, any row range), a row's bits do not
+ * depend on its batch, and both equal a float64 computation of the same quantities (the dequantized
+ * weights times the quantized activations, d * q) within 2e-6 of the magnitude sum: the integer
+ * path computes what it says, and the only departure from the f32 path is the activations' own
+ * rounding: at most sum_c |w_c| * d / 2 (d the block's step), plus the f32 path's own 1e-5 of the
+ * magnitude sum (the README states the distance from the float64 logits of a real model). A NaN in
+ * a row of x makes that row's outputs NaN and no other; a kind without the path (Q8_0) or a width
+ * that is not a multiple of 256 keeps the f32 product.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -90,11 +88,18 @@ Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
             double *y64 = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double)),
                    *step = malloc(n * sizeof(double));
             cr_assert(fast && ref && f32 && y64 && mag && step);
-            qt_set_activations(QT_ACT_Q8);
-            qt_matmul(&t, x, batch, fast, 0, 20); /* two ranges: a split as the pool makes */
-            qt_matmul(&t, x, batch, fast, 20, rows);
-            qt_set_activations(QT_ACT_F32);
             cr_assert(qt_matmul_q8_ref(&t, x, batch, ref, 0, rows));
+            /* each fast form this CPU has: AVX-512 VNNI where present, and AVX2 */
+            for (int no_vnni = 1; no_vnni >= 0; no_vnni--) {
+                qt_set_no_vnni(no_vnni);
+                qt_set_activations(QT_ACT_Q8);
+                qt_matmul(&t, x, batch, fast, 0, 20); /* two ranges: a split as the pool makes */
+                qt_matmul(&t, x, batch, fast, 20, rows);
+                qt_set_activations(QT_ACT_F32);
+                cr_assert_eq(memcmp(fast, ref, n * sizeof(float)), 0,
+                             "%s batch %lld: the %s products differ from the scalar ones",
+                             qt_kind_name(kinds[ki]), (long long)batch, qt_q8_path());
+            }
             qt_matmul(&t, x, batch, f32, 0, rows);
             reference(&t, x, batch, y64, mag, step);
             for (size_t i = 0; i < n; i++) {

@@ -222,5 +222,12 @@ void qt_matmul_q8_q5_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_
                             int64_t row1);
 void qt_matmul_q8_q6_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                             int64_t row1);
+/* The same on AVX-512 VNNI (matmul_q8_vnni.c): the same bits. */
+void qt_matmul_q8_q4_k_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q5_k_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q6_k_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
 
 #endif

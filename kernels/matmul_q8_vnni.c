@@ -1,0 +1,22 @@
+/*
+ * matmul_q8_vnni.c - the 8-bit activation products (matmul_q8.inc) for
+ * CPUs with AVX-512 VNNI and VL: each sub-block's pair sums times its
+ * scale added by one vpdpwssd on 256-bit vectors where the AVX2 form
+ * takes vpmaddwd and vpaddd. The same integers, so the scalar entries'
+ * bits (test_q8act). Entry points qt_matmul_q8_<kind>_vnni; traits.c
+ * takes them when CPUID reports AVX512_VNNI and AVX512VL and the OS saves
+ * the AVX-512 state. It owns no state. Compiled with -mavx2 -mfma -mf16c
+ * -mavx512f -mavx512vl -mavx512vnni.
+ */
+#include "kernels_internal.h"
+#include "qt_q8act_math.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define ALWAYS_INLINE               static inline __attribute__((always_inline))
+#define XCHUNK                      8 /* AVX-512 has 32 vector registers */
+#define Q8_MADD(acc, pairs, scales) _mm256_dpwssd_epi32(acc, pairs, scales)
+#define Q8_ENTRY(name)              name##_vnni
+
+#include "matmul_q8.inc"
