@@ -40,9 +40,7 @@ void qt_acts_quantize_ref(qt_acts *a)
                              a->d + k);
 }
 
-/* Q4_K and Q5_K (five) rows: per sub-block of 32 the codes times q, times
- * the sub-block's scale, into isum; its minimum times its sum of q into
- * msum. */
+/* Q4_K and Q5_K (five) rows: per block, the lanes of qt_q8act_math.h. */
 static void k4_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1,
                     bool five)
 {
@@ -50,7 +48,7 @@ static void k4_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, 
     int64_t cols = t->cols, nblk = cols / QM_QK_K;
     for (int64_t r = row0; r < row1; r++)
         for (int64_t b = 0; b < x->batch; b++) {
-            float total = 0.0f;
+            float lanes[8] = {0};
             const uint8_t *blk = t->data + r * nblk * (int64_t)bb;
             for (int64_t k = 0; k < nblk; k++, blk += bb) {
                 const int8_t *q = x->q + b * cols + k * QM_QK_K;
@@ -58,53 +56,51 @@ static void k4_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, 
                 const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
                 uint8_t sc[8], mn[8];
                 qm_q8_k4_scales(blk + 4, sc, mn);
-                int32_t isum = 0, msum = 0;
+                int32_t isum[8] = {0}, msum[8];
                 for (int j = 0; j < 8; j++) {
                     const uint8_t *c = qs + 32 * (j / 2);
-                    int shift = 4 * (j & 1), s = 0;
+                    int shift = 4 * (j & 1);
                     for (int i = 0; i < 32; i++) {
                         int code = (c[i] >> shift) & 15;
                         if (five)
                             code |= ((qh[i] >> j) & 1) << 4;
-                        s += code * q[32 * j + i];
+                        isum[i / 4] += sc[j] * code * q[32 * j + i];
                     }
-                    isum += sc[j] * s;
-                    msum += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+                    msum[j] = mn[j] * (bs[2 * j] + bs[2 * j + 1]);
                 }
-                total = qm_q8_k4_tail(total, x->d[(b * cols) / QM_QK_K + k], qm_f16_le(blk),
-                                      qm_f16_le(blk + 2), isum, msum);
+                float dx = x->d[(b * cols) / QM_QK_K + k];
+                qm_q8_lanes_fma(lanes, dx * qm_f16_le(blk), isum);
+                qm_q8_lanes_fma(lanes, -(dx * qm_f16_le(blk + 2)), msum);
             }
-            y[b * t->rows + r] = total;
+            y[b * t->rows + r] = qm_q8_lanes_sum(lanes);
         }
 }
 
-/* Q6_K rows: per sub-block of 16 the signed codes times q, times the
- * sub-block's scale, into isum. */
+/* Q6_K rows: per block, the lanes of qt_q8act_math.h. */
 static void q6_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
 {
     int64_t cols = t->cols, nblk = cols / QM_QK_K;
     for (int64_t r = row0; r < row1; r++)
         for (int64_t b = 0; b < x->batch; b++) {
-            float total = 0.0f;
+            float lanes[8] = {0};
             const uint8_t *blk = t->data + r * nblk * (int64_t)QM_Q6_K_BYTES;
             for (int64_t k = 0; k < nblk; k++, blk += QM_Q6_K_BYTES) {
                 const int8_t *q = x->q + b * cols + k * QM_QK_K;
-                int32_t isum = 0;
-                for (int e = 0; e < QM_QK_K; e += 16) { /* sub-block e / 16 */
-                    int half = e / 128, kk = (e % 128) / 32, l0 = e % 32, s = 0;
-                    const uint8_t *ql = blk + 64 * half + (kk & 1 ? 32 : 0),
-                                  *qh = blk + 128 + 32 * half;
-                    for (int l = l0; l < l0 + 16; l++) {
-                        int lo = kk < 2 ? ql[l] & 15 : ql[l] >> 4;
-                        int code = (lo | ((qh[l] >> 2 * kk) & 3) << 4) - 32;
-                        s += code * q[e + l - l0];
-                    }
-                    isum += (int8_t)blk[192 + e / 16] * s;
+                const int16_t *bs = x->bsum + (b * cols + k * QM_QK_K) / 16;
+                const int8_t *sc = (const int8_t *)blk + 192;
+                int32_t v[8] = {0};
+                for (int e = 0; e < QM_QK_K; e++) { /* element e: half, group kk, l < 32 */
+                    int half = e / 128, kk = (e % 128) / 32, l = e % 32;
+                    const uint8_t *ql = blk + 64 * half + (kk & 1 ? 32 : 0);
+                    int lo = kk < 2 ? ql[l] & 15 : ql[l] >> 4;
+                    int code = lo | ((blk[128 + 32 * half + l] >> 2 * kk) & 3) << 4;
+                    v[l / 4] += sc[e / 16] * code * q[e];
                 }
-                total = qm_q8_q6_tail(total, x->d[(b * cols) / QM_QK_K + k], qm_f16_le(blk + 208),
-                                      isum);
+                for (int n = 0; n < 8; n++)
+                    v[n] -= 32 * (sc[2 * n] * bs[2 * n] + sc[2 * n + 1] * bs[2 * n + 1]);
+                qm_q8_lanes_fma(lanes, x->d[(b * cols) / QM_QK_K + k] * qm_f16_le(blk + 208), v);
             }
-            y[b * t->rows + r] = total;
+            y[b * t->rows + r] = qm_q8_lanes_sum(lanes);
         }
 }
 

@@ -13,11 +13,11 @@
  * infinity has d = NaN (so the products it enters are NaN, as the f32 path
  * would make them) and q = 0.
  *
- * The dot of one weight block against it is exact integer arithmetic
- * (isum, msum below), then a fixed, short float tail per block of 256
- * (qm_q8_k4_tail, qm_q8_q6_tail), so every path that computes the same
- * integers (the scalar entries in quant_q8act.c, the AVX2 ones in
- * matmul_q8_avx2.c) gives the same bits. Header-only; the CPU's files use
+ * The dot of one weight block against it is exact integer arithmetic in
+ * eight lanes, then one fused multiply-add per lane per block (below), so
+ * every path that computes the same integers in the same lanes (the scalar
+ * entries in quant_q8act.c, the AVX2 and VNNI ones of matmul_q8.inc) gives
+ * the same bits. Header-only; the CPU's files use
  * it (the CUDA backend keeps f32 activations).
  */
 #ifndef QL_QT_Q8ACT_MATH_H
@@ -84,21 +84,31 @@ static inline void qm_q8_k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t
     }
 }
 
-/* A Q4_K/Q5_K block's contribution from its integer sums: isum = sum over
- * sub-blocks of sc * (codes . q), msum = sum of m * (the sub-block's sum
- * of q); w = d * sc * code - dmin * m, x = dx * q. */
-static inline float qm_q8_k4_tail(float total, float dx, float d, float dmin, int32_t isum,
-                                  int32_t msum)
+/*
+ * A row's sum across blocks is kept in eight f32 lanes, as the vector code
+ * keeps it. Per block of 256, lane n gets an int32 that the vector code
+ * makes in lane n of its registers:
+ *   Q4_K, Q5_K  isum[n] = sum over the 8 sub-blocks j of sc[j] times the
+ *               codes times q over elements 32 j + 4n .. 32 j + 4n + 3;
+ *               msum[n] = mn[n] * (bsum[2n] + bsum[2n + 1]);
+ *               lanes[n] += (dx * d) * isum[n], then -= (dx * dmin) * msum[n];
+ *   Q6_K        v[n] = sum over the halves h and groups g (0..3) of
+ *               sc[8h + 2g + n / 4] times (unsigned code) times q over
+ *               elements 128 h + 32 g + 4n .. + 3, minus 32 * (sc[2n] *
+ *               bsum[2n] + sc[2n + 1] * bsum[2n + 1]);
+ *               lanes[n] += (dx * d) * v[n];
+ * each += a fused multiply-add (fmaf; the vector code's vfmadd / vfnmadd),
+ * and the row's result qm_q8_lanes_sum(lanes).
+ */
+static inline void qm_q8_lanes_fma(float lanes[8], float a, const int32_t v[8])
 {
-    total += (dx * d) * (float)isum;
-    total -= (dx * dmin) * (float)msum;
-    return total;
+    for (int n = 0; n < 8; n++)
+        lanes[n] = fmaf(a, (float)v[n], lanes[n]);
 }
 
-/* A Q6_K block's: isum = sum over sub-blocks of sc * ((code - 32) . q). */
-static inline float qm_q8_q6_tail(float total, float dx, float d, int32_t isum)
+static inline float qm_q8_lanes_sum(const float l[8])
 {
-    return total + (dx * d) * (float)isum;
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
 #endif
