@@ -14,6 +14,7 @@
  */
 #include "kernels_internal.h"
 #include "qt_q8act_math.h"
+#include "qt_quant_math.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #define ALWAYS_INLINE               static inline __attribute__((always_inline))
 #define XCHUNK                      4
 #define Q8_MADD(acc, pairs, scales) _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales))
+#define Q8_DOT4(u8, s8)             _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1))
 #define Q8_ENTRY(name)              name##_avx2
 
 /* --- quantizing the activations -------------------------------------------------- */
@@ -33,12 +35,12 @@ static inline int32_t hsum_i32(__m256i v)
     return _mm_cvtsi128_si32(s);
 }
 
-/* One block of 256: qm_q8_quantize_block's values (the same amax, the same
+/* One block of n (256 or 32): qm_q8_quantize_block's values (the same amax, the same
  * product x * id rounded to nearest even by vcvtps2dq). */
-static void quantize_block(const float *x, int8_t *q, int16_t *bsum, float *d)
+static void quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, float *d)
 {
     __m256 sign = _mm256_set1_ps(-0.0f), amax8 = _mm256_setzero_ps(), nan8 = _mm256_setzero_ps();
-    for (int i = 0; i < QM_Q8_BLOCK; i += 8) {
+    for (int i = 0; i < n; i += 8) {
         __m256 v = _mm256_loadu_ps(x + i);
         amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, v));
         nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -48,13 +50,13 @@ static void quantize_block(const float *x, int8_t *q, int16_t *bsum, float *d)
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     float amax = _mm_cvtss_f32(m);
     if (_mm256_movemask_ps(nan8) || !(amax <= 3.4028235e38f) || amax == 0.0f) {
-        qm_q8_quantize_block(x, q, bsum, d); /* the rare cases, as the reference writes them */
+        qm_q8_quantize_block(x, n, q, bsum, d); /* the rare cases, as the reference writes them */
         return;
     }
     __m256 id = _mm256_set1_ps(127.0f / amax);
     *d = amax / 127.0f;
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int i = 0; i < QM_Q8_BLOCK; i += 32) {
+    for (int i = 0; i < n; i += 32) {
         __m256i v[4];
         for (int g = 0; g < 4; g++)
             v[g] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * g), id));
@@ -68,9 +70,10 @@ static void quantize_block(const float *x, int8_t *q, int16_t *bsum, float *d)
 
 void qt_acts_quantize_avx2(qt_acts *a)
 {
-    int64_t nblk = a->batch * a->cols / QM_Q8_BLOCK;
+    int64_t nblk = a->batch * a->cols / a->block;
     for (int64_t k = 0; k < nblk; k++)
-        quantize_block(a->x + k * QM_Q8_BLOCK, a->q + k * QM_Q8_BLOCK, a->bsum + k * 16, a->d + k);
+        quantize_block(a->x + k * a->block, (int)a->block, a->q + k * a->block,
+                       a->bsum + k * a->block / 16, a->d + k);
 }
 
 #include "matmul_q8.inc"

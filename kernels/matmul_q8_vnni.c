@@ -10,6 +10,7 @@
  */
 #include "kernels_internal.h"
 #include "qt_q8act_math.h"
+#include "qt_quant_math.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #define ALWAYS_INLINE               static inline __attribute__((always_inline))
 #define XCHUNK                      8 /* AVX-512 has 32 vector registers */
 #define Q8_MADD(acc, pairs, scales) _mm256_dpwssd_epi32(acc, pairs, scales)
+#define Q8_DOT4(u8, s8)             _mm256_dpbusd_epi32(_mm256_setzero_si256(), u8, s8)
 #define Q8_ENTRY(name)              name##_vnni
 
 #include "matmul_q8.inc"

@@ -179,15 +179,16 @@ typedef struct qtensor {
 /*
  * A batch of activation rows prepared for products with weights of one
  * kind (qt_acts_prepare): x itself, and under QT_ACT_Q8, where the kind has
- * the 8-bit path, x quantized to int8 per block of 256 (q, with the
+ * the 8-bit path, x quantized to int8 per block of the kind's (q, with the
  * blocks' scales d and the sums of each 16 codes bsum), made once and read
  * by every product and thread that multiplies the same x.
  */
 typedef struct qt_acts {
     const float *x; /* batch rows of cols (the caller's, not owned) */
     int64_t batch, cols;
+    int64_t block; /* activations per scale: 256 (k-quants) or 32 */
     int8_t *q;     /* batch * cols codes, row after row; NULL: f32 only */
-    float *d;      /* batch * cols / 256 */
+    float *d;      /* batch * cols / block */
     int16_t *bsum; /* batch * cols / 16 */
     void *mem;     /* what qt_acts_release frees; NULL in a view */
 } qt_acts;

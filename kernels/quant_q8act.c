@@ -2,7 +2,8 @@
  * quant_q8act.c - the 8-bit activation path's scalar half: a batch of
  * activation rows quantized to int8 blocks of 256 (qt_acts_quantize_ref),
  * and the reference products of the kinds that have the path (Q4_K, Q5_K,
- * Q6_K) against them (qt_matmul_q8_<kind>_ref), one integer sum per
+ * Q6_K; and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 against blocks of
+ * 32) against them (qt_matmul_q8_<kind>_ref), one integer sum per
  * sub-block and qt_q8act_math.h's float tail per block. The AVX2 forms
  * (matmul_q8_avx2.c) compute the same integers, so they give these bits.
  *
@@ -11,17 +12,18 @@
  */
 #include "kernels_internal.h"
 #include "qt_q8act_math.h"
+#include "qt_quant_math.h"
 
 #include <stdlib.h>
 
-int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols)
+int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols, int64_t block)
 {
-    *x = (qt_acts){f32, batch, cols, NULL, NULL, NULL, NULL};
-    if (batch <= 0 || cols <= 0 || cols % QM_Q8_BLOCK != 0 || batch > INT64_MAX / cols)
+    *x = (qt_acts){f32, batch, cols, block, NULL, NULL, NULL, NULL};
+    if (batch <= 0 || cols <= 0 || cols % block != 0 || batch > INT64_MAX / cols)
         return QL_EINVAL;
     size_t n = (size_t)(batch * cols);
     /* one allocation: the scales first (aligned), then the sums, then the codes */
-    size_t d_bytes = n / QM_Q8_BLOCK * sizeof(float), s_bytes = n / 16 * sizeof(int16_t);
+    size_t d_bytes = n / (size_t)block * sizeof(float), s_bytes = n / 16 * sizeof(int16_t);
     uint8_t *mem = malloc(d_bytes + s_bytes + n);
     if (!mem)
         return QL_ENOMEM;
@@ -34,10 +36,10 @@ int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols)
 
 void qt_acts_quantize_ref(qt_acts *a)
 {
-    int64_t nblk = a->batch * a->cols / QM_Q8_BLOCK;
+    int64_t nblk = a->batch * a->cols / a->block;
     for (int64_t k = 0; k < nblk; k++)
-        qm_q8_quantize_block(a->x + k * QM_Q8_BLOCK, a->q + k * QM_Q8_BLOCK, a->bsum + k * 16,
-                             a->d + k);
+        qm_q8_quantize_block(a->x + k * a->block, (int)a->block, a->q + k * a->block,
+                             a->bsum + k * a->block / 16, a->d + k);
 }
 
 /* Q4_K and Q5_K (five) rows: per block, the lanes of qt_q8act_math.h. */
@@ -102,6 +104,60 @@ static void q6_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, 
             }
             y[b * t->rows + r] = qm_q8_lanes_sum(lanes);
         }
+}
+
+/* One block of 32 of a kind of blocks of 32 as integer codes c (signed;
+ * Q4_1 and Q5_1 unsigned), its scale *dw and its minimum *m (Q4_1, Q5_1;
+ * else 0): w = dw * c + m, as the kind's dequantization reads it. */
+static void b32_codes(qt_kind kind, const uint8_t *blk, int c[32], float *dw, float *m)
+{
+    *m = 0.0f;
+    for (int i = 0; i < 32; i++)
+        switch (kind) {
+        case QT_Q8_0: c[i] = (int8_t)blk[2 + i]; break;
+        case QT_Q4_0: c[i] = qm_gguf_nibble(blk + 2, i) - 8; break;
+        case QT_Q4_1: c[i] = qm_gguf_nibble(blk + 4, i); break;
+        case QT_Q5_0: c[i] = qm_q5_code(blk + 2, blk + 6, i) - 16; break;
+        case QT_Q5_1: c[i] = qm_q5_code(blk + 4, blk + 8, i); break;
+        case QT_IQ4_NL: c[i] = qm_iq4nl_level(qm_gguf_nibble(blk + 2, i)); break;
+        default: c[i] = qm_mxfp4_level(qm_gguf_nibble(blk + 1, i)); break; /* QT_MXFP4 */
+        }
+    *dw = kind == QT_MXFP4 ? qm_e8m0_half(blk[0]) : qm_f16_le(blk);
+    if (kind == QT_Q4_1 || kind == QT_Q5_1)
+        *m = qm_f16_le(blk + 2);
+}
+
+/* Rows of a kind of blocks of 32: per block the lanes of qt_q8act_math.h
+ * (lane n: elements 4n .. 4n + 3), and the minimum times the block's sum
+ * of q in one more fused multiply-add per block. */
+static void b32_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
+{
+    size_t bb = qt_kind_geometry_table[t->kind].block_bytes;
+    int64_t cols = t->cols, nblk = cols / 32;
+    for (int64_t r = row0; r < row1; r++)
+        for (int64_t b = 0; b < x->batch; b++) {
+            float lanes[8] = {0}, mins = 0.0f;
+            const uint8_t *blk = t->data + r * nblk * (int64_t)bb;
+            for (int64_t k = 0; k < nblk; k++, blk += bb) {
+                const int8_t *q = x->q + b * cols + k * 32;
+                const int16_t *bs = x->bsum + (b * cols + k * 32) / 16;
+                int c[32];
+                float dw, m, dx = x->d[(b * cols) / 32 + k];
+                b32_codes(t->kind, blk, c, &dw, &m);
+                int32_t v[8] = {0};
+                for (int i = 0; i < 32; i++)
+                    v[i / 4] += c[i] * q[i];
+                qm_q8_lanes_fma(lanes, dw * dx, v);
+                if (t->kind == QT_Q4_1 || t->kind == QT_Q5_1)
+                    mins = fmaf(m * dx, (float)(bs[0] + bs[1]), mins);
+            }
+            y[b * t->rows + r] = qm_q8_lanes_sum(lanes) + mins;
+        }
+}
+
+void qt_matmul_q8_b32_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
+{
+    b32_rows(t, x, y, row0, row1);
 }
 
 void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)

@@ -90,6 +90,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_0_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q4_0_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q4_0_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q4_0_avx2,
         },
     [QT_Q4_1] =
@@ -99,6 +102,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_1_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q4_1_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q4_1_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q4_1_avx2,
         },
     [QT_Q8_0] =
@@ -108,6 +114,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q8_0_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q8_0_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q8_0_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q8_0_avx2,
         },
     [QT_Q5_0] =
@@ -117,6 +126,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_0_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q5_0_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q5_0_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q5_0_avx2,
         },
     [QT_Q5_1] =
@@ -126,6 +138,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_1_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_q5_1_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_q5_1_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q5_1_avx2,
         },
     [QT_Q4_K] =
@@ -189,6 +204,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_iq4_nl_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_iq4_nl_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_iq4_nl_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_iq4_nl_avx2,
         },
     [QT_IQ4_XS] =
@@ -207,6 +225,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_mxfp4_avx2,
+            .matmul_q8 = qt_matmul_q8_b32_ref,
+            .matmul_q8_avx2 = qt_matmul_q8_mxfp4_avx2,
+            .matmul_q8_vnni = qt_matmul_q8_mxfp4_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_mxfp4_avx2,
         },
 };
@@ -431,7 +452,8 @@ static bool q8_fast(const qt_traits *tr)
  * is no memory; a then holds x alone. */
 static bool acts_quantize(qt_acts *a, const qtensor *w, const float *x, int64_t batch, bool fast)
 {
-    if (!qt_traits_table[w->kind].matmul_q8 || qt_acts_alloc(a, x, batch, w->cols) != QL_OK)
+    const qt_traits *tr = &qt_traits_table[w->kind];
+    if (!tr->matmul_q8 || qt_acts_alloc(a, x, batch, w->cols, tr->block_size) != QL_OK)
         return false;
     if (fast)
         qt_acts_quantize_avx2(a);
@@ -442,7 +464,7 @@ static bool acts_quantize(qt_acts *a, const qtensor *w, const float *x, int64_t 
 
 void qt_acts_prepare(qt_acts *a, const qtensor *w, const float *x, int64_t batch)
 {
-    *a = (qt_acts){x, batch, w->cols, NULL, NULL, NULL, NULL};
+    *a = (qt_acts){x, batch, w->cols, 0, NULL, NULL, NULL, NULL};
     if (activations == QT_ACT_Q8)
         acts_quantize(a, w, x, batch, q8_fast(&qt_traits_table[w->kind]));
 }
@@ -455,10 +477,10 @@ void qt_acts_release(qt_acts *a)
 
 qt_acts qt_acts_rows(const qt_acts *a, int64_t first, int64_t n)
 {
-    qt_acts v = {a->x + first * a->cols, n, a->cols, NULL, NULL, NULL, NULL};
+    qt_acts v = {a->x + first * a->cols, n, a->cols, a->block, NULL, NULL, NULL, NULL};
     if (a->q) {
         v.q = a->q + first * a->cols;
-        v.d = a->d + first * a->cols / 256;
+        v.d = a->d + first * a->cols / a->block;
         v.bsum = a->bsum + first * a->cols / 16;
     }
     return v;
@@ -467,7 +489,7 @@ qt_acts qt_acts_rows(const qt_acts *a, int64_t first, int64_t n)
 void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, int64_t row1)
 {
     const qt_traits *tr = &qt_traits_table[w->kind];
-    if (a->q && tr->matmul_q8 && a->cols == w->cols) {
+    if (a->q && tr->matmul_q8 && a->cols == w->cols && a->block == tr->block_size) {
         if (q8_fast(tr) && have_vnni && !no_vnni && tr->matmul_q8_vnni)
             tr->matmul_q8_vnni(w, a, y, row0, row1);
         else if (q8_fast(tr))

@@ -1,14 +1,18 @@
 /*
  * test_q8act.c - the 8-bit activation path (qt_set_activations(QT_ACT_Q8)):
- * for Q4_K, Q5_K and Q6_K, the AVX2 and AVX-512 VNNI products (each this
- * CPU has) equal the scalar one bit for bit (batches 1 .. 9, any row range), a row's bits do not
- * depend on its batch, and both equal a float64 computation of the same quantities (the dequantized
- * weights times the quantized activations, d * q) within 2e-6 of the magnitude sum: the integer
- * path computes what it says, and the only departure from the f32 path is the activations' own
- * rounding: at most sum_c |w_c| * d / 2 (d the block's step), plus the f32 path's own 1e-5 of the
- * magnitude sum (the README states the distance from the float64 logits of a real model). A NaN in
- * a row of x makes that row's outputs NaN and no other; a kind without the path (Q8_0) or a width
- * that is not a multiple of 256 keeps the f32 product.
+ * for Q4_K, Q5_K, Q6_K (activations in blocks of 256) and Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, IQ4_NL, MXFP4 (blocks of 32), the AVX2 and AVX-512 VNNI
+ * products (each this CPU has) equal the scalar one bit for bit (batches
+ * 1 .. 9, any row range), a row's bits do not depend on its batch, and
+ * both equal a float64 computation of the same quantities (the dequantized
+ * weights times the quantized activations, d * q) within 2e-6 of the
+ * magnitude sum: the integer path computes what it says, and the only
+ * departure from the f32 path is the activations' own rounding, at most
+ * sum_c |w_c| * d / 2 (d the block's step) plus the f32 path's own 1e-5
+ * of the magnitude sum (the README states the distance from the float64
+ * logits of a real model). A NaN in a row of x makes that row's outputs
+ * NaN and no other; a kind without the path (IQ4_XS, F16) keeps the f32
+ * product.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -19,7 +23,26 @@
 #include "test_kquant.h"
 #include "test_util.h"
 
-static const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K};
+static const qt_kind kinds[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0,   QT_Q4_0,
+                                QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_IQ4_NL, QT_MXFP4};
+
+/* rows x cols of kind: random blocks for the kinds read in place
+ * (test_kquant.h), else N(0, 0.02) weights through qt_quantize. */
+static void random_weight(qtensor *t, qt_kind kind, int64_t rows, int64_t cols, uint64_t *rng)
+{
+    if (test_kquant_is_read_only(kind)) {
+        test_random_kquant(t, kind, rows, cols, rng);
+        return;
+    }
+    float *w = malloc((size_t)(rows * cols) * sizeof *w);
+    cr_assert(w);
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = 0.02f * test_normal(rng);
+    char msg[256];
+    cr_assert_eq(qt_quantize(t, w, rows, cols, &(qt_quant_params){.kind = kind}, msg, sizeof msg),
+                 QL_OK, "%s: %s", qt_kind_name(kind), msg);
+    free(w);
+}
 
 static float *random_x(int64_t n, uint64_t *rng)
 {
@@ -44,12 +67,13 @@ static void reference(const qtensor *t, const float *x, int64_t batch, double *y
     qt_dequantize_rows_ref(t, 0, rows, w);
     for (int64_t b = 0; b < batch; b++) {
         const float *xb = x + b * cols;
-        for (int64_t k = 0; k < cols; k += 256) {
+        int64_t block = qt_traits_table[t->kind].block_size; /* 256 or 32 */
+        for (int64_t k = 0; k < cols; k += block) {
             float amax = 0.0f;
-            for (int i = 0; i < 256; i++)
+            for (int64_t i = 0; i < block; i++)
                 amax = fmaxf(amax, fabsf(xb[k + i]));
             float id = 127.0f / amax, d = amax / 127.0f;
-            for (int i = 0; i < 256; i++) {
+            for (int64_t i = 0; i < block; i++) {
                 xq[k + i] = (double)d * (double)lrintf(xb[k + i] * id);
                 half[k + i] = (double)d / 2.0;
             }
@@ -79,7 +103,7 @@ Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
     int64_t rows = 37, cols = 768;
     for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
         qtensor t;
-        test_random_kquant(&t, kinds[ki], rows, cols, &rng);
+        random_weight(&t, kinds[ki], rows, cols, &rng);
         for (int64_t batch = 1; batch <= 9; batch += (batch < 5 ? 1 : 4)) {
             float *x = random_x(batch * cols, &rng);
             size_t n = (size_t)(batch * rows);
@@ -131,7 +155,7 @@ Test(q8act, a_row_gives_the_same_bits_alone_or_batched)
     int64_t rows = 19, cols = 512, batch = 6;
     for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
         qtensor t;
-        test_random_kquant(&t, kinds[ki], rows, cols, &rng);
+        random_weight(&t, kinds[ki], rows, cols, &rng);
         float *x = random_x(batch * cols, &rng);
         float all[6 * 19], one[19];
         qt_set_activations(QT_ACT_Q8);
@@ -154,7 +178,7 @@ Test(q8act, a_nan_stays_in_its_row_and_zeros_give_zero)
     for (int scalar = 0; scalar < 2; scalar++)
         for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
             qtensor t;
-            test_random_kquant(&t, kinds[ki], rows, cols, &rng);
+            random_weight(&t, kinds[ki], rows, cols, &rng);
             float *x = random_x(3 * cols, &rng), y[3 * 5];
             x[cols + 300] = NAN;                                   /* row 1, second block */
             memset(x + 2 * cols, 0, (size_t)cols * sizeof(float)); /* row 2: zeros */
@@ -175,30 +199,36 @@ Test(q8act, a_nan_stays_in_its_row_and_zeros_give_zero)
         }
 }
 
-Test(q8act, kinds_and_widths_without_the_path_keep_f32)
+Test(q8act, kinds_without_the_path_keep_f32)
 {
     uint64_t rng = 3;
-    /* Q8_0 has no 8-bit product here; a Q4_K row of 256 does, but x of a
-     * width that is not a multiple of 256 cannot occur for a K-quant, so
-     * the other case is a kind of blocks of 32 */
-    int64_t rows = 4, cols = 96;
-    float *w = random_x(rows * cols, &rng), *x = random_x(2 * cols, &rng);
-    qtensor t;
-    char msg[256];
-    cr_assert_eq(
-        qt_quantize(&t, w, rows, cols, &(qt_quant_params){.kind = QT_Q8_0}, msg, sizeof msg), QL_OK,
-        "%s", msg);
-    float a[8], b[8];
-    qt_matmul(&t, x, 2, a, 0, rows);
-    qt_set_activations(QT_ACT_Q8);
-    qt_matmul(&t, x, 2, b, 0, rows);
-    cr_assert_not(qt_matmul_q8_ref(&t, x, 2, b + 0, 0, 0));
-    qt_set_activations(QT_ACT_F32);
-    cr_assert_eq(memcmp(a, b, sizeof a), 0);
+    /* IQ4_XS and F16 have no 8-bit product: the setting changes nothing */
+    const qt_kind none[] = {QT_IQ4_XS, QT_F16};
+    int64_t rows = 4, cols = 256;
+    float *x = random_x(2 * cols, &rng);
+    for (int i = 0; i < 2; i++) {
+        qtensor t;
+        if (none[i] == QT_F16) {
+            float *w = random_x(rows * cols, &rng);
+            char msg[256];
+            cr_assert_eq(
+                qt_quantize(&t, w, rows, cols, &(qt_quant_params){.kind = QT_F16}, msg, sizeof msg),
+                QL_OK, "%s", msg);
+            free(w);
+        } else {
+            test_random_kquant(&t, none[i], rows, cols, &rng);
+        }
+        float a[8], b[8];
+        qt_matmul(&t, x, 2, a, 0, rows);
+        qt_set_activations(QT_ACT_Q8);
+        qt_matmul(&t, x, 2, b, 0, rows);
+        cr_assert_not(qt_matmul_q8_ref(&t, x, 2, b, 0, 0));
+        qt_set_activations(QT_ACT_F32);
+        cr_assert_eq(memcmp(a, b, sizeof a), 0, "%s", qt_kind_name(none[i]));
+        qt_free(&t);
+    }
     cr_assert_str_eq(qt_activations_name(QT_ACT_Q8), "q8");
     cr_assert_eq(qt_activations_from_name("f32"), QT_ACT_F32);
     cr_assert_eq(qt_activations_from_name("int8"), -1);
-    qt_free(&t);
-    free(w);
     free(x);
 }

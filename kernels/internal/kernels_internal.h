@@ -202,12 +202,13 @@ void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float
 /*
  * The 8-bit activation path (qt_set_activations(QT_ACT_Q8); the qt_acts
  * of qtensor.h; arithmetic in kernels/math/qt_q8act_math.h):
- * qt_acts_alloc gives a room for the 8-bit form of batch rows of cols (cols
- * a multiple of 256; QL_EINVAL otherwise, QL_ENOMEM without memory);
+ * qt_acts_alloc gives a room for the 8-bit form of batch rows of cols in
+ * blocks of block (256 or 32; cols a multiple of it: QL_EINVAL otherwise,
+ * QL_ENOMEM without memory);
  * quant_q8act.c holds the scalar quantizer and products, matmul_q8_avx2.c
  * the AVX2 ones, the same bits.
  */
-int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols);
+int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols, int64_t block);
 void qt_acts_quantize_ref(qt_acts *a);
 void qt_acts_quantize_avx2(qt_acts *a);
 void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
@@ -222,6 +223,38 @@ void qt_matmul_q8_q5_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_
                             int64_t row1);
 void qt_matmul_q8_q6_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                             int64_t row1);
+/* The kinds of blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4):
+ * one scalar entry for all (the kind is the tensor's), and per kind the
+ * AVX2 and VNNI ones. */
+void qt_matmul_q8_b32_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1);
+void qt_matmul_q8_q8_0_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q8_0_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q4_0_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q4_0_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q4_1_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q4_1_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q5_0_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q5_0_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q5_1_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_q5_1_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                            int64_t row1);
+void qt_matmul_q8_iq4_nl_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                              int64_t row1);
+void qt_matmul_q8_iq4_nl_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                              int64_t row1);
+void qt_matmul_q8_mxfp4_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                             int64_t row1);
+void qt_matmul_q8_mxfp4_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
+                             int64_t row1);
 /* The same on AVX-512 VNNI (matmul_q8_vnni.c): the same bits. */
 void qt_matmul_q8_q4_k_vnni(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                             int64_t row1);

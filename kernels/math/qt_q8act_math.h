@@ -5,7 +5,8 @@
  * k-quants against it, as llama.cpp computes them (its q8_K activations
  * and ggml_vec_dot_q4_K_q8_K / _q6_K_q8_K), in our own order.
  *
- * One block of 256 activations x becomes
+ * One block of 256 activations x (32 for the kinds of blocks of 32: Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) becomes
  *   d = amax / 127, q[i] = nearest(x[i] * (127 / amax)) in [-127, 127]
  *   (ties to even, the FPU's mode), and bsum[k] = the sum of q over
  *   elements 16k .. 16k + 15;
@@ -28,30 +29,31 @@
 
 #include "qt_math.h"
 
-#define QM_Q8_BLOCK 256 /* activations per scale */
+#define QM_Q8_BLOCK    256 /* activations per scale for the k-quants */
+#define QM_Q8_BLOCK_32 32  /* for the kinds of blocks of 32 */
 
-/* Quantize 256 activations x into q (int8), its 16 sums bsum and the
- * scale *d. */
-static inline void qm_q8_quantize_block(const float *x, int8_t *q, int16_t *bsum, float *d)
+/* Quantize n (256 or 32) activations x into q (int8), its n / 16 sums
+ * bsum and the scale *d. */
+static inline void qm_q8_quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, float *d)
 {
     float amax = 0.0f;
-    for (int i = 0; i < QM_Q8_BLOCK; i++) {
+    for (int i = 0; i < n; i++) {
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
         if (a != a)
             amax = a;
     }
     if (!(amax <= 3.4028235e38f) || amax == 0.0f) { /* NaN, infinity, or all zero */
-        for (int i = 0; i < QM_Q8_BLOCK; i++)
+        for (int i = 0; i < n; i++)
             q[i] = 0;
-        for (int k = 0; k < QM_Q8_BLOCK / 16; k++)
+        for (int k = 0; k < n / 16; k++)
             bsum[k] = 0;
         *d = amax == 0.0f ? 0.0f : NAN;
         return;
     }
     float id = 127.0f / amax;
     *d = amax / 127.0f;
-    for (int k = 0; k < QM_Q8_BLOCK / 16; k++) {
+    for (int k = 0; k < n / 16; k++) {
         int s = 0;
         for (int i = 16 * k; i < 16 * k + 16; i++) {
             long v = lrintf(x[i] * id);
