@@ -306,22 +306,33 @@ static void attend_softcap(const float *q, const float *k, const float *v, int64
 /* Positions of a run converted at a time for a cache not stored in f32. */
 #define KV_LOAD_CHUNK 8
 
+/* Query heads of one KV head attended over one conversion of its K and V
+ * (a group of more is taken in parts of this many, so that a decode step
+ * of one row still gives the pool several items). */
+#define ATTN_HEADS 4
+
 /* One run of n cached positions (their rows lie row_bytes apart from k
- * and v) for query q: straight from the arena when it holds f32, the
- * arithmetic as it always was; else each chunk of positions' head slice
- * [e0, e0 + d) converted to f32 first (qt_kv_load) and the same loop run
- * over the converted values, so the dot products and the weighted sum stay
- * f32 sums. */
-static void attend_run(const eng_kv_cache *kv, float cap, const float *q, const unsigned char *k,
-                       const unsigned char *v, int64_t e0, int32_t n, int32_t d, float scale,
-                       om_online *sm, float *acc)
+ * and v) for the ng query heads at q (d apart), each with its own running
+ * softmax sm[h] and sum acc + h * d: straight from the arena when it holds
+ * f32, the arithmetic as it always was; else each chunk of positions' head
+ * slice [e0, e0 + d) converted to f32 once (qt_kv_load) for all ng heads
+ * and the same loop run over the converted values, so the dot products and
+ * the weighted sums stay f32 sums, the same for a head whatever its
+ * neighbours. */
+static void attend_run(const eng_kv_cache *kv, float cap, const float *q, int32_t ng,
+                       const unsigned char *k, const unsigned char *v, int64_t e0, int32_t n,
+                       int32_t d, float scale, om_online *sm, float *acc)
 {
     if (kv->dtype == QT_F32) {
         const float *kf = (const float *)k + e0, *vf = (const float *)v + e0;
-        if (cap > 0.0f)
-            attend_softcap(q, kf, vf, kv->kv_dim, n, d, scale, cap, sm, acc);
-        else
-            qt_attend(q, kf, vf, kv->kv_dim, n, d, scale, &sm->max, &sm->sum, acc);
+        for (int32_t h = 0; h < ng; h++) {
+            if (cap > 0.0f)
+                attend_softcap(q + h * d, kf, vf, kv->kv_dim, n, d, scale, cap, &sm[h],
+                               acc + h * d);
+            else
+                qt_attend(q + h * d, kf, vf, kv->kv_dim, n, d, scale, &sm[h].max, &sm[h].sum,
+                          acc + h * d);
+        }
         return;
     }
     float kb[KV_LOAD_CHUNK * 512], vb[KV_LOAD_CHUNK * 512];
@@ -332,33 +343,42 @@ static void attend_run(const eng_kv_cache *kv, float cap, const float *q, const 
             qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
             qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
         }
-        if (cap > 0.0f)
-            attend_softcap(q, kb, vb, d, m, d, scale, cap, sm, acc);
-        else
-            qt_attend(q, kb, vb, d, m, d, scale, &sm->max, &sm->sum, acc);
+        for (int32_t h = 0; h < ng; h++) {
+            if (cap > 0.0f)
+                attend_softcap(q + h * d, kb, vb, d, m, d, scale, cap, &sm[h], acc + h * d);
+            else
+                qt_attend(q + h * d, kb, vb, d, m, d, scale, &sm[h].max, &sm[h].sum, acc + h * d);
+        }
     }
 }
 
-/* Attention for (row, head) pairs [i0, i1): online softmax over positions
- * 0..pos of the row's sequence (or, on a sliding layer, the window's last
- * positions), reading K and V from its blocks. */
+/* Attention for items [i0, i1), an item being (row, KV head, part of its
+ * group of query heads): online softmax over positions 0..pos of the row's
+ * sequence (or, on a sliding layer, the window's last positions), reading
+ * K and V from its blocks. */
 static void attention_rows(void *ctx, int64_t i0, int64_t i1)
 {
     const attn_job *j = ctx;
     const eng_config *c = j->c;
     int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    int32_t parts = (group + ATTN_HEADS - 1) / ATTN_HEADS, per_row = c->n_kv_heads * parts;
     float scale = j->scale;
     int32_t window = j->window;
     int32_t bt = j->kv->block_tokens;
-    float acc[512];
+    float acc[ATTN_HEADS * 512];
+    om_online sm[ATTN_HEADS];
     for (int64_t i = i0; i < i1; i++) {
-        int64_t r = i / c->n_heads;
-        int32_t hd = (int32_t)(i % c->n_heads), kvh = hd / group;
+        int64_t r = i / per_row;
+        int32_t kvh = (int32_t)(i % per_row) / parts, part = (int32_t)(i % per_row) % parts;
+        int32_t hd0 = kvh * group + part * ATTN_HEADS;
+        int32_t ng =
+            group - part * ATTN_HEADS < ATTN_HEADS ? group - part * ATTN_HEADS : ATTN_HEADS;
         const eng_step_seq *s = &j->seqs[j->st->row_seq[r]];
         int32_t pos = j->st->row_pos[r];
-        const float *q = j->q + (r * c->n_heads + hd) * d;
-        om_online sm = om_online_start();
-        for (int32_t t = 0; t < d; t++)
+        const float *q = j->q + (r * c->n_heads + hd0) * d;
+        for (int32_t h = 0; h < ng; h++)
+            sm[h] = om_online_start();
+        for (int32_t t = 0; t < ng * d; t++)
             acc[t] = 0.0f;
         /* the sliding window: the last `window` positions, this one included */
         int32_t first = om_attention_first(pos, window);
@@ -368,15 +388,18 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             run = (block_end <= pos ? block_end : pos + 1) - p;
             const unsigned char *k = kv_row(j->kv, s->kv->blocks, j->layer, 0, p);
             const unsigned char *v = kv_row(j->kv, s->kv->blocks, j->layer, 1, p);
-            attend_run(j->kv, j->softcap, q, k, v, (int64_t)kvh * d, run, d, scale, &sm, acc);
+            attend_run(j->kv, j->softcap, q, ng, k, v, (int64_t)kvh * d, run, d, scale, sm, acc);
         }
-        /* the head's sink: one more term of the denominator, with no value */
-        float factor = j->sinks ? om_online_sink(&sm, j->sinks[hd]) : 1.0f;
-        for (int32_t t = 0; factor != 1.0f && t < d; t++)
-            acc[t] *= factor;
-        float *out = j->out + (r * c->n_heads + hd) * d;
-        for (int32_t u = 0; u < d; u++)
-            out[u] = om_online_out(acc[u], sm.sum);
+        for (int32_t h = 0; h < ng; h++) {
+            float *a = acc + h * d;
+            /* the head's sink: one more term of the denominator, with no value */
+            float factor = j->sinks ? om_online_sink(&sm[h], j->sinks[hd0 + h]) : 1.0f;
+            for (int32_t t = 0; factor != 1.0f && t < d; t++)
+                a[t] *= factor;
+            float *out = j->out + (r * c->n_heads + hd0 + h) * d;
+            for (int32_t u = 0; u < d; u++)
+                out[u] = om_online_out(a[u], sm[h].sum);
+        }
     }
 }
 
@@ -484,7 +507,7 @@ static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, cha
     return QL_OK;
 }
 
-/* (row, head) pairs over the pool, one at a time. */
+/* (row, KV head, part of its query heads) items over the pool. */
 static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
                       float softcap, const float *sinks, char *msg, size_t msg_len)
 {
@@ -492,7 +515,8 @@ static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t w
     const cpu_step *cs = be;
     const eng_config *c = &cs->m->cfg;
     attn_job aj = {c, cs->kv, cs->seqs, cs->st, l, window, scale, softcap, sinks, q, out};
-    eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * c->n_heads, 1);
+    int32_t parts = (c->n_heads / c->n_kv_heads + ATTN_HEADS - 1) / ATTN_HEADS;
+    eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * c->n_kv_heads * parts, 1);
     return QL_OK;
 }
 
