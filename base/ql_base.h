@@ -15,7 +15,7 @@
  *     of well-formed UTF-8 that the tokenizer, the chat templates and the
  *     request checks share.
  *   - the words a user types for a choice (--device, --kv-dtype, --into,
- *     --adapter-dtype): one table per choice (ql_names.c), parsed by
+ *     --adapter-dtype, --activations): one table per choice (ql_names.c), parsed by
  *     ql_name_parse and printed by ql_name_of, which config checks flags
  *     with and the engine, the adapters, the CLI and the server parse the
  *     same words with; and QL_KV_MIB_DEFAULT, the KV cache's default size.
@@ -160,6 +160,11 @@ typedef enum ql_into { QL_INTO_OWN = 0, QL_INTO_INT8, QL_INTO_BF16 } ql_into;
 /* What unmerged adapters keep A and B in (--adapter-dtype): adapters/'
  * lora_dtype takes its values from these. */
 typedef enum ql_adapter_dtype { QL_ADAPTER_DTYPE_F32 = 0, QL_ADAPTER_DTYPE_BF16 } ql_adapter_dtype;
+/* What the CPU's K-quant products multiply their weights by (--activations):
+ * f32 activations, or activations quantized to int8 per block (llama.cpp's
+ * arithmetic). The server and the CLI map each to kernels/' qt_activations
+ * (QT_ACT_F32, QT_ACT_Q8). */
+typedef enum ql_activations { QL_ACTIVATIONS_F32 = 0, QL_ACTIVATIONS_Q8 } ql_activations;
 
 /* One word and the value of the enum above it stands for. */
 typedef struct ql_name {
@@ -174,8 +179,9 @@ typedef struct ql_names {
 } ql_names;
 
 /* The tables: cpu, cuda, auto; f32, f16, q8_0; int8, bf16 (QL_INTO_OWN has
- * no word: it is the flag left out); bf16, f32. Static. */
-extern const ql_names ql_device_names, ql_kv_dtype_names, ql_into_names, ql_adapter_dtype_names;
+ * no word: it is the flag left out); bf16, f32; f32, q8. Static. */
+extern const ql_names ql_device_names, ql_kv_dtype_names, ql_into_names, ql_adapter_dtype_names,
+    ql_activations_names;
 
 /* The value word stands for in t, or -1 (word NULL too). */
 int ql_name_parse(const ql_names *t, const char *word);

@@ -21,11 +21,13 @@ static const ql_name kv_dtype_rows[] = {
 static const ql_name into_rows[] = {{"int8", QL_INTO_INT8}, {"bf16", QL_INTO_BF16}};
 static const ql_name adapter_dtype_rows[] = {{"bf16", QL_ADAPTER_DTYPE_BF16},
                                              {"f32", QL_ADAPTER_DTYPE_F32}};
+static const ql_name activations_rows[] = {{"f32", QL_ACTIVATIONS_F32}, {"q8", QL_ACTIVATIONS_Q8}};
 
 const ql_names ql_device_names = NAMES(device_rows);
 const ql_names ql_kv_dtype_names = NAMES(kv_dtype_rows);
 const ql_names ql_into_names = NAMES(into_rows);
 const ql_names ql_adapter_dtype_names = NAMES(adapter_dtype_rows);
+const ql_names ql_activations_names = NAMES(activations_rows);
 
 int ql_name_parse(const ql_names *t, const char *word)
 {

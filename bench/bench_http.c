@@ -525,11 +525,12 @@ int main(int argc, char **argv)
 
     char *info = NULL;
     fetch("GET", "/info", NULL, &info);
-    char model_id[256], quant[64], arch[64], kernels[64];
+    char model_id[256], quant[64], arch[64], kernels[64], activations[16];
     json_field(info, "model_id", model_id, sizeof model_id);
     json_field(info, "quant", quant, sizeof quant);
     json_field(info, "architecture", arch, sizeof arch);
     json_field(info, "cpu_kernels", kernels, sizeof kernels);
+    json_field(info, "activations", activations, sizeof activations);
     free(info);
     /* warm up: the first generation pages the weights in */
     const char *one_token = "{\"inputs\":\"Hello\",\"parameters\":{\"max_new_tokens\":1}}";
@@ -557,6 +558,8 @@ int main(int argc, char **argv)
     print_json_string(out, quant);
     fprintf(out, ", \"cpu_kernels\": ");
     print_json_string(out, kernels);
+    fprintf(out, ", \"activations\": ");
+    print_json_string(out, activations);
     fprintf(out, "},\n");
     fprintf(out,
             "  \"inputs\": {\"connections\": %d, \"seconds\": %g, \"streams\": %d, "

@@ -8,7 +8,10 @@
 # qlserve / llama.cpp. bench/README.md says what each figure is.
 #
 #   bench/moe.sh [--layers N (4)] [run_moe.py flags: --rounds 2 --threads 2 --seconds 20
-#                 --no-serve --no-qlserve ...]
+#                 --no-serve --no-qlserve --activations q8 ...]
+#
+# --activations q8 runs qlserve's side (bench_decode, qlserve serve) with 8-bit activations,
+# llama.cpp's arithmetic; the default f32 is qlserve's own. The JSON's inputs record it.
 #
 # Needs, built beforehand (BUILD=DIR picks the build folder, as bench/lib.sh does):
 #   cmake --build build --target bench_decode bench_serve qlserve

@@ -6,11 +6,15 @@
  * With --adapter the subcommand builds the model, an engine and a LoRA
  * registry (adapters/) itself, loads the adapter, merges it into the
  * weights when --merge asks (printing the merge report on stderr), and runs
- * the request wanting it. Everything it builds it frees before returning.
+ * the request wanting it. --activations is set for the process before the
+ * model loads (server.h's srv_activations_set, shared with serve), and the
+ * end line names what the run computed with. Everything it builds it frees
+ * before returning.
  */
 #include "cli.h"
 #include "lora.h"
 #include "model.h"
+#include "server.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -54,12 +58,13 @@ static void print_speeds(FILE *info, const generation *g, eng_engine *e)
     eng_engine_stats_get(e, &es);
     fprintf(info,
             "prompt %d tokens, %.1f tok/s prefill; generated %d tokens, %.1f tok/s decode; "
-            "finish %s; on %s; KV %s\n",
+            "finish %s; on %s; activations %s; KV %s\n",
             u->prompt_tokens, u->prefill_s > 0 ? u->prompt_tokens / u->prefill_s : 0.0,
             u->generated_tokens,
             u->decode_s > 0 && u->generated_tokens > 1 ? (u->generated_tokens - 1) / u->decode_s
                                                        : 0.0,
-            eng_finish_name(g->why), eng_engine_backend(e), qt_kind_name(es.kv_dtype));
+            eng_finish_name(g->why), eng_engine_backend(e),
+            qt_activations_name(qt_get_activations()), qt_kind_name(es.kv_dtype));
 }
 
 int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *info, char *msg,
@@ -113,6 +118,7 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
     eng_engine *e;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
     if (rc == QL_OK) {
+        srv_activations_settle(e, info, "qlserve generate");
         rc = eng_generate_on(e, o, out, info, msg, msg_len);
         eng_engine_stop(e);
     }
@@ -188,6 +194,7 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
     eng_lora *lora = NULL;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
     if (rc == QL_OK) {
+        srv_activations_settle(e, stderr, "qlserve generate");
         lora_registry_opts ro = {
             .dtype = c->adapter_dtype && lora_dtype_from_name(c->adapter_dtype) == LORA_DTYPE_BF16
                          ? LORA_DTYPE_BF16
@@ -237,6 +244,7 @@ int cli_generate(int argc, char **argv)
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 2;
     }
+    srv_activations_set(c.activations); /* before the weights load: process-wide */
     if (c.adapter)
         rc = generate_with_adapter(&c, &load, &g, msg, sizeof msg);
     else

@@ -250,6 +250,18 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
             .def.s = "bf16", .words = &ql_adapter_dtype_names                                      \
     }
 
+/* serve's and generate's: what the CPU's K-quant products multiply by
+ * (kernels/qtensor.h, qt_set_activations). */
+#define ACTIVATIONS_OPT(T, field)                                                                  \
+    {                                                                                              \
+        FLAG("activations", OPT_STRING, offsetof(T, field),                                        \
+             "what the CPU's Q4_K/Q5_K/Q6_K products multiply: f32 (default: greedy text equal "   \
+             "to the float64 reference is qlserve's promise) or q8, int8 per block of 256 as "     \
+             "llama.cpp computes (faster on K-quant models, no longer the reference's answer; "    \
+             "CPU only: the CUDA backend keeps f32 and says so)"),                                 \
+            .def.s = "f32", .words = &ql_activations_names                                         \
+    }
+
 #define N_OPTS(opts) (sizeof opts / sizeof *opts)
 
 static const opt quantize_opts[] = {
@@ -361,6 +373,7 @@ static const opt generate_opts[] = {
           "store merged modules in a wider kind (default: the weight's own)"),
      .words = &ql_into_names},
     ADAPTER_DTYPE_OPT(cfg_generate, adapter_dtype),
+    ACTIVATIONS_OPT(cfg_generate, activations),
     CHAT_TEMPLATE_OPT(cfg_generate, model),
     MODEL_OPTS(cfg_generate, model),
 };
@@ -471,6 +484,7 @@ static const opt serve_opts[] = {
     {FLAG("kv-dtype", OPT_STRING, SERVE(s.kv_dtype),
           "the KV cache's values (default f32; f16 halves the bytes)"),
      .words = &ql_kv_dtype_names},
+    ACTIVATIONS_OPT(serve_layer, s.activations),
     {FLAG("max-running", OPT_INT, SERVE(s.max_running), "N: sequences decoding together"),
      .def.i = 64, RANGE(1, 65536)},
     {FLAG("no-prefix-cache", OPT_BOOL, SERVE(s.no_prefix_cache),

@@ -82,6 +82,7 @@ typedef struct cfg_generate {
     const char *device;       /* --device cpu|cuda|auto, default auto */
     int32_t kv_mib;           /* --kv-mib, default 0: the engine's default */
     const char *kv_dtype;     /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
+    const char *activations;  /* --activations f32|q8 (ql_activations_names), default f32 */
     const char *adapter;      /* --adapter DIR: a PEFT LoRA adapter folder */
     float adapter_scale;      /* --adapter-scale, default 1 */
     bool merge;               /* --merge: merge it into the weights (else unmerged) */
@@ -147,8 +148,11 @@ typedef struct cfg_serve {
     /* --device cpu|cuda|auto, default auto: CUDA when this build has it and
      * a device is present */
     const char *device;
-    int32_t kv_mib;               /* --kv-mib, default QL_KV_MIB_DEFAULT */
-    const char *kv_dtype;         /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
+    int32_t kv_mib;       /* --kv-mib, default QL_KV_MIB_DEFAULT */
+    const char *kv_dtype; /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
+    /* --activations f32|q8 (ql_activations_names), default f32; NULL (a
+     * struct built by hand): f32 */
+    const char *activations;
     int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
     int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */
     int32_t max_new_tokens;       /* --max-new-tokens (largest accepted), default 4096 */

@@ -9,6 +9,9 @@
 #
 #   scripts/bench-serve.sh [bench_serve flags...]     e.g. --rounds 3 --seconds 30
 #
+# qlserve's own flags go through --qlserve-arg, one word each (recorded in the JSON's
+# qlserve.args): --qlserve-arg --activations --qlserve-arg q8 measures the 8-bit activations.
+#
 # LLAMA_CPP_BUILD=DIR or LLAMA_SERVER=PATH use a llama-server built
 # elsewhere (see scripts/build-llama-server.sh); --model PATH another GGUF.
 set -euo pipefail

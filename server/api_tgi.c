@@ -713,6 +713,8 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddNumberToObject(root, "max_new_tokens", s->cfg->max_new_tokens);
         cJSON_AddNumberToObject(root, "max_queued_requests", s->cfg->max_queued);
         cJSON_AddStringToObject(root, "cpu_kernels", qt_cpu_path());
+        /* --activations as this run computes (srv_activations_settle) */
+        cJSON_AddStringToObject(root, "activations", qt_activations_name(qt_get_activations()));
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);

@@ -18,13 +18,13 @@
  * --host that is not loopback without an admin token gets one generated
  * into the state directory (mode 0600), and the log says where.
  *
- * Offers srv_serve and srv_conn_init_detached (server.h: the seam's
- * connection gets the same hooks). Owns the server struct, the hooks, the
- * model, the engine's, the adapter registry's and the grammar cache's
- * (compiled grammars by text, shared by every request) lifetimes, the signals
- * and the grace timer. Touches the engine (load, start, cancel when the
- * grace ends, stop), http.c's listener and connections, bridge.c's wake
- * callback, and metrics.c's init.
+ * Offers srv_serve, srv_conn_init_detached (server.h: the seam's
+ * connection gets the same hooks) and --activations' setting
+ * (srv_activations_set and _settle, which `qlserve generate` shares). Owns the server struct, the
+ * hooks, the model, the engine's, the adapter registry's and the grammar cache's (compiled grammars
+ * by text, shared by every request) lifetimes, the signals and the grace timer. Touches the engine
+ * (load, start, cancel when the grace ends, stop), http.c's listener and connections, bridge.c's
+ * wake callback, and metrics.c's init.
  */
 #include "internal/admin.h"
 #include "internal/api_chat.h"
@@ -382,6 +382,28 @@ static void restore_state(srv_server *s, const char *state_file)
     free(errs);
 }
 
+/* --- activations (--activations) ------------------------------------------------ */
+
+void srv_activations_set(const char *word)
+{
+    /* config checked the word (ql_activations_names); NULL: f32 */
+    qt_set_activations(
+        ql_name_parse(&ql_activations_names, word) == QL_ACTIVATIONS_Q8 ? QT_ACT_Q8 : QT_ACT_F32);
+}
+
+void srv_activations_settle(const eng_engine *e, FILE *log, const char *who)
+{
+    /* eng_backend_describe's text begins with the device's name */
+    const char *cuda = eng_device_name(ENG_DEVICE_CUDA);
+    if (qt_get_activations() == QT_ACT_F32 || strncmp(eng_engine_backend(e), cuda, strlen(cuda)))
+        return;
+    qt_set_activations(QT_ACT_F32);
+    fprintf(log,
+            "%s: --activations q8 is the CPU kernels' path; the CUDA backend keeps f32 "
+            "activations, so this run computes in f32\n",
+            who);
+}
+
 static void load_run(uv_work_t *req)
 {
     load_job *j = req->data;
@@ -394,6 +416,7 @@ static void load_run(uv_work_t *req)
                         .quantize_lm_head = c->model.quantize_lm_head,
                         .dtype = c->model.dtype,
                         .chat_template = c->model.chat_template};
+    srv_activations_set(c->activations); /* before the weights load: process-wide */
     j->rc = eng_model_load(&s->model, &lo, j->msg, sizeof j->msg);
     if (j->rc != QL_OK)
         return;
@@ -414,6 +437,8 @@ static void load_run(uv_work_t *req)
         j->rc = eng_kv_dtype_resolve(c->kv_dtype, eo.device, &eo.kv_dtype, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
+    if (j->rc == QL_OK)
+        srv_activations_settle(s->engine, stderr, "qlserve serve");
     if (j->rc == QL_OK) {
         lora_registry_opts ro = {
             .budget_bytes = (size_t)c->adapter_budget_mib << 20,
@@ -450,9 +475,9 @@ static void load_after(uv_work_t *req, int status)
         check_drained(s);
     } else {
         s->serving = !s->draining;
-        fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels) on %s\n", s->model_id,
-                eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
-                eng_engine_backend(s->engine));
+        fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels, %s activations) on %s\n",
+                s->model_id, eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
+                qt_activations_name(qt_get_activations()), eng_engine_backend(s->engine));
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);
         fprintf(stderr,

@@ -62,6 +62,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "config.h"
@@ -322,5 +323,15 @@ size_t srv_prom_label_escape(char *out, size_t cap, const char *value);
 
 /* Run `qlserve serve` with cfg until a signal drains it; the exit status. */
 int srv_serve(const cfg_serve *cfg);
+
+/* --activations for this process (serve's, and generate's through cli/):
+ * srv_activations_set gives word (config checked it against
+ * ql_activations_names; NULL: f32) to qt_set_activations, before a model
+ * loads; srv_activations_settle, once engine e runs, turns q8 back to f32
+ * on the CUDA backend (whose kernels keep f32 activations) with a line on
+ * log naming why (who: "qlserve serve"), so that what the logs and /info
+ * report afterwards (qt_get_activations) is what the run computes. */
+void srv_activations_set(const char *word);
+void srv_activations_settle(const eng_engine *e, FILE *log, const char *who);
 
 #endif

@@ -472,25 +472,56 @@ Test(cli, generate_device_choice)
     free(out);
 }
 
-/* --kv-dtype: each value runs and the end line names it (the default f32
- * on the CPU); anything else is a usage error naming the value. */
-Test(cli, generate_kv_dtype_choice)
+/* generate on the tiny model (CPU) with each of flags[0, n) (a flag and its
+ * value, or ""): each runs and its end line holds want[i]; then with bad
+ * (a flag and a value not among its words): exit 2 and a message holding
+ * expect. */
+static void check_generate_choice(const char *model, int n, const char *const *flags,
+                                  const char *const *want, const char *bad, const char *expect)
 {
-    char model[600], args[2000];
-    write_tiny_model(model, sizeof model);
+    char args[2000];
     char *out;
     const char *common = "--prompt 'the theme' --max-new-tokens 3 --threads 2 --device cpu";
-    const char *flags[] = {"", "--kv-dtype f32", "--kv-dtype f16", "--kv-dtype q8_0"};
-    const char *want[] = {"; KV f32\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < n; i++) {
         snprintf(args, sizeof args, "generate --model '%s' %s %s", model, common, flags[i]);
         cr_assert_eq(run(args, &out), 0, "%s: %s", flags[i], out);
         cr_assert(strstr(out, want[i]), "%s: %s", flags[i], out);
         free(out);
     }
-    snprintf(args, sizeof args, "generate --model '%s' %s --kv-dtype bf16", model, common);
+    snprintf(args, sizeof args, "generate --model '%s' %s %s", model, common, bad);
     cr_assert_eq(run(args, &out), 2, "%s", out);
-    cr_assert(strstr(out, "--kv-dtype bf16: one of f32, f16, q8_0"), "%s", out);
+    cr_assert(strstr(out, expect), "%s", out);
+    free(out);
+}
+
+/* --kv-dtype: each value runs and the end line names it (the default f32
+ * on the CPU); anything else is a usage error naming the value. */
+Test(cli, generate_kv_dtype_choice)
+{
+    char model[600];
+    write_tiny_model(model, sizeof model);
+    check_generate_choice(
+        model, 4, (const char *[]){"", "--kv-dtype f32", "--kv-dtype f16", "--kv-dtype q8_0"},
+        (const char *[]){"; KV f32\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"},
+        "--kv-dtype bf16", "--kv-dtype bf16: one of f32, f16, q8_0");
+}
+
+/* --activations: f32 (the default) and q8 run and the end line names the
+ * one the run computed with (q8 on the CPU; the CUDA backend keeps f32 and
+ * says so); anything else is a usage error naming the flag and the value,
+ * on generate and on serve alike, before any model is read. */
+Test(cli, activations_choice)
+{
+    char model[600], args[2000];
+    write_tiny_model(model, sizeof model);
+    check_generate_choice(
+        model, 3, (const char *[]){"", "--activations f32", "--activations q8"},
+        (const char *[]){"; activations f32; KV", "; activations f32; KV", "; activations q8; KV"},
+        "--activations q4", "--activations q4: one of f32, q8");
+    char *out;
+    snprintf(args, sizeof args, "serve --model '%s' --port 0 --activations int8", model);
+    cr_assert_eq(run(args, &out), 2, "%s", out);
+    cr_assert(strstr(out, "--activations int8: one of f32, q8"), "%s", out);
     free(out);
 }
 

@@ -10,6 +10,8 @@
  * CI machine's QLSERVE_MODEL cannot leak into these.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,35 +165,63 @@ Test(config, device_from_each_layer_and_refused_by_name)
     cfg_serve_free(&c);
 }
 
-Test(config, adapter_dtype_defaults_to_bf16_from_each_layer_and_refused_by_name)
+/* A word flag of serve and generate (--adapter-dtype, --activations): its
+ * default on both; a good word from the flag; a bad one refused naming the
+ * flag, the value and the words (list), from the command line and from the
+ * config file; the environment's good word over the file's bad one. The
+ * value is read at serve_at in cfg_serve and generate_at in cfg_generate. */
+static void check_word_flag(const char *flag, size_t serve_at, size_t generate_at, const char *def,
+                            const char *good, const char *bad, const char *list)
 {
     cfg_serve c;
-    char path[1024];
+    char path[1024], dashed[64], text[256], env[64];
+    snprintf(dashed, sizeof dashed, "--%s", flag);
+#define SERVE_VALUE (*(const char **)((char *)&c + serve_at))
     cr_assert_eq(PARSE(&c, "--model", "m"), QL_OK, "%s", msg);
-    cr_assert_str_eq(c.adapter_dtype, "bf16");
+    cr_assert_str_eq(SERVE_VALUE, def);
     cfg_serve_free(&c);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--adapter-dtype", "f32"), QL_OK, "%s", msg);
-    cr_assert_str_eq(c.adapter_dtype, "f32");
+    cr_assert_eq(PARSE(&c, "--model", "m", dashed, (char *)good), QL_OK, "%s", msg);
+    cr_assert_str_eq(SERVE_VALUE, good);
     cfg_serve_free(&c);
-    cr_assert_eq(PARSE(&c, "--model", "m", "--adapter-dtype", "f16"), QL_EUSAGE);
-    ASSERT_MSG_HAS("--adapter-dtype f16");
-    ASSERT_MSG_HAS("bf16, f32");
-    write_file("c.json", "{\"adapter-dtype\": \"fp8\"}", path, sizeof path);
+    cr_assert_eq(PARSE(&c, "--model", "m", dashed, (char *)bad), QL_EUSAGE);
+    snprintf(text, sizeof text, "%s %s", dashed, bad);
+    ASSERT_MSG_HAS(text);
+    ASSERT_MSG_HAS(list);
+    snprintf(text, sizeof text, "{\"%s\": \"%s\"}", flag, bad);
+    write_file("c.json", text, path, sizeof path);
     cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_EUSAGE);
-    ASSERT_MSG_HAS("\"adapter-dtype\"");
-    ASSERT_MSG_HAS("fp8");
-    setenv("QLSERVE_ADAPTER_DTYPE", "f32", 1);
+    snprintf(text, sizeof text, "\"%s\"", flag);
+    ASSERT_MSG_HAS(text);
+    ASSERT_MSG_HAS(bad);
+    snprintf(env, sizeof env, "QLSERVE_%s", flag);
+    for (char *e = env; *e; e++)
+        *e = *e == '-' ? '_' : (char)toupper((unsigned char)*e);
+    setenv(env, good, 1);
     cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
-    cr_assert_str_eq(c.adapter_dtype, "f32");
+    cr_assert_str_eq(SERVE_VALUE, good);
     cfg_serve_free(&c);
-    unsetenv("QLSERVE_ADAPTER_DTYPE");
+    unsetenv(env);
+#undef SERVE_VALUE
 
     cfg_generate g;
-    char *args[] = {"generate", "--model", "m", "--prompt", "p", "--adapter-dtype", "int8"};
+    char *args[] = {"generate", "--model", "m", "--prompt", "p", dashed, (char *)bad};
     cr_assert_eq(cfg_parse_generate(7, args, &g, msg, sizeof msg), QL_EUSAGE);
-    ASSERT_MSG_HAS("--adapter-dtype int8");
+    snprintf(text, sizeof text, "%s %s", dashed, bad);
+    ASSERT_MSG_HAS(text);
     cr_assert_eq(cfg_parse_generate(5, args, &g, msg, sizeof msg), QL_OK, "%s", msg);
-    cr_assert_str_eq(g.adapter_dtype, "bf16");
+    cr_assert_str_eq(*(const char **)((char *)&g + generate_at), def);
+}
+
+Test(config, adapter_dtype_defaults_to_bf16_from_each_layer_and_refused_by_name)
+{
+    check_word_flag("adapter-dtype", offsetof(cfg_serve, adapter_dtype),
+                    offsetof(cfg_generate, adapter_dtype), "bf16", "f32", "f16", "bf16, f32");
+}
+
+Test(config, activations_default_to_f32_from_each_layer_and_refused_by_name)
+{
+    check_word_flag("activations", offsetof(cfg_serve, activations),
+                    offsetof(cfg_generate, activations), "f32", "q8", "q8_0", "f32, q8");
 }
 
 Test(config, file_then_flags_then_environment)
@@ -635,6 +665,7 @@ Test(config, help_lists_every_flag_with_its_forms)
                                         "grace-ms",
                                         "adapter-budget-mib",
                                         "adapter-dtype",
+                                        "activations",
                                         "merge-threads"};
     char *text = usage_of("serve");
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {

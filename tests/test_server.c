@@ -688,6 +688,8 @@ Test(server, health_info_and_metrics_describe_the_server)
     /* the KV cache's default, f32: 2 layers of K and V, kv_dim 32 */
     cr_assert_str_eq(str_at(j, "kv_dtype"), "f32");
     cr_assert_eq(num_at(j, "kv_bytes_per_token"), 2 * 2 * 32 * 4);
+    /* --activations' default: f32, the float64 reference's arithmetic */
+    cr_assert_str_eq(str_at(j, "activations"), "f32");
     cJSON_Delete(j);
     hc_response_free(&r);
 
@@ -713,6 +715,29 @@ Test(server, health_info_and_metrics_describe_the_server)
     cr_assert(strstr(m, "qlserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"));
     cr_assert(strstr(m, "# TYPE qlserve_generated_tokens_total counter\n"));
     hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
+/* --activations q8: /info and the startup log name it (on the CPU; the
+ * CUDA backend keeps f32, and the log says why), and the server serves. */
+Test(server, activations_q8_is_reported_by_info_and_the_log)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, (const char *[]){"--activations", "q8", NULL});
+    hc_response r = sp_request("GET", "/info", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cJSON *j = json_of(&r);
+    bool cuda = strncmp(str_at(j, "device"), "cuda (", 6) == 0;
+    cr_assert_str_eq(str_at(j, "activations"), cuda ? "f32" : "q8", "%s", r.body);
+    cJSON_Delete(j);
+    hc_response_free(&r);
+    char *log = sp_read_log();
+    cr_assert(
+        strstr(log, cuda ? "kernels, f32 activations) on cuda" : "kernels, q8 activations) on cpu"),
+        "%s", log);
+    cr_assert(!cuda || strstr(log, "the CUDA backend keeps f32 activations"), "%s", log);
+    free(log);
+    free(generate("Hello", 3, NULL));
     sp_stop_cleanly();
 }
 

@@ -21,8 +21,12 @@ both):
                            --rounds 1: qlserve serve against llama-server, streamed completions,
                            1/8/32 concurrent streams; tok_s (aggregate) and itl_p50_ms.
 Both engines get the same thread count and an f16 KV cache (llama.cpp's default; bench_decode
---kv-dtype f16, qlserve serve --kv-dtype f16). The figures per round, their medians, and the
-ratio of the medians are under "figures"; the raw JSON of every run under "rounds".
+--kv-dtype f16, qlserve serve --kv-dtype f16). --activations q8 gives qlserve's side llama.cpp's
+arithmetic too (bench_decode --activations q8, qlserve serve --activations q8: activations
+quantized to int8 per block of 256 for the K-quant products, as llama.cpp always does); the
+default, f32, is qlserve's own (the float64 reference's greedy text). The figures per round, their
+medians, and the ratio of the medians are under "figures"; the raw JSON of every run under
+"rounds".
 """
 import argparse
 import json
@@ -87,7 +91,7 @@ def jsonl(text):
 def qlserve_decode(a, prompt, new, batches):
     return run([a.bench_decode, "--model", a.model, "--threads", str(a.threads),
                 "--prompt-tokens", str(prompt), "--new-tokens", str(new), "--batches", batches,
-                "--kv-dtype", "f16"], json.loads)
+                "--kv-dtype", "f16", "--activations", a.activations], json.loads)
 
 
 def llama_bench(a):
@@ -110,7 +114,8 @@ def serve(a, servers):
            "--qlserve", a.qlserve, "--model", a.model, "--threads", str(a.threads),
            "--rounds", "1", "--seconds", str(a.seconds), "--max-tokens", "64",
            "--workloads", "distinct_1,distinct_8,distinct_32", "--ctx-per-stream", "512",
-           "--servers", servers, "--qlserve-arg", "--kv-dtype", "--qlserve-arg", "f16"]
+           "--servers", servers, "--qlserve-arg", "--kv-dtype", "--qlserve-arg", "f16",
+           "--qlserve-arg", "--activations", "--qlserve-arg", a.activations]
     if a.llama_commit:
         cmd += ["--llama-commit", a.llama_commit]
     return run(cmd, json.loads)
@@ -243,6 +248,9 @@ def main():
     ap.add_argument("--no-qlserve", action="store_true",
                     help="llama.cpp only (qlserve cannot load the file yet)")
     ap.add_argument("--no-serve", action="store_true", help="skip the server benchmark")
+    ap.add_argument("--activations", choices=("f32", "q8"), default="f32",
+                    help="qlserve's side only (bench_decode and serve --activations): q8 is "
+                    "llama.cpp's 8-bit activations; f32 (default) qlserve's reference arithmetic")
     a = ap.parse_args()
 
     rounds = []
@@ -276,7 +284,10 @@ def main():
                    "new_tokens_b1": a.new_tokens, "prompt_tokens_batched": a.batch_prompt,
                    "new_tokens_batched": a.batch_new, "batches": "1," + a.big_batches,
                    "serve_seconds_per_workload": a.seconds, "serve_max_tokens": 64,
-                   "kv_cache": "f16 on both", "qlserve_measured": not a.no_qlserve},
+                   "kv_cache": "f16 on both", "qlserve_measured": not a.no_qlserve,
+                   "qlserve_activations": a.activations,
+                   "llama_cpp_activations": "q8 (llama.cpp quantizes the activations of its "
+                                            "K-quant products, q8_K, always)"},
         "llama_cpp": {"commit": a.llama_commit, "bin": a.llama_bin},
         "qlserve": {"commit": a.qlserve_commit, "bench_decode": a.bench_decode},
         "figures": summarize(a, rounds),
