@@ -162,8 +162,8 @@ typedef enum ql_into { QL_INTO_OWN = 0, QL_INTO_INT8, QL_INTO_BF16 } ql_into;
 typedef enum ql_adapter_dtype { QL_ADAPTER_DTYPE_F32 = 0, QL_ADAPTER_DTYPE_BF16 } ql_adapter_dtype;
 /* What the CPU's K-quant products multiply their weights by (--activations):
  * f32 activations, or activations quantized to int8 per block (llama.cpp's
- * arithmetic). The server and the CLI map each to kernels/' qt_activations
- * (QT_ACT_F32, QT_ACT_Q8). */
+ * arithmetic). The server and the CLI map each to kernels/' ql_activations
+ * (QL_ACTIVATIONS_F32, QL_ACTIVATIONS_Q8). */
 typedef enum ql_activations { QL_ACTIVATIONS_F32 = 0, QL_ACTIVATIONS_Q8 } ql_activations;
 
 /* One word and the value of the enum above it stands for. */

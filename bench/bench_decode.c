@@ -265,12 +265,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_decode: --kv-dtype: %s\n", msg);
         return 2;
     }
-    int act = qt_activations_from_name(act_name);
+    int act = ql_name_parse(&ql_activations_names, act_name);
     if (act < 0) {
         fprintf(stderr, "bench_decode: --activations: \"%s\" is not f32 or q8\n", act_name);
         return 2;
     }
-    qt_set_activations((qt_activations)act);
+    qt_set_activations((ql_activations)act);
     if (!model || P < 1 || N < 1 || repeats < 1) {
         fprintf(stderr, "usage: bench_decode --model PATH [--quant KIND]... [--threads N] "
                         "[--prompt-tokens P] [--new-tokens N] [--batches 1,8,32] "
@@ -294,7 +294,8 @@ int main(int argc, char **argv)
            "  \"model\": \"%s\",\n  \"threads\": %d,\n  \"kernel_path\": \"%s\",\n"
            "  \"activations\": \"%s\",\n"
            "  \"prompt_tokens\": %d,\n  \"new_tokens\": %d,\n  \"kinds\": [\n",
-           date, model, nthreads, qt_cpu_path(), qt_activations_name(qt_get_activations()), P, N);
+           date, model, nthreads, qt_cpu_path(),
+           ql_name_of(&ql_activations_names, qt_get_activations()), P, N);
     for (int q = 0; q < n_quants; q++)
         if (bench_kind(model, quants[q], kv_dtype, nthreads, P, N, repeats, batches, n_batches,
                        stdout, q + 1 == n_quants))

@@ -64,7 +64,7 @@ static void print_speeds(FILE *info, const generation *g, eng_engine *e)
             u->decode_s > 0 && u->generated_tokens > 1 ? (u->generated_tokens - 1) / u->decode_s
                                                        : 0.0,
             eng_finish_name(g->why), eng_engine_backend(e),
-            qt_activations_name(qt_get_activations()), qt_kind_name(es.kv_dtype));
+            ql_name_of(&ql_activations_names, qt_get_activations()), qt_kind_name(es.kv_dtype));
 }
 
 int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *info, char *msg,

@@ -255,10 +255,10 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
 #define ACTIVATIONS_OPT(T, field)                                                                  \
     {                                                                                              \
         FLAG("activations", OPT_STRING, offsetof(T, field),                                        \
-             "what the CPU's Q4_K/Q5_K/Q6_K products multiply: f32 (default: greedy text equal "   \
-             "to the float64 reference is qlserve's promise) or q8, int8 per block of 256 as "     \
-             "llama.cpp computes (faster on K-quant models, no longer the reference's answer; "    \
-             "CPU only: the CUDA backend keeps f32 and says so)"),                                 \
+             "what the CPU's quantized products multiply: f32 (default: greedy text equal to "     \
+             "the float64 reference is qlserve's promise) or q8, int8 per block as llama.cpp "     \
+             "computes (faster on GGUF kinds, no longer the reference's answer; CPU only: the "    \
+             "CUDA backend keeps f32 and says so)"),                                               \
             .def.s = "f32", .words = &ql_activations_names                                         \
     }
 

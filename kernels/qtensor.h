@@ -178,7 +178,7 @@ typedef struct qtensor {
 
 /*
  * A batch of activation rows prepared for products with weights of one
- * kind (qt_acts_prepare): x itself, and under QT_ACT_Q8, where the kind has
+ * kind (qt_acts_prepare): x itself, and under QL_ACTIVATIONS_Q8, where the kind has
  * the 8-bit path, x quantized to int8 per block of the kind's (q, with the
  * blocks' scales d and the sums of each 16 codes bsum), made once and read
  * by every product and thread that multiplies the same x.
@@ -228,7 +228,7 @@ typedef struct qt_traits {
      * the same contract and the same bytes as quantize. */
     int (*quantize_avx2)(qtensor *t, const float *src, int64_t rows, int64_t cols,
                          const qt_quant_params *p, char *msg, size_t msg_len);
-    /* The product against 8-bit activations (QT_ACT_Q8), scalar and AVX2;
+    /* The product against 8-bit activations (QL_ACTIVATIONS_Q8), scalar and AVX2;
      * NULL where the kind keeps f32 activations. */
     void (*matmul_q8)(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1);
     void (*matmul_q8_avx2)(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
@@ -315,21 +315,19 @@ void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out
 void qt_kv_load_ref(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 
 /*
- * Activations: QT_ACT_F32 (the default) multiplies every weight by f32
- * activations; QT_ACT_Q8 first quantizes each activation row to int8 per
- * block of 256 (one f32 scale each, llama.cpp's q8_K) for the kinds that
- * have the path (Q4_K, Q5_K, Q6_K, with cols a multiple of 256) and
- * multiplies in integers, as llama.cpp does: faster, and no longer the
- * float64 reference's answer (README, "Performance"). Process-wide, set
- * once at start (qlserve serve --activations); every path (scalar, AVX2)
- * gives the same bits, batched or alone.
+ * Activations (base's ql_activations, its words in ql_activations_names):
+ * QL_ACTIVATIONS_F32 (the default) multiplies every weight by f32
+ * activations; QL_ACTIVATIONS_Q8 first quantizes each activation row to
+ * int8 per block (one f32 scale each; 256 for Q4_K, Q5_K, Q6_K as
+ * llama.cpp's q8_K, 32 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 as
+ * its q8_0) and multiplies in integers, as llama.cpp does: faster, and no
+ * longer the float64 reference's answer (README, "8-bit activations").
+ * Other kinds keep f32. Process-wide, set once at start (qlserve serve
+ * --activations); every path (scalar, AVX2, AVX-512 VNNI) gives the same
+ * bits, batched or alone.
  */
-typedef enum { QT_ACT_F32, QT_ACT_Q8 } qt_activations;
-void qt_set_activations(qt_activations a);
-qt_activations qt_get_activations(void);
-/* "f32" or "q8"; qt_activations_from_name gives -1 for another name. */
-const char *qt_activations_name(qt_activations a);
-int qt_activations_from_name(const char *name);
+void qt_set_activations(ql_activations a);
+ql_activations qt_get_activations(void);
 /* The 8-bit product through the scalar reference, whatever the setting
  * (false: the kind or shape has no such path, or no memory). */
 bool qt_matmul_q8_ref(const qtensor *w, const float *x, int64_t batch, float *y, int64_t row0,

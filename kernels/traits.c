@@ -415,30 +415,16 @@ void qt_set_force_scalar(bool force)
 
 /* --- activations ---------------------------------------------------------------- */
 
-static qt_activations activations = QT_ACT_F32;
+static ql_activations activations = QL_ACTIVATIONS_F32;
 
-void qt_set_activations(qt_activations a)
+void qt_set_activations(ql_activations a)
 {
     activations = a;
 }
 
-qt_activations qt_get_activations(void)
+ql_activations qt_get_activations(void)
 {
     return activations;
-}
-
-const char *qt_activations_name(qt_activations a)
-{
-    return a == QT_ACT_Q8 ? "q8" : "f32";
-}
-
-int qt_activations_from_name(const char *name)
-{
-    if (strcmp(name, "f32") == 0)
-        return QT_ACT_F32;
-    if (strcmp(name, "q8") == 0)
-        return QT_ACT_Q8;
-    return -1;
 }
 
 /* Whether the 8-bit path's AVX2 quantizer (and AVX2 or VNNI products) are taken. */
@@ -465,7 +451,7 @@ static bool acts_quantize(qt_acts *a, const qtensor *w, const float *x, int64_t 
 void qt_acts_prepare(qt_acts *a, const qtensor *w, const float *x, int64_t batch)
 {
     *a = (qt_acts){x, batch, w->cols, 0, NULL, NULL, NULL, NULL};
-    if (activations == QT_ACT_Q8)
+    if (activations == QL_ACTIVATIONS_Q8)
         acts_quantize(a, w, x, batch, q8_fast(&qt_traits_table[w->kind]));
 }
 
@@ -517,7 +503,7 @@ void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_
 {
     pthread_once(&cpu_once, detect_cpu);
     const qt_traits *tr = &qt_traits_table[w->kind];
-    if (activations == QT_ACT_Q8 && tr->matmul_q8) {
+    if (activations == QL_ACTIVATIONS_Q8 && tr->matmul_q8) {
         qt_acts a;
         if (acts_quantize(&a, w, x, batch, q8_fast(tr))) {
             qt_matmul_acts(w, &a, y, row0, row1);

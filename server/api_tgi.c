@@ -714,7 +714,10 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddNumberToObject(root, "max_queued_requests", s->cfg->max_queued);
         cJSON_AddStringToObject(root, "cpu_kernels", qt_cpu_path());
         /* --activations as this run computes (srv_activations_settle) */
-        cJSON_AddStringToObject(root, "activations", qt_activations_name(qt_get_activations()));
+        cJSON_AddStringToObject(root, "activations",
+                                ql_name_of(&ql_activations_names, qt_get_activations()));
+        /* the kernel set the 8-bit products take here (avx512vnni, avx2, scalar) */
+        cJSON_AddStringToObject(root, "q8_kernels", qt_q8_path());
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);

@@ -387,17 +387,19 @@ static void restore_state(srv_server *s, const char *state_file)
 void srv_activations_set(const char *word)
 {
     /* config checked the word (ql_activations_names); NULL: f32 */
-    qt_set_activations(
-        ql_name_parse(&ql_activations_names, word) == QL_ACTIVATIONS_Q8 ? QT_ACT_Q8 : QT_ACT_F32);
+    qt_set_activations(ql_name_parse(&ql_activations_names, word) == QL_ACTIVATIONS_Q8
+                           ? QL_ACTIVATIONS_Q8
+                           : QL_ACTIVATIONS_F32);
 }
 
 void srv_activations_settle(const eng_engine *e, FILE *log, const char *who)
 {
     /* eng_backend_describe's text begins with the device's name */
     const char *cuda = eng_device_name(ENG_DEVICE_CUDA);
-    if (qt_get_activations() == QT_ACT_F32 || strncmp(eng_engine_backend(e), cuda, strlen(cuda)))
+    if (qt_get_activations() == QL_ACTIVATIONS_F32 ||
+        strncmp(eng_engine_backend(e), cuda, strlen(cuda)))
         return;
-    qt_set_activations(QT_ACT_F32);
+    qt_set_activations(QL_ACTIVATIONS_F32);
     fprintf(log,
             "%s: --activations q8 is the CPU kernels' path; the CUDA backend keeps f32 "
             "activations, so this run computes in f32\n",
@@ -477,7 +479,8 @@ static void load_after(uv_work_t *req, int status)
         s->serving = !s->draining;
         fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels, %s activations) on %s\n",
                 s->model_id, eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
-                qt_activations_name(qt_get_activations()), eng_engine_backend(s->engine));
+                ql_name_of(&ql_activations_names, qt_get_activations()),
+                eng_engine_backend(s->engine));
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);
         fprintf(stderr,

@@ -30,7 +30,7 @@
  * reference's over the merged weights, and unmerging restores the
  * pristine digest and serves the mapped tensors themselves again.
  *
- * With 8-bit activations (qt_set_activations(QT_ACT_Q8), --activations q8)
+ * With 8-bit activations (qt_set_activations(QL_ACTIVATIONS_Q8), --activations q8)
  * the Q4_K_M, Q5_K_M and Q6_K files' K-quant products take the integer
  * path: its logits move (they are not f32's), stay within a measured bound
  * of the float64 reference's, and how far its greedy tokens agree with
@@ -486,11 +486,11 @@ static void check_q8_activations(const char *ftype, qt_kind must_hold)
         cr_assert_eq(tok_encode(m.tok, prompts[i], strlen(prompts[i]), tok_adds_bos(m.tok), true,
                                 &ids, &n, msg, sizeof msg),
                      0, "%s", msg);
-        qt_set_activations(QT_ACT_F32);
+        qt_set_activations(QL_ACTIVATIONS_F32);
         int nf = engine_greedy(&m, NULL, ids, (int)n, MAX_NEW, gf, lf);
-        qt_set_activations(QT_ACT_Q8);
+        qt_set_activations(QL_ACTIVATIONS_Q8);
         int nq = engine_greedy(&m, NULL, ids, (int)n, MAX_NEW, gq, lq);
-        qt_set_activations(QT_ACT_F32);
+        qt_set_activations(QL_ACTIVATIONS_F32);
         test_diff first = test_diff_f32(lq, lf, (size_t)V);
         cr_assert_gt(test_diff_abs(&first), 0.0,
                      "%s: the first step's logits with q8 activations are f32's: the 8-bit path "

@@ -1,5 +1,5 @@
 /*
- * test_q8act.c - the 8-bit activation path (qt_set_activations(QT_ACT_Q8)):
+ * test_q8act.c - the 8-bit activation path (qt_set_activations(QL_ACTIVATIONS_Q8)):
  * for Q4_K, Q5_K, Q6_K (activations in blocks of 256) and Q8_0, Q4_0, Q4_1,
  * Q5_0, Q5_1, IQ4_NL, MXFP4 (blocks of 32), the AVX2 and AVX-512 VNNI
  * products (each this CPU has) equal the scalar one bit for bit (batches
@@ -116,10 +116,10 @@ Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
             /* each fast form this CPU has: AVX-512 VNNI where present, and AVX2 */
             for (int no_vnni = 1; no_vnni >= 0; no_vnni--) {
                 qt_set_no_vnni(no_vnni);
-                qt_set_activations(QT_ACT_Q8);
+                qt_set_activations(QL_ACTIVATIONS_Q8);
                 qt_matmul(&t, x, batch, fast, 0, 20); /* two ranges: a split as the pool makes */
                 qt_matmul(&t, x, batch, fast, 20, rows);
-                qt_set_activations(QT_ACT_F32);
+                qt_set_activations(QL_ACTIVATIONS_F32);
                 cr_assert_eq(memcmp(fast, ref, n * sizeof(float)), 0,
                              "%s batch %lld: the %s products differ from the scalar ones",
                              qt_kind_name(kinds[ki]), (long long)batch, qt_q8_path());
@@ -158,14 +158,14 @@ Test(q8act, a_row_gives_the_same_bits_alone_or_batched)
         random_weight(&t, kinds[ki], rows, cols, &rng);
         float *x = random_x(batch * cols, &rng);
         float all[6 * 19], one[19];
-        qt_set_activations(QT_ACT_Q8);
+        qt_set_activations(QL_ACTIVATIONS_Q8);
         qt_matmul(&t, x, batch, all, 0, rows);
         for (int64_t b = 0; b < batch; b++) {
             qt_matmul(&t, x + b * cols, 1, one, 0, rows);
             cr_assert_eq(memcmp(one, all + b * rows, sizeof one), 0, "%s row %lld",
                          qt_kind_name(kinds[ki]), (long long)b);
         }
-        qt_set_activations(QT_ACT_F32);
+        qt_set_activations(QL_ACTIVATIONS_F32);
         free(x);
         qt_free(&t);
     }
@@ -183,9 +183,9 @@ Test(q8act, a_nan_stays_in_its_row_and_zeros_give_zero)
             x[cols + 300] = NAN;                                   /* row 1, second block */
             memset(x + 2 * cols, 0, (size_t)cols * sizeof(float)); /* row 2: zeros */
             qt_set_force_scalar(scalar);
-            qt_set_activations(QT_ACT_Q8);
+            qt_set_activations(QL_ACTIVATIONS_Q8);
             qt_matmul(&t, x, 3, y, 0, rows);
-            qt_set_activations(QT_ACT_F32);
+            qt_set_activations(QL_ACTIVATIONS_F32);
             qt_set_force_scalar(false);
             for (int64_t r = 0; r < rows; r++) {
                 cr_assert(isfinite(y[r]), "%s row 0 output %lld", qt_kind_name(kinds[ki]),
@@ -220,15 +220,15 @@ Test(q8act, kinds_without_the_path_keep_f32)
         }
         float a[8], b[8];
         qt_matmul(&t, x, 2, a, 0, rows);
-        qt_set_activations(QT_ACT_Q8);
+        qt_set_activations(QL_ACTIVATIONS_Q8);
         qt_matmul(&t, x, 2, b, 0, rows);
         cr_assert_not(qt_matmul_q8_ref(&t, x, 2, b, 0, 0));
-        qt_set_activations(QT_ACT_F32);
+        qt_set_activations(QL_ACTIVATIONS_F32);
         cr_assert_eq(memcmp(a, b, sizeof a), 0, "%s", qt_kind_name(none[i]));
         qt_free(&t);
     }
-    cr_assert_str_eq(qt_activations_name(QT_ACT_Q8), "q8");
-    cr_assert_eq(qt_activations_from_name("f32"), QT_ACT_F32);
-    cr_assert_eq(qt_activations_from_name("int8"), -1);
+    cr_assert_str_eq(ql_name_of(&ql_activations_names, QL_ACTIVATIONS_Q8), "q8");
+    cr_assert_eq(ql_name_parse(&ql_activations_names, "f32"), QL_ACTIVATIONS_F32);
+    cr_assert_eq(ql_name_parse(&ql_activations_names, "int8"), -1);
     free(x);
 }

@@ -200,7 +200,7 @@ void qt_kv_store_avx2(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 
 /*
- * The 8-bit activation path (qt_set_activations(QT_ACT_Q8); the qt_acts
+ * The 8-bit activation path (qt_set_activations(QL_ACTIVATIONS_Q8); the qt_acts
  * of qtensor.h; arithmetic in kernels/math/qt_q8act_math.h):
  * qt_acts_alloc gives a room for the 8-bit form of batch rows of cols in
  * blocks of block (256 or 32; cols a multiple of it: QL_EINVAL otherwise,
