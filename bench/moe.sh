@@ -5,7 +5,7 @@
 # bench_decode against llama-bench and llama-batched-bench (prefill of 512, decode at batch 1, 8
 # and 32), and bench_serve against llama-server (1, 8 and 32 streams). Prints one JSON document
 # on stdout (progress on stderr): each figure per round, the medians and the ratios
-# qlserve / llama.cpp. bench/README.md says what each figure is.
+# qlserve / llama.cpp. README.md ("Mixture of experts against llama.cpp") says what each figure is.
 #
 #   bench/moe.sh [--layers N (4)] [run_moe.py flags: --rounds 2 --threads 2 --seconds 20
 #                 --no-serve --no-qlserve --activations q8 ...]

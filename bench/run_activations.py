@@ -213,8 +213,9 @@ def main():
                    "decode_through": "bench_decode --batches %s --prompt-tokens %d "
                                      "--new-tokens %d, %d alternating rounds"
                                      % (a.batches, a.prompt_tokens, a.decode_tokens, a.rounds),
-                   "q8_covers": "Q4_K, Q5_K and Q6_K products with columns a multiple of 256; "
-                                "every other kind keeps f32 activations"},
+                   "q8_covers": "Q4_K, Q5_K and Q6_K products (activations per 256) and Q4_0, "
+                                "Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and MXFP4 ones (per 32); every "
+                                "other kind keeps f32 activations"},
         "files": files,
         "float64": float64_figures(a.float64) if a.float64 else
         "not measured here: bench/activations.sh runs tests/test_kquant_model's q8 cases when "

@@ -81,7 +81,7 @@ typedef struct cfg_generate {
     int32_t threads;          /* --threads, default 0: all cores */
     const char *device;       /* --device cpu|cuda|auto, default auto */
     int32_t kv_mib;           /* --kv-mib, default 0: the engine's default */
-    const char *kv_dtype;     /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
+    const char *kv_dtype;     /* --kv-dtype f32|f16|q8_0; NULL: f32 (eng_kv_dtype_resolve) */
     const char *activations;  /* --activations f32|q8 (ql_activations_names), default f32 */
     const char *adapter;      /* --adapter DIR: a PEFT LoRA adapter folder */
     float adapter_scale;      /* --adapter-scale, default 1 */
@@ -149,7 +149,7 @@ typedef struct cfg_serve {
      * a device is present */
     const char *device;
     int32_t kv_mib;       /* --kv-mib, default QL_KV_MIB_DEFAULT */
-    const char *kv_dtype; /* --kv-dtype f32|f16|q8_0; NULL: f16 on the CPU, f32 on cuda */
+    const char *kv_dtype; /* --kv-dtype f32|f16|q8_0; NULL: f32 (eng_kv_dtype_resolve) */
     /* --activations f32|q8 (ql_activations_names), default f32; NULL (a
      * struct built by hand): f32 */
     const char *activations;

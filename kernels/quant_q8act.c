@@ -70,9 +70,8 @@ static void k4_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, 
                     }
                     msum[j] = mn[j] * (bs[2 * j] + bs[2 * j + 1]);
                 }
-                float dx = x->d[(b * cols) / QM_QK_K + k];
-                qm_q8_lanes_fma(lanes, dx * qm_f16_le(blk), isum);
-                qm_q8_lanes_fma(lanes, -(dx * qm_f16_le(blk + 2)), msum);
+                qm_q8_k4_lanes(lanes, x->d[(b * cols) / QM_QK_K + k], qm_f16_le(blk),
+                               qm_f16_le(blk + 2), isum, msum);
             }
             y[b * t->rows + r] = qm_q8_lanes_sum(lanes);
         }

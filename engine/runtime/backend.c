@@ -133,8 +133,9 @@ int eng_kv_dtype_resolve(const char *name, eng_device device, qt_kind *out, char
         return eng_kv_dtype_parse(name, out, msg, msg_len);
     /* f32 on every device: the CUDA kernels read f32 only, and on the CPU
      * f16 (half the bytes, llama.cpp's default) measured slower through the
-     * server, since attention converts each query head's keys and values
-     * on load (README, "KV cache dtype") */
+     * server when attention converted keys and values once per query head
+     * (README, "KV cache dtype"); it now converts once per four heads of a
+     * group, and the default waits for that to be measured again */
     (void)device;
     *out = QT_F32;
     return QL_OK;

@@ -93,7 +93,8 @@ static inline void qm_q8_k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t
  *   Q4_K, Q5_K  isum[n] = sum over the 8 sub-blocks j of sc[j] times the
  *               codes times q over elements 32 j + 4n .. 32 j + 4n + 3;
  *               msum[n] = mn[n] * (bsum[2n] + bsum[2n + 1]);
- *               lanes[n] += (dx * d) * isum[n], then -= (dx * dmin) * msum[n];
+ *               lanes[n] += dx * (d * isum[n] - dmin * msum[n])
+ *               (qm_q8_k4_lanes);
  *   Q6_K        v[n] = sum over the halves h and groups g (0..3) of
  *               sc[8h + 2g + n / 4] times (unsigned code) times q over
  *               elements 128 h + 32 g + 4n .. + 3, minus 32 * (sc[2n] *
@@ -106,6 +107,14 @@ static inline void qm_q8_lanes_fma(float lanes[8], float a, const int32_t v[8])
 {
     for (int n = 0; n < 8; n++)
         lanes[n] = fmaf(a, (float)v[n], lanes[n]);
+}
+
+/* Q4_K, Q5_K: lanes[n] = fma(dx, fma(-dmin, msum[n], d * isum[n]), lanes[n]). */
+static inline void qm_q8_k4_lanes(float lanes[8], float dx, float d, float dmin,
+                                  const int32_t isum[8], const int32_t msum[8])
+{
+    for (int n = 0; n < 8; n++)
+        lanes[n] = fmaf(dx, fmaf(-dmin, (float)msum[n], d * (float)isum[n]), lanes[n]);
 }
 
 static inline float qm_q8_lanes_sum(const float l[8])
