@@ -3,8 +3,9 @@
  *
  * For each kind, on one 4096 x 4096 weight (N(0, 0.02), as an LLM's linear
  * layers are): dequantization throughput, and GFLOP/s of y = x @ W^T at
- * batch 1 and batch 8 through qt_matmul (the fast path this CPU takes) and
- * through the scalar reference. The peer, measured in the same run on the
+ * batch 1 and batch 8 through qt_matmul (the fast path this CPU takes),
+ * the same with 8-bit activations (q8_b1_gflops, q8_b8_gflops: --activations
+ * q8, where the kind has that path) and through the scalar reference. The peer, measured in the same run on the
  * same weight: a plain f32 y = x @ W^T (the textbook triple loop, compiled
  * with the project's flags), and our F32 kind. Single thread throughout:
  * the worker pool is the engine's; these are per-core figures.
@@ -254,9 +255,9 @@ int main(int argc, char **argv)
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
     printf("{\n  \"benchmark\": \"quant\",\n  \"date\": \"%s\",\n", date);
-    printf("  \"machine\": {\"cpu\": \"%s\", \"kernel_path\": \"%s\", \"threads\": 1, "
-           "\"compiler\": \"%s\"},\n",
-           cpu, qt_cpu_path(), __VERSION__);
+    printf("  \"machine\": {\"cpu\": \"%s\", \"kernel_path\": \"%s\", \"q8_kernels\": \"%s\", "
+           "\"threads\": 1, \"compiler\": \"%s\"},\n",
+           cpu, qt_cpu_path(), qt_q8_path(), __VERSION__);
     printf("  \"inputs\": {\"rows\": %lld, \"cols\": %lld, \"weight\": \"N(0, 0.02)\", "
            "\"min_seconds\": %.2f},\n",
            (long long)rows, (long long)cols, min_s);
@@ -294,14 +295,24 @@ int main(int argc, char **argv)
         double r1 = best_time(run_matmul_ref, &c, 0.0);
         c.batch = 8;
         double m8 = best_time(run_matmul, &c, min_s);
+        /* the same products with 8-bit activations (--activations q8), where
+         * the kind has them (else the f32 figures again) */
+        qt_set_activations(QL_ACTIVATIONS_Q8);
+        c.batch = 1;
+        double q1 = best_time(run_matmul, &c, min_s);
+        c.batch = 8;
+        double q8 = best_time(run_matmul, &c, min_s);
+        qt_set_activations(QL_ACTIVATIONS_F32);
         double bytes = (double)qt_nbytes(&q);
         printf("%s    {\"kind\": \"%s\", \"bytes\": %.0f, \"bits_per_weight\": %.3f, "
                "\"dequant_gbps_in\": %.2f, \"dequant_gbps_out\": %.2f, "
                "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f, \"b1_ref_gflops\": %.2f, "
-               "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f}",
+               "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f, \"q8_b1_gflops\": %.2f, "
+               "\"q8_b8_gflops\": %.2f}",
                n_printed++ ? ",\n" : "", cases[k].label, bytes, 8.0 * bytes / (double)(rows * cols),
                bytes / dq / 1e9, 4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9,
-               8 * flops1 / m8 / 1e9, flops1 / r1 / 1e9, naive1 / m1, naive8 / m8);
+               8 * flops1 / m8 / 1e9, flops1 / r1 / 1e9, naive1 / m1, naive8 / m8,
+               flops1 / q1 / 1e9, 8 * flops1 / q8 / 1e9);
         qt_free(&q);
     }
     printf("\n  ]\n}\n");

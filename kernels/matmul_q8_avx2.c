@@ -37,7 +37,7 @@ static inline int32_t hsum_i32(__m256i v)
 
 /* One block of n (256 or 32): qm_q8_quantize_block's values (the same amax, the same
  * product x * id rounded to nearest even by vcvtps2dq). */
-static void quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, float *d)
+static void quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, float *d, float *dsum)
 {
     __m256 sign = _mm256_set1_ps(-0.0f), amax8 = _mm256_setzero_ps(), nan8 = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) {
@@ -50,7 +50,8 @@ static void quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, floa
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     float amax = _mm_cvtss_f32(m);
     if (_mm256_movemask_ps(nan8) || !(amax <= 3.4028235e38f) || amax == 0.0f) {
-        qm_q8_quantize_block(x, n, q, bsum, d); /* the rare cases, as the reference writes them */
+        qm_q8_quantize_block(x, n, q, bsum, d,
+                             dsum); /* the rare cases, as the reference writes them */
         return;
     }
     __m256 id = _mm256_set1_ps(127.0f / amax);
@@ -66,6 +67,10 @@ static void quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, floa
             _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
         _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(p, order));
     }
+    int total = 0;
+    for (int k = 0; k < n / 16; k++)
+        total += bsum[k];
+    *dsum = *d * (float)total;
 }
 
 void qt_acts_quantize_avx2(qt_acts *a)
@@ -73,7 +78,7 @@ void qt_acts_quantize_avx2(qt_acts *a)
     int64_t nblk = a->batch * a->cols / a->block;
     for (int64_t k = 0; k < nblk; k++)
         quantize_block(a->x + k * a->block, (int)a->block, a->q + k * a->block,
-                       a->bsum + k * a->block / 16, a->d + k);
+                       a->bsum + k * a->block / 16, a->d + k, a->dsum + k);
 }
 
 #include "matmul_q8.inc"

@@ -190,6 +190,7 @@ typedef struct qt_acts {
     int8_t *q;     /* batch * cols codes, row after row; NULL: f32 only */
     float *d;      /* batch * cols / block */
     int16_t *bsum; /* batch * cols / 16 */
+    float *dsum;   /* each block's d times its sum of codes, batch * cols / block */
     void *mem;     /* what qt_acts_release frees; NULL in a view */
 } qt_acts;
 

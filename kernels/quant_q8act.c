@@ -18,19 +18,21 @@
 
 int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols, int64_t block)
 {
-    *x = (qt_acts){f32, batch, cols, block, NULL, NULL, NULL, NULL};
+    *x = (qt_acts){f32, batch, cols, block, NULL, NULL, NULL, NULL, NULL};
     if (batch <= 0 || cols <= 0 || cols % block != 0 || batch > INT64_MAX / cols)
         return QL_EINVAL;
     size_t n = (size_t)(batch * cols);
-    /* one allocation: the scales first (aligned), then the sums, then the codes */
+    /* one allocation: the scales and d times sums first (aligned), then the
+     * sums, then the codes */
     size_t d_bytes = n / (size_t)block * sizeof(float), s_bytes = n / 16 * sizeof(int16_t);
-    uint8_t *mem = malloc(d_bytes + s_bytes + n);
+    uint8_t *mem = malloc(2 * d_bytes + s_bytes + n);
     if (!mem)
         return QL_ENOMEM;
     x->mem = mem;
     x->d = (float *)mem;
-    x->bsum = (int16_t *)(mem + d_bytes);
-    x->q = (int8_t *)(mem + d_bytes + s_bytes);
+    x->dsum = (float *)(mem + d_bytes);
+    x->bsum = (int16_t *)(mem + 2 * d_bytes);
+    x->q = (int8_t *)(mem + 2 * d_bytes + s_bytes);
     return QL_OK;
 }
 
@@ -39,7 +41,7 @@ void qt_acts_quantize_ref(qt_acts *a)
     int64_t nblk = a->batch * a->cols / a->block;
     for (int64_t k = 0; k < nblk; k++)
         qm_q8_quantize_block(a->x + k * a->block, (int)a->block, a->q + k * a->block,
-                             a->bsum + k * a->block / 16, a->d + k);
+                             a->bsum + k * a->block / 16, a->d + k, a->dsum + k);
 }
 
 /* Q4_K and Q5_K (five) rows: per block, the lanes of qt_q8act_math.h. */
@@ -127,8 +129,8 @@ static void b32_codes(qt_kind kind, const uint8_t *blk, int c[32], float *dw, fl
 }
 
 /* Rows of a kind of blocks of 32: per block the lanes of qt_q8act_math.h
- * (lane n: elements 4n .. 4n + 3), and the minimum times the block's sum
- * of q in one more fused multiply-add per block. */
+ * (lane n: elements 4n .. 4n + 3), and the minimum times the x block's
+ * dsum (its d times its sum of q) in one more fused multiply-add. */
 static void b32_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1)
 {
     size_t bb = qt_kind_geometry_table[t->kind].block_bytes;
@@ -139,7 +141,6 @@ static void b32_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
             const uint8_t *blk = t->data + r * nblk * (int64_t)bb;
             for (int64_t k = 0; k < nblk; k++, blk += bb) {
                 const int8_t *q = x->q + b * cols + k * 32;
-                const int16_t *bs = x->bsum + (b * cols + k * 32) / 16;
                 int c[32];
                 float dw, m, dx = x->d[(b * cols) / 32 + k];
                 b32_codes(t->kind, blk, c, &dw, &m);
@@ -148,7 +149,7 @@ static void b32_rows(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                     v[i / 4] += c[i] * q[i];
                 qm_q8_lanes_fma(lanes, dw * dx, v);
                 if (t->kind == QT_Q4_1 || t->kind == QT_Q5_1)
-                    mins = fmaf(m * dx, (float)(bs[0] + bs[1]), mins);
+                    mins = fmaf(m, x->dsum[(b * cols) / 32 + k], mins);
             }
             y[b * t->rows + r] = qm_q8_lanes_sum(lanes) + mins;
         }

@@ -450,7 +450,7 @@ static bool acts_quantize(qt_acts *a, const qtensor *w, const float *x, int64_t 
 
 void qt_acts_prepare(qt_acts *a, const qtensor *w, const float *x, int64_t batch)
 {
-    *a = (qt_acts){x, batch, w->cols, 0, NULL, NULL, NULL, NULL};
+    *a = (qt_acts){x, batch, w->cols, 0, NULL, NULL, NULL, NULL, NULL};
     if (activations == QL_ACTIVATIONS_Q8)
         acts_quantize(a, w, x, batch, q8_fast(&qt_traits_table[w->kind]));
 }
@@ -463,11 +463,12 @@ void qt_acts_release(qt_acts *a)
 
 qt_acts qt_acts_rows(const qt_acts *a, int64_t first, int64_t n)
 {
-    qt_acts v = {a->x + first * a->cols, n, a->cols, a->block, NULL, NULL, NULL, NULL};
+    qt_acts v = {a->x + first * a->cols, n, a->cols, a->block, NULL, NULL, NULL, NULL, NULL};
     if (a->q) {
         v.q = a->q + first * a->cols;
         v.d = a->d + first * a->cols / a->block;
         v.bsum = a->bsum + first * a->cols / 16;
+        v.dsum = a->dsum + first * a->cols / a->block;
     }
     return v;
 }

@@ -33,8 +33,10 @@
 #define QM_Q8_BLOCK_32 32  /* for the kinds of blocks of 32 */
 
 /* Quantize n (256 or 32) activations x into q (int8), its n / 16 sums
- * bsum and the scale *d. */
-static inline void qm_q8_quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, float *d)
+ * bsum, the scale *d and *dsum = d times the sum of q (the minimum's
+ * factor in Q4_1 and Q5_1 products). */
+static inline void qm_q8_quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, float *d,
+                                        float *dsum)
 {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -49,6 +51,7 @@ static inline void qm_q8_quantize_block(const float *x, int n, int8_t *q, int16_
         for (int k = 0; k < n / 16; k++)
             bsum[k] = 0;
         *d = amax == 0.0f ? 0.0f : NAN;
+        *dsum = *d * 0.0f;
         return;
     }
     float id = 127.0f / amax;
@@ -63,6 +66,10 @@ static inline void qm_q8_quantize_block(const float *x, int n, int8_t *q, int16_
         }
         bsum[k] = (int16_t)s;
     }
+    int total = 0;
+    for (int k = 0; k < n / 16; k++)
+        total += bsum[k];
+    *dsum = *d * (float)total;
 }
 
 /* The eight 6-bit scales and minimums of a Q4_K/Q5_K block from its 12
