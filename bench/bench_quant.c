@@ -5,10 +5,10 @@
  * layers are): dequantization throughput, and GFLOP/s of y = x @ W^T at
  * batch 1 and batch 8 through qt_matmul (the fast path this CPU takes),
  * the same with 8-bit activations (q8_b1_gflops, q8_b8_gflops: --activations
- * q8, where the kind has that path) and through the scalar reference. The peer, measured in the same run on the
- * same weight: a plain f32 y = x @ W^T (the textbook triple loop, compiled
- * with the project's flags), and our F32 kind. Single thread throughout:
- * the worker pool is the engine's; these are per-core figures.
+ * q8, where the kind has that path) and through the scalar reference. The peer, measured in the
+ * same run on the same weight: a plain f32 y = x @ W^T (the textbook triple loop, compiled with the
+ * project's flags), and our F32 kind. Single thread throughout: the worker pool is the engine's;
+ * these are per-core figures.
  *
  * The k-quants (q2_k ... q6_k) and iq4_nl, iq4_xs cannot be quantized into
  * yet: their weight is random blocks of the same size (random codes and
