@@ -1,11 +1,11 @@
 /*
  * matmul_q8_avx2.c - the 8-bit activation path on AVX2: activation rows
- * quantized to int8 blocks of 256 (qt_acts_quantize_avx2) and the Q4_K,
- * Q5_K and Q6_K products against them (qt_matmul_q8_<kind>_avx2), the
- * scalar entries' bits (quant_q8act.c): the same integers (pairs of
- * unsigned codes times signed activations by vpmaddubsw, times the
- * sub-block's scale by vpmaddwd, all exact in int32), then
- * qt_q8act_math.h's float tail per block of 256, per row of x.
+ * quantized to int8 blocks of 256 or 32 (qt_acts_quantize_avx2) and the
+ * products against them (qt_matmul_q8_<kind>_avx2: Q4_K, Q5_K, Q6_K and
+ * the kinds of blocks of 32), the scalar entries' bits (quant_q8act.c):
+ * the same integers (unsigned codes times signed activations by
+ * vpmaddubsw, times the sub-block's scale by vpmaddwd, all exact in int32)
+ * in the same lanes, then qt_q8act_math.h's float lanes per block.
  *
  * The products' bodies are kernels/internal/matmul_q8.inc, compiled here
  * with vpmaddwd + vpaddd and in matmul_q8_vnni.c with vpdpwssd. It owns
@@ -50,8 +50,8 @@ static void quantize_block(const float *x, int n, int8_t *q, int16_t *bsum, floa
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     float amax = _mm_cvtss_f32(m);
     if (_mm256_movemask_ps(nan8) || !(amax <= 3.4028235e38f) || amax == 0.0f) {
-        qm_q8_quantize_block(x, n, q, bsum, d,
-                             dsum); /* the rare cases, as the reference writes them */
+        /* the rare cases, as the reference writes them */
+        qm_q8_quantize_block(x, n, q, bsum, d, dsum);
         return;
     }
     __m256 id = _mm256_set1_ps(127.0f / amax);

@@ -1,9 +1,11 @@
 /*
  * matmul_q8_vnni.c - the 8-bit activation products (matmul_q8.inc) for
- * CPUs with AVX-512 VNNI and VL: each sub-block's pair sums times its
- * scale added by one vpdpwssd on 256-bit vectors where the AVX2 form
- * takes vpmaddwd and vpaddd. The same integers, so the scalar entries'
- * bits (test_q8act). Entry points qt_matmul_q8_<kind>_vnni; traits.c
+ * CPUs with AVX-512 VNNI and VL, on 256-bit vectors: a K-quant
+ * sub-block's pair sums times its scale added by one vpdpwssd where the
+ * AVX2 form takes vpmaddwd and vpaddd, and a block of 32's four-term sums
+ * by one vpdpbusd where it takes vpmaddubsw and vpmaddwd; 8 rows of x per
+ * pass in AVX-512's 32 registers. The same integers, so the scalar
+ * entries' bits (test_q8act). Entry points qt_matmul_q8_<kind>_vnni; traits.c
  * takes them when CPUID reports AVX512_VNNI and AVX512VL and the OS saves
  * the AVX-512 state. It owns no state. Compiled with -mavx2 -mfma -mf16c
  * -mavx512f -mavx512vl -mavx512vnni.

@@ -1,11 +1,13 @@
 /*
  * quant_q8act.c - the 8-bit activation path's scalar half: a batch of
- * activation rows quantized to int8 blocks of 256 (qt_acts_quantize_ref),
- * and the reference products of the kinds that have the path (Q4_K, Q5_K,
- * Q6_K; and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 against blocks of
- * 32) against them (qt_matmul_q8_<kind>_ref), one integer sum per
- * sub-block and qt_q8act_math.h's float tail per block. The AVX2 forms
- * (matmul_q8_avx2.c) compute the same integers, so they give these bits.
+ * activation rows quantized to int8 blocks of 256 or 32
+ * (qt_acts_quantize_ref), and the reference products of the kinds that
+ * have the path against them (qt_matmul_q8_<kind>_ref: Q4_K, Q5_K, Q6_K
+ * against blocks of 256; qt_matmul_q8_b32_ref for Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, IQ4_NL, MXFP4 against blocks of 32): integer sums in eight lanes
+ * and qt_q8act_math.h's float lanes per block. The AVX2 and VNNI forms
+ * (matmul_q8.inc) compute the same integers in the same lanes, so they
+ * give these bits.
  *
  * It owns no state and calls down only into kernels/math/. traits.c holds
  * the rows that point here and chooses between this and the AVX2 form.

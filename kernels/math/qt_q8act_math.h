@@ -1,9 +1,10 @@
 /*
  * qt_q8act_math.h - the arithmetic of the 8-bit activation path (qlserve
- * serve --activations q8): a row of activations quantized per block of
- * 256 to int8 with one f32 scale, and the integer dot products of the
- * k-quants against it, as llama.cpp computes them (its q8_K activations
- * and ggml_vec_dot_q4_K_q8_K / _q6_K_q8_K), in our own order.
+ * serve --activations q8): a row of activations quantized per block (256
+ * for the k-quants, 32 for the kinds of blocks of 32) to int8 with one f32
+ * scale, and the integer dot products of the weights against it, as
+ * llama.cpp computes them (its q8_K and q8_0 activations and
+ * ggml_vec_dot_q4_K_q8_K, _q6_K_q8_K, _q4_0_q8_0 ...), in our own order.
  *
  * One block of 256 activations x (32 for the kinds of blocks of 32: Q4_0,
  * Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) becomes
