@@ -31,6 +31,7 @@
  * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
  * CPU reports those features (traits.c).
  */
+#include "hsum_avx2.h"
 #include "kernels_internal.h"
 #include "ops_math.h"
 #include "qt_math.h"
@@ -517,14 +518,6 @@ KQUANT_TILE(tile_q2_k, QT_Q2_K)
 KQUANT_TILE(tile_q3_k, QT_Q3_K)
 KQUANT_TILE(tile_iq4_xs, QT_IQ4_XS)
 
-static inline float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /*
  * The matrix kernels proper. Every row of x goes through the same
  * arithmetic whatever else is in the batch: the same accumulators, the
@@ -578,7 +571,7 @@ ALWAYS_INLINE void rows_tiled(const qtensor *t, const float *x, int nb, float *y
             _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) tail[b] += w[i] * xs[b][i];
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
-        hsum(_mm256_add_ps(a0[b], a1[b])) + tail[b];
+        qt_hsum8(_mm256_add_ps(a0[b], a1[b])) + tail[b];
 }
 
 /* NF4/FP4 rows: codebook values decoded in registers, each block's partial
@@ -628,7 +621,7 @@ ALWAYS_INLINE void rows_bnb4(const qtensor *t, const float *x, int nb, float *y,
         }
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
-        hsum(total[b]) + tail[b];
+        qt_hsum8(total[b]) + tail[b];
 }
 
 /* NF4/FP4 rows whose blocks hold whole groups of 16 (cols and blocksize
@@ -677,7 +670,7 @@ ALWAYS_INLINE void rows_bnb4_split(const qtensor *t, const float *x, const float
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] =
             _mm256_fmadd_ps(_mm256_add_ps(a0[b], a1[b]), vam, total[b]);
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = qt_hsum8(total[b]);
 }
 
 /* A Q4_1 block's sum of x, 8 lanes: its four groups of 8 as
@@ -720,7 +713,7 @@ ALWAYS_INLINE void rows_gguf(const qtensor *t, const float *x, const float *xsum
         }
     }
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] =
-        q41 ? hsum(_mm256_add_ps(total[b], mtotal[b])) : hsum(total[b]);
+        q41 ? qt_hsum8(_mm256_add_ps(total[b], mtotal[b])) : qt_hsum8(total[b]);
 }
 
 /* acc[b] += the 8 codes (f32) q times x_b[0..8), for nb rows of x. */
@@ -779,7 +772,7 @@ ALWAYS_INLINE void rows_k4(const qtensor *t, const float *x, int nb, float *y, i
             }
         }
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = qt_hsum8(total[b]);
 }
 
 /* Q6_K rows, fused: per sub-block of 16, the signed codes times x, then
@@ -820,7 +813,7 @@ ALWAYS_INLINE void rows_q6_k(const qtensor *t, const float *x, int nb, float *y,
                 }
         }
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = qt_hsum8(total[b]);
 }
 
 /* Q2_K rows, fused: per sub-block of 16, the 2-bit codes times x, then d1
@@ -854,7 +847,7 @@ ALWAYS_INLINE void rows_q2_k(const qtensor *t, const float *x, int nb, float *y,
             }
         }
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = qt_hsum8(total[b]);
 }
 
 /* Q3_K rows, fused: per sub-block of 16, the signed codes times x, then
@@ -884,7 +877,7 @@ ALWAYS_INLINE void rows_q3_k(const qtensor *t, const float *x, int nb, float *y,
                 _mm256_fmadd_ps(acc[b], sc, total[b]);
         }
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = qt_hsum8(total[b]);
 }
 
 /* IQ4_XS rows, fused: per sub-block of 32, the levels times x in two
@@ -912,7 +905,7 @@ ALWAYS_INLINE void rows_iq4_xs(const qtensor *t, const float *x, int nb, float *
                 _mm256_fmadd_ps(_mm256_add_ps(acc[b], acc2[b]), dl, total[b]);
         }
     }
-    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = hsum(total[b]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) y[b * t->rows + r] = qt_hsum8(total[b]);
 }
 
 /* Whether rows_bnb4_split applies: blocks of whole groups of 16. */
@@ -1282,7 +1275,7 @@ void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stri
             s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(k + t), s0);
             s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_loadu_ps(k + t + 8), s1);
         }
-        float score = hsum(_mm256_add_ps(s0, s1)) * scale, f;
+        float score = qt_hsum8(_mm256_add_ps(s0, s1)) * scale, f;
         if (om_online_raise(&sm, score, &f)) { /* rescale what was summed under the old max */
             __m256 vf = _mm256_set1_ps(f);
             for (int32_t u = 0; u < d; u += 8)

@@ -150,7 +150,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_k_avx2,
-            .matmul_q8 = qt_matmul_q8_q4_k_ref,
+            .matmul_q8 = qt_matmul_q8_k4_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q4_k_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q4_k_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q4_k_avx2,
@@ -162,7 +162,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_k_avx2,
-            .matmul_q8 = qt_matmul_q8_q5_k_ref,
+            .matmul_q8 = qt_matmul_q8_k4_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q5_k_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q5_k_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_q5_k_avx2,
@@ -393,12 +393,18 @@ const char *qt_cpu_path(void)
     return (have_avx2 && !force_scalar) ? "avx2" : "scalar";
 }
 
-const char *qt_q8_path(void)
+/* Whether the 8-bit products take their AVX-512 VNNI entries (given AVX2). */
+static bool use_vnni(void)
 {
     pthread_once(&cpu_once, detect_cpu);
-    if (!have_avx2 || force_scalar)
+    return have_vnni && !no_vnni;
+}
+
+const char *qt_q8_path(void)
+{
+    if (!use_avx2())
         return "scalar";
-    return have_vnni && !no_vnni ? "avx512vnni" : "avx2";
+    return use_vnni() ? "avx512vnni" : "avx2";
 }
 
 void qt_set_no_vnni(bool off)
@@ -477,7 +483,7 @@ void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, 
 {
     const qt_traits *tr = &qt_traits_table[w->kind];
     if (a->q && tr->matmul_q8 && a->cols == w->cols && a->block == tr->block_size) {
-        if (q8_fast(tr) && have_vnni && !no_vnni && tr->matmul_q8_vnni)
+        if (q8_fast(tr) && use_vnni() && tr->matmul_q8_vnni)
             tr->matmul_q8_vnni(w, a, y, row0, row1);
         else if (q8_fast(tr))
             tr->matmul_q8_avx2(w, a, y, row0, row1);

@@ -311,6 +311,19 @@ static void attend_softcap(const float *q, const float *k, const float *v, int64
  * of one row still gives the pool several items). */
 #define ATTN_HEADS 4
 
+/* n f32 positions (k and v stride apart) for the ng query heads at q, d
+ * apart, each into its own sm[h] and acc + h * d; soft-capped or not. */
+static void attend_heads(const float *q, int32_t ng, const float *k, const float *v, int64_t stride,
+                         int32_t n, int32_t d, float scale, float cap, om_online *sm, float *acc)
+{
+    for (int32_t h = 0; h < ng; h++) {
+        if (cap > 0.0f)
+            attend_softcap(q + h * d, k, v, stride, n, d, scale, cap, &sm[h], acc + h * d);
+        else
+            qt_attend(q + h * d, k, v, stride, n, d, scale, &sm[h].max, &sm[h].sum, acc + h * d);
+    }
+}
+
 /* One run of n cached positions (their rows lie row_bytes apart from k
  * and v) for the ng query heads at q (d apart), each with its own running
  * softmax sm[h] and sum acc + h * d: straight from the arena when it holds
@@ -325,14 +338,7 @@ static void attend_run(const eng_kv_cache *kv, float cap, const float *q, int32_
 {
     if (kv->dtype == QT_F32) {
         const float *kf = (const float *)k + e0, *vf = (const float *)v + e0;
-        for (int32_t h = 0; h < ng; h++) {
-            if (cap > 0.0f)
-                attend_softcap(q + h * d, kf, vf, kv->kv_dim, n, d, scale, cap, &sm[h],
-                               acc + h * d);
-            else
-                qt_attend(q + h * d, kf, vf, kv->kv_dim, n, d, scale, &sm[h].max, &sm[h].sum,
-                          acc + h * d);
-        }
+        attend_heads(q, ng, kf, vf, kv->kv_dim, n, d, scale, cap, sm, acc);
         return;
     }
     float kb[KV_LOAD_CHUNK * 512], vb[KV_LOAD_CHUNK * 512];
@@ -343,12 +349,7 @@ static void attend_run(const eng_kv_cache *kv, float cap, const float *q, int32_
             qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
             qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
         }
-        for (int32_t h = 0; h < ng; h++) {
-            if (cap > 0.0f)
-                attend_softcap(q + h * d, kb, vb, d, m, d, scale, cap, &sm[h], acc + h * d);
-            else
-                qt_attend(q + h * d, kb, vb, d, m, d, scale, &sm[h].max, &sm[h].sum, acc + h * d);
-        }
+        attend_heads(q, ng, kb, vb, d, m, d, scale, cap, sm, acc);
     }
 }
 

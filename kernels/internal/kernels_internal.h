@@ -211,10 +211,7 @@ void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float
 int qt_acts_alloc(qt_acts *x, const float *f32, int64_t batch, int64_t cols, int64_t block);
 void qt_acts_quantize_ref(qt_acts *a);
 void qt_acts_quantize_avx2(qt_acts *a);
-void qt_matmul_q8_q4_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
-                           int64_t row1);
-void qt_matmul_q8_q5_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
-                           int64_t row1);
+void qt_matmul_q8_k4_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0, int64_t row1);
 void qt_matmul_q8_q6_k_ref(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
                            int64_t row1);
 void qt_matmul_q8_q4_k_avx2(const qtensor *t, const qt_acts *x, float *y, int64_t row0,
