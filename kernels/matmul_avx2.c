@@ -31,7 +31,7 @@
  * This file is compiled with -mavx2 -mfma -mf16c and only reached when the
  * CPU reports those features (traits.c).
  */
-#include "hsum_avx2.h"
+#include "avx2_shared.h"
 #include "kernels_internal.h"
 #include "ops_math.h"
 #include "qt_math.h"
@@ -739,7 +739,7 @@ ALWAYS_INLINE void rows_k4(const qtensor *t, const float *x, int nb, float *y, i
     __m256 total[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
-        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        qt_prefetch_block(blk, bb);
         float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
         const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
         const float *xs[XCHUNK];
@@ -786,7 +786,7 @@ ALWAYS_INLINE void rows_q6_k(const qtensor *t, const float *x, int nb, float *y,
     __m256 total[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q6_K_BYTES) {
-        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        qt_prefetch_block(blk, QM_Q6_K_BYTES);
         float d = qm_f16_le(blk + 208);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
@@ -825,7 +825,7 @@ ALWAYS_INLINE void rows_q2_k(const qtensor *t, const float *x, int nb, float *y,
     __m256 total[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q2_K_BYTES) {
-        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        qt_prefetch_block(blk, QM_Q2_K_BYTES);
         float d = qm_f16_le(blk + 80), dmin = qm_f16_le(blk + 82);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
@@ -859,7 +859,7 @@ ALWAYS_INLINE void rows_q3_k(const qtensor *t, const float *x, int nb, float *y,
     __m256 total[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q3_K_BYTES) {
-        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        qt_prefetch_block(blk, QM_Q3_K_BYTES);
         float scale[16];
         q3_k_scales(blk, scale);
         const float *xs[XCHUNK];
@@ -889,7 +889,7 @@ ALWAYS_INLINE void rows_iq4_xs(const qtensor *t, const float *x, int nb, float *
     __m256 total[XCHUNK];
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_IQ4_XS_BYTES) {
-        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        qt_prefetch_block(blk, QM_IQ4_XS_BYTES);
         float d = qm_f16_le(blk);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;

@@ -12,7 +12,7 @@
  * no state; it touches kernels/math/. Compiled with -mavx2 -mfma -mf16c;
  * traits.c calls it only when the CPU reports those features.
  */
-#include "hsum_avx2.h"
+#include "avx2_shared.h"
 #include "kernels_internal.h"
 #include "qt_q8act_math.h"
 #include "qt_quant_math.h"

@@ -10,7 +10,7 @@
  * the AVX-512 state. It owns no state. Compiled with -mavx2 -mfma -mf16c
  * -mavx512f -mavx512vl -mavx512vnni.
  */
-#include "hsum_avx2.h"
+#include "avx2_shared.h"
 #include "kernels_internal.h"
 #include "qt_q8act_math.h"
 #include "qt_quant_math.h"
