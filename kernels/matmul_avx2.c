@@ -293,7 +293,7 @@ ALWAYS_INLINE void decode_k4_block(const uint8_t *blk, bool five, float *out)
 {
     const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
     __m256i mask = _mm256_set1_epi32(0x0f), one = _mm256_set1_epi32(1);
-    float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
+    float d = qt_f16_le_avx2(blk), dmin = qt_f16_le_avx2(blk + 2);
     for (int c = 0; c < 4; c++, qs += 32, out += 64) {
         /* d * sc and dmin * m, as qm_k4_sub_scales rounds them */
         int sc0, mn0, sc1, mn1;
@@ -327,7 +327,7 @@ ALWAYS_INLINE void decode_q6_k_block(const uint8_t *blk, float *out)
             bias = _mm256_set1_epi32(32);
     /* d * sc of the 16 sub-blocks, each as qm_q6_k_sub_scale rounds it,
      * with d converted once */
-    float d = qm_f16_le(blk + 208), scale[16];
+    float d = qt_f16_le_avx2(blk + 208), scale[16];
     for (int s = 0; s < 16; s++)
         scale[s] = d * (float)(int8_t)blk[192 + s];
     for (int half = 0; half < 2; half++) {
@@ -356,7 +356,7 @@ ALWAYS_INLINE __m256i crumbs8(const uint8_t *p, int shift)
  * has d1 = d * sc, m1 = dmin * m (qm_q2_k_sub_scales), w = d1 * q - m1. */
 ALWAYS_INLINE void decode_q2_k_block(const uint8_t *blk, float *out)
 {
-    float d = qm_f16_le(blk + 80), dmin = qm_f16_le(blk + 82);
+    float d = qt_f16_le_avx2(blk + 80), dmin = qt_f16_le_avx2(blk + 82);
     for (int half = 0; half < 2; half++)
         for (int k = 0; k < 4; k++)
             for (int g = 0; g < 4; g++) {
@@ -380,7 +380,7 @@ ALWAYS_INLINE __m256i q3_k_codes8(const uint8_t *qs, const uint8_t *hmask, int k
  * rounds them, d converted once. */
 ALWAYS_INLINE void q3_k_scales(const uint8_t *blk, float scale[16])
 {
-    float d = qm_f16_le(blk + 108);
+    float d = qt_f16_le_avx2(blk + 108);
     for (int s = 0; s < 16; s++)
         scale[s] = d * (float)qm_q3_k_scale(blk, s);
 }
@@ -407,7 +407,7 @@ ALWAYS_INLINE void decode_q3_k_block(const uint8_t *blk, float *out)
  * of qs[16 s ..] times d * sc (qm_iq4_xs_sub_scale). */
 ALWAYS_INLINE void decode_iq4_xs_block(const uint8_t *blk, float *out)
 {
-    float d = qm_f16_le(blk);
+    float d = qt_f16_le_avx2(blk);
     for (int s = 0; s < 8; s++, out += 32) {
         __m256 q[4], dl = _mm256_set1_ps(d * (float)qm_iq4_xs_scale(blk, s));
         levels32(iq4nl_levels, blk + 8 + 16 * s, q);
@@ -740,7 +740,7 @@ ALWAYS_INLINE void rows_k4(const qtensor *t, const float *x, int nb, float *y, i
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += bb) {
         qt_prefetch_block(blk, bb);
-        float d = qm_f16_le(blk), dmin = qm_f16_le(blk + 2);
+        float d = qt_f16_le_avx2(blk), dmin = qt_f16_le_avx2(blk + 2);
         const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
@@ -787,7 +787,7 @@ ALWAYS_INLINE void rows_q6_k(const qtensor *t, const float *x, int nb, float *y,
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q6_K_BYTES) {
         qt_prefetch_block(blk, QM_Q6_K_BYTES);
-        float d = qm_f16_le(blk + 208);
+        float d = qt_f16_le_avx2(blk + 208);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
         for (int half = 0; half < 2; half++) {
@@ -826,7 +826,7 @@ ALWAYS_INLINE void rows_q2_k(const qtensor *t, const float *x, int nb, float *y,
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_Q2_K_BYTES) {
         qt_prefetch_block(blk, QM_Q2_K_BYTES);
-        float d = qm_f16_le(blk + 80), dmin = qm_f16_le(blk + 82);
+        float d = qt_f16_le_avx2(blk + 80), dmin = qt_f16_le_avx2(blk + 82);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
         for (int s = 0; s < 16; s++) { /* elements 16 s ..: half s / 8, field (s % 8) / 2 */
@@ -890,7 +890,7 @@ ALWAYS_INLINE void rows_iq4_xs(const qtensor *t, const float *x, int nb, float *
     _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) total[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_blocks; k++, blk += QM_IQ4_XS_BYTES) {
         qt_prefetch_block(blk, QM_IQ4_XS_BYTES);
-        float d = qm_f16_le(blk);
+        float d = qt_f16_le_avx2(blk);
         const float *xs[XCHUNK];
         _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xs[b] = x + b * t->cols + k * 256;
         for (int s = 0; s < 8; s++) {
@@ -1418,6 +1418,6 @@ void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float
         const uint8_t *blk = base + (e / QM_GGUF_QK) * QM_Q8_0_BYTES;
         __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 2 + e % QM_GGUF_QK));
         __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, _mm256_set1_ps(qm_f16_le(blk))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, _mm256_set1_ps(qt_f16_le_avx2(blk))));
     }
 }

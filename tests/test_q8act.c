@@ -100,53 +100,59 @@ Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
     if (strcmp(qt_cpu_path(), "avx2") != 0)
         cr_skip_test("this CPU has no AVX2: the fast path cannot run here");
     uint64_t rng = 0x9e3779b97f4a7c15ull;
-    int64_t rows = 37, cols = 768;
-    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
-        qtensor t;
-        random_weight(&t, kinds[ki], rows, cols, &rng);
-        for (int64_t batch = 1; batch <= 9; batch += (batch < 5 ? 1 : 4)) {
-            float *x = random_x(batch * cols, &rng);
-            size_t n = (size_t)(batch * rows);
-            float *fast = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float)),
-                  *f32 = malloc(n * sizeof(float));
-            double *y64 = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double)),
-                   *step = malloc(n * sizeof(double));
-            cr_assert(fast && ref && f32 && y64 && mag && step);
-            cr_assert(qt_matmul_q8_ref(&t, x, batch, ref, 0, rows));
-            /* each fast form this CPU has: AVX-512 VNNI where present, and AVX2 */
-            for (int no_vnni = 1; no_vnni >= 0; no_vnni--) {
-                qt_set_no_vnni(no_vnni);
-                qt_set_activations(QL_ACTIVATIONS_Q8);
-                qt_matmul(&t, x, batch, fast, 0, 20); /* two ranges: a split as the pool makes */
-                qt_matmul(&t, x, batch, fast, 20, rows);
-                qt_set_activations(QL_ACTIVATIONS_F32);
-                cr_assert_eq(memcmp(fast, ref, n * sizeof(float)), 0,
-                             "%s batch %lld: the %s products differ from the scalar ones",
-                             qt_kind_name(kinds[ki]), (long long)batch, qt_q8_path());
+    /* a wide shape too: rows of x past 16 KiB ride in chunks of four, not eight */
+    static const struct {
+        int64_t rows, cols, split;
+    } shapes[] = {{37, 768, 20}, {5, 4608, 2}};
+    for (size_t si = 0; si < 2; si++)
+        for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+            int64_t rows = shapes[si].rows, cols = shapes[si].cols, split = shapes[si].split;
+            qtensor t;
+            random_weight(&t, kinds[ki], rows, cols, &rng);
+            for (int64_t batch = 1; batch <= 9; batch += (batch < 5 ? 1 : 4)) {
+                float *x = random_x(batch * cols, &rng);
+                size_t n = (size_t)(batch * rows);
+                float *fast = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float)),
+                      *f32 = malloc(n * sizeof(float));
+                double *y64 = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double)),
+                       *step = malloc(n * sizeof(double));
+                cr_assert(fast && ref && f32 && y64 && mag && step);
+                cr_assert(qt_matmul_q8_ref(&t, x, batch, ref, 0, rows));
+                /* each fast form this CPU has: AVX-512 VNNI where present, and AVX2 */
+                for (int no_vnni = 1; no_vnni >= 0; no_vnni--) {
+                    qt_set_no_vnni(no_vnni);
+                    qt_set_activations(QL_ACTIVATIONS_Q8);
+                    qt_matmul(&t, x, batch, fast, 0, split); /* two ranges, as the pool splits */
+                    qt_matmul(&t, x, batch, fast, split, rows);
+                    qt_set_activations(QL_ACTIVATIONS_F32);
+                    cr_assert_eq(memcmp(fast, ref, n * sizeof(float)), 0,
+                                 "%s batch %lld: the %s products differ from the scalar ones",
+                                 qt_kind_name(kinds[ki]), (long long)batch, qt_q8_path());
+                }
+                qt_matmul(&t, x, batch, f32, 0, rows);
+                reference(&t, x, batch, y64, mag, step);
+                for (size_t i = 0; i < n; i++) {
+                    cr_assert_eq(memcmp(&fast[i], &ref[i], sizeof(float)), 0,
+                                 "%s batch %lld output %zu: AVX2 %.9g, scalar %.9g",
+                                 qt_kind_name(kinds[ki]), (long long)batch, i, fast[i], ref[i]);
+                    cr_assert_leq(fabs(ref[i] - y64[i]), 2e-6 * mag[i] + 1e-30,
+                                  "%s batch %lld output %zu: %.9g, float64 %.9g (magnitude %.3g)",
+                                  qt_kind_name(kinds[ki]), (long long)batch, i, ref[i], y64[i],
+                                  mag[i]);
+                    cr_assert_leq(fabs(ref[i] - f32[i]), step[i] + 1e-5 * mag[i],
+                                  "%s output %zu: 8-bit %.6g, f32 %.6g (rounding bound %.3g)",
+                                  qt_kind_name(kinds[ki]), i, ref[i], f32[i], step[i]);
+                }
+                free(x);
+                free(fast);
+                free(ref);
+                free(f32);
+                free(y64);
+                free(mag);
+                free(step);
             }
-            qt_matmul(&t, x, batch, f32, 0, rows);
-            reference(&t, x, batch, y64, mag, step);
-            for (size_t i = 0; i < n; i++) {
-                cr_assert_eq(memcmp(&fast[i], &ref[i], sizeof(float)), 0,
-                             "%s batch %lld output %zu: AVX2 %.9g, scalar %.9g",
-                             qt_kind_name(kinds[ki]), (long long)batch, i, fast[i], ref[i]);
-                cr_assert_leq(fabs(ref[i] - y64[i]), 2e-6 * mag[i] + 1e-30,
-                              "%s batch %lld output %zu: %.9g, float64 %.9g (magnitude %.3g)",
-                              qt_kind_name(kinds[ki]), (long long)batch, i, ref[i], y64[i], mag[i]);
-                cr_assert_leq(fabs(ref[i] - f32[i]), step[i] + 1e-5 * mag[i],
-                              "%s output %zu: 8-bit %.6g, f32 %.6g (rounding bound %.3g)",
-                              qt_kind_name(kinds[ki]), i, ref[i], f32[i], step[i]);
-            }
-            free(x);
-            free(fast);
-            free(ref);
-            free(f32);
-            free(y64);
-            free(mag);
-            free(step);
+            qt_free(&t);
         }
-        qt_free(&t);
-    }
 }
 
 Test(q8act, a_row_gives_the_same_bits_alone_or_batched)
