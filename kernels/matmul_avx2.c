@@ -1258,9 +1258,27 @@ void qt_dequantize_rows_mxfp4_avx2(DEQUANT_ARGS)
     dequantize_tiles(t, row0, nrows, out, tile_mxfp4);
 }
 
-/* Attention over a run of cached positions: the dot product in two 8-lane
- * chains, the softmax bookkeeping as ops_math.h's, the values added with
- * fused multiply-adds. */
+/* Positions of a run taken together by qt_attend_avx2. */
+#define ATTEND_BLOCK 8
+
+/* q . k * scale over d (a multiple of 16) in two 8-lane chains. */
+ALWAYS_INLINE float attend_score(const float *q, const float *k, int32_t d, float scale)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (int32_t t = 0; t < d; t += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(k + t), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_loadu_ps(k + t + 8), s1);
+    }
+    return qt_hsum8(_mm256_add_ps(s0, s1)) * scale;
+}
+
+/* Attention over a run of cached positions, ATTEND_BLOCK at a time: their
+ * scores first, the running max raised once to the block's largest (a NaN
+ * never raises it), their weights, then each 8 elements of the accumulator
+ * loaded once for the block's weighted values (fused multiply-adds) rather
+ * than once per position. The same softmax as qt_attend_ref's up to
+ * rounding: the weights are taken under the block's max, not the max so
+ * far (test_matmul's float64 comparison holds both). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
                     int32_t d, float scale, float *max, float *sum, float *acc)
 {
@@ -1269,22 +1287,27 @@ void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stri
         return;
     }
     om_online sm = {*max, *sum};
-    for (int32_t i = 0; i < n; i++, k += stride, v += stride) {
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-        for (int32_t t = 0; t < d; t += 16) {
-            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(k + t), s0);
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_loadu_ps(k + t + 8), s1);
+    for (int32_t i0 = 0; i0 < n; i0 += ATTEND_BLOCK) {
+        int32_t m = n - i0 < ATTEND_BLOCK ? n - i0 : ATTEND_BLOCK;
+        const float *kb = k + i0 * stride, *vb = v + i0 * stride;
+        float w[ATTEND_BLOCK], top = sm.max, f;
+        for (int32_t j = 0; j < m; j++) {
+            w[j] = attend_score(q, kb + j * stride, d, scale);
+            top = w[j] > top ? w[j] : top;
         }
-        float score = qt_hsum8(_mm256_add_ps(s0, s1)) * scale, f;
-        if (om_online_raise(&sm, score, &f)) { /* rescale what was summed under the old max */
+        if (om_online_raise(&sm, top, &f)) { /* rescale what was summed under the old max */
             __m256 vf = _mm256_set1_ps(f);
             for (int32_t u = 0; u < d; u += 8)
                 _mm256_storeu_ps(acc + u, _mm256_mul_ps(_mm256_loadu_ps(acc + u), vf));
         }
-        __m256 w = _mm256_set1_ps(om_online_weight(&sm, score));
-        for (int32_t u = 0; u < d; u += 8)
-            _mm256_storeu_ps(acc + u,
-                             _mm256_fmadd_ps(w, _mm256_loadu_ps(v + u), _mm256_loadu_ps(acc + u)));
+        for (int32_t j = 0; j < m; j++)
+            w[j] = om_online_weight(&sm, w[j]);
+        for (int32_t u = 0; u < d; u += 8) {
+            __m256 a = _mm256_loadu_ps(acc + u);
+            for (int32_t j = 0; j < m; j++)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(vb + j * stride + u), a);
+            _mm256_storeu_ps(acc + u, a);
+        }
     }
     *max = sm.max;
     *sum = sm.sum;
