@@ -30,6 +30,7 @@
 #include "fixtures/moe_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
+#include "fixtures/smollm3_reference.h"
 #include "model.h"
 #include "modelfile.h"
 #include "ref_forward.h"
@@ -335,6 +336,30 @@ static void check_kq_mxfp4(eng_model *m)
     check_kq(m, QT_MXFP4);
 }
 
+/* SmolLM3 (make_smollm3_reference.py): layer 3 of 5 applies no RoPE, the
+ * others do; tied embeddings. The GGUF says nothing of it: llama.cpp's
+ * every fourth layer, the same layers. */
+static void check_smollm3(const eng_model *m, bool interleaved)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_SMOLLM3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "smollm3");
+    cr_assert(c->tie_word_embeddings && !c->qk_norm && c->sliding_window == 0);
+    cr_assert_eq(c->rope_interleaved, interleaved);
+    for (int l = 0; l < 5; l++)
+        cr_assert_eq(eng_layer_rotates(c, l), l != 3, "layer %d", l);
+}
+
+static void check_smollm3_folder(eng_model *m)
+{
+    check_smollm3(m, false);
+}
+
+static void check_smollm3_gguf(eng_model *m)
+{
+    check_smollm3(m, true);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -418,6 +443,11 @@ static void no_expert_biases(eng_config *c)
     c->router_bias = false;
 }
 
+static void rope_every_layer(eng_config *c)
+{
+    memset(c->nope_layers, 0, sizeof c->nope_layers);
+}
+
 /* --- the table --------------------------------------------------------------------------- */
 
 #define QWEN3_REF                                                                                  \
@@ -432,6 +462,12 @@ static void no_expert_biases(eng_config *c)
 #define PHI3_REF(which)                                                                            \
     .source = "transformers float64 (make_phi3_reference.py)", .tokens = PHI3_TOKENS,              \
     .n_tokens = PHI3_N_TOKENS, .vocab = PHI3_VOCAB, .logits = &which[0][0], .tol = 1e-5
+
+/* a prefill of 9, then one token a step over blocks of 4 */
+#define SMOLLM3_REF                                                                                \
+    .source = "transformers float64 (make_smollm3_reference.py)", .tokens = SMOLLM3_TOKENS,        \
+    .n_tokens = SMOLLM3_N_TOKENS, .vocab = SMOLLM3_VOCAB, .logits = &SMOLLM3_LOGITS[0][0],         \
+    .prefill = 9, .block_tokens = 4, .tol = 1e-5
 
 #define MOE_REF(which)                                                                             \
     .source = "transformers float64 (make_moe_reference.py)", .tokens = which##_TOKENS,            \
@@ -598,6 +634,18 @@ static const arch_row ARCH_ROWS[] = {
      .check = check_qwen3_folder,
      .features = {{"the q/k norms", no_qk_norm}},
      .moved = 1e-2},
+    {.label = "smollm3 folder",
+     .fixture = "smollm3_tiny",
+     SMOLLM3_REF,
+     .check = check_smollm3_folder,
+     .features = {{"the NoPE layer", rope_every_layer}},
+     .moved = 1e-3},
+    {.label = "smollm3 gguf",
+     .fixture = "smollm3_tiny.gguf",
+     SMOLLM3_REF,
+     .check = check_smollm3_gguf,
+     .features = {{"the NoPE layer", rope_every_layer}},
+     .moved = 1e-3},
     {.label = "qwen3 gguf", .fixture = "qwen3_tiny.gguf", QWEN3_REF, .check = check_qwen3_gguf},
     {.label = "gemma2 folder",
      .fixture = "gemma2_tiny",
@@ -774,30 +822,75 @@ Test(architectures, gpt_oss_yarn_truncated_equals_transformers_truncated, .timeo
     eng_model_free(&m);
 }
 
+/* The folder's config.json with `from` replaced by `to`, loaded: the
+ * loader's code, its message in msg, the model in *m when it loads. */
+static int load_edited_folder(const char *fixture, const char *from, const char *to, eng_model *m,
+                              char *msg, size_t msg_len)
+{
+    char dir[512] = "", cfg_path[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder(fixture, dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(cfg_path, &len);
+    cr_assert(text);
+    char *at = strstr(text, from);
+    cr_assert(at, "%s is not in %s's config.json", from, fixture);
+    size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+    char *edited = malloc(n);
+    snprintf(edited, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    test_write_text(cfg_path, edited);
+    free(edited);
+    free(text);
+    eng_load_opts o = {.path = dir};
+    int rc = eng_model_load(m, &o, msg, msg_len);
+    test_rmtree(dir);
+    return rc;
+}
+
 /* GPT-OSS's experts in a form the config does not announce are refused by
  * name, never run wrong: the MXFP4 folder without its quantization_config
  * (the loader looks for the dense gate_up_proj and says where the MXFP4
  * pairs would have been read). */
 Test(architectures, gpt_oss_experts_in_an_unannounced_form_are_refused_by_name, .timeout = 60)
 {
-    char dir[512] = "", cfg_path[1024], msg[1024];
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    tiny_fixture_folder("gptoss_mxfp4_tiny", dir);
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
-    size_t len = 0;
-    char *text = test_read_file(cfg_path, &len);
-    cr_assert(text);
-    char *qc = strstr(text, "\"quantization_config\"");
-    cr_assert(qc);
-    memcpy(qc, "\"quantization_confiX\"", strlen("\"quantization_confiX\""));
-    test_write_text(cfg_path, text);
-    free(text);
+    char msg[1024];
     eng_model m;
-    eng_load_opts o = {.path = dir};
-    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0);
+    cr_assert_neq(load_edited_folder("gptoss_mxfp4_tiny", "\"quantization_config\"",
+                                     "\"quantization_confiX\"", &m, msg, sizeof msg),
+                  0);
     cr_assert(strstr(msg, "model.layers.0.mlp.experts.gate_up_proj' is missing") &&
                   strstr(msg, "quantization_config"),
               "%s", msg);
-    test_rmtree(dir);
+}
+
+/* SmolLM3's no_rope_layers is read as it stands (1: the layer rotates),
+ * not rebuilt from no_rope_layer_interval. */
+Test(architectures, smollm3_no_rope_layers_list_is_read_per_layer, .timeout = 60)
+{
+    char msg[1024];
+    eng_model m;
+    cr_assert_eq(load_edited_folder("smollm3_tiny", "\"no_rope_layers\": [\n    1,\n    1,",
+                                    "\"no_rope_layers\": [\n    0,\n    1,", &m, msg, sizeof msg),
+                 0, "%s", msg);
+    for (int l = 0; l < 5; l++)
+        cr_assert_eq(eng_layer_rotates(&m.cfg, l), l != 0 && l != 3, "layer %d", l);
+    eng_model_free(&m);
+}
+
+/* What qlserve does not run of SmolLM3 is refused by name: its sliding
+ * layers, a list of the wrong length. */
+Test(architectures, smollm3_options_not_run_are_refused_by_name, .timeout = 60)
+{
+    char msg[1024];
+    eng_model m;
+    cr_assert_neq(load_edited_folder("smollm3_tiny", "\"use_sliding_window\": false",
+                                     "\"use_sliding_window\": true", &m, msg, sizeof msg),
+                  0);
+    cr_assert(strstr(msg, "use_sliding_window"), "%s", msg);
+    cr_assert_neq(load_edited_folder("smollm3_tiny", "\"no_rope_layers\": [\n    1,",
+                                     "\"no_rope_layers\": [", &m, msg, sizeof msg),
+                  0);
+    cr_assert(strstr(msg, "no_rope_layers"), "%s", msg);
 }

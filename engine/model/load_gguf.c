@@ -406,6 +406,23 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     return rc;
 }
 
+/* SmolLM3's NoPE layers: the converter writes no list of them, and
+ * llama.cpp's smollm3 graph skips RoPE on every fourth layer ((l + 1) % 4
+ * == 0, its n_no_rope_layer_step), which is SmolLM3Config's default; a
+ * folder whose no_rope_layers says otherwise converts into a file that
+ * llama.cpp and qlserve both run with that default. Its q/k rows are
+ * permuted as a llama's (the converter's SmolLM3Model is a LlamaModel). */
+static int gguf_smollm3_nope(const gguf_file *f, eng_config *c, char *msg, size_t msg_len)
+{
+    if (c->n_layers > ENG_MAX_NOPE_LAYERS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: SmolLM3 with more than %d layers",
+                       f->path, ENG_MAX_NOPE_LAYERS);
+    for (int32_t l = 0; l < c->n_layers; l++)
+        if ((l + 1) % 4 == 0)
+            c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    return QL_OK;
+}
+
 static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
 {
     const gguf_file *f = L->m->gguf;
@@ -433,10 +450,12 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_QWEN3_MOE;
     else if (strcmp(arch, "gpt-oss") == 0)
         c->arch = ENG_ARCH_GPT_OSS;
+    else if (strcmp(arch, "smollm3") == 0)
+        c->arch = ENG_ARCH_SMOLLM3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
-                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss)",
+                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss, smollm3)",
                        f->path, arch);
     /* Mixtral is a llama GGUF whose layers have experts */
     char experts_key[96];
@@ -502,7 +521,10 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
      * pairs; it leaves qwen2's, qwen3's and phi3's as Hugging Face has them
      * (qwen3's q/k norms are attn_q_norm / attn_k_norm, per head as there) */
-    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL;
+    c->rope_interleaved =
+        c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_SMOLLM3;
+    if (c->arch == ENG_ARCH_SMOLLM3 && (rc = gguf_smollm3_nope(f, c, msg, msg_len)) != QL_OK)
+        return rc;
     c->attention_bias = c->arch == ENG_ARCH_QWEN2 || c->arch == ENG_ARCH_QWEN2_MOE;
     c->qk_norm = c->arch == ENG_ARCH_QWEN3 || c->arch == ENG_ARCH_QWEN3_MOE;
     c->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;

@@ -423,6 +423,65 @@ static int parse_gpt_oss_config(const char *path, const cJSON *j, eng_config *c,
     return rc;
 }
 
+/* SmolLM3 beyond a Llama: which layers skip RoPE, from no_rope_layers
+ * (one 0 or 1 per layer, 1 when the layer rotates, as SmolLM3Attention's
+ * use_rope reads it) or, without it, every no_rope_layer_interval-th
+ * (4 when absent: layer l rotates when (l + 1) % interval != 0, as
+ * SmolLM3Config fills the list). Its sliding layers and an MLP with
+ * biases are refused by name; ties lm_head to the embeddings unless the
+ * config says not (the config class's default). */
+static int parse_smollm3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                                size_t msg_len)
+{
+    c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", true);
+    const char *act = mf_json_str(j, "hidden_act");
+    if (act && strcmp(act, "silu") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_act %s is not supported for SmolLM3 (silu)", path, act);
+    if (mf_json_bool(j, "mlp_bias", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: mlp_bias is not supported", path);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    for (int32_t l = 0; cJSON_IsArray(types) && l < cJSON_GetArraySize(types); l++) {
+        const char *t = cJSON_GetArrayItem(types, l)->valuestring;
+        if (t && strcmp(t, "full_attention") != 0)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: layer_types[%d] is %s; qlserve runs SmolLM3 with full attention "
+                           "layers only",
+                           path, l, t);
+    }
+    if (mf_json_bool(j, "use_sliding_window", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: use_sliding_window is not supported for SmolLM3", path);
+    c->sliding_window = 0;
+    if (c->n_layers > ENG_MAX_NOPE_LAYERS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: SmolLM3 with more than %d layers", path,
+                       ENG_MAX_NOPE_LAYERS);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "no_rope_layers");
+    if (list && !cJSON_IsNull(list)) {
+        if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != c->n_layers)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: \"no_rope_layers\" is not a list of num_hidden_layers = %d "
+                           "entries",
+                           path, c->n_layers);
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            double v;
+            if (!mf_json_number(cJSON_GetArrayItem(list, l), &v) || (v != 0 && v != 1))
+                return ql_fail(msg, msg_len, QL_EFORMAT, "%s: no_rope_layers[%d] is not 0 or 1",
+                               path, l);
+            if (v == 0)
+                c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+        }
+        return QL_OK;
+    }
+    int32_t interval = 4;
+    int rc = model_json_int32(path, j, "no_rope_layer_interval", 4, false, 1, 1 << 20, &interval,
+                              msg, msg_len);
+    for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++)
+        if ((l + 1) % interval == 0)
+            c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    return rc;
+}
+
 static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, char *msg,
                            size_t msg_len)
 {
@@ -454,12 +513,15 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_MIXTRAL;
     else if (strcmp(arch, "GptOssForCausalLM") == 0)
         c->arch = ENG_ARCH_GPT_OSS;
+    else if (strcmp(arch, "SmolLM3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_SMOLLM3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
-                       "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM)",
+                       "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
+                       "SmolLM3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -517,6 +579,9 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
     }
     if (c->arch == ENG_ARCH_GPT_OSS &&
         (rc = parse_gpt_oss_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_SMOLLM3 &&
+        (rc = parse_smollm3_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");

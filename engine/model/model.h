@@ -50,6 +50,9 @@ typedef enum eng_arch {
      * biases and a clamped SwiGLU, attention sinks, biases on q/k/v/o,
      * alternating sliding and full layers, YaRN */
     ENG_ARCH_GPT_OSS,
+    /* SmolLM3 (SmolLM3ForCausalLM, GGUF smollm3): a Llama whose layers in
+     * eng_config's nope_layers attend without rotary embeddings */
+    ENG_ARCH_SMOLLM3,
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -67,6 +70,10 @@ typedef enum eng_router {
 /* The most layers a mixture-of-experts model may have (eng_config's
  * dense_layers bitmap). */
 #define ENG_MAX_MOE_LAYERS 1024
+
+/* The most layers a model with layers that skip RoPE may have
+ * (eng_config's nope_layers bitmap). */
+#define ENG_MAX_NOPE_LAYERS 1024
 
 /* The gated unit of the MLP: silu(gate) * up (SwiGLU), Gemma's
  * gelu_pytorch_tanh(gate) * up (GeGLU), or GPT-OSS's clamped SwiGLU: gate
@@ -139,6 +146,11 @@ typedef struct eng_config {
      * partial_rotary_factor times head_dim, Phi-4-mini's 0.75; a GGUF's
      * rope.dimension_count); 0: the whole head. The rest pass through. */
     int32_t rope_dim;
+    /* layers that apply no rotary embedding to q and k (SmolLM3's NoPE
+     * layers: config.json's no_rope_layers holds 0 for them; a GGUF,
+     * which does not say, every fourth as llama.cpp builds it): bit l of
+     * word l / 64; all zero for every other model */
+    uint64_t nope_layers[ENG_MAX_NOPE_LAYERS / 64];
     /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
      * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
      * a llama GGUF after permuting the q/k rows */
@@ -213,6 +225,14 @@ static inline bool eng_layer_slides(const eng_config *c, int32_t l)
     if (c->sliding_window <= 0)
         return false;
     return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
+}
+
+/* Whether layer l rotates q and k (eng_config's nope_layers). */
+static inline bool eng_layer_rotates(const eng_config *c, int32_t l)
+{
+    if (l < 0 || l >= ENG_MAX_NOPE_LAYERS)
+        return true;
+    return !(c->nope_layers[l / 64] >> (l % 64) & 1);
 }
 
 /* One decoder layer's weights. Norms and biases are dense [1, n]; a bias

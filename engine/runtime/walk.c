@@ -31,6 +31,8 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     bool slides = eng_layer_slides(c, l);
     out->window = slides ? c->sliding_window : 0;
     out->rope = slides && c->rope_local_theta > 0.0f ? ENG_WALK_ROPE_LOCAL : ENG_WALK_ROPE_GLOBAL;
+    if (!eng_layer_rotates(c, l))
+        out->rope = ENG_WALK_ROPE_NONE;
     out->moe = eng_layer_is_moe(c, l);
 }
 
@@ -131,9 +133,12 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
             OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
                             msg_len));
         }
-        // RoPE (Gemma 3's sliding layers with their own table)
-        OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
-        OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+        // RoPE (Gemma 3's sliding layers with their own table; none on
+        // SmolLM3's NoPE layers)
+        if (ly->rope != ENG_WALK_ROPE_NONE) {
+            OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
+            OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+        }
         // K and V into the paged cache, all rows first so a prefill chunk sees itself
         OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
         // grouped-query attention, causal, over the paged cache (the window on

@@ -24,7 +24,11 @@
 #include "runtime.h"
 
 /* Which rotation table a layer's RoPE uses. */
-enum { ENG_WALK_ROPE_GLOBAL = 0, ENG_WALK_ROPE_LOCAL = 1 /* Gemma 3's sliding layers */ };
+enum {
+    ENG_WALK_ROPE_GLOBAL = 0,
+    ENG_WALK_ROPE_LOCAL = 1, /* Gemma 3's sliding layers */
+    ENG_WALK_ROPE_NONE = 2,  /* SmolLM3's NoPE layers: q and k as projected */
+};
 
 /* One layer as the walk reads it: the backend's copies of its small
  * parameters (f32, in the backend's memory; NULL where the architecture has
@@ -43,7 +47,8 @@ typedef struct eng_walk_layer {
 
 /* Layer l's window and rotation table under config c: a sliding layer
  * (eng_layer_slides) sees its last sliding_window positions and, where the
- * model has rope_local_theta (Gemma 3), rotates with the local table. */
+ * model has rope_local_theta (Gemma 3), rotates with the local table; a
+ * layer that does not rotate (eng_layer_rotates) has none. */
 void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out);
 
 /*
