@@ -28,6 +28,7 @@
 
 #include "fixtures/gemma_reference.h"
 #include "fixtures/moe_reference.h"
+#include "fixtures/olmo3_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
 #include "fixtures/smollm3_reference.h"
@@ -360,6 +361,35 @@ static void check_smollm3_gguf(eng_model *m)
     check_smollm3(m, true);
 }
 
+/* OLMo 3 (make_olmo3_reference.py): norms after attention and the MLP
+ * only, whole-projection q/k norms, layers 0-2 and 4-5 sliding over 5,
+ * layer 3 full with YaRN (factor 4 over 32, attention factor 1.2), the
+ * sliding ones with the plain rotation of the same base. */
+static void check_olmo3(eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_OLMO3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "olmo3");
+    cr_assert(c->post_norms && c->qk_norm && c->qk_norm_whole && !c->sandwich_norms);
+    cr_assert(!c->rope_interleaved && !c->tie_word_embeddings);
+    cr_assert_eq(c->sliding_window, 5);
+    for (int l = 0; l < 6; l++)
+        cr_assert_eq(eng_layer_slides(c, l), l != 3, "layer %d", l);
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_YARN);
+    cr_assert_float_eq(c->rope_factor, 4.0f, 1e-6);
+    cr_assert_eq(c->rope_original_max_position, 32);
+    cr_assert_float_eq(c->rope_attn_factor, 1.2f, 1e-6);
+    cr_assert_float_eq(c->rope_theta, 10000.0f, 0);
+    cr_assert_float_eq(c->rope_local_theta, 10000.0f, 0);
+    const eng_layer *L = &m->layers[2];
+    cr_assert_eq(L->attn_norm.rows, 0, "no norm before attention");
+    cr_assert_eq(L->ffn_norm.rows, 0, "no norm before the MLP");
+    cr_assert_eq(L->q_norm.cols, 64);
+    cr_assert_eq(L->k_norm.cols, 32);
+    cr_assert_eq(L->post_attn_norm.cols, 64);
+    cr_assert_eq(L->post_ffn_norm.cols, 64);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -443,6 +473,11 @@ static void no_expert_biases(eng_config *c)
     c->router_bias = false;
 }
 
+static void per_head_qk_norm_off(eng_config *c)
+{
+    c->qk_norm = false;
+}
+
 static void rope_every_layer(eng_config *c)
 {
     memset(c->nope_layers, 0, sizeof c->nope_layers);
@@ -468,6 +503,19 @@ static void rope_every_layer(eng_config *c)
     .source = "transformers float64 (make_smollm3_reference.py)", .tokens = SMOLLM3_TOKENS,        \
     .n_tokens = SMOLLM3_N_TOKENS, .vocab = SMOLLM3_VOCAB, .logits = &SMOLLM3_LOGITS[0][0],         \
     .prefill = 9, .block_tokens = 4, .tol = 1e-5
+
+#define OLMO3_REF                                                                                  \
+    .source = "transformers float64 (make_olmo3_reference.py)", .tokens = OLMO3_TOKENS,            \
+    .n_tokens = OLMO3_N_TOKENS, .vocab = OLMO3_VOCAB, .logits = &OLMO3_LOGITS[0][0], .prefill = 9, \
+    .block_tokens = 4, .tol = 1e-5
+/* each of OLMo 3's features moves the logits: its q/k norms, the window,
+ * YaRN on the full layers, the sliding layers' own (unscaled) rotation */
+#define OLMO3_FEATURES                                                                             \
+    .features = {{"the q/k norms", per_head_qk_norm_off},                                          \
+                 {"the sliding window", no_sliding_window},                                        \
+                 {"YaRN on the full layers", no_yarn},                                             \
+                 {"the sliding layers' unscaled rotation", no_local_rope_base}},                   \
+    .moved = 1e-3
 
 #define MOE_REF(which)                                                                             \
     .source = "transformers float64 (make_moe_reference.py)", .tokens = which##_TOKENS,            \
@@ -646,6 +694,16 @@ static const arch_row ARCH_ROWS[] = {
      .check = check_smollm3_gguf,
      .features = {{"the NoPE layer", rope_every_layer}},
      .moved = 1e-3},
+    {.label = "olmo3 folder",
+     .fixture = "olmo3_tiny",
+     OLMO3_REF,
+     .check = check_olmo3,
+     OLMO3_FEATURES},
+    {.label = "olmo3 gguf",
+     .fixture = "olmo3_tiny.gguf",
+     OLMO3_REF,
+     .check = check_olmo3,
+     OLMO3_FEATURES},
     {.label = "qwen3 gguf", .fixture = "qwen3_tiny.gguf", QWEN3_REF, .check = check_qwen3_gguf},
     {.label = "gemma2 folder",
      .fixture = "gemma2_tiny",
@@ -893,4 +951,28 @@ Test(architectures, smollm3_options_not_run_are_refused_by_name, .timeout = 60)
                                      "\"no_rope_layers\": [", &m, msg, sizeof msg),
                   0);
     cr_assert(strstr(msg, "no_rope_layers"), "%s", msg);
+}
+
+/* What qlserve does not run of OLMo 3 is refused by name: biases, a
+ * sliding layers' rotation other than the plain one, layer types that are
+ * not a repeating pattern closed by a full layer. */
+Test(architectures, olmo3_options_not_run_are_refused_by_name, .timeout = 60)
+{
+    char msg[1024];
+    eng_model m;
+    cr_assert_neq(load_edited_folder("olmo3_tiny", "\"attention_bias\": false",
+                                     "\"attention_bias\": true", &m, msg, sizeof msg),
+                  0);
+    cr_assert(strstr(msg, "attention_bias"), "%s", msg);
+    cr_assert_neq(load_edited_folder("olmo3_tiny",
+                                     "\"rope_theta\": 10000.0,\n      \"rope_type\": \"default\"",
+                                     "\"rope_theta\": 10000.0,\n      \"rope_type\": \"linear\"",
+                                     &m, msg, sizeof msg),
+                  0);
+    cr_assert(strstr(msg, "sliding_attention.rope_type linear"), "%s", msg);
+    cr_assert_neq(load_edited_folder("olmo3_tiny", "\"layer_types\": [\n    \"sliding_attention\"",
+                                     "\"layer_types\": [\n    \"full_attention\"", &m, msg,
+                                     sizeof msg),
+                  0);
+    cr_assert(strstr(msg, "layer_types"), "%s", msg);
 }

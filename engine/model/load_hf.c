@@ -482,6 +482,59 @@ static int parse_smollm3_config(const char *path, const cJSON *j, eng_config *c,
     return rc;
 }
 
+/* OLMo 3 beyond a Llama: norms after attention and the MLP only, q/k
+ * norms over the whole projection, sliding and full layers (layer_types;
+ * without it Olmo3Config's every fourth layer full, over a window of 4096
+ * when sliding_window is absent), and a rotary set per layer type
+ * (rope_parameters' full_attention and sliding_attention, each with its
+ * base, 500000 when absent as the config class has it; in transformers 4's
+ * form rope_scaling is the full layers' and rope_theta both's): the full
+ * layers' scaling is the model's (parse_rope_scaling), the sliding ones
+ * rotate with their own base and no scaling (rope_local_theta). Biases and
+ * another activation are refused by name. */
+static int parse_olmo3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                              size_t msg_len)
+{
+    const char *act = mf_json_str(j, "hidden_act");
+    if (act && strcmp(act, "silu") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_act %s is not supported for OLMo 3 (silu)", path, act);
+    if (c->attention_bias)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: attention_bias is not supported for OLMo 3", path);
+    c->qk_norm = true;
+    c->qk_norm_whole = true;
+    c->post_norms = true;
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (!sw)
+        c->sliding_window = 4096; /* Olmo3Config's default */
+    int rc = QL_OK;
+    if (c->sliding_window > 0 && cJSON_GetObjectItemCaseSensitive(j, "layer_types"))
+        rc = parse_layer_types(path, j, c, msg, msg_len);
+    else
+        c->sliding_pattern = 4; /* layer l full when (l + 1) % 4 == 0 */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *full =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+    const cJSON *slide =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+    if (rc == QL_OK && cJSON_IsObject(full))
+        rc = positive_float(path, full, "rope_theta", 5e5, &c->rope_theta, msg, msg_len);
+    else if (rc == QL_OK && !cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
+        c->rope_theta = 5e5f;
+    c->rope_local_theta = c->rope_theta;
+    if (rc == QL_OK && cJSON_IsObject(slide)) {
+        const char *t = mf_json_str(slide, "rope_type");
+        if (t && strcmp(t, "default") != 0)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: rope_parameters.sliding_attention.rope_type %s is not supported "
+                           "(default)",
+                           path, t);
+        rc = positive_float(path, slide, "rope_theta", 5e5, &c->rope_local_theta, msg, msg_len);
+    }
+    return rc;
+}
+
 static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, char *msg,
                            size_t msg_len)
 {
@@ -515,13 +568,15 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_GPT_OSS;
     else if (strcmp(arch, "SmolLM3ForCausalLM") == 0)
         c->arch = ENG_ARCH_SMOLLM3;
+    else if (strcmp(arch, "Olmo3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_OLMO3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
                        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
-                       "SmolLM3ForCausalLM)",
+                       "SmolLM3ForCausalLM, Olmo3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -582,6 +637,8 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         return rc;
     if (c->arch == ENG_ARCH_SMOLLM3 &&
         (rc = parse_smollm3_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_OLMO3 && (rc = parse_olmo3_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");

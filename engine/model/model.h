@@ -53,6 +53,11 @@ typedef enum eng_arch {
     /* SmolLM3 (SmolLM3ForCausalLM, GGUF smollm3): a Llama whose layers in
      * eng_config's nope_layers attend without rotary embeddings */
     ENG_ARCH_SMOLLM3,
+    /* OLMo 3 (Olmo3ForCausalLM; GGUF olmo2, which llama.cpp's converter
+     * writes for it): norms after attention and the MLP only (eng_config's
+     * post_norms), q/k norms over the whole projection (qk_norm_whole),
+     * sliding and full layers, YaRN on the full ones only */
+    ENG_ARCH_OLMO3,
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -165,6 +170,13 @@ typedef struct eng_config {
     /* Qwen3: an RMSNorm over each head of q and of k (head_dim weights,
      * one per layer for each), after the projections and before RoPE */
     bool qk_norm;
+    /* OLMo 3: those norms are over the whole projection instead (n_heads *
+     * head_dim weights for q, n_kv_heads * head_dim for k) */
+    bool qk_norm_whole;
+    /* OLMo 3: no norm before attention or the MLP; a norm after each
+     * (post_attn_norm, post_ffn_norm) on the block's output before the
+     * residual add */
+    bool post_norms;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -225,6 +237,14 @@ static inline bool eng_layer_slides(const eng_config *c, int32_t l)
     if (c->sliding_window <= 0)
         return false;
     return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
+}
+
+/* The weights of layer l's q norm (k: its k norm): a head's, or the
+ * whole projection's (eng_config's qk_norm_whole). */
+static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
+{
+    int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
+    return heads * c->head_dim;
 }
 
 /* Whether layer l rotates q and k (eng_config's nope_layers). */

@@ -114,20 +114,27 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
 
     for (l = 0; l < c->n_layers; l++) {
         const eng_walk_layer *ly = &b->layers[l];
-        // attention rmsnorm
-        OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
+        // attention rmsnorm (none in OLMo 3: the block reads the residual)
+        const float *attn_in = ly->attn_norm ? b->h : b->x;
+        if (ly->attn_norm)
+            OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
         // qkv matmuls
-        OP(ops->project(be, l, ENG_PROJ_Q, b->h, b->q, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_K, b->h, b->k, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_V, b->h, b->v, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_K, attn_in, b->k, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_V, attn_in, b->v, msg, msg_len));
         // Qwen2's q, k and v biases
         if (ly->bias) {
             OP(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
             OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
             OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
         }
+        // OLMo 3: q and k through their RMSNorms, each row whole
+        if (ly->q_norm && c->qk_norm_whole) {
+            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T, Q, eps, msg, msg_len));
+            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T, KV, eps, msg, msg_len));
+        }
         // Qwen3: each head of q and k through its RMSNorm (a head is a row)
-        if (ly->q_norm) {
+        if (ly->q_norm && !c->qk_norm_whole) {
             OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T * c->n_heads, c->head_dim, eps, msg,
                             msg_len));
             OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
@@ -149,27 +156,29 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         OP(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
         if (ly->o_bias)
             OP(ops->add_bias(be, b->tmp, ly->o_bias, T, H, msg, msg_len));
-        // Gemma's post-attention norm
+        // Gemma's and OLMo 3's post-attention norm
         if (ly->post_attn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_attn_norm, T, H, eps, msg, msg_len));
         // residual
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
-        // ffn rmsnorm
-        OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
+        // ffn rmsnorm (none in OLMo 3)
+        const float *ffn_in = ly->ffn_norm ? b->h : b->x;
+        if (ly->ffn_norm)
+            OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
         if (ly->moe) {
             // mixture of experts: each row's top-k experts by the router, their
             // GLUs summed with the router's weights (Qwen2-MoE's gated shared
             // expert added)
-            OP(ops->moe(be, l, b->h, b->tmp, msg, msg_len));
+            OP(ops->moe(be, l, ffn_in, b->tmp, msg, msg_len));
         } else {
             // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
-            OP(ops->project(be, l, ENG_PROJ_GATE, b->h, b->gate, msg, msg_len));
-            OP(ops->project(be, l, ENG_PROJ_UP, b->h, b->up, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_GATE, ffn_in, b->gate, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_UP, ffn_in, b->up, msg, msg_len));
             OP(ops->glu(be, b->gate, b->up, T * F, c->ffn_act, msg, msg_len));
             // down projection
             OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
         }
-        // Gemma's post-ffn norm
+        // Gemma's and OLMo 3's post-ffn norm
         if (ly->post_ffn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));
         // residual

@@ -34,12 +34,12 @@ enum {
  * parameters (f32, in the backend's memory; NULL where the architecture has
  * none) and its shape (eng_walk_layer_shape fills window and rope). */
 typedef struct eng_walk_layer {
-    const float *attn_norm, *ffn_norm;           /* [hidden], offset folded in */
+    const float *attn_norm, *ffn_norm;           /* [hidden], offset folded in; NULL: none */
     const float *bias;                           /* [q + 2 kv]: q, k, v side by side (Qwen2) */
     const float *o_bias;                         /* [hidden]: the output projection's (GPT-OSS) */
     const float *sinks;                          /* [n_heads]: attention sinks (GPT-OSS) */
-    const float *q_norm, *k_norm;                /* [head_dim] (Qwen3) */
-    const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich norms) */
+    const float *q_norm, *k_norm;                /* [head_dim] (Qwen3), the projection's (OLMo 3) */
+    const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3) */
     int32_t window;                              /* sliding window in positions; 0: all */
     int rope;                                    /* ENG_WALK_ROPE_* */
     bool moe; /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
