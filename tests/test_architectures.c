@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "fixtures/gemma_reference.h"
+#include "fixtures/ministral3_reference.h"
 #include "fixtures/moe_reference.h"
 #include "fixtures/olmo3_reference.h"
 #include "fixtures/phi3_reference.h"
@@ -390,6 +391,35 @@ static void check_olmo3(eng_model *m)
     cr_assert_eq(L->post_ffn_norm.cols, 64);
 }
 
+/* Ministral 3 (make_ministral3_reference.py): YaRN with mscale and
+ * mscale_all_dim 1 (attention factor 1), Llama 4's query scaling with beta
+ * 0.3 over periods of 4 positions. */
+static void check_ministral3(const eng_model *m, bool interleaved)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_MINISTRAL3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "ministral3");
+    cr_assert_eq(c->rope_interleaved, interleaved);
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_YARN);
+    cr_assert_float_eq(c->rope_factor, 8.0f, 1e-6);
+    cr_assert_eq(c->rope_original_max_position, 4);
+    cr_assert_float_eq(c->rope_attn_factor, 1.0f, 1e-6);
+    cr_assert_float_eq(c->attn_temp_beta, 0.3f, 1e-6);
+    cr_assert_eq(c->attn_temp_floor, 4);
+    cr_assert_eq(c->sliding_window, 0);
+    cr_assert_eq(c->head_dim, 16);
+}
+
+static void check_ministral3_folder(eng_model *m)
+{
+    check_ministral3(m, false);
+}
+
+static void check_ministral3_gguf(eng_model *m)
+{
+    check_ministral3(m, true);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -473,6 +503,11 @@ static void no_expert_biases(eng_config *c)
     c->router_bias = false;
 }
 
+static void no_query_temperature(eng_config *c)
+{
+    c->attn_temp_beta = 0.0f;
+}
+
 static void per_head_qk_norm_off(eng_config *c)
 {
     c->qk_norm = false;
@@ -515,6 +550,13 @@ static void rope_every_layer(eng_config *c)
                  {"the sliding window", no_sliding_window},                                        \
                  {"YaRN on the full layers", no_yarn},                                             \
                  {"the sliding layers' unscaled rotation", no_local_rope_base}},                   \
+    .moved = 1e-3
+
+#define MINISTRAL3_REF                                                                             \
+    .source = "transformers float64 (make_ministral3_reference.py)", .tokens = MINISTRAL3_TOKENS,  \
+    .n_tokens = MINISTRAL3_N_TOKENS, .vocab = MINISTRAL3_VOCAB,                                    \
+    .logits = &MINISTRAL3_LOGITS[0][0], .prefill = 9, .block_tokens = 4, .tol = 1e-5,              \
+    .features = {{"Llama 4's query scaling", no_query_temperature}, {"YaRN", no_yarn}},            \
     .moved = 1e-3
 
 #define MOE_REF(which)                                                                             \
@@ -704,6 +746,14 @@ static const arch_row ARCH_ROWS[] = {
      OLMO3_REF,
      .check = check_olmo3,
      OLMO3_FEATURES},
+    {.label = "ministral3 folder",
+     .fixture = "ministral3_tiny",
+     MINISTRAL3_REF,
+     .check = check_ministral3_folder},
+    {.label = "ministral3 gguf",
+     .fixture = "ministral3_tiny.gguf",
+     MINISTRAL3_REF,
+     .check = check_ministral3_gguf},
     {.label = "qwen3 gguf", .fixture = "qwen3_tiny.gguf", QWEN3_REF, .check = check_qwen3_gguf},
     {.label = "gemma2 folder",
      .fixture = "gemma2_tiny",
@@ -937,42 +987,44 @@ Test(architectures, smollm3_no_rope_layers_list_is_read_per_layer, .timeout = 60
     eng_model_free(&m);
 }
 
-/* What qlserve does not run of SmolLM3 is refused by name: its sliding
- * layers, a list of the wrong length. */
-Test(architectures, smollm3_options_not_run_are_refused_by_name, .timeout = 60)
-{
-    char msg[1024];
-    eng_model m;
-    cr_assert_neq(load_edited_folder("smollm3_tiny", "\"use_sliding_window\": false",
-                                     "\"use_sliding_window\": true", &m, msg, sizeof msg),
-                  0);
-    cr_assert(strstr(msg, "use_sliding_window"), "%s", msg);
-    cr_assert_neq(load_edited_folder("smollm3_tiny", "\"no_rope_layers\": [\n    1,",
-                                     "\"no_rope_layers\": [", &m, msg, sizeof msg),
-                  0);
-    cr_assert(strstr(msg, "no_rope_layers"), "%s", msg);
-}
+/* A config edit the loader must refuse, and words its message must hold. */
+typedef struct refused_edit {
+    const char *fixture, *from, *to, *want;
+} refused_edit;
 
-/* What qlserve does not run of OLMo 3 is refused by name: biases, a
- * sliding layers' rotation other than the plain one, layer types that are
- * not a repeating pattern closed by a full layer. */
-Test(architectures, olmo3_options_not_run_are_refused_by_name, .timeout = 60)
+/* What qlserve does not run of the 2025 families is refused by name:
+ * SmolLM3's sliding layers, a no_rope_layers list of the wrong length and
+ * biases (o_proj's among them); OLMo 3's biases, a sliding rotation other
+ * than the plain one, layer types that are not a repeating pattern closed
+ * by a full layer; Ministral 3 without llama_4_scaling_beta (transformers
+ * cannot run it either) or with biases. */
+static const refused_edit REFUSED_EDITS[] = {
+    {"smollm3_tiny", "\"use_sliding_window\": false", "\"use_sliding_window\": true",
+     "use_sliding_window"},
+    {"smollm3_tiny", "\"no_rope_layers\": [\n    1,", "\"no_rope_layers\": [", "no_rope_layers"},
+    {"smollm3_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
+     "attention_bias is not supported for SmolLM3"},
+    {"olmo3_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
+     "attention_bias is not supported for OLMo 3"},
+    {"olmo3_tiny", "\"rope_theta\": 10000.0,\n      \"rope_type\": \"default\"",
+     "\"rope_theta\": 10000.0,\n      \"rope_type\": \"linear\"",
+     "sliding_attention.rope_type linear"},
+    {"olmo3_tiny", "\"layer_types\": [\n    \"sliding_attention\"",
+     "\"layer_types\": [\n    \"full_attention\"", "layer_types"},
+    {"ministral3_tiny", "\"llama_4_scaling_beta\"", "\"llama_4_scaling_betX\"",
+     "llama_4_scaling_beta is missing"},
+    {"ministral3_tiny", "\"architectures\"", "\"attention_bias\": true,\n  \"architectures\"",
+     "attention_bias is not supported for Ministral 3"},
+};
+
+Test(architectures, options_not_run_are_refused_by_name, .timeout = 120)
 {
-    char msg[1024];
-    eng_model m;
-    cr_assert_neq(load_edited_folder("olmo3_tiny", "\"attention_bias\": false",
-                                     "\"attention_bias\": true", &m, msg, sizeof msg),
-                  0);
-    cr_assert(strstr(msg, "attention_bias"), "%s", msg);
-    cr_assert_neq(load_edited_folder("olmo3_tiny",
-                                     "\"rope_theta\": 10000.0,\n      \"rope_type\": \"default\"",
-                                     "\"rope_theta\": 10000.0,\n      \"rope_type\": \"linear\"",
-                                     &m, msg, sizeof msg),
-                  0);
-    cr_assert(strstr(msg, "sliding_attention.rope_type linear"), "%s", msg);
-    cr_assert_neq(load_edited_folder("olmo3_tiny", "\"layer_types\": [\n    \"sliding_attention\"",
-                                     "\"layer_types\": [\n    \"full_attention\"", &m, msg,
-                                     sizeof msg),
-                  0);
-    cr_assert(strstr(msg, "layer_types"), "%s", msg);
+    for (size_t i = 0; i < sizeof REFUSED_EDITS / sizeof *REFUSED_EDITS; i++) {
+        const refused_edit *e = &REFUSED_EDITS[i];
+        char msg[1024];
+        eng_model m;
+        cr_assert_neq(load_edited_folder(e->fixture, e->from, e->to, &m, msg, sizeof msg), 0,
+                      "%s: %s loaded", e->fixture, e->to);
+        cr_assert(strstr(msg, e->want), "%s: \"%s\" is not in: %s", e->fixture, e->want, msg);
+    }
 }

@@ -476,6 +476,29 @@ static int parse_gguf_olmo(const gguf_file *f, const char *arch, eng_config *c, 
     return gguf_float(f, key, (double)c->rope_theta, &c->rope_local_theta, msg, msg_len);
 }
 
+/* Ministral 3 as llama.cpp's mistral3 reads it: Llama 4's query scaling
+ * when ARCH.attention.temperature_scale is set (its beta), over periods of
+ * the YaRN original context (n_ctx_orig_yarn there), which it then needs;
+ * its q/k rows are permuted as a llama's (the converter's Ministral3Model
+ * is a LlamaModel). llama.cpp's graph has no sliding window, and neither
+ * does a file from its converter. */
+static int parse_gguf_mistral3(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                               size_t msg_len)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.temperature_scale", arch);
+    int rc = gguf_float_or_zero(f, key, 0.0, &c->attn_temp_beta, msg, msg_len);
+    if (rc == QL_OK && c->attn_temp_beta != 0.0f) {
+        c->attn_temp_floor = c->rope_original_max_position;
+        if (c->attn_temp_beta < 0.0f || c->attn_temp_floor <= 0)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: %s needs a non-negative beta and "
+                           "%s.rope.scaling.original_context_length",
+                           f->path, key, arch);
+    }
+    return rc;
+}
+
 static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
 {
     const gguf_file *f = L->m->gguf;
@@ -507,10 +530,13 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_SMOLLM3;
     else if (strcmp(arch, "olmo2") == 0)
         c->arch = ENG_ARCH_OLMO3;
+    else if (strcmp(arch, "mistral3") == 0)
+        c->arch = ENG_ARCH_MINISTRAL3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
-                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss, smollm3, olmo2)",
+                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss, smollm3, olmo2, "
+                       "mistral3)",
                        f->path, arch);
     /* Mixtral is a llama GGUF whose layers have experts */
     char experts_key[96];
@@ -576,8 +602,8 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
      * pairs; it leaves qwen2's, qwen3's and phi3's as Hugging Face has them
      * (qwen3's q/k norms are attn_q_norm / attn_k_norm, per head as there) */
-    c->rope_interleaved =
-        c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_SMOLLM3;
+    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL ||
+                          c->arch == ENG_ARCH_SMOLLM3 || c->arch == ENG_ARCH_MINISTRAL3;
     if (c->arch == ENG_ARCH_SMOLLM3 && (rc = gguf_smollm3_nope(f, c, msg, msg_len)) != QL_OK)
         return rc;
     c->attention_bias = c->arch == ENG_ARCH_QWEN2 || c->arch == ENG_ARCH_QWEN2_MOE;
@@ -598,6 +624,8 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         rc = parse_gguf_gemma(f, arch, c, msg, msg_len);
     if (rc == QL_OK && c->arch == ENG_ARCH_OLMO3)
         rc = parse_gguf_olmo(f, arch, c, msg, msg_len);
+    if (rc == QL_OK && c->arch == ENG_ARCH_MINISTRAL3)
+        rc = parse_gguf_mistral3(f, arch, c, msg, msg_len);
     snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
     if (rc == QL_OK && c->arch == ENG_ARCH_GPT_OSS &&
         (rc = gguf_uint(f, key, 0, false, &c->sliding_window, msg, msg_len)) == QL_OK)

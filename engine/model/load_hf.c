@@ -423,6 +423,23 @@ static int parse_gpt_oss_config(const char *path, const cJSON *j, eng_config *c,
     return rc;
 }
 
+/* What SmolLM3, OLMo 3 and Ministral 3 share beyond a Llama's refusals:
+ * the MLP is SwiGLU (hidden_act silu) and no projection has a bias
+ * (attention_bias would put one on o_proj too, which c->attention_bias
+ * does not load); family names the model in the message. */
+static int require_plain_llama_parts(const char *path, const cJSON *j, const eng_config *c,
+                                     const char *family, char *msg, size_t msg_len)
+{
+    const char *act = mf_json_str(j, "hidden_act");
+    if (act && strcmp(act, "silu") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_act %s is not supported for %s (silu)", path, act, family);
+    if (c->attention_bias)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: attention_bias is not supported for %s",
+                       path, family);
+    return QL_OK;
+}
+
 /* SmolLM3 beyond a Llama: which layers skip RoPE, from no_rope_layers
  * (one 0 or 1 per layer, 1 when the layer rotates, as SmolLM3Attention's
  * use_rope reads it) or, without it, every no_rope_layer_interval-th
@@ -434,10 +451,9 @@ static int parse_smollm3_config(const char *path, const cJSON *j, eng_config *c,
                                 size_t msg_len)
 {
     c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", true);
-    const char *act = mf_json_str(j, "hidden_act");
-    if (act && strcmp(act, "silu") != 0)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: hidden_act %s is not supported for SmolLM3 (silu)", path, act);
+    int rc = require_plain_llama_parts(path, j, c, "SmolLM3", msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     if (mf_json_bool(j, "mlp_bias", false))
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: mlp_bias is not supported", path);
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
@@ -474,8 +490,8 @@ static int parse_smollm3_config(const char *path, const cJSON *j, eng_config *c,
         return QL_OK;
     }
     int32_t interval = 4;
-    int rc = model_json_int32(path, j, "no_rope_layer_interval", 4, false, 1, 1 << 20, &interval,
-                              msg, msg_len);
+    rc = model_json_int32(path, j, "no_rope_layer_interval", 4, false, 1, 1 << 20, &interval, msg,
+                          msg_len);
     for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++)
         if ((l + 1) % interval == 0)
             c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
@@ -495,20 +511,15 @@ static int parse_smollm3_config(const char *path, const cJSON *j, eng_config *c,
 static int parse_olmo3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
                               size_t msg_len)
 {
-    const char *act = mf_json_str(j, "hidden_act");
-    if (act && strcmp(act, "silu") != 0)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: hidden_act %s is not supported for OLMo 3 (silu)", path, act);
-    if (c->attention_bias)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: attention_bias is not supported for OLMo 3", path);
+    int rc = require_plain_llama_parts(path, j, c, "OLMo 3", msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     c->qk_norm = true;
     c->qk_norm_whole = true;
     c->post_norms = true;
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
     if (!sw)
         c->sliding_window = 4096; /* Olmo3Config's default */
-    int rc = QL_OK;
     if (c->sliding_window > 0 && cJSON_GetObjectItemCaseSensitive(j, "layer_types"))
         rc = parse_layer_types(path, j, c, msg, msg_len);
     else
@@ -532,6 +543,40 @@ static int parse_olmo3_config(const char *path, const cJSON *j, eng_config *c, c
                            path, t);
         rc = positive_float(path, slide, "rope_theta", 5e5, &c->rope_local_theta, msg, msg_len);
     }
+    return rc;
+}
+
+/* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
+ * (llama_4_scaling_beta) and period (original_max_position_embeddings)
+ * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
+ * those), as Ministral3Attention reads them; both are required there, as
+ * transformers cannot run the model without them. head_dim is 128 when
+ * absent (the config class's default). */
+static int parse_ministral3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                                   size_t msg_len)
+{
+    int rc = require_plain_llama_parts(path, j, c, "Ministral 3", msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "head_dim"))
+        c->head_dim = 128;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!cJSON_IsObject(rs))
+        rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!cJSON_IsObject(rs) || !cJSON_GetObjectItemCaseSensitive(rs, "llama_4_scaling_beta"))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: rope_parameters.llama_4_scaling_beta is missing; Ministral 3 scales "
+                       "its queries by it",
+                       path);
+    double beta;
+    rc = yarn_number(path, rs, "llama_4_scaling_beta", 0, &beta, msg, msg_len);
+    if (rc == QL_OK && beta < 0)
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                     "%s: rope_parameters.llama_4_scaling_beta must not be negative", path);
+    if (rc == QL_OK)
+        rc = model_json_int32(path, rs, "original_max_position_embeddings", 0, true, 1, 1 << 30,
+                              &c->attn_temp_floor, msg, msg_len);
+    c->attn_temp_beta = (float)beta;
     return rc;
 }
 
@@ -570,13 +615,15 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_SMOLLM3;
     else if (strcmp(arch, "Olmo3ForCausalLM") == 0)
         c->arch = ENG_ARCH_OLMO3;
+    else if (strcmp(arch, "Ministral3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_MINISTRAL3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
                        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
-                       "SmolLM3ForCausalLM, Olmo3ForCausalLM)",
+                       "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -639,6 +686,9 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         (rc = parse_smollm3_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
     if (c->arch == ENG_ARCH_OLMO3 && (rc = parse_olmo3_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_MINISTRAL3 &&
+        (rc = parse_ministral3_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");

@@ -58,6 +58,10 @@ typedef enum eng_arch {
      * post_norms), q/k norms over the whole projection (qk_norm_whole),
      * sliding and full layers, YaRN on the full ones only */
     ENG_ARCH_OLMO3,
+    /* Ministral 3 (Ministral3ForCausalLM, GGUF mistral3): a Mistral with
+     * YaRN and Llama 4's position-dependent query scaling (eng_config's
+     * attn_temp_beta) */
+    ENG_ARCH_MINISTRAL3,
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -177,6 +181,13 @@ typedef struct eng_config {
      * (post_attn_norm, post_ffn_norm) on the block's output before the
      * residual add */
     bool post_norms;
+    /* Llama 4's attention temperature (Ministral 3's llama_4_scaling_beta,
+     * a GGUF's attention.temperature_scale): each query at position p,
+     * after RoPE, times 1 + attn_temp_beta ln(1 + floor(p /
+     * attn_temp_floor)), attn_temp_floor being the YaRN original context;
+     * beta 0: none */
+    float attn_temp_beta;
+    int32_t attn_temp_floor;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and

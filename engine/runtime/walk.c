@@ -19,6 +19,7 @@
  */
 #include "internal/walk_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,48 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     if (!eng_layer_rotates(c, l))
         out->rope = ENG_WALK_ROPE_NONE;
     out->moe = eng_layer_is_moe(c, l);
+}
+
+/* Llama 4's attention temperature for a query at position pos (eng_config's
+ * attn_temp_beta; Ministral 3): 1 + beta ln(1 + floor(pos / floor_scale)),
+ * 1 within the first period. */
+static float query_temperature(const eng_config *c, int32_t pos)
+{
+    double periods = floor((double)pos / (double)c->attn_temp_floor);
+    return (float)(1.0 + (double)c->attn_temp_beta * log(1.0 + periods));
+}
+
+/* Rows [r0, r1) of q times f (nothing to do when f is 1). */
+static int scale_rows(const eng_walk_backend *b, float *q, int64_t r0, int64_t r1, float f,
+                      char *msg, size_t msg_len)
+{
+    int64_t Q = (int64_t)b->m->cfg.n_heads * b->m->cfg.head_dim;
+    if (f == 1.0f || r1 <= r0)
+        return QL_OK;
+    return b->ops->scale(b->be, q + r0 * Q, (r1 - r0) * Q, f, msg, msg_len);
+}
+
+/* Each query row of the step times its position's temperature, one call
+ * per run of rows with one factor (rows are the sequences' tokens in
+ * order, so a run is rarely split; rows within a first period have 1 and
+ * are left alone). */
+static int scale_queries(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                         float *q, char *msg, size_t msg_len)
+{
+    int64_t r = 0, run0 = 0;
+    float run_f = 1.0f;
+    for (int32_t s = 0; s < n_seqs; s++)
+        for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
+            float f = query_temperature(&b->m->cfg, seqs[s].pos + t);
+            if (f == run_f)
+                continue;
+            int rc = scale_rows(b, q, run0, r, run_f, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+            run0 = r;
+            run_f = f;
+        }
+    return scale_rows(b, q, run0, r, run_f, msg, msg_len);
 }
 
 /* A failure inside layer l (l < 0: around the layers): its code, with the
@@ -146,6 +189,9 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
             OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
             OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
         }
+        // Llama 4's temperature: each query times its position's factor (Ministral 3)
+        if (c->attn_temp_beta > 0.0f)
+            OP(scale_queries(b, seqs, n_seqs, b->q, msg, msg_len));
         // K and V into the paged cache, all rows first so a prefill chunk sees itself
         OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
         // grouped-query attention, causal, over the paged cache (the window on
