@@ -33,6 +33,8 @@
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
 #include "fixtures/smollm3_reference.h"
+#include "lora.h"
+#include "lora_fixture.h"
 #include "model.h"
 #include "modelfile.h"
 #include "ref_forward.h"
@@ -1074,5 +1076,123 @@ Test(architectures, options_not_run_are_refused_by_name, .timeout = 120)
         cr_assert_neq(load_edited_folder(e->fixture, e->from, e->to, &m, msg, sizeof msg), 0,
                       "%s: %s loaded", e->fixture, e->to);
         cr_assert(strstr(msg, e->want), "%s: \"%s\" is not in: %s", e->fixture, e->want, msg);
+    }
+}
+
+/* --- the float64 pass and adapters on the 2025 families -------------------------------- */
+
+/* A family's tiny folder and transformers' logits of its prompt. */
+typedef struct family_fixture {
+    const char *folder;
+    const int *tokens;
+    int n_tokens;
+    int64_t vocab;
+    const double *logits;
+} family_fixture;
+
+static const family_fixture NEW_FAMILIES[] = {
+    {"smollm3_tiny", SMOLLM3_TOKENS, SMOLLM3_N_TOKENS, SMOLLM3_VOCAB, &SMOLLM3_LOGITS[0][0]},
+    {"olmo3_tiny", OLMO3_TOKENS, OLMO3_N_TOKENS, OLMO3_VOCAB, &OLMO3_LOGITS[0][0]},
+    {"ministral3_tiny", MINISTRAL3_TOKENS, MINISTRAL3_N_TOKENS, MINISTRAL3_VOCAB,
+     &MINISTRAL3_LOGITS[0][0]},
+};
+
+/* f's folder loaded from a scratch copy (dir: the copy, the caller's to
+ * remove). */
+static void load_family(eng_model *m, const family_fixture *f, char *dir, size_t dir_len)
+{
+    char msg[1024];
+    test_tmpdir(dir, dir_len);
+    cr_assert(dir[0]);
+    tiny_fixture_folder(f->folder, dir);
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s: %s", f->folder, msg);
+}
+
+/* R's float64 logits of f's prompt, [n_tokens][vocab] (the caller frees). */
+static double *family_reference(const ref_model *R, const family_fixture *f)
+{
+    int32_t ids[64];
+    cr_assert(f->n_tokens <= 64);
+    for (int i = 0; i < f->n_tokens; i++)
+        ids[i] = f->tokens[i];
+    double *ref = malloc((size_t)f->n_tokens * (size_t)f->vocab * sizeof *ref);
+    cr_assert(ref);
+    ref_forward(R, ids, f->n_tokens, ref);
+    return ref;
+}
+
+/* The float64 pass the quantized rows are held to is transformers' own on
+ * the f32 weights (5e-6: two float64 computations of one model). */
+Test(architectures, reference_pass_equals_transformers_on_the_new_families, .timeout = 60)
+{
+    for (size_t i = 0; i < sizeof NEW_FAMILIES / sizeof *NEW_FAMILIES; i++) {
+        const family_fixture *f = &NEW_FAMILIES[i];
+        char dir[512];
+        eng_model m;
+        load_family(&m, f, dir, sizeof dir);
+        ref_model R;
+        ref_load(&R, &m);
+        double *ref = family_reference(&R, f);
+        test_diff d = {0};
+        for (size_t k = 0; k < (size_t)f->n_tokens * (size_t)f->vocab; k++)
+            test_diff_add(&d, ref[k], f->logits[k]);
+        double worst = test_diff_abs(&d);
+        cr_log_info("%s: float64 reference vs transformers: %g", f->folder, worst);
+        cr_assert_lt(worst, 5e-6, "%s: float64 reference vs transformers: %g", f->folder, worst);
+        free(ref);
+        ref_free(&R);
+        eng_model_free(&m);
+        test_rmtree(dir);
+    }
+}
+
+/* A PEFT adapter on all seven projections of each new family, unmerged
+ * (through the walk's inputs: OLMo 3's blocks read the residual) and
+ * merged, against the float64 pass with the adapter added; it moves the
+ * logits far past the tolerance. */
+Test(architectures, adapters_on_the_new_families_match_the_reference, .timeout = 120)
+{
+    for (size_t i = 0; i < sizeof NEW_FAMILIES / sizeof *NEW_FAMILIES; i++) {
+        const family_fixture *f = &NEW_FAMILIES[i];
+        char dir[512], adir[700], msg[1024];
+        eng_model m;
+        load_family(&m, f, dir, sizeof dir);
+        snprintf(adir, sizeof adir, "%s/adapter", dir);
+        lora_fix_spec s = lora_fix_default();
+        lora_fix_write(adir, &m.cfg, &s);
+        eng_lora *lora = NULL;
+        cr_assert_eq(lora_load(&lora, NULL, adir, "all", &m, msg, sizeof msg), 0, "%s", msg);
+        ref_model R;
+        ref_load(&R, &m);
+        ref_add_lora(&R, lora, 1.0);
+        double *ref = family_reference(&R, f);
+        eng_lora_term term = {lora, 1.0f};
+        eng_weights *v = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
+        prompt_run runs[2] = {
+            {.tokens = f->tokens,
+             .n_tokens = f->n_tokens,
+             .prefill = 9,
+             .delta = &term,
+             .n_delta = 1},
+            {.tokens = f->tokens, .n_tokens = f->n_tokens, .prefill = 9, .weights = v}};
+        const char *what[2] = {"unmerged", "merged"};
+        for (int r = 0; r < 2; r++) {
+            float *all = run_prompt(&m, &runs[r]);
+            for (int t = 0; t < f->n_tokens; t++)
+                assert_logits_close(all + (size_t)t * (size_t)f->vocab,
+                                    ref + (size_t)t * (size_t)f->vocab, f->vocab, f->folder,
+                                    what[r], t);
+            double moved = test_max_abs_err(all, f->logits, (size_t)f->n_tokens * (size_t)f->vocab);
+            cr_assert_gt(moved, 1e-2, "%s: the adapter moved the logits by only %g", f->folder,
+                         moved);
+            free(all);
+        }
+        eng_weights_unref(v);
+        free(ref);
+        ref_free(&R);
+        eng_lora_unref(lora);
+        eng_model_free(&m);
+        test_rmtree(dir);
     }
 }
