@@ -173,16 +173,24 @@ static int set_value(const opt *o, void *base, const char *where, const char *va
 
 /* Parse argv[1..argc) against opts into the struct at base; positional
  * arguments go to *positional (at most one allowed when positional is not
- * NULL). When seen is not NULL, seen[k] is set for each opts[k] the command
- * line gives. */
+ * NULL), and every argument after a "--" is one. When seen is not NULL, seen[k] is set for each
+ * opts[k] the command line gives. */
 static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *base,
                  const char **positional, bool *seen, char *msg, size_t msg_len)
 {
+    bool options_ended = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)
+        /* "--" ends the options (POSIX's utility guideline 10): what follows
+         * is positional even when it starts with "-", so `tokenize -- --x`
+         * tokenizes "--x" */
+        if (!options_ended && strcmp(arg, "--") == 0) {
+            options_ended = true;
+            continue;
+        }
+        if (!options_ended && (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0))
             return QL_EHELP;
-        if (strncmp(arg, "--", 2) != 0) {
+        if (options_ended || strncmp(arg, "--", 2) != 0) {
             if (!positional || *positional)
                 return usage_error(msg, msg_len, "%s: unexpected argument '%s'", argv[0], arg);
             *positional = arg;
@@ -327,7 +335,7 @@ int cfg_parse_tokenize(int argc, char **argv, cfg_tokenize *out, char *msg, size
     if (rc != QL_OK)
         return rc;
     if (!out->model || !out->text)
-        return usage_error(msg, msg_len, "tokenize: qlserve tokenize --model PATH TEXT");
+        return usage_error(msg, msg_len, "tokenize: qlserve tokenize --model PATH [--] TEXT");
     return QL_OK;
 }
 

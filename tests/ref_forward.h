@@ -83,8 +83,9 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
     for (int l = 0; l < c->n_layers; l++) {
         const eng_layer *L = &m->layers[l];
         ref_layer *r = &R->layers[l];
-        r->attn_norm = ref_dequant(&L->attn_norm, 1, H, false, "attn_norm", l);
-        r->ffn_norm = ref_dequant(&L->ffn_norm, 1, H, false, "ffn_norm", l);
+        /* OLMo 3 (post_norms): no norm before attention or the MLP */
+        r->attn_norm = ref_dequant(&L->attn_norm, 1, H, c->post_norms, "attn_norm", l);
+        r->ffn_norm = ref_dequant(&L->ffn_norm, 1, H, c->post_norms, "ffn_norm", l);
         r->wq = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_Q) : &L->wq, nq, H, false, "wq", l);
         r->wk =
             ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_K) : &L->wk, nkv, H, false, "wk", l);
@@ -121,11 +122,11 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
                                             rows, cols, false, "expert", l);
             }
         }
-        if (c->qk_norm) {
-            r->q_norm = ref_dequant(&L->q_norm, 1, c->head_dim, false, "q_norm", l);
-            r->k_norm = ref_dequant(&L->k_norm, 1, c->head_dim, false, "k_norm", l);
+        if (c->qk_norm) { /* a head's, or OLMo 3's whole projection's */
+            r->q_norm = ref_dequant(&L->q_norm, 1, eng_qk_norm_width(c, false), false, "q_norm", l);
+            r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), false, "k_norm", l);
         }
-        if (c->sandwich_norms) {
+        if (c->sandwich_norms || c->post_norms) {
             r->post_attn_norm = ref_dequant(&L->post_attn_norm, 1, H, false, "post_attn_norm", l);
             r->post_ffn_norm = ref_dequant(&L->post_ffn_norm, 1, H, false, "post_ffn_norm", l);
         }
@@ -237,6 +238,27 @@ static inline int ref_rope_dims(const eng_config *c)
     return c->rope_dim > 0 && c->rope_dim < c->head_dim ? c->rope_dim : c->head_dim;
 }
 
+/* YaRN's blend for pair i, written from transformers'
+ * _compute_yarn_parameters: 1 - the linear ramp between the correction
+ * dims of beta_fast and beta_slow (rounded out when truncate) weighs the
+ * extrapolated frequency, the ramp the interpolated one. */
+static inline double ref_yarn_freq(const eng_config *c, int i, double freq)
+{
+    double dim = ref_rope_dims(c), base = c->rope_theta, orig = c->rope_original_max_position;
+    double lo = dim * log(orig / (c->rope_yarn_beta_fast * 2 * M_PI)) / (2 * log(base));
+    double hi = dim * log(orig / (c->rope_yarn_beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (c->rope_yarn_truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    lo = fmax(lo, 0.0);
+    hi = fmin(hi, dim - 1);
+    if (lo == hi)
+        hi += 0.001;
+    double ramp = fmin(fmax((i - lo) / (hi - lo), 0.0), 1.0), extrapolate = 1.0 - ramp;
+    return freq / c->rope_factor * (1.0 - extrapolate) + freq * extrapolate;
+}
+
 static inline double ref_rope_freq(const eng_config *c, int i)
 {
     double freq = pow((double)c->rope_theta, -2.0 * i / ref_rope_dims(c));
@@ -244,6 +266,8 @@ static inline double ref_rope_freq(const eng_config *c, int i)
         freq /= (double)c->rope_freq_factors[i];
     if (c->rope_scaling == ENG_ROPE_LINEAR)
         return freq / c->rope_factor;
+    if (c->rope_scaling == ENG_ROPE_YARN)
+        return ref_yarn_freq(c, i, freq);
     if (c->rope_scaling == ENG_ROPE_LLAMA3) {
         double factor = c->rope_factor, lo = c->rope_low_freq_factor;
         double hi = c->rope_high_freq_factor, old = c->rope_original_max_position;
@@ -262,11 +286,13 @@ static inline double ref_rope_freq(const eng_config *c, int i)
  * Face lays them out, or (2i, 2i + 1) in a llama GGUF. longrope (Phi-3):
  * the chosen factor set divides the frequencies above (as
  * rope_freq_factors), and cos and sin are multiplied by the attention
- * factor, as transformers' Phi3RotaryEmbedding multiplies them. */
+ * factor, as transformers' Phi3RotaryEmbedding multiplies them; YaRN's
+ * cos and sin too. */
 static inline void ref_rope(const eng_config *c, double *v, int pos)
 {
     int half = ref_rope_dims(c) / 2; /* partial rotary: the leading dims only */
-    double mscale = c->rope_scaling == ENG_ROPE_LONGROPE ? (double)c->rope_attn_factor : 1.0;
+    bool scaled = c->rope_scaling == ENG_ROPE_LONGROPE || c->rope_scaling == ENG_ROPE_YARN;
+    double mscale = scaled ? (double)c->rope_attn_factor : 1.0;
     for (int i = 0; i < half; i++) {
         double angle = pos * ref_rope_freq(c, i);
         double cs = cos(angle) * mscale, sn = sin(angle) * mscale;
@@ -294,6 +320,24 @@ static inline void ref_rope_local(const eng_config *c, double *v, int pos)
 static inline double ref_gelu_tanh(double x)
 {
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* out = x through its norm w, or x itself where the layer has none
+ * (OLMo 3's blocks read the residual). */
+static inline void ref_norm_in(const eng_config *c, const double *x, const float *w, double *out)
+{
+    if (w)
+        ref_rmsnorm_offset(x, w, c->norm_offset, c->hidden_size, c->rms_norm_eps, out);
+    else
+        memcpy(out, x, (size_t)c->hidden_size * sizeof *out);
+}
+
+/* In place: n values of v through the RMSNorm w (q/k norms). */
+static inline void ref_norm_in_place(const eng_config *c, double *v, const float *w, int64_t n,
+                                     double *tmp)
+{
+    ref_rmsnorm_offset(v, w, c->norm_offset, n, c->rms_norm_eps, tmp);
+    memcpy(v, tmp, (size_t)n * sizeof *tmp);
 }
 
 /* In place: a block's output through Gemma's post-norm (NULL: none). */
@@ -386,7 +430,7 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     double *k = calloc((size_t)(n * nkv), sizeof *k), *v = calloc((size_t)(n * nkv), sizeof *v);
     double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
     double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
-    double *tmp = calloc((size_t)(H > hd ? H : hd), sizeof *tmp);
+    double *tmp = calloc((size_t)(H > nq ? H : nq), sizeof *tmp);
     cr_assert(x && h && q && att && k && v && o && p && g && u && tmp);
     double off = c->norm_offset; /* Gemma folders: norms are (1 + w) */
 
@@ -399,25 +443,31 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         const ref_layer *L = &R->layers[l];
         // attention rmsnorm, qkv projections, RoPE on q and k
         bool slides = eng_layer_slides(c, l), local = slides && c->rope_local_theta > 0;
+        // (SmolLM3's NoPE layers: none; OLMo 3: q/k norms over the whole
+        // projection; Ministral 3: each query times Llama 4's temperature)
+        bool rotates = eng_layer_rotates(c, l);
+        int64_t qn = eng_qk_norm_width(c, false), kn = eng_qk_norm_width(c, true);
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm_offset(x + t * H, L->attn_norm, off, H, eps, h);
+            ref_norm_in(c, x + t * H, L->attn_norm, h);
             ref_matvec(L->wq, L->delta[ENG_PROJ_Q], L->bq, nq, H, h, q + t * nq);
             ref_matvec(L->wk, L->delta[ENG_PROJ_K], L->bk, nkv, H, h, k + t * nkv);
             ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
-            for (int hh = 0; L->q_norm && hh < c->n_heads; hh++) {
-                ref_rmsnorm_offset(q + t * nq + hh * hd, L->q_norm, off, hd, eps, tmp);
-                memcpy(q + t * nq + hh * hd, tmp, (size_t)hd * sizeof *tmp);
-            }
-            for (int hh = 0; L->k_norm && hh < c->n_kv_heads; hh++) {
-                ref_rmsnorm_offset(k + t * nkv + hh * hd, L->k_norm, off, hd, eps, tmp);
-                memcpy(k + t * nkv + hh * hd, tmp, (size_t)hd * sizeof *tmp);
-            }
-            for (int hh = 0; hh < c->n_heads; hh++)
+            for (int64_t i = 0; L->q_norm && i < nq; i += qn)
+                ref_norm_in_place(c, q + t * nq + i, L->q_norm, qn, tmp);
+            for (int64_t i = 0; L->k_norm && i < nkv; i += kn)
+                ref_norm_in_place(c, k + t * nkv + i, L->k_norm, kn, tmp);
+            for (int hh = 0; rotates && hh < c->n_heads; hh++)
                 local ? ref_rope_local(c, q + t * nq + hh * hd, t)
                       : ref_rope(c, q + t * nq + hh * hd, t);
-            for (int hh = 0; hh < c->n_kv_heads; hh++)
+            for (int hh = 0; rotates && hh < c->n_kv_heads; hh++)
                 local ? ref_rope_local(c, k + t * nkv + hh * hd, t)
                       : ref_rope(c, k + t * nkv + hh * hd, t);
+            double temp =
+                c->attn_temp_beta > 0
+                    ? 1.0 + c->attn_temp_beta * log(1.0 + floor((double)t / c->attn_temp_floor))
+                    : 1.0;
+            for (int64_t i = 0; i < nq; i++)
+                q[t * nq + i] *= temp;
         }
         double scale = c->attn_scale > 0 ? (double)c->attn_scale : 1.0 / sqrt((double)hd);
         int window = slides ? c->sliding_window : 0;
@@ -457,7 +507,7 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         // ffn rmsnorm, SwiGLU: down(silu(gate(h)) * up(h)) (Gemma: GeGLU, post-norm);
         // a mixture of experts' layer: ref_moe
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm_offset(x + t * H, L->ffn_norm, off, H, eps, h);
+            ref_norm_in(c, x + t * H, L->ffn_norm, h);
             if (L->router) {
                 ref_moe(c, L, h, o);
                 for (int64_t i = 0; i < H; i++)

@@ -27,9 +27,14 @@
 #include <string.h>
 
 #include "fixtures/gemma_reference.h"
+#include "fixtures/ministral3_reference.h"
 #include "fixtures/moe_reference.h"
+#include "fixtures/olmo3_reference.h"
 #include "fixtures/phi3_reference.h"
 #include "fixtures/qwen3_reference.h"
+#include "fixtures/smollm3_reference.h"
+#include "lora.h"
+#include "lora_fixture.h"
 #include "model.h"
 #include "modelfile.h"
 #include "ref_forward.h"
@@ -335,6 +340,88 @@ static void check_kq_mxfp4(eng_model *m)
     check_kq(m, QT_MXFP4);
 }
 
+/* SmolLM3 (make_smollm3_reference.py): layer 3 of 5 applies no RoPE, the
+ * others do; tied embeddings. The GGUF says nothing of it: llama.cpp's
+ * every fourth layer, the same layers. */
+static void check_smollm3(const eng_model *m, bool interleaved)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_SMOLLM3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "smollm3");
+    cr_assert(c->tie_word_embeddings && !c->qk_norm && c->sliding_window == 0);
+    cr_assert_eq(c->rope_interleaved, interleaved);
+    for (int l = 0; l < 5; l++)
+        cr_assert_eq(eng_layer_rotates(c, l), l != 3, "layer %d", l);
+}
+
+static void check_smollm3_folder(eng_model *m)
+{
+    check_smollm3(m, false);
+}
+
+static void check_smollm3_gguf(eng_model *m)
+{
+    check_smollm3(m, true);
+}
+
+/* OLMo 3 (make_olmo3_reference.py): norms after attention and the MLP
+ * only, whole-projection q/k norms, layers 0-2 and 4-5 sliding over 5,
+ * layer 3 full with YaRN (factor 4 over 32, attention factor 1.2), the
+ * sliding ones with the plain rotation of the same base. */
+static void check_olmo3(eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_OLMO3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "olmo3");
+    cr_assert(c->post_norms && c->qk_norm && c->qk_norm_whole && !c->sandwich_norms);
+    cr_assert(!c->rope_interleaved && !c->tie_word_embeddings);
+    cr_assert_eq(c->sliding_window, 5);
+    for (int l = 0; l < 6; l++)
+        cr_assert_eq(eng_layer_slides(c, l), l != 3, "layer %d", l);
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_YARN);
+    cr_assert_float_eq(c->rope_factor, 4.0f, 1e-6);
+    cr_assert_eq(c->rope_original_max_position, 32);
+    cr_assert_float_eq(c->rope_attn_factor, 1.2f, 1e-6);
+    cr_assert_float_eq(c->rope_theta, 10000.0f, 0);
+    cr_assert_float_eq(c->rope_local_theta, 10000.0f, 0);
+    const eng_layer *L = &m->layers[2];
+    cr_assert_eq(L->attn_norm.rows, 0, "no norm before attention");
+    cr_assert_eq(L->ffn_norm.rows, 0, "no norm before the MLP");
+    cr_assert_eq(L->q_norm.cols, 64);
+    cr_assert_eq(L->k_norm.cols, 32);
+    cr_assert_eq(L->post_attn_norm.cols, 64);
+    cr_assert_eq(L->post_ffn_norm.cols, 64);
+}
+
+/* Ministral 3 (make_ministral3_reference.py): YaRN with mscale and
+ * mscale_all_dim 1 (attention factor 1), Llama 4's query scaling with beta
+ * 0.3 over periods of 4 positions. */
+static void check_ministral3(const eng_model *m, bool interleaved)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_MINISTRAL3);
+    cr_assert_str_eq(eng_arch_name(c->arch), "ministral3");
+    cr_assert_eq(c->rope_interleaved, interleaved);
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_YARN);
+    cr_assert_float_eq(c->rope_factor, 8.0f, 1e-6);
+    cr_assert_eq(c->rope_original_max_position, 4);
+    cr_assert_float_eq(c->rope_attn_factor, 1.0f, 1e-6);
+    cr_assert_float_eq(c->attn_temp_beta, 0.3f, 1e-6);
+    cr_assert_eq(c->attn_temp_floor, 4);
+    cr_assert_eq(c->sliding_window, 0);
+    cr_assert_eq(c->head_dim, 16);
+}
+
+static void check_ministral3_folder(eng_model *m)
+{
+    check_ministral3(m, false);
+}
+
+static void check_ministral3_gguf(eng_model *m)
+{
+    check_ministral3(m, true);
+}
+
 /* --- the features each family's test must see ------------------------------------------ */
 
 static void one_expert(eng_config *c)
@@ -418,6 +505,21 @@ static void no_expert_biases(eng_config *c)
     c->router_bias = false;
 }
 
+static void no_query_temperature(eng_config *c)
+{
+    c->attn_temp_beta = 0.0f;
+}
+
+static void per_head_qk_norm_off(eng_config *c)
+{
+    c->qk_norm = false;
+}
+
+static void rope_every_layer(eng_config *c)
+{
+    memset(c->nope_layers, 0, sizeof c->nope_layers);
+}
+
 /* --- the table --------------------------------------------------------------------------- */
 
 #define QWEN3_REF                                                                                  \
@@ -432,6 +534,32 @@ static void no_expert_biases(eng_config *c)
 #define PHI3_REF(which)                                                                            \
     .source = "transformers float64 (make_phi3_reference.py)", .tokens = PHI3_TOKENS,              \
     .n_tokens = PHI3_N_TOKENS, .vocab = PHI3_VOCAB, .logits = &which[0][0], .tol = 1e-5
+
+/* a prefill of 9, then one token a step over blocks of 4 */
+#define SMOLLM3_REF                                                                                \
+    .source = "transformers float64 (make_smollm3_reference.py)", .tokens = SMOLLM3_TOKENS,        \
+    .n_tokens = SMOLLM3_N_TOKENS, .vocab = SMOLLM3_VOCAB, .logits = &SMOLLM3_LOGITS[0][0],         \
+    .prefill = 9, .block_tokens = 4, .tol = 1e-5
+
+#define OLMO3_REF                                                                                  \
+    .source = "transformers float64 (make_olmo3_reference.py)", .tokens = OLMO3_TOKENS,            \
+    .n_tokens = OLMO3_N_TOKENS, .vocab = OLMO3_VOCAB, .logits = &OLMO3_LOGITS[0][0], .prefill = 9, \
+    .block_tokens = 4, .tol = 1e-5
+/* each of OLMo 3's features moves the logits: its q/k norms, the window,
+ * YaRN on the full layers, the sliding layers' own (unscaled) rotation */
+#define OLMO3_FEATURES                                                                             \
+    .features = {{"the q/k norms", per_head_qk_norm_off},                                          \
+                 {"the sliding window", no_sliding_window},                                        \
+                 {"YaRN on the full layers", no_yarn},                                             \
+                 {"the sliding layers' unscaled rotation", no_local_rope_base}},                   \
+    .moved = 1e-3
+
+#define MINISTRAL3_REF                                                                             \
+    .source = "transformers float64 (make_ministral3_reference.py)", .tokens = MINISTRAL3_TOKENS,  \
+    .n_tokens = MINISTRAL3_N_TOKENS, .vocab = MINISTRAL3_VOCAB,                                    \
+    .logits = &MINISTRAL3_LOGITS[0][0], .prefill = 9, .block_tokens = 4, .tol = 1e-5,              \
+    .features = {{"Llama 4's query scaling", no_query_temperature}, {"YaRN", no_yarn}},            \
+    .moved = 1e-3
 
 #define MOE_REF(which)                                                                             \
     .source = "transformers float64 (make_moe_reference.py)", .tokens = which##_TOKENS,            \
@@ -598,6 +726,84 @@ static const arch_row ARCH_ROWS[] = {
      .check = check_qwen3_folder,
      .features = {{"the q/k norms", no_qk_norm}},
      .moved = 1e-2},
+    {.label = "smollm3 folder",
+     .fixture = "smollm3_tiny",
+     SMOLLM3_REF,
+     .check = check_smollm3_folder,
+     .features = {{"the NoPE layer", rope_every_layer}},
+     .moved = 1e-3},
+    {.label = "smollm3 gguf",
+     .fixture = "smollm3_tiny.gguf",
+     SMOLLM3_REF,
+     .check = check_smollm3_gguf,
+     .features = {{"the NoPE layer", rope_every_layer}},
+     .moved = 1e-3},
+    {.label = "olmo3 folder",
+     .fixture = "olmo3_tiny",
+     OLMO3_REF,
+     .check = check_olmo3,
+     OLMO3_FEATURES},
+    {.label = "olmo3 gguf",
+     .fixture = "olmo3_tiny.gguf",
+     OLMO3_REF,
+     .check = check_olmo3,
+     OLMO3_FEATURES},
+    {.label = "ministral3 folder",
+     .fixture = "ministral3_tiny",
+     MINISTRAL3_REF,
+     .check = check_ministral3_folder},
+    {.label = "ministral3 gguf",
+     .fixture = "ministral3_tiny.gguf",
+     MINISTRAL3_REF,
+     .check = check_ministral3_gguf},
+    /* the new families quantized: llama.cpp's q8_0 files and --quant on load,
+     * against the float64 pass over their own weights (which knows NoPE
+     * layers, post-norms, whole-projection q/k norms and the temperature) */
+    {.label = "smollm3 gguf q8_0",
+     .fixture = "smollm3_tiny_q8_0.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = SMOLLM3_TOKENS,
+     .n_tokens = SMOLLM3_N_TOKENS,
+     .vocab = SMOLLM3_VOCAB,
+     .check = check_smollm3_gguf},
+    {.label = "smollm3 folder --quant nf4",
+     .fixture = "smollm3_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = SMOLLM3_TOKENS,
+     .n_tokens = SMOLLM3_N_TOKENS,
+     .vocab = SMOLLM3_VOCAB,
+     .quant = "nf4",
+     .check = check_smollm3_folder},
+    {.label = "olmo3 gguf q8_0",
+     .fixture = "olmo3_tiny_q8_0.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = OLMO3_TOKENS,
+     .n_tokens = OLMO3_N_TOKENS,
+     .vocab = OLMO3_VOCAB,
+     .check = check_olmo3},
+    {.label = "olmo3 folder --quant nf4",
+     .fixture = "olmo3_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = OLMO3_TOKENS,
+     .n_tokens = OLMO3_N_TOKENS,
+     .vocab = OLMO3_VOCAB,
+     .quant = "nf4",
+     .check = check_olmo3},
+    {.label = "ministral3 gguf q8_0",
+     .fixture = "ministral3_tiny_q8_0.gguf",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = MINISTRAL3_TOKENS,
+     .n_tokens = MINISTRAL3_N_TOKENS,
+     .vocab = MINISTRAL3_VOCAB,
+     .check = check_ministral3_gguf},
+    {.label = "ministral3 folder --quant int8",
+     .fixture = "ministral3_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = MINISTRAL3_TOKENS,
+     .n_tokens = MINISTRAL3_N_TOKENS,
+     .vocab = MINISTRAL3_VOCAB,
+     .quant = "int8",
+     .check = check_ministral3_folder},
     {.label = "qwen3 gguf", .fixture = "qwen3_tiny.gguf", QWEN3_REF, .check = check_qwen3_gguf},
     {.label = "gemma2 folder",
      .fixture = "gemma2_tiny",
@@ -774,30 +980,219 @@ Test(architectures, gpt_oss_yarn_truncated_equals_transformers_truncated, .timeo
     eng_model_free(&m);
 }
 
+/* The folder's config.json with `from` replaced by `to`, loaded: the
+ * loader's code, its message in msg, the model in *m when it loads. */
+static int load_edited_folder(const char *fixture, const char *from, const char *to, eng_model *m,
+                              char *msg, size_t msg_len)
+{
+    char dir[512] = "", cfg_path[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder(fixture, dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(cfg_path, &len);
+    cr_assert(text);
+    char *at = strstr(text, from);
+    cr_assert(at, "%s is not in %s's config.json", from, fixture);
+    size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+    char *edited = malloc(n);
+    snprintf(edited, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    test_write_text(cfg_path, edited);
+    free(edited);
+    free(text);
+    eng_load_opts o = {.path = dir};
+    int rc = eng_model_load(m, &o, msg, msg_len);
+    test_rmtree(dir);
+    return rc;
+}
+
 /* GPT-OSS's experts in a form the config does not announce are refused by
  * name, never run wrong: the MXFP4 folder without its quantization_config
  * (the loader looks for the dense gate_up_proj and says where the MXFP4
  * pairs would have been read). */
 Test(architectures, gpt_oss_experts_in_an_unannounced_form_are_refused_by_name, .timeout = 60)
 {
-    char dir[512] = "", cfg_path[1024], msg[1024];
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    tiny_fixture_folder("gptoss_mxfp4_tiny", dir);
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
-    size_t len = 0;
-    char *text = test_read_file(cfg_path, &len);
-    cr_assert(text);
-    char *qc = strstr(text, "\"quantization_config\"");
-    cr_assert(qc);
-    memcpy(qc, "\"quantization_confiX\"", strlen("\"quantization_confiX\""));
-    test_write_text(cfg_path, text);
-    free(text);
+    char msg[1024];
     eng_model m;
-    eng_load_opts o = {.path = dir};
-    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0);
+    cr_assert_neq(load_edited_folder("gptoss_mxfp4_tiny", "\"quantization_config\"",
+                                     "\"quantization_confiX\"", &m, msg, sizeof msg),
+                  0);
     cr_assert(strstr(msg, "model.layers.0.mlp.experts.gate_up_proj' is missing") &&
                   strstr(msg, "quantization_config"),
               "%s", msg);
-    test_rmtree(dir);
+}
+
+/* SmolLM3's no_rope_layers is read as it stands (1: the layer rotates),
+ * not rebuilt from no_rope_layer_interval. */
+Test(architectures, smollm3_no_rope_layers_list_is_read_per_layer, .timeout = 60)
+{
+    char msg[1024];
+    eng_model m;
+    cr_assert_eq(load_edited_folder("smollm3_tiny", "\"no_rope_layers\": [\n    1,\n    1,",
+                                    "\"no_rope_layers\": [\n    0,\n    1,", &m, msg, sizeof msg),
+                 0, "%s", msg);
+    for (int l = 0; l < 5; l++)
+        cr_assert_eq(eng_layer_rotates(&m.cfg, l), l != 0 && l != 3, "layer %d", l);
+    eng_model_free(&m);
+}
+
+/* A config edit the loader must refuse, and words its message must hold. */
+typedef struct refused_edit {
+    const char *fixture, *from, *to, *want;
+} refused_edit;
+
+/* What qlserve does not run of the 2025 families is refused by name:
+ * SmolLM3's sliding layers, a no_rope_layers list of the wrong length and
+ * biases (o_proj's among them); OLMo 3's biases, a sliding rotation other
+ * than the plain one, layer types that are not a repeating pattern closed
+ * by a full layer; Ministral 3 without llama_4_scaling_beta (transformers
+ * cannot run it either) or with biases. */
+static const refused_edit REFUSED_EDITS[] = {
+    {"smollm3_tiny", "\"use_sliding_window\": false", "\"use_sliding_window\": true",
+     "use_sliding_window"},
+    {"smollm3_tiny", "\"no_rope_layers\": [\n    1,", "\"no_rope_layers\": [", "no_rope_layers"},
+    {"smollm3_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
+     "attention_bias is not supported for SmolLM3"},
+    {"olmo3_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
+     "attention_bias is not supported for OLMo 3"},
+    {"olmo3_tiny", "\"rope_theta\": 10000.0,\n      \"rope_type\": \"default\"",
+     "\"rope_theta\": 10000.0,\n      \"rope_type\": \"linear\"",
+     "sliding_attention.rope_type linear"},
+    {"olmo3_tiny", "\"layer_types\": [\n    \"sliding_attention\"",
+     "\"layer_types\": [\n    \"full_attention\"", "layer_types"},
+    {"ministral3_tiny", "\"llama_4_scaling_beta\"", "\"llama_4_scaling_betX\"",
+     "llama_4_scaling_beta is missing"},
+    {"ministral3_tiny", "\"architectures\"", "\"attention_bias\": true,\n  \"architectures\"",
+     "attention_bias is not supported for Ministral 3"},
+};
+
+Test(architectures, options_not_run_are_refused_by_name, .timeout = 120)
+{
+    for (size_t i = 0; i < sizeof REFUSED_EDITS / sizeof *REFUSED_EDITS; i++) {
+        const refused_edit *e = &REFUSED_EDITS[i];
+        char msg[1024];
+        eng_model m;
+        cr_assert_neq(load_edited_folder(e->fixture, e->from, e->to, &m, msg, sizeof msg), 0,
+                      "%s: %s loaded", e->fixture, e->to);
+        cr_assert(strstr(msg, e->want), "%s: \"%s\" is not in: %s", e->fixture, e->want, msg);
+    }
+}
+
+/* --- the float64 pass and adapters on the 2025 families -------------------------------- */
+
+/* A family's tiny folder and transformers' logits of its prompt. */
+typedef struct family_fixture {
+    const char *folder;
+    const int *tokens;
+    int n_tokens;
+    int64_t vocab;
+    const double *logits;
+} family_fixture;
+
+static const family_fixture NEW_FAMILIES[] = {
+    {"smollm3_tiny", SMOLLM3_TOKENS, SMOLLM3_N_TOKENS, SMOLLM3_VOCAB, &SMOLLM3_LOGITS[0][0]},
+    {"olmo3_tiny", OLMO3_TOKENS, OLMO3_N_TOKENS, OLMO3_VOCAB, &OLMO3_LOGITS[0][0]},
+    {"ministral3_tiny", MINISTRAL3_TOKENS, MINISTRAL3_N_TOKENS, MINISTRAL3_VOCAB,
+     &MINISTRAL3_LOGITS[0][0]},
+};
+
+/* f's folder loaded from a scratch copy (dir: the copy, the caller's to
+ * remove). */
+static void load_family(eng_model *m, const family_fixture *f, char *dir, size_t dir_len)
+{
+    char msg[1024];
+    test_tmpdir(dir, dir_len);
+    cr_assert(dir[0]);
+    tiny_fixture_folder(f->folder, dir);
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s: %s", f->folder, msg);
+}
+
+/* R's float64 logits of f's prompt, [n_tokens][vocab] (the caller frees). */
+static double *family_reference(const ref_model *R, const family_fixture *f)
+{
+    int32_t ids[64];
+    cr_assert(f->n_tokens <= 64);
+    for (int i = 0; i < f->n_tokens; i++)
+        ids[i] = f->tokens[i];
+    double *ref = malloc((size_t)f->n_tokens * (size_t)f->vocab * sizeof *ref);
+    cr_assert(ref);
+    ref_forward(R, ids, f->n_tokens, ref);
+    return ref;
+}
+
+/* The float64 pass the quantized rows are held to is transformers' own on
+ * the f32 weights (5e-6: two float64 computations of one model). */
+Test(architectures, reference_pass_equals_transformers_on_the_new_families, .timeout = 60)
+{
+    for (size_t i = 0; i < sizeof NEW_FAMILIES / sizeof *NEW_FAMILIES; i++) {
+        const family_fixture *f = &NEW_FAMILIES[i];
+        char dir[512];
+        eng_model m;
+        load_family(&m, f, dir, sizeof dir);
+        ref_model R;
+        ref_load(&R, &m);
+        double *ref = family_reference(&R, f);
+        test_diff d = {0};
+        for (size_t k = 0; k < (size_t)f->n_tokens * (size_t)f->vocab; k++)
+            test_diff_add(&d, ref[k], f->logits[k]);
+        double worst = test_diff_abs(&d);
+        cr_log_info("%s: float64 reference vs transformers: %g", f->folder, worst);
+        cr_assert_lt(worst, 5e-6, "%s: float64 reference vs transformers: %g", f->folder, worst);
+        free(ref);
+        ref_free(&R);
+        eng_model_free(&m);
+        test_rmtree(dir);
+    }
+}
+
+/* A PEFT adapter on all seven projections of each new family, unmerged
+ * (through the walk's inputs: OLMo 3's blocks read the residual) and
+ * merged, against the float64 pass with the adapter added; it moves the
+ * logits far past the tolerance. */
+Test(architectures, adapters_on_the_new_families_match_the_reference, .timeout = 120)
+{
+    for (size_t i = 0; i < sizeof NEW_FAMILIES / sizeof *NEW_FAMILIES; i++) {
+        const family_fixture *f = &NEW_FAMILIES[i];
+        char dir[512], adir[700], msg[1024];
+        eng_model m;
+        load_family(&m, f, dir, sizeof dir);
+        snprintf(adir, sizeof adir, "%s/adapter", dir);
+        lora_fix_spec s = lora_fix_default();
+        lora_fix_write(adir, &m.cfg, &s);
+        eng_lora *lora = NULL;
+        cr_assert_eq(lora_load(&lora, NULL, adir, "all", &m, msg, sizeof msg), 0, "%s", msg);
+        ref_model R;
+        ref_load(&R, &m);
+        ref_add_lora(&R, lora, 1.0);
+        double *ref = family_reference(&R, f);
+        eng_lora_term term = {lora, 1.0f};
+        eng_weights *v = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
+        prompt_run runs[2] = {
+            {.tokens = f->tokens,
+             .n_tokens = f->n_tokens,
+             .prefill = 9,
+             .delta = &term,
+             .n_delta = 1},
+            {.tokens = f->tokens, .n_tokens = f->n_tokens, .prefill = 9, .weights = v}};
+        const char *what[2] = {"unmerged", "merged"};
+        for (int r = 0; r < 2; r++) {
+            float *all = run_prompt(&m, &runs[r]);
+            for (int t = 0; t < f->n_tokens; t++)
+                assert_logits_close(all + (size_t)t * (size_t)f->vocab,
+                                    ref + (size_t)t * (size_t)f->vocab, f->vocab, f->folder,
+                                    what[r], t);
+            double moved = test_max_abs_err(all, f->logits, (size_t)f->n_tokens * (size_t)f->vocab);
+            cr_assert_gt(moved, 1e-2, "%s: the adapter moved the logits by only %g", f->folder,
+                         moved);
+            free(all);
+        }
+        eng_weights_unref(v);
+        free(ref);
+        ref_free(&R);
+        eng_lora_unref(lora);
+        eng_model_free(&m);
+        test_rmtree(dir);
+    }
 }

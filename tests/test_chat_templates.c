@@ -33,10 +33,22 @@
 
 /* the templates this file tests, one Test each (kept equal to vectors.json's list below) */
 static const char *const tested[] = {
-    "llama_3_1",        "llama_3_2",         "qwen2_5",           "qwen3",
-    "mistral_nemo",     "mistral_small_3_2", "gemma_2",           "phi_3_5",
-    "deepseek_r1_qwen", "deepseek_r1_llama", "hermes_3_tool_use", "smollm2",
-    "smollm3",          "granite_3_3",       "gpt_oss",
+    "llama_3_1",
+    "llama_3_2",
+    "qwen2_5",
+    "qwen3",
+    "mistral_nemo",
+    "mistral_small_3_2",
+    "ministral_3_reasoning",
+    "gemma_2",
+    "phi_3_5",
+    "deepseek_r1_qwen",
+    "deepseek_r1_llama",
+    "hermes_3_tool_use",
+    "smollm2",
+    "smollm3",
+    "granite_3_3",
+    "gpt_oss",
 };
 #define N_TESTED (sizeof tested / sizeof tested[0])
 
@@ -314,6 +326,7 @@ TEMPLATE_TEST(qwen2_5)
 TEMPLATE_TEST(qwen3)
 TEMPLATE_TEST(mistral_nemo)
 TEMPLATE_TEST(mistral_small_3_2)
+TEMPLATE_TEST(ministral_3_reasoning)
 TEMPLATE_TEST(gemma_2)
 TEMPLATE_TEST(phi_3_5)
 TEMPLATE_TEST(deepseek_r1_qwen)

@@ -355,6 +355,11 @@ Test(cli, tokenize_reads_a_vocabulary_only_gguf_with_and_without_special_tokens)
     cr_assert_eq(run(args, &out), 0, "%s", out);
     cr_assert_str_eq(out, "{\"ids\": [258]}\n");
     free(out);
+    /* "--" ends the options: a text that starts with dashes is tokenized */
+    snprintf(args, sizeof args, "tokenize --model '%s' --json -- '--x'", path);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert_str_eq(out, "{\"ids\": [45, 45, 120]}\n");
+    free(out);
 }
 
 Test(cli, tokenize_a_folder_reads_its_tokenizer_json_alone)

@@ -858,3 +858,36 @@ Test(config, help_names_the_api_key_and_cors_forms)
         cr_assert(strstr(text, wanted[i]), "no %s in:\n%s", wanted[i], text);
     free(text);
 }
+
+/* cfg_parse_tokenize over a NULL-terminated argv */
+static int parse_tokenize(cfg_tokenize *out, char **args)
+{
+    int argc = 0;
+    while (args[argc])
+        argc++;
+    return cfg_parse_tokenize(argc, args, out, msg, sizeof msg);
+}
+
+#define PARSE_TOKENIZE(out, ...) parse_tokenize((out), (char *[]){"tokenize", __VA_ARGS__, NULL})
+
+/* "--" ends the options: a text that starts with "-" (or is "--help")
+ * after it is the text, flags before it still count, and one "--" more is
+ * text too; without it such a text is an unknown flag, as before. */
+Test(config, tokenize_takes_double_dash_as_the_end_of_options)
+{
+    cfg_tokenize c;
+    cr_assert_eq(PARSE_TOKENIZE(&c, "--model", "m", "--json", "--", "--x y"), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.text, "--x y");
+    cr_assert_str_eq(c.model, "m");
+    cr_assert(c.json);
+    cr_assert_eq(PARSE_TOKENIZE(&c, "--model", "m", "--", "--help"), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.text, "--help");
+    cr_assert_eq(PARSE_TOKENIZE(&c, "--model", "m", "--", "--"), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.text, "--");
+    cr_assert_eq(PARSE_TOKENIZE(&c, "--", "-h", "--model", "m"), QL_EUSAGE);
+    ASSERT_MSG_HAS("unexpected argument '--model'");
+    cr_assert_eq(PARSE_TOKENIZE(&c, "--model", "m", "--x"), QL_EUSAGE);
+    ASSERT_MSG_HAS("unknown flag '--x'");
+    cr_assert_eq(PARSE_TOKENIZE(&c, "--model", "m", "--"), QL_EUSAGE);
+    ASSERT_MSG_HAS("[--] TEXT");
+}

@@ -23,11 +23,16 @@ typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD, DIM_HEADS 
  * Hugging Face names reuse post_attention_layernorm for the norm after
  * attention, so the MLP's input norm has two rows); GPT-OSS's output bias
  * and sinks, and its MLP's input norm, which llama.cpp's converter names
- * post_attention_norm (a third row for it). */
+ * post_attention_norm (a third row for it); OLMo 3's norms after attention
+ * and the MLP (the sandwich's, without its input norms) and its q/k norms
+ * over the whole projection. */
 typedef enum {
     ALWAYS,
+    UNLESS_POST_NORMS,
     WITH_BIAS,
     WITH_QK_NORM,
+    WITH_QK_NORM_WHOLE,
+    WITH_POST_NORMS,
     UNLESS_FUSED,
     WITHOUT_SANDWICH,
     WITH_SANDWICH,
@@ -46,17 +51,17 @@ static const struct layer_part {
     layer_when when;
 } layer_parts[] = {
     {"input_layernorm.weight", "attn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
-     offsetof(eng_layer, attn_norm), ALWAYS},
+     offsetof(eng_layer, attn_norm), UNLESS_POST_NORMS},
     {"post_attention_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, ffn_norm), WITHOUT_SANDWICH},
     {"post_attention_layernorm.weight", "post_attention_norm.weight", DIM_HIDDEN, DIM_NONE,
-     ROLE_DENSE, offsetof(eng_layer, post_attn_norm), WITH_SANDWICH},
+     ROLE_DENSE, offsetof(eng_layer, post_attn_norm), WITH_POST_NORMS},
     {"post_attention_layernorm.weight", "post_attention_norm.weight", DIM_HIDDEN, DIM_NONE,
      ROLE_DENSE, offsetof(eng_layer, ffn_norm), GPT_OSS_FFN_NORM},
     {"pre_feedforward_layernorm.weight", "ffn_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, ffn_norm), WITH_SANDWICH},
     {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
-     offsetof(eng_layer, post_ffn_norm), WITH_SANDWICH},
+     offsetof(eng_layer, post_ffn_norm), WITH_POST_NORMS},
     {"self_attn.q_proj.weight", "attn_q.weight", DIM_Q, DIM_HIDDEN, ROLE_LINEAR,
      offsetof(eng_layer, wq), UNLESS_FUSED},
     {"self_attn.k_proj.weight", "attn_k.weight", DIM_KV, DIM_HIDDEN, ROLE_LINEAR,
@@ -75,6 +80,10 @@ static const struct layer_part {
      offsetof(eng_layer, q_norm), WITH_QK_NORM},
     {"self_attn.k_norm.weight", "attn_k_norm.weight", DIM_HEAD, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, k_norm), WITH_QK_NORM},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", DIM_Q, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, q_norm), WITH_QK_NORM_WHOLE},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", DIM_KV, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, k_norm), WITH_QK_NORM_WHOLE},
     {"self_attn.q_proj.bias", "attn_q.bias", DIM_Q, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bq),
      WITH_BIAS},
     {"self_attn.k_proj.bias", "attn_k.bias", DIM_KV, DIM_NONE, ROLE_DENSE, offsetof(eng_layer, bk),
@@ -150,11 +159,15 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
         return false;
     switch (part->when) {
     case ALWAYS: return true;
+    case UNLESS_POST_NORMS: return !c->post_norms;
     case WITH_BIAS: return c->attention_bias;
-    case WITH_QK_NORM: return c->qk_norm;
+    case WITH_QK_NORM: return c->qk_norm && !c->qk_norm_whole;
+    case WITH_QK_NORM_WHOLE: return c->qk_norm && c->qk_norm_whole;
     case UNLESS_FUSED: return true; /* loaded whole, or split from the fused tensor */
-    case WITHOUT_SANDWICH: return !c->sandwich_norms && c->arch != ENG_ARCH_GPT_OSS;
+    case WITHOUT_SANDWICH:
+        return !c->sandwich_norms && !c->post_norms && c->arch != ENG_ARCH_GPT_OSS;
     case WITH_SANDWICH: return c->sandwich_norms;
+    case WITH_POST_NORMS: return c->sandwich_norms || c->post_norms;
     case WITH_O_BIAS: return c->o_bias;
     case WITH_SINKS: return c->attn_sinks;
     case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;

@@ -277,7 +277,11 @@ static int parse_gguf_gemma(const gguf_file *f, const char *arch, eng_config *c,
  * original_context_length, yarn_beta_fast and yarn_beta_slow (32 and 1 when
  * absent), and the factor cos and sin are multiplied by, as llama_context
  * builds it: 0.1 ln(factor) + 1 (over the same of yarn_log_multiplier when
- * there), times rope.scaling.attn_factor (1 when absent). ggml always
+ * there), or rope.scaling.yarn_attn_factor where the converter wrote
+ * the config's attention_factor (transformers uses it in place of that
+ * mscale; llama.cpp reads the key for Grok only, which is the same for
+ * OLMo 3 7B, whose attention_factor is 0.1 ln(8) + 1), times
+ * rope.scaling.attn_factor (1 when absent). ggml always
  * rounds the correction range out to whole dims, so truncate is set, except
  * for GPT-OSS, whose own config says false (and transformers honours it):
  * we compute the model its makers released, so a GPT-OSS GGUF gives the
@@ -287,7 +291,7 @@ static int parse_gguf_yarn(const gguf_file *f, const char *arch, eng_config *c, 
                            size_t msg_len)
 {
     char key[128];
-    float attn = 1.0f, log_mul = 0.0f;
+    float attn = 1.0f, log_mul = 0.0f, yarn_attn = 0.0f;
     snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
     int rc = gguf_float(f, key, 1.0, &c->rope_factor, msg, msg_len);
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
@@ -307,12 +311,17 @@ static int parse_gguf_yarn(const gguf_file *f, const char *arch, eng_config *c, 
     snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", arch);
     if (rc == QL_OK)
         rc = gguf_float_or_zero(f, key, 0.0, &log_mul, msg, msg_len);
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_attn_factor", arch);
+    if (rc == QL_OK)
+        rc = gguf_float_or_zero(f, key, 0.0, &yarn_attn, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     double factor = (double)c->rope_factor;
     double mscale = log_mul != 0.0f
                         ? model_yarn_mscale(factor, 1.0) / model_yarn_mscale(factor, log_mul)
                         : model_yarn_mscale(factor, 1.0);
+    if (yarn_attn > 0.0f)
+        mscale = (double)yarn_attn;
     c->rope_scaling = ENG_ROPE_YARN;
     c->rope_attn_factor = (float)(mscale * (double)attn);
     c->rope_yarn_truncate = c->arch != ENG_ARCH_GPT_OSS;
@@ -406,6 +415,90 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     return rc;
 }
 
+/* SmolLM3's NoPE layers: the converter writes no list of them, and
+ * llama.cpp's smollm3 graph skips RoPE on every fourth layer ((l + 1) % 4
+ * == 0, its n_no_rope_layer_step), which is SmolLM3Config's default; a
+ * folder whose no_rope_layers says otherwise converts into a file that
+ * llama.cpp and qlserve both run with that default. Its q/k rows are
+ * permuted as a llama's (the converter's SmolLM3Model is a LlamaModel). */
+static int gguf_smollm3_nope(const gguf_file *f, eng_config *c, char *msg, size_t msg_len)
+{
+    if (c->n_layers > ENG_MAX_NOPE_LAYERS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: SmolLM3 with more than %d layers",
+                       f->path, ENG_MAX_NOPE_LAYERS);
+    for (int32_t l = 0; l < c->n_layers; l++)
+        if ((l + 1) % 4 == 0)
+            c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    return QL_OK;
+}
+
+/*
+ * OLMo 3 as llama.cpp's olmo2 reads it (OLMo 2 is the same graph without
+ * sliding layers): norms after attention and the MLP only, q/k norms over
+ * the whole projection (attn_q_norm of n_embd, attn_k_norm of the kv
+ * width), and, when ARCH.attention.sliding_window is set, the layers that
+ * ARCH.attention.sliding_window_pattern marks (a bool per layer; every
+ * fourth full without it) sliding over it with the rotation of
+ * rope.freq_base_swa (freq_base when absent) and no scaling. The list must
+ * be the repeating pattern eng_layer_slides knows; another is refused.
+ */
+static int parse_gguf_olmo(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                           size_t msg_len)
+{
+    char key[128];
+    c->qk_norm = true;
+    c->qk_norm_whole = true;
+    c->post_norms = true;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    int rc = gguf_uint(f, key, 0, false, &c->sliding_window, msg, msg_len);
+    if (rc != QL_OK || c->sliding_window <= 0)
+        return rc;
+    c->sliding_pattern = 4;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const gguf_kv *pat = gguf_find_kv(f, key);
+    if (pat &&
+        (pat->type != GGUF_ARRAY || pat->elem != GGUF_BOOL || pat->n != (uint64_t)c->n_layers))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s is not a bool per layer (%d)", f->path,
+                       key, c->n_layers);
+    int32_t first_full = -1;
+    for (int32_t l = 0; pat && l < c->n_layers && first_full < 0; l++)
+        if (!pat->data[l])
+            first_full = l;
+    if (pat)
+        c->sliding_pattern = first_full < 0 ? 0 : first_full + 1;
+    for (int32_t l = 0; pat && l < c->n_layers; l++)
+        if ((pat->data[l] != 0) != eng_layer_slides(c, l))
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: %s is not a repeating pattern of sliding layers closed by a full "
+                           "one (layer %d breaks it); qlserve runs only those",
+                           f->path, key, l);
+    snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+    return gguf_float(f, key, (double)c->rope_theta, &c->rope_local_theta, msg, msg_len);
+}
+
+/* Ministral 3 as llama.cpp's mistral3 reads it: Llama 4's query scaling
+ * when ARCH.attention.temperature_scale is set (its beta), over periods of
+ * the YaRN original context (n_ctx_orig_yarn there), which it then needs;
+ * its q/k rows are permuted as a llama's (the converter's Ministral3Model
+ * is a LlamaModel). llama.cpp's graph has no sliding window, and neither
+ * does a file from its converter. */
+static int parse_gguf_mistral3(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                               size_t msg_len)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.temperature_scale", arch);
+    int rc = gguf_float_or_zero(f, key, 0.0, &c->attn_temp_beta, msg, msg_len);
+    if (rc == QL_OK && c->attn_temp_beta != 0.0f) {
+        c->attn_temp_floor = c->rope_original_max_position;
+        if (c->attn_temp_beta < 0.0f || c->attn_temp_floor <= 0)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: %s needs a non-negative beta and "
+                           "%s.rope.scaling.original_context_length",
+                           f->path, key, arch);
+    }
+    return rc;
+}
+
 static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
 {
     const gguf_file *f = L->m->gguf;
@@ -433,10 +526,17 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_QWEN3_MOE;
     else if (strcmp(arch, "gpt-oss") == 0)
         c->arch = ENG_ARCH_GPT_OSS;
+    else if (strcmp(arch, "smollm3") == 0)
+        c->arch = ENG_ARCH_SMOLLM3;
+    else if (strcmp(arch, "olmo2") == 0)
+        c->arch = ENG_ARCH_OLMO3;
+    else if (strcmp(arch, "mistral3") == 0)
+        c->arch = ENG_ARCH_MINISTRAL3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
-                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss)",
+                       "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss, smollm3, olmo2, "
+                       "mistral3)",
                        f->path, arch);
     /* Mixtral is a llama GGUF whose layers have experts */
     char experts_key[96];
@@ -502,7 +602,10 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     /* llama.cpp's converter permutes llama q/k rows into adjacent rotary
      * pairs; it leaves qwen2's, qwen3's and phi3's as Hugging Face has them
      * (qwen3's q/k norms are attn_q_norm / attn_k_norm, per head as there) */
-    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL;
+    c->rope_interleaved = c->arch == ENG_ARCH_LLAMA || c->arch == ENG_ARCH_MIXTRAL ||
+                          c->arch == ENG_ARCH_SMOLLM3 || c->arch == ENG_ARCH_MINISTRAL3;
+    if (c->arch == ENG_ARCH_SMOLLM3 && (rc = gguf_smollm3_nope(f, c, msg, msg_len)) != QL_OK)
+        return rc;
     c->attention_bias = c->arch == ENG_ARCH_QWEN2 || c->arch == ENG_ARCH_QWEN2_MOE;
     c->qk_norm = c->arch == ENG_ARCH_QWEN3 || c->arch == ENG_ARCH_QWEN3_MOE;
     c->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
@@ -519,6 +622,10 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     c->eos_token_id = eos;
     if (rc == QL_OK && (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3))
         rc = parse_gguf_gemma(f, arch, c, msg, msg_len);
+    if (rc == QL_OK && c->arch == ENG_ARCH_OLMO3)
+        rc = parse_gguf_olmo(f, arch, c, msg, msg_len);
+    if (rc == QL_OK && c->arch == ENG_ARCH_MINISTRAL3)
+        rc = parse_gguf_mistral3(f, arch, c, msg, msg_len);
     snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
     if (rc == QL_OK && c->arch == ENG_ARCH_GPT_OSS &&
         (rc = gguf_uint(f, key, 0, false, &c->sliding_window, msg, msg_len)) == QL_OK)

@@ -423,6 +423,163 @@ static int parse_gpt_oss_config(const char *path, const cJSON *j, eng_config *c,
     return rc;
 }
 
+/* What SmolLM3, OLMo 3 and Ministral 3 share beyond a Llama's refusals:
+ * the MLP is SwiGLU (hidden_act silu) and no projection has a bias
+ * (attention_bias would put one on o_proj too, which c->attention_bias
+ * does not load); family names the model in the message. */
+static int require_plain_llama_parts(const char *path, const cJSON *j, const eng_config *c,
+                                     const char *family, char *msg, size_t msg_len)
+{
+    const char *act = mf_json_str(j, "hidden_act");
+    if (act && strcmp(act, "silu") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_act %s is not supported for %s (silu)", path, act, family);
+    if (c->attention_bias)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: attention_bias is not supported for %s",
+                       path, family);
+    return QL_OK;
+}
+
+/* SmolLM3 beyond a Llama: which layers skip RoPE, from no_rope_layers
+ * (one 0 or 1 per layer, 1 when the layer rotates, as SmolLM3Attention's
+ * use_rope reads it) or, without it, every no_rope_layer_interval-th
+ * (4 when absent: layer l rotates when (l + 1) % interval != 0, as
+ * SmolLM3Config fills the list). Its sliding layers and an MLP with
+ * biases are refused by name; ties lm_head to the embeddings unless the
+ * config says not (the config class's default). */
+static int parse_smollm3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                                size_t msg_len)
+{
+    c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", true);
+    int rc = require_plain_llama_parts(path, j, c, "SmolLM3", msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (mf_json_bool(j, "mlp_bias", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: mlp_bias is not supported", path);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    for (int32_t l = 0; cJSON_IsArray(types) && l < cJSON_GetArraySize(types); l++) {
+        const char *t = cJSON_GetArrayItem(types, l)->valuestring;
+        if (t && strcmp(t, "full_attention") != 0)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: layer_types[%d] is %s; qlserve runs SmolLM3 with full attention "
+                           "layers only",
+                           path, l, t);
+    }
+    if (mf_json_bool(j, "use_sliding_window", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: use_sliding_window is not supported for SmolLM3", path);
+    c->sliding_window = 0;
+    if (c->n_layers > ENG_MAX_NOPE_LAYERS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: SmolLM3 with more than %d layers", path,
+                       ENG_MAX_NOPE_LAYERS);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "no_rope_layers");
+    if (list && !cJSON_IsNull(list)) {
+        if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != c->n_layers)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: \"no_rope_layers\" is not a list of num_hidden_layers = %d "
+                           "entries",
+                           path, c->n_layers);
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            double v;
+            if (!mf_json_number(cJSON_GetArrayItem(list, l), &v) || (v != 0 && v != 1))
+                return ql_fail(msg, msg_len, QL_EFORMAT, "%s: no_rope_layers[%d] is not 0 or 1",
+                               path, l);
+            if (v == 0)
+                c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+        }
+        return QL_OK;
+    }
+    int32_t interval = 4;
+    rc = model_json_int32(path, j, "no_rope_layer_interval", 4, false, 1, 1 << 20, &interval, msg,
+                          msg_len);
+    for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++)
+        if ((l + 1) % interval == 0)
+            c->nope_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    return rc;
+}
+
+/* OLMo 3 beyond a Llama: norms after attention and the MLP only, q/k
+ * norms over the whole projection, sliding and full layers (layer_types;
+ * without it Olmo3Config's every fourth layer full, over a window of 4096
+ * when sliding_window is absent), and a rotary set per layer type
+ * (rope_parameters' full_attention and sliding_attention, each with its
+ * base, 500000 when absent as the config class has it; in transformers 4's
+ * form rope_scaling is the full layers' and rope_theta both's): the full
+ * layers' scaling is the model's (parse_rope_scaling), the sliding ones
+ * rotate with their own base and no scaling (rope_local_theta). Biases and
+ * another activation are refused by name. */
+static int parse_olmo3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                              size_t msg_len)
+{
+    int rc = require_plain_llama_parts(path, j, c, "OLMo 3", msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->qk_norm = true;
+    c->qk_norm_whole = true;
+    c->post_norms = true;
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (!sw)
+        c->sliding_window = 4096; /* Olmo3Config's default */
+    if (c->sliding_window > 0 && cJSON_GetObjectItemCaseSensitive(j, "layer_types"))
+        rc = parse_layer_types(path, j, c, msg, msg_len);
+    else
+        c->sliding_pattern = 4; /* layer l full when (l + 1) % 4 == 0 */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *full =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+    const cJSON *slide =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+    if (rc == QL_OK && cJSON_IsObject(full))
+        rc = positive_float(path, full, "rope_theta", 5e5, &c->rope_theta, msg, msg_len);
+    else if (rc == QL_OK && !cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
+        c->rope_theta = 5e5f;
+    c->rope_local_theta = c->rope_theta;
+    if (rc == QL_OK && cJSON_IsObject(slide)) {
+        const char *t = mf_json_str(slide, "rope_type");
+        if (t && strcmp(t, "default") != 0)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: rope_parameters.sliding_attention.rope_type %s is not supported "
+                           "(default)",
+                           path, t);
+        rc = positive_float(path, slide, "rope_theta", 5e5, &c->rope_local_theta, msg, msg_len);
+    }
+    return rc;
+}
+
+/* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
+ * (llama_4_scaling_beta) and period (original_max_position_embeddings)
+ * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
+ * those), as Ministral3Attention reads them; both are required there, as
+ * transformers cannot run the model without them. head_dim is 128 when
+ * absent (the config class's default). */
+static int parse_ministral3_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                                   size_t msg_len)
+{
+    int rc = require_plain_llama_parts(path, j, c, "Ministral 3", msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "head_dim"))
+        c->head_dim = 128;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!cJSON_IsObject(rs))
+        rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!cJSON_IsObject(rs) || !cJSON_GetObjectItemCaseSensitive(rs, "llama_4_scaling_beta"))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: rope_parameters.llama_4_scaling_beta is missing; Ministral 3 scales "
+                       "its queries by it",
+                       path);
+    double beta;
+    rc = yarn_number(path, rs, "llama_4_scaling_beta", 0, &beta, msg, msg_len);
+    if (rc == QL_OK && beta < 0)
+        rc = ql_fail(msg, msg_len, QL_EFORMAT,
+                     "%s: rope_parameters.llama_4_scaling_beta must not be negative", path);
+    if (rc == QL_OK)
+        rc = model_json_int32(path, rs, "original_max_position_embeddings", 0, true, 1, 1 << 30,
+                              &c->attn_temp_floor, msg, msg_len);
+    c->attn_temp_beta = (float)beta;
+    return rc;
+}
+
 static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, char *msg,
                            size_t msg_len)
 {
@@ -454,12 +611,19 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_MIXTRAL;
     else if (strcmp(arch, "GptOssForCausalLM") == 0)
         c->arch = ENG_ARCH_GPT_OSS;
+    else if (strcmp(arch, "SmolLM3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_SMOLLM3;
+    else if (strcmp(arch, "Olmo3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_OLMO3;
+    else if (strcmp(arch, "Ministral3ForCausalLM") == 0)
+        c->arch = ENG_ARCH_MINISTRAL3;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
-                       "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM)",
+                       "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
+                       "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -517,6 +681,14 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
     }
     if (c->arch == ENG_ARCH_GPT_OSS &&
         (rc = parse_gpt_oss_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_SMOLLM3 &&
+        (rc = parse_smollm3_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_OLMO3 && (rc = parse_olmo3_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_MINISTRAL3 &&
+        (rc = parse_ministral3_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");

@@ -34,6 +34,9 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_QWEN3_MOE: return "qwen3moe";
     case ENG_ARCH_MIXTRAL: return "mixtral";
     case ENG_ARCH_GPT_OSS: return "gpt-oss";
+    case ENG_ARCH_SMOLLM3: return "smollm3";
+    case ENG_ARCH_OLMO3: return "olmo3";
+    case ENG_ARCH_MINISTRAL3: return "ministral3";
     }
     return "unknown";
 }

@@ -50,6 +50,18 @@ typedef enum eng_arch {
      * biases and a clamped SwiGLU, attention sinks, biases on q/k/v/o,
      * alternating sliding and full layers, YaRN */
     ENG_ARCH_GPT_OSS,
+    /* SmolLM3 (SmolLM3ForCausalLM, GGUF smollm3): a Llama whose layers in
+     * eng_config's nope_layers attend without rotary embeddings */
+    ENG_ARCH_SMOLLM3,
+    /* OLMo 3 (Olmo3ForCausalLM; GGUF olmo2, which llama.cpp's converter
+     * writes for it): norms after attention and the MLP only (eng_config's
+     * post_norms), q/k norms over the whole projection (qk_norm_whole),
+     * sliding and full layers, YaRN on the full ones only */
+    ENG_ARCH_OLMO3,
+    /* Ministral 3 (Ministral3ForCausalLM, GGUF mistral3): a Mistral with
+     * YaRN and Llama 4's position-dependent query scaling (eng_config's
+     * attn_temp_beta) */
+    ENG_ARCH_MINISTRAL3,
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -67,6 +79,10 @@ typedef enum eng_router {
 /* The most layers a mixture-of-experts model may have (eng_config's
  * dense_layers bitmap). */
 #define ENG_MAX_MOE_LAYERS 1024
+
+/* The most layers a model with layers that skip RoPE may have
+ * (eng_config's nope_layers bitmap). */
+#define ENG_MAX_NOPE_LAYERS 1024
 
 /* The gated unit of the MLP: silu(gate) * up (SwiGLU), Gemma's
  * gelu_pytorch_tanh(gate) * up (GeGLU), or GPT-OSS's clamped SwiGLU: gate
@@ -139,6 +155,11 @@ typedef struct eng_config {
      * partial_rotary_factor times head_dim, Phi-4-mini's 0.75; a GGUF's
      * rope.dimension_count); 0: the whole head. The rest pass through. */
     int32_t rope_dim;
+    /* layers that apply no rotary embedding to q and k (SmolLM3's NoPE
+     * layers: config.json's no_rope_layers holds 0 for them; a GGUF,
+     * which does not say, every fourth as llama.cpp builds it): bit l of
+     * word l / 64; all zero for every other model */
+    uint64_t nope_layers[ENG_MAX_NOPE_LAYERS / 64];
     /* rotary pairs: false = (i, i + head_dim/2) as Hugging Face computes
      * them; true = (2i, 2i + 1), the layout llama.cpp's converter leaves in
      * a llama GGUF after permuting the q/k rows */
@@ -153,6 +174,20 @@ typedef struct eng_config {
     /* Qwen3: an RMSNorm over each head of q and of k (head_dim weights,
      * one per layer for each), after the projections and before RoPE */
     bool qk_norm;
+    /* OLMo 3: those norms are over the whole projection instead (n_heads *
+     * head_dim weights for q, n_kv_heads * head_dim for k) */
+    bool qk_norm_whole;
+    /* OLMo 3: no norm before attention or the MLP; a norm after each
+     * (post_attn_norm, post_ffn_norm) on the block's output before the
+     * residual add */
+    bool post_norms;
+    /* Llama 4's attention temperature (Ministral 3's llama_4_scaling_beta,
+     * a GGUF's attention.temperature_scale): each query at position p,
+     * after RoPE, times 1 + attn_temp_beta ln(1 + floor(p /
+     * attn_temp_floor)), attn_temp_floor being the YaRN original context;
+     * beta 0: none */
+    float attn_temp_beta;
+    int32_t attn_temp_floor;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -213,6 +248,22 @@ static inline bool eng_layer_slides(const eng_config *c, int32_t l)
     if (c->sliding_window <= 0)
         return false;
     return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
+}
+
+/* The weights of layer l's q norm (k: its k norm): a head's, or the
+ * whole projection's (eng_config's qk_norm_whole). */
+static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
+{
+    int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
+    return heads * c->head_dim;
+}
+
+/* Whether layer l rotates q and k (eng_config's nope_layers). */
+static inline bool eng_layer_rotates(const eng_config *c, int32_t l)
+{
+    if (l < 0 || l >= ENG_MAX_NOPE_LAYERS)
+        return true;
+    return !(c->nope_layers[l / 64] >> (l % 64) & 1);
 }
 
 /* One decoder layer's weights. Norms and biases are dense [1, n]; a bias

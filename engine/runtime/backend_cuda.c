@@ -100,8 +100,8 @@ typedef struct dev_version {
 typedef struct dev_layer {
     float *attn_norm, *ffn_norm;           /* [hidden] */
     float *bias;                           /* [q + 2 kv] when attention_bias */
-    float *q_norm, *k_norm;                /* [head_dim] when qk_norm (Qwen3) */
-    float *post_attn_norm, *post_ffn_norm; /* [hidden] when sandwich_norms (Gemma) */
+    float *q_norm, *k_norm;                /* [eng_qk_norm_width] when qk_norm (Qwen3, OLMo 3) */
+    float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3's) */
     qt_cuda_tensor *proj;               /* [n_proj] (eng_n_proj): rows 0 where the layer has none */
     qt_cuda_tensor router, shared_gate; /* a mixture of experts' (rows 0: none) */
     /* GPT-OSS's (NULL where the model has none): the output projection's
@@ -275,10 +275,13 @@ static int upload_rows(const qtensor *t, int64_t rows, float offset, float **out
 }
 
 /* A norm's [1, n] weights to a new f32 device array, as the pass
- * multiplies by them: offset + w. */
+ * multiplies by them: offset + w; *out stays NULL for a norm the layer
+ * does not have (OLMo 3's input norms), so the walk skips it. */
 static int upload_norm(const qtensor *t, float offset, float **out, const char *what, char *msg,
                        size_t msg_len)
 {
+    if (t->rows == 0)
+        return QL_OK;
     return upload_rows(t, 1, offset, out, what, msg, msg_len);
 }
 
@@ -1529,9 +1532,9 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             rc = upload_norm(&hl->q_norm, off, &dl->q_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->qk_norm)
             rc = upload_norm(&hl->k_norm, off, &dl->k_norm, what, msg, msg_len);
-        if (rc == QL_OK && cfg->sandwich_norms)
+        if (rc == QL_OK && (cfg->sandwich_norms || cfg->post_norms))
             rc = upload_norm(&hl->post_attn_norm, off, &dl->post_attn_norm, what, msg, msg_len);
-        if (rc == QL_OK && cfg->sandwich_norms)
+        if (rc == QL_OK && (cfg->sandwich_norms || cfg->post_norms))
             rc = upload_norm(&hl->post_ffn_norm, off, &dl->post_ffn_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->attention_bias) {
             /* q, k and v biases side by side, as forward.c keeps them */

@@ -58,13 +58,14 @@ static void norm_row(const qtensor *t, float offset, float *out)
         out[i] = offset + out[i];
 }
 
-/* Gemma's extra state: the sandwich norms and the sliding layers' rotary
- * frequencies (each NULL when the model has none). */
+/* Gemma's extra state: the sandwich norms (OLMo 3's norms after attention
+ * and the MLP too) and the sliding layers' rotary frequencies (each NULL
+ * when the model has none). */
 static int gemma_state_new(eng_forward_state *st, const eng_model *m)
 {
     const eng_config *c = &m->cfg;
     size_t T = (size_t)st->max_tokens, H = (size_t)c->hidden_size, half = (size_t)c->head_dim / 2;
-    if (c->sandwich_norms) {
+    if (c->sandwich_norms || c->post_norms) {
         st->post_norms = malloc((size_t)c->n_layers * 2 * H * sizeof(float));
         if (!st->post_norms)
             return QL_ENOMEM;
@@ -87,16 +88,18 @@ static int gemma_state_new(eng_forward_state *st, const eng_model *m)
 /* Layer l as the walk reads it: pointers into the dense copies above. */
 static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
 {
-    size_t H = (size_t)c->hidden_size, half = (size_t)c->head_dim / 2,
+    size_t H = (size_t)c->hidden_size,
            QKV = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (size_t)c->head_dim, i = (size_t)l;
+    size_t qn = (size_t)eng_qk_norm_width(c, false), kn = (size_t)eng_qk_norm_width(c, true);
     eng_walk_layer *ly = &st->layers[l];
-    ly->attn_norm = st->norms + 2 * i * H;
-    ly->ffn_norm = st->norms + (2 * i + 1) * H;
+    /* OLMo 3's layers have no norm before attention or the MLP */
+    ly->attn_norm = c->post_norms ? NULL : st->norms + 2 * i * H;
+    ly->ffn_norm = c->post_norms ? NULL : st->norms + (2 * i + 1) * H;
     ly->bias = st->biases ? st->biases + i * QKV : NULL;
     ly->o_bias = st->o_biases ? st->o_biases + i * H : NULL;
     ly->sinks = st->sinks ? st->sinks + i * (size_t)c->n_heads : NULL;
-    ly->q_norm = st->qk_norms ? st->qk_norms + i * 4 * half : NULL;
-    ly->k_norm = st->qk_norms ? st->qk_norms + i * 4 * half + 2 * half : NULL;
+    ly->q_norm = st->qk_norms ? st->qk_norms + i * (qn + kn) : NULL;
+    ly->k_norm = st->qk_norms ? st->qk_norms + i * (qn + kn) + qn : NULL;
     ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
     ly->post_ffn_norm = st->post_norms ? st->post_norms + (2 * i + 1) * H : NULL;
     eng_walk_layer_shape(c, l, ly);
@@ -190,7 +193,8 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->norms = malloc(L * 2 * H * sizeof(float));
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
-    st->qk_norms = c->qk_norm ? malloc(L * 2 * half * 2 * sizeof(float)) : NULL;
+    size_t qk_width = (size_t)(eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true));
+    st->qk_norms = c->qk_norm ? malloc(L * qk_width * sizeof(float)) : NULL;
     st->o_biases = c->o_bias ? malloc(L * H * sizeof(float)) : NULL;
     st->sinks = c->attn_sinks ? malloc(L * (size_t)c->n_heads * sizeof(float)) : NULL;
     st->layers = calloc(L, sizeof *st->layers);
@@ -206,8 +210,10 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     }
     eng_rope_inv_freq(c, st->inv_freq);
     for (size_t l = 0; l < L; l++) {
-        norm_row(&m->layers[l].attn_norm, c->norm_offset, st->norms + (2 * l) * H);
-        norm_row(&m->layers[l].ffn_norm, c->norm_offset, st->norms + (2 * l + 1) * H);
+        if (!c->post_norms) {
+            norm_row(&m->layers[l].attn_norm, c->norm_offset, st->norms + (2 * l) * H);
+            norm_row(&m->layers[l].ffn_norm, c->norm_offset, st->norms + (2 * l + 1) * H);
+        }
         if (c->attention_bias) {
             float *b = st->biases + l * (Q + 2 * KV);
             dense_row(&m->layers[l].bq, b);
@@ -219,8 +225,9 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         if (c->attn_sinks)
             dense_row(&m->layers[l].sinks, st->sinks + l * (size_t)c->n_heads);
         if (c->qk_norm) {
-            norm_row(&m->layers[l].q_norm, c->norm_offset, st->qk_norms + l * 4 * half);
-            norm_row(&m->layers[l].k_norm, c->norm_offset, st->qk_norms + l * 4 * half + 2 * half);
+            float *qk = st->qk_norms + l * qk_width;
+            norm_row(&m->layers[l].q_norm, c->norm_offset, qk);
+            norm_row(&m->layers[l].k_norm, c->norm_offset, qk + eng_qk_norm_width(c, false));
         }
         layer_view(st, c, (int32_t)l);
     }

@@ -19,6 +19,7 @@
  */
 #include "internal/walk_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,7 +32,51 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     bool slides = eng_layer_slides(c, l);
     out->window = slides ? c->sliding_window : 0;
     out->rope = slides && c->rope_local_theta > 0.0f ? ENG_WALK_ROPE_LOCAL : ENG_WALK_ROPE_GLOBAL;
+    if (!eng_layer_rotates(c, l))
+        out->rope = ENG_WALK_ROPE_NONE;
     out->moe = eng_layer_is_moe(c, l);
+}
+
+/* Llama 4's attention temperature for a query at position pos (eng_config's
+ * attn_temp_beta; Ministral 3): 1 + beta ln(1 + floor(pos / floor_scale)),
+ * 1 within the first period. */
+static float query_temperature(const eng_config *c, int32_t pos)
+{
+    double periods = floor((double)pos / (double)c->attn_temp_floor);
+    return (float)(1.0 + (double)c->attn_temp_beta * log(1.0 + periods));
+}
+
+/* Rows [r0, r1) of q times f (nothing to do when f is 1). */
+static int scale_rows(const eng_walk_backend *b, float *q, int64_t r0, int64_t r1, float f,
+                      char *msg, size_t msg_len)
+{
+    int64_t Q = (int64_t)b->m->cfg.n_heads * b->m->cfg.head_dim;
+    if (f == 1.0f || r1 <= r0)
+        return QL_OK;
+    return b->ops->scale(b->be, q + r0 * Q, (r1 - r0) * Q, f, msg, msg_len);
+}
+
+/* Each query row of the step times its position's temperature, one call
+ * per run of rows with one factor (rows are the sequences' tokens in
+ * order, so a run is rarely split; rows within a first period have 1 and
+ * are left alone). */
+static int scale_queries(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                         float *q, char *msg, size_t msg_len)
+{
+    int64_t r = 0, run0 = 0;
+    float run_f = 1.0f;
+    for (int32_t s = 0; s < n_seqs; s++)
+        for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
+            float f = query_temperature(&b->m->cfg, seqs[s].pos + t);
+            if (f == run_f)
+                continue;
+            int rc = scale_rows(b, q, run0, r, run_f, msg, msg_len);
+            if (rc != QL_OK)
+                return rc;
+            run0 = r;
+            run_f = f;
+        }
+    return scale_rows(b, q, run0, r, run_f, msg, msg_len);
 }
 
 /* A failure inside layer l (l < 0: around the layers): its code, with the
@@ -112,28 +157,41 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
 
     for (l = 0; l < c->n_layers; l++) {
         const eng_walk_layer *ly = &b->layers[l];
-        // attention rmsnorm
-        OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
+        // attention rmsnorm (none in OLMo 3: the block reads the residual)
+        const float *attn_in = ly->attn_norm ? b->h : b->x;
+        if (ly->attn_norm)
+            OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
         // qkv matmuls
-        OP(ops->project(be, l, ENG_PROJ_Q, b->h, b->q, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_K, b->h, b->k, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_V, b->h, b->v, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_K, attn_in, b->k, msg, msg_len));
+        OP(ops->project(be, l, ENG_PROJ_V, attn_in, b->v, msg, msg_len));
         // Qwen2's q, k and v biases
         if (ly->bias) {
             OP(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
             OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
             OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
         }
+        // OLMo 3: q and k through their RMSNorms, each row whole
+        if (ly->q_norm && c->qk_norm_whole) {
+            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T, Q, eps, msg, msg_len));
+            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T, KV, eps, msg, msg_len));
+        }
         // Qwen3: each head of q and k through its RMSNorm (a head is a row)
-        if (ly->q_norm) {
+        if (ly->q_norm && !c->qk_norm_whole) {
             OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T * c->n_heads, c->head_dim, eps, msg,
                             msg_len));
             OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
                             msg_len));
         }
-        // RoPE (Gemma 3's sliding layers with their own table)
-        OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
-        OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+        // RoPE (Gemma 3's sliding layers with their own table; none on
+        // SmolLM3's NoPE layers)
+        if (ly->rope != ENG_WALK_ROPE_NONE) {
+            OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
+            OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+        }
+        // Llama 4's temperature: each query times its position's factor (Ministral 3)
+        if (c->attn_temp_beta > 0.0f)
+            OP(scale_queries(b, seqs, n_seqs, b->q, msg, msg_len));
         // K and V into the paged cache, all rows first so a prefill chunk sees itself
         OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
         // grouped-query attention, causal, over the paged cache (the window on
@@ -144,27 +202,29 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         OP(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
         if (ly->o_bias)
             OP(ops->add_bias(be, b->tmp, ly->o_bias, T, H, msg, msg_len));
-        // Gemma's post-attention norm
+        // Gemma's and OLMo 3's post-attention norm
         if (ly->post_attn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_attn_norm, T, H, eps, msg, msg_len));
         // residual
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
-        // ffn rmsnorm
-        OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
+        // ffn rmsnorm (none in OLMo 3)
+        const float *ffn_in = ly->ffn_norm ? b->h : b->x;
+        if (ly->ffn_norm)
+            OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
         if (ly->moe) {
             // mixture of experts: each row's top-k experts by the router, their
             // GLUs summed with the router's weights (Qwen2-MoE's gated shared
             // expert added)
-            OP(ops->moe(be, l, b->h, b->tmp, msg, msg_len));
+            OP(ops->moe(be, l, ffn_in, b->tmp, msg, msg_len));
         } else {
             // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
-            OP(ops->project(be, l, ENG_PROJ_GATE, b->h, b->gate, msg, msg_len));
-            OP(ops->project(be, l, ENG_PROJ_UP, b->h, b->up, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_GATE, ffn_in, b->gate, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_UP, ffn_in, b->up, msg, msg_len));
             OP(ops->glu(be, b->gate, b->up, T * F, c->ffn_act, msg, msg_len));
             // down projection
             OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
         }
-        // Gemma's post-ffn norm
+        // Gemma's and OLMo 3's post-ffn norm
         if (ly->post_ffn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));
         // residual

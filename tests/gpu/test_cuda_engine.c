@@ -906,17 +906,42 @@ static void merge_round_trip(const eng_model *m, eng_weights *w, const char *kin
  * from its own router logits, so the logits agree within the scenario's
  * bound and the greedy tokens are equal. The step's figures (experts run,
  * bytes read) are the CPU's for the same step. */
+/* tests/fixtures/<file> into *m, or false with a failure reported under
+ * name. */
+static bool load_fixture(const char *file, const char *name, eng_model *m)
+{
+    char path[512], msg[512];
+    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, file);
+    eng_load_opts lo = {.path = path};
+    if (eng_model_load(m, &lo, msg, sizeof msg) == QL_OK)
+        return true;
+    report(false, name, "%s", msg);
+    return false;
+}
+
+/* The 2025 families' converter GGUFs on the device as on the CPU: SmolLM3's
+ * NoPE layers, OLMo 3's layers without input norms, whole-projection q/k
+ * norms and sliding layers with their own rotation beside YaRN'd full
+ * ones, Ministral 3's query temperature (its period of 4 positions is
+ * crossed again and again by the scenario's 40). */
+static void family_fixture(const char *file)
+{
+    char name[128];
+    snprintf(name, sizeof name, "steps_match_cpu_%s", file);
+    eng_model m;
+    if (!load_fixture(file, name, &m))
+        return;
+    scenario(name, &m, NULL, NULL, NULL);
+    eng_model_free(&m);
+}
+
 static void moe_fixture(const char *file)
 {
-    char name[128], path[512], msg[512];
+    char name[128], msg[512];
     snprintf(name, sizeof name, "steps_match_cpu_moe_%s", file);
-    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, file);
     eng_model m;
-    eng_load_opts lo = {.path = path};
-    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
-        report(false, name, "%s", msg);
+    if (!load_fixture(file, name, &m))
         return;
-    }
     scenario(name, &m, NULL, NULL, NULL);
     /* one prompt of 9 tokens on each backend: the same figures */
     side cpu, gpu;
@@ -1491,6 +1516,9 @@ int main(void)
     moe_fixture("qwen3moe_tiny_q4_k_m.gguf");
     moe_fixture("gptoss_tiny.gguf");
     moe_fixture("gptoss_tiny_mxfp4.gguf");
+    family_fixture("smollm3_tiny.gguf");
+    family_fixture("olmo3_tiny.gguf");
+    family_fixture("ministral3_tiny.gguf");
     moe_mxfp4_experts();
     moe_adapters();
     kinds();

@@ -26,14 +26,15 @@ struct eng_forward_state {
     float *rope_cos, *rope_sin; /* [max_tokens][head_dim / 2] */
     double *inv_freq;           /* [head_dim / 2], scaling applied */
     /* dense f32 copies of the small parameters, per layer */
-    float *norms;      /* [n_layers][2][hidden]: attn, ffn */
+    float *norms;      /* [n_layers][2][hidden]: attn, ffn (unset with post_norms) */
     float *final_norm; /* [hidden] */
     float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
-    float *qk_norms;   /* [n_layers][2][head_dim] when qk_norm (Qwen3) */
+    float *qk_norms;   /* [n_layers][q, k: eng_qk_norm_width] when qk_norm (Qwen3, OLMo 3) */
     float *o_biases;   /* [n_layers][hidden] when o_bias (GPT-OSS) */
     float *sinks;      /* [n_layers][n_heads] when attn_sinks (GPT-OSS) */
     /* Gemma: the sandwich norms [n_layers][2][hidden] (after attention,
-     * after the MLP), and the sliding layers' own rotation */
+     * after the MLP; OLMo 3's post_norms too), and the sliding layers' own
+     * rotation */
     float *post_norms;
     float *rope_cos_local, *rope_sin_local; /* [max_tokens][head_dim / 2] */
     double *inv_freq_local;                 /* [head_dim / 2] */

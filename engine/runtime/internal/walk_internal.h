@@ -24,18 +24,22 @@
 #include "runtime.h"
 
 /* Which rotation table a layer's RoPE uses. */
-enum { ENG_WALK_ROPE_GLOBAL = 0, ENG_WALK_ROPE_LOCAL = 1 /* Gemma 3's sliding layers */ };
+enum {
+    ENG_WALK_ROPE_GLOBAL = 0,
+    ENG_WALK_ROPE_LOCAL = 1, /* Gemma 3's sliding layers */
+    ENG_WALK_ROPE_NONE = 2,  /* SmolLM3's NoPE layers: q and k as projected */
+};
 
 /* One layer as the walk reads it: the backend's copies of its small
  * parameters (f32, in the backend's memory; NULL where the architecture has
  * none) and its shape (eng_walk_layer_shape fills window and rope). */
 typedef struct eng_walk_layer {
-    const float *attn_norm, *ffn_norm;           /* [hidden], offset folded in */
+    const float *attn_norm, *ffn_norm;           /* [hidden], offset folded in; NULL: none */
     const float *bias;                           /* [q + 2 kv]: q, k, v side by side (Qwen2) */
     const float *o_bias;                         /* [hidden]: the output projection's (GPT-OSS) */
     const float *sinks;                          /* [n_heads]: attention sinks (GPT-OSS) */
-    const float *q_norm, *k_norm;                /* [head_dim] (Qwen3) */
-    const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich norms) */
+    const float *q_norm, *k_norm;                /* [head_dim] (Qwen3), the projection's (OLMo 3) */
+    const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3) */
     int32_t window;                              /* sliding window in positions; 0: all */
     int rope;                                    /* ENG_WALK_ROPE_* */
     bool moe; /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
@@ -43,7 +47,8 @@ typedef struct eng_walk_layer {
 
 /* Layer l's window and rotation table under config c: a sliding layer
  * (eng_layer_slides) sees its last sliding_window positions and, where the
- * model has rope_local_theta (Gemma 3), rotates with the local table. */
+ * model has rope_local_theta (Gemma 3), rotates with the local table; a
+ * layer that does not rotate (eng_layer_rotates) has none. */
 void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out);
 
 /*
