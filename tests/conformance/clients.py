@@ -12,7 +12,12 @@ repeats a sample, logprobs equal across routes; and issue 19's constrained
 answers: a json_schema response_format and tool calls (tool_choice
 "required", a named function, streamed) through the openai SDK, TGI's
 grammar and Messages-API response_format through InferenceClient, whose
-JSON the `jsonschema` package validates against the schemas sent. The model's weights are
+JSON the `jsonschema` package validates against the schemas sent; and
+issue 35's Anthropic Messages API through the official `anthropic` SDK
+(messages.create, messages.stream, a forced tool's tool_use then a
+tool_result turn, count_tokens, stop sequences, a refused block, a wrong
+key), each compared with chat completions' answer to the same
+conversation. The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -32,6 +37,7 @@ import traceback
 import urllib.error
 import urllib.request
 
+import anthropic
 import jsonschema
 import openai
 import huggingface_hub
@@ -39,6 +45,7 @@ from huggingface_hub import InferenceClient
 
 ARGS = None
 OAI = None  # openai.OpenAI on the open server
+ANT = None  # anthropic.Anthropic on the open server
 HF = None  # InferenceClient on the open server
 PROMPT = "Hello the world"
 PROMPT2 = "A tiny model"
@@ -740,6 +747,165 @@ def hf_api_key():
     raise AssertionError("a wrong key was accepted")
 
 
+# --- anthropic: the Messages API ------------------------------------------------
+
+# The pinned SDK's messages.create has no temperature parameter (its
+# models choose their own); the field is still Anthropic's API, sent as
+# extra_body, and greedy decoding makes the answers comparable.
+GREEDY = {"temperature": 0}
+ANT_SYSTEM = "You are terse."
+ANT_USER = [{"role": "user", "content": "Say hello."}]
+ANT_TOOLS = [{"name": t["function"]["name"],
+              "description": t["function"].get("description", ""),
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def ant_text(m):
+    assert [b.type for b in m.content] == ["text"], m.content
+    return m.content[0].text
+
+
+@check
+def ant_messages_create():
+    m = ANT.messages.create(model=ARGS.model, max_tokens=8, system=ANT_SYSTEM, messages=ANT_USER,
+                            metadata={"user_id": "u1"}, extra_body=GREEDY)
+    assert m.type == "message" and m.role == "assistant" and m.model == ARGS.model, m
+    assert m.stop_reason == "max_tokens" and m.stop_sequence is None, m
+    # chat completions' greedy answer to the same conversation
+    assert ant_text(m) == chat_greedy(SYSTEM_USER, 8), (ant_text(m), chat_greedy(SYSTEM_USER, 8))
+    u = m.usage
+    assert u.output_tokens == 8, u
+    assert u.input_tokens + (u.cache_read_input_tokens or 0) == chat_prompt_tokens(SYSTEM_USER), u
+    # system as text blocks, content as text blocks: the same prompt
+    m2 = ANT.messages.create(model=ARGS.model, max_tokens=8,
+                             system=[{"type": "text", "text": ANT_SYSTEM}],
+                             messages=[{"role": "user", "content": [
+                                 {"type": "text", "text": "Say hello."}]}], extra_body=GREEDY)
+    assert ant_text(m2) == ant_text(m), (ant_text(m2), ant_text(m))
+
+
+@check
+def ant_messages_stream():
+    whole = ANT.messages.create(model=ARGS.model, max_tokens=10, system=ANT_SYSTEM,
+                                messages=ANT_USER, extra_body=GREEDY)
+    types, text = [], ""
+    with ANT.messages.stream(model=ARGS.model, max_tokens=10, system=ANT_SYSTEM,
+                             messages=ANT_USER, extra_body=GREEDY) as stream:
+        for event in stream:
+            types.append(event.type)
+            if event.type == "text":
+                text += event.text
+        final = stream.get_final_message()
+    assert types[0] == "message_start" and types[-1] == "message_stop", types
+    for t in ("content_block_start", "content_block_delta", "content_block_stop",
+              "message_delta"):
+        assert t in types, (t, types)
+    assert text == ant_text(whole) == ant_text(final), (text, ant_text(whole), ant_text(final))
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 10, final
+
+
+@check
+def ant_messages_stop_sequence():
+    text = ant_text(ANT.messages.create(model=ARGS.model, max_tokens=16, system=ANT_SYSTEM,
+                                        messages=ANT_USER, extra_body=GREEDY))
+    k = first_new_ascii(text)
+    for stream in (False, True):
+        kw = dict(model=ARGS.model, max_tokens=16, system=ANT_SYSTEM, messages=ANT_USER,
+                  stop_sequences=["~~~~", text[k]], extra_body=GREEDY)
+        if stream:
+            with ANT.messages.stream(**kw) as s:
+                m = s.get_final_message()
+        else:
+            m = ANT.messages.create(**kw)
+        assert m.stop_reason == "stop_sequence" and m.stop_sequence == text[k], m
+        assert ant_text(m) == text[:k], (ant_text(m), text[:k])
+
+
+@check
+def ant_tools_tool_use_then_tool_result():
+    ask = dict(model=ARGS.model, max_tokens=120, system=ANT_SYSTEM, tools=ANT_TOOLS,
+               messages=[{"role": "user", "content": "Weather in Oslo?"}], extra_body=GREEDY)
+    m = ANT.messages.create(tool_choice={"type": "tool", "name": "get_weather"}, **ask)
+    assert m.stop_reason == "tool_use", m
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id, m.content
+    jsonschema.validate(uses[0].input, TOOL_PARAMS["get_weather"])
+    # streamed: the same call, its input as input_json_delta
+    with ANT.messages.stream(tool_choice={"type": "tool", "name": "get_weather"}, **ask) as s:
+        streamed = s.get_final_message()
+    su = [b for b in streamed.content if b.type == "tool_use"]
+    assert streamed.stop_reason == "tool_use" and len(su) == 1, streamed
+    assert su[0].name == uses[0].name and su[0].input == uses[0].input, (su, uses)
+    # any: a call to one of the tools
+    m_any = ANT.messages.create(tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                **ask)
+    calls = [b for b in m_any.content if b.type == "tool_use"]
+    assert m_any.stop_reason == "tool_use" and len(calls) == 1, m_any
+    jsonschema.validate(calls[0].input, TOOL_PARAMS[calls[0].name])
+    # the second turn: the assistant's content as it came back, then the result
+    turn = ask["messages"] + [
+        {"role": "assistant", "content": m.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                      "content": [{"type": "text", "text": "12 C, rain"}]}]}]
+    second = ANT.messages.create(**dict(ask, max_tokens=8, messages=turn))
+    assert second.stop_reason in ("end_turn", "max_tokens"), second
+    assert [b.type for b in second.content] == ["text"], second.content
+    # what the template saw is chat's tool_calls and tool message
+    chat = [{"role": "system", "content": ANT_SYSTEM},
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": uses[0].id, "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps(uses[0].input)}}]},
+            {"role": "tool", "tool_call_id": uses[0].id, "content": "12 C, rain"}]
+    n = ANT.messages.count_tokens(model=ARGS.model, system=ANT_SYSTEM, tools=ANT_TOOLS,
+                                  messages=turn).input_tokens
+    status, j = raw("POST", "/chat_tokenize", {"model": ARGS.model, "messages": chat,
+                                               "tools": TOOLS})
+    assert status == 200 and n == len(j["tokenize_response"]), (n, status, j)
+
+
+@check
+def ant_count_tokens():
+    n = ANT.messages.count_tokens(model=ARGS.model, system=ANT_SYSTEM, messages=ANT_USER)
+    assert n.input_tokens == chat_prompt_tokens(SYSTEM_USER), (n, chat_prompt_tokens(SYSTEM_USER))
+
+
+@check
+def ant_refusals():
+    try:
+        ANT.messages.create(model=ARGS.model, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}]}])
+    except anthropic.BadRequestError as e:
+        assert e.status_code == 400 and "image" in str(e), e
+    else:
+        raise AssertionError("an image block was accepted")
+    try:
+        ANT.messages.create(model="no-such-model", max_tokens=4, messages=ANT_USER)
+    except anthropic.NotFoundError as e:
+        assert e.status_code == 404 and "no-such-model" in str(e), e
+    else:
+        raise AssertionError("an unknown model was accepted")
+
+
+@check
+def ant_api_key():
+    good = anthropic.Anthropic(base_url=ARGS.keyed, api_key=ARGS.key, max_retries=0, timeout=60)
+    m = good.messages.create(model=ARGS.model, max_tokens=4, system=ANT_SYSTEM, messages=ANT_USER,
+                             extra_body=GREEDY)
+    assert ant_text(m) == chat_greedy(SYSTEM_USER, 4)
+    bad = anthropic.Anthropic(base_url=ARGS.keyed, api_key="wrong-" + ARGS.key, max_retries=0,
+                              timeout=60)
+    for call in (lambda: bad.messages.create(model=ARGS.model, max_tokens=2, messages=ANT_USER),
+                 lambda: bad.messages.count_tokens(model=ARGS.model, messages=ANT_USER)):
+        try:
+            call()
+        except anthropic.AuthenticationError as e:
+            assert e.status_code == 401, e.status_code
+            continue
+        raise AssertionError("a wrong key was accepted")
+
+
 # --- huggingface_hub InferenceClient: text_generation -----------------------------
 
 def hf_greedy(prompt, n_tokens):
@@ -1005,7 +1171,7 @@ def hf_endpoint_info():
 # --- the runner -------------------------------------------------------------------
 
 def main():
-    global ARGS, OAI, HF
+    global ARGS, OAI, HF, ANT
     p = argparse.ArgumentParser()
     p.add_argument("--base", required=True)
     p.add_argument("--keyed", required=True)
@@ -1015,8 +1181,9 @@ def main():
     # no retries: a failure shows as it happened
     OAI = openai.OpenAI(base_url=ARGS.base + "/v1", api_key="unused", max_retries=0, timeout=60)
     HF = InferenceClient(base_url=ARGS.base, timeout=60)
-    print("conformance: openai %s, huggingface_hub %s" % (openai.__version__,
-                                                          huggingface_hub.__version__))
+    ANT = anthropic.Anthropic(base_url=ARGS.base, api_key="unused", max_retries=0, timeout=60)
+    print("conformance: openai %s, huggingface_hub %s, anthropic %s" % (
+        openai.__version__, huggingface_hub.__version__, anthropic.__version__))
     passed, failed, skipped = [], [], []
     for fn in CHECKS:
         t0 = time.monotonic()
