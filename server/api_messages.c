@@ -17,26 +17,22 @@
  * parallel_tool_calls false. max_tokens, temperature, top_p, top_k and
  * stop_sequences go into the request as chat's fields do. The generation
  * is chat's (the template, the grammar of a forced call, chat_tools.c's
- * reading of calls); the writer turns what it gives (text, or with tools
- * chat_tools.c's content and calls, whole or as stream deltas) into
- * Anthropic's message: text and tool_use content blocks, stop_reason,
- * stop_sequence and usage; or Anthropic's events: message_start, ping,
- * content_block_start / content_block_delta (text_delta, input_json_delta)
- * / content_block_stop per block, message_delta with the stop_reason and
- * usage, message_stop. Errors, the key's 401 included, are in Anthropic's
- * shape (routes.c marks the request; http.c writes them).
+ * reading of calls); the writer turns chat_answer.c's parts of its answer
+ * (text, tool calls) into Anthropic's message: text and tool_use content
+ * blocks, stop_reason, stop_sequence and usage; or Anthropic's events:
+ * message_start, ping, content_block_start / content_block_delta
+ * (text_delta, input_json_delta) / content_block_stop per block,
+ * message_delta with the stop_reason and usage, message_stop. Errors, the
+ * key's 401 included, are in Anthropic's shape (routes.c marks the
+ * request; http.c writes them).
  *
  * What was chosen where Anthropic's API is silent or does not fit:
  *   - max_tokens is a ceiling, as Anthropic's documentation says: past the
  *     server's --max-new-tokens it is lowered to it, and the answer may
  *     end at the context's end (stop_reason max_tokens either way), since
  *     agents send 32000 or more whatever the model.
- *   - Which stop sequence ended the answer: the engine does not say, so
- *     without tools the request asks for the stop string in the text
- *     (include_stop_str) and the writer takes it off and names it (a
- *     stream holds back as many bytes as the longest stop sequence until
- *     they cannot be one). With tools the text is chat_tools.c's to read:
- *     stop_sequence is the stop sequence when there is one, else null.
+ *   - Which stop sequence ended the answer: named (chat_answer.c says
+ *     how), and left out of the text, as Anthropic does.
  *   - usage: input_tokens are the prompt's tokens not served from the
  *     prefix cache, cache_read_input_tokens those that were (Anthropic's
  *     split), cache_creation_input_tokens 0.
@@ -53,15 +49,14 @@
  *
  * Offers srv_messages_create and srv_messages_count_tokens (internal/
  * api_messages.h) to routes.c; owns the Anthropic request and answer
- * shapes and a request's msg_answer. Touches api_chat.c's
- * srv_chat_prepare and srv_chat_tokens, chat_tools.c's answer readers,
+ * shapes. Touches api_chat.c's srv_chat_prepare and srv_chat_tokens,
+ * chat_answer.c's parts,
  * request.c's helpers, http.c's named stream events and bridge.c's
  * srv_gen_submit_made.
  */
 #include "internal/api_messages.h"
 #include "internal/api_chat.h"
-#include "internal/api_openai.h"
-#include "internal/chat_tools.h"
+#include "internal/chat_answer.h"
 #include "internal/gen.h"
 #include "internal/http.h"
 #include "internal/request.h"
@@ -566,95 +561,16 @@ static bool read_sampling(srv_conn *c, const cJSON *root, srv_req_ask *a)
            srv_req_get_stops(c, root, "stop_sequences", a) && read_output_config(c, root, a);
 }
 
-/* --- the answer's state -------------------------------------------------------------- */
-
-typedef enum block_kind { BLOCK_NONE, BLOCK_TEXT, BLOCK_TOOL } block_kind;
-
-/* What the writer keeps for a request (srv_req_ask.answer, then g->answer). */
-typedef struct msg_answer {
-    srv_chat_tools *tools; /* chat_tools.c's (NULL: the answer is text), owned */
-    void (*tools_drop)(void *tools);
-    char *stops[SRV_MAX_STOPS]; /* copies, to name the one that ended the answer */
-    size_t n_stops, longest_stop;
-    bool stop_in_text; /* the engine leaves the stop string in the text */
-    /* the stream */
-    bool started;    /* message_start has gone out */
-    block_kind open; /* the content block open now */
-    int blocks;      /* blocks begun so far (the open one's index + 1) */
-    size_t sent;     /* without tools: bytes of the text sent */
-} msg_answer;
-
-static void answer_drop(void *arg)
-{
-    msg_answer *st = arg;
-    if (st->tools_drop)
-        st->tools_drop(st->tools);
-    for (size_t i = 0; i < st->n_stops; i++)
-        free(st->stops[i]);
-    free(st);
-}
-
-/* Wrap a's answer state (chat_tools.c's, or none) in a msg_answer with
- * a's stop sequences; false after the 503. */
-static bool take_answer(srv_conn *c, srv_req_ask *a)
-{
-    msg_answer *st = calloc(1, sizeof *st);
-    if (!st) {
-        srv_req_fail(c, 503, "out of memory");
-        return false;
-    }
-    st->tools = a->answer;
-    st->tools_drop = a->answer_drop;
-    a->answer = st;
-    a->answer_drop = answer_drop;
-    for (size_t i = 0; i < a->n_stops; i++) {
-        if (!(st->stops[i] = strdup(a->stops[i]))) {
-            srv_req_fail(c, 503, "out of memory");
-            return false;
-        }
-        st->n_stops = i + 1;
-        size_t len = strlen(a->stops[i]);
-        st->longest_stop = len > st->longest_stop ? len : st->longest_stop;
-    }
-    st->stop_in_text = st->n_stops > 0 && !st->tools;
-    a->include_stop_str = st->stop_in_text;
-    return true;
-}
-
 /* --- the writer --------------------------------------------------------------------- */
 
-/* How many bytes of choice ch's text are the answer's (a stop sequence
- * left in it taken off) and, when a stop sequence ended it, which one
- * (*stop; NULL: none, or not known). */
-static size_t answer_text(const msg_answer *st, const srv_gen_choice *ch, const char **stop)
+/* Anthropic's stop_reason for how an answer ended. */
+static const char *stop_reason(const srv_chat_end *e)
 {
-    *stop = NULL;
-    if (!ch->ended || ch->why != ENG_FINISH_STOP)
-        return ch->text_len;
-    if (!st->stop_in_text) {
-        if (st->n_stops == 1)
-            *stop = st->stops[0];
-        return ch->text_len;
-    }
-    for (size_t i = 0; i < st->n_stops; i++) {
-        size_t n = strlen(st->stops[i]);
-        if (n <= ch->text_len && memcmp(ch->text + ch->text_len - n, st->stops[i], n) == 0) {
-            *stop = st->stops[i];
-            return ch->text_len - n;
-        }
-    }
-    return ch->text_len;
-}
-
-/* Anthropic's stop_reason for a finish (chat's finish_reason after the
- * tools had their say, and the engine's). */
-static const char *stop_reason(const char *finish, eng_finish why)
-{
-    if (strcmp(finish, "tool_calls") == 0)
+    if (strcmp(e->finish, "tool_calls") == 0)
         return "tool_use";
-    if (why == ENG_FINISH_LENGTH)
+    if (e->why == ENG_FINISH_LENGTH)
         return "max_tokens";
-    return why == ENG_FINISH_STOP ? "stop_sequence" : "end_turn";
+    return e->why == ENG_FINISH_STOP ? "stop_sequence" : "end_turn";
 }
 
 static void add_usage(cJSON *o, const eng_usage *u, int64_t prompt_tokens, int64_t cached)
@@ -666,8 +582,8 @@ static void add_usage(cJSON *o, const eng_usage *u, int64_t prompt_tokens, int64
     cJSON_AddNumberToObject(us, "cache_read_input_tokens", (double)cached);
 }
 
-/* A message object with no content yet (stop_reason NULL: null). */
-static cJSON *message_object(const srv_gen *g, const char *reason, const char *stop)
+/* A message object with no content yet (e NULL: stop_reason null). */
+static cJSON *message_object(const srv_gen *g, const srv_chat_end *e)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", g->oai_id);
@@ -675,71 +591,77 @@ static cJSON *message_object(const srv_gen *g, const char *reason, const char *s
     cJSON_AddStringToObject(o, "role", "assistant");
     cJSON_AddStringToObject(o, "model", g->model_id);
     cJSON_AddArrayToObject(o, "content");
-    if (reason)
-        cJSON_AddStringToObject(o, "stop_reason", reason);
+    if (e)
+        cJSON_AddStringToObject(o, "stop_reason", stop_reason(e));
     else
         cJSON_AddNullToObject(o, "stop_reason");
-    if (stop)
-        cJSON_AddStringToObject(o, "stop_sequence", stop);
+    if (e && e->stop)
+        cJSON_AddStringToObject(o, "stop_sequence", e->stop);
     else
         cJSON_AddNullToObject(o, "stop_sequence");
     return o;
 }
 
-static cJSON *text_block_of(const char *text, size_t len)
+/* A content block beginning: text "", or tool_use with input {} (a
+ * whole answer's is filled in at the part's end, a stream's arrives as
+ * input_json_delta). */
+static cJSON *block_of(srv_chat_part kind, const char *id, const char *name)
 {
     cJSON *b = cJSON_CreateObject();
-    cJSON_AddStringToObject(b, "type", "text");
-    cJSON_AddItemToObject(b, "text", srv_req_json_text(text, len));
+    cJSON_AddStringToObject(b, "type", kind == SRV_PART_CALL ? "tool_use" : "text");
+    if (kind == SRV_PART_CALL) {
+        cJSON_AddStringToObject(b, "id", id);
+        cJSON_AddStringToObject(b, "name", name);
+        cJSON_AddObjectToObject(b, "input");
+    } else {
+        cJSON_AddStringToObject(b, "text", "");
+    }
     return b;
 }
 
-/* A tool_use block; input: the call's arguments (JSON text; NULL: {} for a
- * stream's start, whose input arrives as deltas). */
-static cJSON *tool_use_block(const char *id, const char *name, const char *input)
+/* A whole answer's blocks, built from its parts. */
+typedef struct whole_blocks {
+    cJSON *blocks;
+} whole_blocks;
+
+static void whole_begin(void *ctx, int index, srv_chat_part kind, const char *id, const char *name)
 {
-    cJSON *b = cJSON_CreateObject();
-    cJSON_AddStringToObject(b, "type", "tool_use");
-    cJSON_AddStringToObject(b, "id", id);
-    cJSON_AddStringToObject(b, "name", name);
-    cJSON *parsed = input ? cJSON_Parse(input) : NULL;
-    /* a forced call cut short by max_tokens is no whole object: {} */
-    if (!cJSON_IsObject(parsed)) {
-        cJSON_Delete(parsed);
-        parsed = cJSON_CreateObject();
-    }
-    cJSON_AddItemToObject(b, "input", parsed);
-    return b;
+    (void)index;
+    whole_blocks *wb = ctx;
+    cJSON_AddItemToArray(wb->blocks, block_of(kind, id, name));
 }
+
+static void whole_delta(void *ctx, int index, srv_chat_part kind, const char *text, size_t len)
+{
+    whole_blocks *wb = ctx;
+    cJSON *b = cJSON_GetArrayItem(wb->blocks, index);
+    if (kind == SRV_PART_TEXT) {
+        cJSON_ReplaceItemInObjectCaseSensitive(b, "text", srv_req_json_text(text, len));
+        return;
+    }
+    /* the call's arguments; a forced call cut short by max_tokens is no
+     * whole object, and keeps its input {} */
+    cJSON *input = cJSON_ParseWithLength(text, len);
+    if (cJSON_IsObject(input))
+        cJSON_ReplaceItemInObjectCaseSensitive(b, "input", input);
+    else
+        cJSON_Delete(input);
+}
+
+static void whole_end(void *ctx, int index, srv_chat_part kind)
+{
+    (void)ctx, (void)index, (void)kind;
+}
+
+static const srv_chat_writer whole_writer = {whole_begin, whole_delta, whole_end};
 
 /* The whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
-    const msg_answer *st = g->answer;
-    const srv_gen_choice *ch = &g->choices[0];
-    const char *finish = srv_oai_finish(ch->why), *stop = NULL;
-    size_t len = answer_text(st, ch, &stop);
-    cJSON *blocks = cJSON_CreateArray();
-    if (st->tools) { /* chat's message, then its content and calls as blocks */
-        cJSON *m = cJSON_CreateObject();
-        srv_chat_tools_answer(g, st->tools, 0, m, &finish);
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (cJSON_IsString(content) && (content->valuestring[0] || !calls))
-            cJSON_AddItemToArray(blocks,
-                                 text_block_of(content->valuestring, strlen(content->valuestring)));
-        for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next) {
-            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
-            cJSON_AddItemToArray(blocks,
-                                 tool_use_block(mf_json_str(call, "id"), mf_json_str(fn, "name"),
-                                                mf_json_str(fn, "arguments")));
-        }
-        cJSON_Delete(m);
-    } else {
-        cJSON_AddItemToArray(blocks, text_block_of(ch->text ? ch->text : "", len));
-    }
-    cJSON *o = message_object(g, stop_reason(finish, ch->why), stop);
-    cJSON_ReplaceItemInObjectCaseSensitive(o, "content", blocks);
+    whole_blocks wb = {.blocks = cJSON_CreateArray()};
+    srv_chat_end e = srv_chat_answer_whole(g, &whole_writer, &wb);
+    cJSON *o = message_object(g, &e);
+    cJSON_ReplaceItemInObjectCaseSensitive(o, "content", wb.blocks);
     add_usage(o, u, u->prompt_tokens, u->cached_tokens);
     return o;
 }
@@ -761,138 +683,70 @@ static cJSON *event_of(const char *type)
     return o;
 }
 
-/* message_start (with the prompt's tokens as input_tokens) and a ping,
- * once. */
-static void stream_start(srv_gen *g, srv_conn *c, msg_answer *st)
+/* A stream's writer: ctx is the connection. */
+static void stream_begin(void *ctx, int index, srv_chat_part kind, const char *id, const char *name)
 {
-    if (st->started)
+    cJSON *o = event_of("content_block_start");
+    cJSON_AddNumberToObject(o, "index", index);
+    cJSON_AddItemToObject(o, "content_block", block_of(kind, id, name));
+    send_event(ctx, o);
+}
+
+/* text_delta, or input_json_delta for a tool_use block's input */
+static void stream_delta(void *ctx, int index, srv_chat_part kind, const char *text, size_t len)
+{
+    bool tool = kind == SRV_PART_CALL;
+    cJSON *o = event_of("content_block_delta");
+    cJSON_AddNumberToObject(o, "index", index);
+    cJSON *d = cJSON_AddObjectToObject(o, "delta");
+    cJSON_AddStringToObject(d, "type", tool ? "input_json_delta" : "text_delta");
+    cJSON_AddItemToObject(d, tool ? "partial_json" : "text", srv_req_json_text(text, len));
+    send_event(ctx, o);
+}
+
+static void stream_end(void *ctx, int index, srv_chat_part kind)
+{
+    (void)kind;
+    cJSON *o = event_of("content_block_stop");
+    cJSON_AddNumberToObject(o, "index", index);
+    send_event(ctx, o);
+}
+
+static const srv_chat_writer stream_writer = {stream_begin, stream_delta, stream_end};
+
+/* message_start (with the prompt's tokens as input_tokens) and a ping,
+ * once: the first choice's opened flag says whether they have gone. */
+static void stream_start(srv_gen *g, srv_conn *c)
+{
+    if (g->choices[0].opened)
         return;
-    st->started = true;
+    g->choices[0].opened = true;
     cJSON *o = event_of("message_start");
-    cJSON *m = message_object(g, NULL, NULL);
+    cJSON *m = message_object(g, NULL);
     add_usage(m, NULL, g->n_parts ? g->parts[0].n_tokens : 0, 0);
     cJSON_AddItemToObject(o, "message", m);
     send_event(c, o);
     send_event(c, event_of("ping"));
 }
 
-static void close_block(srv_conn *c, msg_answer *st)
-{
-    if (st->open == BLOCK_NONE)
-        return;
-    cJSON *o = event_of("content_block_stop");
-    cJSON_AddNumberToObject(o, "index", st->blocks - 1);
-    send_event(c, o);
-    st->open = BLOCK_NONE;
-}
-
-/* Close the open block and begin block (consumed), of kind. */
-static void open_block(srv_conn *c, msg_answer *st, block_kind kind, cJSON *block)
-{
-    close_block(c, st);
-    cJSON *o = event_of("content_block_start");
-    cJSON_AddNumberToObject(o, "index", st->blocks++);
-    cJSON_AddItemToObject(o, "content_block", block);
-    send_event(c, o);
-    st->open = kind;
-}
-
-/* A delta of the open block: text_delta (text) or input_json_delta
- * (partial_json). */
-static void send_delta(srv_conn *c, msg_answer *st, const char *text, size_t len)
-{
-    bool tool = st->open == BLOCK_TOOL;
-    cJSON *o = event_of("content_block_delta");
-    cJSON_AddNumberToObject(o, "index", st->blocks - 1);
-    cJSON *d = cJSON_AddObjectToObject(o, "delta");
-    cJSON_AddStringToObject(d, "type", tool ? "input_json_delta" : "text_delta");
-    cJSON_AddItemToObject(d, tool ? "partial_json" : "text", srv_req_json_text(text, len));
-    send_event(c, o);
-}
-
-static void send_text(srv_conn *c, msg_answer *st, const char *text, size_t len)
-{
-    if (len == 0)
-        return;
-    if (st->open != BLOCK_TEXT)
-        open_block(c, st, BLOCK_TEXT, text_block_of("", 0));
-    send_delta(c, st, text, len);
-}
-
-/* chat_tools.c's stream deltas (consumed) as blocks: content as text,
- * a call's first delta (its id and name) a tool_use block, its arguments
- * input_json_delta. */
-static void send_chat_deltas(srv_conn *c, msg_answer *st, cJSON *deltas)
-{
-    for (const cJSON *d = deltas ? deltas->child : NULL; d; d = d->next) {
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(d, "content");
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(d, "tool_calls");
-        if (cJSON_IsString(content))
-            send_text(c, st, content->valuestring, strlen(content->valuestring));
-        for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next) {
-            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
-            const char *id = mf_json_str(call, "id"), *args = mf_json_str(fn, "arguments");
-            if (id)
-                open_block(c, st, BLOCK_TOOL, tool_use_block(id, mf_json_str(fn, "name"), NULL));
-            if (args && args[0] && st->open == BLOCK_TOOL)
-                send_delta(c, st, args, strlen(args));
-        }
-    }
-    cJSON_Delete(deltas);
-}
-
-/* Without tools: the text not yet sent, less (until the end) a tail that
- * may still be a stop sequence left in the text, cut at a character's
- * start so that no delta splits one. */
-static void send_plain(srv_gen *g, srv_conn *c, msg_answer *st, bool end, const char **stop)
-{
-    const srv_gen_choice *ch = &g->choices[0];
-    size_t upto = answer_text(st, ch, stop);
-    if (!end && st->stop_in_text) {
-        upto = upto > st->longest_stop ? upto - st->longest_stop : 0;
-        while (upto > st->sent && ((unsigned char)ch->text[upto] & 0xC0) == 0x80)
-            upto--;
-    }
-    if (upto > st->sent) {
-        send_text(c, st, ch->text + st->sent, upto - st->sent);
-        st->sent = upto;
-    }
-}
-
 static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
                          size_t len)
 {
-    (void)token, (void)text, (void)len; /* the choice's whole text is read */
-    msg_answer *st = g->answer;
-    const char *finish = "stop", *stop;
-    stream_start(g, c, st);
-    if (st->tools)
-        send_chat_deltas(c, st, srv_chat_tools_stream(g, st->tools, i, false, &finish));
-    else
-        send_plain(g, c, st, false, &stop);
+    (void)i, (void)token, (void)text, (void)len; /* the one choice's whole text is read */
+    stream_start(g, c);
+    srv_chat_answer_stream(g, false, &stream_writer, c);
 }
 
 static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage *u)
 {
     (void)why; /* the one choice's own */
-    msg_answer *st = g->answer;
-    const srv_gen_choice *ch = &g->choices[0];
-    const char *finish = srv_oai_finish(ch->why), *stop = NULL;
-    stream_start(g, c, st);
-    if (st->tools) {
-        send_chat_deltas(c, st, srv_chat_tools_stream(g, st->tools, 0, true, &finish));
-        answer_text(st, ch, &stop);
-    } else {
-        send_plain(g, c, st, true, &stop);
-    }
-    if (st->blocks == 0) /* an empty answer is one empty text block, as a whole one is */
-        open_block(c, st, BLOCK_TEXT, text_block_of("", 0));
-    close_block(c, st);
+    stream_start(g, c);
+    srv_chat_end e = srv_chat_answer_stream(g, true, &stream_writer, c);
     cJSON *o = event_of("message_delta");
     cJSON *d = cJSON_AddObjectToObject(o, "delta");
-    cJSON_AddStringToObject(d, "stop_reason", stop_reason(finish, ch->why));
-    if (stop)
-        cJSON_AddStringToObject(d, "stop_sequence", stop);
+    cJSON_AddStringToObject(d, "stop_reason", stop_reason(&e));
+    if (e.stop)
+        cJSON_AddStringToObject(d, "stop_sequence", e.stop);
     else
         cJSON_AddNullToObject(d, "stop_sequence");
     add_usage(o, u, u->prompt_tokens, u->cached_tokens);
@@ -949,7 +803,7 @@ static void messages_route(srv_conn *c, const char *const *fields, bool count)
         srv_chat_prepare(c, chat, &a, &maker);
     if (ok && count)
         srv_chat_tokens(c, a.adapter, maker, count_answer);
-    else if (ok && take_answer(c, &a))
+    else if (ok && srv_chat_answer_take(c, &a))
         srv_gen_submit_made(c, &a, stream ? &msg_stream : &msg_whole, maker);
     else if (ok)
         maker.drop(maker.arg);
