@@ -346,6 +346,30 @@ static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
     return true;
 }
 
+/* --- other APIs' tools --------------------------------------------------------- */
+
+bool srv_chat_read_tools(srv_conn *c, const cJSON *root, cJSON *chat, srv_chat_tool_reader *each)
+{
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!srv_req_is_null(tools) && !cJSON_IsArray(tools)) {
+        srv_req_fail(c, 400, "tools: must be a list");
+        return false;
+    }
+    int n = cJSON_GetArraySize(tools);
+    if (n > SRV_MAX_TOOLS) {
+        srv_req_fail(c, 400, "tools: %d tools; at most %d", n, SRV_MAX_TOOLS);
+        return false;
+    }
+    if (n == 0)
+        return true;
+    cJSON *out = cJSON_AddArrayToObject(chat, "tools");
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, k++)
+        if (!each(c, t, k, out))
+            return false;
+    return true;
+}
+
 /* --- the request -------------------------------------------------------------- */
 
 /* The fields of a chat request other than messages and tools. */

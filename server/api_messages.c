@@ -429,23 +429,8 @@ static bool read_tool_choice(srv_conn *c, const cJSON *tc, cJSON *chat)
 /* tools and tool_choice into chat. */
 static bool read_tools(srv_conn *c, const cJSON *root, cJSON *chat)
 {
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (!srv_req_is_null(tools) && !cJSON_IsArray(tools)) {
-        srv_req_fail(c, 400, "tools: must be a list");
+    if (!srv_chat_read_tools(c, root, chat, read_tool))
         return false;
-    }
-    int n = cJSON_GetArraySize(tools);
-    if (n > SRV_MAX_TOOLS) {
-        srv_req_fail(c, 400, "tools: %d tools; at most %d", n, SRV_MAX_TOOLS);
-        return false;
-    }
-    if (n > 0) {
-        cJSON *out = cJSON_AddArrayToObject(chat, "tools");
-        int k = 0;
-        for (const cJSON *t = tools->child; t; t = t->next, k++)
-            if (!read_tool(c, t, k, out))
-                return false;
-    }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     return srv_req_is_null(tc) || read_tool_choice(c, tc, chat);
 }
@@ -803,7 +788,7 @@ static void messages_route(srv_conn *c, const char *const *fields, bool count)
         srv_chat_prepare(c, chat, &a, &maker);
     if (ok && count)
         srv_chat_tokens(c, a.adapter, maker, count_answer);
-    else if (ok && srv_chat_answer_take(c, &a))
+    else if (ok && srv_chat_answer_take(c, &a, NULL, NULL))
         srv_gen_submit_made(c, &a, stream ? &msg_stream : &msg_whole, maker);
     else if (ok)
         maker.drop(maker.arg);

@@ -47,6 +47,8 @@ struct srv_chat_answer {
     int parts;    /* parts begun */
     size_t sent;  /* without tools: bytes of the text sent */
     size_t calls; /* call parts begun */
+    void *writer; /* the API writer's, owned */
+    void (*writer_drop)(void *writer);
 };
 
 static void answer_drop(void *arg)
@@ -56,16 +58,29 @@ static void answer_drop(void *arg)
         st->tools_drop(st->tools);
     for (size_t i = 0; i < st->n_stops; i++)
         free(st->stops[i]);
+    if (st->writer_drop)
+        st->writer_drop(st->writer);
     free(st);
 }
 
-bool srv_chat_answer_take(srv_conn *c, srv_req_ask *a)
+void *srv_chat_answer_writer(const srv_gen *g)
+{
+    const srv_chat_answer *st = g->answer;
+    return st->writer;
+}
+
+bool srv_chat_answer_take(srv_conn *c, srv_req_ask *a, void *writer,
+                          void (*writer_drop)(void *writer))
 {
     srv_chat_answer *st = calloc(1, sizeof *st);
     if (!st) {
+        if (writer_drop)
+            writer_drop(writer);
         srv_req_fail(c, 503, "out of memory");
         return false;
     }
+    st->writer = writer;
+    st->writer_drop = writer_drop;
     st->tools = a->answer;
     st->tools_drop = a->answer_drop;
     a->answer = st;

@@ -33,6 +33,7 @@
 #include "internal/api_chat.h"
 #include "internal/api_messages.h"
 #include "internal/api_openai.h"
+#include "internal/api_responses.h"
 #include "internal/api_tgi.h"
 #include "internal/http.h"
 #include "internal/metrics.h"
@@ -88,6 +89,7 @@ static const struct {
     {HTTP_POST, "/v1/completions", srv_oai_completions},
     {HTTP_POST, "/v1/chat/completions", srv_chat_completions},
     {HTTP_POST, "/chat_tokenize", srv_chat_tokenize},
+    {HTTP_POST, "/v1/responses", srv_responses_create},
     {HTTP_POST, "/v1/messages", srv_messages_create},
     {HTTP_POST, "/v1/messages/count_tokens", srv_messages_count_tokens},
     {HTTP_GET, "/v1/models", srv_oai_models},

@@ -32,6 +32,11 @@ void srv_chat_templates_free(srv_server *s);
  * stream deltas); each API writes it in its own shape.
  */
 bool srv_chat_prepare(srv_conn *c, const cJSON *chat, srv_req_ask *a, srv_gen_prompt_maker *maker);
+/* An API's "tools" (absent, null, or a list of at most SRV_MAX_TOOLS, each
+ * rewritten by each as a chat tool appended to out) into chat's "tools"
+ * when there are any; false after the 400. */
+typedef bool srv_chat_tool_reader(srv_conn *c, const cJSON *tool, int k, cJSON *out);
+bool srv_chat_read_tools(srv_conn *c, const cJSON *root, cJSON *chat, srv_chat_tool_reader *each);
 /* What a rendered prompt's tokens are answered as: prompt, and tokens
  * (TGI's token list, consumed), into a new object. */
 typedef cJSON *srv_chat_token_answer(const char *prompt, cJSON *tokens);

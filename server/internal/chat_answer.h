@@ -37,8 +37,13 @@ typedef struct srv_chat_answer srv_chat_answer;
  * (a->answer from here on), copying a's stop sequences; without tools,
  * asks for the stop string to be left in the text (include_stop_str), so
  * that the one which ended the answer is known (it is taken out of the
- * parts). Call after srv_chat_prepare. False after the 503. */
-bool srv_chat_answer_take(srv_conn *c, srv_req_ask *a);
+ * parts). writer: the API writer's own state for this answer (NULL: none),
+ * taken (writer_drop frees it with the answer, or at once on failure).
+ * Call after srv_chat_prepare. False after the 503. */
+bool srv_chat_answer_take(srv_conn *c, srv_req_ask *a, void *writer,
+                          void (*writer_drop)(void *writer));
+/* The writer state g's answer holds (srv_chat_answer_take's). */
+void *srv_chat_answer_writer(const srv_gen *g);
 
 /* How an answer ended: chat's finish_reason (srv_oai_finish's, "tool_calls"
  * when calls were made and it ended by itself), and the stop sequence that
