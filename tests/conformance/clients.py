@@ -17,7 +17,10 @@ issue 35's Anthropic Messages API through the official `anthropic` SDK
 (messages.create, messages.stream, a forced tool's tool_use then a
 tool_result turn, count_tokens, stop sequences, a refused block, a wrong
 key), each compared with chat completions' answer to the same
-conversation. The model's weights are
+conversation; and the Responses API through the openai SDK
+(responses.create, responses.stream and its event helpers, function tools
+with a function_call_output second turn, text.format json_schema and
+json_object, refusals). The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -745,6 +748,118 @@ def hf_api_key():
         assert e.response.status_code == 401, e.response.status_code
         return
     raise AssertionError("a wrong key was accepted")
+
+
+# --- OpenAI SDK: the Responses API ------------------------------------------------
+
+RESP_TOOLS = [{"type": "function", "name": t["function"]["name"],
+               "description": t["function"].get("description", ""),
+               "parameters": t["function"]["parameters"], "strict": True} for t in TOOLS]
+
+
+@check
+def oai_responses_create():
+    r = OAI.responses.create(model=ARGS.model, instructions="You are terse.", input="Say hello.",
+                             max_output_tokens=8, temperature=0)
+    assert r.object == "response" and r.model == ARGS.model, r
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+    # chat completions' greedy answer to the same conversation
+    assert r.output_text == chat_greedy(SYSTEM_USER, 8), (r.output_text, chat_greedy(SYSTEM_USER, 8))
+    assert r.usage.input_tokens == chat_prompt_tokens(SYSTEM_USER), r.usage
+    assert r.usage.output_tokens == 8 and r.usage.total_tokens == r.usage.input_tokens + 8, r.usage
+    # input as items, developer as system: the same prompt
+    r2 = OAI.responses.create(model=ARGS.model, max_output_tokens=8, temperature=0, input=[
+        {"role": "developer", "content": "You are terse."},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Say hello."}]}])
+    assert r2.output_text == r.output_text, (r2.output_text, r.output_text)
+
+
+@check
+def oai_responses_stream():
+    whole = OAI.responses.create(model=ARGS.model, input="Say hello.", max_output_tokens=10,
+                                 temperature=0)
+    with OAI.responses.stream(model=ARGS.model, input="Say hello.", max_output_tokens=10,
+                              temperature=0) as stream:
+        events = list(stream)
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"], types
+    assert types[-1] == "response.incomplete", types  # cut by max_output_tokens
+    assert [e.sequence_number for e in events] == list(range(len(events))), "sequence_number"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text, (text, whole.output_text)
+    # a stream that completes (the schema ends the answer): the helpers' final response
+    with OAI.responses.stream(model=ARGS.model, input="A pet.", max_output_tokens=200,
+                              temperature=1, text={"format": {
+                                  "type": "json_schema", "name": "pet", "schema": PET_SCHEMA,
+                                  "strict": True}}) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed", final
+    jsonschema.validate(json.loads(final.output_text), PET_SCHEMA)
+
+
+@check
+def oai_responses_text_format():
+    r = OAI.responses.create(model=ARGS.model, input="A pet.", max_output_tokens=200,
+                             temperature=1, text={"format": {
+                                 "type": "json_schema", "name": "pet", "schema": PET_SCHEMA,
+                                 "strict": True}})
+    assert r.status == "completed", r
+    jsonschema.validate(json.loads(r.output_text), PET_SCHEMA)
+    r = OAI.responses.create(model=ARGS.model, input="An object.", max_output_tokens=200,
+                             temperature=1, text={"format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.output_text), dict), r.output_text
+
+
+@check
+def oai_responses_function_tools():
+    ask = dict(model=ARGS.model, input=[{"role": "user", "content": "Weather in Oslo?"}],
+               tools=RESP_TOOLS, max_output_tokens=200, temperature=0)
+    r = OAI.responses.create(tool_choice="required", parallel_tool_calls=False, **ask)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1, r.output
+    check_tool_call(calls[0].call_id, calls[0].name, calls[0].arguments)
+    # named, streamed: the arguments' deltas join to the done event's and the whole call's
+    named = dict(ask, tool_choice={"type": "function", "name": "get_weather"})
+    whole = OAI.responses.create(**named)
+    with OAI.responses.stream(**named) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events
+                     if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and done[0].arguments == deltas, (done, deltas)
+    fc = [o for o in final.output if o.type == "function_call"]
+    wc = [o for o in whole.output if o.type == "function_call"]
+    assert len(fc) == 1 and fc[0].arguments == deltas == wc[0].arguments, (fc, wc, deltas)
+    check_tool_call(fc[0].call_id, fc[0].name, fc[0].arguments)
+    # the second turn: the call as it came back, and its output
+    turn = ask["input"] + [calls[0].model_dump(exclude_none=True),
+                           {"type": "function_call_output", "call_id": calls[0].call_id,
+                            "output": "12 C, rain"}]
+    second = OAI.responses.create(**dict(ask, input=turn, max_output_tokens=8))
+    assert second.output_text and second.status == "incomplete", second
+    # which is chat's answer to the same conversation
+    chat = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": calls[0].call_id, "type": "function",
+                 "function": {"name": calls[0].name, "arguments": calls[0].arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].call_id, "content": "12 C, rain"}]
+    assert second.output_text == chat_greedy(chat, 8, tools=TOOLS), second.output_text
+
+
+@check
+def oai_responses_refusals():
+    for extra, word in ((dict(previous_response_id="resp-1"), "previous_response_id"),
+                        (dict(background=True), "background"),
+                        (dict(tools=[{"type": "web_search"}]), "web_search")):
+        try:
+            OAI.responses.create(model=ARGS.model, input="Hi", max_output_tokens=2, **extra)
+        except openai.BadRequestError as e:
+            assert word in str(e), e
+            continue
+        raise AssertionError("%s was accepted" % word)
 
 
 # --- anthropic: the Messages API ------------------------------------------------
