@@ -28,22 +28,31 @@
  * response.output_item.done; then response.completed, or
  * response.incomplete when cut.
  *
+ * store (OpenAI's default true) keeps the finished response in the
+ * server's bounded store (responses_store.c: by count and bytes, least
+ * recently used dropped first), with its conversation as chat messages:
+ * GET /v1/responses/{id} answers it again, DELETE forgets it, and
+ * previous_response_id puts its conversation (its input and output, not
+ * its instructions, as OpenAI does) before the new input; an id not kept
+ * is a 404 in OpenAI's shape.
+ *
  * What was chosen where OpenAI leaves it open or this server cannot
- * follow: ids are "resp-N" (the answer's), "msg_N_K" and "fc_" and the
- * call's id; without max_output_tokens the answer may fill the context
- * (chat's default). Not implemented, refused by name: previous_response_id,
- * conversation, background, prompt, reasoning (other than null), item types
- * other than message, function_call and function_call_output, content
- * parts other than text (input_image, input_file, input_audio), tools
- * other than function tools (web_search, file_search, mcp, ...),
- * top_logprobs. Accepted and ignored: store (nothing is stored: store true
- * is answered as false), metadata, user, safety_identifier,
+ * follow: ids are "resp-N" (the answer's; N restarts with the server, as
+ * the store does), "msg_N_K" and "fc_" and the call's id; without
+ * max_output_tokens the answer may fill the context (chat's default). Not
+ * implemented, refused by name: conversation, background, prompt,
+ * reasoning (other than null), item types other than message,
+ * function_call and function_call_output, content parts other than text
+ * (input_image, input_file, input_audio), tools other than function tools
+ * (web_search, file_search, mcp, ...), top_logprobs. Accepted and ignored:
+ * metadata (repeated, not searched), user, safety_identifier,
  * prompt_cache_key, service_tier, truncation "disabled", include [] and
  * text.verbosity.
  *
- * Offers srv_responses_create (internal/api_responses.h) to routes.c; owns
- * the Responses request and answer shapes and a request's resp_writer.
- * Touches api_chat.c's srv_chat_prepare, chat_answer.c's parts,
+ * Offers srv_responses_create, srv_responses_get and srv_responses_delete
+ * (internal/api_responses.h) to routes.c; owns the Responses request and
+ * answer shapes and a request's resp_writer. Touches api_chat.c's
+ * srv_chat_prepare, chat_answer.c's parts, responses_store.c,
  * request.c's helpers, http.c's named stream events and bridge.c's
  * srv_gen_submit_made.
  */
@@ -53,7 +62,7 @@
 #include "internal/gen.h"
 #include "internal/http.h"
 #include "internal/request.h"
-#include "internal/tool_calls.h"
+#include "internal/responses_store.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -196,7 +205,34 @@ static bool output_item(srv_conn *c, const cJSON *it, const char *where, cJSON *
     return true;
 }
 
-/* instructions and input into chat's "messages". */
+/* previous_response_id's conversation (the stored response's input and
+ * output as chat messages, its instructions not carried over, as OpenAI
+ * does) appended to list; a 404 when it is not stored. */
+static bool previous_conversation(srv_conn *c, const cJSON *root, cJSON *list)
+{
+    const char *previous = NULL;
+    if (!srv_req_get_string(c, root, "previous_response_id", &previous))
+        return false;
+    if (!previous)
+        return true;
+    char *text = NULL;
+    if (!srv_resp_store_get(c->s->responses, previous, NULL, &text)) {
+        srv_req_fail(c, 404,
+                     "previous_response_id: no stored response %s (stored responses are kept in "
+                     "memory, the least recently used dropped first)",
+                     previous);
+        return false;
+    }
+    cJSON *messages = cJSON_Parse(text);
+    free(text);
+    for (cJSON *m; messages && (m = cJSON_DetachItemFromArray(messages, 0));)
+        cJSON_AddItemToArray(list, m);
+    cJSON_Delete(messages);
+    return true;
+}
+
+/* instructions, previous_response_id's conversation and input into chat's
+ * "messages". */
 static bool read_input(srv_conn *c, const cJSON *root, cJSON *chat)
 {
     cJSON *list = cJSON_AddArrayToObject(chat, "messages");
@@ -209,6 +245,8 @@ static bool read_input(srv_conn *c, const cJSON *root, cJSON *chat)
         cJSON_AddStringToObject(m, "content", instructions);
         cJSON_AddItemToArray(list, m);
     }
+    if (!previous_conversation(c, root, list))
+        return false;
     const cJSON *input = cJSON_GetObjectItemCaseSensitive(root, "input");
     if (cJSON_IsString(input)) {
         cJSON *m = cJSON_CreateObject();
@@ -346,8 +384,7 @@ static bool read_text_format(srv_conn *c, const cJSON *root, srv_req_ask *a)
 /* Fields a Responses body may carry that this server does not implement. */
 static bool refuse_unimplemented(srv_conn *c, const cJSON *root)
 {
-    static const char *const refused[] = {"previous_response_id", "conversation", "prompt",
-                                          "top_logprobs"};
+    static const char *const refused[] = {"conversation", "prompt", "top_logprobs"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (!srv_req_is_null(cJSON_GetObjectItemCaseSensitive(root, refused[i]))) {
             srv_req_fail(c, 400, "%s: not supported by this server", refused[i]);
@@ -409,6 +446,11 @@ typedef struct resp_writer {
     size_t part_len, part_cap;
     char call_id[64], name[72]; /* the open call part's */
     bool grow_failed;
+    /* store: where the finished response goes (NULL: not stored), with
+     * its conversation so far (chat messages: the previous response's and
+     * this input, without instructions) */
+    srv_resp_store *store;
+    cJSON *conversation;
 } resp_writer;
 
 static void writer_drop(void *arg)
@@ -416,12 +458,15 @@ static void writer_drop(void *arg)
     resp_writer *w = arg;
     cJSON_Delete(w->echo);
     cJSON_Delete(w->items);
+    cJSON_Delete(w->conversation);
     free(w->part);
     free(w);
 }
 
-/* The request's fields the response repeats, read from root (checked). */
-static resp_writer *writer_new(const cJSON *root)
+/* The request's fields the response repeats, read from root (checked),
+ * and, when it is to be stored in store, its conversation: chat's
+ * messages without the instructions. */
+static resp_writer *writer_new(const cJSON *root, const cJSON *chat, srv_resp_store *store)
 {
     static const char *const echoed[] = {"instructions",
                                          "max_output_tokens",
@@ -432,7 +477,8 @@ static resp_writer *writer_new(const cJSON *root)
                                          "top_p",
                                          "text",
                                          "metadata",
-                                         "user"};
+                                         "user",
+                                         "previous_response_id"};
     resp_writer *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
@@ -444,7 +490,66 @@ static resp_writer *writer_new(const cJSON *root)
         if (v)
             cJSON_AddItemToObject(w->echo, echoed[i], cJSON_Duplicate(v, true));
     }
+    if (store) {
+        w->store = store;
+        w->conversation = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(chat, "messages"), true);
+        if (!srv_req_is_null(cJSON_GetObjectItemCaseSensitive(root, "instructions")))
+            cJSON_DeleteItemFromArray(w->conversation, 0);
+    }
     return w;
+}
+
+/* r's output items as the assistant message of a conversation. */
+static cJSON *assistant_of(const cJSON *r)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "content", "");
+    cJSON *calls = cJSON_CreateArray();
+    const cJSON *item;
+    cJSON_ArrayForEach (item, cJSON_GetObjectItemCaseSensitive(r, "output")) {
+        const char *type = mf_json_str(item, "type");
+        if (type && strcmp(type, "message") == 0) {
+            const cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(item, "content"), 0);
+            cJSON_ReplaceItemInObjectCaseSensitive(
+                m, "content", cJSON_Duplicate(cJSON_GetObjectItem(part, "text"), true));
+            continue;
+        }
+        cJSON *args = cJSON_Parse(mf_json_str(item, "arguments"));
+        if (!cJSON_IsObject(args)) { /* cut short by max_output_tokens */
+            cJSON_Delete(args);
+            args = cJSON_CreateObject();
+        }
+        cJSON *call = cJSON_CreateObject();
+        cJSON_AddStringToObject(call, "id", mf_json_str(item, "call_id"));
+        cJSON_AddStringToObject(call, "type", "function");
+        cJSON *fn = cJSON_AddObjectToObject(call, "function");
+        cJSON_AddStringToObject(fn, "name", mf_json_str(item, "name"));
+        cJSON_AddItemToObject(fn, "arguments", args);
+        cJSON_AddItemToArray(calls, call);
+    }
+    if (cJSON_GetArraySize(calls) > 0)
+        cJSON_AddItemToObject(m, "tool_calls", calls);
+    else
+        cJSON_Delete(calls);
+    return m;
+}
+
+/* Keep the finished response r, and its conversation with r's output as
+ * the assistant's turn, when the request asked for it. Any thread: reads
+ * w, which nothing changes once the answer has ended. */
+static void store_response(const srv_gen *g, const resp_writer *w, const cJSON *r)
+{
+    if (!w->store || !w->conversation)
+        return;
+    cJSON *conversation = cJSON_Duplicate(w->conversation, true);
+    cJSON_AddItemToArray(conversation, assistant_of(r));
+    char *response = cJSON_PrintUnformatted(r), *messages = cJSON_PrintUnformatted(conversation);
+    if (response && messages)
+        srv_resp_store_put(w->store, g->oai_id, response, messages);
+    free(response);
+    free(messages);
+    cJSON_Delete(conversation);
 }
 
 /* --- the writer ------------------------------------------------------------------- */
@@ -484,8 +589,9 @@ static cJSON *response_object(const srv_gen *g, const srv_chat_end *e, cJSON *ou
         cJSON_AddTrueToObject(o, "parallel_tool_calls");
     if (!cJSON_GetObjectItemCaseSensitive(o, "metadata"))
         cJSON_AddObjectToObject(o, "metadata");
-    cJSON_AddNullToObject(o, "previous_response_id");
-    cJSON_AddFalseToObject(o, "store"); /* nothing is kept */
+    if (!cJSON_GetObjectItemCaseSensitive(o, "previous_response_id"))
+        cJSON_AddNullToObject(o, "previous_response_id");
+    cJSON_AddBoolToObject(o, "store", w->store != NULL);
     if (u) {
         cJSON *us = cJSON_AddObjectToObject(o, "usage");
         cJSON_AddNumberToObject(us, "input_tokens", u->prompt_tokens);
@@ -584,7 +690,9 @@ static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
     whole_items wi = {.g = g, .items = cJSON_CreateArray()};
     srv_chat_end e = srv_chat_answer_whole(g, &whole_writer, &wi);
-    return response_object(g, &e, wi.items, u);
+    cJSON *r = response_object(g, &e, wi.items, u);
+    store_response(g, srv_chat_answer_writer(g), r);
+    return r;
 }
 
 /* --- the stream -------------------------------------------------------------------- */
@@ -753,6 +861,7 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     cJSON *items = sc.w->items;
     sc.w->items = NULL;
     cJSON *r = response_object(g, &e, items, u);
+    store_response(g, sc.w, r);
     bool cut = e.why == ENG_FINISH_LENGTH;
     cJSON *o = event_of(cut ? "response.incomplete" : "response.completed", -1);
     cJSON_AddItemToObject(o, "response", r);
@@ -808,7 +917,7 @@ void srv_responses_create(srv_conn *c, const char *name)
     if (!root)
         return;
     srv_req_ask a = {0};
-    bool stream = false, store = false;
+    bool stream = false, store = true;
     const char *model = NULL;
     cJSON *chat = cJSON_CreateObject();
     srv_gen_prompt_maker maker;
@@ -821,7 +930,8 @@ void srv_responses_create(srv_conn *c, const char *name)
         a.adapter = srv_req_adapter_named(c, model);
         ok = srv_chat_prepare(c, chat, &a, &maker);
     }
-    resp_writer *w = ok ? writer_new(root) : NULL;
+    /* OpenAI's default: stored */
+    resp_writer *w = ok ? writer_new(root, chat, store ? c->s->responses : NULL) : NULL;
     if (ok && !w) {
         maker.drop(maker.arg);
         srv_req_fail(c, 503, "out of memory");
@@ -833,4 +943,29 @@ void srv_responses_create(srv_conn *c, const char *name)
     cJSON_Delete(chat);
     srv_req_ask_free(&a);
     cJSON_Delete(root);
+}
+
+/* GET /v1/responses/{id}: a stored response as it was answered. */
+void srv_responses_get(srv_conn *c, const char *name)
+{
+    char *text = NULL;
+    if (!srv_resp_store_get(c->s->responses, name, &text, NULL)) {
+        srv_req_fail(c, 404, "Response with id '%s' not found.", name);
+        return;
+    }
+    srv_http_respond_json_owned(c, 200, text);
+}
+
+/* DELETE /v1/responses/{id}: forget a stored response. */
+void srv_responses_delete(srv_conn *c, const char *name)
+{
+    if (!srv_resp_store_delete(c->s->responses, name)) {
+        srv_req_fail(c, 404, "Response with id '%s' not found.", name);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", name);
+    cJSON_AddStringToObject(o, "object", "response");
+    cJSON_AddTrueToObject(o, "deleted");
+    srv_req_respond_cjson(c, 200, o);
 }

@@ -90,6 +90,8 @@ static const struct {
     {HTTP_POST, "/v1/chat/completions", srv_chat_completions},
     {HTTP_POST, "/chat_tokenize", srv_chat_tokenize},
     {HTTP_POST, "/v1/responses", srv_responses_create},
+    {HTTP_GET, "/v1/responses/{name}", srv_responses_get},
+    {HTTP_DELETE, "/v1/responses/{name}", srv_responses_delete},
     {HTTP_POST, "/v1/messages", srv_messages_create},
     {HTTP_POST, "/v1/messages/count_tokens", srv_messages_count_tokens},
     {HTTP_GET, "/v1/models", srv_oai_models},

@@ -280,6 +280,10 @@ struct srv_server {
      * srv_serve (a seam user may leave it NULL: grammars are then
      * compiled per request) */
     gr_cache *grammars;
+    /* the Responses API's stored responses (internal/responses_store.h),
+     * made by srv_serve (a seam user may leave it NULL: nothing is then
+     * stored, and a stored id is never found) */
+    struct srv_resp_store *responses;
     char model_id[160];
     double started_at; /* unix time */
     /* the port listened on (0 for a seam user: any port in a Host header

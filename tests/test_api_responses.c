@@ -11,9 +11,13 @@
  * max_output_tokens; a stream is OpenAI's named events, numbered from 0
  * without gaps, whose text deltas join to the whole answer and whose call
  * argument deltas join to the call's arguments; text.format json_schema
- * constrains the answer; a named function is one function_call item; and
- * the fields not implemented are refused by name.
+ * constrains the answer; a named function is one function_call item; a
+ * stored response is answered again by GET, forgotten by DELETE and
+ * continued by previous_response_id as chat's answer to the whole
+ * conversation; the store keeps its bounds, dropping the least recently
+ * used; and the fields not implemented are refused by name.
  */
+#include "internal/responses_store.h"
 #include "tiny_server.h"
 
 /* Each message's role and content, an assistant's calls and a tool
@@ -228,8 +232,6 @@ Test(responses, text_format_json_schema_constrains_the_answer)
 Test(responses, fields_not_implemented_are_refused_by_name)
 {
     const char *p = "/v1/responses";
-    ts_refused(p, "{\"model\": \"tiny\", \"input\": \"x\", \"previous_response_id\": \"resp-1\"}",
-               "previous_response_id: not supported");
     ts_refused(p, "{\"model\": \"tiny\", \"input\": \"x\", \"background\": true}",
                "background: not supported");
     ts_refused(p,
@@ -248,4 +250,119 @@ Test(responses, fields_not_implemented_are_refused_by_name)
                "{\"model\": \"tiny\", \"input\": \"x\", \"text\": {\"format\": {\"type\": "
                "\"json_schema\", \"name\": \"n\"}}}",
                "text.format must be text, json_object, or json_schema with a \"schema\"");
+}
+
+Test(responses, a_stored_response_is_read_again_continued_and_deleted)
+{
+    cJSON *first =
+        ts_ok("/v1/responses", "{\"model\": \"tiny\", \"instructions\": \"Be brief.\", \"input\": "
+                               "\"Rain?\", \"max_output_tokens\": 6, \"temperature\": 0}");
+    const char *id = sp_str_at(first, "id");
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(first, "store")));
+    char text[256], path[256];
+    output_text(first, text, sizeof text);
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    hc_response r = sp_request("GET", path, NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *again = sp_json(r.body);
+    cr_assert(cJSON_Compare(again, first, true), "GET answers the response as it was");
+    cJSON_Delete(again);
+    hc_response_free(&r);
+
+    /* continued: chat's answer to the conversation (instructions not carried) */
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"model\": \"tiny\", \"previous_response_id\": \"%s\", \"input\": \"So?\", "
+             "\"max_output_tokens\": 6, \"temperature\": 0}",
+             id);
+    cJSON *second = ts_ok("/v1/responses", body);
+    cr_assert_str_eq(sp_str_at(second, "previous_response_id"), id);
+    cJSON *messages = cJSON_CreateArray();
+    const char *turns[][2] = {{"user", "Rain?"}, {"assistant", text}, {"user", "So?"}};
+    for (size_t i = 0; i < 3; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", turns[i][0]);
+        cJSON_AddStringToObject(m, "content", turns[i][1]);
+        cJSON_AddItemToArray(messages, m);
+    }
+    cJSON *chat_body = cJSON_CreateObject();
+    cJSON_AddStringToObject(chat_body, "model", "tiny");
+    cJSON_AddItemToObject(chat_body, "messages", messages);
+    cJSON_AddNumberToObject(chat_body, "max_tokens", 6);
+    cJSON_AddNumberToObject(chat_body, "temperature", 0);
+    char *chat_text = cJSON_PrintUnformatted(chat_body);
+    cJSON *chat = ts_ok("/v1/chat/completions", chat_text);
+    char continued[256];
+    output_text(second, continued, sizeof continued);
+    const cJSON *message =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(chat, "choices"), 0), "message");
+    cr_assert_str_eq(continued, sp_str_at(message, "content"));
+    cr_assert_eq(sp_num_at(cJSON_GetObjectItem(second, "usage"), "input_tokens"),
+                 sp_num_at(cJSON_GetObjectItem(chat, "usage"), "prompt_tokens"));
+
+    r = sp_request("DELETE", path, NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *deleted = sp_json(r.body);
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(deleted, "deleted")));
+    cJSON_Delete(deleted);
+    hc_response_free(&r);
+    r = sp_request("GET", path, NULL, NULL);
+    cr_assert_eq(r.status, 404, "%s", r.body);
+    hc_response_free(&r);
+    int got;
+    char *refused = sp_answer("/v1/responses", body, &got);
+    cr_assert_eq(got, 404, "%s", refused);
+    cr_assert(strstr(refused, "previous_response_id: no stored response"), "%s", refused);
+    free(refused);
+
+    /* store false: nothing kept */
+    cJSON *unstored = ts_ok("/v1/responses", "{\"model\": \"tiny\", \"input\": \"Hi\", "
+                                             "\"max_output_tokens\": 2, \"store\": false}");
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItem(unstored, "store")));
+    snprintf(path, sizeof path, "/v1/responses/%s", sp_str_at(unstored, "id"));
+    r = sp_request("GET", path, NULL, NULL);
+    cr_assert_eq(r.status, 404, "%s", r.body);
+    hc_response_free(&r);
+    cJSON_Delete(unstored);
+    free(chat_text);
+    cJSON_Delete(chat_body);
+    cJSON_Delete(chat);
+    cJSON_Delete(second);
+    cJSON_Delete(first);
+}
+
+/* The store alone: its bounds and its order of use. */
+Test(responses_store, keeps_its_bounds_dropping_the_least_recently_used)
+{
+    srv_resp_store *st = srv_resp_store_new(3, 4096);
+    cr_assert(st);
+    char id[8];
+    for (int i = 0; i < 3; i++) {
+        snprintf(id, sizeof id, "r%d", i);
+        cr_assert(srv_resp_store_put(st, id, "{}", "[]"));
+    }
+    char *response = NULL, *conversation = NULL;
+    cr_assert(srv_resp_store_get(st, "r0", &response, &conversation)); /* r0 now the newest */
+    cr_assert_str_eq(response, "{}");
+    cr_assert_str_eq(conversation, "[]");
+    free(response);
+    free(conversation);
+    cr_assert(srv_resp_store_put(st, "r3", "{}", "[]")); /* count: r1 goes */
+    cr_assert_not(srv_resp_store_get(st, "r1", NULL, NULL));
+    cr_assert(srv_resp_store_get(st, "r0", NULL, NULL));
+    cr_assert(srv_resp_store_get(st, "r2", NULL, NULL));
+    /* a fourth again: the least recently used (r3) goes, not r2 just read */
+    static char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    cr_assert(srv_resp_store_put(st, "big", big, "[]"));
+    cr_assert(srv_resp_store_get(st, "big", NULL, NULL));
+    cr_assert(srv_resp_store_get(st, "r2", NULL, NULL), "the most recently used stays");
+    cr_assert_not(srv_resp_store_get(st, "r3", NULL, NULL), "the least recently used went");
+    /* one past the whole byte bound is not kept at all */
+    static char huge[5000];
+    memset(huge, 'x', sizeof huge - 1);
+    cr_assert_not(srv_resp_store_put(st, "huge", huge, "[]"));
+    cr_assert(srv_resp_store_delete(st, "big"));
+    cr_assert_not(srv_resp_store_delete(st, "big"));
+    srv_resp_store_free(st);
 }

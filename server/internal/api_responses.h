@@ -8,5 +8,7 @@
 #include "routes.h"
 
 srv_route_handler srv_responses_create; /* POST /v1/responses */
+srv_route_handler srv_responses_get;    /* GET /v1/responses/{id} */
+srv_route_handler srv_responses_delete; /* DELETE /v1/responses/{id} */
 
 #endif

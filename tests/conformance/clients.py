@@ -20,7 +20,7 @@ key), each compared with chat completions' answer to the same
 conversation; and the Responses API through the openai SDK
 (responses.create, responses.stream and its event helpers, function tools
 with a function_call_output second turn, text.format json_schema and
-json_object, refusals). The model's weights are
+json_object, previous_response_id with retrieve and delete, refusals). The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -850,9 +850,41 @@ def oai_responses_function_tools():
 
 
 @check
+def oai_responses_previous_response_id():
+    first = OAI.responses.create(model=ARGS.model, instructions="You are terse.",
+                                 input="Say hello.", max_output_tokens=6, temperature=0)
+    assert first.store is True, first.store
+    again = OAI.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text, again
+    second = OAI.responses.create(model=ARGS.model, previous_response_id=first.id,
+                                  input="Once more.", max_output_tokens=6, temperature=0)
+    assert second.previous_response_id == first.id, second
+    # chat's answer to the whole conversation (the instructions are not carried over)
+    chat = [{"role": "user", "content": "Say hello."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "Once more."}]
+    assert second.output_text == chat_greedy(chat, 6), (second.output_text, chat_greedy(chat, 6))
+    assert second.usage.input_tokens == chat_prompt_tokens(chat), second.usage
+    # streamed, continuing the second
+    with OAI.responses.stream(model=ARGS.model, previous_response_id=second.id, input="Bye.",
+                              max_output_tokens=4, temperature=0) as stream:
+        last = list(stream)[-1]
+    assert last.response.previous_response_id == second.id, last
+    OAI.responses.delete(first.id)
+    for call in (lambda: OAI.responses.retrieve(first.id),
+                 lambda: OAI.responses.create(model=ARGS.model, previous_response_id=first.id,
+                                              input="x", max_output_tokens=2)):
+        try:
+            call()
+        except openai.NotFoundError as e:
+            assert e.status_code == 404 and first.id in str(e), e
+            continue
+        raise AssertionError("a deleted response was found")
+
+
+@check
 def oai_responses_refusals():
-    for extra, word in ((dict(previous_response_id="resp-1"), "previous_response_id"),
-                        (dict(background=True), "background"),
+    for extra, word in ((dict(background=True), "background"),
                         (dict(tools=[{"type": "web_search"}]), "web_search")):
         try:
             OAI.responses.create(model=ARGS.model, input="Hi", max_output_tokens=2, **extra)
