@@ -346,6 +346,30 @@ static bool prompt_maker(srv_conn *c, const cJSON *root, const char *adapter,
     return true;
 }
 
+/* --- other APIs' tools --------------------------------------------------------- */
+
+bool srv_chat_read_tools(srv_conn *c, const cJSON *root, cJSON *chat, srv_chat_tool_reader *each)
+{
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (!srv_req_is_null(tools) && !cJSON_IsArray(tools)) {
+        srv_req_fail(c, 400, "tools: must be a list");
+        return false;
+    }
+    int n = cJSON_GetArraySize(tools);
+    if (n > SRV_MAX_TOOLS) {
+        srv_req_fail(c, 400, "tools: %d tools; at most %d", n, SRV_MAX_TOOLS);
+        return false;
+    }
+    if (n == 0)
+        return true;
+    cJSON *out = cJSON_AddArrayToObject(chat, "tools");
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next, k++)
+        if (!each(c, t, k, out))
+            return false;
+    return true;
+}
+
 /* --- the request -------------------------------------------------------------- */
 
 /* The fields of a chat request other than messages and tools. */
@@ -415,9 +439,8 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const cha
     /* response_format first: a forced tool call refuses a second grammar */
     if (!srv_oai_stream_options(c, root, a) ||
         !srv_req_get_grammar(c, root, "response_format", "response_format", a) ||
-        !srv_req_get_guided(c, root, a) || !srv_chat_tools_read(c, root, a))
+        !srv_req_get_guided(c, root, a))
         return false;
-    a->templated = true;
     a->fill_context = !has_max && !has_max_tokens;
     return true;
 }
@@ -496,7 +519,7 @@ static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
         cJSON *message;
         if (g->answer) { /* tools: the text read for calls */
             message = message_body("assistant", NULL, 0);
-            srv_chat_tools_answer(g, i, message, &finish);
+            srv_chat_tools_answer(g, g->answer, i, message, &finish);
         } else {
             message = message_body("assistant", ch->text ? ch->text : "", ch->text_len);
         }
@@ -523,7 +546,7 @@ static void stream_tools(srv_gen *g, srv_conn *c, int32_t i, bool token, bool en
 {
     const srv_gen_choice *ch = &g->choices[i];
     const char *finish = srv_oai_finish(ch->why);
-    cJSON *deltas = srv_chat_tools_stream(g, i, end, &finish);
+    cJSON *deltas = srv_chat_tools_stream(g, g->answer, i, end, &finish);
     bool lp = g->logprobs && token && ch->n_tokens;
     for (cJSON *d; deltas && (d = cJSON_DetachItemFromArray(deltas, 0));) {
         cJSON *logprobs = lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL;
@@ -602,11 +625,20 @@ static cJSON *read_chat(srv_conn *c, srv_req_ask *a, bool *stream, srv_gen_promp
         return NULL;
     }
     a->adapter = srv_req_adapter_named(c, model);
-    if (!prompt_maker(c, root, a->adapter, maker)) {
+    if (!srv_chat_prepare(c, root, a, maker)) {
         cJSON_Delete(root);
         return NULL;
     }
     return root;
+}
+
+bool srv_chat_prepare(srv_conn *c, const cJSON *chat, srv_req_ask *a, srv_gen_prompt_maker *maker)
+{
+    /* after any response_format: a forced tool call refuses a second grammar */
+    if (!srv_chat_tools_read(c, chat, a))
+        return false;
+    a->templated = true;
+    return prompt_maker(c, chat, a->adapter, maker);
 }
 
 /* /chat_tokenize's work: the template rendered, its text tokenized and
@@ -614,8 +646,18 @@ static cJSON *read_chat(srv_conn *c, srv_req_ask *a, bool *stream, srv_gen_promp
 typedef struct chat_tokens {
     srv_gen_prompt_maker maker;
     char adapter[128]; /* the adapter "model" names ("": the base model) */
-    char *answer;      /* the JSON text answered */
+    srv_chat_token_answer *shape;
+    char *answer; /* the JSON text answered */
 } chat_tokens;
+
+/* /chat_tokenize's answer: the text and TGI's token list. */
+static cJSON *tokenize_answer(const char *prompt, cJSON *tokens)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "tokenize_response", tokens);
+    cJSON_AddStringToObject(o, "templated_text", prompt);
+    return o;
+}
 
 static void chat_tokens_run(srv_pool_job *w)
 {
@@ -633,9 +675,7 @@ static void chat_tokens_run(srv_pool_job *w)
         w->rc = srv_tgi_tokenize_spans(w->s->model.tok, prompt, strlen(prompt), &want, &tokens,
                                        w->msg, sizeof w->msg);
     if (w->rc == QL_OK) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "tokenize_response", tokens);
-        cJSON_AddStringToObject(o, "templated_text", prompt);
+        cJSON *o = ct->shape(prompt, tokens);
         ct->answer = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
         if (!ct->answer)
@@ -658,43 +698,50 @@ static void chat_tokens_done(srv_pool_job *w)
     free(ct);
 }
 
-/* POST /chat_tokenize (TGI's): what the model would be fed for this chat
- * request, as text and as TGI's token list. */
-void srv_chat_tokenize(srv_conn *c, const char *name)
+void srv_chat_tokens(srv_conn *c, const char *adapter, srv_gen_prompt_maker maker,
+                     srv_chat_token_answer *shape)
 {
-    (void)name;
-    srv_req_ask a = {0};
-    bool stream = false;
-    srv_gen_prompt_maker maker;
-    cJSON *root = read_chat(c, &a, &stream, &maker);
-    chat_tokens *ct = root ? calloc(1, sizeof *ct) : NULL;
-    if (ct)
-        snprintf(ct->adapter, sizeof ct->adapter, "%s", a.adapter ? a.adapter : "");
-    srv_req_ask_free(&a);
-    if (!root)
-        return;
-    cJSON_Delete(root);
+    chat_tokens *ct = calloc(1, sizeof *ct);
     if (!ct) {
         maker.drop(maker.arg);
         srv_req_fail(c, 503, "out of memory");
         return;
     }
+    snprintf(ct->adapter, sizeof ct->adapter, "%s", adapter ? adapter : "");
     ct->maker = maker;
+    ct->shape = shape;
     if (srv_pool_begin(c, ct, chat_tokens_run, chat_tokens_done) != 0) {
         maker.drop(maker.arg);
         free(ct);
     }
 }
 
-void srv_chat_completions(srv_conn *c, const char *name)
+/* A chat request read, then answered: rendered and tokenized
+ * (/chat_tokenize), or generated. */
+static void chat_route(srv_conn *c, bool tokens_only)
 {
-    (void)name;
     srv_req_ask a = {0};
     bool stream = false;
     srv_gen_prompt_maker maker;
     cJSON *root = read_chat(c, &a, &stream, &maker);
-    if (root)
+    if (root && tokens_only)
+        srv_chat_tokens(c, a.adapter, maker, tokenize_answer);
+    else if (root)
         srv_gen_submit_made(c, &a, stream ? &chat_stream : &chat_whole, maker);
     srv_req_ask_free(&a);
     cJSON_Delete(root);
+}
+
+/* POST /chat_tokenize (TGI's): what the model would be fed for this chat
+ * request, as text and as TGI's token list. */
+void srv_chat_tokenize(srv_conn *c, const char *name)
+{
+    (void)name;
+    chat_route(c, true);
+}
+
+void srv_chat_completions(srv_conn *c, const char *name)
+{
+    (void)name;
+    chat_route(c, false);
 }

@@ -417,9 +417,9 @@ static size_t calls_kept(const srv_chat_tools *t, const srv_tool_calls *tc)
     return !t->parallel && tc->n > 1 ? 1 : tc->n;
 }
 
-void srv_chat_tools_answer(const srv_gen *g, int32_t i, cJSON *message, const char **finish)
+void srv_chat_tools_answer(const srv_gen *g, const srv_chat_tools *t, int32_t i, cJSON *message,
+                           const char **finish)
 {
-    const srv_chat_tools *t = g->answer;
     const srv_gen_choice *ch = &g->choices[i];
     srv_tool_calls tc;
     if (calls_of(g, t, i, &tc) <= 0) {
@@ -461,9 +461,8 @@ static cJSON *calls_delta(cJSON *call)
 }
 
 /* A choice's stream state, made for every choice at the first call. */
-static tool_stream *stream_of(srv_gen *g, int32_t i)
+static tool_stream *stream_of(const srv_gen *g, srv_chat_tools *t, int32_t i)
 {
-    srv_chat_tools *t = g->answer;
     if (!t->streams) {
         t->streams = calloc((size_t)g->n_choices, sizeof *t->streams);
         if (!t->streams)
@@ -476,10 +475,9 @@ static tool_stream *stream_of(srv_gen *g, int32_t i)
 /* Choice i's calls at its end, as OpenAI streams them: per call a first
  * delta with its index, id, type, name and arguments "", then one with
  * the arguments; before them the content not yet sent. */
-static void stream_calls_at_end(srv_gen *g, int32_t i, tool_stream *ts, cJSON *deltas,
-                                const char **finish)
+static void stream_calls_at_end(const srv_gen *g, const srv_chat_tools *t, int32_t i,
+                                tool_stream *ts, cJSON *deltas, const char **finish)
 {
-    const srv_chat_tools *t = g->answer;
     const srv_gen_choice *ch = &g->choices[i];
     srv_tool_calls tc;
     size_t content_end = ch->text_len;
@@ -500,12 +498,12 @@ static void stream_calls_at_end(srv_gen *g, int32_t i, tool_stream *ts, cJSON *d
     srv_tool_calls_free(&tc);
 }
 
-cJSON *srv_chat_tools_stream(srv_gen *g, int32_t i, bool end, const char **finish)
+cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, bool end,
+                             const char **finish)
 {
-    const srv_chat_tools *t = g->answer;
     const srv_gen_choice *ch = &g->choices[i];
     cJSON *deltas = cJSON_CreateArray();
-    tool_stream *ts = stream_of(g, i);
+    tool_stream *ts = stream_of(g, t, i);
     if (!ts || !deltas)
         return deltas;
     if (t->mode == MODE_NAMED) {
@@ -525,7 +523,7 @@ cJSON *srv_chat_tools_stream(srv_gen *g, int32_t i, bool end, const char **finis
         return deltas;
     }
     if (end) {
-        stream_calls_at_end(g, i, ts, deltas, finish);
+        stream_calls_at_end(g, t, i, ts, deltas, finish);
         return deltas;
     }
     size_t safe =

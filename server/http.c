@@ -534,7 +534,8 @@ enum {
     H_CORS_HEADERS,
     H_HOST,
     H_CONTENT_TYPE,
-    H_LAST = H_CONTENT_TYPE
+    H_API_KEY,
+    H_LAST = H_API_KEY
 };
 
 static const char *const kept_headers[] = {
@@ -545,6 +546,7 @@ static const char *const kept_headers[] = {
     [H_CORS_HEADERS] = "access-control-request-headers",
     [H_HOST] = "host",
     [H_CONTENT_TYPE] = "content-type",
+    [H_API_KEY] = "x-api-key",
 };
 
 /* The field header h's value is read into, its size, and what to set when
@@ -572,6 +574,10 @@ static char *kept_value(srv_conn *c, int h, size_t *cap, bool **too_long)
         *too_long = &c->req.content_type_too_long;
         *cap = sizeof c->req.content_type;
         return c->req.content_type;
+    case H_API_KEY:
+        *too_long = &c->req.api_key_too_long;
+        *cap = sizeof c->req.api_key;
+        return c->req.api_key;
     }
     return NULL;
 }
@@ -1207,16 +1213,45 @@ void srv_http_respond_json_owned(srv_conn *c, int status, char *json)
     respond(c, status, "application/json", json, strlen(json), true, NULL);
 }
 
-void srv_http_respond_error(srv_conn *c, int status, const char *type, const char *message,
-                            const char *extra_headers)
+/* Anthropic's error type for a status (its API's errors page: 400
+ * invalid_request_error, 401 authentication_error, 403 permission_error,
+ * 404 not_found_error, 413 request_too_large, 429 rate_limit_error, 529
+ * overloaded_error, 500 api_error); our 503 (busy, loading, short of
+ * memory) is its overloaded_error, kept at 503 so that HTTP's meaning of
+ * the status (and Retry-After) holds for every client. */
+static const char *anthropic_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503:
+    case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+char *srv_http_error_json(const srv_conn *c, int status, const char *type, const char *message)
 {
     /* the message may hold anything a client sent: escape it through cJSON */
     cJSON *root = cJSON_CreateObject();
+    bool anthropic = c->req.error_shape == SRV_ERRORS_ANTHROPIC;
+    if (anthropic)
+        cJSON_AddStringToObject(root, "type", "error");
     cJSON *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "type", type);
+    cJSON_AddStringToObject(err, "type", anthropic ? anthropic_type(status) : type);
     cJSON_AddStringToObject(err, "message", message);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+    return text;
+}
+
+void srv_http_respond_error(srv_conn *c, int status, const char *type, const char *message,
+                            const char *extra_headers)
+{
+    char *text = srv_http_error_json(c, status, type, message);
     if (!text) {
         srv_http_close(c);
         return;
@@ -1262,14 +1297,23 @@ static void send_chunk(srv_conn *c, const char *a, size_t alen, const char *b, s
 
 void srv_http_stream_event(srv_conn *c, const char *data, size_t len)
 {
+    srv_http_stream_named_event(c, NULL, data, len);
+}
+
+void srv_http_stream_named_event(srv_conn *c, const char *event, const char *data, size_t len)
+{
     if (ended(c) && !c->sink)
         return;
+    char head[80]; /* "event: NAME\ndata: " (names are this server's literals) */
+    int n = snprintf(head, sizeof head, "%s%s%sdata: ", event ? "event: " : "", event ? event : "",
+                     event ? "\n" : "");
+    size_t hl = n > 0 && (size_t)n < sizeof head ? (size_t)n : 0;
     if (c->req.http10) {
-        send_bytes(c, "data: ", 6);
+        send_bytes(c, head, hl);
         send_bytes(c, data, len);
         send_bytes(c, "\n\n", 2);
     } else {
-        send_chunk(c, "data: ", 6, data, len, "\n\n", 2);
+        send_chunk(c, head, hl, data, len, "\n\n", 2);
     }
     if (srv_http_backlog(c) > SLOW_READER_BYTES)
         srv_http_abort(c); /* it does not read what it asked for */

@@ -151,6 +151,14 @@ void srv_req_stream_cjson(srv_conn *c, cJSON *o)
 
 void srv_req_stream_error(srv_conn *c, int status, const char *message)
 {
+    if (c->req.error_shape == SRV_ERRORS_ANTHROPIC) {
+        /* Anthropic's: an "error" event with the error body's shape */
+        char *text = srv_http_error_json(c, status, type_of(status), message);
+        if (text)
+            srv_http_stream_named_event(c, "error", text, strlen(text));
+        free(text);
+        return;
+    }
     cJSON *root = cJSON_CreateObject();
     cJSON *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "type", type_of(status));

@@ -14,7 +14,8 @@
  * any path and without the API key: a browser sends it without
  * credentials, before the real request. With --api-key-file every other
  * request but /health and GET / (TGI's health) wants "Authorization:
- * Bearer KEY", or gets OpenAI's 401; the admin routes are not asked for
+ * Bearer KEY" or Anthropic's "x-api-key: KEY", or gets a 401 (OpenAI's,
+ * or Anthropic's on its routes); the admin routes are not asked for
  * it: they want the admin token in that same header, and a request has
  * only one Authorization header, so the two secrets cannot both be
  * required, and keeping them apart (as vLLM does) means the API key alone
@@ -30,7 +31,9 @@
 #include "internal/routes.h"
 #include "internal/admin.h"
 #include "internal/api_chat.h"
+#include "internal/api_messages.h"
 #include "internal/api_openai.h"
+#include "internal/api_responses.h"
 #include "internal/api_tgi.h"
 #include "internal/http.h"
 #include "internal/metrics.h"
@@ -86,6 +89,11 @@ static const struct {
     {HTTP_POST, "/v1/completions", srv_oai_completions},
     {HTTP_POST, "/v1/chat/completions", srv_chat_completions},
     {HTTP_POST, "/chat_tokenize", srv_chat_tokenize},
+    {HTTP_POST, "/v1/responses", srv_responses_create},
+    {HTTP_GET, "/v1/responses/{name}", srv_responses_get},
+    {HTTP_DELETE, "/v1/responses/{name}", srv_responses_delete},
+    {HTTP_POST, "/v1/messages", srv_messages_create},
+    {HTTP_POST, "/v1/messages/count_tokens", srv_messages_count_tokens},
     {HTTP_GET, "/v1/models", srv_oai_models},
     {HTTP_GET, "/health", health},
     {HTTP_GET, "/metrics", metrics},
@@ -148,9 +156,12 @@ static int path_methods(const char *path, char *buf, size_t cap, const char *sep
  * clients send (the OpenAI SDK's x-stainless-* ones match by prefix). */
 static bool allowed_request_header(const char *name, size_t len)
 {
-    static const char *const names[] = {
-        "accept",      "x-requested-with", "openai-organization", "openai-project",
-        "openai-beta", "x-use-cache",      "x-wait-for-model"};
+    static const char *const names[] = {"accept", "x-requested-with", "openai-organization",
+                                        "openai-project", "openai-beta", "x-use-cache",
+                                        "x-wait-for-model",
+                                        /* Anthropic's clients */
+                                        "x-api-key", "anthropic-version", "anthropic-beta",
+                                        "anthropic-dangerous-direct-browser-access"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strlen(names[i]) == len && strncasecmp(names[i], name, len) == 0)
             return true;
@@ -218,26 +229,13 @@ static bool key_exempt(const srv_conn *c, const char *path)
     return health_check(c, path) || strncmp(path, "/admin/", 7) == 0;
 }
 
-/*
- * Whether c carries the API key, or else its 401. The body is OpenAI's, as
- * api.openai.com sends it: {"error": {"message", "type":
- * "invalid_request_error", "param": null, "code"}}, code "invalid_api_key"
- * for a wrong key and null for none, so that OpenAI's SDKs raise their
- * AuthenticationError with our message. vLLM answers {"error":
- * "Unauthorized"}, a shape no OpenAI client reads a message from; TGI has no
- * key. WWW-Authenticate: Bearer, as RFC 9110 11.6.1 wants with a 401.
- */
-static bool api_key_given(srv_conn *c)
+/* The 401's body, in OpenAI's shape unless the route is Anthropic's
+ * (none: no key was given). */
+static char *key_refusal(const srv_conn *c, bool none)
 {
-    const char *key = c->s->cfg->api_key, *h = c->req.authorization;
-    if (!key)
-        return true;
-    /* the scheme is case-insensitive (RFC 9110 11.1) */
-    bool bearer = !c->req.auth_too_long && strncasecmp(h, "Bearer ", 7) == 0;
-    const char *given = bearer ? h + 7 + strspn(h + 7, " ") : "";
-    if (bearer && srv_secret_equal(given, strlen(given), key))
-        return true;
-    bool none = !c->req.auth_too_long && !h[0];
+    if (c->req.error_shape == SRV_ERRORS_ANTHROPIC) /* api.anthropic.com's words */
+        return srv_http_error_json(c, 401, NULL,
+                                   none ? "x-api-key header is required" : "invalid x-api-key");
     cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(err, "message",
                             none ? "You didn't provide an API key. You need to provide your API "
@@ -252,6 +250,37 @@ static bool api_key_given(srv_conn *c)
         cJSON_AddStringToObject(err, "code", "invalid_api_key");
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+    return text;
+}
+
+/*
+ * Whether c carries the API key, or else its 401. The key is taken from
+ * "Authorization: Bearer KEY" (OpenAI's clients) or "x-api-key: KEY"
+ * (Anthropic's), on every route: either header that holds it is enough.
+ * The body is OpenAI's, as api.openai.com sends it: {"error": {"message",
+ * "type": "invalid_request_error", "param": null, "code"}}, code
+ * "invalid_api_key" for a wrong key and null for none, so that OpenAI's
+ * SDKs raise their AuthenticationError with our message; on Anthropic's
+ * routes it is Anthropic's authentication_error, which its SDK raises as
+ * its AuthenticationError. vLLM answers {"error": "Unauthorized"}, a shape
+ * no OpenAI client reads a message from; TGI has no key.
+ * WWW-Authenticate: Bearer, as RFC 9110 11.6.1 wants with a 401.
+ */
+static bool api_key_given(srv_conn *c)
+{
+    const char *key = c->s->cfg->api_key, *h = c->req.authorization;
+    if (!key)
+        return true;
+    /* the scheme is case-insensitive (RFC 9110 11.1) */
+    bool bearer = !c->req.auth_too_long && strncasecmp(h, "Bearer ", 7) == 0;
+    const char *given = bearer ? h + 7 + strspn(h + 7, " ") : "";
+    if (bearer && srv_secret_equal(given, strlen(given), key))
+        return true;
+    const char *x_key = c->req.api_key_too_long ? "" : c->req.api_key;
+    if (x_key[0] && srv_secret_equal(x_key, strlen(x_key), key))
+        return true;
+    bool none = !c->req.auth_too_long && !h[0] && !c->req.api_key_too_long && !x_key[0];
+    char *text = key_refusal(c, none);
     if (!text) {
         srv_req_fail(c, 500, "out of memory");
         return false;
@@ -273,6 +302,9 @@ void srv_route(srv_conn *c)
     }
     memcpy(path, c->req.url, n);
     path[n] = 0;
+    /* Anthropic's routes answer every error, the gates' too, in its shape */
+    if (strcmp(path, "/v1/messages") == 0 || strncmp(path, "/v1/messages/", 13) == 0)
+        c->req.error_shape = SRV_ERRORS_ANTHROPIC;
     if (!health_check(c, path) && srv_admin_host_rule_applies(c->s) && !srv_admin_host_allowed(c))
         return;
     if (is_preflight(c)) {

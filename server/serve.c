@@ -31,6 +31,7 @@
 #include "internal/gen.h"
 #include "internal/http.h"
 #include "internal/metrics.h"
+#include "internal/responses_store.h"
 #include "internal/routes.h"
 
 #include <errno.h>
@@ -528,6 +529,7 @@ int srv_serve(const cfg_serve *cfg)
     /* compiled grammars by text: 64 distinct schemas in use at once is
      * far more than an agent deployment sends, and an entry is small */
     s->grammars = gr_cache_new(64, 0);
+    s->responses = srv_resp_store_new(SRV_RESP_STORE_MAX_ENTRIES, SRV_RESP_STORE_MAX_BYTES);
     if (!s->grammars) {
         free(s);
         return 1;
@@ -568,6 +570,7 @@ int srv_serve(const cfg_serve *cfg)
         uv_walk(s->loop, close_walk, NULL);
         uv_run(s->loop, UV_RUN_DEFAULT);
         gr_cache_free(s->grammars);
+        srv_resp_store_free(s->responses);
         free(s);
         return 1;
     }
@@ -591,6 +594,7 @@ int srv_serve(const cfg_serve *cfg)
     lora_registry_free(s->registry);
     srv_chat_templates_free(s);
     gr_cache_free(s->grammars);
+    srv_resp_store_free(s->responses);
     if (s->model.layers)
         eng_model_free(&s->model);
     mf_guard_stop();

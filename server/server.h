@@ -111,6 +111,12 @@ void srv_metrics_init(srv_metrics *m);
 
 /* --- connections (http.c) ---------------------------------------------------- */
 
+/* The shape of an error body and of a stream's error event: OpenAI's
+ * {"error": {"type", "message"}} (every route but Anthropic's), or
+ * Anthropic's {"type": "error", "error": {"type", "message"}} with its
+ * error types (the Messages API's routes). */
+typedef enum srv_error_shape { SRV_ERRORS_OPENAI, SRV_ERRORS_ANTHROPIC } srv_error_shape;
+
 /* A parsed request, owned by its connection until the response ends. */
 typedef struct srv_request {
     uint8_t method; /* llhttp_method_t */
@@ -122,6 +128,13 @@ typedef struct srv_request {
      * refuses a longer admin token or API key at start), and its NUL */
     char authorization[7 + CFG_SECRET_MAX + 1];
     bool auth_too_long;
+    /* x-api-key, the header Anthropic's clients carry the key in (the
+     * same bound as a bearer secret); "" when absent */
+    char api_key[CFG_SECRET_MAX + 1];
+    bool api_key_too_long;
+    /* whose shape the request's errors take (routes.c sets it from the
+     * path before any gate answers) */
+    srv_error_shape error_shape;
     /* Host and Content-Type, "" when absent (admin.c's trust rules); a
      * value too long for its field sets host_too_long or
      * content_type_too_long, and is then neither an allowed host nor JSON.
@@ -267,6 +280,10 @@ struct srv_server {
      * srv_serve (a seam user may leave it NULL: grammars are then
      * compiled per request) */
     gr_cache *grammars;
+    /* the Responses API's stored responses (internal/responses_store.h),
+     * made by srv_serve (a seam user may leave it NULL: nothing is then
+     * stored, and a stored id is never found) */
+    struct srv_resp_store *responses;
     char model_id[160];
     double started_at; /* unix time */
     /* the port listened on (0 for a seam user: any port in a Host header

@@ -53,13 +53,21 @@ void srv_http_respond_empty(srv_conn *c, int status, const char *extra_headers);
  * every response carries Vary: Origin. Points
  * into c->req or the config; lives until the response ends. */
 const char *srv_http_cors_origin(const srv_conn *c);
-/* {"error": {"type": ..., "message": ...}} with status. */
+/* An error body in c's request's shape (srv_error_shape): OpenAI's
+ * {"error": {"type", "message"}} with type as given, or Anthropic's
+ * {"type": "error", "error": {"type", "message"}} with the type its API
+ * gives status. Malloc'd (the caller frees it); NULL when memory is short. */
+char *srv_http_error_json(const srv_conn *c, int status, const char *type, const char *message);
+/* That body, answered with status. */
 void srv_http_respond_error(srv_conn *c, int status, const char *type, const char *message,
                             const char *extra_headers);
 /* Begin a text/event-stream response; srv_http_stream_event sends one event
  * (the data line), srv_http_stream_end ends the response. */
 void srv_http_stream_begin(srv_conn *c);
 void srv_http_stream_event(srv_conn *c, const char *data, size_t len);
+/* An event with a name ("event: NAME" before its data line, as Anthropic's
+ * streams have; NULL: none, srv_http_stream_event's). */
+void srv_http_stream_named_event(srv_conn *c, const char *event, const char *data, size_t len);
 void srv_http_stream_end(srv_conn *c);
 /* How many bytes wait in c's write queue (slow clients). */
 size_t srv_http_backlog(const srv_conn *c);

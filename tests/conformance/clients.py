@@ -12,7 +12,15 @@ repeats a sample, logprobs equal across routes; and issue 19's constrained
 answers: a json_schema response_format and tool calls (tool_choice
 "required", a named function, streamed) through the openai SDK, TGI's
 grammar and Messages-API response_format through InferenceClient, whose
-JSON the `jsonschema` package validates against the schemas sent. The model's weights are
+JSON the `jsonschema` package validates against the schemas sent; and
+issue 35's Anthropic Messages API through the official `anthropic` SDK
+(messages.create, messages.stream, a forced tool's tool_use then a
+tool_result turn, count_tokens, stop sequences, a refused block, a wrong
+key), each compared with chat completions' answer to the same
+conversation; and the Responses API through the openai SDK
+(responses.create, responses.stream and its event helpers, function tools
+with a function_call_output second turn, text.format json_schema and
+json_object, previous_response_id with retrieve and delete, refusals). The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -32,6 +40,7 @@ import traceback
 import urllib.error
 import urllib.request
 
+import anthropic
 import jsonschema
 import openai
 import huggingface_hub
@@ -39,6 +48,7 @@ from huggingface_hub import InferenceClient
 
 ARGS = None
 OAI = None  # openai.OpenAI on the open server
+ANT = None  # anthropic.Anthropic on the open server
 HF = None  # InferenceClient on the open server
 PROMPT = "Hello the world"
 PROMPT2 = "A tiny model"
@@ -740,6 +750,309 @@ def hf_api_key():
     raise AssertionError("a wrong key was accepted")
 
 
+# --- OpenAI SDK: the Responses API ------------------------------------------------
+
+RESP_TOOLS = [{"type": "function", "name": t["function"]["name"],
+               "description": t["function"].get("description", ""),
+               "parameters": t["function"]["parameters"], "strict": True} for t in TOOLS]
+
+
+@check
+def oai_responses_create():
+    r = OAI.responses.create(model=ARGS.model, instructions="You are terse.", input="Say hello.",
+                             max_output_tokens=8, temperature=0)
+    assert r.object == "response" and r.model == ARGS.model, r
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+    # chat completions' greedy answer to the same conversation
+    assert r.output_text == chat_greedy(SYSTEM_USER, 8), (r.output_text, chat_greedy(SYSTEM_USER, 8))
+    assert r.usage.input_tokens == chat_prompt_tokens(SYSTEM_USER), r.usage
+    assert r.usage.output_tokens == 8 and r.usage.total_tokens == r.usage.input_tokens + 8, r.usage
+    # input as items, developer as system: the same prompt
+    r2 = OAI.responses.create(model=ARGS.model, max_output_tokens=8, temperature=0, input=[
+        {"role": "developer", "content": "You are terse."},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Say hello."}]}])
+    assert r2.output_text == r.output_text, (r2.output_text, r.output_text)
+
+
+@check
+def oai_responses_stream():
+    whole = OAI.responses.create(model=ARGS.model, input="Say hello.", max_output_tokens=10,
+                                 temperature=0)
+    with OAI.responses.stream(model=ARGS.model, input="Say hello.", max_output_tokens=10,
+                              temperature=0) as stream:
+        events = list(stream)
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"], types
+    assert types[-1] == "response.incomplete", types  # cut by max_output_tokens
+    assert [e.sequence_number for e in events] == list(range(len(events))), "sequence_number"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text, (text, whole.output_text)
+    # a stream that completes (the schema ends the answer): the helpers' final response
+    with OAI.responses.stream(model=ARGS.model, input="A pet.", max_output_tokens=200,
+                              temperature=1, text={"format": {
+                                  "type": "json_schema", "name": "pet", "schema": PET_SCHEMA,
+                                  "strict": True}}) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed", final
+    jsonschema.validate(json.loads(final.output_text), PET_SCHEMA)
+
+
+@check
+def oai_responses_text_format():
+    r = OAI.responses.create(model=ARGS.model, input="A pet.", max_output_tokens=200,
+                             temperature=1, text={"format": {
+                                 "type": "json_schema", "name": "pet", "schema": PET_SCHEMA,
+                                 "strict": True}})
+    assert r.status == "completed", r
+    jsonschema.validate(json.loads(r.output_text), PET_SCHEMA)
+    r = OAI.responses.create(model=ARGS.model, input="An object.", max_output_tokens=200,
+                             temperature=1, text={"format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.output_text), dict), r.output_text
+
+
+@check
+def oai_responses_function_tools():
+    ask = dict(model=ARGS.model, input=[{"role": "user", "content": "Weather in Oslo?"}],
+               tools=RESP_TOOLS, max_output_tokens=200, temperature=0)
+    r = OAI.responses.create(tool_choice="required", parallel_tool_calls=False, **ask)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1, r.output
+    check_tool_call(calls[0].call_id, calls[0].name, calls[0].arguments)
+    # named, streamed: the arguments' deltas join to the done event's and the whole call's
+    named = dict(ask, tool_choice={"type": "function", "name": "get_weather"})
+    whole = OAI.responses.create(**named)
+    with OAI.responses.stream(**named) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events
+                     if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and done[0].arguments == deltas, (done, deltas)
+    fc = [o for o in final.output if o.type == "function_call"]
+    wc = [o for o in whole.output if o.type == "function_call"]
+    assert len(fc) == 1 and fc[0].arguments == deltas == wc[0].arguments, (fc, wc, deltas)
+    check_tool_call(fc[0].call_id, fc[0].name, fc[0].arguments)
+    # the second turn: the call as it came back, and its output
+    turn = ask["input"] + [calls[0].model_dump(exclude_none=True),
+                           {"type": "function_call_output", "call_id": calls[0].call_id,
+                            "output": "12 C, rain"}]
+    second = OAI.responses.create(**dict(ask, input=turn, max_output_tokens=8))
+    assert second.output_text and second.status == "incomplete", second
+    # which is chat's answer to the same conversation
+    chat = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": calls[0].call_id, "type": "function",
+                 "function": {"name": calls[0].name, "arguments": calls[0].arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].call_id, "content": "12 C, rain"}]
+    assert second.output_text == chat_greedy(chat, 8, tools=TOOLS), second.output_text
+
+
+@check
+def oai_responses_previous_response_id():
+    first = OAI.responses.create(model=ARGS.model, instructions="You are terse.",
+                                 input="Say hello.", max_output_tokens=6, temperature=0)
+    assert first.store is True, first.store
+    again = OAI.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text, again
+    second = OAI.responses.create(model=ARGS.model, previous_response_id=first.id,
+                                  input="Once more.", max_output_tokens=6, temperature=0)
+    assert second.previous_response_id == first.id, second
+    # chat's answer to the whole conversation (the instructions are not carried over)
+    chat = [{"role": "user", "content": "Say hello."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "Once more."}]
+    assert second.output_text == chat_greedy(chat, 6), (second.output_text, chat_greedy(chat, 6))
+    assert second.usage.input_tokens == chat_prompt_tokens(chat), second.usage
+    # streamed, continuing the second
+    with OAI.responses.stream(model=ARGS.model, previous_response_id=second.id, input="Bye.",
+                              max_output_tokens=4, temperature=0) as stream:
+        last = list(stream)[-1]
+    assert last.response.previous_response_id == second.id, last
+    OAI.responses.delete(first.id)
+    for call in (lambda: OAI.responses.retrieve(first.id),
+                 lambda: OAI.responses.create(model=ARGS.model, previous_response_id=first.id,
+                                              input="x", max_output_tokens=2)):
+        try:
+            call()
+        except openai.NotFoundError as e:
+            assert e.status_code == 404 and first.id in str(e), e
+            continue
+        raise AssertionError("a deleted response was found")
+
+
+@check
+def oai_responses_refusals():
+    for extra, word in ((dict(background=True), "background"),
+                        (dict(tools=[{"type": "web_search"}]), "web_search")):
+        try:
+            OAI.responses.create(model=ARGS.model, input="Hi", max_output_tokens=2, **extra)
+        except openai.BadRequestError as e:
+            assert word in str(e), e
+            continue
+        raise AssertionError("%s was accepted" % word)
+
+
+# --- anthropic: the Messages API ------------------------------------------------
+
+# The pinned SDK's messages.create has no temperature parameter (its
+# models choose their own); the field is still Anthropic's API, sent as
+# extra_body, and greedy decoding makes the answers comparable.
+GREEDY = {"temperature": 0}
+ANT_SYSTEM = "You are terse."
+ANT_USER = [{"role": "user", "content": "Say hello."}]
+ANT_TOOLS = [{"name": t["function"]["name"],
+              "description": t["function"].get("description", ""),
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def ant_text(m):
+    assert [b.type for b in m.content] == ["text"], m.content
+    return m.content[0].text
+
+
+@check
+def ant_messages_create():
+    m = ANT.messages.create(model=ARGS.model, max_tokens=8, system=ANT_SYSTEM, messages=ANT_USER,
+                            metadata={"user_id": "u1"}, extra_body=GREEDY)
+    assert m.type == "message" and m.role == "assistant" and m.model == ARGS.model, m
+    assert m.stop_reason == "max_tokens" and m.stop_sequence is None, m
+    # chat completions' greedy answer to the same conversation
+    assert ant_text(m) == chat_greedy(SYSTEM_USER, 8), (ant_text(m), chat_greedy(SYSTEM_USER, 8))
+    u = m.usage
+    assert u.output_tokens == 8, u
+    assert u.input_tokens + (u.cache_read_input_tokens or 0) == chat_prompt_tokens(SYSTEM_USER), u
+    # system as text blocks, content as text blocks: the same prompt
+    m2 = ANT.messages.create(model=ARGS.model, max_tokens=8,
+                             system=[{"type": "text", "text": ANT_SYSTEM}],
+                             messages=[{"role": "user", "content": [
+                                 {"type": "text", "text": "Say hello."}]}], extra_body=GREEDY)
+    assert ant_text(m2) == ant_text(m), (ant_text(m2), ant_text(m))
+
+
+@check
+def ant_messages_stream():
+    whole = ANT.messages.create(model=ARGS.model, max_tokens=10, system=ANT_SYSTEM,
+                                messages=ANT_USER, extra_body=GREEDY)
+    types, text = [], ""
+    with ANT.messages.stream(model=ARGS.model, max_tokens=10, system=ANT_SYSTEM,
+                             messages=ANT_USER, extra_body=GREEDY) as stream:
+        for event in stream:
+            types.append(event.type)
+            if event.type == "text":
+                text += event.text
+        final = stream.get_final_message()
+    assert types[0] == "message_start" and types[-1] == "message_stop", types
+    for t in ("content_block_start", "content_block_delta", "content_block_stop",
+              "message_delta"):
+        assert t in types, (t, types)
+    assert text == ant_text(whole) == ant_text(final), (text, ant_text(whole), ant_text(final))
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 10, final
+
+
+@check
+def ant_messages_stop_sequence():
+    text = ant_text(ANT.messages.create(model=ARGS.model, max_tokens=16, system=ANT_SYSTEM,
+                                        messages=ANT_USER, extra_body=GREEDY))
+    k = first_new_ascii(text)
+    for stream in (False, True):
+        kw = dict(model=ARGS.model, max_tokens=16, system=ANT_SYSTEM, messages=ANT_USER,
+                  stop_sequences=["~~~~", text[k]], extra_body=GREEDY)
+        if stream:
+            with ANT.messages.stream(**kw) as s:
+                m = s.get_final_message()
+        else:
+            m = ANT.messages.create(**kw)
+        assert m.stop_reason == "stop_sequence" and m.stop_sequence == text[k], m
+        assert ant_text(m) == text[:k], (ant_text(m), text[:k])
+
+
+@check
+def ant_tools_tool_use_then_tool_result():
+    ask = dict(model=ARGS.model, max_tokens=120, system=ANT_SYSTEM, tools=ANT_TOOLS,
+               messages=[{"role": "user", "content": "Weather in Oslo?"}], extra_body=GREEDY)
+    m = ANT.messages.create(tool_choice={"type": "tool", "name": "get_weather"}, **ask)
+    assert m.stop_reason == "tool_use", m
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id, m.content
+    jsonschema.validate(uses[0].input, TOOL_PARAMS["get_weather"])
+    # streamed: the same call, its input as input_json_delta
+    with ANT.messages.stream(tool_choice={"type": "tool", "name": "get_weather"}, **ask) as s:
+        streamed = s.get_final_message()
+    su = [b for b in streamed.content if b.type == "tool_use"]
+    assert streamed.stop_reason == "tool_use" and len(su) == 1, streamed
+    assert su[0].name == uses[0].name and su[0].input == uses[0].input, (su, uses)
+    # any: a call to one of the tools
+    m_any = ANT.messages.create(tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                **ask)
+    calls = [b for b in m_any.content if b.type == "tool_use"]
+    assert m_any.stop_reason == "tool_use" and len(calls) == 1, m_any
+    jsonschema.validate(calls[0].input, TOOL_PARAMS[calls[0].name])
+    # the second turn: the assistant's content as it came back, then the result
+    turn = ask["messages"] + [
+        {"role": "assistant", "content": m.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                      "content": [{"type": "text", "text": "12 C, rain"}]}]}]
+    second = ANT.messages.create(**dict(ask, max_tokens=8, messages=turn))
+    assert second.stop_reason in ("end_turn", "max_tokens"), second
+    assert [b.type for b in second.content] == ["text"], second.content
+    # what the template saw is chat's tool_calls and tool message
+    chat = [{"role": "system", "content": ANT_SYSTEM},
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": uses[0].id, "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps(uses[0].input)}}]},
+            {"role": "tool", "tool_call_id": uses[0].id, "content": "12 C, rain"}]
+    n = ANT.messages.count_tokens(model=ARGS.model, system=ANT_SYSTEM, tools=ANT_TOOLS,
+                                  messages=turn).input_tokens
+    status, j = raw("POST", "/chat_tokenize", {"model": ARGS.model, "messages": chat,
+                                               "tools": TOOLS})
+    assert status == 200 and n == len(j["tokenize_response"]), (n, status, j)
+
+
+@check
+def ant_count_tokens():
+    n = ANT.messages.count_tokens(model=ARGS.model, system=ANT_SYSTEM, messages=ANT_USER)
+    assert n.input_tokens == chat_prompt_tokens(SYSTEM_USER), (n, chat_prompt_tokens(SYSTEM_USER))
+
+
+@check
+def ant_refusals():
+    try:
+        ANT.messages.create(model=ARGS.model, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}]}])
+    except anthropic.BadRequestError as e:
+        assert e.status_code == 400 and "image" in str(e), e
+    else:
+        raise AssertionError("an image block was accepted")
+    try:
+        ANT.messages.create(model="no-such-model", max_tokens=4, messages=ANT_USER)
+    except anthropic.NotFoundError as e:
+        assert e.status_code == 404 and "no-such-model" in str(e), e
+    else:
+        raise AssertionError("an unknown model was accepted")
+
+
+@check
+def ant_api_key():
+    good = anthropic.Anthropic(base_url=ARGS.keyed, api_key=ARGS.key, max_retries=0, timeout=60)
+    m = good.messages.create(model=ARGS.model, max_tokens=4, system=ANT_SYSTEM, messages=ANT_USER,
+                             extra_body=GREEDY)
+    assert ant_text(m) == chat_greedy(SYSTEM_USER, 4)
+    bad = anthropic.Anthropic(base_url=ARGS.keyed, api_key="wrong-" + ARGS.key, max_retries=0,
+                              timeout=60)
+    for call in (lambda: bad.messages.create(model=ARGS.model, max_tokens=2, messages=ANT_USER),
+                 lambda: bad.messages.count_tokens(model=ARGS.model, messages=ANT_USER)):
+        try:
+            call()
+        except anthropic.AuthenticationError as e:
+            assert e.status_code == 401, e.status_code
+            continue
+        raise AssertionError("a wrong key was accepted")
+
+
 # --- huggingface_hub InferenceClient: text_generation -----------------------------
 
 def hf_greedy(prompt, n_tokens):
@@ -1005,7 +1318,7 @@ def hf_endpoint_info():
 # --- the runner -------------------------------------------------------------------
 
 def main():
-    global ARGS, OAI, HF
+    global ARGS, OAI, HF, ANT
     p = argparse.ArgumentParser()
     p.add_argument("--base", required=True)
     p.add_argument("--keyed", required=True)
@@ -1015,8 +1328,9 @@ def main():
     # no retries: a failure shows as it happened
     OAI = openai.OpenAI(base_url=ARGS.base + "/v1", api_key="unused", max_retries=0, timeout=60)
     HF = InferenceClient(base_url=ARGS.base, timeout=60)
-    print("conformance: openai %s, huggingface_hub %s" % (openai.__version__,
-                                                          huggingface_hub.__version__))
+    ANT = anthropic.Anthropic(base_url=ARGS.base, api_key="unused", max_retries=0, timeout=60)
+    print("conformance: openai %s, huggingface_hub %s, anthropic %s" % (
+        openai.__version__, huggingface_hub.__version__, anthropic.__version__))
     passed, failed, skipped = [], [], []
     for fn in CHECKS:
         t0 = time.monotonic()

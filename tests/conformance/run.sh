@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run.sh - the conformance test: the real clients (the official `openai`
-# Python SDK and huggingface_hub's InferenceClient, versions pinned in
-# requirements.txt) against a running `qlserve serve`, calling every field
-# of the OpenAI and TGI surfaces qlserve implements (clients.py).
+# Python SDK, huggingface_hub's InferenceClient and the official `anthropic`
+# SDK, versions pinned in requirements.txt) against a running `qlserve
+# serve`, calling every field of the OpenAI, TGI and Anthropic Messages
+# surfaces qlserve implements (clients.py).
 #
 #   tests/conformance/run.sh QLSERVE_BINARY WORKDIR
 #
@@ -44,7 +45,7 @@ command -v "$python" >/dev/null || fail "$python is missing: the conformance tes
 # hash and this Python's version, and the clients import
 want="$(sha256sum "$here/requirements.txt" | cut -d' ' -f1) $("$python" -V 2>&1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
-  ! "$venv/bin/python" -c 'import openai, huggingface_hub, jsonschema' 2>/dev/null; then
+  ! "$venv/bin/python" -c 'import openai, huggingface_hub, anthropic, jsonschema' 2>/dev/null; then
   # can pip reach its index? (the one case this test skips rather than fails)
   index=${PIP_INDEX_URL:-$("$python" -m pip config get global.index-url 2>/dev/null || true)}
   index=${index:-https://pypi.org/simple}
