@@ -104,7 +104,8 @@ start() { # start NAME [flags...]: sets pid[NAME] and port[NAME]
   pid[$name]=$!
   local p=""
   for _ in $(seq 1 1000); do
-    p=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1)
+    # the port and the space after it: a line still being written is not read short
+    p=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$log" | head -1)
     [ -n "$p" ] && break
     kill -0 "${pid[$name]}" 2>/dev/null || fail "the $name server exited: $(cat "$log")"
     sleep 0.05
@@ -124,7 +125,8 @@ except Exception:
     kill -0 "${pid[$name]}" 2>/dev/null || fail "the $name server exited: $(cat "$log")"
     sleep 0.05
   done
-  [ "$code" = 200 ] || fail "the $name server's /health never said 200: $(cat "$log")"
+  [ "$code" = 200 ] ||
+    fail "the $name server's /health on port $p never said 200 (last: $code; 0 is no answer): $(cat "$log")"
   port[$name]=$p
 }
 
