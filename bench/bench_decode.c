@@ -292,9 +292,9 @@ int main(int argc, char **argv)
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
     printf("{\n  \"benchmark\": \"decode\",\n  \"engine\": \"qlserve\",\n  \"date\": \"%s\",\n"
            "  \"model\": \"%s\",\n  \"threads\": %d,\n  \"kernel_path\": \"%s\",\n"
-           "  \"activations\": \"%s\",\n"
+           "  \"f32_kernels\": \"%s\",\n  \"q8_kernels\": \"%s\",\n  \"activations\": \"%s\",\n"
            "  \"prompt_tokens\": %d,\n  \"new_tokens\": %d,\n  \"kinds\": [\n",
-           date, model, nthreads, qt_cpu_path(),
+           date, model, nthreads, qt_cpu_path(), qt_f32_path(), qt_q8_path(),
            ql_name_of(&ql_activations_names, qt_get_activations()), P, N);
     for (int q = 0; q < n_quants; q++)
         if (bench_kind(model, quants[q], kv_dtype, nthreads, P, N, repeats, batches, n_batches,

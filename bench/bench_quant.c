@@ -255,9 +255,9 @@ int main(int argc, char **argv)
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
     printf("{\n  \"benchmark\": \"quant\",\n  \"date\": \"%s\",\n", date);
-    printf("  \"machine\": {\"cpu\": \"%s\", \"kernel_path\": \"%s\", \"q8_kernels\": \"%s\", "
-           "\"threads\": 1, \"compiler\": \"%s\"},\n",
-           cpu, qt_cpu_path(), qt_q8_path(), __VERSION__);
+    printf("  \"machine\": {\"cpu\": \"%s\", \"kernel_path\": \"%s\", \"f32_kernels\": \"%s\", "
+           "\"q8_kernels\": \"%s\", \"threads\": 1, \"compiler\": \"%s\"},\n",
+           cpu, qt_cpu_path(), qt_f32_path(), qt_q8_path(), __VERSION__);
     printf("  \"inputs\": {\"rows\": %lld, \"cols\": %lld, \"weight\": \"N(0, 0.02)\", "
            "\"min_seconds\": %.2f},\n",
            (long long)rows, (long long)cols, min_s);

@@ -224,6 +224,10 @@ typedef struct qt_traits {
      * dequantize_rows. */
     void (*matmul_avx2)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
+    /* The same product compiled for AVX-512 VL (matmul_avx512.c): eight rows of
+     * x per pass, the AVX2 entry's bits; NULL where the kind has none. */
+    void (*matmul_avx512)(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
     void (*dequantize_rows_avx2)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
     /* The kind's AVX2 quantizer (quant_avx2.c), NULL where it has none;
      * the same contract and the same bytes as quantize. */
@@ -348,6 +352,12 @@ void qt_matmul_acts(const qtensor *w, const qt_acts *a, float *y, int64_t row0, 
  * "scalar"; qt_set_no_vnni(true) keeps it to AVX2 (tests, benchmarks). */
 const char *qt_q8_path(void);
 void qt_set_no_vnni(bool off);
+
+/* Which products f32 activations take here: "avx512" (AVX-512 VL: eight
+ * rows of x per pass, the AVX2 products' bits), "avx2" or "scalar";
+ * qt_set_no_avx512(true) keeps them to AVX2 (tests, benchmarks). */
+const char *qt_f32_path(void);
+void qt_set_no_avx512(bool off);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);

@@ -4,12 +4,14 @@
  * kind, and the row is the dispatch), qt_quantize (the checks every kind
  * shares, then the row's quantizer), qt_dequantize_rows and qt_matmul with
  * their _ref forms, qt_attend, qt_kv_store and qt_kv_load (the KV cache's
- * rows), and the run-time choice between a row's AVX2 entry and its scalar one (CPUID once;
- * QLSERVE_CPU_PATH=scalar or qt_set_force_scalar forces scalar).
+ * rows), and the run-time choice among a row's AVX-512, AVX2 and scalar entries (CPUID
+ * once; QLSERVE_CPU_PATH=scalar or qt_set_force_scalar forces scalar, QLSERVE_CPU_PATH=avx2
+ * keeps to AVX2 where AVX-512 is present: benchmarks compare the two on one binary).
  *
  * It owns the table and the CPU-path choice (set once, then read by every
  * entry point). It calls down into every other file of kernels/ (the
- * kinds' quant_*.c, matmul_avx2.c, quant_avx2.c, attend_ref.c, qtensor.c) and nothing
+ * kinds' quant_*.c, matmul_avx2.c, matmul_avx512.c, matmul_q8_*.c, quant_avx2.c,
+ * attend_ref.c, qtensor.c) and nothing
  * calls back up into it; it touches base/ and kernels/math/.
  *
  * The table is the one place that knows every kind: adding a kind means a
@@ -35,6 +37,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_dense_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_f32_avx2,
+            .matmul_avx512 = qt_matmul_f32_avx512,
         },
     [QT_F16] =
         {
@@ -43,6 +46,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_dense_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_f16_avx2,
+            .matmul_avx512 = qt_matmul_f16_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_f16_avx2,
         },
     [QT_BF16] =
@@ -52,6 +56,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_dense_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_bf16_avx2,
+            .matmul_avx512 = qt_matmul_bf16_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_bf16_avx2,
         },
     [QT_NF4] =
@@ -61,6 +66,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_bnb4_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_bnb4_avx2,
+            .matmul_avx512 = qt_matmul_bnb4_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_bnb4_avx2,
             .quantize_avx2 = qt_bnb4_quantize_avx2,
         },
@@ -71,6 +77,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_bnb4_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_bnb4_avx2,
+            .matmul_avx512 = qt_matmul_bnb4_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_bnb4_avx2,
             .quantize_avx2 = qt_bnb4_quantize_avx2,
         },
@@ -81,6 +88,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_affine_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_affine_avx2,
+            .matmul_avx512 = qt_matmul_affine_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_affine_avx2,
         },
     [QT_Q4_0] =
@@ -90,6 +98,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_0_avx2,
+            .matmul_avx512 = qt_matmul_q4_0_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q4_0_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q4_0_vnni,
@@ -102,6 +111,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_1_avx2,
+            .matmul_avx512 = qt_matmul_q4_1_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q4_1_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q4_1_vnni,
@@ -114,6 +124,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q8_0_avx2,
+            .matmul_avx512 = qt_matmul_q8_0_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q8_0_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q8_0_vnni,
@@ -126,6 +137,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_0_avx2,
+            .matmul_avx512 = qt_matmul_q5_0_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q5_0_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q5_0_vnni,
@@ -138,6 +150,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_1_avx2,
+            .matmul_avx512 = qt_matmul_q5_1_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q5_1_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q5_1_vnni,
@@ -150,6 +163,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q4_k_avx2,
+            .matmul_avx512 = qt_matmul_q4_k_avx512,
             .matmul_q8 = qt_matmul_q8_k4_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q4_k_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q4_k_vnni,
@@ -162,6 +176,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q5_k_avx2,
+            .matmul_avx512 = qt_matmul_q5_k_avx512,
             .matmul_q8 = qt_matmul_q8_k4_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q5_k_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q5_k_vnni,
@@ -174,6 +189,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q6_k_avx2,
+            .matmul_avx512 = qt_matmul_q6_k_avx512,
             .matmul_q8 = qt_matmul_q8_q6_k_ref,
             .matmul_q8_avx2 = qt_matmul_q8_q6_k_avx2,
             .matmul_q8_vnni = qt_matmul_q8_q6_k_vnni,
@@ -186,6 +202,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q2_k_avx2,
+            .matmul_avx512 = qt_matmul_q2_k_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_q2_k_avx2,
         },
     [QT_Q3_K] =
@@ -195,6 +212,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_q3_k_avx2,
+            .matmul_avx512 = qt_matmul_q3_k_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_q3_k_avx2,
         },
     [QT_IQ4_NL] =
@@ -204,6 +222,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_iq4_nl_avx2,
+            .matmul_avx512 = qt_matmul_iq4_nl_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_iq4_nl_avx2,
             .matmul_q8_vnni = qt_matmul_q8_iq4_nl_vnni,
@@ -216,6 +235,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_iq4_xs_avx2,
+            .matmul_avx512 = qt_matmul_iq4_xs_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_iq4_xs_avx2,
         },
     [QT_MXFP4] =
@@ -225,6 +245,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_gguf_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
             .matmul_avx2 = qt_matmul_mxfp4_avx2,
+            .matmul_avx512 = qt_matmul_mxfp4_avx512,
             .matmul_q8 = qt_matmul_q8_b32_ref,
             .matmul_q8_avx2 = qt_matmul_q8_mxfp4_avx2,
             .matmul_q8_vnni = qt_matmul_q8_mxfp4_vnni,
@@ -317,8 +338,8 @@ static void matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, 
 
 /* --- CPU path selection ------------------------------------------------- */
 
-static bool force_scalar, no_vnni;
-static bool have_avx2, have_vnni;
+static bool force_scalar, no_vnni, no_avx512;
+static bool have_avx2, have_avx512, have_vnni;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -345,16 +366,17 @@ static bool cpu_has_avx2_fma_f16c(void)
     return b & (1u << 5);
 }
 
-/* AVX512F, AVX512VL and AVX512_VNNI from CPUID leaf 7, and the OS saving
- * the opmask and ZMM state (XCR0 bits 5-7) beside the YMM state. */
-static bool cpu_has_avx512_vnni(void)
+/* AVX512F and AVX512VL from CPUID leaf 7 (and AVX512_VNNI when vnni is
+ * asked), and the OS saving the opmask and ZMM state (XCR0 bits 5-7)
+ * beside the YMM state. */
+static bool cpu_has_avx512(bool vnni)
 {
     unsigned a, b, c, d;
     if (!cpu_has_avx2_fma_f16c())
         return false;
     __cpuid_count(7, 0, a, b, c, d);
-    bool f = b & (1u << 16), vl = b & (1u << 31), vnni = c & (1u << 11);
-    if (!(f && vl && vnni))
+    bool f = b & (1u << 16), vl = b & (1u << 31), has_vnni = c & (1u << 11);
+    if (!(f && vl && (has_vnni || !vnni)))
         return false;
     unsigned xcr0_lo, xcr0_hi;
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
@@ -365,8 +387,9 @@ static bool cpu_has_avx2_fma_f16c(void)
 {
     return false;
 }
-static bool cpu_has_avx512_vnni(void)
+static bool cpu_has_avx512(bool vnni)
 {
+    (void)vnni;
     return false;
 }
 #endif
@@ -374,10 +397,13 @@ static bool cpu_has_avx512_vnni(void)
 static void detect_cpu(void)
 {
     have_avx2 = cpu_has_avx2_fma_f16c();
-    have_vnni = cpu_has_avx512_vnni();
+    have_avx512 = cpu_has_avx512(false);
+    have_vnni = cpu_has_avx512(true);
     const char *env = getenv("QLSERVE_CPU_PATH");
     if (env && strcmp(env, "scalar") == 0)
         force_scalar = true;
+    if (env && strcmp(env, "avx2") == 0)
+        no_avx512 = no_vnni = true;
 }
 
 /* Whether the rows' AVX2 entries are taken (the CPU has them, none forced off). */
@@ -391,6 +417,26 @@ const char *qt_cpu_path(void)
 {
     pthread_once(&cpu_once, detect_cpu);
     return (have_avx2 && !force_scalar) ? "avx2" : "scalar";
+}
+
+/* Whether the f32 products take their AVX-512 entries (given AVX2). */
+static bool use_avx512(void)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    return have_avx512 && !no_avx512;
+}
+
+const char *qt_f32_path(void)
+{
+    if (!use_avx2())
+        return "scalar";
+    return use_avx512() ? "avx512" : "avx2";
+}
+
+void qt_set_no_avx512(bool off)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    no_avx512 = off;
 }
 
 /* Whether the 8-bit products take their AVX-512 VNNI entries (given AVX2). */
@@ -518,7 +564,9 @@ void qt_matmul(const qtensor *w, const float *x, int64_t batch, float *y, int64_
             return;
         }
     }
-    if (have_avx2 && !force_scalar && tr->matmul_avx2)
+    if (have_avx2 && !force_scalar && tr->matmul_avx512 && use_avx512())
+        tr->matmul_avx512(w, x, batch, y, row0, row1);
+    else if (have_avx2 && !force_scalar && tr->matmul_avx2)
         tr->matmul_avx2(w, x, batch, y, row0, row1);
     else
         tr->matmul_ref(w, x, batch, y, row0, row1);

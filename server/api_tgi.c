@@ -718,6 +718,8 @@ void srv_tgi_info(srv_conn *c, const char *name)
                                 ql_name_of(&ql_activations_names, qt_get_activations()));
         /* the kernel set the 8-bit products take here (avx512vnni, avx2, scalar) */
         cJSON_AddStringToObject(root, "q8_kernels", qt_q8_path());
+        /* and the f32 products' (avx512: eight rows of x a pass; avx2; scalar) */
+        cJSON_AddStringToObject(root, "f32_kernels", qt_f32_path());
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);

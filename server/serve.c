@@ -479,7 +479,8 @@ static void load_after(uv_work_t *req, int status)
     } else {
         s->serving = !s->draining;
         fprintf(stderr, "qlserve: serving %s (%s, %s, %s kernels, %s activations) on %s\n",
-                s->model_id, eng_arch_name(s->model.cfg.arch), s->model.quant, qt_cpu_path(),
+                s->model_id, eng_arch_name(s->model.cfg.arch), s->model.quant,
+                qt_get_activations() == QL_ACTIVATIONS_Q8 ? qt_q8_path() : qt_f32_path(),
                 ql_name_of(&ql_activations_names, qt_get_activations()),
                 eng_engine_backend(s->engine));
         eng_engine_stats es;

@@ -256,6 +256,55 @@ Test(matmul, batching_never_changes_a_result, .timeout = 60)
     }
 }
 
+/* The AVX-512 products (eight rows of x per pass) give the AVX2 ones'
+ * (four) bit for bit, for every kind and batches 1 .. 9 and 17, narrow and
+ * wide (rows spanning several tiles and blocks). */
+static void check_avx512_kind(const kcase *kc, int64_t cols, uint64_t *rng)
+{
+    int64_t rows = 11;
+    float *w = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(17 * cols) * 4);
+    float *y2 = malloc((size_t)(17 * rows) * 4), *y5 = malloc((size_t)(17 * rows) * 4);
+    cr_assert(w && x && y2 && y5);
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = 0.02f * test_normal(rng);
+    for (int64_t i = 0; i < 17 * cols; i++)
+        x[i] = test_normal(rng);
+    qtensor t;
+    make_tensor(kc, w, rows, cols, rng, &t);
+    for (int64_t batch = 1; batch <= 17; batch += batch < 9 ? 1 : 8) {
+        qt_set_no_avx512(true);
+        qt_matmul(&t, x, batch, y2, 0, rows);
+        qt_set_no_avx512(false);
+        qt_matmul(&t, x, batch, y5, 0, 4); /* two ranges, as the pool splits */
+        qt_matmul(&t, x, batch, y5, 4, rows);
+        for (int64_t i = 0; i < batch * rows; i++)
+            cr_assert(same_bits(y2[i], y5[i]), "%s batch %lld output %lld: AVX2 %.9g, AVX-512 %.9g",
+                      kc->label, (long long)batch, (long long)i, y2[i], y5[i]);
+    }
+    qt_free(&t);
+    free(w);
+    free(x);
+    free(y2);
+    free(y5);
+}
+
+Test(matmul, avx512_products_equal_the_avx2_ones, .timeout = 60)
+{
+    if (strcmp(qt_f32_path(), "avx512") != 0)
+        cr_skip_test("this CPU has no AVX-512 F and VL: the AVX-512 products cannot run here");
+    uint64_t rng = 77;
+    /* narrow rows ride eight to a pass, wide ones (past 32 KiB of x) four */
+    for (int wide = 0; wide < 2; wide++) {
+        for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+            const kcase *kc = &kinds[k];
+            int64_t cols = super_blocks(kc) ? 768 : kc->kquant ? 608 : kc->gguf ? 544 : 541;
+            check_avx512_kind(kc, wide ? 3 * cols : cols, &rng);
+        }
+        for (size_t k = 0; k < sizeof grouped / sizeof *grouped; k++)
+            check_avx512_kind(&grouped[k], wide ? 1280 : 640, &rng);
+    }
+}
+
 /* qt_attend, both paths, against softmax(q.k * scale) . v in float64: n
  * positions stored `stride` floats apart, walked in runs of uneven length
  * (as the paged cache hands them over), for head sizes that take the AVX2

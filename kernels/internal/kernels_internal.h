@@ -128,45 +128,34 @@ int qt_kquant_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
  * only when the CPU reports those features). Same contracts as matmul_ref
  * and dequantize_rows; every dequantization gives the scalar one's bits.
  * NF4 and FP4 share one (the codebook is the tensor's); F32 has no fast
- * dequantization (its scalar one is a memcpy).
+ * dequantization (its scalar one is a memcpy). The products come in two
+ * kernel sets, _avx2 and _avx512 (matmul_avx512.c: the same bodies with
+ * eight rows of x per pass, the same bits, taken where AVX-512 VL is).
  */
-void qt_matmul_f32_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                        int64_t row1);
-void qt_matmul_f16_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                        int64_t row1);
-void qt_matmul_bf16_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_bnb4_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_affine_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                           int64_t row1);
-void qt_matmul_q4_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q4_1_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q8_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q5_0_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q5_1_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q4_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q5_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q6_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q2_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_q3_k_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                         int64_t row1);
-void qt_matmul_iq4_nl_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                           int64_t row1);
-void qt_matmul_iq4_xs_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                           int64_t row1);
-void qt_matmul_mxfp4_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                          int64_t row1);
-/* qt_lora_down and qt_lora_up on AVX2 (qtensor.h: the same bits as the _ref). */
+#define QT_MATMUL_ARGS                                                                             \
+    const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0, int64_t row1
+#define QT_MATMUL_ENTRIES(set)                                                                     \
+    void qt_matmul_f32_##set(QT_MATMUL_ARGS);                                                      \
+    void qt_matmul_f16_##set(QT_MATMUL_ARGS);                                                      \
+    void qt_matmul_bf16_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_bnb4_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_affine_##set(QT_MATMUL_ARGS);                                                   \
+    void qt_matmul_q4_0_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q4_1_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q8_0_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q5_0_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q5_1_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q4_k_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q5_k_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q6_k_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q2_k_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_q3_k_##set(QT_MATMUL_ARGS);                                                     \
+    void qt_matmul_iq4_nl_##set(QT_MATMUL_ARGS);                                                   \
+    void qt_matmul_iq4_xs_##set(QT_MATMUL_ARGS);                                                   \
+    void qt_matmul_mxfp4_##set(QT_MATMUL_ARGS);
+QT_MATMUL_ENTRIES(avx2)
+QT_MATMUL_ENTRIES(avx512)
+
 void qt_lora_down_avx2(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up_avx2(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
 void qt_dequantize_rows_f16_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
