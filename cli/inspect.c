@@ -136,7 +136,7 @@ static const char *rope_factors_note(const eng_config *c)
     if (!c->n_rope_freq_factors)
         return "";
     if (c->rope_scaling == ENG_ROPE_LONGROPE)
-        return c->rope_long_factors ? ", long factors" : ", short factors";
+        return ", short and long factors, one set per sequence";
     return ", frequency factors (rope_freqs.weight)";
 }
 

@@ -46,6 +46,10 @@ typedef struct ref_model {
     float *embed, *norm;
     float *lm_head; /* the embeddings when tied (then not owned) */
     ref_layer *layers;
+    /* longrope: the positions a pass is taken to reach (0, as ref_load sets
+     * it: its tokens, as transformers switches on the length of a forward
+     * call); past the original context, the long factors rotate them all */
+    int32_t reserve;
 } ref_model;
 
 /* t dequantized, after checking it has the shape the config implies. NULL
@@ -72,6 +76,7 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
     int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t nq = (int64_t)c->n_heads * c->head_dim, nkv = (int64_t)c->n_kv_heads * c->head_dim;
     R->c = *c;
+    R->reserve = 0;
     R->embed = ref_dequant(&m->embed, V, H, false, "embed", -1);
     R->norm = ref_dequant(&m->norm, 1, H, false, "norm", -1);
     R->lm_head = ref_dequant(&m->lm_head, V, H, true, "lm_head", -1);
@@ -259,11 +264,13 @@ static inline double ref_yarn_freq(const eng_config *c, int i, double freq)
     return freq / c->rope_factor * (1.0 - extrapolate) + freq * extrapolate;
 }
 
-static inline double ref_rope_freq(const eng_config *c, int i)
+/* Pair i's frequency; long_set: longrope's long factors divide it (else
+ * the short ones, or a GGUF's rope_freqs.weight). */
+static inline double ref_rope_freq(const eng_config *c, int i, bool long_set)
 {
     double freq = pow((double)c->rope_theta, -2.0 * i / ref_rope_dims(c));
     if (i < c->n_rope_freq_factors)
-        freq /= (double)c->rope_freq_factors[i];
+        freq /= (double)(long_set ? c->rope_long_freq_factors[i] : c->rope_freq_factors[i]);
     if (c->rope_scaling == ENG_ROPE_LINEAR)
         return freq / c->rope_factor;
     if (c->rope_scaling == ENG_ROPE_YARN)
@@ -284,17 +291,17 @@ static inline double ref_rope_freq(const eng_config *c, int i)
 
 /* Rotate one head's vector for position pos: pairs (i, i + d/2) as Hugging
  * Face lays them out, or (2i, 2i + 1) in a llama GGUF. longrope (Phi-3):
- * the chosen factor set divides the frequencies above (as
- * rope_freq_factors), and cos and sin are multiplied by the attention
- * factor, as transformers' Phi3RotaryEmbedding multiplies them; YaRN's
- * cos and sin too. */
-static inline void ref_rope(const eng_config *c, double *v, int pos)
+ * the factor set (long_set: the long one) divides the frequencies above,
+ * and cos and sin are multiplied by the attention factor, as
+ * transformers' Phi3RotaryEmbedding multiplies them; YaRN's cos and sin
+ * too. */
+static inline void ref_rope(const eng_config *c, double *v, int pos, bool long_set)
 {
     int half = ref_rope_dims(c) / 2; /* partial rotary: the leading dims only */
     bool scaled = c->rope_scaling == ENG_ROPE_LONGROPE || c->rope_scaling == ENG_ROPE_YARN;
     double mscale = scaled ? (double)c->rope_attn_factor : 1.0;
     for (int i = 0; i < half; i++) {
-        double angle = pos * ref_rope_freq(c, i);
+        double angle = pos * ref_rope_freq(c, i, long_set);
         double cs = cos(angle) * mscale, sn = sin(angle) * mscale;
         int a = c->rope_interleaved ? 2 * i : i, b = c->rope_interleaved ? 2 * i + 1 : i + half;
         double x0 = v[a], x1 = v[b];
@@ -433,6 +440,10 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     double *tmp = calloc((size_t)(H > nq ? H : nq), sizeof *tmp);
     cr_assert(x && h && q && att && k && v && o && p && g && u && tmp);
     double off = c->norm_offset; /* Gemma folders: norms are (1 + w) */
+    /* longrope's set, as transformers' longrope_frequency_update takes it:
+     * long when the pass reaches past the original context */
+    bool long_set = c->rope_scaling == ENG_ROPE_LONGROPE &&
+                    (n > R->reserve ? n : R->reserve) > c->rope_original_max_position;
 
     // token embeddings (Gemma: times sqrt(hidden) as the model's dtype holds it)
     for (int t = 0; t < n; t++)
@@ -458,10 +469,10 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
                 ref_norm_in_place(c, k + t * nkv + i, L->k_norm, kn, tmp);
             for (int hh = 0; rotates && hh < c->n_heads; hh++)
                 local ? ref_rope_local(c, q + t * nq + hh * hd, t)
-                      : ref_rope(c, q + t * nq + hh * hd, t);
+                      : ref_rope(c, q + t * nq + hh * hd, t, long_set);
             for (int hh = 0; rotates && hh < c->n_kv_heads; hh++)
                 local ? ref_rope_local(c, k + t * nkv + hh * hd, t)
-                      : ref_rope(c, k + t * nkv + hh * hd, t);
+                      : ref_rope(c, k + t * nkv + hh * hd, t, long_set);
             double temp =
                 c->attn_temp_beta > 0
                     ? 1.0 + c->attn_temp_beta * log(1.0 + floor((double)t / c->attn_temp_floor))

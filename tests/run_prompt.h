@@ -9,6 +9,7 @@
  *   prompt_run r = {.tokens = ids, .n_tokens = n};          one prefill
  *   float *all = run_prompt(&m, &r);                         [n][vocab], freed by the caller
  *   r.prefill = 1;                                           one token a step
+ *   r.reserve = 64;                                          reserve more (longrope's set)
  *
  * The comparison is test_util.h's (test_max_abs_err, test_diff).
  */
@@ -29,6 +30,9 @@ typedef struct prompt_run {
     const eng_weights *weights; /* the version to run (NULL: the model's own weights) */
     const eng_lora_term *delta; /* adapters applied unmerged (n_delta of them; borrowed) */
     int32_t n_delta;
+    /* KV positions the sequence reserves (0: n_tokens); longrope's factor
+     * set follows it as the engine's admission chooses (eng_rope_long_for) */
+    int32_t reserve;
 } prompt_run;
 
 /* Every position's logits of r's tokens through m, [n_tokens][vocab]
@@ -47,7 +51,9 @@ static inline float *run_prompt(const eng_model *m, const prompt_run *r)
                  0, "%s", msg);
     cr_assert_eq(eng_forward_state_new(&st, m, prefill, msg, sizeof msg), 0, "%s", msg);
     eng_seq_kv skv = {0};
-    cr_assert_eq(eng_kv_reserve(kv, &skv, n), 0);
+    const int32_t reserve = r->reserve > n ? r->reserve : n;
+    const bool rope_long = eng_rope_long_for(&m->cfg, reserve);
+    cr_assert_eq(eng_kv_reserve(kv, &skv, reserve), 0);
     float *all = malloc((size_t)n * vocab * sizeof(float));
     float *last = malloc(vocab * sizeof(float));
     cr_assert(all && last);
@@ -57,7 +63,8 @@ static inline float *run_prompt(const eng_model *m, const prompt_run *r)
                       .all_logits = all,
                       .weights = r->weights,
                       .delta = r->delta,
-                      .n_delta = r->n_delta};
+                      .n_delta = r->n_delta,
+                      .rope_long = rope_long};
     cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
     for (int t = prefill; t < n; t++) {
         s = (eng_step_seq){.kv = &skv,
@@ -66,7 +73,8 @@ static inline float *run_prompt(const eng_model *m, const prompt_run *r)
                            .pos = t,
                            .weights = r->weights,
                            .delta = r->delta,
-                           .n_delta = r->n_delta};
+                           .n_delta = r->n_delta,
+                           .rope_long = rope_long};
         cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, all + (size_t)t * vocab, msg, sizeof msg),
                      0, "position %d: %s", t, msg);
     }

@@ -156,21 +156,25 @@ static void check_gemma3_gguf(eng_model *m)
     m->cfg.attn_scale = (float)(1.0 / sqrt(20.0));
 }
 
-/* The Phi-3 fixture's config: longrope with the long factors chosen (what
- * transformers' _compute_longrope_parameters makes of factor 64 / 16 and
- * the original context 16), the window, the split shapes. */
+/* The Phi-3 fixture's config: longrope with both factor sets (each
+ * sequence takes one) and the attention factor transformers'
+ * _compute_longrope_parameters makes of factor 64 / 16 and the original
+ * context 16, the window, the split shapes. The fixture's 32 tokens reach
+ * past the original context: the long factors rotate them. */
 static void check_phi3(const eng_model *m, const char *format)
 {
     const eng_config *c = &m->cfg;
     cr_assert_eq(c->arch, ENG_ARCH_PHI3);
     cr_assert_str_eq(eng_arch_name(c->arch), "phi3");
     cr_assert_eq(c->rope_scaling, ENG_ROPE_LONGROPE);
-    cr_assert(c->rope_long_factors);
     cr_assert_eq(c->rope_original_max_position, 16);
     cr_assert_eq(c->max_position_embeddings, 64);
     cr_assert_eq(c->n_rope_freq_factors, 8);
-    for (int i = 0; i < 8; i++)
-        cr_assert_float_eq(c->rope_freq_factors[i], PHI3_LONG_FACTOR[i], 1e-6, "factor %d", i);
+    for (int i = 0; i < 8; i++) {
+        cr_assert_float_eq(c->rope_freq_factors[i], PHI3_SHORT_FACTOR[i], 1e-6, "short %d", i);
+        cr_assert_float_eq(c->rope_long_freq_factors[i], PHI3_LONG_FACTOR[i], 1e-6, "long %d", i);
+    }
+    cr_assert(eng_rope_long_for(c, PHI3_N_TOKENS));
     cr_assert_float_eq(c->rope_attn_factor, sqrt(1.0 + log(64.0 / 16.0) / log(16.0)), 1e-6);
     cr_assert_eq(c->sliding_window, 20);
     cr_assert_not(c->rope_interleaved, "phi3 rows stay as Hugging Face has them");
@@ -200,7 +204,8 @@ static void check_phi3_partial(eng_model *m)
 {
     cr_assert_eq(m->cfg.rope_dim, 12);
     cr_assert_eq(m->cfg.n_rope_freq_factors, 6);
-    cr_assert_float_eq(m->cfg.rope_freq_factors[5], PHI3_LONG_FACTOR[5], 1e-6);
+    cr_assert_float_eq(m->cfg.rope_freq_factors[5], PHI3_SHORT_FACTOR[5], 1e-6);
+    cr_assert_float_eq(m->cfg.rope_long_freq_factors[5], PHI3_LONG_FACTOR[5], 1e-6);
 }
 
 /* The mixtures of experts (make_moe_reference.py: 8 experts, 2 chosen per
@@ -469,10 +474,11 @@ static void no_attn_factor(eng_config *c)
     c->rope_attn_factor = 1.0f;
 }
 
+/* The long set replaced by the short one. */
 static void short_factors(eng_config *c)
 {
     for (int i = 0; i < 8; i++)
-        c->rope_freq_factors[i] = (float)PHI3_SHORT_FACTOR[i];
+        c->rope_long_freq_factors[i] = (float)PHI3_SHORT_FACTOR[i];
 }
 
 static void whole_head_rotation(eng_config *c)

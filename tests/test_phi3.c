@@ -11,12 +11,15 @@
  * What is pinned (the folder's, the f32 GGUF's and the partial-rotary
  * model's logits against transformers' float64 ones, and the features
  * those tests must see, are rows of test_architectures.c):
- *   - the factor choice (eng_config says why): this model's context (64)
- *     is past the original (16), so long_factor serves every position, a
- *     prompt of 10 tokens too, where transformers would take short_factor
- *     (its PHI3_SHORT_LOGITS differ, ours are the first rows of the long
- *     ones); the same folder with a context of 16 takes short_factor and
- *     equals transformers' short-prompt logits;
+ *   - the factor set per sequence (eng_rope_long_for): a sequence that
+ *     reserves at most the original 16 positions rotates with short_factor
+ *     and equals transformers' logits of its prompt (PHI3_SHORT_LOGITS);
+ *     one that reserves more (a 10-token prompt that may grow to 17)
+ *     rotates every position with long_factor, the first rows of
+ *     transformers' 32-token logits; on the folder and the GGUF, and
+ *     through the engine, whose prefix cache never hands one set's blocks
+ *     to a sequence of the other; a context of 16 never takes the long
+ *     set;
  *   - the q8_0 GGUF's q/k/v and gate/up are views into the mapped fused
  *     tensors and give the float64 reference pass's logits
  *     (tests/ref_forward.h) over the same dequantized weights;
@@ -34,6 +37,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -47,6 +51,7 @@
 #include "ref_forward.h"
 #include "run_prompt.h"
 #include "runtime.h"
+#include "scheduler.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -104,6 +109,14 @@ static float *run_phi3(const eng_model *m, int n, const eng_weights *w, const en
     return run_prompt(m, &r);
 }
 
+/* The same for a sequence that reserves `reserve` positions (its factor
+ * set follows them), prefilled `prefill` tokens, then one a step. */
+static float *run_reserved(const eng_model *m, int n, int prefill, int32_t reserve)
+{
+    prompt_run r = {.tokens = PHI3_TOKENS, .n_tokens = n, .prefill = prefill, .reserve = reserve};
+    return run_prompt(m, &r);
+}
+
 /* The largest |ours - reference| over n positions of [n][PHI3_VOCAB]
  * (test_max_abs_err: +inf when any logit is NaN or infinite). */
 static double worst_error(const float *all, const double (*want)[PHI3_VOCAB], int n)
@@ -121,19 +134,150 @@ static double expected_attn_factor(void)
     return sqrt(1.0 + log(64.0 / 16.0) / log(16.0));
 }
 
-Test(phi3, short_prompt_keeps_the_long_factors_the_context_chose)
+/* A short sequence and a long-reserved one on m: transformers' short and
+ * long logits, each set for all its positions, the boundary at the
+ * original context (16 reserved: short, 17: long, as transformers switches
+ * past 16 positions). */
+static void check_factor_sets(const eng_model *m, const char *label)
+{
+    cr_assert_not(eng_rope_long_for(&m->cfg, 16), "%s", label);
+    cr_assert(eng_rope_long_for(&m->cfg, 17), "%s", label);
+    /* the two references differ: a set taken wrongly shows */
+    float *probe = run_reserved(m, PHI3_SHORT_N, 0, 0);
+    cr_assert_gt(worst_error(probe, PHI3_LOGITS, PHI3_SHORT_N), 1e-3, "%s", label);
+    free(probe);
+    const struct {
+        int32_t reserve;
+        int prefill;
+        const double (*want)[PHI3_VOCAB];
+    } cases[] = {
+        {0, 0, PHI3_SHORT_LOGITS}, {16, 0, PHI3_SHORT_LOGITS}, {16, 4, PHI3_SHORT_LOGITS},
+        {17, 0, PHI3_LOGITS},      {17, 4, PHI3_LOGITS},       {64, 1, PHI3_LOGITS},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        float *all = run_reserved(m, PHI3_SHORT_N, cases[i].prefill, cases[i].reserve);
+        double worst = worst_error(all, cases[i].want, PHI3_SHORT_N);
+        cr_log_info("%s, %d tokens reserving %d: worst logit error %g", label, PHI3_SHORT_N,
+                    cases[i].reserve, worst);
+        cr_assert_lt(worst, 1e-5, "%s, reserving %d (prefill %d): worst logit error %g", label,
+                     cases[i].reserve, cases[i].prefill, worst);
+        free(all);
+    }
+}
+
+Test(phi3, each_sequence_takes_its_factor_set_from_what_it_reserves)
 {
     make_folder(NULL);
     eng_model m;
     load(&m, dir, NULL);
-    float *all = run_phi3(&m, PHI3_SHORT_N, NULL, NULL, 0);
-    /* the first rows of the long-factor prefill: the factors the model's
-     * context chose, not the prompt's length */
-    double worst = worst_error(all, PHI3_LOGITS, PHI3_SHORT_N);
-    cr_assert_lt(worst, 1e-5, "worst logit error %g", worst);
-    /* where transformers, switching on the prompt, takes short_factor */
-    cr_assert_gt(worst_error(all, PHI3_SHORT_LOGITS, PHI3_SHORT_N), 1e-3);
-    free(all);
+    check_factor_sets(&m, "folder");
+    eng_model_free(&m);
+    load(&m, FIXTURE("phi3_tiny.gguf"), NULL);
+    check_factor_sets(&m, "gguf");
+    eng_model_free(&m);
+}
+
+/* --- the engine: the set chosen at admission, the prefix cache keyed by it ------ */
+
+/* The first token of one request: its logprob and top alternatives. */
+typedef struct first_token {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, have;
+    int32_t cached; /* prompt tokens the prefix cache held */
+    eng_logprob top[ENG_MAX_LOGPROBS];
+    int32_t n_top;
+} first_token;
+
+static void ft_on_token(void *user, const eng_token_event *ev)
+{
+    first_token *f = user;
+    if (f->have || ev->token < 0)
+        return;
+    f->have = true;
+    f->n_top = ev->n_top;
+    memcpy(f->top, ev->top, (size_t)ev->n_top * sizeof *ev->top);
+}
+
+static void ft_on_done(void *user, eng_finish why, const eng_usage *u)
+{
+    (void)why;
+    first_token *f = user;
+    pthread_mutex_lock(&f->mu);
+    f->cached = u->cached_tokens;
+    f->done = true;
+    pthread_cond_signal(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* The first PHI3_SHORT_N fixture tokens as a prompt with max_new new
+ * tokens, greedy with top logprobs, run to its end: how many of its prompt
+ * tokens the prefix cache held, and the log-probabilities of its first
+ * token's row (the prompt's last position) against log_softmax(want). */
+static int32_t run_request(eng_engine *e, int32_t max_new, const double *want, const char *what)
+{
+    first_token f = {.done = false};
+    pthread_mutex_init(&f.mu, NULL);
+    pthread_cond_init(&f.cv, NULL);
+    int32_t prompt[PHI3_SHORT_N];
+    for (int i = 0; i < PHI3_SHORT_N; i++)
+        prompt[i] = PHI3_TOKENS[i];
+    eng_request r = {.prompt_tokens = prompt,
+                     .n_prompt_tokens = PHI3_SHORT_N,
+                     .max_new_tokens = max_new,
+                     .logprobs = true,
+                     .top_logprobs = ENG_MAX_LOGPROBS,
+                     .on_token = ft_on_token,
+                     .on_done = ft_on_done,
+                     .user = &f};
+    char msg[512];
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), 0, "%s: %s", what, msg);
+    pthread_mutex_lock(&f.mu);
+    while (!f.done)
+        pthread_cond_wait(&f.cv, &f.mu);
+    pthread_mutex_unlock(&f.mu);
+    cr_assert(f.have && f.n_top == ENG_MAX_LOGPROBS, "%s: no first token", what);
+    double max = want[0], sum = 0.0;
+    for (int v = 1; v < PHI3_VOCAB; v++)
+        max = want[v] > max ? want[v] : max;
+    for (int v = 0; v < PHI3_VOCAB; v++)
+        sum += exp(want[v] - max);
+    test_diff d = {0};
+    for (int32_t j = 0; j < f.n_top; j++)
+        test_diff_add(&d, f.top[j].logprob, want[f.top[j].token] - max - log(sum));
+    cr_log_info("%s: worst top logprob error %g", what, test_diff_abs(&d));
+    cr_assert_lt(test_diff_abs(&d), 1e-4, "%s: worst top logprob error %g", what,
+                 test_diff_abs(&d));
+    pthread_mutex_destroy(&f.mu);
+    pthread_cond_destroy(&f.cv);
+    return f.cached;
+}
+
+Test(phi3, engine_chooses_the_set_at_admission_and_keys_the_prefix_cache)
+{
+    make_folder(NULL);
+    eng_model m;
+    load(&m, dir, NULL);
+    /* blocks of 4: the 10-token prompt leaves two whole blocks to keep */
+    eng_engine_opts o = {.threads = 2,
+                         .kv_bytes = 4 << 20,
+                         .block_tokens = 4,
+                         .prefill_chunk = 4,
+                         .step_tokens = 16};
+    eng_engine *e;
+    char msg[512];
+    cr_assert_eq(eng_engine_start(&e, &m, &o, msg, sizeof msg), 0, "%s", msg);
+    const double *shorts = PHI3_SHORT_LOGITS[PHI3_SHORT_N - 1];
+    const double *longs = PHI3_LOGITS[PHI3_SHORT_N - 1];
+    /* 10 + 6 stays within the original 16: transformers' short logits */
+    cr_assert_eq(run_request(e, 6, shorts, "short"), 0);
+    /* 10 + 7 may pass it: the long set, and none of the short one's
+     * blocks although the prompt is the same */
+    cr_assert_eq(run_request(e, 7, longs, "long"), 0);
+    /* each set finds its own blocks again */
+    cr_assert_eq(run_request(e, 1, shorts, "short again"), 8);
+    cr_assert_eq(run_request(e, 30, longs, "long again"), 8);
+    eng_engine_stop(e);
     eng_model_free(&m);
 }
 
@@ -171,7 +315,7 @@ Test(phi3, context_within_the_original_takes_short_factors)
     free(cfg);
     eng_model m;
     load(&m, dir, NULL);
-    cr_assert_not(m.cfg.rope_long_factors);
+    cr_assert_not(eng_rope_long_for(&m.cfg, m.cfg.max_position_embeddings));
     cr_assert_float_eq(m.cfg.rope_freq_factors[7], PHI3_SHORT_FACTOR[7], 1e-6);
     cr_assert_float_eq(m.cfg.rope_attn_factor, expected_attn_factor(), 1e-6);
     float *all = run_phi3(&m, PHI3_SHORT_N, NULL, NULL, 0);

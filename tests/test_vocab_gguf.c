@@ -142,12 +142,12 @@ typedef struct vocab_name {
 ParameterizedTestParameters(vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
 {
     /* every llama.cpp vocabulary with test texts whose tokenizer model we
-     * implement: not bert-bge (WordPiece) or gemma-4 ("gemma4") */
+     * implement: not bert-bge (WordPiece) */
     static vocab_name names[] = {
-        {"llama-spm"}, {"phi-3"},  {"gpt-2"},        {"llama-bpe"},
-        {"qwen2"},     {"qwen35"}, {"deepseek-llm"}, {"deepseek-coder"},
-        {"starcoder"}, {"refact"}, {"command-r"},    {"falcon"},
-        {"mpt"},
+        {"llama-spm"}, {"phi-3"},   {"gpt-2"},        {"llama-bpe"},
+        {"qwen2"},     {"qwen35"},  {"deepseek-llm"}, {"deepseek-coder"},
+        {"starcoder"}, {"refact"},  {"command-r"},    {"falcon"},
+        {"mpt"},       {"gemma-4"},
     };
     return cr_make_param_array(vocab_name, names, sizeof names / sizeof *names);
 }
@@ -155,6 +155,24 @@ ParameterizedTestParameters(vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
 ParameterizedTest(vocab_name *v, vocab_gguf, llama_cpp_vocab_gives_llama_cpp_ids)
 {
     check_vocab(v->name);
+}
+
+/* Gemma 4's two rules beyond rank-ordered BPE, which the real vocabulary's
+ * texts cannot tell apart (make_gemma4_edge_vocab.py): merges joining a
+ * newline to another character never apply (each run of newlines is
+ * merged apart), and a run of newlines that is a token no merge makes is
+ * taken whole. The ids are llama.cpp's own. */
+Test(vocab_gguf, gemma4_newline_runs_give_llama_cpp_ids)
+{
+    char msg[512];
+    tok_tokenizer *t = NULL;
+    const char *path = VOCAB_DIR "/gemma4-edges.gguf";
+    cr_assert_eq(eng_tokenizer_load(&t, path, msg, sizeof msg), 0, "%s", msg);
+    cr_expect_str_eq(tok_gguf_model(t), "gemma4");
+    cr_expect(tok_adds_bos(t), "llama.cpp adds BOS for gemma4");
+    check_cases(t, "gemma4-edges", VOCAB_DIR "/gemma4-edges.gguf.inp",
+                VOCAB_DIR "/gemma4-edges.gguf.out", false, false);
+    tok_free(t);
 }
 
 /*

@@ -10,7 +10,9 @@
  *   SentencePiece-style BPE (Llama 2, Mistral, TinyLlama): spaces become
  *   U+2581 "▁", one is put in front of the text, the whole is merged (by
  *   rank from tokenizer.json, by score from GGUF as llama.cpp does it), and
- *   a character no piece covers becomes its bytes as <0xXX> tokens.
+ *   a character no piece covers becomes its bytes as <0xXX> tokens. Gemma
+ *   4's GGUF ("gemma4") is the same with no ▁ in front, merged by rank
+ *   over each run of newlines and each run of other characters apart.
  *
  * The reference is Hugging Face tokenizers: leftmost-longest matching of
  * added tokens before anything else (special ones only when asked),
@@ -307,6 +309,22 @@ static bool bpe_spm(const tok_tokenizer *t, scratch *s, const uint8_t *p, size_t
     return true;
 }
 
+/* llama.cpp's "gemma4" split (line_runs): BPE over each run of newlines
+ * and each run of other bytes apart, a run of newlines that is one token
+ * taken whole (llama.cpp's fix for Gemma 4's newline tokens). */
+static bool bpe_line_runs(const tok_tokenizer *t, scratch *s, const uint8_t *p, size_t n)
+{
+    for (size_t start = 0, i = 0; start < n; start = i) {
+        bool newlines = p[start] == '\n';
+        while (i < n && (p[i] == '\n') == newlines)
+            i++;
+        int32_t whole = newlines ? tok_vocab_find(t, (const char *)p + start, i - start) : -1;
+        if (whole >= 0 ? !push_id(s, whole) : !bpe_spm(t, s, p + start, i - start))
+            return false;
+    }
+    return true;
+}
+
 static bool text_append(scratch *s, const void *p, size_t n)
 {
     if (!tok_grow((void **)&s->text, &s->text_cap, s->text_len + n, 1))
@@ -453,6 +471,8 @@ static bool encode_spm(const tok_tokenizer *t, scratch *s, const uint8_t *p, siz
         if (!ok)
             return false;
     }
+    if (t->line_runs)
+        return bpe_line_runs(t, s, s->text, s->text_len);
     if (!t->spm_split)
         return bpe_spm(t, s, s->text, s->text_len);
     size_t start = 0;

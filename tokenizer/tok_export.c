@@ -34,6 +34,8 @@ const char *tok_token_text(const tok_tokenizer *t, int32_t id, size_t *len, int 
 
 const char *tok_gguf_model(const tok_tokenizer *t)
 {
+    if (t->line_runs)
+        return "gemma4";
     return t->family == FAMILY_SPM ? "llama" : "gpt2";
 }
 

@@ -1,7 +1,8 @@
 /*
  * tok_gguf.c - tok_from_gguf: a tokenizer from GGUF metadata
- * (tokenizer.ggml.*), model "gpt2" (byte-level BPE) or "llama"
- * (SentencePiece-style BPE merged by score, as llama.cpp does it).
+ * (tokenizer.ggml.*), model "gpt2" (byte-level BPE), "llama"
+ * (SentencePiece-style BPE merged by score, as llama.cpp does it) or
+ * "gemma4" (Gemma 4's SentencePiece-style BPE merged by rank).
  *
  * It follows llama.cpp: its token types (CONTROL is special, USER_DEFINED
  * an added token that is always matched), its pre-tokenizer names
@@ -123,8 +124,10 @@ static int gguf_merges(tok_tokenizer *t, const gguf_file *f, char *msg, size_t m
 {
     const gguf_kv *kv = gguf_find_kv(f, "tokenizer.ggml.merges");
     if (!kv)
-        return ql_fail(msg, msg_len, QL_ENOTFOUND,
-                       "%s: no tokenizer.ggml.merges (a \"gpt2\" tokenizer needs them)", t->source);
+        return ql_fail(
+            msg, msg_len, QL_ENOTFOUND,
+            "%s: no tokenizer.ggml.merges (a \"gpt2\" or \"gemma4\" tokenizer needs them)",
+            t->source);
     if (kv->type != GGUF_ARRAY || kv->elem != GGUF_STRING || kv->n > UINT32_MAX)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: tokenizer.ggml.merges is not an array of strings", t->source);
@@ -150,9 +153,12 @@ static int gguf_merges(tok_tokenizer *t, const gguf_file *f, char *msg, size_t m
     return rc;
 }
 
-/* tokenizer.ggml.model: "gpt2" or "llama" into *gpt2 (anything else is
- * refused, naming what it is when we know). */
-static int gguf_model(const tok_tokenizer *t, const gguf_file *f, bool *gpt2, char *msg,
+/* The tokenizer models of tokenizer.ggml.model we implement. */
+typedef enum gguf_tok_model { MODEL_GPT2, MODEL_LLAMA, MODEL_GEMMA4 } gguf_tok_model;
+
+/* tokenizer.ggml.model: "gpt2", "llama" or "gemma4" into *model (anything
+ * else is refused, naming what it is when we know). */
+static int gguf_model(const tok_tokenizer *t, const gguf_file *f, gguf_tok_model *out, char *msg,
                       size_t msg_len)
 {
     const char *path = t->source;
@@ -162,16 +168,22 @@ static int gguf_model(const tok_tokenizer *t, const gguf_file *f, bool *gpt2, ch
                        "%s: no tokenizer.ggml.model: the file carries no tokenizer", path);
     if (model->type != GGUF_STRING)
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: tokenizer.ggml.model is not a string", path);
-    *gpt2 = gguf_str_is(model->str, "gpt2");
-    if (*gpt2 || gguf_str_is(model->str, "llama"))
-        return QL_OK;
+    static const struct {
+        const char *name;
+        gguf_tok_model model;
+    } known[] = {{"gpt2", MODEL_GPT2}, {"llama", MODEL_LLAMA}, {"gemma4", MODEL_GEMMA4}};
+    for (size_t k = 0; k < N_ELEMS(known); k++)
+        if (gguf_str_is(model->str, known[k].name)) {
+            *out = known[k].model;
+            return QL_OK;
+        }
     const char *what = gguf_str_is(model->str, "bert")   ? " (WordPiece)"
                        : gguf_str_is(model->str, "t5")   ? " (Unigram)"
                        : gguf_str_is(model->str, "rwkv") ? " (RWKV's trie)"
                                                          : "";
     return ql_fail(msg, msg_len, QL_EINVAL,
                    "%s: tokenizer.ggml.model \"%.*s\"%s is not supported (only \"gpt2\", "
-                   "byte-level BPE, and \"llama\", sentencepiece BPE)",
+                   "byte-level BPE, \"llama\" and \"gemma4\", sentencepiece BPE)",
                    path, (int)(model->str.len > 64 ? 64 : model->str.len), model->str.ptr, what);
 }
 
@@ -216,6 +228,19 @@ static int gguf_sentencepiece(tok_tokenizer *t, const gguf_file *f, char *msg, s
     t->prefix = space_prefix ? PREFIX_EVERY : PREFIX_NONE;
     t->strip_space = space_prefix;
     return rc;
+}
+
+/* A "gemma4" vocabulary as llama.cpp's BPE session runs it for Gemma 4:
+ * spaces as ▁ (escape_whitespaces), no ▁ in front, the merges by rank over
+ * each run of newlines and each run of other characters (line_runs), a
+ * character no token covers as its <0xXX> byte tokens. */
+static int gguf_gemma4(tok_tokenizer *t, const gguf_file *f, char *msg, size_t msg_len)
+{
+    t->byte_fallback = true;
+    t->replace_space = true;
+    t->line_runs = true;
+    t->prefix = PREFIX_NONE;
+    return gguf_merges(t, f, msg, msg_len);
 }
 
 /* The added tokens: every CONTROL, USER_DEFINED and UNKNOWN token, special
@@ -265,17 +290,21 @@ static void gguf_harmony_tokens(tok_tokenizer *t)
 static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t msg_len)
 {
     const char *path = t->source;
-    bool gpt2 = false;
-    int rc = gguf_model(t, f, &gpt2, msg, msg_len);
+    gguf_tok_model model = MODEL_GPT2;
+    int rc = gguf_model(t, f, &model, msg, msg_len);
     if (rc)
         return rc;
+    bool gpt2 = model == MODEL_GPT2;
     t->family = gpt2 ? FAMILY_BYTE_LEVEL : FAMILY_SPM;
     if ((rc = gguf_tokens(t, f, msg, msg_len)))
         return rc;
     char pre_name[80] = "default";
     bool add_bos = !gpt2; /* llama.cpp's defaults when the key is missing */
-    rc = gpt2 ? gguf_byte_level(t, f, pre_name, sizeof pre_name, &add_bos, msg, msg_len)
-              : gguf_sentencepiece(t, f, msg, msg_len);
+    if (model == MODEL_GEMMA4)
+        rc = gguf_gemma4(t, f, msg, msg_len);
+    else
+        rc = gpt2 ? gguf_byte_level(t, f, pre_name, sizeof pre_name, &add_bos, msg, msg_len)
+                  : gguf_sentencepiece(t, f, msg, msg_len);
     if (rc)
         return rc;
     gguf_harmony_tokens(t);
@@ -290,6 +319,9 @@ static int gguf_build(tok_tokenizer *t, const gguf_file *f, char *msg, size_t ms
         (rc = gguf_token_id(t, f, "tokenizer.ggml.unknown_token_id", &t->unk, msg, msg_len)) ||
         (rc = gguf_bool(t, f, "tokenizer.ggml.add_bos_token", &add_bos, msg, msg_len)))
         return rc;
+    /* llama.cpp adds BOS for Gemma 4 whatever the file says (its
+     * "workaround for Gemma 4"), as Gemma 4 needs it */
+    add_bos = add_bos || model == MODEL_GEMMA4;
     t->adds_bos = add_bos && t->bos >= 0;
     if (!tok_finish(t, true))
         return ql_fail(msg, msg_len, QL_ENOMEM, "%s: out of memory", path);

@@ -401,10 +401,10 @@ void tok_write_description(tok_tokenizer *t, const char *pre_name)
         [PREFIX_ALWAYS] = "always",
         [PREFIX_FIRST] = "first",
     };
-    snprintf(t->describe, sizeof t->describe, "sentencepiece BPE, %s, %s%s▁ prefix: %s",
+    snprintf(t->describe, sizeof t->describe, "sentencepiece BPE, %s, %s%s%s▁ prefix: %s",
              t->score_merges ? "merged by score" : "merged by rank",
              t->byte_fallback ? "byte fallback, " : "", t->spm_split ? "split at ▁, " : "",
-             prefixes[t->prefix]);
+             t->line_runs ? "newline runs apart, " : "", prefixes[t->prefix]);
 }
 
 /* --- merges ---------------------------------------------------------------- */

@@ -95,7 +95,8 @@ const char *tok_describe(const tok_tokenizer *t);
  * 4 user-defined, 6 byte); NULL for an id no entry names or out of range. */
 const char *tok_token_text(const tok_tokenizer *t, int32_t id, size_t *len, int *type);
 /* tokenizer.ggml.model as llama.cpp names the family: "gpt2" (byte-level
- * BPE) or "llama" (SentencePiece-style, byte fallback). */
+ * BPE), "llama" (SentencePiece-style, byte fallback) or "gemma4" (Gemma
+ * 4's, read from a GGUF). */
 const char *tok_gguf_model(const tok_tokenizer *t);
 /* tokenizer.ggml.pre: the name llama.cpp's converter gives this
  * pre-tokenizer ("default" for the SentencePiece family), or NULL when no

@@ -151,9 +151,9 @@ static int gguf_rope_factors(const gguf_file *f, const char *name, int32_t half,
  * off), and for the long-context models longrope: rope_factors_long.weight
  * and rope_factors_short.weight, phi3.rope.scaling.original_context_length
  * and phi3.rope.scaling.attn_factor (the converter's sqrt(1 + ln(s) /
- * ln(original)), s = context / original). The factor set is chosen as
- * llama.cpp chooses it for a context of context_length (eng_config): long
- * when the context is past the original.
+ * ln(original)), s = context / original). Both factor sets are kept and
+ * each sequence takes one (eng_rope_long_for), where llama.cpp takes one
+ * for the whole context it is given.
  */
 static int gguf_phi3(const gguf_file *f, eng_config *c, char *msg, size_t msg_len)
 {
@@ -182,15 +182,11 @@ static int gguf_phi3(const gguf_file *f, eng_config *c, char *msg, size_t msg_le
             gguf_float(f, "phi3.rope.scaling.attn_factor", 1.0, &c->rope_attn_factor, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    c->rope_long_factors = c->max_position_embeddings > c->rope_original_max_position;
-    rc = gguf_rope_factors(
-        f, c->rope_long_factors ? "rope_factors_long.weight" : "rope_factors_short.weight", half,
-        c->rope_freq_factors, msg, msg_len);
-    float other[ENG_MAX_ROPE_FREQ_FACTORS]; /* the other set is checked, not kept */
+    rc =
+        gguf_rope_factors(f, "rope_factors_short.weight", half, c->rope_freq_factors, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_rope_factors(
-            f, c->rope_long_factors ? "rope_factors_short.weight" : "rope_factors_long.weight",
-            half, other, msg, msg_len);
+        rc = gguf_rope_factors(f, "rope_factors_long.weight", half, c->rope_long_freq_factors, msg,
+                               msg_len);
     if (rc != QL_OK)
         return rc;
     c->rope_scaling = ENG_ROPE_LONGROPE;

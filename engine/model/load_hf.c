@@ -71,9 +71,8 @@ static int longrope_factors(const char *path, const cJSON *rs, const char *key, 
  * context from rope_scaling or, as Phi-3 saves it, the top level (else the
  * context itself); factor, when not given, the context over the original;
  * attention_factor, when not given, sqrt(1 + ln(factor) / ln(original)),
- * or 1 when factor <= 1. Of short_factor and long_factor one set is kept:
- * long when the model's context is past the original (eng_config says
- * why; llama.cpp chooses so for its default context).
+ * or 1 when factor <= 1. Both short_factor and long_factor are kept: each
+ * sequence takes one (eng_rope_long_for).
  */
 static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng_config *c,
                           char *msg, size_t msg_len)
@@ -99,18 +98,15 @@ static int parse_longrope(const char *path, const cJSON *j, const cJSON *rs, eng
         rc = mf_json_positive_field(path, rs, "attention_factor", 1.0, &attn, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    float short_f[ENG_MAX_ROPE_FREQ_FACTORS];
-    rc = longrope_factors(path, rs, "short_factor", half, short_f, msg, msg_len);
+    rc = longrope_factors(path, rs, "short_factor", half, c->rope_freq_factors, msg, msg_len);
     if (rc == QL_OK)
-        rc = longrope_factors(path, rs, "long_factor", half, c->rope_freq_factors, msg, msg_len);
+        rc = longrope_factors(path, rs, "long_factor", half, c->rope_long_freq_factors, msg,
+                              msg_len);
     if (rc != QL_OK)
         return rc;
     c->rope_scaling = ENG_ROPE_LONGROPE;
     c->rope_factor = (float)factor;
     c->rope_attn_factor = (float)attn;
-    c->rope_long_factors = c->max_position_embeddings > c->rope_original_max_position;
-    if (!c->rope_long_factors)
-        memcpy(c->rope_freq_factors, short_f, (size_t)half * sizeof *short_f);
     c->n_rope_freq_factors = half;
     return QL_OK;
 }

@@ -101,9 +101,9 @@ typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
     ENG_ROPE_LINEAR, /* positions divided by factor */
     ENG_ROPE_LLAMA3, /* Llama 3.1's frequency-dependent scaling */
-    /* Phi-3's longrope ("su"): one set of per-pair factors, chosen at load
-     * and held in rope_freq_factors, and cos/sin multiplied by
-     * rope_attn_factor */
+    /* Phi-3's longrope ("su"): two sets of per-pair factors, short
+     * (rope_freq_factors) and long (rope_long_freq_factors), one chosen per
+     * sequence (eng_rope_long_for), and cos/sin times rope_attn_factor */
     ENG_ROPE_LONGROPE,
     /* YaRN (GPT-OSS): each frequency blended between itself and itself /
      * factor by a ramp over the pairs between the beta_fast and beta_slow
@@ -128,15 +128,12 @@ typedef struct eng_config {
     float rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
     int32_t rope_original_max_position;                /* llama3, longrope */
     /* longrope: what multiplies every cos and sin (transformers'
-     * attention_scaling, a GGUF's rope.scaling.attn_factor), and which of
-     * the two factor sets rope_freq_factors holds. The choice is made once,
-     * at load, as llama.cpp makes it for its default context: long_factor
-     * when the context the model serves (max_position_embeddings) is past
-     * original_max_position_embeddings, short_factor otherwise. (transformers
-     * instead switches per forward call on the longest position in it, so a
-     * prompt shorter than the original context gets short factors there.) */
+     * attention_scaling, a GGUF's rope.scaling.attn_factor), and the long
+     * factor set (n_rope_freq_factors of them; rope_freq_factors holds the
+     * short one). Each sequence rotates all its positions with one set,
+     * chosen at admission by eng_rope_long_for. */
     float rope_attn_factor;
-    bool rope_long_factors;
+    float rope_long_freq_factors[ENG_MAX_ROPE_FREQ_FACTORS];
     /* YaRN: the correction range's rotations (transformers' beta_fast,
      * beta_slow) and whether its ends are rounded out to whole dims
      * (transformers' truncate; ggml always rounds); rope_factor,
@@ -256,6 +253,15 @@ static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
 {
     int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
     return heads * c->head_dim;
+}
+
+/* Whether a sequence that may reach `reserved` positions (its prompt plus
+ * the tokens it may generate) rotates with longrope's long factors: when
+ * it may pass original_max_position_embeddings, as transformers switches
+ * (on the current length there). False for every other rope. */
+static inline bool eng_rope_long_for(const eng_config *c, int64_t reserved)
+{
+    return c->rope_scaling == ENG_ROPE_LONGROPE && reserved > c->rope_original_max_position;
 }
 
 /* Whether layer l rotates q and k (eng_config's nope_layers). */

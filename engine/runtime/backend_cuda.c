@@ -152,7 +152,9 @@ typedef struct cuda_backend {
     dev_layer *layers;
     eng_walk_layer *walk_layers; /* [n_layers]: the walk's view of layers */
     qt_cuda_kv kv;
-    double *inv_freq; /* host, [head_dim / 2] */
+    /* host, [2][head_dim / 2]: the short set, then longrope's long one
+     * (eng_step_seq.rope_long) */
+    double *inv_freq;
     /* Gemma 3's sliding layers' rotation (rope_local_theta): host
      * frequencies, NULL when the model has one rotation, and the step's
      * tables beside d_cos / h_cos */
@@ -666,11 +668,12 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         sc->seq_runs[s] = (row_run){.seq = s, .row0 = r, .rows = q->n_tokens};
         c->h_bt_offset[s] = (int32_t)tables;
         tables += (q->pos + q->n_tokens + bt - 1) / bt;
+        const double *inv_freq = c->inv_freq + (q->rope_long ? half : 0); /* its one set */
         for (int32_t t = 0; t < q->n_tokens; t++, r++) {
             c->h_tokens[r] = q->tokens[t];
             c->h_row_seq[r] = s;
             c->h_row_pos[r] = q->pos + t;
-            eng_rope_row(c->inv_freq, half, c->h_row_pos[r], eng_rope_attention_factor(cfg),
+            eng_rope_row(inv_freq, half, c->h_row_pos[r], eng_rope_attention_factor(cfg),
                          c->h_cos + (size_t)r * half, c->h_sin + (size_t)r * half);
             if (c->inv_freq_local)
                 eng_rope_row(c->inv_freq_local, half, c->h_row_pos[r], 1.0,
@@ -1641,10 +1644,11 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
             return rc;
     }
     c->seq_row = malloc(S * sizeof(int64_t));
-    c->inv_freq = malloc(half * sizeof(double));
+    c->inv_freq = malloc(2 * half * sizeof(double));
     if (!c->seq_row || !c->inv_freq)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
-    eng_rope_inv_freq(cfg, c->inv_freq);
+    eng_rope_inv_freq(cfg, false, c->inv_freq);
+    eng_rope_inv_freq(cfg, true, c->inv_freq + half);
     if (cfg->rope_local_theta > 0.0f) { /* Gemma 3's sliding layers */
         c->inv_freq_local = malloc(half * sizeof(double));
         if (!c->inv_freq_local)

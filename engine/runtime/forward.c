@@ -189,7 +189,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->seq_group = malloc(T * sizeof(int32_t));
     st->rope_cos = malloc(T * half * sizeof(float));
     st->rope_sin = malloc(T * half * sizeof(float));
-    st->inv_freq = malloc(half * sizeof(double));
+    st->inv_freq = malloc(2 * half * sizeof(double));
     st->norms = malloc(L * 2 * H * sizeof(float));
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
@@ -208,7 +208,8 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         return ql_fail(msg, msg_len, QL_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
     }
-    eng_rope_inv_freq(c, st->inv_freq);
+    eng_rope_inv_freq(c, false, st->inv_freq);
+    eng_rope_inv_freq(c, true, st->inv_freq + half);
     for (size_t l = 0; l < L; l++) {
         if (!c->post_norms) {
             norm_row(&m->layers[l].attn_norm, c->norm_offset, st->norms + (2 * l) * H);
@@ -428,10 +429,12 @@ static int cpu_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t
                        (long long)max_rank);
     int32_t rot_half = eng_rope_dims(c) / 2;
     for (int32_t s = 0, r = 0; s < n_seqs; s++) {
+        /* the sequence's one factor set (longrope's short or long) */
+        const double *inv_freq = st->inv_freq + (seqs[s].rope_long ? c->head_dim / 2 : 0);
         for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
-            eng_rope_row(st->inv_freq, rot_half, st->row_pos[r], eng_rope_attention_factor(c),
+            eng_rope_row(inv_freq, rot_half, st->row_pos[r], eng_rope_attention_factor(c),
                          st->rope_cos + r * rot_half, st->rope_sin + r * rot_half);
             if (st->inv_freq_local)
                 eng_rope_row(st->inv_freq_local, rot_half, st->row_pos[r], 1.0,

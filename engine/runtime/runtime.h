@@ -186,6 +186,11 @@ typedef struct eng_step_seq {
     const struct eng_weights *weights;
     const struct eng_lora_term *delta;
     int32_t n_delta;
+    /* longrope: every position of the sequence rotates with the long
+     * factor set (eng_rope_long_for of what it reserved, chosen once when
+     * it began), else the short one; its KV blocks may be shared only with
+     * sequences of the same set. Other ropes ignore it. */
+    bool rope_long;
     /* the caller only needs the greedy token (eng_sample's at temperature 0
      * without a penalty): a backend that can choose it where the logits are
      * (eng_backend_forward's tokens) need not return this row's logits */

@@ -60,13 +60,16 @@ static double yarn_ramp(const eng_config *c, int32_t rot, int32_t i)
     return r < 0.0 ? 0.0 : r > 1.0 ? 1.0 : r;
 }
 
-void eng_rope_inv_freq(const eng_config *c, double *inv_freq)
+void eng_rope_inv_freq(const eng_config *c, bool long_factors, double *inv_freq)
 {
     int32_t rot = eng_rope_dims(c), half = rot / 2;
+    const float *factors = long_factors && c->rope_scaling == ENG_ROPE_LONGROPE
+                               ? c->rope_long_freq_factors
+                               : c->rope_freq_factors;
     for (int32_t i = 0; i < half; i++) {
         double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)rot);
         if (i < c->n_rope_freq_factors)
-            f /= (double)c->rope_freq_factors[i];
+            f /= (double)factors[i];
         if (c->rope_scaling == ENG_ROPE_LINEAR) {
             f /= (double)c->rope_factor;
         } else if (c->rope_scaling == ENG_ROPE_YARN) {

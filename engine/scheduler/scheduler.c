@@ -99,6 +99,7 @@ struct eng_built {
     uint64_t prefix_key;    /* what computes its KV: version and adapters */
     eng_prefix_chain chain; /* where its prompt's kept blocks end */
     int32_t reserve;        /* KV positions of each choice */
+    bool rope_long;         /* longrope: the long factors, from reserve (eng_rope_long_for) */
     int32_t hold;           /* blocks choice 0 holds for the others' forks and copies */
     int32_t n_choices;
     seq *choices;      /* n_choices of them; 0 prefills, the others fork from it */
@@ -617,6 +618,8 @@ static int fit_prompt(const eng_engine *e, request *q, const eng_request *r, cha
                        n, max_new, e->o.max_context);
     q->req.max_new_tokens = max_new;
     plan_blocks(e, q, max_new, &q->reserve, &q->hold);
+    /* longrope: one factor set for all its positions, by how far it may go */
+    q->rope_long = eng_rope_long_for(&e->m->cfg, q->reserve);
     int32_t need = eng_kv_blocks_for(e->kv, q->reserve) + q->hold;
     if (need > eng_kv_total_blocks(e->kv))
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -844,10 +847,12 @@ static void apply_cancels(eng_engine *e, const uint64_t *ids, size_t n, bool all
 /* The prefix cache's key of what computes a sequence's KV on version w
  * with the adapters want applied on top: a version with nothing merged
  * serves the pristine weights whatever its number; an adapter is named by
- * its uid and its scale's bits, in order (the order of the sums). */
-static uint64_t prefix_key(const eng_weights *w, const eng_lora_term *want, size_t n_want)
+ * its uid and its scale's bits, in order (the order of the sums); and
+ * longrope's factor set, which rotated its keys. */
+static uint64_t prefix_key(const eng_weights *w, const eng_lora_term *want, size_t n_want,
+                           bool rope_long)
 {
-    uint64_t h = w->n_merged ? w->version + 1 : 0;
+    uint64_t h = (w->n_merged ? w->version + 1 : 0) * 2 + rope_long;
     h = h * 0x9e3779b97f4a7c15ULL + n_want;
     for (size_t i = 0; i < n_want; i++) {
         uint32_t bits;
@@ -919,7 +924,7 @@ static void admit(eng_engine *e)
     while (e->waiting) {
         request *r = e->waiting;
         /* what computes its KV now: the key of its prefix blocks */
-        r->prefix_key = prefix_key(e->current, r->want, r->n_want);
+        r->prefix_key = prefix_key(e->current, r->want, r->n_want, r->rope_long);
         if (prefix_in_flight(e, r) || !take_room(e, r))
             return; /* the head waits; order is kept */
         e->waiting = r->next;
@@ -1151,7 +1156,8 @@ static int32_t build_step(eng_engine *e)
                                     .pos = r->n_prompt + s->n_generated - 1,
                                     .weights = r->weights,
                                     .delta = r->delta,
-                                    .n_delta = (int32_t)r->n_delta};
+                                    .n_delta = (int32_t)r->n_delta,
+                                    .rope_long = r->rope_long};
         e->step_owner[n++] = s;
         budget--;
     }
@@ -1171,6 +1177,7 @@ static int32_t build_step(eng_engine *e)
                                     .weights = r->weights,
                                     .delta = r->delta,
                                     .n_delta = (int32_t)r->n_delta,
+                                    .rope_long = r->rope_long,
                                     .all_logits = r->req.prompt_logprobs ? e->prompt_rows : NULL};
         rows_taken |= r->req.prompt_logprobs;
         e->step_owner[n++] = s;

@@ -357,7 +357,9 @@ static int both_step(side *cpu, side *gpu, const eng_model *m, const seq_step *s
                                       .weights = w,
                                       .delta = delta ? delta[s] : NULL,
                                       .n_delta = n_delta ? n_delta[s] : 0,
-                                      .greedy = ss[s].greedy};
+                                      .greedy = ss[s].greedy,
+                                      /* longrope: B (40 tokens) on the long set */
+                                      .rope_long = s == 1};
         int rc = eng_backend_forward(sides[k]->b, steps, n, sides[k]->logits, sides[k]->tokens, msg,
                                      msg_len);
         if (rc != QL_OK)
@@ -824,9 +826,10 @@ static void rope_freq_factors(void)
     eng_model_free(&m);
 }
 
-/* Phi-3's longrope (one factor set in the config's frequency factors, cos
- * and sin times the attention factor) with a sliding window of 8, on a
- * random model: the device's rotation tables are the CPU's. */
+/* Phi-3's longrope (a short and a long factor set, cos and sin times the
+ * attention factor) with a sliding window of 8, on a random model: the
+ * device's rotation tables are the CPU's, for the scenario's sequence B
+ * on the long set (both_step) beside A and C on the short one. */
 static void phi3_longrope(void)
 {
     model_case mc = {"phi3-q8_0", {.kind = QT_Q8_0}, ENG_ARCH_PHI3, false, false, false, 8};
@@ -838,10 +841,11 @@ static void phi3_longrope(void)
     m.cfg.rope_scaling = ENG_ROPE_LONGROPE;
     m.cfg.rope_original_max_position = 16;
     m.cfg.rope_attn_factor = 1.2247449f; /* sqrt(1 + ln 4 / ln 16) */
-    m.cfg.rope_long_factors = true;
     m.cfg.n_rope_freq_factors = m.cfg.head_dim / 2;
-    for (int32_t i = 0; i < m.cfg.n_rope_freq_factors; i++)
-        m.cfg.rope_freq_factors[i] = 1.0f + 0.4f * (float)i;
+    for (int32_t i = 0; i < m.cfg.n_rope_freq_factors; i++) {
+        m.cfg.rope_freq_factors[i] = 1.0f + 0.05f * (float)i;
+        m.cfg.rope_long_freq_factors[i] = 1.0f + 0.4f * (float)i;
+    }
     scenario("steps_match_cpu_phi3_longrope", &m, NULL, NULL, NULL);
     eng_model_free(&m);
 }

@@ -260,6 +260,10 @@ struct tok_tokenizer {
     spm_prefix prefix;
     bool replace_space; /* ' ' -> ▁ */
     bool spm_split;     /* Metaspace split: a piece per ▁-word */
+    /* llama.cpp's "gemma4": each run of newlines and each run of other
+     * characters is merged apart ("[^\n]+|[\n]+"), and a run of newlines
+     * that is a token is taken whole */
+    bool line_runs;
     bool byte_fallback;
     bool fuse_unk;
     int32_t unk;

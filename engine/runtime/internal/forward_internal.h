@@ -24,7 +24,9 @@ struct eng_forward_state {
     int32_t *row_seq;           /* which step sequence each row belongs to */
     int32_t *row_pos;           /* its position */
     float *rope_cos, *rope_sin; /* [max_tokens][head_dim / 2] */
-    double *inv_freq;           /* [head_dim / 2], scaling applied */
+    /* [2][head_dim / 2], scaling applied: the short set, then longrope's
+     * long one (eng_step_seq.rope_long; the same numbers for other ropes) */
+    double *inv_freq;
     /* dense f32 copies of the small parameters, per layer */
     float *norms;      /* [n_layers][2][hidden]: attn, ffn (unset with post_norms) */
     float *final_norm; /* [hidden] */

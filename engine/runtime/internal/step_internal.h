@@ -16,8 +16,10 @@
 int32_t eng_rope_dims(const eng_config *c);
 /* inv_freq[i] for i < eng_rope_dims(c) / 2: the rotary frequencies of
  * config c (theta^(-2i / rotary dims)) with its rope scaling folded in
- * (every backend rotates with these). */
-void eng_rope_inv_freq(const eng_config *c, double *inv_freq);
+ * (every backend rotates with these). long_factors: longrope's long set
+ * (a sequence's eng_step_seq.rope_long) in place of the short one; no
+ * other rope reads it. */
+void eng_rope_inv_freq(const eng_config *c, bool long_factors, double *inv_freq);
 /* What multiplies every cos and sin of config c: longrope's attention
  * factor, 1 for every other rope. */
 double eng_rope_attention_factor(const eng_config *c);
