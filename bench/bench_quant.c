@@ -3,7 +3,8 @@
  *
  * For each kind, on one 4096 x 4096 weight (N(0, 0.02), as an LLM's linear
  * layers are): dequantization throughput, and GFLOP/s of y = x @ W^T at
- * batch 1 and batch 8 through qt_matmul (the fast path this CPU takes),
+ * batch 1, 8 and 32 through qt_matmul (the fast path this CPU takes; at
+ * 32 also AVX2's, b32_avx2_gflops, beside AVX-512's where the CPU has it),
  * the same with 8-bit activations (q8_b1_gflops, q8_b8_gflops: --activations
  * q8, where the kind has that path) and through the scalar reference. The peer, measured in the
  * same run on the same weight: a plain f32 y = x @ W^T (the textbook triple loop, compiled with the
@@ -208,8 +209,8 @@ int main(int argc, char **argv)
         return 2;
     }
     float *w = malloc((size_t)(rows * cols) * sizeof *w);
-    float *x = malloc((size_t)(8 * cols) * sizeof *x);
-    float *y = malloc((size_t)(8 * rows) * sizeof *y);
+    float *x = malloc((size_t)(32 * cols) * sizeof *x);
+    float *y = malloc((size_t)(32 * rows) * sizeof *y);
     float *buf = malloc((size_t)(64 * cols) * sizeof *buf);
     if (!w || !x || !y || !buf) {
         fprintf(stderr, "bench_quant: out of memory\n");
@@ -217,7 +218,7 @@ int main(int argc, char **argv)
     }
     for (int64_t i = 0; i < rows * cols; i++)
         w[i] = normal(0.02f);
-    for (int64_t i = 0; i < 8 * cols; i++)
+    for (int64_t i = 0; i < 32 * cols; i++)
         x[i] = normal(1.0f);
 
     const kind_case cases[] = {
@@ -295,6 +296,13 @@ int main(int argc, char **argv)
         double r1 = best_time(run_matmul_ref, &c, 0.0);
         c.batch = 8;
         double m8 = best_time(run_matmul, &c, min_s);
+        /* batch 32 on the kernel set this CPU takes, and on AVX2's (the same
+         * where the CPU has no AVX-512) */
+        c.batch = 32;
+        double m32 = best_time(run_matmul, &c, min_s);
+        qt_set_no_avx512(true);
+        double m32_avx2 = best_time(run_matmul, &c, min_s);
+        qt_set_no_avx512(false);
         /* the same products with 8-bit activations (--activations q8), where
          * the kind has them (else the f32 figures again) */
         qt_set_activations(QL_ACTIVATIONS_Q8);
@@ -306,13 +314,15 @@ int main(int argc, char **argv)
         double bytes = (double)qt_nbytes(&q);
         printf("%s    {\"kind\": \"%s\", \"bytes\": %.0f, \"bits_per_weight\": %.3f, "
                "\"dequant_gbps_in\": %.2f, \"dequant_gbps_out\": %.2f, "
-               "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f, \"b1_ref_gflops\": %.2f, "
+               "\"b1_gflops\": %.2f, \"b8_gflops\": %.2f, \"b32_gflops\": %.2f, "
+               "\"b32_avx2_gflops\": %.2f, \"b1_ref_gflops\": %.2f, "
                "\"b1_vs_peer\": %.2f, \"b8_vs_peer\": %.2f, \"q8_b1_gflops\": %.2f, "
                "\"q8_b8_gflops\": %.2f}",
                n_printed++ ? ",\n" : "", cases[k].label, bytes, 8.0 * bytes / (double)(rows * cols),
                bytes / dq / 1e9, 4.0 * (double)(rows * cols) / dq / 1e9, flops1 / m1 / 1e9,
-               8 * flops1 / m8 / 1e9, flops1 / r1 / 1e9, naive1 / m1, naive8 / m8,
-               flops1 / q1 / 1e9, 8 * flops1 / q8 / 1e9);
+               8 * flops1 / m8 / 1e9, 32 * flops1 / m32 / 1e9, 32 * flops1 / m32_avx2 / 1e9,
+               flops1 / r1 / 1e9, naive1 / m1, naive8 / m8, flops1 / q1 / 1e9,
+               8 * flops1 / q8 / 1e9);
         qt_free(&q);
     }
     printf("\n  ]\n}\n");
