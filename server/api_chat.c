@@ -51,6 +51,7 @@
 #include "internal/http.h"
 #include "internal/logprobs.h"
 #include "internal/pool_job.h"
+#include "internal/reasoning.h"
 #include "internal/request.h"
 #include "internal/tool_calls.h"
 
@@ -89,6 +90,35 @@ static void compile_one(srv_server *s, const char *source, const char *what, tpl
     }
 }
 
+/* Whether the model thinks between markers (srv_reason_format_of): its
+ * vocabulary's <think>/</think> pair, or its template's; whether the
+ * template's prompt leaves it inside a block (rendered once for one user
+ * message); and whether </think> is a control token. */
+static void reasoning_load(srv_server *s)
+{
+    const tok_tokenizer *tok = s->model.tok;
+    int32_t open = tok_token_id(tok, "<think>", 7), close = tok_token_id(tok, "</think>", 8);
+    s->reason_format = srv_reason_format_of(open >= 0 && close >= 0, s->model.chat_template);
+    if (s->reason_format == SRV_REASON_NONE)
+        return;
+    size_t len = 0;
+    int type = 0;
+    s->reason_special = close >= 0 && tok_token_text(tok, close, &len, &type) && type == 3;
+    cJSON *ctx = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                             "\"tools\": null, \"add_generation_prompt\": true}");
+    cJSON_AddStringToObject(ctx, "bos_token", s->chat_bos);
+    cJSON_AddStringToObject(ctx, "eos_token", s->chat_eos);
+    char *prompt = NULL, why[256];
+    if (s->chat_template &&
+        tpl_render(s->chat_template, ctx, CHAT_RENDER_MAX, &prompt, &len, why, sizeof why) == QL_OK)
+        s->reason_opens = srv_reason_prompt_opens(s->reason_format, prompt, len);
+    free(prompt);
+    cJSON_Delete(ctx);
+    fprintf(stderr, "qlserve: reasoning is kept apart (%s%s)\n",
+            srv_reason_format_name(s->reason_format),
+            s->reason_opens ? ", the prompt opens it" : "");
+}
+
 void srv_chat_templates_load(srv_server *s)
 {
     s->chat_bos = token_text(s->model.tok, tok_bos(s->model.tok));
@@ -103,6 +133,7 @@ void srv_chat_templates_load(srv_server *s)
     if (s->tool_format != SRV_TOOLS_NONE)
         fprintf(stderr, "qlserve: tool calls are read in the %s syntax (the chat template's)\n",
                 srv_tool_format_name(s->tool_format));
+    reasoning_load(s);
 }
 
 void srv_chat_templates_free(srv_server *s)
@@ -227,6 +258,25 @@ static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
     return true;
 }
 
+/* vLLM's chat_template_kwargs (e.g. {"enable_thinking": false}): more of
+ * the template's variables, beside (never over) the ones the request
+ * makes itself. False after answering the 400 (ctx then freed). */
+static bool template_kwargs(srv_conn *c, const cJSON *root, cJSON *ctx)
+{
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    if (srv_req_is_null(kw))
+        return true;
+    if (!cJSON_IsObject(kw)) {
+        srv_req_fail(c, 400, "\"chat_template_kwargs\" must be an object");
+        cJSON_Delete(ctx);
+        return false;
+    }
+    for (const cJSON *v = kw->child; v; v = v->next)
+        if (!cJSON_GetObjectItemCaseSensitive(ctx, v->string))
+            cJSON_AddItemToObject(ctx, v->string, cJSON_Duplicate(v, true));
+    return true;
+}
+
 /* The template's variables for this request; NULL after answering. */
 static cJSON *template_context(srv_conn *c, const cJSON *root)
 {
@@ -260,7 +310,7 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
     cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt);
     cJSON_AddStringToObject(ctx, "bos_token", c->s->chat_bos ? c->s->chat_bos : "");
     cJSON_AddStringToObject(ctx, "eos_token", c->s->chat_eos ? c->s->chat_eos : "");
-    return ctx;
+    return template_kwargs(c, root, ctx) ? ctx : NULL;
 }
 
 /* An adapter's own template, when PEFT saved the tokenizer beside it
@@ -408,6 +458,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const cha
                                          "ignore_eos",
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
+                                         "chat_template_kwargs",
                                          NULL};
     if (!srv_req_only_known(c, root, "the body", fields))
         return false;
@@ -507,6 +558,16 @@ static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const c
     return delta_object_chunk(g, i, message_body(role, text, len), logprobs, finish);
 }
 
+/* vLLM's reasoning_content beside the content: the reasoning, or null
+ * when the answer had none. */
+static void add_reasoning(const srv_gen *g, int32_t i, cJSON *message)
+{
+    size_t len;
+    const char *text = srv_gen_reasoning(g, i, &len);
+    cJSON_AddItemToObject(message, "reasoning_content",
+                          len ? srv_req_json_text(text, len) : cJSON_CreateNull());
+}
+
 /* The whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
@@ -521,8 +582,12 @@ static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
             message = message_body("assistant", NULL, 0);
             srv_chat_tools_answer(g, g->answer, i, message, &finish);
         } else {
-            message = message_body("assistant", ch->text ? ch->text : "", ch->text_len);
+            size_t len;
+            const char *text = srv_gen_content(g, i, &len);
+            message = message_body("assistant", text, len);
         }
+        if (g->reasoning)
+            add_reasoning(g, i, message);
         add_choice(choices, i, "message", message, lp, finish);
     }
     srv_oai_add_usage(o, u);
@@ -542,6 +607,45 @@ static void open_stream(srv_gen *g, srv_conn *c, int32_t i)
  * the rest and its calls, then the finish), each delta its own chunk; the
  * token's logprobs ride on the first (a token held back as a possible
  * call sends none). */
+/* With reasoning kept apart: the reasoning choice i has let out since
+ * the last call, as a delta.reasoning_content chunk carrying the token's
+ * logprobs when lp; whether one was sent. */
+static bool stream_reasoning(srv_gen *g, srv_conn *c, int32_t i, bool lp)
+{
+    srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_reasoning(g, i, &len);
+    if (len <= ch->reason_sent)
+        return false;
+    cJSON *delta = cJSON_CreateObject();
+    cJSON_AddItemToObject(delta, "reasoning_content",
+                          srv_req_json_text(text + ch->reason_sent, len - ch->reason_sent));
+    ch->reason_sent = len;
+    srv_req_stream_cjson(
+        c, delta_object_chunk(g, i, delta,
+                              lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL,
+                              NULL));
+    return true;
+}
+
+/* With reasoning kept apart and no tools: the content choice i has let
+ * out since the last call (none while it reasons); whether a chunk went. */
+static bool stream_content(srv_gen *g, srv_conn *c, int32_t i, bool lp)
+{
+    srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
+    if (len <= ch->content_sent && !lp)
+        return false;
+    const char *from = text + (len > ch->content_sent ? ch->content_sent : len);
+    size_t n = len > ch->content_sent ? len - ch->content_sent : 0;
+    ch->content_sent += n;
+    srv_req_stream_cjson(
+        c, delta_chunk(g, i, NULL, from, n,
+                       lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL, NULL));
+    return true;
+}
+
 static void stream_tools(srv_gen *g, srv_conn *c, int32_t i, bool token, bool end)
 {
     const srv_gen_choice *ch = &g->choices[i];
@@ -562,12 +666,18 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
                          size_t len)
 {
     open_stream(g, c, i);
+    const srv_gen_choice *ch = &g->choices[i];
+    bool lp = g->logprobs && token >= 0 && ch->n_tokens;
+    if (g->reasoning && stream_reasoning(g, c, i, lp))
+        token = -1; /* its logprobs have gone */
     if (g->answer) {
         stream_tools(g, c, i, token >= 0, false);
         return;
     }
-    const srv_gen_choice *ch = &g->choices[i];
-    bool lp = g->logprobs && token >= 0 && ch->n_tokens;
+    if (g->reasoning) {
+        stream_content(g, c, i, lp && token >= 0);
+        return;
+    }
     if (len > 0 || lp)
         srv_req_stream_cjson(
             c,
@@ -580,11 +690,16 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     (void)why; /* each choice's own finish is sent */
     for (int32_t i = 0; i < g->n_choices; i++) {
         open_stream(g, c, i);
-        if (g->answer)
+        if (g->reasoning)
+            stream_reasoning(g, c, i, false);
+        if (g->answer) {
             stream_tools(g, c, i, false, true);
-        else
-            srv_req_stream_cjson(
-                c, delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
+            continue;
+        }
+        if (g->reasoning)
+            stream_content(g, c, i, false);
+        srv_req_stream_cjson(
+            c, delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
     }
     if (g->include_usage) {
         cJSON *choices;
@@ -638,6 +753,12 @@ bool srv_chat_prepare(srv_conn *c, const cJSON *chat, srv_req_ask *a, srv_gen_pr
     if (!srv_chat_tools_read(c, chat, a))
         return false;
     a->templated = true;
+    /* reasoning kept apart; a </think> that is a control token is kept in
+     * the text (unless the client chose), so that it can be seen */
+    a->reasoning = c->s->reason_format != SRV_REASON_NONE;
+    if (a->reasoning && c->s->reason_special &&
+        !cJSON_GetObjectItemCaseSensitive(chat, "skip_special_tokens"))
+        a->keep_special = true;
     return prompt_maker(c, chat, a->adapter, maker);
 }
 

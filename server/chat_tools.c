@@ -385,10 +385,10 @@ static cJSON *call_object(int index, const char *id, const char *name, const cha
 /* The calls in choice i's whole text (and the content beside them). */
 static int calls_of(const srv_gen *g, const srv_chat_tools *t, int32_t i, srv_tool_calls *tc)
 {
-    const srv_gen_choice *ch = &g->choices[i];
-    const char *text = ch->text ? ch->text : "";
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     if (t->mode != MODE_NAMED)
-        return srv_tool_calls_parse(t->format, text, ch->text_len, tc);
+        return srv_tool_calls_parse(t->format, text, len, tc);
     /* the whole answer is the arguments of the one call */
     *tc = (srv_tool_calls){0};
     tc->calls = calloc(1, sizeof *tc->calls);
@@ -396,7 +396,7 @@ static int calls_of(const srv_gen *g, const srv_chat_tools *t, int32_t i, srv_to
         return -1;
     tc->n = 1;
     tc->calls[0].name = strdup(t->named);
-    tc->calls[0].arguments = strndup(text, ch->text_len);
+    tc->calls[0].arguments = strndup(text, len);
     if (!tc->calls[0].name || !tc->calls[0].arguments) {
         srv_tool_calls_free(tc);
         return -1;
@@ -420,12 +420,12 @@ static size_t calls_kept(const srv_chat_tools *t, const srv_tool_calls *tc)
 void srv_chat_tools_answer(const srv_gen *g, const srv_chat_tools *t, int32_t i, cJSON *message,
                            const char **finish)
 {
-    const srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     srv_tool_calls tc;
     if (calls_of(g, t, i, &tc) <= 0) {
         srv_tool_calls_free(&tc);
-        cJSON_AddItemToObject(message, "content",
-                              srv_req_json_text(ch->text ? ch->text : "", ch->text_len));
+        cJSON_AddItemToObject(message, "content", srv_req_json_text(text, len));
         return;
     }
     if (tc.content)
@@ -478,13 +478,14 @@ static tool_stream *stream_of(const srv_gen *g, srv_chat_tools *t, int32_t i)
 static void stream_calls_at_end(const srv_gen *g, const srv_chat_tools *t, int32_t i,
                                 tool_stream *ts, cJSON *deltas, const char **finish)
 {
-    const srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     srv_tool_calls tc;
-    size_t content_end = ch->text_len;
+    size_t content_end = len;
     if (calls_of(g, t, i, &tc) > 0)
         content_end = tc.content ? strlen(tc.content) : 0;
     if (content_end > ts->sent)
-        cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, content_end - ts->sent));
+        cJSON_AddItemToArray(deltas, content_delta(text + ts->sent, content_end - ts->sent));
     size_t n = calls_kept(t, &tc);
     for (size_t k = 0; k < n; k++) {
         char id[40];
@@ -501,7 +502,8 @@ static void stream_calls_at_end(const srv_gen *g, const srv_chat_tools *t, int32
 cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, bool end,
                              const char **finish)
 {
-    const srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     cJSON *deltas = cJSON_CreateArray();
     tool_stream *ts = stream_of(g, t, i);
     if (!ts || !deltas)
@@ -514,10 +516,10 @@ cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, boo
             cJSON_AddItemToArray(deltas, calls_delta(call_object(0, id, t->named, "", 0)));
             ts->call_opened = true;
         }
-        if (ch->text_len > ts->sent)
-            cJSON_AddItemToArray(deltas, calls_delta(call_object(0, NULL, NULL, ch->text + ts->sent,
-                                                                 ch->text_len - ts->sent)));
-        ts->sent = ch->text_len;
+        if (len > ts->sent)
+            cJSON_AddItemToArray(
+                deltas, calls_delta(call_object(0, NULL, NULL, text + ts->sent, len - ts->sent)));
+        ts->sent = len;
         if (end)
             *finish = finish_with_calls(*finish, 1);
         return deltas;
@@ -526,10 +528,9 @@ cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, boo
         stream_calls_at_end(g, t, i, ts, deltas, finish);
         return deltas;
     }
-    size_t safe =
-        srv_tool_calls_safe_prefix(t->format, ch->text ? ch->text : "", ch->text_len, ts->sent);
+    size_t safe = srv_tool_calls_safe_prefix(t->format, text, len, ts->sent);
     if (safe > ts->sent) {
-        cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, safe - ts->sent));
+        cJSON_AddItemToArray(deltas, content_delta(text + ts->sent, safe - ts->sent));
         ts->sent = safe;
     }
     return deltas;

@@ -4,7 +4,11 @@
  * (tests/fixtures/chat_templates), and the calls are parsed out of text
  * written in it: one call, several, text before the call, and malformed
  * calls left whole as content; while an answer streams, no byte of a
- * marker (or of Llama's bare JSON) is let out as content.
+ * marker (or of Llama's bare JSON) is let out as content. And
+ * server/reasoning.c the same way: the templates that mark reasoning, and
+ * an answer split into its reasoning and content, whole and as it grows
+ * byte by byte (no byte of a marker ever let out, and the stream's pieces
+ * joined equal to the whole answer's).
  */
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -12,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal/reasoning.h"
 #include "internal/tool_calls.h"
 #include "modelfile.h"
 
@@ -287,4 +292,109 @@ Test(tool_calls, prefixes_and_mutations_keep_the_contracts)
             }
         }
     }
+}
+
+/* --- reasoning kept apart (server/reasoning.c) ---------------------------------- */
+
+Test(reasoning, the_templates_of_thinking_models_mark_it_and_others_do_not)
+{
+    static const struct {
+        const char *file;
+        srv_reason_format want;
+    } cases[] = {
+        {"Qwen-Qwen3-0.6B.jinja", SRV_REASON_THINK},
+        {"HuggingFaceTB-SmolLM3-3B.jinja", SRV_REASON_THINK},
+        {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", SRV_REASON_THINK},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", SRV_REASON_NONE},
+        {"HuggingFaceTB-SmolLM2-135M-Instruct.jinja", SRV_REASON_NONE},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", SRV_REASON_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *src = read_fixture(cases[i].file);
+        cr_assert_eq(srv_reason_format_of(false, src), cases[i].want, "%s", cases[i].file);
+        free(src);
+    }
+    cr_assert_eq(srv_reason_format_of(true, NULL), SRV_REASON_THINK, "the vocabulary's pair");
+    cr_assert_eq(srv_reason_format_of(false, NULL), SRV_REASON_NONE);
+    /* the prompts' ends: R1's opens the block, Qwen3's asked not to think closes it */
+    static const char r1[] = "<｜User｜>x<｜Assistant｜><think>\n";
+    static const char qwen_off[] = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    static const char qwen_on[] = "<|im_start|>assistant\n";
+    cr_assert(srv_reason_prompt_opens(SRV_REASON_THINK, r1, strlen(r1)));
+    cr_assert_not(srv_reason_prompt_opens(SRV_REASON_THINK, qwen_off, strlen(qwen_off)));
+    cr_assert_not(srv_reason_prompt_opens(SRV_REASON_THINK, qwen_on, strlen(qwen_on)));
+    cr_assert_not(srv_reason_prompt_opens(SRV_REASON_NONE, r1, strlen(r1)));
+}
+
+/* text split whole: its reasoning and content as the strings wanted */
+static void split_whole(bool opens, const char *text, const char *reasoning, const char *content)
+{
+    srv_reason_view v;
+    size_t len = strlen(text);
+    srv_reason_split(SRV_REASON_THINK, opens, text, len, true, &v);
+    cr_assert(v.done, "%s", text);
+    cr_assert_eq(v.reason_to - v.reason_from, strlen(reasoning), "%s", text);
+    cr_assert_eq(memcmp(text + v.reason_from, reasoning, strlen(reasoning)), 0, "%s", text);
+    cr_assert_str_eq(text + v.content_from, content, "%s", text);
+}
+
+Test(reasoning, a_whole_answer_splits_at_the_closing_marker)
+{
+    split_whole(false, "<think>\nadd them\n</think>\n\nTwo.", "add them", "Two.");
+    split_whole(false, "  <think>a</think>b", "a", "b");
+    split_whole(false, "<think>\n\n</think>\n\nTwo.", "", "Two."); /* an empty thought */
+    split_whole(false, "Two.", "", "Two.");                        /* no block: all content */
+    split_whole(false, "Two. <think>x</think>", "", "Two. <think>x</think>"); /* not first */
+    split_whole(false, "<think>\ncut short", "cut short", "");                /* never closed */
+    split_whole(true, "add them\n</think>\n\nTwo.", "add them", "Two.");      /* R1: opened */
+    split_whole(true, "still thinking", "still thinking", "");
+    split_whole(false, "<thi", "", "<thi"); /* the start of a marker, never finished */
+    split_whole(false, "", "", "");
+    srv_reason_view v;
+    srv_reason_split(SRV_REASON_NONE, false, "<think>a</think>b", 17, true, &v);
+    cr_assert(v.done && v.content_from == 0 && v.reason_to == v.reason_from);
+}
+
+/* text fed byte by byte: the reasoning let out grows, never holds a
+ * marker's byte, and joins to the whole's; the content begins only once
+ * the reasoning is done */
+static void split_streamed(bool opens, const char *text)
+{
+    size_t len = strlen(text);
+    srv_reason_view whole, v;
+    srv_reason_split(SRV_REASON_THINK, opens, text, len, true, &whole);
+    size_t sent_to = 0;
+    bool done = false;
+    for (size_t n = 0; n <= len; n++) {
+        srv_reason_split(SRV_REASON_THINK, opens, text, n, n == len, &v);
+        if (v.reason_to > v.reason_from) {
+            cr_assert_eq(v.reason_from, whole.reason_from, "%s at %zu", text, n);
+            cr_assert_geq(v.reason_to, sent_to, "%s at %zu: what went out is taken back", text, n);
+            cr_assert_leq(v.reason_to, whole.reason_to, "%s at %zu: past the reasoning", text, n);
+            sent_to = v.reason_to;
+        }
+        if (done)
+            cr_assert(v.done && v.content_from == whole.content_from, "%s at %zu", text, n);
+        done = v.done;
+        if (v.done)
+            cr_assert_eq(v.content_from, whole.content_from, "%s at %zu", text, n);
+    }
+    cr_assert_eq(sent_to, whole.reason_to, "%s", text);
+}
+
+Test(reasoning, a_stream_holds_back_only_what_may_be_a_marker)
+{
+    split_streamed(false, "<think>\nadd them\n</think>\n\nTwo.");
+    split_streamed(false, "<think>a </think> b");
+    split_streamed(false, "<think>a</thin</think>b"); /* a false start of the marker */
+    split_streamed(false, "Two.");
+    split_streamed(true, "add them\n</think>\n\nTwo.");
+    split_streamed(false, "<think>\ncut short");
+    /* while "</thi" may still be the marker, "a" goes out and it does not */
+    srv_reason_view v;
+    srv_reason_split(SRV_REASON_THINK, false, "<think>a</thi", 13, false, &v);
+    cr_assert(!v.done && v.reason_to == 8 && v.reason_from == 7);
+    /* "<th" may still open a block: nothing is content yet */
+    srv_reason_split(SRV_REASON_THINK, false, "<th", 3, false, &v);
+    cr_assert(!v.done);
 }

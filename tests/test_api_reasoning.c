@@ -1,0 +1,336 @@
+/*
+ * test_api_reasoning.c - reasoning kept apart on the three chat-shaped
+ * APIs, end to end: the real binary on the tiny random model
+ * (tests/tiny_server.h) with Qwen3's own chat template
+ * (tests/fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja), whose <think> and
+ * </think> mark the model as one that reasons. The model's text is forced
+ * by a guided_regex (vLLM's extension, taken on all three APIs), so the
+ * answer is known byte for byte without a trained model.
+ *
+ * What is pinned: the same forced text is split the same way everywhere:
+ * chat completions' message.reasoning_content and content (streamed:
+ * delta.reasoning_content then delta.content, joined equal to the whole,
+ * no marker's byte in any delta); Messages' thinking block then text block
+ * (streamed: thinking_delta, then text_delta); Responses' reasoning item
+ * (a reasoning_text part) then message item (streamed:
+ * response.reasoning_text.delta, then response.output_text.delta); a
+ * thought cut short by max_tokens is all reasoning; chat_template_kwargs reach the template
+ * (enable_thinking false renders Qwen3's empty block), and Anthropic's thinking and the Responses
+ * API's reasoning.effort map onto the same variable.
+ */
+#include "tiny_server.h"
+
+static void setup(void)
+{
+    char path[1024], msg[256];
+    snprintf(path, sizeof path, "%s/chat_templates/Qwen-Qwen3-0.6B.jinja", QL_FIXTURES);
+    char *tpl = NULL;
+    size_t len = 0;
+    cr_assert_eq(mf_read_file(path, 1 << 20, &tpl, &len, msg, sizeof msg), QL_OK, "%s", msg);
+    ts_start(tpl);
+    free(tpl);
+}
+
+TestSuite(reasoning, .init = setup, .fini = ts_teardown, .timeout = 300);
+
+/* The forced answer: a thought, then the answer; as a JSON string of a
+ * regex (\n a newline; letters and spaces only, so nothing to escape). */
+#define THOUGHT_REGEX "\"<think>\\nadd one and one\\n</think>\\n\\nTwo it is\""
+#define THOUGHT       "add one and one"
+#define ANSWER        "Two it is"
+
+/* A stream's events' data (Anthropic's and OpenAI's named events, or
+ * chat's unnamed ones), in order; at most 512. */
+typedef struct events {
+    int n;
+    cJSON *data[512];
+} events;
+
+static void events_of(const char *path, const char *body, events *ev)
+{
+    hc_response r = sp_post(path, body);
+    cr_assert_eq(r.status, 200, "%s -> %d %s", body, r.status, r.body);
+    ev->n = 0;
+    for (char *at = r.body; at && *at;) {
+        char *end = strstr(at, "\n\n");
+        cr_assert(end, "an event without its blank line: %s", at);
+        *end = 0;
+        char *data = strncmp(at, "data: ", 6) == 0 ? at : strstr(at, "\ndata: ") + 1;
+        if (strcmp(data + 6, "[DONE]") != 0) {
+            cr_assert_lt(ev->n, 512);
+            ev->data[ev->n++] = sp_json(data + 6);
+        }
+        at = end + 2;
+    }
+    hc_response_free(&r);
+}
+
+static void events_free(events *ev)
+{
+    for (int i = 0; i < ev->n; i++)
+        cJSON_Delete(ev->data[i]);
+}
+
+/* obj's string at a path of names (NULL when missing or not a string) */
+static const char *str_at(const cJSON *obj, const char *a, const char *b, const char *c)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, a);
+    if (b)
+        v = cJSON_GetObjectItemCaseSensitive(v, b);
+    if (c)
+        v = cJSON_GetObjectItemCaseSensitive(v, c);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static void no_marker(const char *piece)
+{
+    cr_assert(!strchr(piece, '<') && !strchr(piece, '>'), "a marker's byte let out: %s", piece);
+}
+
+/* --- chat completions -------------------------------------------------------------- */
+
+#define CHAT_BODY(extra)                                                                           \
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1?\"}], \"max_tokens\": 64, "           \
+    "\"guided_regex\": " THOUGHT_REGEX extra "}"
+
+Test(reasoning, chat_answers_carry_reasoning_content_apart_from_the_content)
+{
+    cJSON *j = ts_ok("/v1/chat/completions", CHAT_BODY(""));
+    const cJSON *m =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), THOUGHT);
+    cr_assert_str_eq(sp_str_at(m, "content"), ANSWER);
+    cJSON_Delete(j);
+}
+
+Test(reasoning, chat_streams_send_reasoning_deltas_then_content_deltas)
+{
+    events ev;
+    events_of("/v1/chat/completions", CHAT_BODY(", \"stream\": true"), &ev);
+    char reasoning[256] = "", content[256] = "";
+    for (int i = 0; i < ev.n; i++) {
+        const cJSON *d = cJSON_GetObjectItem(
+            cJSON_GetArrayItem(cJSON_GetObjectItem(ev.data[i], "choices"), 0), "delta");
+        const char *r = str_at(d, "reasoning_content", NULL, NULL);
+        const char *c = str_at(d, "content", NULL, NULL);
+        if (r) {
+            no_marker(r);
+            cr_assert_eq(content[0], 0, "reasoning after content");
+            strncat(reasoning, r, sizeof reasoning - strlen(reasoning) - 1);
+        }
+        if (c) {
+            no_marker(c);
+            strncat(content, c, sizeof content - strlen(content) - 1);
+        }
+    }
+    cr_assert_str_eq(reasoning, THOUGHT);
+    cr_assert_str_eq(content, ANSWER);
+    events_free(&ev);
+}
+
+Test(reasoning, a_thought_cut_short_is_all_reasoning)
+{
+    /* "<think>\nadd" is 11 bytes: the byte-level model writes one a token */
+    cJSON *j =
+        ts_ok("/v1/chat/completions",
+              "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1?\"}], \"max_tokens\": "
+              "11, \"guided_regex\": " THOUGHT_REGEX "}");
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    const cJSON *m = cJSON_GetObjectItem(ch, "message");
+    cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "length");
+    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), "add");
+    cr_assert_str_eq(sp_str_at(m, "content"), "");
+    cJSON_Delete(j);
+}
+
+/* /chat_tokenize's text of a one-message chat request with extra fields */
+static char *rendered(const char *extra)
+{
+    char body[512];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]%s}",
+             extra);
+    cJSON *j = ts_ok("/chat_tokenize", body);
+    char *text = strdup(sp_str_at(j, "templated_text"));
+    cJSON_Delete(j);
+    return text;
+}
+
+Test(reasoning, chat_template_kwargs_reach_the_template)
+{
+    char *on = rendered(""),
+         *off = rendered(", \"chat_template_kwargs\": {\"enable_thinking\": false}");
+    size_t n = strlen(on);
+    cr_assert(strstr(on, "<think>") == NULL, "%s", on);
+    /* Qwen3 asked not to think: its template closes an empty block */
+    cr_assert_eq(strncmp(off, on, n), 0, "%s", off);
+    cr_assert_str_eq(off + n, "<think>\n\n</think>\n\n");
+    free(on);
+    free(off);
+    ts_refused("/chat_tokenize",
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+               "\"chat_template_kwargs\": 1}",
+               "chat_template_kwargs");
+}
+
+/* --- Messages ---------------------------------------------------------------------- */
+
+#define MSG_BODY(extra)                                                                            \
+    "{\"model\": \"tiny\", \"max_tokens\": 64, \"messages\": [{\"role\": \"user\", \"content\": "  \
+    "\"1+1?\"}], \"guided_regex\": " THOUGHT_REGEX extra "}"
+
+Test(reasoning, messages_answer_with_a_thinking_block_then_the_text)
+{
+    cJSON *j = ts_ok("/v1/messages", MSG_BODY(""));
+    const cJSON *content = cJSON_GetObjectItem(j, "content");
+    cr_assert_eq(cJSON_GetArraySize(content), 2);
+    const cJSON *t = cJSON_GetArrayItem(content, 0), *x = cJSON_GetArrayItem(content, 1);
+    cr_assert_str_eq(sp_str_at(t, "type"), "thinking");
+    cr_assert_str_eq(sp_str_at(t, "thinking"), THOUGHT);
+    cr_assert_str_eq(sp_str_at(t, "signature"), "");
+    cr_assert_str_eq(sp_str_at(x, "type"), "text");
+    cr_assert_str_eq(sp_str_at(x, "text"), ANSWER);
+    cr_assert_str_eq(sp_str_at(j, "stop_reason"), "end_turn");
+    cJSON_Delete(j);
+}
+
+Test(reasoning, messages_stream_thinking_deltas_then_text_deltas)
+{
+    events ev;
+    events_of("/v1/messages", MSG_BODY(", \"stream\": true"), &ev);
+    char thinking[256] = "", text[256] = "";
+    int blocks = 0;
+    for (int i = 0; i < ev.n; i++) {
+        const char *type = sp_str_at(ev.data[i], "type");
+        if (strcmp(type, "content_block_start") == 0) {
+            const char *kind = str_at(ev.data[i], "content_block", "type", NULL);
+            cr_assert_str_eq(kind, blocks == 0 ? "thinking" : "text");
+            cr_assert_eq(sp_num_at(ev.data[i], "index"), blocks++);
+        }
+        if (strcmp(type, "content_block_delta") != 0)
+            continue;
+        const char *dt = str_at(ev.data[i], "delta", "type", NULL);
+        const char *piece = str_at(ev.data[i], "delta",
+                                   strcmp(dt, "thinking_delta") == 0 ? "thinking" : "text", NULL);
+        cr_assert(piece, "%s", dt);
+        no_marker(piece);
+        strncat(strcmp(dt, "thinking_delta") == 0 ? thinking : text, piece, 200);
+    }
+    cr_assert_eq(blocks, 2);
+    cr_assert_str_eq(thinking, THOUGHT);
+    cr_assert_str_eq(text, ANSWER);
+    events_free(&ev);
+}
+
+/* count_tokens of a one-message body with extra fields */
+static int counted(const char *extra)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]%s}",
+             extra);
+    cJSON *j = ts_ok("/v1/messages/count_tokens", body);
+    int n = (int)sp_num_at(j, "input_tokens");
+    cJSON_Delete(j);
+    return n;
+}
+
+Test(reasoning, anthropic_thinking_maps_onto_enable_thinking)
+{
+    int plain = counted(""), on = counted(", \"thinking\": {\"type\": \"enabled\", "
+                                          "\"budget_tokens\": 1024}");
+    int off = counted(", \"thinking\": {\"type\": \"disabled\"}");
+    /* the byte-level tokenizer: "<think>\n\n</think>\n\n" is 19 tokens */
+    cr_assert_eq(on, plain);
+    cr_assert_eq(off, plain + 19);
+    ts_refused("/v1/messages", MSG_BODY(", \"thinking\": {\"type\": \"sometimes\"}"), "thinking");
+    /* an earlier turn's thinking block is taken back (and left out) */
+    cJSON *j =
+        ts_ok("/v1/messages",
+              "{\"model\": \"tiny\", \"max_tokens\": 64, \"messages\": [{\"role\": \"user\", "
+              "\"content\": \"1+1?\"}, {\"role\": \"assistant\", \"content\": [{\"type\": "
+              "\"thinking\", \"thinking\": \"t\", \"signature\": \"\"}, {\"type\": \"text\", "
+              "\"text\": \"2\"}]}, {\"role\": \"user\", \"content\": \"sure?\"}], "
+              "\"guided_regex\": " THOUGHT_REGEX "}");
+    cJSON_Delete(j);
+}
+
+/* --- Responses --------------------------------------------------------------------- */
+
+#define RESP_BODY(extra)                                                                           \
+    "{\"model\": \"tiny\", \"input\": \"1+1?\", \"max_output_tokens\": 64, "                       \
+    "\"guided_regex\": " THOUGHT_REGEX extra "}"
+
+Test(reasoning, responses_output_a_reasoning_item_then_the_message)
+{
+    cJSON *j = ts_ok("/v1/responses", RESP_BODY(""));
+    const cJSON *out = cJSON_GetObjectItem(j, "output");
+    cr_assert_eq(cJSON_GetArraySize(out), 2);
+    const cJSON *r = cJSON_GetArrayItem(out, 0), *m = cJSON_GetArrayItem(out, 1);
+    cr_assert_str_eq(sp_str_at(r, "type"), "reasoning");
+    cr_assert(strncmp(sp_str_at(r, "id"), "rs_", 3) == 0);
+    cr_assert(cJSON_IsArray(cJSON_GetObjectItem(r, "summary")));
+    const cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "content"), 0);
+    cr_assert_str_eq(sp_str_at(part, "type"), "reasoning_text");
+    cr_assert_str_eq(sp_str_at(part, "text"), THOUGHT);
+    cr_assert_str_eq(sp_str_at(m, "type"), "message");
+    part = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "content"), 0);
+    cr_assert_str_eq(sp_str_at(part, "text"), ANSWER);
+    /* the next turn sends the output back, reasoning item and all */
+    char body[2048];
+    char *prev = cJSON_PrintUnformatted(out);
+    snprintf(body, sizeof body,
+             "{\"model\": \"tiny\", \"max_output_tokens\": 8, \"store\": false, \"input\": "
+             "[{\"role\": \"user\", \"content\": \"1+1?\"}, %.*s, {\"role\": \"user\", "
+             "\"content\": \"sure?\"}]}",
+             (int)strlen(prev) - 2, prev + 1);
+    free(prev);
+    cJSON_Delete(ts_ok("/v1/responses", body));
+    cJSON_Delete(j);
+}
+
+Test(reasoning, responses_stream_reasoning_text_deltas_then_output_text_deltas)
+{
+    events ev;
+    events_of("/v1/responses", RESP_BODY(", \"stream\": true"), &ev);
+    char reasoning[256] = "", text[256] = "", done[256] = "";
+    for (int i = 0; i < ev.n; i++) {
+        const char *type = sp_str_at(ev.data[i], "type");
+        if (strcmp(type, "response.reasoning_text.delta") == 0) {
+            cr_assert_eq(sp_num_at(ev.data[i], "output_index"), 0);
+            no_marker(sp_str_at(ev.data[i], "delta"));
+            strncat(reasoning, sp_str_at(ev.data[i], "delta"), 200);
+        } else if (strcmp(type, "response.output_text.delta") == 0) {
+            cr_assert_eq(sp_num_at(ev.data[i], "output_index"), 1);
+            no_marker(sp_str_at(ev.data[i], "delta"));
+            strncat(text, sp_str_at(ev.data[i], "delta"), 200);
+        } else if (strcmp(type, "response.reasoning_text.done") == 0) {
+            snprintf(done, sizeof done, "%s", sp_str_at(ev.data[i], "text"));
+        }
+    }
+    cr_assert_str_eq(reasoning, THOUGHT);
+    cr_assert_str_eq(done, THOUGHT);
+    cr_assert_str_eq(text, ANSWER);
+    const cJSON *last = ev.data[ev.n - 1];
+    cr_assert_str_eq(sp_str_at(last, "type"), "response.completed");
+    const cJSON *out = cJSON_GetObjectItem(cJSON_GetObjectItem(last, "response"), "output");
+    cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(out, 0), "type"), "reasoning");
+    events_free(&ev);
+}
+
+Test(reasoning, responses_reasoning_effort_maps_onto_enable_thinking)
+{
+    const char *bodies[] = {
+        "{\"model\": \"tiny\", \"input\": \"hi\", \"max_output_tokens\": 1, \"store\": false}",
+        "{\"model\": \"tiny\", \"input\": \"hi\", \"max_output_tokens\": 1, \"store\": false, "
+        "\"reasoning\": {\"effort\": \"none\"}}",
+        "{\"model\": \"tiny\", \"input\": \"hi\", \"max_output_tokens\": 1, \"store\": false, "
+        "\"reasoning\": {\"effort\": \"high\", \"summary\": \"auto\"}}"};
+    double input[3];
+    for (int i = 0; i < 3; i++) {
+        cJSON *j = ts_ok("/v1/responses", bodies[i]);
+        input[i] = sp_num_at(cJSON_GetObjectItem(j, "usage"), "input_tokens");
+        cJSON_Delete(j);
+    }
+    cr_assert_eq(input[1], input[0] + 19, "effort none: the template's closed empty block");
+    cr_assert_eq(input[2], input[0]);
+}
