@@ -98,12 +98,16 @@ static void reasoning_load(srv_server *s)
 {
     const tok_tokenizer *tok = s->model.tok;
     int32_t open = tok_token_id(tok, "<think>", 7), close = tok_token_id(tok, "</think>", 8);
-    s->reason_format = srv_reason_format_of(open >= 0 && close >= 0, s->model.chat_template);
+    int32_t channel = tok_token_id(tok, "<|channel|>", 11);
+    bool harmony = channel >= 0 && tok_token_id(tok, "<|message|>", 11) >= 0;
+    s->reason_format =
+        srv_reason_format_of(open >= 0 && close >= 0, harmony, s->model.chat_template);
     if (s->reason_format == SRV_REASON_NONE)
         return;
     size_t len = 0;
     int type = 0;
-    s->reason_special = close >= 0 && tok_token_text(tok, close, &len, &type) && type == 3;
+    int32_t marker = s->reason_format == SRV_REASON_HARMONY ? channel : close;
+    s->reason_special = marker >= 0 && tok_token_text(tok, marker, &len, &type) && type == 3;
     cJSON *ctx = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                              "\"tools\": null, \"add_generation_prompt\": true}");
     cJSON_AddStringToObject(ctx, "bos_token", s->chat_bos);
@@ -260,10 +264,18 @@ static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
 
 /* vLLM's chat_template_kwargs (e.g. {"enable_thinking": false}): more of
  * the template's variables, beside (never over) the ones the request
- * makes itself. False after answering the 400 (ctx then freed). */
+ * makes itself; and OpenAI's reasoning_effort as the variable of that
+ * name. False after answering the 400 (ctx then freed). */
 static bool template_kwargs(srv_conn *c, const cJSON *root, cJSON *ctx)
 {
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    const char *effort = NULL;
+    if (!srv_req_get_string(c, root, "reasoning_effort", &effort)) {
+        cJSON_Delete(ctx);
+        return false;
+    }
+    if (effort) /* GPT-OSS's template reads it ("Reasoning: high"), as vLLM passes it */
+        cJSON_AddStringToObject(ctx, "reasoning_effort", effort);
     if (srv_req_is_null(kw))
         return true;
     if (!cJSON_IsObject(kw)) {
@@ -459,6 +471,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const cha
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
                                          "chat_template_kwargs",
+                                         "reasoning_effort",
                                          NULL};
     if (!srv_req_only_known(c, root, "the body", fields))
         return false;

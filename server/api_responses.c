@@ -385,7 +385,8 @@ static bool read_text_format(srv_conn *c, const cJSON *root, srv_req_ask *a)
 
 /* reasoning {"effort", "summary"}: onto the template's enable_thinking
  * (chat_template_kwargs): effort "none" turns thinking off, any other
- * effort on; no effort leaves the template's default. The effort's degree
+ * effort on (and is the template's reasoning_effort, as chat's field);
+ * no effort leaves the template's default. The effort's degree
  * and summary are not implemented (the reasoning item carries the whole
  * reasoning as content, and an empty summary). */
 static bool read_reasoning(srv_conn *c, const cJSON *root, cJSON *chat)
@@ -402,9 +403,12 @@ static bool read_reasoning(srv_conn *c, const cJSON *root, cJSON *chat)
     if (!srv_req_only_known(c, r, "reasoning", fields) ||
         !srv_req_get_string(c, r, "effort", &effort))
         return false;
+    bool on = effort && strcmp(effort, "none") != 0;
     if (effort)
         cJSON_AddBoolToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"),
-                              "enable_thinking", strcmp(effort, "none") != 0);
+                              "enable_thinking", on);
+    if (on) /* GPT-OSS's template's own variable */
+        cJSON_AddStringToObject(chat, "reasoning_effort", effort);
     return true;
 }
 

@@ -27,16 +27,25 @@ static const char close_marker[] = "</think>";
 #define OPEN_LEN  (sizeof open_marker - 1)
 #define CLOSE_LEN (sizeof close_marker - 1)
 
-srv_reason_format srv_reason_format_of(bool vocab_has_pair, const char *src)
+/* Harmony's markers (GPT-OSS's special tokens, kept in the text) */
+static const char h_channel[] = "<|channel|>";
+static const char h_message[] = "<|message|>";
+static const char h_end[] = "<|end|>";
+
+srv_reason_format srv_reason_format_of(bool vocab_think, bool vocab_harmony, const char *src)
 {
-    if (vocab_has_pair || (src && strstr(src, open_marker) && strstr(src, close_marker)))
+    if (vocab_harmony || (src && strstr(src, h_channel)))
+        return SRV_REASON_HARMONY;
+    if (vocab_think || (src && strstr(src, open_marker) && strstr(src, close_marker)))
         return SRV_REASON_THINK;
     return SRV_REASON_NONE;
 }
 
 const char *srv_reason_format_name(srv_reason_format f)
 {
-    return f == SRV_REASON_THINK ? "<think>...</think>" : "none";
+    return f == SRV_REASON_THINK     ? "<think>...</think>"
+           : f == SRV_REASON_HARMONY ? "harmony channels"
+                                     : "none";
 }
 
 /* The last place needle[0..n) starts in text[0..len), or len when nowhere. */
@@ -69,14 +78,14 @@ static size_t skip_space(const char *text, size_t at, size_t len)
     return at;
 }
 
-/* How many bytes of text[from..len) may go out as reasoning while the
- * closing marker is not there: less a tail that may be its start, and
- * less trailing whitespace (it may be the last before the marker). */
-static size_t reason_safe_end(const char *text, size_t from, size_t len)
+/* How many bytes of text[from..len) may go out as reasoning while its
+ * closing marker (close) is not there: less a tail that may be its start,
+ * and less trailing whitespace (it may be the last before the marker). */
+static size_t reason_safe_end(const char *text, size_t from, size_t len, const char *close)
 {
-    size_t end = len;
-    for (size_t k = CLOSE_LEN - 1; k > 0; k--) {
-        if (len - from >= k && memcmp(text + len - k, close_marker, k) == 0) {
+    size_t end = len, n = strlen(close);
+    for (size_t k = n - 1; k > 0; k--) {
+        if (len - from >= k && memcmp(text + len - k, close, k) == 0) {
             end = len - k;
             break;
         }
@@ -86,12 +95,79 @@ static size_t reason_safe_end(const char *text, size_t from, size_t len)
     return end;
 }
 
+/* Whether text[at..len) begins with marker, or (*partial) with only a
+ * start of it so far. */
+static bool opens_with(const char *text, size_t at, size_t len, const char *marker, bool *partial)
+{
+    size_t n = strlen(marker), have = len - at < n ? len - at : n;
+    *partial = have < n && memcmp(text + at, marker, have) == 0;
+    return have == n && memcmp(text + at, marker, n) == 0;
+}
+
+/* Harmony: the message after the analysis one, from next: the final
+ * channel's text is the content; any other (a call to=functions.NAME)
+ * is content from its <|start|> on, whole, for the tool call reader. */
+static void harmony_next(const char *text, size_t next, size_t len, bool end, srv_reason_view *v)
+{
+    const char *msg = memmem(text + next, len - next, h_message, sizeof h_message - 1);
+    if (!msg) { /* its header is still coming (at the end: cut short, no content) */
+        v->content_from = len;
+        v->done = end;
+        return;
+    }
+    const char *final = memmem(text + next, (size_t)(msg - text) - next, "final", 5);
+    v->content_from =
+        final ? skip_space(text, (size_t)(msg - text) + sizeof h_message - 1, len) : next;
+    v->done = true;
+}
+
+static void split_harmony(const char *text, size_t len, bool end, srv_reason_view *v)
+{
+    bool partial;
+    if (!opens_with(text, 0, len, h_channel, &partial)) {
+        if (partial && !end) /* may still become a header: nothing yet */
+            *v = (srv_reason_view){.content_from = len};
+        return; /* no channel: all content */
+    }
+    const char *msg = memmem(text, len, h_message, sizeof h_message - 1);
+    if (!msg) {
+        if (!end)
+            *v = (srv_reason_view){.content_from = len};
+        return;
+    }
+    size_t body = (size_t)(msg - text) + sizeof h_message - 1;
+    if (!opens_with(text, sizeof h_channel - 1, len, "analysis", &partial)) {
+        harmony_next(text, 0, len, end, v); /* final, or a call first */
+        return;
+    }
+    v->reason_from = skip_space(text, body, len);
+    const char *stop = memmem(text + body, len - body, h_end, sizeof h_end - 1);
+    if (!stop) {
+        v->reason_to = end ? len : reason_safe_end(text, v->reason_from, len, h_end);
+        while (v->reason_to > v->reason_from && is_space(text[v->reason_to - 1]))
+            v->reason_to--;
+        v->content_from = len;
+        v->done = end;
+        return;
+    }
+    v->reason_to = (size_t)(stop - text);
+    while (v->reason_to > v->reason_from && is_space(text[v->reason_to - 1]))
+        v->reason_to--;
+    harmony_next(text, (size_t)(stop - text) + sizeof h_end - 1, len, end, v);
+}
+
 void srv_reason_split(srv_reason_format f, bool opens, const char *text, size_t len, bool end,
                       srv_reason_view *v)
 {
     *v = (srv_reason_view){.done = true};
     if (f == SRV_REASON_NONE || !text)
         return;
+    if (f == SRV_REASON_HARMONY) {
+        split_harmony(text, len, end, v);
+        if (v->reason_from > v->reason_to)
+            v->reason_from = v->reason_to;
+        return;
+    }
     size_t start = skip_space(text, 0, len);
     if (!opens) {
         size_t have = len - start < OPEN_LEN ? len - start : OPEN_LEN;
@@ -120,7 +196,7 @@ void srv_reason_split(srv_reason_format f, bool opens, const char *text, size_t 
             v->reason_to--;
         v->content_from = len;
     } else {
-        v->reason_to = reason_safe_end(text, v->reason_from, len);
+        v->reason_to = reason_safe_end(text, v->reason_from, len, close_marker);
         v->content_from = len;
         v->done = false;
     }

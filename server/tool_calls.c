@@ -42,11 +42,17 @@ static const char DS_CALLS_BEGIN[] = "<｜tool▁calls▁begin｜>";
 static const char DS_CALL_BEGIN[] = "<｜tool▁call▁begin｜>";
 static const char DS_CALL_END[] = "<｜tool▁call▁end｜>";
 static const char DS_SEP[] = "<｜tool▁sep｜>";
+static const char HARMONY_START[] = "<|start|>";
+static const char HARMONY_CHANNEL[] = "<|channel|>";
+static const char HARMONY_TO[] = "to=functions.";
+static const char HARMONY_MESSAGE[] = "<|message|>";
 
 srv_tool_format srv_tool_format_of(const char *src)
 {
     if (!src)
         return SRV_TOOLS_NONE;
+    if (strstr(src, HARMONY_CHANNEL) && strstr(src, "functions."))
+        return SRV_TOOLS_HARMONY;
     if (strstr(src, MISTRAL_MARK))
         return SRV_TOOLS_MISTRAL;
     if (strstr(src, DS_CALLS_BEGIN) || strstr(src, DS_CALL_BEGIN))
@@ -75,6 +81,7 @@ static const struct {
     [SRV_TOOLS_GRANITE] = {"granite", {GRANITE_MARK, NULL}, true},
     [SRV_TOOLS_DEEPSEEK] = {"deepseek_r1", {DS_CALLS_BEGIN, DS_CALL_BEGIN, NULL}, true},
     [SRV_TOOLS_JSON] = {"json", {NULL}, false},
+    [SRV_TOOLS_HARMONY] = {"openai (harmony)", {HARMONY_START, HARMONY_CHANNEL, NULL}, true},
 };
 
 static bool known(srv_tool_format f)
@@ -365,6 +372,31 @@ static bool parse_deepseek(srv_tool_calls *tc, const char *p, const char *end)
     return found > 0;
 }
 
+/* Harmony: each message whose header says to=functions.NAME, its
+ * arguments the JSON object after its <|message|> (then <|call|>, or the
+ * text's end: <|call|> ends the answer). */
+static bool parse_harmony(srv_tool_calls *tc, const char *p, const char *end)
+{
+    int found = 0;
+    while ((p = find(p, (size_t)(end - p), HARMONY_TO))) {
+        const char *name = p + strlen(HARMONY_TO), *q = name;
+        while (q < end && srv_tool_name_ok(q, 1))
+            q++;
+        const char *msg = find(q, (size_t)(end - q), HARMONY_MESSAGE);
+        cJSON *v;
+        const char *next;
+        if (!msg || !json_at(msg + strlen(HARMONY_MESSAGE), end, &v, &next))
+            return false;
+        bool ok = cJSON_IsObject(v) && add_call(tc, name, (size_t)(q - name), v);
+        cJSON_Delete(v);
+        if (!ok)
+            return false;
+        p = next;
+        found++;
+    }
+    return found > 0;
+}
+
 /* Where the first call begins in text (a marker, or Llama's opening
  * brace), or NULL when none does. */
 static const char *call_start(srv_tool_format f, const char *text, size_t len)
@@ -407,6 +439,7 @@ static bool parse_from(srv_tool_format f, srv_tool_calls *tc, const char *start,
     case SRV_TOOLS_MISTRAL: return parse_mistral(tc, start + strlen(MISTRAL_MARK), end);
     case SRV_TOOLS_GRANITE: return add_json_calls(tc, start + strlen(GRANITE_MARK), end, &start);
     case SRV_TOOLS_DEEPSEEK: return parse_deepseek(tc, start, end);
+    case SRV_TOOLS_HARMONY: return parse_harmony(tc, start, end);
     case SRV_TOOLS_JSON:
         return add_json_calls(tc, start, end, &start) && skip_space(start, end) == end;
     }

@@ -334,3 +334,110 @@ Test(reasoning, responses_reasoning_effort_maps_onto_enable_thinking)
     cr_assert_eq(input[1], input[0] + 19, "effort none: the template's closed empty block");
     cr_assert_eq(input[2], input[0]);
 }
+
+/* --- GPT-OSS's harmony channels ---------------------------------------------------- */
+
+static void setup_harmony(void)
+{
+    char path[1024], msg[256];
+    snprintf(path, sizeof path, "%s/chat_templates/openai-gpt-oss-120b.jinja", QL_FIXTURES);
+    char *tpl = NULL;
+    size_t len = 0;
+    cr_assert_eq(mf_read_file(path, 1 << 20, &tpl, &len, msg, sizeof msg), QL_OK, "%s", msg);
+    ts_start(tpl);
+    free(tpl);
+}
+
+TestSuite(harmony, .init = setup_harmony, .fini = ts_teardown, .timeout = 300);
+
+/* a harmony marker in a regex written as a JSON string: \| is a '|' */
+#define H(name) "<\\\\|" name "\\\\|>"
+#define HARMONY_REGEX                                                                              \
+    "\"" H("channel") "analysis" H("message") "add one and one" H("end")                           \
+        H("start") "assistant" H("channel") "final" H("message") "Two it is\""
+
+Test(harmony, the_analysis_channel_is_reasoning_and_the_final_channel_content)
+{
+    cJSON *j =
+        ts_ok("/v1/chat/completions",
+              "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1?\"}], \"max_tokens\": "
+              "160, \"guided_regex\": " HARMONY_REGEX "}");
+    const cJSON *m =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), THOUGHT);
+    cr_assert_str_eq(sp_str_at(m, "content"), ANSWER);
+    cJSON_Delete(j);
+    j = ts_ok("/v1/messages",
+              "{\"model\": \"tiny\", \"max_tokens\": 160, \"messages\": [{\"role\": "
+              "\"user\", \"content\": \"1+1?\"}], \"guided_regex\": " HARMONY_REGEX "}");
+    const cJSON *content = cJSON_GetObjectItem(j, "content");
+    cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(content, 0), "thinking"), THOUGHT);
+    cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(content, 1), "text"), ANSWER);
+    cJSON_Delete(j);
+}
+
+Test(harmony, a_streamed_answer_lets_out_no_marker)
+{
+    events ev;
+    events_of("/v1/responses",
+              "{\"model\": \"tiny\", \"input\": \"1+1?\", \"max_output_tokens\": 160, \"stream\": "
+              "true, \"guided_regex\": " HARMONY_REGEX "}",
+              &ev);
+    char reasoning[256] = "", text[256] = "";
+    for (int i = 0; i < ev.n; i++) {
+        const char *type = sp_str_at(ev.data[i], "type");
+        bool r = strcmp(type, "response.reasoning_text.delta") == 0;
+        if (r || strcmp(type, "response.output_text.delta") == 0) {
+            no_marker(sp_str_at(ev.data[i], "delta"));
+            strncat(r ? reasoning : text, sp_str_at(ev.data[i], "delta"), 200);
+        }
+    }
+    cr_assert_str_eq(reasoning, THOUGHT);
+    cr_assert_str_eq(text, ANSWER);
+    events_free(&ev);
+}
+
+/* GPT-OSS's template renders a tool as TypeScript in a system message too
+ * long for the tiny model's 512 positions beside a call: the call's test
+ * serves a template of a few lines that writes harmony's frame (its
+ * comment names the markers, as GPT-OSS's own template's text does, which
+ * is what load reads) */
+#define SHORT_HARMONY                                                                              \
+    "{# <|channel|> functions. #}{% for m in messages %}<|start|>{{ m['role'] }}<|message|>"       \
+    "{{ m['content'] }}<|end|>{% endfor %}<|start|>assistant"
+
+static void setup_short_harmony(void)
+{
+    ts_start(SHORT_HARMONY);
+}
+
+TestSuite(harmony_calls, .init = setup_short_harmony, .fini = ts_teardown, .timeout = 300);
+
+Test(harmony_calls, a_commentary_message_to_a_function_is_a_tool_call)
+{
+    cJSON *j = ts_ok("/v1/chat/completions",
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"t?\"}], \"max_tokens\": "
+                     "128, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"now\", "
+                     "\"description\": \"d\", "
+                     "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}], "
+                     "\"guided_regex\": \"" H("channel") "analysis" H("message") "ask" H("end")
+                         H("start") "assistant to=functions\\\\.now" H(
+                             "channel") "commentary json" H("message") "\\\\{\\\\}\"}");
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    const cJSON *m = cJSON_GetObjectItem(ch, "message");
+    cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls", "%s", cJSON_PrintUnformatted(j));
+    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), "ask");
+    const cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0);
+    cr_assert_str_eq(str_at(call, "function", "name", NULL), "now");
+    cr_assert_str_eq(str_at(call, "function", "arguments", NULL), "{}");
+    cJSON_Delete(j);
+}
+
+Test(harmony, reasoning_effort_reaches_the_template)
+{
+    cJSON *j =
+        ts_ok("/chat_tokenize", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                                "\"reasoning_effort\": \"high\"}");
+    cr_assert(strstr(sp_str_at(j, "templated_text"), "Reasoning: high"));
+    cJSON_Delete(j);
+}

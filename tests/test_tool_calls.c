@@ -49,6 +49,7 @@ Test(tool_calls, each_template_names_the_syntax_its_model_writes)
         {"HuggingFaceTB-SmolLM2-135M-Instruct.jinja", SRV_TOOLS_NONE},
         {"google-gemma-2-2b-it.jinja", SRV_TOOLS_NONE},
         {"microsoft-Phi-3.5-mini-instruct.jinja", SRV_TOOLS_NONE},
+        {"openai-gpt-oss-120b.jinja", SRV_TOOLS_HARMONY},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *src = read_fixture(cases[i].file);
@@ -308,14 +309,17 @@ Test(reasoning, the_templates_of_thinking_models_mark_it_and_others_do_not)
         {"Qwen-Qwen2.5-7B-Instruct.jinja", SRV_REASON_NONE},
         {"HuggingFaceTB-SmolLM2-135M-Instruct.jinja", SRV_REASON_NONE},
         {"meta-llama-Llama-3.1-8B-Instruct.jinja", SRV_REASON_NONE},
+        {"openai-gpt-oss-120b.jinja", SRV_REASON_HARMONY},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *src = read_fixture(cases[i].file);
-        cr_assert_eq(srv_reason_format_of(false, src), cases[i].want, "%s", cases[i].file);
+        cr_assert_eq(srv_reason_format_of(false, false, src), cases[i].want, "%s", cases[i].file);
         free(src);
     }
-    cr_assert_eq(srv_reason_format_of(true, NULL), SRV_REASON_THINK, "the vocabulary's pair");
-    cr_assert_eq(srv_reason_format_of(false, NULL), SRV_REASON_NONE);
+    cr_assert_eq(srv_reason_format_of(true, false, NULL), SRV_REASON_THINK,
+                 "the vocabulary's pair");
+    cr_assert_eq(srv_reason_format_of(false, true, NULL), SRV_REASON_HARMONY, "harmony's tokens");
+    cr_assert_eq(srv_reason_format_of(false, false, NULL), SRV_REASON_NONE);
     /* the prompts' ends: R1's opens the block, Qwen3's asked not to think closes it */
     static const char r1[] = "<｜User｜>x<｜Assistant｜><think>\n";
     static const char qwen_off[] = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
@@ -326,16 +330,22 @@ Test(reasoning, the_templates_of_thinking_models_mark_it_and_others_do_not)
     cr_assert_not(srv_reason_prompt_opens(SRV_REASON_NONE, r1, strlen(r1)));
 }
 
-/* text split whole: its reasoning and content as the strings wanted */
-static void split_whole(bool opens, const char *text, const char *reasoning, const char *content)
+/* text split whole in format f: its reasoning and content as wanted */
+static void split_whole_as(srv_reason_format f, bool opens, const char *text, const char *reasoning,
+                           const char *content)
 {
     srv_reason_view v;
     size_t len = strlen(text);
-    srv_reason_split(SRV_REASON_THINK, opens, text, len, true, &v);
+    srv_reason_split(f, opens, text, len, true, &v);
     cr_assert(v.done, "%s", text);
     cr_assert_eq(v.reason_to - v.reason_from, strlen(reasoning), "%s", text);
     cr_assert_eq(memcmp(text + v.reason_from, reasoning, strlen(reasoning)), 0, "%s", text);
     cr_assert_str_eq(text + v.content_from, content, "%s", text);
+}
+
+static void split_whole(bool opens, const char *text, const char *reasoning, const char *content)
+{
+    split_whole_as(SRV_REASON_THINK, opens, text, reasoning, content);
 }
 
 Test(reasoning, a_whole_answer_splits_at_the_closing_marker)
@@ -358,15 +368,15 @@ Test(reasoning, a_whole_answer_splits_at_the_closing_marker)
 /* text fed byte by byte: the reasoning let out grows, never holds a
  * marker's byte, and joins to the whole's; the content begins only once
  * the reasoning is done */
-static void split_streamed(bool opens, const char *text)
+static void split_streamed_as(srv_reason_format f, bool opens, const char *text)
 {
     size_t len = strlen(text);
     srv_reason_view whole, v;
-    srv_reason_split(SRV_REASON_THINK, opens, text, len, true, &whole);
+    srv_reason_split(f, opens, text, len, true, &whole);
     size_t sent_to = 0;
     bool done = false;
     for (size_t n = 0; n <= len; n++) {
-        srv_reason_split(SRV_REASON_THINK, opens, text, n, n == len, &v);
+        srv_reason_split(f, opens, text, n, n == len, &v);
         if (v.reason_to > v.reason_from) {
             cr_assert_eq(v.reason_from, whole.reason_from, "%s at %zu", text, n);
             cr_assert_geq(v.reason_to, sent_to, "%s at %zu: what went out is taken back", text, n);
@@ -380,6 +390,11 @@ static void split_streamed(bool opens, const char *text)
             cr_assert_eq(v.content_from, whole.content_from, "%s at %zu", text, n);
     }
     cr_assert_eq(sent_to, whole.reason_to, "%s", text);
+}
+
+static void split_streamed(bool opens, const char *text)
+{
+    split_streamed_as(SRV_REASON_THINK, opens, text);
 }
 
 Test(reasoning, a_stream_holds_back_only_what_may_be_a_marker)
@@ -397,4 +412,40 @@ Test(reasoning, a_stream_holds_back_only_what_may_be_a_marker)
     /* "<th" may still open a block: nothing is content yet */
     srv_reason_split(SRV_REASON_THINK, false, "<th", 3, false, &v);
     cr_assert(!v.done);
+}
+
+#define H_ANALYSIS "<|channel|>analysis<|message|>"
+#define H_FINAL    "<|start|>assistant<|channel|>final<|message|>"
+#define H_CALL                                                                                     \
+    "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"             \
+    "{\"city\": \"Lima\"}"
+
+Test(reasoning, harmony_channels_split_into_analysis_and_final)
+{
+    srv_reason_format h = SRV_REASON_HARMONY;
+    split_whole_as(h, false, H_ANALYSIS "add them<|end|>" H_FINAL "Two.", "add them", "Two.");
+    split_whole_as(h, false, "<|channel|>final<|message|>Two.", "", "Two.");
+    split_whole_as(h, false, "Two.", "", "Two."); /* no channel: all content */
+    split_whole_as(h, false, H_ANALYSIS "cut sho", "cut sho", "");
+    /* a call after the analysis: the call's message whole, for the tool reader */
+    split_whole_as(h, false, H_ANALYSIS "ask<|end|>" H_CALL, "ask", H_CALL);
+    split_streamed_as(h, false, H_ANALYSIS "add them<|end|>" H_FINAL "Two.");
+    split_streamed_as(h, false, H_ANALYSIS "a<|en<|end|>" H_CALL);
+    split_streamed_as(h, false, "<|channel|>final<|message|>Two.");
+    /* the call's message read as a call */
+    srv_tool_calls tc;
+    cr_assert_eq(srv_tool_calls_parse(SRV_TOOLS_HARMONY, H_CALL, strlen(H_CALL), &tc), 1);
+    cr_assert_str_eq(tc.calls[0].name, "get_weather");
+    cr_assert_str_eq(tc.calls[0].arguments, "{\"city\":\"Lima\"}");
+    cr_assert_null(tc.content);
+    srv_tool_calls_free(&tc);
+    static const char two[] = "<|start|>assistant<|channel|>commentary to=functions.a "
+                              "<|constrain|>json<|message|>{}<|call|><|start|>assistant "
+                              "to=functions.b<|channel|>commentary json<|message|>{\"x\": 1}";
+    cr_assert_eq(srv_tool_calls_parse(SRV_TOOLS_HARMONY, two, strlen(two), &tc), 2);
+    cr_assert_str_eq(tc.calls[0].name, "a");
+    cr_assert_str_eq(tc.calls[1].arguments, "{\"x\":1}");
+    srv_tool_calls_free(&tc);
+    /* while streaming, nothing of a call's header goes out as content */
+    cr_assert_eq(srv_tool_calls_safe_prefix(SRV_TOOLS_HARMONY, "<|sta", 5, 0), 0);
 }

@@ -16,21 +16,31 @@
 
 /*
  * The markers, each named by the models that write them:
- *   THINK  <think> the reasoning </think> then the answer (Qwen3, QwQ,
- *          DeepSeek R1 and its distills, SmolLM3);
+ *   THINK    <think> the reasoning </think> then the answer (Qwen3, QwQ,
+ *            DeepSeek R1 and its distills, SmolLM3);
+ *   HARMONY  GPT-OSS's channels: <|channel|>analysis<|message|> the
+ *            reasoning <|end|>, then <|start|>assistant<|channel|>final
+ *            <|message|> the answer, or a commentary message to=functions.NAME
+ *            (a call: tool_calls.h's SRV_TOOLS_HARMONY reads it);
  * NONE: the model marks no reasoning; its text is all answer.
  */
-typedef enum srv_reason_format { SRV_REASON_NONE, SRV_REASON_THINK } srv_reason_format;
+typedef enum srv_reason_format {
+    SRV_REASON_NONE,
+    SRV_REASON_THINK,
+    SRV_REASON_HARMONY
+} srv_reason_format;
 
-/* The markers a model uses: THINK when its vocabulary has both <think>
- * and </think> as tokens (vocab_has_pair) or its chat template's source
- * names both; else NONE. */
-srv_reason_format srv_reason_format_of(bool vocab_has_pair, const char *template_source);
+/* The markers a model uses: HARMONY when its vocabulary has <|channel|>
+ * and <|message|> (vocab_harmony) or its chat template writes
+ * <|channel|>; THINK when its vocabulary has both <think> and </think>
+ * (vocab_think) or its template names both; else NONE. */
+srv_reason_format srv_reason_format_of(bool vocab_think, bool vocab_harmony,
+                                       const char *template_source);
 const char *srv_reason_format_name(srv_reason_format f);
 /* Whether a rendered prompt ends inside a reasoning block (its last
  * opening marker after its last closing one): the model's text then
  * begins as reasoning without an opening marker of its own (DeepSeek R1's
- * templates end their prompt with "<think>\n"). */
+ * templates end their prompt with "<think>\n"). THINK only. */
 bool srv_reason_prompt_opens(srv_reason_format f, const char *prompt, size_t len);
 
 /* Where an answer's reasoning and content lie in its text (byte offsets).
@@ -52,7 +62,11 @@ typedef struct srv_reason_view {
  * reasoning, and the content is empty, as vLLM reads an unfinished
  * thought). A text that does not begin (after whitespace) with the
  * opening marker, when the prompt did not open one, is all content.
- * f NONE: all content.
+ * f NONE: all content. HARMONY: a text opening with the analysis channel's
+ * message is reasoning to its <|end|>; the content is the final channel's
+ * message, or (a call) the commentary message from its <|start|> on, left
+ * whole for the tool call reader; a text that opens with no channel is
+ * all content.
  */
 void srv_reason_split(srv_reason_format f, bool opens, const char *text, size_t len, bool end,
                       srv_reason_view *v);

@@ -26,6 +26,9 @@
  *   DEEPSEEK  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N
  *             then the arguments in a ```json fence, <｜tool▁call▁end｜>,
  *             repeated (DeepSeek R1 and its distills);
+ *   HARMONY   <|start|>assistant<|channel|>commentary to=functions.N
+ *             <|constrain|>json<|message|>{...}<|call|>, repeated (GPT-OSS;
+ *             reasoning.h's split leaves such a message whole as content);
  *   JSON      no model's own: the whole answer a JSON list of {"name",
  *             "parameters"} (or one such object), what tool_choice
  *             "required" constrains an answer to.
@@ -39,6 +42,7 @@ typedef enum srv_tool_format {
     SRV_TOOLS_GRANITE,
     SRV_TOOLS_DEEPSEEK,
     SRV_TOOLS_JSON,
+    SRV_TOOLS_HARMONY,
 } srv_tool_format;
 
 /* The syntax a chat template's source teaches (SRV_TOOLS_NONE: none
