@@ -20,15 +20,21 @@
  */
 #include "tiny_server.h"
 
-static void setup(void)
+/* The tiny model served with tests/fixtures/chat_templates/NAME. */
+static void start_with_template(const char *name)
 {
     char path[1024], msg[256];
-    snprintf(path, sizeof path, "%s/chat_templates/Qwen-Qwen3-0.6B.jinja", QL_FIXTURES);
+    snprintf(path, sizeof path, "%s/chat_templates/%s", QL_FIXTURES, name);
     char *tpl = NULL;
     size_t len = 0;
     cr_assert_eq(mf_read_file(path, 1 << 20, &tpl, &len, msg, sizeof msg), QL_OK, "%s", msg);
     ts_start(tpl);
     free(tpl);
+}
+
+static void setup(void)
+{
+    start_with_template("Qwen-Qwen3-0.6B.jinja");
 }
 
 TestSuite(reasoning, .init = setup, .fini = ts_teardown, .timeout = 300);
@@ -339,13 +345,7 @@ Test(reasoning, responses_reasoning_effort_maps_onto_enable_thinking)
 
 static void setup_harmony(void)
 {
-    char path[1024], msg[256];
-    snprintf(path, sizeof path, "%s/chat_templates/openai-gpt-oss-120b.jinja", QL_FIXTURES);
-    char *tpl = NULL;
-    size_t len = 0;
-    cr_assert_eq(mf_read_file(path, 1 << 20, &tpl, &len, msg, sizeof msg), QL_OK, "%s", msg);
-    ts_start(tpl);
-    free(tpl);
+    start_with_template("openai-gpt-oss-120b.jinja");
 }
 
 TestSuite(harmony, .init = setup_harmony, .fini = ts_teardown, .timeout = 300);
