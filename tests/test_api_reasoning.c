@@ -45,38 +45,6 @@ TestSuite(reasoning, .init = setup, .fini = ts_teardown, .timeout = 300);
 #define THOUGHT       "add one and one"
 #define ANSWER        "Two it is"
 
-/* A stream's events' data (Anthropic's and OpenAI's named events, or
- * chat's unnamed ones), in order; at most 512. */
-typedef struct events {
-    int n;
-    cJSON *data[512];
-} events;
-
-static void events_of(const char *path, const char *body, events *ev)
-{
-    hc_response r = sp_post(path, body);
-    cr_assert_eq(r.status, 200, "%s -> %d %s", body, r.status, r.body);
-    ev->n = 0;
-    for (char *at = r.body; at && *at;) {
-        char *end = strstr(at, "\n\n");
-        cr_assert(end, "an event without its blank line: %s", at);
-        *end = 0;
-        char *data = strncmp(at, "data: ", 6) == 0 ? at : strstr(at, "\ndata: ") + 1;
-        if (strcmp(data + 6, "[DONE]") != 0) {
-            cr_assert_lt(ev->n, 512);
-            ev->data[ev->n++] = sp_json(data + 6);
-        }
-        at = end + 2;
-    }
-    hc_response_free(&r);
-}
-
-static void events_free(events *ev)
-{
-    for (int i = 0; i < ev->n; i++)
-        cJSON_Delete(ev->data[i]);
-}
-
 /* obj's string at a path of names (NULL when missing or not a string) */
 static const char *str_at(const cJSON *obj, const char *a, const char *b, const char *c)
 {
@@ -111,8 +79,8 @@ Test(reasoning, chat_answers_carry_reasoning_content_apart_from_the_content)
 
 Test(reasoning, chat_streams_send_reasoning_deltas_then_content_deltas)
 {
-    events ev;
-    events_of("/v1/chat/completions", CHAT_BODY(", \"stream\": true"), &ev);
+    ts_events ev;
+    ts_events_of("/v1/chat/completions", CHAT_BODY(", \"stream\": true"), &ev);
     char reasoning[256] = "", content[256] = "";
     for (int i = 0; i < ev.n; i++) {
         const cJSON *d = cJSON_GetObjectItem(
@@ -131,7 +99,7 @@ Test(reasoning, chat_streams_send_reasoning_deltas_then_content_deltas)
     }
     cr_assert_str_eq(reasoning, THOUGHT);
     cr_assert_str_eq(content, ANSWER);
-    events_free(&ev);
+    ts_events_free(&ev);
 }
 
 Test(reasoning, a_thought_cut_short_is_all_reasoning)
@@ -201,8 +169,8 @@ Test(reasoning, messages_answer_with_a_thinking_block_then_the_text)
 
 Test(reasoning, messages_stream_thinking_deltas_then_text_deltas)
 {
-    events ev;
-    events_of("/v1/messages", MSG_BODY(", \"stream\": true"), &ev);
+    ts_events ev;
+    ts_events_of("/v1/messages", MSG_BODY(", \"stream\": true"), &ev);
     char thinking[256] = "", text[256] = "";
     int blocks = 0;
     for (int i = 0; i < ev.n; i++) {
@@ -224,7 +192,7 @@ Test(reasoning, messages_stream_thinking_deltas_then_text_deltas)
     cr_assert_eq(blocks, 2);
     cr_assert_str_eq(thinking, THOUGHT);
     cr_assert_str_eq(text, ANSWER);
-    events_free(&ev);
+    ts_events_free(&ev);
 }
 
 /* count_tokens of a one-message body with extra fields */
@@ -296,8 +264,8 @@ Test(reasoning, responses_output_a_reasoning_item_then_the_message)
 
 Test(reasoning, responses_stream_reasoning_text_deltas_then_output_text_deltas)
 {
-    events ev;
-    events_of("/v1/responses", RESP_BODY(", \"stream\": true"), &ev);
+    ts_events ev;
+    ts_events_of("/v1/responses", RESP_BODY(", \"stream\": true"), &ev);
     char reasoning[256] = "", text[256] = "", done[256] = "";
     for (int i = 0; i < ev.n; i++) {
         const char *type = sp_str_at(ev.data[i], "type");
@@ -320,7 +288,7 @@ Test(reasoning, responses_stream_reasoning_text_deltas_then_output_text_deltas)
     cr_assert_str_eq(sp_str_at(last, "type"), "response.completed");
     const cJSON *out = cJSON_GetObjectItem(cJSON_GetObjectItem(last, "response"), "output");
     cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(out, 0), "type"), "reasoning");
-    events_free(&ev);
+    ts_events_free(&ev);
 }
 
 Test(reasoning, responses_reasoning_effort_maps_onto_enable_thinking)
@@ -378,11 +346,12 @@ Test(harmony, the_analysis_channel_is_reasoning_and_the_final_channel_content)
 
 Test(harmony, a_streamed_answer_lets_out_no_marker)
 {
-    events ev;
-    events_of("/v1/responses",
-              "{\"model\": \"tiny\", \"input\": \"1+1?\", \"max_output_tokens\": 160, \"stream\": "
-              "true, \"guided_regex\": " HARMONY_REGEX "}",
-              &ev);
+    ts_events ev;
+    ts_events_of(
+        "/v1/responses",
+        "{\"model\": \"tiny\", \"input\": \"1+1?\", \"max_output_tokens\": 160, \"stream\": "
+        "true, \"guided_regex\": " HARMONY_REGEX "}",
+        &ev);
     char reasoning[256] = "", text[256] = "";
     for (int i = 0; i < ev.n; i++) {
         const char *type = sp_str_at(ev.data[i], "type");
@@ -394,7 +363,7 @@ Test(harmony, a_streamed_answer_lets_out_no_marker)
     }
     cr_assert_str_eq(reasoning, THOUGHT);
     cr_assert_str_eq(text, ANSWER);
-    events_free(&ev);
+    ts_events_free(&ev);
 }
 
 /* GPT-OSS's template renders a tool as TypeScript in a system message too

@@ -449,3 +449,76 @@ Test(reasoning, harmony_channels_split_into_analysis_and_final)
     /* while streaming, nothing of a call's header goes out as content */
     cr_assert_eq(srv_tool_calls_safe_prefix(SRV_TOOLS_HARMONY, "<|sta", 5, 0), 0);
 }
+
+/* --- calls as they are written (srv_tool_calls_scan) ------------------------------ */
+
+/* text fed byte by byte in syntax f: the first call's name is known only
+ * once whole, its arguments (minified) only grow, each prefix of the
+ * whole's, and end as the whole's minified object, equal to the parser's
+ * arguments */
+static void scan_grows(srv_tool_format f, const char *text, int calls, const char *name,
+                       const char *args)
+{
+    size_t len = strlen(text);
+    char sent[256] = "", now[256];
+    for (size_t n = 0; n <= len; n++) {
+        srv_tool_partial p[8];
+        int got = srv_tool_calls_scan(f, text, n, p, 8);
+        cr_assert_leq(got, calls, "%s at %zu", text, n);
+        if (got == 0)
+            continue;
+        if (p[0].name_len)
+            cr_assert(p[0].name_len == strlen(name) &&
+                          memcmp(text + p[0].name_at, name, strlen(name)) == 0,
+                      "%s at %zu: a name not yet whole", text, n);
+        if (!p[0].args_begun)
+            continue;
+        cr_assert(p[0].name_len, "%s at %zu: arguments before the name", text, n);
+        size_t m = srv_tool_json_minify(text + p[0].args_at, p[0].args_len, now);
+        cr_assert_eq(strncmp(now, sent, strlen(sent)), 0, "%s at %zu: %s then %s", text, n, sent,
+                     now);
+        snprintf(sent, sizeof sent, "%.*s", (int)m, now);
+    }
+    cr_assert_str_eq(sent, args, "%s", text);
+    srv_tool_partial p[8];
+    cr_assert_eq(srv_tool_calls_scan(f, text, len, p, 8), calls, "%s", text);
+    cr_assert(p[0].args_whole, "%s", text);
+    srv_tool_calls tc;
+    cr_assert_eq(srv_tool_calls_parse(f, text, len, &tc), calls, "%s", text);
+    cr_assert_str_eq(tc.calls[0].arguments, args, "the parser reads the same arguments");
+    srv_tool_calls_free(&tc);
+}
+
+Test(tool_calls, each_syntax_shows_a_call_as_it_is_written)
+{
+    scan_grows(
+        SRV_TOOLS_HERMES,
+        "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\", "
+        "\"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": "
+        "{}}\n</tool_call>",
+        2, "get_weather", "{\"city\":\"Lima\",\"days\":[1,2]}");
+    scan_grows(SRV_TOOLS_JSON,
+               "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"a b\"}}, {\"name\": "
+               "\"t\", \"parameters\": {}}]",
+               2, "get_weather", "{\"city\":\"a b\"}");
+    scan_grows(SRV_TOOLS_LLAMA3,
+               "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}", 1,
+               "get_weather", "{\"city\":\"Lima\"}");
+    scan_grows(SRV_TOOLS_MISTRAL,
+               "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}]", 1,
+               "get_weather", "{\"city\":\"Lima\"}");
+    scan_grows(SRV_TOOLS_MISTRAL, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Lima\"}", 1,
+               "get_weather", "{\"city\":\"Lima\"}");
+    scan_grows(SRV_TOOLS_GRANITE,
+               "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}]", 1,
+               "get_weather", "{\"city\":\"Lima\"}");
+    scan_grows(SRV_TOOLS_DEEPSEEK,
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+               "```json\n{\"city\": \"Lima\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+               1, "get_weather", "{\"city\":\"Lima\"}");
+    scan_grows(SRV_TOOLS_HARMONY, H_CALL, 1, "get_weather", "{\"city\":\"Lima\"}");
+    /* braces and quotes inside strings are the arguments' own */
+    scan_grows(SRV_TOOLS_HERMES,
+               "<tool_call>{\"name\": \"say\", \"arguments\": {\"s\": \"a } \\\" {\"}}</tool_call>",
+               1, "say", "{\"s\":\"a } \\\" {\"}");
+}

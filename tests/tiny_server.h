@@ -98,4 +98,37 @@ static inline void ts_refused(const char *path, const char *body, const char *ne
     free(text);
 }
 
+/* A stream's events' data, in order (chat's unnamed events, and the
+ * named ones of Anthropic's and OpenAI's newer APIs; [DONE] left out). */
+typedef struct ts_events {
+    int n;
+    cJSON *data[512];
+} ts_events;
+
+/* POST body to path, a stream: its events, read to its end. */
+static inline void ts_events_of(const char *path, const char *body, ts_events *ev)
+{
+    hc_response r = sp_post(path, body);
+    cr_assert_eq(r.status, 200, "%s -> %d %s", body, r.status, r.body);
+    ev->n = 0;
+    for (char *at = r.body; at && *at;) {
+        char *end = strstr(at, "\n\n");
+        cr_assert(end, "an event without its blank line: %s", at);
+        *end = 0;
+        char *data = strncmp(at, "data: ", 6) == 0 ? at : strstr(at, "\ndata: ") + 1;
+        if (strcmp(data + 6, "[DONE]") != 0) {
+            cr_assert_lt(ev->n, 512);
+            ev->data[ev->n++] = sp_json(data + 6);
+        }
+        at = end + 2;
+    }
+    hc_response_free(&r);
+}
+
+static inline void ts_events_free(ts_events *ev)
+{
+    for (int i = 0; i < ev->n; i++)
+        cJSON_Delete(ev->data[i]);
+}
+
 #endif
