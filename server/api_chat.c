@@ -90,24 +90,38 @@ static void compile_one(srv_server *s, const char *source, const char *what, tpl
     }
 }
 
+/* The id of the one token whose text is marker (a vocabulary entry or an
+ * added token, as Qwen3's <think> is), or -1. */
+static int32_t marker_token(const tok_tokenizer *tok, const char *marker)
+{
+    int32_t *ids = NULL, id = -1;
+    size_t n = 0;
+    char msg[128];
+    if (tok_encode(tok, marker, strlen(marker), false, true, &ids, &n, msg, sizeof msg) == QL_OK &&
+        n == 1)
+        id = ids[0];
+    free(ids);
+    return id;
+}
+
 /* Whether the model thinks between markers (srv_reason_format_of): its
  * vocabulary's <think>/</think> pair, or its template's; whether the
  * template's prompt leaves it inside a block (rendered once for one user
- * message); and whether </think> is a control token. */
+ * message); and whether its closing marker (</think>, or harmony's
+ * <|channel|>) is a special token, which decoding would drop. */
 static void reasoning_load(srv_server *s)
 {
     const tok_tokenizer *tok = s->model.tok;
-    int32_t open = tok_token_id(tok, "<think>", 7), close = tok_token_id(tok, "</think>", 8);
-    int32_t channel = tok_token_id(tok, "<|channel|>", 11);
-    bool harmony = channel >= 0 && tok_token_id(tok, "<|message|>", 11) >= 0;
+    int32_t open = marker_token(tok, "<think>"), close = marker_token(tok, "</think>");
+    int32_t channel = marker_token(tok, "<|channel|>");
+    bool harmony = channel >= 0 && marker_token(tok, "<|message|>") >= 0;
     s->reason_format =
         srv_reason_format_of(open >= 0 && close >= 0, harmony, s->model.chat_template);
     if (s->reason_format == SRV_REASON_NONE)
         return;
     size_t len = 0;
-    int type = 0;
     int32_t marker = s->reason_format == SRV_REASON_HARMONY ? channel : close;
-    s->reason_special = marker >= 0 && tok_token_text(tok, marker, &len, &type) && type == 3;
+    s->reason_special = marker >= 0 && tok_is_special(tok, marker);
     cJSON *ctx = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                              "\"tools\": null, \"add_generation_prompt\": true}");
     cJSON_AddStringToObject(ctx, "bos_token", s->chat_bos);

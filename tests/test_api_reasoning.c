@@ -67,14 +67,20 @@ static void no_marker(const char *piece)
     "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1?\"}], \"max_tokens\": 64, "           \
     "\"guided_regex\": " THOUGHT_REGEX extra "}"
 
-Test(reasoning, chat_answers_carry_reasoning_content_apart_from_the_content)
+/* chat's whole answer to body: reasoning_content and content as wanted */
+static void chat_split(const char *body, const char *reasoning, const char *content)
 {
-    cJSON *j = ts_ok("/v1/chat/completions", CHAT_BODY(""));
+    cJSON *j = ts_ok("/v1/chat/completions", body);
     const cJSON *m =
         cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
-    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), THOUGHT);
-    cr_assert_str_eq(sp_str_at(m, "content"), ANSWER);
+    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), reasoning);
+    cr_assert_str_eq(sp_str_at(m, "content"), content);
     cJSON_Delete(j);
+}
+
+Test(reasoning, chat_answers_carry_reasoning_content_apart_from_the_content)
+{
+    chat_split(CHAT_BODY(""), THOUGHT, ANSWER);
 }
 
 Test(reasoning, chat_streams_send_reasoning_deltas_then_content_deltas)
@@ -326,18 +332,12 @@ TestSuite(harmony, .init = setup_harmony, .fini = ts_teardown, .timeout = 300);
 
 Test(harmony, the_analysis_channel_is_reasoning_and_the_final_channel_content)
 {
-    cJSON *j =
-        ts_ok("/v1/chat/completions",
-              "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1?\"}], \"max_tokens\": "
-              "160, \"guided_regex\": " HARMONY_REGEX "}");
-    const cJSON *m =
-        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
-    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), THOUGHT);
-    cr_assert_str_eq(sp_str_at(m, "content"), ANSWER);
-    cJSON_Delete(j);
-    j = ts_ok("/v1/messages",
-              "{\"model\": \"tiny\", \"max_tokens\": 160, \"messages\": [{\"role\": "
-              "\"user\", \"content\": \"1+1?\"}], \"guided_regex\": " HARMONY_REGEX "}");
+    chat_split("{\"messages\": [{\"role\": \"user\", \"content\": \"1+1?\"}], \"max_tokens\": "
+               "160, \"guided_regex\": " HARMONY_REGEX "}",
+               THOUGHT, ANSWER);
+    cJSON *j = ts_ok("/v1/messages",
+                     "{\"model\": \"tiny\", \"max_tokens\": 160, \"messages\": [{\"role\": "
+                     "\"user\", \"content\": \"1+1?\"}], \"guided_regex\": " HARMONY_REGEX "}");
     const cJSON *content = cJSON_GetObjectItem(j, "content");
     cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(content, 0), "thinking"), THOUGHT);
     cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(content, 1), "text"), ANSWER);
@@ -409,4 +409,49 @@ Test(harmony, reasoning_effort_reaches_the_template)
                                 "\"reasoning_effort\": \"high\"}");
     cr_assert(strstr(sp_str_at(j, "templated_text"), "Reasoning: high"));
     cJSON_Delete(j);
+}
+
+/* --- markers found in the vocabulary ----------------------------------------------- */
+
+/* The tiny model's tokenizer with Qwen3's two added tokens, <think> (260)
+ * and </think> (261), not special (as Qwen3's are), beside its bytes. */
+static void add_think_tokens(const char *dir)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(path, &len);
+    cr_assert(text);
+    cJSON *root = sp_json(text);
+    free(text);
+    cJSON *added = cJSON_GetObjectItem(root, "added_tokens");
+    const char *marks[] = {"<think>", "</think>"};
+    for (int k = 0; k < 2; k++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", 260 + k);
+        cJSON_AddStringToObject(t, "content", marks[k]);
+        cJSON_AddFalseToObject(t, "special");
+        cJSON_AddItemToArray(added, t);
+    }
+    text = cJSON_Print(root);
+    test_write_text(path, text);
+    free(text);
+    cJSON_Delete(root);
+}
+
+static void setup_vocab(void)
+{
+    tiny_spec spec = tiny_default();
+    spec.vocab = 262;
+    ts_start_spec(TS_JOIN_TEMPLATE, &spec, add_think_tokens, NULL);
+}
+
+TestSuite(vocab, .init = setup_vocab, .fini = ts_teardown, .timeout = 300);
+
+Test(vocab, a_think_token_pair_in_the_vocabulary_marks_reasoning_without_the_template)
+{
+    char *log = sp_read_log(); /* TS_JOIN_TEMPLATE names no marker: the vocabulary did */
+    cr_assert(strstr(log, "reasoning is kept apart (<think>...</think>)"), "%s", log);
+    free(log);
+    chat_split(CHAT_BODY(""), THOUGHT, ANSWER);
 }

@@ -24,17 +24,21 @@ static char ts_dir[512];
 static char ts_model_dir[600];
 static char ts_log_path[600];
 
-/* The tiny model served with chat_template as its chat_template.jinja,
- * and the flags extra (NULL-ended; NULL: none) after the usual ones. */
-static inline void ts_start_with(const char *chat_template, const char *const *extra)
+/* The tiny model of spec served with chat_template as its
+ * chat_template.jinja, patch (NULL: none) run on its folder before the
+ * server starts, and the flags extra (NULL-ended; NULL: none) after the
+ * usual ones. */
+static inline void ts_start_spec(const char *chat_template, const tiny_spec *spec,
+                                 void (*patch)(const char *model_dir), const char *const *extra)
 {
     test_tmpdir(ts_dir, sizeof ts_dir);
     cr_assert(ts_dir[0]);
     snprintf(ts_model_dir, sizeof ts_model_dir, "%s/tiny", ts_dir);
     snprintf(ts_log_path, sizeof ts_log_path, "%s/server.log", ts_dir);
     cr_assert_eq(mkdir(ts_model_dir, 0700), 0);
-    tiny_spec spec = tiny_default();
-    tiny_write_hf(ts_model_dir, &spec);
+    tiny_write_hf(ts_model_dir, spec);
+    if (patch)
+        patch(ts_model_dir);
     char path[700];
     snprintf(path, sizeof path, "%s/chat_template.jinja", ts_model_dir);
     FILE *f = fopen(path, "wb");
@@ -49,6 +53,14 @@ static inline void ts_start_with(const char *chat_template, const char *const *e
     argv[n] = NULL;
     sp_spawn(argv, ts_log_path);
     sp_wait_ready();
+}
+
+/* The tiny model served with chat_template as its chat_template.jinja,
+ * and the flags extra (NULL-ended; NULL: none) after the usual ones. */
+static inline void ts_start_with(const char *chat_template, const char *const *extra)
+{
+    tiny_spec spec = tiny_default();
+    ts_start_spec(chat_template, &spec, NULL, extra);
 }
 
 static inline void ts_start(const char *chat_template)
