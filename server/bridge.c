@@ -278,7 +278,7 @@ static void reason_update(const srv_gen *g, srv_gen_choice *ch)
     if (!g->reasoning || (ch->reason.done && ch->reason.content_from < ch->text_len))
         return;
     srv_reason_split((srv_reason_format)g->s->reason_format, g->reason_opens, ch->text,
-                     ch->text_len, ch->ended, &ch->reason);
+                     ch->text_len, ch->ended, ch->reason.searched, &ch->reason);
 }
 
 const char *srv_gen_content(const srv_gen *g, int32_t i, size_t *len)

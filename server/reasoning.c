@@ -121,7 +121,22 @@ static void harmony_next(const char *text, size_t next, size_t len, bool end, sr
     v->done = true;
 }
 
-static void split_harmony(const char *text, size_t len, bool end, srv_reason_view *v)
+/* Where the search for a closing marker (n bytes) begins: past the block's
+ * opening (from), and past what an earlier search cleared. */
+static size_t search_from(size_t from, size_t searched)
+{
+    return searched > from ? searched : from;
+}
+
+/* What a search of text[0..len) that found no closing marker of n bytes
+ * cleared: all but a tail that may be its start. */
+static size_t cleared(size_t len, size_t n)
+{
+    return len >= n ? len - (n - 1) : 0;
+}
+
+static void split_harmony(const char *text, size_t len, bool end, size_t searched,
+                          srv_reason_view *v)
 {
     bool partial;
     if (!opens_with(text, 0, len, h_channel, &partial)) {
@@ -141,8 +156,10 @@ static void split_harmony(const char *text, size_t len, bool end, srv_reason_vie
         return;
     }
     v->reason_from = skip_space(text, body, len);
-    const char *stop = memmem(text + body, len - body, h_end, sizeof h_end - 1);
+    size_t at = search_from(body, searched);
+    const char *stop = at < len ? memmem(text + at, len - at, h_end, sizeof h_end - 1) : NULL;
     if (!stop) {
+        v->searched = cleared(len, sizeof h_end - 1);
         v->reason_to = end ? len : reason_safe_end(text, v->reason_from, len, h_end);
         while (v->reason_to > v->reason_from && is_space(text[v->reason_to - 1]))
             v->reason_to--;
@@ -157,13 +174,13 @@ static void split_harmony(const char *text, size_t len, bool end, srv_reason_vie
 }
 
 void srv_reason_split(srv_reason_format f, bool opens, const char *text, size_t len, bool end,
-                      srv_reason_view *v)
+                      size_t searched, srv_reason_view *v)
 {
     *v = (srv_reason_view){.done = true};
     if (f == SRV_REASON_NONE || !text)
         return;
     if (f == SRV_REASON_HARMONY) {
-        split_harmony(text, len, end, v);
+        split_harmony(text, len, end, searched, v);
         if (v->reason_from > v->reason_to)
             v->reason_from = v->reason_to;
         return;
@@ -181,7 +198,10 @@ void srv_reason_split(srv_reason_format f, bool opens, const char *text, size_t 
         start += OPEN_LEN;
     }
     v->reason_from = skip_space(text, start, len);
-    const char *close = memmem(text + start, len - start, close_marker, CLOSE_LEN);
+    size_t from = search_from(start, searched);
+    const char *close =
+        from < len ? memmem(text + from, len - from, close_marker, CLOSE_LEN) : NULL;
+    v->searched = close ? 0 : cleared(len, CLOSE_LEN);
     if (close) {
         size_t at = (size_t)(close - text);
         v->reason_to = at;

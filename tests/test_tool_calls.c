@@ -336,7 +336,7 @@ static void split_whole_as(srv_reason_format f, bool opens, const char *text, co
 {
     srv_reason_view v;
     size_t len = strlen(text);
-    srv_reason_split(f, opens, text, len, true, &v);
+    srv_reason_split(f, opens, text, len, true, 0, &v);
     cr_assert(v.done, "%s", text);
     cr_assert_eq(v.reason_to - v.reason_from, strlen(reasoning), "%s", text);
     cr_assert_eq(memcmp(text + v.reason_from, reasoning, strlen(reasoning)), 0, "%s", text);
@@ -361,7 +361,7 @@ Test(reasoning, a_whole_answer_splits_at_the_closing_marker)
     split_whole(false, "<thi", "", "<thi"); /* the start of a marker, never finished */
     split_whole(false, "", "", "");
     srv_reason_view v;
-    srv_reason_split(SRV_REASON_NONE, false, "<think>a</think>b", 17, true, &v);
+    srv_reason_split(SRV_REASON_NONE, false, "<think>a</think>b", 17, true, 0, &v);
     cr_assert(v.done && v.content_from == 0 && v.reason_to == v.reason_from);
 }
 
@@ -372,11 +372,12 @@ static void split_streamed_as(srv_reason_format f, bool opens, const char *text)
 {
     size_t len = strlen(text);
     srv_reason_view whole, v;
-    srv_reason_split(f, opens, text, len, true, &whole);
+    srv_reason_split(f, opens, text, len, true, 0, &whole);
     size_t sent_to = 0;
     bool done = false;
     for (size_t n = 0; n <= len; n++) {
-        srv_reason_split(f, opens, text, n, n == len, &v);
+        /* as a stream does: the last split's searched carried on */
+        srv_reason_split(f, opens, text, n, n == len, n ? v.searched : 0, &v);
         if (v.reason_to > v.reason_from) {
             cr_assert_eq(v.reason_from, whole.reason_from, "%s at %zu", text, n);
             cr_assert_geq(v.reason_to, sent_to, "%s at %zu: what went out is taken back", text, n);
@@ -407,10 +408,10 @@ Test(reasoning, a_stream_holds_back_only_what_may_be_a_marker)
     split_streamed(false, "<think>\ncut short");
     /* while "</thi" may still be the marker, "a" goes out and it does not */
     srv_reason_view v;
-    srv_reason_split(SRV_REASON_THINK, false, "<think>a</thi", 13, false, &v);
+    srv_reason_split(SRV_REASON_THINK, false, "<think>a</thi", 13, false, 0, &v);
     cr_assert(!v.done && v.reason_to == 8 && v.reason_from == 7);
     /* "<th" may still open a block: nothing is content yet */
-    srv_reason_split(SRV_REASON_THINK, false, "<th", 3, false, &v);
+    srv_reason_split(SRV_REASON_THINK, false, "<th", 3, false, 0, &v);
     cr_assert(!v.done);
 }
 

@@ -53,6 +53,7 @@ typedef struct srv_reason_view {
     size_t reason_from, reason_to;
     size_t content_from;
     bool done;
+    size_t searched; /* text[0..searched) holds no whole closing marker */
 } srv_reason_view;
 
 /*
@@ -62,6 +63,8 @@ typedef struct srv_reason_view {
  * reasoning, and the content is empty, as vLLM reads an unfinished
  * thought). A text that does not begin (after whitespace) with the
  * opening marker, when the prompt did not open one, is all content.
+ * searched: the last split's v->searched for this text (0 at first), so
+ * that a stream searches each byte for the closing marker about once.
  * f NONE: all content. HARMONY: a text opening with the analysis channel's
  * message is reasoning to its <|end|>; the content is the final channel's
  * message, or (a call) the commentary message from its <|start|> on, left
@@ -69,6 +72,6 @@ typedef struct srv_reason_view {
  * all content.
  */
 void srv_reason_split(srv_reason_format f, bool opens, const char *text, size_t len, bool end,
-                      srv_reason_view *v);
+                      size_t searched, srv_reason_view *v);
 
 #endif
