@@ -12,7 +12,9 @@
  * arguments are whole, and its arguments in several deltas (one per token
  * of the byte-level model, not one at the end), which join to the whole
  * answer's arguments exactly; nothing of the call's markup goes out as
- * text; the finish is tool_calls / tool_use.
+ * text; the finish is tool_calls / tool_use. And a model that thinks
+ * first (a template naming <think> too): the thinking block streams, then
+ * the call as it is written, and chat's whole answer has both.
  */
 #include "tiny_server.h"
 
@@ -190,4 +192,71 @@ Test(tool_stream, responses_stream_function_call_arguments_as_written)
     cr_assert_str_eq(args, CALL_ARGS);
     cr_assert_str_eq(done, CALL_ARGS);
     ts_events_free(&ev);
+}
+
+/* --- a thought, then a call -------------------------------------------------------- */
+
+/* A template of one line whose comment names Qwen3's markers: reasoning
+ * kept apart and Hermes calls, as Qwen3's own template teaches both. */
+#define THINKER_SHORT                                                                              \
+    "{# <think> </think> <tool_call> #}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+static void setup_thinker(void)
+{
+    ts_start(THINKER_SHORT);
+}
+
+TestSuite(think_then_call, .init = setup_thinker, .fini = ts_teardown, .timeout = 300);
+
+#define THINK_CALL_REGEX                                                                           \
+    "\"<think>\\nask the clock\\n</think>\\n\\n<tool_call>\\n\\\\{\\\"name\\\": \\\"now\\\", "     \
+    "\\\"arguments\\\": \\\\{\\\"zone\\\": \\\"UTC\\\", \\\"n\\\": 12\\\\}\\\\}\\n</tool_call>\""
+
+Test(think_then_call, the_reasoning_streams_first_then_the_call_as_written)
+{
+    ts_events ev;
+    ts_events_of("/v1/messages",
+                 "{\"model\": \"tiny\", \"max_tokens\": 128, \"stream\": true, \"messages\": "
+                 "[{\"role\": \"user\", \"content\": \"time?\"}], \"tools\": [{\"name\": \"now\", "
+                 "\"input_schema\": {\"type\": \"object\"}}], \"guided_regex\": " THINK_CALL_REGEX
+                 "}",
+                 &ev);
+    char thinking[256] = "", args[512] = "", kinds[64] = "";
+    int arg_deltas = 0;
+    for (int i = 0; i < ev.n; i++) {
+        const char *type = sp_str_at(ev.data[i], "type");
+        const cJSON *d = cJSON_GetObjectItem(ev.data[i], "delta");
+        if (strcmp(type, "content_block_start") == 0) {
+            const char *kind = sp_str_at(cJSON_GetObjectItem(ev.data[i], "content_block"), "type");
+            strncat(kinds, kind, 20);
+            strcat(kinds, " ");
+        } else if (strcmp(type, "content_block_delta") == 0) {
+            const char *dt = sp_str_at(d, "type");
+            if (strcmp(dt, "thinking_delta") == 0)
+                strncat(thinking, sp_str_at(d, "thinking"), 200);
+            else if (strcmp(dt, "input_json_delta") == 0 && ++arg_deltas)
+                strncat(args, sp_str_at(d, "partial_json"), 400);
+            else
+                cr_assert_fail("a text delta: %s", sp_str_at(d, "text"));
+        }
+    }
+    cr_assert_str_eq(kinds, "thinking tool_use ");
+    cr_assert_str_eq(thinking, "ask the clock");
+    cr_assert_str_eq(args, CALL_ARGS);
+    cr_assert_geq(arg_deltas, 10);
+    ts_events_free(&ev);
+    /* chat: reasoning_content beside the call, whole */
+    cJSON *j =
+        ts_ok("/v1/chat/completions",
+              "{\"messages\": [{\"role\": \"user\", \"content\": \"time?\"}], \"max_tokens\": "
+              "128, \"tools\": [" TOOL "], \"guided_regex\": " THINK_CALL_REGEX "}");
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    const cJSON *m = cJSON_GetObjectItem(ch, "message");
+    cr_assert_str_eq(sp_str_at(m, "reasoning_content"), "ask the clock");
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(m, "content")));
+    const cJSON *fn = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(m, "tool_calls"), 0), "function");
+    cr_assert_str_eq(sp_str_at(fn, "arguments"), CALL_ARGS);
+    cr_assert_str_eq(sp_str_at(ch, "finish_reason"), "tool_calls");
+    cJSON_Delete(j);
 }
