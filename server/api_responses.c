@@ -629,7 +629,7 @@ static cJSON *response_object(const srv_gen *g, const srv_chat_end *e, cJSON *ou
                                 "cached_tokens", u->cached_tokens);
         cJSON_AddNumberToObject(us, "output_tokens", u->generated_tokens);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(us, "output_tokens_details"),
-                                "reasoning_tokens", 0);
+                                "reasoning_tokens", srv_gen_reasoning_tokens(g, 0));
         cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
     } else {
         cJSON_AddNullToObject(o, "usage");

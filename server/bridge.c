@@ -301,6 +301,19 @@ const char *srv_gen_reasoning(const srv_gen *g, int32_t i, size_t *len)
     return (ch->text ? ch->text : "") + (g->reasoning ? ch->reason.reason_from : 0);
 }
 
+int32_t srv_gen_reasoning_tokens(const srv_gen *g, int32_t i)
+{
+    const srv_gen_choice *ch = &g->choices[i];
+    if (!g->reasoning || !ch->text || ch->reason.reason_to == ch->reason.reason_from)
+        return 0;
+    size_t from = ch->reason.done ? ch->reason.content_from : ch->text_len;
+    size_t chars = ql_utf8_chars((const uint8_t *)ch->text, from); /* offsets count characters */
+    int32_t n = 0;
+    while ((size_t)n < ch->n_tokens && ch->offsets[n] < chars)
+        n++;
+    return n;
+}
+
 /* Keep a token, its text, where that text starts (offset, in characters)
  * and (when asked) its logprobs on the choice; a token that cannot be kept
  * (out of memory) is left out of the details. */

@@ -255,6 +255,11 @@ Test(reasoning, responses_output_a_reasoning_item_then_the_message)
     cr_assert_str_eq(sp_str_at(m, "type"), "message");
     part = cJSON_GetArrayItem(cJSON_GetObjectItem(m, "content"), 0);
     cr_assert_str_eq(sp_str_at(part, "text"), ANSWER);
+    /* the byte-level model: "<think>\nadd one and one\n</think>\n\n" is 34 tokens, before
+     * the content's first */
+    const cJSON *usage = cJSON_GetObjectItem(j, "usage");
+    cr_assert_eq(sp_num_at(cJSON_GetObjectItem(usage, "output_tokens_details"), "reasoning_tokens"),
+                 34);
     /* the next turn sends the output back, reasoning item and all */
     char body[2048];
     char *prev = cJSON_PrintUnformatted(out);

@@ -160,6 +160,9 @@ char *srv_gen_full_text(const srv_gen *g, int32_t i, size_t *len);
  * stream's reasoning has not ended). And its reasoning (*len 0: none). */
 const char *srv_gen_content(const srv_gen *g, int32_t i, size_t *len);
 const char *srv_gen_reasoning(const srv_gen *g, int32_t i, size_t *len);
+/* How many of choice i's tokens are its reasoning's (they begin before its
+ * content does; 0 without g->reasoning). */
+int32_t srv_gen_reasoning_tokens(const srv_gen *g, int32_t i);
 
 /* The loop's side of the bridge (s->wake's callback): hand every event the
  * engine queued to its generation; a generation's last one frees it. */
