@@ -41,13 +41,15 @@
  * the store does), "msg_N_K" and "fc_" and the call's id; without
  * max_output_tokens the answer may fill the context (chat's default). Not
  * implemented, refused by name: conversation, background, prompt,
- * reasoning (other than null), item types other than message,
- * function_call and function_call_output, content parts other than text
+ * item types other than message, function_call, function_call_output and
+ * reasoning (taken back, left out of the prompt), content parts other than text
  * (input_image, input_file, input_audio), tools other than function tools
  * (web_search, file_search, mcp, ...), top_logprobs. Accepted and ignored:
  * metadata (repeated, not searched), user, safety_identifier,
- * prompt_cache_key, service_tier, truncation "disabled", include [] and
- * text.verbosity.
+ * prompt_cache_key, service_tier, truncation "disabled", include [] or
+ * ["reasoning.encrypted_content"] (a local model's reasoning is in the
+ * clear: nothing is encrypted), and text.verbosity. reasoning: effort onto
+ * the template's enable_thinking (read_reasoning).
  *
  * Offers srv_responses_create, srv_responses_get and srv_responses_delete
  * (internal/api_responses.h) to routes.c; owns the Responses request and
@@ -428,11 +430,23 @@ static bool refuse_unimplemented(srv_conn *c, const cJSON *root)
         srv_req_fail(c, 400, "background: not supported by this server (answers are synchronous)");
         return false;
     }
+    /* reasoning.encrypted_content: what Codex asks for with store false,
+     * to send its reasoning items back; a local model's reasoning is its
+     * content in the clear, so there is nothing to encrypt and the item
+     * carries none */
     const cJSON *include = cJSON_GetObjectItemCaseSensitive(root, "include");
-    if (!srv_req_is_null(include) && !(cJSON_IsArray(include) && !include->child)) {
-        srv_req_fail(c, 400, "include: not supported by this server (only an empty list)");
+    if (!srv_req_is_null(include) && !cJSON_IsArray(include)) {
+        srv_req_fail(c, 400, "include: must be a list");
         return false;
     }
+    for (const cJSON *it = include ? include->child : NULL; it; it = it->next)
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "reasoning.encrypted_content") != 0) {
+            srv_req_fail(c, 400,
+                         "include: only \"reasoning.encrypted_content\" is supported by this "
+                         "server, not %s",
+                         cJSON_IsString(it) ? it->valuestring : "a non-string");
+            return false;
+        }
     const char *truncation = NULL;
     if (!srv_req_get_string(c, root, "truncation", &truncation))
         return false;

@@ -318,6 +318,15 @@ Test(reasoning, responses_reasoning_effort_maps_onto_enable_thinking)
     }
     cr_assert_eq(input[1], input[0] + 19, "effort none: the template's closed empty block");
     cr_assert_eq(input[2], input[0]);
+    /* Codex's way: store false, the reasoning asked for as encrypted content (nothing is) */
+    cJSON_Delete(ts_ok("/v1/responses",
+                       "{\"model\": \"tiny\", \"input\": \"hi\", \"max_output_tokens\": 1, "
+                       "\"store\": false, \"include\": [\"reasoning.encrypted_content\"], "
+                       "\"reasoning\": {\"effort\": \"medium\", \"summary\": \"auto\"}}"));
+    ts_refused(
+        "/v1/responses",
+        "{\"model\": \"tiny\", \"input\": \"hi\", \"include\": [\"file_search_call.results\"]}",
+        "include: only \"reasoning.encrypted_content\"");
 }
 
 /* --- GPT-OSS's harmony channels ---------------------------------------------------- */
