@@ -37,9 +37,15 @@
  *     prefix cache, cache_read_input_tokens those that were (Anthropic's
  *     split), cache_creation_input_tokens 0.
  *   - A generation cancelled (the server draining) ends with end_turn.
- *   - Refused by name: image, document, thinking and every other block
- *     type but text, tool_use and tool_result; server tools (a type other
- *     than "custom"); thinking other than {"type": "disabled"}; container,
+ *   - thinking: enabled (or adaptive) and disabled map onto the
+ *     template's enable_thinking; budget_tokens is checked, not enforced.
+ *     A model that reasons answers with a thinking block first (signature
+ *     "": a local model signs nothing), streamed as thinking_delta; an
+ *     assistant's thinking and redacted_thinking blocks sent back are
+ *     taken and left out of the prompt.
+ *   - Refused by name: image, document and every other block type but
+ *     text, tool_use, tool_result and an assistant's thinking; server tools
+ *     (a type other than "custom"); thinking of another type; container,
  *     mcp_servers, context_management, diagnostics, user_profile_id,
  *     workspace_id. Accepted and ignored: metadata, service_tier, speed,
  *     inference_geo, cache_control (the prefix cache needs no marks),
