@@ -30,6 +30,15 @@
  * request has tools (g->answer set), and readies an assistant's past
  * tool_calls for the template.
  *
+ * Reasoning: a model whose vocabulary or template marks its thinking
+ * (reasoning.c: <think>...</think>, GPT-OSS's harmony channels; found at
+ * load by reasoning_load) has it kept apart in every chat-shaped answer
+ * (srv_chat_prepare sets a->reasoning; bridge.c keeps each choice's
+ * split): here message.reasoning_content beside the content, and
+ * delta.reasoning_content before the content's deltas. vLLM's
+ * chat_template_kwargs (enable_thinking) and OpenAI's reasoning_effort
+ * are more of the template's variables.
+ *
  * What was chosen where OpenAI leaves it open: content given as a list of
  * parts must be text parts ({"type": "text"}), joined with "\n" into one
  * string (vLLM's "string" content format), since the templates of text

@@ -1,5 +1,5 @@
 /*
- * chat_answer.c - a chat answer as parts (text, tool calls), whole or as it
+ * chat_answer.c - a chat answer as parts (reasoning, text, tool calls), whole or as it
  * streams, for the APIs that write chat's answer in their own shape
  * (api_messages.c, api_responses.c): the writer's half of the one
  * translation layer, as api_chat.c's srv_chat_prepare is the reader's.
@@ -8,8 +8,11 @@
  * uses too (its content and calls, or its stream deltas, turned into
  * parts: a delta's content goes to a text part, a call's first delta
  * begins a call part and its arguments are that part's deltas). Without,
- * the text is one text part. An answer with no parts at all is one empty
- * text part, whole or streamed, so that every writer has something to say.
+ * the text is one text part. A model that reasons has its reasoning as a
+ * first part (bridge.c's split of the text; the text and calls are read
+ * from the content after it). An answer with no text or call part has one
+ * empty text part, whole or streamed, so that every writer has something
+ * to say.
  *
  * Stop sequences: the engine does not say which stop string ended an
  * answer, so without tools the request asks for it to be left in the text
