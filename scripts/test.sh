@@ -106,10 +106,11 @@ if [ "${QL_SKIP_SANITIZE:-0}" != "1" ]; then
   run_ctest build-asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 fi
 if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
-  stage "fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs, the config file and the grammar compilers (clang + libFuzzer, bounded)"
+  stage "fuzzing the model-file parsers, the chat-template renderer, the HTTP request path, the tokenizer and its loaders, adapter configs, the config file, the grammar compilers and a model's text read for tool calls and reasoning (clang + libFuzzer, bounded)"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQL_FUZZ=ON -DQL_CUDA=OFF
   cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_gguf fuzz_template fuzz_http \
-    fuzz_tokenizer fuzz_tokenizer_json fuzz_vocab_gguf fuzz_adapter_config fuzz_config fuzz_grammar
+    fuzz_tokenizer fuzz_tokenizer_json fuzz_vocab_gguf fuzz_adapter_config fuzz_config fuzz_grammar \
+    fuzz_model_text
   corpus=$(mktemp -d)
   cp tests/fixtures/*.safetensors "$corpus/"
   build-fuzz/fuzz_safetensors -max_total_time="${QL_FUZZ_SECONDS:-60}" -max_len=65536 \
@@ -150,6 +151,8 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   }
   # text through the fixture tokenizers; byte 0 picks one and the options
   new_fuzz fuzz_tokenizer 16384 "" tests/fuzz/corpus_tokenizer/.
+  # a model's text read for tool calls and reasoning; byte 0 picks the syntax
+  new_fuzz fuzz_model_text 8192 "" tests/fuzz/corpus_model_text/.
   # the tokenizer.json loader, seeded with every fixture tokenizer.json
   seeds=$(mktemp -d)
   for f in tests/fixtures/tokenizers/*/tokenizer.json; do

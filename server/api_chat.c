@@ -30,6 +30,15 @@
  * request has tools (g->answer set), and readies an assistant's past
  * tool_calls for the template.
  *
+ * Reasoning: a model whose vocabulary or template marks its thinking
+ * (reasoning.c: <think>...</think>, GPT-OSS's harmony channels; found at
+ * load by reasoning_load) has it kept apart in every chat-shaped answer
+ * (srv_chat_prepare sets a->reasoning; bridge.c keeps each choice's
+ * split): here message.reasoning_content beside the content, and
+ * delta.reasoning_content before the content's deltas. vLLM's
+ * chat_template_kwargs (enable_thinking) and OpenAI's reasoning_effort
+ * are more of the template's variables.
+ *
  * What was chosen where OpenAI leaves it open: content given as a list of
  * parts must be text parts ({"type": "text"}), joined with "\n" into one
  * string (vLLM's "string" content format), since the templates of text
@@ -51,6 +60,7 @@
 #include "internal/http.h"
 #include "internal/logprobs.h"
 #include "internal/pool_job.h"
+#include "internal/reasoning.h"
 #include "internal/request.h"
 #include "internal/tool_calls.h"
 
@@ -89,6 +99,53 @@ static void compile_one(srv_server *s, const char *source, const char *what, tpl
     }
 }
 
+/* The id of the one token whose text is marker (a vocabulary entry or an
+ * added token, as Qwen3's <think> is), or -1. */
+static int32_t marker_token(const tok_tokenizer *tok, const char *marker)
+{
+    int32_t *ids = NULL, id = -1;
+    size_t n = 0;
+    char msg[128];
+    if (tok_encode(tok, marker, strlen(marker), false, true, &ids, &n, msg, sizeof msg) == QL_OK &&
+        n == 1)
+        id = ids[0];
+    free(ids);
+    return id;
+}
+
+/* Whether the model thinks between markers (srv_reason_format_of): its
+ * vocabulary's <think>/</think> pair, or its template's; whether the
+ * template's prompt leaves it inside a block (rendered once for one user
+ * message); and whether its closing marker (</think>, or harmony's
+ * <|channel|>) is a special token, which decoding would drop. */
+static void reasoning_load(srv_server *s)
+{
+    const tok_tokenizer *tok = s->model.tok;
+    int32_t open = marker_token(tok, "<think>"), close = marker_token(tok, "</think>");
+    int32_t channel = marker_token(tok, "<|channel|>");
+    bool harmony = channel >= 0 && marker_token(tok, "<|message|>") >= 0;
+    s->reason_format =
+        srv_reason_format_of(open >= 0 && close >= 0, harmony, s->model.chat_template);
+    if (s->reason_format == SRV_REASON_NONE)
+        return;
+    size_t len = 0;
+    int32_t marker = s->reason_format == SRV_REASON_HARMONY ? channel : close;
+    s->reason_special = marker >= 0 && tok_is_special(tok, marker);
+    cJSON *ctx = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                             "\"tools\": null, \"add_generation_prompt\": true}");
+    cJSON_AddStringToObject(ctx, "bos_token", s->chat_bos);
+    cJSON_AddStringToObject(ctx, "eos_token", s->chat_eos);
+    char *prompt = NULL, why[256];
+    if (s->chat_template &&
+        tpl_render(s->chat_template, ctx, CHAT_RENDER_MAX, &prompt, &len, why, sizeof why) == QL_OK)
+        s->reason_opens = srv_reason_prompt_opens(s->reason_format, prompt, len);
+    free(prompt);
+    cJSON_Delete(ctx);
+    fprintf(stderr, "qlserve: reasoning is kept apart (%s%s)\n",
+            srv_reason_format_name(s->reason_format),
+            s->reason_opens ? ", the prompt opens it" : "");
+}
+
 void srv_chat_templates_load(srv_server *s)
 {
     s->chat_bos = token_text(s->model.tok, tok_bos(s->model.tok));
@@ -103,6 +160,7 @@ void srv_chat_templates_load(srv_server *s)
     if (s->tool_format != SRV_TOOLS_NONE)
         fprintf(stderr, "qlserve: tool calls are read in the %s syntax (the chat template's)\n",
                 srv_tool_format_name(s->tool_format));
+    reasoning_load(s);
 }
 
 void srv_chat_templates_free(srv_server *s)
@@ -227,6 +285,33 @@ static bool add_message(srv_conn *c, const cJSON *m, int i, cJSON *list)
     return true;
 }
 
+/* vLLM's chat_template_kwargs (e.g. {"enable_thinking": false}): more of
+ * the template's variables, beside (never over) the ones the request
+ * makes itself; and OpenAI's reasoning_effort as the variable of that
+ * name. False after answering the 400 (ctx then freed). */
+static bool template_kwargs(srv_conn *c, const cJSON *root, cJSON *ctx)
+{
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    const char *effort = NULL;
+    if (!srv_req_get_string(c, root, "reasoning_effort", &effort)) {
+        cJSON_Delete(ctx);
+        return false;
+    }
+    if (effort) /* GPT-OSS's template reads it ("Reasoning: high"), as vLLM passes it */
+        cJSON_AddStringToObject(ctx, "reasoning_effort", effort);
+    if (srv_req_is_null(kw))
+        return true;
+    if (!cJSON_IsObject(kw)) {
+        srv_req_fail(c, 400, "\"chat_template_kwargs\" must be an object");
+        cJSON_Delete(ctx);
+        return false;
+    }
+    for (const cJSON *v = kw->child; v; v = v->next)
+        if (!cJSON_GetObjectItemCaseSensitive(ctx, v->string))
+            cJSON_AddItemToObject(ctx, v->string, cJSON_Duplicate(v, true));
+    return true;
+}
+
 /* The template's variables for this request; NULL after answering. */
 static cJSON *template_context(srv_conn *c, const cJSON *root)
 {
@@ -260,7 +345,7 @@ static cJSON *template_context(srv_conn *c, const cJSON *root)
     cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt);
     cJSON_AddStringToObject(ctx, "bos_token", c->s->chat_bos ? c->s->chat_bos : "");
     cJSON_AddStringToObject(ctx, "eos_token", c->s->chat_eos ? c->s->chat_eos : "");
-    return ctx;
+    return template_kwargs(c, root, ctx) ? ctx : NULL;
 }
 
 /* An adapter's own template, when PEFT saved the tokenizer beside it
@@ -408,6 +493,8 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const cha
                                          "ignore_eos",
                                          "skip_special_tokens",
                                          "include_stop_str_in_output",
+                                         "chat_template_kwargs",
+                                         "reasoning_effort",
                                          NULL};
     if (!srv_req_only_known(c, root, "the body", fields))
         return false;
@@ -507,6 +594,16 @@ static cJSON *delta_chunk(const srv_gen *g, int32_t i, const char *role, const c
     return delta_object_chunk(g, i, message_body(role, text, len), logprobs, finish);
 }
 
+/* vLLM's reasoning_content beside the content: the reasoning, or null
+ * when the answer had none. */
+static void add_reasoning(const srv_gen *g, int32_t i, cJSON *message)
+{
+    size_t len;
+    const char *text = srv_gen_reasoning(g, i, &len);
+    cJSON_AddItemToObject(message, "reasoning_content",
+                          len ? srv_req_json_text(text, len) : cJSON_CreateNull());
+}
+
 /* The whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
@@ -521,8 +618,12 @@ static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
             message = message_body("assistant", NULL, 0);
             srv_chat_tools_answer(g, g->answer, i, message, &finish);
         } else {
-            message = message_body("assistant", ch->text ? ch->text : "", ch->text_len);
+            size_t len;
+            const char *text = srv_gen_content(g, i, &len);
+            message = message_body("assistant", text, len);
         }
+        if (g->reasoning)
+            add_reasoning(g, i, message);
         add_choice(choices, i, "message", message, lp, finish);
     }
     srv_oai_add_usage(o, u);
@@ -542,6 +643,45 @@ static void open_stream(srv_gen *g, srv_conn *c, int32_t i)
  * the rest and its calls, then the finish), each delta its own chunk; the
  * token's logprobs ride on the first (a token held back as a possible
  * call sends none). */
+/* With reasoning kept apart: the reasoning choice i has let out since
+ * the last call, as a delta.reasoning_content chunk carrying the token's
+ * logprobs when lp; whether one was sent. */
+static bool stream_reasoning(srv_gen *g, srv_conn *c, int32_t i, bool lp)
+{
+    srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_reasoning(g, i, &len);
+    if (len <= ch->reason_sent)
+        return false;
+    cJSON *delta = cJSON_CreateObject();
+    cJSON_AddItemToObject(delta, "reasoning_content",
+                          srv_req_json_text(text + ch->reason_sent, len - ch->reason_sent));
+    ch->reason_sent = len;
+    srv_req_stream_cjson(
+        c, delta_object_chunk(g, i, delta,
+                              lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL,
+                              NULL));
+    return true;
+}
+
+/* With reasoning kept apart and no tools: the content choice i has let
+ * out since the last call (none while it reasons); whether a chunk went. */
+static bool stream_content(srv_gen *g, srv_conn *c, int32_t i, bool lp)
+{
+    srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
+    if (len <= ch->content_sent && !lp)
+        return false;
+    const char *from = text + (len > ch->content_sent ? ch->content_sent : len);
+    size_t n = len > ch->content_sent ? len - ch->content_sent : 0;
+    ch->content_sent += n;
+    srv_req_stream_cjson(
+        c, delta_chunk(g, i, NULL, from, n,
+                       lp ? srv_logprobs_chat(g, i, ch->n_tokens - 1, ch->n_tokens) : NULL, NULL));
+    return true;
+}
+
 static void stream_tools(srv_gen *g, srv_conn *c, int32_t i, bool token, bool end)
 {
     const srv_gen_choice *ch = &g->choices[i];
@@ -562,12 +702,18 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
                          size_t len)
 {
     open_stream(g, c, i);
+    const srv_gen_choice *ch = &g->choices[i];
+    bool lp = g->logprobs && token >= 0 && ch->n_tokens;
+    if (g->reasoning && stream_reasoning(g, c, i, lp))
+        token = -1; /* its logprobs have gone */
     if (g->answer) {
         stream_tools(g, c, i, token >= 0, false);
         return;
     }
-    const srv_gen_choice *ch = &g->choices[i];
-    bool lp = g->logprobs && token >= 0 && ch->n_tokens;
+    if (g->reasoning) {
+        stream_content(g, c, i, lp && token >= 0);
+        return;
+    }
     if (len > 0 || lp)
         srv_req_stream_cjson(
             c,
@@ -580,11 +726,16 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     (void)why; /* each choice's own finish is sent */
     for (int32_t i = 0; i < g->n_choices; i++) {
         open_stream(g, c, i);
-        if (g->answer)
+        if (g->reasoning)
+            stream_reasoning(g, c, i, false);
+        if (g->answer) {
             stream_tools(g, c, i, false, true);
-        else
-            srv_req_stream_cjson(
-                c, delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
+            continue;
+        }
+        if (g->reasoning)
+            stream_content(g, c, i, false);
+        srv_req_stream_cjson(
+            c, delta_chunk(g, i, NULL, NULL, 0, NULL, srv_oai_finish(g->choices[i].why)));
     }
     if (g->include_usage) {
         cJSON *choices;
@@ -638,6 +789,12 @@ bool srv_chat_prepare(srv_conn *c, const cJSON *chat, srv_req_ask *a, srv_gen_pr
     if (!srv_chat_tools_read(c, chat, a))
         return false;
     a->templated = true;
+    /* reasoning kept apart; a </think> that is a control token is kept in
+     * the text (unless the client chose), so that it can be seen */
+    a->reasoning = c->s->reason_format != SRV_REASON_NONE;
+    if (a->reasoning && c->s->reason_special &&
+        !cJSON_GetObjectItemCaseSensitive(chat, "skip_special_tokens"))
+        a->keep_special = true;
     return prompt_maker(c, chat, a->adapter, maker);
 }
 

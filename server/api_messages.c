@@ -37,9 +37,15 @@
  *     prefix cache, cache_read_input_tokens those that were (Anthropic's
  *     split), cache_creation_input_tokens 0.
  *   - A generation cancelled (the server draining) ends with end_turn.
- *   - Refused by name: image, document, thinking and every other block
- *     type but text, tool_use and tool_result; server tools (a type other
- *     than "custom"); thinking other than {"type": "disabled"}; container,
+ *   - thinking: enabled (or adaptive) and disabled map onto the
+ *     template's enable_thinking; budget_tokens is checked, not enforced.
+ *     A model that reasons answers with a thinking block first (signature
+ *     "": a local model signs nothing), streamed as thinking_delta; an
+ *     assistant's thinking and redacted_thinking blocks sent back are
+ *     taken and left out of the prompt.
+ *   - Refused by name: image, document and every other block type but
+ *     text, tool_use, tool_result and an assistant's thinking; server tools
+ *     (a type other than "custom"); thinking of another type; container,
  *     mcp_servers, context_management, diagnostics, user_profile_id,
  *     workspace_id. Accepted and ignored: metadata, service_tier, speed,
  *     inference_geo, cache_control (the prefix cache needs no marks),
@@ -230,11 +236,14 @@ static bool read_blocks(srv_conn *c, const cJSON *blocks, const char *where, boo
                 add_text_part(parts, text);
         } else if (strcmp(type, "tool_use") == 0 && assistant) {
             ok = tool_use(c, b, where, k, calls);
+        } else if ((strcmp(type, "thinking") == 0 || strcmp(type, "redacted_thinking") == 0) &&
+                   assistant) {
+            ok = true; /* an earlier turn's thinking: templates leave it out (Qwen3's drops it) */
         } else if (strcmp(type, "tool_result") == 0 && !assistant) {
             ok = tool_result(c, b, where, k, list);
         } else {
             refuse_block(c, where, k, type,
-                         assistant ? "an assistant's may be text and tool_use"
+                         assistant ? "an assistant's may be text, thinking and tool_use"
                                    : "a user's may be text and tool_result");
             ok = false;
         }
@@ -446,14 +455,6 @@ static bool refuse_unimplemented(srv_conn *c, const cJSON *root)
             srv_req_fail(c, 400, "%s: not supported by this server", refused[i]);
             return false;
         }
-    const cJSON *thinking = cJSON_GetObjectItemCaseSensitive(root, "thinking");
-    const char *type = cJSON_IsObject(thinking) ? mf_json_str(thinking, "type") : NULL;
-    if (!srv_req_is_null(thinking) && !(type && strcmp(type, "disabled") == 0)) {
-        srv_req_fail(c, 400,
-                     "thinking: extended thinking is not supported by this server (only "
-                     "{\"type\": \"disabled\"})");
-        return false;
-    }
     const cJSON *metadata = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     static const char *const metadata_fields[] = {"user_id", NULL};
     const char *user = NULL;
@@ -464,6 +465,34 @@ static bool refuse_unimplemented(srv_conn *c, const cJSON *root)
         return cJSON_IsObject(metadata)
                    ? false
                    : (srv_req_fail(c, 400, "metadata: must be an object"), false);
+    return true;
+}
+
+/* thinking: {"type": "enabled", "budget_tokens": N} (or "adaptive") or
+ * {"type": "disabled"}, onto the template's enable_thinking (the variable
+ * Qwen3's and SmolLM3's templates read) through chat_template_kwargs.
+ * budget_tokens is checked and not enforced: max_tokens bounds the whole
+ * answer. */
+static bool read_thinking(srv_conn *c, const cJSON *root, cJSON *chat)
+{
+    static const char *const fields[] = {"type", "budget_tokens", "display", NULL};
+    const cJSON *thinking = cJSON_GetObjectItemCaseSensitive(root, "thinking");
+    if (srv_req_is_null(thinking))
+        return true;
+    const char *type = cJSON_IsObject(thinking) ? mf_json_str(thinking, "type") : NULL;
+    bool on = type && (strcmp(type, "enabled") == 0 || strcmp(type, "adaptive") == 0);
+    if (!on && !(type && strcmp(type, "disabled") == 0)) {
+        srv_req_fail(c, 400,
+                     "thinking: must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+                     "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}");
+        return false;
+    }
+    int64_t budget = 0;
+    if (!srv_req_only_known(c, thinking, "thinking", fields) ||
+        !srv_req_get_int(c, thinking, "budget_tokens", 0, INT32_MAX, &budget, NULL))
+        return false;
+    cJSON_AddBoolToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"), "enable_thinking",
+                          on);
     return true;
 }
 
@@ -486,7 +515,8 @@ static cJSON *read_chat(srv_conn *c, const cJSON *root, const char *const *field
         srv_req_fail(c, 503, "out of memory");
         return NULL;
     }
-    if (!read_messages(c, root, chat) || !read_tools(c, root, chat)) {
+    if (!read_messages(c, root, chat) || !read_tools(c, root, chat) ||
+        !read_thinking(c, root, chat)) {
         cJSON_Delete(chat);
         return NULL;
     }
@@ -543,7 +573,8 @@ static bool read_sampling(srv_conn *c, const cJSON *root, srv_req_ask *a)
     a->fill_context = true;
     a->n = 1;
     return srv_req_get_sampling(c, root, a, false) &&
-           srv_req_get_stops(c, root, "stop_sequences", a) && read_output_config(c, root, a);
+           srv_req_get_stops(c, root, "stop_sequences", a) && read_output_config(c, root, a) &&
+           srv_req_get_guided(c, root, a);
 }
 
 /* --- the writer --------------------------------------------------------------------- */
@@ -593,6 +624,12 @@ static cJSON *message_object(const srv_gen *g, const srv_chat_end *e)
 static cJSON *block_of(srv_chat_part kind, const char *id, const char *name)
 {
     cJSON *b = cJSON_CreateObject();
+    if (kind == SRV_PART_REASONING) { /* a local model signs nothing: signature "" */
+        cJSON_AddStringToObject(b, "type", "thinking");
+        cJSON_AddStringToObject(b, "thinking", "");
+        cJSON_AddStringToObject(b, "signature", "");
+        return b;
+    }
     cJSON_AddStringToObject(b, "type", kind == SRV_PART_CALL ? "tool_use" : "text");
     if (kind == SRV_PART_CALL) {
         cJSON_AddStringToObject(b, "id", id);
@@ -620,8 +657,9 @@ static void whole_delta(void *ctx, int index, srv_chat_part kind, const char *te
 {
     whole_blocks *wb = ctx;
     cJSON *b = cJSON_GetArrayItem(wb->blocks, index);
-    if (kind == SRV_PART_TEXT) {
-        cJSON_ReplaceItemInObjectCaseSensitive(b, "text", srv_req_json_text(text, len));
+    if (kind != SRV_PART_CALL) {
+        cJSON_ReplaceItemInObjectCaseSensitive(b, kind == SRV_PART_TEXT ? "text" : "thinking",
+                                               srv_req_json_text(text, len));
         return;
     }
     /* the call's arguments; a forced call cut short by max_tokens is no
@@ -677,15 +715,21 @@ static void stream_begin(void *ctx, int index, srv_chat_part kind, const char *i
     send_event(ctx, o);
 }
 
-/* text_delta, or input_json_delta for a tool_use block's input */
+/* text_delta, thinking_delta for a thinking block, or input_json_delta
+ * for a tool_use block's input */
 static void stream_delta(void *ctx, int index, srv_chat_part kind, const char *text, size_t len)
 {
-    bool tool = kind == SRV_PART_CALL;
+    static const char *const types[] = {[SRV_PART_TEXT] = "text_delta",
+                                        [SRV_PART_CALL] = "input_json_delta",
+                                        [SRV_PART_REASONING] = "thinking_delta"};
+    static const char *const fields[] = {[SRV_PART_TEXT] = "text",
+                                         [SRV_PART_CALL] = "partial_json",
+                                         [SRV_PART_REASONING] = "thinking"};
     cJSON *o = event_of("content_block_delta");
     cJSON_AddNumberToObject(o, "index", index);
     cJSON *d = cJSON_AddObjectToObject(o, "delta");
-    cJSON_AddStringToObject(d, "type", tool ? "input_json_delta" : "text_delta");
-    cJSON_AddItemToObject(d, tool ? "partial_json" : "text", srv_req_json_text(text, len));
+    cJSON_AddStringToObject(d, "type", types[kind]);
+    cJSON_AddItemToObject(d, fields[kind], srv_req_json_text(text, len));
     send_event(ctx, o);
 }
 
@@ -756,8 +800,8 @@ static const srv_gen_shape msg_stream = {.stream = true,
 /* Fields of a Messages body: the implemented and ignored ones, and those
  * refused by name (refuse_unimplemented). */
 #define MSG_REFUSED_FIELDS                                                                         \
-    "thinking", "container", "mcp_servers", "context_management", "diagnostics",                   \
-        "user_profile_id", "workspace_id"
+    "container", "mcp_servers", "context_management", "diagnostics", "user_profile_id",            \
+        "workspace_id"
 
 /* count_tokens' answer: the rendered prompt's tokens. */
 static cJSON *count_answer(const char *prompt, cJSON *tokens)
@@ -800,32 +844,19 @@ static void messages_route(srv_conn *c, const char *const *fields, bool count)
 void srv_messages_create(srv_conn *c, const char *name)
 {
     (void)name;
-    static const char *const fields[] = {"model",
-                                         "messages",
-                                         "max_tokens",
-                                         "system",
-                                         "stop_sequences",
-                                         "temperature",
-                                         "top_p",
-                                         "top_k",
-                                         "stream",
-                                         "tools",
-                                         "tool_choice",
-                                         "metadata",
-                                         "service_tier",
-                                         "output_config",
-                                         "cache_control",
-                                         "speed",
-                                         "inference_geo",
-                                         MSG_REFUSED_FIELDS,
-                                         NULL};
+    static const char *const fields[] = {
+        "model",       "messages",      "max_tokens",   "system",          "stop_sequences",
+        "temperature", "top_p",         "top_k",        "stream",          "tools",
+        "tool_choice", "metadata",      "service_tier", "output_config",   "cache_control",
+        "speed",       "inference_geo", "thinking",     SRV_GUIDED_FIELDS, MSG_REFUSED_FIELDS,
+        NULL};
     messages_route(c, fields, false);
 }
 
 void srv_messages_count_tokens(srv_conn *c, const char *name)
 {
     (void)name;
-    static const char *const fields[] = {"model",       "messages",         "system", "tools",
-                                         "tool_choice", MSG_REFUSED_FIELDS, NULL};
+    static const char *const fields[] = {"model",    "messages",    "system",           "tools",
+                                         "thinking", "tool_choice", MSG_REFUSED_FIELDS, NULL};
     messages_route(c, fields, true);
 }

@@ -41,13 +41,15 @@
  * the store does), "msg_N_K" and "fc_" and the call's id; without
  * max_output_tokens the answer may fill the context (chat's default). Not
  * implemented, refused by name: conversation, background, prompt,
- * reasoning (other than null), item types other than message,
- * function_call and function_call_output, content parts other than text
+ * item types other than message, function_call, function_call_output and
+ * reasoning (taken back, left out of the prompt), content parts other than text
  * (input_image, input_file, input_audio), tools other than function tools
  * (web_search, file_search, mcp, ...), top_logprobs. Accepted and ignored:
  * metadata (repeated, not searched), user, safety_identifier,
- * prompt_cache_key, service_tier, truncation "disabled", include [] and
- * text.verbosity.
+ * prompt_cache_key, service_tier, truncation "disabled", include [] or
+ * ["reasoning.encrypted_content"] (a local model's reasoning is in the
+ * clear: nothing is encrypted), and text.verbosity. reasoning: effort onto
+ * the template's enable_thinking (read_reasoning).
  *
  * Offers srv_responses_create, srv_responses_get and srv_responses_delete
  * (internal/api_responses.h) to routes.c; owns the Responses request and
@@ -275,10 +277,12 @@ static bool read_input(srv_conn *c, const cJSON *root, cJSON *chat)
             ok = call_item(c, it, where, list);
         else if (strcmp(type, "function_call_output") == 0)
             ok = output_item(c, it, where, list);
+        else if (strcmp(type, "reasoning") == 0)
+            ok = true; /* an earlier turn's: templates leave it out (Qwen3's drops it) */
         else {
             srv_req_fail(c, 400,
                          "%s: \"%s\" items are not supported by this server (message, "
-                         "function_call and function_call_output are)",
+                         "function_call, function_call_output and reasoning are)",
                          where, type);
             ok = false;
         }
@@ -381,6 +385,35 @@ static bool read_text_format(srv_conn *c, const cJSON *root, srv_req_ask *a)
     return false;
 }
 
+/* reasoning {"effort", "summary"}: onto the template's enable_thinking
+ * (chat_template_kwargs): effort "none" turns thinking off, any other
+ * effort on (and is the template's reasoning_effort, as chat's field);
+ * no effort leaves the template's default. The effort's degree
+ * and summary are not implemented (the reasoning item carries the whole
+ * reasoning as content, and an empty summary). */
+static bool read_reasoning(srv_conn *c, const cJSON *root, cJSON *chat)
+{
+    static const char *const fields[] = {"effort", "summary", "generate_summary", NULL};
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "reasoning");
+    if (srv_req_is_null(r))
+        return true;
+    const char *effort = NULL;
+    if (!cJSON_IsObject(r)) {
+        srv_req_fail(c, 400, "reasoning: must be an object");
+        return false;
+    }
+    if (!srv_req_only_known(c, r, "reasoning", fields) ||
+        !srv_req_get_string(c, r, "effort", &effort))
+        return false;
+    bool on = effort && strcmp(effort, "none") != 0;
+    if (effort)
+        cJSON_AddBoolToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"),
+                              "enable_thinking", on);
+    if (on) /* GPT-OSS's template's own variable */
+        cJSON_AddStringToObject(chat, "reasoning_effort", effort);
+    return true;
+}
+
 /* Fields a Responses body may carry that this server does not implement. */
 static bool refuse_unimplemented(srv_conn *c, const cJSON *root)
 {
@@ -397,15 +430,23 @@ static bool refuse_unimplemented(srv_conn *c, const cJSON *root)
         srv_req_fail(c, 400, "background: not supported by this server (answers are synchronous)");
         return false;
     }
-    if (!srv_req_is_null(cJSON_GetObjectItemCaseSensitive(root, "reasoning"))) {
-        srv_req_fail(c, 400, "reasoning: not supported by this server yet");
-        return false;
-    }
+    /* reasoning.encrypted_content: what Codex asks for with store false,
+     * to send its reasoning items back; a local model's reasoning is its
+     * content in the clear, so there is nothing to encrypt and the item
+     * carries none */
     const cJSON *include = cJSON_GetObjectItemCaseSensitive(root, "include");
-    if (!srv_req_is_null(include) && !(cJSON_IsArray(include) && !include->child)) {
-        srv_req_fail(c, 400, "include: not supported by this server (only an empty list)");
+    if (!srv_req_is_null(include) && !cJSON_IsArray(include)) {
+        srv_req_fail(c, 400, "include: must be a list");
         return false;
     }
+    for (const cJSON *it = include ? include->child : NULL; it; it = it->next)
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "reasoning.encrypted_content") != 0) {
+            srv_req_fail(c, 400,
+                         "include: only \"reasoning.encrypted_content\" is supported by this "
+                         "server, not %s",
+                         cJSON_IsString(it) ? it->valuestring : "a non-string");
+            return false;
+        }
     const char *truncation = NULL;
     if (!srv_req_get_string(c, root, "truncation", &truncation))
         return false;
@@ -425,7 +466,8 @@ static bool read_sampling(srv_conn *c, const cJSON *root, srv_req_ask *a)
     if (!srv_req_get_int(c, root, "max_output_tokens", 1, INT32_MAX, &a->max_new_tokens,
                          &has_max) ||
         !srv_req_get_number(c, root, "temperature", 0.0, 2.0, &temperature, NULL) ||
-        !srv_req_get_sampling(c, root, a, false) || !read_text_format(c, root, a))
+        !srv_req_get_sampling(c, root, a, false) || !read_text_format(c, root, a) ||
+        !srv_req_get_guided(c, root, a))
         return false;
     a->fill_context = !has_max;
     a->n = 1;
@@ -509,6 +551,8 @@ static cJSON *assistant_of(const cJSON *r)
     const cJSON *item;
     cJSON_ArrayForEach (item, cJSON_GetObjectItemCaseSensitive(r, "output")) {
         const char *type = mf_json_str(item, "type");
+        if (type && strcmp(type, "reasoning") == 0)
+            continue; /* a later turn's template leaves it out */
         if (type && strcmp(type, "message") == 0) {
             const cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(item, "content"), 0);
             cJSON_ReplaceItemInObjectCaseSensitive(
@@ -599,7 +643,7 @@ static cJSON *response_object(const srv_gen *g, const srv_chat_end *e, cJSON *ou
                                 "cached_tokens", u->cached_tokens);
         cJSON_AddNumberToObject(us, "output_tokens", u->generated_tokens);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(us, "output_tokens_details"),
-                                "reasoning_tokens", 0);
+                                "reasoning_tokens", srv_gen_reasoning_tokens(g, 0));
         cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->generated_tokens);
     } else {
         cJSON_AddNullToObject(o, "usage");
@@ -614,21 +658,42 @@ static void item_id(const srv_gen *g, int index, srv_chat_part kind, const char 
     const char *serial = strchr(g->oai_id, '-');
     if (kind == SRV_PART_CALL)
         snprintf(out, 96, "fc_%s", call_id);
+    else if (kind == SRV_PART_REASONING)
+        snprintf(out, 96, "rs_%s_%d", serial ? serial + 1 : g->oai_id, index);
     else
         snprintf(out, 96, "msg_%s_%d", serial ? serial + 1 : g->oai_id, index);
 }
 
-/* An output item: a message with one output_text part of text, or a
- * function_call with its arguments; status "completed", or "in_progress"
- * as a stream first shows it. */
+/* A content part: output_text (a message's) or reasoning_text (a
+ * reasoning item's). */
+static cJSON *text_part(srv_chat_part kind, const char *text, size_t len)
+{
+    cJSON *part = cJSON_CreateObject();
+    bool reasoning = kind == SRV_PART_REASONING;
+    cJSON_AddStringToObject(part, "type", reasoning ? "reasoning_text" : "output_text");
+    cJSON_AddItemToObject(part, "text", srv_req_json_text(text, len));
+    if (!reasoning) {
+        cJSON_AddArrayToObject(part, "annotations");
+        cJSON_AddArrayToObject(part, "logprobs");
+    }
+    return part;
+}
+
+/* An output item: a message with one output_text part of text, a
+ * reasoning item with one reasoning_text part (and an empty summary), or
+ * a function_call with its arguments; status "completed", or
+ * "in_progress" as a stream first shows it. */
 static cJSON *output_item_of(const srv_gen *g, int index, srv_chat_part kind, const char *call_id,
                              const char *name, const char *text, size_t len, bool done)
 {
+    static const char *const types[] = {[SRV_PART_TEXT] = "message",
+                                        [SRV_PART_CALL] = "function_call",
+                                        [SRV_PART_REASONING] = "reasoning"};
     char id[96];
     item_id(g, index, kind, call_id, id);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "type", kind == SRV_PART_CALL ? "function_call" : "message");
+    cJSON_AddStringToObject(o, "type", types[kind]);
     cJSON_AddStringToObject(o, "status", done ? "completed" : "in_progress");
     if (kind == SRV_PART_CALL) {
         cJSON_AddStringToObject(o, "call_id", call_id);
@@ -636,16 +701,13 @@ static cJSON *output_item_of(const srv_gen *g, int index, srv_chat_part kind, co
         cJSON_AddItemToObject(o, "arguments", srv_req_json_text(text, len));
         return o;
     }
-    cJSON_AddStringToObject(o, "role", "assistant");
+    if (kind == SRV_PART_REASONING)
+        cJSON_AddArrayToObject(o, "summary");
+    else
+        cJSON_AddStringToObject(o, "role", "assistant");
     cJSON *content = cJSON_AddArrayToObject(o, "content");
-    if (done) {
-        cJSON *part = cJSON_CreateObject();
-        cJSON_AddStringToObject(part, "type", "output_text");
-        cJSON_AddItemToObject(part, "text", srv_req_json_text(text, len));
-        cJSON_AddArrayToObject(part, "annotations");
-        cJSON_AddArrayToObject(part, "logprobs");
-        cJSON_AddItemToArray(content, part);
-    }
+    if (done)
+        cJSON_AddItemToArray(content, text_part(kind, text, len));
     return o;
 }
 
@@ -744,16 +806,6 @@ static void add_item_id(stream_ctx *sc, cJSON *o, int index, srv_chat_part kind)
     cJSON_AddStringToObject(o, "item_id", id);
 }
 
-static cJSON *text_part(const char *text, size_t len)
-{
-    cJSON *part = cJSON_CreateObject();
-    cJSON_AddStringToObject(part, "type", "output_text");
-    cJSON_AddItemToObject(part, "text", srv_req_json_text(text, len));
-    cJSON_AddArrayToObject(part, "annotations");
-    cJSON_AddArrayToObject(part, "logprobs");
-    return part;
-}
-
 static void stream_begin(void *ctx, int index, srv_chat_part kind, const char *id, const char *name)
 {
     stream_ctx *sc = ctx;
@@ -770,7 +822,7 @@ static void stream_begin(void *ctx, int index, srv_chat_part kind, const char *i
     o = event_of("response.content_part.added", index);
     add_item_id(sc, o, index, kind);
     cJSON_AddNumberToObject(o, "content_index", 0);
-    cJSON_AddItemToObject(o, "part", text_part("", 0));
+    cJSON_AddItemToObject(o, "part", text_part(kind, "", 0));
     send_event(sc, o);
 }
 
@@ -796,15 +848,17 @@ static void keep_text(resp_writer *w, const char *text, size_t len)
 static void stream_delta(void *ctx, int index, srv_chat_part kind, const char *text, size_t len)
 {
     stream_ctx *sc = ctx;
+    static const char *const types[] = {[SRV_PART_TEXT] = "response.output_text.delta",
+                                        [SRV_PART_CALL] = "response.function_call_arguments.delta",
+                                        [SRV_PART_REASONING] = "response.reasoning_text.delta"};
     keep_text(sc->w, text, len);
     bool call = kind == SRV_PART_CALL;
-    cJSON *o = event_of(
-        call ? "response.function_call_arguments.delta" : "response.output_text.delta", index);
+    cJSON *o = event_of(types[kind], index);
     add_item_id(sc, o, index, kind);
     if (!call)
         cJSON_AddNumberToObject(o, "content_index", 0);
     cJSON_AddItemToObject(o, "delta", srv_req_json_text(text, len));
-    if (!call)
+    if (kind == SRV_PART_TEXT)
         cJSON_AddArrayToObject(o, "logprobs");
     send_event(sc, o);
 }
@@ -814,9 +868,11 @@ static void stream_end(void *ctx, int index, srv_chat_part kind)
     stream_ctx *sc = ctx;
     resp_writer *w = sc->w;
     const char *text = w->part ? w->part : "";
+    static const char *const types[] = {[SRV_PART_TEXT] = "response.output_text.done",
+                                        [SRV_PART_CALL] = "response.function_call_arguments.done",
+                                        [SRV_PART_REASONING] = "response.reasoning_text.done"};
     bool call = kind == SRV_PART_CALL;
-    cJSON *o = event_of(
-        call ? "response.function_call_arguments.done" : "response.output_text.done", index);
+    cJSON *o = event_of(types[kind], index);
     add_item_id(sc, o, index, kind);
     if (call) {
         cJSON_AddStringToObject(o, "name", w->name);
@@ -824,14 +880,15 @@ static void stream_end(void *ctx, int index, srv_chat_part kind)
     } else {
         cJSON_AddNumberToObject(o, "content_index", 0);
         cJSON_AddItemToObject(o, "text", srv_req_json_text(text, w->part_len));
-        cJSON_AddArrayToObject(o, "logprobs");
+        if (kind == SRV_PART_TEXT)
+            cJSON_AddArrayToObject(o, "logprobs");
     }
     send_event(sc, o);
     if (!call) {
         o = event_of("response.content_part.done", index);
         add_item_id(sc, o, index, kind);
         cJSON_AddNumberToObject(o, "content_index", 0);
-        cJSON_AddItemToObject(o, "part", text_part(text, w->part_len));
+        cJSON_AddItemToObject(o, "part", text_part(kind, text, w->part_len));
         send_event(sc, o);
     }
     cJSON *item = output_item_of(sc->g, index, kind, w->call_id, w->name, text, w->part_len, true);
@@ -910,6 +967,7 @@ void srv_responses_create(srv_conn *c, const char *name)
                                          "conversation",
                                          "prompt",
                                          "top_logprobs",
+                                         SRV_GUIDED_FIELDS,
                                          NULL};
     if (!srv_gen_ready(c))
         return;
@@ -925,7 +983,8 @@ void srv_responses_create(srv_conn *c, const char *name)
               refuse_unimplemented(c, root) && srv_req_get_string(c, root, "model", &model) &&
               srv_req_get_bool(c, root, "stream", &stream) &&
               srv_req_get_bool(c, root, "store", &store) && read_input(c, root, chat) &&
-              read_tools(c, root, chat) && read_sampling(c, root, &a);
+              read_tools(c, root, chat) && read_reasoning(c, root, chat) &&
+              read_sampling(c, root, &a);
     if (ok) {
         a.adapter = srv_req_adapter_named(c, model);
         ok = srv_chat_prepare(c, chat, &a, &maker);

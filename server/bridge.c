@@ -271,6 +271,49 @@ static bool append_text(srv_gen_choice *ch, const char *text, size_t len)
     return true;
 }
 
+/* With reasoning kept apart: where ch's reasoning and content lie now. */
+static void reason_update(const srv_gen *g, srv_gen_choice *ch)
+{
+    /* once the content has begun, the split is final */
+    if (!g->reasoning || (ch->reason.done && ch->reason.content_from < ch->text_len))
+        return;
+    srv_reason_split((srv_reason_format)g->s->reason_format, g->reason_opens, ch->text,
+                     ch->text_len, ch->ended, ch->reason.searched, &ch->reason);
+}
+
+const char *srv_gen_content(const srv_gen *g, int32_t i, size_t *len)
+{
+    const srv_gen_choice *ch = &g->choices[i];
+    const char *text = ch->text ? ch->text : "";
+    if (!g->reasoning) {
+        *len = ch->text_len;
+        return text;
+    }
+    size_t from = ch->reason.done ? ch->reason.content_from : ch->text_len;
+    *len = ch->text_len - from;
+    return text + from;
+}
+
+const char *srv_gen_reasoning(const srv_gen *g, int32_t i, size_t *len)
+{
+    const srv_gen_choice *ch = &g->choices[i];
+    *len = g->reasoning ? ch->reason.reason_to - ch->reason.reason_from : 0;
+    return (ch->text ? ch->text : "") + (g->reasoning ? ch->reason.reason_from : 0);
+}
+
+int32_t srv_gen_reasoning_tokens(const srv_gen *g, int32_t i)
+{
+    const srv_gen_choice *ch = &g->choices[i];
+    if (!g->reasoning || !ch->text || ch->reason.reason_to == ch->reason.reason_from)
+        return 0;
+    size_t from = ch->reason.done ? ch->reason.content_from : ch->text_len;
+    size_t chars = ql_utf8_chars((const uint8_t *)ch->text, from); /* offsets count characters */
+    int32_t n = 0;
+    while ((size_t)n < ch->n_tokens && ch->offsets[n] < chars)
+        n++;
+    return n;
+}
+
 /* Keep a token, its text, where that text starts (offset, in characters)
  * and (when asked) its logprobs on the choice; a token that cannot be kept
  * (out of memory) is left out of the details. */
@@ -340,6 +383,7 @@ static void on_token_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
     }
     if (ev->token >= 0)
         record_token(g, ch, ev, offset);
+    reason_update(g, ch);
     if (g->conn && g->shape->on_token)
         g->shape->on_token(g, g->conn, i, ev->token, ev->text, ev->len);
 }
@@ -366,6 +410,7 @@ static void on_choice_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
         return;
     srv_gen_choice *ch = &g->choices[part->index * g->per_part + ev->end.choice];
     ch->ended = true;
+    reason_update(g, ch);
     ch->why = ev->end.why;
     ch->generated = ev->end.generated_tokens;
     ch->logprob_sum = ev->end.logprob_sum;
@@ -561,6 +606,7 @@ static void on_done_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
         srv_gen_choice *ch = &g->choices[part->index * g->per_part + k];
         if (!ch->ended) {
             ch->ended = true;
+            reason_update(g, ch);
             ch->why = ev->why;
             ch->generated = (int32_t)ch->n_tokens;
         }
@@ -804,6 +850,9 @@ static srv_gen *gen_new(srv_conn *c, const srv_req_ask *a, const srv_gen_shape *
     g->details = a->details;
     g->include_usage = a->include_usage;
     g->return_full_text = a->return_full_text;
+    g->reasoning = a->reasoning;
+    /* an answer kept inside a grammar begins where the grammar does */
+    g->reason_opens = a->reasoning && c->s->reason_opens && !a->grammar_text;
     g->seed = a->sampling.seed;
     snprintf(g->grammar_where, sizeof g->grammar_where, "%s", a->grammar_where);
     g->sampled = a->sampling.temperature > 0;

@@ -1,5 +1,5 @@
 /*
- * chat_answer.c - a chat answer as parts (text, tool calls), whole or as it
+ * chat_answer.c - a chat answer as parts (reasoning, text, tool calls), whole or as it
  * streams, for the APIs that write chat's answer in their own shape
  * (api_messages.c, api_responses.c): the writer's half of the one
  * translation layer, as api_chat.c's srv_chat_prepare is the reader's.
@@ -8,8 +8,11 @@
  * uses too (its content and calls, or its stream deltas, turned into
  * parts: a delta's content goes to a text part, a call's first delta
  * begins a call part and its arguments are that part's deltas). Without,
- * the text is one text part. An answer with no parts at all is one empty
- * text part, whole or streamed, so that every writer has something to say.
+ * the text is one text part. A model that reasons has its reasoning as a
+ * first part (bridge.c's split of the text; the text and calls are read
+ * from the content after it). An answer with no text or call part has one
+ * empty text part, whole or streamed, so that every writer has something
+ * to say.
  *
  * Stop sequences: the engine does not say which stop string ended an
  * answer, so without tools the request asks for it to be left in the text
@@ -47,6 +50,7 @@ struct srv_chat_answer {
     int parts;    /* parts begun */
     size_t sent;  /* without tools: bytes of the text sent */
     size_t calls; /* call parts begun */
+    int reasoned; /* reasoning parts begun (0 or 1) */
     void *writer; /* the API writer's, owned */
     void (*writer_drop)(void *writer);
 };
@@ -99,33 +103,40 @@ bool srv_chat_answer_take(srv_conn *c, srv_req_ask *a, void *writer,
     return true;
 }
 
-/* How many bytes of ch's text are the answer's (a stop sequence left in
- * it taken off) and, when a stop sequence ended it, which (*stop). */
-static size_t answer_text(const srv_chat_answer *st, const srv_gen_choice *ch, const char **stop)
+/* The answer's content (g's first choice's, less its reasoning: *text,
+ * *len bytes, a stop sequence left in it taken off) and, when a stop
+ * sequence ended it, which (*stop). */
+static void answer_text(const srv_chat_answer *st, const srv_gen *g, const char **text, size_t *len,
+                        const char **stop)
 {
+    const srv_gen_choice *ch = &g->choices[0];
     *stop = NULL;
+    *text = srv_gen_content(g, 0, len);
     if (!ch->ended || ch->why != ENG_FINISH_STOP)
-        return ch->text_len;
+        return;
     if (!st->stop_in_text) {
         if (st->n_stops == 1)
             *stop = st->stops[0];
-        return ch->text_len;
+        return;
     }
     for (size_t i = 0; i < st->n_stops; i++) {
         size_t n = strlen(st->stops[i]);
-        if (n <= ch->text_len && memcmp(ch->text + ch->text_len - n, st->stops[i], n) == 0) {
+        if (n <= *len && memcmp(*text + *len - n, st->stops[i], n) == 0) {
             *stop = st->stops[i];
-            return ch->text_len - n;
+            *len -= n;
+            return;
         }
     }
-    return ch->text_len;
 }
 
 /* chat's finish with calls: "tool_calls" for an answer that ended by itself */
-static srv_chat_end end_of(const srv_chat_answer *st, const srv_gen_choice *ch, size_t calls)
+static srv_chat_end end_of(const srv_chat_answer *st, const srv_gen *g, size_t calls)
 {
+    const srv_gen_choice *ch = &g->choices[0];
     srv_chat_end e = {.finish = srv_oai_finish(ch->why), .why = ch->why};
-    answer_text(st, ch, &e.stop);
+    const char *text;
+    size_t len;
+    answer_text(st, g, &text, &len, &e.stop);
     if (calls > 0 && strcmp(e.finish, "stop") == 0)
         e.finish = "tool_calls";
     return e;
@@ -146,13 +157,16 @@ static void whole_part(const srv_chat_writer *w, void *ctx, int *index, srv_chat
 srv_chat_end srv_chat_answer_whole(const srv_gen *g, const srv_chat_writer *w, void *ctx)
 {
     const srv_chat_answer *st = g->answer;
-    const srv_gen_choice *ch = &g->choices[0];
     int index = 0;
+    size_t len;
+    const char *text = srv_gen_reasoning(g, 0, &len);
+    if (len > 0)
+        whole_part(w, ctx, &index, SRV_PART_REASONING, NULL, NULL, text, len);
     if (!st->tools) {
         const char *stop;
-        whole_part(w, ctx, &index, SRV_PART_TEXT, NULL, NULL, ch->text ? ch->text : "",
-                   answer_text(st, ch, &stop));
-        return end_of(st, ch, 0);
+        answer_text(st, g, &text, &len, &stop);
+        whole_part(w, ctx, &index, SRV_PART_TEXT, NULL, NULL, text, len);
+        return end_of(st, g, 0);
     }
     /* chat's message, then its content and calls as parts */
     cJSON *m = cJSON_CreateObject();
@@ -161,7 +175,7 @@ srv_chat_end srv_chat_answer_whole(const srv_gen *g, const srv_chat_writer *w, v
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     size_t n_calls = (size_t)cJSON_GetArraySize(calls);
-    const char *text = cJSON_IsString(content) ? content->valuestring : "";
+    text = cJSON_IsString(content) ? content->valuestring : "";
     if (text[0] || n_calls == 0)
         whole_part(w, ctx, &index, SRV_PART_TEXT, NULL, NULL, text, strlen(text));
     for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next) {
@@ -171,7 +185,7 @@ srv_chat_end srv_chat_answer_whole(const srv_gen *g, const srv_chat_writer *w, v
                    args ? args : "{}", args ? strlen(args) : 2);
     }
     cJSON_Delete(m);
-    return end_of(st, ch, n_calls);
+    return end_of(st, g, n_calls);
 }
 
 /* --- streamed ---------------------------------------------------------------- */
@@ -191,16 +205,17 @@ static void open_part(srv_chat_answer *st, const srv_chat_writer *w, void *ctx, 
     st->open = true;
     st->open_kind = kind;
     st->calls += kind == SRV_PART_CALL;
+    st->reasoned += kind == SRV_PART_REASONING;
 }
 
 static void stream_text(srv_chat_answer *st, const srv_chat_writer *w, void *ctx, const char *text,
-                        size_t len)
+                        size_t len, srv_chat_part kind)
 {
     if (len == 0)
         return;
-    if (!st->open || st->open_kind != SRV_PART_TEXT)
-        open_part(st, w, ctx, SRV_PART_TEXT, NULL, NULL);
-    w->delta(ctx, st->parts - 1, SRV_PART_TEXT, text, len);
+    if (!st->open || st->open_kind != kind)
+        open_part(st, w, ctx, kind, NULL, NULL);
+    w->delta(ctx, st->parts - 1, kind, text, len);
 }
 
 /* chat_tools.c's stream deltas (consumed) as parts. */
@@ -211,7 +226,8 @@ static void stream_chat_deltas(srv_chat_answer *st, const srv_chat_writer *w, vo
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(d, "content");
         const cJSON *calls = cJSON_GetObjectItemCaseSensitive(d, "tool_calls");
         if (cJSON_IsString(content))
-            stream_text(st, w, ctx, content->valuestring, strlen(content->valuestring));
+            stream_text(st, w, ctx, content->valuestring, strlen(content->valuestring),
+                        SRV_PART_TEXT);
         for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next) {
             const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
             const char *id = mf_json_str(call, "id"), *args = mf_json_str(fn, "arguments");
@@ -226,19 +242,33 @@ static void stream_chat_deltas(srv_chat_answer *st, const srv_chat_writer *w, vo
 
 /* Without tools: the text not yet sent, less (until the end) a tail that
  * may still be a stop sequence left in the text. */
-static void stream_plain(srv_chat_answer *st, const srv_gen_choice *ch, bool end,
-                         const srv_chat_writer *w, void *ctx)
+static void stream_plain(srv_chat_answer *st, const srv_gen *g, bool end, const srv_chat_writer *w,
+                         void *ctx)
 {
-    const char *stop;
-    size_t upto = answer_text(st, ch, &stop);
+    const char *stop, *text;
+    size_t upto;
+    answer_text(st, g, &text, &upto, &stop);
     if (!end && st->stop_in_text) {
         upto = upto > st->longest_stop ? upto - st->longest_stop : 0;
-        while (upto > st->sent && ((unsigned char)ch->text[upto] & 0xC0) == 0x80)
+        while (upto > st->sent && ((unsigned char)text[upto] & 0xC0) == 0x80)
             upto--;
     }
     if (upto > st->sent) {
-        stream_text(st, w, ctx, ch->text + st->sent, upto - st->sent);
+        stream_text(st, w, ctx, text + st->sent, upto - st->sent, SRV_PART_TEXT);
         st->sent = upto;
+    }
+}
+
+/* The reasoning let out since the last call (reasoning.c holds back what
+ * may be its closing marker). */
+static void stream_reasoning(srv_chat_answer *st, srv_gen *g, const srv_chat_writer *w, void *ctx)
+{
+    srv_gen_choice *ch = &g->choices[0];
+    size_t len;
+    const char *text = srv_gen_reasoning(g, 0, &len);
+    if (len > ch->reason_sent) {
+        stream_text(st, w, ctx, text + ch->reason_sent, len - ch->reason_sent, SRV_PART_REASONING);
+        ch->reason_sent = len;
     }
 }
 
@@ -247,14 +277,16 @@ srv_chat_end srv_chat_answer_stream(srv_gen *g, bool end, const srv_chat_writer 
     srv_chat_answer *st = g->answer;
     const srv_gen_choice *ch = &g->choices[0];
     const char *finish = "stop";
+    if (g->reasoning)
+        stream_reasoning(st, g, w, ctx);
     if (st->tools)
         stream_chat_deltas(st, w, ctx, srv_chat_tools_stream(g, st->tools, 0, end, &finish));
     else
-        stream_plain(st, ch, end, w, ctx);
+        stream_plain(st, g, end, w, ctx);
     if (!end)
         return (srv_chat_end){.finish = "stop", .why = ch->why};
-    if (st->parts == 0) /* no parts: one empty text part */
+    if (st->parts == st->reasoned) /* no text or call: one empty text part */
         open_part(st, w, ctx, SRV_PART_TEXT, NULL, NULL);
     close_part(st, w, ctx);
-    return end_of(st, ch, st->calls);
+    return end_of(st, g, st->calls);
 }

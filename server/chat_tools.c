@@ -11,8 +11,13 @@
  *     syntax, the one its chat template teaches (tool_calls.c finds it at
  *     load), and they are parsed out of its text; the text before the
  *     first call is content. A stream holds back what may be the start of
- *     a call until it cannot be one (with logprobs asked, a token's go
- *     out with what it lets out; a token held back sends none).
+ *     a call until it cannot be one (and whitespace until text follows
+ *     it: before a call it is not content), then sends each call as it is
+ *     written (tool_calls.c's srv_tool_calls_scan): its first delta once
+ *     its name is whole, then its arguments as they come, minified; the
+ *     whole answer's arguments are the same minified object, so the
+ *     deltas join to them (with logprobs asked, a token's go out with
+ *     what it lets out; a token held back sends none).
  *     A template with no syntax tool_calls.c knows: the answer is
  *     content, as without tools.
  *   "required": the answer is constrained (a JSON Schema grammar) to a
@@ -57,11 +62,20 @@
 typedef enum tool_mode { MODE_AUTO, MODE_REQUIRED, MODE_NAMED } tool_mode;
 
 /* A choice's stream: how much of its text has gone out (as content, or
- * as a named call's arguments), and whether its call's first delta has. */
+ * as a named call's arguments), and whether its call's first delta has;
+ * with "auto" and "required", how many calls have been opened and how
+ * much of the last one's arguments (as the answer gives them: minified)
+ * has gone out. */
 typedef struct tool_stream {
     size_t sent;
     bool call_opened;
+    int opened;
+    size_t args_sent;
 } tool_stream;
+
+/* The most calls a stream follows as they are written (past them, the
+ * rest arrive at the end). */
+#define SCAN_CALLS 64
 
 struct srv_chat_tools {
     tool_mode mode;
@@ -385,10 +399,10 @@ static cJSON *call_object(int index, const char *id, const char *name, const cha
 /* The calls in choice i's whole text (and the content beside them). */
 static int calls_of(const srv_gen *g, const srv_chat_tools *t, int32_t i, srv_tool_calls *tc)
 {
-    const srv_gen_choice *ch = &g->choices[i];
-    const char *text = ch->text ? ch->text : "";
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     if (t->mode != MODE_NAMED)
-        return srv_tool_calls_parse(t->format, text, ch->text_len, tc);
+        return srv_tool_calls_parse(t->format, text, len, tc);
     /* the whole answer is the arguments of the one call */
     *tc = (srv_tool_calls){0};
     tc->calls = calloc(1, sizeof *tc->calls);
@@ -396,7 +410,7 @@ static int calls_of(const srv_gen *g, const srv_chat_tools *t, int32_t i, srv_to
         return -1;
     tc->n = 1;
     tc->calls[0].name = strdup(t->named);
-    tc->calls[0].arguments = strndup(text, ch->text_len);
+    tc->calls[0].arguments = strndup(text, len);
     if (!tc->calls[0].name || !tc->calls[0].arguments) {
         srv_tool_calls_free(tc);
         return -1;
@@ -417,15 +431,49 @@ static size_t calls_kept(const srv_chat_tools *t, const srv_tool_calls *tc)
     return !t->parallel && tc->n > 1 ? 1 : tc->n;
 }
 
+/* Call k's arguments as the answer gives them (malloc'd; NULL when
+ * memory is short): the model's own JSON object without its whitespace
+ * (p, the scan's, when it has the whole object: what a stream sends as it
+ * is written, so that its deltas join to this), else what the parser read
+ * (parsed; a JSON string's object), else "{}". */
+static char *whole_arguments(const char *text, const srv_tool_partial *p,
+                             const srv_tool_call *parsed)
+{
+    if (p && p->args_whole && !p->args_string) {
+        char *out = malloc(p->args_len + 1);
+        if (out)
+            srv_tool_json_minify(text + p->args_at, p->args_len, out);
+        return out;
+    }
+    return strdup(parsed ? parsed->arguments : "{}");
+}
+
+/* The scan of choice i's calls (into parts) when it found the parsed
+ * ones, in order (else 0: the parsed arguments serve). */
+static int scan_matching(const srv_chat_tools *t, const char *text, size_t len,
+                         const srv_tool_calls *tc, srv_tool_partial *parts)
+{
+    if (t->mode == MODE_NAMED)
+        return 0;
+    int n = srv_tool_calls_scan(t->format, text, len, parts, SCAN_CALLS);
+    if (n < (int)tc->n)
+        return 0;
+    for (size_t k = 0; k < tc->n; k++)
+        if (parts[k].name_len != strlen(tc->calls[k].name) ||
+            memcmp(text + parts[k].name_at, tc->calls[k].name, parts[k].name_len) != 0)
+            return 0;
+    return n;
+}
+
 void srv_chat_tools_answer(const srv_gen *g, const srv_chat_tools *t, int32_t i, cJSON *message,
                            const char **finish)
 {
-    const srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     srv_tool_calls tc;
     if (calls_of(g, t, i, &tc) <= 0) {
         srv_tool_calls_free(&tc);
-        cJSON_AddItemToObject(message, "content",
-                              srv_req_json_text(ch->text ? ch->text : "", ch->text_len));
+        cJSON_AddItemToObject(message, "content", srv_req_json_text(text, len));
         return;
     }
     if (tc.content)
@@ -434,11 +482,15 @@ void srv_chat_tools_answer(const srv_gen *g, const srv_chat_tools *t, int32_t i,
         cJSON_AddNullToObject(message, "content");
     cJSON *list = cJSON_AddArrayToObject(message, "tool_calls");
     size_t n = calls_kept(t, &tc);
+    srv_tool_partial parts[SCAN_CALLS];
+    int scanned = scan_matching(t, text, len, &tc, parts);
     for (size_t k = 0; k < n; k++) {
         char id[40];
         call_id(g, t, i, k, id);
-        cJSON_AddItemToArray(list, call_object(-1, id, tc.calls[k].name, tc.calls[k].arguments,
-                                               strlen(tc.calls[k].arguments)));
+        char *args = whole_arguments(text, (int)k < scanned ? &parts[k] : NULL, &tc.calls[k]);
+        cJSON_AddItemToArray(list, call_object(-1, id, tc.calls[k].name, args ? args : "{}",
+                                               args ? strlen(args) : 2));
+        free(args);
     }
     *finish = finish_with_calls(*finish, n);
     srv_tool_calls_free(&tc);
@@ -472,36 +524,119 @@ static tool_stream *stream_of(const srv_gen *g, srv_chat_tools *t, int32_t i)
     return i < t->n_streams ? &t->streams[i] : NULL;
 }
 
-/* Choice i's calls at its end, as OpenAI streams them: per call a first
- * delta with its index, id, type, name and arguments "", then one with
- * the arguments; before them the content not yet sent. */
+/* Call k's first delta: its index, id, type, name and arguments "". */
+static void open_call(const srv_gen *g, const srv_chat_tools *t, int32_t i, tool_stream *ts, int k,
+                      const char *name, size_t name_len, cJSON *deltas)
+{
+    char id[40], fn[72];
+    call_id(g, t, i, (size_t)k, id);
+    snprintf(fn, sizeof fn, "%.*s", (int)name_len, name);
+    cJSON_AddItemToArray(deltas, calls_delta(call_object(k, id, fn, "", 0)));
+    ts->opened = k + 1;
+    ts->args_sent = 0;
+}
+
+/* More of call k's arguments: args[0..n), of which ts->args_sent have
+ * gone out. */
+static void more_arguments(tool_stream *ts, int k, const char *args, size_t n, cJSON *deltas)
+{
+    if (n <= ts->args_sent)
+        return;
+    cJSON_AddItemToArray(
+        deltas, calls_delta(call_object(k, NULL, NULL, args + ts->args_sent, n - ts->args_sent)));
+    ts->args_sent = n;
+}
+
+/* How many of s[0..n) are whole UTF-8 characters (a last one not yet
+ * whole waits for its other bytes). */
+static size_t whole_chars(const char *s, size_t n)
+{
+    size_t lead = n;
+    while (lead > 0 && ((unsigned char)s[lead - 1] & 0xC0) == 0x80)
+        lead--;
+    if (lead == 0)
+        return n;
+    unsigned char c = (unsigned char)s[lead - 1];
+    size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return lead - 1 + want > n ? lead - 1 : n;
+}
+
+/* The calls of choice i's text[0..len) as they are written ("auto" and
+ * "required"): each call's first delta once its name is whole, then its
+ * arguments as they come (minified, cut at a character's start), each
+ * call's finished before the next opens. */
+static void stream_calls_written(const srv_gen *g, const srv_chat_tools *t, int32_t i,
+                                 tool_stream *ts, const char *text, size_t len, cJSON *deltas)
+{
+    srv_tool_partial parts[SCAN_CALLS];
+    int n = srv_tool_calls_scan(t->format, text, len, parts, SCAN_CALLS);
+    if (!t->parallel && n > 1)
+        n = 1;
+    for (int k = ts->opened > 0 ? ts->opened - 1 : 0; k < n; k++) {
+        const srv_tool_partial *p = &parts[k];
+        if (k >= ts->opened) {
+            if (!p->name_len)
+                return;
+            open_call(g, t, i, ts, k, text + p->name_at, p->name_len, deltas);
+        }
+        if (!p->args_begun || (p->args_string && !p->args_whole))
+            return;
+        char *args = p->args_whole ? whole_arguments(text, p, NULL) : malloc(p->args_len + 1);
+        size_t m = 0;
+        if (args && p->args_whole && p->args_string) { /* the string's object, whole */
+            cJSON *v = cJSON_ParseWithLength(text + p->args_at, p->args_len);
+            free(args);
+            args = strdup(cJSON_IsString(v) ? v->valuestring : "{}");
+            cJSON_Delete(v);
+        } else if (args && !p->args_whole) {
+            m = whole_chars(args, srv_tool_json_minify(text + p->args_at, p->args_len, args));
+        }
+        if (args)
+            more_arguments(ts, k, args, p->args_whole ? strlen(args) : m, deltas);
+        free(args);
+        if (!p->args_whole)
+            return;
+    }
+}
+
+/* Choice i's calls at its end: the content not yet sent, then what is
+ * left of the calls (those not yet opened opened, the arguments' rest),
+ * as the whole answer reads them. */
 static void stream_calls_at_end(const srv_gen *g, const srv_chat_tools *t, int32_t i,
                                 tool_stream *ts, cJSON *deltas, const char **finish)
 {
-    const srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     srv_tool_calls tc;
-    size_t content_end = ch->text_len;
-    if (calls_of(g, t, i, &tc) > 0)
-        content_end = tc.content ? strlen(tc.content) : 0;
+    size_t content_end = len;
+    int parsed = calls_of(g, t, i, &tc);
+    if (parsed > 0 || ts->opened > 0)
+        content_end = tc.content && parsed > 0 ? strlen(tc.content) : 0;
     if (content_end > ts->sent)
-        cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, content_end - ts->sent));
-    size_t n = calls_kept(t, &tc);
-    for (size_t k = 0; k < n; k++) {
-        char id[40];
-        call_id(g, t, i, k, id);
-        const char *args = tc.calls[k].arguments;
-        cJSON_AddItemToArray(deltas, calls_delta(call_object((int)k, id, tc.calls[k].name, "", 0)));
-        cJSON_AddItemToArray(deltas,
-                             calls_delta(call_object((int)k, NULL, NULL, args, strlen(args))));
+        cJSON_AddItemToArray(deltas, content_delta(text + ts->sent, content_end - ts->sent));
+    srv_tool_partial parts[SCAN_CALLS];
+    int scanned = parsed > 0 ? scan_matching(t, text, len, &tc, parts) : 0;
+    size_t n = parsed > 0 ? calls_kept(t, &tc) : 0;
+    /* a call streamed and then found malformed stays made (its arguments as written) */
+    if (n == 0 && ts->opened > 0)
+        stream_calls_written(g, t, i, ts, text, len, deltas);
+    for (size_t k = ts->opened > 0 ? (size_t)ts->opened - 1 : 0; k < n; k++) {
+        if ((int)k >= ts->opened)
+            open_call(g, t, i, ts, (int)k, tc.calls[k].name, strlen(tc.calls[k].name), deltas);
+        char *args = whole_arguments(text, (int)k < scanned ? &parts[k] : NULL, &tc.calls[k]);
+        if (args)
+            more_arguments(ts, (int)k, args, strlen(args), deltas);
+        free(args);
     }
-    *finish = finish_with_calls(*finish, n);
+    *finish = finish_with_calls(*finish, n > 0 ? n : (size_t)ts->opened);
     srv_tool_calls_free(&tc);
 }
 
 cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, bool end,
                              const char **finish)
 {
-    const srv_gen_choice *ch = &g->choices[i];
+    size_t len;
+    const char *text = srv_gen_content(g, i, &len);
     cJSON *deltas = cJSON_CreateArray();
     tool_stream *ts = stream_of(g, t, i);
     if (!ts || !deltas)
@@ -514,10 +649,10 @@ cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, boo
             cJSON_AddItemToArray(deltas, calls_delta(call_object(0, id, t->named, "", 0)));
             ts->call_opened = true;
         }
-        if (ch->text_len > ts->sent)
-            cJSON_AddItemToArray(deltas, calls_delta(call_object(0, NULL, NULL, ch->text + ts->sent,
-                                                                 ch->text_len - ts->sent)));
-        ts->sent = ch->text_len;
+        if (len > ts->sent)
+            cJSON_AddItemToArray(
+                deltas, calls_delta(call_object(0, NULL, NULL, text + ts->sent, len - ts->sent)));
+        ts->sent = len;
         if (end)
             *finish = finish_with_calls(*finish, 1);
         return deltas;
@@ -527,10 +662,17 @@ cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, boo
         return deltas;
     }
     size_t safe =
-        srv_tool_calls_safe_prefix(t->format, ch->text ? ch->text : "", ch->text_len, ts->sent);
-    if (safe > ts->sent) {
-        cJSON_AddItemToArray(deltas, content_delta(ch->text + ts->sent, safe - ts->sent));
-        ts->sent = safe;
+        ts->opened > 0 ? ts->sent : srv_tool_calls_safe_prefix(t->format, text, len, ts->sent);
+    /* whitespace waits: before a call it is not content (whole answers trim it) */
+    size_t upto = safe;
+    while (upto > ts->sent && (text[upto - 1] == ' ' || text[upto - 1] == '\n' ||
+                               text[upto - 1] == '\t' || text[upto - 1] == '\r'))
+        upto--;
+    if (upto > ts->sent) {
+        cJSON_AddItemToArray(deltas, content_delta(text + ts->sent, upto - ts->sent));
+        ts->sent = upto;
     }
+    if (safe < len)
+        stream_calls_written(g, t, i, ts, text, len, deltas);
     return deltas;
 }

@@ -275,6 +275,13 @@ struct srv_server {
     /* the syntax of tool calls the model's template teaches
      * (internal/tool_calls.h's srv_tool_format), found at load */
     int tool_format;
+    /* the markers the model's reasoning lies between
+     * (internal/reasoning.h's srv_reason_format), found at load; whether
+     * its template's prompt leaves it inside one (reason_opens), and
+     * whether the closing marker is a control token, erased from the text
+     * unless special tokens are kept (reason_special) */
+    int reason_format;
+    bool reason_opens, reason_special;
     /* compiled grammars by their text (response_format, TGI's grammar,
      * tool_choice), shared by every request and thread; made by
      * srv_serve (a seam user may leave it NULL: grammars are then

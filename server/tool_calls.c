@@ -6,19 +6,24 @@
  * marker, most specific first (a Mistral template mentions [TOOL_CALLS],
  * DeepSeek's its fullwidth call markers, Granite's <|tool_call|>, the
  * Hermes family's <tool_call>, Llama 3.1+'s <|python_tag|> or the
- * "ipython" role), as llama.cpp's common/chat.cpp chooses its parser by
- * what the template contains. The parsers follow vLLM's tool parsers
- * (hermes, llama3_json, mistral, granite, deepseek_v3) in what they
- * accept and in their one rule for what is not a call: when a marker is
- * there but what follows is not a whole call, the answer is left as
+ * "ipython" role; GPT-OSS's harmony <|channel|> before all), as llama.cpp's common/chat.cpp chooses
+ * its parser by what the template contains. The parsers follow vLLM's tool parsers (hermes,
+ * llama3_json, mistral, granite, deepseek_v3) in what they accept and in their one rule for what is
+ * not a call: when a marker is there but what follows is not a whole call, the answer is left as
  * content, whole, and no call is made up.
  *
  * JSON inside a call is read with cJSON, which reports where a value ends,
  * so calls written back to back (Llama's "; ", Mistral's [ARGS]{...}
  * repeated) are read one after another without guessing at braces.
  *
+ * A stream reads calls as they are written (srv_tool_calls_scan): a
+ * small scanner that tracks JSON strings and nesting, so that a call's
+ * name is known once whole and its arguments' object is followed byte by
+ * byte, without waiting for cJSON to see a whole value.
+ *
  * Offers srv_tool_format_of, srv_tool_calls_parse, srv_tool_name_ok,
- * srv_tool_calls_safe_prefix; owns nothing past a call but the
+ * srv_tool_calls_safe_prefix, srv_tool_calls_scan, srv_tool_json_minify;
+ * owns nothing past a call but the
  * srv_tool_calls it fills. Touches cJSON only.
  */
 #define _GNU_SOURCE /* memmem */
@@ -42,11 +47,17 @@ static const char DS_CALLS_BEGIN[] = "<｜tool▁calls▁begin｜>";
 static const char DS_CALL_BEGIN[] = "<｜tool▁call▁begin｜>";
 static const char DS_CALL_END[] = "<｜tool▁call▁end｜>";
 static const char DS_SEP[] = "<｜tool▁sep｜>";
+static const char HARMONY_START[] = "<|start|>";
+static const char HARMONY_CHANNEL[] = "<|channel|>";
+static const char HARMONY_TO[] = "to=functions.";
+static const char HARMONY_MESSAGE[] = "<|message|>";
 
 srv_tool_format srv_tool_format_of(const char *src)
 {
     if (!src)
         return SRV_TOOLS_NONE;
+    if (strstr(src, HARMONY_CHANNEL) && strstr(src, "functions."))
+        return SRV_TOOLS_HARMONY;
     if (strstr(src, MISTRAL_MARK))
         return SRV_TOOLS_MISTRAL;
     if (strstr(src, DS_CALLS_BEGIN) || strstr(src, DS_CALL_BEGIN))
@@ -75,6 +86,7 @@ static const struct {
     [SRV_TOOLS_GRANITE] = {"granite", {GRANITE_MARK, NULL}, true},
     [SRV_TOOLS_DEEPSEEK] = {"deepseek_r1", {DS_CALLS_BEGIN, DS_CALL_BEGIN, NULL}, true},
     [SRV_TOOLS_JSON] = {"json", {NULL}, false},
+    [SRV_TOOLS_HARMONY] = {"openai (harmony)", {HARMONY_START, HARMONY_CHANNEL, NULL}, true},
 };
 
 static bool known(srv_tool_format f)
@@ -365,6 +377,31 @@ static bool parse_deepseek(srv_tool_calls *tc, const char *p, const char *end)
     return found > 0;
 }
 
+/* Harmony: each message whose header says to=functions.NAME, its
+ * arguments the JSON object after its <|message|> (then <|call|>, or the
+ * text's end: <|call|> ends the answer). */
+static bool parse_harmony(srv_tool_calls *tc, const char *p, const char *end)
+{
+    int found = 0;
+    while ((p = find(p, (size_t)(end - p), HARMONY_TO))) {
+        const char *name = p + strlen(HARMONY_TO), *q = name;
+        while (q < end && srv_tool_name_ok(q, 1))
+            q++;
+        const char *msg = find(q, (size_t)(end - q), HARMONY_MESSAGE);
+        cJSON *v;
+        const char *next;
+        if (!msg || !json_at(msg + strlen(HARMONY_MESSAGE), end, &v, &next))
+            return false;
+        bool ok = cJSON_IsObject(v) && add_call(tc, name, (size_t)(q - name), v);
+        cJSON_Delete(v);
+        if (!ok)
+            return false;
+        p = next;
+        found++;
+    }
+    return found > 0;
+}
+
 /* Where the first call begins in text (a marker, or Llama's opening
  * brace), or NULL when none does. */
 static const char *call_start(srv_tool_format f, const char *text, size_t len)
@@ -407,6 +444,7 @@ static bool parse_from(srv_tool_format f, srv_tool_calls *tc, const char *start,
     case SRV_TOOLS_MISTRAL: return parse_mistral(tc, start + strlen(MISTRAL_MARK), end);
     case SRV_TOOLS_GRANITE: return add_json_calls(tc, start + strlen(GRANITE_MARK), end, &start);
     case SRV_TOOLS_DEEPSEEK: return parse_deepseek(tc, start, end);
+    case SRV_TOOLS_HARMONY: return parse_harmony(tc, start, end);
     case SRV_TOOLS_JSON:
         return add_json_calls(tc, start, end, &start) && skip_space(start, end) == end;
     }
@@ -472,4 +510,223 @@ size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t le
         }
     }
     return safe;
+}
+
+/* --- calls as they are written ----------------------------------------------------- */
+
+size_t srv_tool_json_minify(const char *p, size_t n, char *out)
+{
+    size_t m = 0;
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        if (in_string) {
+            in_string = escaped || ch != '"';
+            escaped = !escaped && ch == '\\';
+        } else if (is_space(ch)) {
+            continue;
+        } else {
+            in_string = ch == '"';
+        }
+        out[m++] = ch;
+    }
+    out[m] = 0;
+    return m;
+}
+
+/* How many bytes of the JSON object at text[at..len) are written so far,
+ * and (*whole) whether it has closed. */
+static size_t object_extent(const char *text, size_t at, size_t len, bool *whole)
+{
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    *whole = false;
+    for (size_t i = at; i < len; i++) {
+        char ch = text[i];
+        if (in_string) {
+            in_string = escaped || ch != '"';
+            escaped = !escaped && ch == '\\';
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == '{' || ch == '[') {
+            depth++;
+        } else if ((ch == '}' || ch == ']') && --depth == 0) {
+            *whole = true;
+            return i + 1 - at;
+        }
+    }
+    return len - at;
+}
+
+/* A call's arguments object, when it begins at the first '{' of
+ * text[at..len) before any other character but whitespace and
+ * ```json fences. */
+static void args_from(const char *text, size_t at, size_t len, srv_tool_partial *p)
+{
+    const char *q = skip_space(text + at, text + len);
+    if (starts_with(q, text + len, "```json"))
+        q = skip_space(q + 7, text + len);
+    if (q == text + len || *q != '{')
+        return;
+    p->args_at = (size_t)(q - text);
+    p->args_begun = true;
+    p->args_len = object_extent(text, p->args_at, len, &p->args_whole);
+}
+
+/* What scan_objects keeps while inside one call object. */
+typedef struct object_scan {
+    int depth, call_depth, objects; /* containers open; the call's level; objects open */
+    bool expect_key;
+    int key; /* 0 another, 1 "name", 2 "arguments" or "parameters" */
+    char kinds[64];
+} object_scan;
+
+/* A string from at to i (its quotes included) at the call object's own
+ * level: a key, or the value of "name" or of the arguments. */
+static void object_string(object_scan *sc, const char *text, size_t at, size_t i,
+                          srv_tool_partial *p)
+{
+    size_t n = i - at - 1;
+    if (sc->expect_key) {
+        sc->key = n == 4 && memcmp(text + at + 1, "name", 4) == 0 ? 1
+                  : (n == 9 && memcmp(text + at + 1, "arguments", 9) == 0) ||
+                          (n == 10 && memcmp(text + at + 1, "parameters", 10) == 0)
+                      ? 2
+                      : 0;
+    } else if (sc->key == 1 && srv_tool_name_ok(text + at + 1, n)) {
+        p->name_at = at + 1;
+        p->name_len = n;
+    } else if (sc->key == 2) {
+        *p = (srv_tool_partial){.name_at = p->name_at,
+                                .name_len = p->name_len,
+                                .args_at = at,
+                                .args_len = i + 1 - at,
+                                .args_begun = true,
+                                .args_whole = true,
+                                .args_string = true};
+    }
+}
+
+/* Calls written as JSON objects {"name", "arguments" | "parameters"}
+ * (Hermes, Llama 3, Mistral's lists, Granite, tool_choice "required"):
+ * each object with no object around it is a call. */
+static int scan_objects(const char *text, size_t from, size_t len, srv_tool_partial *out, int cap)
+{
+    object_scan sc = {.call_depth = -1};
+    int n = 0;
+    bool in_string = false, escaped = false;
+    size_t string_at = 0;
+    for (size_t i = from; i < len && sc.depth < 64; i++) {
+        char ch = text[i];
+        bool level = n > 0 && sc.depth == sc.call_depth;
+        if (in_string) {
+            in_string = escaped || ch != '"';
+            escaped = !escaped && ch == '\\';
+            if (!in_string && level)
+                object_string(&sc, text, string_at, i, &out[n - 1]);
+            continue;
+        }
+        if (ch == '"') {
+            in_string = true;
+            string_at = i;
+        } else if (ch == '{' && sc.objects == 0) {
+            if (n == cap)
+                break;
+            out[n++] = (srv_tool_partial){0};
+            sc.call_depth = sc.depth + 1;
+            sc.expect_key = true;
+        } else if (ch == '{' && level && !sc.expect_key && sc.key == 2) {
+            out[n - 1].args_at = i;
+            out[n - 1].args_begun = true;
+            out[n - 1].args_len = object_extent(text, i, len, &out[n - 1].args_whole);
+        } else if (ch == ':' && level) {
+            sc.expect_key = false;
+        } else if (ch == ',' && level) {
+            sc.expect_key = true;
+            sc.key = 0;
+        }
+        if (ch == '{' || ch == '[') {
+            sc.objects += ch == '{';
+            sc.kinds[sc.depth++] = ch;
+        } else if ((ch == '}' || ch == ']') && sc.depth > 0) {
+            sc.objects -= sc.kinds[--sc.depth] == '{';
+        }
+    }
+    return n;
+}
+
+/* Calls whose name is text before their arguments object: Mistral's
+ * name[ARGS]{...}, DeepSeek's function<｜tool▁sep｜>NAME\n```json{...},
+ * harmony's to=functions.NAME ...<|message|>{...}. open: what each call
+ * begins with; name_end: what ends its name; args: what its arguments
+ * follow (NULL: at once after the name's end). */
+static int scan_named(const char *text, size_t from, size_t len, const char *open,
+                      const char *name_end, const char *args, srv_tool_partial *out, int cap)
+{
+    int n = 0;
+    const char *end = text + len;
+    for (const char *p = text + from; n < cap && (p = find(p, (size_t)(end - p), open));) {
+        const char *name = skip_space(p + strlen(open), end), *stop;
+        if (name_end)
+            stop = find(name, (size_t)(end - name), name_end);
+        else
+            for (stop = name; stop < end && srv_tool_name_ok(stop, 1); stop++)
+                ;
+        if (!stop || stop == end)
+            break; /* the name is still coming */
+        srv_tool_partial *c = &out[n++];
+        *c = (srv_tool_partial){.name_at = (size_t)(name - text)};
+        size_t name_len = (size_t)(stop - name);
+        while (name_len > 0 && is_space(name[name_len - 1]))
+            name_len--;
+        c->name_len = name_len; /* checked by the caller */
+        const char *a = args ? find(stop, (size_t)(end - stop), args) : stop;
+        if (!a)
+            break;
+        args_from(text, (size_t)(a - text) + (args ? strlen(args) : strlen(name_end)), len, c);
+        if (!c->args_whole)
+            break;
+        p = text + c->args_at + c->args_len;
+    }
+    return n;
+}
+
+/* The calls of the syntaxes whose names are text, their names checked
+ * (one that is no name is not known). */
+static int scan_named_calls(srv_tool_format f, const char *text, size_t from, size_t len,
+                            srv_tool_partial *out, int cap)
+{
+    int n = f == SRV_TOOLS_DEEPSEEK ? scan_named(text, from, len, DS_SEP, "\n", NULL, out, cap)
+            : f == SRV_TOOLS_HARMONY
+                ? scan_named(text, from, len, HARMONY_TO, NULL, HARMONY_MESSAGE, out, cap)
+                : scan_named(text, from, len, MISTRAL_MARK, MISTRAL_ARGS, NULL, out, cap);
+    for (int k = 0; k < n; k++) {
+        /* Magistral's [CALL_ID] between name and [ARGS] is cut off the name */
+        const char *id = f == SRV_TOOLS_MISTRAL
+                             ? find(text + out[k].name_at, out[k].name_len, MISTRAL_CALL_ID)
+                             : NULL;
+        if (id)
+            out[k].name_len = (size_t)(id - (text + out[k].name_at));
+        if (!srv_tool_name_ok(text + out[k].name_at, out[k].name_len))
+            out[k].name_len = 0;
+    }
+    return n;
+}
+
+int srv_tool_calls_scan(srv_tool_format f, const char *text, size_t len, srv_tool_partial *out,
+                        int cap)
+{
+    const char *start = call_start(f, text, len);
+    if (!start || cap <= 0 || f == SRV_TOOLS_NONE)
+        return 0;
+    size_t from = (size_t)(start - text);
+    bool named = f == SRV_TOOLS_DEEPSEEK || f == SRV_TOOLS_HARMONY;
+    if (f == SRV_TOOLS_MISTRAL) {
+        const char *p = skip_space(start + strlen(MISTRAL_MARK), text + len);
+        named = p < text + len && *p != '[' && *p != '{';
+        if (p == text + len)
+            return 0; /* which form is not known yet */
+    }
+    return named ? scan_named_calls(f, text, from, len, out, cap)
+                 : scan_objects(text, from, len, out, cap);
 }

@@ -340,10 +340,9 @@ Test(messages, refusals_are_anthropics_shape_and_name_the_field)
              user, weather_tool);
     refused_as(p, 400, t, body, "tool_choice.name must name one of the tools, not nope");
     snprintf(body, sizeof body,
-             "{\"model\": \"tiny\", %s, \"max_tokens\": 4, \"thinking\": {\"type\": \"enabled\", "
-             "\"budget_tokens\": 1024}}",
+             "{\"model\": \"tiny\", %s, \"max_tokens\": 4, \"thinking\": {\"type\": \"always\"}}",
              user);
-    refused_as(p, 400, t, body, "thinking: extended thinking is not supported");
+    refused_as(p, 400, t, body, "thinking: must be {\"type\": \"enabled\"");
     snprintf(body, sizeof body, "{\"model\": \"tiny\", %s, \"max_tokens\": 4, \"mcp_servers\": []}",
              user);
     refused_as(p, 400, t, body, "mcp_servers: not supported");

@@ -241,8 +241,9 @@ Test(responses, fields_not_implemented_are_refused_by_name)
                "{\"model\": \"tiny\", \"input\": [{\"role\": \"user\", \"content\": [{\"type\": "
                "\"input_image\", \"image_url\": \"x\"}]}]}",
                "input[0].content[0]: \"input_image\" parts are not supported");
-    ts_refused(p, "{\"model\": \"tiny\", \"input\": [{\"type\": \"reasoning\", \"summary\": []}]}",
-               "input[0]: \"reasoning\" items are not supported");
+    ts_refused(p,
+               "{\"model\": \"tiny\", \"input\": [{\"type\": \"item_reference\", \"id\": \"x\"}]}",
+               "input[0]: \"item_reference\" items are not supported");
     ts_refused(p, "{\"model\": \"tiny\", \"input\": \"x\", \"bogus\": 1}",
                "unknown field \"bogus\"");
     ts_refused(p, "{\"model\": \"tiny\", \"input\": []}", "input: must be a string or a list");

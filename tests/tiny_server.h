@@ -24,17 +24,21 @@ static char ts_dir[512];
 static char ts_model_dir[600];
 static char ts_log_path[600];
 
-/* The tiny model served with chat_template as its chat_template.jinja,
- * and the flags extra (NULL-ended; NULL: none) after the usual ones. */
-static inline void ts_start_with(const char *chat_template, const char *const *extra)
+/* The tiny model of spec served with chat_template as its
+ * chat_template.jinja, patch (NULL: none) run on its folder before the
+ * server starts, and the flags extra (NULL-ended; NULL: none) after the
+ * usual ones. */
+static inline void ts_start_spec(const char *chat_template, const tiny_spec *spec,
+                                 void (*patch)(const char *model_dir), const char *const *extra)
 {
     test_tmpdir(ts_dir, sizeof ts_dir);
     cr_assert(ts_dir[0]);
     snprintf(ts_model_dir, sizeof ts_model_dir, "%s/tiny", ts_dir);
     snprintf(ts_log_path, sizeof ts_log_path, "%s/server.log", ts_dir);
     cr_assert_eq(mkdir(ts_model_dir, 0700), 0);
-    tiny_spec spec = tiny_default();
-    tiny_write_hf(ts_model_dir, &spec);
+    tiny_write_hf(ts_model_dir, spec);
+    if (patch)
+        patch(ts_model_dir);
     char path[700];
     snprintf(path, sizeof path, "%s/chat_template.jinja", ts_model_dir);
     FILE *f = fopen(path, "wb");
@@ -49,6 +53,14 @@ static inline void ts_start_with(const char *chat_template, const char *const *e
     argv[n] = NULL;
     sp_spawn(argv, ts_log_path);
     sp_wait_ready();
+}
+
+/* The tiny model served with chat_template as its chat_template.jinja,
+ * and the flags extra (NULL-ended; NULL: none) after the usual ones. */
+static inline void ts_start_with(const char *chat_template, const char *const *extra)
+{
+    tiny_spec spec = tiny_default();
+    ts_start_spec(chat_template, &spec, NULL, extra);
 }
 
 static inline void ts_start(const char *chat_template)
@@ -96,6 +108,39 @@ static inline void ts_refused(const char *path, const char *body, const char *ne
     cr_assert(strstr(message, needle), "%s -> %s (wanted \"%s\")", body, message, needle);
     cJSON_Delete(j);
     free(text);
+}
+
+/* A stream's events' data, in order (chat's unnamed events, and the
+ * named ones of Anthropic's and OpenAI's newer APIs; [DONE] left out). */
+typedef struct ts_events {
+    int n;
+    cJSON *data[512];
+} ts_events;
+
+/* POST body to path, a stream: its events, read to its end. */
+static inline void ts_events_of(const char *path, const char *body, ts_events *ev)
+{
+    hc_response r = sp_post(path, body);
+    cr_assert_eq(r.status, 200, "%s -> %d %s", body, r.status, r.body);
+    ev->n = 0;
+    for (char *at = r.body; at && *at;) {
+        char *end = strstr(at, "\n\n");
+        cr_assert(end, "an event without its blank line: %s", at);
+        *end = 0;
+        char *data = strncmp(at, "data: ", 6) == 0 ? at : strstr(at, "\ndata: ") + 1;
+        if (strcmp(data + 6, "[DONE]") != 0) {
+            cr_assert_lt(ev->n, 512);
+            ev->data[ev->n++] = sp_json(data + 6);
+        }
+        at = end + 2;
+    }
+    hc_response_free(&r);
+}
+
+static inline void ts_events_free(ts_events *ev)
+{
+    for (int i = 0; i < ev->n; i++)
+        cJSON_Delete(ev->data[i]);
 }
 
 #endif

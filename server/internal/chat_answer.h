@@ -13,12 +13,15 @@
 
 #include "gen.h"
 
-typedef enum srv_chat_part { SRV_PART_TEXT, SRV_PART_CALL } srv_chat_part;
+/* A reasoning part (the model's thinking, kept apart: reasoning.h) comes
+ * first, only for a model that marks it and only when it thought. */
+typedef enum srv_chat_part { SRV_PART_TEXT, SRV_PART_CALL, SRV_PART_REASONING } srv_chat_part;
 
 /* What an API does with the parts, in order; index counts the parts from
  * 0, kind is the part's. */
 typedef struct srv_chat_writer {
-    /* A part begins: text (id and name NULL), or a call (its id and name). */
+    /* A part begins: text or reasoning (id and name NULL), or a call (its
+     * id and name). */
     void (*begin)(void *ctx, int index, srv_chat_part kind, const char *id, const char *name);
     /* More of the open part: its text, or the call's arguments. A whole
      * answer gives each part's whole content in one delta (none for an

@@ -33,8 +33,9 @@ void srv_chat_tools_answer(const srv_gen *g, const srv_chat_tools *t, int32_t i,
                            const char **finish);
 /* Choice i's stream: the deltas to send now (a new list of delta objects,
  * possibly empty, the caller's), content held back while it may be the
- * start of a call; at its end (end true), what is left and the calls,
- * and *finish as srv_chat_tools_answer sets it. */
+ * start of a call, each call as it is written (its name once whole, then
+ * its arguments); at its end (end true), what is left, and *finish as
+ * srv_chat_tools_answer sets it. */
 cJSON *srv_chat_tools_stream(const srv_gen *g, srv_chat_tools *t, int32_t i, bool end,
                              const char **finish);
 

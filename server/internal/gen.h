@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "reasoning.h"
 #include "request.h"
 
 /* An API's answer to a generation: what it sends as tokens arrive and when
@@ -87,6 +88,12 @@ typedef struct srv_gen_choice {
     int32_t generated;
     double logprob_sum;
     uint64_t seed;
+    /* with g->reasoning: where the text's reasoning and content lie, kept
+     * up to date as it grows (final once done, or at its end), and how
+     * much of each a stream has sent (bytes from reason.reason_from, and
+     * from reason.content_from) */
+    srv_reason_view reason;
+    size_t reason_sent, content_sent;
 } srv_gen_choice;
 
 /* One prompt of a generation: one engine request, and the prompt as the
@@ -119,6 +126,8 @@ struct srv_gen {
     bool details;
     bool include_usage;
     bool return_full_text;
+    bool reasoning;    /* the text is split into reasoning and content (srv_req_ask's) */
+    bool reason_opens; /* the model's text begins inside its reasoning */
     uint64_t seed;
     bool sampled;
     eng_finish why;  /* the worst so far */
@@ -146,6 +155,14 @@ int32_t srv_gen_answer_order(const srv_gen *g, int32_t *idx);
 /* The text to answer choice i with: the prompt first when
  * return_full_text (allocated, free(); *len bytes, NUL bytes possible). */
 char *srv_gen_full_text(const srv_gen *g, int32_t i, size_t *len);
+/* Choice i's content (its text less the reasoning, with g->reasoning; all
+ * of it without): a pointer into its text, *len bytes (0 while a
+ * stream's reasoning has not ended). And its reasoning (*len 0: none). */
+const char *srv_gen_content(const srv_gen *g, int32_t i, size_t *len);
+const char *srv_gen_reasoning(const srv_gen *g, int32_t i, size_t *len);
+/* How many of choice i's tokens are its reasoning's (they begin before its
+ * content does; 0 without g->reasoning). */
+int32_t srv_gen_reasoning_tokens(const srv_gen *g, int32_t i);
 
 /* The loop's side of the bridge (s->wake's callback): hand every event the
  * engine queued to its generation; a generation's last one frees it. */

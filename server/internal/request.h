@@ -120,6 +120,7 @@ typedef struct srv_req_ask {
     int32_t truncate;      /* TGI's: keep the prompt's last tokens; 0: all */
     bool keep_special;     /* skip_special_tokens false */
     bool include_stop_str; /* vLLM's include_stop_str_in_output */
+    bool reasoning;        /* a chat answer whose reasoning is kept apart (s->reason_format) */
     /* constrained decoding: the answer kept inside a grammar of
      * grammar_kind written as grammar_text (malloc'd, owned:
      * srv_req_ask_free; NULL: none), compiled off the loop through the

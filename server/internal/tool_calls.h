@@ -26,6 +26,9 @@
  *   DEEPSEEK  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N
  *             then the arguments in a ```json fence, <｜tool▁call▁end｜>,
  *             repeated (DeepSeek R1 and its distills);
+ *   HARMONY   <|start|>assistant<|channel|>commentary to=functions.N
+ *             <|constrain|>json<|message|>{...}<|call|>, repeated (GPT-OSS;
+ *             reasoning.h's split leaves such a message whole as content);
  *   JSON      no model's own: the whole answer a JSON list of {"name",
  *             "parameters"} (or one such object), what tool_choice
  *             "required" constrains an answer to.
@@ -39,6 +42,7 @@ typedef enum srv_tool_format {
     SRV_TOOLS_GRANITE,
     SRV_TOOLS_DEEPSEEK,
     SRV_TOOLS_JSON,
+    SRV_TOOLS_HARMONY,
 } srv_tool_format;
 
 /* The syntax a chat template's source teaches (SRV_TOOLS_NONE: none
@@ -90,5 +94,31 @@ void srv_tool_calls_free(srv_tool_calls *tc);
  * that only the new bytes are searched. Never decreases as text grows.
  */
 size_t srv_tool_calls_safe_prefix(srv_tool_format f, const char *text, size_t len, size_t from);
+
+/* One call as it stands in an answer still arriving (or whole): where its
+ * name lies once it is whole (name_len 0 before), and its arguments' JSON
+ * text so far, text[args_at, args_at + args_len) (args_begun false
+ * before they begin), args_whole once the value is complete; args_string:
+ * the arguments were written as a JSON string holding the object. */
+typedef struct srv_tool_partial {
+    size_t name_at, name_len;
+    size_t args_at, args_len;
+    bool args_begun, args_whole, args_string;
+} srv_tool_partial;
+
+/*
+ * The calls begun in text[0..len) in syntax f, from the first call's
+ * start on, into out (at most cap); returns how many. A stream reads it at
+ * each token to send a call's name once it is known and its arguments as
+ * they are written; the calls themselves are only srv_tool_calls_parse's
+ * (a call that turns out malformed has been streamed all the same, as
+ * vLLM's streaming parsers do).
+ */
+int srv_tool_calls_scan(srv_tool_format f, const char *text, size_t len, srv_tool_partial *out,
+                        int cap);
+/* JSON text p[0..n) without its whitespace outside strings, into out (n +
+ * 1 bytes); returns its length. A prefix of a JSON text gives a prefix of
+ * the whole's. */
+size_t srv_tool_json_minify(const char *p, size_t n, char *out);
 
 #endif

@@ -20,7 +20,13 @@ key), each compared with chat completions' answer to the same
 conversation; and the Responses API through the openai SDK
 (responses.create, responses.stream and its event helpers, function tools
 with a function_call_output second turn, text.format json_schema and
-json_object, previous_response_id with retrieve and delete, refusals). The model's weights are
+json_object, previous_response_id with retrieve and delete, refusals);
+and reasoning kept apart, on a third server with Qwen3's chat template
+(--thinking), its answer forced by vLLM's guided_regex: the openai SDK's
+chat reasoning_content (whole and streamed) and Responses reasoning items
+(whole, and through responses.stream's helpers), and the anthropic SDK's
+thinking blocks (messages.create with thinking enabled, messages.stream,
+a second turn sending the thinking block back). The model's weights are
 random (leaning to printable ASCII, see tiny_model.py), so its text is
 noise, but noise that greedy decoding and seeds make deterministic: the
 checks compare answers with each other, never with hard-coded text.
@@ -48,6 +54,8 @@ from huggingface_hub import InferenceClient
 
 ARGS = None
 OAI = None  # openai.OpenAI on the open server
+OAI_T = None  # openai.OpenAI on the thinking server (Qwen3's template)
+ANT_T = None  # anthropic.Anthropic on the thinking server
 ANT = None  # anthropic.Anthropic on the open server
 HF = None  # InferenceClient on the open server
 PROMPT = "Hello the world"
@@ -66,9 +74,9 @@ class Skip(Exception):
 
 # --- raw HTTP: the server's own answers the checks compare with -------------
 
-def raw(method, path, body=None):
+def raw(method, path, body=None, base=None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(ARGS.base + path, data=data, method=method)
+    req = urllib.request.Request((base or ARGS.base) + path, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -1053,6 +1061,96 @@ def ant_api_key():
         raise AssertionError("a wrong key was accepted")
 
 
+# --- reasoning kept apart (the thinking server: Qwen3's template) -------------
+
+# the answer forced: a thought, then the answer (a regex: \n newlines)
+THOUGHT, ANSWER = "add one and one", "Two it is"
+FORCED = {"guided_regex": "<think>\n%s\n</think>\n\n%s" % (THOUGHT, ANSWER)}
+ONE_PLUS_ONE = [{"role": "user", "content": "1+1?"}]
+
+
+def thinking_server():
+    if OAI_T is None:
+        raise Skip("no --thinking server")
+
+
+@check
+def oai_chat_reasoning_content():
+    thinking_server()
+    r = OAI_T.chat.completions.create(model=ARGS.model, messages=ONE_PLUS_ONE, max_tokens=64,
+                                      extra_body=FORCED)
+    m = r.choices[0].message
+    assert m.reasoning_content == THOUGHT and m.content == ANSWER, m
+    reasoning, content = "", ""
+    for chunk in OAI_T.chat.completions.create(model=ARGS.model, messages=ONE_PLUS_ONE,
+                                               max_tokens=64, stream=True, extra_body=FORCED):
+        d = chunk.choices[0].delta if chunk.choices else None
+        if d is not None and getattr(d, "reasoning_content", None):
+            assert not content, "reasoning after content"
+            reasoning += d.reasoning_content
+        if d is not None and d.content:
+            content += d.content
+    assert (reasoning, content) == (THOUGHT, ANSWER), (reasoning, content)
+    # chat_template_kwargs reach the template: Qwen3's closed empty block
+    status, off = raw("POST", "/chat_tokenize", {"messages": ONE_PLUS_ONE, "chat_template_kwargs": {
+        "enable_thinking": False}}, base=ARGS.thinking)
+    assert status == 200 and off["templated_text"].endswith("<think>\n\n</think>\n\n"), off
+
+
+@check
+def oai_responses_reasoning_item():
+    thinking_server()
+    r = OAI_T.responses.create(model=ARGS.model, input="1+1?", max_output_tokens=64,
+                               reasoning={"effort": "medium"}, extra_body=FORCED)
+    assert [o.type for o in r.output] == ["reasoning", "message"], r.output
+    assert r.output[0].content[0].type == "reasoning_text", r.output[0]
+    assert r.output[0].content[0].text == THOUGHT and r.output_text == ANSWER, r
+    with OAI_T.responses.stream(model=ARGS.model, input="1+1?", max_output_tokens=64,
+                                extra_body=FORCED) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == THOUGHT, deltas
+    assert [e.sequence_number for e in events] == list(range(len(events))), "sequence_number"
+    assert final.output[0].type == "reasoning" and final.output_text == ANSWER, final
+    # the next turn sends the output back, reasoning item and all
+    again = OAI_T.responses.create(model=ARGS.model, max_output_tokens=4, store=False,
+                                   input=ONE_PLUS_ONE + [o.model_dump(exclude_none=True)
+                                                         for o in r.output]
+                                   + [{"role": "user", "content": "Sure?"}])
+    assert again.status in ("completed", "incomplete"), again
+
+
+@check
+def ant_thinking_blocks():
+    thinking_server()
+    m = ANT_T.messages.create(model=ARGS.model, max_tokens=64, messages=ONE_PLUS_ONE,
+                              thinking={"type": "enabled", "budget_tokens": 1024},
+                              extra_body=FORCED)
+    assert [b.type for b in m.content] == ["thinking", "text"], m.content
+    assert m.content[0].thinking == THOUGHT and m.content[1].text == ANSWER, m.content
+    thinking, text = "", ""
+    with ANT_T.messages.stream(model=ARGS.model, max_tokens=64, messages=ONE_PLUS_ONE,
+                               extra_body=FORCED) as stream:
+        for event in stream:
+            if event.type == "thinking":
+                thinking += event.thinking
+            elif event.type == "text":
+                text += event.text
+        final = stream.get_final_message()
+    assert (thinking, text) == (THOUGHT, ANSWER), (thinking, text)
+    assert [b.type for b in final.content] == ["thinking", "text"], final.content
+    # a second turn sends the thinking block back; thinking disabled renders the empty block
+    again = ANT_T.messages.create(model=ARGS.model, max_tokens=4, messages=ONE_PLUS_ONE + [
+        {"role": "assistant", "content": m.content},
+        {"role": "user", "content": "Sure?"}], thinking={"type": "disabled"})
+    assert again.stop_reason == "max_tokens", again
+    on = ANT_T.messages.count_tokens(model=ARGS.model, messages=ONE_PLUS_ONE)
+    off = ANT_T.messages.count_tokens(model=ARGS.model, messages=ONE_PLUS_ONE,
+                                      thinking={"type": "disabled"})
+    assert off.input_tokens > on.input_tokens, (on, off)
+
+
 # --- huggingface_hub InferenceClient: text_generation -----------------------------
 
 def hf_greedy(prompt, n_tokens):
@@ -1318,17 +1416,23 @@ def hf_endpoint_info():
 # --- the runner -------------------------------------------------------------------
 
 def main():
-    global ARGS, OAI, HF, ANT
+    global ARGS, OAI, HF, ANT, OAI_T, ANT_T
     p = argparse.ArgumentParser()
     p.add_argument("--base", required=True)
     p.add_argument("--keyed", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--model", required=True)
+    p.add_argument("--thinking", help="a server with Qwen3's chat template")
     ARGS = p.parse_args()
     # no retries: a failure shows as it happened
     OAI = openai.OpenAI(base_url=ARGS.base + "/v1", api_key="unused", max_retries=0, timeout=60)
     HF = InferenceClient(base_url=ARGS.base, timeout=60)
     ANT = anthropic.Anthropic(base_url=ARGS.base, api_key="unused", max_retries=0, timeout=60)
+    if ARGS.thinking:
+        OAI_T = openai.OpenAI(base_url=ARGS.thinking + "/v1", api_key="unused", max_retries=0,
+                              timeout=60)
+        ANT_T = anthropic.Anthropic(base_url=ARGS.thinking, api_key="unused", max_retries=0,
+                                    timeout=60)
     print("conformance: openai %s, huggingface_hub %s, anthropic %s" % (
         openai.__version__, huggingface_hub.__version__, anthropic.__version__))
     passed, failed, skipped = [], [], []

@@ -95,12 +95,12 @@ stop_all() {
 }
 trap stop_all EXIT
 
-start() { # start NAME [flags...]: sets pid[NAME] and port[NAME]
+start() { # start NAME [flags...]: sets pid[NAME] and port[NAME] (START_TEMPLATE: another template)
   local name=$1
   shift
   local log=$work/server-$name.log
   env -u QLSERVE_API_KEY -u QLSERVE_CONFIG "$binary" serve --model "$model" --port 0 \
-    --chat-template "$template" --threads 1 "$@" >"$log" 2>&1 &
+    --chat-template "${START_TEMPLATE:-$template}" --threads 1 "$@" >"$log" 2>&1 &
   pid[$name]=$!
   local p=""
   for _ in $(seq 1 1000); do
@@ -149,16 +149,20 @@ stop() { # stop NAME: SIGTERM, exit status 0, no sanitizer report
 
 start open
 start keyed --api-key-file "$key_file"
-echo "conformance: servers on ports ${port[open]} (open) and ${port[keyed]} (API key), model $model"
+# reasoning kept apart: Qwen3's template marks the model as one that thinks
+START_TEMPLATE=$here/../fixtures/chat_templates/Qwen-Qwen3-0.6B.jinja start thinking
+echo "conformance: servers on ports ${port[open]} (open), ${port[keyed]} (API key) and" \
+  "${port[thinking]} (Qwen3's template), model $model"
 
 # bounded well inside ctest's 300 s, so a hung call still stops the servers
 PYTHONDONTWRITEBYTECODE=1 timeout 150 "$venv/bin/python" "$here/clients.py" \
   --base "http://127.0.0.1:${port[open]}" --keyed "http://127.0.0.1:${port[keyed]}" \
-  --key "$(cat "$key_file")" --model tiny-chat
+  --key "$(cat "$key_file")" --model tiny-chat --thinking "http://127.0.0.1:${port[thinking]}"
 status=$?
 [ "$status" = 124 ] && echo "conformance: clients.py ran past 150 s" >&2
 
 stop open || status=1
 stop keyed || status=1
+stop thinking || status=1
 echo "conformance: took $(($(date +%s) - started)) s in all"
 exit $status
