@@ -948,6 +948,8 @@ void srv_responses_create(srv_conn *c, const char *name)
                                          "max_output_tokens",
                                          "temperature",
                                          "top_p",
+                                         "top_k", /* and seed: extensions, as chat's */
+                                         "seed",
                                          "tools",
                                          "tool_choice",
                                          "parallel_tool_calls",

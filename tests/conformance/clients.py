@@ -809,14 +809,18 @@ def oai_responses_stream():
 
 @check
 def oai_responses_text_format():
+    # sampled with a seed (an extension Responses accepts, as chat's): a draw
+    # without one could run past max_output_tokens before the JSON closes
     r = OAI.responses.create(model=ARGS.model, input="A pet.", max_output_tokens=200,
-                             temperature=1, text={"format": {
+                             temperature=1, extra_body={"seed": 5}, text={"format": {
                                  "type": "json_schema", "name": "pet", "schema": PET_SCHEMA,
                                  "strict": True}})
     assert r.status == "completed", r
     jsonschema.validate(json.loads(r.output_text), PET_SCHEMA)
     r = OAI.responses.create(model=ARGS.model, input="An object.", max_output_tokens=200,
-                             temperature=1, text={"format": {"type": "json_object"}})
+                             temperature=1, extra_body={"seed": 5},
+                             text={"format": {"type": "json_object"}})
+    assert r.status == "completed", r
     assert isinstance(json.loads(r.output_text), dict), r.output_text
 
 
