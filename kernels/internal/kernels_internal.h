@@ -67,6 +67,9 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_IQ4_XS .name = "iq4_xs", .block_size = 256, .block_bytes = 136, .is_gguf = true
 /* block_mxfp4: an E8M0 scale byte, 16 bytes of FP4 nibbles (qt_quant_math.h) */
 #define QT_GEOMETRY_MXFP4 .name = "mxfp4", .block_size = 32, .block_bytes = 17, .is_gguf = true
+/* transformers' finegrained FP8: one E4M3 byte per element, block scales
+ * apart (block_size 1: the block grid is per tensor) */
+#define QT_GEOMETRY_FP8 .name = "fp8", .block_size = 1, .block_bytes = 1
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
 
@@ -106,6 +109,11 @@ int qt_bnb4_quantize_with(qtensor *t, const float *src, int64_t rows, int64_t co
 int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+
+/* FP8 E4M3 with block scales, transformers' finegrained FP8 (quant_fp8.c) */
+int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                    const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).

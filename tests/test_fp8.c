@@ -1,0 +1,349 @@
+/*
+ * test_fp8.c - transformers' finegrained FP8 checkpoints (quant_method
+ * "fp8"): the QT_FP8 kind against torch's own widening of every E4M3FN and
+ * E8M0 byte, a tiny Llama quantized by transformers' quantizer in both
+ * scale widths (scale_fmt "float": F32 scales; "ue8m0": F8_E8M0 scales)
+ * dequantized bit for bit as transformers dequantizes it on a CPU, its
+ * logits and greedy ids against the float64 forward over those weights, a
+ * --dtype bf16 load that leaves the scales' dtype alone, and the configs
+ * qlserve refuses by name. tests/fixtures/make_fp8_reference.py made the
+ * fixtures (fp8_tiny_float/, fp8_tiny_ue8m0/, fp8_reference.h).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "modelfile.h"
+#include "qtensor.h"
+#include "run_prompt.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#include "fixtures/fp8_reference.h"
+
+/* One format's fixture and references. */
+typedef struct fp8_case {
+    const char *folder; /* under tests/fixtures */
+    qt_scale_dtype scale_dtype;
+    const fp8_digest *digests;
+    size_t n_digests;
+    const double *logits;
+    const int *greedy;
+} fp8_case;
+
+static const fp8_case FP8_FLOAT = {
+    "fp8_tiny_float",        QT_SCALE_F32,
+    FP8_FLOAT_DIGESTS,       sizeof FP8_FLOAT_DIGESTS / sizeof FP8_FLOAT_DIGESTS[0],
+    &FP8_FLOAT_LOGITS[0][0], FP8_FLOAT_GREEDY};
+static const fp8_case FP8_UE8M0 = {
+    "fp8_tiny_ue8m0",        QT_SCALE_E8M0,
+    FP8_UE8M0_DIGESTS,       sizeof FP8_UE8M0_DIGESTS / sizeof FP8_UE8M0_DIGESTS[0],
+    &FP8_UE8M0_LOGITS[0][0], FP8_UE8M0_GREEDY};
+
+static uint64_t fnv1a64(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+/* The fixture folder copied into a fresh temporary one with the tiny
+ * tokenizer; dir receives its path. */
+static void fixture_dir(const fp8_case *c, char *dir, size_t len)
+{
+    test_tmpdir(dir, len);
+    tiny_fixture_folder(c->folder, dir);
+}
+
+static void load(eng_model *m, const char *dir, const char *dtype)
+{
+    char msg[1024];
+    eng_load_opts o = {.path = dir, .dtype = dtype};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* One element, code times scale, through a one-element FP8 tensor's
+ * scalar dequantization: its f32 bits. */
+static uint32_t widen(uint8_t code, qt_scale_dtype sd, const void *scale)
+{
+    qt_fp8_parts p = {.rows = 1,
+                      .cols = 1,
+                      .block_rows = 1,
+                      .block_cols = 1,
+                      .codes = &code,
+                      .scale_dtype = sd,
+                      .scales = scale,
+                      .scale_rows = 1,
+                      .scale_cols = 1};
+    qtensor t;
+    char msg[256];
+    cr_assert_eq(qt_from_fp8(&t, &p, msg, sizeof msg), 0, "%s", msg);
+    float got;
+    qt_dequantize_rows_ref(&t, 0, 1, &got);
+    qt_free(&t);
+    uint32_t bits;
+    memcpy(&bits, &got, 4);
+    return bits;
+}
+
+Test(fp8, e4m3_and_e8m0_bytes_widen_as_torch)
+{
+    const float f_one = 1.0f;
+    for (int b = 0; b < 256; b++) {
+        uint32_t got = widen((uint8_t)b, QT_SCALE_F32, &f_one);
+        cr_assert_eq(got, FP8_E4M3_F32_BITS[b], "e4m3 byte 0x%02x: 0x%08x, torch 0x%08x", b, got,
+                     FP8_E4M3_F32_BITS[b]);
+        if (b == 255)
+            continue; /* a NaN scale is refused, below */
+        uint8_t e = (uint8_t)b;
+        got = widen(0x38 /* 1.0 */, QT_SCALE_E8M0, &e);
+        cr_assert_eq(got, FP8_E8M0_F32_BITS[b], "e8m0 byte 0x%02x: 0x%08x, torch 0x%08x", b, got,
+                     FP8_E8M0_F32_BITS[b]);
+    }
+    uint8_t nan_scale = 255, code = 0x38;
+    qtensor t;
+    char msg[256];
+    qt_fp8_parts p = {.rows = 1,
+                      .cols = 1,
+                      .block_rows = 1,
+                      .block_cols = 1,
+                      .codes = &code,
+                      .scale_dtype = QT_SCALE_E8M0,
+                      .scales = &nan_scale,
+                      .scale_rows = 1,
+                      .scale_cols = 1};
+    cr_assert_eq(qt_from_fp8(&t, &p, msg, sizeof msg), QL_ENONFINITE);
+    cr_assert(strstr(msg, "block scale 0"), "%s", msg);
+}
+
+/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight") is. */
+static const qtensor *projection(const eng_model *m, const char *name)
+{
+    int layer = -1, used = 0;
+    char proj[32] = "";
+    cr_assert(sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && layer >= 0 &&
+                  layer < m->cfg.n_layers,
+              "%s", name);
+    const char *dot = strchr(name + used, '.');
+    cr_assert(dot && sscanf(dot + 1, "%31[a-z_]", proj) == 1, "%s", name);
+    const eng_layer *L = &m->layers[layer];
+    const char *names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                           "gate_proj", "up_proj", "down_proj"};
+    const qtensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    for (size_t i = 0; i < 7; i++)
+        if (strcmp(proj, names[i]) == 0)
+            return ws[i];
+    cr_assert_fail("%s is no projection", name);
+    return NULL;
+}
+
+/* Every linear weight of the loaded fixture dequantizes to transformers'
+ * float32 bits (a digest of the whole tensor), through the scalar and the
+ * fast entry alike. */
+static void check_dequantization(const fp8_case *c)
+{
+    char dir[512];
+    fixture_dir(c, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, NULL);
+    for (size_t i = 0; i < c->n_digests; i++) {
+        const qtensor *t = projection(&m, c->digests[i].name);
+        cr_assert(t->kind == QT_FP8 && t->scale_dtype == c->scale_dtype && t->data_borrowed);
+        size_t n = (size_t)(t->rows * t->cols);
+        float *out = malloc(n * sizeof *out), *fast = malloc(n * sizeof *fast);
+        qt_dequantize_rows_ref(t, 0, t->rows, out);
+        qt_dequantize_rows(t, 0, t->rows, fast);
+        uint64_t h = fnv1a64(out, n * sizeof *out);
+        cr_assert_eq(h, (uint64_t)c->digests[i].fnv, "%s: digest %016llx, transformers %016llx",
+                     c->digests[i].name, (unsigned long long)h,
+                     (unsigned long long)c->digests[i].fnv);
+        cr_assert_eq(memcmp(out, fast, n * sizeof *out), 0);
+        free(out);
+        free(fast);
+    }
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+Test(fp8, float_scales_dequantize_as_transformers_bit_for_bit)
+{
+    check_dequantization(&FP8_FLOAT);
+}
+
+Test(fp8, ue8m0_scales_dequantize_as_transformers_bit_for_bit)
+{
+    check_dequantization(&FP8_UE8M0);
+}
+
+/* The loaded model's projections are FP8 in the stored scale dtype, the rest dense. */
+static void check_kinds(const eng_model *m, qt_scale_dtype sd, qt_kind dense)
+{
+    cr_assert_str_eq(m->format, "fp8");
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        const eng_layer *L = &m->layers[l];
+        const qtensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < 7; i++) {
+            cr_assert_eq(ws[i]->kind, QT_FP8, "layer %d weight %zu is %s", l, i,
+                         qt_kind_name(ws[i]->kind));
+            cr_assert_eq(ws[i]->scale_dtype, sd, "layer %d weight %zu scales are %s", l, i,
+                         qt_scale_dtype_name(ws[i]->scale_dtype));
+            cr_assert(ws[i]->block_rows == FP8_BLOCK_ROWS && ws[i]->block_cols == FP8_BLOCK_COLS);
+        }
+        cr_assert_eq(L->attn_norm.kind, dense);
+    }
+    cr_assert_eq(m->embed.kind, dense);
+    cr_assert_eq(m->lm_head.kind, dense); /* modules_to_not_convert: lm_head */
+}
+
+static void check_logits_and_greedy(const fp8_case *c)
+{
+    char dir[512];
+    fixture_dir(c, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, NULL);
+    check_kinds(&m, c->scale_dtype, QT_F32);
+    int32_t toks[FP8_N_TOKENS + FP8_N_GREEDY];
+    for (int i = 0; i < FP8_N_TOKENS; i++)
+        toks[i] = FP8_TOKENS[i];
+    float *logits = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = FP8_N_TOKENS});
+    double err = test_worst_row_l2(logits, c->logits, FP8_N_TOKENS, FP8_VOCAB);
+    cr_assert(err <= 1e-5, "%s: worst relative L2 %g vs float64 transformers", c->folder, err);
+    free(logits);
+
+    /* greedy: each step the whole sequence again, the argmax of its last row */
+    int n = (int)(sizeof FP8_PROMPT / sizeof FP8_PROMPT[0]);
+    for (int i = 0; i < n; i++)
+        toks[i] = FP8_PROMPT[i];
+    for (int g = 0; g < FP8_N_GREEDY; g++) {
+        float *l = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = n});
+        const float *last = l + (size_t)(n - 1) * FP8_VOCAB;
+        int best = 0;
+        for (int v = 1; v < FP8_VOCAB; v++)
+            best = last[v] > last[best] ? v : best;
+        free(l);
+        cr_assert_eq(best, c->greedy[g], "%s: greedy step %d: %d, float64 %d", c->folder, g, best,
+                     c->greedy[g]);
+        toks[n++] = best;
+    }
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+Test(fp8, float_scales_logits_and_greedy_ids_match_float64)
+{
+    check_logits_and_greedy(&FP8_FLOAT);
+}
+
+Test(fp8, ue8m0_scales_logits_and_greedy_ids_match_float64)
+{
+    check_logits_and_greedy(&FP8_UE8M0);
+}
+
+/* --dtype bf16 casts the dense parameters and leaves each FP8 weight's
+ * codes and scales (dtype and bytes) as the file stores them. */
+static void check_bf16_load(const fp8_case *c)
+{
+    char dir[512], msg[1024], path[1024];
+    fixture_dir(c, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, "bf16");
+    check_kinds(&m, c->scale_dtype, QT_BF16);
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", QL_FIXTURES, c->folder);
+    st_file f;
+    cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
+    const st_tensor *s = st_find(&f, "model.layers.1.mlp.down_proj.weight_scale_inv");
+    cr_assert_eq(s->dtype, c->scale_dtype == QT_SCALE_E8M0 ? ST_F8_E8M0 : ST_F32);
+    const qtensor *w = &m.layers[1].w_down;
+    cr_assert(s && (size_t)(w->scale_rows * w->scale_cols) * qt_scale_dtype_size(w->scale_dtype) ==
+                       s->nbytes);
+    cr_assert_eq(memcmp(w->block_scales, s->data, s->nbytes), 0);
+    st_close(&f);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+Test(fp8, bf16_load_keeps_float_scales)
+{
+    check_bf16_load(&FP8_FLOAT);
+}
+
+Test(fp8, bf16_load_keeps_ue8m0_scales)
+{
+    check_bf16_load(&FP8_UE8M0);
+}
+
+/* The fixture with its config.json's quantization_config edited: `from`
+ * replaced by `to`; loading must fail with a message holding `want`. */
+static void check_refused(const char *from, const char *to, const char *want)
+{
+    char dir[512], path[1024], msg[1024];
+    fixture_dir(&FP8_FLOAT, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(path, &len);
+    char *at = strstr(text, from);
+    cr_assert(at, "config.json has no %s", from);
+    char *edited = malloc(len + strlen(to) + 1);
+    size_t head = (size_t)(at - text);
+    memcpy(edited, text, head);
+    strcpy(edited + head, to);
+    strcat(edited, at + strlen(from));
+    test_write_text(path, edited);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
+    cr_assert(strstr(msg, want), "%s: %s", to, msg);
+    free(text);
+    free(edited);
+    test_rmtree(dir);
+}
+
+Test(fp8, configs_it_cannot_compute_are_refused_by_name)
+{
+    check_refused("\"activation_scheme\": \"dynamic\"", "\"activation_scheme\": \"static\"",
+                  "activation_scheme static");
+    check_refused("\"scale_fmt\": \"float\"", "\"scale_fmt\": \"e4m3\"", "scale_fmt e4m3");
+    check_refused("\"quant_method\": \"fp8\"", "\"quant_method\": \"gptq\"",
+                  "quantization_config gptq");
+    check_refused("\"weight_block_size\": [", "\"weight_block_size\": null, \"x\": [",
+                  "weight_block_size");
+    /* a block that does not give the stored grid */
+    check_refused("\"weight_block_size\": [\n      16,", "\"weight_block_size\": [\n      32,",
+                  "scale grid");
+}
+
+Test(fp8, quantizer_writes_transformers_codes_and_scales)
+{
+    /* transformers' Fp8Quantize on one input (ordinary, zero, tiny, huge
+     * blocks, values on E4M3 rounding midpoints), both scale formats */
+    const int64_t rows = FP8_QV_ROWS, cols = FP8_QV_COLS, n = rows * cols;
+    float x[FP8_QV_ROWS * FP8_QV_COLS];
+    memcpy(x, FP8_QV_INPUT_BITS, sizeof x);
+    for (int k = 0; k < 2; k++) {
+        qt_scale_dtype sd = k ? QT_SCALE_E8M0 : QT_SCALE_F32;
+        qt_quant_params p = {.kind = QT_FP8,
+                             .block_rows = FP8_BLOCK_ROWS,
+                             .block_cols = FP8_BLOCK_COLS,
+                             .scale_dtype = sd};
+        qtensor q;
+        char msg[256];
+        cr_assert_eq(qt_quantize(&q, x, rows, cols, &p, msg, sizeof msg), 0, "%s", msg);
+        const uint8_t *want = k ? FP8_QV_UE8M0_CODES : FP8_QV_FLOAT_CODES;
+        for (int64_t i = 0; i < n; i++)
+            cr_assert_eq(q.data[i], want[i], "%s: code %lld (%a): 0x%02x, transformers 0x%02x",
+                         qt_scale_dtype_name(sd), (long long)i, (double)x[i], q.data[i], want[i]);
+        const void *ws =
+            k ? (const void *)FP8_QV_UE8M0_SCALES : (const void *)FP8_QV_FLOAT_SCALE_BITS;
+        size_t sbytes = (size_t)(q.scale_rows * q.scale_cols) * qt_scale_dtype_size(sd);
+        cr_assert_eq(sbytes, k ? sizeof FP8_QV_UE8M0_SCALES : sizeof FP8_QV_FLOAT_SCALE_BITS);
+        cr_assert_eq(memcmp(q.block_scales, ws, sbytes), 0, "%s scales differ",
+                     qt_scale_dtype_name(sd));
+        qt_free(&q);
+    }
+}
