@@ -10,6 +10,7 @@
  * fixtures (fp8_tiny_float/, fp8_tiny_ue8m0/, fp8_reference.h).
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "lora.h"
 #include "model.h"
 #include "modelfile.h"
+#include "qt_math.h"
 #include "qtensor.h"
 #include "run_prompt.h"
 #include "test_util.h"
@@ -469,4 +471,52 @@ Test(fp8, inspect_names_the_kind_and_the_scale_dtype)
                   "model.layers.0.mlp.down_proj.weight_scale_inv: F32 [4, 3]");
     check_inspect(&FP8_UE8M0, "linear layers fp8-b16x32-e8m0", "fp8 (e8m0 scales) x14",
                   "model.layers.0.mlp.down_proj.weight_scale_inv: F8_E8M0 [4, 3], 12 bytes");
+}
+
+/* A grid the block does not divide (DeepSeek's shapes): every element of
+ * the rows' dequantization equals qt_math.h's per-element form (what a
+ * device thread computes from the raw arrays), rows read alone too. */
+Test(fp8, ragged_grid_rows_equal_the_element_function)
+{
+    enum { ROWS = 37, COLS = 70, BR = 16, BC = 32, SR = 3, SC = 3 };
+    uint64_t rng = 5;
+    uint8_t codes[ROWS * COLS], e8m0[SR * SC];
+    float f32[SR * SC];
+    for (int i = 0; i < ROWS * COLS; i++)
+        codes[i] = (uint8_t)(test_rand(&rng) & 0xFF);
+    for (int i = 0; i < SR * SC; i++) {
+        e8m0[i] = (uint8_t)(100 + test_rand(&rng) % 40);
+        f32[i] = 1e-3f * (1.0f + (float)(test_rand(&rng) % 1000));
+    }
+    for (int k = 0; k < 2; k++) {
+        bool is_e8m0 = k == 1;
+        qt_fp8_parts p = {.rows = ROWS,
+                          .cols = COLS,
+                          .block_rows = BR,
+                          .block_cols = BC,
+                          .codes = codes,
+                          .scale_dtype = is_e8m0 ? QT_SCALE_E8M0 : QT_SCALE_F32,
+                          .scales = is_e8m0 ? (const void *)e8m0 : (const void *)f32,
+                          .scale_rows = SR,
+                          .scale_cols = SC};
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_from_fp8(&t, &p, msg, sizeof msg), 0, "%s", msg);
+        float all[ROWS * COLS], one[COLS];
+        qt_dequantize_rows(&t, 0, ROWS, all);
+        for (int r = 0; r < ROWS; r++) {
+            qt_dequantize_rows_ref(&t, r, 1, one);
+            cr_assert_eq(memcmp(one, all + r * COLS, sizeof one), 0, "row %d alone", r);
+            for (int c = 0; c < COLS; c++) {
+                float e = qm_fp8_element(t.data, t.block_scales, is_e8m0, COLS, BR, BC, SC, r, c);
+                cr_assert(same_bits(e, all[r * COLS + c]) || (isnan(e) && isnan(all[r * COLS + c])),
+                          "(%d, %d): %a vs %a", r, c, (double)e, (double)all[r * COLS + c]);
+            }
+        }
+        qt_free(&t);
+        /* a grid of another size is refused by name */
+        p.scale_cols = 2;
+        cr_assert_eq(qt_from_fp8(&t, &p, msg, sizeof msg), QL_EFORMAT);
+        cr_assert(strstr(msg, "scale grid [3, 2]") && strstr(msg, "want [3, 3]"), "%s", msg);
+    }
 }
