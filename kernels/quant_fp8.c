@@ -41,10 +41,39 @@ static void e4m3_table_init(void)
         e4m3_table[b] = qm_e4m3_to_f32((uint8_t)b);
 }
 
-static float block_scale(const qtensor *t, int64_t s)
+const float *qt_fp8_e4m3_table(void)
+{
+    pthread_once(&e4m3_once, e4m3_table_init);
+    return e4m3_table;
+}
+
+float qt_fp8_block_scale(const qtensor *t, int64_t s)
 {
     return t->scale_dtype == QT_SCALE_E8M0 ? qm_e8m0_to_f32(((const uint8_t *)t->block_scales)[s])
                                            : ((const float *)t->block_scales)[s];
+}
+
+/* n codes of one block times its scale through the table, the scalar way. */
+static void dequantize_block(const float *table, const uint8_t *codes, float scale, int64_t n,
+                             float *out)
+{
+    for (int64_t c = 0; c < n; c++)
+        out[c] = table[codes[c]] * scale;
+}
+
+void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, float *out,
+                                 qt_fp8_block_decoder decode)
+{
+    const float *table = qt_fp8_e4m3_table();
+    for (int64_t r = row0; r < row0 + nrows; r++) {
+        const uint8_t *codes = t->data + r * t->cols;
+        float *o = out + (r - row0) * t->cols;
+        const int64_t srow = (r / t->block_rows) * t->scale_cols;
+        for (int64_t c0 = 0, bc = 0; c0 < t->cols; c0 += t->block_cols, bc++) {
+            const int64_t c1 = c0 + t->block_cols < t->cols ? c0 + t->block_cols : t->cols;
+            decode(table, codes + c0, qt_fp8_block_scale(t, srow + bc), c1 - c0, o + c0);
+        }
+    }
 }
 
 /* The same arithmetic as qm_fp8_element (the per-element form a device
@@ -52,18 +81,7 @@ static float block_scale(const qtensor *t, int64_t s)
  * multiply of the code's value by its block's scale. */
 void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
-    pthread_once(&e4m3_once, e4m3_table_init);
-    for (int64_t r = row0; r < row0 + nrows; r++) {
-        const uint8_t *codes = t->data + r * t->cols;
-        float *o = out + (r - row0) * t->cols;
-        const int64_t srow = (r / t->block_rows) * t->scale_cols;
-        for (int64_t c0 = 0, bc = 0; c0 < t->cols; c0 += t->block_cols, bc++) {
-            const float scale = block_scale(t, srow + bc);
-            const int64_t c1 = c0 + t->block_cols < t->cols ? c0 + t->block_cols : t->cols;
-            for (int64_t c = c0; c < c1; c++)
-                o[c] = e4m3_table[codes[c]] * scale;
-        }
-    }
+    qt_fp8_dequantize_rows_with(t, row0, nrows, out, dequantize_block);
 }
 
 /* |v| <= 448 and finite to an E4M3FN byte, round to nearest even, as

@@ -257,6 +257,8 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .quantize = qt_fp8_quantize,
             .dequantize_rows = qt_fp8_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_fp8_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_fp8_avx2,
         },
 };
 

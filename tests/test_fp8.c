@@ -520,3 +520,39 @@ Test(fp8, ragged_grid_rows_equal_the_element_function)
         cr_assert(strstr(msg, "scale grid [3, 2]") && strstr(msg, "want [3, 3]"), "%s", msg);
     }
 }
+
+/* The fast product (AVX2 where this CPU has it) against the scalar
+ * reference within f32 rounding, and a row of x gives the same bits alone
+ * as in a batch; the fast dequantization gives the reference's bits. */
+Test(fp8, fast_product_agrees_with_the_reference)
+{
+    enum { ROWS = 37, COLS = 70, BATCH = 5 };
+    uint64_t rng = 9;
+    float w[ROWS * COLS], x[BATCH * COLS];
+    for (int i = 0; i < ROWS * COLS; i++)
+        w[i] = 0.1f * test_normal(&rng);
+    for (int i = 0; i < BATCH * COLS; i++)
+        x[i] = test_normal(&rng);
+    for (int k = 0; k < 2; k++) {
+        qt_quant_params p = {.kind = QT_FP8,
+                             .block_rows = 16,
+                             .block_cols = 32,
+                             .scale_dtype = k ? QT_SCALE_E8M0 : QT_SCALE_F32};
+        qtensor t;
+        char msg[256];
+        cr_assert_eq(qt_quantize(&t, w, ROWS, COLS, &p, msg, sizeof msg), 0, "%s", msg);
+        float fast[BATCH * ROWS], ref[BATCH * ROWS], alone[ROWS];
+        qt_matmul(&t, x, BATCH, fast, 0, ROWS);
+        qt_matmul_ref(&t, x, BATCH, ref, 0, ROWS);
+        test_diff d = test_diff_f32(fast, ref, BATCH * ROWS);
+        cr_assert(test_diff_rel(&d) <= 1e-5, "%s path off the reference by %g", qt_cpu_path(),
+                  test_diff_rel(&d));
+        qt_matmul(&t, x + 3 * COLS, 1, alone, 0, ROWS);
+        cr_assert_eq(memcmp(alone, fast + 3 * ROWS, sizeof alone), 0, "batched differs from alone");
+        float dq_fast[ROWS * COLS], dq_ref[ROWS * COLS];
+        qt_dequantize_rows(&t, 0, ROWS, dq_fast);
+        qt_dequantize_rows_ref(&t, 0, ROWS, dq_ref);
+        cr_assert_eq(memcmp(dq_fast, dq_ref, sizeof dq_ref), 0);
+        qt_free(&t);
+    }
+}

@@ -114,6 +114,23 @@ void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, fl
 int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                     const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
+ * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
+const float *qt_fp8_e4m3_table(void);
+float qt_fp8_block_scale(const qtensor *t, int64_t s);
+/* Decode n codes of one block: out[c] = table[codes[c]] * scale, every
+ * decoder the same bits. qt_fp8_dequantize_rows_with walks rows and blocks
+ * and hands each block to decode (the scalar and AVX2 rows differ only
+ * there). */
+typedef void (*qt_fp8_block_decoder)(const float *table, const uint8_t *codes, float scale,
+                                     int64_t n, float *out);
+void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, float *out,
+                                 qt_fp8_block_decoder decode);
+/* FP8's AVX2 entries (matmul_fp8_avx2.c): the scalar dequantization's
+ * bits; the product within f32 rounding of the scalar one. */
+void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).
