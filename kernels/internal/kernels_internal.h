@@ -9,8 +9,9 @@
  *   quant_*.c,      each kind's quantizer and scalar dequantization, its
  *   matmul_avx2.c,  AVX2 kernels and quantizers, the scalar attention loop;
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
- *   attend_ref.c    quant_bnb4.c (qt_block_absmax) and attend_ref.c, and
- *                   quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with);
+ *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
+ *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
+ *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
