@@ -556,3 +556,17 @@ Test(fp8, fast_product_agrees_with_the_reference)
         qt_free(&t);
     }
 }
+
+/* `qlserve quantize` never takes an FP8 checkpoint's block scales (2-D
+ * floats) for weights: the file is refused as already quantized. */
+Test(fp8, quantize_refuses_an_fp8_file)
+{
+    char path[1024], out[600], dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fp8_tiny_float/model.safetensors", QL_FIXTURES);
+    eng_quantize_opts o = {.in_path = path, .out_path = out, .kind = "nf4"};
+    cr_assert_eq(eng_quantize_file(&o, NULL, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "is F8_E4M3: the file is already quantized (fp8"), "%s", msg);
+    test_rmtree(dir);
+}
