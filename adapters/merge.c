@@ -46,6 +46,12 @@
  *                   back exactly, but a block whose largest level is
  *                   below 8 (4.0 in E2M1) takes the next smaller scale
  *                   and doubled levels: the same values, other bytes.
+ *   FP8             the same block (weight_block_size) and scale dtype (f32
+ *                   or UE8M0), requantized by transformers' Fp8Quantize
+ *                   rule, the scale recomputed per block; neither width is
+ *                   idempotent at the last bit (an f32 scale recomputed
+ *                   from 448 * scale can move by an ulp; a UE8M0 block whose
+ *                   largest code is 224 takes the power of two below).
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -202,6 +208,19 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     if (!qt_traits_table[w->kind].is_gguf)
         return wrong_family(w, "GGUF", msg, msg_len);
     p->kind = w->kind;
+    return QL_OK;
+}
+
+/* FP8: requantized per block in the weight's own block and scale dtype
+ * (f32 or UE8M0), as transformers' Fp8Quantize writes them. */
+static int fp8_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
+{
+    if (w->kind != QT_FP8)
+        return wrong_family(w, "fp8", msg, msg_len);
+    p->kind = QT_FP8;
+    p->block_rows = w->block_rows;
+    p->block_cols = w->block_cols;
+    p->scale_dtype = w->scale_dtype;
     return QL_OK;
 }
 
@@ -694,6 +713,7 @@ MERGE_FAMILY(merge_dense, dense_params)
 MERGE_FAMILY(merge_bnb4, bnb4_params)
 MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
+MERGE_FAMILY(merge_fp8, fp8_params)
 
 /* --- the table ---------------------------------------------------------- */
 
@@ -717,6 +737,7 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_IQ4_NL] = {.kind = "iq4_nl", .merge = merge_gguf},
     [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_gguf},
     [QT_MXFP4] = {.kind = "mxfp4", .merge = merge_gguf},
+    [QT_FP8] = {.kind = "fp8", .merge = merge_fp8},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -731,7 +752,7 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and mxfp4",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4 and fp8",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

@@ -101,22 +101,30 @@ static int inspect_safetensors(const char *path, FILE *out, char *msg, size_t ms
 
 /* --- models ------------------------------------------------------------------ */
 
+/* FP8 weights with UE8M0 scales are counted apart, after every kind. */
+#define COUNT_FP8_E8M0 QT_KIND_COUNT
+
 static void count_kind(const qtensor *t, void *counts)
 {
-    ((int *)counts)[t->kind]++;
+    bool e8m0 = t->kind == QT_FP8 && t->scale_dtype == QT_SCALE_E8M0;
+    ((int *)counts)[e8m0 ? COUNT_FP8_E8M0 : (int)t->kind]++;
 }
 
-/* Count the kinds of the weights a model holds: "q4_1 x210, f32 x61". */
+/* Count the kinds of the weights a model holds: "q4_1 x210, f32 x61";
+ * FP8 with its scales' dtype: "fp8 (e8m0 scales) x14". */
 static void count_kinds(const eng_model *m, char *buf, size_t len)
 {
-    int counts[QT_KIND_COUNT] = {0};
+    int counts[QT_KIND_COUNT + 1] = {0};
     eng_model_each_tensor(m, count_kind, counts);
     size_t n = 0;
     buf[0] = '\0';
-    for (int k = 0; k < QT_KIND_COUNT && n < len; k++)
+    for (int k = 0; k <= QT_KIND_COUNT && n < len; k++) {
+        const char *name = k == COUNT_FP8_E8M0 ? "fp8 (e8m0 scales)"
+                           : k == QT_FP8       ? "fp8 (f32 scales)"
+                                               : qt_kind_name((qt_kind)k);
         if (counts[k])
-            n += (size_t)snprintf(buf + n, len - n, "%s%s x%d", n ? ", " : "",
-                                  qt_kind_name((qt_kind)k), counts[k]);
+            n += (size_t)snprintf(buf + n, len - n, "%s%s x%d", n ? ", " : "", name, counts[k]);
+    }
 }
 
 static const char *rope_scaling_name(eng_rope_scaling r)

@@ -267,15 +267,25 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
     return QL_OK;
 }
 
-/* QL_EINVAL when the file already holds bitsandbytes quant state. */
+/* QL_EINVAL when the file already holds bitsandbytes quant state, or FP8
+ * codes and their block scales (transformers' finegrained FP8): the
+ * scales are 2-D floats, and quantizing them as weights would misread the
+ * checkpoint. */
 static int refuse_quantized(const st_file *in, const char *path, char *msg, size_t msg_len)
 {
-    for (size_t i = 0; i < in->n_tensors; i++)
-        if (strstr(in->tensors[i].name, CLI_BNB_QUANT_STATE))
+    for (size_t i = 0; i < in->n_tensors; i++) {
+        const st_tensor *t = &in->tensors[i];
+        if (strstr(t->name, CLI_BNB_QUANT_STATE))
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' shows the file is already quantized by "
                            "bitsandbytes; quantizing it again would lose precision",
-                           path, in->tensors[i].name);
+                           path, t->name);
+        if (t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E8M0)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: tensor '%s' is %s: the file is already quantized (fp8, its "
+                           "block scales beside it); quantizing it again would lose precision",
+                           path, t->name, st_dtype_name(t->dtype));
+    }
     return QL_OK;
 }
 

@@ -26,8 +26,26 @@ const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT] = {
     [QT_Q5_K] = {QT_GEOMETRY_Q5_K},     [QT_Q6_K] = {QT_GEOMETRY_Q6_K},
     [QT_Q2_K] = {QT_GEOMETRY_Q2_K},     [QT_Q3_K] = {QT_GEOMETRY_Q3_K},
     [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL}, [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS},
-    [QT_MXFP4] = {QT_GEOMETRY_MXFP4},
+    [QT_MXFP4] = {QT_GEOMETRY_MXFP4},   [QT_FP8] = {QT_GEOMETRY_FP8},
 };
+
+const char *qt_scale_dtype_name(qt_scale_dtype d)
+{
+    return d == QT_SCALE_E8M0 ? "e8m0" : "f32";
+}
+
+size_t qt_scale_dtype_size(qt_scale_dtype d)
+{
+    return d == QT_SCALE_E8M0 ? 1 : sizeof(float);
+}
+
+/* Bytes of an FP8 tensor's block scales (0 for any other kind). */
+static size_t block_scale_bytes(const qtensor *t)
+{
+    return t->block_scales
+               ? (size_t)(t->scale_rows * t->scale_cols) * qt_scale_dtype_size(t->scale_dtype)
+               : 0;
+}
 
 int qt_kind_from_name(const char *name)
 {
@@ -96,6 +114,7 @@ void qt_free(qtensor *t)
     free(t->nested_absmax);
     free(t->scales);
     free(t->zeros);
+    free(t->block_scales);
     memset(t, 0, sizeof *t);
 }
 
@@ -121,6 +140,7 @@ int qt_clone(qtensor *out, const qtensor *src)
     out->nested_absmax = NULL;
     out->scales = NULL;
     out->zeros = NULL;
+    out->block_scales = NULL;
     size_t nq = (size_t)(src->rows * src->groups_per_row) * sizeof(float);
     int rc = dup_array((void **)&out->data, src->data, src->data_bytes);
     if (rc == QL_OK)
@@ -134,6 +154,8 @@ int qt_clone(qtensor *out, const qtensor *src)
         rc = dup_array((void **)&out->scales, src->scales, nq);
     if (rc == QL_OK)
         rc = dup_array((void **)&out->zeros, src->zeros, nq);
+    if (rc == QL_OK)
+        rc = dup_array(&out->block_scales, src->block_scales, block_scale_bytes(src));
     if (rc != QL_OK)
         qt_free(out);
     return rc;
@@ -148,5 +170,5 @@ size_t qt_nbytes(const qtensor *t)
         n += (size_t)t->n_blocks + (size_t)t->n_nested_blocks * sizeof(float);
     if (t->scales)
         n += 2 * (size_t)(t->rows * t->groups_per_row) * sizeof(float);
-    return n;
+    return n + block_scale_bytes(t);
 }

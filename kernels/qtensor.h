@@ -57,6 +57,16 @@
  *                   place, quantized by quantize_row_mxfp4_ref's rule byte
  *                   for byte. GPT-OSS's Hugging Face `_blocks` / `_scales`
  *                   pairs become such blocks through qt_from_mxfp4_hf.
+ *   FP8             transformers' finegrained FP8 (quant_method "fp8", the
+ *                   layout of DeepSeek's and Qwen3-*-FP8's releases): one
+ *                   E4M3FN byte per element, row-major, and a
+ *                   `weight_scale_inv` per block_rows x block_cols block
+ *                   (weight_block_size) over a ceil(rows / block_rows) x
+ *                   ceil(cols / block_cols) grid, stored as the checkpoint
+ *                   stored it: f32 (scale_fmt "float") or one UE8M0 byte
+ *                   (scale_fmt "ue8m0", safetensors F8_E8M0). w = f32(code)
+ *                   * f32(scale), one f32 multiply, as transformers'
+ *                   Fp8Dequantize; read in place from the mapped file.
  *   F32 F16 BF16    dense row-major.
  *
  * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
@@ -100,6 +110,7 @@ typedef enum qt_kind {
     QT_IQ4_NL,
     QT_IQ4_XS,
     QT_MXFP4,
+    QT_FP8,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -108,6 +119,12 @@ typedef enum qt_zero_domain {
     QT_ZERO_INT = 0, /* w = (q - zero) * scale, zero an integer in [qmin, qmax] */
     QT_ZERO_FLOAT,   /* w = (q - mid) * scale + zero, mid = (qmin + qmax + 1) / 2 */
 } qt_zero_domain;
+
+/* The dtype an FP8 tensor's block scales are stored in (and stay in). */
+typedef enum qt_scale_dtype {
+    QT_SCALE_F32 = 0, /* float32, transformers' scale_fmt "float" */
+    QT_SCALE_E8M0,    /* one UE8M0 byte, 2^(e - 127): scale_fmt "ue8m0" */
+} qt_scale_dtype;
 
 /* What quantizing asks for. Zero-initialise, then set kind and what applies. */
 typedef struct qt_quant_params {
@@ -135,6 +152,10 @@ typedef struct qt_quant_params {
     /* AFFINE: the smallest scale allowed (torchao's eps); 0 means FLT_EPSILON,
      * as torchao's int8 weight-only uses; its int4 weight-only uses 1e-6. */
     float eps;
+    /* FP8: the block (weight_block_size); 0 means 128 (transformers'
+     * default); and the scales' dtype. */
+    int32_t block_rows, block_cols;
+    qt_scale_dtype scale_dtype;
 } qt_quant_params;
 
 /*
@@ -174,6 +195,13 @@ typedef struct qtensor {
     float *scales;     /* rows * groups_per_row */
     float *zeros;      /* rows * groups_per_row; integer valued in the int domain */
     size_t row_stride; /* bytes per row of codes */
+
+    /* FP8: codes in data (rows * cols E4M3 bytes), one scale per block of
+     * block_rows x block_cols over a scale_rows x scale_cols grid */
+    int32_t block_rows, block_cols;
+    int64_t scale_rows, scale_cols;
+    qt_scale_dtype scale_dtype;
+    void *block_scales; /* scale_rows * scale_cols f32 or UE8M0 bytes, owned */
 } qtensor;
 
 /*
@@ -429,6 +457,27 @@ typedef struct qt_bnb4_parts {
  * finite; msg names the part that does not fit.
  */
 int qt_from_bnb4(qtensor *out, const qt_bnb4_parts *parts, char *msg, size_t msg_len);
+
+/* The parts of a finegrained FP8 tensor as a checkpoint stores them,
+ * borrowed for the call. qt_from_fp8 keeps codes borrowed when
+ * borrow_codes (the caller's mapping outlives the tensor) and copies the
+ * scales. The grid must be ceil(rows / block_rows) x ceil(cols /
+ * block_cols); msg names what does not fit. */
+typedef struct qt_fp8_parts {
+    int64_t rows, cols;
+    int32_t block_rows, block_cols;
+    const uint8_t *codes; /* rows * cols E4M3FN bytes */
+    bool borrow_codes;
+    qt_scale_dtype scale_dtype;
+    const void *scales; /* scale_rows * scale_cols, f32 (any alignment) or bytes */
+    int64_t scale_rows, scale_cols;
+} qt_fp8_parts;
+
+int qt_from_fp8(qtensor *out, const qt_fp8_parts *parts, char *msg, size_t msg_len);
+
+/* "f32" or "e8m0" (what `qlserve inspect` prints), and the bytes of one scale. */
+const char *qt_scale_dtype_name(qt_scale_dtype d);
+size_t qt_scale_dtype_size(qt_scale_dtype d);
 
 /* The absmax an NF4/FP4 tensor dequantizes block b with (double
  * quantization undone). */

@@ -251,6 +251,15 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_q8_vnni = qt_matmul_q8_mxfp4_vnni,
             .dequantize_rows_avx2 = qt_dequantize_rows_mxfp4_avx2,
         },
+    [QT_FP8] =
+        {
+            QT_GEOMETRY_FP8,
+            .quantize = qt_fp8_quantize,
+            .dequantize_rows = qt_fp8_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_fp8_avx2,
+            .dequantize_rows_avx2 = qt_dequantize_rows_fp8_avx2,
+        },
 };
 
 /* The first NaN or Inf in src, or -1. Chunks of 1024 are first checked

@@ -147,6 +147,7 @@ typedef enum st_dtype {
     ST_F64,
     ST_F8_E4M3,
     ST_F8_E5M2,
+    ST_F8_E8M0, /* torch.float8_e8m0fnu: a power of two, 2^(e - 127) */
     ST_DTYPE_COUNT
 } st_dtype;
 

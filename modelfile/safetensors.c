@@ -34,11 +34,12 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_info[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1},           [ST_I8] = {"I8", 1},
-    [ST_U16] = {"U16", 2},   [ST_I16] = {"I16", 2},         [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2}, [ST_U32] = {"U32", 4},         [ST_I32] = {"I32", 4},
-    [ST_F32] = {"F32", 4},   [ST_U64] = {"U64", 8},         [ST_I64] = {"I64", 8},
-    [ST_F64] = {"F64", 8},   [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
+    [ST_BOOL] = {"BOOL", 1},       [ST_U8] = {"U8", 1},           [ST_I8] = {"I8", 1},
+    [ST_U16] = {"U16", 2},         [ST_I16] = {"I16", 2},         [ST_F16] = {"F16", 2},
+    [ST_BF16] = {"BF16", 2},       [ST_U32] = {"U32", 4},         [ST_I32] = {"I32", 4},
+    [ST_F32] = {"F32", 4},         [ST_U64] = {"U64", 8},         [ST_I64] = {"I64", 8},
+    [ST_F64] = {"F64", 8},         [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
+    [ST_F8_E8M0] = {"F8_E8M0", 1},
 };
 
 const char *st_dtype_name(st_dtype dt)

@@ -40,6 +40,13 @@ typedef struct ref_layer {
     double **delta;
 } ref_layer;
 
+/* Projection p's dequantized weight in r (borrowed from r). */
+static inline const float *ref_proj(const ref_layer *r, eng_proj p)
+{
+    const float *w[ENG_N_PROJ] = {r->wq, r->wk, r->wv, r->wo, r->w_gate, r->w_up, r->w_down};
+    return w[p];
+}
+
 /* The model's weights dequantized to f32, row-major [rows, cols]. */
 typedef struct ref_model {
     eng_config c;

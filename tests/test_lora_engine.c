@@ -186,12 +186,6 @@ static void rig_step(rig *g, const eng_step_seq *seqs, int32_t n, float *logits,
 /* --- 1. unmerged and merged against the float64 reference, every kind --------- */
 
 /* Projection p of a reference layer: the dequantized weight. */
-static const float *ref_proj(const ref_layer *r, eng_proj p)
-{
-    const float *w[ENG_N_PROJ] = {r->wq, r->wk, r->wv, r->wo, r->w_gate, r->w_up, r->w_down};
-    return w[p];
-}
-
 /*
  * How far a correct merge may be from W + delta, as a fraction of |delta|
  * (assert_merge_adds_delta). Codes of 8 bits or more (f32, f16, bf16, Q8_0,

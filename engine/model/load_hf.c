@@ -542,6 +542,46 @@ static int parse_olmo3_config(const char *path, const cJSON *j, eng_config *c, c
     return rc;
 }
 
+/* transformers' finegrained FP8 (FineGrainedFP8Config): F8_E4M3 weights
+ * with a weight_scale_inv per weight_block_size block, read as stored
+ * (st_fp8_qtensor); the modules it left dense (modules_to_not_convert)
+ * have no scale and load as any dense tensor. What qlserve does not
+ * compute is refused by name: static activation scales, a per-tensor
+ * scale (no weight_block_size), FP4 experts, a scale_fmt other than
+ * float and ue8m0. */
+static int parse_fp8_config(model_loader *L, const char *path, const cJSON *qc, char *msg,
+                            size_t msg_len)
+{
+    const char *act = mf_json_str(qc, "activation_scheme");
+    if (act && strcmp(act, "dynamic") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config activation_scheme %s is not supported (fp8 "
+                       "checkpoints with dynamic activation scales are)",
+                       path, act);
+    const char *fmt = mf_json_str(qc, "scale_fmt");
+    if (fmt && strcmp(fmt, "float") != 0 && strcmp(fmt, "ue8m0") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config scale_fmt %s is not float or ue8m0", path, fmt);
+    const char *experts = mf_json_str(qc, "expert_dtype");
+    if (experts && strcmp(experts, "fp8") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config expert_dtype %s is not supported (fp8 is)", path,
+                       experts);
+    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(qc, "weight_block_size");
+    int64_t b[2];
+    if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 ||
+        !mf_json_integer(cJSON_GetArrayItem(bs, 0), 1, 1 << 20, &b[0]) ||
+        !mf_json_integer(cJSON_GetArrayItem(bs, 1), 1, 1 << 20, &b[1]))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config weight_block_size must be two positive "
+                       "integers (per-tensor fp8 scales are not supported)",
+                       path);
+    L->fp8_checkpoint = true;
+    L->fp8_block[0] = (int32_t)b[0];
+    L->fp8_block[1] = (int32_t)b[1];
+    return QL_OK;
+}
+
 /* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
  * (llama_4_scaling_beta) and period (original_max_position_embeddings)
  * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
@@ -695,13 +735,19 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         L->mxfp4_experts = true;
         qc = NULL;
     }
+    if (qm && strcmp(qm, "fp8") == 0) {
+        rc = parse_fp8_config(L, path, qc, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        qc = NULL;
+    }
     if (qc) {
         const char *method = mf_json_str(qc, "quant_method");
         if (!method || strcmp(method, "bitsandbytes") != 0 ||
             !mf_json_bool(qc, "load_in_4bit", false))
             return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, and "
-                           "GPT-OSS's mxfp4, are)",
+                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
+                           "finegrained fp8, and GPT-OSS's mxfp4, are)",
                            path, method ? method : "(no quant_method)");
         const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
         if (!type)
@@ -739,6 +785,57 @@ static const st_file *bnb_shard(const model_loader *L, const char *name)
     return NULL;
 }
 
+/* The `<name>_scale_inv` of a finegrained FP8 checkpoint's tensor, or NULL
+ * (a module the checkpoint left dense: modules_to_not_convert). */
+static const st_tensor *fp8_scale_of(const model_loader *L, const char *name, const st_file **sf)
+{
+    char scale_name[512];
+    if (!L->fp8_checkpoint ||
+        (size_t)snprintf(scale_name, sizeof scale_name, "%s_scale_inv", name) >= sizeof scale_name)
+        return NULL;
+    return find_st(L, scale_name, sf);
+}
+
+/* An FP8 weight (F8_E4M3 [rows, cols]) with its block scales (F32 or
+ * F8_E8M0, the grid of weight_block_size): the codes read in place from
+ * the mapping, the scales copied in their stored dtype, never converted;
+ * whatever --quant and --dtype say (they apply to what the checkpoint left
+ * dense). Another dtype, rank or grid is refused naming both tensors. */
+static int load_fp8_tensor(const model_loader *L, const st_file *f, const st_tensor *t,
+                           const st_file *sf, const st_tensor *s, int64_t want_rows,
+                           int64_t want_cols, qtensor *out, char *msg, size_t msg_len)
+{
+    if (t->dtype != ST_F8_E4M3 || t->ndim != 2)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: fp8 weight '%s' is %s with %d dimensions; expected a F8_E4M3 matrix",
+                       f->path, t->name, st_dtype_name(t->dtype), t->ndim);
+    if ((s->dtype != ST_F32 && s->dtype != ST_F8_E8M0) || s->ndim != 2)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: fp8 scale '%s' is %s with %d dimensions; expected a F32 or F8_E8M0 "
+                       "matrix (weight_scale_inv per block)",
+                       sf->path, s->name, st_dtype_name(s->dtype), s->ndim);
+    if (t->shape[0] != want_rows || t->shape[1] != want_cols)
+        return model_shape_mismatch(f->path, t->name, t->shape[0], t->shape[1], want_rows,
+                                    want_cols, msg, msg_len);
+    qt_fp8_parts p = {
+        .rows = t->shape[0],
+        .cols = t->shape[1],
+        .block_rows = L->fp8_block[0],
+        .block_cols = L->fp8_block[1],
+        .codes = t->data,
+        .borrow_codes = true, /* the shards stay mapped as long as the model */
+        .scale_dtype = s->dtype == ST_F8_E8M0 ? QT_SCALE_E8M0 : QT_SCALE_F32,
+        .scales = s->data,
+        .scale_rows = s->shape[0],
+        .scale_cols = s->shape[1],
+    };
+    char why[256];
+    int rc = qt_from_fp8(out, &p, why, sizeof why);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, rc, "%s: '%s' with '%s': %s", f->path, t->name, s->name, why);
+    return QL_OK;
+}
+
 /* Load HF tensor `name` of shape [rows, cols] (cols == 0: 1-D of rows). */
 static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols,
                           tensor_role role, qtensor *out, char *msg, size_t msg_len)
@@ -763,6 +860,10 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     const st_tensor *t = find_st(L, name, &f);
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
+    const st_file *sf = NULL;
+    const st_tensor *scale = role != ROLE_DENSE ? fp8_scale_of(L, name, &sf) : NULL;
+    if (scale)
+        return load_fp8_tensor(L, f, t, sf, scale, want_rows, want_cols, out, msg, msg_len);
     /* a 3-D stack (experts) is read as the rows of its first two dims */
     bool stacked = role == ROLE_FUSED && t->ndim == 3;
     if (t->ndim != (one_d ? 1 : 2) && !stacked)
@@ -899,7 +1000,9 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     if (rc != QL_OK)
         return rc;
     snprintf(m->format, sizeof m->format, "%s",
-             L->bnb_checkpoint ? "bitsandbytes-4bit" : "safetensors");
+             L->bnb_checkpoint   ? "bitsandbytes-4bit"
+             : L->fp8_checkpoint ? "fp8"
+                                 : "safetensors");
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -49,6 +49,9 @@ static void describe_quant(eng_model *m)
         snprintf(m->quant, sizeof m->quant, "int%d-channel", w->bits);
     else if (w->kind == QT_AFFINE)
         snprintf(m->quant, sizeof m->quant, "int%d-g%d", w->bits, w->group_size);
+    else if (w->kind == QT_FP8) /* the block and the scales' stored dtype */
+        snprintf(m->quant, sizeof m->quant, "fp8-b%dx%d-%s", w->block_rows, w->block_cols,
+                 qt_scale_dtype_name(w->scale_dtype));
     else if (w->kind == QT_NF4 || w->kind == QT_FP4)
         snprintf(m->quant, sizeof m->quant, "%s%s-b%d", qt_kind_name(w->kind),
                  w->nested ? "-dq" : "", w->blocksize);

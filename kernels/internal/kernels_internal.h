@@ -9,8 +9,9 @@
  *   quant_*.c,      each kind's quantizer and scalar dequantization, its
  *   matmul_avx2.c,  AVX2 kernels and quantizers, the scalar attention loop;
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
- *   attend_ref.c    quant_bnb4.c (qt_block_absmax) and attend_ref.c, and
- *                   quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with);
+ *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
+ *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
+ *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -67,6 +68,9 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_IQ4_XS .name = "iq4_xs", .block_size = 256, .block_bytes = 136, .is_gguf = true
 /* block_mxfp4: an E8M0 scale byte, 16 bytes of FP4 nibbles (qt_quant_math.h) */
 #define QT_GEOMETRY_MXFP4 .name = "mxfp4", .block_size = 32, .block_bytes = 17, .is_gguf = true
+/* transformers' finegrained FP8: one E4M3 byte per element, block scales
+ * apart (block_size 1: the block grid is per tensor) */
+#define QT_GEOMETRY_FP8 .name = "fp8", .block_size = 1, .block_bytes = 1
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
 
@@ -106,6 +110,28 @@ int qt_bnb4_quantize_with(qtensor *t, const float *src, int64_t rows, int64_t co
 int qt_affine_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+
+/* FP8 E4M3 with block scales, transformers' finegrained FP8 (quant_fp8.c) */
+int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                    const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
+ * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
+const float *qt_fp8_e4m3_table(void);
+float qt_fp8_block_scale(const qtensor *t, int64_t s);
+/* Decode n codes of one block: out[c] = table[codes[c]] * scale, every
+ * decoder the same bits. qt_fp8_dequantize_rows_with walks rows and blocks
+ * and hands each block to decode (the scalar and AVX2 rows differ only
+ * there). */
+typedef void (*qt_fp8_block_decoder)(const float *table, const uint8_t *codes, float scale,
+                                     int64_t n, float *out);
+void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, float *out,
+                                 qt_fp8_block_decoder decode);
+/* FP8's AVX2 entries (matmul_fp8_avx2.c): the scalar dequantization's
+ * bits; the product within f32 rounding of the scalar one. */
+void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).

@@ -549,4 +549,44 @@ QL_HD float qm_q8_0_split_element(const uint8_t *qs, const uint16_t *d, int64_t 
     return qm_q8_0_chunk_value(qs + b * QM_Q8_QS_BYTES, (int)(e % QM_GGUF_QK), qm_f16_to_f32(d[b]));
 }
 
+/* --- FP8 E4M3 with a block-scale grid (transformers' finegrained FP8) ----
+ * An E4M3FN byte (OCP FP8: sign, 4 exponent bits biased by 7, 3 mantissa
+ * bits, no infinities, S.1111.111 NaN) widened to f32 exactly, as torch's
+ * .to(torch.float32); a UE8M0 scale byte (torch.float8_e8m0fnu: 2^(e - 127),
+ * 0xFF NaN, 0x00 the f32 subnormal 2^-127) widened exactly too. The value
+ * is one f32 multiply, code * scale, the order of transformers'
+ * Fp8Dequantize._dequantize_one (q * s in float32). */
+QL_HD float qm_e4m3_to_f32(uint8_t b)
+{
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    uint32_t exp = (b >> 3) & 0xFu, man = b & 0x7u;
+    if (exp == 0xFu && man == 0x7u) /* NaN, its mantissa kept as torch keeps it */
+        return qm_bits_f32(sign | 0x7F800000u | (man << 20));
+    if (exp == 0) {                          /* subnormal: man / 8 * 2^-6, exact in f32 */
+        float v = (float)man * 0.001953125f; /* 2^-9 */
+        return sign ? -v : v;
+    }
+    return qm_bits_f32(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+QL_HD float qm_e8m0_to_f32(uint8_t e)
+{
+    if (e == 0xFFu)
+        return qm_bits_f32(0x7FC00000u);
+    return qm_bits_f32(e == 0 ? 0x00400000u : (uint32_t)e << 23);
+}
+
+/* Element (r, c) of an FP8 tensor: codes row-major, scales one per
+ * block_rows x block_cols block over a grid of scale_cols columns, f32 or
+ * UE8M0 bytes (e8m0). */
+QL_HD float qm_fp8_element(const uint8_t *codes, const void *scales, bool e8m0, int64_t cols,
+                           int32_t block_rows, int32_t block_cols, int64_t scale_cols, int64_t r,
+                           int64_t c)
+{
+    int64_t s = (r / block_rows) * scale_cols + c / block_cols;
+    float scale = e8m0 ? qm_e8m0_to_f32(((const uint8_t *)scales)[s]) : ((const float *)scales)[s];
+    float q = qm_e4m3_to_f32(codes[r * cols + c]);
+    return q * scale;
+}
+
 #endif

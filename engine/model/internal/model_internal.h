@@ -32,13 +32,15 @@
 typedef struct model_loader {
     const eng_load_opts *o;
     eng_model *m;
-    char dir[4096];      /* the folder (HF) */
-    bool quantize;       /* a quant kind was asked for */
-    qt_quant_params qp;  /* ... and its parameters */
-    bool bnb_checkpoint; /* config.json says bitsandbytes 4-bit */
-    bool mxfp4_experts;  /* config.json says mxfp4: GPT-OSS's experts as _blocks / _scales */
-    char bnb_type[8];    /* "nf4" / "fp4" from quantization_config */
-    qt_kind dtype;       /* target dense kind, or QT_KIND_COUNT to keep */
+    char dir[4096];       /* the folder (HF) */
+    bool quantize;        /* a quant kind was asked for */
+    qt_quant_params qp;   /* ... and its parameters */
+    bool bnb_checkpoint;  /* config.json says bitsandbytes 4-bit */
+    bool mxfp4_experts;   /* config.json says mxfp4: GPT-OSS's experts as _blocks / _scales */
+    char bnb_type[8];     /* "nf4" / "fp4" from quantization_config */
+    bool fp8_checkpoint;  /* config.json says transformers' finegrained fp8 */
+    int32_t fp8_block[2]; /* its weight_block_size: rows, cols of a scale's block */
+    qt_kind dtype;        /* target dense kind, or QT_KIND_COUNT to keep */
 } model_loader;
 
 /* What a tensor is to the loader: a dense parameter (norms, biases), a
