@@ -62,6 +62,7 @@ typedef enum eng_arch {
      * YaRN and Llama 4's position-dependent query scaling (eng_config's
      * attn_temp_beta) */
     ENG_ARCH_MINISTRAL3,
+    ENG_ARCH_GEMMA4, /* Gemma 4's text model, without the options load_hf.c refuses */
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -76,12 +77,9 @@ typedef enum eng_router {
     ENG_ROUTER_TOPK_SOFTMAX,
 } eng_router;
 
-/* The most layers a mixture-of-experts model may have (eng_config's
- * dense_layers bitmap). */
-#define ENG_MAX_MOE_LAYERS 1024
-
-/* The most layers a model with layers that skip RoPE may have
- * (eng_config's nope_layers bitmap). */
+/* The most layers a mixture-of-experts model (eng_config's dense_layers
+ * bitmap), and one with layers that skip RoPE (nope_layers), may have. */
+#define ENG_MAX_MOE_LAYERS  1024
 #define ENG_MAX_NOPE_LAYERS 1024
 
 /* The gated unit of the MLP: silu(gate) * up (SwiGLU), Gemma's
@@ -93,8 +91,7 @@ typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI }
 /* The most tokens besides eos_token_id that end an answer (eng_config). */
 #define ENG_MAX_EOG 7
 
-/* The most rotary pairs a model may carry frequency factors for (head dim
- * 512, the forward pass's limit, engine/runtime/forward.c). */
+/* The most rotary pairs with frequency factors (head dim 512, forward.c's). */
 #define ENG_MAX_ROPE_FREQ_FACTORS 256
 
 typedef enum eng_rope_scaling {
@@ -109,6 +106,7 @@ typedef enum eng_rope_scaling {
      * factor by a ramp over the pairs between the beta_fast and beta_slow
      * correction dims, cos/sin times rope_attn_factor (eng_config) */
     ENG_ROPE_YARN,
+    ENG_ROPE_PROPORTIONAL, /* Gemma 4's full layers (step.c's eng_rope_inv_freq) */
 } eng_rope_scaling;
 
 /* What a model is, from config.json or GGUF metadata. */
@@ -185,6 +183,10 @@ typedef struct eng_config {
      * beta 0: none */
     float attn_temp_beta;
     int32_t attn_temp_floor;
+    /* Gemma 4: the pairs ENG_ROPE_PROPORTIONAL turns; v through a weightless
+     * RMSNorm per head; each layer's output times its eng_layer.layer_scalar */
+    int32_t rope_prop_pairs;
+    bool v_norm, layer_scalar;
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -297,6 +299,7 @@ typedef struct eng_layer {
      * gate, up and down biases [n_experts, expert_ff] twice and
      * [n_experts, hidden], dense */
     qtensor router_b, expert_b[3];
+    qtensor layer_scalar; /* Gemma 4's [1, 1] (eng_config's layer_scalar); rows 0: none */
 } eng_layer;
 
 /*

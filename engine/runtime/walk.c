@@ -79,6 +79,18 @@ static int scale_queries(const eng_walk_backend *b, const eng_step_seq *seqs, in
     return scale_rows(b, q, run0, r, run_f, msg, msg_len);
 }
 
+/* Gemma 4: the residual stream times layer l's layer_scalar (read from the
+ * model's host copy each step: one float; nothing to do when it is 1). */
+static int scale_layer_output(const eng_walk_backend *b, int32_t l, int64_t n, char *msg,
+                              size_t msg_len)
+{
+    float s = 1.0f;
+    qt_dequantize_rows(&b->m->layers[l].layer_scalar, 0, 1, &s);
+    if (s == 1.0f)
+        return QL_OK;
+    return b->ops->scale(b->be, b->x, n, s, msg, msg_len);
+}
+
 /* A failure inside layer l (l < 0: around the layers): its code, with the
  * layer put before the operation's sentence. */
 static int failed(int rc, int32_t l, char *msg, size_t msg_len)
@@ -183,6 +195,10 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
             OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
                             msg_len));
         }
+        // Gemma 4: each head of v through a weightless RMSNorm (ones)
+        if (ly->v_norm)
+            OP(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
+                            msg_len));
         // RoPE (Gemma 3's sliding layers with their own table; none on
         // SmolLM3's NoPE layers)
         if (ly->rope != ENG_WALK_ROPE_NONE) {
@@ -229,6 +245,9 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));
         // residual
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
+        // Gemma 4: the layer's output times its layer_scalar
+        if (c->layer_scalar)
+            OP(scale_layer_output(b, l, T * H, msg, msg_len));
     }
     l = -1;
 
