@@ -30,6 +30,7 @@ typedef struct ref_layer {
     /* Gemma (NULL elsewhere): the per-head q/k norms [head_dim] (Gemma 3;
      * Qwen3's too), the sandwich norms after attention and after the MLP */
     float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
+    double layer_scalar; /* Gemma 4: the layer's output times this (1 elsewhere) */
     /* a mixture of experts' layer (NULL elsewhere): the router [experts,
      * hidden], each expert's gate, up, down at [3e], [3e + 1], [3e + 2]
      * (eng_layer's order), Qwen2-MoE's shared expert gate [hidden] (its
@@ -130,6 +131,12 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         if (c->qk_norm) { /* a head's, or OLMo 3's whole projection's */
             r->q_norm = ref_dequant(&L->q_norm, 1, eng_qk_norm_width(c, false), false, "q_norm", l);
             r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), false, "k_norm", l);
+        }
+        r->layer_scalar = 1.0;
+        if (c->layer_scalar) {
+            float s1;
+            qt_dequantize_rows(&L->layer_scalar, 0, 1, &s1);
+            r->layer_scalar = s1;
         }
         if (c->sandwich_norms || c->post_norms) {
             r->post_attn_norm = ref_dequant(&L->post_attn_norm, 1, H, false, "post_attn_norm", l);
@@ -273,6 +280,8 @@ static inline double ref_rope_freq(const eng_config *c, int i, bool long_set)
         freq /= (double)(long_set ? c->rope_long_freq_factors[i] : c->rope_freq_factors[i]);
     if (c->rope_scaling == ENG_ROPE_LINEAR)
         return freq / c->rope_factor;
+    if (c->rope_scaling == ENG_ROPE_PROPORTIONAL) /* Gemma 4: the rest stand still */
+        return i < c->rope_prop_pairs ? freq / c->rope_factor : 0.0;
     if (c->rope_scaling == ENG_ROPE_YARN)
         return ref_yarn_freq(c, i, freq);
     if (c->rope_scaling == ENG_ROPE_LLAMA3) {
@@ -467,6 +476,14 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
                 ref_norm_in_place(c, q + t * nq + i, L->q_norm, qn, tmp);
             for (int64_t i = 0; L->k_norm && i < nkv; i += kn)
                 ref_norm_in_place(c, k + t * nkv + i, L->k_norm, kn, tmp);
+            for (int64_t i = 0; c->v_norm && i < nkv; i += hd) { /* Gemma 4: no weights */
+                double ss = 0;
+                for (int64_t e = 0; e < hd; e++)
+                    ss += v[t * nkv + i + e] * v[t * nkv + i + e];
+                double r = 1.0 / sqrt(ss / (double)hd + (double)c->rms_norm_eps);
+                for (int64_t e = 0; e < hd; e++)
+                    v[t * nkv + i + e] *= r;
+            }
             for (int hh = 0; rotates && hh < c->n_heads; hh++)
                 local ? ref_rope_local(c, q + t * nq + hh * hd, t)
                       : ref_rope(c, q + t * nq + hh * hd, t, long_set);
@@ -535,6 +552,9 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];
         }
+        // Gemma 4: the layer's output times its layer_scalar
+        for (int64_t i = 0; L->layer_scalar != 1.0 && i < n * H; i++)
+            x[i] *= L->layer_scalar;
     }
     // final rmsnorm, lm_head (the embeddings when tied), Gemma 2's soft-cap
     for (int t = 0; t < n; t++) {
