@@ -1124,6 +1124,26 @@ Test(architectures, smollm3_no_rope_layers_list_is_read_per_layer, .timeout = 60
     eng_model_free(&m);
 }
 
+/* Gemma 4 options that leave a text model as it is load: "vision"
+ * bidirectional attention (text stays causal), and global_head_dim equal
+ * to head_dim in place of per_layer_config. */
+Test(architectures, gemma4_options_that_change_nothing_for_text_load, .timeout = 60)
+{
+    static const char *const edits[][2] = {
+        {"\"use_bidirectional_attention\": null", "\"use_bidirectional_attention\": \"vision\""},
+        {"\"per_layer_config\": {}", "\"global_head_dim\": 16"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        char msg[1024];
+        eng_model m;
+        cr_assert_eq(
+            load_edited_folder("gemma4_tiny", edits[i][0], edits[i][1], &m, msg, sizeof msg), 0,
+            "%s: %s", edits[i][1], msg);
+        cr_assert_eq(m.cfg.head_dim, 16);
+        eng_model_free(&m);
+    }
+}
+
 /* A config edit the loader must refuse, and words its message must hold. */
 typedef struct refused_edit {
     const char *fixture, *from, *to, *want;
@@ -1165,7 +1185,7 @@ static const refused_edit REFUSED_EDITS[] = {
     {"gemma4_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
      "attention_bias is not supported for Gemma 4"},
     {"gemma4_tiny", "\"use_bidirectional_attention\": null",
-     "\"use_bidirectional_attention\": \"vision\"", "use_bidirectional_attention"},
+     "\"use_bidirectional_attention\": \"all\"", "use_bidirectional_attention"},
     {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_config\": {\"2\": {\"head_dim\": 32}}",
      "per_layer_config[2].head_dim"},
     {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_configX\": {}", "global_head_dim 512"},

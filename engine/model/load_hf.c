@@ -475,10 +475,12 @@ static int gemma4_refuse(const char *path, const cJSON *j, const eng_config *c, 
                            "%s: %s is not supported for Gemma 4 (%s), only %g", path, r->key,
                            r->what, r->runs);
     }
+    /* "vision" leaves text causal (only image tokens see each other) */
     const cJSON *bi = cJSON_GetObjectItemCaseSensitive(j, "use_bidirectional_attention");
-    if (bi && !cJSON_IsNull(bi))
+    if (bi && !cJSON_IsNull(bi) && !(cJSON_IsString(bi) && strcmp(bi->valuestring, "vision") == 0))
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: use_bidirectional_attention is not supported (qlserve is causal)",
+                       "%s: use_bidirectional_attention other than \"vision\" is not supported "
+                       "(qlserve is causal)",
                        path);
     const char *act = mf_json_str(j, "hidden_activation");
     if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
