@@ -399,6 +399,20 @@ static void check_gemma4(eng_model *m)
     cr_assert_eq(m->layers[3].layer_scalar.cols, 1);
 }
 
+/* The same with num_kv_shared_layers 2: layers 4 and 5 have no k, v or k
+ * norm and attend over layers 3's and 2's caches. */
+static void check_gemma4_kv_shared(eng_model *m)
+{
+    check_gemma4(m);
+    cr_assert_eq(m->cfg.kv_shared_layers, 2);
+    int32_t src[6] = {0, 1, 2, 3, 3, 2};
+    for (int l = 0; l < 6; l++) {
+        cr_assert_eq(eng_layer_kv_source(&m->cfg, l), src[l], "layer %d", l);
+        cr_assert_eq(m->layers[l].wk.rows == 0, l >= 4, "layer %d", l);
+        cr_assert_eq(m->layers[l].k_norm.rows == 0, l >= 4, "layer %d", l);
+    }
+}
+
 /* OLMo 3 (make_olmo3_reference.py): norms after attention and the MLP
  * only, whole-projection q/k norms, layers 0-2 and 4-5 sliding over 5,
  * layer 3 full with YaRN (factor 4 over 32, attention factor 1.2), the
@@ -819,6 +833,17 @@ static const arch_row ARCH_ROWS[] = {
      .check = check_olmo3,
      OLMO3_FEATURES},
     {.label = "gemma4 folder", .fixture = "gemma4_tiny", GEMMA4_REF, .check = check_gemma4},
+    {.label = "gemma4 kv-shared folder",
+     .fixture = "gemma4_kv_shared_tiny",
+     .source = "transformers float64 (make_gemma4_reference.py)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .logits = &GEMMA4_KV_SHARED_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gemma4_kv_shared},
     {.label = "ministral3 folder",
      .fixture = "ministral3_tiny",
      MINISTRAL3_REF,
@@ -876,6 +901,14 @@ static const arch_row ARCH_ROWS[] = {
      .vocab = GEMMA4_VOCAB,
      .quant = "int8",
      .check = check_gemma4},
+    {.label = "gemma4 kv-shared folder --quant nf4",
+     .fixture = "gemma4_kv_shared_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4_kv_shared},
     {.label = "ministral3 gguf q8_0",
      .fixture = "ministral3_tiny_q8_0.gguf",
      .source = "the float64 reference pass (ref_forward.h)",
@@ -1176,8 +1209,10 @@ static const refused_edit REFUSED_EDITS[] = {
      "hidden_size_per_layer_input is not supported for Gemma 4 (per-layer input embeddings)"},
     {"gemma4_tiny", "\"hidden_size_per_layer_input\": 0", "\"hidden_size_per_layeX\": 0",
      "hidden_size_per_layer_input"},
-    {"gemma4_tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 2",
-     "num_kv_shared_layers is not supported"},
+    {"gemma4_kv_shared_tiny", "\"use_double_wide_mlp\": false", "\"use_double_wide_mlp\": true",
+     "use_double_wide_mlp is not supported"},
+    {"gemma4_tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 6",
+     "num_kv_shared_layers"},
     {"gemma4_tiny", "\"attention_k_eq_v\": false", "\"attention_k_eq_v\": true",
      "attention_k_eq_v is not supported"},
     {"gemma4_tiny", "\"enable_moe_block\": false", "\"enable_moe_block\": true",
@@ -1229,6 +1264,8 @@ static const family_fixture NEW_FAMILIES[] = {
     {"ministral3_tiny", MINISTRAL3_TOKENS, MINISTRAL3_N_TOKENS, MINISTRAL3_VOCAB,
      &MINISTRAL3_LOGITS[0][0]},
     {"gemma4_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_LOGITS[0][0]},
+    {"gemma4_kv_shared_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB,
+     &GEMMA4_KV_SHARED_LOGITS[0][0]},
 };
 
 /* f's folder loaded from a scratch copy (dir: the copy, the caller's to
@@ -1281,6 +1318,16 @@ Test(architectures, reference_pass_equals_transformers_on_the_new_families, .tim
     }
 }
 
+/* The config whose kv-shared layers (Gemma 4) no_kv_of_its_own reads. */
+static const eng_config *skip_cfg;
+
+/* PEFT has no k_proj or v_proj to adapt on a kv-shared layer
+ * (transformers builds none there). */
+static bool no_kv_of_its_own(int32_t layer, eng_proj p)
+{
+    return (p == ENG_PROJ_K || p == ENG_PROJ_V) && eng_layer_kv_source(skip_cfg, layer) != layer;
+}
+
 /* A PEFT adapter on all seven projections of each new family, unmerged
  * (through the walk's inputs: OLMo 3's blocks read the residual) and
  * merged, against the float64 pass with the adapter added; it moves the
@@ -1294,6 +1341,8 @@ Test(architectures, adapters_on_the_new_families_match_the_reference, .timeout =
         load_family(&m, f, dir, sizeof dir);
         snprintf(adir, sizeof adir, "%s/adapter", dir);
         lora_fix_spec s = lora_fix_default();
+        skip_cfg = &m.cfg;
+        s.skip = no_kv_of_its_own;
         lora_fix_write(adir, &m.cfg, &s);
         eng_lora *lora = NULL;
         cr_assert_eq(lora_load(&lora, NULL, adir, "all", &m, msg, sizeof msg), 0, "%s", msg);

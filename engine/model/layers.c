@@ -158,6 +158,18 @@ static int load_fused(model_loader *L, model_tensor_loader load, bool gguf, int3
     return rc;
 }
 
+/* eng_layer_kv_source (model.h): Gemma 4's kv-shared layers' sources. */
+int32_t eng_layer_kv_source(const eng_config *c, int32_t l)
+{
+    int32_t first = c->n_layers - c->kv_shared_layers;
+    if (c->kv_shared_layers <= 0 || l < first)
+        return l;
+    for (int32_t s = first - 1; s >= 0; s--)
+        if (eng_layer_slides(c, s) == eng_layer_slides(c, l))
+            return s;
+    return l; /* the loader refuses a type no unshared layer has */
+}
+
 /* Whether layer l of a model of config c has the part (the walks skip the
  * others, so a field two rows name is visited once). A mixture-of-experts
  * layer has no plain MLP: experts.c loads its experts, and Qwen2-MoE's
@@ -168,6 +180,12 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
                part->field == offsetof(eng_layer, w_up) ||
                part->field == offsetof(eng_layer, w_down);
     if (mlp && eng_layer_is_moe(c, l))
+        return false;
+    /* Gemma 4's kv-shared layers have no k or v of their own */
+    bool kv = part->field == offsetof(eng_layer, wk) || part->field == offsetof(eng_layer, wv) ||
+              part->field == offsetof(eng_layer, k_norm) ||
+              part->field == offsetof(eng_layer, bk) || part->field == offsetof(eng_layer, bv);
+    if (kv && eng_layer_kv_source(c, l) != l)
         return false;
     switch (part->when) {
     case ALWAYS: return true;

@@ -415,7 +415,6 @@ static const struct gemma4_refusal {
     double runs, def;
 } gemma4_refusals[] = {
     {"hidden_size_per_layer_input", "per-layer input embeddings", 0, 256},
-    {"num_kv_shared_layers", "layers sharing another layer's keys and values", 0, 0},
     {"attention_k_eq_v", "keys reused as values", 0, 0},
     {"enable_moe_block", "the mixture-of-experts block", 0, 0},
     {"attention_bias", "biases on the attention projections", 0, 0},
@@ -487,6 +486,31 @@ static int gemma4_refuse(const char *path, const cJSON *j, const eng_config *c, 
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: hidden_activation %s is not supported (gelu_pytorch_tanh)", path, act);
     return gemma4_one_head_shape(path, j, c, msg, msg_len);
+}
+
+/* Gemma 4's last num_kv_shared_layers layers attend over the cache of the
+ * last unshared layer of their type (eng_layer_kv_source), which must
+ * exist, as transformers' kv_sharing_modes requires; their double-wide MLP
+ * (use_double_wide_mlp) is refused by name. */
+static int gemma4_kv_sharing(const char *path, const cJSON *j, eng_config *c, char *msg,
+                             size_t msg_len)
+{
+    int rc = model_json_int32(path, j, "num_kv_shared_layers", 0, false, 0, c->n_layers - 1,
+                              &c->kv_shared_layers, msg, msg_len);
+    if (rc != QL_OK || c->kv_shared_layers == 0)
+        return rc;
+    if (mf_json_bool(j, "use_double_wide_mlp", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: use_double_wide_mlp is not supported (the kv-shared layers' MLP of "
+                       "twice intermediate_size)",
+                       path);
+    for (int32_t l = c->n_layers - c->kv_shared_layers; l < c->n_layers; l++)
+        if (eng_layer_kv_source(c, l) == l)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: layer %d shares keys and values, but no unshared layer of its "
+                           "type has them",
+                           path, l);
+    return QL_OK;
 }
 
 /* Gemma 4's two rotations: the full layers' (rope_parameters.full_attention,
@@ -561,6 +585,8 @@ static int parse_gemma4_config(const char *path, const cJSON *j, eng_config *c, 
                        "%s: the last layer slides; transformers makes it full, which breaks the "
                        "repeating pattern qlserve runs",
                        path);
+    if (rc == QL_OK)
+        rc = gemma4_kv_sharing(path, j, c, msg, msg_len);
     return rc == QL_OK ? gemma4_rope(path, j, c, msg, msg_len) : rc;
 }
 

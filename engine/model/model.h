@@ -88,8 +88,7 @@ typedef enum eng_router {
  * gate * sigmoid(swiglu_alpha * gate) (om_swiglu_oai). */
 typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
-/* The most tokens besides eos_token_id that end an answer (eng_config). */
-#define ENG_MAX_EOG 7
+#define ENG_MAX_EOG 7 /* the most tokens besides eos_token_id that end an answer */
 
 /* The most rotary pairs with frequency factors (head dim 512, forward.c's). */
 #define ENG_MAX_ROPE_FREQ_FACTORS 256
@@ -187,6 +186,7 @@ typedef struct eng_config {
      * RMSNorm per head; each layer's output times its eng_layer.layer_scalar */
     int32_t rope_prop_pairs;
     bool v_norm, layer_scalar;
+    int32_t kv_shared_layers;           /* Gemma 4: the last this many reuse keys and values */
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -226,13 +226,11 @@ typedef struct eng_config {
     bool norm_topk_prob;      /* the chosen experts' weights renormalized to sum 1 */
     eng_router router;
     bool router_bias; /* GPT-OSS: the router and each expert's gate, up and down have biases */
-    /* layers that are a plain MLP of intermediate_size in a MoE model
-     * (Qwen's mlp_only_layers and decoder_sparse_step): bit l of word l / 64 */
+    /* a MoE model's plain-MLP layers (mlp_only_layers...): bit l of word l / 64 */
     uint64_t dense_layers[ENG_MAX_MOE_LAYERS / 64];
 } eng_config;
 
-/* Whether layer l is a mixture of experts (eng_config's n_experts and
- * dense_layers). */
+/* Whether layer l is a mixture of experts (n_experts, dense_layers). */
 static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
 {
     if (c->n_experts <= 0 || l < 0 || l >= ENG_MAX_MOE_LAYERS)
@@ -240,8 +238,7 @@ static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
     return !(c->dense_layers[l / 64] >> (l % 64) & 1);
 }
 
-/* Whether layer l attends through the sliding window (eng_config's
- * sliding_window and sliding_pattern). */
+/* Whether layer l attends through the window (sliding_window, _pattern). */
 static inline bool eng_layer_slides(const eng_config *c, int32_t l)
 {
     if (c->sliding_window <= 0)
@@ -249,13 +246,16 @@ static inline bool eng_layer_slides(const eng_config *c, int32_t l)
     return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
 }
 
-/* The weights of layer l's q norm (k: its k norm): a head's, or the
- * whole projection's (eng_config's qk_norm_whole). */
+/* Layer l's q (k: k) norm's width: a head's, or the projection's (OLMo 3). */
 static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
 {
     int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
     return heads * c->head_dim;
 }
+
+/* The layer whose cache layer l attends over: l, or for one of Gemma 4's
+ * kv_shared_layers the last earlier unshared layer of its type (layers.c). */
+int32_t eng_layer_kv_source(const eng_config *c, int32_t l);
 
 /* Whether a sequence that may reach `reserved` positions (its prompt plus
  * the tokens it may generate) rotates with longrope's long factors: when

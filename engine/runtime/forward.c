@@ -232,7 +232,8 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         if (c->qk_norm) {
             float *qk = st->qk_norms + l * qk_width;
             norm_row(&m->layers[l].q_norm, c->norm_offset, qk);
-            norm_row(&m->layers[l].k_norm, c->norm_offset, qk + eng_qk_norm_width(c, false));
+            if (m->layers[l].k_norm.rows) /* none on Gemma 4's kv-shared layers */
+                norm_row(&m->layers[l].k_norm, c->norm_offset, qk + eng_qk_norm_width(c, false));
             for (int64_t e = 0; c->v_norm && e < c->head_dim; e++)
                 qk[eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true) + e] = 1.0f;
         }
