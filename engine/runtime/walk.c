@@ -110,37 +110,6 @@ static int failed(int rc, int32_t l, char *msg, size_t msg_len)
             return failed(rc_, l, msg, msg_len);                                                   \
     } while (0)
 
-/* Layer l's keys and values, written to its cache: the k and v matmuls
- * (Qwen2's biases), k's RMSNorm (per head; OLMo 3: each row whole), Gemma
- * 4's weightless one on each head of v, RoPE on k, then K and V into the
- * paged cache, all rows first so a prefill chunk sees itself. */
-static int keys_values(const eng_walk_backend *b, int32_t l, const eng_walk_layer *ly,
-                       const float *in, int64_t T, char *msg, size_t msg_len)
-{
-    const eng_walk_ops *ops = b->ops;
-    void *be = b->be;
-    const eng_config *c = &b->m->cfg;
-    int64_t Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)c->n_kv_heads * c->head_dim;
-    float eps = c->rms_norm_eps;
-    OP(ops->project(be, l, ENG_PROJ_K, in, b->k, msg, msg_len));
-    OP(ops->project(be, l, ENG_PROJ_V, in, b->v, msg, msg_len));
-    if (ly->bias) {
-        OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
-        OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
-    }
-    if (ly->k_norm && c->qk_norm_whole)
-        OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T, KV, eps, msg, msg_len));
-    if (ly->k_norm && !c->qk_norm_whole)
-        OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
-                        msg_len));
-    if (ly->v_norm)
-        OP(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
-                        msg_len));
-    if (ly->rope != ENG_WALK_ROPE_NONE)
-        OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
-    return ops->kv_write(be, l, b->k, b->v, msg, msg_len);
-}
-
 /*
  * The logits of every new row but the last of each sequence that asks
  * (eng_step_seq.all_logits, a prompt's logprobs), in pieces of piece_rows
@@ -185,7 +154,8 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         rc = eng_kv_check_writes(b->kv, seqs, n_seqs, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim, F = c->intermediate_size;
+    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->intermediate_size;
     float eps = c->rms_norm_eps,
           scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(c->head_dim);
     int32_t l = -1;
@@ -203,27 +173,45 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         const float *attn_in = ly->attn_norm ? b->h : b->x;
         if (ly->attn_norm)
             OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
-        // q matmul (Qwen2's bias), its RMSNorm (Qwen3: per head, a head is a
-        // row; OLMo 3: each row whole), RoPE (Gemma 3's sliding layers with
-        // their own table; none on SmolLM3's NoPE layers)
+        // qkv matmuls (Gemma 4's kv-shared layers: q alone; they attend over
+        // an earlier layer's cache)
+        int32_t kv_layer = eng_layer_kv_source(c, l);
+        bool own = kv_layer == l;
         OP(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
-        if (ly->bias)
+        if (own) {
+            OP(ops->project(be, l, ENG_PROJ_K, attn_in, b->k, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_V, attn_in, b->v, msg, msg_len));
+        }
+        // Qwen2's q, k and v biases
+        if (ly->bias) {
             OP(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
-        if (ly->q_norm && c->qk_norm_whole)
-            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T, Q, eps, msg, msg_len));
-        if (ly->q_norm && !c->qk_norm_whole)
-            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T * c->n_heads, c->head_dim, eps, msg,
+            OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
+            OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
+        }
+        // q and k through their RMSNorms: OLMo 3's each row whole, Qwen3's
+        // per head (a head is a row); Gemma 4's weightless one on each head of v
+        if (ly->q_norm)
+            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, c->qk_norm_whole ? T : T * c->n_heads,
+                            c->qk_norm_whole ? Q : c->head_dim, eps, msg, msg_len));
+        if (ly->k_norm && own)
+            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, c->qk_norm_whole ? T : T * c->n_kv_heads,
+                            c->qk_norm_whole ? KV : c->head_dim, eps, msg, msg_len));
+        if (ly->v_norm && own)
+            OP(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
                             msg_len));
-        if (ly->rope != ENG_WALK_ROPE_NONE)
+        // RoPE (Gemma 3's sliding layers with their own table; none on
+        // SmolLM3's NoPE layers)
+        if (ly->rope != ENG_WALK_ROPE_NONE) {
             OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
+            if (own)
+                OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+        }
         // Llama 4's temperature: each query times its position's factor (Ministral 3)
         if (c->attn_temp_beta > 0.0f)
             OP(scale_queries(b, seqs, n_seqs, b->q, msg, msg_len));
-        // the layer's keys and values into the cache; Gemma 4's kv-shared
-        // layers have none and attend over an earlier layer's
-        int32_t kv_layer = eng_layer_kv_source(c, l);
-        if (kv_layer == l && (rc = keys_values(b, l, ly, attn_in, T, msg, msg_len)) != QL_OK)
-            return rc; /* its OP named the layer */
+        // K and V into the paged cache, all rows first so a prefill chunk sees itself
+        if (own)
+            OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
         // grouped-query attention, causal, over the paged cache (the window on
         // sliding layers, Gemma 2's soft-capped scores, GPT-OSS's sinks)
         OP(ops->attend(be, kv_layer, b->q, b->att, ly->window, scale, c->attn_softcap, ly->sinks,
