@@ -134,6 +134,7 @@ static const char *rope_scaling_name(eng_rope_scaling r)
     case ENG_ROPE_LLAMA3: return "llama3";
     case ENG_ROPE_LONGROPE: return "longrope";
     case ENG_ROPE_YARN: return "yarn";
+    case ENG_ROPE_PROPORTIONAL: return "proportional";
     default: return "none";
     }
 }

@@ -30,6 +30,7 @@ typedef struct ref_layer {
     /* Gemma (NULL elsewhere): the per-head q/k norms [head_dim] (Gemma 3;
      * Qwen3's too), the sandwich norms after attention and after the MLP */
     float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
+    double layer_scalar; /* Gemma 4: the layer's output times this (1 elsewhere) */
     /* a mixture of experts' layer (NULL elsewhere): the router [experts,
      * hidden], each expert's gate, up, down at [3e], [3e + 1], [3e + 2]
      * (eng_layer's order), Qwen2-MoE's shared expert gate [hidden] (its
@@ -99,10 +100,13 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         r->attn_norm = ref_dequant(&L->attn_norm, 1, H, c->post_norms, "attn_norm", l);
         r->ffn_norm = ref_dequant(&L->ffn_norm, 1, H, c->post_norms, "ffn_norm", l);
         r->wq = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_Q) : &L->wq, nq, H, false, "wq", l);
+        /* Gemma 4's kv-shared layers have no k or v (nor k norm) */
+        bool shared = eng_layer_kv_source(c, l) != l;
         r->wk =
-            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_K) : &L->wk, nkv, H, false, "wk", l);
+            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_K) : &L->wk, nkv, H, shared, "wk", l);
         r->wv =
-            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_V) : &L->wv, nkv, H, false, "wv", l);
+            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_V) : &L->wv, nkv, H, shared, "wv", l);
+        cr_assert_eq(r->wk == NULL, shared, "layer %d: k is absent exactly when shared", l);
         r->wo = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_O) : &L->wo, H, nq, false, "wo", l);
         r->bq = ref_dequant(&L->bq, 1, nq, true, "bq", l);
         r->bk = ref_dequant(&L->bk, 1, nkv, true, "bk", l);
@@ -136,7 +140,13 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         }
         if (c->qk_norm) { /* a head's, or OLMo 3's whole projection's */
             r->q_norm = ref_dequant(&L->q_norm, 1, eng_qk_norm_width(c, false), false, "q_norm", l);
-            r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), false, "k_norm", l);
+            r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), shared, "k_norm", l);
+        }
+        r->layer_scalar = 1.0;
+        if (c->layer_scalar) {
+            float s1;
+            qt_dequantize_rows(&L->layer_scalar, 0, 1, &s1);
+            r->layer_scalar = s1;
         }
         if (c->sandwich_norms || c->post_norms) {
             r->post_attn_norm = ref_dequant(&L->post_attn_norm, 1, H, false, "post_attn_norm", l);
@@ -280,6 +290,8 @@ static inline double ref_rope_freq(const eng_config *c, int i, bool long_set)
         freq /= (double)(long_set ? c->rope_long_freq_factors[i] : c->rope_freq_factors[i]);
     if (c->rope_scaling == ENG_ROPE_LINEAR)
         return freq / c->rope_factor;
+    if (c->rope_scaling == ENG_ROPE_PROPORTIONAL) /* Gemma 4: the rest stand still */
+        return i < c->rope_prop_pairs ? freq / c->rope_factor : 0.0;
     if (c->rope_scaling == ENG_ROPE_YARN)
         return ref_yarn_freq(c, i, freq);
     if (c->rope_scaling == ENG_ROPE_LLAMA3) {
@@ -441,11 +453,14 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     double eps = c->rms_norm_eps;
     double *x = calloc((size_t)(n * H), sizeof *x), *h = calloc((size_t)H, sizeof *h);
     double *q = calloc((size_t)(n * nq), sizeof *q), *att = calloc((size_t)nq, sizeof *att);
-    double *k = calloc((size_t)(n * nkv), sizeof *k), *v = calloc((size_t)(n * nkv), sizeof *v);
+    /* every layer's keys and values, kept for Gemma 4's kv-shared layers */
+    size_t kv_n = (size_t)c->n_layers * (size_t)n * (size_t)nkv;
+    double *k_all = calloc(kv_n, sizeof *k_all), *v_all = calloc(kv_n, sizeof *v_all);
+    double *k = k_all, *v = v_all;
     double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
     double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
     double *tmp = calloc((size_t)(H > nq ? H : nq), sizeof *tmp);
-    cr_assert(x && h && q && att && k && v && o && p && g && u && tmp);
+    cr_assert(x && h && q && att && k_all && v_all && o && p && g && u && tmp);
     double off = c->norm_offset; /* Gemma folders: norms are (1 + w) */
     /* longrope's set, as transformers' longrope_frequency_update takes it:
      * long when the pass reaches past the original context */
@@ -459,6 +474,12 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
                            (c->embed_scale > 0 ? (double)c->embed_scale : 1.0);
     for (int l = 0; l < c->n_layers; l++) {
         const ref_layer *L = &R->layers[l];
+        // the layer's keys and values, or (Gemma 4's kv-shared layers) an
+        // earlier layer's, computed there
+        int src = eng_layer_kv_source(c, l);
+        bool own = src == l;
+        k = k_all + (size_t)src * (size_t)n * (size_t)nkv;
+        v = v_all + (size_t)src * (size_t)n * (size_t)nkv;
         // attention rmsnorm, qkv projections, RoPE on q and k
         bool slides = eng_layer_slides(c, l), local = slides && c->rope_local_theta > 0;
         // (SmolLM3's NoPE layers: none; OLMo 3: q/k norms over the whole
@@ -468,16 +489,26 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         for (int t = 0; t < n; t++) {
             ref_norm_in(c, x + t * H, L->attn_norm, h);
             ref_matvec(L->wq, L->delta[ENG_PROJ_Q], L->bq, nq, H, h, q + t * nq);
-            ref_matvec(L->wk, L->delta[ENG_PROJ_K], L->bk, nkv, H, h, k + t * nkv);
-            ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
+            if (own) {
+                ref_matvec(L->wk, L->delta[ENG_PROJ_K], L->bk, nkv, H, h, k + t * nkv);
+                ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
+            }
             for (int64_t i = 0; L->q_norm && i < nq; i += qn)
                 ref_norm_in_place(c, q + t * nq + i, L->q_norm, qn, tmp);
             for (int64_t i = 0; L->k_norm && i < nkv; i += kn)
                 ref_norm_in_place(c, k + t * nkv + i, L->k_norm, kn, tmp);
+            for (int64_t i = 0; own && c->v_norm && i < nkv; i += hd) { /* Gemma 4: no weights */
+                double ss = 0;
+                for (int64_t e = 0; e < hd; e++)
+                    ss += v[t * nkv + i + e] * v[t * nkv + i + e];
+                double r = 1.0 / sqrt(ss / (double)hd + (double)c->rms_norm_eps);
+                for (int64_t e = 0; e < hd; e++)
+                    v[t * nkv + i + e] *= r;
+            }
             for (int hh = 0; rotates && hh < c->n_heads; hh++)
                 local ? ref_rope_local(c, q + t * nq + hh * hd, t)
                       : ref_rope(c, q + t * nq + hh * hd, t, long_set);
-            for (int hh = 0; rotates && hh < c->n_kv_heads; hh++)
+            for (int hh = 0; own && rotates && hh < c->n_kv_heads; hh++)
                 local ? ref_rope_local(c, k + t * nkv + hh * hd, t)
                       : ref_rope(c, k + t * nkv + hh * hd, t, long_set);
             double temp =
@@ -542,6 +573,9 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];
         }
+        // Gemma 4: the layer's output times its layer_scalar
+        for (int64_t i = 0; L->layer_scalar != 1.0 && i < n * H; i++)
+            x[i] *= L->layer_scalar;
     }
     // final rmsnorm, lm_head (the embeddings when tied), Gemma 2's soft-cap
     for (int t = 0; t < n; t++) {
@@ -555,8 +589,8 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     free(h);
     free(q);
     free(att);
-    free(k);
-    free(v);
+    free(k_all);
+    free(v_all);
     free(o);
     free(p);
     free(g);

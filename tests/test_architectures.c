@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma_reference.h"
 #include "fixtures/ministral3_reference.h"
 #include "fixtures/moe_reference.h"
@@ -369,6 +370,49 @@ static void check_smollm3_gguf(eng_model *m)
     check_smollm3(m, true);
 }
 
+/* Gemma 4 text (make_gemma4_reference.py): plain-weight norms in Gemma's
+ * sandwich and on each head of q, k (and weightless on v), unscaled scores,
+ * layers 2 and 5 full with the proportional rotation (base 1e6, 2 of 8
+ * pairs turn, divided by 2), the others sliding over 5 with base 1e4, a
+ * layer_scalar per layer, logits soft-capped at 30. */
+static void check_gemma4(eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_GEMMA4);
+    cr_assert_str_eq(eng_arch_name(c->arch), "gemma4");
+    cr_assert(c->sandwich_norms && c->qk_norm && c->v_norm && c->layer_scalar);
+    cr_assert(c->tie_word_embeddings && !c->rope_interleaved);
+    cr_assert_float_eq(c->norm_offset, 0.0f, 0);
+    cr_assert_float_eq(c->attn_scale, 1.0f, 0);
+    cr_assert_float_eq(c->attn_softcap, 0.0f, 0);
+    cr_assert_float_eq(c->final_softcap, 30.0f, 0);
+    cr_assert_float_eq(c->embed_scale, 8.0f, 0);
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_PROPORTIONAL);
+    cr_assert_eq(c->rope_prop_pairs, 2);
+    cr_assert_eq(c->rope_dim, 0);
+    cr_assert_float_eq(c->rope_factor, 2.0f, 0);
+    cr_assert_float_eq(c->rope_theta, 1e6f, 0);
+    cr_assert_float_eq(c->rope_local_theta, 1e4f, 0);
+    cr_assert_eq(c->sliding_window, 5);
+    for (int l = 0; l < 6; l++)
+        cr_assert_eq(eng_layer_slides(c, l), l != 2 && l != 5, "layer %d", l);
+    cr_assert_eq(m->layers[3].layer_scalar.cols, 1);
+}
+
+/* The same with num_kv_shared_layers 2: layers 4 and 5 have no k, v or k
+ * norm and attend over layers 3's and 2's caches. */
+static void check_gemma4_kv_shared(eng_model *m)
+{
+    check_gemma4(m);
+    cr_assert_eq(m->cfg.kv_shared_layers, 2);
+    int32_t src[6] = {0, 1, 2, 3, 3, 2};
+    for (int l = 0; l < 6; l++) {
+        cr_assert_eq(eng_layer_kv_source(&m->cfg, l), src[l], "layer %d", l);
+        cr_assert_eq(m->layers[l].wk.rows == 0, l >= 4, "layer %d", l);
+        cr_assert_eq(m->layers[l].k_norm.rows == 0, l >= 4, "layer %d", l);
+    }
+}
+
 /* OLMo 3 (make_olmo3_reference.py): norms after attention and the MLP
  * only, whole-projection q/k norms, layers 0-2 and 4-5 sliding over 5,
  * layer 3 full with YaRN (factor 4 over 32, attention factor 1.2), the
@@ -521,6 +565,26 @@ static void per_head_qk_norm_off(eng_config *c)
     c->qk_norm = false;
 }
 
+static void no_v_norm(eng_config *c)
+{
+    c->v_norm = false;
+}
+
+static void no_layer_scalar(eng_config *c)
+{
+    c->layer_scalar = false;
+}
+
+static void no_rope_factor(eng_config *c)
+{
+    c->rope_factor = 1.0f;
+}
+
+static void all_pairs_turn(eng_config *c)
+{
+    c->rope_prop_pairs = c->head_dim / 2;
+}
+
 static void rope_every_layer(eng_config *c)
 {
     memset(c->nope_layers, 0, sizeof c->nope_layers);
@@ -558,6 +622,20 @@ static void rope_every_layer(eng_config *c)
                  {"the sliding window", no_sliding_window},                                        \
                  {"YaRN on the full layers", no_yarn},                                             \
                  {"the sliding layers' unscaled rotation", no_local_rope_base}},                   \
+    .moved = 1e-3
+
+/* a prefill of 9, then one token a step over blocks of 4; each of Gemma 4's
+ * own features moves the logits */
+#define GEMMA4_REF                                                                                 \
+    .source = "transformers float64 (make_gemma4_reference.py)", .tokens = GEMMA4_TOKENS,          \
+    .n_tokens = GEMMA4_N_TOKENS, .vocab = GEMMA4_VOCAB, .logits = &GEMMA4_LOGITS[0][0],            \
+    .prefill = 9, .block_tokens = 4, .tol = 1e-5,                                                  \
+    .features = {{"the weightless v norm", no_v_norm},                                             \
+                 {"layer_scalar", no_layer_scalar},                                                \
+                 {"the proportional rotation's still pairs", all_pairs_turn},                      \
+                 {"the proportional rotation's factor", no_rope_factor},                           \
+                 {"the sliding window", no_sliding_window},                                        \
+                 {"the sliding layers' own base", no_local_rope_base}},                            \
     .moved = 1e-3
 
 #define MINISTRAL3_REF                                                                             \
@@ -754,6 +832,18 @@ static const arch_row ARCH_ROWS[] = {
      OLMO3_REF,
      .check = check_olmo3,
      OLMO3_FEATURES},
+    {.label = "gemma4 folder", .fixture = "gemma4_tiny", GEMMA4_REF, .check = check_gemma4},
+    {.label = "gemma4 kv-shared folder",
+     .fixture = "gemma4_kv_shared_tiny",
+     .source = "transformers float64 (make_gemma4_reference.py)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .logits = &GEMMA4_KV_SHARED_LOGITS[0][0],
+     .prefill = 9,
+     .block_tokens = 4,
+     .tol = 1e-5,
+     .check = check_gemma4_kv_shared},
     {.label = "ministral3 folder",
      .fixture = "ministral3_tiny",
      MINISTRAL3_REF,
@@ -795,6 +885,30 @@ static const arch_row ARCH_ROWS[] = {
      .vocab = OLMO3_VOCAB,
      .quant = "nf4",
      .check = check_olmo3},
+    {.label = "gemma4 folder --quant nf4",
+     .fixture = "gemma4_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4},
+    {.label = "gemma4 folder --quant int8",
+     .fixture = "gemma4_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "int8",
+     .check = check_gemma4},
+    {.label = "gemma4 kv-shared folder --quant nf4",
+     .fixture = "gemma4_kv_shared_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4_kv_shared},
     {.label = "ministral3 gguf q8_0",
      .fixture = "ministral3_tiny_q8_0.gguf",
      .source = "the float64 reference pass (ref_forward.h)",
@@ -1043,6 +1157,26 @@ Test(architectures, smollm3_no_rope_layers_list_is_read_per_layer, .timeout = 60
     eng_model_free(&m);
 }
 
+/* Gemma 4 options that leave a text model as it is load: "vision"
+ * bidirectional attention (text stays causal), and global_head_dim equal
+ * to head_dim in place of per_layer_config. */
+Test(architectures, gemma4_options_that_change_nothing_for_text_load, .timeout = 60)
+{
+    static const char *const edits[][2] = {
+        {"\"use_bidirectional_attention\": null", "\"use_bidirectional_attention\": \"vision\""},
+        {"\"per_layer_config\": {}", "\"global_head_dim\": 16"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        char msg[1024];
+        eng_model m;
+        cr_assert_eq(
+            load_edited_folder("gemma4_tiny", edits[i][0], edits[i][1], &m, msg, sizeof msg), 0,
+            "%s: %s", edits[i][1], msg);
+        cr_assert_eq(m.cfg.head_dim, 16);
+        eng_model_free(&m);
+    }
+}
+
 /* A config edit the loader must refuse, and words its message must hold. */
 typedef struct refused_edit {
     const char *fixture, *from, *to, *want;
@@ -1071,6 +1205,34 @@ static const refused_edit REFUSED_EDITS[] = {
      "llama_4_scaling_beta is missing"},
     {"ministral3_tiny", "\"architectures\"", "\"attention_bias\": true,\n  \"architectures\"",
      "attention_bias is not supported for Ministral 3"},
+    {"gemma4_tiny", "\"hidden_size_per_layer_input\": 0", "\"hidden_size_per_layer_input\": 8",
+     "hidden_size_per_layer_input is not supported for Gemma 4 (per-layer input embeddings)"},
+    {"gemma4_tiny", "\"hidden_size_per_layer_input\": 0", "\"hidden_size_per_layeX\": 0",
+     "hidden_size_per_layer_input"},
+    {"gemma4_kv_shared_tiny", "\"use_double_wide_mlp\": false", "\"use_double_wide_mlp\": true",
+     "use_double_wide_mlp is not supported"},
+    {"gemma4_tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 6",
+     "num_kv_shared_layers"},
+    {"gemma4_tiny", "\"attention_k_eq_v\": false", "\"attention_k_eq_v\": true",
+     "attention_k_eq_v is not supported"},
+    {"gemma4_tiny", "\"enable_moe_block\": false", "\"enable_moe_block\": true",
+     "enable_moe_block is not supported"},
+    {"gemma4_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
+     "attention_bias is not supported for Gemma 4"},
+    {"gemma4_tiny", "\"use_bidirectional_attention\": null",
+     "\"use_bidirectional_attention\": \"all\"", "use_bidirectional_attention"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_config\": {\"2\": {\"head_dim\": 32}}",
+     "per_layer_config[2].head_dim"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_configX\": {}", "global_head_dim 512"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"global_head_dim\": 32", "global_head_dim 32"},
+    {"gemma4_tiny",
+     "\"full_attention\",\n    \"sliding_attention\",\n    \"sliding_attention\",\n    "
+     "\"full_attention\"",
+     "\"sliding_attention\",\n    \"full_attention\",\n    \"sliding_attention\",\n    "
+     "\"sliding_attention\"",
+     "last layer slides"},
+    {"gemma4_tiny", "\"rope_type\": \"default\"", "\"rope_type\": \"linear\"",
+     "sliding_attention.rope_type linear"},
 };
 
 Test(architectures, options_not_run_are_refused_by_name, .timeout = 120)
@@ -1101,6 +1263,9 @@ static const family_fixture NEW_FAMILIES[] = {
     {"olmo3_tiny", OLMO3_TOKENS, OLMO3_N_TOKENS, OLMO3_VOCAB, &OLMO3_LOGITS[0][0]},
     {"ministral3_tiny", MINISTRAL3_TOKENS, MINISTRAL3_N_TOKENS, MINISTRAL3_VOCAB,
      &MINISTRAL3_LOGITS[0][0]},
+    {"gemma4_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_LOGITS[0][0]},
+    {"gemma4_kv_shared_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB,
+     &GEMMA4_KV_SHARED_LOGITS[0][0]},
 };
 
 /* f's folder loaded from a scratch copy (dir: the copy, the caller's to
@@ -1153,6 +1318,16 @@ Test(architectures, reference_pass_equals_transformers_on_the_new_families, .tim
     }
 }
 
+/* The config whose kv-shared layers (Gemma 4) no_kv_of_its_own reads. */
+static const eng_config *skip_cfg;
+
+/* PEFT has no k_proj or v_proj to adapt on a kv-shared layer
+ * (transformers builds none there). */
+static bool no_kv_of_its_own(int32_t layer, eng_proj p)
+{
+    return (p == ENG_PROJ_K || p == ENG_PROJ_V) && eng_layer_kv_source(skip_cfg, layer) != layer;
+}
+
 /* A PEFT adapter on all seven projections of each new family, unmerged
  * (through the walk's inputs: OLMo 3's blocks read the residual) and
  * merged, against the float64 pass with the adapter added; it moves the
@@ -1166,6 +1341,8 @@ Test(architectures, adapters_on_the_new_families_match_the_reference, .timeout =
         load_family(&m, f, dir, sizeof dir);
         snprintf(adir, sizeof adir, "%s/adapter", dir);
         lora_fix_spec s = lora_fix_default();
+        skip_cfg = &m.cfg;
+        s.skip = no_kv_of_its_own;
         lora_fix_write(adir, &m.cfg, &s);
         eng_lora *lora = NULL;
         cr_assert_eq(lora_load(&lora, NULL, adir, "all", &m, msg, sizeof msg), 0, "%s", msg);

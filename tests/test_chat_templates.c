@@ -41,6 +41,7 @@ static const char *const tested[] = {
     "mistral_small_3_2",
     "ministral_3_reasoning",
     "gemma_2",
+    "gemma_4",
     "phi_3_5",
     "deepseek_r1_qwen",
     "deepseek_r1_llama",
@@ -328,6 +329,7 @@ TEMPLATE_TEST(mistral_nemo)
 TEMPLATE_TEST(mistral_small_3_2)
 TEMPLATE_TEST(ministral_3_reasoning)
 TEMPLATE_TEST(gemma_2)
+TEMPLATE_TEST(gemma_4)
 TEMPLATE_TEST(phi_3_5)
 TEMPLATE_TEST(deepseek_r1_qwen)
 TEMPLATE_TEST(deepseek_r1_llama)

@@ -15,7 +15,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef enum { DIM_NONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FF, DIM_HEAD, DIM_HEADS } layer_dim;
+typedef enum {
+    DIM_NONE,
+    DIM_HIDDEN,
+    DIM_Q,
+    DIM_KV,
+    DIM_FF,
+    DIM_HEAD,
+    DIM_HEADS,
+    DIM_ONE
+} layer_dim;
 
 /* When a part is present: always, with attention_bias, with qk_norm,
  * unless the layer is fused (Phi-3: q/k/v and gate/up come from one tensor
@@ -38,7 +47,8 @@ typedef enum {
     WITH_SANDWICH,
     WITH_O_BIAS,
     WITH_SINKS,
-    GPT_OSS_FFN_NORM
+    GPT_OSS_FFN_NORM,
+    WITH_LAYER_SCALAR
 } layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
@@ -94,6 +104,8 @@ static const struct layer_part {
      offsetof(eng_layer, bo), WITH_O_BIAS},
     {"self_attn.sinks", "attn_sinks.weight", DIM_HEADS, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, sinks), WITH_SINKS},
+    {"layer_scalar", "layer_output_scale.weight", DIM_ONE, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, layer_scalar), WITH_LAYER_SCALAR},
 };
 
 #define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
@@ -146,6 +158,18 @@ static int load_fused(model_loader *L, model_tensor_loader load, bool gguf, int3
     return rc;
 }
 
+/* eng_layer_kv_source (model.h): Gemma 4's kv-shared layers' sources. */
+int32_t eng_layer_kv_source(const eng_config *c, int32_t l)
+{
+    int32_t first = c->n_layers - c->kv_shared_layers;
+    if (c->kv_shared_layers <= 0 || l < first)
+        return l;
+    for (int32_t s = first - 1; s >= 0; s--)
+        if (eng_layer_slides(c, s) == eng_layer_slides(c, l))
+            return s;
+    return l; /* the loader refuses a type no unshared layer has */
+}
+
 /* Whether layer l of a model of config c has the part (the walks skip the
  * others, so a field two rows name is visited once). A mixture-of-experts
  * layer has no plain MLP: experts.c loads its experts, and Qwen2-MoE's
@@ -156,6 +180,12 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
                part->field == offsetof(eng_layer, w_up) ||
                part->field == offsetof(eng_layer, w_down);
     if (mlp && eng_layer_is_moe(c, l))
+        return false;
+    /* Gemma 4's kv-shared layers have no k or v of their own */
+    bool kv = part->field == offsetof(eng_layer, wk) || part->field == offsetof(eng_layer, wv) ||
+              part->field == offsetof(eng_layer, k_norm) ||
+              part->field == offsetof(eng_layer, bk) || part->field == offsetof(eng_layer, bv);
+    if (kv && eng_layer_kv_source(c, l) != l)
         return false;
     switch (part->when) {
     case ALWAYS: return true;
@@ -171,6 +201,7 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case WITH_O_BIAS: return c->o_bias;
     case WITH_SINKS: return c->attn_sinks;
     case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;
+    case WITH_LAYER_SCALAR: return c->layer_scalar;
     }
     return false;
 }
@@ -193,6 +224,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_FF] = c->intermediate_size,
         [DIM_HEAD] = c->head_dim,
         [DIM_HEADS] = c->n_heads,
+        [DIM_ONE] = 1,
     };
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;

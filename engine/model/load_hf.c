@@ -253,6 +253,10 @@ static int parse_rope_scaling(const char *path, const cJSON *j, eng_config *c, c
                                   1 << 24, &c->rope_original_max_position, msg, msg_len);
         return rc;
     }
+    if (strcmp(t, "proportional") == 0 && c->arch == ENG_ARCH_GEMMA4) {
+        c->rope_scaling = ENG_ROPE_PROPORTIONAL; /* parse_gemma4_config counts the pairs */
+        return QL_OK;
+    }
     return ql_fail(msg, msg_len, QL_EINVAL,
                    "%s: rope_scaling type \"%s\" is not supported (linear, llama3, longrope, yarn)",
                    path, t);
@@ -285,7 +289,7 @@ static int parse_layer_types(const char *path, const cJSON *j, eng_config *c, ch
 {
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (!types || cJSON_IsNull(types)) {
-        int32_t def = c->arch == ENG_ARCH_GEMMA3 ? 6 : 2;
+        int32_t def = c->arch == ENG_ARCH_GEMMA3 || c->arch == ENG_ARCH_GEMMA4 ? 6 : 2;
         int rc = model_json_int32(path, j, "sliding_window_pattern", def, false, 1, 1 << 20,
                                   &c->sliding_pattern, msg, msg_len);
         if (rc == QL_OK && c->sliding_pattern == 1)
@@ -324,6 +328,21 @@ static int parse_layer_types(const char *path, const cJSON *j, eng_config *c, ch
                            path, l);
     }
     return QL_OK;
+}
+
+/* A sliding layer type's rotation (rope_parameters.sliding_attention of
+ * Gemma 3, OLMo 3, Gemma 4): plain, with its own base (def when absent);
+ * another rope_type is refused by name. */
+static int sliding_rope_base(const char *path, const cJSON *slide, double def, float *out,
+                             char *msg, size_t msg_len)
+{
+    const char *t = mf_json_str(slide, "rope_type");
+    if (t && strcmp(t, "default") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: rope_parameters.sliding_attention.rope_type %s is not supported "
+                       "(default)",
+                       path, t);
+    return positive_float(path, slide, "rope_theta", def, out, msg, msg_len);
 }
 
 /* Gemma 2 and 3 (Gemma3ForCausalLM, text only): what their configs say
@@ -379,19 +398,196 @@ static int parse_gemma_config(const char *path, const cJSON *j, eng_config *c, c
         rc = positive_float(path, full, "rope_theta", 1e6, &c->rope_theta, msg, msg_len);
     else if (!cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
         c->rope_theta = 1e6f;
-    if (rc == QL_OK && cJSON_IsObject(slide)) {
-        const char *t = mf_json_str(slide, "rope_type");
-        if (t && strcmp(t, "default") != 0)
-            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                           "%s: rope_parameters.sliding_attention.rope_type %s is not supported "
-                           "(default)",
-                           path, t);
-        rc = positive_float(path, slide, "rope_theta", 1e4, &c->rope_local_theta, msg, msg_len);
-    } else if (rc == QL_OK) {
+    if (rc == QL_OK && cJSON_IsObject(slide))
+        rc = sliding_rope_base(path, slide, 1e4, &c->rope_local_theta, msg, msg_len);
+    else if (rc == QL_OK)
         rc = positive_float(path, j, "rope_local_base_freq", 1e4, &c->rope_local_theta, msg,
                             msg_len);
-    }
     return rc;
+}
+
+/* --- Gemma 4 ------------------------------------------------------------------ */
+
+/* The Gemma 4 options qlserve does not run, each refused by name: a key
+ * whose value (absent: Gemma4TextConfig's default) is not the one given. */
+static const struct gemma4_refusal {
+    const char *key, *what;
+    double runs, def;
+} gemma4_refusals[] = {
+    {"hidden_size_per_layer_input", "per-layer input embeddings", 0, 256},
+    {"attention_k_eq_v", "keys reused as values", 0, 0},
+    {"enable_moe_block", "the mixture-of-experts block", 0, 0},
+    {"attention_bias", "biases on the attention projections", 0, 0},
+};
+
+/* Gemma 4's full layers' head dim and kv heads: per_layer_config's entries
+ * (which must not change them), else global_head_dim (the config class's
+ * 512 when absent), which must be head_dim; qlserve runs one head shape. */
+static int gemma4_one_head_shape(const char *path, const cJSON *j, const eng_config *c, char *msg,
+                                 size_t msg_len)
+{
+    const cJSON *plc = cJSON_GetObjectItemCaseSensitive(j, "per_layer_config");
+    if (plc && !cJSON_IsNull(plc)) {
+        const cJSON *e;
+        cJSON_ArrayForEach (e, plc) {
+            const cJSON *v;
+            cJSON_ArrayForEach (v, e) {
+                double d = -1;
+                bool same = mf_json_number(v, &d) &&
+                            ((strcmp(v->string, "head_dim") == 0 && d == c->head_dim) ||
+                             (strcmp(v->string, "num_key_value_heads") == 0 && d == c->n_kv_heads));
+                if (!same)
+                    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                                   "%s: per_layer_config[%s].%s is not supported (qlserve runs "
+                                   "one head_dim and num_key_value_heads for every layer)",
+                                   path, e->string ? e->string : "?", v->string);
+            }
+        }
+        return QL_OK;
+    }
+    double g = 512;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "global_head_dim");
+    if (v && !cJSON_IsNull(v) && !mf_json_number(v, &g))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"global_head_dim\" is not a number", path);
+    if (g != c->head_dim)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: global_head_dim %g differs from head_dim %d; per-layer head dims are "
+                       "not supported",
+                       path, g, c->head_dim);
+    return QL_OK;
+}
+
+/* What Gemma 4's config asks that qlserve does not run, refused by name. */
+static int gemma4_refuse(const char *path, const cJSON *j, const eng_config *c, char *msg,
+                         size_t msg_len)
+{
+    for (size_t i = 0; i < sizeof gemma4_refusals / sizeof *gemma4_refusals; i++) {
+        const struct gemma4_refusal *r = &gemma4_refusals[i];
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, r->key);
+        double d = r->def;
+        if (cJSON_IsBool(v))
+            d = cJSON_IsTrue(v) ? 1 : 0;
+        else if (v && !cJSON_IsNull(v) && !mf_json_number(v, &d))
+            d = NAN;
+        if (!(d == r->runs))
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: %s is not supported for Gemma 4 (%s), only %g", path, r->key,
+                           r->what, r->runs);
+    }
+    /* "vision" leaves text causal (only image tokens see each other) */
+    const cJSON *bi = cJSON_GetObjectItemCaseSensitive(j, "use_bidirectional_attention");
+    if (bi && !cJSON_IsNull(bi) && !(cJSON_IsString(bi) && strcmp(bi->valuestring, "vision") == 0))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: use_bidirectional_attention other than \"vision\" is not supported "
+                       "(qlserve is causal)",
+                       path);
+    const char *act = mf_json_str(j, "hidden_activation");
+    if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_activation %s is not supported (gelu_pytorch_tanh)", path, act);
+    return gemma4_one_head_shape(path, j, c, msg, msg_len);
+}
+
+/* Gemma 4's last num_kv_shared_layers layers attend over the cache of the
+ * last unshared layer of their type (eng_layer_kv_source), which must
+ * exist, as transformers' kv_sharing_modes requires; their double-wide MLP
+ * (use_double_wide_mlp) is refused by name. */
+static int gemma4_kv_sharing(const char *path, const cJSON *j, eng_config *c, char *msg,
+                             size_t msg_len)
+{
+    int rc = model_json_int32(path, j, "num_kv_shared_layers", 0, false, 0, c->n_layers - 1,
+                              &c->kv_shared_layers, msg, msg_len);
+    if (rc != QL_OK || c->kv_shared_layers == 0)
+        return rc;
+    if (mf_json_bool(j, "use_double_wide_mlp", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: use_double_wide_mlp is not supported (the kv-shared layers' MLP of "
+                       "twice intermediate_size)",
+                       path);
+    for (int32_t l = c->n_layers - c->kv_shared_layers; l < c->n_layers; l++)
+        if (eng_layer_kv_source(c, l) == l)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: layer %d shares keys and values, but no unshared layer of its "
+                           "type has them",
+                           path, l);
+    return QL_OK;
+}
+
+/* Gemma 4's two rotations: the full layers' (rope_parameters.full_attention,
+ * "proportional" over partial_rotary_factor of each head's pairs, base
+ * 1e6), the sliding layers' (default, base 1e4); without rope_parameters,
+ * the config class's defaults (proportional over a quarter). */
+static int gemma4_rope(const char *path, const cJSON *j, eng_config *c, char *msg, size_t msg_len)
+{
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *full =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+    const cJSON *slide =
+        cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+    double part = 0.25;
+    c->rope_dim = 0;
+    c->rope_theta = 1e6f;
+    c->rope_local_theta = c->sliding_window > 0 ? 1e4f : 0.0f;
+    if (!cJSON_IsObject(rp))
+        c->rope_scaling = ENG_ROPE_PROPORTIONAL;
+    int rc = QL_OK;
+    if (cJSON_IsObject(full)) {
+        rc = positive_float(path, full, "rope_theta", 1e6, &c->rope_theta, msg, msg_len);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(full, "partial_rotary_factor");
+        part = 1.0;
+        if (rc == QL_OK && v && !(mf_json_number(v, &part) && part > 0 && part <= 1))
+            rc = ql_fail(
+                msg, msg_len, QL_EFORMAT,
+                "%s: rope_parameters.full_attention.partial_rotary_factor is not in (0, 1]", path);
+    }
+    if (rc == QL_OK && c->rope_scaling != ENG_ROPE_PROPORTIONAL && part != 1.0)
+        rc = ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                     "%s: partial_rotary_factor on the full layers is supported only with the "
+                     "proportional rope_type",
+                     path);
+    /* transformers' int(factor * head_dim // 2) */
+    c->rope_prop_pairs = (int32_t)floor(part * (double)c->head_dim / 2.0);
+    if (rc == QL_OK && cJSON_IsObject(slide) && c->rope_local_theta > 0.0f)
+        rc = sliding_rope_base(path, slide, 1e4, &c->rope_local_theta, msg, msg_len);
+    return rc;
+}
+
+/* Gemma 4's text model (Gemma4ForCausalLM) beyond a Llama: Gemma 3's
+ * sandwich and GeGLU with plain RMSNorm weights (x * w, norm_offset 0), a
+ * weightless norm on each head of v, unscaled scores (scaling 1), a
+ * layer_scalar per layer, the proportional rotary on the full layers, the
+ * final soft cap; the config class's defaults for what it leaves out.
+ * Every option gemma4_refuse names is refused. */
+static int parse_gemma4_config(const char *path, const cJSON *j, eng_config *c, char *msg,
+                               size_t msg_len)
+{
+    if (!cJSON_GetObjectItemCaseSensitive(j, "head_dim"))
+        c->head_dim = 256;
+    int rc = gemma4_refuse(path, j, c, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->ffn_act = ENG_FFN_GELU_TANH;
+    c->norm_offset = 0.0f;
+    c->sandwich_norms = c->qk_norm = c->v_norm = c->layer_scalar = true;
+    c->attn_scale = 1.0f;
+    c->tie_word_embeddings = mf_json_bool(j, "tie_word_embeddings", true);
+    float window = 0.0f;
+    rc =
+        nullable_positive(path, j, "final_logit_softcapping", 0.0, &c->final_softcap, msg, msg_len);
+    if (rc == QL_OK)
+        rc = nullable_positive(path, j, "sliding_window", 512.0, &window, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->sliding_window = (int32_t)window;
+    rc = parse_layer_types(path, j, c, msg, msg_len);
+    if (rc == QL_OK && eng_layer_slides(c, c->n_layers - 1))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: the last layer slides; transformers makes it full, which breaks the "
+                       "repeating pattern qlserve runs",
+                       path);
+    if (rc == QL_OK)
+        rc = gemma4_kv_sharing(path, j, c, msg, msg_len);
+    return rc == QL_OK ? gemma4_rope(path, j, c, msg, msg_len) : rc;
 }
 
 /* GPT-OSS beyond a Llama: biases on q, k, v and o (attention_bias), the
@@ -530,15 +726,8 @@ static int parse_olmo3_config(const char *path, const cJSON *j, eng_config *c, c
     else if (rc == QL_OK && !cJSON_GetObjectItemCaseSensitive(j, "rope_theta"))
         c->rope_theta = 5e5f;
     c->rope_local_theta = c->rope_theta;
-    if (rc == QL_OK && cJSON_IsObject(slide)) {
-        const char *t = mf_json_str(slide, "rope_type");
-        if (t && strcmp(t, "default") != 0)
-            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                           "%s: rope_parameters.sliding_attention.rope_type %s is not supported "
-                           "(default)",
-                           path, t);
-        rc = positive_float(path, slide, "rope_theta", 5e5, &c->rope_local_theta, msg, msg_len);
-    }
+    if (rc == QL_OK && cJSON_IsObject(slide))
+        rc = sliding_rope_base(path, slide, 5e5, &c->rope_local_theta, msg, msg_len);
     return rc;
 }
 
@@ -653,13 +842,16 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_OLMO3;
     else if (strcmp(arch, "Ministral3ForCausalLM") == 0)
         c->arch = ENG_ARCH_MINISTRAL3;
+    else if (strcmp(arch, "Gemma4ForCausalLM") == 0)
+        c->arch = ENG_ARCH_GEMMA4;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
                        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
-                       "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM)",
+                       "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM, "
+                       "Gemma4ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -725,6 +917,8 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         return rc;
     if (c->arch == ENG_ARCH_MINISTRAL3 &&
         (rc = parse_ministral3_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_GEMMA4 && (rc = parse_gemma4_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
@@ -1013,7 +1207,8 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     int64_t h = c->hidden_size;
     rc = load_hf_tensor(L, "model.embed_tokens.weight", c->vocab_size, h, ROLE_EMBED, &m->embed,
                         msg, msg_len);
-    if (rc == QL_OK && (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3))
+    if (rc == QL_OK &&
+        (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3 || c->arch == ENG_ARCH_GEMMA4))
         c->embed_scale = gemma_embed_scale(c->hidden_size, m->embed.kind);
     if (rc == QL_OK)
         rc = load_hf_tensor(L, "model.norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);

@@ -37,6 +37,7 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_SMOLLM3: return "smollm3";
     case ENG_ARCH_OLMO3: return "olmo3";
     case ENG_ARCH_MINISTRAL3: return "ministral3";
+    case ENG_ARCH_GEMMA4: return "gemma4";
     }
     return "unknown";
 }

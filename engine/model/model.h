@@ -62,6 +62,7 @@ typedef enum eng_arch {
      * YaRN and Llama 4's position-dependent query scaling (eng_config's
      * attn_temp_beta) */
     ENG_ARCH_MINISTRAL3,
+    ENG_ARCH_GEMMA4, /* Gemma 4's text model, without the options load_hf.c refuses */
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -76,12 +77,9 @@ typedef enum eng_router {
     ENG_ROUTER_TOPK_SOFTMAX,
 } eng_router;
 
-/* The most layers a mixture-of-experts model may have (eng_config's
- * dense_layers bitmap). */
-#define ENG_MAX_MOE_LAYERS 1024
-
-/* The most layers a model with layers that skip RoPE may have
- * (eng_config's nope_layers bitmap). */
+/* The most layers a mixture-of-experts model (eng_config's dense_layers
+ * bitmap), and one with layers that skip RoPE (nope_layers), may have. */
+#define ENG_MAX_MOE_LAYERS  1024
 #define ENG_MAX_NOPE_LAYERS 1024
 
 /* The gated unit of the MLP: silu(gate) * up (SwiGLU), Gemma's
@@ -90,11 +88,9 @@ typedef enum eng_router {
  * gate * sigmoid(swiglu_alpha * gate) (om_swiglu_oai). */
 typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
-/* The most tokens besides eos_token_id that end an answer (eng_config). */
-#define ENG_MAX_EOG 7
+#define ENG_MAX_EOG 7 /* the most tokens besides eos_token_id that end an answer */
 
-/* The most rotary pairs a model may carry frequency factors for (head dim
- * 512, the forward pass's limit, engine/runtime/forward.c). */
+/* The most rotary pairs with frequency factors (head dim 512, forward.c's). */
 #define ENG_MAX_ROPE_FREQ_FACTORS 256
 
 typedef enum eng_rope_scaling {
@@ -109,6 +105,7 @@ typedef enum eng_rope_scaling {
      * factor by a ramp over the pairs between the beta_fast and beta_slow
      * correction dims, cos/sin times rope_attn_factor (eng_config) */
     ENG_ROPE_YARN,
+    ENG_ROPE_PROPORTIONAL, /* Gemma 4's full layers (step.c's eng_rope_inv_freq) */
 } eng_rope_scaling;
 
 /* What a model is, from config.json or GGUF metadata. */
@@ -185,6 +182,11 @@ typedef struct eng_config {
      * beta 0: none */
     float attn_temp_beta;
     int32_t attn_temp_floor;
+    /* Gemma 4: the pairs ENG_ROPE_PROPORTIONAL turns; v through a weightless
+     * RMSNorm per head; each layer's output times its eng_layer.layer_scalar */
+    int32_t rope_prop_pairs;
+    bool v_norm, layer_scalar;
+    int32_t kv_shared_layers;           /* Gemma 4: the last this many reuse keys and values */
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -224,13 +226,11 @@ typedef struct eng_config {
     bool norm_topk_prob;      /* the chosen experts' weights renormalized to sum 1 */
     eng_router router;
     bool router_bias; /* GPT-OSS: the router and each expert's gate, up and down have biases */
-    /* layers that are a plain MLP of intermediate_size in a MoE model
-     * (Qwen's mlp_only_layers and decoder_sparse_step): bit l of word l / 64 */
+    /* a MoE model's plain-MLP layers (mlp_only_layers...): bit l of word l / 64 */
     uint64_t dense_layers[ENG_MAX_MOE_LAYERS / 64];
 } eng_config;
 
-/* Whether layer l is a mixture of experts (eng_config's n_experts and
- * dense_layers). */
+/* Whether layer l is a mixture of experts (n_experts, dense_layers). */
 static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
 {
     if (c->n_experts <= 0 || l < 0 || l >= ENG_MAX_MOE_LAYERS)
@@ -238,8 +238,7 @@ static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
     return !(c->dense_layers[l / 64] >> (l % 64) & 1);
 }
 
-/* Whether layer l attends through the sliding window (eng_config's
- * sliding_window and sliding_pattern). */
+/* Whether layer l attends through the window (sliding_window, _pattern). */
 static inline bool eng_layer_slides(const eng_config *c, int32_t l)
 {
     if (c->sliding_window <= 0)
@@ -247,13 +246,16 @@ static inline bool eng_layer_slides(const eng_config *c, int32_t l)
     return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
 }
 
-/* The weights of layer l's q norm (k: its k norm): a head's, or the
- * whole projection's (eng_config's qk_norm_whole). */
+/* Layer l's q (k: k) norm's width: a head's, or the projection's (OLMo 3). */
 static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
 {
     int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
     return heads * c->head_dim;
 }
+
+/* The layer whose cache layer l attends over: l, or for one of Gemma 4's
+ * kv_shared_layers the last earlier unshared layer of its type (layers.c). */
+int32_t eng_layer_kv_source(const eng_config *c, int32_t l);
 
 /* Whether a sequence that may reach `reserved` positions (its prompt plus
  * the tokens it may generate) rotates with longrope's long factors: when
@@ -297,6 +299,7 @@ typedef struct eng_layer {
      * gate, up and down biases [n_experts, expert_ff] twice and
      * [n_experts, hidden], dense */
     qtensor router_b, expert_b[3];
+    qtensor layer_scalar; /* Gemma 4's [1, 1] (eng_config's layer_scalar); rows 0: none */
 } eng_layer;
 
 /*

@@ -101,6 +101,7 @@ typedef struct dev_layer {
     float *attn_norm, *ffn_norm;           /* [hidden] */
     float *bias;                           /* [q + 2 kv] when attention_bias */
     float *q_norm, *k_norm;                /* [eng_qk_norm_width] when qk_norm (Qwen3, OLMo 3) */
+    float *v_norm;                         /* [head_dim] of ones when v_norm (Gemma 4) */
     float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3's) */
     qt_cuda_tensor *proj;               /* [n_proj] (eng_n_proj): rows 0 where the layer has none */
     qt_cuda_tensor router, shared_gate; /* a mixture of experts' (rows 0: none) */
@@ -285,6 +286,23 @@ static int upload_norm(const qtensor *t, float offset, float **out, const char *
     if (t->rows == 0)
         return QL_OK;
     return upload_rows(t, 1, offset, out, what, msg, msg_len);
+}
+
+/* n ones to a new f32 device array: a weightless norm's (Gemma 4's v norm). */
+static int upload_ones(int64_t n, float **out, const char *what, char *msg, size_t msg_len)
+{
+    float *ones = malloc((size_t)n * sizeof(float));
+    if (!ones)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++)
+        ones[i] = 1.0f;
+    qtensor t = {0};
+    int rc = qt_from_dense(&t, QT_F32, ones, 1, n, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_rows(&t, 1, 0.0f, out, what, msg, msg_len);
+    qt_free(&t);
+    free(ones);
+    return rc;
 }
 
 static int upload_tensor(const qtensor *t, qt_cuda_tensor *d, const char *what, size_t *bytes,
@@ -1384,6 +1402,7 @@ static void cuda_destroy(eng_backend *b)
         cudaFree(dl->bias);
         cudaFree(dl->q_norm);
         cudaFree(dl->k_norm);
+        cudaFree(dl->v_norm);
         cudaFree(dl->post_attn_norm);
         cudaFree(dl->post_ffn_norm);
         cudaFree(dl->o_bias);
@@ -1450,6 +1469,7 @@ static int walk_view(cuda_backend *c, char *msg, size_t msg_len)
                                .bias = dl->bias,
                                .q_norm = dl->q_norm,
                                .k_norm = dl->k_norm,
+                               .v_norm = dl->v_norm,
                                .post_attn_norm = dl->post_attn_norm,
                                .post_ffn_norm = dl->post_ffn_norm,
                                .o_bias = dl->o_bias,
@@ -1535,6 +1555,8 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             rc = upload_norm(&hl->q_norm, off, &dl->q_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->qk_norm)
             rc = upload_norm(&hl->k_norm, off, &dl->k_norm, what, msg, msg_len);
+        if (rc == QL_OK && cfg->v_norm)
+            rc = upload_ones(cfg->head_dim, &dl->v_norm, what, msg, msg_len);
         if (rc == QL_OK && (cfg->sandwich_norms || cfg->post_norms))
             rc = upload_norm(&hl->post_attn_norm, off, &dl->post_attn_norm, what, msg, msg_len);
         if (rc == QL_OK && (cfg->sandwich_norms || cfg->post_norms))

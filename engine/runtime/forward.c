@@ -91,6 +91,7 @@ static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
     size_t H = (size_t)c->hidden_size,
            QKV = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (size_t)c->head_dim, i = (size_t)l;
     size_t qn = (size_t)eng_qk_norm_width(c, false), kn = (size_t)eng_qk_norm_width(c, true);
+    size_t vn = c->v_norm ? (size_t)c->head_dim : 0;
     eng_walk_layer *ly = &st->layers[l];
     /* OLMo 3's layers have no norm before attention or the MLP */
     ly->attn_norm = c->post_norms ? NULL : st->norms + 2 * i * H;
@@ -98,8 +99,9 @@ static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
     ly->bias = st->biases ? st->biases + i * QKV : NULL;
     ly->o_bias = st->o_biases ? st->o_biases + i * H : NULL;
     ly->sinks = st->sinks ? st->sinks + i * (size_t)c->n_heads : NULL;
-    ly->q_norm = st->qk_norms ? st->qk_norms + i * (qn + kn) : NULL;
-    ly->k_norm = st->qk_norms ? st->qk_norms + i * (qn + kn) + qn : NULL;
+    ly->q_norm = st->qk_norms ? st->qk_norms + i * (qn + kn + vn) : NULL;
+    ly->k_norm = st->qk_norms ? st->qk_norms + i * (qn + kn + vn) + qn : NULL;
+    ly->v_norm = st->qk_norms && vn ? st->qk_norms + i * (qn + kn + vn) + qn + kn : NULL;
     ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
     ly->post_ffn_norm = st->post_norms ? st->post_norms + (2 * i + 1) * H : NULL;
     eng_walk_layer_shape(c, l, ly);
@@ -193,7 +195,9 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->norms = malloc(L * 2 * H * sizeof(float));
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
-    size_t qk_width = (size_t)(eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true));
+    /* q's and k's norms, and Gemma 4's weightless v norm as ones */
+    size_t qk_width = (size_t)(eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true)) +
+                      (c->v_norm ? (size_t)c->head_dim : 0);
     st->qk_norms = c->qk_norm ? malloc(L * qk_width * sizeof(float)) : NULL;
     st->o_biases = c->o_bias ? malloc(L * H * sizeof(float)) : NULL;
     st->sinks = c->attn_sinks ? malloc(L * (size_t)c->n_heads * sizeof(float)) : NULL;
@@ -228,7 +232,10 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         if (c->qk_norm) {
             float *qk = st->qk_norms + l * qk_width;
             norm_row(&m->layers[l].q_norm, c->norm_offset, qk);
-            norm_row(&m->layers[l].k_norm, c->norm_offset, qk + eng_qk_norm_width(c, false));
+            if (m->layers[l].k_norm.rows) /* none on Gemma 4's kv-shared layers */
+                norm_row(&m->layers[l].k_norm, c->norm_offset, qk + eng_qk_norm_width(c, false));
+            for (int64_t e = 0; c->v_norm && e < c->head_dim; e++)
+                qk[eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true) + e] = 1.0f;
         }
         layer_view(st, c, (int32_t)l);
     }

@@ -88,6 +88,9 @@ void eng_rope_inv_freq(const eng_config *c, bool long_factors, double *inv_freq)
                     ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
                 f = (1.0 - smooth) * f / (double)c->rope_factor + smooth * f;
             }
+        } else if (c->rope_scaling == ENG_ROPE_PROPORTIONAL) {
+            /* Gemma 4: the pairs past rope_prop_pairs stand still */
+            f = i < c->rope_prop_pairs ? f / (double)c->rope_factor : 0.0;
         }
         inv_freq[i] = f;
     }

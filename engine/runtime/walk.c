@@ -79,6 +79,18 @@ static int scale_queries(const eng_walk_backend *b, const eng_step_seq *seqs, in
     return scale_rows(b, q, run0, r, run_f, msg, msg_len);
 }
 
+/* Gemma 4: the residual stream times layer l's layer_scalar (read from the
+ * model's host copy each step: one float; nothing to do when it is 1). */
+static int scale_layer_output(const eng_walk_backend *b, int32_t l, int64_t n, char *msg,
+                              size_t msg_len)
+{
+    float s = 1.0f;
+    qt_dequantize_rows(&b->m->layers[l].layer_scalar, 0, 1, &s);
+    if (s == 1.0f)
+        return QL_OK;
+    return b->ops->scale(b->be, b->x, n, s, msg, msg_len);
+}
+
 /* A failure inside layer l (l < 0: around the layers): its code, with the
  * layer put before the operation's sentence. */
 static int failed(int rc, int32_t l, char *msg, size_t msg_len)
@@ -161,43 +173,49 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         const float *attn_in = ly->attn_norm ? b->h : b->x;
         if (ly->attn_norm)
             OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
-        // qkv matmuls
+        // qkv matmuls (Gemma 4's kv-shared layers: q alone; they attend over
+        // an earlier layer's cache)
+        int32_t kv_layer = eng_layer_kv_source(c, l);
+        bool own = kv_layer == l;
         OP(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_K, attn_in, b->k, msg, msg_len));
-        OP(ops->project(be, l, ENG_PROJ_V, attn_in, b->v, msg, msg_len));
+        if (own) {
+            OP(ops->project(be, l, ENG_PROJ_K, attn_in, b->k, msg, msg_len));
+            OP(ops->project(be, l, ENG_PROJ_V, attn_in, b->v, msg, msg_len));
+        }
         // Qwen2's q, k and v biases
         if (ly->bias) {
             OP(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
             OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
             OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
         }
-        // OLMo 3: q and k through their RMSNorms, each row whole
-        if (ly->q_norm && c->qk_norm_whole) {
-            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T, Q, eps, msg, msg_len));
-            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T, KV, eps, msg, msg_len));
-        }
-        // Qwen3: each head of q and k through its RMSNorm (a head is a row)
-        if (ly->q_norm && !c->qk_norm_whole) {
-            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, T * c->n_heads, c->head_dim, eps, msg,
+        // q and k through their RMSNorms: OLMo 3's each row whole, Qwen3's
+        // per head (a head is a row); Gemma 4's weightless one on each head of v
+        if (ly->q_norm)
+            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, c->qk_norm_whole ? T : T * c->n_heads,
+                            c->qk_norm_whole ? Q : c->head_dim, eps, msg, msg_len));
+        if (ly->k_norm && own)
+            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, c->qk_norm_whole ? T : T * c->n_kv_heads,
+                            c->qk_norm_whole ? KV : c->head_dim, eps, msg, msg_len));
+        if (ly->v_norm && own)
+            OP(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
                             msg_len));
-            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
-                            msg_len));
-        }
         // RoPE (Gemma 3's sliding layers with their own table; none on
         // SmolLM3's NoPE layers)
         if (ly->rope != ENG_WALK_ROPE_NONE) {
             OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
-            OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+            if (own)
+                OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
         }
         // Llama 4's temperature: each query times its position's factor (Ministral 3)
         if (c->attn_temp_beta > 0.0f)
             OP(scale_queries(b, seqs, n_seqs, b->q, msg, msg_len));
         // K and V into the paged cache, all rows first so a prefill chunk sees itself
-        OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
+        if (own)
+            OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
         // grouped-query attention, causal, over the paged cache (the window on
         // sliding layers, Gemma 2's soft-capped scores, GPT-OSS's sinks)
-        OP(ops->attend(be, l, b->q, b->att, ly->window, scale, c->attn_softcap, ly->sinks, msg,
-                       msg_len));
+        OP(ops->attend(be, kv_layer, b->q, b->att, ly->window, scale, c->attn_softcap, ly->sinks,
+                       msg, msg_len));
         // output projection (GPT-OSS's bias)
         OP(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
         if (ly->o_bias)
@@ -229,6 +247,9 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));
         // residual
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
+        // Gemma 4: the layer's output times its layer_scalar
+        if (c->layer_scalar)
+            OP(scale_layer_output(b, l, T * H, msg, msg_len));
     }
     l = -1;
 

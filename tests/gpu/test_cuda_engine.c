@@ -927,7 +927,9 @@ static bool load_fixture(const char *file, const char *name, eng_model *m)
  * NoPE layers, OLMo 3's layers without input norms, whole-projection q/k
  * norms and sliding layers with their own rotation beside YaRN'd full
  * ones, Ministral 3's query temperature (its period of 4 positions is
- * crossed again and again by the scenario's 40). */
+ * crossed again and again by the scenario's 40); Gemma 4's folders (no
+ * GGUF exists): its weightless v norm, layer_scalar and proportional
+ * rotation, and layers that attend over an earlier layer's cache. */
 static void family_fixture(const char *file)
 {
     char name[128];
@@ -937,6 +939,48 @@ static void family_fixture(const char *file)
         return;
     scenario(name, &m, NULL, NULL, NULL);
     eng_model_free(&m);
+}
+
+/* A fixture folder (config.json and model.safetensors, as transformers
+ * saved them) beside a two-token byte-level tokenizer.json, in a scratch
+ * folder, through family_fixture's scenario (the steps feed ids). */
+static void family_folder(const char *folder)
+{
+    char dir[] = "/tmp/ql-gpu-family-XXXXXX", from[1024], to[1100];
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    if (!mkdtemp(dir)) {
+        report(false, folder, "cannot make a scratch folder");
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s/%s", QL_FIXTURES, folder, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        if (symlink(from, to) != 0)
+            report(false, folder, "cannot link %s", to);
+    }
+    snprintf(to, sizeof to, "%s/%s", dir, files[2]);
+    FILE *f = fopen(to, "w");
+    if (f) {
+        fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+              " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}",
+              f);
+        fclose(f);
+    }
+    eng_model m;
+    char name[128], msg[512];
+    snprintf(name, sizeof name, "steps_match_cpu_%s", folder);
+    eng_load_opts lo = {.path = dir};
+    if (eng_model_load(&m, &lo, msg, sizeof msg) == QL_OK) {
+        scenario(name, &m, NULL, NULL, NULL);
+        eng_model_free(&m);
+    } else {
+        report(false, name, "%s", msg);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        unlink(to);
+    }
+    rmdir(dir);
 }
 
 static void moe_fixture(const char *file)
@@ -1523,6 +1567,8 @@ int main(void)
     family_fixture("smollm3_tiny.gguf");
     family_fixture("olmo3_tiny.gguf");
     family_fixture("ministral3_tiny.gguf");
+    family_folder("gemma4_tiny");
+    family_folder("gemma4_kv_shared_tiny");
     moe_mxfp4_experts();
     moe_adapters();
     kinds();

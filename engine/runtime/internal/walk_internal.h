@@ -39,6 +39,7 @@ typedef struct eng_walk_layer {
     const float *o_bias;                         /* [hidden]: the output projection's (GPT-OSS) */
     const float *sinks;                          /* [n_heads]: attention sinks (GPT-OSS) */
     const float *q_norm, *k_norm;                /* [head_dim] (Qwen3), the projection's (OLMo 3) */
+    const float *v_norm;                         /* [head_dim] of ones (Gemma 4) */
     const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3) */
     int32_t window;                              /* sliding window in positions; 0: all */
     int rope;                                    /* ENG_WALK_ROPE_* */
