@@ -811,6 +811,17 @@ static void assert_same_tokens(const gen *a, const gen *b, const char *what)
               "%s: the tokens differ", what);
 }
 
+/* Two engines on g's model with blocks of 4 tokens: *e keeps a prefix
+ * cache, *plain none (the reference). */
+static void start_cached_and_plain(rig *g, eng_engine **e, eng_engine **plain)
+{
+    char msg[512];
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2, .block_tokens = 4};
+    cr_assert_eq(eng_engine_start(e, &g->m, &eo, msg, sizeof msg), 0, "%s", msg);
+    eo.no_prefix_cache = true;
+    cr_assert_eq(eng_engine_start(plain, &g->m, &eo, msg, sizeof msg), 0, "%s", msg);
+}
+
 Test(lora_engine, the_prefix_cache_gives_the_same_tokens_and_never_across_configurations)
 {
     kind_case kc = {.label = "q4_1 prefix", .gguf = true, .gguf_kind = QT_Q4_1};
@@ -819,10 +830,7 @@ Test(lora_engine, the_prefix_cache_gives_the_same_tokens_and_never_across_config
     eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 51, 0.1f);
     char msg[512];
     eng_engine *e = NULL, *plain = NULL;
-    eng_engine_opts eo = {.kv_bytes = KV_BYTES, .threads = 2, .block_tokens = 4};
-    cr_assert_eq(eng_engine_start(&e, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
-    eo.no_prefix_cache = true;
-    cr_assert_eq(eng_engine_start(&plain, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    start_cached_and_plain(&g, &e, &plain);
     const char *p = "the then he the then he the then he then the he";
     eng_lora_term with_one = {one, 1.0f}, half_one = {one, 0.5f};
 
@@ -1458,4 +1466,174 @@ Test(lora_engine, a_journal_that_is_not_one_is_refused_by_its_field)
     snprintf(folder, sizeof folder, "%s/nope/state.json", dir);
     cr_assert_eq(lora_journal_write(folder, &w, msg, sizeof msg), QL_EIO);
     cr_assert(strstr(msg, folder), "%s", msg);
+}
+
+/* --- 4. the prefix cache: the next turn starts past the answer ----------------- */
+
+/* A request's tokens and logprobs per choice; g (first: gen_done's user)
+ * its end and cached prompt tokens. */
+typedef struct turn {
+    gen g;
+    int32_t tokens[2][32];
+    float logprob[2][32];
+    int n[2];
+} turn;
+
+static void turn_token(void *user, const eng_token_event *ev)
+{
+    turn *t = user;
+    pthread_mutex_lock(&t->g.mu);
+    int c = ev->choice;
+    if (ev->token >= 0 && c < 2 && t->n[c] < 32) {
+        t->logprob[c][t->n[c]] = ev->logprob;
+        t->tokens[c][t->n[c]++] = ev->token;
+    }
+    pthread_mutex_unlock(&t->g.mu);
+}
+
+/* Run prompt (token ids) to its end: n_new tokens per choice, with
+ * logprobs; choices > 1 sample (seeded), one is greedy. */
+static void run_turn(eng_engine *e, turn *t, const int32_t *prompt, size_t n, int32_t n_new,
+                     int32_t choices, const eng_lora_term *adapters, size_t n_adapters)
+{
+    char msg[512];
+    memset(t, 0, sizeof *t);
+    gen_init(&t->g, 0);
+    eng_request rq = {.prompt_tokens = prompt,
+                      .n_prompt_tokens = n,
+                      .max_new_tokens = n_new,
+                      .n_choices = choices,
+                      .logprobs = true,
+                      .sampling = {.temperature = choices > 1 ? 1.0f : 0.0f, .seed = 7},
+                      .adapters = adapters,
+                      .n_adapters = n_adapters,
+                      .on_token = turn_token,
+                      .on_done = gen_done,
+                      .user = t};
+    cr_assert_eq(eng_engine_submit(e, &rq, NULL, msg, sizeof msg), 0, "%s", msg);
+    gen_wait(&t->g, gen_finished);
+    cr_assert_eq(t->g.why, ENG_FINISH_LENGTH);
+}
+
+/* The same tokens and the same logprobs, bit for bit, in choice c. */
+static void assert_same_turn(const turn *a, const turn *b, int c, const char *what)
+{
+    cr_assert_eq(a->n[c], b->n[c], "%s: %d tokens, then %d", what, a->n[c], b->n[c]);
+    for (int i = 0; i < a->n[c]; i++) {
+        cr_assert_eq(a->tokens[c][i], b->tokens[c][i], "%s: token %d", what, i);
+        cr_assert(same_bits(a->logprob[c][i], b->logprob[c][i]), "%s: token %d's logprob %g, %g",
+                  what, i, (double)a->logprob[c][i], (double)b->logprob[c][i]);
+    }
+}
+
+/* A next turn's prompt: prompt, then the first n of answer, then more. */
+static size_t next_prompt(int32_t *out, const int32_t *prompt, size_t n_prompt,
+                          const int32_t *answer, size_t n, const int32_t *more, size_t n_more)
+{
+    memcpy(out, prompt, n_prompt * sizeof *out);
+    memcpy(out + n_prompt, answer, n * sizeof *out);
+    memcpy(out + n_prompt + n, more, n_more * sizeof *out);
+    return n_prompt + n + n_more;
+}
+
+Test(lora_engine, a_chats_next_turn_starts_past_the_previous_answer)
+{
+    kind_case kc = {.label = "q4_1 next turn", .gguf = true, .gguf_kind = QT_Q4_1};
+    rig g;
+    rig_open(&g, &kc);
+    eng_lora *one = mem_lora(&g.m, "one", 4, 2.0f, ALL_PROJ, QT_F32, 61, 0.1f);
+    char msg[512];
+    eng_engine *e = NULL, *plain = NULL;
+    start_cached_and_plain(&g, &e, &plain);
+    int32_t *ids = NULL;
+    size_t n_p = 0;
+    cr_assert_eq(tok_encode(g.m.tok, "the then he the then", 20, tok_adds_bos(g.m.tok), true, &ids,
+                            &n_p, msg, sizeof msg),
+                 0, "%s", msg);
+    const int32_t more[3] = {ids[n_p - 1], ids[n_p - 2], ids[n_p - 1]};
+    int32_t q[128];
+    const int32_t bt = 4, n_new = 10;
+
+    // turn one, then turn two holding its whole answer: the KV of the
+    // prompt and of the answer's fed tokens (all but the last sampled),
+    // in whole blocks, comes from the cache
+    turn t1, t2, ref2;
+    run_turn(e, &t1, ids, n_p, n_new, 1, NULL, 0);
+    cr_assert_eq(t1.n[0], n_new);
+    size_t n_q = next_prompt(q, ids, n_p, t1.tokens[0], (size_t)n_new, more, 3);
+    run_turn(e, &t2, q, n_q, 6, 1, NULL, 0);
+    run_turn(plain, &ref2, q, n_q, 6, 1, NULL, 0);
+    cr_assert_eq(t2.g.cached, ((int32_t)n_p + n_new - 1) / bt * bt,
+                 "turn two found %d tokens cached (prompt %zu, answer %d)", t2.g.cached, n_p,
+                 n_new);
+    cr_assert_gt(t2.g.cached, (int32_t)n_p / bt * bt, "nothing of the answer was kept");
+    assert_same_turn(&ref2, &t2, 0, "turn two, past the cached answer");
+
+    // an adapter, and another weight version, never take those blocks
+    eng_lora_term with_one = {one, 1.0f};
+    turn ad, ad_ref;
+    run_turn(e, &ad, q, n_q, 6, 1, &with_one, 1);
+    run_turn(plain, &ad_ref, q, n_q, 6, 1, &with_one, 1);
+    cr_assert_eq(ad.g.cached, 0, "an adapter request took the base's answer blocks");
+    assert_same_turn(&ad_ref, &ad, 0, "adapter turn two");
+
+    // two choices: each keeps its own answer after the shared prompt
+    turn two;
+    run_turn(e, &two, ids, n_p, n_new, 2, NULL, 0);
+    cr_assert(memcmp(two.tokens[0], two.tokens[1], sizeof two.tokens[0]) != 0,
+              "the seeded choices gave the same answer: pick another seed");
+    for (int c = 0; c < 2; c++) {
+        turn next, next_ref;
+        n_q = next_prompt(q, ids, n_p, two.tokens[c], (size_t)n_new, more, 3);
+        run_turn(e, &next, q, n_q, 6, 1, NULL, 0);
+        run_turn(plain, &next_ref, q, n_q, 6, 1, NULL, 0);
+        cr_assert_eq(next.g.cached, ((int32_t)n_p + n_new - 1) / bt * bt, "choice %d's next turn",
+                     c);
+        assert_same_turn(&next_ref, &next, 0, "a choice's next turn");
+    }
+
+    eng_weights *v = lora_fix_merged_version(&g.m, &with_one, 1, QT_KIND_COUNT);
+    eng_engine_publish(e, v);
+    turn merged;
+    n_q = next_prompt(q, ids, n_p, t1.tokens[0], (size_t)n_new, more, 3);
+    run_turn(e, &merged, q, n_q, 6, 1, NULL, 0);
+    cr_assert_eq(merged.g.cached, 0, "a merged version took the pristine answer's blocks");
+
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.kv_blocks_used, 0, "kept answer blocks count as free");
+    cr_assert_leq(st.prefix_blocks, st.kv_blocks_total);
+    free(ids);
+    eng_engine_stop(e);
+    eng_engine_stop(plain);
+    eng_lora_unref(one);
+    rig_close(&g);
+}
+
+Test(lora_engine, kept_answers_are_evicted_as_prompts_are)
+{
+    kind_case kc = {.label = "q4_1 next turn", .gguf = true, .gguf_kind = QT_Q4_1};
+    rig g;
+    rig_open(&g, &kc);
+    char msg[512];
+    eng_engine *e = NULL;
+    // a cache of few blocks: many answers more than fill it
+    eng_engine_opts eo = {.kv_bytes = KV_BYTES / 128, .threads = 2, .block_tokens = 4};
+    cr_assert_eq(eng_engine_start(&e, &g.m, &eo, msg, sizeof msg), 0, "%s", msg);
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    int32_t total = st.kv_blocks_total, prompt[4] = {1, 2, 3, 4};
+    cr_assert_lt(total, 64, "the cache is meant to be small (%d blocks)", total);
+    for (int i = 0; i < 24; i++) {
+        prompt[0] = 1 + i % 8;
+        prompt[1] = 2 + i / 8;
+        turn t;
+        run_turn(e, &t, prompt, 4, 24, 1, NULL, 0);
+        eng_engine_stats_get(e, &st);
+        cr_assert_leq(st.prefix_blocks, total);
+        cr_assert_eq(st.kv_blocks_used, 0);
+    }
+    cr_assert_gt(st.prefix_blocks, 0);
+    eng_engine_stop(e);
+    rig_close(&g);
 }

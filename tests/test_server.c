@@ -538,6 +538,51 @@ Test(server, a_prompt_asked_again_takes_its_blocks_from_the_prefix_cache)
     sp_stop_cleanly();
 }
 
+Test(server, the_next_turn_takes_the_answers_blocks_from_the_prefix_cache)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, NULL);
+    const char *first = "the then he the then he the then he the then";
+    // the prompt's ids as the model is fed them, then turn one's answer
+    char body[256];
+    snprintf(body, sizeof body, "{\"inputs\": \"%s\"}", first);
+    hc_response r = sp_request("POST", "/tokenize", NULL, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *ids = json_of(&r);
+    hc_response_free(&r);
+    int *answer, n_answer, n_prompt = cJSON_GetArraySize(ids);
+    free(generate_tokens(first, 40, NULL, &answer, &n_answer));
+    cr_assert_eq(n_answer, 40);
+    // turn two: that prompt, the answer's very ids, and more
+    cJSON *req = cJSON_CreateObject(), *prompt = cJSON_AddArrayToObject(req, "prompt");
+    for (int i = 0; i < n_prompt; i++)
+        cJSON_AddItemToArray(prompt, cJSON_CreateNumber(num_at(cJSON_GetArrayItem(ids, i), "id")));
+    for (int i = 0; i < n_answer; i++)
+        cJSON_AddItemToArray(prompt, cJSON_CreateNumber(answer[i]));
+    cJSON_AddItemToArray(prompt, cJSON_CreateNumber(num_at(cJSON_GetArrayItem(ids, 1), "id")));
+    cJSON_AddStringToObject(req, "model", "tiny-llama");
+    cJSON_AddNumberToObject(req, "max_tokens", 4);
+    cJSON_AddNumberToObject(req, "temperature", 0);
+    char *text = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    cJSON_Delete(ids);
+    free(answer);
+    r = sp_request("POST", "/v1/completions", NULL, text);
+    free(text);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    double cached = cached_tokens_of(j);
+    cJSON_Delete(j);
+    hc_response_free(&r);
+    // the KV of the prompt and of the answer's fed tokens (all but its
+    // last), in whole blocks of 16
+    cr_assert_eq(cached, (double)((n_prompt + n_answer - 1) / 16 * 16),
+                 "turn two found %g tokens cached (prompt %d, answer %d)", cached, n_prompt,
+                 n_answer);
+    cr_assert_gt(cached, n_prompt);
+    sp_stop_cleanly();
+}
+
 Test(server, completions_answer_whole_and_as_chunks_ending_with_done)
 {
     tiny_spec spec = tiny_default();

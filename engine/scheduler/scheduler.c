@@ -86,6 +86,11 @@ typedef struct seq {
     eng_stop *stop;
     tok_stream stream;
     double logprob_sum; /* of the logprobs reported (and the ending EOS's) */
+    /* the sampled tokens handed on to be fed, in order (owned, realloc'd;
+     * at most the reservation's room past the prompt): the answer's part
+     * of what its KV holds, for the prefix cache at its end (keep_answer) */
+    int32_t *fed;
+    int32_t n_fed, cap_fed;
 } seq;
 
 /* One submitted request: the prompt and what its choices share. */
@@ -189,6 +194,7 @@ static void request_free(request *r)
     for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
         eng_sampler_free(&r->choices[i].sampler);
         eng_stop_free(r->choices[i].stop);
+        free(r->choices[i].fed);
     }
     free(r->choices);
     for (size_t i = 0; i < r->n_want; i++)
@@ -345,6 +351,48 @@ static void end_unbegun(eng_engine *e, request *r, eng_finish why)
     request_end(e, r, why);
 }
 
+/* Keep in the prefix cache the whole blocks of s's prompt and answer
+ * whose KV is written (the tokens fed: not the last one sampled), going
+ * on from the prompt's chain (each choice its own blocks after it), so a
+ * chat's next turn, whose prompt holds this answer, starts past it. Not
+ * after an error: a failed step may have written part of a block. */
+static void keep_answer(eng_engine *e, seq *s, eng_finish why)
+{
+    request *r = s->r;
+    int32_t bt = eng_kv_block_tokens(e->kv), n_fed = s->kv.n_tokens - r->n_prompt;
+    if (why == ENG_FINISH_ERROR || e->o.no_prefix_cache || n_fed <= 0)
+        return;
+    n_fed = n_fed < s->n_fed ? n_fed : s->n_fed;
+    int32_t n = r->n_prompt + n_fed;
+    if (n / bt <= r->chain.n_blocks)
+        return; /* no whole block past the prompt's kept ones */
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens);
+    if (!tokens)
+        return; /* the cache is an optimization: nothing kept */
+    memcpy(tokens, r->prompt, (size_t)r->n_prompt * sizeof *tokens);
+    memcpy(tokens + r->n_prompt, s->fed, (size_t)n_fed * sizeof *tokens);
+    eng_prefix_chain chain = r->chain; /* the prompt's, shared by the choices */
+    eng_kv_prefix_insert(e->kv, r->prefix_key, tokens, n, &s->kv, &chain);
+    free(tokens);
+}
+
+/* Note that s's token will be fed next (keep_answer's record), within
+ * the reservation; a failed growth only stops the record. */
+static void record_fed(seq *s, int32_t token)
+{
+    int32_t room = s->r->reserve - s->r->n_prompt;
+    if (s->n_fed == s->cap_fed) {
+        int32_t cap = s->cap_fed ? 2 * s->cap_fed : 64;
+        cap = cap < room ? cap : room;
+        int32_t *p = cap > s->cap_fed ? realloc(s->fed, (size_t)cap * sizeof *p) : NULL;
+        if (!p)
+            return;
+        s->fed = p;
+        s->cap_fed = cap;
+    }
+    s->fed[s->n_fed++] = token;
+}
+
 /* End choice s: flush what the stop filter held back (unless a stop string
  * or a cancel ended it), give back its blocks and slot, report; the last
  * choice to end ends the request (why: error, then cancelled, then choice
@@ -366,6 +414,7 @@ static void end_choice(eng_engine *e, seq *s, eng_finish why)
         if (len)
             emit(s, -1, text, len, NULL);
     }
+    keep_answer(e, s, why);
     eng_kv_release(e->kv, &s->kv);
     drop_running(e, s);
     e->slots--;
@@ -1010,6 +1059,7 @@ static bool take_token(eng_engine *e, seq *s, int32_t token, const token_lp *lp)
         return true;
     }
     s->next_token = token;
+    record_fed(s, token);
     return false;
 }
 
