@@ -1,0 +1,140 @@
+/*
+ * quant_gptq.c - GPTQ (quant_method "gptq", the layout optimum, auto-gptq
+ * and gptqmodel write): integer codes of `bits` (4 or 8) packed
+ * 32 / bits to a little-endian int32 word along the INPUT dim (qweight
+ * [in * bits / 32, out], code k of a word in bits [k * bits, (k + 1) *
+ * bits)), zero points packed the same way along the OUTPUT dim (qzeros
+ * [groups, out * bits / 32]), f16 scales [groups, out], and g_idx, the
+ * group of each input channel (act-order permutes it; without act-order
+ * it is c / group_size).
+ *
+ *   dequantize:  w[r][c] = f32(scales[g][r]) * (q[c][r] - z[g][r]),  g = g_idx[c]
+ *   z = stored zero + 1 (the v1 convention, auto-gptq's `zeros + 1`), or
+ *   the stored zero itself (checkpoint_format "gptq_v2")
+ * computed in f32: the product of an f16 scale and an integer of at most
+ * 9 bits is exact there (torch kernels that multiply in f16 round it once
+ * more; the f32 value is the one both round from).
+ *
+ * It offers the GPTQ row's scalar dequantization and quantizer (which
+ * refuses: qlserve reads GPTQ, it does not write it) and qt_from_gptq (a
+ * checkpoint's parts, qweight read in place). It owns no state; it calls
+ * qtensor.c.
+ */
+#include "kernels_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* word i of a packed array stored at any alignment */
+static uint32_t word_at(const uint8_t *p, int64_t i)
+{
+    uint32_t w;
+    memcpy(&w, p + (size_t)i * 4, sizeof w);
+    return w;
+}
+
+void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    const int32_t bits = t->bits, per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int64_t zcols = (t->rows * bits + 31) / 32;
+    for (int64_t i = 0; i < nrows; i++) {
+        const int64_t r = row0 + i;
+        const int zshift = (int)(r % per) * bits;
+        float *o = out + i * t->cols;
+        for (int64_t c = 0; c < t->cols; c++) {
+            const int64_t g = t->gptq_g_idx[c];
+            const uint32_t w = word_at(t->data, (c / per) * t->rows + r);
+            const int32_t q = (int32_t)((w >> ((int)(c % per) * bits)) & mask);
+            const int32_t z = (int32_t)((t->gptq_qzeros[g * zcols + r / per] >> zshift) & mask) +
+                              t->gptq_zero_offset;
+            o[c] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]) * (float)(q - z);
+        }
+    }
+}
+
+int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                     const qt_quant_params *p, char *msg, size_t msg_len)
+{
+    (void)t, (void)src, (void)rows, (void)cols, (void)p;
+    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                   "gptq is read from checkpoints only; qlserve does not quantize to gptq");
+}
+
+/* Check the parts' shapes and the g_idx values; QL_OK or msg says which. */
+static int check_gptq_parts(const qt_gptq_parts *p, char *msg, size_t msg_len)
+{
+    int rc = qt_check_shape(p->rows, p->cols, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (p->bits != 4 && p->bits != 8)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "gptq bits %d is not supported (4 and 8 are)",
+                       p->bits);
+    int per = 32 / p->bits;
+    if (p->cols % per != 0 || p->rows % per != 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "gptq weight [%lld, %lld] does not pack %d codes to a word on both dims",
+                       (long long)p->rows, (long long)p->cols, per);
+    if (p->group_size != -1 && p->group_size < 1)
+        return ql_fail(msg, msg_len, QL_EINVAL, "gptq group_size %d is not positive or -1",
+                       p->group_size);
+    int64_t want = p->group_size == -1 ? 1 : (p->cols + p->group_size - 1) / p->group_size;
+    if (p->groups != want && (p->g_idx == NULL || p->groups < 1))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "gptq has %lld groups; a [%lld, %lld] weight in groups of %d has %lld",
+                       (long long)p->groups, (long long)p->rows, (long long)p->cols, p->group_size,
+                       (long long)want);
+    for (int64_t c = 0; p->g_idx && c < p->cols; c++) {
+        int32_t g;
+        memcpy(&g, p->g_idx + c * 4, sizeof g);
+        if (g < 0 || g >= p->groups)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "gptq g_idx[%lld] = %d is outside the %lld groups", (long long)c, g,
+                           (long long)p->groups);
+    }
+    return QL_OK;
+}
+
+/* malloc n bytes and copy src (NULL src: leave for the caller to fill). */
+static void *dup_bytes(const void *src, size_t n)
+{
+    void *d = malloc(n ? n : 1);
+    if (d && src)
+        memcpy(d, src, n);
+    return d;
+}
+
+int qt_from_gptq(qtensor *out, const qt_gptq_parts *p, char *msg, size_t msg_len)
+{
+    memset(out, 0, sizeof *out);
+    int rc = check_gptq_parts(p, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    size_t nbytes = (size_t)(p->rows * p->cols * p->bits / 8);
+    if (p->borrow_codes) {
+        out->data = (uint8_t *)(uintptr_t)p->qweight;
+        out->data_borrowed = true;
+        out->data_bytes = nbytes;
+        out->kind = QT_GPTQ;
+        out->rows = p->rows;
+        out->cols = p->cols;
+    } else if ((rc = qt_wrap_copy(out, QT_GPTQ, p->rows, p->cols, p->qweight, nbytes, msg,
+                                  msg_len)) != QL_OK) {
+        return rc;
+    }
+    size_t zbytes = (size_t)(p->groups * p->rows * p->bits / 8);
+    out->gptq_qzeros = dup_bytes(p->qzeros, zbytes);
+    out->gptq_scales = dup_bytes(p->scales, (size_t)(p->groups * p->rows) * 2);
+    out->gptq_g_idx = dup_bytes(p->g_idx, (size_t)p->cols * 4);
+    if (!out->gptq_qzeros || !out->gptq_scales || !out->gptq_g_idx) {
+        qt_free(out);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate gptq quant state");
+    }
+    for (int64_t c = 0; !p->g_idx && c < p->cols; c++)
+        out->gptq_g_idx[c] = p->group_size == -1 ? 0 : (int32_t)(c / p->group_size);
+    out->bits = p->bits;
+    out->group_size = p->group_size == -1 ? (int32_t)p->cols : p->group_size;
+    out->gptq_groups = p->groups;
+    out->gptq_zero_offset = p->v2 ? 0 : 1;
+    return QL_OK;
+}

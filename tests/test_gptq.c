@@ -1,0 +1,341 @@
+/*
+ * test_gptq.c - GPTQ checkpoints (quant_method "gptq", the layout optimum,
+ * auto-gptq and gptqmodel save): the QT_GPTQ kind read in place from a
+ * tiny Llama written in GPTQ's layout in two variants (gptq_tiny_v1: 4
+ * bits, group 16, asymmetric, act-order g_idx, v1 zeros stored as z - 1;
+ * gptq_tiny_v2: 8 bits, group 32, symmetric, checkpoint_format gptq_v2),
+ * dequantized bit for bit as the reference unpacking, its logits and
+ * greedy ids against the float64 forward over those weights, a --dtype
+ * bf16 load that leaves the f16 scales alone, an unmerged PEFT adapter,
+ * and the configs qlserve refuses by name.
+ * tests/fixtures/make_gptq_reference.py made the fixtures.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lora.h"
+#include "model.h"
+#include "modelfile.h"
+#include "qtensor.h"
+#include "run_prompt.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#include "lora_fixture.h"
+#include "ref_forward.h"
+
+#include "fixtures/gptq_reference.h"
+
+/* One variant's fixture and references. */
+typedef struct gptq_case {
+    const char *folder; /* under tests/fixtures */
+    int32_t bits, group_size, zero_offset;
+    const gptq_digest *digests;
+    size_t n_digests;
+    const double *logits;
+    const int *greedy;
+} gptq_case;
+
+static const gptq_case GPTQ_V1 = {"gptq_tiny_v1",
+                                  4,
+                                  16,
+                                  1,
+                                  GPTQ_V1_DIGESTS,
+                                  sizeof GPTQ_V1_DIGESTS / sizeof GPTQ_V1_DIGESTS[0],
+                                  &GPTQ_V1_LOGITS[0][0],
+                                  GPTQ_V1_GREEDY};
+static const gptq_case GPTQ_V2 = {"gptq_tiny_v2",
+                                  8,
+                                  32,
+                                  0,
+                                  GPTQ_V2_DIGESTS,
+                                  sizeof GPTQ_V2_DIGESTS / sizeof GPTQ_V2_DIGESTS[0],
+                                  &GPTQ_V2_LOGITS[0][0],
+                                  GPTQ_V2_GREEDY};
+
+static uint64_t fnv1a64(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+static void fixture_dir(const gptq_case *c, char *dir, size_t len)
+{
+    test_tmpdir(dir, len);
+    tiny_fixture_folder(c->folder, dir);
+}
+
+static void load(eng_model *m, const char *dir, const char *dtype)
+{
+    char msg[1024];
+    eng_load_opts o = {.path = dir, .dtype = dtype};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight") is. */
+static const qtensor *projection(const eng_model *m, const char *name)
+{
+    int layer = -1, used = 0;
+    char proj[32] = "";
+    cr_assert(sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && layer >= 0 &&
+                  layer < m->cfg.n_layers,
+              "%s", name);
+    const char *dot = strchr(name + used, '.');
+    cr_assert(dot && sscanf(dot + 1, "%31[a-z_]", proj) == 1, "%s", name);
+    static const char *names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                  "gate_proj", "up_proj", "down_proj"};
+    for (int p = 0; p < ENG_N_PROJ; p++)
+        if (strcmp(proj, names[p]) == 0)
+            return eng_model_proj(m, layer, (eng_proj)p);
+    cr_assert_fail("%s is no projection", name);
+    return NULL;
+}
+
+/* Every linear weight dequantizes to the reference unpacking's float32
+ * bits (a digest of the whole tensor), scalar and dispatched entry alike. */
+static void check_dequantization(const gptq_case *c)
+{
+    char dir[512];
+    fixture_dir(c, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, NULL);
+    cr_assert_str_eq(m.format, "gptq");
+    for (size_t i = 0; i < c->n_digests; i++) {
+        const qtensor *t = projection(&m, c->digests[i].name);
+        cr_assert(t->kind == QT_GPTQ && t->data_borrowed && t->bits == c->bits &&
+                  t->group_size == c->group_size && t->gptq_zero_offset == c->zero_offset);
+        size_t n = (size_t)(t->rows * t->cols);
+        float *out = malloc(n * sizeof *out), *fast = malloc(n * sizeof *fast);
+        qt_dequantize_rows_ref(t, 0, t->rows, out);
+        qt_dequantize_rows(t, 0, t->rows, fast);
+        uint64_t h = fnv1a64(out, n * sizeof *out);
+        cr_assert_eq(h, (uint64_t)c->digests[i].fnv, "%s: digest %016llx, reference %016llx",
+                     c->digests[i].name, (unsigned long long)h,
+                     (unsigned long long)c->digests[i].fnv);
+        cr_assert_eq(memcmp(out, fast, n * sizeof *out), 0);
+        free(out);
+        free(fast);
+    }
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+Test(gptq, v1_act_order_dequantizes_as_the_reference_bit_for_bit)
+{
+    check_dequantization(&GPTQ_V1);
+}
+
+Test(gptq, v2_8bit_dequantizes_as_the_reference_bit_for_bit)
+{
+    check_dequantization(&GPTQ_V2);
+}
+
+Test(gptq, v1_fixture_is_act_ordered)
+{
+    /* the act-order fixture's g_idx is not c / group_size (else the
+     * permutation would go untested) */
+    char dir[512];
+    fixture_dir(&GPTQ_V1, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, NULL);
+    const qtensor *t = &m.layers[0].wq;
+    int64_t moved = 0;
+    for (int64_t c = 0; c < t->cols; c++)
+        moved += t->gptq_g_idx[c] != c / t->group_size;
+    cr_assert(moved > t->cols / 2, "only %lld channels permuted", (long long)moved);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+static void check_logits_and_greedy(const gptq_case *c)
+{
+    char dir[512];
+    fixture_dir(c, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, NULL);
+    cr_assert_eq(m.lm_head.kind, QT_F32);
+    int32_t toks[GPTQ_N_TOKENS + GPTQ_N_GREEDY];
+    for (int i = 0; i < GPTQ_N_TOKENS; i++)
+        toks[i] = GPTQ_TOKENS[i];
+    float *logits = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = GPTQ_N_TOKENS});
+    double err = test_worst_row_l2(logits, c->logits, GPTQ_N_TOKENS, GPTQ_VOCAB);
+    cr_assert(err <= 1e-5, "%s: worst relative L2 %g vs float64 transformers", c->folder, err);
+    free(logits);
+
+    int n = (int)(sizeof GPTQ_PROMPT / sizeof GPTQ_PROMPT[0]);
+    for (int i = 0; i < n; i++)
+        toks[i] = GPTQ_PROMPT[i];
+    for (int g = 0; g < GPTQ_N_GREEDY; g++) {
+        float *l = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = n});
+        const float *last = l + (size_t)(n - 1) * GPTQ_VOCAB;
+        int best = 0;
+        for (int v = 1; v < GPTQ_VOCAB; v++)
+            best = last[v] > last[best] ? v : best;
+        free(l);
+        cr_assert_eq(best, c->greedy[g], "%s: greedy step %d: %d, float64 %d", c->folder, g, best,
+                     c->greedy[g]);
+        toks[n++] = best;
+    }
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+Test(gptq, v1_logits_and_greedy_ids_match_float64)
+{
+    check_logits_and_greedy(&GPTQ_V1);
+}
+
+Test(gptq, v2_logits_and_greedy_ids_match_float64)
+{
+    check_logits_and_greedy(&GPTQ_V2);
+}
+
+Test(gptq, bf16_load_keeps_f16_scales_and_packed_zeros)
+{
+    char dir[512], msg[1024], path[1024];
+    fixture_dir(&GPTQ_V1, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, "bf16");
+    cr_assert_eq(m.lm_head.kind, QT_BF16);
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", QL_FIXTURES, GPTQ_V1.folder);
+    st_file f;
+    cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
+    const st_tensor *s = st_find(&f, "model.layers.1.mlp.down_proj.scales");
+    const st_tensor *z = st_find(&f, "model.layers.1.mlp.down_proj.qzeros");
+    cr_assert(s && z && s->dtype == ST_F16);
+    const qtensor *w = &m.layers[1].w_down;
+    cr_assert_eq(w->kind, QT_GPTQ);
+    cr_assert_eq((size_t)(w->gptq_groups * w->rows) * 2, s->nbytes);
+    cr_assert_eq(memcmp(w->gptq_scales, s->data, s->nbytes), 0);
+    cr_assert_eq(memcmp(w->gptq_qzeros, z->data, z->nbytes), 0);
+    st_close(&f);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* The v1 fixture with config.json's `from` replaced by `to`; loading must
+ * fail with a message holding `want`. */
+static void check_refused(const char *from, const char *to, const char *want)
+{
+    char dir[512], path[1024], msg[1024];
+    fixture_dir(&GPTQ_V1, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(path, &len);
+    char *at = strstr(text, from);
+    cr_assert(at, "config.json has no %s", from);
+    char *edited = malloc(len + strlen(to) + 1);
+    size_t head = (size_t)(at - text);
+    memcpy(edited, text, head);
+    strcpy(edited + head, to);
+    strcat(edited, at + strlen(from));
+    test_write_text(path, edited);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
+    cr_assert(strstr(msg, want), "%s: %s", to, msg);
+    free(text);
+    free(edited);
+    test_rmtree(dir);
+}
+
+Test(gptq, configs_and_layouts_it_cannot_read_are_refused_by_name)
+{
+    check_refused("\"bits\": 4", "\"bits\": 3", "bits must be 4 or 8");
+    check_refused("\"bits\": 4", "\"bits\": 2", "bits must be 4 or 8");
+    check_refused("\"checkpoint_format\": \"gptq\"", "\"checkpoint_format\": \"marlin\"",
+                  "checkpoint_format marlin");
+    check_refused("\"desc_act\"", "\"is_marlin_format\": true, \"desc_act\"", "is_marlin_format");
+    check_refused("\"group_size\": 16", "\"group_size\": 0", "group_size");
+    /* 8 bits on a 4-bit file: qweight has half the rows 8-bit codes need */
+    check_refused("\"bits\": 4", "\"bits\": 8", "does not hold a 8-bit");
+    check_refused("\"quant_method\": \"gptq\"", "\"quant_method\": \"awq\"",
+                  "quantization_config awq");
+}
+
+Test(gptq, qlserve_does_not_quantize_to_gptq)
+{
+    float x[64] = {0};
+    qt_quant_params p = {.kind = QT_GPTQ};
+    qtensor q;
+    char msg[256];
+    cr_assert_eq(qt_quantize(&q, x, 8, 8, &p, msg, sizeof msg), QL_EUNSUPPORTED);
+    cr_assert(strstr(msg, "gptq"), "%s", msg);
+}
+
+/* A PEFT adapter (every projection, r 8) on the GPTQ base: applied
+ * unmerged, the logits are the float64 forward over dequant(W) + BA; merged
+ * into bf16, each projection is within bf16's rounding of W + BA; merged
+ * into its own kind, refused by name (no GPTQ requantizer yet). */
+Test(gptq, adapter_unmerged_and_merged_into_bf16)
+{
+    char dir[512], adir[600], msg[1024];
+    fixture_dir(&GPTQ_V1, dir, sizeof dir);
+    eng_model m;
+    load(&m, dir, NULL);
+    snprintf(adir, sizeof adir, "%s/adapter", dir);
+    lora_fix_spec spec = lora_fix_default();
+    lora_fix_write(adir, &m.cfg, &spec);
+    eng_lora *lora = NULL;
+    cr_assert_eq(lora_load(&lora, NULL, adir, "a", &m, msg, sizeof msg), 0, "%s", msg);
+    ref_model R;
+    ref_load(&R, &m);
+    ref_add_lora(&R, lora, 1.0);
+    double *ref = malloc((size_t)GPTQ_N_TOKENS * GPTQ_VOCAB * sizeof *ref);
+    int32_t toks[GPTQ_N_TOKENS];
+    for (int i = 0; i < GPTQ_N_TOKENS; i++)
+        toks[i] = GPTQ_TOKENS[i];
+    ref_forward(&R, toks, GPTQ_N_TOKENS, ref);
+    eng_lora_term term = {lora, 1.0f};
+    float *unmerged = run_prompt(
+        &m, &(prompt_run){.tokens = toks, .n_tokens = GPTQ_N_TOKENS, .delta = &term, .n_delta = 1});
+    float *base = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = GPTQ_N_TOKENS});
+    double err = test_worst_row_l2(unmerged, ref, GPTQ_N_TOKENS, GPTQ_VOCAB);
+    double moved = test_worst_row_l2(base, ref, GPTQ_N_TOKENS, GPTQ_VOCAB);
+    cr_assert(err <= FWD_REL_TOL, "unmerged adapter off the float64 forward by %g", err);
+    cr_assert(moved > 100 * FWD_REL_TOL, "the adapter moves the logits by %g only", moved);
+
+    eng_weights *v = lora_fix_merged_version(&m, &term, 1, QT_BF16);
+    for (int32_t l = 0; l < m.cfg.n_layers; l++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const qtensor *q = eng_weights_proj(v, l, (eng_proj)p);
+            cr_assert_eq(q->kind, QT_BF16);
+            size_t n = (size_t)(q->rows * q->cols);
+            float *got = malloc(n * sizeof *got);
+            qt_dequantize_rows(q, 0, q->rows, got);
+            const float *pw = ref_proj(&R.layers[l], (eng_proj)p);
+            const double *delta = R.layers[l].delta[p];
+            for (size_t i = 0; i < n; i++) {
+                double want = (double)pw[i] + delta[i];
+                cr_assert(fabs(got[i] - want) <= fabs(want) / 128 + 1e-30,
+                          "layer %d proj %d element %zu: %g, want %g", l, p, i, got[i], want);
+            }
+            free(got);
+        }
+    }
+    eng_weights_unref(v);
+    const lora_ops *ops = NULL;
+    cr_assert_eq(lora_dispatch(&m.layers[0].wq, &ops, msg, sizeof msg), 0, "%s", msg);
+    lora_part part = {"a", eng_lora_module_at(lora, 0, ENG_PROJ_Q), 1.0f};
+    lora_merge_opts own = {.safe_merge = true, .into = QT_KIND_COUNT};
+    qtensor merged;
+    lora_cost cost;
+    cr_assert_eq(ops->merge(&m.layers[0].wq, &part, 1, &own, "q", &merged, &cost, msg, sizeof msg),
+                 QL_EUNSUPPORTED);
+    cr_assert(strstr(msg, "not requantized into gptq"), "%s", msg);
+    free(unmerged);
+    free(base);
+    free(ref);
+    ref_free(&R);
+    eng_lora_unref(lora);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
