@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "lora.h"
 #include "model.h"
 #include "modelfile.h"
@@ -337,5 +338,37 @@ Test(gptq, adapter_unmerged_and_merged_into_bf16)
     ref_free(&R);
     eng_lora_unref(lora);
     eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* `qlserve quantize` never takes a GPTQ checkpoint's f16 scales (2-D
+ * floats) for weights: the file is refused as already quantized. */
+Test(gptq, quantize_refuses_a_gptq_file)
+{
+    char path[1024], out[600], dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/out.safetensors", dir);
+    snprintf(path, sizeof path, "%s/gptq_tiny_v1/model.safetensors", QL_FIXTURES);
+    eng_quantize_opts o = {.in_path = path, .out_path = out, .kind = "nf4"};
+    cr_assert_eq(eng_quantize_file(&o, NULL, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "already quantized (gptq or awq"), "%s", msg);
+    test_rmtree(dir);
+}
+
+/* `qlserve inspect` names the model's format and its GPTQ layers. */
+Test(gptq, inspect_names_the_kind)
+{
+    char dir[512], msg[1024];
+    fixture_dir(&GPTQ_V1, dir, sizeof dir);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_inspect(dir, &o, out, msg, sizeof msg), 0, "%s", msg);
+    fclose(out);
+    cr_assert(strstr(text, ": gptq model"), "%s", text);
+    cr_assert(strstr(text, "linear layers gptq-int4-g16-v1"), "%s", text);
+    cr_assert(strstr(text, "gptq (f16 scales) x14"), "%s", text);
+    free(text);
     test_rmtree(dir);
 }
