@@ -224,17 +224,19 @@ static int fp8_params(const qtensor *w, qt_quant_params *p, char *msg, size_t ms
     return QL_OK;
 }
 
-/* GPTQ: requantizing into GPTQ's own layout (per group, g_idx kept) is
- * not written yet; a GPTQ weight merges into int8 or bf16 (the `into`
- * kinds below) and is refused by name when its own kind is asked for. */
+/* GPTQ and AWQ: requantizing into their own layout (per group, g_idx
+ * kept) is not written yet; such a weight merges into int8 or bf16 (the
+ * `into` kinds below) and is refused by name when its own kind is asked
+ * for. */
 static int gptq_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
     (void)p;
-    if (w->kind != QT_GPTQ)
-        return wrong_family(w, "gptq", msg, msg_len);
+    if (w->kind != QT_GPTQ && w->kind != QT_AWQ)
+        return wrong_family(w, "gptq/awq", msg, msg_len);
     return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "a gptq weight is not requantized into gptq after a merge yet; merge it into "
-                   "int8 or bf16");
+                   "a %s weight is not requantized into %s after a merge yet; merge it into "
+                   "int8 or bf16",
+                   qt_kind_name(w->kind), qt_kind_name(w->kind));
 }
 
 /* The wider kinds a merge may store into instead of the weight's own. */
@@ -753,6 +755,7 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_MXFP4] = {.kind = "mxfp4", .merge = merge_gguf},
     [QT_FP8] = {.kind = "fp8", .merge = merge_fp8},
     [QT_GPTQ] = {.kind = "gptq", .merge = merge_gptq},
+    [QT_AWQ] = {.kind = "awq", .merge = merge_gptq},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -767,7 +770,7 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, fp8 and gptq",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, fp8, gptq and awq",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

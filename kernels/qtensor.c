@@ -27,7 +27,7 @@ const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT] = {
     [QT_Q2_K] = {QT_GEOMETRY_Q2_K},     [QT_Q3_K] = {QT_GEOMETRY_Q3_K},
     [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL}, [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS},
     [QT_MXFP4] = {QT_GEOMETRY_MXFP4},   [QT_FP8] = {QT_GEOMETRY_FP8},
-    [QT_GPTQ] = {QT_GEOMETRY_GPTQ},
+    [QT_GPTQ] = {QT_GEOMETRY_GPTQ},     [QT_AWQ] = {QT_GEOMETRY_AWQ},
 };
 
 const char *qt_scale_dtype_name(qt_scale_dtype d)
@@ -48,10 +48,10 @@ static size_t block_scale_bytes(const qtensor *t)
                : 0;
 }
 
-/* Bytes of a GPTQ tensor's zeros, scales and g_idx (0 for any other kind). */
+/* Bytes of a GPTQ or AWQ tensor's zeros, scales and g_idx (0 for any other kind). */
 static size_t gptq_state_bytes(const qtensor *t)
 {
-    if (t->kind != QT_GPTQ || !t->gptq_scales)
+    if ((t->kind != QT_GPTQ && t->kind != QT_AWQ) || !t->gptq_scales)
         return 0;
     return (size_t)(t->gptq_groups * t->rows) * ((size_t)t->bits / 8 + 2) + (size_t)t->cols * 4;
 }

@@ -112,6 +112,7 @@ typedef enum qt_kind {
     QT_MXFP4,
     QT_FP8,
     QT_GPTQ,
+    QT_AWQ,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -205,7 +206,9 @@ typedef struct qtensor {
     void *block_scales; /* scale_rows * scale_cols f32 or UE8M0 bytes, owned */
 
     /* GPTQ: qweight in data ([cols * bits / 32, rows] little-endian int32
-     * words, codes packed along the input dim); bits and group_size above */
+     * words, codes packed along the input dim); bits and group_size above.
+     * AWQ (GEMM) shares the fields: qweight [cols, rows / 8] and qzeros
+     * packed along the output dim in AWQ's order, g_idx c / group_size */
     uint32_t *gptq_qzeros; /* [gptq_groups, ceil(rows * bits / 32)] words, owned */
     uint16_t *gptq_scales; /* [gptq_groups, rows] f16, owned, never widened */
     int32_t *gptq_g_idx;   /* cols: the group of each input channel, owned */
@@ -495,6 +498,9 @@ typedef struct qt_gptq_parts {
     int32_t bits;       /* 4 or 8 */
     int32_t group_size; /* -1: one group over the whole input */
     bool v2;            /* checkpoint_format gptq_v2: zeros stored as is */
+    bool awq;           /* AWQ GEMM instead (QT_AWQ): qweight [cols, rows * bits
+                           / 32] and qzeros packed along the output dim in
+                           AWQ's order, zeros as stored, g_idx NULL */
     const uint8_t *qweight;
     bool borrow_codes;
     const uint8_t *qzeros;

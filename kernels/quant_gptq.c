@@ -15,7 +15,14 @@
  * 9 bits is exact there (torch kernels that multiply in f16 round it once
  * more; the f32 value is the one both round from).
  *
- * It offers the GPTQ row's scalar dequantization and quantizer (which
+ * AWQ (quant_method "awq", version GEMM, AutoAWQ's layout) is the same
+ * arithmetic on another packing: qweight [in, out * bits / 32] and qzeros
+ * [groups, out * bits / 32] packed along the OUTPUT dim, the code of
+ * output column 8j + m in nibble AWQ_NIBBLE[m] of word j (AutoAWQ packs in
+ * the order 0 2 4 6 1 3 5 7), the zero stored as it is, group c /
+ * group_size.
+ *
+ * It offers the GPTQ and AWQ rows' scalar dequantization and quantizer (which
  * refuses: qlserve reads GPTQ, it does not write it) and qt_from_gptq (a
  * checkpoint's parts, qweight read in place). It owns no state; it calls
  * qtensor.c.
@@ -53,12 +60,33 @@ void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
     }
 }
 
+/* The nibble of an AWQ word holding output column 8j + m
+ * (AutoAWQ's reverse order of its packing order 0 2 4 6 1 3 5 7). */
+static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
+{
+    const int64_t words = t->rows / 8;
+    for (int64_t i = 0; i < nrows; i++) {
+        const int64_t r = row0 + i;
+        const int shift = AWQ_NIBBLE[r % 8] * 4;
+        float *o = out + i * t->cols;
+        for (int64_t c = 0; c < t->cols; c++) {
+            const int64_t g = t->gptq_g_idx[c];
+            const int32_t q = (int32_t)((word_at(t->data, c * words + r / 8) >> shift) & 15u);
+            const int32_t z = (int32_t)((t->gptq_qzeros[g * words + r / 8] >> shift) & 15u);
+            o[c] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]) * (float)(q - z);
+        }
+    }
+}
+
 int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len)
 {
-    (void)t, (void)src, (void)rows, (void)cols, (void)p;
+    (void)src, (void)rows, (void)cols, (void)p;
     return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "gptq is read from checkpoints only; qlserve does not quantize to gptq");
+                   "%s is read from checkpoints only; qlserve does not quantize to it",
+                   qt_kind_name(t->kind));
 }
 
 /* Check the parts' shapes and the g_idx values; QL_OK or msg says which. */
@@ -67,7 +95,7 @@ static int check_gptq_parts(const qt_gptq_parts *p, char *msg, size_t msg_len)
     int rc = qt_check_shape(p->rows, p->cols, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    if (p->bits != 4 && p->bits != 8)
+    if (p->bits != 4 && (p->bits != 8 || p->awq))
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "gptq bits %d is not supported (4 and 8 are)",
                        p->bits);
     int per = 32 / p->bits;
@@ -110,16 +138,19 @@ int qt_from_gptq(qtensor *out, const qt_gptq_parts *p, char *msg, size_t msg_len
     int rc = check_gptq_parts(p, msg, msg_len);
     if (rc != QL_OK)
         return rc;
+    if (p->awq && p->g_idx)
+        return ql_fail(msg, msg_len, QL_EINVAL, "awq has no g_idx");
     size_t nbytes = (size_t)(p->rows * p->cols * p->bits / 8);
+    qt_kind kind = p->awq ? QT_AWQ : QT_GPTQ;
     if (p->borrow_codes) {
         out->data = (uint8_t *)(uintptr_t)p->qweight;
         out->data_borrowed = true;
         out->data_bytes = nbytes;
-        out->kind = QT_GPTQ;
+        out->kind = kind;
         out->rows = p->rows;
         out->cols = p->cols;
-    } else if ((rc = qt_wrap_copy(out, QT_GPTQ, p->rows, p->cols, p->qweight, nbytes, msg,
-                                  msg_len)) != QL_OK) {
+    } else if ((rc = qt_wrap_copy(out, kind, p->rows, p->cols, p->qweight, nbytes, msg, msg_len)) !=
+               QL_OK) {
         return rc;
     }
     size_t zbytes = (size_t)(p->groups * p->rows * p->bits / 8);
@@ -135,6 +166,6 @@ int qt_from_gptq(qtensor *out, const qt_gptq_parts *p, char *msg, size_t msg_len
     out->bits = p->bits;
     out->group_size = p->group_size == -1 ? (int32_t)p->cols : p->group_size;
     out->gptq_groups = p->groups;
-    out->gptq_zero_offset = p->v2 ? 0 : 1;
+    out->gptq_zero_offset = p->v2 || p->awq ? 0 : 1;
     return QL_OK;
 }

@@ -33,6 +33,7 @@
 /* One variant's fixture and references. */
 typedef struct gptq_case {
     const char *folder; /* under tests/fixtures */
+    qt_kind kind;
     int32_t bits, group_size, zero_offset;
     const gptq_digest *digests;
     size_t n_digests;
@@ -41,6 +42,7 @@ typedef struct gptq_case {
 } gptq_case;
 
 static const gptq_case GPTQ_V1 = {"gptq_tiny_v1",
+                                  QT_GPTQ,
                                   4,
                                   16,
                                   1,
@@ -49,6 +51,7 @@ static const gptq_case GPTQ_V1 = {"gptq_tiny_v1",
                                   &GPTQ_V1_LOGITS[0][0],
                                   GPTQ_V1_GREEDY};
 static const gptq_case GPTQ_V2 = {"gptq_tiny_v2",
+                                  QT_GPTQ,
                                   8,
                                   32,
                                   0,
@@ -56,6 +59,15 @@ static const gptq_case GPTQ_V2 = {"gptq_tiny_v2",
                                   sizeof GPTQ_V2_DIGESTS / sizeof GPTQ_V2_DIGESTS[0],
                                   &GPTQ_V2_LOGITS[0][0],
                                   GPTQ_V2_GREEDY};
+static const gptq_case AWQ = {"awq_tiny",
+                              QT_AWQ,
+                              4,
+                              32,
+                              0,
+                              GPTQ_AWQ_DIGESTS,
+                              sizeof GPTQ_AWQ_DIGESTS / sizeof GPTQ_AWQ_DIGESTS[0],
+                              &GPTQ_AWQ_LOGITS[0][0],
+                              GPTQ_AWQ_GREEDY};
 
 static uint64_t fnv1a64(const void *p, size_t n)
 {
@@ -108,10 +120,10 @@ static void check_dequantization(const gptq_case *c)
     fixture_dir(c, dir, sizeof dir);
     eng_model m;
     load(&m, dir, NULL);
-    cr_assert_str_eq(m.format, "gptq");
+    cr_assert_str_eq(m.format, qt_kind_name(c->kind));
     for (size_t i = 0; i < c->n_digests; i++) {
         const qtensor *t = projection(&m, c->digests[i].name);
-        cr_assert(t->kind == QT_GPTQ && t->data_borrowed && t->bits == c->bits &&
+        cr_assert(t->kind == c->kind && t->data_borrowed && t->bits == c->bits &&
                   t->group_size == c->group_size && t->gptq_zero_offset == c->zero_offset);
         size_t n = (size_t)(t->rows * t->cols);
         float *out = malloc(n * sizeof *out), *fast = malloc(n * sizeof *fast);
@@ -137,6 +149,11 @@ Test(gptq, v1_act_order_dequantizes_as_the_reference_bit_for_bit)
 Test(gptq, v2_8bit_dequantizes_as_the_reference_bit_for_bit)
 {
     check_dequantization(&GPTQ_V2);
+}
+
+Test(gptq, awq_gemm_dequantizes_as_autoawq_bit_for_bit)
+{
+    check_dequantization(&AWQ);
 }
 
 Test(gptq, v1_fixture_is_act_ordered)
@@ -199,6 +216,11 @@ Test(gptq, v2_logits_and_greedy_ids_match_float64)
     check_logits_and_greedy(&GPTQ_V2);
 }
 
+Test(gptq, awq_logits_and_greedy_ids_match_float64)
+{
+    check_logits_and_greedy(&AWQ);
+}
+
 Test(gptq, bf16_load_keeps_f16_scales_and_packed_zeros)
 {
     char dir[512], msg[1024], path[1024];
@@ -224,10 +246,10 @@ Test(gptq, bf16_load_keeps_f16_scales_and_packed_zeros)
 
 /* The v1 fixture with config.json's `from` replaced by `to`; loading must
  * fail with a message holding `want`. */
-static void check_refused(const char *from, const char *to, const char *want)
+static void check_refused_in(const gptq_case *c, const char *from, const char *to, const char *want)
 {
     char dir[512], path[1024], msg[1024];
-    fixture_dir(&GPTQ_V1, dir, sizeof dir);
+    fixture_dir(c, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len = 0;
     char *text = test_read_file(path, &len);
@@ -248,6 +270,11 @@ static void check_refused(const char *from, const char *to, const char *want)
     test_rmtree(dir);
 }
 
+static void check_refused(const char *from, const char *to, const char *want)
+{
+    check_refused_in(&GPTQ_V1, from, to, want);
+}
+
 Test(gptq, configs_and_layouts_it_cannot_read_are_refused_by_name)
 {
     check_refused("\"bits\": 4", "\"bits\": 3", "bits must be 4 or 8");
@@ -258,8 +285,20 @@ Test(gptq, configs_and_layouts_it_cannot_read_are_refused_by_name)
     check_refused("\"group_size\": 16", "\"group_size\": 0", "group_size");
     /* 8 bits on a 4-bit file: qweight has half the rows 8-bit codes need */
     check_refused("\"bits\": 4", "\"bits\": 8", "does not hold a 8-bit");
+    /* a GPTQ file said to be AWQ: the packing does not fit the shapes */
     check_refused("\"quant_method\": \"gptq\"", "\"quant_method\": \"awq\"",
-                  "quantization_config awq");
+                  "awq 'model.layers.0.self_attn.q_proj.qweight' (I32 [8, 64])");
+}
+
+Test(gptq, awq_configs_it_cannot_read_are_refused_by_name)
+{
+    check_refused_in(&AWQ, "\"version\": \"gemm\"", "\"version\": \"gemv\"",
+                     "version gemv is not supported for awq");
+    check_refused_in(&AWQ, "\"zero_point\": true", "\"zero_point\": false", "zero_point false");
+    check_refused_in(&AWQ, "\"bits\": 4", "\"bits\": 8", "bits must be 4 for awq");
+    /* an AWQ file said to be GPTQ: the packing does not fit the shapes */
+    check_refused_in(&AWQ, "\"quant_method\": \"awq\"", "\"quant_method\": \"gptq\"",
+                     "gptq 'model.layers.0.self_attn.q_proj.qweight' (I32 [64, 8])");
 }
 
 Test(gptq, qlserve_does_not_quantize_to_gptq)
@@ -369,6 +408,16 @@ Test(gptq, inspect_names_the_kind)
     cr_assert(strstr(text, ": gptq model"), "%s", text);
     cr_assert(strstr(text, "linear layers gptq-int4-g16-v1"), "%s", text);
     cr_assert(strstr(text, "gptq (f16 scales) x14"), "%s", text);
+    free(text);
+    test_rmtree(dir);
+    fixture_dir(&AWQ, dir, sizeof dir);
+    out = open_memstream(&text, &len);
+    o.path = dir;
+    cr_assert_eq(eng_inspect(dir, &o, out, msg, sizeof msg), 0, "%s", msg);
+    fclose(out);
+    cr_assert(strstr(text, ": awq model") && strstr(text, "linear layers awq-int4-g32") &&
+                  strstr(text, "awq (f16 scales) x14"),
+              "%s", text);
     free(text);
     test_rmtree(dir);
 }

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 /* config.json and the shard index are small; anything past this is not
@@ -623,6 +624,43 @@ static int parse_gptq_config(model_loader *L, const char *path, const cJSON *qc,
     return QL_OK;
 }
 
+/* AWQ (AwqConfig, AutoAWQ's GEMM layout): `<prefix>.qweight`, `.qzeros`
+ * (int32 packed along the output dim) and `.scales` (f16), read as the
+ * GPTQ parts are, in AWQ's packing (QT_AWQ). Refused by name: bits other
+ * than 4, a version other than gemm (gemv, gemv_fast, exllama, marlin,
+ * ipex), zero_point false. */
+static int parse_awq_config(model_loader *L, const char *path, const cJSON *qc, char *msg,
+                            size_t msg_len)
+{
+    int64_t bits = 0, group = 0;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(qc, "bits");
+    if (!b)
+        b = cJSON_GetObjectItemCaseSensitive(qc, "w_bit");
+    if (!mf_json_integer(b, 1, 64, &bits) || bits != 4)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config bits must be 4 for awq", path);
+    const cJSON *gs = cJSON_GetObjectItemCaseSensitive(qc, "group_size");
+    if (!gs)
+        gs = cJSON_GetObjectItemCaseSensitive(qc, "q_group_size");
+    if (!mf_json_integer(gs, 1, 1 << 20, &group))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: quantization_config group_size must be a positive integer for awq",
+                       path);
+    const char *version = mf_json_str(qc, "version");
+    if (version && strcasecmp(version, "gemm") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config version %s is not supported for awq (gemm is)",
+                       path, version);
+    if (!mf_json_bool(qc, "zero_point", true))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config zero_point false is not supported for awq", path);
+    L->gptq_checkpoint = true;
+    L->awq = true;
+    L->gptq_bits = 4;
+    L->gptq_group = (int32_t)group;
+    return QL_OK;
+}
+
 /* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
  * (llama_4_scaling_beta) and period (original_max_position_embeddings)
  * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
@@ -776,9 +814,10 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         L->mxfp4_experts = true;
         qc = NULL;
     }
-    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0)) {
-        rc = strcmp(qm, "fp8") == 0 ? parse_fp8_config(L, path, qc, msg, msg_len)
-                                    : parse_gptq_config(L, path, qc, msg, msg_len);
+    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0 || strcmp(qm, "awq") == 0)) {
+        rc = strcmp(qm, "fp8") == 0    ? parse_fp8_config(L, path, qc, msg, msg_len)
+             : strcmp(qm, "gptq") == 0 ? parse_gptq_config(L, path, qc, msg, msg_len)
+                                       : parse_awq_config(L, path, qc, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         qc = NULL;
@@ -789,7 +828,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
             !mf_json_bool(qc, "load_in_4bit", false))
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
-                           "finegrained fp8, gptq, and GPT-OSS's mxfp4, are)",
+                           "finegrained fp8, gptq, awq, and GPT-OSS's mxfp4, are)",
                            path, method ? method : "(no quant_method)");
         const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
         if (!type)
@@ -914,22 +953,26 @@ static int load_gptq_tensor(const model_loader *L, const char *name, const st_fi
                            st_dtype_name(want[i]), i == 2 ? "vector" : "matrix");
     }
     int64_t per = 32 / L->gptq_bits;
-    if (qw->dtype != ST_I32 || qw->ndim != 2 || qw->shape[0] * per != want_cols ||
-        qw->shape[1] != want_rows || t[0]->shape[1] * per != want_rows ||
+    /* GPTQ packs qweight along the input dim, AWQ along the output dim */
+    int64_t qw_rows = L->awq ? want_cols : want_cols / per;
+    int64_t qw_cols = L->awq ? want_rows / per : want_rows;
+    if (qw->dtype != ST_I32 || qw->ndim != 2 || qw->shape[0] != qw_rows ||
+        qw->shape[1] != qw_cols || want_cols % per != 0 || t[0]->shape[1] * per != want_rows ||
         t[1]->shape[1] != want_rows || t[0]->shape[0] != t[1]->shape[0] ||
-        (t[2] && t[2]->shape[0] != want_cols))
+        (t[2] && (L->awq || t[2]->shape[0] != want_cols)))
         return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: gptq '%s' (%s [%lld, %lld]) with its qzeros, scales and g_idx does "
+                       "%s: %s '%s' (%s [%lld, %lld]) with its qzeros, scales and g_idx does "
                        "not hold a %d-bit [%lld, %lld] weight",
-                       f->path, qw->name, st_dtype_name(qw->dtype), (long long)qw->shape[0],
-                       (long long)(qw->ndim > 1 ? qw->shape[1] : 0), L->gptq_bits,
-                       (long long)want_rows, (long long)want_cols);
+                       f->path, L->awq ? "awq" : "gptq", qw->name, st_dtype_name(qw->dtype),
+                       (long long)qw->shape[0], (long long)(qw->ndim > 1 ? qw->shape[1] : 0),
+                       L->gptq_bits, (long long)want_rows, (long long)want_cols);
     qt_gptq_parts p = {
         .rows = want_rows,
         .cols = want_cols,
         .bits = L->gptq_bits,
         .group_size = L->gptq_group,
         .v2 = L->gptq_v2,
+        .awq = L->awq,
         .qweight = qw->data,
         .borrow_codes = true, /* the shards stay mapped as long as the model */
         .qzeros = t[0]->data,
@@ -1113,6 +1156,7 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     snprintf(m->format, sizeof m->format, "%s",
              L->bnb_checkpoint    ? "bitsandbytes-4bit"
              : L->fp8_checkpoint  ? "fp8"
+             : L->awq             ? "awq"
              : L->gptq_checkpoint ? "gptq"
                                   : "safetensors");
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);

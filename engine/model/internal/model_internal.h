@@ -44,6 +44,7 @@ typedef struct model_loader {
     int32_t gptq_bits;    /* 4 or 8 */
     int32_t gptq_group;   /* group_size; -1: one group per input */
     bool gptq_v2;         /* checkpoint_format gptq_v2: zeros stored as they are */
+    bool awq;             /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
     qt_kind dtype;        /* target dense kind, or QT_KIND_COUNT to keep */
 } model_loader;
 
