@@ -26,6 +26,7 @@
 #include "tiny_model.h"
 
 #include "lora_fixture.h"
+#include "quant_checkpoint.h"
 #include "ref_forward.h"
 
 #include "fixtures/gptq_reference.h"
@@ -69,17 +70,6 @@ static const gptq_case AWQ = {"awq_tiny",
                               &GPTQ_AWQ_LOGITS[0][0],
                               GPTQ_AWQ_GREEDY};
 
-static uint64_t fnv1a64(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001B3ull;
-    }
-    return h;
-}
-
 static void fixture_dir(const gptq_case *c, char *dir, size_t len)
 {
     test_tmpdir(dir, len);
@@ -93,25 +83,6 @@ static void load(eng_model *m, const char *dir, const char *dtype)
     cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
 }
 
-/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight") is. */
-static const qtensor *projection(const eng_model *m, const char *name)
-{
-    int layer = -1, used = 0;
-    char proj[32] = "";
-    cr_assert(sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && layer >= 0 &&
-                  layer < m->cfg.n_layers,
-              "%s", name);
-    const char *dot = strchr(name + used, '.');
-    cr_assert(dot && sscanf(dot + 1, "%31[a-z_]", proj) == 1, "%s", name);
-    static const char *names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                  "gate_proj", "up_proj", "down_proj"};
-    for (int p = 0; p < ENG_N_PROJ; p++)
-        if (strcmp(proj, names[p]) == 0)
-            return eng_model_proj(m, layer, (eng_proj)p);
-    cr_assert_fail("%s is no projection", name);
-    return NULL;
-}
-
 /* Every linear weight dequantizes to the reference unpacking's float32
  * bits (a digest of the whole tensor), scalar and dispatched entry alike. */
 static void check_dequantization(const gptq_case *c)
@@ -122,14 +93,14 @@ static void check_dequantization(const gptq_case *c)
     load(&m, dir, NULL);
     cr_assert_str_eq(m.format, qt_kind_name(c->kind));
     for (size_t i = 0; i < c->n_digests; i++) {
-        const qtensor *t = projection(&m, c->digests[i].name);
+        const qtensor *t = qcp_projection(&m, c->digests[i].name);
         cr_assert(t->kind == c->kind && t->data_borrowed && t->bits == c->bits &&
                   t->group_size == c->group_size && t->gptq_zero_offset == c->zero_offset);
         size_t n = (size_t)(t->rows * t->cols);
         float *out = malloc(n * sizeof *out), *fast = malloc(n * sizeof *fast);
         qt_dequantize_rows_ref(t, 0, t->rows, out);
         qt_dequantize_rows(t, 0, t->rows, fast);
-        uint64_t h = fnv1a64(out, n * sizeof *out);
+        uint64_t h = qcp_fnv1a64(out, n * sizeof *out);
         cr_assert_eq(h, (uint64_t)c->digests[i].fnv, "%s: digest %016llx, reference %016llx",
                      c->digests[i].name, (unsigned long long)h,
                      (unsigned long long)c->digests[i].fnv);
@@ -180,28 +151,10 @@ static void check_logits_and_greedy(const gptq_case *c)
     eng_model m;
     load(&m, dir, NULL);
     cr_assert_eq(m.lm_head.kind, QT_F32);
-    int32_t toks[GPTQ_N_TOKENS + GPTQ_N_GREEDY];
-    for (int i = 0; i < GPTQ_N_TOKENS; i++)
-        toks[i] = GPTQ_TOKENS[i];
-    float *logits = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = GPTQ_N_TOKENS});
-    double err = test_worst_row_l2(logits, c->logits, GPTQ_N_TOKENS, GPTQ_VOCAB);
-    cr_assert(err <= 1e-5, "%s: worst relative L2 %g vs float64 transformers", c->folder, err);
-    free(logits);
-
-    int n = (int)(sizeof GPTQ_PROMPT / sizeof GPTQ_PROMPT[0]);
-    for (int i = 0; i < n; i++)
-        toks[i] = GPTQ_PROMPT[i];
-    for (int g = 0; g < GPTQ_N_GREEDY; g++) {
-        float *l = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = n});
-        const float *last = l + (size_t)(n - 1) * GPTQ_VOCAB;
-        int best = 0;
-        for (int v = 1; v < GPTQ_VOCAB; v++)
-            best = last[v] > last[best] ? v : best;
-        free(l);
-        cr_assert_eq(best, c->greedy[g], "%s: greedy step %d: %d, float64 %d", c->folder, g, best,
-                     c->greedy[g]);
-        toks[n++] = best;
-    }
+    qcp_logits_and_greedy(&m, c->folder,
+                          &(qcp_reference){GPTQ_TOKENS, GPTQ_N_TOKENS, c->logits, GPTQ_VOCAB,
+                                           GPTQ_PROMPT, (int)(sizeof GPTQ_PROMPT / sizeof(int)),
+                                           c->greedy, GPTQ_N_GREEDY});
     eng_model_free(&m);
     test_rmtree(dir);
 }
@@ -248,25 +201,9 @@ Test(gptq, bf16_load_keeps_f16_scales_and_packed_zeros)
  * fail with a message holding `want`. */
 static void check_refused_in(const gptq_case *c, const char *from, const char *to, const char *want)
 {
-    char dir[512], path[1024], msg[1024];
+    char dir[512];
     fixture_dir(c, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    size_t len = 0;
-    char *text = test_read_file(path, &len);
-    char *at = strstr(text, from);
-    cr_assert(at, "config.json has no %s", from);
-    char *edited = malloc(len + strlen(to) + 1);
-    size_t head = (size_t)(at - text);
-    memcpy(edited, text, head);
-    strcpy(edited + head, to);
-    strcat(edited, at + strlen(from));
-    test_write_text(path, edited);
-    eng_model m;
-    eng_load_opts o = {.path = dir};
-    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
-    cr_assert(strstr(msg, want), "%s: %s", to, msg);
-    free(text);
-    free(edited);
+    qcp_refused(dir, from, to, want);
     test_rmtree(dir);
 }
 
