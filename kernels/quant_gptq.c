@@ -32,6 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The most groups a tensor may have (qt_from_gptq refuses more): a row's
+ * scales and zeros are widened into stack arrays of this size. Real
+ * checkpoints have in / group_size, a few hundred at most. */
+#define GPTQ_MAX_GROUPS 4096
+
 /* word i of a packed array stored at any alignment */
 static uint32_t word_at(const uint8_t *p, int64_t i)
 {
@@ -40,22 +45,35 @@ static uint32_t word_at(const uint8_t *p, int64_t i)
     return w;
 }
 
+/* Row r's scale (widened once) and zero of each group: groups are few
+ * beside the columns, so the inner loop reads two small arrays. */
+static void row_groups(const qtensor *t, int64_t r, int64_t zword, int zshift, float *s, int32_t *z)
+{
+    const int64_t zcols = (t->rows * t->bits + 31) / 32;
+    const uint32_t mask = (1u << t->bits) - 1u;
+    for (int64_t g = 0; g < t->gptq_groups; g++) {
+        s[g] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]);
+        z[g] =
+            (int32_t)((t->gptq_qzeros[g * zcols + zword] >> zshift) & mask) + t->gptq_zero_offset;
+    }
+}
+
 void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     const int32_t bits = t->bits, per = 32 / bits;
     const uint32_t mask = (1u << bits) - 1u;
-    const int64_t zcols = (t->rows * bits + 31) / 32;
+    float s[GPTQ_MAX_GROUPS]; /* 32 KB of stack at the most */
+    int32_t z[GPTQ_MAX_GROUPS];
     for (int64_t i = 0; i < nrows; i++) {
         const int64_t r = row0 + i;
-        const int zshift = (int)(r % per) * bits;
+        row_groups(t, r, r / per, (int)(r % per) * bits, s, z);
         float *o = out + i * t->cols;
-        for (int64_t c = 0; c < t->cols; c++) {
-            const int64_t g = t->gptq_g_idx[c];
-            const uint32_t w = word_at(t->data, (c / per) * t->rows + r);
-            const int32_t q = (int32_t)((w >> ((int)(c % per) * bits)) & mask);
-            const int32_t z = (int32_t)((t->gptq_qzeros[g * zcols + r / per] >> zshift) & mask) +
-                              t->gptq_zero_offset;
-            o[c] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]) * (float)(q - z);
+        for (int64_t w0 = 0; w0 < t->cols / per; w0++) {
+            uint32_t w = word_at(t->data, w0 * t->rows + r);
+            for (int k = 0; k < per; k++, w >>= bits) {
+                const int64_t c = w0 * per + k, g = t->gptq_g_idx[c];
+                o[c] = s[g] * (float)((int32_t)(w & mask) - z[g]);
+            }
         }
     }
 }
@@ -67,15 +85,17 @@ static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     const int64_t words = t->rows / 8;
+    float s[GPTQ_MAX_GROUPS]; /* 32 KB of stack at the most */
+    int32_t z[GPTQ_MAX_GROUPS];
     for (int64_t i = 0; i < nrows; i++) {
         const int64_t r = row0 + i;
         const int shift = AWQ_NIBBLE[r % 8] * 4;
+        row_groups(t, r, r / 8, shift, s, z);
         float *o = out + i * t->cols;
         for (int64_t c = 0; c < t->cols; c++) {
             const int64_t g = t->gptq_g_idx[c];
             const int32_t q = (int32_t)((word_at(t->data, c * words + r / 8) >> shift) & 15u);
-            const int32_t z = (int32_t)((t->gptq_qzeros[g * words + r / 8] >> shift) & 15u);
-            o[c] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]) * (float)(q - z);
+            o[c] = s[g] * (float)(q - z[g]);
         }
     }
 }
@@ -112,6 +132,10 @@ static int check_gptq_parts(const qt_gptq_parts *p, char *msg, size_t msg_len)
                        "gptq has %lld groups; a [%lld, %lld] weight in groups of %d has %lld",
                        (long long)p->groups, (long long)p->rows, (long long)p->cols, p->group_size,
                        (long long)want);
+    if (p->groups > GPTQ_MAX_GROUPS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s has %lld groups; at most %d are supported", p->awq ? "awq" : "gptq",
+                       (long long)p->groups, GPTQ_MAX_GROUPS);
     for (int64_t c = 0; p->g_idx && c < p->cols; c++) {
         int32_t g;
         memcpy(&g, p->g_idx + c * 4, sizeof g);
