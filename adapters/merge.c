@@ -224,19 +224,16 @@ static int fp8_params(const qtensor *w, qt_quant_params *p, char *msg, size_t ms
     return QL_OK;
 }
 
-/* GPTQ and AWQ: requantizing into their own layout (per group, g_idx
- * kept) is not written yet; such a weight merges into int8 or bf16 (the
- * `into` kinds below) and is refused by name when its own kind is asked
- * for. */
+/* GPTQ and AWQ: requantized per group into the weight's own layout (its
+ * bits, g_idx with any act-order permutation, group count, zero
+ * convention and packing), by round to nearest over each group's range. */
 static int gptq_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
-    (void)p;
     if (w->kind != QT_GPTQ && w->kind != QT_AWQ)
         return wrong_family(w, "gptq/awq", msg, msg_len);
-    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "a %s weight is not requantized into %s after a merge yet; merge it into "
-                   "int8 or bf16",
-                   qt_kind_name(w->kind), qt_kind_name(w->kind));
+    p->kind = w->kind;
+    p->layout = w;
+    return QL_OK;
 }
 
 /* The wider kinds a merge may store into instead of the weight's own. */

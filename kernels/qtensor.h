@@ -158,6 +158,11 @@ typedef struct qt_quant_params {
      * default); and the scales' dtype. */
     int32_t block_rows, block_cols;
     qt_scale_dtype scale_dtype;
+    /* GPTQ, AWQ: the loaded tensor whose layout (bits, g_idx, groups, zero
+     * convention, packing) a merge requantizes into; borrowed for the call.
+     * Without it these kinds are refused (qlserve reads them, it does not
+     * quantize a float model to them). */
+    const struct qtensor *layout;
 } qt_quant_params;
 
 /*

@@ -22,13 +22,14 @@
  * the order 0 2 4 6 1 3 5 7), the zero stored as it is, group c /
  * group_size.
  *
- * It offers the GPTQ and AWQ rows' scalar dequantization and quantizer (which
- * refuses: qlserve reads GPTQ, it does not write it) and qt_from_gptq (a
+ * It offers the GPTQ and AWQ rows' scalar dequantization and quantizer
+ * (which only requantizes into a loaded tensor's layout, for merges) and qt_from_gptq (a
  * checkpoint's parts, qweight read in place). It owns no state; it calls
  * qtensor.c.
  */
 #include "kernels_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,13 +101,84 @@ void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float
     }
 }
 
+/* The shift of row r's code in its word along the output dim (qzeros;
+ * AWQ's qweight too): GPTQ packs in order, AWQ in its own. */
+static int out_dim_shift(const qtensor *t, int64_t r)
+{
+    return t->kind == QT_AWQ ? AWQ_NIBBLE[r % 8] * 4 : (int)(r % (32 / t->bits)) * t->bits;
+}
+
+/* Row r of src into t's codes, scales and zeros (t's arrays zeroed, its
+ * layout set): per group (the channels g_idx puts in it), asymmetric
+ * round to nearest as GPTQ's and AWQ's quantizers fit a group: the range
+ * [min(w, 0), max(w, 0)], scale range / maxq rounded to f16 (at least
+ * 1e-5), zero round(-min / scale) clamped to [offset, maxq] (v1 stores
+ * zero - 1, so it is at least 1), code round(w / scale) + zero in [0, maxq]. */
+static void requantize_row(qtensor *t, const float *src, int64_t r)
+{
+    const int32_t bits = t->bits, per = 32 / bits, maxq = (1 << bits) - 1;
+    const int64_t zcols = (t->rows * bits + 31) / 32;
+    float lo[GPTQ_MAX_GROUPS], hi[GPTQ_MAX_GROUPS], s[GPTQ_MAX_GROUPS];
+    int32_t z[GPTQ_MAX_GROUPS];
+    for (int64_t g = 0; g < t->gptq_groups; g++)
+        lo[g] = hi[g] = 0.0f;
+    for (int64_t c = 0; c < t->cols; c++) {
+        int32_t g = t->gptq_g_idx[c];
+        lo[g] = src[c] < lo[g] ? src[c] : lo[g];
+        hi[g] = src[c] > hi[g] ? src[c] : hi[g];
+    }
+    const int zs = out_dim_shift(t, r);
+    for (int64_t g = 0; g < t->gptq_groups; g++) {
+        float sc = (hi[g] - lo[g]) / (float)maxq;
+        uint16_t h = qt_f32_to_f16(sc > 1e-5f ? sc : 1e-5f);
+        s[g] = qt_f16_to_f32(h);
+        float zf = rintf(-lo[g] / s[g]);
+        z[g] = zf < (float)t->gptq_zero_offset ? t->gptq_zero_offset
+               : zf > (float)maxq              ? maxq
+                                               : (int32_t)zf;
+        t->gptq_scales[g * t->rows + r] = h;
+        t->gptq_qzeros[g * zcols + r / per] |= (uint32_t)(z[g] - t->gptq_zero_offset) << zs;
+    }
+    uint32_t *words = (uint32_t *)(void *)t->data;
+    for (int64_t c = 0; c < t->cols; c++) {
+        int32_t g = t->gptq_g_idx[c];
+        float q = rintf(src[c] / s[g]) + (float)z[g];
+        uint32_t code = q < 0.0f ? 0u : q > (float)maxq ? (uint32_t)maxq : (uint32_t)q;
+        if (t->kind == QT_AWQ)
+            words[c * (t->rows / 8) + r / 8] |= code << zs;
+        else
+            words[(c / per) * t->rows + r] |= code << ((int)(c % per) * bits);
+    }
+}
+
 int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len)
 {
-    (void)src, (void)rows, (void)cols, (void)p;
-    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                   "%s is read from checkpoints only; qlserve does not quantize to it",
-                   qt_kind_name(t->kind));
+    const qtensor *L = p->layout;
+    if (!L || L->kind != t->kind || L->rows != rows || L->cols != cols)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s is read from checkpoints; qlserve quantizes to it only into the "
+                       "layout of a loaded [%lld, %lld] %s tensor (a merge)",
+                       qt_kind_name(t->kind), (long long)rows, (long long)cols,
+                       qt_kind_name(t->kind));
+    size_t nbytes = (size_t)(rows * cols * L->bits / 8);
+    size_t zbytes = (size_t)(L->gptq_groups * rows * L->bits / 8);
+    t->data = calloc(1, nbytes);
+    t->data_bytes = nbytes;
+    t->gptq_qzeros = calloc(1, zbytes);
+    t->gptq_scales = calloc((size_t)(L->gptq_groups * rows), 2);
+    t->gptq_g_idx = malloc((size_t)cols * 4);
+    if (!t->data || !t->gptq_qzeros || !t->gptq_scales || !t->gptq_g_idx)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate %zu bytes of %s codes", nbytes,
+                       qt_kind_name(t->kind));
+    memcpy(t->gptq_g_idx, L->gptq_g_idx, (size_t)cols * 4);
+    t->bits = L->bits;
+    t->group_size = L->group_size;
+    t->gptq_groups = L->gptq_groups;
+    t->gptq_zero_offset = L->gptq_zero_offset;
+    for (int64_t r = 0; r < rows; r++)
+        requantize_row(t, src + r * cols, r);
+    return QL_OK;
 }
 
 /* Check the parts' shapes and the g_idx values; QL_OK or msg says which. */
