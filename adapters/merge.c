@@ -224,6 +224,18 @@ static int fp8_params(const qtensor *w, qt_quant_params *p, char *msg, size_t ms
     return QL_OK;
 }
 
+/* GPTQ and AWQ: requantized per group into the weight's own layout (its
+ * bits, g_idx with any act-order permutation, group count, zero
+ * convention and packing), by round to nearest over each group's range. */
+static int gptq_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
+{
+    if (w->kind != QT_GPTQ && w->kind != QT_AWQ)
+        return wrong_family(w, "gptq/awq", msg, msg_len);
+    p->kind = w->kind;
+    p->layout = w;
+    return QL_OK;
+}
+
 /* The wider kinds a merge may store into instead of the weight's own. */
 static int into_params(qt_kind into, qt_quant_params *p, char *msg, size_t msg_len)
 {
@@ -714,6 +726,7 @@ MERGE_FAMILY(merge_bnb4, bnb4_params)
 MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
 MERGE_FAMILY(merge_fp8, fp8_params)
+MERGE_FAMILY(merge_gptq, gptq_params)
 
 /* --- the table ---------------------------------------------------------- */
 
@@ -738,6 +751,8 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_IQ4_XS] = {.kind = "iq4_xs", .merge = merge_gguf},
     [QT_MXFP4] = {.kind = "mxfp4", .merge = merge_gguf},
     [QT_FP8] = {.kind = "fp8", .merge = merge_fp8},
+    [QT_GPTQ] = {.kind = "gptq", .merge = merge_gptq},
+    [QT_AWQ] = {.kind = "awq", .merge = merge_gptq},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -752,7 +767,7 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4 and fp8",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, fp8, gptq and awq",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

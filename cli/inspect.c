@@ -111,7 +111,7 @@ static void count_kind(const qtensor *t, void *counts)
 }
 
 /* Count the kinds of the weights a model holds: "q4_1 x210, f32 x61";
- * FP8 with its scales' dtype: "fp8 (e8m0 scales) x14". */
+ * FP8, GPTQ and AWQ with their scales' dtype: "fp8 (e8m0 scales) x14". */
 static void count_kinds(const eng_model *m, char *buf, size_t len)
 {
     int counts[QT_KIND_COUNT + 1] = {0};
@@ -121,6 +121,8 @@ static void count_kinds(const eng_model *m, char *buf, size_t len)
     for (int k = 0; k <= QT_KIND_COUNT && n < len; k++) {
         const char *name = k == COUNT_FP8_E8M0 ? "fp8 (e8m0 scales)"
                            : k == QT_FP8       ? "fp8 (f32 scales)"
+                           : k == QT_GPTQ      ? "gptq (f16 scales)"
+                           : k == QT_AWQ       ? "awq (f16 scales)"
                                                : qt_kind_name((qt_kind)k);
         if (counts[k])
             n += (size_t)snprintf(buf + n, len - n, "%s%s x%d", n ? ", " : "", name, counts[k]);

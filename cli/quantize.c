@@ -270,7 +270,8 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
 /* QL_EINVAL when the file already holds bitsandbytes quant state, or FP8
  * codes and their block scales (transformers' finegrained FP8): the
  * scales are 2-D floats, and quantizing them as weights would misread the
- * checkpoint. */
+ * checkpoint; likewise GPTQ's and AWQ's packed `qweight` / `qzeros`
+ * (int32) and their f16 `scales`. */
 static int refuse_quantized(const st_file *in, const char *path, char *msg, size_t msg_len)
 {
     for (size_t i = 0; i < in->n_tensors; i++) {
@@ -279,6 +280,13 @@ static int refuse_quantized(const st_file *in, const char *path, char *msg, size
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' shows the file is already quantized by "
                            "bitsandbytes; quantizing it again would lose precision",
+                           path, t->name);
+        const char *dot = strrchr(t->name, '.');
+        if (dot && (strcmp(dot, ".qweight") == 0 || strcmp(dot, ".qzeros") == 0))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: tensor '%s' shows the file is already quantized (gptq or awq: "
+                           "packed int32 codes, their scales beside them); quantizing it again "
+                           "would lose precision",
                            path, t->name);
         if (t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E8M0)
             return ql_fail(msg, msg_len, QL_EINVAL,

@@ -27,6 +27,7 @@ const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT] = {
     [QT_Q2_K] = {QT_GEOMETRY_Q2_K},     [QT_Q3_K] = {QT_GEOMETRY_Q3_K},
     [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL}, [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS},
     [QT_MXFP4] = {QT_GEOMETRY_MXFP4},   [QT_FP8] = {QT_GEOMETRY_FP8},
+    [QT_GPTQ] = {QT_GEOMETRY_GPTQ},     [QT_AWQ] = {QT_GEOMETRY_AWQ},
 };
 
 const char *qt_scale_dtype_name(qt_scale_dtype d)
@@ -45,6 +46,14 @@ static size_t block_scale_bytes(const qtensor *t)
     return t->block_scales
                ? (size_t)(t->scale_rows * t->scale_cols) * qt_scale_dtype_size(t->scale_dtype)
                : 0;
+}
+
+/* Bytes of a GPTQ or AWQ tensor's zeros, scales and g_idx (0 for any other kind). */
+static size_t gptq_state_bytes(const qtensor *t)
+{
+    if ((t->kind != QT_GPTQ && t->kind != QT_AWQ) || !t->gptq_scales)
+        return 0;
+    return (size_t)(t->gptq_groups * t->rows) * ((size_t)t->bits / 8 + 2) + (size_t)t->cols * 4;
 }
 
 int qt_kind_from_name(const char *name)
@@ -115,6 +124,9 @@ void qt_free(qtensor *t)
     free(t->scales);
     free(t->zeros);
     free(t->block_scales);
+    free(t->gptq_qzeros);
+    free(t->gptq_scales);
+    free(t->gptq_g_idx);
     memset(t, 0, sizeof *t);
 }
 
@@ -141,6 +153,9 @@ int qt_clone(qtensor *out, const qtensor *src)
     out->scales = NULL;
     out->zeros = NULL;
     out->block_scales = NULL;
+    out->gptq_qzeros = NULL;
+    out->gptq_scales = NULL;
+    out->gptq_g_idx = NULL;
     size_t nq = (size_t)(src->rows * src->groups_per_row) * sizeof(float);
     int rc = dup_array((void **)&out->data, src->data, src->data_bytes);
     if (rc == QL_OK)
@@ -156,6 +171,14 @@ int qt_clone(qtensor *out, const qtensor *src)
         rc = dup_array((void **)&out->zeros, src->zeros, nq);
     if (rc == QL_OK)
         rc = dup_array(&out->block_scales, src->block_scales, block_scale_bytes(src));
+    size_t gz = (size_t)(src->gptq_groups * src->rows * src->bits / 8);
+    if (rc == QL_OK && src->gptq_qzeros)
+        rc = dup_array((void **)&out->gptq_qzeros, src->gptq_qzeros, gz);
+    if (rc == QL_OK && src->gptq_scales)
+        rc = dup_array((void **)&out->gptq_scales, src->gptq_scales,
+                       (size_t)(src->gptq_groups * src->rows) * 2);
+    if (rc == QL_OK && src->gptq_g_idx)
+        rc = dup_array((void **)&out->gptq_g_idx, src->gptq_g_idx, (size_t)src->cols * 4);
     if (rc != QL_OK)
         qt_free(out);
     return rc;
@@ -170,5 +193,5 @@ size_t qt_nbytes(const qtensor *t)
         n += (size_t)t->n_blocks + (size_t)t->n_nested_blocks * sizeof(float);
     if (t->scales)
         n += 2 * (size_t)(t->rows * t->groups_per_row) * sizeof(float);
-    return n + block_scale_bytes(t);
+    return n + block_scale_bytes(t) + gptq_state_bytes(t);
 }

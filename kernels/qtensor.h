@@ -111,6 +111,8 @@ typedef enum qt_kind {
     QT_IQ4_XS,
     QT_MXFP4,
     QT_FP8,
+    QT_GPTQ,
+    QT_AWQ,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -156,6 +158,11 @@ typedef struct qt_quant_params {
      * default); and the scales' dtype. */
     int32_t block_rows, block_cols;
     qt_scale_dtype scale_dtype;
+    /* GPTQ, AWQ: the loaded tensor whose layout (bits, g_idx, groups, zero
+     * convention, packing) a merge requantizes into; borrowed for the call.
+     * Without it these kinds are refused (qlserve reads them, it does not
+     * quantize a float model to them). */
+    const struct qtensor *layout;
 } qt_quant_params;
 
 /*
@@ -202,6 +209,16 @@ typedef struct qtensor {
     int64_t scale_rows, scale_cols;
     qt_scale_dtype scale_dtype;
     void *block_scales; /* scale_rows * scale_cols f32 or UE8M0 bytes, owned */
+
+    /* GPTQ: qweight in data ([cols * bits / 32, rows] little-endian int32
+     * words, codes packed along the input dim); bits and group_size above.
+     * AWQ (GEMM) shares the fields: qweight [cols, rows / 8] and qzeros
+     * packed along the output dim in AWQ's order, g_idx c / group_size */
+    uint32_t *gptq_qzeros; /* [gptq_groups, ceil(rows * bits / 32)] words, owned */
+    uint16_t *gptq_scales; /* [gptq_groups, rows] f16, owned, never widened */
+    int32_t *gptq_g_idx;   /* cols: the group of each input channel, owned */
+    int64_t gptq_groups;
+    int32_t gptq_zero_offset; /* 1: v1 (stored zero = z - 1), 0: gptq_v2 */
 } qtensor;
 
 /*
@@ -474,6 +491,30 @@ typedef struct qt_fp8_parts {
 } qt_fp8_parts;
 
 int qt_from_fp8(qtensor *out, const qt_fp8_parts *parts, char *msg, size_t msg_len);
+
+/* The parts of a GPTQ linear as a checkpoint stores them (optimum /
+ * auto-gptq / gptqmodel), borrowed for the call: qweight [cols * bits / 32,
+ * rows], qzeros [groups, rows * bits / 32], scales f16 [groups, rows],
+ * g_idx [cols] (NULL: channel c is in group c / group_size), all any
+ * alignment. qt_from_gptq keeps qweight borrowed when borrow_codes and
+ * copies the rest; msg names the part that does not fit. */
+typedef struct qt_gptq_parts {
+    int64_t rows, cols; /* out_features, in_features */
+    int32_t bits;       /* 4 or 8 */
+    int32_t group_size; /* -1: one group over the whole input */
+    bool v2;            /* checkpoint_format gptq_v2: zeros stored as is */
+    bool awq;           /* AWQ GEMM instead (QT_AWQ): qweight [cols, rows * bits
+                           / 32] and qzeros packed along the output dim in
+                           AWQ's order, zeros as stored, g_idx NULL */
+    const uint8_t *qweight;
+    bool borrow_codes;
+    const uint8_t *qzeros;
+    const uint8_t *scales;
+    const uint8_t *g_idx;
+    int64_t groups; /* rows of qzeros and scales */
+} qt_gptq_parts;
+
+int qt_from_gptq(qtensor *out, const qt_gptq_parts *parts, char *msg, size_t msg_len);
 
 /* "f32" or "e8m0" (what `qlserve inspect` prints), and the bytes of one scale. */
 const char *qt_scale_dtype_name(qt_scale_dtype d);

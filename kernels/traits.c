@@ -260,6 +260,20 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .matmul_avx2 = qt_matmul_fp8_avx2,
             .dequantize_rows_avx2 = qt_dequantize_rows_fp8_avx2,
         },
+    [QT_GPTQ] =
+        {
+            QT_GEOMETRY_GPTQ,
+            .quantize = qt_gptq_quantize,
+            .dequantize_rows = qt_gptq_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+        },
+    [QT_AWQ] =
+        {
+            QT_GEOMETRY_AWQ,
+            .quantize = qt_gptq_quantize,
+            .dequantize_rows = qt_awq_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+        },
 };
 
 /* The first NaN or Inf in src, or -1. Chunks of 1024 are first checked

@@ -26,6 +26,7 @@
 #include "tiny_model.h"
 
 #include "lora_fixture.h"
+#include "quant_checkpoint.h"
 #include "ref_forward.h"
 
 #include "fixtures/fp8_reference.h"
@@ -48,17 +49,6 @@ static const fp8_case FP8_UE8M0 = {
     "fp8_tiny_ue8m0",        QT_SCALE_E8M0,
     FP8_UE8M0_DIGESTS,       sizeof FP8_UE8M0_DIGESTS / sizeof FP8_UE8M0_DIGESTS[0],
     &FP8_UE8M0_LOGITS[0][0], FP8_UE8M0_GREEDY};
-
-static uint64_t fnv1a64(const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001B3ull;
-    }
-    return h;
-}
 
 /* The fixture folder copied into a fresh temporary one with the tiny
  * tokenizer; dir receives its path. */
@@ -129,27 +119,6 @@ Test(fp8, e4m3_and_e8m0_bytes_widen_as_torch)
     cr_assert(strstr(msg, "block scale 0"), "%s", msg);
 }
 
-/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight") is. */
-static const qtensor *projection(const eng_model *m, const char *name)
-{
-    int layer = -1, used = 0;
-    char proj[32] = "";
-    cr_assert(sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && layer >= 0 &&
-                  layer < m->cfg.n_layers,
-              "%s", name);
-    const char *dot = strchr(name + used, '.');
-    cr_assert(dot && sscanf(dot + 1, "%31[a-z_]", proj) == 1, "%s", name);
-    const eng_layer *L = &m->layers[layer];
-    const char *names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                           "gate_proj", "up_proj", "down_proj"};
-    const qtensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    for (size_t i = 0; i < 7; i++)
-        if (strcmp(proj, names[i]) == 0)
-            return ws[i];
-    cr_assert_fail("%s is no projection", name);
-    return NULL;
-}
-
 /* Every linear weight of the loaded fixture dequantizes to transformers'
  * float32 bits (a digest of the whole tensor), through the scalar and the
  * fast entry alike. */
@@ -160,13 +129,13 @@ static void check_dequantization(const fp8_case *c)
     eng_model m;
     load(&m, dir, NULL);
     for (size_t i = 0; i < c->n_digests; i++) {
-        const qtensor *t = projection(&m, c->digests[i].name);
+        const qtensor *t = qcp_projection(&m, c->digests[i].name);
         cr_assert(t->kind == QT_FP8 && t->scale_dtype == c->scale_dtype && t->data_borrowed);
         size_t n = (size_t)(t->rows * t->cols);
         float *out = malloc(n * sizeof *out), *fast = malloc(n * sizeof *fast);
         qt_dequantize_rows_ref(t, 0, t->rows, out);
         qt_dequantize_rows(t, 0, t->rows, fast);
-        uint64_t h = fnv1a64(out, n * sizeof *out);
+        uint64_t h = qcp_fnv1a64(out, n * sizeof *out);
         cr_assert_eq(h, (uint64_t)c->digests[i].fnv, "%s: digest %016llx, transformers %016llx",
                      c->digests[i].name, (unsigned long long)h,
                      (unsigned long long)c->digests[i].fnv);
@@ -215,29 +184,10 @@ static void check_logits_and_greedy(const fp8_case *c)
     eng_model m;
     load(&m, dir, NULL);
     check_kinds(&m, c->scale_dtype, QT_F32);
-    int32_t toks[FP8_N_TOKENS + FP8_N_GREEDY];
-    for (int i = 0; i < FP8_N_TOKENS; i++)
-        toks[i] = FP8_TOKENS[i];
-    float *logits = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = FP8_N_TOKENS});
-    double err = test_worst_row_l2(logits, c->logits, FP8_N_TOKENS, FP8_VOCAB);
-    cr_assert(err <= 1e-5, "%s: worst relative L2 %g vs float64 transformers", c->folder, err);
-    free(logits);
-
-    /* greedy: each step the whole sequence again, the argmax of its last row */
-    int n = (int)(sizeof FP8_PROMPT / sizeof FP8_PROMPT[0]);
-    for (int i = 0; i < n; i++)
-        toks[i] = FP8_PROMPT[i];
-    for (int g = 0; g < FP8_N_GREEDY; g++) {
-        float *l = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = n});
-        const float *last = l + (size_t)(n - 1) * FP8_VOCAB;
-        int best = 0;
-        for (int v = 1; v < FP8_VOCAB; v++)
-            best = last[v] > last[best] ? v : best;
-        free(l);
-        cr_assert_eq(best, c->greedy[g], "%s: greedy step %d: %d, float64 %d", c->folder, g, best,
-                     c->greedy[g]);
-        toks[n++] = best;
-    }
+    qcp_logits_and_greedy(&m, c->folder,
+                          &(qcp_reference){FP8_TOKENS, FP8_N_TOKENS, c->logits, FP8_VOCAB,
+                                           FP8_PROMPT, (int)(sizeof FP8_PROMPT / sizeof(int)),
+                                           c->greedy, FP8_N_GREEDY});
     eng_model_free(&m);
     test_rmtree(dir);
 }
@@ -289,25 +239,9 @@ Test(fp8, bf16_load_keeps_ue8m0_scales)
  * replaced by `to`; loading must fail with a message holding `want`. */
 static void check_refused(const char *from, const char *to, const char *want)
 {
-    char dir[512], path[1024], msg[1024];
+    char dir[512];
     fixture_dir(&FP8_FLOAT, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    size_t len = 0;
-    char *text = test_read_file(path, &len);
-    char *at = strstr(text, from);
-    cr_assert(at, "config.json has no %s", from);
-    char *edited = malloc(len + strlen(to) + 1);
-    size_t head = (size_t)(at - text);
-    memcpy(edited, text, head);
-    strcpy(edited + head, to);
-    strcat(edited, at + strlen(from));
-    test_write_text(path, edited);
-    eng_model m;
-    eng_load_opts o = {.path = dir};
-    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
-    cr_assert(strstr(msg, want), "%s: %s", to, msg);
-    free(text);
-    free(edited);
+    qcp_refused(dir, from, to, want);
     test_rmtree(dir);
 }
 
@@ -316,8 +250,8 @@ Test(fp8, configs_it_cannot_compute_are_refused_by_name)
     check_refused("\"activation_scheme\": \"dynamic\"", "\"activation_scheme\": \"static\"",
                   "activation_scheme static");
     check_refused("\"scale_fmt\": \"float\"", "\"scale_fmt\": \"e4m3\"", "scale_fmt e4m3");
-    check_refused("\"quant_method\": \"fp8\"", "\"quant_method\": \"gptq\"",
-                  "quantization_config gptq");
+    check_refused("\"quant_method\": \"fp8\"", "\"quant_method\": \"compressed-tensors\"",
+                  "quantization_config compressed-tensors");
     check_refused("\"weight_block_size\": [", "\"weight_block_size\": null, \"x\": [",
                   "weight_block_size");
     /* a block that does not give the stored grid */

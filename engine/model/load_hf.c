@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 /* config.json and the shard index are small; anything past this is not
@@ -771,6 +772,84 @@ static int parse_fp8_config(model_loader *L, const char *path, const cJSON *qc, 
     return QL_OK;
 }
 
+/* GPTQ (GPTQConfig; optimum, auto-gptq and gptqmodel write it): each
+ * quantized linear as `<prefix>.qweight`, `.qzeros`, `.scales` (f16) and
+ * `.g_idx`, read as stored (qt_from_gptq); act-order (desc_act) is what
+ * g_idx says, so either value loads. Refused by name: bits other than 4
+ * and 8, a checkpoint_format other than gptq and gptq_v2 (marlin, ...),
+ * and auto-gptq's is_marlin_format. Modules left dense (lm_head) load as
+ * any dense tensor. */
+static int parse_gptq_config(model_loader *L, const char *path, const cJSON *qc, char *msg,
+                             size_t msg_len)
+{
+    int64_t bits = 0, group = 0;
+    if (!mf_json_integer(cJSON_GetObjectItemCaseSensitive(qc, "bits"), 1, 64, &bits) ||
+        (bits != 4 && bits != 8))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config bits must be 4 or 8 for gptq (2 and 3 are not "
+                       "supported)",
+                       path);
+    const cJSON *gs = cJSON_GetObjectItemCaseSensitive(qc, "group_size");
+    if (!gs || !mf_json_integer(gs, -1, 1 << 20, &group) || group == 0)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: quantization_config group_size must be -1 or a positive integer", path);
+    const char *fmt = mf_json_str(qc, "checkpoint_format");
+    if (!fmt)
+        fmt = mf_json_str(qc, "format");
+    if (fmt && strcmp(fmt, "gptq") != 0 && strcmp(fmt, "gptq_v2") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config checkpoint_format %s is not supported (gptq and "
+                       "gptq_v2 are)",
+                       path, fmt);
+    if (mf_json_bool(qc, "is_marlin_format", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config is_marlin_format (a marlin repacking) is not "
+                       "supported",
+                       path);
+    L->gptq_checkpoint = true;
+    L->gptq_bits = (int32_t)bits;
+    L->gptq_group = (int32_t)group;
+    L->gptq_v2 = fmt && strcmp(fmt, "gptq_v2") == 0;
+    return QL_OK;
+}
+
+/* AWQ (AwqConfig, AutoAWQ's GEMM layout): `<prefix>.qweight`, `.qzeros`
+ * (int32 packed along the output dim) and `.scales` (f16), read as the
+ * GPTQ parts are, in AWQ's packing (QT_AWQ). Refused by name: bits other
+ * than 4, a version other than gemm (gemv, gemv_fast, exllama, marlin,
+ * ipex), zero_point false. */
+static int parse_awq_config(model_loader *L, const char *path, const cJSON *qc, char *msg,
+                            size_t msg_len)
+{
+    int64_t bits = 0, group = 0;
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(qc, "bits");
+    if (!b)
+        b = cJSON_GetObjectItemCaseSensitive(qc, "w_bit");
+    if (!mf_json_integer(b, 1, 64, &bits) || bits != 4)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config bits must be 4 for awq", path);
+    const cJSON *gs = cJSON_GetObjectItemCaseSensitive(qc, "group_size");
+    if (!gs)
+        gs = cJSON_GetObjectItemCaseSensitive(qc, "q_group_size");
+    if (!mf_json_integer(gs, 1, 1 << 20, &group))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "%s: quantization_config group_size must be a positive integer for awq",
+                       path);
+    const char *version = mf_json_str(qc, "version");
+    if (version && strcasecmp(version, "gemm") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config version %s is not supported for awq (gemm is)",
+                       path, version);
+    if (!mf_json_bool(qc, "zero_point", true))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: quantization_config zero_point false is not supported for awq", path);
+    L->gptq_checkpoint = true;
+    L->awq = true;
+    L->gptq_bits = 4;
+    L->gptq_group = (int32_t)group;
+    return QL_OK;
+}
+
 /* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
  * (llama_4_scaling_beta) and period (original_max_position_embeddings)
  * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
@@ -929,8 +1008,10 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         L->mxfp4_experts = true;
         qc = NULL;
     }
-    if (qm && strcmp(qm, "fp8") == 0) {
-        rc = parse_fp8_config(L, path, qc, msg, msg_len);
+    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0 || strcmp(qm, "awq") == 0)) {
+        rc = strcmp(qm, "fp8") == 0    ? parse_fp8_config(L, path, qc, msg, msg_len)
+             : strcmp(qm, "gptq") == 0 ? parse_gptq_config(L, path, qc, msg, msg_len)
+                                       : parse_awq_config(L, path, qc, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         qc = NULL;
@@ -941,7 +1022,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
             !mf_json_bool(qc, "load_in_4bit", false))
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
-                           "finegrained fp8, and GPT-OSS's mxfp4, are)",
+                           "finegrained fp8, gptq, awq, and GPT-OSS's mxfp4, are)",
                            path, method ? method : "(no quant_method)");
         const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
         if (!type)
@@ -1030,6 +1111,76 @@ static int load_fp8_tensor(const model_loader *L, const st_file *f, const st_ten
     return QL_OK;
 }
 
+/* A GPTQ checkpoint's parts `<prefix>.<part>` of weight `<prefix>.weight`;
+ * NULL where it has no qweight (a module left dense). */
+static const st_tensor *gptq_part(const model_loader *L, const char *name, const char *part,
+                                  const st_file **f)
+{
+    size_t n = strlen(name);
+    char buf[512];
+    if (!L->gptq_checkpoint || n < 7 || strcmp(name + n - 7, ".weight") != 0 ||
+        (size_t)snprintf(buf, sizeof buf, "%.*s.%s", (int)(n - 7), name, part) >= sizeof buf)
+        return NULL;
+    return find_st(L, buf, f);
+}
+
+/* A GPTQ linear (out `want_rows`, in `want_cols`): qweight I32 [in * bits
+ * / 32, out] read in place, qzeros I32, scales F16 and g_idx I32 copied as
+ * stored. A missing part, another dtype or shape is refused by name. */
+static int load_gptq_tensor(const model_loader *L, const char *name, const st_file *f,
+                            const st_tensor *qw, int64_t want_rows, int64_t want_cols, qtensor *out,
+                            char *msg, size_t msg_len)
+{
+    static const char *parts[3] = {"qzeros", "scales", "g_idx"};
+    static const st_dtype want[3] = {ST_I32, ST_F16, ST_I32};
+    const st_tensor *t[3];
+    const st_file *pf;
+    for (int i = 0; i < 3; i++) {
+        t[i] = gptq_part(L, name, parts[i], &pf);
+        if (!t[i] && i < 2)
+            return ql_fail(msg, msg_len, QL_EFORMAT, "%s: gptq weight '%s' has no %s", f->path,
+                           qw->name, parts[i]);
+        if (t[i] && (t[i]->dtype != want[i] || t[i]->ndim != (i == 2 ? 1 : 2)))
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: gptq '%s' is %s with %d dimensions; expected %s %s", f->path,
+                           t[i]->name, st_dtype_name(t[i]->dtype), t[i]->ndim,
+                           st_dtype_name(want[i]), i == 2 ? "vector" : "matrix");
+    }
+    int64_t per = 32 / L->gptq_bits;
+    /* GPTQ packs qweight along the input dim, AWQ along the output dim */
+    int64_t qw_rows = L->awq ? want_cols : want_cols / per;
+    int64_t qw_cols = L->awq ? want_rows / per : want_rows;
+    if (qw->dtype != ST_I32 || qw->ndim != 2 || qw->shape[0] != qw_rows ||
+        qw->shape[1] != qw_cols || want_cols % per != 0 || t[0]->shape[1] * per != want_rows ||
+        t[1]->shape[1] != want_rows || t[0]->shape[0] != t[1]->shape[0] ||
+        (t[2] && (L->awq || t[2]->shape[0] != want_cols)))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: %s '%s' (%s [%lld, %lld]) with its qzeros, scales and g_idx does "
+                       "not hold a %d-bit [%lld, %lld] weight",
+                       f->path, L->awq ? "awq" : "gptq", qw->name, st_dtype_name(qw->dtype),
+                       (long long)qw->shape[0], (long long)(qw->ndim > 1 ? qw->shape[1] : 0),
+                       L->gptq_bits, (long long)want_rows, (long long)want_cols);
+    qt_gptq_parts p = {
+        .rows = want_rows,
+        .cols = want_cols,
+        .bits = L->gptq_bits,
+        .group_size = L->gptq_group,
+        .v2 = L->gptq_v2,
+        .awq = L->awq,
+        .qweight = qw->data,
+        .borrow_codes = true, /* the shards stay mapped as long as the model */
+        .qzeros = t[0]->data,
+        .scales = t[1]->data,
+        .g_idx = t[2] ? t[2]->data : NULL,
+        .groups = t[1]->shape[0],
+    };
+    char why[256];
+    int rc = qt_from_gptq(out, &p, why, sizeof why);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, rc, "%s: '%s': %s", f->path, qw->name, why);
+    return QL_OK;
+}
+
 /* Load HF tensor `name` of shape [rows, cols] (cols == 0: 1-D of rows). */
 static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols,
                           tensor_role role, qtensor *out, char *msg, size_t msg_len)
@@ -1051,7 +1202,10 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
         }
         return rc;
     }
-    const st_tensor *t = find_st(L, name, &f);
+    const st_tensor *t = role != ROLE_DENSE ? gptq_part(L, name, "qweight", &f) : NULL;
+    if (t)
+        return load_gptq_tensor(L, name, f, t, want_rows, want_cols, out, msg, msg_len);
+    t = find_st(L, name, &f);
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
     const st_file *sf = NULL;
@@ -1194,9 +1348,11 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     if (rc != QL_OK)
         return rc;
     snprintf(m->format, sizeof m->format, "%s",
-             L->bnb_checkpoint   ? "bitsandbytes-4bit"
-             : L->fp8_checkpoint ? "fp8"
-                                 : "safetensors");
+             L->bnb_checkpoint    ? "bitsandbytes-4bit"
+             : L->fp8_checkpoint  ? "fp8"
+             : L->awq             ? "awq"
+             : L->gptq_checkpoint ? "gptq"
+                                  : "safetensors");
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

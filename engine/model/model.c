@@ -53,6 +53,11 @@ static void describe_quant(eng_model *m)
     else if (w->kind == QT_FP8) /* the block and the scales' stored dtype */
         snprintf(m->quant, sizeof m->quant, "fp8-b%dx%d-%s", w->block_rows, w->block_cols,
                  qt_scale_dtype_name(w->scale_dtype));
+    else if (w->kind == QT_GPTQ) /* the zero convention, v1 (stored z - 1) or v2 */
+        snprintf(m->quant, sizeof m->quant, "gptq-int%d-g%d-%s", w->bits, w->group_size,
+                 w->gptq_zero_offset ? "v1" : "v2");
+    else if (w->kind == QT_AWQ)
+        snprintf(m->quant, sizeof m->quant, "awq-int%d-g%d", w->bits, w->group_size);
     else if (w->kind == QT_NF4 || w->kind == QT_FP4)
         snprintf(m->quant, sizeof m->quant, "%s%s-b%d", qt_kind_name(w->kind),
                  w->nested ? "-dq" : "", w->blocksize);

@@ -71,6 +71,11 @@ typedef struct qt_kind_geometry {
 /* transformers' finegrained FP8: one E4M3 byte per element, block scales
  * apart (block_size 1: the block grid is per tensor) */
 #define QT_GEOMETRY_FP8 .name = "fp8", .block_size = 1, .block_bytes = 1
+/* GPTQ: int32 words of 4- or 8-bit codes along the input dim, quant state
+ * apart (block_size 1: bits and groups are per tensor) */
+#define QT_GEOMETRY_GPTQ .name = "gptq", .block_size = 1, .block_bytes = 1
+/* AWQ GEMM: the same state, codes packed along the output dim */
+#define QT_GEOMETRY_AWQ .name = "awq", .block_size = 1, .block_bytes = 1
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
 
@@ -115,6 +120,13 @@ void qt_affine_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, fl
 int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                     const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+
+/* GPTQ and AWQ, read from checkpoints only (quant_gptq.c): the quantizer
+ * refuses */
+int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                     const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
  * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
 const float *qt_fp8_e4m3_table(void);

@@ -40,6 +40,11 @@ typedef struct model_loader {
     char bnb_type[8];     /* "nf4" / "fp4" from quantization_config */
     bool fp8_checkpoint;  /* config.json says transformers' finegrained fp8 */
     int32_t fp8_block[2]; /* its weight_block_size: rows, cols of a scale's block */
+    bool gptq_checkpoint; /* config.json says gptq (qweight, qzeros, scales, g_idx) */
+    int32_t gptq_bits;    /* 4 or 8 */
+    int32_t gptq_group;   /* group_size; -1: one group per input */
+    bool gptq_v2;         /* checkpoint_format gptq_v2: zeros stored as they are */
+    bool awq;             /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
     qt_kind dtype;        /* target dense kind, or QT_KIND_COUNT to keep */
 } model_loader;
 

@@ -1,0 +1,122 @@
+/*
+ * quant_checkpoint.h - what the tests of quantized checkpoint formats
+ * (test_fp8.c, test_gptq.c) check the same way: an FNV-1a 64 digest of a
+ * dequantized weight, the loaded projection a transformers name is, the
+ * logits and greedy ids of a loaded fixture against the float64 forward,
+ * and a fixture whose config.json is edited and must then be refused.
+ *
+ *   uint64_t h = qcp_fnv1a64(floats, bytes);
+ *   const qtensor *w = qcp_projection(&m, "model.layers.1.mlp.up_proj.weight");
+ *   qcp_logits_and_greedy(&m, "fp8_tiny_float", &(qcp_reference){...});
+ *   qcp_refused(dir, "\"bits\": 4", "\"bits\": 3", "bits must be");
+ */
+#ifndef QL_QUANT_CHECKPOINT_H
+#define QL_QUANT_CHECKPOINT_H
+
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "run_prompt.h"
+#include "test_util.h"
+
+static inline uint64_t qcp_fnv1a64(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight") is. */
+static inline const qtensor *qcp_projection(const eng_model *m, const char *name)
+{
+    int layer = -1, used = 0;
+    char proj[32] = "";
+    cr_assert(sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && layer >= 0 &&
+                  layer < m->cfg.n_layers,
+              "%s", name);
+    const char *dot = strchr(name + used, '.');
+    cr_assert(dot && sscanf(dot + 1, "%31[a-z_]", proj) == 1, "%s", name);
+    static const char *names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                  "gate_proj", "up_proj", "down_proj"};
+    for (int p = 0; p < ENG_N_PROJ; p++)
+        if (strcmp(proj, names[p]) == 0)
+            return eng_model_proj(m, layer, (eng_proj)p);
+    cr_assert_fail("%s is no projection", name);
+    return NULL;
+}
+
+/* A fixture's float64 references: logits at every position of tokens,
+ * and the greedy continuation of prompt. */
+typedef struct qcp_reference {
+    const int *tokens;
+    int n_tokens;
+    const double *logits; /* n_tokens * vocab */
+    int vocab;
+    const int *prompt;
+    int n_prompt;
+    const int *greedy;
+    int n_greedy;
+} qcp_reference;
+
+/* The loaded model's logits within 1e-5 (worst relative L2 of a row) of
+ * the float64 ones, and its greedy ids (each step the whole sequence
+ * again, the argmax of its last row) equal to the float64 ones. */
+static inline void qcp_logits_and_greedy(eng_model *m, const char *what, const qcp_reference *r)
+{
+    int32_t *toks = malloc((size_t)(r->n_tokens + r->n_prompt + r->n_greedy) * sizeof *toks);
+    for (int i = 0; i < r->n_tokens; i++)
+        toks[i] = r->tokens[i];
+    float *logits = run_prompt(m, &(prompt_run){.tokens = toks, .n_tokens = r->n_tokens});
+    double err = test_worst_row_l2(logits, r->logits, r->n_tokens, r->vocab);
+    cr_assert(err <= 1e-5, "%s: worst relative L2 %g vs float64 transformers", what, err);
+    free(logits);
+    int n = r->n_prompt;
+    for (int i = 0; i < n; i++)
+        toks[i] = r->prompt[i];
+    for (int g = 0; g < r->n_greedy; g++) {
+        float *l = run_prompt(m, &(prompt_run){.tokens = toks, .n_tokens = n});
+        const float *last = l + (size_t)(n - 1) * (size_t)r->vocab;
+        int best = 0;
+        for (int v = 1; v < r->vocab; v++)
+            best = last[v] > last[best] ? v : best;
+        free(l);
+        cr_assert_eq(best, r->greedy[g], "%s: greedy step %d: %d, float64 %d", what, g, best,
+                     r->greedy[g]);
+        toks[n++] = best;
+    }
+    free(toks);
+}
+
+/* The fixture copied into dir with its config.json's `from` replaced by
+ * `to`: loading must fail with a message holding `want`. */
+static inline void qcp_refused(const char *dir, const char *from, const char *to, const char *want)
+{
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len = 0;
+    char *text = test_read_file(path, &len);
+    char *at = strstr(text, from);
+    cr_assert(at, "config.json has no %s", from);
+    char *edited = malloc(len + strlen(to) + 1);
+    size_t head = (size_t)(at - text);
+    memcpy(edited, text, head);
+    strcpy(edited + head, to);
+    strcat(edited, at + strlen(from));
+    test_write_text(path, edited);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
+    cr_assert(strstr(msg, want), "%s: %s", to, msg);
+    free(text);
+    free(edited);
+}
+
+#endif
