@@ -3,7 +3,9 @@
  * (test_fp8.c, test_gptq.c) check the same way: an FNV-1a 64 digest of a
  * dequantized weight, the loaded projection a transformers name is, the
  * logits and greedy ids of a loaded fixture against the float64 forward,
- * and a fixture whose config.json is edited and must then be refused.
+ * a fixture whose config.json is edited and must then be refused, and a
+ * PEFT adapter on the fixture, unmerged against the float64 forward and
+ * merged against W + delta.
  *
  *   uint64_t h = qcp_fnv1a64(floats, bytes);
  *   const qtensor *w = qcp_projection(&m, "model.layers.1.mlp.up_proj.weight");
@@ -19,7 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
+#include "lora_fixture.h"
 #include "model.h"
+#include "ref_forward.h"
 #include "run_prompt.h"
 #include "test_util.h"
 
@@ -117,6 +122,73 @@ static inline void qcp_refused(const char *dir, const char *from, const char *to
     cr_assert(strstr(msg, want), "%s: %s", to, msg);
     free(text);
     free(edited);
+}
+
+/* A PEFT adapter (lora_fixture.h's default: every projection, r 8) written
+ * into dir/adapter for the loaded fixture m and loaded; *R is the float64
+ * model with it added. Applied unmerged, m's logits over tokens must be
+ * within FWD_REL_TOL of R's forward, and the adapter must move them. The
+ * caller releases the adapter (eng_lora_unref) and R (ref_free). */
+static inline eng_lora *qcp_unmerged_adapter(eng_model *m, const char *dir, const char *what,
+                                             const int *tokens, int n_tokens, int vocab,
+                                             ref_model *R)
+{
+    char adir[600], msg[1024];
+    snprintf(adir, sizeof adir, "%s/adapter", dir);
+    lora_fix_spec spec = lora_fix_default();
+    lora_fix_write(adir, &m->cfg, &spec);
+    eng_lora *lora = NULL;
+    cr_assert_eq(lora_load(&lora, NULL, adir, "a", m, msg, sizeof msg), 0, "%s", msg);
+    ref_load(R, m);
+    ref_add_lora(R, lora, 1.0);
+    double *ref = malloc((size_t)n_tokens * (size_t)vocab * sizeof *ref);
+    int32_t *toks = malloc((size_t)n_tokens * sizeof *toks);
+    for (int i = 0; i < n_tokens; i++)
+        toks[i] = tokens[i];
+    ref_forward(R, toks, n_tokens, ref);
+    eng_lora_term term = {lora, 1.0f};
+    float *unmerged = run_prompt(
+        m, &(prompt_run){.tokens = toks, .n_tokens = n_tokens, .delta = &term, .n_delta = 1});
+    float *base = run_prompt(m, &(prompt_run){.tokens = toks, .n_tokens = n_tokens});
+    double err = test_worst_row_l2(unmerged, ref, n_tokens, vocab);
+    double moved = test_worst_row_l2(base, ref, n_tokens, vocab);
+    cr_assert(err <= FWD_REL_TOL, "%s: unmerged adapter off the float64 forward by %g", what, err);
+    cr_assert(moved > 100 * FWD_REL_TOL, "%s: the adapter moves the logits by %g only", what,
+              moved);
+    free(unmerged);
+    free(base);
+    free(toks);
+    free(ref);
+    return lora;
+}
+
+/* Each merged projection of v (all of kind) against the exact W + delta
+ * of R: the worst, over projections, of |merged - (W + delta)| / |delta|
+ * (the L2 norms). */
+static inline double qcp_merged_error(const eng_weights *v, const eng_model *m, const ref_model *R,
+                                      qt_kind kind)
+{
+    double worst = 0;
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        for (int p = 0; p < ENG_N_PROJ; p++) {
+            const qtensor *q = eng_weights_proj(v, l, (eng_proj)p);
+            cr_assert_eq(q->kind, kind, "%s", qt_kind_name(q->kind));
+            size_t n = (size_t)(q->rows * q->cols);
+            float *got = malloc(n * sizeof *got);
+            qt_dequantize_rows(q, 0, q->rows, got);
+            const float *pw = ref_proj(&R->layers[l], (eng_proj)p);
+            const double *delta = R->layers[l].delta[p];
+            test_diff merged = {0}, dropped = {0};
+            for (size_t i = 0; i < n; i++) {
+                test_diff_add(&merged, got[i], (double)pw[i] + delta[i]);
+                test_diff_add(&dropped, pw[i], (double)pw[i] + delta[i]);
+            }
+            double ratio = test_diff_abs(&merged) / test_diff_abs(&dropped);
+            worst = ratio <= worst ? worst : ratio; /* NaN is kept */
+            free(got);
+        }
+    }
+    return worst;
 }
 
 #endif

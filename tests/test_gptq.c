@@ -248,70 +248,22 @@ Test(gptq, qlserve_does_not_quantize_to_gptq)
     cr_assert(strstr(msg, "gptq is read from checkpoints"), "%s", msg);
 }
 
-/* Each merged projection against the exact W + delta: the worst, over
- * projections, of |merged - (W + delta)| / |delta| (the L2 norms). */
-static double merged_error(const eng_weights *v, const eng_model *m, const ref_model *R,
-                           qt_kind kind)
-{
-    double worst = 0;
-    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-        for (int p = 0; p < ENG_N_PROJ; p++) {
-            const qtensor *q = eng_weights_proj(v, l, (eng_proj)p);
-            cr_assert_eq(q->kind, kind, "%s", qt_kind_name(q->kind));
-            size_t n = (size_t)(q->rows * q->cols);
-            float *got = malloc(n * sizeof *got);
-            qt_dequantize_rows(q, 0, q->rows, got);
-            const float *pw = ref_proj(&R->layers[l], (eng_proj)p);
-            const double *delta = R->layers[l].delta[p];
-            test_diff merged = {0}, dropped = {0};
-            for (size_t i = 0; i < n; i++) {
-                test_diff_add(&merged, got[i], (double)pw[i] + delta[i]);
-                test_diff_add(&dropped, pw[i], (double)pw[i] + delta[i]);
-            }
-            double ratio = test_diff_abs(&merged) / test_diff_abs(&dropped);
-            worst = ratio <= worst ? worst : ratio; /* NaN is kept */
-            free(got);
-        }
-    }
-    return worst;
-}
-
 /* A PEFT adapter (every projection, r 8) on the base: applied unmerged,
  * the logits are the float64 forward over dequant(W) + BA; merged into
  * bf16, within bf16's rounding of W + BA; merged into its own kind, the
  * same layout (bits, g_idx, zero convention) within a share of |BA|. */
 static void check_adapter(const gptq_case *c, double own_tol)
 {
-    char dir[512], adir[600], msg[1024];
+    char dir[512];
     fixture_dir(c, dir, sizeof dir);
     eng_model m;
     load(&m, dir, NULL);
-    snprintf(adir, sizeof adir, "%s/adapter", dir);
-    lora_fix_spec spec = lora_fix_default();
-    lora_fix_write(adir, &m.cfg, &spec);
-    eng_lora *lora = NULL;
-    cr_assert_eq(lora_load(&lora, NULL, adir, "a", &m, msg, sizeof msg), 0, "%s", msg);
     ref_model R;
-    ref_load(&R, &m);
-    ref_add_lora(&R, lora, 1.0);
-    double *ref = malloc((size_t)GPTQ_N_TOKENS * GPTQ_VOCAB * sizeof *ref);
-    int32_t toks[GPTQ_N_TOKENS];
-    for (int i = 0; i < GPTQ_N_TOKENS; i++)
-        toks[i] = GPTQ_TOKENS[i];
-    ref_forward(&R, toks, GPTQ_N_TOKENS, ref);
+    eng_lora *lora =
+        qcp_unmerged_adapter(&m, dir, c->folder, GPTQ_TOKENS, GPTQ_N_TOKENS, GPTQ_VOCAB, &R);
     eng_lora_term term = {lora, 1.0f};
-    float *unmerged = run_prompt(
-        &m, &(prompt_run){.tokens = toks, .n_tokens = GPTQ_N_TOKENS, .delta = &term, .n_delta = 1});
-    float *base = run_prompt(&m, &(prompt_run){.tokens = toks, .n_tokens = GPTQ_N_TOKENS});
-    double err = test_worst_row_l2(unmerged, ref, GPTQ_N_TOKENS, GPTQ_VOCAB);
-    double moved = test_worst_row_l2(base, ref, GPTQ_N_TOKENS, GPTQ_VOCAB);
-    cr_assert(err <= FWD_REL_TOL, "%s: unmerged adapter off the float64 forward by %g", c->folder,
-              err);
-    cr_assert(moved > 100 * FWD_REL_TOL, "%s: the adapter moves the logits by %g only", c->folder,
-              moved);
-
     eng_weights *v = lora_fix_merged_version(&m, &term, 1, QT_BF16);
-    double bf16_err = merged_error(v, &m, &R, QT_BF16);
+    double bf16_err = qcp_merged_error(v, &m, &R, QT_BF16);
     cr_assert(bf16_err <= 0.05, "%s: merged into bf16 off by %g of |delta|", c->folder, bf16_err);
     eng_weights_unref(v);
     v = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
@@ -321,13 +273,10 @@ static void check_adapter(const gptq_case *c, double own_tol)
                   q->gptq_zero_offset == w->gptq_zero_offset &&
                   memcmp(q->gptq_g_idx, w->gptq_g_idx, (size_t)w->cols * 4) == 0);
     }
-    double own_err = merged_error(v, &m, &R, c->kind);
+    double own_err = qcp_merged_error(v, &m, &R, c->kind);
     cr_assert(own_err <= own_tol, "%s: merged into %s off by %g of |delta|", c->folder,
               qt_kind_name(c->kind), own_err);
     eng_weights_unref(v);
-    free(unmerged);
-    free(base);
-    free(ref);
     ref_free(&R);
     eng_lora_unref(lora);
     eng_model_free(&m);
