@@ -3,7 +3,8 @@
  * (matmul_avx2.c's products and matmul_q8.inc's 8-bit ones): the one
  * horizontal sum of eight f32 lanes, ((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
  * (l3 + l7)), the order qt_q8act_math.h's qm_q8_lanes_sum writes in scalar
- * C; binary16 scales by F16C; and the weight stream's prefetch. Only for files compiled with AVX2
+ * C; binary16 scales by F16C; the weight stream's prefetch; and how many
+ * rows of x a product's pass takes. Only for files compiled with AVX2
  * enabled.
  */
 #ifndef QL_AVX2_SHARED_H
@@ -44,6 +45,18 @@ static inline float qt_hsum8(__m256 v)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* Rows of x a product takes per pass: most, halved (down to 4) while a
+ * pass's rows of x_row_bytes each would pass limit, so that they stay in L1
+ * beside the weight stream (each is read once per weight row). A row's
+ * arithmetic does not depend on it. */
+static inline int64_t qt_rows_per_pass(int64_t most, int64_t x_row_bytes, int64_t limit)
+{
+    int64_t rows = most;
+    while (rows > 4 && rows * x_row_bytes > limit)
+        rows /= 2;
+    return rows;
 }
 
 #endif
