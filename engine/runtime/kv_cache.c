@@ -83,6 +83,14 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
     }
+    /* every page of the arena touched now, not as blocks are first used:
+     * the prefix cache hands out fresh blocks before the ones it keeps, so
+     * an untouched arena would grow the process's RSS for as long as
+     * requests run until the whole pool had been used (the soak's RSS
+     * slope measured that, not a leak); the memory is committed up front,
+     * as --kv-mib says */
+    if (host_arena)
+        memset(kv->data, 0, n * block_bytes);
     /* hand out low block numbers first: easier to read in a debugger */
     for (int32_t i = 0; i < kv->n_blocks; i++) {
         kv->free_prev[i] = i - 1;
