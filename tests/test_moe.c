@@ -24,6 +24,7 @@
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
+#include "quant_checkpoint.h"
 #include "ref_forward.h"
 #include "run_prompt.h"
 #include "runtime.h"
@@ -368,27 +369,11 @@ Test(moe, a_peft_adapter_on_gpt_oss_experts_equals_peft_float64)
 }
 
 /* Every position of the prompt on version w (with terms unmerged) against
- * the float64 pass R. */
+ * the float64 pass R, the first 9 in one step. */
 static void against_reference(const eng_model *m, const ref_model *R, const eng_weights *w,
                               const eng_lora_term *terms, int n_terms, const char *label)
 {
-    int n = QWEN3MOE_N_TOKENS;
-    size_t V = (size_t)m->cfg.vocab_size;
-    double *want = malloc((size_t)n * V * sizeof *want);
-    cr_assert(want);
-    ref_forward(R, QWEN3MOE_TOKENS, n, want);
-    prompt_run r = {.tokens = QWEN3MOE_TOKENS,
-                    .n_tokens = n,
-                    .prefill = 9,
-                    .weights = w,
-                    .delta = terms,
-                    .n_delta = n_terms};
-    float *all = run_prompt(m, &r);
-    for (int t = 0; t < n; t++)
-        assert_logits_close(all + (size_t)t * V, want + (size_t)t * V, (int64_t)V, label, "logits",
-                            t);
-    free(all);
-    free(want);
+    qcp_against_pass(m, R, w, terms, n_terms, QWEN3MOE_TOKENS, QWEN3MOE_N_TOKENS, 9, label);
 }
 
 /* Merged into llama.cpp's q8_0 experts: each merged expert stays q8_0,
