@@ -7,6 +7,8 @@
  *     tensor, the bytes transformers' own quantizer op (Fp8Quantize) wrote
  *     into the fixtures, in both scale widths and two block shapes, and
  *     the quantization_config transformers reads;
+ *   - a sharded folder keeps its shards, each scale beside its weight, and
+ *     an index of every tensor;
  *   - a weight the block does not divide is kept in its dtype and its
  *     module named in modules_to_not_convert, as Fp8Quantize passes it;
  *   - both fixtures load with their experts FP8 in place (codes borrowed
@@ -14,6 +16,8 @@
  *     weights dequantized bit for bit as transformers does, logits within 1e-5
  *     of transformers' float64 forward over the weights it dequantized and
  *     12 greedy ids equal; quantize's own output loads back the same;
+ *   - a --dtype bf16 load leaves the experts and their scales' dtype alone,
+ *     and inspect counts them by that dtype;
  *   - PEFT's target_parameters adapter on the FP8 experts, unmerged
  *     against the float64 pass with the adapter, merged (requantized into
  *     each expert's own block and scale dtype) against the float64 pass
@@ -164,6 +168,93 @@ Test(fp8_moe, quantize_writes_the_bytes_of_transformers_fp8quantize)
     }
 }
 
+/* dir/model.safetensors split into two shards (layer 0 and what is not
+ * in a layer in the first, the rest in the second) and their index. */
+static void reshard(const char *dir)
+{
+    static const char *names[2] = {"model-00001-of-00002.safetensors",
+                                   "model-00002-of-00002.safetensors"};
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file f;
+    cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
+    st_writer *w[2] = {st_writer_new(), st_writer_new()};
+    cJSON *map = cJSON_CreateObject();
+    for (size_t i = 0; i < f.n_tensors; i++) {
+        const st_tensor *t = &f.tensors[i];
+        int k = strncmp(t->name, "model.layers.", 13) == 0 &&
+                strncmp(t->name, "model.layers.0.", 15) != 0;
+        cr_assert_eq(st_writer_add(w[k], t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes,
+                                   false, msg, sizeof msg),
+                     0, "%s", msg);
+        cJSON_AddStringToObject(map, t->name, names[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        cr_assert_eq(st_writer_write(w[k], path, msg, sizeof msg), 0, "%s", msg);
+        st_writer_free(w[k]);
+    }
+    st_close(&f);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    cr_assert_eq(remove(path), 0);
+    cJSON *idx = cJSON_CreateObject();
+    cJSON_AddItemToObject(idx, "weight_map", map);
+    char *text = cJSON_Print(idx);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    test_write_text(path, text);
+    free(text);
+    cJSON_Delete(idx);
+}
+
+/* A sharded folder keeps its shards: each scale lands in its weight's
+ * shard, the index names every tensor and the new total_size, and the
+ * folder loads with the fixture's logits. */
+Test(fp8_moe, a_sharded_folder_keeps_its_shards_and_index)
+{
+    char tmp[512], in[600], out[600], path[1024], msg[1024];
+    test_tmpdir(tmp, sizeof tmp);
+    snprintf(in, sizeof in, "%s/in", tmp);
+    snprintf(out, sizeof out, "%s/out", tmp);
+    cr_assert_eq(mkdir(in, 0755), 0);
+    tiny_fixture_folder("qwen3moe_tiny", in);
+    reshard(in);
+    eng_quantize_opts o = {
+        .in_path = in, .out_path = out, .kind = "fp8", .block = "16x32", .scale_fmt = "float"};
+    cr_assert_eq(eng_quantize_file(&o, NULL, msg, sizeof msg), 0, "%s", msg);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    cJSON *idx;
+    cr_assert_eq(mf_read_json(path, 1 << 20, &idx, msg, sizeof msg), 0, "%s", msg);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+    cr_assert_eq(cJSON_GetArraySize(map), 186, "every tensor and scale indexed");
+    cr_assert_str_eq(mf_json_str(map, "model.layers.0.mlp.experts.7.down_proj.weight_scale_inv"),
+                     "model-00001-of-00002.safetensors");
+    cr_assert_str_eq(mf_json_str(map, "model.layers.2.self_attn.q_proj.weight_scale_inv"),
+                     "model-00002-of-00002.safetensors");
+    double total = 0, bytes = 0;
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(idx, "metadata");
+    cr_assert(mf_json_number(cJSON_GetObjectItemCaseSensitive(meta, "total_size"), &total));
+    for (int k = 1; k <= 2; k++) {
+        st_file f;
+        snprintf(path, sizeof path, "%s/model-0000%d-of-00002.safetensors", out, k);
+        cr_assert_eq(st_open(&f, path, msg, sizeof msg), 0, "%s", msg);
+        for (size_t i = 0; i < f.n_tensors; i++) {
+            bytes += (double)f.tensors[i].nbytes;
+            cr_assert_str_eq(mf_json_str(map, f.tensors[i].name), strrchr(path, '/') + 1);
+        }
+        st_close(&f);
+    }
+    cr_assert_eq(total, bytes);
+    cJSON_Delete(idx);
+    eng_model m;
+    load_folder(&m, out);
+    qcp_logits_and_greedy(&m, "sharded",
+                          &(qcp_reference){FP8MOE_TOKENS, FP8MOE_N_TOKENS, cases[0].logits,
+                                           FP8MOE_VOCAB, FP8MOE_PROMPT, 6, cases[0].greedy,
+                                           FP8MOE_N_GREEDY});
+    eng_model_free(&m);
+    test_rmtree(tmp);
+}
+
 /* Every expert of m FP8 in the case's block and scale dtype, its codes
  * borrowed from the mapping. */
 static void experts_are_fp8_in_place(const eng_model *m, const fp8_case *c)
@@ -207,6 +298,36 @@ Test(fp8_moe, fp8_experts_load_in_place_and_match_float64)
                                                FP8MOE_VOCAB, FP8MOE_PROMPT, 6, c->greedy,
                                                FP8MOE_N_GREEDY});
         eng_model_free(&m);
+        test_rmtree(dir);
+    }
+}
+
+/* --dtype bf16 casts what the checkpoint left dense (embeddings, norms,
+ * routers, lm_head) and leaves every FP8 expert and its scales' dtype
+ * alone; inspect counts the FP8 weights by their scales' dtype. */
+Test(fp8_moe, a_bf16_load_leaves_the_experts_and_inspect_names_their_scales)
+{
+    static const char *counts[2] = {"fp8 (f32 scales) x84", "fp8 (e8m0 scales) x84"};
+    for (int k = 0; k < 2; k++) {
+        const fp8_case *c = &cases[k];
+        char dir[512], msg[1024];
+        eng_model m;
+        load_fixture(c, &m, dir, sizeof dir);
+        eng_model_free(&m);
+        cr_assert_eq(
+            eng_model_load(&m, &(eng_load_opts){.path = dir, .dtype = "bf16"}, msg, sizeof msg), 0,
+            "%s", msg);
+        experts_are_fp8_in_place(&m, c);
+        cr_assert_eq(m.layers[1].router.kind, QT_BF16);
+        eng_model_free(&m);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *out = open_memstream(&text, &len);
+        cr_assert_eq(eng_inspect(dir, &(eng_load_opts){.path = dir}, out, msg, sizeof msg), 0, "%s",
+                     msg);
+        fclose(out);
+        cr_assert(strstr(text, counts[k]), "no '%s' in:\n%s", counts[k], text);
+        free(text);
         test_rmtree(dir);
     }
 }
