@@ -45,23 +45,6 @@ static const char *torch_dtype_name(st_dtype dt)
     }
 }
 
-float *cli_st_to_f32(const st_tensor *t)
-{
-    float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
-    if (!v)
-        return NULL;
-    for (int64_t i = 0; i < t->numel; i++) {
-        const uint8_t *p = t->data + (size_t)i * st_dtype_size(t->dtype);
-        if (t->dtype == ST_F32) {
-            memcpy(&v[i], p, 4);
-        } else {
-            uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-            v[i] = t->dtype == ST_F16 ? qt_f16_to_f32(h) : qt_bf16_to_f32(h);
-        }
-    }
-    return v;
-}
-
 static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt_quant_params *p,
                         st_writer *w, FILE *log, char *msg, size_t msg_len)
 {

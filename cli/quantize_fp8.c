@@ -79,6 +79,25 @@ static const char *const fp8_linears[] = {
     "down_proj", "gate_up_proj", "w1",     "w2",     "w3",       "shared_expert_gate",
 };
 
+/* The one widening of a safetensors float tensor both quantize paths use
+ * (quantize.c's bitsandbytes one calls down here: cli.h). */
+float *cli_st_to_f32(const st_tensor *t)
+{
+    float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    for (int64_t i = 0; i < t->numel; i++) {
+        const uint8_t *p = t->data + (size_t)i * st_dtype_size(t->dtype);
+        if (t->dtype == ST_F32) {
+            memcpy(&v[i], p, 4);
+        } else {
+            uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+            v[i] = t->dtype == ST_F16 ? qt_f16_to_f32(h) : qt_bf16_to_f32(h);
+        }
+    }
+    return v;
+}
+
 /* --- options ------------------------------------------------------------------ */
 
 /* --block RxC (default 128x128, transformers' weight_block_size) and
