@@ -8,8 +8,8 @@
  *     rows chose it, and an expert no row chose is never read (the step's
  *     figures, eng_backend_moe_step / eng_forward_moe_step, and /metrics);
  *   - a config or file whose experts we cannot run is refused by name;
- *   - the binary serves a mixture from its folder and its GGUF through the
- *     completions, chat and TGI routes.
+ *   - the binary serves a mixture from its folder (its FP8 one too) and its
+ *     GGUF through the completions, chat and TGI routes.
  *
  * The fixtures are make_moe_reference.py's tiny models (8 experts, 2 per
  * token, 3 layers; Qwen2-MoE's with its shared expert).
@@ -582,6 +582,16 @@ Test(moe, the_binary_serves_each_family_from_its_folder_and_its_gguf, .timeout =
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("qwen3moe_tiny", model);
     serve_and_ask(model, dir, QL_FIXTURES "/peft");
+    test_rmtree(model);
+    /* its FP8 experts, fused with UE8M0 scales (make_fp8_moe_reference.py):
+     * the adapter merges into them and unmerges back (a state dir of its
+     * own, so the journal starts without the adapter) */
+    char fp8_dir[600];
+    snprintf(fp8_dir, sizeof fp8_dir, "%s/fp8", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    cr_assert_eq(mkdir(fp8_dir, 0700), 0);
+    tiny_fixture_folder("fp8moe_fused_tiny_ue8m0", model);
+    serve_and_ask(model, fp8_dir, QL_FIXTURES "/peft");
     test_rmtree(model);
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("gptoss_tiny", model);
