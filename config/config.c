@@ -278,12 +278,17 @@ static const opt quantize_opts[] = {
     {FLAG("out", OPT_STRING, offsetof(cfg_quantize, out_path),
           "OUT.safetensors | OUT.gguf: where to write")},
     {FLAG("kind", OPT_STRING, offsetof(cfg_quantize, kind),
-          "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF)")},
+          "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF) | "
+          "fp8 (a finegrained FP8 folder)")},
     {FLAG("blocksize", OPT_INT, offsetof(cfg_quantize, blocksize),
           "N: elements per absmax block (default 64)"),
      .def.i = 64},
     {FLAG("double-quant", OPT_BOOL, offsetof(cfg_quantize, double_quant),
           "quantize absmax again (bitsandbytes compress_statistics)")},
+    {FLAG("block", OPT_STRING, offsetof(cfg_quantize, block),
+          "ROWSxCOLS: fp8's weight_block_size (default 128x128)")},
+    {FLAG("scale-fmt", OPT_STRING, offsetof(cfg_quantize, scale_fmt),
+          "float | ue8m0: fp8's block scales as f32 (default) or one F8_E8M0 byte")},
 };
 
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len)
@@ -1190,12 +1195,16 @@ void cfg_print_usage(FILE *out, const char *sub)
                      "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
                      "       qlserve quantize --in DIR --out OUT.gguf --kind "
                      "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
+                     "       qlserve quantize --in DIR --out OUTDIR --kind fp8 "
+                     "[--block 128x128] [--scale-fmt float|ue8m0]\n"
                      "Quantizes every 2-D float tensor and writes the bitsandbytes "
                      "serialization; other tensors are copied.\n"
                      "A GGUF kind requantizes a GGUF file's f32/f16/bf16 weights as "
                      "llama-quantize does (one type for all, its fallbacks for columns\n"
                      "that are not whole blocks) and copies the metadata and other "
-                     "tensors.\n");
+                     "tensors.\n"
+                     "fp8 writes transformers' finegrained FP8 folder (E4M3 linears with a "
+                     "weight_scale_inv per block).\n");
         print_opts(out, quantize_opts, N_OPTS(quantize_opts));
         return;
     }

@@ -35,11 +35,13 @@
 #define CFG_ADMIN_TOKEN_NAME "admin-token"
 
 typedef struct cfg_quantize {
-    const char *in_path;  /* --in, required */
-    const char *out_path; /* --out, required */
-    const char *kind;     /* --kind, required: nf4 or fp4 */
-    int32_t blocksize;    /* --blocksize, default 64 */
-    bool double_quant;    /* --double-quant */
+    const char *in_path;   /* --in, required */
+    const char *out_path;  /* --out, required */
+    const char *kind;      /* --kind, required: nf4, fp4, a GGUF kind or fp8 */
+    int32_t blocksize;     /* --blocksize, default 64 */
+    bool double_quant;     /* --double-quant */
+    const char *block;     /* --block RxC (fp8) */
+    const char *scale_fmt; /* --scale-fmt float|ue8m0 (fp8) */
 } cfg_quantize;
 
 /* How to load a model: shared by every subcommand that loads one. */

@@ -7,7 +7,7 @@
  *
  *   dequantize (Fp8Dequantize._dequantize_one):  w = f32(code) * f32(scale)
  *   quantize (Fp8Quantize._quantize_one), per block:
- *       amax = max |w|;  s = 448 / amax (1 where amax is 0);  inv = 1 / s
+ *       amax = max |w|;  s = (1 / amax) * 448 (1 where amax is 0);  inv = 1 / s
  *       ue8m0: inv = 2^ceil(log2 inv) (a byte), s = 1 / inv
  *       code = e4m3(clamp(w * s, -448, 448)), rounded to nearest even
  * every step one f32 operation, in that order. The grid is ceil(rows /
@@ -133,7 +133,11 @@ static void quantize_block(qtensor *t, const float *src, int64_t br, int64_t bc)
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++)
             amax = fabsf(src[r * t->cols + c]) > amax ? fabsf(src[r * t->cols + c]) : amax;
-    float s = amax > 0.0f ? FP8_E4M3_MAX / amax : 1.0f;
+    /* torch's `448.0 / max_abs` (a Python float over a tensor) is
+     * Tensor.__rtruediv__: reciprocal, then a multiply, which differs from
+     * one division by an ulp for some maxima (then so do the scale and the
+     * codes) */
+    float s = amax > 0.0f ? (1.0f / amax) * FP8_E4M3_MAX : 1.0f;
     float inv = 1.0f / s;
     int64_t slot = br * t->scale_cols + bc;
     if (t->scale_dtype == QT_SCALE_E8M0) {

@@ -1075,34 +1075,43 @@ static const st_tensor *fp8_scale_of(const model_loader *L, const char *name, co
  * F8_E8M0, the grid of weight_block_size): the codes read in place from
  * the mapping, the scales copied in their stored dtype, never converted;
  * whatever --quant and --dtype say (they apply to what the checkpoint left
- * dense). Another dtype, rank or grid is refused naming both tensors. */
+ * dense). Fused experts (transformers' FP8Experts: gate_up_proj [experts,
+ * 2 * ff, hidden] with gate_up_proj_scale_inv [experts, 2 * ff / block
+ * rows, hidden / block cols]) are read as the rows of their first two dims
+ * when each expert is whole blocks of rows, so the stacked grid is the 2-D
+ * one. Another dtype, rank or grid is refused naming both tensors. */
 static int load_fp8_tensor(const model_loader *L, const st_file *f, const st_tensor *t,
-                           const st_file *sf, const st_tensor *s, int64_t want_rows,
+                           const st_file *sf, const st_tensor *s, bool stacked, int64_t want_rows,
                            int64_t want_cols, qtensor *out, char *msg, size_t msg_len)
 {
-    if (t->dtype != ST_F8_E4M3 || t->ndim != 2)
+    int ndim = stacked && t->ndim == 3 ? 3 : 2;
+    if (t->dtype != ST_F8_E4M3 || t->ndim != ndim)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: fp8 weight '%s' is %s with %d dimensions; expected a F8_E4M3 matrix",
                        f->path, t->name, st_dtype_name(t->dtype), t->ndim);
-    if ((s->dtype != ST_F32 && s->dtype != ST_F8_E8M0) || s->ndim != 2)
+    if ((s->dtype != ST_F32 && s->dtype != ST_F8_E8M0) || s->ndim != ndim ||
+        (ndim == 3 && (s->shape[0] != t->shape[0] || t->shape[1] % L->fp8_block[0] != 0)))
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: fp8 scale '%s' is %s with %d dimensions; expected a F32 or F8_E8M0 "
-                       "matrix (weight_scale_inv per block)",
-                       sf->path, s->name, st_dtype_name(s->dtype), s->ndim);
-    if (t->shape[0] != want_rows || t->shape[1] != want_cols)
-        return model_shape_mismatch(f->path, t->name, t->shape[0], t->shape[1], want_rows,
-                                    want_cols, msg, msg_len);
+                       "%s (weight_scale_inv per block%s)",
+                       sf->path, s->name, st_dtype_name(s->dtype), s->ndim,
+                       ndim == 3 ? "[experts, rows / block, cols / block]" : "matrix",
+                       ndim == 3 ? ", each expert whole blocks of rows" : "");
+    int64_t rows = ndim == 3 ? t->shape[0] * t->shape[1] : t->shape[0], cols = t->shape[ndim - 1];
+    if (rows != want_rows || cols != want_cols)
+        return model_shape_mismatch(f->path, t->name, rows, cols, want_rows, want_cols, msg,
+                                    msg_len);
     qt_fp8_parts p = {
-        .rows = t->shape[0],
-        .cols = t->shape[1],
+        .rows = rows,
+        .cols = cols,
         .block_rows = L->fp8_block[0],
         .block_cols = L->fp8_block[1],
         .codes = t->data,
         .borrow_codes = true, /* the shards stay mapped as long as the model */
         .scale_dtype = s->dtype == ST_F8_E8M0 ? QT_SCALE_E8M0 : QT_SCALE_F32,
         .scales = s->data,
-        .scale_rows = s->shape[0],
-        .scale_cols = s->shape[1],
+        .scale_rows = ndim == 3 ? s->shape[0] * s->shape[1] : s->shape[0],
+        .scale_cols = s->shape[ndim - 1],
     };
     char why[256];
     int rc = qt_from_fp8(out, &p, why, sizeof why);
@@ -1211,7 +1220,8 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     const st_file *sf = NULL;
     const st_tensor *scale = role != ROLE_DENSE ? fp8_scale_of(L, name, &sf) : NULL;
     if (scale)
-        return load_fp8_tensor(L, f, t, sf, scale, want_rows, want_cols, out, msg, msg_len);
+        return load_fp8_tensor(L, f, t, sf, scale, role == ROLE_FUSED, want_rows, want_cols, out,
+                               msg, msg_len);
     /* a 3-D stack (experts) is read as the rows of its first two dims */
     bool stacked = role == ROLE_FUSED && t->ndim == 3;
     if (t->ndim != (one_d ? 1 : 2) && !stacked)
