@@ -121,12 +121,13 @@ int qt_wrap_codes(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const 
 
 void qt_round_to_scale_dtype(float *v, int64_t n, qt_scale_dtype d)
 {
+    /* kernels/math's inline forms: the public ones' bits, without a call each */
     if (d == QT_SCALE_BF16)
         for (int64_t i = 0; i < n; i++)
-            v[i] = qt_bf16_to_f32(qt_f32_to_bf16(v[i]));
+            v[i] = qm_bf16_to_f32(qm_f32_to_bf16(v[i]));
     else if (d == QT_SCALE_F16)
         for (int64_t i = 0; i < n; i++)
-            v[i] = qt_f16_to_f32(qt_f32_to_f16(v[i]));
+            v[i] = qm_f16_to_f32(qm_f32_to_f16(v[i]));
 }
 
 /* Bytes of an FP8 tensor's block scales (0 for any other kind). */

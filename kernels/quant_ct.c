@@ -39,17 +39,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Code c of row r as a signed integer q. */
-static int32_t ct_code(const qtensor *t, int64_t r, int64_t c)
+/* Codes [c0, c1) of row r as (q - z) * s into o[c0..c1), one loop per
+ * encoding: naive int8, packed bytes (q + 128), packed nibbles (q + 8, the
+ * low nibble first: little-endian words). */
+static void decode_block(const qtensor *t, int64_t r, int64_t c0, int64_t c1, float s, int32_t z,
+                         float *o)
 {
     const uint8_t *row = t->data + (size_t)r * t->row_stride;
-    if (t->ct_signed_codes)
-        return (int32_t)(int8_t)row[c];
-    if (t->bits == 8)
-        return (int32_t)row[c] - 128;
-    /* 4 bits: little-endian words, so element c is in byte c / 2, the low
-     * nibble first */
-    return (int32_t)((row[c / 2] >> ((c & 1) * 4)) & 15u) - 8;
+    if (t->ct_signed_codes) {
+        for (int64_t c = c0; c < c1; c++)
+            o[c] = (float)((int32_t)(int8_t)row[c] - z) * s;
+    } else if (t->bits == 8) {
+        for (int64_t c = c0; c < c1; c++)
+            o[c] = (float)((int32_t)row[c] - 128 - z) * s;
+    } else {
+        for (int64_t c = c0; c < c1; c++)
+            o[c] = (float)((int32_t)((row[c / 2] >> ((c & 1) * 4)) & 15u) - 8 - z) * s;
+    }
 }
 
 void qt_ct_int_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
@@ -61,8 +67,7 @@ void qt_ct_int_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, fl
             const int64_t c1 = c0 + t->block_cols < t->cols ? c0 + t->block_cols : t->cols;
             const float s = qt_scale_at(t->block_scales, t->scale_dtype, srow + bc);
             const int32_t z = t->block_zeros ? t->block_zeros[srow + bc] : 0;
-            for (int64_t c = c0; c < c1; c++)
-                o[c] = (float)(ct_code(t, r, c) - z) * s;
+            decode_block(t, r, c0, c1, s, z, o);
         }
         qt_round_to_scale_dtype(o, t->cols, t->scale_dtype);
     }

@@ -280,6 +280,7 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .quantize = qt_ct_int_quantize,
             .dequantize_rows = qt_ct_int_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_ct_int_avx2,
         },
 };
 

@@ -11,7 +11,8 @@
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
  *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
  *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
- *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk);
+ *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk)
+ *                   and quant_ct.c (CT_INT's rows);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -174,6 +175,9 @@ void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, 
 void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
+/* CT_INT's product: its scalar rows, FP8's dot (matmul_fp8_avx2.c). */
+void qt_matmul_ct_int_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).
