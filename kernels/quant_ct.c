@@ -25,8 +25,12 @@
  *       lo = min(w, 0), hi = max(w, 0), qmin = -2^(bits-1), qmax = 2^(bits-1) - 1
  *       symmetric:  s = max(-lo, hi) / ((qmax - qmin) / 2), z = 0
  *       otherwise:  s = (hi - lo) / (qmax - qmin), z = rint(clamp(qmin - lo / s))
- *       s stored in the scale's dtype (its epsilon where it is 0)
- *       q = rint(clamp(w / s + z, qmin, qmax))
+ *       then s stored in the scale's dtype (its epsilon where it is 0; z was
+ *       taken from s before that rounding, as calculate_qparams does)
+ *       q = rint(clamp(w / s + z, qmin, qmax)) with the stored s
+ *   the codes, scales and zeros compressed-tensors' calculate_qparams and
+ *   compress() give for f32 weights and that scale_dtype, byte for byte
+ *   (tests/test_ctensors.c).
  *
  * It offers the CT_INT row's scalar dequantization and quantizer (which
  * only requantizes into a loaded tensor's layout) and qt_from_ct_int (a
@@ -105,17 +109,17 @@ static void requantize_block(qtensor *t, const float *src, int64_t br, int64_t b
             hi = v > hi ? v : hi;
         }
     const int64_t slot = br * t->scale_cols + bc;
-    float s =
+    const float raw =
         t->block_zeros ? (hi - lo) / (qmax - qmin) : (-lo > hi ? -lo : hi) / ((qmax - qmin) / 2.0f);
-    s = qt_scale_put(t->block_scales, t->scale_dtype, slot, s);
+    float s = qt_scale_put(t->block_scales, t->scale_dtype, slot, raw);
     if (s == 0.0f) /* torch.finfo(dtype).eps, as calculate_qparams */
         s = qt_scale_put(t->block_scales, t->scale_dtype, slot,
                          t->scale_dtype == QT_SCALE_BF16  ? 0.0078125f
                          : t->scale_dtype == QT_SCALE_F16 ? 0.0009765625f
                                                           : 1.1920929e-07f);
     float z = 0.0f;
-    if (t->block_zeros) {
-        z = rintf(clampf(qmin - lo / s, qmin, qmax));
+    if (t->block_zeros) { /* from the scale before its rounding, as calculate_qparams */
+        z = raw > 0.0f ? rintf(clampf(qmin - lo / raw, qmin, qmax)) : 0.0f;
         t->block_zeros[slot] = (int8_t)z;
     }
     for (int64_t r = r0; r < r1; r++)

@@ -234,6 +234,96 @@ Test(ctensors, qlserve_quantizes_to_ct_int_only_into_a_loaded_layout)
     cr_assert(strstr(msg, "ct_int is read from compressed-tensors checkpoints"), "%s", msg);
 }
 
+/* One scheme of the requantizer's vectors: its layout, what
+ * compressed-tensors stored (codes, scales' bits, zero points or NULL). */
+typedef struct qv_case {
+    const char *name;
+    qt_kind kind;
+    int32_t bits, block_rows, block_cols; /* 0: the whole dim */
+    bool packed;
+    qt_scale_dtype scale_dtype;
+    const unsigned char *codes;
+    size_t n_codes;
+    const unsigned *scale_bits;
+    const signed char *zeros;
+} qv_case;
+
+#define QV(n) CT_QV_##n##_CODES, sizeof CT_QV_##n##_CODES, CT_QV_##n##_SCALE_BITS
+
+/* The scales' bits as stored bytes (2 or 4 each, little-endian). */
+static void *scale_bytes(const qv_case *c, int64_t n)
+{
+    size_t es = qt_scale_dtype_size(c->scale_dtype);
+    uint8_t *b = malloc((size_t)n * es);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = c->scale_bits[i];
+        memcpy(b + i * (int64_t)es, &v, es); /* little-endian host */
+    }
+    return b;
+}
+
+/* A merge's requantization (qt_quantize into a loaded layout) gives, for
+ * f32 weights, the codes, scales and zero points compressed-tensors'
+ * calculate_qparams and compress() give, byte for byte: every integer
+ * scheme of the fixtures, and FP8 with bf16 and f16 scales. */
+Test(ctensors, requantizing_gives_compressed_tensors_bytes)
+{
+    static const qv_case cases[] = {
+        {"int4 group asym bf16", QT_CT_INT, 4, 1, 16, true, QT_SCALE_BF16, QV(INT4_GROUP_ASYM),
+         CT_QV_INT4_GROUP_ASYM_ZEROS},
+        {"int8 channel sym f16", QT_CT_INT, 8, 1, 0, true, QT_SCALE_F16, QV(INT8_CHANNEL_SYM),
+         NULL},
+        {"int8 tensor naive f32", QT_CT_INT, 8, 0, 0, false, QT_SCALE_F32, QV(INT8_TENSOR_NAIVE),
+         CT_QV_INT8_TENSOR_NAIVE_ZEROS},
+        {"fp8 channel bf16", QT_FP8, 8, 1, 0, false, QT_SCALE_BF16, QV(FP8_CHANNEL), NULL},
+        {"fp8 block f16", QT_FP8, 8, 16, 32, false, QT_SCALE_F16, QV(FP8_BLOCK), NULL},
+    };
+    const int64_t rows = CT_QV_ROWS, cols = CT_QV_COLS;
+    float x[CT_QV_ROWS * CT_QV_COLS];
+    memcpy(x, CT_QV_INPUT_BITS, sizeof x);
+    char msg[256];
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const qv_case *c = &cases[k];
+        int32_t br = c->block_rows ? c->block_rows : (int32_t)rows;
+        int32_t bc = c->block_cols ? c->block_cols : (int32_t)cols;
+        int64_t grid = ((rows + br - 1) / br) * ((cols + bc - 1) / bc);
+        void *scales = scale_bytes(c, grid);
+        qtensor layout = {0}, q;
+        qt_quant_params p = {.kind = c->kind,
+                             .block_rows = br,
+                             .block_cols = bc,
+                             .scale_dtype = c->scale_dtype,
+                             .layout = &layout};
+        if (c->kind == QT_CT_INT) {
+            qt_ct_int_parts parts = {.rows = rows,
+                                     .cols = cols,
+                                     .bits = c->bits,
+                                     .packed = c->packed,
+                                     .block_rows = br,
+                                     .block_cols = bc,
+                                     .codes = c->codes,
+                                     .scale_dtype = c->scale_dtype,
+                                     .scales = scales,
+                                     .scale_rows = (rows + br - 1) / br,
+                                     .scale_cols = (cols + bc - 1) / bc,
+                                     .zeros = (const uint8_t *)c->zeros};
+            cr_assert_eq(qt_from_ct_int(&layout, &parts, msg, sizeof msg), 0, "%s", msg);
+        }
+        cr_assert_eq(qt_quantize(&q, x, rows, cols, &p, msg, sizeof msg), 0, "%s: %s", c->name,
+                     msg);
+        cr_assert_eq(q.data_bytes, c->n_codes, "%s", c->name);
+        cr_assert_eq(memcmp(q.data, c->codes, c->n_codes), 0, "%s: codes", c->name);
+        cr_assert_eq(
+            memcmp(q.block_scales, scales, (size_t)grid * qt_scale_dtype_size(c->scale_dtype)), 0,
+            "%s: scales", c->name);
+        if (c->zeros)
+            cr_assert_eq(memcmp(q.block_zeros, c->zeros, (size_t)grid), 0, "%s: zeros", c->name);
+        qt_free(&q);
+        qt_free(&layout);
+        free(scales);
+    }
+}
+
 /* A PEFT adapter (every projection, r 8) on each base: applied unmerged,
  * the logits are the float64 forward over dequant(W) + BA; merged into
  * its own kind, the same layout (bits, block, zero points, scale dtype)
