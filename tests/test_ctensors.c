@@ -224,6 +224,58 @@ Test(ctensors, configs_it_cannot_read_are_refused_by_name)
                   "targets lm_head but the checkpoint holds it dense");
 }
 
+/* s with every `from` replaced by `to` (a new string, the caller's). */
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+    size_t n = 0, lf = strlen(from), lt = strlen(to);
+    for (const char *p = strstr(s, from); p; p = strstr(p + lf, from))
+        n++;
+    char *out = malloc(strlen(s) + n * lt + 1), *o = out;
+    for (const char *p; (p = strstr(s, from)); s = p + lf) {
+        memcpy(o, s, (size_t)(p - s));
+        o += p - s;
+        memcpy(o, to, lt);
+        o += lt;
+    }
+    strcpy(o, s);
+    return out;
+}
+
+/* llm-compressor's W8A8 int8 (format int-quantized, dynamic per-token
+ * input activations) stores what naive-quantized stores: it loads, the
+ * same weights, with activations kept in float. */
+Test(ctensors, int_quantized_with_dynamic_activations_loads_as_naive)
+{
+    const ct_case *c = &CASES[2];
+    char dir[512], path[700];
+    fixture_dir(c, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *text = test_read_file(path, &len);
+    char *a = replace_all(text, "naive-quantized", "int-quantized");
+    char *b = replace_all(a, "\"input_activations\": null",
+                          "\"input_activations\": {\"dynamic\": true, \"num_bits\": 8, "
+                          "\"strategy\": \"token\", \"symmetric\": true, \"type\": \"int\"}");
+    cr_assert(strcmp(a, b) != 0 && strcmp(text, a) != 0);
+    test_write_text(path, b);
+    eng_model m;
+    char msg[1024];
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_str_eq(m.quant, c->quant);
+    const qtensor *t = qcp_projection(&m, c->digests[0].name);
+    size_t n = (size_t)(t->rows * t->cols);
+    float *out = malloc(n * sizeof *out);
+    qt_dequantize_rows(t, 0, t->rows, out);
+    cr_assert_eq(qcp_fnv1a64(out, n * sizeof *out), (uint64_t)c->digests[0].fnv);
+    free(out);
+    free(text);
+    free(a);
+    free(b);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
 Test(ctensors, qlserve_quantizes_to_ct_int_only_into_a_loaded_layout)
 {
     float x[64] = {0};
