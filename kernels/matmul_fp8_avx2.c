@@ -8,9 +8,12 @@
  *     dotted with every row of x in 32 f32 lanes (fused multiply-adds),
  *     summed lane by lane: the scalar product's value within f32 rounding,
  *     and the same bits for a row of x whatever the batch around it.
+ *   qt_matmul_ct_int_avx2: the same product over compressed-tensors'
+ *     integer rows (quant_ct.c's dequantization, then the same dot).
  * Its own file, beside matmul_avx2.c (the dense and GGUF kinds' shared
  * bodies), because FP8 shares none of their blocks. It owns no state; it
- * calls quant_fp8.c (the table) and touches kernels/math/ through it.
+ * calls quant_fp8.c (the table) and quant_ct.c, and touches kernels/math/
+ * through them.
  */
 #include "avx2_shared.h"
 #include "kernels_internal.h"
@@ -57,8 +60,11 @@ static float dot_avx2(const float *w, const float *x, int64_t n)
     return sum;
 }
 
-void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
-                        int64_t row1)
+/* Each weight row of t dequantized once by dequantize_row, then dotted
+ * with every row of x (dot_avx2). */
+static void matmul_rows_avx2(const qtensor *t, const float *x, int64_t batch, float *y,
+                             int64_t row0, int64_t row1,
+                             void (*dequantize_row)(const qtensor *, int64_t, int64_t, float *))
 {
     float *w = malloc((size_t)t->cols * sizeof *w);
     if (!w) { /* as the scalar reference: NaN where a caller checks */
@@ -68,9 +74,24 @@ void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *
         return;
     }
     for (int64_t r = row0; r < row1; r++) {
-        qt_dequantize_rows_fp8_avx2(t, r, 1, w);
+        dequantize_row(t, r, 1, w);
         for (int64_t b = 0; b < batch; b++)
             y[b * t->rows + r] = dot_avx2(w, x + b * t->cols, t->cols);
     }
     free(w);
+}
+
+void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1)
+{
+    matmul_rows_avx2(t, x, batch, y, row0, row1, qt_dequantize_rows_fp8_avx2);
+}
+
+/* CT_INT's rows come from its scalar dequantization (integer codes, one
+ * multiply each, rounded to the scale's dtype): the same bits, then the
+ * same dot as FP8's. */
+void qt_matmul_ct_int_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1)
+{
+    matmul_rows_avx2(t, x, batch, y, row0, row1, qt_ct_int_dequantize_rows);
 }

@@ -15,6 +15,12 @@
  * shape the block does not divide; transformers' own quantizer only writes
  * whole blocks, which is the same grid then.
  *
+ * A 16-bit scale (bf16 or f16: compressed-tensors' float-quantized
+ * checkpoints store the model's dtype) rounds each product to that dtype,
+ * as compressed-tensors' dequantize computes x_q.to(scale.dtype) * scale;
+ * merges requantize such blocks by its rule (scale = amax / 448 in the
+ * scale's dtype, code = e4m3(w / scale)).
+ *
  * It offers the FP8 row's quantizer and scalar dequantization (traits.c
  * points at them) and qt_from_fp8 (a checkpoint's parts, codes read in
  * place). It owns no state; it calls qtensor.c and touches kernels/math/
@@ -49,8 +55,7 @@ const float *qt_fp8_e4m3_table(void)
 
 float qt_fp8_block_scale(const qtensor *t, int64_t s)
 {
-    return t->scale_dtype == QT_SCALE_E8M0 ? qm_e8m0_to_f32(((const uint8_t *)t->block_scales)[s])
-                                           : ((const float *)t->block_scales)[s];
+    return qt_scale_at(t->block_scales, t->scale_dtype, s);
 }
 
 /* n codes of one block times its scale through the table, the scalar way. */
@@ -73,6 +78,7 @@ void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, 
             const int64_t c1 = c0 + t->block_cols < t->cols ? c0 + t->block_cols : t->cols;
             decode(table, codes + c0, qt_fp8_block_scale(t, srow + bc), c1 - c0, o + c0);
         }
+        qt_round_to_scale_dtype(o, t->cols, t->scale_dtype); /* 16-bit scales only */
     }
 }
 
@@ -123,6 +129,20 @@ static uint8_t e8m0_ceil(float x, float *value)
     return (uint8_t)e;
 }
 
+/* The codes of rows [r0, r1) x cols [c0, c1) of src divided by the scale d
+ * (compressed-tensors' quantize: w / d clamped to +-448, then E4M3). */
+static void quantize_block_codes(qtensor *t, const float *src, int64_t r0, int64_t r1, int64_t c0,
+                                 int64_t c1, float d)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t c = c0; c < c1; c++) {
+            float v = src[r * t->cols + c] / d;
+            v = v < -FP8_E4M3_MAX ? -FP8_E4M3_MAX : v > FP8_E4M3_MAX ? FP8_E4M3_MAX : v;
+            t->data[r * t->cols + c] = e4m3_from_f32(v);
+        }
+    }
+}
+
 /* Quantize block (br, bc) of src into t's codes and scale slot. */
 static void quantize_block(qtensor *t, const float *src, int64_t br, int64_t bc)
 {
@@ -140,6 +160,16 @@ static void quantize_block(qtensor *t, const float *src, int64_t br, int64_t bc)
     float s = amax > 0.0f ? (1.0f / amax) * FP8_E4M3_MAX : 1.0f;
     float inv = 1.0f / s;
     int64_t slot = br * t->scale_cols + bc;
+    if (t->scale_dtype == QT_SCALE_BF16 || t->scale_dtype == QT_SCALE_F16) {
+        /* compressed-tensors' rule: amax / 448 in the scale's dtype (its
+         * epsilon for an all-zero block), codes w / scale */
+        float d = qt_scale_put(t->block_scales, t->scale_dtype, slot, amax / FP8_E4M3_MAX);
+        if (d == 0.0f)
+            d = qt_scale_put(t->block_scales, t->scale_dtype, slot,
+                             t->scale_dtype == QT_SCALE_BF16 ? 0.0078125f : 0.0009765625f);
+        quantize_block_codes(t, src, r0, r1, c0, c1, d);
+        return;
+    }
     if (t->scale_dtype == QT_SCALE_E8M0) {
         float p2;
         ((uint8_t *)t->block_scales)[slot] = e8m0_ceil(inv, &p2);
@@ -164,8 +194,8 @@ int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     if (t->block_rows < 1 || t->block_cols < 1)
         return ql_fail(msg, msg_len, QL_EINVAL, "fp8 block %d x %d is not positive", t->block_rows,
                        t->block_cols);
-    if (p->scale_dtype != QT_SCALE_F32 && p->scale_dtype != QT_SCALE_E8M0)
-        return ql_fail(msg, msg_len, QL_EINVAL, "fp8 scale dtype %d is not f32 or e8m0",
+    if ((unsigned)p->scale_dtype > QT_SCALE_F16)
+        return ql_fail(msg, msg_len, QL_EINVAL, "fp8 scale dtype %d is not f32, e8m0, bf16 or f16",
                        (int)p->scale_dtype);
     t->scale_dtype = p->scale_dtype;
     t->scale_rows = (rows + t->block_rows - 1) / t->block_rows;
@@ -184,61 +214,21 @@ int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     return QL_OK;
 }
 
-/* The first scale that is not a finite positive number, or -1. */
-static int64_t first_bad_scale(const qt_fp8_parts *p)
-{
-    int64_t n = p->scale_rows * p->scale_cols;
-    for (int64_t i = 0; i < n; i++) {
-        float s;
-        if (p->scale_dtype == QT_SCALE_E8M0) {
-            s = qm_e8m0_to_f32(((const uint8_t *)p->scales)[i]);
-        } else {
-            memcpy(&s, (const uint8_t *)p->scales + i * sizeof s, sizeof s);
-        }
-        if (!(s > 0.0f) || !isfinite(s))
-            return i;
-    }
-    return -1;
-}
-
 int qt_from_fp8(qtensor *out, const qt_fp8_parts *p, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    int rc = qt_check_shape(p->rows, p->cols, msg, msg_len);
+    int rc =
+        qt_check_block_scales("fp8", p->rows, p->cols, p->block_rows, p->block_cols, p->scale_rows,
+                              p->scale_cols, p->scales, p->scale_dtype, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    if (p->block_rows < 1 || p->block_cols < 1)
-        return ql_fail(msg, msg_len, QL_EINVAL, "fp8 block %d x %d is not positive", p->block_rows,
-                       p->block_cols);
-    int64_t want_r = (p->rows + p->block_rows - 1) / p->block_rows;
-    int64_t want_c = (p->cols + p->block_cols - 1) / p->block_cols;
-    if (p->scale_rows != want_r || p->scale_cols != want_c)
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "fp8 scale grid [%lld, %lld] does not fit a [%lld, %lld] weight in blocks "
-                       "of %d x %d (want [%lld, %lld])",
-                       (long long)p->scale_rows, (long long)p->scale_cols, (long long)p->rows,
-                       (long long)p->cols, p->block_rows, p->block_cols, (long long)want_r,
-                       (long long)want_c);
-    int64_t bad = first_bad_scale(p);
-    if (bad >= 0)
-        return ql_fail(msg, msg_len, QL_ENONFINITE,
-                       "fp8 block scale %lld (block row %lld, col %lld) is not a finite positive "
-                       "number",
-                       (long long)bad, (long long)(bad / p->scale_cols),
-                       (long long)(bad % p->scale_cols));
+    int64_t want_r = p->scale_rows, want_c = p->scale_cols;
     size_t nbytes = (size_t)(p->rows * p->cols);
     size_t sbytes = (size_t)(want_r * want_c) * qt_scale_dtype_size(p->scale_dtype);
-    if (p->borrow_codes) {
-        out->data = (uint8_t *)(uintptr_t)p->codes;
-        out->data_borrowed = true;
-        out->data_bytes = nbytes;
-        out->kind = QT_FP8;
-        out->rows = p->rows;
-        out->cols = p->cols;
-    } else if ((rc = qt_wrap_copy(out, QT_FP8, p->rows, p->cols, p->codes, nbytes, msg, msg_len)) !=
-               QL_OK) {
+    rc = qt_wrap_codes(out, QT_FP8, p->rows, p->cols, p->codes, nbytes, p->borrow_codes, msg,
+                       msg_len);
+    if (rc != QL_OK)
         return rc;
-    }
     out->block_scales = malloc(sbytes);
     if (!out->block_scales) {
         qt_free(out);

@@ -274,6 +274,14 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             .dequantize_rows = qt_awq_dequantize_rows,
             .matmul_ref = matmul_generic_ref,
         },
+    [QT_CT_INT] =
+        {
+            QT_GEOMETRY_CT_INT,
+            .quantize = qt_ct_int_quantize,
+            .dequantize_rows = qt_ct_int_dequantize_rows,
+            .matmul_ref = matmul_generic_ref,
+            .matmul_avx2 = qt_matmul_ct_int_avx2,
+        },
 };
 
 /* The first NaN or Inf in src, or -1. Chunks of 1024 are first checked

@@ -850,6 +850,55 @@ static int parse_awq_config(model_loader *L, const char *path, const cJSON *qc, 
     return QL_OK;
 }
 
+/* config.json's quantization_config (absent: a float checkpoint), by its
+ * quant_method; one qlserve does not read is refused by name. */
+static int parse_quantization_config(model_loader *L, const char *path, const cJSON *j, char *msg,
+                                     size_t msg_len)
+{
+    const eng_config *c = &L->m->cfg;
+    int rc;
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    const char *qm = qc ? mf_json_str(qc, "quant_method") : NULL;
+    if (qm && strcmp(qm, "mxfp4") == 0 && c->arch == ENG_ARCH_GPT_OSS) {
+        /* GPT-OSS's Hub checkpoints: experts as MXFP4 _blocks / _scales
+         * (experts.c), everything else dense */
+        L->mxfp4_experts = true;
+        qc = NULL;
+    }
+    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0 || strcmp(qm, "awq") == 0)) {
+        rc = strcmp(qm, "fp8") == 0    ? parse_fp8_config(L, path, qc, msg, msg_len)
+             : strcmp(qm, "gptq") == 0 ? parse_gptq_config(L, path, qc, msg, msg_len)
+                                       : parse_awq_config(L, path, qc, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        qc = NULL;
+    }
+    if (qm && (strcmp(qm, "compressed-tensors") == 0 || strcmp(qm, "fbgemm_fp8") == 0)) {
+        if ((rc = model_ct_config(L, path, qc, msg, msg_len)) != QL_OK) /* load_ct.c */
+            return rc;
+        qc = NULL;
+    }
+    if (qc) {
+        const char *method = mf_json_str(qc, "quant_method");
+        if (!method || strcmp(method, "bitsandbytes") != 0 ||
+            !mf_json_bool(qc, "load_in_4bit", false))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
+                           "finegrained fp8, gptq, awq, compressed-tensors, fbgemm_fp8, and "
+                           "GPT-OSS's mxfp4, are)",
+                           path, method ? method : "(no quant_method)");
+        const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
+        if (!type)
+            type = "fp4";
+        if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
+                           path, type);
+        L->bnb_checkpoint = true;
+        snprintf(L->bnb_type, sizeof L->bnb_type, "%s", type);
+    }
+    return QL_OK;
+}
+
 /* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
  * (llama_4_scaling_beta) and period (original_max_position_embeddings)
  * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
@@ -999,57 +1048,10 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         return rc;
     if (c->arch == ENG_ARCH_GEMMA4 && (rc = parse_gemma4_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
-
-    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
-    const char *qm = qc ? mf_json_str(qc, "quant_method") : NULL;
-    if (qm && strcmp(qm, "mxfp4") == 0 && c->arch == ENG_ARCH_GPT_OSS) {
-        /* GPT-OSS's Hub checkpoints: experts as MXFP4 _blocks / _scales
-         * (experts.c), everything else dense */
-        L->mxfp4_experts = true;
-        qc = NULL;
-    }
-    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0 || strcmp(qm, "awq") == 0)) {
-        rc = strcmp(qm, "fp8") == 0    ? parse_fp8_config(L, path, qc, msg, msg_len)
-             : strcmp(qm, "gptq") == 0 ? parse_gptq_config(L, path, qc, msg, msg_len)
-                                       : parse_awq_config(L, path, qc, msg, msg_len);
-        if (rc != QL_OK)
-            return rc;
-        qc = NULL;
-    }
-    if (qc) {
-        const char *method = mf_json_str(qc, "quant_method");
-        if (!method || strcmp(method, "bitsandbytes") != 0 ||
-            !mf_json_bool(qc, "load_in_4bit", false))
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
-                           "finegrained fp8, gptq, awq, and GPT-OSS's mxfp4, are)",
-                           path, method ? method : "(no quant_method)");
-        const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
-        if (!type)
-            type = "fp4";
-        if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0)
-            return ql_fail(msg, msg_len, QL_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
-                           path, type);
-        L->bnb_checkpoint = true;
-        snprintf(L->bnb_type, sizeof L->bnb_type, "%s", type);
-    }
-    return QL_OK;
+    return parse_quantization_config(L, path, j, msg, msg_len);
 }
 
 /* --- tensors: finding, checking, converting --------------------------------- */
-
-/* The shard holding name, or NULL. */
-static const st_tensor *find_st(const model_loader *L, const char *name, const st_file **file)
-{
-    for (size_t i = 0; i < L->m->n_shards; i++) {
-        const st_tensor *t = st_find(&L->m->shards[i], name);
-        if (t) {
-            *file = &L->m->shards[i];
-            return t;
-        }
-    }
-    return NULL;
-}
 
 /* The shard holding a bitsandbytes quant state for `name`, or NULL. */
 static const st_file *bnb_shard(const model_loader *L, const char *name)
@@ -1068,7 +1070,7 @@ static const st_tensor *fp8_scale_of(const model_loader *L, const char *name, co
     if (!L->fp8_checkpoint ||
         (size_t)snprintf(scale_name, sizeof scale_name, "%s_scale_inv", name) >= sizeof scale_name)
         return NULL;
-    return find_st(L, scale_name, sf);
+    return model_find_st(L, scale_name, sf);
 }
 
 /* An FP8 weight (F8_E4M3 [rows, cols]) with its block scales (F32 or
@@ -1130,7 +1132,7 @@ static const st_tensor *gptq_part(const model_loader *L, const char *name, const
     if (!L->gptq_checkpoint || n < 7 || strcmp(name + n - 7, ".weight") != 0 ||
         (size_t)snprintf(buf, sizeof buf, "%.*s.%s", (int)(n - 7), name, part) >= sizeof buf)
         return NULL;
-    return find_st(L, buf, f);
+    return model_find_st(L, buf, f);
 }
 
 /* A GPTQ linear (out `want_rows`, in `want_cols`): qweight I32 [in * bits
@@ -1214,7 +1216,14 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     const st_tensor *t = role != ROLE_DENSE ? gptq_part(L, name, "qweight", &f) : NULL;
     if (t)
         return load_gptq_tensor(L, name, f, t, want_rows, want_cols, out, msg, msg_len);
-    t = find_st(L, name, &f);
+    bool handled = false;
+    if (L->ct && role != ROLE_DENSE && !one_d) { /* compressed-tensors, fbgemm_fp8 */
+        rc = model_ct_tensor(L, name, want_rows, want_cols, role != ROLE_EMBED, out, &handled, msg,
+                             msg_len);
+        if (rc != QL_OK || handled)
+            return rc;
+    }
+    t = model_find_st(L, name, &f);
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
     const st_file *sf = NULL;
@@ -1341,7 +1350,7 @@ static int open_hf_weights(model_loader *L, char *msg, size_t msg_len)
     return QL_OK;
 }
 
-int model_load_hf(model_loader *L, char *msg, size_t msg_len)
+static int load_hf_folder(model_loader *L, char *msg, size_t msg_len)
 {
     eng_model *m = L->m;
     eng_config *c = &m->cfg;
@@ -1360,6 +1369,7 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     snprintf(m->format, sizeof m->format, "%s",
              L->bnb_checkpoint    ? "bitsandbytes-4bit"
              : L->fp8_checkpoint  ? "fp8"
+             : L->ct              ? model_ct_format(L)
              : L->awq             ? "awq"
              : L->gptq_checkpoint ? "gptq"
                                   : "safetensors");
@@ -1383,7 +1393,7 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
         rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                             msg_len);
     } else if (rc == QL_OK &&
-               (find_st(L, "lm_head.weight", &f) || bnb_shard(L, "lm_head.weight"))) {
+               (model_find_st(L, "lm_head.weight", &f) || bnb_shard(L, "lm_head.weight"))) {
         /* tied in the config but stored anyway (some exports do): use it */
         rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                             msg_len);
@@ -1394,6 +1404,13 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
         return rc;
 
     return model_folder_tokenizer(L->dir, &m->tok, msg, msg_len);
+}
+
+int model_load_hf(model_loader *L, char *msg, size_t msg_len)
+{
+    int rc = load_hf_folder(L, msg, msg_len);
+    model_ct_free(L); /* the quantization_config is read by now */
+    return rc;
 }
 
 int model_folder_tokenizer(const char *dir, tok_tokenizer **out, char *msg, size_t msg_len)

@@ -143,3 +143,15 @@ int model_json_int32(const char *path, const cJSON *j, const char *key, int64_t 
         *out = (int32_t)v;
     return rc;
 }
+
+const st_tensor *model_find_st(const model_loader *L, const char *name, const st_file **file)
+{
+    for (size_t i = 0; i < L->m->n_shards; i++) {
+        const st_tensor *t = st_find(&L->m->shards[i], name);
+        if (t) {
+            *file = &L->m->shards[i];
+            return t;
+        }
+    }
+    return NULL;
+}

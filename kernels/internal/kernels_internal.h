@@ -11,7 +11,8 @@
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
  *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
  *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
- *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk);
+ *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk)
+ *                   and quant_ct.c (CT_INT's rows);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -76,8 +77,33 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_GPTQ .name = "gptq", .block_size = 1, .block_bytes = 1
 /* AWQ GEMM: the same state, codes packed along the output dim */
 #define QT_GEOMETRY_AWQ .name = "awq", .block_size = 1, .block_bytes = 1
+/* compressed-tensors' integer weights: 4- or 8-bit codes per row, block
+ * scales and zeros apart */
+#define QT_GEOMETRY_CT_INT .name = "ct_int", .block_size = 1, .block_bytes = 1
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
+
+/* Scale i of an array of scales in dtype d, any alignment, widened to
+ * f32; qt_scale_put stores v there (rounded to a 16-bit dtype; f32 as it
+ * is; not E8M0) and returns what was stored, widened. */
+float qt_scale_at(const void *scales, qt_scale_dtype d, int64_t i);
+float qt_scale_put(void *scales, qt_scale_dtype d, int64_t i, float v);
+/* Round n products to a 16-bit scale dtype (bf16, f16) in place, as
+ * compressed-tensors' product in the scale's dtype; f32 and E8M0 keep
+ * the f32 product. */
+void qt_round_to_scale_dtype(float *v, int64_t n, qt_scale_dtype d);
+
+/* QL_OK when a rows x cols weight with a scale per block_rows x block_cols
+ * block fits: the shape, a known scale dtype, the ceil grid scale_rows x
+ * scale_cols, and every scale a finite positive number; else msg says
+ * which, naming kind ("fp8", "ct_int"). */
+int qt_check_block_scales(const char *kind, int64_t rows, int64_t cols, int32_t block_rows,
+                          int32_t block_cols, int64_t scale_rows, int64_t scale_cols,
+                          const void *scales, qt_scale_dtype d, char *msg, size_t msg_len);
+/* Fill out (zeroed) with `bytes` of codes: borrowed in place when borrow
+ * (the caller's mapping outlives the tensor), else copied (qt_wrap_copy). */
+int qt_wrap_codes(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *codes,
+                  size_t bytes, bool borrow, char *msg, size_t msg_len);
 
 /* Fill out (zeroed) with a copy of `bytes` bytes of src as its data. */
 int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *src,
@@ -127,6 +153,11 @@ int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* compressed-tensors' integer weights (quant_ct.c): the quantizer only
+ * requantizes into a loaded tensor's layout (a merge) */
+int qt_ct_int_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                       const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_ct_int_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 /* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
  * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
 const float *qt_fp8_e4m3_table(void);
@@ -144,6 +175,9 @@ void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, 
 void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
+/* CT_INT's product: its scalar rows, FP8's dot (matmul_fp8_avx2.c). */
+void qt_matmul_ct_int_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).
