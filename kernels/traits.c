@@ -265,14 +265,18 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             QT_GEOMETRY_GPTQ,
             .quantize = qt_gptq_quantize,
             .dequantize_rows = qt_gptq_dequantize_rows,
-            .matmul_ref = matmul_generic_ref,
+            .matmul_ref = qt_gptq_matmul_ref,
+            .matmul_avx2 = qt_matmul_gptq_avx2,
+            .matmul_avx512 = qt_matmul_gptq_avx512,
         },
     [QT_AWQ] =
         {
             QT_GEOMETRY_AWQ,
             .quantize = qt_gptq_quantize,
             .dequantize_rows = qt_awq_dequantize_rows,
-            .matmul_ref = matmul_generic_ref,
+            .matmul_ref = qt_awq_matmul_ref,
+            .matmul_avx2 = qt_matmul_awq_avx2,
+            .matmul_avx512 = qt_matmul_awq_avx512,
         },
 };
 

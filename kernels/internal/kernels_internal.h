@@ -127,6 +127,25 @@ int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* Their scalar products: each output one chain acc = fma(x, w, acc) over
+ * the columns in order (the order every SIMD entry keeps, lane by lane). */
+void qt_gptq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_awq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
+/* Row r's scale (f16 widened) and zero (offset applied) of each group g,
+ * into s[g * stride] and z[g * stride]. */
+void qt_gptq_row_groups(const qtensor *t, int64_t r, float *s, int32_t *z, int64_t stride);
+/* Their AVX2 and AVX-512 products (matmul_gptq_avx2.c, matmul_gptq_avx512.c,
+ * one body in internal/matmul_gptq.inc): the scalar products' bits. */
+void qt_matmul_gptq_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_awq_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_matmul_gptq_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_awq_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
 /* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
  * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
 const float *qt_fp8_e4m3_table(void);

@@ -1,0 +1,183 @@
+/*
+ * test_matmul_gptq.c - the GPTQ and AWQ products y = x @ W^T: the AVX2 and
+ * AVX-512 entries give the scalar reference's bits (each output one fused
+ * multiply-add chain over the columns in order, qt_gptq_matmul_ref), and
+ * the reference is within f32 rounding of the float64 sum over the same
+ * dequantized weights.
+ *
+ * The tensors are random checkpoints' parts (random codes, zeros and f16
+ * scales, act-order g_idx a random permutation's groups) read by
+ * qt_from_gptq, for each option: 4 and 8 bits, v1 and v2 zeros, groups of
+ * 32 or 128 or one group, act-order; AWQ. Shapes: narrow (a panel) and
+ * wide (several panels of decoded columns, rows over several tiles), rows
+ * not a multiple of a tile, and row ranges that start and end off a
+ * vector (the scalar rows beside the vector ones); batches 1 .. 9 and 17.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qtensor.h"
+#include "test_util.h"
+
+typedef struct gcase {
+    const char *label;
+    int32_t bits, group_size;
+    bool v2, act_order, awq;
+} gcase;
+
+static const gcase cases[] = {
+    {"gptq-4bit-g32-v1", 4, 32, false, false, false},
+    {"gptq-4bit-g128-v1-act-order", 4, 128, false, true, false},
+    {"gptq-4bit-g32-v2-act-order", 4, 32, true, true, false},
+    {"gptq-4bit-one-group-v2", 4, -1, true, false, false},
+    {"gptq-8bit-g32-v2", 8, 32, true, false, false},
+    {"gptq-8bit-g128-v1-act-order", 8, 128, false, true, false},
+    {"awq-4bit-g32", 4, 32, false, false, true},
+    {"awq-4bit-g128", 4, 128, false, false, true},
+};
+
+/* A random [rows, cols] tensor of the case's layout; the caller frees the
+ * parts (*mem) after qt_free. */
+static void make_tensor(const gcase *gc, int64_t rows, int64_t cols, uint64_t *rng, qtensor *t,
+                        void **mem)
+{
+    int64_t gs = gc->group_size == -1 ? cols : gc->group_size;
+    int64_t groups = (cols + gs - 1) / gs;
+    size_t qbytes = (size_t)(rows * cols * gc->bits / 8);
+    size_t zbytes = (size_t)(groups * rows * gc->bits / 8);
+    size_t sbytes = (size_t)(groups * rows) * 2, gbytes = (size_t)cols * 4;
+    uint8_t *m = malloc(qbytes + zbytes + sbytes + gbytes);
+    cr_assert(m);
+    uint8_t *q = m, *z = m + qbytes, *s = z + zbytes, *g = s + sbytes;
+    for (size_t i = 0; i < qbytes + zbytes; i++)
+        m[i] = (uint8_t)test_rand(rng);
+    for (int64_t i = 0; i < groups * rows; i++) {
+        /* positive scales over two decades, some subnormal in f16 */
+        float v = (float)(0.0005 + 0.05 * test_uniform(rng));
+        if (i % 97 == 5)
+            v = 3e-6f;
+        uint16_t h = qt_f32_to_f16(v);
+        memcpy(s + i * 2, &h, 2);
+    }
+    int32_t *perm = malloc(gbytes);
+    for (int64_t c = 0; c < cols; c++)
+        perm[c] = (int32_t)c;
+    for (int64_t c = cols - 1; c > 0; c--) {
+        int64_t j = (int64_t)(test_rand(rng) % (uint64_t)(c + 1));
+        int32_t tmp = perm[c];
+        perm[c] = perm[j];
+        perm[j] = tmp;
+    }
+    for (int64_t c = 0; c < cols; c++) {
+        int32_t gi = (int32_t)(perm[c] / gs);
+        memcpy(g + c * 4, &gi, 4);
+    }
+    free(perm);
+    qt_gptq_parts p = {.rows = rows,
+                       .cols = cols,
+                       .bits = gc->bits,
+                       .group_size = gc->group_size,
+                       .v2 = gc->v2,
+                       .awq = gc->awq,
+                       .qweight = q,
+                       .borrow_codes = true,
+                       .qzeros = z,
+                       .scales = s,
+                       .g_idx = gc->act_order ? g : NULL,
+                       .groups = groups};
+    char msg[256];
+    cr_assert_eq(qt_from_gptq(t, &p, msg, sizeof msg), QL_OK, "%s: %s", gc->label, msg);
+    *mem = m;
+}
+
+/* The dispatched product (over row ranges [0, split) and [split, rows))
+ * equals the scalar reference bit for bit for batches 1 .. 9 and 17, and
+ * the reference the float64 sum within f32 rounding. */
+static void check_case(const gcase *gc, int64_t rows, int64_t cols, int64_t split, uint64_t seed)
+{
+    uint64_t rng = seed;
+    qtensor t;
+    void *mem;
+    make_tensor(gc, rows, cols, &rng, &t, &mem);
+    float *x = malloc((size_t)(17 * cols) * 4), *wd = malloc((size_t)(rows * cols) * 4);
+    float *yr = malloc((size_t)(17 * rows) * 4), *yf = malloc((size_t)(17 * rows) * 4);
+    cr_assert(x && wd && yr && yf);
+    for (int64_t i = 0; i < 17 * cols; i++)
+        x[i] = test_normal(&rng);
+    qt_dequantize_rows_ref(&t, 0, rows, wd);
+    for (int64_t batch = 1; batch <= 17; batch += batch < 9 ? 1 : 8) {
+        for (int64_t i = 0; i < batch * rows; i++)
+            yr[i] = yf[i] = NAN;
+        qt_matmul_ref(&t, x, batch, yr, 0, rows);
+        qt_matmul(&t, x, batch, yf, 0, split);
+        qt_matmul(&t, x, batch, yf, split, rows);
+        for (int64_t b = 0; b < batch; b++) {
+            for (int64_t r = 0; r < rows; r++) {
+                float want = yr[b * rows + r], got = yf[b * rows + r];
+                cr_assert(same_bits(want, got),
+                          "%s [%lldx%lld] %s path, batch %lld, x row %lld, output %lld: %a, the "
+                          "reference %a",
+                          gc->label, (long long)rows, (long long)cols, qt_f32_path(),
+                          (long long)batch, (long long)b, (long long)r, (double)got, (double)want);
+                if (batch != 17)
+                    continue;
+                double exact = 0, mag = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    double term = (double)x[b * cols + c] * wd[r * cols + c];
+                    exact += term;
+                    mag += fabs(term);
+                }
+                cr_assert(fabs(want - exact) <= 1e-5 * mag + 1e-30,
+                          "%s reference output %lld: %g, float64 %g", gc->label, (long long)r,
+                          (double)want, exact);
+            }
+        }
+    }
+    qt_free(&t);
+    free(mem);
+    free(x);
+    free(wd);
+    free(yr);
+    free(yf);
+}
+
+/* Every case over narrow and wide shapes on the current path. */
+static void check_all(void)
+{
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const gcase *gc = &cases[k];
+        /* 8-bit GPTQ packs 4 rows to a zero word: 36 rows end off a vector */
+        int64_t narrow_rows = gc->bits == 8 ? 36 : 40;
+        check_case(gc, narrow_rows, 128, 13, 10 + k); /* one panel, ranges off a vector */
+        check_case(gc, 8, 256, 8, 20 + k);            /* one vector, an empty range */
+        check_case(gc, 72, 1536, 24, 30 + k);         /* several panels and tiles */
+        check_case(gc, narrow_rows, 640, 17, 40 + k); /* a ragged last panel for 16-row tiles */
+    }
+}
+
+Test(matmul_gptq, avx2_products_give_the_scalar_reference_bits, .timeout = 120)
+{
+    if (strcmp(qt_cpu_path(), "avx2") != 0)
+        cr_skip_test("this CPU has no AVX2, FMA and F16C: the AVX2 products cannot run here");
+    qt_set_no_avx512(true);
+    cr_assert_str_eq(qt_f32_path(), "avx2");
+    check_all();
+    qt_set_no_avx512(false);
+}
+
+Test(matmul_gptq, avx512_products_give_the_scalar_reference_bits, .timeout = 120)
+{
+    if (strcmp(qt_f32_path(), "avx512") != 0)
+        cr_skip_test("this CPU has no AVX-512 F and VL: the AVX-512 products cannot run here");
+    check_all();
+}
+
+Test(matmul_gptq, scalar_path_is_the_reference)
+{
+    qt_set_force_scalar(true);
+    cr_assert_str_eq(qt_f32_path(), "scalar");
+    check_case(&cases[1], 40, 256, 13, 5);
+    qt_set_force_scalar(false);
+}
