@@ -21,7 +21,8 @@
  * g_idx), which the products read as a loaded checkpoint's. FP8 is
  * quantized from the weight in blocks of 128 x 128, both scale widths.
  *
- * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S]
+ * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S] [--kinds LABEL,LABEL...]
+ * (--kinds: only the kinds whose label is listed; all by default)
  * Each figure is the best of repeated runs lasting at least --min-seconds.
  */
 #include "qtensor.h"
@@ -224,6 +225,19 @@ static int random_gptq(qtensor *q, const kind_case *kc, int64_t rows, int64_t co
     return rc;
 }
 
+/* Whether label is one of the comma-separated labels in list. */
+static bool listed(const char *list, const char *label)
+{
+    size_t n = strlen(label);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, label, n) == 0)
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
 static void cpu_model(char *buf, size_t len)
 {
     snprintf(buf, len, "unknown");
@@ -252,6 +266,7 @@ int main(int argc, char **argv)
 {
     int64_t rows = 4096, cols = 4096;
     double min_s = 0.3;
+    const char *only = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--rows") == 0)
             rows = atoll(argv[i + 1]);
@@ -259,6 +274,8 @@ int main(int argc, char **argv)
             cols = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--min-seconds") == 0)
             min_s = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--kinds") == 0)
+            only = argv[i + 1];
     }
     if (rows <= 0 || cols <= 0 || cols % 128 != 0) {
         fprintf(stderr, "bench_quant: --cols must be a positive multiple of 128\n");
@@ -342,6 +359,8 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < n_cases; k++) {
         qtensor q;
         char msg[256];
+        if (only && !listed(only, cases[k].label))
+            continue;
         if (cases[k].kquant && cols % qt_traits_table[cases[k].p.kind].block_size != 0) {
             fprintf(stderr, "bench_quant: %s skipped: --cols is not a multiple of 256\n",
                     cases[k].label);

@@ -35,6 +35,10 @@
 #define gvi_srli       _mm256_srli_epi32
 #define gvi_cvt        _mm256_cvtepi32_ps
 
+#define gvi_add          _mm256_add_epi32
+#define gvi_srlv         _mm256_srlv_epi32
+#define gvi_gather(p, i) _mm256_i32gather_epi32(p, i, 4)
+#define gv_f16(p)        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
 /* Outputs 8j .. 8j + 7's codes of one input column from their AWQ word at
  * p: output 8j + m sits in nibble (0 4 1 5 2 6 3 7)[m]. */
 static inline GVI awq_codes(const uint8_t *p)

@@ -34,6 +34,10 @@
 #define gvi_srli       _mm512_srli_epi32
 #define gvi_cvt        _mm512_cvtepi32_ps
 
+#define gvi_add          _mm512_add_epi32
+#define gvi_srlv         _mm512_srlv_epi32
+#define gvi_gather(p, i) _mm512_i32gather_epi32(i, p, 4)
+#define gv_f16(p)        _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
 /* Outputs 8j .. 8j + 15's codes of one input column from their two AWQ
  * words at p: output 8j + m sits in nibble (0 4 1 5 2 6 3 7)[m % 8] of
  * word m / 8. */

@@ -9,9 +9,11 @@
  * scales, act-order g_idx a random permutation's groups) read by
  * qt_from_gptq, for each option: 4 and 8 bits, v1 and v2 zeros, groups of
  * 32 or 128 or one group, act-order; AWQ. Shapes: narrow (a panel) and
- * wide (several panels of decoded columns, rows over several tiles), rows
- * not a multiple of a tile, and row ranges that start and end off a
- * vector (the scalar rows beside the vector ones); batches 1 .. 9 and 17.
+ * wide (full tiles of 128 and 256 rows, many panels of decoded columns,
+ * the last one ragged, a last group shorter than the others), rows not a
+ * multiple of a tile, and row ranges that start and end off a vector (the
+ * scalar rows beside the vector ones); batches 1 .. 9 (AWQ's wide tiles
+ * up to 4) and 17.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -152,8 +154,8 @@ static void check_all(void)
         int64_t narrow_rows = gc->bits == 8 ? 36 : 40;
         check_case(gc, narrow_rows, 128, 13, 10 + k); /* one panel, ranges off a vector */
         check_case(gc, 8, 256, 8, 20 + k);            /* one vector, an empty range */
-        check_case(gc, 72, 1536, 24, 30 + k);         /* several panels and tiles */
-        check_case(gc, narrow_rows, 640, 17, 40 + k); /* a ragged last panel for 16-row tiles */
+        check_case(gc, 264, 1544, 24, 30 + k);        /* full tiles, a ragged last panel */
+        check_case(gc, narrow_rows, 648, 17, 40 + k); /* a ragged last group and panel */
     }
 }
 
