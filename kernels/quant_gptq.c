@@ -124,10 +124,8 @@ static void matmul_chains(const qtensor *t, const float *x, int64_t batch, float
                           void (*dequantize)(const qtensor *, int64_t, int64_t, float *))
 {
     float *w = malloc((size_t)t->cols * sizeof *w);
-    if (!w) { /* as every product: NaN where a caller checks */
-        for (int64_t b = 0; b < batch; b++)
-            for (int64_t r = row0; r < row1; r++)
-                y[b * t->rows + r] = NAN;
+    if (!w) {
+        qt_nan_rows(t, batch, y, row0, row1);
         return;
     }
     for (int64_t r = row0; r < row1; r++) {

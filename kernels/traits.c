@@ -256,8 +256,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             QT_GEOMETRY_FP8,
             .quantize = qt_fp8_quantize,
             .dequantize_rows = qt_fp8_dequantize_rows,
-            .matmul_ref = matmul_generic_ref,
+            .matmul_ref = qt_fp8_matmul_ref,
             .matmul_avx2 = qt_matmul_fp8_avx2,
+            .matmul_avx512 = qt_matmul_fp8_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_fp8_avx2,
         },
     [QT_GPTQ] =
@@ -343,11 +344,7 @@ static void matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, 
     int64_t cols = t->cols;
     float *w = malloc((size_t)cols * sizeof *w);
     if (!w) {
-        /* no memory for one row: report it in the output, where a caller
-         * checking for finite results will see it, rather than crash */
-        for (int64_t b = 0; b < batch; b++)
-            for (int64_t r = row0; r < row1; r++)
-                y[b * t->rows + r] = NAN;
+        qt_nan_rows(t, batch, y, row0, row1);
         return;
     }
     for (int64_t r = row0; r < row1; r++) {

@@ -86,6 +86,10 @@ int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const v
 /* QL_OK when rows x cols is a shape a qtensor can hold (both positive, the
  * element count fits int64); else QL_EINVAL and msg names the shape. */
 int qt_check_shape(int64_t rows, int64_t cols, char *msg, size_t msg_len);
+/* NaN into y[b][r] for every b < batch and r in [row0, row1) (rows of t
+ * apart): a product with no memory for its scratch says so where a caller
+ * checking for finite results will see it, rather than crash. */
+void qt_nan_rows(const qtensor *t, int64_t batch, float *y, int64_t row0, int64_t row1);
 
 /* --- the kinds' implementations ------------------------------------------ */
 
@@ -158,11 +162,25 @@ typedef void (*qt_fp8_block_decoder)(const float *table, const uint8_t *codes, f
                                      int64_t n, float *out);
 void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, float *out,
                                  qt_fp8_block_decoder decode);
-/* FP8's AVX2 entries (matmul_fp8_avx2.c): the scalar dequantization's
- * bits; the product within f32 rounding of the scalar one. */
+/* The FP8 products' one walk (quant_fp8.c): each weight row of [row0,
+ * row1) decoded once by decode, then dotted with the rows of x, up to
+ * `most` (at most QT_FP8_MOST_ROWS) at a time by dots (out[b] for x's
+ * rows b < nb, `cols` apart); NaN in y where there is no memory. */
+#define QT_FP8_MOST_ROWS 8
+typedef void (*qt_fp8_row_dots)(const float *w, const float *x, int64_t cols, int nb, float *out);
+void qt_fp8_matmul_with(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1, qt_fp8_block_decoder decode, qt_fp8_row_dots dots, int most);
+/* FP8's scalar product (quant_fp8.c): each output's sum in 32 lanes and
+ * their fixed reduction, the order of its SIMD entries. */
+void qt_fp8_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
+/* FP8's AVX2 and AVX-512 entries (matmul_fp8_avx2.c, matmul_fp8_avx512.c):
+ * the scalar dequantization's and the scalar product's bits. */
 void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
+void qt_matmul_fp8_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).
