@@ -251,6 +251,19 @@ Test(matmul_bits, every_fp8_code_dequantizes_as_the_table)
     check_every_fp8_code();
 }
 
+/* --activations q8 leaves these kinds on the f32 path (their rows have no
+ * 8-bit product: GPTQ's and AWQ's vectors run across outputs, not along
+ * the activations' blocks, and act-order groups follow g_idx), so the
+ * reference's bits still. */
+Test(matmul_bits, q8_activations_leave_them_on_the_f32_path)
+{
+    qt_set_activations(QL_ACTIVATIONS_Q8);
+    check_case(&cases[1], 40, 256, 13, 7);
+    check_case(&cases[6], 40, 256, 13, 8);
+    check_fp8(16, 40, QT_SCALE_F32, 19, 70, 7, 9);
+    qt_set_activations(QL_ACTIVATIONS_F32);
+}
+
 Test(matmul_bits, scalar_path_is_the_reference)
 {
     qt_set_force_scalar(true);
