@@ -10,8 +10,9 @@
  *
  * It owns the table and the CPU-path choice (set once, then read by every
  * entry point). It calls down into every other file of kernels/ (the
- * kinds' quant_*.c, matmul_avx2.c, matmul_avx512.c, matmul_q8_*.c, quant_avx2.c,
- * attend_ref.c, qtensor.c) and nothing
+ * kinds' quant_*.c, matmul_avx2.c, matmul_avx512.c, matmul_fp8_*.c,
+ * matmul_gptq_*.c, matmul_q8_*.c, quant_avx2.c, attend_ref.c, qtensor.c)
+ * and nothing
  * calls back up into it; it touches base/ and kernels/math/.
  *
  * The table is the one place that knows every kind: adding a kind means a

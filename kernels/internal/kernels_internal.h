@@ -11,7 +11,9 @@
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
  *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
  *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
- *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk);
+ *   avx2.c, ...     matmul_fp8_avx2.c and _avx512.c call quant_fp8.c (its
+ *                   table, its walks), matmul_gptq_avx2.c and _avx512.c
+ *                   quant_gptq.c (a row's groups, the scalar reference);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
