@@ -180,6 +180,13 @@ uint16_t qt_f32_to_bf16(float f)
     return qm_f32_to_bf16(f);
 }
 
+void qt_nan_rows(const qtensor *t, int64_t batch, float *y, int64_t row0, int64_t row1)
+{
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t r = row0; r < row1; r++)
+            y[b * t->rows + r] = NAN;
+}
+
 int qt_check_shape(int64_t rows, int64_t cols, char *msg, size_t msg_len)
 {
     if (rows <= 0 || cols <= 0 || rows > INT64_MAX / cols)

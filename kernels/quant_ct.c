@@ -77,6 +77,13 @@ void qt_ct_int_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, fl
     }
 }
 
+void qt_ct_int_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1)
+{
+    qt_lanes_matmul_with(t, x, batch, y, row0, row1, qt_ct_int_dequantize_rows, qt_lanes_dots_ref,
+                         1);
+}
+
 /* Store q (in [qmin, qmax]) as code c of row r in t's encoding. */
 static void put_code(qtensor *t, int64_t r, int64_t c, int32_t q)
 {

@@ -21,13 +21,15 @@
  * merges requantize such blocks by its rule (scale = amax / 448 in the
  * scale's dtype, code = e4m3(w / scale)).
  *
- * It offers the FP8 row's quantizer and scalar dequantization (traits.c
+ * It offers the FP8 row's quantizer, scalar dequantization and scalar
+ * product (its sums in the lane order of the SIMD entries; traits.c
  * points at them) and qt_from_fp8 (a checkpoint's parts, codes read in
  * place). It owns no state; it calls qtensor.c and touches kernels/math/
  * (qt_math.h: the per-element arithmetic the CUDA side can share).
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
+#include "qt_q8act_math.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -88,6 +90,64 @@ void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, 
 void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     qt_fp8_dequantize_rows_with(t, row0, nrows, out, dequantize_block);
+}
+
+/* sum_c w[c] * x[c] in the order the SIMD entries sum (matmul_fp8_avx2.c,
+ * matmul_fp8_avx512.c), so that every path gives these bits: 32 lanes,
+ * lane l a fused multiply-add chain over the columns c = l (mod 32) of the
+ * whole runs of 32, the lanes of a last run of 8 onto lanes 0 .. 7; then
+ * lane l of the eight as (l + (l + 8)) + ((l + 16) + (l + 24)), the eight
+ * as qm_q8_lanes_sum (qt_hsum8's order), and the last columns added one
+ * product at a time. */
+static float dot_lanes(const float *w, const float *x, int64_t n)
+{
+    float a[32] = {0}, eight[8];
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32)
+        for (int l = 0; l < 32; l++)
+            a[l] = fmaf(w[c + l], x[c + l], a[l]);
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++)
+            a[l] = fmaf(w[c + l], x[c + l], a[l]);
+    for (int l = 0; l < 8; l++)
+        eight[l] = (a[l] + a[l + 8]) + (a[l + 16] + a[l + 24]);
+    float sum = qm_q8_lanes_sum(eight);
+    for (; c < n; c++)
+        sum += w[c] * x[c];
+    return sum;
+}
+
+void qt_lanes_matmul_with(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1, qt_rows_fn rows, qt_fp8_row_dots dots, int most)
+{
+    float *w = malloc((size_t)t->cols * sizeof *w);
+    if (!w) {
+        qt_nan_rows(t, batch, y, row0, row1);
+        return;
+    }
+    for (int64_t r = row0; r < row1; r++) {
+        rows(t, r, 1, w);
+        for (int64_t b = 0; b < batch; b += most) {
+            const int nb = batch - b < most ? (int)(batch - b) : most;
+            float part[QT_FP8_MOST_ROWS];
+            dots(w, x + b * t->cols, t->cols, nb, part);
+            for (int i = 0; i < nb; i++)
+                y[(b + i) * t->rows + r] = part[i];
+        }
+    }
+    free(w);
+}
+
+void qt_lanes_dots_ref(const float *w, const float *x, int64_t cols, int nb, float *out)
+{
+    for (int b = 0; b < nb; b++)
+        out[b] = dot_lanes(w, x + b * cols, cols);
+}
+
+void qt_fp8_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1)
+{
+    qt_lanes_matmul_with(t, x, batch, y, row0, row1, qt_fp8_dequantize_rows, qt_lanes_dots_ref, 1);
 }
 
 /* |v| <= 448 and finite to an E4M3FN byte, round to nearest even, as

@@ -11,8 +11,10 @@
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
  *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
  *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
- *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk)
- *                   and quant_ct.c (CT_INT's rows);
+ *   avx2.c, ...     matmul_fp8_avx2.c and _avx512.c call quant_fp8.c (its
+ *                   table, its walks) and matmul_fp8_avx2.c quant_ct.c
+ *                   (CT_INT's rows), matmul_gptq_avx2.c and _avx512.c
+ *                   quant_gptq.c (a row's groups, the scalar reference);
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -112,6 +114,10 @@ int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const v
 /* QL_OK when rows x cols is a shape a qtensor can hold (both positive, the
  * element count fits int64); else QL_EINVAL and msg names the shape. */
 int qt_check_shape(int64_t rows, int64_t cols, char *msg, size_t msg_len);
+/* NaN into y[b][r] for every b < batch and r in [row0, row1) (rows of t
+ * apart): a product with no memory for its scratch says so where a caller
+ * checking for finite results will see it, rather than crash. */
+void qt_nan_rows(const qtensor *t, int64_t batch, float *y, int64_t row0, int64_t row1);
 
 /* --- the kinds' implementations ------------------------------------------ */
 
@@ -158,6 +164,28 @@ void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float
 int qt_ct_int_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                        const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_ct_int_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* CT_INT's scalar product: a dequantized row dotted in FP8's lane order. */
+void qt_ct_int_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
+/* Their scalar products: each output one chain acc = fma(x, w, acc) over
+ * the columns in order (the order every SIMD entry keeps, lane by lane). */
+void qt_gptq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_awq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
+/* Row r's scale (f16 widened) and zero (offset applied) of each group g,
+ * into s[g * stride] and z[g * stride]. */
+void qt_gptq_row_groups(const qtensor *t, int64_t r, float *s, int32_t *z, int64_t stride);
+/* Their AVX2 and AVX-512 products (matmul_gptq_avx2.c, matmul_gptq_avx512.c,
+ * one body in internal/matmul_gptq.inc): the scalar products' bits. */
+void qt_matmul_gptq_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_awq_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_matmul_gptq_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_awq_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
 /* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
  * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
 const float *qt_fp8_e4m3_table(void);
@@ -170,12 +198,31 @@ typedef void (*qt_fp8_block_decoder)(const float *table, const uint8_t *codes, f
                                      int64_t n, float *out);
 void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, float *out,
                                  qt_fp8_block_decoder decode);
-/* FP8's AVX2 entries (matmul_fp8_avx2.c): the scalar dequantization's
- * bits; the product within f32 rounding of the scalar one. */
+/* The lane-order products' one walk (quant_fp8.c), FP8's and CT_INT's:
+ * each weight row of [row0, row1) dequantized once by rows (a kind's
+ * dequantize_rows, one row at a time), then dotted with the rows of x, up
+ * to `most` (at most QT_FP8_MOST_ROWS) at a time by dots (out[b] for x's
+ * rows b < nb, `cols` apart); NaN in y where there is no memory.
+ * qt_lanes_dots_ref is the scalar dots: one row of x at a time, summed in
+ * the 32-lane order every SIMD dots keeps. */
+#define QT_FP8_MOST_ROWS 8
+typedef void (*qt_fp8_row_dots)(const float *w, const float *x, int64_t cols, int nb, float *out);
+typedef void (*qt_rows_fn)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_lanes_matmul_with(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1, qt_rows_fn rows, qt_fp8_row_dots dots, int most);
+void qt_lanes_dots_ref(const float *w, const float *x, int64_t cols, int nb, float *out);
+/* FP8's scalar product (quant_fp8.c): each output's sum in 32 lanes and
+ * their fixed reduction, the order of its SIMD entries. */
+void qt_fp8_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
+/* FP8's AVX2 and AVX-512 entries (matmul_fp8_avx2.c, matmul_fp8_avx512.c):
+ * the scalar dequantization's and the scalar product's bits. */
 void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
-/* CT_INT's product: its scalar rows, FP8's dot (matmul_fp8_avx2.c). */
+void qt_matmul_fp8_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
+/* CT_INT's product: its scalar rows, FP8's dots (matmul_fp8_avx2.c). */
 void qt_matmul_ct_int_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                            int64_t row1);
 
