@@ -499,7 +499,7 @@ static const opt serve_opts[] = {
      * step carries while sequences decode in it */
     {FLAG("step-budget-ms", OPT_INT, SERVE(s.step_budget_ms),
           "MS: the time a step that carries decode tokens aims at with the prompt tokens beside "
-          "them (0: twice the measured cost of its decode tokens)"),
+          "them (0: twice the measured cost of a step decoding every running sequence)"),
      RANGE(0, 600000)},
     {FLAG("max-prefill-per-step", OPT_INT, SERVE(s.max_prefill_per_step),
           "N: prompt tokens a step with decode tokens carries, instead of the time rule (0: from "

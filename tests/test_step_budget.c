@@ -43,7 +43,7 @@ Test(step_budget, nothing_decoding_leaves_the_whole_room_to_the_prompt)
 {
     eng_engine_opts o = {.max_prefill_per_step = 3, .min_prefill_per_step = 16};
     eng_step_cost c = exact_cost(0.01, 0.001, 20);
-    eng_prefill_plan p = eng_prefill_budget(&o, &c, 0, 256);
+    eng_prefill_plan p = eng_prefill_budget(&o, &c, 0, 0, 256);
     cr_assert_eq(p.tokens, 256, "a prefill with nothing decoding runs as it always did");
     cr_assert_eq(p.target_s, 0);
 }
@@ -52,20 +52,20 @@ Test(step_budget, a_budget_in_tokens_is_that_many_within_the_room)
 {
     eng_engine_opts o = {.max_prefill_per_step = 24, .step_budget_ms = 1};
     eng_step_cost c = exact_cost(0.01, 0.001, 20);
-    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 248).tokens, 24);
-    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 10).tokens, 10, "never past the step's room");
-    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 10).target_s, 0, "no time aimed at");
+    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 8, 248).tokens, 24);
+    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 8, 10).tokens, 10, "never past the step's room");
+    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 8, 10).target_s, 0, "no time aimed at");
 }
 
 Test(step_budget, before_any_step_is_measured_the_floor)
 {
     eng_engine_opts o = {.min_prefill_per_step = 5};
     eng_step_cost none = {0};
-    eng_prefill_plan p = eng_prefill_budget(&o, &none, 4, 200);
+    eng_prefill_plan p = eng_prefill_budget(&o, &none, 4, 4, 200);
     cr_assert_eq(p.tokens, 5);
     cr_assert_eq(p.target_s, 0);
     o.min_prefill_per_step = 0; /* as a struct built by hand: the default floor */
-    cr_assert_eq(eng_prefill_budget(&o, &none, 4, 200).tokens, ENG_MIN_PREFILL_DEFAULT);
+    cr_assert_eq(eng_prefill_budget(&o, &none, 4, 4, 200).tokens, ENG_MIN_PREFILL_DEFAULT);
 }
 
 Test(step_budget, the_fit_recovers_a_fixed_and_a_per_token_cost)
@@ -101,24 +101,41 @@ Test(step_budget, steps_of_one_size_fit_through_zero)
     cr_assert(fabs(token - 0.002) < 1e-12, "per token %.15g", token);
     /* automatic: twice the decode tokens' cost, so as many prompt tokens as decode ones */
     eng_engine_opts o = {.min_prefill_per_step = 1};
-    cr_assert_eq(eng_prefill_budget(&o, &c, 32, 224).tokens, 32);
+    cr_assert_eq(eng_prefill_budget(&o, &c, 32, 32, 224).tokens, 32);
 }
 
-/* 10 ms + 1 ms per token: the automatic target is twice a step of decode
- * tokens alone; a given target leaves what fits after them. */
+/* 10 ms + 1 ms per token: the automatic target is twice a step of the
+ * decode tokens alone (all that runs decodes); a given target leaves what
+ * fits after them. */
 Test(step_budget, the_budget_is_what_fits_the_target_time)
 {
     eng_step_cost c = exact_cost(0.010, 0.001, 40);
     eng_engine_opts o = {.min_prefill_per_step = 1};
-    eng_prefill_plan p = eng_prefill_budget(&o, &c, 32, 224);
+    eng_prefill_plan p = eng_prefill_budget(&o, &c, 32, 32, 224);
     cr_assert(fabs(p.target_s - 2 * 0.042) < 1e-9, "target %.12g", p.target_s);
     cr_assert(abs(p.tokens - 42) <= 1, "%d tokens: 42 fit in 42 ms more", p.tokens);
     o.step_budget_ms = 50; /* 8 decode tokens cost 18 ms: 32 ms left */
-    p = eng_prefill_budget(&o, &c, 8, 248);
+    p = eng_prefill_budget(&o, &c, 8, 8, 248);
     cr_assert(fabs(p.target_s - 0.050) < 1e-12);
     cr_assert(abs(p.tokens - 32) <= 1, "%d tokens", p.tokens);
     o.step_budget_ms = 1000; /* far more than the room */
-    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 248).tokens, 248);
+    cr_assert_eq(eng_prefill_budget(&o, &c, 8, 8, 248).tokens, 248);
+}
+
+/* Many prompts arrived at once: 4 decode, 28 more run and prefill. The
+ * automatic target is twice a step decoding all 32 (84 ms), so the burst's
+ * prompts go in at 70 tokens a step, not at what 4 decode tokens would
+ * allow; a running count under the decode count is taken as the latter. */
+Test(step_budget, a_burst_of_prompts_gets_the_steps_the_running_set_will_take)
+{
+    eng_step_cost c = exact_cost(0.010, 0.001, 40);
+    eng_engine_opts o = {.min_prefill_per_step = 1};
+    eng_prefill_plan p = eng_prefill_budget(&o, &c, 4, 32, 252);
+    cr_assert(fabs(p.target_s - 0.084) < 1e-9, "target %.12g", p.target_s);
+    cr_assert(abs(p.tokens - 70) <= 1, "%d tokens", p.tokens);
+    p = eng_prefill_budget(&o, &c, 4, 0, 252);
+    cr_assert(fabs(p.target_s - 0.028) < 1e-9, "target %.12g", p.target_s);
+    cr_assert(abs(p.tokens - 14) <= 1, "%d tokens", p.tokens);
 }
 
 /* A target the decode tokens alone already pass still lets the floor in:
@@ -127,8 +144,8 @@ Test(step_budget, a_target_already_passed_still_gives_the_floor)
 {
     eng_step_cost c = exact_cost(0.010, 0.001, 40);
     eng_engine_opts o = {.step_budget_ms = 5, .min_prefill_per_step = 7};
-    cr_assert_eq(eng_prefill_budget(&o, &c, 32, 224).tokens, 7);
-    cr_assert_eq(eng_prefill_budget(&o, &c, 32, 3).tokens, 3, "the floor within the room");
+    cr_assert_eq(eng_prefill_budget(&o, &c, 32, 32, 224).tokens, 7);
+    cr_assert_eq(eng_prefill_budget(&o, &c, 32, 32, 3).tokens, 3, "the floor within the room");
 }
 
 /* Whatever was measured and asked, a step with decode tokens and room
@@ -149,7 +166,8 @@ Test(step_budget, every_input_gives_progress_within_the_room)
             .min_prefill_per_step = 1 + (int32_t)(test_rand(&rng) % 64)};
         int32_t n_decode = 1 + (int32_t)(test_rand(&rng) % 64);
         int32_t room = (int32_t)(test_rand(&rng) % 300);
-        int32_t t = eng_prefill_budget(&o, &c, n_decode, room).tokens;
+        int32_t n_running = (int32_t)(test_rand(&rng) % 80);
+        int32_t t = eng_prefill_budget(&o, &c, n_decode, n_running, room).tokens;
         cr_assert(t <= room, "case %d: %d tokens past the room of %d", i, t, room);
         cr_assert(room == 0 || t >= 1, "case %d: no prompt token in a room of %d", i, room);
         if (o.max_prefill_per_step == 0)

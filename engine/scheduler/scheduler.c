@@ -1224,7 +1224,7 @@ static int32_t build_step(eng_engine *e)
     /* decode tokens: the step budget bounds the prompt tokens beside them */
     bool budgeted = false;
     if (n > 0) {
-        e->plan = eng_prefill_budget(&e->o, &e->cost, n, budget);
+        e->plan = eng_prefill_budget(&e->o, &e->cost, n, e->n_running, budget);
         budgeted = e->plan.tokens < budget;
         budget = e->plan.tokens;
     }
@@ -1372,8 +1372,8 @@ static bool run_step(eng_engine *e)
     end_grammar_failures(e);
     /* the whole step as a sequence sees it: the pass, sampling, streaming */
     double took = ql_now_s() - t0;
-    int32_t tokens = 0;
-    for (int32_t k = 0; k < n; k++)
+    int32_t tokens = 0; /* a failed step's time says nothing of the next one's */
+    for (int32_t k = 0; rc == QL_OK && k < n; k++)
         tokens += e->step[k].n_tokens;
     eng_step_cost_add(&e->cost, tokens, took);
     int b = 0;

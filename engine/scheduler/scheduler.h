@@ -295,7 +295,7 @@ typedef struct eng_engine_opts {
     eng_device device;
     bool no_prefix_cache; /* keep no prompt's KV blocks for later requests */
     /* the step budget (step_budget.c), the prompt tokens a step carries beside decode tokens:
-     * its target time (0: twice their measured cost), or > 0 tokens instead; a floor (0: 16) */
+     * a target time (0: twice a decode step of the running set), or > 0 tokens; a floor (0: 16) */
     float step_budget_ms;
     int32_t max_prefill_per_step, min_prefill_per_step;
 } eng_engine_opts;

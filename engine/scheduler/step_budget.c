@@ -50,7 +50,7 @@ bool eng_step_cost_fit(const eng_step_cost *c, double *fixed_s, double *token_s)
 }
 
 eng_prefill_plan eng_prefill_budget(const eng_engine_opts *o, const eng_step_cost *c,
-                                    int32_t n_decode, int32_t room)
+                                    int32_t n_decode, int32_t n_running, int32_t room)
 {
     eng_prefill_plan p = {.tokens = room > 0 ? room : 0, .target_s = 0};
     if (n_decode <= 0 || room <= 0)
@@ -68,8 +68,9 @@ eng_prefill_plan eng_prefill_budget(const eng_engine_opts *o, const eng_step_cos
         return p;
     }
     double decode_s = fixed_s + token_s * n_decode;
+    int32_t batch = n_running > n_decode ? n_running : n_decode;
     p.target_s = o->step_budget_ms > 0 ? (double)o->step_budget_ms / 1000.0
-                                       : ENG_STEP_BUDGET_AUTO * decode_s;
+                                       : ENG_STEP_BUDGET_AUTO * (fixed_s + token_s * batch);
     double fit = floor((p.target_s - decode_s) / token_s);
     /* clamped as a double first: a tiny token_s could make it huge */
     p.tokens = fit >= (double)room           ? room

@@ -6,7 +6,8 @@
  * the steps' measured cost: every step's tokens and wall time feed a fit of
  * seconds = fixed + per_token * tokens, and a step with decoding sequences
  * gets the prompt tokens that keep it within a target time (by default
- * twice what the decode tokens alone cost), never fewer than a floor (so a
+ * twice what a step decoding the whole running set costs), never fewer
+ * than a floor (so a
  * prompt always progresses and its time to first token stays bounded).
  *
  * Pure arithmetic over explicit inputs (the measured steps, the engine's
@@ -34,11 +35,15 @@ typedef struct eng_step_cost {
 #define ENG_STEP_COST_WEIGHT (1.0 / 16)
 
 /* The target step time of the automatic budget (step_budget_ms 0), as a
- * multiple of what the step's decode tokens alone cost: a decoding
- * stream's token takes at most about twice its decode-only time while
- * prompts are prefilled beside it, and a step carries about as many
- * prompt tokens as decode tokens (plus the fixed cost's worth), which
- * keeps up with streams whose prompts are as long as their answers. */
+ * multiple of what a step decoding the whole running set would cost (the
+ * sequences decoding and those still prefilling, whose decode tokens will
+ * join them): a decoding stream's token takes at most about twice its
+ * decode-only time while prompts are prefilled beside it; in steady state
+ * a step carries about as many prompt tokens as decode tokens (plus the
+ * fixed cost's worth), which keeps up with streams whose prompts are as
+ * long as their answers; and when many prompts arrive at once (few decode,
+ * many wait) the steps are no longer than they will be once all decode,
+ * so the last prompt of a burst does not wait for the first ones' answers. */
 #define ENG_STEP_BUDGET_AUTO 2.0
 
 /* The floor's default (min_prefill_per_step 0): one KV block of the
@@ -63,17 +68,19 @@ typedef struct eng_prefill_plan {
     double target_s;
 } eng_prefill_plan;
 
-/* The prompt tokens a step of n_decode decode tokens may carry, room
- * (>= 0) being what the step's token budget leaves after them. Nothing
- * decoding: room (a prefill runs as it always did). Else, from o's
- * step_budget_ms, max_prefill_per_step and min_prefill_per_step (as
- * eng_engine_start leaves them: 0 min_prefill_per_step is taken as
- * ENG_MIN_PREFILL_DEFAULT): a fixed max_prefill_per_step when set, else
- * the tokens c's fit says fit into the target time (step_budget_ms, or
- * ENG_STEP_BUDGET_AUTO times the fitted cost of the decode tokens alone),
- * at least the floor (the floor alone while nothing is measured); never
- * more than room. */
+/* The prompt tokens a step of n_decode decode tokens may carry, n_running
+ * being the sequences running (decoding or prefilling; fewer than n_decode
+ * is taken as n_decode) and room (>= 0) what the step's token budget
+ * leaves after the decode tokens. Nothing decoding: room (a prefill runs
+ * as it always did). Else, from o's step_budget_ms, max_prefill_per_step
+ * and min_prefill_per_step (as eng_engine_start leaves them: 0
+ * min_prefill_per_step is taken as ENG_MIN_PREFILL_DEFAULT): a fixed
+ * max_prefill_per_step when set, else the tokens c's fit says fit into the
+ * target time after the decode tokens (step_budget_ms, or
+ * ENG_STEP_BUDGET_AUTO times the fitted cost of a step decoding
+ * n_running), at least the floor (the floor alone while nothing is
+ * measured); never more than room. */
 eng_prefill_plan eng_prefill_budget(const eng_engine_opts *o, const eng_step_cost *c,
-                                    int32_t n_decode, int32_t room);
+                                    int32_t n_decode, int32_t n_running, int32_t room);
 
 #endif
