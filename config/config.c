@@ -500,6 +500,19 @@ static const opt serve_opts[] = {
     ACTIVATIONS_OPT(serve_layer, s.activations),
     {FLAG("max-running", OPT_INT, SERVE(s.max_running), "N: sequences decoding together"),
      .def.i = 64, RANGE(1, 65536)},
+    /* the step budget (engine/scheduler/step_budget.c): the prompt tokens a
+     * step carries while sequences decode in it */
+    {FLAG("step-budget-ms", OPT_INT, SERVE(s.step_budget_ms),
+          "MS: the time a step that carries decode tokens aims at with the prompt tokens beside "
+          "them (0: twice the measured cost of a step decoding every running sequence)"),
+     RANGE(0, 600000)},
+    {FLAG("max-prefill-per-step", OPT_INT, SERVE(s.max_prefill_per_step),
+          "N: prompt tokens a step with decode tokens carries, instead of the time rule (0: from "
+          "--step-budget-ms; 256, a step's whole room: no budget)"),
+     RANGE(0, 1 << 20)},
+    {FLAG("min-prefill-per-step", OPT_INT, SERVE(s.min_prefill_per_step),
+          "N: the budget's floor: prompt tokens a step with decode tokens may always carry"),
+     .def.i = 16, RANGE(1, 1 << 20)},
     {FLAG("no-prefix-cache", OPT_BOOL, SERVE(s.no_prefix_cache),
           "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "
           "room, and reused by any prompt that begins the same under the same adapters)")},

@@ -171,6 +171,9 @@ typedef struct cfg_serve {
     /* --max-connections-per-peer: connections open at once from one IP
      * address (more get 503), default 64; 0: no cap */
     int32_t max_connections_per_peer;
+    /* the step budget (eng_engine_opts): --step-budget-ms (0: automatic), --max-prefill-per-step
+     * (0: from the time), --min-prefill-per-step (default 16) */
+    int32_t step_budget_ms, max_prefill_per_step, min_prefill_per_step;
     int32_t grace_ms;           /* --grace-ms: SIGTERM drain period, 30000; 0: cancel at once */
     int64_t adapter_budget_mib; /* --adapter-budget-mib, 0: no limit */
     int32_t merge_threads;      /* --merge-threads, default 1 */

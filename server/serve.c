@@ -426,6 +426,9 @@ static void load_run(uv_work_t *req)
     eng_engine_opts eo = {
         .kv_bytes = (size_t)c->kv_mib << 20,
         .max_running = c->max_running,
+        .step_budget_ms = (float)c->step_budget_ms,
+        .max_prefill_per_step = c->max_prefill_per_step,
+        .min_prefill_per_step = c->min_prefill_per_step,
         .max_queued = c->max_queued > 0 ? c->max_queued : 1,
         .max_new_tokens = c->max_new_tokens,
         /* the server refuses what would not fit, as TGI does,
