@@ -39,6 +39,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Write one byte of every page of [p, p + n): each page faulted in now. */
+static void touch_pages(void *p, size_t n)
+{
+    volatile unsigned char *b = p;
+    for (size_t i = 0; i < n; i += 4096)
+        b[i] = 0;
+    if (n)
+        b[n - 1] = 0;
+}
+
 static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                   qt_kind dtype, bool host_arena, char *msg, size_t msg_len)
 {
@@ -88,9 +98,10 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
      * an untouched arena would grow the process's RSS for as long as
      * requests run until the whole pool had been used (the soak's RSS
      * slope measured that, not a leak); the memory is committed up front,
-     * as --kv-mib says */
+     * as --kv-mib says (a memset after malloc would not do: the compiler
+     * may make the pair a calloc, which leaves fresh pages untouched) */
     if (host_arena)
-        memset(kv->data, 0, n * block_bytes);
+        touch_pages(kv->data, n * block_bytes);
     /* hand out low block numbers first: easier to read in a debugger */
     for (int32_t i = 0; i < kv->n_blocks; i++) {
         kv->free_prev[i] = i - 1;
