@@ -14,9 +14,11 @@
  *     |y - y64| <= 8 * FLT_EPSILON * sqrt(cols) * sum |x| |W|;
  *   - a download gives back the uploaded bytes (codes, scales in their own
  *     width, qzeros, g_idx);
- *   - the engine: the tiny FP8 (both scale widths), GPTQ and AWQ fixtures
- *     of tests/fixtures (test_fp8, test_gptq) give, on the CUDA backend, the
- *     CPU backend's greedy ids, which are the float64 reference's.
+ *   - the engine: the tiny FP8 (both scale widths), GPTQ (v1, v2) and AWQ
+ *     fixtures of tests/fixtures (test_fp8, test_gptq) give, on the CUDA
+ *     backend, the CPU backend's greedy ids, which are the float64
+ *     reference's, serve the CPU's bytes (equal digests), and a 16-token
+ *     prefill (cuBLASLt's route) gives the CPU's logits within 1e-3.
  *
  * Plain C, no Criterion (the GPU machine has none): `PASS name` or `FAIL
  * name: detail` per check; exit 0 when all passed, 1 when one failed, 77
@@ -419,10 +421,12 @@ static void kernels(void)
 /* ---- the engine: the fixtures' greedy ids on both backends ------------------ */
 
 /* n greedy ids after the prompt on backend device dev, each the argmax
- * (lowest id on ties) of the step's logits; and *digest, the backend's
- * digest of the weights it serves (on CUDA: downloaded from the device). */
+ * (lowest id on ties) of the step's logits; last (when not NULL) the last
+ * step's logits; *digest (when not NULL) the backend's digest of the
+ * weights it serves (on CUDA: downloaded from the device). */
 static int greedy_ids(const eng_model *m, eng_device dev, const int *prompt, int32_t n_prompt,
-                      int32_t *ids, int32_t n, uint64_t *digest, char *msg, size_t msg_len)
+                      int32_t *ids, int32_t n, float *last, uint64_t *digest, char *msg,
+                      size_t msg_len)
 {
     eng_backend_opts o = {.device = dev,
                           .max_tokens = 64,
@@ -453,7 +457,9 @@ static int greedy_ids(const eng_model *m, eng_device dev, const int *prompt, int
         tokens[pos] = best;
         fed = 1;
     }
-    if (rc == QL_OK)
+    if (rc == QL_OK && last)
+        memcpy(last, logits, (size_t)V * sizeof *logits);
+    if (rc == QL_OK && digest)
         rc = eng_backend_digest(b, NULL, digest, msg, msg_len);
     eng_kv_release(eng_backend_kv(b), &kv);
     eng_backend_free(b);
@@ -461,8 +467,42 @@ static int greedy_ids(const eng_model *m, eng_device dev, const int *prompt, int
     return rc;
 }
 
+/* A prefill of more than 8 tokens (the cuBLASLt route on the device): the
+ * last row's logits within test_cuda_engine's bound, 1e-3 of the largest
+ * |logit|, and the same argmax. */
+static void prefill_logits(const eng_model *m, const char *folder, const int *tokens,
+                           int32_t n_tokens)
+{
+    char name[128], msg[MSG_LEN] = "";
+    snprintf(name, sizeof name, "prefill_logits_match_cpu_%s", folder);
+    const int32_t V = m->cfg.vocab_size;
+    float *cpu = malloc((size_t)V * sizeof *cpu), *gpu = malloc((size_t)V * sizeof *gpu);
+    int32_t id_cpu = -1, id_gpu = -1;
+    int rc =
+        greedy_ids(m, ENG_DEVICE_CPU, tokens, n_tokens, &id_cpu, 1, cpu, NULL, msg, sizeof msg);
+    if (rc == QL_OK)
+        rc = greedy_ids(m, ENG_DEVICE_CUDA, tokens, n_tokens, &id_gpu, 1, gpu, NULL, msg,
+                        sizeof msg);
+    double scale = 1.0, worst = 0.0;
+    for (int32_t v = 0; rc == QL_OK && v < V; v++)
+        scale = fabs(cpu[v]) > scale ? fabs(cpu[v]) : scale;
+    for (int32_t v = 0; rc == QL_OK && v < V; v++) {
+        double d = fabs((double)gpu[v] - (double)cpu[v]) / scale;
+        worst = !(d <= worst) ? (isnan(d) ? INFINITY : d) : worst;
+    }
+    if (rc != QL_OK)
+        report(false, name, "%s", msg);
+    else
+        report(worst <= 1e-3 && id_cpu == id_gpu, name,
+               "%d tokens: worst relative logit difference %.3g (bound 1e-3), next id %d on the "
+               "device, %d on the CPU",
+               (int)n_tokens, worst, (int)id_gpu, (int)id_cpu);
+    free(cpu);
+    free(gpu);
+}
+
 static void engine_fixture(const char *folder, const int *want, const int *prompt, int32_t n_prompt,
-                           int32_t n)
+                           int32_t n, const int *tokens, int32_t n_tokens)
 {
     char name[128], msg[MSG_LEN] = "", dir[64];
     snprintf(name, sizeof name, "greedy_ids_match_cpu_%s", folder);
@@ -480,10 +520,11 @@ static void engine_fixture(const char *folder, const int *want, const int *promp
     }
     int32_t cpu[32], gpu[32];
     uint64_t cpu_digest = 0, gpu_digest = 0;
-    rc = greedy_ids(&m, ENG_DEVICE_CPU, prompt, n_prompt, cpu, n, &cpu_digest, msg, sizeof msg);
+    rc = greedy_ids(&m, ENG_DEVICE_CPU, prompt, n_prompt, cpu, n, NULL, &cpu_digest, msg,
+                    sizeof msg);
     if (rc == QL_OK)
-        rc =
-            greedy_ids(&m, ENG_DEVICE_CUDA, prompt, n_prompt, gpu, n, &gpu_digest, msg, sizeof msg);
+        rc = greedy_ids(&m, ENG_DEVICE_CUDA, prompt, n_prompt, gpu, n, NULL, &gpu_digest, msg,
+                        sizeof msg);
     int32_t first_cpu = -1, first_ref = -1;
     for (int32_t k = n - 1; rc == QL_OK && k >= 0; k--) {
         first_cpu = gpu[k] != cpu[k] ? k : first_cpu;
@@ -498,6 +539,7 @@ static void engine_fixture(const char *folder, const int *want, const int *promp
                "CPU",
                (int)n, (int)first_cpu, (int)first_ref, (unsigned long long)gpu_digest,
                (unsigned long long)cpu_digest);
+    prefill_logits(&m, folder, tokens, n_tokens);
     eng_model_free(&m);
     gpu_fixture_folder_remove(dir);
 }
@@ -505,12 +547,17 @@ static void engine_fixture(const char *folder, const int *want, const int *promp
 static void engine(void)
 {
     const int32_t np = (int32_t)(sizeof FP8_PROMPT / sizeof FP8_PROMPT[0]);
-    engine_fixture("fp8_tiny_float", FP8_FLOAT_GREEDY, FP8_PROMPT, np, FP8_N_GREEDY);
-    engine_fixture("fp8_tiny_ue8m0", FP8_UE8M0_GREEDY, FP8_PROMPT, np, FP8_N_GREEDY);
+    engine_fixture("fp8_tiny_float", FP8_FLOAT_GREEDY, FP8_PROMPT, np, FP8_N_GREEDY, FP8_TOKENS,
+                   FP8_N_TOKENS);
+    engine_fixture("fp8_tiny_ue8m0", FP8_UE8M0_GREEDY, FP8_PROMPT, np, FP8_N_GREEDY, FP8_TOKENS,
+                   FP8_N_TOKENS);
     const int32_t gp = (int32_t)(sizeof GPTQ_PROMPT / sizeof GPTQ_PROMPT[0]);
-    engine_fixture("gptq_tiny_v1", GPTQ_V1_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY);
-    engine_fixture("gptq_tiny_v2", GPTQ_V2_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY);
-    engine_fixture("awq_tiny", GPTQ_AWQ_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY);
+    engine_fixture("gptq_tiny_v1", GPTQ_V1_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY, GPTQ_TOKENS,
+                   GPTQ_N_TOKENS);
+    engine_fixture("gptq_tiny_v2", GPTQ_V2_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY, GPTQ_TOKENS,
+                   GPTQ_N_TOKENS);
+    engine_fixture("awq_tiny", GPTQ_AWQ_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY, GPTQ_TOKENS,
+                   GPTQ_N_TOKENS);
 }
 
 int main(void)
