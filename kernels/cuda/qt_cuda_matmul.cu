@@ -568,8 +568,10 @@ __global__ void __launch_bounds__(kThreads)
  * AWQ word holds 8 consecutive rows), so here a thread takes one row, a
  * warp 32 consecutive rows (its words, scales and zeros are adjacent), and
  * the block's kGptqSlices warps split the input channels into that many
- * ranges, whose partial sums are added in slice order through shared
- * memory. Each weight is qt_cuda_gptq_at's, the CPU's value.
+ * ranges of whole words, whose partial sums are added in slice order through
+ * shared memory. A GPTQ word is read once for its 32 / bits channels and a
+ * group's scale and zero once per run of channels in it; each weight is
+ * qt_cuda_gptq_value's, the CPU's value.
  */
 constexpr int kGptqSlices = 8;
 
@@ -581,17 +583,37 @@ __global__ void __launch_bounds__(32 * kGptqSlices)
     __shared__ float part[kGptqSlices][B][32];
     const int lane = (int)(threadIdx.x & 31u), slice = (int)(threadIdx.x >> 5);
     const int64_t r = (int64_t)blockIdx.x * 32 + lane;
-    const int64_t cols = w.cols, span = (cols + kGptqSlices - 1) / kGptqSlices;
+    /* slices of whole words (32 / bits divides 8) */
+    const int64_t cols = w.cols, span = (cols + 8 * kGptqSlices - 1) / (8 * kGptqSlices) * 8;
     const int64_t c0 = slice * span, c1 = c0 + span < cols ? c0 + span : cols;
     float acc[B];
     QL_UNROLL
     for (int b = 0; b < B; b++)
         acc[b] = 0.0f;
-    for (int64_t c = c0; r < w.rows && c < c1; c++) {
-        const float v = qt_cuda_gptq_at(w.gptq, r, c);
-        QL_UNROLL
-        for (int b = 0; b < B; b++)
-            acc[b] += __ldg(x + b * cols + c) * v;
+    const qt_cuda_gptq_view &g = w.gptq;
+    const int bits = g.bits, per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int awq_shift = g.awq ? qt_cuda_out_dim_shift(g, r) : 0;
+    int64_t group = -1; /* the group whose scale and zero s, z hold */
+    float sc = 0.0f;
+    int32_t z = 0;
+    for (int64_t c = c0; r < w.rows && c < c1;) {
+        /* one packed word: per channels of row r (GPTQ), or one (AWQ) */
+        const uint32_t word = g.awq ? __ldg(g.qweight + c * (g.rows / 8) + r / 8)
+                                    : __ldg(g.qweight + (c / per) * g.rows + r);
+        const int n_codes = g.awq ? 1 : per;
+        for (int k = 0; k < n_codes && c < c1; k++, c++) {
+            const int64_t gc = __ldg(g.g_idx + c);
+            if (gc != group) { /* act-order changes groups anywhere */
+                qt_cuda_gptq_group(g, r, gc, &sc, &z);
+                group = gc;
+            }
+            const uint32_t q = (word >> (g.awq ? awq_shift : k * bits)) & mask;
+            const float v = qt_cuda_gptq_value(q, sc, z);
+            QL_UNROLL
+            for (int b = 0; b < B; b++)
+                acc[b] += __ldg(x + b * cols + c) * v;
+        }
     }
     QL_UNROLL
     for (int b = 0; b < B; b++)

@@ -46,6 +46,25 @@ __host__ __device__ __forceinline__ int qt_cuda_out_dim_shift(const qt_cuda_gptq
     return (int)(r % (32 / v.bits)) * v.bits;
 }
 
+/* Row r's scale (widened) and zero (with the v1 offset) in group g. */
+__host__ __device__ __forceinline__ void qt_cuda_gptq_group(const qt_cuda_gptq_view &v, int64_t r,
+                                                            int64_t g, float *s, int32_t *z)
+{
+    const int32_t bits = v.bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int64_t zcols = (v.rows * bits + 31) / 32;
+    const int zshift = qt_cuda_out_dim_shift(v, r);
+    *z = (int32_t)((v.qzeros[g * zcols + r / (32 / bits)] >> zshift) & mask) + v.zero_offset;
+    *s = qm_f16_to_f32(v.scales[g * v.rows + r]);
+}
+
+/* A weight from its code, its group's scale and zero: the CPU's one f32
+ * multiply. */
+__host__ __device__ __forceinline__ float qt_cuda_gptq_value(uint32_t q, float s, int32_t z)
+{
+    return s * (float)((int32_t)q - z);
+}
+
 /* Element (r, c) of a GPTQ or AWQ tensor: f32(scale[g][r]) * (q - z[g][r]),
  * g = g_idx[c]. */
 __host__ __device__ __forceinline__ float qt_cuda_gptq_at(const qt_cuda_gptq_view &v, int64_t r,
@@ -53,17 +72,15 @@ __host__ __device__ __forceinline__ float qt_cuda_gptq_at(const qt_cuda_gptq_vie
 {
     const int32_t bits = v.bits, per = 32 / bits;
     const uint32_t mask = (1u << bits) - 1u;
-    const int64_t g = v.g_idx[c];
-    const int64_t zcols = (v.rows * bits + 31) / 32;
-    const int zshift = qt_cuda_out_dim_shift(v, r);
-    const int32_t z = (int32_t)((v.qzeros[g * zcols + r / per] >> zshift) & mask) + v.zero_offset;
-    const float s = qm_f16_to_f32(v.scales[g * v.rows + r]);
+    float s;
+    int32_t z;
+    qt_cuda_gptq_group(v, r, v.g_idx[c], &s, &z);
     uint32_t q;
     if (v.awq)
-        q = (v.qweight[c * (v.rows / 8) + r / 8] >> zshift) & mask;
+        q = (v.qweight[c * (v.rows / 8) + r / 8] >> qt_cuda_out_dim_shift(v, r)) & mask;
     else
         q = (v.qweight[(c / per) * v.rows + r] >> ((int)(c % per) * bits)) & mask;
-    return s * (float)((int32_t)q - z);
+    return qt_cuda_gptq_value(q, s, z);
 }
 
 #endif /* QT_CUDA_QUANTFMT_H */
