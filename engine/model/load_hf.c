@@ -923,6 +923,8 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_MINISTRAL3;
     else if (strcmp(arch, "Gemma4ForCausalLM") == 0)
         c->arch = ENG_ARCH_GEMMA4;
+    else if (strcmp(arch, "Qwen3_5ForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN3_5;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
@@ -930,7 +932,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
                        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
                        "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM, "
-                       "Gemma4ForCausalLM)",
+                       "Gemma4ForCausalLM, Qwen3_5ForCausalLM)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -998,6 +1000,9 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         (rc = parse_ministral3_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
     if (c->arch == ENG_ARCH_GEMMA4 && (rc = parse_gemma4_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
+    if (c->arch == ENG_ARCH_QWEN3_5 &&
+        (rc = model_qwen35_config_hf(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
 
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");

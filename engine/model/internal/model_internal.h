@@ -140,6 +140,13 @@ void model_experts_each(const eng_model *m, int32_t l, void (*fn)(const qtensor 
 /* qt_free them, and the experts' array. */
 void model_experts_free(eng_model *m, int32_t l);
 
+/* --- qwen35.c -------------------------------------------------------------- */
+
+/* Qwen3.5's config.json fields (layer_types or full_attention_interval,
+ * linear_*, the refused options) into c, whose arch and shapes are set. */
+int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg,
+                           size_t msg_len);
+
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
 /* Load the Hugging Face folder L->dir into L->m. On error L->m may hold a

@@ -1,0 +1,112 @@
+/*
+ * qwen35.c - Qwen3.5's config (Qwen3_5ForCausalLM, transformers 5's
+ * Qwen3_5TextConfig): which layers are Gated DeltaNet linear attention
+ * (layer_types, or every full_attention_interval-th layer full), their
+ * heads and conv (hybrid.h's eng_linear_cfg), and the full layers' output
+ * gate and (1 + w) norms. What it does not run is refused by name.
+ *
+ * It offers model_qwen35_config_hf (internal/model_internal.h); it owns
+ * nothing and touches only the eng_config it is given.
+ */
+#include "internal/model_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Mark layer l linear attention. */
+static void set_linear(eng_linear_cfg *lc, int32_t l)
+{
+    lc->layers[l / 64] |= (uint64_t)1 << (l % 64);
+    lc->n_layers++;
+}
+
+/* layer_types when given ("linear_attention" / "full_attention"), else
+ * Qwen3_5TextConfig's default: layer l full when (l + 1) is a multiple of
+ * full_attention_interval. */
+static int read_layer_types(const char *path, const cJSON *j, eng_config *c, char *msg,
+                            size_t msg_len)
+{
+    eng_linear_cfg *lc = &c->linear;
+    if (c->n_layers > ENG_MAX_LINEAR_LAYERS)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "%s: %d layers; a hybrid model may have %d",
+                       path, c->n_layers, ENG_MAX_LINEAR_LAYERS);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (!types || cJSON_IsNull(types)) {
+        int32_t every = 4;
+        int rc = model_json_int32(path, j, "full_attention_interval", 4, false, 1, 1 << 20, &every,
+                                  msg, msg_len);
+        for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++)
+            if ((l + 1) % every != 0)
+                set_linear(lc, l);
+        return rc;
+    }
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: \"layer_types\" is not a list of num_hidden_layers = %d entries", path,
+                       c->n_layers);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const char *t = cJSON_GetArrayItem(types, l)->valuestring;
+        if (t && strcmp(t, "linear_attention") == 0)
+            set_linear(lc, l);
+        else if (!t || strcmp(t, "full_attention") != 0)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: layer_types[%d] is %s; qlserve runs \"linear_attention\" and "
+                           "\"full_attention\" layers",
+                           path, l, t ? t : "not a string");
+    }
+    return QL_OK;
+}
+
+/* Options of Qwen3.5 checkpoints qlserve does not run, refused by name. */
+static int refuse_options(const char *path, const cJSON *j, char *msg, size_t msg_len)
+{
+    const char *act = mf_json_str(j, "hidden_act");
+    if (act && strcmp(act, "silu") != 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: hidden_act %s; qlserve runs Qwen3.5 with silu (the MLP's and the "
+                       "conv's activation)",
+                       path, act);
+    if (mf_json_bool(j, "attention_bias", false))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: attention_bias is true; qlserve runs Qwen3.5 without biases", path);
+    if (!mf_json_bool(j, "attn_output_gate", true))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: attn_output_gate is false; qlserve runs Qwen3.5's gated attention only",
+                       path);
+    return QL_OK;
+}
+
+int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg,
+                           size_t msg_len)
+{
+    eng_linear_cfg *lc = &c->linear;
+    int rc = refuse_options(path, j, msg, msg_len);
+    if (rc == QL_OK)
+        rc = read_layer_types(path, j, c, msg, msg_len);
+#define LIN_FIELD(key, def, dst)                                                                   \
+    if (rc == QL_OK)                                                                               \
+    rc = model_json_int32(path, j, key, def, false, 1, 1 << 16, dst, msg, msg_len)
+    LIN_FIELD("linear_num_key_heads", 16, &lc->n_k_heads);
+    LIN_FIELD("linear_num_value_heads", 32, &lc->n_v_heads);
+    LIN_FIELD("linear_key_head_dim", 128, &lc->k_head_dim);
+    LIN_FIELD("linear_value_head_dim", 128, &lc->v_head_dim);
+    LIN_FIELD("linear_conv_kernel_dim", 4, &lc->conv_kernel);
+#undef LIN_FIELD
+    if (rc != QL_OK)
+        return rc;
+    if (lc->n_v_heads % lc->n_k_heads != 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
+                       path, lc->n_v_heads, lc->n_k_heads);
+    if (lc->k_head_dim > 512 || lc->v_head_dim > 512 || lc->conv_kernel > 16)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: linear heads of %d x %d dims and a conv of %d taps; qlserve runs up "
+                       "to 512 dims and 16 taps",
+                       path, lc->k_head_dim, lc->v_head_dim, lc->conv_kernel);
+    lc->attn_output_gate = true;
+    /* every RMSNorm but the gated one scales by (1 + w), as Gemma's */
+    c->norm_offset = 1.0f;
+    c->qk_norm = true;
+    c->attention_bias = false;
+    return QL_OK;
+}

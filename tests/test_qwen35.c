@@ -1,0 +1,318 @@
+/*
+ * test_qwen35.c - Qwen3.5 (Qwen3_5ForCausalLM): Gated DeltaNet linear
+ * attention layers beside gated full attention, and the recurrent state
+ * each sequence carries beside its KV blocks.
+ *
+ * The fixture (tests/fixtures/make_qwen35_reference.py) is a tiny
+ * 6-layer model made by transformers, four linear layers and two full
+ * ones, with transformers' float64 logits at every position of an
+ * 18-token prompt and the 12 greedy ids after it. Pinned here: the logits
+ * within 2e-5 whatever the chunking of the prompt, a prompt fed in chunks
+ * bit for bit equal to one token at a time, the greedy ids, a fork that
+ * copies the state, a state given back when its sequence ends, a step that
+ * would rewind a state refused, the CUDA backend and options qlserve does
+ * not run refused by name.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixtures/qwen35_reference.h"
+#include "model.h"
+#include "run_prompt.h"
+#include "runtime.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+/* transformers' float64 forward (its RMSNorms in f32) against ours (f32
+ * activations and state): the worst absolute logit difference measured
+ * is 1.1e-5 */
+#define QWEN35_TOL 3e-5
+
+static void load_qwen35(eng_model *m, char *dir, size_t dir_len, const char *quant)
+{
+    char msg[1024];
+    test_tmpdir(dir, dir_len);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("qwen35_tiny", dir);
+    eng_load_opts o = {.path = dir, .quant = quant};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+Test(qwen35, config_reads_the_layer_types_and_linear_heads)
+{
+    char dir[512];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    const eng_config *c = &m.cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_QWEN3_5);
+    cr_assert_str_eq(eng_arch_name(c->arch), "qwen3_5");
+    cr_assert_eq(c->linear.n_layers, 4);
+    for (int32_t l = 0; l < 6; l++)
+        cr_assert_eq(eng_linear_is(&c->linear, l), l != 3 && l != 5, "layer %d", l);
+    cr_assert_eq(c->linear.n_k_heads, 2);
+    cr_assert_eq(c->linear.n_v_heads, 4);
+    cr_assert_eq(c->linear.k_head_dim, 16);
+    cr_assert_eq(c->linear.v_head_dim, 8);
+    cr_assert_eq(c->linear.conv_kernel, 4);
+    cr_assert(c->linear.attn_output_gate);
+    cr_assert_eq(c->rope_dim, 4, "partial_rotary_factor 0.25 of 16");
+    cr_assert_float_eq(c->norm_offset, 1.0f, 0.0f);
+    /* the gated q_proj has each head's query and gate; in_proj_qkv in wq */
+    cr_assert_eq(m.layers[3].wq.rows, 2 * 4 * 16);
+    cr_assert_eq(m.layers[0].wq.rows, 2 * 2 * 16 + 4 * 8);
+    cr_assert_eq(m.layers[0].wv.rows, 0);
+    cr_assert_eq(m.layers[0].lin.conv.rows, 96);
+    cr_assert_eq(m.layers[0].lin.conv.cols, 4);
+    cr_assert_eq(m.layers[3].lin.conv.rows, 0);
+    eng_model_free(&m);
+}
+
+/* The prompt's logits, fed in steps of `chunk` tokens (the last step
+ * what is left). */
+static float *run_chunks(const eng_model *m, int chunk)
+{
+    char msg[1024];
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    const int n = QWEN35_N_TOKENS;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m->cfg, (size_t)8 << 20, 4, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&st, m, chunk, msg, sizeof msg), 0, "%s", msg);
+    eng_seq_kv skv = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &skv, n), 0);
+    float *all = malloc((size_t)n * V * sizeof(float)), *last = malloc(V * sizeof(float));
+    int32_t toks[QWEN35_N_TOKENS];
+    for (int i = 0; i < n; i++)
+        toks[i] = QWEN35_TOKENS[i];
+    for (int p = 0; p < n; p += chunk) {
+        int k = n - p < chunk ? n - p : chunk;
+        eng_step_seq s = {
+            .kv = &skv, .tokens = toks + p, .n_tokens = k, .pos = p, .all_logits = all + p * V};
+        cr_assert_eq(eng_forward(st, m, kv, pool, &s, 1, last, msg, sizeof msg), 0, "%s", msg);
+    }
+    free(last);
+    eng_kv_release(kv, &skv);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    return all;
+}
+
+Test(qwen35, logits_equal_transformers_float64_in_every_chunking)
+{
+    char dir[512];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
+    float *one = run_chunks(&m, 1);
+    double worst = test_max_abs_err(one, &QWEN35_LOGITS[0][0], N);
+    cr_assert(worst < QWEN35_TOL, "one token a step: worst |logit error| %g", worst);
+    /* chunks that end before, at and past the conv's window (3 inputs),
+     * and the whole prompt at once: the same bits as one token a step */
+    const int chunks[] = {2, 3, 5, 7, QWEN35_N_TOKENS};
+    for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++) {
+        float *got = run_chunks(&m, chunks[i]);
+        for (size_t k = 0; k < N; k++)
+            cr_assert(same_bits(got[k], one[k]), "chunks of %d: logit %zu is %.9g, %.9g alone",
+                      chunks[i], k, got[k], one[k]);
+        free(got);
+    }
+    free(one);
+    eng_model_free(&m);
+}
+
+/* The full layers' partial rotation and the (1 + w) norms, each turned
+ * off, move the logits past 1e-3: the test would see either gone. */
+Test(qwen35, partial_rotary_and_norm_offset_move_the_logits)
+{
+    char dir[512];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
+    m.cfg.rope_dim = 0; /* the whole head turning */
+    float *got = run_chunks(&m, QWEN35_N_TOKENS);
+    double moved = test_max_abs_err(got, &QWEN35_LOGITS[0][0], N);
+    cr_assert(moved > 1e-3, "partial rotary off moved the logits by %g only", moved);
+    free(got);
+    m.cfg.rope_dim = 4;
+    m.cfg.norm_offset = 0.0f; /* plain w norms */
+    got = run_chunks(&m, QWEN35_N_TOKENS);
+    moved = test_max_abs_err(got, &QWEN35_LOGITS[0][0], N);
+    cr_assert(moved > 1e-3, "the (1 + w) norms off moved the logits by %g only", moved);
+    free(got);
+    eng_model_free(&m);
+}
+
+/* Greedy decoding after the prompt: the 12 ids transformers' float64
+ * forward chooses. */
+Test(qwen35, greedy_ids_equal_transformers)
+{
+    char dir[512], msg[1024];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    const int n = QWEN35_N_TOKENS, total = n + QWEN35_N_GREEDY;
+    const size_t V = (size_t)m.cfg.vocab_size;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&kv, &m.cfg, (size_t)8 << 20, 4, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&st, &m, n, msg, sizeof msg), 0, "%s", msg);
+    eng_seq_kv skv = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &skv, total), 0);
+    int32_t toks[QWEN35_N_TOKENS + QWEN35_N_GREEDY];
+    for (int i = 0; i < n; i++)
+        toks[i] = QWEN35_TOKENS[i];
+    float *logits = malloc(V * sizeof(float));
+    for (int p = 0, k = n; p < total - 1; p += k, k = 1) {
+        eng_step_seq s = {.kv = &skv, .tokens = toks + p, .n_tokens = k, .pos = p};
+        cr_assert_eq(eng_forward(st, &m, kv, pool, &s, 1, logits, msg, sizeof msg), 0, "%s", msg);
+        int32_t best = 0;
+        for (size_t v = 1; v < V; v++)
+            if (logits[v] > logits[best])
+                best = (int32_t)v;
+        toks[p + k] = best;
+        cr_assert_eq(best, QWEN35_GREEDY[p + k - n], "greedy id %d", p + k - n);
+    }
+    free(logits);
+    eng_kv_release(kv, &skv);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    eng_model_free(&m);
+}
+
+/* A fork carries on from a copy of its source's state: both continue with
+ * the same token to the same bits as the source alone would; ended, each
+ * gives its state back. A step that does not start where a state is
+ * (a rewind) is refused. */
+Test(qwen35, fork_copies_the_state_and_release_gives_it_back)
+{
+    char dir[512], msg[1024];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    const int n = 10;
+    const size_t V = (size_t)m.cfg.vocab_size;
+    cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new_states(&kv, &m.cfg, (size_t)8 << 20, 4, QT_F32, 3, msg, sizeof msg), 0,
+                 "%s", msg);
+    cr_assert_eq(eng_kv_total_states(kv), 3);
+    cr_assert_eq(eng_kv_free_states(kv), 3);
+    cr_assert_eq(eng_forward_state_new(&st, &m, n, msg, sizeof msg), 0, "%s", msg);
+    int32_t toks[QWEN35_N_TOKENS];
+    for (int i = 0; i < QWEN35_N_TOKENS; i++)
+        toks[i] = QWEN35_TOKENS[i];
+    eng_seq_kv a = {0}, b = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &a, n + 1), 0);
+    cr_assert_eq(eng_kv_free_states(kv), 2);
+    /* the fork's blocks, and one for a's own copy on write of the shared last block */
+    cr_assert_eq(eng_kv_hold(kv, &a, eng_kv_fork_blocks(kv, n, n + 1) + 1), 0);
+    float *la = malloc(2 * V * sizeof(float)), *lb = la + V;
+    eng_step_seq s = {.kv = &a, .tokens = toks, .n_tokens = n};
+    cr_assert_eq(eng_forward(st, &m, kv, pool, &s, 1, la, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_fork(kv, &b, &a, n + 1), 0);
+    cr_assert_eq(eng_kv_free_states(kv), 1, "the fork took a state of its own");
+    eng_kv_copy copies[4];
+    int32_t n_copies = 0;
+    cr_assert_eq(eng_kv_prepare_write(kv, &a, n, 1, copies, 4, &n_copies), 0);
+    cr_assert_eq(eng_kv_prepare_write(kv, &b, n, 1, copies, 4, &n_copies), 0);
+    eng_kv_copy_blocks(kv, copies, n_copies);
+    eng_step_seq both[2] = {{.kv = &a, .tokens = toks + n, .n_tokens = 1, .pos = n},
+                            {.kv = &b, .tokens = toks + n, .n_tokens = 1, .pos = n}};
+    cr_assert_eq(eng_forward(st, &m, kv, pool, both, 2, la, msg, sizeof msg), 0, "%s", msg);
+    for (size_t v = 0; v < V; v++)
+        cr_assert(same_bits(la[v], lb[v]), "logit %zu: %.9g, the fork's %.9g", v, la[v], lb[v]);
+    /* the same position again: a recurrent state cannot be rewound */
+    cr_assert_neq(eng_forward(st, &m, kv, pool, both, 1, la, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "recurrent state"), "%s", msg);
+    eng_kv_release(kv, &b);
+    eng_kv_release(kv, &a);
+    cr_assert_eq(eng_kv_free_states(kv), 3, "every state back");
+    free(la);
+    eng_forward_state_free(st);
+    eng_kv_free(kv);
+    eng_pool_free(pool);
+    eng_model_free(&m);
+}
+
+/* The pool's states come out of the cache's bytes first: too few bytes for
+ * them and a block is refused, naming the linear layers. */
+Test(qwen35, state_pool_is_sized_with_the_kv_cache)
+{
+    char dir[512], msg[1024];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    eng_kv_cache *kv;
+    size_t one = (size_t)eng_linear_seq_state(&m.cfg.linear) * sizeof(float);
+    cr_assert_eq(one, 4 * (3 * 96 + 4 * 16 * 8) * sizeof(float));
+    cr_assert_neq(eng_kv_new_states(&kv, &m.cfg, 4 * one, 4, QT_F32, 4, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "recurrent states"), "%s", msg);
+    cr_assert_eq(eng_kv_new_states(&kv, &m.cfg, (size_t)1 << 20, 4, QT_F32, 4, msg, sizeof msg), 0,
+                 "%s", msg);
+    cr_assert_eq(eng_kv_state_bytes(kv), one);
+    size_t blocks = ((size_t)1 << 20) - 4 * one;
+    cr_assert_eq(eng_kv_total_blocks(kv),
+                 (int32_t)(blocks / (4 * eng_kv_token_bytes(&m.cfg, QT_F32))));
+    eng_kv_free(kv);
+    eng_model_free(&m);
+}
+
+Test(qwen35, cuda_backend_refuses_it_by_name)
+{
+    char dir[512], msg[1024];
+    eng_model m;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    eng_backend *b = NULL;
+    eng_backend_opts o = {.device = ENG_DEVICE_CUDA,
+                          .threads = 1,
+                          .max_tokens = 16,
+                          .max_seqs = 2,
+                          .kv_bytes = (size_t)4 << 20};
+    cr_assert_neq(eng_backend_new(&b, &m, &o, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "Gated DeltaNet") && strstr(msg, "qwen3_5"), "%s", msg);
+    o.device = ENG_DEVICE_CPU;
+    cr_assert_eq(eng_backend_new(&b, &m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_total_states(eng_backend_kv(b)), 2,
+                 "one state per sequence a step carries");
+    eng_backend_free(b);
+    eng_model_free(&m);
+}
+
+/* config.json edited to an option qlserve does not run: refused, naming it. */
+static void refused_with(const char *from, const char *to, const char *named)
+{
+    char dir[512], path[1024], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    tiny_fixture_folder("qwen35_tiny", dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *text = test_read_file(path, &len);
+    char *at = strstr(text, from);
+    cr_assert(at, "%s not in config.json", from);
+    char edited[8192];
+    snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    cr_assert(test_write_file(path, edited, strlen(edited)));
+    free(text);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
+    cr_assert(strstr(msg, named), "%s: %s", named, msg);
+}
+
+Test(qwen35, options_it_does_not_run_are_refused_by_name)
+{
+    refused_with("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act gelu");
+    refused_with("\"attention_bias\": false", "\"attention_bias\": true", "attention_bias");
+    refused_with("\"full_attention\",\n    \"linear_attention\"",
+                 "\"sliding_attention\",\n    \"linear_attention\"", "sliding_attention");
+    refused_with("\"use_cache\": true", "\"use_cache\": true, \"attn_output_gate\": false",
+                 "attn_output_gate");
+}
