@@ -727,6 +727,12 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddNumberToObject(root, "kv_bytes_per_token",
                                 (double)eng_kv_token_bytes(&m->cfg, es.kv_dtype));
         cJSON_AddNumberToObject(root, "kv_blocks_total", es.kv_blocks_total);
+        /* a hybrid model: its recurrent states, and the prefix cache off */
+        cJSON_AddNumberToObject(root, "recurrent_states_total", es.states_total);
+        if (es.prefix_off_because) {
+            cJSON_AddStringToObject(root, "prefix_cache", "off");
+            cJSON_AddStringToObject(root, "prefix_cache_off_because", es.prefix_off_because);
+        }
     }
     if (s->serving && s->registry) {
         /* which replicas are interchangeable: the same digest */

@@ -11,7 +11,9 @@
  * bit for bit equal to one token at a time, the greedy ids, a fork that
  * copies the state, a state given back when its sequence ends, a step that
  * would rewind a state refused, the CUDA backend and options qlserve does
- * not run refused by name.
+ * not run refused by name; served by the binary, n greedy choices equal
+ * to one (each fork carries a copy of the state) with the prefix cache
+ * off and said so in the log and /info, the states counted in /metrics.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -24,7 +26,7 @@
 #include "run_prompt.h"
 #include "runtime.h"
 #include "test_util.h"
-#include "tiny_model.h"
+#include "tiny_server.h"
 
 /* transformers' float64 forward (its RMSNorms in f32) against ours (f32
  * activations and state): the worst absolute logit difference measured
@@ -315,4 +317,61 @@ Test(qwen35, options_it_does_not_run_are_refused_by_name)
                  "\"sliding_attention\",\n    \"linear_attention\"", "sliding_attention");
     refused_with("\"use_cache\": true", "\"use_cache\": true, \"attn_output_gate\": false",
                  "attn_output_gate");
+}
+
+/* The served folder: the fixture's config and weights beside the tiny
+ * byte-level tokenizer ts_start_spec wrote. */
+static void qwen35_weights(const char *model_dir)
+{
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (size_t i = 0; i < 2; i++) {
+        char from[1024], to[1024];
+        snprintf(from, sizeof from, "%s/qwen35_tiny/%s", QL_FIXTURES, files[i]);
+        snprintf(to, sizeof to, "%s/%s", model_dir, files[i]);
+        cr_assert(test_copy_file(from, to), "%s", from);
+    }
+}
+
+static char *get_text(const char *path)
+{
+    hc_response r = sp_request("GET", path, NULL, NULL);
+    cr_assert_eq(r.status, 200, "GET %s -> %d", path, r.status);
+    char *text = strdup(r.body);
+    hc_response_free(&r);
+    return text;
+}
+
+Test(qwen35, served_choices_fork_the_state_with_the_prefix_cache_off, .timeout = 120)
+{
+    tiny_spec spec = tiny_default();
+    ts_start_spec(TS_JOIN_TEMPLATE, &spec, qwen35_weights, NULL);
+    char *info = get_text("/info");
+    cJSON *j = sp_json(info);
+    cr_assert_str_eq(sp_str_at(j, "prefix_cache"), "off", "%s", info);
+    cr_assert(strstr(sp_str_at(j, "prefix_cache_off_because"), "linear-attention"), "%s", info);
+    cr_assert_gt(sp_num_at(j, "recurrent_states_total"), 0);
+    cJSON_Delete(j);
+    free(info);
+    char *log = sp_read_log();
+    cr_assert(strstr(log, "prefix cache off: the model has linear-attention layers"), "%s", log);
+    free(log);
+    /* one choice, then three of the same prompt: every greedy choice is the one */
+    cJSON *one = ts_ok("/v1/completions",
+                       "{\"prompt\": \"Hello world\", \"max_tokens\": 10, \"temperature\": 0}");
+    const char *want =
+        sp_str_at(cJSON_GetArrayItem(cJSON_GetObjectItem(one, "choices"), 0), "text");
+    cJSON *three = ts_ok("/v1/completions", "{\"prompt\": \"Hello world\", \"max_tokens\": 10, "
+                                            "\"temperature\": 0, \"n\": 3}");
+    const cJSON *choices = cJSON_GetObjectItem(three, "choices");
+    cr_assert_eq(cJSON_GetArraySize(choices), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_str_eq(sp_str_at(cJSON_GetArrayItem(choices, i), "text"), want, "choice %d", i);
+    cJSON_Delete(three);
+    cJSON_Delete(one);
+    /* every state back once the requests are done */
+    char *metrics = get_text("/metrics");
+    cr_assert(strstr(metrics, "\nqlserve_recurrent_states_used 0\n"), "%s", metrics);
+    cr_assert(strstr(metrics, "\nqlserve_recurrent_states_total "), "%s", metrics);
+    free(metrics);
+    ts_teardown();
 }
