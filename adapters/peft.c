@@ -753,7 +753,9 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
 {
     const char *s = key;
     skip_prefix(&s, "base_model.model.");
-    if (!skip_prefix(&s, "model.layers.") || !isdigit((unsigned char)*s))
+    /* a multimodal checkpoint's text model (Qwen3_5ForConditionalGeneration) */
+    if (!(skip_prefix(&s, "model.layers.") || skip_prefix(&s, "model.language_model.layers.")) ||
+        !isdigit((unsigned char)*s))
         return false;
     char *end;
     unsigned long long l = strtoull(s, &end, 10);

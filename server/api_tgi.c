@@ -729,9 +729,10 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddNumberToObject(root, "kv_blocks_total", es.kv_blocks_total);
         /* a hybrid model: its recurrent states, and the prefix cache off */
         cJSON_AddNumberToObject(root, "recurrent_states_total", es.states_total);
-        if (es.prefix_off_because) {
+        const char *off = eng_linear_prefix_off(&m->cfg.linear);
+        if (off) {
             cJSON_AddStringToObject(root, "prefix_cache", "off");
-            cJSON_AddStringToObject(root, "prefix_cache_off_because", es.prefix_off_because);
+            cJSON_AddStringToObject(root, "prefix_cache_off_because", off);
         }
     }
     if (s->serving && s->registry) {

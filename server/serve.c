@@ -494,8 +494,9 @@ static void load_after(uv_work_t *req, int status)
         if (es.states_total > 0)
             fprintf(stderr, "qlserve: %d recurrent states (one per running sequence)\n",
                     (int)es.states_total);
-        if (es.prefix_off_because)
-            fprintf(stderr, "qlserve: prefix cache off: %s\n", es.prefix_off_because);
+        const char *off = eng_linear_prefix_off(&s->model.cfg.linear);
+        if (off)
+            fprintf(stderr, "qlserve: prefix cache off: %s\n", off);
         check_drained(s);
     }
     free(j);

@@ -37,7 +37,7 @@ static const char *const tested[] = {
     "llama_3_2",
     "qwen2_5",
     "qwen3",
-    "qwen3_5",
+    "qwen3_5", /* Qwen3.5-4B.jinja */
     "mistral_nemo",
     "mistral_small_3_2",
     "ministral_3_reasoning",

@@ -133,6 +133,31 @@ Test(qwen35, logits_equal_transformers_float64_in_every_chunking)
     eng_model_free(&m);
 }
 
+/* The text model of a Qwen3_5ForConditionalGeneration folder (text_config,
+ * model.language_model.* tensors, a vision tower left unread): the same
+ * bits as the Qwen3_5ForCausalLM folder holding its weights. */
+Test(qwen35, conditional_generation_folder_runs_its_text_model)
+{
+    char dir[512], vdir[512], msg[1024];
+    eng_model m, vm;
+    load_qwen35(&m, dir, sizeof dir, NULL);
+    test_tmpdir(vdir, sizeof vdir);
+    tiny_fixture_folder("qwen35_vl_tiny", vdir);
+    eng_load_opts o = {.path = vdir};
+    cr_assert_eq(eng_model_load(&vm, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(vm.cfg.arch, ENG_ARCH_QWEN3_5);
+    cr_assert_eq(vm.cfg.linear.n_layers, 4);
+    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
+    float *want = run_chunks(&m, 5), *got = run_chunks(&vm, 5);
+    for (size_t k = 0; k < N; k++)
+        cr_assert(same_bits(got[k], want[k]), "logit %zu: %.9g, the text folder's %.9g", k, got[k],
+                  want[k]);
+    free(got);
+    free(want);
+    eng_model_free(&vm);
+    eng_model_free(&m);
+}
+
 /* The full layers' partial rotation and the (1 + w) norms, each turned
  * off, move the logits past 1e-3: the test would see either gone. */
 Test(qwen35, partial_rotary_and_norm_offset_move_the_logits)

@@ -78,4 +78,13 @@ static inline int64_t eng_linear_seq_state(const eng_linear_cfg *lc)
     return (int64_t)lc->n_layers * eng_linear_layer_state(lc);
 }
 
+/* Why a model with linear layers has no prefix cache (nor next-turn
+ * cache), for the log and /info; NULL for a model without them. */
+static inline const char *eng_linear_prefix_off(const eng_linear_cfg *lc)
+{
+    return lc->n_layers > 0 ? "the model has linear-attention layers, whose recurrent state is "
+                              "not kept at cached block boundaries"
+                            : NULL;
+}
+
 #endif

@@ -76,6 +76,39 @@ static int refuse_options(const char *path, const cJSON *j, char *msg, size_t ms
     return QL_OK;
 }
 
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
+                             size_t msg_len)
+{
+    *text = NULL;
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    if (!cJSON_IsString(a0) || strcmp(a0->valuestring, "Qwen3_5ForConditionalGeneration") != 0)
+        return QL_OK;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    if (!cJSON_IsObject(tc))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: Qwen3_5ForConditionalGeneration without a \"text_config\" object",
+                       path);
+    cJSON *t = cJSON_Duplicate(tc, true),
+          *names = cJSON_CreateStringArray((const char *[]){"Qwen3_5ForCausalLM"}, 1);
+    if (!t || !names) {
+        cJSON_Delete(t);
+        cJSON_Delete(names);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
+    cJSON_AddItemToObject(t, "architectures", names);
+    /* what the outer config holds for the whole model */
+    const char *outer[] = {"tie_word_embeddings", "quantization_config", "_name_or_path"};
+    for (size_t i = 0; i < sizeof outer / sizeof *outer; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, outer[i]);
+        if (v && !cJSON_GetObjectItemCaseSensitive(t, outer[i]))
+            cJSON_AddItemToObject(t, outer[i], cJSON_Duplicate(v, true));
+    }
+    *text = t;
+    return QL_OK;
+}
+
 int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg,
                            size_t msg_len)
 {

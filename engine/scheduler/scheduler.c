@@ -1619,12 +1619,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
          * so a cached prefix could not be resumed: the prefix cache (and
          * the next-turn cache, its tail) is off, said in the log and /info */
         e->stats.states_total = eng_kv_total_states(e->kv);
-        if (m->cfg.linear.n_layers > 0 && !e->o.no_prefix_cache) {
+        if (eng_linear_prefix_off(&m->cfg.linear))
             e->o.no_prefix_cache = true;
-            e->stats.prefix_off_because =
-                "the model has linear-attention layers, whose recurrent state is not kept at "
-                "cached block boundaries";
-        }
         if (!e->o.no_prefix_cache)
             rc = eng_kv_prefix_enable(e->kv, msg, msg_len);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));

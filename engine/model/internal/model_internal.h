@@ -46,6 +46,9 @@ typedef struct model_loader {
     bool gptq_v2;         /* checkpoint_format gptq_v2: zeros stored as they are */
     bool awq;             /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
     qt_kind dtype;        /* target dense kind, or QT_KIND_COUNT to keep */
+    /* the text model of a multimodal checkpoint (Qwen3_5ForConditionalGeneration):
+     * its tensors' "model." is "model.language_model." */
+    bool text_model;
 } model_loader;
 
 /* What a tensor is to the loader: a dense parameter (norms, biases), a
@@ -146,6 +149,13 @@ void model_experts_free(eng_model *m, int32_t l);
  * linear_*, the refused options) into c, whose arch and shapes are set. */
 int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg,
                            size_t msg_len);
+/* For a Qwen3_5ForConditionalGeneration config.json: its text model's
+ * config as a Qwen3_5ForCausalLM one into *text (the caller's,
+ * cJSON_Delete), with the outer tie_word_embeddings and
+ * quantization_config; the vision tower is not run. *text NULL for any
+ * other config. */
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
+                             size_t msg_len);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
