@@ -669,6 +669,13 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->targeted = config_targets(c, name, l, true);
             if (!mp->targeted)
                 continue;
+            /* llama.cpp's converter reorders a linear layer's value heads */
+            if (m->cfg.linear.v_tiled && eng_linear_is(&m->cfg.linear, l))
+                return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                               "%s: target_modules selects %s, whose value heads a qwen35 GGUF "
+                               "holds in another order than PEFT trained; use the Hugging Face "
+                               "folder for adapters on the linear-attention layers",
+                               c->path, name);
             (*n_targeted)++;
             mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);

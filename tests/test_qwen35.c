@@ -158,6 +158,39 @@ Test(qwen35, conditional_generation_folder_runs_its_text_model)
     eng_model_free(&m);
 }
 
+/* llama.cpp's conversion (GGUF qwen35): norms stored as 1 + w, A as
+ * -exp(A_log), the value heads in tiled order (head h reads key head h %
+ * 2): the same logits within the tolerance. */
+Test(qwen35, gguf_from_llama_cpp_equals_transformers)
+{
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/qwen35_tiny.gguf", QL_FIXTURES);
+    eng_model m;
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.arch, ENG_ARCH_QWEN3_5);
+    cr_assert_eq(m.cfg.linear.n_layers, 4);
+    cr_assert(eng_linear_is(&m.cfg.linear, 4) && !eng_linear_is(&m.cfg.linear, 5));
+    cr_assert(m.cfg.linear.v_tiled && m.cfg.linear.a_neg_exp);
+    cr_assert_eq(eng_linear_key_head(&m.cfg.linear, 1), 1, "tiled: value head 1 reads key head 1");
+    cr_assert_eq(m.cfg.linear.v_head_dim, 8);
+    cr_assert_eq(m.cfg.rope_dim, 4);
+    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
+    float *got = run_chunks(&m, 5);
+    double worst = test_max_abs_err(got, &QWEN35_LOGITS[0][0], N);
+    cr_assert(worst < QWEN35_TOL, "gguf: worst |logit error| %g", worst);
+    free(got);
+    /* PEFT's rows are in the folder's value-head order: refused here, by name */
+    char adir[1024];
+    snprintf(adir, sizeof adir, "%s/qwen35_lora", QL_FIXTURES);
+    eng_lora *lora = NULL;
+    cr_assert_neq(lora_load(&lora, NULL, adir, "q35", &m, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "in_proj_qkv") || strstr(msg, "out_proj") || strstr(msg, "in_proj_z"),
+              "%s", msg);
+    cr_assert(strstr(msg, "qwen35 GGUF"), "%s", msg);
+    eng_model_free(&m);
+}
+
 /* The full layers' partial rotation and the (1 + w) norms, each turned
  * off, move the logits past 1e-3: the test would see either gone. */
 Test(qwen35, partial_rotary_and_norm_offset_move_the_logits)

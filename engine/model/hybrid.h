@@ -40,7 +40,17 @@ typedef struct eng_linear_cfg {
      * then its gate (2 head_dim rows a head), the attention's output times
      * sigmoid(gate) before o_proj */
     bool attn_output_gate;
+    /* a GGUF (llama.cpp's converter): value heads in tiled order, value
+     * head h reading key head h % n_k_heads (not h / (n_v / n_k)), and the
+     * A tensor holding -exp(A_log) */
+    bool v_tiled, a_neg_exp;
 } eng_linear_cfg;
+
+/* The key head value head h reads. */
+static inline int32_t eng_linear_key_head(const eng_linear_cfg *lc, int32_t h)
+{
+    return lc->v_tiled ? h % lc->n_k_heads : h / (lc->n_v_heads / lc->n_k_heads);
+}
 
 /* A linear-attention layer's tensors besides its projections: in_proj_b
  * and in_proj_a [n_v_heads, hidden] (dense), the conv's taps [conv_dim,

@@ -236,12 +236,13 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case WITH_QK_NORM_WHOLE: return c->qk_norm && c->qk_norm_whole;
     case UNLESS_FUSED: return true; /* loaded whole, or split from the fused tensor */
     case WITHOUT_SANDWICH:
-        return !c->sandwich_norms && !c->post_norms && c->arch != ENG_ARCH_GPT_OSS;
+        return !c->sandwich_norms && !c->post_norms && c->arch != ENG_ARCH_GPT_OSS &&
+               c->arch != ENG_ARCH_QWEN3_5;
     case WITH_SANDWICH: return c->sandwich_norms;
     case WITH_POST_NORMS: return c->sandwich_norms || c->post_norms;
     case WITH_O_BIAS: return c->o_bias;
     case WITH_SINKS: return c->attn_sinks;
-    case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;
+    case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS || c->arch == ENG_ARCH_QWEN3_5;
     case WITH_LAYER_SCALAR: return c->layer_scalar;
     case WITH_OUTPUT_GATE: return c->linear.attn_output_gate;
     case LINEAR_LAYER: return true; /* on linear layers, as above */

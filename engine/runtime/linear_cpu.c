@@ -80,7 +80,7 @@ int eng_linear_state_new(eng_forward_state *st, const eng_model *m)
         size_t k = (size_t)s->index[l];
         qt_dequantize_rows(&ly->conv, 0, ly->conv.rows, s->conv + k * C * K);
         qt_dequantize_rows(&ly->a_log, 0, 1, s->neg_a + k * NV);
-        for (size_t h = 0; h < NV; h++)
+        for (size_t h = 0; h < NV && !lc->a_neg_exp; h++) /* a GGUF's is -exp(A_log) already */
             s->neg_a[k * NV + h] = -expf(s->neg_a[k * NV + h]);
         qt_dequantize_rows(&ly->dt_bias, 0, 1, s->dt_bias + k * NV);
         qt_dequantize_rows(&ly->norm, 0, 1, s->norm + k * (size_t)lc->v_head_dim);
@@ -201,12 +201,12 @@ static void delta_heads(void *ctx, int64_t i0, int64_t i1)
     const cpu_step *cs = j->cs;
     const eng_linear_cfg *lc = j->lc;
     int32_t NV = lc->n_v_heads, dk = lc->k_head_dim, dv = lc->v_head_dim;
-    int32_t group = lc->n_v_heads / lc->n_k_heads;
     int64_t C = eng_linear_conv_dim(lc), KD = (int64_t)lc->n_k_heads * dk, VD = (int64_t)NV * dv;
     const float *norm_w = j->ls->norm + (size_t)j->layer * (size_t)dv;
     float mem[512];
     for (int64_t i = i0; i < i1; i++) {
-        int32_t s = (int32_t)(i / NV), h = (int32_t)(i % NV), kh = h / group, r0 = 0;
+        int32_t s = (int32_t)(i / NV), h = (int32_t)(i % NV), kh = eng_linear_key_head(lc, h);
+        int32_t r0 = 0;
         for (int32_t u = 0; u < s; u++)
             r0 += cs->seqs[u].n_tokens;
         float *S = kv_state(cs->kv, cs->seqs[s].kv) + j->layer_off +

@@ -154,6 +154,10 @@ int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char
  * cJSON_Delete), with the outer tie_word_embeddings and
  * quantization_config; the vision tower is not run. *text NULL for any
  * other config. */
+/* A qwen35 GGUF's fields (ssm.*, attention.recurrent_layers or
+ * full_attention_interval) into c, as llama.cpp's converter writes them:
+ * norms with the 1 added, A as -exp(A_log), value heads tiled. */
+int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len);
 int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
                              size_t msg_len);
 
