@@ -191,6 +191,35 @@ Test(qwen35, gguf_from_llama_cpp_equals_transformers)
     eng_model_free(&m);
 }
 
+/* Qwen3.5-MoE (Qwen3_5MoeForCausalLM): the hybrid layers with a mixture
+ * in every MLP (softmax router, top 2 of 4 renormalized, Qwen2-MoE's
+ * sigmoid-gated shared expert): transformers' float64 logits. */
+Test(qwen35, moe_logits_equal_transformers_float64)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    tiny_fixture_folder("qwen35_moe_tiny", dir);
+    eng_model m;
+    eng_load_opts o = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.arch, ENG_ARCH_QWEN3_5);
+    cr_assert_eq(m.cfg.n_experts, 4);
+    cr_assert_eq(m.cfg.n_experts_used, 2);
+    cr_assert_eq(m.cfg.shared_expert_ff, 48);
+    cr_assert(m.cfg.norm_topk_prob);
+    cr_assert_eq(m.cfg.linear.n_layers, 3);
+    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
+    float *one = run_chunks(&m, 1), *all = run_chunks(&m, QWEN35_N_TOKENS);
+    double worst = test_max_abs_err(one, &QWEN35_MOE_LOGITS[0][0], N);
+    cr_assert(worst < QWEN35_TOL, "moe: worst |logit error| %g", worst);
+    for (size_t k = 0; k < N; k++)
+        cr_assert(same_bits(all[k], one[k]), "logit %zu: %.9g in one step, %.9g alone", k, all[k],
+                  one[k]);
+    free(all);
+    free(one);
+    eng_model_free(&m);
+}
+
 /* The full layers' partial rotation and the (1 + w) norms, each turned
  * off, move the logits past 1e-3: the test would see either gone. */
 Test(qwen35, partial_rotary_and_norm_offset_move_the_logits)

@@ -1347,13 +1347,12 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     if (rc != QL_OK)
         return rc;
     cJSON *text = NULL;
-    rc = model_qwen35_text_config(path, j, &text, msg, msg_len);
+    rc = model_qwen35_text_config(path, j, &text, &L->text_model, msg, msg_len);
     if (rc == QL_OK)
         rc = parse_hf_config(L, path, text ? text : j, msg, msg_len);
     /* Qwen3.5's own fields (qwen35.c), once the shared ones are read */
     if (rc == QL_OK && c->arch == ENG_ARCH_QWEN3_5)
         rc = model_qwen35_config_hf(path, text ? text : j, c, msg, msg_len);
-    L->text_model = text != NULL;
     cJSON_Delete(text);
     const char *own = mf_json_str(j, "_name_or_path");
     model_set_name(m, own, own ? strlen(own) : 0, L->dir);

@@ -133,19 +133,24 @@ int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_
     return QL_OK;
 }
 
-int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
-                             size_t msg_len)
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
+                             char *msg, size_t msg_len)
 {
     *text = NULL;
+    *multimodal = false;
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
-    if (!cJSON_IsString(a0) || strcmp(a0->valuestring, "Qwen3_5ForConditionalGeneration") != 0)
+    const char *arch = cJSON_IsString(a0) ? a0->valuestring : "";
+    bool moe = strcmp(arch, "Qwen3_5MoeForCausalLM") == 0 ||
+               strcmp(arch, "Qwen3_5MoeForConditionalGeneration") == 0;
+    *multimodal = strcmp(arch, "Qwen3_5ForConditionalGeneration") == 0 ||
+                  strcmp(arch, "Qwen3_5MoeForConditionalGeneration") == 0;
+    if (!moe && !*multimodal)
         return QL_OK;
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    const cJSON *tc = *multimodal ? cJSON_GetObjectItemCaseSensitive(j, "text_config") : j;
     if (!cJSON_IsObject(tc))
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: Qwen3_5ForConditionalGeneration without a \"text_config\" object",
-                       path);
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s without a \"text_config\" object", path,
+                       arch);
     cJSON *t = cJSON_Duplicate(tc, true),
           *names = cJSON_CreateStringArray((const char *[]){"Qwen3_5ForCausalLM"}, 1);
     if (!t || !names) {
@@ -155,6 +160,11 @@ int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, cha
     }
     cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
     cJSON_AddItemToObject(t, "architectures", names);
+    /* a mixture (model_qwen35_config_hf reads num_experts) has no dense
+     * MLP: the shared loader's intermediate_size is its experts' */
+    const cJSON *ff = cJSON_GetObjectItemCaseSensitive(t, "moe_intermediate_size");
+    if (moe && ff && !cJSON_GetObjectItemCaseSensitive(t, "intermediate_size"))
+        cJSON_AddItemToObject(t, "intermediate_size", cJSON_Duplicate(ff, true));
     /* what the outer config holds for the whole model */
     const char *outer[] = {"tie_word_embeddings", "quantization_config", "_name_or_path"};
     for (size_t i = 0; i < sizeof outer / sizeof *outer; i++) {
@@ -193,6 +203,17 @@ int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char
                        "%s: linear heads of %d x %d dims and a conv of %d taps; qlserve runs up "
                        "to 512 dims and 16 taps",
                        path, lc->k_head_dim, lc->v_head_dim, lc->conv_kernel);
+    /* Qwen3.5-MoE: every layer's MLP a mixture with Qwen2-MoE's gated
+     * shared expert, the chosen experts' weights renormalized */
+    if (rc == QL_OK && cJSON_GetObjectItemCaseSensitive(j, "num_experts")) {
+        rc = model_json_int32(path, j, "shared_expert_intermediate_size", 0, true, 1, 1 << 22,
+                              &c->shared_expert_ff, msg, msg_len);
+        if (rc == QL_OK)
+            rc = model_moe_config_hf(path, j, c, msg, msg_len);
+        c->norm_topk_prob = true;
+        if (rc != QL_OK)
+            return rc;
+    }
     lc->attn_output_gate = true;
     /* every RMSNorm but the gated one scales by (1 + w), as Gemma's */
     c->norm_offset = 1.0f;

@@ -152,14 +152,16 @@ int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char
 /* For a Qwen3_5ForConditionalGeneration config.json: its text model's
  * config as a Qwen3_5ForCausalLM one into *text (the caller's,
  * cJSON_Delete), with the outer tie_word_embeddings and
- * quantization_config; the vision tower is not run. *text NULL for any
- * other config. */
+ * quantization_config, *multimodal true; the vision tower is not run. The
+ * same for Qwen3.5-MoE's (Qwen3_5MoeForCausalLM and
+ * Qwen3_5MoeForConditionalGeneration), its intermediate_size the
+ * experts'. *text NULL for any other config. */
 /* A qwen35 GGUF's fields (ssm.*, attention.recurrent_layers or
  * full_attention_interval) into c, as llama.cpp's converter writes them:
  * norms with the 1 added, A as -exp(A_log), value heads tiled. */
 int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len);
-int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
-                             size_t msg_len);
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
+                             char *msg, size_t msg_len);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
