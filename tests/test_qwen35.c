@@ -391,7 +391,8 @@ Test(qwen35, fork_copies_the_state_and_release_gives_it_back)
 }
 
 /* The pool's states come out of the cache's bytes first: too few bytes for
- * them and a block is refused, naming the linear layers. */
+ * them and a block is refused, naming the linear layers; the blocks hold
+ * the full layers' keys and values only. */
 Test(qwen35, state_pool_is_sized_with_the_kv_cache)
 {
     char dir[512], msg[1024];
@@ -400,6 +401,8 @@ Test(qwen35, state_pool_is_sized_with_the_kv_cache)
     eng_kv_cache *kv;
     size_t one = (size_t)eng_linear_seq_state(&m.cfg.linear) * sizeof(float);
     cr_assert_eq(one, 4 * (3 * 96 + 4 * 16 * 8) * sizeof(float));
+    /* a block holds the two full layers' keys and values alone */
+    cr_assert_eq(eng_kv_token_bytes(&m.cfg, QT_F32), 2 * 2 * 32 * sizeof(float));
     cr_assert_neq(eng_kv_new_states(&kv, &m.cfg, 4 * one, 4, QT_F32, 4, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "recurrent states"), "%s", msg);
     cr_assert_eq(eng_kv_new_states(&kv, &m.cfg, (size_t)1 << 20, 4, QT_F32, 4, msg, sizeof msg), 0,

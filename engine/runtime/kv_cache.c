@@ -59,6 +59,20 @@ static int states_new(eng_kv_cache *kv, const eng_config *cfg, int32_t n, bool h
     return QL_OK;
 }
 
+/* A hybrid model's map from layer to its place in a block (linear layers
+ * none); NULL (every layer its own) for other models. */
+static int kv_slots_new(eng_kv_cache *kv, const eng_config *cfg)
+{
+    if (cfg->linear.n_layers == 0)
+        return QL_OK;
+    kv->layer_slot = malloc((size_t)cfg->n_layers * sizeof *kv->layer_slot);
+    if (!kv->layer_slot)
+        return QL_ENOMEM;
+    for (int32_t l = 0, k = 0; l < cfg->n_layers; l++)
+        kv->layer_slot[l] = eng_linear_is(&cfg->linear, l) ? -1 : k++;
+    return QL_OK;
+}
+
 static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                   qt_kind dtype, bool host_arena, int32_t n_states, char *msg, size_t msg_len)
 {
@@ -85,7 +99,10 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
                        "KV cache dtype %s needs kv_dim (kv heads x head_dim) a multiple of 32; "
                        "this model's is %lld (use --kv-dtype f16 or f32)",
                        qt_kind_name(dtype), (long long)kv_dim);
-    size_t block_floats = (size_t)cfg->n_layers * 2 * (size_t)bt * (size_t)kv_dim;
+    /* a hybrid model's linear layers keep no keys or values (their
+     * recurrent states do), so a block holds the full layers' alone */
+    int32_t kv_layers = cfg->n_layers - cfg->linear.n_layers;
+    size_t block_floats = (size_t)kv_layers * 2 * (size_t)bt * (size_t)kv_dim;
     size_t block_bytes = (size_t)bt * eng_kv_token_bytes(cfg, dtype);
     if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -98,7 +115,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     if (!kv)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     kv->block_tokens = bt;
-    kv->n_layers = cfg->n_layers;
+    kv->n_layers = kv_layers;
     kv->kv_dim = kv_dim;
     kv->block_floats = block_floats;
     kv->dtype = dtype;
@@ -110,7 +127,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     kv->free_next = malloc(n * sizeof *kv->free_next);
     kv->refs = calloc(n, sizeof *kv->refs);
     if ((host_arena && !kv->data) || !kv->free_prev || !kv->free_next || !kv->refs ||
-        states_new(kv, cfg, n_states, host_arena) != QL_OK) {
+        states_new(kv, cfg, n_states, host_arena) != QL_OK || kv_slots_new(kv, cfg) != QL_OK) {
         eng_kv_free(kv);
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
@@ -170,7 +187,7 @@ qt_kind eng_kv_dtype(const eng_kv_cache *kv)
 
 size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype)
 {
-    return (size_t)cfg->n_layers * 2 *
+    return (size_t)(cfg->n_layers - cfg->linear.n_layers) * 2 *
            qt_kv_row_bytes(dtype, (int64_t)cfg->n_kv_heads * cfg->head_dim);
 }
 
@@ -191,6 +208,7 @@ void eng_kv_free(eng_kv_cache *kv)
     free(kv->states);
     free(kv->state_pos);
     free(kv->state_free);
+    free(kv->layer_slot);
     free(kv);
 }
 

@@ -20,7 +20,8 @@ struct eng_kv_cache {
     unsigned char *data; /* n_blocks * block_bytes */
     int32_t n_blocks;
     int32_t block_tokens;
-    int32_t n_layers;
+    int32_t n_layers;    /* layers with keys and values (a hybrid model's full ones) */
+    int32_t *layer_slot; /* layer -> its place among them; NULL: the identity */
     int64_t kv_dim;
     size_t block_floats; /* values one block holds */
     qt_kind dtype;       /* QT_F32, QT_F16 or QT_Q8_0 */
@@ -136,12 +137,15 @@ int eng_kv_check_writes(const struct eng_kv_cache *kv, const eng_step_seq *seqs,
                         char *msg, size_t msg_len);
 
 /* The row (kv_dim values in kv->dtype, row_bytes long: qt_kv_store and
- * qt_kv_load read and write it) of K (v = 0) or V (v = 1) of layer l at
- * position pos of a sequence whose block table is `blocks`. */
+ * qt_kv_load read and write it) of K (v = 0) or V (v = 1) of layer l (a
+ * layer that has keys and values) at position pos of a sequence whose
+ * block table is `blocks`. */
 static inline void *kv_row(const struct eng_kv_cache *kv, const int32_t *blocks, int32_t l, int v,
                            int32_t pos)
 {
     int32_t b = blocks[pos / kv->block_tokens], slot = pos % kv->block_tokens;
+    if (kv->layer_slot)
+        l = kv->layer_slot[l];
     return kv->data + (size_t)b * kv->block_bytes +
            (((size_t)l * 2 + (size_t)v) * (size_t)kv->block_tokens + (size_t)slot) * kv->row_bytes;
 }
