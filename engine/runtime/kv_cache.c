@@ -102,6 +102,11 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     /* a hybrid model's linear layers keep no keys or values (their
      * recurrent states do), so a block holds the full layers' alone */
     int32_t kv_layers = cfg->n_layers - cfg->linear.n_layers;
+    if (kv_layers <= 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "every one of the model's %d layers is linear attention: qlserve runs "
+                       "hybrids with at least one full-attention layer",
+                       cfg->n_layers);
     size_t block_floats = (size_t)kv_layers * 2 * (size_t)bt * (size_t)kv_dim;
     size_t block_bytes = (size_t)bt * eng_kv_token_bytes(cfg, dtype);
     if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
