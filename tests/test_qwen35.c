@@ -27,6 +27,7 @@
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
+#include "qtensor.h"
 #include "run_prompt.h"
 #include "runtime.h"
 #include "test_util.h"
@@ -271,6 +272,38 @@ Test(qwen35, gguf_q8_0_runs_near_the_reference)
               worst);
     free(got);
     eng_model_free(&m);
+}
+
+/* The delta rule's step on this CPU's path (AVX2 where it has it) gives
+ * the scalar reference's bits: value widths around multiples of eight,
+ * many tokens carried through one state. */
+Test(qwen35, delta_rule_fast_path_equals_the_scalar_bit_for_bit)
+{
+    const int32_t widths[] = {8, 13, 16, 128};
+    uint64_t rng = 3505;
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
+        int32_t dk = 16, dv = widths[w];
+        float *S1 = calloc((size_t)dk * dv, sizeof(float)), *S2 = calloc((size_t)dk * dv, 4);
+        float q[16], k[16], v[128], o1[128], o2[128], m1[128], m2[128];
+        for (int t = 0; t < 20; t++) {
+            for (int i = 0; i < dk; i++) {
+                q[i] = test_normal(&rng);
+                k[i] = 0.25f * test_normal(&rng);
+            }
+            for (int i = 0; i < dv; i++)
+                v[i] = test_normal(&rng);
+            float decay = (float)test_uniform(&rng), beta = (float)test_uniform(&rng);
+            qt_delta_rule(S1, dk, dv, q, k, v, decay, beta, o1, m1);
+            qt_delta_rule_ref(S2, dk, dv, q, k, v, decay, beta, o2, m2);
+            for (int e = 0; e < dv; e++)
+                cr_assert(same_bits(o1[e], o2[e]), "width %d token %d dim %d: %.9g, %.9g", dv, t, e,
+                          o1[e], o2[e]);
+        }
+        for (int32_t i = 0; i < dk * dv; i++)
+            cr_assert(same_bits(S1[i], S2[i]), "width %d: state %d", dv, i);
+        free(S1);
+        free(S2);
+    }
 }
 
 /* The full layers' partial rotation and the (1 + w) norms, each turned

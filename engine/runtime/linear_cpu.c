@@ -10,8 +10,9 @@
  * chunks of any size gives the bits one token at a time gives: no chunked
  * form of the rule is used (transformers' chunked and recurrent forms
  * differ in their rounding only). The work is split over the pool by
- * conv channel, then by (sequence, value head); every sum is the same
- * whatever the batch.
+ * conv channel, then by (sequence, value head), each head's token step
+ * being kernels/'s qt_delta_rule (AVX2 where the CPU has it, the scalar
+ * reference's bits); every sum is the same whatever the batch.
  *
  * It owns the scratch and the dense copies of each linear layer's small
  * tensors; it reads and writes the recurrent states of the step's
@@ -216,29 +217,9 @@ static void delta_heads(void *ctx, int64_t i0, int64_t i1)
             const float *q = j->qkv + r * C + (int64_t)kh * dk, *k = q + KD,
                         *v = j->qkv + r * C + 2 * KD + (int64_t)h * dv;
             float g = expf(j->ls->decay[r * NV + h]), beta = j->ls->beta[r * NV + h];
-            // decay, then what the state predicts for k
-            for (int32_t e = 0; e < dv; e++)
-                mem[e] = 0.0f;
-            for (int32_t a = 0; a < dk; a++) {
-                float *row = S + (int64_t)a * dv;
-                for (int32_t e = 0; e < dv; e++) {
-                    row[e] *= g;
-                    mem[e] += row[e] * k[a];
-                }
-            }
-            // the delta rule's update, then the answer to q
-            for (int32_t e = 0; e < dv; e++)
-                mem[e] = (v[e] - mem[e]) * beta;
+            // decay, the delta rule's correction into the state, the answer to q
             float *o = j->out + r * VD + (int64_t)h * dv;
-            for (int32_t e = 0; e < dv; e++)
-                o[e] = 0.0f;
-            for (int32_t a = 0; a < dk; a++) {
-                float *row = S + (int64_t)a * dv;
-                for (int32_t e = 0; e < dv; e++) {
-                    row[e] += k[a] * mem[e];
-                    o[e] += row[e] * q[a];
-                }
-            }
+            qt_delta_rule(S, dk, dv, q, k, v, g, beta, o, mem);
             // the gated RMSNorm: normed, times its weight, times silu(z)
             double ss = 0.0;
             for (int32_t e = 0; e < dv; e++)
