@@ -596,7 +596,15 @@ static void module_path(char *buf, size_t len, const eng_model *m, int32_t layer
 {
     eng_proj part;
     int32_t e = eng_proj_expert(p, &part);
-    if (e >= 0 && m->cfg.arch == ENG_ARCH_MIXTRAL)
+    /* Qwen3.5's linear layers hold in_proj_qkv, in_proj_z and out_proj
+     * where attention's q, k and o are (engine/model/hybrid.h); no v */
+    static const char *const linear_part[ENG_N_PROJ] = {[ENG_PROJ_Q] = "linear_attn.in_proj_qkv",
+                                                        [ENG_PROJ_K] = "linear_attn.in_proj_z",
+                                                        [ENG_PROJ_V] = "linear_attn.(none)",
+                                                        [ENG_PROJ_O] = "linear_attn.out_proj"};
+    if (e < 0 && eng_linear_is(&m->cfg.linear, layer) && linear_part[p])
+        snprintf(buf, len, "%s", linear_part[p]);
+    else if (e >= 0 && m->cfg.arch == ENG_ARCH_MIXTRAL)
         snprintf(buf, len, "block_sparse_moe.experts.%d.%s", e, mixtral_part[part - ENG_PROJ_GATE]);
     else if (e >= 0)
         snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
@@ -636,6 +644,19 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
                            "and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, "
                            "up_proj, down_proj)",
                            c->path, outer[i]);
+    /* a linear layer's in_proj_b and in_proj_a are dense parameters here,
+     * not projections an adapter may change */
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int k = 0; k < 2 && eng_linear_is(&m->cfg.linear, l); k++) {
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%d.linear_attn.%s", l,
+                     k ? "in_proj_a" : "in_proj_b");
+            if (config_targets(c, name, l, true))
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "%s: target_modules selects %s; qlserve adapts a linear-attention "
+                               "layer's in_proj_qkv, in_proj_z and out_proj only",
+                               c->path, name);
+        }
     *n_targeted = 0;
     int32_t np = eng_n_proj(&m->cfg);
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
@@ -648,6 +669,13 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->targeted = config_targets(c, name, l, true);
             if (!mp->targeted)
                 continue;
+            /* llama.cpp's converter reorders a linear layer's value heads */
+            if (m->cfg.linear.v_tiled && eng_linear_is(&m->cfg.linear, l))
+                return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                               "%s: target_modules selects %s, whose value heads a qwen35 GGUF "
+                               "holds in another order than PEFT trained; use the Hugging Face "
+                               "folder for adapters on the linear-attention layers",
+                               c->path, name);
             (*n_targeted)++;
             mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
@@ -732,7 +760,9 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
 {
     const char *s = key;
     skip_prefix(&s, "base_model.model.");
-    if (!skip_prefix(&s, "model.layers.") || !isdigit((unsigned char)*s))
+    /* a multimodal checkpoint's text model (Qwen3_5ForConditionalGeneration) */
+    if (!(skip_prefix(&s, "model.layers.") || skip_prefix(&s, "model.language_model.layers.")) ||
+        !isdigit((unsigned char)*s))
         return false;
     char *end;
     unsigned long long l = strtoull(s, &end, 10);

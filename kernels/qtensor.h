@@ -357,6 +357,18 @@ void qt_attend_ref(const float *q, const float *k, const float *v, int64_t strid
                    int32_t d, float scale, float *max, float *sum, float *acc);
 
 /*
+ * One token through one value head of the gated delta rule (Gated
+ * DeltaNet, engine/model/hybrid.h): the state S [dk][dv] times decay, mem
+ * = beta (v - S^T k), S += k mem^T, out = S^T q (mem [dv] is the caller's
+ * scratch, left holding beta's correction). qt_delta_rule takes the
+ * fastest path on this CPU, the same bits as qt_delta_rule_ref.
+ */
+void qt_delta_rule(float *S, int32_t dk, int32_t dv, const float *q, const float *k, const float *v,
+                   float decay, float beta, float *out, float *mem);
+void qt_delta_rule_ref(float *S, int32_t dk, int32_t dv, const float *q, const float *k,
+                       const float *v, float decay, float beta, float *out, float *mem);
+
+/*
  * The two products of an unmerged LoRA module stored in bf16 (A [rank, in],
  * B [out, rank], both QT_BF16), for one activation row at a time, so that a
  * row's bits never depend on the rows beside it:

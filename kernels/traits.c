@@ -615,6 +615,16 @@ void qt_attend(const float *q, const float *k, const float *v, int64_t stride, i
         qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
 }
 
+void qt_delta_rule(float *S, int32_t dk, int32_t dv, const float *q, const float *k, const float *v,
+                   float decay, float beta, float *out, float *mem)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_delta_rule_avx2(S, dk, dv, q, k, v, decay, beta, out, mem);
+    else
+        qt_delta_rule_ref(S, dk, dv, q, k, v, decay, beta, out, mem);
+}
+
 void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1)
 {
     pthread_once(&cpu_once, detect_cpu);

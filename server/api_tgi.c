@@ -745,6 +745,13 @@ void srv_tgi_info(srv_conn *c, const char *name)
                                 (double)eng_kv_token_bytes(&m->cfg, es.kv_dtype));
         cJSON_AddNumberToObject(root, "kv_blocks_total", es.kv_blocks_total);
         add_step_budget(root, s->cfg, &es);
+        /* a hybrid model: its recurrent states, and the prefix cache off */
+        cJSON_AddNumberToObject(root, "recurrent_states_total", es.states_total);
+        const char *off = eng_linear_prefix_off(&m->cfg.linear);
+        if (off) {
+            cJSON_AddStringToObject(root, "prefix_cache", "off");
+            cJSON_AddStringToObject(root, "prefix_cache_off_because", off);
+        }
     }
     if (s->serving && s->registry) {
         /* which replicas are interchangeable: the same digest */

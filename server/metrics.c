@@ -273,6 +273,12 @@ static void put_engine(text *t, const srv_server *s)
     put(t, "qlserve_kv_blocks_used %d\n", st.kv_blocks_used);
     metric(t, "qlserve_kv_blocks_total", "gauge", "KV cache blocks in all");
     put(t, "qlserve_kv_blocks_total %d\n", st.kv_blocks_total);
+    metric(t, "qlserve_recurrent_states_used", "gauge",
+           "recurrent states (a hybrid model's linear layers, one per sequence) in use");
+    put(t, "qlserve_recurrent_states_used %d\n", st.states_used);
+    metric(t, "qlserve_recurrent_states_total", "gauge",
+           "recurrent states in all, out of the KV cache's bytes");
+    put(t, "qlserve_recurrent_states_total %d\n", st.states_total);
     metric(t, "qlserve_prefilled_tokens_total", "counter",
            "prompt tokens run through the model (a prompt of n choices once)");
     put(t, "qlserve_prefilled_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);

@@ -494,6 +494,12 @@ static void load_after(uv_work_t *req, int status)
                 (int)s->cfg->kv_mib, qt_kind_name(es.kv_dtype),
                 eng_kv_token_bytes(&s->model.cfg, es.kv_dtype), (int)es.kv_blocks_total,
                 (long long)es.kv_blocks_total * es.kv_block_tokens);
+        if (es.states_total > 0)
+            fprintf(stderr, "qlserve: %d recurrent states (one per running sequence)\n",
+                    (int)es.states_total);
+        const char *off = eng_linear_prefix_off(&s->model.cfg.linear);
+        if (off)
+            fprintf(stderr, "qlserve: prefix cache off: %s\n", off);
         check_drained(s);
     }
     free(j);

@@ -972,6 +972,8 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_MINISTRAL3;
     else if (strcmp(arch, "Gemma4ForCausalLM") == 0)
         c->arch = ENG_ARCH_GEMMA4;
+    else if (strcmp(arch, "Qwen3_5ForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN3_5;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
@@ -979,7 +981,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
                        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
                        "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM, "
-                       "Gemma4ForCausalLM)",
+                       "Gemma4ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -1024,11 +1026,9 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
     c->rope_interleaved = false;
     c->bos_token_id = mf_json_token_id(j, "bos_token_id");
     c->eos_token_id = mf_json_token_id(j, "eos_token_id");
-    if (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3) {
-        rc = parse_gemma_config(path, j, c, msg, msg_len);
-        if (rc != QL_OK)
-            return rc;
-    }
+    if ((c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3) &&
+        (rc = parse_gemma_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
     if (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ||
         c->arch == ENG_ARCH_MIXTRAL) {
         rc = model_moe_config_hf(path, j, c, msg, msg_len);
@@ -1198,6 +1198,11 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
 {
     const st_file *f = NULL;
     bool one_d = cols == 0;
+    char text_name[512];
+    if (L->text_model && strncmp(name, "model.", 6) == 0) {
+        snprintf(text_name, sizeof text_name, "model.language_model.%s", name + 6);
+        name = text_name;
+    }
     int64_t want_rows = one_d ? 1 : rows, want_cols = one_d ? rows : cols;
     int rc;
     const st_file *bnb = role != ROLE_DENSE ? bnb_shard(L, name) : NULL;
@@ -1360,7 +1365,14 @@ static int load_hf_folder(model_loader *L, char *msg, size_t msg_len)
     int rc = mf_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    rc = parse_hf_config(L, path, j, msg, msg_len);
+    cJSON *text = NULL;
+    rc = model_qwen35_text_config(path, j, &text, &L->text_model, msg, msg_len);
+    if (rc == QL_OK)
+        rc = parse_hf_config(L, path, text ? text : j, msg, msg_len);
+    /* Qwen3.5's own fields (qwen35.c), once the shared ones are read */
+    if (rc == QL_OK && c->arch == ENG_ARCH_QWEN3_5)
+        rc = model_qwen35_config_hf(path, text ? text : j, c, msg, msg_len);
+    cJSON_Delete(text);
     const char *own = mf_json_str(j, "_name_or_path");
     model_set_name(m, own, own ? strlen(own) : 0, L->dir);
     cJSON_Delete(j);

@@ -38,6 +38,7 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_OLMO3: return "olmo3";
     case ENG_ARCH_MINISTRAL3: return "ministral3";
     case ENG_ARCH_GEMMA4: return "gemma4";
+    case ENG_ARCH_QWEN3_5: return "qwen3_5";
     }
     return "unknown";
 }

@@ -20,12 +20,11 @@
 #ifndef QL_MODEL_H
 #define QL_MODEL_H
 
+#include "hybrid.h"
 #include "modelfile.h"
 #include "tokenizer.h"
 
-#include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 
 /* --- models (model.c; the loaders in load_hf.c, load_gguf.c) --------------- */
 
@@ -62,7 +61,8 @@ typedef enum eng_arch {
      * YaRN and Llama 4's position-dependent query scaling (eng_config's
      * attn_temp_beta) */
     ENG_ARCH_MINISTRAL3,
-    ENG_ARCH_GEMMA4, /* Gemma 4's text model, without the options load_hf.c refuses */
+    ENG_ARCH_GEMMA4,  /* Gemma 4's text model, without the options load_hf.c refuses */
+    ENG_ARCH_QWEN3_5, /* Qwen3.5: Gated DeltaNet layers (hybrid.h) and gated full attention */
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -77,8 +77,7 @@ typedef enum eng_router {
     ENG_ROUTER_TOPK_SOFTMAX,
 } eng_router;
 
-/* The most layers a mixture-of-experts model (eng_config's dense_layers
- * bitmap), and one with layers that skip RoPE (nope_layers), may have. */
+/* The most layers a MoE model (dense_layers) or one with NoPE layers may have. */
 #define ENG_MAX_MOE_LAYERS  1024
 #define ENG_MAX_NOPE_LAYERS 1024
 
@@ -88,10 +87,8 @@ typedef enum eng_router {
  * gate * sigmoid(swiglu_alpha * gate) (om_swiglu_oai). */
 typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
-#define ENG_MAX_EOG 7 /* the most tokens besides eos_token_id that end an answer */
-
-/* The most rotary pairs with frequency factors (head dim 512, forward.c's). */
-#define ENG_MAX_ROPE_FREQ_FACTORS 256
+#define ENG_MAX_EOG               7   /* the most tokens besides eos_token_id that end an answer */
+#define ENG_MAX_ROPE_FREQ_FACTORS 256 /* rotary pairs with frequency factors (head dim 512) */
 
 typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
@@ -228,6 +225,7 @@ typedef struct eng_config {
     bool router_bias; /* GPT-OSS: the router and each expert's gate, up and down have biases */
     /* a MoE model's plain-MLP layers (mlp_only_layers...): bit l of word l / 64 */
     uint64_t dense_layers[ENG_MAX_MOE_LAYERS / 64];
+    eng_linear_cfg linear; /* Qwen3.5's linear-attention layers (hybrid.h) */
 } eng_config;
 
 /* Whether layer l is a mixture of experts (n_experts, dense_layers). */
@@ -300,6 +298,7 @@ typedef struct eng_layer {
      * [n_experts, hidden], dense */
     qtensor router_b, expert_b[3];
     qtensor layer_scalar; /* Gemma 4's [1, 1] (eng_config's layer_scalar); rows 0: none */
+    eng_linear_layer lin; /* a linear-attention layer's own tensors (hybrid.h) */
 } eng_layer;
 
 /*

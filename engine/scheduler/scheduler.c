@@ -343,6 +343,7 @@ static void request_end(eng_engine *e, request *r, eng_finish why)
     };
     pthread_mutex_lock(&e->mu);
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    e->stats.states_used = eng_kv_total_states(e->kv) - eng_kv_free_states(e->kv);
     publish_tally(e);
     pthread_mutex_unlock(&e->mu);
     if (r->req.on_done)
@@ -1445,6 +1446,7 @@ static void note_versions(eng_engine *e)
     e->stats.running = e->n_running;
     e->stats.waiting = e->queued;
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    e->stats.states_used = eng_kv_total_states(e->kv) - eng_kv_free_states(e->kv);
     e->stats.weights_versions = versions;
     e->old_running = old;
     if (old == 0 && !e->pending)
@@ -1643,6 +1645,12 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     }
     if (rc == QL_OK) {
         e->kv = eng_backend_kv(e->backend);
+        /* a hybrid model's recurrent state is not kept at block boundaries,
+         * so a cached prefix could not be resumed: the prefix cache (and
+         * the next-turn cache, its tail) is off, said in the log and /info */
+        e->stats.states_total = eng_kv_total_states(e->kv);
+        if (eng_linear_prefix_off(&m->cfg.linear))
+            e->o.no_prefix_cache = true;
         if (!e->o.no_prefix_cache)
             rc = eng_kv_prefix_enable(e->kv, msg, msg_len);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));

@@ -360,10 +360,10 @@ typedef struct eng_engine_stats {
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
     uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
-    /* KV blocks further choices took from the first, and copied on write */
-    uint64_t kv_blocks_shared, kv_blocks_copied;
+    uint64_t kv_blocks_shared, kv_blocks_copied; /* further choices took, copied on write */
     /* the prefix cache: prompt tokens looked up and found; blocks kept */
     uint64_t prefix_queried_tokens, prefix_hit_tokens;
+    int32_t states_used, states_total;     /* a hybrid model's recurrent states (0: none) */
     uint64_t grammar_masks, grammar_steps; /* draws under a grammar, their matcher steps, */
     double grammar_seconds;                /* and the time in their masks */
     int32_t prefix_blocks;

@@ -15,6 +15,9 @@
  *                   table, its walks) and matmul_fp8_avx2.c quant_ct.c
  *                   (CT_INT's rows), matmul_gptq_avx2.c and _avx512.c
  *                   quant_gptq.c (a row's groups, the scalar reference);
+ *   delta_rule.c,   the gated delta rule's step (Gated DeltaNet), scalar
+ *   delta_rule_     and AVX2: leaves, calling nothing of kernels/;
+ *   avx2.c
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -298,6 +301,10 @@ void qt_dequantize_rows_mxfp4_avx2(const qtensor *t, int64_t row0, int64_t nrows
  * is); the scalar quantizer's bytes. */
 int qt_bnb4_quantize_avx2(qtensor *t, const float *src, int64_t rows, int64_t cols,
                           const qt_quant_params *p, char *msg, size_t msg_len);
+/* The gated delta rule's step eight value dims at a time (delta_rule_avx2.c),
+ * the bits of qt_delta_rule_ref (delta_rule.c, declared in qtensor.h). */
+void qt_delta_rule_avx2(float *S, int32_t dk, int32_t dv, const float *q, const float *k,
+                        const float *v, float decay, float beta, float *out, float *mem);
 /* qt_attend's AVX2 path; head dimensions that are not a multiple of 16 take
  * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,

@@ -48,6 +48,9 @@ typedef struct model_loader {
     bool awq;                   /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
     struct model_ct_config *ct; /* compressed-tensors or fbgemm_fp8 (load_ct.c), owned */
     qt_kind dtype;              /* target dense kind, or QT_KIND_COUNT to keep */
+    /* the text model of a multimodal checkpoint (Qwen3_5ForConditionalGeneration):
+     * its tensors' "model." is "model.language_model." */
+    bool text_model;
 } model_loader;
 
 /* What a tensor is to the loader: a dense parameter (norms, biases), a
@@ -144,6 +147,26 @@ void model_experts_each(const eng_model *m, int32_t l, void (*fn)(const qtensor 
                         void *ctx);
 /* qt_free them, and the experts' array. */
 void model_experts_free(eng_model *m, int32_t l);
+
+/* --- qwen35.c -------------------------------------------------------------- */
+
+/* Qwen3.5's config.json fields (layer_types or full_attention_interval,
+ * linear_*, the refused options) into c, whose arch and shapes are set. */
+int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg,
+                           size_t msg_len);
+/* For a Qwen3_5ForConditionalGeneration config.json: its text model's
+ * config as a Qwen3_5ForCausalLM one into *text (the caller's,
+ * cJSON_Delete), with the outer tie_word_embeddings and
+ * quantization_config, *multimodal true; the vision tower is not run. The
+ * same for Qwen3.5-MoE's (Qwen3_5MoeForCausalLM and
+ * Qwen3_5MoeForConditionalGeneration), its intermediate_size the
+ * experts'. *text NULL for any other config. */
+/* A qwen35 GGUF's fields (ssm.*, attention.recurrent_layers or
+ * full_attention_interval) into c, as llama.cpp's converter writes them:
+ * norms with the 1 added, A as -exp(A_log), value heads tiled. */
+int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len);
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
+                             char *msg, size_t msg_len);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
