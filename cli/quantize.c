@@ -255,7 +255,9 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
  * codes and their block scales (transformers' finegrained FP8): the
  * scales are 2-D floats, and quantizing them as weights would misread the
  * checkpoint; likewise GPTQ's and AWQ's packed `qweight` / `qzeros`
- * (int32) and their f16 `scales`. */
+ * (int32) and their f16 `scales`, and compressed-tensors' (and fbgemm's)
+ * `weight_packed` / `weight_scale` / `weight_zero_point` (an int8 naive
+ * `weight` or a bf16 scale would pass for a weight otherwise). */
 static int refuse_quantized(const st_file *in, const char *path, char *msg, size_t msg_len)
 {
     for (size_t i = 0; i < in->n_tensors; i++) {
@@ -271,6 +273,13 @@ static int refuse_quantized(const st_file *in, const char *path, char *msg, size
                            "%s: tensor '%s' shows the file is already quantized (gptq or awq: "
                            "packed int32 codes, their scales beside them); quantizing it again "
                            "would lose precision",
+                           path, t->name);
+        if (dot && (strcmp(dot, ".weight_packed") == 0 || strcmp(dot, ".weight_scale") == 0 ||
+                    strcmp(dot, ".weight_zero_point") == 0))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: tensor '%s' shows the file is already quantized "
+                           "(compressed-tensors or fbgemm: codes with their scales beside them); "
+                           "quantizing it again would lose precision",
                            path, t->name);
         if (t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E8M0)
             return ql_fail(msg, msg_len, QL_EINVAL,

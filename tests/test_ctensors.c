@@ -286,6 +286,25 @@ Test(ctensors, qlserve_quantizes_to_ct_int_only_into_a_loaded_layout)
     cr_assert(strstr(msg, "ct_int is read from compressed-tensors checkpoints"), "%s", msg);
 }
 
+/* `qlserve quantize` never takes a compressed-tensors checkpoint's packed
+ * codes, int8 weights or 16-bit scales for weights: every integer scheme's
+ * file is refused as already quantized. */
+Test(ctensors, quantize_refuses_a_compressed_tensors_file)
+{
+    static const char *const names[] = {"ct_int4_group_asym", "ct_int8_channel_sym",
+                                        "ct_int8_tensor_naive"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        char path[1024], out[600], dir[512], msg[1024];
+        test_tmpdir(dir, sizeof dir);
+        snprintf(out, sizeof out, "%s/out.safetensors", dir);
+        snprintf(path, sizeof path, "%s/%s/model.safetensors", QL_FIXTURES, names[k]);
+        eng_quantize_opts o = {.in_path = path, .out_path = out, .kind = "nf4"};
+        cr_assert_eq(eng_quantize_file(&o, NULL, msg, sizeof msg), QL_EINVAL, "%s", names[k]);
+        cr_assert(strstr(msg, "already quantized (compressed-tensors"), "%s: %s", names[k], msg);
+        test_rmtree(dir);
+    }
+}
+
 /* One scheme of the requantizer's vectors: its layout, what
  * compressed-tensors stored (codes, scales' bits, zero points or NULL). */
 typedef struct qv_case {
