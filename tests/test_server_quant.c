@@ -1,6 +1,8 @@
 /*
  * test_server_quant.c - `qlserve serve` on each tiny quantized checkpoint
- * of test_ctensors.c (compressed-tensors' five schemes and fbgemm_fp8):
+ * of test_ctensors.c (compressed-tensors' five schemes and fbgemm_fp8),
+ * test_fp8.c (finegrained FP8, f32 and UE8M0 scales) and test_gptq.c
+ * (GPTQ v1 and v2, AWQ):
  * with a PEFT adapter loaded, every API (TGI /generate, OpenAI completions
  * and chat, Anthropic messages, Responses) answers for the adapter
  * unmerged; merged (POST /admin/adapters/alpha/merge into the weight's own
@@ -132,9 +134,17 @@ static char *digest(void)
 
 Test(server_quant, every_checkpoint_serves_an_adapter_unmerged_and_merged)
 {
-    static const char *const folders[] = {"ct_int4_group_asym",   "ct_int8_channel_sym",
-                                          "ct_int8_tensor_naive", "ct_fp8_channel",
-                                          "ct_fp8_block",         "fbgemm_fp8_tiny"};
+    static const char *const folders[] = {"ct_int4_group_asym",
+                                          "ct_int8_channel_sym",
+                                          "ct_int8_tensor_naive",
+                                          "ct_fp8_channel",
+                                          "ct_fp8_block",
+                                          "fbgemm_fp8_tiny",
+                                          "fp8_tiny_float",
+                                          "fp8_tiny_ue8m0",
+                                          "gptq_tiny_v1",
+                                          "gptq_tiny_v2",
+                                          "awq_tiny"};
     for (size_t f = 0; f < sizeof folders / sizeof *folders; f++) {
         start(folders[f]);
         hc_response r = sp_request("POST", "/admin/adapters", NULL,
