@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
@@ -40,21 +41,27 @@ static inline uint64_t qcp_fnv1a64(const void *p, size_t n)
     return h;
 }
 
-/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight") is. */
+/* The loaded projection a transformers name ("model.layers.1.mlp.up_proj.weight",
+ * or an expert's "model.layers.1.mlp.experts.3.up_proj.weight") is. */
 static inline const qtensor *qcp_projection(const eng_model *m, const char *name)
 {
-    int layer = -1, used = 0;
+    int layer = -1, used = 0, expert = -1, eused = 0;
     char proj[32] = "";
     cr_assert(sscanf(name, "model.layers.%d.%n", &layer, &used) == 1 && layer >= 0 &&
                   layer < m->cfg.n_layers,
               "%s", name);
     const char *dot = strchr(name + used, '.');
+    if (dot && sscanf(dot + 1, "experts.%d.%n", &expert, &eused) == 1 && eused > 0) {
+        cr_assert(expert >= 0 && expert < m->cfg.n_experts, "%s", name);
+        dot += eused;
+    }
     cr_assert(dot && sscanf(dot + 1, "%31[a-z_]", proj) == 1, "%s", name);
     static const char *names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                   "gate_proj", "up_proj", "down_proj"};
     for (int p = 0; p < ENG_N_PROJ; p++)
         if (strcmp(proj, names[p]) == 0)
-            return eng_model_proj(m, layer, (eng_proj)p);
+            return eng_model_proj(m, layer,
+                                  expert < 0 ? (eng_proj)p : eng_expert_proj(expert, (eng_proj)p));
     cr_assert_fail("%s is no projection", name);
     return NULL;
 }
@@ -215,6 +222,56 @@ static inline double qcp_merged_error(const eng_weights *v, const eng_model *m, 
         }
     }
     return worst;
+}
+
+/* `qlserve inspect` of the folder dir prints want. */
+static inline void qcp_inspect_has(const char *dir, const char *want)
+{
+    char msg[1024], *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    cr_assert_eq(eng_inspect(dir, &(eng_load_opts){.path = dir}, out, msg, sizeof msg), 0, "%s",
+                 msg);
+    fclose(out);
+    cr_assert(strstr(text, want), "no '%s' in:\n%s", want, text);
+    free(text);
+}
+
+/* PEFT's target_parameters adapter (make_moe_reference.py's
+ * peft/qwen3moe_experts: q_proj, v_proj and the fused experts) on the
+ * loaded tiny Qwen3-MoE m: unmerged against the float64 pass with it, then
+ * merged into each weight's own kind (QT_KIND_COUNT) against the float64
+ * pass over the merged weights, every position of tokens (9 prefilled).
+ * check(merged, own, ctx) then looks at layer 1's expert 6 down_proj as
+ * merged and as loaded. The served weights' digest must not move. */
+static inline void
+qcp_experts_adapter(eng_model *m, const char *label, const int32_t *tokens, int n,
+                    void (*check)(const qtensor *, const qtensor *, const void *), const void *ctx)
+{
+    char path[600], msg[1024];
+    snprintf(path, sizeof path, "%s/peft/qwen3moe_experts", QL_FIXTURES);
+    eng_lora *l = NULL;
+    cr_assert_eq(lora_load(&l, NULL, path, "experts", m, msg, sizeof msg), 0, "%s: %s", label, msg);
+    cr_assert(eng_lora_module_at(l, 1, eng_expert_proj(3, ENG_PROJ_DOWN)));
+    eng_lora_term term = {l, 1.0f};
+    ref_model R;
+    ref_load(&R, m);
+    ref_add_lora(&R, l, 1.0);
+    qcp_against_pass(m, &R, NULL, &term, 1, tokens, n, 9, label);
+    ref_free(&R);
+    uint64_t base = eng_weights_digest(m, NULL);
+    eng_weights *w = lora_fix_merged_version(m, &term, 1, QT_KIND_COUNT);
+    eng_proj p = eng_expert_proj(6, ENG_PROJ_DOWN);
+    const qtensor *merged = eng_weights_proj(w, 1, p), *own = eng_model_proj(m, 1, p);
+    cr_assert_neq(merged, own, "%s: expert 6's down merged", label);
+    check(merged, own, ctx);
+    ref_load_version(&R, m, w);
+    qcp_against_pass(m, &R, w, NULL, 0, tokens, n, 9, label);
+    ref_free(&R);
+    cr_assert_neq(eng_weights_digest(m, w), base);
+    eng_weights_unref(w);
+    cr_assert_eq(eng_weights_digest(m, NULL), base, "%s: the served weights untouched", label);
+    eng_lora_unref(l);
 }
 
 #endif

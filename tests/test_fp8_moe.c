@@ -320,56 +320,32 @@ Test(fp8_moe, a_bf16_load_leaves_the_experts_and_inspect_names_their_scales)
         experts_are_fp8_in_place(&m, c);
         cr_assert_eq(m.layers[1].router.kind, QT_BF16);
         eng_model_free(&m);
-        char *text = NULL;
-        size_t len = 0;
-        FILE *out = open_memstream(&text, &len);
-        cr_assert_eq(eng_inspect(dir, &(eng_load_opts){.path = dir}, out, msg, sizeof msg), 0, "%s",
-                     msg);
-        fclose(out);
-        cr_assert(strstr(text, counts[k]), "no '%s' in:\n%s", counts[k], text);
-        free(text);
+        qcp_inspect_has(dir, counts[k]);
         test_rmtree(dir);
     }
 }
 
-/* PEFT's target_parameters adapter (make_moe_reference.py's
- * peft/qwen3moe_experts: q_proj, v_proj and the fused experts) on both
- * FP8 fixtures: unmerged, and merged into each expert's own FP8 layout. */
+/* PEFT's target_parameters adapter (qcp_experts_adapter) on both FP8
+ * fixtures: unmerged, and merged into each expert's own FP8 layout, expert
+ * 6's down_proj in the case's block and scale dtype. */
+static void merged_fp8(const qtensor *merged, const qtensor *own, const void *ctx)
+{
+    const fp8_case *c = ctx;
+    (void)own;
+    cr_assert_eq(merged->kind, QT_FP8);
+    cr_assert_eq(merged->block_rows, c->block_rows);
+    cr_assert_eq(merged->block_cols, c->block_cols);
+    cr_assert_eq(merged->scale_dtype, c->scale_dtype, "the scale keeps its dtype");
+}
+
 Test(fp8_moe, a_peft_adapter_on_fp8_experts_unmerged_and_merged)
 {
     for (int k = 0; k < 2; k++) {
-        const fp8_case *c = &cases[k];
-        char dir[512], path[600], msg[1024];
+        char dir[512];
         eng_model m;
-        load_fixture(c, &m, dir, sizeof dir);
-        snprintf(path, sizeof path, "%s/peft/qwen3moe_experts", QL_FIXTURES);
-        eng_lora *l = NULL;
-        cr_assert_eq(lora_load(&l, NULL, path, "experts", &m, msg, sizeof msg), 0, "%s", msg);
-        cr_assert(eng_lora_module_at(l, 1, eng_expert_proj(3, ENG_PROJ_DOWN)));
-        eng_lora_term term = {l, 1.0f};
-        ref_model R;
-        ref_load(&R, &m);
-        ref_add_lora(&R, l, 1.0);
-        qcp_against_pass(&m, &R, NULL, &term, 1, FP8MOE_TOKENS, FP8MOE_N_TOKENS, 9,
-                         "fp8 experts + unmerged adapter");
-        ref_free(&R);
-        uint64_t base = eng_weights_digest(&m, NULL);
-        eng_weights *w = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
-        eng_proj p = eng_expert_proj(6, ENG_PROJ_DOWN);
-        const qtensor *merged = eng_weights_proj(w, 1, p);
-        cr_assert_neq(merged, eng_model_proj(&m, 1, p), "expert 6's down merged");
-        cr_assert_eq(merged->kind, QT_FP8);
-        cr_assert_eq(merged->block_rows, c->block_rows);
-        cr_assert_eq(merged->block_cols, c->block_cols);
-        cr_assert_eq(merged->scale_dtype, c->scale_dtype, "the scale keeps its dtype");
-        ref_load_version(&R, &m, w);
-        qcp_against_pass(&m, &R, w, NULL, 0, FP8MOE_TOKENS, FP8MOE_N_TOKENS, 9,
-                         "fp8 experts with the adapter merged");
-        ref_free(&R);
-        cr_assert_neq(eng_weights_digest(&m, w), base);
-        eng_weights_unref(w);
-        cr_assert_eq(eng_weights_digest(&m, NULL), base, "the served weights untouched");
-        eng_lora_unref(l);
+        load_fixture(&cases[k], &m, dir, sizeof dir);
+        qcp_experts_adapter(&m, cases[k].fixture, FP8MOE_TOKENS, FP8MOE_N_TOKENS, merged_fp8,
+                            &cases[k]);
         eng_model_free(&m);
         test_rmtree(dir);
     }

@@ -496,8 +496,17 @@ int model_experts_load(model_loader *L, model_tensor_loader load, bool gguf, int
     }
     /* one weight per expert, as checkpoints hold them; else fused */
     rc = load_each_expert(L, load, names, l, msg, msg_len);
-    if (rc == QL_ENOTFOUND && !expert_part(L->m, l, 0, 0)->rows)
+    if (rc == QL_ENOTFOUND && !expert_part(L->m, l, 0, 0)->rows) {
         rc = load_fused_experts(L, load, false, l, msg, msg_len);
+        if (rc == QL_ENOTFOUND && (L->gptq_checkpoint || L->ct))
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: layer %d: fused 3-D experts in a %s checkpoint are not supported "
+                           "(one weight per expert, mlp.experts.N.gate_proj, is)",
+                           L->dir, l,
+                           L->awq               ? "awq"
+                           : L->gptq_checkpoint ? "gptq"
+                                                : model_ct_format(L));
+    }
     if (rc == QL_OK && c->shared_expert_ff > 0)
         rc = load_shared(L, load, false, names, l, msg, msg_len);
     return rc;

@@ -473,7 +473,8 @@ int model_ct_tensor(model_loader *L, const char *name, int64_t rows, int64_t col
     const st_tensor *s = part_of(L, module, "weight_scale", &sf);
     const ct_scheme *sc = scheme_for(L->ct, module, linear);
     if (!s && !part_of(L, module, "weight_packed", &f)) {
-        if (sc && !L->ct->fbgemm)
+        /* not there at all: the caller's not-found (fused experts next) */
+        if (sc && !L->ct->fbgemm && part_of(L, module, "weight", &f))
             return ql_fail(msg, msg_len, QL_EFORMAT,
                            "%s: config group %s targets %s but the checkpoint holds it dense (no "
                            "weight_scale)",
