@@ -586,13 +586,25 @@ Test(moe, the_binary_serves_each_family_from_its_folder_and_its_gguf, .timeout =
     /* its FP8 experts, fused with UE8M0 scales (make_fp8_moe_reference.py):
      * the adapter merges into them and unmerges back (a state dir of its
      * own, so the journal starts without the adapter) */
-    char fp8_dir[600];
+    char fp8_dir[600]; /* the state dir of a quantized folder */
     snprintf(fp8_dir, sizeof fp8_dir, "%s/fp8", dir);
     cr_assert_eq(mkdir(model, 0700), 0);
     cr_assert_eq(mkdir(fp8_dir, 0700), 0);
     tiny_fixture_folder("fp8moe_fused_tiny_ue8m0", model);
     serve_and_ask(model, fp8_dir, QL_FIXTURES "/peft");
     test_rmtree(model);
+    test_rmtree(fp8_dir);
+    /* and per expert in GPTQ, AWQ and compressed-tensors
+     * (make_quant_moe_reference.py), the adapter merged into each kind */
+    static const char *quant[] = {"gptqmoe_tiny", "awqmoe_tiny", "ctmoe_int4_tiny"};
+    for (size_t i = 0; i < sizeof quant / sizeof *quant; i++) {
+        cr_assert_eq(mkdir(model, 0700), 0);
+        cr_assert_eq(mkdir(fp8_dir, 0700), 0);
+        tiny_fixture_folder(quant[i], model);
+        serve_and_ask(model, fp8_dir, QL_FIXTURES "/peft");
+        test_rmtree(model);
+        test_rmtree(fp8_dir);
+    }
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("gptoss_tiny", model);
     serve_and_ask(model, dir, NULL);
