@@ -602,6 +602,8 @@ static void module_path(char *buf, size_t len, const eng_model *m, int32_t layer
         snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
     else if (eng_layer_is_moe(&m->cfg, layer) && !strcmp(eng_proj_parent(p), "mlp"))
         snprintf(buf, len, "mlp.shared_expert.%s", eng_proj_name(p));
+    else if (!*eng_proj_parent(p)) /* Gemma 4's per-layer input modules */
+        snprintf(buf, len, "%s", proj_module(m, p));
     else
         snprintf(buf, len, "%s.%s", eng_proj_parent(p), proj_module(m, p));
 }
@@ -628,13 +630,16 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
     /* the modules outside the layers a LoRA could target in a transformers
      * model: PEFT would adapt them (an Embedding, the output Linear), we
      * cannot */
-    static const char *const outer[] = {"model.embed_tokens", "lm_head"};
+    static const char *const outer[] = {"model.embed_tokens", "lm_head",
+                                        "model.embed_tokens_per_layer",
+                                        "model.per_layer_model_projection"};
     for (size_t i = 0; i < sizeof outer / sizeof *outer; i++)
         if (config_targets(c, outer[i], -1, false))
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: target_modules selects %s; qlserve adapts only the attention "
                            "and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                           "up_proj, down_proj)",
+                           "up_proj, down_proj) and Gemma 4's per_layer_input_gate and "
+                           "per_layer_projection",
                            c->path, outer[i]);
     *n_targeted = 0;
     int32_t np = eng_n_proj(&m->cfg);
@@ -740,7 +745,7 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
         return false;
     s = end + 1;
     int p = expert_key(&s, m);
-    for (int q = 0; p < 0 && q < ENG_N_PROJ; q++) {
+    for (int q = 0; p < 0 && q < eng_n_layer_proj(&m->cfg); q++) {
         char path[96];
         module_path(path, sizeof path, m, (int32_t)l, (eng_proj)q);
         const char *t = s;
@@ -1154,7 +1159,7 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
     meta->use_rslora = c->use_rslora;
     snprintf(meta->base_model, sizeof meta->base_model, "%s", c->base_model ? c->base_model : "");
     meta->n_modules = (int32_t)n_modules;
-    for (int p = 0; p < ENG_N_PROJ; p++) {
+    for (int p = 0; p < eng_n_layer_proj(&m->cfg); p++) {
         eng_proj first;
         int group;
         proj_group(m, (eng_proj)p, &first, &group);

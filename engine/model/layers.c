@@ -23,7 +23,8 @@ typedef enum {
     DIM_FF,
     DIM_HEAD,
     DIM_HEADS,
-    DIM_ONE
+    DIM_ONE,
+    DIM_PLE /* Gemma 4's hidden_size_per_layer_input */
 } layer_dim;
 
 /* When a part is present: always, with attention_bias, with qk_norm,
@@ -48,7 +49,8 @@ typedef enum {
     WITH_O_BIAS,
     WITH_SINKS,
     GPT_OSS_FFN_NORM,
-    WITH_LAYER_SCALAR
+    WITH_LAYER_SCALAR,
+    WITH_PER_LAYER_INPUT
 } layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
@@ -106,6 +108,12 @@ static const struct layer_part {
      offsetof(eng_layer, sinks), WITH_SINKS},
     {"layer_scalar", "layer_output_scale.weight", DIM_ONE, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, layer_scalar), WITH_LAYER_SCALAR},
+    {"per_layer_input_gate.weight", "inp_gate.weight", DIM_PLE, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, g4.ple_gate), WITH_PER_LAYER_INPUT},
+    {"per_layer_projection.weight", "proj.weight", DIM_HIDDEN, DIM_PLE, ROLE_LINEAR,
+     offsetof(eng_layer, g4.ple_proj), WITH_PER_LAYER_INPUT},
+    {"post_per_layer_input_norm.weight", "post_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, g4.ple_norm), WITH_PER_LAYER_INPUT},
 };
 
 #define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
@@ -187,6 +195,9 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
               part->field == offsetof(eng_layer, bk) || part->field == offsetof(eng_layer, bv);
     if (kv && eng_layer_kv_source(c, l) != l)
         return false;
+    /* nor v on a full layer of an attention_k_eq_v model */
+    if (part->field == offsetof(eng_layer, wv) && eng_layer_k_is_v(c, l))
+        return false;
     switch (part->when) {
     case ALWAYS: return true;
     case UNLESS_POST_NORMS: return !c->post_norms;
@@ -202,6 +213,7 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case WITH_SINKS: return c->attn_sinks;
     case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;
     case WITH_LAYER_SCALAR: return c->layer_scalar;
+    case WITH_PER_LAYER_INPUT: return c->g4.ple_dim > 0;
     }
     return false;
 }
@@ -216,7 +228,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
                       size_t msg_len)
 {
     const eng_config *c = &L->m->cfg;
-    const int64_t dims[] = {
+    int64_t dims[] = {
         [DIM_NONE] = 0,
         [DIM_HIDDEN] = c->hidden_size,
         [DIM_Q] = (int64_t)c->n_heads * c->head_dim,
@@ -225,10 +237,12 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_HEAD] = c->head_dim,
         [DIM_HEADS] = c->n_heads,
         [DIM_ONE] = 1,
+        [DIM_PLE] = c->g4.ple_dim,
     };
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;
     for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
+        dims[DIM_FF] = eng_layer_ff(c, l); /* Gemma 4's kv-shared layers may be twice as wide */
         if (fused)
             rc = load_fused(L, load, gguf, l, dims, msg, msg_len);
         if (rc == QL_OK && eng_layer_is_moe(c, l))

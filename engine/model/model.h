@@ -20,6 +20,7 @@
 #ifndef QL_MODEL_H
 #define QL_MODEL_H
 
+#include "gemma4.h"
 #include "modelfile.h"
 #include "tokenizer.h"
 
@@ -77,8 +78,7 @@ typedef enum eng_router {
     ENG_ROUTER_TOPK_SOFTMAX,
 } eng_router;
 
-/* The most layers a mixture-of-experts model (eng_config's dense_layers
- * bitmap), and one with layers that skip RoPE (nope_layers), may have. */
+/* The most layers a MoE model (eng_config's dense_layers) and one with NoPE layers may have. */
 #define ENG_MAX_MOE_LAYERS  1024
 #define ENG_MAX_NOPE_LAYERS 1024
 
@@ -88,10 +88,8 @@ typedef enum eng_router {
  * gate * sigmoid(swiglu_alpha * gate) (om_swiglu_oai). */
 typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
-#define ENG_MAX_EOG 7 /* the most tokens besides eos_token_id that end an answer */
-
-/* The most rotary pairs with frequency factors (head dim 512, forward.c's). */
-#define ENG_MAX_ROPE_FREQ_FACTORS 256
+#define ENG_MAX_EOG               7   /* the most tokens besides eos_token_id that end an answer */
+#define ENG_MAX_ROPE_FREQ_FACTORS 256 /* rotary pairs with factors (head dim 512, forward.c's) */
 
 typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
@@ -187,6 +185,7 @@ typedef struct eng_config {
     int32_t rope_prop_pairs;
     bool v_norm, layer_scalar;
     int32_t kv_shared_layers;           /* Gemma 4: the last this many reuse keys and values */
+    eng_gemma4_config g4;               /* Gemma 4's other options (gemma4.h) */
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -241,9 +240,8 @@ static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
 /* Whether layer l attends through the window (sliding_window, _pattern). */
 static inline bool eng_layer_slides(const eng_config *c, int32_t l)
 {
-    if (c->sliding_window <= 0)
-        return false;
-    return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
+    return c->sliding_window > 0 &&
+           (c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1);
 }
 
 /* Layer l's q (k: k) norm's width: a head's, or the projection's (OLMo 3). */
@@ -300,6 +298,7 @@ typedef struct eng_layer {
      * [n_experts, hidden], dense */
     qtensor router_b, expert_b[3];
     qtensor layer_scalar; /* Gemma 4's [1, 1] (eng_config's layer_scalar); rows 0: none */
+    eng_gemma4_layer g4;  /* Gemma 4's per-layer input weights (gemma4.h) */
 } eng_layer;
 
 /*
@@ -312,7 +311,8 @@ typedef struct eng_model {
     qtensor embed; /* [vocab, hidden] */
     eng_layer *layers;
     qtensor norm;
-    qtensor lm_head; /* rows == 0 when tied to embed */
+    qtensor lm_head;     /* rows == 0 when tied to embed */
+    eng_gemma4_model g4; /* Gemma 4's per-layer input embeddings (gemma4.h) */
     tok_tokenizer *tok;
     char format[32]; /* "safetensors", "bitsandbytes-4bit", "gguf" */
     char quant[32];  /* what the linear layers hold: "nf4", "q4_1", "bf16", ... */

@@ -1811,6 +1811,15 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
                        "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
                        "backend only; use --device cpu",
                        eng_rope_dims(cfg), cfg->head_dim);
+    const char *g4 = cfg->g4.ple_dim > 0
+                         ? "per-layer input embeddings (hidden_size_per_layer_input)"
+                     : cfg->g4.double_wide ? "the double-wide MLP (use_double_wide_mlp)"
+                     : cfg->g4.k_eq_v      ? "keys as values (attention_k_eq_v)"
+                                           : NULL;
+    if (g4)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: Gemma 4's %s runs on the CPU backend only; use --device cpu",
+                       g4);
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -12,6 +12,7 @@
  *   experts.c    a mixture of experts' config fields and each MoE layer's
  *                router, experts and shared expert, per expert or fused;
  *   split.c      a fused weight's rows as tensors of their own;
+ *   gemma4.c     Gemma 4's options and per-layer input embeddings;
  *   load_hf.c    a Hugging Face folder (config.json, safetensors shards,
  *                bitsandbytes 4-bit weights);
  *   load_gguf.c  a GGUF file;
@@ -139,6 +140,22 @@ void model_experts_each(const eng_model *m, int32_t l, void (*fn)(const qtensor 
                         void *ctx);
 /* qt_free them, and the experts' array. */
 void model_experts_free(eng_model *m, int32_t l);
+
+/* --- gemma4.c ------------------------------------------------------------- */
+
+/* Gemma 4's options in config.json beyond what load_hf.c reads
+ * (hidden_size_per_layer_input, vocab_size_per_layer_input,
+ * attention_k_eq_v with num_global_key_value_heads, use_double_wide_mlp)
+ * into c->g4, a value qlserve does not run refused by name. */
+int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *msg,
+                         size_t msg_len);
+/* The model-wide per-layer-input tensors (eng_gemma4_model) through load,
+ * when the config has them; sets c->g4.ple_embed_scale. */
+int model_gemma4_load(model_loader *L, model_tensor_loader load, char *msg, size_t msg_len);
+/* Gemma's embedding scale sqrt(n) as an embedding table of kind `kind`
+ * holds it (transformers casts it to the table's dtype: bf16, f16 or
+ * f32). */
+float model_gemma_embed_scale(int32_t n, qt_kind kind);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 

@@ -40,6 +40,9 @@ struct eng_forward_state {
     float *post_norms;
     float *rope_cos_local, *rope_sin_local; /* [max_tokens][head_dim / 2] */
     double *inv_freq_local;                 /* [head_dim / 2] */
+    /* Gemma 4's per-layer inputs [max_tokens][n_layers * ple_dim], and
+     * the norms: [n_layers][hidden] after each layer's, then [ple_dim] */
+    float *ple, *ple_norms;
     /* unmerged adapters: rows gathered by adapter (grown on first use) */
     float *lora_x, *lora_y, *lora_u; /* [max_tokens][widest projection] */
     float *lora_t;                   /* [max_tokens][lora_rank] */
