@@ -600,7 +600,8 @@ static void module_path(char *buf, size_t len, const eng_model *m, int32_t layer
         snprintf(buf, len, "block_sparse_moe.experts.%d.%s", e, mixtral_part[part - ENG_PROJ_GATE]);
     else if (e >= 0)
         snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
-    else if (eng_layer_is_moe(&m->cfg, layer) && !strcmp(eng_proj_parent(p), "mlp"))
+    else if (eng_layer_is_moe(&m->cfg, layer) && !m->cfg.g4.moe_block &&
+             !strcmp(eng_proj_parent(p), "mlp"))
         snprintf(buf, len, "mlp.shared_expert.%s", eng_proj_name(p));
     else if (!*eng_proj_parent(p)) /* Gemma 4's per-layer input modules */
         snprintf(buf, len, "%s", proj_module(m, p));
@@ -647,6 +648,8 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
         for (int p = 0; p < np; p++) {
             if (!eng_model_proj(m, l, (eng_proj)p)->rows)
                 continue; /* an expert's in a dense layer; a mixture's plain MLP */
+            if (m->cfg.g4.moe_block && eng_proj_expert((eng_proj)p, NULL) >= 0)
+                continue; /* Gemma 4's experts are 3-D parameters, no modules */
             module_plan *mp = &plan[(size_t)l * (size_t)np + (size_t)p];
             char name[128];
             module_name(name, sizeof name, m, l, (eng_proj)p);
@@ -658,6 +661,12 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
         }
     bool fused = c->fused[LORA_FUSED_GATE_UP] || c->fused[LORA_FUSED_DOWN];
+    if (fused && m->cfg.g4.moe_block)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: target_parameters on Gemma 4's experts (experts.gate_up_proj, "
+                       "experts.down_proj) is not supported; its attention, MLP and per-layer "
+                       "input projections are",
+                       c->path);
     if (fused && m->cfg.n_experts <= 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_parameters adapts a mixture's experts; %s (%s) has none",

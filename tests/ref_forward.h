@@ -34,6 +34,10 @@ typedef struct ref_layer {
     /* Gemma 4's per-layer input gate [ple_dim, hidden], projection [hidden,
      * ple_dim] and norm [hidden] (NULL elsewhere) */
     float *ple_gate, *ple_proj, *ple_norm;
+    /* Gemma 4's MoE block (NULL elsewhere): router.scale [hidden],
+     * per_expert_scale [experts], the MLP's output norm, the experts' input
+     * and output norms [hidden] */
+    float *router_scale, *expert_scale, *mlp_post_norm, *moe_pre_norm, *moe_post_norm;
     /* a mixture of experts' layer (NULL elsewhere): the router [experts,
      * hidden], each expert's gate, up, down at [3e], [3e + 1], [3e + 2]
      * (eng_layer's order), Qwen2-MoE's shared expert gate [hidden] (its
@@ -102,6 +106,7 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         R->lm_head = R->embed;
     R->layers = calloc((size_t)c->n_layers, sizeof *R->layers);
     int64_t P = c->g4.ple_dim, LP = P * c->n_layers;
+    R->ple_embed = R->ple_model_proj = R->ple_model_norm = NULL;
     if (P > 0) {
         R->ple_embed = ref_dequant(&m->g4.ple_embed, c->g4.ple_vocab, LP, false, "ple_embed", -1);
         R->ple_model_proj = ref_dequant(&m->g4.ple_proj, LP, H, false, "ple_proj", -1);
@@ -141,7 +146,7 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         cr_assert(r->delta);
         /* the MLP's projections: a plain MLP's, or a mixture's shared expert */
         bool moe = eng_layer_is_moe(c, l);
-        int64_t f = moe ? c->shared_expert_ff : eng_layer_ff(c, l);
+        int64_t f = moe && !c->g4.moe_block ? c->shared_expert_ff : eng_layer_ff(c, l);
         if (!moe || f > 0) {
             r->w_gate = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_GATE) : &L->w_gate, f, H,
                                     false, "w_gate", l);
@@ -152,7 +157,7 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         }
         if (moe) {
             r->router = ref_dequant(&L->router, c->n_experts, H, false, "router", l);
-            if (f > 0)
+            if (c->shared_expert_ff > 0)
                 r->shared_gate = ref_dequant(&L->shared_gate, 1, H, false, "shared_gate", l);
             r->experts = calloc(3 * (size_t)c->n_experts, sizeof *r->experts);
             cr_assert(r->experts);
@@ -166,6 +171,15 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         if (c->qk_norm) { /* a head's, or OLMo 3's whole projection's */
             r->q_norm = ref_dequant(&L->q_norm, 1, eng_qk_norm_width(c, false), false, "q_norm", l);
             r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), shared, "k_norm", l);
+        }
+        if (c->g4.moe_block) {
+            const eng_gemma4_layer *g = &L->g4;
+            r->router_scale = ref_dequant(&g->router_scale, 1, H, false, "router.scale", l);
+            r->expert_scale =
+                ref_dequant(&g->expert_scale, 1, c->n_experts, false, "per_expert_scale", l);
+            r->mlp_post_norm = ref_dequant(&g->mlp_post_norm, 1, H, false, "post_ffw_norm_1", l);
+            r->moe_pre_norm = ref_dequant(&g->moe_pre_norm, 1, H, false, "pre_ffw_norm_2", l);
+            r->moe_post_norm = ref_dequant(&g->moe_post_norm, 1, H, false, "post_ffw_norm_2", l);
         }
         r->layer_scalar = 1.0;
         if (c->layer_scalar) {
@@ -245,7 +259,12 @@ static inline void ref_free(ref_model *R)
                         r->post_ffn_norm,
                         r->ple_gate,
                         r->ple_proj,
-                        r->ple_norm};
+                        r->ple_norm,
+                        r->router_scale,
+                        r->expert_scale,
+                        r->mlp_post_norm,
+                        r->moe_pre_norm,
+                        r->moe_post_norm};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
             free(all[i]);
     }
@@ -440,13 +459,14 @@ static inline void ref_glu(const eng_config *c, const float *wg, const double *d
  * Mixtral blocks: softmax over the router's logits, the k most probable
  * experts (renormalized when norm_topk_prob), the sum of their GLUs so
  * weighted; Qwen2-MoE's shared expert times sigmoid(shared_gate . h). */
-static inline void ref_moe(const eng_config *c, const ref_layer *L, const double *h, double *out)
+static inline void ref_moe(const eng_config *c, const ref_layer *L, const double *h,
+                           const double *router_in, double *out)
 {
     int64_t H = c->hidden_size, E = c->n_experts;
     double *p = calloc((size_t)E, sizeof *p), *y = calloc((size_t)H, sizeof *y);
     bool *taken = calloc((size_t)E, sizeof *taken);
     cr_assert(p && y && taken);
-    ref_matvec(L->router, NULL, NULL, E, H, h, p);
+    ref_matvec(L->router, NULL, NULL, E, H, router_in ? router_in : h, p);
     double mx = -INFINITY, sum = 0, chosen = 0;
     for (int64_t e = 0; e < E; e++)
         mx = fmax(mx, p[e]);
@@ -466,6 +486,8 @@ static inline void ref_moe(const eng_config *c, const ref_layer *L, const double
     for (int k = 0; k < c->n_experts_used; k++) {
         int e = pick[k];
         double w = p[e] / sum / (c->norm_topk_prob ? chosen : 1.0);
+        if (L->expert_scale) /* Gemma 4's per_expert_scale */
+            w *= L->expert_scale[e];
         double *const *d = L->delta + eng_expert_proj(e, ENG_PROJ_GATE);
         ref_glu(c, L->experts[3 * e], d[0], L->experts[3 * e + 1], d[1], L->experts[3 * e + 2],
                 d[2], c->expert_ff, h, y);
@@ -484,6 +506,31 @@ static inline void ref_moe(const eng_config *c, const ref_layer *L, const double
     free(p);
     free(y);
     free(taken);
+}
+
+/* Gemma 4's MoE block on one row beside its MLP, whose output o becomes
+ * norm_1(o) + norm_2(experts(pre_2(x)) routed by norm(x) * router.scale /
+ * sqrt(hidden)), x the residual. */
+static inline void ref_gemma4_moe_block(const eng_config *c, const ref_layer *L, const double *x,
+                                        double *o)
+{
+    int64_t H = c->hidden_size;
+    double *r = calloc((size_t)H, sizeof *r), *e = calloc((size_t)H, sizeof *e);
+    double *y = calloc((size_t)H, sizeof *y), *t = calloc((size_t)H, sizeof *t);
+    cr_assert(r && e && y && t);
+    ref_post_norm(c, L->mlp_post_norm, o, t);
+    ref_rmsnorm_offset(x, L->router_scale, 0.0, H, c->rms_norm_eps, r);
+    for (int64_t i = 0; i < H; i++)
+        r[i] /= sqrt((double)H);
+    ref_rmsnorm_offset(x, L->moe_pre_norm, c->norm_offset, H, c->rms_norm_eps, e);
+    ref_moe(c, L, e, r, y);
+    ref_post_norm(c, L->moe_post_norm, y, t);
+    for (int64_t i = 0; i < H; i++)
+        o[i] += y[i];
+    free(r);
+    free(e);
+    free(y);
+    free(t);
 }
 
 /* Gemma 4's per-layer inputs of tokens[0..n) from their scaled embeddings
@@ -638,8 +685,8 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         // a mixture of experts' layer: ref_moe
         for (int t = 0; t < n; t++) {
             ref_norm_in(c, x + t * H, L->ffn_norm, h);
-            if (L->router) {
-                ref_moe(c, L, h, o);
+            if (L->router && !L->moe_pre_norm) {
+                ref_moe(c, L, h, NULL, o);
                 for (int64_t i = 0; i < H; i++)
                     x[t * H + i] += o[i];
                 continue;
@@ -651,6 +698,8 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
                 g[i] = c->ffn_act == ENG_FFN_GELU_TANH ? ref_gelu_tanh(g[i]) * u[i]
                                                        : g[i] / (1.0 + exp(-g[i])) * u[i];
             ref_matvec(L->w_down, L->delta[ENG_PROJ_DOWN], NULL, H, f, g, o);
+            if (L->moe_pre_norm) /* Gemma 4's MoE block beside the MLP */
+                ref_gemma4_moe_block(c, L, x + t * H, o);
             ref_post_norm(c, L->post_ffn_norm, o, tmp);
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];

@@ -449,6 +449,27 @@ static void check_gemma4_keqv(eng_model *m)
     }
 }
 
+/* The mixture's shape (gemma-4-26B-A4B): the large dense one's attention,
+ * and on every layer the MLP beside 4 experts of 32, 2 chosen a token. */
+static void check_gemma4_moe(eng_model *m)
+{
+    check_gemma4_keqv(m);
+    const eng_config *c = &m->cfg;
+    cr_assert(c->g4.moe_block && c->norm_topk_prob);
+    cr_assert_eq(c->n_experts, 4);
+    cr_assert_eq(c->n_experts_used, 2);
+    cr_assert_eq(c->expert_ff, 32);
+    cr_assert_eq(c->router, ENG_ROUTER_SOFTMAX_TOPK);
+    cr_assert_eq(eng_n_proj(c), ENG_PROJ_FIRST_EXPERT + 12);
+    for (int l = 0; l < 6; l++) {
+        cr_assert(eng_layer_is_moe(c, l), "layer %d", l);
+        cr_assert_eq(m->layers[l].w_gate.rows, 96, "layer %d: the MLP stays", l);
+        cr_assert_eq(m->layers[l].router.rows, 4, "layer %d", l);
+        cr_assert_eq(m->layers[l].experts[3 * 3 + 2].cols, 32, "layer %d", l);
+        cr_assert_eq(m->layers[l].g4.expert_scale.cols, 4, "layer %d", l);
+    }
+}
+
 /* OLMo 3 (make_olmo3_reference.py): norms after attention and the MLP
  * only, whole-projection q/k norms, layers 0-2 and 4-5 sliding over 5,
  * layer 3 full with YaRN (factor 4 over 32, attention factor 1.2), the
@@ -901,6 +922,12 @@ static const arch_row ARCH_ROWS[] = {
      .fixture = "gemma4_keqv_tiny",
      GEMMA4_SHAPE_REF(GEMMA4_KEQV_LOGITS),
      .check = check_gemma4_keqv},
+    {.label = "gemma4 MoE block folder",
+     .fixture = "gemma4_moe_tiny",
+     GEMMA4_SHAPE_REF(GEMMA4_MOE_LOGITS),
+     .check = check_gemma4_moe,
+     .features = {{"the second expert", one_expert}, {"the top-k renormalization", flip_topk_norm}},
+     .moved = 1e-3},
     {.label = "ministral3 folder",
      .fixture = "ministral3_tiny",
      MINISTRAL3_REF,
@@ -974,6 +1001,14 @@ static const arch_row ARCH_ROWS[] = {
      .vocab = GEMMA4_VOCAB,
      .quant = "nf4",
      .check = check_gemma4_ple},
+    {.label = "gemma4 MoE block folder --quant nf4",
+     .fixture = "gemma4_moe_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4_moe},
     {.label = "gemma4 k_eq_v folder --quant int8",
      .fixture = "gemma4_keqv_tiny",
      .source = "the float64 reference pass (ref_forward.h)",
@@ -1294,7 +1329,8 @@ static const refused_edit REFUSED_EDITS[] = {
     {"gemma4_tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 6",
      "num_kv_shared_layers"},
     {"gemma4_tiny", "\"enable_moe_block\": false", "\"enable_moe_block\": true",
-     "enable_moe_block is not supported"},
+     "\"num_experts\" is missing"},
+    {"gemma4_moe_tiny", "\"top_k_experts\": 2", "\"top_k_experts\": 5", "5 experts per token of 4"},
     {"gemma4_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
      "attention_bias is not supported for Gemma 4"},
     {"gemma4_tiny", "\"use_bidirectional_attention\": null",
@@ -1346,6 +1382,7 @@ static const family_fixture NEW_FAMILIES[] = {
      &GEMMA4_KV_SHARED_LOGITS[0][0]},
     {"gemma4_ple_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_PLE_LOGITS[0][0]},
     {"gemma4_keqv_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_KEQV_LOGITS[0][0]},
+    {"gemma4_moe_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_MOE_LOGITS[0][0]},
 };
 
 /* f's folder loaded from a scratch copy (dir: the copy, the caller's to

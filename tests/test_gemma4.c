@@ -48,6 +48,7 @@ Test(gemma4, released_shapes_give_transformers_greedy_ids, .timeout = 60)
     } shapes[] = {
         {"gemma4_ple_tiny", &GEMMA4_PLE_LOGITS[0][0], GEMMA4_PLE_GREEDY},
         {"gemma4_keqv_tiny", &GEMMA4_KEQV_LOGITS[0][0], GEMMA4_KEQV_GREEDY},
+        {"gemma4_moe_tiny", &GEMMA4_MOE_LOGITS[0][0], GEMMA4_MOE_GREEDY},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         eng_model m;
@@ -108,7 +109,7 @@ static void against_reference(const eng_model *m, const eng_weights *w, eng_lora
     float *all = run_prompt(m, &r);
     for (int t = 0; t < GEMMA4_N_TOKENS; t++)
         assert_logits_close(all + (size_t)t * GEMMA4_VOCAB, ref + (size_t)t * GEMMA4_VOCAB,
-                            GEMMA4_VOCAB, "gemma4_ple_tiny", what, t);
+                            GEMMA4_VOCAB, m->name, what, t);
     free(all);
     free(ref);
     ref_free(&R);
@@ -209,6 +210,35 @@ Test(gemma4, an_adapter_on_the_model_wide_per_layer_modules_is_refused_by_name, 
         cr_assert_neq(lora_load(&l, NULL, adir, "outer", &m, msg, sizeof msg), 0);
         cr_assert(strstr(msg, want[i]), "%s is not in: %s", want[i], msg);
     }
+    test_rmtree(dir);
+    eng_model_free(&m);
+}
+
+/* On the MoE block's model an adapter on the attention and the MLP beside
+ * the experts loads (PEFT's module names: no mlp.shared_expert, and the
+ * experts, 3-D parameters, are no modules), and one on the experts'
+ * parameters (target_parameters) is refused by name. */
+Test(gemma4, adapters_on_the_moe_block_model, .timeout = 60)
+{
+    eng_model m;
+    load_shape(&m, "gemma4_moe_tiny", NULL);
+    char dir[512], adir[700], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    snprintf(adir, sizeof adir, "%s/adapter", dir);
+    lora_fix_spec s = lora_fix_default();
+    s.projs = 1u << ENG_PROJ_Q | 1u << ENG_PROJ_GATE | 1u << ENG_PROJ_DOWN;
+    lora_fix_write(adir, &m.cfg, &s);
+    eng_lora *l = NULL;
+    cr_assert_eq(lora_load(&l, NULL, adir, "mlp", &m, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_not_null(eng_lora_module_at(l, 3, ENG_PROJ_GATE));
+    cr_assert_null(eng_lora_module_at(l, 3, eng_expert_proj(0, ENG_PROJ_GATE)));
+    against_reference(&m, NULL, l, "moe block + adapter unmerged");
+    eng_lora_unref(l);
+    s.extra = "\"target_parameters\": [\"experts.gate_up_proj\"]";
+    lora_fix_write(adir, &m.cfg, &s);
+    cr_assert_neq(lora_load(&l, NULL, adir, "experts", &m, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "target_parameters on Gemma 4's experts"), "%s", msg);
     test_rmtree(dir);
     eng_model_free(&m);
 }

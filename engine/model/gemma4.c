@@ -41,6 +41,27 @@ bool eng_layer_k_is_v(const eng_config *c, int32_t l)
     return c->g4.k_eq_v && !eng_layer_slides(c, l);
 }
 
+/* enable_moe_block: num_experts, top_k_experts and moe_intermediate_size
+ * (required: the config class has no defaults for them) into the
+ * mixture's fields; every layer is a mixture, routed with a softmax over
+ * all experts and the top-k renormalized. */
+static int gemma4_moe_block(const char *path, const cJSON *j, eng_config *c, char *msg,
+                            size_t msg_len)
+{
+    int rc =
+        model_json_int32(path, j, "num_experts", 0, true, 1, 1 << 20, &c->n_experts, msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_json_int32(path, j, "top_k_experts", 0, true, 1, 1 << 20, &c->n_experts_used,
+                              msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_json_int32(path, j, "moe_intermediate_size", 0, true, 1, 1 << 22, &c->expert_ff,
+                              msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_moe_check(path, c, msg, msg_len);
+    c->g4.moe_block = c->norm_topk_prob = true;
+    return rc;
+}
+
 int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *msg, size_t msg_len)
 {
     eng_gemma4_config *g = &c->g4;
@@ -56,6 +77,9 @@ int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *
                      "token",
                      path, g->ple_dim, c->n_layers);
     if (rc != QL_OK)
+        return rc;
+    if (mf_json_bool(j, "enable_moe_block", false) &&
+        (rc = gemma4_moe_block(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
     g->k_eq_v = mf_json_bool(j, "attention_k_eq_v", false);
     g->double_wide = mf_json_bool(j, "use_double_wide_mlp", false);

@@ -36,6 +36,14 @@ typedef struct eng_gemma4_config {
     /* use_double_wide_mlp: the kv-shared layers' MLP is twice
      * intermediate_size wide */
     bool double_wide;
+    /* enable_moe_block: every layer runs a mixture of experts beside its
+     * MLP (eng_config's n_experts, n_experts_used, expert_ff): the MLP's
+     * output through post_feedforward_layernorm_1, plus the experts'
+     * (pre_feedforward_layernorm_2 of the residual in, routed by
+     * softmax(proj(norm(residual) * scale / sqrt(hidden))), top-k
+     * renormalized, times per_expert_scale) through
+     * post_feedforward_layernorm_2, both through post_feedforward_layernorm */
+    bool moe_block;
 } eng_gemma4_config;
 
 /* A layer's per-layer-input weights (rows 0 when the model has none). */
@@ -43,6 +51,12 @@ typedef struct eng_gemma4_layer {
     qtensor ple_gate; /* per_layer_input_gate [ple_dim, hidden] (an adapter target) */
     qtensor ple_proj; /* per_layer_projection [hidden, ple_dim] (an adapter target) */
     qtensor ple_norm; /* post_per_layer_input_norm [1, hidden] */
+    /* the MoE block's (moe_block; the router's proj is eng_layer.router,
+     * the experts eng_layer.experts): router.scale [1, hidden],
+     * router.per_expert_scale [1, experts], post_feedforward_layernorm_1,
+     * pre_feedforward_layernorm_2, post_feedforward_layernorm_2 [1, hidden] */
+    qtensor router_scale, expert_scale;
+    qtensor mlp_post_norm, moe_pre_norm, moe_post_norm;
 } eng_gemma4_layer;
 
 /* The model-wide ones (rows 0 when none). */

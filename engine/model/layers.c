@@ -24,7 +24,8 @@ typedef enum {
     DIM_HEAD,
     DIM_HEADS,
     DIM_ONE,
-    DIM_PLE /* Gemma 4's hidden_size_per_layer_input */
+    DIM_PLE, /* Gemma 4's hidden_size_per_layer_input */
+    DIM_EXPERTS
 } layer_dim;
 
 /* When a part is present: always, with attention_bias, with qk_norm,
@@ -50,7 +51,8 @@ typedef enum {
     WITH_SINKS,
     GPT_OSS_FFN_NORM,
     WITH_LAYER_SCALAR,
-    WITH_PER_LAYER_INPUT
+    WITH_PER_LAYER_INPUT,
+    WITH_MOE_BLOCK
 } layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
@@ -114,6 +116,16 @@ static const struct layer_part {
      offsetof(eng_layer, g4.ple_proj), WITH_PER_LAYER_INPUT},
     {"post_per_layer_input_norm.weight", "post_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, g4.ple_norm), WITH_PER_LAYER_INPUT},
+    {"router.scale", "ffn_gate_inp.scale", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, g4.router_scale), WITH_MOE_BLOCK},
+    {"router.per_expert_scale", "ffn_down_exps.scale", DIM_EXPERTS, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, g4.expert_scale), WITH_MOE_BLOCK},
+    {"post_feedforward_layernorm_1.weight", "post_ffw_norm_1.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, g4.mlp_post_norm), WITH_MOE_BLOCK},
+    {"pre_feedforward_layernorm_2.weight", "pre_ffw_norm_2.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, g4.moe_pre_norm), WITH_MOE_BLOCK},
+    {"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, g4.moe_post_norm), WITH_MOE_BLOCK},
 };
 
 #define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
@@ -187,7 +199,7 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     bool mlp = part->field == offsetof(eng_layer, w_gate) ||
                part->field == offsetof(eng_layer, w_up) ||
                part->field == offsetof(eng_layer, w_down);
-    if (mlp && eng_layer_is_moe(c, l))
+    if (mlp && eng_layer_is_moe(c, l) && !c->g4.moe_block) /* Gemma 4's MLP stays beside */
         return false;
     /* Gemma 4's kv-shared layers have no k or v of their own */
     bool kv = part->field == offsetof(eng_layer, wk) || part->field == offsetof(eng_layer, wv) ||
@@ -214,6 +226,7 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;
     case WITH_LAYER_SCALAR: return c->layer_scalar;
     case WITH_PER_LAYER_INPUT: return c->g4.ple_dim > 0;
+    case WITH_MOE_BLOCK: return c->g4.moe_block;
     }
     return false;
 }
@@ -238,6 +251,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_HEADS] = c->n_heads,
         [DIM_ONE] = 1,
         [DIM_PLE] = c->g4.ple_dim,
+        [DIM_EXPERTS] = c->n_experts,
     };
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;

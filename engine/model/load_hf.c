@@ -415,7 +415,6 @@ static const struct gemma4_refusal {
     const char *key, *what;
     double runs, def;
 } gemma4_refusals[] = {
-    {"enable_moe_block", "the mixture-of-experts block", 0, 0},
     {"attention_bias", "biases on the attention projections", 0, 0},
 };
 

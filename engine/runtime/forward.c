@@ -84,6 +84,21 @@ static int gemma_state_new(eng_forward_state *st, const eng_model *m)
             norm_row(&m->layers[l].g4.ple_norm, c->norm_offset, st->ple_norms + l * H);
         norm_row(&m->g4.ple_norm, c->norm_offset, st->ple_norms + L * H);
     }
+    if (c->g4.moe_block) { /* Gemma 4's MoE block's norms, four a layer */
+        st->moe_norms = malloc((size_t)c->n_layers * 4 * H * sizeof(float));
+        if (!st->moe_norms)
+            return QL_ENOMEM;
+        for (size_t l = 0; l < (size_t)c->n_layers; l++) {
+            const eng_gemma4_layer *g = &m->layers[l].g4;
+            float *n = st->moe_norms + 4 * l * H;
+            norm_row(&g->mlp_post_norm, c->norm_offset, n);
+            norm_row(&g->router_scale, 0.0f, n + H);
+            for (size_t i = 0; i < H; i++) /* transformers' scalar_root_size */
+                n[H + i] *= (float)(1.0 / sqrt((double)H));
+            norm_row(&g->moe_pre_norm, c->norm_offset, n + 2 * H);
+            norm_row(&g->moe_post_norm, c->norm_offset, n + 3 * H);
+        }
+    }
     if (c->rope_local_theta > 0.0f) {
         st->rope_cos_local = malloc(T * half * sizeof(float));
         st->rope_sin_local = malloc(T * half * sizeof(float));
@@ -115,6 +130,11 @@ static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
     ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
     ly->post_ffn_norm = st->post_norms ? st->post_norms + (2 * i + 1) * H : NULL;
     ly->ple_norm = st->ple_norms ? st->ple_norms + i * H : NULL;
+    const float *mn = st->moe_norms ? st->moe_norms + 4 * i * H : NULL;
+    ly->mlp_post_norm = mn;
+    ly->router_norm = mn ? mn + H : NULL;
+    ly->moe_pre_norm = mn ? mn + 2 * H : NULL;
+    ly->moe_post_norm = mn ? mn + 3 * H : NULL;
     eng_walk_layer_shape(c, l, ly);
 }
 
@@ -144,7 +164,8 @@ void eng_forward_state_free(eng_forward_state *st)
                      st->rope_cos_local,
                      st->rope_sin_local,
                      st->ple,
-                     st->ple_norms};
+                     st->ple_norms,
+                     st->moe_norms};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(st->lora_x);
@@ -186,6 +207,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     for (size_t l = 0; l < L; l++)
         F = (size_t)eng_layer_ff(c, (int32_t)l) > F ? (size_t)eng_layer_ff(c, (int32_t)l) : F;
     F = (size_t)c->g4.ple_dim > F ? (size_t)c->g4.ple_dim : F;
+    F = c->g4.moe_block && H > F ? H : F; /* the MoE block's router input and output */
     size_t wide = F > Q ? F : Q;
     wide = (size_t)c->g4.ple_dim * L > wide ? (size_t)c->g4.ple_dim * L : wide;
     wide = wide > H ? wide : H;

@@ -154,6 +154,29 @@ static int add_per_layer_input(const eng_walk_backend *b, int32_t l, int64_t T, 
     return rc == QL_OK ? ops->add(b->be, b->x, b->tmp, T * H, msg, msg_len) : rc;
 }
 
+/* Gemma 4's MoE block on layer l's T rows, beside the MLP whose output is
+ * in b->tmp, as transformers' decoder layer: tmp = post_1(tmp) +
+ * post_2(experts(pre_2(x)) routed by norm(x) * router.scale / sqrt(hidden)),
+ * x the residual. b->h takes the experts' input, b->up the router's,
+ * b->gate their output (each at least hidden wide in such a model). */
+static int add_moe_block(const eng_walk_backend *b, int32_t l, int64_t T, char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_walk_layer *ly = &b->layers[l];
+    int64_t H = b->m->cfg.hidden_size;
+    float eps = b->m->cfg.rms_norm_eps;
+    int rc = ops->rmsnorm(b->be, b->tmp, b->tmp, ly->mlp_post_norm, T, H, eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->h, b->x, ly->moe_pre_norm, T, H, eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->up, b->x, ly->router_norm, T, H, eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->moe(b->be, l, b->h, b->up, b->gate, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->gate, b->gate, ly->moe_post_norm, T, H, eps, msg, msg_len);
+    return rc == QL_OK ? ops->add(b->be, b->tmp, b->gate, T * H, msg, msg_len) : rc;
+}
+
 /* A failure inside layer l (l < 0: around the layers): its code, with the
  * layer put before the operation's sentence. */
 static int failed(int rc, int32_t l, char *msg, size_t msg_len)
@@ -294,11 +317,11 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         const float *ffn_in = ly->ffn_norm ? b->h : b->x;
         if (ly->ffn_norm)
             OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
-        if (ly->moe) {
+        if (ly->moe && !ly->router_norm) {
             // mixture of experts: each row's top-k experts by the router, their
             // GLUs summed with the router's weights (Qwen2-MoE's gated shared
             // expert added)
-            OP(ops->moe(be, l, ffn_in, b->tmp, msg, msg_len));
+            OP(ops->moe(be, l, ffn_in, NULL, b->tmp, msg, msg_len));
         } else {
             // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
             OP(ops->project(be, l, ENG_PROJ_GATE, ffn_in, b->gate, msg, msg_len));
@@ -307,6 +330,9 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
             // down projection
             OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
         }
+        // Gemma 4's MoE block: norm(MLP) + norm(experts of the residual)
+        if (ly->router_norm)
+            OP(add_moe_block(b, l, T, msg, msg_len));
         // Gemma's and OLMo 3's post-ffn norm
         if (ly->post_ffn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));

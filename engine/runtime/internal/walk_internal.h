@@ -42,11 +42,15 @@ typedef struct eng_walk_layer {
     const float *v_norm;                         /* [head_dim] of ones (Gemma 4) */
     const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3) */
     const float *ple_norm; /* [hidden]: Gemma 4's post_per_layer_input_norm; NULL: none */
-    int32_t window;        /* sliding window in positions; 0: all */
-    int rope;              /* ENG_WALK_ROPE_* */
-    bool moe;              /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
-    bool k_is_v;           /* the values are k's projection (eng_layer_k_is_v; Gemma 4) */
-    int64_t ff;            /* the MLP's width (eng_layer_ff) */
+    /* Gemma 4's MoE block beside the MLP ([hidden] each, NULL: none): the
+     * MLP's output norm, the router's input norm (router.scale over
+     * sqrt(hidden)), the experts' input and output norms */
+    const float *mlp_post_norm, *router_norm, *moe_pre_norm, *moe_post_norm;
+    int32_t window; /* sliding window in positions; 0: all */
+    int rope;       /* ENG_WALK_ROPE_* */
+    bool moe;       /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
+    bool k_is_v;    /* the values are k's projection (eng_layer_k_is_v; Gemma 4) */
+    int64_t ff;     /* the MLP's width (eng_layer_ff) */
 } eng_walk_layer;
 
 /* Layer l's window and rotation table under config c: a sliding layer
@@ -104,8 +108,11 @@ typedef struct eng_walk_ops {
      * router's weights; plus Qwen2-MoE's shared expert, gated by
      * sigmoid(shared_gate . x). Experts are projections (eng_expert_proj):
      * each sequence's weight version and adapters apply to them. NULL in a
-     * backend that runs no mixtures (it refuses such models when made). */
-    int (*moe)(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len);
+     * backend that runs no mixtures (it refuses such models when made).
+     * router_x (NULL: x) is what the router reads (Gemma 4's MoE block:
+     * the residual under its own norm, the experts another). */
+    int (*moe)(void *be, int32_t l, const float *x, const float *router_x, float *out, char *msg,
+               size_t msg_len);
     /* gate[i] = act(gate[i]) * up[i] for i < n (SwiGLU, GeGLU) */
     int (*glu)(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
                size_t msg_len);
