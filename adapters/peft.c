@@ -613,7 +613,9 @@ static void module_name(char *buf, size_t len, const eng_model *m, int32_t layer
 {
     char path[96];
     module_path(path, sizeof path, m, layer, p);
-    snprintf(buf, len, "model.layers.%d.%s", layer, path);
+    /* Gemma4ForConditionalGeneration's text model's, as PEFT names them */
+    snprintf(buf, len, "model.%slayers.%d.%s", m->cfg.g4.language_model ? "language_model." : "",
+             layer, path);
 }
 
 /* What a module is to get from the file. */
@@ -746,7 +748,11 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
 {
     const char *s = key;
     skip_prefix(&s, "base_model.model.");
-    if (!skip_prefix(&s, "model.layers.") || !isdigit((unsigned char)*s))
+    /* Gemma4ForConditionalGeneration's text model's layers */
+    if (!(m->cfg.g4.language_model && skip_prefix(&s, "model.language_model.layers.")) &&
+        !skip_prefix(&s, "model.layers."))
+        return false;
+    if (!isdigit((unsigned char)*s))
         return false;
     char *end;
     unsigned long long l = strtoull(s, &end, 10);

@@ -435,6 +435,15 @@ static void check_gemma4_ple(eng_model *m)
     }
 }
 
+/* Gemma4ForConditionalGeneration's text model (the per-layer-input shape
+ * above, its tensors under model.language_model.) */
+static void check_gemma4_cg(eng_model *m)
+{
+    check_gemma4_ple(m);
+    cr_assert(m->cfg.g4.language_model);
+    cr_assert(m->cfg.tie_word_embeddings && !m->lm_head.rows);
+}
+
 /* The large dense Gemma 4's shape: attention_k_eq_v, so the full layers
  * (2, 5) have no v_proj and take k's projection as their values. */
 static void check_gemma4_keqv(eng_model *m)
@@ -922,6 +931,10 @@ static const arch_row ARCH_ROWS[] = {
      .fixture = "gemma4_keqv_tiny",
      GEMMA4_SHAPE_REF(GEMMA4_KEQV_LOGITS),
      .check = check_gemma4_keqv},
+    {.label = "gemma4 ConditionalGeneration folder (its text model)",
+     .fixture = "gemma4_cg_tiny",
+     GEMMA4_SHAPE_REF(GEMMA4_CG_LOGITS),
+     .check = check_gemma4_cg},
     {.label = "gemma4 MoE block folder",
      .fixture = "gemma4_moe_tiny",
      GEMMA4_SHAPE_REF(GEMMA4_MOE_LOGITS),
@@ -1330,6 +1343,8 @@ static const refused_edit REFUSED_EDITS[] = {
      "num_kv_shared_layers"},
     {"gemma4_tiny", "\"enable_moe_block\": false", "\"enable_moe_block\": true",
      "\"num_experts\" is missing"},
+    {"gemma4_cg_tiny", "\"text_config\"", "\"text_configX\"",
+     "Gemma4ForConditionalGeneration without a \"text_config\" object"},
     {"gemma4_moe_tiny", "\"top_k_experts\": 2", "\"top_k_experts\": 5", "5 experts per token of 4"},
     {"gemma4_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
      "attention_bias is not supported for Gemma 4"},

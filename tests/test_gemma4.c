@@ -49,6 +49,7 @@ Test(gemma4, released_shapes_give_transformers_greedy_ids, .timeout = 60)
         {"gemma4_ple_tiny", &GEMMA4_PLE_LOGITS[0][0], GEMMA4_PLE_GREEDY},
         {"gemma4_keqv_tiny", &GEMMA4_KEQV_LOGITS[0][0], GEMMA4_KEQV_GREEDY},
         {"gemma4_moe_tiny", &GEMMA4_MOE_LOGITS[0][0], GEMMA4_MOE_GREEDY},
+        {"gemma4_cg_tiny", &GEMMA4_CG_LOGITS[0][0], GEMMA4_CG_GREEDY},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         eng_model m;
@@ -115,13 +116,19 @@ static void against_reference(const eng_model *m, const eng_weights *w, eng_lora
     ref_free(&R);
 }
 
-static eng_lora *load_ple_adapter(const eng_model *m)
+/* The adapter folder tests/fixtures/peft/<name> loaded onto m. */
+static eng_lora *load_peft(const eng_model *m, const char *name)
 {
     char path[512], msg[1024];
-    snprintf(path, sizeof path, "%s/peft/gemma4_ple", QL_FIXTURES);
+    snprintf(path, sizeof path, "%s/peft/%s", QL_FIXTURES, name);
     eng_lora *l = NULL;
-    cr_assert_eq(lora_load(&l, NULL, path, "gemma4_ple", m, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(lora_load(&l, NULL, path, name, m, msg, sizeof msg), 0, "%s", msg);
     return l;
+}
+
+static eng_lora *load_ple_adapter(const eng_model *m)
+{
+    return load_peft(m, "gemma4_ple");
 }
 
 /* PEFT's LoRA on q, k, v, o, gate, up, down and each layer's
@@ -240,5 +247,26 @@ Test(gemma4, adapters_on_the_moe_block_model, .timeout = 60)
     cr_assert_neq(lora_load(&l, NULL, adir, "experts", &m, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "target_parameters on Gemma 4's experts"), "%s", msg);
     test_rmtree(dir);
+    eng_model_free(&m);
+}
+
+/* PEFT's LoRA on a Gemma4ForConditionalGeneration's text model (keys
+ * under model.language_model.layers., target_modules a regex over those
+ * names) on q, v, down and the per-layer input gate: PEFT's float64
+ * logits, unmerged, within the 5e-5 above. */
+Test(gemma4, a_peft_adapter_on_the_conditional_generation_text_model, .timeout = 60)
+{
+    eng_model m;
+    load_shape(&m, "gemma4_cg_tiny", NULL);
+    eng_lora *l = load_peft(&m, "gemma4_cg");
+    cr_assert_not_null(eng_lora_module_at(l, 3, ENG_PROJ_PLE_GATE));
+    cr_assert_not_null(eng_lora_module_at(l, 3, ENG_PROJ_V));
+    cr_assert_null(eng_lora_module_at(l, 4, ENG_PROJ_V), "no v on a kv-shared layer");
+    cr_assert_null(eng_lora_module_at(l, 3, ENG_PROJ_K));
+    eng_lora_term term = {l, 1.0f};
+    double worst = prompt_error(&m, NULL, &term, 1, &GEMMA4_CG_LORA_LOGITS[0][0]);
+    cr_log_info("gemma4_cg_tiny + adapter unmerged: worst logit error %g", worst);
+    cr_assert_lt(worst, 5e-5, "unmerged: worst logit error %g", worst);
+    eng_lora_unref(l);
     eng_model_free(&m);
 }

@@ -15,6 +15,7 @@
 #include "internal/model_internal.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* Gemma's embedding scale: sqrt(hidden), which transformers casts to the
  * embeddings' dtype before multiplying (so a bf16 model scales by
@@ -93,6 +94,41 @@ int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *
                        "supported",
                        path, global_kv, c->n_kv_heads);
     return rc;
+}
+
+int model_gemma4_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
+                             size_t msg_len)
+{
+    *text = NULL;
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    if (!cJSON_IsString(a0) || strcmp(a0->valuestring, "Gemma4ForConditionalGeneration") != 0)
+        return QL_OK;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "text_config");
+    if (!cJSON_IsObject(tc))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: Gemma4ForConditionalGeneration without a \"text_config\" object", path);
+    const char *causal[] = {"Gemma4ForCausalLM"};
+    cJSON *t = cJSON_Duplicate(tc, true), *arch = cJSON_CreateStringArray(causal, 1);
+    if (t && arch) {
+        cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures");
+        cJSON_AddItemToObject(t, "architectures", arch);
+    } else {
+        cJSON_Delete(arch);
+        cJSON_Delete(t);
+        t = NULL;
+    }
+    static const char *const outer[] = {"tie_word_embeddings", "quantization_config",
+                                        "_name_or_path"};
+    for (size_t i = 0; t && i < sizeof outer / sizeof *outer; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, outer[i]);
+        if (v && !cJSON_GetObjectItemCaseSensitive(t, outer[i]))
+            cJSON_AddItemToObject(t, outer[i], cJSON_Duplicate(v, true));
+    }
+    if (!t)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    *text = t;
+    return QL_OK;
 }
 
 int model_gemma4_load(model_loader *L, model_tensor_loader load, char *msg, size_t msg_len)

@@ -44,6 +44,10 @@ typedef struct eng_gemma4_config {
      * renormalized, times per_expert_scale) through
      * post_feedforward_layernorm_2, both through post_feedforward_layernorm */
     bool moe_block;
+    /* the text model of a Gemma4ForConditionalGeneration folder: its
+     * text_config, its tensors under model.language_model. (the vision
+     * and audio towers are not read) */
+    bool language_model;
 } eng_gemma4_config;
 
 /* A layer's per-layer-input weights (rows 0 when the model has none). */

@@ -1179,6 +1179,12 @@ static int load_gptq_tensor(const model_loader *L, const char *name, const st_fi
 static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols,
                           tensor_role role, qtensor *out, char *msg, size_t msg_len)
 {
+    char text_name[512];
+    if (L->m->cfg.g4.language_model && strncmp(name, "model.", 6) == 0) {
+        /* Gemma4ForConditionalGeneration's text model */
+        snprintf(text_name, sizeof text_name, "model.language_model.%s", name + 6);
+        name = text_name;
+    }
     const st_file *f = NULL;
     bool one_d = cols == 0;
     int64_t want_rows = one_d ? 1 : rows, want_cols = one_d ? rows : cols;
@@ -1322,7 +1328,13 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     int rc = mf_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    rc = parse_hf_config(L, path, j, msg, msg_len);
+    cJSON *text = NULL; /* Gemma4ForConditionalGeneration's text_config, as its own */
+    rc = model_gemma4_text_config(path, j, &text, msg, msg_len);
+    if (rc == QL_OK)
+        rc = parse_hf_config(L, path, text ? text : j, msg, msg_len);
+    if (rc == QL_OK && text)
+        m->cfg.g4.language_model = true;
+    cJSON_Delete(text);
     const char *own = mf_json_str(j, "_name_or_path");
     model_set_name(m, own, own ? strlen(own) : 0, L->dir);
     cJSON_Delete(j);

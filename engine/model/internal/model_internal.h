@@ -149,6 +149,13 @@ void model_experts_free(eng_model *m, int32_t l);
  * into c->g4, a value qlserve does not run refused by name. */
 int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *msg,
                          size_t msg_len);
+/* A Gemma4ForConditionalGeneration config.json (j): its text_config as a
+ * Gemma4ForCausalLM's into *text (the caller's, cJSON_Delete), with the
+ * outer config's tie_word_embeddings, quantization_config and
+ * _name_or_path where the text_config has none; *text NULL for any other
+ * architecture. */
+int model_gemma4_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
+                             size_t msg_len);
 /* The model-wide per-layer-input tensors (eng_gemma4_model) through load,
  * when the config has them; sets c->g4.ple_embed_scale. */
 int model_gemma4_load(model_loader *L, model_tensor_loader load, char *msg, size_t msg_len);
