@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma4_shapes_reference.h"
 #include "lora.h"
@@ -269,4 +270,34 @@ Test(gemma4, a_peft_adapter_on_the_conditional_generation_text_model, .timeout =
     cr_assert_lt(worst, 5e-5, "unmerged: worst logit error %g", worst);
     eng_lora_unref(l);
     eng_model_free(&m);
+}
+
+/* qlserve inspect says what of Gemma 4 a folder uses. */
+Test(gemma4, inspect_names_the_options, .timeout = 60)
+{
+    struct {
+        const char *folder, *line;
+    } want[] = {
+        {"gemma4_cg_tiny", "gemma 4: 5 sliding window, 2 kv-shared layers (double-wide MLP); "
+                           "per-layer inputs 8 a layer; the text model of a "
+                           "Gemma4ForConditionalGeneration\n"},
+        {"gemma4_moe_tiny", "gemma 4: 5 sliding window, 0 kv-shared layers; keys as values on "
+                            "full layers; MoE block: 4 experts of 32, 2 a token\n"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        char dir[512], msg[1024];
+        test_tmpdir(dir, sizeof dir);
+        cr_assert(dir[0]);
+        tiny_fixture_folder(want[i].folder, dir);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *out = open_memstream(&text, &len);
+        eng_load_opts o = {.path = dir};
+        cr_assert_eq(eng_inspect(dir, &o, out, msg, sizeof msg), 0, "%s", msg);
+        fclose(out);
+        cr_assert(strstr(text, want[i].line), "%s: no \"%s\" in:\n%s", want[i].folder, want[i].line,
+                  text);
+        free(text);
+        test_rmtree(dir);
+    }
 }
