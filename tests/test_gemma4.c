@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
 #include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma4_shapes_reference.h"
+#include "inspect_text.h"
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
@@ -285,16 +285,11 @@ Test(gemma4, inspect_names_the_options, .timeout = 60)
                             "full layers; MoE block: 4 experts of 32, 2 a token\n"},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
-        char dir[512], msg[1024];
+        char dir[512];
         test_tmpdir(dir, sizeof dir);
         cr_assert(dir[0]);
         tiny_fixture_folder(want[i].folder, dir);
-        char *text = NULL;
-        size_t len = 0;
-        FILE *out = open_memstream(&text, &len);
-        eng_load_opts o = {.path = dir};
-        cr_assert_eq(eng_inspect(dir, &o, out, msg, sizeof msg), 0, "%s", msg);
-        fclose(out);
+        char *text = inspect_text(dir);
         cr_assert(strstr(text, want[i].line), "%s: no \"%s\" in:\n%s", want[i].folder, want[i].line,
                   text);
         free(text);
