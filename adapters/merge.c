@@ -52,6 +52,11 @@
  *                   idempotent at the last bit (an f32 scale recomputed
  *                   from 448 * scale can move by an ulp; a UE8M0 block whose
  *                   largest code is 224 takes the power of two below).
+ *                   bf16 or f16 scales (compressed-tensors, fbgemm) are
+ *                   recomputed as amax / 448 in their dtype.
+ *   GPTQ AWQ CT_INT the weight's own layout (bits, groups or blocks, zero
+ *                   convention, packing, scale dtype), round to nearest
+ *                   over each group's or block's range.
  *
  * Numbers, and why:
  *   - the delta of one element is computed in double, parts in order, each
@@ -212,7 +217,8 @@ static int gguf_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
 }
 
 /* FP8: requantized per block in the weight's own block and scale dtype
- * (f32 or UE8M0), as transformers' Fp8Quantize writes them. */
+ * (f32 or UE8M0, as transformers' Fp8Quantize writes them; bf16 or f16 by
+ * compressed-tensors' rule). */
 static int fp8_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
 {
     if (w->kind != QT_FP8)
@@ -232,6 +238,18 @@ static int gptq_params(const qtensor *w, qt_quant_params *p, char *msg, size_t m
     if (w->kind != QT_GPTQ && w->kind != QT_AWQ)
         return wrong_family(w, "gptq/awq", msg, msg_len);
     p->kind = w->kind;
+    p->layout = w;
+    return QL_OK;
+}
+
+/* compressed-tensors' integer weights: requantized per block into the
+ * weight's own layout (bits, block, zero points or none, packing, scale
+ * dtype) by compressed-tensors' min-max rule. */
+static int ct_int_params(const qtensor *w, qt_quant_params *p, char *msg, size_t msg_len)
+{
+    if (w->kind != QT_CT_INT)
+        return wrong_family(w, "ct_int", msg, msg_len);
+    p->kind = QT_CT_INT;
     p->layout = w;
     return QL_OK;
 }
@@ -727,6 +745,7 @@ MERGE_FAMILY(merge_affine, affine_params)
 MERGE_FAMILY(merge_gguf, gguf_params)
 MERGE_FAMILY(merge_fp8, fp8_params)
 MERGE_FAMILY(merge_gptq, gptq_params)
+MERGE_FAMILY(merge_ct_int, ct_int_params)
 
 /* --- the table ---------------------------------------------------------- */
 
@@ -753,6 +772,7 @@ static const lora_ops ops_table[QT_KIND_COUNT] = {
     [QT_FP8] = {.kind = "fp8", .merge = merge_fp8},
     [QT_GPTQ] = {.kind = "gptq", .merge = merge_gptq},
     [QT_AWQ] = {.kind = "awq", .merge = merge_gptq},
+    [QT_CT_INT] = {.kind = "ct_int", .merge = merge_ct_int},
 };
 
 int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_len)
@@ -767,7 +787,8 @@ int lora_dispatch(const qtensor *w, const lora_ops **ops, char *msg, size_t msg_
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "quant kind %d (%s) has no LoRA operations: merge, unmerge and apply "
                        "exist for f32, f16, bf16, nf4, fp4, affine, q4_0, q4_1, q8_0, q5_0, q5_1, "
-                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, fp8, gptq and awq",
+                       "q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, fp8, gptq, awq and "
+                       "ct_int",
                        (int)w->kind, qt_kind_name(w->kind));
     *ops = &ops_table[w->kind];
     return QL_OK;

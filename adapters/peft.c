@@ -115,6 +115,8 @@
 
 /* adapter_config.json is small; a bigger file is not one */
 #define CONFIG_MAX_BYTES ((size_t)16 << 20)
+/* A module's full name: "model.language_model.layers.N." and its path (96). */
+#define MODULE_NAME_MAX 160
 
 /* --- the adapter as the engine sees it, plus the file it borrows from ------ */
 
@@ -596,7 +598,15 @@ static void module_path(char *buf, size_t len, const eng_model *m, int32_t layer
 {
     eng_proj part;
     int32_t e = eng_proj_expert(p, &part);
-    if (e >= 0 && m->cfg.arch == ENG_ARCH_MIXTRAL)
+    /* Qwen3.5's linear layers hold in_proj_qkv, in_proj_z and out_proj
+     * where attention's q, k and o are (engine/model/hybrid.h); no v */
+    static const char *const linear_part[ENG_N_PROJ] = {[ENG_PROJ_Q] = "linear_attn.in_proj_qkv",
+                                                        [ENG_PROJ_K] = "linear_attn.in_proj_z",
+                                                        [ENG_PROJ_V] = "linear_attn.(none)",
+                                                        [ENG_PROJ_O] = "linear_attn.out_proj"};
+    if (e < 0 && p < ENG_N_PROJ && eng_linear_is(&m->cfg.linear, layer) && linear_part[p])
+        snprintf(buf, len, "%s", linear_part[p]);
+    else if (e >= 0 && m->cfg.arch == ENG_ARCH_MIXTRAL)
         snprintf(buf, len, "block_sparse_moe.experts.%d.%s", e, mixtral_part[part - ENG_PROJ_GATE]);
     else if (e >= 0)
         snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
@@ -644,6 +654,19 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
                            "up_proj, down_proj) and Gemma 4's per_layer_input_gate and "
                            "per_layer_projection",
                            c->path, outer[i]);
+    /* a linear layer's in_proj_b and in_proj_a are dense parameters here,
+     * not projections an adapter may change */
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        for (int k = 0; k < 2 && eng_linear_is(&m->cfg.linear, l); k++) {
+            char name[MODULE_NAME_MAX];
+            snprintf(name, sizeof name, "model.layers.%d.linear_attn.%s", l,
+                     k ? "in_proj_a" : "in_proj_b");
+            if (config_targets(c, name, l, true))
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "%s: target_modules selects %s; qlserve adapts a linear-attention "
+                               "layer's in_proj_qkv, in_proj_z and out_proj only",
+                               c->path, name);
+        }
     *n_targeted = 0;
     int32_t np = eng_n_proj(&m->cfg);
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
@@ -653,11 +676,18 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             if (m->cfg.g4.moe_block && eng_proj_expert((eng_proj)p, NULL) >= 0)
                 continue; /* Gemma 4's experts are 3-D parameters, no modules */
             module_plan *mp = &plan[(size_t)l * (size_t)np + (size_t)p];
-            char name[128];
+            char name[MODULE_NAME_MAX];
             module_name(name, sizeof name, m, l, (eng_proj)p);
             mp->targeted = config_targets(c, name, l, true);
             if (!mp->targeted)
                 continue;
+            /* llama.cpp's converter reorders a linear layer's value heads */
+            if (m->cfg.linear.v_tiled && eng_linear_is(&m->cfg.linear, l))
+                return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                               "%s: target_modules selects %s, whose value heads a qwen35 GGUF "
+                               "holds in another order than PEFT trained; use the Hugging Face "
+                               "folder for adapters on the linear-attention layers",
+                               c->path, name);
             (*n_targeted)++;
             mp->rank = (int32_t)pattern_value(&c->rank, name, c->r, &mp->rank_key);
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
@@ -674,7 +704,7 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
                        "%s: target_parameters adapts a mixture's experts; %s (%s) has none",
                        c->path, m->name, eng_arch_name(m->cfg.arch));
     if (*n_targeted == 0 && !fused) {
-        char example[128];
+        char example[MODULE_NAME_MAX];
         module_name(example, sizeof example, m, 0, ENG_PROJ_Q);
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_modules selects no projection of this model (module names "
@@ -748,11 +778,10 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
 {
     const char *s = key;
     skip_prefix(&s, "base_model.model.");
-    /* Gemma4ForConditionalGeneration's text model's layers */
-    if (!(m->cfg.g4.language_model && skip_prefix(&s, "model.language_model.layers.")) &&
-        !skip_prefix(&s, "model.layers."))
-        return false;
-    if (!isdigit((unsigned char)*s))
+    /* a multimodal checkpoint's text model (Gemma4ForConditionalGeneration,
+     * Qwen3_5ForConditionalGeneration) */
+    if (!(skip_prefix(&s, "model.layers.") || skip_prefix(&s, "model.language_model.layers.")) ||
+        !isdigit((unsigned char)*s))
         return false;
     char *end;
     unsigned long long l = strtoull(s, &end, 10);
@@ -1066,7 +1095,7 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
                            f->path, t->name, layer, m->cfg.n_layers);
         size_t np = (size_t)eng_n_proj(&m->cfg);
         module_plan *mp = &plan[(size_t)layer * np + p];
-        char name[128];
+        char name[MODULE_NAME_MAX];
         module_name(name, sizeof name, m, (int32_t)layer, p);
         if (!mp->targeted)
             return ql_fail(msg, msg_len, QL_EINVAL,
@@ -1103,7 +1132,7 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             const module_plan *mp = &plan[idx];
             if (!mp->targeted)
                 continue;
-            char name[128];
+            char name[MODULE_NAME_MAX];
             module_name(name, sizeof name, m, layer, (eng_proj)p);
             if (!mp->a || !mp->b)
                 return ql_fail(msg, msg_len, QL_ENOTFOUND,

@@ -15,9 +15,16 @@
  * yet: their weight is random blocks of the same size (random codes and
  * sub-block scales, small f16 d and dmin), which a matrix kernel reads
  * exactly as it reads a GGUF file's; all but iq4_nl (blocks of 32) need
- * --cols a multiple of 256.
+ * --cols a multiple of 256. GPTQ and AWQ are read from checkpoints only:
+ * their weight is a random checkpoint's parts in groups of 128 (random
+ * codes and zeros, f16 scales keeping |w| about 0.02; act-order a random
+ * g_idx), which the products read as a loaded checkpoint's. FP8 is
+ * quantized from the weight in blocks of 128 x 128, both scale widths.
  *
- * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S]
+ * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S] [--kinds LABEL,LABEL...]
+ *                    [--clock wall|cpu]
+ * (--kinds: only the kinds whose label is listed, all by default; --clock
+ * cpu: each call timed by the thread's CPU time, for a shared machine)
  * Each figure is the best of repeated runs lasting at least --min-seconds.
  */
 #include "qtensor.h"
@@ -28,11 +35,22 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
+/* What a call is timed by: wall time (the default), or with --clock cpu
+ * this thread's CPU time, which on a machine shared with other work leaves
+ * out the time the thread waited for a core (not the caches the others
+ * share). The repetition budget (--min-seconds) is wall time either way. */
+static clockid_t call_clock = CLOCK_MONOTONIC;
+
+static double clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double now(void)
+{
+    return clock_s(CLOCK_MONOTONIC);
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -72,9 +90,9 @@ static double best_time(bench_fn fn, bench_ctx *c, double min_s)
     double best = 1e30, start = now();
     int runs = 0;
     do {
-        double t0 = now();
+        double t0 = clock_s(call_clock);
         fn(c);
-        double dt = now() - t0;
+        double dt = clock_s(call_clock) - t0;
         best = dt < best ? dt : best;
         runs++;
     } while (now() - start < min_s || runs < 3);
@@ -114,7 +132,9 @@ static void run_naive_f32(bench_ctx *c)
 typedef struct kind_case {
     const char *label;
     qt_quant_params p;
-    bool kquant; /* random super-blocks instead of qt_quantize */
+    bool kquant;       /* random super-blocks instead of qt_quantize */
+    int32_t gptq_bits; /* > 0: a random GPTQ/AWQ checkpoint's parts (qt_from_gptq) */
+    bool awq, act_order;
 } kind_case;
 
 /* Where a read-in-place kind keeps its f16 d and dmin (-1: none), and the
@@ -168,6 +188,69 @@ static int random_kquant(qtensor *q, qt_kind kind, int64_t rows, int64_t cols, c
     return rc;
 }
 
+/* A rows x cols GPTQ (or AWQ) weight in groups of 128 read from random
+ * parts, as a checkpoint's: random codes and zeros, f16 scales about 0.002
+ * (|w| about 0.02), act-order g_idx a random permutation's groups. The
+ * parts live as long as the tensor (*parts, freed by the caller after
+ * qt_free). */
+static int random_gptq(qtensor *q, const kind_case *kc, int64_t rows, int64_t cols, void **parts,
+                       char *msg, size_t msg_len)
+{
+    int64_t groups = cols / 128;
+    size_t qb = (size_t)(rows * cols * kc->gptq_bits / 8), zb = (size_t)(groups * rows) * 4;
+    size_t sb = (size_t)(groups * rows) * 2, gb = (size_t)cols * 4;
+    uint8_t *m = malloc(qb + zb + sb + gb);
+    if (!m)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (size_t i = 0; i < qb + zb; i++)
+        m[i] = (uint8_t)(uniform() * 256.0);
+    for (int64_t i = 0; i < groups * rows; i++) {
+        uint16_t h = qt_f32_to_f16(0.001f + 0.002f * (float)uniform());
+        memcpy(m + qb + zb + i * 2, &h, 2);
+    }
+    int32_t *g = (int32_t *)(void *)(m + qb + zb + sb);
+    for (int64_t c = 0; c < cols; c++)
+        g[c] = (int32_t)c;
+    for (int64_t c = cols - 1; c > 0; c--) {
+        int64_t j = (int64_t)(uniform() * (double)(c + 1));
+        int32_t t = g[c];
+        g[c] = g[j];
+        g[j] = t;
+    }
+    for (int64_t c = 0; c < cols; c++)
+        g[c] /= 128;
+    qt_gptq_parts p = {.rows = rows,
+                       .cols = cols,
+                       .bits = kc->gptq_bits,
+                       .group_size = 128,
+                       .awq = kc->awq,
+                       .qweight = m,
+                       .borrow_codes = true,
+                       .qzeros = m + qb,
+                       .scales = m + qb + zb,
+                       .g_idx = kc->act_order ? m + qb + zb + sb : NULL,
+                       .groups = groups};
+    int rc = qt_from_gptq(q, &p, msg, msg_len);
+    if (rc != QL_OK)
+        free(m);
+    else
+        *parts = m;
+    return rc;
+}
+
+/* Whether label is one of the comma-separated labels in list. */
+static bool listed(const char *list, const char *label)
+{
+    size_t n = strlen(label);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, label, n) == 0)
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
 static void cpu_model(char *buf, size_t len)
 {
     snprintf(buf, len, "unknown");
@@ -196,6 +279,7 @@ int main(int argc, char **argv)
 {
     int64_t rows = 4096, cols = 4096;
     double min_s = 0.3;
+    const char *only = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--rows") == 0)
             rows = atoll(argv[i + 1]);
@@ -203,6 +287,10 @@ int main(int argc, char **argv)
             cols = atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--min-seconds") == 0)
             min_s = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--kinds") == 0)
+            only = argv[i + 1];
+        else if (strcmp(argv[i], "--clock") == 0 && strcmp(argv[i + 1], "cpu") == 0)
+            call_clock = CLOCK_THREAD_CPUTIME_ID;
     }
     if (rows <= 0 || cols <= 0 || cols % 128 != 0) {
         fprintf(stderr, "bench_quant: --cols must be a positive multiple of 128\n");
@@ -222,32 +310,40 @@ int main(int argc, char **argv)
         x[i] = normal(1.0f);
 
     const kind_case cases[] = {
-        {"f32", {.kind = QT_F32}, false},
-        {"f16", {.kind = QT_F16}, false},
-        {"bf16", {.kind = QT_BF16}, false},
-        {"nf4", {.kind = QT_NF4, .blocksize = 64}, false},
-        {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}, false},
-        {"fp4", {.kind = QT_FP4, .blocksize = 64}, false},
+        {"f32", {.kind = QT_F32}, .kquant = false},
+        {"f16", {.kind = QT_F16}, .kquant = false},
+        {"bf16", {.kind = QT_BF16}, .kquant = false},
+        {"nf4", {.kind = QT_NF4, .blocksize = 64}, .kquant = false},
+        {"nf4-dq", {.kind = QT_NF4, .blocksize = 64, .double_quant = true}, .kquant = false},
+        {"fp4", {.kind = QT_FP4, .blocksize = 64}, .kquant = false},
         {"int4-g128",
          {.kind = QT_AFFINE,
           .bits = 4,
           .group_size = 128,
           .zero_domain = QT_ZERO_FLOAT,
           .eps = 1e-6f},
-         false},
-        {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, false},
-        {"q4_0", {.kind = QT_Q4_0}, false},
-        {"q4_1", {.kind = QT_Q4_1}, false},
-        {"q8_0", {.kind = QT_Q8_0}, false},
-        {"q5_0", {.kind = QT_Q5_0}, false},
-        {"q5_1", {.kind = QT_Q5_1}, false},
-        {"q4_k", {.kind = QT_Q4_K}, true},
-        {"q5_k", {.kind = QT_Q5_K}, true},
-        {"q6_k", {.kind = QT_Q6_K}, true},
-        {"q2_k", {.kind = QT_Q2_K}, true},
-        {"q3_k", {.kind = QT_Q3_K}, true},
-        {"iq4_nl", {.kind = QT_IQ4_NL}, true},
-        {"iq4_xs", {.kind = QT_IQ4_XS}, true},
+         .kquant = false},
+        {"int8-channel", {.kind = QT_AFFINE, .bits = 8, .symmetric = true}, .kquant = false},
+        {"q4_0", {.kind = QT_Q4_0}, .kquant = false},
+        {"q4_1", {.kind = QT_Q4_1}, .kquant = false},
+        {"q8_0", {.kind = QT_Q8_0}, .kquant = false},
+        {"q5_0", {.kind = QT_Q5_0}, .kquant = false},
+        {"q5_1", {.kind = QT_Q5_1}, .kquant = false},
+        {"q4_k", {.kind = QT_Q4_K}, .kquant = true},
+        {"q5_k", {.kind = QT_Q5_K}, .kquant = true},
+        {"q6_k", {.kind = QT_Q6_K}, .kquant = true},
+        {"q2_k", {.kind = QT_Q2_K}, .kquant = true},
+        {"q3_k", {.kind = QT_Q3_K}, .kquant = true},
+        {"iq4_nl", {.kind = QT_IQ4_NL}, .kquant = true},
+        {"iq4_xs", {.kind = QT_IQ4_XS}, .kquant = true},
+        {"fp8-b128", {.kind = QT_FP8, .block_rows = 128, .block_cols = 128}, .kquant = false},
+        {"fp8-b128-ue8m0",
+         {.kind = QT_FP8, .block_rows = 128, .block_cols = 128, .scale_dtype = QT_SCALE_E8M0},
+         .kquant = false},
+        {"gptq-4bit-g128", {.kind = QT_GPTQ}, .gptq_bits = 4},
+        {"gptq-4bit-g128-act-order", {.kind = QT_GPTQ}, .gptq_bits = 4, .act_order = true},
+        {"gptq-8bit-g128", {.kind = QT_GPTQ}, .gptq_bits = 8},
+        {"awq-4bit-g128", {.kind = QT_AWQ}, .gptq_bits = 4, .awq = true},
     };
 
     char cpu[256];
@@ -260,8 +356,9 @@ int main(int argc, char **argv)
            "\"q8_kernels\": \"%s\", \"threads\": 1, \"compiler\": \"%s\"},\n",
            cpu, qt_cpu_path(), qt_f32_path(), qt_q8_path(), __VERSION__);
     printf("  \"inputs\": {\"rows\": %lld, \"cols\": %lld, \"weight\": \"N(0, 0.02)\", "
-           "\"min_seconds\": %.2f},\n",
-           (long long)rows, (long long)cols, min_s);
+           "\"min_seconds\": %.2f, \"clock\": \"%s\"},\n",
+           (long long)rows, (long long)cols, min_s,
+           call_clock == CLOCK_MONOTONIC ? "wall" : "thread cpu");
 
     bench_ctx c = {.x = x, .y = y, .buf = buf, .dense = w, .rows = rows, .cols = cols};
     double flops1 = 2.0 * (double)rows * (double)cols;
@@ -278,13 +375,18 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < n_cases; k++) {
         qtensor q;
         char msg[256];
+        if (only && !listed(only, cases[k].label))
+            continue;
         if (cases[k].kquant && cols % qt_traits_table[cases[k].p.kind].block_size != 0) {
             fprintf(stderr, "bench_quant: %s skipped: --cols is not a multiple of 256\n",
                     cases[k].label);
             continue;
         }
+        void *parts = NULL;
         int rc = cases[k].kquant ? random_kquant(&q, cases[k].p.kind, rows, cols, msg, sizeof msg)
-                                 : qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg);
+                 : cases[k].gptq_bits
+                     ? random_gptq(&q, &cases[k], rows, cols, &parts, msg, sizeof msg)
+                     : qt_quantize(&q, w, rows, cols, &cases[k].p, msg, sizeof msg);
         if (rc != QL_OK) {
             fprintf(stderr, "bench_quant: %s: %s\n", cases[k].label, msg);
             return 1;
@@ -324,6 +426,7 @@ int main(int argc, char **argv)
                flops1 / r1 / 1e9, naive1 / m1, naive8 / m8, flops1 / q1 / 1e9,
                8 * flops1 / q8 / 1e9);
         qt_free(&q);
+        free(parts);
     }
     printf("\n  ]\n}\n");
     free(w);

@@ -32,11 +32,14 @@
 typedef struct eng_quantize_opts {
     const char *in_path;
     const char *out_path;
-    const char *kind;  /* "nf4", "fp4" (safetensors) or "q2_k" ... "q6_k",
+    const char *kind;  /* "nf4", "fp4" (safetensors), "q2_k" ... "q6_k",
                           "q8_0", "f32" (a GGUF file or a Hugging Face
-                          folder in, GGUF out) */
+                          folder in, GGUF out) or "fp8" (a folder in, a
+                          finegrained FP8 folder out) */
     int32_t blocksize; /* 0: 64 */
     bool double_quant;
+    const char *block;     /* fp8: "RxC" (NULL: 128x128) */
+    const char *scale_fmt; /* fp8: "float" or "ue8m0" (NULL: float) */
 } eng_quantize_opts;
 
 /*
@@ -67,6 +70,12 @@ uint32_t cli_ggml_type_of(qt_kind k); /* the GGML type number of a GGUF kind */
  * names the tensor in messages. */
 int cli_gguf_write_rows(const qtensor *src, const int64_t *row_of, qt_kind kind, const char *what,
                         gguf_out *o, char *msg, size_t msg_len);
+/* A safetensors tensor's values as f32 (caller frees; NULL when out of
+ * memory), for F32, F16 and BF16. */
+float *cli_st_to_f32(const st_tensor *t);
+/* A Hugging Face folder of float weights written as transformers'
+ * finegrained FP8 (quantize_fp8.c): o->block, o->scale_fmt. */
+int cli_quantize_fp8(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len);
 /* Whether path is a directory (a Hugging Face folder). */
 bool cli_is_folder(const char *path);
 /* A Hugging Face folder (quantize_hf.c) converted as llama.cpp's

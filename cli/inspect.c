@@ -101,29 +101,40 @@ static int inspect_safetensors(const char *path, FILE *out, char *msg, size_t ms
 
 /* --- models ------------------------------------------------------------------ */
 
-/* FP8 weights with UE8M0 scales are counted apart, after every kind. */
-#define COUNT_FP8_E8M0 QT_KIND_COUNT
+/* The kinds whose scales have a dtype of their own (qt_scale_dtype) are
+ * counted per scale dtype, after every kind: slot QT_KIND_COUNT + 4 * i + d
+ * for the i-th of these kinds and scale dtype d. */
+static const qt_kind scaled_kinds[] = {QT_FP8, QT_CT_INT};
+#define N_SCALED (sizeof scaled_kinds / sizeof *scaled_kinds)
+#define N_COUNTS (QT_KIND_COUNT + 4 * N_SCALED)
 
 static void count_kind(const qtensor *t, void *counts)
 {
-    bool e8m0 = t->kind == QT_FP8 && t->scale_dtype == QT_SCALE_E8M0;
-    ((int *)counts)[e8m0 ? COUNT_FP8_E8M0 : (int)t->kind]++;
+    int slot = (int)t->kind;
+    for (size_t i = 0; i < N_SCALED; i++)
+        if (t->kind == scaled_kinds[i])
+            slot = QT_KIND_COUNT + 4 * (int)i + (int)t->scale_dtype;
+    ((int *)counts)[slot]++;
 }
 
 /* Count the kinds of the weights a model holds: "q4_1 x210, f32 x61";
- * FP8, GPTQ and AWQ with their scales' dtype: "fp8 (e8m0 scales) x14". */
+ * FP8, GPTQ, AWQ and CT_INT with their scales' dtype: "fp8 (e8m0 scales)
+ * x14". */
 static void count_kinds(const eng_model *m, char *buf, size_t len)
 {
-    int counts[QT_KIND_COUNT + 1] = {0};
+    int counts[N_COUNTS] = {0};
     eng_model_each_tensor(m, count_kind, counts);
     size_t n = 0;
     buf[0] = '\0';
-    for (int k = 0; k <= QT_KIND_COUNT && n < len; k++) {
-        const char *name = k == COUNT_FP8_E8M0 ? "fp8 (e8m0 scales)"
-                           : k == QT_FP8       ? "fp8 (f32 scales)"
-                           : k == QT_GPTQ      ? "gptq (f16 scales)"
-                           : k == QT_AWQ       ? "awq (f16 scales)"
-                                               : qt_kind_name((qt_kind)k);
+    for (int k = 0; k < (int)N_COUNTS && n < len; k++) {
+        char name[64];
+        if (k >= QT_KIND_COUNT)
+            snprintf(name, sizeof name, "%s (%s scales)",
+                     qt_kind_name(scaled_kinds[(k - QT_KIND_COUNT) / 4]),
+                     qt_scale_dtype_name((qt_scale_dtype)((k - QT_KIND_COUNT) % 4)));
+        else
+            snprintf(name, sizeof name, "%s%s", qt_kind_name((qt_kind)k),
+                     k == QT_GPTQ || k == QT_AWQ ? " (f16 scales)" : "");
         if (counts[k])
             n += (size_t)snprintf(buf + n, len - n, "%s%s x%d", n ? ", " : "", name, counts[k]);
     }

@@ -4,7 +4,8 @@
  * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k, q8_0, mxfp4 or f32, a
  * GGUF file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them)
  * and the same model requantized out, metadata (tokenizer included) copied;
- * a Hugging Face folder in goes to quantize_hf.c, which converts it first.
+ * a Hugging Face folder in goes to quantize_hf.c, which converts it first,
+ * or, for --kind fp8, to quantize_fp8.c (transformers' finegrained FP8).
  * Made of the loader's parts (the safetensors and GGUF readers and
  * writers, bnb_write, qt_quantize); owns the input mapping and the writer
  * for the length of the call and touches only the output file and the log
@@ -44,28 +45,10 @@ static const char *torch_dtype_name(st_dtype dt)
     }
 }
 
-/* The tensor's values as f32 (caller frees), for F32, F16 and BF16. */
-static float *to_f32(const st_tensor *t)
-{
-    float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
-    if (!v)
-        return NULL;
-    for (int64_t i = 0; i < t->numel; i++) {
-        const uint8_t *p = t->data + (size_t)i * st_dtype_size(t->dtype);
-        if (t->dtype == ST_F32) {
-            memcpy(&v[i], p, 4);
-        } else {
-            uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-            v[i] = t->dtype == ST_F16 ? qt_f16_to_f32(h) : qt_bf16_to_f32(h);
-        }
-    }
-    return v;
-}
-
 static int quantize_one(const eng_quantize_opts *o, const st_tensor *t, const qt_quant_params *p,
                         st_writer *w, FILE *log, char *msg, size_t msg_len)
 {
-    float *v = to_f32(t);
+    float *v = cli_st_to_f32(t);
     if (!v)
         return ql_fail(msg, msg_len, QL_ENOMEM, "%s: tensor '%s': out of memory", o->in_path,
                        t->name);
@@ -254,8 +237,9 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
     int kind = qt_kind_from_name(o->kind);
     if (kind != QT_NF4 && kind != QT_FP4)
         return ql_fail(msg, msg_len, QL_EINVAL,
-                       "--kind %s: quantize writes nf4 or fp4 (safetensors), or q2_k, q3_k, "
-                       "q4_k, q5_k, q6_k, q8_0, mxfp4 or f32 (GGUF)",
+                       "--kind %s: quantize writes nf4 or fp4 (safetensors), q2_k, q3_k, "
+                       "q4_k, q5_k, q6_k, q8_0, mxfp4 or f32 (GGUF), or fp8 (a Hugging Face "
+                       "folder, transformers' finegrained FP8)",
                        o->kind ? o->kind : "(missing)");
     *p = (qt_quant_params){.kind = (qt_kind)kind,
                            .blocksize = o->blocksize ? o->blocksize : 64,
@@ -271,7 +255,9 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
  * codes and their block scales (transformers' finegrained FP8): the
  * scales are 2-D floats, and quantizing them as weights would misread the
  * checkpoint; likewise GPTQ's and AWQ's packed `qweight` / `qzeros`
- * (int32) and their f16 `scales`. */
+ * (int32) and their f16 `scales`, and compressed-tensors' (and fbgemm's)
+ * `weight_packed` / `weight_scale` / `weight_zero_point` (an int8 naive
+ * `weight` or a bf16 scale would pass for a weight otherwise). */
 static int refuse_quantized(const st_file *in, const char *path, char *msg, size_t msg_len)
 {
     for (size_t i = 0; i < in->n_tensors; i++) {
@@ -287,6 +273,13 @@ static int refuse_quantized(const st_file *in, const char *path, char *msg, size
                            "%s: tensor '%s' shows the file is already quantized (gptq or awq: "
                            "packed int32 codes, their scales beside them); quantizing it again "
                            "would lose precision",
+                           path, t->name);
+        if (dot && (strcmp(dot, ".weight_packed") == 0 || strcmp(dot, ".weight_scale") == 0 ||
+                    strcmp(dot, ".weight_zero_point") == 0))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: tensor '%s' shows the file is already quantized "
+                           "(compressed-tensors or fbgemm: codes with their scales beside them); "
+                           "quantizing it again would lose precision",
                            path, t->name);
         if (t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E8M0)
             return ql_fail(msg, msg_len, QL_EINVAL,
@@ -321,6 +314,11 @@ static int add_tensors(const eng_quantize_opts *o, const st_file *in, const qt_q
 
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len)
 {
+    if (o->kind && strcmp(o->kind, "fp8") == 0)
+        return cli_quantize_fp8(o, log, msg, msg_len);
+    if (o->block || o->scale_fmt)
+        return ql_fail(msg, msg_len, QL_EINVAL, "--%s is for --kind fp8, not %s",
+                       o->block ? "block" : "scale-fmt", o->kind ? o->kind : "(missing)");
     const cli_gguf_target *g = gguf_target_named(o->kind);
     if (g && cli_is_folder(o->in_path))
         return cli_quantize_hf(o, g, log, msg, msg_len);
@@ -370,7 +368,9 @@ int cli_quantize(int argc, char **argv)
                            .out_path = c.out_path,
                            .kind = c.kind,
                            .blocksize = c.blocksize,
-                           .double_quant = c.double_quant};
+                           .double_quant = c.double_quant,
+                           .block = c.block,
+                           .scale_fmt = c.scale_fmt};
     rc = eng_quantize_file(&o, stdout, msg, sizeof msg);
     if (rc != QL_OK) {
         fprintf(stderr, "qlserve quantize: %s\n", msg);

@@ -278,12 +278,17 @@ static const opt quantize_opts[] = {
     {FLAG("out", OPT_STRING, offsetof(cfg_quantize, out_path),
           "OUT.safetensors | OUT.gguf: where to write")},
     {FLAG("kind", OPT_STRING, offsetof(cfg_quantize, kind),
-          "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF)")},
+          "nf4 | fp4 (safetensors) | q2_k | q3_k | q4_k | q5_k | q6_k | q8_0 | f32 (GGUF) | "
+          "fp8 (a finegrained FP8 folder)")},
     {FLAG("blocksize", OPT_INT, offsetof(cfg_quantize, blocksize),
           "N: elements per absmax block (default 64)"),
      .def.i = 64},
     {FLAG("double-quant", OPT_BOOL, offsetof(cfg_quantize, double_quant),
           "quantize absmax again (bitsandbytes compress_statistics)")},
+    {FLAG("block", OPT_STRING, offsetof(cfg_quantize, block),
+          "ROWSxCOLS: fp8's weight_block_size (default 128x128)")},
+    {FLAG("scale-fmt", OPT_STRING, offsetof(cfg_quantize, scale_fmt),
+          "float | ue8m0: fp8's block scales as f32 (default) or one F8_E8M0 byte")},
 };
 
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len)
@@ -495,6 +500,19 @@ static const opt serve_opts[] = {
     ACTIVATIONS_OPT(serve_layer, s.activations),
     {FLAG("max-running", OPT_INT, SERVE(s.max_running), "N: sequences decoding together"),
      .def.i = 64, RANGE(1, 65536)},
+    /* the step budget (engine/scheduler/step_budget.c): the prompt tokens a
+     * step carries while sequences decode in it */
+    {FLAG("step-budget-ms", OPT_INT, SERVE(s.step_budget_ms),
+          "MS: the time a step that carries decode tokens aims at with the prompt tokens beside "
+          "them (0: twice the measured cost of a step decoding every running sequence)"),
+     RANGE(0, 600000)},
+    {FLAG("max-prefill-per-step", OPT_INT, SERVE(s.max_prefill_per_step),
+          "N: prompt tokens a step with decode tokens carries, instead of the time rule (0: from "
+          "--step-budget-ms; 256, a step's whole room: no budget)"),
+     RANGE(0, 1 << 20)},
+    {FLAG("min-prefill-per-step", OPT_INT, SERVE(s.min_prefill_per_step),
+          "N: the budget's floor: prompt tokens a step with decode tokens may always carry"),
+     .def.i = 16, RANGE(1, 1 << 20)},
     {FLAG("no-prefix-cache", OPT_BOOL, SERVE(s.no_prefix_cache),
           "keep no prompt's KV blocks for later requests (default: kept while the KV cache has "
           "room, and reused by any prompt that begins the same under the same adapters)")},
@@ -1190,12 +1208,16 @@ void cfg_print_usage(FILE *out, const char *sub)
                      "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
                      "       qlserve quantize --in DIR --out OUT.gguf --kind "
                      "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
+                     "       qlserve quantize --in DIR --out OUTDIR --kind fp8 "
+                     "[--block 128x128] [--scale-fmt float|ue8m0]\n"
                      "Quantizes every 2-D float tensor and writes the bitsandbytes "
                      "serialization; other tensors are copied.\n"
                      "A GGUF kind requantizes a GGUF file's f32/f16/bf16 weights as "
                      "llama-quantize does (one type for all, its fallbacks for columns\n"
                      "that are not whole blocks) and copies the metadata and other "
-                     "tensors.\n");
+                     "tensors.\n"
+                     "fp8 writes transformers' finegrained FP8 folder (E4M3 linears with a "
+                     "weight_scale_inv per block).\n");
         print_opts(out, quantize_opts, N_OPTS(quantize_opts));
         return;
     }

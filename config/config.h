@@ -35,11 +35,13 @@
 #define CFG_ADMIN_TOKEN_NAME "admin-token"
 
 typedef struct cfg_quantize {
-    const char *in_path;  /* --in, required */
-    const char *out_path; /* --out, required */
-    const char *kind;     /* --kind, required: nf4 or fp4 */
-    int32_t blocksize;    /* --blocksize, default 64 */
-    bool double_quant;    /* --double-quant */
+    const char *in_path;   /* --in, required */
+    const char *out_path;  /* --out, required */
+    const char *kind;      /* --kind, required: nf4, fp4, a GGUF kind or fp8 */
+    int32_t blocksize;     /* --blocksize, default 64 */
+    bool double_quant;     /* --double-quant */
+    const char *block;     /* --block RxC (fp8) */
+    const char *scale_fmt; /* --scale-fmt float|ue8m0 (fp8) */
 } cfg_quantize;
 
 /* How to load a model: shared by every subcommand that loads one. */
@@ -169,6 +171,9 @@ typedef struct cfg_serve {
     /* --max-connections-per-peer: connections open at once from one IP
      * address (more get 503), default 64; 0: no cap */
     int32_t max_connections_per_peer;
+    /* the step budget (eng_engine_opts): --step-budget-ms (0: automatic), --max-prefill-per-step
+     * (0: from the time), --min-prefill-per-step (default 16) */
+    int32_t step_budget_ms, max_prefill_per_step, min_prefill_per_step;
     int32_t grace_ms;           /* --grace-ms: SIGTERM drain period, 30000; 0: cancel at once */
     int64_t adapter_budget_mib; /* --adapter-budget-mib, 0: no limit */
     int32_t merge_threads;      /* --merge-threads, default 1 */

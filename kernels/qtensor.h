@@ -67,6 +67,22 @@
  *                   (scale_fmt "ue8m0", safetensors F8_E8M0). w = f32(code)
  *                   * f32(scale), one f32 multiply, as transformers'
  *                   Fp8Dequantize; read in place from the mapped file.
+ *                   The same kind holds fbgemm's per-channel FP8 (a 1 x cols
+ *                   block, f32 scales) and compressed-tensors'
+ *                   float-quantized FP8 (channel, tensor or block scales in
+ *                   f32, bf16 or f16; with a 16-bit scale the product is
+ *                   rounded to its dtype, as compressed-tensors computes).
+ *   CT_INT          compressed-tensors' integer weights (llm-compressor's
+ *                   pack-quantized and naive-quantized formats): a row's
+ *                   codes either packed densely into little-endian int32
+ *                   words, code c at bit c * bits of the row (q + 2^(bits -
+ *                   1), unsigned: pack_to_int32), or one signed int8 each
+ *                   (naive); a scale (f32, bf16 or f16, kept) and an
+ *                   optional int8 zero point per block of FP8's grid (a
+ *                   group is a 1 x group block, a channel 1 x cols, the
+ *                   tensor rows x cols). w = (q - z) * s computed in the
+ *                   scale's dtype, as compressed-tensors' dequantize:
+ *                   f32(q - z) * f32(s) rounded to a 16-bit scale's dtype.
  *   F32 F16 BF16    dense row-major.
  *
  * Quant state (absmax, scales, zero points, codebooks, nested statistics) is
@@ -113,6 +129,7 @@ typedef enum qt_kind {
     QT_FP8,
     QT_GPTQ,
     QT_AWQ,
+    QT_CT_INT,
     QT_KIND_COUNT
 } qt_kind;
 
@@ -122,10 +139,14 @@ typedef enum qt_zero_domain {
     QT_ZERO_FLOAT,   /* w = (q - mid) * scale + zero, mid = (qmin + qmax + 1) / 2 */
 } qt_zero_domain;
 
-/* The dtype an FP8 tensor's block scales are stored in (and stay in). */
+/* The dtype an FP8 or CT_INT tensor's block scales are stored in (and
+ * stay in). With a 16-bit scale the product code * scale is rounded to that
+ * dtype, as compressed-tensors computes it in the scale's dtype. */
 typedef enum qt_scale_dtype {
     QT_SCALE_F32 = 0, /* float32, transformers' scale_fmt "float" */
     QT_SCALE_E8M0,    /* one UE8M0 byte, 2^(e - 127): scale_fmt "ue8m0" */
+    QT_SCALE_BF16,    /* bfloat16 (compressed-tensors, the model's dtype) */
+    QT_SCALE_F16,     /* IEEE half */
 } qt_scale_dtype;
 
 /* What quantizing asks for. Zero-initialise, then set kind and what applies. */
@@ -158,7 +179,7 @@ typedef struct qt_quant_params {
      * default); and the scales' dtype. */
     int32_t block_rows, block_cols;
     qt_scale_dtype scale_dtype;
-    /* GPTQ, AWQ: the loaded tensor whose layout (bits, g_idx, groups, zero
+    /* GPTQ, AWQ, CT_INT: the loaded tensor whose layout (bits, g_idx, groups, zero
      * convention, packing) a merge requantizes into; borrowed for the call.
      * Without it these kinds are refused (qlserve reads them, it does not
      * quantize a float model to them). */
@@ -219,6 +240,11 @@ typedef struct qtensor {
     int32_t *gptq_g_idx;   /* cols: the group of each input channel, owned */
     int64_t gptq_groups;
     int32_t gptq_zero_offset; /* 1: v1 (stored zero = z - 1), 0: gptq_v2 */
+
+    /* CT_INT: codes in data, row_stride bytes per row, bits above; the
+     * scales on FP8's block grid (block_rows ... block_scales) */
+    int8_t *block_zeros;  /* one zero point per block, owned; NULL: symmetric */
+    bool ct_signed_codes; /* naive-quantized int8 bytes; else pack-quantized */
 } qtensor;
 
 /*
@@ -329,6 +355,18 @@ void qt_attend(const float *q, const float *k, const float *v, int64_t stride, i
                float scale, float *max, float *sum, float *acc);
 void qt_attend_ref(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
                    int32_t d, float scale, float *max, float *sum, float *acc);
+
+/*
+ * One token through one value head of the gated delta rule (Gated
+ * DeltaNet, engine/model/hybrid.h): the state S [dk][dv] times decay, mem
+ * = beta (v - S^T k), S += k mem^T, out = S^T q (mem [dv] is the caller's
+ * scratch, left holding beta's correction). qt_delta_rule takes the
+ * fastest path on this CPU, the same bits as qt_delta_rule_ref.
+ */
+void qt_delta_rule(float *S, int32_t dk, int32_t dv, const float *q, const float *k, const float *v,
+                   float decay, float beta, float *out, float *mem);
+void qt_delta_rule_ref(float *S, int32_t dk, int32_t dv, const float *q, const float *k,
+                       const float *v, float decay, float beta, float *out, float *mem);
 
 /*
  * The two products of an unmerged LoRA module stored in bf16 (A [rank, in],
@@ -486,7 +524,7 @@ typedef struct qt_fp8_parts {
     const uint8_t *codes; /* rows * cols E4M3FN bytes */
     bool borrow_codes;
     qt_scale_dtype scale_dtype;
-    const void *scales; /* scale_rows * scale_cols, f32 (any alignment) or bytes */
+    const void *scales; /* scale_rows * scale_cols of scale_dtype, any alignment */
     int64_t scale_rows, scale_cols;
 } qt_fp8_parts;
 
@@ -516,7 +554,33 @@ typedef struct qt_gptq_parts {
 
 int qt_from_gptq(qtensor *out, const qt_gptq_parts *parts, char *msg, size_t msg_len);
 
-/* "f32" or "e8m0" (what `qlserve inspect` prints), and the bytes of one scale. */
+/* The parts of a compressed-tensors integer weight as a checkpoint
+ * stores them, borrowed for the call: codes (pack-quantized weight_packed,
+ * int32 [rows, ceil(cols * bits / 32)], or naive int8 [rows, cols]), the
+ * scales on the block grid (scale_rows x scale_cols entries, any
+ * alignment), and the zero points (NULL: symmetric), one signed int8 per
+ * block, or packed (zeros_packed: int32 [ceil(scale_rows * bits / 32),
+ * scale_cols], pack_to_int32 along the output dim). qt_from_ct_int keeps
+ * the codes borrowed when borrow_codes, copies the scales as stored and
+ * unpacks the zeros to int8 (their zp_dtype); msg names what does not
+ * fit. */
+typedef struct qt_ct_int_parts {
+    int64_t rows, cols;
+    int32_t bits; /* 4 or 8 (pack-quantized), 8 (naive) */
+    bool packed;  /* pack-quantized; else naive int8 */
+    int32_t block_rows, block_cols;
+    const uint8_t *codes;
+    bool borrow_codes;
+    qt_scale_dtype scale_dtype; /* f32, bf16 or f16 */
+    const void *scales;
+    int64_t scale_rows, scale_cols;
+    const uint8_t *zeros;
+    bool zeros_packed;
+} qt_ct_int_parts;
+
+int qt_from_ct_int(qtensor *out, const qt_ct_int_parts *parts, char *msg, size_t msg_len);
+
+/* "f32", "e8m0", "bf16" or "f16" (what `qlserve inspect` prints), and the bytes of one scale. */
 const char *qt_scale_dtype_name(qt_scale_dtype d);
 size_t qt_scale_dtype_size(qt_scale_dtype d);
 

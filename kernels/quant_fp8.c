@@ -7,7 +7,7 @@
  *
  *   dequantize (Fp8Dequantize._dequantize_one):  w = f32(code) * f32(scale)
  *   quantize (Fp8Quantize._quantize_one), per block:
- *       amax = max |w|;  s = 448 / amax (1 where amax is 0);  inv = 1 / s
+ *       amax = max |w|;  s = (1 / amax) * 448 (1 where amax is 0);  inv = 1 / s
  *       ue8m0: inv = 2^ceil(log2 inv) (a byte), s = 1 / inv
  *       code = e4m3(clamp(w * s, -448, 448)), rounded to nearest even
  * every step one f32 operation, in that order. The grid is ceil(rows /
@@ -15,13 +15,21 @@
  * shape the block does not divide; transformers' own quantizer only writes
  * whole blocks, which is the same grid then.
  *
- * It offers the FP8 row's quantizer and scalar dequantization (traits.c
+ * A 16-bit scale (bf16 or f16: compressed-tensors' float-quantized
+ * checkpoints store the model's dtype) rounds each product to that dtype,
+ * as compressed-tensors' dequantize computes x_q.to(scale.dtype) * scale;
+ * merges requantize such blocks by its rule (scale = amax / 448 in the
+ * scale's dtype, code = e4m3(w / scale)).
+ *
+ * It offers the FP8 row's quantizer, scalar dequantization and scalar
+ * product (its sums in the lane order of the SIMD entries; traits.c
  * points at them) and qt_from_fp8 (a checkpoint's parts, codes read in
  * place). It owns no state; it calls qtensor.c and touches kernels/math/
  * (qt_math.h: the per-element arithmetic the CUDA side can share).
  */
 #include "kernels_internal.h"
 #include "qt_math.h"
+#include "qt_q8act_math.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -49,8 +57,7 @@ const float *qt_fp8_e4m3_table(void)
 
 float qt_fp8_block_scale(const qtensor *t, int64_t s)
 {
-    return t->scale_dtype == QT_SCALE_E8M0 ? qm_e8m0_to_f32(((const uint8_t *)t->block_scales)[s])
-                                           : ((const float *)t->block_scales)[s];
+    return qt_scale_at(t->block_scales, t->scale_dtype, s);
 }
 
 /* n codes of one block times its scale through the table, the scalar way. */
@@ -73,6 +80,7 @@ void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, 
             const int64_t c1 = c0 + t->block_cols < t->cols ? c0 + t->block_cols : t->cols;
             decode(table, codes + c0, qt_fp8_block_scale(t, srow + bc), c1 - c0, o + c0);
         }
+        qt_round_to_scale_dtype(o, t->cols, t->scale_dtype); /* 16-bit scales only */
     }
 }
 
@@ -82,6 +90,64 @@ void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, 
 void qt_fp8_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     qt_fp8_dequantize_rows_with(t, row0, nrows, out, dequantize_block);
+}
+
+/* sum_c w[c] * x[c] in the order the SIMD entries sum (matmul_fp8_avx2.c,
+ * matmul_fp8_avx512.c), so that every path gives these bits: 32 lanes,
+ * lane l a fused multiply-add chain over the columns c = l (mod 32) of the
+ * whole runs of 32, the lanes of a last run of 8 onto lanes 0 .. 7; then
+ * lane l of the eight as (l + (l + 8)) + ((l + 16) + (l + 24)), the eight
+ * as qm_q8_lanes_sum (qt_hsum8's order), and the last columns added one
+ * product at a time. */
+static float dot_lanes(const float *w, const float *x, int64_t n)
+{
+    float a[32] = {0}, eight[8];
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32)
+        for (int l = 0; l < 32; l++)
+            a[l] = fmaf(w[c + l], x[c + l], a[l]);
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++)
+            a[l] = fmaf(w[c + l], x[c + l], a[l]);
+    for (int l = 0; l < 8; l++)
+        eight[l] = (a[l] + a[l + 8]) + (a[l + 16] + a[l + 24]);
+    float sum = qm_q8_lanes_sum(eight);
+    for (; c < n; c++)
+        sum += w[c] * x[c];
+    return sum;
+}
+
+void qt_lanes_matmul_with(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1, qt_rows_fn rows, qt_fp8_row_dots dots, int most)
+{
+    float *w = malloc((size_t)t->cols * sizeof *w);
+    if (!w) {
+        qt_nan_rows(t, batch, y, row0, row1);
+        return;
+    }
+    for (int64_t r = row0; r < row1; r++) {
+        rows(t, r, 1, w);
+        for (int64_t b = 0; b < batch; b += most) {
+            const int nb = batch - b < most ? (int)(batch - b) : most;
+            float part[QT_FP8_MOST_ROWS];
+            dots(w, x + b * t->cols, t->cols, nb, part);
+            for (int i = 0; i < nb; i++)
+                y[(b + i) * t->rows + r] = part[i];
+        }
+    }
+    free(w);
+}
+
+void qt_lanes_dots_ref(const float *w, const float *x, int64_t cols, int nb, float *out)
+{
+    for (int b = 0; b < nb; b++)
+        out[b] = dot_lanes(w, x + b * cols, cols);
+}
+
+void qt_fp8_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1)
+{
+    qt_lanes_matmul_with(t, x, batch, y, row0, row1, qt_fp8_dequantize_rows, qt_lanes_dots_ref, 1);
 }
 
 /* |v| <= 448 and finite to an E4M3FN byte, round to nearest even, as
@@ -123,6 +189,20 @@ static uint8_t e8m0_ceil(float x, float *value)
     return (uint8_t)e;
 }
 
+/* The codes of rows [r0, r1) x cols [c0, c1) of src divided by the scale d
+ * (compressed-tensors' quantize: w / d clamped to +-448, then E4M3). */
+static void quantize_block_codes(qtensor *t, const float *src, int64_t r0, int64_t r1, int64_t c0,
+                                 int64_t c1, float d)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t c = c0; c < c1; c++) {
+            float v = src[r * t->cols + c] / d;
+            v = v < -FP8_E4M3_MAX ? -FP8_E4M3_MAX : v > FP8_E4M3_MAX ? FP8_E4M3_MAX : v;
+            t->data[r * t->cols + c] = e4m3_from_f32(v);
+        }
+    }
+}
+
 /* Quantize block (br, bc) of src into t's codes and scale slot. */
 static void quantize_block(qtensor *t, const float *src, int64_t br, int64_t bc)
 {
@@ -133,9 +213,23 @@ static void quantize_block(qtensor *t, const float *src, int64_t br, int64_t bc)
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++)
             amax = fabsf(src[r * t->cols + c]) > amax ? fabsf(src[r * t->cols + c]) : amax;
-    float s = amax > 0.0f ? FP8_E4M3_MAX / amax : 1.0f;
+    /* torch's `448.0 / max_abs` (a Python float over a tensor) is
+     * Tensor.__rtruediv__: reciprocal, then a multiply, which differs from
+     * one division by an ulp for some maxima (then so do the scale and the
+     * codes) */
+    float s = amax > 0.0f ? (1.0f / amax) * FP8_E4M3_MAX : 1.0f;
     float inv = 1.0f / s;
     int64_t slot = br * t->scale_cols + bc;
+    if (t->scale_dtype == QT_SCALE_BF16 || t->scale_dtype == QT_SCALE_F16) {
+        /* compressed-tensors' rule: amax / 448 in the scale's dtype (its
+         * epsilon for an all-zero block), codes w / scale */
+        float d = qt_scale_put(t->block_scales, t->scale_dtype, slot, amax / FP8_E4M3_MAX);
+        if (d == 0.0f)
+            d = qt_scale_put(t->block_scales, t->scale_dtype, slot,
+                             t->scale_dtype == QT_SCALE_BF16 ? 0.0078125f : 0.0009765625f);
+        quantize_block_codes(t, src, r0, r1, c0, c1, d);
+        return;
+    }
     if (t->scale_dtype == QT_SCALE_E8M0) {
         float p2;
         ((uint8_t *)t->block_scales)[slot] = e8m0_ceil(inv, &p2);
@@ -160,8 +254,8 @@ int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     if (t->block_rows < 1 || t->block_cols < 1)
         return ql_fail(msg, msg_len, QL_EINVAL, "fp8 block %d x %d is not positive", t->block_rows,
                        t->block_cols);
-    if (p->scale_dtype != QT_SCALE_F32 && p->scale_dtype != QT_SCALE_E8M0)
-        return ql_fail(msg, msg_len, QL_EINVAL, "fp8 scale dtype %d is not f32 or e8m0",
+    if ((unsigned)p->scale_dtype > QT_SCALE_F16)
+        return ql_fail(msg, msg_len, QL_EINVAL, "fp8 scale dtype %d is not f32, e8m0, bf16 or f16",
                        (int)p->scale_dtype);
     t->scale_dtype = p->scale_dtype;
     t->scale_rows = (rows + t->block_rows - 1) / t->block_rows;
@@ -180,61 +274,21 @@ int qt_fp8_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
     return QL_OK;
 }
 
-/* The first scale that is not a finite positive number, or -1. */
-static int64_t first_bad_scale(const qt_fp8_parts *p)
-{
-    int64_t n = p->scale_rows * p->scale_cols;
-    for (int64_t i = 0; i < n; i++) {
-        float s;
-        if (p->scale_dtype == QT_SCALE_E8M0) {
-            s = qm_e8m0_to_f32(((const uint8_t *)p->scales)[i]);
-        } else {
-            memcpy(&s, (const uint8_t *)p->scales + i * sizeof s, sizeof s);
-        }
-        if (!(s > 0.0f) || !isfinite(s))
-            return i;
-    }
-    return -1;
-}
-
 int qt_from_fp8(qtensor *out, const qt_fp8_parts *p, char *msg, size_t msg_len)
 {
     memset(out, 0, sizeof *out);
-    int rc = qt_check_shape(p->rows, p->cols, msg, msg_len);
+    int rc =
+        qt_check_block_scales("fp8", p->rows, p->cols, p->block_rows, p->block_cols, p->scale_rows,
+                              p->scale_cols, p->scales, p->scale_dtype, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    if (p->block_rows < 1 || p->block_cols < 1)
-        return ql_fail(msg, msg_len, QL_EINVAL, "fp8 block %d x %d is not positive", p->block_rows,
-                       p->block_cols);
-    int64_t want_r = (p->rows + p->block_rows - 1) / p->block_rows;
-    int64_t want_c = (p->cols + p->block_cols - 1) / p->block_cols;
-    if (p->scale_rows != want_r || p->scale_cols != want_c)
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "fp8 scale grid [%lld, %lld] does not fit a [%lld, %lld] weight in blocks "
-                       "of %d x %d (want [%lld, %lld])",
-                       (long long)p->scale_rows, (long long)p->scale_cols, (long long)p->rows,
-                       (long long)p->cols, p->block_rows, p->block_cols, (long long)want_r,
-                       (long long)want_c);
-    int64_t bad = first_bad_scale(p);
-    if (bad >= 0)
-        return ql_fail(msg, msg_len, QL_ENONFINITE,
-                       "fp8 block scale %lld (block row %lld, col %lld) is not a finite positive "
-                       "number",
-                       (long long)bad, (long long)(bad / p->scale_cols),
-                       (long long)(bad % p->scale_cols));
+    int64_t want_r = p->scale_rows, want_c = p->scale_cols;
     size_t nbytes = (size_t)(p->rows * p->cols);
     size_t sbytes = (size_t)(want_r * want_c) * qt_scale_dtype_size(p->scale_dtype);
-    if (p->borrow_codes) {
-        out->data = (uint8_t *)(uintptr_t)p->codes;
-        out->data_borrowed = true;
-        out->data_bytes = nbytes;
-        out->kind = QT_FP8;
-        out->rows = p->rows;
-        out->cols = p->cols;
-    } else if ((rc = qt_wrap_copy(out, QT_FP8, p->rows, p->cols, p->codes, nbytes, msg, msg_len)) !=
-               QL_OK) {
+    rc = qt_wrap_codes(out, QT_FP8, p->rows, p->cols, p->codes, nbytes, p->borrow_codes, msg,
+                       msg_len);
+    if (rc != QL_OK)
         return rc;
-    }
     out->block_scales = malloc(sbytes);
     if (!out->block_scales) {
         qt_free(out);

@@ -22,8 +22,11 @@
  * the order 0 2 4 6 1 3 5 7), the zero stored as it is, group c /
  * group_size.
  *
- * It offers the GPTQ and AWQ rows' scalar dequantization and quantizer
- * (which only requantizes into a loaded tensor's layout, for merges) and qt_from_gptq (a
+ * It offers the GPTQ and AWQ rows' scalar dequantization, scalar product
+ * (one fused multiply-add chain per output, the order the AVX2 and
+ * AVX-512 entries repeat) and quantizer (which only requantizes into a
+ * loaded tensor's layout, for merges), qt_gptq_row_groups (a row's group
+ * scales and zeros, for the SIMD entries) and qt_from_gptq (a
  * checkpoint's parts, qweight read in place). It owns no state; it calls
  * qtensor.c.
  */
@@ -46,15 +49,25 @@ static uint32_t word_at(const uint8_t *p, int64_t i)
     return w;
 }
 
-/* Row r's scale (widened once) and zero of each group: groups are few
- * beside the columns, so the inner loop reads two small arrays. */
-static void row_groups(const qtensor *t, int64_t r, int64_t zword, int zshift, float *s, int32_t *z)
+/* The nibble of an AWQ word holding output column 8j + m
+ * (AutoAWQ's reverse order of its packing order 0 2 4 6 1 3 5 7). */
+static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/* The shift of row r's code in its word along the output dim (qzeros;
+ * AWQ's qweight too): GPTQ packs in order, AWQ in its own. */
+static int out_dim_shift(const qtensor *t, int64_t r)
 {
-    const int64_t zcols = (t->rows * t->bits + 31) / 32;
+    return t->kind == QT_AWQ ? AWQ_NIBBLE[r % 8] * 4 : (int)(r % (32 / t->bits)) * t->bits;
+}
+
+void qt_gptq_row_groups(const qtensor *t, int64_t r, float *s, int32_t *z, int64_t stride)
+{
+    const int64_t zcols = (t->rows * t->bits + 31) / 32, zword = r / (32 / t->bits);
+    const int zshift = out_dim_shift(t, r);
     const uint32_t mask = (1u << t->bits) - 1u;
     for (int64_t g = 0; g < t->gptq_groups; g++) {
-        s[g] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]);
-        z[g] =
+        s[g * stride] = qt_f16_to_f32(t->gptq_scales[g * t->rows + r]);
+        z[g * stride] =
             (int32_t)((t->gptq_qzeros[g * zcols + zword] >> zshift) & mask) + t->gptq_zero_offset;
     }
 }
@@ -67,7 +80,7 @@ void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
     int32_t z[GPTQ_MAX_GROUPS];
     for (int64_t i = 0; i < nrows; i++) {
         const int64_t r = row0 + i;
-        row_groups(t, r, r / per, (int)(r % per) * bits, s, z);
+        qt_gptq_row_groups(t, r, s, z, 1);
         float *o = out + i * t->cols;
         for (int64_t w0 = 0; w0 < t->cols / per; w0++) {
             uint32_t w = word_at(t->data, w0 * t->rows + r);
@@ -79,10 +92,6 @@ void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, floa
     }
 }
 
-/* The nibble of an AWQ word holding output column 8j + m
- * (AutoAWQ's reverse order of its packing order 0 2 4 6 1 3 5 7). */
-static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
 void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     const int64_t words = t->rows / 8;
@@ -91,7 +100,7 @@ void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float
     for (int64_t i = 0; i < nrows; i++) {
         const int64_t r = row0 + i;
         const int shift = AWQ_NIBBLE[r % 8] * 4;
-        row_groups(t, r, r / 8, shift, s, z);
+        qt_gptq_row_groups(t, r, s, z, 1);
         float *o = out + i * t->cols;
         for (int64_t c = 0; c < t->cols; c++) {
             const int64_t g = t->gptq_g_idx[c];
@@ -101,11 +110,47 @@ void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float
     }
 }
 
-/* The shift of row r's code in its word along the output dim (qzeros;
- * AWQ's qweight too): GPTQ packs in order, AWQ in its own. */
-static int out_dim_shift(const qtensor *t, int64_t r)
+/* The product's scalar reference, one order of operations the SIMD entries
+ * (internal/matmul_gptq.inc) repeat lane by lane: each output y[b][r] is
+ * one chain of fused multiply-adds over the columns in order, acc =
+ * fma(x[b][c], w[r][c], acc) from acc = 0, with w the row's scalar
+ * dequantization (exact in f32, see the top). A sum over the columns
+ * split into lanes would need the lanes' order in scalar code too; one
+ * chain per output lets a vector carry eight (or sixteen) outputs' chains
+ * at once, so every path gives these bits, and a row of x gets them
+ * whatever the batch around it. */
+static void matmul_chains(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1,
+                          void (*dequantize)(const qtensor *, int64_t, int64_t, float *))
 {
-    return t->kind == QT_AWQ ? AWQ_NIBBLE[r % 8] * 4 : (int)(r % (32 / t->bits)) * t->bits;
+    float *w = malloc((size_t)t->cols * sizeof *w);
+    if (!w) {
+        qt_nan_rows(t, batch, y, row0, row1);
+        return;
+    }
+    for (int64_t r = row0; r < row1; r++) {
+        dequantize(t, r, 1, w);
+        for (int64_t b = 0; b < batch; b++) {
+            const float *xb = x + b * t->cols;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < t->cols; c++)
+                acc = fmaf(xb[c], w[c], acc);
+            y[b * t->rows + r] = acc;
+        }
+    }
+    free(w);
+}
+
+void qt_gptq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1)
+{
+    matmul_chains(t, x, batch, y, row0, row1, qt_gptq_dequantize_rows);
+}
+
+void qt_awq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1)
+{
+    matmul_chains(t, x, batch, y, row0, row1, qt_awq_dequantize_rows);
 }
 
 /* Row r of src into t's codes, scales and zeros (t's arrays zeroed, its

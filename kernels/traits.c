@@ -10,8 +10,9 @@
  *
  * It owns the table and the CPU-path choice (set once, then read by every
  * entry point). It calls down into every other file of kernels/ (the
- * kinds' quant_*.c, matmul_avx2.c, matmul_avx512.c, matmul_q8_*.c, quant_avx2.c,
- * attend_ref.c, qtensor.c) and nothing
+ * kinds' quant_*.c, matmul_avx2.c, matmul_avx512.c, matmul_fp8_*.c,
+ * matmul_gptq_*.c, matmul_q8_*.c, quant_avx2.c, attend_ref.c, qtensor.c)
+ * and nothing
  * calls back up into it; it touches base/ and kernels/math/.
  *
  * The table is the one place that knows every kind: adding a kind means a
@@ -256,8 +257,9 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             QT_GEOMETRY_FP8,
             .quantize = qt_fp8_quantize,
             .dequantize_rows = qt_fp8_dequantize_rows,
-            .matmul_ref = matmul_generic_ref,
+            .matmul_ref = qt_fp8_matmul_ref,
             .matmul_avx2 = qt_matmul_fp8_avx2,
+            .matmul_avx512 = qt_matmul_fp8_avx512,
             .dequantize_rows_avx2 = qt_dequantize_rows_fp8_avx2,
         },
     [QT_GPTQ] =
@@ -265,14 +267,26 @@ const qt_traits qt_traits_table[QT_KIND_COUNT] = {
             QT_GEOMETRY_GPTQ,
             .quantize = qt_gptq_quantize,
             .dequantize_rows = qt_gptq_dequantize_rows,
-            .matmul_ref = matmul_generic_ref,
+            .matmul_ref = qt_gptq_matmul_ref,
+            .matmul_avx2 = qt_matmul_gptq_avx2,
+            .matmul_avx512 = qt_matmul_gptq_avx512,
         },
     [QT_AWQ] =
         {
             QT_GEOMETRY_AWQ,
             .quantize = qt_gptq_quantize,
             .dequantize_rows = qt_awq_dequantize_rows,
-            .matmul_ref = matmul_generic_ref,
+            .matmul_ref = qt_awq_matmul_ref,
+            .matmul_avx2 = qt_matmul_awq_avx2,
+            .matmul_avx512 = qt_matmul_awq_avx512,
+        },
+    [QT_CT_INT] =
+        {
+            QT_GEOMETRY_CT_INT,
+            .quantize = qt_ct_int_quantize,
+            .dequantize_rows = qt_ct_int_dequantize_rows,
+            .matmul_ref = qt_ct_int_matmul_ref,
+            .matmul_avx2 = qt_matmul_ct_int_avx2,
         },
 };
 
@@ -339,11 +353,7 @@ static void matmul_generic_ref(const qtensor *t, const float *x, int64_t batch, 
     int64_t cols = t->cols;
     float *w = malloc((size_t)cols * sizeof *w);
     if (!w) {
-        /* no memory for one row: report it in the output, where a caller
-         * checking for finite results will see it, rather than crash */
-        for (int64_t b = 0; b < batch; b++)
-            for (int64_t r = row0; r < row1; r++)
-                y[b * t->rows + r] = NAN;
+        qt_nan_rows(t, batch, y, row0, row1);
         return;
     }
     for (int64_t r = row0; r < row1; r++) {
@@ -603,6 +613,16 @@ void qt_attend(const float *q, const float *k, const float *v, int64_t stride, i
         qt_attend_avx2(q, k, v, stride, n, d, scale, max, sum, acc);
     else
         qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
+}
+
+void qt_delta_rule(float *S, int32_t dk, int32_t dv, const float *q, const float *k, const float *v,
+                   float decay, float beta, float *out, float *mem)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar)
+        qt_delta_rule_avx2(S, dk, dv, q, k, v, decay, beta, out, mem);
+    else
+        qt_delta_rule_ref(S, dk, dv, q, k, v, decay, beta, out, mem);
 }
 
 void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1)

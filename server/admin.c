@@ -446,6 +446,10 @@ static void done_admin(srv_pool_job *w)
     if (j->has_report)
         lora_report_free(&j->report);
     free(j);
+    /* a load, merge or unload frees model-sized temporaries (the adapter
+     * file read in, the quantizer's blocks) on a pool thread's arena:
+     * their pages handed back (see weights.c's eng_weights_unref) */
+    srv_http_trim_soon(w->s);
 }
 
 /* Run j on the pool for c and answer with answer; j is the job's from

@@ -679,6 +679,23 @@ void srv_tgi_tokenize(srv_conn *c, const char *name)
     cJSON_Delete(root);
 }
 
+/* /info's step_budget: the options (0: automatic, from the time) and what the engine
+ * measured and chose last (eng_engine_stats). */
+static void add_step_budget(cJSON *root, const cfg_serve *cfg, const eng_engine_stats *es)
+{
+    cJSON *b = cJSON_AddObjectToObject(root, "step_budget");
+    if (!b)
+        return;
+    cJSON_AddNumberToObject(b, "step_budget_ms", cfg->step_budget_ms);
+    cJSON_AddNumberToObject(b, "max_prefill_per_step", cfg->max_prefill_per_step);
+    cJSON_AddNumberToObject(b, "min_prefill_per_step", cfg->min_prefill_per_step);
+    cJSON_AddNumberToObject(b, "prefill_tokens", es->prefill_budget);
+    cJSON_AddNumberToObject(b, "target_ms", es->step_target_s * 1e3);
+    cJSON_AddNumberToObject(b, "step_fixed_ms", es->step_fixed_s * 1e3);
+    cJSON_AddNumberToObject(b, "step_token_ms", es->step_token_s * 1e3);
+    cJSON_AddNumberToObject(b, "held_steps", (double)es->prefill_held_steps);
+}
+
 void srv_tgi_info(srv_conn *c, const char *name)
 {
     (void)name;
@@ -727,6 +744,14 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddNumberToObject(root, "kv_bytes_per_token",
                                 (double)eng_kv_token_bytes(&m->cfg, es.kv_dtype));
         cJSON_AddNumberToObject(root, "kv_blocks_total", es.kv_blocks_total);
+        add_step_budget(root, s->cfg, &es);
+        /* a hybrid model: its recurrent states, and the prefix cache off */
+        cJSON_AddNumberToObject(root, "recurrent_states_total", es.states_total);
+        const char *off = eng_linear_prefix_off(&m->cfg.linear);
+        if (off) {
+            cJSON_AddStringToObject(root, "prefix_cache", "off");
+            cJSON_AddStringToObject(root, "prefix_cache_off_because", off);
+        }
     }
     if (s->serving && s->registry) {
         /* which replicas are interchangeable: the same digest */

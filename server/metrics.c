@@ -273,6 +273,12 @@ static void put_engine(text *t, const srv_server *s)
     put(t, "qlserve_kv_blocks_used %d\n", st.kv_blocks_used);
     metric(t, "qlserve_kv_blocks_total", "gauge", "KV cache blocks in all");
     put(t, "qlserve_kv_blocks_total %d\n", st.kv_blocks_total);
+    metric(t, "qlserve_recurrent_states_used", "gauge",
+           "recurrent states (a hybrid model's linear layers, one per sequence) in use");
+    put(t, "qlserve_recurrent_states_used %d\n", st.states_used);
+    metric(t, "qlserve_recurrent_states_total", "gauge",
+           "recurrent states in all, out of the KV cache's bytes");
+    put(t, "qlserve_recurrent_states_total %d\n", st.states_total);
     metric(t, "qlserve_prefilled_tokens_total", "counter",
            "prompt tokens run through the model (a prompt of n choices once)");
     put(t, "qlserve_prefilled_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
@@ -289,6 +295,22 @@ static void put_engine(text *t, const srv_server *s)
     }
     hist(t, "qlserve_step_seconds",
          "engine steps (forward pass, sampling, streaming out) by wall time", &steps);
+    /* the step budget: how many prompt tokens a step carries beside decode tokens */
+    metric(t, "qlserve_step_budget_prefill_tokens", "gauge",
+           "prompt tokens the last step with decode tokens could carry beside them");
+    put(t, "qlserve_step_budget_prefill_tokens %d\n", st.prefill_budget);
+    metric(t, "qlserve_step_budget_target_seconds", "gauge",
+           "the step time that budget aimed at (0: a fixed --max-prefill-per-step)");
+    put(t, "qlserve_step_budget_target_seconds %.6f\n", st.step_target_s);
+    metric(t, "qlserve_step_cost_fixed_seconds", "gauge",
+           "a step's fitted cost whatever its tokens (the recent steps' least squares)");
+    put(t, "qlserve_step_cost_fixed_seconds %.6f\n", st.step_fixed_s);
+    metric(t, "qlserve_step_cost_token_seconds", "gauge", "a step's fitted cost per token");
+    put(t, "qlserve_step_cost_token_seconds %.9f\n", st.step_token_s);
+    metric(t, "qlserve_step_budget_held_steps_total", "counter",
+           "steps with decode tokens that left prompt tokens for later steps (chunked prefill)");
+    put(t, "qlserve_step_budget_held_steps_total %llu\n",
+        (unsigned long long)st.prefill_held_steps);
     metric(t, "qlserve_moe_experts_run_total", "counter",
            "experts a mixture-of-experts model ran, each once per layer and step for all the "
            "tokens routed to it (0 for a dense model)");

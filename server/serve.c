@@ -426,6 +426,9 @@ static void load_run(uv_work_t *req)
     eng_engine_opts eo = {
         .kv_bytes = (size_t)c->kv_mib << 20,
         .max_running = c->max_running,
+        .step_budget_ms = (float)c->step_budget_ms,
+        .max_prefill_per_step = c->max_prefill_per_step,
+        .min_prefill_per_step = c->min_prefill_per_step,
         .max_queued = c->max_queued > 0 ? c->max_queued : 1,
         .max_new_tokens = c->max_new_tokens,
         /* the server refuses what would not fit, as TGI does,
@@ -491,6 +494,12 @@ static void load_after(uv_work_t *req, int status)
                 (int)s->cfg->kv_mib, qt_kind_name(es.kv_dtype),
                 eng_kv_token_bytes(&s->model.cfg, es.kv_dtype), (int)es.kv_blocks_total,
                 (long long)es.kv_blocks_total * es.kv_block_tokens);
+        if (es.states_total > 0)
+            fprintf(stderr, "qlserve: %d recurrent states (one per running sequence)\n",
+                    (int)es.states_total);
+        const char *off = eng_linear_prefix_off(&s->model.cfg.linear);
+        if (off)
+            fprintf(stderr, "qlserve: prefix cache off: %s\n", off);
         check_drained(s);
     }
     free(j);

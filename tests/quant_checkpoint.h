@@ -3,6 +3,7 @@
  * (test_fp8.c, test_gptq.c) check the same way: an FNV-1a 64 digest of a
  * dequantized weight, the loaded projection a transformers name is, the
  * logits and greedy ids of a loaded fixture against the float64 forward,
+ * every position of a prompt against a float64 pass (qcp_against_pass),
  * a fixture whose config.json is edited and must then be refused, and a
  * PEFT adapter on the fixture, unmerged against the float64 forward and
  * merged against W + delta.
@@ -160,6 +161,31 @@ static inline eng_lora *qcp_unmerged_adapter(eng_model *m, const char *dir, cons
     free(toks);
     free(ref);
     return lora;
+}
+
+/* Every position of tokens on version w (NULL: the model's; terms
+ * unmerged), the first `prefill` in one step and the rest one at a time,
+ * against the float64 pass R, each row within FWD_REL_TOL. */
+static inline void qcp_against_pass(const eng_model *m, const ref_model *R, const eng_weights *w,
+                                    const eng_lora_term *terms, int n_terms, const int32_t *tokens,
+                                    int n, int prefill, const char *label)
+{
+    size_t V = (size_t)m->cfg.vocab_size;
+    double *want = malloc((size_t)n * V * sizeof *want);
+    cr_assert(want);
+    ref_forward(R, tokens, n, want);
+    prompt_run r = {.tokens = tokens,
+                    .n_tokens = n,
+                    .prefill = prefill,
+                    .weights = w,
+                    .delta = terms,
+                    .n_delta = n_terms};
+    float *all = run_prompt(m, &r);
+    for (int t = 0; t < n; t++)
+        assert_logits_close(all + (size_t)t * V, want + (size_t)t * V, (int64_t)V, label, "logits",
+                            t);
+    free(all);
+    free(want);
 }
 
 /* Each merged projection of v (all of kind) against the exact W + delta

@@ -37,6 +37,7 @@ static const char *const tested[] = {
     "llama_3_2",
     "qwen2_5",
     "qwen3",
+    "qwen3_5", /* Qwen3.5-4B.jinja */
     "mistral_nemo",
     "mistral_small_3_2",
     "ministral_3_reasoning",
@@ -325,6 +326,7 @@ TEMPLATE_TEST(llama_3_1)
 TEMPLATE_TEST(llama_3_2)
 TEMPLATE_TEST(qwen2_5)
 TEMPLATE_TEST(qwen3)
+TEMPLATE_TEST(qwen3_5)
 TEMPLATE_TEST(mistral_nemo)
 TEMPLATE_TEST(mistral_small_3_2)
 TEMPLATE_TEST(ministral_3_reasoning)

@@ -90,6 +90,10 @@ Test(config, defaults)
     cr_assert_eq(c.threads, 0);
     cr_assert_eq(c.kv_mib, 256);
     cr_assert_eq(c.max_running, 64);
+    /* the step budget: automatic, from the measured time, with a floor of 16 */
+    cr_assert_eq(c.step_budget_ms, 0);
+    cr_assert_eq(c.max_prefill_per_step, 0);
+    cr_assert_eq(c.min_prefill_per_step, 16);
     cr_assert_eq(c.max_queued, 256);
     cr_assert_eq(c.max_new_tokens, 4096);
     cr_assert_eq(c.max_context, 0);
@@ -116,7 +120,8 @@ Test(config, every_flag_sets_its_field)
                        "9", "--max-body-bytes", "1073741824", "--max-header-bytes", "1024",
                        "--request-timeout-ms", "5", "--keepalive-timeout-ms", "6", "--grace-ms",
                        "0", "--adapter-budget-mib", "512", "--merge-threads", "4", "--device",
-                       "cpu"),
+                       "cpu", "--step-budget-ms", "120", "--max-prefill-per-step", "48",
+                       "--min-prefill-per-step", "8"),
                  QL_OK, "%s", msg);
     cr_assert_str_eq(c.model.quant, "nf4");
     cr_assert_eq(c.model.blocksize, 128);
@@ -130,6 +135,9 @@ Test(config, every_flag_sets_its_field)
     cr_assert_eq(c.threads, 3);
     cr_assert_eq(c.kv_mib, 64);
     cr_assert_eq(c.max_running, 8);
+    cr_assert_eq(c.step_budget_ms, 120);
+    cr_assert_eq(c.max_prefill_per_step, 48);
+    cr_assert_eq(c.min_prefill_per_step, 8);
     cr_assert_eq(c.max_queued, 0);
     cr_assert_eq(c.max_new_tokens, 100);
     cr_assert_eq(c.max_context, 2048);
@@ -353,6 +361,9 @@ Test(config, ranges_refused)
         {"--grace-ms", "-1", "--grace-ms -1: out of range"},
         {"--kv-mib", "0", "--kv-mib 0: out of range"},
         {"--max-running", "0", "--max-running 0: out of range"},
+        {"--step-budget-ms", "-1", "--step-budget-ms -1: out of range"},
+        {"--max-prefill-per-step", "-1", "--max-prefill-per-step -1: out of range"},
+        {"--min-prefill-per-step", "0", "--min-prefill-per-step 0: out of range"},
         {"--max-new-tokens", "0", "--max-new-tokens 0: out of range"},
         {"--max-connections", "0", "--max-connections 0: out of range"},
         {"--threads", "-2", "--threads -2: out of range"},

@@ -250,8 +250,8 @@ Test(fp8, configs_it_cannot_compute_are_refused_by_name)
     check_refused("\"activation_scheme\": \"dynamic\"", "\"activation_scheme\": \"static\"",
                   "activation_scheme static");
     check_refused("\"scale_fmt\": \"float\"", "\"scale_fmt\": \"e4m3\"", "scale_fmt e4m3");
-    check_refused("\"quant_method\": \"fp8\"", "\"quant_method\": \"compressed-tensors\"",
-                  "quantization_config compressed-tensors");
+    check_refused("\"quant_method\": \"fp8\"", "\"quant_method\": \"hqq\"",
+                  "quantization_config hqq");
     check_refused("\"weight_block_size\": [", "\"weight_block_size\": null, \"x\": [",
                   "weight_block_size");
     /* a block that does not give the stored grid */

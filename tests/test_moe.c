@@ -8,8 +8,8 @@
  *     rows chose it, and an expert no row chose is never read (the step's
  *     figures, eng_backend_moe_step / eng_forward_moe_step, and /metrics);
  *   - a config or file whose experts we cannot run is refused by name;
- *   - the binary serves a mixture from its folder and its GGUF through the
- *     completions, chat and TGI routes.
+ *   - the binary serves a mixture from its folder (its FP8 one too) and its
+ *     GGUF through the completions, chat and TGI routes.
  *
  * The fixtures are make_moe_reference.py's tiny models (8 experts, 2 per
  * token, 3 layers; Qwen2-MoE's with its shared expert).
@@ -24,6 +24,7 @@
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
+#include "quant_checkpoint.h"
 #include "ref_forward.h"
 #include "run_prompt.h"
 #include "runtime.h"
@@ -368,27 +369,11 @@ Test(moe, a_peft_adapter_on_gpt_oss_experts_equals_peft_float64)
 }
 
 /* Every position of the prompt on version w (with terms unmerged) against
- * the float64 pass R. */
+ * the float64 pass R, the first 9 in one step. */
 static void against_reference(const eng_model *m, const ref_model *R, const eng_weights *w,
                               const eng_lora_term *terms, int n_terms, const char *label)
 {
-    int n = QWEN3MOE_N_TOKENS;
-    size_t V = (size_t)m->cfg.vocab_size;
-    double *want = malloc((size_t)n * V * sizeof *want);
-    cr_assert(want);
-    ref_forward(R, QWEN3MOE_TOKENS, n, want);
-    prompt_run r = {.tokens = QWEN3MOE_TOKENS,
-                    .n_tokens = n,
-                    .prefill = 9,
-                    .weights = w,
-                    .delta = terms,
-                    .n_delta = n_terms};
-    float *all = run_prompt(m, &r);
-    for (int t = 0; t < n; t++)
-        assert_logits_close(all + (size_t)t * V, want + (size_t)t * V, (int64_t)V, label, "logits",
-                            t);
-    free(all);
-    free(want);
+    qcp_against_pass(m, R, w, terms, n_terms, QWEN3MOE_TOKENS, QWEN3MOE_N_TOKENS, 9, label);
 }
 
 /* Merged into llama.cpp's q8_0 experts: each merged expert stays q8_0,
@@ -597,6 +582,16 @@ Test(moe, the_binary_serves_each_family_from_its_folder_and_its_gguf, .timeout =
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("qwen3moe_tiny", model);
     serve_and_ask(model, dir, QL_FIXTURES "/peft");
+    test_rmtree(model);
+    /* its FP8 experts, fused with UE8M0 scales (make_fp8_moe_reference.py):
+     * the adapter merges into them and unmerges back (a state dir of its
+     * own, so the journal starts without the adapter) */
+    char fp8_dir[600];
+    snprintf(fp8_dir, sizeof fp8_dir, "%s/fp8", dir);
+    cr_assert_eq(mkdir(model, 0700), 0);
+    cr_assert_eq(mkdir(fp8_dir, 0700), 0);
+    tiny_fixture_folder("fp8moe_fused_tiny_ue8m0", model);
+    serve_and_ask(model, fp8_dir, QL_FIXTURES "/peft");
     test_rmtree(model);
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("gptoss_tiny", model);

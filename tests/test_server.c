@@ -763,6 +763,40 @@ Test(server, health_info_and_metrics_describe_the_server)
     sp_stop_cleanly();
 }
 
+/* The step budget's options reach the engine and come back in /info's
+ * step_budget and /metrics' gauges (a budget in tokens: no time aimed at). */
+Test(server, the_step_budget_is_configured_and_reported)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, (const char *[]){"--max-prefill-per-step", "3", "--min-prefill-per-step",
+                                         "2", "--step-budget-ms", "40", NULL});
+    free(generate("Hello", 4, NULL));
+    hc_response r = sp_request("GET", "/info", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cJSON *j = json_of(&r);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "step_budget");
+    cr_assert(cJSON_IsObject(b), "%s", r.body);
+    cr_assert_eq(num_at(b, "max_prefill_per_step"), 3);
+    cr_assert_eq(num_at(b, "min_prefill_per_step"), 2);
+    cr_assert_eq(num_at(b, "step_budget_ms"), 40);
+    cr_assert_eq(num_at(b, "target_ms"), 0, "a budget in tokens aims at no time");
+    cr_assert_eq(num_at(b, "held_steps"), 0, "one request never waits for another's decode");
+    cr_assert_gt(num_at(b, "step_token_ms"), 0, "the steps' cost is fitted");
+    cJSON_Delete(j);
+    hc_response_free(&r);
+    r = sp_request("GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    const char *m = r.body;
+    /* a lone request's decode steps carry no prompt: the budget they reported */
+    cr_assert_eq(metric(m, "qlserve_step_budget_prefill_tokens"), 3, "%s", m);
+    cr_assert_eq(metric(m, "qlserve_step_budget_target_seconds"), 0);
+    cr_assert_eq(metric(m, "qlserve_step_budget_held_steps_total"), 0);
+    cr_assert_gt(metric(m, "qlserve_step_cost_token_seconds"), 0);
+    cr_assert(strstr(m, "# TYPE qlserve_step_budget_held_steps_total counter\n"));
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
 /* --activations q8: /info and the startup log name it (on the CPU; the
  * CUDA backend keeps f32, and the log says why), and the server serves. */
 Test(server, activations_q8_is_reported_by_info_and_the_log)

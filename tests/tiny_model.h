@@ -277,6 +277,21 @@ static inline void tiny_unload_default(const char *dir, eng_model *m)
     test_rmtree(dir);
 }
 
+/* A Criterion suite over that fixture: the file's own tiny_dir and
+ * tiny_model, loaded before each test and unloaded after it. */
+#define TINY_DEFAULT_SUITE(suite, seconds)                                                         \
+    static char tiny_dir[512];                                                                     \
+    static eng_model tiny_model;                                                                   \
+    static void tiny_suite_init(void)                                                              \
+    {                                                                                              \
+        tiny_load_default(tiny_dir, sizeof tiny_dir, &tiny_model);                                 \
+    }                                                                                              \
+    static void tiny_suite_fini(void)                                                              \
+    {                                                                                              \
+        tiny_unload_default(tiny_dir, &tiny_model);                                                \
+    }                                                                                              \
+    TestSuite(suite, .init = tiny_suite_init, .fini = tiny_suite_fini, .timeout = (seconds))
+
 static inline void tiny_add_gguf(gguf_writer *w, const char *name, int64_t rows, int64_t cols,
                                  qt_kind kind, bool norm, uint64_t *rng)
 {

@@ -70,6 +70,9 @@ typedef struct eng_gemma4_model {
     qtensor ple_norm;  /* per_layer_projection_norm [1, ple_dim] */
 } eng_gemma4_model;
 
+/* The layer whose cache layer l attends over: l, or for one of
+ * kv_shared_layers the last earlier unshared layer of its type (layers.c). */
+int32_t eng_layer_kv_source(const struct eng_config *c, int32_t l);
 /* Layer l's MLP width: intermediate_size, twice that on a kv-shared layer
  * of a double_wide model (gemma4.c). */
 int64_t eng_layer_ff(const struct eng_config *c, int32_t l);

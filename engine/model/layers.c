@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef enum {
     DIM_NONE,
@@ -25,7 +26,16 @@ typedef enum {
     DIM_HEADS,
     DIM_ONE,
     DIM_PLE, /* Gemma 4's hidden_size_per_layer_input */
-    DIM_EXPERTS
+    DIM_EXPERTS,
+    /* Qwen3.5: q_proj's query and gate rows (2 * DIM_Q); a linear layer's
+     * conv channels (q | k | v), values, value heads, one value head's
+     * dims, conv taps (hybrid.h) */
+    DIM_Q_GATED,
+    DIM_LIN_QKV,
+    DIM_LIN_V,
+    DIM_LIN_HEADS,
+    DIM_LIN_HEAD,
+    DIM_LIN_TAPS
 } layer_dim;
 
 /* When a part is present: always, with attention_bias, with qk_norm,
@@ -52,7 +62,9 @@ typedef enum {
     GPT_OSS_FFN_NORM,
     WITH_LAYER_SCALAR,
     WITH_PER_LAYER_INPUT,
-    WITH_MOE_BLOCK
+    WITH_MOE_BLOCK,
+    WITH_OUTPUT_GATE, /* Qwen3.5's full layers: q_proj holds the gate too */
+    LINEAR_LAYER      /* Qwen3.5's Gated DeltaNet layers (their linear_attn.*) */
 } layer_when;
 
 /* Each tensor of a layer: its Hugging Face and GGUF names, its shape in
@@ -126,6 +138,28 @@ static const struct layer_part {
      ROLE_DENSE, offsetof(eng_layer, g4.moe_pre_norm), WITH_MOE_BLOCK},
     {"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight", DIM_HIDDEN, DIM_NONE,
      ROLE_DENSE, offsetof(eng_layer, g4.moe_post_norm), WITH_MOE_BLOCK},
+    {"self_attn.q_proj.weight", "attn_q.weight", DIM_Q_GATED, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, wq), WITH_OUTPUT_GATE},
+    /* a linear layer's projections go where attention's would (hybrid.h) */
+    {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight", DIM_LIN_QKV, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, wq), LINEAR_LAYER},
+    {"linear_attn.in_proj_z.weight", "attn_gate.weight", DIM_LIN_V, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, wk), LINEAR_LAYER},
+    {"linear_attn.out_proj.weight", "ssm_out.weight", DIM_HIDDEN, DIM_LIN_V, ROLE_LINEAR,
+     offsetof(eng_layer, wo), LINEAR_LAYER},
+    {"linear_attn.in_proj_b.weight", "ssm_beta.weight", DIM_LIN_HEADS, DIM_HIDDEN, ROLE_DENSE,
+     offsetof(eng_layer, lin.in_b), LINEAR_LAYER},
+    {"linear_attn.in_proj_a.weight", "ssm_alpha.weight", DIM_LIN_HEADS, DIM_HIDDEN, ROLE_DENSE,
+     offsetof(eng_layer, lin.in_a), LINEAR_LAYER},
+    /* [conv_dim, 1, taps], read as the rows of its first two dims */
+    {"linear_attn.conv1d.weight", "ssm_conv1d.weight", DIM_LIN_QKV, DIM_LIN_TAPS, ROLE_FUSED,
+     offsetof(eng_layer, lin.conv), LINEAR_LAYER},
+    {"linear_attn.A_log", "ssm_a", DIM_LIN_HEADS, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, lin.a_log), LINEAR_LAYER},
+    {"linear_attn.dt_bias", "ssm_dt.bias", DIM_LIN_HEADS, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, lin.dt_bias), LINEAR_LAYER},
+    {"linear_attn.norm.weight", "ssm_norm.weight", DIM_LIN_HEAD, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, lin.norm), LINEAR_LAYER},
 };
 
 #define N_LAYER_PARTS (sizeof layer_parts / sizeof *layer_parts)
@@ -210,6 +244,13 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     /* nor v on a full layer of an attention_k_eq_v model */
     if (part->field == offsetof(eng_layer, wv) && eng_layer_k_is_v(c, l))
         return false;
+    /* Qwen3.5: a linear layer has no self_attn.*, a full one no
+     * linear_attn.*, and a gated q_proj replaces the plain one */
+    bool linear = eng_linear_is(&c->linear, l);
+    if (linear ? strncmp(part->hf, "self_attn.", 10) == 0 : part->when == LINEAR_LAYER)
+        return false;
+    if (part->rows == DIM_Q && part->field == offsetof(eng_layer, wq) && c->linear.attn_output_gate)
+        return false;
     switch (part->when) {
     case ALWAYS: return true;
     case UNLESS_POST_NORMS: return !c->post_norms;
@@ -218,15 +259,18 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case WITH_QK_NORM_WHOLE: return c->qk_norm && c->qk_norm_whole;
     case UNLESS_FUSED: return true; /* loaded whole, or split from the fused tensor */
     case WITHOUT_SANDWICH:
-        return !c->sandwich_norms && !c->post_norms && c->arch != ENG_ARCH_GPT_OSS;
+        return !c->sandwich_norms && !c->post_norms && c->arch != ENG_ARCH_GPT_OSS &&
+               c->arch != ENG_ARCH_QWEN3_5;
     case WITH_SANDWICH: return c->sandwich_norms;
     case WITH_POST_NORMS: return c->sandwich_norms || c->post_norms;
     case WITH_O_BIAS: return c->o_bias;
     case WITH_SINKS: return c->attn_sinks;
-    case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS;
+    case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS || c->arch == ENG_ARCH_QWEN3_5;
     case WITH_LAYER_SCALAR: return c->layer_scalar;
     case WITH_PER_LAYER_INPUT: return c->g4.ple_dim > 0;
     case WITH_MOE_BLOCK: return c->g4.moe_block;
+    case WITH_OUTPUT_GATE: return c->linear.attn_output_gate;
+    case LINEAR_LAYER: return true; /* on linear layers, as above */
     }
     return false;
 }
@@ -252,6 +296,12 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_ONE] = 1,
         [DIM_PLE] = c->g4.ple_dim,
         [DIM_EXPERTS] = c->n_experts,
+        [DIM_Q_GATED] = 2 * (int64_t)c->n_heads * c->head_dim,
+        [DIM_LIN_QKV] = eng_linear_conv_dim(&c->linear),
+        [DIM_LIN_V] = (int64_t)c->linear.n_v_heads * c->linear.v_head_dim,
+        [DIM_LIN_HEADS] = c->linear.n_v_heads,
+        [DIM_LIN_HEAD] = c->linear.v_head_dim,
+        [DIM_LIN_TAPS] = c->linear.conv_kernel,
     };
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;

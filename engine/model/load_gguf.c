@@ -528,11 +528,13 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_OLMO3;
     else if (strcmp(arch, "mistral3") == 0)
         c->arch = ENG_ARCH_MINISTRAL3;
+    else if (strcmp(arch, "qwen35") == 0)
+        c->arch = ENG_ARCH_QWEN3_5;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
                        "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss, smollm3, olmo2, "
-                       "mistral3)",
+                       "mistral3, qwen35)",
                        f->path, arch);
     /* Mixtral is a llama GGUF whose layers have experts */
     char experts_key[96];
@@ -622,6 +624,8 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         rc = parse_gguf_olmo(f, arch, c, msg, msg_len);
     if (rc == QL_OK && c->arch == ENG_ARCH_MINISTRAL3)
         rc = parse_gguf_mistral3(f, arch, c, msg, msg_len);
+    if (rc == QL_OK && c->arch == ENG_ARCH_QWEN3_5)
+        rc = model_qwen35_config_gguf(f, c, msg, msg_len);
     snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
     if (rc == QL_OK && c->arch == ENG_ARCH_GPT_OSS &&
         (rc = gguf_uint(f, key, 0, false, &c->sliding_window, msg, msg_len)) == QL_OK)

@@ -844,6 +844,55 @@ static int parse_awq_config(model_loader *L, const char *path, const cJSON *qc, 
     return QL_OK;
 }
 
+/* config.json's quantization_config (absent: a float checkpoint), by its
+ * quant_method; one qlserve does not read is refused by name. */
+static int parse_quantization_config(model_loader *L, const char *path, const cJSON *j, char *msg,
+                                     size_t msg_len)
+{
+    const eng_config *c = &L->m->cfg;
+    int rc;
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    const char *qm = qc ? mf_json_str(qc, "quant_method") : NULL;
+    if (qm && strcmp(qm, "mxfp4") == 0 && c->arch == ENG_ARCH_GPT_OSS) {
+        /* GPT-OSS's Hub checkpoints: experts as MXFP4 _blocks / _scales
+         * (experts.c), everything else dense */
+        L->mxfp4_experts = true;
+        qc = NULL;
+    }
+    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0 || strcmp(qm, "awq") == 0)) {
+        rc = strcmp(qm, "fp8") == 0    ? parse_fp8_config(L, path, qc, msg, msg_len)
+             : strcmp(qm, "gptq") == 0 ? parse_gptq_config(L, path, qc, msg, msg_len)
+                                       : parse_awq_config(L, path, qc, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
+        qc = NULL;
+    }
+    if (qm && (strcmp(qm, "compressed-tensors") == 0 || strcmp(qm, "fbgemm_fp8") == 0)) {
+        if ((rc = model_ct_config(L, path, qc, msg, msg_len)) != QL_OK) /* load_ct.c */
+            return rc;
+        qc = NULL;
+    }
+    if (qc) {
+        const char *method = mf_json_str(qc, "quant_method");
+        if (!method || strcmp(method, "bitsandbytes") != 0 ||
+            !mf_json_bool(qc, "load_in_4bit", false))
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
+                           "finegrained fp8, gptq, awq, compressed-tensors, fbgemm_fp8, and "
+                           "GPT-OSS's mxfp4, are)",
+                           path, method ? method : "(no quant_method)");
+        const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
+        if (!type)
+            type = "fp4";
+        if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0)
+            return ql_fail(msg, msg_len, QL_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
+                           path, type);
+        L->bnb_checkpoint = true;
+        snprintf(L->bnb_type, sizeof L->bnb_type, "%s", type);
+    }
+    return QL_OK;
+}
+
 /* Ministral 3 beyond a Mistral: Llama 4's query scaling, whose beta
  * (llama_4_scaling_beta) and period (original_max_position_embeddings)
  * sit in the rotary parameters beside YaRN's (parse_rope_scaling reads
@@ -917,6 +966,8 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         c->arch = ENG_ARCH_MINISTRAL3;
     else if (strcmp(arch, "Gemma4ForCausalLM") == 0)
         c->arch = ENG_ARCH_GEMMA4;
+    else if (strcmp(arch, "Qwen3_5ForCausalLM") == 0)
+        c->arch = ENG_ARCH_QWEN3_5;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: architecture %s is not one qlserve runs (LlamaForCausalLM, "
@@ -924,7 +975,7 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
                        "Gemma2ForCausalLM, Gemma3ForCausalLM, Qwen2MoeForCausalLM, "
                        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, "
                        "SmolLM3ForCausalLM, Olmo3ForCausalLM, Ministral3ForCausalLM, "
-                       "Gemma4ForCausalLM)",
+                       "Gemma4ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration)",
                        path, arch);
     int rc = QL_OK;
 #define INT_FIELD(key, def, req, lo, hi, dst)                                                      \
@@ -969,11 +1020,9 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
     c->rope_interleaved = false;
     c->bos_token_id = mf_json_token_id(j, "bos_token_id");
     c->eos_token_id = mf_json_token_id(j, "eos_token_id");
-    if (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3) {
-        rc = parse_gemma_config(path, j, c, msg, msg_len);
-        if (rc != QL_OK)
-            return rc;
-    }
+    if ((c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3) &&
+        (rc = parse_gemma_config(path, j, c, msg, msg_len)) != QL_OK)
+        return rc;
     if (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ||
         c->arch == ENG_ARCH_MIXTRAL) {
         rc = model_moe_config_hf(path, j, c, msg, msg_len);
@@ -993,57 +1042,10 @@ static int parse_hf_config(model_loader *L, const char *path, const cJSON *j, ch
         return rc;
     if (c->arch == ENG_ARCH_GEMMA4 && (rc = parse_gemma4_config(path, j, c, msg, msg_len)) != QL_OK)
         return rc;
-
-    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
-    const char *qm = qc ? mf_json_str(qc, "quant_method") : NULL;
-    if (qm && strcmp(qm, "mxfp4") == 0 && c->arch == ENG_ARCH_GPT_OSS) {
-        /* GPT-OSS's Hub checkpoints: experts as MXFP4 _blocks / _scales
-         * (experts.c), everything else dense */
-        L->mxfp4_experts = true;
-        qc = NULL;
-    }
-    if (qm && (strcmp(qm, "fp8") == 0 || strcmp(qm, "gptq") == 0 || strcmp(qm, "awq") == 0)) {
-        rc = strcmp(qm, "fp8") == 0    ? parse_fp8_config(L, path, qc, msg, msg_len)
-             : strcmp(qm, "gptq") == 0 ? parse_gptq_config(L, path, qc, msg, msg_len)
-                                       : parse_awq_config(L, path, qc, msg, msg_len);
-        if (rc != QL_OK)
-            return rc;
-        qc = NULL;
-    }
-    if (qc) {
-        const char *method = mf_json_str(qc, "quant_method");
-        if (!method || strcmp(method, "bitsandbytes") != 0 ||
-            !mf_json_bool(qc, "load_in_4bit", false))
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: quantization_config %s is not supported (bitsandbytes 4-bit, "
-                           "finegrained fp8, gptq, awq, and GPT-OSS's mxfp4, are)",
-                           path, method ? method : "(no quant_method)");
-        const char *type = mf_json_str(qc, "bnb_4bit_quant_type");
-        if (!type)
-            type = "fp4";
-        if (strcmp(type, "nf4") != 0 && strcmp(type, "fp4") != 0)
-            return ql_fail(msg, msg_len, QL_EINVAL, "%s: bnb_4bit_quant_type %s is not nf4 or fp4",
-                           path, type);
-        L->bnb_checkpoint = true;
-        snprintf(L->bnb_type, sizeof L->bnb_type, "%s", type);
-    }
-    return QL_OK;
+    return parse_quantization_config(L, path, j, msg, msg_len);
 }
 
 /* --- tensors: finding, checking, converting --------------------------------- */
-
-/* The shard holding name, or NULL. */
-static const st_tensor *find_st(const model_loader *L, const char *name, const st_file **file)
-{
-    for (size_t i = 0; i < L->m->n_shards; i++) {
-        const st_tensor *t = st_find(&L->m->shards[i], name);
-        if (t) {
-            *file = &L->m->shards[i];
-            return t;
-        }
-    }
-    return NULL;
-}
 
 /* The shard holding a bitsandbytes quant state for `name`, or NULL. */
 static const st_file *bnb_shard(const model_loader *L, const char *name)
@@ -1062,41 +1064,50 @@ static const st_tensor *fp8_scale_of(const model_loader *L, const char *name, co
     if (!L->fp8_checkpoint ||
         (size_t)snprintf(scale_name, sizeof scale_name, "%s_scale_inv", name) >= sizeof scale_name)
         return NULL;
-    return find_st(L, scale_name, sf);
+    return model_find_st(L, scale_name, sf);
 }
 
 /* An FP8 weight (F8_E4M3 [rows, cols]) with its block scales (F32 or
  * F8_E8M0, the grid of weight_block_size): the codes read in place from
  * the mapping, the scales copied in their stored dtype, never converted;
  * whatever --quant and --dtype say (they apply to what the checkpoint left
- * dense). Another dtype, rank or grid is refused naming both tensors. */
+ * dense). Fused experts (transformers' FP8Experts: gate_up_proj [experts,
+ * 2 * ff, hidden] with gate_up_proj_scale_inv [experts, 2 * ff / block
+ * rows, hidden / block cols]) are read as the rows of their first two dims
+ * when each expert is whole blocks of rows, so the stacked grid is the 2-D
+ * one. Another dtype, rank or grid is refused naming both tensors. */
 static int load_fp8_tensor(const model_loader *L, const st_file *f, const st_tensor *t,
-                           const st_file *sf, const st_tensor *s, int64_t want_rows,
+                           const st_file *sf, const st_tensor *s, bool stacked, int64_t want_rows,
                            int64_t want_cols, qtensor *out, char *msg, size_t msg_len)
 {
-    if (t->dtype != ST_F8_E4M3 || t->ndim != 2)
+    int ndim = stacked && t->ndim == 3 ? 3 : 2;
+    if (t->dtype != ST_F8_E4M3 || t->ndim != ndim)
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: fp8 weight '%s' is %s with %d dimensions; expected a F8_E4M3 matrix",
                        f->path, t->name, st_dtype_name(t->dtype), t->ndim);
-    if ((s->dtype != ST_F32 && s->dtype != ST_F8_E8M0) || s->ndim != 2)
+    if ((s->dtype != ST_F32 && s->dtype != ST_F8_E8M0) || s->ndim != ndim ||
+        (ndim == 3 && (s->shape[0] != t->shape[0] || t->shape[1] % L->fp8_block[0] != 0)))
         return ql_fail(msg, msg_len, QL_EFORMAT,
                        "%s: fp8 scale '%s' is %s with %d dimensions; expected a F32 or F8_E8M0 "
-                       "matrix (weight_scale_inv per block)",
-                       sf->path, s->name, st_dtype_name(s->dtype), s->ndim);
-    if (t->shape[0] != want_rows || t->shape[1] != want_cols)
-        return model_shape_mismatch(f->path, t->name, t->shape[0], t->shape[1], want_rows,
-                                    want_cols, msg, msg_len);
+                       "%s (weight_scale_inv per block%s)",
+                       sf->path, s->name, st_dtype_name(s->dtype), s->ndim,
+                       ndim == 3 ? "[experts, rows / block, cols / block]" : "matrix",
+                       ndim == 3 ? ", each expert whole blocks of rows" : "");
+    int64_t rows = ndim == 3 ? t->shape[0] * t->shape[1] : t->shape[0], cols = t->shape[ndim - 1];
+    if (rows != want_rows || cols != want_cols)
+        return model_shape_mismatch(f->path, t->name, rows, cols, want_rows, want_cols, msg,
+                                    msg_len);
     qt_fp8_parts p = {
-        .rows = t->shape[0],
-        .cols = t->shape[1],
+        .rows = rows,
+        .cols = cols,
         .block_rows = L->fp8_block[0],
         .block_cols = L->fp8_block[1],
         .codes = t->data,
         .borrow_codes = true, /* the shards stay mapped as long as the model */
         .scale_dtype = s->dtype == ST_F8_E8M0 ? QT_SCALE_E8M0 : QT_SCALE_F32,
         .scales = s->data,
-        .scale_rows = s->shape[0],
-        .scale_cols = s->shape[1],
+        .scale_rows = ndim == 3 ? s->shape[0] * s->shape[1] : s->shape[0],
+        .scale_cols = s->shape[ndim - 1],
     };
     char why[256];
     int rc = qt_from_fp8(out, &p, why, sizeof why);
@@ -1115,7 +1126,7 @@ static const st_tensor *gptq_part(const model_loader *L, const char *name, const
     if (!L->gptq_checkpoint || n < 7 || strcmp(name + n - 7, ".weight") != 0 ||
         (size_t)snprintf(buf, sizeof buf, "%.*s.%s", (int)(n - 7), name, part) >= sizeof buf)
         return NULL;
-    return find_st(L, buf, f);
+    return model_find_st(L, buf, f);
 }
 
 /* A GPTQ linear (out `want_rows`, in `want_cols`): qweight I32 [in * bits
@@ -1179,14 +1190,13 @@ static int load_gptq_tensor(const model_loader *L, const char *name, const st_fi
 static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols,
                           tensor_role role, qtensor *out, char *msg, size_t msg_len)
 {
+    const st_file *f = NULL;
+    bool one_d = cols == 0;
     char text_name[512];
-    if (L->m->cfg.g4.language_model && strncmp(name, "model.", 6) == 0) {
-        /* Gemma4ForConditionalGeneration's text model */
+    if (L->text_model && strncmp(name, "model.", 6) == 0) {
         snprintf(text_name, sizeof text_name, "model.language_model.%s", name + 6);
         name = text_name;
     }
-    const st_file *f = NULL;
-    bool one_d = cols == 0;
     int64_t want_rows = one_d ? 1 : rows, want_cols = one_d ? rows : cols;
     int rc;
     const st_file *bnb = role != ROLE_DENSE ? bnb_shard(L, name) : NULL;
@@ -1205,13 +1215,21 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     const st_tensor *t = role != ROLE_DENSE ? gptq_part(L, name, "qweight", &f) : NULL;
     if (t)
         return load_gptq_tensor(L, name, f, t, want_rows, want_cols, out, msg, msg_len);
-    t = find_st(L, name, &f);
+    bool handled = false;
+    if (L->ct && role != ROLE_DENSE && !one_d) { /* compressed-tensors, fbgemm_fp8 */
+        rc = model_ct_tensor(L, name, want_rows, want_cols, role != ROLE_EMBED, out, &handled, msg,
+                             msg_len);
+        if (rc != QL_OK || handled)
+            return rc;
+    }
+    t = model_find_st(L, name, &f);
     if (!t)
         return ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: tensor '%s' is missing", L->dir, name);
     const st_file *sf = NULL;
     const st_tensor *scale = role != ROLE_DENSE ? fp8_scale_of(L, name, &sf) : NULL;
     if (scale)
-        return load_fp8_tensor(L, f, t, sf, scale, want_rows, want_cols, out, msg, msg_len);
+        return load_fp8_tensor(L, f, t, sf, scale, role == ROLE_FUSED, want_rows, want_cols, out,
+                               msg, msg_len);
     /* a 3-D stack (experts) is read as the rows of its first two dims */
     bool stacked = role == ROLE_FUSED && t->ndim == 3;
     if (t->ndim != (one_d ? 1 : 2) && !stacked)
@@ -1318,7 +1336,7 @@ static int open_hf_weights(model_loader *L, char *msg, size_t msg_len)
     return QL_OK;
 }
 
-int model_load_hf(model_loader *L, char *msg, size_t msg_len)
+static int load_hf_folder(model_loader *L, char *msg, size_t msg_len)
 {
     eng_model *m = L->m;
     eng_config *c = &m->cfg;
@@ -1328,12 +1346,19 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     int rc = mf_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    cJSON *text = NULL; /* Gemma4ForConditionalGeneration's text_config, as its own */
+    /* a multimodal folder's text model's config as its own (gemma4.c,
+     * qwen35.c): Gemma4ForConditionalGeneration's, Qwen3.5's */
+    cJSON *text = NULL;
     rc = model_gemma4_text_config(path, j, &text, msg, msg_len);
+    if (rc == QL_OK && text)
+        L->text_model = c->g4.language_model = true;
+    else if (rc == QL_OK)
+        rc = model_qwen35_text_config(path, j, &text, &L->text_model, msg, msg_len);
     if (rc == QL_OK)
         rc = parse_hf_config(L, path, text ? text : j, msg, msg_len);
-    if (rc == QL_OK && text)
-        m->cfg.g4.language_model = true;
+    /* Qwen3.5's own fields (qwen35.c), once the shared ones are read */
+    if (rc == QL_OK && c->arch == ENG_ARCH_QWEN3_5)
+        rc = model_qwen35_config_hf(path, text ? text : j, c, msg, msg_len);
     cJSON_Delete(text);
     const char *own = mf_json_str(j, "_name_or_path");
     model_set_name(m, own, own ? strlen(own) : 0, L->dir);
@@ -1343,6 +1368,7 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
     snprintf(m->format, sizeof m->format, "%s",
              L->bnb_checkpoint    ? "bitsandbytes-4bit"
              : L->fp8_checkpoint  ? "fp8"
+             : L->ct              ? model_ct_format(L)
              : L->awq             ? "awq"
              : L->gptq_checkpoint ? "gptq"
                                   : "safetensors");
@@ -1368,7 +1394,7 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
         rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                             msg_len);
     } else if (rc == QL_OK &&
-               (find_st(L, "lm_head.weight", &f) || bnb_shard(L, "lm_head.weight"))) {
+               (model_find_st(L, "lm_head.weight", &f) || bnb_shard(L, "lm_head.weight"))) {
         /* tied in the config but stored anyway (some exports do): use it */
         rc = load_hf_tensor(L, "lm_head.weight", c->vocab_size, h, ROLE_LM_HEAD, &m->lm_head, msg,
                             msg_len);
@@ -1379,6 +1405,13 @@ int model_load_hf(model_loader *L, char *msg, size_t msg_len)
         return rc;
 
     return model_folder_tokenizer(L->dir, &m->tok, msg, msg_len);
+}
+
+int model_load_hf(model_loader *L, char *msg, size_t msg_len)
+{
+    int rc = load_hf_folder(L, msg, msg_len);
+    model_ct_free(L); /* the quantization_config is read by now */
+    return rc;
 }
 
 int model_folder_tokenizer(const char *dir, tok_tokenizer **out, char *msg, size_t msg_len)

@@ -65,11 +65,12 @@ int model_parse_opts(model_loader *L, char *msg, size_t msg_len)
 }
 
 /* Replace a dense or GGUF-block weight by its quantization as L->qp; a
- * weight already NF4/FP4/AFFINE is kept as it is. */
+ * weight already NF4/FP4/AFFINE, or a checkpoint's FP8 (a fused expert's
+ * part), is kept as it is. */
 static int quantize_weight(const model_loader *L, const char *name, qtensor *t, char *msg,
                            size_t msg_len)
 {
-    if (t->kind == QT_NF4 || t->kind == QT_FP4 || t->kind == QT_AFFINE)
+    if (t->kind == QT_NF4 || t->kind == QT_FP4 || t->kind == QT_AFFINE || t->kind == QT_FP8)
         return QL_OK;
     size_t n = (size_t)(t->rows * t->cols);
     float *w = malloc(n * sizeof *w);
@@ -141,4 +142,16 @@ int model_json_int32(const char *path, const cJSON *j, const char *key, int64_t 
     if (rc == QL_OK)
         *out = (int32_t)v;
     return rc;
+}
+
+const st_tensor *model_find_st(const model_loader *L, const char *name, const st_file **file)
+{
+    for (size_t i = 0; i < L->m->n_shards; i++) {
+        const st_tensor *t = st_find(&L->m->shards[i], name);
+        if (t) {
+            *file = &L->m->shards[i];
+            return t;
+        }
+    }
+    return NULL;
 }

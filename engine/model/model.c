@@ -38,6 +38,7 @@ const char *eng_arch_name(eng_arch a)
     case ENG_ARCH_OLMO3: return "olmo3";
     case ENG_ARCH_MINISTRAL3: return "ministral3";
     case ENG_ARCH_GEMMA4: return "gemma4";
+    case ENG_ARCH_QWEN3_5: return "qwen3_5";
     }
     return "unknown";
 }
@@ -58,6 +59,10 @@ static void describe_quant(eng_model *m)
                  w->gptq_zero_offset ? "v1" : "v2");
     else if (w->kind == QT_AWQ)
         snprintf(m->quant, sizeof m->quant, "awq-int%d-g%d", w->bits, w->group_size);
+    else if (w->kind == QT_CT_INT) /* bits, the scale's block and dtype, zero points or none */
+        snprintf(m->quant, sizeof m->quant, "ct-int%d-b%dx%d-%s-%s", w->bits, w->block_rows,
+                 w->block_cols, qt_scale_dtype_name(w->scale_dtype),
+                 w->block_zeros ? "asym" : "sym");
     else if (w->kind == QT_NF4 || w->kind == QT_FP4)
         snprintf(m->quant, sizeof m->quant, "%s%s-b%d", qt_kind_name(w->kind),
                  w->nested ? "-dq" : "", w->blocksize);

@@ -21,12 +21,11 @@
 #define QL_MODEL_H
 
 #include "gemma4.h"
+#include "hybrid.h"
 #include "modelfile.h"
 #include "tokenizer.h"
 
-#include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 
 /* --- models (model.c; the loaders in load_hf.c, load_gguf.c) --------------- */
 
@@ -63,7 +62,8 @@ typedef enum eng_arch {
      * YaRN and Llama 4's position-dependent query scaling (eng_config's
      * attn_temp_beta) */
     ENG_ARCH_MINISTRAL3,
-    ENG_ARCH_GEMMA4, /* Gemma 4's text model, without the options load_hf.c refuses */
+    ENG_ARCH_GEMMA4,  /* Gemma 4's text model, without the options load_hf.c refuses */
+    ENG_ARCH_QWEN3_5, /* Qwen3.5: Gated DeltaNet layers (hybrid.h) and gated full attention */
 } eng_arch;
 
 /* How a mixture-of-experts router turns its logits into the chosen
@@ -78,7 +78,7 @@ typedef enum eng_router {
     ENG_ROUTER_TOPK_SOFTMAX,
 } eng_router;
 
-/* The most layers a MoE model (eng_config's dense_layers) and one with NoPE layers may have. */
+/* The most layers a MoE model (dense_layers) or one with NoPE layers may have. */
 #define ENG_MAX_MOE_LAYERS  1024
 #define ENG_MAX_NOPE_LAYERS 1024
 
@@ -89,7 +89,7 @@ typedef enum eng_router {
 typedef enum eng_ffn_act { ENG_FFN_SILU, ENG_FFN_GELU_TANH, ENG_FFN_SWIGLU_OAI } eng_ffn_act;
 
 #define ENG_MAX_EOG               7   /* the most tokens besides eos_token_id that end an answer */
-#define ENG_MAX_ROPE_FREQ_FACTORS 256 /* rotary pairs with factors (head dim 512, forward.c's) */
+#define ENG_MAX_ROPE_FREQ_FACTORS 256 /* rotary pairs with frequency factors (head dim 512) */
 
 typedef enum eng_rope_scaling {
     ENG_ROPE_NONE,
@@ -227,6 +227,7 @@ typedef struct eng_config {
     bool router_bias; /* GPT-OSS: the router and each expert's gate, up and down have biases */
     /* a MoE model's plain-MLP layers (mlp_only_layers...): bit l of word l / 64 */
     uint64_t dense_layers[ENG_MAX_MOE_LAYERS / 64];
+    eng_linear_cfg linear; /* Qwen3.5's linear-attention layers (hybrid.h) */
 } eng_config;
 
 /* Whether layer l is a mixture of experts (n_experts, dense_layers). */
@@ -250,10 +251,6 @@ static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
     int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
     return heads * c->head_dim;
 }
-
-/* The layer whose cache layer l attends over: l, or for one of Gemma 4's
- * kv_shared_layers the last earlier unshared layer of its type (layers.c). */
-int32_t eng_layer_kv_source(const eng_config *c, int32_t l);
 
 /* Whether a sequence that may reach `reserved` positions (its prompt plus
  * the tokens it may generate) rotates with longrope's long factors: when
@@ -299,6 +296,7 @@ typedef struct eng_layer {
     qtensor router_b, expert_b[3];
     qtensor layer_scalar; /* Gemma 4's [1, 1] (eng_config's layer_scalar); rows 0: none */
     eng_gemma4_layer g4;  /* Gemma 4's per-layer input weights (gemma4.h) */
+    eng_linear_layer lin; /* a linear-attention layer's own tensors (hybrid.h) */
 } eng_layer;
 
 /*

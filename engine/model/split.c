@@ -56,21 +56,58 @@ static int split_bnb4_rows(const char *name, const qtensor *fused, int64_t r0, i
     return QL_OK;
 }
 
+/* Rows [r0, r0 + n) of an FP8 tensor (fused experts, transformers'
+ * FP8Experts): the part starts and ends on a block row boundary (or at the
+ * last row), so it owns whole rows of the scale grid; its codes stay
+ * borrowed where the fused tensor's are, its scales are copied in their
+ * stored dtype. A part inside a block row is refused by name. */
+static int split_fp8_rows(const char *name, const qtensor *fused, int64_t r0, int64_t n,
+                          qtensor *out, char *msg, size_t msg_len)
+{
+    int64_t br = fused->block_rows;
+    if (r0 % br != 0 || (n % br != 0 && r0 + n != fused->rows))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "tensor '%s': rows %lld..%lld do not start and end on its fp8 blocks of "
+                       "%lld rows, so it cannot be split",
+                       name, (long long)r0, (long long)(r0 + n), (long long)br);
+    size_t ssize = qt_scale_dtype_size(fused->scale_dtype);
+    qt_fp8_parts parts = {
+        .rows = n,
+        .cols = fused->cols,
+        .block_rows = fused->block_rows,
+        .block_cols = fused->block_cols,
+        .codes = fused->data + (size_t)(r0 * fused->cols),
+        .borrow_codes = fused->data_borrowed,
+        .scale_dtype = fused->scale_dtype,
+        .scales =
+            (const uint8_t *)fused->block_scales + (size_t)(r0 / br * fused->scale_cols) * ssize,
+        .scale_rows = (n + br - 1) / br,
+        .scale_cols = fused->scale_cols,
+    };
+    char why[256];
+    int rc = qt_from_fp8(out, &parts, why, sizeof why);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, rc, "tensor '%s': %s", name, why);
+    return QL_OK;
+}
+
 /* Dense and GGUF-block kinds store rows whole and back to back, so a part
  * is a view (borrowed, when the fused tensor is borrowed from the mapping;
- * else a copy). bitsandbytes 4-bit parts are copies (split_bnb4_rows). */
+ * else a copy). bitsandbytes 4-bit and FP8 parts are copies of their
+ * scales (split_bnb4_rows, split_fp8_rows). */
 int model_split_rows(const model_loader *L, const char *name, const qtensor *fused, int64_t r0,
                      int64_t n, qtensor *out, char *msg, size_t msg_len)
 {
     const qt_traits *tr = &qt_traits_table[fused->kind];
-    if (fused->kind == QT_NF4 || fused->kind == QT_FP4) {
-        int rc = split_bnb4_rows(name, fused, r0, n, out, msg, msg_len);
+    if (fused->kind == QT_NF4 || fused->kind == QT_FP4 || fused->kind == QT_FP8) {
+        int rc = fused->kind == QT_FP8 ? split_fp8_rows(name, fused, r0, n, out, msg, msg_len)
+                                       : split_bnb4_rows(name, fused, r0, n, out, msg, msg_len);
         return rc == QL_OK ? model_finish_weight(L, name, ROLE_LINEAR, out, msg, msg_len) : rc;
     }
     if (!tr->is_dense && !tr->is_gguf)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "tensor '%s' is %s; qlserve splits fused projections of dense, GGUF "
-                       "block and bitsandbytes 4-bit kinds",
+                       "block, bitsandbytes 4-bit and fp8 kinds",
                        name, tr->name);
     size_t row_bytes = fused->data_bytes / (size_t)fused->rows;
     qtensor view = *fused;

@@ -181,6 +181,7 @@ void eng_forward_state_free(eng_forward_state *st)
     free(st->inv_freq_local);
     free(st->layers);
     eng_moe_state_free(st->moe);
+    eng_linear_state_free(st->lin);
     free(st);
 }
 
@@ -211,6 +212,14 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     size_t wide = F > Q ? F : Q;
     wide = (size_t)c->g4.ple_dim * L > wide ? (size_t)c->g4.ple_dim * L : wide;
     wide = wide > H ? wide : H;
+    /* Qwen3.5: the gated q_proj, in_proj_qkv, the linear layers' values */
+    const eng_linear_cfg *lc = &c->linear;
+    size_t lin_v = (size_t)lc->n_v_heads * (size_t)lc->v_head_dim,
+           lin_c = (size_t)eng_linear_conv_dim(lc), att = Q > lin_v ? Q : lin_v;
+    if (lc->attn_output_gate)
+        wide = 2 * Q > wide ? 2 * Q : wide;
+    wide = lin_c > wide ? lin_c : wide;
+    wide = lin_v > wide ? lin_v : wide;
     /* an expert's (or the shared expert's) side may be wider still */
     wide = (size_t)c->expert_ff > wide ? (size_t)c->expert_ff : wide;
     wide = (size_t)c->shared_expert_ff > wide ? (size_t)c->shared_expert_ff : wide;
@@ -221,7 +230,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->q = malloc(T * Q * sizeof(float));
     st->k = malloc(T * KV * sizeof(float));
     st->v = malloc(T * KV * sizeof(float));
-    st->att = malloc(T * Q * sizeof(float));
+    st->att = malloc(T * att * sizeof(float));
     st->gate = malloc(T * F * sizeof(float));
     st->up = malloc(T * F * sizeof(float));
     st->tmp = malloc(T * wide * sizeof(float));
@@ -248,7 +257,8 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
         !st->seq_group || !st->rope_cos || !st->rope_sin || !st->inv_freq || !st->norms ||
         !st->final_norm || (c->attention_bias && !st->biases) || (c->qk_norm && !st->qk_norms) ||
         (c->o_bias && !st->o_biases) || (c->attn_sinks && !st->sinks) ||
-        gemma_state_new(st, m) != QL_OK || eng_moe_state_new(st, m) != QL_OK) {
+        gemma_state_new(st, m) != QL_OK || eng_moe_state_new(st, m) != QL_OK ||
+        eng_linear_state_new(st, m) != QL_OK) {
         eng_forward_state_free(st);
         return ql_fail(msg, msg_len, QL_ENOMEM,
                        "cannot allocate activations for %d tokens per step", max_tokens);
@@ -270,7 +280,7 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
             dense_row(&m->layers[l].bo, st->o_biases + l * H);
         if (c->attn_sinks)
             dense_row(&m->layers[l].sinks, st->sinks + l * (size_t)c->n_heads);
-        if (c->qk_norm) {
+        if (c->qk_norm && m->layers[l].q_norm.rows) { /* none on Qwen3.5's linear layers */
             float *qk = st->qk_norms + l * qk_width;
             norm_row(&m->layers[l].q_norm, c->norm_offset, qk);
             if (m->layers[l].k_norm.rows) /* none on Gemma 4's kv-shared layers */
@@ -673,6 +683,9 @@ static const eng_walk_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attend = cpu_attend,
+    .split_gate = eng_cpu_split_gate,
+    .gate_sigmoid = eng_cpu_gate_sigmoid,
+    .delta_net = eng_cpu_delta_net,
     .add = cpu_add,
     .moe = eng_cpu_moe,
     .glu = cpu_glu,
@@ -710,6 +723,8 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         .tmp = st->tmp,
         .last = st->last,
         .ple = st->ple,
+        .mix = eng_linear_mix(st->lin),
+        .out_gate = eng_linear_out_gate(st->lin),
         .logits = NULL, /* host memory: the classifier writes into the caller's */
         .layers = st->layers,
         .final_norm = st->final_norm,

@@ -39,10 +39,67 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Write one byte of every page of [p, p + n): each page faulted in now. */
+static void touch_pages(void *p, size_t n)
+{
+    volatile unsigned char *b = p;
+    for (size_t i = 0; i < n; i += 4096)
+        b[i] = 0;
+    if (n)
+        b[n - 1] = 0;
+}
+
+/* A hybrid model's recurrent states (n of them, none for a model without
+ * linear layers) into kv, host memory when it has an arena. */
+static int states_new(eng_kv_cache *kv, const eng_config *cfg, int32_t n, bool host_arena)
+{
+    kv->state_floats = eng_linear_seq_state(&cfg->linear);
+    if (kv->state_floats <= 0 || n <= 0)
+        return QL_OK;
+    kv->n_states = kv->n_state_free = n;
+    kv->state_pos = malloc((size_t)n * sizeof *kv->state_pos);
+    kv->state_free = malloc((size_t)n * sizeof *kv->state_free);
+    kv->states = host_arena ? malloc((size_t)n * (size_t)kv->state_floats * sizeof(float)) : NULL;
+    if (!kv->state_pos || !kv->state_free || (host_arena && !kv->states))
+        return QL_ENOMEM;
+    if (kv->states) /* committed now, as the blocks' arena is */
+        touch_pages(kv->states, (size_t)n * (size_t)kv->state_floats * sizeof(float));
+    for (int32_t i = 0; i < n; i++) {
+        kv->state_free[i] = n - 1 - i; /* slot 0 on top */
+        kv->state_pos[i] = -1;
+    }
+    return QL_OK;
+}
+
+/* A hybrid model's map from layer to its place in a block (linear layers
+ * none); NULL (every layer its own) for other models. */
+static int kv_slots_new(eng_kv_cache *kv, const eng_config *cfg)
+{
+    if (cfg->linear.n_layers == 0)
+        return QL_OK;
+    kv->layer_slot = malloc((size_t)cfg->n_layers * sizeof *kv->layer_slot);
+    if (!kv->layer_slot)
+        return QL_ENOMEM;
+    for (int32_t l = 0, k = 0; l < cfg->n_layers; l++)
+        kv->layer_slot[l] = eng_linear_is(&cfg->linear, l) ? -1 : k++;
+    return QL_OK;
+}
+
 static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
-                  qt_kind dtype, bool host_arena, char *msg, size_t msg_len)
+                  qt_kind dtype, bool host_arena, int32_t n_states, char *msg, size_t msg_len)
 {
     *out = NULL;
+    /* a hybrid model's recurrent states come out of the bytes first */
+    int64_t state_floats = eng_linear_seq_state(&cfg->linear);
+    size_t state_bytes = state_floats > 0 && n_states > 0
+                             ? (size_t)n_states * (size_t)state_floats * sizeof(float)
+                             : 0;
+    if (state_bytes >= bytes)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "KV cache of %zu bytes cannot hold the %d recurrent states of this hybrid "
+                       "model's %d linear layers (%zu bytes each) and a block",
+                       bytes, n_states, cfg->linear.n_layers, state_bytes / (size_t)n_states);
+    bytes -= state_bytes;
     int32_t bt = block_tokens > 0 ? block_tokens : 16;
     int64_t kv_dim = (int64_t)cfg->n_kv_heads * cfg->head_dim;
     if (dtype != QT_F32 && dtype != QT_F16 && dtype != QT_Q8_0)
@@ -54,7 +111,15 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
                        "KV cache dtype %s needs kv_dim (kv heads x head_dim) a multiple of 32; "
                        "this model's is %lld (use --kv-dtype f16 or f32)",
                        qt_kind_name(dtype), (long long)kv_dim);
-    size_t block_floats = (size_t)cfg->n_layers * 2 * (size_t)bt * (size_t)kv_dim;
+    /* a hybrid model's linear layers keep no keys or values (their
+     * recurrent states do), so a block holds the full layers' alone */
+    int32_t kv_layers = cfg->n_layers - cfg->linear.n_layers;
+    if (kv_layers <= 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "every one of the model's %d layers is linear attention: qlserve runs "
+                       "hybrids with at least one full-attention layer",
+                       cfg->n_layers);
+    size_t block_floats = (size_t)kv_layers * 2 * (size_t)bt * (size_t)kv_dim;
     size_t block_bytes = (size_t)bt * eng_kv_token_bytes(cfg, dtype);
     if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
         return ql_fail(msg, msg_len, QL_EINVAL,
@@ -67,7 +132,7 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     if (!kv)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     kv->block_tokens = bt;
-    kv->n_layers = cfg->n_layers;
+    kv->n_layers = kv_layers;
     kv->kv_dim = kv_dim;
     kv->block_floats = block_floats;
     kv->dtype = dtype;
@@ -78,11 +143,21 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
     kv->free_prev = malloc(n * sizeof *kv->free_prev);
     kv->free_next = malloc(n * sizeof *kv->free_next);
     kv->refs = calloc(n, sizeof *kv->refs);
-    if ((host_arena && !kv->data) || !kv->free_prev || !kv->free_next || !kv->refs) {
+    if ((host_arena && !kv->data) || !kv->free_prev || !kv->free_next || !kv->refs ||
+        states_new(kv, cfg, n_states, host_arena) != QL_OK || kv_slots_new(kv, cfg) != QL_OK) {
         eng_kv_free(kv);
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
     }
+    /* every page of the arena touched now, not as blocks are first used:
+     * the prefix cache hands out fresh blocks before the ones it keeps, so
+     * an untouched arena would grow the process's RSS for as long as
+     * requests run until the whole pool had been used (the soak's RSS
+     * slope measured that, not a leak); the memory is committed up front,
+     * as --kv-mib says (a memset after malloc would not do: the compiler
+     * may make the pair a calloc, which leaves fresh pages untouched) */
+    if (host_arena)
+        touch_pages(kv->data, n * block_bytes);
     /* hand out low block numbers first: easier to read in a debugger */
     for (int32_t i = 0; i < kv->n_blocks; i++) {
         kv->free_prev[i] = i - 1;
@@ -98,19 +173,26 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
 int eng_kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                char *msg, size_t msg_len)
 {
-    return kv_new(out, cfg, bytes, block_tokens, QT_F32, true, msg, msg_len);
+    return kv_new(out, cfg, bytes, block_tokens, QT_F32, true, ENG_KV_DEFAULT_STATES, msg, msg_len);
+}
+
+int eng_kv_new_states(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                      qt_kind dtype, int32_t n_states, char *msg, size_t msg_len)
+{
+    return kv_new(out, cfg, bytes, block_tokens, dtype, true, n_states, msg, msg_len);
 }
 
 int eng_kv_new_dtype(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                      qt_kind dtype, char *msg, size_t msg_len)
 {
-    return kv_new(out, cfg, bytes, block_tokens, dtype, true, msg, msg_len);
+    return kv_new(out, cfg, bytes, block_tokens, dtype, true, ENG_KV_DEFAULT_STATES, msg, msg_len);
 }
 
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
                     char *msg, size_t msg_len)
 {
-    return kv_new(out, cfg, bytes, block_tokens, QT_F32, false, msg, msg_len);
+    return kv_new(out, cfg, bytes, block_tokens, QT_F32, false, ENG_KV_DEFAULT_STATES, msg,
+                  msg_len);
 }
 
 int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len)
@@ -131,7 +213,7 @@ qt_kind eng_kv_dtype(const eng_kv_cache *kv)
 
 size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype)
 {
-    return (size_t)cfg->n_layers * 2 *
+    return (size_t)(cfg->n_layers - cfg->linear.n_layers) * 2 *
            qt_kv_row_bytes(dtype, (int64_t)cfg->n_kv_heads * cfg->head_dim);
 }
 
@@ -149,7 +231,52 @@ void eng_kv_free(eng_kv_cache *kv)
     free(kv->free_prev);
     free(kv->free_next);
     free(kv->refs);
+    free(kv->states);
+    free(kv->state_pos);
+    free(kv->state_free);
+    free(kv->layer_slot);
     free(kv);
+}
+
+int32_t eng_kv_total_states(const eng_kv_cache *kv)
+{
+    return kv->n_states;
+}
+
+int32_t eng_kv_free_states(const eng_kv_cache *kv)
+{
+    return kv->n_state_free;
+}
+
+size_t eng_kv_state_bytes(const eng_kv_cache *kv)
+{
+    return kv->n_states > 0 ? (size_t)kv->state_floats * sizeof(float) : 0;
+}
+
+/* A free recurrent state for s, zeroed (a sequence that has taken in
+ * nothing), when the model has them and s has none; false when none is
+ * free. */
+static bool take_state(eng_kv_cache *kv, eng_seq_kv *s)
+{
+    if (kv->n_states == 0 || s->state > 0)
+        return true;
+    if (kv->n_state_free == 0)
+        return false;
+    int32_t slot = kv->state_free[--kv->n_state_free];
+    s->state = slot + 1;
+    kv->state_pos[slot] = 0;
+    if (kv->states)
+        memset(kv_state(kv, s), 0, (size_t)kv->state_floats * sizeof(float));
+    return true;
+}
+
+static void give_state(eng_kv_cache *kv, eng_seq_kv *s)
+{
+    if (s->state <= 0 || kv->n_states == 0)
+        return;
+    kv->state_pos[s->state - 1] = -1;
+    kv->state_free[kv->n_state_free++] = s->state - 1;
+    s->state = 0;
 }
 
 int32_t eng_kv_block_tokens(const eng_kv_cache *kv)
@@ -221,9 +348,9 @@ static void unref_block(eng_kv_cache *kv, int32_t b)
 int eng_kv_reserve(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens)
 {
     int32_t need = eng_kv_blocks_for(kv, n_tokens) - s->n_blocks;
-    if (need <= 0)
-        return QL_OK;
-    if (need > kv->n_free || !kv_grow_list(&s->blocks, s->n_blocks + need))
+    if (need > kv->n_free || (need > 0 && !kv_grow_list(&s->blocks, s->n_blocks + need)))
+        return QL_ENOMEM;
+    if (!take_state(kv, s))
         return QL_ENOMEM;
     for (int32_t i = 0; i < need; i++)
         s->blocks[s->n_blocks++] = take_free(kv);
@@ -263,7 +390,7 @@ int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_to
         return QL_EINVAL; /* positions written past the table: not a sequence */
     int32_t take = eng_kv_fork_blocks(kv, n_shared, n_tokens);
     int32_t cow = last_block_partial(kv, n_shared) ? 1 : 0, grow = take - cow;
-    if (take > src->n_held)
+    if (take > src->n_held || (kv->n_states > 0 && src->state > 0 && kv->n_state_free == 0))
         return QL_ENOMEM;
     /* both lists first, so a failure changes nothing */
     int32_t *blocks = NULL, *held = NULL;
@@ -288,6 +415,13 @@ int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_to
                         .n_tokens = n_shared,
                         .held = held,
                         .n_held = cow};
+    /* a hybrid model's recurrent state is copied whole: it cannot be shared */
+    if (kv->n_states > 0 && src->state > 0) {
+        take_state(kv, dst);
+        if (kv->states)
+            memcpy(kv_state(kv, dst), kv_state(kv, src), (size_t)kv->state_floats * sizeof(float));
+        kv->state_pos[dst->state - 1] = kv->state_pos[src->state - 1];
+    }
     return QL_OK;
 }
 
@@ -355,7 +489,38 @@ void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s)
         unref_block(kv, s->blocks[i]);
     for (int32_t i = s->n_held - 1; i >= 0; i--)
         unref_block(kv, s->held[i]);
+    give_state(kv, s);
     free(s->blocks);
     free(s->held);
     memset(s, 0, sizeof *s);
+}
+
+int eng_kv_check_states(eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs, char *msg,
+                        size_t msg_len)
+{
+    if (kv->state_floats <= 0)
+        return QL_OK;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const eng_seq_kv *q = seqs[s].kv;
+        if (q->state <= 0 || !kv->states)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d has no recurrent state (a hybrid model's sequence takes "
+                           "one in eng_kv_reserve)",
+                           s);
+        int32_t had = kv->state_pos[q->state - 1];
+        if (had != seqs[s].pos)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d: its recurrent state has taken in %d positions and the "
+                           "step starts at %d (a recurrent state cannot be rewound or skipped)",
+                           s, had, seqs[s].pos);
+    }
+    for (int32_t s = 0; s < n_seqs; s++)
+        kv->state_pos[seqs[s].kv->state - 1] = -1;
+    return QL_OK;
+}
+
+void eng_kv_states_done(eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs)
+{
+    for (int32_t s = 0; kv->state_floats > 0 && s < n_seqs; s++)
+        kv->state_pos[seqs[s].kv->state - 1] = seqs[s].pos + seqs[s].n_tokens;
 }

@@ -50,6 +50,10 @@ typedef struct eng_seq_kv {
      * forks and its copies on write will use (owned, realloc'd) */
     int32_t *held;
     int32_t n_held;
+    /* a hybrid model's recurrent state: its slot in the cache's pool + 1
+     * (0: none), taken by eng_kv_reserve, copied by eng_kv_fork, given
+     * back by eng_kv_release */
+    int32_t state;
 } eng_seq_kv;
 
 /* A block to copy before a step writes into the copy (copy on write). */
@@ -75,6 +79,18 @@ int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len
  * of every layer of cfg) in dtype: for /info and the startup log. */
 qt_kind eng_kv_dtype(const eng_kv_cache *kv);
 size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype);
+/* The same for a hybrid model (cfg->linear.n_layers > 0) with n_states
+ * recurrent states (one per sequence that may run at once), taken out of
+ * `bytes` before the blocks; eng_kv_new and _dtype give such a model
+ * ENG_KV_DEFAULT_STATES. A model with no linear layers gets none. */
+#define ENG_KV_DEFAULT_STATES 16
+int eng_kv_new_states(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
+                      qt_kind dtype, int32_t n_states, char *msg, size_t msg_len);
+/* Recurrent states the cache holds in all, and those free now (0, 0 for a
+ * model without linear layers); the bytes one takes. */
+int32_t eng_kv_total_states(const eng_kv_cache *kv);
+int32_t eng_kv_free_states(const eng_kv_cache *kv);
+size_t eng_kv_state_bytes(const eng_kv_cache *kv);
 /* The same block bookkeeping without the host arena (the positions live
  * elsewhere, e.g. in device memory: see the CUDA backend). */
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,

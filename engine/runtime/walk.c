@@ -37,6 +37,7 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     out->moe = eng_layer_is_moe(c, l);
     out->k_is_v = eng_layer_k_is_v(c, l);
     out->ff = eng_layer_ff(c, l);
+    out->linear = eng_linear_is(&c->linear, l);
 }
 
 /* Llama 4's attention temperature for a query at position pos (eng_config's
@@ -196,6 +197,116 @@ static int failed(int rc, int32_t l, char *msg, size_t msg_len)
             return failed(rc_, l, msg, msg_len);                                                   \
     } while (0)
 
+/* A failure inside a layer's block: its code as it is (the walk's OP
+ * names the layer). */
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != QL_OK)                                                                          \
+            return rc_;                                                                            \
+    } while (0)
+
+/*
+ * Layer l's attention over attn_in, its output projection into b->tmp:
+ * q, k, v (Gemma 4's kv-shared layers: q alone; its k_eq_v layers: k as
+ * v), their biases and norms, RoPE, the cache write, attention, the
+ * output gate (Qwen3.5), o_proj and its bias, the post-attention norm.
+ */
+static int attention_mixer(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                           int64_t T, int32_t l, const float *attn_in, char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    void *be = b->be;
+    const eng_config *c = &b->m->cfg;
+    const eng_walk_layer *ly = &b->layers[l];
+    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim;
+    float eps = c->rms_norm_eps,
+          scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(c->head_dim);
+    bool gated = c->linear.attn_output_gate;
+    // qkv matmuls (Gemma 4's kv-shared layers: q alone; they attend over
+    // an earlier layer's cache)
+    int32_t kv_layer = eng_layer_kv_source(c, l);
+    bool own = kv_layer == l;
+    if (gated) { // Qwen3.5: each head's query, then its gate
+        TRY(ops->project(be, l, ENG_PROJ_Q, attn_in, b->mix, msg, msg_len));
+        TRY(ops->split_gate(be, b->mix, b->q, b->out_gate, T * c->n_heads, c->head_dim, msg,
+                            msg_len));
+    } else {
+        TRY(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
+    }
+    // (Gemma 4's attention_k_eq_v full layers: the values are k's projection)
+    if (own)
+        TRY(project_keys_values(b, l, attn_in, T * KV, msg, msg_len));
+    // Qwen2's q, k and v biases
+    if (ly->bias) {
+        TRY(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
+        TRY(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
+        TRY(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
+    }
+    // q and k through their RMSNorms: OLMo 3's each row whole, Qwen3's
+    // per head (a head is a row); Gemma 4's weightless one on each head of v
+    if (ly->q_norm)
+        TRY(ops->rmsnorm(be, b->q, b->q, ly->q_norm, c->qk_norm_whole ? T : T * c->n_heads,
+                         c->qk_norm_whole ? Q : c->head_dim, eps, msg, msg_len));
+    if (ly->k_norm && own)
+        TRY(ops->rmsnorm(be, b->k, b->k, ly->k_norm, c->qk_norm_whole ? T : T * c->n_kv_heads,
+                         c->qk_norm_whole ? KV : c->head_dim, eps, msg, msg_len));
+    if (ly->v_norm && own)
+        TRY(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
+                         msg_len));
+    // RoPE (Gemma 3's sliding layers with their own table; none on
+    // SmolLM3's NoPE layers)
+    if (ly->rope != ENG_WALK_ROPE_NONE) {
+        TRY(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
+        if (own)
+            TRY(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+    }
+    // Llama 4's temperature: each query times its position's factor (Ministral 3)
+    if (c->attn_temp_beta > 0.0f)
+        TRY(scale_queries(b, seqs, n_seqs, b->q, msg, msg_len));
+    // K and V into the paged cache, all rows first so a prefill chunk sees itself
+    if (own)
+        TRY(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
+    // grouped-query attention, causal, over the paged cache (the window on
+    // sliding layers, Gemma 2's soft-capped scores, GPT-OSS's sinks)
+    TRY(ops->attend(be, kv_layer, b->q, b->att, ly->window, scale, c->attn_softcap, ly->sinks, msg,
+                    msg_len));
+    // Qwen3.5's output gate: times sigmoid(gate)
+    if (gated)
+        TRY(ops->gate_sigmoid(be, b->att, b->out_gate, T * Q, msg, msg_len));
+    // output projection (GPT-OSS's bias)
+    TRY(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
+    if (ly->o_bias)
+        TRY(ops->add_bias(be, b->tmp, ly->o_bias, T, H, msg, msg_len));
+    // Gemma's and OLMo 3's post-attention norm
+    if (ly->post_attn_norm)
+        TRY(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_attn_norm, T, H, eps, msg, msg_len));
+    return QL_OK;
+}
+
+/*
+ * Layer l's Gated DeltaNet over attn_in (Qwen3.5's linear attention,
+ * hybrid.h), its out_proj into b->tmp: in_proj_qkv and in_proj_z as
+ * projections (adapters apply to them), then the backend's delta_net (the
+ * causal conv, the delta rule over each sequence's recurrent state, the
+ * gated norm).
+ */
+static int linear_mixer(const eng_walk_backend *b, int32_t l, const float *attn_in, char *msg,
+                        size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    void *be = b->be;
+    // in_proj_qkv (the conv's q | k | v channels), in_proj_z (the norm's gate)
+    TRY(ops->project(be, l, ENG_PROJ_Q, attn_in, b->mix, msg, msg_len));
+    TRY(ops->project(be, l, ENG_PROJ_K, attn_in, b->out_gate, msg, msg_len));
+    // conv1d + silu, l2-normed q and k, the gated delta rule, the gated RMSNorm
+    TRY(ops->delta_net(be, l, attn_in, b->mix, b->out_gate, b->att, msg, msg_len));
+    // out_proj
+    TRY(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
+    return QL_OK;
+}
+
 /*
  * The logits of every new row but the last of each sequence that asks
  * (eng_step_seq.all_logits, a prompt's logprobs), in pieces of piece_rows
@@ -238,12 +349,13 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     int rc = eng_step_check(b->m, b->kv, seqs, n_seqs, b->max_tokens, &T, &max_rank, msg, msg_len);
     if (rc == QL_OK)
         rc = eng_kv_check_writes(b->kv, seqs, n_seqs, msg, msg_len);
+    /* last: it marks a hybrid model's recurrent states as being written */
+    if (rc == QL_OK)
+        rc = eng_kv_check_states(b->kv, seqs, n_seqs, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
-            KV = (int64_t)c->n_kv_heads * c->head_dim;
-    float eps = c->rms_norm_eps,
-          scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(c->head_dim);
+    int64_t H = c->hidden_size;
+    float eps = c->rms_norm_eps;
     int32_t l = -1;
 
     // each row's token, sequence, position and rotation; the step's adapters
@@ -262,55 +374,12 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         const float *attn_in = ly->attn_norm ? b->h : b->x;
         if (ly->attn_norm)
             OP(ops->rmsnorm(be, b->h, b->x, ly->attn_norm, T, H, eps, msg, msg_len));
-        // qkv matmuls (Gemma 4's kv-shared layers: q alone; they attend over
-        // an earlier layer's cache)
-        int32_t kv_layer = eng_layer_kv_source(c, l);
-        bool own = kv_layer == l;
-        OP(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
-        // (Gemma 4's attention_k_eq_v full layers: the values are k's projection)
-        if (own)
-            OP(project_keys_values(b, l, attn_in, T * KV, msg, msg_len));
-        // Qwen2's q, k and v biases
-        if (ly->bias) {
-            OP(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
-            OP(ops->add_bias(be, b->k, ly->bias + Q, T, KV, msg, msg_len));
-            OP(ops->add_bias(be, b->v, ly->bias + Q + KV, T, KV, msg, msg_len));
-        }
-        // q and k through their RMSNorms: OLMo 3's each row whole, Qwen3's
-        // per head (a head is a row); Gemma 4's weightless one on each head of v
-        if (ly->q_norm)
-            OP(ops->rmsnorm(be, b->q, b->q, ly->q_norm, c->qk_norm_whole ? T : T * c->n_heads,
-                            c->qk_norm_whole ? Q : c->head_dim, eps, msg, msg_len));
-        if (ly->k_norm && own)
-            OP(ops->rmsnorm(be, b->k, b->k, ly->k_norm, c->qk_norm_whole ? T : T * c->n_kv_heads,
-                            c->qk_norm_whole ? KV : c->head_dim, eps, msg, msg_len));
-        if (ly->v_norm && own)
-            OP(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
-                            msg_len));
-        // RoPE (Gemma 3's sliding layers with their own table; none on
-        // SmolLM3's NoPE layers)
-        if (ly->rope != ENG_WALK_ROPE_NONE) {
-            OP(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
-            if (own)
-                OP(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
-        }
-        // Llama 4's temperature: each query times its position's factor (Ministral 3)
-        if (c->attn_temp_beta > 0.0f)
-            OP(scale_queries(b, seqs, n_seqs, b->q, msg, msg_len));
-        // K and V into the paged cache, all rows first so a prefill chunk sees itself
-        if (own)
-            OP(ops->kv_write(be, l, b->k, b->v, msg, msg_len));
-        // grouped-query attention, causal, over the paged cache (the window on
-        // sliding layers, Gemma 2's soft-capped scores, GPT-OSS's sinks)
-        OP(ops->attend(be, kv_layer, b->q, b->att, ly->window, scale, c->attn_softcap, ly->sinks,
-                       msg, msg_len));
-        // output projection (GPT-OSS's bias)
-        OP(ops->project(be, l, ENG_PROJ_O, b->att, b->tmp, msg, msg_len));
-        if (ly->o_bias)
-            OP(ops->add_bias(be, b->tmp, ly->o_bias, T, H, msg, msg_len));
-        // Gemma's and OLMo 3's post-attention norm
-        if (ly->post_attn_norm)
-            OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_attn_norm, T, H, eps, msg, msg_len));
+        // the token mixer into tmp: a linear layer's Gated DeltaNet (Qwen3.5),
+        // else attention
+        if (ly->linear)
+            OP(linear_mixer(b, l, attn_in, msg, msg_len));
+        else
+            OP(attention_mixer(b, seqs, n_seqs, T, l, attn_in, msg, msg_len));
         // residual
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
         // ffn rmsnorm (none in OLMo 3)
@@ -376,5 +445,7 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         if (end > q->kv->n_tokens)
             q->kv->n_tokens = end;
     }
+    // and a hybrid model's recurrent states have taken them in
+    eng_kv_states_done(b->kv, seqs, n_seqs);
     return QL_OK;
 }

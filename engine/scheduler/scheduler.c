@@ -14,7 +14,11 @@
  *     running sequence never waits for memory and never corrupts another's);
  *   - build one batch under the step's token budget: one decode token for
  *     every choice past its prompt first, then prompt chunks (chunked
- *     prefill, so a long prompt never stalls the decodes for long);
+ *     prefill), as many prompt tokens as the step budget gives a step that
+ *     carries decode tokens (step_budget.c: sized from the steps' measured
+ *     cost, so a decoding stream never waits behind a whole prefill; the
+ *     rest of a prompt goes in later steps) and the step's room when none
+ *     decodes;
  *   - copy the shared KV blocks a sequence is about to write into (copy on
  *     write), then one forward pass; sample each sequence that needs a
  *     token with its own sampler; stream its text through its stop-string
@@ -59,6 +63,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "step_budget_internal.h"
 
 const char *eng_finish_name(eng_finish f)
 {
@@ -187,6 +193,9 @@ struct eng_engine {
     float *work_row;     /* vocab: a copy of it for one choice's sampler */
     float *prompt_rows;  /* prefill_chunk x vocab, for prompt_logprobs (lazily) */
     step_tally tally;
+    eng_step_cost cost;    /* the steps measured, for the step budget */
+    eng_prefill_plan plan; /* the last step with decode tokens' budget */
+    bool held;             /* the step being built left prompt tokens waiting for it */
 };
 
 static void request_free(request *r)
@@ -334,6 +343,7 @@ static void request_end(eng_engine *e, request *r, eng_finish why)
     };
     pthread_mutex_lock(&e->mu);
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    e->stats.states_used = eng_kv_total_states(e->kv) - eng_kv_free_states(e->kv);
     publish_tally(e);
     pthread_mutex_unlock(&e->mu);
     if (r->req.on_done)
@@ -1190,8 +1200,9 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
 /* --- the engine thread: one step ---------------------------------------------------- */
 
 /* The step's batch: one decode token for every begun choice, then prompt
- * chunks under the budget (one prompt_logprobs chunk at most: the rows
- * buffer is one). Returns its size. */
+ * chunks under the step budget (eng_prefill_budget; one prompt_logprobs
+ * chunk at most: the rows buffer is one), first admitted first. Returns
+ * its size. */
 static int32_t build_step(eng_engine *e)
 {
     int32_t n = 0, budget = e->o.step_tokens;
@@ -1211,15 +1222,26 @@ static int32_t build_step(eng_engine *e)
         e->step_owner[n++] = s;
         budget--;
     }
+    /* decode tokens: the step budget bounds the prompt tokens beside them */
+    bool budgeted = false;
+    if (n > 0) {
+        e->plan = eng_prefill_budget(&e->o, &e->cost, n, e->n_running, budget);
+        budgeted = e->plan.tokens < budget;
+        budget = e->plan.tokens;
+    }
+    e->held = false;
     bool rows_taken = false;
-    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+    for (int32_t i = 0; i < e->n_running; i++) {
         seq *s = e->running[i];
         request *r = s->r;
         if (r->begun || (r->req.prompt_logprobs && rows_taken))
             continue;
-        int32_t chunk = r->n_prompt - r->n_prefilled;
-        chunk = chunk < e->o.prefill_chunk ? chunk : e->o.prefill_chunk;
-        chunk = chunk < budget ? chunk : budget;
+        int32_t want = r->n_prompt - r->n_prefilled;
+        want = want < e->o.prefill_chunk ? want : e->o.prefill_chunk;
+        int32_t chunk = want < budget ? want : budget;
+        e->held |= budgeted && chunk < want; /* the rest waits for a later step */
+        if (chunk == 0)
+            break;
         e->step[n] = (eng_step_seq){.kv = &s->kv,
                                     .tokens = r->prompt + r->n_prefilled,
                                     .n_tokens = chunk,
@@ -1351,6 +1373,10 @@ static bool run_step(eng_engine *e)
     end_grammar_failures(e);
     /* the whole step as a sequence sees it: the pass, sampling, streaming */
     double took = ql_now_s() - t0;
+    int32_t tokens = 0; /* a failed step's time says nothing of the next one's */
+    for (int32_t k = 0; rc == QL_OK && k < n; k++)
+        tokens += e->step[k].n_tokens;
+    eng_step_cost_add(&e->cost, tokens, took);
     int b = 0;
     while (b < ENG_STEP_BUCKETS && took > eng_step_bounds[b])
         b++;
@@ -1363,6 +1389,10 @@ static bool run_step(eng_engine *e)
     e->stats.step_counts[b]++;
     e->stats.step_seconds += took;
     e->stats.steps++;
+    e->stats.prefill_budget = e->plan.tokens;
+    e->stats.step_target_s = e->plan.target_s;
+    eng_step_cost_fit(&e->cost, &e->stats.step_fixed_s, &e->stats.step_token_s);
+    e->stats.prefill_held_steps += e->held;
     publish_tally(e);
     pthread_mutex_unlock(&e->mu);
     return true;
@@ -1416,6 +1446,7 @@ static void note_versions(eng_engine *e)
     e->stats.running = e->n_running;
     e->stats.waiting = e->queued;
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
+    e->stats.states_used = eng_kv_total_states(e->kv) - eng_kv_free_states(e->kv);
     e->stats.weights_versions = versions;
     e->old_running = old;
     if (old == 0 && !e->pending)
@@ -1583,6 +1614,7 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     DEFAULT(block_tokens, 16);
     DEFAULT(step_tokens, 256);
     DEFAULT(prefill_chunk, 128);
+    DEFAULT(min_prefill_per_step, ENG_MIN_PREFILL_DEFAULT);
     DEFAULT(max_running, 64);
     DEFAULT(max_queued, 256);
     DEFAULT(max_new_tokens, 4096);
@@ -1613,6 +1645,12 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
     }
     if (rc == QL_OK) {
         e->kv = eng_backend_kv(e->backend);
+        /* a hybrid model's recurrent state is not kept at block boundaries,
+         * so a cached prefix could not be resumed: the prefix cache (and
+         * the next-turn cache, its tail) is off, said in the log and /info */
+        e->stats.states_total = eng_kv_total_states(e->kv);
+        if (eng_linear_prefix_off(&m->cfg.linear))
+            e->o.no_prefix_cache = true;
         if (!e->o.no_prefix_cache)
             rc = eng_kv_prefix_enable(e->kv, msg, msg_len);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));

@@ -108,19 +108,17 @@ void eng_sampler_record(eng_sampler *s, int32_t token);
 /* Whether s's next token is the plain argmax of its logits (temperature 0,
  * nothing that could change the logits now): a backend can choose it. */
 bool eng_sampler_greedy(const eng_sampler *s);
-/* Whether s's next token is a plain temperature draw over the whole
- * vocabulary (no top-k, top-p, nor anything that could change the logits
- * now), which a backend can make where the logits are
+/* Whether s's next token is a plain temperature draw over the whole vocabulary (no top-k, top-p,
+ * nor anything that could change the logits now), which a backend can make where the logits are
  * (kernels/math/sample_math.h); *inv_temperature gets eng_sample's 1 / T. */
 bool eng_sampler_plain_draw(const eng_sampler *s, int32_t vocab, float *inv_temperature);
 /* The uniform eng_sample would draw next (a backend's draw stands for it). */
 double eng_sampler_uniform(eng_sampler *s);
 
-/* Stop strings, matched on the decoded text across token boundaries, not
- * emitted (text that may begin one is held back until it can't). Bounds:
- * stop strings in chat formats and code fences run under 100 bytes; 4 KiB
- * each, 8 KiB in all is far past any of them and keeps a request's tables
- * (5 bytes per byte, once per request) and a choice's held text small. */
+/* Stop strings, matched on the decoded text across token boundaries, not emitted (text that may
+ * begin one is held back until it can't). Bounds: stop strings in chat formats and code fences run
+ * under 100 bytes; 4 KiB each, 8 KiB in all is far past any of them and keeps a request's tables (5
+ * bytes per byte, once per request) and a choice's held text small. */
 #define ENG_STOP_MAX_COUNT       16
 #define ENG_STOP_MAX_BYTES       4096
 #define ENG_STOP_MAX_TOTAL_BYTES 8192
@@ -130,10 +128,9 @@ int eng_stop_new(eng_stop **out, const char *const *stops, size_t n, char *msg, 
 /* A fresh matcher of s's strings sharing s's copy (a request's choices). */
 int eng_stop_fork(const eng_stop *s, eng_stop **out, char *msg, size_t msg_len);
 void eng_stop_free(eng_stop *s);
-/* Feed decoded text. *emit (borrowed until the next call) and *emit_len
- * receive what is safe to show now. Returns true when a stop string has
- * completed: the text before it has been emitted, the rest is dropped, and
- * generation should end. */
+/* Feed decoded text. *emit (borrowed until the next call) and *emit_len receive what is safe to
+ * show now. Returns true when a stop string has completed: the text before it has been emitted, the
+ * rest is dropped, and generation should end. */
 bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
 /* vLLM's include_stop_str_in_output: a stop string that completes is
  * emitted (generation still ends there). Off unless set. */
@@ -297,6 +294,10 @@ typedef struct eng_engine_opts {
     int threads;            /* kernel threads; 0: the machine's cores */
     eng_device device;
     bool no_prefix_cache; /* keep no prompt's KV blocks for later requests */
+    /* the step budget (step_budget.c), the prompt tokens a step carries beside decode tokens:
+     * a target time (0: twice a decode step of the running set), or > 0 tokens; a floor (0: 16) */
+    float step_budget_ms;
+    int32_t max_prefill_per_step, min_prefill_per_step;
 } eng_engine_opts;
 
 typedef struct eng_engine eng_engine;
@@ -305,20 +306,17 @@ typedef struct eng_engine eng_engine;
  * the engine). */
 int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts *o, char *msg,
                      size_t msg_len);
-/* Check and queue a request: an empty prompt, invalid UTF-8, a prompt
- * longer than the context or the whole KV cache, prompt plus
- * max_new_tokens past max_context (when set), max_new_tokens out of range,
- * bad sampling parameters, more choices than running slots, a prompt
- * token outside the vocabulary or a full queue (checked first) are refused
- * with the reason (nothing is queued). *id names it for eng_engine_cancel. */
+/* Check and queue a request: an empty prompt, invalid UTF-8, a prompt longer than the context or
+ * the whole KV cache, prompt plus max_new_tokens past max_context (when set), max_new_tokens out of
+ * range, bad sampling parameters, more choices than running slots, a prompt token outside the
+ * vocabulary or a full queue (checked first) are refused with the reason (nothing is queued). *id
+ * names it for eng_engine_cancel. */
 int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, char *msg, size_t msg_len);
-/* Submit in two halves, so that a server prepares off its event loop:
- * _build is the one preparation, on any thread (it reads only fixed
- * state): r checked as submit checks it (but for the queue), its prompt
- * tokenized with BOS or copied, truncated and fitted to the context, into
- * *out (the caller's: eng_built_free; _prompt_tokens says how many it
- * kept); _queue checks only the queue, then takes it (freed when the queue
- * is full or the engine stops: QL_EBUSY). */
+/* Submit in two halves, so that a server prepares off its event loop: _build is the one
+ * preparation, on any thread (it reads only fixed state): r checked as submit checks it (but for
+ * the queue), its prompt tokenized with BOS or copied, truncated and fitted to the context, into
+ * *out (the caller's: eng_built_free; _prompt_tokens says how many it kept); _queue checks only the
+ * queue, then takes it (freed when the queue is full or the engine stops: QL_EBUSY). */
 typedef struct eng_built eng_built;
 int eng_engine_build(const eng_engine *e, const eng_request *r, eng_built **out, char *msg,
                      size_t msg_len);
@@ -328,10 +326,9 @@ size_t eng_built_prompt_tokens(const eng_built *b);
 /* g's first mask made on the caller's thread (kept in g's shared masks): QL_EINVAL naming the
  * budget when it, or the start each choice makes, takes more than a request may per step. */
 int eng_engine_check_grammar(const eng_engine *e, gr_grammar *g, char *msg, size_t msg_len);
-/* Publish a new weight version (the engine takes the caller's reference):
- * the engine switches to it between two steps; sequences admitted after
- * run on it, those already running finish on the version they started on.
- * Returns at once; eng_engine_weights tells what serves. */
+/* Publish a new weight version (the engine takes the caller's reference): the engine switches to it
+ * between two steps; sequences admitted after run on it, those already running finish on the
+ * version they started on. Returns at once; eng_engine_weights tells what serves. */
 void eng_engine_publish(eng_engine *e, eng_weights *w);
 /* The version new sequences get (the last published), referenced. */
 eng_weights *eng_engine_weights(eng_engine *e);
@@ -341,13 +338,12 @@ bool eng_engine_wait_versions(eng_engine *e, double timeout_s);
 
 void eng_engine_cancel(eng_engine *e, uint64_t id); /* its on_done says cancelled */
 void eng_engine_stop(eng_engine *e);                /* cancel everything, join, free */
-/* The step gate: steps < 0 opens it (the start); steps >= 0 lets that many
- * more steps run, then holds the engine between two steps: it still takes
- * in, admits and cancels requests and publishes versions, but runs no step
- * until the gate opens or gets more (the server's /admin/engine/pause; how
- * tests hold a request running or waiting without timing). _settle blocks
- * until the engine has taken in everything and waits, held or idle, its
- * stats published for that state; false when timeout_s passed first. */
+/* The step gate: steps < 0 opens it (the start); steps >= 0 lets that many more steps run, then
+ * holds the engine between two steps: it still takes in, admits and cancels requests and publishes
+ * versions, but runs no step until the gate opens or gets more (the server's /admin/engine/pause;
+ * how tests hold a request running or waiting without timing). _settle blocks until the engine has
+ * taken in everything and waits, held or idle, its stats published for that state; false when
+ * timeout_s passed first. */
 void eng_engine_gate(eng_engine *e, int64_t steps);
 bool eng_engine_settle(eng_engine *e, double timeout_s);
 
@@ -364,13 +360,18 @@ typedef struct eng_engine_stats {
     uint64_t weights_version;  /* the version new sequences get */
     int32_t weights_versions;  /* versions alive (the current one and older ones still running) */
     uint64_t adapter_requests; /* admitted sequences that applied an adapter unmerged */
-    /* KV blocks further choices took from the first, and copied on write */
-    uint64_t kv_blocks_shared, kv_blocks_copied;
+    uint64_t kv_blocks_shared, kv_blocks_copied; /* further choices took, copied on write */
     /* the prefix cache: prompt tokens looked up and found; blocks kept */
     uint64_t prefix_queried_tokens, prefix_hit_tokens;
+    int32_t states_used, states_total;     /* a hybrid model's recurrent states (0: none) */
     uint64_t grammar_masks, grammar_steps; /* draws under a grammar, their matcher steps, */
     double grammar_seconds;                /* and the time in their masks */
     int32_t prefix_blocks;
+    /* the step budget: the last prompt-token budget beside decode tokens, the time it aimed
+     * at (0: fixed), the steps' fitted s (fixed + per token), steps that held prompts back */
+    int32_t prefill_budget;
+    double step_target_s, step_fixed_s, step_token_s;
+    uint64_t prefill_held_steps;
     /* steps by wall time: [i] took at most eng_step_bounds[i] s; sum */
     uint64_t step_counts[ENG_STEP_BUCKETS + 1];
     double step_seconds;
@@ -388,12 +389,11 @@ const char *eng_engine_backend(const eng_engine *e);             /* eng_backend_
 /* Whether the backend merges adapters itself (CUDA): a version then needs
  * its merged configuration only, not host copies of the merged tensors. */
 bool eng_engine_merges_on_device(const eng_engine *e);
-/* Have the backend build its copy of version w now (merging on the device
- * what w's configuration merges), on the engine thread between two steps,
- * and wait for it: costs (n_layers * ENG_N_PROJ entries, or NULL) receives
- * each module's merge figures and *digest eng_backend_digest's digest of
- * what the device will serve. Call before publishing w, so the first step
- * on it does not stall. QL_EINVAL when the backend does not merge. */
+/* Have the backend build its copy of version w now (merging on the device what w's configuration
+ * merges), on the engine thread between two steps, and wait for it: costs (n_layers * ENG_N_PROJ
+ * entries, or NULL) receives each module's merge figures and *digest eng_backend_digest's digest of
+ * what the device will serve. Call before publishing w, so the first step on it does not stall.
+ * QL_EINVAL when the backend does not merge. */
 int eng_engine_prepare(eng_engine *e, const eng_weights *w, eng_merge_cost *costs, uint64_t *digest,
                        char *msg, size_t msg_len);
 

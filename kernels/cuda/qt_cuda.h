@@ -16,7 +16,10 @@
  *   - the same four for AFFINE (torchao int4/int8 grids: qt_cuda_affine_*)
  *     and for the GGUF blocks Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants
  *     Q2_K ... Q6_K, IQ4_NL, IQ4_XS and MXFP4 (qt_cuda_gguf_*), each with its own
- *     view.
+ *     view;
+ *   - the views of the checkpoint formats FP8, GPTQ and AWQ
+ *     (qt_cuda_fp8_view, qt_cuda_gptq_view), which only qt_cuda_tensor
+ *     (qt_cuda_ops.h) fills.
  *
  * Why shaped so: the per-element arithmetic lives in kernels/math/qt_math.h and
  * is compiled both for the CPU reference and for these kernels, so a CPU
@@ -230,6 +233,47 @@ int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *out,
 
 /* Host to host for a GGUF tensor; contract as qt_cuda_dequantize_4bit. */
 int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, size_t msg_len);
+
+/*
+ * An FP8 tensor (transformers' finegrained FP8) as the device kernels see
+ * it: the E4M3 codes row-major, one byte each, and the block scales over a
+ * scale_rows x scale_cols grid kept in the dtype the checkpoint stored (f32,
+ * or one UE8M0 byte when e8m0), copied byte for byte, never widened.
+ * Element (r, c) is qt_math.h's qm_fp8_element, the CPU's arithmetic.
+ * Made by qt_cuda_tensor_upload (qt_cuda_quantfmt.cu); ownership as for
+ * the other views.
+ */
+typedef struct qt_cuda_fp8_view {
+    int64_t rows, cols;
+    int32_t block_rows, block_cols; /* weight_block_size */
+    int64_t scale_rows, scale_cols; /* ceil(rows / block_rows) x ceil(cols / block_cols) */
+    bool e8m0;                      /* scales are UE8M0 bytes, else f32 */
+    const uint8_t *codes;           /* rows * cols bytes */
+    const void *scales;             /* scale_rows * scale_cols f32 or bytes */
+} qt_cuda_fp8_view;
+
+/*
+ * A GPTQ or AWQ (GEMM) tensor as the device kernels see it: the host's
+ * arrays as the checkpoint stored them (qtensor.h), packed words, f16
+ * scales and the g_idx of each input channel. GPTQ: qweight [cols * bits /
+ * 32][rows] words, codes packed along the input dim; AWQ: qweight
+ * [cols][rows / 8], packed along the output dim in AWQ's order. qzeros
+ * [groups][ceil(rows * bits / 32)] packed along the output dim (AWQ's
+ * order for AWQ). w = f32(scale) * (q - z), z = stored + zero_offset.
+ */
+typedef struct qt_cuda_gptq_view {
+    qt_kind kind; /* QT_GPTQ or QT_AWQ (for messages) */
+    bool awq;     /* AWQ's packing */
+    int64_t rows, cols;
+    int32_t bits;            /* 4 or 8 (AWQ: 4) */
+    int32_t group_size;      /* for messages and downloads: g_idx says the group */
+    int64_t groups;          /* rows of scales and qzeros */
+    int32_t zero_offset;     /* 1: GPTQ v1 (stored zero = z - 1), 0: v2 and AWQ */
+    const uint32_t *qweight; /* rows * cols * bits / 32 words */
+    const uint32_t *qzeros;  /* groups * ceil(rows * bits / 32) words */
+    const uint16_t *scales;  /* groups * rows f16 bits */
+    const int32_t *g_idx;    /* cols */
+} qt_cuda_gptq_view;
 
 #ifdef __cplusplus
 }

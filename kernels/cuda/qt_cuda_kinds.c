@@ -27,6 +27,11 @@
     .dequantize = qt_cuda_dequantize_as_##k, .matvec = qt_cuda_matvec_as_##k,                      \
     .gather = qt_cuda_gather_as_##k, .requantize = qt_cuda_requantize_as_##k
 
+/* A kind the device reads but does not requantize into: three operations. */
+#define READ_OPS(k)                                                                                \
+    .dequantize = qt_cuda_dequantize_as_##k, .matvec = qt_cuda_matvec_as_##k,                      \
+    .gather = qt_cuda_gather_as_##k
+
 static const float nf4_code[16] = QQ_NF4_CODE_INIT;
 static const float fp4_code[16] = QQ_FP4_CODE_INIT;
 
@@ -50,6 +55,12 @@ const qt_cuda_kind_ops qt_cuda_kinds[QT_KIND_COUNT] = {
     [QT_IQ4_NL] = {QT_GEOMETRY_IQ4_NL, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(iq4_nl)},
     [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(iq4_xs)},
     [QT_MXFP4] = {QT_GEOMETRY_MXFP4, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(mxfp4)},
+    /* the checkpoint formats: merges requantize on the CPU (quant_fp8.c,
+     * quant_gptq.c), whose bytes the backend uploads, so no requantize */
+    [QT_FP8] = {QT_GEOMETRY_FP8, .layout = QT_CUDA_LAYOUT_FP8, READ_OPS(fp8)},
+    [QT_GPTQ] = {QT_GEOMETRY_GPTQ, .layout = QT_CUDA_LAYOUT_GPTQ, READ_OPS(gptq)},
+    [QT_AWQ] = {QT_GEOMETRY_AWQ, .layout = QT_CUDA_LAYOUT_GPTQ, .awq_packing = true,
+                READ_OPS(gptq)},
 };
 
 /* The row of kind k, NULL for a value that is no qt_kind (the

@@ -664,9 +664,12 @@ int check_pristine(const qt_cuda_kind_ops *row, const qt_cuda_tensor *p, char *m
         }
         return QL_OK;
     }
+    case QT_CUDA_LAYOUT_FP8:  /* merged on the CPU (quant_fp8.c), uploaded by the backend */
+    case QT_CUDA_LAYOUT_GPTQ: /* merged on the CPU (quant_gptq.c), likewise */
     case QT_CUDA_LAYOUT_NONE: break;
     }
-    say(msg, msg_len, "qt_cuda_merge: quant kind %d has no LoRA merge", (int)p->kind);
+    say(msg, msg_len, "qt_cuda_merge: quant kind %s has no LoRA merge on the device",
+        kind_name(p->kind));
     return QL_EUNSUPPORTED;
 }
 

@@ -58,6 +58,7 @@
 #include "qt_cuda_blocks.h"
 #include "qt_cuda_internal.h"
 #include "qt_cuda_kinds.h"
+#include "qt_cuda_quantfmt.h"
 #include "qt_math.h"
 
 /*
@@ -87,6 +88,9 @@ struct qt_cuda_mv_weights {
     float mid;
     /* GGUF */
     const uint16_t *d, *m;
+    /* the checkpoint formats, read through qt_cuda_quantfmt.h */
+    qt_cuda_fp8_view fp8;   /* FP8 */
+    qt_cuda_gptq_view gptq; /* GPTQ, AWQ */
     /* NF4, FP4 tables, copied to shared memory by each block */
     float codebook[16];
     float nested_code[256];
@@ -160,6 +164,8 @@ enum mv_kind {
     kQ4_0,
     kQ4_1,
     kQ8_0,
+    kFP8,  /* 16 codes a chunk when block_cols % 16 == 0, one block scale */
+    kGPTQ, /* GPTQ and AWQ: matvec_gptq_kernel, a thread per row */
     /* GGUF kinds kept in whole ggml blocks: the piece kernel */
     kQ5_0,
     kQ5_1,
@@ -195,10 +201,10 @@ __host__ __device__ constexpr bool is_whole(mv_kind k)
 
 /* Values per 16-byte chunk. */
 template <mv_kind K> struct chunk_traits {
-    static constexpr int kElems = K == kF32                       ? 4
-                                  : (K == kF16 || K == kBF16)     ? 8
-                                  : (K == kAffine8 || K == kQ8_0) ? 16
-                                                                  : 32;
+    static constexpr int kElems = K == kF32                                    ? 4
+                                  : (K == kF16 || K == kBF16)                  ? 8
+                                  : (K == kAffine8 || K == kQ8_0 || K == kFP8) ? 16
+                                                                               : 32;
 };
 
 using mv_weights = qt_cuda_mv_weights;
@@ -235,6 +241,11 @@ __device__ __forceinline__ void chunk_scale(const mv_weights &w, const float *ne
     } else if (K == kQ8_0) {
         const int64_t b = r * (w.cols / QM_GGUF_QK) + k / 2;
         s0 = qm_f16_to_f32(__ldg(w.d + b));
+    } else if (K == kFP8) {
+        const qt_cuda_fp8_view &v = w.fp8;
+        const int64_t b = (r / v.block_rows) * v.scale_cols + (k * E) / v.block_cols;
+        s0 = v.e8m0 ? qm_e8m0_to_f32(static_cast<const uint8_t *>(v.scales)[b])
+                    : static_cast<const float *>(v.scales)[b];
     }
 }
 
@@ -258,6 +269,8 @@ __device__ __forceinline__ float chunk_value(const mv_weights &w, const float *c
         return qm_q4_0_chunk_value(bytes, j, s0);
     if (K == kQ4_1)
         return qm_q4_1_chunk_value(bytes, j, s0, s1);
+    if (K == kFP8) /* qm_fp8_element's one multiply */
+        return qm_e4m3_to_f32(bytes[j]) * s0;
     return qm_q8_0_chunk_value(bytes, j, s0);
 }
 
@@ -289,6 +302,10 @@ __device__ __forceinline__ float element(const mv_weights &w, const float *codeb
         return qm_q4_0_split_element(w.codes, w.d, e);
     if (K == kQ4_1)
         return qm_q4_1_split_element(w.codes, w.d, w.m, e);
+    if (K == kFP8)
+        return qt_cuda_fp8_at(w.fp8, r, c);
+    if (K == kGPTQ)
+        return qt_cuda_gptq_at(w.gptq, r, c);
     if (is_whole(K))
         return qt_cuda_whole_element<whole_kind(K)>(w.codes, e);
     return qm_q8_0_split_element(w.codes, w.d, e);
@@ -545,6 +562,74 @@ __global__ void __launch_bounds__(kThreads)
             y[(int64_t)b * w.rows + row0 + i] = acc[b][i];
 }
 
+/*
+ * GPTQ and AWQ pack their codes across rows (a GPTQ word holds 32 / bits
+ * input channels of one row, the words of consecutive rows side by side; an
+ * AWQ word holds 8 consecutive rows), so here a thread takes one row, a
+ * warp 32 consecutive rows (its words, scales and zeros are adjacent), and
+ * the block's kGptqSlices warps split the input channels into that many
+ * ranges of whole words, whose partial sums are added in slice order through
+ * shared memory. A GPTQ word is read once for its 32 / bits channels and a
+ * group's scale and zero once per run of channels in it; each weight is
+ * qt_cuda_gptq_value's, the CPU's value.
+ */
+constexpr int kGptqSlices = 8;
+
+template <int B>
+__global__ void __launch_bounds__(32 * kGptqSlices)
+    matvec_gptq_kernel(const __grid_constant__ mv_weights w, const float *__restrict__ x,
+                       float *__restrict__ y)
+{
+    __shared__ float part[kGptqSlices][B][32];
+    const int lane = (int)(threadIdx.x & 31u), slice = (int)(threadIdx.x >> 5);
+    const int64_t r = (int64_t)blockIdx.x * 32 + lane;
+    /* slices of whole words (32 / bits divides 8) */
+    const int64_t cols = w.cols, span = (cols + 8 * kGptqSlices - 1) / (8 * kGptqSlices) * 8;
+    const int64_t c0 = slice * span, c1 = c0 + span < cols ? c0 + span : cols;
+    float acc[B];
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        acc[b] = 0.0f;
+    const qt_cuda_gptq_view &g = w.gptq;
+    const int bits = g.bits, per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int awq_shift = g.awq ? qt_cuda_out_dim_shift(g, r) : 0;
+    int64_t group = -1; /* the group whose scale and zero s, z hold */
+    float sc = 0.0f;
+    int32_t z = 0;
+    for (int64_t c = c0; r < w.rows && c < c1;) {
+        /* one packed word: per channels of row r (GPTQ), or one (AWQ) */
+        const uint32_t word = g.awq ? __ldg(g.qweight + c * (g.rows / 8) + r / 8)
+                                    : __ldg(g.qweight + (c / per) * g.rows + r);
+        const int n_codes = g.awq ? 1 : per;
+        for (int k = 0; k < n_codes && c < c1; k++, c++) {
+            const int64_t gc = __ldg(g.g_idx + c);
+            if (gc != group) { /* act-order changes groups anywhere */
+                qt_cuda_gptq_group(g, r, gc, &sc, &z);
+                group = gc;
+            }
+            const uint32_t q = (word >> (g.awq ? awq_shift : k * bits)) & mask;
+            const float v = qt_cuda_gptq_value(q, sc, z);
+            QL_UNROLL
+            for (int b = 0; b < B; b++)
+                acc[b] += __ldg(x + b * cols + c) * v;
+        }
+    }
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        part[slice][b][lane] = acc[b];
+    __syncthreads();
+    if (slice == 0 && r < w.rows) {
+        QL_UNROLL
+        for (int b = 0; b < B; b++) {
+            float sum = part[0][b][lane];
+            for (int k = 1; k < kGptqSlices; k++)
+                sum += part[k][b][lane];
+            y[(int64_t)b * w.rows + r] = sum;
+        }
+    }
+}
+
 /* The fused kernel of kind K, or the piece kernel for whole-block kinds. */
 template <mv_kind K, int B>
 void launch_fused(const mv_weights &w, const float *x, float *y, unsigned grid, cudaStream_t s)
@@ -597,18 +682,34 @@ cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int b
         matvec_generic_kernel<K><<<grid, kThreads, 0, s>>>(w, x, batch, y);
         return cudaGetLastError();
     }
-    const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock * rows_per_warp(batch));
-    switch (batch) {
-    case 1: launch_fused<K, 1>(w, x, y, grid, s); break;
-    case 2: launch_fused<K, 2>(w, x, y, grid, s); break;
-    case 3: launch_fused<K, 3>(w, x, y, grid, s); break;
-    case 4: launch_fused<K, 4>(w, x, y, grid, s); break;
-    case 5: launch_fused<K, 5>(w, x, y, grid, s); break;
-    case 6: launch_fused<K, 6>(w, x, y, grid, s); break;
-    case 7: launch_fused<K, 7>(w, x, y, grid, s); break;
-    default: launch_fused<K, 8>(w, x, y, grid, s); break;
+    if constexpr (K == kGPTQ) {
+        const unsigned grid = (unsigned)ceil_div(w.rows, 32);
+        constexpr int T = 32 * kGptqSlices;
+        switch (batch) {
+        case 1: matvec_gptq_kernel<1><<<grid, T, 0, s>>>(w, x, y); break;
+        case 2: matvec_gptq_kernel<2><<<grid, T, 0, s>>>(w, x, y); break;
+        case 3: matvec_gptq_kernel<3><<<grid, T, 0, s>>>(w, x, y); break;
+        case 4: matvec_gptq_kernel<4><<<grid, T, 0, s>>>(w, x, y); break;
+        case 5: matvec_gptq_kernel<5><<<grid, T, 0, s>>>(w, x, y); break;
+        case 6: matvec_gptq_kernel<6><<<grid, T, 0, s>>>(w, x, y); break;
+        case 7: matvec_gptq_kernel<7><<<grid, T, 0, s>>>(w, x, y); break;
+        default: matvec_gptq_kernel<8><<<grid, T, 0, s>>>(w, x, y); break;
+        }
+        return cudaGetLastError();
+    } else {
+        const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock * rows_per_warp(batch));
+        switch (batch) {
+        case 1: launch_fused<K, 1>(w, x, y, grid, s); break;
+        case 2: launch_fused<K, 2>(w, x, y, grid, s); break;
+        case 3: launch_fused<K, 3>(w, x, y, grid, s); break;
+        case 4: launch_fused<K, 4>(w, x, y, grid, s); break;
+        case 5: launch_fused<K, 5>(w, x, y, grid, s); break;
+        case 6: launch_fused<K, 6>(w, x, y, grid, s); break;
+        case 7: launch_fused<K, 7>(w, x, y, grid, s); break;
+        default: launch_fused<K, 8>(w, x, y, grid, s); break;
+        }
+        return cudaGetLastError();
     }
-    return cudaGetLastError();
 }
 
 /* The sentence when t's view does not describe its shape (row: t's kind). */
@@ -648,6 +749,24 @@ int view_mismatch(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t, const ch
             "tensor%s",
             where, kind_name(v.kind), (long long)v.n_elements, (long long)v.n_blocks,
             kind_name(t.kind), (long long)t.rows, (long long)t.cols, blocks);
+        break;
+    }
+    case QT_CUDA_LAYOUT_FP8: {
+        const qt_cuda_fp8_view &v = t.fp8;
+        say(msg, msg_len,
+            "%s: fp8 view (%lld x %lld, blocks %d x %d, scale grid [%lld, %lld]) does not "
+            "describe a %lld x %lld tensor",
+            where, (long long)v.rows, (long long)v.cols, (int)v.block_rows, (int)v.block_cols,
+            (long long)v.scale_rows, (long long)v.scale_cols, (long long)t.rows, (long long)t.cols);
+        break;
+    }
+    case QT_CUDA_LAYOUT_GPTQ: {
+        const qt_cuda_gptq_view &v = t.gptq;
+        say(msg, msg_len,
+            "%s: %s view (%lld x %lld, int%d, %lld groups) does not describe a %s %lld x %lld "
+            "tensor",
+            where, kind_name(v.kind), (long long)v.rows, (long long)v.cols, (int)v.bits,
+            (long long)v.groups, kind_name(t.kind), (long long)t.rows, (long long)t.cols);
         break;
     }
     case QT_CUDA_LAYOUT_NONE:
@@ -734,6 +853,36 @@ bool fill_gguf(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t, mv_weights 
     return true;
 }
 
+/* The FP8 view of t into w; false when it does not describe t. */
+bool fill_fp8(const qt_cuda_tensor &t, mv_weights *w, const char **missing)
+{
+    const qt_cuda_fp8_view &v = t.fp8;
+    if (v.rows != t.rows || v.cols != t.cols || v.block_rows < 1 || v.block_cols < 1 ||
+        v.scale_rows != ceil_div(t.rows, v.block_rows) ||
+        v.scale_cols != ceil_div(t.cols, v.block_cols))
+        return false;
+    w->fp8 = v;
+    w->codes = v.codes;
+    w->row_bytes = (uint64_t)t.cols;
+    if (!v.codes || !v.scales)
+        *missing = "codes or block scales";
+    return true;
+}
+
+/* The GPTQ/AWQ view of t into w; false when it does not describe t. */
+bool fill_gptq(const qt_cuda_tensor &t, mv_weights *w, const char **missing)
+{
+    const qt_cuda_gptq_view &v = t.gptq;
+    const int per = v.bits == 4 || v.bits == 8 ? 32 / v.bits : 0;
+    if (v.kind != t.kind || v.rows != t.rows || v.cols != t.cols || per == 0 ||
+        (v.awq && v.bits != 4) || t.rows % per != 0 || t.cols % per != 0 || v.groups < 1)
+        return false;
+    w->gptq = v;
+    if (!v.qweight || !v.qzeros || !v.scales || !v.g_idx)
+        *missing = "qweight, qzeros, scales or g_idx";
+    return true;
+}
+
 /*
  * Check w's layout and fill the kernels' view of it (row: t's kind, NULL
  * for none): *fusable whether the weight side of the fused kernel's
@@ -765,6 +914,8 @@ int weights_for(const qt_cuda_kind_ops *row, const qt_cuda_tensor &t, const char
     case QT_CUDA_LAYOUT_AFFINE: described = fill_affine(t, w, &missing); break;
     case QT_CUDA_LAYOUT_GGUF_SPLIT:
     case QT_CUDA_LAYOUT_GGUF_WHOLE: described = fill_gguf(*row, t, w, &missing); break;
+    case QT_CUDA_LAYOUT_FP8: described = fill_fp8(t, w, &missing); break;
+    case QT_CUDA_LAYOUT_GPTQ: described = fill_gptq(t, w, &missing); break;
     }
     if (!described)
         return view_mismatch(*row, t, where, msg, msg_len);
@@ -780,6 +931,10 @@ int weights_for(const qt_cuda_kind_ops *row, const qt_cuda_tensor &t, const char
         const int per_chunk = w->bits == 8 ? 16 : 32;
         *fusable = *fusable && w->group_size % per_chunk == 0;
     }
+    if (row->layout == QT_CUDA_LAYOUT_FP8) /* a chunk of 16 codes under one block scale */
+        *fusable = *fusable && w->fp8.block_cols % 16 == 0;
+    if (row->layout == QT_CUDA_LAYOUT_GPTQ) /* matvec_gptq_kernel: any shape */
+        *fusable = t.cols > 0;
     return QL_OK;
 }
 
@@ -1063,6 +1218,8 @@ MATVEC(f16, launch_matvec<kF16>)
 MATVEC(bf16, launch_matvec<kBF16>)
 MATVEC(bnb4, launch_matvec_bnb4)
 MATVEC(affine, launch_matvec_affine)
+MATVEC(fp8, launch_matvec<kFP8>)
+MATVEC(gptq, launch_matvec<kGPTQ>)
 #define GGUF_MATVEC(name, NAME, whole) MATVEC(name, launch_matvec<k##NAME>)
 QT_CUDA_GGUF_KINDS(GGUF_MATVEC)
 #undef GGUF_MATVEC

@@ -69,6 +69,8 @@ typedef struct qt_cuda_tensor {
     qt_cuda_4bit_view q4;       /* NF4, FP4 */
     qt_cuda_affine_view affine; /* AFFINE */
     qt_cuda_gguf_view gguf;     /* Q4_0 ... IQ4_XS */
+    qt_cuda_fp8_view fp8;       /* FP8 */
+    qt_cuda_gptq_view gptq;     /* GPTQ, AWQ */
     void *dense;                /* F32, F16, BF16: rows * cols elements */
     size_t device_bytes;        /* device memory the tensor holds */
     bool owned;

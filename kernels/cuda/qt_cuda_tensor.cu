@@ -98,6 +98,8 @@ array_sizes sizes_of(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t)
         s.m = row.has_m ? s.d : 0;
         break;
     case QT_CUDA_LAYOUT_GGUF_WHOLE: s.codes = nb * row.block_bytes; break;
+    case QT_CUDA_LAYOUT_FP8:
+    case QT_CUDA_LAYOUT_GPTQ: s.codes = qt_cuda_quantfmt_bytes(&row, &t); break;
     }
     return s;
 }
@@ -122,37 +124,18 @@ size_t upload_bytes_of(const qt_cuda_kind_ops &row, const qtensor *t)
         d.affine.groups_per_row = t->groups_per_row;
     } else if (row.is_gguf) {
         d.gguf.n_blocks = n / row.block_size;
+    } else if (row.layout == QT_CUDA_LAYOUT_FP8) {
+        d.fp8.scale_rows = t->scale_rows;
+        d.fp8.scale_cols = t->scale_cols;
+        d.fp8.e8m0 = t->scale_dtype == QT_SCALE_E8M0;
+    } else if (row.layout == QT_CUDA_LAYOUT_GPTQ) {
+        d.gptq.bits = t->bits;
+        d.gptq.groups = t->gptq_groups;
     }
     return sizes_of(row, d).total();
 }
 
 /* ---- device memory ------------------------------------------------------- */
-
-/* cudaMalloc of `bytes` (nothing when 0); *p stays NULL on failure. */
-template <typename T> int device_alloc(T **p, size_t bytes, const char *what, char *msg, size_t len)
-{
-    *p = nullptr;
-    if (bytes == 0)
-        return QL_OK;
-    void *q = nullptr;
-    cudaError_t st = cudaMalloc(&q, bytes);
-    if (st != cudaSuccess)
-        return cuda_failed(st, msg, len, "cudaMalloc(%s, %zu bytes)", what, bytes);
-    *p = static_cast<T *>(q);
-    return QL_OK;
-}
-
-int copy_to_host(void *dst, const void *src, size_t bytes, const char *what, char *msg,
-                 size_t msg_len)
-{
-    if (bytes == 0)
-        return QL_OK;
-    cudaError_t st = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-    if (st != cudaSuccess)
-        return cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, device to host)", what,
-                           bytes);
-    return QL_OK;
-}
 
 /* ---- the gather kernel --------------------------------------------------- */
 
@@ -249,6 +232,8 @@ bool has_arrays(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t)
     case QT_CUDA_LAYOUT_AFFINE: return t.affine.codes && t.affine.scales && t.affine.zeros;
     case QT_CUDA_LAYOUT_GGUF_SPLIT: return t.gguf.qs && t.gguf.d && (!row.has_m || t.gguf.m);
     case QT_CUDA_LAYOUT_GGUF_WHOLE: return t.gguf.qs != nullptr;
+    case QT_CUDA_LAYOUT_FP8:
+    case QT_CUDA_LAYOUT_GPTQ: return qt_cuda_quantfmt_has_arrays(&row, &t);
     }
     return false;
 }
@@ -291,6 +276,7 @@ extern "C" int qt_cuda_tensor_release(qt_cuda_tensor *d, char *msg, size_t msg_l
             qt_cuda_gguf_release(&d->gguf, rc == QL_OK ? msg : nullptr, rc == QL_OK ? msg_len : 0);
         rc = rc != QL_OK ? rc : r3;
         rc = free_device(d->dense, "dense values", rc, msg, msg_len);
+        rc = qt_cuda_quantfmt_release(d, rc, msg, msg_len);
     }
     memset(d, 0, sizeof *d);
     return rc;
@@ -317,8 +303,8 @@ extern "C" int qt_cuda_tensor_upload_with(const qt_cuda_kind_ops *row, const qte
     if (!row || row->layout == QT_CUDA_LAYOUT_NONE) {
         say(msg, msg_len,
             "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
-            "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and mxfp4; "
-            "this kind runs on the CPU backend)",
+            "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, "
+            "fp8, gptq and awq; this kind runs on the CPU backend)",
             kind_name(t->kind));
         return QL_EUNSUPPORTED;
     }
@@ -348,6 +334,8 @@ extern "C" int qt_cuda_tensor_upload_with(const qt_cuda_kind_ops *row, const qte
         rc = qt_cuda_4bit_upload(t, &d->q4, msg, msg_len);
     } else if (row->layout == QT_CUDA_LAYOUT_AFFINE) {
         rc = qt_cuda_affine_upload(t, &d->affine, msg, msg_len);
+    } else if (row->layout == QT_CUDA_LAYOUT_FP8 || row->layout == QT_CUDA_LAYOUT_GPTQ) {
+        rc = qt_cuda_quantfmt_upload(row, t, d, msg, msg_len);
     } else {
         rc = qt_cuda_gguf_upload_with(row, t, &d->gguf, msg, msg_len);
     }
@@ -400,11 +388,19 @@ extern "C" int qt_cuda_tensor_alloc_like_with(const qt_cuda_kind_ops *row, const
     out->gguf.qs = nullptr;
     out->gguf.d = nullptr;
     out->gguf.m = nullptr;
+    out->fp8.codes = nullptr;
+    out->fp8.scales = nullptr;
+    out->gptq.qweight = nullptr;
+    out->gptq.qzeros = nullptr;
+    out->gptq.scales = nullptr;
+    out->gptq.g_idx = nullptr;
 
     const array_sizes s = sizes_of(*row, *out);
     int rc = QL_OK;
     if (row->layout == QT_CUDA_LAYOUT_DENSE) {
         rc = device_alloc(&out->dense, s.codes, "dense values", msg, msg_len);
+    } else if (row->layout == QT_CUDA_LAYOUT_FP8 || row->layout == QT_CUDA_LAYOUT_GPTQ) {
+        rc = qt_cuda_quantfmt_alloc_like(row, out, msg, msg_len);
     } else if (row->layout == QT_CUDA_LAYOUT_BNB4) {
         uint8_t *codes = nullptr, *absmax_codes = nullptr;
         float *absmax = nullptr, *nested_absmax = nullptr;
@@ -486,6 +482,8 @@ extern "C" int qt_cuda_tensor_download_with(const qt_cuda_kind_ops *row, const q
             kind_name(d->kind), (long long)d->rows, (long long)d->cols);
         return QL_EINVAL;
     }
+    if (row->layout == QT_CUDA_LAYOUT_FP8 || row->layout == QT_CUDA_LAYOUT_GPTQ)
+        return qt_cuda_quantfmt_download(row, d, t, msg, msg_len);
     const array_sizes s = sizes_of(*row, *d);
     /* The first of the host arrays that is missing or too small. */
     const char *short_of = nullptr;

@@ -11,7 +11,13 @@
  *   quant_avx2.c,   they call down into qtensor.c, matmul_avx2.c calls
  *   attend_ref.c,   quant_bnb4.c (qt_block_absmax) and attend_ref.c,
  *   matmul_fp8_     quant_avx2.c calls quant_bnb4.c (qt_bnb4_quantize_with),
- *   avx2.c          matmul_fp8_avx2.c calls quant_fp8.c (its table, its walk);
+ *   avx2.c, ...     matmul_fp8_avx2.c and _avx512.c call quant_fp8.c (its
+ *                   table, its walks) and matmul_fp8_avx2.c quant_ct.c
+ *                   (CT_INT's rows), matmul_gptq_avx2.c and _avx512.c
+ *                   quant_gptq.c (a row's groups, the scalar reference);
+ *   delta_rule.c,   the gated delta rule's step (Gated DeltaNet), scalar
+ *   delta_rule_     and AVX2: leaves, calling nothing of kernels/;
+ *   avx2.c
  *   qtensor.c       the leaf: a qtensor's lifecycle, the kinds' names and
  *                   geometry (a plain table, no function pointers), the
  *                   shape check and the f16/bf16 conversions.
@@ -76,8 +82,33 @@ typedef struct qt_kind_geometry {
 #define QT_GEOMETRY_GPTQ .name = "gptq", .block_size = 1, .block_bytes = 1
 /* AWQ GEMM: the same state, codes packed along the output dim */
 #define QT_GEOMETRY_AWQ .name = "awq", .block_size = 1, .block_bytes = 1
+/* compressed-tensors' integer weights: 4- or 8-bit codes per row, block
+ * scales and zeros apart */
+#define QT_GEOMETRY_CT_INT .name = "ct_int", .block_size = 1, .block_bytes = 1
 
 extern const qt_kind_geometry qt_kind_geometry_table[QT_KIND_COUNT];
+
+/* Scale i of an array of scales in dtype d, any alignment, widened to
+ * f32; qt_scale_put stores v there (rounded to a 16-bit dtype; f32 as it
+ * is; not E8M0) and returns what was stored, widened. */
+float qt_scale_at(const void *scales, qt_scale_dtype d, int64_t i);
+float qt_scale_put(void *scales, qt_scale_dtype d, int64_t i, float v);
+/* Round n products to a 16-bit scale dtype (bf16, f16) in place, as
+ * compressed-tensors' product in the scale's dtype; f32 and E8M0 keep
+ * the f32 product. */
+void qt_round_to_scale_dtype(float *v, int64_t n, qt_scale_dtype d);
+
+/* QL_OK when a rows x cols weight with a scale per block_rows x block_cols
+ * block fits: the shape, a known scale dtype, the ceil grid scale_rows x
+ * scale_cols, and every scale a finite positive number; else msg says
+ * which, naming kind ("fp8", "ct_int"). */
+int qt_check_block_scales(const char *kind, int64_t rows, int64_t cols, int32_t block_rows,
+                          int32_t block_cols, int64_t scale_rows, int64_t scale_cols,
+                          const void *scales, qt_scale_dtype d, char *msg, size_t msg_len);
+/* Fill out (zeroed) with `bytes` of codes: borrowed in place when borrow
+ * (the caller's mapping outlives the tensor), else copied (qt_wrap_copy). */
+int qt_wrap_codes(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *codes,
+                  size_t bytes, bool borrow, char *msg, size_t msg_len);
 
 /* Fill out (zeroed) with a copy of `bytes` bytes of src as its data. */
 int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const void *src,
@@ -86,6 +117,10 @@ int qt_wrap_copy(qtensor *out, qt_kind kind, int64_t rows, int64_t cols, const v
 /* QL_OK when rows x cols is a shape a qtensor can hold (both positive, the
  * element count fits int64); else QL_EINVAL and msg names the shape. */
 int qt_check_shape(int64_t rows, int64_t cols, char *msg, size_t msg_len);
+/* NaN into y[b][r] for every b < batch and r in [row0, row1) (rows of t
+ * apart): a product with no memory for its scratch says so where a caller
+ * checking for finite results will see it, rather than crash. */
+void qt_nan_rows(const qtensor *t, int64_t batch, float *y, int64_t row0, int64_t row1);
 
 /* --- the kinds' implementations ------------------------------------------ */
 
@@ -127,6 +162,33 @@ int qt_gptq_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
                      const qt_quant_params *p, char *msg, size_t msg_len);
 void qt_gptq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_awq_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* compressed-tensors' integer weights (quant_ct.c): the quantizer only
+ * requantizes into a loaded tensor's layout (a merge) */
+int qt_ct_int_quantize(qtensor *t, const float *src, int64_t rows, int64_t cols,
+                       const qt_quant_params *p, char *msg, size_t msg_len);
+void qt_ct_int_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+/* CT_INT's scalar product: a dequantized row dotted in FP8's lane order. */
+void qt_ct_int_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
+/* Their scalar products: each output one chain acc = fma(x, w, acc) over
+ * the columns in order (the order every SIMD entry keeps, lane by lane). */
+void qt_gptq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_awq_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
+/* Row r's scale (f16 widened) and zero (offset applied) of each group g,
+ * into s[g * stride] and z[g * stride]. */
+void qt_gptq_row_groups(const qtensor *t, int64_t r, float *s, int32_t *z, int64_t stride);
+/* Their AVX2 and AVX-512 products (matmul_gptq_avx2.c, matmul_gptq_avx512.c,
+ * one body in internal/matmul_gptq.inc): the scalar products' bits. */
+void qt_matmul_gptq_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                         int64_t row1);
+void qt_matmul_awq_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                        int64_t row1);
+void qt_matmul_gptq_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
+void qt_matmul_awq_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
 /* Every E4M3 byte's f32 value (made once, thread-safe), and block s's
  * scale of t widened to f32 (quant_fp8.c, for matmul_fp8_avx2.c). */
 const float *qt_fp8_e4m3_table(void);
@@ -139,11 +201,33 @@ typedef void (*qt_fp8_block_decoder)(const float *table, const uint8_t *codes, f
                                      int64_t n, float *out);
 void qt_fp8_dequantize_rows_with(const qtensor *t, int64_t row0, int64_t nrows, float *out,
                                  qt_fp8_block_decoder decode);
-/* FP8's AVX2 entries (matmul_fp8_avx2.c): the scalar dequantization's
- * bits; the product within f32 rounding of the scalar one. */
+/* The lane-order products' one walk (quant_fp8.c), FP8's and CT_INT's:
+ * each weight row of [row0, row1) dequantized once by rows (a kind's
+ * dequantize_rows, one row at a time), then dotted with the rows of x, up
+ * to `most` (at most QT_FP8_MOST_ROWS) at a time by dots (out[b] for x's
+ * rows b < nb, `cols` apart); NaN in y where there is no memory.
+ * qt_lanes_dots_ref is the scalar dots: one row of x at a time, summed in
+ * the 32-lane order every SIMD dots keeps. */
+#define QT_FP8_MOST_ROWS 8
+typedef void (*qt_fp8_row_dots)(const float *w, const float *x, int64_t cols, int nb, float *out);
+typedef void (*qt_rows_fn)(const qtensor *t, int64_t row0, int64_t nrows, float *out);
+void qt_lanes_matmul_with(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1, qt_rows_fn rows, qt_fp8_row_dots dots, int most);
+void qt_lanes_dots_ref(const float *w, const float *x, int64_t cols, int nb, float *out);
+/* FP8's scalar product (quant_fp8.c): each output's sum in 32 lanes and
+ * their fixed reduction, the order of its SIMD entries. */
+void qt_fp8_matmul_ref(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                       int64_t row1);
+/* FP8's AVX2 and AVX-512 entries (matmul_fp8_avx2.c, matmul_fp8_avx512.c):
+ * the scalar dequantization's and the scalar product's bits. */
 void qt_dequantize_rows_fp8_avx2(const qtensor *t, int64_t row0, int64_t nrows, float *out);
 void qt_matmul_fp8_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
                         int64_t row1);
+void qt_matmul_fp8_avx512(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                          int64_t row1);
+/* CT_INT's product: its scalar rows, FP8's dots (matmul_fp8_avx2.c). */
+void qt_matmul_ct_int_avx2(const qtensor *t, const float *x, int64_t batch, float *y, int64_t row0,
+                           int64_t row1);
 
 /* GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants Q2_K ... Q6_K,
  * IQ4_NL, IQ4_XS and MXFP4, llama.cpp layout (quant_gguf.c).
@@ -217,6 +301,10 @@ void qt_dequantize_rows_mxfp4_avx2(const qtensor *t, int64_t row0, int64_t nrows
  * is); the scalar quantizer's bytes. */
 int qt_bnb4_quantize_avx2(qtensor *t, const float *src, int64_t rows, int64_t cols,
                           const qt_quant_params *p, char *msg, size_t msg_len);
+/* The gated delta rule's step eight value dims at a time (delta_rule_avx2.c),
+ * the bits of qt_delta_rule_ref (delta_rule.c, declared in qtensor.h). */
+void qt_delta_rule_avx2(float *S, int32_t dk, int32_t dv, const float *q, const float *k,
+                        const float *v, float decay, float beta, float *out, float *mem);
 /* qt_attend's AVX2 path; head dimensions that are not a multiple of 16 take
  * qt_attend_ref (attend_ref.c, declared in qtensor.h). */
 void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stride, int32_t n,

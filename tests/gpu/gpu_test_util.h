@@ -14,6 +14,8 @@
 
 #include "qtensor.h"
 
+#include <unistd.h>
+
 /* xorshift64*: the same inputs on every machine, no libc rand(). One
  * stream per test file; rng_seed restarts it. */
 static inline uint64_t *rng_stream(void)
@@ -128,6 +130,55 @@ static inline int gpu_make_weight(qtensor *t, const float *w, int64_t rows, int6
         return gpu_random_blocks(t, p->kind, rows, cols, msg, msg_len);
     memset(t, 0, sizeof *t);
     return qt_quantize(t, w, rows, cols, p, msg, msg_len);
+}
+
+/*
+ * A fixture folder of tests/fixtures (config.json and model.safetensors, as
+ * transformers saved them) linked into a new scratch folder beside a
+ * two-token byte-level tokenizer.json (the GPU tests feed ids), for
+ * eng_model_load. dir gets the folder's path (len >= 32). Returns QL_OK,
+ * or QL_EIO when a file cannot be made; remove the folder with
+ * gpu_fixture_folder_remove either way.
+ */
+static inline int gpu_fixture_folder(const char *folder, char *dir, size_t len)
+{
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    char from[1024], to[1100];
+    snprintf(dir, len, "/tmp/ql-gpu-fixture-XXXXXX");
+    if (!mkdtemp(dir)) {
+        dir[0] = '\0';
+        return QL_EIO;
+    }
+    int rc = QL_OK;
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s/%s", QL_FIXTURES, folder, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        if (symlink(from, to) != 0)
+            rc = QL_EIO;
+    }
+    snprintf(to, sizeof to, "%s/%s", dir, files[2]);
+    FILE *f = fopen(to, "w");
+    if (!f)
+        return QL_EIO;
+    fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+          " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}",
+          f);
+    fclose(f);
+    return rc;
+}
+
+/* Remove what gpu_fixture_folder made (an empty dir: nothing). */
+static inline void gpu_fixture_folder_remove(const char *dir)
+{
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    char to[1100];
+    if (!dir[0])
+        return;
+    for (int i = 0; i < 3; i++) {
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        unlink(to);
+    }
+    rmdir(dir);
 }
 
 #endif /* GPU_TEST_UTIL_H */

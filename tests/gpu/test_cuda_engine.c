@@ -943,44 +943,23 @@ static void family_fixture(const char *file)
 
 /* A fixture folder (config.json and model.safetensors, as transformers
  * saved them) beside a two-token byte-level tokenizer.json, in a scratch
- * folder, through family_fixture's scenario (the steps feed ids). */
+ * folder (gpu_fixture_folder), through family_fixture's scenario (the
+ * steps feed ids). */
 static void family_folder(const char *folder)
 {
-    char dir[] = "/tmp/ql-gpu-family-XXXXXX", from[1024], to[1100];
-    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
-    if (!mkdtemp(dir)) {
-        report(false, folder, "cannot make a scratch folder");
-        return;
-    }
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "%s/%s/%s", QL_FIXTURES, folder, files[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        if (symlink(from, to) != 0)
-            report(false, folder, "cannot link %s", to);
-    }
-    snprintf(to, sizeof to, "%s/%s", dir, files[2]);
-    FILE *f = fopen(to, "w");
-    if (f) {
-        fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
-              " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}",
-              f);
-        fclose(f);
-    }
+    char dir[64], name[128], msg[512];
     eng_model m;
-    char name[128], msg[512];
     snprintf(name, sizeof name, "steps_match_cpu_%s", folder);
     eng_load_opts lo = {.path = dir};
-    if (eng_model_load(&m, &lo, msg, sizeof msg) == QL_OK) {
+    if (gpu_fixture_folder(folder, dir, sizeof dir) != QL_OK)
+        report(false, folder, "cannot make a scratch folder for the fixture");
+    else if (eng_model_load(&m, &lo, msg, sizeof msg) == QL_OK) {
         scenario(name, &m, NULL, NULL, NULL);
         eng_model_free(&m);
     } else {
         report(false, name, "%s", msg);
     }
-    for (int i = 0; i < 3; i++) {
-        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        unlink(to);
-    }
-    rmdir(dir);
+    gpu_fixture_folder_remove(dir);
 }
 
 static void moe_fixture(const char *file)

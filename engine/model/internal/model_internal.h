@@ -15,11 +15,12 @@
  *   gemma4.c     Gemma 4's options and per-layer input embeddings;
  *   load_hf.c    a Hugging Face folder (config.json, safetensors shards,
  *                bitsandbytes 4-bit weights);
+ *   load_ct.c    its compressed-tensors and fbgemm_fp8 configs and weights;
  *   load_gguf.c  a GGUF file;
  *   chat_template.c  the chat templates' source text (folder, GGUF, file).
  *
  * Calls go model.c -> load_*.c -> layers.c -> experts.c -> split.c,
- * loader.c, never back.
+ * loader.c, never back (load_hf.c -> load_ct.c -> loader.c).
  */
 #ifndef QL_MODEL_INTERNAL_H
 #define QL_MODEL_INTERNAL_H
@@ -33,20 +34,25 @@
 typedef struct model_loader {
     const eng_load_opts *o;
     eng_model *m;
-    char dir[4096];       /* the folder (HF) */
-    bool quantize;        /* a quant kind was asked for */
-    qt_quant_params qp;   /* ... and its parameters */
-    bool bnb_checkpoint;  /* config.json says bitsandbytes 4-bit */
-    bool mxfp4_experts;   /* config.json says mxfp4: GPT-OSS's experts as _blocks / _scales */
-    char bnb_type[8];     /* "nf4" / "fp4" from quantization_config */
-    bool fp8_checkpoint;  /* config.json says transformers' finegrained fp8 */
-    int32_t fp8_block[2]; /* its weight_block_size: rows, cols of a scale's block */
-    bool gptq_checkpoint; /* config.json says gptq (qweight, qzeros, scales, g_idx) */
-    int32_t gptq_bits;    /* 4 or 8 */
-    int32_t gptq_group;   /* group_size; -1: one group per input */
-    bool gptq_v2;         /* checkpoint_format gptq_v2: zeros stored as they are */
-    bool awq;             /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
-    qt_kind dtype;        /* target dense kind, or QT_KIND_COUNT to keep */
+    char dir[4096];             /* the folder (HF) */
+    bool quantize;              /* a quant kind was asked for */
+    qt_quant_params qp;         /* ... and its parameters */
+    bool bnb_checkpoint;        /* config.json says bitsandbytes 4-bit */
+    bool mxfp4_experts;         /* config.json says mxfp4: GPT-OSS's experts as _blocks / _scales */
+    char bnb_type[8];           /* "nf4" / "fp4" from quantization_config */
+    bool fp8_checkpoint;        /* config.json says transformers' finegrained fp8 */
+    int32_t fp8_block[2];       /* its weight_block_size: rows, cols of a scale's block */
+    bool gptq_checkpoint;       /* config.json says gptq (qweight, qzeros, scales, g_idx) */
+    int32_t gptq_bits;          /* 4 or 8 */
+    int32_t gptq_group;         /* group_size; -1: one group per input */
+    bool gptq_v2;               /* checkpoint_format gptq_v2: zeros stored as they are */
+    bool awq;                   /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
+    struct model_ct_config *ct; /* compressed-tensors or fbgemm_fp8 (load_ct.c), owned */
+    qt_kind dtype;              /* target dense kind, or QT_KIND_COUNT to keep */
+    /* the text model of a multimodal checkpoint (Gemma4ForConditionalGeneration,
+     * Qwen3_5ForConditionalGeneration): its tensors' "model." is
+     * "model.language_model." */
+    bool text_model;
 } model_loader;
 
 /* What a tensor is to the loader: a dense parameter (norms, biases), a
@@ -84,6 +90,9 @@ int model_shape_mismatch(const char *file, const char *name, int64_t rows, int64
  * (own, not NUL-terminated, may be NULL), else the base name of its path,
  * so an adapter's base_model_name_or_path can be compared with it. */
 void model_set_name(eng_model *m, const char *own, size_t own_len, const char *path);
+
+/* The tensor `name` in the shards L->m has open, and its shard, or NULL. */
+const st_tensor *model_find_st(const model_loader *L, const char *name, const st_file **file);
 
 /* YaRN's mscale, 0.1 m ln(scale) + 1 (1 for scale <= 1): transformers'
  * yarn_get_mscale, llama.cpp's get_mscale; both loaders derive the
@@ -164,6 +173,26 @@ int model_gemma4_load(model_loader *L, model_tensor_loader load, char *msg, size
  * f32). */
 float model_gemma_embed_scale(int32_t n, qt_kind kind);
 
+/* --- qwen35.c -------------------------------------------------------------- */
+
+/* Qwen3.5's config.json fields (layer_types or full_attention_interval,
+ * linear_*, the refused options) into c, whose arch and shapes are set. */
+int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char *msg,
+                           size_t msg_len);
+/* For a Qwen3_5ForConditionalGeneration config.json: its text model's
+ * config as a Qwen3_5ForCausalLM one into *text (the caller's,
+ * cJSON_Delete), with the outer tie_word_embeddings and
+ * quantization_config, *multimodal true; the vision tower is not run. The
+ * same for Qwen3.5-MoE's (Qwen3_5MoeForCausalLM and
+ * Qwen3_5MoeForConditionalGeneration), its intermediate_size the
+ * experts'. *text NULL for any other config. */
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
+                             char *msg, size_t msg_len);
+/* A qwen35 GGUF's fields (ssm.*, attention.recurrent_layers or
+ * full_attention_interval) into c, as llama.cpp's converter writes them:
+ * norms with the 1 added, A as -exp(A_log), value heads tiled. */
+int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len);
+
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
 /* Load the Hugging Face folder L->dir into L->m. On error L->m may hold a
@@ -175,6 +204,22 @@ int model_load_gguf(model_loader *L, char *msg, size_t msg_len);
  * dir/tokenizer_config.json when there (load_hf.c; eng_tokenizer_load
  * reads it alone). *out is the caller's (tok_free). */
 int model_folder_tokenizer(const char *dir, tok_tokenizer **out, char *msg, size_t msg_len);
+
+/* --- load_ct.c ------------------------------------------------------------ */
+
+/* quantization_config qc of path with quant_method "compressed-tensors" or
+ * "fbgemm_fp8" into L->ct (a copy; model_ct_free releases it); what qlserve
+ * does not read is refused by the field's name. */
+int model_ct_config(model_loader *L, const char *path, const cJSON *qc, char *msg, size_t msg_len);
+void model_ct_free(model_loader *L);
+/* Linear `name` ([rows, cols], its `.weight` name) of such a checkpoint:
+ * *handled false (QL_OK) when the checkpoint left it dense; else it is
+ * loaded into *out as QT_FP8 or QT_CT_INT, the scales in their stored
+ * dtype, or refused naming the tensor. */
+int model_ct_tensor(model_loader *L, const char *name, int64_t rows, int64_t cols, bool linear,
+                    qtensor *out, bool *handled, char *msg, size_t msg_len);
+/* "compressed-tensors" or "fbgemm_fp8": the format L->ct read. */
+const char *model_ct_format(const model_loader *L);
 
 /* --- chat_template.c ------------------------------------------------------ */
 

@@ -15,6 +15,7 @@
 #include "walk_internal.h"
 
 typedef struct eng_moe_state eng_moe_state;
+typedef struct eng_linear_state eng_linear_state;
 
 struct eng_forward_state {
     int32_t max_tokens;
@@ -56,6 +57,7 @@ struct eng_forward_state {
     struct lora_row *lora_rows;      /* [max_tokens]: one term's rows on bf16 modules */
     eng_walk_layer *layers;          /* [n_layers]: the walk's view of the above */
     eng_moe_state *moe;              /* a mixture of experts' scratch (experts_cpu.c), or NULL */
+    eng_linear_state *lin;           /* Qwen3.5's (linear_cpu.c), or NULL */
 };
 
 /* The context of a step on the CPU: what every operation is handed. */
@@ -94,5 +96,26 @@ void eng_moe_state_free(eng_moe_state *s);
  * for the step's rows (cpu_step be). */
 int eng_cpu_moe(void *be, int32_t l, const float *x, const float *router_x, float *out, char *msg,
                 size_t msg_len);
+
+/* --- linear_cpu.c ------------------------------------------------------------- */
+
+/* Qwen3.5's scratch and dense copies of its linear layers' small tensors,
+ * into st->lin (NULL for a model without them); freed by
+ * eng_linear_state_free. QL_ENOMEM (st->lin partly made) when out of
+ * memory. */
+int eng_linear_state_new(eng_forward_state *st, const eng_model *m);
+void eng_linear_state_free(eng_linear_state *s);
+/* Its buffers the walk hands the operations (eng_walk_backend's mix and
+ * out_gate); NULL for NULL. */
+float *eng_linear_mix(const eng_linear_state *s);
+float *eng_linear_out_gate(const eng_linear_state *s);
+/* The CPU's eng_walk_ops.split_gate, .gate_sigmoid and .delta_net
+ * (cpu_step be). */
+int eng_cpu_split_gate(void *be, const float *src, float *q, float *gate, int64_t n, int32_t d,
+                       char *msg, size_t msg_len);
+int eng_cpu_gate_sigmoid(void *be, float *x, const float *gate, int64_t n, char *msg,
+                         size_t msg_len);
+int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const float *z, float *out,
+                      char *msg, size_t msg_len);
 
 #endif

@@ -20,7 +20,8 @@ struct eng_kv_cache {
     unsigned char *data; /* n_blocks * block_bytes */
     int32_t n_blocks;
     int32_t block_tokens;
-    int32_t n_layers;
+    int32_t n_layers;    /* layers with keys and values (a hybrid model's full ones) */
+    int32_t *layer_slot; /* layer -> its place among them; NULL: the identity */
     int64_t kv_dim;
     size_t block_floats; /* values one block holds */
     qt_kind dtype;       /* QT_F32, QT_F16 or QT_Q8_0 */
@@ -38,7 +39,37 @@ struct eng_kv_cache {
     int32_t *refs;
     int32_t n_shared;         /* blocks whose refs is above 1 */
     struct kv_prefix *prefix; /* the prefix cache (prefix_cache.c); NULL: off */
+    /* a hybrid model's recurrent states (hybrid.h), one slot a sequence:
+     * state_floats each in `states` (host; NULL in a bookkeeping-only
+     * cache), the positions each has taken in (-1 while a step writes it,
+     * or after one failed), and the free slots as a stack */
+    int32_t n_states;
+    int64_t state_floats;
+    float *states;
+    int32_t *state_pos;
+    int32_t *state_free;
+    int32_t n_state_free;
 };
+
+/* Sequence s's recurrent state (eng_seq_kv.state is its slot + 1), or
+ * NULL when it has none. */
+static inline float *kv_state(const struct eng_kv_cache *kv, const eng_seq_kv *s)
+{
+    if (s->state <= 0 || !kv->states)
+        return NULL;
+    return kv->states + (size_t)(s->state - 1) * (size_t)kv->state_floats;
+}
+
+/* Refuse (QL_EINVAL naming the sequence) a step of a hybrid model whose
+ * sequence has no recurrent state, or one that has not taken in exactly
+ * the positions before the step's first (a prefix match, a rolled-back or
+ * failed step: a recurrent state cannot be rewound); then mark every
+ * step's state as being written. */
+int eng_kv_check_states(struct eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs,
+                        char *msg, size_t msg_len);
+/* After a step that succeeded: each sequence's state has taken in its new
+ * tokens. */
+void eng_kv_states_done(struct eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs);
 
 /* Free block b (refs 0) whose prompt content the prefix cache keeps:
  * whether it does. */
@@ -106,12 +137,15 @@ int eng_kv_check_writes(const struct eng_kv_cache *kv, const eng_step_seq *seqs,
                         char *msg, size_t msg_len);
 
 /* The row (kv_dim values in kv->dtype, row_bytes long: qt_kv_store and
- * qt_kv_load read and write it) of K (v = 0) or V (v = 1) of layer l at
- * position pos of a sequence whose block table is `blocks`. */
+ * qt_kv_load read and write it) of K (v = 0) or V (v = 1) of layer l (a
+ * layer that has keys and values) at position pos of a sequence whose
+ * block table is `blocks`. */
 static inline void *kv_row(const struct eng_kv_cache *kv, const int32_t *blocks, int32_t l, int v,
                            int32_t pos)
 {
     int32_t b = blocks[pos / kv->block_tokens], slot = pos % kv->block_tokens;
+    if (kv->layer_slot)
+        l = kv->layer_slot[l];
     return kv->data + (size_t)b * kv->block_bytes +
            (((size_t)l * 2 + (size_t)v) * (size_t)kv->block_tokens + (size_t)slot) * kv->row_bytes;
 }

@@ -50,6 +50,7 @@ typedef struct eng_walk_layer {
     int rope;       /* ENG_WALK_ROPE_* */
     bool moe;       /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
     bool k_is_v;    /* the values are k's projection (eng_layer_k_is_v; Gemma 4) */
+    bool linear;    /* a Gated DeltaNet layer (Qwen3.5, hybrid.h): ops.delta_net, no attention */
     int64_t ff;     /* the MLP's width (eng_layer_ff) */
 } eng_walk_layer;
 
@@ -99,6 +100,22 @@ typedef struct eng_walk_ops {
      * no value (GPT-OSS) */
     int (*attend)(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
                   float softcap, const float *sinks, char *msg, size_t msg_len);
+    /* src's n rows of 2 d (Qwen3.5's q_proj: a head's query, then its
+     * gate) into q's and gate's n rows of d */
+    int (*split_gate)(void *be, const float *src, float *q, float *gate, int64_t n, int32_t d,
+                      char *msg, size_t msg_len);
+    /* x[i] *= sigmoid(gate[i]) for i < n */
+    int (*gate_sigmoid)(void *be, float *x, const float *gate, int64_t n, char *msg,
+                        size_t msg_len);
+    /* out = layer l's Gated DeltaNet (hybrid.h) for the step's rows, from
+     * x (the layer's normed input, for in_proj_b and in_proj_a), qkv
+     * (in_proj_qkv's output, the conv's input: overwritten) and z
+     * (in_proj_z's): the causal conv and the delta rule carried on from
+     * each sequence's recurrent state (updated in place), one sequence's
+     * rows in order; the gated norm. NULL in a backend that runs no hybrid
+     * model (it refuses one when made). */
+    int (*delta_net)(void *be, int32_t l, const float *x, float *qkv, const float *z, float *out,
+                     char *msg, size_t msg_len);
     /* x[i] += y[i] for i < n */
     int (*add)(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len);
     /* out = layer l's mixture of experts of x for the step's rows: the
@@ -158,6 +175,10 @@ typedef struct eng_walk_backend {
     /* Gemma 4's per-layer inputs, max_tokens rows of n_layers * ple_dim
      * (NULL when the model has none); tmp must hold as many per row */
     float *ple;
+    /* Qwen3.5's (NULL for other models): a projection's output before it
+     * is split (the gated q_proj; in_proj_qkv), and what gates the
+     * mixer's output (the attention's gate; in_proj_z) */
+    float *mix, *out_gate;
     /* backend memory for piece_rows rows of logits, or NULL: the backend's
      * memory is the host's, and the classifier writes into the caller's */
     float *logits;

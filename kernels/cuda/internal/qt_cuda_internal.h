@@ -14,6 +14,8 @@
  *   - One mapping of CUDA statuses to QT_E* codes, so every entry point of
  *     the backend names the same failure with the same code (the engine and
  *     the HTTP layer turn the codes into statuses).
+ *   - device_alloc and copy_to_host, shared by the files that hold tensors
+ *     (qt_cuda_tensor.cu, qt_cuda_quantfmt.cu).
  *   - No kernels, launches or __shared__ (is_dense is __host__ __device__,
  *     the rest host code): the host emulator of tests/gpu/emu
  *     includes it as it stands (cu2cpp.pl rewrites only the .cu files),
@@ -153,6 +155,34 @@ static inline int free_device(const void *p, const char *what, int rc, char *msg
     if (st != cudaSuccess && rc == QL_OK)
         return cuda_failed(st, msg, msg_len, "cudaFree(%s)", what);
     return rc;
+}
+
+/* cudaMalloc of `bytes` (nothing when 0); *p stays NULL on failure. */
+template <typename T>
+static inline int device_alloc(T **p, size_t bytes, const char *what, char *msg, size_t len)
+{
+    *p = nullptr;
+    if (bytes == 0)
+        return QL_OK;
+    void *q = nullptr;
+    cudaError_t st = cudaMalloc(&q, bytes);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, len, "cudaMalloc(%s, %zu bytes)", what, bytes);
+    *p = static_cast<T *>(q);
+    return QL_OK;
+}
+
+/* cudaMemcpy of `bytes` from the device to the host, `what` named on failure. */
+static inline int copy_to_host(void *dst, const void *src, size_t bytes, const char *what,
+                               char *msg, size_t msg_len)
+{
+    if (bytes == 0)
+        return QL_OK;
+    cudaError_t st = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    if (st != cudaSuccess)
+        return cuda_failed(st, msg, msg_len, "cudaMemcpy(%s, %zu bytes, device to host)", what,
+                           bytes);
+    return QL_OK;
 }
 
 #endif /* QT_CUDA_INTERNAL_H */

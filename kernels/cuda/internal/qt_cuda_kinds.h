@@ -53,6 +53,8 @@ typedef enum qt_cuda_layout {
     QT_CUDA_LAYOUT_AFFINE,     /* `affine`: codes, scales, zeros */
     QT_CUDA_LAYOUT_GGUF_SPLIT, /* `gguf`: blocks split into qs / d / m */
     QT_CUDA_LAYOUT_GGUF_WHOLE, /* `gguf`: ggml's blocks as they are, in qs */
+    QT_CUDA_LAYOUT_FP8,        /* `fp8`: E4M3 codes, block scales as stored */
+    QT_CUDA_LAYOUT_GPTQ,       /* `gptq`: packed words, qzeros, f16 scales, g_idx */
 } qt_cuda_layout;
 
 struct qt_cuda_kind_ops;
@@ -91,6 +93,9 @@ typedef struct qt_cuda_kind_ops {
     /* BNB4: bitsandbytes' codebook of the kind, the one a merge
      * requantizes with (a weight with another cannot be merged) */
     const float *codebook;
+    /* GPTQ layout: AWQ's packing (codes along the output dim, in AWQ's
+     * interleaved order) instead of GPTQ's */
+    bool awq_packing;
     qt_cuda_dequantize_fn dequantize;
     qt_cuda_matvec_fn matvec;
     qt_cuda_gather_fn gather;
@@ -138,6 +143,8 @@ QT_CUDA_KIND_OPS(f16)
 QT_CUDA_KIND_OPS(bf16)
 QT_CUDA_KIND_OPS(bnb4) /* NF4 and FP4: the codebook is the view's */
 QT_CUDA_KIND_OPS(affine)
+QT_CUDA_KIND_OPS(fp8)
+QT_CUDA_KIND_OPS(gptq) /* GPTQ and AWQ: the view's kind says the packing */
 #define QT_CUDA_GGUF_OPS(name, NAME, whole) QT_CUDA_KIND_OPS(name)
 QT_CUDA_GGUF_KINDS(QT_CUDA_GGUF_OPS)
 #undef QT_CUDA_GGUF_OPS
@@ -167,6 +174,21 @@ int qt_cuda_matvec_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *w, co
 int qt_cuda_gemm_with(const qt_cuda_kind_ops *row, qt_cuda_blas *b, const qt_cuda_tensor *w,
                       const float *x, int64_t batch, float *y, void *stream, char *msg,
                       size_t msg_len);
+/* The FP8 and GPTQ/AWQ layouts' arrays (qt_cuda_quantfmt.cu), for
+ * qt_cuda_tensor.cu: upload t's arrays into d's view (d's kind and shape
+ * set; on failure the caller releases d), free them, allocate an
+ * uninitialised copy of t's (out a copy of *t), copy them back into host
+ * tensor h (checked against the view's layout), and their device bytes. */
+int qt_cuda_quantfmt_upload(const qt_cuda_kind_ops *row, const qtensor *t, qt_cuda_tensor *d,
+                            char *msg, size_t msg_len);
+int qt_cuda_quantfmt_release(qt_cuda_tensor *d, int rc, char *msg, size_t msg_len);
+int qt_cuda_quantfmt_alloc_like(const qt_cuda_kind_ops *row, qt_cuda_tensor *out, char *msg,
+                                size_t msg_len);
+int qt_cuda_quantfmt_download(const qt_cuda_kind_ops *row, const qt_cuda_tensor *d, qtensor *h,
+                              char *msg, size_t msg_len);
+size_t qt_cuda_quantfmt_bytes(const qt_cuda_kind_ops *row, const qt_cuda_tensor *d);
+bool qt_cuda_quantfmt_has_arrays(const qt_cuda_kind_ops *row, const qt_cuda_tensor *d);
+
 int qt_cuda_merge_with(const qt_cuda_kind_ops *row, const qt_cuda_tensor *pristine,
                        const qt_cuda_lora_term *terms, int32_t n_terms, qt_cuda_tensor *out,
                        qt_cuda_merge_report *report, void *stream, char *msg, size_t msg_len);

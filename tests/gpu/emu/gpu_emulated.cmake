@@ -20,10 +20,23 @@ if(QL_HAVE_CUDA AND NOT QL_GPU_CHECKS_ONLY)
   find_program(QL_PERL perl)
   if(QL_PERL)
     add_test(NAME gpu_emulated
-             COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build)
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
+                     test_cuda_ops test_cuda_engine test_cuda_matmul test_cuda_lora
+                     test_cuda_dequant)
     set_tests_properties(gpu_emulated PROPERTIES
                          TIMEOUT 900
+                         RESOURCE_LOCK gpu_emu_folder
                          LABELS "gpu;emulated;slow")
+    # The checkpoint formats (FP8, GPTQ, AWQ) in a run of their own, so the
+    # run above keeps its time: about a minute on two cores, most of it
+    # compiling the kernels again. Both write BUILD/gpu-emu/, hence the lock.
+    add_test(NAME gpu_emulated_quantfmt
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
+                     test_cuda_quantfmt)
+    set_tests_properties(gpu_emulated_quantfmt PROPERTIES
+                         TIMEOUT 300
+                         RESOURCE_LOCK gpu_emu_folder
+                         LABELS "gpu;emulated")
   else()
     message(STATUS "qlserve: no perl, so no gpu_emulated test")
   endif()
