@@ -115,6 +115,8 @@
 
 /* adapter_config.json is small; a bigger file is not one */
 #define CONFIG_MAX_BYTES ((size_t)16 << 20)
+/* A module's full name: "model.language_model.layers.N." and its path (96). */
+#define MODULE_NAME_MAX 160
 
 /* --- the adapter as the engine sees it, plus the file it borrows from ------ */
 
@@ -602,14 +604,17 @@ static void module_path(char *buf, size_t len, const eng_model *m, int32_t layer
                                                         [ENG_PROJ_K] = "linear_attn.in_proj_z",
                                                         [ENG_PROJ_V] = "linear_attn.(none)",
                                                         [ENG_PROJ_O] = "linear_attn.out_proj"};
-    if (e < 0 && eng_linear_is(&m->cfg.linear, layer) && linear_part[p])
+    if (e < 0 && p < ENG_N_PROJ && eng_linear_is(&m->cfg.linear, layer) && linear_part[p])
         snprintf(buf, len, "%s", linear_part[p]);
     else if (e >= 0 && m->cfg.arch == ENG_ARCH_MIXTRAL)
         snprintf(buf, len, "block_sparse_moe.experts.%d.%s", e, mixtral_part[part - ENG_PROJ_GATE]);
     else if (e >= 0)
         snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
-    else if (eng_layer_is_moe(&m->cfg, layer) && !strcmp(eng_proj_parent(p), "mlp"))
+    else if (eng_layer_is_moe(&m->cfg, layer) && !m->cfg.g4.moe_block &&
+             !strcmp(eng_proj_parent(p), "mlp"))
         snprintf(buf, len, "mlp.shared_expert.%s", eng_proj_name(p));
+    else if (!*eng_proj_parent(p)) /* Gemma 4's per-layer input modules */
+        snprintf(buf, len, "%s", proj_module(m, p));
     else
         snprintf(buf, len, "%s.%s", eng_proj_parent(p), proj_module(m, p));
 }
@@ -618,7 +623,9 @@ static void module_name(char *buf, size_t len, const eng_model *m, int32_t layer
 {
     char path[96];
     module_path(path, sizeof path, m, layer, p);
-    snprintf(buf, len, "model.layers.%d.%s", layer, path);
+    /* Gemma4ForConditionalGeneration's text model's, as PEFT names them */
+    snprintf(buf, len, "model.%slayers.%d.%s", m->cfg.g4.language_model ? "language_model." : "",
+             layer, path);
 }
 
 /* What a module is to get from the file. */
@@ -636,19 +643,22 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
     /* the modules outside the layers a LoRA could target in a transformers
      * model: PEFT would adapt them (an Embedding, the output Linear), we
      * cannot */
-    static const char *const outer[] = {"model.embed_tokens", "lm_head"};
+    static const char *const outer[] = {"model.embed_tokens", "lm_head",
+                                        "model.embed_tokens_per_layer",
+                                        "model.per_layer_model_projection"};
     for (size_t i = 0; i < sizeof outer / sizeof *outer; i++)
         if (config_targets(c, outer[i], -1, false))
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: target_modules selects %s; qlserve adapts only the attention "
                            "and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                           "up_proj, down_proj)",
+                           "up_proj, down_proj) and Gemma 4's per_layer_input_gate and "
+                           "per_layer_projection",
                            c->path, outer[i]);
     /* a linear layer's in_proj_b and in_proj_a are dense parameters here,
      * not projections an adapter may change */
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
         for (int k = 0; k < 2 && eng_linear_is(&m->cfg.linear, l); k++) {
-            char name[128];
+            char name[MODULE_NAME_MAX];
             snprintf(name, sizeof name, "model.layers.%d.linear_attn.%s", l,
                      k ? "in_proj_a" : "in_proj_b");
             if (config_targets(c, name, l, true))
@@ -663,8 +673,10 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
         for (int p = 0; p < np; p++) {
             if (!eng_model_proj(m, l, (eng_proj)p)->rows)
                 continue; /* an expert's in a dense layer; a mixture's plain MLP */
+            if (m->cfg.g4.moe_block && eng_proj_expert((eng_proj)p, NULL) >= 0)
+                continue; /* Gemma 4's experts are 3-D parameters, no modules */
             module_plan *mp = &plan[(size_t)l * (size_t)np + (size_t)p];
-            char name[128];
+            char name[MODULE_NAME_MAX];
             module_name(name, sizeof name, m, l, (eng_proj)p);
             mp->targeted = config_targets(c, name, l, true);
             if (!mp->targeted)
@@ -681,12 +693,18 @@ static int plan_modules(const adapter_config *c, const eng_model *m, module_plan
             mp->alpha = pattern_value(&c->alpha_map, name, c->alpha, &mp->alpha_key);
         }
     bool fused = c->fused[LORA_FUSED_GATE_UP] || c->fused[LORA_FUSED_DOWN];
+    if (fused && m->cfg.g4.moe_block)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "%s: target_parameters on Gemma 4's experts (experts.gate_up_proj, "
+                       "experts.down_proj) is not supported; its attention, MLP and per-layer "
+                       "input projections are",
+                       c->path);
     if (fused && m->cfg.n_experts <= 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_parameters adapts a mixture's experts; %s (%s) has none",
                        c->path, m->name, eng_arch_name(m->cfg.arch));
     if (*n_targeted == 0 && !fused) {
-        char example[128];
+        char example[MODULE_NAME_MAX];
         module_name(example, sizeof example, m, 0, ENG_PROJ_Q);
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: target_modules selects no projection of this model (module names "
@@ -760,7 +778,8 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
 {
     const char *s = key;
     skip_prefix(&s, "base_model.model.");
-    /* a multimodal checkpoint's text model (Qwen3_5ForConditionalGeneration) */
+    /* a multimodal checkpoint's text model (Gemma4ForConditionalGeneration,
+     * Qwen3_5ForConditionalGeneration) */
     if (!(skip_prefix(&s, "model.layers.") || skip_prefix(&s, "model.language_model.layers.")) ||
         !isdigit((unsigned char)*s))
         return false;
@@ -770,7 +789,7 @@ static bool parse_key(const char *key, const eng_model *m, int64_t *layer, eng_p
         return false;
     s = end + 1;
     int p = expert_key(&s, m);
-    for (int q = 0; p < 0 && q < ENG_N_PROJ; q++) {
+    for (int q = 0; p < 0 && q < eng_n_layer_proj(&m->cfg); q++) {
         char path[96];
         module_path(path, sizeof path, m, (int32_t)l, (eng_proj)q);
         const char *t = s;
@@ -1076,7 +1095,7 @@ static int map_keys(const adapter_config *c, const st_file *f, const eng_model *
                            f->path, t->name, layer, m->cfg.n_layers);
         size_t np = (size_t)eng_n_proj(&m->cfg);
         module_plan *mp = &plan[(size_t)layer * np + p];
-        char name[128];
+        char name[MODULE_NAME_MAX];
         module_name(name, sizeof name, m, (int32_t)layer, p);
         if (!mp->targeted)
             return ql_fail(msg, msg_len, QL_EINVAL,
@@ -1113,7 +1132,7 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             const module_plan *mp = &plan[idx];
             if (!mp->targeted)
                 continue;
-            char name[128];
+            char name[MODULE_NAME_MAX];
             module_name(name, sizeof name, m, layer, (eng_proj)p);
             if (!mp->a || !mp->b)
                 return ql_fail(msg, msg_len, QL_ENOTFOUND,
@@ -1184,7 +1203,7 @@ static void fill_meta(lora_meta *meta, const adapter_config *c, const module_pla
     meta->use_rslora = c->use_rslora;
     snprintf(meta->base_model, sizeof meta->base_model, "%s", c->base_model ? c->base_model : "");
     meta->n_modules = (int32_t)n_modules;
-    for (int p = 0; p < ENG_N_PROJ; p++) {
+    for (int p = 0; p < eng_n_layer_proj(&m->cfg); p++) {
         eng_proj first;
         int group;
         proj_group(m, (eng_proj)p, &first, &group);

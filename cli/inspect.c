@@ -162,6 +162,24 @@ static const char *rope_factors_note(const eng_config *c)
     return ", frequency factors (rope_freqs.weight)";
 }
 
+/* Gemma 4's options beyond the lines every model has (nothing for others). */
+static void print_gemma4(const eng_config *c, FILE *out)
+{
+    if (c->arch != ENG_ARCH_GEMMA4)
+        return;
+    fprintf(out, "gemma 4: %d sliding window, %d kv-shared layers%s", c->sliding_window,
+            c->kv_shared_layers, c->g4.double_wide ? " (double-wide MLP)" : "");
+    if (c->g4.ple_dim > 0)
+        fprintf(out, "; per-layer inputs %d a layer", c->g4.ple_dim);
+    if (c->g4.k_eq_v)
+        fputs("; keys as values on full layers", out);
+    if (c->g4.moe_block)
+        fprintf(out, "; MoE block: %d experts of %d, %d a token", c->n_experts, c->expert_ff,
+                c->n_experts_used);
+    fprintf(out, "%s\n",
+            c->g4.language_model ? "; the text model of a Gemma4ForConditionalGeneration" : "");
+}
+
 static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t msg_len)
 {
     eng_model m;
@@ -181,6 +199,7 @@ static int inspect_model(const eng_load_opts *load, FILE *out, char *msg, size_t
             rope_factors_note(c), c->rope_interleaved ? "adjacent" : "half-split",
             (double)c->rms_norm_eps, c->tie_word_embeddings ? "tied" : "separate",
             c->attention_bias ? ", qkv bias" : "");
+    print_gemma4(c, out);
     fprintf(out, "linear layers %s; tensors %s; %.1f MiB of weights\n", m.quant, kinds,
             (double)eng_model_weight_bytes(&m) / (1024.0 * 1024.0));
     fprintf(out, "tokenizer %s, %zu tokens, bos %d, eos %d, adds bos: %s\n", tok_describe(m.tok),

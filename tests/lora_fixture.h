@@ -105,12 +105,15 @@ static inline eng_config lora_fix_config(const tiny_spec *t)
     return c;
 }
 
-/* Projection p's weight shape, [out, in], in a model of config c. */
-static inline void lora_fix_proj_shape(const eng_config *c, eng_proj p, int64_t *out, int64_t *in)
+/* Projection p's weight shape, [out, in], in layer l of a model of config c. */
+static inline void lora_fix_proj_shape(const eng_config *c, int32_t l, eng_proj p, int64_t *out,
+                                       int64_t *in)
 {
     int64_t h = c->hidden_size, q = (int64_t)c->n_heads * c->head_dim,
-            kv = (int64_t)c->n_kv_heads * c->head_dim, ff = c->intermediate_size;
+            kv = (int64_t)c->n_kv_heads * c->head_dim, ff = eng_layer_ff(c, l);
     switch (p) {
+    case ENG_PROJ_PLE_GATE: *out = c->g4.ple_dim, *in = h; break;
+    case ENG_PROJ_PLE_PROJ: *out = h, *in = c->g4.ple_dim; break;
     case ENG_PROJ_Q: *out = q, *in = h; break;
     case ENG_PROJ_K:
     case ENG_PROJ_V: *out = kv, *in = h; break;
@@ -130,9 +133,11 @@ static inline int32_t lora_fix_rank(const lora_fix_spec *s, int32_t layer, eng_p
 static inline void lora_fix_key(char *buf, size_t len, const lora_fix_spec *s, int32_t layer,
                                 eng_proj p, bool b)
 {
-    snprintf(buf, len, "%smodel.layers.%d.%s.%s.lora_%c%s.weight",
-             s->prefix ? s->prefix : "base_model.model.", layer, eng_proj_parent(p),
-             eng_proj_name(p), b ? 'B' : 'A', s->adapter_name_in_keys ? ".default" : "");
+    char path[96];
+    snprintf(buf, len, "%smodel.layers.%d.%s.lora_%c%s.weight",
+             s->prefix ? s->prefix : "base_model.model.", layer,
+             eng_proj_path(p, path, sizeof path), b ? 'B' : 'A',
+             s->adapter_name_in_keys ? ".default" : "");
 }
 
 /* Element i of layer's projection p's A or B, as stored (rounded to the
@@ -229,7 +234,7 @@ static inline void lora_fix_write(const char *folder, const eng_config *c, const
             if (!(projs & (1u << p)) || (s->skip && s->skip(l, (eng_proj)p)))
                 continue;
             int64_t out, in;
-            lora_fix_proj_shape(c, (eng_proj)p, &out, &in);
+            lora_fix_proj_shape(c, l, (eng_proj)p, &out, &in);
             int32_t r = lora_fix_rank(s, l, (eng_proj)p);
             char key[256];
             lora_fix_key(key, sizeof key, s, l, (eng_proj)p, false);

@@ -31,6 +31,13 @@ typedef struct ref_layer {
      * Qwen3's too), the sandwich norms after attention and after the MLP */
     float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
     double layer_scalar; /* Gemma 4: the layer's output times this (1 elsewhere) */
+    /* Gemma 4's per-layer input gate [ple_dim, hidden], projection [hidden,
+     * ple_dim] and norm [hidden] (NULL elsewhere) */
+    float *ple_gate, *ple_proj, *ple_norm;
+    /* Gemma 4's MoE block (NULL elsewhere): router.scale [hidden],
+     * per_expert_scale [experts], the MLP's output norm, the experts' input
+     * and output norms [hidden] */
+    float *router_scale, *expert_scale, *mlp_post_norm, *moe_pre_norm, *moe_post_norm;
     /* a mixture of experts' layer (NULL elsewhere): the router [experts,
      * hidden], each expert's gate, up, down at [3e], [3e + 1], [3e + 2]
      * (eng_layer's order), Qwen2-MoE's shared expert gate [hidden] (its
@@ -44,7 +51,8 @@ typedef struct ref_layer {
 /* Projection p's dequantized weight in r (borrowed from r). */
 static inline const float *ref_proj(const ref_layer *r, eng_proj p)
 {
-    const float *w[ENG_N_PROJ] = {r->wq, r->wk, r->wv, r->wo, r->w_gate, r->w_up, r->w_down};
+    const float *w[ENG_PROJ_FIRST_EXPERT] = {r->wq,   r->wk,     r->wv,       r->wo,      r->w_gate,
+                                             r->w_up, r->w_down, r->ple_gate, r->ple_proj};
     return w[p];
 }
 
@@ -54,6 +62,10 @@ typedef struct ref_model {
     float *embed, *norm;
     float *lm_head; /* the embeddings when tied (then not owned) */
     ref_layer *layers;
+    /* Gemma 4's per-layer inputs: the table [ple_vocab, n_layers * ple_dim],
+     * the model's projection [n_layers * ple_dim, hidden] and its norm
+     * [ple_dim] (NULL elsewhere) */
+    float *ple_embed, *ple_model_proj, *ple_model_norm;
     /* longrope: the positions a pass is taken to reach (0, as ref_load sets
      * it: its tokens, as transformers switches on the length of a forward
      * call); past the original context, the long factors rotate them all */
@@ -81,7 +93,7 @@ static inline float *ref_dequant(const qtensor *t, int64_t rows, int64_t cols, b
 static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_weights *w)
 {
     const eng_config *c = &m->cfg;
-    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t H = c->hidden_size, V = c->vocab_size;
     int64_t nq = (int64_t)c->n_heads * c->head_dim, nkv = (int64_t)c->n_kv_heads * c->head_dim;
     R->c = *c;
     R->reserve = 0;
@@ -93,6 +105,13 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
     if (!R->lm_head)
         R->lm_head = R->embed;
     R->layers = calloc((size_t)c->n_layers, sizeof *R->layers);
+    int64_t P = c->g4.ple_dim, LP = P * c->n_layers;
+    R->ple_embed = R->ple_model_proj = R->ple_model_norm = NULL;
+    if (P > 0) {
+        R->ple_embed = ref_dequant(&m->g4.ple_embed, c->g4.ple_vocab, LP, false, "ple_embed", -1);
+        R->ple_model_proj = ref_dequant(&m->g4.ple_proj, LP, H, false, "ple_proj", -1);
+        R->ple_model_norm = ref_dequant(&m->g4.ple_norm, 1, P, false, "ple_norm", -1);
+    }
     for (int l = 0; l < c->n_layers; l++) {
         const eng_layer *L = &m->layers[l];
         ref_layer *r = &R->layers[l];
@@ -104,9 +123,20 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         bool shared = eng_layer_kv_source(c, l) != l;
         r->wk =
             ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_K) : &L->wk, nkv, H, shared, "wk", l);
-        r->wv =
-            ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_V) : &L->wv, nkv, H, shared, "wv", l);
+        /* nor v where k is v (Gemma 4's attention_k_eq_v full layers) */
+        bool no_v = shared || eng_layer_k_is_v(c, l);
+        r->wv = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_V) : &L->wv, nkv, H, no_v, "wv", l);
         cr_assert_eq(r->wk == NULL, shared, "layer %d: k is absent exactly when shared", l);
+        cr_assert_eq(r->wv == NULL, no_v, "layer %d: v is absent exactly when shared or k", l);
+        if (P > 0) {
+            r->ple_gate =
+                ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_PLE_GATE) : &L->g4.ple_gate, P, H,
+                            false, "ple_gate", l);
+            r->ple_proj =
+                ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_PLE_PROJ) : &L->g4.ple_proj, H, P,
+                            false, "ple_proj", l);
+            r->ple_norm = ref_dequant(&L->g4.ple_norm, 1, H, false, "ple_norm", l);
+        }
         r->wo = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_O) : &L->wo, H, nq, false, "wo", l);
         r->bq = ref_dequant(&L->bq, 1, nq, true, "bq", l);
         r->bk = ref_dequant(&L->bk, 1, nkv, true, "bk", l);
@@ -116,7 +146,7 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         cr_assert(r->delta);
         /* the MLP's projections: a plain MLP's, or a mixture's shared expert */
         bool moe = eng_layer_is_moe(c, l);
-        int64_t f = moe ? c->shared_expert_ff : F;
+        int64_t f = moe && !c->g4.moe_block ? c->shared_expert_ff : eng_layer_ff(c, l);
         if (!moe || f > 0) {
             r->w_gate = ref_dequant(w ? eng_weights_proj(w, l, ENG_PROJ_GATE) : &L->w_gate, f, H,
                                     false, "w_gate", l);
@@ -127,12 +157,12 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         }
         if (moe) {
             r->router = ref_dequant(&L->router, c->n_experts, H, false, "router", l);
-            if (f > 0)
+            if (c->shared_expert_ff > 0)
                 r->shared_gate = ref_dequant(&L->shared_gate, 1, H, false, "shared_gate", l);
             r->experts = calloc(3 * (size_t)c->n_experts, sizeof *r->experts);
             cr_assert(r->experts);
             for (int e = 0; e < 3 * c->n_experts; e++) {
-                eng_proj p = (eng_proj)(ENG_N_PROJ + e);
+                eng_proj p = eng_expert_proj(e / 3, (eng_proj)(ENG_PROJ_GATE + e % 3));
                 int64_t rows = e % 3 < 2 ? c->expert_ff : H, cols = e % 3 < 2 ? H : c->expert_ff;
                 r->experts[e] = ref_dequant(w ? eng_weights_proj(w, l, p) : eng_model_proj(m, l, p),
                                             rows, cols, false, "expert", l);
@@ -141,6 +171,15 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
         if (c->qk_norm) { /* a head's, or OLMo 3's whole projection's */
             r->q_norm = ref_dequant(&L->q_norm, 1, eng_qk_norm_width(c, false), false, "q_norm", l);
             r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), shared, "k_norm", l);
+        }
+        if (c->g4.moe_block) {
+            const eng_gemma4_layer *g = &L->g4;
+            r->router_scale = ref_dequant(&g->router_scale, 1, H, false, "router.scale", l);
+            r->expert_scale =
+                ref_dequant(&g->expert_scale, 1, c->n_experts, false, "per_expert_scale", l);
+            r->mlp_post_norm = ref_dequant(&g->mlp_post_norm, 1, H, false, "post_ffw_norm_1", l);
+            r->moe_pre_norm = ref_dequant(&g->moe_pre_norm, 1, H, false, "pre_ffw_norm_2", l);
+            r->moe_post_norm = ref_dequant(&g->moe_post_norm, 1, H, false, "post_ffw_norm_2", l);
         }
         r->layer_scalar = 1.0;
         if (c->layer_scalar) {
@@ -202,10 +241,30 @@ static inline void ref_free(ref_model *R)
         free(r->experts);
         free(r->router);
         free(r->shared_gate);
-        float *all[] = {r->attn_norm,    r->ffn_norm, r->wq,     r->wk,     r->wv,
-                        r->wo,           r->bq,       r->bk,     r->bv,     r->w_gate,
-                        r->w_up,         r->w_down,   r->q_norm, r->k_norm, r->post_attn_norm,
-                        r->post_ffn_norm};
+        float *all[] = {r->attn_norm,
+                        r->ffn_norm,
+                        r->wq,
+                        r->wk,
+                        r->wv,
+                        r->wo,
+                        r->bq,
+                        r->bk,
+                        r->bv,
+                        r->w_gate,
+                        r->w_up,
+                        r->w_down,
+                        r->q_norm,
+                        r->k_norm,
+                        r->post_attn_norm,
+                        r->post_ffn_norm,
+                        r->ple_gate,
+                        r->ple_proj,
+                        r->ple_norm,
+                        r->router_scale,
+                        r->expert_scale,
+                        r->mlp_post_norm,
+                        r->moe_pre_norm,
+                        r->moe_post_norm};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++)
             free(all[i]);
     }
@@ -214,6 +273,9 @@ static inline void ref_free(ref_model *R)
         free(R->lm_head);
     free(R->embed);
     free(R->norm);
+    free(R->ple_embed);
+    free(R->ple_model_proj);
+    free(R->ple_model_norm);
     memset(R, 0, sizeof *R);
 }
 
@@ -397,13 +459,14 @@ static inline void ref_glu(const eng_config *c, const float *wg, const double *d
  * Mixtral blocks: softmax over the router's logits, the k most probable
  * experts (renormalized when norm_topk_prob), the sum of their GLUs so
  * weighted; Qwen2-MoE's shared expert times sigmoid(shared_gate . h). */
-static inline void ref_moe(const eng_config *c, const ref_layer *L, const double *h, double *out)
+static inline void ref_moe(const eng_config *c, const ref_layer *L, const double *h,
+                           const double *router_in, double *out)
 {
     int64_t H = c->hidden_size, E = c->n_experts;
     double *p = calloc((size_t)E, sizeof *p), *y = calloc((size_t)H, sizeof *y);
     bool *taken = calloc((size_t)E, sizeof *taken);
     cr_assert(p && y && taken);
-    ref_matvec(L->router, NULL, NULL, E, H, h, p);
+    ref_matvec(L->router, NULL, NULL, E, H, router_in ? router_in : h, p);
     double mx = -INFINITY, sum = 0, chosen = 0;
     for (int64_t e = 0; e < E; e++)
         mx = fmax(mx, p[e]);
@@ -423,7 +486,9 @@ static inline void ref_moe(const eng_config *c, const ref_layer *L, const double
     for (int k = 0; k < c->n_experts_used; k++) {
         int e = pick[k];
         double w = p[e] / sum / (c->norm_topk_prob ? chosen : 1.0);
-        double *const *d = L->delta + ENG_N_PROJ + 3 * e;
+        if (L->expert_scale) /* Gemma 4's per_expert_scale */
+            w *= L->expert_scale[e];
+        double *const *d = L->delta + eng_expert_proj(e, ENG_PROJ_GATE);
         ref_glu(c, L->experts[3 * e], d[0], L->experts[3 * e + 1], d[1], L->experts[3 * e + 2],
                 d[2], c->expert_ff, h, y);
         for (int64_t i = 0; i < H; i++)
@@ -443,6 +508,62 @@ static inline void ref_moe(const eng_config *c, const ref_layer *L, const double
     free(taken);
 }
 
+/* Gemma 4's MoE block on one row beside its MLP, whose output o becomes
+ * norm_1(o) + norm_2(experts(pre_2(x)) routed by norm(x) * router.scale /
+ * sqrt(hidden)), x the residual. */
+static inline void ref_gemma4_moe_block(const eng_config *c, const ref_layer *L, const double *x,
+                                        double *o)
+{
+    int64_t H = c->hidden_size;
+    double *r = calloc((size_t)H, sizeof *r), *e = calloc((size_t)H, sizeof *e);
+    double *y = calloc((size_t)H, sizeof *y), *t = calloc((size_t)H, sizeof *t);
+    cr_assert(r && e && y && t);
+    ref_post_norm(c, L->mlp_post_norm, o, t);
+    ref_rmsnorm_offset(x, L->router_scale, 0.0, H, c->rms_norm_eps, r);
+    for (int64_t i = 0; i < H; i++)
+        r[i] /= sqrt((double)H);
+    ref_rmsnorm_offset(x, L->moe_pre_norm, c->norm_offset, H, c->rms_norm_eps, e);
+    ref_moe(c, L, e, r, y);
+    ref_post_norm(c, L->moe_post_norm, y, t);
+    for (int64_t i = 0; i < H; i++)
+        o[i] += y[i];
+    free(r);
+    free(e);
+    free(y);
+    free(t);
+}
+
+/* Gemma 4's per-layer inputs of tokens[0..n) from their scaled embeddings
+ * x, [n][n_layers][ple_dim] (the caller frees; NULL when the model has
+ * none): (norm(x @ P^T / sqrt(hidden)) + E[token] * sqrt(ple_dim)) /
+ * sqrt(2), as transformers' project_per_layer_inputs. */
+static inline double *ref_per_layer_inputs(const ref_model *R, const int32_t *tokens, int n,
+                                           const double *x)
+{
+    const eng_config *c = &R->c;
+    int64_t H = c->hidden_size, P = c->g4.ple_dim, LP = P * c->n_layers;
+    if (P <= 0)
+        return NULL;
+    double *ple = calloc((size_t)(n * LP), sizeof *ple), *t = calloc((size_t)P, sizeof *t);
+    cr_assert(ple && t);
+    for (int r = 0; r < n; r++) {
+        double *row = ple + r * LP;
+        ref_matvec(R->ple_model_proj, NULL, NULL, LP, H, x + r * H, row);
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            for (int64_t i = 0; i < P; i++)
+                row[l * P + i] /= sqrt((double)H);
+            ref_rmsnorm_offset(row + l * P, R->ple_model_norm, c->norm_offset, P, c->rms_norm_eps,
+                               t);
+            for (int64_t i = 0; i < P; i++)
+                row[l * P + i] = (t[i] + R->ple_embed[(int64_t)tokens[r] * LP + l * P + i] *
+                                             (double)c->g4.ple_embed_scale) /
+                                 sqrt(2.0);
+        }
+    }
+    free(t);
+    return ple;
+}
+
 /* The logits of every position of tokens[0..n): logits is n * vocab. */
 static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n, double *logits)
 {
@@ -458,6 +579,9 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     double *k_all = calloc(kv_n, sizeof *k_all), *v_all = calloc(kv_n, sizeof *v_all);
     double *k = k_all, *v = v_all;
     double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
+    for (int l = 0; l < c->n_layers; l++) /* Gemma 4's double-wide layers */
+        F = eng_layer_ff(c, l) > F ? eng_layer_ff(c, l) : F;
+    F = c->g4.ple_dim > F ? c->g4.ple_dim : F; /* g holds its per-layer input gate too */
     double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
     double *tmp = calloc((size_t)(H > nq ? H : nq), sizeof *tmp);
     cr_assert(x && h && q && att && k_all && v_all && o && p && g && u && tmp);
@@ -472,6 +596,7 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         for (int64_t i = 0; i < H; i++)
             x[t * H + i] = R->embed[(int64_t)tokens[t] * H + i] *
                            (c->embed_scale > 0 ? (double)c->embed_scale : 1.0);
+    double *ple = ref_per_layer_inputs(R, tokens, n, x);
     for (int l = 0; l < c->n_layers; l++) {
         const ref_layer *L = &R->layers[l];
         // the layer's keys and values, or (Gemma 4's kv-shared layers) an
@@ -491,7 +616,10 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
             ref_matvec(L->wq, L->delta[ENG_PROJ_Q], L->bq, nq, H, h, q + t * nq);
             if (own) {
                 ref_matvec(L->wk, L->delta[ENG_PROJ_K], L->bk, nkv, H, h, k + t * nkv);
-                ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
+                if (L->wv)
+                    ref_matvec(L->wv, L->delta[ENG_PROJ_V], L->bv, nkv, H, h, v + t * nkv);
+                else /* Gemma 4's attention_k_eq_v: k's projection, before its norm */
+                    memcpy(v + t * nkv, k + t * nkv, (size_t)nkv * sizeof *v);
             }
             for (int64_t i = 0; L->q_norm && i < nq; i += qn)
                 ref_norm_in_place(c, q + t * nq + i, L->q_norm, qn, tmp);
@@ -557,21 +685,36 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         // a mixture of experts' layer: ref_moe
         for (int t = 0; t < n; t++) {
             ref_norm_in(c, x + t * H, L->ffn_norm, h);
-            if (L->router) {
-                ref_moe(c, L, h, o);
+            if (L->router && !L->moe_pre_norm) {
+                ref_moe(c, L, h, NULL, o);
                 for (int64_t i = 0; i < H; i++)
                     x[t * H + i] += o[i];
                 continue;
             }
-            ref_matvec(L->w_gate, L->delta[ENG_PROJ_GATE], NULL, F, H, h, g);
-            ref_matvec(L->w_up, L->delta[ENG_PROJ_UP], NULL, F, H, h, u);
-            for (int64_t i = 0; i < F; i++)
+            int64_t f = eng_layer_ff(c, l);
+            ref_matvec(L->w_gate, L->delta[ENG_PROJ_GATE], NULL, f, H, h, g);
+            ref_matvec(L->w_up, L->delta[ENG_PROJ_UP], NULL, f, H, h, u);
+            for (int64_t i = 0; i < f; i++)
                 g[i] = c->ffn_act == ENG_FFN_GELU_TANH ? ref_gelu_tanh(g[i]) * u[i]
                                                        : g[i] / (1.0 + exp(-g[i])) * u[i];
-            ref_matvec(L->w_down, L->delta[ENG_PROJ_DOWN], NULL, H, F, g, o);
+            ref_matvec(L->w_down, L->delta[ENG_PROJ_DOWN], NULL, H, f, g, o);
+            if (L->moe_pre_norm) /* Gemma 4's MoE block beside the MLP */
+                ref_gemma4_moe_block(c, L, x + t * H, o);
             ref_post_norm(c, L->post_ffn_norm, o, tmp);
             for (int64_t i = 0; i < H; i++)
                 x[t * H + i] += o[i];
+        }
+        // Gemma 4's per-layer input: x += norm(proj(gelu_tanh(gate(x)) * the layer's slice))
+        for (int t = 0; L->ple_gate && t < n; t++) {
+            int64_t P = c->g4.ple_dim;
+            const double *slice = ple + ((int64_t)t * c->n_layers + l) * P;
+            ref_matvec(L->ple_gate, L->delta[ENG_PROJ_PLE_GATE], NULL, P, H, x + t * H, g);
+            for (int64_t i = 0; i < P; i++)
+                g[i] = ref_gelu_tanh(g[i]) * slice[i];
+            ref_matvec(L->ple_proj, L->delta[ENG_PROJ_PLE_PROJ], NULL, H, P, g, o);
+            ref_rmsnorm_offset(o, L->ple_norm, off, H, eps, tmp);
+            for (int64_t i = 0; i < H; i++)
+                x[t * H + i] += tmp[i];
         }
         // Gemma 4: the layer's output times its layer_scalar
         for (int64_t i = 0; L->layer_scalar != 1.0 && i < n * H; i++)
@@ -585,6 +728,7 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
             logits[t * V + i] = tanh(logits[t * V + i] / c->final_softcap) * c->final_softcap;
     }
     free(tmp);
+    free(ple);
     free(x);
     free(h);
     free(q);

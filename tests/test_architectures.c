@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "fixtures/gemma4_reference.h"
+#include "fixtures/gemma4_shapes_reference.h"
 #include "fixtures/gemma_reference.h"
 #include "fixtures/ministral3_reference.h"
 #include "fixtures/moe_reference.h"
@@ -219,7 +220,7 @@ static void check_moe(const eng_model *m, eng_arch arch, bool norm_topk)
     cr_assert_eq(c->n_experts_used, 2);
     cr_assert_eq(c->expert_ff, 32);
     cr_assert_eq(c->norm_topk_prob, norm_topk);
-    cr_assert_eq(eng_n_proj(c), ENG_N_PROJ + 24);
+    cr_assert_eq(eng_n_proj(c), ENG_PROJ_FIRST_EXPERT + 24);
     const eng_layer *L = &m->layers[2];
     cr_assert_eq(L->router.rows, 8);
     cr_assert_eq(L->router.cols, 64);
@@ -413,6 +414,71 @@ static void check_gemma4_kv_shared(eng_model *m)
     }
 }
 
+/* The small dense Gemma 4s' shape (make_gemma4_shapes_reference.py):
+ * per-layer inputs of 8 per layer, layers 4 and 5 kv-shared with an MLP
+ * twice as wide (192). */
+static void check_gemma4_ple(eng_model *m)
+{
+    check_gemma4_kv_shared(m);
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->g4.ple_dim, 8);
+    cr_assert_eq(c->g4.ple_vocab, 260);
+    cr_assert(c->g4.double_wide && !c->g4.k_eq_v);
+    cr_assert_float_eq(c->g4.ple_embed_scale, sqrtf(8.0f), 0);
+    cr_assert_eq(m->g4.ple_embed.cols, 6 * 8);
+    cr_assert_eq(m->g4.ple_proj.rows, 6 * 8);
+    for (int l = 0; l < 6; l++) {
+        cr_assert_eq(eng_layer_ff(c, l), l >= 4 ? 192 : 96, "layer %d", l);
+        cr_assert_eq(m->layers[l].w_down.cols, eng_layer_ff(c, l), "layer %d", l);
+        cr_assert_eq(m->layers[l].g4.ple_gate.rows, 8, "layer %d", l);
+        cr_assert_eq(m->layers[l].g4.ple_proj.cols, 8, "layer %d", l);
+    }
+}
+
+/* Gemma4ForConditionalGeneration's text model (the per-layer-input shape
+ * above, its tensors under model.language_model.) */
+static void check_gemma4_cg(eng_model *m)
+{
+    check_gemma4_ple(m);
+    cr_assert(m->cfg.g4.language_model);
+    cr_assert(m->cfg.tie_word_embeddings && !m->lm_head.rows);
+}
+
+/* The large dense Gemma 4's shape: attention_k_eq_v, so the full layers
+ * (2, 5) have no v_proj and take k's projection as their values. */
+static void check_gemma4_keqv(eng_model *m)
+{
+    check_gemma4(m);
+    const eng_config *c = &m->cfg;
+    cr_assert(c->g4.k_eq_v && c->g4.ple_dim == 0 && !c->g4.double_wide);
+    for (int l = 0; l < 6; l++) {
+        cr_assert_eq(eng_layer_k_is_v(c, l), l == 2 || l == 5, "layer %d", l);
+        cr_assert_eq(m->layers[l].wv.rows == 0, l == 2 || l == 5, "layer %d", l);
+        cr_assert_eq(m->layers[l].wk.rows, 32, "layer %d", l);
+    }
+}
+
+/* The mixture's shape (gemma-4-26B-A4B): the large dense one's attention,
+ * and on every layer the MLP beside 4 experts of 32, 2 chosen a token. */
+static void check_gemma4_moe(eng_model *m)
+{
+    check_gemma4_keqv(m);
+    const eng_config *c = &m->cfg;
+    cr_assert(c->g4.moe_block && c->norm_topk_prob);
+    cr_assert_eq(c->n_experts, 4);
+    cr_assert_eq(c->n_experts_used, 2);
+    cr_assert_eq(c->expert_ff, 32);
+    cr_assert_eq(c->router, ENG_ROUTER_SOFTMAX_TOPK);
+    cr_assert_eq(eng_n_proj(c), ENG_PROJ_FIRST_EXPERT + 12);
+    for (int l = 0; l < 6; l++) {
+        cr_assert(eng_layer_is_moe(c, l), "layer %d", l);
+        cr_assert_eq(m->layers[l].w_gate.rows, 96, "layer %d: the MLP stays", l);
+        cr_assert_eq(m->layers[l].router.rows, 4, "layer %d", l);
+        cr_assert_eq(m->layers[l].experts[3 * 3 + 2].cols, 32, "layer %d", l);
+        cr_assert_eq(m->layers[l].g4.expert_scale.cols, 4, "layer %d", l);
+    }
+}
+
 /* OLMo 3 (make_olmo3_reference.py): norms after attention and the MLP
  * only, whole-projection q/k norms, layers 0-2 and 4-5 sliding over 5,
  * layer 3 full with YaRN (factor 4 over 32, attention factor 1.2), the
@@ -580,6 +646,11 @@ static void no_rope_factor(eng_config *c)
     c->rope_factor = 1.0f;
 }
 
+static void no_per_layer_inputs(eng_config *c)
+{
+    c->g4.ple_dim = 0;
+}
+
 static void all_pairs_turn(eng_config *c)
 {
     c->rope_prop_pairs = c->head_dim / 2;
@@ -637,6 +708,12 @@ static void rope_every_layer(eng_config *c)
                  {"the sliding window", no_sliding_window},                                        \
                  {"the sliding layers' own base", no_local_rope_base}},                            \
     .moved = 1e-3
+
+/* the shapes of the released checkpoints (make_gemma4_shapes_reference.py) */
+#define GEMMA4_SHAPE_REF(which)                                                                    \
+    .source = "transformers float64 (make_gemma4_shapes_reference.py)", .tokens = GEMMA4_TOKENS,   \
+    .n_tokens = GEMMA4_N_TOKENS, .vocab = GEMMA4_VOCAB, .logits = &which[0][0], .prefill = 9,      \
+    .block_tokens = 4, .tol = 1e-5
 
 #define MINISTRAL3_REF                                                                             \
     .source = "transformers float64 (make_ministral3_reference.py)", .tokens = MINISTRAL3_TOKENS,  \
@@ -844,6 +921,26 @@ static const arch_row ARCH_ROWS[] = {
      .block_tokens = 4,
      .tol = 1e-5,
      .check = check_gemma4_kv_shared},
+    {.label = "gemma4 per-layer inputs folder",
+     .fixture = "gemma4_ple_tiny",
+     GEMMA4_SHAPE_REF(GEMMA4_PLE_LOGITS),
+     .check = check_gemma4_ple,
+     .features = {{"the per-layer inputs", no_per_layer_inputs}},
+     .moved = 1e-3},
+    {.label = "gemma4 k_eq_v folder",
+     .fixture = "gemma4_keqv_tiny",
+     GEMMA4_SHAPE_REF(GEMMA4_KEQV_LOGITS),
+     .check = check_gemma4_keqv},
+    {.label = "gemma4 ConditionalGeneration folder (its text model)",
+     .fixture = "gemma4_cg_tiny",
+     GEMMA4_SHAPE_REF(GEMMA4_CG_LOGITS),
+     .check = check_gemma4_cg},
+    {.label = "gemma4 MoE block folder",
+     .fixture = "gemma4_moe_tiny",
+     GEMMA4_SHAPE_REF(GEMMA4_MOE_LOGITS),
+     .check = check_gemma4_moe,
+     .features = {{"the second expert", one_expert}, {"the top-k renormalization", flip_topk_norm}},
+     .moved = 1e-3},
     {.label = "ministral3 folder",
      .fixture = "ministral3_tiny",
      MINISTRAL3_REF,
@@ -909,6 +1006,30 @@ static const arch_row ARCH_ROWS[] = {
      .vocab = GEMMA4_VOCAB,
      .quant = "nf4",
      .check = check_gemma4_kv_shared},
+    {.label = "gemma4 per-layer inputs folder --quant nf4",
+     .fixture = "gemma4_ple_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4_ple},
+    {.label = "gemma4 MoE block folder --quant nf4",
+     .fixture = "gemma4_moe_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4_moe},
+    {.label = "gemma4 k_eq_v folder --quant int8",
+     .fixture = "gemma4_keqv_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "int8",
+     .check = check_gemma4_keqv},
     {.label = "ministral3 gguf q8_0",
      .fixture = "ministral3_tiny_q8_0.gguf",
      .source = "the float64 reference pass (ref_forward.h)",
@@ -1205,18 +1326,26 @@ static const refused_edit REFUSED_EDITS[] = {
      "llama_4_scaling_beta is missing"},
     {"ministral3_tiny", "\"architectures\"", "\"attention_bias\": true,\n  \"architectures\"",
      "attention_bias is not supported for Ministral 3"},
+    /* per-layer inputs (Gemma4TextConfig's default 256 when absent) need their tensors */
     {"gemma4_tiny", "\"hidden_size_per_layer_input\": 0", "\"hidden_size_per_layer_input\": 8",
-     "hidden_size_per_layer_input is not supported for Gemma 4 (per-layer input embeddings)"},
+     "tensor 'model.embed_tokens_per_layer.weight' is missing"},
     {"gemma4_tiny", "\"hidden_size_per_layer_input\": 0", "\"hidden_size_per_layeX\": 0",
-     "hidden_size_per_layer_input"},
+     "tensor 'model.embed_tokens_per_layer.weight' is missing"},
+    {"gemma4_ple_tiny", "\"vocab_size_per_layer_input\": 260",
+     "\"vocab_size_per_layer_input\": 100", "\"vocab_size_per_layer_input\" must be"},
+    /* a double-wide MLP's layers are twice intermediate_size */
     {"gemma4_kv_shared_tiny", "\"use_double_wide_mlp\": false", "\"use_double_wide_mlp\": true",
-     "use_double_wide_mlp is not supported"},
+     "model.layers.4.mlp.gate_proj.weight' is [96, 64]; the config needs [192, 64]"},
+    {"gemma4_keqv_tiny", "\"attention_k_eq_v\": true",
+     "\"attention_k_eq_v\": true, \"num_global_key_value_heads\": 1",
+     "num_global_key_value_heads 1 differs from num_key_value_heads 2"},
     {"gemma4_tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 6",
      "num_kv_shared_layers"},
-    {"gemma4_tiny", "\"attention_k_eq_v\": false", "\"attention_k_eq_v\": true",
-     "attention_k_eq_v is not supported"},
     {"gemma4_tiny", "\"enable_moe_block\": false", "\"enable_moe_block\": true",
-     "enable_moe_block is not supported"},
+     "\"num_experts\" is missing"},
+    {"gemma4_cg_tiny", "\"text_config\"", "\"text_configX\"",
+     "Gemma4ForConditionalGeneration without a \"text_config\" object"},
+    {"gemma4_moe_tiny", "\"top_k_experts\": 2", "\"top_k_experts\": 5", "5 experts per token of 4"},
     {"gemma4_tiny", "\"attention_bias\": false", "\"attention_bias\": true",
      "attention_bias is not supported for Gemma 4"},
     {"gemma4_tiny", "\"use_bidirectional_attention\": null",
@@ -1266,6 +1395,9 @@ static const family_fixture NEW_FAMILIES[] = {
     {"gemma4_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_LOGITS[0][0]},
     {"gemma4_kv_shared_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB,
      &GEMMA4_KV_SHARED_LOGITS[0][0]},
+    {"gemma4_ple_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_PLE_LOGITS[0][0]},
+    {"gemma4_keqv_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_KEQV_LOGITS[0][0]},
+    {"gemma4_moe_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_MOE_LOGITS[0][0]},
 };
 
 /* f's folder loaded from a scratch copy (dir: the copy, the caller's to
@@ -1322,10 +1454,13 @@ Test(architectures, reference_pass_equals_transformers_on_the_new_families, .tim
 static const eng_config *skip_cfg;
 
 /* PEFT has no k_proj or v_proj to adapt on a kv-shared layer
- * (transformers builds none there). */
+ * (transformers builds none there), nor v_proj on a full layer of an
+ * attention_k_eq_v model. */
 static bool no_kv_of_its_own(int32_t layer, eng_proj p)
 {
-    return (p == ENG_PROJ_K || p == ENG_PROJ_V) && eng_layer_kv_source(skip_cfg, layer) != layer;
+    return ((p == ENG_PROJ_K || p == ENG_PROJ_V) &&
+            eng_layer_kv_source(skip_cfg, layer) != layer) ||
+           (p == ENG_PROJ_V && eng_layer_k_is_v(skip_cfg, layer));
 }
 
 /* A PEFT adapter on all seven projections of each new family, unmerged

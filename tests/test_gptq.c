@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "inspect_text.h"
 #include "lora.h"
 #include "model.h"
 #include "modelfile.h"
@@ -319,24 +320,16 @@ Test(gptq, quantize_refuses_a_gptq_file)
 /* `qlserve inspect` names the model's format and its GPTQ layers. */
 Test(gptq, inspect_names_the_kind)
 {
-    char dir[512], msg[1024];
+    char dir[512];
     fixture_dir(&GPTQ_V1, dir, sizeof dir);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
-    eng_load_opts o = {.path = dir};
-    cr_assert_eq(eng_inspect(dir, &o, out, msg, sizeof msg), 0, "%s", msg);
-    fclose(out);
+    char *text = inspect_text(dir);
     cr_assert(strstr(text, ": gptq model"), "%s", text);
     cr_assert(strstr(text, "linear layers gptq-int4-g16-v1"), "%s", text);
     cr_assert(strstr(text, "gptq (f16 scales) x14"), "%s", text);
     free(text);
     test_rmtree(dir);
     fixture_dir(&AWQ, dir, sizeof dir);
-    out = open_memstream(&text, &len);
-    o.path = dir;
-    cr_assert_eq(eng_inspect(dir, &o, out, msg, sizeof msg), 0, "%s", msg);
-    fclose(out);
+    text = inspect_text(dir);
     cr_assert(strstr(text, ": awq model") && strstr(text, "linear layers awq-int4-g32") &&
                   strstr(text, "awq (f16 scales) x14"),
               "%s", text);

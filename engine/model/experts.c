@@ -178,6 +178,14 @@ static const moe_names gpt_oss_names = {
     NULL,
 };
 
+/* Gemma 4's MoE block: router.proj, experts fused under experts. (not mlp.) */
+static const moe_names gemma4_names = {
+    "router.proj.weight",
+    {NULL, NULL, NULL},
+    {NULL, NULL, NULL},
+    NULL,
+};
+
 static const moe_names gguf_names = {
     "ffn_gate_inp.weight",
     {NULL, NULL, NULL},
@@ -221,6 +229,9 @@ static int load_stacked(model_loader *L, model_tensor_loader load, const char *n
 static int load_fused_experts(model_loader *L, model_tensor_loader load, bool gguf, int32_t l,
                               char *msg, size_t msg_len)
 {
+    /* Gemma 4's are the layer's experts.*, not mlp.experts.* */
+    const char *gu = L->m->cfg.g4.moe_block ? "experts.gate_up_proj" : "mlp.experts.gate_up_proj";
+    const char *down = L->m->cfg.g4.moe_block ? "experts.down_proj" : "mlp.experts.down_proj";
     const eng_config *c = &L->m->cfg;
     int64_t H = c->hidden_size, F = c->expert_ff;
     char name[256];
@@ -236,11 +247,11 @@ static int load_fused_experts(model_loader *L, model_tensor_loader load, bool gg
         }
         return rc;
     }
-    full_name(name, sizeof name, false, l, "mlp.experts.gate_up_proj");
+    full_name(name, sizeof name, false, l, gu);
     rc = load_stacked(L, load, name, l, 0, F, H, 2 * F, 0, msg, msg_len);
     if (rc == QL_OK)
         rc = load_stacked(L, load, name, l, 1, F, H, 2 * F, F, msg, msg_len);
-    full_name(name, sizeof name, false, l, "mlp.experts.down_proj");
+    full_name(name, sizeof name, false, l, down);
     if (rc == QL_OK)
         rc = load_stacked(L, load, name, l, 2, H, F, H, 0, msg, msg_len);
     return rc;
@@ -471,6 +482,7 @@ int model_experts_load(model_loader *L, model_tensor_loader load, bool gguf, int
     const moe_names *names = gguf                          ? &gguf_names
                              : c->arch == ENG_ARCH_MIXTRAL ? &mixtral_names
                              : c->arch == ENG_ARCH_GPT_OSS ? &gpt_oss_names
+                             : c->g4.moe_block             ? &gemma4_names
                                                            : &qwen_names;
     char name[256];
     full_name(name, sizeof name, gguf, l, names->router);
@@ -488,6 +500,8 @@ int model_experts_load(model_loader *L, model_tensor_loader load, bool gguf, int
     if (names == &gpt_oss_names)
         return L->mxfp4_experts ? load_mxfp4_experts(L, l, msg, msg_len)
                                 : load_transposed_experts(L, load, l, msg, msg_len);
+    if (names == &gemma4_names)
+        return load_fused_experts(L, load, false, l, msg, msg_len);
     if (gguf) {
         rc = load_fused_experts(L, load, true, l, msg, msg_len);
         return rc == QL_OK && c->shared_expert_ff > 0
@@ -529,7 +543,7 @@ void model_experts_each(const eng_model *m, int32_t l, void (*fn)(const qtensor 
         if (ly->expert_b[k].rows)
             fn(&ly->expert_b[k], ctx);
     /* the shared expert is the layer's MLP fields, walked with them */
-    if (eng_layer_is_moe(&m->cfg, l) && ly->w_gate.rows)
+    if (eng_layer_is_moe(&m->cfg, l) && !m->cfg.g4.moe_block && ly->w_gate.rows)
         for (int k = 0; k < 3; k++)
             fn(k == 0 ? &ly->w_gate : k == 1 ? &ly->w_up : &ly->w_down, ctx);
 }

@@ -25,6 +25,8 @@ typedef enum {
     DIM_HEAD,
     DIM_HEADS,
     DIM_ONE,
+    DIM_PLE, /* Gemma 4's hidden_size_per_layer_input */
+    DIM_EXPERTS,
     /* Qwen3.5: q_proj's query and gate rows (2 * DIM_Q); a linear layer's
      * conv channels (q | k | v), values, value heads, one value head's
      * dims, conv taps (hybrid.h) */
@@ -59,6 +61,8 @@ typedef enum {
     WITH_SINKS,
     GPT_OSS_FFN_NORM,
     WITH_LAYER_SCALAR,
+    WITH_PER_LAYER_INPUT,
+    WITH_MOE_BLOCK,
     WITH_OUTPUT_GATE, /* Qwen3.5's full layers: q_proj holds the gate too */
     LINEAR_LAYER      /* Qwen3.5's Gated DeltaNet layers (their linear_attn.*) */
 } layer_when;
@@ -118,6 +122,22 @@ static const struct layer_part {
      offsetof(eng_layer, sinks), WITH_SINKS},
     {"layer_scalar", "layer_output_scale.weight", DIM_ONE, DIM_NONE, ROLE_DENSE,
      offsetof(eng_layer, layer_scalar), WITH_LAYER_SCALAR},
+    {"per_layer_input_gate.weight", "inp_gate.weight", DIM_PLE, DIM_HIDDEN, ROLE_LINEAR,
+     offsetof(eng_layer, g4.ple_gate), WITH_PER_LAYER_INPUT},
+    {"per_layer_projection.weight", "proj.weight", DIM_HIDDEN, DIM_PLE, ROLE_LINEAR,
+     offsetof(eng_layer, g4.ple_proj), WITH_PER_LAYER_INPUT},
+    {"post_per_layer_input_norm.weight", "post_norm.weight", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, g4.ple_norm), WITH_PER_LAYER_INPUT},
+    {"router.scale", "ffn_gate_inp.scale", DIM_HIDDEN, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, g4.router_scale), WITH_MOE_BLOCK},
+    {"router.per_expert_scale", "ffn_down_exps.scale", DIM_EXPERTS, DIM_NONE, ROLE_DENSE,
+     offsetof(eng_layer, g4.expert_scale), WITH_MOE_BLOCK},
+    {"post_feedforward_layernorm_1.weight", "post_ffw_norm_1.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, g4.mlp_post_norm), WITH_MOE_BLOCK},
+    {"pre_feedforward_layernorm_2.weight", "pre_ffw_norm_2.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, g4.moe_pre_norm), WITH_MOE_BLOCK},
+    {"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight", DIM_HIDDEN, DIM_NONE,
+     ROLE_DENSE, offsetof(eng_layer, g4.moe_post_norm), WITH_MOE_BLOCK},
     {"self_attn.q_proj.weight", "attn_q.weight", DIM_Q_GATED, DIM_HIDDEN, ROLE_LINEAR,
      offsetof(eng_layer, wq), WITH_OUTPUT_GATE},
     /* a linear layer's projections go where attention's would (hybrid.h) */
@@ -213,13 +233,16 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     bool mlp = part->field == offsetof(eng_layer, w_gate) ||
                part->field == offsetof(eng_layer, w_up) ||
                part->field == offsetof(eng_layer, w_down);
-    if (mlp && eng_layer_is_moe(c, l))
+    if (mlp && eng_layer_is_moe(c, l) && !c->g4.moe_block) /* Gemma 4's MLP stays beside */
         return false;
     /* Gemma 4's kv-shared layers have no k or v of their own */
     bool kv = part->field == offsetof(eng_layer, wk) || part->field == offsetof(eng_layer, wv) ||
               part->field == offsetof(eng_layer, k_norm) ||
               part->field == offsetof(eng_layer, bk) || part->field == offsetof(eng_layer, bv);
     if (kv && eng_layer_kv_source(c, l) != l)
+        return false;
+    /* nor v on a full layer of an attention_k_eq_v model */
+    if (part->field == offsetof(eng_layer, wv) && eng_layer_k_is_v(c, l))
         return false;
     /* Qwen3.5: a linear layer has no self_attn.*, a full one no
      * linear_attn.*, and a gated q_proj replaces the plain one */
@@ -244,6 +267,8 @@ static bool part_applies(const eng_config *c, int32_t l, const struct layer_part
     case WITH_SINKS: return c->attn_sinks;
     case GPT_OSS_FFN_NORM: return c->arch == ENG_ARCH_GPT_OSS || c->arch == ENG_ARCH_QWEN3_5;
     case WITH_LAYER_SCALAR: return c->layer_scalar;
+    case WITH_PER_LAYER_INPUT: return c->g4.ple_dim > 0;
+    case WITH_MOE_BLOCK: return c->g4.moe_block;
     case WITH_OUTPUT_GATE: return c->linear.attn_output_gate;
     case LINEAR_LAYER: return true; /* on linear layers, as above */
     }
@@ -260,7 +285,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
                       size_t msg_len)
 {
     const eng_config *c = &L->m->cfg;
-    const int64_t dims[] = {
+    int64_t dims[] = {
         [DIM_NONE] = 0,
         [DIM_HIDDEN] = c->hidden_size,
         [DIM_Q] = (int64_t)c->n_heads * c->head_dim,
@@ -269,6 +294,8 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_HEAD] = c->head_dim,
         [DIM_HEADS] = c->n_heads,
         [DIM_ONE] = 1,
+        [DIM_PLE] = c->g4.ple_dim,
+        [DIM_EXPERTS] = c->n_experts,
         [DIM_Q_GATED] = 2 * (int64_t)c->n_heads * c->head_dim,
         [DIM_LIN_QKV] = eng_linear_conv_dim(&c->linear),
         [DIM_LIN_V] = (int64_t)c->linear.n_v_heads * c->linear.v_head_dim,
@@ -279,6 +306,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;
     for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
+        dims[DIM_FF] = eng_layer_ff(c, l); /* Gemma 4's kv-shared layers may be twice as wide */
         if (fused)
             rc = load_fused(L, load, gguf, l, dims, msg, msg_len);
         if (rc == QL_OK && eng_layer_is_moe(c, l))

@@ -415,9 +415,6 @@ static const struct gemma4_refusal {
     const char *key, *what;
     double runs, def;
 } gemma4_refusals[] = {
-    {"hidden_size_per_layer_input", "per-layer input embeddings", 0, 256},
-    {"attention_k_eq_v", "keys reused as values", 0, 0},
-    {"enable_moe_block", "the mixture-of-experts block", 0, 0},
     {"attention_bias", "biases on the attention projections", 0, 0},
 };
 
@@ -491,8 +488,8 @@ static int gemma4_refuse(const char *path, const cJSON *j, const eng_config *c, 
 
 /* Gemma 4's last num_kv_shared_layers layers attend over the cache of the
  * last unshared layer of their type (eng_layer_kv_source), which must
- * exist, as transformers' kv_sharing_modes requires; their double-wide MLP
- * (use_double_wide_mlp) is refused by name. */
+ * exist, as transformers' kv_sharing_modes requires (their double-wide
+ * MLP is gemma4.c's eng_layer_ff). */
 static int gemma4_kv_sharing(const char *path, const cJSON *j, eng_config *c, char *msg,
                              size_t msg_len)
 {
@@ -500,11 +497,6 @@ static int gemma4_kv_sharing(const char *path, const cJSON *j, eng_config *c, ch
                               &c->kv_shared_layers, msg, msg_len);
     if (rc != QL_OK || c->kv_shared_layers == 0)
         return rc;
-    if (mf_json_bool(j, "use_double_wide_mlp", false))
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: use_double_wide_mlp is not supported (the kv-shared layers' MLP of "
-                       "twice intermediate_size)",
-                       path);
     for (int32_t l = c->n_layers - c->kv_shared_layers; l < c->n_layers; l++)
         if (eng_layer_kv_source(c, l) == l)
             return ql_fail(msg, msg_len, QL_EFORMAT,
@@ -565,6 +557,8 @@ static int parse_gemma4_config(const char *path, const cJSON *j, eng_config *c, 
     if (!cJSON_GetObjectItemCaseSensitive(j, "head_dim"))
         c->head_dim = 256;
     int rc = gemma4_refuse(path, j, c, msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_gemma4_options(path, j, c, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     c->ffn_act = ENG_FFN_GELU_TANH;
@@ -1256,19 +1250,6 @@ static int load_hf_tensor(model_loader *L, const char *name, int64_t rows, int64
     return model_finish_weight(L, name, role, out, msg, msg_len);
 }
 
-/* Gemma's embedding scale: sqrt(hidden), which transformers casts to the
- * embeddings' dtype before multiplying (so a bf16 model scales by
- * sqrt(hidden) rounded to bf16; f16 and f32 as their own). */
-static float gemma_embed_scale(int32_t hidden, qt_kind embed_kind)
-{
-    float s = (float)sqrt((double)hidden);
-    if (embed_kind == QT_BF16)
-        return qt_bf16_to_f32(qt_f32_to_bf16(s));
-    if (embed_kind == QT_F16)
-        return qt_f16_to_f32(qt_f32_to_f16(s));
-    return s;
-}
-
 /* --- Hugging Face folders ------------------------------------------------------ */
 
 /* The open shard whose file name is `file`, or NULL. */
@@ -1365,8 +1346,14 @@ static int load_hf_folder(model_loader *L, char *msg, size_t msg_len)
     int rc = mf_read_json(path, JSON_MAX_BYTES, &j, msg, msg_len);
     if (rc != QL_OK)
         return rc;
+    /* a multimodal folder's text model's config as its own (gemma4.c,
+     * qwen35.c): Gemma4ForConditionalGeneration's, Qwen3.5's */
     cJSON *text = NULL;
-    rc = model_qwen35_text_config(path, j, &text, &L->text_model, msg, msg_len);
+    rc = model_gemma4_text_config(path, j, &text, msg, msg_len);
+    if (rc == QL_OK && text)
+        L->text_model = c->g4.language_model = true;
+    else if (rc == QL_OK)
+        rc = model_qwen35_text_config(path, j, &text, &L->text_model, msg, msg_len);
     if (rc == QL_OK)
         rc = parse_hf_config(L, path, text ? text : j, msg, msg_len);
     /* Qwen3.5's own fields (qwen35.c), once the shared ones are read */
@@ -1397,7 +1384,9 @@ static int load_hf_folder(model_loader *L, char *msg, size_t msg_len)
                         msg, msg_len);
     if (rc == QL_OK &&
         (c->arch == ENG_ARCH_GEMMA2 || c->arch == ENG_ARCH_GEMMA3 || c->arch == ENG_ARCH_GEMMA4))
-        c->embed_scale = gemma_embed_scale(c->hidden_size, m->embed.kind);
+        c->embed_scale = model_gemma_embed_scale(c->hidden_size, m->embed.kind);
+    if (rc == QL_OK && c->g4.ple_dim > 0)
+        rc = model_gemma4_load(L, load_hf_tensor, msg, msg_len);
     if (rc == QL_OK)
         rc = load_hf_tensor(L, "model.norm.weight", h, 0, ROLE_DENSE, &m->norm, msg, msg_len);
     const st_file *f;

@@ -216,7 +216,8 @@ int eng_tokenizer_load(tok_tokenizer **out, const char *path, char *msg, size_t 
 
 void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx)
 {
-    const qtensor *top[] = {&m->embed, &m->norm, &m->lm_head};
+    const qtensor *top[] = {&m->embed,        &m->norm,        &m->lm_head,
+                            &m->g4.ple_embed, &m->g4.ple_proj, &m->g4.ple_norm};
     for (size_t i = 0; i < sizeof top / sizeof *top; i++)
         if (top[i]->rows)
             fn(top[i], ctx);
@@ -240,6 +241,9 @@ void eng_model_free(eng_model *m)
     qt_free(&m->embed);
     qt_free(&m->norm);
     qt_free(&m->lm_head);
+    qt_free(&m->g4.ple_embed);
+    qt_free(&m->g4.ple_proj);
+    qt_free(&m->g4.ple_norm);
     model_layers_free(m);
     free(m->layers);
     if (m->tok)

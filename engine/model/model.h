@@ -20,6 +20,7 @@
 #ifndef QL_MODEL_H
 #define QL_MODEL_H
 
+#include "gemma4.h"
 #include "hybrid.h"
 #include "modelfile.h"
 #include "tokenizer.h"
@@ -184,6 +185,7 @@ typedef struct eng_config {
     int32_t rope_prop_pairs;
     bool v_norm, layer_scalar;
     int32_t kv_shared_layers;           /* Gemma 4: the last this many reuse keys and values */
+    eng_gemma4_config g4;               /* Gemma 4's other options (gemma4.h) */
     int32_t sliding_window;             /* Mistral; 0 when none */
     int32_t bos_token_id, eos_token_id; /* -1 when the config names none */
     /* further tokens that end an answer as eos does (config.json's and
@@ -239,9 +241,8 @@ static inline bool eng_layer_is_moe(const eng_config *c, int32_t l)
 /* Whether layer l attends through the window (sliding_window, _pattern). */
 static inline bool eng_layer_slides(const eng_config *c, int32_t l)
 {
-    if (c->sliding_window <= 0)
-        return false;
-    return c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1;
+    return c->sliding_window > 0 &&
+           (c->sliding_pattern <= 0 || l % c->sliding_pattern < c->sliding_pattern - 1);
 }
 
 /* Layer l's q (k: k) norm's width: a head's, or the projection's (OLMo 3). */
@@ -250,10 +251,6 @@ static inline int64_t eng_qk_norm_width(const eng_config *c, bool k)
     int64_t heads = c->qk_norm_whole ? (k ? c->n_kv_heads : c->n_heads) : 1;
     return heads * c->head_dim;
 }
-
-/* The layer whose cache layer l attends over: l, or for one of Gemma 4's
- * kv_shared_layers the last earlier unshared layer of its type (layers.c). */
-int32_t eng_layer_kv_source(const eng_config *c, int32_t l);
 
 /* Whether a sequence that may reach `reserved` positions (its prompt plus
  * the tokens it may generate) rotates with longrope's long factors: when
@@ -298,6 +295,7 @@ typedef struct eng_layer {
      * [n_experts, hidden], dense */
     qtensor router_b, expert_b[3];
     qtensor layer_scalar; /* Gemma 4's [1, 1] (eng_config's layer_scalar); rows 0: none */
+    eng_gemma4_layer g4;  /* Gemma 4's per-layer input weights (gemma4.h) */
     eng_linear_layer lin; /* a linear-attention layer's own tensors (hybrid.h) */
 } eng_layer;
 
@@ -311,7 +309,8 @@ typedef struct eng_model {
     qtensor embed; /* [vocab, hidden] */
     eng_layer *layers;
     qtensor norm;
-    qtensor lm_head; /* rows == 0 when tied to embed */
+    qtensor lm_head;     /* rows == 0 when tied to embed */
+    eng_gemma4_model g4; /* Gemma 4's per-layer input embeddings (gemma4.h) */
     tok_tokenizer *tok;
     char format[32]; /* "safetensors", "bitsandbytes-4bit", "gguf" */
     char quant[32];  /* what the linear layers hold: "nf4", "q4_1", "bf16", ... */

@@ -32,7 +32,7 @@
 static const struct {
     const char *name, *parent;
     size_t field; /* offsetof(eng_layer, ...) */
-} proj_table[ENG_N_PROJ] = {
+} proj_table[ENG_PROJ_FIRST_EXPERT] = {
     [ENG_PROJ_Q] = {"q_proj", "self_attn", offsetof(eng_layer, wq)},
     [ENG_PROJ_K] = {"k_proj", "self_attn", offsetof(eng_layer, wk)},
     [ENG_PROJ_V] = {"v_proj", "self_attn", offsetof(eng_layer, wv)},
@@ -40,6 +40,8 @@ static const struct {
     [ENG_PROJ_GATE] = {"gate_proj", "mlp", offsetof(eng_layer, w_gate)},
     [ENG_PROJ_UP] = {"up_proj", "mlp", offsetof(eng_layer, w_up)},
     [ENG_PROJ_DOWN] = {"down_proj", "mlp", offsetof(eng_layer, w_down)},
+    [ENG_PROJ_PLE_GATE] = {"per_layer_input_gate", "", offsetof(eng_layer, g4.ple_gate)},
+    [ENG_PROJ_PLE_PROJ] = {"per_layer_projection", "", offsetof(eng_layer, g4.ple_proj)},
 };
 
 const char *eng_proj_name(eng_proj p)
@@ -61,10 +63,11 @@ const char *eng_proj_parent(eng_proj p)
 const char *eng_proj_path(eng_proj p, char *buf, size_t len)
 {
     int32_t e = (int)p < 0 ? -1 : eng_proj_expert(p, NULL);
+    const char *parent = eng_proj_parent(p);
     if (e >= 0)
         snprintf(buf, len, "mlp.experts.%d.%s", e, eng_proj_name(p));
     else
-        snprintf(buf, len, "%s.%s", eng_proj_parent(p), eng_proj_name(p));
+        snprintf(buf, len, "%s%s%s", parent, *parent ? "." : "", eng_proj_name(p));
     return buf;
 }
 
@@ -75,7 +78,8 @@ const qtensor *eng_model_proj(const eng_model *m, int32_t layer, eng_proj p)
     if (e < 0)
         return (const qtensor *)((const char *)&m->layers[layer] + proj_table[p].field);
     const eng_layer *ly = &m->layers[layer];
-    return ly->experts && e < m->cfg.n_experts ? &ly->experts[(int)p - ENG_N_PROJ] : &none;
+    return ly->experts && e < m->cfg.n_experts ? &ly->experts[(int)p - ENG_PROJ_FIRST_EXPERT]
+                                               : &none;
 }
 
 /* --- adapters ------------------------------------------------------------------ */
@@ -347,10 +351,11 @@ static void digest_one(const qtensor *t, void *ctx)
         const eng_layer *ly = &m->layers[l];
         const qtensor *ex = ly->experts;
         if (ex && t >= ex && t < ex + 3 * (size_t)m->cfg.n_experts) {
-            dg_tensor(&dw->d, eng_weights_proj(dw->w, l, (eng_proj)(ENG_N_PROJ + (t - ex))));
+            dg_tensor(&dw->d,
+                      eng_weights_proj(dw->w, l, (eng_proj)(ENG_PROJ_FIRST_EXPERT + (t - ex))));
             return;
         }
-        for (int p = 0; p < ENG_N_PROJ; p++)
+        for (int p = 0; p < eng_n_layer_proj(&m->cfg); p++)
             if (eng_model_proj(m, l, (eng_proj)p) == t) {
                 dg_tensor(&dw->d, eng_weights_proj(dw->w, l, (eng_proj)p));
                 return;

@@ -24,48 +24,65 @@ typedef enum eng_proj {
     ENG_PROJ_GATE,
     ENG_PROJ_UP,
     ENG_PROJ_DOWN,
-    ENG_N_PROJ
+    ENG_N_PROJ, /* the seven every decoder layer has */
+    /* Gemma 4's per-layer input gate and projection (eng_gemma4_layer),
+     * modules of the layer itself, in the tables of a model with
+     * per-layer inputs or experts (empty tensors where it has none) */
+    ENG_PROJ_PLE_GATE = ENG_N_PROJ,
+    ENG_PROJ_PLE_PROJ,
+    ENG_PROJ_FIRST_EXPERT /* where a mixture's experts begin */
 } eng_proj;
 
 /*
  * A mixture-of-experts model has more projections per layer: after the
- * ENG_N_PROJ above, each routed expert's gate, up and down, expert e's part
- * (ENG_PROJ_GATE, _UP or _DOWN) at eng_expert_proj(e, part). Every table
- * indexed by (layer, projection) (adapters' modules, weight versions) has
- * eng_n_proj(config) entries per layer; a dense model's is ENG_N_PROJ. In
- * a layer that is not a mixture (or a dense model) the expert projections
- * are empty tensors (rows 0).
+ * ENG_N_PROJ above and the two per-layer input slots, each routed expert's
+ * gate, up and down, expert e's part (ENG_PROJ_GATE, _UP or _DOWN) at
+ * eng_expert_proj(e, part). Every table indexed by (layer, projection)
+ * (adapters' modules, weight versions) has eng_n_proj(config) entries per
+ * layer: a dense model's ENG_N_PROJ, one with Gemma 4's per-layer inputs
+ * ENG_PROJ_FIRST_EXPERT. In a layer that is not a mixture (or a dense
+ * model) the expert projections are empty tensors (rows 0), as the
+ * per-layer input ones of a model without them.
  */
 static inline eng_proj eng_expert_proj(int32_t e, eng_proj part)
 {
-    return (eng_proj)(ENG_N_PROJ + 3 * e + (part - ENG_PROJ_GATE));
+    return (eng_proj)(ENG_PROJ_FIRST_EXPERT + 3 * e + (part - ENG_PROJ_GATE));
 }
 static inline int32_t eng_n_proj(const eng_config *c)
 {
-    return ENG_N_PROJ + 3 * (c->n_experts > 0 ? c->n_experts : 0);
+    if (c->n_experts > 0)
+        return ENG_PROJ_FIRST_EXPERT + 3 * c->n_experts;
+    return c->g4.ple_dim > 0 ? ENG_PROJ_FIRST_EXPERT : ENG_N_PROJ;
 }
-/* The expert projection p belongs to, or -1 for one of the ENG_N_PROJ;
- * *part (when not NULL) gets its ENG_PROJ_GATE, _UP or _DOWN. */
+/* The projections of a layer's own in c's tables (the experts' after). */
+static inline int32_t eng_n_layer_proj(const eng_config *c)
+{
+    return eng_n_proj(c) > ENG_N_PROJ ? ENG_PROJ_FIRST_EXPERT : ENG_N_PROJ;
+}
+/* The expert projection p belongs to, or -1 for a layer's own; *part
+ * (when not NULL) gets its ENG_PROJ_GATE, _UP or _DOWN (a layer's own: p). */
 static inline int32_t eng_proj_expert(eng_proj p, eng_proj *part)
 {
-    if ((int)p < ENG_N_PROJ) {
+    if ((int)p < ENG_PROJ_FIRST_EXPERT) {
         if (part)
             *part = p;
         return -1;
     }
     if (part)
-        *part = (eng_proj)(ENG_PROJ_GATE + ((int)p - ENG_N_PROJ) % 3);
-    return ((int)p - ENG_N_PROJ) / 3;
+        *part = (eng_proj)(ENG_PROJ_GATE + ((int)p - ENG_PROJ_FIRST_EXPERT) % 3);
+    return ((int)p - ENG_PROJ_FIRST_EXPERT) / 3;
 }
 
 /* "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
- * "down_proj" (an expert's part by its own name) */
+ * "down_proj", "per_layer_input_gate", "per_layer_projection" (an
+ * expert's part by its own name) */
 const char *eng_proj_name(eng_proj p);
-/* The parent module in a Hugging Face model: "self_attn", "mlp" or, for an
- * expert's part, "mlp.experts". */
+/* The parent module in a Hugging Face model: "self_attn", "mlp", "" (the
+ * layer itself: Gemma 4's per-layer input modules) or, for an expert's
+ * part, "mlp.experts". */
 const char *eng_proj_parent(eng_proj p);
-/* The module path under a layer, "self_attn.q_proj" or
- * "mlp.experts.3.gate_proj", into buf; returns buf. */
+/* The module path under a layer, "self_attn.q_proj", "per_layer_projection"
+ * or "mlp.experts.3.gate_proj", into buf; returns buf. */
 const char *eng_proj_path(eng_proj p, char *buf, size_t len);
 /* The model's own (pristine) weight of layer l's projection p (an empty
  * tensor for an expert's in a layer without experts). */

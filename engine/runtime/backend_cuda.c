@@ -1062,8 +1062,11 @@ static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_r
  * version and unmerged adapters, as the dense projections), and each row's
  * output added with its weight; the shared expert over every row last.
  */
-static int cuda_moe(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len)
+static int cuda_moe(void *be, int32_t l, const float *x, const float *router_x, float *out,
+                    char *msg, size_t msg_len)
 {
+    if (router_x && router_x != x) /* Gemma 4's MoE block: refused when the backend is made */
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "a router input of its own is not supported");
     step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_model *m = c->base.m;
@@ -1811,6 +1814,16 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
                        "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
                        "backend only; use --device cpu",
                        eng_rope_dims(cfg), cfg->head_dim);
+    const char *g4 = cfg->g4.ple_dim > 0
+                         ? "per-layer input embeddings (hidden_size_per_layer_input)"
+                     : cfg->g4.double_wide ? "the double-wide MLP (use_double_wide_mlp)"
+                     : cfg->g4.k_eq_v      ? "keys as values (attention_k_eq_v)"
+                     : cfg->g4.moe_block   ? "MoE block (enable_moe_block)"
+                                           : NULL;
+    if (g4)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: Gemma 4's %s runs on the CPU backend only; use --device cpu",
+                       g4);
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -347,7 +347,18 @@ static void shared_expert(const cpu_step *cs, eng_moe_state *s, int32_t l, const
     }
 }
 
-int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len)
+/* Gemma 4's router: every chosen weight times its expert's
+ * per_expert_scale (after the top-k renormalization, as transformers). */
+static void scale_by_expert(eng_moe_state *s, const qtensor *scale, int64_t rows)
+{
+    float per[1024]; /* the loader holds a layer to 1024 experts */
+    qt_dequantize_rows(scale, 0, 1, per);
+    for (int64_t i = 0; i < rows * s->K; i++)
+        s->weight[i] *= per[s->pick[i]];
+}
+
+int eng_cpu_moe(void *be, int32_t l, const float *x, const float *router_x, float *out, char *msg,
+                size_t msg_len)
 {
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
@@ -358,7 +369,7 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
     if (l == 0)
         s->ran = s->bytes = 0;
     // router: logits = x @ router^T, each row's top-k and their weights
-    eng_cpu_matmul(cs->pool, &m->layers[l].router, x, T, s->logits);
+    eng_cpu_matmul(cs->pool, &m->layers[l].router, router_x ? router_x : x, T, s->logits);
     const float *router_b = s->router_b ? s->router_b + (size_t)l * (size_t)s->E : NULL;
     for (int64_t r = 0; r < T; r++) {
         if (c->router == ENG_ROUTER_TOPK_SOFTMAX)
@@ -367,6 +378,9 @@ int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size
         else
             route_row(c, s->logits + r * s->E, s->pick + r * s->K, s->weight + r * s->K);
     }
+    // Gemma 4: each chosen expert's weight times its per_expert_scale
+    if (m->layers[l].g4.expert_scale.rows)
+        scale_by_expert(s, &m->layers[l].g4.expert_scale, T);
     group_by_expert(s, T);
     // every (row, choice) pair's row, grouped by expert
     for (int64_t i = 0; i < T * s->K; i++)

@@ -74,6 +74,31 @@ static int gemma_state_new(eng_forward_state *st, const eng_model *m)
             norm_row(&m->layers[l].post_ffn_norm, c->norm_offset, st->post_norms + (2 * l + 1) * H);
         }
     }
+    if (c->g4.ple_dim > 0) { /* Gemma 4's per-layer inputs and their norms */
+        size_t P = (size_t)c->g4.ple_dim, L = (size_t)c->n_layers;
+        st->ple = malloc(T * L * P * sizeof(float));
+        st->ple_norms = malloc((L * H + P) * sizeof(float));
+        if (!st->ple || !st->ple_norms)
+            return QL_ENOMEM;
+        for (size_t l = 0; l < L; l++)
+            norm_row(&m->layers[l].g4.ple_norm, c->norm_offset, st->ple_norms + l * H);
+        norm_row(&m->g4.ple_norm, c->norm_offset, st->ple_norms + L * H);
+    }
+    if (c->g4.moe_block) { /* Gemma 4's MoE block's norms, four a layer */
+        st->moe_norms = malloc((size_t)c->n_layers * 4 * H * sizeof(float));
+        if (!st->moe_norms)
+            return QL_ENOMEM;
+        for (size_t l = 0; l < (size_t)c->n_layers; l++) {
+            const eng_gemma4_layer *g = &m->layers[l].g4;
+            float *n = st->moe_norms + 4 * l * H;
+            norm_row(&g->mlp_post_norm, c->norm_offset, n);
+            norm_row(&g->router_scale, 0.0f, n + H);
+            for (size_t i = 0; i < H; i++) /* transformers' scalar_root_size */
+                n[H + i] *= (float)(1.0 / sqrt((double)H));
+            norm_row(&g->moe_pre_norm, c->norm_offset, n + 2 * H);
+            norm_row(&g->moe_post_norm, c->norm_offset, n + 3 * H);
+        }
+    }
     if (c->rope_local_theta > 0.0f) {
         st->rope_cos_local = malloc(T * half * sizeof(float));
         st->rope_sin_local = malloc(T * half * sizeof(float));
@@ -104,6 +129,12 @@ static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
     ly->v_norm = st->qk_norms && vn ? st->qk_norms + i * (qn + kn + vn) + qn + kn : NULL;
     ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
     ly->post_ffn_norm = st->post_norms ? st->post_norms + (2 * i + 1) * H : NULL;
+    ly->ple_norm = st->ple_norms ? st->ple_norms + i * H : NULL;
+    const float *mn = st->moe_norms ? st->moe_norms + 4 * i * H : NULL;
+    ly->mlp_post_norm = mn;
+    ly->router_norm = mn ? mn + H : NULL;
+    ly->moe_pre_norm = mn ? mn + 2 * H : NULL;
+    ly->moe_post_norm = mn ? mn + 3 * H : NULL;
     eng_walk_layer_shape(c, l, ly);
 }
 
@@ -131,7 +162,10 @@ void eng_forward_state_free(eng_forward_state *st)
                      st->sinks,
                      st->post_norms,
                      st->rope_cos_local,
-                     st->rope_sin_local};
+                     st->rope_sin_local,
+                     st->ple,
+                     st->ple_norms,
+                     st->moe_norms};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(st->lora_x);
@@ -169,7 +203,14 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
            Q = (size_t)c->n_heads * (size_t)c->head_dim,
            KV = (size_t)c->n_kv_heads * (size_t)c->head_dim, F = (size_t)c->intermediate_size,
            half = (size_t)c->head_dim / 2, L = (size_t)c->n_layers;
+    /* Gemma 4: a double-wide MLP's layers, the per-layer input gate's side
+     * (ple_dim), and all layers' inputs (tmp holds their projection) */
+    for (size_t l = 0; l < L; l++)
+        F = (size_t)eng_layer_ff(c, (int32_t)l) > F ? (size_t)eng_layer_ff(c, (int32_t)l) : F;
+    F = (size_t)c->g4.ple_dim > F ? (size_t)c->g4.ple_dim : F;
+    F = c->g4.moe_block && H > F ? H : F; /* the MoE block's router input and output */
     size_t wide = F > Q ? F : Q;
+    wide = (size_t)c->g4.ple_dim * L > wide ? (size_t)c->g4.ple_dim * L : wide;
     wide = wide > H ? wide : H;
     /* Qwen3.5: the gated q_proj, in_proj_qkv, the linear layers' values */
     const eng_linear_cfg *lc = &c->linear;
@@ -473,6 +514,27 @@ static int cpu_embed(void *be, float *x, char *msg, size_t msg_len)
     return QL_OK;
 }
 
+/* Gemma 4: each row's token's row of embed_tokens_per_layer. */
+static int cpu_embed_per_layer(void *be, float *out, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    int64_t n = cs->m->g4.ple_embed.cols;
+    for (int32_t s = 0, r = 0; s < cs->n_seqs; s++)
+        for (int32_t t = 0; t < cs->seqs[s].n_tokens; t++, r++)
+            qt_dequantize_rows(&cs->m->g4.ple_embed, cs->seqs[s].tokens[t], 1, out + r * n);
+    return QL_OK;
+}
+
+/* Gemma 4: the step's rows through per_layer_model_projection, over the pool. */
+static int cpu_project_per_layer(void *be, const float *x, float *out, char *msg, size_t msg_len)
+{
+    (void)msg, (void)msg_len;
+    const cpu_step *cs = be;
+    eng_cpu_matmul(cs->pool, &cs->m->g4.ple_proj, x, cs->rows, out);
+    return QL_OK;
+}
+
 static int cpu_scale(void *be, float *v, int64_t n, float s, char *msg, size_t msg_len)
 {
     (void)be, (void)msg, (void)msg_len;
@@ -565,6 +627,14 @@ static int cpu_glu(void *be, float *gate, const float *up, int64_t n, eng_ffn_ac
     return QL_OK;
 }
 
+static int cpu_glu_strided(void *be, float *gate, const float *up, int64_t rows, int64_t n,
+                           int64_t up_stride, eng_ffn_act act, char *msg, size_t msg_len)
+{
+    for (int64_t r = 0; r < rows; r++)
+        cpu_glu(be, gate + r * n, up + r * up_stride, n, act, msg, msg_len);
+    return QL_OK;
+}
+
 static int cpu_copy(void *be, float *dst, const float *src, int64_t n, char *msg, size_t msg_len)
 {
     (void)be, (void)msg, (void)msg_len;
@@ -619,6 +689,9 @@ static const eng_walk_ops cpu_ops = {
     .add = cpu_add,
     .moe = eng_cpu_moe,
     .glu = cpu_glu,
+    .embed_per_layer = cpu_embed_per_layer,
+    .project_per_layer = cpu_project_per_layer,
+    .glu_strided = cpu_glu_strided,
     .copy = cpu_copy,
     .classify = cpu_classify,
     .softcap = cpu_softcap,
@@ -649,11 +722,14 @@ int eng_forward(eng_forward_state *st, const eng_model *m, eng_kv_cache *kv, eng
         .up = st->up,
         .tmp = st->tmp,
         .last = st->last,
+        .ple = st->ple,
         .mix = eng_linear_mix(st->lin),
         .out_gate = eng_linear_out_gate(st->lin),
         .logits = NULL, /* host memory: the classifier writes into the caller's */
         .layers = st->layers,
         .final_norm = st->final_norm,
+        .ple_norm =
+            st->ple_norms ? st->ple_norms + (size_t)m->cfg.n_layers * m->cfg.hidden_size : NULL,
     };
     // the one walk over the layers (walk.c)
     return eng_walk(&b, seqs, n_seqs, logits, NULL, msg, msg_len);

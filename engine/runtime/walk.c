@@ -35,6 +35,8 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     if (!eng_layer_rotates(c, l))
         out->rope = ENG_WALK_ROPE_NONE;
     out->moe = eng_layer_is_moe(c, l);
+    out->k_is_v = eng_layer_k_is_v(c, l);
+    out->ff = eng_layer_ff(c, l);
     out->linear = eng_linear_is(&c->linear, l);
 }
 
@@ -92,6 +94,90 @@ static int scale_layer_output(const eng_walk_backend *b, int32_t l, int64_t n, c
     return b->ops->scale(b->be, b->x, n, s, msg, msg_len);
 }
 
+/* Gemma 4's per-layer inputs of the step's T rows into b->ple (n_layers x
+ * ple_dim per row), from x, the scaled embeddings, as transformers'
+ * project_per_layer_inputs: (norm(x @ P^T / sqrt(hidden)) per layer's
+ * slice + the token's row of the per-layer table times its scale) /
+ * sqrt(2). b->tmp holds the projection meanwhile. */
+static int per_layer_inputs(const eng_walk_backend *b, int64_t T, char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_config *c = &b->m->cfg;
+    int64_t P = c->g4.ple_dim, n = T * c->n_layers * P;
+    int rc = ops->embed_per_layer(b->be, b->ple, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->scale(b->be, b->ple, n, c->g4.ple_embed_scale, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->project_per_layer(b->be, b->x, b->tmp, msg, msg_len);
+    if (rc == QL_OK)
+        rc =
+            ops->scale(b->be, b->tmp, n, (float)(1.0 / sqrt((double)c->hidden_size)), msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->tmp, b->tmp, b->ple_norm, T * c->n_layers, P, c->rms_norm_eps,
+                          msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->add(b->be, b->ple, b->tmp, n, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->scale(b->be, b->ple, n, (float)(1.0 / sqrt(2.0)), msg, msg_len);
+    return rc;
+}
+
+/* Layer l's keys and values of the step's rows from its attention input
+ * into b->k, b->v (kv: their values in all); Gemma 4's attention_k_eq_v
+ * full layers take k's projection as their values. */
+static int project_keys_values(const eng_walk_backend *b, int32_t l, const float *in, int64_t kv,
+                               char *msg, size_t msg_len)
+{
+    int rc = b->ops->project(b->be, l, ENG_PROJ_K, in, b->k, msg, msg_len);
+    if (rc == QL_OK && b->layers[l].k_is_v)
+        return b->ops->copy(b->be, b->v, b->k, kv, msg, msg_len);
+    return rc == QL_OK ? b->ops->project(b->be, l, ENG_PROJ_V, in, b->v, msg, msg_len) : rc;
+}
+
+/* Gemma 4: layer l's per-layer input added to the residual of the step's
+ * T rows, as transformers' decoder layer: x += norm(per_layer_projection(
+ * gelu_tanh(per_layer_input_gate(x)) * the layer's slice of b->ple)). */
+static int add_per_layer_input(const eng_walk_backend *b, int32_t l, int64_t T, char *msg,
+                               size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_config *c = &b->m->cfg;
+    int64_t P = c->g4.ple_dim, H = c->hidden_size;
+    int rc = ops->project(b->be, l, ENG_PROJ_PLE_GATE, b->x, b->gate, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->glu_strided(b->be, b->gate, b->ple + l * P, T, P, c->n_layers * P, c->ffn_act,
+                              msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->project(b->be, l, ENG_PROJ_PLE_PROJ, b->gate, b->tmp, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->tmp, b->tmp, b->layers[l].ple_norm, T, H, c->rms_norm_eps, msg,
+                          msg_len);
+    return rc == QL_OK ? ops->add(b->be, b->x, b->tmp, T * H, msg, msg_len) : rc;
+}
+
+/* Gemma 4's MoE block on layer l's T rows, beside the MLP whose output is
+ * in b->tmp, as transformers' decoder layer: tmp = post_1(tmp) +
+ * post_2(experts(pre_2(x)) routed by norm(x) * router.scale / sqrt(hidden)),
+ * x the residual. b->h takes the experts' input, b->up the router's,
+ * b->gate their output (each at least hidden wide in such a model). */
+static int add_moe_block(const eng_walk_backend *b, int32_t l, int64_t T, char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_walk_layer *ly = &b->layers[l];
+    int64_t H = b->m->cfg.hidden_size;
+    float eps = b->m->cfg.rms_norm_eps;
+    int rc = ops->rmsnorm(b->be, b->tmp, b->tmp, ly->mlp_post_norm, T, H, eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->h, b->x, ly->moe_pre_norm, T, H, eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->up, b->x, ly->router_norm, T, H, eps, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->moe(b->be, l, b->h, b->up, b->gate, msg, msg_len);
+    if (rc == QL_OK)
+        rc = ops->rmsnorm(b->be, b->gate, b->gate, ly->moe_post_norm, T, H, eps, msg, msg_len);
+    return rc == QL_OK ? ops->add(b->be, b->tmp, b->gate, T * H, msg, msg_len) : rc;
+}
+
 /* A failure inside layer l (l < 0: around the layers): its code, with the
  * layer put before the operation's sentence. */
 static int failed(int rc, int32_t l, char *msg, size_t msg_len)
@@ -122,7 +208,8 @@ static int failed(int rc, int32_t l, char *msg, size_t msg_len)
 
 /*
  * Layer l's attention over attn_in, its output projection into b->tmp:
- * q, k, v, their biases and norms, RoPE, the cache write, attention, the
+ * q, k, v (Gemma 4's kv-shared layers: q alone; its k_eq_v layers: k as
+ * v), their biases and norms, RoPE, the cache write, attention, the
  * output gate (Qwen3.5), o_proj and its bias, the post-attention norm.
  */
 static int attention_mixer(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
@@ -148,10 +235,9 @@ static int attention_mixer(const eng_walk_backend *b, const eng_step_seq *seqs, 
     } else {
         TRY(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
     }
-    if (own) {
-        TRY(ops->project(be, l, ENG_PROJ_K, attn_in, b->k, msg, msg_len));
-        TRY(ops->project(be, l, ENG_PROJ_V, attn_in, b->v, msg, msg_len));
-    }
+    // (Gemma 4's attention_k_eq_v full layers: the values are k's projection)
+    if (own)
+        TRY(project_keys_values(b, l, attn_in, T * KV, msg, msg_len));
     // Qwen2's q, k and v biases
     if (ly->bias) {
         TRY(ops->add_bias(be, b->q, ly->bias, T, Q, msg, msg_len));
@@ -268,7 +354,7 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         rc = eng_kv_check_states(b->kv, seqs, n_seqs, msg, msg_len);
     if (rc != QL_OK)
         return rc;
-    int64_t H = c->hidden_size, F = c->intermediate_size;
+    int64_t H = c->hidden_size;
     float eps = c->rms_norm_eps;
     int32_t l = -1;
 
@@ -278,6 +364,9 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     OP(ops->embed(be, b->x, msg, msg_len));
     if (c->embed_scale > 0.0f)
         OP(ops->scale(be, b->x, T * H, c->embed_scale, msg, msg_len));
+    // Gemma 4's per-layer inputs: each layer's slice of every row
+    if (c->g4.ple_dim > 0)
+        OP(per_layer_inputs(b, T, msg, msg_len));
 
     for (l = 0; l < c->n_layers; l++) {
         const eng_walk_layer *ly = &b->layers[l];
@@ -297,24 +386,30 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         const float *ffn_in = ly->ffn_norm ? b->h : b->x;
         if (ly->ffn_norm)
             OP(ops->rmsnorm(be, b->h, b->x, ly->ffn_norm, T, H, eps, msg, msg_len));
-        if (ly->moe) {
+        if (ly->moe && !ly->router_norm) {
             // mixture of experts: each row's top-k experts by the router, their
             // GLUs summed with the router's weights (Qwen2-MoE's gated shared
             // expert added)
-            OP(ops->moe(be, l, ffn_in, b->tmp, msg, msg_len));
+            OP(ops->moe(be, l, ffn_in, NULL, b->tmp, msg, msg_len));
         } else {
             // GLU: act(gate(h)) * up(h), SwiGLU's silu or Gemma's GeGLU gelu_tanh
             OP(ops->project(be, l, ENG_PROJ_GATE, ffn_in, b->gate, msg, msg_len));
             OP(ops->project(be, l, ENG_PROJ_UP, ffn_in, b->up, msg, msg_len));
-            OP(ops->glu(be, b->gate, b->up, T * F, c->ffn_act, msg, msg_len));
+            OP(ops->glu(be, b->gate, b->up, T * ly->ff, c->ffn_act, msg, msg_len));
             // down projection
             OP(ops->project(be, l, ENG_PROJ_DOWN, b->gate, b->tmp, msg, msg_len));
         }
+        // Gemma 4's MoE block: norm(MLP) + norm(experts of the residual)
+        if (ly->router_norm)
+            OP(add_moe_block(b, l, T, msg, msg_len));
         // Gemma's and OLMo 3's post-ffn norm
         if (ly->post_ffn_norm)
             OP(ops->rmsnorm(be, b->tmp, b->tmp, ly->post_ffn_norm, T, H, eps, msg, msg_len));
         // residual
         OP(ops->add(be, b->x, b->tmp, T * H, msg, msg_len));
+        // Gemma 4's per-layer input: x += norm(proj(gelu_tanh(gate(x)) * the layer's slice))
+        if (ly->ple_norm)
+            OP(add_per_layer_input(b, l, T, msg, msg_len));
         // Gemma 4: the layer's output times its layer_scalar
         if (c->layer_scalar)
             OP(scale_layer_output(b, l, T * H, msg, msg_len));

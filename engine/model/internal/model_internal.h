@@ -12,6 +12,7 @@
  *   experts.c    a mixture of experts' config fields and each MoE layer's
  *                router, experts and shared expert, per expert or fused;
  *   split.c      a fused weight's rows as tensors of their own;
+ *   gemma4.c     Gemma 4's options and per-layer input embeddings;
  *   load_hf.c    a Hugging Face folder (config.json, safetensors shards,
  *                bitsandbytes 4-bit weights);
  *   load_ct.c    its compressed-tensors and fbgemm_fp8 configs and weights;
@@ -48,8 +49,9 @@ typedef struct model_loader {
     bool awq;                   /* ... or AWQ GEMM (quant_method awq: gptq_bits, gptq_group) */
     struct model_ct_config *ct; /* compressed-tensors or fbgemm_fp8 (load_ct.c), owned */
     qt_kind dtype;              /* target dense kind, or QT_KIND_COUNT to keep */
-    /* the text model of a multimodal checkpoint (Qwen3_5ForConditionalGeneration):
-     * its tensors' "model." is "model.language_model." */
+    /* the text model of a multimodal checkpoint (Gemma4ForConditionalGeneration,
+     * Qwen3_5ForConditionalGeneration): its tensors' "model." is
+     * "model.language_model." */
     bool text_model;
 } model_loader;
 
@@ -148,6 +150,29 @@ void model_experts_each(const eng_model *m, int32_t l, void (*fn)(const qtensor 
 /* qt_free them, and the experts' array. */
 void model_experts_free(eng_model *m, int32_t l);
 
+/* --- gemma4.c ------------------------------------------------------------- */
+
+/* Gemma 4's options in config.json beyond what load_hf.c reads
+ * (hidden_size_per_layer_input, vocab_size_per_layer_input,
+ * attention_k_eq_v with num_global_key_value_heads, use_double_wide_mlp)
+ * into c->g4, a value qlserve does not run refused by name. */
+int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *msg,
+                         size_t msg_len);
+/* A Gemma4ForConditionalGeneration config.json (j): its text_config as a
+ * Gemma4ForCausalLM's into *text (the caller's, cJSON_Delete), with the
+ * outer config's tie_word_embeddings, quantization_config and
+ * _name_or_path where the text_config has none; *text NULL for any other
+ * architecture. */
+int model_gemma4_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,
+                             size_t msg_len);
+/* The model-wide per-layer-input tensors (eng_gemma4_model) through load,
+ * when the config has them; sets c->g4.ple_embed_scale. */
+int model_gemma4_load(model_loader *L, model_tensor_loader load, char *msg, size_t msg_len);
+/* Gemma's embedding scale sqrt(n) as an embedding table of kind `kind`
+ * holds it (transformers casts it to the table's dtype: bf16, f16 or
+ * f32). */
+float model_gemma_embed_scale(int32_t n, qt_kind kind);
+
 /* --- qwen35.c -------------------------------------------------------------- */
 
 /* Qwen3.5's config.json fields (layer_types or full_attention_interval,
@@ -161,12 +186,12 @@ int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char
  * same for Qwen3.5-MoE's (Qwen3_5MoeForCausalLM and
  * Qwen3_5MoeForConditionalGeneration), its intermediate_size the
  * experts'. *text NULL for any other config. */
+int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
+                             char *msg, size_t msg_len);
 /* A qwen35 GGUF's fields (ssm.*, attention.recurrent_layers or
  * full_attention_interval) into c, as llama.cpp's converter writes them:
  * norms with the 1 added, A as -exp(A_log), value heads tiled. */
 int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len);
-int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
-                             char *msg, size_t msg_len);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 

@@ -41,6 +41,12 @@ struct eng_forward_state {
     float *post_norms;
     float *rope_cos_local, *rope_sin_local; /* [max_tokens][head_dim / 2] */
     double *inv_freq_local;                 /* [head_dim / 2] */
+    /* Gemma 4's per-layer inputs [max_tokens][n_layers * ple_dim], and
+     * the norms: [n_layers][hidden] after each layer's, then [ple_dim] */
+    float *ple, *ple_norms;
+    /* Gemma 4's MoE block: [n_layers][4][hidden] (eng_walk_layer's
+     * mlp_post_norm, router_norm, moe_pre_norm, moe_post_norm) */
+    float *moe_norms;
     /* unmerged adapters: rows gathered by adapter (grown on first use) */
     float *lora_x, *lora_y, *lora_u; /* [max_tokens][widest projection] */
     float *lora_t;                   /* [max_tokens][lora_rank] */
@@ -88,7 +94,8 @@ int eng_moe_state_new(eng_forward_state *st, const eng_model *m);
 void eng_moe_state_free(eng_moe_state *s);
 /* The CPU's eng_walk_ops.moe: out = layer l's mixture of experts of x
  * for the step's rows (cpu_step be). */
-int eng_cpu_moe(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len);
+int eng_cpu_moe(void *be, int32_t l, const float *x, const float *router_x, float *out, char *msg,
+                size_t msg_len);
 
 /* --- linear_cpu.c ------------------------------------------------------------- */
 

@@ -41,16 +41,24 @@ typedef struct eng_walk_layer {
     const float *q_norm, *k_norm;                /* [head_dim] (Qwen3), the projection's (OLMo 3) */
     const float *v_norm;                         /* [head_dim] of ones (Gemma 4) */
     const float *post_attn_norm, *post_ffn_norm; /* [hidden] (Gemma's sandwich, OLMo 3) */
-    int32_t window;                              /* sliding window in positions; 0: all */
-    int rope;                                    /* ENG_WALK_ROPE_* */
-    bool moe;    /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
-    bool linear; /* a Gated DeltaNet layer (Qwen3.5, hybrid.h): ops.delta_net, no attention */
+    const float *ple_norm; /* [hidden]: Gemma 4's post_per_layer_input_norm; NULL: none */
+    /* Gemma 4's MoE block beside the MLP ([hidden] each, NULL: none): the
+     * MLP's output norm, the router's input norm (router.scale over
+     * sqrt(hidden)), the experts' input and output norms */
+    const float *mlp_post_norm, *router_norm, *moe_pre_norm, *moe_post_norm;
+    int32_t window; /* sliding window in positions; 0: all */
+    int rope;       /* ENG_WALK_ROPE_* */
+    bool moe;       /* the MLP is a mixture of experts (eng_layer_is_moe): ops.moe */
+    bool k_is_v;    /* the values are k's projection (eng_layer_k_is_v; Gemma 4) */
+    bool linear;    /* a Gated DeltaNet layer (Qwen3.5, hybrid.h): ops.delta_net, no attention */
+    int64_t ff;     /* the MLP's width (eng_layer_ff) */
 } eng_walk_layer;
 
 /* Layer l's window and rotation table under config c: a sliding layer
  * (eng_layer_slides) sees its last sliding_window positions and, where the
  * model has rope_local_theta (Gemma 3), rotates with the local table; a
- * layer that does not rotate (eng_layer_rotates) has none. */
+ * layer that does not rotate (eng_layer_rotates) has none; its MLP's
+ * width and whether its values are its keys' projection. */
 void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out);
 
 /*
@@ -117,11 +125,26 @@ typedef struct eng_walk_ops {
      * router's weights; plus Qwen2-MoE's shared expert, gated by
      * sigmoid(shared_gate . x). Experts are projections (eng_expert_proj):
      * each sequence's weight version and adapters apply to them. NULL in a
-     * backend that runs no mixtures (it refuses such models when made). */
-    int (*moe)(void *be, int32_t l, const float *x, float *out, char *msg, size_t msg_len);
+     * backend that runs no mixtures (it refuses such models when made).
+     * router_x (NULL: x) is what the router reads (Gemma 4's MoE block:
+     * the residual under its own norm, the experts another). */
+    int (*moe)(void *be, int32_t l, const float *x, const float *router_x, float *out, char *msg,
+               size_t msg_len);
     /* gate[i] = act(gate[i]) * up[i] for i < n (SwiGLU, GeGLU) */
     int (*glu)(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
                size_t msg_len);
+    /* Gemma 4's per-layer inputs (NULL in a backend that runs none; it
+     * refuses such models when made): out[r] = row r's token's row of
+     * embed_tokens_per_layer (n_layers * ple_dim values), for the step's
+     * rows */
+    int (*embed_per_layer)(void *be, float *out, char *msg, size_t msg_len);
+    /* out[r] = x[r] @ per_layer_model_projection^T (n_layers * ple_dim
+     * values), for the step's rows */
+    int (*project_per_layer)(void *be, const float *x, float *out, char *msg, size_t msg_len);
+    /* gate[r * n + i] = act(gate[r * n + i]) * up[r * up_stride + i] for
+     * r < rows, i < n: a layer's slice of each row's per-layer inputs */
+    int (*glu_strided)(void *be, float *gate, const float *up, int64_t rows, int64_t n,
+                       int64_t up_stride, eng_ffn_act act, char *msg, size_t msg_len);
     /* dst[i] = src[i] for i < n, both backend memory */
     int (*copy)(void *be, float *dst, const float *src, int64_t n, char *msg, size_t msg_len);
     /* logits[rows][vocab] = h @ head^T (lm_head, or the tied embeddings) */
@@ -149,6 +172,9 @@ typedef struct eng_walk_backend {
     int32_t piece_rows; /* rows `last` and `logits` hold: every-row logits go in pieces */
     /* activations, backend memory, max_tokens rows (last: piece_rows) */
     float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *last;
+    /* Gemma 4's per-layer inputs, max_tokens rows of n_layers * ple_dim
+     * (NULL when the model has none); tmp must hold as many per row */
+    float *ple;
     /* Qwen3.5's (NULL for other models): a projection's output before it
      * is split (the gated q_proj; in_proj_qkv), and what gates the
      * mixer's output (the attention's gate; in_proj_z) */
@@ -158,6 +184,7 @@ typedef struct eng_walk_backend {
     float *logits;
     const eng_walk_layer *layers; /* [n_layers] */
     const float *final_norm;      /* [hidden] */
+    const float *ple_norm;        /* [ple_dim]: per_layer_projection_norm (Gemma 4); or NULL */
 } eng_walk_backend;
 
 /*
