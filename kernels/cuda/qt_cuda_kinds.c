@@ -59,7 +59,8 @@ const qt_cuda_kind_ops qt_cuda_kinds[QT_KIND_COUNT] = {
      * quant_ct.c, quant_gptq.c), whose bytes the backend uploads, so no requantize */
     [QT_FP8] = {QT_GEOMETRY_FP8, .layout = QT_CUDA_LAYOUT_FP8, READ_OPS(fp8)},
     /* compressed-tensors' integers: FP8's block grid and view (quant_ct.c) */
-    [QT_CT_INT] = {QT_GEOMETRY_CT_INT, .layout = QT_CUDA_LAYOUT_FP8, READ_OPS(fp8)},
+    [QT_CT_INT] = {QT_GEOMETRY_CT_INT, .layout = QT_CUDA_LAYOUT_FP8, .ct_int_codes = true,
+                   READ_OPS(fp8)},
     [QT_GPTQ] = {QT_GEOMETRY_GPTQ, .layout = QT_CUDA_LAYOUT_GPTQ, READ_OPS(gptq)},
     [QT_AWQ] = {QT_GEOMETRY_AWQ, .layout = QT_CUDA_LAYOUT_GPTQ, .awq_packing = true,
                 READ_OPS(gptq)},

@@ -141,10 +141,10 @@ int view_arrays(const qt_cuda_kind_ops &row, qt_cuda_tensor *d, const qtensor *t
 
 /* The FP8 or CT_INT host tensor's layout, checked: QL_OK or msg says what
  * is wrong. */
-int check_fp8(const qtensor *t, char *msg, size_t msg_len)
+int check_fp8(const qt_cuda_kind_ops &row, const qtensor *t, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_tensor_upload";
-    const bool ct = t->kind == QT_CT_INT;
+    const bool ct = row.ct_int_codes;
     const bool dtype_ok = t->scale_dtype == QT_SCALE_F32 || t->scale_dtype == QT_SCALE_BF16 ||
                           t->scale_dtype == QT_SCALE_F16 ||
                           (!ct && t->scale_dtype == QT_SCALE_E8M0);
@@ -328,7 +328,7 @@ extern "C" int qt_cuda_quantfmt_upload(const qt_cuda_kind_ops *row, const qtenso
                                        qt_cuda_tensor *d, char *msg, size_t msg_len)
 {
     if (row->layout == QT_CUDA_LAYOUT_FP8) {
-        int rc = check_fp8(t, msg, msg_len);
+        int rc = check_fp8(*row, t, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         qt_cuda_fp8_view &v = d->fp8;
@@ -340,7 +340,7 @@ extern "C" int qt_cuda_quantfmt_upload(const qt_cuda_kind_ops *row, const qtenso
         v.scale_cols = t->scale_cols;
         v.e8m0 = t->scale_dtype == QT_SCALE_E8M0;
         v.scale_dtype = t->scale_dtype;
-        v.ct_int = t->kind == QT_CT_INT;
+        v.ct_int = row->ct_int_codes;
         if (v.ct_int) {
             v.signed_codes = t->ct_signed_codes;
             v.bits = t->bits;

@@ -129,7 +129,7 @@ size_t upload_bytes_of(const qt_cuda_kind_ops &row, const qtensor *t)
         d.fp8.scale_cols = t->scale_cols;
         d.fp8.e8m0 = t->scale_dtype == QT_SCALE_E8M0;
         d.fp8.scale_dtype = t->scale_dtype;
-        d.fp8.ct_int = t->kind == QT_CT_INT;
+        d.fp8.ct_int = row.ct_int_codes;
         d.fp8.row_stride = (int64_t)t->row_stride;
         d.fp8.asymmetric = t->block_zeros != nullptr;
     } else if (row.layout == QT_CUDA_LAYOUT_GPTQ) {

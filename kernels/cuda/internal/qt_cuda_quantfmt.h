@@ -30,12 +30,13 @@
 /* Block scale i of v, widened exactly from its stored dtype. */
 __host__ __device__ __forceinline__ float qt_cuda_block_scale(const qt_cuda_fp8_view &v, int64_t i)
 {
-    switch (v.scale_dtype) {
-    case QT_SCALE_E8M0: return qm_e8m0_to_f32(static_cast<const uint8_t *>(v.scales)[i]);
-    case QT_SCALE_BF16: return qm_bf16_to_f32(static_cast<const uint16_t *>(v.scales)[i]);
-    case QT_SCALE_F16: return qm_f16_to_f32(static_cast<const uint16_t *>(v.scales)[i]);
-    default: return static_cast<const float *>(v.scales)[i];
-    }
+    if (v.scale_dtype == QT_SCALE_E8M0)
+        return qm_e8m0_to_f32(static_cast<const uint8_t *>(v.scales)[i]);
+    if (v.scale_dtype == QT_SCALE_BF16)
+        return qm_bf16_to_f32(static_cast<const uint16_t *>(v.scales)[i]);
+    if (v.scale_dtype == QT_SCALE_F16)
+        return qm_f16_to_f32(static_cast<const uint16_t *>(v.scales)[i]);
+    return static_cast<const float *>(v.scales)[i];
 }
 
 /* An f32 product rounded to a 16-bit scale's dtype (qtensor.c's
