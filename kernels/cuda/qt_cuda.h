@@ -17,7 +17,7 @@
  *     and for the GGUF blocks Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, the k-quants
  *     Q2_K ... Q6_K, IQ4_NL, IQ4_XS and MXFP4 (qt_cuda_gguf_*), each with its own
  *     view;
- *   - the views of the checkpoint formats FP8, GPTQ and AWQ
+ *   - the views of the checkpoint formats FP8, CT_INT, GPTQ and AWQ
  *     (qt_cuda_fp8_view, qt_cuda_gptq_view), which only qt_cuda_tensor
  *     (qt_cuda_ops.h) fills.
  *
@@ -235,21 +235,34 @@ int qt_cuda_dequantize_gguf_dev(const qt_cuda_gguf_view *view, void *out,
 int qt_cuda_dequantize_gguf(const qtensor *t, float *out, char *msg, size_t msg_len);
 
 /*
- * An FP8 tensor (transformers' finegrained FP8) as the device kernels see
- * it: the E4M3 codes row-major, one byte each, and the block scales over a
- * scale_rows x scale_cols grid kept in the dtype the checkpoint stored (f32,
- * or one UE8M0 byte when e8m0), copied byte for byte, never widened.
- * Element (r, c) is qt_math.h's qm_fp8_element, the CPU's arithmetic.
+ * An FP8 tensor (transformers' finegrained FP8, compressed-tensors'
+ * float-quantized, fbgemm's per-channel FP8) or a CT_INT tensor
+ * (compressed-tensors' int4/int8) as the device kernels see it: the codes
+ * row-major, and one scale per block over a scale_rows x scale_cols grid
+ * kept in the dtype the checkpoint stored (f32, one UE8M0 byte, bf16 or
+ * f16), copied byte for byte, never widened; CT_INT adds an int8 zero point
+ * per block when asymmetric. Element (r, c) is
+ * internal/qt_cuda_quantfmt.h's qt_cuda_fp8_at, the CPU's arithmetic.
  * Made by qt_cuda_tensor_upload (qt_cuda_quantfmt.cu); ownership as for
  * the other views.
  */
 typedef struct qt_cuda_fp8_view {
     int64_t rows, cols;
-    int32_t block_rows, block_cols; /* weight_block_size */
+    int32_t block_rows, block_cols; /* weight_block_size, or the ct strategy's block */
     int64_t scale_rows, scale_cols; /* ceil(rows / block_rows) x ceil(cols / block_cols) */
-    bool e8m0;                      /* scales are UE8M0 bytes, else f32 */
-    const uint8_t *codes;           /* rows * cols bytes */
-    const void *scales;             /* scale_rows * scale_cols f32 or bytes */
+    bool e8m0;                      /* scales are UE8M0 bytes (scale_dtype == QT_SCALE_E8M0) */
+    qt_scale_dtype scale_dtype;     /* f32, UE8M0; bf16/f16 round each value to it */
+    /* CT_INT (ct_int): codes are integers, row_stride bytes a row: int8 as
+     * is (signed_codes), or packed unsigned q + 2^(bits - 1), 4 or 8 bits,
+     * the low nibble first */
+    bool ct_int;
+    bool signed_codes;
+    int32_t bits;
+    int64_t row_stride;
+    const uint8_t *codes; /* FP8: rows * cols bytes; CT_INT: rows * row_stride */
+    const void *scales;   /* scale_rows * scale_cols of scale_dtype */
+    bool asymmetric;      /* CT_INT: zeros holds a zero point per scale */
+    const int8_t *zeros;  /* CT_INT: one per scale when asymmetric, else NULL */
 } qt_cuda_fp8_view;
 
 /*

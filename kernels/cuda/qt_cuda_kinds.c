@@ -56,8 +56,11 @@ const qt_cuda_kind_ops qt_cuda_kinds[QT_KIND_COUNT] = {
     [QT_IQ4_XS] = {QT_GEOMETRY_IQ4_XS, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(iq4_xs)},
     [QT_MXFP4] = {QT_GEOMETRY_MXFP4, .layout = QT_CUDA_LAYOUT_GGUF_WHOLE, OPS(mxfp4)},
     /* the checkpoint formats: merges requantize on the CPU (quant_fp8.c,
-     * quant_gptq.c), whose bytes the backend uploads, so no requantize */
+     * quant_ct.c, quant_gptq.c), whose bytes the backend uploads, so no requantize */
     [QT_FP8] = {QT_GEOMETRY_FP8, .layout = QT_CUDA_LAYOUT_FP8, READ_OPS(fp8)},
+    /* compressed-tensors' integers: FP8's block grid and view (quant_ct.c) */
+    [QT_CT_INT] = {QT_GEOMETRY_CT_INT, .layout = QT_CUDA_LAYOUT_FP8, .ct_int_codes = true,
+                   READ_OPS(fp8)},
     [QT_GPTQ] = {QT_GEOMETRY_GPTQ, .layout = QT_CUDA_LAYOUT_GPTQ, READ_OPS(gptq)},
     [QT_AWQ] = {QT_GEOMETRY_AWQ, .layout = QT_CUDA_LAYOUT_GPTQ, .awq_packing = true,
                 READ_OPS(gptq)},

@@ -664,7 +664,7 @@ int check_pristine(const qt_cuda_kind_ops *row, const qt_cuda_tensor *p, char *m
         }
         return QL_OK;
     }
-    case QT_CUDA_LAYOUT_FP8:  /* merged on the CPU (quant_fp8.c), uploaded by the backend */
+    case QT_CUDA_LAYOUT_FP8:  /* merged on the CPU (quant_fp8.c, quant_ct.c), uploaded */
     case QT_CUDA_LAYOUT_GPTQ: /* merged on the CPU (quant_gptq.c), likewise */
     case QT_CUDA_LAYOUT_NONE: break;
     }

@@ -754,7 +754,7 @@ int view_mismatch(const qt_cuda_kind_ops &row, const qt_cuda_tensor &t, const ch
     case QT_CUDA_LAYOUT_FP8: {
         const qt_cuda_fp8_view &v = t.fp8;
         say(msg, msg_len,
-            "%s: fp8 view (%lld x %lld, blocks %d x %d, scale grid [%lld, %lld]) does not "
+            "%s: fp8/ct_int view (%lld x %lld, blocks %d x %d, scale grid [%lld, %lld]) does not "
             "describe a %lld x %lld tensor",
             where, (long long)v.rows, (long long)v.cols, (int)v.block_rows, (int)v.block_cols,
             (long long)v.scale_rows, (long long)v.scale_cols, (long long)t.rows, (long long)t.cols);
@@ -863,7 +863,7 @@ bool fill_fp8(const qt_cuda_tensor &t, mv_weights *w, const char **missing)
         return false;
     w->fp8 = v;
     w->codes = v.codes;
-    w->row_bytes = (uint64_t)t.cols;
+    w->row_bytes = v.ct_int ? (uint64_t)v.row_stride : (uint64_t)t.cols;
     if (!v.codes || !v.scales)
         *missing = "codes or block scales";
     return true;
@@ -932,7 +932,8 @@ int weights_for(const qt_cuda_kind_ops *row, const qt_cuda_tensor &t, const char
         *fusable = *fusable && w->group_size % per_chunk == 0;
     }
     if (row->layout == QT_CUDA_LAYOUT_FP8) /* a chunk of 16 codes under one block scale */
-        *fusable = *fusable && w->fp8.block_cols % 16 == 0;
+        *fusable = *fusable && w->fp8.block_cols % 16 == 0 && !w->fp8.ct_int &&
+                   (w->fp8.scale_dtype == QT_SCALE_F32 || w->fp8.scale_dtype == QT_SCALE_E8M0);
     if (row->layout == QT_CUDA_LAYOUT_GPTQ) /* matvec_gptq_kernel: any shape */
         *fusable = t.cols > 0;
     return QL_OK;

@@ -1,6 +1,8 @@
 /*
  * qt_cuda_quantfmt.cu - the checkpoint formats FP8 (transformers'
- * finegrained FP8, block scales in f32 or UE8M0), GPTQ and AWQ (GEMM) on the
+ * finegrained FP8, block scales in f32 or UE8M0; compressed-tensors' and
+ * fbgemm's, scales in f32, bf16 or f16), CT_INT (compressed-tensors' int4 /
+ * int8, scales as stored, int8 zero points), GPTQ and AWQ (GEMM) on the
  * device: their arrays in a qt_cuda_tensor (upload, allocate alike,
  * download, release, for qt_cuda_tensor.cu), their dequantize (the GEMM's
  * route to cuBLASLt and a merge's W) and their row gather. Their matvec is
@@ -51,12 +53,22 @@ struct quantfmt_sizes {
     }
 };
 
-quantfmt_sizes fp8_sizes(int64_t rows, int64_t cols, int64_t scale_rows, int64_t scale_cols,
-                         bool e8m0)
+/* The bytes of one scale of dtype d (qt_scale_dtype_size's, which the
+ * device library does not link). */
+size_t scale_bytes(qt_scale_dtype d)
+{
+    return d == QT_SCALE_E8M0 ? 1u : d == QT_SCALE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* FP8: rows * cols codes; CT_INT: rows * row_stride, and a zero byte per
+ * scale when asymmetric. */
+quantfmt_sizes fp8_sizes(const qt_cuda_fp8_view &v, int64_t rows, int64_t cols)
 {
     quantfmt_sizes s = {};
-    s.codes = (size_t)(rows * cols);
-    s.scales = (size_t)(scale_rows * scale_cols) * (e8m0 ? 1u : sizeof(float));
+    const size_t n = (size_t)(v.scale_rows * v.scale_cols);
+    s.codes = v.ct_int ? (size_t)rows * (size_t)v.row_stride : (size_t)(rows * cols);
+    s.scales = n * scale_bytes(v.scale_dtype);
+    s.zeros = v.ct_int && v.asymmetric ? n : 0;
     return s;
 }
 
@@ -73,7 +85,7 @@ quantfmt_sizes gptq_sizes(int64_t rows, int64_t cols, int32_t bits, int64_t grou
 quantfmt_sizes sizes_of(const qt_cuda_kind_ops &row, const qt_cuda_tensor &d)
 {
     if (row.layout == QT_CUDA_LAYOUT_FP8)
-        return fp8_sizes(d.rows, d.cols, d.fp8.scale_rows, d.fp8.scale_cols, d.fp8.e8m0);
+        return fp8_sizes(d.fp8, d.rows, d.cols);
     if (row.layout == QT_CUDA_LAYOUT_GPTQ)
         return gptq_sizes(d.rows, d.cols, d.gptq.bits, d.gptq.groups);
     return quantfmt_sizes{};
@@ -110,6 +122,9 @@ int view_arrays(const qt_cuda_kind_ops &row, qt_cuda_tensor *d, const qtensor *t
             rc = upload_array(&scales, t ? t->block_scales : nullptr, s.scales, "fp8 block scales",
                               msg, msg_len);
         v.scales = scales;
+        if (rc == QL_OK && s.zeros > 0)
+            rc = upload_array(&v.zeros, t ? t->block_zeros : nullptr, s.zeros, "ct_int zeros", msg,
+                              msg_len);
         return rc;
     }
     qt_cuda_gptq_view &v = d->gptq;
@@ -124,25 +139,40 @@ int view_arrays(const qt_cuda_kind_ops &row, qt_cuda_tensor *d, const qtensor *t
     return rc;
 }
 
-/* The FP8 host tensor's layout, checked: QL_OK or msg says what is wrong. */
-int check_fp8(const qtensor *t, char *msg, size_t msg_len)
+/* The FP8 or CT_INT host tensor's layout, checked: QL_OK or msg says what
+ * is wrong. */
+int check_fp8(const qt_cuda_kind_ops &row, const qtensor *t, char *msg, size_t msg_len)
 {
     static const char where[] = "qt_cuda_tensor_upload";
+    const bool ct = row.ct_int_codes;
+    const bool dtype_ok = t->scale_dtype == QT_SCALE_F32 || t->scale_dtype == QT_SCALE_BF16 ||
+                          t->scale_dtype == QT_SCALE_F16 ||
+                          (!ct && t->scale_dtype == QT_SCALE_E8M0);
     if (t->block_rows < 1 || t->block_cols < 1 ||
         t->scale_rows != ceil_div(t->rows, t->block_rows) ||
-        t->scale_cols != ceil_div(t->cols, t->block_cols) ||
-        (t->scale_dtype != QT_SCALE_F32 && t->scale_dtype != QT_SCALE_E8M0)) {
+        t->scale_cols != ceil_div(t->cols, t->block_cols) || !dtype_ok) {
         say(msg, msg_len,
-            "%s: fp8 blocks %d x %d with a [%lld, %lld] scale grid (dtype %d) do not tile a "
+            "%s: %s blocks %d x %d with a [%lld, %lld] scale grid (dtype %d) do not tile a "
             "%lld x %lld weight",
-            where, (int)t->block_rows, (int)t->block_cols, (long long)t->scale_rows,
-            (long long)t->scale_cols, (int)t->scale_dtype, (long long)t->rows, (long long)t->cols);
+            where, kind_name(t->kind), (int)t->block_rows, (int)t->block_cols,
+            (long long)t->scale_rows, (long long)t->scale_cols, (int)t->scale_dtype,
+            (long long)t->rows, (long long)t->cols);
         return QL_EINVAL;
     }
-    if (t->rows * t->cols > 0 &&
-        (!t->data || t->data_bytes < (size_t)(t->rows * t->cols) || !t->block_scales)) {
-        say(msg, msg_len, "%s: fp8 tensor %lld x %lld has no codes or block scales", where,
-            (long long)t->rows, (long long)t->cols);
+    const bool bits_ok = t->ct_signed_codes ? t->bits == 8 : t->bits == 4 || t->bits == 8;
+    const size_t stride =
+        t->ct_signed_codes ? (size_t)t->cols : (size_t)((t->cols * t->bits + 31) / 32) * 4;
+    if (ct && (!bits_ok || t->row_stride != stride)) {
+        say(msg, msg_len,
+            "%s: ct_int int%d with rows of %zu bytes is not a layout of a %lld-column "
+            "weight",
+            where, (int)t->bits, t->row_stride, (long long)t->cols);
+        return QL_EINVAL;
+    }
+    const size_t codes = ct ? (size_t)t->rows * t->row_stride : (size_t)(t->rows * t->cols);
+    if (t->rows * t->cols > 0 && (!t->data || t->data_bytes < codes || !t->block_scales)) {
+        say(msg, msg_len, "%s: %s tensor %lld x %lld has no codes or block scales", where,
+            kind_name(t->kind), (long long)t->rows, (long long)t->cols);
         return QL_EINVAL;
     }
     return QL_OK;
@@ -298,7 +328,7 @@ extern "C" int qt_cuda_quantfmt_upload(const qt_cuda_kind_ops *row, const qtenso
                                        qt_cuda_tensor *d, char *msg, size_t msg_len)
 {
     if (row->layout == QT_CUDA_LAYOUT_FP8) {
-        int rc = check_fp8(t, msg, msg_len);
+        int rc = check_fp8(*row, t, msg, msg_len);
         if (rc != QL_OK)
             return rc;
         qt_cuda_fp8_view &v = d->fp8;
@@ -309,6 +339,14 @@ extern "C" int qt_cuda_quantfmt_upload(const qt_cuda_kind_ops *row, const qtenso
         v.scale_rows = t->scale_rows;
         v.scale_cols = t->scale_cols;
         v.e8m0 = t->scale_dtype == QT_SCALE_E8M0;
+        v.scale_dtype = t->scale_dtype;
+        v.ct_int = row->ct_int_codes;
+        if (v.ct_int) {
+            v.signed_codes = t->ct_signed_codes;
+            v.bits = t->bits;
+            v.row_stride = (int64_t)t->row_stride;
+            v.asymmetric = t->block_zeros != nullptr;
+        }
     } else {
         int rc = check_gptq(*row, t, msg, msg_len);
         if (rc != QL_OK)
@@ -330,6 +368,7 @@ extern "C" int qt_cuda_quantfmt_release(qt_cuda_tensor *d, int rc, char *msg, si
 {
     rc = free_device(d->fp8.codes, "fp8 codes", rc, msg, msg_len);
     rc = free_device(d->fp8.scales, "fp8 block scales", rc, msg, msg_len);
+    rc = free_device(d->fp8.zeros, "ct_int zeros", rc, msg, msg_len);
     rc = free_device(d->gptq.qweight, "qweight", rc, msg, msg_len);
     rc = free_device(d->gptq.qzeros, "qzeros", rc, msg, msg_len);
     rc = free_device(d->gptq.scales, "f16 scales", rc, msg, msg_len);
@@ -353,20 +392,22 @@ extern "C" int qt_cuda_quantfmt_download(const qt_cuda_kind_ops *row, const qt_c
     if (row->layout == QT_CUDA_LAYOUT_FP8) {
         const qt_cuda_fp8_view &v = d->fp8;
         if (h->block_rows != v.block_rows || h->block_cols != v.block_cols ||
-            (h->scale_dtype == QT_SCALE_E8M0) != v.e8m0 || !h->data || h->data_bytes < s.codes ||
-            !h->block_scales) {
+            h->scale_dtype != v.scale_dtype || !h->data || h->data_bytes < s.codes ||
+            !h->block_scales || (s.zeros > 0 && !h->block_zeros) ||
+            (v.ct_int && (h->bits != v.bits || h->ct_signed_codes != v.signed_codes))) {
             say(msg, msg_len,
-                "%s: the host fp8 tensor (blocks %d x %d, %s scales) does not match the "
-                "device's (blocks %d x %d, %s scales) or has no room",
-                where, (int)h->block_rows, (int)h->block_cols,
-                h->scale_dtype == QT_SCALE_E8M0 ? "e8m0" : "f32", (int)v.block_rows,
-                (int)v.block_cols, v.e8m0 ? "e8m0" : "f32");
+                "%s: the host %s tensor (blocks %d x %d, scale dtype %d) does not match the "
+                "device's (blocks %d x %d, scale dtype %d) or has no room",
+                where, kind_name(h->kind), (int)h->block_rows, (int)h->block_cols,
+                (int)h->scale_dtype, (int)v.block_rows, (int)v.block_cols, (int)v.scale_dtype);
             return QL_EINVAL;
         }
         int rc = copy_to_host(h->data, v.codes, s.codes, "fp8 codes", msg, msg_len);
         if (rc == QL_OK)
             rc =
                 copy_to_host(h->block_scales, v.scales, s.scales, "fp8 block scales", msg, msg_len);
+        if (rc == QL_OK && s.zeros > 0)
+            rc = copy_to_host(h->block_zeros, v.zeros, s.zeros, "ct_int zeros", msg, msg_len);
         return rc;
     }
     const qt_cuda_gptq_view &v = d->gptq;
@@ -398,6 +439,6 @@ extern "C" size_t qt_cuda_quantfmt_bytes(const qt_cuda_kind_ops *row, const qt_c
 extern "C" bool qt_cuda_quantfmt_has_arrays(const qt_cuda_kind_ops *row, const qt_cuda_tensor *d)
 {
     if (row->layout == QT_CUDA_LAYOUT_FP8)
-        return d->fp8.codes && d->fp8.scales;
+        return d->fp8.codes && d->fp8.scales && (!d->fp8.asymmetric || d->fp8.zeros);
     return d->gptq.qweight && d->gptq.qzeros && d->gptq.scales && d->gptq.g_idx;
 }

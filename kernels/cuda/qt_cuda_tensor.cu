@@ -128,6 +128,10 @@ size_t upload_bytes_of(const qt_cuda_kind_ops &row, const qtensor *t)
         d.fp8.scale_rows = t->scale_rows;
         d.fp8.scale_cols = t->scale_cols;
         d.fp8.e8m0 = t->scale_dtype == QT_SCALE_E8M0;
+        d.fp8.scale_dtype = t->scale_dtype;
+        d.fp8.ct_int = row.ct_int_codes;
+        d.fp8.row_stride = (int64_t)t->row_stride;
+        d.fp8.asymmetric = t->block_zeros != nullptr;
     } else if (row.layout == QT_CUDA_LAYOUT_GPTQ) {
         d.gptq.bits = t->bits;
         d.gptq.groups = t->gptq_groups;
@@ -304,7 +308,7 @@ extern "C" int qt_cuda_tensor_upload_with(const qt_cuda_kind_ops *row, const qte
         say(msg, msg_len,
             "the CUDA backend cannot run %s yet (it runs f32, f16, bf16, nf4, fp4, affine, "
             "q4_0, q4_1, q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, "
-            "fp8, gptq and awq; this kind runs on the CPU backend)",
+            "fp8, ct_int, gptq and awq; this kind runs on the CPU backend)",
             kind_name(t->kind));
         return QL_EUNSUPPORTED;
     }
@@ -390,6 +394,7 @@ extern "C" int qt_cuda_tensor_alloc_like_with(const qt_cuda_kind_ops *row, const
     out->gguf.m = nullptr;
     out->fp8.codes = nullptr;
     out->fp8.scales = nullptr;
+    out->fp8.zeros = nullptr;
     out->gptq.qweight = nullptr;
     out->gptq.qzeros = nullptr;
     out->gptq.scales = nullptr;

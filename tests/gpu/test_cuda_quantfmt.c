@@ -1,6 +1,9 @@
 /*
- * test_cuda_quantfmt.c - the checkpoint formats FP8 (block scales in f32 and
- * in UE8M0), GPTQ (v1 4-bit with act-order, v2 8-bit, one group) and AWQ on
+ * test_cuda_quantfmt.c - the checkpoint formats FP8 (block scales in f32, in
+ * UE8M0, and per channel / per block in bf16 and f16, whose values round to
+ * the scale's dtype), CT_INT (compressed-tensors' int4 packed and int8
+ * packed or naive, scales in f32, bf16 or f16, with and without zero
+ * points), GPTQ (v1 4-bit with act-order, v2 8-bit, one group) and AWQ on
  * the CUDA backend, against the CPU's scalar reference
  * (qt_dequantize_rows_ref):
  *   - dequantization bit for bit: the row gather (every row), and the
@@ -10,12 +13,15 @@
  *     rounded by qm_f32_to_bf16);
  *   - the matvec for batches 1..8 on both its kernels (FP8's fused 16-code
  *     chunks where block_cols % 16 == 0 and cols % 32 == 0, the generic one
- *     otherwise and for GPTQ/AWQ) within test_cuda_matmul's bound,
+ *     otherwise and for 16-bit scales, CT_INT, GPTQ/AWQ) within
+ *     test_cuda_matmul's bound,
  *     |y - y64| <= 8 * FLT_EPSILON * sqrt(cols) * sum |x| |W|;
  *   - a download gives back the uploaded bytes (codes, scales in their own
- *     width, qzeros, g_idx);
- *   - the engine: the tiny FP8 (both scale widths), GPTQ (v1, v2) and AWQ
- *     fixtures of tests/fixtures (test_fp8, test_gptq) give, on the CUDA
+ *     width, qzeros, CT_INT's zero points, g_idx);
+ *   - the engine: the tiny FP8 (both scale widths), GPTQ (v1, v2), AWQ,
+ *     compressed-tensors (int4 group asymmetric, int8 channel, int8 tensor
+ *     naive, FP8 channel and block) and fbgemm FP8 fixtures of
+ *     tests/fixtures (test_fp8, test_gptq, test_ctensors) give, on the CUDA
  *     backend, the CPU backend's greedy ids, which are the float64
  *     reference's, serve the CPU's bytes (equal digests), and a 16-token
  *     prefill (cuBLASLt's route) gives the CPU's logits within 1e-3.
@@ -34,10 +40,11 @@
 
 #include <cuda_runtime_api.h>
 
-/* the references' digests and logits are test_fp8's and test_gptq's; here
- * only their prompts and greedy ids are read */
+/* the references' digests and logits are test_fp8's, test_gptq's and
+ * test_ctensors'; here only their prompts and greedy ids are read */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-const-variable"
+#include "fixtures/ctensors_reference.h"
 #include "fixtures/fp8_reference.h"
 #include "fixtures/gptq_reference.h"
 #pragma GCC diagnostic pop
@@ -72,6 +79,20 @@ static void report(bool ok, const char *name, const char *fmt, ...)
 
 /* ---- the tensors: random parts through the loaders' own constructors ------ */
 
+/* n random scales near `mid` in sd's width (f32, bf16, f16) into out. */
+static void random_scales(void *out, int64_t n, qt_scale_dtype sd, double mid)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = (float)((0.5 + rng_uniform()) * mid);
+        if (sd == QT_SCALE_BF16)
+            ((uint16_t *)out)[i] = qt_f32_to_bf16(v);
+        else if (sd == QT_SCALE_F16)
+            ((uint16_t *)out)[i] = qt_f32_to_f16(v);
+        else
+            ((float *)out)[i] = v;
+    }
+}
+
 /* rows x cols E4M3 codes (every byte but the two NaNs) with a random block
  * scale grid in sd's width. */
 static int make_fp8(qtensor *t, int64_t rows, int64_t cols, int32_t br, int32_t bc,
@@ -85,10 +106,9 @@ static int make_fp8(qtensor *t, int64_t rows, int64_t cols, int32_t br, int32_t 
         uint8_t b = (uint8_t)(rng_uniform() * 256.0);
         codes[i] = (b & 0x7Fu) == 0x7Fu ? (uint8_t)(b - 1) : b;
     }
-    for (int64_t i = 0; i < sr * sc; i++) {
-        sf[i] = (float)((0.5 + rng_uniform()) / 448.0);
+    random_scales(sf, sr * sc, sd == QT_SCALE_E8M0 ? QT_SCALE_F32 : sd, 1.0 / 448.0);
+    for (int64_t i = 0; i < sr * sc; i++)
         se[i] = (uint8_t)(118 + (int)(rng_uniform() * 4.0)); /* 2^-9 .. 2^-6 */
-    }
     qt_fp8_parts p = {.rows = rows,
                       .cols = cols,
                       .block_rows = br,
@@ -102,6 +122,41 @@ static int make_fp8(qtensor *t, int64_t rows, int64_t cols, int32_t br, int32_t 
     free(codes);
     free(sf);
     free(se);
+    return rc;
+}
+
+/* A CT_INT tensor of random codes: packed (4 or 8 bits) or naive int8,
+ * scales in sd's width on a br x bc block grid, int8 zero points in the
+ * codes' range when asym. */
+static int make_ct(qtensor *t, int64_t rows, int64_t cols, int32_t bits, bool packed, int32_t br,
+                   int32_t bc, qt_scale_dtype sd, bool asym, char *msg)
+{
+    int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    size_t stride = packed ? (size_t)((cols * bits + 31) / 32) * 4 : (size_t)cols;
+    uint8_t *codes = malloc(stride * (size_t)rows), *zeros = malloc((size_t)(sr * sc));
+    float *scales = malloc((size_t)(sr * sc) * sizeof *scales);
+    for (size_t i = 0; i < stride * (size_t)rows; i++)
+        codes[i] = (uint8_t)(rng_uniform() * 256.0);
+    for (int64_t i = 0; i < sr * sc; i++)
+        zeros[i] =
+            (uint8_t)(int8_t)((int)(rng_uniform() * (double)(1 << bits)) - (1 << (bits - 1)));
+    random_scales(scales, sr * sc, sd, 0.01);
+    qt_ct_int_parts p = {.rows = rows,
+                         .cols = cols,
+                         .bits = bits,
+                         .packed = packed,
+                         .block_rows = br,
+                         .block_cols = bc,
+                         .codes = codes,
+                         .scale_dtype = sd,
+                         .scales = scales,
+                         .scale_rows = sr,
+                         .scale_cols = sc,
+                         .zeros = asym ? zeros : NULL};
+    int rc = qt_from_ct_int(t, &p, msg, MSG_LEN);
+    free(codes);
+    free(zeros);
+    free(scales);
     return rc;
 }
 
@@ -319,16 +374,20 @@ static void download_round_trip(const char *name, const qt_cuda_tensor *d, const
         if (back.block_scales)
             memset(back.block_scales, 0x5A,
                    (size_t)(t->scale_rows * t->scale_cols) * qt_scale_dtype_size(t->scale_dtype));
+        if (back.block_zeros)
+            memset(back.block_zeros, 0x5A, (size_t)(t->scale_rows * t->scale_cols));
         if (back.gptq_qzeros)
             memset(back.gptq_qzeros, 0x5A, (size_t)(t->gptq_groups * t->rows * t->bits / 8));
         rc = qt_cuda_tensor_download(d, &back, msg, sizeof msg);
     }
     bool ok = rc == QL_OK && same_bytes(back.data, t->data, t->data_bytes);
-    if (t->kind == QT_FP8)
+    if (t->kind == QT_FP8 || t->kind == QT_CT_INT)
         ok = ok && back.scale_dtype == t->scale_dtype &&
              same_bytes(back.block_scales, t->block_scales,
                         (size_t)(t->scale_rows * t->scale_cols) *
-                            qt_scale_dtype_size(t->scale_dtype));
+                            qt_scale_dtype_size(t->scale_dtype)) &&
+             same_bytes(back.block_zeros, t->block_zeros,
+                        t->block_zeros ? (size_t)(t->scale_rows * t->scale_cols) : 0);
     else
         ok = ok &&
              same_bytes(back.gptq_qzeros, t->gptq_qzeros,
@@ -367,10 +426,10 @@ static void tensor_checks(const char *name, const qtensor *t)
 static void kernels(void)
 {
     /* merges into these kinds requantize on the CPU (quant_fp8.c,
-     * quant_gptq.c) and the backend uploads the merged bytes */
-    report(!qt_cuda_merge_requantizes(QT_FP8) && !qt_cuda_merge_requantizes(QT_GPTQ) &&
-               !qt_cuda_merge_requantizes(QT_AWQ),
-           "merges_into_checkpoint_formats_requantize_on_the_cpu", "fp8, gptq, awq");
+     * quant_ct.c, quant_gptq.c) and the backend uploads the merged bytes */
+    report(!qt_cuda_merge_requantizes(QT_FP8) && !qt_cuda_merge_requantizes(QT_CT_INT) &&
+               !qt_cuda_merge_requantizes(QT_GPTQ) && !qt_cuda_merge_requantizes(QT_AWQ),
+           "merges_into_checkpoint_formats_requantize_on_the_cpu", "fp8, ct_int, gptq, awq");
     struct {
         const char *name;
         int64_t rows, cols;
@@ -382,6 +441,8 @@ static void kernels(void)
         {"fp8_f32_partial_blocks", 37, 70, 16, 32, QT_SCALE_F32}, /* the grid's last blocks cut */
         {"fp8_e8m0_8x8_generic", 24, 64, 8, 8, QT_SCALE_E8M0},    /* blocks narrower than a chunk */
         {"fp8_f32_128x128", 40, 160, 128, 128, QT_SCALE_F32},
+        {"fp8_bf16_channel", 48, 96, 1, 96, QT_SCALE_BF16}, /* compressed-tensors' FP8_DYNAMIC */
+        {"fp8_f16_partial_blocks", 37, 70, 16, 32, QT_SCALE_F16},
     };
     char msg[MSG_LEN];
     for (size_t i = 0; i < sizeof fp8 / sizeof fp8[0]; i++) {
@@ -392,6 +453,32 @@ static void kernels(void)
             continue;
         }
         tensor_checks(fp8[i].name, &t);
+        qt_free(&t);
+    }
+    struct {
+        const char *name;
+        int64_t rows, cols;
+        int32_t bits;
+        bool packed;
+        int32_t br, bc;
+        qt_scale_dtype sd;
+        bool asym;
+    } ct[] = {
+        {"ct_int4_group32_asym_bf16", 40, 96, 4, true, 1, 32, QT_SCALE_BF16, true},
+        {"ct_int8_channel_sym_f16", 36, 64, 8, true, 1, 64, QT_SCALE_F16, false},
+        {"ct_int8_naive_tensor_asym_f32", 24, 48, 8, false, 24, 48, QT_SCALE_F32, true},
+        {"ct_int4_partial_blocks_f16", 37, 70, 4, true, 16, 32, QT_SCALE_F16, true},
+        {"ct_int8_naive_group_sym_bf16", 20, 40, 8, false, 1, 16, QT_SCALE_BF16, false},
+    };
+    for (size_t i = 0; i < sizeof ct / sizeof ct[0]; i++) {
+        qtensor t;
+        int rc = make_ct(&t, ct[i].rows, ct[i].cols, ct[i].bits, ct[i].packed, ct[i].br, ct[i].bc,
+                         ct[i].sd, ct[i].asym, msg);
+        if (rc != QL_OK) {
+            report(false, ct[i].name, "qt_from_ct_int: %s", msg);
+            continue;
+        }
+        tensor_checks(ct[i].name, &t);
         qt_free(&t);
     }
     struct {
@@ -558,6 +645,21 @@ static void engine(void)
                    GPTQ_N_TOKENS);
     engine_fixture("awq_tiny", GPTQ_AWQ_GREEDY, GPTQ_PROMPT, gp, GPTQ_N_GREEDY, GPTQ_TOKENS,
                    GPTQ_N_TOKENS);
+    static const struct {
+        const char *folder;
+        const int *greedy;
+    } ct[] = {
+        {"ct_int4_group_asym", CT_INT4_GROUP_ASYM_GREEDY},
+        {"ct_int8_channel_sym", CT_INT8_CHANNEL_SYM_GREEDY},
+        {"ct_int8_tensor_naive", CT_INT8_TENSOR_NAIVE_GREEDY},
+        {"ct_fp8_channel", CT_FP8_CHANNEL_GREEDY},
+        {"ct_fp8_block", CT_FP8_BLOCK_GREEDY},
+        {"fbgemm_fp8_tiny", CT_FBGEMM_GREEDY},
+    };
+    const int32_t cp = (int32_t)(sizeof CT_PROMPT / sizeof CT_PROMPT[0]);
+    for (size_t i = 0; i < sizeof ct / sizeof ct[0]; i++)
+        engine_fixture(ct[i].folder, ct[i].greedy, CT_PROMPT, cp, CT_N_GREEDY, CT_TOKENS,
+                       CT_N_TOKENS);
 }
 
 int main(void)

@@ -96,6 +96,9 @@ typedef struct qt_cuda_kind_ops {
     /* GPTQ layout: AWQ's packing (codes along the output dim, in AWQ's
      * interleaved order) instead of GPTQ's */
     bool awq_packing;
+    /* FP8 layout: integer codes with zero points (compressed-tensors'
+     * CT_INT) instead of E4M3 codes */
+    bool ct_int_codes;
     qt_cuda_dequantize_fn dequantize;
     qt_cuda_matvec_fn matvec;
     qt_cuda_gather_fn gather;
