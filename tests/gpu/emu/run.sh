@@ -24,7 +24,7 @@
 #                   test_cuda_lora test_cuda_quantfmt test_cuda_engine
 #                   (default: all)
 # Environment: QL_EMU_JOBS (parallel compiles and tests; default nproc),
-#   QL_EMU_TIMEOUT (seconds per test, default 600), QL_EMU_OPT (default -O2).
+#   QL_EMU_TIMEOUT (seconds per test, default 1200), QL_EMU_OPT (default -O2).
 # Output: objects, binaries and logs under BUILD_DIR/gpu-emu/; a table at the
 # end and `RESULT: PASS|FAIL`. Exit status 0 when every test passed.
 set -u
@@ -70,7 +70,7 @@ OUTD=$BUILD/gpu-emu
 EMU=$ROOT/tests/gpu/emu
 JOBS=${QL_EMU_JOBS:-$(nproc)}
 OPT=${QL_EMU_OPT:--O2}
-TIMEOUT=${QL_EMU_TIMEOUT:-600}
+TIMEOUT=${QL_EMU_TIMEOUT:-1200}
 mkdir -p "$OUTD/obj" "$OUTD/logs"
 T0=$SECONDS
 
