@@ -258,6 +258,16 @@ static int quant_params(const eng_quantize_opts *o, qt_quant_params *p, char *ms
  * (int32) and their f16 `scales`, and compressed-tensors' (and fbgemm's)
  * `weight_packed` / `weight_scale` / `weight_zero_point` (an int8 naive
  * `weight` or a bf16 scale would pass for a weight otherwise). */
+static const struct {
+    const char *suffix, *format, *codes;
+} packed_names[] = {
+    {".qweight", "gptq or awq", "packed int32"},
+    {".qzeros", "gptq or awq", "packed int32"},
+    {".weight_packed", "compressed-tensors or fbgemm", "packed int32 or int8"},
+    {".weight_scale", "compressed-tensors or fbgemm", "packed int32 or int8"},
+    {".weight_zero_point", "compressed-tensors or fbgemm", "packed int32 or int8"},
+};
+
 static int refuse_quantized(const st_file *in, const char *path, char *msg, size_t msg_len)
 {
     for (size_t i = 0; i < in->n_tensors; i++) {
@@ -268,19 +278,13 @@ static int refuse_quantized(const st_file *in, const char *path, char *msg, size
                            "bitsandbytes; quantizing it again would lose precision",
                            path, t->name);
         const char *dot = strrchr(t->name, '.');
-        if (dot && (strcmp(dot, ".qweight") == 0 || strcmp(dot, ".qzeros") == 0))
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: tensor '%s' shows the file is already quantized (gptq or awq: "
-                           "packed int32 codes, their scales beside them); quantizing it again "
-                           "would lose precision",
-                           path, t->name);
-        if (dot && (strcmp(dot, ".weight_packed") == 0 || strcmp(dot, ".weight_scale") == 0 ||
-                    strcmp(dot, ".weight_zero_point") == 0))
-            return ql_fail(msg, msg_len, QL_EINVAL,
-                           "%s: tensor '%s' shows the file is already quantized "
-                           "(compressed-tensors or fbgemm: codes with their scales beside them); "
-                           "quantizing it again would lose precision",
-                           path, t->name);
+        for (size_t k = 0; dot && k < sizeof packed_names / sizeof *packed_names; k++)
+            if (strcmp(dot, packed_names[k].suffix) == 0)
+                return ql_fail(msg, msg_len, QL_EINVAL,
+                               "%s: tensor '%s' shows the file is already quantized (%s: %s "
+                               "codes, their scales beside them); quantizing it again would "
+                               "lose precision",
+                               path, t->name, packed_names[k].format, packed_names[k].codes);
         if (t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E8M0)
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is %s: the file is already quantized (fp8, its "

@@ -238,10 +238,11 @@ void eng_weights_unref(eng_weights *w)
 #ifdef __GLIBC__
     /* a merged version is the size of the modules it merged, in many
      * blocks under glibc's mmap threshold, spread over the arenas of the
-     * threads that built it: without a trim the freed pages stay in the
-     * process, and a server that merges and unmerges every few seconds
-     * grew by tens of MiB a minute (the soak); rare, so the heap walk is
-     * cheap beside the free itself */
+     * threads that built it: without a trim glibc keeps the freed pages
+     * (the soak's growth itself was the KV arena, see kv_cache.c); rare,
+     * so the heap walk is cheap beside the free itself, though it runs on
+     * whichever thread drops the last reference (the engine's, at the end
+     * of the last sequence on an unmerged version) */
     malloc_trim(0);
 #endif
 }
