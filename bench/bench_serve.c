@@ -26,7 +26,14 @@
  *                the same prefix asked again and again (a prompt cache's
  *                case: what llama-server's prompt cache and a prefix cache
  *                reuse);
- *   prefix_8     the same with 8 streams.
+ *   prefix_8     the same with 8 streams;
+ *   copy_1       1 stream, /v1/chat/completions: a ~150-token paragraph to
+ *                write out again with its misspellings corrected, an answer
+ *                that copies the prompt (speculative decoding's case: an
+ *                n-gram drafter finds what comes next in the prompt);
+ *   copy_8       the same with 8 streams.
+ * The copy workloads run only when --workloads names them (the default set
+ * is the five above, as before).
  * A stream is a closed loop on one keep-alive connection: its next
  * request goes when the previous answer ends, until --seconds have passed
  * since the workload began (the requests then in flight finish and
@@ -87,21 +94,30 @@
 
 /* --- the workloads and their figures --------------------------------------------- */
 
+/* what a workload asks: a distinct completion prompt, a chat turn after the
+ * shared system prompt, or a chat turn asking to copy a paragraph */
+typedef enum prompt_kind { DISTINCT, SHARED_PREFIX, COPY } prompt_kind;
+
 typedef struct workload {
     const char *name;
     int streams;
-    bool shared_prefix; /* chat with the shared system prompt; else distinct completions */
+    prompt_kind kind;
+    bool by_default; /* run when --workloads is not given */
     const char *what;
 } workload;
 
 static const workload workloads[] = {
-    {"distinct_1", 1, false, "1 stream, /v1/completions, distinct prompts"},
-    {"distinct_8", 8, false, "8 streams, /v1/completions, distinct prompts"},
-    {"distinct_32", 32, false, "32 streams, /v1/completions, distinct prompts"},
-    {"prefix_1", 1, true,
+    {"distinct_1", 1, DISTINCT, true, "1 stream, /v1/completions, distinct prompts"},
+    {"distinct_8", 8, DISTINCT, true, "8 streams, /v1/completions, distinct prompts"},
+    {"distinct_32", 32, DISTINCT, true, "32 streams, /v1/completions, distinct prompts"},
+    {"prefix_1", 1, SHARED_PREFIX, true,
      "1 stream, /v1/chat/completions, a shared ~1000-token system prompt, distinct user turns"},
-    {"prefix_8", 8, true,
+    {"prefix_8", 8, SHARED_PREFIX, true,
      "8 streams, /v1/chat/completions, a shared ~1000-token system prompt, distinct user turns"},
+    {"copy_1", 1, COPY, false,
+     "1 stream, /v1/chat/completions, a ~150-token paragraph to write out again corrected"},
+    {"copy_8", 8, COPY, false,
+     "8 streams, /v1/chat/completions, a ~150-token paragraph to write out again corrected"},
 };
 #define N_WORKLOADS (int)(sizeof workloads / sizeof workloads[0])
 /* llama-server's slots: the most streams a workload has */
@@ -196,13 +212,44 @@ static char *system_prompt(void)
 
 static char *shared_system; /* system_prompt(), made once */
 
+/* Copy prompt i (malloc'd): a paragraph on two topics, with two words
+ * misspelt, to be written out again corrected: most of the answer is in
+ * the prompt. */
+static char *copy_prompt(int i)
+{
+    const char *a = topics[i % 32], *b = topics[(i / 32 + i + 1) % 32];
+    char *p = NULL;
+    if (asprintf(&p,
+                 "Here is paragraph number %d of a school report:\n\n"
+                 "%s and %s have more in common than most people think. Both were studied "
+                 "for centuries by curious people who wrote down what they saw, and both "
+                 "changed the way that towns and villages grew along the coast and in the "
+                 "hills. Today teachers use them to explain how the world works, becuase "
+                 "children remember a good story better than a list of facts. In the next "
+                 "hundred years we will probably learn even more about them, and the "
+                 "questions we ask will become more interresting as our tools improve.\n\n"
+                 "Write the whole paragraph out again with its spelling mistakes corrected. "
+                 "Change nothing else.",
+                 i, a, b) < 0)
+        die("out of memory", NULL);
+    return p;
+}
+
 /* The JSON body of request i of workload w (malloc'd). warm: a warm-up
  * request, whose prompt no workload asks, of a few tokens. */
 static char *request_body(const workload *w, int i, bool warm)
 {
     cJSON *b = cJSON_CreateObject();
     char text[256];
-    if (w->shared_prefix) {
+    if (w->kind == COPY) {
+        char *p = warm ? NULL : copy_prompt(i);
+        snprintf(text, sizeof text, "Warm-up %d: repeat the words red, green and blue.", i);
+        cJSON *user = cJSON_CreateObject();
+        cJSON_AddStringToObject(user, "role", "user");
+        cJSON_AddStringToObject(user, "content", p ? p : text);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(b, "messages"), user);
+        free(p);
+    } else if (w->kind == SHARED_PREFIX) {
         cJSON *ms = cJSON_AddArrayToObject(b, "messages");
         cJSON *sys = cJSON_CreateObject();
         cJSON_AddStringToObject(sys, "role", "system");
@@ -259,7 +306,8 @@ static void stream_error(stream *s, const char *fmt, const char *detail)
  * figures into s. Whether the answer was whole and 200. */
 static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
 {
-    const char *path = s->w->shared_prefix ? "/v1/chat/completions" : "/v1/completions";
+    bool chat = s->w->kind != DISTINCT;
+    const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
     char *body = request_body(s->w, i, warm);
     /* a kept-alive connection the server closed meanwhile fails before
      * any answer: the request goes again once on a fresh connection, as
@@ -311,10 +359,9 @@ static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
         }
         cJSON *j = cJSON_Parse(ev);
         const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
-        const cJSON *text = s->w->shared_prefix
-                                ? cJSON_GetObjectItemCaseSensitive(
-                                      cJSON_GetObjectItemCaseSensitive(c0, "delta"), "content")
-                                : cJSON_GetObjectItemCaseSensitive(c0, "text");
+        const cJSON *text = chat ? cJSON_GetObjectItemCaseSensitive(
+                                       cJSON_GetObjectItemCaseSensitive(c0, "delta"), "content")
+                                 : cJSON_GetObjectItemCaseSensitive(c0, "text");
         const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
         const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
@@ -454,7 +501,8 @@ static void warm_up(int port, const char *who)
         hc_close(&c);
         if (!ok) {
             fprintf(stderr, "bench_serve: %s's warm-up request on %s failed: %s\n", who,
-                    s.w->shared_prefix ? "/v1/chat/completions" : "/v1/completions", s.first_error);
+                    s.w->kind != DISTINCT ? "/v1/chat/completions" : "/v1/completions",
+                    s.first_error);
             exit(1);
         }
     }
@@ -643,7 +691,7 @@ static void usage(FILE *out)
             "workloads: ");
     for (int w = 0; w < N_WORKLOADS; w++)
         fprintf(out, "%s%s", w ? "," : "", workloads[w].name);
-    fprintf(out, " (default: all)\n"
+    fprintf(out, " (default: all but copy_1,copy_8)\n"
                  "Prints one JSON document: qlserve against llama-server, alternating, per "
                  "round and workload.\n");
 }
@@ -710,7 +758,7 @@ static void parse_args(int argc, char **argv, char *default_model)
                        .ctx_per_stream = 2048,
                        .qlserve_kv_mib = 1024};
     for (int w = 0; w < N_WORKLOADS; w++)
-        opt.run[w] = true;
+        opt.run[w] = workloads[w].by_default;
     for (int k = 0; k < N_SERVERS; k++)
         opt.serve[k] = true;
     opt.qlserve_args = calloc((size_t)argc, sizeof *opt.qlserve_args);
