@@ -27,14 +27,14 @@
 
 #include <string.h>
 
-#define SECURITY_HEADERS                                                                          \
-    "Content-Security-Policy: default-src 'none'; script-src 'self'; style-src 'self'; "          \
-    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "                   \
-    "frame-ancestors 'none'\r\n"                                                                  \
-    "X-Content-Type-Options: nosniff\r\n"                                                         \
-    "X-Frame-Options: DENY\r\n"                                                                   \
-    "Referrer-Policy: no-referrer\r\n"                                                            \
-    "Cross-Origin-Opener-Policy: same-origin\r\n"                                                 \
+#define SECURITY_HEADERS                                                                           \
+    "Content-Security-Policy: default-src 'none'; script-src 'self'; style-src 'self'; "           \
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "                    \
+    "frame-ancestors 'none'\r\n"                                                                   \
+    "X-Content-Type-Options: nosniff\r\n"                                                          \
+    "X-Frame-Options: DENY\r\n"                                                                    \
+    "Referrer-Policy: no-referrer\r\n"                                                             \
+    "Cross-Origin-Opener-Policy: same-origin\r\n"                                                  \
     "Cache-Control: no-store\r\n"
 
 bool srv_console_path(const char *path)

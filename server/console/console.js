@@ -3,8 +3,8 @@
  * only through the HTTP API a client has: GET /info, /v1/models and
  * /metrics, the admin routes under /admin/ and POST /v1/chat/completions,
  * with the admin token (and API key) typed into the page. The secrets
- * stay in this tab (sessionStorage): never in a cookie, a URL or
- * localStorage, and the admin token goes only to /admin/ routes, the API
+ * stay in this tab (sessionStorage): never in a cookie, a URL or the
+ * browser's lasting storage, and the admin token goes only to /admin/ routes, the API
  * key only to the others, as the server keeps the two apart.
  *
  * The merge reports a merge answers with (per module delta_retained and
@@ -182,6 +182,7 @@ function actionButton(label, name, handler, disabled) {
 
 function renderAdapters() {
   if (!changed('adapters', state.adapters)) return;
+  if (state.reports.size) renderCosts();
   const body = $('adapter-table').querySelector('tbody');
   body.replaceChildren();
   for (const a of state.adapters) {
@@ -212,7 +213,8 @@ function renderModels() {
     sel.replaceChildren(...ids.map((id) => el('option', { value: id }, id)));
     /* the base on the left, the first adapter on the right, until chosen */
     const adapter = ids.find((id) => state.info && id !== state.info.model_id);
-    sel.value = ids.includes(had) ? had : (k === 1 && adapter ? adapter : ids[0] || '');
+    const fallback = k === 1 && adapter ? adapter : ids[0] || '';
+    sel.value = sel.dataset.chosen && ids.includes(had) ? had : fallback;
   }
 }
 
@@ -284,8 +286,9 @@ async function merge(name) {
     + `into ${body.into || "the weight's own kind"}, safe merge ${body.safe_merge ? 'on' : 'off'})? `
     + 'Requests keep being answered meanwhile.', 'POST', `/admin/adapters/${encodeURIComponent(name)}/merge`, body);
   if (r && r.ok) {
+    state.reports.delete(name);
     state.reports.set(name, { ...r.json, into: body.into || null });
-    renderCosts(name);
+    renderCosts();
   }
 }
 
@@ -298,7 +301,7 @@ async function unload(name) {
   const r = await act(`Unload ${name}? Requests that name it will be refused (or load it again on `
     + 'first use where the server loads adapters by name).', 'DELETE',
   `/admin/adapters/${encodeURIComponent(name)}`);
-  if (r && r.ok) { state.reports.delete(name); renderCosts(null); }
+  if (r && r.ok) { state.reports.delete(name); renderCosts(); }
 }
 
 /* --- merge costs: a chart per report, drawn by hand ------------------------------ */
@@ -338,8 +341,10 @@ function costBlock(name, r) {
     tb.append(el('tr', {}, el('td', {}, m.module), el('td', {}, m.kind),
       el('td', {}, fixed(m.delta_retained, 4)), el('td', {}, fixed(m.relative_error, 4))));
   table.append(tb);
+  const now = state.adapters.find((a) => a.name === name);
+  const since = now && !now.merged ? ' (unmerged since)' : '';
   return el('div', { class: 'chart-block', 'data-adapter': name },
-    el('h3', {}, `${name}: merged at version ${r.version} in ${fixed(r.seconds, 2)} s`
+    el('h3', {}, `${name}: merged at version ${r.version}${since} in ${fixed(r.seconds, 2)} s`
       + `${r.into ? `, into ${r.into}` : ''}; overall kept ${fixed(r.delta_retained, 3)}, `
       + `relative error ${fixed(r.relative_error, 3)}`),
     el('p', { class: 'legend' }, el('span', { class: 'sw1' }, '■ delta_retained (1 = all kept, dashed)'),
@@ -349,10 +354,11 @@ function costBlock(name, r) {
     el('details', {}, el('summary', {}, 'The figures as a table'), el('div', { class: 'scroll' }, table)));
 }
 
-function renderCosts(latest) {
+/* The reports, the newest merge first (a merge moves its adapter's report
+ * to the end of the Map). */
+function renderCosts() {
   const box = $('cost-chart');
-  const names = [...state.reports.keys()];
-  if (latest) names.sort((a, b) => (a === latest ? -1 : b === latest ? 1 : 0));
+  const names = [...state.reports.keys()].reverse();
   if (!names.length) {
     box.replaceChildren(el('p', { class: 'muted' }, 'Merge an adapter to see its report per module.'));
     $('cost-advice').hidden = true;
@@ -481,6 +487,10 @@ function linePlot(key, title, unit, rows) {
     const path = d.trim();
     if (path) g.append(svg('path', { d: path.replace(/ +/g, ' '), fill: 'none', stroke: 'currentColor',
       'stroke-width': 1.5, class: 'sw' + (k + 1), 'data-series': n }));
+    /* the newest figure as a dot: a series with one figure has no line */
+    const at = rows.map((r) => r[n]).findLastIndex((v) => v !== null && v !== undefined);
+    if (at >= 0) g.append(svg('circle', { cx: x(off + at), cy: y(rows[at][n]), r: 2.5,
+      fill: 'currentColor', class: 'sw' + (k + 1) }));
     const v = last[n];
     legend.append(el('span', { class: 'sw' + (k + 1), 'data-series': n },
       `■ ${n} ${v === null || v === undefined ? '–' : fixed(v, v < 10 ? 2 : 0) + unit}`));
@@ -586,6 +596,8 @@ $('auth-forget').addEventListener('click', () => {
 $('load-form').addEventListener('submit', load);
 $('merge-form').addEventListener('submit', (ev) => ev.preventDefault());
 $('chat-form').addEventListener('submit', chat);
+for (const k of [0, 1])
+  $('chat-model-' + k).addEventListener('change', (ev) => { ev.target.dataset.chosen = '1'; });
 $('chat-stop').addEventListener('click', () => state.chats.forEach((c) => c.abort()));
 $('token').value = secret('token');
 $('apikey').value = secret('apikey');

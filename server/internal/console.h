@@ -20,7 +20,7 @@ extern const size_t srv_console_html_len, srv_console_css_len, srv_console_js_le
  * navigation or a subresource, so routes.c does not ask them for the API
  * key; they hold no data of the server's. */
 bool srv_console_path(const char *path);
-srv_route_handler srv_console_page; /* GET /console */
+srv_route_handler srv_console_page;     /* GET /console */
 srv_route_handler srv_console_js_file;  /* GET /console.js */
 srv_route_handler srv_console_css_file; /* GET /console.css */
 
