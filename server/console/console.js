@@ -187,15 +187,17 @@ function renderAdapters() {
   body.replaceChildren();
   for (const a of state.adapters) {
     const lm = a.last_merge;
+    /* data-label: a narrow screen shows each cell under its column's name */
+    const cell = (label, ...kids) => el('td', { 'data-label': label }, ...kids);
     body.append(el('tr', { 'data-adapter': a.name },
       el('th', { scope: 'row' }, a.name),
-      el('td', {}, `${a.rank} / ${a.alpha}${a.use_rslora ? ' (rsLoRA)' : ''}`),
-      el('td', {}, String(a.scale)),
-      el('td', {}, bytes(a.bytes)),
-      el('td', {}, a.merged ? `yes × ${a.merged_scale}` : 'no'),
-      el('td', {}, String(a.requests)),
-      el('td', {}, lm ? `kept ${fixed(lm.delta_retained, 3)}, error ${fixed(lm.relative_error, 3)}, ${fixed(lm.seconds, 2)} s` : '—'),
-      el('td', {}, el('div', { class: 'row' },
+      cell('rank / alpha', `${a.rank} / ${a.alpha}${a.use_rslora ? ' (rsLoRA)' : ''}`),
+      cell('scale', String(a.scale)),
+      cell('bytes', bytes(a.bytes)),
+      cell('merged', a.merged ? `yes × ${a.merged_scale}` : 'no'),
+      cell('requests', String(a.requests)),
+      cell('last merge', lm ? `kept ${fixed(lm.delta_retained, 3)}, error ${fixed(lm.relative_error, 3)}, ${fixed(lm.seconds, 2)} s` : '—'),
+      cell('actions', el('div', { class: 'row' },
         actionButton('Merge', a.name, () => merge(a.name)),
         actionButton('Unmerge', a.name, () => unmerge(a.name), !a.merged),
         actionButton('Unload', a.name, () => unload(a.name))))));
