@@ -289,14 +289,14 @@ static char *wd_eval(const char *script)
     return out;
 }
 
-/* Wait until the page's `script` is true: polled at most 3000 times 10 ms
- * apart (a bound for a broken page, not a timing); fails with what the
- * page then shows. */
+/* Wait until the page's `script` is true: polled at most 12000 times 10 ms
+ * apart, over two minutes (a bound for a broken page, not a timing); fails
+ * with what the page then shows. */
 static void wd_until(const char *script, const char *what)
 {
     char test[2048];
     snprintf(test, sizeof test, "!!(%s)", script);
-    for (int i = 0; i < 3000; i++) {
+    for (int i = 0; i < 12000; i++) {
         char *got = wd_eval(test);
         bool yes = strcmp(got, "true") == 0;
         free(got);

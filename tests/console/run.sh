@@ -2,7 +2,9 @@
 # run.sh - the console's browser test (test_console's console_browser
 # suite): makes sure Debian's chromium and chromium-driver are installed,
 # installing them with apt-get where it may (as root, or through sudo
-# without a password), then runs the suite; its screenshots go to the
+# without a password; without the recommended packages, but with
+# fonts-liberation, one of them, so the screenshots have their letters),
+# then runs the suite; its screenshots go to the
 # folder test_console was built with (BUILD/console).
 #
 #   tests/console/run.sh TEST_CONSOLE_BINARY
@@ -29,10 +31,10 @@ install_browser() {
   # the package lists may be stale or absent (a slim image): update once
   # when the first try fails
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
-    chromium chromium-driver >&2 ||
+    chromium chromium-driver fonts-liberation >&2 ||
     { DEBIAN_FRONTEND=noninteractive $sudo apt-get update -q >&2 &&
       DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
-        chromium chromium-driver >&2; }
+        chromium chromium-driver fonts-liberation >&2; }
 }
 
 if ! have_browser && ! { install_browser && have_browser; }; then
