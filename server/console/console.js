@@ -23,7 +23,7 @@ const POLL_MS = Math.max(250, Number(params.get('poll')) || 2000);
 const KEEP_SAMPLES = 90; /* three minutes at the default poll */
 
 const state = {
-  info: null, admin: null, adapters: [], models: [], pristineDigest: null,
+  info: null, admin: null, engine: null, adapters: [], models: [], pristineDigest: null,
   reports: new Map(), samples: [], chats: [], drawn: {},
 };
 
@@ -132,7 +132,7 @@ function renderAuth(r) {
 }
 
 function renderModel() {
-  const i = state.info;
+  const i = state.info, e = state.engine;
   if (!i) return;
   $('model-id').textContent = i.model_id;
   fill($('model-info'), [
@@ -142,6 +142,8 @@ function renderModel() {
     ['f32 kernels', i.f32_kernels], ['activations', i.activations], ['KV dtype', i.kv_dtype],
     ['KV blocks', i.kv_blocks_total], ['context', i.max_total_tokens],
     ['qlserve', i.version],
+    ['engine', e ? `${e.running} running, ${e.waiting} waiting, ${e.steps} steps`
+      + `${e.paused ? `, paused (${e.steps_left} steps left)` : ''}` : null],
   ]);
 }
 
@@ -222,11 +224,12 @@ function renderModels() {
 
 /* Read everything but /metrics once more and redraw. */
 async function refresh() {
-  const [info, admin, list, models] = await Promise.all([
+  const [info, admin, list, models, engine] = await Promise.all([
     api('GET', '/info'), api('GET', '/admin/state'), api('GET', '/admin/adapters'),
-    api('GET', '/v1/models'),
+    api('GET', '/v1/models'), api('GET', '/admin/engine'),
   ]);
   if (info.ok) state.info = info.json;
+  state.engine = engine.ok ? engine.json : null;
   renderAuth(admin);
   state.admin = admin.ok ? admin.json : null;
   if (list.ok) state.adapters = list.json.adapters || [];
@@ -513,17 +516,21 @@ function renderTraffic() {
 }
 
 async function poll() {
-  const r = await api('GET', '/metrics');
-  if (r.ok) {
-    state.samples.push({ t: performance.now(), m: parseMetrics(r.text) });
-    if (state.samples.length > KEEP_SAMPLES) state.samples.shift();
-    $('traffic-note').textContent = `(/metrics every ${POLL_MS / 1000} s)`;
-    renderTraffic();
-  } else {
-    $('traffic-note').textContent = `(/metrics: ${errorText(r)})`;
+  try {
+    const r = await api('GET', '/metrics');
+    if (r.ok) {
+      state.samples.push({ t: performance.now(), m: parseMetrics(r.text) });
+      if (state.samples.length > KEEP_SAMPLES) state.samples.shift();
+      $('traffic-note').textContent = `(/metrics every ${POLL_MS / 1000} s)`;
+      renderTraffic();
+    } else {
+      $('traffic-note').textContent = `(/metrics: ${errorText(r)})`;
+    }
+    await refresh();
+  } finally {
+    /* an answer of a shape this page did not expect stops nothing */
+    setTimeout(poll, POLL_MS);
   }
-  await refresh();
-  setTimeout(poll, POLL_MS);
 }
 
 /* --- chat: two streams side by side --------------------------------------------- */
