@@ -13,7 +13,8 @@
  * Origin and Access-Control-Request-Method) is answered 204 at once, for
  * any path and without the API key: a browser sends it without
  * credentials, before the real request. With --api-key-file every other
- * request but /health and GET / (TGI's health) wants "Authorization:
+ * request but /health, GET / (TGI's health) and the console's three static
+ * files (console.c: a page load carries no credentials) wants "Authorization:
  * Bearer KEY" or Anthropic's "x-api-key: KEY", or gets a 401 (OpenAI's,
  * or Anthropic's on its routes); the admin routes are not asked for
  * it: they want the admin token in that same header, and a request has
