@@ -1163,7 +1163,8 @@ static void print_serve_usage(FILE *out)
             "config file, then flags, then the environment. Paths are relative to the working\n"
             "directory. The admin token and the API key are never flags or config keys: put\n"
             "each in a file (--admin-token-file, --api-key-file) or in QLSERVE_ADMIN_TOKEN,\n"
-            "QLSERVE_API_KEY. With an API key every route but /health and GET / wants\n"
+            "QLSERVE_API_KEY. With an API key every route but /health, GET / and the console's\n"
+            "files (/console, /console.js, /console.css) wants\n"
             "\"Authorization: Bearer KEY\"; the admin routes want the admin token instead.\n"
             "\n");
     for (size_t k = 0; k < N_SERVE_OPTS; k++) {

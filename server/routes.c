@@ -13,7 +13,8 @@
  * Origin and Access-Control-Request-Method) is answered 204 at once, for
  * any path and without the API key: a browser sends it without
  * credentials, before the real request. With --api-key-file every other
- * request but /health and GET / (TGI's health) wants "Authorization:
+ * request but /health, GET / (TGI's health) and the console's three static
+ * files (console.c: a page load carries no credentials) wants "Authorization:
  * Bearer KEY" or Anthropic's "x-api-key: KEY", or gets a 401 (OpenAI's,
  * or Anthropic's on its routes); the admin routes are not asked for
  * it: they want the admin token in that same header, and a request has
@@ -24,7 +25,7 @@
  * Offers srv_route (internal/routes.h), which serve.c sets as
  * the hooks' on_request; owns the table, the server's own routes (GET
  * /health and GET /metrics) and the two gates. Touches the handlers of
- * api_tgi.c, api_openai.c and admin.c, request.c's errors and secret
+ * api_tgi.c, api_openai.c, admin.c and console.c, request.c's errors and secret
  * compare, http.c's responses and CORS origin check, and metrics.c's text. Nothing in server/ but
  * serve.c calls here.
  */
@@ -35,6 +36,7 @@
 #include "internal/api_openai.h"
 #include "internal/api_responses.h"
 #include "internal/api_tgi.h"
+#include "internal/console.h"
 #include "internal/http.h"
 #include "internal/metrics.h"
 #include "internal/request.h"
@@ -106,6 +108,9 @@ static const struct {
     {HTTP_GET, "/admin/engine", srv_admin_engine},
     {HTTP_POST, "/admin/engine/pause", srv_admin_pause},
     {HTTP_POST, "/admin/engine/resume", srv_admin_resume},
+    {HTTP_GET, "/console", srv_console_page},
+    {HTTP_GET, "/console.js", srv_console_js_file},
+    {HTTP_GET, "/console.css", srv_console_css_file},
 };
 
 /* Whether path is pattern's; a {name} matches 1 to name_cap - 1 bytes
@@ -222,11 +227,13 @@ static bool health_check(const srv_conn *c, const char *path)
     return strcmp(path, "/health") == 0 || (strcmp(path, "/") == 0 && c->req.method == HTTP_GET);
 }
 
-/* The requests --api-key-file does not cover: the health checks and the
- * admin routes (their own token, srv_admin_gate). */
+/* The requests --api-key-file does not cover: the health checks, the
+ * admin routes (their own token, srv_admin_gate) and the console's files
+ * (a browser fetches a page without credentials; console.c has its own
+ * rule, and the page asks for the key before it reads anything). */
 static bool key_exempt(const srv_conn *c, const char *path)
 {
-    return health_check(c, path) || strncmp(path, "/admin/", 7) == 0;
+    return health_check(c, path) || strncmp(path, "/admin/", 7) == 0 || srv_console_path(path);
 }
 
 /* The 401's body, in OpenAI's shape unless the route is Anthropic's
