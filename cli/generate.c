@@ -65,6 +65,13 @@ static void print_speeds(FILE *info, const generation *g, eng_engine *e)
                                                        : 0.0,
             eng_finish_name(g->why), eng_engine_backend(e),
             ql_name_of(&ql_activations_names, qt_get_activations()), qt_kind_name(es.kv_dtype));
+    const eng_spec_stats *sp = &es.spec;
+    if (sp->drafter != ENG_SPEC_OFF) /* a line of its own: what speculation took */
+        fprintf(info,
+                "speculative %s: %llu drafts, %llu tokens drafted, %llu verified, %llu accepted\n",
+                ql_name_of(&ql_speculative_names, (int)sp->drafter), (unsigned long long)sp->drafts,
+                (unsigned long long)sp->drafted, (unsigned long long)sp->verified,
+                (unsigned long long)sp->accepted);
 }
 
 int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *info, char *msg,
