@@ -281,21 +281,25 @@ static void put_spec(text *t, const eng_spec_stats *sp)
     metric(t, "qlserve_spec_decode_accepted_tokens_total", "counter",
            "verified tokens the model accepted");
     put_counter(t, "qlserve_spec_decode_accepted_tokens_total", d, sp->accepted);
-    metric(t, "qlserve_spec_decode_acceptance_length", "histogram",
-           "drafted tokens each verification accepted");
+    const char *len = "qlserve_spec_decode_acceptance_length";
+    char name[64];
+    metric(t, len, "histogram", "drafted tokens each verification accepted");
+    snprintf(name, sizeof name, "%s_bucket", len);
     uint64_t below = 0, sum = 0;
-    for (int i = 0; i <= ENG_SPEC_MAX_DRAFT; i++) {
+    for (int i = 0; i <= ENG_SPEC_MAX_DRAFT + 1; i++) {
         char le[8];
         snprintf(le, sizeof le, "%d", i);
-        below += sp->accepted_len[i];
-        sum += (uint64_t)i * sp->accepted_len[i];
-        series(t, "qlserve_spec_decode_acceptance_length_bucket", "drafter", d, "le", le, NULL);
+        if (i <= ENG_SPEC_MAX_DRAFT) {
+            below += sp->accepted_len[i];
+            sum += (uint64_t)i * sp->accepted_len[i];
+        }
+        series(t, name, "drafter", d, "le", i <= ENG_SPEC_MAX_DRAFT ? le : "+Inf", NULL);
         put(t, " %llu\n", (unsigned long long)below);
     }
-    series(t, "qlserve_spec_decode_acceptance_length_bucket", "drafter", d, "le", "+Inf", NULL);
-    put(t, " %llu\n", (unsigned long long)below);
-    put_counter(t, "qlserve_spec_decode_acceptance_length_sum", d, sum);
-    put_counter(t, "qlserve_spec_decode_acceptance_length_count", d, below);
+    snprintf(name, sizeof name, "%s_sum", len);
+    put_counter(t, name, d, sum);
+    snprintf(name, sizeof name, "%s_count", len);
+    put_counter(t, name, d, below);
     /* vLLM's names (its v1 engine's SpecDecodingProm), for dashboards made for it */
     metric(t, "vllm:spec_decode_num_drafts_total", "counter", "verifications (qlserve's drafts)");
     put(t, "vllm:spec_decode_num_drafts_total %llu\n", (unsigned long long)sp->drafts);
