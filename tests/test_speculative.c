@@ -178,6 +178,7 @@ static void expect_same_answers(eng_request *reqs, int n, int32_t max_running, e
     e = start(ENG_SPEC_NGRAM, max_running, 0);
     run_all(e, reqs, on, n);
     eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
     eng_engine_stats_get(e, &st);
     *spec = st.spec;
     cr_expect_eq(st.kv_blocks_used, 0, "every block came back (prefix-kept ones are free)");
@@ -322,6 +323,32 @@ Test(speculative, greedy_answers_over_many_prompts_are_the_same_tokens)
     expect_drafts_exercised(&spec);
 }
 
+/* One sequence alone: each step gives it one token and the drafts it
+ * accepted, so the steps saved are exactly the tokens accepted. */
+Test(speculative, every_accepted_draft_saves_a_step)
+{
+    uint64_t steps[2];
+    eng_spec_stats spec = {0};
+    for (int run = 0; run < 2; run++) {
+        eng_engine *e = start(run ? ENG_SPEC_NGRAM : ENG_SPEC_OFF, 2, 0);
+        eng_request r = plain("the cat sat on the mat; the cat sat on the", 48);
+        outcome *o = outcomes_new(1);
+        run_all(e, &r, o, 1);
+        cr_assert(eng_engine_settle(e, 60), "the last step's figures are published");
+        eng_engine_stats st;
+        eng_engine_stats_get(e, &st);
+        steps[run] = st.steps;
+        spec = st.spec;
+        eng_engine_stop(e);
+        free(o);
+    }
+    cr_assert_gt(spec.accepted, 0);
+    cr_assert_eq(steps[1], steps[0] - spec.accepted,
+                 "%llu steps with drafts, %llu without, %llu accepted",
+                 (unsigned long long)steps[1], (unsigned long long)steps[0],
+                 (unsigned long long)spec.accepted);
+}
+
 Test(speculative, greedy_answers_with_logprobs_stops_penalties_and_bias_are_the_same)
 {
     static const char *stop[] = {"e t", "zz"};
@@ -454,6 +481,7 @@ Test(speculative, sampled_tokens_keep_the_models_distribution)
         run_all(e, reqs, out, N);
         if (run == 0) {
             eng_engine_stats st;
+            cr_assert(eng_engine_settle(e, 60));
             eng_engine_stats_get(e, &st);
             spec = st.spec;
         }
@@ -513,6 +541,7 @@ Test(speculative, a_batch_past_spec_max_batch_drafts_nothing)
     for (int i = 0; i < N; i++)
         wait_done(&out[i]);
     eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
     eng_engine_stats_get(e, &st);
     cr_assert_eq(st.spec.drafts, 0, "two decoding past a max batch of one: no drafts");
     eng_engine_stop(e);
@@ -520,6 +549,7 @@ Test(speculative, a_batch_past_spec_max_batch_drafts_nothing)
     e = start(ENG_SPEC_NGRAM, 4, 1);
     outcome *one = outcomes_new(1);
     run_all(e, reqs, one, 1);
+    cr_assert(eng_engine_settle(e, 60));
     eng_engine_stats_get(e, &st);
     cr_assert_gt(st.spec.drafts, 0);
     eng_engine_stop(e);
@@ -538,6 +568,7 @@ Test(speculative, the_prefix_cache_keeps_only_accepted_tokens)
     eng_engine *e = start(ENG_SPEC_NGRAM, 4, 0);
     run_all(e, &first, o, 1);
     eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
     eng_engine_stats_get(e, &st);
     cr_assert_gt(st.spec.verified, st.spec.accepted, "drafts were rejected");
     int32_t ids[256];
@@ -585,6 +616,7 @@ Test(speculative, a_hybrid_model_runs_without_speculation_and_says_why)
     run_all(e, &r, out, 1);
     cr_assert_eq(out->n[0], 8);
     eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
     eng_engine_stats_get(e, &st);
     cr_assert_eq(st.spec.drafter, ENG_SPEC_OFF);
     cr_assert(strstr(st.spec.off_reason, "recurrent state"), "%s", st.spec.off_reason);
