@@ -309,10 +309,15 @@ static int linear_mixer(const eng_walk_backend *b, int32_t l, const float *attn_
 
 /*
  * The logits of every new row but the last of each sequence that asks
- * (eng_step_seq.all_logits, a prompt's logprobs), in pieces of piece_rows
- * rows; the last row is the step's own, copied in once it is delivered.
- * Each row's arithmetic is the batch's, so it is the same bits as a step
- * of that row alone.
+ * (eng_step_seq.all_logits: a prompt's logprobs, speculative decoding's
+ * verification), in pieces of piece_rows rows; the last row is the step's
+ * own, copied in once it is delivered. Sequences next to each other in the
+ * step whose buffers lie end to end (the scheduler packs a step's drafting
+ * sequences so) are one run: their rows, the inner last rows too, go
+ * through the classifier together, so the step reads the classifier's
+ * weights once for all of them rather than once per sequence. Each row's
+ * arithmetic is the batch's, so it is the same bits as a step of that row
+ * alone (an inner last row is overwritten with the very same bits).
  */
 static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
                             char *msg, size_t msg_len)
@@ -321,10 +326,16 @@ static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs,
     const eng_config *c = &b->m->cfg;
     int64_t H = c->hidden_size, V = c->vocab_size;
     int32_t l = -1;
-    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
+    for (int32_t s = 0, r = 0; s < n_seqs;) {
         const eng_step_seq *q = &seqs[s];
-        for (int64_t j = 0; q->all_logits && j < q->n_tokens - 1; j += b->piece_rows) {
-            int64_t n = q->n_tokens - 1 - j < b->piece_rows ? q->n_tokens - 1 - j : b->piece_rows;
+        int64_t rows = q->n_tokens;
+        int32_t end = s + 1;
+        while (q->all_logits && end < n_seqs &&
+               seqs[end].all_logits == seqs[end - 1].all_logits + seqs[end - 1].n_tokens * V)
+            rows += seqs[end++].n_tokens;
+        rows -= 1; /* the run's last row is the step's own */
+        for (int64_t j = 0; q->all_logits && j < rows; j += b->piece_rows) {
+            int64_t n = rows - j < b->piece_rows ? rows - j : b->piece_rows;
             float *host = q->all_logits + j * V, *out = b->logits ? b->logits : host;
             // final rmsnorm, classifier (Gemma 2's soft cap), to the caller
             OP(ops->rmsnorm(b->be, b->last, b->x + (r + j) * H, b->final_norm, n, H,
@@ -335,6 +346,8 @@ static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs,
             if (out != host)
                 OP(ops->to_host(b->be, host, out, n * V, msg, msg_len));
         }
+        for (; s < end; s++)
+            r += seqs[s].n_tokens;
     }
     return QL_OK;
 }

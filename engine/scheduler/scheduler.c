@@ -1330,37 +1330,58 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
 
 /* --- the engine thread: one step ---------------------------------------------------- */
 
-/* The step's batch: one decode token for every begun choice, then prompt
- * chunks under the step budget (eng_prefill_budget; one prompt_logprobs
- * chunk at most: the rows buffer is one), first admitted first. Returns
- * its size. */
-static int32_t build_step(eng_engine *e)
+/* The step's decode rows: every begun choice's next token, the drafting
+ * ones first with their drafts, their rows' buffers end to end in
+ * spec_rows (so the walk classifies all their rows in one pass). Returns
+ * how many; *budget loses the tokens they take. */
+static int32_t build_decodes(eng_engine *e, int32_t *budget)
 {
-    int32_t n = 0, budget = e->o.step_tokens, n_decode = 0, drafting = 0;
+    int32_t n = 0, n_decode = 0, drafted = 0;
     for (int32_t i = 0; i < e->n_running; i++)
         n_decode += e->running[i]->r->begun;
     bool spec = speculating(e, n_decode);
-    size_t slot_floats = (size_t)(e->drafter.o.draft_max + 1) * (size_t)e->m->cfg.vocab_size;
-    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
-        seq *s = e->running[i];
-        request *r = s->r;
-        if (!r->begun)
-            continue;
-        /* drafts take only the room no other decode token needs */
-        int32_t k = spec ? plan_draft(e, s, budget - (n_decode - n)) : 0;
-        e->step[n] =
-            (eng_step_seq){.kv = &s->kv,
-                           .tokens = k ? s->row : &s->next_token,
-                           .n_tokens = 1 + k,
-                           .pos = r->n_prompt + s->n_generated - 1,
-                           .weights = r->weights,
-                           .delta = r->delta,
-                           .n_delta = (int32_t)r->n_delta,
-                           .rope_long = r->rope_long,
-                           .all_logits = k ? e->spec_rows + drafting++ * slot_floats : NULL};
-        e->step_owner[n++] = s;
-        budget -= 1 + k;
+    float *rows = e->spec_rows;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < e->n_running; i++) {
+            seq *s = e->running[i];
+            request *r = s->r;
+            if (!r->begun)
+                continue;
+            if (pass == 0) { /* drafts take only the room no decode token needs */
+                int32_t room = e->o.step_tokens - n_decode - drafted;
+                s->n_draft = 0;
+                if (!spec || plan_draft(e, s, room) == 0)
+                    continue;
+            } else if (s->n_draft > 0) {
+                continue; /* placed in the first pass */
+            }
+            int32_t k = s->n_draft;
+            e->step[n] = (eng_step_seq){.kv = &s->kv,
+                                        .tokens = k ? s->row : &s->next_token,
+                                        .n_tokens = 1 + k,
+                                        .pos = r->n_prompt + s->n_generated - 1,
+                                        .weights = r->weights,
+                                        .delta = r->delta,
+                                        .n_delta = (int32_t)r->n_delta,
+                                        .rope_long = r->rope_long,
+                                        .all_logits = k ? rows : NULL};
+            rows += k ? (size_t)(k + 1) * (size_t)e->m->cfg.vocab_size : 0;
+            drafted += k;
+            e->step_owner[n++] = s;
+        }
     }
+    *budget -= n + drafted;
+    return n;
+}
+
+/* The step's batch: one decode token (and its drafts) for every begun
+ * choice, then prompt chunks under the step budget (eng_prefill_budget; one
+ * prompt_logprobs chunk at most: the rows buffer is one), first admitted
+ * first. Returns its size. */
+static int32_t build_step(eng_engine *e)
+{
+    int32_t budget = e->o.step_tokens;
+    int32_t n = build_decodes(e, &budget);
     /* decode tokens: the step budget bounds the prompt tokens beside them */
     bool budgeted = false;
     if (n > 0) {
