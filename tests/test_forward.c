@@ -790,8 +790,8 @@ static void all_logits_equal_one_position_at_a_time(const fwd_case *fc)
  * Speculative decoding's rows: sequences whose all_logits buffers lie end
  * to end go through the classifier as one run (walk.c's every_row_logits);
  * each row is the bits the same sequence's rows give in a step of its own,
- * and each last row is the step's row for it. A plain decode between them
- * and after them keeps its own.
+ * and each last row (which that run gives when it heads the step) is the
+ * row the step's classifier gives it. Plain decodes after them keep theirs.
  */
 Test(forward, all_logits_packed_end_to_end_equal_each_sequence_alone)
 {
@@ -835,6 +835,9 @@ Test(forward, all_logits_packed_end_to_end_equal_each_sequence_alone)
                           .all_logits = i < 2 ? alone : NULL};
         fwd_step(&e, &q, 1, one, "alone");
         assert_same_bits(logits + i * V, one, V, "a sequence's row, packed vs alone", i);
+        q.all_logits = NULL; /* the same step again, its last row from the step's classifier */
+        fwd_step(&e, &q, 1, one, "alone, no rows asked");
+        assert_same_bits(logits + i * V, one, V, "a last row, packed vs the classifier's", i);
         for (int j = 0; i < 2 && j < na[i]; j++)
             assert_same_bits(at + j * V, alone + j * V, V, "a drafting row, packed vs alone", j);
         at += i < 2 ? na[i] * V : 0;
