@@ -167,8 +167,8 @@ struct eng_engine {
     gr_vocab *grammar_vocab; /* the vocabulary's bytes as a trie, for grammars (fixed) */
     int64_t grammar_budget;  /* its gr_vocab_step_budget: one request's matcher steps per step */
     eng_drafter drafter;     /* speculative decoding's (fixed); ops NULL: off */
-    /* the rows of the sequences that draft in a step: spec.max_batch x (draft_max + 1) x vocab
-     * floats (NULL: speculation off) */
+    /* the rows of the sequences that draft in a step, end to end (speculation_start sizes it;
+     * NULL: speculation off) */
     float *spec_rows;
     pthread_t thread;
 
@@ -1757,9 +1757,13 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
         fprintf(stderr, "qlserve: speculative decoding off: %s\n", off);
         return QL_OK;
     }
+    /* the drafting sequences' rows of one step: at most max_batch of them (and no more than
+     * run), each with its draft, and never more rows than a step carries */
     const eng_spec_opts *o = &e->drafter.o;
-    size_t floats =
-        (size_t)o->max_batch * (size_t)(o->draft_max + 1) * (size_t)e->m->cfg.vocab_size;
+    int64_t seqs = o->max_batch < e->o.max_running ? o->max_batch : e->o.max_running;
+    int64_t rows = seqs * (o->draft_max + 1);
+    rows = rows < e->o.step_tokens ? rows : e->o.step_tokens;
+    size_t floats = (size_t)rows * (size_t)e->m->cfg.vocab_size;
     e->spec_rows = malloc(floats * sizeof *e->spec_rows);
     if (!e->spec_rows)
         return ql_fail(msg, msg_len, QL_ENOMEM,
