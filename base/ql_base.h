@@ -165,6 +165,16 @@ typedef enum ql_adapter_dtype { QL_ADAPTER_DTYPE_F32 = 0, QL_ADAPTER_DTYPE_BF16 
  * arithmetic). The server and the CLI map each to kernels/' ql_activations
  * (QL_ACTIVATIONS_F32, QL_ACTIVATIONS_Q8). */
 typedef enum ql_activations { QL_ACTIVATIONS_F32 = 0, QL_ACTIVATIONS_Q8 } ql_activations;
+/* Which drafter speculative decoding uses (--speculative): off (the zero
+ * value), n-gram lookup in the prompt and answer, a draft model, a model's
+ * own MTP heads. The engine's eng_speculative takes its values from these
+ * (and refuses, by name, the drafters not built yet). */
+typedef enum ql_speculative {
+    QL_SPEC_OFF = 0,
+    QL_SPEC_NGRAM,
+    QL_SPEC_DRAFT,
+    QL_SPEC_MTP
+} ql_speculative;
 
 /* One word and the value of the enum above it stands for. */
 typedef struct ql_name {
@@ -179,9 +189,10 @@ typedef struct ql_names {
 } ql_names;
 
 /* The tables: cpu, cuda, auto; f32, f16, q8_0; int8, bf16 (QL_INTO_OWN has
- * no word: it is the flag left out); bf16, f32; f32, q8. Static. */
+ * no word: it is the flag left out); bf16, f32; f32, q8; off, ngram, draft,
+ * mtp. Static. */
 extern const ql_names ql_device_names, ql_kv_dtype_names, ql_into_names, ql_adapter_dtype_names,
-    ql_activations_names;
+    ql_activations_names, ql_speculative_names;
 
 /* The value word stands for in t, or -1 (word NULL too). */
 int ql_name_parse(const ql_names *t, const char *word);

@@ -22,12 +22,15 @@ static const ql_name into_rows[] = {{"int8", QL_INTO_INT8}, {"bf16", QL_INTO_BF1
 static const ql_name adapter_dtype_rows[] = {{"bf16", QL_ADAPTER_DTYPE_BF16},
                                              {"f32", QL_ADAPTER_DTYPE_F32}};
 static const ql_name activations_rows[] = {{"f32", QL_ACTIVATIONS_F32}, {"q8", QL_ACTIVATIONS_Q8}};
+static const ql_name speculative_rows[] = {
+    {"off", QL_SPEC_OFF}, {"ngram", QL_SPEC_NGRAM}, {"draft", QL_SPEC_DRAFT}, {"mtp", QL_SPEC_MTP}};
 
 const ql_names ql_device_names = NAMES(device_rows);
 const ql_names ql_kv_dtype_names = NAMES(kv_dtype_rows);
 const ql_names ql_into_names = NAMES(into_rows);
 const ql_names ql_adapter_dtype_names = NAMES(adapter_dtype_rows);
 const ql_names ql_activations_names = NAMES(activations_rows);
+const ql_names ql_speculative_names = NAMES(speculative_rows);
 
 int ql_name_parse(const ql_names *t, const char *word)
 {

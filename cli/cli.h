@@ -105,6 +105,7 @@ typedef struct eng_generate_opts {
     qt_kind kv_dtype;              /* the KV cache's values (zero: f32) */
     const eng_lora_term *adapters; /* the configuration wanted (eng_request) */
     size_t n_adapters;
+    eng_spec_opts spec; /* speculative decoding (zero: off) */
 } eng_generate_opts;
 
 /*

@@ -65,6 +65,13 @@ static void print_speeds(FILE *info, const generation *g, eng_engine *e)
                                                        : 0.0,
             eng_finish_name(g->why), eng_engine_backend(e),
             ql_name_of(&ql_activations_names, qt_get_activations()), qt_kind_name(es.kv_dtype));
+    const eng_spec_stats *sp = &es.spec;
+    if (sp->drafter != ENG_SPEC_OFF) /* a line of its own: what speculation took */
+        fprintf(info,
+                "speculative %s: %llu drafts, %llu tokens drafted, %llu verified, %llu accepted\n",
+                ql_name_of(&ql_speculative_names, (int)sp->drafter), (unsigned long long)sp->drafts,
+                (unsigned long long)sp->drafted, (unsigned long long)sp->verified,
+                (unsigned long long)sp->accepted);
 }
 
 int eng_generate_on(eng_engine *e, const eng_generate_opts *o, FILE *out, FILE *info, char *msg,
@@ -114,7 +121,8 @@ int eng_generate(const eng_load_opts *load, const eng_generate_opts *o, FILE *ou
                           .device = o->device,
                           .kv_bytes = o->kv_bytes,
                           .kv_dtype = o->kv_dtype,
-                          .max_running = 8};
+                          .max_running = 8,
+                          .spec = o->spec};
     eng_engine *e;
     rc = eng_engine_start(&e, &m, &eo, msg, msg_len);
     if (rc == QL_OK) {
@@ -188,7 +196,8 @@ static int generate_with_adapter(const cfg_generate *c, const eng_load_opts *loa
     eng_engine_opts eo = {.threads = c->threads,
                           .device = g->device,
                           .kv_bytes = (size_t)c->kv_mib << 20,
-                          .kv_dtype = g->kv_dtype};
+                          .kv_dtype = g->kv_dtype,
+                          .spec = g->spec};
     eng_engine *e = NULL;
     lora_registry *reg = NULL;
     eng_lora *lora = NULL;
@@ -240,6 +249,7 @@ int cli_generate(int argc, char **argv)
         .kv_bytes = (size_t)c.kv_mib << 20,
     };
     if (eng_device_parse(c.device, &g.device, msg, sizeof msg) != QL_OK ||
+        srv_spec_opts(&c.spec, &g.spec, msg, sizeof msg) != QL_OK ||
         eng_kv_dtype_resolve(c.kv_dtype, g.device, &g.kv_dtype, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 2;

@@ -270,6 +270,29 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
             .def.s = "f32", .words = &ql_activations_names                                         \
     }
 
+/* serve's and generate's speculative decoding (engine/scheduler/speculative.h);
+ * the ranges are the engine's (eng_spec_opts_resolve), 0 its defaults. */
+#define SPEC_OPTS(T, field)                                                                        \
+    {FLAG("speculative", OPT_STRING, offsetof(T, field.speculative),                               \
+          "draft tokens and verify them in the same batched step: ngram looks the answer's last "  \
+          "tokens up in the prompt and answer (greedy answers unchanged, sampled ones keep the "   \
+          "model's distribution); draft and mtp are not built yet"),                               \
+     .def.s = "off", .words = &ql_speculative_names},                                              \
+        {FLAG("draft-max", OPT_INT, offsetof(T, field.draft_max),                                  \
+              "N: most tokens a sequence drafts per step, 1..16 (0: 4)"),                          \
+         RANGE(0, 16)},                                                                            \
+        {FLAG("ngram-min", OPT_INT, offsetof(T, field.ngram_min),                                  \
+              "N: the shortest suffix the n-gram drafter matches (0: 1)"),                         \
+         RANGE(0, 64)},                                                                            \
+        {FLAG("ngram-max", OPT_INT, offsetof(T, field.ngram_max),                                  \
+              "N: the longest suffix it tries first (0: 3)"),                                      \
+         RANGE(0, 64)},                                                                            \
+    {                                                                                              \
+        FLAG("spec-max-batch", OPT_INT, offsetof(T, field.max_batch),                              \
+             "N: no sequence speculates in a step decoding more than N (0: 8)"),                   \
+            RANGE(0, 65536)                                                                        \
+    }
+
 #define N_OPTS(opts) (sizeof opts / sizeof *opts)
 
 static const opt quantize_opts[] = {
@@ -387,6 +410,7 @@ static const opt generate_opts[] = {
      .words = &ql_into_names},
     ADAPTER_DTYPE_OPT(cfg_generate, adapter_dtype),
     ACTIVATIONS_OPT(cfg_generate, activations),
+    SPEC_OPTS(cfg_generate, spec),
     CHAT_TEMPLATE_OPT(cfg_generate, model),
     MODEL_OPTS(cfg_generate, model),
 };
@@ -498,6 +522,7 @@ static const opt serve_opts[] = {
           "the KV cache's values (default f32; f16 halves the bytes)"),
      .words = &ql_kv_dtype_names},
     ACTIVATIONS_OPT(serve_layer, s.activations),
+    SPEC_OPTS(serve_layer, s.spec),
     {FLAG("max-running", OPT_INT, SERVE(s.max_running), "N: sequences decoding together"),
      .def.i = 64, RANGE(1, 65536)},
     /* the step budget (engine/scheduler/step_budget.c): the prompt tokens a

@@ -57,6 +57,15 @@ typedef struct cfg_model {
     const char *chat_template;
 } cfg_model;
 
+/* Speculative decoding (serve, generate): --speculative off|ngram (draft and
+ * mtp are words the engine refuses by name: not built yet), --draft-max,
+ * --ngram-min, --ngram-max, --spec-max-batch (0: the engine's defaults,
+ * eng_spec_opts). */
+typedef struct cfg_spec {
+    const char *speculative; /* default "off" */
+    int32_t draft_max, ngram_min, ngram_max, max_batch;
+} cfg_spec;
+
 typedef struct cfg_inspect {
     const char *path; /* the one positional argument */
     cfg_model model;  /* used when path is a model */
@@ -91,6 +100,7 @@ typedef struct cfg_generate {
     const char *into;         /* --into int8|bf16: what merged modules are stored in */
     /* --adapter-dtype bf16|f32 (lora_dtype), default bf16 */
     const char *adapter_dtype;
+    cfg_spec spec;
 } cfg_generate;
 
 /* `qlserve serve`: see cfg_parse_serve for where each value comes from. */
@@ -156,6 +166,7 @@ typedef struct cfg_serve {
      * struct built by hand): f32 */
     const char *activations;
     int32_t max_running;          /* --max-running (sequences decoding together), default 64 */
+    cfg_spec spec;                /* speculative decoding */
     int32_t max_queued;           /* --max-queued (waiting requests before 503), default 256 */
     int32_t max_new_tokens;       /* --max-new-tokens (largest accepted), default 4096 */
     int64_t max_held_bytes;       /* --max-held-bytes (unanswered requests, 503 past), 1 GiB */

@@ -752,6 +752,11 @@ void srv_tgi_info(srv_conn *c, const char *name)
             cJSON_AddStringToObject(root, "prefix_cache", "off");
             cJSON_AddStringToObject(root, "prefix_cache_off_because", off);
         }
+        /* speculative decoding as it runs, and why not when asked for but refused */
+        cJSON_AddStringToObject(root, "speculative",
+                                ql_name_of(&ql_speculative_names, (int)es.spec.drafter));
+        if (es.spec.off_reason[0])
+            cJSON_AddStringToObject(root, "speculative_off_because", es.spec.off_reason);
     }
     if (s->serving && s->registry) {
         /* which replicas are interchangeable: the same digest */

@@ -257,6 +257,66 @@ static void put_gateway(text *t, const srv_server *s, const eng_engine_stats *st
     put(t, " %.3f\n", wall_seconds());
 }
 
+/* One counter series per drafter label. */
+static void put_counter(text *t, const char *name, const char *drafter, uint64_t value)
+{
+    series(t, name, "drafter", drafter, NULL);
+    put(t, " %llu\n", (unsigned long long)value);
+}
+
+/* Speculative decoding's counters (labelled with the drafter that runs, "off" when none),
+ * under qlserve's names and vLLM's spec_decode ones, and the acceptance length of each
+ * verification as a histogram of whole tokens. */
+static void put_spec(text *t, const eng_spec_stats *sp)
+{
+    const char *d = ql_name_of(&ql_speculative_names, (int)sp->drafter);
+    metric(t, "qlserve_spec_decode_drafts_total", "counter",
+           "verifications: a sequence's step that carried drafted tokens");
+    put_counter(t, "qlserve_spec_decode_drafts_total", d, sp->drafts);
+    metric(t, "qlserve_spec_decode_drafted_tokens_total", "counter", "tokens the drafter proposed");
+    put_counter(t, "qlserve_spec_decode_drafted_tokens_total", d, sp->drafted);
+    metric(t, "qlserve_spec_decode_verified_tokens_total", "counter",
+           "drafted tokens run through the model (the rest cut by a grammar's mask first)");
+    put_counter(t, "qlserve_spec_decode_verified_tokens_total", d, sp->verified);
+    metric(t, "qlserve_spec_decode_accepted_tokens_total", "counter",
+           "verified tokens the model accepted");
+    put_counter(t, "qlserve_spec_decode_accepted_tokens_total", d, sp->accepted);
+    const char *len = "qlserve_spec_decode_acceptance_length";
+    char name[64];
+    metric(t, len, "histogram", "drafted tokens each verification accepted");
+    snprintf(name, sizeof name, "%s_bucket", len);
+    uint64_t below = 0, sum = 0;
+    for (int i = 0; i <= ENG_SPEC_MAX_DRAFT + 1; i++) {
+        char le[8];
+        snprintf(le, sizeof le, "%d", i);
+        if (i <= ENG_SPEC_MAX_DRAFT) {
+            below += sp->accepted_len[i];
+            sum += (uint64_t)i * sp->accepted_len[i];
+        }
+        series(t, name, "drafter", d, "le", i <= ENG_SPEC_MAX_DRAFT ? le : "+Inf", NULL);
+        put(t, " %llu\n", (unsigned long long)below);
+    }
+    snprintf(name, sizeof name, "%s_sum", len);
+    put_counter(t, name, d, sum);
+    snprintf(name, sizeof name, "%s_count", len);
+    put_counter(t, name, d, below);
+    /* vLLM's names (its v1 engine's SpecDecodingProm), for dashboards made for it */
+    metric(t, "vllm:spec_decode_num_drafts_total", "counter", "verifications (qlserve's drafts)");
+    put(t, "vllm:spec_decode_num_drafts_total %llu\n", (unsigned long long)sp->drafts);
+    metric(t, "vllm:spec_decode_num_draft_tokens_total", "counter", "drafted tokens verified");
+    put(t, "vllm:spec_decode_num_draft_tokens_total %llu\n", (unsigned long long)sp->verified);
+    metric(t, "vllm:spec_decode_num_accepted_tokens_total", "counter", "drafted tokens accepted");
+    put(t, "vllm:spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)sp->accepted);
+    metric(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "verifications whose drafted token at this position was accepted");
+    for (int i = 0; i < ENG_SPEC_MAX_DRAFT; i++) {
+        char pos[8];
+        snprintf(pos, sizeof pos, "%d", i);
+        series(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "position", pos, NULL);
+        put(t, " %llu\n", (unsigned long long)sp->accepted_pos[i]);
+    }
+}
+
 /* The engine's gauges, from its stats snapshot. */
 _Static_assert(ENG_STEP_BUCKETS == SRV_HIST_BUCKETS, "the step histogram reuses srv_hist");
 
@@ -352,6 +412,7 @@ static void put_engine(text *t, const srv_server *s)
            "sequences that applied an adapter unmerged");
     put(t, "qlserve_unmerged_adapter_requests_total %llu\n",
         (unsigned long long)st.adapter_requests);
+    put_spec(t, &st.spec);
 }
 
 /* The adapter registry's gauges, and per adapter its requests and last merge. */

@@ -383,6 +383,19 @@ static void restore_state(srv_server *s, const char *state_file)
     free(errs);
 }
 
+/* --- speculative decoding (--speculative) ------------------------------------------- */
+
+int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_len)
+{
+    *out = (eng_spec_opts){.drafter = ENG_SPEC_OFF,
+                           .draft_max = c->draft_max,
+                           .ngram_min = c->ngram_min,
+                           .ngram_max = c->ngram_max,
+                           .max_batch = c->max_batch};
+    return c->speculative ? eng_speculative_parse(c->speculative, &out->drafter, msg, msg_len)
+                          : QL_OK;
+}
+
 /* --- activations (--activations) ------------------------------------------------ */
 
 void srv_activations_set(const char *word)
@@ -439,6 +452,8 @@ static void load_run(uv_work_t *req)
         .threads = c->threads,
         .no_prefix_cache = c->no_prefix_cache};
     j->rc = eng_device_parse(c->device, &eo.device, j->msg, sizeof j->msg);
+    if (j->rc == QL_OK)
+        j->rc = srv_spec_opts(&c->spec, &eo.spec, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)
         j->rc = eng_kv_dtype_resolve(c->kv_dtype, eo.device, &eo.kv_dtype, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)

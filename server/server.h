@@ -357,5 +357,9 @@ int srv_serve(const cfg_serve *cfg);
  * report afterwards (qt_get_activations) is what the run computes. */
 void srv_activations_set(const char *word);
 void srv_activations_settle(const eng_engine *e, FILE *log, const char *who);
+/* serve's and generate's speculative decoding flags (config's cfg_spec) as
+ * the engine's options: the drafter's word parsed (draft and mtp refused by
+ * name, QL_EINVAL), the sizes as given (the engine checks their ranges). */
+int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_len);
 
 #endif

@@ -447,6 +447,32 @@ Test(cli, generate_prints_a_completion_and_its_speed)
     }
 }
 
+/* --speculative ngram drafts and says what it took, with the same
+ * completion; a draft model and MTP heads are refused by name. */
+Test(cli, generate_speculative_ngram_and_the_drafters_not_built)
+{
+    char model[600], args[2000];
+    write_tiny_model(model, sizeof model);
+    char *plain, *out;
+    const char *common = "--prompt 'a b c a b c a b' --max-new-tokens 24 --threads 2";
+    snprintf(args, sizeof args, "generate --model '%s' %s", model, common);
+    cr_assert_eq(run(args, &plain), 0, "%s", plain);
+    snprintf(args, sizeof args, "generate --model '%s' %s --speculative ngram --draft-max 3", model,
+             common);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "speculative ngram: "), "%s", out);
+    /* the completion comes before the speed line, which differs */
+    size_t n = (size_t)(strstr(plain, "prompt ") - plain);
+    cr_assert(strncmp(out, plain, n) == 0, "'%s' against '%s'", out, plain);
+    free(out);
+    free(plain);
+    snprintf(args, sizeof args, "generate --model '%s' %s --speculative draft", model, common);
+    int rc = run(args, &out);
+    cr_assert_eq(rc, 2, "exit %d: %s", rc, out);
+    cr_assert(strstr(out, "not built yet"), "%s", out);
+    free(out);
+}
+
 /* --device: cpu runs and says so; cuda runs on a GPU or is refused with the
  * reason (no device, or a build without CUDA); anything else is a usage
  * error naming the value. */

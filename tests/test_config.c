@@ -121,8 +121,13 @@ Test(config, every_flag_sets_its_field)
                        "--request-timeout-ms", "5", "--keepalive-timeout-ms", "6", "--grace-ms",
                        "0", "--adapter-budget-mib", "512", "--merge-threads", "4", "--device",
                        "cpu", "--step-budget-ms", "120", "--max-prefill-per-step", "48",
-                       "--min-prefill-per-step", "8"),
+                       "--min-prefill-per-step", "8", "--draft-max", "6", "--ngram-min", "2",
+                       "--ngram-max", "5", "--spec-max-batch", "3"),
                  QL_OK, "%s", msg);
+    cr_assert_eq(c.spec.draft_max, 6);
+    cr_assert_eq(c.spec.ngram_min, 2);
+    cr_assert_eq(c.spec.ngram_max, 5);
+    cr_assert_eq(c.spec.max_batch, 3);
     cr_assert_str_eq(c.model.quant, "nf4");
     cr_assert_eq(c.model.blocksize, 128);
     cr_assert_eq(c.model.group_size, 32);
@@ -230,6 +235,13 @@ Test(config, activations_default_to_f32_from_each_layer_and_refused_by_name)
 {
     check_word_flag("activations", offsetof(cfg_serve, activations),
                     offsetof(cfg_generate, activations), "f32", "q8", "q8_0", "f32, q8");
+}
+
+Test(config, speculative_defaults_to_off_from_each_layer_and_refused_by_name)
+{
+    check_word_flag("speculative", offsetof(cfg_serve, spec.speculative),
+                    offsetof(cfg_generate, spec.speculative), "off", "ngram", "eagle",
+                    "off, ngram, draft, mtp");
 }
 
 Test(config, file_then_flags_then_environment)

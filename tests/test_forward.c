@@ -786,6 +786,72 @@ static void all_logits_equal_one_position_at_a_time(const fwd_case *fc)
     fwd_close(&e);
 }
 
+/*
+ * Speculative decoding's rows: sequences whose all_logits buffers lie end
+ * to end go through the classifier as one run (walk.c's every_row_logits);
+ * each row is the bits the same sequence's rows give in a step of its own,
+ * and each last row (which that run gives when it heads the step) is the
+ * row the step's classifier gives it. Plain decodes after them keep theirs.
+ */
+Test(forward, all_logits_packed_end_to_end_equal_each_sequence_alone)
+{
+    enum { P = 5, KA = 4, KB = 2, NS = 4 };
+    fwd_case fc = {.label = "packed all_logits"};
+    fwd_engine e;
+    fwd_open(&e, &fc, 16);
+    int64_t V = e.vocab;
+    int32_t prompt[P] = {3, 1, 4, 1, 5}, ra[KA + 1] = {9, 2, 6, 5, 3}, rb[KB + 1] = {5, 8, 9},
+            rc[1] = {7};
+    int32_t na[NS] = {KA + 1, KB + 1, 1, 1};
+    const int32_t *toks[NS] = {ra, rb, rc, rc};
+    eng_seq_kv kv[2][NS];
+    memset(kv, 0, sizeof kv);
+    float *packed = malloc((size_t)((KA + KB + 2) * V) * sizeof *packed);
+    float *alone = malloc((size_t)((KA + 1) * V) * sizeof *alone);
+    float *logits = malloc((size_t)(NS * V) * sizeof *logits);
+    float *one = malloc((size_t)V * sizeof *one);
+    for (int set = 0; set < 2; set++)
+        for (int i = 0; i < NS; i++) { /* every sequence's prompt first */
+            eng_step_seq q = {.kv = &kv[set][i], .tokens = prompt, .n_tokens = P, .pos = 0};
+            fwd_step(&e, &q, 1, one, "prompt");
+        }
+    /* a and b drafting, their rows packed end to end (one run); c and d plain */
+    eng_step_seq s[NS];
+    float *at = packed;
+    for (int i = 0; i < NS; i++) {
+        s[i] = (eng_step_seq){.kv = &kv[0][i], .tokens = toks[i], .n_tokens = na[i], .pos = P};
+        if (i < 2) {
+            s[i].all_logits = at;
+            at += na[i] * V;
+        }
+    }
+    fwd_step(&e, s, NS, logits, "packed step");
+    at = packed;
+    for (int i = 0; i < NS; i++) {
+        eng_step_seq q = {.kv = &kv[1][i],
+                          .tokens = toks[i],
+                          .n_tokens = na[i],
+                          .pos = P,
+                          .all_logits = i < 2 ? alone : NULL};
+        fwd_step(&e, &q, 1, one, "alone");
+        assert_same_bits(logits + i * V, one, V, "a sequence's row, packed vs alone", i);
+        q.all_logits = NULL; /* the same step again, its last row from the step's classifier */
+        fwd_step(&e, &q, 1, one, "alone, no rows asked");
+        assert_same_bits(logits + i * V, one, V, "a last row, packed vs the classifier's", i);
+        for (int j = 0; i < 2 && j < na[i]; j++)
+            assert_same_bits(at + j * V, alone + j * V, V, "a drafting row, packed vs alone", j);
+        at += i < 2 ? na[i] * V : 0;
+    }
+    for (int set = 0; set < 2; set++)
+        for (int i = 0; i < NS; i++)
+            eng_kv_release(e.kv, &kv[set][i]);
+    free(one);
+    free(logits);
+    free(alone);
+    free(packed);
+    fwd_close(&e);
+}
+
 Test(forward, all_logits_equal_one_position_at_a_time_bf16)
 {
     fwd_case fc = {.label = "all_logits bf16"};

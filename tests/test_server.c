@@ -797,6 +797,39 @@ Test(server, the_step_budget_is_configured_and_reported)
     sp_stop_cleanly();
 }
 
+/* --speculative ngram: /info says what runs (off on CUDA, with the reason)
+ * and /metrics counts the drafts under qlserve's names and vLLM's. */
+Test(server, speculative_ngram_is_reported_by_info_and_metrics)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, (const char *[]){"--speculative", "ngram", NULL});
+    free(generate("a b c a b c a b c a b", 32, NULL));
+    hc_response r = sp_request("GET", "/info", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cJSON *j = json_of(&r);
+    bool cuda = strncmp(str_at(j, "device"), "cuda (", 6) == 0;
+    cr_assert_str_eq(str_at(j, "speculative"), cuda ? "off" : "ngram", "%s", r.body);
+    cr_assert(!cuda || strstr(str_at(j, "speculative_off_because"), "CPU"), "%s", r.body);
+    cJSON_Delete(j);
+    hc_response_free(&r);
+    r = sp_request("GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    const char *m = r.body;
+    cr_assert(strstr(m, "# TYPE vllm:spec_decode_num_drafts_total counter\n"), "%s", m);
+    cr_assert(strstr(m, "# TYPE qlserve_spec_decode_acceptance_length histogram\n"), "%s", m);
+    if (!cuda) {
+        double drafts = metric(m, "vllm:spec_decode_num_drafts_total");
+        cr_assert_gt(drafts, 0, "%s", m);
+        cr_assert_eq(metric(m, "qlserve_spec_decode_drafts_total{drafter=\"ngram\"}"), drafts);
+        cr_assert_eq(metric(m, "qlserve_spec_decode_acceptance_length_count{drafter=\"ngram\"}"),
+                     drafts);
+        cr_assert_eq(metric(m, "vllm:spec_decode_num_accepted_tokens_total"),
+                     metric(m, "qlserve_spec_decode_accepted_tokens_total{drafter=\"ngram\"}"));
+    }
+    hc_response_free(&r);
+    sp_stop_cleanly();
+}
+
 /* --activations q8: /info and the startup log name it (on the CPU; the
  * CUDA backend keeps f32, and the log says why), and the server serves. */
 Test(server, activations_q8_is_reported_by_info_and_the_log)

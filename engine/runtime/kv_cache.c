@@ -495,6 +495,22 @@ void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s)
     memset(s, 0, sizeof *s);
 }
 
+int eng_kv_rollback(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens, char *msg, size_t msg_len)
+{
+    (void)kv; /* the blocks stay where they are: only the count of written positions moves */
+    if (n_tokens < 0 || n_tokens > s->n_tokens)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "KV rollback to %d positions: the sequence has written %d", n_tokens,
+                       s->n_tokens);
+    if (s->state > 0 && n_tokens < s->n_tokens)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "KV rollback of a sequence with a recurrent state: it cannot go back "
+                       "from %d positions to %d",
+                       s->n_tokens, n_tokens);
+    s->n_tokens = n_tokens;
+    return QL_OK;
+}
+
 int eng_kv_check_states(eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs, char *msg,
                         size_t msg_len)
 {

@@ -143,6 +143,14 @@ void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n);
 /* Give back s's references (a block returns to the free list when no
  * other sequence references it) and its held blocks, and zero it. */
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
+/* Speculative decoding's rollback: s's positions from n_tokens on hold
+ * the KV of drafted tokens the model rejected; forget them (s->n_tokens
+ * becomes n_tokens), so the next step writes over them in the same blocks,
+ * which stay s's (reserved for its whole answer), and the prefix cache,
+ * which keeps only positions below n_tokens, never keeps them. QL_EINVAL,
+ * nothing changed, for n_tokens negative or past what s has written, or s
+ * with a recurrent state (a hybrid model's state cannot go back). */
+int eng_kv_rollback(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens, char *msg, size_t msg_len);
 
 /*
  * The prefix cache (prefix_cache.c): full blocks of prompts kept, after

@@ -307,24 +307,54 @@ static int linear_mixer(const eng_walk_backend *b, int32_t l, const float *attn_
     return QL_OK;
 }
 
+/* How many sequences at the head of the step form one run of end-to-end
+ * all_logits buffers whose last rows every_row_logits gives as well (the
+ * step's drafting sequences, which the scheduler puts first): only where
+ * the classifier writes host memory (the caller's logits), which the rows
+ * are copied into; 0 elsewhere. */
+static int32_t head_run(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs)
+{
+    int64_t V = b->m->cfg.vocab_size;
+    if (b->logits || n_seqs == 0 || !seqs[0].all_logits)
+        return 0;
+    int32_t end = 1;
+    while (end < n_seqs &&
+           seqs[end].all_logits == seqs[end - 1].all_logits + seqs[end - 1].n_tokens * V)
+        end++;
+    return end;
+}
+
 /*
  * The logits of every new row but the last of each sequence that asks
- * (eng_step_seq.all_logits, a prompt's logprobs), in pieces of piece_rows
- * rows; the last row is the step's own, copied in once it is delivered.
- * Each row's arithmetic is the batch's, so it is the same bits as a step
- * of that row alone.
+ * (eng_step_seq.all_logits: a prompt's logprobs, speculative decoding's
+ * verification), in pieces of piece_rows rows; the last row is the step's
+ * own, copied in once it is delivered. Sequences next to each other in the
+ * step whose buffers lie end to end (the scheduler packs a step's drafting
+ * sequences so) are one run: their rows, the inner last rows too, go
+ * through the classifier together, so the step reads the classifier's
+ * weights once for all of them rather than once per sequence. The run of
+ * the first head sequences (head_run) takes its last row too: the step's
+ * classifier then skips them. Each row's arithmetic is the batch's, so it
+ * is the same bits as a step of that row alone (an inner last row is
+ * overwritten with the very same bits).
  */
 static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
-                            char *msg, size_t msg_len)
+                            int32_t head, char *msg, size_t msg_len)
 {
     const eng_walk_ops *ops = b->ops;
     const eng_config *c = &b->m->cfg;
     int64_t H = c->hidden_size, V = c->vocab_size;
     int32_t l = -1;
-    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
+    for (int32_t s = 0, r = 0; s < n_seqs;) {
         const eng_step_seq *q = &seqs[s];
-        for (int64_t j = 0; q->all_logits && j < q->n_tokens - 1; j += b->piece_rows) {
-            int64_t n = q->n_tokens - 1 - j < b->piece_rows ? q->n_tokens - 1 - j : b->piece_rows;
+        int64_t rows = q->n_tokens;
+        int32_t end = s + 1;
+        while (q->all_logits && end < n_seqs &&
+               seqs[end].all_logits == seqs[end - 1].all_logits + seqs[end - 1].n_tokens * V)
+            rows += seqs[end++].n_tokens;
+        rows -= end != head; /* the run's last row is the step's own */
+        for (int64_t j = 0; q->all_logits && j < rows; j += b->piece_rows) {
+            int64_t n = rows - j < b->piece_rows ? rows - j : b->piece_rows;
             float *host = q->all_logits + j * V, *out = b->logits ? b->logits : host;
             // final rmsnorm, classifier (Gemma 2's soft cap), to the caller
             OP(ops->rmsnorm(b->be, b->last, b->x + (r + j) * H, b->final_norm, n, H,
@@ -335,7 +365,37 @@ static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs,
             if (out != host)
                 OP(ops->to_host(b->be, host, out, n * V, msg, msg_len));
         }
+        for (; s < end; s++)
+            r += seqs[s].n_tokens;
     }
+    return QL_OK;
+}
+
+/* The step's own logits into out (n_seqs x vocab): each sequence's last
+ * row through the final rmsnorm and the classifier (Gemma 2's soft cap),
+ * but the head run's (head_run), which every_row_logits gave already:
+ * copied from their buffers (host memory both, as head_run asks). */
+static int step_logits(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                       int32_t head, float *out, char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_config *c = &b->m->cfg;
+    int64_t H = c->hidden_size, V = c->vocab_size, rest = n_seqs - head;
+    int32_t l = -1;
+    for (int32_t s = 0, r = 0; s < n_seqs; s++) {
+        r += seqs[s].n_tokens;
+        if (s < head)
+            memcpy(out + s * V, seqs[s].all_logits + (seqs[s].n_tokens - 1) * V,
+                   (size_t)V * sizeof *out);
+        else
+            OP(ops->copy(b->be, b->tmp + (s - head) * H, b->x + (r - 1) * H, H, msg, msg_len));
+    }
+    if (rest == 0)
+        return QL_OK;
+    OP(ops->rmsnorm(b->be, b->last, b->tmp, b->final_norm, rest, H, c->rms_norm_eps, msg, msg_len));
+    OP(ops->classify(b->be, b->last, rest, out + head * V, msg, msg_len));
+    if (c->final_softcap > 0.0f)
+        OP(ops->softcap(b->be, out + head * V, rest * V, c->final_softcap, msg, msg_len));
     return QL_OK;
 }
 
@@ -418,19 +478,14 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
 
     // every-row logits where a sequence asks (before the step's own, whose
     // buffers they share)
-    if ((rc = every_row_logits(b, seqs, n_seqs, msg, msg_len)) != QL_OK)
+    int32_t head = head_run(b, seqs, n_seqs);
+    if ((rc = every_row_logits(b, seqs, n_seqs, head, msg, msg_len)) != QL_OK)
         return rc;
-    // each sequence's last row, the final rmsnorm
-    for (int32_t s = 0, r = 0; s < n_seqs; s++) {
-        r += seqs[s].n_tokens;
-        OP(ops->copy(be, b->tmp + s * H, b->x + (r - 1) * H, H, msg, msg_len));
-    }
-    OP(ops->rmsnorm(be, b->last, b->tmp, b->final_norm, n_seqs, H, eps, msg, msg_len));
-    // the classifier (Gemma 2's soft cap), and the step's result to the caller
+    // each sequence's last row: the final rmsnorm, the classifier
     float *out = b->logits ? b->logits : logits;
-    OP(ops->classify(be, b->last, n_seqs, out, msg, msg_len));
-    if (c->final_softcap > 0.0f)
-        OP(ops->softcap(be, out, n_seqs * (int64_t)c->vocab_size, c->final_softcap, msg, msg_len));
+    if ((rc = step_logits(b, seqs, n_seqs, head, out, msg, msg_len)) != QL_OK)
+        return rc;
+    // the step's result to the caller
     OP(ops->deliver(be, out, logits, tokens, msg, msg_len));
 
     size_t V = (size_t)c->vocab_size;

@@ -64,6 +64,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "drafter_internal.h"
 #include "step_budget_internal.h"
 
 const char *eng_finish_name(eng_finish f)
@@ -97,6 +98,11 @@ typedef struct seq {
      * of what its KV holds, for the prefix cache at its end (keep_answer) */
     int32_t *fed;
     int32_t n_fed, cap_fed;
+    /* speculative decoding: this step's tokens when it drafted (next_token, then n_draft
+     * drafted ones; 0: next_token alone), and the draft length its acceptance has earned */
+    int32_t row[ENG_SPEC_MAX_DRAFT + 1];
+    int32_t n_draft;
+    eng_spec_len spec;
 } seq;
 
 /* One submitted request: the prompt and what its choices share. */
@@ -144,6 +150,7 @@ typedef struct step_tally {
     uint64_t prefix_queried, prefix_hit; /* prompt tokens looked up, found */
     uint64_t grammar_masks, grammar_steps;
     int64_t grammar_ns;
+    eng_spec_stats spec; /* the counts only */
 } step_tally;
 
 struct eng_engine {
@@ -159,6 +166,10 @@ struct eng_engine {
     void *scratch;           /* the sampler's */
     gr_vocab *grammar_vocab; /* the vocabulary's bytes as a trie, for grammars (fixed) */
     int64_t grammar_budget;  /* its gr_vocab_step_budget: one request's matcher steps per step */
+    eng_drafter drafter;     /* speculative decoding's (fixed); ops NULL: off */
+    /* the rows of the sequences that draft in a step, end to end (speculation_start sizes it;
+     * NULL: speculation off) */
+    float *spec_rows;
     pthread_t thread;
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
@@ -325,6 +336,16 @@ static void publish_tally(eng_engine *e)
     e->stats.grammar_steps += e->tally.grammar_steps;
     e->stats.grammar_seconds += (double)e->tally.grammar_ns * 1e-9;
     e->stats.prefix_blocks = eng_kv_prefix_blocks(e->kv);
+    eng_spec_stats *to = &e->stats.spec;
+    const eng_spec_stats *from = &e->tally.spec;
+    to->drafts += from->drafts;
+    to->drafted += from->drafted;
+    to->verified += from->verified;
+    to->accepted += from->accepted;
+    for (int32_t i = 0; i <= ENG_SPEC_MAX_DRAFT; i++)
+        to->accepted_len[i] += from->accepted_len[i];
+    for (int32_t i = 0; i < ENG_SPEC_MAX_DRAFT; i++)
+        to->accepted_pos[i] += from->accepted_pos[i];
     e->tally = (step_tally){0};
 }
 
@@ -716,6 +737,7 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
         eng_stop_include(s->stop, r->include_stop_str);
+        eng_spec_len_init(&s->spec, e->drafter.o.draft_max);
     }
     if (r->prompt_logprobs) {
         size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
@@ -1090,14 +1112,15 @@ static bool grammar_budget_give(const eng_engine *e, request *r, gr_matcher *g)
 }
 
 /* Sample s's token from logits (changed in place) and take it; lp, when not
- * NULL, holds the figures of the raw row logits was copied from. */
-static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
+ * NULL, holds the figures of the raw row logits was copied from. Returns
+ * true when s has ended (its request perhaps freed). */
+static bool sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
 {
     request *r = s->r;
     gr_matcher *g = s->sampler.grammar;
     if (g && !grammar_budget_give(e, r, g)) {
         end_choice(e, s, ENG_FINISH_GRAMMAR);
-        return;
+        return true;
     }
     uint64_t steps = g ? gr_matcher_steps(g) : 0;
     int32_t token = eng_sample(&s->sampler, logits, e->m->cfg.vocab_size, e->scratch);
@@ -1115,14 +1138,27 @@ static void sample_take(eng_engine *e, seq *s, float *logits, const row_lp *lp)
         fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)r->id,
                 stopped != QL_OK ? why : "the grammar allows no next token");
         end_choice(e, s, stopped == QL_EINVAL ? ENG_FINISH_GRAMMAR : ENG_FINISH_ERROR);
-        return;
+        return true;
     }
     token_lp t = {0};
     if (lp)
         t = (token_lp){.logprob = (float)((double)lp->raw[token] - lp->lse),
                        .top = lp->n_top ? lp->top : NULL,
                        .n_top = lp->n_top};
-    take_token(e, s, token, lp ? &t : NULL);
+    return take_token(e, s, token, lp ? &t : NULL);
+}
+
+/* Sample s's token from a logits row (changed in place) and take it, its
+ * logprobs from the raw row when asked; true when s has ended. */
+static bool sample_row(eng_engine *e, seq *s, float *row)
+{
+    if (!s->r->req.logprobs)
+        return sample_take(e, s, row, NULL);
+    int32_t vocab = e->m->cfg.vocab_size;
+    row_lp lp; /* the row came back whole (greedy and draw were off): its figures first */
+    memcpy(e->raw_row, row, (size_t)vocab * sizeof *row);
+    row_lp_compute(&lp, e->raw_row, vocab, s->r->req.top_logprobs);
+    return sample_take(e, s, row, &lp);
 }
 
 /* s's token from step row k: the backend's choice, or sampled here. */
@@ -1134,14 +1170,109 @@ static void next_token(eng_engine *e, seq *s, int32_t k)
     if (token >= 0 || e->step[k].draw) { /* a draw's uniform is taken: never again */
         eng_sampler_record(&s->sampler, token = token >= 0 ? token : 0);
         take_token(e, s, token, NULL);
-    } else if (!s->r->req.logprobs) {
-        sample_take(e, s, row, NULL);
-    } else { /* the row came back (greedy and draw were off): its figures first */
-        row_lp lp;
-        memcpy(e->raw_row, row, (size_t)vocab * sizeof *row);
-        row_lp_compute(&lp, e->raw_row, vocab, s->r->req.top_logprobs);
-        sample_take(e, s, row, &lp);
+    } else {
+        sample_row(e, s, row);
     }
+}
+
+/* --- the engine thread: speculative decoding --------------------------------------------
+ *
+ * A sequence that drafts carries its next token and the k drafted tokens
+ * as one row run of k + 1 tokens in the step, every row's logits returned
+ * (eng_step_seq.all_logits): row j is what the model says follows the
+ * next token and drafts 1..j. Verification samples row 0 exactly as a step
+ * without speculation would (the same sampler: its seeded stream,
+ * penalties, logit_bias, min_tokens, grammar mask; logprobs of the raw
+ * row), takes the token (stop strings, EOS, max_new_tokens end it as
+ * always), and goes on to row j + 1 only while the token sampled from row
+ * j is draft j + 1: row j + 1 was then computed after the very tokens the
+ * answer now holds, so it is the row the next step would have computed.
+ * The first token that differs (or the last row's, which nothing drafted
+ * past) ends the verification; rows after it are dropped unread.
+ *
+ * So every token comes from the model's own row, sampled with the stream
+ * it would have used: a greedy answer is the tokens it is without
+ * speculation, and a sampled one follows the model's distribution (for a
+ * drafter that proposes one token, this is the standard accept/resample
+ * rule: draft d is kept with probability p(d), else the token is drawn from
+ * p without d, renormalised; with the same seed it is even the same
+ * tokens, as long as the step's rows are the bits a one-token step gives,
+ * which the walk keeps). A drafted token the grammar refuses can never be
+ * sampled, so the draft is cut there; the first drafted token is checked
+ * against the mask before the step, sparing its rows.
+ *
+ * KV: the step wrote positions for all k drafts; those past the accepted
+ * ones are rolled back (eng_kv_rollback), so the next step writes over
+ * them in the same blocks, and the prefix cache never keeps them.
+ */
+
+/* How many tokens s drafts this step (into s->row after its next token),
+ * at most room: what its draft length, its answer's room (the token the
+ * verification adds included) and its KV reservation allow, and what the
+ * drafter guesses; a first drafted token the grammar refuses cuts it all. */
+static int32_t plan_draft(eng_engine *e, seq *s, int32_t room)
+{
+    request *r = s->r;
+    int32_t pos = r->n_prompt + s->n_generated - 1;
+    int32_t want = eng_spec_len_want(&s->spec);
+    int32_t answer_left = r->req.max_new_tokens - s->n_generated - 1;
+    int32_t kv_left = r->reserve - pos - 1;
+    want = want < room ? want : room;
+    want = want < answer_left ? want : answer_left;
+    want = want < kv_left ? want : kv_left;
+    s->n_draft = 0;
+    /* the history is the prompt and the tokens fed (a failed record leaves it short) */
+    if (want <= 0 || s->n_fed != s->n_generated)
+        return 0;
+    eng_history h = {r->prompt, r->n_prompt, s->fed, s->n_fed};
+    int32_t k = e->drafter.ops->draft(&e->drafter, &h, want, s->row + 1);
+    e->tally.spec.drafted += (uint64_t)k;
+    if (k > 0 && s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1]))
+        k = 0;
+    s->row[0] = s->next_token;
+    s->n_draft = k;
+    return k;
+}
+
+/* Verify s's drafted tokens from its step row run q (see above); its KV
+ * past the accepted ones is rolled back and its draft length adapted. */
+static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
+{
+    int32_t vocab = e->m->cfg.vocab_size, k = s->n_draft, j = 0;
+    eng_spec_stats *t = &e->tally.spec;
+    s->n_draft = 0;
+    t->drafts++;
+    t->verified += (uint64_t)k;
+    bool ended = false;
+    for (;; j++) {
+        /* each row stands for a step of its own: a grammar's mask gets a step's budget for it,
+         * so a drafted token never ends an answer the plain step would have let go on */
+        if (j > 0)
+            s->r->grammar_step = 0;
+        ended = sample_row(e, s, q->all_logits + (size_t)j * (size_t)vocab);
+        if (ended || j == k || s->next_token != s->row[j + 1])
+            break; /* s may be freed once ended: nothing of it is read after */
+        t->accepted_pos[j]++;
+    }
+    t->accepted += (uint64_t)j;
+    t->accepted_len[j]++;
+    if (ended)
+        return; /* its blocks went back; the prefix cache kept only the answer's fed tokens */
+    char msg[160];
+    if (eng_kv_rollback(e->kv, &s->kv, q->pos + 1 + j, msg, sizeof msg) != QL_OK) {
+        fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)s->r->id, msg);
+        end_choice(e, s, ENG_FINISH_ERROR);
+        return;
+    }
+    eng_spec_len_adapt(&s->spec, k, j, e->drafter.o.draft_max);
+}
+
+/* Whether the step's decoding sequences (n_decode of them) speculate:
+ * speculation is on, and the batch is small enough that a step is still
+ * bound by reading the weights (extra rows then cost little). */
+static bool speculating(const eng_engine *e, int32_t n_decode)
+{
+    return e->spec_rows && n_decode <= e->drafter.o.max_batch;
 }
 
 /* r's prefill is done (its last chunk was step row k): report the prompt,
@@ -1199,29 +1330,58 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
 
 /* --- the engine thread: one step ---------------------------------------------------- */
 
-/* The step's batch: one decode token for every begun choice, then prompt
- * chunks under the step budget (eng_prefill_budget; one prompt_logprobs
- * chunk at most: the rows buffer is one), first admitted first. Returns
- * its size. */
+/* The step's decode rows: every begun choice's next token, the drafting
+ * ones first with their drafts, their rows' buffers end to end in
+ * spec_rows (so the walk classifies all their rows in one pass). Returns
+ * how many; *budget loses the tokens they take. */
+static int32_t build_decodes(eng_engine *e, int32_t *budget)
+{
+    int32_t n = 0, n_decode = 0, drafted = 0;
+    for (int32_t i = 0; i < e->n_running; i++)
+        n_decode += e->running[i]->r->begun;
+    bool spec = speculating(e, n_decode);
+    float *rows = e->spec_rows;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < e->n_running; i++) {
+            seq *s = e->running[i];
+            request *r = s->r;
+            if (!r->begun)
+                continue;
+            if (pass == 0) { /* drafts take only the room no decode token needs */
+                int32_t room = e->o.step_tokens - n_decode - drafted;
+                s->n_draft = 0;
+                if (!spec || plan_draft(e, s, room) == 0)
+                    continue;
+            } else if (s->n_draft > 0) {
+                continue; /* placed in the first pass */
+            }
+            int32_t k = s->n_draft;
+            e->step[n] = (eng_step_seq){.kv = &s->kv,
+                                        .tokens = k ? s->row : &s->next_token,
+                                        .n_tokens = 1 + k,
+                                        .pos = r->n_prompt + s->n_generated - 1,
+                                        .weights = r->weights,
+                                        .delta = r->delta,
+                                        .n_delta = (int32_t)r->n_delta,
+                                        .rope_long = r->rope_long,
+                                        .all_logits = k ? rows : NULL};
+            rows += k ? (size_t)(k + 1) * (size_t)e->m->cfg.vocab_size : 0;
+            drafted += k;
+            e->step_owner[n++] = s;
+        }
+    }
+    *budget -= n + drafted;
+    return n;
+}
+
+/* The step's batch: one decode token (and its drafts) for every begun
+ * choice, then prompt chunks under the step budget (eng_prefill_budget; one
+ * prompt_logprobs chunk at most: the rows buffer is one), first admitted
+ * first. Returns its size. */
 static int32_t build_step(eng_engine *e)
 {
-    int32_t n = 0, budget = e->o.step_tokens;
-    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
-        seq *s = e->running[i];
-        request *r = s->r;
-        if (!r->begun)
-            continue;
-        e->step[n] = (eng_step_seq){.kv = &s->kv,
-                                    .tokens = &s->next_token,
-                                    .n_tokens = 1,
-                                    .pos = r->n_prompt + s->n_generated - 1,
-                                    .weights = r->weights,
-                                    .delta = r->delta,
-                                    .n_delta = (int32_t)r->n_delta,
-                                    .rope_long = r->rope_long};
-        e->step_owner[n++] = s;
-        budget--;
-    }
+    int32_t budget = e->o.step_tokens;
+    int32_t n = build_decodes(e, &budget);
     /* decode tokens: the step budget bounds the prompt tokens beside them */
     bool budgeted = false;
     if (n > 0) {
@@ -1272,7 +1432,9 @@ static void set_choosing(eng_engine *e, int32_t n)
         eng_step_seq *q = &e->step[k];
         bool takes_token =
             r->req.max_new_tokens > 0 && (r->begun || r->n_prefilled + q->n_tokens >= r->n_prompt);
-        bool row = takes_token && (r->req.logprobs || (!r->begun && r->n_choices > 1));
+        /* a drafting sequence's rows come back whole (all_logits) */
+        bool row = takes_token && (r->req.logprobs || (!r->begun && r->n_choices > 1) ||
+                                   (r->begun && s->n_draft > 0));
         q->greedy = !row && eng_sampler_greedy(&s->sampler);
         q->draw = draws && takes_token && !row && !q->greedy &&
                   eng_sampler_plain_draw(&s->sampler, vocab, &q->inv_temperature);
@@ -1319,6 +1481,8 @@ static void after_step(eng_engine *e, int32_t k, int rc)
     if (r->begun) {
         if (rc != QL_OK)
             end_choice(e, s, ENG_FINISH_ERROR);
+        else if (s->n_draft > 0)
+            verify_draft(e, s, q);
         else
             next_token(e, s, k);
         return;
@@ -1566,6 +1730,50 @@ static void *engine_main(void *arg)
 
 /* --- start and stop ---------------------------------------------------------------- */
 
+/* Why speculation, asked for, cannot run for this model or backend (NULL: it can). A hybrid
+ * model's recurrent state takes in every token a step feeds, drafts the model rejects too,
+ * and cannot go back to before them; the CUDA backend returns every row through the same walk,
+ * but its verification has not been checked on a device yet. */
+static const char *speculation_off(const eng_engine *e)
+{
+    if (e->m->cfg.linear.n_layers > 0)
+        return "the model has linear-attention layers, whose recurrent state cannot be rolled "
+               "back past rejected drafts";
+    if (eng_backend_device(e->backend) != ENG_DEVICE_CPU)
+        return "speculative decoding runs on the CPU backend only so far";
+    return NULL;
+}
+
+/* Set up the drafter o asks for: its rows, or off with the reason (logged, and in the stats
+ * for /info) when the model or the backend cannot. */
+static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
+{
+    e->stats.spec.drafter = ENG_SPEC_OFF;
+    if (!e->drafter.ops)
+        return QL_OK;
+    const char *off = speculation_off(e);
+    if (off) {
+        snprintf(e->stats.spec.off_reason, sizeof e->stats.spec.off_reason, "%s", off);
+        fprintf(stderr, "qlserve: speculative decoding off: %s\n", off);
+        return QL_OK;
+    }
+    /* the drafting sequences' rows of one step: at most max_batch of them (and no more than
+     * run), each with its draft, and never more rows than a step carries */
+    const eng_spec_opts *o = &e->drafter.o;
+    int64_t seqs = o->max_batch < e->o.max_running ? o->max_batch : e->o.max_running;
+    int64_t rows = seqs * (o->draft_max + 1);
+    rows = rows < e->o.step_tokens ? rows : e->o.step_tokens;
+    size_t floats = (size_t)rows * (size_t)e->m->cfg.vocab_size;
+    e->spec_rows = malloc(floats * sizeof *e->spec_rows);
+    if (!e->spec_rows)
+        return ql_fail(msg, msg_len, QL_ENOMEM,
+                       "out of memory for speculative decoding's rows (%zu floats: lower "
+                       "--spec-max-batch or --draft-max)",
+                       floats);
+    e->stats.spec.drafter = o->drafter;
+    return QL_OK;
+}
+
 static void engine_free(eng_engine *e)
 {
     eng_backend_free(e->backend);
@@ -1579,6 +1787,7 @@ static void engine_free(eng_engine *e)
     free(e->raw_row);
     free(e->work_row);
     free(e->prompt_rows);
+    free(e->spec_rows);
     free(e->cancels);
     gr_vocab_free(e->grammar_vocab);
     eng_weights_unref(e->current);
@@ -1630,7 +1839,9 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
         if (m->cfg.eog_token_ids[i] != e->eos && m->cfg.eog_token_ids[i] < m->cfg.vocab_size)
             e->ends[e->n_ends++] = m->cfg.eog_token_ids[i];
     int32_t vocab = m->cfg.vocab_size;
-    int rc = eng_weights_new(&e->current, m, 0, msg, msg_len);
+    int rc = eng_drafter_init(&e->drafter, &o->spec, msg, msg_len);
+    if (rc == QL_OK)
+        rc = eng_weights_new(&e->current, m, 0, msg, msg_len);
     if (rc == QL_OK) {
         e->latest = e->current;
         eng_weights_ref(e->latest);
@@ -1672,6 +1883,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
                                      msg_len);
     if (rc == QL_OK)
         e->grammar_budget = gr_vocab_step_budget(e->grammar_vocab);
+    if (rc == QL_OK)
+        rc = speculation_start(e, msg, msg_len);
     if (rc == QL_OK && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = ql_fail(msg, msg_len, QL_ENOMEM, "cannot start the engine thread");
     if (rc != QL_OK) {

@@ -11,13 +11,14 @@
  * cancel and read statistics through a small inbox guarded by a mutex.
  * It touches engine/runtime/ (through runtime.h alone) and engine/model/,
  * nothing above. Inside the folder: sampler.c (eng_sampling, eng_sampler,
- * eng_stop) and scheduler.c (eng_engine_*).
+ * eng_stop), scheduler.c (eng_engine_*), drafter.c (speculative.h's drafters).
  */
 #ifndef QL_SCHEDULER_H
 #define QL_SCHEDULER_H
 
 #include "grammar.h"
 #include "runtime.h"
+#include "speculative.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -30,8 +31,7 @@ typedef struct eng_logit_bias {
     float bias;    /* in [-100, 100] */
 } eng_logit_bias;
 
-/* At most this many logit_bias entries (OpenAI's limit). */
-#define ENG_MAX_LOGIT_BIAS 300
+#define ENG_MAX_LOGIT_BIAS 300 /* logit_bias entries at most (OpenAI's limit) */
 
 /* How a request samples (sampler.c). Zero-initialised: greedy. */
 typedef struct eng_sampling {
@@ -132,8 +132,7 @@ void eng_stop_free(eng_stop *s);
  * show now. Returns true when a stop string has completed: the text before it has been emitted, the
  * rest is dropped, and generation should end. */
 bool eng_stop_feed(eng_stop *s, const char *text, size_t len, const char **emit, size_t *emit_len);
-/* vLLM's include_stop_str_in_output: a stop string that completes is
- * emitted (generation still ends there). Off unless set. */
+/* vLLM's include_stop_str_in_output: a completed stop string is emitted (and still ends it). */
 void eng_stop_include(eng_stop *s, bool include);
 /* While held (min_tokens not yet reached), a stop string that completes
  * does not stop: its text is emitted as any other and matching goes on. */
@@ -208,8 +207,7 @@ typedef struct eng_choice_end {
     double logprob_sum;
 } eng_choice_end;
 
-/* The most choices one request may ask for (each needs a running slot). */
-#define ENG_MAX_CHOICES 64
+#define ENG_MAX_CHOICES 64 /* choices one request may ask for (each needs a running slot) */
 
 /* A generation request. The engine copies what it needs at submit. The
  * callbacks run on the engine thread between steps: they must be quick
@@ -298,6 +296,7 @@ typedef struct eng_engine_opts {
      * a target time (0: twice a decode step of the running set), or > 0 tokens; a floor (0: 16) */
     float step_budget_ms;
     int32_t max_prefill_per_step, min_prefill_per_step;
+    eng_spec_opts spec; /* speculative decoding (speculative.h); zero: off */
 } eng_engine_opts;
 
 typedef struct eng_engine eng_engine;
@@ -382,6 +381,7 @@ typedef struct eng_engine_stats {
     char waiting_adapters[ENG_ADAPTER_LIST_MAX];
     int64_t gate_steps; /* the step gate: -1 open, else the steps it still lets run */
     bool settled;       /* the engine waits with nothing it can do (eng_engine_settle) */
+    eng_spec_stats spec;
 } eng_engine_stats;
 void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out); /* a snapshot, any thread */
 const char *eng_engine_backend(const eng_engine *e);             /* eng_backend_describe's */

@@ -1,0 +1,65 @@
+/*
+ * speculative.h - speculative decoding's part of engine/scheduler/'s public
+ * interface (scheduler.h includes it; no other file need): which drafter
+ * the engine runs, its sizes, and the figures /metrics reports.
+ *
+ * A drafter guesses the next few tokens of a sequence cheaply; the engine
+ * runs them through the model as extra rows of the sequence in the same
+ * batched step as every other row, and keeps the longest run the model
+ * itself would have produced (drafter.c drafts, scheduler.c verifies).
+ * Greedy answers are the same tokens as without it; sampled ones keep the
+ * model's distribution (scheduler.c says how).
+ */
+#ifndef QL_SPECULATIVE_H
+#define QL_SPECULATIVE_H
+
+#include <stdint.h>
+
+#include "ql_base.h"
+
+/* The most tokens one sequence drafts in one step (--draft-max's bound):
+ * past a dozen, even copying workloads rarely accept more, and every row
+ * costs the step a row of logits. */
+#define ENG_SPEC_MAX_DRAFT 16
+
+typedef enum eng_speculative {
+    ENG_SPEC_OFF = QL_SPEC_OFF, /* the zero value: options built by hand do not speculate */
+    ENG_SPEC_NGRAM = QL_SPEC_NGRAM,
+    ENG_SPEC_DRAFT = QL_SPEC_DRAFT, /* not built yet: refused by name */
+    ENG_SPEC_MTP = QL_SPEC_MTP,     /* not built yet: refused by name */
+} eng_speculative;
+
+typedef struct eng_spec_opts {
+    eng_speculative drafter;
+    /* most tokens drafted per sequence per step, in [1, ENG_SPEC_MAX_DRAFT]; 0: 4 */
+    int32_t draft_max;
+    /* the n-gram drafter matches the answer's last n tokens, n from ngram_max down to
+     * ngram_min, in the prompt and answer before them; 0: 1 and 3 */
+    int32_t ngram_min, ngram_max;
+    /* no sequence speculates in a step that decodes more than this many (a large batch's step
+     * is no longer bound by reading the weights, so extra rows cost time); 0: 8 */
+    int32_t max_batch;
+} eng_spec_opts;
+
+/* "off", "ngram" -> *out; "draft" and "mtp" are refused by name (not built
+ * yet), any other word naming the choices. QL_EINVAL then. */
+int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, size_t msg_len);
+/* o with its zeros replaced by the defaults, checked: a drafter not built
+ * yet, sizes out of range (named). */
+int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len);
+
+/* What speculation did (eng_engine_stats.spec), summed over the steps. */
+typedef struct eng_spec_stats {
+    eng_speculative drafter; /* what runs: off when asked for but refused for the model */
+    char off_reason[160];    /* why it was turned off though asked for; else empty */
+    uint64_t drafts;         /* verifications: a sequence's step that carried drafted tokens */
+    uint64_t drafted;        /* tokens the drafter proposed */
+    uint64_t verified;       /* of them, run through the model (the rest cut by a grammar) */
+    uint64_t accepted;       /* of those, accepted */
+    /* verifications by the tokens they accepted, 0 .. ENG_SPEC_MAX_DRAFT */
+    uint64_t accepted_len[ENG_SPEC_MAX_DRAFT + 1];
+    /* [i]: verifications whose draft token i was accepted (vLLM's per position count) */
+    uint64_t accepted_pos[ENG_SPEC_MAX_DRAFT];
+} eng_spec_stats;
+
+#endif

@@ -1,0 +1,628 @@
+/*
+ * test_speculative.c - speculative decoding on the tiny model: the n-gram
+ * drafter's lookup, the draft length's adaptation, the KV rollback, the
+ * refusals by name; and through the engine, that drafting never changes an
+ * answer: greedy answers over many prompts (batched, with logprobs, stop
+ * strings, min_tokens, penalties, logit_bias, a grammar, an unmerged
+ * adapter) are the tokens an engine without speculation gives, and
+ * sampled ones with a seed are too, so their distribution is the model's
+ * (a two-sample test over many seeds, bound stated there). Each engine
+ * test also checks that drafts were verified, accepted and rejected, so
+ * it fails when speculation is silently off.
+ *
+ * The tiny model's random weights make it repeat itself, which the
+ * prompts below (runs that come back) help: the n-gram drafter then finds
+ * matches, some of which the model takes and some not.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "drafter_internal.h"
+#include "grammar.h"
+#include "lora.h"
+#include "lora_fixture.h"
+#include "runtime.h"
+#include "scheduler.h"
+#include "tiny_model.h"
+#include "tokenizer.h"
+
+TINY_DEFAULT_SUITE(speculative, 120);
+
+#define MAX_OUT     96
+#define MAX_CHOICES 3
+
+/* What one request produced. */
+typedef struct outcome {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    eng_finish why;
+    eng_usage usage;
+    /* per choice */
+    int32_t tokens[MAX_CHOICES][MAX_OUT];
+    float logprobs[MAX_CHOICES][MAX_OUT];
+    eng_logprob top[MAX_CHOICES][MAX_OUT][3];
+    int n[MAX_CHOICES];
+    char text[MAX_CHOICES][512];
+    size_t len[MAX_CHOICES];
+} outcome;
+
+static void on_token(void *user, const eng_token_event *ev)
+{
+    outcome *o = user;
+    int c = ev->choice;
+    cr_assert_lt(c, MAX_CHOICES);
+    if (o->len[c] + ev->len < sizeof o->text[c]) {
+        memcpy(o->text[c] + o->len[c], ev->text, ev->len);
+        o->len[c] += ev->len;
+    }
+    if (ev->token < 0 || o->n[c] >= MAX_OUT)
+        return;
+    o->tokens[c][o->n[c]] = ev->token;
+    o->logprobs[c][o->n[c]] = ev->logprob;
+    for (int32_t i = 0; i < ev->n_top && i < 3; i++)
+        o->top[c][o->n[c]][i] = ev->top[i];
+    o->n[c]++;
+}
+
+static void on_done(void *user, eng_finish why, const eng_usage *u)
+{
+    outcome *o = user;
+    pthread_mutex_lock(&o->mu);
+    o->why = why;
+    o->usage = *u;
+    o->done = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static outcome *outcomes_new(int n)
+{
+    outcome *o = calloc((size_t)n, sizeof *o);
+    cr_assert(o);
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_init(&o[i].mu, NULL);
+        pthread_cond_init(&o[i].cv, NULL);
+    }
+    return o;
+}
+
+static void wait_done(outcome *o)
+{
+    pthread_mutex_lock(&o->mu);
+    while (!o->done)
+        pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static eng_engine *start(eng_speculative drafter, int32_t max_running, int32_t max_batch)
+{
+    eng_engine_opts o = {.threads = 2,
+                         .kv_bytes = 16 << 20,
+                         .max_running = max_running,
+                         .max_queued = 2048,
+                         .spec = {.drafter = drafter, .max_batch = max_batch}};
+    eng_engine *e;
+    char msg[512];
+    cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), 0, "%s", msg);
+    return e;
+}
+
+static const char *prompts[] = {
+    "a b c d a b c d a b c",
+    "the theme of the thesis, the theme of the",
+    "hello hello hello",
+    "1 2 3 4 5 1 2 3 4 5 1 2",
+    "once upon a time there was a time",
+    "xyzzy",
+    "the cat sat on the mat; the cat sat on the",
+    "to be or not to be, to be",
+    "abcabcabcabcab",
+    "q",
+    "fn main() { let x = 1; let y = 2; let",
+    "red green blue red green blue red",
+};
+#define N_PROMPTS ((int)(sizeof prompts / sizeof *prompts))
+
+/* Submit reqs[0..n) together (they share steps), wait for all. */
+static void run_all(eng_engine *e, eng_request *reqs, outcome *out, int n)
+{
+    char msg[512];
+    for (int i = 0; i < n; i++) {
+        reqs[i].on_token = on_token;
+        reqs[i].on_done = on_done;
+        reqs[i].user = &out[i];
+        cr_assert_eq(eng_engine_submit(e, &reqs[i], NULL, msg, sizeof msg), QL_OK, "%d: %s", i,
+                     msg);
+    }
+    for (int i = 0; i < n; i++)
+        wait_done(&out[i]);
+}
+
+static eng_request plain(const char *prompt, int32_t max_new)
+{
+    return (eng_request){.prompt = prompt, .prompt_len = strlen(prompt), .max_new_tokens = max_new};
+}
+
+/* Choice c of request i: the same tokens, logprobs (bit for bit) and text. */
+static void expect_same_choice(const outcome *on, const outcome *off, int i, int c)
+{
+    cr_assert_eq(on->n[c], off->n[c], "request %d choice %d: %d tokens, without drafts %d", i, c,
+                 on->n[c], off->n[c]);
+    for (int t = 0; t < on->n[c]; t++) {
+        cr_assert_eq(on->tokens[c][t], off->tokens[c][t], "request %d/%d token %d: %d, not %d", i,
+                     c, t, on->tokens[c][t], off->tokens[c][t]);
+        cr_assert(memcmp(&on->logprobs[c][t], &off->logprobs[c][t], sizeof(float)) == 0,
+                  "request %d/%d token %d: logprob %.9g, not %.9g", i, c, t,
+                  (double)on->logprobs[c][t], (double)off->logprobs[c][t]);
+        cr_assert(memcmp(on->top[c][t], off->top[c][t], sizeof on->top[c][t]) == 0,
+                  "request %d/%d token %d: its top logprobs differ", i, c, t);
+    }
+    cr_assert_eq(on->len[c], off->len[c], "request %d/%d's text", i, c);
+    cr_assert(memcmp(on->text[c], off->text[c], on->len[c]) == 0, "request %d/%d's text", i, c);
+}
+
+/* The same requests on an engine without speculation and one with n-gram
+ * drafts: every answer's tokens (and logprobs, bit for bit) and end the
+ * same; the speculating engine's figures come back in *spec. */
+static void expect_same_answers(eng_request *reqs, int n, int32_t max_running, eng_spec_stats *spec)
+{
+    outcome *off = outcomes_new(n), *on = outcomes_new(n);
+    eng_engine *e = start(ENG_SPEC_OFF, max_running, 0);
+    run_all(e, reqs, off, n);
+    eng_engine_stop(e);
+    e = start(ENG_SPEC_NGRAM, max_running, 0);
+    run_all(e, reqs, on, n);
+    eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
+    eng_engine_stats_get(e, &st);
+    *spec = st.spec;
+    cr_expect_eq(st.kv_blocks_used, 0, "every block came back (prefix-kept ones are free)");
+    eng_engine_stop(e);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(on[i].why, off[i].why, "request %d ended %s, without drafts %s", i,
+                     eng_finish_name(on[i].why), eng_finish_name(off[i].why));
+        cr_assert_eq(on[i].usage.generated_tokens, off[i].usage.generated_tokens);
+        for (int c = 0; c < MAX_CHOICES; c++)
+            expect_same_choice(&on[i], &off[i], i, c);
+    }
+    free(off);
+    free(on);
+}
+
+/* Drafts were verified, some accepted, some rejected (the rollback ran). */
+static void expect_drafts_exercised(const eng_spec_stats *s)
+{
+    cr_assert_eq(s->drafter, ENG_SPEC_NGRAM);
+    cr_assert_gt(s->drafts, 0, "no draft was verified");
+    cr_assert_gt(s->accepted, 0, "no drafted token was accepted");
+    cr_assert_gt(s->verified, s->accepted, "no drafted token was rejected");
+    cr_assert_geq(s->drafted, s->verified);
+    uint64_t n = 0, sum = 0;
+    for (int i = 0; i <= ENG_SPEC_MAX_DRAFT; i++) {
+        n += s->accepted_len[i];
+        sum += (uint64_t)i * s->accepted_len[i];
+    }
+    cr_assert_eq(n, s->drafts, "the acceptance histogram counts every verification");
+    cr_assert_eq(sum, s->accepted, "and sums to the accepted tokens");
+}
+
+/* --- the drafter, the length, the rollback, the refusals --------------------------- */
+
+Test(speculative, ngram_lookup_takes_the_longest_suffix_at_its_latest_place)
+{
+    /* "1 2 3" occurs at 0 and 5, "3" alone also at 8: the 3-gram wins, its latest place */
+    int32_t prompt[] = {1, 2, 3, 4, 5, 1, 2, 3, 6, 3, 7};
+    int32_t answer[] = {1, 2, 3};
+    eng_history h = {prompt, 11, answer, 3};
+    int32_t out[8];
+    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 8, out), 6, "up to the end of what was seen");
+    int32_t want[] = {6, 3, 7, 1, 2, 3};
+    cr_assert(memcmp(out, want, sizeof want) == 0, "%d %d %d", out[0], out[1], out[2]);
+    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 2, out), 2, "max bounds the draft");
+    /* only 1-grams allowed: the latest earlier "3" is at 9 */
+    cr_assert_eq(eng_ngram_draft(&h, 1, 1, 8, out), 4);
+    cr_assert_eq(out[0], 7);
+}
+
+Test(speculative, ngram_lookup_runs_into_a_repeated_run_and_finds_nothing_new)
+{
+    int32_t prompt[] = {9, 9, 9, 9};
+    eng_history h = {prompt, 4, NULL, 0};
+    int32_t out[8];
+    /* the suffix 9 9 9 at 0 is followed by the suffix itself */
+    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 8, out), 1);
+    cr_assert_eq(out[0], 9);
+    int32_t fresh[] = {1, 2, 3, 4};
+    eng_history g = {fresh, 4, NULL, 0};
+    cr_assert_eq(eng_ngram_draft(&g, 1, 3, 8, out), 0, "no token repeats: no guess");
+    eng_history one = {fresh, 1, NULL, 0};
+    cr_assert_eq(eng_ngram_draft(&one, 1, 3, 8, out), 0, "nothing before the suffix");
+}
+
+Test(speculative, draft_length_follows_acceptance_down_to_zero_and_probes_again)
+{
+    eng_spec_len l;
+    eng_spec_len_init(&l, 4);
+    cr_assert_eq(eng_spec_len_want(&l), 4);
+    eng_spec_len_adapt(&l, 4, 1, 4);
+    cr_assert_eq(l.len, 2, "one accepted: one past it");
+    eng_spec_len_adapt(&l, 2, 2, 4);
+    cr_assert_eq(l.len, 3, "all accepted: one more");
+    eng_spec_len_adapt(&l, 3, 0, 4);
+    cr_assert_eq(l.len, 1, "none accepted: half");
+    eng_spec_len_adapt(&l, 1, 0, 4);
+    cr_assert_eq(l.len, 0, "down to none");
+    for (int i = 1; i < ENG_SPEC_PROBE_STEPS; i++)
+        cr_assert_eq(eng_spec_len_want(&l), 0, "step %d", i);
+    cr_assert_eq(eng_spec_len_want(&l), 1, "a probe after %d steps", ENG_SPEC_PROBE_STEPS);
+    eng_spec_len_adapt(&l, 1, 1, 4);
+    eng_spec_len_adapt(&l, 2, 2, 4);
+    eng_spec_len_adapt(&l, 3, 3, 4);
+    eng_spec_len_adapt(&l, 4, 4, 4);
+    cr_assert_eq(l.len, 4, "never past draft_max");
+}
+
+Test(speculative, kv_rollback_forgets_positions_but_never_grows)
+{
+    eng_kv_cache *kv;
+    char msg[256];
+    cr_assert_eq(eng_kv_new(&kv, &tiny_model.cfg, 1 << 20, 16, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_seq_kv s = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &s, 40), QL_OK);
+    int32_t free_before = eng_kv_free_blocks(kv);
+    s.n_tokens = 30; /* as a step that wrote 30 positions leaves it */
+    cr_assert_eq(eng_kv_rollback(kv, &s, 31, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "31"), "%s", msg);
+    cr_assert_eq(eng_kv_rollback(kv, &s, 27, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(s.n_tokens, 27);
+    cr_assert_eq(s.n_blocks, 3, "the blocks stay the sequence's: the next step writes over them");
+    cr_assert_eq(eng_kv_free_blocks(kv), free_before);
+    s.state = 1; /* a hybrid model's recurrent state cannot go back */
+    cr_assert_eq(eng_kv_rollback(kv, &s, 20, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "recurrent"), "%s", msg);
+    s.state = 0;
+    eng_kv_release(kv, &s);
+    eng_kv_free(kv);
+}
+
+Test(speculative, a_draft_model_and_mtp_heads_are_refused_by_name)
+{
+    char msg[256];
+    eng_speculative d;
+    cr_assert_eq(eng_speculative_parse("draft", &d, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "draft model") && strstr(msg, "not built"), "%s", msg);
+    cr_assert_eq(eng_speculative_parse("mtp", &d, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "MTP"), "%s", msg);
+    cr_assert_eq(eng_speculative_parse("eagle", &d, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "ngram"), "the choices are named: %s", msg);
+    cr_assert_eq(eng_speculative_parse("ngram", &d, msg, sizeof msg), QL_OK);
+    cr_assert_eq(d, ENG_SPEC_NGRAM);
+    eng_engine_opts o = {.threads = 1, .kv_bytes = 1 << 20, .spec = {.drafter = ENG_SPEC_MTP}};
+    eng_engine *e = NULL;
+    cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "MTP"), "%s", msg);
+    o.spec = (eng_spec_opts){.drafter = ENG_SPEC_NGRAM, .draft_max = 17};
+    cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "draft-max 17"), "%s", msg);
+}
+
+/* --- answers unchanged ------------------------------------------------------------- */
+
+Test(speculative, greedy_answers_over_many_prompts_are_the_same_tokens)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++)
+        reqs[i] = plain(prompts[i], 48);
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N_PROMPTS, 4, &spec); /* 12 prompts, 4 at a time */
+    expect_drafts_exercised(&spec);
+}
+
+/* One sequence alone: each step gives it one token and the drafts it
+ * accepted, so the steps saved are exactly the tokens accepted. */
+Test(speculative, every_accepted_draft_saves_a_step)
+{
+    uint64_t steps[2];
+    eng_spec_stats spec = {0};
+    for (int run = 0; run < 2; run++) {
+        eng_engine *e = start(run ? ENG_SPEC_NGRAM : ENG_SPEC_OFF, 2, 0);
+        eng_request r = plain("the cat sat on the mat; the cat sat on the", 48);
+        outcome *o = outcomes_new(1);
+        run_all(e, &r, o, 1);
+        cr_assert(eng_engine_settle(e, 60), "the last step's figures are published");
+        eng_engine_stats st;
+        eng_engine_stats_get(e, &st);
+        steps[run] = st.steps;
+        spec = st.spec;
+        eng_engine_stop(e);
+        free(o);
+    }
+    cr_assert_gt(spec.accepted, 0);
+    cr_assert_eq(steps[1], steps[0] - spec.accepted,
+                 "%llu steps with drafts, %llu without, %llu accepted",
+                 (unsigned long long)steps[1], (unsigned long long)steps[0],
+                 (unsigned long long)spec.accepted);
+}
+
+Test(speculative, greedy_answers_with_logprobs_stops_penalties_and_bias_are_the_same)
+{
+    static const char *stop[] = {"e t", "zz"};
+    static const eng_logit_bias bias[] = {{'a', 3.0f}, {'e', -2.0f}};
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 40);
+        reqs[i].logprobs = true;
+        reqs[i].top_logprobs = 3;
+        reqs[i].stop = stop;
+        reqs[i].n_stop = 2;
+        reqs[i].sampling.min_tokens = i % 3 == 0 ? 12 : 0;
+        reqs[i].sampling.repetition_penalty = i % 4 == 1 ? 1.3f : 0.0f;
+        reqs[i].sampling.presence_penalty = i % 4 == 2 ? 0.5f : 0.0f;
+        reqs[i].sampling.frequency_penalty = i % 4 == 3 ? 0.25f : 0.0f;
+        if (i % 2) {
+            reqs[i].sampling.logit_bias = bias;
+            reqs[i].sampling.n_logit_bias = 2;
+        }
+    }
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N_PROMPTS, 6, &spec);
+    expect_drafts_exercised(&spec);
+}
+
+#define LIT(b, s) gr_literal((b), (s), strlen(s))
+
+/* [ab ]{1,60}: the model's own choice among a, b and space, so drafts
+ * from a prompt of them are often taken, and any other token is masked. */
+static gr_grammar *ab_grammar(void)
+{
+    gr_builder *b = gr_builder_new(0);
+    gr_expr xs[] = {LIT(b, "a"), LIT(b, "b"), LIT(b, " ")};
+    gr_grammar *g = NULL;
+    char msg[256];
+    cr_assert_eq(gr_build(b, gr_repeat(b, gr_alt(b, xs, 3), 1, 60), &g, msg, sizeof msg), QL_OK,
+                 "%s", msg);
+    gr_builder_free(b);
+    return g;
+}
+
+Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
+{
+    gr_grammar *g = ab_grammar();
+    static const char *ps[] = {"a b a b a b a",           "ab ab ab ab", "aab aab aab a", "b b b b",
+                               "the theme of the thesis", "ba ba ba"};
+    enum { N = 6 };
+    eng_request reqs[N];
+    for (int i = 0; i < N; i++) {
+        reqs[i] = plain(ps[i], 40);
+        reqs[i].grammar = g;
+    }
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N, 6, &spec);
+    cr_assert_gt(spec.accepted, 0, "drafts under the grammar were taken");
+    gr_grammar_unref(g);
+}
+
+Test(speculative, greedy_answers_under_an_unmerged_adapter_are_the_adapters)
+{
+    char folder[700], msg[512];
+    snprintf(folder, sizeof folder, "%s/adapter", tiny_dir);
+    lora_fix_spec fs = lora_fix_default();
+    fs.std = 0.5f; /* large enough to change the tiny model's answers */
+    lora_fix_write(folder, &tiny_model.cfg, &fs);
+    eng_lora *lora = NULL;
+    lora_meta meta;
+    cr_assert_eq(lora_load(&lora, &meta, folder, "a", &tiny_model, msg, sizeof msg), QL_OK, "%s",
+                 msg);
+    eng_lora_term term = {.lora = lora, .scale = 1.0f};
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 40);
+        if (i % 3 != 2) { /* adapter and base rows in one batch */
+            reqs[i].adapters = &term;
+            reqs[i].n_adapters = 1;
+        }
+    }
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N_PROMPTS, 6, &spec);
+    expect_drafts_exercised(&spec);
+    eng_lora_unref(lora);
+}
+
+Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 40);
+        reqs[i].sampling = (eng_sampling){.temperature = 0.7f,
+                                          .top_k = i % 2 ? 5 : 0,
+                                          .top_p = i % 3 ? 0.9f : 0.0f,
+                                          .seed = 100 + (uint64_t)i};
+        reqs[i].n_choices = i % 4 == 0 ? 3 : 1; /* forks of one prompt, each speculating */
+    }
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N_PROMPTS, 16, &spec);
+    expect_drafts_exercised(&spec);
+}
+
+/*
+ * The distribution test: the token at each of the first positions of many
+ * sampled answers (seeds 0..N-1 with drafts, N..2N-1 without, so the two
+ * sets are independent draws), compared by the total variation distance of
+ * their frequencies. Over K outcomes, two samples of N from one law have an
+ * expected distance of at most sqrt(2 K / (pi N)) / 2 (each frequency's
+ * error has sd sqrt(p(1-p)/N) per side; Cauchy-Schwarz over the K); the
+ * bound asserted is five times that, for the K the two samples show (with
+ * two outcomes, four standard deviations of their difference), and top_k 2
+ * keeps K small (at most 2^(j+1) at position j). Temperature 0.7 keeps the
+ * tiny model near its repetitive greedy path, so drafts are often taken.
+ */
+Test(speculative, sampled_tokens_keep_the_models_distribution)
+{
+    enum { N = 1000, POS = 6, K = 2, MAX_SEEN = 128 };
+    static const char *p = "hello hello hello";
+    int32_t seen[POS][MAX_SEEN], counts[2][POS][MAX_SEEN], n_seen[POS] = {0};
+    memset(counts, 0, sizeof counts);
+    eng_spec_stats spec = {0};
+    for (int run = 0; run < 2; run++) {
+        eng_request *reqs = calloc(N, sizeof *reqs);
+        outcome *out = outcomes_new(N);
+        for (int i = 0; i < N; i++) {
+            reqs[i] = plain(p, POS);
+            reqs[i].sampling =
+                (eng_sampling){.temperature = 0.7f, .top_k = K, .seed = (uint64_t)(run * N + i)};
+            reqs[i].sampling.ignore_eos = true;
+        }
+        eng_engine *e = start(run == 0 ? ENG_SPEC_NGRAM : ENG_SPEC_OFF, 8, 0);
+        run_all(e, reqs, out, N);
+        if (run == 0) {
+            eng_engine_stats st;
+            cr_assert(eng_engine_settle(e, 60));
+            eng_engine_stats_get(e, &st);
+            spec = st.spec;
+        }
+        eng_engine_stop(e);
+        for (int i = 0; i < N; i++) {
+            cr_assert_eq(out[i].n[0], POS);
+            for (int j = 0; j < POS; j++) {
+                int k = 0;
+                while (k < n_seen[j] && seen[j][k] != out[i].tokens[0][j])
+                    k++;
+                cr_assert_lt(k, MAX_SEEN, "position %d: more outcomes than %d", j, MAX_SEEN);
+                if (k == n_seen[j])
+                    seen[j][n_seen[j]++] = out[i].tokens[0][j];
+                counts[run][j][k]++;
+            }
+        }
+        free(reqs);
+        free(out);
+    }
+    cr_assert_gt(spec.accepted, 0, "drafts were taken");
+    cr_assert_gt(spec.verified, spec.accepted, "and some rejected");
+    for (int j = 0; j < POS; j++) {
+        double tv = 0;
+        for (int k = 0; k < n_seen[j]; k++)
+            tv += fabs((double)counts[0][j][k] - (double)counts[1][j][k]) / N;
+        tv /= 2;
+        double bound = 5 * sqrt(2.0 * n_seen[j] / (M_PI * N)) / 2;
+        cr_log_info("position %d: %d outcomes, total variation %.4f, bound %.4f", j, n_seen[j], tv,
+                    bound);
+        cr_expect_leq(tv, bound, "position %d: total variation %.4f over %d outcomes", j, tv,
+                      n_seen[j]);
+    }
+}
+
+/* --- the scheduler's choices ------------------------------------------------------ */
+
+Test(speculative, a_batch_past_spec_max_batch_drafts_nothing)
+{
+    eng_engine *e = start(ENG_SPEC_NGRAM, 4, 1);
+    engine_hold_after(e, 0); /* both are admitted and decode in the same steps */
+    enum { N = 2 };
+    eng_request reqs[N];
+    outcome *out = outcomes_new(N);
+    for (int i = 0; i < N; i++) {
+        reqs[i] = plain("a b c a b c a b", 16);
+        reqs[i].sampling.ignore_eos = true; /* both run to the same length */
+        reqs[i].sampling.seed = (uint64_t)i;
+    }
+    char msg[256];
+    for (int i = 0; i < N; i++) {
+        reqs[i].on_token = on_token;
+        reqs[i].on_done = on_done;
+        reqs[i].user = &out[i];
+        cr_assert_eq(eng_engine_submit(e, &reqs[i], NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    }
+    engine_hold_after(e, -1);
+    for (int i = 0; i < N; i++)
+        wait_done(&out[i]);
+    eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.spec.drafts, 0, "two decoding past a max batch of one: no drafts");
+    eng_engine_stop(e);
+    /* alone, the same prompt drafts */
+    e = start(ENG_SPEC_NGRAM, 4, 1);
+    outcome *one = outcomes_new(1);
+    run_all(e, reqs, one, 1);
+    cr_assert(eng_engine_settle(e, 60));
+    eng_engine_stats_get(e, &st);
+    cr_assert_gt(st.spec.drafts, 0);
+    eng_engine_stop(e);
+    free(out);
+    free(one);
+}
+
+Test(speculative, the_prefix_cache_keeps_only_accepted_tokens)
+{
+    /* a chat's next turn: its prompt is the first prompt and its answer; on
+     * the speculating engine it starts past the kept blocks of that answer
+     * and still gives the tokens an engine without speculation gives */
+    static const char *p = "the cat sat on the mat; the cat sat on the";
+    eng_request first = plain(p, 48);
+    outcome *o = outcomes_new(1);
+    eng_engine *e = start(ENG_SPEC_NGRAM, 4, 0);
+    run_all(e, &first, o, 1);
+    eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
+    eng_engine_stats_get(e, &st);
+    cr_assert_gt(st.spec.verified, st.spec.accepted, "drafts were rejected");
+    int32_t ids[256];
+    size_t n = 0;
+    int32_t *enc = NULL;
+    char msg[256];
+    cr_assert_eq(tok_encode(tiny_model.tok, p, strlen(p), tok_adds_bos(tiny_model.tok), true, &enc,
+                            &n, msg, sizeof msg),
+                 QL_OK, "%s", msg);
+    memcpy(ids, enc, n * sizeof *ids);
+    free(enc);
+    memcpy(ids + n, o->tokens[0], (size_t)o->n[0] * sizeof *ids);
+    eng_request next = {
+        .prompt_tokens = ids, .n_prompt_tokens = n + (size_t)o->n[0], .max_new_tokens = 24};
+    outcome *on = outcomes_new(1), *off = outcomes_new(1);
+    run_all(e, &next, on, 1);
+    cr_assert_gt(on->usage.cached_tokens, (int32_t)n, "the answer's blocks were kept");
+    eng_engine_stop(e);
+    e = start(ENG_SPEC_OFF, 4, 0);
+    run_all(e, &next, off, 1);
+    eng_engine_stop(e);
+    cr_assert_eq(on->n[0], off->n[0]);
+    cr_assert(memcmp(on->tokens[0], off->tokens[0], (size_t)on->n[0] * sizeof(int32_t)) == 0,
+              "a kept block held a rejected draft's KV");
+    free(o);
+    free(on);
+    free(off);
+}
+
+Test(speculative, a_hybrid_model_runs_without_speculation_and_says_why)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("qwen35_tiny", dir);
+    eng_model m;
+    eng_load_opts lo = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);
+    eng_engine_opts o = {
+        .threads = 2, .kv_bytes = 8 << 20, .max_running = 2, .spec = {.drafter = ENG_SPEC_NGRAM}};
+    eng_engine *e;
+    cr_assert_eq(eng_engine_start(&e, &m, &o, msg, sizeof msg), 0, "%s", msg);
+    outcome *out = outcomes_new(1);
+    eng_request r = plain("a b a b a b a", 8);
+    run_all(e, &r, out, 1);
+    cr_assert_eq(out->n[0], 8);
+    eng_engine_stats st;
+    cr_assert(eng_engine_settle(e, 60));
+    eng_engine_stats_get(e, &st);
+    cr_assert_eq(st.spec.drafter, ENG_SPEC_OFF);
+    cr_assert(strstr(st.spec.off_reason, "recurrent state"), "%s", st.spec.off_reason);
+    cr_assert_eq(st.spec.drafts, 0);
+    eng_engine_stop(e);
+    eng_model_free(&m);
+    test_rmtree(dir);
+    free(out);
+}
