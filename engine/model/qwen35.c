@@ -76,11 +76,12 @@ static int refuse_options(const char *path, const cJSON *j, char *msg, size_t ms
     return QL_OK;
 }
 
-/* GGUF key qwen35.NAME as a positive int32 into *out; required. */
-static int gguf_int(const gguf_file *f, const char *name, int32_t *out, char *msg, size_t msg_len)
+/* GGUF key ARCH.NAME as a positive int32 into *out; required. */
+static int gguf_int(const gguf_file *f, const char *arch, const char *name, int32_t *out, char *msg,
+                    size_t msg_len)
 {
     char key[96];
-    snprintf(key, sizeof key, "qwen35.%s", name);
+    snprintf(key, sizeof key, "%s.%s", arch, name);
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (!kv || kv->type == GGUF_ARRAY || kv->i <= 0 || kv->i > (1 << 20))
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s is missing or not a positive count",
@@ -89,36 +90,40 @@ static int gguf_int(const gguf_file *f, const char *name, int32_t *out, char *ms
     return QL_OK;
 }
 
-int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len)
+int model_qwen35_config_gguf(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                             size_t msg_len)
 {
     eng_linear_cfg *lc = &c->linear;
     int32_t inner = 0, every = 4;
-    int rc = gguf_int(f, "ssm.conv_kernel", &lc->conv_kernel, msg, msg_len);
+    int rc = gguf_int(f, arch, "ssm.conv_kernel", &lc->conv_kernel, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.state_size", &lc->k_head_dim, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.state_size", &lc->k_head_dim, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.group_count", &lc->n_k_heads, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.group_count", &lc->n_k_heads, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.time_step_rank", &lc->n_v_heads, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.time_step_rank", &lc->n_v_heads, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.inner_size", &inner, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.inner_size", &inner, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (inner % lc->n_v_heads || lc->n_v_heads % lc->n_k_heads ||
         c->n_layers > ENG_MAX_LINEAR_LAYERS)
         return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: qwen35.ssm: %d value dims over %d value heads and %d key heads, %d "
+                       "%s: %s.ssm: %d value dims over %d value heads and %d key heads, %d "
                        "layers, do not make linear-attention layers qlserve runs",
-                       f->path, inner, lc->n_v_heads, lc->n_k_heads, c->n_layers);
+                       f->path, arch, inner, lc->n_v_heads, lc->n_k_heads, c->n_layers);
     lc->v_head_dim = inner / lc->n_v_heads;
-    const gguf_kv *rec = gguf_find_kv(f, "qwen35.attention.recurrent_layers");
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", arch);
+    const gguf_kv *rec = gguf_find_kv(f, key);
     if (rec && rec->type == GGUF_ARRAY && rec->elem == GGUF_BOOL &&
         rec->n == (uint64_t)c->n_layers && rec->data) {
         for (int32_t l = 0; l < c->n_layers; l++)
             if (rec->data[l]) /* bools, one byte each */
                 set_linear(lc, l);
     } else {
-        const gguf_kv *iv = gguf_find_kv(f, "qwen35.full_attention_interval");
+        snprintf(key, sizeof key, "%s.full_attention_interval", arch);
+        const gguf_kv *iv = gguf_find_kv(f, key);
         every = iv && iv->i > 0 ? (int32_t)iv->i : 4;
         for (int32_t l = 0; l < c->n_layers; l++)
             if ((l + 1) % every != 0)
