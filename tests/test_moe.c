@@ -21,6 +21,7 @@
 
 #include "fixtures/gptoss_lora_reference.h"
 #include "fixtures/moe_reference.h"
+#include "gguf_writer.h"
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
@@ -218,43 +219,28 @@ Test(moe, what_we_cannot_run_is_refused_by_name)
     refused_with("mixtral_tiny", more_experts, "block_sparse_moe.gate.weight' is [8, 64]");
 }
 
-/* What gguf_rewritten changes: the u32 metadata key set (added, or
- * replacing the file's) where key is given, the tensor `from` renamed `to`
- * where from is given. */
-typedef struct {
-    const char *key;
-    uint32_t value;
-    const char *from, *to;
-} gguf_edit;
+/* gguf_rewritten's edit_kv: leave out the key being set. */
+static bool drop_key(gguf_kv *kv, void *key)
+{
+    return strcmp(kv->key, key) != 0;
+}
 
-/* tests/fixtures/<in> rewritten to out with the edit e, everything else
- * as it was. */
-static void gguf_rewritten(const char *in, const char *out, gguf_edit e)
+/* tests/fixtures/<in> rewritten to out with the u32 metadata key set
+ * (added, or replacing the file's) where key is given, the tensor `from`
+ * renamed `to` where from is given, everything else as it was. */
+static void gguf_rewritten(const char *in, const char *out, const char *key, uint32_t value,
+                           const char *from, const char *to)
 {
     char path[600], msg[512];
     snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, in);
-    gguf_file f;
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), 0, "%s", msg);
-    gguf_out *o = gguf_out_new(f.alignment);
-    cr_assert(o);
-    for (uint64_t i = 0; i < f.n_kv; i++)
-        if (!e.key || strcmp(f.kvs[i].key, e.key) != 0)
-            cr_assert_eq(gguf_out_copy_kv(o, &f.kvs[i], msg, sizeof msg), 0, "%s", msg);
-    if (e.key)
-        cr_assert_eq(gguf_out_set_u32(o, e.key, e.value, msg, sizeof msg), 0, "%s", msg);
-    for (uint64_t i = 0; i < f.n_tensors; i++) {
-        const gguf_tensor *t = &f.tensors[i];
-        const char *name = e.from && strcmp(t->name, e.from) == 0 ? e.to : t->name;
-        cr_assert_eq(gguf_out_add_tensor(o, name, t->ggml_type, t->n_dims, t->ne, msg, sizeof msg),
-                     0, "%s", msg);
-    }
-    cr_assert_eq(gguf_out_begin(o, out, msg, sizeof msg), 0, "%s", msg);
-    for (uint64_t i = 0; i < f.n_tensors; i++)
-        cr_assert_eq(gguf_out_write(o, f.tensors[i].data, f.tensors[i].nbytes, msg, sizeof msg), 0,
-                     "%s", msg);
-    cr_assert_eq(gguf_out_finish(o, msg, sizeof msg), 0, "%s", msg);
-    gguf_out_free(o);
-    gguf_close(&f);
+    gguf_rewrite r = {.edit_kv = key ? drop_key : NULL,
+                      .ctx = (void *)key,
+                      .u32_keys = &key,
+                      .u32_values = &value,
+                      .n_u32 = key ? 1 : 0,
+                      .rename_from = from,
+                      .rename_to = to};
+    cr_assert_eq(gguf_writer_rewrite(path, out, &r, msg, sizeof msg), 0, "%s", msg);
 }
 
 /* A GGUF whose routing llama.cpp was told to do otherwise (a sigmoid
@@ -265,12 +251,10 @@ Test(moe, a_gguf_routing_we_do_not_run_is_refused_by_name)
     test_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/gated.gguf", dir);
     eng_model m;
-    gguf_rewritten("qwen3moe_tiny.gguf", path,
-                   (gguf_edit){.key = "qwen3moe.expert_gating_func", .value = 1});
+    gguf_rewritten("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 1, NULL, NULL);
     cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0, "%s", msg);
     eng_model_free(&m);
-    gguf_rewritten("qwen3moe_tiny.gguf", path,
-                   (gguf_edit){.key = "qwen3moe.expert_gating_func", .value = 2});
+    gguf_rewritten("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 2, NULL, NULL);
     cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "qwen3moe.expert_gating_func is 2"), "%s", msg);
     test_rmtree(dir);
@@ -284,9 +268,8 @@ Test(moe, fused_gate_up_experts_in_a_gguf_are_refused_by_name)
     char dir[512], path[600], msg[1024];
     test_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/fused.gguf", dir);
-    gguf_rewritten(
-        "qwen35_moe_tiny.gguf", path,
-        (gguf_edit){.from = "blk.0.ffn_gate_exps.weight", .to = "blk.0.ffn_gate_up_exps.weight"});
+    gguf_rewritten("qwen35_moe_tiny.gguf", path, NULL, 0, "blk.0.ffn_gate_exps.weight",
+                   "blk.0.ffn_gate_up_exps.weight");
     eng_model m;
     cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "'blk.0.ffn_gate_up_exps.weight'") && strstr(msg, "--fuse-gate-up-exps"),

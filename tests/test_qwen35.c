@@ -13,11 +13,11 @@
  * would rewind a state refused, the CUDA backend and options qlserve does
  * not run refused by name; the Qwen3.5-MoE folder and llama.cpp's
  * conversions of it (GGUF qwen35moe, f32 and q8_0) against its float64
- * logits; a PEFT adapter on in_proj_qkv, in_proj_z,
- * out_proj, the gated q_proj, v_proj and down_proj against PEFT's float64
- * forward, unmerged and merged; served by the binary, n greedy choices equal
- * to one (each fork carries a copy of the state) with the prefix cache
- * off and said so in the log and /info, the states counted in /metrics.
+ * logits, an MTP block appended by the converter left unread; a PEFT adapter on in_proj_qkv,
+ * in_proj_z, out_proj, the gated q_proj, v_proj and down_proj against PEFT's float64 forward,
+ * unmerged and merged; served by the binary, n greedy choices equal to one (each fork carries a
+ * copy of the state) with the prefix cache off and said so in the log and /info, the states counted
+ * in /metrics.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "fixtures/qwen35_reference.h"
+#include "gguf_writer.h"
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
@@ -292,6 +293,68 @@ Test(qwen35, moe_gguf_q8_0_runs_near_the_reference)
     cr_assert(worst > 1e-3 && worst < QWEN35_MOE_Q8_0_BOUND,
               "moe gguf q8_0: worst |logit error| %g", worst);
     eng_model_free(&m);
+}
+
+/* gguf_with_mtp_block's metadata: recurrent_layers a bool per block, the
+ * MTP one false; block_count left out (set anew). */
+static bool mtp_block_kv(gguf_kv *kv, void *ctx)
+{
+    static const uint8_t recurrent[5] = {1, 1, 1, 0, 0};
+    (void)ctx;
+    if (strcmp(kv->key, "qwen35moe.attention.recurrent_layers") == 0) {
+        cr_assert_eq(kv->n, 4);
+        kv->n = 5;
+        kv->data = recurrent;
+    }
+    return strcmp(kv->key, "qwen35moe.block_count") != 0;
+}
+
+/* The MoE's file as the converter writes it without --no-mtp for a
+ * checkpoint with one MTP block: that block appended as blk.4
+ * (block_count 5, nextn_predict_layers 1, recurrent_layers false for it),
+ * here two of its tensors' stand-ins (the output norm's data), into out. */
+static void gguf_with_mtp_block(const char *out)
+{
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/qwen35_moe_tiny.gguf", QL_FIXTURES);
+    static const char *const keys[] = {"qwen35moe.block_count", "qwen35moe.nextn_predict_layers"};
+    static const uint32_t values[] = {5, 1};
+    static const char *const names[] = {"blk.4.attn_norm.weight", "blk.4.nextn.enorm.weight"};
+    static const char *const sources[] = {"output_norm.weight", "output_norm.weight"};
+    gguf_rewrite r = {.edit_kv = mtp_block_kv,
+                      .u32_keys = keys,
+                      .u32_values = values,
+                      .n_u32 = 2,
+                      .extra_names = names,
+                      .extra_sources = sources,
+                      .n_extra = 2};
+    cr_assert_eq(gguf_writer_rewrite(path, out, &r, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* MTP blocks draft tokens and take no part in the forward pass: the
+ * decoder is the first block_count - nextn_predict_layers blocks, the
+ * logits bit for bit those of the file without the block. */
+Test(qwen35, gguf_mtp_blocks_are_left_unread)
+{
+    char dir[512], path[600], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/mtp.gguf", dir);
+    gguf_with_mtp_block(path);
+    eng_model m, plain;
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.n_layers, 4);
+    cr_assert_eq(m.cfg.linear.n_layers, 3);
+    cr_assert(eng_linear_is(&m.cfg.linear, 2) && !eng_linear_is(&m.cfg.linear, 3));
+    load_fixture_gguf(&plain, "qwen35_moe_tiny.gguf", "f32");
+    float *got = run_chunks(&m, 5), *want = run_chunks(&plain, 5);
+    for (size_t k = 0; k < (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB; k++)
+        cr_assert(same_bits(got[k], want[k]), "logit %zu: %.9g, without the MTP block %.9g", k,
+                  got[k], want[k]);
+    free(got);
+    free(want);
+    eng_model_free(&plain);
+    eng_model_free(&m);
+    test_rmtree(dir);
 }
 
 /* Quantized on load (in_proj_qkv, in_proj_z, out_proj and the rest of
