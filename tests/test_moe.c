@@ -621,9 +621,10 @@ Test(moe, the_binary_serves_each_family_from_its_folder_and_its_gguf, .timeout =
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("gptoss_tiny", model);
     serve_and_ask(model, dir, NULL);
-    /* each family's GGUF (GPT-OSS's with MXFP4 experts) */
+    /* each family's GGUF (GPT-OSS's with MXFP4 experts, Qwen3.5-MoE's
+     * hybrid layers with their recurrent state) */
     const char *ggufs[] = {"mixtral_tiny.gguf", "qwen2moe_tiny.gguf", "qwen3moe_tiny.gguf",
-                           "gptoss_tiny_mxfp4.gguf"};
+                           "gptoss_tiny_mxfp4.gguf", "qwen35_moe_tiny.gguf"};
     for (size_t i = 0; i < sizeof ggufs / sizeof *ggufs; i++) {
         snprintf(model, sizeof model, "%s/%s", QL_FIXTURES, ggufs[i]);
         serve_and_ask(model, dir, NULL);
