@@ -378,3 +378,64 @@ int gguf_writer_write(gguf_writer *w, const char *path, char *msg, size_t msg_le
     free(tmp);
     return rc;
 }
+
+/* The name and source of the i-th tensor the rewrite writes: f's own, then
+ * the added ones; NULL source for an added one f does not hold. */
+static const gguf_tensor *rewritten_tensor(const gguf_file *f, const gguf_rewrite *r, size_t i,
+                                           const char **name)
+{
+    if (i >= f->n_tensors) {
+        *name = r->extra_names[i - f->n_tensors];
+        return gguf_find_tensor(f, r->extra_sources[i - f->n_tensors]);
+    }
+    const gguf_tensor *t = &f->tensors[i];
+    *name = r->rename_from && strcmp(t->name, r->rename_from) == 0 ? r->rename_to : t->name;
+    return t;
+}
+
+/* r's metadata into o: f's entries as edit_kv leaves them, then its u32
+ * keys. */
+static int rewrite_kvs(gguf_out *o, const gguf_file *f, const gguf_rewrite *r, char *msg,
+                       size_t msg_len)
+{
+    int rc = QL_OK;
+    for (uint64_t i = 0; i < f->n_kv && rc == QL_OK; i++) {
+        gguf_kv kv = f->kvs[i];
+        if (!r->edit_kv || r->edit_kv(&kv, r->ctx))
+            rc = gguf_out_copy_kv(o, &kv, msg, msg_len);
+    }
+    for (size_t i = 0; i < r->n_u32 && rc == QL_OK; i++)
+        rc = gguf_out_set_u32(o, r->u32_keys[i], r->u32_values[i], msg, msg_len);
+    return rc;
+}
+
+int gguf_writer_rewrite(const char *in, const char *out, const gguf_rewrite *r, char *msg,
+                        size_t msg_len)
+{
+    gguf_file f;
+    int rc = gguf_open(&f, in, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    gguf_out *o = gguf_out_new(f.alignment);
+    rc = o ? rewrite_kvs(o, &f, r, msg, msg_len) : QL_ENOMEM;
+    size_t n = f.n_tensors + r->n_extra;
+    for (size_t i = 0; i < n && rc == QL_OK; i++) {
+        const char *name;
+        const gguf_tensor *t = rewritten_tensor(&f, r, i, &name);
+        rc = t ? gguf_out_add_tensor(o, name, t->ggml_type, t->n_dims, t->ne, msg, msg_len)
+               : ql_fail(msg, msg_len, QL_ENOTFOUND, "%s: no tensor %s to copy", in,
+                         r->extra_sources[i - f.n_tensors]);
+    }
+    if (rc == QL_OK)
+        rc = gguf_out_begin(o, out, msg, msg_len);
+    for (size_t i = 0; i < n && rc == QL_OK; i++) {
+        const char *name;
+        const gguf_tensor *t = rewritten_tensor(&f, r, i, &name);
+        rc = gguf_out_write(o, t->data, t->nbytes, msg, msg_len);
+    }
+    if (rc == QL_OK)
+        rc = gguf_out_finish(o, msg, msg_len);
+    gguf_out_free(o);
+    gguf_close(&f);
+    return rc;
+}

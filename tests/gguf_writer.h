@@ -30,4 +30,27 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t ggml_type,
                            const int64_t *ne, const void *data, size_t nbytes);
 int gguf_writer_write(gguf_writer *w, const char *path, char *msg, size_t msg_len);
 
+/* What gguf_writer_rewrite changes in a copy of a GGUF: edit_kv (may be
+ * NULL) sees a copy of each metadata entry and may change it (its arrays'
+ * data it points at must outlive the call), returning false to leave it
+ * out; then the n_u32 keys u32_keys are set to u32_values; the tensor
+ * rename_from (NULL: none) is called rename_to; n_extra tensors are added
+ * at the end, extra_names[i] holding the type, shape and data of the
+ * file's extra_sources[i]. */
+typedef struct {
+    bool (*edit_kv)(gguf_kv *kv, void *ctx);
+    void *ctx;
+    const char *const *u32_keys;
+    const uint32_t *u32_values;
+    size_t n_u32;
+    const char *rename_from, *rename_to;
+    const char *const *extra_names;
+    const char *const *extra_sources;
+    size_t n_extra;
+} gguf_rewrite;
+
+/* The GGUF at in rewritten to out with r, everything else as it was. */
+int gguf_writer_rewrite(const char *in, const char *out, const gguf_rewrite *r, char *msg,
+                        size_t msg_len);
+
 #endif

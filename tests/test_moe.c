@@ -21,6 +21,7 @@
 
 #include "fixtures/gptoss_lora_reference.h"
 #include "fixtures/moe_reference.h"
+#include "gguf_writer.h"
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
@@ -218,33 +219,28 @@ Test(moe, what_we_cannot_run_is_refused_by_name)
     refused_with("mixtral_tiny", more_experts, "block_sparse_moe.gate.weight' is [8, 64]");
 }
 
+/* gguf_rewritten's edit_kv: leave out the key being set. */
+static bool drop_key(gguf_kv *kv, void *key)
+{
+    return strcmp(kv->key, key) != 0;
+}
+
 /* tests/fixtures/<in> rewritten to out with the u32 metadata key set
- * (added, or replacing the file's), everything else as it was. */
-static void gguf_with_key(const char *in, const char *out, const char *key, uint32_t value)
+ * (added, or replacing the file's) where key is given, the tensor `from`
+ * renamed `to` where from is given, everything else as it was. */
+static void gguf_rewritten(const char *in, const char *out, const char *key, uint32_t value,
+                           const char *from, const char *to)
 {
     char path[600], msg[512];
     snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, in);
-    gguf_file f;
-    cr_assert_eq(gguf_open(&f, path, msg, sizeof msg), 0, "%s", msg);
-    gguf_out *o = gguf_out_new(f.alignment);
-    cr_assert(o);
-    for (uint64_t i = 0; i < f.n_kv; i++)
-        if (strcmp(f.kvs[i].key, key) != 0)
-            cr_assert_eq(gguf_out_copy_kv(o, &f.kvs[i], msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(gguf_out_set_u32(o, key, value, msg, sizeof msg), 0, "%s", msg);
-    for (uint64_t i = 0; i < f.n_tensors; i++) {
-        const gguf_tensor *t = &f.tensors[i];
-        cr_assert_eq(
-            gguf_out_add_tensor(o, t->name, t->ggml_type, t->n_dims, t->ne, msg, sizeof msg), 0,
-            "%s", msg);
-    }
-    cr_assert_eq(gguf_out_begin(o, out, msg, sizeof msg), 0, "%s", msg);
-    for (uint64_t i = 0; i < f.n_tensors; i++)
-        cr_assert_eq(gguf_out_write(o, f.tensors[i].data, f.tensors[i].nbytes, msg, sizeof msg), 0,
-                     "%s", msg);
-    cr_assert_eq(gguf_out_finish(o, msg, sizeof msg), 0, "%s", msg);
-    gguf_out_free(o);
-    gguf_close(&f);
+    gguf_rewrite r = {.edit_kv = key ? drop_key : NULL,
+                      .ctx = (void *)key,
+                      .u32_keys = &key,
+                      .u32_values = &value,
+                      .n_u32 = key ? 1 : 0,
+                      .rename_from = from,
+                      .rename_to = to};
+    cr_assert_eq(gguf_writer_rewrite(path, out, &r, msg, sizeof msg), 0, "%s", msg);
 }
 
 /* A GGUF whose routing llama.cpp was told to do otherwise (a sigmoid
@@ -255,12 +251,29 @@ Test(moe, a_gguf_routing_we_do_not_run_is_refused_by_name)
     test_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/gated.gguf", dir);
     eng_model m;
-    gguf_with_key("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 1);
+    gguf_rewritten("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 1, NULL, NULL);
     cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0, "%s", msg);
     eng_model_free(&m);
-    gguf_with_key("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 2);
+    gguf_rewritten("qwen3moe_tiny.gguf", path, "qwen3moe.expert_gating_func", 2, NULL, NULL);
     cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0);
     cr_assert(strstr(msg, "qwen3moe.expert_gating_func is 2"), "%s", msg);
+    test_rmtree(dir);
+}
+
+/* The converter's --fuse-gate-up-exps writes each layer's experts' gate
+ * and up as one ffn_gate_up_exps: refused naming the tensor and the flag
+ * (here a Qwen3.5-MoE file whose layer 0 gate stack bears that name). */
+Test(moe, fused_gate_up_experts_in_a_gguf_are_refused_by_name)
+{
+    char dir[512], path[600], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/fused.gguf", dir);
+    gguf_rewritten("qwen35_moe_tiny.gguf", path, NULL, 0, "blk.0.ffn_gate_exps.weight",
+                   "blk.0.ffn_gate_up_exps.weight");
+    eng_model m;
+    cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0);
+    cr_assert(strstr(msg, "'blk.0.ffn_gate_up_exps.weight'") && strstr(msg, "--fuse-gate-up-exps"),
+              "%s", msg);
     test_rmtree(dir);
 }
 
@@ -608,9 +621,10 @@ Test(moe, the_binary_serves_each_family_from_its_folder_and_its_gguf, .timeout =
     cr_assert_eq(mkdir(model, 0700), 0);
     tiny_fixture_folder("gptoss_tiny", model);
     serve_and_ask(model, dir, NULL);
-    /* each family's GGUF (GPT-OSS's with MXFP4 experts) */
+    /* each family's GGUF (GPT-OSS's with MXFP4 experts, Qwen3.5-MoE's
+     * hybrid layers with their recurrent state) */
     const char *ggufs[] = {"mixtral_tiny.gguf", "qwen2moe_tiny.gguf", "qwen3moe_tiny.gguf",
-                           "gptoss_tiny_mxfp4.gguf"};
+                           "gptoss_tiny_mxfp4.gguf", "qwen35_moe_tiny.gguf"};
     for (size_t i = 0; i < sizeof ggufs / sizeof *ggufs; i++) {
         snprintf(model, sizeof model, "%s/%s", QL_FIXTURES, ggufs[i]);
         serve_and_ask(model, dir, NULL);

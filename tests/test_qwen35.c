@@ -11,11 +11,13 @@
  * bit for bit equal to one token at a time, the greedy ids, a fork that
  * copies the state, a state given back when its sequence ends, a step that
  * would rewind a state refused, the CUDA backend and options qlserve does
- * not run refused by name; a PEFT adapter on in_proj_qkv, in_proj_z,
- * out_proj, the gated q_proj, v_proj and down_proj against PEFT's float64
- * forward, unmerged and merged; served by the binary, n greedy choices equal
- * to one (each fork carries a copy of the state) with the prefix cache
- * off and said so in the log and /info, the states counted in /metrics.
+ * not run refused by name; the Qwen3.5-MoE folder and llama.cpp's
+ * conversions of it (GGUF qwen35moe, f32 and q8_0) against its float64
+ * logits, an MTP block appended by the converter left unread; a PEFT adapter on in_proj_qkv,
+ * in_proj_z, out_proj, the gated q_proj, v_proj and down_proj against PEFT's float64 forward,
+ * unmerged and merged; served by the binary, n greedy choices equal to one (each fork carries a
+ * copy of the state) with the prefix cache off and said so in the log and /info, the states counted
+ * in /metrics.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "fixtures/qwen35_reference.h"
+#include "gguf_writer.h"
 #include "lora.h"
 #include "lora_fixture.h"
 #include "model.h"
@@ -47,6 +50,10 @@
  * too: measured 2.91, and transformers' own weights rounded to q8_0 the
  * same way move its logits by 2.98 (in_proj_a feeds an exp) */
 #define QWEN35_Q8_0_BOUND 6.0
+/* the MoE's q8_0 file (the experts and shared expert in q8_0 but for the
+ * shared down_proj's 48 columns, which the converter leaves f16; the
+ * routers f32): measured 0.38, bound about doubled */
+#define QWEN35_MOE_Q8_0_BOUND 0.8
 
 static void load_qwen35(eng_model *m, char *dir, size_t dir_len, const char *quant)
 {
@@ -168,16 +175,35 @@ Test(qwen35, conditional_generation_folder_runs_its_text_model)
     eng_model_free(&m);
 }
 
+/* The fixture GGUF `file` (under QL_FIXTURES) into *m, whose quant kind is
+ * `quant` (its layers' kind: f32, q8_0). */
+static void load_fixture_gguf(eng_model *m, const char *file, const char *quant)
+{
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, file);
+    eng_load_opts o = {.path = path};
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_str_eq(m->quant, quant, "%s", file);
+}
+
+/* The worst |logit error| of the prompt's logits, fed in chunks of 5, from
+ * the reference `want` [tokens][vocab]. */
+static double worst_in_chunks_of_5(const eng_model *m, const double *want)
+{
+    float *got = run_chunks(m, 5);
+    double worst = test_max_abs_err(got, want, (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB);
+    free(got);
+    return worst;
+}
+
 /* llama.cpp's conversion (GGUF qwen35): norms stored as 1 + w, A as
  * -exp(A_log), the value heads in tiled order (head h reads key head h %
  * 2): the same logits within the tolerance. */
 Test(qwen35, gguf_from_llama_cpp_equals_transformers)
 {
-    char path[1024], msg[1024];
-    snprintf(path, sizeof path, "%s/qwen35_tiny.gguf", QL_FIXTURES);
+    char msg[1024];
     eng_model m;
-    eng_load_opts o = {.path = path};
-    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    load_fixture_gguf(&m, "qwen35_tiny.gguf", "f32");
     cr_assert_eq(m.cfg.arch, ENG_ARCH_QWEN3_5);
     cr_assert_eq(m.cfg.linear.n_layers, 4);
     cr_assert(eng_linear_is(&m.cfg.linear, 4) && !eng_linear_is(&m.cfg.linear, 5));
@@ -185,11 +211,8 @@ Test(qwen35, gguf_from_llama_cpp_equals_transformers)
     cr_assert_eq(eng_linear_key_head(&m.cfg.linear, 1), 1, "tiled: value head 1 reads key head 1");
     cr_assert_eq(m.cfg.linear.v_head_dim, 8);
     cr_assert_eq(m.cfg.rope_dim, 4);
-    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
-    float *got = run_chunks(&m, 5);
-    double worst = test_max_abs_err(got, &QWEN35_LOGITS[0][0], N);
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_LOGITS[0][0]);
     cr_assert(worst < QWEN35_TOL, "gguf: worst |logit error| %g", worst);
-    free(got);
     /* PEFT's rows are in the folder's value-head order: refused here, by name */
     char adir[1024];
     snprintf(adir, sizeof adir, "%s/qwen35_lora", QL_FIXTURES);
@@ -230,6 +253,110 @@ Test(qwen35, moe_logits_equal_transformers_float64)
     eng_model_free(&m);
 }
 
+/* The MoE's llama.cpp conversion (GGUF qwen35moe, --no-mtp): qwen35's
+ * layers, the experts stacked in ffn_{gate,up,down}_exps and split per
+ * expert, the router ffn_gate_inp, the shared expert ffn_*_shexp with its
+ * gate ffn_gate_inp_shexp; no feed_forward_length (the config has no
+ * intermediate_size): the same float64 logits within the folder's
+ * tolerance. */
+Test(qwen35, moe_gguf_from_llama_cpp_equals_transformers)
+{
+    eng_model m;
+    load_fixture_gguf(&m, "qwen35_moe_tiny.gguf", "f32");
+    cr_assert_eq(m.cfg.arch, ENG_ARCH_QWEN3_5);
+    cr_assert_eq(m.cfg.n_experts, 4);
+    cr_assert_eq(m.cfg.n_experts_used, 2);
+    cr_assert_eq(m.cfg.expert_ff, 32);
+    cr_assert_eq(m.cfg.shared_expert_ff, 48);
+    cr_assert(m.cfg.norm_topk_prob);
+    cr_assert_eq(m.cfg.linear.n_layers, 3);
+    cr_assert(m.cfg.linear.v_tiled && m.cfg.linear.a_neg_exp);
+    for (int32_t l = 0; l < 4; l++) {
+        cr_assert(eng_layer_is_moe(&m.cfg, l), "layer %d", l);
+        cr_assert_eq(m.layers[l].shared_gate.cols, 64, "layer %d", l);
+    }
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_MOE_LOGITS[0][0]);
+    cr_log_info("moe gguf: worst |logit error| %g", worst);
+    cr_assert(worst < QWEN35_TOL, "moe gguf: worst |logit error| %g", worst);
+    eng_model_free(&m);
+}
+
+/* Its q8_0 conversion (the experts' stacks in q8_0, read in place): runs,
+ * within about what the rounding does of the float64 logits. */
+Test(qwen35, moe_gguf_q8_0_runs_near_the_reference)
+{
+    eng_model m;
+    load_fixture_gguf(&m, "qwen35_moe_tiny_q8_0.gguf", "q8_0");
+    cr_assert_eq(m.cfg.n_experts, 4);
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_MOE_LOGITS[0][0]);
+    cr_log_info("moe gguf q8_0: worst |logit error| %g", worst);
+    cr_assert(worst > 1e-3 && worst < QWEN35_MOE_Q8_0_BOUND,
+              "moe gguf q8_0: worst |logit error| %g", worst);
+    eng_model_free(&m);
+}
+
+/* gguf_with_mtp_block's metadata: recurrent_layers a bool per block, the
+ * MTP one false; block_count left out (set anew). */
+static bool mtp_block_kv(gguf_kv *kv, void *ctx)
+{
+    static const uint8_t recurrent[5] = {1, 1, 1, 0, 0};
+    (void)ctx;
+    if (strcmp(kv->key, "qwen35moe.attention.recurrent_layers") == 0) {
+        cr_assert_eq(kv->n, 4);
+        kv->n = 5;
+        kv->data = recurrent;
+    }
+    return strcmp(kv->key, "qwen35moe.block_count") != 0;
+}
+
+/* The MoE's file as the converter writes it without --no-mtp for a
+ * checkpoint with one MTP block: that block appended as blk.4
+ * (block_count 5, nextn_predict_layers 1, recurrent_layers false for it),
+ * here two of its tensors' stand-ins (the output norm's data), into out. */
+static void gguf_with_mtp_block(const char *out)
+{
+    char path[1024], msg[1024];
+    snprintf(path, sizeof path, "%s/qwen35_moe_tiny.gguf", QL_FIXTURES);
+    static const char *const keys[] = {"qwen35moe.block_count", "qwen35moe.nextn_predict_layers"};
+    static const uint32_t values[] = {5, 1};
+    static const char *const names[] = {"blk.4.attn_norm.weight", "blk.4.nextn.enorm.weight"};
+    static const char *const sources[] = {"output_norm.weight", "output_norm.weight"};
+    gguf_rewrite r = {.edit_kv = mtp_block_kv,
+                      .u32_keys = keys,
+                      .u32_values = values,
+                      .n_u32 = 2,
+                      .extra_names = names,
+                      .extra_sources = sources,
+                      .n_extra = 2};
+    cr_assert_eq(gguf_writer_rewrite(path, out, &r, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* MTP blocks draft tokens and take no part in the forward pass: the
+ * decoder is the first block_count - nextn_predict_layers blocks, the
+ * logits bit for bit those of the file without the block. */
+Test(qwen35, gguf_mtp_blocks_are_left_unread)
+{
+    char dir[512], path[600], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/mtp.gguf", dir);
+    gguf_with_mtp_block(path);
+    eng_model m, plain;
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.n_layers, 4);
+    cr_assert_eq(m.cfg.linear.n_layers, 3);
+    cr_assert(eng_linear_is(&m.cfg.linear, 2) && !eng_linear_is(&m.cfg.linear, 3));
+    load_fixture_gguf(&plain, "qwen35_moe_tiny.gguf", "f32");
+    float *got = run_chunks(&m, 5), *want = run_chunks(&plain, 5);
+    for (size_t k = 0; k < (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB; k++)
+        cr_assert(same_bits(got[k], want[k]), "logit %zu: %.9g, without the MTP block %.9g", k,
+                  got[k], want[k]);
+    free(got);
+    free(want);
+    eng_model_free(&plain);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
 /* Quantized on load (in_proj_qkv, in_proj_z, out_proj and the rest of
  * the projections; in_proj_a/b, the conv and the norms stay dense): it
  * runs, and its logits move from transformers' float64 ones by about what
@@ -258,19 +385,12 @@ Test(qwen35, quantized_on_load_stays_near_the_reference)
  * runs, within about what the rounding does of the float64 logits. */
 Test(qwen35, gguf_q8_0_runs_near_the_reference)
 {
-    char path[1024], msg[1024];
-    snprintf(path, sizeof path, "%s/qwen35_tiny_q8_0.gguf", QL_FIXTURES);
     eng_model m;
-    eng_load_opts o = {.path = path};
-    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_str_eq(m.quant, "q8_0");
-    const size_t N = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
-    float *got = run_chunks(&m, 5);
-    double worst = test_max_abs_err(got, &QWEN35_LOGITS[0][0], N);
+    load_fixture_gguf(&m, "qwen35_tiny_q8_0.gguf", "q8_0");
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_LOGITS[0][0]);
     cr_log_info("gguf q8_0: worst |logit error| %g", worst);
     cr_assert(worst > 1e-3 && worst < QWEN35_Q8_0_BOUND, "gguf q8_0: worst |logit error| %g",
               worst);
-    free(got);
     eng_model_free(&m);
 }
 

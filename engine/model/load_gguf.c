@@ -355,11 +355,13 @@ static int gguf_arch_uint(const gguf_file *f, const char *arch, const char *name
 /*
  * A mixture of experts' ARCH.expert_count, expert_used_count,
  * expert_feed_forward_length (Mixtral, a llama GGUF: its
- * feed_forward_length) and expert_shared_feed_forward_length (Qwen2-MoE);
- * which layers are mixtures is read from the tensors (a layer with
- * ffn_gate_inp). llama.cpp renormalizes the chosen experts' weights for
- * qwen3moe and mixtral, not for qwen2moe (build_moe_ffn's norm_w), and
- * the file has no key for it; so do we.
+ * feed_forward_length) and expert_shared_feed_forward_length (Qwen2-MoE,
+ * Qwen3.5-MoE); which layers are mixtures is read from the tensors (a
+ * layer with ffn_gate_inp). llama.cpp renormalizes the chosen experts'
+ * weights for qwen3moe, qwen35moe and mixtral, not for qwen2moe
+ * (build_moe_ffn's norm_w), and the file has no key for it; so do we.
+ * The converter's --fuse-gate-up-exps (one ffn_gate_up_exps) is refused
+ * by name: the experts are read as gate and up apart.
  */
 static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, char *msg,
                           size_t msg_len)
@@ -372,7 +374,7 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     U("expert_count", 0, true, &c->n_experts);
     U("expert_used_count", 0, true, &c->n_experts_used);
     U("expert_feed_forward_length", c->intermediate_size, false, &c->expert_ff);
-    if (c->arch == ENG_ARCH_QWEN2_MOE)
+    if (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_5)
         U("expert_shared_feed_forward_length", 0, true, &c->shared_expert_ff);
     /* routing llama.cpp can be told to do otherwise: by a gating function
      * other than softmax (llama-hparams.h's 1), or a scale on the chosen
@@ -400,6 +402,14 @@ static int parse_gguf_moe(const gguf_file *f, const char *arch, eng_config *c, c
     rc = model_moe_check(f->path, c, msg, msg_len);
     for (int32_t l = 0; rc == QL_OK && l < c->n_layers; l++) {
         char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", l);
+        if (gguf_find_tensor(f, name)) {
+            rc = ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                         "%s: tensor '%s' holds the experts' gate and up fused (the converter's "
+                         "--fuse-gate-up-exps); qlserve reads ffn_gate_exps and ffn_up_exps",
+                         f->path, name);
+            break;
+        }
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
         if (!gguf_find_tensor(f, name) && c->arch == ENG_ARCH_GPT_OSS)
             rc = ql_fail(msg, msg_len, QL_EFORMAT,
@@ -528,14 +538,16 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
         c->arch = ENG_ARCH_OLMO3;
     else if (strcmp(arch, "mistral3") == 0)
         c->arch = ENG_ARCH_MINISTRAL3;
-    else if (strcmp(arch, "qwen35") == 0)
+    else if (strcmp(arch, "qwen35") == 0 || strcmp(arch, "qwen35moe") == 0)
         c->arch = ENG_ARCH_QWEN3_5;
     else
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "%s: GGUF architecture %s is not one qlserve runs (llama, qwen2, qwen3, "
                        "phi3, gemma2, gemma3, qwen2moe, qwen3moe, gpt-oss, smollm3, olmo2, "
-                       "mistral3, qwen35)",
+                       "mistral3, qwen35, qwen35moe)",
                        f->path, arch);
+    /* Qwen3.5-MoE: qwen35's layers with a mixture in every MLP */
+    bool moe35 = strcmp(arch, "qwen35moe") == 0;
     /* Mixtral is a llama GGUF whose layers have experts */
     char experts_key[96];
     snprintf(experts_key, sizeof experts_key, "%s.expert_count", arch);
@@ -548,7 +560,12 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     if (rc == QL_OK)                                                                               \
     rc = gguf_arch_uint(f, arch, k, def, req, dst, msg, msg_len)
     U("embedding_length", 0, true, &c->hidden_size);
-    U("feed_forward_length", 0, true, &c->intermediate_size);
+    /* a Qwen3.5-MoE config has no intermediate_size, so the converter
+     * writes no feed_forward_length: the MLP width is the experts' */
+    U("feed_forward_length", 0, !moe35, &c->intermediate_size);
+    if (moe35 && c->intermediate_size == 0) {
+        U("expert_feed_forward_length", 0, true, &c->intermediate_size);
+    }
     U("block_count", 0, true, &c->n_layers);
     U("attention.head_count", 0, true, &c->n_heads);
     if (rc != QL_OK)
@@ -625,13 +642,13 @@ static int parse_gguf_config(model_loader *L, char *msg, size_t msg_len)
     if (rc == QL_OK && c->arch == ENG_ARCH_MINISTRAL3)
         rc = parse_gguf_mistral3(f, arch, c, msg, msg_len);
     if (rc == QL_OK && c->arch == ENG_ARCH_QWEN3_5)
-        rc = model_qwen35_config_gguf(f, c, msg, msg_len);
+        rc = model_qwen35_config_gguf(f, arch, c, msg, msg_len);
     snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
     if (rc == QL_OK && c->arch == ENG_ARCH_GPT_OSS &&
         (rc = gguf_uint(f, key, 0, false, &c->sliding_window, msg, msg_len)) == QL_OK)
         parse_gguf_gpt_oss(c);
     if (rc == QL_OK && (c->arch == ENG_ARCH_QWEN2_MOE || c->arch == ENG_ARCH_QWEN3_MOE ||
-                        c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_GPT_OSS))
+                        c->arch == ENG_ARCH_MIXTRAL || c->arch == ENG_ARCH_GPT_OSS || moe35))
         rc = parse_gguf_moe(f, arch, c, msg, msg_len);
     return rc;
 }

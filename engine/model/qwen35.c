@@ -3,10 +3,13 @@
  * Qwen3_5TextConfig): which layers are Gated DeltaNet linear attention
  * (layer_types, or every full_attention_interval-th layer full), their
  * heads and conv (hybrid.h's eng_linear_cfg), and the full layers' output
- * gate and (1 + w) norms. What it does not run is refused by name.
+ * gate and (1 + w) norms; the same from a qwen35 or qwen35moe GGUF (llama.cpp's
+ * converter's keys, its MTP blocks left out). What it does not run is
+ * refused by name.
  *
- * It offers model_qwen35_config_hf (internal/model_internal.h); it owns
- * nothing and touches only the eng_config it is given.
+ * It offers model_qwen35_config_hf, model_qwen35_text_config and
+ * model_qwen35_config_gguf (internal/model_internal.h); it owns nothing
+ * and touches only the eng_config it is given.
  */
 #include "internal/model_internal.h"
 
@@ -76,11 +79,12 @@ static int refuse_options(const char *path, const cJSON *j, char *msg, size_t ms
     return QL_OK;
 }
 
-/* GGUF key qwen35.NAME as a positive int32 into *out; required. */
-static int gguf_int(const gguf_file *f, const char *name, int32_t *out, char *msg, size_t msg_len)
+/* GGUF key ARCH.NAME as a positive int32 into *out; required. */
+static int gguf_int(const gguf_file *f, const char *arch, const char *name, int32_t *out, char *msg,
+                    size_t msg_len)
 {
     char key[96];
-    snprintf(key, sizeof key, "qwen35.%s", name);
+    snprintf(key, sizeof key, "%s.%s", arch, name);
     const gguf_kv *kv = gguf_find_kv(f, key);
     if (!kv || kv->type == GGUF_ARRAY || kv->i <= 0 || kv->i > (1 << 20))
         return ql_fail(msg, msg_len, QL_EFORMAT, "%s: %s is missing or not a positive count",
@@ -89,36 +93,69 @@ static int gguf_int(const gguf_file *f, const char *name, int32_t *out, char *ms
     return QL_OK;
 }
 
-int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len)
+/*
+ * llama.cpp's converter, unless told --no-mtp, appends a checkpoint's
+ * multi-token-prediction blocks (its mtp.*) after the decoder's, counted
+ * in block_count and named by ARCH.nextn_predict_layers. They draft tokens
+ * for speculation and take no part in the forward pass, so the decoder is
+ * the first block_count - nextn blocks (llama.cpp's n_layer()) and the
+ * rest stay unread. *n_blocks gets block_count.
+ */
+static int drop_mtp_blocks(const gguf_file *f, const char *arch, eng_config *c, int32_t *n_blocks,
+                           char *msg, size_t msg_len)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    *n_blocks = c->n_layers;
+    if (!kv)
+        return QL_OK;
+    bool integer = kv->type != GGUF_ARRAY && kv->type != GGUF_STRING && kv->type != GGUF_FLOAT32 &&
+                   kv->type != GGUF_FLOAT64 && kv->type != GGUF_BOOL;
+    if (!integer || kv->i < 0 || kv->i >= c->n_layers)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: %s is not a count of MTP blocks below block_count = %d", f->path, key,
+                       c->n_layers);
+    c->n_layers -= (int32_t)kv->i;
+    return QL_OK;
+}
+
+int model_qwen35_config_gguf(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                             size_t msg_len)
 {
     eng_linear_cfg *lc = &c->linear;
-    int32_t inner = 0, every = 4;
-    int rc = gguf_int(f, "ssm.conv_kernel", &lc->conv_kernel, msg, msg_len);
+    int32_t inner = 0, every = 4, n_blocks = 0;
+    int rc = drop_mtp_blocks(f, arch, c, &n_blocks, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.state_size", &lc->k_head_dim, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.conv_kernel", &lc->conv_kernel, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.group_count", &lc->n_k_heads, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.state_size", &lc->k_head_dim, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.time_step_rank", &lc->n_v_heads, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.group_count", &lc->n_k_heads, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_int(f, "ssm.inner_size", &inner, msg, msg_len);
+        rc = gguf_int(f, arch, "ssm.time_step_rank", &lc->n_v_heads, msg, msg_len);
+    if (rc == QL_OK)
+        rc = gguf_int(f, arch, "ssm.inner_size", &inner, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (inner % lc->n_v_heads || lc->n_v_heads % lc->n_k_heads ||
         c->n_layers > ENG_MAX_LINEAR_LAYERS)
         return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: qwen35.ssm: %d value dims over %d value heads and %d key heads, %d "
+                       "%s: %s.ssm: %d value dims over %d value heads and %d key heads, %d "
                        "layers, do not make linear-attention layers qlserve runs",
-                       f->path, inner, lc->n_v_heads, lc->n_k_heads, c->n_layers);
+                       f->path, arch, inner, lc->n_v_heads, lc->n_k_heads, c->n_layers);
     lc->v_head_dim = inner / lc->n_v_heads;
-    const gguf_kv *rec = gguf_find_kv(f, "qwen35.attention.recurrent_layers");
-    if (rec && rec->type == GGUF_ARRAY && rec->elem == GGUF_BOOL &&
-        rec->n == (uint64_t)c->n_layers && rec->data) {
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", arch);
+    const gguf_kv *rec = gguf_find_kv(f, key);
+    if (rec && rec->type == GGUF_ARRAY && rec->elem == GGUF_BOOL && rec->n == (uint64_t)n_blocks &&
+        rec->data) { /* a bool per block, MTP ones false */
         for (int32_t l = 0; l < c->n_layers; l++)
             if (rec->data[l]) /* bools, one byte each */
                 set_linear(lc, l);
     } else {
-        const gguf_kv *iv = gguf_find_kv(f, "qwen35.full_attention_interval");
+        snprintf(key, sizeof key, "%s.full_attention_interval", arch);
+        const gguf_kv *iv = gguf_find_kv(f, key);
         every = iv && iv->i > 0 ? (int32_t)iv->i : 4;
         for (int32_t l = 0; l < c->n_layers; l++)
             if ((l + 1) % every != 0)

@@ -188,10 +188,13 @@ int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char
  * experts'. *text NULL for any other config. */
 int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, bool *multimodal,
                              char *msg, size_t msg_len);
-/* A qwen35 GGUF's fields (ssm.*, attention.recurrent_layers or
- * full_attention_interval) into c, as llama.cpp's converter writes them:
- * norms with the 1 added, A as -exp(A_log), value heads tiled. */
-int model_qwen35_config_gguf(const gguf_file *f, eng_config *c, char *msg, size_t msg_len);
+/* A qwen35 or qwen35moe GGUF's fields (ARCH.ssm.*,
+ * ARCH.attention.recurrent_layers or ARCH.full_attention_interval, arch
+ * the file's general.architecture) into c, as llama.cpp's converter
+ * writes them: norms with the 1 added, A as -exp(A_log), value heads
+ * tiled. The mixture's keys are load_gguf.c's. */
+int model_qwen35_config_gguf(const gguf_file *f, const char *arch, eng_config *c, char *msg,
+                             size_t msg_len);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
