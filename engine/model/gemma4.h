@@ -31,7 +31,8 @@ typedef struct eng_gemma4_config {
     float ple_embed_scale; /* sqrt(ple_dim) as E's dtype holds it (as the main embeddings) */
     /* attention_k_eq_v: the full layers have no v_proj; their values are
      * k_proj's output (before k's norm and RoPE) through the weightless v
-     * norm (num_global_key_value_heads must equal num_key_value_heads) */
+     * norm, and their kv heads are num_global_key_value_heads
+     * (full_kv_heads) */
     bool k_eq_v;
     /* use_double_wide_mlp: the kv-shared layers' MLP is twice
      * intermediate_size wide */

@@ -406,8 +406,9 @@ static void attend_heads(const float *q, int32_t ng, const float *k, const float
     }
 }
 
-/* One run of n cached positions of layer l (their rows lie its row's bytes apart from k
- * and v) for the ng query heads at q (d apart), each with its own running
+/* One run of n cached positions of layer l (their rows lie the layer's
+ * row bytes apart from k and v) for the ng query heads at q (d apart),
+ * each with its own running
  * softmax sm[h] and sum acc + h * d: straight from the arena when it holds
  * f32, the arithmetic as it always was; else each chunk of positions' head
  * slice [e0, e0 + d) converted to f32 once (qt_kv_load) for all ng heads
