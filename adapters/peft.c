@@ -1150,7 +1150,7 @@ static int build_modules(const adapter_config *c, peft_lora *pl, const eng_model
             if (rc != QL_OK)
                 return rc;
             bool permute = m->cfg.rope_interleaved && (p == ENG_PROJ_Q || p == ENG_PROJ_K);
-            int32_t heads = p == ENG_PROJ_Q ? m->cfg.n_heads : m->cfg.n_kv_heads;
+            int32_t heads = p == ENG_PROJ_Q ? m->cfg.n_heads : eng_layer_kv_heads(&m->cfg, layer);
             rc = permute ? permuted_copy(mp->b, heads, &mod->b, copied, msg, msg_len)
                          : wrap_b(&pl->file, mp->b, m, layer, (eng_proj)p, &mod->b, copied, msg,
                                   msg_len);

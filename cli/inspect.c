@@ -171,6 +171,9 @@ static void print_gemma4(const eng_config *c, FILE *out)
             c->kv_shared_layers, c->g4.double_wide ? " (double-wide MLP)" : "");
     if (c->g4.ple_dim > 0)
         fprintf(out, "; per-layer inputs %d a layer", c->g4.ple_dim);
+    if (eng_heads_vary(c))
+        fprintf(out, "; full layers: head_dim %d, %d kv heads", c->g4.full_head_dim,
+                c->g4.full_kv_heads);
     if (c->g4.k_eq_v)
         fputs("; keys as values on full layers", out);
     if (c->g4.moe_block)

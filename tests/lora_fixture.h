@@ -109,8 +109,10 @@ static inline eng_config lora_fix_config(const tiny_spec *t)
 static inline void lora_fix_proj_shape(const eng_config *c, int32_t l, eng_proj p, int64_t *out,
                                        int64_t *in)
 {
-    int64_t h = c->hidden_size, q = (int64_t)c->n_heads * c->head_dim,
-            kv = (int64_t)c->n_kv_heads * c->head_dim, ff = eng_layer_ff(c, l);
+    /* the layer's own heads (Gemma 4's full layers) */
+    int64_t h = c->hidden_size, q = (int64_t)c->n_heads * eng_layer_head_dim(c, l),
+            kv = (int64_t)eng_layer_kv_heads(c, l) * eng_layer_head_dim(c, l),
+            ff = eng_layer_ff(c, l);
     switch (p) {
     case ENG_PROJ_PLE_GATE: *out = c->g4.ple_dim, *in = h; break;
     case ENG_PROJ_PLE_PROJ: *out = h, *in = c->g4.ple_dim; break;

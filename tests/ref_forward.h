@@ -89,12 +89,22 @@ static inline float *ref_dequant(const qtensor *t, int64_t rows, int64_t cols, b
     return out;
 }
 
+/* Layer l's config as its attention sees it: its own head_dim and
+ * n_kv_heads (Gemma 4's full layers' global_head_dim and kv heads), so
+ * the rotation, the norms and the heads' loops read one shape. */
+static inline eng_config ref_layer_config(const eng_config *c, int32_t l)
+{
+    eng_config lc = *c;
+    lc.head_dim = eng_layer_head_dim(c, l);
+    lc.n_kv_heads = eng_layer_kv_heads(c, l);
+    return lc;
+}
+
 /* The model as version w serves it (NULL: the model's own weights). */
 static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_weights *w)
 {
     const eng_config *c = &m->cfg;
     int64_t H = c->hidden_size, V = c->vocab_size;
-    int64_t nq = (int64_t)c->n_heads * c->head_dim, nkv = (int64_t)c->n_kv_heads * c->head_dim;
     R->c = *c;
     R->reserve = 0;
     R->embed = ref_dequant(&m->embed, V, H, false, "embed", -1);
@@ -115,6 +125,8 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
     for (int l = 0; l < c->n_layers; l++) {
         const eng_layer *L = &m->layers[l];
         ref_layer *r = &R->layers[l];
+        const eng_config lc = ref_layer_config(c, l);
+        int64_t nq = (int64_t)lc.n_heads * lc.head_dim, nkv = (int64_t)lc.n_kv_heads * lc.head_dim;
         /* OLMo 3 (post_norms): no norm before attention or the MLP */
         r->attn_norm = ref_dequant(&L->attn_norm, 1, H, c->post_norms, "attn_norm", l);
         r->ffn_norm = ref_dequant(&L->ffn_norm, 1, H, c->post_norms, "ffn_norm", l);
@@ -169,8 +181,10 @@ static inline void ref_load_version(ref_model *R, const eng_model *m, const eng_
             }
         }
         if (c->qk_norm) { /* a head's, or OLMo 3's whole projection's */
-            r->q_norm = ref_dequant(&L->q_norm, 1, eng_qk_norm_width(c, false), false, "q_norm", l);
-            r->k_norm = ref_dequant(&L->k_norm, 1, eng_qk_norm_width(c, true), shared, "k_norm", l);
+            r->q_norm =
+                ref_dequant(&L->q_norm, 1, eng_qk_norm_width(&lc, false), false, "q_norm", l);
+            r->k_norm =
+                ref_dequant(&L->k_norm, 1, eng_qk_norm_width(&lc, true), shared, "k_norm", l);
         }
         if (c->g4.moe_block) {
             const eng_gemma4_layer *g = &L->g4;
@@ -568,14 +582,14 @@ static inline double *ref_per_layer_inputs(const ref_model *R, const int32_t *to
 static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n, double *logits)
 {
     const eng_config *c = &R->c;
-    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
-    int64_t nq = c->n_heads * hd, nkv = c->n_kv_heads * hd;
-    int group = c->n_heads / c->n_kv_heads;
+    int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    /* room for the widest layer's heads (Gemma 4's full layers) */
+    int64_t max_q = (int64_t)c->n_heads * eng_max_head_dim(c), max_kv = eng_max_kv_dim(c);
     double eps = c->rms_norm_eps;
     double *x = calloc((size_t)(n * H), sizeof *x), *h = calloc((size_t)H, sizeof *h);
-    double *q = calloc((size_t)(n * nq), sizeof *q), *att = calloc((size_t)nq, sizeof *att);
+    double *q = calloc((size_t)(n * max_q), sizeof *q), *att = calloc((size_t)max_q, sizeof *att);
     /* every layer's keys and values, kept for Gemma 4's kv-shared layers */
-    size_t kv_n = (size_t)c->n_layers * (size_t)n * (size_t)nkv;
+    size_t kv_n = (size_t)c->n_layers * (size_t)n * (size_t)max_kv;
     double *k_all = calloc(kv_n, sizeof *k_all), *v_all = calloc(kv_n, sizeof *v_all);
     double *k = k_all, *v = v_all;
     double *o = calloc((size_t)H, sizeof *o), *p = calloc((size_t)n, sizeof *p);
@@ -583,7 +597,7 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
         F = eng_layer_ff(c, l) > F ? eng_layer_ff(c, l) : F;
     F = c->g4.ple_dim > F ? c->g4.ple_dim : F; /* g holds its per-layer input gate too */
     double *g = calloc((size_t)F, sizeof *g), *u = calloc((size_t)F, sizeof *u);
-    double *tmp = calloc((size_t)(H > nq ? H : nq), sizeof *tmp);
+    double *tmp = calloc((size_t)(H > max_q ? H : max_q), sizeof *tmp);
     cr_assert(x && h && q && att && k_all && v_all && o && p && g && u && tmp);
     double off = c->norm_offset; /* Gemma folders: norms are (1 + w) */
     /* longrope's set, as transformers' longrope_frequency_update takes it:
@@ -599,18 +613,22 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
     double *ple = ref_per_layer_inputs(R, tokens, n, x);
     for (int l = 0; l < c->n_layers; l++) {
         const ref_layer *L = &R->layers[l];
+        // the layer's own heads (Gemma 4's full layers: global_head_dim)
+        const eng_config lcfg = ref_layer_config(c, l), *lc = &lcfg;
+        int64_t hd = lc->head_dim, nq = lc->n_heads * hd, nkv = lc->n_kv_heads * hd;
+        int group = lc->n_heads / lc->n_kv_heads;
         // the layer's keys and values, or (Gemma 4's kv-shared layers) an
-        // earlier layer's, computed there
+        // earlier layer's of its type, computed there
         int src = eng_layer_kv_source(c, l);
         bool own = src == l;
-        k = k_all + (size_t)src * (size_t)n * (size_t)nkv;
-        v = v_all + (size_t)src * (size_t)n * (size_t)nkv;
+        k = k_all + (size_t)src * (size_t)n * (size_t)max_kv;
+        v = v_all + (size_t)src * (size_t)n * (size_t)max_kv;
         // attention rmsnorm, qkv projections, RoPE on q and k
         bool slides = eng_layer_slides(c, l), local = slides && c->rope_local_theta > 0;
         // (SmolLM3's NoPE layers: none; OLMo 3: q/k norms over the whole
         // projection; Ministral 3: each query times Llama 4's temperature)
         bool rotates = eng_layer_rotates(c, l);
-        int64_t qn = eng_qk_norm_width(c, false), kn = eng_qk_norm_width(c, true);
+        int64_t qn = eng_qk_norm_width(lc, false), kn = eng_qk_norm_width(lc, true);
         for (int t = 0; t < n; t++) {
             ref_norm_in(c, x + t * H, L->attn_norm, h);
             ref_matvec(L->wq, L->delta[ENG_PROJ_Q], L->bq, nq, H, h, q + t * nq);
@@ -634,11 +652,11 @@ static inline void ref_forward(const ref_model *R, const int32_t *tokens, int n,
                     v[t * nkv + i + e] *= r;
             }
             for (int hh = 0; rotates && hh < c->n_heads; hh++)
-                local ? ref_rope_local(c, q + t * nq + hh * hd, t)
-                      : ref_rope(c, q + t * nq + hh * hd, t, long_set);
-            for (int hh = 0; own && rotates && hh < c->n_kv_heads; hh++)
-                local ? ref_rope_local(c, k + t * nkv + hh * hd, t)
-                      : ref_rope(c, k + t * nkv + hh * hd, t, long_set);
+                local ? ref_rope_local(lc, q + t * nq + hh * hd, t)
+                      : ref_rope(lc, q + t * nq + hh * hd, t, long_set);
+            for (int hh = 0; own && rotates && hh < lc->n_kv_heads; hh++)
+                local ? ref_rope_local(lc, k + t * nkv + hh * hd, t)
+                      : ref_rope(lc, k + t * nkv + hh * hd, t, long_set);
             double temp =
                 c->attn_temp_beta > 0
                     ? 1.0 + c->attn_temp_beta * log(1.0 + floor((double)t / c->attn_temp_floor))

@@ -10,6 +10,7 @@
  *   float *all = run_prompt(&m, &r);                         [n][vocab], freed by the caller
  *   r.prefill = 1;                                           one token a step
  *   r.reserve = 64;                                          reserve more (longrope's set)
+ *   r.kv_dtype = QT_Q8_0;                                    the cache in q8_0
  *
  * The comparison is test_util.h's (test_max_abs_err, test_diff).
  */
@@ -33,6 +34,7 @@ typedef struct prompt_run {
     /* KV positions the sequence reserves (0: n_tokens); longrope's factor
      * set follows it as the engine's admission chooses (eng_rope_long_for) */
     int32_t reserve;
+    qt_kind kv_dtype; /* what the KV cache stores (0: QT_F32) */
 } prompt_run;
 
 /* Every position's logits of r's tokens through m, [n_tokens][vocab]
@@ -46,8 +48,9 @@ static inline float *run_prompt(const eng_model *m, const prompt_run *r)
     const int n = r->n_tokens, prefill = r->prefill > 0 && r->prefill < n ? r->prefill : n;
     const size_t vocab = (size_t)m->cfg.vocab_size;
     cr_assert_eq(eng_pool_new(&pool, 2, msg, sizeof msg), 0, "%s", msg);
-    cr_assert_eq(eng_kv_new(&kv, &m->cfg, (size_t)8 << 20, r->block_tokens ? r->block_tokens : 16,
-                            msg, sizeof msg),
+    cr_assert_eq(eng_kv_new_dtype(&kv, &m->cfg, (size_t)8 << 20,
+                                  r->block_tokens ? r->block_tokens : 16, r->kv_dtype, msg,
+                                  sizeof msg),
                  0, "%s", msg);
     cr_assert_eq(eng_forward_state_new(&st, m, prefill, msg, sizeof msg), 0, "%s", msg);
     eng_seq_kv skv = {0};

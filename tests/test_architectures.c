@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures/gemma4_dims_reference.h"
 #include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma4_shapes_reference.h"
 #include "fixtures/gemma_reference.h"
@@ -458,6 +459,37 @@ static void check_gemma4_keqv(eng_model *m)
     }
 }
 
+/* The released checkpoints' full layers (make_gemma4_dims_reference.py):
+ * head_dim 32 there against 16 on the sliding layers, so the proportional
+ * rotation turns a quarter of 16 pairs; kv heads 1 under attention_k_eq_v
+ * (the 31B shape), else the sliding layers' 2 (the E2B shape, whose last
+ * two layers share keys and values: layer 5 over layer 2's). */
+static void check_gemma4_dims(eng_model *m)
+{
+    const eng_config *c = &m->cfg;
+    cr_assert_eq(c->arch, ENG_ARCH_GEMMA4);
+    cr_assert(c->v_norm && c->layer_scalar && eng_heads_vary(c));
+    cr_assert_eq(c->rope_scaling, ENG_ROPE_PROPORTIONAL);
+    cr_assert_eq(c->rope_prop_pairs, 4, "a quarter of global_head_dim 32's 16 pairs");
+    cr_assert_eq(c->head_dim, 16);
+    cr_assert_eq(c->g4.full_head_dim, 32);
+    cr_assert_eq(c->g4.full_kv_heads, c->g4.k_eq_v ? 1 : 2);
+    for (int l = 0; l < 6; l++) {
+        bool full = l == 2 || l == 5;
+        cr_assert_eq(eng_layer_slides(c, l), !full, "layer %d", l);
+        cr_assert_eq(m->layers[l].wq.rows, full ? 128 : 64, "layer %d", l);
+        if (eng_layer_kv_source(c, l) == l)
+            cr_assert_eq(m->layers[l].wk.rows, full ? 32 * c->g4.full_kv_heads : 32, "layer %d", l);
+    }
+    cr_assert_eq(eng_layer_kv_source(c, 5), c->g4.k_eq_v ? 5 : 2);
+}
+
+/* The full layers' pairs counted over head_dim 16, not global_head_dim. */
+static void pairs_of_the_sliding_head(eng_config *c)
+{
+    c->rope_prop_pairs = c->head_dim / 8;
+}
+
 /* The mixture's shape (gemma-4-26B-A4B): the large dense one's attention,
  * and on every layer the MLP beside 4 experts of 32, 2 chosen a token. */
 static void check_gemma4_moe(eng_model *m)
@@ -715,6 +747,11 @@ static void rope_every_layer(eng_config *c)
     .n_tokens = GEMMA4_N_TOKENS, .vocab = GEMMA4_VOCAB, .logits = &which[0][0], .prefill = 9,      \
     .block_tokens = 4, .tol = 1e-5
 
+#define GEMMA4_DIMS_REF(which)                                                                     \
+    .source = "transformers float64 (make_gemma4_dims_reference.py)", .tokens = GEMMA4_TOKENS,     \
+    .n_tokens = GEMMA4_N_TOKENS, .vocab = GEMMA4_VOCAB, .logits = &which[0][0], .prefill = 9,      \
+    .block_tokens = 4, .tol = 1e-5
+
 #define MINISTRAL3_REF                                                                             \
     .source = "transformers float64 (make_ministral3_reference.py)", .tokens = MINISTRAL3_TOKENS,  \
     .n_tokens = MINISTRAL3_N_TOKENS, .vocab = MINISTRAL3_VOCAB,                                    \
@@ -935,6 +972,16 @@ static const arch_row ARCH_ROWS[] = {
      .fixture = "gemma4_cg_tiny",
      GEMMA4_SHAPE_REF(GEMMA4_CG_LOGITS),
      .check = check_gemma4_cg},
+    {.label = "gemma4 full layers' own head size folder",
+     .fixture = "gemma4_dims_tiny",
+     GEMMA4_DIMS_REF(GEMMA4_DIMS_LOGITS),
+     .check = check_gemma4_dims,
+     .features = {{"the full layers' pairs over global_head_dim", pairs_of_the_sliding_head}},
+     .moved = 1e-3},
+    {.label = "gemma4 k_eq_v full layers' own kv heads folder",
+     .fixture = "gemma4_dims_keqv_tiny",
+     GEMMA4_DIMS_REF(GEMMA4_DIMS_KEQV_LOGITS),
+     .check = check_gemma4_dims},
     {.label = "gemma4 MoE block folder",
      .fixture = "gemma4_moe_tiny",
      GEMMA4_SHAPE_REF(GEMMA4_MOE_LOGITS),
@@ -1014,6 +1061,14 @@ static const arch_row ARCH_ROWS[] = {
      .vocab = GEMMA4_VOCAB,
      .quant = "nf4",
      .check = check_gemma4_ple},
+    {.label = "gemma4 k_eq_v full layers' own kv heads folder --quant nf4",
+     .fixture = "gemma4_dims_keqv_tiny",
+     .source = "the float64 reference pass (ref_forward.h)",
+     .tokens = GEMMA4_TOKENS,
+     .n_tokens = GEMMA4_N_TOKENS,
+     .vocab = GEMMA4_VOCAB,
+     .quant = "nf4",
+     .check = check_gemma4_dims},
     {.label = "gemma4 MoE block folder --quant nf4",
      .fixture = "gemma4_moe_tiny",
      .source = "the float64 reference pass (ref_forward.h)",
@@ -1298,6 +1353,43 @@ Test(architectures, gemma4_options_that_change_nothing_for_text_load, .timeout =
     }
 }
 
+/* A released Gemma 4 config.json names the full layers' shape with
+ * global_head_dim and num_global_key_value_heads, not per_layer_config
+ * (what transformers 5 writes of them): the dims folders with their
+ * per_layer_config put back into those keys load as they are, the kv
+ * heads applied only under attention_k_eq_v (gemma4_dims_tiny has none:
+ * its full layers keep num_key_value_heads 2), as Gemma4TextConfig does. */
+Test(architectures, gemma4_global_head_dim_keys_load_as_per_layer_config, .timeout = 60)
+{
+    static const struct {
+        const char *folder, *per_layer;
+        int32_t full_kv;
+    } want[] = {
+        {"gemma4_dims_keqv_tiny",
+         "\"per_layer_config\": {\n    \"2\": {\n      \"head_dim\": 32,\n      "
+         "\"num_key_value_heads\": 1\n    },\n    \"5\": {\n      \"head_dim\": 32,\n      "
+         "\"num_key_value_heads\": 1\n    }\n  }",
+         1},
+        {"gemma4_dims_tiny",
+         "\"per_layer_config\": {\n    \"2\": {\n      \"head_dim\": 32\n    },\n    \"5\": {\n "
+         "     \"head_dim\": 32\n    }\n  }",
+         2},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        char msg[1024];
+        eng_model m;
+        cr_assert_eq(
+            load_edited_folder(want[i].folder, want[i].per_layer,
+                               "\"global_head_dim\": 32, \"num_global_key_value_heads\": 1", &m,
+                               msg, sizeof msg),
+            0, "%s: %s", want[i].folder, msg);
+        cr_assert_eq(m.cfg.g4.full_head_dim, 32, "%s", want[i].folder);
+        cr_assert_eq(m.cfg.g4.full_kv_heads, want[i].full_kv, "%s", want[i].folder);
+        cr_assert_eq(eng_layer_head_dim(&m.cfg, 0), 16);
+        eng_model_free(&m);
+    }
+}
+
 /* A config edit the loader must refuse, and words its message must hold. */
 typedef struct refused_edit {
     const char *fixture, *from, *to, *want;
@@ -1336,9 +1428,11 @@ static const refused_edit REFUSED_EDITS[] = {
     /* a double-wide MLP's layers are twice intermediate_size */
     {"gemma4_kv_shared_tiny", "\"use_double_wide_mlp\": false", "\"use_double_wide_mlp\": true",
      "model.layers.4.mlp.gate_proj.weight' is [96, 64]; the config needs [192, 64]"},
-    {"gemma4_keqv_tiny", "\"attention_k_eq_v\": true",
-     "\"attention_k_eq_v\": true, \"num_global_key_value_heads\": 1",
-     "num_global_key_value_heads 1 differs from num_key_value_heads 2"},
+    /* the full layers' own kv heads (attention_k_eq_v's) and head size
+     * shape their tensors */
+    {"gemma4_keqv_tiny", "\"per_layer_config\": {}",
+     "\"num_global_key_value_heads\": 1, \"global_head_dim\": 16",
+     "model.layers.2.self_attn.k_proj.weight' is [32, 64]; the config needs [16, 64]"},
     {"gemma4_tiny", "\"num_kv_shared_layers\": 0", "\"num_kv_shared_layers\": 6",
      "num_kv_shared_layers"},
     {"gemma4_tiny", "\"enable_moe_block\": false", "\"enable_moe_block\": true",
@@ -1350,10 +1444,23 @@ static const refused_edit REFUSED_EDITS[] = {
      "attention_bias is not supported for Gemma 4"},
     {"gemma4_tiny", "\"use_bidirectional_attention\": null",
      "\"use_bidirectional_attention\": \"all\"", "use_bidirectional_attention"},
+    /* per_layer_config: one shape for the full layers, the sliding ones
+     * their own, head_dim and num_key_value_heads only */
     {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_config\": {\"2\": {\"head_dim\": 32}}",
-     "per_layer_config[2].head_dim"},
-    {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_configX\": {}", "global_head_dim 512"},
-    {"gemma4_tiny", "\"per_layer_config\": {}", "\"global_head_dim\": 32", "global_head_dim 32"},
+     "per_layer_config gives layer 5 (full) head_dim 16"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_config\": {\"0\": {\"head_dim\": 32}}",
+     "per_layer_config gives layer 0 (sliding) head_dim 32"},
+    {"gemma4_tiny", "\"per_layer_config\": {}",
+     "\"per_layer_config\": {\"2\": {\"sliding_window\": 3}}",
+     "per_layer_config[2].sliding_window is not supported"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_config\": {\"9\": {}}",
+     "per_layer_config has \"9\", not a layer"},
+    /* without per_layer_config, global_head_dim (512 when absent) */
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"per_layer_configX\": {}",
+     "model.layers.2.self_attn.q_proj.weight' is [64, 64]; the config needs [2048, 64]"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"global_head_dim\": 32",
+     "model.layers.2.self_attn.q_proj.weight' is [64, 64]; the config needs [128, 64]"},
+    {"gemma4_tiny", "\"per_layer_config\": {}", "\"global_head_dim\": 31", "head_dim 31"},
     {"gemma4_tiny",
      "\"full_attention\",\n    \"sliding_attention\",\n    \"sliding_attention\",\n    "
      "\"full_attention\"",
@@ -1398,6 +1505,9 @@ static const family_fixture NEW_FAMILIES[] = {
     {"gemma4_ple_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_PLE_LOGITS[0][0]},
     {"gemma4_keqv_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_KEQV_LOGITS[0][0]},
     {"gemma4_moe_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_MOE_LOGITS[0][0]},
+    {"gemma4_dims_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB, &GEMMA4_DIMS_LOGITS[0][0]},
+    {"gemma4_dims_keqv_tiny", GEMMA4_TOKENS, GEMMA4_N_TOKENS, GEMMA4_VOCAB,
+     &GEMMA4_DIMS_KEQV_LOGITS[0][0]},
 };
 
 /* f's folder loaded from a scratch copy (dir: the copy, the caller's to

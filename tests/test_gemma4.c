@@ -6,13 +6,17 @@
  * unmerged and merged, the same adapter on the model quantized on load
  * against the float64 pass, and adapters qlserve cannot apply refused by
  * name. Every position's logits of both folders (and quantized on load)
- * are test_architectures.c's rows.
+ * are test_architectures.c's rows. The released checkpoints' full layers
+ * with their own head size and kv heads (make_gemma4_dims_reference.py):
+ * transformers' greedy ids, a prefill then decode over blocks in every KV
+ * dtype, and a PEFT adapter whose modules take each layer's shape.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures/gemma4_dims_reference.h"
 #include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma4_shapes_reference.h"
 #include "inspect_text.h"
@@ -51,6 +55,8 @@ Test(gemma4, released_shapes_give_transformers_greedy_ids, .timeout = 60)
         {"gemma4_keqv_tiny", &GEMMA4_KEQV_LOGITS[0][0], GEMMA4_KEQV_GREEDY},
         {"gemma4_moe_tiny", &GEMMA4_MOE_LOGITS[0][0], GEMMA4_MOE_GREEDY},
         {"gemma4_cg_tiny", &GEMMA4_CG_LOGITS[0][0], GEMMA4_CG_GREEDY},
+        {"gemma4_dims_tiny", &GEMMA4_DIMS_LOGITS[0][0], GEMMA4_DIMS_GREEDY},
+        {"gemma4_dims_keqv_tiny", &GEMMA4_DIMS_KEQV_LOGITS[0][0], GEMMA4_DIMS_KEQV_GREEDY},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         eng_model m;
@@ -283,6 +289,8 @@ Test(gemma4, inspect_names_the_options, .timeout = 60)
                            "Gemma4ForConditionalGeneration\n"},
         {"gemma4_moe_tiny", "gemma 4: 5 sliding window, 0 kv-shared layers; keys as values on "
                             "full layers; MoE block: 4 experts of 32, 2 a token\n"},
+        {"gemma4_dims_keqv_tiny", "gemma 4: 5 sliding window, 0 kv-shared layers; full layers: "
+                                  "head_dim 32, 1 kv heads; keys as values on full layers\n"},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         char dir[512];
@@ -295,4 +303,133 @@ Test(gemma4, inspect_names_the_options, .timeout = 60)
         free(text);
         test_rmtree(dir);
     }
+}
+
+/* --- full layers with their own head size and kv heads ------------------------ */
+
+/* The released shape as loaded: the full layers (2, 5) have head_dim 32
+ * and their own kv heads (1 under attention_k_eq_v; 2 without it, where
+ * transformers leaves num_global_key_value_heads unapplied), every other
+ * layer head_dim 16 and 2; each layer's KV row in the cache is its own
+ * (f32: sliding 2 x 16, full kv x 32 values; q8_0: 34 bytes a block of
+ * 32), and the kv-shared full layer 5 reads layer 2's. */
+Test(gemma4, full_layers_have_their_own_head_size_and_kv_heads, .timeout = 60)
+{
+    struct {
+        const char *folder;
+        int32_t full_kv;
+    } want[] = {{"gemma4_dims_tiny", 2}, {"gemma4_dims_keqv_tiny", 1}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        eng_model m;
+        load_shape(&m, want[i].folder, NULL);
+        const eng_config *c = &m.cfg;
+        cr_assert_eq(c->head_dim, 16);
+        cr_assert(eng_heads_vary(c));
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            bool full = l == 2 || l == 5;
+            cr_assert_eq(eng_layer_head_dim(c, l), full ? 32 : 16, "%s layer %d", want[i].folder,
+                         l);
+            cr_assert_eq(eng_layer_kv_heads(c, l), full ? want[i].full_kv : 2, "layer %d", l);
+            cr_assert_eq(m.layers[l].wq.rows, 4 * eng_layer_head_dim(c, l), "layer %d", l);
+            cr_assert_eq(m.layers[l].wo.cols, 4 * eng_layer_head_dim(c, l), "layer %d", l);
+            cr_assert_eq(m.layers[l].q_norm.cols ? m.layers[l].q_norm.cols
+                                                 : m.layers[l].q_norm.rows,
+                         eng_layer_head_dim(c, l), "layer %d", l);
+        }
+        cr_assert_eq(m.layers[2].wk.rows, want[i].full_kv * 32);
+        cr_assert_eq(eng_layer_kv_source(c, 5), c->kv_shared_layers ? 2 : 5);
+        size_t f32 = (size_t)(4 * 2 * 32 + 2 * 2 * want[i].full_kv * 32) * sizeof(float);
+        cr_assert_eq(eng_kv_token_bytes(c, QT_F32), f32, "%s", want[i].folder);
+        cr_assert_eq(eng_kv_token_bytes(c, QT_Q8_0),
+                     (size_t)(4 * 2 * 34 + 2 * 2 * 34 * want[i].full_kv), "%s", want[i].folder);
+        eng_model_free(&m);
+    }
+}
+
+/* The worst relative L2 of a row of every position's logits of the prompt
+ * (a prefill of 9, then one a step over blocks of 4, the cache in
+ * kv_dtype) against want. */
+static double prompt_row_l2(const eng_model *m, qt_kind kv_dtype, const double *want)
+{
+    prompt_run r = {.tokens = GEMMA4_TOKENS,
+                    .n_tokens = GEMMA4_N_TOKENS,
+                    .prefill = 9,
+                    .block_tokens = 4,
+                    .kv_dtype = kv_dtype};
+    float *all = run_prompt(m, &r);
+    double worst = test_worst_row_l2(all, want, GEMMA4_N_TOKENS, GEMMA4_VOCAB);
+    free(all);
+    return worst;
+}
+
+/* The prompt as a prefill of 9 then one a step over blocks of 4 (the
+ * full layers' rows beside the sliding ones' in every block): every
+ * position within 1e-5 (relative L2 of a row, as the greedy test) of
+ * transformers' float64 logits with the cache in f32. f16 and q8_0 caches
+ * hold each layer's rows at their own size; Gemma 4's unscaled scores
+ * (scaling 1, over unit-RMS q and k) amplify their rounding, so these
+ * models measure f16 4.3e-3 and 3.2e-3, q8_0 8.6e-2 and 4.6e-2, as the
+ * one-shape gemma4_ple_tiny and gemma4_keqv_tiny do (f16 1.7e-3 and
+ * 4.7e-3, q8_0 9.8e-2 and 9.5e-2); bounds 1e-2 and 0.2, where a row read
+ * at another layer's size or offset gives logits of no relation (O(1)). */
+Test(gemma4, full_layers_own_heads_prefill_then_decode_over_blocks, .timeout = 60)
+{
+    struct {
+        const char *folder;
+        const double *logits;
+    } shapes[] = {{"gemma4_dims_tiny", &GEMMA4_DIMS_LOGITS[0][0]},
+                  {"gemma4_dims_keqv_tiny", &GEMMA4_DIMS_KEQV_LOGITS[0][0]}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        eng_model m;
+        load_shape(&m, shapes[i].folder, NULL);
+        double f32 = prompt_row_l2(&m, QT_F32, shapes[i].logits);
+        double f16 = prompt_row_l2(&m, QT_F16, shapes[i].logits);
+        double q8 = prompt_row_l2(&m, QT_Q8_0, shapes[i].logits);
+        cr_log_info("%s over blocks of 4: worst relative L2 f32 %g, f16 %g, q8_0 %g",
+                    shapes[i].folder, f32, f16, q8);
+        cr_assert_lt(f32, 1e-5, "%s f32: %g", shapes[i].folder, f32);
+        cr_assert_lt(f16, 1e-2, "%s f16: %g", shapes[i].folder, f16);
+        cr_assert_lt(q8, 0.2, "%s q8_0: %g", shapes[i].folder, q8);
+        eng_model_free(&m);
+    }
+}
+
+/* PEFT's LoRA on q, k, v, o and the MLP of the attention_k_eq_v model:
+ * each module's B is its layer's shape (q 4 heads of 32 on the full
+ * layers, of 16 on the sliding ones; k 1 head of 32 against 2 of 16; no v
+ * on a full layer), o's A reads its layer's heads; PEFT's float64 logits
+ * unmerged and merged within the 5e-5 above. */
+Test(gemma4, a_peft_adapter_takes_each_layers_head_shape, .timeout = 60)
+{
+    eng_model m;
+    load_shape(&m, "gemma4_dims_keqv_tiny", NULL);
+    eng_lora *l = load_peft(&m, "gemma4_dims");
+    for (int layer = 0; layer < 6; layer++) {
+        bool full = layer == 2 || layer == 5;
+        int hd = full ? 32 : 16, kv = full ? 1 : 2;
+        const eng_lora_module *q = eng_lora_module_at(l, layer, ENG_PROJ_Q);
+        const eng_lora_module *k = eng_lora_module_at(l, layer, ENG_PROJ_K);
+        const eng_lora_module *v = eng_lora_module_at(l, layer, ENG_PROJ_V);
+        const eng_lora_module *o = eng_lora_module_at(l, layer, ENG_PROJ_O);
+        cr_assert(q && k && o, "layer %d", layer);
+        cr_assert_eq(q->b.rows, 4 * hd, "layer %d", layer);
+        cr_assert_eq(k->b.rows, kv * hd, "layer %d", layer);
+        cr_assert_eq(o->a.cols, 4 * hd, "layer %d", layer);
+        cr_assert_eq(v != NULL, !full, "layer %d", layer);
+        if (v)
+            cr_assert_eq(v->b.rows, kv * hd, "layer %d", layer);
+    }
+    eng_lora_term term = {l, 1.0f};
+    double worst = prompt_error(&m, NULL, &term, 1, &GEMMA4_DIMS_LORA_LOGITS[0][0]);
+    cr_log_info("gemma4_dims_keqv_tiny + adapter unmerged: worst logit error %g", worst);
+    cr_assert_lt(worst, 5e-5, "unmerged: worst logit error %g", worst);
+    eng_weights *w = lora_fix_merged_version(&m, &term, 1, QT_KIND_COUNT);
+    worst = prompt_error(&m, w, NULL, 0, &GEMMA4_DIMS_MERGED_LOGITS[0][0]);
+    cr_log_info("gemma4_dims_keqv_tiny + adapter merged: worst logit error %g", worst);
+    cr_assert_lt(worst, 5e-5, "merged: worst logit error %g", worst);
+    eng_weights_unref(w);
+    double moved = prompt_error(&m, NULL, NULL, 0, &GEMMA4_DIMS_LORA_LOGITS[0][0]);
+    cr_assert_gt(moved, 1e-2, "the adapter moved the logits by only %g", moved);
+    eng_lora_unref(l);
+    eng_model_free(&m);
 }

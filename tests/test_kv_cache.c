@@ -657,3 +657,39 @@ Test(kv_cache, the_same_prompt_computed_twice_is_kept_once)
     eng_kv_release(kv, &c);
     eng_kv_free(kv);
 }
+
+/* Gemma 4's full layers with their own head size and kv heads: layer 0
+ * slides (2 kv heads of 8: rows of 16 values), layer 1 is full (2 of 16:
+ * rows of 32). A block holds each layer's K then V at its own row size,
+ * one layer after the other; the bytes a position takes and the block's
+ * values count both; rows of q8_0 are each layer's whole blocks of 32
+ * (layer 0's 16 values are none, so q8_0 refuses it, naming the layer). */
+Test(kv_cache, layers_with_their_own_row_size_lie_one_after_another)
+{
+    eng_config c = {
+        .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .sliding_window = 4, .sliding_pattern = 2};
+    c.g4.full_head_dim = 16;
+    c.g4.full_kv_heads = 2;
+    cr_assert(eng_layer_slides(&c, 0) && !eng_layer_slides(&c, 1));
+    cr_assert_eq(eng_kv_token_bytes(&c, QT_F32), (2 * 16 + 2 * 32) * sizeof(float));
+    cr_assert_eq(eng_kv_token_bytes(&c, QT_F16), (2 * 16 + 2 * 32) * 2);
+    eng_kv_cache *kv = NULL;
+    char msg[256];
+    size_t block = (size_t)BT * eng_kv_token_bytes(&c, QT_F32);
+    cr_assert_eq(eng_kv_new(&kv, &c, 3 * block, BT, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(eng_kv_total_blocks(kv), 3);
+    cr_assert_eq(eng_kv_block_floats(kv), (size_t)BT * (2 * 16 + 2 * 32));
+    int32_t blocks[2] = {2, 1};
+    unsigned char *b1 = kv->data + block, *b2 = kv->data + 2 * block;
+    size_t r0 = 16 * sizeof(float), r1 = 32 * sizeof(float);
+    cr_assert_eq((unsigned char *)kv_row(kv, blocks, 0, 0, 3), b2 + 3 * r0);
+    cr_assert_eq((unsigned char *)kv_row(kv, blocks, 0, 1, 3), b2 + (BT + 3) * r0);
+    cr_assert_eq((unsigned char *)kv_row(kv, blocks, 1, 0, 3), b2 + 2 * BT * r0 + 3 * r1);
+    cr_assert_eq((unsigned char *)kv_row(kv, blocks, 1, 1, BT + 5),
+                 b1 + 2 * BT * r0 + (BT + 5) * r1);
+    cr_assert_eq((unsigned char *)kv_row(kv, blocks, 1, 1, BT - 1) + r1, b2 + block,
+                 "layer 1's last V row ends the block");
+    eng_kv_free(kv);
+    cr_assert_neq(eng_kv_new_dtype(&kv, &c, 3 * block, BT, QT_Q8_0, msg, sizeof msg), QL_OK);
+    cr_assert(strstr(msg, "layer 0") && strstr(msg, "multiple of 32"), "%s", msg);
+}

@@ -6,8 +6,10 @@
  * per_layer_model_projection, per_layer_projection_norm; each layer's
  * gate, projection and norm are rows of layers.c's table), keys used as
  * values on the full layers (attention_k_eq_v) and the kv-shared layers'
- * double-wide MLP (use_double_wide_mlp). load_hf.c's parse_gemma4_config
- * refuses what is still not run.
+ * double-wide MLP (use_double_wide_mlp), and the full layers' own head
+ * size and kv heads (global_head_dim, num_global_key_value_heads,
+ * per_layer_config). load_hf.c's parse_gemma4_config refuses what is
+ * still not run.
  *
  * It owns nothing; it fills eng_config.g4 and eng_model.g4 through the
  * loader it is given.
@@ -15,6 +17,7 @@
 #include "internal/model_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Gemma's embedding scale: sqrt(hidden), which transformers casts to the
@@ -40,6 +43,42 @@ int64_t eng_layer_ff(const eng_config *c, int32_t l)
 bool eng_layer_k_is_v(const eng_config *c, int32_t l)
 {
     return c->g4.k_eq_v && !eng_layer_slides(c, l);
+}
+
+int32_t eng_layer_head_dim(const eng_config *c, int32_t l)
+{
+    return c->g4.full_head_dim > 0 && !eng_layer_slides(c, l) ? c->g4.full_head_dim : c->head_dim;
+}
+
+int32_t eng_layer_kv_heads(const eng_config *c, int32_t l)
+{
+    return c->g4.full_kv_heads > 0 && !eng_layer_slides(c, l) ? c->g4.full_kv_heads : c->n_kv_heads;
+}
+
+int32_t eng_max_head_dim(const eng_config *c)
+{
+    return c->g4.full_head_dim > c->head_dim ? c->g4.full_head_dim : c->head_dim;
+}
+
+int64_t eng_max_kv_dim(const eng_config *c)
+{
+    int64_t most = (int64_t)c->n_kv_heads * c->head_dim;
+    for (int32_t l = 0; eng_heads_vary(c) && l < c->n_layers; l++) {
+        int64_t kv = (int64_t)eng_layer_kv_heads(c, l) * eng_layer_head_dim(c, l);
+        most = kv > most ? kv : most;
+    }
+    return most;
+}
+
+bool eng_heads_vary(const eng_config *c)
+{
+    return (c->g4.full_head_dim > 0 && c->g4.full_head_dim != c->head_dim) ||
+           (c->g4.full_kv_heads > 0 && c->g4.full_kv_heads != c->n_kv_heads);
+}
+
+int32_t eng_rope_head_dim(const eng_config *c)
+{
+    return c->g4.full_head_dim > 0 ? c->g4.full_head_dim : c->head_dim;
 }
 
 /* enable_moe_block: num_experts, top_k_experts and moe_intermediate_size
@@ -84,16 +123,114 @@ int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *
         return rc;
     g->k_eq_v = mf_json_bool(j, "attention_k_eq_v", false);
     g->double_wide = mf_json_bool(j, "use_double_wide_mlp", false);
-    int32_t global_kv = c->n_kv_heads;
-    rc = model_json_int32(path, j, "num_global_key_value_heads", c->n_kv_heads, false, 1, 4096,
-                          &global_kv, msg, msg_len);
-    if (rc == QL_OK && g->k_eq_v && global_kv != c->n_kv_heads)
+    return QL_OK;
+}
+
+/* One layer's shape as per_layer_config gives it: head_dim and
+ * num_key_value_heads (absent: the config's); any other key is refused
+ * by name. */
+static int layer_overrides(const char *path, const cJSON *e, const eng_config *c, int32_t *hd,
+                           int32_t *kv, char *msg, size_t msg_len)
+{
+    *hd = c->head_dim;
+    *kv = c->n_kv_heads;
+    const cJSON *v;
+    cJSON_ArrayForEach (v, e) {
+        bool head = strcmp(v->string, "head_dim") == 0,
+             heads = strcmp(v->string, "num_key_value_heads") == 0;
+        if (!head && !heads)
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: per_layer_config[%s].%s is not supported (qlserve runs "
+                           "head_dim and num_key_value_heads per layer)",
+                           path, e->string, v->string);
+        int64_t n = 0;
+        if (!mf_json_integer(v, 1, head ? 1 << 16 : 4096, &n))
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: per_layer_config[%s].%s is not a positive integer", path, e->string,
+                           v->string);
+        *(head ? hd : kv) = (int32_t)n;
+    }
+    return QL_OK;
+}
+
+/* per_layer_config (what save_pretrained writes from global_head_dim and
+ * num_global_key_value_heads): layer index -> its overrides. qlserve runs
+ * one shape for the full layers and the sliding layers' own, so a sliding
+ * layer given another shape, or two full layers given different ones, is
+ * refused by name. */
+static int per_layer_shapes(const char *path, const cJSON *plc, eng_config *c, char *msg,
+                            size_t msg_len)
+{
+    if (!cJSON_IsObject(plc))
+        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: per_layer_config is not an object", path);
+    int32_t full_hd = -1, full_kv = -1;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", l);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(plc, key);
+        int32_t hd = c->head_dim, kv = c->n_kv_heads;
+        int rc = e ? layer_overrides(path, e, c, &hd, &kv, msg, msg_len) : QL_OK;
+        if (rc != QL_OK)
+            return rc;
+        bool slides = eng_layer_slides(c, l);
+        if ((slides && (hd != c->head_dim || kv != c->n_kv_heads)) ||
+            (!slides && full_hd >= 0 && (hd != full_hd || kv != full_kv)))
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: per_layer_config gives layer %d (%s) head_dim %d and %d kv "
+                           "heads; qlserve runs one shape for the sliding layers and one for "
+                           "the full ones",
+                           path, l, slides ? "sliding" : "full", hd, kv);
+        if (!slides && full_hd < 0) {
+            full_hd = hd;
+            full_kv = kv;
+        }
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach (e, plc) {
+        char *end = NULL;
+        long l = strtol(e->string, &end, 10);
+        if (!end || *end || end == e->string || l < 0 || l >= c->n_layers)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: per_layer_config has \"%s\", not a layer of the %d", path,
+                           e->string, c->n_layers);
+    }
+    c->g4.full_head_dim = full_hd > 0 ? full_hd : c->head_dim;
+    c->g4.full_kv_heads = full_kv > 0 ? full_kv : c->n_kv_heads;
+    return QL_OK;
+}
+
+int model_gemma4_head_shapes(const char *path, const cJSON *j, eng_config *c, char *msg,
+                             size_t msg_len)
+{
+    eng_gemma4_config *g = &c->g4;
+    const cJSON *plc = cJSON_GetObjectItemCaseSensitive(j, "per_layer_config");
+    int rc;
+    if (plc && !cJSON_IsNull(plc)) {
+        rc = per_layer_shapes(path, plc, c, msg, msg_len);
+    } else {
+        /* Gemma4TextConfig: global_head_dim (512 when absent) on every
+         * full layer; num_global_key_value_heads only where
+         * attention_k_eq_v lets it apply */
+        rc = model_json_int32(path, j, "global_head_dim", 512, false, 2, 1 << 16, &g->full_head_dim,
+                              msg, msg_len);
+        g->full_kv_heads = c->n_kv_heads;
+        if (rc == QL_OK && g->k_eq_v)
+            rc = model_json_int32(path, j, "num_global_key_value_heads", c->n_kv_heads, false, 1,
+                                  4096, &g->full_kv_heads, msg, msg_len);
+    }
+    if (rc != QL_OK)
+        return rc;
+    if (g->full_head_dim % 2 != 0 || c->n_heads % g->full_kv_heads != 0)
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: the full layers' head_dim %d (global_head_dim) is odd, or their %d "
+                       "kv heads (num_global_key_value_heads) do not divide %d heads",
+                       path, g->full_head_dim, g->full_kv_heads, c->n_heads);
+    if (eng_heads_vary(c) && c->sliding_window <= 0)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: num_global_key_value_heads %d differs from num_key_value_heads %d; "
-                       "per-layer kv-head counts (attention_k_eq_v's full layers) are not "
-                       "supported",
-                       path, global_kv, c->n_kv_heads);
-    return rc;
+                       "%s: without a sliding_window qlserve cannot tell the full layers "
+                       "(global_head_dim %d) from the sliding ones (head_dim %d)",
+                       path, g->full_head_dim, c->head_dim);
+    return QL_OK;
 }
 
 int model_gemma4_text_config(const char *path, const cJSON *j, cJSON **text, char *msg,

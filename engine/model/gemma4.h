@@ -31,7 +31,8 @@ typedef struct eng_gemma4_config {
     float ple_embed_scale; /* sqrt(ple_dim) as E's dtype holds it (as the main embeddings) */
     /* attention_k_eq_v: the full layers have no v_proj; their values are
      * k_proj's output (before k's norm and RoPE) through the weightless v
-     * norm (num_global_key_value_heads must equal num_key_value_heads) */
+     * norm, and their kv heads are num_global_key_value_heads
+     * (full_kv_heads) */
     bool k_eq_v;
     /* use_double_wide_mlp: the kv-shared layers' MLP is twice
      * intermediate_size wide */
@@ -44,6 +45,12 @@ typedef struct eng_gemma4_config {
      * renormalized, times per_expert_scale) through
      * post_feedforward_layernorm_2, both through post_feedforward_layernorm */
     bool moe_block;
+    /* the full-attention layers' head size and kv heads: global_head_dim,
+     * and num_global_key_value_heads where attention_k_eq_v lets it apply
+     * (Gemma4TextConfig's per_layer_config for each full layer); 0 where
+     * they are head_dim and num_key_value_heads (every model but Gemma 4).
+     * Released checkpoints have 512 against the sliding layers' 256. */
+    int32_t full_head_dim, full_kv_heads;
     /* the text model of a Gemma4ForConditionalGeneration folder: its
      * text_config, its tensors under model.language_model. (the vision
      * and audio towers are not read) */
@@ -78,5 +85,19 @@ int32_t eng_layer_kv_source(const struct eng_config *c, int32_t l);
 int64_t eng_layer_ff(const struct eng_config *c, int32_t l);
 /* Whether layer l takes its values from k_proj (k_eq_v on a full layer). */
 bool eng_layer_k_is_v(const struct eng_config *c, int32_t l);
+/* Layer l's head size and kv heads: head_dim and n_kv_heads, or on a full
+ * layer of Gemma 4 its full_head_dim and full_kv_heads (gemma4.c). */
+int32_t eng_layer_head_dim(const struct eng_config *c, int32_t l);
+int32_t eng_layer_kv_heads(const struct eng_config *c, int32_t l);
+/* The largest head size and kv row (kv heads x head size) of any layer:
+ * what a buffer sized for every layer needs. */
+int32_t eng_max_head_dim(const struct eng_config *c);
+int64_t eng_max_kv_dim(const struct eng_config *c);
+/* Whether some layer's head size or kv heads differ from head_dim and
+ * n_kv_heads (what a backend that runs one shape refuses). */
+bool eng_heads_vary(const struct eng_config *c);
+/* The head size of the layers that rotate with the main table (RoPE's
+ * rope_theta one): Gemma 4's full layers' full_head_dim, else head_dim. */
+int32_t eng_rope_head_dim(const struct eng_config *c);
 
 #endif

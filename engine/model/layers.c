@@ -307,6 +307,10 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
     int rc = QL_OK;
     for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
         dims[DIM_FF] = eng_layer_ff(c, l); /* Gemma 4's kv-shared layers may be twice as wide */
+        /* Gemma 4's full layers have their own head size and kv heads */
+        dims[DIM_HEAD] = eng_layer_head_dim(c, l);
+        dims[DIM_Q] = (int64_t)c->n_heads * dims[DIM_HEAD];
+        dims[DIM_KV] = (int64_t)eng_layer_kv_heads(c, l) * dims[DIM_HEAD];
         if (fused)
             rc = load_fused(L, load, gguf, l, dims, msg, msg_len);
         if (rc == QL_OK && eng_layer_is_moe(c, l))

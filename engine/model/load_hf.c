@@ -418,46 +418,8 @@ static const struct gemma4_refusal {
     {"attention_bias", "biases on the attention projections", 0, 0},
 };
 
-/* Gemma 4's full layers' head dim and kv heads: per_layer_config's entries
- * (which must not change them), else global_head_dim (the config class's
- * 512 when absent), which must be head_dim; qlserve runs one head shape. */
-static int gemma4_one_head_shape(const char *path, const cJSON *j, const eng_config *c, char *msg,
-                                 size_t msg_len)
-{
-    const cJSON *plc = cJSON_GetObjectItemCaseSensitive(j, "per_layer_config");
-    if (plc && !cJSON_IsNull(plc)) {
-        const cJSON *e;
-        cJSON_ArrayForEach (e, plc) {
-            const cJSON *v;
-            cJSON_ArrayForEach (v, e) {
-                double d = -1;
-                bool same = mf_json_number(v, &d) &&
-                            ((strcmp(v->string, "head_dim") == 0 && d == c->head_dim) ||
-                             (strcmp(v->string, "num_key_value_heads") == 0 && d == c->n_kv_heads));
-                if (!same)
-                    return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                                   "%s: per_layer_config[%s].%s is not supported (qlserve runs "
-                                   "one head_dim and num_key_value_heads for every layer)",
-                                   path, e->string ? e->string : "?", v->string);
-            }
-        }
-        return QL_OK;
-    }
-    double g = 512;
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "global_head_dim");
-    if (v && !cJSON_IsNull(v) && !mf_json_number(v, &g))
-        return ql_fail(msg, msg_len, QL_EFORMAT, "%s: \"global_head_dim\" is not a number", path);
-    if (g != c->head_dim)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "%s: global_head_dim %g differs from head_dim %d; per-layer head dims are "
-                       "not supported",
-                       path, g, c->head_dim);
-    return QL_OK;
-}
-
 /* What Gemma 4's config asks that qlserve does not run, refused by name. */
-static int gemma4_refuse(const char *path, const cJSON *j, const eng_config *c, char *msg,
-                         size_t msg_len)
+static int gemma4_refuse(const char *path, const cJSON *j, char *msg, size_t msg_len)
 {
     for (size_t i = 0; i < sizeof gemma4_refusals / sizeof *gemma4_refusals; i++) {
         const struct gemma4_refusal *r = &gemma4_refusals[i];
@@ -483,7 +445,7 @@ static int gemma4_refuse(const char *path, const cJSON *j, const eng_config *c, 
     if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
         return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
                        "%s: hidden_activation %s is not supported (gelu_pytorch_tanh)", path, act);
-    return gemma4_one_head_shape(path, j, c, msg, msg_len);
+    return QL_OK;
 }
 
 /* Gemma 4's last num_kv_shared_layers layers attend over the cache of the
@@ -538,8 +500,8 @@ static int gemma4_rope(const char *path, const cJSON *j, eng_config *c, char *ms
                      "%s: partial_rotary_factor on the full layers is supported only with the "
                      "proportional rope_type",
                      path);
-    /* transformers' int(factor * head_dim // 2) */
-    c->rope_prop_pairs = (int32_t)floor(part * (double)c->head_dim / 2.0);
+    /* transformers' int(factor * head_dim // 2), the full layers' head_dim */
+    c->rope_prop_pairs = (int32_t)floor(part * (double)eng_rope_head_dim(c) / 2.0);
     if (rc == QL_OK && cJSON_IsObject(slide) && c->rope_local_theta > 0.0f)
         rc = sliding_rope_base(path, slide, 1e4, &c->rope_local_theta, msg, msg_len);
     return rc;
@@ -556,7 +518,7 @@ static int parse_gemma4_config(const char *path, const cJSON *j, eng_config *c, 
 {
     if (!cJSON_GetObjectItemCaseSensitive(j, "head_dim"))
         c->head_dim = 256;
-    int rc = gemma4_refuse(path, j, c, msg, msg_len);
+    int rc = gemma4_refuse(path, j, msg, msg_len);
     if (rc == QL_OK)
         rc = model_gemma4_options(path, j, c, msg, msg_len);
     if (rc != QL_OK)
@@ -580,6 +542,8 @@ static int parse_gemma4_config(const char *path, const cJSON *j, eng_config *c, 
                        "%s: the last layer slides; transformers makes it full, which breaks the "
                        "repeating pattern qlserve runs",
                        path);
+    if (rc == QL_OK)
+        rc = model_gemma4_head_shapes(path, j, c, msg, msg_len);
     if (rc == QL_OK)
         rc = gemma4_kv_sharing(path, j, c, msg, msg_len);
     return rc == QL_OK ? gemma4_rope(path, j, c, msg, msg_len) : rc;

@@ -834,8 +834,12 @@ static int cuda_add_bias(void *be, float *y, const float *bias, int64_t rows, in
                   msg_len);
 }
 
-static int cuda_rope(void *be, float *vec, int32_t n_heads, int table, char *msg, size_t msg_len)
+/* head_dim is the config's: eng_backend_cuda_new refuses a model whose
+ * layers' heads differ (eng_heads_vary) */
+static int cuda_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, int table, char *msg,
+                     size_t msg_len)
 {
+    (void)head_dim;
     step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
@@ -1805,6 +1809,13 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     int qrc = qt_cuda_device_count(&n, why, sizeof why);
     if (qrc != QL_OK || n < 1)
         return ql_fail(msg, msg_len, QL_EDEVICE, "device cuda: no usable CUDA device (%s)", why);
+    if (eng_heads_vary(cfg))
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "device cuda: Gemma 4's full layers' own head size and kv heads "
+                       "(global_head_dim %d, %d kv heads; head_dim %d, %d kv heads) run on the "
+                       "CPU backend only; use --device cpu",
+                       cfg->g4.full_head_dim, cfg->g4.full_kv_heads, cfg->head_dim,
+                       cfg->n_kv_heads);
     if (cfg->head_dim > 256 || cfg->head_dim % 2)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "head_dim %d: the CUDA attention takes even head sizes up to 256",

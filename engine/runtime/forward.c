@@ -110,13 +110,27 @@ static int gemma_state_new(eng_forward_state *st, const eng_model *m)
     return QL_OK;
 }
 
+/* Layer l's q, k and v norm widths into w (v: Gemma 4's weightless one,
+ * 0 without): a head's (Gemma 4's full layers have their own head size),
+ * or the projection's (OLMo 3); l < 0: the widest layer's, each layer's
+ * room in qk_norms. */
+static void norm_widths(const eng_config *c, int32_t l, size_t w[3])
+{
+    size_t d = (size_t)(l < 0 ? eng_max_head_dim(c) : eng_layer_head_dim(c, l));
+    w[0] = c->qk_norm_whole ? (size_t)eng_qk_norm_width(c, false) : d;
+    w[1] = c->qk_norm_whole ? (size_t)eng_qk_norm_width(c, true) : d;
+    w[2] = c->v_norm ? d : 0;
+}
+
 /* Layer l as the walk reads it: pointers into the dense copies above. */
 static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
 {
-    size_t H = (size_t)c->hidden_size,
-           QKV = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (size_t)c->head_dim, i = (size_t)l;
-    size_t qn = (size_t)eng_qk_norm_width(c, false), kn = (size_t)eng_qk_norm_width(c, true);
-    size_t vn = c->v_norm ? (size_t)c->head_dim : 0;
+    size_t H = (size_t)c->hidden_size, i = (size_t)l,
+           QKV = (size_t)c->n_heads * (size_t)eng_max_head_dim(c) + 2 * (size_t)eng_max_kv_dim(c);
+    size_t wl[3], w[3];
+    norm_widths(c, l, wl);
+    norm_widths(c, -1, w);
+    size_t qn = wl[0], kn = wl[1], vn = wl[2], stride = w[0] + w[1] + w[2];
     eng_walk_layer *ly = &st->layers[l];
     /* OLMo 3's layers have no norm before attention or the MLP */
     ly->attn_norm = c->post_norms ? NULL : st->norms + 2 * i * H;
@@ -124,9 +138,9 @@ static void layer_view(eng_forward_state *st, const eng_config *c, int32_t l)
     ly->bias = st->biases ? st->biases + i * QKV : NULL;
     ly->o_bias = st->o_biases ? st->o_biases + i * H : NULL;
     ly->sinks = st->sinks ? st->sinks + i * (size_t)c->n_heads : NULL;
-    ly->q_norm = st->qk_norms ? st->qk_norms + i * (qn + kn + vn) : NULL;
-    ly->k_norm = st->qk_norms ? st->qk_norms + i * (qn + kn + vn) + qn : NULL;
-    ly->v_norm = st->qk_norms && vn ? st->qk_norms + i * (qn + kn + vn) + qn + kn : NULL;
+    ly->q_norm = st->qk_norms ? st->qk_norms + i * stride : NULL;
+    ly->k_norm = st->qk_norms ? st->qk_norms + i * stride + qn : NULL;
+    ly->v_norm = st->qk_norms && vn ? st->qk_norms + i * stride + qn + kn : NULL;
     ly->post_attn_norm = st->post_norms ? st->post_norms + 2 * i * H : NULL;
     ly->post_ffn_norm = st->post_norms ? st->post_norms + (2 * i + 1) * H : NULL;
     ly->ple_norm = st->ple_norms ? st->ple_norms + i * H : NULL;
@@ -193,16 +207,17 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     if (max_tokens <= 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "max tokens per step %d must be positive",
                        max_tokens);
-    if (c->head_dim > 512)
+    if (eng_max_head_dim(c) > 512)
         return ql_fail(msg, msg_len, QL_EINVAL, "head_dim %d: attention supports up to 512",
-                       c->head_dim);
+                       eng_max_head_dim(c));
     eng_forward_state *st = calloc(1, sizeof *st);
     if (!st)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    /* Gemma 4's full layers may have more (or larger) heads: the widest layer's */
     size_t T = (size_t)max_tokens, H = (size_t)c->hidden_size,
-           Q = (size_t)c->n_heads * (size_t)c->head_dim,
-           KV = (size_t)c->n_kv_heads * (size_t)c->head_dim, F = (size_t)c->intermediate_size,
-           half = (size_t)c->head_dim / 2, L = (size_t)c->n_layers;
+           Q = (size_t)c->n_heads * (size_t)eng_max_head_dim(c), KV = (size_t)eng_max_kv_dim(c),
+           F = (size_t)c->intermediate_size, half = (size_t)eng_rope_head_dim(c) / 2,
+           L = (size_t)c->n_layers;
     /* Gemma 4: a double-wide MLP's layers, the per-layer input gate's side
      * (ple_dim), and all layers' inputs (tmp holds their projection) */
     for (size_t l = 0; l < L; l++)
@@ -246,8 +261,9 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
     st->final_norm = malloc(H * sizeof(float));
     st->biases = c->attention_bias ? malloc(L * (Q + 2 * KV) * sizeof(float)) : NULL;
     /* q's and k's norms, and Gemma 4's weightless v norm as ones */
-    size_t qk_width = (size_t)(eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true)) +
-                      (c->v_norm ? (size_t)c->head_dim : 0);
+    size_t nw[3];
+    norm_widths(c, -1, nw);
+    size_t qk_width = nw[0] + nw[1] + nw[2];
     st->qk_norms = c->qk_norm ? malloc(L * qk_width * sizeof(float)) : NULL;
     st->o_biases = c->o_bias ? malloc(L * H * sizeof(float)) : NULL;
     st->sinks = c->attn_sinks ? malloc(L * (size_t)c->n_heads * sizeof(float)) : NULL;
@@ -282,11 +298,12 @@ int eng_forward_state_new(eng_forward_state **out, const eng_model *m, int32_t m
             dense_row(&m->layers[l].sinks, st->sinks + l * (size_t)c->n_heads);
         if (c->qk_norm && m->layers[l].q_norm.rows) { /* none on Qwen3.5's linear layers */
             float *qk = st->qk_norms + l * qk_width;
+            norm_widths(c, (int32_t)l, nw);
             norm_row(&m->layers[l].q_norm, c->norm_offset, qk);
             if (m->layers[l].k_norm.rows) /* none on Gemma 4's kv-shared layers */
-                norm_row(&m->layers[l].k_norm, c->norm_offset, qk + eng_qk_norm_width(c, false));
-            for (int64_t e = 0; c->v_norm && e < c->head_dim; e++)
-                qk[eng_qk_norm_width(c, false) + eng_qk_norm_width(c, true) + e] = 1.0f;
+                norm_row(&m->layers[l].k_norm, c->norm_offset, qk + nw[0]);
+            for (size_t e = 0; e < nw[2]; e++)
+                qk[nw[0] + nw[1] + e] = 1.0f;
         }
         layer_view(st, c, (int32_t)l);
     }
@@ -313,16 +330,15 @@ static void rmsnorm(float *out, const float *x, const float *weight, int64_t row
     }
 }
 
-/* Rotate pairs of q (n_heads) and k (n_kv heads) of each row by its
- * position (cos_tab, sin_tab: [rows][rotary dims / 2]): pairs (i, i + d/2)
+/* Rotate pairs of q (n_heads) and k (n_kv heads) of d dims each, of each
+ * row, by its position (cos_tab, sin_tab: [rows][half]): pairs (i, i + d/2)
  * as Hugging Face, or (2i, 2i + 1) as a llama GGUF stores its permuted
  * rows; with partial rotary (Phi-4-mini) only the leading rot dims, pairs
  * (i, i + rot/2), the rest passing through as transformers'
  * apply_rotary_pos_emb and ggml's neox rope leave them. */
 static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab, float *vec,
-                 int32_t n_heads, int64_t rows)
+                 int32_t n_heads, int32_t d, int32_t half, int64_t rows)
 {
-    int32_t d = c->head_dim, half = eng_rope_dims(c) / 2;
     for (int64_t r = 0; r < rows; r++) {
         const float *cs = cos_tab + r * half, *sn = sin_tab + r * half;
         for (int32_t hd = 0; hd < n_heads; hd++) {
@@ -390,28 +406,29 @@ static void attend_heads(const float *q, int32_t ng, const float *k, const float
     }
 }
 
-/* One run of n cached positions (their rows lie row_bytes apart from k
- * and v) for the ng query heads at q (d apart), each with its own running
+/* One run of n cached positions of layer l (their rows lie the layer's
+ * row bytes apart from k and v) for the ng query heads at q (d apart),
+ * each with its own running
  * softmax sm[h] and sum acc + h * d: straight from the arena when it holds
  * f32, the arithmetic as it always was; else each chunk of positions' head
  * slice [e0, e0 + d) converted to f32 once (qt_kv_load) for all ng heads
  * and the same loop run over the converted values, so the dot products and
  * the weighted sums stay f32 sums, the same for a head whatever its
  * neighbours. */
-static void attend_run(const eng_kv_cache *kv, float cap, const float *q, int32_t ng,
+static void attend_run(const eng_kv_cache *kv, int32_t l, float cap, const float *q, int32_t ng,
                        const unsigned char *k, const unsigned char *v, int64_t e0, int32_t n,
                        int32_t d, float scale, om_online *sm, float *acc)
 {
     if (kv->dtype == QT_F32) {
         const float *kf = (const float *)k + e0, *vf = (const float *)v + e0;
-        attend_heads(q, ng, kf, vf, kv->kv_dim, n, d, scale, cap, sm, acc);
+        attend_heads(q, ng, kf, vf, kv->layer_dim[l], n, d, scale, cap, sm, acc);
         return;
     }
     float kb[KV_LOAD_CHUNK * 512], vb[KV_LOAD_CHUNK * 512];
     for (int32_t p = 0, m; p < n; p += m) {
         m = n - p < KV_LOAD_CHUNK ? n - p : KV_LOAD_CHUNK;
         for (int32_t i = 0; i < m; i++) {
-            size_t off = (size_t)(p + i) * kv->row_bytes;
+            size_t off = (size_t)(p + i) * kv->layer_row[l];
             qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
             qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
         }
@@ -427,8 +444,9 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
 {
     const attn_job *j = ctx;
     const eng_config *c = j->c;
-    int32_t d = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    int32_t parts = (group + ATTN_HEADS - 1) / ATTN_HEADS, per_row = c->n_kv_heads * parts;
+    int32_t d = eng_layer_head_dim(c, j->layer), n_kv = eng_layer_kv_heads(c, j->layer);
+    int32_t group = c->n_heads / n_kv;
+    int32_t parts = (group + ATTN_HEADS - 1) / ATTN_HEADS, per_row = n_kv * parts;
     float scale = j->scale;
     int32_t window = j->window;
     int32_t bt = j->kv->block_tokens;
@@ -455,7 +473,8 @@ static void attention_rows(void *ctx, int64_t i0, int64_t i1)
             run = (block_end <= pos ? block_end : pos + 1) - p;
             const unsigned char *k = kv_row(j->kv, s->kv->blocks, j->layer, 0, p);
             const unsigned char *v = kv_row(j->kv, s->kv->blocks, j->layer, 1, p);
-            attend_run(j->kv, j->softcap, q, ng, k, v, (int64_t)kvh * d, run, d, scale, sm, acc);
+            attend_run(j->kv, j->layer, j->softcap, q, ng, k, v, (int64_t)kvh * d, run, d, scale,
+                       sm, acc);
         }
         for (int32_t h = 0; h < ng; h++) {
             float *a = acc + h * d;
@@ -485,18 +504,21 @@ static int cpu_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t
     if (max_rank > 0 && eng_cpu_lora_scratch(st, max_rank) != QL_OK)
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate adapter scratch for rank %lld",
                        (long long)max_rank);
-    int32_t rot_half = eng_rope_dims(c) / 2;
+    /* the main table's pairs (Gemma 4's full layers' head size), the
+     * sliding layers' own (Gemma 3, 4) */
+    int32_t rot_half = eng_rope_dims(c) / 2, local_half = eng_rope_dims_local(c) / 2;
     for (int32_t s = 0, r = 0; s < n_seqs; s++) {
         /* the sequence's one factor set (longrope's short or long) */
-        const double *inv_freq = st->inv_freq + (seqs[s].rope_long ? c->head_dim / 2 : 0);
+        const double *inv_freq = st->inv_freq + (seqs[s].rope_long ? eng_rope_head_dim(c) / 2 : 0);
         for (int32_t t = 0; t < seqs[s].n_tokens; t++, r++) {
             st->row_seq[r] = s;
             st->row_pos[r] = seqs[s].pos + t;
             eng_rope_row(inv_freq, rot_half, st->row_pos[r], eng_rope_attention_factor(c),
                          st->rope_cos + r * rot_half, st->rope_sin + r * rot_half);
             if (st->inv_freq_local)
-                eng_rope_row(st->inv_freq_local, rot_half, st->row_pos[r], 1.0,
-                             st->rope_cos_local + r * rot_half, st->rope_sin_local + r * rot_half);
+                eng_rope_row(st->inv_freq_local, local_half, st->row_pos[r], 1.0,
+                             st->rope_cos_local + r * local_half,
+                             st->rope_sin_local + r * local_half);
         }
     }
     return QL_OK;
@@ -570,14 +592,17 @@ static int cpu_add_bias(void *be, float *y, const float *bias, int64_t rows, int
     return QL_OK;
 }
 
-static int cpu_rope(void *be, float *vec, int32_t n_heads, int table, char *msg, size_t msg_len)
+static int cpu_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, int table, char *msg,
+                    size_t msg_len)
 {
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     const eng_forward_state *st = cs->st;
+    const eng_config *c = &cs->m->cfg;
     bool local = table == ENG_WALK_ROPE_LOCAL;
-    rope(&cs->m->cfg, local ? st->rope_cos_local : st->rope_cos,
-         local ? st->rope_sin_local : st->rope_sin, vec, n_heads, cs->rows);
+    int32_t half = (local ? eng_rope_dims_local(c) : eng_rope_dims(c)) / 2;
+    rope(c, local ? st->rope_cos_local : st->rope_cos, local ? st->rope_sin_local : st->rope_sin,
+         vec, n_heads, head_dim, half, cs->rows);
     return QL_OK;
 }
 
@@ -587,7 +612,7 @@ static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, cha
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     const eng_kv_cache *kv = cs->kv;
-    int64_t KV = kv->kv_dim;
+    int64_t KV = kv->layer_dim[l];
     for (int64_t r = 0; r < cs->rows; r++) {
         const eng_step_seq *s = &cs->seqs[cs->st->row_seq[r]];
         int32_t pos = cs->st->row_pos[r];
@@ -605,8 +630,9 @@ static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t w
     const cpu_step *cs = be;
     const eng_config *c = &cs->m->cfg;
     attn_job aj = {c, cs->kv, cs->seqs, cs->st, l, window, scale, softcap, sinks, q, out};
-    int32_t parts = (c->n_heads / c->n_kv_heads + ATTN_HEADS - 1) / ATTN_HEADS;
-    eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * c->n_kv_heads * parts, 1);
+    int32_t n_kv = eng_layer_kv_heads(c, l),
+            parts = (c->n_heads / n_kv + ATTN_HEADS - 1) / ATTN_HEADS;
+    eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * n_kv * parts, 1);
     return QL_OK;
 }
 

@@ -7,7 +7,9 @@
  * one gives them back at once, whatever order sequences end in.
  *
  * Block layout: for layer l, K then V, each [block_tokens] rows of kv_dim
- * values, kv_dim = n_kv_heads * head_dim, a row stored as the cache's dtype
+ * values, kv_dim = n_kv_heads * head_dim (Gemma 4's full layers: their
+ * own heads and head size, so layers' rows may differ; kv_layout places
+ * each layer after the one before), a row stored as the cache's dtype
  * (f32; f16; q8_0, llama.cpp's blocks of 32 with an f16 scale), so the
  * same bytes hold 2x (f16) or 32/8.5 = 3.76x (q8_0) the positions of f32.
  * kernels/ (qt_kv_store, qt_kv_load) converts rows; this file only sizes
@@ -71,17 +73,35 @@ static int states_new(eng_kv_cache *kv, const eng_config *cfg, int32_t n, bool h
     return QL_OK;
 }
 
-/* A hybrid model's map from layer to its place in a block (linear layers
- * none); NULL (every layer its own) for other models. */
-static int kv_slots_new(eng_kv_cache *kv, const eng_config *cfg)
+/* Each layer's place in a block, row bytes and values (kv_cache_internal.h):
+ * the layers with keys and values one after another, K then V, a hybrid
+ * model's linear layers none; the block's bytes and values into *bytes and
+ * *floats. Refuses (QL_EINVAL) a layer whose row the dtype cannot hold. */
+static int kv_layout(eng_kv_cache *kv, const eng_config *cfg, size_t *bytes, size_t *floats,
+                     char *msg, size_t msg_len)
 {
-    if (cfg->linear.n_layers == 0)
-        return QL_OK;
-    kv->layer_slot = malloc((size_t)cfg->n_layers * sizeof *kv->layer_slot);
-    if (!kv->layer_slot)
-        return QL_ENOMEM;
-    for (int32_t l = 0, k = 0; l < cfg->n_layers; l++)
-        kv->layer_slot[l] = eng_linear_is(&cfg->linear, l) ? -1 : k++;
+    size_t L = (size_t)cfg->n_layers, bt = (size_t)kv->block_tokens;
+    kv->layer_off = malloc(L * sizeof *kv->layer_off);
+    kv->layer_row = malloc(L * sizeof *kv->layer_row);
+    kv->layer_dim = malloc(L * sizeof *kv->layer_dim);
+    if (!kv->layer_off || !kv->layer_row || !kv->layer_dim)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    *bytes = *floats = 0;
+    for (int32_t l = 0; l < cfg->n_layers; l++) {
+        bool keeps = !eng_linear_is(&cfg->linear, l);
+        int64_t dim = keeps ? (int64_t)eng_layer_kv_heads(cfg, l) * eng_layer_head_dim(cfg, l) : 0;
+        size_t row = qt_kv_row_bytes(kv->dtype, dim);
+        if (keeps && row == 0)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "KV cache dtype %s needs kv_dim (kv heads x head_dim) a multiple of "
+                           "32; this model's (layer %d's) is %lld (use --kv-dtype f16 or f32)",
+                           qt_kind_name(kv->dtype), l, (long long)dim);
+        kv->layer_off[l] = *bytes;
+        kv->layer_row[l] = row;
+        kv->layer_dim[l] = dim;
+        *bytes += 2 * bt * row;
+        *floats += 2 * bt * (size_t)dim;
+    }
     return QL_OK;
 }
 
@@ -101,16 +121,9 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
                        bytes, n_states, cfg->linear.n_layers, state_bytes / (size_t)n_states);
     bytes -= state_bytes;
     int32_t bt = block_tokens > 0 ? block_tokens : 16;
-    int64_t kv_dim = (int64_t)cfg->n_kv_heads * cfg->head_dim;
     if (dtype != QT_F32 && dtype != QT_F16 && dtype != QT_Q8_0)
         return ql_fail(msg, msg_len, QL_EINVAL, "KV cache dtype %s: expected f32, f16 or q8_0",
                        qt_kind_name(dtype));
-    size_t row_bytes = qt_kv_row_bytes(dtype, kv_dim);
-    if (kv_dim > 0 && row_bytes == 0)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "KV cache dtype %s needs kv_dim (kv heads x head_dim) a multiple of 32; "
-                       "this model's is %lld (use --kv-dtype f16 or f32)",
-                       qt_kind_name(dtype), (long long)kv_dim);
     /* a hybrid model's linear layers keep no keys or values (their
      * recurrent states do), so a block holds the full layers' alone */
     int32_t kv_layers = cfg->n_layers - cfg->linear.n_layers;
@@ -119,32 +132,36 @@ static int kv_new(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32
                        "every one of the model's %d layers is linear attention: qlserve runs "
                        "hybrids with at least one full-attention layer",
                        cfg->n_layers);
-    size_t block_floats = (size_t)kv_layers * 2 * (size_t)bt * (size_t)kv_dim;
-    size_t block_bytes = (size_t)bt * eng_kv_token_bytes(cfg, dtype);
-    if (kv_dim <= 0 || block_bytes == 0 || bytes / block_bytes < 1)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "KV cache of %zu bytes holds no block of %d positions (%zu bytes each)",
-                       bytes, bt, block_bytes);
-    size_t n = bytes / block_bytes;
-    if (n > INT32_MAX)
-        n = INT32_MAX;
     eng_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     kv->block_tokens = bt;
     kv->n_layers = kv_layers;
-    kv->kv_dim = kv_dim;
-    kv->block_floats = block_floats;
+    kv->kv_dim = (int64_t)cfg->n_kv_heads * cfg->head_dim;
     kv->dtype = dtype;
-    kv->row_bytes = row_bytes;
-    kv->block_bytes = block_bytes;
+    kv->row_bytes = qt_kv_row_bytes(dtype, kv->kv_dim);
+    int rc = kv_layout(kv, cfg, &kv->block_bytes, &kv->block_floats, msg, msg_len);
+    if (rc != QL_OK) {
+        eng_kv_free(kv);
+        return rc;
+    }
+    size_t block_bytes = kv->block_bytes;
+    if (block_bytes == 0 || bytes / block_bytes < 1) {
+        eng_kv_free(kv);
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "KV cache of %zu bytes holds no block of %d positions (%zu bytes each)",
+                       bytes, bt, block_bytes);
+    }
+    size_t n = bytes / block_bytes;
+    if (n > INT32_MAX)
+        n = INT32_MAX;
     kv->n_blocks = (int32_t)n;
     kv->data = host_arena ? malloc(n * block_bytes) : NULL;
     kv->free_prev = malloc(n * sizeof *kv->free_prev);
     kv->free_next = malloc(n * sizeof *kv->free_next);
     kv->refs = calloc(n, sizeof *kv->refs);
     if ((host_arena && !kv->data) || !kv->free_prev || !kv->free_next || !kv->refs ||
-        states_new(kv, cfg, n_states, host_arena) != QL_OK || kv_slots_new(kv, cfg) != QL_OK) {
+        states_new(kv, cfg, n_states, host_arena) != QL_OK) {
         eng_kv_free(kv);
         return ql_fail(msg, msg_len, QL_ENOMEM, "cannot allocate a KV cache of %zu bytes",
                        n * block_bytes);
@@ -213,8 +230,12 @@ qt_kind eng_kv_dtype(const eng_kv_cache *kv)
 
 size_t eng_kv_token_bytes(const eng_config *cfg, qt_kind dtype)
 {
-    return (size_t)(cfg->n_layers - cfg->linear.n_layers) * 2 *
-           qt_kv_row_bytes(dtype, (int64_t)cfg->n_kv_heads * cfg->head_dim);
+    size_t bytes = 0;
+    for (int32_t l = 0; l < cfg->n_layers; l++)
+        if (!eng_linear_is(&cfg->linear, l))
+            bytes += 2 * qt_kv_row_bytes(dtype, (int64_t)eng_layer_kv_heads(cfg, l) *
+                                                    eng_layer_head_dim(cfg, l));
+    return bytes;
 }
 
 size_t eng_kv_block_floats(const eng_kv_cache *kv)
@@ -234,7 +255,9 @@ void eng_kv_free(eng_kv_cache *kv)
     free(kv->states);
     free(kv->state_pos);
     free(kv->state_free);
-    free(kv->layer_slot);
+    free(kv->layer_off);
+    free(kv->layer_row);
+    free(kv->layer_dim);
     free(kv);
 }
 

@@ -24,9 +24,20 @@
  * blends in between, as transformers' _compute_llama3_parameters does (the
  * factors llama.cpp's converter stores are this same curve as divisors);
  * YaRN blends each frequency with itself over the factor (yarn_ramp). */
+/* rope_dim's leading dims of a head of d, or all d */
+static int32_t rotary_dims(const eng_config *c, int32_t d)
+{
+    return c->rope_dim > 0 && c->rope_dim < d ? c->rope_dim : d;
+}
+
 int32_t eng_rope_dims(const eng_config *c)
 {
-    return c->rope_dim > 0 && c->rope_dim < c->head_dim ? c->rope_dim : c->head_dim;
+    return rotary_dims(c, eng_rope_head_dim(c));
+}
+
+int32_t eng_rope_dims_local(const eng_config *c)
+{
+    return rotary_dims(c, c->head_dim);
 }
 
 /* YaRN's correction dim for a number of rotations over the original

@@ -38,6 +38,8 @@ void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out)
     out->k_is_v = eng_layer_k_is_v(c, l);
     out->ff = eng_layer_ff(c, l);
     out->linear = eng_linear_is(&c->linear, l);
+    out->head_dim = eng_layer_head_dim(c, l);
+    out->kv_heads = eng_layer_kv_heads(c, l);
 }
 
 /* Llama 4's attention temperature for a query at position pos (eng_config's
@@ -219,10 +221,12 @@ static int attention_mixer(const eng_walk_backend *b, const eng_step_seq *seqs, 
     void *be = b->be;
     const eng_config *c = &b->m->cfg;
     const eng_walk_layer *ly = &b->layers[l];
-    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * c->head_dim,
-            KV = (int64_t)c->n_kv_heads * c->head_dim;
+    /* the layer's own heads (Gemma 4's full layers: global_head_dim and
+     * their kv heads) */
+    int32_t hd = ly->head_dim, n_kv = ly->kv_heads;
+    int64_t H = c->hidden_size, Q = (int64_t)c->n_heads * hd, KV = (int64_t)n_kv * hd;
     float eps = c->rms_norm_eps,
-          scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(c->head_dim);
+          scale = c->attn_scale > 0.0f ? c->attn_scale : om_attention_scale(hd);
     bool gated = c->linear.attn_output_gate;
     // qkv matmuls (Gemma 4's kv-shared layers: q alone; they attend over
     // an earlier layer's cache)
@@ -230,8 +234,7 @@ static int attention_mixer(const eng_walk_backend *b, const eng_step_seq *seqs, 
     bool own = kv_layer == l;
     if (gated) { // Qwen3.5: each head's query, then its gate
         TRY(ops->project(be, l, ENG_PROJ_Q, attn_in, b->mix, msg, msg_len));
-        TRY(ops->split_gate(be, b->mix, b->q, b->out_gate, T * c->n_heads, c->head_dim, msg,
-                            msg_len));
+        TRY(ops->split_gate(be, b->mix, b->q, b->out_gate, T * c->n_heads, hd, msg, msg_len));
     } else {
         TRY(ops->project(be, l, ENG_PROJ_Q, attn_in, b->q, msg, msg_len));
     }
@@ -248,19 +251,18 @@ static int attention_mixer(const eng_walk_backend *b, const eng_step_seq *seqs, 
     // per head (a head is a row); Gemma 4's weightless one on each head of v
     if (ly->q_norm)
         TRY(ops->rmsnorm(be, b->q, b->q, ly->q_norm, c->qk_norm_whole ? T : T * c->n_heads,
-                         c->qk_norm_whole ? Q : c->head_dim, eps, msg, msg_len));
+                         c->qk_norm_whole ? Q : hd, eps, msg, msg_len));
     if (ly->k_norm && own)
-        TRY(ops->rmsnorm(be, b->k, b->k, ly->k_norm, c->qk_norm_whole ? T : T * c->n_kv_heads,
-                         c->qk_norm_whole ? KV : c->head_dim, eps, msg, msg_len));
+        TRY(ops->rmsnorm(be, b->k, b->k, ly->k_norm, c->qk_norm_whole ? T : T * n_kv,
+                         c->qk_norm_whole ? KV : hd, eps, msg, msg_len));
     if (ly->v_norm && own)
-        TRY(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * c->n_kv_heads, c->head_dim, eps, msg,
-                         msg_len));
+        TRY(ops->rmsnorm(be, b->v, b->v, ly->v_norm, T * n_kv, hd, eps, msg, msg_len));
     // RoPE (Gemma 3's sliding layers with their own table; none on
     // SmolLM3's NoPE layers)
     if (ly->rope != ENG_WALK_ROPE_NONE) {
-        TRY(ops->rope(be, b->q, c->n_heads, ly->rope, msg, msg_len));
+        TRY(ops->rope(be, b->q, c->n_heads, hd, ly->rope, msg, msg_len));
         if (own)
-            TRY(ops->rope(be, b->k, c->n_kv_heads, ly->rope, msg, msg_len));
+            TRY(ops->rope(be, b->k, n_kv, hd, ly->rope, msg, msg_len));
     }
     // Llama 4's temperature: each query times its position's factor (Ministral 3)
     if (c->attn_temp_beta > 0.0f)

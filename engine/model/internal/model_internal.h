@@ -154,10 +154,17 @@ void model_experts_free(eng_model *m, int32_t l);
 
 /* Gemma 4's options in config.json beyond what load_hf.c reads
  * (hidden_size_per_layer_input, vocab_size_per_layer_input,
- * attention_k_eq_v with num_global_key_value_heads, use_double_wide_mlp)
- * into c->g4, a value qlserve does not run refused by name. */
+ * attention_k_eq_v, use_double_wide_mlp) into c->g4, a value qlserve
+ * does not run refused by name. */
 int model_gemma4_options(const char *path, const cJSON *j, eng_config *c, char *msg,
                          size_t msg_len);
+/* Gemma 4's full layers' head size and kv heads into c->g4 (full_head_dim,
+ * full_kv_heads) from per_layer_config, else global_head_dim and (with
+ * attention_k_eq_v) num_global_key_value_heads, as Gemma4TextConfig
+ * derives them; after the layer types and model_gemma4_options. A shape
+ * qlserve does not run is refused by name. */
+int model_gemma4_head_shapes(const char *path, const cJSON *j, eng_config *c, char *msg,
+                             size_t msg_len);
 /* A Gemma4ForConditionalGeneration config.json (j): its text_config as a
  * Gemma4ForCausalLM's into *text (the caller's, cJSON_Delete), with the
  * outer config's tie_word_embeddings, quantization_config and

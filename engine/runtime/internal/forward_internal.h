@@ -20,19 +20,22 @@ typedef struct eng_linear_state eng_linear_state;
 struct eng_forward_state {
     int32_t max_tokens;
     /* activations, max_tokens rows each */
-    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp;
-    float *last;                /* the last token's hidden state per sequence */
-    int32_t *row_seq;           /* which step sequence each row belongs to */
-    int32_t *row_pos;           /* its position */
-    float *rope_cos, *rope_sin; /* [max_tokens][head_dim / 2] */
-    /* [2][head_dim / 2], scaling applied: the short set, then longrope's
-     * long one (eng_step_seq.rope_long; the same numbers for other ropes) */
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp; /* q, k, v: the widest layer's heads */
+    float *last;      /* the last token's hidden state per sequence */
+    int32_t *row_seq; /* which step sequence each row belongs to */
+    int32_t *row_pos; /* its position */
+    /* [max_tokens][eng_rope_dims / 2]: the main table, over the head of
+     * the layers that rotate with it (Gemma 4's full layers' own) */
+    float *rope_cos, *rope_sin;
+    /* [2][eng_rope_head_dim / 2], scaling applied: the short set, then
+     * longrope's long one (eng_step_seq.rope_long; the same numbers for
+     * other ropes) */
     double *inv_freq;
     /* dense f32 copies of the small parameters, per layer */
     float *norms;      /* [n_layers][2][hidden]: attn, ffn (unset with post_norms) */
     float *final_norm; /* [hidden] */
     float *biases;     /* [n_layers][q + 2 kv] when attention_bias */
-    float *qk_norms;   /* [n_layers][q, k: eng_qk_norm_width] when qk_norm (Qwen3, OLMo 3) */
+    float *qk_norms;   /* [n_layers][q, k, v: the widest layer's norm widths] when qk_norm */
     float *o_biases;   /* [n_layers][hidden] when o_bias (GPT-OSS) */
     float *sinks;      /* [n_layers][n_heads] when attn_sinks (GPT-OSS) */
     /* Gemma: the sandwich norms [n_layers][2][hidden] (after attention,

@@ -20,12 +20,17 @@ struct eng_kv_cache {
     unsigned char *data; /* n_blocks * block_bytes */
     int32_t n_blocks;
     int32_t block_tokens;
-    int32_t n_layers;    /* layers with keys and values (a hybrid model's full ones) */
-    int32_t *layer_slot; /* layer -> its place among them; NULL: the identity */
-    int64_t kv_dim;
+    int32_t n_layers; /* layers with keys and values (a hybrid model's full ones) */
+    /* per layer of the model: where its K rows start in a block (bytes;
+     * its V rows follow them), its row's bytes and values (kv heads x head
+     * size, which Gemma 4's full layers have their own of); a layer without
+     * keys and values (a hybrid model's linear one) has rows of 0 */
+    size_t *layer_off, *layer_row;
+    int64_t *layer_dim;
+    int64_t kv_dim;      /* the model's n_kv_heads x head_dim (every layer's but Gemma 4's full) */
     size_t block_floats; /* values one block holds */
     qt_kind dtype;       /* QT_F32, QT_F16 or QT_Q8_0 */
-    size_t row_bytes;    /* one position's K (or V) of one layer: kv_dim values */
+    size_t row_bytes;    /* one position's K (or V) of a layer of kv_dim values */
     size_t block_bytes;
     /* the free blocks, a doubly linked queue taken from its head: a block
      * that holds nothing worth keeping goes back at the head, one the
@@ -136,18 +141,17 @@ static inline bool kv_grow_list(int32_t **arr, int32_t n)
 int eng_kv_check_writes(const struct eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs,
                         char *msg, size_t msg_len);
 
-/* The row (kv_dim values in kv->dtype, row_bytes long: qt_kv_store and
- * qt_kv_load read and write it) of K (v = 0) or V (v = 1) of layer l (a
- * layer that has keys and values) at position pos of a sequence whose
- * block table is `blocks`. */
+/* The row (layer_dim[l] values in kv->dtype, layer_row[l] bytes long:
+ * qt_kv_store and qt_kv_load read and write it) of K (v = 0) or V (v = 1)
+ * of layer l (a layer that has keys and values) at position pos of a
+ * sequence whose block table is `blocks`; the next position's row of the
+ * block lies layer_row[l] bytes on. */
 static inline void *kv_row(const struct eng_kv_cache *kv, const int32_t *blocks, int32_t l, int v,
                            int32_t pos)
 {
     int32_t b = blocks[pos / kv->block_tokens], slot = pos % kv->block_tokens;
-    if (kv->layer_slot)
-        l = kv->layer_slot[l];
-    return kv->data + (size_t)b * kv->block_bytes +
-           (((size_t)l * 2 + (size_t)v) * (size_t)kv->block_tokens + (size_t)slot) * kv->row_bytes;
+    return kv->data + (size_t)b * kv->block_bytes + kv->layer_off[l] +
+           ((size_t)v * (size_t)kv->block_tokens + (size_t)slot) * kv->layer_row[l];
 }
 
 #endif

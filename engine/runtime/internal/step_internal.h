@@ -11,9 +11,13 @@
 
 #include "runtime.h"
 
-/* The leading dims of each head that rotate: rope_dim (partial rotary),
- * or the whole head. */
+/* The leading dims of each head that rotate with the main table: rope_dim
+ * (partial rotary), or the whole head (Gemma 4: its full layers' head,
+ * eng_rope_head_dim). */
 int32_t eng_rope_dims(const eng_config *c);
+/* The same for the sliding layers' own table (rope_local_theta): of a
+ * head of head_dim. */
+int32_t eng_rope_dims_local(const eng_config *c);
 /* inv_freq[i] for i < eng_rope_dims(c) / 2: the rotary frequencies of
  * config c (theta^(-2i / rotary dims)) with its rope scaling folded in
  * (every backend rotates with these). long_factors: longrope's long set

@@ -52,13 +52,17 @@ typedef struct eng_walk_layer {
     bool k_is_v;    /* the values are k's projection (eng_layer_k_is_v; Gemma 4) */
     bool linear;    /* a Gated DeltaNet layer (Qwen3.5, hybrid.h): ops.delta_net, no attention */
     int64_t ff;     /* the MLP's width (eng_layer_ff) */
+    /* its head size and kv heads (eng_layer_head_dim, eng_layer_kv_heads:
+     * Gemma 4's full layers have their own) */
+    int32_t head_dim, kv_heads;
 } eng_walk_layer;
 
 /* Layer l's window and rotation table under config c: a sliding layer
  * (eng_layer_slides) sees its last sliding_window positions and, where the
  * model has rope_local_theta (Gemma 3), rotates with the local table; a
  * layer that does not rotate (eng_layer_rotates) has none; its MLP's
- * width and whether its values are its keys' projection. */
+ * width, whether its values are its keys' projection, its head size and
+ * kv heads. */
 void eng_walk_layer_shape(const eng_config *c, int32_t l, eng_walk_layer *out);
 
 /*
@@ -88,10 +92,13 @@ typedef struct eng_walk_ops {
     /* y[r] += bias per row of n */
     int (*add_bias)(void *be, float *y, const float *bias, int64_t rows, int64_t n, char *msg,
                     size_t msg_len);
-    /* rotate n_heads heads of each of the step's rows by its position,
-     * with rotation table `table` (ENG_WALK_ROPE_*) */
-    int (*rope)(void *be, float *vec, int32_t n_heads, int table, char *msg, size_t msg_len);
-    /* the step's rows of k and v into layer l's KV cache */
+    /* rotate n_heads heads of head_dim of each of the step's rows by its
+     * position, with rotation table `table` (ENG_WALK_ROPE_*; the global
+     * one's pairs are eng_rope_dims', the local one's eng_rope_dims_local's) */
+    int (*rope)(void *be, float *vec, int32_t n_heads, int32_t head_dim, int table, char *msg,
+                size_t msg_len);
+    /* the step's rows of k and v into layer l's KV cache (its row: the
+     * layer's kv heads x head size) */
     int (*kv_write)(void *be, int32_t l, const float *k, const float *v, char *msg, size_t msg_len);
     /* out = grouped-query attention of q over layer l's cache, causal, over
      * the last `window` positions (0: all), scores times scale and
