@@ -112,22 +112,12 @@ int eng_cpu_split_gate(void *be, const float *src, float *q, float *gate, int64_
     return QL_OK;
 }
 
-static float sigmoid(float x)
-{
-    return 1.0f / (1.0f + expf(-x));
-}
-
-static float silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
 int eng_cpu_gate_sigmoid(void *be, float *x, const float *gate, int64_t n, char *msg,
                          size_t msg_len)
 {
     (void)be, (void)msg, (void)msg_len;
     for (int64_t i = 0; i < n; i++)
-        x[i] *= sigmoid(gate[i]);
+        x[i] *= om_sigmoid(gate[i]);
     return QL_OK;
 }
 
@@ -172,7 +162,7 @@ static void conv_channels(void *ctx, int64_t c0, int64_t c1)
                     hist[i] = hist[i + 1];
                 if (K > 1)
                     hist[K - 2] = in;
-                *x = silu(acc);
+                *x = om_silu(acc);
             }
             for (int32_t i = 0; i < K - 1; i++)
                 win[(int64_t)i * C + ch] = hist[i];
@@ -186,8 +176,8 @@ static void l2norm_scale(float *v, int32_t n, float f)
 {
     double ss = 0.0;
     for (int32_t i = 0; i < n; i++)
-        ss += (double)v[i] * v[i];
-    float inv = (float)(1.0 / sqrt(ss + 1e-6)) * f;
+        ss = om_sumsq_add(ss, v[i]);
+    float inv = om_l2norm_factor(ss, f);
     for (int32_t i = 0; i < n; i++)
         v[i] *= inv;
 }
@@ -227,15 +217,9 @@ static void delta_heads(void *ctx, int64_t i0, int64_t i1)
             float sc = om_rmsnorm_scale(ss, dv, j->eps);
             const float *z = j->z + r * VD + (int64_t)h * dv;
             for (int32_t e = 0; e < dv; e++)
-                o[e] = om_rmsnorm_apply(o[e], sc, norm_w[e]) * silu(z[e]);
+                o[e] = om_rmsnorm_apply(o[e], sc, norm_w[e]) * om_silu(z[e]);
         }
     }
-}
-
-/* softplus as torch computes it (threshold 20: x itself above). */
-static float softplus(float x)
-{
-    return x > 20.0f ? x : log1pf(expf(x));
 }
 
 int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const float *z, float *out,
@@ -254,8 +238,9 @@ int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const flo
     for (int64_t r = 0; r < T; r++)
         for (int32_t h = 0; h < NV; h++) {
             float *b = &ls->beta[r * NV + h], *a = &ls->decay[r * NV + h];
-            *b = sigmoid(*b);
-            *a = ls->neg_a[(size_t)li * NV + h] * softplus(*a + ls->dt_bias[(size_t)li * NV + h]);
+            *b = om_sigmoid(*b);
+            *a = om_delta_log_decay(ls->neg_a[(size_t)li * NV + h], *a,
+                                    ls->dt_bias[(size_t)li * NV + h]);
         }
     delta_job j = {
         cs, lc, ls, li, (int64_t)li * eng_linear_layer_state(lc), qkv, z, out, m->cfg.rms_norm_eps};

@@ -69,26 +69,6 @@ constexpr int kMaxSplits = 32;
 constexpr int kMaxHeadDim = 256;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-/* ---- messages and status codes ---------------------------------------------- */
-
-__attribute__((format(printf, 3, 4))) int invalid(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsay(msg, msg_len, fmt, ap);
-    va_end(ap);
-    return QL_EINVAL;
-}
-
-/* After a launch: QL_OK, or the launch error named by `what`. */
-int launched(char *msg, size_t msg_len, const char *what)
-{
-    cudaError_t st = cudaGetLastError();
-    if (st == cudaSuccess)
-        return QL_OK;
-    return cuda_failed(st, msg, msg_len, "%s", what);
-}
-
 cudaStream_t as_stream(void *stream)
 {
     return static_cast<cudaStream_t>(stream);
@@ -136,10 +116,11 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *weight, 
         o[i] = om_rmsnorm_apply(xr[i], scale, weight[i]);
 }
 
+/* half: the rotated pairs of a head (rotary dims / 2; the rest of the
+ * head passes through, partial rotary) and the tables' width. */
 __global__ void rope_kernel(float *vec, const float *cos_tab, const float *sin_tab, int64_t rows,
-                            int32_t n_heads, int32_t head_dim, bool interleaved)
+                            int32_t n_heads, int32_t head_dim, int32_t half, bool interleaved)
 {
-    int32_t half = head_dim / 2;
     int64_t total = rows * n_heads * half;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -670,17 +651,28 @@ extern "C" int qt_cuda_rope(float *vec, const float *cos_tab, const float *sin_t
                             int32_t n_heads, int32_t head_dim, bool interleaved, void *stream,
                             char *msg, size_t msg_len)
 {
-    if (rows < 0 || n_heads < 0 || head_dim < 0 || head_dim % 2 != 0)
+    return qt_cuda_rope_partial(vec, cos_tab, sin_tab, rows, n_heads, head_dim, head_dim,
+                                interleaved, stream, msg, msg_len);
+}
+
+extern "C" int qt_cuda_rope_partial(float *vec, const float *cos_tab, const float *sin_tab,
+                                    int64_t rows, int32_t n_heads, int32_t head_dim,
+                                    int32_t rot_dims, bool interleaved, void *stream, char *msg,
+                                    size_t msg_len)
+{
+    if (rows < 0 || n_heads < 0 || head_dim < 0 || rot_dims < 0 || rot_dims % 2 != 0 ||
+        rot_dims > head_dim)
         return invalid(msg, msg_len,
-                       "qt_cuda_rope: %lld rows of %d heads of %d (head_dim must be even)",
-                       (long long)rows, n_heads, head_dim);
-    if (rows == 0 || n_heads == 0 || head_dim == 0)
+                       "qt_cuda_rope: %lld rows of %d heads of %d, %d rotated (rotated dims "
+                       "even and within the head)",
+                       (long long)rows, n_heads, head_dim, rot_dims);
+    if (rows == 0 || n_heads == 0 || rot_dims == 0)
         return QL_OK;
     if (!vec || !cos_tab || !sin_tab)
         return invalid(msg, msg_len, "qt_cuda_rope: vec, cos_tab or sin_tab is NULL");
-    int64_t pairs = rows * n_heads * (head_dim / 2);
+    int64_t pairs = rows * n_heads * (rot_dims / 2);
     rope_kernel<<<grid_for(pairs, kThreads), kThreads, 0, as_stream(stream)>>>(
-        vec, cos_tab, sin_tab, rows, n_heads, head_dim, interleaved);
+        vec, cos_tab, sin_tab, rows, n_heads, head_dim, rot_dims / 2, interleaved);
     return launched(msg, msg_len, "qt_cuda_rope kernel");
 }
 
