@@ -1835,6 +1835,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     size_t wide = F > Q ? F : Q;
     wide = wide > H ? wide : H;
     wide = wide > EF ? wide : EF;
+    wide = wide > att ? wide : att; /* out_proj reads a linear layer's att */
     struct {
         void *p;
         size_t bytes;
