@@ -154,32 +154,13 @@ static void conv_channels(void *ctx, int64_t c0, int64_t c1)
             for (int32_t i = 0; i < K - 1; i++)
                 hist[i] = win[(int64_t)i * C + ch];
             for (int32_t t = 0; t < cs->seqs[s].n_tokens; t++) {
-                float *x = j->qkv + (int64_t)(r0 + t) * C + ch, in = *x, acc = 0.0f;
-                for (int32_t i = 0; i < K - 1; i++)
-                    acc += w[i] * hist[i];
-                acc += w[K - 1] * in;
-                for (int32_t i = 0; i + 1 < K - 1; i++)
-                    hist[i] = hist[i + 1];
-                if (K > 1)
-                    hist[K - 2] = in;
-                *x = om_silu(acc);
+                float *x = j->qkv + (int64_t)(r0 + t) * C + ch;
+                *x = om_conv_step(hist, w, K, *x);
             }
             for (int32_t i = 0; i < K - 1; i++)
                 win[(int64_t)i * C + ch] = hist[i];
         }
     }
-}
-
-/* v[0, n) times 1 / sqrt(sum v^2 + 1e-6) (FLA's l2norm, as transformers),
- * then times f. */
-static void l2norm_scale(float *v, int32_t n, float f)
-{
-    double ss = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        ss = om_sumsq_add(ss, v[i]);
-    float inv = om_l2norm_factor(ss, f);
-    for (int32_t i = 0; i < n; i++)
-        v[i] *= inv;
 }
 
 /* Items [i0, i1) of (sequence, value head): the head's state S (k x v)
@@ -250,8 +231,8 @@ int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const flo
     float qs = 1.0f / sqrtf((float)dk);
     for (int64_t r = 0; r < T; r++)
         for (int32_t kh = 0; kh < lc->n_k_heads; kh++) {
-            l2norm_scale(qkv + r * C + (int64_t)kh * dk, dk, qs);
-            l2norm_scale(qkv + r * C + KD + (int64_t)kh * dk, dk, 1.0f);
+            om_l2norm_row(qkv + r * C + (int64_t)kh * dk, dk, qs);
+            om_l2norm_row(qkv + r * C + KD + (int64_t)kh * dk, dk, 1.0f);
         }
     // the delta rule, (sequence, value head) by (sequence, value head)
     eng_pool_run(cs->pool, delta_heads, &j, (int64_t)cs->n_seqs * NV, 1);

@@ -3,8 +3,8 @@
  * Gated DeltaNet section; the arithmetic is engine/model/hybrid.h's): the
  * gates beta and decay, the causal depthwise conv1d carried on from each
  * sequence's window, the L2-normalized q and k, the gated delta rule over
- * each (sequence, value head)'s k x v state, the gated RMSNorm; and the
- * full layers' output gate (split_gate, gate_sigmoid).
+ * each (sequence, value head)'s k x v state, the gated RMSNorm. (The
+ * full layers' output gate is pointwise: qt_cuda_ops.cu.)
  *
  * Why shaped so: the CPU backend (engine/runtime/linear_cpu.c) is the
  * reference, and every value here is computed in its order of float
@@ -12,9 +12,9 @@
  * the host, CUDA's within 2 ulp on a device; the emulator runs libm's, so
  * there the whole layer is the CPU's bits):
  *   - the conv: one thread per (sequence, channel), its sequence's tokens
- *     in order, the taps summed oldest first, as conv_channels;
- *   - q and k: one thread per (row, key head, q or k), the f64 sum of
- *     squares in element order, as l2norm_scale;
+ *     in order through ops_math.h's om_conv_step, as conv_channels;
+ *   - q and k: one thread per (row, key head, q or k) through
+ *     om_l2norm_row, as the CPU's loop over rows;
  *   - the delta rule: one block per (sequence, value head), thread e owning
  *     column e of the state; every column's chain of products and sums in
  *     the key dims' order is qt_delta_rule_ref's (kernels/delta_rule.c), and
@@ -69,15 +69,8 @@ __global__ void conv_kernel(qt_cuda_delta_layer ly, qt_cuda_delta_seqs sq, float
         for (int32_t j = 0; j < K - 1; j++)
             hist[j] = win[(int64_t)j * C + ch];
         for (int32_t r = sq.first[s]; r < sq.first[s + 1]; r++) {
-            float *x = qkv + (int64_t)r * C + ch, in = *x, acc = 0.0f;
-            for (int32_t j = 0; j < K - 1; j++)
-                acc += w[j] * hist[j];
-            acc += w[K - 1] * in;
-            for (int32_t j = 0; j + 1 < K - 1; j++)
-                hist[j] = hist[j + 1];
-            if (K > 1)
-                hist[K - 2] = in;
-            *x = om_silu(acc);
+            float *x = qkv + (int64_t)r * C + ch;
+            *x = om_conv_step(hist, w, K, *x);
         }
         for (int32_t j = 0; j < K - 1; j++)
             win[(int64_t)j * C + ch] = hist[j];
@@ -93,13 +86,7 @@ __global__ void l2norm_kernel(float *qkv, int64_t rows, int64_t C, int32_t n_k_h
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * per_row;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / per_row, head = i % per_row; /* q's heads, then k's */
-        float *v = qkv + r * C + head * dk;
-        double ss = 0.0;
-        for (int32_t e = 0; e < dk; e++)
-            ss = om_sumsq_add(ss, v[e]);
-        float f = om_l2norm_factor(ss, head < n_k_heads ? q_factor : 1.0f);
-        for (int32_t e = 0; e < dk; e++)
-            v[e] *= f;
+        om_l2norm_row(qkv + r * C + head * dk, dk, head < n_k_heads ? q_factor : 1.0f);
     }
 }
 
@@ -144,23 +131,6 @@ __global__ void delta_kernel(qt_cuda_delta_layer ly, qt_cuda_delta_seqs sq, cons
         out[at] = om_rmsnorm_apply(o, sc, ly.norm[e]) * om_silu(z[at]);
         __syncthreads(); /* answer is the next token's */
     }
-}
-
-__global__ void split_gate_kernel(const float *src, float *q, float *gate, int64_t n, int32_t d)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * d;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t row = i / d, col = i % d;
-        q[i] = src[2 * row * d + col];
-        gate[i] = src[(2 * row + 1) * d + col];
-    }
-}
-
-__global__ void gate_sigmoid_kernel(float *x, const float *gate, int64_t n)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        x[i] *= om_sigmoid(gate[i]);
 }
 
 /* The shape checks of qt_cuda_delta_net: QL_OK or QL_EINVAL naming the
@@ -223,32 +193,4 @@ extern "C" int qt_cuda_delta_net(const qt_cuda_delta_layer *ly, const qt_cuda_de
     delta_kernel<<<(unsigned)(sq->n_seqs * NV), ly->v_head_dim, 0, st>>>(*ly, *sq, beta, decay, qkv,
                                                                          z, out);
     return launched(msg, msg_len, "qt_cuda_delta_net's delta rule kernel");
-}
-
-extern "C" int qt_cuda_split_gate(const float *src, float *q, float *gate, int64_t n, int32_t d,
-                                  void *stream, char *msg, size_t msg_len)
-{
-    if (n < 0 || d < 0)
-        return invalid(msg, msg_len, "qt_cuda_split_gate: %lld rows of %d", (long long)n, d);
-    if (n == 0 || d == 0)
-        return QL_OK;
-    if (!src || !q || !gate)
-        return invalid(msg, msg_len, "qt_cuda_split_gate: src, q or gate is NULL");
-    split_gate_kernel<<<grid_for(n * d, kThreads), kThreads, 0,
-                        static_cast<cudaStream_t>(stream)>>>(src, q, gate, n, d);
-    return launched(msg, msg_len, "qt_cuda_split_gate kernel");
-}
-
-extern "C" int qt_cuda_gate_sigmoid(float *x, const float *gate, int64_t n, void *stream, char *msg,
-                                    size_t msg_len)
-{
-    if (n < 0)
-        return invalid(msg, msg_len, "qt_cuda_gate_sigmoid: n %lld is negative", (long long)n);
-    if (n == 0)
-        return QL_OK;
-    if (!x || !gate)
-        return invalid(msg, msg_len, "qt_cuda_gate_sigmoid: x or gate is NULL");
-    gate_sigmoid_kernel<<<grid_for(n, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        x, gate, n);
-    return launched(msg, msg_len, "qt_cuda_gate_sigmoid kernel");
 }

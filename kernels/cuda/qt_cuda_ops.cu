@@ -134,6 +134,25 @@ __global__ void rope_kernel(float *vec, const float *cos_tab, const float *sin_t
     }
 }
 
+/* Qwen3.5's gated q_proj: each row's 2 d values, a head's query then its
+ * gate, into q and gate. */
+__global__ void split_gate_kernel(const float *src, float *q, float *gate, int64_t n, int32_t d)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * d;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / d, col = i % d;
+        q[i] = src[2 * row * d + col];
+        gate[i] = src[(2 * row + 1) * d + col];
+    }
+}
+
+__global__ void gate_sigmoid_kernel(float *x, const float *gate, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= om_sigmoid(gate[i]);
+}
+
 __global__ void swiglu_kernel(float *gate, const float *up, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -690,6 +709,30 @@ static int pointwise_check(const char *name, int64_t n, bool buffers, bool *run,
         return invalid(msg, msg_len, "%s: a buffer is NULL", name);
     *run = true;
     return QL_OK;
+}
+
+extern "C" int qt_cuda_split_gate(const float *src, float *q, float *gate, int64_t n, int32_t d,
+                                  void *stream, char *msg, size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_split_gate", d < 0 ? -1 : n * d, src && q && gate, &run, msg,
+                             msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    split_gate_kernel<<<grid_for(n * d, kThreads), kThreads, 0, as_stream(stream)>>>(src, q, gate,
+                                                                                     n, d);
+    return launched(msg, msg_len, "qt_cuda_split_gate kernel");
+}
+
+extern "C" int qt_cuda_gate_sigmoid(float *x, const float *gate, int64_t n, void *stream, char *msg,
+                                    size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_gate_sigmoid", n, x && gate, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    gate_sigmoid_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(x, gate, n);
+    return launched(msg, msg_len, "qt_cuda_gate_sigmoid kernel");
 }
 
 extern "C" int qt_cuda_geglu(float *gate, const float *up, int64_t n, void *stream, char *msg,

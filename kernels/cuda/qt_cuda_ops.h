@@ -16,7 +16,7 @@
  *     (dequantize, add the scaled B @ A, finite check, requantize into the
  *     same layout);                                    qt_cuda_lora.cu
  *   - Qwen3.5's hybrid layers: Gated DeltaNet (conv, delta rule over the
- *     recurrent states, gated norm) and the output gate; qt_cuda_linear.cu
+ *     recurrent states, gated norm);                   qt_cuda_linear.cu
  *
  * The functions that take a kind (matrix products, tensors, gather,
  * merge) are defined in qt_cuda_kinds.c, which looks up the kind's row in
@@ -427,7 +427,7 @@ int qt_cuda_delta_net(const qt_cuda_delta_layer *ly, const qt_cuda_delta_seqs *s
                       size_t msg_len);
 
 /* src's n rows of 2 d (Qwen3.5's q_proj: a head's query, then its gate)
- * into q's and gate's n rows of d. */
+ * into q's and gate's n rows of d (qt_cuda_ops.cu, as the next). */
 int qt_cuda_split_gate(const float *src, float *q, float *gate, int64_t n, int32_t d, void *stream,
                        char *msg, size_t msg_len);
 

@@ -386,4 +386,32 @@ QL_HD float om_l2norm_factor(double ss, float f)
     return (float)(1.0 / sqrt(ss + 1e-6)) * f;
 }
 
+/* v[0, n) L2-normalized in place, then times f; the sum in element order. */
+QL_HD void om_l2norm_row(float *v, int32_t n, float f)
+{
+    double ss = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        ss = om_sumsq_add(ss, v[i]);
+    float g = om_l2norm_factor(ss, f);
+    for (int32_t i = 0; i < n; i++)
+        v[i] *= g;
+}
+
+/* One input of a channel through the causal depthwise conv: the taps w
+ * times the window hist (the last taps - 1 inputs, oldest first) and the
+ * new input, summed in that order, then silu; hist shifts to take the
+ * input. */
+QL_HD float om_conv_step(float *hist, const float *w, int32_t taps, float in)
+{
+    float acc = 0.0f;
+    for (int32_t j = 0; j < taps - 1; j++)
+        acc += w[j] * hist[j];
+    acc += w[taps - 1] * in;
+    for (int32_t j = 0; j + 1 < taps - 1; j++)
+        hist[j] = hist[j + 1];
+    if (taps > 1)
+        hist[taps - 2] = in;
+    return om_silu(acc);
+}
+
 #endif
