@@ -27,7 +27,6 @@
  * when one failed, 77 when there is no usable device.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,39 +52,7 @@
  * CUDA's: a few ulp of values of order 1 */
 #define HYBRID_OP_TOL 1e-5
 
-static int passed, failed;
-
-static void report(bool ok, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void report(bool ok, const char *name, const char *fmt, ...)
-{
-    if (ok) {
-        passed++;
-        printf("PASS %s\n", name);
-        return;
-    }
-    failed++;
-    char detail[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
-    printf("FAIL %s: %s\n", name, detail);
-}
-
-/* The largest |a - b| over n (NaN anywhere: infinity). */
-static double worst(const float *a, const float *b, size_t n)
-{
-    double w = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= w))
-            w = isnan(d) ? INFINITY : d;
-    }
-    return w;
-}
-
-/* The same, against a float64 reference of n_rows rows of V. */
+/* gpu_worst_abs against a float64 reference of n_rows rows of V. */
 static double worst_ref(const float *a, const double (*ref)[QWEN35_VOCAB], int n_rows)
 {
     double w = 0.0;
@@ -184,13 +151,13 @@ static void logits_match_the_reference_and_the_cpu(const eng_model *m, eng_backe
     int32_t whole[] = {QWEN35_N_TOKENS};
     bool ran = run_chunks(gpu, whole, 1, g) == QL_OK && run_chunks(cpu, whole, 1, c) == QL_OK;
     double to_ref = ran ? worst_ref(g, QWEN35_LOGITS, QWEN35_N_TOKENS) : INFINITY;
-    double to_cpu = ran ? worst(g, c, n) : INFINITY;
+    double to_cpu = ran ? gpu_worst_abs(g, c, n) : INFINITY;
     printf("qwen35 tiny, one prefill: %.3g from transformers' float64, %.3g from the CPU backend\n",
            to_ref, to_cpu);
-    report(to_ref <= QWEN35_TOL, "qwen35_logits_within_tol_of_transformers", "%.3g > %g", to_ref,
-           QWEN35_TOL);
-    report(to_cpu <= HYBRID_CPU_TOL, "qwen35_logits_within_tol_of_the_cpu_backend", "%.3g > %g",
-           to_cpu, HYBRID_CPU_TOL);
+    gpu_report(to_ref <= QWEN35_TOL, "qwen35_logits_within_tol_of_transformers", "%.3g > %g",
+               to_ref, QWEN35_TOL);
+    gpu_report(to_cpu <= HYBRID_CPU_TOL, "qwen35_logits_within_tol_of_the_cpu_backend", "%.3g > %g",
+               to_cpu, HYBRID_CPU_TOL);
     (void)m;
     free(g);
     free(c);
@@ -204,8 +171,8 @@ static void chunks_equal_one_token_at_a_time(eng_backend *gpu)
     bool ran =
         run_chunks(gpu, ones, 1, one) == QL_OK && run_chunks(gpu, sizes, 5, chunked) == QL_OK;
     bool same = ran && memcmp(one, chunked, n * sizeof(float)) == 0;
-    report(same, "qwen35_chunks_bit_equal_to_one_token_a_step", "%s, worst %.3g",
-           ran ? "differ" : "a step failed", ran ? worst(one, chunked, n) : INFINITY);
+    gpu_report(same, "qwen35_chunks_bit_equal_to_one_token_a_step", "%s, worst %.3g",
+               ran ? "differ" : "a step failed", ran ? gpu_worst_abs(one, chunked, n) : INFINITY);
     free(one);
     free(chunked);
 }
@@ -227,8 +194,9 @@ static void greedy_ids_after_the_prompt(eng_backend *gpu)
         rc = step(gpu, &s, &next, 1, QWEN35_N_TOKENS + i, rows);
         next = argmax(rows, QWEN35_VOCAB);
     }
-    report(rc == QL_OK && bad < 0, "qwen35_greedy_ids_after_the_prompt", "rc %d, id %d: %d, not %d",
-           rc, bad, bad >= 0 ? got[bad] : -1, bad >= 0 ? QWEN35_GREEDY[bad] : -1);
+    gpu_report(rc == QL_OK && bad < 0, "qwen35_greedy_ids_after_the_prompt",
+               "rc %d, id %d: %d, not %d", rc, bad, bad >= 0 ? got[bad] : -1,
+               bad >= 0 ? QWEN35_GREEDY[bad] : -1);
     eng_kv_release(kv, &s);
     free(rows);
 }
@@ -280,14 +248,15 @@ static void fork_copies_the_state(eng_backend *gpu)
         if (rc == QL_OK)
             rc = eng_backend_forward(gpu, both, 2, rows, NULL, msg, sizeof msg);
         if (rc == QL_OK && t == split)
-            report(memcmp(rows, rows + V, (size_t)V * sizeof(float)) == 0,
-                   "qwen35_fork_steps_as_its_parent", "worst %.3g", worst(rows, rows + V, V));
+            gpu_report(memcmp(rows, rows + V, (size_t)V * sizeof(float)) == 0,
+                       "qwen35_fork_steps_as_its_parent", "worst %.3g",
+                       gpu_worst_abs(rows, rows + V, V));
         memcpy(child + (size_t)(t - split) * V, rows + V, (size_t)V * sizeof(float));
     }
     double w =
         rc == QL_OK ? worst_ref(child, QWEN35_LOGITS + split, QWEN35_N_TOKENS - split) : INFINITY;
-    report(w <= QWEN35_TOL, "qwen35_fork_copies_the_state_on_the_device", "rc %d (%s), worst %.3g",
-           rc, msg, w);
+    gpu_report(w <= QWEN35_TOL, "qwen35_fork_copies_the_state_on_the_device",
+               "rc %d (%s), worst %.3g", rc, msg, w);
     eng_kv_release(kv, &p);
     eng_kv_release(kv, &c);
 
@@ -297,7 +266,7 @@ static void fork_copies_the_state(eng_backend *gpu)
     if (rc == QL_OK)
         rc = step(gpu, &f, QWEN35_TOKENS, QWEN35_N_TOKENS, 0, rows);
     w = rc == QL_OK ? worst_ref(rows, QWEN35_LOGITS, QWEN35_N_TOKENS) : INFINITY;
-    report(w <= QWEN35_TOL, "qwen35_admission_zeroes_a_used_state", "rc %d, worst %.3g", rc, w);
+    gpu_report(w <= QWEN35_TOL, "qwen35_admission_zeroes_a_used_state", "rc %d, worst %.3g", rc, w);
     eng_kv_release(kv, &f);
     free(rows);
     free(child);
@@ -317,8 +286,8 @@ static void moe_logits_match_the_reference(void)
         eng_backend_free(gpu);
         eng_model_free(&m);
     }
-    report(w <= QWEN35_TOL, "qwen35_moe_logits_within_tol_of_transformers", "%.3g > %g", w,
-           QWEN35_TOL);
+    gpu_report(w <= QWEN35_TOL, "qwen35_moe_logits_within_tol_of_transformers", "%.3g > %g", w,
+               QWEN35_TOL);
     free(g);
 }
 
@@ -443,17 +412,18 @@ static void delta_net_matches_the_reference(bool tiled)
     ok = ok && qt_cuda_delta_net(&ly, &sq, dev->beta, dev->decay, dev->qkv, dev->z, dev->out, NULL,
                                  why, sizeof why) == QL_OK;
     ok = ok && cudaDeviceSynchronize() == cudaSuccess && op_copy(got, dev, false);
-    double w_out = ok ? worst(got->out, want->out, OP_ROWS * OP_VD) : INFINITY;
-    double w_state = ok ? worst(got->states, want->states, OP_SEQS * OP_STATE) : INFINITY;
+    double w_out = ok ? gpu_worst_abs(got->out, want->out, OP_ROWS * OP_VD) : INFINITY;
+    double w_state = ok ? gpu_worst_abs(got->states, want->states, OP_SEQS * OP_STATE) : INFINITY;
     bool same = ok && memcmp(got->out, want->out, sizeof got->out) == 0 &&
                 memcmp(got->states, want->states, sizeof got->states) == 0;
     const char *name = tiled ? "delta_net_tiled_heads_match_the_cpu_reference"
                              : "delta_net_grouped_heads_match_the_cpu_reference";
     if (emulated())
-        report(same, name, "%s; outputs %.3g, states %.3g from the reference", why, w_out, w_state);
+        gpu_report(same, name, "%s; outputs %.3g, states %.3g from the reference", why, w_out,
+                   w_state);
     else
-        report(w_out <= HYBRID_OP_TOL && w_state <= HYBRID_OP_TOL, name,
-               "%s; outputs %.3g, states %.3g > %g", why, w_out, w_state, HYBRID_OP_TOL);
+        gpu_report(w_out <= HYBRID_OP_TOL && w_state <= HYBRID_OP_TOL, name,
+                   "%s; outputs %.3g, states %.3g > %g", why, w_out, w_state, HYBRID_OP_TOL);
     cudaFree(dev);
     cudaFree(d_first);
     cudaFree(d_slot);
@@ -476,7 +446,7 @@ int main(void)
     eng_backend *gpu = NULL, *cpu = NULL;
     if (load(&m, "qwen35_tiny") != QL_OK || backend(&gpu, &m, ENG_DEVICE_CUDA) != QL_OK ||
         backend(&cpu, &m, ENG_DEVICE_CPU) != QL_OK) {
-        report(false, "qwen35_runs_on_the_cuda_backend", "see above");
+        gpu_report(false, "qwen35_runs_on_the_cuda_backend", "see above");
     } else {
         logits_match_the_reference_and_the_cpu(&m, gpu, cpu);
         chunks_equal_one_token_at_a_time(gpu);
@@ -488,6 +458,5 @@ int main(void)
     eng_model_free(&m);
     moe_logits_match_the_reference();
 
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return gpu_summary();
 }
