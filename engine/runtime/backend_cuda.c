@@ -10,6 +10,11 @@
  *   - the KV cache arena is device memory with the CPU cache's layout; the
  *     block bookkeeping (free list, block tables) stays on the host in an
  *     eng_kv_cache without an arena, so the scheduler is unchanged;
+ *   - a hybrid model's (Qwen3.5's) recurrent states are a device pool with
+ *     the host pool's layout and slot numbers; the cache's state hook
+ *     (kv_cache_internal.h) zeroes a slot when a sequence takes it and
+ *     copies one when a sequence forks, on the step stream, and the
+ *     linear layers' kernels (qt_cuda_delta_net) carry them on in place;
  *   - a weight version with merged adapters is merged again here, on the
  *     device, from the pristine device weights and the version's merged
  *     configuration (qt_cuda_merge: the same arithmetic as the CPU merge),
