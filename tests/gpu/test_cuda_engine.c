@@ -1067,30 +1067,6 @@ static void moe_adapters(void)
     }
 }
 
-/* Partial rotary (Phi-4-mini's shape, the tiny fixture's 12 of 16 dims)
- * runs on the CPU backend only: the device refuses it by name. */
-static void phi3_partial_rotary_refused(void)
-{
-    const char *name = "partial_rotary_refused_by_name";
-    eng_model m;
-    char msg[512];
-    eng_load_opts lo = {.path = QL_FIXTURES "/phi3_partial_tiny.gguf"};
-    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
-        report(false, name, "%s", msg);
-        return;
-    }
-    eng_backend_opts o = {.device = ENG_DEVICE_CUDA,
-                          .max_tokens = 16,
-                          .max_seqs = 1,
-                          .kv_bytes = (size_t)1 << 20,
-                          .block_tokens = 16};
-    eng_backend *b = NULL;
-    int rc = eng_backend_new(&b, &m, &o, msg, sizeof msg);
-    report(rc == QL_EUNSUPPORTED && strstr(msg, "partial rotary"), name, "rc %d: %s", rc, msg);
-    eng_backend_free(b);
-    eng_model_free(&m);
-}
-
 /* Unmerged adapters: A applies one at scale 1, B the other at 0.5 then the
  * first at -0.25 (two terms), C none. */
 static void unmerged(void)
@@ -1557,7 +1533,6 @@ int main(void)
     rope_freq_factors();
     phi3_longrope();
     phi3_gguf();
-    phi3_partial_rotary_refused();
     unmerged();
     merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq",
            QT_KIND_COUNT);

@@ -14,6 +14,8 @@
  *     still gets the reference logits; a sequence admitted into a slot an
  *     ended one used starts from a zeroed state;
  *   - Qwen3.5-MoE's tiny fixture within the same bound of its reference;
+ *   - partial rotary on its own (a Phi-4-mini-shaped fixture) stepping as
+ *     on the CPU backend;
  *   - qt_cuda_delta_net alone against the CPU's reference arithmetic
  *     (kernels' qt_delta_rule_ref and ops_math.h), bit for bit, on a
  *     shape with several sequences, GQA-style key heads and both head
@@ -291,6 +293,63 @@ static void moe_logits_match_the_reference(void)
     free(g);
 }
 
+/*
+ * Partial rotary alone (Phi-4-mini's shape: tests/fixtures/
+ * phi3_partial_tiny.gguf turns 12 of its 16 dims, llama.cpp's converter):
+ * a prefill of 8 then 4 decodes on both backends, each step's logits
+ * within 1e-3 of the largest (test_cuda_engine's bound for two f32
+ * summation orders).
+ */
+static void partial_rotary_steps_as_on_the_cpu(void)
+{
+    const char *name = "partial_rotary_steps_as_on_the_cpu_phi3";
+    char path[512];
+    snprintf(path, sizeof path, "%s/phi3_partial_tiny.gguf", QL_FIXTURES);
+    eng_model m = {0};
+    eng_load_opts lo = {.path = path};
+    char msg[1024] = "";
+    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
+        gpu_report(false, name, "%s", msg);
+        return;
+    }
+    eng_backend *be[2] = {NULL, NULL};
+    size_t V = (size_t)m.cfg.vocab_size;
+    float *logits[2] = {malloc(V * sizeof(float)), malloc(V * sizeof(float))};
+    eng_seq_kv kv[2] = {{0}, {0}};
+    int32_t tokens[12];
+    for (int i = 0; i < 12; i++)
+        tokens[i] = (int32_t)((7 + 31 * i) % (int)V);
+    double worst = 0.0, scale = 0.0;
+    int rc = backend(&be[0], &m, ENG_DEVICE_CPU);
+    if (rc == QL_OK)
+        rc = backend(&be[1], &m, ENG_DEVICE_CUDA);
+    for (int b = 0; rc == QL_OK && b < 2; b++)
+        rc = eng_kv_reserve(eng_backend_kv(be[b]), &kv[b], 12);
+    for (int32_t pos = 0; rc == QL_OK && pos < 12;) {
+        int32_t n = pos == 0 ? 8 : 1;
+        for (int b = 0; rc == QL_OK && b < 2; b++) {
+            eng_step_seq q = {.kv = &kv[b], .tokens = tokens + pos, .n_tokens = n, .pos = pos};
+            rc = eng_backend_forward(be[b], &q, 1, logits[b], NULL, msg, sizeof msg);
+        }
+        for (size_t i = 0; rc == QL_OK && i < V; i++)
+            scale = fmax(scale, fabs((double)logits[0][i]));
+        double w = rc == QL_OK ? gpu_worst_abs(logits[0], logits[1], V) : INFINITY;
+        worst = w > worst || isnan(w) ? w : worst;
+        pos += n;
+    }
+    printf("phi3 partial rotary, 12 steps' logits: %.3g from the CPU backend's (largest %.3g)\n",
+           worst, scale);
+    gpu_report(rc == QL_OK && worst <= 1e-3 * scale, name, "rc %d (%s), worst %.3g of %.3g", rc,
+               msg, worst, scale);
+    for (int b = 0; b < 2; b++) {
+        if (be[b])
+            eng_kv_release(eng_backend_kv(be[b]), &kv[b]);
+        eng_backend_free(be[b]);
+        free(logits[b]);
+    }
+    eng_model_free(&m);
+}
+
 /* --- qt_cuda_delta_net alone -------------------------------------------------------- */
 
 /* The layer of op_case: 2 key heads, 4 value heads (2 per key head), k 8,
@@ -457,6 +516,7 @@ int main(void)
     eng_backend_free(cpu);
     eng_model_free(&m);
     moe_logits_match_the_reference();
+    partial_rotary_steps_as_on_the_cpu();
 
     return gpu_summary();
 }
