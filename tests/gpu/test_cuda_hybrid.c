@@ -13,7 +13,9 @@
  *     with another token while the child goes on with the prompt and
  *     still gets the reference logits; a sequence admitted into a slot an
  *     ended one used starts from a zeroed state;
- *   - Qwen3.5-MoE's tiny fixture within the same bound of its reference;
+ *   - Qwen3.5-MoE's tiny fixture, and llama.cpp's GGUF of the dense one
+ *     (value heads tiled, A as -exp(A_log)), within the same bound of
+ *     their references;
  *   - partial rotary on its own (a Phi-4-mini-shaped fixture) stepping as
  *     on the CPU backend;
  *   - qt_cuda_delta_net alone against the CPU's reference arithmetic
@@ -274,23 +276,47 @@ static void fork_copies_the_state(eng_backend *gpu)
     free(child);
 }
 
-static void moe_logits_match_the_reference(void)
+/* tests/fixtures/<fixture> (a folder, or a GGUF file) on the CUDA backend,
+ * its prompt in chunks of 5: the worst logit error against ref. */
+static double fixture_worst(const char *fixture, const double (*ref)[QWEN35_VOCAB])
 {
     eng_model m = {0};
     eng_backend *gpu = NULL;
     size_t n = (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB;
     float *g = malloc(n * sizeof(float));
-    int32_t whole[] = {QWEN35_N_TOKENS};
+    int32_t fives[] = {5};
     double w = INFINITY;
-    if (load(&m, "qwen35_moe_tiny") == QL_OK) {
-        if (backend(&gpu, &m, ENG_DEVICE_CUDA) == QL_OK && run_chunks(gpu, whole, 1, g) == QL_OK)
-            w = worst_ref(g, QWEN35_MOE_LOGITS, QWEN35_N_TOKENS);
+    int rc;
+    if (strstr(fixture, ".gguf")) {
+        char path[512], msg[512];
+        snprintf(path, sizeof path, "%s/%s", QL_FIXTURES, fixture);
+        eng_load_opts lo = {.path = path};
+        if ((rc = eng_model_load(&m, &lo, msg, sizeof msg)) != QL_OK)
+            printf("loading %s: %s\n", fixture, msg);
+    } else {
+        rc = load(&m, fixture);
+    }
+    if (rc == QL_OK) {
+        if (backend(&gpu, &m, ENG_DEVICE_CUDA) == QL_OK && run_chunks(gpu, fives, 1, g) == QL_OK)
+            w = worst_ref(g, ref, QWEN35_N_TOKENS);
         eng_backend_free(gpu);
         eng_model_free(&m);
     }
+    free(g);
+    return w;
+}
+
+/* Qwen3.5-MoE's tiny fixture, and llama.cpp's conversion of the dense one
+ * (value heads tiled, A stored as -exp(A_log), norms as 1 + w), against
+ * their float64 references. */
+static void other_fixtures_match_their_references(void)
+{
+    double w = fixture_worst("qwen35_moe_tiny", QWEN35_MOE_LOGITS);
     gpu_report(w <= QWEN35_TOL, "qwen35_moe_logits_within_tol_of_transformers", "%.3g > %g", w,
                QWEN35_TOL);
-    free(g);
+    w = fixture_worst("qwen35_tiny.gguf", QWEN35_LOGITS);
+    gpu_report(w <= QWEN35_TOL, "qwen35_gguf_tiled_heads_within_tol_of_transformers", "%.3g > %g",
+               w, QWEN35_TOL);
 }
 
 /*
@@ -515,7 +541,7 @@ int main(void)
     eng_backend_free(gpu);
     eng_backend_free(cpu);
     eng_model_free(&m);
-    moe_logits_match_the_reference();
+    other_fixtures_match_their_references();
     partial_rotary_steps_as_on_the_cpu();
 
     return gpu_summary();
