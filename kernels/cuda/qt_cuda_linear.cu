@@ -38,8 +38,10 @@ namespace
 {
 
 constexpr int kThreads = 256;
-constexpr int kMaxTaps = 16;      /* the conv's window in registers (linear_cpu.c's bound) */
-constexpr int kMaxValueDim = 512; /* a head's outputs in shared memory (linear_cpu.c's bound) */
+/* the loader's bounds (engine/model/qwen35.c), which linear_cpu.c's
+ * buffers assume too: a thread's conv window, a block's head outputs */
+constexpr int kMaxTaps = 16;
+constexpr int kMaxValueDim = 512;
 
 /* beta = sigmoid(b), decay = -exp(A_log) softplus(a + dt_bias), in place,
  * for every (row, value head). */
