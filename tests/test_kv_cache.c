@@ -406,7 +406,9 @@ Test(kv_cache, copy_blocks_copies_whole_blocks_in_the_host_arena)
     /* a cache without a host arena has nothing to copy */
     eng_kv_cache *meta = NULL;
     char msg[256];
-    cr_assert_eq(eng_kv_new_meta(&meta, &shape, (size_t)1 << 20, BT, msg, sizeof msg), QL_OK);
+    cr_assert_eq(
+        eng_kv_new_meta(&meta, &shape, (size_t)1 << 20, BT, ENG_KV_DEFAULT_STATES, msg, sizeof msg),
+        QL_OK);
     eng_kv_copy_blocks(meta, copies, 2);
     eng_kv_free(meta);
 }

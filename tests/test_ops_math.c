@@ -506,3 +506,25 @@ Test(ops_math, moe_weighted_add_rounds_the_product_first)
     float y = 1.0f + 0x1p-12f;
     cr_assert_eq(om_weighted_add(-1.0f, y, y), 0x1p-11f);
 }
+
+/* Gated DeltaNet's steps (linear_cpu.c and qt_cuda_linear.cu): each the
+ * f32 expression transformers evaluates, in its order, so a change to the
+ * shared arithmetic shows here before it moves either backend. */
+Test(ops_math, delta_net_gates_softplus_threshold_and_l2norm_factor)
+{
+    for (int i = 0; i < 200; i++) {
+        float x = (float)((uniform() - 0.5) * 60.0);
+        cr_assert(om_sigmoid(x) == 1.0f / (1.0f + expf(-x)), "sigmoid(%g)", (double)x);
+        float sp = x > 20.0f ? x : log1pf(expf(x));
+        cr_assert(om_softplus(x) == sp, "softplus(%g)", (double)x);
+        cr_assert(om_delta_log_decay(-0.5f, x, 0.25f) == -0.5f * om_softplus(x + 0.25f));
+    }
+    /* torch's threshold: x itself above 20, log1p(e^x) at and below it */
+    cr_assert(om_softplus(20.5f) == 20.5f);
+    cr_assert(om_softplus(20.0f) == log1pf(expf(20.0f)));
+    cr_assert(om_softplus(0.0f) == log1pf(1.0f));
+    /* the epsilon inside the root, f times the rounded factor */
+    cr_assert(om_l2norm_factor(4.0, 1.0f) == (float)(1.0 / sqrt(4.0 + 1e-6)));
+    cr_assert(om_l2norm_factor(4.0, 0.25f) == (float)(1.0 / sqrt(4.0 + 1e-6)) * 0.25f);
+    cr_assert(om_l2norm_factor(0.0, 1.0f) == 1000.0f, "1 / sqrt(1e-6)");
+}

@@ -147,17 +147,9 @@ int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opt
 {
     *out = NULL;
     eng_device d = o->device;
-    /* Qwen3.5's Gated DeltaNet layers and gated attention have no CUDA
-     * kernels: such a model runs on the CPU, never wrong on the device */
-    bool cpu_only = m->cfg.linear.n_layers > 0 || m->cfg.linear.attn_output_gate;
-    if (d == ENG_DEVICE_CUDA && cpu_only)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: %s (%s) has Gated DeltaNet linear-attention layers and "
-                       "gated attention, which the CUDA backend does not run; use --device cpu",
-                       m->name, eng_arch_name(m->cfg.arch));
 #ifdef QL_HAVE_CUDA
     if (d == ENG_DEVICE_AUTO)
-        d = eng_cuda_present() && !cpu_only ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
+        d = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
     if (d == ENG_DEVICE_CUDA)
         return eng_backend_cuda_new(out, m, o, msg, msg_len);
 #else

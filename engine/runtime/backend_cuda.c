@@ -10,6 +10,11 @@
  *   - the KV cache arena is device memory with the CPU cache's layout; the
  *     block bookkeeping (free list, block tables) stays on the host in an
  *     eng_kv_cache without an arena, so the scheduler is unchanged;
+ *   - a hybrid model's (Qwen3.5's) recurrent states are a device pool with
+ *     the host pool's layout and slot numbers; the cache's state hook
+ *     (kv_cache_internal.h) zeroes a slot when a sequence takes it and
+ *     copies one when a sequence forks, on the step stream, and the
+ *     linear layers' kernels (qt_cuda_delta_net) carry them on in place;
  *   - a weight version with merged adapters is merged again here, on the
  *     device, from the pristine device weights and the version's merged
  *     configuration (qt_cuda_merge: the same arithmetic as the CPU merge),
@@ -68,6 +73,7 @@
  * backends and compares logits, greedy tokens and merged digests.
  */
 #include "internal/backend_internal.h"
+#include "internal/kv_cache_internal.h"
 #include "internal/step_internal.h"
 #include "internal/walk_internal.h"
 #include "ops_math.h"
@@ -111,6 +117,12 @@ typedef struct dev_layer {
      * expert's gate, up and down biases [E][2 * expert_ff + hidden] on the
      * device, f32 as experts_cpu.c keeps them */
     float *o_bias, *sinks, *h_router_b, *expert_b;
+    /* Qwen3.5's linear layers (hybrid.h; rows 0 and NULL elsewhere):
+     * in_proj_b and in_proj_a as uploaded, and f32 the conv's taps
+     * [conv_dim][taps], -exp(A_log) and dt_bias [n_v_heads], the gated
+     * norm's weight [v_head_dim], as linear_cpu.c keeps them */
+    qt_cuda_tensor in_b, in_a;
+    float *conv, *neg_a, *dt_bias, *lin_norm;
 } dev_layer;
 
 /* A run of step rows that share one sequence: rows [row0, row0 + rows) of
@@ -180,6 +192,22 @@ typedef struct cuda_backend {
     dev_lora *loras;
     dev_version *versions;
     moe_scratch moe;
+
+    /* Qwen3.5 (every pointer NULL in other models): the walk's mix and
+     * out_gate, the delta rule's beta and decay [max_tokens][n_v_heads];
+     * the recurrent states, state_floats for each slot of the cache's pool
+     * (zeroed and copied through its state hook); the step's sequences as
+     * the delta rule reads them (qt_cuda_delta_seqs: first rows, slots),
+     * with their pinned staging; each layer's place among the linear ones
+     * (-1: a full layer) */
+    float *mix, *out_gate, *beta, *decay, *states;
+    int64_t state_floats;
+    int32_t *d_seq_first, *d_seq_slot, *h_seq_first, *h_seq_slot;
+    int32_t *lin_index;
+    /* the first failure of the state hook, refused at every step after it
+     * (a state it should have zeroed or copied is wrong) */
+    int state_rc;
+    char state_msg[256];
 } cuda_backend;
 
 /* --- errors -------------------------------------------------------------------- */
@@ -288,6 +316,18 @@ static int upload_norm(const qtensor *t, float offset, float **out, const char *
     return upload_rows(t, 1, offset, out, what, msg, msg_len);
 }
 
+/* n host floats to a new f32 device array. */
+static int upload_floats(const float *host, int64_t n, float **out, const char *what, char *msg,
+                         size_t msg_len)
+{
+    qtensor t = {0};
+    int rc = qt_from_dense(&t, QT_F32, host, 1, n, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_rows(&t, 1, 0.0f, out, what, msg, msg_len);
+    qt_free(&t);
+    return rc;
+}
+
 /* n ones to a new f32 device array: a weightless norm's (Gemma 4's v norm). */
 static int upload_ones(int64_t n, float **out, const char *what, char *msg, size_t msg_len)
 {
@@ -296,11 +336,7 @@ static int upload_ones(int64_t n, float **out, const char *what, char *msg, size
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     for (int64_t i = 0; i < n; i++)
         ones[i] = 1.0f;
-    qtensor t = {0};
-    int rc = qt_from_dense(&t, QT_F32, ones, 1, n, msg, msg_len);
-    if (rc == QL_OK)
-        rc = upload_rows(&t, 1, 0.0f, out, what, msg, msg_len);
-    qt_free(&t);
+    int rc = upload_floats(ones, n, out, what, msg, msg_len);
     free(ones);
     return rc;
 }
@@ -678,7 +714,7 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
 {
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
-    int32_t half = cfg->head_dim / 2, bt = c->kv.block_tokens, L = cfg->n_layers;
+    int32_t half = eng_rope_dims(cfg) / 2, bt = c->kv.block_tokens, L = cfg->n_layers;
     int64_t tables = 0;
     for (int32_t s = 0, r = 0; s < sc->n_seqs; s++) {
         const eng_step_seq *q = &sc->seqs[s];
@@ -686,6 +722,11 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         sc->seq_runs[s] = (row_run){.seq = s, .row0 = r, .rows = q->n_tokens};
         c->h_bt_offset[s] = (int32_t)tables;
         tables += (q->pos + q->n_tokens + bt - 1) / bt;
+        if (c->states) { /* a hybrid model: where the sequence's rows start, its state */
+            c->h_seq_first[s] = r;
+            c->h_seq_slot[s] = q->kv->state - 1;
+            c->h_seq_first[s + 1] = r + q->n_tokens;
+        }
         const double *inv_freq = c->inv_freq + (q->rope_long ? half : 0); /* its one set */
         for (int32_t t = 0; t < q->n_tokens; t++, r++) {
             c->h_tokens[r] = q->tokens[t];
@@ -760,6 +801,8 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         {c->d_sin, c->h_sin, T * (size_t)half * sizeof(float)},
         {c->d_cos_local, c->h_cos_local, c->inv_freq_local ? T * (size_t)half * sizeof(float) : 0},
         {c->d_sin_local, c->h_sin_local, c->inv_freq_local ? T * (size_t)half * sizeof(float) : 0},
+        {c->d_seq_first, c->h_seq_first, c->states ? (S + 1) * sizeof(int32_t) : 0},
+        {c->d_seq_slot, c->h_seq_slot, c->states ? S * sizeof(int32_t) : 0},
     };
     for (size_t i = 0; i < sizeof copies / sizeof *copies; i++)
         if (copies[i].bytes)
@@ -845,10 +888,19 @@ static int cuda_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, in
     const eng_config *cfg = &c->base.m->cfg;
     bool local = table == ENG_WALK_ROPE_LOCAL;
     char why[256];
-    return kernel(qt_cuda_rope(vec, local ? c->d_cos_local : c->d_cos,
-                               local ? c->d_sin_local : c->d_sin, sc->rows, n_heads, cfg->head_dim,
-                               cfg->rope_interleaved, c->stream, why, sizeof why),
+    return kernel(qt_cuda_rope_partial(vec, local ? c->d_cos_local : c->d_cos,
+                                       local ? c->d_sin_local : c->d_sin, sc->rows, n_heads,
+                                       cfg->head_dim, eng_rope_dims(cfg), cfg->rope_interleaved,
+                                       c->stream, why, sizeof why),
                   why, msg, msg_len);
+}
+
+/* Layer l's place in a KV block: a hybrid model's blocks hold its full
+ * layers alone (kv_cache_internal.h's layer_slot). */
+static int32_t kv_slot(const step_ctx *sc, int32_t l)
+{
+    const eng_kv_cache *kv = sc->c->base.kv;
+    return kv->layer_slot ? kv->layer_slot[l] : l;
 }
 
 static int cuda_kv_write(void *be, int32_t l, const float *k, const float *v, char *msg,
@@ -856,8 +908,9 @@ static int cuda_kv_write(void *be, int32_t l, const float *k, const float *v, ch
 {
     step_ctx *sc = be;
     char why[256];
-    return kernel(qt_cuda_kv_write(&sc->c->kv, l, &sc->sr, k, v, sc->c->stream, why, sizeof why),
-                  why, msg, msg_len);
+    return kernel(
+        qt_cuda_kv_write(&sc->c->kv, kv_slot(sc, l), &sc->sr, k, v, sc->c->stream, why, sizeof why),
+        why, msg, msg_len);
 }
 
 static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
@@ -867,9 +920,9 @@ static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t 
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
     char why[256];
-    return kernel(qt_cuda_attention_ex(&c->kv, l, &sc->sr, q, out, cfg->n_heads, cfg->n_kv_heads,
-                                       cfg->head_dim, window, scale, softcap, sinks, c->stream, why,
-                                       sizeof why),
+    return kernel(qt_cuda_attention_ex(&c->kv, kv_slot(sc, l), &sc->sr, q, out, cfg->n_heads,
+                                       cfg->n_kv_heads, cfg->head_dim, window, scale, softcap,
+                                       sinks, c->stream, why, sizeof why),
                   why, msg, msg_len);
 }
 
@@ -878,6 +931,81 @@ static int cuda_add(void *be, float *x, const float *y, int64_t n, char *msg, si
     step_ctx *sc = be;
     char why[256];
     return kernel(qt_cuda_add(x, y, n, sc->c->stream, why, sizeof why), why, msg, msg_len);
+}
+
+static int cuda_split_gate(void *be, const float *src, float *q, float *gate, int64_t n, int32_t d,
+                           char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_split_gate(src, q, gate, n, d, sc->c->stream, why, sizeof why), why, msg,
+                  msg_len);
+}
+
+static int cuda_gate_sigmoid(void *be, float *x, const float *gate, int64_t n, char *msg,
+                             size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_gate_sigmoid(x, gate, n, sc->c->stream, why, sizeof why), why, msg,
+                  msg_len);
+}
+
+/* Layer l's Gated DeltaNet (eng_walk_ops.delta_net): in_proj_b and
+ * in_proj_a of x on the layer's own tensors (no version nor adapter
+ * touches them, as on the CPU), then qt_cuda_delta_net over the step's
+ * sequences and their states on the device. */
+static int cuda_delta_net(void *be, int32_t l, const float *x, float *qkv, const float *z,
+                          float *out, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    cuda_backend *c = sc->c;
+    const eng_config *cfg = &c->base.m->cfg;
+    const eng_linear_cfg *lc = &cfg->linear;
+    const dev_layer *dl = &c->layers[l];
+    char why[256];
+    // beta's and the decay's inputs: in_proj_b x, in_proj_a x
+    int rc = qt_cuda_matmul(c->blas, &dl->in_b, x, sc->rows, c->beta, c->stream, why, sizeof why);
+    if (rc == QL_OK)
+        rc = qt_cuda_matmul(c->blas, &dl->in_a, x, sc->rows, c->decay, c->stream, why, sizeof why);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, device_code(rc), "in_proj_b, in_proj_a: %s", why);
+    // the conv, l2-normed q and k, the delta rule over each state, the gated norm
+    qt_cuda_delta_layer ly = {.n_k_heads = lc->n_k_heads,
+                              .n_v_heads = lc->n_v_heads,
+                              .k_head_dim = lc->k_head_dim,
+                              .v_head_dim = lc->v_head_dim,
+                              .conv_kernel = lc->conv_kernel,
+                              .v_tiled = lc->v_tiled,
+                              .eps = cfg->rms_norm_eps,
+                              .conv = dl->conv,
+                              .neg_a = dl->neg_a,
+                              .dt_bias = dl->dt_bias,
+                              .norm = dl->lin_norm,
+                              .states = c->states,
+                              .state_floats = c->state_floats,
+                              .layer_off = c->lin_index[l] * eng_linear_layer_state(lc)};
+    qt_cuda_delta_seqs sq = {sc->n_seqs, sc->rows, c->d_seq_first, c->d_seq_slot};
+    return kernel(
+        qt_cuda_delta_net(&ly, &sq, c->beta, c->decay, qkv, z, out, c->stream, why, sizeof why),
+        why, msg, msg_len);
+}
+
+/* The cache's state hook (kv_cache_internal.h): slot dst zeroed, or
+ * copied from slot src, on the step stream, so before the next step reads
+ * it; a failure is kept for the next step to report. */
+static void cuda_state_hook(void *ctx, int32_t dst, int32_t src)
+{
+    cuda_backend *c = ctx;
+    size_t bytes = (size_t)c->state_floats * sizeof(float);
+    float *to = c->states + (size_t)dst * (size_t)c->state_floats;
+    cudaError_t st = src < 0
+                         ? cudaMemsetAsync(to, 0, bytes, c->stream)
+                         : cudaMemcpyAsync(to, c->states + (size_t)src * (size_t)c->state_floats,
+                                           bytes, cudaMemcpyDeviceToDevice, c->stream);
+    if (st != cudaSuccess && c->state_rc == QL_OK)
+        c->state_rc = cuda_fail(st, c->state_msg, sizeof c->state_msg, "%s recurrent state %d",
+                                src < 0 ? "zeroing" : "forking into", dst);
 }
 
 static int cuda_glu(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
@@ -1233,6 +1361,9 @@ static const eng_walk_ops cuda_ops = {
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,
     .attend = cuda_attend,
+    .split_gate = cuda_split_gate,
+    .gate_sigmoid = cuda_gate_sigmoid,
+    .delta_net = cuda_delta_net,
     .add = cuda_add,
     .moe = cuda_moe,
     .glu = cuda_glu,
@@ -1272,6 +1403,8 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     if (n_seqs > c->max_seqs)
         return ql_fail(msg, msg_len, QL_EINVAL, "%d sequences in one step; at most %d", n_seqs,
                        c->max_seqs);
+    if (c->state_rc != QL_OK)
+        return ql_fail(msg, msg_len, c->state_rc, "%s", c->state_msg);
     step_ctx sc = {.c = c};
     eng_walk_backend wb = {
         .ops = &cuda_ops,
@@ -1291,6 +1424,8 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         .tmp = c->tmp,
         .last = c->last,
         .logits = c->logits,
+        .mix = c->mix,
+        .out_gate = c->out_gate,
         .layers = c->walk_layers,
         .final_norm = c->final_norm,
     };
@@ -1421,6 +1556,11 @@ static void cuda_destroy(eng_backend *b)
         free(dl->proj);
         qt_cuda_tensor_release(&dl->router, NULL, 0);
         qt_cuda_tensor_release(&dl->shared_gate, NULL, 0);
+        qt_cuda_tensor_release(&dl->in_b, NULL, 0);
+        qt_cuda_tensor_release(&dl->in_a, NULL, 0);
+        float *lin[] = {dl->conv, dl->neg_a, dl->dt_bias, dl->lin_norm};
+        for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
+            cudaFree(lin[i]);
     }
     moe_scratch *ms = &c->moe;
     free(ms->pick);
@@ -1433,21 +1573,24 @@ static void cuda_destroy(eng_backend *b)
     qt_cuda_tensor_release(&c->embed, NULL, 0);
     qt_cuda_tensor_release(&c->lm_head, NULL, 0);
     qt_cuda_blas_free(c->blas);
-    void *dev[] = {c->final_norm, c->kv.arena,  c->x,           c->h,        c->q,
-                   c->k,          c->v,         c->att,         c->gate,     c->up,
-                   c->tmp,        c->last,      c->logits,      c->lora_t,   c->d_tokens,
-                   c->d_row_seq,  c->d_row_pos, c->d_bt_offset, c->d_tables, c->d_greedy,
-                   c->d_cos,      c->d_sin,     c->d_segs,      c->d_inv_t,  c->d_u,
-                   ms->d_logits,  ms->xg,       ms->yg,         ms->gg,      ms->ug,
-                   ms->d_order,   ms->d_weight, ms->d_segs};
+    void *dev[] = {c->final_norm, c->kv.arena,  c->x,           c->h,           c->q,
+                   c->k,          c->v,         c->att,         c->gate,        c->up,
+                   c->tmp,        c->last,      c->logits,      c->lora_t,      c->d_tokens,
+                   c->d_row_seq,  c->d_row_pos, c->d_bt_offset, c->d_tables,    c->d_greedy,
+                   c->d_cos,      c->d_sin,     c->d_segs,      c->d_inv_t,     c->d_u,
+                   ms->d_logits,  ms->xg,       ms->yg,         ms->gg,         ms->ug,
+                   ms->d_order,   ms->d_weight, ms->d_segs,     c->mix,         c->out_gate,
+                   c->beta,       c->decay,     c->states,      c->d_seq_first, c->d_seq_slot};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         cudaFree(dev[i]);
-    void *host[] = {c->h_tokens, c->h_row_seq, c->h_row_pos, c->h_bt_offset, c->h_tables,
-                    c->h_greedy, c->h_cos,     c->h_sin,     c->h_segs,      c->h_inv_t,
-                    c->h_u,      ms->h_logits, ms->h_order,  ms->h_weight,   ms->h_segs};
+    void *host[] = {c->h_tokens,    c->h_row_seq, c->h_row_pos, c->h_bt_offset, c->h_tables,
+                    c->h_greedy,    c->h_cos,     c->h_sin,     c->h_segs,      c->h_inv_t,
+                    c->h_u,         ms->h_logits, ms->h_order,  ms->h_weight,   ms->h_segs,
+                    c->h_seq_first, c->h_seq_slot};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         cudaFreeHost(host[i]);
     free(c->seq_row);
+    free(c->lin_index);
     free(c->inv_freq);
     free(c->inv_freq_local);
     cudaFree(c->d_cos_local);
@@ -1532,6 +1675,39 @@ static int upload_gpt_oss(cuda_backend *c, int32_t l, char *msg, size_t msg_len)
     return rc;
 }
 
+/* Qwen3.5's linear layer l's own tensors besides its projections, as
+ * linear_cpu.c keeps them (dev_layer): in_proj_b and in_proj_a uploaded
+ * as they are, the conv's taps, dt_bias and the gated norm's weight in
+ * f32, and -exp(A_log) (a GGUF's A holds it already). */
+static int upload_linear(cuda_backend *c, int32_t l, char *msg, size_t msg_len)
+{
+    const eng_linear_cfg *lc = &c->base.m->cfg.linear;
+    const eng_linear_layer *hl = &c->base.m->layers[l].lin;
+    dev_layer *dl = &c->layers[l];
+    char what[96];
+    snprintf(what, sizeof what, "layer %d's linear attention", l);
+    int rc = upload_tensor(&hl->in_b, &dl->in_b, what, &c->weight_bytes, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_tensor(&hl->in_a, &dl->in_a, what, &c->weight_bytes, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_rows(&hl->conv, hl->conv.rows, 0.0f, &dl->conv, what, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_rows(&hl->dt_bias, 1, 0.0f, &dl->dt_bias, what, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_rows(&hl->norm, 1, 0.0f, &dl->lin_norm, what, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    float *neg_a = malloc((size_t)lc->n_v_heads * sizeof(float));
+    if (!neg_a)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    qt_dequantize_rows(&hl->a_log, 0, 1, neg_a);
+    for (int32_t h = 0; h < lc->n_v_heads && !lc->a_neg_exp; h++)
+        neg_a[h] = -expf(neg_a[h]);
+    rc = upload_floats(neg_a, lc->n_v_heads, &dl->neg_a, what, msg, msg_len);
+    free(neg_a);
+    return rc;
+}
+
 /* Every weight of the model to the device, in its own layout. */
 static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
 {
@@ -1607,8 +1783,48 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
         }
         if (rc == QL_OK)
             rc = upload_gpt_oss(c, l, msg, msg_len);
+        if (rc == QL_OK && eng_linear_is(&cfg->linear, l))
+            rc = upload_linear(c, l, msg, msg_len);
     }
     return rc == QL_OK ? walk_view(c, msg, msg_len) : rc;
+}
+
+/* Qwen3.5's scratch and the recurrent states on the device (cuda_backend
+ * says what each holds), the cache's state hook pointed at them; nothing
+ * for a model without linear layers or the output gate. */
+static int allocate_hybrid(cuda_backend *c, char *msg, size_t msg_len)
+{
+    const eng_config *cfg = &c->base.m->cfg;
+    const eng_linear_cfg *lc = &cfg->linear;
+    if (lc->n_layers == 0 && !lc->attn_output_gate)
+        return QL_OK;
+    size_t T = (size_t)c->max_tokens, S = (size_t)c->max_seqs,
+           Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim, C = (size_t)eng_linear_conv_dim(lc),
+           VD = (size_t)lc->n_v_heads * (size_t)lc->v_head_dim, NV = (size_t)lc->n_v_heads;
+    size_t mix = C > 2 * Q ? C : 2 * Q, gate = VD > Q ? VD : Q;
+    c->state_floats = eng_linear_seq_state(lc);
+    size_t states = (size_t)eng_kv_total_states(c->base.kv) * (size_t)c->state_floats;
+    const char *what = "Qwen3.5's linear attention";
+    int rc = dev_alloc(&c->mix, T * mix * sizeof(float), what, msg, msg_len);
+    rc = rc ? rc : dev_alloc(&c->out_gate, T * gate * sizeof(float), what, msg, msg_len);
+    rc = rc ? rc : dev_alloc(&c->beta, T * NV * sizeof(float), what, msg, msg_len);
+    rc = rc ? rc : dev_alloc(&c->decay, T * NV * sizeof(float), what, msg, msg_len);
+    if (rc != QL_OK || lc->n_layers == 0)
+        return rc;
+    rc = dev_alloc(&c->states, states * sizeof(float), "the recurrent states", msg, msg_len);
+    rc = rc ? rc : dev_alloc(&c->d_seq_first, (S + 1) * sizeof(int32_t), what, msg, msg_len);
+    rc = rc ? rc : dev_alloc(&c->d_seq_slot, S * sizeof(int32_t), what, msg, msg_len);
+    rc = rc ? rc : host_alloc(&c->h_seq_first, (S + 1) * sizeof(int32_t), what, msg, msg_len);
+    rc = rc ? rc : host_alloc(&c->h_seq_slot, S * sizeof(int32_t), what, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    c->lin_index = malloc((size_t)cfg->n_layers * sizeof *c->lin_index);
+    if (!c->lin_index)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    for (int32_t l = 0, i = 0; l < cfg->n_layers; l++)
+        c->lin_index[l] = eng_linear_is(lc, l) ? i++ : -1;
+    eng_kv_set_state_hook(c->base.kv, cuda_state_hook, c);
+    return QL_OK;
 }
 
 /* Activations, the step's staging, the KV arena and the cuBLASLt state. */
@@ -1619,12 +1835,16 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     size_t T = (size_t)c->max_tokens, S = (size_t)c->max_seqs, H = (size_t)cfg->hidden_size,
            Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim,
            KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim, F = (size_t)cfg->intermediate_size,
-           V = (size_t)cfg->vocab_size, half = (size_t)cfg->head_dim / 2;
+           V = (size_t)cfg->vocab_size, half = (size_t)eng_rope_dims(cfg) / 2;
+    /* Qwen3.5's linear layers answer n_v_heads * v_head_dim per row in att */
+    size_t VD = (size_t)cfg->linear.n_v_heads * (size_t)cfg->linear.v_head_dim,
+           att = Q > VD ? Q : VD;
     size_t EF =
         (size_t)(cfg->expert_ff > cfg->shared_expert_ff ? cfg->expert_ff : cfg->shared_expert_ff);
     size_t wide = F > Q ? F : Q;
     wide = wide > H ? wide : H;
     wide = wide > EF ? wide : EF;
+    wide = wide > att ? wide : att; /* out_proj reads a linear layer's att */
     struct {
         void *p;
         size_t bytes;
@@ -1635,7 +1855,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
         {&c->q, T * Q * sizeof(float), "activations"},
         {&c->k, T * KV * sizeof(float), "activations"},
         {&c->v, T * KV * sizeof(float), "activations"},
-        {&c->att, T * Q * sizeof(float), "activations"},
+        {&c->att, T * att * sizeof(float), "activations"},
         {&c->gate, T * F * sizeof(float), "activations"},
         {&c->up, T * F * sizeof(float), "activations"},
         {&c->tmp, T * wide * sizeof(float), "activations"},
@@ -1705,11 +1925,16 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
                        "--kv-dtype %s: the CUDA backend keeps its KV cache in f32 only (give "
                        "--kv-dtype f32, or --device cpu)",
                        qt_kind_name(o->kv_dtype));
-    int rc = eng_kv_new_meta(&c->base.kv, cfg, o->kv_bytes, o->block_tokens, msg, msg_len);
+    /* a hybrid model's recurrent states: one for each sequence a step may
+     * carry, as the CPU backend, out of the same bytes */
+    int rc = eng_kv_new_meta(&c->base.kv, cfg, o->kv_bytes, o->block_tokens,
+                             o->max_seqs > 0 ? o->max_seqs : ENG_KV_DEFAULT_STATES, msg, msg_len);
+    if (rc == QL_OK)
+        rc = allocate_hybrid(c, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     c->kv = (qt_cuda_kv){.block_tokens = eng_kv_block_tokens(c->base.kv),
-                         .n_layers = cfg->n_layers,
+                         .n_layers = c->base.kv->n_layers, /* a hybrid model's full layers */
                          .kv_dim = (int64_t)KV,
                          .block_floats = eng_kv_block_floats(c->base.kv)};
     size_t arena = (size_t)eng_kv_total_blocks(c->base.kv) * c->kv.block_floats * sizeof(float);
@@ -1820,11 +2045,6 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "head_dim %d: the CUDA attention takes even head sizes up to 256",
                        cfg->head_dim);
-    if (eng_rope_dims(cfg) != cfg->head_dim)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: partial rotary (%d of %d dims per head) runs on the CPU "
-                       "backend only; use --device cpu",
-                       eng_rope_dims(cfg), cfg->head_dim);
     const char *g4 = cfg->g4.ple_dim > 0
                          ? "per-layer input embeddings (hidden_size_per_layer_input)"
                      : cfg->g4.double_wide ? "the double-wide MLP (use_double_wide_mlp)"

@@ -206,10 +206,9 @@ int eng_kv_new_dtype(eng_kv_cache **out, const eng_config *cfg, size_t bytes, in
 }
 
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
-                    char *msg, size_t msg_len)
+                    int32_t n_states, char *msg, size_t msg_len)
 {
-    return kv_new(out, cfg, bytes, block_tokens, QT_F32, false, ENG_KV_DEFAULT_STATES, msg,
-                  msg_len);
+    return kv_new(out, cfg, bytes, block_tokens, QT_F32, false, n_states, msg, msg_len);
 }
 
 int eng_kv_dtype_parse(const char *name, qt_kind *out, char *msg, size_t msg_len)
@@ -290,7 +289,15 @@ static bool take_state(eng_kv_cache *kv, eng_seq_kv *s)
     kv->state_pos[slot] = 0;
     if (kv->states)
         memset(kv_state(kv, s), 0, (size_t)kv->state_floats * sizeof(float));
+    else if (kv->state_hook)
+        kv->state_hook(kv->state_hook_ctx, slot, -1);
     return true;
+}
+
+void eng_kv_set_state_hook(eng_kv_cache *kv, eng_kv_state_hook hook, void *ctx)
+{
+    kv->state_hook = hook;
+    kv->state_hook_ctx = ctx;
 }
 
 static void give_state(eng_kv_cache *kv, eng_seq_kv *s)
@@ -443,6 +450,8 @@ int eng_kv_fork(eng_kv_cache *kv, eng_seq_kv *dst, eng_seq_kv *src, int32_t n_to
         take_state(kv, dst);
         if (kv->states)
             memcpy(kv_state(kv, dst), kv_state(kv, src), (size_t)kv->state_floats * sizeof(float));
+        else if (kv->state_hook)
+            kv->state_hook(kv->state_hook_ctx, dst->state - 1, src->state - 1);
         kv->state_pos[dst->state - 1] = kv->state_pos[src->state - 1];
     }
     return QL_OK;
@@ -541,7 +550,7 @@ int eng_kv_check_states(eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_se
         return QL_OK;
     for (int32_t s = 0; s < n_seqs; s++) {
         const eng_seq_kv *q = seqs[s].kv;
-        if (q->state <= 0 || !kv->states)
+        if (q->state <= 0 || (!kv->states && !kv->state_hook))
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "sequence %d has no recurrent state (a hybrid model's sequence takes "
                            "one in eng_kv_reserve)",

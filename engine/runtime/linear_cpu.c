@@ -112,22 +112,12 @@ int eng_cpu_split_gate(void *be, const float *src, float *q, float *gate, int64_
     return QL_OK;
 }
 
-static float sigmoid(float x)
-{
-    return 1.0f / (1.0f + expf(-x));
-}
-
-static float silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
 int eng_cpu_gate_sigmoid(void *be, float *x, const float *gate, int64_t n, char *msg,
                          size_t msg_len)
 {
     (void)be, (void)msg, (void)msg_len;
     for (int64_t i = 0; i < n; i++)
-        x[i] *= sigmoid(gate[i]);
+        x[i] *= om_sigmoid(gate[i]);
     return QL_OK;
 }
 
@@ -164,32 +154,13 @@ static void conv_channels(void *ctx, int64_t c0, int64_t c1)
             for (int32_t i = 0; i < K - 1; i++)
                 hist[i] = win[(int64_t)i * C + ch];
             for (int32_t t = 0; t < cs->seqs[s].n_tokens; t++) {
-                float *x = j->qkv + (int64_t)(r0 + t) * C + ch, in = *x, acc = 0.0f;
-                for (int32_t i = 0; i < K - 1; i++)
-                    acc += w[i] * hist[i];
-                acc += w[K - 1] * in;
-                for (int32_t i = 0; i + 1 < K - 1; i++)
-                    hist[i] = hist[i + 1];
-                if (K > 1)
-                    hist[K - 2] = in;
-                *x = silu(acc);
+                float *x = j->qkv + (int64_t)(r0 + t) * C + ch;
+                *x = om_conv_step(hist, w, K, *x);
             }
             for (int32_t i = 0; i < K - 1; i++)
                 win[(int64_t)i * C + ch] = hist[i];
         }
     }
-}
-
-/* v[0, n) times 1 / sqrt(sum v^2 + 1e-6) (FLA's l2norm, as transformers),
- * then times f. */
-static void l2norm_scale(float *v, int32_t n, float f)
-{
-    double ss = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        ss += (double)v[i] * v[i];
-    float inv = (float)(1.0 / sqrt(ss + 1e-6)) * f;
-    for (int32_t i = 0; i < n; i++)
-        v[i] *= inv;
 }
 
 /* Items [i0, i1) of (sequence, value head): the head's state S (k x v)
@@ -227,15 +198,9 @@ static void delta_heads(void *ctx, int64_t i0, int64_t i1)
             float sc = om_rmsnorm_scale(ss, dv, j->eps);
             const float *z = j->z + r * VD + (int64_t)h * dv;
             for (int32_t e = 0; e < dv; e++)
-                o[e] = om_rmsnorm_apply(o[e], sc, norm_w[e]) * silu(z[e]);
+                o[e] = om_rmsnorm_apply(o[e], sc, norm_w[e]) * om_silu(z[e]);
         }
     }
-}
-
-/* softplus as torch computes it (threshold 20: x itself above). */
-static float softplus(float x)
-{
-    return x > 20.0f ? x : log1pf(expf(x));
 }
 
 int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const float *z, float *out,
@@ -254,8 +219,9 @@ int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const flo
     for (int64_t r = 0; r < T; r++)
         for (int32_t h = 0; h < NV; h++) {
             float *b = &ls->beta[r * NV + h], *a = &ls->decay[r * NV + h];
-            *b = sigmoid(*b);
-            *a = ls->neg_a[(size_t)li * NV + h] * softplus(*a + ls->dt_bias[(size_t)li * NV + h]);
+            *b = om_sigmoid(*b);
+            *a = om_delta_log_decay(ls->neg_a[(size_t)li * NV + h], *a,
+                                    ls->dt_bias[(size_t)li * NV + h]);
         }
     delta_job j = {
         cs, lc, ls, li, (int64_t)li * eng_linear_layer_state(lc), qkv, z, out, m->cfg.rms_norm_eps};
@@ -265,8 +231,8 @@ int eng_cpu_delta_net(void *be, int32_t l, const float *x, float *qkv, const flo
     float qs = 1.0f / sqrtf((float)dk);
     for (int64_t r = 0; r < T; r++)
         for (int32_t kh = 0; kh < lc->n_k_heads; kh++) {
-            l2norm_scale(qkv + r * C + (int64_t)kh * dk, dk, qs);
-            l2norm_scale(qkv + r * C + KD + (int64_t)kh * dk, dk, 1.0f);
+            om_l2norm_row(qkv + r * C + (int64_t)kh * dk, dk, qs);
+            om_l2norm_row(qkv + r * C + KD + (int64_t)kh * dk, dk, 1.0f);
         }
     // the delta rule, (sequence, value head) by (sequence, value head)
     eng_pool_run(cs->pool, delta_heads, &j, (int64_t)cs->n_seqs * NV, 1);

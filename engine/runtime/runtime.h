@@ -91,10 +91,11 @@ int eng_kv_new_states(eng_kv_cache **out, const eng_config *cfg, size_t bytes, i
 int32_t eng_kv_total_states(const eng_kv_cache *kv);
 int32_t eng_kv_free_states(const eng_kv_cache *kv);
 size_t eng_kv_state_bytes(const eng_kv_cache *kv);
-/* The same block bookkeeping without the host arena (the positions live
- * elsewhere, e.g. in device memory: see the CUDA backend). */
+/* The same block bookkeeping without the host arena (the positions, and a
+ * hybrid model's n_states recurrent states, live elsewhere, e.g. in device
+ * memory: see the CUDA backend). */
 int eng_kv_new_meta(eng_kv_cache **out, const eng_config *cfg, size_t bytes, int32_t block_tokens,
-                    char *msg, size_t msg_len);
+                    int32_t n_states, char *msg, size_t msg_len);
 void eng_kv_free(eng_kv_cache *kv);
 /* Floats one block holds (every layer's K and V for its positions). */
 size_t eng_kv_block_floats(const eng_kv_cache *kv);

@@ -69,26 +69,6 @@ constexpr int kMaxSplits = 32;
 constexpr int kMaxHeadDim = 256;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-/* ---- messages and status codes ---------------------------------------------- */
-
-__attribute__((format(printf, 3, 4))) int invalid(char *msg, size_t msg_len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsay(msg, msg_len, fmt, ap);
-    va_end(ap);
-    return QL_EINVAL;
-}
-
-/* After a launch: QL_OK, or the launch error named by `what`. */
-int launched(char *msg, size_t msg_len, const char *what)
-{
-    cudaError_t st = cudaGetLastError();
-    if (st == cudaSuccess)
-        return QL_OK;
-    return cuda_failed(st, msg, msg_len, "%s", what);
-}
-
 cudaStream_t as_stream(void *stream)
 {
     return static_cast<cudaStream_t>(stream);
@@ -136,10 +116,11 @@ __global__ void rmsnorm_kernel(float *out, const float *x, const float *weight, 
         o[i] = om_rmsnorm_apply(xr[i], scale, weight[i]);
 }
 
+/* half: the rotated pairs of a head (rotary dims / 2; the rest of the
+ * head passes through, partial rotary) and the tables' width. */
 __global__ void rope_kernel(float *vec, const float *cos_tab, const float *sin_tab, int64_t rows,
-                            int32_t n_heads, int32_t head_dim, bool interleaved)
+                            int32_t n_heads, int32_t head_dim, int32_t half, bool interleaved)
 {
-    int32_t half = head_dim / 2;
     int64_t total = rows * n_heads * half;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -151,6 +132,25 @@ __global__ void rope_kernel(float *vec, const float *cos_tab, const float *sin_t
         om_rope_pair(i, half, interleaved, &a, &b);
         om_rope_rotate(&v[a], &v[b], cos_tab[r * half + i], sin_tab[r * half + i]);
     }
+}
+
+/* Qwen3.5's gated q_proj: each row's 2 d values, a head's query then its
+ * gate, into q and gate. */
+__global__ void split_gate_kernel(const float *src, float *q, float *gate, int64_t n, int32_t d)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * d;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / d, col = i % d;
+        q[i] = src[2 * row * d + col];
+        gate[i] = src[(2 * row + 1) * d + col];
+    }
+}
+
+__global__ void gate_sigmoid_kernel(float *x, const float *gate, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= om_sigmoid(gate[i]);
 }
 
 __global__ void swiglu_kernel(float *gate, const float *up, int64_t n)
@@ -670,17 +670,28 @@ extern "C" int qt_cuda_rope(float *vec, const float *cos_tab, const float *sin_t
                             int32_t n_heads, int32_t head_dim, bool interleaved, void *stream,
                             char *msg, size_t msg_len)
 {
-    if (rows < 0 || n_heads < 0 || head_dim < 0 || head_dim % 2 != 0)
+    return qt_cuda_rope_partial(vec, cos_tab, sin_tab, rows, n_heads, head_dim, head_dim,
+                                interleaved, stream, msg, msg_len);
+}
+
+extern "C" int qt_cuda_rope_partial(float *vec, const float *cos_tab, const float *sin_tab,
+                                    int64_t rows, int32_t n_heads, int32_t head_dim,
+                                    int32_t rot_dims, bool interleaved, void *stream, char *msg,
+                                    size_t msg_len)
+{
+    if (rows < 0 || n_heads < 0 || head_dim < 0 || rot_dims < 0 || rot_dims % 2 != 0 ||
+        rot_dims > head_dim)
         return invalid(msg, msg_len,
-                       "qt_cuda_rope: %lld rows of %d heads of %d (head_dim must be even)",
-                       (long long)rows, n_heads, head_dim);
-    if (rows == 0 || n_heads == 0 || head_dim == 0)
+                       "qt_cuda_rope: %lld rows of %d heads of %d, %d rotated (rotated dims "
+                       "even and within the head)",
+                       (long long)rows, n_heads, head_dim, rot_dims);
+    if (rows == 0 || n_heads == 0 || rot_dims == 0)
         return QL_OK;
     if (!vec || !cos_tab || !sin_tab)
         return invalid(msg, msg_len, "qt_cuda_rope: vec, cos_tab or sin_tab is NULL");
-    int64_t pairs = rows * n_heads * (head_dim / 2);
+    int64_t pairs = rows * n_heads * (rot_dims / 2);
     rope_kernel<<<grid_for(pairs, kThreads), kThreads, 0, as_stream(stream)>>>(
-        vec, cos_tab, sin_tab, rows, n_heads, head_dim, interleaved);
+        vec, cos_tab, sin_tab, rows, n_heads, head_dim, rot_dims / 2, interleaved);
     return launched(msg, msg_len, "qt_cuda_rope kernel");
 }
 
@@ -698,6 +709,30 @@ static int pointwise_check(const char *name, int64_t n, bool buffers, bool *run,
         return invalid(msg, msg_len, "%s: a buffer is NULL", name);
     *run = true;
     return QL_OK;
+}
+
+extern "C" int qt_cuda_split_gate(const float *src, float *q, float *gate, int64_t n, int32_t d,
+                                  void *stream, char *msg, size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_split_gate", d < 0 ? -1 : n * d, src && q && gate, &run, msg,
+                             msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    split_gate_kernel<<<grid_for(n * d, kThreads), kThreads, 0, as_stream(stream)>>>(src, q, gate,
+                                                                                     n, d);
+    return launched(msg, msg_len, "qt_cuda_split_gate kernel");
+}
+
+extern "C" int qt_cuda_gate_sigmoid(float *x, const float *gate, int64_t n, void *stream, char *msg,
+                                    size_t msg_len)
+{
+    bool run;
+    int rc = pointwise_check("qt_cuda_gate_sigmoid", n, x && gate, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    gate_sigmoid_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(x, gate, n);
+    return launched(msg, msg_len, "qt_cuda_gate_sigmoid kernel");
 }
 
 extern "C" int qt_cuda_geglu(float *gate, const float *up, int64_t n, void *stream, char *msg,

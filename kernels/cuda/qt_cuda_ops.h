@@ -15,6 +15,8 @@
  *     rows per adapter, as Punica's SGMV), and merge on the device
  *     (dequantize, add the scaled B @ A, finite check, requantize into the
  *     same layout);                                    qt_cuda_lora.cu
+ *   - Qwen3.5's hybrid layers: Gated DeltaNet (conv, delta rule over the
+ *     recurrent states, gated norm);                   qt_cuda_linear.cu
  *
  * The functions that take a kind (matrix products, tensors, gather,
  * merge) are defined in qt_cuda_kinds.c, which looks up the kind's row in
@@ -155,6 +157,13 @@ int qt_cuda_rmsnorm(float *out, const float *x, const float *weight, int64_t row
 int qt_cuda_rope(float *vec, const float *cos_tab, const float *sin_tab, int64_t rows,
                  int32_t n_heads, int32_t head_dim, bool interleaved, void *stream, char *msg,
                  size_t msg_len);
+
+/* qt_cuda_rope with partial rotary (Phi-4-mini, Qwen3.5): only each head's
+ * leading rot_dims rotate, pairs (i, i + rot_dims/2) or (2i, 2i + 1), the
+ * tables [rows][rot_dims / 2]; the rest passes through (forward.c's rope). */
+int qt_cuda_rope_partial(float *vec, const float *cos_tab, const float *sin_tab, int64_t rows,
+                         int32_t n_heads, int32_t head_dim, int32_t rot_dims, bool interleaved,
+                         void *stream, char *msg, size_t msg_len);
 
 /* gate[i] = silu(gate[i]) * up[i], i < n. */
 int qt_cuda_swiglu(float *gate, const float *up, int64_t n, void *stream, char *msg,
@@ -372,6 +381,59 @@ int qt_cuda_merge(const qt_cuda_tensor *pristine, const qt_cuda_lora_term *terms
  * caller either serves
  * from a host merged copy of the same kind (the CPU's bytes) or refuses. */
 bool qt_cuda_merge_requantizes(qt_kind kind);
+
+/* ---- Qwen3.5's hybrid layers (qt_cuda_linear.cu) ---------------------------
+ * Gated DeltaNet's arithmetic is engine/model/hybrid.h's; each value is
+ * computed in the CPU backend's order (engine/runtime/linear_cpu.c), so the
+ * two differ where expf and log1pf do only. */
+
+/* One linear-attention layer as the kernels read it; every pointer device
+ * memory. A sequence's recurrent state (eng_linear_seq_state floats) holds
+ * every linear layer's part, layer_off floats in: the conv's last
+ * conv_kernel - 1 inputs [conv_kernel - 1][conv_dim], then each value
+ * head's k x v state. */
+typedef struct qt_cuda_delta_layer {
+    int32_t n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel;
+    bool v_tiled;                 /* value head h reads key head h % n_k_heads (a GGUF's order),
+                                   * else h / (n_v_heads / n_k_heads) */
+    float eps;                    /* the gated RMSNorm's */
+    const float *conv;            /* [conv_dim][conv_kernel]: the depthwise taps */
+    const float *neg_a, *dt_bias; /* [n_v_heads]: -exp(A_log), dt_bias */
+    const float *norm;            /* [v_head_dim]: the gated norm's weight */
+    float *states;                /* the pool: state_floats per slot */
+    int64_t state_floats, layer_off;
+} qt_cuda_delta_layer;
+
+/* The step's sequences: first (device, [n_seqs + 1]) each one's first row
+ * and then rows; slot (device, [n_seqs]) its recurrent state's slot. */
+typedef struct qt_cuda_delta_seqs {
+    int32_t n_seqs;
+    int64_t rows;
+    const int32_t *first, *slot;
+} qt_cuda_delta_seqs;
+
+/*
+ * A linear layer's Gated DeltaNet for the step's rows, after its
+ * projections: beta and decay ([rows][n_v_heads]) hold in_proj_b's and
+ * in_proj_a's outputs and are overwritten with sigmoid(b) and the log
+ * decay; qkv ([rows][conv_dim], in_proj_qkv's) is overwritten with the
+ * conv's output, q and k normalized; z ([rows][n_v_heads * v_head_dim],
+ * in_proj_z's) gates the norm; out gets the gated norm's output, as wide
+ * as z. Each sequence's window and states are carried on in place, its
+ * rows in order. v_head_dim at most 512, conv_kernel at most 16.
+ */
+int qt_cuda_delta_net(const qt_cuda_delta_layer *ly, const qt_cuda_delta_seqs *sq, float *beta,
+                      float *decay, float *qkv, const float *z, float *out, void *stream, char *msg,
+                      size_t msg_len);
+
+/* src's n rows of 2 d (Qwen3.5's q_proj: a head's query, then its gate)
+ * into q's and gate's n rows of d (qt_cuda_ops.cu, as the next). */
+int qt_cuda_split_gate(const float *src, float *q, float *gate, int64_t n, int32_t d, void *stream,
+                       char *msg, size_t msg_len);
+
+/* x[i] *= sigmoid(gate[i]), i < n (Qwen3.5's attention output gate). */
+int qt_cuda_gate_sigmoid(float *x, const float *gate, int64_t n, void *stream, char *msg,
+                         size_t msg_len);
 
 #ifdef __cplusplus
 }

@@ -353,4 +353,65 @@ QL_HD float om_weighted_add(float acc, float w, float y)
     return acc + w * y;
 }
 
+/* ---- Gated DeltaNet (Qwen3.5's linear attention, engine/model/hybrid.h) ------
+ * The per-element steps around the delta rule, as transformers 5 computes
+ * them in f32; linear_cpu.c and kernels/cuda/qt_cuda_linear.cu both call
+ * these, so the two backends differ only where expf and log1pf do. */
+
+/* sigmoid(x) as 1 / (1 + e^-x): the delta rule's beta, the full layers'
+ * output gate. */
+QL_HD float om_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* softplus as torch computes it (threshold 20: x itself above). */
+QL_HD float om_softplus(float x)
+{
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+/* A value head's log decay g from in_proj_a's output a: -exp(A_log)
+ * (neg_a, kept negated) times softplus(a + dt_bias). */
+QL_HD float om_delta_log_decay(float neg_a, float a, float dt_bias)
+{
+    return neg_a * om_softplus(a + dt_bias);
+}
+
+/* The factor of an L2 normalization from the f64 sum of squares
+ * (om_sumsq_add): 1 / sqrt(ss + 1e-6) (FLA's l2norm, as transformers, the
+ * epsilon inside the root), rounded once, times f (q's k_head_dim^-1/2). */
+QL_HD float om_l2norm_factor(double ss, float f)
+{
+    return (float)(1.0 / sqrt(ss + 1e-6)) * f;
+}
+
+/* v[0, n) L2-normalized in place, then times f; the sum in element order. */
+QL_HD void om_l2norm_row(float *v, int32_t n, float f)
+{
+    double ss = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        ss = om_sumsq_add(ss, v[i]);
+    float g = om_l2norm_factor(ss, f);
+    for (int32_t i = 0; i < n; i++)
+        v[i] *= g;
+}
+
+/* One input of a channel through the causal depthwise conv: the taps w
+ * times the window hist (the last taps - 1 inputs, oldest first) and the
+ * new input, summed in that order, then silu; hist shifts to take the
+ * input. */
+QL_HD float om_conv_step(float *hist, const float *w, int32_t taps, float in)
+{
+    float acc = 0.0f;
+    for (int32_t j = 0; j < taps - 1; j++)
+        acc += w[j] * hist[j];
+    acc += w[taps - 1] * in;
+    for (int32_t j = 0; j + 1 < taps - 1; j++)
+        hist[j] = hist[j + 1];
+    if (taps > 1)
+        hist[taps - 2] = in;
+    return om_silu(acc);
+}
+
 #endif

@@ -6,6 +6,7 @@
 #define GPU_TEST_UTIL_H
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +44,53 @@ static inline double rng_normal(void)
 {
     double u1 = rng_uniform(), u2 = rng_uniform();
     return sqrt(-2.0 * log(u1 + 1e-300)) * cos(6.283185307179586 * u2);
+}
+
+/* A test file's verdicts so far: [0] passed, [1] failed (one translation
+ * unit, one count). */
+static inline int *gpu_verdicts(void)
+{
+    static int counts[2];
+    return counts;
+}
+
+static inline void gpu_report(bool ok, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* `PASS name`, or `FAIL name: detail` with detail from fmt; counted. */
+static inline void gpu_report(bool ok, const char *name, const char *fmt, ...)
+{
+    gpu_verdicts()[ok ? 0 : 1]++;
+    if (ok) {
+        printf("PASS %s\n", name);
+        return;
+    }
+    char detail[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    printf("FAIL %s: %s\n", name, detail);
+}
+
+/* The closing line, and the exit status: 1 when a check failed, else 0. */
+static inline int gpu_summary(void)
+{
+    printf("%d passed, %d failed\n", gpu_verdicts()[0], gpu_verdicts()[1]);
+    return gpu_verdicts()[1] ? 1 : 0;
+}
+
+/* The largest |a[i] - b[i]| over n; infinity where either is NaN (a
+ * `d > worst` loop would pass it). */
+static inline double gpu_worst_abs(const float *a, const float *b, size_t n)
+{
+    double w = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= w))
+            w = isnan(d) ? INFINITY : d;
+    }
+    return w;
 }
 
 /* QL_GPU_EMULATED=1 (tests/gpu/emu/run.sh, the host emulator): the tests

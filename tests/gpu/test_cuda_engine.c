@@ -1084,21 +1084,6 @@ static void cuda_refuses(const char *name, eng_model *m, const char *want)
     eng_model_free(m);
 }
 
-/* Partial rotary (Phi-4-mini's shape, the tiny fixture's 12 of 16 dims)
- * runs on the CPU backend only: the device refuses it by name. */
-static void phi3_partial_rotary_refused(void)
-{
-    const char *name = "partial_rotary_refused_by_name";
-    eng_model m;
-    char msg[512];
-    eng_load_opts lo = {.path = QL_FIXTURES "/phi3_partial_tiny.gguf"};
-    if (eng_model_load(&m, &lo, msg, sizeof msg) != QL_OK) {
-        report(false, name, "%s", msg);
-        return;
-    }
-    cuda_refuses(name, &m, "partial rotary");
-}
-
 /* Gemma 4's full layers with their own head size and kv heads (the
  * released checkpoints' global_head_dim) run on the CPU backend only: the
  * device refuses them by name. */
@@ -1587,7 +1572,6 @@ int main(void)
     rope_freq_factors();
     phi3_longrope();
     phi3_gguf();
-    phi3_partial_rotary_refused();
     gemma4_own_heads_refused();
     unmerged();
     merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq",

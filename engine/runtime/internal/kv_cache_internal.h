@@ -3,8 +3,9 @@
  * kv_row, eng_kv_check_writes), shared by kv_cache.c (which owns the blocks),
  * forward.c (which reads and writes the host arena), walk.c (which
  * refuses writes into shared blocks) and step.c (which reads the block
- * size), and prefix_cache.c (which keeps blocks past their sequences).
- * Nothing outside engine/runtime/ includes it.
+ * size), and prefix_cache.c (which keeps blocks past their sequences);
+ * backend_cuda.c keeps a hybrid model's recurrent states on the device
+ * through its state hook. Nothing outside engine/runtime/ includes it.
  */
 #ifndef QL_KV_CACHE_INTERNAL_H
 #define QL_KV_CACHE_INTERNAL_H
@@ -15,6 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+/* A hybrid model's recurrent states kept outside a bookkeeping-only cache
+ * (eng_kv_new_meta; the CUDA backend's device pool): the cache tells their
+ * keeper, on the thread that calls eng_kv_*, that slot dst was taken for a
+ * new sequence (src -1: zero it, as the host pool is) or forked from slot
+ * src (copy it whole, before either steps again). The keeper reports a
+ * failure of its own at its next step. */
+typedef void (*eng_kv_state_hook)(void *ctx, int32_t dst, int32_t src);
+void eng_kv_set_state_hook(struct eng_kv_cache *kv, eng_kv_state_hook hook, void *ctx);
 
 struct eng_kv_cache {
     unsigned char *data; /* n_blocks * block_bytes */
@@ -54,6 +64,10 @@ struct eng_kv_cache {
     int32_t *state_pos;
     int32_t *state_free;
     int32_t n_state_free;
+    /* where the states live outside the cache (no host `states`): told of
+     * each slot taken and each fork (eng_kv_set_state_hook); NULL: none */
+    eng_kv_state_hook state_hook;
+    void *state_hook_ctx;
 };
 
 /* Sequence s's recurrent state (eng_seq_kv.state is its slot + 1), or

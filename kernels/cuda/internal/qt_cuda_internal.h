@@ -104,6 +104,28 @@ static inline int cuda_failed(cudaError_t st, char *msg, size_t msg_len, const c
     return code_for_cuda_status(st);
 }
 
+static inline int invalid(char *msg, size_t msg_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A bad argument: its sentence into msg, QL_EINVAL. */
+static inline int invalid(char *msg, size_t msg_len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(msg, msg_len, fmt, ap);
+    va_end(ap);
+    return QL_EINVAL;
+}
+
+/* After a launch: QL_OK, or the launch error named by `what`. */
+static inline int launched(char *msg, size_t msg_len, const char *what)
+{
+    cudaError_t st = cudaGetLastError();
+    if (st == cudaSuccess)
+        return QL_OK;
+    return cuda_failed(st, msg, msg_len, "%s", what);
+}
+
 /* ---- kinds --------------------------------------------------------------- */
 
 /* A kind's name for messages: the CPU's geometry table (kernels_internal.h,

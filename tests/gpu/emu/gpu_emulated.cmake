@@ -41,6 +41,17 @@ if(QL_HAVE_CUDA AND NOT QL_GPU_CHECKS_ONLY)
                          TIMEOUT 900
                          RESOURCE_LOCK gpu_emu_folder
                          LABELS "gpu;emulated")
+    # Qwen3.5's hybrid layers (Gated DeltaNet, the output gate, partial
+    # rotary) on the CUDA backend: the tiny fixtures against their float64
+    # references and the CPU backend, forks and chunks (tests/gpu/
+    # test_cuda_hybrid.c); its own run, as the formats' above.
+    add_test(NAME gpu_emulated_hybrid
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
+                     test_cuda_hybrid)
+    set_tests_properties(gpu_emulated_hybrid PROPERTIES
+                         TIMEOUT 900
+                         RESOURCE_LOCK gpu_emu_folder
+                         LABELS "gpu;emulated")
   else()
     message(STATUS "qlserve: no perl, so no gpu_emulated test")
   endif()
