@@ -895,12 +895,14 @@ static int cuda_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, in
                   why, msg, msg_len);
 }
 
-/* Layer l's place in a KV block: a hybrid model's blocks hold its full
- * layers alone (kv_cache_internal.h's layer_slot). */
+/* Layer l's place among the layers a KV block holds (a hybrid model's
+ * blocks hold its full layers alone): its K rows' offset in the host
+ * cache's block over one layer's K and V rows, every layer's rows the same
+ * size here (the backend refuses layers with their own head size). */
 static int32_t kv_slot(const step_ctx *sc, int32_t l)
 {
     const eng_kv_cache *kv = sc->c->base.kv;
-    return kv->layer_slot ? kv->layer_slot[l] : l;
+    return (int32_t)(kv->layer_off[l] / (2 * (size_t)kv->block_tokens * kv->row_bytes));
 }
 
 static int cuda_kv_write(void *be, int32_t l, const float *k, const float *v, char *msg,
