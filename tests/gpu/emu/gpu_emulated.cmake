@@ -30,26 +30,18 @@ if(QL_HAVE_CUDA AND NOT QL_GPU_CHECKS_ONLY)
                          TIMEOUT 1800
                          RESOURCE_LOCK gpu_emu_folder
                          LABELS "gpu;emulated;slow")
-    # The checkpoint formats (FP8, GPTQ, AWQ, compressed-tensors) in a run of
-    # their own, so the run above keeps its time: about a minute on two idle
-    # cores (up to three beside other builds), most of it compiling the
-    # kernels again. Both write BUILD/gpu-emu/, hence the lock.
-    add_test(NAME gpu_emulated_quantfmt
+    # The checkpoint formats (FP8, GPTQ, AWQ, compressed-tensors;
+    # tests/gpu/test_cuda_quantfmt.c) and the 2026 families' layers on the
+    # CUDA backend (Qwen3.5's Gated DeltaNet, the output gate, partial
+    # rotary: tests/gpu/test_cuda_hybrid.c) in a run of their own, so the
+    # run above keeps its time: a minute or two on two idle cores, most of
+    # it compiling the kernels again (once for both). Both runs write
+    # BUILD/gpu-emu/, hence the lock.
+    add_test(NAME gpu_emulated_models
              COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
-                     test_cuda_quantfmt)
-    set_tests_properties(gpu_emulated_quantfmt PROPERTIES
-                         TIMEOUT 900
-                         RESOURCE_LOCK gpu_emu_folder
-                         LABELS "gpu;emulated")
-    # Qwen3.5's hybrid layers (Gated DeltaNet, the output gate, partial
-    # rotary) on the CUDA backend: the tiny fixtures against their float64
-    # references and the CPU backend, forks and chunks (tests/gpu/
-    # test_cuda_hybrid.c); its own run, as the formats' above.
-    add_test(NAME gpu_emulated_hybrid
-             COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
-                     test_cuda_hybrid)
-    set_tests_properties(gpu_emulated_hybrid PROPERTIES
-                         TIMEOUT 900
+                     test_cuda_quantfmt test_cuda_hybrid)
+    set_tests_properties(gpu_emulated_models PROPERTIES
+                         TIMEOUT 1200
                          RESOURCE_LOCK gpu_emu_folder
                          LABELS "gpu;emulated")
   else()
