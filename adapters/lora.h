@@ -203,6 +203,7 @@ typedef struct lora_info {
     bool merged;
     float merged_scale;
     uint64_t requests;         /* sequences that asked for it */
+    int64_t last_used;         /* when the last of them was admitted (Unix seconds; 0: never) */
     lora_cost last_merge;      /* the cost of its last merge (zero: never merged) */
     double last_merge_seconds; /* and how long it took */
 } lora_info;

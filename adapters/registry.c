@@ -451,6 +451,7 @@ int lora_registry_list(lora_registry *r, lora_info **out, size_t *n)
             info->bytes = en->lora->bytes;
             info->merged = merged_in(serving, en->lora, &info->merged_scale);
             info->requests = __atomic_load_n(&en->lora->requests, __ATOMIC_RELAXED);
+            info->last_used = __atomic_load_n(&en->lora->last_used, __ATOMIC_RELAXED);
             info->last_merge = en->last_merge;
             info->last_merge_seconds = en->last_merge_seconds;
         }

@@ -267,6 +267,8 @@ static cJSON *info_json(const lora_info *in)
     if (in->merged)
         cJSON_AddNumberToObject(o, "merged_scale", in->merged_scale);
     cJSON_AddNumberToObject(o, "requests", (double)in->requests);
+    if (in->last_used > 0) /* absent until a request asks for it */
+        cJSON_AddNumberToObject(o, "last_used", (double)in->last_used);
     if (in->last_merge.delta_sq > 0) {
         cJSON *lm = cJSON_AddObjectToObject(o, "last_merge");
         cJSON_AddNumberToObject(lm, "delta_retained", in->last_merge.delta_retained);

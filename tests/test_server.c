@@ -1548,6 +1548,24 @@ Test(server, admin_loads_merges_unmerges_and_deletes_an_adapter)
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "adapters");
     cr_assert_eq(cJSON_GetArraySize(list), 1);
     cr_assert_str_eq(str_at(cJSON_GetArrayItem(list, 0), "name"), "alpha");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(list, 0), "last_used"),
+                   "no request has asked for it yet: %s", r.body);
+    cJSON_Delete(j);
+    hc_response_free(&r);
+
+    /* a request that asks for it stamps its last use */
+    double before = (double)time(NULL);
+    r = sp_request("POST", "/v1/completions", NULL,
+                   "{\"model\": \"alpha\", \"prompt\": \"Hi\", \"max_tokens\": 1}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    hc_response_free(&r);
+    r = sp_request("GET", "/admin/adapters", NULL, NULL);
+    j = json_of(&r);
+    const cJSON *used = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "adapters"), 0);
+    cr_assert_eq(num_at(used, "requests"), 1);
+    double last = num_at(used, "last_used");
+    cr_assert(last >= before && last <= (double)time(NULL), "last_used %g, asked at %g", last,
+              before);
     cJSON_Delete(j);
     hc_response_free(&r);
 

@@ -114,6 +114,7 @@ typedef struct eng_lora {
     size_t bytes;             /* memory it holds (tensors mapped or copied) */
     int refs;                 /* atomic */
     uint64_t requests;        /* atomic: sequences admitted that asked for it */
+    int64_t last_used;        /* atomic: when the last was admitted (Unix s; 0: never) */
     uint64_t uid;             /* atomic: 0 until eng_lora_uid names it */
     /* the adapter folder's own chat templates (PEFT saves the tokenizer
      * beside the adapter when training changed it), used for requests to

@@ -1029,8 +1029,11 @@ static void admit(eng_engine *e)
             end_unbegun(e, r, ENG_FINISH_ERROR);
             continue;
         }
-        for (size_t i = 0; i < r->n_want; i++)
+        int64_t now_s = (int64_t)time(NULL);
+        for (size_t i = 0; i < r->n_want; i++) {
             __atomic_add_fetch(&r->want[i].lora->requests, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&r->want[i].lora->last_used, now_s, __ATOMIC_RELAXED);
+        }
         if (r->n_delta) {
             pthread_mutex_lock(&e->mu);
             e->stats.adapter_requests++;

@@ -198,6 +198,7 @@ function renderAdapters() {
       cell('bytes', bytes(a.bytes)),
       cell('merged', a.merged ? `yes × ${a.merged_scale}` : 'no'),
       cell('requests', String(a.requests)),
+      cell('last use', a.last_used ? new Date(a.last_used * 1000).toLocaleString() : '—'),
       cell('last merge', lm ? `kept ${fixed(lm.delta_retained, 3)}, error ${fixed(lm.relative_error, 3)}, ${fixed(lm.seconds, 2)} s` : '—'),
       cell('actions', el('div', { class: 'row' },
         actionButton('Merge', a.name, () => merge(a.name)),
