@@ -384,6 +384,11 @@ void qt_delta_rule_ref(float *S, int32_t dk, int32_t dv, const float *q, const f
  */
 void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
+/* Rows qt_lora_down and qt_lora_up take per pass here (16 on the AVX-512
+ * path, 8 otherwise): a caller splitting a rank into pieces splits on
+ * multiples of it, so that no pass is cut short. A row's bits do not
+ * depend on it. */
+int64_t qt_lora_rows_per_pass(void);
 void qt_lora_down_ref(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up_ref(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
 

@@ -643,6 +643,11 @@ void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r
         qt_lora_down_ref(a, x, s, t, r0, r1);
 }
 
+int64_t qt_lora_rows_per_pass(void)
+{
+    return use_avx2() && use_avx512() ? 16 : 8;
+}
+
 void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1)
 {
     pthread_once(&cpu_once, detect_cpu);

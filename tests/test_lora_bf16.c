@@ -127,8 +127,9 @@ static double dot64(const qtensor *w, int64_t r, const float *x, double *mag)
  * has) against the scalar reference, bit for bit, and the float64 sums. */
 static void products_give_the_reference_bits(bool no_avx512)
 {
-    /* ranks and widths with and without a tail past a multiple of eight */
-    const int64_t ranks[] = {1, 4, 8, 13, 16, 64};
+    /* ranks and widths with and without a tail past a multiple of eight or
+     * sixteen (24 and 29: a sixteen-row pass cut short in each half) */
+    const int64_t ranks[] = {1, 4, 8, 13, 16, 24, 29, 64};
     const int64_t widths[] = {5, 8, 37, 576, 1539};
     uint64_t rng = 9;
     for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++) {
