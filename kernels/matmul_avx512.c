@@ -4,8 +4,12 @@
  * 256-bit arithmetic per row as matmul_avx2.c's, so the same bits, but with
  * AVX-512's 32 vector registers a pass holds eight rows of x, not four, so
  * each weight block is decoded once per eight rows (on the default model's
- * Q4_1 products at batch 32, one thread: 49 -> 122 GFLOP/s). Taken where
- * CPUID reports AVX-512 F and VL and the OS saves their state (traits.c).
+ * Q4_1 products at batch 32, one thread: 49 -> 122 GFLOP/s). Also
+ * internal/rows_vec.inc at sixteen lanes (entries qt_attend_avx512,
+ * qt_lora_down_avx512, qt_lora_up_avx512, qt_kv_store_avx512,
+ * qt_kv_load_avx512): full 512-bit vectors there, the AVX2 entries' bits.
+ * Taken where CPUID reports AVX-512 F and VL and the OS saves their state
+ * (traits.c).
  */
 #include "avx2_shared.h"
 #include "kernels_internal.h"
@@ -21,3 +25,12 @@
 #define F32_ENTRY(name) name##_avx512
 
 #include "matmul_f32.inc"
+
+/* qt_attend, the LoRA products and the KV cache's conversions in zmm
+ * registers, sixteen lanes a vector (rows_vec.inc: the AVX2 entries' bits);
+ * shapes they do not cover take the AVX2 entries. */
+#define ROWS_LANES          16
+#define ROWS_ENTRY(name)    name##_avx512
+#define ROWS_NARROWER(name) name##_avx2
+
+#include "rows_vec.inc"

@@ -378,11 +378,17 @@ void qt_delta_rule_ref(float *S, int32_t dk, int32_t dv, const float *q, const f
  * i % 8, a product then a sum, never fused, zero-padded to a multiple of
  * eight elements) and then sums its lanes as ((l0 + l1) + (l2 + l3)) +
  * ((l4 + l5) + (l6 + l7)). The AVX2 path (bf16 widened by a 16-bit shift,
- * eight rows at a time, lanes summed by horizontal adds) and the _ref give
+ * eight rows at a time, lanes summed by horizontal adds), the AVX-512 one
+ * (two rows' lanes to a zmm, sixteen rows at a time) and the _ref give
  * the same bits; tests/test_lora_bf16.c holds them to it.
  */
 void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
+/* Rows qt_lora_down and qt_lora_up take per pass here (16 on the AVX-512
+ * path, 8 otherwise): a caller splitting a rank into pieces splits on
+ * multiples of it, so that no pass is cut short. A row's bits do not
+ * depend on it. */
+int64_t qt_lora_rows_per_pass(void);
 void qt_lora_down_ref(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1);
 void qt_lora_up_ref(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
 
@@ -393,7 +399,7 @@ void qt_lora_up_ref(const qtensor *b, const float *t, float *y, int64_t o0, int6
  * qt_kv_row_bytes: the bytes of such a row (0 for another kind, or for
  * Q8_0 when n is not a multiple of 32). qt_kv_store writes x[0..n) into row;
  * qt_kv_load reads elements e0..e0+n of row (for Q8_0 inside one row of
- * blocks, any e0) into out as f32. The fast forms (F16C, AVX2) agree with
+ * blocks, any e0) into out as f32. The fast forms (F16C, AVX2, AVX-512) agree with
  * the _ref ones bit for bit.
  */
 size_t qt_kv_row_bytes(qt_kind kind, int64_t n);
@@ -441,6 +447,10 @@ void qt_set_no_vnni(bool off);
  * qt_set_no_avx512(true) keeps them to AVX2 (tests, benchmarks). */
 const char *qt_f32_path(void);
 void qt_set_no_avx512(bool off);
+/* Which paths qt_attend, qt_kv_store/qt_kv_load and the LoRA products take
+ * here: "avx512" (zmm registers, the AVX2 paths' bits), "avx2" or
+ * "scalar", by the same switch as the f32 products (qt_set_no_avx512). */
+const char *qt_rows_path(void);
 
 /* Which fast path qt_matmul takes on this machine: "avx2" or "scalar". */
 const char *qt_cpu_path(void);

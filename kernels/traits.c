@@ -466,6 +466,11 @@ const char *qt_f32_path(void)
     return use_avx512() ? "avx512" : "avx2";
 }
 
+const char *qt_rows_path(void)
+{
+    return qt_f32_path();
+}
+
 void qt_set_no_avx512(bool off)
 {
     pthread_once(&cpu_once, detect_cpu);
@@ -609,7 +614,9 @@ void qt_attend(const float *q, const float *k, const float *v, int64_t stride, i
                float scale, float *max, float *sum, float *acc)
 {
     pthread_once(&cpu_once, detect_cpu);
-    if (have_avx2 && !force_scalar)
+    if (have_avx2 && !force_scalar && use_avx512())
+        qt_attend_avx512(q, k, v, stride, n, d, scale, max, sum, acc);
+    else if (have_avx2 && !force_scalar)
         qt_attend_avx2(q, k, v, stride, n, d, scale, max, sum, acc);
     else
         qt_attend_ref(q, k, v, stride, n, d, scale, max, sum, acc);
@@ -628,16 +635,25 @@ void qt_delta_rule(float *S, int32_t dk, int32_t dv, const float *q, const float
 void qt_lora_down(const qtensor *a, const float *x, float s, float *t, int64_t r0, int64_t r1)
 {
     pthread_once(&cpu_once, detect_cpu);
-    if (have_avx2 && !force_scalar)
+    if (have_avx2 && !force_scalar && use_avx512())
+        qt_lora_down_avx512(a, x, s, t, r0, r1);
+    else if (have_avx2 && !force_scalar)
         qt_lora_down_avx2(a, x, s, t, r0, r1);
     else
         qt_lora_down_ref(a, x, s, t, r0, r1);
 }
 
+int64_t qt_lora_rows_per_pass(void)
+{
+    return use_avx2() && use_avx512() ? 16 : 8;
+}
+
 void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1)
 {
     pthread_once(&cpu_once, detect_cpu);
-    if (have_avx2 && !force_scalar)
+    if (have_avx2 && !force_scalar && use_avx512())
+        qt_lora_up_avx512(b, t, y, o0, o1);
+    else if (have_avx2 && !force_scalar)
         qt_lora_up_avx2(b, t, y, o0, o1);
     else
         qt_lora_up_ref(b, t, y, o0, o1);
@@ -646,7 +662,9 @@ void qt_lora_up(const qtensor *b, const float *t, float *y, int64_t o0, int64_t 
 void qt_kv_store(qt_kind kind, const float *x, int64_t n, void *row)
 {
     pthread_once(&cpu_once, detect_cpu);
-    if (have_avx2 && !force_scalar)
+    if (have_avx2 && !force_scalar && use_avx512())
+        qt_kv_store_avx512(kind, x, n, row);
+    else if (have_avx2 && !force_scalar)
         qt_kv_store_avx2(kind, x, n, row);
     else
         qt_kv_store_ref(kind, x, n, row);
@@ -655,7 +673,9 @@ void qt_kv_store(qt_kind kind, const float *x, int64_t n, void *row)
 void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out)
 {
     pthread_once(&cpu_once, detect_cpu);
-    if (have_avx2 && !force_scalar)
+    if (have_avx2 && !force_scalar && use_avx512())
+        qt_kv_load_avx512(kind, row, e0, n, out);
+    else if (have_avx2 && !force_scalar)
         qt_kv_load_avx2(kind, row, e0, n, out);
     else
         qt_kv_load_ref(kind, row, e0, n, out);

@@ -737,6 +737,9 @@ void srv_tgi_info(srv_conn *c, const char *name)
         cJSON_AddStringToObject(root, "q8_kernels", qt_q8_path());
         /* and the f32 products' (avx512: eight rows of x a pass; avx2; scalar) */
         cJSON_AddStringToObject(root, "f32_kernels", qt_f32_path());
+        /* attention, the KV cache's conversions and unmerged LoRA products'
+         * (avx512: zmm registers, the AVX2 bits; avx2; scalar) */
+        cJSON_AddStringToObject(root, "row_kernels", qt_rows_path());
         cJSON_AddStringToObject(root, "device", eng_engine_backend(s->engine));
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);

@@ -501,6 +501,10 @@ static void load_after(uv_work_t *req, int status)
                 qt_get_activations() == QL_ACTIVATIONS_Q8 ? qt_q8_path() : qt_f32_path(),
                 ql_name_of(&ql_activations_names, qt_get_activations()),
                 eng_engine_backend(s->engine));
+        fprintf(stderr,
+                "qlserve: kernel sets: f32 products %s, q8 products %s, attention, KV rows and "
+                "LoRA %s\n",
+                qt_f32_path(), qt_q8_path(), qt_rows_path());
         eng_engine_stats es;
         eng_engine_stats_get(s->engine, &es);
         fprintf(stderr,

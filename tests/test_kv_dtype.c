@@ -5,7 +5,8 @@
  *     (every tie between two adjacent halves, subnormals and the overflow
  *     edge included; Inf, NaN, signed zeros), every half back to f32
  *     exactly, q8_0 against llama.cpp's quantize_row_q8_0_ref written out
- *     here (ties round away from zero); the F16C/AVX2 forms equal the
+ *     here (ties round away from zero); the F16C/AVX2 forms and the
+ *     AVX-512 ones (skipped by name without AVX-512 F and VL) equal the
  *     scalar ones bit for bit;
  *   - the arena: the same bytes hold 2x the blocks in f16 and 128/34 x in
  *     q8_0; q8_0 refuses a kv_dim that is not a multiple of 32, naming it;
@@ -241,6 +242,67 @@ Test(kv_dtype, q8_0_rows_are_llama_cpp_blocks_and_load_back_within_half_a_step)
         for (int i = 0; i < 16; i++)
             cr_assert(same_bits(c[i], a[e0 + i]), "start %d, element %d", e0, i);
     }
+}
+
+/* The AVX-512 forms (sixteen elements a vector) against the AVX2 forms and
+ * the scalar ones: f16 stores over a sweep of f32 patterns with a tail past
+ * the vectors, every (quiet) half loaded at starts on and off the 16 grid,
+ * q8_0 loads of every start and length a head's slice can have. */
+Test(kv_dtype, avx512_forms_equal_avx2_and_scalar)
+{
+    if (strcmp(qt_rows_path(), "avx512") != 0)
+        cr_skip_test(
+            "this CPU has no AVX-512 F and VL: the AVX-512 KV conversions cannot run here");
+    enum { N = 1021, B = 8 };
+    static float row[N], fa[N], fb[N], fc[N];
+    static uint16_t a[N], b[N], c[N];
+    uint64_t u = 0;
+    for (int pass = 0; pass < 64; pass++) {
+        for (int i = 0; i < N; i++, u += 65537)
+            row[i] = qm_bits_f32((uint32_t)u);
+        qt_kv_store_ref(QT_F16, row, N, a);
+        qt_set_no_avx512(true);
+        qt_kv_store(QT_F16, row, N, b);
+        qt_set_no_avx512(false);
+        qt_kv_store(QT_F16, row, N, c);
+        for (int i = 0; i < N; i++)
+            cr_assert(a[i] == c[i] && b[i] == c[i],
+                      "0x%08x: scalar 0x%04x, avx2 0x%04x, avx512 0x%04x", qm_f32_bits(row[i]),
+                      a[i], b[i], c[i]);
+    }
+    for (int i = 0; i < N; i++) { /* quiet halves only (see f16_load_is_exact_for_every_half) */
+        uint16_t h = (uint16_t)(i * 64 + i);
+        a[i] = (h & 0x7c00) == 0x7c00 && (h & 0x3ff) ? (uint16_t)(h | 0x200) : h;
+    }
+    for (int e0 = 0; e0 < 40; e0 += 3) {
+        qt_kv_load_ref(QT_F16, a, e0, N - e0, fa);
+        qt_set_no_avx512(true);
+        qt_kv_load(QT_F16, a, e0, N - e0, fb);
+        qt_set_no_avx512(false);
+        qt_kv_load(QT_F16, a, e0, N - e0, fc);
+        for (int i = 0; i < N - e0; i++)
+            cr_assert(same_bits(fa[i], fc[i]) && same_bits(fb[i], fc[i]), "start %d, half 0x%04x",
+                      e0, a[e0 + i]);
+    }
+    uint64_t seed = 11;
+    float x[32 * B];
+    uint8_t q8[34 * B];
+    for (int i = 0; i < 32 * B; i++)
+        x[i] = test_normal(&seed) * (float)(1 + i % 5);
+    qt_kv_store_ref(QT_Q8_0, x, 32 * B, q8);
+    for (int e0 = 0; e0 < 64; e0 += 4)
+        for (int n = 4; e0 + n <= 32 * B; n += 12) {
+            qt_kv_load_ref(QT_Q8_0, q8, e0, n, fa);
+            qt_set_no_avx512(true);
+            qt_kv_load(QT_Q8_0, q8, e0, n, fb);
+            qt_set_no_avx512(false);
+            qt_kv_load(QT_Q8_0, q8, e0, n, fc);
+            for (int i = 0; i < n; i++)
+                cr_assert(same_bits(fa[i], fc[i]) && same_bits(fb[i], fc[i]),
+                          "start %d, length %d, element %d: scalar %a, avx512 %a", e0, n, i,
+                          (double)fa[i], (double)fc[i]);
+        }
+    cr_assert_str_eq(qt_rows_path(), "avx512");
 }
 
 /* --- the arena ------------------------------------------------------------- */

@@ -3,7 +3,8 @@
  * the rounding at load (nearest even, NaN kept) against a reference
  * written here from the definition; the bf16 LoRA products
  * (qt_lora_down, qt_lora_up) giving the scalar reference's bits on the
- * AVX2 path and a float64 dot product within bf16's own error; an f32
+ * AVX2 path and on the AVX-512 one (skipped by name on a CPU without
+ * AVX-512 F and VL) and a float64 dot product within bf16's own error; an f32
  * PEFT folder loaded both ways on a tiny model, each against the float64
  * reference forward pass (f32: the usual tolerance; bf16: within the
  * rounding's own share of the adapter's effect); and a batch of sequences
@@ -32,6 +33,7 @@ static void setup(void)
 static void teardown(void)
 {
     qt_set_force_scalar(false);
+    qt_set_no_avx512(false);
     test_rmtree(dir);
 }
 
@@ -121,10 +123,13 @@ static double dot64(const qtensor *w, int64_t r, const float *x, double *mag)
     return s;
 }
 
-Test(lora_bf16, products_give_the_reference_bits_on_every_path_and_shape)
+/* The fast path (AVX2 alone where no_avx512, else the widest this CPU
+ * has) against the scalar reference, bit for bit, and the float64 sums. */
+static void products_give_the_reference_bits(bool no_avx512)
 {
-    /* ranks and widths with and without a tail past a multiple of eight */
-    const int64_t ranks[] = {1, 4, 8, 13, 16, 64};
+    /* ranks and widths with and without a tail past a multiple of eight or
+     * sixteen (24 and 29: a sixteen-row pass cut short in each half) */
+    const int64_t ranks[] = {1, 4, 8, 13, 16, 24, 29, 64};
     const int64_t widths[] = {5, 8, 37, 576, 1539};
     uint64_t rng = 9;
     for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++) {
@@ -141,6 +146,7 @@ Test(lora_bf16, products_give_the_reference_bits_on_every_path_and_shape)
             }
             for (int64_t i = 0; i < in; i++)
                 x[i] = test_normal(&rng);
+            qt_set_no_avx512(no_avx512);
             for (int p = 0; p < 2; p++) {
                 qt_set_force_scalar(p == 1);
                 for (int64_t o = 0; o < out; o++)
@@ -154,10 +160,10 @@ Test(lora_bf16, products_give_the_reference_bits_on_every_path_and_shape)
             qt_set_force_scalar(false);
             cr_assert_eq(memcmp(t[0], t[1], (size_t)rank * sizeof(float)), 0,
                          "rank %ld in %ld: down differs between %s and scalar", (long)rank,
-                         (long)in, qt_cpu_path());
+                         (long)in, qt_rows_path());
             cr_assert_eq(memcmp(y[0], y[1], (size_t)out * sizeof(float)), 0,
                          "rank %ld out %ld: up differs between %s and scalar", (long)rank,
-                         (long)out, qt_cpu_path());
+                         (long)out, qt_rows_path());
             // and both are the float64 sums within f32 summation's error:
             // n * 2^-24 of the products' magnitudes (a loose Higham bound)
             for (int64_t r = 0; r < rank; r++) {
@@ -180,6 +186,20 @@ Test(lora_bf16, products_give_the_reference_bits_on_every_path_and_shape)
             qt_free(&b);
         }
     }
+}
+
+Test(lora_bf16, products_give_the_reference_bits_on_every_path_and_shape)
+{
+    products_give_the_reference_bits(true);
+}
+
+/* Sixteen rows a pass, two rows' lanes to a zmm: the same bits again. */
+Test(lora_bf16, avx512_products_give_the_reference_bits)
+{
+    if (strcmp(qt_rows_path(), "avx512") != 0)
+        cr_skip_test("this CPU has no AVX-512 F and VL: the AVX-512 LoRA products cannot run here");
+    products_give_the_reference_bits(false);
+    cr_assert_str_eq(qt_rows_path(), "avx512");
 }
 
 /* --- an adapter loaded both ways on a tiny model ------------------------------- */

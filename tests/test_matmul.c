@@ -3,7 +3,8 @@
  * against scalar reference against a float64 reference, on ragged shapes
  * (rows and columns not multiples of the block, odd columns so rows start
  * mid-byte) and batches of 1, 3 and 17; and the fast dequantization against
- * the scalar one, bit for bit.
+ * the scalar one, bit for bit. qt_attend: both paths against float64, and
+ * the AVX-512 path against the AVX2 one bit for bit.
  *
  * The k-quants (Q2_K ... Q6_K) and IQ4_NL, IQ4_XS cannot be quantized into
  * yet: their tensors are random blocks (random codes and sub-block scales,
@@ -302,6 +303,61 @@ Test(matmul, avx512_products_equal_the_avx2_ones, .timeout = 60)
         }
         for (size_t k = 0; k < sizeof grouped / sizeof *grouped; k++)
             check_avx512_kind(&grouped[k], wide ? 1280 : 640, &rng);
+    }
+}
+
+/* One query's attention over n positions on the path selected now, in
+ * runs of uneven length, from a carried-over state (so the first block
+ * rescales what came before): acc[0..d), then *max and *sum. */
+static void attend_runs(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
+                        int32_t d, float *out)
+{
+    static const int32_t runs[] = {1, 5, 16, 3, 9, 7};
+    float max = -4.0f, sum = 1.5f, scale = 1.0f / sqrtf((float)d);
+    for (int32_t u = 0; u < d; u++)
+        out[u] = 0.125f * (float)(u % 7) - 0.25f;
+    for (int32_t p = 0, r = 0; p < n; r++) {
+        int32_t len = runs[r % 6] < n - p ? runs[r % 6] : n - p;
+        qt_attend(q, k + p * stride, v + p * stride, stride, len, d, scale, &max, &sum, out);
+        p += len;
+    }
+    out[d] = max;
+    out[d + 1] = sum;
+}
+
+/* The AVX-512 path (zmm registers) gives the AVX2 path's bits: the same
+ * block softmax, the score's sixteen lanes folded the same way. Head sizes
+ * off the 16 grid take the scalar reference on both. */
+Test(matmul, avx512_attention_gives_the_avx2_bits)
+{
+    if (strcmp(qt_rows_path(), "avx512") != 0)
+        cr_skip_test("this CPU has no AVX-512 F and VL: the AVX-512 attention cannot run here");
+    static const int32_t dims[] = {16, 24, 32, 48, 64, 128, 256};
+    uint64_t rng = 5;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        int32_t d = dims[di], n = 61;
+        int64_t stride = 2 * d + 16;
+        float *q = malloc((size_t)d * 4), *kv = malloc((size_t)(2 * n * stride) * 4);
+        float got[258], want[258];
+        cr_assert(q && kv);
+        for (int32_t t = 0; t < d; t++)
+            q[t] = 2.0f * test_normal(&rng);
+        for (int64_t i = 0; i < 2 * n * stride; i++)
+            kv[i] = test_normal(&rng);
+        for (int32_t p = 0; p < n; p++) /* later keys score higher: the max keeps rising */
+            kv[p * stride] += 0.05f * (float)p * (q[0] > 0 ? 1.0f : -1.0f);
+        qt_set_no_avx512(true);
+        cr_assert_str_eq(qt_rows_path(), "avx2");
+        attend_runs(q, kv, kv + n * stride, stride, n, d, want);
+        qt_set_no_avx512(false);
+        cr_assert_str_eq(qt_rows_path(), "avx512");
+        attend_runs(q, kv, kv + n * stride, stride, n, d, got);
+        for (int32_t u = 0; u < d + 2; u++)
+            cr_assert(same_bits(got[u], want[u]), "d %d, %s %d: avx512 %a, avx2 %a", d,
+                      u < d ? "element" : "state", u < d ? u : u - d, (double)got[u],
+                      (double)want[u]);
+        free(q);
+        free(kv);
     }
 }
 

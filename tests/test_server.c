@@ -735,6 +735,17 @@ Test(server, health_info_and_metrics_describe_the_server)
     cr_assert_eq(num_at(j, "kv_bytes_per_token"), 2 * 2 * 32 * 4);
     /* --activations' default: f32, the float64 reference's arithmetic */
     cr_assert_str_eq(str_at(j, "activations"), "f32");
+    /* attention's, the KV rows' and LoRA's set, by the f32 products' switch */
+    const char *rows = str_at(j, "row_kernels");
+    cr_assert(strcmp(rows, "avx512") == 0 || strcmp(rows, "avx2") == 0 ||
+                  strcmp(rows, "scalar") == 0,
+              "%s", rows);
+    cr_assert_str_eq(rows, str_at(j, "f32_kernels"));
+    char line[96];
+    snprintf(line, sizeof line, "attention, KV rows and LoRA %s\n", rows);
+    char *log = sp_read_log();
+    cr_assert(strstr(log, line), "no \"%s\" in %s", line, log);
+    free(log);
     cJSON_Delete(j);
     hc_response_free(&r);
 

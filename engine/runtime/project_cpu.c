@@ -92,7 +92,8 @@ typedef struct lora_rows {
 
 typedef struct lora_down_job {
     lora_rows r;
-    int64_t blocks; /* rank blocks of eight per row (the widest rank's) */
+    int64_t pass;   /* rank rows a block: qt_lora_rows_per_pass's */
+    int64_t blocks; /* rank blocks per row (the widest rank's) */
     const float *x;
     int64_t in;
 } lora_down_job;
@@ -103,11 +104,11 @@ static void lora_down_items(void *ctx, int64_t i0, int64_t i1)
     const lora_down_job *j = ctx;
     for (int64_t i = i0; i < i1; i++) {
         const lora_row *lr = &j->r.rows[i / j->blocks];
-        int64_t r0 = (i % j->blocks) * 8, rank = lr->mod->a.rows;
+        int64_t r0 = (i % j->blocks) * j->pass, rank = lr->mod->a.rows;
         if (r0 < rank)
             qt_lora_down(&lr->mod->a, j->x + lr->row * j->in, lr->s,
                          j->r.t + (i / j->blocks) * j->r.t_stride, r0,
-                         r0 + 8 < rank ? r0 + 8 : rank);
+                         r0 + j->pass < rank ? r0 + j->pass : rank);
     }
 }
 
@@ -125,7 +126,8 @@ static void lora_down_items(void *ctx, int64_t i0, int64_t i1)
 /* t of every row: s * A x. */
 static void lora_down(eng_pool *pool, const lora_rows *r, const float *x, int64_t in)
 {
-    lora_down_job j = {*r, (r->t_stride + 7) / 8, x, in};
+    int64_t pass = qt_lora_rows_per_pass();
+    lora_down_job j = {*r, pass, (r->t_stride + pass - 1) / pass, x, in};
     if (r->n * r->t_stride * in <= LORA_INLINE_MACS)
         lora_down_items(&j, 0, r->n * j.blocks);
     else
