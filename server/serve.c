@@ -539,6 +539,10 @@ static void load_after(uv_work_t *req, int status)
         if (es.states_total > 0)
             fprintf(stderr, "qlserve: %d recurrent states (one per running sequence)\n",
                     (int)es.states_total);
+        if (s->draft_model.layers)
+            fprintf(stderr, "qlserve: draft model %s (%s, %s) drafts on the CPU\n",
+                    s->cfg->spec.draft_model, eng_arch_name(s->draft_model.cfg.arch),
+                    s->draft_model.quant);
         const char *off = eng_linear_prefix_off(&s->model.cfg.linear);
         if (off)
             fprintf(stderr, "qlserve: prefix cache off: %s\n", off);

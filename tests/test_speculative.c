@@ -810,7 +810,14 @@ Test(speculative, a_draft_model_with_another_vocabulary_is_refused_naming_the_di
     eng_load_opts lo = {.path = dir};
     char msg[1024];
     cr_assert_eq(eng_model_load(&dm, &lo, msg, sizeof msg), 0, "%s", msg);
-    expect_refused(&dm, "linear-attention");
+    expect_refused(&dm, "draft model has linear-attention");
+    /* nor a hybrid target */
+    eng_engine_opts o = {.threads = 1,
+                         .kv_bytes = 1 << 20,
+                         .spec = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model}};
+    eng_engine *e = NULL;
+    cr_assert_eq(eng_engine_start(&e, &dm, &o, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "target model has linear-attention"), "%s", msg);
     draft_unload(&dm, dir);
 }
 
@@ -851,9 +858,14 @@ Test(speculative, a_rolled_back_draft_kv_drafts_as_a_fresh_one)
     eng_drafter_rollback(&d, &a, (int32_t)n + 1);
     cr_assert_eq(a.n_tokens, (int32_t)n + 1);
     eng_history h = {prompt, (int32_t)n, answer, 2};
-    /* the rolled back sequence and a fresh one draft in the same steps */
+    /* the rolled back sequence and a fresh one draft in the same steps: one takes in what each
+     * has not seen (a token, the whole history), then one per further drafted position */
     eng_draft_job jobs[2] = {draft_job(h, &a, again), draft_job(h, &b, fresh)};
+    uint64_t steps = eng_drafter_steps(&d);
     d.ops->draft(&d, jobs, 2);
+    cr_assert_eq(eng_drafter_steps(&d) - steps, 4,
+                 "%llu draft steps for two sequences' four tokens",
+                 (unsigned long long)(eng_drafter_steps(&d) - steps));
     cr_assert_eq(jobs[0].n, 4);
     cr_assert_eq(jobs[1].n, 4);
     cr_assert(memcmp(again, fresh, sizeof again) == 0, "%d %d %d %d, fresh %d %d %d %d", again[0],

@@ -34,6 +34,7 @@ struct eng_draft_model {
     float *logits;      /* max_seqs x vocab */
     int32_t *tokens;    /* max_seqs: the backend's greedy choices (-1: none) */
     int32_t *feed;      /* max_tokens: the tokens a step feeds, end to end */
+    uint64_t steps;     /* draft steps run (eng_drafter_steps) */
 };
 
 /* Why m cannot be the draft or target model of a rollback (NULL: it can). */
@@ -170,6 +171,7 @@ static int32_t history_at(const eng_history *h, int32_t i)
 static bool draft_step(eng_draft_model *dm, eng_draft_job *jobs, int32_t n)
 {
     char msg[256];
+    dm->steps++;
     int rc = eng_backend_forward(dm->backend, dm->step, n, dm->logits, dm->tokens, msg, sizeof msg);
     if (rc != QL_OK) {
         fprintf(stderr, "qlserve: a draft model step of %d sequences failed: %s\n", n, msg);
@@ -265,6 +267,11 @@ void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv)
 {
     if (d->model)
         eng_kv_release(d->model->kv, kv);
+}
+
+uint64_t eng_drafter_steps(const eng_drafter *d)
+{
+    return d->model ? d->model->steps : 0;
 }
 
 eng_kv_cache *eng_drafter_kv(eng_drafter *d)

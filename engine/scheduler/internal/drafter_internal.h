@@ -91,8 +91,10 @@ void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_job
 void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, int32_t n_tokens);
 /* A sequence's end: its draft KV goes back (nothing for other drafters). */
 void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv);
-/* The draft model's KV cache (for the tests); NULL for other drafters. */
+/* The draft model's KV cache and the steps it has run (for the tests);
+ * NULL and 0 for other drafters. */
 eng_kv_cache *eng_drafter_kv(eng_drafter *d);
+uint64_t eng_drafter_steps(const eng_drafter *d);
 
 /* The n-gram lookup: for n from n_max down to n_min, the latest earlier
  * place where h's last n tokens occur with at least one token after them;
