@@ -407,7 +407,8 @@ static gr_grammar *ab_grammar(void)
     return g;
 }
 
-Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
+/* Greedy answers under ab_grammar, drafted as so says, against an engine without drafts. */
+static void expect_grammar_answers(const eng_spec_opts *so, eng_spec_stats *spec)
 {
     gr_grammar *g = ab_grammar();
     static const char *ps[] = {"a b a b a b a",           "ab ab ab ab", "aab aab aab a", "b b b b",
@@ -418,10 +419,16 @@ Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
         reqs[i] = plain(ps[i], 40);
         reqs[i].grammar = g;
     }
-    eng_spec_stats spec;
-    expect_same_answers(reqs, N, 6, &spec);
-    cr_assert_gt(spec.accepted, 0, "drafts under the grammar were taken");
+    expect_same_answers_with(reqs, N, 6, so, spec);
+    cr_assert_gt(spec->accepted, 0, "drafts under the grammar were taken");
     gr_grammar_unref(g);
+}
+
+Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
+    eng_spec_stats spec;
+    expect_grammar_answers(&so, &spec);
 }
 
 /* Greedy answers drafted as so says, two in three of them under an unmerged
@@ -756,6 +763,19 @@ Test(speculative, greedy_answers_under_an_unmerged_adapter_with_a_draft_model_ar
     expect_model_drafts(&spec);
     cr_assert_gt(spec.accepted, 0);
     cr_assert_gt(spec.verified, spec.accepted, "the adapter's answers reject base drafts");
+}
+
+Test(speculative, greedy_answers_under_a_grammar_with_a_draft_model_are_the_same_tokens)
+{
+    /* the draft knows no grammar: its first token is cut where the mask refuses it */
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_stats spec;
+    expect_grammar_answers(&so, &spec);
+    expect_model_drafts(&spec);
+    cr_assert_gt(spec.drafted, spec.verified, "the grammar cut drafts");
+    cr_log_info("grammar, draft model: %llu drafted, %llu verified, %llu accepted",
+                (unsigned long long)spec.drafted, (unsigned long long)spec.verified,
+                (unsigned long long)spec.accepted);
 }
 
 /* Four more rows in the draft's config: its vocabulary is larger. */

@@ -1256,8 +1256,10 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
         seq *s = e->draft_seqs[i];
         int32_t k = e->draft_jobs[i].n;
         e->tally.spec.drafted += (uint64_t)k;
-        if (k > 0 && s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1]))
-            k = 0;
+        if (k > 0 && s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1])) {
+            k = 0; /* never verified: a draft model forgets the drafts it fed */
+            eng_drafter_rollback(&e->drafter, &s->draft_kv, s->r->n_prompt + s->n_fed);
+        }
         s->row[0] = s->next_token;
         s->n_draft = k;
     }
@@ -1790,6 +1792,7 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
         return rc;
     const char *off = speculation_off(e);
     if (off) {
+        eng_drafter_free(&e->drafter); /* a draft model's backend and cache are not needed */
         snprintf(e->stats.spec.off_reason, sizeof e->stats.spec.off_reason, "%s", off);
         fprintf(stderr, "qlserve: speculative decoding off: %s\n", off);
         return QL_OK;
