@@ -465,7 +465,9 @@ Test(speculative, greedy_answers_under_an_unmerged_adapter_are_the_adapters)
     expect_drafts_exercised(&spec);
 }
 
-Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
+/* Seeded sampled answers (top-k, top-p, several choices) drafted as so says,
+ * against an engine without drafts. */
+static void expect_sampled_answers(const eng_spec_opts *so, eng_spec_stats *spec)
 {
     eng_request reqs[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++) {
@@ -476,9 +478,28 @@ Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
                                           .seed = 100 + (uint64_t)i};
         reqs[i].n_choices = i % 4 == 0 ? 3 : 1; /* forks of one prompt, each speculating */
     }
+    /* up to 16 sequences decode together: a step past spec-max-batch would not draft, and
+     * how many run together depends on when the engine thread takes the requests */
+    eng_spec_opts all = *so;
+    all.max_batch = 16;
+    expect_same_answers_with(reqs, N_PROMPTS, 16, &all, spec);
+    expect_drafts_exercised(spec);
+}
+
+Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
     eng_spec_stats spec;
-    expect_same_answers(reqs, N_PROMPTS, 16, &spec);
-    expect_drafts_exercised(&spec);
+    expect_sampled_answers(&so, &spec);
+}
+
+/* the model's greedy guesses, each choice with its own draft KV, sampled from as ever */
+Test(speculative, sampled_answers_with_a_seed_and_a_draft_model_are_the_same_tokens)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_stats spec;
+    expect_sampled_answers(&so, &spec);
+    cr_assert_eq(spec.drafter, ENG_SPEC_DRAFT);
 }
 
 /*
