@@ -255,10 +255,17 @@ int cli_generate(int argc, char **argv)
         return 2;
     }
     srv_activations_set(c.activations); /* before the weights load: process-wide */
+    eng_model draft;
+    if (srv_draft_load(&c.spec, &load, &draft, &g.spec, msg, sizeof msg) != QL_OK) {
+        fprintf(stderr, "qlserve generate: %s\n", msg);
+        return 1;
+    }
     if (c.adapter)
         rc = generate_with_adapter(&c, &load, &g, msg, sizeof msg);
     else
         rc = eng_generate(&load, &g, stdout, stderr, msg, sizeof msg);
+    if (g.spec.draft_model) /* the engine that borrowed it has stopped */
+        eng_model_free(&draft);
     if (rc != QL_OK) {
         fprintf(stderr, "qlserve generate: %s\n", msg);
         return 1;

@@ -276,8 +276,15 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
     {FLAG("speculative", OPT_STRING, offsetof(T, field.speculative),                               \
           "draft tokens and verify them in the same batched step: ngram looks the answer's last "  \
           "tokens up in the prompt and answer (greedy answers unchanged, sampled ones keep the "   \
-          "model's distribution); draft and mtp are not built yet"),                               \
+          "model's distribution); draft runs --draft-model's greedy guesses; mtp is not built "    \
+          "yet"),                                                                                  \
      .def.s = "off", .words = &ql_speculative_names},                                              \
+        {FLAG("draft-model", OPT_STRING, offsetof(T, field.draft_model),                           \
+              "PATH: --speculative draft's model (a Hugging Face folder or a .gguf file, loaded "  \
+              "as --model is): smaller, with the same vocabulary, run on the CPU")},               \
+        {FLAG("draft-kv-mib", OPT_INT, offsetof(T, field.draft_kv_mib),                            \
+              "N: the draft model's own KV cache in MiB (0: as many positions as the model's)"),   \
+         RANGE(0, 1 << 20)},                                                                       \
         {FLAG("draft-max", OPT_INT, offsetof(T, field.draft_max),                                  \
               "N: most tokens a sequence drafts per step, 1..16 (0: 4)"),                          \
          RANGE(0, 16)},                                                                            \

@@ -57,13 +57,15 @@ typedef struct cfg_model {
     const char *chat_template;
 } cfg_model;
 
-/* Speculative decoding (serve, generate): --speculative off|ngram (draft and
- * mtp are words the engine refuses by name: not built yet), --draft-max,
- * --ngram-min, --ngram-max, --spec-max-batch (0: the engine's defaults,
- * eng_spec_opts). */
+/* Speculative decoding (serve, generate): --speculative off|ngram|draft (mtp
+ * is a word the engine refuses by name: not built yet), --draft-model,
+ * --draft-kv-mib, --draft-max, --ngram-min, --ngram-max, --spec-max-batch
+ * (0: the engine's defaults, eng_spec_opts). */
 typedef struct cfg_spec {
     const char *speculative; /* default "off" */
     int32_t draft_max, ngram_min, ngram_max, max_batch;
+    const char *draft_model; /* --draft-model PATH (speculative draft) */
+    int32_t draft_kv_mib;    /* its KV cache (0: as many positions as the model's) */
 } cfg_spec;
 
 typedef struct cfg_inspect {

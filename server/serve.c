@@ -391,9 +391,32 @@ int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_l
                            .draft_max = c->draft_max,
                            .ngram_min = c->ngram_min,
                            .ngram_max = c->ngram_max,
-                           .max_batch = c->max_batch};
-    return c->speculative ? eng_speculative_parse(c->speculative, &out->drafter, msg, msg_len)
-                          : QL_OK;
+                           .max_batch = c->max_batch,
+                           .draft_kv_bytes = (size_t)c->draft_kv_mib << 20};
+    int rc =
+        c->speculative ? eng_speculative_parse(c->speculative, &out->drafter, msg, msg_len) : QL_OK;
+    if (rc == QL_OK && c->draft_model && out->drafter != ENG_SPEC_DRAFT)
+        rc = ql_fail(msg, msg_len, QL_EINVAL,
+                     "--draft-model %s is read only with --speculative draft (not %s)",
+                     c->draft_model, c->speculative ? c->speculative : "off");
+    return rc;
+}
+
+int srv_draft_load(const cfg_spec *c, const eng_load_opts *lo, eng_model *dm, eng_spec_opts *o,
+                   char *msg, size_t msg_len)
+{
+    memset(dm, 0, sizeof *dm);
+    if (!c->draft_model)
+        return QL_OK;
+    eng_load_opts dl = *lo;
+    dl.path = c->draft_model;
+    dl.chat_template = NULL; /* the draft never renders a chat */
+    char why[768];
+    int rc = eng_model_load(dm, &dl, why, sizeof why);
+    if (rc != QL_OK)
+        return ql_fail(msg, msg_len, rc, "--draft-model %s: %s", c->draft_model, why);
+    o->draft_model = dm;
+    return QL_OK;
 }
 
 /* --- activations (--activations) ------------------------------------------------ */
@@ -455,6 +478,8 @@ static void load_run(uv_work_t *req)
     if (j->rc == QL_OK)
         j->rc = srv_spec_opts(&c->spec, &eo.spec, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)
+        j->rc = srv_draft_load(&c->spec, &lo, &s->draft_model, &eo.spec, j->msg, sizeof j->msg);
+    if (j->rc == QL_OK)
         j->rc = eng_kv_dtype_resolve(c->kv_dtype, eo.device, &eo.kv_dtype, j->msg, sizeof j->msg);
     if (j->rc == QL_OK)
         j->rc = eng_engine_start(&s->engine, &s->model, &eo, j->msg, sizeof j->msg);
@@ -479,6 +504,8 @@ static void load_run(uv_work_t *req)
         eng_engine_stop(s->engine);
         s->engine = NULL;
         eng_model_free(&s->model);
+        if (s->draft_model.layers)
+            eng_model_free(&s->draft_model);
     }
 }
 
@@ -516,6 +543,10 @@ static void load_after(uv_work_t *req, int status)
         if (es.states_total > 0)
             fprintf(stderr, "qlserve: %d recurrent states (one per running sequence)\n",
                     (int)es.states_total);
+        if (s->draft_model.layers)
+            fprintf(stderr, "qlserve: draft model %s (%s, %s) drafts on the CPU\n",
+                    s->cfg->spec.draft_model, eng_arch_name(s->draft_model.cfg.arch),
+                    s->draft_model.quant);
         const char *off = eng_linear_prefix_off(&s->model.cfg.linear);
         if (off)
             fprintf(stderr, "qlserve: prefix cache off: %s\n", off);
@@ -626,6 +657,8 @@ int srv_serve(const cfg_serve *cfg)
     srv_resp_store_free(s->responses);
     if (s->model.layers)
         eng_model_free(&s->model);
+    if (s->draft_model.layers)
+        eng_model_free(&s->draft_model);
     mf_guard_stop();
     srv_gen_on_wake(&s->wake); /* events that raced the stop: free them */
     uv_loop_close(s->loop);

@@ -265,6 +265,7 @@ struct srv_server {
     bool serving;
     char load_error[1024];
     eng_model model;
+    eng_model draft_model; /* --draft-model's, when given (layers NULL: none) */
     eng_engine *engine;
     lora_registry *registry;
     /* the model's chat templates, compiled at load (NULL: none, or refused,
@@ -358,8 +359,16 @@ int srv_serve(const cfg_serve *cfg);
 void srv_activations_set(const char *word);
 void srv_activations_settle(const eng_engine *e, FILE *log, const char *who);
 /* serve's and generate's speculative decoding flags (config's cfg_spec) as
- * the engine's options: the drafter's word parsed (draft and mtp refused by
- * name, QL_EINVAL), the sizes as given (the engine checks their ranges). */
+ * the engine's options: the drafter's word parsed (mtp refused by name,
+ * QL_EINVAL; so is --draft-model without --speculative draft), the sizes as
+ * given (the engine checks their ranges). The draft model is not loaded
+ * here (srv_draft_load). */
 int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_len);
+/* --draft-model's model into *dm (the caller's: eng_model_free after the
+ * engine stops), loaded as lo loads the target but from its own path, and
+ * named in o->draft_model; nothing (dm zeroed) without --draft-model. A
+ * load error names the draft model. */
+int srv_draft_load(const cfg_spec *c, const eng_load_opts *lo, eng_model *dm, eng_spec_opts *o,
+                   char *msg, size_t msg_len);
 
 #endif

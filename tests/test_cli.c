@@ -447,9 +447,10 @@ Test(cli, generate_prints_a_completion_and_its_speed)
     }
 }
 
-/* --speculative ngram drafts and says what it took, with the same
- * completion; a draft model and MTP heads are refused by name. */
-Test(cli, generate_speculative_ngram_and_the_drafters_not_built)
+/* --speculative ngram and draft (the model as its own draft) draft and say
+ * what they took, with the same completion; MTP heads, and --draft-model
+ * without --speculative draft, are refused by name. */
+Test(cli, generate_speculative_ngram_draft_and_the_drafters_not_built)
 {
     char model[600], args[2000];
     write_tiny_model(model, sizeof model);
@@ -465,11 +466,23 @@ Test(cli, generate_speculative_ngram_and_the_drafters_not_built)
     size_t n = (size_t)(strstr(plain, "prompt ") - plain);
     cr_assert(strncmp(out, plain, n) == 0, "'%s' against '%s'", out, plain);
     free(out);
+    snprintf(args, sizeof args, "generate --model '%s' %s --speculative draft --draft-model '%s'",
+             model, common, model);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "speculative draft: "), "%s", out);
+    cr_assert(strncmp(out, plain, n) == 0, "'%s' against '%s'", out, plain);
+    free(out);
     free(plain);
-    snprintf(args, sizeof args, "generate --model '%s' %s --speculative draft", model, common);
+    snprintf(args, sizeof args, "generate --model '%s' %s --speculative mtp", model, common);
     int rc = run(args, &out);
     cr_assert_eq(rc, 2, "exit %d: %s", rc, out);
     cr_assert(strstr(out, "not built yet"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "generate --model '%s' %s --draft-model '%s'", model, common,
+             model);
+    rc = run(args, &out);
+    cr_assert_eq(rc, 2, "exit %d: %s", rc, out);
+    cr_assert(strstr(out, "--draft-model") && strstr(out, "--speculative draft"), "%s", out);
     free(out);
 }
 

@@ -244,6 +244,33 @@ Test(config, speculative_defaults_to_off_from_each_layer_and_refused_by_name)
                     "off, ngram, draft, mtp");
 }
 
+Test(config, draft_model_and_its_kv_cache_from_each_layer)
+{
+    char path[600];
+    write_file("d.json", "{\"draft_model\": \"/m/small\", \"draft_kv_mib\": 32}", path,
+               sizeof path);
+    cfg_serve c;
+    cr_assert_eq(PARSE(&c, "--model", "m", "--config", path), QL_OK, "%s", msg);
+    cr_assert_str_eq(c.spec.draft_model, "/m/small");
+    cr_assert_eq(c.spec.draft_kv_mib, 32);
+    cfg_serve_free(&c);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--draft-model", "/m/flag", "--config", path), QL_OK,
+                 "%s", msg);
+    cr_assert_str_eq(c.spec.draft_model, "/m/flag");
+    cfg_serve_free(&c);
+    setenv("QLSERVE_DRAFT_MODEL", "/m/env", 1);
+    setenv("QLSERVE_DRAFT_KV_MIB", "8", 1);
+    cr_assert_eq(PARSE(&c, "--model", "m", "--draft-model", "/m/flag", "--config", path), QL_OK,
+                 "%s", msg);
+    cr_assert_str_eq(c.spec.draft_model, "/m/env");
+    cr_assert_eq(c.spec.draft_kv_mib, 8);
+    cfg_serve_free(&c);
+    unsetenv("QLSERVE_DRAFT_MODEL");
+    unsetenv("QLSERVE_DRAFT_KV_MIB");
+    cr_assert_eq(PARSE(&c, "--model", "m", "--draft-kv-mib", "-1"), QL_EUSAGE);
+    cr_assert(strstr(msg, "draft-kv-mib"), "%s", msg);
+}
+
 Test(config, file_then_flags_then_environment)
 {
     char path[600];

@@ -808,18 +808,19 @@ Test(server, the_step_budget_is_configured_and_reported)
     sp_stop_cleanly();
 }
 
-/* --speculative ngram: /info says what runs (off on CUDA, with the reason)
- * and /metrics counts the drafts under qlserve's names and vLLM's. */
-Test(server, speculative_ngram_is_reported_by_info_and_metrics)
+/* The server started with extra, speculating with drafter: /info says what
+ * runs (off on CUDA, with the reason) and /metrics counts the drafts under
+ * qlserve's names, labelled with the drafter, and vLLM's. */
+static void expect_speculation_reported(const char *drafter, const char *const *extra)
 {
     tiny_spec spec = tiny_default();
-    start_server(&spec, (const char *[]){"--speculative", "ngram", NULL});
+    start_server(&spec, extra);
     free(generate("a b c a b c a b c a b", 32, NULL));
     hc_response r = sp_request("GET", "/info", NULL, NULL);
     cr_assert_eq(r.status, 200);
     cJSON *j = json_of(&r);
     bool cuda = strncmp(str_at(j, "device"), "cuda (", 6) == 0;
-    cr_assert_str_eq(str_at(j, "speculative"), cuda ? "off" : "ngram", "%s", r.body);
+    cr_assert_str_eq(str_at(j, "speculative"), cuda ? "off" : drafter, "%s", r.body);
     cr_assert(!cuda || strstr(str_at(j, "speculative_off_because"), "CPU"), "%s", r.body);
     cJSON_Delete(j);
     hc_response_free(&r);
@@ -829,16 +830,32 @@ Test(server, speculative_ngram_is_reported_by_info_and_metrics)
     cr_assert(strstr(m, "# TYPE vllm:spec_decode_num_drafts_total counter\n"), "%s", m);
     cr_assert(strstr(m, "# TYPE qlserve_spec_decode_acceptance_length histogram\n"), "%s", m);
     if (!cuda) {
+        char name[160];
         double drafts = metric(m, "vllm:spec_decode_num_drafts_total");
         cr_assert_gt(drafts, 0, "%s", m);
-        cr_assert_eq(metric(m, "qlserve_spec_decode_drafts_total{drafter=\"ngram\"}"), drafts);
-        cr_assert_eq(metric(m, "qlserve_spec_decode_acceptance_length_count{drafter=\"ngram\"}"),
-                     drafts);
-        cr_assert_eq(metric(m, "vllm:spec_decode_num_accepted_tokens_total"),
-                     metric(m, "qlserve_spec_decode_accepted_tokens_total{drafter=\"ngram\"}"));
+        snprintf(name, sizeof name, "qlserve_spec_decode_drafts_total{drafter=\"%s\"}", drafter);
+        cr_assert_eq(metric(m, name), drafts, "%s", m);
+        snprintf(name, sizeof name, "qlserve_spec_decode_acceptance_length_count{drafter=\"%s\"}",
+                 drafter);
+        cr_assert_eq(metric(m, name), drafts);
+        snprintf(name, sizeof name, "qlserve_spec_decode_accepted_tokens_total{drafter=\"%s\"}",
+                 drafter);
+        cr_assert_eq(metric(m, "vllm:spec_decode_num_accepted_tokens_total"), metric(m, name));
     }
     hc_response_free(&r);
     sp_stop_cleanly();
+}
+
+Test(server, speculative_ngram_is_reported_by_info_and_metrics)
+{
+    expect_speculation_reported("ngram", (const char *[]){"--speculative", "ngram", NULL});
+}
+
+/* the model as its own draft (start_server writes it to model_dir) */
+Test(server, speculative_draft_is_reported_by_info_and_metrics)
+{
+    expect_speculation_reported(
+        "draft", (const char *[]){"--speculative", "draft", "--draft-model", model_dir, NULL});
 }
 
 /* --activations q8: /info and the startup log name it (on the CPU; the

@@ -99,17 +99,23 @@ static void wait_done(outcome *o)
     pthread_mutex_unlock(&o->mu);
 }
 
-static eng_engine *start(eng_speculative drafter, int32_t max_running, int32_t max_batch)
+static eng_engine *start_with(const eng_spec_opts *spec, int32_t max_running)
 {
     eng_engine_opts o = {.threads = 2,
                          .kv_bytes = 16 << 20,
                          .max_running = max_running,
                          .max_queued = 2048,
-                         .spec = {.drafter = drafter, .max_batch = max_batch}};
+                         .spec = *spec};
     eng_engine *e;
     char msg[512];
     cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), 0, "%s", msg);
     return e;
+}
+
+static eng_engine *start(eng_speculative drafter, int32_t max_running, int32_t max_batch)
+{
+    eng_spec_opts spec = {.drafter = drafter, .max_batch = max_batch};
+    return start_with(&spec, max_running);
 }
 
 static const char *prompts[] = {
@@ -166,16 +172,17 @@ static void expect_same_choice(const outcome *on, const outcome *off, int i, int
     cr_assert(memcmp(on->text[c], off->text[c], on->len[c]) == 0, "request %d/%d's text", i, c);
 }
 
-/* The same requests on an engine without speculation and one with n-gram
- * drafts: every answer's tokens (and logprobs, bit for bit) and end the
+/* The same requests on an engine without speculation and one drafting as
+ * so says: every answer's tokens (and logprobs, bit for bit) and end the
  * same; the speculating engine's figures come back in *spec. */
-static void expect_same_answers(eng_request *reqs, int n, int32_t max_running, eng_spec_stats *spec)
+static void expect_same_answers_with(eng_request *reqs, int n, int32_t max_running,
+                                     const eng_spec_opts *so, eng_spec_stats *spec)
 {
     outcome *off = outcomes_new(n), *on = outcomes_new(n);
     eng_engine *e = start(ENG_SPEC_OFF, max_running, 0);
     run_all(e, reqs, off, n);
     eng_engine_stop(e);
-    e = start(ENG_SPEC_NGRAM, max_running, 0);
+    e = start_with(so, max_running);
     run_all(e, reqs, on, n);
     eng_engine_stats st;
     cr_assert(eng_engine_settle(e, 60));
@@ -194,10 +201,17 @@ static void expect_same_answers(eng_request *reqs, int n, int32_t max_running, e
     free(on);
 }
 
+/* The same with n-gram drafts. */
+static void expect_same_answers(eng_request *reqs, int n, int32_t max_running, eng_spec_stats *spec)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
+    expect_same_answers_with(reqs, n, max_running, &so, spec);
+}
+
 /* Drafts were verified, some accepted, some rejected (the rollback ran). */
 static void expect_drafts_exercised(const eng_spec_stats *s)
 {
-    cr_assert_eq(s->drafter, ENG_SPEC_NGRAM);
+    cr_assert_neq(s->drafter, ENG_SPEC_OFF);
     cr_assert_gt(s->drafts, 0, "no draft was verified");
     cr_assert_gt(s->accepted, 0, "no drafted token was accepted");
     cr_assert_gt(s->verified, s->accepted, "no drafted token was rejected");
@@ -290,12 +304,15 @@ Test(speculative, kv_rollback_forgets_positions_but_never_grows)
     eng_kv_free(kv);
 }
 
-Test(speculative, a_draft_model_and_mtp_heads_are_refused_by_name)
+Test(speculative, mtp_heads_and_a_draft_without_its_model_are_refused_by_name)
 {
     char msg[256];
     eng_speculative d;
-    cr_assert_eq(eng_speculative_parse("draft", &d, msg, sizeof msg), QL_EINVAL);
-    cr_assert(strstr(msg, "draft model") && strstr(msg, "not built"), "%s", msg);
+    cr_assert_eq(eng_speculative_parse("draft", &d, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(d, ENG_SPEC_DRAFT);
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT};
+    cr_assert_eq(eng_spec_opts_resolve(&so, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "--draft-model"), "%s", msg);
     cr_assert_eq(eng_speculative_parse("mtp", &d, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "MTP"), "%s", msg);
     cr_assert_eq(eng_speculative_parse("eagle", &d, msg, sizeof msg), QL_EINVAL);
@@ -390,7 +407,8 @@ static gr_grammar *ab_grammar(void)
     return g;
 }
 
-Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
+/* Greedy answers under ab_grammar, drafted as so says, against an engine without drafts. */
+static void expect_grammar_answers(const eng_spec_opts *so, eng_spec_stats *spec)
 {
     gr_grammar *g = ab_grammar();
     static const char *ps[] = {"a b a b a b a",           "ab ab ab ab", "aab aab aab a", "b b b b",
@@ -401,13 +419,21 @@ Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
         reqs[i] = plain(ps[i], 40);
         reqs[i].grammar = g;
     }
-    eng_spec_stats spec;
-    expect_same_answers(reqs, N, 6, &spec);
-    cr_assert_gt(spec.accepted, 0, "drafts under the grammar were taken");
+    expect_same_answers_with(reqs, N, 6, so, spec);
+    cr_assert_gt(spec->accepted, 0, "drafts under the grammar were taken");
     gr_grammar_unref(g);
 }
 
-Test(speculative, greedy_answers_under_an_unmerged_adapter_are_the_adapters)
+Test(speculative, greedy_answers_under_a_grammar_are_the_same_tokens)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
+    eng_spec_stats spec;
+    expect_grammar_answers(&so, &spec);
+}
+
+/* Greedy answers drafted as so says, two in three of them under an unmerged
+ * adapter strong enough to change them, against an engine without drafts. */
+static void expect_adapters_answers(const eng_spec_opts *so, eng_spec_stats *spec)
 {
     char folder[700], msg[512];
     snprintf(folder, sizeof folder, "%s/adapter", tiny_dir);
@@ -427,13 +453,21 @@ Test(speculative, greedy_answers_under_an_unmerged_adapter_are_the_adapters)
             reqs[i].n_adapters = 1;
         }
     }
-    eng_spec_stats spec;
-    expect_same_answers(reqs, N_PROMPTS, 6, &spec);
-    expect_drafts_exercised(&spec);
+    expect_same_answers_with(reqs, N_PROMPTS, 6, so, spec);
     eng_lora_unref(lora);
 }
 
-Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
+Test(speculative, greedy_answers_under_an_unmerged_adapter_are_the_adapters)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
+    eng_spec_stats spec;
+    expect_adapters_answers(&so, &spec);
+    expect_drafts_exercised(&spec);
+}
+
+/* Seeded sampled answers (top-k, top-p, several choices) drafted as so says,
+ * against an engine without drafts. */
+static void expect_sampled_answers(const eng_spec_opts *so, eng_spec_stats *spec)
 {
     eng_request reqs[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++) {
@@ -444,9 +478,28 @@ Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
                                           .seed = 100 + (uint64_t)i};
         reqs[i].n_choices = i % 4 == 0 ? 3 : 1; /* forks of one prompt, each speculating */
     }
+    /* up to 16 sequences decode together: a step past spec-max-batch would not draft, and
+     * how many run together depends on when the engine thread takes the requests */
+    eng_spec_opts all = *so;
+    all.max_batch = 16;
+    expect_same_answers_with(reqs, N_PROMPTS, 16, &all, spec);
+    expect_drafts_exercised(spec);
+}
+
+Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
     eng_spec_stats spec;
-    expect_same_answers(reqs, N_PROMPTS, 16, &spec);
-    expect_drafts_exercised(&spec);
+    expect_sampled_answers(&so, &spec);
+}
+
+/* the model's greedy guesses, each choice with its own draft KV, sampled from as ever */
+Test(speculative, sampled_answers_with_a_seed_and_a_draft_model_are_the_same_tokens)
+{
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_stats spec;
+    expect_sampled_answers(&so, &spec);
+    cr_assert_eq(spec.drafter, ENG_SPEC_DRAFT);
 }
 
 /*
@@ -625,4 +678,244 @@ Test(speculative, a_hybrid_model_runs_without_speculation_and_says_why)
     eng_model_free(&m);
     test_rmtree(dir);
     free(out);
+}
+
+/* --- the draft model --------------------------------------------------------------- */
+
+/* A draft model beside tiny_model: tiny_default() with one layer and its
+ * own random weights (seed), changed further by edit when not NULL, written
+ * in a fresh dir and loaded as tiny_model is (NF4 linears). */
+static void draft_load(eng_model *m, char *dir, size_t dir_cap, uint64_t seed,
+                       void (*edit)(tiny_spec *s, const char *dir))
+{
+    test_tmpdir(dir, dir_cap);
+    cr_assert(dir[0]);
+    tiny_spec s = tiny_default();
+    s.layers = 1;
+    s.seed = seed;
+    if (edit)
+        edit(&s, NULL);
+    tiny_write_hf(dir, &s);
+    if (edit)
+        edit(&s, dir);
+    eng_load_opts o = {.path = dir, .quant = "nf4"};
+    char msg[512];
+    cr_assert_eq(eng_model_load(m, &o, msg, sizeof msg), 0, "%s", msg);
+}
+
+static void draft_unload(eng_model *m, const char *dir)
+{
+    eng_model_free(m);
+    test_rmtree(dir);
+}
+
+/* The figures of an engine drafting with a model: drafts verified, and the
+ * acceptance histogram adds up. */
+static void expect_model_drafts(const eng_spec_stats *s)
+{
+    cr_assert_eq(s->drafter, ENG_SPEC_DRAFT);
+    cr_assert_gt(s->drafts, 0, "no draft was verified");
+    cr_assert_geq(s->drafted, s->verified);
+    uint64_t n = 0, sum = 0;
+    for (int i = 0; i <= ENG_SPEC_MAX_DRAFT; i++) {
+        n += s->accepted_len[i];
+        sum += (uint64_t)i * s->accepted_len[i];
+    }
+    cr_assert_eq(n, s->drafts);
+    cr_assert_eq(sum, s->accepted);
+}
+
+/* Greedy answers over the prompts, drafted by dm, against an engine without drafts. */
+static void expect_same_answers_drafted_by(const eng_model *dm, eng_spec_stats *spec)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++)
+        reqs[i] = plain(prompts[i], 48);
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = dm};
+    expect_same_answers_with(reqs, N_PROMPTS, 4, &so, spec); /* 4 at a time, drafting together */
+    expect_model_drafts(spec);
+    cr_log_info("draft model: %llu drafted, %llu verified, %llu accepted",
+                (unsigned long long)spec->drafted, (unsigned long long)spec->verified,
+                (unsigned long long)spec->accepted);
+}
+
+Test(speculative, a_different_draft_model_leaves_greedy_answers_the_same_tokens)
+{
+    /* another model of one layer: its guesses are the target's by chance alone */
+    char dir[512], msg[512];
+    eng_model dm;
+    draft_load(&dm, dir, sizeof dir, 7, NULL);
+    eng_spec_stats spec;
+    expect_same_answers_drafted_by(&dm, &spec);
+    cr_assert_gt(spec.verified, spec.accepted, "another model's drafts were rejected");
+    draft_unload(&dm, dir);
+    /* the target's own weights unquantized (it runs NF4): a close draft, mostly right */
+    eng_load_opts lo = {.path = tiny_dir};
+    cr_assert_eq(eng_model_load(&dm, &lo, msg, sizeof msg), 0, "%s", msg);
+    expect_same_answers_drafted_by(&dm, &spec);
+    cr_assert_gt(spec.accepted, 0, "a close draft's tokens were accepted");
+    cr_assert_gt(spec.verified, spec.accepted, "and some rejected: the draft KV rolled back");
+    eng_model_free(&dm);
+}
+
+Test(speculative, the_model_as_its_own_draft_has_every_draft_accepted)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++)
+        reqs[i] = plain(prompts[i], 48);
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_stats spec;
+    expect_same_answers_with(reqs, N_PROMPTS, 4, &so, &spec);
+    expect_model_drafts(&spec);
+    /* its greedy guesses are the target's greedy tokens: every verified one is taken, but for a
+     * draft past the token that ended an answer (EOS), at most one per request */
+    cr_assert_gt(spec.accepted, 0);
+    cr_assert_leq(spec.verified - spec.accepted, N_PROMPTS, "%llu verified, %llu accepted",
+                  (unsigned long long)spec.verified, (unsigned long long)spec.accepted);
+    cr_assert_eq(spec.drafted, spec.verified, "nothing cut");
+}
+
+Test(speculative, greedy_answers_under_an_unmerged_adapter_with_a_draft_model_are_the_adapters)
+{
+    /* the draft is the base model: the adapter applies in the verification only */
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_stats spec;
+    expect_adapters_answers(&so, &spec);
+    expect_model_drafts(&spec);
+    cr_assert_gt(spec.accepted, 0);
+    cr_assert_gt(spec.verified, spec.accepted, "the adapter's answers reject base drafts");
+}
+
+Test(speculative, greedy_answers_under_a_grammar_with_a_draft_model_are_the_same_tokens)
+{
+    /* the draft knows no grammar: its first token is cut where the mask refuses it */
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_stats spec;
+    expect_grammar_answers(&so, &spec);
+    expect_model_drafts(&spec);
+    cr_assert_gt(spec.drafted, spec.verified, "the grammar cut drafts");
+    cr_log_info("grammar, draft model: %llu drafted, %llu verified, %llu accepted",
+                (unsigned long long)spec.drafted, (unsigned long long)spec.verified,
+                (unsigned long long)spec.accepted);
+}
+
+/* Four more rows in the draft's config: its vocabulary is larger. */
+static void larger_vocab(tiny_spec *s, const char *dir)
+{
+    if (!dir)
+        s->vocab = 264;
+}
+
+/* The draft's tokenizer names its special token otherwise. */
+static void renamed_token(tiny_spec *s, const char *dir)
+{
+    (void)s;
+    if (!dir)
+        return;
+    char path[700];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    size_t len;
+    char *text = test_read_file(path, &len);
+    char *at = strstr(text, "<|endoftext|>");
+    cr_assert(at);
+    memcpy(at, "<|endoftxet|>", 13);
+    test_write_text(path, text);
+    free(text);
+}
+
+/* Starting an engine drafting with draft gives QL_EINVAL naming want. */
+static void expect_refused(const eng_model *draft, const char *want)
+{
+    eng_engine_opts o = {.threads = 1,
+                         .kv_bytes = 1 << 20,
+                         .spec = {.drafter = ENG_SPEC_DRAFT, .draft_model = draft}};
+    eng_engine *e = NULL;
+    char msg[512];
+    cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, want), "%s", msg);
+}
+
+Test(speculative, a_draft_model_with_another_vocabulary_is_refused_naming_the_difference)
+{
+    char dir[512];
+    eng_model dm;
+    draft_load(&dm, dir, sizeof dir, 7, larger_vocab);
+    expect_refused(&dm, "264 tokens");
+    draft_unload(&dm, dir);
+    draft_load(&dm, dir, sizeof dir, 7, renamed_token);
+    expect_refused(&dm, "token 259: \"<|endoftxet|>\" in the draft model");
+    draft_unload(&dm, dir);
+    /* a hybrid draft model: its recurrent state could not follow a rollback */
+    test_tmpdir(dir, sizeof dir);
+    tiny_fixture_folder("qwen35_tiny", dir);
+    eng_load_opts lo = {.path = dir};
+    char msg[1024];
+    cr_assert_eq(eng_model_load(&dm, &lo, msg, sizeof msg), 0, "%s", msg);
+    expect_refused(&dm, "draft model has linear-attention");
+    /* nor a hybrid target */
+    eng_engine_opts o = {.threads = 1,
+                         .kv_bytes = 1 << 20,
+                         .spec = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model}};
+    eng_engine *e = NULL;
+    cr_assert_eq(eng_engine_start(&e, &dm, &o, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "target model has linear-attention"), "%s", msg);
+    draft_unload(&dm, dir);
+}
+
+/* One job for draft d: h's guesses into out (max of them) in kv. */
+static eng_draft_job draft_job(eng_history h, eng_seq_kv *kv, int32_t *out)
+{
+    return (eng_draft_job){.h = h, .max = 4, .reserve = 128, .kv = kv, .out = out};
+}
+
+Test(speculative, a_rolled_back_draft_kv_drafts_as_a_fresh_one)
+{
+    char dir[512], msg[512];
+    eng_model dm;
+    draft_load(&dm, dir, sizeof dir, 7, NULL);
+    eng_drafter d;
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &dm};
+    cr_assert_eq(eng_drafter_init(&d, &so, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_draft_sizes sz = {.threads = 2,
+                          .max_tokens = 64,
+                          .max_seqs = 4,
+                          .block_tokens = 16,
+                          .target_kv_bytes = 1 << 20};
+    cr_assert_eq(eng_drafter_start(&d, &tiny_model, &sz, msg, sizeof msg), QL_OK, "%s", msg);
+    const char *p = "the cat sat on the mat; the cat sat on the";
+    int32_t *prompt = NULL;
+    size_t n = 0;
+    cr_assert_eq(
+        tok_encode(tiny_model.tok, p, strlen(p), false, true, &prompt, &n, msg, sizeof msg), QL_OK,
+        "%s", msg);
+    eng_seq_kv a = {0}, b = {0};
+    int32_t first[4], again[4], fresh[4];
+    eng_draft_job j = draft_job((eng_history){prompt, (int32_t)n, NULL, 0}, &a, first);
+    d.ops->draft(&d, &j, 1);
+    cr_assert_eq(j.n, 4);
+    cr_assert_eq(a.n_tokens, (int32_t)n + 3, "the prompt and three drafts fed");
+    /* the target took the first draft and sampled another token than the second */
+    int32_t answer[] = {first[0], (first[1] + 1) % 256};
+    eng_drafter_rollback(&d, &a, (int32_t)n + 1);
+    cr_assert_eq(a.n_tokens, (int32_t)n + 1);
+    eng_history h = {prompt, (int32_t)n, answer, 2};
+    /* the rolled back sequence and a fresh one draft in the same steps: one takes in what each
+     * has not seen (a token, the whole history), then one per further drafted position */
+    eng_draft_job jobs[2] = {draft_job(h, &a, again), draft_job(h, &b, fresh)};
+    uint64_t steps = eng_drafter_steps(&d);
+    d.ops->draft(&d, jobs, 2);
+    cr_assert_eq(eng_drafter_steps(&d) - steps, 4,
+                 "%llu draft steps for two sequences' four tokens",
+                 (unsigned long long)(eng_drafter_steps(&d) - steps));
+    cr_assert_eq(jobs[0].n, 4);
+    cr_assert_eq(jobs[1].n, 4);
+    cr_assert(memcmp(again, fresh, sizeof again) == 0, "%d %d %d %d, fresh %d %d %d %d", again[0],
+              again[1], again[2], again[3], fresh[0], fresh[1], fresh[2], fresh[3]);
+    cr_assert_eq(a.n_tokens, b.n_tokens);
+    eng_drafter_release(&d, &a);
+    eng_drafter_release(&d, &b);
+    cr_assert_eq(eng_kv_free_blocks(eng_drafter_kv(&d)), eng_kv_total_blocks(eng_drafter_kv(&d)));
+    eng_drafter_free(&d);
+    free(prompt);
+    draft_unload(&dm, dir);
 }

@@ -8,7 +8,8 @@
  * (an edit, a summary with quotes, code with its context) repeats runs of
  * tokens it has seen, so the tokens that followed the last occurrence of
  * its current suffix are a good guess of what follows now. It owns no
- * state; the scheduler holds each sequence's history and length.
+ * state; the scheduler holds each sequence's history and length. The
+ * draft model's drafter lives in draft_model.c.
  */
 #include "drafter_internal.h"
 
@@ -19,21 +20,25 @@ int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, siz
     int v = ql_name_expect(&ql_speculative_names, "speculative", name, msg, msg_len);
     if (v < 0)
         return v;
-    if (v == QL_SPEC_DRAFT || v == QL_SPEC_MTP)
+    if (v == QL_SPEC_MTP)
         return ql_fail(msg, msg_len, QL_EINVAL,
-                       "speculative \"%s\": %s is not built yet (issue 37); use ngram or off", name,
-                       v == QL_SPEC_DRAFT ? "a draft model" : "a model's MTP heads");
+                       "speculative \"%s\": a model's MTP heads are not built yet (issue 37); use "
+                       "ngram, draft or off",
+                       name);
     *out = (eng_speculative)v;
     return QL_OK;
 }
 
 int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
 {
-    if (o->drafter == ENG_SPEC_DRAFT || o->drafter == ENG_SPEC_MTP)
+    if (o->drafter == ENG_SPEC_MTP)
         return eng_speculative_parse(ql_name_of(&ql_speculative_names, (int)o->drafter),
                                      &o->drafter, msg, msg_len);
-    if (o->drafter != ENG_SPEC_OFF && o->drafter != ENG_SPEC_NGRAM)
+    if (o->drafter != ENG_SPEC_OFF && o->drafter != ENG_SPEC_NGRAM && o->drafter != ENG_SPEC_DRAFT)
         return ql_fail(msg, msg_len, QL_EINVAL, "speculative: unknown drafter %d", (int)o->drafter);
+    if (o->drafter == ENG_SPEC_DRAFT && !o->draft_model)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "speculative draft needs a draft model (--draft-model PATH)");
     if (o->draft_max == 0)
         o->draft_max = 4;
     if (o->ngram_min == 0)
@@ -91,21 +96,46 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
     return 0;
 }
 
-static int32_t ngram_draft(const eng_drafter *d, const eng_history *h, int32_t max, int32_t *out)
+static void ngram_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
 {
-    return eng_ngram_draft(h, d->o.ngram_min, d->o.ngram_max, max, out);
+    for (int32_t i = 0; i < n_jobs; i++)
+        jobs[i].n =
+            eng_ngram_draft(&jobs[i].h, d->o.ngram_min, d->o.ngram_max, jobs[i].max, jobs[i].out);
+}
+
+static void model_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
+{
+    eng_draft_model_run(d->model, jobs, n_jobs);
 }
 
 static const eng_drafter_ops ngram_ops = {.name = "ngram", .draft = ngram_draft};
+static const eng_drafter_ops model_ops = {.name = "draft", .draft = model_draft};
 
 int eng_drafter_init(eng_drafter *d, const eng_spec_opts *o, char *msg, size_t msg_len)
 {
     d->o = *o;
     d->ops = NULL;
+    d->model = NULL;
     int rc = eng_spec_opts_resolve(&d->o, msg, msg_len);
     if (rc == QL_OK && d->o.drafter == ENG_SPEC_NGRAM)
         d->ops = &ngram_ops;
+    if (rc == QL_OK && d->o.drafter == ENG_SPEC_DRAFT)
+        d->ops = &model_ops;
     return rc;
+}
+
+int eng_drafter_start(eng_drafter *d, const eng_model *target, const eng_draft_sizes *sz, char *msg,
+                      size_t msg_len)
+{
+    if (d->o.drafter != ENG_SPEC_DRAFT || d->model)
+        return QL_OK;
+    return eng_draft_model_new(&d->model, target, &d->o, sz, msg, msg_len);
+}
+
+void eng_drafter_free(eng_drafter *d)
+{
+    eng_draft_model_free(d->model);
+    d->model = NULL;
 }
 
 /* --- the draft length ------------------------------------------------------------- */

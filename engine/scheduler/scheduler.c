@@ -103,6 +103,7 @@ typedef struct seq {
     int32_t row[ENG_SPEC_MAX_DRAFT + 1];
     int32_t n_draft;
     eng_spec_len spec;
+    eng_seq_kv draft_kv; /* the draft model's KV of it (the draft drafter's) */
 } seq;
 
 /* One submitted request: the prompt and what its choices share. */
@@ -170,6 +171,8 @@ struct eng_engine {
     /* the rows of the sequences that draft in a step, end to end (speculation_start sizes it;
      * NULL: speculation off) */
     float *spec_rows;
+    eng_draft_job *draft_jobs; /* max_running: a step's drafting sequences, */
+    seq **draft_seqs;          /* and whose each is */
     pthread_t thread;
 
     pthread_mutex_t mu; /* guards what follows, up to the engine-only part */
@@ -447,6 +450,7 @@ static void end_choice(eng_engine *e, seq *s, eng_finish why)
     }
     keep_answer(e, s, why);
     eng_kv_release(e->kv, &s->kv);
+    eng_drafter_release(&e->drafter, &s->draft_kv);
     drop_running(e, s);
     e->slots--;
     r->generated += s->n_generated;
@@ -1209,11 +1213,10 @@ static void next_token(eng_engine *e, seq *s, int32_t k)
  * them in the same blocks, and the prefix cache never keeps them.
  */
 
-/* How many tokens s drafts this step (into s->row after its next token),
- * at most room: what its draft length, its answer's room (the token the
- * verification adds included) and its KV reservation allow, and what the
- * drafter guesses; a first drafted token the grammar refuses cuts it all. */
-static int32_t plan_draft(eng_engine *e, seq *s, int32_t room)
+/* How many tokens s may draft this step, at most room: what its draft
+ * length, its answer's room (the token the verification adds included) and
+ * its KV reservation allow; 0 when it does not draft. */
+static int32_t draft_want(seq *s, int32_t room)
 {
     request *r = s->r;
     int32_t pos = r->n_prompt + s->n_generated - 1;
@@ -1223,18 +1226,46 @@ static int32_t plan_draft(eng_engine *e, seq *s, int32_t room)
     want = want < room ? want : room;
     want = want < answer_left ? want : answer_left;
     want = want < kv_left ? want : kv_left;
-    s->n_draft = 0;
     /* the history is the prompt and the tokens fed (a failed record leaves it short) */
-    if (want <= 0 || s->n_fed != s->n_generated)
-        return 0;
-    eng_history h = {r->prompt, r->n_prompt, s->fed, s->n_fed};
-    int32_t k = e->drafter.ops->draft(&e->drafter, &h, want, s->row + 1);
-    e->tally.spec.drafted += (uint64_t)k;
-    if (k > 0 && s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1]))
-        k = 0;
-    s->row[0] = s->next_token;
-    s->n_draft = k;
-    return k;
+    return s->n_fed == s->n_generated && want > 0 ? want : 0;
+}
+
+/* Every begun sequence's draft for this step (n_decode decode tokens in
+ * it), all sequences' at once (a draft model steps once per drafted
+ * position for all of them): each drafts into s->row after its next token,
+ * in the room no decode token needs; a first drafted token the grammar
+ * refuses cuts its draft. */
+static void plan_drafts(eng_engine *e, int32_t n_decode)
+{
+    int32_t n = 0, room = e->o.step_tokens - n_decode;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        seq *s = e->running[i];
+        request *r = s->r;
+        s->n_draft = 0;
+        int32_t want = r->begun ? draft_want(s, room) : 0;
+        if (want == 0)
+            continue;
+        e->draft_jobs[n] = (eng_draft_job){.h = {r->prompt, r->n_prompt, s->fed, s->n_fed},
+                                           .max = want,
+                                           .reserve = r->reserve,
+                                           .kv = &s->draft_kv,
+                                           .out = s->row + 1};
+        e->draft_seqs[n++] = s;
+        room -= want;
+    }
+    if (n > 0)
+        e->drafter.ops->draft(&e->drafter, e->draft_jobs, n);
+    for (int32_t i = 0; i < n; i++) {
+        seq *s = e->draft_seqs[i];
+        int32_t k = e->draft_jobs[i].n;
+        e->tally.spec.drafted += (uint64_t)k;
+        if (k > 0 && s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1])) {
+            k = 0; /* never verified: a draft model forgets the drafts it fed */
+            eng_drafter_rollback(&e->drafter, &s->draft_kv, s->r->n_prompt + s->n_fed);
+        }
+        s->row[0] = s->next_token;
+        s->n_draft = k;
+    }
 }
 
 /* Verify s's drafted tokens from its step row run q (see above); its KV
@@ -1262,6 +1293,8 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
     if (ended)
         return; /* its blocks went back; the prefix cache kept only the answer's fed tokens */
     char msg[160];
+    /* the draft model keeps what it saw of the accepted tokens; the next draft feeds the rest */
+    eng_drafter_rollback(&e->drafter, &s->draft_kv, q->pos + 1 + j);
     if (eng_kv_rollback(e->kv, &s->kv, q->pos + 1 + j, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)s->r->id, msg);
         end_choice(e, s, ENG_FINISH_ERROR);
@@ -1340,24 +1373,20 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
 static int32_t build_decodes(eng_engine *e, int32_t *budget)
 {
     int32_t n = 0, n_decode = 0, drafted = 0;
-    for (int32_t i = 0; i < e->n_running; i++)
+    for (int32_t i = 0; i < e->n_running; i++) {
         n_decode += e->running[i]->r->begun;
-    bool spec = speculating(e, n_decode);
+        e->running[i]->n_draft = 0;
+    }
+    if (speculating(e, n_decode))
+        plan_drafts(e, n_decode);
     float *rows = e->spec_rows;
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t i = 0; i < e->n_running; i++) {
             seq *s = e->running[i];
             request *r = s->r;
-            if (!r->begun)
+            /* the drafting ones first, then the others */
+            if (!r->begun || (pass == 0) != (s->n_draft > 0))
                 continue;
-            if (pass == 0) { /* drafts take only the room no decode token needs */
-                int32_t room = e->o.step_tokens - n_decode - drafted;
-                s->n_draft = 0;
-                if (!spec || plan_draft(e, s, room) == 0)
-                    continue;
-            } else if (s->n_draft > 0) {
-                continue; /* placed in the first pass */
-            }
             int32_t k = s->n_draft;
             e->step[n] = (eng_step_seq){.kv = &s->kv,
                                         .tokens = k ? s->row : &s->next_token,
@@ -1754,8 +1783,19 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
     e->stats.spec.drafter = ENG_SPEC_OFF;
     if (!e->drafter.ops)
         return QL_OK;
+    /* the draft model beside the target: refused by name where it cannot serve */
+    eng_draft_sizes sz = {.threads = e->o.threads,
+                          .max_tokens = e->o.step_tokens,
+                          .max_seqs = e->o.max_running,
+                          .block_tokens = e->o.block_tokens,
+                          .target_kv_bytes = e->o.kv_bytes,
+                          .kv_dtype = eng_kv_dtype(e->kv)};
+    int rc = eng_drafter_start(&e->drafter, e->m, &sz, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
     const char *off = speculation_off(e);
     if (off) {
+        eng_drafter_free(&e->drafter); /* a draft model's backend and cache are not needed */
         snprintf(e->stats.spec.off_reason, sizeof e->stats.spec.off_reason, "%s", off);
         fprintf(stderr, "qlserve: speculative decoding off: %s\n", off);
         return QL_OK;
@@ -1768,7 +1808,9 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
     rows = rows < e->o.step_tokens ? rows : e->o.step_tokens;
     size_t floats = (size_t)rows * (size_t)e->m->cfg.vocab_size;
     e->spec_rows = malloc(floats * sizeof *e->spec_rows);
-    if (!e->spec_rows)
+    e->draft_jobs = calloc((size_t)e->o.max_running, sizeof *e->draft_jobs);
+    e->draft_seqs = calloc((size_t)e->o.max_running, sizeof *e->draft_seqs);
+    if (!e->spec_rows || !e->draft_jobs || !e->draft_seqs)
         return ql_fail(msg, msg_len, QL_ENOMEM,
                        "out of memory for speculative decoding's rows (%zu floats: lower "
                        "--spec-max-batch or --draft-max)",
@@ -1791,6 +1833,9 @@ static void engine_free(eng_engine *e)
     free(e->work_row);
     free(e->prompt_rows);
     free(e->spec_rows);
+    free(e->draft_jobs);
+    free(e->draft_seqs);
+    eng_drafter_free(&e->drafter);
     free(e->cancels);
     gr_vocab_free(e->grammar_vocab);
     eng_weights_unref(e->current);

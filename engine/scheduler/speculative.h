@@ -25,7 +25,7 @@
 typedef enum eng_speculative {
     ENG_SPEC_OFF = QL_SPEC_OFF, /* the zero value: options built by hand do not speculate */
     ENG_SPEC_NGRAM = QL_SPEC_NGRAM,
-    ENG_SPEC_DRAFT = QL_SPEC_DRAFT, /* not built yet: refused by name */
+    ENG_SPEC_DRAFT = QL_SPEC_DRAFT, /* a smaller model with the same vocabulary */
     ENG_SPEC_MTP = QL_SPEC_MTP,     /* not built yet: refused by name */
 } eng_speculative;
 
@@ -39,13 +39,17 @@ typedef struct eng_spec_opts {
     /* no sequence speculates in a step that decodes more than this many (a large batch's step
      * is no longer bound by reading the weights, so extra rows cost time); 0: 8 */
     int32_t max_batch;
+    /* the draft drafter's model (borrowed: it must outlive the engine), with the target's
+     * vocabulary, and the bytes of its own KV cache (0: as many positions as the target's) */
+    const struct eng_model *draft_model;
+    size_t draft_kv_bytes;
 } eng_spec_opts;
 
-/* "off", "ngram" -> *out; "draft" and "mtp" are refused by name (not built
+/* "off", "ngram", "draft" -> *out; "mtp" is refused by name (not built
  * yet), any other word naming the choices. QL_EINVAL then. */
 int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, size_t msg_len);
 /* o with its zeros replaced by the defaults, checked: a drafter not built
- * yet, sizes out of range (named). */
+ * yet, draft without its model, sizes out of range (named). */
 int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len);
 
 /* What speculation did (eng_engine_stats.spec), summed over the steps. */

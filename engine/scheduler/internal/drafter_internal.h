@@ -4,8 +4,9 @@
  *
  * A drafter is a row of operations (eng_drafter_ops): given what a sequence
  * has seen (its prompt and its answer so far), propose up to max tokens
- * that may follow. The n-gram lookup is the one built; a draft model and
- * MTP heads will be rows beside it.
+ * that may follow, for every drafting sequence of a step at once. The
+ * n-gram lookup and a draft model (draft_model.c) are built; MTP heads
+ * will be a row beside them.
  */
 #ifndef QL_DRAFTER_INTERNAL_H
 #define QL_DRAFTER_INTERNAL_H
@@ -25,20 +26,75 @@ typedef struct eng_history {
     int32_t n_answer;
 } eng_history;
 
+/* One drafting sequence of a step: what it has seen (the last token of h is
+ * the one the step feeds next), how many tokens it wants, and where they go. */
+typedef struct eng_draft_job {
+    eng_history h;
+    int32_t max;     /* >= 1 */
+    int32_t reserve; /* positions its answer may reach (what its draft KV reserves) */
+    eng_seq_kv *kv;  /* its KV in the draft model's cache (the draft drafter's) */
+    int32_t *out;    /* max of them */
+    int32_t n;       /* out: how many were drafted (0: no guess) */
+} eng_draft_job;
+
 typedef struct eng_drafter eng_drafter;
 typedef struct eng_drafter_ops {
-    const char *name; /* as the metrics label it: "ngram" */
-    /* Up to max (>= 1) tokens that may follow h into out; how many (0: no guess). */
-    int32_t (*draft)(const eng_drafter *d, const eng_history *h, int32_t max, int32_t *out);
+    const char *name; /* as the metrics label it: "ngram", "draft" */
+    /* Each job's guess of up to max tokens that follow its h. */
+    void (*draft)(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs);
 } eng_drafter_ops;
+
+typedef struct eng_draft_model eng_draft_model;
 
 struct eng_drafter {
     const eng_drafter_ops *ops;
-    eng_spec_opts o; /* resolved (eng_spec_opts_resolve) */
+    eng_spec_opts o;        /* resolved (eng_spec_opts_resolve) */
+    eng_draft_model *model; /* the draft drafter's (owned); else NULL */
 };
 
-/* The drafter o names (resolved first); QL_EINVAL as eng_spec_opts_resolve. */
+/* The drafter o names (resolved first); QL_EINVAL as eng_spec_opts_resolve.
+ * The draft drafter's model gets its backend and cache later
+ * (eng_drafter_start), once the engine knows its sizes. */
 int eng_drafter_init(eng_drafter *d, const eng_spec_opts *o, char *msg, size_t msg_len);
+void eng_drafter_free(eng_drafter *d);
+
+/* What the draft model's backend is sized by: the engine's own figures. */
+typedef struct eng_draft_sizes {
+    int threads;
+    int32_t max_tokens, max_seqs, block_tokens;
+    size_t target_kv_bytes; /* its cache's share, when o.draft_kv_bytes is 0 */
+    qt_kind kv_dtype;
+} eng_draft_sizes;
+
+/* The draft drafter's model beside target (eng_draft_model_new); nothing
+ * for other drafters. */
+int eng_drafter_start(eng_drafter *d, const eng_model *target, const eng_draft_sizes *sz, char *msg,
+                      size_t msg_len);
+
+/*
+ * The draft drafter's model beside target (draft_model.c): refused by name
+ * when either model is hybrid (a recurrent state cannot be rolled back) or
+ * the vocabularies differ (the size, or the first token whose text differs);
+ * else its CPU backend and its own paged KV cache, o->draft_kv_bytes or as
+ * many positions as target_kv_bytes gives the target. *out owned by the caller.
+ */
+int eng_draft_model_new(eng_draft_model **out, const eng_model *target, const eng_spec_opts *o,
+                        const eng_draft_sizes *sz, char *msg, size_t msg_len);
+void eng_draft_model_free(eng_draft_model *dm);
+/* The draft model's greedy guesses for jobs: it first takes in what each
+ * job's KV has not seen of its h (in chunks a step holds), then one step
+ * per drafted position for all jobs together. A job whose KV cannot be
+ * reserved, or whose step fails, drafts nothing. */
+void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs);
+/* After a verification: kv keeps at most n_tokens positions (the tokens the
+ * target accepted); what it saw past them is forgotten. */
+void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, int32_t n_tokens);
+/* A sequence's end: its draft KV goes back (nothing for other drafters). */
+void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv);
+/* The draft model's KV cache and the steps it has run (for the tests);
+ * NULL and 0 for other drafters. */
+eng_kv_cache *eng_drafter_kv(eng_drafter *d);
+uint64_t eng_drafter_steps(const eng_drafter *d);
 
 /* The n-gram lookup: for n from n_max down to n_min, the latest earlier
  * place where h's last n tokens occur with at least one token after them;
