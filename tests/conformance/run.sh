@@ -99,6 +99,10 @@ start() { # start NAME [flags...]: sets pid[NAME] and port[NAME] (START_TEMPLATE
   local name=$1
   shift
   local log=$work/server-$name.log
+  # emptied here, not only by the redirection below, which the background
+  # child makes when it gets to run: the loop below must never read the
+  # port of a previous run's log
+  : >"$log"
   env -u QLSERVE_API_KEY -u QLSERVE_CONFIG "$binary" serve --model "$model" --port 0 \
     --chat-template "${START_TEMPLATE:-$template}" --threads 1 "$@" >"$log" 2>&1 &
   pid[$name]=$!
