@@ -44,10 +44,13 @@ if(QL_HAVE_CUDA AND NOT QL_GPU_CHECKS_ONLY)
     # Qwen3.5's hybrid layers (Gated DeltaNet, the output gate, partial
     # rotary) on the CUDA backend: the tiny fixtures against their float64
     # references and the CPU backend, forks and chunks (tests/gpu/
-    # test_cuda_hybrid.c); its own run, as the formats' above.
+    # test_cuda_hybrid.c); its own run, as the formats' above. Gemma 4's
+    # options (per-layer inputs, keys as values, the MoE block, full layers'
+    # own head size: tests/gpu/test_cuda_gemma4.c) in the same run, so the
+    # kernels compile once for both.
     add_test(NAME gpu_emulated_hybrid
              COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
-                     test_cuda_hybrid)
+                     test_cuda_hybrid test_cuda_gemma4)
     set_tests_properties(gpu_emulated_hybrid PROPERTIES
                          TIMEOUT 900
                          RESOURCE_LOCK gpu_emu_folder
