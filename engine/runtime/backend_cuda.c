@@ -605,7 +605,11 @@ typedef struct step_ctx {
     dev_version **vers;   /* per sequence, NULL: pristine */
     row_run *seq_runs;    /* per sequence: its rows of the step */
     int32_t max_terms;
-    seg_run *runs; /* [n_layers][ENG_N_PROJ][max_terms]: the dense projections' */
+    /* a layer's own projections (eng_n_layer_proj: the seven, and Gemma
+     * 4's per-layer input gate and projection in a model with them or
+     * experts), the experts' after */
+    int32_t own;
+    seg_run *runs; /* [n_layers][own][max_terms]: the layers' own projections' */
 } step_ctx;
 
 /*
@@ -655,7 +659,7 @@ static int cuda_project(void *be, int32_t l, eng_proj p, const float *x, float *
 {
     step_ctx *sc = be;
     const seg_run *terms =
-        sc->runs ? &sc->runs[((size_t)l * ENG_N_PROJ + p) * (size_t)sc->max_terms] : NULL;
+        sc->runs ? &sc->runs[((size_t)l * (size_t)sc->own + p) * (size_t)sc->max_terms] : NULL;
     return project_runs(sc, l, p, sc->seq_runs, sc->n_seqs, sc->rows, terms, sc->c->d_segs, x, y,
                         msg, msg_len);
 }
@@ -777,7 +781,7 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             sc->max_terms = sc->seqs[s].n_delta;
     }
     if (sc->max_terms > 0) {
-        size_t n_runs = (size_t)L * ENG_N_PROJ * (size_t)sc->max_terms;
+        size_t n_runs = (size_t)L * (size_t)sc->own * (size_t)sc->max_terms;
         sc->runs = calloc(n_runs, sizeof *sc->runs);
         if (!sc->runs)
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
@@ -787,9 +791,11 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         if (rc != QL_OK)
             return rc;
         for (int32_t l = 0; l < L; l++)
-            for (int p = 0; p < ENG_N_PROJ; p++)
+            for (int p = 0; p < sc->own; p++)
                 for (int32_t k = 0; k < sc->max_terms; k++) {
-                    seg_run *run = &sc->runs[((size_t)l * ENG_N_PROJ + p) * sc->max_terms + k];
+                    seg_run *run = &sc->runs[((size_t)l * (size_t)sc->own + (size_t)p) *
+                                                 (size_t)sc->max_terms +
+                                             (size_t)k];
                     run->first = at;
                     for (int32_t s = 0; s < sc->n_seqs; s++)
                         if ((rc = stage_segment(c, &sc->seqs[s], k, l, (eng_proj)p, c->seq_row[s],
@@ -850,6 +856,7 @@ static int cuda_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_
     sc->seqs = seqs;
     sc->n_seqs = n_seqs;
     sc->rows = rows;
+    sc->own = eng_n_layer_proj(&c->base.m->cfg);
     prune_device_copies(c);
     c->moe.ran = c->moe.bytes = 0;
     sc->vers = calloc((size_t)n_seqs + 1, sizeof *sc->vers);
@@ -1240,8 +1247,8 @@ static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_r
                 return rc;
         }
         const seg_run *t = terms ? terms + i * M : NULL;
-        if (!terms && sc->runs && (int)part[i] < ENG_N_PROJ) /* the step's own */
-            t = &sc->runs[((size_t)l * ENG_N_PROJ + part[i]) * (size_t)M];
+        if (!terms && sc->runs && (int)part[i] < sc->own) /* the step's own */
+            t = &sc->runs[((size_t)l * (size_t)sc->own + part[i]) * (size_t)M];
         int rc = project_runs(sc, l, part[i], runs, n_runs, rows, t, d_segs, i == 2 ? s->gg : x,
                               out[i], msg, msg_len);
         if (rc != QL_OK)

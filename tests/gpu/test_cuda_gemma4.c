@@ -9,7 +9,9 @@
  *     tests/test_gemma4.c holds the CPU to, and within GEMMA4_CPU_TOL of
  *     the CPU backend's;
  *   - the 12 greedy ids after the shapes' 5-token prompt equal to
- *     transformers'.
+ *     transformers';
+ * and PEFT's adapter on gemma4_ple_tiny (the per-layer input gate and
+ * projection beside the seven) unmerged against PEFT's float64 logits.
  * The fixtures between them carry what the device once refused: keys as
  * values (gemma4_keqv_tiny), per-layer input embeddings with kv-shared
  * layers' double-wide MLP (gemma4_ple_tiny, gemma4_cg_tiny), the MoE block
@@ -34,6 +36,7 @@
 #include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma4_shapes_reference.h"
 #include "gpu_test_util.h"
+#include "lora.h"
 #include "model.h"
 #include "qt_cuda.h"
 #include "qt_cuda_ops.h"
@@ -84,15 +87,21 @@ static int backend(eng_backend **b, const eng_model *m, eng_device d)
     return rc;
 }
 
-/* One step of sequence s: n tokens from pos; every row's logits into rows
- * ([n][V]) when n > 1, else the one row. */
-static int step(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n, int32_t pos,
-                float *rows)
+/* One step of sequence s: n tokens from pos, with the unmerged adapter
+ * term (NULL: none); every row's logits into rows ([n][V]) when n > 1,
+ * else the one row. */
+static int step_with(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n, int32_t pos,
+                     const eng_lora_term *term, float *rows)
 {
     char msg[1024];
     float *last = malloc(V * sizeof(float));
-    eng_step_seq q = {
-        .kv = s, .tokens = tokens, .n_tokens = n, .pos = pos, .all_logits = n > 1 ? rows : NULL};
+    eng_step_seq q = {.kv = s,
+                      .tokens = tokens,
+                      .n_tokens = n,
+                      .pos = pos,
+                      .all_logits = n > 1 ? rows : NULL,
+                      .delta = term,
+                      .n_delta = term ? 1 : 0};
     int rc = eng_backend_forward(b, &q, 1, n > 1 ? last : rows, NULL, msg, sizeof msg);
     if (rc != QL_OK)
         printf("step at %d (%d tokens): %s\n", pos, n, msg);
@@ -100,9 +109,16 @@ static int step(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n,
     return rc;
 }
 
-/* GEMMA4_TOKENS through b: a prefill of 9, then one a step; every
- * position's logits into all ([N][V]). */
-static int run_prompt(eng_backend *b, float *all)
+static int step(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n, int32_t pos,
+                float *rows)
+{
+    return step_with(b, s, tokens, n, pos, NULL, rows);
+}
+
+/* GEMMA4_TOKENS through b: a prefill of 9, then one a step, with the
+ * unmerged adapter term (NULL: none); every position's logits into all
+ * ([N][V]). */
+static int run_prompt_with(eng_backend *b, const eng_lora_term *term, float *all)
 {
     int32_t ids[N];
     for (int i = 0; i < N; i++)
@@ -111,11 +127,16 @@ static int run_prompt(eng_backend *b, float *all)
     eng_seq_kv s = {0};
     if (eng_kv_reserve(kv, &s, N) != QL_OK)
         return QL_ENOMEM;
-    int rc = step(b, &s, ids, 9, 0, all);
+    int rc = step_with(b, &s, ids, 9, 0, term, all);
     for (int32_t pos = 9; rc == QL_OK && pos < N; pos++)
-        rc = step(b, &s, ids + pos, 1, pos, all + (size_t)pos * V);
+        rc = step_with(b, &s, ids + pos, 1, pos, term, all + (size_t)pos * V);
     eng_kv_release(kv, &s);
     return rc;
+}
+
+static int run_prompt(eng_backend *b, float *all)
+{
+    return run_prompt_with(b, NULL, all);
 }
 
 static int argmax(const float *v, int n)
@@ -197,6 +218,48 @@ static void fixture(const char *folder, const double *ref, const int *greedy)
 done:
     eng_backend_free(gpu);
     eng_backend_free(cpu);
+    eng_model_free(&m);
+}
+
+/* PEFT's adapter on the seven and each layer's per_layer_input_gate and
+ * per_layer_projection (peft/gemma4_ple) applied unmerged on the device:
+ * every position within 5e-5 of PEFT's float64 logits, test_gemma4.c's
+ * bound for the CPU (transformers' float32 RMSNorm is 1.4e-5 of it). */
+#define GEMMA4_LORA_TOL 5e-5
+
+static void unmerged_adapter_on_the_per_layer_projections(void)
+{
+    const char *name = "gemma4_ple_tiny_unmerged_peft_adapter_within_tol_of_peft";
+    char path[512], msg[1024];
+    eng_model m = {0};
+    eng_backend *gpu = NULL;
+    eng_lora *l = NULL;
+    float *g = malloc((size_t)N * V * sizeof(float));
+    int rc = load(&m, "gemma4_ple_tiny");
+    snprintf(path, sizeof path, "%s/peft/gemma4_ple", QL_FIXTURES);
+    if (rc == QL_OK && (rc = lora_load(&l, NULL, path, "gemma4_ple", &m, msg, sizeof msg)))
+        printf("loading the adapter: %s\n", msg);
+    if (rc == QL_OK)
+        rc = backend(&gpu, &m, ENG_DEVICE_CUDA);
+    eng_lora_term term = {l, 1.0f};
+    if (rc == QL_OK)
+        rc = run_prompt_with(gpu, &term, g);
+    double w = INFINITY;
+    if (rc == QL_OK) {
+        w = 0.0;
+        for (size_t i = 0; i < (size_t)N * V; i++) {
+            double e = fabs((double)g[i] - (&GEMMA4_PLE_LORA_LOGITS[0][0])[i]);
+            if (!(e <= w))
+                w = isnan(e) ? INFINITY : e;
+        }
+    }
+    printf("gemma4_ple_tiny + adapter unmerged on the device: worst logit error %.3g\n", w);
+    gpu_report(rc == QL_OK && w <= GEMMA4_LORA_TOL, name, "rc %d, worst %.3g > %g", rc, w,
+               GEMMA4_LORA_TOL);
+    free(g);
+    eng_backend_free(gpu);
+    if (l)
+        eng_lora_unref(l);
     eng_model_free(&m);
 }
 
@@ -333,6 +396,8 @@ int main(void)
     /* full layers with their own head size (and kv heads) */
     fixture("gemma4_dims_tiny", &GEMMA4_DIMS_LOGITS[0][0], GEMMA4_DIMS_GREEDY);
     fixture("gemma4_dims_keqv_tiny", &GEMMA4_DIMS_KEQV_LOGITS[0][0], GEMMA4_DIMS_KEQV_GREEDY);
+    /* an unmerged adapter on the per-layer input gate and projection */
+    unmerged_adapter_on_the_per_layer_projections();
     /* the released checkpoints' full heads */
     attention_wide_heads(512);
     attention_wide_heads(510);
