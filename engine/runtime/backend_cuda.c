@@ -9,7 +9,9 @@
  *     quantized layout (qt_cuda_tensor); norms and biases as f32;
  *   - the KV cache arena is device memory with the CPU cache's layout; the
  *     block bookkeeping (free list, block tables) stays on the host in an
- *     eng_kv_cache without an arena, so the scheduler is unchanged;
+ *     eng_kv_cache without an arena, so the scheduler is unchanged; a
+ *     layer's rows are where and as wide as the host cache says
+ *     (layer_cache: Gemma 4's full layers have their own head size);
  *   - a hybrid model's (Qwen3.5's) recurrent states are a device pool with
  *     the host pool's layout and slot numbers; the cache's state hook
  *     (kv_cache_internal.h) zeroes a slot when a sequence takes it and

@@ -11,7 +11,8 @@
  *   - the 12 greedy ids after the shapes' 5-token prompt equal to
  *     transformers';
  * and PEFT's adapter on gemma4_ple_tiny (the per-layer input gate and
- * projection beside the seven) unmerged against PEFT's float64 logits.
+ * projection beside the seven) unmerged and merged on the device against
+ * PEFT's float64 logits.
  * The fixtures between them carry what the device once refused: keys as
  * values (gemma4_keqv_tiny), per-layer input embeddings with kv-shared
  * layers' double-wide MLP (gemma4_ple_tiny, gemma4_cg_tiny), the MoE block
@@ -87,11 +88,18 @@ static int backend(eng_backend **b, const eng_model *m, eng_device d)
     return rc;
 }
 
-/* One step of sequence s: n tokens from pos, with the unmerged adapter
- * term (NULL: none); every row's logits into rows ([n][V]) when n > 1,
- * else the one row. */
+/* How a sequence computes: a weight version (NULL: the model's) and an
+ * unmerged adapter term (NULL: none). */
+typedef struct with {
+    const eng_weights *w;
+    const eng_lora_term *term;
+} with;
+
+/* One step of sequence s: n tokens from pos, computed as wi says (NULL:
+ * plainly); every row's logits into rows ([n][V]) when n > 1, else the
+ * one row. */
 static int step_with(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n, int32_t pos,
-                     const eng_lora_term *term, float *rows)
+                     const with *wi, float *rows)
 {
     char msg[1024];
     float *last = malloc(V * sizeof(float));
@@ -100,8 +108,9 @@ static int step_with(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32
                       .n_tokens = n,
                       .pos = pos,
                       .all_logits = n > 1 ? rows : NULL,
-                      .delta = term,
-                      .n_delta = term ? 1 : 0};
+                      .weights = wi ? wi->w : NULL,
+                      .delta = wi ? wi->term : NULL,
+                      .n_delta = wi && wi->term ? 1 : 0};
     int rc = eng_backend_forward(b, &q, 1, n > 1 ? last : rows, NULL, msg, sizeof msg);
     if (rc != QL_OK)
         printf("step at %d (%d tokens): %s\n", pos, n, msg);
@@ -115,10 +124,9 @@ static int step(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n,
     return step_with(b, s, tokens, n, pos, NULL, rows);
 }
 
-/* GEMMA4_TOKENS through b: a prefill of 9, then one a step, with the
- * unmerged adapter term (NULL: none); every position's logits into all
- * ([N][V]). */
-static int run_prompt_with(eng_backend *b, const eng_lora_term *term, float *all)
+/* GEMMA4_TOKENS through b: a prefill of 9, then one a step, computed as
+ * wi says (NULL: plainly); every position's logits into all ([N][V]). */
+static int run_prompt_with(eng_backend *b, const with *wi, float *all)
 {
     int32_t ids[N];
     for (int i = 0; i < N; i++)
@@ -127,9 +135,9 @@ static int run_prompt_with(eng_backend *b, const eng_lora_term *term, float *all
     eng_seq_kv s = {0};
     if (eng_kv_reserve(kv, &s, N) != QL_OK)
         return QL_ENOMEM;
-    int rc = step_with(b, &s, ids, 9, 0, term, all);
+    int rc = step_with(b, &s, ids, 9, 0, wi, all);
     for (int32_t pos = 9; rc == QL_OK && pos < N; pos++)
-        rc = step_with(b, &s, ids + pos, 1, pos, term, all + (size_t)pos * V);
+        rc = step_with(b, &s, ids + pos, 1, pos, wi, all + (size_t)pos * V);
     eng_kv_release(kv, &s);
     return rc;
 }
@@ -222,42 +230,65 @@ done:
 }
 
 /* PEFT's adapter on the seven and each layer's per_layer_input_gate and
- * per_layer_projection (peft/gemma4_ple) applied unmerged on the device:
- * every position within 5e-5 of PEFT's float64 logits, test_gemma4.c's
- * bound for the CPU (transformers' float32 RMSNorm is 1.4e-5 of it). */
+ * per_layer_projection (peft/gemma4_ple) on the device, within 5e-5 of
+ * PEFT's float64 logits (test_gemma4.c's bound for the CPU; transformers'
+ * float32 RMSNorm is 1.4e-5 of it): unmerged, and merged (a version that
+ * records the merge alone: the device merges from its pristine weights,
+ * never reading a host copy). */
 #define GEMMA4_LORA_TOL 5e-5
 
-static void unmerged_adapter_on_the_per_layer_projections(void)
+/* The worst |got - want| over every position; infinity for a NaN. */
+static double worst_abs(const float *got, const double *want)
 {
-    const char *name = "gemma4_ple_tiny_unmerged_peft_adapter_within_tol_of_peft";
+    double w = 0.0;
+    for (size_t i = 0; i < (size_t)N * V; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= w))
+            w = isnan(e) ? INFINITY : e;
+    }
+    return w;
+}
+
+static void peft_adapter_on_the_per_layer_projections(void)
+{
     char path[512], msg[1024];
     eng_model m = {0};
     eng_backend *gpu = NULL;
     eng_lora *l = NULL;
+    eng_weights *merged = NULL;
     float *g = malloc((size_t)N * V * sizeof(float));
     int rc = load(&m, "gemma4_ple_tiny");
     snprintf(path, sizeof path, "%s/peft/gemma4_ple", QL_FIXTURES);
     if (rc == QL_OK && (rc = lora_load(&l, NULL, path, "gemma4_ple", &m, msg, sizeof msg)))
         printf("loading the adapter: %s\n", msg);
+    eng_lora_term term = {l, 1.0f};
+    if (rc == QL_OK && (rc = eng_weights_new(&merged, &m, 1, msg, sizeof msg)) == QL_OK)
+        rc = eng_weights_set_merged(merged, &term, 1, msg, sizeof msg);
     if (rc == QL_OK)
         rc = backend(&gpu, &m, ENG_DEVICE_CUDA);
-    eng_lora_term term = {l, 1.0f};
-    if (rc == QL_OK)
-        rc = run_prompt_with(gpu, &term, g);
-    double w = INFINITY;
-    if (rc == QL_OK) {
-        w = 0.0;
-        for (size_t i = 0; i < (size_t)N * V; i++) {
-            double e = fabs((double)g[i] - (&GEMMA4_PLE_LORA_LOGITS[0][0])[i]);
-            if (!(e <= w))
-                w = isnan(e) ? INFINITY : e;
-        }
+    struct {
+        const char *name;
+        with wi;
+        const double *want;
+    } runs[] = {
+        {"gemma4_ple_tiny_peft_adapter_unmerged_within_tol_of_peft",
+         {NULL, &term},
+         &GEMMA4_PLE_LORA_LOGITS[0][0]},
+        {"gemma4_ple_tiny_peft_adapter_merged_within_tol_of_peft",
+         {merged, NULL},
+         &GEMMA4_PLE_MERGED_LOGITS[0][0]},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        int run = rc == QL_OK ? run_prompt_with(gpu, &runs[i].wi, g) : rc;
+        double w = run == QL_OK ? worst_abs(g, runs[i].want) : INFINITY;
+        printf("%s: worst logit error %.3g\n", runs[i].name, w);
+        gpu_report(run == QL_OK && w <= GEMMA4_LORA_TOL, runs[i].name, "rc %d, worst %.3g > %g",
+                   run, w, GEMMA4_LORA_TOL);
     }
-    printf("gemma4_ple_tiny + adapter unmerged on the device: worst logit error %.3g\n", w);
-    gpu_report(rc == QL_OK && w <= GEMMA4_LORA_TOL, name, "rc %d, worst %.3g > %g", rc, w,
-               GEMMA4_LORA_TOL);
     free(g);
     eng_backend_free(gpu);
+    if (merged)
+        eng_weights_unref(merged);
     if (l)
         eng_lora_unref(l);
     eng_model_free(&m);
@@ -396,8 +427,8 @@ int main(void)
     /* full layers with their own head size (and kv heads) */
     fixture("gemma4_dims_tiny", &GEMMA4_DIMS_LOGITS[0][0], GEMMA4_DIMS_GREEDY);
     fixture("gemma4_dims_keqv_tiny", &GEMMA4_DIMS_KEQV_LOGITS[0][0], GEMMA4_DIMS_KEQV_GREEDY);
-    /* an unmerged adapter on the per-layer input gate and projection */
-    unmerged_adapter_on_the_per_layer_projections();
+    /* an adapter on the per-layer input gate and projection */
+    peft_adapter_on_the_per_layer_projections();
     /* the released checkpoints' full heads */
     attention_wide_heads(512);
     attention_wide_heads(510);
