@@ -9,7 +9,9 @@
  *     quantized layout (qt_cuda_tensor); norms and biases as f32;
  *   - the KV cache arena is device memory with the CPU cache's layout; the
  *     block bookkeeping (free list, block tables) stays on the host in an
- *     eng_kv_cache without an arena, so the scheduler is unchanged;
+ *     eng_kv_cache without an arena, so the scheduler is unchanged; a
+ *     layer's rows are where and as wide as the host cache says
+ *     (layer_cache: Gemma 4's full layers have their own head size);
  *   - a hybrid model's (Qwen3.5's) recurrent states are a device pool with
  *     the host pool's layout and slot numbers; the cache's state hook
  *     (kv_cache_internal.h) zeroes a slot when a sequence takes it and
@@ -123,6 +125,13 @@ typedef struct dev_layer {
      * norm's weight [v_head_dim], as linear_cpu.c keeps them */
     qt_cuda_tensor in_b, in_a;
     float *conv, *neg_a, *dt_bias, *lin_norm;
+    /* Gemma 4's (NULL where the model has none): the per-layer input's
+     * output norm [hidden]; the MoE block's MLP output norm, router input
+     * norm (router.scale over sqrt(hidden), forward.c's), experts' input
+     * and output norms [hidden] on the device, and per_expert_scale [E] on
+     * the host (the routing runs there) */
+    float *ple_norm, *mlp_post_norm, *router_norm, *moe_pre_norm, *moe_post_norm;
+    float *h_expert_scale;
 } dev_layer;
 
 /* A run of step rows that share one sequence: rows [row0, row0 + rows) of
@@ -173,6 +182,12 @@ typedef struct cuda_backend {
      * tables beside d_cos / h_cos */
     double *inv_freq_local;
     float *d_cos_local, *d_sin_local, *h_cos_local, *h_sin_local;
+    /* Gemma 4's per-layer inputs (rows 0 / NULL in other models): the
+     * per-layer embeddings and their projection from the residual, the
+     * projection's norm [ple_dim], the step's inputs [max_tokens][n_layers
+     * * ple_dim] */
+    qt_cuda_tensor ple_embed, ple_proj;
+    float *ple_norm, *ple;
 
     /* activations, device */
     float *x, *h, *q, *k, *v, *att, *gate, *up, *tmp, *last, *logits;
@@ -592,7 +607,11 @@ typedef struct step_ctx {
     dev_version **vers;   /* per sequence, NULL: pristine */
     row_run *seq_runs;    /* per sequence: its rows of the step */
     int32_t max_terms;
-    seg_run *runs; /* [n_layers][ENG_N_PROJ][max_terms]: the dense projections' */
+    /* a layer's own projections (eng_n_layer_proj: the seven, and Gemma
+     * 4's per-layer input gate and projection in a model with them or
+     * experts), the experts' after */
+    int32_t own;
+    seg_run *runs; /* [n_layers][own][max_terms]: the layers' own projections' */
 } step_ctx;
 
 /*
@@ -642,7 +661,7 @@ static int cuda_project(void *be, int32_t l, eng_proj p, const float *x, float *
 {
     step_ctx *sc = be;
     const seg_run *terms =
-        sc->runs ? &sc->runs[((size_t)l * ENG_N_PROJ + p) * (size_t)sc->max_terms] : NULL;
+        sc->runs ? &sc->runs[((size_t)l * (size_t)sc->own + p) * (size_t)sc->max_terms] : NULL;
     return project_runs(sc, l, p, sc->seq_runs, sc->n_seqs, sc->rows, terms, sc->c->d_segs, x, y,
                         msg, msg_len);
 }
@@ -714,7 +733,10 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
 {
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
-    int32_t half = eng_rope_dims(cfg) / 2, bt = c->kv.block_tokens, L = cfg->n_layers;
+    /* the sliding layers' table has their head's pairs (Gemma 4's full
+     * layers have a wider head) */
+    int32_t half = eng_rope_dims(cfg) / 2, half_local = eng_rope_dims_local(cfg) / 2,
+            bt = c->kv.block_tokens, L = cfg->n_layers;
     int64_t tables = 0;
     for (int32_t s = 0, r = 0; s < sc->n_seqs; s++) {
         const eng_step_seq *q = &sc->seqs[s];
@@ -735,8 +757,9 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             eng_rope_row(inv_freq, half, c->h_row_pos[r], eng_rope_attention_factor(cfg),
                          c->h_cos + (size_t)r * half, c->h_sin + (size_t)r * half);
             if (c->inv_freq_local)
-                eng_rope_row(c->inv_freq_local, half, c->h_row_pos[r], 1.0,
-                             c->h_cos_local + (size_t)r * half, c->h_sin_local + (size_t)r * half);
+                eng_rope_row(c->inv_freq_local, half_local, c->h_row_pos[r], 1.0,
+                             c->h_cos_local + (size_t)r * half_local,
+                             c->h_sin_local + (size_t)r * half_local);
         }
     }
     int rc = grow_pair((void **)&c->h_tables, (void **)&c->d_tables, &c->tables_cap, tables,
@@ -760,7 +783,7 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
             sc->max_terms = sc->seqs[s].n_delta;
     }
     if (sc->max_terms > 0) {
-        size_t n_runs = (size_t)L * ENG_N_PROJ * (size_t)sc->max_terms;
+        size_t n_runs = (size_t)L * (size_t)sc->own * (size_t)sc->max_terms;
         sc->runs = calloc(n_runs, sizeof *sc->runs);
         if (!sc->runs)
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
@@ -770,9 +793,11 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         if (rc != QL_OK)
             return rc;
         for (int32_t l = 0; l < L; l++)
-            for (int p = 0; p < ENG_N_PROJ; p++)
+            for (int p = 0; p < sc->own; p++)
                 for (int32_t k = 0; k < sc->max_terms; k++) {
-                    seg_run *run = &sc->runs[((size_t)l * ENG_N_PROJ + p) * sc->max_terms + k];
+                    seg_run *run = &sc->runs[((size_t)l * (size_t)sc->own + (size_t)p) *
+                                                 (size_t)sc->max_terms +
+                                             (size_t)k];
                     run->first = at;
                     for (int32_t s = 0; s < sc->n_seqs; s++)
                         if ((rc = stage_segment(c, &sc->seqs[s], k, l, (eng_proj)p, c->seq_row[s],
@@ -799,8 +824,10 @@ static int lay_out_step(step_ctx *sc, char *msg, size_t msg_len)
         {c->d_tables, c->h_tables, (size_t)tables * sizeof(int32_t)},
         {c->d_cos, c->h_cos, T * (size_t)half * sizeof(float)},
         {c->d_sin, c->h_sin, T * (size_t)half * sizeof(float)},
-        {c->d_cos_local, c->h_cos_local, c->inv_freq_local ? T * (size_t)half * sizeof(float) : 0},
-        {c->d_sin_local, c->h_sin_local, c->inv_freq_local ? T * (size_t)half * sizeof(float) : 0},
+        {c->d_cos_local, c->h_cos_local,
+         c->inv_freq_local ? T * (size_t)half_local * sizeof(float) : 0},
+        {c->d_sin_local, c->h_sin_local,
+         c->inv_freq_local ? T * (size_t)half_local * sizeof(float) : 0},
         {c->d_seq_first, c->h_seq_first, c->states ? (S + 1) * sizeof(int32_t) : 0},
         {c->d_seq_slot, c->h_seq_slot, c->states ? S * sizeof(int32_t) : 0},
     };
@@ -831,6 +858,7 @@ static int cuda_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_
     sc->seqs = seqs;
     sc->n_seqs = n_seqs;
     sc->rows = rows;
+    sc->own = eng_n_layer_proj(&c->base.m->cfg);
     prune_device_copies(c);
     c->moe.ran = c->moe.bytes = 0;
     sc->vers = calloc((size_t)n_seqs + 1, sizeof *sc->vers);
@@ -877,12 +905,11 @@ static int cuda_add_bias(void *be, float *y, const float *bias, int64_t rows, in
                   msg_len);
 }
 
-/* head_dim is the config's: eng_backend_cuda_new refuses a model whose
- * layers' heads differ (eng_heads_vary) */
+/* head_dim is the layer's (Gemma 4's full layers have their own), the
+ * table's pairs its own (the sliding layers' head, or the main one's) */
 static int cuda_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, int table, char *msg,
                      size_t msg_len)
 {
-    (void)head_dim;
     step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
@@ -890,29 +917,35 @@ static int cuda_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, in
     char why[256];
     return kernel(qt_cuda_rope_partial(vec, local ? c->d_cos_local : c->d_cos,
                                        local ? c->d_sin_local : c->d_sin, sc->rows, n_heads,
-                                       cfg->head_dim, eng_rope_dims(cfg), cfg->rope_interleaved,
-                                       c->stream, why, sizeof why),
+                                       head_dim,
+                                       local ? eng_rope_dims_local(cfg) : eng_rope_dims(cfg),
+                                       cfg->rope_interleaved, c->stream, why, sizeof why),
                   why, msg, msg_len);
 }
 
-/* Layer l's place among the layers a KV block holds (a hybrid model's
- * blocks hold its full layers alone): its K rows' offset in the host
- * cache's block over one layer's K and V rows, every layer's rows the same
- * size here (the backend refuses layers with their own head size). */
-static int32_t kv_slot(const step_ctx *sc, int32_t l)
+/* Layer l's rows of the arena as a cache of one layer: the kernels address
+ * block b's layer 0 at b * block_floats, so the arena starts at the
+ * layer's offset in the host cache's block (kv_cache_internal.h's
+ * layer_off: a hybrid model's blocks hold its full layers alone, Gemma 4's
+ * full layers have rows of their own size) and a row is the layer's. */
+static qt_cuda_kv layer_cache(const cuda_backend *c, int32_t l)
 {
-    const eng_kv_cache *kv = sc->c->base.kv;
-    return (int32_t)(kv->layer_off[l] / (2 * (size_t)kv->block_tokens * kv->row_bytes));
+    const eng_kv_cache *kv = c->base.kv;
+    qt_cuda_kv one = c->kv;
+    one.arena += kv->layer_off[l] / sizeof(float);
+    one.n_layers = 1;
+    one.kv_dim = kv->layer_dim[l];
+    return one;
 }
 
 static int cuda_kv_write(void *be, int32_t l, const float *k, const float *v, char *msg,
                          size_t msg_len)
 {
     step_ctx *sc = be;
+    qt_cuda_kv kv = layer_cache(sc->c, l);
     char why[256];
-    return kernel(
-        qt_cuda_kv_write(&sc->c->kv, kv_slot(sc, l), &sc->sr, k, v, sc->c->stream, why, sizeof why),
-        why, msg, msg_len);
+    return kernel(qt_cuda_kv_write(&kv, 0, &sc->sr, k, v, sc->c->stream, why, sizeof why), why, msg,
+                  msg_len);
 }
 
 static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
@@ -921,10 +954,11 @@ static int cuda_attend(void *be, int32_t l, const float *q, float *out, int32_t 
     step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
+    qt_cuda_kv kv = layer_cache(c, l);
     char why[256];
-    return kernel(qt_cuda_attention_ex(&c->kv, kv_slot(sc, l), &sc->sr, q, out, cfg->n_heads,
-                                       cfg->n_kv_heads, cfg->head_dim, window, scale, softcap,
-                                       sinks, c->stream, why, sizeof why),
+    return kernel(qt_cuda_attention_ex(&kv, 0, &sc->sr, q, out, cfg->n_heads,
+                                       eng_layer_kv_heads(cfg, l), eng_layer_head_dim(cfg, l),
+                                       window, scale, softcap, sinks, c->stream, why, sizeof why),
                   why, msg, msg_len);
 }
 
@@ -1034,6 +1068,42 @@ static int cuda_copy(void *be, float *dst, const float *src, int64_t n, char *ms
     return QL_OK;
 }
 
+/* Gemma 4: each row's token's row of embed_tokens_per_layer. */
+static int cuda_embed_per_layer(void *be, float *out, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    return kernel(qt_cuda_gather_rows(&sc->c->ple_embed, sc->c->d_tokens, sc->rows, out,
+                                      sc->c->stream, why, sizeof why),
+                  why, msg, msg_len);
+}
+
+/* Gemma 4: the step's rows through per_layer_model_projection. */
+static int cuda_project_per_layer(void *be, const float *x, float *out, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    cuda_backend *c = sc->c;
+    char why[256];
+    return kernel(
+        qt_cuda_matmul(c->blas, &c->ple_proj, x, sc->rows, out, c->stream, why, sizeof why), why,
+        msg, msg_len);
+}
+
+/* Gemma 4's per-layer input gate times a layer's slice: GeGLU, the one
+ * activation a model with per-layer inputs has (gemma4.c). */
+static int cuda_glu_strided(void *be, float *gate, const float *up, int64_t rows, int64_t n,
+                            int64_t up_stride, eng_ffn_act act, char *msg, size_t msg_len)
+{
+    step_ctx *sc = be;
+    char why[256];
+    if (act != ENG_FFN_GELU_TANH)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "cuda: a strided GLU takes gelu_tanh only (Gemma 4's per-layer inputs)");
+    return kernel(
+        qt_cuda_geglu_strided(gate, up, rows, n, up_stride, sc->c->stream, why, sizeof why), why,
+        msg, msg_len);
+}
+
 static int cuda_classify(void *be, const float *h, int64_t rows, float *logits, char *msg,
                          size_t msg_len)
 {
@@ -1074,9 +1144,11 @@ static int cuda_to_host(void *be, float *host, const float *src, int64_t n, char
  * (rows ascending in an expert's run) into h_order, their weights beside
  * them in h_weight;
  * each expert's gathered rows as runs of their sequences; the shared
- * expert's gates after the T * K weights.
+ * expert's gates after the T * K weights. expert_scale (NULL: none) is
+ * Gemma 4's per_expert_scale.
  */
-static void route_on_host(step_ctx *sc, bool shared, const float *router_b)
+static void route_on_host(step_ctx *sc, bool shared, const float *router_b,
+                          const float *expert_scale)
 {
     cuda_backend *c = sc->c;
     const eng_config *cfg = &c->base.m->cfg;
@@ -1091,6 +1163,9 @@ static void route_on_host(step_ctx *sc, bool shared, const float *router_b)
             om_moe_route(s->h_logits + r * E, E, K, cfg->norm_topk_prob, s->pick + r * K,
                          s->weight + r * K);
     }
+    // Gemma 4: each chosen weight times its expert's per_expert_scale (experts_cpu.c's order)
+    for (int64_t i = 0; expert_scale && i < pairs; i++)
+        s->weight[i] *= expert_scale[s->pick[i]];
     memset(s->count, 0, (size_t)(E + 1) * sizeof *s->count);
     for (int64_t i = 0; i < pairs; i++)
         s->count[s->pick[i] + 1]++;
@@ -1174,8 +1249,8 @@ static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_r
                 return rc;
         }
         const seg_run *t = terms ? terms + i * M : NULL;
-        if (!terms && sc->runs && (int)part[i] < ENG_N_PROJ) /* the step's own */
-            t = &sc->runs[((size_t)l * ENG_N_PROJ + part[i]) * (size_t)M];
+        if (!terms && sc->runs && (int)part[i] < sc->own) /* the step's own */
+            t = &sc->runs[((size_t)l * (size_t)sc->own + part[i]) * (size_t)M];
         int rc = project_runs(sc, l, part[i], runs, n_runs, rows, t, d_segs, i == 2 ? s->gg : x,
                               out[i], msg, msg_len);
         if (rc != QL_OK)
@@ -1199,8 +1274,6 @@ static int glu_runs(step_ctx *sc, int32_t l, const eng_proj part[3], const row_r
 static int cuda_moe(void *be, int32_t l, const float *x, const float *router_x, float *out,
                     char *msg, size_t msg_len)
 {
-    if (router_x && router_x != x) /* Gemma 4's MoE block: refused when the backend is made */
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED, "a router input of its own is not supported");
     step_ctx *sc = be;
     cuda_backend *c = sc->c;
     const eng_model *m = c->base.m;
@@ -1210,10 +1283,11 @@ static int cuda_moe(void *be, int32_t l, const float *x, const float *router_x, 
     int64_t T = sc->rows, H = m->cfg.hidden_size, W = 2 * (int64_t)m->cfg.expert_ff + H;
     bool shared = dl->shared_gate.rows > 0;
     char why[256];
-    // router: logits = x @ router^T (and the shared expert's gate logits), to the host
-    int rc =
-        kernel(qt_cuda_matmul(c->blas, &dl->router, x, T, s->d_logits, c->stream, why, sizeof why),
-               why, msg, msg_len);
+    // router: logits = router_x @ router^T (Gemma 4's MoE block: its own
+    // input; else x), and the shared expert's gate logits, to the host
+    int rc = kernel(qt_cuda_matmul(c->blas, &dl->router, router_x ? router_x : x, T, s->d_logits,
+                                   c->stream, why, sizeof why),
+                    why, msg, msg_len);
     if (rc == QL_OK && shared)
         rc = kernel(qt_cuda_matmul(c->blas, &dl->shared_gate, x, T, s->d_logits + T * E, c->stream,
                                    why, sizeof why),
@@ -1225,7 +1299,7 @@ static int cuda_moe(void *be, int32_t l, const float *x, const float *router_x, 
              "copying layer %d's router logits back", l);
     CUDA_TRY(cudaStreamSynchronize(c->stream), "running layer %d's router", l);
     // each row's top-k experts and weights, grouped by expert (on the host)
-    route_on_host(sc, shared, dl->h_router_b);
+    route_on_host(sc, shared, dl->h_router_b, dl->h_expert_scale);
     seg_run *terms = NULL;
     if (sc->max_terms > 0) {
         terms = calloc((size_t)E * 3 * (size_t)sc->max_terms, sizeof *terms);
@@ -1369,6 +1443,9 @@ static const eng_walk_ops cuda_ops = {
     .add = cuda_add,
     .moe = cuda_moe,
     .glu = cuda_glu,
+    .embed_per_layer = cuda_embed_per_layer,
+    .project_per_layer = cuda_project_per_layer,
+    .glu_strided = cuda_glu_strided,
     .copy = cuda_copy,
     .classify = cuda_classify,
     .softcap = cuda_softcap,
@@ -1428,8 +1505,10 @@ static int cuda_forward(eng_backend *b, const eng_step_seq *seqs, int32_t n_seqs
         .logits = c->logits,
         .mix = c->mix,
         .out_gate = c->out_gate,
+        .ple = c->ple,
         .layers = c->walk_layers,
         .final_norm = c->final_norm,
+        .ple_norm = c->ple_norm,
     };
     // the one walk over the layers (walk.c)
     int rc = eng_walk(&wb, seqs, n_seqs, logits, tokens, msg, msg_len);
@@ -1553,6 +1632,7 @@ static void cuda_destroy(eng_backend *b)
         cudaFree(dl->sinks);
         cudaFree(dl->expert_b);
         free(dl->h_router_b);
+        free(dl->h_expert_scale);
         for (int p = 0; dl->proj && p < c->n_proj; p++)
             qt_cuda_tensor_release(&dl->proj[p], NULL, 0);
         free(dl->proj);
@@ -1560,7 +1640,9 @@ static void cuda_destroy(eng_backend *b)
         qt_cuda_tensor_release(&dl->shared_gate, NULL, 0);
         qt_cuda_tensor_release(&dl->in_b, NULL, 0);
         qt_cuda_tensor_release(&dl->in_a, NULL, 0);
-        float *lin[] = {dl->conv, dl->neg_a, dl->dt_bias, dl->lin_norm};
+        float *lin[] = {dl->conv,        dl->neg_a,        dl->dt_bias,
+                        dl->lin_norm,    dl->ple_norm,     dl->mlp_post_norm,
+                        dl->router_norm, dl->moe_pre_norm, dl->moe_post_norm};
         for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
             cudaFree(lin[i]);
     }
@@ -1574,6 +1656,10 @@ static void cuda_destroy(eng_backend *b)
     free(c->walk_layers);
     qt_cuda_tensor_release(&c->embed, NULL, 0);
     qt_cuda_tensor_release(&c->lm_head, NULL, 0);
+    qt_cuda_tensor_release(&c->ple_embed, NULL, 0);
+    qt_cuda_tensor_release(&c->ple_proj, NULL, 0);
+    cudaFree(c->ple_norm);
+    cudaFree(c->ple);
     qt_cuda_blas_free(c->blas);
     void *dev[] = {c->final_norm, c->kv.arena,  c->x,           c->h,           c->q,
                    c->k,          c->v,         c->att,         c->gate,        c->up,
@@ -1625,7 +1711,12 @@ static int walk_view(cuda_backend *c, char *msg, size_t msg_len)
                                .post_attn_norm = dl->post_attn_norm,
                                .post_ffn_norm = dl->post_ffn_norm,
                                .o_bias = dl->o_bias,
-                               .sinks = dl->sinks};
+                               .sinks = dl->sinks,
+                               .ple_norm = dl->ple_norm,
+                               .mlp_post_norm = dl->mlp_post_norm,
+                               .router_norm = dl->router_norm,
+                               .moe_pre_norm = dl->moe_pre_norm,
+                               .moe_post_norm = dl->moe_post_norm};
         eng_walk_layer_shape(cfg, l, ly);
     }
     return QL_OK;
@@ -1710,6 +1801,46 @@ static int upload_linear(cuda_backend *c, int32_t l, char *msg, size_t msg_len)
     return rc;
 }
 
+/* Gemma 4's small parameters of layer l, as forward.c's gemma_state_new
+ * keeps them (dev_layer): the per-layer input's norm, the MoE block's four
+ * norms (the router's: router.scale / sqrt(hidden), no offset) and
+ * per_expert_scale; nothing for what the model has not. */
+static int upload_gemma4_layer(cuda_backend *c, int32_t l, char *msg, size_t msg_len)
+{
+    const eng_config *cfg = &c->base.m->cfg;
+    const eng_gemma4_layer *g = &c->base.m->layers[l].g4;
+    dev_layer *dl = &c->layers[l];
+    float off = cfg->norm_offset;
+    char what[96];
+    snprintf(what, sizeof what, "layer %d's Gemma 4 norms", l);
+    int rc = cfg->g4.ple_dim > 0 ? upload_norm(&g->ple_norm, off, &dl->ple_norm, what, msg, msg_len)
+                                 : QL_OK;
+    if (rc != QL_OK || !cfg->g4.moe_block)
+        return rc;
+    rc = upload_norm(&g->mlp_post_norm, off, &dl->mlp_post_norm, what, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_norm(&g->moe_pre_norm, off, &dl->moe_pre_norm, what, msg, msg_len);
+    if (rc == QL_OK)
+        rc = upload_norm(&g->moe_post_norm, off, &dl->moe_post_norm, what, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    size_t H = (size_t)cfg->hidden_size, E = (size_t)cfg->n_experts;
+    float *router = malloc(H * sizeof(float));
+    dl->h_expert_scale = g->expert_scale.rows ? malloc(E * sizeof(float)) : NULL;
+    if (!router || (g->expert_scale.rows && !dl->h_expert_scale)) {
+        free(router);
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    }
+    qt_dequantize_rows(&g->router_scale, 0, 1, router);
+    for (size_t i = 0; i < H; i++) /* transformers' scalar_root_size, as forward.c */
+        router[i] *= (float)(1.0 / sqrt((double)H));
+    rc = upload_floats(router, (int64_t)H, &dl->router_norm, what, msg, msg_len);
+    free(router);
+    if (dl->h_expert_scale)
+        qt_dequantize_rows(&g->expert_scale, 0, 1, dl->h_expert_scale);
+    return rc;
+}
+
 /* Every weight of the model to the device, in its own layout. */
 static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
 {
@@ -1741,7 +1872,7 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
         if (rc == QL_OK && cfg->qk_norm)
             rc = upload_norm(&hl->k_norm, off, &dl->k_norm, what, msg, msg_len);
         if (rc == QL_OK && cfg->v_norm)
-            rc = upload_ones(cfg->head_dim, &dl->v_norm, what, msg, msg_len);
+            rc = upload_ones(eng_max_head_dim(cfg), &dl->v_norm, what, msg, msg_len);
         if (rc == QL_OK && (cfg->sandwich_norms || cfg->post_norms))
             rc = upload_norm(&hl->post_attn_norm, off, &dl->post_attn_norm, what, msg, msg_len);
         if (rc == QL_OK && (cfg->sandwich_norms || cfg->post_norms))
@@ -1787,6 +1918,18 @@ static int upload_model(cuda_backend *c, char *msg, size_t msg_len)
             rc = upload_gpt_oss(c, l, msg, msg_len);
         if (rc == QL_OK && eng_linear_is(&cfg->linear, l))
             rc = upload_linear(c, l, msg, msg_len);
+        if (rc == QL_OK)
+            rc = upload_gemma4_layer(c, l, msg, msg_len);
+    }
+    if (rc == QL_OK && cfg->g4.ple_dim > 0) {
+        rc = upload_tensor(&m->g4.ple_embed, &c->ple_embed, "embed_tokens_per_layer", bytes, msg,
+                           msg_len);
+        if (rc == QL_OK)
+            rc = upload_tensor(&m->g4.ple_proj, &c->ple_proj, "per_layer_model_projection", bytes,
+                               msg, msg_len);
+        if (rc == QL_OK)
+            rc = upload_norm(&m->g4.ple_norm, cfg->norm_offset, &c->ple_norm,
+                             "per_layer_projection_norm", msg, msg_len);
     }
     return rc == QL_OK ? walk_view(c, msg, msg_len) : rc;
 }
@@ -1834,10 +1977,21 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
 {
     const eng_model *m = c->base.m;
     const eng_config *cfg = &m->cfg;
+    /* Gemma 4's full layers may have more (or larger) heads: the widest
+     * layer's, as forward.c */
     size_t T = (size_t)c->max_tokens, S = (size_t)c->max_seqs, H = (size_t)cfg->hidden_size,
-           Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim,
-           KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim, F = (size_t)cfg->intermediate_size,
-           V = (size_t)cfg->vocab_size, half = (size_t)eng_rope_dims(cfg) / 2;
+           Q = (size_t)cfg->n_heads * (size_t)eng_max_head_dim(cfg),
+           KV = (size_t)eng_max_kv_dim(cfg), F = (size_t)cfg->intermediate_size,
+           V = (size_t)cfg->vocab_size, half = (size_t)eng_rope_dims(cfg) / 2,
+           half_local = (size_t)eng_rope_dims_local(cfg) / 2, L = (size_t)cfg->n_layers,
+           P = (size_t)cfg->g4.ple_dim;
+    /* Gemma 4: a double-wide MLP's layers, the per-layer input gate's side
+     * (ple_dim), the MoE block's router input and output (hidden) in gate
+     * and up; all layers' per-layer inputs in tmp (their projection) */
+    for (int32_t l = 0; l < cfg->n_layers; l++)
+        F = (size_t)eng_layer_ff(cfg, l) > F ? (size_t)eng_layer_ff(cfg, l) : F;
+    F = P > F ? P : F;
+    F = cfg->g4.moe_block && H > F ? H : F;
     /* Qwen3.5's linear layers answer n_v_heads * v_head_dim per row in att */
     size_t VD = (size_t)cfg->linear.n_v_heads * (size_t)cfg->linear.v_head_dim,
            att = Q > VD ? Q : VD;
@@ -1847,6 +2001,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     wide = wide > H ? wide : H;
     wide = wide > EF ? wide : EF;
     wide = wide > att ? wide : att; /* out_proj reads a linear layer's att */
+    wide = P * L > wide ? P * L : wide;
     struct {
         void *p;
         size_t bytes;
@@ -1873,9 +2028,10 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
         {&c->d_sin, T * half * sizeof(float), "the step's layout"},
         {&c->d_inv_t, S * sizeof(float), "the step's layout"},
         {&c->d_u, S * sizeof(double), "the step's layout"},
+        {&c->ple, P ? T * L * P * sizeof(float) : 0, "Gemma 4's per-layer inputs"},
     };
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) {
-        int rc = dev_alloc(dev[i].p, dev[i].bytes, dev[i].what, msg, msg_len);
+        int rc = dev[i].bytes ? dev_alloc(dev[i].p, dev[i].bytes, dev[i].what, msg, msg_len) : 0;
         if (rc != QL_OK)
             return rc;
     }
@@ -1901,21 +2057,18 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
     eng_rope_inv_freq(cfg, false, c->inv_freq);
     eng_rope_inv_freq(cfg, true, c->inv_freq + half);
     if (cfg->rope_local_theta > 0.0f) { /* Gemma 3's sliding layers */
-        c->inv_freq_local = malloc(half * sizeof(double));
+        /* (eng_rope_inv_freq_local fills head_dim / 2) */
+        size_t n_local =
+                   (size_t)cfg->head_dim / 2 > half_local ? (size_t)cfg->head_dim / 2 : half_local,
+               bytes = T * half_local * sizeof(float);
+        c->inv_freq_local = malloc(n_local * sizeof(double));
         if (!c->inv_freq_local)
             return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
         eng_rope_inv_freq_local(cfg, c->inv_freq_local);
-        int lrc =
-            dev_alloc(&c->d_cos_local, T * half * sizeof(float), "the step's layout", msg, msg_len);
-        lrc = lrc ? lrc
-                  : dev_alloc(&c->d_sin_local, T * half * sizeof(float), "the step's layout", msg,
-                              msg_len);
-        lrc = lrc ? lrc
-                  : host_alloc(&c->h_cos_local, T * half * sizeof(float), "the step's layout", msg,
-                               msg_len);
-        lrc = lrc ? lrc
-                  : host_alloc(&c->h_sin_local, T * half * sizeof(float), "the step's layout", msg,
-                               msg_len);
+        int lrc = dev_alloc(&c->d_cos_local, bytes, "the step's layout", msg, msg_len);
+        lrc = lrc ? lrc : dev_alloc(&c->d_sin_local, bytes, "the step's layout", msg, msg_len);
+        lrc = lrc ? lrc : host_alloc(&c->h_cos_local, bytes, "the step's layout", msg, msg_len);
+        lrc = lrc ? lrc : host_alloc(&c->h_sin_local, bytes, "the step's layout", msg, msg_len);
         if (lrc != QL_OK)
             return lrc;
     }
@@ -1937,7 +2090,7 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
         return rc;
     c->kv = (qt_cuda_kv){.block_tokens = eng_kv_block_tokens(c->base.kv),
                          .n_layers = c->base.kv->n_layers, /* a hybrid model's full layers */
-                         .kv_dim = (int64_t)KV,
+                         .kv_dim = c->base.kv->kv_dim,     /* a layer's own: layer_cache */
                          .block_floats = eng_kv_block_floats(c->base.kv)};
     size_t arena = (size_t)eng_kv_total_blocks(c->base.kv) * c->kv.block_floats * sizeof(float);
     rc = dev_alloc(&c->kv.arena, arena, "the KV cache (lower --kv-cache-bytes)", msg, msg_len);
@@ -1946,6 +2099,8 @@ static int allocate_run_state(cuda_backend *c, const eng_backend_opts *o, char *
 
     /* cuBLASLt: scratch for the largest weight, dequantized */
     int64_t biggest = (int64_t)V * (int64_t)H;
+    if ((int64_t)(P * L) * (int64_t)H > biggest) /* Gemma 4's per_layer_model_projection */
+        biggest = (int64_t)(P * L) * (int64_t)H;
     for (int32_t l = 0; l < cfg->n_layers; l++)
         for (int p = 0; p < c->n_proj; p++) {
             const qtensor *t = eng_model_proj(m, l, (eng_proj)p);
@@ -2036,27 +2191,15 @@ int eng_backend_cuda_new(eng_backend **out, const eng_model *m, const eng_backen
     int qrc = qt_cuda_device_count(&n, why, sizeof why);
     if (qrc != QL_OK || n < 1)
         return ql_fail(msg, msg_len, QL_EDEVICE, "device cuda: no usable CUDA device (%s)", why);
-    if (eng_heads_vary(cfg))
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: Gemma 4's full layers' own head size and kv heads "
-                       "(global_head_dim %d, %d kv heads; head_dim %d, %d kv heads) run on the "
-                       "CPU backend only; use --device cpu",
-                       cfg->g4.full_head_dim, cfg->g4.full_kv_heads, cfg->head_dim,
-                       cfg->n_kv_heads);
-    if (cfg->head_dim > 256 || cfg->head_dim % 2)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "head_dim %d: the CUDA attention takes even head sizes up to 256",
-                       cfg->head_dim);
-    const char *g4 = cfg->g4.ple_dim > 0
-                         ? "per-layer input embeddings (hidden_size_per_layer_input)"
-                     : cfg->g4.double_wide ? "the double-wide MLP (use_double_wide_mlp)"
-                     : cfg->g4.k_eq_v      ? "keys as values (attention_k_eq_v)"
-                     : cfg->g4.moe_block   ? "MoE block (enable_moe_block)"
-                                           : NULL;
-    if (g4)
-        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
-                       "device cuda: Gemma 4's %s runs on the CPU backend only; use --device cpu",
-                       g4);
+    /* every layer's head (Gemma 4's full layers: global_head_dim) */
+    for (int32_t l = 0; l < cfg->n_layers; l++) {
+        int32_t d = eng_layer_head_dim(cfg, l);
+        if (d > 512 || d % 2)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "head_dim %d (layer %d): the CUDA attention takes even head sizes up "
+                           "to 512; use --device cpu",
+                           d, l);
+    }
     cuda_backend *c = calloc(1, sizeof *c);
     if (!c)
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");

@@ -66,7 +66,7 @@ constexpr int kArgmaxThreads = 512; /* a 150k vocabulary is ~300 logits a thread
 constexpr int kAttnWarps = 8;
 constexpr int kAttnThreads = kAttnWarps * 32;
 constexpr int kMaxSplits = 32;
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = 512; /* Gemma 4's full layers (global_head_dim) */
 constexpr unsigned kFullMask = 0xffffffffu;
 
 cudaStream_t as_stream(void *stream)
@@ -172,6 +172,16 @@ __global__ void geglu_kernel(float *gate, const float *up, int64_t n)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         gate[i] = om_geglu(gate[i], up[i]);
+}
+
+/* A layer's slice of each row's per-layer inputs (Gemma 4): gate is rows
+ * x n, up rows of up_stride whose first n values pair with gate's. */
+__global__ void geglu_strided_kernel(float *gate, const float *up, int64_t rows, int64_t n,
+                                     int64_t up_stride)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        gate[i] = om_geglu(gate[i], up[(i / n) * up_stride + i % n]);
 }
 
 __global__ void scale_kernel(float *x, float s, int64_t n)
@@ -622,9 +632,11 @@ attn_shape pick_shape(const qt_cuda_kv *kv, const float *q, const float *out, in
         return {2, 1};
     if (a4 && d <= 128)
         return {4, 1};
-    if (a4)
+    if (a4 && d <= 256)
         return {4, 2};
-    return {1, 8};
+    if (a4) /* Gemma 4's full layers, up to 512: four float4 a lane */
+        return {4, 4};
+    return d <= 256 ? attn_shape{1, 8} : attn_shape{1, 16};
 }
 
 template <int VW, int C, int HB>
@@ -640,7 +652,10 @@ void launch_attention_vc(const attn_args &a, int hb, dim3 grid, cudaStream_t s)
     switch (hb) {
     case 1: launch_attention_hb<VW, C, 1>(a, grid, smem, s); break;
     case 2: launch_attention_hb<VW, C, 2>(a, grid, smem, s); break;
-    case 4: launch_attention_hb<VW, C, 4>(a, grid, smem, s); break;
+    case 4:
+        if constexpr (VW * C <= 8) /* hb_cap: 32 accumulators a lane */
+            launch_attention_hb<VW, C, 4>(a, grid, smem, s);
+        break;
     default:
         if constexpr (VW * C <= 4)
             launch_attention_hb<VW, C, 8>(a, grid, smem, s);
@@ -744,6 +759,21 @@ extern "C" int qt_cuda_geglu(float *gate, const float *up, int64_t n, void *stre
         return rc;
     geglu_kernel<<<grid_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(gate, up, n);
     return launched(msg, msg_len, "qt_cuda_geglu kernel");
+}
+
+extern "C" int qt_cuda_geglu_strided(float *gate, const float *up, int64_t rows, int64_t n,
+                                     int64_t up_stride, void *stream, char *msg, size_t msg_len)
+{
+    bool run;
+    if (n < 0 || up_stride < n)
+        return invalid(msg, msg_len, "qt_cuda_geglu_strided: %lld values a row, stride %lld",
+                       (long long)n, (long long)up_stride);
+    int rc = pointwise_check("qt_cuda_geglu_strided", rows * n, gate && up, &run, msg, msg_len);
+    if (rc != QL_OK || !run)
+        return rc;
+    geglu_strided_kernel<<<grid_for(rows * n, kThreads), kThreads, 0, as_stream(stream)>>>(
+        gate, up, rows, n, up_stride);
+    return launched(msg, msg_len, "qt_cuda_geglu_strided kernel");
 }
 
 extern "C" int qt_cuda_scale(float *x, float s, int64_t n, void *stream, char *msg, size_t msg_len)
@@ -990,12 +1020,16 @@ extern "C" int qt_cuda_attention_ex(const qt_cuda_kv *kv, int32_t layer,
     dim3 grid((unsigned)sr->rows, (unsigned)y_blocks, (unsigned)a.n_splits);
     if (shape.vw == 4 && shape.c == 1)
         launch_attention_vc<4, 1>(a, hb, grid, s);
-    else if (shape.vw == 4)
+    else if (shape.vw == 4 && shape.c == 2)
         launch_attention_vc<4, 2>(a, hb, grid, s);
+    else if (shape.vw == 4)
+        launch_attention_vc<4, 4>(a, hb, grid, s);
     else if (shape.vw == 2)
         launch_attention_vc<2, 1>(a, hb, grid, s);
-    else
+    else if (shape.c == 8)
         launch_attention_vc<1, 8>(a, hb, grid, s);
+    else
+        launch_attention_vc<1, 16>(a, hb, grid, s);
     rc = launched(msg, msg_len, "qt_cuda_attention kernel");
     if (rc == QL_OK && a.n_splits > 1) {
         int threads = (head_dim + 31) / 32 * 32;

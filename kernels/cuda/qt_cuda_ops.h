@@ -178,6 +178,12 @@ int qt_cuda_swiglu_oai(float *gate, const float *up, int64_t n, float alpha, flo
  * om_geglu). */
 int qt_cuda_geglu(float *gate, const float *up, int64_t n, void *stream, char *msg, size_t msg_len);
 
+/* gate[r * n + i] = gelu_tanh(gate[r * n + i]) * up[r * up_stride + i],
+ * r < rows, i < n: Gemma 4's per-layer input gate times the layer's slice
+ * of each row's per-layer inputs (up_stride >= n). */
+int qt_cuda_geglu_strided(float *gate, const float *up, int64_t rows, int64_t n, int64_t up_stride,
+                          void *stream, char *msg, size_t msg_len);
+
 /* x[i] *= s, i < n (Gemma's embedding scale). */
 int qt_cuda_scale(float *x, float s, int64_t n, void *stream, char *msg, size_t msg_len);
 
@@ -245,7 +251,9 @@ int qt_cuda_kv_write(const qt_cuda_kv *kv, int32_t layer, const qt_cuda_step_row
  * position, K and V of kv head h / (n_heads / n_kv_heads), read through the
  * block tables. q and out are [rows][n_heads * head_dim]. One kernel serves
  * decode (one row per sequence) and prefill (a chunk of rows, each seeing
- * the rows before it, already written with qt_cuda_kv_write). head_dim <= 256.
+ * the rows before it, already written with qt_cuda_kv_write). head_dim <= 512
+ * (Gemma 4's full layers; past 256 a lane holds 16 elements, two heads a
+ * block).
  * The online-softmax arithmetic is ops_math.h's, as the CPU backend's; the
  * sums run in another order, so results agree with the CPU within rounding
  * (tests/gpu/test_cuda_ops.c: 1e-4 absolute on values in [-1, 1]), not bit

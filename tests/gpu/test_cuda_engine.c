@@ -1067,45 +1067,6 @@ static void moe_adapters(void)
     }
 }
 
-/* Report `name`: the device refuses model m by name (QL_EUNSUPPORTED, a
- * message holding want); m is freed. */
-static void cuda_refuses(const char *name, eng_model *m, const char *want)
-{
-    char msg[512];
-    eng_backend_opts o = {.device = ENG_DEVICE_CUDA,
-                          .max_tokens = 16,
-                          .max_seqs = 1,
-                          .kv_bytes = (size_t)1 << 20,
-                          .block_tokens = 16};
-    eng_backend *b = NULL;
-    int rc = eng_backend_new(&b, m, &o, msg, sizeof msg);
-    report(rc == QL_EUNSUPPORTED && strstr(msg, want), name, "rc %d: %s", rc, msg);
-    eng_backend_free(b);
-    eng_model_free(m);
-}
-
-/* Gemma 4's full layers with their own head size and kv heads (the
- * released checkpoints' global_head_dim) run on the CPU backend only: the
- * device refuses them by name. */
-static void gemma4_own_heads_refused(void)
-{
-    const char *name = "gemma4_full_layers_own_heads_refused_by_name";
-    char dir[64], msg[512];
-    eng_model m;
-    eng_load_opts lo = {.path = dir};
-    if (gpu_fixture_folder("gemma4_dims_tiny", dir, sizeof dir) != QL_OK) {
-        report(false, name, "cannot make a scratch folder for the fixture");
-        return;
-    }
-    int rc = eng_model_load(&m, &lo, msg, sizeof msg);
-    gpu_fixture_folder_remove(dir);
-    if (rc != QL_OK) {
-        report(false, name, "%s", msg);
-        return;
-    }
-    cuda_refuses(name, &m, "global_head_dim 32");
-}
-
 /* Unmerged adapters: A applies one at scale 1, B the other at 0.5 then the
  * first at -0.25 (two terms), C none. */
 static void unmerged(void)
@@ -1572,7 +1533,6 @@ int main(void)
     rope_freq_factors();
     phi3_longrope();
     phi3_gguf();
-    gemma4_own_heads_refused();
     unmerged();
     merged((qt_quant_params){.kind = QT_NF4, .blocksize = 64, .double_quant = true}, "nf4-dq",
            QT_KIND_COUNT);

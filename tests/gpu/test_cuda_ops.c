@@ -813,7 +813,7 @@ static void test_attention_arguments(void)
         int32_t layer, n_heads, n_kv_heads, head_dim, window;
         size_t block_floats;
     } bad[] = {
-        {"head_dim 512", 0, 1, 1, 512, 0, 2 * 2 * 16 * 128},
+        {"head_dim 1024", 0, 1, 1, 1024, 0, 2 * 2 * 16 * 128},
         {"heads not a multiple of kv heads", 0, 5, 2, 64, 0, 2 * 2 * 16 * 128},
         {"kv_dim mismatch", 0, 4, 2, 32, 0, 2 * 2 * 16 * 128},
         {"layer out of range", 2, 2, 2, 64, 0, 2 * 2 * 16 * 128},
