@@ -164,8 +164,12 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
     eng_kv_cache *kv;
     eng_forward_state *st;
     size_t kv_bytes = (size_t)maxb * (size_t)(P + N + 16) * eng_kv_token_bytes(&m.cfg, kv_dtype);
+    /* a hybrid model: a recurrent state per sequence of the largest batch,
+     * out of the same bytes (hybrid.h) */
+    kv_bytes += (size_t)maxb * (size_t)eng_linear_seq_state(&m.cfg.linear) * sizeof(float);
     if (eng_pool_new(&pool, threads, msg, sizeof msg) ||
-        eng_kv_new_dtype(&kv, &m.cfg, kv_bytes + (64u << 20), 16, kv_dtype, msg, sizeof msg) ||
+        eng_kv_new_states(&kv, &m.cfg, kv_bytes + (64u << 20), 16, kv_dtype, maxb, msg,
+                          sizeof msg) ||
         eng_forward_state_new(&st, &m, P > maxb ? P : maxb, msg, sizeof msg)) {
         fprintf(stderr, "bench_decode: %s\n", msg);
         return 1;
