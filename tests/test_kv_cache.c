@@ -596,6 +596,44 @@ Test(kv_cache, prefix_match_takes_the_kept_whole_blocks_of_the_same_prompt)
     eng_kv_free(kv);
 }
 
+Test(kv_cache, a_kept_block_going_on_from_the_match_gives_its_first_positions)
+{
+    eng_kv_cache *kv = new_prefix_cache(8);
+    int32_t t[48], u[48];
+    prompt_of(t, 48, 3, 1);
+    memcpy(u, t, sizeof u);
+    u[16 + 5] = 999; /* u leaves t five positions into t's second block */
+    eng_seq_kv a = {0}, b = {0}, c = {0}, d = {0};
+    kept(kv, &a, 5, t, 48);
+    int32_t a1 = a.blocks[1];
+    eng_kv_release(kv, &a);
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 3);
+
+    eng_prefix_chain ch;
+    cr_assert_eq(eng_kv_prefix_match(kv, 6, u, 47, &b, &ch), 0, "another key takes nothing");
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, u, 47, &b, &ch), 21);
+    cr_assert(b.n_blocks == 2 && b.blocks[1] == a1, "t's second block is u's second");
+    cr_assert_eq(ch.n_blocks, 1, "the chain ends at the whole blocks");
+    cr_assert_eq(eng_kv_prefix_blocks(kv), 2, "the block u writes into left the cache");
+    eng_seq_kv *all[] = {&b};
+    assert_accounting(kv, all, 1, "a partial hit");
+    /* the cache gave it up, so t's second block is found no more */
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, t, 47, &c, &ch), 16);
+    cr_assert_eq(c.n_blocks, 1);
+    eng_kv_release(kv, &c);
+    /* never past max_tokens, and never a block a table holds */
+    eng_kv_release(kv, &b);
+    kept(kv, &a, 5, t, 48);
+    eng_kv_release(kv, &a);
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, u, 19, &b, &ch), 19);
+    cr_assert_eq(eng_kv_prefix_match(kv, 5, u, 47, &d, &ch), 16, "b holds the continuation");
+    eng_seq_kv *both[] = {&b, &d};
+    assert_accounting(kv, both, 2, "a held continuation");
+    eng_kv_release(kv, &d);
+    eng_kv_release(kv, &b);
+    eng_kv_free(kv);
+}
+
 Test(kv_cache, kept_blocks_are_reused_last_and_a_chain_loses_its_end_first)
 {
     eng_kv_cache *kv = new_prefix_cache(6);

@@ -148,6 +148,43 @@ static int32_t find(const eng_kv_cache *kv, uint64_t key, uint64_t h, const eng_
     return -1;
 }
 
+/* After the whole blocks of chain c: a kept block no table holds that
+ * continues c and begins with the most of tokens[0, max_tokens), at most
+ * a block less one, becomes s's next block, its first positions reused
+ * (the next turn of a chat shares the system prompt and the turn's
+ * opening with the kept block of the turn before, but not the whole
+ * block). It leaves the prefix cache, since s writes its later positions
+ * over another prompt's: when s fills it, it is kept again under s's
+ * tokens. Returns the positions reused, 0 for none. Blocks are scanned,
+ * not indexed: once per admission, and fewer than the cache's blocks. */
+static int32_t match_partial(eng_kv_cache *kv, uint64_t key, const int32_t *tokens,
+                             int32_t max_tokens, eng_seq_kv *s, const eng_prefix_chain *c)
+{
+    const struct kv_prefix *p = kv->prefix;
+    int32_t bt = kv->block_tokens, best = -1, best_len = 0;
+    if (max_tokens > bt - 1)
+        max_tokens = bt - 1;
+    for (int32_t b = 0; b < kv->n_blocks && best_len < max_tokens; b++) {
+        if (!p->gen[b] || kv->refs[b] != 0 || p->key[b] != key || p->parent[b] != c->block ||
+            p->parent_gen[b] != c->gen)
+            continue;
+        const int32_t *kept = p->tokens + (size_t)b * (size_t)bt;
+        int32_t same = 0;
+        while (same < max_tokens && kept[same] == tokens[same])
+            same++;
+        if (same > best_len) {
+            best = b;
+            best_len = same;
+        }
+    }
+    if (best < 0)
+        return 0;
+    kv_prefix_forget(kv, best);
+    kv_take_block(kv, best);
+    s->blocks[s->n_blocks++] = best;
+    return best_len;
+}
+
 int32_t eng_kv_prefix_match(eng_kv_cache *kv, uint64_t key, const int32_t *tokens,
                             int32_t max_tokens, eng_seq_kv *s, eng_prefix_chain *chain)
 {
@@ -155,7 +192,7 @@ int32_t eng_kv_prefix_match(eng_kv_cache *kv, uint64_t key, const int32_t *token
     if (!kv->prefix || s->n_blocks != 0 || s->n_tokens != 0)
         return 0;
     int32_t bt = kv->block_tokens, n = max_tokens / bt;
-    if (n <= 0 || !kv_grow_list(&s->blocks, n))
+    if (max_tokens <= 0 || !kv_grow_list(&s->blocks, n + 1))
         return 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t *t = tokens + (size_t)i * (size_t)bt;
@@ -168,7 +205,8 @@ int32_t eng_kv_prefix_match(eng_kv_cache *kv, uint64_t key, const int32_t *token
         *chain =
             (eng_prefix_chain){.hash = h, .block = b, .gen = kv->prefix->gen[b], .n_blocks = i + 1};
     }
-    s->n_tokens = s->n_blocks * bt;
+    s->n_tokens = s->n_blocks * bt + match_partial(kv, key, tokens + (size_t)s->n_blocks * bt,
+                                                   max_tokens - s->n_blocks * bt, s, chain);
     return s->n_tokens;
 }
 

@@ -172,8 +172,10 @@ typedef struct eng_prefix_chain {
 /* Turn the prefix cache on (off until then). */
 int eng_kv_prefix_enable(eng_kv_cache *kv, char *msg, size_t msg_len);
 /* Into s (empty): the kept blocks that hold the longest prefix of tokens,
- * in whole blocks, at most max_tokens positions, taken by reference;
- * s->n_tokens becomes their positions, returned; *chain where they end.
+ * at most max_tokens positions: whole blocks taken by reference, then the
+ * first positions of a kept block no table holds that goes on from them
+ * (taken out of the cache, as s writes the rest of it); s->n_tokens
+ * becomes their positions, returned; *chain where the whole blocks end.
  * 0, s unchanged, when the cache is off or nothing matches. */
 int32_t eng_kv_prefix_match(eng_kv_cache *kv, uint64_t key, const int32_t *tokens,
                             int32_t max_tokens, eng_seq_kv *s, eng_prefix_chain *chain);
