@@ -31,9 +31,14 @@
  *                write out again with its misspellings corrected, an answer
  *                that copies the prompt (speculative decoding's case: an
  *                n-gram drafter finds what comes next in the prompt);
- *   copy_8       the same with 8 streams.
- * The copy workloads run only when --workloads names them (the default set
- * is the five above, as before).
+ *   copy_8       the same with 8 streams;
+ *   quote_1      1 stream, /v1/chat/completions: a ~250-token passage to
+ *                summarize, quoting its key sentences word for word (the
+ *                other half of speculative decoding's case: an answer that
+ *                copies some spans of the prompt between words of its own);
+ *   quote_8      the same with 8 streams.
+ * The copy and quote workloads run only when --workloads names them (the
+ * default set is the five above, as before).
  * A stream is a closed loop on one keep-alive connection: its next
  * request goes when the previous answer ends, until --seconds have passed
  * since the workload began (the requests then in flight finish and
@@ -95,8 +100,9 @@
 /* --- the workloads and their figures --------------------------------------------- */
 
 /* what a workload asks: a distinct completion prompt, a chat turn after the
- * shared system prompt, or a chat turn asking to copy a paragraph */
-typedef enum prompt_kind { DISTINCT, SHARED_PREFIX, COPY } prompt_kind;
+ * shared system prompt, a chat turn asking to copy a paragraph, or one
+ * asking to summarize a passage with quotes */
+typedef enum prompt_kind { DISTINCT, SHARED_PREFIX, COPY, QUOTE } prompt_kind;
 
 typedef struct workload {
     const char *name;
@@ -118,6 +124,12 @@ static const workload workloads[] = {
      "1 stream, /v1/chat/completions, a ~150-token paragraph to write out again corrected"},
     {"copy_8", 8, COPY, false,
      "8 streams, /v1/chat/completions, a ~150-token paragraph to write out again corrected"},
+    {"quote_1", 1, QUOTE, false,
+     "1 stream, /v1/chat/completions, a ~250-token passage to summarize with word-for-word "
+     "quotes"},
+    {"quote_8", 8, QUOTE, false,
+     "8 streams, /v1/chat/completions, a ~250-token passage to summarize with word-for-word "
+     "quotes"},
 };
 #define N_WORKLOADS (int)(sizeof workloads / sizeof workloads[0])
 /* llama-server's slots: the most streams a workload has */
@@ -212,25 +224,46 @@ static char *system_prompt(void)
 
 static char *shared_system; /* system_prompt(), made once */
 
-/* Copy prompt i (malloc'd): a paragraph on two topics, with two words
- * misspelt, to be written out again corrected: most of the answer is in
- * the prompt. */
-static char *copy_prompt(int i)
+/* The copying prompts, each set with request i's number and two topics
+ * (macros, so the format is checked against the arguments). COPY: a
+ * paragraph with two words misspelt, to be written out again corrected:
+ * most of the answer is in the prompt. QUOTE: a passage to summarize with
+ * its key sentences quoted: the quotes are spans of the prompt, the words
+ * around them are the model's own. */
+#define COPY_PROMPT                                                                                \
+    "Here is paragraph number %d of a school report:\n\n"                                          \
+    "%s and %s have more in common than most people think. Both were studied "                     \
+    "for centuries by curious people who wrote down what they saw, and both "                      \
+    "changed the way that towns and villages grew along the coast and in the "                     \
+    "hills. Today teachers use them to explain how the world works, becuase "                      \
+    "children remember a good story better than a list of facts. In the next "                     \
+    "hundred years we will probably learn even more about them, and the "                          \
+    "questions we ask will become more interresting as our tools improve.\n\n"                     \
+    "Write the whole paragraph out again with its spelling mistakes corrected. "                   \
+    "Change nothing else."
+#define QUOTE_PROMPT                                                                               \
+    "Read this passage from chapter %d of a guide for new teachers:\n\n"                           \
+    "\"Most pupils meet %s and %s long before they meet them in a lesson. "                        \
+    "A good teacher starts from what the class already knows and asks them to "                    \
+    "describe it in their own words. The first lesson should always end with a "                   \
+    "question that the pupils cannot yet answer. Over the following weeks the "                    \
+    "class collects examples from home, from the library and from the town "                       \
+    "around the school. Measurements matter more than opinions, so every "                         \
+    "group keeps a notebook of what it counted, weighed or timed. When the "                       \
+    "notebooks disagree, the disagreement is the most useful part of the "                         \
+    "lesson, because it shows why careful methods were invented. By the end "                      \
+    "of the term the pupils should be able to explain one idea to a younger "                      \
+    "child without using any difficult words.\"\n\n"                                               \
+    "Summarize the passage in a few sentences for a head teacher. Quote the "                      \
+    "three most important sentences word for word, each in quotation marks."
+
+/* Copying prompt i of kind (COPY or QUOTE), malloc'd. */
+static char *copying_prompt(prompt_kind kind, int i)
 {
     const char *a = topics[i % 32], *b = topics[(i / 32 + i + 1) % 32];
     char *p = NULL;
-    if (asprintf(&p,
-                 "Here is paragraph number %d of a school report:\n\n"
-                 "%s and %s have more in common than most people think. Both were studied "
-                 "for centuries by curious people who wrote down what they saw, and both "
-                 "changed the way that towns and villages grew along the coast and in the "
-                 "hills. Today teachers use them to explain how the world works, becuase "
-                 "children remember a good story better than a list of facts. In the next "
-                 "hundred years we will probably learn even more about them, and the "
-                 "questions we ask will become more interresting as our tools improve.\n\n"
-                 "Write the whole paragraph out again with its spelling mistakes corrected. "
-                 "Change nothing else.",
-                 i, a, b) < 0)
+    int n = kind == COPY ? asprintf(&p, COPY_PROMPT, i, a, b) : asprintf(&p, QUOTE_PROMPT, i, a, b);
+    if (n < 0)
         die("out of memory", NULL);
     return p;
 }
@@ -241,8 +274,8 @@ static char *request_body(const workload *w, int i, bool warm)
 {
     cJSON *b = cJSON_CreateObject();
     char text[256];
-    if (w->kind == COPY) {
-        char *p = warm ? NULL : copy_prompt(i);
+    if (w->kind == COPY || w->kind == QUOTE) {
+        char *p = warm ? NULL : copying_prompt(w->kind, i);
         snprintf(text, sizeof text, "Warm-up %d: repeat the words red, green and blue.", i);
         cJSON *user = cJSON_CreateObject();
         cJSON_AddStringToObject(user, "role", "user");
@@ -691,7 +724,7 @@ static void usage(FILE *out)
             "workloads: ");
     for (int w = 0; w < N_WORKLOADS; w++)
         fprintf(out, "%s%s", w ? "," : "", workloads[w].name);
-    fprintf(out, " (default: all but copy_1,copy_8)\n"
+    fprintf(out, " (default: all but copy_1,copy_8,quote_1,quote_8)\n"
                  "Prints one JSON document: qlserve against llama-server, alternating, per "
                  "round and workload.\n");
 }

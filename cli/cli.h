@@ -40,6 +40,8 @@ typedef struct eng_quantize_opts {
     bool double_quant;
     const char *block;     /* fp8: "RxC" (NULL: 128x128) */
     const char *scale_fmt; /* fp8: "float" or "ue8m0" (NULL: float) */
+    bool allow_requantize; /* a GGUF file in: quantized weights are dequantized and
+                              quantized again instead of refused */
 } eng_quantize_opts;
 
 /*
@@ -48,7 +50,8 @@ typedef struct eng_quantize_opts {
  * metadata unchanged. A file that already holds bitsandbytes quant state is
  * refused. With a GGUF kind, requantize a GGUF file's f32/f16/bf16 weights
  * into that kind (with llama-quantize's fallbacks) and copy the rest and
- * the metadata; an already quantized weight is refused. A Hugging Face
+ * the metadata; an already quantized weight is refused, or with
+ * allow_requantize dequantized and quantized again. A Hugging Face
  * folder with a GGUF kind is converted first (cli_quantize_hf). One line per
  * tensor goes to log (may be NULL).
  */

@@ -2,7 +2,9 @@
  * quantize.c - `qlserve quantize`: its flags (cli_quantize) and its job
  * (eng_quantize_file): a whole safetensors file in and its bitsandbytes
  * NF4/FP4 serialization out, or, for --kind q2_k ... q6_k, q8_0, mxfp4 or f32, a
- * GGUF file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them)
+ * GGUF file in (f32/f16/bf16 weights, as convert_hf_to_gguf.py writes them;
+ * quantized ones only with --allow-requantize, as llama-quantize's flag of
+ * that name, since their dequantized values are quantized a second time)
  * and the same model requantized out, metadata (tokenizer included) copied;
  * a Hugging Face folder in goes to quantize_hf.c, which converts it first,
  * or, for --kind fp8, to quantize_fp8.c (transformers' finegrained FP8).
@@ -88,19 +90,20 @@ static const cli_gguf_target *gguf_target_named(const char *name)
     return NULL;
 }
 
-/* Tensor t of a GGUF file quantized into `kind` and written to o. */
+/* Tensor t of a GGUF file quantized into `kind` and written to o; a quantized t is refused
+ * unless allow_requantize, when its dequantized rows are quantized again. */
 static int gguf_quantize_tensor(const gguf_file *in, const gguf_tensor *t, qt_kind kind,
-                                gguf_out *o, char *msg, size_t msg_len)
+                                bool allow_requantize, gguf_out *o, char *msg, size_t msg_len)
 {
     qtensor src;
     char why[512];
     int rc = gguf_tensor_qtensor(in, t, &src, why, sizeof why);
     if (rc != QL_OK)
         return ql_fail(msg, msg_len, rc, "%s", why);
-    if (!qt_traits_table[src.kind].is_dense) {
+    if (!qt_traits_table[src.kind].is_dense && !allow_requantize) {
         rc = ql_fail(msg, msg_len, QL_EINVAL,
                      "%s: tensor '%s' is already %s; quantizing it again would lose precision "
-                     "(give a GGUF file with f32, f16 or bf16 weights)",
+                     "(give a GGUF file with f32, f16 or bf16 weights, or --allow-requantize)",
                      in->path, t->name, qt_kind_name(src.kind));
         qt_free(&src);
         return rc;
@@ -129,20 +132,23 @@ static int gguf_copy_meta(const gguf_file *in, const cli_gguf_target *g, gguf_ou
     return rc;
 }
 
-/* Declare every tensor with its planned type, logging the plan. */
-static int gguf_declare(const gguf_file *in, const cli_gguf_target *g, gguf_out *o,
-                        size_t counts[3], FILE *log, char *msg, size_t msg_len)
+/* Declare every tensor with its planned type, logging the plan. A weight that is already
+ * quantized is refused before anything is written, unless allow_requantize. */
+static int gguf_declare(const gguf_file *in, const cli_gguf_target *g, bool allow_requantize,
+                        gguf_out *o, size_t counts[3], FILE *log, char *msg, size_t msg_len)
 {
     int rc = QL_OK;
     for (uint64_t i = 0; i < in->n_tensors && rc == QL_OK; i++) {
         const gguf_tensor *t = &in->tensors[i];
         bool fell_back;
         qt_kind k = cli_gguf_plan(g, t, &fell_back);
-        if (k != QT_KIND_COUNT && t->ggml_type != GGML_TYPE_F32 && t->ggml_type != GGML_TYPE_F16 &&
-            t->ggml_type != GGML_TYPE_BF16)
+        bool is_float = t->ggml_type == GGML_TYPE_F32 || t->ggml_type == GGML_TYPE_F16 ||
+                        t->ggml_type == GGML_TYPE_BF16;
+        if (k != QT_KIND_COUNT && !is_float && !allow_requantize)
             return ql_fail(msg, msg_len, QL_EINVAL,
                            "%s: tensor '%s' is already %s; quantizing it again would lose "
-                           "precision (give a GGUF file with f32, f16 or bf16 weights)",
+                           "precision (give a GGUF file with f32, f16 or bf16 weights, or "
+                           "--allow-requantize)",
                            in->path, t->name, gguf_ggml_type_name(t->ggml_type));
         uint32_t type = k == QT_KIND_COUNT ? t->ggml_type : cli_ggml_type_of(k);
         rc = gguf_out_add_tensor(o, t->name, type, t->n_dims, t->ne, msg, msg_len);
@@ -165,8 +171,8 @@ static int gguf_declare(const gguf_file *in, const cli_gguf_target *g, gguf_out 
     return rc;
 }
 
-static int gguf_write_data(const gguf_file *in, const cli_gguf_target *g, gguf_out *o, char *msg,
-                           size_t msg_len)
+static int gguf_write_data(const gguf_file *in, const cli_gguf_target *g, bool allow_requantize,
+                           gguf_out *o, char *msg, size_t msg_len)
 {
     int rc = QL_OK;
     for (uint64_t i = 0; i < in->n_tensors && rc == QL_OK; i++) {
@@ -174,7 +180,7 @@ static int gguf_write_data(const gguf_file *in, const cli_gguf_target *g, gguf_o
         bool fell_back;
         qt_kind k = cli_gguf_plan(g, t, &fell_back);
         rc = k == QT_KIND_COUNT ? gguf_out_write(o, t->data, t->nbytes, msg, msg_len)
-                                : gguf_quantize_tensor(in, t, k, o, msg, msg_len);
+                                : gguf_quantize_tensor(in, t, k, allow_requantize, o, msg, msg_len);
     }
     return rc;
 }
@@ -216,11 +222,11 @@ static int quantize_gguf(const eng_quantize_opts *o, const cli_gguf_target *g, F
     rc = w ? gguf_copy_meta(&in, g, w, msg, msg_len)
            : ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     if (rc == QL_OK)
-        rc = gguf_declare(&in, g, w, counts, log, msg, msg_len);
+        rc = gguf_declare(&in, g, o->allow_requantize, w, counts, log, msg, msg_len);
     if (rc == QL_OK)
         rc = gguf_out_begin(w, o->out_path, msg, msg_len);
     if (rc == QL_OK)
-        rc = gguf_write_data(&in, g, w, msg, msg_len);
+        rc = gguf_write_data(&in, g, o->allow_requantize, w, msg, msg_len);
     if (rc == QL_OK)
         rc = gguf_out_finish(w, msg, msg_len);
     if (rc == QL_OK && log)
@@ -318,12 +324,18 @@ static int add_tensors(const eng_quantize_opts *o, const st_file *in, const qt_q
 
 int eng_quantize_file(const eng_quantize_opts *o, FILE *log, char *msg, size_t msg_len)
 {
+    const cli_gguf_target *g = gguf_target_named(o->kind);
+    /* only a GGUF file can hold weights quantized in a kind we dequantize */
+    if (o->allow_requantize && (!g || cli_is_folder(o->in_path)))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "--allow-requantize is for a GGUF file in with a GGUF --kind, not %s "
+                       "from %s",
+                       o->kind ? o->kind : "(missing)", o->in_path);
     if (o->kind && strcmp(o->kind, "fp8") == 0)
         return cli_quantize_fp8(o, log, msg, msg_len);
     if (o->block || o->scale_fmt)
         return ql_fail(msg, msg_len, QL_EINVAL, "--%s is for --kind fp8, not %s",
                        o->block ? "block" : "scale-fmt", o->kind ? o->kind : "(missing)");
-    const cli_gguf_target *g = gguf_target_named(o->kind);
     if (g && cli_is_folder(o->in_path))
         return cli_quantize_hf(o, g, log, msg, msg_len);
     if (g)
@@ -374,7 +386,8 @@ int cli_quantize(int argc, char **argv)
                            .blocksize = c.blocksize,
                            .double_quant = c.double_quant,
                            .block = c.block,
-                           .scale_fmt = c.scale_fmt};
+                           .scale_fmt = c.scale_fmt,
+                           .allow_requantize = c.allow_requantize};
     rc = eng_quantize_file(&o, stdout, msg, sizeof msg);
     if (rc != QL_OK) {
         fprintf(stderr, "qlserve quantize: %s\n", msg);

@@ -319,6 +319,9 @@ static const opt quantize_opts[] = {
           "ROWSxCOLS: fp8's weight_block_size (default 128x128)")},
     {FLAG("scale-fmt", OPT_STRING, offsetof(cfg_quantize, scale_fmt),
           "float | ue8m0: fp8's block scales as f32 (default) or one F8_E8M0 byte")},
+    {FLAG("allow-requantize", OPT_BOOL, offsetof(cfg_quantize, allow_requantize),
+          "a GGUF kind: quantize weights that are already quantized again (from their "
+          "dequantized values; precision is lost)")},
 };
 
 int cfg_parse_quantize(int argc, char **argv, cfg_quantize *out, char *msg, size_t msg_len)
@@ -1238,7 +1241,7 @@ void cfg_print_usage(FILE *out, const char *sub)
         fprintf(out, "usage: qlserve quantize --in IN.safetensors --out OUT.safetensors "
                      "--kind nf4|fp4 [--blocksize N] [--double-quant]\n"
                      "       qlserve quantize --in IN.gguf --out OUT.gguf --kind "
-                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
+                     "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32 [--allow-requantize]\n"
                      "       qlserve quantize --in DIR --out OUT.gguf --kind "
                      "q2_k|q3_k|q4_k|q5_k|q6_k|q8_0|f32\n"
                      "       qlserve quantize --in DIR --out OUTDIR --kind fp8 "
@@ -1248,7 +1251,8 @@ void cfg_print_usage(FILE *out, const char *sub)
                      "A GGUF kind requantizes a GGUF file's f32/f16/bf16 weights as "
                      "llama-quantize does (one type for all, its fallbacks for columns\n"
                      "that are not whole blocks) and copies the metadata and other "
-                     "tensors.\n"
+                     "tensors;\n"
+                     "with --allow-requantize, quantized weights too (dequantized first).\n"
                      "fp8 writes transformers' finegrained FP8 folder (E4M3 linears with a "
                      "weight_scale_inv per block).\n");
         print_opts(out, quantize_opts, N_OPTS(quantize_opts));

@@ -42,6 +42,7 @@ typedef struct cfg_quantize {
     bool double_quant;     /* --double-quant */
     const char *block;     /* --block RxC (fp8) */
     const char *scale_fmt; /* --scale-fmt float|ue8m0 (fp8) */
+    bool allow_requantize; /* --allow-requantize (a GGUF file in, a GGUF kind) */
 } cfg_quantize;
 
 /* How to load a model: shared by every subcommand that loads one. */

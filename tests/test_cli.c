@@ -3,7 +3,8 @@
  * safetensors files made here: the quantized file holds the bitsandbytes
  * serialization of exactly what qt_quantize produces, other tensors are
  * copied byte for byte, and bad input (NaN, truncated file, bad flags, an
- * already quantized file) exits non-zero with a message naming the problem.
+ * already quantized file without --allow-requantize) exits non-zero with a
+ * message naming the problem.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -753,6 +754,7 @@ Test(cli, quantize_gguf_refuses_quantized_and_non_gguf_inputs)
     snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind q4_k", in, outp);
     cr_assert_eq(run(args, &out), 1, "%s", out);
     cr_assert(strstr(out, "tensor 'output.weight' is already q8_0"), "%s", out);
+    cr_assert(strstr(out, "or --allow-requantize"), "%s", out);
     free(out);
     cr_assert_neq(access(outp, F_OK), 0, "a refused quantize left an output file");
 
@@ -763,6 +765,76 @@ Test(cli, quantize_gguf_refuses_quantized_and_non_gguf_inputs)
     cr_assert(strstr(out, "is not a GGUF file: --kind q6_k reads a GGUF file"), "%s", out);
     free(out);
     cr_assert_neq(access(outp, F_OK), 0);
+}
+
+/* --allow-requantize: a quantized GGUF's weights are dequantized and quantized again, every
+ * such tensor holding exactly qt_quantize's bytes of its dequantized rows, and the file runs;
+ * the flag is refused by name where nothing quantized can come in (safetensors, fp8). */
+Test(cli, quantize_gguf_allow_requantize_quantizes_the_dequantized_weights)
+{
+    char in[600], outp[600], args[2000], msg[512];
+    char *out;
+    snprintf(in, sizeof in, "%s/q8.gguf", dir);
+    snprintf(outp, sizeof outp, "%s/requantized.gguf", dir);
+    tiny_spec s = tiny_default();
+    tiny_write_gguf(in, &s, QT_Q8_0);
+    gguf_file src;
+    cr_assert_eq(gguf_open(&src, in, msg, sizeof msg), 0, "%s", msg);
+    static const char *const kinds[] = {"q4_k", "q8_0"};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind %s --allow-requantize",
+                 in, outp, kinds[k]);
+        cr_assert_eq(run(args, &out), 0, "%s", out);
+        free(out);
+        gguf_file f;
+        cr_assert_eq(gguf_open(&f, outp, msg, sizeof msg), 0, "%s", msg);
+        int requantized = 0;
+        for (uint64_t i = 0; i < f.n_tensors; i++) {
+            const gguf_tensor *t = &f.tensors[i], *st = find(&src, t->name);
+            qtensor got, in_q, want;
+            cr_assert_eq(gguf_tensor_qtensor(&src, st, &in_q, msg, sizeof msg), 0, "%s", msg);
+            bool dense = qt_traits_table[in_q.kind].is_dense;
+            if (dense && t->ggml_type == st->ggml_type) { /* a norm: copied */
+                cr_assert(t->nbytes == st->nbytes && memcmp(t->data, st->data, st->nbytes) == 0,
+                          "%s %s: a copied tensor changed", kinds[k], t->name);
+                qt_free(&in_q);
+                continue;
+            }
+            cr_assert_eq(gguf_tensor_qtensor(&f, t, &got, msg, sizeof msg), 0, "%s", msg);
+            float *v = malloc((size_t)(in_q.rows * in_q.cols) * sizeof *v);
+            qt_dequantize_rows(&in_q, 0, in_q.rows, v);
+            qt_quant_params p = {.kind = got.kind};
+            cr_assert_eq(qt_quantize(&want, v, in_q.rows, in_q.cols, &p, msg, sizeof msg), 0, "%s",
+                         msg);
+            cr_assert(got.data_bytes == want.data_bytes &&
+                          memcmp(got.data, want.data, got.data_bytes) == 0,
+                      "%s %s: not qt_quantize's bytes of the dequantized rows", kinds[k], t->name);
+            requantized += !dense;
+            free(v);
+            qt_free(&want);
+            qt_free(&got);
+            qt_free(&in_q);
+        }
+        cr_assert_gt(requantized, 0, "%s: no weight was requantized", kinds[k]);
+        gguf_close(&f);
+        snprintf(args, sizeof args,
+                 "generate --model '%s' --prompt 'the theme' --max-new-tokens 4 --threads 2", outp);
+        cr_assert_eq(run(args, &out), 0, "%s", out);
+        cr_assert(strstr(out, "generated 4 tokens"), "%s: %s", kinds[k], out);
+        free(out);
+    }
+    gguf_close(&src);
+
+    snprintf(in, sizeof in, "%s/model.safetensors", dir);
+    make_model(in, false);
+    snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
+    snprintf(args, sizeof args, "quantize --in '%s' --out '%s' --kind nf4 --allow-requantize", in,
+             outp);
+    cr_assert_eq(run(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "--allow-requantize is for a GGUF file in with a GGUF --kind, not nf4"),
+              "%s", out);
+    free(out);
+    cr_assert_neq(access(outp, F_OK), 0, "a refused quantize left an output file");
 }
 
 /* --- quantize a Hugging Face folder to GGUF -------------------------------- */
