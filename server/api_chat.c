@@ -25,10 +25,10 @@
  * generation it frames.
  *
  * response_format keeps the answer inside a grammar (request.c's
- * srv_req_get_grammar); tools and tool_choice are chat_tools.c's, which turns
- * the answer's text into tool_calls, whole or as stream deltas, when the
- * request has tools (g->answer set), and readies an assistant's past
- * tool_calls for the template.
+ * srv_req_get_grammar); llama-server's speculative.n_max and n_min bound
+ * the request's drafts (srv_req_get_speculative); tools and tool_choice are chat_tools.c's, which
+ * turns the answer's text into tool_calls, whole or as stream deltas, when the request has tools
+ * (g->answer set), and readies an assistant's past tool_calls for the template.
  *
  * Reasoning: a model whose vocabulary or template marks its thinking
  * (reasoning.c: <think>...</think>, GPT-OSS's harmony channels; found at
@@ -495,6 +495,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const cha
                                          "include_stop_str_in_output",
                                          "chat_template_kwargs",
                                          "reasoning_effort",
+                                         SRV_SPECULATIVE_FIELDS,
                                          NULL};
     if (!srv_req_only_known(c, root, "the body", fields))
         return false;
@@ -514,7 +515,7 @@ static bool parse_chat(srv_conn *c, const cJSON *root, srv_req_ask *a, const cha
         !srv_req_get_int(c, root, "n", 1, SRV_MAX_CHOICES, &n, NULL) ||
         !srv_req_get_bool(c, root, "logprobs", &logprobs) ||
         !srv_req_get_int(c, root, "top_logprobs", 0, ENG_MAX_LOGPROBS, &top, &has_top) ||
-        !srv_req_get_vllm_output(c, root, a))
+        !srv_req_get_vllm_output(c, root, a) || !srv_req_get_speculative(c, root, a))
         return false;
     if (has_top && !logprobs) {
         srv_req_fail(c, 400, "\"top_logprobs\" needs \"logprobs\": true");

@@ -9,7 +9,10 @@
  * choice, the usage when stream_options.include_usage, and [DONE]) and
  * GET /v1/models (the base model and every loaded adapter).
  * response_format (as vLLM takes it on this route: request.c's
- * srv_req_get_grammar) keeps every choice's text inside a JSON Schema.
+ * srv_req_get_grammar) keeps every choice's text inside a JSON Schema;
+ * llama-server's speculative.n_max and speculative.n_min bound the
+ * request's drafts (request.c's srv_req_get_speculative), and its usage
+ * reports them as OpenAI reports a predicted output's tokens.
  *
  * Offers the route handlers srv_oai_*; owns the OpenAI request fields
  * (the ones it has that this server does not implement are accepted only
@@ -191,6 +194,7 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_req_ask *a, const char
                                          "include_stop_str_in_output",
                                          "response_format",
                                          SRV_GUIDED_FIELDS,
+                                         SRV_SPECULATIVE_FIELDS,
                                          NULL};
     if (!srv_req_only_known(c, root, "the body", fields))
         return false;
@@ -206,7 +210,8 @@ static bool parse_oai(srv_conn *c, const cJSON *root, srv_req_ask *a, const char
     a->max_new_tokens = 16; /* OpenAI's default */
     if (!srv_req_get_int(c, root, "max_tokens", 0, INT32_MAX, &a->max_new_tokens, NULL) ||
         !srv_req_get_sampling(c, root, a, false) || !srv_req_get_stops(c, root, "stop", a) ||
-        !read_choices(c, root, a, *stream) || !srv_req_get_vllm_output(c, root, a))
+        !read_choices(c, root, a, *stream) || !srv_req_get_vllm_output(c, root, a) ||
+        !srv_req_get_speculative(c, root, a))
         return false;
     /* fields that would change the answer are refused, not ignored */
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
@@ -295,6 +300,14 @@ void srv_oai_add_usage(cJSON *o, const eng_usage *u)
     /* OpenAI's own field for prompt tokens served from a cache */
     cJSON *details = cJSON_AddObjectToObject(us, "prompt_tokens_details");
     cJSON_AddNumberToObject(details, "cached_tokens", u->cached_tokens);
+    if (u->spec.drafted == 0)
+        return; /* it never speculated: the answer an engine without drafts gives */
+    /* OpenAI's fields for a predicted output's tokens, which is what a draft is: those the model
+     * took, and those it verified and refused */
+    details = cJSON_AddObjectToObject(us, "completion_tokens_details");
+    cJSON_AddNumberToObject(details, "accepted_prediction_tokens", (double)u->spec.accepted);
+    cJSON_AddNumberToObject(details, "rejected_prediction_tokens",
+                            (double)(u->spec.drafted - u->spec.accepted));
 }
 
 void srv_oai_usage_chunk(srv_conn *c, cJSON *chunk, const eng_usage *u)

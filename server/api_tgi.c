@@ -11,8 +11,9 @@
  * stream event's top_tokens), decoder_input_details (details.prefill:
  * each prompt token's logprob, the first null), truncate, typical_p,
  * frequency_penalty, grammar (a JSON Schema or a regular expression the
- * answer is kept inside: request.c's srv_req_get_grammar); watermark only
- * false. Token
+ * answer is kept inside: request.c's srv_req_get_grammar), llama-server's
+ * speculative.n_max and n_min (details.speculative reports the drafts);
+ * watermark only false. Token
  * logprobs are the engine's (raw model log-probabilities, scheduler.h):
  * TGI reports those of its processed distribution, which differ when
  * temperature or penalties are on.
@@ -95,6 +96,7 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_req_ask *a)
                                          "top_n_tokens",
                                          "frequency_penalty",
                                          "grammar",
+                                         SRV_SPECULATIVE_FIELDS,
                                          NULL};
     if (!srv_req_only_known(c, root, "the body", top))
         return false;
@@ -129,7 +131,8 @@ static bool parse_tgi(srv_conn *c, const cJSON *root, srv_req_ask *a)
         !srv_req_get_number(c, p, "adapter_scale", -100.0, 100.0, &a->adapter_scale,
                             &a->has_scale) ||
         !srv_req_get_bool(c, p, "details", &a->details) ||
-        !srv_req_get_bool(c, p, "return_full_text", &a->return_full_text))
+        !srv_req_get_bool(c, p, "return_full_text", &a->return_full_text) ||
+        !srv_req_get_speculative(c, p, a))
         return false;
     return parse_tgi_details(c, p, a);
 }
@@ -215,11 +218,18 @@ static void add_candidate(cJSON *d, const srv_gen *g, int32_t i, bool tokens)
 }
 
 /* details of the best candidate (best), with best_of_sequences for the
- * others when there are. */
-static cJSON *tgi_details(const srv_gen *g, int32_t best, bool tokens)
+ * others when there are; when the request speculated, "speculative" with
+ * its drafted tokens the model verified and of them the accepted (all
+ * candidates together: a field of ours, TGI has none). */
+static cJSON *tgi_details(const srv_gen *g, int32_t best, bool tokens, const eng_usage *u)
 {
     cJSON *d = cJSON_CreateObject();
     add_candidate(d, g, best, tokens);
+    if (u->spec.drafted > 0) {
+        cJSON *spec = cJSON_AddObjectToObject(d, "speculative");
+        cJSON_AddNumberToObject(spec, "drafted", (double)u->spec.drafted);
+        cJSON_AddNumberToObject(spec, "accepted", (double)u->spec.accepted);
+    }
     if (g->per_part > 1 && tokens) {
         cJSON *others = cJSON_AddArrayToObject(d, "best_of_sequences");
         for (int32_t i = 0; i < g->per_part; i++) {
@@ -238,7 +248,7 @@ static cJSON *tgi_details(const srv_gen *g, int32_t best, bool tokens)
 }
 
 /* /generate's answer object: the best candidate's text and details. */
-static cJSON *generation_json(const srv_gen *g)
+static cJSON *generation_json(const srv_gen *g, const eng_usage *u)
 {
     int32_t best;
     srv_gen_answer_order(g, &best);
@@ -248,15 +258,14 @@ static cJSON *generation_json(const srv_gen *g)
     cJSON_AddItemToObject(o, "generated_text", srv_req_json_text(full, len));
     free(full);
     if (g->details)
-        cJSON_AddItemToObject(o, "details", tgi_details(g, best, true));
+        cJSON_AddItemToObject(o, "details", tgi_details(g, best, true, u));
     return o;
 }
 
 /* /generate's whole answer (srv_gen_shape.whole: may run on a pool thread). */
 static cJSON *whole_json(const srv_gen *g, const eng_usage *u)
 {
-    (void)u;
-    return generation_json(g);
+    return generation_json(g, u);
 }
 
 static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, const char *text,
@@ -295,7 +304,7 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
     char *full = srv_gen_full_text(g, 0, &len);
     cJSON_AddItemToObject(o, "generated_text", srv_req_json_text(full, len));
     free(full);
-    cJSON *d = tgi_details(g, 0, false);
+    cJSON *d = tgi_details(g, 0, false, u);
     cJSON_AddNumberToObject(d, "input_length", u->prompt_tokens); /* TGI's StreamDetails */
     cJSON_AddItemToObject(o, "details", d);
     srv_req_stream_cjson(c, o);
@@ -306,9 +315,8 @@ static void stream_done(srv_gen *g, srv_conn *c, eng_finish why, const eng_usage
  * answer ("to match api-inference", compat_generate says). */
 static cJSON *compat_whole_json(const srv_gen *g, const eng_usage *u)
 {
-    (void)u;
     cJSON *list = cJSON_CreateArray();
-    cJSON_AddItemToArray(list, generation_json(g));
+    cJSON_AddItemToArray(list, generation_json(g, u));
     return list;
 }
 

@@ -600,6 +600,8 @@ static void on_done_event(srv_gen *g, srv_gen_part *part, const srv_event *ev)
     g->usage.prompt_tokens += ev->usage.prompt_tokens;
     g->usage.cached_tokens += ev->usage.cached_tokens;
     g->usage.generated_tokens += ev->usage.generated_tokens;
+    g->usage.spec.drafted += ev->usage.spec.drafted;
+    g->usage.spec.accepted += ev->usage.spec.accepted;
     part->done = true;
     /* a choice that never began (cancelled while waiting) ends as its request did */
     for (int32_t k = 0; k < g->per_part; k++) {
@@ -1090,6 +1092,7 @@ static bool prep_copy(srv_conn *c, gen_prep *p, const srv_req_ask *a)
     const srv_gen *g = p->g;
     p->r = (eng_request){.max_new_tokens = (int32_t)a->max_new_tokens,
                          .sampling = a->sampling,
+                         .spec = a->spec,
                          .stop = (const char *const *)p->stops,
                          .n_stop = a->n_stops,
                          .fill_context = a->fill_context,

@@ -12,8 +12,8 @@
  * Offers srv_req_status_of, srv_req_fail, srv_req_respond_cjson, srv_req_stream_cjson,
  * srv_req_respond_generation, srv_req_body_object, srv_req_only_known, srv_req_is_null,
  * the srv_req_get_* readers and the two generation APIs' shared srv_req_get_stops,
- * srv_req_get_sampling and srv_req_get_grammar (response_format and TGI's grammar,
- * with srv_req_ask_grammar and srv_req_ask_schema, which put a grammar's text on a
+ * srv_req_get_sampling, srv_req_get_speculative and srv_req_get_grammar (response_format and TGI's
+ * grammar, with srv_req_ask_grammar and srv_req_ask_schema, which put a grammar's text on a
  * request), and srv_req_ask_free (internal/request.h) to bridge.c, the API
  * files, admin.c and routes.c, and srv_secret_equal (server.h), the
  * constant-time compare of a bearer token. Owns nothing past a call.
@@ -478,6 +478,29 @@ bool srv_req_get_vllm_output(srv_conn *c, const cJSON *root, srv_req_ask *a)
         !srv_req_get_bool(c, root, "include_stop_str_in_output", &a->include_stop_str))
         return false;
     a->keep_special = !skip;
+    return true;
+}
+
+bool srv_req_get_speculative(srv_conn *c, const cJSON *obj, srv_req_ask *a)
+{
+    int64_t n_max = 0, n_min = 0;
+    bool has_max = false;
+    if (!srv_req_get_int(c, obj, "speculative.n_max", 0, ENG_SPEC_MAX_DRAFT, &n_max, &has_max) ||
+        !srv_req_get_int(c, obj, "speculative.n_min", 0, ENG_SPEC_MAX_DRAFT, &n_min, NULL))
+        return false;
+    if (!srv_req_is_null(cJSON_GetObjectItemCaseSensitive(obj, "speculative.p_min"))) {
+        /* llama.cpp's floor on a draft model's token probability: our drafters keep none */
+        srv_req_fail(c, 400, "\"speculative.p_min\" is not supported by this server's drafters");
+        return false;
+    }
+    if (has_max && n_min > n_max) {
+        srv_req_fail(c, 400,
+                     "\"speculative.n_min\" is %lld; it may not pass \"speculative.n_max\" (%lld)",
+                     (long long)n_min, (long long)n_max);
+        return false;
+    }
+    a->spec = (eng_spec_request){
+        .off = has_max && n_max == 0, .draft_max = (int32_t)n_max, .draft_min = (int32_t)n_min};
     return true;
 }
 

@@ -858,6 +858,141 @@ Test(server, speculative_draft_is_reported_by_info_and_metrics)
         "draft", (const char *[]){"--speculative", "draft", "--draft-model", model_dir, NULL});
 }
 
+/* POST body (a JSON object's members after the prompt's) to /v1/completions, greedy, 32 tokens
+ * of the prompt speculation drafts for; the answer as JSON. */
+static cJSON *spec_completion(const char *members)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"a b c a b c a b c a b\", \"max_tokens\": 32, \"temperature\": 0%s}",
+             members);
+    hc_response r = sp_request("POST", "/v1/completions", NULL, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    hc_response_free(&r);
+    return j;
+}
+
+/* usage's completion_tokens_details of answer j: NULL when absent; else its two prediction counts
+ * checked against the completion's tokens, and summed into *drafted. */
+static const cJSON *prediction_details(const cJSON *usage, double *drafted)
+{
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens_details");
+    if (!d)
+        return NULL;
+    double accepted = num_at(d, "accepted_prediction_tokens");
+    double rejected = num_at(d, "rejected_prediction_tokens");
+    cr_assert_geq(accepted, 0);
+    cr_assert_geq(rejected, 0);
+    cr_assert_leq(accepted, num_at(usage, "completion_tokens"), "every accepted draft is a token");
+    *drafted = accepted + rejected;
+    return d;
+}
+
+static const char *completion_text(const cJSON *j)
+{
+    return str_at(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0), "text");
+}
+
+/* The last streamed usage chunk of a completions stream with body, its usage as JSON. */
+static cJSON *streamed_usage(const char *body)
+{
+    hc_conn c;
+    hc_response r;
+    open_stream(&c, &r, "/v1/completions", body);
+    cJSON *usage = NULL;
+    for (char *ev; (ev = hc_next_event(&c, &r)) && strcmp(ev, "[DONE]") != 0; free(ev)) {
+        cJSON *e = cJSON_Parse(ev);
+        cr_assert(e, "%s", ev);
+        cJSON *u = cJSON_DetachItemFromObjectCaseSensitive(e, "usage");
+        if (u) {
+            cr_assert_null(usage, "one usage chunk");
+            usage = u;
+        }
+        cJSON_Delete(e);
+    }
+    hc_response_free(&r);
+    hc_close(&c);
+    cr_assert(usage, "no usage chunk");
+    return usage;
+}
+
+/* Each request's own drafts: OpenAI's usage.completion_tokens_details (whole and in the streamed
+ * usage chunk) and TGI's details.speculative, present only when the request speculated; a request
+ * asking for none ("speculative.n_max": 0) has none and the same greedy text; the fields'
+ * bounds are 400s naming them. */
+Test(server, speculative_drafts_are_reported_per_request_and_a_request_may_ask_for_none)
+{
+    tiny_spec spec = tiny_default();
+    start_server(&spec, (const char *[]){"--speculative", "ngram", NULL});
+    hc_response r = sp_request("GET", "/info", NULL, NULL);
+    cJSON *info = json_of(&r);
+    bool drafts = strcmp(str_at(info, "speculative"), "ngram") == 0; /* off on CUDA, said why */
+    cJSON_Delete(info);
+    hc_response_free(&r);
+
+    cJSON *on = spec_completion(""), *off = spec_completion(", \"speculative.n_max\": 0");
+    double drafted = 0;
+    const cJSON *d = prediction_details(cJSON_GetObjectItemCaseSensitive(on, "usage"), &drafted);
+    cr_assert(!drafts || (d && drafted > 0), "a drafting answer reports its drafts");
+    cr_assert_null(prediction_details(cJSON_GetObjectItemCaseSensitive(off, "usage"), &drafted),
+                   "an answer that drafted nothing has the usage it has without speculation");
+    cr_assert_str_eq(completion_text(on), completion_text(off));
+    cJSON *lower = spec_completion(", \"speculative.n_max\": 1, \"speculative.n_min\": 1");
+    cr_assert_str_eq(completion_text(lower), completion_text(off));
+    cJSON_Delete(lower);
+    cJSON_Delete(on);
+    cJSON_Delete(off);
+
+    const char *stream = "{\"prompt\": \"a b c a b c a b c a b\", \"max_tokens\": 32, "
+                         "\"temperature\": 0, \"stream\": true, \"stream_options\": "
+                         "{\"include_usage\": true}%s}";
+    char body[512];
+    snprintf(body, sizeof body, stream, "");
+    cJSON *usage = streamed_usage(body);
+    cr_assert(!drafts || (prediction_details(usage, &drafted) && drafted > 0));
+    cJSON_Delete(usage);
+    snprintf(body, sizeof body, stream, ", \"speculative.n_max\": 0");
+    usage = streamed_usage(body);
+    cr_assert_null(prediction_details(usage, &drafted));
+    cJSON_Delete(usage);
+
+    /* TGI: details.speculative, {drafted, accepted} */
+    for (int n_max = 0; n_max <= 4; n_max += 4) {
+        snprintf(body, sizeof body,
+                 "{\"inputs\": \"a b c a b c a b c a b\", \"parameters\": {\"max_new_tokens\": "
+                 "32, \"details\": true, \"speculative.n_max\": %d}}",
+                 n_max);
+        r = sp_request("POST", "/generate", NULL, body);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        cJSON *j = json_of(&r);
+        const cJSON *drafts_of = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(j, "details"), "speculative");
+        if (n_max == 0 || !drafts)
+            cr_assert_null(drafts_of, "%s", r.body);
+        else {
+            cr_assert_gt(num_at(drafts_of, "drafted"), 0, "%s", r.body);
+            cr_assert_leq(num_at(drafts_of, "accepted"), num_at(drafts_of, "drafted"));
+        }
+        cJSON_Delete(j);
+        hc_response_free(&r);
+    }
+
+    post_expect_error("/v1/completions", "{\"prompt\": \"a\", \"speculative.n_max\": 17}", 400,
+                      "invalid_request", "\"speculative.n_max\" is 17");
+    post_expect_error("/v1/completions", "{\"prompt\": \"a\", \"speculative.n_max\": -1}", 400,
+                      "invalid_request", "\"speculative.n_max\" is -1");
+    post_expect_error("/v1/completions",
+                      "{\"prompt\": \"a\", \"speculative.n_max\": 2, \"speculative.n_min\": 3}",
+                      400, "invalid_request", "\"speculative.n_min\" is 3");
+    post_expect_error("/v1/completions", "{\"prompt\": \"a\", \"speculative.p_min\": 0.5}", 400,
+                      "invalid_request", "speculative.p_min");
+    post_expect_error("/generate",
+                      "{\"inputs\": \"a\", \"parameters\": {\"speculative.n_min\": 99}}", 400,
+                      "invalid_request", "\"speculative.n_min\" is 99");
+    sp_stop_cleanly();
+}
+
 /* --activations q8: /info and the startup log name it (on the CPU; the
  * CUDA backend keeps f32, and the log says why), and the server serves. */
 Test(server, activations_q8_is_reported_by_info_and_the_log)

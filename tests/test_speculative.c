@@ -919,3 +919,103 @@ Test(speculative, a_rolled_back_draft_kv_drafts_as_a_fresh_one)
     free(prompt);
     draft_unload(&dm, dir);
 }
+
+/* --- one request's say, and its own figures -------------------------------------- */
+
+Test(speculative, each_requests_drafts_sum_to_the_engines_and_one_asking_none_has_none)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 48);
+        reqs[i].spec.off = i % 3 == 2; /* every third asks for no drafts */
+    }
+    reqs[0].n_choices = 2; /* a request's figures are its choices' together */
+    reqs[0].sampling = (eng_sampling){.temperature = 0.8f, .seed = 7};
+    eng_engine *e = start(ENG_SPEC_NGRAM, 4, 0);
+    outcome *out = outcomes_new(N_PROMPTS);
+    run_all(e, reqs, out, N_PROMPTS);
+    cr_assert(eng_engine_settle(e, 60), "the last step's figures are published");
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    eng_engine_stop(e);
+    expect_drafts_exercised(&st.spec);
+    int64_t drafted = 0, accepted = 0;
+    int speculated = 0;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        const eng_spec_usage *u = &out[i].usage.spec;
+        cr_assert_leq(u->accepted, u->drafted, "request %d", i);
+        cr_assert_leq(u->accepted, out[i].usage.generated_tokens, "request %d", i);
+        if (reqs[i].spec.off)
+            cr_assert(u->drafted == 0 && u->accepted == 0, "request %d asked for no drafts", i);
+        drafted += u->drafted;
+        accepted += u->accepted;
+        speculated += u->drafted > 0;
+    }
+    cr_assert_gt(speculated, 1);
+    cr_assert_eq((uint64_t)drafted, st.spec.verified, "%lld drafted, %llu verified",
+                 (long long)drafted, (unsigned long long)st.spec.verified);
+    cr_assert_eq((uint64_t)accepted, st.spec.accepted);
+    free(out);
+}
+
+Test(speculative, requests_asking_for_no_drafts_draft_nothing_and_answer_the_same)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 48);
+        reqs[i].spec.off = true;
+    }
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N_PROMPTS, 4, &spec);
+    cr_assert_eq(spec.drafter, ENG_SPEC_NGRAM, "the engine speculates: the requests said no");
+    cr_assert_eq(spec.drafted, 0, "not even the probe after a long idle stretch");
+    cr_assert_eq(spec.drafts, 0);
+}
+
+/* A request's draft_max lowers its drafts (one token each: as many verified as verifications);
+ * its draft_min drops shorter drafts (each verification then verifies at least that many); the
+ * answers stay the engine's without drafts. */
+Test(speculative, a_requests_draft_bounds_hold_and_answers_stay_the_same)
+{
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 48);
+        reqs[i].spec.draft_max = 1;
+    }
+    eng_spec_stats spec;
+    expect_same_answers(reqs, N_PROMPTS, 4, &spec);
+    cr_assert_gt(spec.drafts, 0);
+    cr_assert_eq(spec.verified, spec.drafts, "one drafted token per verification");
+    for (int i = 0; i < N_PROMPTS; i++)
+        reqs[i].spec = (eng_spec_request){.draft_min = 3};
+    expect_same_answers(reqs, N_PROMPTS, 4, &spec);
+    cr_assert_gt(spec.drafts, 0);
+    cr_assert_geq(spec.verified, 3 * spec.drafts, "no draft shorter than 3 was verified");
+    cr_assert_gt(spec.drafted, spec.verified, "shorter drafts were made, and dropped");
+}
+
+Test(speculative, a_requests_draft_bounds_are_checked_and_bounded_to_the_engines)
+{
+    int32_t max, min;
+    eng_spec_request_bounds(&(eng_spec_request){.draft_max = 16, .draft_min = 9}, 4, &max, &min);
+    cr_assert(max == 4 && min == 4, "never past the engine's: %d %d", max, min);
+    eng_spec_request_bounds(&(eng_spec_request){.draft_max = 2}, 4, &max, &min);
+    cr_assert(max == 2 && min == 0);
+    eng_spec_request_bounds(&(eng_spec_request){0}, 4, &max, &min);
+    cr_assert(max == 4 && min == 0, "the zero value: the engine's");
+    eng_spec_request_bounds(&(eng_spec_request){.off = true, .draft_min = 2}, 4, &max, &min);
+    cr_assert(max == 0 && min == 0, "off drafts nothing");
+    eng_engine *e = start(ENG_SPEC_NGRAM, 2, 0);
+    char msg[256];
+    eng_request r = plain("a b a b", 4);
+    r.spec.draft_max = ENG_SPEC_MAX_DRAFT + 1;
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "draft_max 17"), "%s", msg);
+    r.spec = (eng_spec_request){.draft_max = 2, .draft_min = 3};
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "draft_min 3"), "%s", msg);
+    r.spec = (eng_spec_request){.draft_min = -1};
+    cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "draft_min -1"), "%s", msg);
+    eng_engine_stop(e);
+}

@@ -1,7 +1,8 @@
 /*
  * drafter.c - speculative decoding's drafters (internal/drafter_internal.h)
- * and the parsing of its options (speculative.h): the n-gram lookup, and
- * each sequence's draft length following its acceptance.
+ * and the parsing of its options (speculative.h): the n-gram lookup, each
+ * sequence's draft length following its acceptance, and the bounds one
+ * request may set on it.
  *
  * The n-gram lookup (prompt lookup decoding, Saxena 2023; llama.cpp's
  * ngram drafters) costs no model: an answer that copies from its prompt
@@ -57,6 +58,26 @@ int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
     if (o->max_batch < 1)
         return ql_fail(msg, msg_len, QL_EINVAL, "spec-max-batch %d is not positive", o->max_batch);
     return QL_OK;
+}
+
+int eng_spec_request_check(const eng_spec_request *r, char *msg, size_t msg_len)
+{
+    if (r->draft_max < 0 || r->draft_max > ENG_SPEC_MAX_DRAFT)
+        return ql_fail(msg, msg_len, QL_EINVAL, "speculative draft_max %d is not in [0, %d]",
+                       r->draft_max, ENG_SPEC_MAX_DRAFT);
+    int32_t most = r->draft_max ? r->draft_max : ENG_SPEC_MAX_DRAFT;
+    if (r->draft_min < 0 || r->draft_min > most)
+        return ql_fail(msg, msg_len, QL_EINVAL, "speculative draft_min %d is not in [0, %d]",
+                       r->draft_min, most);
+    return QL_OK;
+}
+
+void eng_spec_request_bounds(const eng_spec_request *r, int32_t engine_max, int32_t *max,
+                             int32_t *min)
+{
+    int32_t m = r->draft_max && r->draft_max < engine_max ? r->draft_max : engine_max;
+    *max = r->off ? 0 : m;
+    *min = r->draft_min < *max ? r->draft_min : *max;
 }
 
 /* --- the n-gram lookup ------------------------------------------------------------ */

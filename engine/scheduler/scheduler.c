@@ -134,6 +134,10 @@ struct eng_built {
     uint64_t grammar_step;
     bool grammar_failed;
     eng_finish first_why;
+    /* its choices' draft lengths (eng_spec_request_bounds: 0 drafts nothing), and what their
+     * verifications drafted and accepted, for its usage */
+    int32_t draft_max, draft_min;
+    eng_spec_usage spec;
     float *prompt_lp;        /* prompt_logprobs: n_prompt of them */
     eng_logprob *prompt_top; /* and n_prompt x top_logprobs */
     eng_lora_term *want;     /* the configuration asked for (a reference each) */
@@ -364,6 +368,7 @@ static void request_end(eng_engine *e, request *r, eng_finish why)
         .queued_s = r->t_admit > 0 ? r->t_admit - r->t_submit : t - r->t_submit,
         .prefill_s = r->t_first > 0 ? r->t_first - r->t_admit : 0,
         .decode_s = r->t_first > 0 ? t - r->t_first : 0,
+        .spec = r->spec,
     };
     pthread_mutex_lock(&e->mu);
     e->stats.kv_blocks_used = eng_kv_total_blocks(e->kv) - eng_kv_free_blocks(e->kv);
@@ -532,6 +537,8 @@ static int check_fields(const eng_engine *e, const eng_request *r, char *msg, si
     if (r->truncate < 0)
         return ql_fail(msg, msg_len, QL_EINVAL, "truncate %d is negative", r->truncate);
     int rc = eng_sampling_check(&r->sampling, msg, msg_len);
+    if (rc == QL_OK)
+        rc = eng_spec_request_check(&r->spec, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     for (size_t i = 0; i < r->n_adapters; i++) {
@@ -741,7 +748,7 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
         eng_stop_include(s->stop, r->include_stop_str);
-        eng_spec_len_init(&s->spec, e->drafter.o.draft_max);
+        eng_spec_len_init(&s->spec, q->draft_max);
     }
     if (r->prompt_logprobs) {
         size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
@@ -769,6 +776,7 @@ static int request_new(const eng_engine *e, const eng_request *r, request **out,
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     q->req = *r;
     q->n_choices = r->n_choices > 1 ? r->n_choices : 1;
+    eng_spec_request_bounds(&r->spec, e->drafter.o.draft_max, &q->draft_max, &q->draft_min);
     if (r->n_adapters) {
         q->want = malloc(r->n_adapters * sizeof *q->want);
         if (!q->want) {
@@ -1219,15 +1227,19 @@ static void next_token(eng_engine *e, seq *s, int32_t k)
 static int32_t draft_want(seq *s, int32_t room)
 {
     request *r = s->r;
+    if (r->draft_max == 0)
+        return 0; /* the request asked for none: not even the probe */
     int32_t pos = r->n_prompt + s->n_generated - 1;
     int32_t want = eng_spec_len_want(&s->spec);
     int32_t answer_left = r->req.max_new_tokens - s->n_generated - 1;
     int32_t kv_left = r->reserve - pos - 1;
+    if (want > 0 && want < r->draft_min)
+        want = r->draft_min; /* a shorter draft would not be verified */
     want = want < room ? want : room;
     want = want < answer_left ? want : answer_left;
     want = want < kv_left ? want : kv_left;
     /* the history is the prompt and the tokens fed (a failed record leaves it short) */
-    return s->n_fed == s->n_generated && want > 0 ? want : 0;
+    return s->n_fed == s->n_generated && want > 0 && want >= r->draft_min ? want : 0;
 }
 
 /* Every begun sequence's draft for this step (n_decode decode tokens in
@@ -1259,7 +1271,9 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
         seq *s = e->draft_seqs[i];
         int32_t k = e->draft_jobs[i].n;
         e->tally.spec.drafted += (uint64_t)k;
-        if (k > 0 && s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1])) {
+        /* shorter than the request's least, or its first token one the grammar refuses */
+        if (k > 0 && (k < s->r->draft_min ||
+                      (s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1])))) {
             k = 0; /* never verified: a draft model forgets the drafts it fed */
             eng_drafter_rollback(&e->drafter, &s->draft_kv, s->r->n_prompt + s->n_fed);
         }
@@ -1274,9 +1288,11 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
 {
     int32_t vocab = e->m->cfg.vocab_size, k = s->n_draft, j = 0;
     eng_spec_stats *t = &e->tally.spec;
+    eng_spec_usage *u = &s->r->spec; /* counted as they go: the last token may end and free r */
     s->n_draft = 0;
     t->drafts++;
     t->verified += (uint64_t)k;
+    u->drafted += k;
     bool ended = false;
     for (;; j++) {
         /* each row stands for a step of its own: a grammar's mask gets a step's budget for it,
@@ -1287,6 +1303,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
         if (ended || j == k || s->next_token != s->row[j + 1])
             break; /* s may be freed once ended: nothing of it is read after */
         t->accepted_pos[j]++;
+        u->accepted++;
     }
     t->accepted += (uint64_t)j;
     t->accepted_len[j]++;
@@ -1300,7 +1317,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
         end_choice(e, s, ENG_FINISH_ERROR);
         return;
     }
-    eng_spec_len_adapt(&s->spec, k, j, e->drafter.o.draft_max);
+    eng_spec_len_adapt(&s->spec, k, j, s->r->draft_max);
 }
 
 /* Whether the step's decoding sequences (n_decode of them) speculate:

@@ -1,17 +1,15 @@
 /*
- * scheduler.h - the public header of engine/scheduler/: requests in,
- * tokens out, continuously batched on one thread.
+ * scheduler.h - the public header of engine/scheduler/: requests in, tokens out, continuously
+ * batched on one thread.
  *
- * It offers sampling (eng_sampling, each sequence's own seeded
- * eng_sampler), stop strings matched across token boundaries (eng_stop),
- * and the engine (eng_engine_*): a thread that owns the run state (the
- * running set, the samplers, the backend and its KV cache), admits
- * requests first come first served, runs one step after another and
- * publishes weight versions between two steps. Other threads submit,
- * cancel and read statistics through a small inbox guarded by a mutex.
- * It touches engine/runtime/ (through runtime.h alone) and engine/model/,
- * nothing above. Inside the folder: sampler.c (eng_sampling, eng_sampler,
- * eng_stop), scheduler.c (eng_engine_*), drafter.c (speculative.h's drafters).
+ * It offers sampling (eng_sampling, each sequence's own seeded eng_sampler), stop strings matched
+ * across token boundaries (eng_stop), and the engine (eng_engine_*): a thread that owns the run
+ * state (the running set, the samplers, the backend and its KV cache), admits requests first come
+ * first served, runs one step after another and publishes weight versions between two steps.
+ * Other threads submit, cancel and read statistics through a small inbox guarded by a mutex. It
+ * touches engine/runtime/ (through runtime.h alone) and engine/model/, nothing above. Inside the
+ * folder: sampler.c (eng_sampling, eng_sampler, eng_stop), scheduler.c (eng_engine_*), drafter.c
+ * (speculative.h's drafters).
  */
 #ifndef QL_SCHEDULER_H
 #define QL_SCHEDULER_H
@@ -159,6 +157,7 @@ typedef struct eng_usage {
     double queued_s;  /* submitted to admitted */
     double prefill_s; /* admitted to first token */
     double decode_s;  /* first token to the last */
+    eng_spec_usage spec;
 } eng_usage;
 
 #define ENG_MAX_LOGPROBS 20 /* alternatives per token (OpenAI's top_logprobs limit) */
@@ -253,6 +252,7 @@ typedef struct eng_request {
     /* vLLM's include_stop_str_in_output (eng_stop_include) */
     bool include_stop_str;
     eng_sampling sampling;
+    eng_spec_request spec; /* speculative decoding for it (speculative.h); zero: the engine's */
     /* constrained decoding: each choice's tokens keep its answer inside this grammar
      * (grammar.h; the engine takes its own reference); NULL: none. A choice whose answer is
      * whole and can go no further ends so. The masks of all choices together take at most

@@ -1,7 +1,8 @@
 /*
  * speculative.h - speculative decoding's part of engine/scheduler/'s public
  * interface (scheduler.h includes it; no other file need): which drafter
- * the engine runs, its sizes, and the figures /metrics reports.
+ * the engine runs, its sizes, what one request may ask of it, and the
+ * figures /metrics and each request's usage report.
  *
  * A drafter guesses the next few tokens of a sequence cheaply; the engine
  * runs them through the model as extra rows of the sequence in the same
@@ -13,6 +14,7 @@
 #ifndef QL_SPECULATIVE_H
 #define QL_SPECULATIVE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ql_base.h"
@@ -51,6 +53,29 @@ int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, siz
 /* o with its zeros replaced by the defaults, checked: a drafter not built
  * yet, draft without its model, sizes out of range (named). */
 int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len);
+
+/* One request's say over speculation (eng_request.spec); the zero value takes the engine's. A
+ * request may draft less than the engine does, never more, and never with another drafter: the
+ * drafter and the rows a step holds for drafts are fixed at start. */
+typedef struct eng_spec_request {
+    bool off; /* draft nothing for it */
+    /* most tokens drafted per step for it: 0 the engine's draft_max; else in
+     * [1, ENG_SPEC_MAX_DRAFT], and bounded to the engine's draft_max */
+    int32_t draft_max;
+    /* a shorter draft is not verified (llama.cpp's speculative.n_min): in [0, draft_max] (0: any,
+     * and at most ENG_SPEC_MAX_DRAFT when draft_max is 0); bounded with draft_max */
+    int32_t draft_min;
+} eng_spec_request;
+
+/* r's bounds: QL_EINVAL naming the field and its value. */
+int eng_spec_request_check(const eng_spec_request *r, char *msg, size_t msg_len);
+
+/* What speculation did for one request (eng_usage.spec), its choices together: drafted tokens the
+ * model verified (those a grammar cut not counted) and, of them, the accepted; 0 and 0 when it
+ * never speculated. */
+typedef struct eng_spec_usage {
+    int64_t drafted, accepted; /* up to ENG_SPEC_MAX_DRAFT per generated token: past int32 */
+} eng_spec_usage;
 
 /* What speculation did (eng_engine_stats.spec), summed over the steps. */
 typedef struct eng_spec_stats {

@@ -97,6 +97,7 @@ typedef struct srv_req_ask {
     int32_t *token_store; /* owned */
     int64_t max_new_tokens;
     eng_sampling sampling;
+    eng_spec_request spec; /* speculative decoding for it (srv_req_get_speculative) */
     const char *stops[SRV_MAX_STOPS];
     size_t n_stops;
     /* what sampling.logit_bias points at (srv_req_get_sampling fills it) */
@@ -182,6 +183,14 @@ bool srv_req_ask_schema(srv_conn *c, srv_req_ask *a, const cJSON *schema, const 
 /* vLLM's output fields both OpenAI routes take: skip_special_tokens
  * (default true) and include_stop_str_in_output (default false). */
 bool srv_req_get_vllm_output(srv_conn *c, const cJSON *root, srv_req_ask *a);
+
+/* llama-server's per-request speculation fields of obj, into a->spec: "speculative.n_max" (0 drafts
+ * nothing; at most ENG_SPEC_MAX_DRAFT, and the engine bounds it to --draft-max) and
+ * "speculative.n_min" (a shorter draft is not verified; at most n_max); "speculative.p_min" is
+ * refused by name. Absent: the server's. False after answering the 400. */
+bool srv_req_get_speculative(srv_conn *c, const cJSON *obj, srv_req_ask *a);
+/* The body fields srv_req_get_speculative reads, for a route's list of known ones. */
+#define SRV_SPECULATIVE_FIELDS "speculative.n_max", "speculative.n_min", "speculative.p_min"
 
 /* The adapter an OpenAI-shaped request's "model" names (request.c): NULL
  * for the base model (no name, the base model's id, or "tgi" or "dummy",

@@ -104,6 +104,12 @@ uint64_t eng_drafter_steps(const eng_drafter *d);
 int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int32_t max,
                         int32_t *out);
 
+/* The draft lengths request r gets from an engine that drafts at most engine_max tokens: *max 0
+ * when r drafts nothing (off), else r's draft_max (0: engine_max) bounded to engine_max; *min r's
+ * draft_min bounded to *max. */
+void eng_spec_request_bounds(const eng_spec_request *r, int32_t engine_max, int32_t *max,
+                             int32_t *min);
+
 /* One sequence's draft length, following its acceptance. */
 typedef struct eng_spec_len {
     int32_t len;  /* tokens to draft next; 0: not speculating */
