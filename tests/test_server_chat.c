@@ -9,7 +9,8 @@
  * written out by hand); a whole answer is a chat.completion, a stream
  * opens with the role, carries the content in deltas that join to the
  * whole answer, ends with finish_reason, the usage when asked and [DONE];
- * without max_tokens the answer may fill the context; and every refusal
+ * without max_tokens the answer may fill the context; the usage has the
+ * request's drafts only when it drafted; and every refusal
  * names what was wrong: no template, a template refused at load, a
  * template that raises, a bad role or content part, fields not supported.
  */
@@ -64,8 +65,9 @@ static const char chatml[] =
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /* The tiny model with `chat_template` as its chat_template.jinja (NULL:
- * none), served; returns once it answers. */
-static void start_with_template(const char *chat_template)
+ * none), served with the flags extra (NULL-ended; NULL: none) after the
+ * usual ones; returns once it answers. */
+static void start_with_flags(const char *chat_template, const char *const *extra)
 {
     tiny_spec spec = tiny_default();
     tiny_write_hf(model_dir, &spec);
@@ -74,11 +76,22 @@ static void start_with_template(const char *chat_template)
         snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
         test_write_text(path, chat_template);
     }
-    const char *argv[] = {QL_BINARY,   "serve", "--model",  model_dir, "--port",        "0",
-                          "--threads", "2",     "--kv-mib", "16",      "--adapter-dir", adapter_dir,
-                          NULL};
+    const char *argv[24] = {QL_BINARY,  "serve", "--model",       model_dir,
+                            "--port",   "0",     "--threads",     "2",
+                            "--kv-mib", "16",    "--adapter-dir", adapter_dir};
+    size_t n = 12;
+    for (size_t i = 0; extra && extra[i]; i++) {
+        cr_assert_lt(n, 23);
+        argv[n++] = extra[i];
+    }
+    argv[n] = NULL;
     sp_spawn(argv, log_path);
     sp_wait_ready();
+}
+
+static void start_with_template(const char *chat_template)
+{
+    start_with_flags(chat_template, NULL);
 }
 
 static void expect_refusal(const char *body, int status, const char *needle)
@@ -449,5 +462,52 @@ Test(chat, completions_refuse_suffix_and_a_best_of_under_n)
         "{\"prompt\": \"a\", \"suffix\": null, \"best_of\": 1, \"max_tokens\": 1}", &status);
     cr_assert_eq(status, 200, "%s", text);
     free(text);
+    sp_stop_cleanly();
+}
+
+/* A chat answer's usage has the request's drafts (OpenAI's completion_tokens_details with
+ * accepted_prediction_tokens and rejected_prediction_tokens) only when it drafted: llama-server's
+ * "speculative.n_max": 0 asks for none, and the answer is the same greedy text. */
+Test(chat, usage_has_the_requests_prediction_tokens_only_when_it_drafted)
+{
+    start_with_flags(chatml, (const char *[]){"--speculative", "ngram", NULL});
+    hc_response r = sp_request("GET", "/info", NULL, NULL);
+    cJSON *info = sp_json(r.body);
+    bool drafts = strcmp(sp_str_at(info, "speculative"), "ngram") == 0; /* off on CUDA */
+    cJSON_Delete(info);
+    hc_response_free(&r);
+    int status;
+    char *text[2];
+    for (int off = 0; off < 2; off++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"a b c a b c a b c a b\"}], "
+                 "\"max_tokens\": 32, \"temperature\": 0%s}",
+                 off ? ", \"speculative.n_max\": 0" : "");
+        char *answer = sp_answer("/v1/chat/completions", body, &status);
+        cr_assert_eq(status, 200, "%s", answer);
+        cJSON *j = sp_json(answer);
+        const cJSON *usage = cJSON_GetObjectItem(j, "usage");
+        const cJSON *d = cJSON_GetObjectItem(usage, "completion_tokens_details");
+        if (off || !drafts)
+            cr_assert_null(d, "%s", answer);
+        else {
+            double accepted = sp_num_at(d, "accepted_prediction_tokens");
+            double rejected = sp_num_at(d, "rejected_prediction_tokens");
+            cr_assert_gt(accepted + rejected, 0, "%s", answer);
+            cr_assert_leq(accepted, sp_num_at(usage, "completion_tokens"));
+        }
+        const cJSON *message = cJSON_GetObjectItem(
+            cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+        text[off] = strdup(sp_str_at(message, "content"));
+        cJSON_Delete(j);
+        free(answer);
+    }
+    cr_assert_str_eq(text[0], text[1]);
+    free(text[0]);
+    free(text[1]);
+    expect_refusal("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
+                   "\"speculative.n_max\": 1.5}",
+                   400, "\"speculative.n_max\" must be an integer");
     sp_stop_cleanly();
 }
