@@ -286,8 +286,8 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
               "N: the draft model's own KV cache in MiB (0: as many positions as the model's)"),   \
          RANGE(0, 1 << 20)},                                                                       \
         {FLAG("draft-max", OPT_INT, offsetof(T, field.draft_max),                                  \
-              "N: most tokens a sequence drafts per step, 1..16 (0: 4; a request may ask "         \
-              "fewer)"),                                                                           \
+              "N: most tokens a sequence drafts per step, 1..16 (0: 16 for ngram, 4 for draft; a " \
+              "request may ask fewer)"),                                                           \
          RANGE(0, 16)},                                                                            \
         {FLAG("ngram-min", OPT_INT, offsetof(T, field.ngram_min),                                  \
               "N: the shortest suffix the n-gram drafter matches (0: 1)"),                         \

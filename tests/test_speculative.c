@@ -258,27 +258,55 @@ Test(speculative, ngram_lookup_runs_into_a_repeated_run_and_finds_nothing_new)
     cr_assert_eq(eng_ngram_draft(&one, 1, 3, 8, out), 0, "nothing before the suffix");
 }
 
-Test(speculative, draft_length_follows_acceptance_down_to_zero_and_probes_again)
+/* The draft length for a sequence that has verified `rounds` drafts of 8
+ * accepting `accepted` each, in a step of n_decode whose fixed part costs
+ * `fixed` rows. */
+static int32_t length_after(int rounds, int32_t accepted, int32_t n_decode, double fixed)
 {
     eng_spec_len l;
-    eng_spec_len_init(&l, 4);
-    cr_assert_eq(eng_spec_len_want(&l), 4);
-    eng_spec_len_adapt(&l, 4, 1, 4);
-    cr_assert_eq(l.len, 2, "one accepted: one past it");
-    eng_spec_len_adapt(&l, 2, 2, 4);
-    cr_assert_eq(l.len, 3, "all accepted: one more");
-    eng_spec_len_adapt(&l, 3, 0, 4);
-    cr_assert_eq(l.len, 1, "none accepted: half");
-    eng_spec_len_adapt(&l, 1, 0, 4);
-    cr_assert_eq(l.len, 0, "down to none");
+    eng_spec_len_init(&l);
+    for (int i = 0; i < rounds; i++)
+        eng_spec_len_adapt(&l, 8, accepted);
+    eng_spec_cost c = {.fixed_s = fixed * 1e-3, .token_s = 1e-3, .n_decode = n_decode};
+    return eng_spec_len_want(&l, &c, 16);
+}
+
+Test(speculative, draft_length_follows_acceptance_and_the_cost_of_a_row)
+{
+    eng_spec_len l;
+    eng_spec_len_init(&l);
+    cr_assert_float_eq(eng_spec_len_rate(&l), 0.6, 1e-12);
+    eng_spec_len_adapt(&l, 4, 1);
+    cr_assert_float_eq(eng_spec_len_rate(&l), (3 * 0.8 + 1) / (5 * 0.8 + 2), 1e-12,
+                       "one accepted: two positions tried");
+    eng_spec_len_adapt(&l, 0, 0);
+    cr_assert_float_eq(eng_spec_len_rate(&l), (3 * 0.8 + 1) / (5 * 0.8 + 2), 1e-12,
+                       "nothing drafted: nothing learnt");
+    /* a copying sequence at batch 1 drafts long; the same at batch 16 drafts less */
+    int32_t long1 = length_after(6, 8, 1, 4), long16 = length_after(6, 8, 16, 4);
+    cr_assert_geq(long1, 8, "all accepted at batch 1: %d", long1);
+    cr_assert_lt(long16, long1, "batch 16 drafts %d, batch 1 %d", long16, long1);
+    /* a costlier fixed part (weight reads) makes rows cheaper: longer drafts */
+    int32_t half = length_after(6, 4, 1, 4), half_cheap = length_after(6, 4, 1, 40);
+    cr_assert(half >= 1 && half_cheap > half, "%d then %d", half, half_cheap);
+    /* a rate above a half keeps one row even where the cost says none */
+    cr_assert_eq(length_after(6, 8, 64, 0.5), 1);
+    /* nothing accepted: none, and one probe every ENG_SPEC_PROBE_STEPS steps */
+    eng_spec_len_init(&l);
+    for (int i = 0; i < 8; i++)
+        eng_spec_len_adapt(&l, 4, 0);
+    eng_spec_cost c = {.fixed_s = 4e-3, .token_s = 1e-3, .n_decode = 1};
     for (int i = 1; i < ENG_SPEC_PROBE_STEPS; i++)
-        cr_assert_eq(eng_spec_len_want(&l), 0, "step %d", i);
-    cr_assert_eq(eng_spec_len_want(&l), 1, "a probe after %d steps", ENG_SPEC_PROBE_STEPS);
-    eng_spec_len_adapt(&l, 1, 1, 4);
-    eng_spec_len_adapt(&l, 2, 2, 4);
-    eng_spec_len_adapt(&l, 3, 3, 4);
-    eng_spec_len_adapt(&l, 4, 4, 4);
-    cr_assert_eq(l.len, 4, "never past draft_max");
+        cr_assert_eq(eng_spec_len_want(&l, &c, 16), 0, "step %d", i);
+    cr_assert_eq(eng_spec_len_want(&l, &c, 16), 1, "a probe after %d steps", ENG_SPEC_PROBE_STEPS);
+    cr_assert_eq(eng_spec_len_want(&l, &c, 16), 0, "then none again");
+    /* never past draft_max; an unmeasured cost takes the prior */
+    eng_spec_cost unknown = {.n_decode = 1};
+    eng_spec_len_init(&l);
+    for (int i = 0; i < 6; i++)
+        eng_spec_len_adapt(&l, 8, 8);
+    cr_assert_eq(eng_spec_len_want(&l, &unknown, 3), 3);
+    cr_assert_gt(eng_spec_len_want(&l, &unknown, 16), 3);
 }
 
 Test(speculative, kv_rollback_forgets_positions_but_never_grows)

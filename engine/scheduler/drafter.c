@@ -40,8 +40,10 @@ int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
     if (o->drafter == ENG_SPEC_DRAFT && !o->draft_model)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "speculative draft needs a draft model (--draft-model PATH)");
+    /* n-gram drafts cost no model, so the length is left to the cost rule
+     * (eng_spec_len_want); a draft model steps once per drafted token */
     if (o->draft_max == 0)
-        o->draft_max = 4;
+        o->draft_max = o->drafter == ENG_SPEC_NGRAM ? ENG_SPEC_MAX_DRAFT : 4;
     if (o->ngram_min == 0)
         o->ngram_min = 1;
     if (o->ngram_max == 0)
@@ -161,32 +163,51 @@ void eng_drafter_free(eng_drafter *d)
 
 /* --- the draft length ------------------------------------------------------------- */
 
-void eng_spec_len_init(eng_spec_len *l, int32_t draft_max)
+void eng_spec_len_init(eng_spec_len *l)
 {
-    l->len = draft_max;
-    l->idle = 0;
+    *l = (eng_spec_len){.hits = 3.0, .trials = 5.0};
 }
 
-int32_t eng_spec_len_want(eng_spec_len *l)
+double eng_spec_len_rate(const eng_spec_len *l)
 {
-    if (l->len == 0 && ++l->idle >= ENG_SPEC_PROBE_STEPS) {
-        l->len = 1;
-        l->idle = 0;
+    return l->trials > 0 ? l->hits / l->trials : 0.0;
+}
+
+int32_t eng_spec_len_want(eng_spec_len *l, const eng_spec_cost *c, int32_t draft_max)
+{
+    double rate = eng_spec_len_rate(l), n = c->n_decode > 0 ? (double)c->n_decode : 1.0;
+    double fixed = c->fixed_s > 0 && c->token_s > 0 ? c->fixed_s / c->token_s : ENG_SPEC_FIXED_ROWS;
+    /* tokens per row-cost of drafting j: each more position adds rate^j tokens and one row */
+    double gain = 0, p = 1, best_value = n / (fixed + n);
+    int32_t best = 0;
+    for (int32_t j = 1; j <= draft_max; j++) {
+        p *= rate;
+        gain += p;
+        double value = (n + gain) / (fixed + n + (double)j);
+        if (value > best_value) {
+            best_value = value;
+            best = j;
+        }
     }
-    return l->len;
+    if (best == 0 && rate > 0.5 && draft_max > 0)
+        best = 1;
+    if (best > 0) {
+        l->idle = 0;
+        return best;
+    }
+    if (++l->idle >= ENG_SPEC_PROBE_STEPS) {
+        l->idle = 0;
+        return 1;
+    }
+    return 0;
 }
 
-void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted, int32_t draft_max)
+void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted)
 {
     if (drafted <= 0)
         return;
-    if (accepted >= drafted) {
-        int32_t more = drafted + 1 > l->len ? drafted + 1 : l->len;
-        l->len = more < draft_max ? more : draft_max;
-    } else if (accepted > 0)
-        l->len = accepted + 1;
-    else
-        l->len = drafted / 2;
-    if (l->len == 0)
-        l->idle = 0;
+    /* positions past the first rejected one were never tried */
+    int32_t tried = accepted < drafted ? accepted + 1 : drafted;
+    l->hits = l->hits * ENG_SPEC_DECAY + (double)accepted;
+    l->trials = l->trials * ENG_SPEC_DECAY + (double)tried;
 }

@@ -748,7 +748,7 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
         eng_stop_include(s->stop, r->include_stop_str);
-        eng_spec_len_init(&s->spec, q->draft_max);
+        eng_spec_len_init(&s->spec);
     }
     if (r->prompt_logprobs) {
         size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
@@ -1224,13 +1224,13 @@ static void next_token(eng_engine *e, seq *s, int32_t k)
 /* How many tokens s may draft this step, at most room: what its draft
  * length, its answer's room (the token the verification adds included) and
  * its KV reservation allow; 0 when it does not draft. */
-static int32_t draft_want(seq *s, int32_t room)
+static int32_t draft_want(seq *s, const eng_spec_cost *cost, int32_t room)
 {
     request *r = s->r;
     if (r->draft_max == 0)
         return 0; /* the request asked for none: not even the probe */
     int32_t pos = r->n_prompt + s->n_generated - 1;
-    int32_t want = eng_spec_len_want(&s->spec);
+    int32_t want = eng_spec_len_want(&s->spec, cost, r->draft_max);
     int32_t answer_left = r->req.max_new_tokens - s->n_generated - 1;
     int32_t kv_left = r->reserve - pos - 1;
     if (want > 0 && want < r->draft_min)
@@ -1250,11 +1250,14 @@ static int32_t draft_want(seq *s, int32_t room)
 static void plan_drafts(eng_engine *e, int32_t n_decode)
 {
     int32_t n = 0, room = e->o.step_tokens - n_decode;
+    /* what a row costs against the step's fixed part, from the steps measured */
+    eng_spec_cost cost = {.n_decode = n_decode};
+    eng_step_cost_fit(&e->cost, &cost.fixed_s, &cost.token_s);
     for (int32_t i = 0; i < e->n_running; i++) {
         seq *s = e->running[i];
         request *r = s->r;
         s->n_draft = 0;
-        int32_t want = r->begun ? draft_want(s, room) : 0;
+        int32_t want = r->begun ? draft_want(s, &cost, room) : 0;
         if (want == 0)
             continue;
         e->draft_jobs[n] = (eng_draft_job){.h = {r->prompt, r->n_prompt, s->fed, s->n_fed},
@@ -1317,7 +1320,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
         end_choice(e, s, ENG_FINISH_ERROR);
         return;
     }
-    eng_spec_len_adapt(&s->spec, k, j, s->r->draft_max);
+    eng_spec_len_adapt(&s->spec, k, j);
 }
 
 /* Whether the step's decoding sequences (n_decode of them) speculate:

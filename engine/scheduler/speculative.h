@@ -33,7 +33,8 @@ typedef enum eng_speculative {
 
 typedef struct eng_spec_opts {
     eng_speculative drafter;
-    /* most tokens drafted per sequence per step, in [1, ENG_SPEC_MAX_DRAFT]; 0: 4 */
+    /* most tokens drafted per sequence per step, in [1, ENG_SPEC_MAX_DRAFT]; 0: 16 for ngram,
+     * 4 for draft */
     int32_t draft_max;
     /* the n-gram drafter matches the answer's last n tokens, n from ngram_max down to
      * ngram_min, in the prompt and answer before them; 0: 1 and 3 */

@@ -110,23 +110,47 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
 void eng_spec_request_bounds(const eng_spec_request *r, int32_t engine_max, int32_t *max,
                              int32_t *min);
 
-/* One sequence's draft length, following its acceptance. */
+/* One sequence's acceptance, as the draft length reads it: decayed counts
+ * of the drafted positions it verified (a position is tried when every one
+ * before it was accepted) and of those accepted. */
 typedef struct eng_spec_len {
-    int32_t len;  /* tokens to draft next; 0: not speculating */
-    int32_t idle; /* steps since len fell to 0 */
+    double hits, trials;
+    int32_t idle; /* steps since it last drafted */
 } eng_spec_len;
 
-/* A sequence that has not speculated for this many steps tries one token
+/* A sequence that has not drafted for this many steps tries one token
  * again: a prompt-copying stretch may begin after a free-writing one. 16
  * steps cost at most one row in sixteen. */
 #define ENG_SPEC_PROBE_STEPS 16
+/* Each verification's counts weigh this much more than the one before:
+ * about the last five verifications decide, so a copying stretch is taken
+ * up within a few steps and left as fast. */
+#define ENG_SPEC_DECAY 0.8
+/* A step's fixed cost (reading the weights, the step's own overhead) in
+ * rows' worth of per-token cost, until the steps measured tell it apart
+ * (eng_step_cost_fit without spread): on a CPU a batch-1 decode step of a
+ * small model is mostly weight reads. */
+#define ENG_SPEC_FIXED_ROWS 4.0
 
-void eng_spec_len_init(eng_spec_len *l, int32_t draft_max);
-/* How many tokens to draft this step (counting a step at 0 towards the probe). */
-int32_t eng_spec_len_want(eng_spec_len *l);
-/* After a verification of drafted tokens of which accepted were: all
- * accepted, one more next time (at most draft_max); some, one past what
- * was accepted; none, half as many (down to 0). */
-void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted, int32_t draft_max);
+/* What a step costs, as the step budget measures it: fixed_s + token_s x
+ * rows; fixed_s 0 when the fit cannot tell (ENG_SPEC_FIXED_ROWS then). */
+typedef struct eng_spec_cost {
+    double fixed_s, token_s;
+    int32_t n_decode; /* decode tokens the step carries without drafts */
+} eng_spec_cost;
+
+/* A fresh sequence: as if three of five positions had been accepted. */
+void eng_spec_len_init(eng_spec_len *l);
+/* The acceptance rate per drafted position the counts give. */
+double eng_spec_len_rate(const eng_spec_len *l);
+/* How many tokens to draft this step, at most draft_max: the length that
+ * gives the step the most tokens per second, (n_decode + expected
+ * accepted) / (fixed + n_decode + drafted rows), with position i accepted
+ * with probability rate^i; at least one while more than half are accepted
+ * (a lone row accepted more often than not is nearly free at a small
+ * batch); one every ENG_SPEC_PROBE_STEPS steps while it drafts none. */
+int32_t eng_spec_len_want(eng_spec_len *l, const eng_spec_cost *c, int32_t draft_max);
+/* After a verification of `drafted` tokens of which `accepted` were. */
+void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted);
 
 #endif
