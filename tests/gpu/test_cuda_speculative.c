@@ -274,6 +274,8 @@ static void speculative_on_device(const eng_model *m)
     gpu_report(ngram_next.usage.cached_tokens > (int32_t)prompt_lens[0], "device_next_turn_cached",
                "the next turn found %d cached tokens of its %d (prompt %zu)",
                ngram_next.usage.cached_tokens, ngram_next.usage.prompt_tokens, prompt_lens[0]);
+    printf("  next turn: %d of its %d prompt tokens from the prefix cache\n",
+           ngram_next.usage.cached_tokens, ngram_next.usage.prompt_tokens);
     report_agreement("device_next_turn_after_rejected_drafts_equals_the_cpus", &cpu_next,
                      &ngram_next, 1);
 }
