@@ -12,6 +12,11 @@
  *     eng_kv_cache without an arena, so the scheduler is unchanged; a
  *     layer's rows are where and as wide as the host cache says
  *     (layer_cache: Gemma 4's full layers have their own head size);
+ *     nothing here remembers a position between steps (the rows'
+ *     positions, rotations and block tables are laid out afresh by
+ *     cuda_begin), so speculative decoding's rollback (eng_kv_rollback,
+ *     a count on the host) needs nothing of the device: the next step
+ *     writes over the rejected positions in the arena;
  *   - a hybrid model's (Qwen3.5's) recurrent states are a device pool with
  *     the host pool's layout and slot numbers; the cache's state hook
  *     (kv_cache_internal.h) zeroes a slot when a sequence takes it and
@@ -44,8 +49,9 @@
  * A step: the host lays out the rows (token, sequence, position, the
  * rotation tables, the block tables), one set of copies to the device
  * (cuda_begin), the layers as kernels on one stream (a sequence asking for
- * every row's logits, a prompt's logprobs, gets its rows through the
- * classifier in pieces of max_seqs), then the logits (or, for greedy
+ * every row's logits, a prompt's logprobs or speculative decoding's
+ * verification rows, gets its rows through the classifier in pieces of
+ * max_seqs), then the logits (or, for greedy
  * sequences, only the chosen tokens) come back and the stream is
  * synchronised (cuda_deliver). Copies on write of KV blocks are device-to-device copies on the
  * same stream (eng_backend_copy_blocks). Products take the fused dequantize-and-multiply kernel up
@@ -1128,7 +1134,7 @@ static int cuda_to_host(void *be, float *host, const float *src, int64_t n, char
     step_ctx *sc = be;
     CUDA_TRY(cudaMemcpyAsync(host, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost,
                              sc->c->stream),
-             "copying a prompt's logits back");
+             "copying every row's logits back");
     return QL_OK;
 }
 

@@ -1782,22 +1782,22 @@ static void *engine_main(void *arg)
 
 /* --- start and stop ---------------------------------------------------------------- */
 
-/* Why speculation, asked for, cannot run for this model or backend (NULL: it can). A hybrid
- * model's recurrent state takes in every token a step feeds, drafts the model rejects too,
- * and cannot go back to before them; the CUDA backend returns every row through the same walk,
- * but its verification has not been checked on a device yet. */
+/* Why speculation, asked for, cannot run for this model (NULL: it can). A hybrid model's
+ * recurrent state takes in every token a step feeds, drafts the model rejects too, and cannot
+ * go back to before them. Both backends verify: the walk returns a drafting sequence's rows
+ * from the device as from the CPU (every_row_logits), and a rollback is the host's block
+ * bookkeeping alone, which the CUDA backend reads afresh every step (tests/gpu/
+ * test_cuda_speculative.c pins both under the emulator). */
 static const char *speculation_off(const eng_engine *e)
 {
     if (e->m->cfg.linear.n_layers > 0)
         return "the model has linear-attention layers, whose recurrent state cannot be rolled "
                "back past rejected drafts";
-    if (eng_backend_device(e->backend) != ENG_DEVICE_CPU)
-        return "speculative decoding runs on the CPU backend only so far";
     return NULL;
 }
 
 /* Set up the drafter o asks for: its rows, or off with the reason (logged, and in the stats
- * for /info) when the model or the backend cannot. */
+ * for /info) when the model cannot. */
 static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
 {
     e->stats.spec.drafter = ENG_SPEC_OFF;

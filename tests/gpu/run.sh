@@ -75,11 +75,11 @@ MODEL_STASH=/tmp/qlserve-model
 T_START=$SECONDS
 BUDGET=${QL_GPU_BUDGET_S:-480}
 TESTS=(test_cuda_dequant test_cuda_matmul test_cuda_ops test_cuda_lora test_cuda_quantfmt
-    test_cuda_hybrid test_cuda_gemma4 test_cuda_engine)
+    test_cuda_hybrid test_cuda_gemma4 test_cuda_speculative test_cuda_engine)
 # each step's own limit in seconds, before the budget cuts it
 declare -A LIMIT=([configure]=120 [build]=300 [test_cuda_dequant]=60 [test_cuda_matmul]=90
     [test_cuda_ops]=90 [test_cuda_lora]=90 [test_cuda_quantfmt]=60 [test_cuda_hybrid]=60
-    [test_cuda_gemma4]=60 [test_cuda_engine]=150 [bench_cuda]=200)
+    [test_cuda_gemma4]=60 [test_cuda_speculative]=60 [test_cuda_engine]=150 [bench_cuda]=200)
 RESERVE=15 # seconds kept for the summary and the tarball
 
 stash_part=0

@@ -35,13 +35,16 @@ if(QL_HAVE_CUDA AND NOT QL_GPU_CHECKS_ONLY)
     # CUDA backend (Qwen3.5's Gated DeltaNet, the output gate, partial
     # rotary: tests/gpu/test_cuda_hybrid.c; Gemma 4's per-layer inputs,
     # keys as values, MoE block and full layers' own head size:
-    # tests/gpu/test_cuda_gemma4.c) in a run of their own, so the
+    # tests/gpu/test_cuda_gemma4.c) and speculative decoding's verification
+    # and rollback on the device (tests/gpu/test_cuda_speculative.c: the
+    # engine over the tiny Qwen3, seconds) in a run of their own, so the
     # run above keeps its time: a minute or two on two idle cores, most of
-    # it compiling the kernels again (once for the three). Both runs write
+    # it compiling the kernels again (once for the four). Both runs write
     # BUILD/gpu-emu/, hence the lock.
     add_test(NAME gpu_emulated_models
              COMMAND ${CMAKE_CURRENT_LIST_DIR}/run.sh -B ${CMAKE_BINARY_DIR} --no-lib-build
-                     test_cuda_quantfmt test_cuda_hybrid test_cuda_gemma4)
+                     test_cuda_quantfmt test_cuda_hybrid test_cuda_gemma4
+                     test_cuda_speculative)
     set_tests_properties(gpu_emulated_models PROPERTIES
                          TIMEOUT 1200
                          RESOURCE_LOCK gpu_emu_folder

@@ -22,7 +22,7 @@
 #   --reverse       QL_EMU_REVERSE=1: blocks and threads run in reverse order
 #   TEST            test_cuda_dequant test_cuda_matmul test_cuda_ops
 #                   test_cuda_lora test_cuda_quantfmt test_cuda_hybrid
-#                   test_cuda_gemma4 test_cuda_engine
+#                   test_cuda_gemma4 test_cuda_engine test_cuda_speculative
 #                   (default: all)
 # Environment: QL_EMU_JOBS (parallel compiles and tests; default nproc),
 #   QL_EMU_TIMEOUT (seconds per test, default 1200), QL_EMU_OPT (default -O2).
@@ -35,7 +35,7 @@ BUILD=build
 build_libs=1
 # longest first, so the two cores finish together
 ALL=(test_cuda_ops test_cuda_engine test_cuda_matmul test_cuda_lora test_cuda_quantfmt
-    test_cuda_hybrid test_cuda_gemma4 test_cuda_dequant)
+    test_cuda_hybrid test_cuda_gemma4 test_cuda_speculative test_cuda_dequant)
 TESTS=()
 while [ $# -gt 0 ]; do
     case $1 in
