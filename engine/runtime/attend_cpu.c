@@ -227,9 +227,9 @@ static void attention_items(void *ctx, int worker, int64_t i0, int64_t i1)
     }
 }
 
-/* Rows per tile: ATTN_ROWS, or fewer when tiles of single rows would give
- * under four items per thread (a short prefill on many threads), so the
- * pool stays busy; the answer is the same either way. */
+/* Rows per tile: as many as still leave about four items per pool thread
+ * (fewer for a short prefill on many threads, so the pool stays busy),
+ * from 1 to ATTN_ROWS; the answer is the same whatever the tiles. */
 static int32_t attn_tile_rows(int64_t rows, int32_t items_per_row, int threads)
 {
     int64_t r = rows * items_per_row / (4 * (int64_t)threads);
