@@ -14,9 +14,13 @@
  *   - with all positions, a sliding window whose first position is not a
  *     block's, a soft cap, and attention sinks;
  *   - on one thread and on a pool of three (each with its own scratch).
+ * And eng_pool_run_workers, which that scratch rests on: every index run
+ * once, each chunk told a worker number below the pool's threads, no
+ * number running two chunks at once.
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,4 +205,57 @@ Test(attend_cpu, a_head_of_24_gives_the_per_head_bits)
 {
     check_shape(QT_F16, 6, 2, 24);
     check_shape(QT_F32, 6, 2, 24);
+}
+
+typedef struct workers_ctx {
+    atomic_int hits[1000];
+    atomic_int busy[4]; /* chunks running per worker number */
+    atomic_int bad;     /* a number out of range, or one running two chunks */
+    int threads;
+} workers_ctx;
+
+static void mark_chunk(void *ctx, int worker, int64_t begin, int64_t end)
+{
+    workers_ctx *c = ctx;
+    if (worker < 0 || worker >= c->threads) {
+        atomic_fetch_add(&c->bad, 1);
+        return;
+    }
+    if (atomic_fetch_add(&c->busy[worker], 1) != 0)
+        atomic_fetch_add(&c->bad, 1);
+    for (int64_t i = begin; i < end; i++) {
+        atomic_fetch_add(&c->hits[i], 1);
+        for (volatile int spin = 0; spin < 200; spin++) /* give the others time to overlap */
+            ;
+    }
+    atomic_fetch_sub(&c->busy[worker], 1);
+}
+
+Test(attend_cpu, pool_workers_are_numbered_and_never_shared)
+{
+    for (int threads = 1; threads <= 4; threads++) {
+        eng_pool *pool = NULL;
+        char msg[256];
+        cr_assert_eq(eng_pool_new(&pool, threads, msg, sizeof msg), QL_OK, "%s", msg);
+        workers_ctx *c = calloc(1, sizeof *c);
+        c->threads = threads;
+        for (int rep = 0; rep < 20; rep++) {
+            for (int i = 0; i < 1000; i++)
+                atomic_store(&c->hits[i], 0);
+            eng_pool_run_workers(pool, mark_chunk, c, 1000, 1);
+            for (int i = 0; i < 1000; i++)
+                cr_assert_eq(atomic_load(&c->hits[i]), 1, "%d threads: index %d run %d times",
+                             threads, i, atomic_load(&c->hits[i]));
+        }
+        cr_assert_eq(atomic_load(&c->bad), 0,
+                     "%d threads: a worker number out of range or running two chunks", threads);
+        free(c);
+        eng_pool_free(pool);
+    }
+    workers_ctx *c = calloc(1, sizeof *c);
+    c->threads = 1;
+    eng_pool_run_workers(NULL, mark_chunk, c, 10, 1); /* no pool: the caller, number 0 */
+    cr_assert_eq(atomic_load(&c->bad), 0);
+    cr_assert_eq(atomic_load(&c->hits[9]), 1);
+    free(c);
 }
