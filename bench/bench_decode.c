@@ -10,8 +10,9 @@
  * B * N / time. Greedy tokens are fed back, so the work is a real decode.
  * Run per weight kind: as stored, and requantized on load (--quant).
  * As the peer (bench/peer_llamacpp.py): an untimed warm-up first, then
- * each figure is the best of 3 rounds for batch 1 and of --repeats
- * (default 1) for larger batches, each round from an empty cache.
+ * each figure is the best of --rounds (default 3) rounds for batch 1 and
+ * of --repeats (default 1) for larger batches, each round from an empty
+ * cache.
  * The KV cache holds --kv-dtype (default f32, as `qlserve serve` keeps
  * it; llama-bench's is f16: pass --kv-dtype f16 to match it). Peak resident memory comes
  * from getrusage. For a mixture of experts each batch's figures add the
@@ -24,7 +25,8 @@
  *
  * Usage: bench_decode --model PATH [--quant KIND]... [--threads N]
  *                     [--prompt-tokens P] [--new-tokens N] [--batches 1,8,32]
- *                     [--repeats R] [--kv-dtype f32|f16|q8_0]
+ *                     [--repeats R] [--rounds R1] [--kv-dtype f32|f16|q8_0]
+ *                     [--clock wall|cpu]
  */
 #include "model.h"
 #include "runtime.h"
@@ -35,10 +37,16 @@
 #include <sys/resource.h>
 #include <time.h>
 
+/* The clock the figures use (--clock): wall time, or the process's CPU
+ * time, which on a machine shared with other work counts only what this
+ * process ran; with --threads 1 that is the step's work, while with more
+ * it also counts the pool's workers spinning between jobs. */
+static clockid_t bench_clock = CLOCK_MONOTONIC;
+
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(bench_clock, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -145,8 +153,8 @@ static void print_result(FILE *out, const run_result *r, int32_t moe_l, int32_t 
 }
 
 static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, int threads,
-                      int32_t P, int32_t N, int repeats, const int *batches, int n_batches,
-                      FILE *out, bool last)
+                      int32_t P, int32_t N, int repeats, int rounds1, const int *batches,
+                      int n_batches, FILE *out, bool last)
 {
     char msg[1024];
     eng_model m;
@@ -196,7 +204,7 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
         int B = batches[bi];
         double best_p = 0.0, best_d = 0.0;
         /* the best of several rounds, as the peer reports: batch 1 is short */
-        for (int k = 0, rounds = B == 1 ? 3 : repeats; k < rounds; k++) {
+        for (int k = 0, rounds = B == 1 ? rounds1 : repeats; k < rounds; k++) {
             double p, d;
             if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P, N, B, &p, &d,
                           &moe))
@@ -239,8 +247,8 @@ int main(int argc, char **argv)
     const char *quants[8];
     int n_quants = 0, threads = 0, n_batches = 0, batches[8];
     int32_t P = 128, N = 32;
-    int repeats = 1;
-    const char *kv_name = "f32", *act_name = "f32";
+    int repeats = 1, rounds1 = 3;
+    const char *kv_name = "f32", *act_name = "f32", *clock_name = "wall";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -254,10 +262,14 @@ int main(int argc, char **argv)
             N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--repeats"))
             repeats = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds1 = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv-dtype"))
             kv_name = argv[i + 1];
         else if (!strcmp(argv[i], "--activations"))
             act_name = argv[i + 1];
+        else if (!strcmp(argv[i], "--clock"))
+            clock_name = argv[i + 1];
         else if (!strcmp(argv[i], "--batches"))
             for (char *s = argv[i + 1]; *s && n_batches < 8;
                  s = strchr(s, ',') ? strchr(s, ',') + 1 : "")
@@ -275,10 +287,16 @@ int main(int argc, char **argv)
         return 2;
     }
     qt_set_activations((ql_activations)act);
-    if (!model || P < 1 || N < 1 || repeats < 1) {
+    if (strcmp(clock_name, "wall") && strcmp(clock_name, "cpu")) {
+        fprintf(stderr, "bench_decode: --clock: \"%s\" is not wall or cpu\n", clock_name);
+        return 2;
+    }
+    bench_clock = strcmp(clock_name, "cpu") ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID;
+    if (!model || P < 1 || N < 1 || repeats < 1 || rounds1 < 1) {
         fprintf(stderr, "usage: bench_decode --model PATH [--quant KIND]... [--threads N] "
                         "[--prompt-tokens P] [--new-tokens N] [--batches 1,8,32] "
-                        "[--repeats R] [--kv-dtype f32|f16|q8_0] [--activations f32|q8]\n");
+                        "[--repeats R] [--rounds R1] [--kv-dtype f32|f16|q8_0] "
+                        "[--activations f32|q8] [--clock wall|cpu]\n");
         return 2;
     }
     if (n_batches == 0) {
@@ -297,12 +315,13 @@ int main(int argc, char **argv)
     printf("{\n  \"benchmark\": \"decode\",\n  \"engine\": \"qlserve\",\n  \"date\": \"%s\",\n"
            "  \"model\": \"%s\",\n  \"threads\": %d,\n  \"kernel_path\": \"%s\",\n"
            "  \"f32_kernels\": \"%s\",\n  \"q8_kernels\": \"%s\",\n  \"activations\": \"%s\",\n"
-           "  \"prompt_tokens\": %d,\n  \"new_tokens\": %d,\n  \"kinds\": [\n",
+           "  \"clock\": \"%s\",\n  \"batch1_rounds\": %d,\n  \"prompt_tokens\": %d,\n"
+           "  \"new_tokens\": %d,\n  \"kinds\": [\n",
            date, model, nthreads, qt_cpu_path(), qt_f32_path(), qt_q8_path(),
-           ql_name_of(&ql_activations_names, qt_get_activations()), P, N);
+           ql_name_of(&ql_activations_names, qt_get_activations()), clock_name, rounds1, P, N);
     for (int q = 0; q < n_quants; q++)
-        if (bench_kind(model, quants[q], kv_dtype, nthreads, P, N, repeats, batches, n_batches,
-                       stdout, q + 1 == n_quants))
+        if (bench_kind(model, quants[q], kv_dtype, nthreads, P, N, repeats, rounds1, batches,
+                       n_batches, stdout, q + 1 == n_quants))
             return 1;
     printf("  ]\n}\n");
     return 0;

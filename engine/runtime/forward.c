@@ -11,16 +11,16 @@
  * host memory. The matrix products (project_cpu.c) go through the
  * quant-kind traits table (qt_matmul), split by rows of the weight over the
  * worker pool; a mixture of experts' layer is experts_cpu.c's; attention
- * splits by (row, head). Activations are f32. Immutable weights
- * (eng_model), mutable per-step scratch (eng_forward_state) and the KV
- * cache are three separate things.
+ * (over the paged cache, in f32, f16 or q8_0) is attend_cpu.c's.
+ * Activations are f32. Immutable weights (eng_model), mutable per-step
+ * scratch (eng_forward_state) and the KV cache are three separate things.
  *
  * It offers eng_forward_state_* and eng_forward (runtime.h); it owns the
  * per-step scratch; it touches the model's host
  * tensors (read only), the host KV arena through kv_cache_internal.h, the
- * worker pool and kernels/ (qt_matmul, qt_attend, qt_kv_store and
- * qt_kv_load for a cache in f16 or q8_0, ops_math.h), and takes the walk
- * from walk.c and the rotary tables from step.c.
+ * worker pool and kernels/ (qt_matmul, qt_kv_store for a cache in f16 or
+ * q8_0, ops_math.h), and takes the walk from walk.c and the rotary tables
+ * from step.c.
  *
  * The adapters (project_cpu.c) differ from CUDA's in shape, not in
  * arithmetic: here the rows of every sequence applying one module are
@@ -196,6 +196,7 @@ void eng_forward_state_free(eng_forward_state *st)
     free(st->layers);
     eng_moe_state_free(st->moe);
     eng_linear_state_free(st->lin);
+    eng_attn_scratch_free(st->attn);
     free(st);
 }
 
@@ -352,143 +353,6 @@ static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab
     }
 }
 
-typedef struct attn_job {
-    const eng_config *c;
-    const eng_kv_cache *kv;
-    const eng_step_seq *seqs;
-    const eng_forward_state *st;
-    int32_t layer, window;
-    float scale, softcap;
-    const float *sinks; /* [n_heads], or NULL */
-    const float *q;
-    float *out;
-} attn_job;
-
-/* One run of n cached positions for a soft-capped layer (Gemma 2): each
- * score q.k * scale capped (om_softcap) before the online softmax, so not
- * qt_attend's fused loop. */
-static void attend_softcap(const float *q, const float *k, const float *v, int64_t stride,
-                           int32_t n, int32_t d, float scale, float cap, om_online *sm, float *acc)
-{
-    for (int32_t p = 0; p < n; p++) {
-        const float *kp = k + (int64_t)p * stride, *vp = v + (int64_t)p * stride;
-        float dot = 0.0f;
-        for (int32_t t = 0; t < d; t++)
-            dot += q[t] * kp[t];
-        float score = om_softcap(dot * scale, cap), factor;
-        if (om_online_raise(sm, score, &factor))
-            for (int32_t t = 0; t < d; t++)
-                acc[t] *= factor;
-        float w = om_online_weight(sm, score);
-        for (int32_t t = 0; t < d; t++)
-            acc[t] = om_online_acc(acc[t], w, vp[t]);
-    }
-}
-
-/* Positions of a run converted at a time for a cache not stored in f32. */
-#define KV_LOAD_CHUNK 8
-
-/* Query heads of one KV head attended over one conversion of its K and V
- * (a group of more is taken in parts of this many, so that a decode step
- * of one row still gives the pool several items). */
-#define ATTN_HEADS 4
-
-/* n f32 positions (k and v stride apart) for the ng query heads at q, d
- * apart, each into its own sm[h] and acc + h * d; soft-capped or not. */
-static void attend_heads(const float *q, int32_t ng, const float *k, const float *v, int64_t stride,
-                         int32_t n, int32_t d, float scale, float cap, om_online *sm, float *acc)
-{
-    for (int32_t h = 0; h < ng; h++) {
-        if (cap > 0.0f)
-            attend_softcap(q + h * d, k, v, stride, n, d, scale, cap, &sm[h], acc + h * d);
-        else
-            qt_attend(q + h * d, k, v, stride, n, d, scale, &sm[h].max, &sm[h].sum, acc + h * d);
-    }
-}
-
-/* One run of n cached positions of layer l (their rows lie the layer's
- * row bytes apart from k and v) for the ng query heads at q (d apart),
- * each with its own running
- * softmax sm[h] and sum acc + h * d: straight from the arena when it holds
- * f32, the arithmetic as it always was; else each chunk of positions' head
- * slice [e0, e0 + d) converted to f32 once (qt_kv_load) for all ng heads
- * and the same loop run over the converted values, so the dot products and
- * the weighted sums stay f32 sums, the same for a head whatever its
- * neighbours. */
-static void attend_run(const eng_kv_cache *kv, int32_t l, float cap, const float *q, int32_t ng,
-                       const unsigned char *k, const unsigned char *v, int64_t e0, int32_t n,
-                       int32_t d, float scale, om_online *sm, float *acc)
-{
-    if (kv->dtype == QT_F32) {
-        const float *kf = (const float *)k + e0, *vf = (const float *)v + e0;
-        attend_heads(q, ng, kf, vf, kv->layer_dim[l], n, d, scale, cap, sm, acc);
-        return;
-    }
-    float kb[KV_LOAD_CHUNK * 512], vb[KV_LOAD_CHUNK * 512];
-    for (int32_t p = 0, m; p < n; p += m) {
-        m = n - p < KV_LOAD_CHUNK ? n - p : KV_LOAD_CHUNK;
-        for (int32_t i = 0; i < m; i++) {
-            size_t off = (size_t)(p + i) * kv->layer_row[l];
-            qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
-            qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
-        }
-        attend_heads(q, ng, kb, vb, d, m, d, scale, cap, sm, acc);
-    }
-}
-
-/* Attention for items [i0, i1), an item being (row, KV head, part of its
- * group of query heads): online softmax over positions 0..pos of the row's
- * sequence (or, on a sliding layer, the window's last positions), reading
- * K and V from its blocks. */
-static void attention_rows(void *ctx, int64_t i0, int64_t i1)
-{
-    const attn_job *j = ctx;
-    const eng_config *c = j->c;
-    int32_t d = eng_layer_head_dim(c, j->layer), n_kv = eng_layer_kv_heads(c, j->layer);
-    int32_t group = c->n_heads / n_kv;
-    int32_t parts = (group + ATTN_HEADS - 1) / ATTN_HEADS, per_row = n_kv * parts;
-    float scale = j->scale;
-    int32_t window = j->window;
-    int32_t bt = j->kv->block_tokens;
-    float acc[ATTN_HEADS * 512];
-    om_online sm[ATTN_HEADS];
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t r = i / per_row;
-        int32_t kvh = (int32_t)(i % per_row) / parts, part = (int32_t)(i % per_row) % parts;
-        int32_t hd0 = kvh * group + part * ATTN_HEADS;
-        int32_t ng =
-            group - part * ATTN_HEADS < ATTN_HEADS ? group - part * ATTN_HEADS : ATTN_HEADS;
-        const eng_step_seq *s = &j->seqs[j->st->row_seq[r]];
-        int32_t pos = j->st->row_pos[r];
-        const float *q = j->q + (r * c->n_heads + hd0) * d;
-        for (int32_t h = 0; h < ng; h++)
-            sm[h] = om_online_start();
-        for (int32_t t = 0; t < ng * d; t++)
-            acc[t] = 0.0f;
-        /* the sliding window: the last `window` positions, this one included */
-        int32_t first = om_attention_first(pos, window);
-        /* one call per KV block's run of positions: they lie a row apart */
-        for (int32_t p = first, run; p <= pos; p += run) {
-            int32_t block_end = (p / bt + 1) * bt;
-            run = (block_end <= pos ? block_end : pos + 1) - p;
-            const unsigned char *k = kv_row(j->kv, s->kv->blocks, j->layer, 0, p);
-            const unsigned char *v = kv_row(j->kv, s->kv->blocks, j->layer, 1, p);
-            attend_run(j->kv, j->layer, j->softcap, q, ng, k, v, (int64_t)kvh * d, run, d, scale,
-                       sm, acc);
-        }
-        for (int32_t h = 0; h < ng; h++) {
-            float *a = acc + h * d;
-            /* the head's sink: one more term of the denominator, with no value */
-            float factor = j->sinks ? om_online_sink(&sm[h], j->sinks[hd0 + h]) : 1.0f;
-            for (int32_t t = 0; factor != 1.0f && t < d; t++)
-                a[t] *= factor;
-            float *out = j->out + (r * c->n_heads + hd0 + h) * d;
-            for (int32_t u = 0; u < d; u++)
-                out[u] = om_online_out(a[u], sm[h].sum);
-        }
-    }
-}
-
 /* --- the CPU row of operations (eng_walk_ops) -------------------------------- */
 
 /* Each row's sequence, position and rotations, and room for the adapters. */
@@ -622,20 +486,6 @@ static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, cha
     return QL_OK;
 }
 
-/* (row, KV head, part of its query heads) items over the pool. */
-static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
-                      float softcap, const float *sinks, char *msg, size_t msg_len)
-{
-    (void)msg, (void)msg_len;
-    const cpu_step *cs = be;
-    const eng_config *c = &cs->m->cfg;
-    attn_job aj = {c, cs->kv, cs->seqs, cs->st, l, window, scale, softcap, sinks, q, out};
-    int32_t n_kv = eng_layer_kv_heads(c, l),
-            parts = (c->n_heads / n_kv + ATTN_HEADS - 1) / ATTN_HEADS;
-    eng_pool_run(cs->pool, attention_rows, &aj, cs->rows * n_kv * parts, 1);
-    return QL_OK;
-}
-
 static int cpu_add(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len)
 {
     (void)be, (void)msg, (void)msg_len;
@@ -708,7 +558,7 @@ static const eng_walk_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
-    .attend = cpu_attend,
+    .attend = eng_cpu_attend,
     .split_gate = eng_cpu_split_gate,
     .gate_sigmoid = eng_cpu_gate_sigmoid,
     .delta_net = eng_cpu_delta_net,

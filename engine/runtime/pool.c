@@ -56,6 +56,7 @@ static uint32_t job_of(uint64_t state)
 struct eng_pool {
     int n_threads; /* including the caller */
     pthread_t *threads;
+    struct pool_worker *workers; /* [n_threads]: what each thread is handed (0 unused) */
     pthread_mutex_t mu;
     pthread_cond_t work, done;
     int work_sleepers;      /* workers asleep on work (under mu) */
@@ -64,11 +65,18 @@ struct eng_pool {
     uint32_t jobs;          /* jobs posted (the caller's) */
     atomic_bool stop;
     /* the current job: written while it is closed, before it opens */
-    void (*fn)(void *ctx, int64_t begin, int64_t end);
+    void (*fn)(void *ctx, int worker, int64_t begin, int64_t end);
     void *ctx;
     int64_t n, chunk;
     atomic_int_fast64_t next;
 };
+
+/* A worker thread's start argument: its pool and its number (1 and up; the
+ * caller of eng_pool_run is 0). */
+typedef struct pool_worker {
+    eng_pool *pool;
+    int index;
+} pool_worker;
 
 /* Spins until ready(p, arg) holds or SPIN_NS pass; true when it holds. */
 static bool spin_until(eng_pool *p, bool (*ready)(eng_pool *, uint64_t), uint64_t arg)
@@ -103,14 +111,14 @@ static bool job_idle(eng_pool *p, uint64_t unused)
     return (atomic_load_explicit(&p->state, memory_order_acquire) & ACTIVE_MASK) == 0;
 }
 
-static void take_chunks(eng_pool *p)
+static void take_chunks(eng_pool *p, int worker)
 {
     for (;;) {
         int64_t b = atomic_fetch_add(&p->next, p->chunk);
         if (b >= p->n)
             return;
         int64_t e = b + p->chunk < p->n ? b + p->chunk : p->n;
-        p->fn(p->ctx, b, e);
+        p->fn(p->ctx, worker, b, e);
     }
 }
 
@@ -125,7 +133,8 @@ static bool join(eng_pool *p, uint64_t v, uint32_t last)
 
 static void *worker(void *arg)
 {
-    eng_pool *p = arg;
+    const pool_worker *self = arg;
+    eng_pool *p = self->pool;
     uint32_t last = 0; /* the last job joined (job numbers start at 1) */
     for (;;) {
         if (!spin_until(p, job_posted, last)) {
@@ -142,7 +151,7 @@ static void *worker(void *arg)
         if (!join(p, v, last))
             continue; /* closed meanwhile, or another worker's swap came first */
         last = job_of(v);
-        take_chunks(p);
+        take_chunks(p, self->index);
         uint64_t after = atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel) - 1;
         if ((after & ACTIVE_MASK) == 0) { /* the last one out: wake the caller if it sleeps */
             pthread_mutex_lock(&p->mu);
@@ -172,12 +181,14 @@ int eng_pool_new(eng_pool **out, int n_threads, char *msg, size_t msg_len)
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) {
+    p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+    if (!p->threads || !p->workers) {
         eng_pool_free(p);
         return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
     }
     for (int i = 1; i < n_threads; i++) {
-        if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+        p->workers[i] = (pool_worker){p, i};
+        if (pthread_create(&p->threads[i], NULL, worker, &p->workers[i]) != 0) {
             p->n_threads = i; /* the ones started are joined by free */
             eng_pool_free(p);
             return ql_fail(msg, msg_len, QL_ENOMEM, "cannot start worker thread %d", i);
@@ -201,6 +212,7 @@ void eng_pool_free(eng_pool *p)
     pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->done);
     free(p->threads);
+    free(p->workers);
     free(p);
 }
 
@@ -209,15 +221,36 @@ int eng_pool_threads(const eng_pool *p)
     return p->n_threads;
 }
 
+/* eng_pool_run's function, handed on without the worker's number. */
+typedef struct plain_job {
+    void (*fn)(void *ctx, int64_t begin, int64_t end);
+    void *ctx;
+} plain_job;
+
+static void plain_chunk(void *ctx, int worker, int64_t begin, int64_t end)
+{
+    (void)worker;
+    const plain_job *j = ctx;
+    j->fn(j->ctx, begin, end);
+}
+
 void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx,
                   int64_t n, int64_t grain)
+{
+    plain_job j = {fn, ctx};
+    eng_pool_run_workers(p, plain_chunk, &j, n, grain);
+}
+
+void eng_pool_run_workers(eng_pool *p,
+                          void (*fn)(void *ctx, int worker, int64_t begin, int64_t end), void *ctx,
+                          int64_t n, int64_t grain)
 {
     if (n <= 0)
         return;
     if (grain < 1)
         grain = 1;
     if (!p || p->n_threads == 1 || n <= grain) {
-        fn(ctx, 0, n);
+        fn(ctx, 0, 0, n);
         return;
     }
     /* about four chunks per thread: balance without much contention */
@@ -235,7 +268,7 @@ void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end)
     if (p->work_sleepers)
         pthread_cond_broadcast(&p->work);
     pthread_mutex_unlock(&p->mu);
-    take_chunks(p);
+    take_chunks(p, 0);
     /* every chunk is taken; wait for the workers in the job, then close it
      * (a worker joining meanwhile finds nothing left and leaves) */
     for (;;) {

@@ -198,6 +198,13 @@ int eng_pool_threads(const eng_pool *p);
  * all are done. */
 void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx,
                   int64_t n, int64_t grain);
+/* The same, fn told which thread runs the chunk: worker in [0,
+ * eng_pool_threads(p)), 0 the caller's (also for a NULL pool), no two
+ * chunks at once on one worker; so a job can keep scratch per thread,
+ * allocated once for the pool's threads rather than per chunk. */
+void eng_pool_run_workers(eng_pool *p,
+                          void (*fn)(void *ctx, int worker, int64_t begin, int64_t end), void *ctx,
+                          int64_t n, int64_t grain);
 
 /* One sequence's part of a forward step: its new tokens, written at
  * positions [pos, pos + n_tokens) of its KV (already reserved to hold

@@ -5,8 +5,9 @@
  * forward.c (the row of operations) and experts_cpu.c (the
  * mixture-of-experts step, which groups a step's rows by expert and runs
  * each chosen expert's projections through the same eng_cpu_project, so
- * adapters and weight versions apply to experts as to any projection).
- * Included by those three files only.
+ * adapters and weight versions apply to experts as to any projection);
+ * and the operations forward.c's row takes from attend_cpu.c (attention)
+ * and linear_cpu.c (Qwen3.5's linear layers). Included by those files only.
  */
 #ifndef QL_FORWARD_INTERNAL_H
 #define QL_FORWARD_INTERNAL_H
@@ -16,6 +17,7 @@
 
 typedef struct eng_moe_state eng_moe_state;
 typedef struct eng_linear_state eng_linear_state;
+typedef struct eng_attn_scratch eng_attn_scratch;
 
 struct eng_forward_state {
     int32_t max_tokens;
@@ -61,6 +63,7 @@ struct eng_forward_state {
     eng_walk_layer *layers;          /* [n_layers]: the walk's view of the above */
     eng_moe_state *moe;              /* a mixture of experts' scratch (experts_cpu.c), or NULL */
     eng_linear_state *lin;           /* Qwen3.5's (linear_cpu.c), or NULL */
+    eng_attn_scratch *attn;          /* attention's per-thread scratch (attend_cpu.c), or NULL */
 };
 
 /* The context of a step on the CPU: what every operation is handed. */
@@ -99,6 +102,16 @@ void eng_moe_state_free(eng_moe_state *s);
  * for the step's rows (cpu_step be). */
 int eng_cpu_moe(void *be, int32_t l, const float *x, const float *router_x, float *out, char *msg,
                 size_t msg_len);
+
+/* --- attend_cpu.c ------------------------------------------------------------ */
+
+/* The CPU's eng_walk_ops.attend (cpu_step be): out = layer l's attention
+ * of the step's rows q over their sequences' cached positions. Makes
+ * st->attn on the first call (room per pool thread); QL_ENOMEM when it
+ * cannot. */
+int eng_cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
+                   float softcap, const float *sinks, char *msg, size_t msg_len);
+void eng_attn_scratch_free(eng_attn_scratch *s);
 
 /* --- linear_cpu.c ------------------------------------------------------------- */
 
