@@ -21,11 +21,17 @@
  * g_idx), which the products read as a loaded checkpoint's. FP8 is
  * quantized from the weight in blocks of 128 x 128, both scale widths.
  *
+ * Every GFLOP/s figure comes with its fraction of the machine's FMA roof,
+ * measured in the same run (fma_roof). --shapes default-model measures the
+ * default model's projections instead of one square weight.
+ *
  * Usage: bench_quant [--rows N] [--cols N] [--min-seconds S] [--kinds LABEL,LABEL...]
- *                    [--clock wall|cpu]
- * (--kinds: only the kinds whose label is listed, all by default; --clock
- * cpu: each call timed by the thread's CPU time, for a shared machine)
- * Each figure is the best of repeated runs lasting at least --min-seconds.
+ *                    [--clock wall|cpu] [--shapes default-model]
+ * (--kinds: only the kinds whose label is listed, all by default, with
+ * --shapes q4_1,q8_0,q4_k; --clock cpu: each call timed by the thread's
+ * CPU time, for a shared machine; --cols a multiple of 32, and of a kind's
+ * block, else the kind is skipped by name) Each figure is the best of
+ * repeated runs lasting at least --min-seconds.
  */
 #include "qtensor.h"
 
