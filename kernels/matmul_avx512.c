@@ -5,8 +5,8 @@
  * AVX-512's 32 vector registers a pass holds eight rows of x, not four, so
  * each weight block is decoded once per eight rows (on the default model's
  * Q4_1 products at batch 32, one thread: 49 -> 122 GFLOP/s), and the
- * blocks-of-32 GGUF kinds, Q4_K, Q5_K and Q6_K take two weight rows per
- * pass, each x vector loaded once for both (bench_quant --shapes
+ * blocks-of-32 GGUF kinds, the k-quants and IQ4_XS take two weight rows
+ * per pass, each x vector loaded once for both (bench_quant --shapes
  * default-model, Q4_1 at batch 32: 52 -> 65 GFLOP/s, 0.44 -> 0.55 of the
  * FMA roof). Also
  * internal/rows_vec.inc at sixteen lanes (entries qt_attend_avx512,
