@@ -3,13 +3,11 @@
  * compiled for AVX-512 VL (entries qt_matmul_<kind>_avx512): the same
  * 256-bit arithmetic per row as matmul_avx2.c's, so the same bits, but with
  * AVX-512's 32 vector registers a pass holds eight rows of x, not four, so
- * each weight block is decoded once per eight rows (on the default model's
- * Q4_1 products at batch 32, one thread: 49 -> 122 GFLOP/s), and the
+ * each weight block is decoded once per eight rows, and the
  * blocks-of-32 GGUF kinds, the k-quants and IQ4_XS take two weight rows
  * per pass, each x vector loaded once for both (bench_quant --shapes
  * default-model, Q4_1 at batch 32: 52 -> 65 GFLOP/s, 0.44 -> 0.55 of the
- * FMA roof). Also
- * internal/rows_vec.inc at sixteen lanes (entries qt_attend_avx512,
+ * FMA roof). Also internal/rows_vec.inc at sixteen lanes (entries qt_attend_avx512,
  * qt_lora_down_avx512, qt_lora_up_avx512, qt_kv_store_avx512,
  * qt_kv_load_avx512): full 512-bit vectors there, the AVX2 entries' bits.
  * Taken where CPUID reports AVX-512 F and VL and the OS saves their state
