@@ -148,10 +148,19 @@ void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
  * the KV of drafted tokens the model rejected; forget them (s->n_tokens
  * becomes n_tokens), so the next step writes over them in the same blocks,
  * which stay s's (reserved for its whole answer), and the prefix cache,
- * which keeps only positions below n_tokens, never keeps them. QL_EINVAL,
+ * which keeps only positions below n_tokens, never keeps them. A hybrid
+ * model's s gets back its recurrent state after position n_tokens - 1 from
+ * the row states its last step kept (eng_step_seq.row_states). QL_EINVAL,
  * nothing changed, for n_tokens negative or past what s has written, or s
- * with a recurrent state (a hybrid model's state cannot go back). */
+ * with a recurrent state whose last step kept none for that position. */
 int eng_kv_rollback(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens, char *msg, size_t msg_len);
+/* The row states of a hybrid model's host cache: n_slots slots of rows
+ * recurrent states each (a step's verifying sequences, and the drafts one
+ * may verify), allocated once; *bytes what they take. QL_EINVAL for a
+ * cache without host states (bookkeeping only) or called twice; nothing
+ * for a model without linear layers. Freed with the cache. */
+int eng_kv_row_states_new(eng_kv_cache *kv, int32_t n_slots, int32_t rows, size_t *bytes, char *msg,
+                          size_t msg_len);
 
 /*
  * The prefix cache (prefix_cache.c): full blocks of prompts kept, after
@@ -240,6 +249,11 @@ typedef struct eng_step_seq {
      * new token of this sequence, not only its last (a prompt's
      * logprobs); its row of the step's logits is written as well */
     float *all_logits;
+    /* a hybrid model's sequence verifying drafts: 1 + the slot of the
+     * cache's row states (eng_kv_row_states_new) that keeps its recurrent
+     * state after each of its rows but the last, for eng_kv_rollback; 0:
+     * none kept. One sequence a slot in a step; CPU backend only. */
+    int32_t row_states;
 } eng_step_seq;
 
 /* Scratch of the forward pass, sized for up to max_tokens new tokens per
