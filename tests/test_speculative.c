@@ -917,6 +917,69 @@ Test(speculative, a_draft_model_with_another_vocabulary_is_refused_naming_the_di
     hybrid_unload(&dm, dir);
 }
 
+/* One step of s (its kv) over tokens at pos, keeping row states in slot
+ * rows (0: none); the step's logits in out (vocab floats). */
+static int hybrid_step(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n, int32_t pos,
+                       int32_t rows, float *out, char *msg, size_t msg_len)
+{
+    eng_step_seq q = {.kv = s, .tokens = tokens, .n_tokens = n, .pos = pos, .row_states = rows};
+    return eng_backend_forward(b, &q, 1, out, NULL, msg, msg_len);
+}
+
+/* The kv cache's row states directly: after a step that kept them, a
+ * rollback leaves the state the shorter history gives (the next step's
+ * logits bit for bit those of a sequence fed only that history); what
+ * was not kept, or a slot the cache lacks, is refused by name. */
+Test(speculative, a_hybrid_rollback_restores_the_kept_row_and_refuses_the_rest)
+{
+    char dir[512], msg[512];
+    eng_model m;
+    hybrid_load(&m, dir, sizeof dir);
+    eng_backend *b = NULL;
+    eng_backend_opts o = {.device = ENG_DEVICE_CPU,
+                          .threads = 1,
+                          .max_tokens = 16,
+                          .max_seqs = 2,
+                          .kv_bytes = (size_t)4 << 20};
+    cr_assert_eq(eng_backend_new(&b, &m, &o, msg, sizeof msg), 0, "%s", msg);
+    eng_kv_cache *kv = eng_backend_kv(b);
+    size_t bytes = 0;
+    cr_assert_eq(eng_kv_row_states_new(kv, 1, 3, &bytes, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(bytes, 3 * eng_kv_state_bytes(kv));
+    cr_assert_eq(eng_kv_row_states_new(kv, 1, 3, &bytes, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "made already"), "%s", msg);
+    size_t V = (size_t)m.cfg.vocab_size;
+    float *got = malloc(V * sizeof(float)), *want = malloc(V * sizeof(float));
+    const int32_t prompt[] = {1, 72, 101, 108, 108}, drafts[] = {7, 200, 258, 44};
+    eng_seq_kv a = {0}, c = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &a, 16), QL_OK);
+    cr_assert_eq(eng_kv_reserve(kv, &c, 16), QL_OK);
+    cr_assert_eq(hybrid_step(b, &a, prompt, 5, 0, 0, got, msg, sizeof msg), QL_OK, "%s", msg);
+    /* a slot the cache does not have, and more rows than a slot keeps */
+    cr_assert_eq(hybrid_step(b, &a, drafts, 4, 5, 2, got, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "row states"), "%s", msg);
+    cr_assert_eq(hybrid_step(b, &a, drafts, 4, 5, 1, got, msg, sizeof msg), QL_OK, "%s", msg);
+    /* four rows verified, the first two kept: back to position 7 */
+    cr_assert_eq(eng_kv_rollback(kv, &a, 7, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(a.n_tokens, 7);
+    /* the slot was spent: going back further is refused */
+    cr_assert_eq(eng_kv_rollback(kv, &a, 6, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "kept no row state for position 5"), "%s", msg);
+    cr_assert_eq(hybrid_step(b, &a, drafts + 3, 1, 7, 0, got, msg, sizeof msg), QL_OK, "%s", msg);
+    /* the same history fed without drafts */
+    cr_assert_eq(hybrid_step(b, &c, prompt, 5, 0, 0, want, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(hybrid_step(b, &c, drafts, 2, 5, 0, want, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(hybrid_step(b, &c, drafts + 3, 1, 7, 0, want, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert(memcmp(got, want, V * sizeof(float)) == 0,
+              "the rolled-back state gives the shorter history's logits");
+    eng_kv_release(kv, &a);
+    eng_kv_release(kv, &c);
+    free(got);
+    free(want);
+    eng_backend_free(b);
+    hybrid_unload(&m, dir);
+}
+
 /* A hybrid target rolls its recurrent state back as it does under n-gram drafts; the tiny
  * model (the same vocabulary) drafts for it, so nearly every draft is rejected at its first
  * token and the state goes back to the one after the verified token's row. */
