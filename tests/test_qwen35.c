@@ -588,12 +588,10 @@ Test(qwen35, backend_keeps_one_state_per_sequence_a_step_carries)
     eng_model_free(&m);
 }
 
-/* config.json edited to an option qlserve does not run: refused, naming it. */
-static void refused_with(const char *from, const char *to, const char *named)
+/* dir's config.json with its first `from` replaced by `to`. */
+static void edit_config(const char *dir, const char *from, const char *to)
 {
-    char dir[512], path[1024], msg[1024];
-    test_tmpdir(dir, sizeof dir);
-    tiny_fixture_folder("qwen35_tiny", dir);
+    char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len;
     char *text = test_read_file(path, &len);
@@ -603,10 +601,68 @@ static void refused_with(const char *from, const char *to, const char *named)
     snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
     cr_assert(test_write_file(path, edited, strlen(edited)));
     free(text);
+}
+
+/* config.json edited to an option qlserve does not run: refused, naming it. */
+static void refused_with(const char *from, const char *to, const char *named)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    tiny_fixture_folder("qwen35_tiny", dir);
+    edit_config(dir, from, to);
     eng_model m;
     eng_load_opts o = {.path = dir};
     cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
     cr_assert(strstr(msg, named), "%s: %s", named, msg);
+}
+
+/* qwen35_mtp_tiny (make_qwen35_mtp.py) is qwen35_tiny plus one MTP layer: its tensors are read
+ * beside the decoder's, every one of them (the weight bytes grow by exactly theirs), with the
+ * decoder unchanged (the same float64 logits); a config that declares MTP layers the
+ * checkpoint does not hold loads without them. */
+Test(qwen35, mtp_layers_are_read_beside_the_decoder)
+{
+    char dir[512], mdir[512], msg[1024];
+    eng_model plain, m;
+    load_qwen35(&plain, dir, sizeof dir, NULL);
+    cr_assert_eq(plain.mtp.n_layers, 0);
+    test_tmpdir(mdir, sizeof mdir);
+    cr_assert(mdir[0]);
+    tiny_fixture_folder("qwen35_mtp_tiny", mdir);
+    eng_load_opts o = {.path = mdir};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.linear.mtp_layers, 1);
+    cr_assert_eq(m.mtp.n_layers, 1);
+    int64_t H = m.cfg.hidden_size, F = m.cfg.intermediate_size;
+    int64_t Q = (int64_t)m.cfg.n_heads * m.cfg.head_dim,
+            KV = (int64_t)m.cfg.n_kv_heads * m.cfg.head_dim;
+    cr_assert_eq(m.mtp.fc.rows, H);
+    cr_assert_eq(m.mtp.fc.cols, 2 * H);
+    cr_assert_eq(m.mtp.norm_hidden.rows * m.mtp.norm_hidden.cols, H);
+    const eng_layer *ly = &m.mtp.layers[0];
+    cr_assert_eq(ly->wo.cols, Q);
+    cr_assert_eq(ly->w_down.cols, F);
+    /* fc, three norms; the layer's two norms, gated q, k, v, o, q/k norms, gate, up, down */
+    int64_t floats =
+        2 * H * H + 3 * H + 2 * H + 2 * Q * H + 2 * KV * H + H * Q + 2 * m.cfg.head_dim + 3 * F * H;
+    cr_assert_eq(eng_model_weight_bytes(&m) - eng_model_weight_bytes(&plain),
+                 (size_t)floats * sizeof(float), "every MTP tensor is the model's, f32");
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_LOGITS[0][0]);
+    cr_assert(worst < QWEN35_TOL, "the decoder beside the MTP layer: worst |logit error| %g",
+              worst);
+    eng_model_free(&m);
+    test_rmtree(mdir);
+    eng_model_free(&plain);
+    test_rmtree(dir);
+    /* declared, not shipped */
+    test_tmpdir(mdir, sizeof mdir);
+    tiny_fixture_folder("qwen35_tiny", mdir);
+    edit_config(mdir, "\"use_cache\"", "\"mtp_num_hidden_layers\": 1, \"use_cache\"");
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.linear.mtp_layers, 1);
+    cr_assert_eq(m.mtp.n_layers, 0, "no mtp.* tensors: no MTP layers");
+    eng_model_free(&m);
+    test_rmtree(mdir);
 }
 
 Test(qwen35, options_it_does_not_run_are_refused_by_name)
