@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures/qwen35_mtp_reference.h"
 #include "fixtures/qwen35_reference.h"
 #include "gguf_writer.h"
 #include "lora.h"
@@ -601,6 +602,103 @@ static void edit_config(const char *dir, const char *from, const char *to)
     snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
     cr_assert(test_write_file(path, edited, strlen(edited)));
     free(text);
+}
+
+/* One sequence of a model on a fresh cache of its own, stepped by hand. */
+typedef struct one_seq {
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    eng_seq_kv s;
+    float *last; /* the step's logits */
+} one_seq;
+
+static void one_open(one_seq *o, const eng_model *m, int32_t n)
+{
+    char msg[1024];
+    cr_assert_eq(eng_pool_new(&o->pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&o->kv, &m->cfg, (size_t)8 << 20, 4, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&o->st, m, n, msg, sizeof msg), 0, "%s", msg);
+    o->s = (eng_seq_kv){0};
+    cr_assert_eq(eng_kv_reserve(o->kv, &o->s, n + 1), 0);
+    o->last = malloc((size_t)m->cfg.vocab_size * sizeof(float));
+}
+
+static void one_step(one_seq *o, const eng_model *m, eng_step_seq q)
+{
+    char msg[1024];
+    q.kv = &o->s;
+    cr_assert_eq(eng_forward(o->st, m, o->kv, o->pool, &q, 1, o->last, msg, sizeof msg), 0, "%s",
+                 msg);
+}
+
+static void one_close(one_seq *o)
+{
+    eng_kv_release(o->kv, &o->s);
+    eng_forward_state_free(o->st);
+    eng_kv_free(o->kv);
+    eng_pool_free(o->pool);
+    free(o->last);
+}
+
+/* The MTP layer of qwen35_mtp_tiny run as vLLM's Qwen3.5 MTP runs it (mtp.h): the target's
+ * final-normed hidden states (eng_step_seq.hidden_out) and the next tokens through
+ * eng_mtp_input, the layer as a model of its own (eng_mtp_view) taking those rows in place of
+ * embeddings (eng_step_seq.embeds), with its own KV: every row's logits match
+ * make_qwen35_mtp.py's float64 reference, their argmax its drafts, and a second draft chained
+ * on the MTP's own output too. */
+Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("qwen35_mtp_tiny", dir);
+    eng_model m, v;
+    eng_load_opts lo = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);
+    const int32_t n = QWEN35_MTP_N_TOKENS;
+    const size_t H = (size_t)m.cfg.hidden_size, V = (size_t)m.cfg.vocab_size;
+    int32_t toks[QWEN35_MTP_N_TOKENS];
+    for (int32_t i = 0; i < n; i++)
+        toks[i] = QWEN35_MTP_TOKENS[i];
+    float *hidden = malloc(n * H * sizeof(float)), *out = malloc(n * H * sizeof(float));
+    float *x = malloc(n * H * sizeof(float)), *all = malloc(n * V * sizeof(float));
+    // the target: every position's hidden state after the final norm
+    one_seq t, d;
+    one_open(&t, &m, n);
+    one_step(&t, &m, (eng_step_seq){.tokens = toks, .n_tokens = n, .hidden_out = hidden});
+    // the MTP: row i takes token i + 1 and hidden state i, at position i
+    eng_mtp_view(&m, &v);
+    eng_mtp_input(&m, toks + 1, hidden, n - 1, x);
+    one_open(&d, &v, n);
+    one_step(&d, &v,
+             (eng_step_seq){.tokens = toks + 1,
+                            .n_tokens = n - 1,
+                            .embeds = x,
+                            .all_logits = all,
+                            .hidden_out = out});
+    double worst = test_max_abs_err(all, &QWEN35_MTP_LOGITS[0][0], (size_t)(n - 1) * V);
+    cr_assert(worst < QWEN35_TOL, "MTP rows: worst |logit error| %g", worst);
+    for (int32_t i = 0; i < n - 1; i++) {
+        size_t best = 0;
+        for (size_t k = 1; k < V; k++)
+            best = all[i * V + k] > all[i * V + best] ? k : best;
+        cr_assert_eq((int)best, QWEN35_MTP_DRAFT[i], "row %d's draft", i);
+    }
+    // the second draft: the MTP's own output and its draft, at position n - 1
+    int32_t draft = QWEN35_MTP_DRAFT[n - 2];
+    eng_mtp_input(&m, &draft, out + (size_t)(n - 2) * H, 1, x);
+    one_step(&d, &v, (eng_step_seq){.tokens = &draft, .n_tokens = 1, .pos = n - 1, .embeds = x});
+    worst = test_max_abs_err(d.last, QWEN35_MTP_CHAIN_LOGITS, V);
+    cr_assert(worst < QWEN35_TOL, "the chained draft: worst |logit error| %g", worst);
+    one_close(&d);
+    one_close(&t);
+    free(hidden);
+    free(out);
+    free(x);
+    free(all);
+    eng_model_free(&m);
+    test_rmtree(dir);
 }
 
 /* config.json edited to an option qlserve does not run: refused, naming it. */

@@ -8,8 +8,10 @@
  * .enorm, .hnorm, .shared_head_norm beside the layer's own tensors): the
  * GGUF loader still leaves them unread (qwen35.c), so a GGUF has none here.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal/model_internal.h"
 
@@ -74,4 +76,59 @@ void model_mtp_free(eng_model *m)
     free(mtp->layers);
     mtp->layers = NULL;
     mtp->n_layers = 0;
+}
+
+void eng_mtp_view(const eng_model *m, eng_model *view)
+{
+    *view = *m;
+    eng_config *c = &view->cfg;
+    c->n_layers = m->mtp.n_layers;
+    memset(c->linear.layers, 0, sizeof c->linear.layers); /* full attention, all */
+    c->linear.n_layers = 0;
+    view->layers = m->mtp.layers;
+    view->norm = m->mtp.norm;
+    memset(&view->mtp, 0, sizeof view->mtp);
+}
+
+/* The model's RMSNorm of x (n values) by w into out: x / rms(x) * (norm_offset + w). */
+static void rmsnorm_row(const eng_config *c, const float *x, const qtensor *w, float *wbuf,
+                        int64_t n, float *out)
+{
+    qt_dequantize_rows(w, 0, w->rows, wbuf);
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    double scale = 1.0 / sqrt(ss / (double)n + c->rms_norm_eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)(x[i] * scale * (c->norm_offset + wbuf[i]));
+}
+
+void eng_mtp_input(const eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
+                   float *out)
+{
+    const eng_config *c = &m->cfg;
+    int64_t H = c->hidden_size;
+    float *cat = malloc((size_t)(4 * H) * sizeof(float)), *emb = cat + 2 * H, *wbuf = cat + 3 * H;
+    float *fc = malloc((size_t)(2 * H * H) * sizeof(float));
+    if (!cat || !fc) { /* the caller's rows stay as they were: a draft, never an answer */
+        free(cat);
+        free(fc);
+        return;
+    }
+    qt_dequantize_rows(&m->mtp.fc, 0, m->mtp.fc.rows, fc);
+    for (int32_t i = 0; i < n; i++) {
+        // the token's embedding and the hidden state, each normed; the embedding first
+        qt_dequantize_rows(&m->embed, tokens[i], 1, emb);
+        rmsnorm_row(c, emb, &m->mtp.norm_embed, wbuf, H, cat);
+        rmsnorm_row(c, hidden + i * H, &m->mtp.norm_hidden, wbuf, H, cat + H);
+        // fc
+        for (int64_t r = 0; r < H; r++) {
+            double sum = 0.0;
+            for (int64_t k = 0; k < 2 * H; k++)
+                sum += (double)fc[r * 2 * H + k] * cat[k];
+            out[i * H + r] = (float)sum;
+        }
+    }
+    free(cat);
+    free(fc);
 }

@@ -30,4 +30,19 @@ typedef struct eng_mtp {
     struct eng_layer *layers; /* n_layers (owned) */
 } eng_mtp;
 
+struct eng_model;
+
+/* m's MTP layers as a model of their own, into *view: m's config with
+ * n_layers of them, all full attention; their layers as its decoder,
+ * mtp.norm as its final norm, m's embeddings and lm_head. It borrows
+ * every tensor (never free it; m must outlive it) and runs on a backend of
+ * its own, whose KV cache is the MTP's. m must have MTP layers. */
+void eng_mtp_view(const struct eng_model *m, struct eng_model *view);
+/* The rows the MTP takes in place of token embeddings, n of them into out
+ * (n x hidden): row i is fc(concat(norm_embed(embed(tokens[i])),
+ * norm_hidden(hidden + i hidden))), the norms as the model's RMSNorm, the
+ * sums in double. */
+void eng_mtp_input(const struct eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
+                   float *out);
+
 #endif
