@@ -669,7 +669,7 @@ Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
     one_step(&t, &m, (eng_step_seq){.tokens = toks, .n_tokens = n, .hidden_out = hidden});
     // the MTP: row i takes token i + 1 and hidden state i, at position i
     eng_mtp_view(&m, &v);
-    eng_mtp_input(&m, toks + 1, hidden, n - 1, x);
+    cr_assert_eq(eng_mtp_input(&m, toks + 1, hidden, n - 1, x), QL_OK);
     one_open(&d, &v, n);
     one_step(&d, &v,
              (eng_step_seq){.tokens = toks + 1,
@@ -687,7 +687,7 @@ Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
     }
     // the second draft: the MTP's own output and its draft, at position n - 1
     int32_t draft = QWEN35_MTP_DRAFT[n - 2];
-    eng_mtp_input(&m, &draft, out + (size_t)(n - 2) * H, 1, x);
+    cr_assert_eq(eng_mtp_input(&m, &draft, out + (size_t)(n - 2) * H, 1, x), QL_OK);
     one_step(&d, &v, (eng_step_seq){.tokens = &draft, .n_tokens = 1, .pos = n - 1, .embeds = x});
     worst = test_max_abs_err(d.last, QWEN35_MTP_CHAIN_LOGITS, V);
     cr_assert(worst < QWEN35_TOL, "the chained draft: worst |logit error| %g", worst);

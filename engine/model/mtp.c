@@ -103,17 +103,17 @@ static void rmsnorm_row(const eng_config *c, const float *x, const qtensor *w, f
         out[i] = (float)(x[i] * scale * (c->norm_offset + wbuf[i]));
 }
 
-void eng_mtp_input(const eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
-                   float *out)
+int eng_mtp_input(const eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
+                  float *out)
 {
     const eng_config *c = &m->cfg;
     int64_t H = c->hidden_size;
     float *cat = malloc((size_t)(4 * H) * sizeof(float)), *emb = cat + 2 * H, *wbuf = cat + 3 * H;
     float *fc = malloc((size_t)(2 * H * H) * sizeof(float));
-    if (!cat || !fc) { /* the caller's rows stay as they were: a draft, never an answer */
+    if (!cat || !fc) {
         free(cat);
         free(fc);
-        return;
+        return QL_ENOMEM;
     }
     qt_dequantize_rows(&m->mtp.fc, 0, m->mtp.fc.rows, fc);
     for (int32_t i = 0; i < n; i++) {
@@ -131,4 +131,5 @@ void eng_mtp_input(const eng_model *m, const int32_t *tokens, const float *hidde
     }
     free(cat);
     free(fc);
+    return QL_OK;
 }

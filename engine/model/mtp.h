@@ -41,8 +41,8 @@ void eng_mtp_view(const struct eng_model *m, struct eng_model *view);
 /* The rows the MTP takes in place of token embeddings, n of them into out
  * (n x hidden): row i is fc(concat(norm_embed(embed(tokens[i])),
  * norm_hidden(hidden + i hidden))), the norms as the model's RMSNorm, the
- * sums in double. */
-void eng_mtp_input(const struct eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
-                   float *out);
+ * sums in double. QL_ENOMEM (out unwritten) when its scratch cannot be had. */
+int eng_mtp_input(const struct eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
+                  float *out);
 
 #endif
