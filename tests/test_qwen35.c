@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures/qwen35_mtp_reference.h"
 #include "fixtures/qwen35_reference.h"
 #include "gguf_writer.h"
 #include "lora.h"
@@ -588,12 +589,10 @@ Test(qwen35, backend_keeps_one_state_per_sequence_a_step_carries)
     eng_model_free(&m);
 }
 
-/* config.json edited to an option qlserve does not run: refused, naming it. */
-static void refused_with(const char *from, const char *to, const char *named)
+/* dir's config.json with its first `from` replaced by `to`. */
+static void edit_config(const char *dir, const char *from, const char *to)
 {
-    char dir[512], path[1024], msg[1024];
-    test_tmpdir(dir, sizeof dir);
-    tiny_fixture_folder("qwen35_tiny", dir);
+    char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len;
     char *text = test_read_file(path, &len);
@@ -603,10 +602,165 @@ static void refused_with(const char *from, const char *to, const char *named)
     snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
     cr_assert(test_write_file(path, edited, strlen(edited)));
     free(text);
+}
+
+/* One sequence of a model on a fresh cache of its own, stepped by hand. */
+typedef struct one_seq {
+    eng_pool *pool;
+    eng_kv_cache *kv;
+    eng_forward_state *st;
+    eng_seq_kv s;
+    float *last; /* the step's logits */
+} one_seq;
+
+static void one_open(one_seq *o, const eng_model *m, int32_t n)
+{
+    char msg[1024];
+    cr_assert_eq(eng_pool_new(&o->pool, 2, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_kv_new(&o->kv, &m->cfg, (size_t)8 << 20, 4, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_forward_state_new(&o->st, m, n, msg, sizeof msg), 0, "%s", msg);
+    o->s = (eng_seq_kv){0};
+    cr_assert_eq(eng_kv_reserve(o->kv, &o->s, n + 1), 0);
+    o->last = malloc((size_t)m->cfg.vocab_size * sizeof(float));
+}
+
+static void one_step(one_seq *o, const eng_model *m, eng_step_seq q)
+{
+    char msg[1024];
+    q.kv = &o->s;
+    cr_assert_eq(eng_forward(o->st, m, o->kv, o->pool, &q, 1, o->last, msg, sizeof msg), 0, "%s",
+                 msg);
+}
+
+static void one_close(one_seq *o)
+{
+    eng_kv_release(o->kv, &o->s);
+    eng_forward_state_free(o->st);
+    eng_kv_free(o->kv);
+    eng_pool_free(o->pool);
+    free(o->last);
+}
+
+/* The MTP layer of qwen35_mtp_tiny run as vLLM's Qwen3.5 MTP runs it (mtp.h): the target's
+ * final-normed hidden states (eng_step_seq.hidden_out) and the next tokens through
+ * eng_mtp_input, the layer as a model of its own (eng_mtp_view) taking those rows in place of
+ * embeddings (eng_step_seq.embeds), with its own KV: every row's logits match
+ * make_qwen35_mtp.py's float64 reference, their argmax its drafts, and a second draft chained
+ * on the MTP's own output too. */
+Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("qwen35_mtp_tiny", dir);
+    eng_model m, v;
+    eng_load_opts lo = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);
+    const int32_t n = QWEN35_MTP_N_TOKENS;
+    const size_t H = (size_t)m.cfg.hidden_size, V = (size_t)m.cfg.vocab_size;
+    int32_t toks[QWEN35_MTP_N_TOKENS];
+    for (int32_t i = 0; i < n; i++)
+        toks[i] = QWEN35_MTP_TOKENS[i];
+    float *hidden = malloc(n * H * sizeof(float)), *out = malloc(n * H * sizeof(float));
+    float *x = malloc(n * H * sizeof(float)), *all = malloc(n * V * sizeof(float));
+    // the target: every position's hidden state after the final norm
+    one_seq t, d;
+    one_open(&t, &m, n);
+    one_step(&t, &m, (eng_step_seq){.tokens = toks, .n_tokens = n, .hidden_out = hidden});
+    // the MTP: row i takes token i + 1 and hidden state i, at position i
+    eng_mtp_view(&m, &v);
+    cr_assert_eq(eng_mtp_input(&m, toks + 1, hidden, n - 1, x), QL_OK);
+    one_open(&d, &v, n);
+    one_step(&d, &v,
+             (eng_step_seq){.tokens = toks + 1,
+                            .n_tokens = n - 1,
+                            .embeds = x,
+                            .all_logits = all,
+                            .hidden_out = out});
+    double worst = test_max_abs_err(all, &QWEN35_MTP_LOGITS[0][0], (size_t)(n - 1) * V);
+    cr_assert(worst < QWEN35_TOL, "MTP rows: worst |logit error| %g", worst);
+    for (int32_t i = 0; i < n - 1; i++) {
+        size_t best = 0;
+        for (size_t k = 1; k < V; k++)
+            best = all[i * V + k] > all[i * V + best] ? k : best;
+        cr_assert_eq((int)best, QWEN35_MTP_DRAFT[i], "row %d's draft", i);
+    }
+    // the second draft: the MTP's own output and its draft, at position n - 1
+    int32_t draft = QWEN35_MTP_DRAFT[n - 2];
+    cr_assert_eq(eng_mtp_input(&m, &draft, out + (size_t)(n - 2) * H, 1, x), QL_OK);
+    one_step(&d, &v, (eng_step_seq){.tokens = &draft, .n_tokens = 1, .pos = n - 1, .embeds = x});
+    worst = test_max_abs_err(d.last, QWEN35_MTP_CHAIN_LOGITS, V);
+    cr_assert(worst < QWEN35_TOL, "the chained draft: worst |logit error| %g", worst);
+    one_close(&d);
+    one_close(&t);
+    free(hidden);
+    free(out);
+    free(x);
+    free(all);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* config.json edited to an option qlserve does not run: refused, naming it. */
+static void refused_with(const char *from, const char *to, const char *named)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    tiny_fixture_folder("qwen35_tiny", dir);
+    edit_config(dir, from, to);
     eng_model m;
     eng_load_opts o = {.path = dir};
     cr_assert_neq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s loaded", to);
     cr_assert(strstr(msg, named), "%s: %s", named, msg);
+}
+
+/* qwen35_mtp_tiny (make_qwen35_mtp.py) is qwen35_tiny plus one MTP layer: its tensors are read
+ * beside the decoder's, every one of them (the weight bytes grow by exactly theirs), with the
+ * decoder unchanged (the same float64 logits); a config that declares MTP layers the
+ * checkpoint does not hold loads without them. */
+Test(qwen35, mtp_layers_are_read_beside_the_decoder)
+{
+    char dir[512], mdir[512], msg[1024];
+    eng_model plain, m;
+    load_qwen35(&plain, dir, sizeof dir, NULL);
+    cr_assert_eq(plain.mtp.n_layers, 0);
+    test_tmpdir(mdir, sizeof mdir);
+    cr_assert(mdir[0]);
+    tiny_fixture_folder("qwen35_mtp_tiny", mdir);
+    eng_load_opts o = {.path = mdir};
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.linear.mtp_layers, 1);
+    cr_assert_eq(m.mtp.n_layers, 1);
+    int64_t H = m.cfg.hidden_size, F = m.cfg.intermediate_size;
+    int64_t Q = (int64_t)m.cfg.n_heads * m.cfg.head_dim,
+            KV = (int64_t)m.cfg.n_kv_heads * m.cfg.head_dim;
+    cr_assert_eq(m.mtp.fc.rows, H);
+    cr_assert_eq(m.mtp.fc.cols, 2 * H);
+    cr_assert_eq(m.mtp.norm_hidden.rows * m.mtp.norm_hidden.cols, H);
+    const eng_layer *ly = &m.mtp.layers[0];
+    cr_assert_eq(ly->wo.cols, Q);
+    cr_assert_eq(ly->w_down.cols, F);
+    /* fc, three norms; the layer's two norms, gated q, k, v, o, q/k norms, gate, up, down */
+    int64_t floats =
+        2 * H * H + 3 * H + 2 * H + 2 * Q * H + 2 * KV * H + H * Q + 2 * m.cfg.head_dim + 3 * F * H;
+    cr_assert_eq(eng_model_weight_bytes(&m) - eng_model_weight_bytes(&plain),
+                 (size_t)floats * sizeof(float), "every MTP tensor is the model's, f32");
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_LOGITS[0][0]);
+    cr_assert(worst < QWEN35_TOL, "the decoder beside the MTP layer: worst |logit error| %g",
+              worst);
+    eng_model_free(&m);
+    test_rmtree(mdir);
+    eng_model_free(&plain);
+    test_rmtree(dir);
+    /* declared, not shipped */
+    test_tmpdir(mdir, sizeof mdir);
+    tiny_fixture_folder("qwen35_tiny", mdir);
+    edit_config(mdir, "\"use_cache\"", "\"mtp_num_hidden_layers\": 1, \"use_cache\"");
+    cr_assert_eq(eng_model_load(&m, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.linear.mtp_layers, 1);
+    cr_assert_eq(m.mtp.n_layers, 0, "no mtp.* tensors: no MTP layers");
+    eng_model_free(&m);
+    test_rmtree(mdir);
 }
 
 Test(qwen35, options_it_does_not_run_are_refused_by_name)

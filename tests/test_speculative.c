@@ -8,7 +8,9 @@
  * sampled ones with a seed are too, so their distribution is the model's
  * (a two-sample test over many seeds, bound stated there). Each engine
  * test also checks that drafts were verified, accepted and rejected, so
- * it fails when speculation is silently off.
+ * it fails when speculation is silently off. On the tiny hybrid model
+ * (Qwen3.5's linear-attention layers) the same holds: its recurrent state
+ * goes back to the row of the last accepted token.
  *
  * The tiny model's random weights make it repeat itself, which the
  * prompts below (runs that come back) help: the n-gram drafter then finds
@@ -99,7 +101,7 @@ static void wait_done(outcome *o)
     pthread_mutex_unlock(&o->mu);
 }
 
-static eng_engine *start_with(const eng_spec_opts *spec, int32_t max_running)
+static eng_engine *start_on(const eng_model *m, const eng_spec_opts *spec, int32_t max_running)
 {
     eng_engine_opts o = {.threads = 2,
                          .kv_bytes = 16 << 20,
@@ -108,8 +110,13 @@ static eng_engine *start_with(const eng_spec_opts *spec, int32_t max_running)
                          .spec = *spec};
     eng_engine *e;
     char msg[512];
-    cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(eng_engine_start(&e, m, &o, msg, sizeof msg), 0, "%s", msg);
     return e;
+}
+
+static eng_engine *start_with(const eng_spec_opts *spec, int32_t max_running)
+{
+    return start_on(&tiny_model, spec, max_running);
 }
 
 static eng_engine *start(eng_speculative drafter, int32_t max_running, int32_t max_batch)
@@ -175,14 +182,15 @@ static void expect_same_choice(const outcome *on, const outcome *off, int i, int
 /* The same requests on an engine without speculation and one drafting as
  * so says: every answer's tokens (and logprobs, bit for bit) and end the
  * same; the speculating engine's figures come back in *spec. */
-static void expect_same_answers_with(eng_request *reqs, int n, int32_t max_running,
-                                     const eng_spec_opts *so, eng_spec_stats *spec)
+static void expect_same_answers_on(const eng_model *m, eng_request *reqs, int n,
+                                   int32_t max_running, const eng_spec_opts *so,
+                                   eng_spec_stats *spec)
 {
     outcome *off = outcomes_new(n), *on = outcomes_new(n);
-    eng_engine *e = start(ENG_SPEC_OFF, max_running, 0);
+    eng_engine *e = start_on(m, &(eng_spec_opts){.drafter = ENG_SPEC_OFF}, max_running);
     run_all(e, reqs, off, n);
     eng_engine_stop(e);
-    e = start_with(so, max_running);
+    e = start_on(m, so, max_running);
     run_all(e, reqs, on, n);
     eng_engine_stats st;
     cr_assert(eng_engine_settle(e, 60));
@@ -199,6 +207,13 @@ static void expect_same_answers_with(eng_request *reqs, int n, int32_t max_runni
     }
     free(off);
     free(on);
+}
+
+/* The same on the tiny model. */
+static void expect_same_answers_with(eng_request *reqs, int n, int32_t max_running,
+                                     const eng_spec_opts *so, eng_spec_stats *spec)
+{
+    expect_same_answers_on(&tiny_model, reqs, n, max_running, so, spec);
 }
 
 /* The same with n-gram drafts. */
@@ -679,33 +694,56 @@ Test(speculative, the_prefix_cache_keeps_only_accepted_tokens)
     free(off);
 }
 
-Test(speculative, a_hybrid_model_runs_without_speculation_and_says_why)
+/* The tiny hybrid model (tests/fixtures/qwen35_tiny, with the tiny
+ * model's tokenizer) loaded from a fresh dir; hybrid_unload frees both. */
+static void hybrid_load(eng_model *m, char *dir, size_t dir_cap)
 {
-    char dir[512], msg[1024];
-    test_tmpdir(dir, sizeof dir);
+    char msg[1024];
+    test_tmpdir(dir, dir_cap);
     cr_assert(dir[0]);
     tiny_fixture_folder("qwen35_tiny", dir);
-    eng_model m;
     eng_load_opts lo = {.path = dir};
-    cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);
-    eng_engine_opts o = {
-        .threads = 2, .kv_bytes = 8 << 20, .max_running = 2, .spec = {.drafter = ENG_SPEC_NGRAM}};
-    eng_engine *e;
-    cr_assert_eq(eng_engine_start(&e, &m, &o, msg, sizeof msg), 0, "%s", msg);
-    outcome *out = outcomes_new(1);
-    eng_request r = plain("a b a b a b a", 8);
-    run_all(e, &r, out, 1);
-    cr_assert_eq(out->n[0], 8);
-    eng_engine_stats st;
-    cr_assert(eng_engine_settle(e, 60));
-    eng_engine_stats_get(e, &st);
-    cr_assert_eq(st.spec.drafter, ENG_SPEC_OFF);
-    cr_assert(strstr(st.spec.off_reason, "recurrent state"), "%s", st.spec.off_reason);
-    cr_assert_eq(st.spec.drafts, 0);
-    eng_engine_stop(e);
-    eng_model_free(&m);
+    cr_assert_eq(eng_model_load(m, &lo, msg, sizeof msg), 0, "%s", msg);
+}
+
+static void hybrid_unload(eng_model *m, const char *dir)
+{
+    eng_model_free(m);
     test_rmtree(dir);
-    free(out);
+}
+
+/* A hybrid model's recurrent state takes in rejected drafts too: the
+ * rollback puts back the state its step kept after the last accepted row.
+ * Four sequences at a time, so several drafting ones share a step (each
+ * with its own slot of row states), over prompts that repeat, so drafts
+ * are both accepted and rejected: the answers, logprobs bit for bit, are
+ * the ones without speculation. */
+Test(speculative, a_hybrid_model_rolls_its_recurrent_state_back_to_the_same_answers)
+{
+    char dir[512];
+    eng_model m;
+    hybrid_load(&m, dir, sizeof dir);
+    cr_assert_gt(m.cfg.linear.n_layers, 0);
+    /* the tiny hybrid model's random weights never repeat themselves: a bias towards two
+     * tokens makes odd requests' answers runs over them, which the drafter finds (the model's
+     * own logits, so its state, still choose between the two, and the logprobs are raw) */
+    static const eng_logit_bias few[] = {{65, 30.0f}, {66, 30.0f}};
+    eng_request reqs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 32);
+        reqs[i].logprobs = true;
+        reqs[i].top_logprobs = 2;
+        if (i % 2) {
+            reqs[i].sampling.logit_bias = few;
+            reqs[i].sampling.n_logit_bias = 2;
+        }
+    }
+    eng_spec_stats spec;
+    eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
+    expect_same_answers_on(&m, reqs, N_PROMPTS, 4, &so, &spec);
+    cr_assert_str_empty(spec.off_reason);
+    expect_drafts_exercised(&spec);
+    hybrid_unload(&m, dir);
 }
 
 /* --- the draft model --------------------------------------------------------------- */
@@ -874,20 +912,91 @@ Test(speculative, a_draft_model_with_another_vocabulary_is_refused_naming_the_di
     expect_refused(&dm, "token 259: \"<|endoftxet|>\" in the draft model");
     draft_unload(&dm, dir);
     /* a hybrid draft model: its recurrent state could not follow a rollback */
-    test_tmpdir(dir, sizeof dir);
-    tiny_fixture_folder("qwen35_tiny", dir);
-    eng_load_opts lo = {.path = dir};
-    char msg[1024];
-    cr_assert_eq(eng_model_load(&dm, &lo, msg, sizeof msg), 0, "%s", msg);
+    hybrid_load(&dm, dir, sizeof dir);
     expect_refused(&dm, "draft model has linear-attention");
-    /* nor a hybrid target */
-    eng_engine_opts o = {.threads = 1,
-                         .kv_bytes = 1 << 20,
-                         .spec = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model}};
-    eng_engine *e = NULL;
-    cr_assert_eq(eng_engine_start(&e, &dm, &o, msg, sizeof msg), QL_EINVAL);
-    cr_assert(strstr(msg, "target model has linear-attention"), "%s", msg);
-    draft_unload(&dm, dir);
+    hybrid_unload(&dm, dir);
+}
+
+/* One step of s (its kv) over tokens at pos, keeping row states in slot
+ * rows (0: none); the step's logits in out (vocab floats). */
+static int hybrid_step(eng_backend *b, eng_seq_kv *s, const int32_t *tokens, int32_t n, int32_t pos,
+                       int32_t rows, float *out, char *msg, size_t msg_len)
+{
+    eng_step_seq q = {.kv = s, .tokens = tokens, .n_tokens = n, .pos = pos, .row_states = rows};
+    return eng_backend_forward(b, &q, 1, out, NULL, msg, msg_len);
+}
+
+/* The kv cache's row states directly: after a step that kept them, a
+ * rollback leaves the state the shorter history gives (the next step's
+ * logits bit for bit those of a sequence fed only that history); what
+ * was not kept, or a slot the cache lacks, is refused by name. */
+Test(speculative, a_hybrid_rollback_restores_the_kept_row_and_refuses_the_rest)
+{
+    char dir[512], msg[512];
+    eng_model m;
+    hybrid_load(&m, dir, sizeof dir);
+    eng_backend *b = NULL;
+    eng_backend_opts o = {.device = ENG_DEVICE_CPU,
+                          .threads = 1,
+                          .max_tokens = 16,
+                          .max_seqs = 2,
+                          .kv_bytes = (size_t)4 << 20};
+    cr_assert_eq(eng_backend_new(&b, &m, &o, msg, sizeof msg), 0, "%s", msg);
+    eng_kv_cache *kv = eng_backend_kv(b);
+    size_t bytes = 0;
+    cr_assert_eq(eng_kv_row_states_new(kv, 1, 3, &bytes, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(bytes, 3 * eng_kv_state_bytes(kv));
+    cr_assert_eq(eng_kv_row_states_new(kv, 1, 3, &bytes, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "made already"), "%s", msg);
+    size_t V = (size_t)m.cfg.vocab_size;
+    float *got = malloc(V * sizeof(float)), *want = malloc(V * sizeof(float));
+    const int32_t prompt[] = {1, 72, 101, 108, 108}, drafts[] = {7, 200, 258, 44};
+    eng_seq_kv a = {0}, c = {0};
+    cr_assert_eq(eng_kv_reserve(kv, &a, 16), QL_OK);
+    cr_assert_eq(eng_kv_reserve(kv, &c, 16), QL_OK);
+    cr_assert_eq(hybrid_step(b, &a, prompt, 5, 0, 0, got, msg, sizeof msg), QL_OK, "%s", msg);
+    /* a slot the cache does not have, and more rows than a slot keeps */
+    cr_assert_eq(hybrid_step(b, &a, drafts, 4, 5, 2, got, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "row states"), "%s", msg);
+    cr_assert_eq(hybrid_step(b, &a, drafts, 4, 5, 1, got, msg, sizeof msg), QL_OK, "%s", msg);
+    /* four rows verified, the first two kept: back to position 7 */
+    cr_assert_eq(eng_kv_rollback(kv, &a, 7, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(a.n_tokens, 7);
+    /* the slot was spent: going back further is refused */
+    cr_assert_eq(eng_kv_rollback(kv, &a, 6, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "kept no row state for position 5"), "%s", msg);
+    cr_assert_eq(hybrid_step(b, &a, drafts + 3, 1, 7, 0, got, msg, sizeof msg), QL_OK, "%s", msg);
+    /* the same history fed without drafts */
+    cr_assert_eq(hybrid_step(b, &c, prompt, 5, 0, 0, want, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(hybrid_step(b, &c, drafts, 2, 5, 0, want, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(hybrid_step(b, &c, drafts + 3, 1, 7, 0, want, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert(memcmp(got, want, V * sizeof(float)) == 0,
+              "the rolled-back state gives the shorter history's logits");
+    eng_kv_release(kv, &a);
+    eng_kv_release(kv, &c);
+    free(got);
+    free(want);
+    eng_backend_free(b);
+    hybrid_unload(&m, dir);
+}
+
+/* A hybrid target rolls its recurrent state back as it does under n-gram drafts; the tiny
+ * model (the same vocabulary) drafts for it, so nearly every draft is rejected at its first
+ * token and the state goes back to the one after the verified token's row. */
+Test(speculative, a_draft_model_drafts_for_a_hybrid_target_to_the_same_answers)
+{
+    char dir[512];
+    eng_model m;
+    hybrid_load(&m, dir, sizeof dir);
+    eng_request reqs[4];
+    for (int i = 0; i < 4; i++)
+        reqs[i] = plain(prompts[i], 16);
+    eng_spec_stats spec;
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    expect_same_answers_on(&m, reqs, 4, 2, &so, &spec);
+    cr_assert_str_empty(spec.off_reason);
+    cr_assert_gt(spec.verified, spec.accepted, "drafts were rejected: the state rolled back");
+    hybrid_unload(&m, dir);
 }
 
 /* One job for draft d: h's guesses into out (max of them) in kv. */

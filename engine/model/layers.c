@@ -281,17 +281,16 @@ static qtensor *layer_part(const eng_model *m, int32_t l, size_t p)
     return (qtensor *)((char *)&m->layers[l] + layer_parts[p].field);
 }
 
-int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char *msg,
-                      size_t msg_len)
+/* Layer l's sizes into dims (indexed by the parts' DIM_*). */
+static void layer_dims(const eng_config *c, int32_t l, int64_t *dims)
 {
-    const eng_config *c = &L->m->cfg;
-    int64_t dims[] = {
+    int64_t d[] = {
         [DIM_NONE] = 0,
         [DIM_HIDDEN] = c->hidden_size,
         [DIM_Q] = (int64_t)c->n_heads * c->head_dim,
         [DIM_KV] = (int64_t)c->n_kv_heads * c->head_dim,
-        [DIM_FF] = c->intermediate_size,
-        [DIM_HEAD] = c->head_dim,
+        [DIM_FF] = eng_layer_ff(c, l),         /* Gemma 4's kv-shared layers may be twice as wide */
+        [DIM_HEAD] = eng_layer_head_dim(c, l), /* Gemma 4's full layers: their own head size */
         [DIM_HEADS] = c->n_heads,
         [DIM_ONE] = 1,
         [DIM_PLE] = c->g4.ple_dim,
@@ -303,32 +302,78 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         [DIM_LIN_HEAD] = c->linear.v_head_dim,
         [DIM_LIN_TAPS] = c->linear.conv_kernel,
     };
+    d[DIM_Q] = (int64_t)c->n_heads * d[DIM_HEAD];
+    d[DIM_KV] = (int64_t)eng_layer_kv_heads(c, l) * d[DIM_HEAD];
+    memcpy(dims, d, sizeof d);
+}
+
+/* The parts of a layer that config c gives as layer l into dst, each named
+ * by its GGUF name (blk.N.) or hf_prefix then its Hugging Face name. */
+static int load_parts(model_loader *L, model_tensor_loader load, bool gguf, int32_t l,
+                      const char *hf_prefix, eng_layer *dst, bool fused, char *msg, size_t msg_len)
+{
+    const eng_config *c = &L->m->cfg;
+    int64_t dims[DIM_LIN_TAPS + 1];
+    layer_dims(c, l, dims);
+    int rc = QL_OK;
+    for (size_t p = 0; p < N_LAYER_PARTS && rc == QL_OK; p++) {
+        const struct layer_part *part = &layer_parts[p];
+        if (!part_applies(c, l, part) || (part->when == UNLESS_FUSED && fused))
+            continue;
+        char name[256];
+        if (gguf)
+            snprintf(name, sizeof name, "blk.%d.%s", l, part->gguf);
+        else
+            snprintf(name, sizeof name, "%s%s", hf_prefix, part->hf);
+        rc = load(L, name, dims[part->rows], dims[part->cols], part->role,
+                  (qtensor *)((char *)dst + part->field), msg, msg_len);
+    }
+    return rc;
+}
+
+int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char *msg,
+                      size_t msg_len)
+{
+    const eng_config *c = &L->m->cfg;
     bool fused = c->arch == ENG_ARCH_PHI3;
     int rc = QL_OK;
     for (int32_t l = 0; l < c->n_layers && rc == QL_OK; l++) {
-        dims[DIM_FF] = eng_layer_ff(c, l); /* Gemma 4's kv-shared layers may be twice as wide */
-        /* Gemma 4's full layers have their own head size and kv heads */
-        dims[DIM_HEAD] = eng_layer_head_dim(c, l);
-        dims[DIM_Q] = (int64_t)c->n_heads * dims[DIM_HEAD];
-        dims[DIM_KV] = (int64_t)eng_layer_kv_heads(c, l) * dims[DIM_HEAD];
-        if (fused)
+        if (fused) {
+            int64_t dims[DIM_LIN_TAPS + 1];
+            layer_dims(c, l, dims);
             rc = load_fused(L, load, gguf, l, dims, msg, msg_len);
+        }
         if (rc == QL_OK && eng_layer_is_moe(c, l))
             rc = model_experts_load(L, load, gguf, l, msg, msg_len);
-        for (size_t p = 0; p < N_LAYER_PARTS && rc == QL_OK; p++) {
-            const struct layer_part *part = &layer_parts[p];
-            if (!part_applies(c, l, part) || (part->when == UNLESS_FUSED && fused))
-                continue;
-            char name[256];
-            if (gguf)
-                snprintf(name, sizeof name, "blk.%d.%s", l, part->gguf);
-            else
-                snprintf(name, sizeof name, "model.layers.%d.%s", l, part->hf);
-            rc = load(L, name, dims[part->rows], dims[part->cols], part->role,
-                      layer_part(L->m, l, p), msg, msg_len);
-        }
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        if (rc == QL_OK)
+            rc = load_parts(L, load, gguf, l, prefix, &L->m->layers[l], fused, msg, msg_len);
     }
     return rc;
+}
+
+int model_layer_load_full(model_loader *L, model_tensor_loader load, const char *hf_prefix,
+                          eng_layer *dst, char *msg, size_t msg_len)
+{
+    /* the index past the decoder's: no linear bit, so the full layer's parts */
+    return load_parts(L, load, false, L->m->cfg.n_layers, hf_prefix, dst, false, msg, msg_len);
+}
+
+void model_layer_each(const eng_config *c, const eng_layer *ly,
+                      void (*fn)(const qtensor *t, void *ctx), void *ctx)
+{
+    for (size_t p = 0; p < N_LAYER_PARTS; p++) {
+        const qtensor *t = (const qtensor *)((const char *)ly + layer_parts[p].field);
+        if (part_applies(c, c->n_layers, &layer_parts[p]) && t->rows)
+            fn(t, ctx);
+    }
+}
+
+void model_layer_free(eng_layer *ly)
+{
+    for (size_t p = 0; p < N_LAYER_PARTS; p++)
+        qt_free((qtensor *)((char *)ly + layer_parts[p].field));
 }
 
 void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx)

@@ -1365,6 +1365,8 @@ static int load_hf_folder(model_loader *L, char *msg, size_t msg_len)
     }
     if (rc == QL_OK)
         rc = model_layers_load(L, load_hf_tensor, false, msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_mtp_load_hf(L, load_hf_tensor, msg, msg_len);
     if (rc != QL_OK)
         return rc;
 

@@ -222,6 +222,7 @@ void eng_model_each_tensor(const eng_model *m, void (*fn)(const qtensor *t, void
         if (top[i]->rows)
             fn(top[i], ctx);
     model_layers_each(m, fn, ctx);
+    model_mtp_each(m, fn, ctx);
 }
 
 static void add_bytes(const qtensor *t, void *total)
@@ -246,6 +247,7 @@ void eng_model_free(eng_model *m)
     qt_free(&m->g4.ple_norm);
     model_layers_free(m);
     free(m->layers);
+    model_mtp_free(m);
     if (m->tok)
         tok_free(m->tok);
     for (size_t i = 0; i < m->n_shards; i++)

@@ -23,6 +23,7 @@
 #include "gemma4.h"
 #include "hybrid.h"
 #include "modelfile.h"
+#include "mtp.h"
 #include "tokenizer.h"
 
 #include <stddef.h>
@@ -311,6 +312,7 @@ typedef struct eng_model {
     qtensor norm;
     qtensor lm_head;     /* rows == 0 when tied to embed */
     eng_gemma4_model g4; /* Gemma 4's per-layer input embeddings (gemma4.h) */
+    eng_mtp mtp;         /* the checkpoint's MTP layers, for drafting (mtp.h) */
     tok_tokenizer *tok;
     char format[32]; /* "safetensors", "bitsandbytes-4bit", "gguf" */
     char quant[32];  /* what the linear layers hold: "nf4", "q4_1", "bf16", ... */

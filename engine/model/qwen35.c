@@ -229,6 +229,9 @@ int model_qwen35_config_hf(const char *path, const cJSON *j, eng_config *c, char
     LIN_FIELD("linear_value_head_dim", 128, &lc->v_head_dim);
     LIN_FIELD("linear_conv_kernel_dim", 4, &lc->conv_kernel);
 #undef LIN_FIELD
+    if (rc == QL_OK)
+        rc = model_json_int32(path, j, "mtp_num_hidden_layers", 0, false, 0, 16, &lc->mtp_layers,
+                              msg, msg_len);
     if (rc != QL_OK)
         return rc;
     if (lc->n_v_heads % lc->n_k_heads != 0)

@@ -388,7 +388,8 @@ static int cpu_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t
     return QL_OK;
 }
 
-/* Each row's token's embedding. */
+/* Each row's token's embedding, or the sequence's own input rows
+ * (eng_step_seq.embeds: an MTP drafter's). */
 static int cpu_embed(void *be, float *x, char *msg, size_t msg_len)
 {
     (void)msg, (void)msg_len;
@@ -396,7 +397,10 @@ static int cpu_embed(void *be, float *x, char *msg, size_t msg_len)
     int64_t H = cs->m->cfg.hidden_size;
     for (int32_t s = 0, r = 0; s < cs->n_seqs; s++)
         for (int32_t t = 0; t < cs->seqs[s].n_tokens; t++, r++)
-            qt_dequantize_rows(&cs->m->embed, cs->seqs[s].tokens[t], 1, x + r * H);
+            if (cs->seqs[s].embeds)
+                memcpy(x + r * H, cs->seqs[s].embeds + t * H, (size_t)H * sizeof(float));
+            else
+                qt_dequantize_rows(&cs->m->embed, cs->seqs[s].tokens[t], 1, x + r * H);
     return QL_OK;
 }
 

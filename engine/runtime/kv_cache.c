@@ -254,6 +254,10 @@ void eng_kv_free(eng_kv_cache *kv)
     free(kv->states);
     free(kv->state_pos);
     free(kv->state_free);
+    free(kv->row_states);
+    free(kv->row_owner);
+    free(kv->row_pos);
+    free(kv->row_n);
     free(kv->layer_off);
     free(kv->layer_row);
     free(kv->layer_dim);
@@ -300,10 +304,20 @@ void eng_kv_set_state_hook(eng_kv_cache *kv, eng_kv_state_hook hook, void *ctx)
     kv->state_hook_ctx = ctx;
 }
 
+/* The row states kept for state slot `state` describe a step it no longer
+ * ends with (it steps again, or is given back): never restore them. */
+static void forget_rows(eng_kv_cache *kv, int32_t state)
+{
+    for (int32_t i = 0; i < kv->n_row_slots; i++)
+        if (kv->row_owner[i] == state)
+            kv->row_owner[i] = -1;
+}
+
 static void give_state(eng_kv_cache *kv, eng_seq_kv *s)
 {
     if (s->state <= 0 || kv->n_states == 0)
         return;
+    forget_rows(kv, s->state - 1);
     kv->state_pos[s->state - 1] = -1;
     kv->state_free[kv->n_state_free++] = s->state - 1;
     s->state = 0;
@@ -534,12 +548,71 @@ int eng_kv_rollback(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens, char *msg
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "KV rollback to %d positions: the sequence has written %d", n_tokens,
                        s->n_tokens);
-    if (s->state > 0 && n_tokens < s->n_tokens)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "KV rollback of a sequence with a recurrent state: it cannot go back "
-                       "from %d positions to %d",
-                       s->n_tokens, n_tokens);
+    if (s->state > 0 && n_tokens < s->n_tokens) {
+        /* the state after position n_tokens - 1: a row its last step kept */
+        int32_t st = s->state - 1, i = 0;
+        while (i < kv->n_row_slots && kv->row_owner[i] != st)
+            i++;
+        int32_t t = i < kv->n_row_slots ? n_tokens - 1 - kv->row_pos[i] : -1;
+        if (i == kv->n_row_slots || kv->state_pos[st] != s->n_tokens ||
+            kv->row_pos[i] + kv->row_n[i] + 1 != s->n_tokens || t < 0 || t >= kv->row_n[i])
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "KV rollback of a sequence with a recurrent state from %d positions "
+                           "to %d: its last step kept no row state for position %d",
+                           s->n_tokens, n_tokens, n_tokens - 1);
+        memcpy(kv_state(kv, s), kv_row_state(kv, i, t), (size_t)kv->state_floats * sizeof(float));
+        kv->state_pos[st] = n_tokens;
+        kv->row_owner[i] = -1;
+    }
     s->n_tokens = n_tokens;
+    return QL_OK;
+}
+
+int eng_kv_row_states_new(eng_kv_cache *kv, int32_t n_slots, int32_t rows, size_t *bytes, char *msg,
+                          size_t msg_len)
+{
+    *bytes = 0;
+    if (kv->state_floats <= 0 || n_slots <= 0 || rows <= 0)
+        return QL_OK;
+    if (!kv->states || kv->row_states)
+        return ql_fail(msg, msg_len, QL_EINVAL, "row states for speculative decoding: %s",
+                       kv->row_states ? "made already"
+                                      : "the recurrent states are not in host memory");
+    size_t n = (size_t)n_slots * (size_t)rows * (size_t)kv->state_floats;
+    kv->row_states = malloc(n * sizeof(float));
+    kv->row_owner = malloc((size_t)n_slots * sizeof(int32_t));
+    kv->row_pos = calloc((size_t)n_slots, sizeof(int32_t));
+    kv->row_n = calloc((size_t)n_slots, sizeof(int32_t));
+    if (!kv->row_states || !kv->row_owner || !kv->row_pos || !kv->row_n)
+        return ql_fail(msg, msg_len, QL_ENOMEM,
+                       "out of memory for speculative decoding's row states: %d x %d recurrent "
+                       "states of %zu bytes",
+                       n_slots, rows, (size_t)kv->state_floats * sizeof(float));
+    for (int32_t i = 0; i < n_slots; i++)
+        kv->row_owner[i] = -1;
+    kv->n_row_slots = n_slots;
+    kv->row_rows = rows;
+    *bytes = n * sizeof(float);
+    return QL_OK;
+}
+
+/* Step sequence s's row states (seqs[s].row_states): a slot the cache
+ * has, rows enough, no other sequence of the step in it. */
+static int check_rows(const eng_kv_cache *kv, const eng_step_seq *seqs, int32_t s, char *msg,
+                      size_t msg_len)
+{
+    int32_t slot = seqs[s].row_states;
+    if (slot == 0)
+        return QL_OK;
+    if (slot < 0 || slot > kv->n_row_slots || seqs[s].n_tokens - 1 > kv->row_rows)
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "sequence %d: row states %d for %d rows, and the cache keeps %d slots of "
+                       "%d rows",
+                       s, slot, seqs[s].n_tokens, kv->n_row_slots, kv->row_rows + 1);
+    for (int32_t u = 0; u < s; u++)
+        if (seqs[u].row_states == slot)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequences %d and %d both keep row states in slot %d", u, s, slot);
     return QL_OK;
 }
 
@@ -561,14 +634,28 @@ int eng_kv_check_states(eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_se
                            "sequence %d: its recurrent state has taken in %d positions and the "
                            "step starts at %d (a recurrent state cannot be rewound or skipped)",
                            s, had, seqs[s].pos);
+        int rc = check_rows(kv, seqs, s, msg, msg_len);
+        if (rc != QL_OK)
+            return rc;
     }
-    for (int32_t s = 0; s < n_seqs; s++)
+    for (int32_t s = 0; s < n_seqs; s++) {
         kv->state_pos[seqs[s].kv->state - 1] = -1;
+        forget_rows(kv, seqs[s].kv->state - 1);
+        if (seqs[s].row_states > 0)
+            kv->row_owner[seqs[s].row_states - 1] = -1;
+    }
     return QL_OK;
 }
 
 void eng_kv_states_done(eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs)
 {
-    for (int32_t s = 0; kv->state_floats > 0 && s < n_seqs; s++)
-        kv->state_pos[seqs[s].kv->state - 1] = seqs[s].pos + seqs[s].n_tokens;
+    for (int32_t s = 0; kv->state_floats > 0 && s < n_seqs; s++) {
+        int32_t st = seqs[s].kv->state - 1, slot = seqs[s].row_states - 1;
+        kv->state_pos[st] = seqs[s].pos + seqs[s].n_tokens;
+        if (slot < 0)
+            continue;
+        kv->row_owner[slot] = st;
+        kv->row_pos[slot] = seqs[s].pos;
+        kv->row_n[slot] = seqs[s].n_tokens - 1;
+    }
 }

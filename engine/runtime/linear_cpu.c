@@ -14,9 +14,14 @@
  * being kernels/'s qt_delta_rule (AVX2 where the CPU has it, the scalar
  * reference's bits); every sum is the same whatever the batch.
  *
+ * A sequence verifying drafts (eng_step_seq.row_states) also leaves its
+ * state after each row but the last in the cache's row states, so that
+ * eng_kv_rollback can take it back to the state after its last accepted
+ * row; the copies change no arithmetic.
+ *
  * It owns the scratch and the dense copies of each linear layer's small
  * tensors; it reads and writes the recurrent states of the step's
- * sequences, nothing else of the cache.
+ * sequences and their row states, nothing else of the cache.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -135,6 +140,17 @@ typedef struct delta_job {
     float eps;
 } delta_job;
 
+/* Where step sequence s keeps this layer's state after its row t, for a
+ * rollback past the rows that follow (eng_step_seq.row_states): NULL when
+ * it keeps none, and for its last row, whose state is the sequence's own. */
+static float *row_state(const delta_job *j, int32_t s, int32_t t)
+{
+    const eng_step_seq *q = &j->cs->seqs[s];
+    if (q->row_states <= 0 || t >= q->n_tokens - 1)
+        return NULL;
+    return kv_row_state(j->cs->kv, q->row_states - 1, t) + j->layer_off;
+}
+
 /* Channels [c0, c1) of the causal conv for every sequence of the step:
  * out[t] = silu(sum_j w[j] x[t - (taps - 1) + j]), the inputs before the
  * step's first row read from (and the last taps - 1 written back to) the
@@ -156,6 +172,9 @@ static void conv_channels(void *ctx, int64_t c0, int64_t c1)
             for (int32_t t = 0; t < cs->seqs[s].n_tokens; t++) {
                 float *x = j->qkv + (int64_t)(r0 + t) * C + ch;
                 *x = om_conv_step(hist, w, K, *x);
+                float *kept = row_state(j, s, t);
+                for (int32_t i = 0; kept && i < K - 1; i++)
+                    kept[(int64_t)i * C + ch] = hist[i];
             }
             for (int32_t i = 0; i < K - 1; i++)
                 win[(int64_t)i * C + ch] = hist[i];
@@ -191,6 +210,10 @@ static void delta_heads(void *ctx, int64_t i0, int64_t i1)
             // decay, the delta rule's correction into the state, the answer to q
             float *o = j->out + r * VD + (int64_t)h * dv;
             qt_delta_rule(S, dk, dv, q, k, v, g, beta, o, mem);
+            float *kept = row_state(j, s, t);
+            if (kept) /* the head's state after this row, where a rollback finds it */
+                memcpy(kept + (int64_t)(lc->conv_kernel - 1) * C + (int64_t)h * dk * dv, S,
+                       (size_t)dk * (size_t)dv * sizeof(float));
             // the gated RMSNorm: normed, times its weight, times silu(z)
             double ss = 0.0;
             for (int32_t e = 0; e < dv; e++)

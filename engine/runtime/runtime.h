@@ -144,14 +144,21 @@ void eng_kv_copy_blocks(eng_kv_cache *kv, const eng_kv_copy *copies, int32_t n);
 /* Give back s's references (a block returns to the free list when no
  * other sequence references it) and its held blocks, and zero it. */
 void eng_kv_release(eng_kv_cache *kv, eng_seq_kv *s);
-/* Speculative decoding's rollback: s's positions from n_tokens on hold
- * the KV of drafted tokens the model rejected; forget them (s->n_tokens
- * becomes n_tokens), so the next step writes over them in the same blocks,
- * which stay s's (reserved for its whole answer), and the prefix cache,
- * which keeps only positions below n_tokens, never keeps them. QL_EINVAL,
- * nothing changed, for n_tokens negative or past what s has written, or s
- * with a recurrent state (a hybrid model's state cannot go back). */
+/* Speculative decoding's rollback: s's positions from n_tokens on hold the KV of drafted
+ * tokens the model rejected; forget them (s->n_tokens becomes n_tokens), so the next step
+ * writes over them in the same blocks, which stay s's (reserved for its whole answer), and the
+ * prefix cache, which keeps only positions below n_tokens, never keeps them. A hybrid model's
+ * s gets back its recurrent state after position n_tokens - 1 from the row states its last
+ * step kept (eng_step_seq.row_states). QL_EINVAL, nothing changed, for n_tokens negative or
+ * past what s has written, or s with a recurrent state whose last step kept none for it. */
 int eng_kv_rollback(eng_kv_cache *kv, eng_seq_kv *s, int32_t n_tokens, char *msg, size_t msg_len);
+/* The row states of a hybrid model's host cache: n_slots slots of rows
+ * recurrent states each (a step's verifying sequences, and the drafts one
+ * may verify), allocated once; *bytes what they take. QL_EINVAL for a
+ * cache without host states (bookkeeping only) or called twice; nothing
+ * for a model without linear layers. Freed with the cache. */
+int eng_kv_row_states_new(eng_kv_cache *kv, int32_t n_slots, int32_t rows, size_t *bytes, char *msg,
+                          size_t msg_len);
 
 /*
  * The prefix cache (prefix_cache.c): full blocks of prompts kept, after
@@ -240,6 +247,13 @@ typedef struct eng_step_seq {
      * new token of this sequence, not only its last (a prompt's
      * logprobs); its row of the step's logits is written as well */
     float *all_logits;
+    /* 1 + the slot of the cache's row states (eng_kv_row_states_new) keeping a hybrid model's
+     * state after each row but the last, for eng_kv_rollback (0: none; CPU backend only) */
+    int32_t row_states;
+    /* the MTP drafter's (mtp.h; NULL: none): hidden_out (host, n_tokens x hidden) gets each
+     * row after the final norm; embeds (CPU backend only) replaces the tokens' embeddings */
+    float *hidden_out;
+    const float *embeds;
 } eng_step_seq;
 
 /* Scratch of the forward pass, sized for up to max_tokens new tokens per

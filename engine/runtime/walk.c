@@ -373,6 +373,42 @@ static int every_row_logits(const eng_walk_backend *b, const eng_step_seq *seqs,
     return QL_OK;
 }
 
+/* Each row of a sequence that asks (eng_step_seq.hidden_out) after the
+ * final rmsnorm, to its host buffer in pieces of piece_rows rows: the
+ * hidden states an MTP drafter (mtp.h) takes in. */
+static int hidden_rows(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                       char *msg, size_t msg_len)
+{
+    const eng_walk_ops *ops = b->ops;
+    const eng_config *c = &b->m->cfg;
+    int64_t H = c->hidden_size;
+    int32_t l = -1;
+    for (int32_t s = 0, r = 0; s < n_seqs; r += seqs[s].n_tokens, s++) {
+        const eng_step_seq *q = &seqs[s];
+        for (int64_t j = 0; q->hidden_out && j < q->n_tokens; j += b->piece_rows) {
+            int64_t n = q->n_tokens - j < b->piece_rows ? q->n_tokens - j : b->piece_rows;
+            OP(ops->rmsnorm(b->be, b->last, b->x + (r + j) * H, b->final_norm, n, H,
+                            c->rms_norm_eps, msg, msg_len));
+            OP(ops->to_host(b->be, q->hidden_out + j * H, b->last, n * H, msg, msg_len));
+        }
+    }
+    return QL_OK;
+}
+
+/* Input rows in place of token embeddings (eng_step_seq.embeds) only where
+ * the embeddings are host memory (the CPU backend, whose logits are too). */
+static int check_embeds(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs,
+                        char *msg, size_t msg_len)
+{
+    for (int32_t s = 0; s < n_seqs && b->logits; s++)
+        if (seqs[s].embeds)
+            return ql_fail(msg, msg_len, QL_EINVAL,
+                           "sequence %d: input rows in place of token embeddings run on the CPU "
+                           "backend only",
+                           s);
+    return QL_OK;
+}
+
 /* The step's own logits into out (n_seqs x vocab): each sequence's last
  * row through the final rmsnorm and the classifier (Gemma 2's soft cap),
  * but the head run's (head_run), which every_row_logits gave already:
@@ -411,6 +447,8 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     int rc = eng_step_check(b->m, b->kv, seqs, n_seqs, b->max_tokens, &T, &max_rank, msg, msg_len);
     if (rc == QL_OK)
         rc = eng_kv_check_writes(b->kv, seqs, n_seqs, msg, msg_len);
+    if (rc == QL_OK)
+        rc = check_embeds(b, seqs, n_seqs, msg, msg_len);
     /* last: it marks a hybrid model's recurrent states as being written */
     if (rc == QL_OK)
         rc = eng_kv_check_states(b->kv, seqs, n_seqs, msg, msg_len);
@@ -478,6 +516,9 @@ int eng_walk(const eng_walk_backend *b, const eng_step_seq *seqs, int32_t n_seqs
     }
     l = -1;
 
+    // each row's final-normed hidden state where a sequence asks (an MTP drafter's input)
+    if ((rc = hidden_rows(b, seqs, n_seqs, msg, msg_len)) != QL_OK)
+        return rc;
     // every-row logits where a sequence asks (before the step's own, whose
     // buffers they share)
     int32_t head = head_run(b, seqs, n_seqs);

@@ -37,7 +37,7 @@ struct eng_draft_model {
     uint64_t steps;     /* draft steps run (eng_drafter_steps) */
 };
 
-/* Why m cannot be the draft or target model of a rollback (NULL: it can). */
+/* Why m cannot be the draft model (NULL: it can). */
 static const char *hybrid(const eng_model *m)
 {
     return m->cfg.linear.n_layers > 0 ? "has linear-attention layers, whose recurrent state cannot "
@@ -95,9 +95,8 @@ int eng_draft_model_new(eng_draft_model **out, const eng_model *target, const en
 {
     *out = NULL;
     const eng_model *m = o->draft_model;
-    if (hybrid(target))
-        return ql_fail(msg, msg_len, QL_EINVAL, "speculative draft: the target model %s",
-                       hybrid(target));
+    /* a hybrid target rolls back from its row states (eng_kv_rollback); the draft model
+     * steps one drafted token at a time and keeps none */
     if (hybrid(m))
         return ql_fail(msg, msg_len, QL_EINVAL, "--draft-model: the draft model %s", hybrid(m));
     int rc = check_vocab(target, m, msg, msg_len);

@@ -1386,6 +1386,14 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
 
 /* --- the engine thread: one step ---------------------------------------------------- */
 
+/* Whether the model has linear-attention layers: a drafting sequence then keeps its recurrent
+ * state after each row (eng_step_seq.row_states; the drafting ones lead the step, so step row n
+ * takes slot n of the max_batch speculation_start made), which verify_draft's rollback needs. */
+static bool hybrid(const eng_engine *e)
+{
+    return e->m->cfg.linear.n_layers > 0;
+}
+
 /* The step's decode rows: every begun choice's next token, the drafting
  * ones first with their drafts, their rows' buffers end to end in
  * spec_rows (so the walk classifies all their rows in one pass). Returns
@@ -1416,7 +1424,8 @@ static int32_t build_decodes(eng_engine *e, int32_t *budget)
                                         .delta = r->delta,
                                         .n_delta = (int32_t)r->n_delta,
                                         .rope_long = r->rope_long,
-                                        .all_logits = k ? rows : NULL};
+                                        .all_logits = k ? rows : NULL,
+                                        .row_states = k && hybrid(e) ? n + 1 : 0};
             rows += k ? (size_t)(k + 1) * (size_t)e->m->cfg.vocab_size : 0;
             drafted += k;
             e->step_owner[n++] = s;
@@ -1782,17 +1791,19 @@ static void *engine_main(void *arg)
 
 /* --- start and stop ---------------------------------------------------------------- */
 
-/* Why speculation, asked for, cannot run for this model (NULL: it can). A hybrid model's
- * recurrent state takes in every token a step feeds, drafts the model rejects too, and cannot
- * go back to before them. Both backends verify: the walk returns a drafting sequence's rows
- * from the device as from the CPU (every_row_logits), and a rollback is the host's block
- * bookkeeping alone, which the CUDA backend reads afresh every step (tests/gpu/
- * test_cuda_speculative.c pins both under the emulator). */
+/* Why speculation, asked for, cannot run for this model on this backend (NULL: it can). Both
+ * backends verify: the walk returns a drafting sequence's rows from the device as from the CPU
+ * (every_row_logits), and a rollback is the host's block bookkeeping alone, which the CUDA
+ * backend reads afresh every step (tests/gpu/test_cuda_speculative.c pins both under the
+ * emulator). A hybrid model's recurrent state takes in every token a step feeds, drafts the
+ * model rejects too: its rollback copies back the state kept after the last accepted row
+ * (eng_kv_row_states_new), which the CPU backend keeps in host memory and the CUDA backend,
+ * whose states live on the device, does not keep. */
 static const char *speculation_off(const eng_engine *e)
 {
-    if (e->m->cfg.linear.n_layers > 0)
-        return "the model has linear-attention layers, whose recurrent state cannot be rolled "
-               "back past rejected drafts";
+    if (e->m->cfg.linear.n_layers > 0 && eng_backend_device(e->backend) != ENG_DEVICE_CPU)
+        return "the model has linear-attention layers, whose recurrent state the CUDA backend "
+               "cannot roll back past rejected drafts (the CPU backend can)";
     return NULL;
 }
 
@@ -1835,6 +1846,17 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
                        "out of memory for speculative decoding's rows (%zu floats: lower "
                        "--spec-max-batch or --draft-max)",
                        floats);
+    /* a hybrid model's recurrent state after each verified row but the last, per drafting
+     * sequence: the rollback's source (the state takes in rejected drafts too) */
+    size_t bytes = 0;
+    rc = eng_kv_row_states_new(e->kv, (int32_t)seqs, o->draft_max, &bytes, msg, msg_len);
+    if (rc != QL_OK)
+        return rc;
+    if (bytes > 0)
+        fprintf(stderr,
+                "qlserve: speculative decoding keeps %lld x %d recurrent states of the drafting "
+                "sequences (%.1f MiB: --spec-max-batch x --draft-max)\n",
+                (long long)seqs, o->draft_max, (double)bytes / (1 << 20));
     e->stats.spec.drafter = o->drafter;
     return QL_OK;
 }

@@ -109,6 +109,26 @@ static inline double model_yarn_mscale(double scale, double m)
  * Hugging Face ones (model.layers.N.self_attn.q_proj.weight). */
 int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char *msg,
                       size_t msg_len);
+/* One full-attention layer (as config's layers past the decoder's would
+ * be: no linear parts) into dst, each tensor named hf_prefix then its
+ * Hugging Face name (mtp.layers.0.self_attn.q_proj.weight); fn on each of
+ * its tensors, or qt_free them all. */
+int model_layer_load_full(model_loader *L, model_tensor_loader load, const char *hf_prefix,
+                          eng_layer *dst, char *msg, size_t msg_len);
+void model_layer_each(const eng_config *c, const eng_layer *ly,
+                      void (*fn)(const qtensor *t, void *ctx), void *ctx);
+void model_layer_free(eng_layer *ly);
+
+/* --- mtp.c ------------------------------------------------------------ */
+
+/* A Hugging Face checkpoint's MTP layers (mtp.h) into L->m->mtp when its
+ * config declares them and mtp.fc.weight is there (else none: a converted
+ * checkpoint may have dropped them); a mixture-of-experts model's are
+ * refused by name. fn on each of their tensors; free them. */
+int model_mtp_load_hf(model_loader *L, model_tensor_loader load, char *msg, size_t msg_len);
+void model_mtp_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);
+void model_mtp_free(eng_model *m);
+
 /* Call fn on each layer tensor m holds (rows != 0). */
 void model_layers_each(const eng_model *m, void (*fn)(const qtensor *t, void *ctx), void *ctx);
 /* qt_free every layer tensor (m->layers itself stays). */

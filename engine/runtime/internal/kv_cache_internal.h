@@ -68,6 +68,13 @@ struct eng_kv_cache {
      * each slot taken and each fork (eng_kv_set_state_hook); NULL: none */
     eng_kv_state_hook state_hook;
     void *state_hook_ctx;
+    /* speculative decoding's row states (eng_kv_row_states_new): n_row_slots
+     * slots of row_rows states; per slot, the state slot whose step kept it
+     * (-1: none, or kept for a step that is gone), that step's first
+     * position and how many rows it kept */
+    float *row_states;
+    int32_t n_row_slots, row_rows;
+    int32_t *row_owner, *row_pos, *row_n;
 };
 
 /* Sequence s's recurrent state (eng_seq_kv.state is its slot + 1), or
@@ -79,11 +86,20 @@ static inline float *kv_state(const struct eng_kv_cache *kv, const eng_seq_kv *s
     return kv->states + (size_t)(s->state - 1) * (size_t)kv->state_floats;
 }
 
+/* Row t of row-state slot (eng_step_seq.row_states - 1): a whole
+ * recurrent state, laid out as kv_state's. */
+static inline float *kv_row_state(const struct eng_kv_cache *kv, int32_t slot, int32_t t)
+{
+    return kv->row_states +
+           ((size_t)slot * (size_t)kv->row_rows + (size_t)t) * (size_t)kv->state_floats;
+}
+
 /* Refuse (QL_EINVAL naming the sequence) a step of a hybrid model whose
  * sequence has no recurrent state, or one that has not taken in exactly
  * the positions before the step's first (a prefix match, a rolled-back or
- * failed step: a recurrent state cannot be rewound); then mark every
- * step's state as being written. */
+ * failed step: a recurrent state cannot be rewound), or whose row states
+ * (eng_step_seq.row_states) the cache cannot keep; then mark every step's
+ * state as being written. */
 int eng_kv_check_states(struct eng_kv_cache *kv, const eng_step_seq *seqs, int32_t n_seqs,
                         char *msg, size_t msg_len);
 /* After a step that succeeded: each sequence's state has taken in its new

@@ -73,7 +73,7 @@ int eng_drafter_start(eng_drafter *d, const eng_model *target, const eng_draft_s
 
 /*
  * The draft drafter's model beside target (draft_model.c): refused by name
- * when either model is hybrid (a recurrent state cannot be rolled back) or
+ * when the draft model is hybrid (it keeps no row states to roll back) or
  * the vocabularies differ (the size, or the first token whose text differs);
  * else its CPU backend and its own paged KV cache, o->draft_kv_bytes or as
  * many positions as target_kv_bytes gives the target. *out owned by the caller.
