@@ -1831,6 +1831,11 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
         fprintf(stderr, "qlserve: speculative decoding off: %s\n", off);
         return QL_OK;
     }
+    /* a hybrid model keeps a recurrent state per drafted row (below): n-gram's long default
+     * draft would set aside 16 per drafting sequence, so it drafts the draft model's 4 unless
+     * asked for more */
+    if (e->m->cfg.linear.n_layers > 0 && e->o.spec.draft_max == 0)
+        e->drafter.o.draft_max = e->drafter.o.draft_max < 4 ? e->drafter.o.draft_max : 4;
     /* the drafting sequences' rows of one step: at most max_batch of them (and no more than
      * run), each with its draft, and never more rows than a step carries */
     const eng_spec_opts *o = &e->drafter.o;
