@@ -539,7 +539,7 @@ static void check_generate_choice(const char *model, int n, const char *const *f
     free(out);
 }
 
-/* --kv-dtype: each value runs and the end line names it (the default f32
+/* --kv-dtype: each value runs and the end line names it (the default f16
  * on the CPU); anything else is a usage error naming the value. */
 Test(cli, generate_kv_dtype_choice)
 {
@@ -547,7 +547,7 @@ Test(cli, generate_kv_dtype_choice)
     write_tiny_model(model, sizeof model);
     check_generate_choice(
         model, 4, (const char *[]){"", "--kv-dtype f32", "--kv-dtype f16", "--kv-dtype q8_0"},
-        (const char *[]){"; KV f32\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"},
+        (const char *[]){"; KV f16\n", "; KV f32\n", "; KV f16\n", "; KV q8_0\n"},
         "--kv-dtype bf16", "--kv-dtype bf16: one of f32, f16, q8_0");
 }
 

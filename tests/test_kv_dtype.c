@@ -551,7 +551,7 @@ Test(kv_dtype, kv_dtype_flag_file_key_and_environment)
     cr_assert_null(c.kv_dtype, "unset: the device's default");
     qt_kind k = QT_Q8_0;
     cr_assert_eq(eng_kv_dtype_resolve(c.kv_dtype, ENG_DEVICE_CPU, &k, msg, sizeof msg), QL_OK);
-    cr_assert_eq(k, QT_F32, "the CPU default is f32");
+    cr_assert_eq(k, QT_F16, "the CPU default is f16");
     cr_assert_eq(eng_kv_dtype_resolve(c.kv_dtype, ENG_DEVICE_CUDA, &k, msg, sizeof msg), QL_OK);
     cr_assert_eq(k, QT_F32, "the CUDA backend's cache is f32");
     cfg_serve_free(&c);

@@ -730,9 +730,11 @@ Test(server, health_info_and_metrics_describe_the_server)
     /* the backend serving (--device auto: cpu here, cuda on a GPU machine) */
     const char *device = str_at(j, "device");
     cr_assert(strncmp(device, "cpu (", 5) == 0 || strncmp(device, "cuda (", 6) == 0, "%s", device);
-    /* the KV cache's default, f32: 2 layers of K and V, kv_dim 32 */
-    cr_assert_str_eq(str_at(j, "kv_dtype"), "f32");
-    cr_assert_eq(num_at(j, "kv_bytes_per_token"), 2 * 2 * 32 * 4);
+    /* the KV cache's default, f16 on the CPU and f32 on CUDA: 2 layers of K
+     * and V, kv_dim 32 */
+    bool f16 = strncmp(device, "cpu (", 5) == 0;
+    cr_assert_str_eq(str_at(j, "kv_dtype"), f16 ? "f16" : "f32");
+    cr_assert_eq(num_at(j, "kv_bytes_per_token"), 2 * 2 * 32 * (f16 ? 2 : 4));
     /* --activations' default: f32, the float64 reference's arithmetic */
     cr_assert_str_eq(str_at(j, "activations"), "f32");
     /* attention's, the KV rows' and LoRA's set, by the f32 products' switch */

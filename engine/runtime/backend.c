@@ -132,13 +132,15 @@ int eng_kv_dtype_resolve(const char *name, eng_device device, qt_kind *out, char
 {
     if (name)
         return eng_kv_dtype_parse(name, out, msg, msg_len);
-    /* f32 on every device: the CUDA kernels read f32 only, and on the CPU
-     * f16 (half the bytes, llama.cpp's default) measured slower through the
-     * server when attention converted keys and values once per query head
-     * (README, "KV cache dtype"); it now converts once per four heads of a
-     * group, and the default waits for that to be measured again */
-    (void)device;
-    *out = QT_F32;
+        /* the CUDA kernels read f32 only; on the CPU f16 (half the bytes,
+         * llama.cpp's default), which through the server measured faster than
+         * f32 once attention converted each KV head's run of positions once for
+         * its query heads and prefill rows (README, "KV cache dtype") */
+#ifdef QL_HAVE_CUDA
+    if (device == ENG_DEVICE_AUTO)
+        device = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
+#endif
+    *out = device == ENG_DEVICE_CUDA ? QT_F32 : QT_F16;
     return QL_OK;
 }
 
