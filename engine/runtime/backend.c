@@ -127,20 +127,27 @@ static int cpu_backend_new(eng_backend **out, const eng_model *m, const eng_back
 
 /* --- the choice -------------------------------------------------------------- */
 
+/* The device d names: auto is CUDA where this build has it and a GPU is
+ * present, else the CPU. */
+static eng_device chosen_device(eng_device d)
+{
+#ifdef QL_HAVE_CUDA
+    if (d == ENG_DEVICE_AUTO)
+        return eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
+#endif
+    return d;
+}
+
 int eng_kv_dtype_resolve(const char *name, eng_device device, qt_kind *out, char *msg,
                          size_t msg_len)
 {
     if (name)
         return eng_kv_dtype_parse(name, out, msg, msg_len);
-        /* the CUDA kernels read f32 only; on the CPU f16 (half the bytes,
-         * llama.cpp's default), which through the server measured faster than
-         * f32 once attention converted each KV head's run of positions once for
-         * its query heads and prefill rows (README, "KV cache dtype") */
-#ifdef QL_HAVE_CUDA
-    if (device == ENG_DEVICE_AUTO)
-        device = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
-#endif
-    *out = device == ENG_DEVICE_CUDA ? QT_F32 : QT_F16;
+    /* the CUDA kernels read f32 only; on the CPU f16 (half the bytes,
+     * llama.cpp's default), which through the server measured faster than
+     * f32 once attention converted each KV head's run of positions once for
+     * its query heads and prefill rows (README, "KV cache dtype") */
+    *out = chosen_device(device) == ENG_DEVICE_CUDA ? QT_F32 : QT_F16;
     return QL_OK;
 }
 
@@ -148,10 +155,8 @@ int eng_backend_new(eng_backend **out, const eng_model *m, const eng_backend_opt
                     size_t msg_len)
 {
     *out = NULL;
-    eng_device d = o->device;
+    eng_device d = chosen_device(o->device);
 #ifdef QL_HAVE_CUDA
-    if (d == ENG_DEVICE_AUTO)
-        d = eng_cuda_present() ? ENG_DEVICE_CUDA : ENG_DEVICE_CPU;
     if (d == ENG_DEVICE_CUDA)
         return eng_backend_cuda_new(out, m, o, msg, msg_len);
 #else

@@ -1801,7 +1801,7 @@ static void *engine_main(void *arg)
  * whose states live on the device, does not keep. */
 static const char *speculation_off(const eng_engine *e)
 {
-    if (e->m->cfg.linear.n_layers > 0 && eng_backend_device(e->backend) != ENG_DEVICE_CPU)
+    if (hybrid(e) && eng_backend_device(e->backend) != ENG_DEVICE_CPU)
         return "the model has linear-attention layers, whose recurrent state the CUDA backend "
                "cannot roll back past rejected drafts (the CPU backend can)";
     return NULL;
@@ -1834,8 +1834,8 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
     /* a hybrid model keeps a recurrent state per drafted row (below): n-gram's long default
      * draft would set aside 16 per drafting sequence, so it drafts the draft model's 4 unless
      * asked for more */
-    if (e->m->cfg.linear.n_layers > 0 && e->o.spec.draft_max == 0)
-        e->drafter.o.draft_max = e->drafter.o.draft_max < 4 ? e->drafter.o.draft_max : 4;
+    if (hybrid(e) && e->o.spec.draft_max == 0)
+        e->drafter.o.draft_max = 4;
     /* the drafting sequences' rows of one step: at most max_batch of them (and no more than
      * run), each with its draft, and never more rows than a step carries */
     const eng_spec_opts *o = &e->drafter.o;
