@@ -12,9 +12,12 @@
  * The requests: streamed, greedy (temperature 0), max_tokens --max-tokens
  * (64) with ignore_eos (both servers take it) so every answer runs to its
  * length, stream_options.include_usage so both report their token counts.
- * Each chunk whose text (delta content for chat) is not empty counts as
- * one token arriving; the token count is usage.completion_tokens where the
- * server sends it, else the chunks.
+ * Each token chunk counts as one token arriving: a chunk with text (delta
+ * content for chat), or with an empty text that is neither the finish
+ * chunk nor chat's role chunk. The servers read ignore_eos differently:
+ * llama-server bans the end tokens, qlserve (as vLLM) generates them as
+ * tokens without text, each its own chunk. The token count is
+ * usage.completion_tokens where the server sends it, else the chunks.
  *
  * The workloads (--workloads picks some, in this order):
  *   distinct_1   1 stream, /v1/completions, a distinct prompt per request
@@ -315,6 +318,24 @@ static char *request_body(const workload *w, int i, bool warm)
 }
 
 /* --- one stream -------------------------------------------------------------------- */
+/* Whether choice c0 of a streamed chunk (text: its text or delta.content)
+ * carries a token: any text, or an empty text that is neither the
+ * finish chunk nor chat's opening role chunk. A generated token whose
+ * text is nothing (an end token that ignore_eos lets through, as vLLM
+ * generates it; a special token) still arrives as its own chunk, and
+ * counts, as vLLM's serving benchmark counts every such chunk. */
+static bool token_chunk(const cJSON *c0, const cJSON *text, bool chat)
+{
+    if (!cJSON_IsString(text))
+        return false;
+    if (text->valuestring[0])
+        return true;
+    const cJSON *finish = cJSON_GetObjectItemCaseSensitive(c0, "finish_reason");
+    if (finish && !cJSON_IsNull(finish))
+        return false;
+    return !chat ||
+           !cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c0, "delta"), "role");
+}
 
 typedef struct stream {
     const workload *w;
@@ -402,14 +423,15 @@ static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
             completion_tokens = (long)ct->valuedouble;
         if (cJSON_IsNumber(pt) && !warm)
             s->prompt_tokens += (long)pt->valuedouble;
-        if (cJSON_IsString(text) && text->valuestring[0] && !warm) {
+        bool token = token_chunk(c0, text, chat);
+        if (token && !warm) {
             if (chunks == 0)
                 sample_add(&s->ttft, t - t_sent);
             else
                 sample_add(&s->itl, t - t_prev);
             s->steady_chunks += t <= s->deadline;
         }
-        if (cJSON_IsString(text) && text->valuestring[0]) {
+        if (token) {
             chunks++;
             t_prev = t;
         }

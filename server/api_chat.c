@@ -715,7 +715,10 @@ static void stream_token(srv_gen *g, srv_conn *c, int32_t i, int32_t token, cons
         stream_content(g, c, i, lp && token >= 0);
         return;
     }
-    if (len > 0 || lp)
+    /* every token is a chunk, its content empty when it adds no text (a
+     * special token, an end token ignore_eos lets through, text held back
+     * for a stop string), as vLLM streams it */
+    if (len > 0 || token >= 0)
         srv_req_stream_cjson(
             c,
             delta_chunk(g, i, NULL, text ? text : "", len,

@@ -233,6 +233,53 @@ Test(chat, stream_opens_with_the_role_and_its_deltas_join_to_the_answer)
     sp_stop_cleanly();
 }
 
+/* A token without text (here the end token, which ignore_eos lets through
+ * and logit_bias forces) still streams as its own chunk, its content
+ * empty, as vLLM streams it: a client sees every token arrive. */
+Test(chat, every_token_streams_a_chunk_even_one_without_text)
+{
+    start_with_template(chatml);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{%s, \"max_tokens\": 3, \"ignore_eos\": true, \"logit_bias\": {\"259\": 100}, "
+             "\"stream\": true}",
+             conversation);
+    char *events[16];
+    int n = sp_stream_events("/v1/chat/completions", body, events, 16);
+    /* the role, three tokens, the finish, [DONE] */
+    cr_assert_eq(n, 6, "%d events", n);
+    for (int i = 1; i <= 3; i++) {
+        cJSON *e = sp_json(events[i]);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+        cr_assert_str_eq(sp_str_at(cJSON_GetObjectItem(c, "delta"), "content"), "", "%s",
+                         events[i]);
+        cr_assert(cJSON_IsNull(cJSON_GetObjectItem(c, "finish_reason")), "%s", events[i]);
+        cJSON_Delete(e);
+    }
+    cJSON *last = sp_json(events[4]);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(last, "choices"), 0);
+    cr_assert_str_eq(sp_str_at(c, "finish_reason"), "length");
+    cJSON_Delete(last);
+    for (int i = 0; i < n; i++)
+        free(events[i]);
+    /* /v1/completions the same: three token chunks, the finish, [DONE] */
+    n = sp_stream_events("/v1/completions",
+                         "{\"prompt\": \"the\", \"max_tokens\": 3, \"ignore_eos\": true, "
+                         "\"logit_bias\": {\"259\": 100}, \"stream\": true}",
+                         events, 16);
+    cr_assert_eq(n, 5, "%d events", n);
+    for (int i = 0; i < 3; i++) {
+        cJSON *e = sp_json(events[i]);
+        const cJSON *ci = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+        cr_assert_str_eq(sp_str_at(ci, "text"), "", "%s", events[i]);
+        cr_assert(cJSON_IsNull(cJSON_GetObjectItem(ci, "finish_reason")), "%s", events[i]);
+        cJSON_Delete(e);
+    }
+    for (int i = 0; i < n; i++)
+        free(events[i]);
+    sp_stop_cleanly();
+}
+
 Test(chat, without_max_tokens_the_answer_may_fill_the_context)
 {
     start_with_template(chatml);
