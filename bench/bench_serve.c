@@ -10,14 +10,14 @@
  * medians over the rounds and every ratio qlserve/llama-server.
  *
  * The requests: streamed, greedy (temperature 0), max_tokens --max-tokens
- * (64) with ignore_eos (both servers take it) so every answer runs to its
- * length, stream_options.include_usage so both report their token counts.
- * Each token chunk counts as one token arriving: a chunk with text (delta
- * content for chat), or with an empty text that is neither the finish
- * chunk nor chat's role chunk. The servers read ignore_eos differently:
- * llama-server bans the end tokens, qlserve (as vLLM) generates them as
- * tokens without text, each its own chunk. The token count is
- * usage.completion_tokens where the server sends it, else the chunks.
+ * (64; the copy and quote workloads --copy-max-tokens, 192, room for the
+ * paragraph or summary their answer writes out) with ignore_eos (both servers take it) so every
+ * answer runs to its length, stream_options.include_usage so both report their token counts. Each
+ * token chunk counts as one token arriving: a chunk with text (delta content for chat), or with an
+ * empty text that is neither the finish chunk nor chat's role chunk. The servers read ignore_eos
+ * differently: llama-server bans the end tokens, qlserve (as vLLM) generates them as tokens without
+ * text, each its own chunk. The token count is usage.completion_tokens where the server sends it,
+ * else the chunks.
  *
  * The workloads (--workloads picks some, in this order):
  *   distinct_1   1 stream, /v1/completions, a distinct prompt per request
@@ -74,7 +74,8 @@
  *
  * Usage: bench_serve --llama-server PATH [--qlserve PATH] [--model PATH]
  *                    [--threads N (2)] [--rounds R (2)] [--seconds S (20)]
- *                    [--max-tokens N (64)] [--ctx-per-stream C (2048)]
+ *                    [--max-tokens N (64)] [--copy-max-tokens N (192)]
+ *                    [--ctx-per-stream C (2048)]
  *                    [--qlserve-kv-mib K (1024)] [--workloads a,b,...]
  *                    [--llama-commit HASH] [--qlserve-commit HASH]
  *                    [--qlserve-arg FLAG]... [--llama-arg FLAG]...
@@ -162,7 +163,7 @@ typedef struct result {
 
 typedef struct bench_opts {
     const char *qlserve, *llama_server, *model, *llama_commit, *qlserve_commit, *peer_log;
-    int threads, rounds, max_tokens, ctx_per_stream, qlserve_kv_mib;
+    int threads, rounds, max_tokens, copy_max_tokens, ctx_per_stream, qlserve_kv_mib;
     double seconds;
     bool run[N_WORKLOADS];
     bool serve[N_SERVERS]; /* --servers: which of the two are started (default both) */
@@ -271,6 +272,15 @@ static char *copying_prompt(prompt_kind kind, int i)
     return p;
 }
 
+/* The tokens a request of w may generate: a copying answer is the whole
+ * paragraph (~130 tokens) or summary written out, so it gets room for it
+ * (--copy-max-tokens); cut at --max-tokens it would be mostly the
+ * answer's opening line and the prompt's prefill. */
+static int workload_max_tokens(const workload *w)
+{
+    return w->kind == COPY || w->kind == QUOTE ? opt.copy_max_tokens : opt.max_tokens;
+}
+
 /* The JSON body of request i of workload w (malloc'd). warm: a warm-up
  * request, whose prompt no workload asks, of a few tokens. */
 static char *request_body(const workload *w, int i, bool warm)
@@ -305,7 +315,7 @@ static char *request_body(const workload *w, int i, bool warm)
         cJSON_AddStringToObject(b, "prompt", p);
         free(p);
     }
-    cJSON_AddNumberToObject(b, "max_tokens", warm ? 8 : opt.max_tokens);
+    cJSON_AddNumberToObject(b, "max_tokens", warm ? 8 : workload_max_tokens(w));
     cJSON_AddNumberToObject(b, "temperature", 0);
     cJSON_AddBoolToObject(b, "ignore_eos", true);
     cJSON_AddBoolToObject(b, "stream", true);
@@ -460,7 +470,7 @@ static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
     s->requests++;
     s->chunks += chunks;
     s->tokens += tokens;
-    s->short_answers += tokens < opt.max_tokens;
+    s->short_answers += tokens < workload_max_tokens(s->w);
     s->t_last_done = now();
     return true;
 }
@@ -738,7 +748,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: bench_serve --llama-server PATH [--qlserve PATH] [--model PATH]\n"
             "                   [--threads N (2)] [--rounds R (2)] [--seconds S (20)]\n"
-            "                   [--max-tokens N (64)] [--ctx-per-stream C (2048)]\n"
+            "                   [--max-tokens N (64)] [--copy-max-tokens N (192)]\n"
+            "                   [--ctx-per-stream C (2048)]\n"
             "                   [--qlserve-kv-mib K (1024)] [--workloads a,b,...]\n"
             "                   [--llama-commit HASH] [--qlserve-commit HASH]\n"
             "                   [--qlserve-arg FLAG]... [--llama-arg FLAG]... [--peer-log PATH]\n"
@@ -810,6 +821,7 @@ static void parse_args(int argc, char **argv, char *default_model)
                        .rounds = 2,
                        .seconds = 20,
                        .max_tokens = 64,
+                       .copy_max_tokens = 192,
                        .ctx_per_stream = 2048,
                        .qlserve_kv_mib = 1024};
     for (int w = 0; w < N_WORKLOADS; w++)
@@ -842,6 +854,8 @@ static void parse_args(int argc, char **argv, char *default_model)
             opt.rounds = int_flag(f, v, 1, 100);
         else if (!strcmp(f, "--max-tokens"))
             opt.max_tokens = int_flag(f, v, 2, 4096);
+        else if (!strcmp(f, "--copy-max-tokens"))
+            opt.copy_max_tokens = int_flag(f, v, 2, 4096);
         else if (!strcmp(f, "--ctx-per-stream"))
             opt.ctx_per_stream = int_flag(f, v, 256, 1 << 20);
         else if (!strcmp(f, "--qlserve-kv-mib"))
@@ -1020,6 +1034,7 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(in, "rounds", opt.rounds);
     cJSON_AddNumberToObject(in, "seconds_per_workload", opt.seconds);
     cJSON_AddNumberToObject(in, "max_tokens", opt.max_tokens);
+    cJSON_AddNumberToObject(in, "copy_max_tokens", opt.copy_max_tokens);
     cJSON_AddStringToObject(in, "sampling", "greedy (temperature 0), ignore_eos, streamed");
     cJSON_AddStringToObject(in, "order",
                             "per round: qlserve's workloads, then llama-server's; "

@@ -289,14 +289,22 @@ static int32_t length_after(int rounds, int32_t accepted, int32_t n_decode, doub
 Test(speculative, draft_length_follows_acceptance_and_the_cost_of_a_row)
 {
     eng_spec_len l;
+    double first, next;
     eng_spec_len_init(&l);
-    cr_assert_float_eq(eng_spec_len_rate(&l), 0.6, 1e-12);
+    eng_spec_len_rates(&l, &first, &next);
+    cr_assert(first == 0.6 && next == 0.6, "%g %g", first, next);
     eng_spec_len_adapt(&l, 4, 1);
-    cr_assert_float_eq(eng_spec_len_rate(&l), (3 * 0.8 + 1) / (5 * 0.8 + 2), 1e-12,
-                       "one accepted: two positions tried");
+    eng_spec_len_rates(&l, &first, &next);
+    cr_assert_float_eq(first, (3 * 0.8 + 1) / (5 * 0.8 + 1), 1e-12, "the first accepted");
+    cr_assert_float_eq(next, (3 * 0.8 + 0) / (5 * 0.8 + 1), 1e-12,
+                       "one accepted: the second tried and refused, the rest never tried");
+    eng_spec_len_adapt(&l, 3, 3);
+    eng_spec_len_rates(&l, &first, &next);
+    cr_assert_float_eq(next, ((3 * 0.8 + 0) * 0.8 + 2) / ((5 * 0.8 + 1) * 0.8 + 2), 1e-12,
+                       "all three accepted: two later positions tried and taken");
+    eng_spec_len l2 = l;
     eng_spec_len_adapt(&l, 0, 0);
-    cr_assert_float_eq(eng_spec_len_rate(&l), (3 * 0.8 + 1) / (5 * 0.8 + 2), 1e-12,
-                       "nothing drafted: nothing learnt");
+    cr_assert(memcmp(&l, &l2, sizeof l) == 0, "nothing drafted: nothing learnt");
     /* a copying sequence at batch 1 drafts long; the same at batch 16 drafts less */
     int32_t long1 = length_after(6, 8, 1, 4), long16 = length_after(6, 8, 16, 4);
     cr_assert_geq(long1, 8, "all accepted at batch 1: %d", long1);
@@ -315,6 +323,20 @@ Test(speculative, draft_length_follows_acceptance_and_the_cost_of_a_row)
         cr_assert_eq(eng_spec_len_want(&l, &c, 16), 0, "step %d", i);
     cr_assert_eq(eng_spec_len_want(&l, &c, 16), 1, "a probe after %d steps", ENG_SPEC_PROBE_STEPS);
     cr_assert_eq(eng_spec_len_want(&l, &c, 16), 0, "then none again");
+    /* copying: the first guess taken 3 times in 5, a later one 19 in 20 given the one before
+     * it: long drafts, where one rate of 0.6 for every position would draft one */
+    eng_spec_cost two_rows = {.fixed_s = 2e-3, .token_s = 1e-3, .n_decode = 1};
+    eng_spec_len copying = {.first_hits = 3, .first_trials = 5, .hits = 19, .trials = 20};
+    eng_spec_len flat = {.first_hits = 3, .first_trials = 5, .hits = 3, .trials = 5};
+    cr_assert_geq(eng_spec_len_want(&copying, &two_rows, 16), 4);
+    cr_assert_eq(eng_spec_len_want(&flat, &two_rows, 16), 1);
+    /* a drafter whose position costs three rows (a draft model as large as its target) drafts
+     * nothing at 90% acceptance, not even the lone row; the same drafts free of cost */
+    eng_spec_len sure = {.first_hits = 9, .first_trials = 10, .hits = 9, .trials = 10};
+    eng_spec_cost costly = two_rows;
+    costly.draft_s = 3e-3;
+    cr_assert_eq(eng_spec_len_want(&sure, &costly, 16), 0);
+    cr_assert_gt(eng_spec_len_want(&sure, &two_rows, 16), 1);
     /* never past draft_max; an unmeasured cost takes the prior */
     eng_spec_cost unknown = {.n_decode = 1};
     eng_spec_len_init(&l);

@@ -165,31 +165,36 @@ void eng_drafter_free(eng_drafter *d)
 
 void eng_spec_len_init(eng_spec_len *l)
 {
-    *l = (eng_spec_len){.hits = 3.0, .trials = 5.0};
+    *l = (eng_spec_len){.first_hits = 3.0, .first_trials = 5.0, .hits = 3.0, .trials = 5.0};
 }
 
-double eng_spec_len_rate(const eng_spec_len *l)
+void eng_spec_len_rates(const eng_spec_len *l, double *first, double *next)
 {
-    return l->trials > 0 ? l->hits / l->trials : 0.0;
+    *first = l->first_trials > 0 ? l->first_hits / l->first_trials : 0.0;
+    *next = l->trials > 0 ? l->hits / l->trials : 0.0;
 }
 
 int32_t eng_spec_len_want(eng_spec_len *l, const eng_spec_cost *c, int32_t draft_max)
 {
-    double rate = eng_spec_len_rate(l), n = c->n_decode > 0 ? (double)c->n_decode : 1.0;
-    double fixed = c->fixed_s > 0 && c->token_s > 0 ? c->fixed_s / c->token_s : ENG_SPEC_FIXED_ROWS;
-    /* tokens per row-cost of drafting j: each more position adds rate^j tokens and one row */
-    double gain = 0, p = 1, best_value = n / (fixed + n);
+    double first, next, n = c->n_decode > 0 ? (double)c->n_decode : 1.0;
+    eng_spec_len_rates(l, &first, &next);
+    bool measured = c->fixed_s > 0 && c->token_s > 0;
+    double fixed = measured ? c->fixed_s / c->token_s : ENG_SPEC_FIXED_ROWS;
+    /* a drafted position's rows: its own in the step, and the drafter's time in rows */
+    double drafter = measured && c->draft_s > 0 ? c->draft_s / c->token_s : 0.0;
+    double per = 1.0 + drafter;
+    /* tokens per row-cost of drafting j: position j adds first x next^(j-1) tokens */
+    double gain = 0, p = first, best_value = n / (fixed + n);
     int32_t best = 0;
-    for (int32_t j = 1; j <= draft_max; j++) {
-        p *= rate;
+    for (int32_t j = 1; j <= draft_max; j++, p *= next) {
         gain += p;
-        double value = (n + gain) / (fixed + n + (double)j);
+        double value = (n + gain) / (fixed + n + per * (double)j);
         if (value > best_value) {
             best_value = value;
             best = j;
         }
     }
-    if (best == 0 && rate > 0.5 && draft_max > 0)
+    if (best == 0 && first > 0.5 && drafter < 0.5 && draft_max > 0)
         best = 1;
     if (best > 0) {
         l->idle = 0;
@@ -206,8 +211,21 @@ void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted)
 {
     if (drafted <= 0)
         return;
-    /* positions past the first rejected one were never tried */
-    int32_t tried = accepted < drafted ? accepted + 1 : drafted;
-    l->hits = l->hits * ENG_SPEC_DECAY + (double)accepted;
-    l->trials = l->trials * ENG_SPEC_DECAY + (double)tried;
+    /* the first position is always tried; a later one only when the one
+     * before it was accepted, so past the first rejection none was */
+    int32_t later_tried = accepted < drafted ? accepted : drafted - 1;
+    int32_t later_hits = accepted > 0 ? accepted - 1 : 0;
+    l->first_hits = l->first_hits * ENG_SPEC_DECAY + (accepted > 0);
+    l->first_trials = l->first_trials * ENG_SPEC_DECAY + 1.0;
+    l->hits = l->hits * ENG_SPEC_DECAY + (double)later_hits;
+    l->trials = l->trials * ENG_SPEC_DECAY + (double)later_tried;
+}
+
+void eng_drafter_timed(eng_drafter *d, double took_s, int32_t longest)
+{
+    if (longest <= 0 || !(took_s >= 0))
+        return;
+    double per = took_s / (double)longest;
+    /* the first measure stands alone; then each weighs a fifth */
+    d->position_s = d->position_s > 0 ? d->position_s * 0.8 + per * 0.2 : per;
 }

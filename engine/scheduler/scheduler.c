@@ -1251,7 +1251,7 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
 {
     int32_t n = 0, room = e->o.step_tokens - n_decode;
     /* what a row costs against the step's fixed part, from the steps measured */
-    eng_spec_cost cost = {.n_decode = n_decode};
+    eng_spec_cost cost = {.n_decode = n_decode, .draft_s = e->drafter.position_s};
     eng_step_cost_fit(&e->cost, &cost.fixed_s, &cost.token_s);
     for (int32_t i = 0; i < e->n_running; i++) {
         seq *s = e->running[i];
@@ -1268,8 +1268,14 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
         e->draft_seqs[n++] = s;
         room -= want;
     }
-    if (n > 0)
+    if (n > 0) {
+        double t0 = ql_now_s();
         e->drafter.ops->draft(&e->drafter, e->draft_jobs, n);
+        int32_t longest = 0;
+        for (int32_t i = 0; i < n; i++)
+            longest = e->draft_jobs[i].n > longest ? e->draft_jobs[i].n : longest;
+        eng_drafter_timed(&e->drafter, ql_now_s() - t0, longest);
+    }
     for (int32_t i = 0; i < n; i++) {
         seq *s = e->draft_seqs[i];
         int32_t k = e->draft_jobs[i].n;

@@ -50,7 +50,14 @@ struct eng_drafter {
     const eng_drafter_ops *ops;
     eng_spec_opts o;        /* resolved (eng_spec_opts_resolve) */
     eng_draft_model *model; /* the draft drafter's (owned); else NULL */
+    double position_s;      /* what a drafted position costs (eng_drafter_timed) */
 };
+
+/* After ops->draft took `took_s` to draft at most `longest` tokens for any
+ * job: the decayed mean of seconds per drafted position (a draft model
+ * steps once per position, and catches up on what its KV has not seen),
+ * which the draft length weighs against the target's rows. */
+void eng_drafter_timed(eng_drafter *d, double took_s, int32_t longest);
 
 /* The drafter o names (resolved first); QL_EINVAL as eng_spec_opts_resolve.
  * The draft drafter's model gets its backend and cache later
@@ -112,10 +119,15 @@ void eng_spec_request_bounds(const eng_spec_request *r, int32_t engine_max, int3
 
 /* One sequence's acceptance, as the draft length reads it: decayed counts
  * of the drafted positions it verified (a position is tried when every one
- * before it was accepted) and of those accepted. */
+ * before it was accepted) and of those accepted, the first position apart
+ * from the rest. Copying makes the two differ: the first guess after a
+ * divergence often misses, but once one is taken the next follow the same
+ * copied run, so a draft's later positions are accepted more often than its
+ * first (the rate of each after the one before it was). */
 typedef struct eng_spec_len {
-    double hits, trials;
-    int32_t idle; /* steps since it last drafted */
+    double first_hits, first_trials; /* the first drafted position */
+    double hits, trials;             /* the later ones, each given the one before it */
+    int32_t idle;                    /* steps since it last drafted */
 } eng_spec_len;
 
 /* A sequence that has not drafted for this many steps tries one token
@@ -133,22 +145,27 @@ typedef struct eng_spec_len {
 #define ENG_SPEC_FIXED_ROWS 4.0
 
 /* What a step costs, as the step budget measures it: fixed_s + token_s x
- * rows; fixed_s 0 when the fit cannot tell (ENG_SPEC_FIXED_ROWS then). */
+ * rows; fixed_s 0 when the fit cannot tell (ENG_SPEC_FIXED_ROWS then); and
+ * what the drafter spends per drafted position (eng_drafter.position_s). */
 typedef struct eng_spec_cost {
-    double fixed_s, token_s;
+    double fixed_s, token_s, draft_s;
     int32_t n_decode; /* decode tokens the step carries without drafts */
 } eng_spec_cost;
 
-/* A fresh sequence: as if three of five positions had been accepted. */
+/* A fresh sequence: as if three of five positions had been accepted, the
+ * first and the later ones alike. */
 void eng_spec_len_init(eng_spec_len *l);
-/* The acceptance rate per drafted position the counts give. */
-double eng_spec_len_rate(const eng_spec_len *l);
+/* The acceptance rates the counts give: of the first drafted position, and
+ * of a later one given the one before it. */
+void eng_spec_len_rates(const eng_spec_len *l, double *first, double *next);
 /* How many tokens to draft this step, at most draft_max: the length that
  * gives the step the most tokens per second, (n_decode + expected
- * accepted) / (fixed + n_decode + drafted rows), with position i accepted
- * with probability rate^i; at least one while more than half are accepted
- * (a lone row accepted more often than not is nearly free at a small
- * batch); one every ENG_SPEC_PROBE_STEPS steps while it drafts none. */
+ * accepted) / (fixed + n_decode + drafted rows + the drafter's cost of
+ * them in rows), position i (from 1) accepted with probability
+ * first x next^(i-1); at least one while the first is accepted more often
+ * than not and the drafter's cost is under half a row (a lone row accepted
+ * more often than not is nearly free at a small batch, a draft model's
+ * step is not); one every ENG_SPEC_PROBE_STEPS steps while it drafts none. */
 int32_t eng_spec_len_want(eng_spec_len *l, const eng_spec_cost *c, int32_t draft_max);
 /* After a verification of `drafted` tokens of which `accepted` were. */
 void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted);
