@@ -44,7 +44,7 @@
 
 #include <unistd.h>
 
-#include "gpu_test_util.h"
+#include "gpu_model_util.h"
 #include "grammar.h"
 #include "lora.h"
 #include "model.h"
@@ -947,19 +947,15 @@ static void family_fixture(const char *file)
  * steps feed ids). */
 static void family_folder(const char *folder)
 {
-    char dir[64], name[128], msg[512];
+    char name[128], msg[512];
     eng_model m;
     snprintf(name, sizeof name, "steps_match_cpu_%s", folder);
-    eng_load_opts lo = {.path = dir};
-    if (gpu_fixture_folder(folder, dir, sizeof dir) != QL_OK)
-        report(false, folder, "cannot make a scratch folder for the fixture");
-    else if (eng_model_load(&m, &lo, msg, sizeof msg) == QL_OK) {
+    if (gpu_fixture_load(&m, folder, msg, sizeof msg) == QL_OK) {
         scenario(name, &m, NULL, NULL, NULL);
         eng_model_free(&m);
     } else {
         report(false, name, "%s", msg);
     }
-    gpu_fixture_folder_remove(dir);
 }
 
 static void moe_fixture(const char *file)
@@ -1409,9 +1405,7 @@ static void default_model(const char *path)
 /* --- constrained decoding on the device ------------------------------------------ */
 
 typedef struct answer {
-    pthread_mutex_t *mu;
-    pthread_cond_t *cv;
-    int *left;
+    gpu_pending pending; /* first: the engine's user */
     char text[2048];
     size_t len;
     eng_finish why;
@@ -1430,42 +1424,33 @@ static void answer_done(void *user, eng_finish why, const eng_usage *u)
 {
     (void)u;
     answer *a = user;
-    pthread_mutex_lock(a->mu);
     a->why = why;
-    (*a->left)--;
-    pthread_cond_signal(a->cv);
-    pthread_mutex_unlock(a->mu);
+    gpu_pending_done(&a->pending);
 }
 
-/* n requests under g on an engine of device d, together: answers in a. */
+/* n (at most 8) requests under g on an engine of device d, together: answers in a. */
 static int constrained_run(const eng_model *m, eng_device d, gr_grammar *g, answer *a, int n,
                            char *msg, size_t msg_len)
 {
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    int left = n;
     eng_engine_opts eo = {.device = d, .kv_bytes = (size_t)64 << 20, .max_running = n};
     eng_engine *e = NULL;
     int rc = eng_engine_start(&e, m, &eo, msg, msg_len);
     static const char prompt[] = "A user record as JSON:";
-    for (int i = 0; i < n && rc == QL_OK; i++) {
-        a[i] = (answer){.mu = &mu, .cv = &cv, .left = &left};
-        eng_request r = {.prompt = prompt,
-                         .prompt_len = strlen(prompt),
-                         .max_new_tokens = 200,
-                         .grammar = g,
-                         .sampling = {.temperature = i ? 0.8f : 0.0f, .seed = (uint64_t)i},
-                         .on_token = answer_token,
-                         .on_done = answer_done,
-                         .user = &a[i]};
-        rc = eng_engine_submit(e, &r, NULL, msg, msg_len);
-        if (rc != QL_OK)
-            left -= n - i;
+    eng_request r[8];
+    gpu_pending *pending[8];
+    for (int i = 0; i < n; i++) {
+        a[i] = (answer){0};
+        r[i] = (eng_request){.prompt = prompt,
+                             .prompt_len = strlen(prompt),
+                             .max_new_tokens = 200,
+                             .grammar = g,
+                             .sampling = {.temperature = i ? 0.8f : 0.0f, .seed = (uint64_t)i},
+                             .on_token = answer_token,
+                             .on_done = answer_done};
+        pending[i] = &a[i].pending;
     }
-    pthread_mutex_lock(&mu);
-    while (left > 0)
-        pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
+    if (rc == QL_OK)
+        rc = gpu_submit_wait(e, r, pending, n, msg, msg_len);
     if (e)
         eng_engine_stop(e);
     return rc;

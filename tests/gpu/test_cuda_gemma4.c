@@ -36,7 +36,7 @@
 #include "fixtures/gemma4_dims_reference.h"
 #include "fixtures/gemma4_reference.h"
 #include "fixtures/gemma4_shapes_reference.h"
-#include "gpu_test_util.h"
+#include "gpu_model_util.h"
 #include "lora.h"
 #include "model.h"
 #include "qt_cuda.h"
@@ -56,36 +56,16 @@
 #define V GEMMA4_VOCAB
 #define N GEMMA4_N_TOKENS
 
-/* tests/fixtures/<name> (linked beside a tokenizer) into *m. */
-static int load(eng_model *m, const char *name)
-{
-    char dir[64], msg[1024];
-    int rc = gpu_fixture_folder(name, dir, sizeof dir);
-    eng_load_opts o = {.path = dir};
-    if (rc == QL_OK)
-        rc = eng_model_load(m, &o, msg, sizeof msg);
-    else
-        snprintf(msg, sizeof msg, "cannot make a scratch folder");
-    if (rc != QL_OK)
-        printf("loading %s: %s\n", name, msg);
-    gpu_fixture_folder_remove(dir);
-    return rc;
-}
-
 /* Blocks of 4 positions, so the prompt crosses several. */
 static int backend(eng_backend **b, const eng_model *m, eng_device d)
 {
-    char msg[1024];
     eng_backend_opts o = {.device = d,
                           .threads = 1,
                           .max_tokens = N,
                           .max_seqs = 2,
                           .kv_bytes = (size_t)1 << 20,
                           .block_tokens = 4};
-    int rc = eng_backend_new(b, m, &o, msg, sizeof msg);
-    if (rc != QL_OK)
-        printf("making the %s backend: %s\n", eng_device_name(d), msg);
-    return rc;
+    return gpu_backend(b, m, &o);
 }
 
 /* How a sequence computes: a weight version (NULL: the model's) and an
@@ -200,7 +180,7 @@ static void fixture(const char *folder, const double *ref, const int *greedy)
     eng_model m = {0};
     eng_backend *gpu = NULL, *cpu = NULL;
     snprintf(name, sizeof name, "%s_runs_on_the_cuda_backend", folder);
-    if (load(&m, folder) != QL_OK || backend(&gpu, &m, ENG_DEVICE_CUDA) != QL_OK ||
+    if (gpu_load(&m, folder) != QL_OK || backend(&gpu, &m, ENG_DEVICE_CUDA) != QL_OK ||
         backend(&cpu, &m, ENG_DEVICE_CPU) != QL_OK) {
         gpu_report(false, name, "see above");
         goto done;
@@ -257,7 +237,7 @@ static void peft_adapter_on_the_per_layer_projections(void)
     eng_lora *l = NULL;
     eng_weights *merged = NULL;
     float *g = malloc((size_t)N * V * sizeof(float));
-    int rc = load(&m, "gemma4_ple_tiny");
+    int rc = gpu_load(&m, "gemma4_ple_tiny");
     snprintf(path, sizeof path, "%s/peft/gemma4_ple", QL_FIXTURES);
     if (rc == QL_OK && (rc = lora_load(&l, NULL, path, "gemma4_ple", &m, msg, sizeof msg)))
         printf("loading the adapter: %s\n", msg);

@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "fixtures/qwen35_reference.h"
-#include "gpu_test_util.h"
+#include "gpu_model_util.h"
 #include "model.h"
 #include "ops_math.h"
 #include "qt_cuda.h"
@@ -69,35 +69,14 @@ static double worst_ref(const float *a, const double (*ref)[QWEN35_VOCAB], int n
     return w;
 }
 
-/* tests/fixtures/<name> (linked beside a tokenizer: gpu_fixture_folder)
- * into *m. */
-static int load(eng_model *m, const char *name)
-{
-    char dir[64], msg[1024];
-    int rc = gpu_fixture_folder(name, dir, sizeof dir);
-    eng_load_opts o = {.path = dir};
-    if (rc == QL_OK)
-        rc = eng_model_load(m, &o, msg, sizeof msg);
-    else
-        snprintf(msg, sizeof msg, "cannot make a scratch folder");
-    if (rc != QL_OK)
-        printf("loading %s: %s\n", name, msg);
-    gpu_fixture_folder_remove(dir);
-    return rc;
-}
-
 static int backend(eng_backend **b, const eng_model *m, eng_device d)
 {
-    char msg[1024];
     eng_backend_opts o = {.device = d,
                           .threads = 1,
                           .max_tokens = QWEN35_N_TOKENS,
                           .max_seqs = 3,
                           .kv_bytes = (size_t)4 << 20};
-    int rc = eng_backend_new(b, m, &o, msg, sizeof msg);
-    if (rc != QL_OK)
-        printf("making the %s backend: %s\n", eng_device_name(d), msg);
-    return rc;
+    return gpu_backend(b, m, &o);
 }
 
 /* One step of sequence s: n tokens from pos, every row's logits into
@@ -294,7 +273,7 @@ static double fixture_worst(const char *fixture, const double (*ref)[QWEN35_VOCA
         if ((rc = eng_model_load(&m, &lo, msg, sizeof msg)) != QL_OK)
             printf("loading %s: %s\n", fixture, msg);
     } else {
-        rc = load(&m, fixture);
+        rc = gpu_load(&m, fixture);
     }
     if (rc == QL_OK) {
         if (backend(&gpu, &m, ENG_DEVICE_CUDA) == QL_OK && run_chunks(gpu, fives, 1, g) == QL_OK)
@@ -529,7 +508,7 @@ int main(void)
 
     eng_model m = {0};
     eng_backend *gpu = NULL, *cpu = NULL;
-    if (load(&m, "qwen35_tiny") != QL_OK || backend(&gpu, &m, ENG_DEVICE_CUDA) != QL_OK ||
+    if (gpu_load(&m, "qwen35_tiny") != QL_OK || backend(&gpu, &m, ENG_DEVICE_CUDA) != QL_OK ||
         backend(&cpu, &m, ENG_DEVICE_CPU) != QL_OK) {
         gpu_report(false, "qwen35_runs_on_the_cuda_backend", "see above");
     } else {

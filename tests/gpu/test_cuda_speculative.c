@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu_test_util.h"
+#include "gpu_model_util.h"
 #include "model.h"
 #include "qt_cuda.h"
 #include "scheduler.h"
@@ -48,9 +48,7 @@
 /* What one request produced: its tokens, and with logprobs the lead of each token's logprob
  * over the runner-up's (the CPU reference's). */
 typedef struct answer {
-    pthread_mutex_t *mu;
-    pthread_cond_t *cv;
-    int *left;
+    gpu_pending pending; /* first: the engine's user */
     int32_t tokens[MAX_NEW];
     float lead[MAX_NEW];
     int n;
@@ -70,11 +68,8 @@ static void answer_done(void *user, eng_finish why, const eng_usage *u)
 {
     (void)why;
     answer *a = user;
-    pthread_mutex_lock(a->mu);
     a->usage = *u;
-    (*a->left)--;
-    pthread_cond_signal(a->cv);
-    pthread_mutex_unlock(a->mu);
+    gpu_pending_done(&a->pending);
 }
 
 /* A request for prompt's ids: greedy, max_new tokens, EOS a token like another (answers of one
@@ -89,27 +84,19 @@ static eng_request greedy(const int32_t *prompt, size_t n, int32_t max_new, bool
                          .top_logprobs = scored ? 2 : 0};
 }
 
-/* reqs[0..n) submitted together to e, answers into a once all are done. */
+/* reqs[0..n) (at most N_PROMPTS) submitted together to e, answers into a once all are done. */
 static int run(eng_engine *e, const eng_request *reqs, answer *a, int n, char *msg, size_t msg_len)
 {
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    int left = n, rc = QL_OK;
-    for (int i = 0; i < n && rc == QL_OK; i++) {
-        a[i] = (answer){.mu = &mu, .cv = &cv, .left = &left};
-        eng_request r = reqs[i];
-        r.on_token = answer_token;
-        r.on_done = answer_done;
-        r.user = &a[i];
-        rc = eng_engine_submit(e, &r, NULL, msg, msg_len);
-        if (rc != QL_OK)
-            left -= n - i;
+    eng_request r[N_PROMPTS];
+    gpu_pending *pending[N_PROMPTS];
+    for (int i = 0; i < n; i++) {
+        a[i] = (answer){0};
+        r[i] = reqs[i];
+        r[i].on_token = answer_token;
+        r[i].on_done = answer_done;
+        pending[i] = &a[i].pending;
     }
-    pthread_mutex_lock(&mu);
-    while (left > 0)
-        pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
-    return rc;
+    return gpu_submit_wait(e, r, pending, n, msg, msg_len);
 }
 
 static int start(eng_engine **e, const eng_model *m, eng_device d, const eng_spec_opts *spec,
