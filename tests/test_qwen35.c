@@ -333,10 +333,11 @@ static void gguf_with_mtp_block(const char *out)
     cr_assert_eq(gguf_writer_rewrite(path, out, &r, msg, sizeof msg), 0, "%s", msg);
 }
 
-/* MTP blocks draft tokens and take no part in the forward pass: the
- * decoder is the first block_count - nextn_predict_layers blocks, the
- * logits bit for bit those of the file without the block. */
-Test(qwen35, gguf_mtp_blocks_are_left_unread)
+/* A mixture's MTP blocks (their layer a mixture too) are not read yet, and
+ * the forward pass needs none: the decoder is the first block_count -
+ * nextn_predict_layers blocks, the logits bit for bit those of the file
+ * without the block. A dense file's are read (the last tests). */
+Test(qwen35, moe_gguf_mtp_blocks_are_left_unread)
 {
     char dir[512], path[600], msg[1024];
     test_tmpdir(dir, sizeof dir);
@@ -347,6 +348,7 @@ Test(qwen35, gguf_mtp_blocks_are_left_unread)
     cr_assert_eq(m.cfg.n_layers, 4);
     cr_assert_eq(m.cfg.linear.n_layers, 3);
     cr_assert(eng_linear_is(&m.cfg.linear, 2) && !eng_linear_is(&m.cfg.linear, 3));
+    cr_assert_eq(m.mtp.n_layers, 0);
     load_fixture_gguf(&plain, "qwen35_moe_tiny.gguf", "f32");
     float *got = run_chunks(&m, 5), *want = run_chunks(&plain, 5);
     for (size_t k = 0; k < (size_t)QWEN35_N_TOKENS * QWEN35_VOCAB; k++)
@@ -647,17 +649,11 @@ static void one_close(one_seq *o)
  * embeddings (eng_step_seq.embeds), with its own KV: every row's logits match
  * make_qwen35_mtp.py's float64 reference, their argmax its drafts, and a second draft chained
  * on the MTP's own output too. */
-Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
+static void mtp_drafts_as_the_reference(const eng_model *m, const char *what)
 {
-    char dir[512], msg[1024];
-    test_tmpdir(dir, sizeof dir);
-    cr_assert(dir[0]);
-    tiny_fixture_folder("qwen35_mtp_tiny", dir);
-    eng_model m, v;
-    eng_load_opts lo = {.path = dir};
-    cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);
+    eng_model v;
     const int32_t n = QWEN35_MTP_N_TOKENS;
-    const size_t H = (size_t)m.cfg.hidden_size, V = (size_t)m.cfg.vocab_size;
+    const size_t H = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size;
     int32_t toks[QWEN35_MTP_N_TOKENS];
     for (int32_t i = 0; i < n; i++)
         toks[i] = QWEN35_MTP_TOKENS[i];
@@ -665,11 +661,11 @@ Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
     float *x = malloc(n * H * sizeof(float)), *all = malloc(n * V * sizeof(float));
     // the target: every position's hidden state after the final norm
     one_seq t, d;
-    one_open(&t, &m, n);
-    one_step(&t, &m, (eng_step_seq){.tokens = toks, .n_tokens = n, .hidden_out = hidden});
+    one_open(&t, m, n);
+    one_step(&t, m, (eng_step_seq){.tokens = toks, .n_tokens = n, .hidden_out = hidden});
     // the MTP: row i takes token i + 1 and hidden state i, at position i
-    eng_mtp_view(&m, &v);
-    cr_assert_eq(eng_mtp_input(&m, toks + 1, hidden, n - 1, x), QL_OK);
+    eng_mtp_view(m, &v);
+    cr_assert_eq(eng_mtp_input(m, toks + 1, hidden, n - 1, x), QL_OK);
     one_open(&d, &v, n);
     one_step(&d, &v,
              (eng_step_seq){.tokens = toks + 1,
@@ -678,25 +674,39 @@ Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
                             .all_logits = all,
                             .hidden_out = out});
     double worst = test_max_abs_err(all, &QWEN35_MTP_LOGITS[0][0], (size_t)(n - 1) * V);
-    cr_assert(worst < QWEN35_TOL, "MTP rows: worst |logit error| %g", worst);
+    cr_log_info("%s: MTP rows, worst |logit error| %g", what, worst);
+    cr_assert(worst < QWEN35_TOL, "%s: MTP rows, worst |logit error| %g", what, worst);
     for (int32_t i = 0; i < n - 1; i++) {
         size_t best = 0;
         for (size_t k = 1; k < V; k++)
             best = all[i * V + k] > all[i * V + best] ? k : best;
-        cr_assert_eq((int)best, QWEN35_MTP_DRAFT[i], "row %d's draft", i);
+        cr_assert_eq((int)best, QWEN35_MTP_DRAFT[i], "%s: row %d's draft", what, i);
     }
     // the second draft: the MTP's own output and its draft, at position n - 1
     int32_t draft = QWEN35_MTP_DRAFT[n - 2];
-    cr_assert_eq(eng_mtp_input(&m, &draft, out + (size_t)(n - 2) * H, 1, x), QL_OK);
+    cr_assert_eq(eng_mtp_input(m, &draft, out + (size_t)(n - 2) * H, 1, x), QL_OK);
     one_step(&d, &v, (eng_step_seq){.tokens = &draft, .n_tokens = 1, .pos = n - 1, .embeds = x});
     worst = test_max_abs_err(d.last, QWEN35_MTP_CHAIN_LOGITS, V);
-    cr_assert(worst < QWEN35_TOL, "the chained draft: worst |logit error| %g", worst);
+    cr_log_info("%s: the chained draft, worst |logit error| %g", what, worst);
+    cr_assert(worst < QWEN35_TOL, "%s: the chained draft, worst |logit error| %g", what, worst);
     one_close(&d);
     one_close(&t);
     free(hidden);
     free(out);
     free(x);
     free(all);
+}
+
+Test(qwen35, mtp_layer_drafts_as_the_float64_reference)
+{
+    char dir[512], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("qwen35_mtp_tiny", dir);
+    eng_model m;
+    eng_load_opts lo = {.path = dir};
+    cr_assert_eq(eng_model_load(&m, &lo, msg, sizeof msg), 0, "%s", msg);
+    mtp_drafts_as_the_reference(&m, "folder");
     eng_model_free(&m);
     test_rmtree(dir);
 }
@@ -899,4 +909,90 @@ Test(qwen35, served_choices_fork_the_state_with_the_prefix_cache_off, .timeout =
     cr_assert(strstr(metrics, "\nqlserve_recurrent_states_total "), "%s", metrics);
     free(metrics);
     ts_teardown();
+}
+
+/* llama.cpp's converter keeps a checkpoint's MTP layer unless told --no-mtp: qwen35_mtp_tiny.gguf
+ * (make_qwen35_mtp.py) is block_count 7 with nextn_predict_layers 1, the layer as blk.6 and fc,
+ * the input norms and mtp.norm as blk.6.nextn.eh_proj, .enorm, .hnorm, .shared_head_norm (the
+ * norms stored as 1 + w). They are read into the same eng_model.mtp as the folder's, so the
+ * decoder is the first six blocks (the float64 logits), the weights are the folder's byte for
+ * byte in count, and the MTP drafts as the float64 reference within the folder's tolerance. The
+ * file converted with --no-mtp has none. */
+Test(qwen35, gguf_mtp_blocks_draft_as_the_float64_reference)
+{
+    char dir[512], msg[1024];
+    eng_model m, plain, folder;
+    load_fixture_gguf(&m, "qwen35_mtp_tiny.gguf", "f32");
+    cr_assert_eq(m.cfg.n_layers, 6);
+    cr_assert_eq(m.cfg.linear.n_layers, 4);
+    cr_assert_eq(m.cfg.linear.mtp_layers, 1);
+    cr_assert_eq(m.mtp.n_layers, 1);
+    cr_assert_eq(m.mtp.fc.rows, m.cfg.hidden_size);
+    cr_assert_eq(m.mtp.fc.cols, 2 * m.cfg.hidden_size);
+    load_fixture_gguf(&plain, "qwen35_tiny.gguf", "f32");
+    cr_assert_eq(plain.cfg.linear.mtp_layers, 0);
+    cr_assert_eq(plain.mtp.n_layers, 0, "converted with --no-mtp: no MTP layers");
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    tiny_fixture_folder("qwen35_mtp_tiny", dir);
+    cr_assert_eq(eng_model_load(&folder, &(eng_load_opts){.path = dir}, msg, sizeof msg), 0, "%s",
+                 msg);
+    cr_assert_eq(eng_model_weight_bytes(&m), eng_model_weight_bytes(&folder));
+    cr_assert_gt(eng_model_weight_bytes(&m), eng_model_weight_bytes(&plain));
+    double worst = worst_in_chunks_of_5(&m, &QWEN35_LOGITS[0][0]);
+    cr_assert(worst < QWEN35_TOL, "the decoder beside the MTP blocks: worst |logit error| %g",
+              worst);
+    mtp_drafts_as_the_reference(&m, "gguf");
+    eng_model_free(&folder);
+    eng_model_free(&plain);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
+/* mtp_gguf_refused's edit_kv: leaves out the key ctx names. */
+static bool without_key(gguf_kv *kv, void *ctx)
+{
+    return strcmp(kv->key, ctx) != 0;
+}
+
+/* qwen35_mtp_tiny.gguf rewritten with r: refused, the message naming `named` and `too`. */
+static void mtp_gguf_refused(const gguf_rewrite *r, const char *named, const char *too)
+{
+    char dir[512], path[600], src[1024], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    snprintf(path, sizeof path, "%s/mtp.gguf", dir);
+    snprintf(src, sizeof src, "%s/qwen35_mtp_tiny.gguf", QL_FIXTURES);
+    cr_assert_eq(gguf_writer_rewrite(src, path, r, msg, sizeof msg), 0, "%s", msg);
+    eng_model m;
+    cr_assert_neq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0,
+                  "loaded; expected a refusal naming %s", named);
+    cr_log_info("refused: %s", msg);
+    cr_assert(strstr(msg, named) && strstr(msg, too), "%s, %s: %s", named, too, msg);
+    test_rmtree(dir);
+}
+
+/* A GGUF whose nextn_predict_layers disagrees with its nextn tensors is refused by name: the
+ * key left out (block 6 read as a decoder block, yet it has blk.6.nextn.*), the key saying 2
+ * (the MTP's tensors on block 6, not the first past a decoder of five), the fc missing; so are
+ * MTP layers with their own embeddings (nextn.embed_tokens), which qlserve does not run. */
+Test(qwen35, gguf_mtp_blocks_disagreeing_with_nextn_predict_layers_are_refused)
+{
+    static const char *const key[] = {"qwen35.nextn_predict_layers"};
+    static const uint32_t two[] = {2};
+    mtp_gguf_refused(&(gguf_rewrite){.edit_kv = without_key, .ctx = (void *)key[0]}, "blk.6.nextn.",
+                     "qwen35.nextn_predict_layers = 0");
+    mtp_gguf_refused(&(gguf_rewrite){.edit_kv = without_key,
+                                     .ctx = (void *)key[0],
+                                     .u32_keys = key,
+                                     .u32_values = two,
+                                     .n_u32 = 1},
+                     "blk.6.nextn.", "qwen35.nextn_predict_layers = 2");
+    mtp_gguf_refused(&(gguf_rewrite){.rename_from = "blk.6.nextn.eh_proj.weight",
+                                     .rename_to = "blk.6.eh_proj.weight"},
+                     "blk.6.nextn.eh_proj.weight", "missing");
+    static const char *const own[] = {"blk.6.nextn.embed_tokens.weight"}, *const from[] = {
+                                                                              "token_embd.weight"};
+    mtp_gguf_refused(&(gguf_rewrite){.extra_names = own, .extra_sources = from, .n_extra = 1},
+                     "blk.6.nextn.embed_tokens.weight", "embeddings");
 }

@@ -308,9 +308,9 @@ static void layer_dims(const eng_config *c, int32_t l, int64_t *dims)
 }
 
 /* The parts of a layer that config c gives as layer l into dst, each named
- * by its GGUF name (blk.N.) or hf_prefix then its Hugging Face name. */
+ * prefix then its GGUF name (prefix blk.N.) or its Hugging Face one. */
 static int load_parts(model_loader *L, model_tensor_loader load, bool gguf, int32_t l,
-                      const char *hf_prefix, eng_layer *dst, bool fused, char *msg, size_t msg_len)
+                      const char *prefix, eng_layer *dst, bool fused, char *msg, size_t msg_len)
 {
     const eng_config *c = &L->m->cfg;
     int64_t dims[DIM_LIN_TAPS + 1];
@@ -321,10 +321,7 @@ static int load_parts(model_loader *L, model_tensor_loader load, bool gguf, int3
         if (!part_applies(c, l, part) || (part->when == UNLESS_FUSED && fused))
             continue;
         char name[256];
-        if (gguf)
-            snprintf(name, sizeof name, "blk.%d.%s", l, part->gguf);
-        else
-            snprintf(name, sizeof name, "%s%s", hf_prefix, part->hf);
+        snprintf(name, sizeof name, "%s%s", prefix, gguf ? part->gguf : part->hf);
         rc = load(L, name, dims[part->rows], dims[part->cols], part->role,
                   (qtensor *)((char *)dst + part->field), msg, msg_len);
     }
@@ -346,7 +343,7 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
         if (rc == QL_OK && eng_layer_is_moe(c, l))
             rc = model_experts_load(L, load, gguf, l, msg, msg_len);
         char prefix[64];
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        snprintf(prefix, sizeof prefix, gguf ? "blk.%d." : "model.layers.%d.", l);
         if (rc == QL_OK)
             rc = load_parts(L, load, gguf, l, prefix, &L->m->layers[l], fused, msg, msg_len);
     }
@@ -358,6 +355,14 @@ int model_layer_load_full(model_loader *L, model_tensor_loader load, const char 
 {
     /* the index past the decoder's: no linear bit, so the full layer's parts */
     return load_parts(L, load, false, L->m->cfg.n_layers, hf_prefix, dst, false, msg, msg_len);
+}
+
+int model_layer_load_full_gguf(model_loader *L, model_tensor_loader load, int32_t block,
+                               eng_layer *dst, char *msg, size_t msg_len)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "blk.%d.", block);
+    return load_parts(L, load, true, L->m->cfg.n_layers, prefix, dst, false, msg, msg_len);
 }
 
 void model_layer_each(const eng_config *c, const eng_layer *ly,

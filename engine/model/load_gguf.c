@@ -706,6 +706,8 @@ int model_load_gguf(model_loader *L, char *msg, size_t msg_len)
                               msg_len);
     if (rc == QL_OK)
         rc = model_layers_load(L, load_gguf_tensor, true, msg, msg_len);
+    if (rc == QL_OK)
+        rc = model_qwen35_mtp_load_gguf(L, load_gguf_tensor, msg, msg_len);
     if (rc != QL_OK)
         return rc;
     return tok_from_gguf(&m->tok, m->gguf, msg, msg_len);

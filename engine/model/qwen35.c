@@ -4,16 +4,18 @@
  * (layer_types, or every full_attention_interval-th layer full), their
  * heads and conv (hybrid.h's eng_linear_cfg), and the full layers' output
  * gate and (1 + w) norms; the same from a qwen35 or qwen35moe GGUF (llama.cpp's
- * converter's keys, its MTP blocks left out). What it does not run is
- * refused by name.
+ * converter's keys), whose MTP blocks it reads into eng_model.mtp (mtp.h)
+ * as mtp.c reads a folder's mtp.*. What it does not run is refused by name.
  *
- * It offers model_qwen35_config_hf, model_qwen35_text_config and
- * model_qwen35_config_gguf (internal/model_internal.h); it owns nothing
- * and touches only the eng_config it is given.
+ * It offers model_qwen35_config_hf, model_qwen35_text_config,
+ * model_qwen35_config_gguf and model_qwen35_mtp_load_gguf
+ * (internal/model_internal.h); it owns nothing, and touches only the
+ * eng_config it is given and, for the MTP blocks, the model's mtp.
  */
 #include "internal/model_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Mark layer l linear attention. */
@@ -95,29 +97,99 @@ static int gguf_int(const gguf_file *f, const char *arch, const char *name, int3
 
 /*
  * llama.cpp's converter, unless told --no-mtp, appends a checkpoint's
- * multi-token-prediction blocks (its mtp.*) after the decoder's, counted
- * in block_count and named by ARCH.nextn_predict_layers. They draft tokens
- * for speculation and take no part in the forward pass, so the decoder is
- * the first block_count - nextn blocks (llama.cpp's n_layer()) and the
- * rest stay unread. *n_blocks gets block_count.
+ * multi-token-prediction layers (its mtp.*) after the decoder's blocks,
+ * counted in block_count and in ARCH.nextn_predict_layers
+ * (conversion/qwen.py's _QwenMtpMixin): mtp.layers.i is block n + i, n the
+ * decoder's blocks (llama.cpp's n_layer()), and fc, the two input norms and
+ * mtp.norm are block n's nextn.eh_proj, nextn.enorm, nextn.hnorm and
+ * nextn.shared_head_norm. So the decoder is the first n blocks, and
+ * c->linear.mtp_layers gets the count (model_qwen35_mtp_load_gguf reads
+ * them). A nextn tensor on any other block means the key and the tensors
+ * disagree: refused by name. *n_blocks gets block_count.
  */
-static int drop_mtp_blocks(const gguf_file *f, const char *arch, eng_config *c, int32_t *n_blocks,
-                           char *msg, size_t msg_len)
+static int split_mtp_blocks(const gguf_file *f, const char *arch, eng_config *c, int32_t *n_blocks,
+                            char *msg, size_t msg_len)
 {
     char key[96];
     snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
     const gguf_kv *kv = gguf_find_kv(f, key);
     *n_blocks = c->n_layers;
-    if (!kv)
-        return QL_OK;
-    bool integer = kv->type != GGUF_ARRAY && kv->type != GGUF_STRING && kv->type != GGUF_FLOAT32 &&
-                   kv->type != GGUF_FLOAT64 && kv->type != GGUF_BOOL;
-    if (!integer || kv->i < 0 || kv->i >= c->n_layers)
-        return ql_fail(msg, msg_len, QL_EFORMAT,
-                       "%s: %s is not a count of MTP blocks below block_count = %d", f->path, key,
-                       c->n_layers);
-    c->n_layers -= (int32_t)kv->i;
+    if (kv) {
+        bool integer = kv->type != GGUF_ARRAY && kv->type != GGUF_STRING &&
+                       kv->type != GGUF_FLOAT32 && kv->type != GGUF_FLOAT64 &&
+                       kv->type != GGUF_BOOL;
+        if (!integer || kv->i < 0 || kv->i >= c->n_layers || kv->i > 16)
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: %s is not a count of MTP blocks (at most 16) below block_count "
+                           "= %d",
+                           f->path, key, c->n_layers);
+        c->linear.mtp_layers = (int32_t)kv->i;
+        c->n_layers -= c->linear.mtp_layers;
+    }
+    for (uint64_t t = 0; t < f->n_tensors; t++) {
+        int block = -1, at = 0;
+        if (sscanf(f->tensors[t].name, "blk.%d.nextn.%n", &block, &at) == 1 && at > 0 &&
+            (c->linear.mtp_layers == 0 || block != c->n_layers))
+            return ql_fail(msg, msg_len, QL_EFORMAT,
+                           "%s: tensor %s disagrees with %s = %d: the MTP tensors (nextn.*) "
+                           "belong to block %d, the first past the decoder's",
+                           f->path, f->tensors[t].name, key, c->linear.mtp_layers, c->n_layers);
+    }
     return QL_OK;
+}
+
+int model_qwen35_mtp_load_gguf(model_loader *L, model_tensor_loader load, char *msg, size_t msg_len)
+{
+    eng_model *m = L->m;
+    const eng_config *c = &m->cfg;
+    const gguf_file *f = m->gguf;
+    int32_t n = c->n_layers, k = c->linear.mtp_layers;
+    /* a mixture's MTP layer is a mixture too, not read yet: the decoder
+     * runs without it, as before */
+    if (c->arch != ENG_ARCH_QWEN3_5 || k == 0 || c->n_experts > 0)
+        return QL_OK;
+    char name[96];
+    static const char *const own[] = {"embed_tokens", "shared_head_head"};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) {
+        snprintf(name, sizeof name, "blk.%d.nextn.%s.weight", n, own[i]);
+        if (gguf_find_tensor(f, name))
+            return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                           "%s: tensor %s: qlserve runs MTP layers on the model's own "
+                           "embeddings and lm_head",
+                           f->path, name);
+    }
+    snprintf(name, sizeof name, "blk.%d.nextn.eh_proj.weight", n);
+    if (!gguf_find_tensor(f, name))
+        return ql_fail(msg, msg_len, QL_EFORMAT,
+                       "%s: qwen35.nextn_predict_layers is %d but tensor %s (the MTP's fc) is "
+                       "missing",
+                       f->path, k, name);
+    eng_mtp *mtp = &m->mtp;
+    mtp->layers = calloc((size_t)k, sizeof *mtp->layers);
+    if (!mtp->layers)
+        return ql_fail(msg, msg_len, QL_ENOMEM, "out of memory");
+    mtp->n_layers = k; /* what model_mtp_free frees, loaded or half */
+    int64_t h = c->hidden_size;
+    const struct {
+        const char *name;
+        int64_t cols;
+        tensor_role role;
+        qtensor *dst;
+    } parts[] = {{"eh_proj", 2 * h, ROLE_LINEAR, &mtp->fc},
+                 {"enorm", 0, ROLE_DENSE, &mtp->norm_embed},
+                 {"hnorm", 0, ROLE_DENSE, &mtp->norm_hidden},
+                 {"shared_head_norm", 0, ROLE_DENSE, &mtp->norm}};
+    int rc = QL_OK;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts && rc == QL_OK; i++) {
+        snprintf(name, sizeof name, "blk.%d.nextn.%s.weight", n, parts[i].name);
+        /* llama.cpp's graph falls back to the model's final norm without it */
+        if (parts[i].dst == &mtp->norm && !gguf_find_tensor(f, name))
+            snprintf(name, sizeof name, "output_norm.weight");
+        rc = load(L, name, h, parts[i].cols, parts[i].role, parts[i].dst, msg, msg_len);
+    }
+    for (int32_t i = 0; i < k && rc == QL_OK; i++)
+        rc = model_layer_load_full_gguf(L, load, n + i, &mtp->layers[i], msg, msg_len);
+    return rc;
 }
 
 int model_qwen35_config_gguf(const gguf_file *f, const char *arch, eng_config *c, char *msg,
@@ -125,7 +197,7 @@ int model_qwen35_config_gguf(const gguf_file *f, const char *arch, eng_config *c
 {
     eng_linear_cfg *lc = &c->linear;
     int32_t inner = 0, every = 4, n_blocks = 0;
-    int rc = drop_mtp_blocks(f, arch, c, &n_blocks, msg, msg_len);
+    int rc = split_mtp_blocks(f, arch, c, &n_blocks, msg, msg_len);
     if (rc == QL_OK)
         rc = gguf_int(f, arch, "ssm.conv_kernel", &lc->conv_kernel, msg, msg_len);
     if (rc == QL_OK)

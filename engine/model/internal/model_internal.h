@@ -115,6 +115,11 @@ int model_layers_load(model_loader *L, model_tensor_loader load, bool gguf, char
  * its tensors, or qt_free them all. */
 int model_layer_load_full(model_loader *L, model_tensor_loader load, const char *hf_prefix,
                           eng_layer *dst, char *msg, size_t msg_len);
+/* The same from a GGUF, its tensors named blk.BLOCK. then their GGUF
+ * names (llama.cpp's converter appends MTP layers as blocks past the
+ * decoder's). */
+int model_layer_load_full_gguf(model_loader *L, model_tensor_loader load, int32_t block,
+                               eng_layer *dst, char *msg, size_t msg_len);
 void model_layer_each(const eng_config *c, const eng_layer *ly,
                       void (*fn)(const qtensor *t, void *ctx), void *ctx);
 void model_layer_free(eng_layer *ly);
@@ -222,6 +227,13 @@ int model_qwen35_text_config(const char *path, const cJSON *j, cJSON **text, boo
  * tiled. The mixture's keys are load_gguf.c's. */
 int model_qwen35_config_gguf(const gguf_file *f, const char *arch, eng_config *c, char *msg,
                              size_t msg_len);
+/* A qwen35 GGUF's MTP blocks (c->linear.mtp_layers of them, past the
+ * decoder's) into L->m->mtp, as model_mtp_load_hf reads a folder's; none
+ * for a file without them, and a qwen35moe file's stay unread (their layer
+ * is a mixture). A file missing their fc, or whose MTP layers bring their
+ * own embeddings or lm_head, is refused by name. */
+int model_qwen35_mtp_load_gguf(model_loader *L, model_tensor_loader load, char *msg,
+                               size_t msg_len);
 
 /* --- load_hf.c, load_gguf.c ---------------------------------------------- */
 
