@@ -44,8 +44,9 @@ typedef struct eng_linear_cfg {
      * head h reading key head h % n_k_heads (not h / (n_v / n_k)), and the
      * A tensor holding -exp(A_log) */
     bool v_tiled, a_neg_exp;
-    /* mtp_num_hidden_layers: the MTP layers the config declares (mtp.h;
-     * loaded only where the checkpoint has their tensors) */
+    /* mtp_num_hidden_layers (a GGUF's nextn_predict_layers): the MTP
+     * layers the config declares (mtp.h; loaded only where the checkpoint
+     * has their tensors) */
     int32_t mtp_layers;
 } eng_linear_cfg;
 
