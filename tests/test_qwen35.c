@@ -996,3 +996,28 @@ Test(qwen35, gguf_mtp_blocks_disagreeing_with_nextn_predict_layers_are_refused)
     mtp_gguf_refused(&(gguf_rewrite){.extra_names = own, .extra_sources = from, .n_extra = 1},
                      "blk.6.nextn.embed_tokens.weight", "embeddings");
 }
+
+/* Without blk.6.nextn.shared_head_norm the MTP's final norm is the model's own
+ * output_norm, as llama.cpp's MTP graph falls back to it. */
+Test(qwen35, gguf_mtp_without_its_final_norm_uses_the_models)
+{
+    char dir[512], path[600], src[1024], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    cr_assert(dir[0]);
+    snprintf(path, sizeof path, "%s/mtp.gguf", dir);
+    snprintf(src, sizeof src, "%s/qwen35_mtp_tiny.gguf", QL_FIXTURES);
+    gguf_rewrite r = {.rename_from = "blk.6.nextn.shared_head_norm.weight",
+                      .rename_to = "blk.6.shared_head_norm.weight"};
+    cr_assert_eq(gguf_writer_rewrite(src, path, &r, msg, sizeof msg), 0, "%s", msg);
+    eng_model m;
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = path}, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.mtp.n_layers, 1);
+    size_t H = (size_t)m.cfg.hidden_size;
+    float *got = malloc(2 * H * sizeof(float)), *want = got + H;
+    qt_dequantize_rows(&m.mtp.norm, 0, m.mtp.norm.rows, got);
+    qt_dequantize_rows(&m.norm, 0, m.norm.rows, want);
+    cr_assert_eq(memcmp(got, want, H * sizeof(float)), 0);
+    free(got);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
