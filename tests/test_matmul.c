@@ -3,8 +3,10 @@
  * against scalar reference against a float64 reference, on ragged shapes
  * (rows and columns not multiples of the block, odd columns so rows start
  * mid-byte) and batches of 1, 3 and 17; and the fast dequantization against
- * the scalar one, bit for bit. qt_attend: both paths against float64, and
- * the AVX-512 path against the AVX2 one bit for bit.
+ * the scalar one, bit for bit. The AVX-512 products against the AVX2 ones,
+ * and their two-row register tiles against the one-row kernel (batches 2 ..
+ * 33 against each row of x alone), bit for bit. qt_attend: both paths
+ * against float64, and the AVX-512 path against the AVX2 one bit for bit.
  *
  * The k-quants (Q2_K ... Q6_K) and IQ4_NL, IQ4_XS cannot be quantized into
  * yet: their tensors are random blocks (random codes and sub-block scales,
@@ -257,21 +259,39 @@ Test(matmul, batching_never_changes_a_result, .timeout = 60)
     }
 }
 
+/* A rows x cols tensor of kind kc from N(0, 0.02) weights into *t, and nx
+ * rows of x from N(0, 1), returned (the caller frees both). */
+static float *random_product(const kcase *kc, int64_t rows, int64_t cols, int64_t nx, uint64_t *rng,
+                             qtensor *t)
+{
+    float *w = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(nx * cols) * 4);
+    cr_assert(w && x);
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = 0.02f * test_normal(rng);
+    for (int64_t i = 0; i < nx * cols; i++)
+        x[i] = test_normal(rng);
+    make_tensor(kc, w, rows, cols, rng, t);
+    free(w);
+    return x;
+}
+
+/* Skips the running test where the f32 products have no AVX-512 set. */
+static void skip_without_avx512(const char *what)
+{
+    if (strcmp(qt_f32_path(), "avx512") != 0)
+        cr_skip_test("this CPU has no AVX-512 F and VL: %s cannot run here", what);
+}
+
 /* The AVX-512 products (eight rows of x per pass) give the AVX2 ones'
  * (four) bit for bit, for every kind and batches 1 .. 9 and 17, narrow and
  * wide (rows spanning several tiles and blocks). */
 static void check_avx512_kind(const kcase *kc, int64_t cols, uint64_t *rng)
 {
     int64_t rows = 11;
-    float *w = malloc((size_t)(rows * cols) * 4), *x = malloc((size_t)(17 * cols) * 4);
-    float *y2 = malloc((size_t)(17 * rows) * 4), *y5 = malloc((size_t)(17 * rows) * 4);
-    cr_assert(w && x && y2 && y5);
-    for (int64_t i = 0; i < rows * cols; i++)
-        w[i] = 0.02f * test_normal(rng);
-    for (int64_t i = 0; i < 17 * cols; i++)
-        x[i] = test_normal(rng);
     qtensor t;
-    make_tensor(kc, w, rows, cols, rng, &t);
+    float *x = random_product(kc, rows, cols, 17, rng, &t);
+    float *y2 = malloc((size_t)(17 * rows) * 4), *y5 = malloc((size_t)(17 * rows) * 4);
+    cr_assert(y2 && y5);
     for (int64_t batch = 1; batch <= 17; batch += batch < 9 ? 1 : 8) {
         qt_set_no_avx512(true);
         qt_matmul(&t, x, batch, y2, 0, rows);
@@ -283,7 +303,6 @@ static void check_avx512_kind(const kcase *kc, int64_t cols, uint64_t *rng)
                       kc->label, (long long)batch, (long long)i, y2[i], y5[i]);
     }
     qt_free(&t);
-    free(w);
     free(x);
     free(y2);
     free(y5);
@@ -291,8 +310,7 @@ static void check_avx512_kind(const kcase *kc, int64_t cols, uint64_t *rng)
 
 Test(matmul, avx512_products_equal_the_avx2_ones, .timeout = 60)
 {
-    if (strcmp(qt_f32_path(), "avx512") != 0)
-        cr_skip_test("this CPU has no AVX-512 F and VL: the AVX-512 products cannot run here");
+    skip_without_avx512("the AVX-512 products");
     uint64_t rng = 77;
     /* narrow rows ride eight to a pass, wide ones (past 32 KiB of x) four */
     for (int wide = 0; wide < 2; wide++) {
@@ -304,6 +322,54 @@ Test(matmul, avx512_products_equal_the_avx2_ones, .timeout = 60)
         for (size_t k = 0; k < sizeof grouped / sizeof *grouped; k++)
             check_avx512_kind(&grouped[k], wide ? 1280 : 640, &rng);
     }
+}
+
+/* The AVX-512 register tiles (two weight rows a pass, each x vector fed to
+ * both) give every output the one-row kernel's bits: a batch of 1 .. 33
+ * (chunks of eight and four rows of x, passes of four and the rest) against
+ * each row of x alone (batch 1 never takes a tile), 13 rows split 0..5,
+ * 5..13 (a range starting off a pair, each range ending in an odd row). */
+static void check_tile_kind(const kcase *kc, int64_t cols, uint64_t *rng)
+{
+    int64_t rows = 13, nx = 33;
+    qtensor t;
+    float *x = random_product(kc, rows, cols, nx, rng, &t);
+    float *y1 = malloc((size_t)(2 * nx * rows) * 4), *yb = y1 + nx * rows;
+    cr_assert(y1);
+    for (int64_t b = 0; b < nx; b++)
+        qt_matmul(&t, x + b * cols, 1, y1 + b * rows, 0, rows);
+    for (int64_t batch = 2; batch <= nx; batch++) {
+        qt_matmul(&t, x, batch, yb, 0, 5);
+        qt_matmul(&t, x, batch, yb, 5, rows);
+        for (int64_t i = 0; i < batch * rows; i++)
+            cr_assert(same_bits(y1[i], yb[i]),
+                      "%s [%lldx%lld] batch %lld, row %lld of x, output %lld: one row %a, tile %a",
+                      kc->label, (long long)rows, (long long)cols, (long long)batch,
+                      (long long)(i / rows), (long long)(i % rows), (double)y1[i], (double)yb[i]);
+    }
+    qt_free(&t);
+    free(x);
+    free(y1);
+}
+
+Test(matmul, register_tiles_give_the_one_row_bits, .timeout = 120)
+{
+    skip_without_avx512("the register tiles");
+    uint64_t rng = 2024;
+    /* 640: a tile and a part (NF4: 512 columns of blocks then 128); 1536:
+     * eight rows of x a chunk; 2560: four; 301: a scalar tail (NF4: the
+     * unsplit rows, no tile); 544: NF4 blocks of 64 the row does not hold
+     * whole (no tile) */
+    const int64_t cols[] = {640, 1536, 2560, 301, 544};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        const kcase *kc = &kinds[k];
+        if (kc->gguf)
+            continue; /* rows_gguf_pair and the others: avx512_products_equal_the_avx2_ones */
+        for (size_t c = 0; c < sizeof cols / sizeof *cols; c++)
+            check_tile_kind(kc, cols[c], &rng);
+    }
+    for (size_t k = 0; k < sizeof grouped / sizeof *grouped; k++)
+        check_tile_kind(&grouped[k], 1280, &rng);
 }
 
 /* One query's attention over n positions on the path selected now, in
