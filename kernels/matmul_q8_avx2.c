@@ -25,6 +25,7 @@
 #define Q8_MADD(acc, pairs, scales) _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales))
 #define Q8_DOT4(u8, s8)             _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1))
 #define Q8_ENTRY(name)              name##_avx2
+#define Q8_PAIRS                    0 /* 16 registers: one weight row per pass */
 
 /* --- quantizing the activations -------------------------------------------------- */
 

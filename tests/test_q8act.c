@@ -95,6 +95,30 @@ static void reference(const qtensor *t, const float *x, int64_t batch, double *y
     free(half);
 }
 
+/* y = x @ W^T for rows 0 .. batch of x through the scalar entry (into ref)
+ * and through each fast form this CPU has, AVX-512 VNNI where present and
+ * AVX2, in two ranges split at split as the pool splits (into fast): the
+ * same bits, output by output. */
+static void fast_forms_give_the_scalar_bits(const qtensor *t, const float *x, int64_t batch,
+                                            int64_t split, float *fast, float *ref)
+{
+    int64_t rows = t->rows;
+    cr_assert(qt_matmul_q8_ref(t, x, batch, ref, 0, rows));
+    for (int no_vnni = 1; no_vnni >= 0; no_vnni--) {
+        qt_set_no_vnni(no_vnni);
+        qt_set_activations(QL_ACTIVATIONS_Q8);
+        qt_matmul(t, x, batch, fast, 0, split);
+        qt_matmul(t, x, batch, fast, split, rows);
+        qt_set_activations(QL_ACTIVATIONS_F32);
+        for (int64_t i = 0; i < batch * rows; i++)
+            cr_assert_eq(memcmp(&fast[i], &ref[i], sizeof(float)), 0,
+                         "%s %lld x %lld batch %lld output %lld (row %lld): %s %.9g, scalar %.9g",
+                         qt_kind_name(t->kind), (long long)rows, (long long)t->cols,
+                         (long long)batch, (long long)i, (long long)(i % rows), qt_q8_path(),
+                         fast[i], ref[i]);
+    }
+}
+
 Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
 {
     if (strcmp(qt_cpu_path(), "avx2") != 0)
@@ -117,18 +141,7 @@ Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
                 double *y64 = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double)),
                        *step = malloc(n * sizeof(double));
                 cr_assert(fast && ref && f32 && y64 && mag && step);
-                cr_assert(qt_matmul_q8_ref(&t, x, batch, ref, 0, rows));
-                /* each fast form this CPU has: AVX-512 VNNI where present, and AVX2 */
-                for (int no_vnni = 1; no_vnni >= 0; no_vnni--) {
-                    qt_set_no_vnni(no_vnni);
-                    qt_set_activations(QL_ACTIVATIONS_Q8);
-                    qt_matmul(&t, x, batch, fast, 0, split); /* two ranges, as the pool splits */
-                    qt_matmul(&t, x, batch, fast, split, rows);
-                    qt_set_activations(QL_ACTIVATIONS_F32);
-                    cr_assert_eq(memcmp(fast, ref, n * sizeof(float)), 0,
-                                 "%s batch %lld: the %s products differ from the scalar ones",
-                                 qt_kind_name(kinds[ki]), (long long)batch, qt_q8_path());
-                }
+                fast_forms_give_the_scalar_bits(&t, x, batch, split, fast, ref);
                 qt_matmul(&t, x, batch, f32, 0, rows);
                 reference(&t, x, batch, y64, mag, step);
                 for (size_t i = 0; i < n; i++) {
@@ -153,6 +166,33 @@ Test(q8act, avx2_equals_scalar_and_float64_for_every_kind_and_batch)
             }
             qt_free(&t);
         }
+}
+
+/* The AVX-512 VNNI set walks two weight rows per pass (batch 2 and up),
+ * the odd row of a range alone: every batch 1 .. 33 (chunks of 8 and their
+ * remainders, and of 4 at 4608 columns), odd row counts and ranges that
+ * start on an odd row, each fast form this CPU has against the scalar
+ * entry's bits. */
+Test(q8act, two_row_tiles_give_the_scalar_bits_at_every_batch)
+{
+    if (strcmp(qt_cpu_path(), "avx2") != 0)
+        cr_skip_test("this CPU has no AVX2: the fast path cannot run here");
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    const int64_t rows[2] = {37, 7}, cols[2] = {768, 4608}, split[2] = {19, 3};
+    float *fast = malloc(33 * 37 * sizeof(float)), *ref = malloc(33 * 37 * sizeof(float));
+    cr_assert(fast && ref);
+    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++)
+        for (int s = 0; s < 2; s++) {
+            qtensor t;
+            random_weight(&t, kinds[ki], rows[s], cols[s], &rng);
+            float *x = random_x(33 * cols[s], &rng);
+            for (int64_t batch = 1; batch <= 33; batch++)
+                fast_forms_give_the_scalar_bits(&t, x, batch, split[s], fast, ref);
+            free(x);
+            qt_free(&t);
+        }
+    free(fast);
+    free(ref);
 }
 
 Test(q8act, a_row_gives_the_same_bits_alone_or_batched)
