@@ -17,7 +17,8 @@
  * a last group shorter than the others), rows not a multiple of a tile,
  * columns not a multiple of 32 or 8 (FP8), and row ranges that start and
  * end off a vector (the scalar rows beside the vector ones); batches 1 ..
- * 9 (AWQ's wide tiles up to 4) and 17.
+ * 9 (AWQ's wide tiles up to 4) and 17, and for FP8 every batch 1 .. 33
+ * (odd row counts and ranges, for its two-row AVX-512 walk).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -101,17 +102,21 @@ static void make_tensor(const gcase *gc, int64_t rows, int64_t cols, uint64_t *r
 
 /* The dispatched product of t (over row ranges [0, split) and [split,
  * rows)) equals the scalar reference bit for bit for batches 1 .. 9 and
- * 17, and the reference the float64 sum within f32 rounding. */
-static void check_tensor(const char *label, const qtensor *t, int64_t split, uint64_t *rng)
+ * 17 (every batch 1 .. 33 where every_batch: FP8's AVX-512 entry walks two
+ * weight rows per pass over four rows of x at a time), and the reference
+ * the float64 sum within f32 rounding. */
+static void check_tensor(const char *label, const qtensor *t, int64_t split, bool every_batch,
+                         uint64_t *rng)
 {
     const int64_t rows = t->rows, cols = t->cols;
-    float *x = malloc((size_t)(17 * cols) * 4), *wd = malloc((size_t)(rows * cols) * 4);
-    float *yr = malloc((size_t)(17 * rows) * 4), *yf = malloc((size_t)(17 * rows) * 4);
+    float *x = malloc((size_t)(33 * cols) * 4), *wd = malloc((size_t)(rows * cols) * 4);
+    float *yr = malloc((size_t)(33 * rows) * 4), *yf = malloc((size_t)(33 * rows) * 4);
     cr_assert(x && wd && yr && yf);
-    for (int64_t i = 0; i < 17 * cols; i++)
+    for (int64_t i = 0; i < 33 * cols; i++)
         x[i] = test_normal(rng);
     qt_dequantize_rows_ref(t, 0, rows, wd);
-    for (int64_t batch = 1; batch <= 17; batch += batch < 9 ? 1 : 8) {
+    for (int64_t batch = 1; batch <= (every_batch ? 33 : 17);
+         batch += every_batch || batch < 9 ? 1 : 8) {
         for (int64_t i = 0; i < batch * rows; i++)
             yr[i] = yf[i] = NAN;
         qt_matmul_ref(t, x, batch, yr, 0, rows);
@@ -151,7 +156,7 @@ static void check_case(const gcase *gc, int64_t rows, int64_t cols, int64_t spli
     qtensor t;
     void *mem;
     make_tensor(gc, rows, cols, &rng, &t, &mem);
-    check_tensor(gc->label, &t, split, &rng);
+    check_tensor(gc->label, &t, split, false, &rng);
     qt_free(&t);
     free(mem);
 }
@@ -170,7 +175,7 @@ static void check_fp8(int32_t br, int32_t bc, qt_scale_dtype sd, int64_t rows, i
     char msg[256], label[64];
     cr_assert_eq(qt_quantize(&t, w, rows, cols, &p, msg, sizeof msg), QL_OK, "%s", msg);
     snprintf(label, sizeof label, "fp8-%dx%d-%s", br, bc, qt_scale_dtype_name(sd));
-    check_tensor(label, &t, split, &rng);
+    check_tensor(label, &t, split, true, &rng);
     qt_free(&t);
     free(w);
 }
