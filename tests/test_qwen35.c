@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drafter_internal.h"
 #include "fixtures/qwen35_mtp_reference.h"
 #include "fixtures/qwen35_reference.h"
 #include "gguf_writer.h"
@@ -659,14 +660,15 @@ static void mtp_drafts_as_the_reference(const eng_model *m, const char *what)
         toks[i] = QWEN35_MTP_TOKENS[i];
     float *hidden = malloc(n * H * sizeof(float)), *out = malloc(n * H * sizeof(float));
     float *x = malloc(n * H * sizeof(float)), *all = malloc(n * V * sizeof(float));
+    float *cat = malloc(n * 2 * H * sizeof(float));
     // the target: every position's hidden state after the final norm
     one_seq t, d;
     one_open(&t, m, n);
     one_step(&t, m, (eng_step_seq){.tokens = toks, .n_tokens = n, .hidden_out = hidden});
     // the MTP: row i takes token i + 1 and hidden state i, at position i
     eng_mtp_view(m, &v);
-    cr_assert_eq(eng_mtp_input(m, toks + 1, hidden, n - 1, x), QL_OK);
     one_open(&d, &v, n);
+    cr_assert_eq(eng_mtp_input(d.pool, m, toks + 1, hidden, n - 1, cat, x), QL_OK);
     one_step(&d, &v,
              (eng_step_seq){.tokens = toks + 1,
                             .n_tokens = n - 1,
@@ -684,7 +686,7 @@ static void mtp_drafts_as_the_reference(const eng_model *m, const char *what)
     }
     // the second draft: the MTP's own output and its draft, at position n - 1
     int32_t draft = QWEN35_MTP_DRAFT[n - 2];
-    cr_assert_eq(eng_mtp_input(m, &draft, out + (size_t)(n - 2) * H, 1, x), QL_OK);
+    cr_assert_eq(eng_mtp_input(d.pool, m, &draft, out + (size_t)(n - 2) * H, 1, cat, x), QL_OK);
     one_step(&d, &v, (eng_step_seq){.tokens = &draft, .n_tokens = 1, .pos = n - 1, .embeds = x});
     worst = test_max_abs_err(d.last, QWEN35_MTP_CHAIN_LOGITS, V);
     cr_log_info("%s: the chained draft, worst |logit error| %g", what, worst);
@@ -695,6 +697,7 @@ static void mtp_drafts_as_the_reference(const eng_model *m, const char *what)
     free(out);
     free(x);
     free(all);
+    free(cat);
 }
 
 Test(qwen35, mtp_layer_drafts_as_the_float64_reference)

@@ -369,25 +369,27 @@ Test(speculative, kv_rollback_forgets_positions_but_never_grows)
     eng_kv_free(kv);
 }
 
-Test(speculative, mtp_heads_and_a_draft_without_its_model_are_refused_by_name)
+Test(speculative, a_model_without_mtp_layers_and_a_draft_without_its_model_are_refused_by_name)
 {
-    char msg[256];
+    char msg[512];
     eng_speculative d;
     cr_assert_eq(eng_speculative_parse("draft", &d, msg, sizeof msg), QL_OK, "%s", msg);
     cr_assert_eq(d, ENG_SPEC_DRAFT);
     eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT};
     cr_assert_eq(eng_spec_opts_resolve(&so, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "--draft-model"), "%s", msg);
-    cr_assert_eq(eng_speculative_parse("mtp", &d, msg, sizeof msg), QL_EINVAL);
-    cr_assert(strstr(msg, "MTP"), "%s", msg);
+    cr_assert_eq(eng_speculative_parse("mtp", &d, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(d, ENG_SPEC_MTP);
     cr_assert_eq(eng_speculative_parse("eagle", &d, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "ngram"), "the choices are named: %s", msg);
     cr_assert_eq(eng_speculative_parse("ngram", &d, msg, sizeof msg), QL_OK);
     cr_assert_eq(d, ENG_SPEC_NGRAM);
+    /* the tiny model has no mtp.* tensors: refused at the start, naming it */
     eng_engine_opts o = {.threads = 1, .kv_bytes = 1 << 20, .spec = {.drafter = ENG_SPEC_MTP}};
     eng_engine *e = NULL;
     cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), QL_EINVAL);
-    cr_assert(strstr(msg, "MTP"), "%s", msg);
+    cr_assert(strstr(msg, "has no MTP layers (mtp.* tensors)"), "%s", msg);
+    cr_assert(strstr(msg, tiny_model.name), "the model is named: %s", msg);
     o.spec = (eng_spec_opts){.drafter = ENG_SPEC_NGRAM, .draft_max = 17};
     cr_assert_eq(eng_engine_start(&e, &tiny_model, &o, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "draft-max 17"), "%s", msg);
@@ -716,22 +718,44 @@ Test(speculative, the_prefix_cache_keeps_only_accepted_tokens)
     free(off);
 }
 
-/* The tiny hybrid model (tests/fixtures/qwen35_tiny, with the tiny
- * model's tokenizer) loaded from a fresh dir; hybrid_unload frees both. */
-static void hybrid_load(eng_model *m, char *dir, size_t dir_cap)
+/* A tiny Qwen3.5 fixture (tests/fixtures/name, with the tiny model's
+ * tokenizer) loaded from a fresh dir; hybrid_unload frees both. */
+static void fixture_load(eng_model *m, char *dir, size_t dir_cap, const char *name)
 {
     char msg[1024];
     test_tmpdir(dir, dir_cap);
     cr_assert(dir[0]);
-    tiny_fixture_folder("qwen35_tiny", dir);
+    tiny_fixture_folder(name, dir);
     eng_load_opts lo = {.path = dir};
     cr_assert_eq(eng_model_load(m, &lo, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* The tiny hybrid model (qwen35_tiny). */
+static void hybrid_load(eng_model *m, char *dir, size_t dir_cap)
+{
+    fixture_load(m, dir, dir_cap, "qwen35_tiny");
 }
 
 static void hybrid_unload(eng_model *m, const char *dir)
 {
     eng_model_free(m);
     test_rmtree(dir);
+}
+
+/* The prompts as greedy requests of 32 tokens with logprobs (top 2), the odd ones biased by +30
+ * towards the two tokens of few: the model's own logits (so its state) still choose between the
+ * two, and the logprobs are raw. */
+static void biased_requests(eng_request *reqs, const eng_logit_bias *few)
+{
+    for (int i = 0; i < N_PROMPTS; i++) {
+        reqs[i] = plain(prompts[i], 32);
+        reqs[i].logprobs = true;
+        reqs[i].top_logprobs = 2;
+        if (i % 2) {
+            reqs[i].sampling.logit_bias = few;
+            reqs[i].sampling.n_logit_bias = 2;
+        }
+    }
 }
 
 /* A hybrid model's recurrent state takes in rejected drafts too: the
@@ -747,19 +771,10 @@ Test(speculative, a_hybrid_model_rolls_its_recurrent_state_back_to_the_same_answ
     hybrid_load(&m, dir, sizeof dir);
     cr_assert_gt(m.cfg.linear.n_layers, 0);
     /* the tiny hybrid model's random weights never repeat themselves: a bias towards two
-     * tokens makes odd requests' answers runs over them, which the drafter finds (the model's
-     * own logits, so its state, still choose between the two, and the logprobs are raw) */
+     * tokens makes odd requests' answers runs over them, which the drafter finds */
     static const eng_logit_bias few[] = {{65, 30.0f}, {66, 30.0f}};
     eng_request reqs[N_PROMPTS];
-    for (int i = 0; i < N_PROMPTS; i++) {
-        reqs[i] = plain(prompts[i], 32);
-        reqs[i].logprobs = true;
-        reqs[i].top_logprobs = 2;
-        if (i % 2) {
-            reqs[i].sampling.logit_bias = few;
-            reqs[i].sampling.n_logit_bias = 2;
-        }
-    }
+    biased_requests(reqs, few);
     eng_spec_stats spec;
     eng_spec_opts so = {.drafter = ENG_SPEC_NGRAM};
     expect_same_answers_on(&m, reqs, N_PROMPTS, 4, &so, &spec);
@@ -1055,7 +1070,7 @@ Test(speculative, a_rolled_back_draft_kv_drafts_as_a_fresh_one)
     cr_assert_eq(a.n_tokens, (int32_t)n + 3, "the prompt and three drafts fed");
     /* the target took the first draft and sampled another token than the second */
     int32_t answer[] = {first[0], (first[1] + 1) % 256};
-    eng_drafter_rollback(&d, &a, (int32_t)n + 1);
+    eng_drafter_rollback(&d, &a, NULL, (int32_t)n + 1);
     cr_assert_eq(a.n_tokens, (int32_t)n + 1);
     eng_history h = {prompt, (int32_t)n, answer, 2};
     /* the rolled back sequence and a fresh one draft in the same steps: one takes in what each
@@ -1071,8 +1086,8 @@ Test(speculative, a_rolled_back_draft_kv_drafts_as_a_fresh_one)
     cr_assert(memcmp(again, fresh, sizeof again) == 0, "%d %d %d %d, fresh %d %d %d %d", again[0],
               again[1], again[2], again[3], fresh[0], fresh[1], fresh[2], fresh[3]);
     cr_assert_eq(a.n_tokens, b.n_tokens);
-    eng_drafter_release(&d, &a);
-    eng_drafter_release(&d, &b);
+    eng_drafter_release(&d, &a, NULL);
+    eng_drafter_release(&d, &b, NULL);
     cr_assert_eq(eng_kv_free_blocks(eng_drafter_kv(&d)), eng_kv_total_blocks(eng_drafter_kv(&d)));
     eng_drafter_free(&d);
     free(prompt);
@@ -1177,4 +1192,180 @@ Test(speculative, a_requests_draft_bounds_are_checked_and_bounded_to_the_engines
     cr_assert_eq(eng_engine_submit(e, &r, NULL, msg, sizeof msg), QL_EINVAL);
     cr_assert(strstr(msg, "draft_min -1"), "%s", msg);
     eng_engine_stop(e);
+}
+
+/* --- the model's own MTP layers ---------------------------------------------------- */
+
+/* The target's hidden states of tokens (n of them, at pos of its sequence s on backend b) into
+ * rows, as the engine's steps hand them to the mtp drafter d. */
+static void target_rows(eng_backend *b, eng_drafter *d, eng_seq_kv *s, eng_draft_rows *rows,
+                        const int32_t *tokens, int32_t n, int32_t pos)
+{
+    char msg[512];
+    float *out = eng_drafter_hidden_out(d, rows, pos, n);
+    cr_assert(out, "rows at %d: none (lost %d)", pos, rows->lost);
+    eng_step_seq q = {.kv = s, .tokens = tokens, .n_tokens = n, .pos = pos, .hidden_out = out};
+    float *logits = malloc((size_t)256 * 1024);
+    cr_assert_eq(eng_backend_forward(b, &q, 1, logits, NULL, msg, sizeof msg), QL_OK, "%s", msg);
+    free(logits);
+}
+
+/* The mtp drafter on its own, beside a target stepped by hand: a draft feeds the target's
+ * hidden states it has not seen and chains the rest, after which its KV holds the target's
+ * rows alone; a forked choice's copy of the prompt's rows drafts the same; after a
+ * verification that took one draft of four, the rollback drops the rejected rows, and the
+ * next draft is the one a fresh sequence fed the same history in one step makes. Every MTP
+ * KV block comes back at the end; a target without MTP layers, or on CUDA, is refused by
+ * name. */
+Test(speculative, an_mtp_draft_rolls_back_to_the_targets_rows_and_drafts_as_a_fresh_one)
+{
+    char dir[512], msg[512];
+    eng_model m;
+    fixture_load(&m, dir, sizeof dir, "qwen35_mtp_tiny");
+    cr_assert_eq(m.mtp.n_layers, 1);
+    eng_backend *b = NULL;
+    eng_backend_opts bo = {.device = ENG_DEVICE_CPU,
+                           .threads = 2,
+                           .max_tokens = 64,
+                           .max_seqs = 4,
+                           .kv_bytes = (size_t)4 << 20};
+    cr_assert_eq(eng_backend_new(&b, &m, &bo, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_kv_cache *tkv = eng_backend_kv(b);
+    eng_drafter d;
+    eng_spec_opts so = {.drafter = ENG_SPEC_MTP};
+    cr_assert_eq(eng_drafter_init(&d, &so, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_draft_sizes sz = {.threads = 2,
+                          .max_tokens = 64,
+                          .max_seqs = 4,
+                          .block_tokens = 16,
+                          .target_kv_bytes = 1 << 20,
+                          .device = ENG_DEVICE_CUDA};
+    cr_assert_eq(eng_drafter_start(&d, &m, &sz, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "CPU backend only"), "%s", msg);
+    sz.device = ENG_DEVICE_CPU;
+    cr_assert_eq(eng_drafter_start(&d, &tiny_model, &sz, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "has no MTP layers"), "%s", msg);
+    cr_assert_eq(eng_drafter_start(&d, &m, &sz, msg, sizeof msg), QL_OK, "%s", msg);
+    eng_kv_cache *mkv = eng_drafter_kv(&d);
+    const int32_t prompt[] = {1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100};
+    const int32_t n = (int32_t)(sizeof prompt / sizeof *prompt);
+    eng_seq_kv ta = {0}, tb = {0}, a = {0}, bkv = {0}, ckv = {0};
+    eng_draft_rows ra = {0}, rb = {0}, rc = {0}, late = {0};
+    cr_assert_eq(eng_kv_reserve(tkv, &ta, 64), QL_OK);
+    cr_assert_eq(eng_kv_reserve(tkv, &tb, 64), QL_OK);
+    // the prompt's prefill, then a first token sampled: the MTP drafts four after it, for the
+    // first choice and a second forked from it
+    target_rows(b, &d, &ta, &ra, prompt, n, 0);
+    eng_drafter_fork(&d, &rc, &ra, &a);
+    cr_assert_eq(rc.n, n);
+    int32_t answer[3] = {33}, first[4], forked[4], again[4], fresh[4];
+    eng_history h0 = {prompt, n, answer, 1};
+    eng_draft_job one[2] = {
+        {.h = h0, .max = 4, .reserve = 64, .kv = &a, .rows = &ra, .out = first},
+        {.h = h0, .max = 4, .reserve = 64, .kv = &ckv, .rows = &rc, .out = forked}};
+    uint64_t steps = eng_drafter_steps(&d);
+    d.ops->draft(&d, one, 2);
+    cr_assert_eq(one[0].n, 4);
+    cr_assert_eq(one[1].n, 4);
+    cr_assert(memcmp(first, forked, sizeof first) == 0, "the fork drafts as its first choice");
+    cr_assert_eq(eng_drafter_steps(&d) - steps, 4, "one step over the rows, three chained");
+    eng_drafter_fork(&d, &late, &ra, &a);
+    cr_assert(late.lost, "a fork after the MTP fed its first choice has no rows to copy");
+    cr_assert_eq(a.n_tokens, n, "the MTP keeps the target's %d rows, not its own guesses", n);
+    cr_assert_eq(ra.pos, n);
+    cr_assert_eq(ra.n, 0);
+    // the target verifies the first token and the drafts; it takes the first draft and samples
+    // another token than the second
+    const int32_t verify[] = {answer[0], first[0], first[1], first[2], first[3]};
+    target_rows(b, &d, &ta, &ra, verify, 5, n);
+    cr_assert_eq(ra.n, 5);
+    answer[1] = first[0];
+    answer[2] = (first[1] + 1) % 256;
+    eng_drafter_rollback(&d, &a, &ra, n + 2);
+    cr_assert_eq(ra.n, 2, "the rejected drafts' rows are dropped");
+    cr_assert_eq(a.n_tokens, n);
+    // a fresh sequence: the same history, its target rows from one prefill
+    const int32_t history[] = {1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 0};
+    int32_t hist[14];
+    memcpy(hist, history, sizeof hist);
+    hist[n + 1] = first[0];
+    target_rows(b, &d, &tb, &rb, hist, n + 2, 0);
+    eng_history h = {prompt, n, answer, 3};
+    eng_draft_job jobs[2] = {
+        {.h = h, .max = 4, .reserve = 64, .kv = &a, .rows = &ra, .out = again},
+        {.h = h, .max = 4, .reserve = 64, .kv = &bkv, .rows = &rb, .out = fresh}};
+    steps = eng_drafter_steps(&d);
+    d.ops->draft(&d, jobs, 2);
+    cr_assert_eq(eng_drafter_steps(&d) - steps, 4, "both in the same steps");
+    cr_assert_eq(jobs[0].n, 4);
+    cr_assert_eq(jobs[1].n, 4);
+    cr_assert(memcmp(again, fresh, sizeof again) == 0, "%d %d %d %d, fresh %d %d %d %d", again[0],
+              again[1], again[2], again[3], fresh[0], fresh[1], fresh[2], fresh[3]);
+    cr_assert_eq(a.n_tokens, n + 2);
+    cr_assert_eq(bkv.n_tokens, n + 2);
+    // rows that do not follow what the MTP has: lost, and no draft for them
+    cr_assert_null(eng_drafter_hidden_out(&d, &rb, n + 5, 1));
+    cr_assert(rb.lost);
+    eng_drafter_release(&d, &a, &ra);
+    eng_drafter_release(&d, &bkv, &rb);
+    eng_drafter_release(&d, &ckv, &rc);
+    cr_assert_eq(eng_kv_free_blocks(mkv), eng_kv_total_blocks(mkv), "every MTP block came back");
+    cr_assert_null(ra.rows);
+    eng_drafter_free(&d);
+    eng_kv_release(tkv, &ta);
+    eng_kv_release(tkv, &tb);
+    eng_backend_free(b);
+    hybrid_unload(&m, dir);
+}
+
+/* Greedy answers of m over the prompts, four at a time (so several sequences draft in one MTP
+ * step), with logprobs, odd ones biased towards tokens 0 and 65, one of them with two choices,
+ * against an engine without speculation; the MTP's figures into *spec. */
+static void expect_same_answers_drafted_by_mtp(const eng_model *m, eng_spec_stats *spec)
+{
+    static const eng_logit_bias few[] = {{0, 30.0f}, {65, 30.0f}};
+    eng_request reqs[N_PROMPTS];
+    biased_requests(reqs, few);
+    reqs[3].n_choices = 2; /* the second choice drafts from its copy of the prompt's rows */
+    eng_spec_opts so = {.drafter = ENG_SPEC_MTP};
+    expect_same_answers_on(m, reqs, N_PROMPTS, 4, &so, spec);
+    cr_assert_str_empty(spec->off_reason);
+    cr_assert_eq(spec->drafter, ENG_SPEC_MTP);
+    cr_assert_gt(spec->drafts, 0, "no draft was verified");
+    cr_assert_geq(spec->drafted, spec->verified);
+    cr_log_info("mtp: %llu drafts, %llu drafted, %llu verified, %llu accepted",
+                (unsigned long long)spec->drafts, (unsigned long long)spec->drafted,
+                (unsigned long long)spec->verified, (unsigned long long)spec->accepted);
+}
+
+/* The tiny Qwen3.5 with its MTP layer drafting through the engine: the answers are the ones
+ * without speculation, bit for bit. Its random MTP layer hardly ever guesses the target's
+ * token, so a second run zeroes its final norm's scale (mtp.norm's w = -1 under the (1 + w)
+ * norms): every draft is then token 0 (all logits 0, the lowest id on ties), which the odd
+ * requests' bias makes the target choose often but not always, so drafts are accepted and
+ * rejected, and the answers still do not change. */
+Test(speculative, mtp_drafts_leave_greedy_answers_the_same_tokens)
+{
+    char dir[512];
+    eng_model m;
+    fixture_load(&m, dir, sizeof dir, "qwen35_mtp_tiny");
+    eng_spec_stats spec;
+    expect_same_answers_drafted_by_mtp(&m, &spec);
+    cr_assert_gt(spec.verified, spec.accepted, "the random MTP's drafts were rejected");
+    qtensor *norm = &m.mtp.norm;
+    cr_assert_eq(norm->kind, QT_F32);
+    int64_t H = m.cfg.hidden_size;
+    float *minus_one = malloc((size_t)H * sizeof(float));
+    for (int64_t i = 0; i < H; i++)
+        minus_one[i] = -1.0f;
+    uint8_t *data = norm->data;
+    bool borrowed = norm->data_borrowed;
+    norm->data = (uint8_t *)minus_one;
+    norm->data_borrowed = true;
+    expect_same_answers_drafted_by_mtp(&m, &spec);
+    expect_drafts_exercised(&spec);
+    norm->data = data;
+    norm->data_borrowed = borrowed;
+    free(minus_one);
+    hybrid_unload(&m, dir);
 }

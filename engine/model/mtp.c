@@ -103,33 +103,22 @@ static void rmsnorm_row(const eng_config *c, const float *x, const qtensor *w, f
         out[i] = (float)(x[i] * scale * (c->norm_offset + wbuf[i]));
 }
 
-int eng_mtp_input(const eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
-                  float *out)
+int eng_mtp_concat(const eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
+                   float *cat)
 {
     const eng_config *c = &m->cfg;
     int64_t H = c->hidden_size;
-    float *cat = malloc((size_t)(4 * H) * sizeof(float)), *emb = cat + 2 * H, *wbuf = cat + 3 * H;
-    float *fc = malloc((size_t)(2 * H * H) * sizeof(float));
-    if (!cat || !fc) {
-        free(cat);
-        free(fc);
+    float *emb = malloc((size_t)(2 * H) * sizeof(float));
+    if (!emb)
         return QL_ENOMEM;
-    }
-    qt_dequantize_rows(&m->mtp.fc, 0, m->mtp.fc.rows, fc);
+    float *wbuf = emb + H;
     for (int32_t i = 0; i < n; i++) {
         // the token's embedding and the hidden state, each normed; the embedding first
+        float *row = cat + (size_t)i * (size_t)(2 * H);
         qt_dequantize_rows(&m->embed, tokens[i], 1, emb);
-        rmsnorm_row(c, emb, &m->mtp.norm_embed, wbuf, H, cat);
-        rmsnorm_row(c, hidden + i * H, &m->mtp.norm_hidden, wbuf, H, cat + H);
-        // fc
-        for (int64_t r = 0; r < H; r++) {
-            double sum = 0.0;
-            for (int64_t k = 0; k < 2 * H; k++)
-                sum += (double)fc[r * 2 * H + k] * cat[k];
-            out[i * H + r] = (float)sum;
-        }
+        rmsnorm_row(c, emb, &m->mtp.norm_embed, wbuf, H, row);
+        rmsnorm_row(c, hidden + (size_t)i * (size_t)H, &m->mtp.norm_hidden, wbuf, H, row + H);
     }
-    free(cat);
-    free(fc);
+    free(emb);
     return QL_OK;
 }

@@ -38,11 +38,13 @@ struct eng_model;
  * every tensor (never free it; m must outlive it) and runs on a backend of
  * its own, whose KV cache is the MTP's. m must have MTP layers. */
 void eng_mtp_view(const struct eng_model *m, struct eng_model *view);
-/* The rows the MTP takes in place of token embeddings, n of them into out
- * (n x hidden): row i is fc(concat(norm_embed(embed(tokens[i])),
- * norm_hidden(hidden + i hidden))), the norms as the model's RMSNorm, the
- * sums in double. QL_ENOMEM (out unwritten) when its scratch cannot be had. */
-int eng_mtp_input(const struct eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
-                  float *out);
+/* The rows the MTP's fc takes, n of them into cat (n x 2 hidden): row i is
+ * concat(norm_embed(embed(tokens[i])), norm_hidden(hidden + i hidden)), the
+ * embedding's half first, each the model's RMSNorm (sums in double). fc of
+ * them is what the MTP takes in place of token embeddings; the MTP drafter
+ * runs it on its pool (eng_mtp_input). QL_ENOMEM (cat unwritten) when its
+ * scratch cannot be had. */
+int eng_mtp_concat(const struct eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
+                   float *cat);
 
 #endif

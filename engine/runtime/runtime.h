@@ -13,13 +13,10 @@
  * one thread at a time. It touches engine/model/ and kernels/ (and
  * kernels/cuda/ for the CUDA backend), never the scheduler above it.
  *
- * Inside the folder: backend.c (the choice, the CPU backend, the
- * eng_backend_* calls), walk.c (the one walk over the layers, for both
- * backends), forward.c (the CPU's operations for it), backend_cuda.c (the
- * CUDA ones; CUDA builds), step.c (rotary tables and a step's refusals),
- * kv_cache.c, pool.c; internal/ holds what only these files share
- * (backend_internal.h, walk_internal.h, step_internal.h,
- * kv_cache_internal.h).
+ * Inside the folder: backend.c (the choice, the CPU backend, the eng_backend_* calls), walk.c
+ * (the one walk over the layers, for both backends), forward.c (the CPU's operations for it),
+ * backend_cuda.c (the CUDA ones; CUDA builds), step.c (rotary tables and a step's refusals),
+ * kv_cache.c, pool.c; internal/ holds what only these files share.
  */
 #ifndef QL_RUNTIME_H
 #define QL_RUNTIME_H
@@ -212,6 +209,8 @@ void eng_pool_run(eng_pool *p, void (*fn)(void *ctx, int64_t begin, int64_t end)
 void eng_pool_run_workers(eng_pool *p,
                           void (*fn)(void *ctx, int worker, int64_t begin, int64_t end), void *ctx,
                           int64_t n, int64_t grain);
+/* y[batch][w.rows] = x[batch][w.cols] @ w^T over the pool (project_cpu.c). */
+void eng_cpu_matmul(eng_pool *pool, const qtensor *w, const float *x, int64_t batch, float *y);
 
 /* One sequence's part of a forward step: its new tokens, written at
  * positions [pos, pos + n_tokens) of its KV (already reserved to hold

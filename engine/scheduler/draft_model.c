@@ -79,17 +79,6 @@ static int check_vocab(const eng_model *target, const eng_model *draft, char *ms
     return QL_OK;
 }
 
-/* Bytes of the draft's cache: asked for, or as many positions as the target's holds. */
-static size_t draft_kv_bytes(const eng_model *target, const eng_model *draft,
-                             const eng_spec_opts *o, const eng_draft_sizes *sz)
-{
-    if (o->draft_kv_bytes > 0)
-        return o->draft_kv_bytes;
-    size_t per_target = eng_kv_token_bytes(&target->cfg, sz->kv_dtype);
-    size_t per_draft = eng_kv_token_bytes(&draft->cfg, sz->kv_dtype);
-    return sz->target_kv_bytes / (per_target ? per_target : 1) * per_draft;
-}
-
 int eng_draft_model_new(eng_draft_model **out, const eng_model *target, const eng_spec_opts *o,
                         const eng_draft_sizes *sz, char *msg, size_t msg_len)
 {
@@ -113,7 +102,7 @@ int eng_draft_model_new(eng_draft_model **out, const eng_model *target, const en
                            .threads = sz->threads,
                            .max_tokens = sz->max_tokens,
                            .max_seqs = sz->max_seqs,
-                           .kv_bytes = draft_kv_bytes(target, m, o, sz),
+                           .kv_bytes = eng_draft_kv_bytes(&target->cfg, &m->cfg, o, sz),
                            .block_tokens = sz->block_tokens,
                            .kv_dtype = sz->kv_dtype};
     rc = eng_backend_new(&dm->backend, m, &bo, msg, msg_len);
@@ -256,24 +245,27 @@ void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_job
     }
 }
 
-void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, int32_t n_tokens)
+void eng_draft_model_rollback(eng_draft_model *dm, eng_seq_kv *kv, int32_t n_tokens)
 {
-    if (d->model)
-        rollback_kv(d->model, kv, n_tokens);
+    rollback_kv(dm, kv, n_tokens);
 }
 
-void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv)
+uint64_t eng_draft_model_steps(const eng_draft_model *dm)
 {
-    if (d->model)
-        eng_kv_release(d->model->kv, kv);
+    return dm->steps;
 }
 
-uint64_t eng_drafter_steps(const eng_drafter *d)
+eng_kv_cache *eng_draft_model_kv(eng_draft_model *dm)
 {
-    return d->model ? d->model->steps : 0;
+    return dm->kv;
 }
 
-eng_kv_cache *eng_drafter_kv(eng_drafter *d)
+size_t eng_draft_kv_bytes(const eng_config *target, const eng_config *cfg, const eng_spec_opts *o,
+                          const eng_draft_sizes *sz)
 {
-    return d->model ? d->model->kv : NULL;
+    if (o->draft_kv_bytes > 0)
+        return o->draft_kv_bytes;
+    size_t per_target = eng_kv_token_bytes(target, sz->kv_dtype);
+    size_t per_draft = eng_kv_token_bytes(cfg, sz->kv_dtype);
+    return sz->target_kv_bytes / (per_target ? per_target : 1) * per_draft;
 }

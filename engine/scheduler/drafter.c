@@ -10,38 +10,32 @@
  * tokens it has seen, so the tokens that followed the last occurrence of
  * its current suffix are a good guess of what follows now. It owns no
  * state; the scheduler holds each sequence's history and length. The
- * draft model's drafter lives in draft_model.c.
+ * draft model's drafter lives in draft_model.c, the MTP's in mtp_drafter.c.
  */
 #include "drafter_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, size_t msg_len)
 {
     int v = ql_name_expect(&ql_speculative_names, "speculative", name, msg, msg_len);
     if (v < 0)
         return v;
-    if (v == QL_SPEC_MTP)
-        return ql_fail(msg, msg_len, QL_EINVAL,
-                       "speculative \"%s\": a model's MTP heads are not built yet (issue 37); use "
-                       "ngram, draft or off",
-                       name);
     *out = (eng_speculative)v;
     return QL_OK;
 }
 
 int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
 {
-    if (o->drafter == ENG_SPEC_MTP)
-        return eng_speculative_parse(ql_name_of(&ql_speculative_names, (int)o->drafter),
-                                     &o->drafter, msg, msg_len);
-    if (o->drafter != ENG_SPEC_OFF && o->drafter != ENG_SPEC_NGRAM && o->drafter != ENG_SPEC_DRAFT)
+    if (o->drafter != ENG_SPEC_OFF && o->drafter != ENG_SPEC_NGRAM &&
+        o->drafter != ENG_SPEC_DRAFT && o->drafter != ENG_SPEC_MTP)
         return ql_fail(msg, msg_len, QL_EINVAL, "speculative: unknown drafter %d", (int)o->drafter);
     if (o->drafter == ENG_SPEC_DRAFT && !o->draft_model)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "speculative draft needs a draft model (--draft-model PATH)");
     /* n-gram drafts cost no model, so the length is left to the cost rule
-     * (eng_spec_len_want); a draft model steps once per drafted token */
+     * (eng_spec_len_want); a draft model and the MTP step once per drafted token */
     if (o->draft_max == 0)
         o->draft_max = o->drafter == ENG_SPEC_NGRAM ? ENG_SPEC_MAX_DRAFT : 4;
     if (o->ngram_min == 0)
@@ -131,34 +125,76 @@ static void model_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
     eng_draft_model_run(d->model, jobs, n_jobs);
 }
 
+static void mtp_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
+{
+    eng_mtp_drafter_run(d->mtp, jobs, n_jobs);
+}
+
 static const eng_drafter_ops ngram_ops = {.name = "ngram", .draft = ngram_draft};
 static const eng_drafter_ops model_ops = {.name = "draft", .draft = model_draft};
+static const eng_drafter_ops mtp_ops = {.name = "mtp", .draft = mtp_draft};
 
 int eng_drafter_init(eng_drafter *d, const eng_spec_opts *o, char *msg, size_t msg_len)
 {
     d->o = *o;
     d->ops = NULL;
     d->model = NULL;
+    d->mtp = NULL;
     int rc = eng_spec_opts_resolve(&d->o, msg, msg_len);
     if (rc == QL_OK && d->o.drafter == ENG_SPEC_NGRAM)
         d->ops = &ngram_ops;
     if (rc == QL_OK && d->o.drafter == ENG_SPEC_DRAFT)
         d->ops = &model_ops;
+    if (rc == QL_OK && d->o.drafter == ENG_SPEC_MTP)
+        d->ops = &mtp_ops;
     return rc;
 }
 
 int eng_drafter_start(eng_drafter *d, const eng_model *target, const eng_draft_sizes *sz, char *msg,
                       size_t msg_len)
 {
-    if (d->o.drafter != ENG_SPEC_DRAFT || d->model)
-        return QL_OK;
-    return eng_draft_model_new(&d->model, target, &d->o, sz, msg, msg_len);
+    if (d->o.drafter == ENG_SPEC_DRAFT && !d->model)
+        return eng_draft_model_new(&d->model, target, &d->o, sz, msg, msg_len);
+    if (d->o.drafter == ENG_SPEC_MTP && !d->mtp)
+        return eng_mtp_drafter_new(&d->mtp, target, &d->o, sz, msg, msg_len);
+    return QL_OK;
 }
 
 void eng_drafter_free(eng_drafter *d)
 {
     eng_draft_model_free(d->model);
     d->model = NULL;
+    eng_mtp_drafter_free(d->mtp);
+    d->mtp = NULL;
+}
+
+void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, eng_draft_rows *rows, int32_t n_tokens)
+{
+    if (d->model)
+        eng_draft_model_rollback(d->model, kv, n_tokens);
+    if (d->mtp)
+        eng_mtp_drafter_rollback(d->mtp, kv, rows, n_tokens);
+}
+
+void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv, eng_draft_rows *rows)
+{
+    eng_kv_cache *cache = eng_drafter_kv(d);
+    if (cache)
+        eng_kv_release(cache, kv);
+    if (rows) {
+        free(rows->rows);
+        *rows = (eng_draft_rows){0};
+    }
+}
+
+uint64_t eng_drafter_steps(const eng_drafter *d)
+{
+    return d->model ? eng_draft_model_steps(d->model) : d->mtp ? eng_mtp_drafter_steps(d->mtp) : 0;
+}
+
+eng_kv_cache *eng_drafter_kv(eng_drafter *d)
+{
+    return d->model ? eng_draft_model_kv(d->model) : d->mtp ? eng_mtp_drafter_kv(d->mtp) : NULL;
 }
 
 /* --- the draft length ------------------------------------------------------------- */

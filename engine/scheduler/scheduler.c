@@ -103,7 +103,8 @@ typedef struct seq {
     int32_t row[ENG_SPEC_MAX_DRAFT + 1];
     int32_t n_draft;
     eng_spec_len spec;
-    eng_seq_kv draft_kv; /* the draft model's KV of it (the draft drafter's) */
+    eng_seq_kv draft_kv;       /* its KV in the drafter's cache (a draft model's, the MTP's) */
+    eng_draft_rows draft_rows; /* the target's hidden states the MTP has not fed (mtp) */
 } seq;
 
 /* One submitted request: the prompt and what its choices share. */
@@ -384,6 +385,7 @@ static void request_end(eng_engine *e, request *r, eng_finish why)
 static void end_unbegun(eng_engine *e, request *r, eng_finish why)
 {
     eng_kv_release(e->kv, &r->choices[0].kv);
+    eng_drafter_release(&e->drafter, &r->choices[0].draft_kv, &r->choices[0].draft_rows);
     drop_running(e, &r->choices[0]);
     if (r->admitted)
         e->slots -= r->n_choices;
@@ -455,7 +457,7 @@ static void end_choice(eng_engine *e, seq *s, eng_finish why)
     }
     keep_answer(e, s, why);
     eng_kv_release(e->kv, &s->kv);
-    eng_drafter_release(&e->drafter, &s->draft_kv);
+    eng_drafter_release(&e->drafter, &s->draft_kv, &s->draft_rows);
     drop_running(e, s);
     e->slots--;
     r->generated += s->n_generated;
@@ -1264,6 +1266,7 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
                                            .max = want,
                                            .reserve = r->reserve,
                                            .kv = &s->draft_kv,
+                                           .rows = &s->draft_rows,
                                            .out = s->row + 1};
         e->draft_seqs[n++] = s;
         room -= want;
@@ -1284,7 +1287,8 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
         if (k > 0 && (k < s->r->draft_min ||
                       (s->sampler.grammar && !gr_matcher_allows(s->sampler.grammar, s->row[1])))) {
             k = 0; /* never verified: a draft model forgets the drafts it fed */
-            eng_drafter_rollback(&e->drafter, &s->draft_kv, s->r->n_prompt + s->n_fed);
+            eng_drafter_rollback(&e->drafter, &s->draft_kv, &s->draft_rows,
+                                 s->r->n_prompt + s->n_fed);
         }
         s->row[0] = s->next_token;
         s->n_draft = k;
@@ -1320,7 +1324,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
         return; /* its blocks went back; the prefix cache kept only the answer's fed tokens */
     char msg[160];
     /* the draft model keeps what it saw of the accepted tokens; the next draft feeds the rest */
-    eng_drafter_rollback(&e->drafter, &s->draft_kv, q->pos + 1 + j);
+    eng_drafter_rollback(&e->drafter, &s->draft_kv, &s->draft_rows, q->pos + 1 + j);
     if (eng_kv_rollback(e->kv, &s->kv, q->pos + 1 + j, msg, sizeof msg) != QL_OK) {
         fprintf(stderr, "qlserve: request %llu: %s\n", (unsigned long long)s->r->id, msg);
         end_choice(e, s, ENG_FINISH_ERROR);
@@ -1373,6 +1377,7 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
     for (int32_t i = 1; i < n; i++) {
         forked[i] = eng_kv_fork(e->kv, &c[i].kv, &c[0].kv, r->reserve) == QL_OK;
         if (forked[i]) {
+            eng_drafter_fork(&e->drafter, &c[i].draft_rows, &c[0].draft_rows, &c[0].draft_kv);
             e->tally.shared += (uint64_t)eng_kv_blocks_for(e->kv, c[0].kv.n_tokens);
             e->running[e->n_running++] = &c[i];
         } else { /* choice 0 holds too few blocks: a reservation bug */
@@ -1400,6 +1405,13 @@ static bool hybrid(const eng_engine *e)
     return e->m->cfg.linear.n_layers > 0;
 }
 
+/* Where the MTP drafter takes the hidden states of s's n step rows at pos (NULL: nowhere): every
+ * step of a sequence that may draft, so its MTP covers all it has seen. */
+static float *mtp_rows(eng_engine *e, seq *s, int32_t pos, int32_t n)
+{
+    return s->r->draft_max > 0 ? eng_drafter_hidden_out(&e->drafter, &s->draft_rows, pos, n) : NULL;
+}
+
 /* The step's decode rows: every begun choice's next token, the drafting
  * ones first with their drafts, their rows' buffers end to end in
  * spec_rows (so the walk classifies all their rows in one pass). Returns
@@ -1421,17 +1433,18 @@ static int32_t build_decodes(eng_engine *e, int32_t *budget)
             /* the drafting ones first, then the others */
             if (!r->begun || (pass == 0) != (s->n_draft > 0))
                 continue;
-            int32_t k = s->n_draft;
+            int32_t k = s->n_draft, pos = r->n_prompt + s->n_generated - 1;
             e->step[n] = (eng_step_seq){.kv = &s->kv,
                                         .tokens = k ? s->row : &s->next_token,
                                         .n_tokens = 1 + k,
-                                        .pos = r->n_prompt + s->n_generated - 1,
+                                        .pos = pos,
                                         .weights = r->weights,
                                         .delta = r->delta,
                                         .n_delta = (int32_t)r->n_delta,
                                         .rope_long = r->rope_long,
                                         .all_logits = k ? rows : NULL,
-                                        .row_states = k && hybrid(e) ? n + 1 : 0};
+                                        .row_states = k && hybrid(e) ? n + 1 : 0,
+                                        .hidden_out = mtp_rows(e, s, pos, 1 + k)};
             rows += k ? (size_t)(k + 1) * (size_t)e->m->cfg.vocab_size : 0;
             drafted += k;
             e->step_owner[n++] = s;
@@ -1477,7 +1490,8 @@ static int32_t build_step(eng_engine *e)
                                     .delta = r->delta,
                                     .n_delta = (int32_t)r->n_delta,
                                     .rope_long = r->rope_long,
-                                    .all_logits = r->req.prompt_logprobs ? e->prompt_rows : NULL};
+                                    .all_logits = r->req.prompt_logprobs ? e->prompt_rows : NULL,
+                                    .hidden_out = mtp_rows(e, s, r->n_prefilled, chunk)};
         rows_taken |= r->req.prompt_logprobs;
         e->step_owner[n++] = s;
         budget -= chunk;
@@ -1826,7 +1840,8 @@ static int speculation_start(eng_engine *e, char *msg, size_t msg_len)
                           .max_seqs = e->o.max_running,
                           .block_tokens = e->o.block_tokens,
                           .target_kv_bytes = e->o.kv_bytes,
-                          .kv_dtype = eng_kv_dtype(e->kv)};
+                          .kv_dtype = eng_kv_dtype(e->kv),
+                          .device = eng_backend_device(e->backend)};
     int rc = eng_drafter_start(&e->drafter, e->m, &sz, msg, msg_len);
     if (rc != QL_OK)
         return rc;
@@ -1961,8 +1976,8 @@ int eng_engine_start(eng_engine **out, const eng_model *m, const eng_engine_opts
          * so a cached prefix could not be resumed: the prefix cache (and
          * the next-turn cache, its tail) is off, said in the log and /info */
         e->stats.states_total = eng_kv_total_states(e->kv);
-        if (eng_linear_prefix_off(&m->cfg.linear))
-            e->o.no_prefix_cache = true;
+        if (eng_linear_prefix_off(&m->cfg.linear) || o->spec.drafter == ENG_SPEC_MTP)
+            e->o.no_prefix_cache = true; /* MTP: a cached prefix gives its drafter no states */
         if (!e->o.no_prefix_cache)
             rc = eng_kv_prefix_enable(e->kv, msg, msg_len);
         e->logits = malloc((size_t)e->o.max_running * (size_t)vocab * sizeof(float));

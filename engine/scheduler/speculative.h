@@ -28,13 +28,13 @@ typedef enum eng_speculative {
     ENG_SPEC_OFF = QL_SPEC_OFF, /* the zero value: options built by hand do not speculate */
     ENG_SPEC_NGRAM = QL_SPEC_NGRAM,
     ENG_SPEC_DRAFT = QL_SPEC_DRAFT, /* a smaller model with the same vocabulary */
-    ENG_SPEC_MTP = QL_SPEC_MTP,     /* not built yet: refused by name */
+    ENG_SPEC_MTP = QL_SPEC_MTP,     /* the model's own MTP layers (mtp.h), on the CPU backend */
 } eng_speculative;
 
 typedef struct eng_spec_opts {
     eng_speculative drafter;
     /* most tokens drafted per sequence per step, in [1, ENG_SPEC_MAX_DRAFT]; 0: 16 for ngram,
-     * 4 for draft */
+     * 4 for draft and mtp */
     int32_t draft_max;
     /* the n-gram drafter matches the answer's last n tokens, n from ngram_max down to
      * ngram_min, in the prompt and answer before them; 0: 1 and 3 */
@@ -48,11 +48,12 @@ typedef struct eng_spec_opts {
     size_t draft_kv_bytes;
 } eng_spec_opts;
 
-/* "off", "ngram", "draft" -> *out; "mtp" is refused by name (not built
- * yet), any other word naming the choices. QL_EINVAL then. */
+/* "off", "ngram", "draft", "mtp" -> *out; any other word is refused
+ * naming the choices (QL_EINVAL). */
 int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, size_t msg_len);
-/* o with its zeros replaced by the defaults, checked: a drafter not built
- * yet, draft without its model, sizes out of range (named). */
+/* o with its zeros replaced by the defaults, checked: an unknown drafter,
+ * draft without its model, sizes out of range (named). Whether the model
+ * has MTP layers is checked at the engine's start. */
 int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len);
 
 /* One request's say over speculation (eng_request.spec); the zero value takes the engine's. A

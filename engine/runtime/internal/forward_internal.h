@@ -81,8 +81,6 @@ typedef struct cpu_step {
 
 /* Room in st for the gathered rows of adapters up to `rank`. */
 int eng_cpu_lora_scratch(eng_forward_state *st, int64_t rank);
-/* y[batch][w.rows] = x[batch][w.cols] @ w^T over the pool. */
-void eng_cpu_matmul(eng_pool *pool, const qtensor *w, const float *x, int64_t batch, float *y);
 /*
  * y[T][out] = x[T][in] @ W^T for layer l's projection p (an expert's too),
  * every sequence on its own weight version, then each sequence's unmerged

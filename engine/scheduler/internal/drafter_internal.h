@@ -4,9 +4,9 @@
  *
  * A drafter is a row of operations (eng_drafter_ops): given what a sequence
  * has seen (its prompt and its answer so far), propose up to max tokens
- * that may follow, for every drafting sequence of a step at once. The
- * n-gram lookup and a draft model (draft_model.c) are built; MTP heads
- * will be a row beside them.
+ * that may follow, for every drafting sequence of a step at once: the
+ * n-gram lookup (drafter.c), a draft model (draft_model.c) and the
+ * model's own MTP layers (mtp_drafter.c).
  */
 #ifndef QL_DRAFTER_INTERNAL_H
 #define QL_DRAFTER_INTERNAL_H
@@ -26,15 +26,28 @@ typedef struct eng_history {
     int32_t n_answer;
 } eng_history;
 
+/* The target's hidden states (after its final norm) that the MTP drafter has
+ * not fed yet, of one sequence: rows (n x hidden, owned, grown to cap) hold
+ * positions pos .. pos + n - 1. Lost: a position's row never came (a step
+ * that failed, a prefix the target did not compute), so the MTP cannot
+ * cover the sequence and drafts nothing for it. The zero value is a fresh
+ * sequence's. */
+typedef struct eng_draft_rows {
+    float *rows;
+    int32_t pos, n, cap;
+    bool lost;
+} eng_draft_rows;
+
 /* One drafting sequence of a step: what it has seen (the last token of h is
  * the one the step feeds next), how many tokens it wants, and where they go. */
 typedef struct eng_draft_job {
     eng_history h;
-    int32_t max;     /* >= 1 */
-    int32_t reserve; /* positions its answer may reach (what its draft KV reserves) */
-    eng_seq_kv *kv;  /* its KV in the draft model's cache (the draft drafter's) */
-    int32_t *out;    /* max of them */
-    int32_t n;       /* out: how many were drafted (0: no guess) */
+    int32_t max;          /* >= 1 */
+    int32_t reserve;      /* positions its answer may reach (what its draft KV reserves) */
+    eng_seq_kv *kv;       /* its KV in the drafter's cache (a draft model's, the MTP's) */
+    eng_draft_rows *rows; /* the target's hidden states the MTP has not seen */
+    int32_t *out;         /* max of them */
+    int32_t n;            /* out: how many were drafted (0: no guess) */
 } eng_draft_job;
 
 typedef struct eng_drafter eng_drafter;
@@ -45,12 +58,14 @@ typedef struct eng_drafter_ops {
 } eng_drafter_ops;
 
 typedef struct eng_draft_model eng_draft_model;
+typedef struct eng_mtp_drafter eng_mtp_drafter;
 
 struct eng_drafter {
     const eng_drafter_ops *ops;
     eng_spec_opts o;        /* resolved (eng_spec_opts_resolve) */
     eng_draft_model *model; /* the draft drafter's (owned); else NULL */
     double position_s;      /* what a drafted position costs (eng_drafter_timed) */
+    eng_mtp_drafter *mtp;   /* the mtp drafter's (owned); else NULL */
 };
 
 /* After ops->draft took `took_s` to draft at most `longest` tokens for any
@@ -71,10 +86,16 @@ typedef struct eng_draft_sizes {
     int32_t max_tokens, max_seqs, block_tokens;
     size_t target_kv_bytes; /* its cache's share, when o.draft_kv_bytes is 0 */
     qt_kind kv_dtype;
+    eng_device device; /* where the target runs */
 } eng_draft_sizes;
 
-/* The draft drafter's model beside target (eng_draft_model_new); nothing
- * for other drafters. */
+/* The bytes of a drafter's own cache for a model of cfg beside target:
+ * o->draft_kv_bytes, or as many positions as target_kv_bytes gives target. */
+size_t eng_draft_kv_bytes(const eng_config *target, const eng_config *cfg, const eng_spec_opts *o,
+                          const eng_draft_sizes *sz);
+
+/* The draft drafter's model, or the mtp drafter's MTP layers, beside target
+ * (eng_draft_model_new, eng_mtp_drafter_new); nothing for the n-gram. */
 int eng_drafter_start(eng_drafter *d, const eng_model *target, const eng_draft_sizes *sz, char *msg,
                       size_t msg_len);
 
@@ -93,13 +114,55 @@ void eng_draft_model_free(eng_draft_model *dm);
  * per drafted position for all jobs together. A job whose KV cannot be
  * reserved, or whose step fails, drafts nothing. */
 void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs);
+/*
+ * The mtp drafter beside target (mtp_drafter.c): refused by name when target
+ * has no MTP layers or runs on CUDA; else its MTP layers (eng_mtp_view) on a
+ * pool, KV cache and forward scratch of their own, the cache sized as a
+ * draft model's. *out owned by the caller.
+ */
+int eng_mtp_drafter_new(eng_mtp_drafter **out, const eng_model *target, const eng_spec_opts *o,
+                        const eng_draft_sizes *sz, char *msg, size_t msg_len);
+void eng_mtp_drafter_free(eng_mtp_drafter *md);
+/* The MTP's greedy guesses for jobs: first one step over each job's rows
+ * (every hidden state it has not fed, in chunks a step holds), whose last
+ * row drafts the first token, then one step per further position for all
+ * jobs together, each chaining its own output and token; each job's KV
+ * then goes back to the rows the target gave. A job whose rows are lost or
+ * do not reach its last fed token, whose KV cannot be reserved, or whose
+ * step fails, drafts nothing (a failed step loses its rows). */
+void eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs);
+/* The rows one MTP input takes, n of them into out (n x hidden): fc of
+ * eng_mtp_concat's rows (into cat, n x 2 hidden), on pool. QL_ENOMEM as
+ * eng_mtp_concat. */
+int eng_mtp_input(eng_pool *pool, const eng_model *m, const int32_t *tokens, const float *hidden,
+                  int32_t n, float *cat, float *out);
+/* The draft model's and the mtp drafter's parts of eng_drafter_rollback,
+ * eng_drafter_kv and eng_drafter_steps. */
+void eng_draft_model_rollback(eng_draft_model *dm, eng_seq_kv *kv, int32_t n_tokens);
+eng_kv_cache *eng_draft_model_kv(eng_draft_model *dm);
+uint64_t eng_draft_model_steps(const eng_draft_model *dm);
+void eng_mtp_drafter_rollback(eng_mtp_drafter *md, eng_seq_kv *kv, eng_draft_rows *rows,
+                              int32_t n_tokens);
+eng_kv_cache *eng_mtp_drafter_kv(eng_mtp_drafter *md);
+uint64_t eng_mtp_drafter_steps(const eng_mtp_drafter *md);
+
+/* Where a target step's n hidden states of a sequence at positions pos..
+ * go (eng_step_seq.hidden_out), appended to its rows; NULL when the drafter
+ * takes none (not mtp), the rows are lost, or pos does not follow them (they
+ * are lost then). */
+float *eng_drafter_hidden_out(eng_drafter *d, eng_draft_rows *rows, int32_t pos, int32_t n);
+/* A forked choice's rows: a copy of its first choice's (lost where that one
+ * has fed some to its MTP KV already, which the fork does not share). */
+void eng_drafter_fork(eng_drafter *d, eng_draft_rows *dst, const eng_draft_rows *src,
+                      const eng_seq_kv *src_kv);
 /* After a verification: kv keeps at most n_tokens positions (the tokens the
- * target accepted); what it saw past them is forgotten. */
-void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, int32_t n_tokens);
-/* A sequence's end: its draft KV goes back (nothing for other drafters). */
-void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv);
-/* The draft model's KV cache and the steps it has run (for the tests);
- * NULL and 0 for other drafters. */
+ * target accepted); what it saw past them is forgotten, and so are rows at
+ * n_tokens and on (rows may be NULL for a draft model). */
+void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, eng_draft_rows *rows, int32_t n_tokens);
+/* A sequence's end: its draft KV goes back and its rows are freed. */
+void eng_drafter_release(eng_drafter *d, eng_seq_kv *kv, eng_draft_rows *rows);
+/* The drafter's KV cache and the steps it has run (for the tests); NULL and
+ * 0 for the n-gram. */
 eng_kv_cache *eng_drafter_kv(eng_drafter *d);
 uint64_t eng_drafter_steps(const eng_drafter *d);
 
