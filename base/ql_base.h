@@ -167,8 +167,8 @@ typedef enum ql_adapter_dtype { QL_ADAPTER_DTYPE_F32 = 0, QL_ADAPTER_DTYPE_BF16 
 typedef enum ql_activations { QL_ACTIVATIONS_F32 = 0, QL_ACTIVATIONS_Q8 } ql_activations;
 /* Which drafter speculative decoding uses (--speculative): off (the zero
  * value), n-gram lookup in the prompt and answer, a draft model, a model's
- * own MTP heads. The engine's eng_speculative takes its values from these
- * (and refuses, by name, the drafters not built yet). */
+ * own MTP layers. The engine's eng_speculative takes its values from
+ * these. */
 typedef enum ql_speculative {
     QL_SPEC_OFF = 0,
     QL_SPEC_NGRAM,

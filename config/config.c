@@ -276,8 +276,8 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
     {FLAG("speculative", OPT_STRING, offsetof(T, field.speculative),                               \
           "draft tokens and verify them in the same batched step: ngram looks the answer's last "  \
           "tokens up in the prompt and answer (greedy answers unchanged, sampled ones keep the "   \
-          "model's distribution); draft runs --draft-model's greedy guesses; mtp is not built "    \
-          "yet"),                                                                                  \
+          "model's distribution); draft runs --draft-model's greedy guesses; mtp drafts with the " \
+          "model's own MTP layers (Qwen3.5's mtp.*, on the CPU)"),                                 \
      .def.s = "off", .words = &ql_speculative_names},                                              \
         {FLAG("draft-model", OPT_STRING, offsetof(T, field.draft_model),                           \
               "PATH: --speculative draft's model (a Hugging Face folder or a .gguf file, loaded "  \
@@ -286,7 +286,7 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
               "N: the draft model's own KV cache in MiB (0: as many positions as the model's)"),   \
          RANGE(0, 1 << 20)},                                                                       \
         {FLAG("draft-max", OPT_INT, offsetof(T, field.draft_max),                                  \
-              "N: most tokens a sequence drafts per step, 1..16 (0: 16 for ngram, 4 for draft; a " \
+              "N: most tokens a sequence drafts per step, 1..16 (0: 16 for ngram, else 4; a "      \
               "request may ask fewer)"),                                                           \
          RANGE(0, 16)},                                                                            \
         {FLAG("ngram-min", OPT_INT, offsetof(T, field.ngram_min),                                  \

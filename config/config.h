@@ -58,8 +58,8 @@ typedef struct cfg_model {
     const char *chat_template;
 } cfg_model;
 
-/* Speculative decoding (serve, generate): --speculative off|ngram|draft (mtp
- * is a word the engine refuses by name: not built yet), --draft-model,
+/* Speculative decoding (serve, generate): --speculative off|ngram|draft|mtp
+ * (mtp: the model's own MTP layers, refused at start without them), --draft-model,
  * --draft-kv-mib, --draft-max, --ngram-min, --ngram-max, --spec-max-batch
  * (0: the engine's defaults, eng_spec_opts). */
 typedef struct cfg_spec {

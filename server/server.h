@@ -359,8 +359,8 @@ int srv_serve(const cfg_serve *cfg);
 void srv_activations_set(const char *word);
 void srv_activations_settle(const eng_engine *e, FILE *log, const char *who);
 /* serve's and generate's speculative decoding flags (config's cfg_spec) as
- * the engine's options: the drafter's word parsed (mtp refused by name,
- * QL_EINVAL; so is --draft-model without --speculative draft), the sizes as
+ * the engine's options: the drafter's word parsed (--draft-model without
+ * --speculative draft refused by name, QL_EINVAL), the sizes as
  * given (the engine checks their ranges). The draft model is not loaded
  * here (srv_draft_load). */
 int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_len);
