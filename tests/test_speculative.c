@@ -101,12 +101,16 @@ static void wait_done(outcome *o)
     pthread_mutex_unlock(&o->mu);
 }
 
+/* The engines' prefill chunk (0: their default); the MTP test lowers it. */
+static int32_t prefill_chunk;
+
 static eng_engine *start_on(const eng_model *m, const eng_spec_opts *spec, int32_t max_running)
 {
     eng_engine_opts o = {.threads = 2,
                          .kv_bytes = 16 << 20,
                          .max_running = max_running,
                          .max_queued = 2048,
+                         .prefill_chunk = prefill_chunk,
                          .spec = *spec};
     eng_engine *e;
     char msg[512];
@@ -1214,7 +1218,8 @@ static void target_rows(eng_backend *b, eng_drafter *d, eng_seq_kv *s, eng_draft
  * hidden states it has not seen and chains the rest, after which its KV holds the target's
  * rows alone; a forked choice's copy of the prompt's rows drafts the same; after a
  * verification that took one draft of four, the rollback drops the rejected rows, and the
- * next draft is the one a fresh sequence fed the same history in one step makes. Every MTP
+ * next draft is the one a fresh sequence makes whose rows came from one target step and
+ * were taken in without a draft (eng_drafter_feed) but for the last. Every MTP
  * KV block comes back at the end; a target without MTP layers, or on CUDA, is refused by
  * name. */
 Test(speculative, an_mtp_draft_rolls_back_to_the_targets_rows_and_drafts_as_a_fresh_one)
@@ -1291,6 +1296,12 @@ Test(speculative, an_mtp_draft_rolls_back_to_the_targets_rows_and_drafts_as_a_fr
     hist[n + 1] = first[0];
     target_rows(b, &d, &tb, &rb, hist, n + 2, 0);
     eng_history h = {prompt, n, answer, 3};
+    // which the MTP takes in without a draft, but for the last row the next draft starts from
+    eng_draft_job feed = {.h = h, .max = 1, .reserve = 64, .kv = &bkv, .rows = &rb};
+    eng_drafter_feed(&d, &feed, 1);
+    cr_assert_eq(bkv.n_tokens, n + 1);
+    cr_assert_eq(rb.pos, n + 1);
+    cr_assert_eq(rb.n, 1);
     eng_draft_job jobs[2] = {
         {.h = h, .max = 4, .reserve = 64, .kv = &a, .rows = &ra, .out = again},
         {.h = h, .max = 4, .reserve = 64, .kv = &bkv, .rows = &rb, .out = fresh}};
@@ -1343,7 +1354,8 @@ static void expect_same_answers_drafted_by_mtp(const eng_model *m, eng_spec_stat
  * token, so a second run zeroes its final norm's scale (mtp.norm's w = -1 under the (1 + w)
  * norms): every draft is then token 0 (all logits 0, the lowest id on ties), which the odd
  * requests' bias makes the target choose often but not always, so drafts are accepted and
- * rejected, and the answers still do not change. */
+ * rejected, and the answers still do not change; so too with prompts prefilled in small chunks,
+ * whose hidden states the MTP takes in chunk by chunk. */
 Test(speculative, mtp_drafts_leave_greedy_answers_the_same_tokens)
 {
     char dir[512];
@@ -1364,6 +1376,12 @@ Test(speculative, mtp_drafts_leave_greedy_answers_the_same_tokens)
     norm->data_borrowed = true;
     expect_same_answers_drafted_by_mtp(&m, &spec);
     expect_drafts_exercised(&spec);
+    /* prompts in chunks of 4 tokens: the MTP takes each chunk's hidden states in as the next
+     * is built (all but the last, which the first draft starts from), and drafts as before */
+    prefill_chunk = 4;
+    expect_same_answers_drafted_by_mtp(&m, &spec);
+    expect_drafts_exercised(&spec);
+    prefill_chunk = 0;
     norm->data = data;
     norm->data_borrowed = borrowed;
     free(minus_one);

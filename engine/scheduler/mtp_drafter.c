@@ -279,16 +279,18 @@ static void add_row(eng_mtp_drafter *md, int32_t n, int32_t i, eng_draft_job *j,
     md->owner[n] = i;
 }
 
-/* Whether job j can draft: its rows follow its MTP KV and reach its last
- * fed token (the one before h's last), and its KV holds its reservation. */
-static bool ready(eng_mtp_drafter *md, eng_draft_job *j)
+/* Whether job j can take in its rows: they follow its MTP KV and reach the
+ * token before h's last (a draft: the last token fed to the target) or at
+ * most h's last (a feed, during a prefill too), and its KV holds its
+ * reservation. */
+static bool ready(eng_mtp_drafter *md, eng_draft_job *j, bool draft)
 {
     eng_draft_rows *r = j->rows;
-    int32_t total = j->h.n_prompt + j->h.n_answer;
+    int32_t total = j->h.n_prompt + j->h.n_answer, end = r->pos + r->n;
     j->n = 0;
     if (r->lost || r->n == 0)
         return false; /* lost, or nothing new (a failed draft before): no first draft */
-    if (r->pos != j->kv->n_tokens || r->pos + r->n != total - 1) {
+    if (r->pos != j->kv->n_tokens || (draft ? end != total - 1 : end > total)) {
         eng_kv_release(md->kv, j->kv);
         lose(r);
         return false;
@@ -296,20 +298,22 @@ static bool ready(eng_mtp_drafter *md, eng_draft_job *j)
     return j->kv->n_blocks > 0 || eng_kv_reserve(md->kv, j->kv, j->reserve) == QL_OK;
 }
 
-/* Feed each ready job its rows, in steps of at most max_tokens rows; a job
- * whose last row is fed gets its first draft and its output state from it. */
-static void catch_up(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs)
+/* Feed each ready job its rows, in steps of at most max_tokens rows: all of
+ * them for a draft, where a job whose last row is fed gets its first draft
+ * and its output state from it; all but the last otherwise (the next
+ * draft's first step needs one). */
+static void catch_up(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs, bool draft)
 {
     size_t H = (size_t)md->hidden;
     for (int32_t i = 0; i < n_jobs; i++)
-        if (!ready(md, &jobs[i]))
+        if (!ready(md, &jobs[i], draft))
             jobs[i].max = 0;
     for (;;) {
         int32_t n = 0, fed = 0;
         for (int32_t i = 0; i < n_jobs && n < md->max_seqs && fed < md->max_tokens; i++) {
             eng_draft_job *j = &jobs[i];
             eng_draft_rows *r = j->rows;
-            int32_t seen = j->kv->n_tokens, end = r->pos + r->n;
+            int32_t seen = j->kv->n_tokens, end = r->pos + r->n - !draft;
             if (j->max == 0 || seen >= end)
                 continue;
             int32_t c = end - seen < md->max_tokens - fed ? end - seen : md->max_tokens - fed;
@@ -325,7 +329,7 @@ static void catch_up(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs)
         for (int32_t k = 0; k < n; k++) {
             eng_draft_job *j = &jobs[md->owner[k]];
             const eng_step_seq *q = &md->step[k];
-            if (j->kv->n_tokens < j->rows->pos + j->rows->n)
+            if (!draft || j->kv->n_tokens < j->rows->pos + j->rows->n)
                 continue;
             j->out[j->n++] = md->tokens[k];
             memcpy(md->chain + (size_t)md->owner[k] * H,
@@ -348,7 +352,7 @@ static void catch_up(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs)
 void eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs)
 {
     size_t H = (size_t)md->hidden;
-    catch_up(md, jobs, n_jobs);
+    catch_up(md, jobs, n_jobs, true);
     /* then one step per drafted position, every job still drafting in it: each takes its last
      * output state and draft, one position on, and gets the next */
     for (;;) {
@@ -374,4 +378,10 @@ void eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_job
     for (int32_t i = 0; i < n_jobs; i++)
         if (jobs[i].n > 0 && !jobs[i].rows->lost)
             rollback_kv(md, jobs[i].kv, jobs[i].rows, jobs[i].rows->pos);
+}
+
+void eng_drafter_feed(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
+{
+    if (d->mtp)
+        catch_up(d->mtp, jobs, n_jobs, false);
 }

@@ -1454,12 +1454,33 @@ static int32_t build_decodes(eng_engine *e, int32_t *budget)
     return n;
 }
 
+/* The MTP drafter takes in the hidden states of sequences that kept a prefill chunk's worth of them
+ * without drafting (mid-prefill, or past --spec-max-batch: 512 KiB of a 1024-wide model at the
+ * default 128), in an MTP step of about a target chunk's size, before this step hands out where
+ * its own go. */
+static void feed_mtp(eng_engine *e)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; e->draft_jobs && i < e->n_running; i++) {
+        seq *s = e->running[i];
+        request *r = s->r;
+        if (s->draft_rows.n < e->o.prefill_chunk || (r->begun && s->n_fed != s->n_generated))
+            continue;
+        eng_history h = {r->prompt, r->begun ? r->n_prompt : r->n_prefilled, s->fed, s->n_fed};
+        e->draft_jobs[n++] = (eng_draft_job){
+            .h = h, .max = 1, .reserve = r->reserve, .kv = &s->draft_kv, .rows = &s->draft_rows};
+    }
+    if (n > 0)
+        eng_drafter_feed(&e->drafter, e->draft_jobs, n);
+}
+
 /* The step's batch: one decode token (and its drafts) for every begun
  * choice, then prompt chunks under the step budget (eng_prefill_budget; one
  * prompt_logprobs chunk at most: the rows buffer is one), first admitted
  * first. Returns its size. */
 static int32_t build_step(eng_engine *e)
 {
+    feed_mtp(e);
     int32_t budget = e->o.step_tokens;
     int32_t n = build_decodes(e, &budget);
     /* decode tokens: the step budget bounds the prompt tokens beside them */

@@ -151,6 +151,13 @@ uint64_t eng_mtp_drafter_steps(const eng_mtp_drafter *md);
  * takes none (not mtp), the rows are lost, or pos does not follow them (they
  * are lost then). */
 float *eng_drafter_hidden_out(eng_drafter *d, eng_draft_rows *rows, int32_t pos, int32_t n);
+/* The MTP takes in each job's rows but the last (the next draft's first
+ * step needs one; a job's h is what its target steps have seen, with or
+ * without the token it feeds next), drafting nothing; nothing for other
+ * drafters. A job that cannot is left as eng_mtp_drafter_run leaves it. So
+ * a sequence that drafts nothing for a while (a long prompt's prefill, a
+ * batch past max_batch) need not keep a hidden state per position. */
+void eng_drafter_feed(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs);
 /* A forked choice's rows: a copy of its first choice's (lost where that one
  * has fed some to its MTP KV already, which the fork does not share). */
 void eng_drafter_fork(eng_drafter *d, eng_draft_rows *dst, const eng_draft_rows *src,
