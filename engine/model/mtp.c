@@ -91,16 +91,14 @@ void eng_mtp_view(const eng_model *m, eng_model *view)
 }
 
 /* The model's RMSNorm of x (n values) by w into out: x / rms(x) * (norm_offset + w). */
-static void rmsnorm_row(const eng_config *c, const float *x, const qtensor *w, float *wbuf,
-                        int64_t n, float *out)
+static void rmsnorm_row(const eng_config *c, const float *x, const float *w, int64_t n, float *out)
 {
-    qt_dequantize_rows(w, 0, w->rows, wbuf);
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++)
         ss += (double)x[i] * x[i];
     double scale = 1.0 / sqrt(ss / (double)n + c->rms_norm_eps);
     for (int64_t i = 0; i < n; i++)
-        out[i] = (float)(x[i] * scale * (c->norm_offset + wbuf[i]));
+        out[i] = (float)(x[i] * scale * (c->norm_offset + w[i]));
 }
 
 int eng_mtp_concat(const eng_model *m, const int32_t *tokens, const float *hidden, int32_t n,
@@ -108,16 +106,19 @@ int eng_mtp_concat(const eng_model *m, const int32_t *tokens, const float *hidde
 {
     const eng_config *c = &m->cfg;
     int64_t H = c->hidden_size;
-    float *emb = malloc((size_t)(2 * H) * sizeof(float));
+    float *emb = malloc((size_t)(3 * H) * sizeof(float));
     if (!emb)
         return QL_ENOMEM;
-    float *wbuf = emb + H;
+    // the two norms' weights, once for all rows
+    float *w_embed = emb + H, *w_hidden = emb + 2 * H;
+    qt_dequantize_rows(&m->mtp.norm_embed, 0, m->mtp.norm_embed.rows, w_embed);
+    qt_dequantize_rows(&m->mtp.norm_hidden, 0, m->mtp.norm_hidden.rows, w_hidden);
     for (int32_t i = 0; i < n; i++) {
         // the token's embedding and the hidden state, each normed; the embedding first
         float *row = cat + (size_t)i * (size_t)(2 * H);
         qt_dequantize_rows(&m->embed, tokens[i], 1, emb);
-        rmsnorm_row(c, emb, &m->mtp.norm_embed, wbuf, H, row);
-        rmsnorm_row(c, hidden + (size_t)i * (size_t)H, &m->mtp.norm_hidden, wbuf, H, row + H);
+        rmsnorm_row(c, emb, w_embed, H, row);
+        rmsnorm_row(c, hidden + (size_t)i * (size_t)H, w_hidden, H, row + H);
     }
     free(emb);
     return QL_OK;
