@@ -5,8 +5,11 @@
  * read by layers.c's table as the decoder's are.
  *
  * A GGUF's are the last nextn_predict_layers blocks (blk.N.nextn.eh_proj,
- * .enorm, .hnorm, .shared_head_norm beside the layer's own tensors): the
- * GGUF loader still leaves them unread (qwen35.c), so a GGUF has none here.
+ * .enorm, .hnorm, .shared_head_norm beside the layer's own tensors), which
+ * qwen35.c reads into the same eng_mtp. It also has what runs on them
+ * beside the forward pass: the layers as a model of their own
+ * (eng_mtp_view) and the rows they take in (eng_mtp_concat); the MTP
+ * drafter (engine/scheduler/mtp_drafter.c) runs them.
  */
 #include <math.h>
 #include <stdio.h>
