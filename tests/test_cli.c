@@ -449,8 +449,9 @@ Test(cli, generate_prints_a_completion_and_its_speed)
 }
 
 /* --speculative ngram and draft (the model as its own draft) draft and say
- * what they took, with the same completion; MTP heads, and --draft-model
- * without --speculative draft, are refused by name. */
+ * what they took, with the same completion, and so does mtp on the tiny
+ * Qwen3.5 with its MTP layer; mtp on a model without MTP layers, and
+ * --draft-model without --speculative draft, are refused by name. */
 Test(cli, generate_speculative_ngram_draft_and_mtp_without_its_layers)
 {
     char model[600], args[2000];
@@ -480,6 +481,21 @@ Test(cli, generate_speculative_ngram_draft_and_mtp_without_its_layers)
     cr_assert_neq(rc, 0, "exit %d: %s", rc, out);
     cr_assert(strstr(out, "has no MTP layers (mtp.* tensors)"), "%s", out);
     free(out);
+    char mtp[600];
+    snprintf(mtp, sizeof mtp, "%s/mtp", dir);
+    cr_assert_eq(mkdir(mtp, 0755), 0);
+    tiny_fixture_folder("qwen35_mtp_tiny", mtp);
+    snprintf(args, sizeof args, "generate --model '%s' %s", mtp, common);
+    cr_assert_eq(run(args, &plain), 0, "%s", plain);
+    snprintf(args, sizeof args, "generate --model '%s' %s --speculative mtp", mtp, common);
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "speculative mtp: "), "%s", out);
+    /* after the log line that says what the hybrid model's drafts keep */
+    char *completion = strndup(plain, (size_t)(strstr(plain, "prompt ") - plain));
+    cr_assert(strstr(out, completion), "'%s' against '%s'", out, plain);
+    free(completion);
+    free(out);
+    free(plain);
     snprintf(args, sizeof args, "generate --model '%s' %s --draft-model '%s'", model, common,
              model);
     rc = run(args, &out);
