@@ -1464,8 +1464,12 @@ static void feed_mtp(eng_engine *e)
     for (int32_t i = 0; e->draft_jobs && i < e->n_running; i++) {
         seq *s = e->running[i];
         request *r = s->r;
-        if (s->draft_rows.n < e->o.prefill_chunk || (r->begun && s->n_fed != s->n_generated))
+        if (s->draft_rows.n < e->o.prefill_chunk)
             continue;
+        if (r->begun && s->n_fed != s->n_generated) { /* its history is short: it never drafts */
+            eng_drafter_release(&e->drafter, &s->draft_kv, &s->draft_rows);
+            continue;
+        }
         eng_history h = {r->prompt, r->begun ? r->n_prompt : r->n_prefilled, s->fed, s->n_fed};
         e->draft_jobs[n++] = (eng_draft_job){
             .h = h, .max = 1, .reserve = r->reserve, .kv = &s->draft_kv, .rows = &s->draft_rows};

@@ -8,8 +8,8 @@
  * first served, runs one step after another and publishes weight versions between two steps.
  * Other threads submit, cancel and read statistics through a small inbox guarded by a mutex. It
  * touches engine/runtime/ (through runtime.h alone) and engine/model/, nothing above. Inside the
- * folder: sampler.c (eng_sampling, eng_sampler, eng_stop), scheduler.c (eng_engine_*), drafter.c
- * (speculative.h's drafters).
+ * folder: sampler.c (eng_sampling, eng_sampler, eng_stop), scheduler.c (eng_engine_*), drafter.c,
+ * draft_model.c and mtp_drafter.c (speculative.h's drafters).
  */
 #ifndef QL_SCHEDULER_H
 #define QL_SCHEDULER_H
