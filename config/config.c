@@ -289,6 +289,9 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
               "N: most tokens a sequence drafts per step, 1..16 (0: 16 for ngram, else 4; a "      \
               "request may ask fewer)"),                                                           \
          RANGE(0, 16)},                                                                            \
+        {FLAG("draft-fixed", OPT_BOOL, offsetof(T, field.draft_fixed),                             \
+              "draft --draft-max tokens every step wherever a sequence can (as vLLM's "            \
+              "num_speculative_tokens), not the length acceptance and cost choose")},              \
         {FLAG("ngram-min", OPT_INT, offsetof(T, field.ngram_min),                                  \
               "N: the shortest suffix the n-gram drafter matches (0: 1)"),                         \
          RANGE(0, 64)},                                                                            \

@@ -389,6 +389,7 @@ int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_l
 {
     *out = (eng_spec_opts){.drafter = ENG_SPEC_OFF,
                            .draft_max = c->draft_max,
+                           .draft_fixed = c->draft_fixed,
                            .ngram_min = c->ngram_min,
                            .ngram_max = c->ngram_max,
                            .max_batch = c->max_batch,

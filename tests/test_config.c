@@ -121,10 +121,11 @@ Test(config, every_flag_sets_its_field)
                        "--request-timeout-ms", "5", "--keepalive-timeout-ms", "6", "--grace-ms",
                        "0", "--adapter-budget-mib", "512", "--merge-threads", "4", "--device",
                        "cpu", "--step-budget-ms", "120", "--max-prefill-per-step", "48",
-                       "--min-prefill-per-step", "8", "--draft-max", "6", "--ngram-min", "2",
-                       "--ngram-max", "5", "--spec-max-batch", "3"),
+                       "--min-prefill-per-step", "8", "--draft-max", "6", "--draft-fixed",
+                       "--ngram-min", "2", "--ngram-max", "5", "--spec-max-batch", "3"),
                  QL_OK, "%s", msg);
     cr_assert_eq(c.spec.draft_max, 6);
+    cr_assert(c.spec.draft_fixed);
     cr_assert_eq(c.spec.ngram_min, 2);
     cr_assert_eq(c.spec.ngram_max, 5);
     cr_assert_eq(c.spec.max_batch, 3);

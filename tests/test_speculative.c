@@ -567,7 +567,7 @@ Test(speculative, sampled_answers_with_a_seed_are_the_same_tokens)
 /* the model's greedy guesses, each choice with its own draft KV, sampled from as ever */
 Test(speculative, sampled_answers_with_a_seed_and_a_draft_model_are_the_same_tokens)
 {
-    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model, .draft_fixed = true};
     eng_spec_stats spec;
     expect_sampled_answers(&so, &spec);
     cr_assert_eq(spec.drafter, ENG_SPEC_DRAFT);
@@ -838,7 +838,7 @@ static void expect_same_answers_drafted_by(const eng_model *dm, eng_spec_stats *
     eng_request reqs[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++)
         reqs[i] = plain(prompts[i], 48);
-    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = dm};
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = dm, .draft_fixed = true};
     expect_same_answers_with(reqs, N_PROMPTS, 4, &so, spec); /* 4 at a time, drafting together */
     expect_model_drafts(spec);
     cr_log_info("draft model: %llu drafted, %llu verified, %llu accepted",
@@ -870,7 +870,7 @@ Test(speculative, the_model_as_its_own_draft_has_every_draft_accepted)
     eng_request reqs[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++)
         reqs[i] = plain(prompts[i], 48);
-    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model, .draft_fixed = true};
     eng_spec_stats spec;
     expect_same_answers_with(reqs, N_PROMPTS, 4, &so, &spec);
     expect_model_drafts(&spec);
@@ -882,10 +882,27 @@ Test(speculative, the_model_as_its_own_draft_has_every_draft_accepted)
     cr_assert_eq(spec.drafted, spec.verified, "nothing cut");
 }
 
+/* --draft-fixed: every step drafts draft_max tokens whatever the cost rule would choose. The
+ * model as its own draft has each one accepted, so a 21-token answer (EOS a token like another)
+ * is its first token, then four verifications of 4 drafts plus the token after them. */
+Test(speculative, a_fixed_draft_length_drafts_draft_max_every_step)
+{
+    eng_request r = plain(prompts[0], 21);
+    r.sampling.ignore_eos = true;
+    eng_spec_opts so = {
+        .drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model, .draft_max = 4, .draft_fixed = true};
+    eng_spec_stats spec;
+    expect_same_answers_with(&r, 1, 1, &so, &spec);
+    cr_assert_eq(spec.drafts, 4, "%llu verifications", (unsigned long long)spec.drafts);
+    cr_assert_eq(spec.drafted, 16);
+    cr_assert_eq(spec.accepted, 16);
+    cr_assert_eq(spec.accepted_len[4], 4);
+}
+
 Test(speculative, greedy_answers_under_an_unmerged_adapter_with_a_draft_model_are_the_adapters)
 {
     /* the draft is the base model: the adapter applies in the verification only */
-    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model, .draft_fixed = true};
     eng_spec_stats spec;
     expect_adapters_answers(&so, &spec);
     expect_model_drafts(&spec);
@@ -896,7 +913,7 @@ Test(speculative, greedy_answers_under_an_unmerged_adapter_with_a_draft_model_ar
 Test(speculative, greedy_answers_under_a_grammar_with_a_draft_model_are_the_same_tokens)
 {
     /* the draft knows no grammar: its first token is cut where the mask refuses it */
-    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model, .draft_fixed = true};
     eng_spec_stats spec;
     expect_grammar_answers(&so, &spec);
     expect_model_drafts(&spec);
@@ -1033,7 +1050,7 @@ Test(speculative, a_draft_model_drafts_for_a_hybrid_target_to_the_same_answers)
     for (int i = 0; i < 4; i++)
         reqs[i] = plain(prompts[i], 16);
     eng_spec_stats spec;
-    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model};
+    eng_spec_opts so = {.drafter = ENG_SPEC_DRAFT, .draft_model = &tiny_model, .draft_fixed = true};
     expect_same_answers_on(&m, reqs, 4, 2, &so, &spec);
     cr_assert_str_empty(spec.off_reason);
     cr_assert_gt(spec.verified, spec.accepted, "drafts were rejected: the state rolled back");
@@ -1237,7 +1254,7 @@ Test(speculative, an_mtp_draft_rolls_back_to_the_targets_rows_and_drafts_as_a_fr
     cr_assert_eq(eng_backend_new(&b, &m, &bo, msg, sizeof msg), QL_OK, "%s", msg);
     eng_kv_cache *tkv = eng_backend_kv(b);
     eng_drafter d;
-    eng_spec_opts so = {.drafter = ENG_SPEC_MTP};
+    eng_spec_opts so = {.drafter = ENG_SPEC_MTP, .draft_fixed = true};
     cr_assert_eq(eng_drafter_init(&d, &so, msg, sizeof msg), QL_OK, "%s", msg);
     eng_draft_sizes sz = {.threads = 2,
                           .max_tokens = 64,
@@ -1338,7 +1355,7 @@ static void expect_same_answers_drafted_by_mtp(const eng_model *m, eng_spec_stat
     eng_request reqs[N_PROMPTS];
     biased_requests(reqs, few);
     reqs[3].n_choices = 2; /* the second choice drafts from its copy of the prompt's rows */
-    eng_spec_opts so = {.drafter = ENG_SPEC_MTP};
+    eng_spec_opts so = {.drafter = ENG_SPEC_MTP, .draft_fixed = true};
     expect_same_answers_on(m, reqs, N_PROMPTS, 4, &so, spec);
     cr_assert_str_empty(spec->off_reason);
     cr_assert_eq(spec->drafter, ENG_SPEC_MTP);

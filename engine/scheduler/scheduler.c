@@ -1225,14 +1225,16 @@ static void next_token(eng_engine *e, seq *s, int32_t k)
 
 /* How many tokens s may draft this step, at most room: what its draft
  * length, its answer's room (the token the verification adds included) and
- * its KV reservation allow; 0 when it does not draft. */
-static int32_t draft_want(seq *s, const eng_spec_cost *cost, int32_t room)
+ * its KV reservation allow (the length --draft-fixed's draft_max, else the
+ * cost rule's); 0 when it does not draft. */
+static int32_t draft_want(const eng_engine *e, seq *s, const eng_spec_cost *cost, int32_t room)
 {
     request *r = s->r;
     if (r->draft_max == 0)
         return 0; /* the request asked for none: not even the probe */
     int32_t pos = r->n_prompt + s->n_generated - 1;
-    int32_t want = eng_spec_len_want(&s->spec, cost, r->draft_max);
+    int32_t want =
+        e->drafter.o.draft_fixed ? r->draft_max : eng_spec_len_want(&s->spec, cost, r->draft_max);
     int32_t answer_left = r->req.max_new_tokens - s->n_generated - 1;
     int32_t kv_left = r->reserve - pos - 1;
     if (want > 0 && want < r->draft_min)
@@ -1259,7 +1261,7 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
         seq *s = e->running[i];
         request *r = s->r;
         s->n_draft = 0;
-        int32_t want = r->begun ? draft_want(s, &cost, room) : 0;
+        int32_t want = r->begun ? draft_want(e, s, &cost, room) : 0;
         if (want == 0)
             continue;
         e->draft_jobs[n] = (eng_draft_job){.h = {r->prompt, r->n_prompt, s->fed, s->n_fed},

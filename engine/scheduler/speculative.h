@@ -36,6 +36,9 @@ typedef struct eng_spec_opts {
     /* most tokens drafted per sequence per step, in [1, ENG_SPEC_MAX_DRAFT]; 0: 16 for ngram,
      * 4 for draft and mtp */
     int32_t draft_max;
+    /* every drafting sequence drafts draft_max tokens each step (its request's bound, the room
+     * left), as vLLM's num_speculative_tokens: the draft length's cost rule off */
+    bool draft_fixed;
     /* the n-gram drafter matches the answer's last n tokens, n from ngram_max down to
      * ngram_min, in the prompt and answer before them; 0: 1 and 3 */
     int32_t ngram_min, ngram_max;
