@@ -776,6 +776,40 @@ Test(qwen35, mtp_layers_are_read_beside_the_decoder)
     test_rmtree(mdir);
 }
 
+/* A mixture's MTP layer is a mixture layer, not read yet: a Qwen3.5-MoE folder that ships
+ * mtp.* (the hub's do) loads without it, as its GGUF does, and --speculative mtp says why it
+ * has none. Here the MoE fixture with mtp_num_hidden_layers 1 and an mtp.fc.weight in a second
+ * shard. */
+Test(qwen35, moe_folder_mtp_layers_are_left_unread)
+{
+    char dir[512], path[700], msg[1024];
+    test_tmpdir(dir, sizeof dir);
+    tiny_fixture_folder("qwen35_moe_tiny", dir);
+    edit_config(dir, "\"use_cache\"", "\"mtp_num_hidden_layers\": 1, \"use_cache\"");
+    static float fc[64 * 128];
+    st_writer *w = st_writer_new();
+    cr_assert_eq(st_writer_add(w, "mtp.fc.weight", ST_F32, 2, (const int64_t[]){64, 128}, fc,
+                               sizeof fc, false, msg, sizeof msg),
+                 0, "%s", msg);
+    snprintf(path, sizeof path, "%s/mtp.safetensors", dir);
+    cr_assert_eq(st_writer_write(w, path, msg, sizeof msg), 0, "%s", msg);
+    st_writer_free(w);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    static const char index[] = "{\"weight_map\": {\"mtp.fc.weight\": \"mtp.safetensors\", "
+                                "\"model.norm.weight\": \"model.safetensors\"}}";
+    cr_assert(test_write_file(path, index, strlen(index)));
+    eng_model m;
+    cr_assert_eq(eng_model_load(&m, &(eng_load_opts){.path = dir}, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(m.cfg.linear.mtp_layers, 1);
+    cr_assert_eq(m.mtp.n_layers, 0);
+    eng_engine_opts o = {.threads = 1, .kv_bytes = 1 << 20, .spec = {.drafter = ENG_SPEC_MTP}};
+    eng_engine *e = NULL;
+    cr_assert_eq(eng_engine_start(&e, &m, &o, msg, sizeof msg), QL_EUNSUPPORTED, "%s", msg);
+    cr_assert(strstr(msg, "MTP layers (1) are mixture-of-experts layers"), "%s", msg);
+    eng_model_free(&m);
+    test_rmtree(dir);
+}
+
 Test(qwen35, options_it_does_not_run_are_refused_by_name)
 {
     refused_with("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act gelu");

@@ -65,6 +65,11 @@ int eng_mtp_drafter_new(eng_mtp_drafter **out, const eng_model *target, const en
                         const eng_draft_sizes *sz, char *msg, size_t msg_len)
 {
     *out = NULL;
+    if (target->mtp.n_layers == 0 && target->cfg.n_experts > 0 && target->cfg.linear.mtp_layers > 0)
+        return ql_fail(msg, msg_len, QL_EUNSUPPORTED,
+                       "--speculative mtp: the model %s's MTP layers (%d) are mixture-of-experts "
+                       "layers, which qlserve does not read yet",
+                       target->name, target->cfg.linear.mtp_layers);
     if (target->mtp.n_layers == 0)
         return ql_fail(msg, msg_len, QL_EINVAL,
                        "--speculative mtp: the model %s has no MTP layers (mtp.* tensors)",
