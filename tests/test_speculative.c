@@ -341,6 +341,14 @@ Test(speculative, draft_length_follows_acceptance_and_the_cost_of_a_row)
     costly.draft_s = 3e-3;
     cr_assert_eq(eng_spec_len_want(&sure, &costly, 16), 0);
     cr_assert_gt(eng_spec_len_want(&sure, &two_rows, 16), 1);
+    /* a drafter's position cost: its chained steps' time per step, decayed; no steps, no news */
+    eng_drafter d = {0};
+    eng_drafter_timed(&d, 0.03, 3);
+    cr_assert_float_eq(d.position_s, 0.01, 1e-15);
+    eng_drafter_timed(&d, 0.02, 1);
+    cr_assert_float_eq(d.position_s, 0.8 * 0.01 + 0.2 * 0.02, 1e-15);
+    eng_drafter_timed(&d, 5.0, 0);
+    cr_assert_float_eq(d.position_s, 0.8 * 0.01 + 0.2 * 0.02, 1e-15, "a catch-up alone");
     /* never past draft_max; an unmeasured cost takes the prior */
     eng_spec_cost unknown = {.n_decode = 1};
     eng_spec_len_init(&l);

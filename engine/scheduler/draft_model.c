@@ -218,12 +218,13 @@ static void catch_up(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs)
     }
 }
 
-void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs)
+double eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs, int32_t *steps)
 {
     catch_up(dm, jobs, n_jobs);
     /* then one step per drafted position, every job still drafting in it: each feeds its last
      * draft and gets the next */
-    for (;;) {
+    double t0 = ql_now_s();
+    for (*steps = 0;; ++*steps) {
         int32_t n = 0;
         for (int32_t i = 0; i < n_jobs && n < dm->max_seqs; i++) {
             eng_draft_job *j = &jobs[i];
@@ -237,7 +238,7 @@ void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_job
             dm->owner[n++] = i;
         }
         if (n == 0 || !draft_step(dm, jobs, n))
-            return;
+            return ql_now_s() - t0;
         for (int32_t i = 0; i < n; i++) {
             eng_draft_job *j = &jobs[dm->owner[i]];
             j->out[j->n++] = dm->tokens[i];

@@ -122,12 +122,16 @@ static void ngram_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
 
 static void model_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
 {
-    eng_draft_model_run(d->model, jobs, n_jobs);
+    int32_t steps = 0;
+    double took = eng_draft_model_run(d->model, jobs, n_jobs, &steps);
+    eng_drafter_timed(d, took, steps);
 }
 
 static void mtp_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
 {
-    eng_mtp_drafter_run(d->mtp, jobs, n_jobs);
+    int32_t steps = 0;
+    double took = eng_mtp_drafter_run(d->mtp, jobs, n_jobs, &steps);
+    eng_drafter_timed(d, took, steps);
 }
 
 static const eng_drafter_ops ngram_ops = {.name = "ngram", .draft = ngram_draft};
@@ -257,11 +261,11 @@ void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted)
     l->trials = l->trials * ENG_SPEC_DECAY + (double)later_tried;
 }
 
-void eng_drafter_timed(eng_drafter *d, double took_s, int32_t longest)
+void eng_drafter_timed(eng_drafter *d, double took_s, int32_t steps)
 {
-    if (longest <= 0 || !(took_s >= 0))
+    if (steps <= 0 || !(took_s >= 0))
         return;
-    double per = took_s / (double)longest;
+    double per = took_s / (double)steps;
     /* the first measure stands alone; then each weighs a fifth */
     d->position_s = d->position_s > 0 ? d->position_s * 0.8 + per * 0.2 : per;
 }

@@ -354,13 +354,14 @@ static void catch_up(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs, b
     }
 }
 
-void eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs)
+double eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs, int32_t *steps)
 {
     size_t H = (size_t)md->hidden;
     catch_up(md, jobs, n_jobs, true);
     /* then one step per drafted position, every job still drafting in it: each takes its last
      * output state and draft, one position on, and gets the next */
-    for (;;) {
+    double t0 = ql_now_s();
+    for (*steps = 0;; ++*steps) {
         int32_t n = 0;
         for (int32_t i = 0; i < n_jobs && n < md->max_seqs; i++) {
             eng_draft_job *j = &jobs[i];
@@ -379,10 +380,12 @@ void eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_job
             memcpy(md->chain + (size_t)i * H, md->out + (size_t)k * H, H * sizeof *md->chain);
         }
     }
+    double took = ql_now_s() - t0;
     /* the chained rows were the MTP's guesses: its KV keeps the target's rows alone */
     for (int32_t i = 0; i < n_jobs; i++)
         if (jobs[i].n > 0 && !jobs[i].rows->lost)
             rollback_kv(md, jobs[i].kv, jobs[i].rows, jobs[i].rows->pos);
+    return took;
 }
 
 void eng_drafter_feed(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)

@@ -1273,14 +1273,8 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
         e->draft_seqs[n++] = s;
         room -= want;
     }
-    if (n > 0) {
-        double t0 = ql_now_s();
+    if (n > 0)
         e->drafter.ops->draft(&e->drafter, e->draft_jobs, n);
-        int32_t longest = 0;
-        for (int32_t i = 0; i < n; i++)
-            longest = e->draft_jobs[i].n > longest ? e->draft_jobs[i].n : longest;
-        eng_drafter_timed(&e->drafter, ql_now_s() - t0, longest);
-    }
     for (int32_t i = 0; i < n; i++) {
         seq *s = e->draft_seqs[i];
         int32_t k = e->draft_jobs[i].n;

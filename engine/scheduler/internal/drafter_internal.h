@@ -68,11 +68,12 @@ struct eng_drafter {
     eng_mtp_drafter *mtp;   /* the mtp drafter's (owned); else NULL */
 };
 
-/* After ops->draft took `took_s` to draft at most `longest` tokens for any
- * job: the decayed mean of seconds per drafted position (a draft model
- * steps once per position, and catches up on what its KV has not seen),
- * which the draft length weighs against the target's rows. */
-void eng_drafter_timed(eng_drafter *d, double took_s, int32_t longest);
+/* After a model drafter's chained steps took took_s for `steps` positions
+ * (each a step for every job still drafting; the catch-up over what its KV
+ * had not seen is not one: its cost comes whatever the length): the
+ * decayed mean of seconds per drafted position, which the draft length
+ * weighs against the target's rows. n-gram lookup costs none. */
+void eng_drafter_timed(eng_drafter *d, double took_s, int32_t steps);
 
 /* The drafter o names (resolved first); QL_EINVAL as eng_spec_opts_resolve.
  * The draft drafter's model gets its backend and cache later
@@ -112,8 +113,10 @@ void eng_draft_model_free(eng_draft_model *dm);
 /* The draft model's greedy guesses for jobs: it first takes in what each
  * job's KV has not seen of its h (in chunks a step holds), then one step
  * per drafted position for all jobs together. A job whose KV cannot be
- * reserved, or whose step fails, drafts nothing. */
-void eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs);
+ * reserved, or whose step fails, drafts nothing. Returns the seconds the
+ * steps after the catch-up took, their count in *steps (eng_drafter_timed). */
+double eng_draft_model_run(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs,
+                           int32_t *steps);
 /*
  * The mtp drafter beside target (mtp_drafter.c): refused by name when target
  * has no MTP layers or runs on CUDA; else its MTP layers (eng_mtp_view) on a
@@ -129,8 +132,10 @@ void eng_mtp_drafter_free(eng_mtp_drafter *md);
  * jobs together, each chaining its own output and token; each job's KV
  * then goes back to the rows the target gave. A job whose rows are lost or
  * do not reach its last fed token, whose KV cannot be reserved, or whose
- * step fails, drafts nothing (a failed step loses its rows). */
-void eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs);
+ * step fails, drafts nothing (a failed step loses its rows). Returns the
+ * seconds the steps after the first took, their count in *steps. */
+double eng_mtp_drafter_run(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs,
+                           int32_t *steps);
 /* The rows one MTP input takes, n of them into out (n x hidden): fc of
  * eng_mtp_concat's rows (into cat, n x 2 hidden), on pool. QL_ENOMEM as
  * eng_mtp_concat. */
