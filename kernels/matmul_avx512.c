@@ -3,9 +3,9 @@
  * compiled for AVX-512 VL (entries qt_matmul_<kind>_avx512): the same
  * 256-bit arithmetic per row as matmul_avx2.c's, so the same bits, but with
  * AVX-512's 32 vector registers a pass holds eight rows of x, not four, so
- * each weight block is decoded once per eight rows, and every kind but
- * NF4/FP4 takes two weight rows per pass, each x vector loaded once for
- * both (bench_quant --shapes
+ * each weight block is decoded once per eight rows, and every kind takes
+ * two weight rows per pass, each x vector loaded once for both (NF4/FP4
+ * only in chunks of at most four rows of x) (bench_quant --shapes
  * default-model, Q4_1 at batch 32: 52 -> 65 GFLOP/s, 0.44 -> 0.55 of the
  * FMA roof). Also internal/rows_vec.inc at sixteen lanes (entries qt_attend_avx512,
  * qt_lora_down_avx512, qt_lora_up_avx512, qt_kv_store_avx512,
