@@ -358,8 +358,8 @@ Test(matmul, register_tiles_give_the_one_row_bits, .timeout = 120)
     uint64_t rng = 2024;
     /* 640: a tile of 512 columns and a part; 1536: eight rows of x a
      * chunk; 2560: four; 301: a scalar tail; 544: blocks of 64 the row
-     * does not hold whole. NF4/FP4 (no tile yet) are kept so that one
-     * would be checked. */
+     * does not hold whole. NF4/FP4 take their tile only in chunks of at
+     * most four rows of x (2560 columns). */
     const int64_t cols[] = {640, 1536, 2560, 301, 544};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         const kcase *kc = &kinds[k];
