@@ -1,8 +1,9 @@
 /*
  * qt_cuda_matmul.cu - y = x @ W^T on the device for every kind of
- * qtensor.h: a fused dequantize-and-multiply kernel for decode-sized
- * batches (1..8 rows of x), and dequantize-to-scratch plus one cuBLASLt
- * matmul for larger ones (prefill). Contracts in qt_cuda_ops.h.
+ * qtensor.h: fused dequantize-and-multiply kernels for decode-sized
+ * batches (1..8 rows of x: a warp per few rows of W; 9..32: the tile
+ * kernel), and dequantize-to-scratch plus one cuBLASLt matmul for larger
+ * ones (prefill). Contracts in qt_cuda_ops.h.
  *
  * Why shaped so:
  *   - Decode is memory bound: every weight byte is read once per step, so
@@ -33,6 +34,21 @@
  *     a chunk, x not 16-byte aligned) takes the generic kernel: a warp per
  *     row, a lane per column, qt_math.h's whole-element functions. Slower,
  *     always correct.
+ *   - Decode steps of 9..32 rows (a batch of sequences) take the tile
+ *     kernel (matvec_tile_kernel): still one read of each weight byte per
+ *     step, decoded once into registers by the same chunk and piece
+ *     functions and applied to all the step's rows, x staged in shared
+ *     memory, B partial sums per lane. GPTQ/AWQ and the layouts the generic
+ *     kernel takes run such a step in launches of 8 rows instead.
+ *   - The cut-over to cuBLASLt is batch > 32 (QT_CUDA_MATVEC_MAX_BATCH), by
+ *     arithmetic, to be confirmed by bench_cuda's batch 16, 32 and 64 rows:
+ *     the tile kernel's cost grows with the batch (B fused multiply-adds
+ *     per weight value on the CUDA cores: a 4096 x 4096 weight at B = 32 is
+ *     1.07 GFLOP, ~16 us at an H100's 67 TFLOP/s of f32), the GEMM path's
+ *     hardly does (it writes and reads back a dequantized copy, 4 or 2
+ *     bytes a value against NF4's ~0.53: ~40 us in f32, ~20 us in bf16 at
+ *     3.35 TB/s). At 32 the tile kernel still beats the default f32 GEMM
+ *     and about ties the bf16 one; above, the GEMM wins more each row.
  *   - Prefill batches are compute bound: the weight is dequantized once
  *     into a scratch (f32, or bf16 for tensor cores) with qt_cuda.h's
  *     kernels and multiplied by cuBLASLt in f32 accumulation. The F32 mode
@@ -108,6 +124,10 @@ __host__ __device__ constexpr int rows_per_warp(int batch)
 {
     return batch > 4 ? 2 : 4;
 }
+/* Rows of x the warp-per-rows kernels (fused, piece, GPTQ, generic) take
+ * in one launch; a larger batch goes to the tile kernel, or (GPTQ, the
+ * generic kernel) to launches of kPassBatch rows each. */
+constexpr int kPassBatch = 8;
 constexpr int kMaxBatch = QT_CUDA_MATVEC_MAX_BATCH;
 /* cuBLASLt's workspace: enough for split-K and stream-K algorithms on
  * Hopper (NVIDIA recommends 32 MiB for sm_90). */
@@ -630,6 +650,176 @@ __global__ void __launch_bounds__(32 * kGptqSlices)
     }
 }
 
+/*
+ * The tile kernel, for decode steps of more than kPassBatch rows (9..32):
+ * a product with a few dozen rows of x is still one weight read, but it
+ * does B multiply-adds per weight value, so here the arithmetic and the
+ * reads of x are what the shape must keep cheap, not the weight bytes.
+ *
+ *   - A block of kTileWarps warps owns 32 rows of W, one row per lane, for
+ *     all B rows of x: each lane keeps B partial sums (registers) for its
+ *     row, so each weight value, decoded once, feeds B multiply-adds.
+ *   - x goes through shared memory, kTileCols columns of all B rows at a
+ *     time, staged by the whole block with 16-byte loads (rows of x past
+ *     `batch`, and columns past the end, staged as zeros). The warps split
+ *     the staged columns by units (a 16-byte chunk of the fused kernel, or
+ *     a piece of 32 values of the whole GGUF blocks): warp v takes units v,
+ *     v + kTileWarps, ..., so at any moment the 32 lanes of a warp are at
+ *     the same columns of 32 rows, and every read of x from shared memory
+ *     is one address for the whole warp (a broadcast, no bank conflicts).
+ *     A lane reads its row's unit and scales with the same functions as the
+ *     fused and piece kernels (the CPU's values, bit for bit); the warps of
+ *     a block together read each row's consecutive units.
+ *   - The sums are multiply-adds with one rounding (fmaf; --fmad=false
+ *     only stops nvcc from contracting a separate multiply and add), as
+ *     B x 32 of them per 32 weight values cost more than the weight read.
+ *   - At the end the warps' partial sums go through shared memory (the x
+ *     tile's space) and are added in warp order, so a result does not
+ *     depend on scheduling, and written 32 consecutive rows at a time.
+ *
+ * Sizes on sm_90 (H100): 256 threads a block; shared memory B x kTileCols
+ * x 4 bytes (16, 24 or 32 KiB) plus the 4-bit tables (1 KiB), under the
+ * 48 KiB of static shared memory; B is 16, 24 or 32 (tile_batch: the batch
+ * rounded up, the rows past it staged as zeros and never written). ptxas
+ * -v (CUDA 13.0, sm_90, the 63 instantiations): 72 to 154 registers (at
+ * most 255 for 256 threads; 2 or 3 blocks an SM at <= 128); spills in 4
+ * of them, 8 to 48 bytes, stored and loaded once per tile (the staging of
+ * x) or per unit, never per multiply-add. Capping the registers at 128
+ * (__launch_bounds__(256, 2)) spilled 8 to 144 bytes in 25 of them. The
+ * 16-byte stack frame of the IQ4_NL, IQ4_XS and MXFP4 ones (and of their
+ * piece kernels) is qt_math.h's 16-entry value table, indexed by a code.
+ */
+constexpr int kTileWarps = 8;
+constexpr int kTileThreads = kTileWarps * 32;
+constexpr int kTileRows = 32; /* one per lane */
+constexpr int kTileCols = 256;
+constexpr int kTileQuads = kTileCols / 4; /* float4s of one row of the x tile */
+
+__host__ __device__ constexpr int tile_batch(int batch)
+{
+    return batch <= 16 ? 16 : batch <= 24 ? 24 : 32;
+}
+
+/* Values in one unit of kind K: a chunk of 16 bytes, or a piece of 32. */
+template <mv_kind K> struct unit_traits {
+    static constexpr int kElems = is_whole(K) ? 32 : chunk_traits<K>::kElems;
+};
+
+/* One unit of one row, loaded: its bytes and scales (a chunk), or its
+ * block and scales (a piece); value(j) is its value j. */
+template <mv_kind K, bool kWhole = is_whole(K)> struct tile_unit {
+    uint8_t bytes[16];
+    float s0, s1;
+    __device__ __forceinline__ void load(const mv_weights &w, const float *nested_code, int64_t r,
+                                         int64_t k)
+    {
+        load_chunk(bytes, w.codes + (uint64_t)r * w.row_bytes + (uint64_t)k * 16u);
+        chunk_scale<K>(w, nested_code, r, k, s0, s1);
+    }
+    __device__ __forceinline__ float value(const mv_weights &w, const float *codebook, int j) const
+    {
+        return chunk_value<K>(w, codebook, bytes, j, s0, s1);
+    }
+};
+
+template <mv_kind K> struct tile_unit<K, true> {
+    piece p;
+    __device__ __forceinline__ void load(const mv_weights &w, const float *, int64_t r, int64_t k)
+    {
+        p = piece_of<K>(w, r, k);
+    }
+    __device__ __forceinline__ float value(const mv_weights &, const float *, int j) const
+    {
+        return piece_value<K>(p, j);
+    }
+};
+
+/* Requires what the fused kernel does (the piece kernel's for the whole
+ * blocks) and x 16-byte aligned; 1 <= batch <= B. */
+template <mv_kind K, int B>
+__global__ void __launch_bounds__(kTileThreads)
+    matvec_tile_kernel(const __grid_constant__ mv_weights w, const float *__restrict__ x, int batch,
+                       float *__restrict__ y)
+{
+    constexpr int E = unit_traits<K>::kElems;
+    constexpr int kUnitsPerTile = kTileCols / E;
+    static_assert(kUnitsPerTile % kTileWarps == 0, "every warp takes as many units of a tile");
+    __shared__ float codebook[16];
+    __shared__ float nested_code[K == k4bitNested ? 256 : 1];
+    /* the x tile [B][kTileQuads]; at the end the partial sums [warp][B][lane] */
+    __shared__ float4 xs[B * kTileQuads];
+    load_tables<K>(w, codebook, nested_code);
+
+    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+    const int64_t row0 = (int64_t)blockIdx.x * kTileRows;
+    /* a lane past the last row repeats it (read, never written) */
+    const int64_t row = row0 + lane < w.rows ? row0 + lane : w.rows - 1;
+    const int64_t cols = w.cols, n_units = cols / E;
+    float acc[B];
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        acc[b] = 0.0f;
+
+    /* The staging: thread t moves float4 t % kTileQuads of rows t / kTileQuads
+     * + j * kStageRows of the x tile, j < B / kStageRows. */
+    constexpr int kStageRows = kTileThreads / kTileQuads;
+    static_assert(B % kStageRows == 0, "the staging covers the x tile");
+    const int stage_b = (int)threadIdx.x / kTileQuads, stage_q = (int)threadIdx.x % kTileQuads;
+    const float *stage_x = x + (int64_t)stage_b * cols + 4 * stage_q;
+    for (int64_t c0 = 0; c0 < cols; c0 += kTileCols) {
+        const bool in_cols = c0 + 4 * stage_q < cols;
+        QL_UNROLL
+        for (int j = 0; j < B / kStageRows; j++) {
+            const int b = stage_b + j * kStageRows;
+            xs[b * kTileQuads + stage_q] = b < batch && in_cols
+                                               ? __ldg(reinterpret_cast<const float4 *>(
+                                                     stage_x + (int64_t)j * kStageRows * cols + c0))
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        __syncthreads();
+        QL_UNROLL
+        for (int t = 0; t < kUnitsPerTile / kTileWarps; t++) {
+            const int u = warp + t * kTileWarps;
+            const int64_t k = c0 / E + u;
+            if (k >= n_units) /* the whole warp: the last tile's end */
+                break;
+            tile_unit<K> unit;
+            unit.load(w, nested_code, row, k);
+            const float4 *xu = xs + u * (E / 4);
+            QL_UNROLL
+            for (int g = 0; g < E / 4; g++) {
+                const float w0 = unit.value(w, codebook, 4 * g + 0);
+                const float w1 = unit.value(w, codebook, 4 * g + 1);
+                const float w2 = unit.value(w, codebook, 4 * g + 2);
+                const float w3 = unit.value(w, codebook, 4 * g + 3);
+                QL_UNROLL
+                for (int b = 0; b < B; b++) {
+                    const float4 xv = xu[b * kTileQuads + g];
+                    acc[b] = fmaf(xv.x, w0, acc[b]);
+                    acc[b] = fmaf(xv.y, w1, acc[b]);
+                    acc[b] = fmaf(xv.z, w2, acc[b]);
+                    acc[b] = fmaf(xv.w, w3, acc[b]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    float *part = reinterpret_cast<float *>(xs); /* B * kTileCols = kTileWarps * B * 32 floats */
+    QL_UNROLL
+    for (int b = 0; b < B; b++)
+        part[(warp * B + b) * 32 + lane] = acc[b];
+    __syncthreads();
+    for (int o = (int)threadIdx.x; o < B * 32; o += kTileThreads) {
+        const int b = o / 32, l = o % 32;
+        float sum = part[b * 32 + l];
+        for (int v = 1; v < kTileWarps; v++)
+            sum += part[(v * B + b) * 32 + l];
+        if (b < batch && row0 + l < w.rows)
+            y[(int64_t)b * w.rows + row0 + l] = sum;
+    }
+}
+
 /* The fused kernel of kind K, or the piece kernel for whole-block kinds. */
 template <mv_kind K, int B>
 void launch_fused(const mv_weights &w, const float *x, float *y, unsigned grid, cudaStream_t s)
@@ -654,35 +844,35 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = (int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
     if (r >= w.rows)
         return;
-    float acc[kMaxBatch];
+    float acc[kPassBatch];
     QL_UNROLL
-    for (int b = 0; b < kMaxBatch; b++)
+    for (int b = 0; b < kPassBatch; b++)
         acc[b] = 0.0f;
     for (int64_t c = lane; c < w.cols; c += 32) {
         const float v = element<K>(w, codebook, nested_code, r, c);
         QL_UNROLL
-        for (int b = 0; b < kMaxBatch; b++)
+        for (int b = 0; b < kPassBatch; b++)
             if (b < batch)
                 acc[b] += x[(int64_t)b * w.cols + c] * v;
     }
     QL_UNROLL
-    for (int b = 0; b < kMaxBatch; b++) {
+    for (int b = 0; b < kPassBatch; b++) {
         const float s = warp_sum(acc[b]);
         if (lane == b && b < batch)
             y[(int64_t)b * w.rows + r] = s;
     }
 }
 
+/* One launch for batch <= kPassBatch rows: the generic kernel, or the
+ * fused (piece, GPTQ) kernel compiled for the batch. */
 template <mv_kind K>
-cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int batch, float *y,
-                          cudaStream_t s)
+void launch_pass(const mv_weights &w, bool fused, const float *x, int batch, float *y,
+                 cudaStream_t s)
 {
     if (!fused) {
         const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock);
         matvec_generic_kernel<K><<<grid, kThreads, 0, s>>>(w, x, batch, y);
-        return cudaGetLastError();
-    }
-    if constexpr (K == kGPTQ) {
+    } else if constexpr (K == kGPTQ) {
         const unsigned grid = (unsigned)ceil_div(w.rows, 32);
         constexpr int T = 32 * kGptqSlices;
         switch (batch) {
@@ -695,7 +885,6 @@ cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int b
         case 7: matvec_gptq_kernel<7><<<grid, T, 0, s>>>(w, x, y); break;
         default: matvec_gptq_kernel<8><<<grid, T, 0, s>>>(w, x, y); break;
         }
-        return cudaGetLastError();
     } else {
         const unsigned grid = (unsigned)ceil_div(w.rows, kWarpsPerBlock * rows_per_warp(batch));
         switch (batch) {
@@ -708,8 +897,42 @@ cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int b
         case 7: launch_fused<K, 7>(w, x, y, grid, s); break;
         default: launch_fused<K, 8>(w, x, y, grid, s); break;
         }
+    }
+}
+
+/*
+ * y = x @ W^T for 1..kMaxBatch rows of x: up to kPassBatch rows in one
+ * launch; more through the tile kernel where the fused conditions hold,
+ * else (GPTQ, the generic kernel) in launches of kPassBatch rows, each a
+ * read of the weight, still less traffic than a dequantized copy.
+ */
+template <mv_kind K>
+cudaError_t launch_matvec(const mv_weights &w, bool fused, const float *x, int batch, float *y,
+                          cudaStream_t s)
+{
+    if (batch <= kPassBatch) {
+        launch_pass<K>(w, fused, x, batch, y, s);
         return cudaGetLastError();
     }
+    if constexpr (K != kGPTQ) {
+        if (fused) {
+            const unsigned grid = (unsigned)ceil_div(w.rows, kTileRows);
+            switch (tile_batch(batch)) {
+            case 16: matvec_tile_kernel<K, 16><<<grid, kTileThreads, 0, s>>>(w, x, batch, y); break;
+            case 24: matvec_tile_kernel<K, 24><<<grid, kTileThreads, 0, s>>>(w, x, batch, y); break;
+            default: matvec_tile_kernel<K, 32><<<grid, kTileThreads, 0, s>>>(w, x, batch, y); break;
+            }
+            return cudaGetLastError();
+        }
+    }
+    for (int b0 = 0; b0 < batch; b0 += kPassBatch) {
+        const int n = batch - b0 < kPassBatch ? batch - b0 : kPassBatch;
+        launch_pass<K>(w, fused, x + (int64_t)b0 * w.cols, n, y + (int64_t)b0 * w.rows, s);
+        const cudaError_t st = cudaGetLastError();
+        if (st != cudaSuccess)
+            return st;
+    }
+    return cudaSuccess;
 }
 
 /* The sentence when t's view does not describe its shape (row: t's kind). */

@@ -106,11 +106,12 @@ int qt_cuda_gather_rows(const qt_cuda_tensor *w, const int32_t *ids, int64_t n, 
 /* ---- matrix products (qt_cuda_matmul.cu) ----------------------------------- */
 
 /* The most activation rows the fused kernels take in one pass: they read
- * each weight byte once for all of them. */
-#define QT_CUDA_MATVEC_MAX_BATCH 8
+ * each weight byte once for all of them (a decode step of up to 32
+ * sequences; qt_cuda_matmul.cu says why 32). */
+#define QT_CUDA_MATVEC_MAX_BATCH 32
 
 /*
- * y[b][0, w.rows) = x[b][0, w.cols) @ w^T for b < batch <= 8, fused: each
+ * y[b][0, w.rows) = x[b][0, w.cols) @ w^T for b < batch <= 32, fused: each
  * weight byte is read once, with 16-byte loads where the layout is aligned
  * (cols a multiple of 32), dequantized in registers with qt_math.h, and
  * multiplied in f32. Every kind of qtensor.h.
@@ -140,7 +141,7 @@ void qt_cuda_blas_free(qt_cuda_blas *b);
 int qt_cuda_gemm(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x, int64_t batch, float *y,
                  void *stream, char *msg, size_t msg_len);
 
-/* y = x @ w^T, choosing: qt_cuda_matvec for batch <= 8, qt_cuda_gemm above. */
+/* y = x @ w^T, choosing: qt_cuda_matvec for batch <= 32, qt_cuda_gemm above. */
 int qt_cuda_matmul(qt_cuda_blas *b, const qt_cuda_tensor *w, const float *x, int64_t batch,
                    float *y, void *stream, char *msg, size_t msg_len);
 

@@ -1,6 +1,8 @@
 /*
  * bench_cuda.c - the CUDA backend on a Llama-2-7B-shaped model in NF4:
- * decode tokens/s at batch 1, 8 and 64 against the memory-bandwidth floor,
+ * decode tokens/s at batch 1, 8, 16, 32 and 64 against the memory-bandwidth
+ * floor (8 is the warp-per-rows matvec's largest batch, 16 and 32 the tile
+ * kernel's, 64 the cuBLASLt path's),
  * the time of merging a rank-16 adapter into every projection, and decode
  * throughput with 8 distinct unmerged adapters against none.
  *
@@ -58,7 +60,7 @@
 #include "qtensor.h"
 #include "runtime.h"
 
-#define MAX_BATCHES   3
+#define MAX_BATCHES   5
 #define ADAPTER_RANK  16
 #define N_ADAPTERS    8
 #define PREFILL_SEQS  32 /* 32 x 128 prompt tokens: one step of 4096 rows */
@@ -767,8 +769,8 @@ int main(int argc, char **argv)
     }
 
     eng_config cfg = bench_config(&o);
-    static const int32_t batches_gpu[MAX_BATCHES] = {1, 8, 64};
-    static const int32_t batches_cpu[MAX_BATCHES] = {1, 2, 16};
+    static const int32_t batches_gpu[MAX_BATCHES] = {1, 8, 16, 32, 64};
+    static const int32_t batches_cpu[MAX_BATCHES] = {1, 2, 4, 8, 16};
     const int32_t *batches = o.cpu_smoke ? batches_cpu : batches_gpu;
     const int32_t max_batch = batches[MAX_BATCHES - 1];
     /* prefill, then per run one untimed step and `steps` timed: one run per
@@ -985,11 +987,13 @@ out:
            "\"intermediate\": %d, \"layers\": %d, \"heads\": %d, \"kv_heads\": %d, "
            "\"head_dim\": %d, \"vocab\": %d, \"kind\": \"nf4\", \"blocksize\": 64, "
            "\"nested\": false, \"lm_head\": \"bf16\", \"prefill_tokens\": %d, "
-           "\"decode_steps\": %d, \"batches\": [%d, %d, %d], \"adapter_rank\": %d, "
-           "\"adapters\": %d, \"max_tokens\": %d, \"kv_bytes\": %zu, \"gemm\": \"%s\", "
-           "\"cpu_smoke\": %s},\n",
+           "\"decode_steps\": %d, \"batches\": [",
            cfg.hidden_size, cfg.intermediate_size, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-           cfg.head_dim, cfg.vocab_size, o.prefill, o.steps, batches[0], batches[1], batches[2],
+           cfg.head_dim, cfg.vocab_size, o.prefill, o.steps);
+    for (int k = 0; k < MAX_BATCHES; k++)
+        printf("%s%d", k ? ", " : "", batches[k]);
+    printf("], \"adapter_rank\": %d, \"adapters\": %d, \"max_tokens\": %d, \"kv_bytes\": %zu, "
+           "\"gemm\": \"%s\", \"cpu_smoke\": %s},\n",
            ADAPTER_RANK, N_ADAPTERS, max_tokens, kv_bytes, json_safe(gemm_s),
            o.cpu_smoke ? "true" : "false");
     printf("  \"setup\": {\"make_model_s\": %.3f, \"backend_new_s\": %.3f},\n", make_s, new_s);

@@ -21,7 +21,9 @@
  *     A missing or wrongly scaled 32-element chunk changes y by about
  *     sqrt(32) / cols * A, 20x more than the bound at 4096 columns;
  *   - the matvec also against the CPU's qt_matmul (f32), with twice the
- *     bound (both sides round);
+ *     bound (both sides round), at batches 1..8 (the warp-per-rows
+ *     kernels) and 9..32 (the tile kernel: each bucket's smallest and
+ *     largest batch on every shape, all of 1..32 on 77 x 96);
  *   - gemm BF16: against y64 of bf16-rounded x and W (what the tensor cores
  *     multiply; their products are exact in f32) with k = 32, and against
  *     the true y64 with 1e-2 * A (bf16 keeps 8 bits: each product is off by
@@ -159,8 +161,15 @@ static const shape shapes[] = {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
-static const int matvec_batches[] = {1, 2, 3, 8};
-#define N_MATVEC 4
+/* The matvec's batches: the warp-per-rows kernels (1..8) and the tile
+ * kernel's (9..32), the smallest and largest of each of its batch sizes
+ * (16, 24, 32); every batch from 1 to 32 on the shape of all_batches_on. */
+static const int matvec_batches[] = {1, 2, 3, 8, 9, 16, 17, 24, 25, 32};
+#define N_MATVEC     10
+#define MATVEC_MAX   QT_CUDA_MATVEC_MAX_BATCH
+#define MATMUL_ON    32 /* run through qt_cuda_matmul, which must take the matvec */
+#define UNALIGNED_ON 19 /* above 8: the generic kernel in passes of 8 rows */
+static const shape *all_batches_on = &shapes[2];
 
 /* ---- device helpers -------------------------------------------------------- */
 
@@ -357,21 +366,24 @@ static void check_products(ctx *c, const wkind *k, const shape *s, const qtensor
     const int64_t rows = s->rows, cols = s->cols;
     const double sq = sqrt((double)cols);
 
-    /* matvec: batches 1, 2, 3, 8 against f64 and the CPU's qt_matmul */
-    float *y_cpu = malloc((size_t)(8 * rows) * sizeof *y_cpu);
-    double *y_cpu64 = malloc((size_t)(8 * rows) * sizeof *y_cpu64);
+    /* matvec: batches 1..32 against f64 and the CPU's qt_matmul */
+    float *y_cpu = malloc((size_t)(MATVEC_MAX * rows) * sizeof *y_cpu);
+    double *y_cpu64 = malloc((size_t)(MATVEC_MAX * rows) * sizeof *y_cpu64);
     double worst = 0, worst_cpu = 0;
     int ok = y_cpu && y_cpu64;
     if (ok) {
-        qt_matmul(t, x, 8, y_cpu, 0, rows);
-        for (int64_t i = 0; i < 8 * rows; i++)
+        qt_matmul(t, x, MATVEC_MAX, y_cpu, 0, rows);
+        for (int64_t i = 0; i < MATVEC_MAX * rows; i++)
             y_cpu64[i] = y_cpu[i];
     } else {
         snprintf(detail, sizeof detail, "host allocation failed");
     }
-    for (int bi = 0; ok && bi < N_MATVEC; bi++) {
-        const int64_t batch = matvec_batches[bi];
-        if (run_product(c, "matvec", d, c->x_dev, batch, detail, sizeof detail) != 0 ||
+    const int every = s == all_batches_on;
+    const int n_runs = every ? MATVEC_MAX : N_MATVEC;
+    for (int bi = 0; ok && bi < n_runs; bi++) {
+        const int64_t batch = every ? bi + 1 : matvec_batches[bi];
+        const char *op = batch == MATMUL_ON ? "matmul" : "matvec";
+        if (run_product(c, op, d, c->x_dev, batch, detail, sizeof detail) != 0 ||
             check_output(c->y_host, batch, rows, r->y64, r->abs64, 8.0 * FLT_EPSILON * sq, "f64",
                          &worst, detail, sizeof detail) != 0 ||
             check_output(c->y_host, batch, rows, y_cpu64, r->abs64, 16.0 * FLT_EPSILON * sq,
@@ -384,24 +396,27 @@ static void check_products(ctx *c, const wkind *k, const shape *s, const qtensor
     }
     name_of(name, sizeof name, "matvec", k, s);
     if (ok)
-        snprintf(detail, sizeof detail, "b=1,2,3,8 worst err/bound %.3f (f64), %.3f (cpu)", worst,
-                 worst_cpu);
+        snprintf(detail, sizeof detail, "b=%s worst err/bound %.3f (f64), %.3f (cpu)",
+                 every ? "1..32" : "1,2,3,8,9,16,17,24,25,32", worst, worst_cpu);
     report(name, ok, detail);
 
-    /* matvec with x not 16-byte aligned: the generic kernel, batch 3 */
+    /* matvec with x not 16-byte aligned: the generic kernel, batch 3, and
+     * batch 19 in passes of 8 rows */
     worst = 0;
     detail[0] = '\0';
-    ok = run_product(c, "matvec", d, c->x_unal, 3, detail, sizeof detail) == 0 &&
-         check_output(c->y_host, 3, rows, r->y64, r->abs64, 8.0 * FLT_EPSILON * sq, "f64", &worst,
-                      detail, sizeof detail) == 0;
+    ok = 1;
+    for (int64_t batch = 3; ok && batch <= UNALIGNED_ON; batch += UNALIGNED_ON - 3)
+        ok = run_product(c, "matvec", d, c->x_unal, batch, detail, sizeof detail) == 0 &&
+             check_output(c->y_host, batch, rows, r->y64, r->abs64, 8.0 * FLT_EPSILON * sq, "f64",
+                          &worst, detail, sizeof detail) == 0;
     name_of(name, sizeof name, "matvec-unaligned-x", k, s);
     if (ok)
-        snprintf(detail, sizeof detail, "b=3 worst err/bound %.3f", worst);
+        snprintf(detail, sizeof detail, "b=3,%d worst err/bound %.3f", UNALIGNED_ON, worst);
     report(name, ok, detail);
     free(y_cpu);
     free(y_cpu64);
 
-    /* gemm, F32 and BF16 modes; qt_cuda_matmul takes the gemm above 8 */
+    /* gemm, F32 and BF16 modes; qt_cuda_matmul takes the gemm above 32 */
     for (int mode = 0; mode < 2; mode++) {
         const char *op = mode ? "gemm-bf16" : "gemm-f32";
         double worst_a = 0, worst_b = 0;
@@ -412,7 +427,7 @@ static void check_products(ctx *c, const wkind *k, const shape *s, const qtensor
             const int64_t batch = s->gemm_batches[gi];
             snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%lld",
                      gi ? "," : "", (long long)batch);
-            const char *run_op = !mode && gi == 0 ? "matmul" : op;
+            const char *run_op = !mode && batch > MATVEC_MAX ? "matmul" : op;
             if (run_product(c, run_op, d, c->x_dev, batch, detail, sizeof detail) != 0) {
                 ok = 0;
                 break;
@@ -588,7 +603,7 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
 {
     char name[160], detail[MSG_LEN + 128] = "", msg[MSG_LEN] = "";
     const int64_t rows = s->rows, cols = s->cols;
-    int64_t max_batch = 8;
+    int64_t max_batch = MATVEC_MAX;
     for (int i = 0; i < s->n_gemm; i++)
         if (s->gemm_batches[i] > max_batch)
             max_batch = s->gemm_batches[i];
@@ -630,8 +645,8 @@ static void check_weight(ctx *c, const wkind *k, const shape *s, uint64_t sd)
     }
     if (cudaMemcpy(c->x_dev, x, (size_t)(max_batch * cols) * sizeof *x, cudaMemcpyHostToDevice) !=
             cudaSuccess ||
-        cudaMemcpy(c->x_unal, x, (size_t)(8 * cols) * sizeof *x, cudaMemcpyHostToDevice) !=
-            cudaSuccess) {
+        cudaMemcpy(c->x_unal, x, (size_t)(UNALIGNED_ON * cols) * sizeof *x,
+                   cudaMemcpyHostToDevice) != cudaSuccess) {
         report(name, 0, "cudaMemcpy of x failed");
         goto done;
     }
@@ -687,7 +702,7 @@ static void check_refusals(ctx *c)
            detail);
     (void)cudaGetLastError();
 
-    /* matvec above 8 rows of x is refused; matmul without blas too */
+    /* matvec above 32 rows of x is refused; matmul without blas too */
     qt_cuda_tensor w;
     memset(&w, 0, sizeof w);
     w.kind = QT_F32;
@@ -695,13 +710,13 @@ static void check_refusals(ctx *c)
     w.cols = 4;
     w.dense = c->x_dev;
     msg[0] = '\0';
-    rc = qt_cuda_matvec(&w, c->x_dev, 9, c->y_dev, NULL, msg, sizeof msg);
+    rc = qt_cuda_matvec(&w, c->x_dev, MATVEC_MAX + 1, c->y_dev, NULL, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("matvec refuses batch 9", rc == QL_EINVAL && msg[0], detail);
+    report("matvec refuses batch 33", rc == QL_EINVAL && msg[0], detail);
     msg[0] = '\0';
-    rc = qt_cuda_matmul(NULL, &w, c->x_dev, 9, c->y_dev, NULL, msg, sizeof msg);
+    rc = qt_cuda_matmul(NULL, &w, c->x_dev, MATVEC_MAX + 1, c->y_dev, NULL, msg, sizeof msg);
     snprintf(detail, sizeof detail, "rc %d: %s", rc, msg);
-    report("matmul of batch 9 without blas is refused", rc == QL_EINVAL && msg[0], detail);
+    report("matmul of batch 33 without blas is refused", rc == QL_EINVAL && msg[0], detail);
 }
 
 /* ---- timing ------------------------------------------------------------------ */
@@ -738,15 +753,15 @@ static void time_matvec(const wkind *k, int64_t rows, int64_t cols)
     qt_free(&t);
     float *x_dev = NULL, *y_dev = NULL;
     cudaEvent_t ev[2];
-    if (dev_alloc((void **)&x_dev, (size_t)(8 * cols) * sizeof(float)) != 0 ||
-        dev_alloc((void **)&y_dev, (size_t)(8 * rows) * sizeof(float)) != 0 ||
-        cudaMemset(x_dev, 0, (size_t)(8 * cols) * sizeof(float)) != cudaSuccess ||
+    if (dev_alloc((void **)&x_dev, (size_t)(MATVEC_MAX * cols) * sizeof(float)) != 0 ||
+        dev_alloc((void **)&y_dev, (size_t)(MATVEC_MAX * rows) * sizeof(float)) != 0 ||
+        cudaMemset(x_dev, 0, (size_t)(MATVEC_MAX * cols) * sizeof(float)) != cudaSuccess ||
         cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
         report(name, 0, "device allocation failed");
         goto out;
     }
-    const int batches[2] = {1, 8};
-    for (int bi = 0; bi < 2; bi++) {
+    const int batches[4] = {1, 8, 16, 32}; /* the decode steps: 16 and 32 take the tile kernel */
+    for (int bi = 0; bi < 4; bi++) {
         const int batch = batches[bi];
         float ms[20];
         int ok = 1;

@@ -67,8 +67,8 @@ struct qt_cuda_merge_job;  /* qt_cuda_lora.cu: a merge in progress */
 typedef int (*qt_cuda_dequantize_fn)(const struct qt_cuda_kind_ops *row, const qt_cuda_tensor *t,
                                      void *out, qt_cuda_out_dtype out_dtype, void *stream,
                                      char *msg, size_t msg_len);
-/* Launch the fused (fused) or generic matvec for 1..8 rows of x: returns
- * the launch's cudaError_t. */
+/* Launch the fused (fused) or generic matvec for 1..32 rows of x
+ * (QT_CUDA_MATVEC_MAX_BATCH): returns the launch's cudaError_t. */
 typedef int (*qt_cuda_matvec_fn)(const struct qt_cuda_mv_weights *w, bool fused, const float *x,
                                  int batch, float *y, void *stream);
 /* Launch the row gather out[i] = row ids[i] of w: returns the launch's
