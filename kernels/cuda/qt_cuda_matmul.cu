@@ -681,10 +681,11 @@ __global__ void __launch_bounds__(32 * kGptqSlices)
  * x 4 bytes (16, 24 or 32 KiB) plus the 4-bit tables (1 KiB), under the
  * 48 KiB of static shared memory; B is 16, 24 or 32 (tile_batch: the batch
  * rounded up, the rows past it staged as zeros and never written). ptxas
- * -v (CUDA 13.0, sm_90, the 63 instantiations): 72 to 154 registers (at
- * most 255 for 256 threads; 2 or 3 blocks an SM at <= 128); spills in 4
- * of them, 8 to 48 bytes, stored and loaded once per tile (the staging of
- * x) or per unit, never per multiply-add. Capping the registers at 128
+ * -v (CUDA 13.0, sm_90, the 63 instantiations): 64 to 170 registers (at
+ * most 255 for 256 threads; 2 or 3 blocks an SM at <= 128), no spills.
+ * ptxas moves the counts between builds on small changes (a version without
+ * the early read of the first unit spilled 8 to 48 bytes in 4 of them), so
+ * check again after editing; capping the registers at 128
  * (__launch_bounds__(256, 2)) spilled 8 to 144 bytes in 25 of them. The
  * 16-byte stack frame of the IQ4_NL, IQ4_XS and MXFP4 ones (and of their
  * piece kernels) is qt_math.h's 16-entry value table, indexed by a code.
@@ -767,6 +768,13 @@ __global__ void __launch_bounds__(kTileThreads)
     const int stage_b = (int)threadIdx.x / kTileQuads, stage_q = (int)threadIdx.x % kTileQuads;
     const float *stage_x = x + (int64_t)stage_b * cols + 4 * stage_q;
     for (int64_t c0 = 0; c0 < cols; c0 += kTileCols) {
+        /* the warp's first unit of the tile, read before the barrier so that
+         * its latency overlaps the staging's (all of the warp's units of the
+         * tile for 4-bit codes and the whole blocks) */
+        const int64_t k0 = c0 / E + warp;
+        tile_unit<K> first{};
+        if (k0 < n_units)
+            first.load(w, nested_code, row, k0);
         const bool in_cols = c0 + 4 * stage_q < cols;
         QL_UNROLL
         for (int j = 0; j < B / kStageRows; j++) {
@@ -783,8 +791,9 @@ __global__ void __launch_bounds__(kTileThreads)
             const int64_t k = c0 / E + u;
             if (k >= n_units) /* the whole warp: the last tile's end */
                 break;
-            tile_unit<K> unit;
-            unit.load(w, nested_code, row, k);
+            tile_unit<K> unit = first;
+            if (t > 0)
+                unit.load(w, nested_code, row, k);
             const float4 *xu = xs + u * (E / 4);
             QL_UNROLL
             for (int g = 0; g < E / 4; g++) {

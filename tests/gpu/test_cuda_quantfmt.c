@@ -348,8 +348,8 @@ static void matvec_within_bound(const char *name, const qt_cuda_tensor *d, const
         report(false, what, "rc %d: %s", rc, msg);
     else
         report(worst <= 1.0, what,
-               "batches 1..8, x aligned and not, %lld outputs, worst err/bound %.3f",
-               (long long)checked, worst);
+               "batches 1..%lld, x aligned and not, %lld outputs, worst err/bound %.3f",
+               (long long)B, (long long)checked, worst);
     cudaFree(d_x);
     cudaFree(d_y);
     free(x);
