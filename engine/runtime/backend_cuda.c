@@ -54,8 +54,9 @@
  * max_seqs), then the logits (or, for greedy
  * sequences, only the chosen tokens) come back and the stream is
  * synchronised (cuda_deliver). Copies on write of KV blocks are device-to-device copies on the
- * same stream (eng_backend_copy_blocks). Products take the fused dequantize-and-multiply kernel up
- * to 8 rows and cuBLASLt above (qt_cuda_matmul); QLSERVE_CUDA_GEMM=bf16
+ * same stream (eng_backend_copy_blocks). Products take the fused dequantize-and-multiply kernels up
+ * to 32 rows (a decode step; QT_CUDA_MATVEC_MAX_BATCH) and cuBLASLt above (qt_cuda_matmul);
+ * QLSERVE_CUDA_GEMM=bf16
  * makes cuBLASLt multiply in bf16 on the tensor cores (default f32, the
  * closest to the CPU backend's tokens).
  *
