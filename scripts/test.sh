@@ -160,8 +160,10 @@ if [ "${QL_SKIP_FUZZ:-0}" != "1" ]; then
   done
   new_fuzz fuzz_tokenizer_json 65536 "" "$seeds/."
   rm -rf "$seeds"
-  # the GGUF vocabulary loader, seeded with the vocabulary GGUFs under 64 KiB
-  new_fuzz fuzz_vocab_gguf 65536 "" $(find tests/fixtures/tokenizers -name '*.gguf' -size -64k)
+  # the GGUF vocabulary loader, seeded with the vocabulary GGUFs under 64 KiB and the inputs
+  # it once failed (corpus_vocab_gguf)
+  new_fuzz fuzz_vocab_gguf 65536 "" $(find tests/fixtures/tokenizers -name '*.gguf' -size -64k) \
+    tests/fuzz/corpus_vocab_gguf/.
   new_fuzz fuzz_adapter_config 4096 tests/fuzz/adapter_config.dict tests/fuzz/corpus_adapter_config/.
   new_fuzz fuzz_config 4096 tests/fuzz/config.dict tests/fuzz/corpus_config/.
   # the JSON Schema and regex compilers of grammar/ (issue 19)

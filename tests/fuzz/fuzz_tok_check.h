@@ -123,7 +123,10 @@ static inline int fuzz_spm_byte_token(const tok_tokenizer *t, int32_t id, const 
 static inline bool fuzz_reference_decode(const tok_tokenizer *t, const int32_t *ids, size_t n,
                                          size_t piece_cap, fuzz_bytes *out)
 {
-    bool spm = strcmp(tok_gguf_model(t), "llama") == 0;
+    /* Gemma 4's vocabulary is SentencePiece's too (byte tokens, a run of
+     * them replaced per byte), without the leading ▁ */
+    const char *model = tok_gguf_model(t);
+    bool spm = strcmp(model, "llama") == 0 || strcmp(model, "gemma4") == 0;
     uint8_t *piece = malloc(piece_cap);
     fuzz_bytes run = {0}; /* the bytes since the last cut */
     if (!piece)
