@@ -148,11 +148,6 @@ static void rollback_kv(eng_draft_model *dm, eng_seq_kv *kv, int32_t n_tokens)
         eng_kv_release(dm->kv, kv); /* the next draft feeds it everything again */
 }
 
-static int32_t history_at(const eng_history *h, int32_t i)
-{
-    return i < h->n_prompt ? h->prompt[i] : h->answer[i - h->n_prompt];
-}
-
 /* Run the n rows of dm->step; each row's greedy token into dm->tokens. A
  * failed step drafts nothing for its jobs (their KV is given back whole, so
  * the next draft starts them over). */
@@ -202,7 +197,7 @@ static void catch_up(eng_draft_model *dm, eng_draft_job *jobs, int32_t n_jobs)
                 continue;
             int32_t c = total - seen < dm->max_tokens - fed ? total - seen : dm->max_tokens - fed;
             for (int32_t t = 0; t < c; t++)
-                dm->feed[fed + t] = history_at(&j->h, seen + t);
+                dm->feed[fed + t] = eng_history_at(&j->h, seen + t);
             dm->step[n] = (eng_step_seq){
                 .kv = j->kv, .tokens = dm->feed + fed, .n_tokens = c, .pos = seen, .greedy = true};
             dm->owner[n++] = i;

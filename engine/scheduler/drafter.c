@@ -78,16 +78,11 @@ void eng_spec_request_bounds(const eng_spec_request *r, int32_t engine_max, int3
 
 /* --- the n-gram lookup ------------------------------------------------------------ */
 
-static int32_t token_at(const eng_history *h, int32_t i)
-{
-    return i < h->n_prompt ? h->prompt[i] : h->answer[i - h->n_prompt];
-}
-
 /* Whether the n tokens at a equal those at b. */
 static bool same_run(const eng_history *h, int32_t a, int32_t b, int32_t n)
 {
     for (int32_t j = 0; j < n; j++)
-        if (token_at(h, a + j) != token_at(h, b + j))
+        if (eng_history_at(h, a + j) != eng_history_at(h, b + j))
             return false;
     return true;
 }
@@ -106,7 +101,7 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
                 continue;
             int32_t k = 0;
             for (int32_t i = at + n; i < total && k < max; i++)
-                out[k++] = token_at(h, i);
+                out[k++] = eng_history_at(h, i);
             return k;
         }
     }

@@ -236,11 +236,6 @@ uint64_t eng_mtp_drafter_steps(const eng_mtp_drafter *md)
     return md->steps;
 }
 
-static int32_t history_at(const eng_history *h, int32_t i)
-{
-    return i < h->n_prompt ? h->prompt[i] : h->answer[i - h->n_prompt];
-}
-
 /* Run the n rows of md->step (rows in all: their input states in md->hid,
  * their tokens in md->feed); each row's greedy token into md->tokens. A
  * failed step drafts nothing for its jobs, which lose their rows. */
@@ -323,7 +318,7 @@ static void catch_up(eng_mtp_drafter *md, eng_draft_job *jobs, int32_t n_jobs, b
                 continue;
             int32_t c = end - seen < md->max_tokens - fed ? end - seen : md->max_tokens - fed;
             for (int32_t t = 0; t < c; t++)
-                md->feed[fed + t] = history_at(&j->h, seen + t + 1);
+                md->feed[fed + t] = eng_history_at(&j->h, seen + t + 1);
             memcpy(md->hid + (size_t)fed * H, r->rows + (size_t)(seen - r->pos) * H,
                    (size_t)c * H * sizeof *md->hid);
             add_row(md, n++, i, j, seen, c, fed);

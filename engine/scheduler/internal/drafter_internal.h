@@ -26,6 +26,12 @@ typedef struct eng_history {
     int32_t n_answer;
 } eng_history;
 
+/* Token i of h. */
+static inline int32_t eng_history_at(const eng_history *h, int32_t i)
+{
+    return i < h->n_prompt ? h->prompt[i] : h->answer[i - h->n_prompt];
+}
+
 /* The target's hidden states (after its final norm) that the MTP drafter has
  * not fed yet, of one sequence: rows (n x hidden, owned, grown to cap) hold
  * positions pos .. pos + n - 1. Lost: a position's row never came (a step
