@@ -68,6 +68,13 @@ void qt_kv_load_ref(qt_kind kind, const void *row, int64_t e0, int64_t n, float 
     }
 }
 
+void qt_kv_load_rows_ref(qt_kind kind, const void *rows, size_t row_bytes, int64_t n_rows,
+                         int64_t e0, int64_t n, float *out)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        qt_kv_load_ref(kind, (const uint8_t *)rows + (size_t)r * row_bytes, e0, n, out + r * n);
+}
+
 void qt_attend_ref(const float *q, const float *k, const float *v, int64_t stride, int32_t n,
                    int32_t d, float scale, float *max, float *sum, float *acc)
 {

@@ -407,6 +407,14 @@ void qt_kv_store(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_store_ref(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
 void qt_kv_load_ref(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
+/* qt_kv_load of n_rows rows, row_bytes apart from rows, into out (n floats
+ * a row, one after another): the same bits, one dispatch for a KV block's
+ * run rather than one per position (attention converts a head's slice of
+ * every position it reads). */
+void qt_kv_load_rows(qt_kind kind, const void *rows, size_t row_bytes, int64_t n_rows, int64_t e0,
+                     int64_t n, float *out);
+void qt_kv_load_rows_ref(qt_kind kind, const void *rows, size_t row_bytes, int64_t n_rows,
+                         int64_t e0, int64_t n, float *out);
 
 /*
  * Activations (base's ql_activations, its words in ql_activations_names):

@@ -681,6 +681,18 @@ void qt_kv_load(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out
         qt_kv_load_ref(kind, row, e0, n, out);
 }
 
+void qt_kv_load_rows(qt_kind kind, const void *rows, size_t row_bytes, int64_t n_rows, int64_t e0,
+                     int64_t n, float *out)
+{
+    pthread_once(&cpu_once, detect_cpu);
+    if (have_avx2 && !force_scalar && use_avx512())
+        qt_kv_load_rows_avx512(kind, rows, row_bytes, n_rows, e0, n, out);
+    else if (have_avx2 && !force_scalar)
+        qt_kv_load_rows_avx2(kind, rows, row_bytes, n_rows, e0, n, out);
+    else
+        qt_kv_load_rows_ref(kind, rows, row_bytes, n_rows, e0, n, out);
+}
+
 void qt_dequantize_rows(const qtensor *t, int64_t row0, int64_t nrows, float *out)
 {
     pthread_once(&cpu_once, detect_cpu);

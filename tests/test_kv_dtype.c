@@ -244,6 +244,45 @@ Test(kv_dtype, q8_0_rows_are_llama_cpp_blocks_and_load_back_within_half_a_step)
     }
 }
 
+/* qt_kv_load_rows (one call for a KV block's run, as attention converts a
+ * head's slice of each position) gives qt_kv_load_ref's bits row by row,
+ * for every dtype, at a head slice off the vector grid as well as on it,
+ * and writes nothing past its n_rows x n floats. */
+Test(kv_dtype, loading_a_run_of_rows_gives_each_rows_bits)
+{
+    enum { ROWS = 5, DIM = 96 };
+    uint64_t seed = 11;
+    float x[ROWS][DIM];
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < DIM; i++)
+            x[r][i] = test_normal(&seed) * (float)(r + 1);
+    static const qt_kind kinds[] = {QT_F32, QT_F16, QT_Q8_0};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        size_t row_bytes = qt_kv_row_bytes(kinds[k], DIM) + 6; /* rows need not be packed */
+        uint8_t *arena = calloc(ROWS, row_bytes);
+        cr_assert_not_null(arena);
+        for (int r = 0; r < ROWS; r++)
+            qt_kv_store(kinds[k], x[r], DIM, arena + r * row_bytes);
+        static const int64_t starts[][2] = {{0, DIM}, {32, 64}, {5, 27}, {64, 32}};
+        for (size_t s = 0; s < sizeof starts / sizeof *starts; s++) {
+            int64_t e0 = starts[s][0], n = starts[s][1];
+            float got[ROWS * DIM + 1], want[DIM];
+            got[ROWS * n] = 12345.0f;
+            qt_kv_load_rows(kinds[k], arena, row_bytes, ROWS, e0, n, got);
+            cr_assert_eq(got[ROWS * n], 12345.0f, "kind %d: wrote past the rows", (int)kinds[k]);
+            for (int r = 0; r < ROWS; r++) {
+                qt_kv_load_ref(kinds[k], arena + r * row_bytes, e0, n, want);
+                for (int64_t i = 0; i < n; i++)
+                    cr_assert(same_bits(got[r * n + i], want[i]),
+                              "kind %d, start %lld, row %d, element %lld: %a, one row %a",
+                              (int)kinds[k], (long long)e0, r, (long long)i, (double)got[r * n + i],
+                              (double)want[i]);
+            }
+        }
+        free(arena);
+    }
+}
+
 /* The AVX-512 forms (sixteen elements a vector) against the AVX2 forms and
  * the scalar ones: f16 stores over a sweep of f32 patterns with a tail past
  * the vectors, every (quiet) half loaded at starts on and off the 16 grid,

@@ -154,11 +154,8 @@ static int64_t kv_run_f32(const eng_kv_cache *kv, int32_t l, const unsigned char
         return kv->layer_dim[l];
     }
     float *kb = run, *vb = run + (size_t)n * (size_t)d;
-    for (int32_t i = 0; i < n; i++) {
-        size_t off = (size_t)i * kv->layer_row[l];
-        qt_kv_load(kv->dtype, k + off, e0, d, kb + (size_t)i * (size_t)d);
-        qt_kv_load(kv->dtype, v + off, e0, d, vb + (size_t)i * (size_t)d);
-    }
+    qt_kv_load_rows(kv->dtype, k, kv->layer_row[l], n, e0, d, kb);
+    qt_kv_load_rows(kv->dtype, v, kv->layer_row[l], n, e0, d, vb);
     *kf = kb;
     *vf = vb;
     return d;

@@ -313,6 +313,8 @@ void qt_attend_avx2(const float *q, const float *k, const float *v, int64_t stri
  * loads on 8-element boundaries); the rest take the _ref forms. */
 void qt_kv_store_avx2(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_load_avx2(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
+void qt_kv_load_rows_avx2(qt_kind kind, const void *rows, size_t row_bytes, int64_t n_rows,
+                          int64_t e0, int64_t n, float *out);
 /* The same four and the LoRA products in zmm registers (matmul_avx512.c,
  * rows_vec.inc: the AVX2 entries' bits), taken where the AVX-512 products
  * are; shapes they do not cover take the AVX2 entries. */
@@ -320,6 +322,8 @@ void qt_attend_avx512(const float *q, const float *k, const float *v, int64_t st
                       int32_t d, float scale, float *max, float *sum, float *acc);
 void qt_kv_store_avx512(qt_kind kind, const float *x, int64_t n, void *row);
 void qt_kv_load_avx512(qt_kind kind, const void *row, int64_t e0, int64_t n, float *out);
+void qt_kv_load_rows_avx512(qt_kind kind, const void *rows, size_t row_bytes, int64_t n_rows,
+                            int64_t e0, int64_t n, float *out);
 void qt_lora_down_avx512(const qtensor *a, const float *x, float s, float *t, int64_t r0,
                          int64_t r1);
 void qt_lora_up_avx512(const qtensor *b, const float *t, float *y, int64_t o0, int64_t o1);
