@@ -26,10 +26,18 @@
  * Usage: bench_decode --model PATH [--quant KIND]... [--threads N]
  *                     [--prompt-tokens P] [--new-tokens N] [--batches 1,8,32]
  *                     [--repeats R] [--rounds R1] [--kv-dtype f32|f16|q8_0]
- *                     [--clock wall|cpu]
+ *                     [--clock wall|cpu] [--stages]
+ *
+ * --stages: after each batch's timed rounds, one more round with the
+ * forward pass's stage clock on (stages.h): per prefill step and per decode
+ * step, the step's wall time and each stage's (matmul, lm_head, attention,
+ * elementwise, kv_write, embed; "rest" the remainder), and the GFLOP/s of
+ * the dense projections (2 x their weights per token) and of the lm_head
+ * (2 x vocab x hidden per row it scores). Not with --clock cpu.
  */
 #include "model.h"
 #include "runtime.h"
+#include "stages.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,7 +78,12 @@ typedef struct run_result {
     int batch;
     double prefill_tok_s, decode_tok_s;
     moe_work moe;
+    /* --stages: the extra round's stage times and wall seconds, prefill then decode */
+    eng_stage_times stages[2];
+    double stage_s[2];
 } run_result;
+
+static bool want_stages;
 
 /* One timed round from an empty cache: B sequences, sequence b's P-token
  * prompt at prompts + b * P (B = 1 reads only the first P), prefilled one step each, then N decode
@@ -79,13 +92,14 @@ typedef struct run_result {
 static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_forward_state *st,
                      eng_seq_kv *seqs, eng_step_seq *step, int32_t *next, float *logits,
                      const int32_t *prompts, int32_t P, int32_t N, int B, double *prefill_s,
-                     double *decode_s, moe_work *moe)
+                     double *decode_s, moe_work *moe, eng_stage_times *stages)
 {
     char msg[1024];
     int32_t vocab = m->cfg.vocab_size;
     double prefill = 0.0;
     uint64_t ran, bytes;
     *moe = (moe_work){0};
+    eng_forward_time_stages(st, stages); /* the prefill steps' (NULL: untimed) */
     for (int b = 0; b < B; b++) {
         eng_kv_reserve(kv, &seqs[b], P + N);
         eng_step_seq one = {
@@ -101,6 +115,7 @@ static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_f
         moe->prefill_bytes += bytes;
         next[b] = argmax(logits, vocab);
     }
+    eng_forward_time_stages(st, stages ? &stages[1] : NULL);
     double t = now();
     for (int32_t k = 0; k < N; k++) {
         for (int b = 0; b < B; b++)
@@ -118,6 +133,7 @@ static int run_round(const eng_model *m, eng_kv_cache *kv, eng_pool *pool, eng_f
     }
     *decode_s = now() - t;
     *prefill_s = prefill;
+    eng_forward_time_stages(st, NULL);
     for (int b = 0; b < B; b++)
         eng_kv_release(kv, &seqs[b]);
     return 0;
@@ -148,6 +164,54 @@ static void print_result(FILE *out, const run_result *r, int32_t moe_l, int32_t 
                 "\"expert_bytes_per_prefill_step\": %.0f",
                 dx, dx / moe_l, (double)r->moe.decode_bytes / N, px,
                 (double)r->moe.prefill_bytes / r->batch);
+    }
+}
+
+/* The weights of the layers' dense projections (2 x this many FLOPs a
+ * token); 0 for a model with experts or linear-attention layers, whose
+ * work per token this does not count. */
+static double dense_projection_weights(const eng_model *m)
+{
+    double w = 0.0;
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        const eng_layer *ly = &m->layers[l];
+        if (eng_layer_is_moe(&m->cfg, l) || eng_linear_is(&m->cfg.linear, l))
+            return 0.0;
+        const qtensor *t[] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
+                              &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+            w += (double)t[i]->rows * (double)t[i]->cols;
+    }
+    return w;
+}
+
+/* --stages: the extra round's stage times per step, as "stages" of the
+ * batch's object, and the projections' and the lm_head's GFLOP/s. */
+static void print_stages(FILE *out, const eng_model *m, const run_result *r, int32_t P, int32_t N)
+{
+    static const char *const part[2] = {"prefill", "decode"};
+    double steps[2] = {r->batch, N}, tokens[2] = {(double)P, (double)r->batch},
+           scored[2] = {1.0, (double)r->batch};
+    double proj = dense_projection_weights(m),
+           head = (double)m->cfg.vocab_size * (double)m->cfg.hidden_size;
+    fprintf(out, ", \"stages\": {");
+    for (int k = 0; k < 2; k++) {
+        const eng_stage_times *t = &r->stages[k];
+        double step_ms = 1e3 * r->stage_s[k] / steps[k], timed = 0.0;
+        fprintf(out, "%s\"%s\": {\"step_ms\": %.3f", k ? ", " : "", part[k], step_ms);
+        for (int s = 0; s < ENG_STAGE_COUNT; s++) {
+            double ms = 1e-6 * (double)t->ns[s] / steps[k];
+            timed += ms;
+            fprintf(out, ", \"%s_ms\": %.3f", eng_stage_names[s], ms);
+        }
+        fprintf(out, ", \"rest_ms\": %.3f", step_ms - timed);
+        double mm_s = 1e-9 * (double)t->ns[ENG_STAGE_MATMUL] / steps[k],
+               head_s = 1e-9 * (double)t->ns[ENG_STAGE_LM_HEAD] / steps[k];
+        if (proj > 0.0 && mm_s > 0.0)
+            fprintf(out, ", \"matmul_gflops\": %.1f", 2.0 * proj * tokens[k] / mm_s * 1e-9);
+        if (head_s > 0.0)
+            fprintf(out, ", \"lm_head_gflops\": %.1f", 2.0 * head * scored[k] / head_s * 1e-9);
+        fputc('}', out);
     }
     fputc('}', out);
 }
@@ -198,7 +262,7 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
     double ignore_p, ignore_d;
     moe_work moe;
     if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P < 8 ? P : 8, 4, 1,
-                  &ignore_p, &ignore_d, &moe))
+                  &ignore_p, &ignore_d, &moe, NULL))
         return 1;
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
@@ -206,13 +270,20 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
         /* the best of several rounds, as the peer reports: batch 1 is short */
         for (int k = 0, rounds = B == 1 ? rounds1 : repeats; k < rounds; k++) {
             double p, d;
-            if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P, N, B, &p, &d,
-                          &moe))
+            if (run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P, N, B, &p, &d, &moe,
+                          NULL))
                 return 1;
             best_p = k == 0 || p < best_p ? p : best_p;
             best_d = k == 0 || d < best_d ? d : best_d;
         }
-        res[bi] = (run_result){B, (double)B * P / best_p, (double)B * N / best_d, moe};
+        res[bi] = (run_result){.batch = B,
+                               .prefill_tok_s = (double)B * P / best_p,
+                               .decode_tok_s = (double)B * N / best_d,
+                               .moe = moe};
+        if (want_stages &&
+            run_round(&m, kv, pool, st, seqs, step, next, logits, prompt, P, N, B,
+                      &res[bi].stage_s[0], &res[bi].stage_s[1], &moe, res[bi].stages))
+            return 1;
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -226,8 +297,12 @@ static int bench_kind(const char *model, const char *quant, qt_kind kv_dtype, in
         fprintf(out, "\"moe\": {\"layers\": %d, \"experts\": %d, \"experts_used\": %d}, ", moe_l,
                 m.cfg.n_experts, m.cfg.n_experts_used);
     fprintf(out, "\"results\": [");
-    for (int bi = 0; bi < n_batches; bi++)
+    for (int bi = 0; bi < n_batches; bi++) {
         print_result(out, &res[bi], moe_l, N, bi == 0);
+        if (want_stages)
+            print_stages(out, &m, &res[bi], P, N);
+        fputc('}', out);
+    }
     fprintf(out, "]}%s\n", last ? "" : ",");
     free(logits);
     free(prompt);
@@ -249,6 +324,13 @@ int main(int argc, char **argv)
     int32_t P = 128, N = 32;
     int repeats = 1, rounds1 = 3;
     const char *kv_name = "f32", *act_name = "f32", *clock_name = "wall";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--stages")) { /* a flag: out of the pairs below */
+            want_stages = true;
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof *argv);
+            argc--;
+            break;
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -292,11 +374,15 @@ int main(int argc, char **argv)
         return 2;
     }
     bench_clock = strcmp(clock_name, "cpu") ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID;
+    if (want_stages && bench_clock != CLOCK_MONOTONIC) {
+        fprintf(stderr, "bench_decode: --stages times wall clock; not with --clock cpu\n");
+        return 2;
+    }
     if (!model || P < 1 || N < 1 || repeats < 1 || rounds1 < 1) {
         fprintf(stderr, "usage: bench_decode --model PATH [--quant KIND]... [--threads N] "
                         "[--prompt-tokens P] [--new-tokens N] [--batches 1,8,32] "
                         "[--repeats R] [--rounds R1] [--kv-dtype f32|f16|q8_0] "
-                        "[--activations f32|q8] [--clock wall|cpu]\n");
+                        "[--activations f32|q8] [--clock wall|cpu] [--stages]\n");
         return 2;
     }
     if (n_batches == 0) {

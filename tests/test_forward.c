@@ -42,6 +42,7 @@
 
 #include "model.h"
 #include "runtime.h"
+#include "stages.h"
 #include "test_util.h"
 #include "tiny_model.h"
 
@@ -319,6 +320,51 @@ Test(forward, config_patches_reach_the_model)
 
 /* A sequence longer than a KV block, whose blocks are not contiguous:
  * another sequence takes a block between each of its growths. */
+/* The stage clock (stages.h, bench_decode --stages): attached, a step adds
+ * each stage it runs (every layer's projections, the lm_head once, attention,
+ * the norms and activations, the KV writes, the embeddings) with its calls,
+ * the stages' time within the step's; detached, a step adds nothing. */
+Test(forward, the_stage_clock_counts_each_stage_of_a_step)
+{
+    fwd_case fc = {.label = "stages"};
+    fwd_engine e;
+    fwd_open(&e, &fc, 16);
+    int32_t tokens[5] = {3, 1, 4, 1, 5};
+    float *logits = malloc((size_t)e.vocab * sizeof *logits);
+    eng_seq_kv kv = {0};
+    eng_stage_times t = {0};
+    eng_forward_time_stages(e.st, &t);
+    eng_step_seq s = {.kv = &kv, .tokens = tokens, .n_tokens = 5, .pos = 0};
+    int64_t t0 = ql_now_ns();
+    fwd_step(&e, &s, 1, logits, "timed");
+    int64_t wall = ql_now_ns() - t0, timed = 0;
+    int32_t L = e.m.cfg.n_layers;
+    /* seven projections a layer, the head once, attention and the K/V
+     * writes once a layer, the embeddings once */
+    cr_assert_eq(t.calls[ENG_STAGE_MATMUL], 7 * L, "%lld projections",
+                 (long long)t.calls[ENG_STAGE_MATMUL]);
+    cr_assert_eq(t.calls[ENG_STAGE_LM_HEAD], 1);
+    cr_assert_eq(t.calls[ENG_STAGE_ATTENTION], L);
+    cr_assert_eq(t.calls[ENG_STAGE_KV_WRITE], L);
+    cr_assert_eq(t.calls[ENG_STAGE_EMBED], 1);
+    cr_assert_geq(t.calls[ENG_STAGE_ELEMENTWISE], 2 * L + 1, "two norms a layer and the final");
+    for (int k = 0; k < ENG_STAGE_COUNT; k++) {
+        cr_assert_geq(t.ns[k], 0, "%s", eng_stage_names[k]);
+        cr_assert_not_null(eng_stage_names[k]);
+        timed += t.ns[k];
+    }
+    cr_assert_leq(timed, wall, "the stages took %lld ns of a %lld ns step", (long long)timed,
+                  (long long)wall);
+    eng_stage_times before = t;
+    eng_forward_time_stages(e.st, NULL);
+    s = (eng_step_seq){.kv = &kv, .tokens = tokens + 4, .n_tokens = 1, .pos = 5};
+    fwd_step(&e, &s, 1, logits, "untimed");
+    cr_assert_eq(memcmp(&before, &t, sizeof t), 0, "a detached clock still counted");
+    eng_kv_release(e.kv, &kv);
+    free(logits);
+    fwd_close(&e);
+}
+
 Test(forward, long_sequence_over_scattered_blocks_matches_reference)
 {
     fwd_case fc = {.label = "long"};

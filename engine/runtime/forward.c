@@ -40,6 +40,7 @@
 #include "internal/step_internal.h"
 #include "internal/walk_internal.h"
 #include "ops_math.h"
+#include "stages.h"
 
 /* --- setup ------------------------------------------------------------------ */
 
@@ -422,6 +423,35 @@ static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab
     }
 }
 
+/* --- where the time goes (stages.h) ------------------------------------------ */
+
+const char *const eng_stage_names[ENG_STAGE_COUNT] = {
+    [ENG_STAGE_MATMUL] = "matmul",       [ENG_STAGE_LM_HEAD] = "lm_head",
+    [ENG_STAGE_ATTENTION] = "attention", [ENG_STAGE_ELEMENTWISE] = "elementwise",
+    [ENG_STAGE_KV_WRITE] = "kv_write",   [ENG_STAGE_EMBED] = "embed",
+};
+
+void eng_forward_time_stages(eng_forward_state *st, eng_stage_times *times)
+{
+    st->stages = times;
+}
+
+/* The clock at an operation's start, when the stages are timed (else 0). */
+static int64_t stage_start(const void *be)
+{
+    return ((const cpu_step *)be)->st->stages ? ql_now_ns() : 0;
+}
+
+/* The operation begun at t0 ends: its time into stage s, when timed. */
+static void stage_end(const void *be, eng_stage s, int64_t t0)
+{
+    eng_stage_times *times = ((const cpu_step *)be)->st->stages;
+    if (times) {
+        times->ns[s] += ql_now_ns() - t0;
+        times->calls[s]++;
+    }
+}
+
 /* --- the CPU row of operations (eng_walk_ops) -------------------------------- */
 
 /* Each row's sequence, position and rotations, and room for the adapters. */
@@ -461,6 +491,7 @@ static int cpu_begin(void *be, const eng_step_seq *seqs, int32_t n_seqs, int64_t
  * (eng_step_seq.embeds: an MTP drafter's). */
 static int cpu_embed(void *be, float *x, char *msg, size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     int64_t H = cs->m->cfg.hidden_size;
@@ -470,6 +501,7 @@ static int cpu_embed(void *be, float *x, char *msg, size_t msg_len)
                 memcpy(x + r * H, cs->seqs[s].embeds + t * H, (size_t)H * sizeof(float));
             else
                 qt_dequantize_rows(&cs->m->embed, cs->seqs[s].tokens[t], 1, x + r * H);
+    stage_end(be, ENG_STAGE_EMBED, t0);
     return QL_OK;
 }
 
@@ -496,43 +528,52 @@ static int cpu_project_per_layer(void *be, const float *x, float *out, char *msg
 
 static int cpu_scale(void *be, float *v, int64_t n, float s, char *msg, size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)be, (void)msg, (void)msg_len;
     for (int64_t i = 0; i < n; i++)
         v[i] *= s;
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
 static int cpu_rmsnorm(void *be, float *out, const float *x, const float *w, int64_t rows,
                        int64_t n, float eps, char *msg, size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     ew_job j = {.op = EW_RMSNORM, .out = out, .x = x, .w = w, .n = n, .eps = eps};
     ew_run(be, &j, rows, n);
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
 static int cpu_project(void *be, int32_t l, eng_proj p, const float *x, float *y, char *msg,
                        size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     cpu_step *cs = be;
     eng_cpu_project(cs->st, cs->pool, cs->m, cs->seqs, cs->n_seqs, l, p, x, y);
+    stage_end(be, ENG_STAGE_MATMUL, t0);
     return QL_OK;
 }
 
 static int cpu_add_bias(void *be, float *y, const float *bias, int64_t rows, int64_t n, char *msg,
                         size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)be, (void)msg, (void)msg_len;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < n; i++)
             y[r * n + i] += bias[i];
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
 static int cpu_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, int table, char *msg,
                     size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     const eng_forward_state *st = cs->st;
@@ -548,12 +589,14 @@ static int cpu_rope(void *be, float *vec, int32_t n_heads, int32_t head_dim, int
                 .d = head_dim,
                 .half = half};
     ew_run(cs, &j, cs->rows, (int64_t)n_heads * head_dim);
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
 static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, char *msg,
                         size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     const eng_kv_cache *kv = cs->kv;
@@ -564,32 +607,39 @@ static int cpu_kv_write(void *be, int32_t l, const float *k, const float *v, cha
         qt_kv_store(kv->dtype, k + r * KV, KV, kv_row(kv, s->kv->blocks, l, 0, pos));
         qt_kv_store(kv->dtype, v + r * KV, KV, kv_row(kv, s->kv->blocks, l, 1, pos));
     }
+    stage_end(be, ENG_STAGE_KV_WRITE, t0);
     return QL_OK;
 }
 
 static int cpu_add(void *be, float *x, const float *y, int64_t n, char *msg, size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     ew_job j = {.op = EW_ADD, .out = x, .x = y, .n = 1};
     ew_run(be, &j, n, 1);
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
 static int cpu_glu(void *be, float *gate, const float *up, int64_t n, eng_ffn_act act, char *msg,
                    size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     ew_job j = {.op = EW_GLU, .out = gate, .x = up, .n = 1, .up_stride = 1, .act = act};
     ew_run(be, &j, n, 1);
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
 static int cpu_glu_strided(void *be, float *gate, const float *up, int64_t rows, int64_t n,
                            int64_t up_stride, eng_ffn_act act, char *msg, size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     ew_job j = {.op = EW_GLU, .out = gate, .x = up, .n = n, .up_stride = up_stride, .act = act};
     ew_run(be, &j, rows, n);
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
@@ -605,18 +655,22 @@ static int cpu_copy(void *be, float *dst, const float *src, int64_t n, char *msg
 static int cpu_classify(void *be, const float *h, int64_t rows, float *logits, char *msg,
                         size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)msg, (void)msg_len;
     const cpu_step *cs = be;
     const eng_model *m = cs->m;
     eng_cpu_matmul(cs->pool, m->lm_head.rows ? &m->lm_head : &m->embed, h, rows, logits);
+    stage_end(be, ENG_STAGE_LM_HEAD, t0);
     return QL_OK;
 }
 
 static int cpu_softcap(void *be, float *v, int64_t n, float cap, char *msg, size_t msg_len)
 {
+    int64_t t0 = stage_start(be);
     (void)be, (void)msg, (void)msg_len;
     for (int64_t i = 0; i < n; i++)
         v[i] = om_softcap(v[i], cap);
+    stage_end(be, ENG_STAGE_ELEMENTWISE, t0);
     return QL_OK;
 }
 
@@ -631,6 +685,15 @@ static int cpu_deliver(void *be, const float *out, float *logits, int32_t *token
     return cpu_copy(be, logits, out, cs->n_seqs * (int64_t)cs->m->cfg.vocab_size, msg, msg_len);
 }
 
+static int cpu_attend(void *be, int32_t l, const float *q, float *out, int32_t window, float scale,
+                      float softcap, const float *sinks, char *msg, size_t msg_len)
+{
+    int64_t t0 = stage_start(be);
+    int rc = eng_cpu_attend(be, l, q, out, window, scale, softcap, sinks, msg, msg_len);
+    stage_end(be, ENG_STAGE_ATTENTION, t0);
+    return rc;
+}
+
 static const eng_walk_ops cpu_ops = {
     .begin = cpu_begin,
     .embed = cpu_embed,
@@ -640,7 +703,7 @@ static const eng_walk_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
-    .attend = eng_cpu_attend,
+    .attend = cpu_attend,
     .split_gate = eng_cpu_split_gate,
     .gate_sigmoid = eng_cpu_gate_sigmoid,
     .delta_net = eng_cpu_delta_net,

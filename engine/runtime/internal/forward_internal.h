@@ -64,6 +64,7 @@ struct eng_forward_state {
     eng_moe_state *moe;              /* a mixture of experts' scratch (experts_cpu.c), or NULL */
     eng_linear_state *lin;           /* Qwen3.5's (linear_cpu.c), or NULL */
     eng_attn_scratch *attn;          /* attention's per-thread scratch (attend_cpu.c), or NULL */
+    struct eng_stage_times *stages;  /* where each step's time goes (stages.h), or NULL */
 };
 
 /* The context of a step on the CPU: what every operation is handed. */
