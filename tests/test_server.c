@@ -899,7 +899,11 @@ static cJSON *streamed_usage(const char *body)
     hc_response r;
     open_stream(&c, &r, "/v1/completions", body);
     cJSON *usage = NULL;
-    for (char *ev; (ev = hc_next_event(&c, &r)) && strcmp(ev, "[DONE]") != 0; free(ev)) {
+    for (char *ev; (ev = hc_next_event(&c, &r)); free(ev)) {
+        if (strcmp(ev, "[DONE]") == 0) {
+            free(ev); /* the loop's own free is skipped by the break */
+            break;
+        }
         cJSON *e = cJSON_Parse(ev);
         cr_assert(e, "%s", ev);
         cJSON *u = cJSON_DetachItemFromObjectCaseSensitive(e, "usage");
