@@ -13,8 +13,9 @@
  * each figure is the best of --rounds (default 3) rounds for batch 1 and
  * of --repeats (default 1) for larger batches, each round from an empty
  * cache.
- * The KV cache holds --kv-dtype (default f32, as `qlserve serve` keeps
- * it; llama-bench's is f16: pass --kv-dtype f16 to match it). Peak resident memory comes
+ * The KV cache holds --kv-dtype (default f16, as `qlserve serve` keeps it on
+ * the CPU and llama-bench keeps its own; before 2026-12-07 the default was
+ * f32). Peak resident memory comes
  * from getrusage. For a mixture of experts each batch's figures add the
  * experts' work per step (eng_forward_moe_step: experts run, summed over
  * the layers, each chosen expert once per layer however many rows it took,
@@ -323,7 +324,7 @@ int main(int argc, char **argv)
     int n_quants = 0, threads = 0, n_batches = 0, batches[8];
     int32_t P = 128, N = 32;
     int repeats = 1, rounds1 = 3;
-    const char *kv_name = "f32", *act_name = "f32", *clock_name = "wall";
+    const char *kv_name = "f16", *act_name = "f32", *clock_name = "wall";
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--stages")) { /* a flag: out of the pairs below */
             want_stages = true;
