@@ -318,8 +318,6 @@ Test(forward, config_patches_reach_the_model)
     eng_model_free(&m);
 }
 
-/* A sequence longer than a KV block, whose blocks are not contiguous:
- * another sequence takes a block between each of its growths. */
 /* The stage clock (stages.h, bench_decode --stages): attached, a step adds
  * each stage it runs (every layer's projections, the lm_head once, attention,
  * the norms and activations, the KV writes, the embeddings) with its calls,
@@ -365,6 +363,8 @@ Test(forward, the_stage_clock_counts_each_stage_of_a_step)
     fwd_close(&e);
 }
 
+/* A sequence longer than a KV block, whose blocks are not contiguous:
+ * another sequence takes a block between each of its growths. */
 Test(forward, long_sequence_over_scattered_blocks_matches_reference)
 {
     fwd_case fc = {.label = "long"};

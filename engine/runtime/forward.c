@@ -332,6 +332,28 @@ static void rmsnorm(float *out, const float *x, const float *weight, int64_t row
     }
 }
 
+/* Rotate pairs of q (n_heads) and k (n_kv heads) of d dims each, of each
+ * row, by its position (cos_tab, sin_tab: [rows][half]): pairs (i, i + d/2)
+ * as Hugging Face, or (2i, 2i + 1) as a llama GGUF stores its permuted
+ * rows; with partial rotary (Phi-4-mini) only the leading rot dims, pairs
+ * (i, i + rot/2), the rest passing through as transformers'
+ * apply_rotary_pos_emb and ggml's neox rope leave them. */
+static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab, float *vec,
+                 int32_t n_heads, int32_t d, int32_t half, int64_t rows)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *cs = cos_tab + r * half, *sn = sin_tab + r * half;
+        for (int32_t hd = 0; hd < n_heads; hd++) {
+            float *v = vec + (r * n_heads + hd) * d;
+            for (int32_t i = 0; i < half; i++) {
+                int32_t a, b;
+                om_rope_pair(i, half, c->rope_interleaved, &a, &b);
+                om_rope_rotate(&v[a], &v[b], cs[i], sn[i]);
+            }
+        }
+    }
+}
+
 /*
  * The elementwise operations of a step (norms, gated activations, rotations,
  * residual adds) over the worker pool, split by rows (or, for the flat ones,
@@ -358,9 +380,6 @@ typedef struct ew_job {
     const float *cos_tab, *sin_tab;
     int32_t n_heads, d, half;
 } ew_job;
-
-static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab, float *vec,
-                 int32_t n_heads, int32_t d, int32_t half, int64_t rows);
 
 /* Rows [begin, end) of the job (elements, for the flat ones). */
 static void ew_rows(void *ctx, int64_t begin, int64_t end)
@@ -399,28 +418,6 @@ static void ew_run(const cpu_step *cs, ew_job *j, int64_t rows, int64_t width)
     }
     int64_t grain = (ELEMENTWISE_GRAIN + width - 1) / width;
     eng_pool_run(cs->pool, ew_rows, j, rows, grain);
-}
-
-/* Rotate pairs of q (n_heads) and k (n_kv heads) of d dims each, of each
- * row, by its position (cos_tab, sin_tab: [rows][half]): pairs (i, i + d/2)
- * as Hugging Face, or (2i, 2i + 1) as a llama GGUF stores its permuted
- * rows; with partial rotary (Phi-4-mini) only the leading rot dims, pairs
- * (i, i + rot/2), the rest passing through as transformers'
- * apply_rotary_pos_emb and ggml's neox rope leave them. */
-static void rope(const eng_config *c, const float *cos_tab, const float *sin_tab, float *vec,
-                 int32_t n_heads, int32_t d, int32_t half, int64_t rows)
-{
-    for (int64_t r = 0; r < rows; r++) {
-        const float *cs = cos_tab + r * half, *sn = sin_tab + r * half;
-        for (int32_t hd = 0; hd < n_heads; hd++) {
-            float *v = vec + (r * n_heads + hd) * d;
-            for (int32_t i = 0; i < half; i++) {
-                int32_t a, b;
-                om_rope_pair(i, half, c->rope_interleaved, &a, &b);
-                om_rope_rotate(&v[a], &v[b], cs[i], sn[i]);
-            }
-        }
-    }
 }
 
 /* --- where the time goes (stages.h) ------------------------------------------ */
