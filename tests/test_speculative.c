@@ -252,29 +252,32 @@ Test(speculative, ngram_lookup_takes_the_longest_suffix_at_its_latest_place)
     int32_t prompt[] = {1, 2, 3, 4, 5, 1, 2, 3, 6, 3, 7};
     int32_t answer[] = {1, 2, 3};
     eng_history h = {prompt, 11, answer, 3};
-    int32_t out[8];
-    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 8, out), 6, "up to the end of what was seen");
+    int32_t out[8], matched;
+    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 8, out, &matched), 6, "up to the end of what was seen");
+    cr_assert_eq(matched, 3);
     int32_t want[] = {6, 3, 7, 1, 2, 3};
     cr_assert(memcmp(out, want, sizeof want) == 0, "%d %d %d", out[0], out[1], out[2]);
-    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 2, out), 2, "max bounds the draft");
+    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 2, out, &matched), 2, "max bounds the draft");
     /* only 1-grams allowed: the latest earlier "3" is at 9 */
-    cr_assert_eq(eng_ngram_draft(&h, 1, 1, 8, out), 4);
+    cr_assert_eq(eng_ngram_draft(&h, 1, 1, 8, out, &matched), 4);
     cr_assert_eq(out[0], 7);
+    cr_assert_eq(matched, 1);
 }
 
 Test(speculative, ngram_lookup_runs_into_a_repeated_run_and_finds_nothing_new)
 {
     int32_t prompt[] = {9, 9, 9, 9};
     eng_history h = {prompt, 4, NULL, 0};
-    int32_t out[8];
+    int32_t out[8], matched;
     /* the suffix 9 9 9 at 0 is followed by the suffix itself */
-    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 8, out), 1);
+    cr_assert_eq(eng_ngram_draft(&h, 1, 3, 8, out, &matched), 1);
     cr_assert_eq(out[0], 9);
     int32_t fresh[] = {1, 2, 3, 4};
     eng_history g = {fresh, 4, NULL, 0};
-    cr_assert_eq(eng_ngram_draft(&g, 1, 3, 8, out), 0, "no token repeats: no guess");
+    cr_assert_eq(eng_ngram_draft(&g, 1, 3, 8, out, &matched), 0, "no token repeats: no guess");
+    cr_assert_eq(matched, 0);
     eng_history one = {fresh, 1, NULL, 0};
-    cr_assert_eq(eng_ngram_draft(&one, 1, 3, 8, out), 0, "nothing before the suffix");
+    cr_assert_eq(eng_ngram_draft(&one, 1, 3, 8, out, &matched), 0, "nothing before the suffix");
 }
 
 /* The draft length for a sequence that has verified `rounds` drafts of 8
@@ -356,6 +359,41 @@ Test(speculative, draft_length_follows_acceptance_and_the_cost_of_a_row)
         eng_spec_len_adapt(&l, 8, 8);
     cr_assert_eq(eng_spec_len_want(&l, &unknown, 3), 3);
     cr_assert_gt(eng_spec_len_want(&l, &unknown, 16), 3);
+}
+
+Test(speculative, an_ngram_draft_is_kept_by_the_acceptance_of_its_class)
+{
+    cr_assert(eng_spec_class(0) == 0 && eng_spec_class(1) == 1 && eng_spec_class(2) == 2);
+    cr_assert(eng_spec_class(3) == 3 && eng_spec_class(9) == 3, "3 or more share a class");
+    /* a copying answer: its lone-token matches missed, its 3-gram runs were taken whole */
+    eng_spec_len by[ENG_SPEC_CLASSES];
+    for (int c = 0; c < ENG_SPEC_CLASSES; c++)
+        eng_spec_len_init(&by[c]);
+    for (int i = 0; i < 6; i++) {
+        eng_spec_len_adapt(&by[eng_spec_class(1)], 2, 0);
+        eng_spec_len_adapt(&by[eng_spec_class(5)], 8, 8);
+    }
+    eng_spec_cost c = {.fixed_s = 2e-3, .token_s = 1e-3, .n_decode = 1};
+    cr_assert_eq(eng_spec_len_keep(&by[1], &c, 16, 0), 0, "a 1-gram's guess is dropped");
+    int32_t run = eng_spec_len_keep(&by[3], &c, 16, 0);
+    cr_assert_geq(run, 8, "a 3-gram's run is verified long: %d", run);
+    cr_assert_eq(eng_spec_len_keep(&by[3], &c, 5, 0), 5, "never past what was drafted");
+    /* one rate for both would verify the guesses too, as long as the runs */
+    eng_spec_len one;
+    eng_spec_len_init(&one);
+    for (int i = 0; i < 6; i++) {
+        eng_spec_len_adapt(&one, 2, 0);
+        eng_spec_len_adapt(&one, 8, 8);
+    }
+    int32_t mixed = eng_spec_len_keep(&one, &c, 16, 0);
+    cr_assert_geq(mixed, 8, "a guess verified with %d rows", mixed);
+    /* the request's least length: raised to it where some are kept, within what was drafted */
+    eng_spec_len half = {.first_hits = 6, .first_trials = 10, .hits = 1, .trials = 10};
+    int32_t some = eng_spec_len_keep(&half, &c, 16, 0);
+    cr_assert(some >= 1 && some < 4, "%d", some);
+    cr_assert_eq(eng_spec_len_keep(&half, &c, 16, 4), 4);
+    cr_assert_eq(eng_spec_len_keep(&half, &c, 3, 4), 3, "a draft under the least stays short");
+    cr_assert_eq(eng_spec_len_keep(&by[1], &c, 16, 4), 0, "none kept: the least adds none");
 }
 
 Test(speculative, kv_rollback_forgets_positions_but_never_grows)

@@ -88,9 +88,10 @@ static bool same_run(const eng_history *h, int32_t a, int32_t b, int32_t n)
 }
 
 int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int32_t max,
-                        int32_t *out)
+                        int32_t *out, int32_t *matched)
 {
     int32_t total = h->n_prompt + h->n_answer;
+    *matched = 0;
     for (int32_t n = n_max; n >= n_min; n--) {
         int32_t suffix = total - n;
         if (suffix <= 0)
@@ -102,6 +103,7 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
             int32_t k = 0;
             for (int32_t i = at + n; i < total && k < max; i++)
                 out[k++] = eng_history_at(h, i);
+            *matched = n;
             return k;
         }
     }
@@ -111,8 +113,8 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
 static void ngram_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
 {
     for (int32_t i = 0; i < n_jobs; i++)
-        jobs[i].n =
-            eng_ngram_draft(&jobs[i].h, d->o.ngram_min, d->o.ngram_max, jobs[i].max, jobs[i].out);
+        jobs[i].n = eng_ngram_draft(&jobs[i].h, d->o.ngram_min, d->o.ngram_max, jobs[i].max,
+                                    jobs[i].out, &jobs[i].match);
 }
 
 static void model_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
@@ -240,6 +242,14 @@ int32_t eng_spec_len_want(eng_spec_len *l, const eng_spec_cost *c, int32_t draft
         return 1;
     }
     return 0;
+}
+
+int32_t eng_spec_len_keep(eng_spec_len *l, const eng_spec_cost *c, int32_t drafted, int32_t least)
+{
+    int32_t keep = eng_spec_len_want(l, c, drafted);
+    if (keep > 0 && keep < least)
+        keep = least < drafted ? least : drafted;
+    return keep;
 }
 
 void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted)

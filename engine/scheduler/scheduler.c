@@ -99,10 +99,11 @@ typedef struct seq {
     int32_t *fed;
     int32_t n_fed, cap_fed;
     /* speculative decoding: this step's tokens when it drafted (next_token, then n_draft
-     * drafted ones; 0: next_token alone), and the draft length its acceptance has earned */
+     * drafted ones; 0: next_token alone), the class of that draft, and the draft length
+     * its acceptance has earned in each class */
     int32_t row[ENG_SPEC_MAX_DRAFT + 1];
-    int32_t n_draft;
-    eng_spec_len spec;
+    int32_t n_draft, draft_class;
+    eng_spec_len spec[ENG_SPEC_CLASSES];
     eng_seq_kv draft_kv;       /* its KV in the drafter's cache (a draft model's, the MTP's) */
     eng_draft_rows draft_rows; /* the target's hidden states the MTP has not fed (mtp) */
 } seq;
@@ -750,7 +751,8 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
         eng_stop_include(s->stop, r->include_stop_str);
-        eng_spec_len_init(&s->spec);
+        for (int c = 0; c < ENG_SPEC_CLASSES; c++)
+            eng_spec_len_init(&s->spec[c]);
     }
     if (r->prompt_logprobs) {
         size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
@@ -1223,18 +1225,29 @@ static void next_token(eng_engine *e, seq *s, int32_t k)
  * them in the same blocks, and the prefix cache never keeps them.
  */
 
+/* Whether the cost rule cuts e's drafts once they are made, by their
+ * class (the n-gram lookup: its drafts cost nothing and say which suffix
+ * they followed), rather than bounding the drafter beforehand (a model
+ * drafter pays for every position it drafts). */
+static bool cut_after(const eng_engine *e)
+{
+    return !e->drafter.o.draft_fixed && e->drafter.o.drafter == ENG_SPEC_NGRAM;
+}
+
 /* How many tokens s may draft this step, at most room: what its draft
  * length, its answer's room (the token the verification adds included) and
- * its KV reservation allow (the length --draft-fixed's draft_max, else the
- * cost rule's); 0 when it does not draft. */
+ * its KV reservation allow (the length --draft-fixed's draft_max, the
+ * request's own where the rule cuts after drafting, else the cost rule's);
+ * 0 when it does not draft. */
 static int32_t draft_want(const eng_engine *e, seq *s, const eng_spec_cost *cost, int32_t room)
 {
     request *r = s->r;
     if (r->draft_max == 0)
         return 0; /* the request asked for none: not even the probe */
     int32_t pos = r->n_prompt + s->n_generated - 1;
-    int32_t want =
-        e->drafter.o.draft_fixed ? r->draft_max : eng_spec_len_want(&s->spec, cost, r->draft_max);
+    int32_t want = e->drafter.o.draft_fixed || cut_after(e)
+                       ? r->draft_max
+                       : eng_spec_len_want(&s->spec[0], cost, r->draft_max);
     int32_t answer_left = r->req.max_new_tokens - s->n_generated - 1;
     int32_t kv_left = r->reserve - pos - 1;
     if (want > 0 && want < r->draft_min)
@@ -1278,6 +1291,9 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
     for (int32_t i = 0; i < n; i++) {
         seq *s = e->draft_seqs[i];
         int32_t k = e->draft_jobs[i].n;
+        s->draft_class = eng_spec_class(e->draft_jobs[i].match);
+        if (k > 0 && cut_after(e))
+            k = eng_spec_len_keep(&s->spec[s->draft_class], &cost, k, s->r->draft_min);
         e->tally.spec.drafted += (uint64_t)k;
         /* shorter than the request's least, or its first token one the grammar refuses */
         if (k > 0 && (k < s->r->draft_min ||
@@ -1326,7 +1342,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
         end_choice(e, s, ENG_FINISH_ERROR);
         return;
     }
-    eng_spec_len_adapt(&s->spec, k, j);
+    eng_spec_len_adapt(&s->spec[s->draft_class], k, j);
 }
 
 /* Whether the step's decoding sequences (n_decode of them) speculate:

@@ -54,6 +54,7 @@ typedef struct eng_draft_job {
     eng_draft_rows *rows; /* the target's hidden states the MTP has not seen */
     int32_t *out;         /* max of them */
     int32_t n;            /* out: how many were drafted (0: no guess) */
+    int32_t match;        /* out: the n-gram suffix the draft followed (its length; 0 else) */
 } eng_draft_job;
 
 typedef struct eng_drafter eng_drafter;
@@ -188,9 +189,10 @@ uint64_t eng_drafter_steps(const eng_drafter *d);
  * place where h's last n tokens occur with at least one token after them;
  * the first n that has one gives up to max of the tokens that follow it
  * there (they may run into the matched suffix itself: a repeated run
- * drafts its own continuation). 0 when no n matches. */
+ * drafts its own continuation), and that n in *matched. 0 (and *matched 0)
+ * when no n matches. */
 int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int32_t max,
-                        int32_t *out);
+                        int32_t *out, int32_t *matched);
 
 /* The draft lengths request r gets from an engine that drafts at most engine_max tokens: *max 0
  * when r drafts nothing (off), else r's draft_max (0: engine_max) bounded to engine_max; *min r's
@@ -211,6 +213,21 @@ typedef struct eng_spec_len {
     int32_t idle;                    /* steps since it last drafted */
 } eng_spec_len;
 
+/* A sequence keeps its acceptance apart for each class of draft, as they
+ * are accepted at rates of their own: class 0 for the model drafters, and
+ * for the n-gram lookup the length of the suffix its draft followed, 1, 2,
+ * and 3 or more. On a copying answer a 3-gram's continuation is the
+ * copied run and is taken nine times in ten, a lone token's is a guess at
+ * where the answer rejoins its source and is taken a third of the time:
+ * one rate for both would draft the guesses too long and the runs too
+ * short. */
+#define ENG_SPEC_CLASSES 4
+/* The class of a draft that followed a suffix of `match` tokens (0: a
+ * model drafter's). */
+static inline int32_t eng_spec_class(int32_t match)
+{
+    return match < ENG_SPEC_CLASSES - 1 ? (match > 0 ? match : 0) : ENG_SPEC_CLASSES - 1;
+}
 /* A sequence that has not drafted for this many steps tries one token
  * again: a prompt-copying stretch may begin after a free-writing one. 16
  * steps cost at most one row in sixteen. */
@@ -248,6 +265,11 @@ void eng_spec_len_rates(const eng_spec_len *l, double *first, double *next);
  * more often than not is nearly free at a small batch, a draft model's
  * step is not); one every ENG_SPEC_PROBE_STEPS steps while it drafts none. */
 int32_t eng_spec_len_want(eng_spec_len *l, const eng_spec_cost *c, int32_t draft_max);
+/* How many of a draft of `drafted` tokens to verify, made before its
+ * length was chosen (the n-gram lookup's, free to make whole): what
+ * eng_spec_len_want gives l (the draft's class) at most drafted, raised to
+ * least (the request's least length, at most drafted) where it keeps some. */
+int32_t eng_spec_len_keep(eng_spec_len *l, const eng_spec_cost *c, int32_t drafted, int32_t least);
 /* After a verification of `drafted` tokens of which `accepted` were. */
 void eng_spec_len_adapt(eng_spec_len *l, int32_t drafted, int32_t accepted);
 
