@@ -396,6 +396,42 @@ Test(speculative, an_ngram_draft_is_kept_by_the_acceptance_of_its_class)
     cr_assert_eq(eng_spec_len_keep(&by[1], &c, 16, 4), 0, "none kept: the least adds none");
 }
 
+Test(speculative, a_new_sequence_starts_from_what_the_engine_has_seen_lately)
+{
+    eng_spec_len fresh, seen = {0};
+    eng_spec_len_init(&fresh);
+    eng_spec_len p = eng_spec_len_prior(&seen);
+    cr_assert(p.first_hits == fresh.first_hits && p.first_trials == fresh.first_trials &&
+                  p.hits == fresh.hits && p.trials == fresh.trials && p.idle == 0,
+              "nothing seen: the fresh start");
+    /* the last verifications took every 3-gram run whole: the next answer starts long */
+    for (int i = 0; i < 20; i++)
+        eng_spec_len_adapt(&seen, 8, 8);
+    p = eng_spec_len_prior(&seen);
+    double first, next, seen_first, seen_next;
+    eng_spec_len_rates(&p, &first, &next);
+    eng_spec_len_rates(&seen, &seen_first, &seen_next);
+    cr_assert_float_eq(next, seen_next, 1e-12, "the rate kept (35 positions scaled to 5)");
+    cr_assert_float_eq(first, seen_first, 0.01, "4.94 of 5 positions seen: %g %g", first,
+                       seen_first);
+    cr_assert(p.first_trials == ENG_SPEC_PRIOR_TRIALS && p.trials == ENG_SPEC_PRIOR_TRIALS,
+              "weighing five positions: %g %g", p.first_trials, p.trials);
+    eng_spec_cost c = {.fixed_s = 2e-3, .token_s = 1e-3, .n_decode = 1};
+    eng_spec_len a = p;
+    cr_assert_gt(eng_spec_len_want(&a, &c, 16), eng_spec_len_want(&fresh, &c, 16));
+    /* its own verifications soon outweigh it: five refusals and it drafts nothing */
+    for (int i = 0; i < 5; i++)
+        eng_spec_len_adapt(&p, 4, 0);
+    eng_spec_len_rates(&p, &first, &next);
+    cr_assert_lt(first, 0.5, "%g", first);
+    /* one verification seen: it weighs one position of five, the rest the fresh start's */
+    eng_spec_len one = {0};
+    eng_spec_len_adapt(&one, 1, 1);
+    p = eng_spec_len_prior(&one);
+    cr_assert_float_eq(p.first_hits, 1 + 0.6 * 4, 1e-12);
+    cr_assert_float_eq(p.hits, 0.6 * 5, 1e-12, "no later position tried");
+}
+
 Test(speculative, kv_rollback_forgets_positions_but_never_grows)
 {
     eng_kv_cache *kv;

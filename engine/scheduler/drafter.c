@@ -202,7 +202,29 @@ eng_kv_cache *eng_drafter_kv(eng_drafter *d)
 
 void eng_spec_len_init(eng_spec_len *l)
 {
-    *l = (eng_spec_len){.first_hits = 3.0, .first_trials = 5.0, .hits = 3.0, .trials = 5.0};
+    double hits = ENG_SPEC_PRIOR_RATE * ENG_SPEC_PRIOR_TRIALS;
+    *l = (eng_spec_len){.first_hits = hits,
+                        .first_trials = ENG_SPEC_PRIOR_TRIALS,
+                        .hits = hits,
+                        .trials = ENG_SPEC_PRIOR_TRIALS};
+}
+
+/* hits of `trials` weighing at most ENG_SPEC_PRIOR_TRIALS, topped up to that
+ * weight at the fresh start's rate */
+static void prior_counts(double hits, double trials, double *out_hits, double *out_trials)
+{
+    double w = trials < ENG_SPEC_PRIOR_TRIALS ? trials : ENG_SPEC_PRIOR_TRIALS;
+    double taken = trials > 0 ? hits * (w / trials) : 0.0;
+    *out_hits = taken + ENG_SPEC_PRIOR_RATE * (ENG_SPEC_PRIOR_TRIALS - w);
+    *out_trials = ENG_SPEC_PRIOR_TRIALS;
+}
+
+eng_spec_len eng_spec_len_prior(const eng_spec_len *seen)
+{
+    eng_spec_len l = {0};
+    prior_counts(seen->first_hits, seen->first_trials, &l.first_hits, &l.first_trials);
+    prior_counts(seen->hits, seen->trials, &l.hits, &l.trials);
+    return l;
 }
 
 void eng_spec_len_rates(const eng_spec_len *l, double *first, double *next)

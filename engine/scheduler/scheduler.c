@@ -213,6 +213,9 @@ struct eng_engine {
     float *work_row;     /* vocab: a copy of it for one choice's sampler */
     float *prompt_rows;  /* prefill_chunk x vocab, for prompt_logprobs (lazily) */
     step_tally tally;
+    /* every sequence's verifications per class of draft, decayed alike: what a new
+     * sequence's draft lengths start from (eng_spec_len_prior) */
+    eng_spec_len spec_seen[ENG_SPEC_CLASSES];
     eng_step_cost cost;    /* the steps measured, for the step budget */
     eng_prefill_plan plan; /* the last step with decode tokens' budget */
     bool held;             /* the step being built left prompt tokens waiting for it */
@@ -751,8 +754,6 @@ static int make_choices(const eng_engine *e, request *q, const eng_request *r, c
             return rc;
         eng_stop_hold(s->stop, r->sampling.min_tokens > 0);
         eng_stop_include(s->stop, r->include_stop_str);
-        for (int c = 0; c < ENG_SPEC_CLASSES; c++)
-            eng_spec_len_init(&s->spec[c]);
     }
     if (r->prompt_logprobs) {
         size_t n = (size_t)q->n_prompt, k = (size_t)r->top_logprobs;
@@ -1343,6 +1344,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
         return;
     }
     eng_spec_len_adapt(&s->spec[s->draft_class], k, j);
+    eng_spec_len_adapt(&e->spec_seen[s->draft_class], k, j);
 }
 
 /* Whether the step's decoding sequences (n_decode of them) speculate:
@@ -1362,6 +1364,9 @@ static void begin_choices(eng_engine *e, request *r, int32_t k)
     seq *c = r->choices;
     r->begun = true;
     r->n_live = n;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t a = 0; a < ENG_SPEC_CLASSES; a++)
+            c[i].spec[a] = eng_spec_len_prior(&e->spec_seen[a]);
     if (r->req.on_prompt) {
         bool scored = r->req.prompt_logprobs;
         eng_prompt_info p = {.tokens = r->prompt,

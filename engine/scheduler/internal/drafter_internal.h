@@ -250,9 +250,20 @@ typedef struct eng_spec_cost {
     int32_t n_decode; /* decode tokens the step carries without drafts */
 } eng_spec_cost;
 
-/* A fresh sequence: as if three of five positions had been accepted, the
- * first and the later ones alike. */
+/* A fresh start: as if ENG_SPEC_PRIOR_RATE of ENG_SPEC_PRIOR_TRIALS
+ * positions had been accepted (three of five), the first and the later
+ * ones alike. */
+#define ENG_SPEC_PRIOR_TRIALS 5.0
+#define ENG_SPEC_PRIOR_RATE   0.6
 void eng_spec_len_init(eng_spec_len *l);
+/* What a new sequence's draft length starts from in one class: seen, the
+ * counts of every sequence's verifications of that class (decayed as a
+ * sequence's are: the engine's last few), weighing at most five positions
+ * (scaled down), topped up to five at the fresh start's rate. So a server
+ * whose copying answers take their 3-gram runs whole starts the next one's
+ * runs long, instead of ramping up from three in five each time; one that
+ * has verified nothing of the class starts fresh. */
+eng_spec_len eng_spec_len_prior(const eng_spec_len *seen);
 /* The acceptance rates the counts give: of the first drafted position, and
  * of a later one given the one before it. */
 void eng_spec_len_rates(const eng_spec_len *l, double *first, double *next);
