@@ -80,6 +80,11 @@
  *                    [--llama-commit HASH] [--qlserve-commit HASH]
  *                    [--qlserve-arg FLAG]... [--llama-arg FLAG]...
  *                    [--peer-log PATH] [--servers qlserve,llama_server]
+ *        bench_serve --print-requests N [--workloads a,b,...] [--max-tokens N]
+ *                    [--copy-max-tokens N]
+ * --print-requests N prints the first N request bodies of each workload named, one JSON
+ * object a line ({"workload", "path", "body"}), and exits without starting a server
+ * (bench/spec_replay.py replays speculative decoding over their answers).
  * --servers llama_server measures llama-server alone (a model qlserve cannot
  * load yet, as bench/moe.sh does until it can); the ratios are then null.
  * scripts/bench-serve.sh builds everything and runs it.
@@ -167,6 +172,7 @@ typedef struct bench_opts {
     double seconds;
     bool run[N_WORKLOADS];
     bool serve[N_SERVERS]; /* --servers: which of the two are started (default both) */
+    int print_requests;    /* --print-requests: bodies to print per workload, then exit */
     char **qlserve_args, **llama_args;
     int n_qlserve_args, n_llama_args;
 } bench_opts;
@@ -325,6 +331,31 @@ static char *request_body(const workload *w, int i, bool warm)
     if (!body)
         die("out of memory", NULL);
     return body;
+}
+
+/* --print-requests: the first N bodies of each workload run, a JSON object a line. */
+static void print_requests(void)
+{
+    for (int w = 0; w < N_WORKLOADS; w++) {
+        if (!opt.run[w])
+            continue;
+        for (int i = 0; i < opt.print_requests; i++) {
+            char *body = request_body(&workloads[w], i, false);
+            cJSON *line = cJSON_CreateObject();
+            cJSON_AddStringToObject(line, "workload", workloads[w].name);
+            cJSON_AddStringToObject(line, "path",
+                                    workloads[w].kind != DISTINCT ? "/v1/chat/completions"
+                                                                  : "/v1/completions");
+            cJSON_AddItemToObject(line, "body", cJSON_Parse(body));
+            char *text = cJSON_PrintUnformatted(line);
+            if (!text)
+                die("out of memory", NULL);
+            printf("%s\n", text);
+            free(text);
+            cJSON_Delete(line);
+            free(body);
+        }
+    }
 }
 
 /* --- one stream -------------------------------------------------------------------- */
@@ -754,6 +785,8 @@ static void usage(FILE *out)
             "                   [--llama-commit HASH] [--qlserve-commit HASH]\n"
             "                   [--qlserve-arg FLAG]... [--llama-arg FLAG]... [--peer-log PATH]\n"
             "                   [--servers qlserve,llama_server (both)]\n"
+            "       bench_serve --print-requests N [--workloads a,b,...] [--max-tokens N]\n"
+            "                   [--copy-max-tokens N]\n"
             "workloads: ");
     for (int w = 0; w < N_WORKLOADS; w++)
         fprintf(out, "%s%s", w ? "," : "", workloads[w].name);
@@ -870,6 +903,8 @@ static void parse_args(int argc, char **argv, char *default_model)
             opt.qlserve_commit = v;
         else if (!strcmp(f, "--peer-log"))
             opt.peer_log = v;
+        else if (!strcmp(f, "--print-requests"))
+            opt.print_requests = int_flag(f, v, 1, 100000);
         else if (!strcmp(f, "--qlserve-arg"))
             opt.qlserve_args[opt.n_qlserve_args++] = (char *)v;
         else if (!strcmp(f, "--llama-arg"))
@@ -890,6 +925,8 @@ static void parse_args(int argc, char **argv, char *default_model)
             exit(2);
         }
     }
+    if (opt.print_requests)
+        return; /* no server is started */
     if (!opt.llama_server) {
         fprintf(stderr, "bench_serve: --llama-server PATH is needed (scripts/build-llama-server.sh "
                         "builds one and prints its path)\n");
@@ -917,6 +954,10 @@ int main(int argc, char **argv)
         opt.peer_log = peer_log;
     }
     shared_system = system_prompt();
+    if (opt.print_requests) {
+        print_requests();
+        return 0;
+    }
 
     /* what is compared: versions and commits */
     char cmd[PATH_MAX + 128], llama_version[256], llama_commit[64] = "unknown";
