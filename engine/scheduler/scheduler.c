@@ -1246,13 +1246,13 @@ static int32_t draft_want(const eng_engine *e, seq *s, const eng_spec_cost *cost
     if (r->draft_max == 0)
         return 0; /* the request asked for none: not even the probe */
     int32_t pos = r->n_prompt + s->n_generated - 1;
+    /* the request's least length where the rule keeps some (a shorter draft would not be
+     * verified); draft_max is never under it */
     int32_t want = e->drafter.o.draft_fixed || cut_after(e)
                        ? r->draft_max
-                       : eng_spec_len_want(&s->spec[0], cost, r->draft_max);
+                       : eng_spec_len_keep(&s->spec[0], cost, r->draft_max, r->draft_min);
     int32_t answer_left = r->req.max_new_tokens - s->n_generated - 1;
     int32_t kv_left = r->reserve - pos - 1;
-    if (want > 0 && want < r->draft_min)
-        want = r->draft_min; /* a shorter draft would not be verified */
     want = want < room ? want : room;
     want = want < answer_left ? want : answer_left;
     want = want < kv_left ? want : kv_left;
