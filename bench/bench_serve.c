@@ -287,6 +287,12 @@ static int workload_max_tokens(const workload *w)
     return w->kind == COPY || w->kind == QUOTE ? opt.copy_max_tokens : opt.max_tokens;
 }
 
+/* The endpoint w's requests go to: completions for the distinct prompts, chat for the rest. */
+static const char *workload_path(const workload *w)
+{
+    return w->kind != DISTINCT ? "/v1/chat/completions" : "/v1/completions";
+}
+
 /* The JSON body of request i of workload w (malloc'd). warm: a warm-up
  * request, whose prompt no workload asks, of a few tokens. */
 static char *request_body(const workload *w, int i, bool warm)
@@ -343,9 +349,7 @@ static void print_requests(void)
             char *body = request_body(&workloads[w], i, false);
             cJSON *line = cJSON_CreateObject();
             cJSON_AddStringToObject(line, "workload", workloads[w].name);
-            cJSON_AddStringToObject(line, "path",
-                                    workloads[w].kind != DISTINCT ? "/v1/chat/completions"
-                                                                  : "/v1/completions");
+            cJSON_AddStringToObject(line, "path", workload_path(&workloads[w]));
             cJSON_AddItemToObject(line, "body", cJSON_Parse(body));
             char *text = cJSON_PrintUnformatted(line);
             if (!text)
@@ -402,7 +406,7 @@ static void stream_error(stream *s, const char *fmt, const char *detail)
 static bool stream_request(stream *s, hc_conn *c, int i, bool warm)
 {
     bool chat = s->w->kind != DISTINCT;
-    const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
+    const char *path = workload_path(s->w);
     char *body = request_body(s->w, i, warm);
     /* a kept-alive connection the server closed meanwhile fails before
      * any answer: the request goes again once on a fresh connection, as
@@ -597,8 +601,7 @@ static void warm_up(int port, const char *who)
         hc_close(&c);
         if (!ok) {
             fprintf(stderr, "bench_serve: %s's warm-up request on %s failed: %s\n", who,
-                    s.w->kind != DISTINCT ? "/v1/chat/completions" : "/v1/completions",
-                    s.first_error);
+                    workload_path(s.w), s.first_error);
             exit(1);
         }
     }
