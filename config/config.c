@@ -298,6 +298,10 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
         {FLAG("ngram-max", OPT_INT, offsetof(T, field.ngram_max),                                  \
               "N: the longest suffix it tries first (0: 3)"),                                      \
          RANGE(0, 64)},                                                                            \
+        {FLAG("ngram-memory", OPT_INT, offsetof(T, field.ngram_memory),                            \
+              "N: tokens of earlier answers the n-gram drafter also drafts from (0: 65536, "       \
+              "2.25 MiB; -1: none)"),                                                              \
+         RANGE(-1, 1 << 24)},                                                                      \
     {                                                                                              \
         FLAG("spec-max-batch", OPT_INT, offsetof(T, field.max_batch),                              \
              "N: no sequence speculates in a step decoding more than N (0: 8)"),                   \

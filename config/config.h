@@ -60,11 +60,12 @@ typedef struct cfg_model {
 
 /* Speculative decoding (serve, generate): --speculative off|ngram|draft|mtp
  * (mtp: the model's own MTP layers, refused at start without them), --draft-model,
- * --draft-kv-mib, --draft-max, --draft-fixed, --ngram-min, --ngram-max, --spec-max-batch
- * (0: the engine's defaults, eng_spec_opts). */
+ * --draft-kv-mib, --draft-max, --draft-fixed, --ngram-min, --ngram-max, --ngram-memory,
+ * --spec-max-batch (0: the engine's defaults, eng_spec_opts). */
 typedef struct cfg_spec {
     const char *speculative; /* default "off" */
     int32_t draft_max, ngram_min, ngram_max, max_batch;
+    int32_t ngram_memory;    /* tokens of earlier answers (0: the engine's; -1: none) */
     bool draft_fixed;        /* --draft-fixed: draft-max tokens every step, no cost rule */
     const char *draft_model; /* --draft-model PATH (speculative draft) */
     int32_t draft_kv_mib;    /* its KV cache (0: as many positions as the model's) */

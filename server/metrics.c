@@ -281,6 +281,12 @@ static void put_spec(text *t, const eng_spec_stats *sp)
     metric(t, "qlserve_spec_decode_accepted_tokens_total", "counter",
            "verified tokens the model accepted");
     put_counter(t, "qlserve_spec_decode_accepted_tokens_total", d, sp->accepted);
+    metric(t, "qlserve_spec_decode_memory_verified_tokens_total", "counter",
+           "of the verified tokens, those the n-gram drafter's memory of earlier answers drafted");
+    put_counter(t, "qlserve_spec_decode_memory_verified_tokens_total", d, sp->memory_verified);
+    metric(t, "qlserve_spec_decode_memory_accepted_tokens_total", "counter",
+           "of the accepted tokens, those the memory of earlier answers drafted");
+    put_counter(t, "qlserve_spec_decode_memory_accepted_tokens_total", d, sp->memory_accepted);
     const char *len = "qlserve_spec_decode_acceptance_length";
     char name[64];
     metric(t, len, "histogram", "drafted tokens each verification accepted");

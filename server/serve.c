@@ -392,6 +392,7 @@ int srv_spec_opts(const cfg_spec *c, eng_spec_opts *out, char *msg, size_t msg_l
                            .draft_fixed = c->draft_fixed,
                            .ngram_min = c->ngram_min,
                            .ngram_max = c->ngram_max,
+                           .memory_tokens = c->ngram_memory,
                            .max_batch = c->max_batch,
                            .draft_kv_bytes = (size_t)c->draft_kv_mib << 20};
     int rc =

@@ -112,22 +112,23 @@ Test(config, defaults)
 Test(config, every_flag_sets_its_field)
 {
     cfg_serve c;
-    cr_assert_eq(PARSE(&c, "--model", "m", "--quant", "nf4", "--blocksize", "128", "--group-size",
-                       "32", "--quantize-lm-head", "--dtype", "bf16", "--host", "0.0.0.0",
-                       "--port=0", "--adapter-dir", "/a", "--served-model-name", "tiny",
-                       "--threads", "3", "--kv-mib", "64", "--max-running", "8", "--max-queued",
-                       "0", "--max-new-tokens", "100", "--max-context", "2048", "--max-connections",
-                       "9", "--max-body-bytes", "1073741824", "--max-header-bytes", "1024",
-                       "--request-timeout-ms", "5", "--keepalive-timeout-ms", "6", "--grace-ms",
-                       "0", "--adapter-budget-mib", "512", "--merge-threads", "4", "--device",
-                       "cpu", "--step-budget-ms", "120", "--max-prefill-per-step", "48",
-                       "--min-prefill-per-step", "8", "--draft-max", "6", "--draft-fixed",
-                       "--ngram-min", "2", "--ngram-max", "5", "--spec-max-batch", "3"),
-                 QL_OK, "%s", msg);
+    cr_assert_eq(
+        PARSE(&c, "--model", "m", "--quant", "nf4", "--blocksize", "128", "--group-size", "32",
+              "--quantize-lm-head", "--dtype", "bf16", "--host", "0.0.0.0", "--port=0",
+              "--adapter-dir", "/a", "--served-model-name", "tiny", "--threads", "3", "--kv-mib",
+              "64", "--max-running", "8", "--max-queued", "0", "--max-new-tokens", "100",
+              "--max-context", "2048", "--max-connections", "9", "--max-body-bytes", "1073741824",
+              "--max-header-bytes", "1024", "--request-timeout-ms", "5", "--keepalive-timeout-ms",
+              "6", "--grace-ms", "0", "--adapter-budget-mib", "512", "--merge-threads", "4",
+              "--device", "cpu", "--step-budget-ms", "120", "--max-prefill-per-step", "48",
+              "--min-prefill-per-step", "8", "--draft-max", "6", "--draft-fixed", "--ngram-min",
+              "2", "--ngram-max", "5", "--ngram-memory", "-1", "--spec-max-batch", "3"),
+        QL_OK, "%s", msg);
     cr_assert_eq(c.spec.draft_max, 6);
     cr_assert(c.spec.draft_fixed);
     cr_assert_eq(c.spec.ngram_min, 2);
     cr_assert_eq(c.spec.ngram_max, 5);
+    cr_assert_eq(c.spec.ngram_memory, -1);
     cr_assert_eq(c.spec.max_batch, 3);
     cr_assert_str_eq(c.model.quant, "nf4");
     cr_assert_eq(c.model.blocksize, 128);

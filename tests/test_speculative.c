@@ -280,6 +280,73 @@ Test(speculative, ngram_lookup_runs_into_a_repeated_run_and_finds_nothing_new)
     cr_assert_eq(eng_ngram_draft(&one, 1, 3, 8, out, &matched), 0, "nothing before the suffix");
 }
 
+Test(speculative, the_memory_drafts_what_followed_a_run_in_an_earlier_answer)
+{
+    eng_ngram_memory *m;
+    char msg[160];
+    cr_assert_eq(eng_ngram_memory_new(&m, 64, msg, sizeof msg), QL_OK, "%s", msg);
+    int32_t a[] = {10, 11, 12, 13, 14, 15};
+    eng_ngram_memory_add(m, a, 6);
+    int32_t prompt[] = {1, 2}, answer[] = {11, 12}, out[8], matched;
+    eng_history h = {prompt, 2, answer, 2};
+    cr_assert_eq(eng_ngram_memory_draft(m, &h, 0, 8, out, &matched), 3,
+                 "up to the answer's end, not past it");
+    cr_assert_eq(matched, 2);
+    cr_assert(out[0] == 13 && out[1] == 14 && out[2] == 15);
+    cr_assert_eq(eng_ngram_memory_draft(m, &h, 0, 2, out, &matched), 2, "max bounds the draft");
+    cr_assert_eq(eng_ngram_memory_draft(m, &h, 2, 8, out, &matched), 0,
+                 "no longer run than the prompt lookup's match");
+    cr_assert_eq(matched, 0);
+    int32_t longer[] = {10, 11, 12};
+    eng_history g = {longer, 3, NULL, 0};
+    cr_assert_eq(eng_ngram_memory_draft(m, &g, 2, 8, out, &matched), 3);
+    cr_assert_eq(matched, 3, "the longest run first");
+    /* an answer's last run has no follower; the next answer's run of the same tokens has */
+    int32_t last[] = {14, 15};
+    eng_history end = {last, 2, NULL, 0};
+    cr_assert_eq(eng_ngram_memory_draft(m, &end, 0, 8, out, &matched), 0);
+    int32_t b[] = {7, 14, 15, 99};
+    eng_ngram_memory_add(m, b, 4);
+    cr_assert_eq(eng_ngram_memory_draft(m, &end, 0, 8, out, &matched), 1);
+    cr_assert_eq(out[0], 99);
+    int32_t lone[] = {12};
+    eng_history one = {lone, 1, NULL, 0};
+    cr_assert_eq(eng_ngram_memory_draft(m, &one, 0, 8, out, &matched), 0,
+                 "a lone token is not looked up");
+    eng_ngram_memory_free(m);
+}
+
+Test(speculative, the_memory_forgets_what_its_ring_wrote_over)
+{
+    eng_ngram_memory *m;
+    char msg[160];
+    cr_assert_eq(eng_ngram_memory_new(&m, 64, msg, sizeof msg), QL_OK, "%s", msg);
+    int32_t old[40], recent[40], out[8], matched;
+    for (int i = 0; i < 40; i++) {
+        old[i] = 100 + i;
+        recent[i] = 200 + i;
+    }
+    eng_ngram_memory_add(m, old, 40);
+    eng_ngram_memory_add(m, recent, 40); /* 82 positions in a ring of 64 */
+    eng_history first = {old, 2, NULL, 0}, late = {old + 30, 2, NULL, 0};
+    cr_assert_eq(eng_ngram_memory_draft(m, &first, 0, 8, out, &matched), 0, "written over");
+    cr_assert_eq(eng_ngram_memory_draft(m, &late, 0, 8, out, &matched), 8,
+                 "the old answer's end is still there");
+    cr_assert_eq(out[0], 132);
+    eng_history now = {recent + 36, 2, NULL, 0};
+    cr_assert_eq(eng_ngram_memory_draft(m, &now, 0, 8, out, &matched), 2);
+    cr_assert(out[0] == 238 && out[1] == 239);
+    eng_ngram_memory_free(m);
+    cr_assert_eq(eng_ngram_memory_new(&m, 10, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "ngram-memory 10"), "%s", msg);
+    eng_spec_opts o = {.drafter = ENG_SPEC_NGRAM, .memory_tokens = 5};
+    cr_assert_eq(eng_spec_opts_resolve(&o, msg, sizeof msg), QL_EINVAL);
+    cr_assert(strstr(msg, "ngram-memory 5"), "%s", msg);
+    o = (eng_spec_opts){.drafter = ENG_SPEC_NGRAM};
+    cr_assert_eq(eng_spec_opts_resolve(&o, msg, sizeof msg), QL_OK, "%s", msg);
+    cr_assert_eq(o.memory_tokens, ENG_SPEC_MEMORY_TOKENS, "on by default");
+}
+
 /* The draft length for a sequence that has verified `rounds` drafts of 8
  * accepting `accepted` each, in a step of n_decode whose fixed part costs
  * `fixed` rows. */
@@ -363,15 +430,20 @@ Test(speculative, draft_length_follows_acceptance_and_the_cost_of_a_row)
 
 Test(speculative, an_ngram_draft_is_kept_by_the_acceptance_of_its_class)
 {
-    cr_assert(eng_spec_class(0) == 0 && eng_spec_class(1) == 1 && eng_spec_class(2) == 2);
-    cr_assert(eng_spec_class(3) == 3 && eng_spec_class(9) == 3, "3 or more share a class");
+    cr_assert(eng_spec_class(0, false) == 0 && eng_spec_class(1, false) == 1 &&
+              eng_spec_class(2, false) == 2);
+    cr_assert(eng_spec_class(3, false) == 3 && eng_spec_class(9, false) == 3,
+              "3 or more share a class");
+    cr_assert(eng_spec_class(2, true) == 4 && eng_spec_class(3, true) == 5 &&
+                  eng_spec_class(4, true) == 6 && eng_spec_class(9, true) == 6,
+              "the memory's drafts have classes of their own");
     /* a copying answer: its lone-token matches missed, its 3-gram runs were taken whole */
     eng_spec_len by[ENG_SPEC_CLASSES];
     for (int c = 0; c < ENG_SPEC_CLASSES; c++)
         eng_spec_len_init(&by[c]);
     for (int i = 0; i < 6; i++) {
-        eng_spec_len_adapt(&by[eng_spec_class(1)], 2, 0);
-        eng_spec_len_adapt(&by[eng_spec_class(5)], 8, 8);
+        eng_spec_len_adapt(&by[eng_spec_class(1, false)], 2, 0);
+        eng_spec_len_adapt(&by[eng_spec_class(5, false)], 8, 8);
     }
     eng_spec_cost c = {.fixed_s = 2e-3, .token_s = 1e-3, .n_decode = 1};
     cr_assert_eq(eng_spec_len_keep(&by[1], &c, 16, 0), 0, "a 1-gram's guess is dropped");
@@ -517,6 +589,50 @@ Test(speculative, every_accepted_draft_saves_a_step)
                  "%llu steps with drafts, %llu without, %llu accepted",
                  (unsigned long long)steps[1], (unsigned long long)steps[0],
                  (unsigned long long)spec.accepted);
+}
+
+/* Requests one after the other (each ends before the next is sent), on an
+ * engine with so's drafts and one without: the same answers; the drafting
+ * engine's figures in *spec. */
+static void expect_same_answers_in_turn(eng_request *reqs, int n, const eng_spec_opts *so,
+                                        eng_spec_stats *spec)
+{
+    outcome *off = outcomes_new(n), *on = outcomes_new(n);
+    for (int run = 0; run < 2; run++) {
+        eng_engine *e = start_with(run ? so : &(eng_spec_opts){.drafter = ENG_SPEC_OFF}, 2);
+        for (int i = 0; i < n; i++)
+            run_all(e, &reqs[i], run ? &on[i] : &off[i], 1);
+        eng_engine_stats st;
+        cr_assert(eng_engine_settle(e, 60));
+        eng_engine_stats_get(e, &st);
+        *spec = st.spec;
+        eng_engine_stop(e);
+    }
+    for (int i = 0; i < n; i++)
+        expect_same_choice(&on[i], &off[i], i, 0);
+    free(off);
+    free(on);
+}
+
+/* The second asking of a prompt drafts from the first's answer, which the
+ * prompt lookup cannot see; with the memory off it never does. */
+Test(speculative, an_answer_drafts_from_the_memory_of_earlier_answers_and_stays_the_same)
+{
+    eng_request reqs[4] = {plain("once upon a time there was a time", 48),
+                           plain("once upon a time there was a time", 48),
+                           plain("red green blue red green blue red", 48),
+                           plain("red green blue red green blue red", 48)};
+    eng_spec_stats spec;
+    expect_same_answers_in_turn(reqs, 4, &(eng_spec_opts){.drafter = ENG_SPEC_NGRAM}, &spec);
+    expect_drafts_exercised(&spec);
+    cr_assert_gt(spec.memory_verified, 0, "no draft came from the memory");
+    cr_assert_gt(spec.memory_accepted, 0, "no remembered token was accepted");
+    cr_assert_leq(spec.memory_accepted, spec.accepted);
+    cr_assert_leq(spec.memory_verified, spec.verified);
+    expect_same_answers_in_turn(
+        reqs, 4, &(eng_spec_opts){.drafter = ENG_SPEC_NGRAM, .memory_tokens = -1}, &spec);
+    cr_assert_gt(spec.accepted, 0);
+    cr_assert_eq(spec.memory_verified, 0, "--ngram-memory -1 remembers nothing");
 }
 
 Test(speculative, greedy_answers_with_logprobs_stops_penalties_and_bias_are_the_same)

@@ -16,6 +16,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, size_t msg_len)
 {
@@ -44,6 +45,8 @@ int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
         o->ngram_max = o->ngram_min > 3 ? o->ngram_min : 3;
     if (o->max_batch == 0)
         o->max_batch = 8;
+    if (o->memory_tokens == 0)
+        o->memory_tokens = ENG_SPEC_MEMORY_TOKENS;
     if (o->draft_max < 1 || o->draft_max > ENG_SPEC_MAX_DRAFT)
         return ql_fail(msg, msg_len, QL_EINVAL, "draft-max %d is not in [1, %d]", o->draft_max,
                        ENG_SPEC_MAX_DRAFT);
@@ -53,6 +56,11 @@ int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
                        o->ngram_min, o->ngram_max);
     if (o->max_batch < 1)
         return ql_fail(msg, msg_len, QL_EINVAL, "spec-max-batch %d is not positive", o->max_batch);
+    if (o->memory_tokens != -1 &&
+        (o->memory_tokens < 64 || o->memory_tokens > ENG_NGRAM_MEMORY_MOST))
+        return ql_fail(msg, msg_len, QL_EINVAL,
+                       "ngram-memory %d is not -1 (none) nor in [64, %d] tokens", o->memory_tokens,
+                       ENG_NGRAM_MEMORY_MOST);
     return QL_OK;
 }
 
@@ -110,11 +118,33 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
     return 0;
 }
 
+/* The prompt and answer's lookup, and the memory's where it remembers a
+ * longer run than the lookup matched (the longer context is the likelier
+ * guess). */
 static void ngram_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
 {
-    for (int32_t i = 0; i < n_jobs; i++)
-        jobs[i].n = eng_ngram_draft(&jobs[i].h, d->o.ngram_min, d->o.ngram_max, jobs[i].max,
-                                    jobs[i].out, &jobs[i].match);
+    for (int32_t i = 0; i < n_jobs; i++) {
+        eng_draft_job *j = &jobs[i];
+        j->n = eng_ngram_draft(&j->h, d->o.ngram_min, d->o.ngram_max, j->max, j->out, &j->match);
+        j->remembered = false;
+        if (!d->memory)
+            continue;
+        int32_t mine[ENG_SPEC_MAX_DRAFT], matched;
+        int32_t want = j->max < ENG_SPEC_MAX_DRAFT ? j->max : ENG_SPEC_MAX_DRAFT;
+        int32_t k =
+            eng_ngram_memory_draft(d->memory, &j->h, j->n > 0 ? j->match : 0, want, mine, &matched);
+        if (k > 0) {
+            memcpy(j->out, mine, (size_t)k * sizeof *mine);
+            j->n = k;
+            j->match = matched;
+            j->remembered = true;
+        }
+    }
+}
+
+void eng_drafter_remember(eng_drafter *d, const int32_t *fed, int32_t n)
+{
+    eng_ngram_memory_add(d->memory, fed, n);
 }
 
 static void model_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
@@ -141,9 +171,12 @@ int eng_drafter_init(eng_drafter *d, const eng_spec_opts *o, char *msg, size_t m
     d->ops = NULL;
     d->model = NULL;
     d->mtp = NULL;
+    d->memory = NULL;
     int rc = eng_spec_opts_resolve(&d->o, msg, msg_len);
     if (rc == QL_OK && d->o.drafter == ENG_SPEC_NGRAM)
         d->ops = &ngram_ops;
+    if (rc == QL_OK && d->o.drafter == ENG_SPEC_NGRAM && d->o.memory_tokens > 0)
+        rc = eng_ngram_memory_new(&d->memory, d->o.memory_tokens, msg, msg_len);
     if (rc == QL_OK && d->o.drafter == ENG_SPEC_DRAFT)
         d->ops = &model_ops;
     if (rc == QL_OK && d->o.drafter == ENG_SPEC_MTP)
@@ -167,6 +200,8 @@ void eng_drafter_free(eng_drafter *d)
     d->model = NULL;
     eng_mtp_drafter_free(d->mtp);
     d->mtp = NULL;
+    eng_ngram_memory_free(d->memory);
+    d->memory = NULL;
 }
 
 void eng_drafter_rollback(eng_drafter *d, eng_seq_kv *kv, eng_draft_rows *rows, int32_t n_tokens)

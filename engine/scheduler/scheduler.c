@@ -354,6 +354,8 @@ static void publish_tally(eng_engine *e)
     to->drafted += from->drafted;
     to->verified += from->verified;
     to->accepted += from->accepted;
+    to->memory_verified += from->memory_verified;
+    to->memory_accepted += from->memory_accepted;
     for (int32_t i = 0; i <= ENG_SPEC_MAX_DRAFT; i++)
         to->accepted_len[i] += from->accepted_len[i];
     for (int32_t i = 0; i < ENG_SPEC_MAX_DRAFT; i++)
@@ -460,6 +462,8 @@ static void end_choice(eng_engine *e, seq *s, eng_finish why)
             emit(s, -1, text, len, NULL);
     }
     keep_answer(e, s, why);
+    if (why != ENG_FINISH_ERROR)
+        eng_drafter_remember(&e->drafter, s->fed, s->n_fed);
     eng_kv_release(e->kv, &s->kv);
     eng_drafter_release(&e->drafter, &s->draft_kv, &s->draft_rows);
     drop_running(e, s);
@@ -1292,7 +1296,7 @@ static void plan_drafts(eng_engine *e, int32_t n_decode)
     for (int32_t i = 0; i < n; i++) {
         seq *s = e->draft_seqs[i];
         int32_t k = e->draft_jobs[i].n;
-        s->draft_class = eng_spec_class(e->draft_jobs[i].match);
+        s->draft_class = eng_spec_class(e->draft_jobs[i].match, e->draft_jobs[i].remembered);
         if (k > 0 && cut_after(e))
             k = eng_spec_len_keep(&s->spec[s->draft_class], &cost, k, s->r->draft_min);
         e->tally.spec.drafted += (uint64_t)k;
@@ -1315,6 +1319,7 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
     int32_t vocab = e->m->cfg.vocab_size, k = s->n_draft, j = 0;
     eng_spec_stats *t = &e->tally.spec;
     eng_spec_usage *u = &s->r->spec; /* counted as they go: the last token may end and free r */
+    bool remembered = s->draft_class >= ENG_SPEC_MEMORY_CLASS;
     s->n_draft = 0;
     t->drafts++;
     t->verified += (uint64_t)k;
@@ -1333,6 +1338,10 @@ static void verify_draft(eng_engine *e, seq *s, const eng_step_seq *q)
     }
     t->accepted += (uint64_t)j;
     t->accepted_len[j]++;
+    if (remembered) {
+        t->memory_verified += (uint64_t)k;
+        t->memory_accepted += (uint64_t)j;
+    }
     if (ended)
         return; /* its blocks went back; the prefix cache kept only the answer's fed tokens */
     char msg[160];

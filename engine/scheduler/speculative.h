@@ -23,6 +23,8 @@
  * past a dozen, even copying workloads rarely accept more, and every row
  * costs the step a row of logits. */
 #define ENG_SPEC_MAX_DRAFT 16
+/* The n-gram drafter's memory by default: the last few hundred answers, 2.25 MiB. */
+#define ENG_SPEC_MEMORY_TOKENS 65536
 
 typedef enum eng_speculative {
     ENG_SPEC_OFF = QL_SPEC_OFF, /* the zero value: options built by hand do not speculate */
@@ -42,6 +44,9 @@ typedef struct eng_spec_opts {
     /* the n-gram drafter matches the answer's last n tokens, n from ngram_max down to
      * ngram_min, in the prompt and answer before them; 0: 1 and 3 */
     int32_t ngram_min, ngram_max;
+    /* the n-gram drafter's memory of earlier answers (drafts for the words answers share with
+     * each other, not with their prompts), in tokens: 0 ENG_SPEC_MEMORY_TOKENS, -1 none */
+    int32_t memory_tokens;
     /* no sequence speculates in a step that decodes more than this many (a large batch's step
      * is no longer bound by reading the weights, so extra rows cost time); 0: 8 */
     int32_t max_batch;
@@ -90,6 +95,9 @@ typedef struct eng_spec_stats {
     uint64_t drafted;        /* tokens the drafter proposed */
     uint64_t verified;       /* of them, run through the model (the rest cut by a grammar) */
     uint64_t accepted;       /* of those, accepted */
+    /* of the verified and the accepted, those the n-gram drafter's memory of earlier answers
+     * drafted */
+    uint64_t memory_verified, memory_accepted;
     /* verifications by the tokens they accepted, 0 .. ENG_SPEC_MAX_DRAFT */
     uint64_t accepted_len[ENG_SPEC_MAX_DRAFT + 1];
     /* [i]: verifications whose draft token i was accepted (vLLM's per position count) */

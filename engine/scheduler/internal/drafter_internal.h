@@ -55,6 +55,7 @@ typedef struct eng_draft_job {
     int32_t *out;         /* max of them */
     int32_t n;            /* out: how many were drafted (0: no guess) */
     int32_t match;        /* out: the n-gram suffix the draft followed (its length; 0 else) */
+    bool remembered;      /* out: the draft came from the memory of earlier answers */
 } eng_draft_job;
 
 typedef struct eng_drafter eng_drafter;
@@ -66,13 +67,15 @@ typedef struct eng_drafter_ops {
 
 typedef struct eng_draft_model eng_draft_model;
 typedef struct eng_mtp_drafter eng_mtp_drafter;
+typedef struct eng_ngram_memory eng_ngram_memory;
 
 struct eng_drafter {
     const eng_drafter_ops *ops;
-    eng_spec_opts o;        /* resolved (eng_spec_opts_resolve) */
-    eng_draft_model *model; /* the draft drafter's (owned); else NULL */
-    double position_s;      /* what a drafted position costs (eng_drafter_timed) */
-    eng_mtp_drafter *mtp;   /* the mtp drafter's (owned); else NULL */
+    eng_spec_opts o;          /* resolved (eng_spec_opts_resolve) */
+    eng_draft_model *model;   /* the draft drafter's (owned); else NULL */
+    double position_s;        /* what a drafted position costs (eng_drafter_timed) */
+    eng_mtp_drafter *mtp;     /* the mtp drafter's (owned); else NULL */
+    eng_ngram_memory *memory; /* the ngram drafter's earlier answers (owned); NULL: none */
 };
 
 /* After a model drafter's chained steps took took_s for `steps` positions
@@ -194,6 +197,34 @@ uint64_t eng_drafter_steps(const eng_drafter *d);
 int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int32_t max,
                         int32_t *out, int32_t *matched);
 
+/*
+ * The n-gram drafter's memory of earlier answers (ngram_memory.c): runs of
+ * ENG_NGRAM_MEMORY_MIN to _MAX tokens of the answers the engine ended, the
+ * latest place of each, in a ring of at least `tokens` (rounded up to a
+ * power of two; [64, ENG_NGRAM_MEMORY_MOST], else QL_EINVAL) and a table
+ * of four times its slots: 36 bytes a token. *out owned by the caller; engine
+ * thread only.
+ */
+#define ENG_NGRAM_MEMORY_MIN  2
+#define ENG_NGRAM_MEMORY_MAX  4
+#define ENG_NGRAM_MEMORY_MOST (1 << 24)
+int eng_ngram_memory_new(eng_ngram_memory **out, int32_t tokens, char *msg, size_t msg_len);
+void eng_ngram_memory_free(eng_ngram_memory *m);
+/* An answer's n tokens, after the earlier ones: the oldest are written
+ * over once the ring is full. Nothing for m NULL. */
+void eng_ngram_memory_add(eng_ngram_memory *m, const int32_t *tokens, int32_t n);
+/* The lookup: for n from ENG_NGRAM_MEMORY_MAX down to the larger of
+ * ENG_NGRAM_MEMORY_MIN and shorter + 1 (a longer run than the prompt
+ * lookup's match), the latest earlier answer where h's last n tokens were
+ * followed by at least one more of that answer; up to max of those
+ * followers into out, n in *matched. 0 (and *matched 0) when none is
+ * remembered. */
+int32_t eng_ngram_memory_draft(const eng_ngram_memory *m, const eng_history *h, int32_t shorter,
+                               int32_t max, int32_t *out, int32_t *matched);
+/* A sequence's answer at its end (fed tokens, n of them), into the n-gram
+ * drafter's memory; nothing for other drafters or without one. */
+void eng_drafter_remember(eng_drafter *d, const int32_t *fed, int32_t n);
+
 /* The draft lengths request r gets from an engine that drafts at most engine_max tokens: *max 0
  * when r drafts nothing (off), else r's draft_max (0: engine_max) bounded to engine_max; *min r's
  * draft_min bounded to *max. */
@@ -216,17 +247,22 @@ typedef struct eng_spec_len {
 /* A sequence keeps its acceptance apart for each class of draft, as they
  * are accepted at rates of their own: class 0 for the model drafters, and
  * for the n-gram lookup the length of the suffix its draft followed, 1, 2,
- * and 3 or more. On a copying answer a 3-gram's continuation is the
- * copied run and is taken nine times in ten, a lone token's is a guess at
- * where the answer rejoins its source and is taken a third of the time:
- * one rate for both would draft the guesses too long and the runs too
- * short. */
-#define ENG_SPEC_CLASSES 4
+ * and 3 or more in the prompt and answer (classes 1-3), 2, 3, and 4 or
+ * more in the memory of earlier answers (classes 4-6). On a copying answer a 3-gram's continuation
+ * is the copied run and is taken nine times in ten, a lone token's is a guess at where the answer
+ * rejoins its source and is taken a third of the time: one rate for both would draft the guesses
+ * too long and the runs too short. */
+#define ENG_SPEC_CLASSES      7
+#define ENG_SPEC_MEMORY_CLASS 4 /* the first of the memory's */
 /* The class of a draft that followed a suffix of `match` tokens (0: a
- * model drafter's). */
-static inline int32_t eng_spec_class(int32_t match)
+ * model drafter's), from the memory or not. */
+static inline int32_t eng_spec_class(int32_t match, bool remembered)
 {
-    return match < ENG_SPEC_CLASSES - 1 ? (match > 0 ? match : 0) : ENG_SPEC_CLASSES - 1;
+    if (remembered)
+        return ENG_SPEC_MEMORY_CLASS + (match < ENG_NGRAM_MEMORY_MIN ? 0
+                                        : match > 4                  ? 2
+                                                    : match - ENG_NGRAM_MEMORY_MIN);
+    return match < 3 ? (match > 0 ? match : 0) : 3;
 }
 /* A sequence that has not drafted for this many steps tries one token
  * again: a prompt-copying stretch may begin after a free-writing one. 16
