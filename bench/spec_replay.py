@@ -19,8 +19,12 @@ counts and the decode speed-up they give under that cost, for four rules:
                before per-class rates)
   per_class    a pair per class of draft (the matched suffix's length: 1, 2, 3 or more), the
                lookup's draft cut to the class's length
-  engine_prior per_class, a new sequence starting from the engine's counts (what ships)
+  engine_prior per_class, a new sequence starting from the engine's counts
   oracle       every draft cut at its first miss (no rule can do better with this lookup)
+  memory       engine_prior with the memory of earlier answers (ngram_memory.c, written again
+               here without its table's collisions; the answers replayed in order, each kept
+               once it ends): what ships
+  memory_oracle  the memory's drafts too, cut at their first miss
 
 Prints one JSON document. Python 3's standard library only; qlserve never needs it.
 
@@ -42,7 +46,8 @@ import sys
 import urllib.request
 
 OVERRIDE = True
-DECAY, PROBE_STEPS, PRIOR_TRIALS, PRIOR_RATE, CLASSES = 0.8, 16, 5.0, 0.6, 4
+DECAY, PROBE_STEPS, PRIOR_TRIALS, PRIOR_RATE, CLASSES = 0.8, 16, 5.0, 0.6, 7
+MEMORY_MIN, MEMORY_MAX, MEMORY_CLASS = 2, 4, 4
 
 
 class Rates:
@@ -112,13 +117,45 @@ def lookup(hist, n_min, n_max, most):
     return [], 0
 
 
+class Memory:
+    """ngram_memory.c: earlier answers' runs of MEMORY_MIN..MEMORY_MAX tokens, each to the place
+    that followed its latest occurrence (a dict: the ring and its table's collisions left out)."""
+
+    def __init__(self):
+        self.tokens, self.at = [], {}
+
+    def add(self, answer):
+        start = len(self.tokens)
+        for i, tok in enumerate(answer):
+            self.tokens.append(tok)
+            for n in range(MEMORY_MIN, MEMORY_MAX + 1):
+                if i < n:
+                    break
+                self.at[tuple(answer[i - n:i])] = start + i
+        self.tokens.append(None)  # the break between answers
+
+    def draft(self, hist, shorter, most):
+        for n in range(MEMORY_MAX, max(MEMORY_MIN, shorter + 1) - 1, -1):
+            p = self.at.get(tuple(hist[-n:])) if len(hist) >= n else None
+            if p is None:
+                continue
+            out = []
+            while len(out) < most and self.tokens[p] is not None:
+                out.append(self.tokens[p])
+                p += 1
+            if out:
+                return out, n
+        return [], 0
+
+
 def replay(answers, rule, a):
     """Steps, rows and accepted drafts of every answer under rule, in order (the engine's
     counts carry from one answer to the next)."""
     seen = [Rates(0.0, 0.0, 0.0, 0.0) for _ in range(CLASSES)]
+    memory = Memory() if rule in ("memory", "memory_oracle") else None
     steps = rows = accepted = 0
     for prompt, answer in answers:
-        if rule == "engine_prior":
+        if rule in ("engine_prior", "memory"):
             mine = [seen[c].prior() for c in range(CLASSES)]
         else:
             mine = [Rates() for _ in range(CLASSES)]
@@ -132,23 +169,29 @@ def replay(answers, rule, a):
                 cls = 0
             else:
                 draft, n = lookup(hist, a.ngram_min, a.ngram_max, room) if room > 0 else ([], 0)
-                cls = min(n, CLASSES - 1)
+                cls = min(n, MEMORY_CLASS - 1)
+                if memory and room > 0:
+                    kept, m = memory.draft(hist, n if draft else 0, room)
+                    if kept:
+                        draft, n, cls = kept, m, MEMORY_CLASS + min(m, MEMORY_MAX) - MEMORY_MIN
             k = len(draft)
             taken = 0
             while taken < k and draft[taken] == answer[pos + 1 + taken]:
                 taken += 1
-            if rule == "oracle":
+            if rule in ("oracle", "memory_oracle"):
                 k = taken
             elif rule != "one_rate" and k > 0:
                 k = mine[cls].want(a.fixed_rows, k, a.batch)
                 taken = min(taken, k)
-            if k > 0 and rule != "oracle":
+            if k > 0 and rule not in ("oracle", "memory_oracle"):
                 mine[cls].adapt(k, taken)
                 seen[cls].adapt(k, taken)
             steps += 1
             rows += 1 + k
             accepted += taken
             pos += 1 + taken
+        if memory:
+            memory.add(answer[:-1])  # the tokens fed: the last one sampled never is
     return steps, rows, accepted
 
 
@@ -219,7 +262,7 @@ def main():
         share = a.fixed_rows / a.batch  # a step's fixed part shared by its batch
         plain = tokens * (share + 1.0)
         fig = {"decoded_tokens": tokens}
-        for rule in ("one_rate", "per_class", "engine_prior", "oracle"):
+        for rule in ("one_rate", "per_class", "engine_prior", "oracle", "memory", "memory_oracle"):
             steps, rows, accepted = replay(answers, rule, a)
             fig[rule] = {"steps": steps, "rows": rows, "accepted": accepted,
                          "decode_speedup": round(plain / (steps * share + rows), 3)}

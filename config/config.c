@@ -304,7 +304,7 @@ static int parse(int argc, char **argv, const opt *opts, size_t n_opts, void *ba
          RANGE(-1, 1 << 24)},                                                                      \
     {                                                                                              \
         FLAG("spec-max-batch", OPT_INT, offsetof(T, field.max_batch),                              \
-             "N: no sequence speculates in a step decoding more than N (0: 8)"),                   \
+             "N: no sequence speculates in a step decoding more than N (0: 4)"),                   \
             RANGE(0, 65536)                                                                        \
     }
 

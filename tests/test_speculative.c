@@ -104,6 +104,8 @@ static void wait_done(outcome *o)
 /* The engines' prefill chunk (0: their default); the MTP test lowers it. */
 static int32_t prefill_chunk;
 
+/* An engine on m drafting as spec says; spec's max_batch 0 is 8 here (not the
+ * engine's 4), so that the tests' batches of up to 8 draft. */
 static eng_engine *start_on(const eng_model *m, const eng_spec_opts *spec, int32_t max_running)
 {
     eng_engine_opts o = {.threads = 2,
@@ -112,6 +114,8 @@ static eng_engine *start_on(const eng_model *m, const eng_spec_opts *spec, int32
                          .max_queued = 2048,
                          .prefill_chunk = prefill_chunk,
                          .spec = *spec};
+    if (o.spec.max_batch == 0)
+        o.spec.max_batch = 8;
     eng_engine *e;
     char msg[512];
     cr_assert_eq(eng_engine_start(&e, m, &o, msg, sizeof msg), 0, "%s", msg);

@@ -44,7 +44,7 @@ int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
     if (o->ngram_max == 0)
         o->ngram_max = o->ngram_min > 3 ? o->ngram_min : 3;
     if (o->max_batch == 0)
-        o->max_batch = 8;
+        o->max_batch = 4;
     if (o->memory_tokens == 0)
         o->memory_tokens = ENG_SPEC_MEMORY_TOKENS;
     if (o->draft_max < 1 || o->draft_max > ENG_SPEC_MAX_DRAFT)

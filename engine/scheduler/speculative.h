@@ -48,7 +48,7 @@ typedef struct eng_spec_opts {
      * each other, not with their prompts), in tokens: 0 ENG_SPEC_MEMORY_TOKENS, -1 none */
     int32_t memory_tokens;
     /* no sequence speculates in a step that decodes more than this many (a large batch's step
-     * is no longer bound by reading the weights, so extra rows cost time); 0: 8 */
+     * is no longer bound by reading the weights, so extra rows cost time); 0: 4 */
     int32_t max_batch;
     /* the draft drafter's model (borrowed: it must outlive the engine), with the target's
      * vocabulary, and the bytes of its own KV cache (0: as many positions as the target's) */
