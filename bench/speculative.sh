@@ -30,9 +30,12 @@
 #
 #   bench/speculative.sh [--drafter ngram|draft] [--target default|KIND] [--rounds R (2)]
 #                        [--seconds S (20)] [--workloads LIST] [--draft-max N]
-#                        [bench_serve flags...]
+#                        [--llama-spec TYPES] [bench_serve flags...]
 #
-# --draft-max goes to qlserve alone (llama-server's is --llama-arg --spec-draft-n-max
+# --llama-spec replaces llama-server's --spec-type for --drafter ngram (its other n-gram drafters:
+# ngram-mod, shared across requests as qlserve's memory of earlier answers is, ngram-map-k,
+# ngram-cache, or a comma-separated list; their own flags through --llama-arg), the JSON's
+# labels named after it (ngram_mod, ...). --draft-max goes to qlserve alone (llama-server's is --llama-arg --spec-draft-n-max
 # --llama-arg N). Needs build/bench/bench_serve and build/qlserve (BUILD=DIR picks the folder),
 # the default model (scripts/fetch-model.sh) and llama-server (scripts/build-llama-server.sh).
 # Python 3 (its standard library only) joins the two runs' JSON; qlserve never needs it.
@@ -43,6 +46,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 rounds=2 seconds=20 drafter=ngram target_kind=""
 workloads=copy_1,copy_8,quote_1,quote_8,distinct_1,distinct_8
 ql_extra=()
+llama_types=""
 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -52,6 +56,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=${2:?}; shift 2 ;;
     --workloads) workloads=${2:?}; shift 2 ;;
     --draft-max) ql_extra+=(--draft-max "${2:?}"); shift 2 ;;
+    --llama-spec) llama_types=${2:?}; shift 2 ;;
     *) args+=("$1"); shift ;;
     esac
 done
@@ -96,8 +101,8 @@ fi
 # each server's speculative flags, as given to it
 if [ "$drafter" = ngram ]; then
     ql_spec=(--speculative ngram)
-    llama_spec=(--spec-type ngram-simple)
-    llama_label=ngram_simple
+    llama_spec=(--spec-type "${llama_types:-ngram-simple}")
+    llama_label=$(echo "${llama_types:-ngram-simple}" | tr ',-' '__')
 else
     ql_spec=(--speculative draft --draft-model "$model")
     llama_spec=(--spec-type draft-simple -md "$model" -ngld 0)
