@@ -3,8 +3,8 @@
 # against llama-server on the same target file, with and without speculation, on the
 # prompt-copying workloads (bench_serve's copy_1, copy_8: a paragraph to write out again
 # corrected; quote_1, quote_8: a passage to summarize with word-for-word quotes) and the
-# distinct prompts (distinct_1, distinct_8). Two bench_serve runs, each alternating the two
-# servers per round: "off" (qlserve --speculative off against llama-server without a
+# distinct prompts (distinct_1, distinct_8). Each round is two bench_serve runs of one round,
+# in turn, each of both servers: "off" (qlserve --speculative off against llama-server without a
 # drafter) and the drafter's:
 #
 #   --drafter ngram (default)  qlserve --speculative ngram against llama-server
@@ -23,9 +23,10 @@
 # the draft is the very weights the target was made from, and agrees with it more than a Q4_1
 # made from the original float weights would.
 #
-# Prints one JSON document on stdout: both runs' whole JSON, the files and the speculative flags
-# of each server, and per workload tok/s of each of the four and the ratios that the issue's
-# targets read (qlserve's drafter / qlserve off, qlserve's drafter / llama-server's, qlserve's
+# Prints one JSON document on stdout: every run's whole JSON (runs.off and runs.DRAFTER, one a
+# round), the files and the speculative flags of each server, and per workload the median over
+# the rounds of each of the four's tok/s and the ratios that the issue's targets read (qlserve's
+# drafter / qlserve off, qlserve's drafter / llama-server's, qlserve's
 # drafter / llama-server's best of off and its drafter, llama-server's drafter / its off).
 #
 #   bench/speculative.sh [--drafter ngram|draft] [--target default|KIND] [--rounds R (2)]
@@ -116,24 +117,33 @@ for a in "${llama_spec[@]}"; do spec_args+=(--llama-arg "$a"); done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 common=(--model "$target" --llama-server "$server" --llama-commit "$commit" --qlserve "$qlserve"
-    --qlserve-commit "$(git -C "$here" rev-parse --short HEAD)" --rounds "$rounds"
+    --qlserve-commit "$(git -C "$here" rev-parse --short HEAD)" --rounds 1
     --seconds "$seconds" --workloads "$workloads")
-echo "speculative.sh: without speculation, on $target" >&2
-"$bench_serve" "${common[@]}" --qlserve-arg --speculative --qlserve-arg off \
-    ${args[@]+"${args[@]}"} >"$out/off.json"
-echo "speculative.sh: qlserve ${ql_spec[*]}, llama-server ${llama_spec[*]}" >&2
-"$bench_serve" "${common[@]}" "${spec_args[@]}" ${args[@]+"${args[@]}"} >"$out/spec.json"
+# Each round is one bench_serve run without speculation and one with, in turn, so that a host
+# that drifts (a noisy neighbour, a warmer cache) weighs on both halves alike: two long runs one
+# after the other once read 1.26x on a workload with no drafts at all.
+for r in $(seq 1 "$rounds"); do
+    echo "speculative.sh: round $r: without speculation, on $target" >&2
+    "$bench_serve" "${common[@]}" --qlserve-arg --speculative --qlserve-arg off \
+        ${args[@]+"${args[@]}"} >"$out/off.$r.json"
+    echo "speculative.sh: round $r: qlserve ${ql_spec[*]}, llama-server ${llama_spec[*]}" >&2
+    "$bench_serve" "${common[@]}" "${spec_args[@]}" ${args[@]+"${args[@]}"} >"$out/spec.$r.json"
+done
 
 {
     printf '%s\n' "$drafter" "$llama_label" "$target" "$target_kind" "$model"
     printf '%s\n' "${#ql_spec[@]}" "${ql_spec[@]}" "${#llama_spec[@]}" "${llama_spec[@]}"
 } >"$out/what"
-python3 - "$out/off.json" "$out/spec.json" "$out/what" <<'PY'
+python3 - "$out" "$rounds" <<'PY'
 import json
+import os
+import statistics
 import sys
 
-off, spec = (json.load(open(p)) for p in sys.argv[1:3])
-lines = open(sys.argv[3]).read().split("\n")
+out, rounds = sys.argv[1], int(sys.argv[2])
+off, spec = ([json.load(open(os.path.join(out, "%s.%d.json" % (half, r))))
+              for r in range(1, rounds + 1)] for half in ("off", "spec"))
+lines = open(os.path.join(out, "what")).read().split("\n")
 drafter, llama_label, target, target_kind, default_model = lines[:5]
 n = int(lines[5])
 ql_flags = lines[6:6 + n]
@@ -141,12 +151,16 @@ m = int(lines[6 + n])
 llama_flags = lines[7 + n:7 + n + m]
 
 
-def tok_s(doc, server, workload):
-    """The median tok/s of server on workload over the rounds (bench_serve's medians)."""
-    try:
-        return doc["medians"][server][workload]["tok_s"]
-    except (KeyError, TypeError):
-        return None
+def tok_s(docs, server, workload):
+    """The median tok/s of server on workload over the rounds (one bench_serve run each)."""
+    got = []
+    for doc in docs:
+        try:
+            got.append(doc["medians"][server][workload]["tok_s"])
+        except (KeyError, TypeError):
+            pass
+    got = [x for x in got if x]
+    return round(statistics.median(got), 3) if got else None
 
 
 def ratio(a, b):
@@ -155,7 +169,7 @@ def ratio(a, b):
 
 d, ll = drafter, "llama_" + llama_label
 table = {}
-for w in off.get("medians", {}).get("qlserve", {}):
+for w in off[0].get("medians", {}).get("qlserve", {}):
     q0, q1 = tok_s(off, "qlserve", w), tok_s(spec, "qlserve", w)
     l0, l1 = tok_s(off, "llama_server", w), tok_s(spec, "llama_server", w)
     best = max(x for x in (l0, l1) if x) if l0 or l1 else None
@@ -173,6 +187,7 @@ json.dump({"benchmark": "speculative decoding through the server (bench/speculat
                       "--allow-requantize" % target_kind),
            "draft_model": default_model if drafter == "draft" else None,
            "speculative_flags": {"qlserve": ql_flags, "llama_server": llama_flags},
-           "figures": table, "runs": {"off": off, drafter: spec}}, sys.stdout, indent=1)
+           "rounds": rounds, "figures": table, "runs": {"off": off, drafter: spec}},
+          sys.stdout, indent=1)
 print()
 PY
