@@ -812,11 +812,13 @@ Test(server, the_step_budget_is_configured_and_reported)
 
 /* The server started with extra, speculating with drafter: /info says what
  * runs (on either device) and /metrics counts the drafts under qlserve's
- * names, labelled with the drafter, and vLLM's. */
+ * names, labelled with the drafter, and vLLM's; the prompt asked twice, the
+ * n-gram drafter's memory drafts the second answer from the first. */
 static void expect_speculation_reported(const char *drafter, const char *const *extra)
 {
     tiny_spec spec = tiny_default();
     start_server(&spec, extra);
+    free(generate("a b c a b c a b c a b", 32, NULL));
     free(generate("a b c a b c a b c a b", 32, NULL));
     hc_response r = sp_request("GET", "/info", NULL, NULL);
     cr_assert_eq(r.status, 200);
@@ -839,7 +841,24 @@ static void expect_speculation_reported(const char *drafter, const char *const *
     cr_assert_eq(metric(m, name), drafts);
     snprintf(name, sizeof name, "qlserve_spec_decode_accepted_tokens_total{drafter=\"%s\"}",
              drafter);
-    cr_assert_eq(metric(m, "vllm:spec_decode_num_accepted_tokens_total"), metric(m, name));
+    double accepted = metric(m, name);
+    cr_assert_eq(metric(m, "vllm:spec_decode_num_accepted_tokens_total"), accepted);
+    snprintf(name, sizeof name, "qlserve_spec_decode_verified_tokens_total{drafter=\"%s\"}",
+             drafter);
+    double verified = metric(m, name);
+    snprintf(name, sizeof name, "qlserve_spec_decode_memory_verified_tokens_total{drafter=\"%s\"}",
+             drafter);
+    double memory_verified = metric(m, name);
+    snprintf(name, sizeof name, "qlserve_spec_decode_memory_accepted_tokens_total{drafter=\"%s\"}",
+             drafter);
+    double memory_accepted = metric(m, name);
+    cr_assert(memory_verified <= verified && memory_accepted <= accepted &&
+                  memory_accepted <= memory_verified,
+              "%s", m);
+    if (strcmp(drafter, "ngram") == 0)
+        cr_assert_gt(memory_verified, 0, "the second answer drafts from the first: %s", m);
+    else
+        cr_assert_eq(memory_verified, 0, "only the n-gram drafter remembers: %s", m);
     hc_response_free(&r);
     sp_stop_cleanly();
 }
