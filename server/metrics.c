@@ -264,29 +264,36 @@ static void put_counter(text *t, const char *name, const char *drafter, uint64_t
     put(t, " %llu\n", (unsigned long long)value);
 }
 
+/* A counter of one series per drafter label, with its HELP and TYPE lines. */
+static void spec_counter(text *t, const char *name, const char *help, const char *drafter,
+                         uint64_t value)
+{
+    metric(t, name, "counter", help);
+    put_counter(t, name, drafter, value);
+}
+
 /* Speculative decoding's counters (labelled with the drafter that runs, "off" when none),
  * under qlserve's names and vLLM's spec_decode ones, and the acceptance length of each
  * verification as a histogram of whole tokens. */
 static void put_spec(text *t, const eng_spec_stats *sp)
 {
     const char *d = ql_name_of(&ql_speculative_names, (int)sp->drafter);
-    metric(t, "qlserve_spec_decode_drafts_total", "counter",
-           "verifications: a sequence's step that carried drafted tokens");
-    put_counter(t, "qlserve_spec_decode_drafts_total", d, sp->drafts);
-    metric(t, "qlserve_spec_decode_drafted_tokens_total", "counter", "tokens the drafter proposed");
-    put_counter(t, "qlserve_spec_decode_drafted_tokens_total", d, sp->drafted);
-    metric(t, "qlserve_spec_decode_verified_tokens_total", "counter",
-           "drafted tokens run through the model (the rest cut by a grammar's mask first)");
-    put_counter(t, "qlserve_spec_decode_verified_tokens_total", d, sp->verified);
-    metric(t, "qlserve_spec_decode_accepted_tokens_total", "counter",
-           "verified tokens the model accepted");
-    put_counter(t, "qlserve_spec_decode_accepted_tokens_total", d, sp->accepted);
-    metric(t, "qlserve_spec_decode_memory_verified_tokens_total", "counter",
-           "of the verified tokens, those the n-gram drafter's memory of earlier answers drafted");
-    put_counter(t, "qlserve_spec_decode_memory_verified_tokens_total", d, sp->memory_verified);
-    metric(t, "qlserve_spec_decode_memory_accepted_tokens_total", "counter",
-           "of the accepted tokens, those the memory of earlier answers drafted");
-    put_counter(t, "qlserve_spec_decode_memory_accepted_tokens_total", d, sp->memory_accepted);
+    spec_counter(t, "qlserve_spec_decode_drafts_total",
+                 "verifications: a sequence's step that carried drafted tokens", d, sp->drafts);
+    spec_counter(t, "qlserve_spec_decode_drafted_tokens_total", "tokens the drafter proposed", d,
+                 sp->drafted);
+    spec_counter(t, "qlserve_spec_decode_verified_tokens_total",
+                 "drafted tokens run through the model (the rest cut by a grammar's mask first)", d,
+                 sp->verified);
+    spec_counter(t, "qlserve_spec_decode_accepted_tokens_total",
+                 "verified tokens the model accepted", d, sp->accepted);
+    spec_counter(t, "qlserve_spec_decode_memory_verified_tokens_total",
+                 "of the verified tokens, those the n-gram drafter's memory of earlier answers "
+                 "drafted",
+                 d, sp->memory_verified);
+    spec_counter(t, "qlserve_spec_decode_memory_accepted_tokens_total",
+                 "of the accepted tokens, those the memory of earlier answers drafted", d,
+                 sp->memory_accepted);
     const char *len = "qlserve_spec_decode_acceptance_length";
     char name[64];
     metric(t, len, "histogram", "drafted tokens each verification accepted");

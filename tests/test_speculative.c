@@ -187,6 +187,18 @@ static void expect_same_choice(const outcome *on, const outcome *off, int i, int
     cr_assert(memcmp(on->text[c], off->text[c], on->len[c]) == 0, "request %d/%d's text", i, c);
 }
 
+/* Requests 0..n) ended alike with and without drafts, each choice the same. */
+static void expect_same_outcomes(const outcome *on, const outcome *off, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(on[i].why, off[i].why, "request %d ended %s, without drafts %s", i,
+                     eng_finish_name(on[i].why), eng_finish_name(off[i].why));
+        cr_assert_eq(on[i].usage.generated_tokens, off[i].usage.generated_tokens);
+        for (int c = 0; c < MAX_CHOICES; c++)
+            expect_same_choice(&on[i], &off[i], i, c);
+    }
+}
+
 /* The same requests on an engine without speculation and one drafting as
  * so says: every answer's tokens (and logprobs, bit for bit) and end the
  * same; the speculating engine's figures come back in *spec. */
@@ -206,13 +218,7 @@ static void expect_same_answers_on(const eng_model *m, eng_request *reqs, int n,
     *spec = st.spec;
     cr_expect_eq(st.kv_blocks_used, 0, "every block came back (prefix-kept ones are free)");
     eng_engine_stop(e);
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(on[i].why, off[i].why, "request %d ended %s, without drafts %s", i,
-                     eng_finish_name(on[i].why), eng_finish_name(off[i].why));
-        cr_assert_eq(on[i].usage.generated_tokens, off[i].usage.generated_tokens);
-        for (int c = 0; c < MAX_CHOICES; c++)
-            expect_same_choice(&on[i], &off[i], i, c);
-    }
+    expect_same_outcomes(on, off, n);
     free(off);
     free(on);
 }
@@ -612,8 +618,7 @@ static void expect_same_answers_in_turn(eng_request *reqs, int n, const eng_spec
         *spec = st.spec;
         eng_engine_stop(e);
     }
-    for (int i = 0; i < n; i++)
-        expect_same_choice(&on[i], &off[i], i, 0);
+    expect_same_outcomes(on, off, n);
     free(off);
     free(on);
 }

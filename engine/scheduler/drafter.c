@@ -16,7 +16,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 int eng_speculative_parse(const char *name, eng_speculative *out, char *msg, size_t msg_len)
 {
@@ -57,10 +56,10 @@ int eng_spec_opts_resolve(eng_spec_opts *o, char *msg, size_t msg_len)
     if (o->max_batch < 1)
         return ql_fail(msg, msg_len, QL_EINVAL, "spec-max-batch %d is not positive", o->max_batch);
     if (o->memory_tokens != -1 &&
-        (o->memory_tokens < 64 || o->memory_tokens > ENG_NGRAM_MEMORY_MOST))
+        (o->memory_tokens < ENG_NGRAM_MEMORY_LEAST || o->memory_tokens > ENG_NGRAM_MEMORY_MOST))
         return ql_fail(msg, msg_len, QL_EINVAL,
-                       "ngram-memory %d is not -1 (none) nor in [64, %d] tokens", o->memory_tokens,
-                       ENG_NGRAM_MEMORY_MOST);
+                       "ngram-memory %d is not -1 (none) nor in [%d, %d] tokens", o->memory_tokens,
+                       ENG_NGRAM_MEMORY_LEAST, ENG_NGRAM_MEMORY_MOST);
     return QL_OK;
 }
 
@@ -129,12 +128,11 @@ static void ngram_draft(eng_drafter *d, eng_draft_job *jobs, int32_t n_jobs)
         j->remembered = false;
         if (!d->memory)
             continue;
-        int32_t mine[ENG_SPEC_MAX_DRAFT], matched;
-        int32_t want = j->max < ENG_SPEC_MAX_DRAFT ? j->max : ENG_SPEC_MAX_DRAFT;
-        int32_t k =
-            eng_ngram_memory_draft(d->memory, &j->h, j->n > 0 ? j->match : 0, want, mine, &matched);
+        /* the memory writes out only when it has a draft, which then replaces the lookup's */
+        int32_t matched;
+        int32_t k = eng_ngram_memory_draft(d->memory, &j->h, j->n > 0 ? j->match : 0, j->max,
+                                           j->out, &matched);
         if (k > 0) {
-            memcpy(j->out, mine, (size_t)k * sizeof *mine);
             j->n = k;
             j->match = matched;
             j->remembered = true;

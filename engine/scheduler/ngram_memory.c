@@ -43,10 +43,10 @@ struct eng_ngram_memory {
 int eng_ngram_memory_new(eng_ngram_memory **out, int32_t tokens, char *msg, size_t msg_len)
 {
     *out = NULL;
-    if (tokens < 64 || tokens > ENG_NGRAM_MEMORY_MOST)
-        return ql_fail(msg, msg_len, QL_EINVAL, "ngram-memory %d is not in [64, %d] tokens", tokens,
-                       ENG_NGRAM_MEMORY_MOST);
-    uint64_t cap = 64;
+    if (tokens < ENG_NGRAM_MEMORY_LEAST || tokens > ENG_NGRAM_MEMORY_MOST)
+        return ql_fail(msg, msg_len, QL_EINVAL, "ngram-memory %d is not in [%d, %d] tokens", tokens,
+                       ENG_NGRAM_MEMORY_LEAST, ENG_NGRAM_MEMORY_MOST);
+    uint64_t cap = ENG_NGRAM_MEMORY_LEAST;
     while (cap < (uint64_t)tokens)
         cap <<= 1;
     eng_ngram_memory *m = calloc(1, sizeof *m);
@@ -117,16 +117,17 @@ int32_t eng_ngram_memory_draft(const eng_ngram_memory *m, const eng_history *h, 
                                int32_t max, int32_t *out, int32_t *matched)
 {
     *matched = 0;
-    int32_t total = h->n_prompt + h->n_answer;
     if (!m || max <= 0)
         return 0;
+    /* h's last tokens, up to the longest run looked up: the run of n is its last n */
+    int32_t total = h->n_prompt + h->n_answer, last[ENG_NGRAM_MEMORY_MAX];
+    int32_t have = total < ENG_NGRAM_MEMORY_MAX ? total : ENG_NGRAM_MEMORY_MAX;
+    for (int32_t i = 0; i < have; i++)
+        last[i] = eng_history_at(h, total - have + i);
     int32_t least = shorter + 1 > ENG_NGRAM_MEMORY_MIN ? shorter + 1 : ENG_NGRAM_MEMORY_MIN;
-    for (int32_t n = ENG_NGRAM_MEMORY_MAX; n >= least; n--) {
-        if (total < n)
-            continue;
-        int32_t tail[ENG_NGRAM_MEMORY_MAX], run[ENG_NGRAM_MEMORY_MAX];
-        for (int32_t i = 0; i < n; i++)
-            tail[i] = eng_history_at(h, total - n + i);
+    for (int32_t n = have; n >= least; n--) {
+        const int32_t *tail = last + have - n;
+        int32_t run[ENG_NGRAM_MEMORY_MAX];
         uint64_t v = m->at[run_slot(m, tail, n)];
         if (v == 0)
             continue;

@@ -201,13 +201,14 @@ int32_t eng_ngram_draft(const eng_history *h, int32_t n_min, int32_t n_max, int3
  * The n-gram drafter's memory of earlier answers (ngram_memory.c): runs of
  * ENG_NGRAM_MEMORY_MIN to _MAX tokens of the answers the engine ended, the
  * latest place of each, in a ring of at least `tokens` (rounded up to a
- * power of two; [64, ENG_NGRAM_MEMORY_MOST], else QL_EINVAL) and a table
+ * power of two; [ENG_NGRAM_MEMORY_LEAST, _MOST], else QL_EINVAL) and a table
  * of four times its slots: 36 bytes a token. *out owned by the caller; engine
  * thread only.
  */
-#define ENG_NGRAM_MEMORY_MIN  2
-#define ENG_NGRAM_MEMORY_MAX  4
-#define ENG_NGRAM_MEMORY_MOST (1 << 24)
+#define ENG_NGRAM_MEMORY_MIN   2
+#define ENG_NGRAM_MEMORY_MAX   4
+#define ENG_NGRAM_MEMORY_LEAST 64
+#define ENG_NGRAM_MEMORY_MOST  (1 << 24)
 int eng_ngram_memory_new(eng_ngram_memory **out, int32_t tokens, char *msg, size_t msg_len);
 void eng_ngram_memory_free(eng_ngram_memory *m);
 /* An answer's n tokens, after the earlier ones: the oldest are written
@@ -217,8 +218,8 @@ void eng_ngram_memory_add(eng_ngram_memory *m, const int32_t *tokens, int32_t n)
  * ENG_NGRAM_MEMORY_MIN and shorter + 1 (a longer run than the prompt
  * lookup's match), the latest earlier answer where h's last n tokens were
  * followed by at least one more of that answer; up to max of those
- * followers into out, n in *matched. 0 (and *matched 0) when none is
- * remembered. */
+ * followers into out, n in *matched. 0 (and *matched 0, out untouched) when
+ * none is remembered. */
 int32_t eng_ngram_memory_draft(const eng_ngram_memory *m, const eng_history *h, int32_t shorter,
                                int32_t max, int32_t *out, int32_t *matched);
 /* A sequence's answer at its end (fed tokens, n of them), into the n-gram
@@ -258,10 +259,12 @@ typedef struct eng_spec_len {
  * model drafter's), from the memory or not. */
 static inline int32_t eng_spec_class(int32_t match, bool remembered)
 {
-    if (remembered)
-        return ENG_SPEC_MEMORY_CLASS + (match < ENG_NGRAM_MEMORY_MIN ? 0
-                                        : match > 4                  ? 2
-                                                    : match - ENG_NGRAM_MEMORY_MIN);
+    if (remembered) {
+        int32_t n = match < ENG_NGRAM_MEMORY_MIN   ? ENG_NGRAM_MEMORY_MIN
+                    : match > ENG_NGRAM_MEMORY_MAX ? ENG_NGRAM_MEMORY_MAX
+                                                   : match;
+        return ENG_SPEC_MEMORY_CLASS + n - ENG_NGRAM_MEMORY_MIN;
+    }
     return match < 3 ? (match > 0 ? match : 0) : 3;
 }
 /* A sequence that has not drafted for this many steps tries one token
